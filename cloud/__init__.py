@@ -1,0 +1,1 @@
+"""edgewise cloud tier: gateway, workers, discovery, autoscaler (Python 3.10+)."""

@@ -1,0 +1,1 @@
+"""Worker discovery: static lists, DNS of a headless Service, Kubernetes EndpointSlices."""

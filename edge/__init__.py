@@ -1,0 +1,1 @@
+"""edgewise edge daemon (runs on Jetson Xavier NX, Python 3.8)."""

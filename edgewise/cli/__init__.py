@@ -1,0 +1,110 @@
+"""The ``edgewise`` command line: one entry point, subcommands owned by their packages.
+
+Each command group lives next to the code it drives and exposes
+``register(subparsers)``, which adds its subcommands with
+``set_defaults(func=handler)``; ``handler(args) -> int`` is the exit status.
+Groups are imported lazily by module name so ``edgewise`` (the shared SDK) never
+imports ``edge`` or ``cloud`` at module import time, and a module that needs a
+heavy dependency (torch, TensorRT) imports it inside its handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from edgewise.errors import EdgewiseError
+
+#: (group, module) pairs; a group may be filled by several modules.
+#: Group "" means top-level subcommands.
+COMMAND_MODULES: Tuple[Tuple[str, str], ...] = (
+    ("model", "edgewise.cli.model"),
+    ("", "edgewise.cli.synth"),
+    ("", "edgewise.cli.eval"),
+    ("", "edgewise.cli.demo"),
+    ("edge", "edge.cli"),
+    ("edge", "edge.bundle"),
+    ("cloud", "cloud.worker.cli"),
+    ("cloud", "cloud.gateway.cli"),
+    ("cloud", "cloud.autoscaler.cli"),
+)
+
+GROUP_HELP = {
+    "model": "inspect, build, quantize and compile YOLOv5 models",
+    "edge": "the edge daemon: run it, check policies, bundle it for Jetson",
+    "cloud": "the cloud tier: workers, gateway, autoscaler, local pool",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Parser with every available command group registered."""
+    parser = argparse.ArgumentParser(
+        prog="edgewise",
+        description="Edge/cloud hybrid object detection (YOLOv5 on the edge, a pool in the cloud).",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("EDGEWISE_LOG_LEVEL", "INFO"),
+        help="logging level (env EDGEWISE_LOG_LEVEL; default INFO)",
+    )
+    top = parser.add_subparsers(dest="command", metavar="COMMAND")
+    groups: Dict[str, "argparse._SubParsersAction[argparse.ArgumentParser]"] = {}
+    for group, module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            # Only skip a command module that is itself absent (a trimmed
+            # install); a missing dependency inside it is a real error.
+            if exc.name is not None and module_name.startswith(exc.name):
+                continue
+            raise
+        if group:
+            if group not in groups:
+                gp = top.add_parser(group, help=GROUP_HELP.get(group, ""))
+                groups[group] = gp.add_subparsers(dest=f"{group}_command", metavar="SUBCOMMAND")
+                gp.set_defaults(func=_group_help(gp))
+            module.register(groups[group])
+        else:
+            module.register(top)
+    return parser
+
+
+def _group_help(parser: argparse.ArgumentParser):  # type: ignore[no-untyped-def]
+    def show(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    return show
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the CLI; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(
+        level=str(args.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except EdgewiseError as exc:
+        # Errors we raise already say what to do; no traceback for the operator.
+        print(f"edgewise: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def run() -> None:  # pragma: no cover - console script shim
+    sys.exit(main())
+
+
+__all__: List[str] = ["build_parser", "main"]

@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC stubs (make proto). Do not edit."""
