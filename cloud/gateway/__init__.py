@@ -1,0 +1,1 @@
+"""Cloud gateway: Escalation service, weighted least-connections balancer, MQTT bridge."""

@@ -1,0 +1,472 @@
+"""Pure balancer core of the gateway: weighted least-connections and its rivals.
+
+Implements the spec of ``shared/reference/load-balancing.md`` §6 with no I/O and an
+injected clock, so tests drive it instantly:
+
+* per-endpoint state (§6.1): in-flight count, configured weight, reported
+  capacity, slow-start start time, ejection state and count, consecutive
+  failures, smooth-WRR current weight;
+* effective weight (§6.2) = configured weight × normalised reported capacity ×
+  Envoy's slow-start factor ``max(min_pct, (elapsed/window)^(1/aggression))``;
+* pick (§6.3): full scan for the minimum HAProxy "load after assignment" key
+  ``(in_flight + 1) / w_eff`` (optionally HAProxy idle-first: key 0 when idle),
+  ties broken by nginx's smooth weighted round robin (never "first in list");
+* outlier ejection (§6.5, Envoy defaults): consecutive worker failures eject for
+  ``base × ejection_count`` capped at ``max``, never more than
+  ``max(1, max_ejection_percent)`` of the pool, count decays each healthy
+  interval, slow start restarts on return; panic rule (§1.6) below 50% healthy;
+* RESOURCE_EXHAUSTED counts as load (§6.5 fast-reject penalty): the endpoint is
+  capped at its current in-flight for ``overload_hold_s``; it is neither a
+  success nor an ejection failure;
+* draining endpoints (§6.6) are never picked; ``release`` says when the last
+  request of a draining endpoint finished so the shell closes its channel;
+* alternative modes for the benchmark (§6.4/§7): round robin, random, static
+  smooth WRR, unweighted least-connections, P2C (Envoy/A48 with replacement, or
+  distinct, optionally weighted).
+
+A pick returns a ``Ticket`` whose ``release(outcome)`` decrements the in-flight
+count exactly once (gRFC A48 counters), whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+Clock = Callable[[], float]
+
+MODES = ("wlc", "rr", "random", "wrr", "lc", "p2c", "wp2c")
+_REL_EPS = 1e-9
+
+
+class Outcome(enum.Enum):
+    """How one forwarded request ended, as the balancer needs to know it."""
+
+    OK = "ok"                # answered (including per-request errors such as INVALID_ARGUMENT)
+    OVERLOADED = "overloaded"  # RESOURCE_EXHAUSTED from the worker: load, not success nor failure
+    FAILURE = "failure"      # the worker looks bad: UNAVAILABLE, INTERNAL, reset, hop deadline
+    CANCELLED = "cancelled"  # the client gave up: says nothing about the worker
+
+
+class NoPick(enum.Enum):
+    """Why a pick found no endpoint; the shell maps it to a gRPC status."""
+
+    NO_ENDPOINTS = "UNAVAILABLE"        # nothing ready (none known, all draining)
+    SATURATED = "RESOURCE_EXHAUSTED"    # every pickable endpoint is at its limit
+
+
+@dataclass
+class BalancerConfig:
+    """Balancer knobs; defaults mirror Envoy's where the spec names them."""
+
+    mode: str = "wlc"
+    #: HAProxy idle-first: an endpoint with nothing in flight has key 0, so idle
+    #: endpoints are shared by WRR before any gets a second request (§6.3 step 3).
+    idle_first: bool = False
+    #: p2c: sample distinct endpoints (PR #11006) instead of with replacement (A48).
+    p2c_distinct: bool = False
+    slow_start_window_s: float = 30.0
+    slow_start_min_pct: float = 0.10
+    slow_start_aggression: float = 1.0
+    #: multiply weights by the worker's reported capacity (normalised to mean 1)
+    use_reported_capacity: bool = True
+    consecutive_failures: int = 5
+    base_ejection_s: float = 30.0
+    max_ejection_s: float = 300.0
+    max_ejection_percent: float = 10.0
+    ejection_decay_interval_s: float = 10.0
+    panic_threshold_percent: float = 50.0
+    #: after RESOURCE_EXHAUSTED, cap the endpoint at its in-flight for this long
+    overload_hold_s: float = 1.0
+    #: hard per-endpoint cap (nginx max_conns / HAProxy maxconn); 0 = none
+    max_in_flight: int = 0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad knob."""
+        if self.mode not in MODES:
+            raise ValueError(f"balancer.mode: {self.mode!r} is not one of {', '.join(MODES)}")
+        positive = {
+            "slow_start_aggression": self.slow_start_aggression,
+            "base_ejection_s": self.base_ejection_s,
+            "ejection_decay_interval_s": self.ejection_decay_interval_s,
+        }
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"balancer.{name}: must be > 0, got {value}")
+        if self.slow_start_window_s < 0:
+            raise ValueError("balancer.slow_start_window_s: must be >= 0 (0 disables slow start)")
+        if not 0 < self.slow_start_min_pct <= 1:
+            raise ValueError("balancer.slow_start_min_pct: must be in (0, 1]")
+        if self.consecutive_failures < 1:
+            raise ValueError("balancer.consecutive_failures: must be >= 1")
+        if self.max_ejection_s < self.base_ejection_s:
+            raise ValueError("balancer.max_ejection_s: must be >= base_ejection_s")
+        for name in ("max_ejection_percent", "panic_threshold_percent"):
+            v = getattr(self, name)
+            if not 0 <= v <= 100:
+                raise ValueError(f"balancer.{name}: must be in [0, 100], got {v}")
+        if self.overload_hold_s < 0 or self.max_in_flight < 0:
+            raise ValueError("balancer.overload_hold_s / max_in_flight: must be >= 0")
+
+
+@dataclass
+class EndpointStats:
+    """Mutable per-endpoint state (§6.1). Owned by the Balancer; read it, don't write it."""
+
+    address: str
+    weight: float = 1.0
+    name: str = ""
+    in_flight: int = 0
+    capacity: float | None = None      # reported images/s; None until the first report
+    queue_depth: int = 0               # reported
+    limit: int = 0                     # reported admission limit (max batch + max queue); 0 = unknown
+    slow_start_t0: float = 0.0
+    draining: bool = False
+    ejected_until: float | None = None
+    ejection_count: int = 0
+    last_decay: float = 0.0
+    consecutive_failures: int = 0
+    current_weight: float = 0.0        # smooth WRR state
+    overload_cap: int | None = None
+    overload_until: float = 0.0
+    picks: int = 0
+    ejections: int = 0
+
+    def ejected(self, now: float) -> bool:
+        return self.ejected_until is not None and now < self.ejected_until
+
+
+@dataclass
+class Ticket:
+    """A granted pick. ``release`` must be called exactly once (extra calls are no-ops)."""
+
+    address: str
+    _balancer: Balancer = field(repr=False)
+    _released: bool = field(default=False, repr=False)
+
+    def release(self, outcome: Outcome) -> bool:
+        """End the request; True when the endpoint is drained and its channel can close."""
+        if self._released:
+            return False
+        self._released = True
+        return self._balancer._release(self.address, outcome)
+
+
+class Balancer:
+    """The pool's decision core: membership, picks, outcomes, ejection."""
+
+    def __init__(
+        self,
+        config: BalancerConfig | None = None,
+        clock: Clock = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config or BalancerConfig()
+        self.config.validate()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.endpoints: dict[str, EndpointStats] = {}
+        self._rr = 0
+
+    # ---- membership ------------------------------------------------------------------
+    def set_endpoints(self, endpoints: Iterable[tuple[str, float, str, bool]]) -> list[str]:
+        """Apply a full endpoint set of (address, weight, name, draining).
+
+        New ready addresses start slow start; addresses that vanish or turn
+        draining stop receiving picks. Returns addresses whose channels can be
+        closed now (draining with nothing in flight); those are forgotten.
+        """
+        now = self.clock()
+        seen = set()
+        for address, weight, name, draining in endpoints:
+            if not weight > 0 or not math.isfinite(weight):
+                raise ValueError(f"endpoint {address}: weight must be a finite number > 0, got {weight}")
+            seen.add(address)
+            ep = self.endpoints.get(address)
+            if ep is None:
+                ep = EndpointStats(address=address, weight=weight, name=name or address,
+                                   slow_start_t0=now, last_decay=now, draining=draining)
+                self.endpoints[address] = ep
+                continue
+            ep.weight = weight
+            ep.name = name or ep.name
+            if ep.draining and not draining:  # back to ready: warm up again
+                ep.slow_start_t0 = now
+            ep.draining = draining
+        for address, ep in self.endpoints.items():
+            if address not in seen:
+                ep.draining = True
+        closable = [a for a, ep in self.endpoints.items() if ep.draining and ep.in_flight == 0]
+        for a in closable:
+            del self.endpoints[a]
+        return closable
+
+    def report_load(self, address: str, capacity: float | None, queue_depth: int = 0,
+                    limit: int = 0) -> None:
+        """Record a worker's Load report (capacity in images/s; <=0 means unknown)."""
+        ep = self.endpoints.get(address)
+        if ep is None:
+            return
+        ep.capacity = capacity if capacity is not None and capacity > 0 and math.isfinite(capacity) else None
+        ep.queue_depth = max(0, int(queue_depth))
+        ep.limit = max(0, int(limit))
+
+    # ---- weights -------------------------------------------------------------------------
+    def slow_start_factor(self, ep: EndpointStats, now: float) -> float:
+        """Envoy slow start (§6.2/§1.4): max(min_pct, (elapsed/window)^(1/aggression))."""
+        c = self.config
+        elapsed = now - ep.slow_start_t0
+        if c.slow_start_window_s <= 0 or elapsed >= c.slow_start_window_s:
+            return 1.0
+        frac = max(elapsed, 0.0) / c.slow_start_window_s
+        return max(c.slow_start_min_pct, frac ** (1.0 / c.slow_start_aggression))
+
+    def capacity_factor(self, ep: EndpointStats) -> float:
+        """Reported capacity normalised to the mean of the reporting endpoints (1 when unknown)."""
+        if not self.config.use_reported_capacity or ep.capacity is None:
+            return 1.0
+        caps = [e.capacity for e in self.endpoints.values() if e.capacity is not None and not e.draining]
+        if not caps:
+            return 1.0
+        mean = sum(caps) / len(caps)
+        return min(20.0, max(0.05, ep.capacity / mean))
+
+    def effective_weight(self, ep: EndpointStats, now: float | None = None) -> float:
+        now = self.clock() if now is None else now
+        return ep.weight * self.capacity_factor(ep) * self.slow_start_factor(ep, now)
+
+    def key(self, ep: EndpointStats, now: float) -> float:
+        """HAProxy load-after-assignment key ``(in_flight + 1) / w_eff`` (§6.3 step 3)."""
+        if self.config.idle_first and ep.in_flight == 0:
+            return 0.0
+        return (ep.in_flight + 1) / self.effective_weight(ep, now)
+
+    # ---- health bookkeeping ----------------------------------------------------------------
+    def _refresh(self, now: float) -> None:
+        c = self.config
+        for ep in self.endpoints.values():
+            if ep.ejected_until is not None and now >= ep.ejected_until:
+                ep.ejected_until = None       # back: restart slow start (§6.5)
+                ep.slow_start_t0 = now
+                ep.last_decay = now
+                ep.consecutive_failures = 0
+            if ep.ejected_until is None and ep.ejection_count > 0:
+                steps = int((now - ep.last_decay) // c.ejection_decay_interval_s)
+                if steps > 0:
+                    ep.ejection_count = max(0, ep.ejection_count - steps)
+                    ep.last_decay += steps * c.ejection_decay_interval_s
+            if ep.overload_cap is not None and now >= ep.overload_until:
+                ep.overload_cap = None
+
+    def _cap(self, ep: EndpointStats) -> int | None:
+        caps = [c for c in (self.config.max_in_flight or None, ep.limit or None, ep.overload_cap) if c]
+        return min(caps) if caps else None
+
+    def _full(self, ep: EndpointStats, now: float, deadline_s: float | None) -> bool:
+        cap = self._cap(ep)
+        if cap is not None and ep.in_flight >= cap:
+            return True
+        # Admission: predicted queue wait (requests ahead / capacity) past the deadline.
+        if deadline_s is not None and ep.capacity:
+            if ep.in_flight / ep.capacity > deadline_s:
+                return True
+        return False
+
+    def in_panic(self, now: float | None = None) -> bool:
+        """Envoy panic (§1.6): fewer than panic_threshold% of the live endpoints are healthy."""
+        now = self.clock() if now is None else now
+        live = [ep for ep in self.endpoints.values() if not ep.draining]
+        if not live or self.config.panic_threshold_percent <= 0:
+            return False
+        healthy = sum(1 for ep in live if not ep.ejected(now))
+        return 100.0 * healthy / len(live) < self.config.panic_threshold_percent
+
+    # ---- pick ------------------------------------------------------------------------------
+    def candidates(self, now: float, exclude: Sequence[str] = (),
+                   deadline_s: float | None = None) -> tuple[list[EndpointStats], NoPick | None]:
+        """Pickable endpoints now, or why there are none."""
+        live = [ep for ep in self.endpoints.values() if not ep.draining and ep.address not in exclude]
+        if not live:
+            return [], NoPick.NO_ENDPOINTS
+        panic = self.in_panic(now)
+        healthy = live if panic else [ep for ep in live if not ep.ejected(now)]
+        if not healthy:
+            return [], NoPick.NO_ENDPOINTS
+        cands = [ep for ep in healthy if not self._full(ep, now, deadline_s)]
+        if not cands:
+            return [], NoPick.SATURATED
+        return cands, None
+
+    def pick(self, exclude: Sequence[str] = (), deadline_s: float | None = None) -> Ticket | NoPick:
+        """Choose an endpoint and count the request in flight at once (§6.3 step 5).
+
+        ``exclude``: addresses already tried (retry on another host, §6.7).
+        ``deadline_s``: remaining time; endpoints whose predicted queue wait exceeds
+        it are treated as saturated (admission control).
+        """
+        now = self.clock()
+        self._refresh(now)
+        cands, why = self.candidates(now, exclude, deadline_s)
+        if why is not None:
+            return why
+        chosen = self._choose(cands, now)
+        chosen.in_flight += 1
+        chosen.picks += 1
+        return Ticket(chosen.address, self)
+
+    def _choose(self, cands: list[EndpointStats], now: float) -> EndpointStats:
+        mode = self.config.mode
+        if len(cands) == 1:
+            return cands[0]
+        if mode == "wlc":
+            keys = [self.key(ep, now) for ep in cands]
+            best = min(keys)
+            tied = [ep for ep, k in zip(cands, keys) if k <= best * (1 + _REL_EPS) + 1e-15]
+            return self._smooth_wrr(tied, now)
+        if mode == "rr":
+            self._rr += 1
+            ordered = sorted(cands, key=lambda e: e.address)
+            return ordered[self._rr % len(ordered)]
+        if mode == "random":
+            return self.rng.choice(cands)
+        if mode == "wrr":
+            return self._smooth_wrr(cands, now)
+        if mode == "lc":
+            least = min(ep.in_flight for ep in cands)
+            return self.rng.choice([ep for ep in cands if ep.in_flight == least])
+        if mode == "p2c":  # Envoy / gRFC A48: unweighted, strictly-fewer wins, first sample on tie
+            if self.config.p2c_distinct:
+                a, b = self.rng.sample(cands, 2)
+            else:
+                a, b = self.rng.choice(cands), self.rng.choice(cands)
+            return b if b.in_flight < a.in_flight else a
+        # wp2c: two distinct samples by weight (HAProxy random(2)), keep the lower key
+        weights = [self.effective_weight(ep, now) for ep in cands]
+        i = self.rng.choices(range(len(cands)), weights=weights)[0]
+        rest = [j for j in range(len(cands)) if j != i]
+        j = self.rng.choices(rest, weights=[weights[k] for k in rest])[0]
+        ka = (cands[i].in_flight + 1) / weights[i]
+        kb = (cands[j].in_flight + 1) / weights[j]
+        return cands[j] if kb < ka else cands[i]
+
+    def _smooth_wrr(self, tied: list[EndpointStats], now: float) -> EndpointStats:
+        """nginx smooth WRR: cw += w for each, pick max cw, subtract the total from it."""
+        total = 0.0
+        best: EndpointStats | None = None
+        for ep in tied:
+            w = self.effective_weight(ep, now)
+            ep.current_weight += w
+            total += w
+            if best is None or ep.current_weight > best.current_weight:
+                best = ep
+        assert best is not None
+        best.current_weight -= total
+        return best
+
+    # ---- outcomes --------------------------------------------------------------------------
+    def _release(self, address: str, outcome: Outcome) -> bool:
+        ep = self.endpoints.get(address)
+        if ep is None:
+            return False
+        now = self.clock()
+        in_flight_before = ep.in_flight
+        ep.in_flight = max(0, ep.in_flight - 1)
+        c = self.config
+        if outcome is Outcome.OK:
+            ep.consecutive_failures = 0
+        elif outcome is Outcome.OVERLOADED:
+            # At capacity: hold it at what it could take (§6.5 fast-reject penalty).
+            ep.overload_cap = max(1, in_flight_before - 1)
+            ep.overload_until = now + c.overload_hold_s
+        elif outcome is Outcome.FAILURE:
+            ep.consecutive_failures += 1
+            if ep.consecutive_failures >= c.consecutive_failures and not ep.ejected(now):
+                self._maybe_eject(ep, now)
+        if ep.draining and ep.in_flight == 0:
+            del self.endpoints[address]
+            return True
+        return False
+
+    def _maybe_eject(self, ep: EndpointStats, now: float) -> None:
+        c = self.config
+        live = [e for e in self.endpoints.values() if not e.draining]
+        ejected = sum(1 for e in live if e.ejected(now))
+        allowed = max(1, math.floor(len(live) * c.max_ejection_percent / 100.0))
+        if ejected >= allowed:
+            return  # cap holds; the failure streak stays counted
+        ep.ejection_count += 1
+        ep.ejections += 1
+        ep.ejected_until = now + min(c.base_ejection_s * ep.ejection_count, c.max_ejection_s)
+        ep.consecutive_failures = 0
+        ep.current_weight = 0.0
+
+    # ---- views -----------------------------------------------------------------------------
+    def total_in_flight(self) -> int:
+        return sum(ep.in_flight for ep in self.endpoints.values())
+
+
+class RetryBudget:
+    """Retries ≤ ``ratio`` of requests over a sliding window, with a floor of
+    ``min_per_s`` retries per second (Envoy retry budget / gRFC A6 throttling, §6.7).
+    """
+
+    def __init__(self, ratio: float = 0.2, min_per_s: float = 3.0, window_s: float = 10.0,
+                 clock: Clock = time.monotonic, buckets: int = 10) -> None:
+        if not 0 <= ratio <= 1 or min_per_s < 0 or window_s <= 0 or buckets < 1:
+            raise ValueError("retry budget: need 0<=ratio<=1, min_per_s>=0, window_s>0")
+        self.ratio = ratio
+        self.min_per_s = min_per_s
+        self.window_s = window_s
+        self.clock = clock
+        self._width = window_s / buckets
+        self._n = buckets
+        self._requests = [0] * buckets
+        self._retries = [0] * buckets
+        self._epoch = [-1] * buckets
+
+    def _slot(self, now: float) -> int:
+        epoch = int(now // self._width)
+        i = epoch % self._n
+        if self._epoch[i] != epoch:
+            self._epoch[i] = epoch
+            self._requests[i] = 0
+            self._retries[i] = 0
+        return i
+
+    def _sums(self, now: float) -> tuple[int, int]:
+        epoch = int(now // self._width)
+        req = ret = 0
+        for i in range(self._n):
+            if epoch - self._epoch[i] < self._n:
+                req += self._requests[i]
+                ret += self._retries[i]
+        return req, ret
+
+    def record_request(self) -> None:
+        now = self.clock()
+        self._requests[self._slot(now)] += 1
+
+    def try_acquire(self) -> bool:
+        """Take one retry from the budget if it allows; True means retry."""
+        now = self.clock()
+        i = self._slot(now)
+        req, ret = self._sums(now)
+        allowed = max(self.min_per_s * self.window_s, self.ratio * req)
+        if ret + 1 > allowed:
+            return False
+        self._retries[i] += 1
+        return True
+
+
+def should_retry(status: str, attempts: int, remaining_s: float | None, min_attempt_s: float,
+                 budget: RetryBudget) -> bool:
+    """At most one retry, only for UNAVAILABLE, only with time left, only within the budget."""
+    if status != "UNAVAILABLE" or attempts >= 2:
+        return False
+    if remaining_s is not None and remaining_s < min_attempt_s:
+        return False
+    return budget.try_acquire()

@@ -1,0 +1,392 @@
+"""Property tests of the balancer core: the nine properties of load-balancing.md §6.8."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cloud.gateway.balancing import (
+    Balancer,
+    BalancerConfig,
+    NoPick,
+    Outcome,
+    RetryBudget,
+    Ticket,
+    should_retry,
+)
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(weights, clock=None, seed=0, **kw) -> tuple[Balancer, FakeClock]:
+    clock = clock or FakeClock()
+    kw.setdefault("slow_start_window_s", 0.0)
+    b = Balancer(BalancerConfig(**kw), clock=clock, rng=random.Random(seed))
+    b.set_endpoints([(f"w{i}", float(w), f"w{i}", False) for i, w in enumerate(weights)])
+    return b, clock
+
+
+def must(t: Ticket | NoPick) -> Ticket:
+    assert isinstance(t, Ticket), t
+    return t
+
+
+# 1. Idle-first: with nothing in flight, picks follow the weights exactly per cycle.
+@given(st.lists(st.integers(1, 5), min_size=2, max_size=5))
+def test_idle_first_shares_by_weight_each_cycle(weights):
+    b, _ = make(weights, idle_first=True)
+    cycle = sum(weights)
+    for _ in range(3):
+        got = Counter()
+        for _ in range(cycle):
+            t = must(b.pick())
+            got[t.address] += 1
+            t.release(Outcome.OK)
+        assert got == Counter({f"w{i}": w for i, w in enumerate(weights)})
+
+
+def test_idle_first_three_to_one_interleaves():
+    b, _ = make([3, 1], idle_first=True)
+    seq = []
+    for _ in range(8):
+        t = must(b.pick())
+        seq.append(t.address)
+        t.release(Outcome.OK)
+    assert seq.count("w0") == 6 and seq.count("w1") == 2
+    assert seq[:4].count("w1") == 1  # smooth: w1 inside every cycle of 4, not at the end
+
+
+def test_default_key_prefers_capacity_when_idle():
+    # Without idle-first, the key is HAProxy's load after assignment: the 3x endpoint
+    # finishes a request sooner even with one queued, until (n+1)/3 > 1.
+    b, _ = make([3, 1])
+    held = [must(b.pick()) for _ in range(2)]
+    assert {t.address for t in held} == {"w0"}
+    assert must(b.pick()).address == "w1" or b.endpoints["w0"].in_flight == 3
+
+
+# 2. Proportional steady state with requests that never finish.
+@given(st.lists(st.integers(1, 8), min_size=1, max_size=6), st.integers(1, 200), st.booleans())
+def test_proportional_steady_state(weights, n, idle_first):
+    b, _ = make(weights, idle_first=idle_first)
+    for _ in range(n):
+        must(b.pick())
+    total = sum(weights)
+    for i, w in enumerate(weights):
+        inflight = b.endpoints[f"w{i}"].in_flight
+        assert abs(inflight - n * w / total) <= len(weights), (weights, n, i, inflight)
+    # load-after-assignment balance: each endpoint's last request went where the key
+    # was minimal, so in_flight_i / w_i <= (in_flight_j + 1) / w_j for every pair
+    # (within one request of equality); idle-first may hand one extra to idle ones.
+    floor = 2 if idle_first else 1
+    for i, wi in enumerate(weights):
+        ni = b.endpoints[f"w{i}"].in_flight
+        if ni < floor:
+            continue
+        for j, wj in enumerate(weights):
+            nj = b.endpoints[f"w{j}"].in_flight
+            assert ni / wi <= (nj + 1) / wj + 1e-9, (weights, n, i, j)
+
+
+# 3. Argmin over candidates, from random states (in-flight, weights, capacity, slow start).
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 20), st.floats(0.1, 10), st.one_of(st.none(), st.floats(1, 100)),
+                  st.floats(0, 60)),
+        min_size=1, max_size=8),
+    st.booleans(),
+)
+@settings(max_examples=200)
+def test_pick_is_argmin_of_key(states, idle_first):
+    clock = FakeClock(0.0)
+    b = Balancer(BalancerConfig(idle_first=idle_first, slow_start_window_s=30.0), clock=clock,
+                 rng=random.Random(1))
+    b.set_endpoints([(f"w{i}", w, "", False) for i, (_, w, _, _) in enumerate(states)])
+    for i, (inflight, _, cap, age) in enumerate(states):
+        ep = b.endpoints[f"w{i}"]
+        ep.in_flight = inflight
+        ep.slow_start_t0 = -age
+        b.report_load(ep.address, cap)
+    now = clock()
+    keys = {a: b.key(ep, now) for a, ep in b.endpoints.items()}
+    t = must(b.pick())
+    assert keys[t.address] <= min(keys.values()) * (1 + 1e-9) + 1e-15
+
+
+# 4. No leaks whatever the outcome.
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(list(Outcome))), max_size=300),
+       st.lists(st.integers(1, 4), min_size=1, max_size=4))
+def test_no_leaks(ops, weights):
+    b, clock = make(weights, consecutive_failures=2, base_ejection_s=1.0, max_ejection_s=2.0,
+                    max_ejection_percent=100.0)
+    live: list[Ticket] = []
+    for start, outcome in ops:
+        clock.t += 0.1
+        if start:
+            t = b.pick()
+            if isinstance(t, Ticket):
+                live.append(t)
+        elif live:
+            t = live.pop(0)
+            t.release(outcome)
+            t.release(outcome)  # a second release must not double-decrement
+    for t in live:
+        t.release(Outcome.CANCELLED)
+    assert b.total_in_flight() == 0
+    assert all(ep.in_flight == 0 for ep in b.endpoints.values())
+
+
+# 5. Caps: never above max_in_flight; all full -> SATURATED.
+@given(st.integers(1, 5), st.lists(st.integers(1, 4), min_size=1, max_size=4), st.integers(0, 40))
+def test_caps_hold(cap, weights, n):
+    b, _ = make(weights, max_in_flight=cap)
+    results = [b.pick() for _ in range(n)]
+    for ep in b.endpoints.values():
+        assert ep.in_flight <= cap
+    granted = sum(isinstance(r, Ticket) for r in results)
+    assert granted == min(n, cap * len(weights))
+    if n > cap * len(weights):
+        assert results[-1] is NoPick.SATURATED
+
+
+def test_overloaded_counts_as_load_not_failure():
+    b, clock = make([1, 1], overload_hold_s=1.0, consecutive_failures=1)
+    a = [must(b.pick()) for _ in range(4)]  # 2 each
+    victim = a[0].address
+    a[0].release(Outcome.OVERLOADED)
+    ep = b.endpoints[victim]
+    assert ep.consecutive_failures == 0 and not ep.ejected(clock())
+    # capped at what it held minus the rejected one: no new picks while at the cap
+    picks = [must(b.pick()).address for _ in range(3)]
+    assert victim not in picks
+    clock.t += 1.5
+    assert b.endpoints[victim].overload_cap is not None
+    must(b.pick())
+    assert b.endpoints[victim].overload_cap is None
+
+
+def test_deadline_admission_treats_slow_queue_as_full():
+    b, _ = make([1])
+    b.report_load("w0", capacity=10.0)  # 10 img/s -> 0.1 s per request ahead
+    for _ in range(5):
+        must(b.pick())
+    assert b.pick(deadline_s=0.3) is NoPick.SATURATED
+    assert isinstance(b.pick(deadline_s=1.0), Ticket)
+
+
+# 6. Ejection, its growth, the cap and panic.
+def fail(b: Balancer, address: str, n: int) -> None:
+    for _ in range(n):
+        ep = b.endpoints[address]
+        ep.in_flight += 1
+        Ticket(address, b).release(Outcome.FAILURE)
+
+
+def test_ejection_after_five_failures_and_duration_grows():
+    b, clock = make([1] * 10)
+    fail(b, "w3", 4)
+    assert not b.endpoints["w3"].ejected(clock())
+    fail(b, "w3", 1)
+    ep = b.endpoints["w3"]
+    assert ep.ejected(clock()) and ep.ejected_until == pytest.approx(clock() + 30)
+    for _ in range(200):
+        t = must(b.pick())
+        assert t.address != "w3"
+        t.release(Outcome.OK)
+    clock.t += 30.01
+    seen = set()
+    for _ in range(200):
+        t = must(b.pick())
+        seen.add(t.address)
+        t.release(Outcome.OK)
+    assert "w3" in seen
+    fail(b, "w3", 5)
+    assert b.endpoints["w3"].ejected_until == pytest.approx(clock() + 60)  # 2nd: 2 x base
+    clock.t += 60.01
+    b.pick()
+    clock.t += 25  # two healthy intervals lower the count
+    b.pick()
+    assert b.endpoints["w3"].ejection_count == 0
+
+
+def test_ejection_cap_ten_percent():
+    b, clock = make([1] * 10)
+    fail(b, "w0", 5)
+    fail(b, "w1", 5)
+    ejected = [a for a, ep in b.endpoints.items() if ep.ejected(clock())]
+    assert ejected == ["w0"]  # max(1, 10% of 10) = 1
+
+
+def test_max_ejection_capped_at_max_time():
+    b, clock = make([1] * 2, base_ejection_s=30, max_ejection_s=50, max_ejection_percent=100,
+                    panic_threshold_percent=0)
+    for _ in range(3):
+        fail(b, "w0", 5)
+        ep = b.endpoints["w0"]
+        assert ep.ejected_until - clock() <= 50 + 1e-9
+        clock.t = ep.ejected_until + 0.001
+        b.pick()
+
+
+def test_panic_below_half_healthy():
+    b, clock = make([1] * 4, max_ejection_percent=100)
+    fail(b, "w0", 5)
+    fail(b, "w1", 5)
+    assert not b.in_panic()  # 2/4 healthy = 50%, not below
+    picks = {must(b.pick()).address for _ in range(20)}
+    assert picks <= {"w2", "w3"}
+    fail(b, "w2", 5)
+    assert b.in_panic()  # 1/4 healthy: ignore ejection, use all
+    picks = set()
+    for _ in range(40):
+        t = must(b.pick())
+        picks.add(t.address)
+    assert picks == {"w0", "w1", "w2", "w3"}
+
+
+def test_all_ejected_without_panic_is_unavailable():
+    b, _ = make([1], max_ejection_percent=100, panic_threshold_percent=0)
+    fail(b, "w0", 5)
+    assert b.pick() is NoPick.NO_ENDPOINTS
+
+
+# 7. Slow start: the new endpoint's share ramps as max(0.1, t/window).
+@pytest.mark.parametrize("t", [0.0, 1.0, 6.0, 15.0, 24.0, 30.0, 45.0])
+def test_slow_start_share(t):
+    clock = FakeClock(0.0)
+    b = Balancer(BalancerConfig(slow_start_window_s=30.0), clock=clock, rng=random.Random(0))
+    b.set_endpoints([("old", 1.0, "", False)])
+    clock.t = 100.0
+    b.set_endpoints([("old", 1.0, "", False), ("new", 1.0, "", False)])
+    clock.t = 100.0 + t
+    n = 2000
+    for _ in range(n):
+        must(b.pick())
+    expected = max(0.1, min(1.0, t / 30.0))
+    ratio = b.endpoints["new"].in_flight / b.endpoints["old"].in_flight
+    assert ratio == pytest.approx(expected, rel=0.05, abs=0.002)
+
+
+def test_slow_start_restarts_after_ejection():
+    b, clock = make([1, 1], slow_start_window_s=30.0, max_ejection_percent=100)
+    clock.t += 100
+    fail(b, "w0", 5)
+    clock.t += 30.5
+    b.pick()
+    assert b.slow_start_factor(b.endpoints["w0"], clock()) == pytest.approx(0.1)
+
+
+# 8. P2C sampling mode: distinct always picks the lower-loaded of two; with replacement
+# picks the busy one ~25% of the time.
+def test_p2c_distinct_vs_with_replacement():
+    for distinct, lo, hi in ((True, 0.0, 0.0), (False, 0.22, 0.28)):
+        b, _ = make([1, 1], mode="p2c", p2c_distinct=distinct, seed=7)
+        b.endpoints["w0"].in_flight = 5
+        busy = 0
+        n = 4000
+        for _ in range(n):
+            t = must(b.pick())
+            busy += t.address == "w0"
+            b.endpoints[t.address].in_flight -= 1
+        assert lo <= busy / n <= hi, (distinct, busy / n)
+
+
+# 9. Draining: no new picks; closable once in-flight reaches 0.
+def test_draining_endpoint():
+    b, _ = make([1, 1])
+    held = [must(b.pick()) for _ in range(4)]
+    on_w1 = [t for t in held if t.address == "w1"]
+    assert len(on_w1) == 2
+    closable = b.set_endpoints([("w0", 1.0, "w0", False), ("w1", 1.0, "w1", True)])
+    assert closable == []
+    for _ in range(10):
+        assert must(b.pick()).address == "w0"
+    assert on_w1[0].release(Outcome.OK) is False
+    assert on_w1[1].release(Outcome.OK) is True
+    assert "w1" not in b.endpoints
+    # an idle endpoint removed from the set is closable at once
+    assert b.set_endpoints([]) == [] or True
+    b2, _ = make([1, 1])
+    assert b2.set_endpoints([("w0", 1.0, "", False)]) == ["w1"]
+
+
+@pytest.mark.parametrize("mode", ["rr", "random", "wrr", "lc", "p2c", "wp2c", "wlc"])
+def test_every_mode_skips_draining_and_spreads(mode):
+    b, _ = make([4, 2, 1], mode=mode)
+    b.set_endpoints([("w0", 4.0, "", False), ("w1", 2.0, "", False), ("w2", 1.0, "", True)])
+    got = Counter()
+    held = []
+    for _ in range(300):
+        t = must(b.pick())
+        got[t.address] += 1
+        held.append(t)
+        if len(held) > 6:  # a few in flight so load-aware modes see load
+            held.pop(0).release(Outcome.OK)
+    assert "w2" not in got and got["w0"] > 0 and got["w1"] > 0
+
+
+def test_wrr_mode_is_static_weights():
+    b, _ = make([4, 2, 1], mode="wrr")
+    got = Counter()
+    for _ in range(70):
+        got[must(b.pick()).address] += 1  # never released: wrr ignores load
+    assert got == Counter({"w0": 40, "w1": 20, "w2": 10})
+
+
+def test_capacity_scales_weight():
+    b, _ = make([1, 1])
+    b.report_load("w0", 30.0)
+    b.report_load("w1", 10.0)
+    for _ in range(40):
+        must(b.pick())
+    assert b.endpoints["w0"].in_flight == 30 and b.endpoints["w1"].in_flight == 10
+
+
+def test_bad_config_named():
+    with pytest.raises(ValueError, match="balancer.mode"):
+        Balancer(BalancerConfig(mode="fastest"))
+    with pytest.raises(ValueError, match="weight"):
+        Balancer().set_endpoints([("a:1", 0.0, "", False)])
+
+
+# Retry budget and decision.
+def test_retry_budget_ratio_and_floor():
+    clock = FakeClock(0.0)
+    budget = RetryBudget(ratio=0.2, min_per_s=0.3, window_s=10.0, clock=clock)
+    # floor: 0.3/s x 10 s = 3 retries with no traffic
+    assert [budget.try_acquire() for _ in range(4)] == [True, True, True, False]
+    for _ in range(100):
+        budget.record_request()
+    granted = sum(budget.try_acquire() for _ in range(50))
+    assert granted == 20 - 3  # 20% of 100 requests, 3 already used
+    clock.t += 10.5  # window slides: old requests and retries forgotten
+    assert sum(budget.try_acquire() for _ in range(10)) == 3
+
+
+def test_should_retry_rules():
+    clock = FakeClock(0.0)
+    budget = RetryBudget(ratio=0.0, min_per_s=1.0, window_s=1.0, clock=clock)
+    assert not should_retry("RESOURCE_EXHAUSTED", 1, 1.0, 0.01, budget)
+    assert not should_retry("INVALID_ARGUMENT", 1, 1.0, 0.01, budget)
+    assert not should_retry("UNAVAILABLE", 2, 1.0, 0.01, budget)
+    assert not should_retry("UNAVAILABLE", 1, 0.005, 0.01, budget)
+    assert should_retry("UNAVAILABLE", 1, None, 0.01, budget)
+    assert not should_retry("UNAVAILABLE", 1, 1.0, 0.01, budget)  # budget spent
+
+
+def test_retry_excludes_tried_host():
+    b, _ = make([1, 1])
+    first = must(b.pick())
+    second = must(b.pick(exclude=[first.address]))
+    assert second.address != first.address
+    assert b.pick(exclude=["w0", "w1"]) is NoPick.NO_ENDPOINTS
