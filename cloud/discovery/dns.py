@@ -1,0 +1,155 @@
+"""DNS discovery: the A/AAAA records of a headless Kubernetes Service, polled.
+
+A headless Service (``clusterIP: None``) resolves to one record per *ready*
+pod, so polling the name is the simplest way to see the pool without API
+access (load-balancing.md §5, fix 1). gRPC's own DNS resolver re-resolves only
+when a connection breaks and at most every 30 s; we poll on our own interval
+instead, so a scale-up is seen within one interval.
+
+Lifecycle of an address (pure, in :class:`DnsTracker`):
+
+* a new record → READY endpoint (weight ``weight``, default 1; DNS carries no
+  per-pod weight);
+* a record that disappears → DRAINING for ``drain_s`` seconds (the gateway stops
+  new picks and lets in-flight work finish), then removed;
+* a record that comes back while draining → READY again.
+
+Failures: "no such name" (``EAI_NONAME``/``EAI_NODATA``: a headless Service with
+no ready pods) means an empty set; any other resolver error (timeouts,
+``EAI_AGAIN``) keeps the last known set, is logged and counted, so a DNS blip
+never empties the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from cloud.discovery.base import Endpoint, EndpointState
+from cloud.discovery.static import format_address
+from edgewise.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: ``resolver(host, port) -> addresses``; raises :class:`LookupError` for "no such
+#: name" and :class:`OSError` for transient failures.
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+_NO_SUCH_NAME = {
+    getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, n)
+}
+
+
+async def getaddrinfo_resolver(host: str, port: int, family: int = socket.AF_UNSPEC) -> list[str]:
+    """Resolve with the event loop's ``getaddrinfo`` (A and AAAA records), de-duplicated."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno in _NO_SUCH_NAME:
+            raise LookupError(f"{host}: no such name ({exc.strerror})") from exc
+        raise
+    out: list[str] = []
+    for fam, _type, _proto, _canon, sockaddr in infos:
+        if fam in (socket.AF_INET, socket.AF_INET6):
+            ip = str(sockaddr[0])
+            if ip not in out:
+                out.append(ip)
+    return out
+
+
+@dataclass
+class DnsTracker:
+    """Pure lifecycle of resolved addresses; ``now`` is injected."""
+
+    port: int
+    weight: float = 1.0
+    drain_s: float = 10.0
+    _ready: set[str] = field(default_factory=set)
+    _draining: dict[str, float] = field(default_factory=dict)  # ip -> removal time
+
+    def update(self, ips: list[str] | set[str] | None, now: float) -> frozenset[Endpoint]:
+        """Apply one resolution result (``None`` = failed, keep state) and expire drains."""
+        if ips is not None:
+            current = set(ips)
+            for ip in self._ready - current:
+                self._draining[ip] = now + self.drain_s
+            for ip in current:
+                self._draining.pop(ip, None)
+            self._ready = current
+        for ip, until in list(self._draining.items()):
+            if now >= until:
+                del self._draining[ip]
+        return self.endpoints()
+
+    def endpoints(self) -> frozenset[Endpoint]:
+        eps = [self._ep(ip, EndpointState.READY) for ip in self._ready]
+        eps += [self._ep(ip, EndpointState.DRAINING) for ip in self._draining]
+        return frozenset(eps)
+
+    def _ep(self, ip: str, state: EndpointState) -> Endpoint:
+        return Endpoint(address=format_address(ip, self.port), weight=self.weight, state=state, name=ip)
+
+
+class DnsDiscovery:
+    """A :class:`~cloud.discovery.base.Discovery` polling a DNS name every ``interval_s``."""
+
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        *,
+        interval_s: float = 5.0,
+        drain_s: float | None = None,
+        weight: float = 1.0,
+        resolver: Resolver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not name or any(c.isspace() for c in name):
+            raise ConfigError(f"dns discovery: name {name!r} is empty or has spaces")
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"dns discovery: port {port} is outside 1..65535")
+        if interval_s <= 0:
+            raise ConfigError(f"dns discovery: interval_s must be > 0, got {interval_s}")
+        if weight <= 0:
+            raise ConfigError(f"dns discovery: weight must be > 0, got {weight}")
+        self.name = name
+        self.port = port
+        self.interval_s = interval_s
+        self.tracker = DnsTracker(port=port, weight=weight, drain_s=interval_s if drain_s is None else drain_s)
+        self._resolve: Resolver = resolver or getaddrinfo_resolver
+        self._clock = clock
+        self._closed = asyncio.Event()
+        self.resolve_errors = 0  # transient failures (last set kept)
+
+    async def _resolve_once(self) -> list[str] | None:
+        try:
+            return await self._resolve(self.name, self.port)
+        except LookupError as exc:
+            log.info("dns discovery: %s; pool is empty", exc)
+            return []
+        except OSError as exc:
+            self.resolve_errors += 1
+            log.warning("dns discovery: resolving %s failed (%s); keeping the last %d endpoints",
+                        self.name, exc, len(self.tracker._ready))
+            return None
+
+    async def watch(self) -> AsyncIterator[frozenset[Endpoint]]:
+        """Yield the set after the first resolution and after every change."""
+        last: frozenset[Endpoint] | None = None
+        while not self._closed.is_set():
+            ips = await self._resolve_once()
+            current = self.tracker.update(ips, self._clock())
+            if current != last:
+                last = current
+                yield current
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), self.interval_s)
+
+    async def close(self) -> None:
+        self._closed.set()
