@@ -1,0 +1,288 @@
+"""The edge daemon process: builds everything from ``EdgeSettings`` and runs it.
+
+One event loop; guarded long-lived tasks (pipeline, policy watcher, spool
+replay); SIGTERM/SIGINT start a drain (capture stops, queued frames finish,
+in-flight escalations get ``shutdown_grace_s`` to finish and are spooled
+otherwise, health goes 503), SIGHUP reloads the policy. The policy file is also
+polled (mtime / inode / size); an invalid new file is refused with a logged
+reason and the old policy stays. Style: style-anchors.md §7.8 (kopf's
+``running.py`` signal handling, gRPC's graceful-shutdown example).
+Callers: ``edge.cli`` (``edgewise edge run``), tests, ``bench/edge.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from edge.deciding import Decider
+from edge.escalating import Escalating
+from edge.metrics import EdgeMetrics, MetricsServer
+from edge.pipeline import Pipeline
+from edge.settings import EdgeSettings
+from edge.sinks import JsonlSink, MqttSink, Record, Sink, Sinks, StdoutSink
+from edge.sources import make_source
+from edge.sources.base import SourceState
+from edge.sources.capturing import Capturer, FrameQueue
+from edge.transports import Transport
+
+log = logging.getLogger(__name__)
+
+
+def _file_id(path: str) -> Optional[Tuple[int, int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_ino, st.st_size)
+
+
+class EdgeDaemon:
+    """One daemon; ``await run()`` until the sources end or ``request_stop()``."""
+
+    def __init__(self, settings: EdgeSettings, detector: Any = None) -> None:
+        self.settings = settings
+        self.detector = detector
+        self.metrics = EdgeMetrics()
+        self.stopping = False
+        self.started = False
+        self.holder: Any = None
+        self.pipeline: Optional[Pipeline] = None
+        self.escalating: Optional[Escalating] = None
+        self.metrics_server: Optional[MetricsServer] = None
+        self.spool: Any = None
+        self.mqtt: Any = None
+        self.transports: Dict[str, Transport] = {}
+        self.sinks: Optional[Sinks] = None
+        self.stop_event: Optional[asyncio.Event] = None
+        self.reload_event: Optional[asyncio.Event] = None
+        self.capturers: List[Capturer] = []
+
+    # ------------------------------------------------------------------ health
+    def health(self) -> Tuple[bool, Dict[str, Any]]:
+        states = {c.stream_id: (c.state.value if c.state else "new") for c in self.capturers}
+        ok = self.started and not self.stopping
+        return ok, {
+            "status": "ok" if ok else ("stopping" if self.stopping else "starting"),
+            "device": self.settings.device_id,
+            "streams": states,
+            "frames": self.pipeline.frames_done if self.pipeline else 0,
+            "policy_version": self.holder.version if self.holder else 0,
+            "escalations_in_flight": self.escalating.in_flight() if self.escalating else 0,
+        }
+
+    # ------------------------------------------------------------------ building
+    def _load_detector(self) -> Any:
+        if self.detector is not None:
+            return self.detector
+        from edgewise.runtime import Detector
+
+        m = self.settings.model
+        kwargs: Dict[str, Any] = dict(backend=m.backend, conf_thres=m.conf_thres, iou_thres=m.iou_thres,
+                                      max_det=m.max_det)
+        if m.threads:
+            kwargs["threads"] = m.threads
+        return Detector.from_file(m.path, **kwargs)
+
+    def _build_sinks(self) -> Sinks:
+        s = self.settings.sinks
+        out: List[Sink] = []
+        if s.jsonl:
+            out.append(JsonlSink(s.jsonl, fsync=s.fsync))
+        if s.stdout:
+            out.append(StdoutSink())
+        if s.mqtt and self.mqtt is not None:
+            prefix = self.settings.cloud.mqtt.topic_prefix
+            out.append(MqttSink(self.mqtt.client, f"{prefix}/{self.settings.device_id}/detections"))
+        return Sinks(out, on_error=lambda name: self.metrics.sink_errors.labels(name).inc())
+
+    async def _build_transports(self) -> None:
+        c = self.settings.cloud
+        if c.mqtt.host:
+            from edge.transports.mqtt import MqttConnection, MqttTransport
+
+            self.mqtt = MqttConnection(
+                c.mqtt.host, c.mqtt.port, client_id=f"{self.settings.device_id}-{os.getpid()}",
+                username=c.mqtt.username, password=c.mqtt.password, tls=c.mqtt.tls,
+                tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key, keepalive_s=c.mqtt.keepalive_s,
+            )
+            self.mqtt.start()
+            t = MqttTransport(self.mqtt, self.settings.device_id, c.mqtt.topic_prefix)
+            await t.start()
+            self.transports["mqtt"] = t
+        if c.endpoints:
+            from edge.transports.grpc import GrpcTransport
+
+            g = GrpcTransport(c.endpoints, c.tls_ca, c.tls_cert, c.tls_key, c.token, c.keepalive_s)
+            await g.start()
+            self.transports["grpc"] = g
+
+    def _open_spool(self) -> Any:
+        from edge.spool import Spool
+
+        sp = self.settings.spool
+        d = os.path.dirname(os.path.abspath(sp.path))
+        os.makedirs(d, exist_ok=True)
+        return Spool(sp.path, max_bytes=sp.max_bytes, max_age_s=sp.max_age_s)
+
+    # ------------------------------------------------------------------ control
+    def request_stop(self) -> None:
+        """Start a graceful stop (idempotent, safe from a signal handler)."""
+        if not self.stopping:
+            log.info("stopping: capture ends, queued frames finish, in-flight escalations drain")
+        self.stopping = True
+        if self.pipeline is not None:
+            self.pipeline.stop()
+        if self.stop_event is not None:
+            self.stop_event.set()
+
+    def request_reload(self) -> None:
+        if self.reload_event is not None:
+            self.reload_event.set()
+
+    def reload_policy(self) -> bool:
+        """Re-read the policy file now (loop thread); True when a new policy is in force."""
+        if self.holder is None or not self.settings.policy_file:
+            return False
+        res = self.holder.reload(self.settings.policy_file)
+        if not res.ok:
+            self.metrics.reloads.labels("refused").inc()
+            log.error("policy reload refused, old policy stays in force: %s", res.error)
+            return False
+        if res.changed:
+            self.metrics.reloads.labels("ok").inc()
+            return True
+        return False
+
+    async def _watch_policy(self) -> None:
+        assert self.stop_event is not None and self.reload_event is not None
+        path = self.settings.policy_file
+        last = _file_id(path)
+        while not self.stop_event.is_set():
+            try:
+                await asyncio.wait_for(self.reload_event.wait(), timeout=self.settings.policy_poll_s)
+                self.reload_event.clear()
+                log.info("SIGHUP: reloading policy %s", path)
+                last = _file_id(path)
+                self.reload_policy()
+                continue
+            except asyncio.TimeoutError:
+                pass
+            cur = _file_id(path)
+            if cur != last and cur is not None:
+                last = cur
+                log.info("policy file %s changed; reloading", path)
+                self.reload_policy()
+
+    # ------------------------------------------------------------------ running
+    async def run(self) -> int:
+        """Run until the sources end or a stop is requested; returns an exit status."""
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+        self.reload_event = asyncio.Event()
+        for sig, fn in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
+                        (signal.SIGHUP, self.request_reload)):
+            try:
+                loop.add_signal_handler(sig, fn)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass  # not the main thread (tests) or not POSIX
+        if s.metrics.port >= 0:
+            self.metrics_server = MetricsServer(self.metrics, self.health, s.metrics.host, s.metrics.port)
+            self.metrics_server.start()
+        policy = None
+        if s.policy_file:
+            from edgewise.policy.holding import PolicyHolder
+
+            self.holder = PolicyHolder.from_file(s.policy_file)
+            policy = self.holder.policy
+        detector = await loop.run_in_executor(None, self._load_detector)
+        names = tuple(getattr(getattr(detector, "info", None), "names", ()) or ())
+        await self._build_transports()
+        self.sinks = self._build_sinks()
+        self.spool = self._open_spool() if policy is not None else None
+        decider = Decider(policy)
+        if self.transports:
+            self.escalating = Escalating(
+                s.device_id, self.transports, self.sinks.write, self.metrics, spool=self.spool,
+                default_transport=s.cloud.transport, max_in_flight=s.cloud.max_in_flight,
+                replay_interval_s=s.spool.replay_interval_s, replay_batch=s.spool.replay_batch, names=names,
+            )
+        ready = asyncio.Event()
+        queues: Dict[str, FrameQueue] = {}
+        for st in s.streams:
+            q = FrameQueue(st.resolved_queue_size(), st.resolved_drop_policy(), ready)
+            queues[st.id] = q
+            self.capturers.append(Capturer(
+                st.id, make_source(st), q, fps=st.fps, max_frames=st.max_frames,
+                reconnect_min_s=st.reconnect_min_s, reconnect_max_s=st.reconnect_max_s,
+                on_state=self._on_state, on_corrupt=lambda sid: self.metrics.corrupt.labels(sid).inc(),
+                on_drop=lambda sid: self.metrics.drops.labels(sid, "queue_full").inc(),
+            ))
+        self.pipeline = Pipeline(s.device_id, detector, self.capturers, queues, ready, decider,
+                                 self.escalating, self._write, self.metrics, s.model.max_batch)
+        if self.holder is not None:
+            self.holder.subscribe(self.pipeline.apply_policy)
+        if self.stopping:
+            self.pipeline.stop()
+        tasks = []
+        if s.policy_file:
+            tasks.append(asyncio.ensure_future(self._watch_policy()))
+        if self.escalating is not None and self.spool is not None:
+            self.escalating.update_spool_metrics()
+            tasks.append(asyncio.ensure_future(
+                self.escalating.replay_loop(self.stop_event, lambda: self.holder.policy if self.holder else None)))
+        self.started = True
+        log.info("edge daemon %s running: %d stream(s), model %s, policy %s, transports %s",
+                 s.device_id, len(s.streams), s.model.path, s.policy_file or "(none)",
+                 ",".join(self.transports) or "(none)")
+        try:
+            await self.pipeline.run()
+            if not self.stopping and self.escalating is not None:
+                # Sources ended by themselves: let the last escalations settle.
+                await self.escalating.drain(s.shutdown_grace_s)
+        finally:
+            self.stopping = True
+            self.stop_event.set()
+            if self.escalating is not None:
+                await self.escalating.drain(s.shutdown_grace_s)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._close()
+        log.info("edge daemon stopped after %d frames", self.pipeline.frames_done if self.pipeline else 0)
+        return 0
+
+    def _write(self, rec: Record) -> None:
+        if self.sinks is not None:
+            self.sinks.write(rec)
+
+    def _on_state(self, stream: str, state: SourceState) -> None:
+        self.metrics.set_source_state(stream, state)
+
+    async def _close(self) -> None:
+        for t in self.transports.values():
+            try:
+                await t.close()
+            except Exception:
+                log.exception("closing transport %s", t.name)
+        if self.mqtt is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.mqtt.stop)
+        if self.sinks is not None:
+            self.sinks.close()
+        if self.spool is not None and hasattr(self.spool, "close"):
+            self.spool.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+
+
+def run_daemon(settings: EdgeSettings) -> int:
+    """Blocking entry point (``edgewise edge run``)."""
+    start = time.monotonic()
+    code = asyncio.run(EdgeDaemon(settings).run())
+    log.debug("daemon ran %.1f s", time.monotonic() - start)
+    return code

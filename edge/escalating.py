@@ -1,0 +1,349 @@
+"""Escalation of hard frames to the cloud, the spool on failure, and its replay.
+
+``build_request`` (pure) turns a frame, its edge detections and the verdict into a
+``DetectRequest`` (JPEG at the policy quality; the full frame or one padded crop
+around the uncertain boxes, with ``offset_x/y`` and the source size).
+``Escalating`` (async shell) sends it over the policy's transport with the
+policy deadline, merges the answer with the edge boxes and writes the frame
+record. When the cloud is unreachable, overloaded or too slow
+(UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED) the policy's
+``onCloudUnavailable`` decides: ``spool`` (durable queue, replayed in order
+later, at-least-once by the idempotency key device/stream/frame_seq, the late
+result marked ``late: true``), ``edge_only`` (publish the edge result) or
+``drop`` (publish nothing for the frame). Sedna drops everything when its cloud
+is down and has no timeout (anchors-joint-inference.md §2.1); we do neither.
+Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import numpy as np
+
+from edge.deciding import Verdict
+from edge.sinks import Record
+from edge.sources.base import Frame
+from edge.transports import SPOOLABLE, Transport, TransportError
+from edgewise.detections import Detections
+
+log = logging.getLogger(__name__)
+
+
+def idempotency_key(device_id: str, stream_id: str, seq: int) -> str:
+    """The key that makes a replayed request the same frame."""
+    return f"{device_id}/{stream_id}/{seq}"
+
+
+def crop_region(
+    dets: Detections, size: Tuple[int, int], band: Tuple[float, float], padding: float
+) -> Optional[Tuple[int, int, int, int]]:
+    """(x1, y1, x2, y2) of one crop holding every uncertain box (score in ``band``),
+    each padded by ``padding`` x its size; None when no box is uncertain (then
+    the full frame is sent: a missed object can be anywhere)."""
+    if len(dets) == 0:
+        return None
+    lo, hi = band
+    mask = (dets.scores >= lo) & (dets.scores <= hi)
+    if not mask.any():
+        return None
+    b = dets.boxes[mask].astype(np.float64)
+    w = b[:, 2] - b[:, 0]
+    h = b[:, 3] - b[:, 1]
+    x1 = float(np.min(b[:, 0] - padding * w))
+    y1 = float(np.min(b[:, 1] - padding * h))
+    x2 = float(np.max(b[:, 2] + padding * w))
+    y2 = float(np.max(b[:, 3] + padding * h))
+    W, H = size
+    ix1, iy1 = max(0, int(np.floor(x1))), max(0, int(np.floor(y1)))
+    ix2, iy2 = min(W, int(np.ceil(x2))), min(H, int(np.ceil(y2)))
+    if ix2 - ix1 < 2 or iy2 - iy1 < 2:
+        return None
+    return ix1, iy1, ix2, iy2
+
+
+def build_request(device_id: str, frame: Frame, dets: Detections, verdict: Verdict, policy: Any) -> Any:
+    """The ``DetectRequest`` of one escalation under ``policy``."""
+    from edgewise.wire import detections_to_proto, encode_image
+
+    from edgewise.v1 import detect_pb2
+
+    spec = policy.spec
+    h, w = frame.image.shape[:2]
+    region = None
+    if spec.payload.mode == "crops":
+        region = crop_region(dets, (w, h), (spec.band.low, spec.band.high), spec.payload.crop_padding)
+    if region is None:
+        img = encode_image(frame.image, "jpeg", spec.payload.jpeg_quality)
+    else:
+        x1, y1, x2, y2 = region
+        img = encode_image(np.ascontiguousarray(frame.image[y1:y2, x1:x2]), "jpeg", spec.payload.jpeg_quality)
+        img.offset_x, img.offset_y = x1, y1
+    img.source_width, img.source_height = w, h
+    req = detect_pb2.DetectRequest(
+        device_id=device_id,
+        stream_id=frame.stream_id,
+        frame_seq=frame.seq,
+        capture_time_unix_ns=frame.capture_unix_ns,
+        priority=max(0, int(verdict.priority)),
+        trace_id=uuid.uuid4().hex,
+        reason=verdict.reason,
+    )
+    req.image.CopyFrom(img)
+    req.edge_detections.extend(detections_to_proto(dets))
+    req.hardness.score = float(verdict.hardness)
+    for k, v in verdict.signals.items():
+        req.hardness.signals[k] = float(v)
+    return req
+
+
+def detections_json(dets: Detections) -> List[Dict[str, Any]]:
+    """Boxes of a record: xyxy, score, class, and the model that produced each."""
+    out = []
+    srcs = dets.box_sources()
+    for i in range(len(dets)):
+        cid = int(dets.class_ids[i])
+        out.append({
+            "box": [round(float(v), 2) for v in dets.boxes[i]],
+            "score": round(float(dets.scores[i]), 4),
+            "class_id": cid,
+            "class_name": dets.names[cid] if 0 <= cid < len(dets.names) else str(cid),
+            "source": srcs[i] or "edge",
+        })
+    return out
+
+
+class Escalating:
+    """Sends escalations, falls back per policy, replays the spool."""
+
+    def __init__(
+        self,
+        device_id: str,
+        transports: Dict[str, Transport],
+        write: Callable[[Record], None],
+        metrics: Any,
+        spool: Any = None,
+        default_transport: str = "grpc",
+        max_in_flight: int = 16,
+        replay_interval_s: float = 2.0,
+        replay_batch: int = 8,
+        names: Tuple[str, ...] = (),
+    ) -> None:
+        self.device_id = device_id
+        self.transports = transports
+        self.write = write
+        self.metrics = metrics
+        self.spool = spool
+        self.default_transport = default_transport
+        self.max_in_flight = max_in_flight
+        self.replay_interval_s = replay_interval_s
+        self.replay_batch = replay_batch
+        self.names = names
+        self.tasks: Set[asyncio.Task[None]] = set()
+        self.pending: Dict[asyncio.Task[None], Tuple[Any, Any, Record]] = {}
+        self.replay_now = asyncio.Event()
+
+    # ------------------------------------------------------------------ submit
+    def in_flight(self) -> int:
+        return len(self.tasks)
+
+    def submit(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Any, record: Record) -> None:
+        """Start escalating one frame; the frame's record is written when it is settled."""
+        try:
+            req = build_request(self.device_id, frame, dets, verdict, policy)
+        except Exception as exc:  # an unencodable frame must not stop the pipeline
+            log.exception("cannot build escalation of %s/%d", frame.stream_id, frame.seq)
+            record["outcome"] = "edge_only"
+            record["error"] = f"INTERNAL: {exc}"
+            self.metrics.escalations.labels(verdict.reason, "error").inc()
+            self.write(record)
+            return
+        if len(self.tasks) >= self.max_in_flight:
+            self._fail(req, policy, record, TransportError(
+                "RESOURCE_EXHAUSTED", f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)"))
+            return
+        task = asyncio.ensure_future(self._escalate(req, dets, policy, record))
+        self.tasks.add(task)
+        self.pending[task] = (req, policy, record)
+        self.metrics.in_flight.set(len(self.tasks))
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.pending.pop(task, None)
+        self.metrics.in_flight.set(len(self.tasks))
+        if not task.cancelled() and task.exception() is not None:
+            log.error("escalation task failed: %r", task.exception())
+
+    def _transport(self, policy: Any) -> Transport:
+        name = getattr(policy.spec, "transport", "") or self.default_transport
+        t = self.transports.get(name)
+        if t is None:
+            raise TransportError("UNAVAILABLE", f"transport {name!r} is not configured in the settings (cloud.*)")
+        return t
+
+    async def _escalate(self, req: Any, dets: Detections, policy: Any, record: Record) -> None:
+        reason = record.get("reason", "")
+        t0 = time.monotonic()
+        try:
+            transport = self._transport(policy)
+            resp = await transport.detect(req, policy.spec.deadline_ms / 1000.0)
+        except TransportError as exc:
+            self._fail(req, policy, record, exc)
+            return
+        rtt = time.monotonic() - t0
+        self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
+        self.metrics.escalations.labels(reason, "ok").inc()
+        self.replay_now.set()
+        self._write_merged(record, dets, resp, policy.spec.merge, rtt, late=False)
+
+    def _write_merged(self, record: Record, dets: Detections, resp: Any, merge: Any, rtt: float, late: bool) -> None:
+        from edgewise.wire import detections_from_proto
+
+        from edge.merging import merge as merge_fn
+
+        cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
+        merged = merge_fn(dets, cloud, merge.strategy, merge.iou)
+        record["detections"] = detections_json(merged)
+        record["outcome"] = "cloud"
+        record["cloud_rtt_ms"] = round(rtt * 1000.0, 2)
+        record["cloud_model"] = resp.model_name
+        record["late"] = late
+        record["emit_unix_ns"] = time.time_ns()
+        self.write(record)
+
+    def _fail(self, req: Any, policy: Any, record: Record, exc: TransportError) -> None:
+        action = policy.spec.on_cloud_unavailable if exc.code in SPOOLABLE else "edge_only"
+        reason = record.get("reason", "")
+        record["error"] = str(exc)
+        if action == "spool" and self.spool is not None:
+            meta = {"record": record, "merge": [policy.spec.merge.strategy, policy.spec.merge.iou],
+                    "deadline_ms": policy.spec.deadline_ms, "transport": policy.spec.transport}
+            key = idempotency_key(req.device_id, req.stream_id, req.frame_seq)
+            if self.spool.put(key, req.SerializeToString(), json.dumps(meta)):
+                record["outcome"] = "spooled"
+                self.metrics.spool_events.labels("put").inc()
+                log.info("escalation %s spooled: %s", key, exc)
+            else:
+                record["outcome"] = "edge_only"
+                self.metrics.spool_events.labels("refused").inc()
+                log.warning("escalation %s not spooled (spool full: max_bytes); edge result kept", key)
+            self.metrics.escalations.labels(reason, record["outcome"]).inc()
+            self.write(record)
+            return
+        if action == "drop":
+            self.metrics.escalations.labels(reason, "dropped").inc()
+            self.metrics.drops.labels(record.get("stream", ""), "cloud_unavailable").inc()
+            log.info("escalation %s/%s dropped (policy onCloudUnavailable=drop): %s",
+                     req.stream_id, req.frame_seq, exc)
+            return
+        record["outcome"] = "edge_only"
+        self.metrics.escalations.labels(reason, "edge_only").inc()
+        self.write(record)
+
+    # ------------------------------------------------------------------ replay
+    async def replay_loop(self, stop: asyncio.Event, policy_of: Callable[[], Any]) -> None:
+        """Drain the spool in order whenever the cloud answers; runs until ``stop``."""
+        if self.spool is None:
+            return
+        while not stop.is_set():
+            delivered = 0
+            try:
+                delivered = await self.replay_once(policy_of())
+            except Exception:
+                log.exception("spool replay round failed")
+            if delivered:
+                continue  # more may be waiting
+            self.replay_now.clear()
+            stopper = asyncio.ensure_future(stop.wait())
+            kick = asyncio.ensure_future(self.replay_now.wait())
+            try:
+                await asyncio.wait([stopper, kick], timeout=self.replay_interval_s,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopper.cancel()
+                kick.cancel()
+
+    async def replay_once(self, policy: Any) -> int:
+        """One replay round: send spooled entries oldest first until one fails."""
+        from edgewise.wire import detections_from_proto
+
+        from edgewise.v1 import detect_pb2
+
+        expired = self.spool.expire(time.time())
+        if expired:
+            self.metrics.spool_events.labels("expired").inc(expired)
+            log.warning("%d spooled escalations expired (spool.max_age_s) and were discarded", expired)
+        self.update_spool_metrics()
+        entries = self.spool.peek(self.replay_batch)
+        delivered = 0
+        for e in entries:
+            meta = json.loads(e.meta) if isinstance(e.meta, (str, bytes)) else dict(e.meta or {})
+            req = detect_pb2.DetectRequest()
+            req.ParseFromString(e.payload)
+            req.replay = True
+            deadline_ms = int(meta.get("deadline_ms") or (policy.spec.deadline_ms if policy else 1000))
+            tname = meta.get("transport") or self.default_transport
+            transport = self.transports.get(tname) or self.transports.get(self.default_transport)
+            if transport is None:
+                return delivered
+            t0 = time.monotonic()
+            try:
+                resp = await transport.detect(req, deadline_ms / 1000.0)
+            except TransportError as exc:
+                if exc.code in SPOOLABLE:
+                    self.spool.nack(e.id)
+                    self.metrics.spool_events.labels("nack").inc()
+                    log.debug("replay of %s failed (%s); retrying later", e.key, exc)
+                    return delivered
+                self.spool.ack(e.id)  # permanent failure: a resend would fail the same way
+                self.metrics.spool_events.labels("rejected").inc()
+                log.error("cloud rejected replayed %s: %s; dropped from the spool", e.key, exc)
+                continue
+            rtt = time.monotonic() - t0
+            record = dict(meta.get("record") or {})
+            record.pop("error", None)
+            edge = detections_from_proto(req.edge_detections, names=self.names, source="edge")
+            strategy, iou = (meta.get("merge") or ["fuse", 0.55])[:2]
+
+            class _M:
+                pass
+
+            m = _M()
+            m.strategy, m.iou = strategy, iou  # type: ignore[attr-defined]
+            self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
+            self.metrics.escalations.labels(record.get("reason", ""), "late").inc()
+            self._write_merged(record, edge, resp, m, rtt, late=True)
+            self.spool.ack(e.id)
+            self.metrics.spool_events.labels("replayed").inc()
+            delivered += 1
+        self.update_spool_metrics()
+        return delivered
+
+    def update_spool_metrics(self) -> None:
+        if self.spool is None:
+            return
+        st = self.spool.stats()
+        get = st.get if isinstance(st, dict) else lambda k, d=0: getattr(st, k, d)
+        self.metrics.spool_depth.set(get("depth", 0) or get("count", 0))
+        self.metrics.spool_bytes.set(get("bytes", 0))
+        self.metrics.spool_oldest.set(get("oldest_age_s", 0) or 0)
+
+    # ---------------------------------------------------------------- shutdown
+    async def drain(self, grace_s: float) -> None:
+        """Let in-flight escalations finish for ``grace_s``; spool (or settle per
+        policy) the rest, so SIGTERM loses nothing the policy wants kept."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=grace_s)
+        for task, (req, policy, record) in list(self.pending.items()):
+            if task.done():
+                continue
+            task.cancel()
+            self._fail(req, policy, record, TransportError("UNAVAILABLE", "daemon shutting down"))
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=1.0)

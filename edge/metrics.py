@@ -1,0 +1,122 @@
+"""Prometheus metrics and the ``/healthz`` endpoint of the edge daemon.
+
+One per-process ``CollectorRegistry`` (never the global default) so tests can run
+several daemons in one process. Histograms, so p99 can be computed across
+devices. The HTTP server is a small threaded ``http.server`` serving
+``/metrics`` and ``/healthz`` on one port. Callers: ``edge.daemon``,
+``edge.pipeline``, ``edge.escalating``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from edge.sources.base import SourceState
+
+log = logging.getLogger(__name__)
+
+STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+RTT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class EdgeMetrics:
+    """All metrics of one daemon, registered in their own registry."""
+
+    def __init__(self, registry: Optional[CollectorRegistry] = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.frames = Counter("edgewise_edge_frames", "Frames processed per stream", ["stream"], registry=r)
+        self.fps = Gauge("edgewise_edge_fps", "Frames per second per stream (last 5 s window)", ["stream"], registry=r)
+        self.stage = Histogram(
+            "edgewise_edge_stage_seconds", "Per-stage latency", ["stage"], buckets=STAGE_BUCKETS, registry=r
+        )
+        self.frame_latency = Histogram(
+            "edgewise_edge_frame_latency_seconds", "Capture to sink latency per frame",
+            buckets=STAGE_BUCKETS, registry=r,
+        )
+        self.batch_size = Histogram(
+            "edgewise_edge_batch_size", "Frames per inference call", buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r
+        )
+        self.escalations = Counter(
+            "edgewise_edge_escalations", "Escalations by reason and outcome", ["reason", "outcome"], registry=r
+        )
+        self.cloud_rtt = Histogram(
+            "edgewise_edge_cloud_rtt_seconds", "Cloud round trip per escalation", ["transport"],
+            buckets=RTT_BUCKETS, registry=r,
+        )
+        self.spool_depth = Gauge("edgewise_edge_spool_depth", "Escalations waiting in the spool", registry=r)
+        self.spool_bytes = Gauge("edgewise_edge_spool_bytes", "Bytes in the spool", registry=r)
+        self.spool_oldest = Gauge("edgewise_edge_spool_oldest_age_seconds", "Age of the oldest spooled entry", registry=r)
+        self.spool_events = Counter(
+            "edgewise_edge_spool_events", "Spool events (put, refused, replayed, expired, nack)", ["event"], registry=r
+        )
+        self.reloads = Counter("edgewise_edge_policy_reloads", "Policy reloads by result", ["result"], registry=r)
+        self.drops = Counter("edgewise_edge_dropped", "Dropped frames by stream and reason", ["stream", "reason"], registry=r)
+        self.corrupt = Counter("edgewise_edge_corrupt_frames", "Frames that could not be decoded", ["stream"], registry=r)
+        self.source_state = Gauge(
+            "edgewise_edge_source_state", "1 for the current state of each stream", ["stream", "state"], registry=r
+        )
+        self.hardness = Histogram(
+            "edgewise_edge_hardness", "Combined hardness score per frame",
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r,
+        )
+        self.in_flight = Gauge("edgewise_edge_escalations_in_flight", "Escalations waiting for the cloud", registry=r)
+        self.sink_errors = Counter("edgewise_edge_sink_errors", "Records a sink failed to write", ["sink"], registry=r)
+
+    def set_source_state(self, stream: str, state: SourceState) -> None:
+        for s in SourceState:
+            self.source_state.labels(stream, s.value).set(1.0 if s is state else 0.0)
+
+
+class MetricsServer:
+    """``/metrics`` (Prometheus text) and ``/healthz`` (JSON from ``health()``) over HTTP."""
+
+    def __init__(
+        self,
+        metrics: EdgeMetrics,
+        health: Callable[[], Tuple[bool, Dict[str, Any]]],
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        registry = metrics.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    body = generate_latest(registry)
+                    self._send(200, CONTENT_TYPE_LATEST, body)
+                elif path in ("/healthz", "/health"):
+                    ok, detail = health()
+                    self._send(200 if ok else 503, "application/json", json.dumps(detail).encode())
+                else:
+                    self._send(404, "text/plain", b"not found: try /metrics or /healthz\n")
+
+            def _send(self, code: int, ctype: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("metrics http: " + format, *args)
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics-http", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        log.info("metrics and health on http://%s:%d/metrics /healthz", self.httpd.server_address[0], self.port)
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,258 @@
+"""The edge pipeline: capture → preprocess → infer → postprocess → hardness →
+policy → sinks / escalation, as an asyncio shell around one inference thread.
+
+Frames wait in one bounded queue per stream (named drop policy, see
+``edge.sources.capturing.FrameQueue``). The batcher takes the frames that are
+ready across streams, round-robin, up to ``max_batch``, and runs preprocess +
+infer + postprocess in a single worker thread; while that thread works on batch
+k+1 the event loop decides and emits batch k (a bounded hand-off of 2 batches).
+Decisions happen in the loop thread, frame after frame, so a policy swap lands
+between two frames. Every stage's latency is measured and recorded per frame.
+Style: style-anchors.md §7.8-7.9 (guarded tasks, executor for blocking work,
+bounded queues, producers observe the stop event). Callers: ``edge.daemon``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+from edge.deciding import Decider, Verdict
+from edge.escalating import Escalating, detections_json
+from edge.sinks import Record
+from edge.sources.base import Frame
+from edge.sources.capturing import Capturer, FrameQueue
+
+log = logging.getLogger(__name__)
+
+Batch = Tuple[List[Frame], List[Any], Dict[str, float]]
+
+
+def run_detector(detector: Any, frames: Sequence[Frame]) -> Tuple[List[Any], Dict[str, float]]:
+    """Preprocess, infer and postprocess one batch (runs in the inference thread)."""
+    t0 = time.perf_counter()
+    batch, metas = detector.preprocess([f.image for f in frames])
+    t1 = time.perf_counter()
+    raw = detector.infer(batch)
+    t2 = time.perf_counter()
+    dets = detector.postprocess(raw, metas)
+    t3 = time.perf_counter()
+    n = max(1, len(frames))
+    # Per-frame share of the batch's stage times.
+    return list(dets), {
+        "preprocess": (t1 - t0) * 1000.0 / n,
+        "infer": (t2 - t1) * 1000.0 / n,
+        "postprocess": (t3 - t2) * 1000.0 / n,
+    }
+
+
+class FrameRate:
+    """Frames/s of one stream over a sliding window."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self.times: Deque[float] = collections.deque()
+
+    def tick(self, now: float) -> float:
+        self.times.append(now)
+        while self.times and now - self.times[0] > self.window_s:
+            self.times.popleft()
+        span = now - self.times[0] if len(self.times) > 1 else 0.0
+        return (len(self.times) - 1) / span if span > 0 else 0.0
+
+
+class Pipeline:
+    """Runs capturers, the batcher and the decider/emitter until stopped or all sources end."""
+
+    def __init__(
+        self,
+        device_id: str,
+        detector: Any,
+        capturers: List[Capturer],
+        queues: Dict[str, FrameQueue],
+        ready: asyncio.Event,
+        decider: Decider,
+        escalating: Optional[Escalating],
+        write: Callable[[Record], None],
+        metrics: Any,
+        max_batch: int = 4,
+    ) -> None:
+        self.device_id = device_id
+        self.detector = detector
+        self.capturers = capturers
+        self.queues = queues
+        self.ready = ready
+        self.decider = decider
+        self.escalating = escalating
+        self.write = write
+        self.metrics = metrics
+        self.max_batch = max(1, max_batch)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
+        self.rates: Dict[str, FrameRate] = {sid: FrameRate() for sid in queues}
+        self.frames_done = 0
+        self.hardness_policy_ms: List[float] = []  # per-frame cost, for the benchmark
+        self.stop_capture = asyncio.Event()
+        self.sources_done = asyncio.Event()
+        self._rr = 0
+        self.pending_swap: Optional[Any] = None
+
+    # ------------------------------------------------------------------ batching
+    def _take_batch(self) -> List[Frame]:
+        ids = list(self.queues)
+        frames: List[Frame] = []
+        progressed = True
+        while len(frames) < self.max_batch and progressed:
+            progressed = False
+            for k in range(len(ids)):
+                sid = ids[(self._rr + k) % len(ids)]
+                f = self.queues[sid].get_nowait()
+                if f is not None:
+                    frames.append(f)
+                    progressed = True
+                    if len(frames) >= self.max_batch:
+                        break
+        self._rr = (self._rr + 1) % max(1, len(ids))
+        return frames
+
+    async def _batcher(self, out: asyncio.Queue[Optional[Batch]]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                frames = self._take_batch()
+                if not frames:
+                    if self.sources_done.is_set():
+                        return
+                    self.ready.clear()
+                    # Re-check after clearing: a put between take and clear is not lost.
+                    frames = self._take_batch()
+                    if not frames:
+                        waiter = asyncio.ensure_future(self.ready.wait())
+                        done = asyncio.ensure_future(self.sources_done.wait())
+                        try:
+                            await asyncio.wait([waiter, done], return_when=asyncio.FIRST_COMPLETED)
+                        finally:
+                            waiter.cancel()
+                            done.cancel()
+                        continue
+                dequeued = time.monotonic()
+                try:
+                    dets, stage_ms = await loop.run_in_executor(self.executor, run_detector, self.detector, frames)
+                except Exception as exc:
+                    log.exception("inference failed on a batch of %d frames; frames dropped", len(frames))
+                    for f in frames:
+                        self.metrics.drops.labels(f.stream_id, f"inference_error:{type(exc).__name__}").inc()
+                    continue
+                stage_ms["queue_wait"] = 0.0
+                self.metrics.batch_size.observe(len(frames))
+                await out.put((frames, dets, dict(stage_ms, dequeued=dequeued)))
+        finally:
+            await out.put(None)
+
+    # ------------------------------------------------------------------ deciding
+    async def _emitter(self, inp: asyncio.Queue[Optional[Batch]]) -> None:
+        while True:
+            item = await inp.get()
+            if item is None:
+                return
+            frames, dets_list, stage_ms = item
+            dequeued = stage_ms.pop("dequeued")
+            for frame, dets in zip(frames, dets_list):
+                try:
+                    self._emit(frame, dets, stage_ms, dequeued)
+                except Exception:
+                    log.exception("frame %s/%d failed after inference; skipped", frame.stream_id, frame.seq)
+                    self.metrics.drops.labels(frame.stream_id, "emit_error").inc()
+            await asyncio.sleep(0)  # let escalation tasks and captures run between batches
+
+    def apply_policy(self, policy: Any) -> int:
+        """Swap the policy in; called from the loop thread, so between two frames."""
+        gen = self.decider.swap(policy)
+        log.info("policy generation %d in force from the next frame", gen)
+        return gen
+
+    def _emit(self, frame: Frame, dets: Any, stage_ms: Dict[str, float], dequeued: float) -> None:
+        h, w = frame.image.shape[:2]
+        verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h))
+        self.hardness_policy_ms.append(verdict.cost_ms)
+        if len(self.hardness_policy_ms) > 100000:
+            del self.hardness_policy_ms[:50000]
+        lat = {
+            "read": round(frame.read_ms, 3),
+            "queue": round((dequeued - frame.capture_mono) * 1000.0, 3),
+            "preprocess": round(stage_ms["preprocess"], 3),
+            "infer": round(stage_ms["infer"], 3),
+            "postprocess": round(stage_ms["postprocess"], 3),
+            "hardness_policy": round(verdict.cost_ms, 3),
+        }
+        for stage, ms in lat.items():
+            self.metrics.stage.labels(stage).observe(ms / 1000.0)
+        self.metrics.hardness.observe(verdict.hardness)
+        now_mono = time.monotonic()
+        lat["total"] = round((now_mono - frame.capture_mono) * 1000.0, 3)
+        self.metrics.frame_latency.observe(now_mono - frame.capture_mono)
+        self.metrics.frames.labels(frame.stream_id).inc()
+        self.metrics.fps.labels(frame.stream_id).set(self.rates[frame.stream_id].tick(now_mono))
+        self.frames_done += 1
+        record: Record = {
+            "device": self.device_id,
+            "stream": frame.stream_id,
+            "frame_seq": frame.seq,
+            "capture_unix_ns": frame.capture_unix_ns,
+            "emit_unix_ns": time.time_ns(),
+            "width": w,
+            "height": h,
+            "detections": detections_json(dets),
+            "escalated": verdict.escalate,
+            "reason": verdict.reason,
+            "suppressed_by": verdict.suppressed_by,
+            "hardness": round(verdict.hardness, 4),
+            "signals": {k: round(v, 4) for k, v in verdict.signals.items()},
+            "policy_generation": verdict.policy_generation,
+            "policy": verdict.policy_name,
+            "latency_ms": lat,
+            "cloud_rtt_ms": None,
+            "outcome": "edge",
+            "late": False,
+        }
+        if verdict.escalate and self.escalating is not None and self.decider.policy is not None:
+            record["outcome"] = "pending"
+            self.escalating.submit(frame, dets, verdict, self.decider.policy, record)
+        else:
+            if verdict.escalate:
+                record["outcome"] = "edge_only"
+                record["error"] = "no transport configured"
+            self.write(record)
+
+    # ------------------------------------------------------------------ running
+    async def run(self) -> None:
+        """Run until every source ended or ``stop()``; returns after the queues drained."""
+        handoff: asyncio.Queue[Optional[Batch]] = asyncio.Queue(maxsize=2)
+        caps = [asyncio.ensure_future(c.run(self.stop_capture)) for c in self.capturers]
+
+        async def watch_caps() -> None:
+            await asyncio.gather(*caps, return_exceptions=True)
+            for c, t in zip(self.capturers, caps):
+                if t.exception() is not None:
+                    log.error("capture of %s crashed: %r", c.stream_id, t.exception())
+            self.sources_done.set()
+
+        watcher = asyncio.ensure_future(watch_caps())
+        batcher = asyncio.ensure_future(self._batcher(handoff))
+        emitter = asyncio.ensure_future(self._emitter(handoff))
+        try:
+            await asyncio.gather(batcher, emitter)
+        finally:
+            self.stop_capture.set()
+            for t in (batcher, emitter):
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            self.executor.shutdown(wait=True)
+
+    def stop(self) -> None:
+        """Stop capturing; frames already queued are still processed."""
+        self.stop_capture.set()

@@ -1,0 +1,75 @@
+"""The ``FrameSource`` seam: what every frame source implements, and the frame type.
+
+A source is synchronous and blocking (OpenCV decode); ``edge.sources.capturing``
+runs it in its own thread and owns reconnects, pacing and state. Callers:
+``edge.sources.capturing``, ``edge.pipeline``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+try:  # Python 3.8 has typing.Protocol
+    from typing import Protocol
+except ImportError:  # pragma: no cover
+    from typing_extensions import Protocol  # type: ignore[assignment]
+
+
+class SourceState(enum.Enum):
+    """Lifecycle of a stream, exported as a metric and logged on every change."""
+
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    BACKOFF = "backoff"
+    ENDED = "ended"
+
+
+class SourceError(Exception):
+    """The source is gone (stream dropped, device lost); a live source reconnects."""
+
+
+class CorruptFrameError(Exception):
+    """One frame could not be decoded; it is skipped and counted, the stream goes on."""
+
+
+@dataclass
+class Frame:
+    """One captured frame.
+
+    Attributes:
+        stream_id: the stream it came from.
+        seq: sequence number within the stream, from 0, never reused in one run
+            (with ``device_id`` the idempotency key of an escalation).
+        image: BGR uint8 ``[H, W, 3]``.
+        capture_unix_ns: wall-clock capture time.
+        capture_mono: ``time.monotonic()`` at capture, for latency.
+        read_ms: time spent reading/decoding the frame.
+    """
+
+    stream_id: str
+    seq: int
+    image: np.ndarray
+    capture_unix_ns: int
+    capture_mono: float
+    read_ms: float = 0.0
+
+
+class FrameSource(Protocol):
+    """A blocking frame source.
+
+    ``open`` connects (raises SourceError when it cannot), ``read`` returns the next
+    BGR image, ``None`` at the end of a finite source, raises CorruptFrameError for a
+    bad frame and SourceError when the stream dropped; ``close`` releases it.
+    """
+
+    live: bool
+
+    def open(self) -> None: ...
+
+    def read(self) -> Optional[np.ndarray]: ...
+
+    def close(self) -> None: ...

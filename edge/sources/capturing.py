@@ -1,0 +1,219 @@
+"""Async capture shell: runs a blocking ``FrameSource`` in its own thread, paces it,
+reconnects live streams with exponential backoff and feeds a bounded queue.
+
+States (connecting / streaming / backoff / ended) are logged on every change and
+reported through ``on_state``; corrupt frames and drops are counted, never fatal.
+Bounded queues follow style-anchors.md §7.9 (roboflow ``video_source.py``, with a
+stop event so shutdown cannot hang). Callers: ``edge.pipeline``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Deque, Optional
+
+from edge.sources.base import CorruptFrameError, Frame, FrameSource, SourceError, SourceState
+
+log = logging.getLogger(__name__)
+
+
+class FrameQueue:
+    """Bounded FIFO of frames with a named full policy: ``drop_oldest`` or ``wait``.
+
+    ``ready`` is shared between the queues of one pipeline so the batcher can wait
+    for a frame from any stream.
+    """
+
+    def __init__(self, maxsize: int, policy: str, ready: asyncio.Event) -> None:
+        if maxsize < 1 or policy not in ("drop_oldest", "wait"):
+            raise ValueError(f"bad queue settings {maxsize} {policy}")
+        self.maxsize = maxsize
+        self.policy = policy
+        self.items: Deque[Frame] = collections.deque()
+        self.ready = ready
+        self.space = asyncio.Event()
+        self.space.set()
+        self.dropped = 0
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    async def put(self, frame: Frame, stop: asyncio.Event) -> Optional[Frame]:
+        """Queue ``frame``; returns the frame dropped to make room, if any.
+        Under ``wait`` blocks until there is room or ``stop`` is set."""
+        dropped = None
+        while len(self.items) >= self.maxsize:
+            if self.policy == "drop_oldest":
+                dropped = self.items.popleft()
+                self.dropped += 1
+                break
+            self.space.clear()
+            waiter = asyncio.ensure_future(self.space.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                stopper.cancel()
+            if stop.is_set():
+                return None
+        self.items.append(frame)
+        self.ready.set()
+        return dropped
+
+    def get_nowait(self) -> Optional[Frame]:
+        if not self.items:
+            return None
+        f = self.items.popleft()
+        self.space.set()
+        return f
+
+
+class Capturer:
+    """One stream's capture loop."""
+
+    def __init__(
+        self,
+        stream_id: str,
+        source: FrameSource,
+        queue: FrameQueue,
+        fps: float = 0.0,
+        max_frames: int = 0,
+        reconnect_min_s: float = 0.5,
+        reconnect_max_s: float = 30.0,
+        on_state: Optional[Callable[[str, SourceState], None]] = None,
+        on_corrupt: Optional[Callable[[str], None]] = None,
+        on_drop: Optional[Callable[[str], None]] = None,
+        start_seq: int = 0,
+    ) -> None:
+        self.stream_id = stream_id
+        self.source = source
+        self.queue = queue
+        self.fps = fps
+        self.max_frames = max_frames
+        self.reconnect_min_s = reconnect_min_s
+        self.reconnect_max_s = reconnect_max_s
+        self.on_state = on_state
+        self.on_corrupt = on_corrupt
+        self.on_drop = on_drop
+        self.state: Optional[SourceState] = None
+        self.seq = start_seq
+        self.frames = 0
+        self.corrupt = 0
+        self.reconnects = 0
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"capture-{stream_id}")
+
+    def __repr__(self) -> str:
+        return f"<Capturer {self.stream_id} state={self.state and self.state.value} frames={self.frames}>"
+
+    def _set_state(self, state: SourceState, why: str = "") -> None:
+        if state is self.state:
+            return
+        self.state = state
+        log.info("stream %s: %s%s", self.stream_id, state.value, f" ({why})" if why else "")
+        if self.on_state is not None:
+            self.on_state(self.stream_id, state)
+
+    async def _call(self, fn: Callable[[], object]) -> object:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Capture until the source ends, ``max_frames`` is reached or ``stop`` is set."""
+        backoff = self.reconnect_min_s
+        try:
+            while not stop.is_set():
+                self._set_state(SourceState.CONNECTING)
+                try:
+                    await self._call(self.source.open)
+                except SourceError as exc:
+                    if not self.source.live:
+                        log.error("stream %s: %s", self.stream_id, exc)
+                        break
+                    backoff = await self._backoff(stop, backoff, str(exc))
+                    continue
+                self._set_state(SourceState.STREAMING)
+                reason = await self._stream(stop)
+                await self._call(self.source.close)
+                if reason is None:  # ended or stopped
+                    break
+                backoff = self.reconnect_min_s if self._streamed_ok else backoff
+                backoff = await self._backoff(stop, backoff, reason)
+        finally:
+            self._set_state(SourceState.ENDED)
+            try:
+                await self._call(self.source.close)
+            except Exception:  # pragma: no cover - best effort on shutdown
+                log.exception("stream %s: close failed", self.stream_id)
+            self.executor.shutdown(wait=False)
+
+    async def _backoff(self, stop: asyncio.Event, delay: float, why: str) -> float:
+        self.reconnects += 1
+        self._set_state(SourceState.BACKOFF, f"{why}; retrying in {delay:.1f} s")
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+        except asyncio.TimeoutError:
+            pass
+        return min(delay * 2.0, self.reconnect_max_s)
+
+    async def _stream(self, stop: asyncio.Event) -> Optional[str]:
+        """Read frames; returns None at the end, or why a live stream dropped."""
+        self._streamed_ok = False
+        period = 1.0 / self.fps if self.fps > 0 else 0.0
+        next_t = time.monotonic()
+        while not stop.is_set():
+            if self.max_frames and self.frames >= self.max_frames:
+                return None
+            if period:
+                delay = next_t - time.monotonic()
+                if delay > 0:
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=delay)
+                        return None
+                    except asyncio.TimeoutError:
+                        pass
+                next_t = max(next_t + period, time.monotonic() - period)
+            t0 = time.monotonic()
+            try:
+                img = await self._call(self.source.read)
+            except CorruptFrameError as exc:
+                self.corrupt += 1
+                log.warning("stream %s: corrupt frame skipped: %s", self.stream_id, exc)
+                if self.on_corrupt is not None:
+                    self.on_corrupt(self.stream_id)
+                continue
+            except SourceError as exc:
+                if self.source.live:
+                    return str(exc)
+                log.error("stream %s: %s", self.stream_id, exc)
+                return None
+            except Exception as exc:  # a decoder bug must not kill the daemon
+                self.corrupt += 1
+                log.exception("stream %s: read failed: %s", self.stream_id, exc)
+                if self.on_corrupt is not None:
+                    self.on_corrupt(self.stream_id)
+                if self.source.live:
+                    return f"read failed: {exc}"
+                continue
+            if img is None:
+                return None
+            self._streamed_ok = True
+            now_mono = time.monotonic()
+            frame = Frame(
+                stream_id=self.stream_id,
+                seq=self.seq,
+                image=img,  # type: ignore[arg-type]
+                capture_unix_ns=time.time_ns(),
+                capture_mono=now_mono,
+                read_ms=(now_mono - t0) * 1000.0,
+            )
+            self.seq += 1
+            self.frames += 1
+            dropped = await self.queue.put(frame, stop)
+            if dropped is not None and self.on_drop is not None:
+                self.on_drop(self.stream_id)
+        return None
