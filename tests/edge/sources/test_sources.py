@@ -1,0 +1,172 @@
+"""Frame sources on real files: video (looped, truncated), image folder with a corrupt
+image, a live stream that stops (reconnect with backoff), drop policies."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edge.sources import CaptureSource, ImageFolderSource, SyntheticSource, VideoFileSource
+from edge.sources.base import SourceState
+from edge.sources.capturing import Capturer, FrameQueue
+
+
+def make_video(path: Path, n: int = 12, size=(96, 64)) -> Path:
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 10, size)
+    assert w.isOpened()
+    for i in range(n):
+        img = np.full((size[1], size[0], 3), i * 10 % 255, np.uint8)
+        cv2.putText(img, str(i), (10, 40), cv2.FONT_HERSHEY_SIMPLEX, 1, (255, 255, 255), 2)
+        w.write(img)
+    w.release()
+    return path
+
+
+def read_all(src, limit=1000):
+    src.open()
+    out = []
+    while len(out) < limit:
+        img = src.read()
+        if img is None:
+            break
+        out.append(img)
+    src.close()
+    return out
+
+
+def test_video_file_reads_every_frame(tmp_path):
+    frames = read_all(VideoFileSource(str(make_video(tmp_path / "v.avi", 12))))
+    assert len(frames) == 12
+    assert frames[0].shape == (64, 96, 3) and frames[0].dtype == np.uint8
+
+
+def test_video_file_loops(tmp_path):
+    frames = read_all(VideoFileSource(str(make_video(tmp_path / "v.avi", 5)), loop=True), limit=13)
+    assert len(frames) == 13
+
+
+def test_truncated_video_ends_early_and_is_counted(tmp_path):
+    p = make_video(tmp_path / "v.avi", 30)
+    data = p.read_bytes()
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(data[: len(data) // 2])
+    src = VideoFileSource(str(cut))
+    frames = read_all(src)
+    assert 0 < len(frames) < 30
+    assert src.truncated == 1
+
+
+def test_folder_skips_corrupt_image(tmp_path):
+    for i in range(3):
+        cv2.imwrite(str(tmp_path / f"{i}.png"), np.full((20, 30, 3), i, np.uint8))
+    (tmp_path / "1b.jpg").write_bytes(b"\xff\xd8not a jpeg at all")
+    cv2.imwrite(str(tmp_path / "gray.png"), np.zeros((20, 30), np.uint8))
+
+    async def run():
+        ready = asyncio.Event()
+        q = FrameQueue(100, "wait", ready)
+        corrupt = []
+        cap = Capturer("f", ImageFolderSource(str(tmp_path)), q, on_corrupt=corrupt.append)
+        await cap.run(asyncio.Event())
+        return cap, q, corrupt
+
+    cap, q, corrupt = asyncio.run(run())
+    assert len(q) == 4  # 0,1,2 and gray (converted to BGR)
+    assert corrupt == ["f"] and cap.corrupt == 1
+    assert cap.state is SourceState.ENDED
+    assert [f.seq for f in q.items] == [0, 1, 2, 3]
+    assert all(f.image.shape == (20, 30, 3) for f in q.items)
+
+
+def test_live_stream_that_stops_reconnects_with_backoff(tmp_path):
+    # A live "http" source read through FFmpeg; it stops after its last frame, so
+    # the capture shell must go to backoff, reconnect and stream again.
+    video = make_video(tmp_path / "live.avi", 4)
+
+    async def run():
+        ready = asyncio.Event()
+        q = FrameQueue(3, "drop_oldest", ready)
+        states = []
+        drops = []
+        stop = asyncio.Event()
+        cap = Capturer("cam", CaptureSource("http", str(video)), q, reconnect_min_s=0.05,
+                       reconnect_max_s=0.2, on_state=lambda s, st: states.append(st),
+                       on_drop=drops.append)
+        task = asyncio.ensure_future(cap.run(stop))
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if cap.reconnects >= 3:
+                break
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return cap, q, states, drops
+
+    cap, q, states, drops = asyncio.run(run())
+    assert cap.reconnects >= 3
+    assert states[:3] == [SourceState.CONNECTING, SourceState.STREAMING, SourceState.BACKOFF]
+    assert states.count(SourceState.STREAMING) >= 2
+    assert states[-1] is SourceState.ENDED
+    assert len(q) == 3  # bounded; the rest were dropped oldest-first and counted
+    assert len(drops) == cap.frames - 3 and q.dropped == len(drops)
+    seqs = [f.seq for f in q.items]
+    assert seqs == sorted(seqs) and seqs[-1] == cap.frames - 1
+
+
+def test_unreachable_stream_backs_off_exponentially():
+    async def run():
+        q = FrameQueue(2, "drop_oldest", asyncio.Event())
+        stop = asyncio.Event()
+        cap = Capturer("x", CaptureSource("rtsp", "rtsp://127.0.0.1:9/none"), q,
+                       reconnect_min_s=0.01, reconnect_max_s=0.04)
+        delays = []
+        orig = cap._backoff
+
+        async def spy(stop_, delay, why):
+            delays.append(delay)
+            return await orig(stop_, delay, why)
+
+        cap._backoff = spy
+        task = asyncio.ensure_future(cap.run(stop))
+        while len(delays) < 4:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        return delays, cap
+
+    delays, cap = asyncio.run(run())
+    assert delays[:4] == [0.01, 0.02, 0.04, 0.04]
+    assert cap.state is SourceState.ENDED and cap.frames == 0
+
+
+def test_wait_policy_blocks_capture_without_loss():
+    async def run():
+        q = FrameQueue(2, "wait", asyncio.Event())
+        stop = asyncio.Event()
+        cap = Capturer("s", SyntheticSource("s", "64x48"), q, max_frames=6)
+        task = asyncio.ensure_future(cap.run(stop))
+        got = []
+        while len(got) < 6:
+            await asyncio.sleep(0.01)
+            assert len(q) <= 2
+            f = q.get_nowait()
+            if f is not None:
+                got.append(f.seq)
+        await asyncio.wait_for(task, 5)
+        return got, q
+
+    got, q = asyncio.run(run())
+    assert got == list(range(6)) and q.dropped == 0
+
+
+def test_synthetic_frames_move_and_are_deterministic():
+    a = read_all(SyntheticSource("s1", "128x96"), limit=3)
+    b = read_all(SyntheticSource("s1", "128x96"), limit=3)
+    assert a[0].shape == (96, 128, 3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(a[0], a[2])
+    with pytest.raises(ValueError):
+        SyntheticSource("s", "big")
