@@ -1,0 +1,125 @@
+"""Human-readable summary of a policy, printed by ``edgewise edge check-policy``.
+
+Says in plain sentences what the policy will do, then lists warnings about
+settings that are valid but probably not what the operator meant (a budget
+that can never admit a frame, a band outside the detector's score range...).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List
+
+from edgewise.policy.schema import Policy
+
+
+def warnings(policy: Policy) -> List[str]:
+    """Valid-but-suspicious settings, one sentence each."""
+    out: List[str] = []
+    s = policy.spec
+    b = s.budget
+    cap = math.floor(b.max_fraction * b.window_frames + 1e-9)
+    if cap < 1:
+        out.append(
+            f"budget.maxFraction {b.max_fraction:g} x windowFrames {b.window_frames} < 1: "
+            "no frame can ever be escalated; raise one of them"
+        )
+    for sid, st in s.streams.items():
+        if st.max_fraction is not None and math.floor(st.max_fraction * b.window_frames + 1e-9) < 1:
+            out.append(f"streams.{sid}.maxFraction x windowFrames < 1: stream {sid} never escalates")
+    if s.threshold == 0:
+        out.append("threshold 0: every frame is hard; only the budget limits escalations")
+    if all(w == 0 for w in s.signals.weights.values()):
+        out.append("no signal has a positive weight")
+    if s.signals.weights.get("missed_object", 0.0) == 0 and s.audit_fraction == 0:
+        out.append(
+            "missed_object has no weight and auditFraction is 0: frames where the edge model "
+            "saw nothing can only escalate through tracker_disagreement"
+        )
+    if s.payload.mode == "crops" and s.merge.strategy == "replace":
+        out.append(
+            "payload.mode crops with merge.strategy replace: edge boxes outside the crops are "
+            "kept only because the merge knows the crop regions; consider fuse"
+        )
+    if s.on_cloud_unavailable == "spool" and s.deadline_ms < 50:
+        out.append(f"deadlineMs {s.deadline_ms} is very short; most escalations will spool")
+    return out
+
+
+def explain(policy: Policy) -> str:
+    """Multi-line plain-language summary of ``policy`` (ends with warnings, if any)."""
+    s = policy.spec
+    sig = s.signals
+    b = s.budget
+    lines = [f"Policy {policy.metadata.name!r}" + (f" from {policy.source}" if policy.source else "")]
+    if policy.metadata.description:
+        lines.append(f"  {policy.metadata.description}")
+    weights = ", ".join(f"{k}×{v:g}" for k, v in sig.weights.items() if v > 0)
+    how = "the highest weighted signal" if sig.combine == "max" else "the weighted mean of signals"
+    lines.append(f"Hardness: {how} ({weights}).")
+    lines.append(
+        f"A frame is hard when hardness >= {s.threshold:g}; boxes scoring in "
+        f"[{s.band.low:g}, {s.band.high:g}] count as uncertain "
+        f"({sig.uncertain_saturation} of them saturate uncertain_count)."
+    )
+    for name, co in s.classes.items():
+        parts = []
+        if co.threshold is not None:
+            parts.append(f"threshold {co.threshold:g} when present")
+        if co.band is not None:
+            parts.append(f"band [{co.band.low:g}, {co.band.high:g}]")
+        lines.append(f"  class {name}: " + (", ".join(parts) or "no change"))
+    for sid, st in s.streams.items():
+        parts = []
+        if st.mode != "auto":
+            parts.append(f"mode {st.mode}")
+        if st.threshold is not None:
+            parts.append(f"threshold {st.threshold:g} (overrides classes)")
+        if st.band is not None:
+            parts.append(f"band [{st.band.low:g}, {st.band.high:g}]")
+        if st.cooldown_seconds is not None:
+            parts.append(f"cooldown {st.cooldown_seconds:g}s")
+        rate, burst = policy.rate_for(sid)
+        if st.max_per_second is not None or st.burst is not None:
+            parts.append(f"rate {rate:g}/s burst {burst}" if rate else f"burst {burst}")
+        if st.max_fraction is not None:
+            parts.append(f"maxFraction {st.max_fraction:g}")
+        lines.append(f"  stream {sid}: " + (", ".join(parts) or "no change"))
+    if s.audit_fraction > 0:
+        lines.append(f"Also {s.audit_fraction:.1%} of easy frames are escalated as random audits.")
+    rate_text = (f"{b.max_per_second:g}/s with bursts of {b.burst}" if b.max_per_second
+                 else "no rate limit")
+    lines.append(
+        f"Budget per stream: at most {b.max_fraction:.0%} of any {b.window_frames} frames, "
+        f"{rate_text}; "
+        + ("when over budget the hardest recent frames go first." if b.priority == "hardest"
+           else "first come, first served.")
+    )
+    lines.append(
+        "Cooldown: " + (f"{s.cooldown_seconds:g}s between escalations of a stream."
+                        if s.cooldown_seconds > 0 else "none.")
+    )
+    payload = "the full frame" if s.payload.mode == "full" else (
+        f"padded crops (padding {s.payload.crop_padding:g}× box size) of the uncertain boxes")
+    lines.append(
+        f"Escalation: {s.transport} with a {s.deadline_ms} ms deadline, sending {payload} "
+        f"as JPEG quality {s.payload.jpeg_quality}."
+    )
+    unavailable = {
+        "spool": "escalations are spooled on disk and replayed when it returns",
+        "edge_only": "the edge result is published and the escalation is given up",
+        "drop": "the frame's result is dropped",
+    }[s.on_cloud_unavailable]
+    lines.append(f"Cloud unavailable: {unavailable}.")
+    if s.merge.strategy == "replace":
+        lines.append("Merge: cloud boxes replace edge boxes.")
+    else:
+        lines.append(
+            f"Merge: edge and cloud boxes of one class with IoU >= {s.merge.iou:g} are fused "
+            f"(weighted box fusion); unmatched edge boxes kept when score >= {s.merge.edge_floor:g}."
+        )
+    warns = warnings(policy)
+    if warns:
+        lines.append("Warnings:")
+        lines.extend(f"  - {w}" for w in warns)
+    return "\n".join(lines)

@@ -1,0 +1,231 @@
+"""Load and validate an escalation policy file, with errors that point at the line.
+
+The YAML is *composed* (not just loaded) so every value keeps its node and the
+node's mark: an error names the file, the 1-based line, the key path
+(``spec.budget.maxFraction``), the bad value and the allowed values, e.g.::
+
+    policy.yaml:14: spec.budget.maxFraction: 1.5 is out of range; allowed: a number in [0, 1]
+
+Unknown keys are rejected with a "did you mean" suggestion; duplicate keys
+(which plain YAML loaders silently resolve to the last one) are rejected too.
+Validation is driven by the field metadata of :mod:`edgewise.policy.schema`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+import yaml
+
+from edgewise.errors import ConfigError
+from edgewise.policy.fields import FieldSpec, field_specs
+from edgewise.policy.schema import Policy
+
+#: Policy files larger than this are refused (a policy is a few KB).
+MAX_POLICY_BYTES = 1 << 20
+
+
+class _Ctx:
+    def __init__(self, source: str, loader: yaml.SafeLoader) -> None:
+        self.source = source
+        self.loader = loader
+
+    def fail(self, node: Optional[yaml.Node], path: str, problem: str, allowed: str = "") -> ConfigError:
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        where = f"{path}: " if path else ""
+        tail = f"; allowed: {allowed}" if allowed else ""
+        return ConfigError(f"{self.source}{line}: {where}{problem}{tail}")
+
+    def scalar(self, node: yaml.Node) -> Any:
+        return self.loader.construct_object(node, deep=True)
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _suggest(key: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.6)
+    if not close:
+        lowered = {o.lower(): o for o in options}
+        hit = lowered.get(key.lower().replace("_", ""))
+        close = [hit] if hit else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _node_desc(node: yaml.Node, ctx: _Ctx) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return _show(ctx.scalar(node))
+
+
+def _mapping_items(
+    node: yaml.Node, path: str, ctx: _Ctx
+) -> Dict[str, Tuple[yaml.Node, yaml.Node]]:
+    if not isinstance(node, yaml.MappingNode):
+        raise ctx.fail(node, path, f"expected a mapping, got {_node_desc(node, ctx)}", "a mapping")
+    out: Dict[str, Tuple[yaml.Node, yaml.Node]] = {}
+    for knode, vnode in node.value:
+        key = ctx.scalar(knode) if isinstance(knode, yaml.ScalarNode) else None
+        if not isinstance(key, str):
+            kp = path or "(top level)"
+            raise ctx.fail(knode, kp, f"keys must be strings, got {_node_desc(knode, ctx)}")
+        if key in out:
+            first = out[key][0].start_mark.line + 1
+            raise ctx.fail(knode, _join(path, key), f"duplicate key (first defined on line {first})")
+        out[key] = (knode, vnode)
+    return out
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _value(spec: FieldSpec, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
+    if spec.nullable and isinstance(node, yaml.ScalarNode) and ctx.scalar(node) is None:
+        return None
+    if spec.kind == "section":
+        return _build(spec.cls, node, path, ctx)
+    if spec.kind == "map":
+        items = _mapping_items(node, path, ctx)
+        out: Dict[str, Any] = {}
+        for name, (knode, vnode) in items.items():
+            if not name.strip():
+                raise ctx.fail(knode, path, "empty name", "a non-empty name")
+            out[name] = _build(spec.cls, vnode, f"{path}.{name}", ctx)
+        return out
+    if spec.kind == "weights":
+        items = _mapping_items(node, path, ctx)
+        weights: Dict[str, float] = {}
+        wspec = FieldSpec(key="", kind="float", doc="", lo=0, hi=1)
+        for name, (knode, vnode) in items.items():
+            if name not in spec.keys:
+                raise ctx.fail(
+                    knode, f"{path}.{name}", f"unknown signal{_suggest(name, spec.keys)}",
+                    " | ".join(spec.keys),
+                )
+            weights[name] = _value(wspec, vnode, f"{path}.{name}", ctx)
+        if not any(w > 0 for w in weights.values()):
+            raise ctx.fail(node, path, "no signal has a weight > 0, so no frame could ever be hard",
+                           "at least one weight > 0")
+        return weights
+    if not isinstance(node, yaml.ScalarNode):
+        raise ctx.fail(node, path, f"expected a scalar, got {_node_desc(node, ctx)}", spec.allowed())
+    v = ctx.scalar(node)
+    if spec.kind in ("float", "int"):
+        ok_type = isinstance(v, int) if spec.kind == "int" else isinstance(v, (int, float))
+        if isinstance(v, bool) or not ok_type:
+            what = "an integer" if spec.kind == "int" else "a number"
+            raise ctx.fail(node, path, f"{_show(v)} is not {what}", spec.allowed())
+        if not spec.in_range(float(v)):
+            raise ctx.fail(node, path, f"{_show(v)} is out of range", spec.allowed())
+        return int(v) if spec.kind == "int" else float(v)
+    if spec.kind == "bool":
+        if not isinstance(v, bool):
+            raise ctx.fail(node, path, f"{_show(v)} is not a boolean", spec.allowed())
+        return v
+    if not isinstance(v, str):
+        raise ctx.fail(node, path, f"{_show(v)} is not a string", spec.allowed())
+    if spec.choices and v not in spec.choices:
+        raise ctx.fail(node, path, f"{_show(v)} is not allowed{_suggest(v, spec.choices)}", spec.allowed())
+    if spec.required and not v.strip():
+        raise ctx.fail(node, path, "must not be empty", spec.allowed())
+    return v
+
+
+def _build(cls: Any, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
+    specs = field_specs(cls)
+    items = _mapping_items(node, path, ctx)
+    kwargs: Dict[str, Any] = {}
+    for key, (knode, vnode) in items.items():
+        if key not in specs:
+            raise ctx.fail(
+                knode, _join(path, key), f"unknown key{_suggest(key, list(specs))}",
+                " | ".join(specs),
+            )
+        attr, spec = specs[key]
+        kwargs[attr] = _value(spec, vnode, _join(path, key), ctx)
+    for key, (_attr, spec) in specs.items():
+        if spec.required and key not in items:
+            raise ctx.fail(node, _join(path, key), "required key is missing", spec.allowed())
+    obj = cls(**kwargs)
+    _check(obj, items, path, ctx)
+    return obj
+
+
+def _check(obj: Any, items: Dict[str, Tuple[yaml.Node, yaml.Node]], path: str, ctx: _Ctx) -> None:
+    """Cross-field rules that one field's metadata cannot express."""
+    low = getattr(obj, "low", None)
+    high = getattr(obj, "high", None)
+    if isinstance(low, float) and isinstance(high, float) and low > high:
+        raise ctx.fail(
+            items["low"][1], _join(path, "low"),
+            f"{_show(low)} is above high ({_show(high)})", "low <= high",
+        )
+
+
+def parse_policy(text: Union[str, bytes], source_name: str = "<policy>") -> Policy:
+    """Validate policy YAML ``text``; ``source_name`` is used in error messages.
+
+    Raises :class:`~edgewise.errors.ConfigError` naming file, line, key path,
+    the bad value and the allowed values.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{source_name}: not UTF-8 text ({exc}); save the policy as UTF-8") from None
+    loader = yaml.SafeLoader(text)
+    ctx = _Ctx(source_name, loader)
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = f":{mark.line + 1}" if mark is not None else ""
+            raise ConfigError(
+                f"{source_name}{line}: not valid YAML: {exc.problem or exc.context}"
+            ) from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source_name}: not valid YAML: {exc}") from None
+        if root is None:
+            raise ConfigError(
+                f"{source_name}: empty policy; write apiVersion: edgewise/v1, "
+                "kind: EscalationPolicy, metadata.name and spec"
+            )
+        try:
+            policy = _build(Policy, root, "", ctx)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source_name}: cannot read a value: {exc}") from None
+    finally:
+        loader.dispose()
+    return Policy(policy.api_version, policy.kind, policy.metadata, policy.spec, source=source_name)
+
+
+def load_policy(path: Union[str, Path]) -> Policy:
+    """Read and validate the policy file at ``path`` (see :func:`parse_policy`)."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_POLICY_BYTES:
+            raise ConfigError(
+                f"{p}: policy file is {size} bytes, over the {MAX_POLICY_BYTES}-byte limit; "
+                "is this the right file?"
+            )
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: policy file not found; check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, expected a policy YAML file") from None
+    except PermissionError:
+        raise ConfigError(f"{p}: permission denied reading the policy file") from None
+    return parse_policy(data, str(p))

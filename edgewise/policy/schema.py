@@ -1,0 +1,386 @@
+"""The escalation policy schema (``apiVersion: edgewise/v1``, ``kind: EscalationPolicy``).
+
+Frozen dataclasses, so a loaded :class:`Policy` is an immutable value that can be
+swapped atomically between frames. Each field's YAML key, allowed values and
+description live in its metadata (:func:`edgewise.policy.fields.opt`);
+:func:`describe_schema` turns them into reference rows.
+
+Precedence of overrides: per-stream > per-class > global (``Policy.threshold_for``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
+from edgewise.policy.fields import FieldSpec, field_default, opt
+
+API_VERSION = "edgewise/v1"
+KIND = "EscalationPolicy"
+TRANSPORTS = ("grpc", "mqtt")
+PAYLOAD_MODES = ("full", "crops")
+UNAVAILABLE_ACTIONS = ("spool", "edge_only", "drop")
+MERGE_STRATEGIES = ("replace", "fuse")
+STREAM_MODES = ("auto", "always", "never")
+PRIORITIES = ("hardest", "fifo")
+
+#: Default signal weights: the cheap signals the survey found most informative
+#: (uncertain boxes, missed objects, tracker disagreement) count fully, the
+#: weakest (mean confidence) least (numbers.md Table 2, "which signals work best").
+DEFAULT_WEIGHTS: Dict[str, float] = {
+    "uncertain_count": 1.0,
+    "missed_object": 1.0,
+    "tracker_disagreement": 0.8,
+    "entropy": 0.6,
+    "margin": 0.6,
+    "small_boxes": 0.4,
+    "mean_conf": 0.3,
+}
+
+
+def _default_weights() -> Dict[str, float]:
+    return dict(DEFAULT_WEIGHTS)
+
+
+@dataclass(frozen=True)
+class Band:
+    """Uncertainty band on a box score: scores in [low, high] count as uncertain."""
+
+    low: float = opt("low", "float", "Lowest box score inside the band.", 0.25, required=True, lo=0, hi=1)
+    high: float = opt("high", "float", "Highest box score inside the band.", 0.6, required=True, lo=0, hi=1)
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """Identity of the policy."""
+
+    name: str = opt("name", "str", "Name of the policy, shown in logs, metrics and explain.", "", required=True)
+    description: str = opt("description", "str", "Free text for operators.", "")
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Which hardness signals count, their weights, and their parameters."""
+
+    combine: str = opt(
+        "combine", "str",
+        "How weighted signals become one hardness: max = max(w*s) (one strong signal suffices); "
+        "mean = sum(w*s)/sum(w).",
+        "max", choices=COMBINE_MODES,
+    )
+    weights: Mapping[str, float] = opt(
+        "weights", "weights",
+        "Weight in [0, 1] of each signal; signals not listed (or weight 0) are ignored. "
+        "At least one weight must be > 0.",
+        factory=_default_weights, keys=SIGNAL_NAMES,
+    )
+    uncertain_saturation: int = opt(
+        "uncertainSaturation", "int",
+        "Number of boxes inside the band at which uncertain_count reaches 1.", 3, lo=1, hi=1000,
+    )
+    small_area: float = opt(
+        "smallArea", "float",
+        "A box is small below this fraction of the frame area (DDS uses 0.04).", 0.01,
+        lo=0, hi=1, lo_open=True,
+    )
+    track_iou: float = opt(
+        "trackIou", "float", "IoU that matches a detection to a track (tracker_disagreement).", 0.3,
+        lo=0, hi=1, lo_open=True,
+    )
+    track_min_hits: int = opt(
+        "trackMinHits", "int", "Frames a track must be matched before its vanishing counts.", 2,
+        lo=1, hi=100,
+    )
+    track_max_age: int = opt(
+        "trackMaxAge", "int", "Frames an unmatched track is kept before it is dropped.", 2,
+        lo=0, hi=100,
+    )
+
+
+@dataclass(frozen=True)
+class ClassOverride:
+    """Per-class override; applies to frames containing a box of that class name."""
+
+    threshold: Optional[float] = opt(
+        "threshold", "float", "Hardness threshold for frames containing this class.", None,
+        lo=0, hi=1, nullable=True, null_means="inherit",
+    )
+    band: Optional[Band] = opt(
+        "band", "section", "Uncertainty band for boxes of this class.", None, cls=Band,
+        nullable=True, null_means="inherit",
+    )
+
+
+@dataclass(frozen=True)
+class StreamOverride:
+    """Per-stream override; wins over per-class and global settings."""
+
+    mode: str = opt(
+        "mode", "str",
+        "auto = decide by hardness; always = escalate every frame (budget still applies); "
+        "never = keep this stream on the edge.",
+        "auto", choices=STREAM_MODES,
+    )
+    threshold: Optional[float] = opt(
+        "threshold", "float", "Hardness threshold for this stream (wins over class thresholds).",
+        None, lo=0, hi=1, nullable=True, null_means="inherit",
+    )
+    band: Optional[Band] = opt(
+        "band", "section", "Uncertainty band for every box of this stream.", None, cls=Band,
+        nullable=True, null_means="inherit",
+    )
+    cooldown_seconds: Optional[float] = opt(
+        "cooldownSeconds", "float", "Cooldown of this stream.", None, lo=0, hi=86400,
+        nullable=True, null_means="inherit",
+    )
+    max_per_second: Optional[float] = opt(
+        "maxPerSecond", "float", "Token-bucket rate of this stream.", None, lo=0, lo_open=True,
+        hi=1000, nullable=True, null_means="inherit",
+    )
+    burst: Optional[int] = opt(
+        "burst", "int", "Token-bucket capacity of this stream.", None, lo=1, hi=10000,
+        nullable=True, null_means="inherit",
+    )
+    max_fraction: Optional[float] = opt(
+        "maxFraction", "float", "Max fraction of frames of this stream.", None, lo=0, hi=1,
+        nullable=True, null_means="inherit",
+    )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Escalation budget, enforced per stream; see ``edgewise.policy.budget``."""
+
+    max_fraction: float = opt(
+        "maxFraction", "float",
+        "At most this fraction of any windowFrames consecutive frames of a stream is escalated.",
+        0.2, lo=0, hi=1,
+    )
+    window_frames: int = opt(
+        "windowFrames", "int", "Sliding window (frames) of maxFraction and of the priority ranking.",
+        300, lo=1, hi=100000,
+    )
+    max_per_second: Optional[float] = opt(
+        "maxPerSecond", "float", "Token-bucket refill rate: escalations per second per stream.",
+        2.0, lo=0, lo_open=True, hi=1000, nullable=True, null_means="no rate limit",
+    )
+    burst: int = opt(
+        "burst", "int", "Token-bucket capacity: escalations allowed back to back.", 4, lo=1, hi=10000,
+    )
+    priority: str = opt(
+        "priority", "str",
+        "hardest = when candidates outnumber the budget, admit only frames in the recent top-k "
+        "by hardness; fifo = admit in arrival order while tokens last.",
+        "hardest", choices=PRIORITIES,
+    )
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What an escalation sends."""
+
+    jpeg_quality: int = opt("jpegQuality", "int", "JPEG quality of the sent image.", 85, lo=1, hi=100)
+    mode: str = opt(
+        "mode", "str", "full = the whole frame; crops = padded crops of the uncertain boxes.",
+        "full", choices=PAYLOAD_MODES,
+    )
+    crop_padding: float = opt(
+        "cropPadding", "float", "Padding added around each crop, as a fraction of the box size.",
+        0.2, lo=0, hi=2,
+    )
+
+
+@dataclass(frozen=True)
+class Merge:
+    """How cloud boxes combine with edge boxes (``edge.merging.merge``)."""
+
+    strategy: str = opt(
+        "strategy", "str",
+        "replace = keep cloud boxes only; fuse = weighted box fusion of matched pairs.",
+        "fuse", choices=MERGE_STRATEGIES,
+    )
+    iou: float = opt(
+        "iou", "float", "IoU at which an edge and a cloud box of the same class are fused.", 0.55,
+        lo=0, hi=1, lo_open=True,
+    )
+    edge_floor: float = opt(
+        "edgeFloor", "float", "Unmatched edge boxes are kept only with a score >= this.", 0.5,
+        lo=0, hi=1,
+    )
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The policy proper."""
+
+    threshold: float = opt(
+        "threshold", "float", "A frame is hard when its combined hardness is >= this.", 0.5, lo=0, hi=1,
+    )
+    band: Band = opt(
+        "band", "section", "Global uncertainty band on box scores (uncertain_count).", Band(), cls=Band,
+    )
+    signals: Signals = opt("signals", "section", "Signals, weights and their parameters.", Signals(), cls=Signals)
+    classes: Mapping[str, ClassOverride] = opt(
+        "classes", "map", "Per-class overrides keyed by class name.", factory=dict, cls=ClassOverride,
+    )
+    streams: Mapping[str, StreamOverride] = opt(
+        "streams", "map", "Per-stream overrides keyed by stream id.", factory=dict, cls=StreamOverride,
+    )
+    budget: Budget = opt("budget", "section", "Escalation budget per stream.", Budget(), cls=Budget)
+    cooldown_seconds: float = opt(
+        "cooldownSeconds", "float", "Minimum time between two escalations of a stream.", 0.0, lo=0, hi=86400,
+    )
+    audit_fraction: float = opt(
+        "auditFraction", "float",
+        "Fraction of otherwise easy frames escalated as random audits (chosen by hashing stream "
+        "and frame number, so reproducible); budget still applies.",
+        0.0, lo=0, hi=1,
+    )
+    transport: str = opt("transport", "str", "How escalations travel to the cloud.", "grpc", choices=TRANSPORTS)
+    deadline_ms: int = opt(
+        "deadlineMs", "int", "Deadline of one escalation round trip, milliseconds.", 500, lo=1, hi=600000,
+    )
+    payload: Payload = opt("payload", "section", "What an escalation sends.", Payload(), cls=Payload)
+    on_cloud_unavailable: str = opt(
+        "onCloudUnavailable", "str",
+        "spool = queue on disk and replay when the cloud is back; edge_only = publish the edge "
+        "result and forget the escalation; drop = publish nothing for the frame.",
+        "spool", choices=UNAVAILABLE_ACTIONS,
+    )
+    merge: Merge = opt("merge", "section", "How cloud and edge boxes combine.", Merge(), cls=Merge)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """An escalation policy file."""
+
+    api_version: str = opt("apiVersion", "str", "Schema version.", API_VERSION, required=True, choices=(API_VERSION,))
+    kind: str = opt("kind", "str", "Document kind.", KIND, required=True, choices=(KIND,))
+    metadata: Metadata = opt("metadata", "section", "Identity of the policy.", Metadata(), cls=Metadata, required=True)
+    spec: Spec = opt("spec", "section", "The policy.", Spec(), cls=Spec, required=True)
+    source: str = ""  # file it came from (not a YAML key)
+
+    # --- effective values (per-stream > per-class > global) -------------------
+
+    def stream(self, stream_id: str) -> StreamOverride:
+        """The stream's override (an all-inherit one when the stream is not listed)."""
+        return self.spec.streams.get(stream_id, _NO_STREAM)
+
+    def threshold_for(self, stream_id: str, class_names: Sequence[str] = ()) -> Tuple[float, str]:
+        """(threshold, where it came from) for a frame of ``stream_id`` with these classes.
+
+        A stream threshold wins. Otherwise each class present contributes its
+        override (or the global threshold) and the lowest wins — the most
+        sensitive class present decides. An empty frame uses the global one.
+        """
+        st = self.stream(stream_id)
+        if st.threshold is not None:
+            return st.threshold, f"stream {stream_id}"
+        best, origin = self.spec.threshold, "global"
+        for name in class_names:
+            co = self.spec.classes.get(name)
+            if co is not None and co.threshold is not None and co.threshold < best:
+                best, origin = co.threshold, f"class {name}"
+        return best, origin
+
+    def cooldown_for(self, stream_id: str) -> float:
+        """Cooldown seconds of a stream."""
+        st = self.stream(stream_id)
+        return st.cooldown_seconds if st.cooldown_seconds is not None else self.spec.cooldown_seconds
+
+    def rate_for(self, stream_id: str) -> Tuple[Optional[float], int]:
+        """(maxPerSecond or None for unlimited, burst) of a stream."""
+        st = self.stream(stream_id)
+        b = self.spec.budget
+        rate = st.max_per_second if st.max_per_second is not None else b.max_per_second
+        return rate, (st.burst if st.burst is not None else b.burst)
+
+    def fraction_for(self, stream_id: str) -> float:
+        """maxFraction of a stream."""
+        st = self.stream(stream_id)
+        return st.max_fraction if st.max_fraction is not None else self.spec.budget.max_fraction
+
+    def signal_config(
+        self, stream_id: Optional[str] = None, frame_size: Optional[Tuple[int, int]] = None
+    ) -> SignalConfig:
+        """The :class:`SignalConfig` for a stream: stream band > class bands > global band."""
+        sig = self.spec.signals
+        band = self.spec.band
+        class_bands: Dict[str, Tuple[float, float]] = {
+            name: (co.band.low, co.band.high)
+            for name, co in self.spec.classes.items()
+            if co.band is not None
+        }
+        if stream_id is not None:
+            st = self.stream(stream_id)
+            if st.band is not None:
+                band, class_bands = st.band, {}
+        return SignalConfig(
+            band_low=band.low,
+            band_high=band.high,
+            class_bands=class_bands,
+            uncertain_saturation=sig.uncertain_saturation,
+            small_area=sig.small_area,
+            frame_size=frame_size,
+            track_iou=sig.track_iou,
+            track_min_hits=sig.track_min_hits,
+            track_max_age=sig.track_max_age,
+        )
+
+
+_NO_STREAM = StreamOverride()
+
+
+# --- schema reference -------------------------------------------------------
+
+SchemaRow = Tuple[str, str, str, str, str]
+
+
+def _type_name(spec: FieldSpec) -> str:
+    return {
+        "float": "number",
+        "int": "integer",
+        "str": "string",
+        "bool": "boolean",
+        "section": "mapping",
+        "map": "mapping",
+        "weights": "mapping",
+    }[spec.kind]
+
+
+def _default_text(value: Any, spec: FieldSpec) -> str:
+    if spec.required:
+        return "(required)"
+    if spec.kind == "section":
+        return "(section)" if value is not None else "null"
+    if value is None:
+        return "null"
+    if spec.kind == "weights":
+        return ", ".join(f"{k}: {v}" for k, v in value.items())
+    if spec.kind == "map":
+        return "{}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def describe_schema(cls: Any = Policy, prefix: str = "") -> List[SchemaRow]:
+    """Reference rows (key path, type, default, allowed, description) of the whole schema.
+
+    Map entries are written ``spec.classes.<name>.threshold``.
+    """
+    rows: List[SchemaRow] = []
+    for f in fields(cls):
+        spec = f.metadata.get("spec")
+        if not isinstance(spec, FieldSpec):
+            continue
+        path = f"{prefix}{spec.key}"
+        default = field_default(cls, f.name)
+        rows.append((path, _type_name(spec), _default_text(default, spec), spec.allowed(), spec.doc))
+        if spec.kind == "section":
+            rows.extend(describe_schema(spec.cls, path + "."))
+        elif spec.kind == "map":
+            placeholder = "<name>" if spec.cls is ClassOverride else "<stream>"
+            rows.extend(describe_schema(spec.cls, f"{path}.{placeholder}."))
+    return rows
