@@ -1,0 +1,143 @@
+"""Merge the cloud's detections of a frame with the edge's.
+
+Two strategies (policy ``spec.merge.strategy``):
+
+* ``replace``: the cloud boxes are the result (what Sedna and Rocket do).
+* ``fuse``: weighted box fusion (WBF; Solovyev, Wang & Gabruseva, "Weighted
+  boxes fusion: ensembling boxes from different object detection models",
+  arXiv:1910.13302, 2019) of edge/cloud pairs of the same class whose IoU is
+  >= ``iou``: the fused box is the confidence-weighted average of the two
+  boxes' coordinates and its score the (model-weighted) average of the two
+  scores. Unmatched cloud boxes are kept (the big model found something the
+  small one missed); unmatched edge boxes are kept only when their score is >=
+  ``edge_floor`` (the big model looked and did not confirm a low-confidence box).
+
+Every output box says which model produced it in ``Detections.sources``:
+``"edge"``, ``"cloud"`` or ``"fused"``.
+
+Classes are matched by *name* when both sides carry names (the edge and cloud
+models may order their classes differently); output names are the cloud's
+names followed by edge-only names. When a crop payload was sent, pass the crop
+``regions``: edge boxes whose centre lies outside every region were never seen
+by the cloud and are kept as they are, whatever the strategy.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from edgewise.detections import Detections
+from edgewise.hardness.tracking import greedy_match, iou_matrix
+
+STRATEGIES = ("replace", "fuse")
+
+
+def _unify_names(edge: Detections, cloud: Detections) -> Tuple[Tuple[str, ...], np.ndarray, np.ndarray]:
+    """(output names, edge class ids remapped, cloud class ids remapped)."""
+    if not edge.names or not cloud.names:
+        return cloud.names or edge.names, edge.class_ids.astype(np.int32), cloud.class_ids.astype(np.int32)
+    names: List[str] = list(cloud.names)
+    index: Dict[str, int] = {n: i for i, n in enumerate(names)}
+    remap = np.zeros(len(edge.names), np.int32)
+    for i, n in enumerate(edge.names):
+        if n not in index:
+            index[n] = len(names)
+            names.append(n)
+        remap[i] = index[n]
+    cids = edge.class_ids.astype(np.int64)
+    ok = (cids >= 0) & (cids < len(remap))
+    edge_ids = np.where(ok, remap[np.clip(cids, 0, max(0, len(remap) - 1))], -1).astype(np.int32)
+    return tuple(names), edge_ids, cloud.class_ids.astype(np.int32)
+
+
+def _outside_regions(boxes: np.ndarray, regions: Optional[np.ndarray]) -> np.ndarray:
+    """Mask of boxes whose centre is outside every region (all False without regions)."""
+    if regions is None or len(boxes) == 0:
+        return np.zeros(len(boxes), bool)
+    r = np.asarray(regions, np.float64).reshape(-1, 4)
+    if len(r) == 0:
+        return np.ones(len(boxes), bool)
+    cx = (boxes[:, 0] + boxes[:, 2]) / 2.0
+    cy = (boxes[:, 1] + boxes[:, 3]) / 2.0
+    inside = (
+        (cx[:, None] >= r[None, :, 0]) & (cx[:, None] <= r[None, :, 2])
+        & (cy[:, None] >= r[None, :, 1]) & (cy[:, None] <= r[None, :, 3])
+    )
+    out: np.ndarray = ~inside.any(axis=1)
+    return out
+
+
+def merge(
+    edge: Detections,
+    cloud: Detections,
+    strategy: str,
+    iou: float = 0.55,
+    edge_floor: float = 0.5,
+    edge_weight: float = 1.0,
+    cloud_weight: float = 1.0,
+    regions: Optional[np.ndarray] = None,
+) -> Detections:
+    """The frame's final detections from the edge's and the cloud's (see module doc).
+
+    ``edge_weight``/``cloud_weight`` are WBF's per-model weights (1/1 = plain
+    WBF). ``regions`` [M,4] xyxy are the crops the cloud saw (None = full frame).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"merge strategy must be one of {STRATEGIES}, got {strategy!r}")
+    names, e_ids, c_ids = _unify_names(edge, cloud)
+    eb = edge.boxes.astype(np.float64).reshape(-1, 4)
+    cb = cloud.boxes.astype(np.float64).reshape(-1, 4)
+    es = edge.scores.astype(np.float64)
+    cs = cloud.scores.astype(np.float64)
+    unseen = _outside_regions(eb, regions)
+
+    out_boxes: List[np.ndarray] = []
+    out_scores: List[float] = []
+    out_ids: List[int] = []
+    out_src: List[str] = []
+
+    def emit(box: np.ndarray, score: float, cid: int, src: str) -> None:
+        out_boxes.append(box)
+        out_scores.append(score)
+        out_ids.append(cid)
+        out_src.append(src)
+
+    matched_e = np.zeros(len(eb), bool)
+    matched_c = np.zeros(len(cb), bool)
+    if strategy == "fuse" and len(eb) and len(cb):
+        ious = iou_matrix(eb, cb)
+        ious[e_ids[:, None] != c_ids[None, :]] = 0.0  # same class only
+        ious[unseen] = 0.0
+        for ei, ci in greedy_match(ious, iou):
+            we = es[ei] * edge_weight
+            wc = cs[ci] * cloud_weight
+            tot = we + wc
+            box = (eb[ei] * we + cb[ci] * wc) / tot if tot > 0 else (eb[ei] + cb[ci]) / 2.0
+            score = (es[ei] * edge_weight + cs[ci] * cloud_weight) / (edge_weight + cloud_weight)
+            emit(box, float(score), int(c_ids[ci]), "fused")
+            matched_e[ei] = True
+            matched_c[ci] = True
+    for ci in range(len(cb)):
+        if not matched_c[ci]:
+            emit(cb[ci], float(cs[ci]), int(c_ids[ci]), "cloud")
+    for ei in range(len(eb)):
+        if matched_e[ei]:
+            continue
+        keep = bool(unseen[ei]) or (strategy == "fuse" and es[ei] >= edge_floor)
+        if keep:
+            emit(eb[ei], float(es[ei]), int(e_ids[ei]), "edge")
+
+    n = len(out_scores)
+    order = np.argsort(-np.asarray(out_scores, np.float64), kind="stable") if n else np.zeros(0, int)
+    boxes = np.asarray(out_boxes, np.float32).reshape(-1, 4)[order]
+    return Detections(
+        boxes=boxes,
+        scores=np.asarray(out_scores, np.float32)[order],
+        class_ids=np.asarray(out_ids, np.int32)[order],
+        names=names,
+        source="merged",
+        sources=tuple(out_src[int(i)] for i in order),
+        missed_objectness=float(cloud.missed_objectness),
+    )
