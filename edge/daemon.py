@@ -23,6 +23,7 @@ from edge.deciding import Decider
 from edge.escalating import Escalating
 from edge.metrics import EdgeMetrics, MetricsServer
 from edge.pipeline import Pipeline
+from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings
 from edge.sinks import JsonlSink, MqttSink, Record, Sink, Sinks, StdoutSink
 from edge.sources import make_source
@@ -31,6 +32,28 @@ from edge.sources.capturing import Capturer, FrameQueue
 from edge.transports import Transport
 
 log = logging.getLogger(__name__)
+
+
+def boot_epoch(spool_path: str) -> int:
+    """Count of daemon starts recorded next to the spool (``<spool>.epoch``), incremented
+    durably on every start. Frame sequence numbers of a run start at ``epoch << 32``,
+    so an idempotency key (device/stream/frame_seq) is never reused after a restart
+    or a ``kill -9`` while older escalations of the same stream still sit in the spool."""
+    path = spool_path + ".epoch"
+    try:
+        with open(path) as f:
+            prev = int(f.read().strip() or "-1")
+    except (OSError, ValueError):
+        prev = -1
+    epoch = prev + 1
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(str(epoch))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return epoch
 
 
 def _file_id(path: str) -> Optional[Tuple[int, int, int]]:
@@ -61,6 +84,7 @@ class EdgeDaemon:
         self.stop_event: Optional[asyncio.Event] = None
         self.reload_event: Optional[asyncio.Event] = None
         self.capturers: List[Capturer] = []
+        self.notifier = Notifier()
 
     # ------------------------------------------------------------------ health
     def health(self) -> Tuple[bool, Dict[str, Any]]:
@@ -135,6 +159,7 @@ class EdgeDaemon:
         if not self.stopping:
             log.info("stopping: capture ends, queued frames finish, in-flight escalations drain")
         self.stopping = True
+        self.notifier.stopping()
         if self.pipeline is not None:
             self.pipeline.stop()
         if self.stop_event is not None:
@@ -157,6 +182,22 @@ class EdgeDaemon:
             self.metrics.reloads.labels("ok").inc()
             return True
         return False
+
+    async def _pet_watchdog(self, interval: float) -> None:
+        # Pet only while frames progress or no source is streaming, so a wedged
+        # pipeline (not just a dead process) gets restarted by systemd.
+        assert self.stop_event is not None
+        last = -1
+        while not self.stop_event.is_set():
+            done = self.pipeline.frames_done if self.pipeline else 0
+            streaming = any(c.state is SourceState.STREAMING for c in self.capturers)
+            if done != last or not streaming:
+                self.notifier.watchdog()
+            last = done
+            try:
+                await asyncio.wait_for(self.stop_event.wait(), timeout=interval)
+            except asyncio.TimeoutError:
+                pass
 
     async def _watch_policy(self) -> None:
         assert self.stop_event is not None and self.reload_event is not None
@@ -212,6 +253,7 @@ class EdgeDaemon:
                 default_transport=s.cloud.transport, max_in_flight=s.cloud.max_in_flight,
                 replay_interval_s=s.spool.replay_interval_s, replay_batch=s.spool.replay_batch, names=names,
             )
+        epoch = boot_epoch(s.spool.path)
         ready = asyncio.Event()
         queues: Dict[str, FrameQueue] = {}
         for st in s.streams:
@@ -222,6 +264,7 @@ class EdgeDaemon:
                 reconnect_min_s=st.reconnect_min_s, reconnect_max_s=st.reconnect_max_s,
                 on_state=self._on_state, on_corrupt=lambda sid: self.metrics.corrupt.labels(sid).inc(),
                 on_drop=lambda sid: self.metrics.drops.labels(sid, "queue_full").inc(),
+                start_seq=epoch << 32,
             ))
         self.pipeline = Pipeline(s.device_id, detector, self.capturers, queues, ready, decider,
                                  self.escalating, self._write, self.metrics, s.model.max_batch)
@@ -237,6 +280,9 @@ class EdgeDaemon:
             tasks.append(asyncio.ensure_future(
                 self.escalating.replay_loop(self.stop_event, lambda: self.holder.policy if self.holder else None)))
         self.started = True
+        self.notifier.ready(f"{len(s.streams)} stream(s)")
+        if self.notifier.watchdog_interval:
+            tasks.append(asyncio.ensure_future(self._pet_watchdog(self.notifier.watchdog_interval)))
         log.info("edge daemon %s running: %d stream(s), model %s, policy %s, transports %s",
                  s.device_id, len(s.streams), s.model.path, s.policy_file or "(none)",
                  ",".join(self.transports) or "(none)")

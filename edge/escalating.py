@@ -67,8 +67,11 @@ def crop_region(
     return ix1, iy1, ix2, iy2
 
 
-def build_request(device_id: str, frame: Frame, dets: Detections, verdict: Verdict, policy: Any) -> Any:
-    """The ``DetectRequest`` of one escalation under ``policy``."""
+def build_request(
+    device_id: str, frame: Frame, dets: Detections, verdict: Verdict, policy: Any
+) -> Tuple[Any, Optional[Tuple[int, int, int, int]]]:
+    """The ``DetectRequest`` of one escalation under ``policy``, and the crop region
+    sent (None = the full frame)."""
     from edgewise.wire import detections_to_proto, encode_image
 
     from edgewise.v1 import detect_pb2
@@ -99,7 +102,7 @@ def build_request(device_id: str, frame: Frame, dets: Detections, verdict: Verdi
     req.hardness.score = float(verdict.hardness)
     for k, v in verdict.signals.items():
         req.hardness.signals[k] = float(v)
-    return req
+    return req, region
 
 
 def detections_json(dets: Detections) -> List[Dict[str, Any]]:
@@ -116,6 +119,15 @@ def detections_json(dets: Detections) -> List[Dict[str, Any]]:
             "source": srcs[i] or "edge",
         })
     return out
+
+
+class _MergeSpec:
+    """Merge settings stored with a spooled escalation (the policy may change meanwhile)."""
+
+    def __init__(self, strategy: str, iou: float, edge_floor: float) -> None:
+        self.strategy = strategy
+        self.iou = iou
+        self.edge_floor = edge_floor
 
 
 class Escalating:
@@ -155,7 +167,7 @@ class Escalating:
     def submit(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Any, record: Record) -> None:
         """Start escalating one frame; the frame's record is written when it is settled."""
         try:
-            req = build_request(self.device_id, frame, dets, verdict, policy)
+            req, region = build_request(self.device_id, frame, dets, verdict, policy)
         except Exception as exc:  # an unencodable frame must not stop the pipeline
             log.exception("cannot build escalation of %s/%d", frame.stream_id, frame.seq)
             record["outcome"] = "edge_only"
@@ -167,6 +179,8 @@ class Escalating:
             self._fail(req, policy, record, TransportError(
                 "RESOURCE_EXHAUSTED", f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)"))
             return
+        if region is not None:
+            record["crop"] = list(region)
         task = asyncio.ensure_future(self._escalate(req, dets, policy, record))
         self.tasks.add(task)
         self.pending[task] = (req, policy, record)
@@ -208,7 +222,10 @@ class Escalating:
         from edge.merging import merge as merge_fn
 
         cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
-        merged = merge_fn(dets, cloud, merge.strategy, merge.iou)
+        crop = record.get("crop")
+        regions = np.asarray([crop], np.float64) if crop else None
+        merged = merge_fn(dets, cloud, merge.strategy, merge.iou,
+                          edge_floor=getattr(merge, "edge_floor", 0.5), regions=regions)
         record["detections"] = detections_json(merged)
         record["outcome"] = "cloud"
         record["cloud_rtt_ms"] = round(rtt * 1000.0, 2)
@@ -222,10 +239,11 @@ class Escalating:
         reason = record.get("reason", "")
         record["error"] = str(exc)
         if action == "spool" and self.spool is not None:
-            meta = {"record": record, "merge": [policy.spec.merge.strategy, policy.spec.merge.iou],
+            m = policy.spec.merge
+            meta = {"record": record, "merge": [m.strategy, m.iou, m.edge_floor],
                     "deadline_ms": policy.spec.deadline_ms, "transport": policy.spec.transport}
             key = idempotency_key(req.device_id, req.stream_id, req.frame_seq)
-            if self.spool.put(key, req.SerializeToString(), json.dumps(meta)):
+            if self.spool.put(key, req.SerializeToString(), meta):
                 record["outcome"] = "spooled"
                 self.metrics.spool_events.labels("put").inc()
                 log.info("escalation %s spooled: %s", key, exc)
@@ -283,7 +301,7 @@ class Escalating:
         entries = self.spool.peek(self.replay_batch)
         delivered = 0
         for e in entries:
-            meta = json.loads(e.meta) if isinstance(e.meta, (str, bytes)) else dict(e.meta or {})
+            meta = json.loads(e.meta) if isinstance(e.meta, (str, bytes)) else dict(e.meta or {})  # type: ignore[redundant-expr]
             req = detect_pb2.DetectRequest()
             req.ParseFromString(e.payload)
             req.replay = True
@@ -309,13 +327,8 @@ class Escalating:
             record = dict(meta.get("record") or {})
             record.pop("error", None)
             edge = detections_from_proto(req.edge_detections, names=self.names, source="edge")
-            strategy, iou = (meta.get("merge") or ["fuse", 0.55])[:2]
-
-            class _M:
-                pass
-
-            m = _M()
-            m.strategy, m.iou = strategy, iou  # type: ignore[attr-defined]
+            strategy, iou, floor = (list(meta.get("merge") or []) + ["fuse", 0.55, 0.5][len(meta.get("merge") or []):])[:3]
+            m = _MergeSpec(strategy, iou, floor)
             self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
             self.metrics.escalations.labels(record.get("reason", ""), "late").inc()
             self._write_merged(record, edge, resp, m, rtt, late=True)

@@ -1,0 +1,48 @@
+"""Helpers of the edge tests: policy files, settings files, reading a JSONL sink."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+
+def policy_yaml(name: str, stream_modes: Optional[Dict[str, str]] = None, transport: str = "grpc",
+                on_unavailable: str = "spool", deadline_ms: int = 2000, mode: str = "full",
+                threshold: float = 0.5) -> str:
+    """An escalation policy; ``stream_modes`` maps stream id -> auto|always|never."""
+    doc: Dict[str, Any] = {
+        "apiVersion": "edgewise/v1",
+        "kind": "EscalationPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "threshold": threshold,
+            "budget": {"maxFraction": 1.0, "maxPerSecond": None, "burst": 10000},
+            "transport": transport,
+            "deadlineMs": deadline_ms,
+            "onCloudUnavailable": on_unavailable,
+            "payload": {"jpegQuality": 80, "mode": mode},
+            "merge": {"strategy": "fuse", "iou": 0.5},
+            "streams": {sid: {"mode": m} for sid, m in (stream_modes or {}).items()},
+        },
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def settings_yaml(path: Path, **tree: Any) -> Path:
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path
+
+
+def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a line torn by kill -9
+    return out
