@@ -22,8 +22,9 @@ Every rule follows the HPA controller (anchors-serving.md §2.4; kubernetes
    may both be set). **Stale or absent metrics → no change**; **partial metrics**
    (a gateway did not answer) → scale-up allowed, scale-down skipped (HPA skips
    scaling when a metric fails and the rest suggest scale-down).
-6. **Stabilization.** The recommendation is the max (scale-down) / min (scale-up)
-   of all raw recommendations within the window (defaults: 300 s down, 0 s up).
+6. **Stabilization.** Current replicas are raised to the min of the raw
+   recommendations within the scale-up window and lowered to the max of those
+   within the scale-down window (defaults: 0 s up, 300 s down).
    The window is seeded with the current replicas when the scaler starts
    (``maybeInitScaleDownStabilizationWindow``), so a restart never scales down at once.
 7. **Rate limits.** Policies limit the change per period relative to the replica
@@ -260,20 +261,23 @@ class Scaler:
         return n, why, metrics
 
     def _stabilize(self, now: float, current: int, rec: int) -> int:
-        up, down = self.config.scale_up, self.config.scale_down
-        if rec >= current:
-            window, better = up.stabilization_window_s, min
-        else:
-            window, better = down.stabilization_window_s, max
-        keep = max(up.stabilization_window_s, down.stabilization_window_s)
+        # HPA stabilizeRecommendationWithBehaviors (k8s >= 1.22): the up limit is the min
+        # of recommendations within the scale-up window, the down limit the max within the
+        # scale-down window; current replicas are brought inside [up, down]. An old high
+        # recommendation therefore holds a scale-down but never causes a scale-up.
+        up_w = self.config.scale_up.stabilization_window_s
+        down_w = self.config.scale_down.stabilization_window_s
+        keep = max(up_w, down_w)
         while self._recs and self._recs[0][0] < now - keep:
             self._recs.popleft()
-        result = rec
+        up_rec = down_rec = rec
         for at, r in self._recs:
-            if at > now - window:
-                result = better(result, r)
+            if at > now - up_w:
+                up_rec = min(up_rec, r)
+            if at > now - down_w:
+                down_rec = max(down_rec, r)
         self._recs.append((now, rec))
-        return result
+        return min(max(current, up_rec), down_rec)
 
     def _period_start(self, now: float, current: int, period_s: float) -> int:
         # current - added + removed within the period (HPA getReplicasChangePerPeriod)

@@ -224,6 +224,9 @@ def test_properties_bounds_window_and_rate(steps, lo, span, start, pods, pct):
             if d.desired < d.current:
                 in_window = [r for at, r in recs if at > t - cfg.scale_down.stabilization_window_s]
                 assert d.desired >= min(max(in_window), d.current)
+            # never scales past the current recommendation (old highs only hold)
+            if d.desired > d.current:
+                assert d.desired <= d.recommendation
         # 3. never more than the rate limit over any period
         if d.desired > current and current >= lo and current <= hi:
             r0 = [r for at, r in history if at <= t - 15]
@@ -232,3 +235,14 @@ def test_properties_bounds_window_and_rate(steps, lo, span, start, pods, pct):
         s.record_scale(t, current, d.desired)
         current = d.desired
         history.append((t, current))
+
+
+def test_old_high_recommendation_holds_but_never_raises():
+    # HPA >= 1.22: a high recommendation in the down window holds a scale-down;
+    # it does not push replicas up once load has fallen.
+    s = Scaler(ScalerConfig(min_replicas=1, max_replicas=50, target_utilization=0.5))
+    d = s.decide(0.0, 4, load(0.0, 4, 200.0))           # wants 40, limited to 8
+    assert (d.recommendation, d.desired) == (40, 8)
+    s.record_scale(0.0, 4, 8)
+    d = s.decide(15.0, 8, load(15.0, 8, 2.0))           # load gone: rec 1, window max 40
+    assert d.recommendation == 1 and d.desired == 8
