@@ -1,0 +1,325 @@
+"""What a YOLOv5 ONNX model is: ``ModelInfo`` read and validated from the file.
+
+Class names, stride and input size come from the ONNX ``metadata_props`` the
+way Ultralytics ``export.py`` writes them (``names`` = a Python dict literal
+such as ``"{0: 'person', 1: 'bicycle'}"``, ``stride`` = ``"32"``, ``imgsz`` =
+``"[640, 640]"``), or from a sidecar YAML next to the model (``<model>.yaml``,
+then ``model.yaml``) with the keys ``names``, ``stride``, ``imgsz``. The graph
+is checked to be a YOLOv5 detector: one input ``[B, 3, H, W]`` and a first
+output ``[B, N, 5 + nc]`` consistent with the class names. Every failure is a
+``ModelError`` naming the file and saying what was expected.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from edgewise.errors import ModelError
+
+PathLike = Union[str, Path]
+QUANT_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "QLinearAdd",
+        "QLinearMul",
+        "ConvInteger",
+        "MatMulInteger",
+        "DynamicQuantizeLinear",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A validated YOLOv5 detector.
+
+    Attributes:
+        path: the model file.
+        names: class names, index = class id.
+        nc: number of classes (``len(names)``).
+        stride: largest head stride (32 for P5 models).
+        imgsz: network input ``(height, width)``.
+        input_name: name of the image input (Ultralytics: ``images``).
+        input_shape: input dims; ``None`` where symbolic.
+        output_name: name of the detection output (Ultralytics: ``output0``).
+        output_shape: output dims; ``None`` where symbolic.
+        dynamic_batch: the batch axis is symbolic.
+        fixed_batch: the batch size the model requires when not dynamic.
+        dynamic_hw: height/width are symbolic (any multiple of the stride).
+        input_dtype: numpy dtype name of the input (``float32`` or ``float16``).
+        precision: ``float32``, ``float16`` or ``int8`` (QDQ / QLinear nodes).
+        sha256: hex digest of the file bytes.
+        metadata: the raw ``metadata_props``.
+        names_source: where the names came from (``onnx-metadata``, a YAML path, ``default``).
+    """
+
+    path: Path
+    names: Tuple[str, ...]
+    nc: int
+    stride: int
+    imgsz: Tuple[int, int]
+    input_name: str
+    input_shape: Tuple[Optional[int], ...]
+    output_name: str
+    output_shape: Tuple[Optional[int], ...]
+    dynamic_batch: bool
+    fixed_batch: int
+    dynamic_hw: bool
+    input_dtype: str
+    precision: str
+    sha256: str
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    names_source: str = "default"
+
+    @property
+    def num_candidates(self) -> Optional[int]:
+        """Head rows N (25,200 for 640x640 P5), when known."""
+        return self.output_shape[1] if len(self.output_shape) > 1 else None
+
+
+def parse_names(value: Any, where: str) -> Tuple[str, ...]:
+    """Class names from a dict ``{id: name}``, a list, or their string literal.
+
+    Dict keys must be exactly ``0..nc-1``. Uses ``ast.literal_eval`` (no code
+    execution) for strings.
+    """
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError) as e:
+            raise ModelError(
+                f"{where}: class names {value[:80]!r} are not a Python dict/list literal "
+                f"like \"{{0: 'person', 1: 'bicycle'}}\": {e}"
+            ) from None
+    if isinstance(value, Mapping):
+        try:
+            items = sorted((int(k), str(v)) for k, v in value.items())
+        except (TypeError, ValueError):
+            raise ModelError(f"{where}: class names dict keys must be integers 0..nc-1") from None
+        if [k for k, _ in items] != list(range(len(items))):
+            raise ModelError(
+                f"{where}: class ids must be 0..{len(items) - 1} without gaps, got {[k for k, _ in items][:20]}"
+            )
+        names = tuple(v for _, v in items)
+    elif isinstance(value, (list, tuple)):
+        names = tuple(str(v) for v in value)
+    else:
+        raise ModelError(f"{where}: class names must be a dict {{id: name}} or a list, got {type(value).__name__}")
+    if not names:
+        raise ModelError(f"{where}: class names are empty")
+    return names
+
+
+def _parse_int(value: Any, key: str, where: str) -> int:
+    try:
+        if isinstance(value, str):
+            value = ast.literal_eval(value.strip())
+        if isinstance(value, (list, tuple)):  # some exports write stride as a list
+            value = max(int(v) for v in value)
+        out = int(value)
+    except (ValueError, SyntaxError, TypeError):
+        raise ModelError(f"{where}: {key} must be an integer, got {value!r}") from None
+    if out <= 0:
+        raise ModelError(f"{where}: {key} must be positive, got {out}")
+    return out
+
+
+def _parse_imgsz(value: Any, where: str) -> Tuple[int, int]:
+    try:
+        if isinstance(value, str):
+            value = ast.literal_eval(value.strip())
+        if isinstance(value, int):
+            return (value, value)
+        vals = [int(v) for v in value]
+    except (ValueError, SyntaxError, TypeError):
+        raise ModelError(f"{where}: imgsz must be an int or [h, w], got {value!r}") from None
+    if len(vals) == 1:
+        vals = vals * 2
+    if len(vals) != 2 or min(vals) <= 0:
+        raise ModelError(f"{where}: imgsz must be an int or [h, w] of positive ints, got {value!r}")
+    return (vals[0], vals[1])
+
+
+def find_sidecar(path: Path) -> Optional[Path]:
+    """``<model>.yaml`` / ``<model>.yml`` next to the model, else ``model.yaml``."""
+    for cand in (path.with_suffix(".yaml"), path.with_suffix(".yml"), path.parent / "model.yaml"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _read_sidecar(path: Path) -> Dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ModelError(f"{path}: cannot read sidecar YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ModelError(f"{path}: sidecar YAML must be a mapping with names/stride/imgsz")
+    return data
+
+
+def _dims(value_info: Any) -> Tuple[Optional[int], ...]:
+    tt = value_info.type.tensor_type
+    if not tt.HasField("shape"):
+        return ()
+    return tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+
+
+def load_model_info(path: PathLike) -> ModelInfo:
+    """Read, hash and validate a YOLOv5 ONNX model; see the module docstring."""
+    import onnx
+
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"model file {p} does not exist; pass the path of a YOLOv5 .onnx file")
+    if not p.is_file():
+        raise ModelError(f"model path {p} is not a file")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ModelError(f"cannot read model file {p}: {e}") from None
+    sha = hashlib.sha256(data).hexdigest()
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as e:  # protobuf DecodeError and friends
+        raise ModelError(f"{p} is not a valid ONNX model (corrupt or truncated?): {e}") from None
+    del data
+    graph = model.graph
+    if len(graph.node) == 0:
+        raise ModelError(f"{p} is not a valid ONNX model: the graph has no nodes")
+    return _info_from_graph(p, model, sha)
+
+
+def _info_from_graph(p: Path, model: Any, sha: str) -> ModelInfo:
+    from onnx import TensorProto
+
+    graph = model.graph
+    init_names = {t.name for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in init_names]
+    expected = "a YOLOv5 detector: one image input [B,3,H,W] and an output [B,N,5+nc]"
+    if len(inputs) != 1:
+        raise ModelError(f"{p}: expected {expected}; found {len(inputs)} graph inputs")
+    inp = inputs[0]
+    ishape = _dims(inp)
+    if len(ishape) != 4:
+        raise ModelError(f"{p}: expected {expected}; input {inp.name!r} has rank {len(ishape)} {ishape}")
+    if ishape[1] not in (None, 3):
+        raise ModelError(f"{p}: expected {expected}; input {inp.name!r} has {ishape[1]} channels")
+    elem = inp.type.tensor_type.elem_type
+    if elem == TensorProto.FLOAT:
+        input_dtype = "float32"
+    elif elem == TensorProto.FLOAT16:
+        input_dtype = "float16"
+    else:
+        raise ModelError(f"{p}: expected a float32/float16 image input, {inp.name!r} has ONNX type {elem}")
+    if not graph.output:
+        raise ModelError(f"{p}: expected {expected}; the graph has no outputs")
+    out = graph.output[0]
+    oshape = _dims(out)
+    if len(oshape) != 3:
+        raise ModelError(
+            f"{p}: expected {expected}; first output {out.name!r} has rank {len(oshape)} {oshape}"
+        )
+
+    meta = {m.key: m.value for m in model.metadata_props}
+    where = f"{p} (ONNX metadata)"
+    names: Optional[Tuple[str, ...]] = None
+    names_source = "default"
+    stride: Optional[int] = None
+    imgsz: Optional[Tuple[int, int]] = None
+    if "names" in meta:
+        names = parse_names(meta["names"], where)
+        names_source = "onnx-metadata"
+    if "stride" in meta:
+        stride = _parse_int(meta["stride"], "stride", where)
+    if "imgsz" in meta:
+        imgsz = _parse_imgsz(meta["imgsz"], where)
+    side = find_sidecar(p)
+    if side is not None:
+        sd = _read_sidecar(side)
+        if names is None and "names" in sd:
+            names = parse_names(sd["names"], str(side))
+            names_source = str(side)
+        if stride is None and "stride" in sd:
+            stride = _parse_int(sd["stride"], "stride", str(side))
+        if imgsz is None and "imgsz" in sd:
+            imgsz = _parse_imgsz(sd["imgsz"], str(side))
+
+    cols = oshape[2]
+    if names is None:
+        if cols is None or cols < 6:
+            raise ModelError(
+                f"{p}: expected {expected}; cannot tell nc: output {out.name!r} is {oshape} and "
+                f"there are no class names in the ONNX metadata or a sidecar YAML"
+            )
+        names = tuple(str(i) for i in range(cols - 5))
+    nc = len(names)
+    if cols is not None and cols != 5 + nc:
+        raise ModelError(
+            f"{p}: expected {expected}; output {out.name!r} has {cols} columns but there are "
+            f"{nc} class names ({names_source}), so 5 + nc = {5 + nc} was expected"
+        )
+    if stride is None:
+        stride = 32
+    hw_static = ishape[2] is not None and ishape[3] is not None
+    if hw_static:  # the graph is the truth for a fixed-size input
+        imgsz = (int(ishape[2] or 0), int(ishape[3] or 0))
+    elif imgsz is None:
+        imgsz = (640, 640)
+    if imgsz[0] % stride or imgsz[1] % stride:
+        raise ModelError(f"{p}: input size {imgsz} is not a multiple of the stride {stride}")
+    ops = {n.op_type for n in graph.node}
+    if ops & QUANT_OPS:
+        precision = "int8"
+    elif input_dtype == "float16" or _mostly_fp16(graph):
+        precision = "float16"
+    else:
+        precision = "float32"
+    batch = ishape[0]
+    return ModelInfo(
+        path=p,
+        names=names,
+        nc=nc,
+        stride=stride,
+        imgsz=imgsz,
+        input_name=inp.name,
+        input_shape=ishape,
+        output_name=out.name,
+        output_shape=oshape,
+        dynamic_batch=batch is None,
+        fixed_batch=int(batch) if batch is not None else 0,
+        dynamic_hw=not hw_static,
+        input_dtype=input_dtype,
+        precision=precision,
+        sha256=sha,
+        metadata=meta,
+        names_source=names_source,
+    )
+
+
+def _mostly_fp16(graph: Any) -> bool:
+    from onnx import TensorProto
+
+    counts: List[int] = [0, 0]
+    for t in graph.initializer:
+        if t.data_type == TensorProto.FLOAT16:
+            counts[0] += 1
+        elif t.data_type == TensorProto.FLOAT:
+            counts[1] += 1
+    return counts[0] > counts[1]
+
+
+def names_to_metadata(names: Sequence[str]) -> str:
+    """``names`` as Ultralytics writes them into ONNX metadata (dict literal)."""
+    return repr({i: n for i, n in enumerate(names)})
