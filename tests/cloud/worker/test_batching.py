@@ -1,0 +1,298 @@
+"""The batcher core on fake time: Triton's rules, checked as properties.
+
+A small discrete-event simulator plays the async shell: one model instance,
+batch time from a function of the batch size, arrivals from hypothesis. Every
+request must end up exactly once either in a batch or in ``expired``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cloud.worker.batching import Batch, Batcher, BatchPolicy, run_isolated
+from edgewise.errors import DeadlineExceededError, OverloadedError
+
+
+@dataclass(eq=False)
+class Req:
+    rid: int
+    arrival: float
+    priority: int = 0
+    deadline: float | None = None
+
+
+@dataclass
+class Outcome:
+    batches: list[tuple[float, Batch[Req]]]
+    expired: list[tuple[float, Req]]
+    rejected: list[Req]
+    queue_snapshots: list[list[Req]]  # what was still queued right after each batch
+
+
+def simulate(policy: BatchPolicy, reqs: list[Req], batch_time, *, warm_batch_s: float = 0.0) -> Outcome:
+    """Event-driven shell: call the core on every arrival, wake-up and completion."""
+    b: Batcher[Req] = Batcher(policy)
+    if warm_batch_s:
+        b.observe(1, warm_batch_s)
+    queued: list[Req] = []
+    out = Outcome([], [], [], [])
+    pending = sorted(reqs, key=lambda r: (r.arrival, r.rid))
+    i = 0
+    busy_until = float("-inf")
+    now = 0.0
+    idle_rounds = 0
+    while True:
+        cands = []
+        if i < len(pending):
+            cands.append(pending[i].arrival)
+        if busy_until > now:
+            cands.append(busy_until)  # the shell awaits the running batch
+        else:
+            w = b.next_wakeup(now)
+            if w is not None:
+                cands.append(w)
+        if not cands:
+            break
+        t = min(cands)
+        assert t >= now, "the core asked to be woken in the past"
+        moved = t > now
+        now = t
+        happened = False
+        while i < len(pending) and pending[i].arrival <= now:
+            r = pending[i]
+            i += 1
+            happened = True
+            try:
+                b.submit(r, now, priority=r.priority, deadline=r.deadline)
+                queued.append(r)
+            except OverloadedError:
+                out.rejected.append(r)
+            except DeadlineExceededError:
+                out.expired.append((now, r))
+        if busy_until <= now:
+            batch = b.next_batch(now)
+            if batch is not None:
+                happened = True
+                for r in batch.items:
+                    queued.remove(r)
+                out.batches.append((now, batch))
+                out.queue_snapshots.append(list(queued))
+                bt = batch_time(len(batch))
+                b.observe(len(batch), bt)
+                busy_until = now + bt
+        for r in b.expired(now):
+            happened = True
+            queued.remove(r)
+            out.expired.append((now, r))
+        idle_rounds = 0 if (moved or happened) else idle_rounds + 1
+        assert idle_rounds < 3, f"batcher spins at t={now}: {b!r}"
+    assert not queued, "requests left in the queue at the end"
+    return out
+
+
+def _arrivals(draw_gaps: list[float], priorities: list[int] | None = None) -> list[Req]:
+    t = 0.0
+    reqs = []
+    for k, g in enumerate(draw_gaps):
+        t += g
+        reqs.append(Req(k, t, priorities[k] if priorities else 0))
+    return reqs
+
+
+policies = st.builds(
+    lambda mb, delay_ms, pref, q: BatchPolicy(
+        max_batch_size=mb,
+        max_queue_delay_s=delay_ms / 1e3,
+        preferred_batch_sizes=tuple(sorted({min(p, mb) for p in pref})),
+        max_queue_size=q,
+    ),
+    st.integers(1, 16),
+    st.integers(0, 50),
+    st.lists(st.integers(1, 16), max_size=3),
+    st.integers(1, 80),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=policies, gaps=st.lists(st.floats(0, 0.02), min_size=1, max_size=120),
+       prios=st.data())
+def test_never_more_than_max_batch_and_every_request_accounted(policy, gaps, prios):
+    priorities = prios.draw(st.lists(st.integers(0, 3), min_size=len(gaps), max_size=len(gaps)))
+    reqs = _arrivals(gaps, priorities)
+    out = simulate(policy, reqs, lambda n: 0.004 + 0.001 * n)
+    seen = [r for _, b in out.batches for r in b.items] + [r for _, r in out.expired] + out.rejected
+    assert sorted(r.rid for r in seen) == [r.rid for r in reqs]  # each exactly once
+    for _, b in out.batches:
+        assert 1 <= len(b) <= policy.max_batch_size
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=policies, data=st.data())
+def test_no_request_held_longer_than_max_delay_plus_one_batch(policy, data):
+    # Load the pool can carry: at most max_batch arrivals per 2 x (delay + batch time).
+    batch_s = 0.005
+    min_gap = 2 * (policy.max_queue_delay_s + batch_s) / policy.max_batch_size
+    gaps = data.draw(st.lists(st.floats(min_gap, min_gap * 4), min_size=1, max_size=100))
+    policy = BatchPolicy(policy.max_batch_size, policy.max_queue_delay_s,
+                         policy.preferred_batch_sizes, max_queue_size=10_000)
+    reqs = _arrivals(gaps)
+    out = simulate(policy, reqs, lambda n: batch_s)
+    assert not out.rejected and not out.expired
+    bound = policy.max_queue_delay_s + batch_s + 1e-9
+    for t, b in out.batches:
+        for r, wait in zip(b.items, b.queue_waits, strict=True):
+            assert wait == pytest.approx(t - r.arrival)
+            assert wait <= bound, f"request {r.rid} held {wait * 1e3:.2f} ms > {bound * 1e3:.2f} ms"
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=policies, data=st.data())
+def test_expired_requests_never_reach_the_model(policy, data):
+    n = data.draw(st.integers(1, 80))
+    gaps = data.draw(st.lists(st.floats(0, 0.01), min_size=n, max_size=n))
+    budgets = data.draw(st.lists(st.one_of(st.none(), st.floats(0, 0.08)), min_size=n, max_size=n))
+    reqs = _arrivals(gaps)
+    for r, bud in zip(reqs, budgets, strict=True):
+        r.deadline = None if bud is None else r.arrival + bud
+    batch_time = lambda k: 0.006 + 0.002 * k  # noqa: E731
+    out = simulate(policy, reqs, batch_time, warm_batch_s=0.01)
+    for t, b in out.batches:
+        for r in b.items:
+            # dispatched before its deadline (the core's estimate of batch time
+            # kept it out when the deadline was closer than that)
+            assert r.deadline is None or r.deadline >= t
+    for t, r in out.expired:
+        assert r.deadline is not None and t >= r.arrival
+    # nothing expired that had no deadline
+    assert all(r.deadline is not None for _, r in out.expired)
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=policies, data=st.data())
+def test_priority_order_then_fifo(policy, data):
+    n = data.draw(st.integers(1, 60))
+    gaps = data.draw(st.lists(st.floats(0, 0.003), min_size=n, max_size=n))
+    prios = data.draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+    reqs = _arrivals(gaps, prios)
+    policy = BatchPolicy(policy.max_batch_size, policy.max_queue_delay_s,
+                         policy.preferred_batch_sizes, max_queue_size=10_000)
+    out = simulate(policy, reqs, lambda k: 0.01)
+    for (_, b), left in zip(out.batches, out.queue_snapshots, strict=True):
+        keys = [(-r.priority, r.rid) for r in b.items]
+        assert keys == sorted(keys)
+        worst = max(keys)
+        for r in left:  # everything still waiting ranks after everything sent
+            assert (-r.priority, r.rid) > worst
+
+
+def test_preferred_size_formed_at_once_otherwise_wait_for_delay():
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=8, max_queue_delay_s=0.010,
+                                          preferred_batch_sizes=(4, 6), max_queue_size=64))
+    for k in range(3):
+        b.submit(k, 0.0)
+    assert b.next_batch(0.001) is None  # 3 < smallest preferred, delay not over
+    assert b.next_wakeup(0.001) == pytest.approx(0.010)
+    b.submit(3, 0.002)
+    batch = b.next_batch(0.002)  # 4 can be formed: goes now
+    assert batch is not None and batch.items == (0, 1, 2, 3) and batch.reason == "preferred"
+    for k in range(4, 11):  # 7 waiting: largest preferred that fits is 6
+        b.submit(k, 0.003)
+    batch = b.next_batch(0.003)
+    assert batch is not None and len(batch) == 6 and batch.reason == "preferred"
+    assert b.next_batch(0.004) is None  # one left, held
+    batch = b.next_batch(0.0131)  # its delay is over
+    assert batch is not None and batch.items == (10,) and batch.reason == "delay"
+    assert b.next_wakeup(0.0131) is None
+
+
+def test_full_batch_goes_at_once_and_delay_zero_never_holds():
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=1.0))
+    for k in range(5):
+        b.submit(k, 0.0)
+    batch = b.next_batch(0.0)
+    assert batch is not None and batch.items == (0, 1, 2, 3) and batch.reason == "max"
+    assert b.next_batch(0.5) is None
+    z: Batcher[int] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=0.0))
+    z.submit(1, 0.0)
+    batch = z.next_batch(0.0)
+    assert batch is not None and batch.items == (1,)
+
+
+def test_full_queue_rejects_immediately_and_frees_after_dispatch():
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=2, max_queue_delay_s=0.0, max_queue_size=3))
+    for k in range(3):
+        b.submit(k, 0.0)
+    with pytest.raises(OverloadedError, match="queue full"):
+        b.submit(99, 0.0)
+    assert b.depth == 3
+    assert b.next_batch(0.0) is not None
+    b.submit(100, 0.0)  # room again
+    assert b.depth == 2
+
+
+def test_deadline_rejected_at_submit_when_closer_than_a_batch():
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=0.05))
+    b.observe(4, 0.020)
+    with pytest.raises(DeadlineExceededError, match="deadline"):
+        b.submit("late", 1.0, deadline=1.010)
+    b.submit("ok", 1.0, deadline=1.040)
+    b.submit("none", 1.0)
+    # the wake-up comes in time to drop "ok" before it becomes unmeetable
+    assert b.next_wakeup(1.0) == pytest.approx(1.020)
+    assert b.next_batch(1.020) is None
+    assert b.expired(1.020) == ["ok"]
+    batch = b.next_batch(1.05)
+    assert batch is not None and batch.items == ("none",)
+
+
+def test_cancel_removes_a_waiting_request():
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=0.0))
+    b.submit("a", 0.0)
+    b.submit("b", 0.0, priority=2)
+    assert b.cancel("a") and not b.cancel("zzz")
+    batch = b.next_batch(0.0)
+    assert batch is not None and batch.items == ("b",)
+
+
+def test_capacity_is_ewma_of_measured_images_per_second():
+    b: Batcher[int] = Batcher(BatchPolicy(ewma_alpha=0.5))
+    assert b.capacity == 0.0
+    b.observe(4, 0.040)  # 100 img/s
+    assert b.capacity == pytest.approx(100.0)
+    b.observe(1, 0.020)  # 50 img/s sample; per-image EWMA 15 ms
+    assert b.capacity == pytest.approx(1 / 0.015)
+    with pytest.raises(ValueError):
+        b.observe(0, 0.1)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(max_batch_size=0), dict(max_queue_delay_s=-1), dict(preferred_batch_sizes=(9,)),
+     dict(max_queue_size=0), dict(ewma_alpha=0)],
+)
+def test_policy_validation_names_the_field(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs)).split("_")[0]):
+        BatchPolicy(**kwargs)
+
+
+def test_run_isolated_one_bad_input_never_fails_its_neighbours():
+    calls = []
+
+    def fn(xs):
+        calls.append(list(xs))
+        if "bad" in xs:
+            raise ValueError("cannot process bad")
+        return [x.upper() for x in xs]
+
+    out = run_isolated(["a", "bad", "c"], fn)
+    assert out[0] == "A" and out[2] == "C"
+    assert isinstance(out[1], ValueError) and "bad" in str(out[1])
+    assert calls[0] == ["a", "bad", "c"] and len(calls) == 4
+    assert run_isolated(["a", "b"], fn) == ["A", "B"]
+    # a function that returns the wrong number of results is an error, per item
+    wrong = run_isolated(["a"], lambda xs: [])
+    assert isinstance(wrong[0], RuntimeError)
