@@ -36,7 +36,7 @@ def start_cloud(port: int, model: Path) -> subprocess.Popen:
 
 
 def start_daemon(config: Path, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     return subprocess.Popen(edgewise_cmd() + ["edge", "run", "--config", str(config)],
                             stdout=subprocess.DEVNULL, stderr=open(log, "ab"), cwd=ROOT, env=env)
 
