@@ -85,8 +85,10 @@ class SignalConfig:
 
 def _bands(dets: Detections, cfg: SignalConfig) -> Tuple[np.ndarray, np.ndarray]:
     n = len(dets)
-    low = np.full(n, cfg.band_low, np.float64)
-    high = np.full(n, cfg.band_high, np.float64)
+    # float32 like the scores, so a score of 0.6 (stored as 0.6000000238)
+    # is inside a band ending at 0.6.
+    low = np.full(n, cfg.band_low, np.float32)
+    high = np.full(n, cfg.band_high, np.float32)
     if cfg.class_bands and dets.names:
         for i in range(n):
             cid = int(dets.class_ids[i])
@@ -110,7 +112,7 @@ def uncertain_signals(dets: Detections, cfg: SignalConfig) -> Tuple[float, float
     if n == 0:
         return 0.0, 0.0
     low, high = _bands(dets, cfg)
-    s = dets.scores.astype(np.float64, copy=False)
+    s = dets.scores.astype(np.float32, copy=False)
     k = int(np.count_nonzero((s >= low) & (s <= high)))
     sat = max(1, cfg.uncertain_saturation)
     return min(1.0, k / sat), k / n

@@ -54,7 +54,7 @@ def explain(policy: Policy) -> str:
     lines = [f"Policy {policy.metadata.name!r}" + (f" from {policy.source}" if policy.source else "")]
     if policy.metadata.description:
         lines.append(f"  {policy.metadata.description}")
-    weights = ", ".join(f"{k}×{v:g}" for k, v in sig.weights.items() if v > 0)
+    weights = ", ".join(f"{k}={v:g}" for k, v in sig.weights.items() if v > 0)
     how = "the highest weighted signal" if sig.combine == "max" else "the weighted mean of signals"
     lines.append(f"Hardness: {how} ({weights}).")
     lines.append(
@@ -100,7 +100,7 @@ def explain(policy: Policy) -> str:
                         if s.cooldown_seconds > 0 else "none.")
     )
     payload = "the full frame" if s.payload.mode == "full" else (
-        f"padded crops (padding {s.payload.crop_padding:g}× box size) of the uncertain boxes")
+        f"padded crops (padding {s.payload.crop_padding:g} x box size) of the uncertain boxes")
     lines.append(
         f"Escalation: {s.transport} with a {s.deadline_ms} ms deadline, sending {payload} "
         f"as JPEG quality {s.payload.jpeg_quality}."

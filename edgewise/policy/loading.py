@@ -81,7 +81,10 @@ def _mapping_items(
             raise ctx.fail(knode, kp, f"keys must be strings, got {_node_desc(knode, ctx)}")
         if key in out:
             first = out[key][0].start_mark.line + 1
-            raise ctx.fail(knode, _join(path, key), f"duplicate key (first defined on line {first})")
+            raise ctx.fail(
+                knode, _join(path, key), f"duplicate key (first defined on line {first})",
+                "each key once per mapping",
+            )
         out[key] = (knode, vnode)
     return out
 

@@ -1,0 +1,135 @@
+"""Policy files: the examples load; each invalid file fails with a precise message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgewise.errors import ConfigError
+from edgewise.policy import describe_schema, explain, load_policy, parse_policy
+from edgewise.policy.schema import DEFAULT_WEIGHTS, Policy
+
+ROOT = Path(__file__).resolve().parents[3]
+INVALID = Path(__file__).resolve().parent / "invalid"
+EXAMPLES = [ROOT / "examples" / "policy.yaml", *sorted((ROOT / "examples" / "policies").glob("*.yaml"))]
+
+# file -> expected message after "<path>" (line, key path, problem, allowed values)
+EXPECTED = {
+    "api-version.yaml": ":1: apiVersion: 'edgewise/v2' is not allowed (did you mean 'edgewise/v1'?); allowed: edgewise/v1",
+    "kind.yaml": ":2: kind: 'EscalatonPolicy' is not allowed (did you mean 'EscalationPolicy'?); allowed: EscalationPolicy",
+    "missing-name.yaml": ":4: metadata.name: required key is missing; allowed: a non-empty string",
+    "missing-spec.yaml": ":1: spec: required key is missing; allowed: a mapping",
+    "unknown-key.yaml": ":7: spec.budget.maxFracton: unknown key (did you mean 'maxFraction'?); allowed: maxFraction | windowFrames | maxPerSecond | burst | priority",
+    "out-of-range.yaml": ":8: spec.budget.maxFraction: 1.5 is out of range; allowed: a number in [0, 1]",
+    "bad-transport.yaml": ":6: spec.transport: 'http' is not allowed; allowed: grpc | mqtt",
+    "jpeg-quality-range.yaml": ":7: spec.payload.jpegQuality: 0 is out of range; allowed: an integer in [1, 100]",
+    "jpeg-quality-type.yaml": ":7: spec.payload.jpegQuality: 85.5 is not an integer; allowed: an integer in [1, 100]",
+    "band-inverted.yaml": ":7: spec.band.low: 0.7 is above high (0.3); allowed: low <= high",
+    "unknown-signal.yaml": ":9: spec.signals.weights.entropi: unknown signal (did you mean 'entropy'?); allowed: uncertain_count | uncertain_fraction | mean_conf | min_conf | entropy | margin | small_boxes | tracker_disagreement | missed_object",
+    "zero-weights.yaml": ":7: spec.signals.weights: no signal has a weight > 0, so no frame could ever be hard; allowed: at least one weight > 0",
+    "duplicate-key.yaml": ":8: spec.threshold: duplicate key (first defined on line 6); allowed: each key once per mapping",
+    "unavailable-action.yaml": ":6: spec.onCloudUnavailable: 'buffer' is not allowed; allowed: spool | edge_only | drop",
+    "merge-iou.yaml": ":8: spec.merge.iou: 0 is out of range; allowed: a number in (0, 1]",
+    "stream-burst.yaml": ":8: spec.streams.cam-1.burst: 0 is out of range; allowed: an integer in [1, 10000], or null (inherit)",
+    "threshold-type.yaml": ":6: spec.threshold: 'high' is not a number; allowed: a number in [0, 1]",
+    "classes-list.yaml": ":7: spec.classes: expected a mapping, got a list; allowed: a mapping",
+    "yaml-syntax.yaml": ":7: not valid YAML: expected ',' or '}', but got '<stream end>'",
+    "class-band-partial.yaml": ":8: spec.classes.person.band.high: required key is missing; allowed: a number in [0, 1]",
+    "budget-priority.yaml": ":7: spec.budget.priority: 'newest' is not allowed; allowed: hardest | fifo",
+    "payload-mode.yaml": ":7: spec.payload.mode: 'crop' is not allowed (did you mean 'crops'?); allowed: full | crops",
+    "stream-unknown-key.yaml": ":8: spec.streams.cam-1.cooldown: unknown key (did you mean 'cooldownSeconds'?); allowed: mode | threshold | band | cooldownSeconds | maxPerSecond | burst | maxFraction",
+    "empty.yaml": ": empty policy; write apiVersion: edgewise/v1, kind: EscalationPolicy, metadata.name and spec",
+}
+
+
+def test_every_invalid_file_has_an_expectation():
+    assert sorted(p.name for p in INVALID.glob("*.yaml")) == sorted(EXPECTED)
+    assert len(EXPECTED) >= 10
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_invalid_policy_message_names_file_line_key_and_allowed(name):
+    path = INVALID / name
+    with pytest.raises(ConfigError) as err:
+        load_policy(path)
+    assert str(err.value) == f"{path}{EXPECTED[name]}"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_load_and_explain(path):
+    policy = load_policy(path)
+    assert policy.source == str(path)
+    text = explain(policy)
+    assert policy.metadata.name in text
+    assert "Budget per stream" in text
+
+
+def test_example_values_round_trip():
+    p = load_policy(ROOT / "examples" / "policy.yaml")
+    assert p.spec.budget.max_fraction == 0.1 and p.spec.budget.burst == 4
+    assert p.spec.classes["person"].threshold == 0.4
+    assert p.spec.classes["person"].band is not None and p.spec.classes["person"].band.high == 0.7
+    assert p.spec.streams["gate-cam"].max_per_second == 1.0
+    assert p.spec.merge.strategy == "fuse" and p.spec.payload.jpeg_quality == 85
+
+
+def test_minimal_policy_takes_documented_defaults():
+    p = parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: m}\nspec: {}\n")
+    assert p == Policy(metadata=p.metadata, source="<policy>")
+    assert dict(p.spec.signals.weights) == DEFAULT_WEIGHTS
+    assert p.spec.transport == "grpc" and p.spec.on_cloud_unavailable == "spool"
+
+
+def test_null_inherits_and_weights_replace_defaults():
+    p = parse_policy(
+        "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: m}\n"
+        "spec:\n  streams:\n    s1: {threshold: null, burst: 2}\n"
+        "  budget: {maxPerSecond: null}\n  signals: {weights: {entropy: 1}}\n"
+    )
+    assert p.spec.streams["s1"].threshold is None
+    assert p.rate_for("s1") == (None, 2)
+    assert dict(p.spec.signals.weights) == {"entropy": 1.0}
+
+
+def test_non_utf8_and_missing_file_are_config_errors(tmp_path):
+    bad = tmp_path / "p.yaml"
+    bad.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_policy(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_policy(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_policy(tmp_path)
+
+
+def test_describe_schema_rows_are_complete_and_match_the_loader():
+    rows = describe_schema()
+    paths = [r[0] for r in rows]
+    assert len(paths) == len(set(paths))
+    for path, typ, default, allowed, doc in rows:
+        assert path and typ and default != "" or path == "metadata.description", path
+        assert allowed and doc, path
+    by_path = {r[0]: r for r in rows}
+    assert by_path["spec.budget.maxFraction"][1:4] == ("number", "0.2", "a number in [0, 1]")
+    assert by_path["spec.transport"][3] == "grpc | mqtt"
+    assert by_path["spec.streams.<stream>.burst"][3].startswith("an integer in [1, 10000]")
+    assert "spec.classes.<name>.band.low" in by_path
+    # every documented leaf key is accepted by the loader with its default value
+    for path, typ, default, _allowed, _doc in rows:
+        if not path.startswith("spec.") or "<" in path or typ == "mapping" or default in ("null", "(required)"):
+            continue
+        *parents, leaf = path.split(".")[1:]
+        doc = "spec:\n"
+        for i, part in enumerate(parents):
+            doc += "  " * (i + 1) + part + ":\n"
+        doc += "  " * (len(parents) + 1) + f"{leaf}: {default}\n"
+        parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: m}\n" + doc)
+
+
+def test_explain_warns_about_budget_that_admits_nothing():
+    p = parse_policy(
+        "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: m}\n"
+        "spec: {budget: {maxFraction: 0.001, windowFrames: 100}}\n"
+    )
+    assert "no frame can ever be escalated" in explain(p)
