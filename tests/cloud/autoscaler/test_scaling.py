@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from cloud.autoscaler.scaling import (
     PoolSample,
-    ScalerConfig,
     Scaler,
+    ScalerConfig,
     ScalingPolicy,
     ScalingRules,
     metric_replicas,

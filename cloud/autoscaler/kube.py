@@ -1,0 +1,113 @@
+"""The scale target: the worker Deployment's ``scale`` subresource via the ``kubernetes`` client.
+
+Reads ``GET /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale`` (HPA reads
+``spec.replicas`` as the current count) and writes the decision as a JSON merge
+patch ``{"spec": {"replicas": N}}`` to the same subresource, carrying the
+resourceVersion it read so a concurrent change by someone else fails with 409
+instead of being overwritten (the next tick re-reads). In dry-run mode the
+decision is printed and nothing is patched.
+
+The client is blocking; the loop calls these methods in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from edgewise.errors import ConfigError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScaleState:
+    """What the scale subresource says now."""
+
+    spec_replicas: int
+    status_replicas: int
+    resource_version: str | None = None
+
+
+class ScaleTarget(Protocol):
+    """The seam between the loop and whatever holds the replica count."""
+
+    def read(self) -> ScaleState: ...
+
+    def apply(self, replicas: int, state: ScaleState, reason: str) -> bool:
+        """Set the replica count; False when it was not applied (dry run)."""
+        ...
+
+
+def _field(obj: Any, *names: str) -> Any:
+    for n in names:
+        if isinstance(obj, dict):
+            if n in obj:
+                return obj[n]
+        elif hasattr(obj, n):
+            return getattr(obj, n)
+    return None
+
+
+class DeploymentScale:
+    """:class:`ScaleTarget` over ``AppsV1Api`` ``*_namespaced_deployment_scale``."""
+
+    def __init__(self, api_client: Any, namespace: str, name: str, *, dry_run: bool = False,
+                 request_timeout_s: float = 10.0, out: Callable[[str], None] | None = None) -> None:
+        from kubernetes import client
+
+        self.api = client.AppsV1Api(api_client)
+        self.namespace = namespace
+        self.name = name
+        self.dry_run = dry_run
+        self.timeout = request_timeout_s
+        self.out = out or (lambda line: print(line, file=sys.stdout, flush=True))
+
+    def _error(self, verb: str, exc: Exception) -> Exception:
+        from kubernetes.client.exceptions import ApiException
+
+        what = f"deployment {self.namespace}/{self.name} scale"
+        if isinstance(exc, ApiException):
+            status = exc.status
+            if status == 404:
+                return ConfigError(f"{verb} {what}: not found (404); check --namespace and --deployment")
+            if status in (401, 403):
+                return ConfigError(f"{verb} {what}: forbidden ({status}); the service account needs "
+                                   "get/patch on deployments/scale in that namespace")
+            return UnavailableError(f"{verb} {what}: API server answered {status} {exc.reason}")
+        return UnavailableError(f"{verb} {what}: {type(exc).__name__}: {exc}")
+
+    def read(self) -> ScaleState:
+        try:
+            scale = self.api.read_namespaced_deployment_scale(
+                self.name, self.namespace, _request_timeout=self.timeout)
+        except Exception as exc:
+            raise self._error("reading", exc) from exc
+        spec, status, meta = (_field(scale, "spec"), _field(scale, "status"), _field(scale, "metadata"))
+        replicas = _field(spec, "replicas") if spec is not None else None
+        return ScaleState(
+            spec_replicas=int(replicas or 0),
+            status_replicas=int((_field(status, "replicas") if status is not None else 0) or 0),
+            resource_version=_field(meta, "resource_version", "resourceVersion") if meta is not None else None,
+        )
+
+    def apply(self, replicas: int, state: ScaleState, reason: str) -> bool:
+        body: dict[str, Any] = {"spec": {"replicas": int(replicas)}}
+        if state.resource_version:
+            body["metadata"] = {"resourceVersion": state.resource_version}
+        if self.dry_run:
+            self.out(json.dumps({"dry_run": True, "namespace": self.namespace, "deployment": self.name,
+                                 "from": state.spec_replicas, "to": replicas, "reason": reason}))
+            return False
+        try:
+            self.api.patch_namespaced_deployment_scale(
+                self.name, self.namespace, body,
+                _content_type="application/merge-patch+json", _request_timeout=self.timeout)
+        except Exception as exc:
+            raise self._error("patching", exc) from exc
+        log.info("scaled %s/%s %d -> %d: %s", self.namespace, self.name, state.spec_replicas, replicas, reason)
+        return True

@@ -1,0 +1,282 @@
+"""The autoscaler's I/O shell: poll the gateways' ``/pool``, decide, apply, export metrics.
+
+Each tick (every ``interval_s``, like HPA's 15 s sync period):
+
+1. ``GET /pool`` from every gateway replica, in parallel, each with a timeout.
+   A gateway URL whose host resolves to several addresses (a headless Service)
+   is polled at every address, so all replicas are counted.
+2. Aggregate (pure, :func:`aggregate`): in-flight is *summed* over gateways
+   (each gateway's requests are separate load); capacity is summed over
+   *distinct* ready workers (every gateway sees the same workers, so summing the
+   gateways' totals would double-count); the p90 queue wait is the *max* over
+   gateways (percentiles cannot be added). A gateway that did not answer makes
+   the sample partial (no scale-down); none answering means no sample (hold).
+3. Read the Deployment's scale, :meth:`Scaler.decide`, patch if it changed.
+
+Nothing here crashes the daemon: a failed poll, read or patch is logged,
+counted and retried on the next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import math
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from cloud.autoscaler.kube import ScaleTarget
+from cloud.autoscaler.scaling import Decision, PoolSample, Scaler
+from edgewise.errors import EdgewiseError, InvalidInputError
+
+log = logging.getLogger(__name__)
+
+MAX_POOL_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    address: str
+    state: str
+    in_flight: float
+    capacity: float
+    ejected: bool
+
+
+@dataclass(frozen=True)
+class GatewayPool:
+    """One gateway's ``/pool`` document, validated."""
+
+    source: str
+    in_flight: float
+    capacity: float
+    queue_wait_ms_p90: float | None
+    workers: tuple[WorkerView, ...]
+
+
+def _num(doc: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> float | None:
+    v = doc.get(key)
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise InvalidInputError(f"{where}: {key} must be a non-negative number, got {v!r}")
+    return float(v)
+
+
+def parse_pool(doc: Any, source: str) -> GatewayPool:
+    """Validate a ``/pool`` document (the gateway's ``PoolManager.snapshot``)."""
+    if not isinstance(doc, Mapping):
+        raise InvalidInputError(f"{source}: /pool must be a JSON object")
+    workers_raw = doc.get("workers", [])
+    if not isinstance(workers_raw, list):
+        raise InvalidInputError(f"{source}: workers must be a list")
+    workers = []
+    for i, w in enumerate(workers_raw):
+        where = f"{source}: workers[{i}]"
+        if not isinstance(w, Mapping) or not isinstance(w.get("address"), str):
+            raise InvalidInputError(f"{where}: needs a string address")
+        workers.append(WorkerView(
+            address=w["address"], state=str(w.get("state", "ready")),
+            in_flight=_num(w, "in_flight", where) or 0.0, capacity=_num(w, "capacity", where) or 0.0,
+            ejected=bool(w.get("ejected", False))))
+    return GatewayPool(
+        source=source, in_flight=_num(doc, "in_flight", source) or 0.0,
+        capacity=_num(doc, "capacity", source) or 0.0,
+        queue_wait_ms_p90=_num(doc, "queue_wait_ms_p90", source, optional=True),
+        workers=tuple(workers))
+
+
+def aggregate(pools: Sequence[GatewayPool], expected: int, now: float) -> PoolSample | None:
+    """Combine gateway reports into one :class:`PoolSample` (None when nobody answered)."""
+    if not pools:
+        return None
+    caps: dict[str, float] = {}
+    for p in pools:
+        for w in p.workers:
+            if w.state == "ready" and not w.ejected and w.capacity > 0:
+                caps[w.address] = max(caps.get(w.address, 0.0), w.capacity)
+    waits = [p.queue_wait_ms_p90 for p in pools if p.queue_wait_ms_p90 is not None]
+    return PoolSample(
+        at=now, in_flight=sum(p.in_flight for p in pools), capacity=sum(caps.values()),
+        ready_workers=len(caps), queue_wait_ms_p90=max(waits) if waits else None,
+        complete=len(pools) >= expected)
+
+
+def _http_get_json(url: str, host_header: str | None, timeout: float) -> Any:
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if host_header:
+        req.add_header("Host", host_header)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        body = resp.read(MAX_POOL_BYTES + 1)
+    if len(body) > MAX_POOL_BYTES:
+        raise InvalidInputError(f"{url}: /pool document larger than {MAX_POOL_BYTES} bytes")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise InvalidInputError(f"{url}: /pool is not JSON ({exc})") from None
+
+
+class AutoscalerMetrics:
+    """The autoscaler's own Prometheus metrics, on a registry it owns."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.desired = Gauge("edgewise_autoscaler_desired_replicas", "Replicas the last decision asked for", registry=r)
+        self.current = Gauge("edgewise_autoscaler_current_replicas", "spec.replicas read from the scale subresource", registry=r)
+        self.recommendation = Gauge("edgewise_autoscaler_recommended_replicas", "Raw metric recommendation before stabilization and limits", registry=r)
+        self.decisions = Counter("edgewise_autoscaler_decisions_total", "Decisions by direction", ["direction"], registry=r)
+        self.utilization = Gauge("edgewise_autoscaler_pool_utilization", "Σ in-flight / Σ capacity of the pool", registry=r)
+        self.queue_wait = Gauge("edgewise_autoscaler_pool_queue_wait_ms_p90", "Max over gateways of the p90 queue wait", registry=r)
+        self.ready = Gauge("edgewise_autoscaler_ready_workers", "Distinct ready workers with capacity", registry=r)
+        self.poll_errors = Counter("edgewise_autoscaler_gateway_poll_errors_total", "Failed /pool polls", ["reason"], registry=r)
+        self.apply_errors = Counter("edgewise_autoscaler_scale_errors_total", "Failed reads/patches of the scale subresource", ["op"], registry=r)
+        for d in ("up", "down", "none"):
+            self.decisions.labels(d)
+
+
+class GatewayPoller:
+    """Polls every gateway replica's ``/pool``."""
+
+    def __init__(self, urls: Sequence[str], *, timeout_s: float = 2.0, resolve: bool = True,
+                 metrics: AutoscalerMetrics | None = None) -> None:
+        self.urls = list(urls)
+        self.timeout = timeout_s
+        self.resolve = resolve
+        self.metrics = metrics
+
+    async def _targets(self, url: str) -> list[tuple[str, str | None]]:
+        """(url to fetch, Host header) per address of the URL's host."""
+        parts = urlsplit(url.rstrip("/"))
+        pool_url = urlunsplit((parts.scheme, parts.netloc, parts.path + "/pool", "", ""))
+        host = parts.hostname or ""
+        try:
+            ipaddress.ip_address(host)
+            literal = True
+        except ValueError:
+            literal = False
+        if not self.resolve or literal or parts.scheme == "https":
+            return [(pool_url, None)]
+        port = parts.port or 80
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        ips = sorted({str(i[4][0]) for i in infos})
+        out: list[tuple[str, str | None]] = []
+        for ip in ips:
+            netloc = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+            out.append((urlunsplit((parts.scheme, netloc, parts.path + "/pool", "", "")), parts.netloc))
+        return out
+
+    def _error(self, reason: str, url: str, exc: BaseException) -> None:
+        log.warning("autoscaler: polling %s failed (%s): %s", url, reason, exc)
+        if self.metrics:
+            self.metrics.poll_errors.labels(reason).inc()
+
+    async def poll(self, now: float) -> PoolSample | None:
+        targets: list[tuple[str, str | None]] = []
+        expected = 0
+        for url in self.urls:
+            try:
+                ts = await self._targets(url)
+            except OSError as exc:
+                self._error("resolve", url, exc)
+                expected += 1
+                continue
+            expected += len(ts)
+            targets.extend(ts)
+
+        async def one(url: str, host: str | None) -> GatewayPool | None:
+            try:
+                doc = await asyncio.wait_for(
+                    asyncio.to_thread(_http_get_json, url, host, self.timeout), self.timeout + 1)
+                return parse_pool(doc, url)
+            except (TimeoutError, asyncio.TimeoutError) as exc:
+                self._error("timeout", url, exc)
+            except urllib.error.HTTPError as exc:
+                self._error(f"http_{exc.code}", url, exc)
+            except (OSError, urllib.error.URLError) as exc:
+                self._error("connect", url, exc)
+            except InvalidInputError as exc:
+                self._error("invalid", url, exc)
+            return None
+
+        results = await asyncio.gather(*(one(u, h) for u, h in targets))
+        pools = [p for p in results if p is not None]
+        return aggregate(pools, expected, now)
+
+
+class AutoscalerLoop:
+    """One decision per tick; ``tick`` is the unit tests drive."""
+
+    def __init__(self, scaler: Scaler, target: ScaleTarget, poller: GatewayPoller, *,
+                 metrics: AutoscalerMetrics | None = None, interval_s: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.scaler = scaler
+        self.target = target
+        self.poller = poller
+        self.metrics = metrics or poller.metrics or AutoscalerMetrics()
+        poller.metrics = self.metrics
+        self.interval_s = interval_s
+        self.clock = clock
+        self.decisions: list[Decision] = []  # last few, for tests and debugging
+        self._stop = asyncio.Event()
+
+    async def tick(self) -> Decision | None:
+        now = self.clock()
+        sample = await self.poller.poll(now)
+        try:
+            state = await asyncio.to_thread(self.target.read)
+        except EdgewiseError as exc:
+            log.error("autoscaler: %s", exc)
+            self.metrics.apply_errors.labels("read").inc()
+            return None
+        d = self.scaler.decide(now, state.spec_replicas, sample)
+        m = self.metrics
+        m.current.set(d.current)
+        m.desired.set(d.desired)
+        if d.recommendation is not None:
+            m.recommendation.set(d.recommendation)
+        if sample is not None:
+            m.ready.set(sample.ready_workers)
+            if sample.capacity > 0:
+                m.utilization.set(sample.in_flight / sample.capacity)
+            if sample.queue_wait_ms_p90 is not None:
+                m.queue_wait.set(sample.queue_wait_ms_p90)
+        m.decisions.labels(d.direction).inc()
+        log.info("autoscaler: %d -> %d (%s): %s", d.current, d.desired, d.direction, d.reason)
+        self.decisions = (self.decisions + [d])[-100:]
+        if d.desired != d.current:
+            try:
+                applied = await asyncio.to_thread(self.target.apply, d.desired, state, d.reason)
+            except EdgewiseError as exc:
+                log.error("autoscaler: %s", exc)
+                m.apply_errors.labels("patch").inc()
+                return d
+            if applied:
+                self.scaler.record_scale(now, d.current, d.desired)
+        return d
+
+    async def run(self) -> None:
+        """Tick every ``interval_s`` until :meth:`stop`."""
+        while not self._stop.is_set():
+            started = self.clock()
+            try:
+                await self.tick()
+            except Exception:  # a bug in one tick must not stop scaling for good
+                log.exception("autoscaler: tick failed")
+            delay = max(0.0, self.interval_s - (self.clock() - started))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,132 @@
+"""Local HTTP servers for autoscaler tests: the Kubernetes scale subresource and a gateway /pool.
+
+The scale server is the one fake allowed here (no cluster runs on these machines):
+it speaks ``GET``/``PATCH /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale``
+as the API server does (autoscaling/v1 Scale, JSON merge patch, resourceVersion
+precondition -> 409, bearer token -> 401) and records every request.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class ScaleAPI:
+    def __init__(self, namespace="ns", name="edgewise-worker", replicas=2, token=None):
+        self.namespace, self.name, self.token = namespace, name, token
+        self.replicas = replicas
+        self.rv = 1
+        self.requests = []   # (method, path, headers, body-or-None)
+        self.patches = []    # parsed PATCH bodies that were accepted
+        self.lock = threading.Lock()
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, doc):
+                body = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _status(self, code, reason, message):
+                self._send(code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                  "message": message, "reason": reason, "code": code})
+
+            def _handle(self, method):
+                n = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(n) if n else None
+                with api.lock:
+                    api.requests.append((method, self.path, {k.lower(): v for k, v in self.headers.items()}, raw))
+                if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
+                    return self._status(401, "Unauthorized", "Unauthorized")
+                want = f"/apis/apps/v1/namespaces/{api.namespace}/deployments/{api.name}/scale"
+                if self.path.split("?")[0] != want:
+                    return self._status(404, "NotFound", f"deployments.apps {self.path!r} not found")
+                with api.lock:
+                    if method == "PATCH":
+                        if self.headers.get("Content-Type") != "application/merge-patch+json":
+                            return self._status(415, "UnsupportedMediaType", self.headers.get("Content-Type"))
+                        body = json.loads(raw)
+                        rv = body.get("metadata", {}).get("resourceVersion")
+                        if rv is not None and rv != str(api.rv):
+                            return self._status(409, "Conflict", "the object has been modified")
+                        api.replicas = int(body["spec"]["replicas"])
+                        api.rv += 1
+                        api.patches.append(body)
+                    return self._send(200, api.scale_doc())
+
+            def do_GET(self):
+                self._handle("GET")
+
+            def do_PATCH(self):
+                self._handle("PATCH")
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def scale_doc(self):
+        return {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                "metadata": {"name": self.name, "namespace": self.namespace, "resourceVersion": str(self.rv)},
+                "spec": {"replicas": self.replicas},
+                "status": {"replicas": self.replicas, "selector": "app=edgewise-worker"}}
+
+    def bump(self, replicas):
+        """Someone else (an operator) changes the replica count."""
+        with self.lock:
+            self.replicas, self.rv = replicas, self.rv + 1
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class PoolServer:
+    """Serves a mutable ``/pool`` document like the gateway's side port."""
+
+    def __init__(self, doc=None):
+        self.doc = doc or pool_doc(0, 0.0)
+        self.status = 200
+        self.hits = 0
+        srv = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                srv.hits += 1
+                body = (srv.doc if isinstance(srv.doc, bytes) else json.dumps(srv.doc).encode())
+                self.send_response(srv.status if self.path == "/pool" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def pool_doc(n_workers, in_flight, cap=10.0, qw=0.0, first=0):
+    """A gateway /pool document: n ready workers of capacity ``cap``, ``in_flight`` spread."""
+    workers = [{"name": f"w{i}", "address": f"10.0.0.{i}:50051", "state": "ready",
+                "in_flight": in_flight / max(1, n_workers), "queue_depth": 0, "capacity": cap,
+                "weight": 1.0, "ejected": False} for i in range(first, first + n_workers)]
+    return {"workers": workers, "in_flight": in_flight, "capacity": cap * n_workers, "queue_wait_ms_p90": qw}

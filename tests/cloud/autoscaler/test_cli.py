@@ -1,0 +1,143 @@
+"""Settings precedence and validation, and the real ``edgewise cloud autoscaler`` process
+against local servers: dry run prints and never PATCHes; a live run PATCHes and serves metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cloud.autoscaler.settings import load_settings
+from edgewise.errors import ConfigError
+from tests.cloud.autoscaler.servers import PoolServer, ScaleAPI, pool_doc
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+EDGEWISE = [sys.executable, "-c", "import sys; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+def test_precedence_defaults_yaml_env_flags(tmp_path):
+    cfg = tmp_path / "autoscaler.yaml"
+    cfg.write_text(
+        "gateway_urls: [http://gw:9100]\nmin_replicas: 2\nmax_replicas: 8\ninterval_s: 30\n"
+        "kubernetes: {namespace: yaml-ns}\nscale_down: {stabilization_window_s: 120}\n"
+        "scale_up:\n  stabilization_window_s: 0\n  select_policy: Min\n"
+        "  policies: [{type: Pods, value: 1, period_s: 60}]\n")
+    env = {"EDGEWISE_AUTOSCALER_MAX_REPLICAS": "12", "EDGEWISE_AUTOSCALER_KUBERNETES__NAMESPACE": "env-ns",
+           "EDGEWISE_AUTOSCALER_DRY_RUN": "true"}
+    s = load_settings(cfg, {"max_replicas": 20, "queue_wait_slo_ms": 50.0}, env)
+    assert (s.min_replicas, s.max_replicas, s.interval_s, s.dry_run) == (2, 20, 30.0, True)
+    assert s.kubernetes.namespace == "env-ns" and s.kubernetes.deployment == "edgewise-worker"
+    assert s.scale_down.stabilization_window_s == 120 and len(s.scale_down.policies) == 1
+    assert s.scale_up.select_policy == "Min" and s.scale_up.policies[0].value == 1
+    sc = s.scaler_config()
+    assert sc.queue_wait_slo_ms == 50.0 and sc.target_utilization is None and sc.stale_after_s == 90.0
+    assert load_settings(None, {"gateway_urls": ["http://g:1"]}, {}).scaler_config().target_utilization == 0.7
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("gateway_urls: [http://g:1]\nmin_replica: 2\n", "autoscaler.yaml: unknown key min_replica"),
+    ("kubernetes: {namespce: x}\n", "unknown key kubernetes.namespce"),
+    ("scale_up: {policies: [{type: Pods, value: 1, period: 15}]}\n", r"unknown key scale_up.policies\[0\].period"),
+    ("gateway_urls: [http://g:1]\nmin_replicas: two\n", "min_replicas: expected an integer"),
+    ("gateway_urls: [http://g:1]\nmin_replicas: 5\nmax_replicas: 3\n", "min_replicas <= max_replicas"),
+    ("gateway_urls: [gw:9100]\n", "must start with http"),
+    ("gateway_urls: [http://g:1]\nscale_down: {select_policy: Sometimes}\n", "not one of"),
+    ("gateway_urls: [http://g:1]\nkubernetes: {namespace: Bad_NS}\n", "not a valid Kubernetes name"),
+    ("- a\n- b\n", "top level must be a mapping"),
+    ("min_replicas: [\n", "not valid YAML"),
+])
+def test_bad_files_name_file_and_key(tmp_path, text, msg):
+    cfg = tmp_path / "autoscaler.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=msg):
+        load_settings(cfg, {}, {})
+
+
+def test_bad_env_and_missing_gateway():
+    with pytest.raises(ConfigError, match="unknown variable EDGEWISE_AUTOSCALER_MAXREPLICAS"):
+        load_settings(None, {"gateway_urls": ["http://g:1"]}, {"EDGEWISE_AUTOSCALER_MAXREPLICAS": "3"})
+    with pytest.raises(ConfigError, match="no gateway to poll"):
+        load_settings(None, {}, {})
+    s = load_settings(None, {}, {"EDGEWISE_AUTOSCALER_GATEWAY_URLS": "http://a:1, http://b:2"})
+    assert s.gateway_urls == ("http://a:1", "http://b:2")
+
+
+def _spawn(args, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = {k: v for k, v in env.items() if not k.startswith("EDGEWISE_AUTOSCALER_") and k != "KUBERNETES_SERVICE_HOST"}
+    return subprocess.Popen(EDGEWISE + ["--log-level", "INFO", "cloud", "autoscaler"] + args, cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait(cond, timeout=20.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def servers(tmp_path):
+    api = ScaleAPI(namespace="prod", name="edgewise-worker", replicas=2, token="s3cret")
+    gw = PoolServer(pool_doc(2, 28.0))  # 28 / 20 = 1.4 vs 0.7 -> 4 replicas
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    yield api, gw, token
+    api.close()
+    gw.close()
+
+
+def _common(api, gw, token):
+    return ["--gateway-url", gw.url, "--namespace", "prod", "--deployment", "edgewise-worker",
+            "--target-utilization", "0.7", "--min", "1", "--max", "20", "--interval", "0.2",
+            "--api-server", api.url, "--token-file", str(token)]
+
+
+def test_dry_run_process_prints_decisions_and_sends_no_patch(servers, tmp_path):
+    api, gw, token = servers
+    p = _spawn(_common(api, gw, token) + ["--dry-run", "--metrics-port", "0"], tmp_path)
+    try:
+        assert _wait(lambda: sum(1 for r in api.requests if r[0] == "GET") >= 3), p.stderr
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=15)
+    assert p.returncode == 0, err
+    assert not [r for r in api.requests if r[0] != "GET"]
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert lines and all(x["dry_run"] and x["from"] == 2 and x["to"] == 4 for x in lines)
+    assert api.replicas == 2
+
+
+def test_live_process_patches_and_exports_metrics(servers, tmp_path):
+    api, gw, token = servers
+    port = free_port()
+    p = _spawn(_common(api, gw, token) + ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"], tmp_path)
+    try:
+        assert _wait(lambda: api.replicas == 4), p.stderr
+        gw.doc = pool_doc(4, 28.0)  # workers came up: at target, no further change
+        time.sleep(0.6)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=15)
+    assert p.returncode == 0, err
+    assert api.patches[0] == {"spec": {"replicas": 4}, "metadata": {"resourceVersion": "1"}}
+    assert all(b["spec"]["replicas"] == 4 for b in api.patches)
+    assert "edgewise_autoscaler_desired_replicas 4.0" in text
+    assert 'edgewise_autoscaler_decisions_total{direction="up"} 1.0' in text
+
+
+def test_process_rejects_bad_flags_with_a_message(tmp_path):
+    p = _spawn(["--gateway-url", "gw:9100", "--api-server", "http://127.0.0.1:9"], tmp_path)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 2 and "must start with http" in err

@@ -1,0 +1,182 @@
+"""The autoscaler loop end to end against local HTTP servers: two gateways' /pool and the
+Kubernetes scale subresource (through the real ``kubernetes`` client). Asserts the PATCH
+bodies sent over a sequence of load changes, partial/failed polls, API errors, dry run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from cloud.autoscaler.kube import DeploymentScale, ScaleState
+from cloud.autoscaler.loop import AutoscalerLoop, GatewayPoller, aggregate, parse_pool
+from cloud.autoscaler.scaling import Scaler, ScalerConfig, ScalingPolicy, ScalingRules
+from cloud.discovery.kubeclient import KubeAccess, build_api_client
+from edgewise.errors import ConfigError, InvalidInputError, UnavailableError
+from tests.cloud.autoscaler.servers import PoolServer, ScaleAPI, pool_doc
+
+
+@pytest.fixture
+def api():
+    s = ScaleAPI(namespace="ns", name="edgewise-worker", replicas=2, token="t0k3n")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def gateways():
+    gs = [PoolServer(), PoolServer()]
+    yield gs
+    for g in gs:
+        g.close()
+
+
+def make_loop(api, urls, *, dry_run=False, out=None, window=60.0):
+    client = build_api_client(KubeAccess(api_server=api.url, token="t0k3n"))
+    target = DeploymentScale(client, "ns", "edgewise-worker", dry_run=dry_run, out=out)
+    cfg = ScalerConfig(min_replicas=1, max_replicas=20, target_utilization=0.7,
+                       scale_down=ScalingRules(window, (ScalingPolicy("Percent", 100, 15),)))
+    clock = [0.0]
+    loop = AutoscalerLoop(Scaler(cfg), target, GatewayPoller(urls, timeout_s=2.0), clock=lambda: clock[0])
+    return loop, clock
+
+
+def set_load(gateways, n_workers, *in_flight):
+    for g, f in zip(gateways, in_flight):
+        g.doc = pool_doc(n_workers, f)
+
+
+def test_patch_bodies_follow_load(api, gateways):
+    loop, clock = make_loop(api, [g.url for g in gateways])
+    steps = [  # (t, workers both gateways see, in-flight per gateway) -> expected replicas after
+        (0, 2, (20, 8), 4),      # 28/20 = 1.4 vs 0.7: ratio 2 -> 4
+        (15, 4, (14, 14), 4),    # 28/40 = 0.7: at target
+        (30, 4, (60, 40), 8),    # 100/40 = 2.5: wants 15, rate limit max(+100 %, +4) -> 8
+        (45, 8, (2, 2), 8),      # load gone: recommendation 1, held by the 60 s window (15 at t=30)
+        (60, 8, (2, 2), 8),
+        (75, 8, (2, 2), 8),
+        (90, 8, (2, 2), 1),      # t=30 left the window: down to 1 (-100 % per 15 s allowed)
+    ]
+    for t, n, flights, expect in steps:
+        clock[0] = float(t)
+        set_load(gateways, n, *flights)
+        d = asyncio.run(loop.tick())
+        assert d is not None and d.desired == expect, (t, d)
+        assert api.replicas == expect
+    assert api.patches == [
+        {"spec": {"replicas": 4}, "metadata": {"resourceVersion": "1"}},
+        {"spec": {"replicas": 8}, "metadata": {"resourceVersion": "2"}},
+        {"spec": {"replicas": 1}, "metadata": {"resourceVersion": "3"}},
+    ]
+    patches = [r for r in api.requests if r[0] == "PATCH"]
+    assert all(r[2]["authorization"] == "Bearer t0k3n" for r in patches)
+    assert all(r[2]["content-type"] == "application/merge-patch+json" for r in patches)
+    metrics = loop.metrics
+    assert metrics.desired._value.get() == 1
+    assert metrics.decisions.labels("up")._value.get() == 2
+    assert metrics.decisions.labels("down")._value.get() == 1
+
+
+def test_failed_gateway_blocks_scale_down_but_not_up(api, gateways):
+    api.replicas = 6
+    loop, clock = make_loop(api, [g.url for g in gateways], window=0.0)
+    set_load(gateways, 6, 1, 1)
+    gateways[1].status = 500
+    d = asyncio.run(loop.tick())
+    assert d.desired == 6 and "partial" in d.reason
+    assert loop.metrics.poll_errors.labels("http_500")._value.get() == 1
+    gateways[1].doc = b"{not json"
+    gateways[1].status = 200
+    set_load(gateways[:1], 6, 60)
+    clock[0] = 15.0
+    d = asyncio.run(loop.tick())
+    assert d.desired == 9 and api.replicas == 9   # ceil(6 * (60/60) / 0.7)
+    assert loop.metrics.poll_errors.labels("invalid")._value.get() == 1
+    assert api.patches == [{"spec": {"replicas": 9}, "metadata": {"resourceVersion": "1"}}]
+
+
+def test_no_gateway_answers_means_hold(api, gateways):
+    loop, clock = make_loop(api, ["http://127.0.0.1:9"])  # discard port: connection refused
+    d = asyncio.run(loop.tick())
+    assert d.desired == d.current == 2 and "no metrics" in d.reason
+    assert loop.metrics.poll_errors.labels("connect")._value.get() == 1
+    assert not api.patches
+
+
+def test_dry_run_prints_and_never_patches(api, gateways):
+    lines = []
+    loop, clock = make_loop(api, [g.url for g in gateways], dry_run=True, out=lines.append)
+    set_load(gateways, 2, 20, 8)
+    for t in (0.0, 15.0):
+        clock[0] = t
+        d = asyncio.run(loop.tick())
+        assert d.desired == 4
+    assert [r[0] for r in api.requests] == ["GET", "GET"]
+    assert api.replicas == 2 and not api.patches
+    decisions = [json.loads(x) for x in lines]
+    assert decisions[0]["dry_run"] is True and decisions[0]["from"] == 2 and decisions[0]["to"] == 4
+    assert "utilization" in decisions[0]["reason"]
+
+
+def test_api_errors_say_what_to_fix(api):
+    bad_token = DeploymentScale(build_api_client(KubeAccess(api_server=api.url, token="wrong")),
+                                "ns", "edgewise-worker")
+    with pytest.raises(ConfigError, match="service account needs get/patch"):
+        bad_token.read()
+    client = build_api_client(KubeAccess(api_server=api.url, token="t0k3n"))
+    with pytest.raises(ConfigError, match="not found.*--deployment"):
+        DeploymentScale(client, "ns", "nope").read()
+    target = DeploymentScale(client, "ns", "edgewise-worker")
+    state = target.read()
+    assert state == ScaleState(2, 2, "1")
+    api.bump(5)  # an operator scaled meanwhile: our precondition fails, nothing is overwritten
+    with pytest.raises(UnavailableError, match="409"):
+        target.apply(3, state, "test")
+    assert api.replicas == 5
+
+
+def test_conflict_is_counted_and_retried_next_tick(api, gateways):
+    loop, clock = make_loop(api, [g.url for g in gateways])
+    set_load(gateways, 2, 20, 8)
+    real_read = loop.target.read
+
+    def racing_read():
+        s = real_read()
+        api.bump(api.replicas)  # resourceVersion changes between our read and patch
+        return s
+
+    loop.target.read = racing_read
+    d = asyncio.run(loop.tick())
+    assert d.desired == 4 and api.replicas == 2
+    assert loop.metrics.apply_errors.labels("patch")._value.get() == 1
+    loop.target.read = real_read
+    clock[0] = 15.0
+    asyncio.run(loop.tick())
+    assert api.replicas == 4
+
+
+def test_aggregate_sums_load_dedupes_capacity():
+    a = parse_pool(pool_doc(3, 12.0, qw=20.0), "gw-a")
+    b = parse_pool(pool_doc(3, 6.0, qw=35.0), "gw-b")   # the same 3 workers seen by another replica
+    s = aggregate([a, b], expected=2, now=5.0)
+    assert (s.in_flight, s.capacity, s.ready_workers, s.queue_wait_ms_p90, s.complete) == (18.0, 30.0, 3, 35.0, True)
+    doc = pool_doc(3, 0.0)
+    doc["workers"][0]["state"] = "draining"
+    doc["workers"][1]["ejected"] = True
+    s = aggregate([parse_pool(doc, "gw")], expected=2, now=0.0)
+    assert s.ready_workers == 1 and s.capacity == 10.0 and not s.complete
+    assert aggregate([], expected=1, now=0.0) is None
+
+
+@pytest.mark.parametrize("doc, msg", [
+    ([], "JSON object"),
+    ({"workers": {}}, "workers must be a list"),
+    ({"in_flight": -1}, "in_flight"),
+    ({"in_flight": 1, "capacity": "lots"}, "capacity"),
+    ({"in_flight": 1, "capacity": 1, "workers": [{"state": "ready"}]}, "address"),
+    ({"in_flight": 1, "capacity": 1, "queue_wait_ms_p90": float("nan")}, "queue_wait"),
+])
+def test_parse_pool_rejects_bad_documents(doc, msg):
+    with pytest.raises(InvalidInputError, match=msg):
+        parse_pool(doc, "gw")
