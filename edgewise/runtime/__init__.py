@@ -7,7 +7,9 @@ Public API: ``Detector`` (from_file / detect / preprocess / infer / postprocess)
 
 from __future__ import annotations
 
+from edgewise.runtime.backends import InferenceBackend
 from edgewise.runtime.decoding import DecodeParams, decode, decode_one, xywh2xyxy
+from edgewise.runtime.detector import Detector, validate_images
 from edgewise.runtime.letterbox import (
     LetterboxMeta,
     clip_boxes,
@@ -20,6 +22,9 @@ from edgewise.runtime.metadata import ModelInfo, load_model_info, parse_names
 from edgewise.runtime.nms import box_iou, nms
 
 __all__ = [
+    "Detector",
+    "InferenceBackend",
+    "validate_images",
     "DecodeParams",
     "LetterboxMeta",
     "ModelInfo",

@@ -1,0 +1,164 @@
+"""``Detector``: BGR images in, ``Detections`` per image out.
+
+The three stages are exposed separately so a pipeline can time them and run
+them on different threads: ``preprocess`` (validate + letterbox into one NCHW
+batch), ``infer`` (the backend), ``postprocess`` (YOLOv5 decode + NMS + map back
+to source pixels). ``detect`` chains them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from edgewise.detections import Detections
+from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.runtime.backends import InferenceBackend
+from edgewise.runtime.decoding import DecodeParams, decode
+from edgewise.runtime.letterbox import LetterboxMeta, preprocess_batch
+from edgewise.runtime.metadata import ModelInfo, load_model_info
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "onnxruntime", "tensorrt")
+
+
+def validate_images(images: Sequence[Any]) -> None:
+    """Every image must be a non-empty HxWx3 uint8 BGR array; errors name the index."""
+    if isinstance(images, np.ndarray):
+        raise InvalidInputError(
+            "images must be a sequence of HxWx3 uint8 arrays (a list), not one array; "
+            "wrap a single image as [image]"
+        )
+    for i, im in enumerate(images):
+        if not isinstance(im, np.ndarray):
+            raise InvalidInputError(f"image {i}: expected a numpy array (BGR uint8 HxWx3), got {type(im).__name__}")
+        if im.dtype != np.uint8:
+            raise InvalidInputError(f"image {i}: expected dtype uint8 (BGR 0..255), got {im.dtype}")
+        if im.ndim != 3 or im.shape[2] != 3:
+            raise InvalidInputError(f"image {i}: expected shape HxWx3 (BGR), got {im.shape}")
+        if im.shape[0] == 0 or im.shape[1] == 0:
+            raise InvalidInputError(f"image {i}: empty image of shape {im.shape}")
+
+
+class Detector:
+    """A YOLOv5 detector on one backend.
+
+    Attributes:
+        info: the validated model.
+        params: decode thresholds.
+        backend: the ``InferenceBackend`` running the model.
+        source: label put on the produced ``Detections`` (default: model file stem).
+    """
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        backend: InferenceBackend,
+        params: DecodeParams = DecodeParams(),
+        source: Optional[str] = None,
+    ) -> None:
+        self.info = info
+        self.backend = backend
+        self.params = params
+        self.source = source if source is not None else info.path.stem
+        self.imgsz = info.imgsz
+        # A model with a dynamic H/W could take YOLOv5's min-rect; a fixed one cannot.
+        self.auto = False
+
+    @classmethod
+    def from_file(
+        cls,
+        path: Union[str, Path],
+        backend: str = "auto",
+        conf_thres: float = 0.25,
+        iou_thres: float = 0.45,
+        max_det: int = 300,
+        threads: Optional[int] = None,
+        providers: Optional[Sequence[str]] = None,
+        multi_label: bool = False,
+        source: Optional[str] = None,
+        cache_dir: Optional[Union[str, Path]] = None,
+        precision: Optional[str] = None,
+    ) -> Detector:
+        """Load and validate ``path`` and open it on ``backend``.
+
+        ``auto`` picks native TensorRT when it is importable and a GPU is there,
+        else ONNX Runtime (whose own provider list prefers TensorRT -> CUDA -> CPU).
+        ``cache_dir`` / ``precision`` apply to TensorRT engines.
+        """
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        try:
+            params = DecodeParams(conf_thres=conf_thres, iou_thres=iou_thres, max_det=max_det,
+                                  multi_label=multi_label)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        info = load_model_info(path)
+        be: InferenceBackend
+        if backend == "auto":
+            backend = "tensorrt" if _tensorrt_usable() else "onnxruntime"
+        if backend == "tensorrt":
+            from edgewise.runtime.backends.tensorrt import TensorRTBackend
+
+            be = TensorRTBackend.from_onnx(info, cache_dir=cache_dir, precision=precision)
+        else:
+            from edgewise.runtime.backends.onnxruntime import OnnxRuntimeBackend
+
+            be = OnnxRuntimeBackend(info, providers=providers, threads=threads)
+        return cls(info, be, params, source)
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return self.info.names
+
+    def preprocess(self, images: Sequence[np.ndarray]) -> Tuple[np.ndarray, List[LetterboxMeta]]:
+        """Validate and letterbox BGR uint8 images into ``[B,3,H,W]`` float32 RGB /255."""
+        validate_images(images)
+        return preprocess_batch(images, self.imgsz, auto=self.auto, stride=self.info.stride)
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """Run the model: ``[B,3,H,W]`` -> raw head ``[B,N,5+nc]``."""
+        if batch.ndim != 4 or batch.shape[1] != 3:
+            raise InvalidInputError(f"batch must be [B,3,H,W], got {batch.shape}")
+        if batch.shape[0] == 0:
+            return np.zeros((0, 0, 5 + self.info.nc), np.float32)
+        return self.backend.run(batch)
+
+    def postprocess(self, raw: np.ndarray, metas: Sequence[LetterboxMeta]) -> List[Detections]:
+        """Decode + NMS + map back to source pixels, one ``Detections`` per image."""
+        if raw.shape[0] == 0:
+            return []
+        return decode(raw, metas, self.info.names, self.params, self.source)
+
+    def detect(self, images: Sequence[np.ndarray]) -> List[Detections]:
+        """All three stages on a batch of BGR uint8 HxWx3 images."""
+        batch, metas = self.preprocess(images)
+        return self.postprocess(self.infer(batch), metas)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> Detector:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _tensorrt_usable() -> bool:
+    """TensorRT importable and a CUDA device present (no import cost when absent)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is None:
+        return False
+    try:
+        from edgewise.runtime.backends.tensorrt import cuda_device_name
+
+        return cuda_device_name() is not None
+    except Exception as e:  # a broken install must not stop the ONNX Runtime path
+        log.warning("TensorRT is installed but unusable (%s); using onnxruntime", e)
+        return False
