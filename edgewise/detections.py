@@ -68,7 +68,7 @@ class Detections:
         return int(self.scores.shape[0])
 
     @classmethod
-    def empty(cls, names: Sequence[str] = (), source: str = "", nc: int = 0) -> "Detections":
+    def empty(cls, names: Sequence[str] = (), source: str = "", nc: int = 0) -> Detections:
         """No boxes (``nc`` > 0 keeps a correctly shaped ``class_scores``)."""
         return cls(
             boxes=np.zeros((0, 4), np.float32),
@@ -84,7 +84,7 @@ class Detections:
         """Producer of every box (``sources`` or ``source`` repeated)."""
         return self.sources if self.sources is not None else (self.source,) * len(self)
 
-    def select(self, keep: np.ndarray) -> "Detections":
+    def select(self, keep: np.ndarray) -> Detections:
         """The subset given by an index array or boolean mask."""
         srcs = None
         if self.sources is not None:

@@ -57,7 +57,7 @@ def stale_files() -> List[str]:
         return bad
 
 
-def main(argv: "List[str] | None" = None) -> int:
+def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--check", action="store_true", help="fail if committed stubs are stale")
     ns = ap.parse_args(argv)

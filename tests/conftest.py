@@ -65,7 +65,7 @@ def mosquitto_binary() -> str:
 class Broker:
     """A running Mosquitto broker on 127.0.0.1:port (MQTT v5, anonymous)."""
 
-    def __init__(self, port: int, proc: "subprocess.Popen[bytes]", conf: Path) -> None:
+    def __init__(self, port: int, proc: subprocess.Popen[bytes], conf: Path) -> None:
         self.host = "127.0.0.1"
         self.port = port
         self.proc = proc
@@ -85,7 +85,7 @@ class Broker:
         self.proc = _spawn_mosquitto(self.conf, self.port)
 
 
-def _spawn_mosquitto(conf: Path, port: int) -> "subprocess.Popen[bytes]":
+def _spawn_mosquitto(conf: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [mosquitto_binary(), "-c", str(conf)],
         stdout=subprocess.DEVNULL,

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="logging level (env EDGEWISE_LOG_LEVEL; default INFO)",
     )
     top = parser.add_subparsers(dest="command", metavar="COMMAND")
-    groups: Dict[str, "argparse._SubParsersAction[argparse.ArgumentParser]"] = {}
+    groups: Dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
     for group, module_name in COMMAND_MODULES:
         try:
             module = importlib.import_module(module_name)

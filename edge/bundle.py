@@ -1,0 +1,328 @@
+"""`edgewise edge bundle`: the Jetson edge bundle (.deb, rootfs overlay, L4T container).
+
+Builds, from a source checkout, everything an operator needs to put the edge daemon
+on a Jetson Xavier NX with JetPack 5.1 (Python 3.8, TensorRT 8.5):
+
+* ``edgewise-edge_<version>_arm64.deb``: the code for Python 3.8, a constraints file
+  pinned to JetPack 5.1, the systemd units (daemon, first-boot setup, optional power
+  mode), sysusers/tmpfiles snippets, ``/etc/edgewise/{edge,policy}.yaml`` as conffiles
+  and maintainer scripts that create the user and state directories and enable the unit;
+* ``edgewise-edge_<version>_rootfs-overlay.tar.gz``: the same tree plus the
+  ``multi-user.target.wants`` links, to unpack into ``Linux_for_Tegra/rootfs`` before
+  ``flash.sh`` so a freshly flashed device boots into the daemon (user and state
+  directories come from systemd-sysusers/tmpfiles at first boot);
+* ``edgewise-edge-l4t/``: an L4T container build context (``Dockerfile`` on an
+  ``l4t-tensorrt`` r8.5.2 base, run with ``--runtime nvidia``).
+
+The static files live in ``deploy/jetson/``; this module stages and packs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from edgewise import __version__
+from edgewise.errors import InvalidInputError
+
+REPO = Path(__file__).resolve().parents[1]
+JETSON = REPO / "deploy" / "jetson"
+PKG = "edgewise-edge"
+LIB = "usr/lib/edgewise-edge"
+SHARE = "usr/share/edgewise-edge"
+UNITS = ("edgewise-edge.service", "edgewise-edge-setup.service", "edgewise-edge-power.service")
+#: Targets and the JetPack releases they are built for (all L4T R35: Python 3.8, TensorRT 8.5).
+TARGETS = {"xavier-nx": ("5.1", "5.1.1", "5.1.2"), "agx-xavier": ("5.1", "5.1.1", "5.1.2")}
+DEFAULT_MODEL = REPO / "models" / "edge-int8.onnx"
+DEFAULT_POLICY = REPO / "examples" / "policy.yaml"
+
+
+@dataclass
+class BundleOptions:
+    """What to bundle; validated by :func:`check_options`."""
+
+    out_dir: Path
+    target: str = "xavier-nx"
+    jetpack: str = "5.1"
+    model: Path = DEFAULT_MODEL
+    edge_config: Path = JETSON / "edge.yaml"
+    policy: Path = DEFAULT_POLICY
+    wheels: Optional[Path] = None
+    power_mode: Optional[int] = None
+    jetson_clocks: bool = False
+    version: str = __version__
+    maintainer: str = "edgewise maintainers <maintainers@edgewise.invalid>"
+
+
+@dataclass
+class BundleResult:
+    deb: Path
+    overlay: Path
+    container: Path
+    files: List[str] = field(default_factory=list)
+
+
+def check_options(opts: BundleOptions) -> None:
+    """Raise InvalidInputError naming the option that cannot work."""
+    if opts.target not in TARGETS:
+        raise InvalidInputError(f"--target {opts.target!r} is not supported; use one of {sorted(TARGETS)}")
+    if opts.jetpack not in TARGETS[opts.target]:
+        raise InvalidInputError(
+            f"--jetpack {opts.jetpack!r} is not supported for {opts.target}; use one of "
+            f"{list(TARGETS[opts.target])} (L4T R35: Python 3.8, TensorRT 8.5)"
+        )
+    for flag, path in (("--model", opts.model), ("--edge-config", opts.edge_config), ("--policy", opts.policy)):
+        if not Path(path).is_file():
+            raise InvalidInputError(f"{flag} {path}: file not found")
+    if opts.wheels is not None and not Path(opts.wheels).is_dir():
+        raise InvalidInputError(f"--wheels {opts.wheels}: not a directory of .whl files")
+    if opts.power_mode is not None and not 0 <= opts.power_mode <= 8:
+        raise InvalidInputError(f"--power-mode {opts.power_mode}: nvpmodel modes on Xavier NX are 0..8")
+    if not JETSON.is_dir():
+        raise InvalidInputError(f"{JETSON} is missing: run `edgewise edge bundle` from a source checkout")
+
+
+def _copy(src: Path, dest: Path, mode: int) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    os.chmod(dest, mode)
+
+
+def _copy_package(name: str, dest: Path) -> None:
+    """Copy a Python package's .py sources (no caches, no training code: it needs torch)."""
+    src = REPO / name
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src)
+        if "__pycache__" in rel.parts or rel.parts[0] == "train":
+            continue
+        _copy(path, dest / name / rel, 0o644)
+    if (src / "py.typed").exists():
+        _copy(src / "py.typed", dest / name / "py.typed", 0o644)
+
+
+def stage_tree(opts: BundleOptions, root: Path) -> None:
+    """Lay out the installed file tree (shared by .deb, overlay and container)."""
+    py = root / LIB / "python"
+    _copy_package("edgewise", py)
+    _copy_package("edge", py)
+    _copy(JETSON / "setup.sh", root / LIB / "setup.sh", 0o755)
+    _copy(JETSON / "requirements.txt", root / LIB / "requirements.txt", 0o644)
+    _copy(JETSON / "constraints-jetpack51.txt", root / LIB / "constraints-jetpack51.txt", 0o644)
+    _copy(JETSON / "edgewise-edge.sh", root / "usr/bin/edgewise-edge", 0o755)
+    for unit in UNITS:
+        _copy(JETSON / unit, root / "lib/systemd/system" / unit, 0o644)
+    _copy(JETSON / "sysusers.conf", root / "usr/lib/sysusers.d/edgewise-edge.conf", 0o644)
+    _copy(JETSON / "tmpfiles.conf", root / "usr/lib/tmpfiles.d/edgewise-edge.conf", 0o644)
+    _copy(Path(opts.edge_config), root / "etc/edgewise/edge.yaml", 0o644)
+    _copy(Path(opts.policy), root / "etc/edgewise/policy.yaml", 0o644)
+    _copy(Path(opts.model), root / SHARE / "models/edge.onnx", 0o644)
+    if opts.power_mode is not None or opts.jetson_clocks:
+        text = "# Read by edgewise-edge-power.service at boot.\n"
+        text += f"NVPMODEL_MODE={'' if opts.power_mode is None else opts.power_mode}\n"
+        text += f"JETSON_CLOCKS={1 if opts.jetson_clocks else 0}\n"
+        dest = root / "etc/default/edgewise-edge-power"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
+        os.chmod(dest, 0o644)
+    if opts.wheels is not None:
+        for whl in sorted(Path(opts.wheels).glob("*.whl")):
+            _copy(whl, root / SHARE / "wheels" / whl.name, 0o644)
+    doc = root / "usr/share/doc" / PKG
+    _copy(JETSON / "copyright", doc / "copyright", 0o644)
+    _copy(JETSON / "README.md", doc / "README.md", 0o644)
+    changelog = (
+        f"{PKG} ({opts.version}) stable; urgency=medium\n\n"
+        f"  * Release {opts.version} for {opts.target}, JetPack {opts.jetpack}.\n\n"
+        f" -- {opts.maintainer}  Mon, 30 Nov 2026 00:00:00 +0000\n"
+    )
+    # A native package (version without a Debian revision) names it changelog.gz.
+    _write_gz(doc / "changelog.gz", changelog)
+    _write_gz(root / "usr/share/man/man1/edgewise-edge.1.gz", _MANPAGE.format(version=opts.version))
+
+
+_MANPAGE = """.TH EDGEWISE-EDGE 1 "2026-11-30" "edgewise {version}" "User Commands"
+.SH NAME
+edgewise-edge \\- edgewise edge daemon and tools for Jetson
+.SH SYNOPSIS
+.B edgewise-edge edge run \\-\\-config /etc/edgewise/edge.yaml
+.br
+.B edgewise-edge edge check-policy
+.I FILE
+.br
+.B edgewise-edge model info
+.I MODEL
+.SH DESCRIPTION
+Runs an INT8 YOLOv5 detector on camera, RTSP or file streams, scores the hardness of
+every frame and escalates hard frames to the edgewise cloud tier (gRPC or MQTT v5),
+spooling them to disk while the cloud is unreachable. Started by
+.BR edgewise-edge.service ;
+the escalation policy in /etc/edgewise/policy.yaml reloads live.
+.SH FILES
+/etc/edgewise/edge.yaml, /etc/edgewise/policy.yaml, /var/lib/edgewise, /var/cache/edgewise/engines
+.SH SEE ALSO
+/usr/share/doc/edgewise-edge/README.md
+"""
+
+
+def _write_gz(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        # mtime=0 and no file name keep the package reproducible.
+        with gzip.GzipFile(fileobj=fh, mode="wb", mtime=0, compresslevel=9, filename="") as gz:
+            gz.write(text.encode())
+    os.chmod(path, 0o644)
+
+
+def _installed_size_kib(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) // 1024 + 1
+
+
+def _control(opts: BundleOptions, root: Path) -> str:
+    return (
+        f"Package: {PKG}\n"
+        f"Version: {opts.version}\n"
+        "Architecture: arm64\n"
+        f"Maintainer: {opts.maintainer}\n"
+        f"Installed-Size: {_installed_size_kib(root)}\n"
+        "Depends: python3 (>= 3.8), python3-venv, python3-numpy, adduser, systemd\n"
+        "Recommends: python3-libnvinfer, libopencv-python | python3-opencv, nvidia-l4t-core\n"
+        "Section: video\n"
+        "Priority: optional\n"
+        "Homepage: https://github.com/edgewise-ai/edgewise\n"
+        f"Description: edgewise edge daemon for Jetson ({opts.target}, JetPack {opts.jetpack})\n"
+        " Runs an INT8 YOLOv5 detector with TensorRT on camera, RTSP or file streams,\n"
+        " scores how hard each frame is and escalates hard frames to the edgewise\n"
+        " cloud tier over gRPC or MQTT v5, spooling to disk while the cloud is\n"
+        " unreachable. Escalation policies reload live.\n"
+    )
+
+
+def build_deb(opts: BundleOptions, tree: Path, out: Path) -> Path:
+    """Pack ``tree`` into a .deb with dpkg-deb (root-owned files, xz)."""
+    pkgroot = out.parent / (out.stem + ".root")
+    if pkgroot.exists():
+        shutil.rmtree(pkgroot)
+    shutil.copytree(tree, pkgroot, symlinks=True)
+    debian = pkgroot / "DEBIAN"
+    debian.mkdir()
+    (debian / "control").write_text(_control(opts, tree))
+    # Every file under /etc is the operator's to edit: all are conffiles.
+    etc = sorted(p.relative_to(tree).as_posix() for p in (tree / "etc").rglob("*") if p.is_file())
+    (debian / "conffiles").write_text("".join(f"/{c}\n" for c in etc))
+    for script in ("postinst", "prerm", "postrm"):
+        _copy(JETSON / "debian" / script, debian / script, 0o755)
+    sums = []
+    for path in sorted(p for p in pkgroot.rglob("*") if p.is_file() and "DEBIAN" not in p.parts):
+        rel = path.relative_to(pkgroot).as_posix()
+        sums.append(f"{hashlib.md5(path.read_bytes()).hexdigest()}  {rel}\n")
+    (debian / "md5sums").write_text("".join(sums))
+    for p in debian.iterdir():
+        if p.name in ("control", "conffiles", "md5sums"):
+            os.chmod(p, 0o644)
+    dpkg = shutil.which("dpkg-deb")
+    if dpkg is None:
+        raise InvalidInputError("dpkg-deb is needed to build the .deb (apt-get install dpkg)")
+    subprocess.run(
+        [dpkg, "--root-owner-group", "-Zxz", "--build", str(pkgroot), str(out)],
+        check=True, capture_output=True,
+    )
+    shutil.rmtree(pkgroot)
+    return out
+
+
+def build_overlay(tree: Path, out: Path) -> Path:
+    """A tarball to unpack into Linux_for_Tegra/rootfs (root-owned, units enabled)."""
+    wants = "etc/systemd/system/multi-user.target.wants"
+
+    def owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        info.mtime = 0
+        return info
+
+    with tarfile.open(out, "w:gz") as tar:
+        for path in sorted(tree.rglob("*")):
+            rel = path.relative_to(tree).as_posix()
+            tar.add(str(path), arcname=rel, recursive=False, filter=owned_by_root)
+        tar.add(str(tree / "etc"), arcname="etc", recursive=False, filter=owned_by_root)
+        for unit in UNITS:
+            link = tarfile.TarInfo(f"{wants}/{unit}")
+            link.type = tarfile.SYMTYPE
+            link.linkname = f"/lib/systemd/system/{unit}"
+            link.mode = 0o777
+            tar.addfile(owned_by_root(link))
+    return out
+
+
+def build_container(tree: Path, out_dir: Path) -> Path:
+    """An L4T container build context: Dockerfile + the staged tree under root/."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    shutil.copytree(tree, out_dir / "root", symlinks=True)
+    _copy(JETSON / "Dockerfile.l4t", out_dir / "Dockerfile", 0o644)
+    return out_dir
+
+
+def bundle(opts: BundleOptions) -> BundleResult:
+    """Build the .deb, the rootfs overlay and the container context into ``opts.out_dir``."""
+    check_options(opts)
+    out = Path(opts.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tree = out / f"{PKG}.tree"
+    if tree.exists():
+        shutil.rmtree(tree)
+    stage_tree(opts, tree)
+    files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file())
+    deb = build_deb(opts, tree, out / f"{PKG}_{opts.version}_arm64.deb")
+    overlay = build_overlay(tree, out / f"{PKG}_{opts.version}_rootfs-overlay.tar.gz")
+    container = build_container(tree, out / f"{PKG}-l4t")
+    shutil.rmtree(tree)
+    return BundleResult(deb=deb, overlay=overlay, container=container, files=files)
+
+
+def _handler(args: argparse.Namespace) -> int:
+    opts = BundleOptions(
+        out_dir=Path(args.out),
+        target=args.target,
+        jetpack=args.jetpack,
+        model=Path(args.model),
+        edge_config=Path(args.edge_config),
+        policy=Path(args.policy),
+        wheels=Path(args.wheels) if args.wheels else None,
+        power_mode=args.power_mode,
+        jetson_clocks=args.jetson_clocks,
+    )
+    result = bundle(opts)
+    buf = io.StringIO()
+    buf.write(f"Debian package:  {result.deb}\n")
+    buf.write(f"rootfs overlay:  {result.overlay}\n")
+    buf.write(f"L4T container:   {result.container}/Dockerfile\n")
+    buf.write("Next: deploy/jetson/README.md (install the .deb, or unpack the overlay into "
+              "Linux_for_Tegra/rootfs before flash.sh)\n")
+    print(buf.getvalue(), end="")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``edge bundle`` to the ``edge`` command group."""
+    p = subparsers.add_parser("bundle", help="build the Jetson .deb, rootfs overlay and L4T container")
+    p.add_argument("--target", default="xavier-nx", help=f"device ({', '.join(sorted(TARGETS))})")
+    p.add_argument("--jetpack", default="5.1", help="JetPack release (5.1, 5.1.1, 5.1.2)")
+    p.add_argument("-o", "--out", default="dist", help="output directory (default dist/)")
+    p.add_argument("--model", default=str(DEFAULT_MODEL), help="edge model ONNX (INT8 QDQ) to ship")
+    p.add_argument("--edge-config", default=str(JETSON / "edge.yaml"), help="edge.yaml to ship as /etc/edgewise/edge.yaml")
+    p.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy to ship as /etc/edgewise/policy.yaml")
+    p.add_argument("--wheels", default=None, help="directory of aarch64 cp38 wheels to bundle for offline installs")
+    p.add_argument("--power-mode", type=int, default=None, help="nvpmodel mode applied at boot (Xavier NX: 0..8)")
+    p.add_argument("--jetson-clocks", action="store_true", help="run jetson_clocks at boot")
+    p.set_defaults(func=_handler)
+

@@ -1,0 +1,57 @@
+"""systemd notification (sd_notify) for the edge daemon: READY, WATCHDOG, STOPPING.
+
+The Jetson unit runs ``Type=notify`` with ``WatchdogSec=``: the daemon says
+READY=1 once its model is loaded and sources are open, then pets the watchdog
+from the pipeline loop, so a wedged pipeline (not just a dead process) gets
+restarted. Speaks the datagram protocol of sd_notify(3) directly (no libsystemd
+binding on JetPack's Python); a no-op when ``NOTIFY_SOCKET`` is unset.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Optional
+
+
+class Notifier:
+    """Sends sd_notify messages to ``NOTIFY_SOCKET`` (absolute or abstract path)."""
+
+    def __init__(self, address: Optional[str] = None) -> None:
+        addr = address if address is not None else os.environ.get("NOTIFY_SOCKET", "")
+        self._addr = "\0" + addr[1:] if addr.startswith("@") else addr
+        usec = os.environ.get("WATCHDOG_USEC", "")
+        pid = os.environ.get("WATCHDOG_PID", "")
+        ok_pid = not pid or pid == str(os.getpid())
+        #: Seconds between watchdog pets (half the configured timeout), or None.
+        self.watchdog_interval: Optional[float] = (
+            int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 and ok_pid else None
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._addr)
+
+    def notify(self, message: str) -> bool:
+        """Send one message such as ``"READY=1"``; False when not under systemd or on error."""
+        if not self._addr:
+            return False
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                sock.connect(self._addr)
+                sock.sendall(message.encode())
+            return True
+        except OSError:
+            return False
+
+    def ready(self, status: str = "") -> bool:
+        return self.notify("READY=1" + (f"\nSTATUS={status}" if status else ""))
+
+    def watchdog(self) -> bool:
+        return self.notify("WATCHDOG=1")
+
+    def stopping(self) -> bool:
+        return self.notify("STOPPING=1")
+
+    def reloading(self) -> bool:
+        return self.notify("RELOADING=1")

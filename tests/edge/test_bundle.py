@@ -1,0 +1,167 @@
+"""The Jetson bundle: a real .deb, rootfs overlay and L4T context, checked with Debian's tools."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from edge import bundle as B
+from edgewise.errors import InvalidInputError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _need(tool: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        pytest.fail(f"{tool} is not installed; `make test` installs it with apt-get")
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_model):
+    out = tmp_path_factory.mktemp("dist")
+    opts = B.BundleOptions(out_dir=out, model=tiny_model, power_mode=2, jetson_clocks=True)
+    return B.bundle(opts)
+
+
+def test_deb_info_and_contents(built) -> None:
+    assert built.deb.name == "edgewise-edge_0.1.0_arm64.deb"
+    info = subprocess.run([_need("dpkg-deb"), "--info", str(built.deb)], capture_output=True, text=True, check=True).stdout
+    assert "Package: edgewise-edge" in info and "Architecture: arm64" in info
+    assert "python3 (>= 3.8)" in info
+    for script in ("postinst", "prerm", "postrm", "conffiles", "md5sums"):
+        assert script in info
+    contents = subprocess.run([_need("dpkg-deb"), "--contents", str(built.deb)], capture_output=True, text=True, check=True).stdout
+    for path in ("./lib/systemd/system/edgewise-edge.service", "./etc/edgewise/edge.yaml", "./etc/edgewise/policy.yaml",
+                 "./usr/bin/edgewise-edge", "./usr/lib/edgewise-edge/python/edge/pipeline.py",
+                 "./usr/lib/edgewise-edge/python/edgewise/runtime/detector.py",
+                 "./usr/lib/edgewise-edge/constraints-jetpack51.txt", "./usr/share/edgewise-edge/models/edge.onnx",
+                 "./usr/lib/sysusers.d/edgewise-edge.conf", "./etc/default/edgewise-edge-power"):
+        assert path in contents, path
+    assert "root/root" in contents and "/cloud/" not in contents and "/train/" not in contents
+    conffiles = subprocess.run([_need("dpkg-deb"), "-f", str(built.deb), "Package"], capture_output=True, text=True).stdout
+    assert conffiles.strip() == "edgewise-edge"
+    ctl = subprocess.run([_need("dpkg-deb"), "--ctrl-tarfile", str(built.deb)], capture_output=True, check=True).stdout
+    import io
+    with tarfile.open(fileobj=io.BytesIO(ctl)) as t:
+        names = {m.name.lstrip("./"): m for m in t.getmembers()}
+        assert t.extractfile(names["conffiles"]).read().decode().split() == ["/etc/default/edgewise-edge-power", "/etc/edgewise/edge.yaml", "/etc/edgewise/policy.yaml"]
+        postinst = t.extractfile(names["postinst"]).read().decode()
+        assert names["postinst"].mode & 0o111
+    assert "systemd-sysusers" in postinst and "deb-systemd-helper enable 'edgewise-edge.service'" in postinst
+
+
+def test_lintian_has_no_errors(built) -> None:
+    out = subprocess.run([_need("lintian"), "--allow-root", "--tag-display-limit", "0", str(built.deb)],
+                         capture_output=True, text=True)
+    errors = [line for line in out.stdout.splitlines() if line.startswith("E:")]
+    assert out.returncode == 0 and not errors, out.stdout + out.stderr
+
+
+def _extract_with_host_units(deb: Path, dest: Path) -> Path:
+    """Unpack the .deb into a root that also has the host's systemd targets and /usr/bin/kill."""
+    subprocess.run([_need("dpkg-deb"), "-x", str(deb), str(dest)], check=True)
+    units = dest / "lib/systemd/system"
+    for host_unit in Path("/lib/systemd/system").glob("*.target"):
+        shutil.copy(host_unit, units / host_unit.name)
+    for extra in ("systemd-sysusers.service", "systemd-tmpfiles-setup.service"):
+        if (Path("/lib/systemd/system") / extra).exists():
+            shutil.copy(Path("/lib/systemd/system") / extra, units / extra)
+    (dest / "bin").symlink_to("usr/bin")
+    for tool in ("/usr/bin/kill", "/usr/bin/sh"):
+        shutil.copy(Path(tool).resolve(), dest / "usr/bin" / Path(tool).name)
+    return dest
+
+
+@pytest.mark.parametrize("unit", B.UNITS)
+def test_units_verify_cleanly(built, tmp_path, unit: str) -> None:
+    root = _extract_with_host_units(built.deb, tmp_path / "root")
+    out = subprocess.run([_need("systemd-analyze"), "verify", f"--root={root}", f"/lib/systemd/system/{unit}"],
+                         capture_output=True, text=True)
+    # verify prints warnings (unknown keys, bad values) without failing: both must be empty.
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr
+
+
+def test_main_unit_settings() -> None:
+    text = (ROOT / "deploy/jetson/edgewise-edge.service").read_text()
+    for line in ("User=edgewise", "Restart=always", "WatchdogSec=30", "After=network-online.target",
+                 "Wants=network-online.target", "Type=notify", "MemoryMax=", "LimitNOFILE="):
+        assert line in text
+    assert "ExecStartPre=/usr/bin/edgewise-edge model engine" in text
+
+
+def test_overlay_paths_and_modes(built) -> None:
+    with tarfile.open(built.overlay) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert all(m.uid == 0 and m.gid == 0 for m in members.values())
+    wants = "etc/systemd/system/multi-user.target.wants/edgewise-edge.service"
+    assert members[wants].issym() and members[wants].linkname == "/lib/systemd/system/edgewise-edge.service"
+    assert stat.S_IMODE(members["usr/bin/edgewise-edge"].mode) == 0o755
+    assert stat.S_IMODE(members["usr/lib/edgewise-edge/setup.sh"].mode) == 0o755
+    assert stat.S_IMODE(members["lib/systemd/system/edgewise-edge.service"].mode) == 0o644
+    assert stat.S_IMODE(members["etc/edgewise/edge.yaml"].mode) == 0o644
+    assert "usr/lib/tmpfiles.d/edgewise-edge.conf" in members
+    assert not any(n.startswith("/") or ".." in n.split("/") for n in members)
+
+
+def test_container_context(built) -> None:
+    dockerfile = (built.container / "Dockerfile").read_text()
+    assert "l4t-tensorrt:r8.5.2" in dockerfile and "--runtime nvidia" in dockerfile
+    assert "USER edgewise" in dockerfile
+    for copied in ("root/usr/lib/edgewise-edge/python", "root/usr/bin/edgewise-edge", "root/etc/edgewise"):
+        assert copied in dockerfile and (built.container / copied).exists()
+
+
+def test_packaged_code_is_python38(built, tmp_path) -> None:
+    root = tmp_path / "x"
+    subprocess.run([_need("dpkg-deb"), "-x", str(built.deb), str(root)], check=True)
+    py = root / "usr/lib/edgewise-edge/python"
+    vermin = str(Path(sys.executable).parent / "vermin")
+    out = subprocess.run([vermin, "-q", "--no-tips", "--violations", "-t=3.8-", "--backport", "dataclasses",
+                          "--backport", "typing", "--exclude-regex", r".*/v1/.*", str(py)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and not out.stdout.strip(), out.stdout
+    # The packaged tree is importable on its own (no cloud/ or torch needed).
+    check = subprocess.run([sys.executable, "-c", "import edge.pipeline, edgewise.runtime, edgewise.policy"],
+                           cwd=py, capture_output=True, text=True, env={"PYTHONPATH": str(py), "PATH": "/usr/bin"})
+    assert check.returncode == 0, check.stderr
+
+
+def test_shipped_configs_are_valid(built, tmp_path) -> None:
+    from edge.settings import load_settings
+    from edgewise.policy import load_policy
+
+    settings = load_settings(str(ROOT / "deploy/jetson/edge.yaml"))
+    assert settings.model.backend == "tensorrt"
+    assert settings.policy_file == "/etc/edgewise/policy.yaml"
+    load_policy(str(B.DEFAULT_POLICY))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"target": "nano"}, "--target 'nano' is not supported"),
+    ({"jetpack": "4.6"}, "--jetpack '4.6' is not supported"),
+    ({"model": Path("/nonexistent.onnx")}, "--model /nonexistent.onnx: file not found"),
+    ({"power_mode": 12}, "--power-mode 12"),
+])
+def test_bad_options(tmp_path, tiny_model, kwargs, message) -> None:
+    opts = B.BundleOptions(out_dir=tmp_path, model=tiny_model)
+    for k, v in kwargs.items():
+        setattr(opts, k, v)
+    with pytest.raises(InvalidInputError, match=message.replace("(", r"\(")):
+        B.bundle(opts)
+
+
+def test_cli(tmp_path, tiny_model) -> None:
+    from edgewise.cli import main
+
+    assert main(["edge", "bundle", "--target", "xavier-nx", "--jetpack", "5.1", "-o", str(tmp_path),
+                 "--model", str(tiny_model)]) == 0
+    assert (tmp_path / "edgewise-edge_0.1.0_arm64.deb").exists()
+    assert main(["edge", "bundle", "--jetpack", "6.0", "-o", str(tmp_path), "--model", str(tiny_model)]) == 2
