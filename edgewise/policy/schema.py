@@ -277,12 +277,17 @@ class Policy:
         st = self.stream(stream_id)
         if st.threshold is not None:
             return st.threshold, f"stream {stream_id}"
-        best, origin = self.spec.threshold, "global"
+        best: Optional[float] = None
+        origin = "global"
         for name in class_names:
             co = self.spec.classes.get(name)
-            if co is not None and co.threshold is not None and co.threshold < best:
-                best, origin = co.threshold, f"class {name}"
-        return best, origin
+            if co is not None and co.threshold is not None:
+                value, where = co.threshold, f"class {name}"
+            else:
+                value, where = self.spec.threshold, "global"
+            if best is None or value < best:
+                best, origin = value, where
+        return (self.spec.threshold, "global") if best is None else (best, origin)
 
     def cooldown_for(self, stream_id: str) -> float:
         """Cooldown seconds of a stream."""
