@@ -1,0 +1,257 @@
+"""Wire codecs: numpy images and ``Detections`` <-> the v1 protobuf messages.
+
+Everything arriving from the network is validated here before any decoder
+touches it: declared encoding vs magic bytes, byte and pixel limits (the image
+size is read from the PNG/JPEG header *before* decoding, so a small file that
+would inflate to gigapixels is refused cheaply), RAW shape/dtype/length
+consistency, truncated or corrupt payloads. Errors are ``InvalidInputError``
+(gRPC INVALID_ARGUMENT) naming the field and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import cv2
+import numpy as np
+
+from edgewise.detections import Detections
+from edgewise.errors import InvalidInputError
+from edgewise.v1 import detect_pb2
+
+#: Default limits for decoded images: 8K UHD frames pass, decompression bombs do not.
+DEFAULT_MAX_PIXELS = 7680 * 4320
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+FORMATS = ("jpeg", "png", "raw")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+JPEG_MAGIC = b"\xff\xd8"
+
+
+def _check_bgr(bgr: np.ndarray) -> None:
+    if not isinstance(bgr, np.ndarray):
+        raise InvalidInputError(f"image: expected a numpy BGR array, got {type(bgr).__name__}")
+    if bgr.dtype != np.uint8:
+        raise InvalidInputError(f"image: expected dtype uint8, got {bgr.dtype}")
+    if bgr.ndim != 3 or bgr.shape[2] != 3:
+        raise InvalidInputError(f"image: expected shape HxWx3 (BGR), got {bgr.shape}")
+    if bgr.shape[0] == 0 or bgr.shape[1] == 0:
+        raise InvalidInputError(f"image: empty image of shape {bgr.shape}")
+
+
+def encode_image(bgr: np.ndarray, fmt: str = "jpeg", quality: int = 90) -> detect_pb2.Image:
+    """Encode a BGR uint8 HxWx3 image as ``jpeg`` (``quality`` 1..100), ``png`` or ``raw``."""
+    _check_bgr(bgr)
+    if fmt == "raw":
+        data = np.ascontiguousarray(bgr).tobytes()
+        return detect_pb2.Image(
+            encoding=detect_pb2.Image.RAW, data=data, shape=list(bgr.shape), dtype="uint8"
+        )
+    if fmt == "jpeg":
+        if not 1 <= int(quality) <= 100:
+            raise InvalidInputError(f"jpeg quality must be 1..100, got {quality}")
+        ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+        enc = detect_pb2.Image.JPEG
+    elif fmt == "png":
+        ok, buf = cv2.imencode(".png", bgr, [cv2.IMWRITE_PNG_COMPRESSION, 1])
+        enc = detect_pb2.Image.PNG
+    else:
+        raise InvalidInputError(f"image format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if not ok:
+        raise InvalidInputError(f"OpenCV could not encode the image as {fmt}")
+    return detect_pb2.Image(encoding=enc, data=buf.tobytes())
+
+
+def png_size(data: bytes) -> Tuple[int, int]:
+    """``(width, height)`` from a PNG's IHDR chunk."""
+    if len(data) < 24 or data[:8] != PNG_MAGIC or data[12:16] != b"IHDR":
+        raise InvalidInputError("image.data: not a PNG (bad signature or missing IHDR header)")
+    w, h = struct.unpack(">II", data[16:24])
+    return int(w), int(h)
+
+
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def jpeg_size(data: bytes) -> Tuple[int, int]:
+    """``(width, height)`` from a JPEG's start-of-frame marker (walks the segment headers)."""
+    if data[:2] != JPEG_MAGIC:
+        raise InvalidInputError("image.data: not a JPEG (missing SOI marker FFD8)")
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            raise InvalidInputError(f"image.data: corrupt JPEG (bad marker at byte {i})")
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        seglen = struct.unpack(">H", data[i + 2 : i + 4])[0]
+        if marker in _SOF:
+            if i + 9 > n:
+                break
+            h, w = struct.unpack(">HH", data[i + 5 : i + 9])
+            return int(w), int(h)
+        if marker == 0xDA:  # start of scan before a frame header
+            break
+        i += 2 + seglen
+    raise InvalidInputError("image.data: corrupt or truncated JPEG (no frame header found)")
+
+
+def _check_pixels(w: int, h: int, max_pixels: int, what: str) -> None:
+    if w <= 0 or h <= 0:
+        raise InvalidInputError(f"image: {what} declares an empty size {w}x{h}")
+    if w * h > max_pixels:
+        raise InvalidInputError(
+            f"image: {what} is {w}x{h} = {w * h} pixels, over the limit of {max_pixels}; "
+            f"send a smaller frame or a crop"
+        )
+
+
+def decode_image(
+    img: detect_pb2.Image,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> np.ndarray:
+    """Decode an ``Image`` message to a BGR uint8 HxWx3 array.
+
+    RAW payloads are returned zero-copy as a *read-only* view of the message
+    bytes (the runtime never writes into its input); copy it to modify it.
+    """
+    data = img.data
+    if not data:
+        raise InvalidInputError("image.data is empty: send the encoded frame (JPEG, PNG or RAW)")
+    if len(data) > max_bytes:
+        raise InvalidInputError(f"image.data is {len(data)} bytes, over the limit of {max_bytes}")
+    enc = img.encoding
+    if enc == detect_pb2.Image.RAW:
+        if img.dtype != "uint8":
+            raise InvalidInputError(f"image.dtype {img.dtype!r}: RAW images must be 'uint8'")
+        shape = tuple(int(s) for s in img.shape)
+        if len(shape) != 3 or shape[2] != 3:
+            raise InvalidInputError(f"image.shape {list(shape)}: RAW images must be [height, width, 3] (BGR)")
+        _check_pixels(shape[1], shape[0], max_pixels, "RAW image.shape")
+        expected = shape[0] * shape[1] * 3
+        if len(data) != expected:
+            raise InvalidInputError(
+                f"image.data has {len(data)} bytes but image.shape {list(shape)} needs {expected}"
+            )
+        return np.frombuffer(data, np.uint8).reshape(shape)
+    if enc == detect_pb2.Image.JPEG:
+        w, h = jpeg_size(data)
+        _check_pixels(w, h, max_pixels, "JPEG")
+        if data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
+            raise InvalidInputError("image.data: truncated JPEG (no end-of-image marker FFD9)")
+    elif enc == detect_pb2.Image.PNG:
+        w, h = png_size(data)
+        _check_pixels(w, h, max_pixels, "PNG")
+    else:
+        raise InvalidInputError(
+            f"image.encoding {enc} is not supported: set JPEG ({detect_pb2.Image.JPEG}), "
+            f"PNG ({detect_pb2.Image.PNG}) or RAW ({detect_pb2.Image.RAW})"
+        )
+    out = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if out is None or out.ndim != 3 or out.shape[:2] != (h, w):
+        kind = "JPEG" if enc == detect_pb2.Image.JPEG else "PNG"
+        raise InvalidInputError(f"image.data: corrupt {kind} (OpenCV could not decode it)")
+    return out
+
+
+def detections_to_proto(d: Detections, source: Optional[str] = None) -> List[detect_pb2.Detection]:
+    """One ``Detection`` per box; ``source`` overrides the per-box producers."""
+    boxes = d.boxes.tolist()
+    scores = d.scores.tolist()
+    cls = d.class_ids.tolist()
+    cs = d.class_scores.tolist() if d.class_scores is not None else None
+    srcs = (source,) * len(d) if source is not None else d.box_sources()
+    out = []
+    for i in range(len(d)):
+        c = int(cls[i])
+        x1, y1, x2, y2 = boxes[i]
+        out.append(
+            detect_pb2.Detection(
+                x1=x1, y1=y1, x2=x2, y2=y2,
+                score=scores[i],
+                class_id=c,
+                class_name=d.names[c] if 0 <= c < len(d.names) else "",
+                class_scores=cs[i] if cs is not None else (),
+                source=srcs[i],
+            )
+        )
+    return out
+
+
+def detections_from_proto(
+    items: Iterable[detect_pb2.Detection], names: Sequence[str] = (), source: str = ""
+) -> Detections:
+    """Validate wire detections and make them columnar.
+
+    Coordinates and scores must be finite, boxes not inverted, ``class_id``
+    inside ``names`` (when names are known). ``class_scores`` are kept only if
+    every detection carries the same number. Per-box ``source`` fields that
+    differ from ``source`` are kept in ``sources``.
+    """
+    items = list(items)
+    n = len(items)
+    if n == 0:
+        return Detections.empty(names, source)
+    boxes = np.array([(d.x1, d.y1, d.x2, d.y2) for d in items], np.float32).reshape(n, 4)
+    scores = np.array([d.score for d in items], np.float32)
+    cls = np.array([d.class_id for d in items], np.int64)
+    bad = ~np.isfinite(boxes).all(axis=1) | ~np.isfinite(scores)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidInputError(f"detections[{i}]: coordinates and score must be finite numbers")
+    inv = (boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1])
+    if inv.any():
+        i = int(np.flatnonzero(inv)[0])
+        raise InvalidInputError(f"detections[{i}]: box is inverted (need x1 <= x2 and y1 <= y2): {boxes[i].tolist()}")
+    if names and (cls >= len(names)).any():
+        i = int(np.flatnonzero(cls >= len(names))[0])
+        raise InvalidInputError(
+            f"detections[{i}].class_id {int(cls[i])} is out of range: the model has {len(names)} classes"
+        )
+    lens = {len(d.class_scores) for d in items}
+    class_scores = None
+    if len(lens) == 1 and 0 not in lens:
+        class_scores = np.array([list(d.class_scores) for d in items], np.float32)
+        if not np.isfinite(class_scores).all():
+            raise InvalidInputError("detections: class_scores must be finite numbers")
+    srcs = tuple(d.source or source for d in items)
+    return Detections(
+        boxes=boxes,
+        scores=scores,
+        class_ids=cls.astype(np.int32),
+        class_scores=class_scores,
+        objectness=None,
+        names=tuple(names),
+        source=source,
+        sources=None if all(s == source for s in srcs) else srcs,
+    )
+
+
+def shift_detections(
+    d: Detections, dx: float, dy: float, source_size: Optional[Tuple[int, int]] = None
+) -> Detections:
+    """Boxes of a crop moved by its offset into source-frame pixels, clipped to
+    ``source_size`` ``(width, height)`` when given."""
+    if len(d) == 0 or (dx == 0 and dy == 0 and source_size is None):
+        return d
+    boxes = d.boxes.astype(np.float32, copy=True)
+    boxes[:, 0::2] += np.float32(dx)
+    boxes[:, 1::2] += np.float32(dy)
+    if source_size is not None:
+        w, h = source_size
+        np.clip(boxes[:, 0::2], 0, w, out=boxes[:, 0::2])
+        np.clip(boxes[:, 1::2], 0, h, out=boxes[:, 1::2])
+    return dataclasses.replace(d, boxes=boxes)
+
+
+def to_source_frame(d: Detections, img: detect_pb2.Image) -> Detections:
+    """``shift_detections`` with the crop offset and source size carried by ``img``."""
+    size = (int(img.source_width), int(img.source_height)) if img.source_width and img.source_height else None
+    return shift_detections(d, float(img.offset_x), float(img.offset_y), size)
+
