@@ -103,11 +103,11 @@ class EdgeDaemon:
     def _load_detector(self) -> Any:
         if self.detector is not None:
             return self.detector
-        from edgewise.runtime import Detector
+        from edgewise.runtime.detector import Detector
 
         m = self.settings.model
         kwargs: Dict[str, Any] = dict(backend=m.backend, conf_thres=m.conf_thres, iou_thres=m.iou_thres,
-                                      max_det=m.max_det)
+                                      max_det=m.max_det, source="edge")
         if m.threads:
             kwargs["threads"] = m.threads
         return Detector.from_file(m.path, **kwargs)
@@ -316,10 +316,10 @@ class EdgeDaemon:
                 await t.close()
             except Exception:
                 log.exception("closing transport %s", t.name)
+        if self.sinks is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.sinks.close)
         if self.mqtt is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.mqtt.stop)
-        if self.sinks is not None:
-            self.sinks.close()
         if self.spool is not None and hasattr(self.spool, "close"):
             self.spool.close()
         if self.metrics_server is not None:

@@ -70,8 +70,8 @@ class ModelSettings:
 
     path: str = "models/yolov5s-int8.onnx"
     """YOLOv5 ONNX (Ultralytics export layout) or TensorRT engine file."""
-    backend: str = "onnxruntime"
-    """Runtime backend name understood by ``edgewise.runtime`` (onnxruntime | tensorrt)."""
+    backend: str = "auto"
+    """Runtime backend: auto (TensorRT when usable, else ONNX Runtime) | onnxruntime | tensorrt."""
     conf_thres: float = 0.25
     """Minimum final score of a kept box."""
     iou_thres: float = 0.45

@@ -88,7 +88,6 @@ def test_cloud_killed_daemon_kill9_restart_exactly_once(tmp_path, tiny_model):
         wait_for(lambda: len({key(r) for r in outcome("spooled")}) > len(first_run_spooled) + 2, 60,
                  "second run spooling", [daemon])
         cloud = start_cloud(port, tiny_model)
-        all_spooled = lambda: {key(r) for r in outcome("spooled")}  # noqa: E731
         late_keys = lambda: {key(r) for r in recs() if r.get("late")}  # noqa: E731
         wait_for(lambda: first_run_spooled <= late_keys() and len(outcome("cloud")) > 8, 60,
                  "replay of the spooled escalations", [daemon])

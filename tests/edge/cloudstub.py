@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import grpc  # noqa: E402
 from grpc import aio  # noqa: E402
 
 from edgewise.v1 import detect_pb2, service_pb2_grpc  # noqa: E402
@@ -36,9 +35,9 @@ class StubCloud:
     def __init__(self, model: Optional[str], status: int = 0) -> None:
         self.detector: Any = None
         if model:
-            from edgewise.runtime import Detector
+            from edgewise.runtime.detector import Detector
 
-            self.detector = Detector.from_file(model, conf_thres=0.01, iou_thres=0.45)
+            self.detector = Detector.from_file(model, backend="onnxruntime", conf_thres=0.01, iou_thres=0.45, source="cloud")
         self.seen: List[Any] = []
         self.force_status = status  # e.g. detect_pb2.RESOURCE_EXHAUSTED
         self.delay_s = 0.0
@@ -83,7 +82,7 @@ class _Servicer(service_pb2_grpc.EscalationServicer):
     def __init__(self, cloud: StubCloud) -> None:
         self.cloud = cloud
 
-    async def Detect(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def Detect(self, request: Any, context: Any) -> Any:
         if self.cloud.delay_s:
             await asyncio.sleep(self.cloud.delay_s)
         return self.cloud.answer(request)
