@@ -31,6 +31,7 @@ COMMAND_MODULES: Tuple[Tuple[str, str], ...] = (
     ("cloud", "cloud.worker.cli"),
     ("cloud", "cloud.gateway.cli"),
     ("cloud", "cloud.autoscaler.cli"),
+    ("cloud", "cloud.probe"),
 )
 
 GROUP_HELP = {
