@@ -1,0 +1,79 @@
+"""Prometheus metrics of one worker, on a per-process registry.
+
+Histograms, not summaries, so p95/p99 can be aggregated across pods
+(``anchors-serving.md`` §4.3 - Triton only offers counters and summaries for
+queue and compute time). Gauges give the router and the autoscaler the pending
+count, in-flight count and measured capacity. Each ``WorkerMetrics`` owns its
+``CollectorRegistry`` so tests can run several workers in one process.
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# Seconds: from well under a millisecond (tiny models) to seconds (YOLOv5x on CPU).
+TIME_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0,
+)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+
+
+class WorkerMetrics:
+    """All metrics of one worker process (names prefixed ``edgewise_worker_``)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.queue_wait = Histogram(
+            "edgewise_worker_queue_wait_seconds",
+            "Time a request waited in the batcher before its batch started.",
+            buckets=TIME_BUCKETS, registry=r,
+        )
+        self.batch_size = Histogram(
+            "edgewise_worker_batch_size", "Requests per model call.",
+            buckets=BATCH_BUCKETS, registry=r,
+        )
+        self.compute = Histogram(
+            "edgewise_worker_compute_seconds",
+            "Model time of one batch (stacking, inference, decode + NMS).",
+            buckets=TIME_BUCKETS, registry=r,
+        )
+        self.latency = Histogram(
+            "edgewise_worker_request_seconds",
+            "Time from receiving an Infer call to answering it (decode, queue, compute).",
+            buckets=TIME_BUCKETS, registry=r,
+        )
+        self.requests = Counter(
+            "edgewise_worker_requests", "Infer calls answered, by gRPC status.",
+            ["status"], registry=r,
+        )
+        self.in_flight = Gauge(
+            "edgewise_worker_in_flight", "Infer calls accepted and not yet answered.", registry=r
+        )
+        self.queue_depth = Gauge(
+            "edgewise_worker_queue_depth", "Requests waiting in the batcher.", registry=r
+        )
+        self.capacity = Gauge(
+            "edgewise_worker_capacity_images_per_second",
+            "Measured model throughput (EWMA), images/s.", registry=r,
+        )
+        self.serving = Gauge(
+            "edgewise_worker_serving", "1 when the health service reports SERVING.", registry=r
+        )
+        for status in ("OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAVAILABLE",
+                       "DEADLINE_EXCEEDED", "CANCELLED", "INTERNAL"):
+            self.requests.labels(status)  # export zeros so rates exist from the start
+        self._httpd: object | None = None
+
+    def serve_http(self, host: str, port: int) -> int:
+        """Expose ``/metrics`` on ``host:port`` (0 = any free port); returns the bound port."""
+        httpd, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._httpd = httpd
+        return int(httpd.server_port)
+
+    def close(self) -> None:
+        """Stop the HTTP server, if one runs."""
+        httpd = self._httpd
+        self._httpd = None
+        if httpd is not None:
+            httpd.shutdown()  # type: ignore[attr-defined]
+            httpd.server_close()  # type: ignore[attr-defined]

@@ -1,0 +1,439 @@
+"""The cloud worker's gRPC server: an async shell around the batcher core.
+
+``Worker`` service (``Infer``, ``Load``) plus the standard ``grpc.health.v1``
+service on one grpc.aio server. Division of labour:
+
+* the event loop only moves requests: handlers validate, hand the image to the
+  decode pool, ``submit`` to the ``Batcher`` and await a future;
+* one scheduling task asks the batcher for a batch whenever the model is free
+  (on every submit, on the batcher's ``next_wakeup`` and after each batch) and
+  answers requests it expired with DEADLINE_EXCEEDED;
+* the model runs in a dedicated single-thread executor (ONNX Runtime releases
+  the GIL), so one batch runs at a time, as one Triton model instance.
+
+Lifecycle (``style-anchors.md`` §7.8, ``anchors-serving.md`` §1.2): health is
+NOT_SERVING until warm-up batches ran at every batch size the batcher may send
+first; then SERVING. ``drain(grace)`` (SIGTERM): health NOT_SERVING, new Infer
+calls get UNAVAILABLE, everything accepted is finished, then the server stops;
+all within ``grace`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from cloud.worker.batching import Batch, Batcher
+from cloud.worker.metrics import WorkerMetrics
+from cloud.worker.runner import ModelRunner, Prepared
+from cloud.worker.settings import WorkerSettings
+from edgewise.detections import Detections
+from edgewise.errors import DeadlineExceededError, EdgewiseError, OverloadedError
+from edgewise.v1 import detect_pb2, service_pb2_grpc
+from edgewise.wire import detections_to_proto
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "edgewise.v1.Worker"
+LISTENING_TAG = "EDGEWISE_WORKER_LISTENING"
+SERVING_TAG = "EDGEWISE_WORKER_SERVING"
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+
+@dataclass(eq=False)
+class _Job:
+    """One accepted request on its way through the batcher."""
+
+    prepared: Prepared
+    future: asyncio.Future[tuple[Detections, float, float, int]]
+    accepted: float
+
+
+class _Failure(Exception):
+    """A per-request failure carrying the gRPC status to answer with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _status_of(exc: BaseException) -> grpc.StatusCode:
+    name = getattr(exc, "status", "INTERNAL")
+    return getattr(grpc.StatusCode, str(name), grpc.StatusCode.INTERNAL)
+
+
+@dataclass
+class WorkerService(service_pb2_grpc.WorkerServicer):
+    """``Worker`` servicer, scheduler and lifecycle of one worker process."""
+
+    settings: WorkerSettings
+    runner: ModelRunner
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
+    clock: Clock = time.monotonic
+    health: health_aio.HealthServicer = field(default_factory=health_aio.HealthServicer)
+
+    def __post_init__(self) -> None:
+        self.batcher: Batcher[_Job] = Batcher(self.settings.batching.policy())
+        self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="ew-infer")
+        self._decode_pool = ThreadPoolExecutor(
+            self.settings.decode_threads, thread_name_prefix="ew-decode"
+        )
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._in_flight = 0
+        self._serving = False
+        self._draining = False
+        self._scheduler: asyncio.Task[None] | None = None
+        # The health servicer starts with "" = SERVING: not true until warm-up ran.
+        self.health._server_status[""] = health_pb2.HealthCheckResponse.NOT_SERVING
+        self.health._server_status[SERVICE_NAME] = health_pb2.HealthCheckResponse.NOT_SERVING
+
+    # -- lifecycle ----------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the scheduler, warm the model up, then report SERVING."""
+        self._scheduler = asyncio.create_task(self._schedule_guarded(), name="ew-batch-scheduler")
+        await self.warmup()
+        self._serving = True
+        self.metrics.serving.set(1)
+        for svc in ("", SERVICE_NAME):
+            await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
+
+    async def warmup(self) -> None:
+        """Run dummy batches at every size the batcher may form first.
+
+        ONNX Runtime (and TensorRT) are slow on the first call of each new
+        shape (Triton #7776, §3.1): sizes 1, each preferred size and the max are
+        run ``warmup_rounds`` times; the timings of all but the first round of
+        each size seed the batch-time and capacity estimates.
+        """
+        pol = self.batcher.policy
+        sizes = sorted({1, *pol.preferred_batch_sizes, pol.max_batch_size})
+        dummy = await self._in_pool(self._decode_pool, self.runner.dummy)
+        for size in sizes:
+            for rnd in range(self.settings.warmup_rounds):
+                outs, secs = await self._in_pool(self._infer_pool, self.runner.run, [dummy] * size)
+                bad = [o for o in outs if isinstance(o, Exception)]
+                if bad:
+                    raise bad[0]
+                if rnd > 0 or self.settings.warmup_rounds == 1:
+                    self.batcher.observe(size, secs)
+        self.metrics.capacity.set(self.batcher.capacity)
+        log.info("warm-up done: sizes %s, %.1f images/s", sizes, self.batcher.capacity)
+
+    async def drain(self, grace: float) -> None:
+        """Stop taking work, finish what was accepted (at most ``grace`` s)."""
+        end = self.clock() + grace
+        self._draining = True
+        self._serving = False
+        self.metrics.serving.set(0)
+        await self.health.enter_graceful_shutdown()
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(0.0, end - self.clock()))
+        except TimeoutError:
+            log.warning("grace period over with %d requests in flight", self._in_flight)
+
+    async def close(self) -> None:
+        """Stop the scheduler and the pools (after ``drain``)."""
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            try:
+                await self._scheduler
+            except asyncio.CancelledError:
+                pass
+        # Anything still queued is answered, never left hanging.
+        for job in self.batcher.expired(float("inf")):
+            self._fail(job, _Failure(grpc.StatusCode.UNAVAILABLE, "worker stopped"))
+        self._infer_pool.shutdown(wait=False, cancel_futures=True)
+        self._decode_pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- RPCs --------------------------------------------------------------------
+    async def Infer(
+        self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext
+    ) -> detect_pb2.DetectResponse:
+        t0 = self.clock()
+        self._enter()
+        code = grpc.StatusCode.OK
+        try:
+            resp = await self._infer(request, context, t0)
+            return resp
+        except _Failure as f:
+            code = f.code
+            message = str(f)
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:  # nothing crashes the daemon: answer INTERNAL
+            log.exception("Infer failed unexpectedly")
+            code, message = grpc.StatusCode.INTERNAL, f"internal error: {exc}"
+        finally:
+            self._leave()
+            self.metrics.requests.labels(code.name).inc()
+            self.metrics.latency.observe(self.clock() - t0)
+        await context.abort(code, message)
+        raise AssertionError("unreachable: abort raises")
+
+    async def _infer(
+        self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext, t0: float
+    ) -> detect_pb2.DetectResponse:
+        if self._draining:
+            raise _Failure(grpc.StatusCode.UNAVAILABLE, "worker is shutting down; retry on another worker")
+        if not self._serving:
+            raise _Failure(grpc.StatusCode.UNAVAILABLE, "worker is warming up; retry on another worker")
+        if not request.HasField("image"):
+            raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, "request.image is missing")
+        deadline = self._deadline(request, context)
+        if self.batcher.depth >= self.batcher.policy.max_queue_size:  # shed before decoding
+            raise _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, self._full_message())
+        try:
+            prepared = await self._in_pool(self._decode_pool, self.runner.prepare, request.image)
+        except EdgewiseError as exc:
+            raise _Failure(_status_of(exc), f"image: {exc}") from exc
+        except Exception as exc:
+            raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, f"image could not be decoded: {exc}") from exc
+        loop = asyncio.get_running_loop()
+        job = _Job(prepared, loop.create_future(), self.clock())
+        try:
+            self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline)
+        except OverloadedError as exc:
+            raise _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
+        except DeadlineExceededError as exc:
+            raise _Failure(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc
+        self.metrics.queue_depth.set(self.batcher.depth)
+        self._wake.set()
+        try:
+            det, queue_s, compute_s, batch_size = await job.future
+        except asyncio.CancelledError:
+            self.batcher.cancel(job)  # the caller went away: free its slot
+            raise
+        return detect_pb2.DetectResponse(
+            status=detect_pb2.OK,
+            device_id=request.device_id,
+            stream_id=request.stream_id,
+            frame_seq=request.frame_seq,
+            trace_id=request.trace_id,
+            detections=detections_to_proto(det, self.runner.name),
+            model_name=self.runner.name,
+            model_version=self.runner.version,
+            worker_id=self.settings.worker_id,
+            timing=detect_pb2.Timing(
+                queue_ms=1e3 * queue_s, compute_ms=1e3 * compute_s, batch_size=batch_size
+            ),
+        )
+
+    async def Load(
+        self, request: detect_pb2.LoadRequest, context: grpc.aio.ServicerContext
+    ) -> detect_pb2.WorkerLoad:
+        return self.load()
+
+    def load(self) -> detect_pb2.WorkerLoad:
+        """Current load, as reported to the gateway and the autoscaler."""
+        pol = self.batcher.policy
+        return detect_pb2.WorkerLoad(
+            worker_id=self.settings.worker_id,
+            in_flight=self._in_flight,
+            queue_depth=self.batcher.depth,
+            capacity=self.batcher.capacity,
+            max_batch_size=pol.max_batch_size,
+            max_queue_size=pol.max_queue_size,
+            model_name=self.runner.name,
+            model_version=self.runner.version,
+            serving=self._serving,
+        )
+
+    # -- scheduling ----------------------------------------------------------------
+    async def _schedule_guarded(self) -> None:
+        while True:
+            try:
+                await self._schedule()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug here must not leave requests hanging forever
+                log.exception("batch scheduler failed; restarting it")
+                await asyncio.sleep(0.01)
+
+    async def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            now = self.clock()
+            batch = self.batcher.next_batch(now)
+            for job in self.batcher.expired(now):
+                self._fail(job, _Failure(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "deadline could not be met: removed from the queue before inference"))
+            self.metrics.queue_depth.set(self.batcher.depth)
+            if batch is not None:
+                await self._run(batch)
+                continue
+            wake = self.batcher.next_wakeup(now)
+            timer = None if wake is None else loop.call_later(max(0.0, wake - now), self._wake.set)
+            await self._wake.wait()
+            if timer is not None:
+                timer.cancel()
+
+    async def _run(self, batch: Batch[_Job]) -> None:
+        live = [(j, w) for j, w in zip(batch.items, batch.queue_waits, strict=True) if not j.future.done()]
+        if not live:
+            return
+        try:
+            outs, secs = await self._in_pool(self._infer_pool, self.runner.run, [j.prepared for j, _ in live])
+        except Exception as exc:
+            log.exception("batch of %d failed", len(live))
+            for j, _ in live:
+                self._fail(j, _Failure(grpc.StatusCode.INTERNAL, f"inference failed: {exc}"))
+            return
+        n = len(live)
+        self.batcher.observe(n, secs)
+        self.metrics.batch_size.observe(n)
+        self.metrics.compute.observe(secs)
+        self.metrics.capacity.set(self.batcher.capacity)
+        for (job, wait), out in zip(live, outs, strict=True):
+            self.metrics.queue_wait.observe(wait)
+            if isinstance(out, Exception):
+                self._fail(job, _Failure(_status_of(out), f"inference failed for this image: {out}"))
+            elif not job.future.done():
+                job.future.set_result((out, wait, secs, n))
+
+    # -- helpers -------------------------------------------------------------------
+    def _deadline(self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext) -> float | None:
+        """The earlier of the request's own deadline and the gRPC deadline, on our clock."""
+        now = self.clock()
+        cands: list[float] = []
+        remaining = context.time_remaining()
+        if remaining is not None:
+            cands.append(now + remaining)
+        if request.deadline_unix_ns > 0:
+            cands.append(now + (request.deadline_unix_ns - time.time_ns()) / 1e9)
+        return min(cands) if cands else None
+
+    def _full_message(self) -> str:
+        pol = self.batcher.policy
+        return (f"worker queue full ({self.batcher.depth}/{pol.max_queue_size} requests waiting); "
+                "retry on another worker or later")
+
+    def _fail(self, job: _Job, failure: _Failure) -> None:
+        if not job.future.done():
+            job.future.set_exception(failure)
+
+    def _enter(self) -> None:
+        self._in_flight += 1
+        self._idle.clear()
+        self.metrics.in_flight.set(self._in_flight)
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+        self.metrics.in_flight.set(self._in_flight)
+
+    async def _in_pool(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+        ctx = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(
+            pool, functools.partial(ctx.run, fn, *args)
+        )
+
+
+@dataclass
+class WorkerServer:
+    """A bound gRPC server with its ``WorkerService`` and metrics endpoint."""
+
+    grpc_server: grpc.aio.Server
+    service: WorkerService
+    port: int
+    metrics_port: int | None = None
+
+    async def bind(self) -> None:
+        """Start answering RPCs (health NOT_SERVING until ``service.start``) and metrics."""
+        await self.grpc_server.start()
+        st = self.service.settings
+        if st.metrics_port >= 0:
+            self.metrics_port = self.service.metrics.serve_http(st.metrics_host, st.metrics_port)
+
+    async def start(self) -> None:
+        """``bind``, warm up, then report SERVING."""
+        await self.bind()
+        await self.service.start()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain (NOT_SERVING, finish in-flight), then stop; all within ``grace`` s."""
+        g = self.service.settings.grace_s if grace is None else grace
+        end = time.monotonic() + g
+        await self.service.drain(g)
+        await self.grpc_server.stop(max(0.0, end - time.monotonic()))
+        await self.service.close()
+        self.service.metrics.close()
+        self.service.runner.close()
+
+
+def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -> tuple[WorkerServer, int]:
+    """Load the model and bind the gRPC port (0 = any free port); call inside a running loop.
+
+    Returns the server (not started: ``await server.start()``) and the bound port.
+    """
+    settings.validate()
+    runner = runner if runner is not None else ModelRunner.from_settings(settings)
+    service = WorkerService(settings, runner)
+    limit = settings.max_message_bytes
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.so_reuseport", 0),
+    ])
+    service_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    health_pb2_grpc.add_HealthServicer_to_server(service.health, server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise OSError(f"cannot bind {settings.host}:{settings.port} (in use?)")
+    return WorkerServer(server, service, port), port
+
+
+async def serve(settings: WorkerSettings, announce: Callable[[str], None] | None = None) -> int:
+    """Run a worker until SIGTERM/SIGINT, then drain within ``settings.grace_s``; exit status.
+
+    ``announce`` receives machine-readable lines (default: print to stdout):
+    ``EDGEWISE_WORKER_LISTENING port=N metrics_port=M worker_id=ID`` once bound,
+    ``EDGEWISE_WORKER_SERVING port=N`` after warm-up.
+    """
+    say = announce or (lambda line: print(line, flush=True, file=sys.stdout))
+    server, port = create_server(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.bind()
+    say(f"{LISTENING_TAG} port={port} metrics_port={-1 if server.metrics_port is None else server.metrics_port} "
+        f"worker_id={settings.worker_id}")
+    warm = asyncio.create_task(server.service.start(), name="ew-warmup")
+    stopped = asyncio.create_task(stop.wait(), name="ew-stop-signal")
+    try:
+        await asyncio.wait({warm, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if warm.done():
+            warm.result()  # a failed warm-up is an error exit (after the clean stop below)
+            say(f"{SERVING_TAG} port={port}")
+            log.info("worker %s serving on port %d", settings.worker_id, port)
+            await stopped
+        else:
+            warm.cancel()
+    finally:
+        stopped.cancel()
+        log.info("worker %s draining (grace %.1f s)", settings.worker_id, settings.grace_s)
+        t0 = time.monotonic()
+        await server.stop(settings.grace_s)
+        log.info("worker %s stopped after %.2f s", settings.worker_id, time.monotonic() - t0)
+    return 0
