@@ -1,0 +1,142 @@
+"""Edge daemon benchmark: N synthetic streams through the real daemon with YOLOv5s INT8.
+
+Measures, in one run on this CPU: bare-model frames/s (preprocess + infer +
+postprocess in a loop, same detector settings and batch), daemon frames/s,
+per-stage medians, p99 capture→sink frame latency, pipeline efficiency (daemon
+÷ bare, target >= 0.9) and hardness + policy cost per frame (target <= 1 ms).
+Prints a Markdown table.
+
+    .venv/bin/python bench/edge.py --streams 2 --frames 60
+
+The model is an architecture-exact YOLOv5s (seeded random weights, 80 classes)
+at 640, quantized to INT8 (static QDQ, calibrated on opencv-doc's vtest.avi),
+cached under .cache/bench-models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+CACHE = ROOT / ".cache" / "bench-models"
+VTEST = Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi")
+
+
+def int8_model(imgsz: int) -> Path:
+    from edgewise.models import build_onnx
+    from edgewise.models.quantize import quantize
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    fp = CACHE / f"yolov5s-{imgsz}.onnx"
+    q = CACHE / f"yolov5s-{imgsz}-int8.onnx"
+    if not q.exists():
+        if not fp.exists():
+            print(f"building {fp.name} ...", file=sys.stderr)
+            build_onnx("yolov5s", imgsz=imgsz, nc=80, path=fp, seed=0)
+        print(f"quantizing to {q.name} (8 calibration frames) ...", file=sys.stderr)
+        quantize(fp, VTEST, samples=8, out_path=q, holdout=0)
+    return q
+
+
+POLICY = """apiVersion: edgewise/v1
+kind: EscalationPolicy
+metadata: {name: bench}
+spec:
+  threshold: 0.5
+"""
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100.0 * (len(xs) - 1))))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, default=2)
+    ap.add_argument("--frames", type=int, default=60, help="frames per stream")
+    ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--size", default="640x480", help="synthetic frame size WxH")
+    ap.add_argument("--batch", type=int, default=1, help="max batch (daemon) = batch (bare)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default="", help="ONNX model (default: build YOLOv5s INT8)")
+    args = ap.parse_args()
+
+    from edge.daemon import EdgeDaemon
+    from edge.settings import load_settings
+    from edge.sources.synthetic import SyntheticSource
+    from edgewise.runtime.detector import Detector
+    from tests.edge.helpers import read_jsonl, settings_yaml
+
+    model = Path(args.model) if args.model else int8_model(args.imgsz)
+    tmp = Path(tempfile.mkdtemp(prefix="ew-bench-edge-"))
+
+    # --- bare model, same frames, same batch -----------------------------------
+    det = Detector.from_file(model, backend="onnxruntime", threads=args.threads, source="edge")
+    src = SyntheticSource("bare", args.size)
+    frames = [src.read() for _ in range(16)]
+    n_bare = max(args.batch * 4, min(args.streams * args.frames, 48))
+    for i in range(2):  # warm-up
+        det.postprocess(det.infer(det.preprocess(frames[:args.batch])[0]), det.preprocess(frames[:args.batch])[1])
+    t0 = time.perf_counter()
+    done = 0
+    while done < n_bare:
+        imgs = [frames[(done + k) % len(frames)] for k in range(args.batch)]
+        batch, metas = det.preprocess(imgs)
+        det.postprocess(det.infer(batch), metas)
+        done += len(imgs)
+    bare_fps = done / (time.perf_counter() - t0)
+    det.close()
+
+    # --- the daemon --------------------------------------------------------------
+    (tmp / "policy.yaml").write_text(POLICY)
+    s = load_settings(str(settings_yaml(
+        tmp / "edge.yaml", device_id="bench",
+        streams=[{"id": f"s{i}", "kind": "synthetic", "uri": args.size, "max_frames": args.frames}
+                 for i in range(args.streams)],
+        model={"path": str(model), "backend": "onnxruntime", "threads": args.threads,
+               "max_batch": args.batch},
+        policy_file=str(tmp / "policy.yaml"),
+        spool={"path": str(tmp / "spool.db")},
+        sinks={"jsonl": str(tmp / "out.jsonl")}, metrics={"port": -1},
+    )), env={})
+    d = EdgeDaemon(s)
+    asyncio.run(d.run())
+    recs = read_jsonl(tmp / "out.jsonl")
+    assert len(recs) == args.streams * args.frames, f"{len(recs)} records"
+    warm = sorted(recs, key=lambda r: r["emit_unix_ns"])[max(2, args.batch):]
+    span = (warm[-1]["emit_unix_ns"] - warm[0]["emit_unix_ns"]) / 1e9
+    daemon_fps = (len(warm) - 1) / span
+    stages = ["read", "queue", "preprocess", "infer", "postprocess", "hardness_policy", "total"]
+    med = {k: statistics.median(r["latency_ms"][k] for r in warm) for k in stages}
+    p99 = pct([r["latency_ms"]["total"] for r in warm], 99)
+    hp = [r["latency_ms"]["hardness_policy"] for r in warm]
+    eff = daemon_fps / bare_fps
+
+    print(f"\n### Edge daemon: {args.streams} synthetic stream(s) {args.size}, {model.name} @ {args.imgsz}, "
+          f"batch {args.batch}, {args.threads} threads\n")
+    print("| metric | value | target |")
+    print("|---|---|---|")
+    print(f"| bare model frames/s (pre+infer+post) | {bare_fps:.2f} | |")
+    print(f"| daemon frames/s | {daemon_fps:.2f} | |")
+    print(f"| pipeline efficiency | {eff:.3f} | >= 0.9 |")
+    for k in stages[:-1]:
+        print(f"| median {k} ms | {med[k]:.2f} | |")
+    print(f"| median frame latency ms (capture→sink, saturated) | {med['total']:.1f} | |")
+    print(f"| p99 frame latency ms (capture→sink, saturated) | {p99:.1f} | |")
+    print(f"| hardness + policy ms/frame (median / p99) | {statistics.median(hp):.3f} / {pct(hp, 99):.3f} | <= 1 |")
+    print(f"| frames | {len(recs)} | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
