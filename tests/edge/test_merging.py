@@ -1,0 +1,110 @@
+"""Merging edge and cloud detections: replace and weighted box fusion, with per-box sources."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge.merging import merge
+from edgewise.detections import Detections
+
+NAMES = ("car", "person")
+
+
+def D(rows, names=NAMES, source="edge"):
+    """rows: (x1, y1, x2, y2, score, class_id)."""
+    a = np.asarray(rows, np.float32).reshape(-1, 6)
+    return Detections(boxes=a[:, :4], scores=a[:, 4], class_ids=a[:, 5].astype(np.int32),
+                      names=names, source=source)
+
+
+def as_rows(d):
+    return [(tuple(np.round(b, 4)), round(float(s), 4), d.names[c], src)
+            for b, s, c, src in zip(d.boxes, d.scores, d.class_ids, d.box_sources())]
+
+
+def test_replace_keeps_cloud_boxes_only():
+    edge = D([[0, 0, 10, 10, 0.9, 0], [50, 50, 60, 60, 0.3, 1]])
+    cloud = D([[1, 1, 11, 11, 0.8, 0]], source="cloud")
+    out = merge(edge, cloud, "replace", iou=0.5)
+    assert as_rows(out) == [((1, 1, 11, 11), 0.8, "car", "cloud")]
+    assert out.source == "merged"
+
+
+def test_fuse_weighted_box_fusion_of_matched_pair():
+    edge = D([[0, 0, 10, 10, 0.6, 0]])
+    cloud = D([[1, 1, 11, 11, 0.9, 0]], source="cloud")  # IoU 81/119 = 0.68
+    out = merge(edge, cloud, "fuse", iou=0.55)
+    # coordinates weighted by confidence: (0*0.6 + 1*0.9) / 1.5 = 0.6; score = mean = 0.75
+    assert as_rows(out) == [((0.6, 0.6, 10.6, 10.6), 0.75, "car", "fused")]
+
+
+def test_fuse_iou_below_threshold_or_other_class_not_fused():
+    edge = D([[0, 0, 10, 10, 0.7, 0], [100, 100, 120, 120, 0.8, 1]])
+    cloud = D([[5, 0, 15, 10, 0.9, 0],        # IoU 1/3 < 0.55 with the car
+               [100, 100, 120, 120, 0.95, 0]], source="cloud")  # same box, other class
+    out = merge(edge, cloud, "fuse", iou=0.55, edge_floor=0.5)
+    assert sorted(as_rows(out), key=lambda r: -r[1]) == [
+        ((100, 100, 120, 120), 0.95, "car", "cloud"),
+        ((5, 0, 15, 10), 0.9, "car", "cloud"),
+        ((100, 100, 120, 120), 0.8, "person", "edge"),
+        ((0, 0, 10, 10), 0.7, "car", "edge"),
+    ]
+
+
+def test_fuse_drops_unmatched_edge_boxes_below_floor_keeps_unmatched_cloud():
+    edge = D([[0, 0, 10, 10, 0.45, 0], [200, 200, 220, 220, 0.55, 1]])
+    cloud = D([[400, 400, 420, 420, 0.3, 1]], source="cloud")
+    out = merge(edge, cloud, "fuse", iou=0.5, edge_floor=0.5)
+    assert as_rows(out) == [((200, 200, 220, 220), 0.55, "person", "edge"),
+                            ((400, 400, 420, 420), 0.3, "person", "cloud")]
+
+
+def test_fuse_greedy_one_to_one_matching():
+    # two edge boxes overlap one cloud box; only the best-IoU one fuses
+    edge = D([[0, 0, 10, 10, 0.8, 0], [0, 0, 10, 12, 0.8, 0]])
+    cloud = D([[0, 0, 10, 10, 0.8, 0]], source="cloud")
+    out = merge(edge, cloud, "fuse", iou=0.5, edge_floor=0.5)
+    srcs = sorted(out.box_sources())
+    assert srcs == ["edge", "fused"]
+    fused = out.boxes[list(out.box_sources()).index("fused")]
+    assert fused.tolist() == pytest.approx([0, 0, 10, 10])
+
+
+def test_class_names_are_matched_by_name_across_models():
+    edge = D([[0, 0, 10, 10, 0.6, 1]], names=("car", "person"))          # person
+    cloud = D([[0, 0, 10, 10, 0.9, 0]], names=("person", "bike"), source="cloud")
+    out = merge(edge, cloud, "fuse", iou=0.5)
+    assert out.names == ("person", "bike", "car")
+    assert as_rows(out) == [((0, 0, 10, 10), 0.75, "person", "fused")]
+    edge2 = D([[50, 50, 60, 60, 0.9, 0]], names=("car", "person"))        # car: edge-only name
+    out2 = merge(edge2, cloud, "fuse", iou=0.5)
+    assert ("car", "edge") in [(r[2], r[3]) for r in as_rows(out2)]
+
+
+def test_crop_regions_keep_edge_boxes_the_cloud_never_saw():
+    edge = D([[0, 0, 10, 10, 0.2, 0], [300, 300, 310, 310, 0.3, 1]])
+    cloud = D([[1, 1, 11, 11, 0.9, 0]], source="cloud")
+    regions = np.array([[0, 0, 50, 50]], np.float32)  # the cloud only saw this crop
+    out = merge(edge, cloud, "replace", iou=0.5, regions=regions)
+    assert as_rows(out) == [((1, 1, 11, 11), 0.9, "car", "cloud"),
+                            ((300, 300, 310, 310), 0.3, "person", "edge")]
+
+
+def test_empty_inputs_and_bad_strategy():
+    e = Detections.empty(NAMES)
+    out = merge(e, e, "fuse", iou=0.5)
+    assert len(out) == 0 and out.box_sources() == ()
+    only_edge = merge(D([[0, 0, 10, 10, 0.9, 0]]), e, "fuse", iou=0.5)
+    assert as_rows(only_edge) == [((0, 0, 10, 10), 0.9, "car", "edge")]
+    assert len(merge(D([[0, 0, 10, 10, 0.9, 0]]), e, "replace", iou=0.5)) == 0
+    with pytest.raises(ValueError, match="replace"):
+        merge(e, e, "union", iou=0.5)
+
+
+def test_model_weights_shift_the_fused_box():
+    edge = D([[0, 0, 10, 10, 0.5, 0]])
+    cloud = D([[2, 0, 12, 10, 0.5, 0]], source="cloud")  # IoU 8/12
+    out = merge(edge, cloud, "fuse", iou=0.5, edge_weight=1.0, cloud_weight=3.0)
+    assert out.boxes[0].tolist() == pytest.approx([1.5, 0, 11.5, 10])
+    assert float(out.scores[0]) == pytest.approx(0.5)

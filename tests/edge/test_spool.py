@@ -1,0 +1,180 @@
+"""The durable spool: order, idempotency, caps, expiry, threads, and a real kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from edge.spool import Spool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_fifo_order_ack_nack_and_stats(tmp_path):
+    clock = FakeClock()
+    sp = Spool(tmp_path / "s.db", max_bytes=10_000, max_age_s=60, clock=clock)
+    for i in range(5):
+        clock.t += 1
+        assert sp.put(f"k{i}", bytes([i]) * 10, {"seq": i})
+    items = sp.peek(3)
+    assert [it.key for it in items] == ["k0", "k1", "k2"]
+    assert items[1].payload == b"\x01" * 10 and items[1].meta == {"seq": 1}
+    assert items[0].created == 1001.0
+    assert sp.nack(items[0].id) == 1 and sp.nack(items[0].id) == 2
+    assert sp.peek(1)[0].attempts == 2 and sp.peek(1)[0].key == "k0"  # stays first
+    assert sp.ack(items[0].id) and not sp.ack(items[0].id)
+    st = sp.stats()
+    assert st.depth == 4
+    assert st.bytes == sum(10 + len(f'{{"seq":{i}}}') + 2 for i in range(1, 5))
+    assert st.oldest_age_s == pytest.approx(clock.t - 1002.0)
+    assert (st.dropped_bytes_cap, st.dropped_age_cap) == (0, 0)
+    assert [it.key for it in sp.peek(10)] == ["k1", "k2", "k3", "k4"]
+    sp.close()
+
+
+def test_put_is_idempotent_on_key(tmp_path):
+    sp = Spool(tmp_path / "s.db", max_bytes=10_000, max_age_s=60)
+    assert sp.put("dev/cam/7", b"a" * 100, {})
+    assert sp.put("dev/cam/7", b"b" * 100, {})
+    items = sp.peek(10)
+    assert len(items) == 1 and items[0].payload == b"a" * 100
+    assert sp.stats().depth == 1 and sp.stats().bytes == 100 + 2 + len("dev/cam/7")
+    sp.ack(items[0].id)
+    assert sp.put("dev/cam/7", b"c", {})  # acked keys may be spooled again (at-least-once)
+    sp.close()
+
+
+def test_byte_cap_evicts_oldest_and_counts(tmp_path, caplog):
+    sp = Spool(tmp_path / "s.db", max_bytes=1000, max_age_s=60)
+    for i in range(10):  # each item: 200 + 2 ("{}") + 2 (key) = 204 bytes
+        assert sp.put(f"k{i}", b"x" * 200, {})
+    st = sp.stats()
+    assert st.depth == 4 and st.bytes == 4 * 204 and st.bytes <= 1000
+    assert [it.key for it in sp.peek(10)] == ["k6", "k7", "k8", "k9"]
+    assert st.dropped_bytes_cap == 6 and st.dropped_bytes_cap_bytes == 6 * 204
+    assert "byte cap 1000 reached" in caplog.text
+    assert not sp.put("huge", b"x" * 2000, {})  # larger than the whole cap: refused
+    assert sp.stats().refused_too_large == 1 and sp.stats().depth == 4
+    sp.close()
+
+
+def test_age_expiry_on_expire_peek_and_put(tmp_path):
+    clock = FakeClock(0.0)
+    sp = Spool(tmp_path / "s.db", max_bytes=10_000, max_age_s=10, clock=clock)
+    for i in range(4):
+        clock.t = float(i * 4)  # created at 0, 4, 8, 12
+        sp.put(f"k{i}", b"p", {})  # the put at 12 expires k0 (0 < 12 - 10)
+    assert sp.stats().dropped_age_cap == 1
+    assert sp.expire(now=15.0) == 1  # k1: 4 < 15 - 10
+    clock.t = 17.5
+    assert [it.key for it in sp.peek(10)] == ["k2", "k3"]  # 8 >= 7.5 stays
+    clock.t = 18.5
+    assert [it.key for it in sp.peek(10)] == ["k3"]  # peek expires k2
+    clock.t = 30.0
+    sp.put("k9", b"p", {})
+    st = sp.stats()
+    assert [it.key for it in sp.peek(10)] == ["k9"]
+    assert st.dropped_age_cap == 4 and st.depth == 1 and st.oldest_age_s == 0.0
+    sp.close()
+
+
+def test_reopen_keeps_items_and_counters(tmp_path):
+    path = tmp_path / "s.db"
+    sp = Spool(path, max_bytes=500, max_age_s=60)
+    for i in range(5):
+        sp.put(f"k{i}", b"y" * 150, {"i": i})
+    sp.close()
+    sp2 = Spool(path, max_bytes=500, max_age_s=60)
+    st = sp2.stats()
+    assert st.depth == 3 and st.dropped_bytes_cap == 2
+    assert [it.meta["i"] for it in sp2.peek(10)] == [2, 3, 4]
+    sp2.close()
+
+
+def test_thread_safe_concurrent_puts_and_acks(tmp_path):
+    sp = Spool(tmp_path / "s.db", max_bytes=10_000_000, max_age_s=600)
+
+    def writer(w):
+        for i in range(100):
+            assert sp.put(f"w{w}-{i}", b"z" * 50, {"w": w})
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    items = sp.peek(1000)
+    assert len(items) == 400 and len({it.key for it in items}) == 400
+    per_writer = {}
+    for it in items:  # each writer's items stay in its own order
+        per_writer.setdefault(it.meta["w"], []).append(int(it.key.split("-")[1]))
+    assert all(v == sorted(v) for v in per_writer.values())
+    for it in items:
+        sp.ack(it.id)
+    assert sp.stats().depth == 0 and sp.stats().bytes == 0
+    sp.close()
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {root!r})
+    from edge.spool import Spool
+    sp = Spool({path!r}, max_bytes=1 << 30, max_age_s=3600)
+    i = 0
+    while True:
+        sp.put("frame-%d" % i, bytes([i % 256]) * 4096, {{"seq": i}})
+        print(i, flush=True)  # printed only after put() returned: committed
+        i += 1
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_survives_sigkill_of_the_writer(tmp_path):
+    path = tmp_path / "spool.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD.format(root=str(ROOT), path=str(path))],
+        stdout=subprocess.PIPE, text=True,
+    )
+    committed = []
+    try:
+        assert proc.stdout is not None
+        while len(committed) < 60:
+            line = proc.stdout.readline()
+            assert line, "writer exited early"
+            committed.append(int(line))
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    sp = Spool(path, max_bytes=1 << 30, max_age_s=3600)
+    items = sp.peek(100000)
+    seqs = [it.meta["seq"] for it in items]
+    assert set(committed) <= set(seqs)  # every committed put survived
+    assert seqs == list(range(len(seqs)))  # in order, no holes (one more may have committed)
+    assert all(it.payload == bytes([it.meta["seq"] % 256]) * 4096 for it in items)
+    assert sp.stats().depth == len(items)
+    sp.close()
+
+
+def test_invalid_caps_rejected(tmp_path):
+    with pytest.raises(ValueError, match="max_bytes"):
+        Spool(tmp_path / "a.db", max_bytes=0, max_age_s=1)
+    with pytest.raises(ValueError, match="max_age_s"):
+        Spool(tmp_path / "b.db", max_bytes=1, max_age_s=0)
