@@ -219,7 +219,7 @@ class Escalating:
     def _write_merged(self, record: Record, dets: Detections, resp: Any, merge: Any, rtt: float, late: bool) -> None:
         from edgewise.wire import detections_from_proto
 
-        from edge.merging import merge as merge_fn
+        from edgewise.merging import merge as merge_fn
 
         cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
         crop = record.get("crop")

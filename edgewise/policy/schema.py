@@ -193,7 +193,7 @@ class Payload:
 
 @dataclass(frozen=True)
 class Merge:
-    """How cloud boxes combine with edge boxes (``edge.merging.merge``)."""
+    """How cloud boxes combine with edge boxes (``edgewise.merging.merge``)."""
 
     strategy: str = opt(
         "strategy", "str",
@@ -389,3 +389,11 @@ def describe_schema(cls: Any = Policy, prefix: str = "") -> List[SchemaRow]:
             placeholder = "<name>" if spec.cls is ClassOverride else "<stream>"
             rows.extend(describe_schema(spec.cls, f"{path}.{placeholder}."))
     return rows
+
+
+def schema_markdown() -> str:
+    """The schema reference as a Markdown table (for the docs)."""
+    out = ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
+    for row in describe_schema():
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    return "\n".join(out) + "\n"

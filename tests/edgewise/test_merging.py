@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.merging import merge
+from edgewise.merging import merge
 from edgewise.detections import Detections
 
 NAMES = ("car", "person")
