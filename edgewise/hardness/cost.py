@@ -3,7 +3,7 @@
 ``measure_cost()`` runs :func:`compute_signals`, :func:`combine` and
 :meth:`Escalator.decide` on synthetic frames shaped like YOLOv5 output after
 NMS (the target is <= 1 ms per frame for hardness + policy together) and returns
-microseconds per frame. ``python -m edgewise.hardness.cost`` prints them.
+microseconds per frame. ``python -m edgewise.hardness`` prints a table.
 """
 
 from __future__ import annotations
@@ -71,10 +71,3 @@ def measure_cost(n_frames: int = 2000, n_boxes: int = 20, nc: int = 80) -> Dict[
     us = 1e6 / n_frames
     return {"signals_us": sig_s * us, "policy_us": pol_s * us, "total_us": (sig_s + pol_s) * us,
             "boxes": float(n_boxes), "classes": float(nc)}
-
-
-if __name__ == "__main__":  # pragma: no cover
-    for nb in (0, 5, 20, 100):
-        r = measure_cost(n_boxes=nb)
-        print(f"{nb:4d} boxes x {int(r['classes'])} classes: signals {r['signals_us']:7.1f} µs  "
-              f"policy {r['policy_us']:6.1f} µs  total {r['total_us']:7.1f} µs/frame")

@@ -23,6 +23,7 @@ from edgewise.policy.schema import (
     Spec,
     StreamOverride,
     describe_schema,
+    schema_markdown,
 )
 
 __all__ = [
@@ -45,5 +46,6 @@ __all__ = [
     "load_policy",
     "parse_policy",
     "plan_reload",
+    "schema_markdown",
     "warnings",
 ]

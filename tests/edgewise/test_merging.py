@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgewise.merging import merge
 from edgewise.detections import Detections
+from edgewise.merging import merge
 
 NAMES = ("car", "person")
 

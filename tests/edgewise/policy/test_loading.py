@@ -133,3 +133,11 @@ def test_explain_warns_about_budget_that_admits_nothing():
         "spec: {budget: {maxFraction: 0.001, windowFrames: 100}}\n"
     )
     assert "no frame can ever be escalated" in explain(p)
+
+
+def test_schema_markdown_has_one_row_per_key():
+    from edgewise.policy import schema_markdown
+
+    md = schema_markdown().splitlines()
+    assert len(md) == 2 + len(describe_schema())
+    assert any(line.startswith("| spec.transport | string | grpc | grpc \\| mqtt |") for line in md)
