@@ -1,15 +1,15 @@
 """Synthetic frames: moving shapes and digits on a textured background.
 
-Used for benchmarks and tests where no camera exists. When the richer scene
-generator ``edgewise.synth`` is installed (``SceneGenerator``), it is used; else a
-small built-in generator draws the frames. Deterministic per stream id.
+Used for benchmarks and tests where no camera exists: a small built-in
+generator (the richer scene generator ``edgewise.synth`` is not wired in yet).
+Deterministic per stream id; ``uri`` may give the size as ``WxH``.
 Callers: ``edge.sources.make_source``.
 """
 
 from __future__ import annotations
 
 import zlib
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import cv2
 import numpy as np
@@ -36,7 +36,6 @@ class SyntheticSource:
             digit = int(self.rng.integers(0, 10))
             color = tuple(int(c) for c in self.rng.integers(120, 255, 3))
             self.objects.append((x, y, vx, vy, digit, color))  # type: ignore[arg-type]
-        self._external: Optional[Any] = None
 
     def open(self) -> None:
         self.t = 0
