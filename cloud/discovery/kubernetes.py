@@ -1,0 +1,345 @@
+"""Kubernetes discovery: watch the worker Service's EndpointSlices (load-balancing.md §5 fix 4, §6.6).
+
+The gateway balances per request, so it must see every worker pod directly,
+not a ClusterIP (kube-proxy pins a gRPC connection to one pod). This module
+lists and then watches ``discovery.k8s.io/v1`` EndpointSlices labelled
+``kubernetes.io/service-name=<service>`` through the ``kubernetes`` client and
+yields the merged endpoint set on every change.
+
+Pure part (:func:`endpoints_from_slices`), tested on real-shaped objects:
+
+* conditions (API reference, EndpointConditions; nil ready/serving = true, nil
+  terminating = false): ``ready and not terminating`` → READY; anything else
+  (terminating — serving or not — or not ready) → DRAINING: no new picks,
+  in-flight work finishes (§6.6 graceful drain);
+* several slices are merged; an address listed twice (slices are reshuffled
+  non-atomically) keeps its READY copy, as kube-proxy does;
+* the port is the slice port named ``port_name`` (or the only/first port, or
+  the configured ``port`` override);
+* weight = the pod's ``edgewise.io/weight`` annotation (via ``targetRef``),
+  default 1; a bad annotation is logged and ignored.
+
+Shell (:class:`KubernetesDiscovery`): the blocking client runs in a thread —
+list (paginated), then watch from the list's resourceVersion with bookmarks;
+a watch that ends normally resumes from the last resourceVersion; 410 Gone
+re-lists; any other error backs off exponentially (with jitter, capped) and
+re-lists. Snapshots go to the event loop through a one-slot queue whose drop
+policy is *keep newest* (each snapshot is the full set, so an older one is
+worthless once a newer exists); replaced snapshots are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import threading
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+from cloud.discovery.base import Endpoint, EndpointState
+from cloud.discovery.kubeclient import KubeAccess, build_api_client
+from cloud.discovery.static import format_address
+from edgewise.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+WEIGHT_ANNOTATION = "edgewise.io/weight"
+SERVICE_LABEL = "kubernetes.io/service-name"
+
+
+def _get(obj: Any, camel: str, snake: str | None = None) -> Any:
+    """Field of a raw dict (camelCase) or a kubernetes client model (snake_case)."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(camel)
+    return getattr(obj, snake or camel, None)
+
+
+def _slice_port(slc: Any, port_name: str | None, override: int | None) -> int | None:
+    if override is not None:
+        return override
+    ports = _get(slc, "ports") or []
+    if port_name is not None:
+        for p in ports:
+            if _get(p, "name") == port_name and _get(p, "port"):
+                return int(_get(p, "port"))
+        return None
+    named = [p for p in ports if _get(p, "port")]
+    return int(_get(named[0], "port")) if named else None
+
+
+def _state(conditions: Any) -> EndpointState:
+    ready = _get(conditions, "ready")
+    terminating = _get(conditions, "terminating")
+    ready = True if ready is None else bool(ready)
+    terminating = False if terminating is None else bool(terminating)
+    return EndpointState.READY if ready and not terminating else EndpointState.DRAINING
+
+
+def pod_name(ep: Any) -> str | None:
+    ref = _get(ep, "targetRef", "target_ref")
+    if ref is not None and _get(ref, "kind") == "Pod":
+        name = _get(ref, "name")
+        return str(name) if name else None
+    return None
+
+
+def pods_of(slices: Iterable[Any]) -> set[str]:
+    """Pod names referenced by the slices' endpoints."""
+    return {n for s in slices for ep in (_get(s, "endpoints") or []) if (n := pod_name(ep))}
+
+
+def endpoints_from_slices(
+    slices: Iterable[Any], *, port_name: str | None = None, port: int | None = None,
+    weights: Mapping[str, float] | None = None, default_weight: float = 1.0,
+) -> frozenset[Endpoint]:
+    """Merge EndpointSlices (dicts or ``V1EndpointSlice``) into one endpoint set."""
+    weights = weights or {}
+    merged: dict[str, Endpoint] = {}
+    for slc in slices:
+        p = _slice_port(slc, port_name, port)
+        if p is None:
+            name = _get(_get(slc, "metadata"), "name")
+            log.warning("EndpointSlice %s has no port %s; skipped (set the port name in discovery)",
+                        name, repr(port_name) if port_name else "(none listed)")
+            continue
+        for ep in _get(slc, "endpoints") or []:
+            addrs = _get(ep, "addresses") or []
+            if not addrs:
+                continue
+            # "These are all assumed to be fungible and clients may choose to only use the first element."
+            address = format_address(str(addrs[0]), p)
+            pod = pod_name(ep)
+            e = Endpoint(address=address, weight=weights.get(pod, default_weight) if pod else default_weight,
+                         state=_state(_get(ep, "conditions")),
+                         name=pod or str(_get(ep, "hostname") or addrs[0]))
+            old = merged.get(address)
+            if old is None or (old.state is not EndpointState.READY and e.state is EndpointState.READY):
+                merged[address] = e
+    return frozenset(merged.values())
+
+
+def weight_from_pod(pod: Any, annotation: str = WEIGHT_ANNOTATION) -> float | None:
+    """The pod's weight annotation as a positive float; None when absent or invalid (logged)."""
+    meta = _get(pod, "metadata")
+    annotations = _get(meta, "annotations") or {}
+    raw = annotations.get(annotation)
+    if raw is None:
+        return None
+    try:
+        w = float(raw)
+    except (TypeError, ValueError):
+        w = math.nan
+    if not math.isfinite(w) or w <= 0:
+        log.warning("pod %s: annotation %s=%r is not a positive number; using the default weight",
+                    _get(meta, "name"), annotation, raw)
+        return None
+    return w
+
+
+class KubernetesDiscovery:
+    """A :class:`~cloud.discovery.base.Discovery` over an EndpointSlice watch."""
+
+    def __init__(
+        self, service: str, namespace: str, *, port_name: str | None = None, port: int | None = None,
+        api_client: Any = None, access: KubeAccess | None = None,
+        weight_annotation: str = WEIGHT_ANNOTATION, default_weight: float = 1.0,
+        watch_timeout_s: int = 300, request_timeout_s: float = 10.0,
+        backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
+    ) -> None:
+        if not service or not namespace:
+            raise ConfigError("kubernetes discovery needs a service name and a namespace")
+        if port is not None and not 1 <= port <= 65535:
+            raise ConfigError(f"kubernetes discovery: port {port} is outside 1..65535")
+        self.service, self.namespace = service, namespace
+        self.port_name, self.port = port_name, port
+        self.annotation, self.default_weight = weight_annotation, default_weight
+        self.watch_timeout_s, self.request_timeout_s = watch_timeout_s, request_timeout_s
+        self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
+        self._api_client = api_client if api_client is not None else build_api_client(access or KubeAccess())
+        self._slices: dict[str, Any] = {}
+        self._weights: dict[tuple[str, str], float | None] = {}  # (pod, uid) -> weight
+        self._last: frozenset[Endpoint] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watch: Any = None
+        self._queue: asyncio.Queue[frozenset[Endpoint]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # counters (read by the gateway's metrics)
+        self.lists = 0
+        self.relists_410 = 0
+        self.errors = 0
+        self.snapshots_replaced = 0
+
+    # ---- asyncio side ------------------------------------------------------------------
+    async def watch(self) -> AsyncIterator[frozenset[Endpoint]]:
+        """Yield the endpoint set after the first list and after every change."""
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._queue = asyncio.Queue(maxsize=1)
+            self._thread = threading.Thread(target=self._run, name=f"endpointslices-{self.service}", daemon=True)
+            self._thread.start()
+        assert self._queue is not None
+        while True:
+            yield await self._queue.get()
+
+    def _offer(self, eps: frozenset[Endpoint]) -> None:  # on the event loop
+        assert self._queue is not None
+        if self._queue.full():
+            self._queue.get_nowait()
+            self.snapshots_replaced += 1
+        self._queue.put_nowait(eps)
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the watch thread: ``Watch.stop`` shuts its socket down so a blocked read returns.
+
+        Repeated until the thread exits, since the thread may be between requests
+        (no socket yet) when close is called.
+        """
+        self._stop.set()
+        thread = self._thread
+        if thread is None:
+            return
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while thread.is_alive() and loop.time() < end:
+            w = self._watch
+            if w is not None:
+                w.stop()
+            await asyncio.to_thread(thread.join, 0.05)
+        if thread.is_alive():
+            log.warning("EndpointSlice watch thread did not stop within %.0f s; leaving it (daemon)", timeout_s)
+
+    # ---- thread side -------------------------------------------------------------------
+    def _run(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        backoff = self.backoff_initial_s
+        while not self._stop.is_set():
+            try:
+                rv = self._list()
+                backoff = self.backoff_initial_s
+                while not self._stop.is_set():
+                    rv = self._watch_from(rv)
+            except ApiException as exc:
+                if self._stop.is_set():
+                    break
+                if exc.status == 410:
+                    self.relists_410 += 1
+                    log.info("EndpointSlice watch expired (410 Gone); re-listing")
+                    continue
+                self.errors += 1
+                log.warning("EndpointSlice list/watch of %s/%s failed: %s %s; retrying in %.1f s",
+                            self.namespace, self.service, exc.status, exc.reason, backoff)
+            except Exception as exc:  # connection errors, timeouts, bad payloads
+                if self._stop.is_set():
+                    break
+                self.errors += 1
+                log.warning("EndpointSlice list/watch of %s/%s failed: %s: %s; retrying in %.1f s",
+                            self.namespace, self.service, type(exc).__name__, exc, backoff)
+            self._stop.wait(backoff * random.uniform(0.8, 1.2))
+            backoff = min(self.backoff_max_s, backoff * 2)
+
+    def _apis(self) -> tuple[Any, Any]:
+        from kubernetes import client
+
+        return client.DiscoveryV1Api(self._api_client), client.CoreV1Api(self._api_client)
+
+    def _selector(self) -> str:
+        return f"{SERVICE_LABEL}={self.service}"
+
+    def _list(self) -> str:
+        disc, _ = self._apis()
+        slices: dict[str, Any] = {}
+        cont: str | None = None
+        while True:
+            res = disc.list_namespaced_endpoint_slice(
+                self.namespace, label_selector=self._selector(), limit=500, _continue=cont,
+                _request_timeout=self.request_timeout_s)
+            for s in res.items or []:
+                slices[s.metadata.name] = s
+            cont = res.metadata._continue if res.metadata else None
+            if not cont:
+                break
+        self.lists += 1
+        self._slices = slices
+        self._emit()
+        return str(res.metadata.resource_version)
+
+    def _watch_from(self, rv: str) -> str:
+        from kubernetes import watch
+
+        disc, _ = self._apis()
+        w = watch.Watch()
+        self._watch = w
+        if self._stop.is_set():
+            return rv
+        try:
+            for ev in w.stream(disc.list_namespaced_endpoint_slice, self.namespace,
+                               label_selector=self._selector(), resource_version=rv,
+                               allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout_s,
+                               _request_timeout=(self.request_timeout_s, self.watch_timeout_s + 30)):
+                kind, obj = ev["type"], ev["object"]
+                if kind == "BOOKMARK":
+                    rv = str(ev["raw_object"]["metadata"]["resourceVersion"])
+                    continue
+                name = _get(_get(obj, "metadata"), "name")
+                if kind in ("ADDED", "MODIFIED"):
+                    self._slices[name] = obj
+                elif kind == "DELETED":
+                    self._slices.pop(name, None)
+                rv = str(_get(_get(obj, "metadata"), "resourceVersion", "resource_version") or rv)
+                self._emit()
+                if self._stop.is_set():
+                    break
+        finally:
+            self._watch = None
+        return rv
+
+    def _pod_weights(self) -> dict[str, float]:
+        from kubernetes.client.exceptions import ApiException
+
+        _, core = self._apis()
+        wanted: dict[tuple[str, str], str] = {}
+        for s in self._slices.values():
+            for ep in _get(s, "endpoints") or []:
+                ref = _get(ep, "targetRef", "target_ref")
+                name = pod_name(ep)
+                if name:
+                    wanted[(name, str(_get(ref, "uid") or ""))] = str(_get(ref, "namespace") or self.namespace)
+        for key in list(self._weights):
+            if key not in wanted:
+                del self._weights[key]
+        out: dict[str, float] = {}
+        for key, ns in wanted.items():
+            if key not in self._weights:
+                try:
+                    pod = core.read_namespaced_pod(key[0], ns, _request_timeout=self.request_timeout_s)
+                    self._weights[key] = weight_from_pod(pod, self.annotation)
+                except ApiException as exc:
+                    if exc.status == 404:  # gone already; the slice will follow
+                        self._weights[key] = None
+                    else:  # not cached: retried on the next change
+                        log.warning("reading pod %s/%s for its weight failed: %s", ns, key[0], exc.status)
+                        continue
+                except Exception as exc:
+                    log.warning("reading pod %s/%s for its weight failed: %s", ns, key[0], exc)
+                    continue
+            w = self._weights[key]
+            if w is not None:
+                out[key[0]] = w
+        return out
+
+    def _emit(self) -> None:
+        eps = endpoints_from_slices(self._slices.values(), port_name=self.port_name, port=self.port,
+                                    weights=self._pod_weights(), default_weight=self.default_weight)
+        if eps != self._last:
+            self._last = eps
+            if self._loop is not None:
+                try:
+                    self._loop.call_soon_threadsafe(self._offer, eps)
+                except RuntimeError:  # the loop closed under us: we are shutting down
+                    self._stop.set()

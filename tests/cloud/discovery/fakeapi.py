@@ -1,0 +1,212 @@
+"""A local HTTP server speaking enough of the Kubernetes API for the EndpointSlice watch.
+
+The one fake allowed in these tests (no cluster runs here). It serves, like the
+API server does:
+
+* ``GET /apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=…``
+  → an ``EndpointSliceList`` with ``metadata.resourceVersion`` (``limit``/``continue``
+  pagination honoured);
+* the same with ``watch=true&resourceVersion=N`` → a chunked stream of JSON watch
+  events (``ADDED``/``MODIFIED``/``DELETED``/``BOOKMARK``) after N, ending at
+  ``timeoutSeconds``; a resourceVersion older than the compaction point gets an
+  ``ERROR`` event with a 410 ``Expired`` Status, as etcd compaction causes;
+* ``GET /api/v1/namespaces/{ns}/pods/{name}`` → the pod (annotations) or 404.
+
+Tests mutate slices and pods; every request is recorded; ``fail_next`` makes the
+next list calls answer 500.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def slice_doc(name, service, endpoints, *, ports=(("grpc", 50051),), address_type="IPv4"):
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "ns", "labels": {"kubernetes.io/service-name": service}},
+            "addressType": address_type, "endpoints": endpoints,
+            "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports]}
+
+
+def endpoint(ip, pod, *, ready=True, serving=None, terminating=None, uid=None):
+    cond = {"ready": ready}
+    if serving is not None:
+        cond["serving"] = serving
+    if terminating is not None:
+        cond["terminating"] = terminating
+    return {"addresses": [ip], "conditions": cond, "nodeName": "node-1",
+            "targetRef": {"kind": "Pod", "namespace": "ns", "name": pod, "uid": uid or f"uid-{pod}"}}
+
+
+class FakeKubeAPI:
+    def __init__(self, namespace="ns", service="edgewise-worker"):
+        self.namespace, self.service = namespace, service
+        self.rv = 100
+        self.compacted = 0
+        self.slices = {}
+        self.pods = {}
+        self.history = []  # (rv, type, obj)
+        self.requests = []
+        self.fail_next = 0
+        self.cond = threading.Condition()
+        self.generation = 0  # bump to end active watch streams
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _json(self, code, doc):
+                body = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _status(self, code, reason, msg):
+                self._json(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                  "reason": reason, "message": msg, "code": code})
+
+            def do_GET(self):
+                u = urlsplit(self.path)
+                q = {k: v[0] for k, v in parse_qs(u.query).items()}
+                with api.cond:
+                    api.requests.append((u.path, q, self.headers.get("Authorization")))
+                base = f"/apis/discovery.k8s.io/v1/namespaces/{api.namespace}/endpointslices"
+                pods = f"/api/v1/namespaces/{api.namespace}/pods/"
+                if u.path == base:
+                    if q.get("labelSelector") != f"kubernetes.io/service-name={api.service}":
+                        return self._status(400, "BadRequest", f"unexpected selector {q.get('labelSelector')}")
+                    if q.get("watch") in ("true", "1", "True"):
+                        return self._watch(q)
+                    return self._list(q)
+                if u.path.startswith(pods):
+                    with api.cond:
+                        pod = api.pods.get(u.path[len(pods):])
+                    if pod is None:
+                        return self._status(404, "NotFound", "pods not found")
+                    return self._json(200, pod)
+                return self._status(404, "NotFound", u.path)
+
+            def _list(self, q):
+                with api.cond:
+                    if api.fail_next > 0:
+                        api.fail_next -= 1
+                        return self._status(500, "InternalError", "etcd is sad")
+                    items = [copy.deepcopy(s) for _, s in sorted(api.slices.items())]
+                    rv = api.rv
+                limit = int(q.get("limit", 0) or 0)
+                start = int(q.get("continue", 0) or 0)
+                meta = {"resourceVersion": str(rv)}
+                if limit and start + limit < len(items):
+                    meta["continue"] = str(start + limit)
+                if limit:
+                    items = items[start:start + limit]
+                self._json(200, {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
+                                 "metadata": meta, "items": items})
+
+            def _chunk(self, doc):
+                data = (json.dumps(doc) + "\n").encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def _watch(self, q):
+                since = int(q.get("resourceVersion", 0) or 0)
+                deadline = time.monotonic() + float(q.get("timeoutSeconds", 30))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                try:
+                    with api.cond:
+                        gen = api.generation
+                        if since < api.compacted:
+                            self._chunk({"type": "ERROR", "object": {
+                                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                "message": f"too old resource version: {since} ({api.compacted})",
+                                "reason": "Expired", "code": 410}})
+                            return
+                        sent = since
+                        while time.monotonic() < deadline and gen == api.generation:
+                            for rv, kind, obj in api.history:
+                                if rv > sent:
+                                    self._chunk({"type": kind, "object": obj})
+                                    sent = rv
+                            api.cond.wait(timeout=0.1)
+                finally:
+                    try:
+                        self.wfile.write(b"0\r\n\r\n")
+                        self.wfile.flush()
+                    except OSError:
+                        pass
+                    self.close_connection = True
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    # ---- mutations (as the EndpointSlice controller / kubelet would make them) ----
+    def put_slice(self, doc):
+        with self.cond:
+            self.rv += 1
+            doc = copy.deepcopy(doc)
+            doc["metadata"]["resourceVersion"] = str(self.rv)
+            kind = "MODIFIED" if doc["metadata"]["name"] in self.slices else "ADDED"
+            self.slices[doc["metadata"]["name"]] = doc
+            self.history.append((self.rv, kind, doc))
+            self.cond.notify_all()
+
+    def delete_slice(self, name):
+        with self.cond:
+            self.rv += 1
+            doc = copy.deepcopy(self.slices.pop(name))
+            doc["metadata"]["resourceVersion"] = str(self.rv)
+            self.history.append((self.rv, "DELETED", doc))
+            self.cond.notify_all()
+
+    def bookmark(self):
+        with self.cond:
+            self.rv += 1
+            self.history.append((self.rv, "BOOKMARK", {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+                                                       "metadata": {"resourceVersion": str(self.rv)}}))
+            self.cond.notify_all()
+
+    def expire(self):
+        """Compact history (future re-watches from an old resourceVersion get 410) and end the streams."""
+        with self.cond:
+            self.compacted = self.rv + 1
+            self.generation += 1
+            self.cond.notify_all()
+
+    def put_pod(self, name, weight=None):
+        ann = {} if weight is None else {"edgewise.io/weight": str(weight)}
+        with self.cond:
+            self.pods[name] = {"apiVersion": "v1", "kind": "Pod",
+                               "metadata": {"name": name, "namespace": self.namespace, "uid": f"uid-{name}",
+                                            "annotations": ann},
+                               "spec": {"containers": [{"name": "worker", "image": "edgewise"}]}}
+
+    def count(self, path_suffix, **query):
+        with self.cond:
+            return sum(1 for p, q, _ in self.requests if p.endswith(path_suffix)
+                       and all(q.get(k) == v for k, v in query.items()))
+
+    def close(self):
+        with self.cond:
+            self.generation += 1
+            self.cond.notify_all()
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,227 @@
+"""EndpointSlice → endpoint mapping on real-shaped objects (raw dicts and kubernetes client models),
+and the list+watch shell against a local HTTP server speaking the Kubernetes API."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from kubernetes.client import V1EndpointSlice, V1Pod
+
+from cloud.discovery.base import Endpoint, EndpointState
+from cloud.discovery.kubeclient import KubeAccess, build_api_client
+from cloud.discovery.kubernetes import (
+    KubernetesDiscovery,
+    endpoints_from_slices,
+    pods_of,
+    weight_from_pod,
+)
+from tests.cloud.discovery.fakeapi import FakeKubeAPI, endpoint, slice_doc
+
+R, D = EndpointState.READY, EndpointState.DRAINING
+
+
+def as_model(doc):
+    return V1EndpointSlice.from_dict(doc)
+
+
+@pytest.mark.parametrize("form", [lambda d: d, as_model], ids=["dict", "model"])
+def test_conditions_map_to_states(form):
+    s = slice_doc("w-abc", "w", [
+        endpoint("10.0.0.1", "p1", ready=True, serving=True, terminating=False),
+        endpoint("10.0.0.2", "p2", ready=False, serving=True, terminating=True),    # draining, can serve
+        endpoint("10.0.0.3", "p3", ready=False, serving=False, terminating=True),   # going away
+        endpoint("10.0.0.4", "p4", ready=False, serving=False, terminating=False),  # failing readiness
+        endpoint("10.0.0.5", "p5", ready=None),                                      # nil: ready (API docs)
+        endpoint("10.0.0.6", "p6", ready=True, terminating=True),                   # publishNotReadyAddresses
+    ])
+    eps = endpoints_from_slices([form(s)], port_name="grpc")
+    got = {e.address: (e.state, e.name, e.weight) for e in eps}
+    assert got == {
+        "10.0.0.1:50051": (R, "p1", 1.0), "10.0.0.2:50051": (D, "p2", 1.0), "10.0.0.3:50051": (D, "p3", 1.0),
+        "10.0.0.4:50051": (D, "p4", 1.0), "10.0.0.5:50051": (R, "p5", 1.0), "10.0.0.6:50051": (D, "p6", 1.0),
+    }
+
+
+@pytest.mark.parametrize("form", [lambda d: d, as_model], ids=["dict", "model"])
+def test_multiple_slices_duplicates_ports_and_weights(form):
+    a = slice_doc("w-a", "w", [endpoint("10.0.0.1", "p1"), endpoint("10.0.0.2", "p2", ready=False)],
+                  ports=(("metrics", 9100), ("grpc", 50051)))
+    # the controller moved p2 to another slice and has not yet removed the old copy
+    b = slice_doc("w-b", "w", [endpoint("10.0.0.2", "p2"), endpoint("10.0.0.3", "p3")],
+                  ports=(("grpc", 50051),))
+    v6 = slice_doc("w-c", "w", [endpoint("fd00::7", "p7")], address_type="IPv6")
+    other_port = slice_doc("w-d", "w", [endpoint("10.0.0.9", "p9")], ports=(("http", 8080),))
+    eps = endpoints_from_slices([form(a), form(b), form(v6), form(other_port)], port_name="grpc",
+                                weights={"p1": 4.0, "p3": 0.5})
+    assert eps == frozenset({
+        Endpoint("10.0.0.1:50051", 4.0, R, "p1"), Endpoint("10.0.0.2:50051", 1.0, R, "p2"),
+        Endpoint("10.0.0.3:50051", 0.5, R, "p3"), Endpoint("[fd00::7]:50051", 1.0, R, "p7"),
+    })
+    # duplicates resolve to READY whichever slice comes first
+    assert endpoints_from_slices([form(b), form(a)], port_name="grpc") == \
+        endpoints_from_slices([form(a), form(b)], port_name="grpc")
+    # no port name: the first port; explicit override wins
+    assert {e.address for e in endpoints_from_slices([form(other_port)])} == {"10.0.0.9:8080"}
+    assert {e.address for e in endpoints_from_slices([form(other_port)], port=7000)} == {"10.0.0.9:7000"}
+    assert pods_of([form(a), form(b)]) == {"p1", "p2", "p3"}
+
+
+def test_empty_and_odd_slices():
+    no_eps = slice_doc("w-e", "w", None)
+    no_addr = slice_doc("w-f", "w", [{"addresses": [], "conditions": {"ready": True}}])
+    no_ref = slice_doc("w-g", "w", [{"addresses": ["10.1.0.1"], "conditions": {}, "hostname": "h1"}])
+    eps = endpoints_from_slices([no_eps, no_addr, no_ref])
+    assert eps == frozenset({Endpoint("10.1.0.1:50051", 1.0, R, "h1")})
+
+
+@pytest.mark.parametrize("ann, expect", [
+    ({"edgewise.io/weight": "2.5"}, 2.5), ({"edgewise.io/weight": "abc"}, None),
+    ({"edgewise.io/weight": "-1"}, None), ({"edgewise.io/weight": "inf"}, None), ({}, None), (None, None),
+])
+def test_weight_annotation(ann, expect):
+    doc = {"metadata": {"name": "p", "annotations": ann}}
+    assert weight_from_pod(doc) == expect
+    assert weight_from_pod(V1Pod.from_dict(doc)) == expect
+
+
+# ---- the watch against a local API server ---------------------------------------------------
+
+@pytest.fixture
+def kube():
+    api = FakeKubeAPI(namespace="ns", service="edgewise-worker")
+    yield api
+    api.close()
+
+
+def make(kube, **kw):
+    client = build_api_client(KubeAccess(api_server=kube.url, token="tok"))
+    kw.setdefault("backoff_initial_s", 0.05)
+    kw.setdefault("backoff_max_s", 0.2)
+    return KubernetesDiscovery("edgewise-worker", "ns", port_name="grpc", api_client=client,
+                               watch_timeout_s=kw.pop("watch_timeout_s", 30), **kw)
+
+
+async def until(agen, pred, timeout=10.0):
+    """Next snapshots until ``pred(snapshot)``; returns it."""
+    end = time.monotonic() + timeout
+    while True:
+        snap = await asyncio.wait_for(agen.__anext__(), max(0.01, end - time.monotonic()))
+        if pred(snap):
+            return snap
+
+
+def by_addr(snap):
+    return {e.address: (e.state, e.weight) for e in snap}
+
+
+def test_list_then_watch_add_drain_remove(kube):
+    kube.put_pod("p1", weight=3)
+    kube.put_pod("p2")
+    kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint("10.0.0.1", "p1"), endpoint("10.0.0.2", "p2")]))
+
+    async def scenario():
+        d = make(kube)
+        agen = d.watch()
+        first = await until(agen, lambda s: True)
+        assert by_addr(first) == {"10.0.0.1:50051": (R, 3.0), "10.0.0.2:50051": (R, 1.0)}
+        # a new worker in a second slice
+        kube.put_pod("p3", weight=0.5)
+        kube.put_slice(slice_doc("w-b", "edgewise-worker", [endpoint("10.0.0.3", "p3")]))
+        snap = await until(agen, lambda s: len(s) == 3)
+        assert by_addr(snap)["10.0.0.3:50051"] == (R, 0.5)
+        # p2 terminates: still serving -> DRAINING, then gone from the slice
+        kube.put_slice(slice_doc("w-a", "edgewise-worker", [
+            endpoint("10.0.0.1", "p1"), endpoint("10.0.0.2", "p2", ready=False, serving=True, terminating=True)]))
+        snap = await until(agen, lambda s: by_addr(s).get("10.0.0.2:50051", (None,))[0] is D)
+        assert by_addr(snap)["10.0.0.1:50051"] == (R, 3.0)
+        kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint("10.0.0.1", "p1")]))
+        snap = await until(agen, lambda s: "10.0.0.2:50051" not in by_addr(s))
+        kube.delete_slice("w-b")
+        snap = await until(agen, lambda s: len(s) == 1)
+        assert by_addr(snap) == {"10.0.0.1:50051": (R, 3.0)}
+        t0 = time.monotonic()
+        await d.close()
+        assert time.monotonic() - t0 < 3.0, "close must interrupt the blocked watch"
+        return d
+
+    d = asyncio.run(scenario())
+    lists = [q for p, q, _ in kube.requests if p.endswith("/endpointslices") and "watch" not in q]
+    assert len(lists) == 1 and d.lists == 1 and d.errors == 0
+    assert all(auth == "Bearer tok" for _, _, auth in kube.requests)
+    # each pod was read once (cached by name+uid)
+    assert kube.count("/pods/p1") == 1 and kube.count("/pods/p3") == 1
+
+
+def test_410_gone_relists_and_sees_changes_made_meanwhile(kube):
+    kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint("10.0.0.1", "p1")]))
+
+    async def scenario():
+        d = make(kube)
+        agen = d.watch()
+        await until(agen, lambda s: len(s) == 1)
+        kube.expire()  # stream ends; history compacted
+        kube.put_slice(slice_doc("w-b", "edgewise-worker", [endpoint("10.0.0.5", "p5")]))
+        snap = await until(agen, lambda s: len(s) == 2)
+        await d.close()
+        return d, snap
+
+    d, snap = asyncio.run(scenario())
+    assert {e.address for e in snap} == {"10.0.0.1:50051", "10.0.0.5:50051"}
+    assert d.relists_410 == 1 and d.lists == 2
+
+
+def test_watch_resumes_from_bookmark_after_timeout(kube):
+    kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint("10.0.0.1", "p1")]))
+
+    async def scenario():
+        d = make(kube, watch_timeout_s=1)
+        agen = d.watch()
+        await until(agen, lambda s: len(s) == 1)
+        kube.bookmark()
+        mark = str(kube.rv)
+        await asyncio.sleep(1.5)  # the server ends the watch at timeoutSeconds=1
+        kube.put_slice(slice_doc("w-b", "edgewise-worker", [endpoint("10.0.0.2", "p2")]))
+        await until(agen, lambda s: len(s) == 2)
+        await d.close()
+        return d, mark
+
+    d, mark = asyncio.run(scenario())
+    watches = [q for p, q, _ in kube.requests if p.endswith("/endpointslices") and q.get("watch")]
+    assert watches[0]["allowWatchBookmarks"] == "true" and watches[0]["timeoutSeconds"] == "1"
+    assert any(q["resourceVersion"] == mark for q in watches[1:]), watches
+    assert d.lists == 1  # a timed-out watch resumes, it does not re-list
+
+
+def test_errors_back_off_and_recover(kube):
+    kube.fail_next = 3
+    kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint("10.0.0.1", "p1")]))
+
+    async def scenario():
+        d = make(kube)
+        agen = d.watch()
+        snap = await until(agen, lambda s: True)
+        t0 = time.monotonic()
+        await d.close()  # right after the list: the thread may not have opened its watch yet
+        assert time.monotonic() - t0 < 2.0 and not d._thread.is_alive()
+        return d, snap
+
+    d, snap = asyncio.run(scenario())
+    assert len(snap) == 1 and d.errors == 3 and d.lists == 1
+
+
+def test_unreachable_api_keeps_retrying_without_crashing():
+    client = build_api_client(KubeAccess(api_server="http://127.0.0.1:9"))
+
+    async def scenario():
+        d = KubernetesDiscovery("w", "ns", api_client=client, backoff_initial_s=0.02, backoff_max_s=0.05,
+                                request_timeout_s=1)
+        agen = d.watch()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(agen.__anext__(), 0.5)
+        await d.close()
+        return d
+
+    d = asyncio.run(scenario())
+    assert d.errors >= 2
