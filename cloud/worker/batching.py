@@ -107,7 +107,7 @@ class Batch(Generic[T]):
     items: tuple[T, ...]
     queue_waits: tuple[float, ...]
     formed_at: float
-    reason: str  # "preferred" | "max" | "delay"
+    reason: str  # "preferred" | "max" | "delay" | "flush"
 
     def __len__(self) -> int:
         return len(self.items)
@@ -187,16 +187,18 @@ class Batcher(Generic[T]):
         return False
 
     # -- decisions ------------------------------------------------------------
-    def next_batch(self, now: float) -> Batch[T] | None:
+    def next_batch(self, now: float, *, flush: bool = False) -> Batch[T] | None:
         """The batch to run now that the model is free, or None to keep waiting.
 
         Expired requests are removed first (collect them with ``expired``).
+        ``flush=True`` (draining for shutdown) sends what waits without holding
+        it for the delay.
         """
         self._purge(now)
         n = self._size
         if n == 0:
             return None
-        size, reason = self._decide(n, now)
+        size, reason = (min(n, self.policy.max_batch_size), "flush") if flush else self._decide(n, now)
         if size == 0:
             return None
         taken: list[Pending[T]] = []

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "edgewise.v1.Worker"
 LISTENING_TAG = "EDGEWISE_WORKER_LISTENING"
 SERVING_TAG = "EDGEWISE_WORKER_SERVING"
+STREAM_GRACE_S = 0.5  # for RPCs other than Infer once the drain is over
 T = TypeVar("T")
 Clock = Callable[[], float]
 
@@ -142,6 +143,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         self._serving = False
         self.metrics.serving.set(0)
         await self.health.enter_graceful_shutdown()
+        self._wake.set()  # queued requests go now, without waiting for their delay
         try:
             await asyncio.wait_for(self._idle.wait(), max(0.0, end - self.clock()))
         except TimeoutError:
@@ -272,7 +274,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         while True:
             self._wake.clear()
             now = self.clock()
-            batch = self.batcher.next_batch(now)
+            batch = self.batcher.next_batch(now, flush=self._draining)
             for job in self.batcher.expired(now):
                 self._fail(job, _Failure(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -375,7 +377,10 @@ class WorkerServer:
         g = self.service.settings.grace_s if grace is None else grace
         end = time.monotonic() + g
         await self.service.drain(g)
-        await self.grpc_server.stop(max(0.0, end - time.monotonic()))
+        # Infer calls are done (or the grace is spent); what is left are health
+        # Watch streams and quick Check/Load calls: don't let a watcher hold the
+        # exit until the end of the grace period.
+        await self.grpc_server.stop(min(STREAM_GRACE_S, max(0.0, end - time.monotonic())))
         await self.service.close()
         self.service.metrics.close()
         self.service.runner.close()

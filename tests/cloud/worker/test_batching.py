@@ -222,6 +222,17 @@ def test_full_batch_goes_at_once_and_delay_zero_never_holds():
     assert batch is not None and batch.items == (1,)
 
 
+def test_flush_sends_without_waiting_for_the_delay():
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=3, max_queue_delay_s=10.0))
+    for k in range(5):
+        b.submit(k, 0.0)
+    b.cancel(4)
+    assert b.next_batch(0.0, flush=False) is not None  # 4 waiting >= max: a full batch of 3
+    assert b.next_batch(0.1) is None  # one left, held for the delay
+    batch = b.next_batch(0.1, flush=True)
+    assert batch is not None and batch.items == (3,) and batch.reason == "flush"
+
+
 def test_full_queue_rejects_immediately_and_frees_after_dispatch():
     b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=2, max_queue_delay_s=0.0, max_queue_size=3))
     for k in range(3):

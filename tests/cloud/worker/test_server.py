@@ -1,0 +1,296 @@
+"""The worker in-process: real model (YOLOv5n @160), real gRPC on port 0, real JPEGs.
+
+Each test runs its own event loop (``asyncio.run``) with a fresh server. To make
+queueing deterministic a test can occupy the single inference thread with a
+blocker (the worker's real executor, no fake), so requests pile up in the batcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import cv2
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cloud.worker.runner import ModelRunner
+from cloud.worker.server import SERVICE_NAME, WorkerServer, create_server
+from cloud.worker.settings import BatchingSettings, WorkerSettings
+from edgewise import wire
+from edgewise.errors import InvalidInputError
+from edgewise.runtime.detector import Detector
+from edgewise.v1 import detect_pb2, service_pb2_grpc
+
+DATA = Path("/usr/share/doc/opencv-doc/examples/data")
+CONF = 0.001  # random-weight test model: its scores are ~1e-3
+
+
+def photo(name: str = "baboon.jpg") -> np.ndarray:
+    im = cv2.imread(str(DATA / name))
+    if im is None:
+        pytest.skip(f"{DATA / name} missing (apt-get install opencv-doc)")
+    return im
+
+
+def jpeg_request(im: np.ndarray, seq: int = 0, **kw) -> detect_pb2.DetectRequest:
+    return detect_pb2.DetectRequest(device_id="cam", stream_id="s", frame_seq=seq,
+                                    image=wire.encode_image(im, "jpeg"), **kw)
+
+
+def make_settings(model: Path, **batching) -> WorkerSettings:
+    return WorkerSettings(
+        model=str(model), host="127.0.0.1", port=0, metrics_port=0, metrics_host="127.0.0.1",
+        worker_id="w-test", threads=1, conf_threshold=CONF, warmup_rounds=1, grace_s=5,
+        batching=BatchingSettings(**{"max_batch_size": 4, "max_queue_delay_ms": 2.0, **batching}),
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(settings: WorkerSettings, runner: ModelRunner | None = None):
+    server, port = create_server(settings, runner)
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield server, service_pb2_grpc.WorkerStub(channel), channel
+    finally:
+        await channel.close()
+        await server.stop(2)
+
+
+def block_inference(server: WorkerServer) -> threading.Event:
+    """Occupy the worker's one inference thread until the returned event is set."""
+    release, started = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(20)
+
+    server.service._infer_pool.submit(hold)
+    assert started.wait(5)
+    return release
+
+
+async def call(stub, req, timeout=10.0):
+    """(status code, response or details) of one Infer call."""
+    try:
+        return grpc.StatusCode.OK, await stub.Infer(req, timeout=timeout)
+    except grpc.aio.AioRpcError as e:
+        return e.code(), e.details()
+
+
+def test_infer_returns_the_detectors_boxes_for_a_real_jpeg(tiny_model):
+    im = photo()
+    expected = Detector.from_file(tiny_model, conf_thres=CONF, threads=1).detect(
+        [wire.decode_image(wire.encode_image(im, "jpeg"))])[0]
+    assert len(expected) > 0
+
+    async def main():
+        async with running(make_settings(tiny_model)) as (_, stub, _ch):
+            return await stub.Infer(jpeg_request(im, seq=7, trace_id="t1"), timeout=10)
+
+    r = asyncio.run(main())
+    assert r.status == detect_pb2.OK and r.frame_seq == 7 and r.trace_id == "t1"
+    assert r.model_name == tiny_model.stem and r.model_version and r.worker_id == "w-test"
+    assert r.timing.batch_size == 1 and r.timing.compute_ms > 0 and r.timing.queue_ms >= 0
+    got = np.array([[d.x1, d.y1, d.x2, d.y2] for d in r.detections], np.float32)
+    np.testing.assert_allclose(got, expected.boxes, atol=1e-3)
+    assert {d.source for d in r.detections} == {tiny_model.stem}
+    assert all(len(d.class_scores) == 10 and d.class_name == str(d.class_id) for d in r.detections)
+    h, w = im.shape[:2]
+    assert (got[:, [0, 2]] <= w).all() and (got[:, [1, 3]] <= h).all() and (got >= 0).all()
+
+
+def test_crop_offsets_map_boxes_into_the_source_frame(tiny_model):
+    im = photo()
+    crop = np.ascontiguousarray(im[100:400, 50:350])
+    local = Detector.from_file(tiny_model, conf_thres=CONF, threads=1).detect(
+        [wire.decode_image(wire.encode_image(crop, "png"))])[0]
+    assert len(local) > 0
+    img = wire.encode_image(crop, "png")
+    img.offset_x, img.offset_y, img.source_width, img.source_height = 50, 100, 512, 512
+
+    async def main():
+        async with running(make_settings(tiny_model)) as (_, stub, _ch):
+            return await stub.Infer(detect_pb2.DetectRequest(image=img), timeout=10)
+
+    r = asyncio.run(main())
+    got = np.array([[d.x1, d.y1, d.x2, d.y2] for d in r.detections], np.float32)
+    np.testing.assert_allclose(got, local.boxes + np.array([50, 100, 50, 100], np.float32), atol=1e-3)
+
+
+def test_corrupt_jpeg_is_invalid_argument_and_its_neighbours_still_batch(tiny_model):
+    good = jpeg_request(photo())
+    data = good.image.data
+    corrupt = detect_pb2.DetectRequest(image=detect_pb2.Image(
+        encoding=detect_pb2.Image.JPEG, data=data[:600] + b"\x00" * 500 + data[-2:]))
+    garbage = detect_pb2.DetectRequest(image=detect_pb2.Image(encoding=detect_pb2.Image.JPEG,
+                                                              data=b"not a jpeg at all"))
+
+    async def main():
+        async with running(make_settings(tiny_model, max_queue_delay_ms=300)) as (srv, stub, _ch):
+            release = block_inference(srv)  # hold the model so all four meet in one batch
+            tasks = [asyncio.create_task(call(stub, r)) for r in (good, corrupt, good, garbage, good)]
+            await asyncio.sleep(0.3)
+            release.set()
+            return await asyncio.gather(*tasks)
+
+    res = asyncio.run(main())
+    codes = [c for c, _ in res]
+    assert codes == [grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK,
+                     grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK]
+    assert "JPEG" in res[1][1] and "image" in res[3][1]
+    assert [r.timing.batch_size for c, r in res if c == grpc.StatusCode.OK] == [3, 3, 3]
+    assert all(len(r.detections) > 0 for c, r in res if c == grpc.StatusCode.OK)
+
+
+class FailsOnBlackFrames(ModelRunner):
+    """The real model, except that a batch containing an all-black frame raises
+    (stands in for an input the model itself rejects)."""
+
+    def _run_batch(self, items):
+        if any(float(p.tensor.max()) == 0.0 for p in items):
+            raise InvalidInputError("model rejected an all-black frame")
+        return super()._run_batch(items)
+
+
+def test_a_frame_failing_inside_the_batch_never_fails_its_neighbours(tiny_model):
+    settings = make_settings(tiny_model, max_queue_delay_ms=300)
+    runner = FailsOnBlackFrames(Detector.from_file(tiny_model, conf_thres=CONF, threads=1))
+    black = jpeg_request(np.zeros((160, 160, 3), np.uint8))
+    good = jpeg_request(photo())
+
+    async def main():
+        async with running(settings, runner) as (srv, stub, _ch):
+            release = block_inference(srv)
+            tasks = [asyncio.create_task(call(stub, r)) for r in (good, black, good)]
+            await asyncio.sleep(0.2)
+            release.set()
+            return await asyncio.gather(*tasks)
+
+    res = asyncio.run(main())
+    assert [c for c, _ in res] == [grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK]
+    assert "all-black" in res[1][1]
+    assert res[0][1].timing.batch_size == 3 and len(res[0][1].detections) > 0
+
+
+def test_full_queue_answers_resource_exhausted_at_once(tiny_model):
+    settings = make_settings(tiny_model, max_batch_size=1, max_queue_size=2, max_queue_delay_ms=0)
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            release = block_inference(srv)
+            req = jpeg_request(photo())
+            tasks = [asyncio.create_task(call(stub, req)) for _ in range(6)]
+            t0 = time.monotonic()
+            done, _ = await asyncio.wait(tasks, timeout=3, return_when=asyncio.FIRST_COMPLETED)
+            first_answer_s = time.monotonic() - t0
+            await asyncio.sleep(0.3)
+            load = await stub.Load(detect_pb2.LoadRequest(), timeout=5)
+            release.set()
+            return await asyncio.gather(*tasks), first_answer_s, load
+
+    res, first_s, load = asyncio.run(main())
+    codes = [c for c, _ in res]
+    # one batch taken by the (blocked) model + 2 queued = 3 accepted; the rest rejected
+    assert codes.count(grpc.StatusCode.OK) == 3
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 3
+    assert all("queue full" in d for c, d in res if c == grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert first_s < 2.0  # rejections did not wait for the blocked model
+    assert load.queue_depth == 2 and load.in_flight == 3
+
+
+def test_load_reports_sane_numbers_and_metrics_are_exported(tiny_model):
+    settings = make_settings(tiny_model, max_batch_size=4, preferred_batch_sizes=(2, 4))
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            before = await stub.Load(detect_pb2.LoadRequest(), timeout=5)
+            await asyncio.gather(*(stub.Infer(jpeg_request(photo(), seq=i), timeout=10) for i in range(8)))
+            after = await stub.Load(detect_pb2.LoadRequest(), timeout=5)
+            text = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=5)
+                .read().decode())
+            return before, after, text
+
+    before, after, text = asyncio.run(main())
+    assert before.capacity > 0  # measured during warm-up
+    assert after.serving and after.worker_id == "w-test" and after.max_batch_size == 4
+    assert after.max_queue_size == 64 and after.in_flight == 0 and after.queue_depth == 0
+    assert 1 < after.capacity < 100_000
+    assert after.model_name == tiny_model.stem and after.model_version
+    assert 'edgewise_worker_requests_total{status="OK"} 8.0' in text
+    assert "edgewise_worker_queue_wait_seconds_bucket" in text
+    assert "edgewise_worker_batch_size_count 8.0" not in text  # 8 requests went in fewer batches
+    assert "edgewise_worker_compute_seconds_count" in text and "edgewise_worker_serving 1.0" in text
+
+
+def test_health_not_serving_until_warm_then_serving_then_drain(tiny_model):
+    settings = make_settings(tiny_model)
+    settings.warmup_rounds = 2
+
+    async def main():
+        server, port = create_server(settings)
+        await server.bind()
+        ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        health = health_pb2_grpc.HealthStub(ch)
+        stub = service_pb2_grpc.WorkerStub(ch)
+        q = health_pb2.HealthCheckRequest
+        cold = (await health.Check(q(service=""), timeout=5)).status
+        cold_infer = await call(stub, jpeg_request(photo()))
+        await server.service.start()
+        warm = (await health.Check(q(service=SERVICE_NAME), timeout=5)).status
+        ok = await call(stub, jpeg_request(photo()))
+        await server.service.drain(1)
+        drained = (await health.Check(q(service=""), timeout=5)).status
+        refused = await call(stub, jpeg_request(photo()))
+        await ch.close()
+        await server.stop(1)
+        return cold, cold_infer, warm, ok, drained, refused
+
+    cold, cold_infer, warm, ok, drained, refused = asyncio.run(main())
+    S = health_pb2.HealthCheckResponse
+    assert cold == S.NOT_SERVING and cold_infer[0] == grpc.StatusCode.UNAVAILABLE
+    assert warm == S.SERVING and ok[0] == grpc.StatusCode.OK
+    assert drained == S.NOT_SERVING
+    assert refused[0] == grpc.StatusCode.UNAVAILABLE and "shutting down" in refused[1]
+
+
+def test_deadlines_expired_requests_never_reach_the_model(tiny_model):
+    settings = make_settings(tiny_model, max_batch_size=1, max_queue_delay_ms=0)
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            past = jpeg_request(photo(), deadline_unix_ns=time.time_ns() - 1_000_000)
+            at_once = await call(stub, past)
+            release = block_inference(srv)
+            first = asyncio.create_task(call(stub, jpeg_request(photo())))  # taken by the model
+            await asyncio.sleep(0.1)
+            soon = jpeg_request(photo(), deadline_unix_ns=time.time_ns() + 200_000_000)
+            late = asyncio.create_task(call(stub, soon))
+            await asyncio.sleep(0.5)  # its deadline passes while the model is held
+            release.set()
+            return at_once, await first, await late, srv.service.metrics
+
+    at_once, first, late, metrics = asyncio.run(main())
+    assert at_once[0] == grpc.StatusCode.DEADLINE_EXCEEDED and "deadline" in at_once[1]
+    assert first[0] == grpc.StatusCode.OK
+    assert late[0] == grpc.StatusCode.DEADLINE_EXCEEDED and "before inference" in late[1]
+    # only the one request that could make it was computed after warm-up
+    assert metrics.batch_size._sum.get() == 1
+
+
+def test_bad_settings_are_rejected_before_binding(tiny_model, tmp_path):
+    from edgewise.errors import ConfigError
+
+    s = make_settings(tiny_model, max_batch_size=2, preferred_batch_sizes=(4,))
+    with pytest.raises(ConfigError, match="preferred batch size 4"):
+        create_server(s)
+    with pytest.raises(Exception, match="missing.onnx"):
+        create_server(make_settings(tmp_path / "missing.onnx"))
