@@ -1,0 +1,108 @@
+"""What each escalation policy ranks frames by (higher = escalate first).
+
+Compared at equal escalation rates (the top ``rate`` fraction of frames by score
+is escalated), so the comparison is about *which* frames each policy picks:
+
+* ``random``: uniform sampling (Sedna's ``Random`` filter; the floor to beat).
+* ``sedna_threshold``: Sedna ``Threshold`` — hard when the mean box score is low;
+  ranked by 1 - mean score. Frames without boxes are never hard in Sedna, so they
+  rank last (``shared/reference/anchors-joint-inference.md`` §2.1).
+* ``sedna_ibt``: Sedna ``IBT`` — share of boxes scoring <= ``threshold_box``;
+  empty frames rank last for the same reason.
+* ``combined``: edgewise's combined hardness (the policy's signal weights).
+* ``learned``: a logistic "gain predictor" on the edge signals, trained on logged
+  edge/cloud pairs of a training split: the label is whether the cloud model's
+  answer differs from the edge's (1 - F1(edge vs cloud) > 0), weighted by how much
+  — the ORIC / DCSB idea of predicting the benefit of offloading
+  (``shared/reference/numbers.md`` Table 2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Sequence
+
+import numpy as np
+
+from edgewise.evaluation.frames import FrameRecord
+from edgewise.evaluation.metrics import match_counts
+from edgewise.hardness import SIGNAL_NAMES, combine
+
+NEVER = -1.0  # score of frames a filter can never call hard
+
+
+def random_scores(records: Sequence[FrameRecord], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random(len(records))
+
+
+def sedna_threshold_scores(records: Sequence[FrameRecord]) -> np.ndarray:
+    return np.array([1.0 - float(r.edge.scores.mean()) if len(r.edge) else NEVER for r in records])
+
+
+def sedna_ibt_scores(records: Sequence[FrameRecord], threshold_box: float = 0.5) -> np.ndarray:
+    return np.array(
+        [float((r.edge.scores <= threshold_box).mean()) if len(r.edge) else NEVER for r in records]
+    )
+
+
+def combined_scores(
+    records: Sequence[FrameRecord], weights: Mapping[str, float], mode: str = "max"
+) -> np.ndarray:
+    return np.array([combine(r.signals, weights, mode) for r in records])
+
+
+def features(records: Sequence[FrameRecord]) -> np.ndarray:
+    """Edge-side features only (what the daemon knows before asking the cloud)."""
+    rows = []
+    for r in records:
+        n = len(r.edge)
+        rows.append([r.signals.get(s, 0.0) for s in SIGNAL_NAMES]
+                    + [math.log1p(n), float(n == 0), float(r.edge.scores.max()) if n else 0.0])
+    return np.asarray(rows, np.float64)
+
+
+def disagreement(r: FrameRecord, iou: float = 0.5) -> float:
+    """1 - F1 of the edge's answer scored against the cloud's: what escalating would change."""
+    c = match_counts(r.edge.boxes, r.edge.class_ids, r.edge.scores, r.cloud.boxes, r.cloud.class_ids, iou)
+    return 1.0 - c.f1
+
+
+@dataclass
+class GainPredictor:
+    """L2-regularised logistic regression on standardised edge features (Newton/IRLS)."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    coef: np.ndarray  # [1 + n_features], intercept first
+
+    @classmethod
+    def fit(cls, records: Sequence[FrameRecord], l2: float = 1.0, iters: int = 50) -> GainPredictor:
+        x = features(records)
+        gain = np.array([disagreement(r) for r in records])
+        y = (gain > 0).astype(np.float64)
+        # Frames where the cloud changes a lot matter more than ones where it changes a little.
+        w = np.where(y > 0, 0.5 + gain, 1.0)
+        mean, std = x.mean(axis=0), x.std(axis=0)
+        std[std < 1e-9] = 1.0
+        z = np.hstack([np.ones((len(x), 1)), (x - mean) / std])
+        beta = np.zeros(z.shape[1])
+        reg = np.full(z.shape[1], l2)
+        reg[0] = 0.0
+        for _ in range(iters):
+            p = 1.0 / (1.0 + np.exp(-np.clip(z @ beta, -30, 30)))
+            grad = z.T @ (w * (p - y)) + reg * beta
+            hess = (z * (w * p * (1 - p))[:, None]).T @ z + np.diag(reg + 1e-9)
+            step = np.linalg.solve(hess, grad)
+            beta -= step
+            if float(np.abs(step).max()) < 1e-8:
+                break
+        return cls(mean=mean, std=std, coef=beta)
+
+    def predict(self, records: Sequence[FrameRecord]) -> np.ndarray:
+        z = (features(records) - self.mean) / self.std
+        return 1.0 / (1.0 + np.exp(-np.clip(self.coef[0] + z @ self.coef[1:], -30, 30)))
+
+    def importance(self) -> Dict[str, float]:
+        names: List[str] = list(SIGNAL_NAMES) + ["log_n_boxes", "empty", "max_score"]
+        return {n: round(float(c), 4) for n, c in zip(names, self.coef[1:])}

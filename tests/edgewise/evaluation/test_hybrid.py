@@ -1,0 +1,87 @@
+"""Replaying selections over hand-built frame records, and scoring functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgewise.detections import Detections
+from edgewise.evaluation import hybrid, scoring
+from edgewise.evaluation.frames import FrameRecord, read_labels
+
+
+def D(boxes, cls, scores, source):
+    b = np.asarray(boxes, np.float32).reshape(-1, 4)
+    return Detections(boxes=b, scores=np.asarray(scores, np.float32), class_ids=np.asarray(cls, np.int32),
+                      names=("a", "b"), source=source)
+
+
+def rec(i, edge, cloud, gt_boxes, gt_cls, nbytes=100, signals=None):
+    gb = np.asarray(gt_boxes, np.float32).reshape(-1, 4)
+    return FrameRecord(stream=0, frame=i, width=100, height=100, gt_boxes=gb, gt_cls=np.asarray(gt_cls, np.int32),
+                       edge=edge, cloud=cloud, edge_all=edge, cloud_all=cloud, jpeg_bytes=nbytes,
+                       signals=signals or {})
+
+
+@pytest.fixture
+def records():
+    box = [10, 10, 30, 30]
+    good = D([box], [0], [0.9], "edge")
+    return [
+        # frame 0: edge right, cloud right
+        rec(0, good, D([box], [0], [0.95], "cloud"), [box], [0], signals={"mean_conf": 0.1}),
+        # frame 1: edge wrong class, cloud right
+        rec(1, D([box], [1], [0.4], "edge"), D([box], [0], [0.9], "cloud"), [box], [0], signals={"mean_conf": 0.6}),
+        # frame 2: edge missed it, cloud right
+        rec(2, D([], [], [], "edge"), D([box], [0], [0.8], "cloud"), [box], [0], signals={"missed_object": 0.7}),
+        # frame 3: nothing there, both agree
+        rec(3, D([], [], [], "edge"), D([], [], [], "cloud"), [], []),
+    ]
+
+
+def test_evaluate_edge_only_cloud_only_and_selection(records) -> None:
+    n = len(records)
+    edge_only = hybrid.evaluate(records, np.zeros(n, bool), nc=2)
+    # edge: TP 1, FP 1 (wrong class), FN 2 -> F1 = 2/(2+1+2)
+    assert edge_only["f1"] == pytest.approx(2 / 5)
+    assert edge_only["escalated"] == 0 and edge_only["uplink_saved"] == 1.0
+    cloud_only = hybrid.evaluate(records, np.ones(n, bool), nc=2)
+    assert cloud_only["f1"] == 1.0 and cloud_only["f1_vs_cloud"] == 1.0 and cloud_only["uplink_saved"] == 0.0
+    # escalating frames 1 and 2 fixes everything with half the bytes
+    mixed = hybrid.evaluate(records, np.array([False, True, True, False]), nc=2)
+    assert mixed["f1"] == 1.0 and mixed["escalated"] == 0.5 and mixed["uplink_saved"] == pytest.approx(0.5)
+    assert mixed["map50"] == pytest.approx(1.0)
+
+
+def test_top_fraction_and_policies_at_rates(records) -> None:
+    scores = np.array([0.1, 0.6, 0.7, 0.0])
+    assert hybrid.top_fraction(scores, 0.5).tolist() == [False, True, True, False]
+    assert hybrid.top_fraction(scores, 0.0).sum() == 0
+    # Sedna's mean-confidence filter cannot pick the empty frame 2; the combined score can.
+    sedna = scoring.sedna_threshold_scores(records)
+    assert sedna[2] == scoring.NEVER and sedna[1] == pytest.approx(0.6)
+    combined = scoring.combined_scores(records, {"mean_conf": 1.0, "missed_object": 1.0})
+    res = hybrid.at_rates(records, {"sedna": [sedna], "combined": [combined]}, [0.5], nc=2)
+    assert res["combined"][0]["f1"] == 1.0
+    assert res["sedna"][0]["f1"] < 1.0
+
+
+def test_learned_predictor_learns_disagreement(records) -> None:
+    # Train on many copies: frames 1 and 2 (edge disagrees with cloud) should score above 0 and 3.
+    train = records * 20
+    model = scoring.GainPredictor.fit(train)
+    p = model.predict(records)
+    assert min(p[1], p[2]) > max(p[0], p[3])
+    assert scoring.disagreement(records[0]) == 0.0 and scoring.disagreement(records[2]) == 1.0
+    assert set(model.importance()) >= {"mean_conf", "missed_object"}
+
+
+def test_read_labels(tmp_path) -> None:
+    p = tmp_path / "x.txt"
+    p.write_text("3 0.5 0.5 0.2 0.4\n")
+    boxes, cls = read_labels(p, 100, 50)
+    assert cls.tolist() == [3]
+    assert boxes.tolist() == [[40.0, 15.0, 60.0, 35.0]]
+    p.write_text("3 0.5 0.5\n")
+    with pytest.raises(ValueError, match="x.txt:1: expected 'class cx cy w h'"):
+        read_labels(p, 100, 50)
