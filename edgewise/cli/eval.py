@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import List
 from pathlib import Path
+from typing import List
 
 from edgewise.errors import ConfigError
 
