@@ -36,6 +36,7 @@ import math
 import random
 import threading
 from collections.abc import AsyncIterator, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from cloud.discovery.base import Endpoint, EndpointState
@@ -47,6 +48,17 @@ log = logging.getLogger(__name__)
 
 WEIGHT_ANNOTATION = "edgewise.io/weight"
 SERVICE_LABEL = "kubernetes.io/service-name"
+
+
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _own_namespace() -> str:
+    """The pod's namespace in-cluster (service-account mount), else "default"."""
+    try:
+        return _SA_NAMESPACE.read_text(encoding="utf-8").strip() or "default"
+    except OSError:
+        return "default"
 
 
 def _get(obj: Any, camel: str, snake: str | None = None) -> Any:
@@ -144,16 +156,34 @@ class KubernetesDiscovery:
     """A :class:`~cloud.discovery.base.Discovery` over an EndpointSlice watch."""
 
     def __init__(
-        self, service: str, namespace: str, *, port_name: str | None = None, port: int | None = None,
-        api_client: Any = None, access: KubeAccess | None = None,
+        self, service: str, namespace: str | None = None, *, port_name: str | None = None,
+        port: int | None = None, api_client: Any = None, access: KubeAccess | None = None,
+        api_server: str | None = None, token: str | None = None, token_file: str | None = None,
+        ca_file: str | None = None, verify_tls: bool = True, kubeconfig: str | None = None,
+        context: str | None = None,
         weight_annotation: str = WEIGHT_ANNOTATION, default_weight: float = 1.0,
         watch_timeout_s: int = 300, request_timeout_s: float = 10.0,
         backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
     ) -> None:
-        if not service or not namespace:
-            raise ConfigError("kubernetes discovery needs a service name and a namespace")
-        if port is not None and not 1 <= port <= 65535:
-            raise ConfigError(f"kubernetes discovery: port {port} is outside 1..65535")
+        """``service``: the worker Service; ``namespace``: default the pod's own (in-cluster) or
+        "default"; ``port_name``/``port``: which slice port (or a fixed port); API access from
+        ``api_client``, ``access``, or the plain ``api_server``/``token``/``kubeconfig`` keys
+        (so a YAML ``discovery.kubernetes`` mapping can be passed straight in)."""
+        namespace = namespace or _own_namespace()
+        if not service or not isinstance(service, str):
+            raise ConfigError("kubernetes discovery needs the worker Service name (service: ...)")
+        if port is not None and (not isinstance(port, int) or not 1 <= port <= 65535):
+            raise ConfigError(f"kubernetes discovery: port {port!r} is outside 1..65535")
+        if not (isinstance(default_weight, (int, float)) and default_weight > 0):
+            raise ConfigError(f"kubernetes discovery: default_weight must be > 0, got {default_weight!r}")
+        if access is None and api_client is None:
+            if token_file and not token:
+                try:
+                    token = Path(token_file).read_text(encoding="utf-8").strip()
+                except OSError as exc:
+                    raise ConfigError(f"kubernetes discovery: token_file {token_file}: {exc.strerror}") from None
+            access = KubeAccess(api_server=api_server, token=token, ca_file=ca_file, verify_tls=verify_tls,
+                                kubeconfig=kubeconfig, context=context)
         self.service, self.namespace = service, namespace
         self.port_name, self.port = port_name, port
         self.annotation, self.default_weight = weight_annotation, default_weight

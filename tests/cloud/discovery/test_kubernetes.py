@@ -17,6 +17,7 @@ from cloud.discovery.kubernetes import (
     pods_of,
     weight_from_pod,
 )
+from edgewise.errors import ConfigError
 from tests.cloud.discovery.fakeapi import FakeKubeAPI, endpoint, slice_doc
 
 R, D = EndpointState.READY, EndpointState.DRAINING
@@ -225,3 +226,31 @@ def test_unreachable_api_keeps_retrying_without_crashing():
 
     d = asyncio.run(scenario())
     assert d.errors >= 2
+
+
+def test_built_from_plain_config_keys(kube, tmp_path):
+    """The gateway passes its YAML ``discovery`` mapping straight in (as the chart writes it)."""
+    token = tmp_path / "token"
+    token.write_text("tok\n")
+    kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint("10.0.0.1", "p1")], ports=(("grpc", 1),)))
+    opts = {"service": "edgewise-worker", "namespace": "ns", "port": 50051, "api_server": kube.url,
+            "token_file": str(token), "backoff_initial_s": 0.05}
+
+    async def scenario():
+        d = KubernetesDiscovery(**opts)
+        snap = await until(d.watch(), lambda s: True)
+        await d.close()
+        return snap
+
+    assert {e.address for e in asyncio.run(scenario())} == {"10.0.0.1:50051"}
+    assert all(auth == "Bearer tok" for _, _, auth in kube.requests)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(service=""), "Service name"), (dict(service="w", port=0), "1..65535"),
+    (dict(service="w", default_weight=0), "default_weight"),
+    (dict(service="w", api_server="http://127.0.0.1:9", token_file="/nonexistent/token"), "token_file"),
+])
+def test_config_errors(kw, msg):
+    with pytest.raises(ConfigError, match=msg):
+        KubernetesDiscovery(**kw)
