@@ -141,3 +141,11 @@ def test_process_rejects_bad_flags_with_a_message(tmp_path):
     p = _spawn(["--gateway-url", "gw:9100", "--api-server", "http://127.0.0.1:9"], tmp_path)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 2 and "must start with http" in err
+
+
+def test_example_config_loads_with_hpa_defaults():
+    s = load_settings(ROOT / "cloud/autoscaler/autoscaler.example.yaml", {}, {})
+    from cloud.autoscaler.scaling import default_scale_down, default_scale_up
+
+    assert s.scale_up == default_scale_up() and s.scale_down == default_scale_down()
+    assert s.scaler_config().target_utilization == 0.7 and s.max_replicas == 20

@@ -180,3 +180,14 @@ def test_aggregate_sums_load_dedupes_capacity():
 def test_parse_pool_rejects_bad_documents(doc, msg):
     with pytest.raises(InvalidInputError, match=msg):
         parse_pool(doc, "gw")
+
+
+def test_gateway_host_expands_to_every_address():
+    poller = GatewayPoller(["http://localhost:9100/"])
+    targets = asyncio.run(poller._targets("http://localhost:9100/"))
+    urls = {u for u, _ in targets}
+    assert urls & {"http://127.0.0.1:9100/pool", "http://[::1]:9100/pool"}
+    assert all(h == "localhost:9100" for _, h in targets)
+    assert asyncio.run(poller._targets("http://10.1.2.3:9100")) == [("http://10.1.2.3:9100/pool", None)]
+    off = GatewayPoller([], resolve=False)
+    assert asyncio.run(off._targets("http://gw:9100")) == [("http://gw:9100/pool", None)]
