@@ -210,8 +210,8 @@ def test_tls_mounts_secrets_and_configures_gateway() -> None:
     assert vols["mqtt-tls"]["secret"]["secretName"] == "mqtt-tls"
     cm = [c for c in _by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("gateway")][0]
     cfg = yaml.safe_load(cm["data"]["gateway.yaml"])
-    assert cfg["tls"]["clientCa"] == "/etc/edgewise/tls/ca.crt"
-    assert cfg["mqtt"]["port"] == 8883
+    assert cfg["tls"]["client_ca_file"] == "/etc/edgewise/tls/ca.crt" and cfg["tls"]["require_client_cert"]
+    assert cfg["mqtt"]["port"] == 8883 and cfg["mqtt"]["tls"] is True
     conf = [c for c in _by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("mosquitto")][0]["data"]["mosquitto.conf"]
     assert "allow_anonymous false" in conf and "certfile /mosquitto/tls/tls.crt" in conf
     assert "listener 1883" not in conf and "listener 8883" in conf
@@ -231,3 +231,20 @@ def test_bad_values_rejected_with_message(bad: Path) -> None:
     out = subprocess.run([helm(), "template", "rel", str(CHART), "-f", str(bad)], capture_output=True, text=True)
     assert out.returncode != 0, f"{bad.name} was accepted"
     assert expect in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_rendered_gateway_config_loads_in_the_gateway(mode: str, tmp_path) -> None:
+    """The chart and the gateway agree on every key: the gateway's own loader accepts it."""
+    import inspect
+
+    from cloud.discovery.kubernetes import KubernetesDiscovery
+    from cloud.gateway.settings import load_settings
+
+    cm = [c for c in _by_kind(render(*MODES[mode]), "ConfigMap") if c["metadata"]["name"].endswith("gateway")][0]
+    path = tmp_path / "gateway.yaml"
+    path.write_text(cm["data"]["gateway.yaml"])
+    settings = load_settings(path, env={})
+    assert settings.discovery.kind == "kubernetes"
+    inspect.signature(KubernetesDiscovery).bind(**settings.discovery.kubernetes)
+    assert settings.listen == "0.0.0.0:50051" and settings.metrics_port == 9100
