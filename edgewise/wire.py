@@ -125,7 +125,7 @@ def decode_image(
     if not data:
         raise InvalidInputError("image.data is empty: send the encoded frame (JPEG, PNG or RAW)")
     if len(data) > max_bytes:
-        raise InvalidInputError(f"image.data is {len(data)} bytes, over the limit of {max_bytes}")
+        raise InvalidInputError(f"image.data is {len(data)} bytes, over the limit of {max_bytes} bytes")
     enc = img.encoding
     if enc == detect_pb2.Image.RAW:
         if img.dtype != "uint8":

@@ -64,7 +64,8 @@ def letterbox_shape(
     if not scaleup:  # only scale down, do not scale up (for better val mAP)
         r = min(r, 1.0)
     ratio = (r, r)
-    new_unpad = (int(round(shape[1] * r)), int(round(shape[0] * r)))
+    # max(1, .): YOLOv5 would hand OpenCV a zero size for extreme aspect ratios.
+    new_unpad = (max(1, int(round(shape[1] * r))), max(1, int(round(shape[0] * r))))
     dw, dh = float(nw - new_unpad[0]), float(nh - new_unpad[1])
     if auto:  # minimum rectangle
         dw, dh = float(np.mod(dw, stride)), float(np.mod(dh, stride))

@@ -1,0 +1,126 @@
+"""TensorRT backend: everything that needs no GPU, plus a real build where TensorRT exists."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.runtime.backends import tensorrt as trtb
+from edgewise.runtime.letterbox import preprocess_batch
+from edgewise.runtime.metadata import load_model_info
+
+HAS_TRT = importlib.util.find_spec("tensorrt") is not None
+
+KEY_ARGS = dict(model_sha256="ab" * 32, precision="fp16", imgsz=(640, 640), trt_version="8.5.2.2",
+                gpu_name="Xavier", max_batch=1)
+
+
+def test_cache_key_is_stable_and_readable():
+    k = trtb.engine_cache_key(**KEY_ARGS)
+    assert k == trtb.engine_cache_key(**KEY_ARGS)
+    assert k.startswith("abababababababab-fp16-640x640-b1-trt8.5.2.2-xavier-") and k.endswith(".engine")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("model_sha256", "cd" * 32), ("precision", "int8"), ("imgsz", (320, 320)),
+    ("trt_version", "10.3.0"), ("gpu_name", "NVIDIA H100"), ("max_batch", 8),
+])
+def test_cache_key_changes_with_every_input(field, value):
+    assert trtb.engine_cache_key(**{**KEY_ARGS, field: value}) != trtb.engine_cache_key(**KEY_ARGS)
+
+
+def test_cache_key_distinguishes_names_that_slug_alike():
+    a = trtb.engine_cache_key(**{**KEY_ARGS, "gpu_name": "GPU A"})
+    b = trtb.engine_cache_key(**{**KEY_ARGS, "gpu_name": "GPU-A"})
+    assert a != b
+
+
+def test_cache_key_rejects_unknown_precision():
+    with pytest.raises(ConfigError, match="precision 'int4'"):
+        trtb.engine_cache_key(**{**KEY_ARGS, "precision": "int4"})
+
+
+def test_default_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEWISE_ENGINE_CACHE", str(tmp_path))
+    assert trtb.default_cache_dir() == tmp_path
+
+
+def test_version_tuple():
+    assert trtb.trt_version_tuple("8.5.2.2") == (8, 5, 2, 2)
+    assert trtb.trt_version_tuple("10.3.0.post1") == (10, 3, 0, 1)
+
+
+def _write_images(d: Path, n: int) -> list:
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    ims = []
+    for i in range(n):
+        im = rng.integers(0, 255, (40 + i, 60, 3), dtype=np.uint8)
+        cv2.imwrite(str(d / f"{i:03d}.png"), im)
+        ims.append(im)
+    return ims
+
+
+def test_calibration_batches_letterbox_and_cycle(tmp_path: Path):
+    ims = _write_images(tmp_path / "calib", 5)
+    (tmp_path / "calib" / "notes.txt").write_text("not an image")
+    cb = trtb.CalibrationBatches.from_dir(tmp_path / "calib", (32, 32), batch_size=2)
+    assert len(cb) == 3
+    batches = list(cb)
+    assert [b.shape for b in batches] == [(2, 3, 32, 32)] * 3
+    assert all(b.flags["C_CONTIGUOUS"] and b.dtype == np.float32 for b in batches)
+    expect, _ = preprocess_batch([ims[4], ims[0]], (32, 32), auto=False)  # last batch cycles
+    np.testing.assert_array_equal(batches[2], expect)
+
+
+def test_calibration_max_images(tmp_path: Path):
+    _write_images(tmp_path / "c", 5)
+    assert len(trtb.CalibrationBatches.from_dir(tmp_path / "c", (32, 32), 1, max_images=3)) == 3
+
+
+def test_calibration_folder_errors(tmp_path: Path):
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        trtb.CalibrationBatches.from_dir(tmp_path / "nope", (32, 32))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidInputError, match="holds no images"):
+        trtb.CalibrationBatches.from_dir(tmp_path / "empty", (32, 32))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.jpg").write_bytes(b"garbage")
+    with pytest.raises(InvalidInputError, match=r"x\.jpg cannot be decoded"):
+        list(trtb.CalibrationBatches.from_dir(tmp_path / "bad", (32, 32)))
+
+
+@pytest.mark.skipif(HAS_TRT, reason="TensorRT is installed here; the missing-TensorRT message cannot be shown")
+def test_clear_error_when_tensorrt_is_absent(tiny_model: Path):
+    with pytest.raises(trtb.TensorRTUnavailableError, match=r"pip install tensorrt.*JetPack|JetPack.*pip install tensorrt"):
+        trtb.import_tensorrt()
+    from edgewise.runtime import Detector
+
+    with pytest.raises(ConfigError, match="JetPack"):
+        Detector.from_file(tiny_model, backend="tensorrt")
+    # auto falls back to ONNX Runtime
+    assert Detector.from_file(tiny_model, backend="auto").backend.name.startswith("onnxruntime")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed (needs an NVIDIA GPU, JetPack or pip install tensorrt)")
+def test_engine_build_cache_and_agreement(tiny_model: Path, tmp_path: Path):  # pragma: no cover - GPU only
+    if trtb.cuda_device_name() is None:
+        pytest.skip("TensorRT is installed but no CUDA device / CUDA Python bindings are available")
+    from edgewise.runtime.backends.onnxruntime import OnnxRuntimeBackend
+
+    info = load_model_info(tiny_model)
+    be = trtb.TensorRTBackend.from_onnx(info, cache_dir=tmp_path, precision="fp16", max_batch=4)
+    engines = list(tmp_path.glob("*.engine"))
+    assert len(engines) == 1
+    x = np.random.default_rng(0).random((3, 3, 160, 160), dtype=np.float32)
+    ref = OnnxRuntimeBackend(info, threads=1).run(x)
+    np.testing.assert_allclose(be.run(x), ref, atol=0.05)
+    mtime = engines[0].stat().st_mtime
+    trtb.TensorRTBackend.from_onnx(info, cache_dir=tmp_path, precision="fp16", max_batch=4)
+    assert engines[0].stat().st_mtime == mtime  # loaded from the cache, not rebuilt

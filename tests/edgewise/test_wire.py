@@ -1,0 +1,155 @@
+"""Wire codecs: round trips and every corrupt or oversized payload."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgewise import wire
+from edgewise.detections import Detections
+from edgewise.errors import InvalidInputError
+from edgewise.v1 import detect_pb2
+
+
+def _img(h: int = 48, w: int = 64) -> np.ndarray:
+    y, x = np.mgrid[0:h, 0:w]
+    return np.stack([x * 4 % 256, y * 5 % 256, (x + y) % 256], -1).astype(np.uint8)
+
+
+@pytest.mark.parametrize("fmt, tol", [("png", 0), ("raw", 0), ("jpeg", 12)])
+def test_image_round_trip(fmt, tol):
+    im = _img()
+    msg = wire.encode_image(im, fmt)
+    back = wire.decode_image(detect_pb2.Image.FromString(msg.SerializeToString()))
+    assert back.shape == im.shape and back.dtype == np.uint8
+    assert np.abs(back.astype(int) - im).mean() <= tol
+
+
+def test_header_sizes():
+    im = _img(30, 70)
+    assert wire.jpeg_size(wire.encode_image(im, "jpeg").data) == (70, 30)
+    assert wire.png_size(wire.encode_image(im, "png").data) == (70, 30)
+
+
+def test_encode_rejects_bad_input():
+    with pytest.raises(InvalidInputError, match="dtype uint8"):
+        wire.encode_image(np.zeros((4, 4, 3), np.float32))
+    with pytest.raises(InvalidInputError, match="format 'gif'"):
+        wire.encode_image(_img(), "gif")
+    with pytest.raises(InvalidInputError, match="quality"):
+        wire.encode_image(_img(), "jpeg", quality=0)
+
+
+def test_corrupt_jpeg():
+    data = wire.encode_image(_img(), "jpeg").data
+    with pytest.raises(InvalidInputError, match="truncated JPEG"):
+        wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=data[: len(data) // 2]))
+    with pytest.raises(InvalidInputError, match="not a JPEG"):
+        wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=b"hello world, not jpeg"))
+    garbage = data[:2] + b"\xff\xc0\x00\x11" + bytes(200) + b"\xff\xd9"
+    with pytest.raises(InvalidInputError, match="JPEG"):
+        wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=garbage))
+
+
+def test_png_declared_as_jpeg_and_corrupt_png():
+    png = wire.encode_image(_img(), "png").data
+    with pytest.raises(InvalidInputError, match="not a JPEG"):
+        wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=png))
+    bad = png[:40] + bytes(len(png) - 40)
+    with pytest.raises(InvalidInputError, match="corrupt PNG"):
+        wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.PNG, data=bad))
+
+
+def test_size_limits_checked_before_decoding():
+    big = wire.encode_image(np.zeros((200, 300, 3), np.uint8), "jpeg")
+    with pytest.raises(InvalidInputError, match=r"300x200 = 60000 pixels, over the limit of 50000"):
+        wire.decode_image(big, max_pixels=50_000)
+    with pytest.raises(InvalidInputError, match="over the limit of 10 bytes"):
+        wire.decode_image(big, max_bytes=10)
+    # a forged PNG header claiming 100k x 100k is refused without decoding
+    png = bytearray(wire.encode_image(_img(), "png").data)
+    png[16:24] = (100_000).to_bytes(4, "big") * 2
+    with pytest.raises(InvalidInputError, match="over the limit"):
+        wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.PNG, data=bytes(png)))
+
+
+def test_raw_validation():
+    im = _img()
+    msg = wire.encode_image(im, "raw")
+    ok = wire.decode_image(msg)
+    assert not ok.flags.writeable  # zero-copy view of the message bytes
+    with pytest.raises(InvalidInputError, match="needs 9216"):
+        wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.RAW, data=msg.data[:-1], shape=[48, 64, 3], dtype="uint8"))
+    with pytest.raises(InvalidInputError, match="dtype 'float32'"):
+        wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.RAW, data=msg.data, shape=[48, 64, 3], dtype="float32"))
+    with pytest.raises(InvalidInputError, match=r"\[height, width, 3\]"):
+        wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.RAW, data=msg.data, shape=[48, 192], dtype="uint8"))
+    with pytest.raises(InvalidInputError, match="over the limit"):
+        wire.decode_image(msg, max_pixels=100)
+
+
+def test_empty_and_unspecified():
+    with pytest.raises(InvalidInputError, match="image.data is empty"):
+        wire.decode_image(detect_pb2.Image())
+    with pytest.raises(InvalidInputError, match="encoding 0 is not supported"):
+        wire.decode_image(detect_pb2.Image(data=b"xx"))
+
+
+def _dets() -> Detections:
+    return Detections(
+        boxes=np.array([[1, 2, 30, 40], [5, 5, 6, 7]], np.float32),
+        scores=np.array([0.9, 0.3], np.float32),
+        class_ids=np.array([1, 0], np.int32),
+        class_scores=np.array([[0.1, 0.9], [0.3, 0.05]], np.float32),
+        objectness=np.array([0.95, 0.5], np.float32),
+        names=("cat", "dog"),
+        source="edge",
+    )
+
+
+def test_detections_round_trip():
+    d = _dets()
+    msgs = wire.detections_to_proto(d)
+    assert [m.class_name for m in msgs] == ["dog", "cat"] and msgs[0].source == "edge"
+    wired = [detect_pb2.Detection.FromString(m.SerializeToString()) for m in msgs]
+    back = wire.detections_from_proto(wired, names=d.names, source="edge")
+    np.testing.assert_array_equal(back.boxes, d.boxes)
+    np.testing.assert_array_equal(back.scores, d.scores)
+    np.testing.assert_array_equal(back.class_ids, d.class_ids)
+    np.testing.assert_array_equal(back.class_scores, d.class_scores)
+    assert back.sources is None and back.names == d.names
+
+
+def test_detections_sources_and_override():
+    msgs = wire.detections_to_proto(_dets(), source="cloud")
+    assert {m.source for m in msgs} == {"cloud"}
+    back = wire.detections_from_proto(msgs, names=("cat", "dog"), source="edge")
+    assert back.sources == ("cloud", "cloud")
+    assert len(wire.detections_from_proto([], names=("a",))) == 0
+
+
+def test_detections_validation():
+    def one(**kw):
+        base = dict(x1=0, y1=0, x2=1, y2=1, score=0.5, class_id=0)
+        base.update(kw)
+        return [detect_pb2.Detection(**base)]
+
+    with pytest.raises(InvalidInputError, match=r"detections\[0\]: coordinates and score must be finite"):
+        wire.detections_from_proto(one(x2=float("nan")), names=("a",))
+    with pytest.raises(InvalidInputError, match="finite"):
+        wire.detections_from_proto(one(score=float("inf")), names=("a",))
+    with pytest.raises(InvalidInputError, match=r"class_id 3 is out of range: the model has 2 classes"):
+        wire.detections_from_proto(one(class_id=3), names=("a", "b"))
+    with pytest.raises(InvalidInputError, match="inverted"):
+        wire.detections_from_proto(one(x1=5, x2=1), names=("a",))
+    mixed = one(class_scores=[0.1, 0.2]) + one(class_scores=[0.3])
+    assert wire.detections_from_proto(mixed, names=("a", "b")).class_scores is None
+
+
+def test_crop_offsets_back_to_source_frame():
+    d = _dets()
+    img = detect_pb2.Image(offset_x=100, offset_y=50, source_width=120, source_height=400)
+    s = wire.to_source_frame(d, img)
+    np.testing.assert_array_equal(s.boxes, [[101, 52, 120, 90], [105, 55, 106, 57]])  # clipped at w=120
+    assert wire.to_source_frame(d, detect_pb2.Image()) is d
+    np.testing.assert_array_equal(wire.shift_detections(d, 1, 2).boxes[0], [2, 4, 31, 42])
