@@ -1,0 +1,88 @@
+"""Worker settings: layering file <- env <- flags, validation, unknown keys with their path."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud.worker.settings import WorkerSettings, load_settings
+from edgewise.cli import build_parser
+from edgewise.errors import ConfigError
+
+
+def write(tmp_path, text: str):
+    p = tmp_path / "worker.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_layers_defaults_file_env_flags(tmp_path):
+    cfg = write(tmp_path, "model: a.onnx\nport: 7000\nbatching:\n  max_batch_size: 4\n"
+                          "  preferred_batch_sizes: [2, 4]\n  max_queue_delay_ms: 1.5\n")
+    s = load_settings(cfg, env={})
+    assert (s.model, s.port, s.metrics_port) == ("a.onnx", 7000, 9101)
+    assert s.batching.max_batch_size == 4 and s.batching.preferred_batch_sizes == (2, 4)
+    pol = s.batching.policy()
+    assert pol.max_queue_delay_s == pytest.approx(0.0015) and pol.max_queue_size == 64
+    env = {"EDGEWISE_WORKER_PORT": "7100", "EDGEWISE_WORKER_BATCHING__PREFERRED_BATCH_SIZES": "1,2",
+           "EDGEWISE_WORKER_GRACE_S": "2.5", "OTHER": "x"}
+    s = load_settings(cfg, env=env)
+    assert s.port == 7100 and s.batching.preferred_batch_sizes == (1, 2) and s.grace_s == 2.5
+    s = load_settings(cfg, env=env, overrides={"port": 0, "batching.max_batch_size": 2})
+    assert s.port == 0 and s.batching.max_batch_size == 2 and s.batching.preferred_batch_sizes == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model: a.onnx\nbatching:\n  max_batch_sise: 4\n", "unknown key batching.max_batch_sise"),
+        ("model: a.onnx\nprot: 1\n", "unknown key prot"),
+        ("model: a.onnx\nport: high\n", "port must be int"),
+        ("model: a.onnx\nbatching: 8\n", "batching must be a mapping"),
+        ("model: a.onnx\nbatching:\n  preferred_batch_sizes: [4, x]\n", r"preferred_batch_sizes\[1\] must be int"),
+        ("model: a.onnx\nport: 70000\n", "port must be in"),
+        ("model: a.onnx\nbatching:\n  max_batch_size: 2\n  preferred_batch_sizes: [4]\n",
+         "batching: preferred batch size 4"),
+        ("port: 1\n", "model: a YOLOv5 ONNX file is required"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("model: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_bad_files_name_the_file_and_key(tmp_path, text, message):
+    cfg = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as ei:
+        load_settings(cfg, env={})
+    if "must be in" not in message and "required" not in message and "batching:" not in message:
+        assert str(cfg) in str(ei.value)
+
+
+def test_bad_env_names_the_variable(tmp_path):
+    with pytest.raises(ConfigError, match="EDGEWISE_WORKER_BATCHING__MAX_BATCH: unknown key batching.max_batch"):
+        load_settings(None, env={"EDGEWISE_WORKER_MODEL": "m.onnx", "EDGEWISE_WORKER_BATCHING__MAX_BATCH": "4"})
+    with pytest.raises(ConfigError, match="EDGEWISE_WORKER_THREADS: threads must be int"):
+        load_settings(None, env={"EDGEWISE_WORKER_MODEL": "m.onnx", "EDGEWISE_WORKER_THREADS": "many"})
+    with pytest.raises(ConfigError, match="missing.yaml: cannot read"):
+        load_settings(tmp_path / "missing.yaml", env={})
+
+
+def test_cli_flags_map_onto_settings_and_absent_flags_do_not_override(tmp_path, monkeypatch):
+    import cloud.worker.cli as cli
+
+    cfg = write(tmp_path, "model: from-file.onnx\nthreads: 3\nbatching:\n  max_queue_size: 9\n")
+    args = build_parser().parse_args(
+        ["cloud", "worker", "--config", str(cfg), "--port", "0", "--max-batch", "8", "--max-delay-ms", "5",
+         "--preferred-batch", "4,8", "--queue-size", "64", "--metrics-port", "0"])
+    seen = {}
+
+    async def fake_serve(settings):  # stands in for the server: only the parsing is under test
+        seen["s"] = settings
+        return 0
+
+    monkeypatch.setattr("cloud.worker.server.serve", fake_serve)
+    monkeypatch.delenv("EDGEWISE_WORKER_PORT", raising=False)
+    assert args.func is cli.handle and args.func(args) == 0
+    s: WorkerSettings = seen["s"]
+    assert s.model == "from-file.onnx" and s.threads == 3 and s.port == 0 and s.metrics_port == 0
+    assert s.batching.max_batch_size == 8 and s.batching.preferred_batch_sizes == (4, 8)
+    assert s.batching.max_queue_size == 64 and s.batching.max_queue_delay_ms == 5.0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["cloud", "worker", "--preferred-batch", "4,x"])
