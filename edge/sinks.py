@@ -13,11 +13,13 @@ Callers: ``edge.daemon`` builds them, ``edge.pipeline`` / ``edge.escalating`` wr
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
 import sys
-from typing import Any, Dict, List, Optional, Set
+import time
+from typing import Any, Deque, Dict, List, Optional, Set
 
 try:
     from typing import Protocol
@@ -112,17 +114,34 @@ class MqttSink:
 
     name = "mqtt"
 
-    def __init__(self, client: Any, topic: str) -> None:
+    def __init__(self, client: Any, topic: str, close_timeout_s: float = 3.0) -> None:
         self.client = client
         self.topic = topic
+        self.close_timeout_s = close_timeout_s
+        self.unacked: Deque[Any] = collections.deque(maxlen=1000)
 
     def write(self, rec: Record) -> None:
         info = self.client.publish(self.topic, json.dumps(rec, separators=(",", ":")), qos=1)
         if getattr(info, "rc", 0) != 0:
             raise OSError(f"MQTT publish to {self.topic} failed (rc={info.rc}); broker unreachable?")
+        self.unacked.append(info)
 
     def close(self) -> None:
-        pass
+        """Wait (bounded) until the broker acknowledged the last records."""
+        deadline = time.monotonic() + self.close_timeout_s
+        while self.unacked:
+            info = self.unacked[0]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("%d MQTT records not acknowledged by the broker at shutdown", len(self.unacked))
+                return
+            try:
+                if not info.is_published():
+                    info.wait_for_publish(timeout=left)
+            except (RuntimeError, ValueError):
+                pass  # not connected / queue full: nothing more to wait for
+            if info.is_published() or time.monotonic() >= deadline:
+                self.unacked.popleft()
 
 
 class Sinks:

@@ -63,6 +63,7 @@ class MqttConnection:
         self.connected = threading.Event()
         self.subscriptions: Dict[str, Any] = {}  # topic -> handler(msg), resubscribed on reconnect
         self.lock = threading.Lock()
+        self.stopping = False
 
     def start(self) -> None:
         # connect_async + loop_start: the first connection and every reconnect
@@ -71,6 +72,7 @@ class MqttConnection:
         self.client.loop_start()
 
     def stop(self) -> None:
+        self.stopping = True
         try:
             self.client.disconnect()
         finally:
@@ -94,7 +96,7 @@ class MqttConnection:
         self.connected.set()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
-        if self.connected.is_set():
+        if self.connected.is_set() and not self.stopping:
             log.warning("MQTT disconnected from %s:%d (%s); reconnecting with backoff", self.host, self.port, reason_code)
         self.connected.clear()
 
