@@ -191,3 +191,21 @@ def test_gateway_host_expands_to_every_address():
     assert asyncio.run(poller._targets("http://10.1.2.3:9100")) == [("http://10.1.2.3:9100/pool", None)]
     off = GatewayPoller([], resolve=False)
     assert asyncio.run(off._targets("http://gw:9100")) == [("http://gw:9100/pool", None)]
+
+
+def test_polls_the_real_gateway_side_port():
+    """Contract test with the gateway's own HTTP side port (cloud.gateway.http.SidePort)."""
+    from prometheus_client import CollectorRegistry
+
+    from cloud.gateway.http import SidePort
+
+    async def scenario():
+        side = SidePort(CollectorRegistry(), lambda: pool_doc(3, 12.0, qw=7.0), lambda: True)
+        port = await side.start("127.0.0.1", 0)
+        try:
+            return await GatewayPoller([f"http://127.0.0.1:{port}"]).poll(1.0)
+        finally:
+            await side.stop()
+
+    s = asyncio.run(scenario())
+    assert (s.in_flight, s.capacity, s.ready_workers, s.queue_wait_ms_p90, s.complete) == (12.0, 30.0, 3, 7.0, True)
