@@ -147,7 +147,12 @@ def load_settings(
             _set_path(settings, path, value, f"environment variable {key}", from_text=True)
     for path, value in (overrides or {}).items():
         _set_path(settings, path, value, "command line", from_text=isinstance(value, str))
-    return settings.validate()
+    try:
+        return settings.validate()
+    except ConfigError as exc:
+        if config is None:
+            raise
+        raise ConfigError(f"{config} (with environment and flags applied): {exc}") from exc
 
 
 # -- typed construction ---------------------------------------------------------

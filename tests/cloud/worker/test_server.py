@@ -294,3 +294,18 @@ def test_bad_settings_are_rejected_before_binding(tiny_model, tmp_path):
         create_server(s)
     with pytest.raises(Exception, match="missing.onnx"):
         create_server(make_settings(tmp_path / "missing.onnx"))
+
+
+def test_oversize_request_is_rejected_with_a_clear_status(tiny_model):
+    settings = make_settings(tiny_model)
+    settings.max_message_bytes = 4096
+
+    async def main():
+        async with running(settings) as (_, stub, _ch):
+            big = await call(stub, jpeg_request(photo()))  # ~100 KB JPEG
+            small = await call(stub, jpeg_request(np.full((32, 32, 3), 90, np.uint8)))
+            return big, small
+
+    big, small = asyncio.run(main())
+    assert big[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and "4096" in big[1]
+    assert small[0] == grpc.StatusCode.OK

@@ -51,8 +51,7 @@ def test_bad_files_name_the_file_and_key(tmp_path, text, message):
     cfg = write(tmp_path, text)
     with pytest.raises(ConfigError, match=message) as ei:
         load_settings(cfg, env={})
-    if "must be in" not in message and "required" not in message and "batching:" not in message:
-        assert str(cfg) in str(ei.value)
+    assert str(cfg) in str(ei.value)
 
 
 def test_bad_env_names_the_variable(tmp_path):
