@@ -246,3 +246,15 @@ def test_old_high_recommendation_holds_but_never_raises():
     s.record_scale(0.0, 4, 8)
     d = s.decide(15.0, 8, load(15.0, 8, 2.0))           # load gone: rec 1, window max 40
     assert d.recommendation == 1 and d.desired == 8
+
+
+def test_scale_up_stabilization_window_needs_sustained_load():
+    up = ScalingRules(60, (ScalingPolicy("Percent", 100, 15), ScalingPolicy("Pods", 4, 15)), "Max")
+    s = Scaler(ScalerConfig(min_replicas=1, max_replicas=50, target_utilization=0.5, scale_up=up))
+    # a 15 s burst is ignored: the min over the last 60 s includes the seeded current replicas
+    ds = run(s, [(0, 40.0), (15, 40.0), (15, 10.0), (15, 10.0)], current=4)
+    assert [d.desired for d in ds] == [4, 4, 4, 4]
+    # sustained load for a whole window: scale up to the smallest recommendation in it
+    s = Scaler(ScalerConfig(min_replicas=1, max_replicas=50, target_utilization=0.5, scale_up=up))
+    ds = run(s, [(0, 40.0)] + [(15, 40.0)] * 5, current=4)
+    assert [d.desired for d in ds] == [4, 4, 4, 4, 8, 8]  # t=60: the t=0 seed left the window
