@@ -183,6 +183,7 @@ class Batcher(Generic[T]):
                 if p.item is item:
                     level.remove(p)
                     self._size -= 1
+                    self._prune()
                     return True
         return False
 
@@ -209,6 +210,7 @@ class Batcher(Generic[T]):
             if len(taken) == size:
                 break
         self._size -= len(taken)
+        self._prune()
         return Batch(
             items=tuple(p.item for p in taken),
             queue_waits=tuple(now - p.enqueued for p in taken),
@@ -263,6 +265,14 @@ class Batcher(Generic[T]):
                     keep.append(p)
             level.clear()
             level.extend(keep)
+        self._prune()
+
+    def _prune(self) -> None:
+        # Empty levels go, so arbitrary client priorities cannot grow the state.
+        if len(self._levels) > self._size:
+            for prio in [q for q, level in self._levels.items() if not level]:
+                del self._levels[prio]
+                self._order.remove(prio)
 
     def _oldest(self) -> float:
         return min(level[0].enqueued for level in self._levels.values() if level)

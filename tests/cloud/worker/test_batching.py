@@ -233,6 +233,14 @@ def test_flush_sends_without_waiting_for_the_delay():
     assert batch is not None and batch.items == (3,) and batch.reason == "flush"
 
 
+def test_state_stays_bounded_under_arbitrary_priorities():
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=2, max_queue_delay_s=0.0, max_queue_size=4))
+    for k in range(1000):
+        b.submit(k, float(k), priority=(k * 7919) % 2**32)
+        assert b.next_batch(float(k)) is not None
+    assert b.depth == 0 and not b._levels and not b._order
+
+
 def test_full_queue_rejects_immediately_and_frees_after_dispatch():
     b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=2, max_queue_delay_s=0.0, max_queue_size=3))
     for k in range(3):
