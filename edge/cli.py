@@ -62,10 +62,9 @@ def _check_policy(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"edgewise: invalid policy: {exc}", file=sys.stderr)
         return 1
-    try:
-        from edgewise.policy import explain
-    except ImportError:  # explain() not available in this build
-        print(f"{args.file}: valid ({policy.metadata.name})")
-        return 0
+    from edgewise.policy import explain, warnings
+
     print(explain(policy))
+    for w in warnings(policy):
+        print(f"warning: {w}")
     return 0

@@ -136,3 +136,46 @@ def test_cloud_down_edge_only_and_drop(tmp_path, tiny_model, action, outcome):
     else:
         assert sorted(r["frame_seq"] for r in recs) == list(range(8))
         assert all(r["outcome"] == outcome and "UNAVAILABLE" in r["error"] for r in recs)
+
+
+def test_stop_spools_in_flight_escalations(tmp_path, tiny_model):
+    """A stop (what SIGTERM does) while the cloud is slow: in-flight escalations get
+    the grace period, then go to the spool; nothing hangs."""
+    import time
+
+    from edge.spool import Spool
+
+    cloud = StubCloud(None)
+    cloud.delay_s = 2.5
+    stub = GrpcStubThread(cloud)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("slow", {"s": "always"}, deadline_ms=10000))
+    s = base_settings(
+        tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+        policy_file=str(policy), cloud={"endpoints": [f"127.0.0.1:{stub.port}"]}, shutdown_grace_s=0.3,
+    )
+    d = EdgeDaemon(s)
+    try:
+        async def run():
+            task = asyncio.ensure_future(d.run())
+            while d.escalating is None or d.escalating.in_flight() < 3:
+                await asyncio.sleep(0.02)
+            t0 = time.monotonic()
+            d.request_stop()
+            ok, detail = d.health()
+            assert not ok and detail["status"] == "stopping"
+            assert await asyncio.wait_for(task, 10) == 0
+            return time.monotonic() - t0
+        took = asyncio.run(run())
+    finally:
+        stub.stop()
+    assert took < 3.0
+    recs = read_jsonl(tmp_path / "out.jsonl")
+    seqs = [r["frame_seq"] for r in recs]
+    assert sorted(seqs) == list(range(len(seqs)))  # every processed frame has its record
+    spooled = {r["frame_seq"] for r in recs if r["outcome"] == "spooled"}
+    assert len(spooled) >= 3
+    assert all("shutting down" in r["error"] for r in recs if r["outcome"] == "spooled")
+    sp = Spool(str(tmp_path / "spool.db"), max_bytes=1 << 30, max_age_s=3600)
+    assert {int(i.key.rsplit("/", 1)[1]) for i in sp.peek(1000)} == spooled
+    sp.close()
