@@ -1,8 +1,9 @@
 """Micro-benchmark of the batcher's cost: the core per request, and the shell's
 timer overshoot beyond ``max_queue_delay`` (target: under ~1 ms per request).
 
-Run with ``-s`` to see the figures. Bounds are loose on purpose (the test
-machine is shared); the printed numbers are the measurement.
+Run with ``-s`` to see the figures:
+``.venv/bin/pytest tests/cloud/worker/test_overhead.py -q -s``. Bounds are loose
+on purpose (the test machine is shared); the printed numbers are the measurement.
 """
 
 from __future__ import annotations
@@ -57,4 +58,7 @@ def test_shell_adds_under_a_millisecond_beyond_max_delay(tiny_model):
     p50, p90 = statistics.median(over), over[int(0.9 * len(over)) - 1]
     print(f"\nshell overshoot beyond max delay: p50 {p50:.3f} ms, p90 {p90:.3f} ms, max {over[-1]:.3f} ms")
     assert min(over) >= -0.01  # never sent before its delay (a lone request waits for company)
-    assert p50 < 1.5
+    # Measured here: p50 0.24-0.35 ms at load average 13 on 2 cores. The bound
+    # leaves room for that machine yet fails on a real bug (an extra delay or a
+    # coarse polling loop costs >= max delay = 5 ms).
+    assert p50 < 3.0
