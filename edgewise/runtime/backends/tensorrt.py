@@ -348,7 +348,7 @@ def build_engine(
         profile = builder.create_optimization_profile()
         profile.set_shape(info.input_name, (1, 3, h, w), (opt, 3, h, w), (max_batch, 3, h, w))
         config.add_optimization_profile(profile)
-    if precision in ("fp16", "int8") and builder.platform_has_fast_fp16:
+    if precision in ("fp16", "int8") and getattr(builder, "platform_has_fast_fp16", True):
         config.set_flag(trt.BuilderFlag.FP16)
     if precision == "int8":
         config.set_flag(trt.BuilderFlag.INT8)

@@ -124,3 +124,106 @@ def test_engine_build_cache_and_agreement(tiny_model: Path, tmp_path: Path):  # 
     mtime = engines[0].stat().st_mtime
     trtb.TensorRTBackend.from_onnx(info, cache_dir=tmp_path, precision="fp16", max_batch=4)
     assert engines[0].stat().st_mtime == mtime  # loaded from the cache, not rebuilt
+
+
+# ------------------------------------------------- API usage against a stand-in
+# TensorRT is absent here, so the build/run code paths are driven through a
+# recording stand-in of the module (tests/edgewise/runtime/fake_tensorrt.py)
+# that follows NVIDIA's 8.x binding and 10.x tensor APIs; numerics come from
+# running the same ONNX graph on ONNX Runtime.
+
+
+@pytest.fixture
+def fake_trt(monkeypatch, tmp_path: Path):
+    import onnxruntime as ort
+
+    from tests.edgewise.runtime import fake_tensorrt
+    from tests.edgewise.runtime.graphs import fake_yolo
+
+    model = fake_yolo(tmp_path / "m.onnx", nc=2)
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    cuda = fake_tensorrt.HostCuda()
+
+    def model_fn(in_ptr, out_ptr, shape):
+        n = int(np.prod(shape))
+        x = cuda.mem[in_ptr][: n * 4].view(np.float32).reshape(shape)
+        y = sess.run(None, {"images": x})[0]
+        cuda.mem[out_ptr][: y.nbytes] = np.frombuffer(y.tobytes(), np.uint8)
+
+    def install(version: str, tensor_api: bool):
+        mod = fake_tensorrt.make(version, tensor_api, model_fn)
+        monkeypatch.setattr(trtb, "import_tensorrt", lambda: mod)
+        monkeypatch.setattr(trtb, "_Cuda", lambda: cuda)
+        monkeypatch.setattr(trtb, "cuda_device_name", lambda: "Fake GPU")
+        return mod
+
+    return install, model, sess
+
+
+@pytest.mark.parametrize("version, flags", [("8.5.2.2", 1), ("10.3.0", 0)])
+def test_build_engine_network_flags_and_profile(fake_trt, version, flags):
+    install, model, _ = fake_trt
+    mod = install(version, True)
+    info = load_model_info(model)
+    assert trtb.build_engine(info, "fp16", max_batch=4) == b"ENGINE"
+    assert ("create_network", flags) in mod.calls
+    assert ("set_memory_pool_limit", "workspace", 1024 << 20) in mod.calls
+    assert ("profile.set_shape", "images", (1, 3, 32, 32), (1, 3, 32, 32), (4, 3, 32, 32)) in mod.calls
+    assert ("build", ("fp16",), False) in mod.calls
+
+
+def test_int8_needs_calibration_then_writes_cache(fake_trt, tmp_path: Path):
+    install, model, _ = fake_trt
+    mod = install("8.5.2.2", True)
+    info = load_model_info(model)
+    with pytest.raises(ConfigError, match="INT8 engine needs calibration images"):
+        trtb.build_engine(info, "int8", calibration_cache=tmp_path / "none.calib")
+    _write_images(tmp_path / "cal", 3)
+    cal = trtb.CalibrationBatches.from_dir(tmp_path / "cal", info.imgsz, batch_size=2)
+    cache = tmp_path / "c" / "m.calib"
+    trtb.build_engine(info, "int8", max_batch=4, calibration=cal, calibration_cache=cache)
+    assert cache.read_bytes() == b"CACHE"
+    assert ("set_calibration_profile",) in mod.calls
+    assert ("profile.set_shape", "images", (1, 3, 32, 32), (2, 3, 32, 32), (4, 3, 32, 32)) in mod.calls
+    # with the cache present, no images are needed any more
+    trtb.build_engine(info, "int8", calibration_cache=cache)
+
+
+def test_int8_qdq_model_needs_no_calibration(fake_trt, tmp_path: Path):
+    from tests.edgewise.runtime.graphs import fake_yolo
+
+    install, _, _ = fake_trt
+    mod = install("10.3.0", True)
+    info = load_model_info(fake_yolo(tmp_path / "q.onnx", quant=True))
+    trtb.build_engine(info, "int8")
+    assert ("build", ("fp16", "int8"), False) in mod.calls
+
+
+def test_parse_failure_is_a_model_error(fake_trt, tmp_path: Path):
+    install, model, _ = fake_trt
+    install("10.3.0", True)
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"!" + model.read_bytes())
+    info = load_model_info(model)
+    from edgewise.errors import ModelError
+
+    with pytest.raises(ModelError, match="cannot parse"):
+        trtb.build_engine(type(info)(**{**info.__dict__, "path": bad}), "fp16")
+
+
+@pytest.mark.parametrize("version, tensor_api, call", [("10.3.0", True, "execute_async_v3"),
+                                                       ("8.4.3", False, "execute_async_v2")])
+def test_engine_cache_and_run_on_both_apis(fake_trt, tmp_path: Path, version, tensor_api, call):
+    install, model, sess = fake_trt
+    mod = install(version, tensor_api)
+    info = load_model_info(model)
+    be = trtb.TensorRTBackend.from_onnx(info, cache_dir=tmp_path / "eng", precision="fp16", max_batch=2)
+    (engine,) = (tmp_path / "eng").glob("*.engine")
+    assert engine.name == trtb.engine_cache_key(info.sha256, "fp16", (32, 32), version, "Fake GPU", 2)
+    x = np.random.default_rng(0).random((5, 3, 32, 32), dtype=np.float32)
+    np.testing.assert_allclose(be.run(x), sess.run(None, {"images": x})[0], rtol=1e-6)
+    assert (call,) in mod.calls
+    builds = sum(1 for c in mod.calls if c[0] == "build")
+    trtb.TensorRTBackend.from_onnx(info, cache_dir=tmp_path / "eng", precision="fp16", max_batch=2)
+    assert sum(1 for c in mod.calls if c[0] == "build") == builds  # second open hits the cache
+    be.close()
