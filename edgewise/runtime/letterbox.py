@@ -141,13 +141,33 @@ def preprocess_batch(
     if auto:
         shapes = {letterbox_shape(im.shape[:2], new_shape, True, False, scaleup, stride)[1] for im in images}
         auto = len(shapes) == 1
-    boxed: List[np.ndarray] = []
+    # Fused letterbox + normalise: resize in uint8, write the resized pixels
+    # (RGB, CHW, /255) straight into the batch and fill the borders with the
+    # pad value, instead of padding in uint8 and converting the border too.
+    hw = letterbox_shape(images[0].shape[:2], new_shape, auto, False, scaleup, stride)[1]
+    out = np.empty((len(images), 3) + hw, np.float32)
+    pad = np.float32(PAD_VALUE) / np.float32(255.0)
     metas: List[LetterboxMeta] = []
-    for im in images:
-        b, meta = letterbox(im, new_shape, auto=auto, scaleup=scaleup, stride=stride)
-        boxed.append(b)
+    for i, im in enumerate(images):
+        new_unpad, out_hw, (top, bottom, left, right), meta = letterbox_shape(
+            im.shape[:2], new_shape, auto, False, scaleup, stride
+        )
+        if (im.shape[1], im.shape[0]) != new_unpad:
+            im = cv2.resize(im, new_unpad, interpolation=cv2.INTER_LINEAR)
+        o = out[i]
+        h, w = out_hw
+        if top:
+            o[:, :top] = pad
+        if bottom:
+            o[:, h - bottom :] = pad
+        if left:
+            o[:, top : h - bottom, :left] = pad
+        if right:
+            o[:, top : h - bottom, w - right :] = pad
+        np.divide(im[..., ::-1].transpose(2, 0, 1), np.float32(255.0),
+                  out=o[:, top : h - bottom, left : w - right])
         metas.append(meta)
-    return to_chw_rgb(boxed), metas
+    return out, metas
 
 
 def clip_boxes(boxes: np.ndarray, shape: Tuple[int, int]) -> np.ndarray:

@@ -104,3 +104,13 @@ def test_scale_boxes_clips_to_source():
 def test_extreme_aspect_ratios(shape):
     out, meta = letterbox(_img(*shape), 64, auto=False)
     assert out.shape == (64, 64, 3)
+
+
+@pytest.mark.parametrize("shape, size, auto", [((480, 640), 640, False), ((97, 301), 160, False),
+                                              ((720, 1280), 640, True), ((160, 160), 160, False)])
+def test_fused_batch_equals_letterbox_then_chw(shape, size, auto):
+    im = _img(*shape, seed=3)
+    batch, metas = preprocess_batch([im], size, auto=auto)
+    boxed, meta = letterbox(im, size, auto=auto)
+    assert metas[0] == meta
+    np.testing.assert_array_equal(batch, to_chw_rgb([boxed]))
