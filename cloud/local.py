@@ -1,0 +1,280 @@
+"""Local mode: a worker pool and a gateway as real processes on one machine.
+
+``LocalCloud`` starts N ``edgewise cloud worker`` processes on chosen free ports
+and one ``edgewise cloud gateway`` with static discovery of them, waits until
+each prints its listening line, and stops them all (SIGTERM, then SIGKILL after
+a grace period). Tests and the demo use it to kill, restart and add workers
+with real signals; ``edgewise cloud up`` is its command-line face. Adding a
+worker rewrites the gateway's config and sends SIGHUP (the gateway re-reads its
+static worker list; new workers enter slow start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgewise.errors import ConfigError, UnavailableError
+
+ROOT = Path(__file__).resolve().parents[1]
+_CLI = "import sys; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"
+_WORKER_RE = re.compile(r"EDGEWISE_WORKER_LISTENING port=(\d+)")
+_GATEWAY_RE = re.compile(r"EDGEWISE_GATEWAY_LISTENING port=(\d+) metrics_port=(-?\d+)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli_command(*args: str) -> list[str]:
+    """argv that runs ``edgewise <args>`` with this interpreter and this checkout."""
+    return [sys.executable, "-c", _CLI, *args]
+
+
+class _Proc:
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: Mapping[str, str]) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=dict(env),
+                                      cwd=str(ROOT), start_new_session=True)
+
+    def wait_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log_path.read_text(errors="replace")
+            m = pattern.search(text)
+            if m:
+                return m
+            if self.popen.poll() is not None:
+                raise UnavailableError(f"{self.name} exited with {self.popen.returncode} before listening; "
+                                       f"log {self.log_path}:\n{text[-3000:]}")
+            time.sleep(0.05)
+        raise UnavailableError(f"{self.name} did not print its listening line within {timeout:.0f} s; "
+                               f"log {self.log_path}")
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def stop(self, grace: float) -> int | None:
+        self.signal(signal.SIGTERM)
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.popen.wait(5)
+        self._log.close()
+        return self.popen.returncode
+
+
+class LocalCloud:
+    """N workers + one gateway as processes; a context manager."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        workers: int = 2,
+        *,
+        port: int = 0,
+        metrics_port: int = 0,
+        worker_threads: int = 1,
+        weights: Sequence[float] | None = None,
+        gateway_config: str | Path | None = None,
+        gateway_settings: Mapping[str, Any] | None = None,
+        worker_args: Sequence[str] = (),
+        per_worker_args: Sequence[Sequence[str]] | None = None,
+        env: Mapping[str, str] | None = None,
+        start_timeout: float = 90.0,
+        stop_grace: float = 15.0,
+        log_dir: str | Path | None = None,
+    ) -> None:
+        if workers < 0:
+            raise ConfigError(f"workers: {workers} must be >= 0")
+        if weights is not None and len(weights) != workers:
+            raise ConfigError(f"weights: {len(weights)} given for {workers} workers")
+        if per_worker_args is not None and len(per_worker_args) != workers:
+            raise ConfigError(f"per_worker_args: {len(per_worker_args)} given for {workers} workers")
+        if not Path(model).exists():
+            raise ConfigError(f"model {model}: file not found")
+        self.model = str(model)
+        self.n_workers = workers
+        self.port = port
+        self.requested_metrics_port = metrics_port
+        self.worker_threads = worker_threads
+        self.weights = [float(w) for w in weights] if weights else [1.0] * workers
+        self.gateway_config = gateway_config
+        self.gateway_settings = dict(gateway_settings or {})
+        self.worker_args = list(worker_args)
+        self.per_worker_args = [list(a) for a in per_worker_args] if per_worker_args else [[]] * workers
+        self.env = dict(os.environ if env is None else env)
+        self.env.setdefault("PYTHONPATH", str(ROOT))
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+        self.start_timeout = start_timeout
+        self.stop_grace = stop_grace
+        self._own_dir = log_dir is None
+        self.dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="edgewise-local-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.workers: list[_Proc | None] = []
+        self.worker_ports: list[int] = []
+        self.worker_specs: list[list[str]] = []
+        self.gateway: _Proc | None = None
+        self.gateway_port = 0
+        self.metrics_port = 0
+
+    # ---- addresses -----------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.gateway_port}"
+
+    @property
+    def worker_addresses(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.worker_ports]
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def __enter__(self) -> LocalCloud:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        try:
+            for i in range(self.n_workers):
+                self._start_worker_slot(i, self.per_worker_args[i])
+            for i in range(self.n_workers):
+                self._wait_worker(i)
+            self._write_gateway_config()
+            self._start_gateway()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _worker_argv(self, port: int, extra: Sequence[str]) -> list[str]:
+        # Metrics on any free port: several workers share this machine.
+        return cli_command("cloud", "worker", "--model", self.model, "--port", str(port), "--metrics-port", "0",
+                           "--threads", str(self.worker_threads), *self.worker_args, *extra)
+
+    def _start_worker_slot(self, i: int, extra: Sequence[str]) -> None:
+        if i == len(self.workers):
+            self.workers.append(None)
+            self.worker_ports.append(_free_port())
+            self.worker_specs.append(list(extra))
+        argv = self._worker_argv(self.worker_ports[i], self.worker_specs[i])
+        self.workers[i] = _Proc(f"worker {i}", argv, self.dir / f"worker-{i}.log", self.env)
+
+    def _wait_worker(self, i: int) -> None:
+        proc = self.workers[i]
+        assert proc is not None
+        proc.wait_line(_WORKER_RE, self.start_timeout)
+
+    def _write_gateway_config(self) -> Path:
+        tree: dict[str, Any] = {}
+        if self.gateway_config:
+            tree = dict(yaml.safe_load(Path(self.gateway_config).read_text()) or {})
+        for key, value in self.gateway_settings.items():
+            node = tree
+            parts = key.split(".")
+            for p in parts[:-1]:
+                node = node.setdefault(p, {})
+            node[parts[-1]] = value
+        tree["listen"] = f"127.0.0.1:{self.gateway_port or self.port}"
+        tree["metrics_host"] = "127.0.0.1"
+        tree["metrics_port"] = self.metrics_port or self.requested_metrics_port
+        disc = tree.setdefault("discovery", {})
+        disc["kind"] = "static"
+        disc["static"] = [f"{a}={w:g}" for a, w, p in zip(self.worker_addresses, self.weights, self.workers)
+                          if p is not None]
+        path = self.dir / "gateway.yaml"
+        path.write_text(yaml.safe_dump(tree, sort_keys=False))
+        return path
+
+    def _start_gateway(self) -> None:
+        path = self.dir / "gateway.yaml"
+        self.gateway = _Proc("gateway", cli_command("cloud", "gateway", "--config", str(path)),
+                             self.dir / "gateway.log", self.env)
+        m = self.gateway.wait_line(_GATEWAY_RE, self.start_timeout)
+        self.gateway_port, self.metrics_port = int(m.group(1)), int(m.group(2))
+
+    def stop(self) -> None:
+        """Stop the gateway first (it drains), then the workers."""
+        if self.gateway is not None:
+            self.gateway.stop(self.stop_grace)
+            self.gateway = None
+        for i, proc in enumerate(self.workers):
+            if proc is not None:
+                proc.stop(self.stop_grace)
+                self.workers[i] = None
+        if self._own_dir and os.environ.get("EDGEWISE_KEEP_LOGS") != "1":
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def gateway_exited(self) -> bool:
+        return self.gateway is None or self.gateway.popen.poll() is not None
+
+    # ---- chaos and scaling -----------------------------------------------------------------
+    def worker_pid(self, i: int) -> int:
+        proc = self.workers[i]
+        if proc is None:
+            raise ConfigError(f"worker {i} is not running")
+        return int(proc.popen.pid)
+
+    def kill_worker(self, i: int, sig: int = signal.SIGKILL, wait: bool = True,
+                    timeout: float = 30.0) -> int | None:
+        """Send a real signal to worker i; with ``wait``, reap it and return its exit status."""
+        proc = self.workers[i]
+        if proc is None:
+            return None
+        proc.signal(sig)
+        if not wait:
+            return None
+        try:
+            return proc.popen.wait(timeout)
+        finally:
+            if proc.popen.poll() is not None:
+                self.workers[i] = None
+
+    def restart_worker(self, i: int) -> None:
+        """(Re)start worker i on its old port (the gateway reconnects to the same address)."""
+        proc = self.workers[i]
+        if proc is not None:
+            proc.stop(self.stop_grace)
+        self._start_worker_slot(i, self.worker_specs[i])
+        self._wait_worker(i)
+
+    def add_worker(self, weight: float = 1.0, extra_args: Sequence[str] = ()) -> int:
+        """Start one more worker and tell the gateway (SIGHUP reload). Returns its index."""
+        i = len(self.workers)
+        self.weights.append(float(weight))
+        self._start_worker_slot(i, extra_args)
+        self._wait_worker(i)
+        self._write_gateway_config()
+        if self.gateway is not None:
+            self.gateway.signal(signal.SIGHUP)
+        return i
+
+    def pool(self) -> dict[str, Any]:
+        """The gateway's ``GET /pool`` document."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/pool", timeout=5) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()  # type: ignore[no-any-return]
