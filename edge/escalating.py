@@ -252,6 +252,7 @@ class Escalating:
                 self.metrics.spool_events.labels("refused").inc()
                 log.warning("escalation %s not spooled (spool full: max_bytes); edge result kept", key)
             self.metrics.escalations.labels(reason, record["outcome"]).inc()
+            self.update_spool_metrics()
             self.write(record)
             return
         if action == "drop":

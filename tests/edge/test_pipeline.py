@@ -179,3 +179,33 @@ def test_stop_spools_in_flight_escalations(tmp_path, tiny_model):
     sp = Spool(str(tmp_path / "spool.db"), max_bytes=1 << 30, max_age_s=3600)
     assert {int(i.key.rsplit("/", 1)[1]) for i in sp.peek(1000)} == spooled
     sp.close()
+
+
+def test_sighup_reloads_policy(tmp_path, tiny_model):
+    """A real SIGHUP (file polling effectively off) puts the new policy in force."""
+    import os
+    import signal
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("first", {"s": "never"}))
+    s = base_settings(
+        tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "max_frames": 40, "fps": 40}],
+        policy_file=str(policy), policy_poll_s=3600,
+    )
+    d = EdgeDaemon(s)
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        while d.pipeline is None or d.pipeline.frames_done < 5:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the watcher has taken its first look at the file
+        policy.write_text(policy_yaml("second", {"s": "never"}, threshold=0.9))
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert await asyncio.wait_for(task, 60) == 0
+
+    asyncio.run(run())
+    recs = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["frame_seq"])
+    assert [r["frame_seq"] for r in recs] == list(range(40))
+    names = [r["policy"] for r in recs]
+    assert names[0] == "first" and names[-1] == "second"
+    assert names == sorted(names, key=lambda n: n == "second")
