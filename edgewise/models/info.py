@@ -1,0 +1,142 @@
+"""``describe(model)``: what a YOLOv5 ONNX file is, for ``edgewise model info``.
+
+Validation, class names, stride, input size and precision come from the runtime's
+``edgewise.runtime.metadata.load_model_info`` (one parser for the whole project); this
+adds what only the model tools need: parameter count, opset, producer, file size,
+operator histogram and the quantization layout (how many convolutions run in INT8).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def count_params(model: Any) -> int:
+    """Learned parameters: weights and biases of Conv/ConvTranspose/Gemm/MatMul nodes.
+
+    In a QDQ model a weight reaches its Conv through a DequantizeLinear; its int8
+    initializer is counted, so a quantized model counts like its float original (and
+    like Ultralytics' fused ``model.info()``).
+    """
+    inits = {t.name: t for t in model.graph.initializer}
+    # Weights reach a Conv through DequantizeLinear (QDQ) or Identity (deduplicated by the exporter).
+    alias = {
+        n.output[0]: n.input[0]
+        for n in model.graph.node
+        if n.op_type in ("DequantizeLinear", "Identity")
+    }
+    total = 0
+    for n in model.graph.node:
+        if n.op_type not in ("Conv", "ConvTranspose", "Gemm", "MatMul", "QLinearConv"):
+            continue
+        if n.op_type == "QLinearConv":  # x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp[, b]
+            names = [n.input[3]] + ([n.input[8]] if len(n.input) > 8 else [])
+        else:
+            names = list(n.input[1:3])
+        for name in names:
+            # Counted per use: exporters share identical tensors (e.g. the zero biases of
+            # a freshly initialised model), the model still has a parameter per use.
+            for _ in range(4):
+                name = alias.get(name, name)
+            t = inits.get(name)
+            if t is None:
+                continue
+            size = 1
+            for d in t.dims:
+                size *= int(d)
+            total += size
+    return total
+
+
+def describe(model_path: PathLike) -> Dict[str, Any]:
+    """A JSON-ready description of a YOLOv5 ONNX model.
+
+    Raises ``ModelError`` (naming the file) for a missing, corrupt or non-YOLOv5 model.
+    """
+    import onnx
+
+    from edgewise.runtime.metadata import load_model_info
+
+    info = load_model_info(Path(model_path))
+    model = onnx.load(str(info.path))
+    ops: Dict[str, int] = {}
+    for n in model.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    convs = [n for n in model.graph.node if n.op_type in ("Conv", "QLinearConv", "ConvInteger")]
+    # In QDQ form a Conv runs in INT8 when its weight comes out of a DequantizeLinear.
+    dq_out = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    int8_convs = sum(
+        1 for n in convs if n.op_type != "Conv" or (len(n.input) > 1 and n.input[1] in dq_out)
+    )
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    init_names = {t.name for t in model.graph.initializer}
+    return {
+        "path": str(info.path),
+        "file_bytes": info.path.stat().st_size,
+        "sha256": info.sha256,
+        "precision": info.precision,
+        "inputs": [
+            {"name": i.name, "shape": _shape(i), "dtype": _dtype(i)}
+            for i in model.graph.input
+            if i.name not in init_names
+        ],
+        "outputs": [
+            {"name": o.name, "shape": _shape(o), "dtype": _dtype(o)} for o in model.graph.output
+        ],
+        "classes": list(info.names),
+        "nc": info.nc,
+        "names_source": info.names_source,
+        "stride": info.stride,
+        "imgsz": list(info.imgsz),
+        "dynamic_batch": info.dynamic_batch,
+        "params": count_params(model),
+        "opset": opset,
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "conv_nodes": len(convs),
+        "int8_conv_nodes": int8_convs,
+        "ops": dict(sorted(ops.items())),
+        "metadata": dict(info.metadata),
+    }
+
+
+def _shape(vi: Any) -> List[Any]:
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return []
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+
+
+def _dtype(vi: Any) -> str:
+    from onnx import helper
+
+    try:
+        return str(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+    except Exception:  # an element type numpy has no name for
+        return str(vi.type.tensor_type.elem_type)
+
+
+def format_description(d: Dict[str, Any]) -> str:
+    """Human-readable lines of ``describe``'s result."""
+    names = d["classes"]
+    shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+    prec = d["precision"]
+    if prec == "int8":
+        prec += f" ({d['int8_conv_nodes']}/{d['conv_nodes']} convolutions in INT8)"
+    batch = "dynamic" if d["dynamic_batch"] else "fixed"
+    lines = [
+        f"model      {d['path']} ({d['file_bytes'] / 1e6:.1f} MB, sha256 {d['sha256'][:12]})",
+        f"precision  {prec}",
+        f"params     {d['params']:,}",
+        "input      " + "; ".join(f"{i['name']} {i['shape']} {i['dtype']}" for i in d["inputs"]),
+        "output     " + "; ".join(f"{o['name']} {o['shape']} {o['dtype']}" for o in d["outputs"]),
+        f"imgsz      {d['imgsz'][0]}x{d['imgsz'][1]}, stride {d['stride']}, {batch} batch",
+        f"classes    {d['nc']}: {shown} (from {d['names_source']})",
+        f"opset      {d['opset']} ({d['producer'] or 'unknown producer'})",
+    ]
+    if d["metadata"].get("edgewise_arch"):
+        lines.append(f"arch       {d['metadata']['edgewise_arch']}")
+    return "\n".join(lines)

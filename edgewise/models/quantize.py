@@ -1,0 +1,486 @@
+"""INT8 post-training quantization of a YOLOv5 ONNX model with ONNX Runtime (static, QDQ).
+
+Steps: validate the model (``edgewise.runtime.metadata``) and the calibration source
+(``edgewise.models.calibration``); ``quant_pre_process`` with ``skip_symbolic_shape``
+(symbolic shape inference fails on the dynamic batch axis, see
+``/work/shared/reference/field-notes.md``); calibrate on frames letterboxed exactly as the
+runtime does (``edgewise.runtime.letterbox.preprocess_batch``), a few frames per batch,
+streamed so memory stays bounded and progress can be shown; quantize with
+``quantize_static`` in QDQ format, per-channel symmetric QInt8 weights and QUInt8
+activations (U8S8, ``reduce_range=False``: ORT's recommendation for x86 CPUs with VNNI);
+copy the float model's metadata; then compare INT8 against float detections on held-out
+frames (``edgewise.models.agreement``).
+
+The YOLOv5 decode tail after the Detect convolutions (sigmoid, grid/anchor arithmetic,
+the concat of pixel boxes with probabilities) always stays float: one 8-bit scale
+cannot hold 0..640 pixels and 0..1 scores at once. ``keep_float`` can also keep the
+first convolution (``first_conv``) and the three Detect convolutions (``detect_head``)
+in float, the layers most sensitive to quantization.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from edgewise.detections import Detections
+from edgewise.errors import InvalidInputError
+from edgewise.models.agreement import Agreement, compare
+from edgewise.models.calibration import FrameSource, open_frames, split_indices
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+#: progress(stage, done, total): stage is "calibrate" or "agreement".
+Progress = Callable[[str, int, int], None]
+METHODS = ("minmax", "entropy", "percentile")
+KEEP_FLOAT_CHOICES = ("first_conv", "detect_head")
+DEFAULT_KEEP_FLOAT: Tuple[str, ...] = ("first_conv", "detect_head")
+#: Operators quantized by default (see module docstring); None = every op ORT can quantize.
+DEFAULT_OP_TYPES: Tuple[str, ...] = ("Conv",)
+
+
+@dataclass
+class QuantReport:
+    """What ``quantize`` did and how close the INT8 model stays to the float one."""
+
+    model_path: Path
+    out_path: Path
+    method: str
+    per_channel: bool
+    activation_type: str
+    weight_type: str
+    calib_source: str
+    calib_frames: int
+    holdout_frames: int
+    kept_float: List[str] = field(default_factory=list)
+    calib_seconds: float = 0.0
+    total_seconds: float = 0.0
+    float_bytes: int = 0
+    int8_bytes: int = 0
+    conf_thres: float = 0.25
+    agreement: Optional[Agreement] = None
+    notes: List[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [
+            f"quantized {self.model_path} -> {self.out_path} "
+            f"({self.float_bytes / 1e6:.1f} MB -> {self.int8_bytes / 1e6:.1f} MB)",
+            f"  {self.method} calibration on {self.calib_frames} frames of {self.calib_source} "
+            f"in {self.calib_seconds:.1f} s (total {self.total_seconds:.1f} s); "
+            f"weights {self.weight_type}{' per-channel' if self.per_channel else ''}, "
+            f"activations {self.activation_type}; kept float: {', '.join(self.kept_float) or 'decode tail only'}",
+        ]
+        if self.agreement is not None:
+            lines.append(f"  {self.agreement.summary()} at conf {self.conf_thres:g}")
+        for n in self.notes:
+            lines.append(f"  note: {n}")
+        return "\n".join(lines)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {
+            "model": str(self.model_path),
+            "output": str(self.out_path),
+            "method": self.method,
+            "per_channel": self.per_channel,
+            "activation_type": self.activation_type,
+            "weight_type": self.weight_type,
+            "calib_source": self.calib_source,
+            "calib_frames": self.calib_frames,
+            "holdout_frames": self.holdout_frames,
+            "kept_float": list(self.kept_float),
+            "calib_seconds": round(self.calib_seconds, 3),
+            "total_seconds": round(self.total_seconds, 3),
+            "float_bytes": self.float_bytes,
+            "int8_bytes": self.int8_bytes,
+            "conf_thres": self.conf_thres,
+            "agreement": self.agreement.as_dict() if self.agreement is not None else None,
+            "notes": list(self.notes),
+        }
+
+
+def parse_keep_float(value: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
+    """``"first_conv,head"`` / ``"none"`` / a sequence -> validated tuple of KEEP_FLOAT_CHOICES."""
+    if value is None:
+        return ()
+    items = (
+        [v.strip() for v in value.split(",")] if isinstance(value, str) else [str(v) for v in value]
+    )
+    out: List[str] = []
+    for item in items:
+        if item in ("", "none"):
+            continue
+        name = "detect_head" if item in ("head", "detect", "detect_head") else item
+        if name not in KEEP_FLOAT_CHOICES:
+            raise InvalidInputError(
+                f"--keep-float {item!r}: unknown layer group; use first_conv, head (detect_head) or none"
+            )
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+def graph_regions(model: Any) -> Dict[str, List[str]]:
+    """Node names of the first conv, the Detect convs and the decode tail of a YOLOv5 graph.
+
+    Found structurally (works for any exporter's node names): the Detect convs are the
+    convolutions with no convolution downstream; the decode tail is every other node
+    with no convolution downstream; the first conv is the first Conv in topological order.
+    """
+    nodes = list(model.graph.node)
+    consumers: Dict[str, List[int]] = {}
+    for idx, n in enumerate(nodes):
+        for t in n.input:
+            consumers.setdefault(t, []).append(idx)
+    reaches_conv = [False] * len(nodes)
+    for idx in range(len(nodes) - 1, -1, -1):  # ONNX graphs are topologically sorted
+        for t in nodes[idx].output:
+            for c in consumers.get(t, ()):
+                if nodes[c].op_type == "Conv" or reaches_conv[c]:
+                    reaches_conv[idx] = True
+                    break
+            if reaches_conv[idx]:
+                break
+    convs = [i for i, n in enumerate(nodes) if n.op_type == "Conv"]
+    head = [nodes[i].name for i in convs if not reaches_conv[i]]
+    tail = [n.name for i, n in enumerate(nodes) if n.op_type != "Conv" and not reaches_conv[i]]
+    first = [nodes[convs[0]].name] if convs else []
+    return {"first_conv": first, "detect_head": head, "decode_tail": tail}
+
+
+class _Reader:
+    """ONNX Runtime ``CalibrationDataReader``: batches of letterboxed frames, streamed.
+
+    ``set_range`` is how ``quantize_static`` (option ``CalibStridedMinMax``) feeds the
+    calibrator one batch per ``collect_data`` call, which keeps histogram memory bounded.
+    """
+
+    def __init__(
+        self,
+        source: FrameSource,
+        indices: Sequence[int],
+        input_name: str,
+        imgsz: Tuple[int, int],
+        stride: int,
+        batch: int,
+        progress: Optional[Progress],
+    ) -> None:
+        self.source = source
+        self.indices = list(indices)
+        self.input_name = input_name
+        self.imgsz = imgsz
+        self.stride = stride
+        self.batch = max(1, batch)
+        self.progress = progress
+        self.n_batches = (len(self.indices) + self.batch - 1) // self.batch
+        self.frames_used = 0
+        self._it: Optional[Iterator[Tuple[int, np.ndarray]]] = None
+        self._next = 0  # next batch number get_next serves
+        self._end = self.n_batches
+        self._pulled = 0  # batches pulled from the frame stream
+        self._last: Optional[np.ndarray] = None
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self._next, self._end = int(start_index), min(int(end_index), self.n_batches)
+
+    def rewind(self) -> None:
+        self._it, self._pulled, self._next, self._end = None, 0, 0, self.n_batches
+
+    def _pull(self, k: int) -> Optional[np.ndarray]:
+        from edgewise.runtime.letterbox import preprocess_batch
+
+        if self._it is None or k < self._pulled:  # restart the stream (only if asked out of order)
+            self._it = self.source.read(self.indices)
+            self._pulled = 0
+        while self._pulled <= k:
+            frames = []
+            for _ in range(self.batch):
+                nxt = next(self._it, None)
+                if nxt is None:
+                    break
+                frames.append(nxt[1])
+            self._pulled += 1
+            if self._pulled <= k:
+                continue
+            if not frames:
+                # The source ended early (a video header over-stating its length, or
+                # unreadable images): repeat the last batch so ORT never collects an
+                # empty chunk; min/max is unchanged by it and frames_used stays exact.
+                return self._last
+            x, _ = preprocess_batch(frames, self.imgsz, auto=False, stride=self.stride)
+            self._last = x
+            self.frames_used += len(frames)
+            if self.progress is not None:
+                self.progress(
+                    "calibrate", min(self.frames_used, len(self.indices)), len(self.indices)
+                )
+            return x
+        return None
+
+    def get_next(self) -> Optional[Dict[str, np.ndarray]]:
+        if self._next >= self._end:
+            return None
+        x = self._pull(self._next)
+        self._next += 1
+        return None if x is None else {self.input_name: x}
+
+
+def _calib_batch(imgsz: Tuple[int, int], method: str) -> int:
+    # Histogram methods keep every activation of a batch in memory (~200 MB per
+    # 640x640 frame for YOLOv5s): small batches there; min/max only keeps reductions.
+    per_640 = 2 if method != "minmax" else 8
+    return max(1, min(16, int(per_640 * 640 * 640 / (imgsz[0] * imgsz[1]))))
+
+
+def quantize(
+    model_path: PathLike,
+    calib: PathLike,
+    samples: int = 500,
+    out_path: Optional[PathLike] = None,
+    method: str = "minmax",
+    per_channel: bool = True,
+    keep_float: Union[str, Sequence[str], None] = DEFAULT_KEEP_FLOAT,
+    holdout: int = 50,
+    holdout_source: Optional[PathLike] = None,
+    conf_thres: float = 0.25,
+    iou_thres: float = 0.45,
+    threads: int = 0,
+    progress: Optional[Progress] = None,
+    op_types: Optional[Sequence[str]] = DEFAULT_OP_TYPES,
+) -> QuantReport:
+    """Quantize ``model_path`` to INT8 (QDQ) at ``out_path`` and report agreement with float.
+
+    Args:
+        calib: folder of images or a video file; ``samples`` frames calibrate.
+        out_path: defaults to ``<model>-int8.onnx`` next to the model.
+        method: ``minmax``, ``entropy`` or ``percentile`` (99.999th).
+        keep_float: layer groups left in float (``first_conv``, ``detect_head``), or "none".
+        holdout: frames for the agreement check, taken from ``holdout_source`` when
+            given, else from ``calib`` disjoint from the calibration frames; 0 skips it.
+        conf_thres, iou_thres: decode thresholds of the agreement check.
+        threads: intra-op threads of the agreement sessions (0 = ORT default).
+        progress: ``progress(stage, done, total)`` callback.
+    Raises:
+        ModelError: missing/corrupt/not-YOLOv5 model. InvalidInputError: bad arguments or
+        an unreadable/empty calibration source.
+    """
+    from edgewise.runtime.metadata import load_model_info
+
+    t0 = time.perf_counter()
+    if method not in METHODS:
+        raise InvalidInputError(f"--method {method!r}: use one of {', '.join(METHODS)}")
+    groups = parse_keep_float(keep_float)
+    info = load_model_info(Path(model_path))
+    if info.precision == "int8":
+        raise InvalidInputError(f"{info.path} is already quantized (int8); pass the float model")
+    src = Path(model_path)
+    out = Path(out_path) if out_path is not None else src.with_name(f"{src.stem}-int8.onnx")
+    if out.resolve() == src.resolve():
+        raise InvalidInputError(f"output {out} would overwrite the input model; choose another -o")
+    source = open_frames(calib, "calibration source")
+    notes: List[str] = []
+    if holdout_source is not None:
+        hsource = open_frames(holdout_source, "held-out source")
+        cal_idx, _, note = split_indices(source.count, samples, 0)
+        hold_idx = list(range(min(holdout, hsource.count or holdout)))
+    else:
+        hsource = source
+        cal_idx, hold_idx, note = split_indices(source.count, samples, holdout)
+    if note:
+        notes.append(note)
+    if samples > len(cal_idx) and not note:
+        notes.append(
+            f"{source.path} has {source.count} frames: calibrating on {len(cal_idx)}, not {samples}"
+        )
+
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
+
+    cal_method = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[method]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="edgewise-quant-") as tmp:
+        pre = Path(tmp) / "preprocessed.onnx"
+        quant_pre_process(str(info.path), str(pre), skip_symbolic_shape=True)
+        pre_model = onnx.load(str(pre))
+        regions = graph_regions(pre_model)
+        exclude: List[str] = list(regions["decode_tail"])
+        for g in groups:
+            exclude.extend(regions[g])
+        reader = _Reader(
+            source,
+            cal_idx,
+            info.input_name,
+            info.imgsz,
+            info.stride,
+            _calib_batch(info.imgsz, method),
+            progress,
+        )
+        t_cal = time.perf_counter()
+        reader.progress = None  # probe the source: at least one frame must decode
+        probe = reader._pull(0)
+        reader.progress = progress
+        if probe is None:
+            raise InvalidInputError(
+                f"calibration source {source.path}: none of the selected frames could be decoded"
+            )
+        reader.rewind()
+        reader.frames_used = 0
+        quantize_static(
+            str(pre),
+            str(out),
+            reader,
+            quant_format=QuantFormat.QDQ,
+            per_channel=per_channel,
+            reduce_range=False,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=exclude,
+            op_types_to_quantize=list(op_types) if op_types else None,
+            calibrate_method=cal_method,
+            extra_options={
+                "CalibStridedMinMax": 1,  # one batch per collect_data call (bounded memory)
+                "WeightSymmetric": True,
+                "ActivationSymmetric": False,
+                "CalibPercentile": 99.999,
+            },
+        )
+        calib_seconds = time.perf_counter() - t_cal
+        del pre_model
+    if source.skipped:
+        notes.append(f"{len(source.skipped)} unreadable images skipped, e.g. {source.skipped[0]}")
+    _copy_metadata(
+        info.path,
+        out,
+        {"edgewise_quant": json.dumps({"method": method, "frames": reader.frames_used})},
+    )
+    report = QuantReport(
+        model_path=info.path,
+        out_path=out,
+        method=method,
+        per_channel=per_channel,
+        activation_type="QUInt8",
+        weight_type="QInt8",
+        calib_source=str(source.path),
+        calib_frames=reader.frames_used,
+        holdout_frames=0,
+        kept_float=list(groups),
+        calib_seconds=calib_seconds,
+        float_bytes=info.path.stat().st_size,
+        int8_bytes=out.stat().st_size,
+        conf_thres=conf_thres,
+        notes=notes,
+    )
+    if hold_idx:
+        report.agreement = check_agreement(
+            info.path, out, hsource, hold_idx, conf_thres, iou_thres, threads, progress
+        )
+        report.holdout_frames = report.agreement.frames
+        if report.agreement.ref_boxes < 10:
+            report.notes.append(
+                f"the float model found only {report.agreement.ref_boxes} boxes on the held-out frames "
+                f"at conf {conf_thres:g}: the agreement figures say little (lower --conf or use other frames)"
+            )
+    else:
+        report.notes.append("no held-out frames: agreement not checked")
+    report.total_seconds = time.perf_counter() - t0
+    return report
+
+
+def _copy_metadata(src: Path, dst: Path, extra: Dict[str, str]) -> None:
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(src), load_external_data=False).metadata_props}
+    meta.update(extra)
+    model = onnx.load(str(dst))
+    del model.metadata_props[:]
+    for k, v in meta.items():
+        prop = model.metadata_props.add()
+        prop.key, prop.value = k, v
+    onnx.save(model, str(dst))
+
+
+def _session(path: Path, threads: int) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if threads > 0:
+        so.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def detect_frames(
+    session: Any,
+    frames: Sequence[np.ndarray],
+    names: Sequence[str],
+    imgsz: Tuple[int, int],
+    stride: int,
+    conf_thres: float,
+    iou_thres: float,
+    source: str = "",
+) -> List[Detections]:
+    """Letterbox, run and decode frames one at a time (any batch axis works)."""
+    from edgewise.runtime.decoding import DecodeParams, decode
+    from edgewise.runtime.letterbox import preprocess_batch
+
+    params = DecodeParams(conf_thres=conf_thres, iou_thres=iou_thres)
+    name = session.get_inputs()[0].name
+    out: List[Detections] = []
+    for f in frames:
+        x, metas = preprocess_batch([f], imgsz, auto=False, stride=stride)
+        raw = session.run(None, {name: x})[0]
+        out.extend(decode(raw, list(metas), names, params, source))
+    return out
+
+
+def check_agreement(
+    float_path: Path,
+    int8_path: Path,
+    source: FrameSource,
+    indices: Sequence[int],
+    conf_thres: float = 0.25,
+    iou_thres: float = 0.45,
+    threads: int = 0,
+    progress: Optional[Progress] = None,
+) -> Agreement:
+    """Run both models on the frames ``indices`` of ``source`` and compare detections."""
+    from edgewise.runtime.metadata import load_model_info
+
+    info = load_model_info(float_path)
+    fs, qs = _session(float_path, threads), _session(int8_path, threads)
+    refs: List[Detections] = []
+    cands: List[Detections] = []
+    for k, (_, frame) in enumerate(source.read(indices)):
+        refs.extend(
+            detect_frames(
+                fs, [frame], info.names, info.imgsz, info.stride, conf_thres, iou_thres, "float"
+            )
+        )
+        cands.extend(
+            detect_frames(
+                qs, [frame], info.names, info.imgsz, info.stride, conf_thres, iou_thres, "int8"
+            )
+        )
+        if progress is not None:
+            progress("agreement", k + 1, len(indices))
+    return compare(refs, cands, iou_thres=0.5)
