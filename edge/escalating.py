@@ -72,9 +72,8 @@ def build_request(
 ) -> Tuple[Any, Optional[Tuple[int, int, int, int]]]:
     """The ``DetectRequest`` of one escalation under ``policy``, and the crop region
     sent (None = the full frame)."""
-    from edgewise.wire import detections_to_proto, encode_image
-
     from edgewise.v1 import detect_pb2
+    from edgewise.wire import detections_to_proto, encode_image
 
     spec = policy.spec
     h, w = frame.image.shape[:2]
@@ -217,9 +216,8 @@ class Escalating:
         self._write_merged(record, dets, resp, policy.spec.merge, rtt, late=False)
 
     def _write_merged(self, record: Record, dets: Detections, resp: Any, merge: Any, rtt: float, late: bool) -> None:
-        from edgewise.wire import detections_from_proto
-
         from edgewise.merging import merge as merge_fn
+        from edgewise.wire import detections_from_proto
 
         cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
         crop = record.get("crop")
@@ -290,9 +288,8 @@ class Escalating:
 
     async def replay_once(self, policy: Any) -> int:
         """One replay round: send spooled entries oldest first until one fails."""
-        from edgewise.wire import detections_from_proto
-
         from edgewise.v1 import detect_pb2
+        from edgewise.wire import detections_from_proto
 
         expired = self.spool.expire(time.time())
         if expired:

@@ -24,7 +24,7 @@ def edgewise_cmd():
     exe = Path(sys.executable).parent / "edgewise"
     if exe.exists():
         return [str(exe)]
-    return [sys.executable, "-c", "import sys; from edgewise.cli import main; sys.exit(main())"]
+    return [sys.executable, "-m", "edgewise.cli"]
 
 
 def start_cloud(port: int, model: Path) -> subprocess.Popen:
