@@ -248,3 +248,21 @@ def test_rendered_gateway_config_loads_in_the_gateway(mode: str, tmp_path) -> No
     assert settings.discovery.kind == "kubernetes"
     inspect.signature(KubernetesDiscovery).bind(**settings.discovery.kubernetes)
     assert settings.listen == "0.0.0.0:50051" and settings.metrics_port == 9100
+
+
+@pytest.mark.parametrize("mode", ["default", "cpu", "tls-on"])
+def test_container_args_parse_with_the_real_cli(mode: str) -> None:
+    """Every edgewise container's args are accepted by the CLI they will run."""
+    from edgewise.cli import build_parser
+
+    parser = build_parser()
+    seen = set()
+    for name, spec in _pod_specs(render(*MODES[mode])):
+        for c in spec["containers"]:
+            args = c.get("args")
+            if not args or args[0] not in ("cloud", "edge", "model"):
+                continue
+            ns = parser.parse_args(args)
+            assert callable(ns.func), name
+            seen.add(args[1])
+    assert {"gateway", "worker", "autoscaler", "probe"} <= seen
