@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import grpc  # noqa: E402
 from grpc import aio  # noqa: E402
 
 from edgewise.v1 import detect_pb2, service_pb2_grpc  # noqa: E402
@@ -41,6 +42,7 @@ class StubCloud:
         self.seen: List[Any] = []
         self.force_status = status  # e.g. detect_pb2.RESOURCE_EXHAUSTED
         self.delay_s = 0.0
+        self.token: Optional[str] = None  # when set, Detect requires "authorization: Bearer <token>"
         self.lock = threading.Lock()
 
     def answer(self, req: Any) -> Any:
@@ -83,15 +85,26 @@ class _Servicer(service_pb2_grpc.EscalationServicer):
         self.cloud = cloud
 
     async def Detect(self, request: Any, context: Any) -> Any:
+        if self.cloud.token is not None:
+            md = dict(context.invocation_metadata())
+            if md.get("authorization") != f"Bearer {self.cloud.token}":
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad or missing bearer token")
         if self.cloud.delay_s:
             await asyncio.sleep(self.cloud.delay_s)
         return self.cloud.answer(request)
 
 
-async def start_grpc(cloud: StubCloud, port: int = 0) -> Any:
+async def start_grpc(cloud: StubCloud, port: int = 0, tls: Optional[Any] = None) -> Any:
+    """Serve on 127.0.0.1:port; ``tls`` = (key_pem, cert_pem, client_ca_pem or None) for TLS/mTLS."""
     server = aio.server()
     service_pb2_grpc.add_EscalationServicer_to_server(_Servicer(cloud), server)
-    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    if tls is not None:
+        key, cert, client_ca = tls
+        creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
+                                            require_client_auth=client_ca is not None)
+        bound = server.add_secure_port(f"127.0.0.1:{port}", creds)
+    else:
+        bound = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return server, bound
 
@@ -99,8 +112,9 @@ async def start_grpc(cloud: StubCloud, port: int = 0) -> Any:
 class GrpcStubThread:
     """The gRPC stub on its own event loop in a background thread (in-process tests)."""
 
-    def __init__(self, cloud: StubCloud, port: int = 0) -> None:
+    def __init__(self, cloud: StubCloud, port: int = 0, tls: Optional[Any] = None) -> None:
         self.cloud = cloud
+        self.tls = tls
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.port = 0
@@ -112,7 +126,7 @@ class GrpcStubThread:
 
     def _main(self, port: int) -> None:
         asyncio.set_event_loop(self.loop)
-        self.server, self.port = self.loop.run_until_complete(start_grpc(self.cloud, port))
+        self.server, self.port = self.loop.run_until_complete(start_grpc(self.cloud, port, self.tls))
         self.ready.set()
         self.loop.run_forever()
 

@@ -113,3 +113,57 @@ def test_mqtt_request_response_with_correlation(mosquitto):
         asyncio.run(run())
     finally:
         responder.stop()
+
+
+def _openssl(*args, cwd):
+    import subprocess
+
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(d):
+    """A CA, a server cert for 127.0.0.1/localhost and a client cert, with the openssl CLI."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+             "-days", "2", "-subj", "/CN=test-ca", cwd=d)
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN={name}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext", cwd=d)
+    return d
+
+
+def test_grpc_mutual_tls_and_bearer_token(tmp_path):
+    d = make_pki(tmp_path)
+    read = lambda n: (d / n).read_bytes()  # noqa: E731
+    cloud = StubCloud(None)
+    cloud.token = "t0k3n"
+    stub = GrpcStubThread(cloud, tls=(read("server.key"), read("server.pem"), read("ca.pem")))
+    ep = [f"127.0.0.1:{stub.port}"]
+    ca, cert, key = str(d / "ca.pem"), str(d / "client.pem"), str(d / "client.key")
+    try:
+        async def run():
+            good = GrpcTransport(ep, tls_ca=ca, tls_cert=cert, tls_key=key, token="t0k3n")
+            assert (await good.detect(request(1), 5.0)).frame_seq == 1
+            bad_token = GrpcTransport(ep, tls_ca=ca, tls_cert=cert, tls_key=key, token="wrong")
+            with pytest.raises(TransportError) as ei:
+                await bad_token.detect(request(2), 5.0)
+            assert ei.value.code == "UNAUTHENTICATED"
+            no_client_cert = GrpcTransport(ep, tls_ca=ca, token="t0k3n")
+            with pytest.raises(TransportError) as ei:
+                await no_client_cert.detect(request(3), 5.0)
+            assert ei.value.code == "UNAVAILABLE"  # handshake refused by the server
+            plaintext = GrpcTransport(ep, token="t0k3n")
+            with pytest.raises(TransportError):
+                await plaintext.detect(request(4), 2.0)
+            for t in (good, bad_token, no_client_cert, plaintext):
+                await t.close()
+        asyncio.run(run())
+    finally:
+        stub.stop()
+    assert [r.frame_seq for r in cloud.seen] == [1]
