@@ -265,6 +265,7 @@ class EdgeDaemon:
                 on_state=self._on_state, on_corrupt=lambda sid: self.metrics.corrupt.labels(sid).inc(),
                 on_drop=lambda sid: self.metrics.drops.labels(sid, "queue_full").inc(),
                 start_seq=epoch << 32,
+                on_truncated=lambda sid: self.metrics.truncated.labels(sid).inc(),
             ))
         self.pipeline = Pipeline(s.device_id, detector, self.capturers, queues, ready, decider,
                                  self.escalating, self._write, self.metrics, s.model.max_batch)

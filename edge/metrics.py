@@ -58,6 +58,10 @@ class EdgeMetrics:
         )
         self.reloads = Counter("edgewise_edge_policy_reloads", "Policy reloads by result", ["result"], registry=r)
         self.drops = Counter("edgewise_edge_dropped", "Dropped frames by stream and reason", ["stream", "reason"], registry=r)
+        self.truncated = Counter(
+            "edgewise_edge_truncated_videos", "Video files that ended before their header's frame count",
+            ["stream"], registry=r,
+        )
         self.corrupt = Counter("edgewise_edge_corrupt_frames", "Frames that could not be decoded", ["stream"], registry=r)
         self.source_state = Gauge(
             "edgewise_edge_source_state", "1 for the current state of each stream", ["stream", "state"], registry=r

@@ -90,6 +90,7 @@ class Capturer:
         on_corrupt: Optional[Callable[[str], None]] = None,
         on_drop: Optional[Callable[[str], None]] = None,
         start_seq: int = 0,
+        on_truncated: Optional[Callable[[str], None]] = None,
     ) -> None:
         self.stream_id = stream_id
         self.source = source
@@ -101,6 +102,8 @@ class Capturer:
         self.on_state = on_state
         self.on_corrupt = on_corrupt
         self.on_drop = on_drop
+        self.on_truncated = on_truncated
+        self.truncated = 0
         self.state: Optional[SourceState] = None
         self.seq = start_seq
         self.frames = 0
@@ -160,6 +163,14 @@ class Capturer:
             pass
         return min(delay * 2.0, self.reconnect_max_s)
 
+    def _check_truncated(self) -> None:
+        # A video shorter than its header says (logged by the source) is counted here.
+        seen = int(getattr(self.source, "truncated", 0) or 0)
+        while self.truncated < seen:
+            self.truncated += 1
+            if self.on_truncated is not None:
+                self.on_truncated(self.stream_id)
+
     async def _stream(self, stop: asyncio.Event) -> Optional[str]:
         """Read frames; returns None at the end, or why a live stream dropped."""
         self._streamed_ok = False
@@ -199,6 +210,7 @@ class Capturer:
                 if self.source.live:
                     return f"read failed: {exc}"
                 continue
+            self._check_truncated()
             if img is None:
                 return None
             self._streamed_ok = True

@@ -59,6 +59,16 @@ def test_truncated_video_ends_early_and_is_counted(tmp_path):
     assert 0 < len(frames) < 30
     assert src.truncated == 1
 
+    async def run():
+        q = FrameQueue(100, "wait", asyncio.Event())
+        counted = []
+        cap = Capturer("v", VideoFileSource(str(cut)), q, on_truncated=counted.append)
+        await cap.run(asyncio.Event())
+        return q, counted
+
+    q, counted = asyncio.run(run())
+    assert counted == ["v"] and len(q) == len(frames)
+
 
 def test_folder_skips_corrupt_image(tmp_path):
     for i in range(3):
