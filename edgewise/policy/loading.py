@@ -14,6 +14,7 @@ Validation is driven by the field metadata of :mod:`edgewise.policy.schema`.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -22,6 +23,8 @@ import yaml
 from edgewise.errors import ConfigError
 from edgewise.policy.fields import FieldSpec, field_specs
 from edgewise.policy.schema import Policy
+
+_EXP = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 #: Policy files larger than this are refused (a policy is a few KB).
 MAX_POLICY_BYTES = 1 << 20
@@ -124,6 +127,9 @@ def _value(spec: FieldSpec, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
     if not isinstance(node, yaml.ScalarNode):
         raise ctx.fail(node, path, f"expected a scalar, got {_node_desc(node, ctx)}", spec.allowed())
     v = ctx.scalar(node)
+    if spec.kind == "float" and isinstance(v, str) and node.style is None and _EXP.match(v):
+        # YAML 1.1 (PyYAML) reads 1e-3 (no dot) as a string; operators mean a number.
+        v = float(v)
     if spec.kind in ("float", "int"):
         ok_type = isinstance(v, int) if spec.kind == "int" else isinstance(v, (int, float))
         if isinstance(v, bool) or not ok_type:

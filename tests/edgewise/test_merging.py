@@ -19,7 +19,7 @@ def D(rows, names=NAMES, source="edge"):
 
 
 def as_rows(d):
-    return [(tuple(np.round(b, 4)), round(float(s), 4), d.names[c], src)
+    return [(tuple(round(float(v), 4) for v in b), round(float(s), 4), d.names[c], src)
             for b, s, c, src in zip(d.boxes, d.scores, d.class_ids, d.box_sources())]
 
 

@@ -141,3 +141,15 @@ def test_schema_markdown_has_one_row_per_key():
     md = schema_markdown().splitlines()
     assert len(md) == 2 + len(describe_schema())
     assert any(line.startswith("| spec.transport | string | grpc | grpc \\| mqtt |") for line in md)
+
+
+def test_exponent_without_dot_is_a_number_but_quoted_is_not():
+    head = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: m}\n"
+    p = parse_policy(head + "spec: {budget: {maxPerSecond: 1e-3}}\n")  # YAML 1.1 reads a string
+    assert p.spec.budget.max_per_second == 0.001
+    with pytest.raises(ConfigError, match=r"spec.threshold: '0.5' is not a number"):
+        parse_policy(head + "spec: {threshold: '0.5'}\n")
+    with pytest.raises(ConfigError, match=r"spec.threshold: 'nan' is not a number"):
+        parse_policy(head + "spec: {threshold: nan}\n")
+    with pytest.raises(ConfigError, match=r"spec.threshold: nan is out of range"):
+        parse_policy(head + "spec: {threshold: .nan}\n")
