@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS items (
     size     INTEGER NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0
 );
+CREATE INDEX IF NOT EXISTS items_created ON items(created);
 CREATE TABLE IF NOT EXISTS counters (
     name  TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -133,7 +134,8 @@ class Spool:
         ``max_bytes`` on its own is refused (False, counted). To make room the
         oldest items are evicted (counted, logged).
         """
-        meta_text = json.dumps(meta or {}, sort_keys=True, separators=(",", ":"))
+        # default=str: a stray non-JSON value in meta must not lose the escalation
+        meta_text = json.dumps(meta or {}, sort_keys=True, separators=(",", ":"), default=str)
         size = len(payload) + len(meta_text) + len(key)
         with self._lock:
             now = self._clock()

@@ -178,3 +178,10 @@ def test_invalid_caps_rejected(tmp_path):
         Spool(tmp_path / "a.db", max_bytes=0, max_age_s=1)
     with pytest.raises(ValueError, match="max_age_s"):
         Spool(tmp_path / "b.db", max_bytes=1, max_age_s=0)
+
+
+def test_non_json_meta_is_stringified_not_lost(tmp_path):
+    sp = Spool(tmp_path / "s.db", max_bytes=10_000, max_age_s=60)
+    assert sp.put("k", b"p", {"path": tmp_path, "n": 1})
+    assert sp.peek(1)[0].meta == {"path": str(tmp_path), "n": 1}
+    sp.close()
