@@ -218,6 +218,29 @@ class Spool:
             self._depth -= 1
             return True
 
+    def ack_many(self, item_ids: List[int]) -> int:
+        """Delete several delivered items in one fsync'd transaction; returns how many existed."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                n = 0
+                freed = 0
+                for item_id in item_ids:
+                    row = db.execute("SELECT size FROM items WHERE id = ?", (item_id,)).fetchone()
+                    if row is None:
+                        continue
+                    db.execute("DELETE FROM items WHERE id = ?", (item_id,))
+                    n += 1
+                    freed += int(row[0])
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            self._bytes -= freed
+            self._depth -= n
+            return n
+
     def nack(self, item_id: int) -> int:
         """Record a failed delivery attempt; the item stays in place. Returns attempts (0 if gone)."""
         with self._lock:

@@ -185,3 +185,14 @@ def test_non_json_meta_is_stringified_not_lost(tmp_path):
     assert sp.put("k", b"p", {"path": tmp_path, "n": 1})
     assert sp.peek(1)[0].meta == {"path": str(tmp_path), "n": 1}
     sp.close()
+
+
+def test_ack_many_in_one_transaction(tmp_path):
+    sp = Spool(tmp_path / "s.db", max_bytes=10_000, max_age_s=60)
+    for i in range(5):
+        sp.put(f"k{i}", b"p" * 10, {})
+    ids = [it.id for it in sp.peek(10)]
+    assert sp.ack_many(ids[:3] + [9999]) == 3
+    assert [it.key for it in sp.peek(10)] == ["k3", "k4"]
+    assert sp.stats().depth == 2 and sp.stats().bytes == 2 * (10 + 2 + 2)
+    sp.close()
