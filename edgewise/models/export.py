@@ -70,6 +70,8 @@ def export_onnx(
     with torch.no_grad(), warnings.catch_warnings():
         # The grids are constants for a fixed H, W: the tracer's warning about it is expected.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        # dynamo=False is deliberate (the dynamo exporter needs onnxscript): no deprecation noise.
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
         sample = m(im)  # dry run: builds the cached grids
         dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}} if dynamic_batch else None
         torch.onnx.export(

@@ -1,0 +1,121 @@
+"""``edgewise model build/info/quantize/engine`` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edgewise.cli import main
+
+DATA = Path("/usr/share/doc/opencv-doc/examples/data")
+
+
+def test_build_info_quantize(tmp_path, capsys):
+    pytest.importorskip("torch")
+    model = tmp_path / "m.onnx"
+    rc = main(
+        [
+            "model",
+            "build",
+            "--arch",
+            "yolov5n",
+            "--imgsz",
+            "96",
+            "--classes",
+            "3",
+            "--names",
+            "cat,dog,fox",
+            "--seed",
+            "3",
+            "-o",
+            str(model),
+        ]
+    )
+    assert rc == 0 and model.is_file()
+    assert "built yolov5n @ 96 with 3 classes" in capsys.readouterr().out
+
+    assert main(["model", "info", str(model), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["classes"] == ["cat", "dog", "fox"] and d["precision"] == "float32"
+    assert d["inputs"][0]["shape"] == ["batch", 3, 96, 96]
+    assert d["outputs"][0]["shape"] == ["batch", 3 * (12 * 12 + 6 * 6 + 3 * 3), 8]
+    assert d["imgsz"] == [96, 96] and d["stride"] == 32 and d["opset"] == 17
+
+    cal = tmp_path / "cal"
+    cal.mkdir()
+    for f in sorted(DATA.glob("*.jpg"))[:10]:
+        shutil.copy(f, cal / f.name)
+    out = tmp_path / "m-int8.onnx"
+    report = tmp_path / "report.json"
+    rc = main(
+        [
+            "model",
+            "quantize",
+            str(model),
+            "--calib",
+            str(cal),
+            "--samples",
+            "4",
+            "--holdout",
+            "3",
+            "--conf",
+            "0.001",
+            "--keep-float",
+            "none",
+            "--report",
+            str(report),
+            "-o",
+            str(out),
+        ]
+    )
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "F1@0.5" in cap.out and "calibrate: 4/4 frames" in cap.err
+    r = json.loads(report.read_text())
+    assert r["calib_frames"] == 4 and r["agreement"]["frames"] == 3 and r["kept_float"] == []
+
+    assert main(["model", "info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "precision  int8 (60/60 convolutions in INT8)" in text
+    assert "cat, dog, fox" in text
+
+
+def test_bad_inputs_exit_2_with_message(tmp_path, capsys):
+    assert main(["model", "info", str(tmp_path / "missing.onnx")]) == 2
+    assert f"{tmp_path / 'missing.onnx'} does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"junk" * 50)
+    assert main(["model", "info", str(bad)]) == 2
+    assert "is not a valid ONNX model" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "model",
+                "build",
+                "--arch",
+                "yolov5n",
+                "--imgsz",
+                "100",
+                "-o",
+                str(tmp_path / "x.onnx"),
+            ]
+        )
+        == 2
+    )
+    assert "--imgsz 100: must be a positive multiple of 32" in capsys.readouterr().err
+
+
+def test_engine_needs_tensorrt(tiny_model, capsys):
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip(
+            "TensorRT is installed here; the GPU path is covered by the runtime's gpu tests"
+        )
+    assert main(["model", "engine", str(tiny_model), "--precision", "fp16"]) == 2
+    assert "needs a JetPack/TensorRT machine" in capsys.readouterr().err
