@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
