@@ -55,6 +55,7 @@ def test_detect_bias_init_follows_ultralytics():
     model = build_model("yolov5n", nc=10)
     det = model.detect
     for mi, s in zip(det.m, (8, 16, 32)):
+        assert isinstance(mi, torch.nn.Conv2d) and mi.bias is not None
         b = mi.bias.detach().view(det.na, -1)
         # Conv default init puts the raw bias within +-1/sqrt(fan_in); the offset dominates.
         fan_in = mi.weight.shape[1]
