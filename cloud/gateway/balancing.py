@@ -126,6 +126,7 @@ class EndpointStats:
     limit: int = 0                     # reported admission limit (max batch + max queue); 0 = unknown
     slow_start_t0: float = 0.0
     draining: bool = False
+    paused: bool = False               # the worker itself reports not serving (warm-up, SIGTERM)
     ejected_until: float | None = None
     ejection_count: int = 0
     last_decay: float = 0.0
@@ -206,11 +207,18 @@ class Balancer:
         return closable
 
     def report_load(self, address: str, capacity: float | None, queue_depth: int = 0,
-                    limit: int = 0) -> None:
-        """Record a worker's Load report (capacity in images/s; <=0 means unknown)."""
+                    limit: int = 0, serving: bool = True) -> None:
+        """Record a worker's Load report (capacity in images/s; <=0 means unknown).
+
+        A worker reporting ``serving=False`` gets no picks until it serves again
+        (slow start restarts then).
+        """
         ep = self.endpoints.get(address)
         if ep is None:
             return
+        if ep.paused and serving:
+            ep.slow_start_t0 = self.clock()
+        ep.paused = not serving
         ep.capacity = capacity if capacity is not None and capacity > 0 and math.isfinite(capacity) else None
         ep.queue_depth = max(0, int(queue_depth))
         ep.limit = max(0, int(limit))
@@ -289,7 +297,8 @@ class Balancer:
     def candidates(self, now: float, exclude: Sequence[str] = (),
                    deadline_s: float | None = None) -> tuple[list[EndpointStats], NoPick | None]:
         """Pickable endpoints now, or why there are none."""
-        live = [ep for ep in self.endpoints.values() if not ep.draining and ep.address not in exclude]
+        live = [ep for ep in self.endpoints.values()
+                if not ep.draining and not ep.paused and ep.address not in exclude]
         if not live:
             return [], NoPick.NO_ENDPOINTS
         panic = self.in_panic(now)

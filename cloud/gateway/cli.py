@@ -1,0 +1,101 @@
+"""``edgewise cloud gateway`` and ``edgewise cloud up`` (local pool) commands."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    gw = subparsers.add_parser(
+        "gateway", help="run the gateway (Escalation service, balancer, MQTT bridge)",
+        description="Serve the edge-facing Escalation service and route requests to workers by "
+                    "weighted least-connections. Settings: --config YAML < env "
+                    "EDGEWISE_GATEWAY__SECTION__KEY < flags.")
+    gw.add_argument("--config", help="gateway YAML (see cloud/gateway/gateway.example.yaml)")
+    gw.add_argument("--listen", help="gRPC listen address host:port (port 0 = any free port)")
+    gw.add_argument("--metrics-port", type=int, help="HTTP port for /metrics, /pool, /healthz (-1 off)")
+    gw.add_argument("--worker", action="append", default=[], metavar="HOST:PORT[=WEIGHT]",
+                    help="static worker (repeatable); replaces discovery.static")
+    gw.add_argument("--mode", help="balancer mode: wlc (default), rr, random, wrr, lc, p2c, wp2c")
+    gw.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                    help="override any setting, e.g. --set limits.rate_per_device=10")
+    gw.set_defaults(func=_gateway)
+
+    up = subparsers.add_parser(
+        "up", help="start N workers and a gateway on this machine",
+        description="Local pool: N worker processes and one gateway process (static discovery). "
+                    "Prints the gateway address; Ctrl-C / SIGTERM stops everything cleanly.")
+    up.add_argument("--workers", type=int, default=2, help="number of worker processes (default 2)")
+    up.add_argument("--model", required=True, help="YOLOv5 ONNX model for the workers")
+    up.add_argument("--port", type=int, default=50051, help="gateway gRPC port (0 = any; default 50051)")
+    up.add_argument("--metrics-port", type=int, default=0, help="gateway HTTP side port (0 = any)")
+    up.add_argument("--worker-threads", type=int, default=1, help="intra-op threads per worker")
+    up.add_argument("--weights", help="comma-separated worker weights, e.g. 4,2,1")
+    up.add_argument("--gateway-config", help="extra gateway YAML (workers are filled in)")
+    up.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                    help="extra argument passed to every worker (repeatable)")
+    up.set_defaults(func=_up)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from edgewise.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE")
+        out[key.strip()] = value
+    if args.listen:
+        out["listen"] = args.listen
+    if args.metrics_port is not None:
+        out["metrics_port"] = args.metrics_port
+    if args.worker:
+        out["discovery.kind"] = "static"
+        out["discovery.static"] = list(args.worker)
+    if args.mode:
+        out["balancer.mode"] = args.mode
+    return out
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from cloud.gateway.server import serve
+    from cloud.gateway.settings import load_settings
+
+    overrides = _overrides(args)
+    settings = load_settings(args.config, overrides)
+    asyncio.run(serve(settings, reload=lambda: load_settings(args.config, overrides)))
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from cloud.local import LocalCloud
+    from edgewise.errors import ConfigError
+
+    weights = None
+    if args.weights:
+        try:
+            weights = [float(w) for w in args.weights.split(",")]
+        except ValueError:
+            raise ConfigError(f"--weights {args.weights!r}: expected numbers like 4,2,1") from None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with LocalCloud(args.model, workers=args.workers, port=args.port, metrics_port=args.metrics_port,
+                    worker_threads=args.worker_threads, weights=weights,
+                    gateway_config=args.gateway_config, worker_args=args.worker_arg) as cloud:
+        print(f"gateway: {cloud.address}  (metrics http://127.0.0.1:{cloud.metrics_port}/metrics, "
+              f"pool http://127.0.0.1:{cloud.metrics_port}/pool)", flush=True)
+        for i, w in enumerate(cloud.worker_addresses):
+            print(f"worker {i}: {w}", flush=True)
+        while not stop.wait(0.5):
+            if cloud.gateway_exited():
+                print("gateway exited; stopping", flush=True)
+                return 1
+    return 0

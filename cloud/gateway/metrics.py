@@ -1,0 +1,74 @@
+"""Prometheus metrics of one gateway process (its own registry, never the global one).
+
+Per-worker in-flight, picks and ejections are read from the balancer at scrape
+time (a custom collector), so they can never drift from the decisions; errors,
+request latency by outcome and gateway overhead are ordinary counters and
+histograms. Histograms, not summaries, so p99 can be aggregated across replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from cloud.gateway.balancing import Balancer
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                   0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01,
+                    0.025, 0.05)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, balancer: Balancer) -> None:
+        self.balancer = balancer
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.balancer
+        now = b.clock()
+        inflight = GaugeMetricFamily("edgewise_gateway_worker_in_flight",
+                                     "Requests forwarded to the worker and not yet answered", labels=["worker"])
+        weight = GaugeMetricFamily("edgewise_gateway_worker_effective_weight",
+                                   "Effective weight (configured x capacity x slow start)", labels=["worker"])
+        ejected = GaugeMetricFamily("edgewise_gateway_worker_ejected", "1 while ejected", labels=["worker"])
+        picks = CounterMetricFamily("edgewise_gateway_worker_picks", "Requests sent to the worker",
+                                    labels=["worker"])
+        ejections = CounterMetricFamily("edgewise_gateway_worker_ejections",
+                                        "Times the worker was ejected as an outlier", labels=["worker"])
+        for ep in list(b.endpoints.values()):
+            name = ep.name or ep.address
+            inflight.add_metric([name], ep.in_flight)
+            weight.add_metric([name], b.effective_weight(ep, now))
+            ejected.add_metric([name], 1.0 if ep.ejected(now) else 0.0)
+            picks.add_metric([name], ep.picks)
+            ejections.add_metric([name], ep.ejections)
+        yield from (inflight, weight, ejected, picks, ejections)
+
+
+class GatewayMetrics:
+    """All gateway metrics, on a registry of their own."""
+
+    def __init__(self, balancer: Balancer, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.registry.register(_PoolCollector(balancer))
+        r = self.registry
+        self.requests = Counter("edgewise_gateway_requests", "Requests answered, by transport and status",
+                                ["transport", "status"], registry=r)
+        self.worker_errors = Counter("edgewise_gateway_worker_errors",
+                                     "Non-OK answers from workers, by gRPC status", ["worker", "status"],
+                                     registry=r)
+        self.retries = Counter("edgewise_gateway_retries", "Retries on another worker", ["result"], registry=r)
+        self.rejected = Counter("edgewise_gateway_rejected", "Requests refused before forwarding, by reason",
+                                ["reason"], registry=r)
+        self.latency = Histogram("edgewise_gateway_request_seconds", "End-to-end time in the gateway by outcome",
+                                 ["outcome"], buckets=LATENCY_BUCKETS, registry=r)
+        self.overhead = Histogram("edgewise_gateway_overhead_seconds",
+                                  "Gateway time not spent waiting on the worker (pick, checks, copies)",
+                                  buckets=OVERHEAD_BUCKETS, registry=r)
+        self.mqtt = Counter("edgewise_gateway_mqtt_messages", "MQTT bridge messages by result", ["result"],
+                            registry=r)

@@ -1,0 +1,281 @@
+"""The gateway's worker pool: the async shell around the balancer core.
+
+One gRPC channel per worker (gRPC Python has no least-request policy, so the
+gateway picks in Python: load-balancing.md §0.6), created and closed as
+discovery changes; a draining worker's channel closes once its last request
+ends. ``forward`` picks, sends ``Worker.Infer`` with the propagated deadline,
+classifies the outcome for the balancer, and retries once on another worker
+for UNAVAILABLE within the deadline and the retry budget (§6.7). A poller reads
+``Worker.Load`` to feed reported capacity, queue depth and serving state into
+the effective weights. Every answer is a ``DetectResponse``; failures carry a
+status and a message (the gRPC servicer turns those into status codes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from cloud.discovery.base import Endpoint, EndpointState
+from cloud.gateway.balancing import Balancer, NoPick, Outcome, RetryBudget, Ticket, should_retry
+from cloud.gateway.metrics import GatewayMetrics
+from cloud.gateway.settings import GatewaySettings
+from edgewise.v1 import detect_pb2, service_pb2_grpc
+
+log = logging.getLogger("edgewise.gateway.pool")
+
+#: gRPC code → how the balancer should count it (§6.5)
+_OUTCOME = {
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Outcome.OVERLOADED,
+    grpc.StatusCode.UNAVAILABLE: Outcome.FAILURE,
+    grpc.StatusCode.INTERNAL: Outcome.FAILURE,
+    grpc.StatusCode.UNKNOWN: Outcome.FAILURE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Outcome.FAILURE,
+    grpc.StatusCode.CANCELLED: Outcome.FAILURE,  # worker-side cancel (shutdown); client cancels raise
+}
+_STATUS_NAMES = set(detect_pb2.Status.keys())
+
+
+def status_value(name: str) -> int:
+    """DetectResponse.Status value for a gRPC status name (unknown names → INTERNAL)."""
+    if name == "CANCELLED":
+        name = "UNAVAILABLE"
+    return int(detect_pb2.Status.Value(name if name in _STATUS_NAMES else "INTERNAL"))
+
+
+def error_response(req: detect_pb2.DetectRequest | None, status: str, message: str) -> detect_pb2.DetectResponse:
+    resp = detect_pb2.DetectResponse(status=status_value(status), error=message)  # type: ignore[arg-type]
+    if req is not None:
+        resp.device_id, resp.stream_id = req.device_id, req.stream_id
+        resp.frame_seq, resp.trace_id = req.frame_seq, req.trace_id
+    return resp
+
+
+@dataclass
+class _Channel:
+    channel: grpc.aio.Channel
+    stub: service_pb2_grpc.WorkerStub
+
+
+class WorkerPool:
+    """Channels, balancer, forwarding and load polling for one gateway."""
+
+    def __init__(self, settings: GatewaySettings, metrics_registry: Any = None,
+                 balancer: Balancer | None = None) -> None:
+        self.settings = settings
+        self.balancer = balancer or Balancer(settings.balancer)
+        self.metrics = GatewayMetrics(self.balancer, metrics_registry)
+        r = settings.retry
+        self.budget = RetryBudget(r.budget_ratio, r.min_per_s, r.window_s)
+        self._channels: dict[str, _Channel] = {}
+        self._queue_ms: deque[tuple[float, float]] = deque(maxlen=20000)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.ready = asyncio.Event()  # set once discovery delivered a first set
+
+    # ---- membership -----------------------------------------------------------------------
+    def _channel_options(self) -> list[tuple[str, Any]]:
+        m = self.settings.limits.max_message_bytes
+        return [
+            ("grpc.max_send_message_length", m),
+            ("grpc.max_receive_message_length", m),
+            ("grpc.enable_retries", 0),       # retries are ours (one, budgeted, other host)
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2_000),
+        ]
+
+    def apply(self, endpoints: Iterable[Endpoint]) -> None:
+        """Make the pool match a full endpoint set from discovery."""
+        eps = list(endpoints)
+        closable = self.balancer.set_endpoints(
+            (e.address, e.weight, e.name or e.address, e.state is EndpointState.DRAINING) for e in eps)
+        for e in eps:
+            if e.state is EndpointState.READY and e.address not in self._channels:
+                ch = grpc.aio.insecure_channel(e.address, options=self._channel_options())
+                self._channels[e.address] = _Channel(ch, service_pb2_grpc.WorkerStub(ch))
+                log.info("worker added: %s (weight %g)", e.address, e.weight)
+        for address in closable:
+            self._close_channel(address)
+        self.ready.set()
+
+    def _close_channel(self, address: str) -> None:
+        ch = self._channels.pop(address, None)
+        if ch is not None:
+            log.info("worker removed, channel closed: %s", address)
+            self._spawn(ch.channel.close())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def follow(self, updates: AsyncIterator[frozenset[Endpoint]]) -> None:
+        """Apply every endpoint set a discovery source yields (runs until cancelled)."""
+        async for endpoints in updates:
+            try:
+                self.apply(endpoints)
+            except ValueError as exc:  # a bad weight from discovery: keep the old set
+                log.error("discovery update ignored: %s", exc)
+
+    async def poll_loads(self) -> None:
+        """Poll Worker.Load on every worker forever (capacity, queue depth, serving)."""
+        interval = self.settings.load_poll_interval_s
+        while True:
+            await asyncio.gather(*(self._poll_one(a, c) for a, c in list(self._channels.items())),
+                                 return_exceptions=True)
+            await asyncio.sleep(interval)
+
+    async def _poll_one(self, address: str, ch: _Channel) -> None:
+        timeout = min(1.0, self.settings.load_poll_interval_s)
+        try:
+            load = await ch.stub.Load(detect_pb2.LoadRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return  # request failures drive ejection; a missed poll changes nothing
+        limit = load.max_batch_size + load.max_queue_size if load.max_queue_size else 0
+        self.balancer.report_load(address, load.capacity, load.queue_depth, limit, load.serving)
+
+    # ---- forwarding -----------------------------------------------------------------------
+    async def forward(self, req: detect_pb2.DetectRequest, timeout_s: float,
+                      transport: str = "grpc") -> detect_pb2.DetectResponse:
+        """Send one request to a worker (retrying once for UNAVAILABLE); always returns a response."""
+        t_start = time.perf_counter()
+        loop_deadline = t_start + timeout_s
+        wall_deadline_ns = time.time_ns() + int(timeout_s * 1e9)
+        if not req.deadline_unix_ns or req.deadline_unix_ns > wall_deadline_ns:
+            req.deadline_unix_ns = wall_deadline_ns
+        self.budget.record_request()
+        tried: list[str] = []
+        waited = 0.0
+        attempt = 0
+        resp: detect_pb2.DetectResponse | None = None
+        min_attempt = self.settings.retry.min_attempt_ms / 1000.0
+        while True:
+            attempt += 1
+            remaining = loop_deadline - time.perf_counter()
+            if remaining <= 0:
+                resp = error_response(req, "DEADLINE_EXCEEDED",
+                                      f"deadline passed after {attempt - 1} attempt(s) ({', '.join(tried)})")
+                break
+            pick = self.balancer.pick(exclude=tried, deadline_s=remaining)
+            if not isinstance(pick, Ticket):
+                if tried and resp is not None:
+                    break  # no other worker to retry on: answer with the first failure
+                resp = self._no_pick_response(req, pick, remaining)
+                self.metrics.rejected.labels(reason=pick.name.lower()).inc()
+                break
+            ch = self._channels.get(pick.address)
+            if ch is None:  # discovery raced us; count it as a failed attempt
+                pick.release(Outcome.CANCELLED)
+                tried.append(pick.address)
+                continue
+            name = self.balancer.endpoints[pick.address].name if pick.address in self.balancer.endpoints \
+                else pick.address
+            t0 = time.perf_counter()
+            try:
+                resp = await ch.stub.Infer(req, timeout=remaining)
+            except grpc.aio.AioRpcError as exc:
+                waited += time.perf_counter() - t0
+                code = exc.code()
+                outcome = _OUTCOME.get(code, Outcome.OK)
+                self._done(pick, outcome)
+                self.metrics.worker_errors.labels(worker=name, status=code.name).inc()
+                resp = error_response(req, code.name, f"worker {name}: {code.name}: {exc.details()}")
+                tried.append(pick.address)
+                left = loop_deadline - time.perf_counter()
+                if self.settings.retry.enabled and should_retry(code.name, attempt, left, min_attempt,
+                                                                self.budget):
+                    self.metrics.retries.labels(result="sent").inc()
+                    continue
+                if code.name == "UNAVAILABLE" and attempt == 1:
+                    self.metrics.retries.labels(result="denied").inc()
+                break
+            except BaseException:  # client cancelled: the worker isn't to blame
+                self._done(pick, Outcome.CANCELLED)
+                raise
+            waited += time.perf_counter() - t0
+            st = detect_pb2.Status.Name(resp.status)
+            if st == "RESOURCE_EXHAUSTED":
+                self._done(pick, Outcome.OVERLOADED)
+            elif st in ("UNAVAILABLE", "INTERNAL"):
+                self._done(pick, Outcome.FAILURE)
+            else:
+                self._done(pick, Outcome.OK)
+            if st not in ("OK", "STATUS_UNSPECIFIED"):
+                self.metrics.worker_errors.labels(worker=name, status=st).inc()
+            if resp.HasField("timing") and resp.timing.queue_ms >= 0:
+                self._queue_ms.append((time.monotonic(), float(resp.timing.queue_ms)))
+            tried.append(pick.address)
+            left = loop_deadline - time.perf_counter()
+            if st == "UNAVAILABLE" and self.settings.retry.enabled and \
+                    should_retry(st, attempt, left, min_attempt, self.budget):
+                self.metrics.retries.labels(result="sent").inc()
+                continue
+            break
+        total = time.perf_counter() - t_start
+        resp.timing.gateway_ms = float(total * 1000.0)
+        status = detect_pb2.Status.Name(resp.status)
+        self.metrics.requests.labels(transport=transport, status=status).inc()
+        self.metrics.latency.labels(outcome=status).observe(total)
+        if waited > 0:
+            self.metrics.overhead.observe(max(0.0, total - waited))
+        return resp
+
+    def _done(self, ticket: Ticket, outcome: Outcome) -> None:
+        if ticket.release(outcome):
+            self._close_channel(ticket.address)
+
+    def _no_pick_response(self, req: detect_pb2.DetectRequest, why: NoPick,
+                          remaining: float) -> detect_pb2.DetectResponse:
+        b = self.balancer
+        n = len(b.endpoints)
+        if why is NoPick.SATURATED:
+            return error_response(
+                req, "RESOURCE_EXHAUSTED",
+                f"all {n} workers are saturated ({b.total_in_flight()} requests in flight, "
+                f"{remaining * 1000:.0f} ms left): retry later, spool, or use the edge result")
+        return error_response(req, "UNAVAILABLE",
+                              f"no worker can take requests now ({n} known, none ready): check the worker pool")
+
+    # ---- views ----------------------------------------------------------------------------
+    def queue_wait_p90_ms(self, window_s: float = 30.0) -> float:
+        cutoff = time.monotonic() - window_s
+        vals = sorted(v for t, v in self._queue_ms if t >= cutoff)
+        if not vals:
+            return 0.0
+        return vals[min(len(vals) - 1, int(0.9 * len(vals)))]
+
+    def snapshot(self) -> dict[str, Any]:
+        """The ``GET /pool`` document the autoscaler reads."""
+        b = self.balancer
+        now = b.clock()
+        workers = []
+        capacity = 0.0
+        for ep in b.endpoints.values():
+            state = "draining" if ep.draining else "ejected" if ep.ejected(now) else \
+                "not_serving" if ep.paused else "ready"
+            workers.append({
+                "name": ep.name, "address": ep.address, "state": state, "in_flight": ep.in_flight,
+                "queue_depth": ep.queue_depth, "capacity": ep.capacity or 0.0,
+                "weight": round(b.effective_weight(ep, now), 6), "ejected": ep.ejected(now),
+            })
+            if state == "ready":
+                capacity += ep.capacity or 0.0
+        return {"workers": workers, "in_flight": b.total_in_flight(), "capacity": capacity,
+                "queue_wait_ms_p90": self.queue_wait_p90_ms()}
+
+    async def close(self) -> None:
+        for address in list(self._channels):
+            self._close_channel(address)
+        if self._tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*self._tasks, return_exceptions=True)

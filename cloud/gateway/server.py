@@ -1,0 +1,311 @@
+"""The gateway process: the edge-facing ``Escalation`` gRPC service and its lifecycle.
+
+``Gateway`` ties together the worker pool (balancer + channels), admission
+(validation, bearer tokens, per-device rate limits), the gRPC server (TLS/mTLS,
+message-size limits, standard health service), the HTTP side port (/metrics,
+/pool, /healthz), discovery and the optional MQTT bridge. ``handle`` is the one
+request path both transports use. SIGTERM: health goes NOT_SERVING, new calls
+are refused, in-flight calls finish within ``shutdown_grace_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from cloud.discovery.base import Discovery, Endpoint
+from cloud.gateway.admission import RateLimiter, Rejection, TokenAuth, validate_request
+from cloud.gateway.http import SidePort
+from cloud.gateway.pool import WorkerPool, error_response
+from cloud.gateway.settings import GatewaySettings
+from edgewise.errors import ConfigError
+from edgewise.v1 import detect_pb2, service_pb2_grpc
+
+log = logging.getLogger("edgewise.gateway")
+SERVICE_NAME = "edgewise.v1.Escalation"
+LISTENING_LINE = "EDGEWISE_GATEWAY_LISTENING"
+
+
+class ReloadableStaticDiscovery:
+    """Static discovery whose list can be replaced at run time (SIGHUP reload, local mode)."""
+
+    def __init__(self, specs: Iterable[str]) -> None:
+        from cloud.discovery.static import parse_endpoints
+
+        self._parse = parse_endpoints
+        self._current = parse_endpoints(list(specs), where="discovery.static")
+        self._changed = asyncio.Event()
+        self._closed = False
+
+    def replace(self, specs: Iterable[str]) -> None:
+        new = self._parse(list(specs), where="discovery.static")
+        old_addrs = {e.address for e in new}
+        # workers dropped from the list drain (finish in flight, then close)
+        from cloud.discovery.base import EndpointState
+
+        drained = {Endpoint(e.address, e.weight, EndpointState.DRAINING, e.name)
+                   for e in self._current if e.address not in old_addrs}
+        self._current = frozenset(new | drained)
+        self._changed.set()
+
+    async def watch(self) -> AsyncIterator[frozenset[Endpoint]]:
+        while not self._closed:
+            self._changed.clear()
+            yield self._current
+            await self._changed.wait()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._changed.set()
+
+
+def make_discovery(settings: GatewaySettings) -> Discovery:
+    """Build the configured discovery source (dns/kubernetes imported lazily)."""
+    d = settings.discovery
+    if d.kind == "static":
+        return ReloadableStaticDiscovery(d.static)
+    if d.kind == "dns":
+        from cloud.discovery import dns  # type: ignore[attr-defined]
+
+        factory = _discovery_class(dns, "dns")
+        opts = d.dns
+    else:
+        from cloud.discovery import kubernetes  # type: ignore[attr-defined]
+
+        factory = _discovery_class(kubernetes, "kubernetes")
+        opts = d.kubernetes
+    try:
+        return factory(**opts)  # type: ignore[no-any-return]
+    except TypeError as exc:
+        raise ConfigError(f"discovery.{d.kind}: {exc}") from None
+
+
+def _discovery_class(module: Any, kind: str) -> Callable[..., Any]:
+    for name in dir(module):
+        obj = getattr(module, name)
+        if isinstance(obj, type) and name.endswith("Discovery") and hasattr(obj, "watch") \
+                and obj.__module__ == module.__name__:
+            return obj
+    raise ConfigError(f"discovery.kind {kind}: cloud.discovery.{kind} has no *Discovery class")
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    md = context.invocation_metadata() or ()
+    return {k.lower(): v for k, v in md if isinstance(v, str)}
+
+
+class Gateway:
+    """One gateway: build with settings, ``await start()``, ``await stop()``."""
+
+    def __init__(self, settings: GatewaySettings, discovery: Discovery | None = None) -> None:
+        self.settings = settings
+        self.pool = WorkerPool(settings)
+        self.metrics = self.pool.metrics
+        self.auth = TokenAuth(settings.device_tokens())
+        lim = settings.limits
+        self.limiter = RateLimiter(lim.rate_per_device, lim.burst_per_device)
+        self.discovery = discovery or make_discovery(settings)
+        self.health = HealthServicer()
+        self.side = SidePort(self.metrics.registry, self.pool.snapshot, lambda: self.serving)
+        self.serving = False
+        self.port = 0
+        self.metrics_port = 0
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.bridge: Any = None
+
+    # ---- the one request path ---------------------------------------------------------------
+    def timeout_for(self, req: detect_pb2.DetectRequest, call_remaining: float | None) -> float:
+        """min(call deadline, request deadline_unix_ns); default when neither; capped."""
+        lim = self.settings.limits
+        cands = [c for c in (call_remaining,) if c is not None]
+        if req.deadline_unix_ns:
+            cands.append((req.deadline_unix_ns - time.time_ns()) / 1e9)
+        t = min(cands) if cands else lim.default_deadline_s
+        return min(t, lim.max_deadline_s)
+
+    async def handle(self, req: detect_pb2.DetectRequest, timeout_s: float, transport: str,
+                     authenticated_device: str | None = None) -> detect_pb2.DetectResponse:
+        """Validate, rate-limit and forward one request; always returns a response."""
+        bad = validate_request(req, self.settings.limits)
+        if bad is None and authenticated_device is not None and req.device_id != authenticated_device:
+            bad = Rejection("UNAUTHENTICATED",
+                            f"device_id {req.device_id!r} is not the authenticated device {authenticated_device!r}")
+        if bad is None:
+            bad = self.limiter.allow(req.device_id)
+        if bad is None and timeout_s <= 0:
+            bad = Rejection("DEADLINE_EXCEEDED", "the request's deadline had already passed at the gateway")
+        if bad is not None:
+            self.metrics.rejected.labels(reason=bad.status.lower()).inc()
+            self.metrics.requests.labels(transport=transport, status=bad.status).inc()
+            return error_response(req, bad.status, bad.message)
+        return await self.pool.forward(req, timeout_s, transport)
+
+    # ---- gRPC servicer methods -------------------------------------------------------------
+    async def Detect(self, request: detect_pb2.DetectRequest,
+                     context: grpc.aio.ServicerContext) -> detect_pb2.DetectResponse:
+        device, rej = self.auth.check(_metadata(context), request.device_id)
+        if rej is not None:
+            self.metrics.rejected.labels(reason="unauthenticated").inc()
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, rej.message)
+        resp = await self.handle(request, self.timeout_for(request, context.time_remaining()), "grpc",
+                                 device if self.auth.enabled else None)
+        if resp.status not in (detect_pb2.OK, detect_pb2.STATUS_UNSPECIFIED):
+            code = grpc.StatusCode[detect_pb2.Status.Name(resp.status)]
+            await context.abort(code, resp.error)
+        return resp
+
+    async def DetectStream(self, request_iterator: AsyncIterator[detect_pb2.DetectRequest],
+                           context: grpc.aio.ServicerContext) -> AsyncIterator[detect_pb2.DetectResponse]:
+        md = _metadata(context)
+        device: str | None = None
+        if self.auth.enabled:
+            device, rej = self.auth.check(md, "")
+            if rej is not None:
+                self.metrics.rejected.labels(reason="unauthenticated").inc()
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, rej.message)
+        out: asyncio.Queue[detect_pb2.DetectResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(self.settings.limits.max_stream_in_flight)
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(req: detect_pb2.DetectRequest) -> None:
+            try:
+                timeout = self.timeout_for(req, context.time_remaining())
+                await out.put(await self.handle(req, timeout, "grpc-stream", device))
+            finally:
+                slots.release()
+
+        async def reader() -> None:
+            try:
+                async for req in request_iterator:
+                    await slots.acquire()  # backpressure: stop reading when the stream is full
+                    t = asyncio.ensure_future(one(req))
+                    running.add(t)
+                    t.add_done_callback(running.discard)
+                if running:
+                    await asyncio.gather(*list(running), return_exceptions=True)
+            finally:
+                await out.put(None)
+
+        rtask = asyncio.ensure_future(reader())
+        try:
+            while True:
+                item = await out.get()
+                if item is None:
+                    break
+                yield item
+        finally:
+            rtask.cancel()
+            for t in list(running):
+                t.cancel()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def _credentials(self) -> grpc.ServerCredentials | None:
+        tls = self.settings.tls
+        if not tls.cert_file:
+            return None
+        try:
+            cert = Path(tls.cert_file).read_bytes()
+            key = Path(tls.key_file).read_bytes()
+            ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
+        except OSError as exc:
+            raise ConfigError(f"tls: cannot read a certificate/key file: {exc}") from None
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
+                                           require_client_auth=tls.require_client_cert)
+
+    async def start(self) -> int:
+        """Bind, start serving; returns the bound gRPC port."""
+        s = self.settings
+        m = s.limits.max_message_bytes
+        self._server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", m),
+            ("grpc.max_send_message_length", m),
+            ("grpc.so_reuseport", 0),
+        ])
+        handler = service_pb2_grpc.EscalationServicer()
+        handler.Detect = self.Detect  # type: ignore[method-assign]
+        handler.DetectStream = self.DetectStream  # type: ignore[method-assign]
+        service_pb2_grpc.add_EscalationServicer_to_server(handler, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        creds = self._credentials()
+        if creds is None:
+            self.port = self._server.add_insecure_port(s.listen)
+        else:
+            self.port = self._server.add_secure_port(s.listen, creds)
+        if not self.port:
+            raise ConfigError(f"listen: cannot bind {s.listen}")
+        if s.metrics_port >= 0:
+            self.metrics_port = await self.side.start(s.metrics_host, s.metrics_port)
+        self._tasks.append(asyncio.ensure_future(self.pool.follow(self.discovery.watch())))
+        self._tasks.append(asyncio.ensure_future(self.pool.poll_loads()))
+        await self._server.start()
+        if s.mqtt.enabled:
+            from cloud.gateway.mqtt_bridge import MqttBridge
+
+            self.bridge = MqttBridge(s.mqtt, self)
+            self.bridge.start()
+        if not self.auth.enabled:
+            log.warning("authentication is OFF (auth.tokens is empty): any client may call the gateway")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.pool.ready.wait(), 5.0)
+        self.serving = True
+        for svc in ("", SERVICE_NAME):
+            await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
+        log.info("gateway serving on port %d (metrics %d)", self.port, self.metrics_port)
+        return self.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        grace = self.settings.shutdown_grace_s if grace is None else grace
+        self.serving = False
+        await self.health.enter_graceful_shutdown()
+        if self.bridge is not None:
+            await self.bridge.stop(grace)
+        if self._server is not None:
+            await self._server.stop(grace)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.discovery.close()
+        await self.pool.close()
+        await self.side.stop()
+
+    def reload_workers(self, specs: list[str]) -> None:
+        if isinstance(self.discovery, ReloadableStaticDiscovery):
+            self.discovery.replace(specs)
+            log.info("worker list reloaded: %d workers", len(specs))
+
+
+async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings] | None = None,
+                announce: bool = True) -> None:
+    """Run a gateway until SIGTERM/SIGINT; SIGHUP re-reads the static worker list."""
+    gw = Gateway(settings)
+    port = await gw.start()
+    if announce:
+        print(f"{LISTENING_LINE} port={port} metrics_port={gw.metrics_port}", flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def on_hup() -> None:
+        if reload is None:
+            return
+        try:
+            gw.reload_workers(reload().discovery.static)
+        except ConfigError as exc:
+            log.error("reload ignored: %s", exc)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    await stop.wait()
+    log.info("shutting down: draining for up to %.1f s", settings.shutdown_grace_s)
+    await gw.stop()

@@ -1,0 +1,59 @@
+"""Admission checks: request validation, bearer tokens, per-device token buckets."""
+
+from __future__ import annotations
+
+from cloud.gateway.admission import RateLimiter, TokenAuth, validate_request
+from cloud.gateway.settings import LimitSettings
+from edgewise.v1 import detect_pb2
+from tests.cloud.gateway.workers import request
+
+
+def test_validation_messages():
+    lim = LimitSettings(max_id_length=8)
+    assert validate_request(request(), lim) is None
+    assert validate_request(request(device="x" * 9), lim).message.startswith("device_id is 9 characters")
+    assert "characters outside" in validate_request(request(device="a b"), lim).message
+    r = request()
+    r.ClearField("image")
+    assert "image is missing" in validate_request(r, lim).message
+    r = request()
+    r.image.encoding = detect_pb2.Image.ENCODING_UNSPECIFIED
+    assert "encoding is unspecified" in validate_request(r, lim).message
+    r = request(data=b"\x89PNG\r\n\x1a\n...", encoding=detect_pb2.Image.PNG)
+    assert validate_request(r, lim) is None
+    r = request(data=bytes(12), encoding=detect_pb2.Image.RAW)
+    r.image.shape[:] = [2, 2, 3]
+    assert validate_request(r, lim) is None
+    r.image.dtype = "float32"
+    assert "only 'uint8'" in validate_request(r, lim).message
+    r = request()
+    r.image.source_width, r.image.source_height, r.image.offset_x = 100, 100, 100
+    assert "outside" in validate_request(r, lim).message
+
+
+def test_token_auth():
+    auth = TokenAuth({"cam-1": "abc"})
+    assert auth.check({"authorization": "Bearer abc"}, "cam-1") == ("cam-1", None)
+    assert auth.check({"authorization": "bearer abc", "x-edgewise-device": "cam-1"}, "") == ("cam-1", None)
+    for md, dev, needle in [({}, "cam-1", "missing"), ({"authorization": "Bearer abd"}, "cam-1", "bad token"),
+                            ({"authorization": "Bearer abc"}, "cam-2", "unknown device"),
+                            ({"authorization": "Bearer abc"}, "", "no device identity"),
+                            ({"authorization": "Basic abc"}, "cam-1", "missing")]:
+        who, rej = auth.check(md, dev)
+        assert who is None and rej.status == "UNAUTHENTICATED" and needle in rej.message
+    assert TokenAuth({}).check({}, "any") == ("any", None)
+
+
+def test_rate_limiter_buckets():
+    t = [0.0]
+    rl = RateLimiter(rate=2.0, burst=2.0, clock=lambda: t[0], max_devices=2)
+    assert rl.allow("a") is None and rl.allow("a") is None
+    rej = rl.allow("a")
+    assert rej.status == "RESOURCE_EXHAUSTED" and "2 requests/s" in rej.message
+    assert rl.allow("b") is None  # per device
+    t[0] = 0.5
+    assert rl.allow("a") is None and rl.allow("a") is not None
+    assert rl.limited == 2
+    rl.allow("c")
+    assert len(rl._buckets) == 2  # bounded memory
+    assert RateLimiter(0, 1).allow("x") is None

@@ -1,0 +1,374 @@
+"""Gateway against real grpc.aio Worker servers (test workers with set latency/capacity/failures).
+
+Everything runs over real sockets: a real gateway (``Gateway``), real worker
+servers on port 0, real gRPC clients; only inference is replaced by a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cloud.gateway.server import Gateway
+from cloud.gateway.settings import load_settings
+from edgewise.v1 import detect_pb2, service_pb2_grpc
+from tests.cloud.gateway.workers import TestWorker, request
+
+
+def settings_for(workers, **over):
+    base = {"listen": "127.0.0.1:0", "metrics_host": "127.0.0.1", "metrics_port": 0,
+            "load_poll_interval_s": 0.2, "balancer.slow_start_window_s": 0,
+            "discovery.static": [f"{w.address}={weight}" for w, weight in workers]}
+    base.update(over)
+    return load_settings(None, base, env={})
+
+
+async def started(workers, **over) -> Gateway:
+    for w, _ in workers:
+        if not w.port:
+            await w.start()
+    gw = Gateway(settings_for(workers, **over))
+    await gw.start()
+    return gw
+
+
+async def http_get(url: str) -> bytes:
+    """GET from a thread: the side port is served by this test's own event loop."""
+    def get() -> bytes:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.read()
+    return await asyncio.to_thread(get)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def _detect(stub, req, timeout=5.0, metadata=None):
+    try:
+        resp = await stub.Detect(req, timeout=timeout, metadata=metadata)
+        return "OK", resp
+    except grpc.aio.AioRpcError as exc:
+        return exc.code().name, exc.details()
+
+
+def test_weighted_least_connections_follows_capacity():
+    async def main():
+        ws = [(TestWorker("fast", 0.02, concurrency=4), 4), (TestWorker("mid", 0.02, concurrency=2), 2),
+              (TestWorker("slow", 0.02, concurrency=1), 1)]
+        gw = await started(ws)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                sem = asyncio.Semaphore(7)
+
+                async def one(i):
+                    async with sem:
+                        return await _detect(stub, request(seq=i))
+                results = await asyncio.gather(*(one(i) for i in range(210)))
+            assert all(r[0] == "OK" for r in results)
+            by = Counter(r[1].worker_id for r in results)
+            assert by["fast"] > by["mid"] > by["slow"] > 0
+            assert by["fast"] / by["slow"] >= 2.5, by
+            # the slow worker never had more than ~its share queued
+            assert ws[2][0].max_seen_in_flight <= 2
+            assert all(r[1].timing.gateway_ms > 0 for r in results)
+        finally:
+            await gw.stop(0)
+            for w, _ in ws:
+                await w.stop()
+    run(main())
+
+
+def test_unavailable_is_retried_elsewhere_and_worker_ejected():
+    async def main():
+        bad = TestWorker("bad", fail=grpc.StatusCode.UNAVAILABLE)
+        good = TestWorker("good", 0.002, concurrency=8)
+        gw = await started([(bad, 1), (good, 1)], **{"retry.min_per_s": 100})
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                results = [await _detect(stub, request(seq=i)) for i in range(40)]
+            assert all(r[0] == "OK" and r[1].worker_id == "good" for r in results), results[:3]
+            assert bad.calls == 5  # ejected after 5 consecutive failures, then never picked
+            snap = gw.pool.snapshot()
+            states = {w["name"]: w["state"] for w in snap["workers"]}
+            assert states[bad.address] == "ejected"
+            text = (await http_get(f"http://127.0.0.1:{gw.metrics_port}/metrics")).decode()
+            assert 'edgewise_gateway_retries_total{result="sent"} 5.0' in text
+            assert "edgewise_gateway_worker_ejections_total" in text
+        finally:
+            await gw.stop(0)
+            await bad.stop()
+            await good.stop()
+    run(main())
+
+
+def test_retry_budget_exhausted_returns_clear_unavailable():
+    async def main():
+        bad = TestWorker("bad", fail=grpc.StatusCode.UNAVAILABLE)
+        bad2 = TestWorker("bad2", fail=grpc.StatusCode.UNAVAILABLE)
+        gw = await started([(bad, 1), (bad2, 1)], **{
+            "retry.min_per_s": 0.1, "retry.window_s": 10, "retry.budget_ratio": 0.0,
+            "balancer.consecutive_failures": 100})
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                results = [await _detect(stub, request(seq=i)) for i in range(4)]
+            assert all(r[0] == "UNAVAILABLE" for r in results)
+            assert "configured to fail" in results[0][1]
+            assert bad.calls + bad2.calls == 4 + 1  # exactly one retry allowed by the budget
+        finally:
+            await gw.stop(0)
+            await bad.stop()
+            await bad2.stop()
+    run(main())
+
+
+def test_saturated_pool_answers_resource_exhausted_at_once():
+    async def main():
+        w = TestWorker("w", 1.0, concurrency=2)
+        gw = await started([(w, 1)], **{"balancer.max_in_flight": 2})
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                slow = [asyncio.ensure_future(_detect(stub, request(seq=i))) for i in range(2)]
+                await asyncio.sleep(0.2)
+                t0 = time.perf_counter()
+                code, msg = await _detect(stub, request(seq=9))
+                assert code == "RESOURCE_EXHAUSTED" and "saturated" in msg
+                assert time.perf_counter() - t0 < 0.3
+                assert [r[0] for r in await asyncio.gather(*slow)] == ["OK", "OK"]
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_deadline_propagates_to_worker_and_expires():
+    async def main():
+        w = TestWorker("w", 0.5)
+        gw = await started([(w, 1)])
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                t0 = time.time_ns()
+                code, _ = await _detect(stub, request(), timeout=0.2)
+                assert code == "DEADLINE_EXCEEDED"
+                assert 0 < w.deadlines[-1] - t0 <= 0.25e9
+                req = request(seq=2)
+                req.deadline_unix_ns = time.time_ns() + int(0.1e9)  # request deadline tighter than call's
+                t1 = time.perf_counter()
+                code, _ = await _detect(stub, req, timeout=5)
+                assert code == "DEADLINE_EXCEEDED" and time.perf_counter() - t1 < 0.5
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_bad_input_gets_clear_status():
+    async def main():
+        w = TestWorker("w")
+        gw = await started([(w, 1)], **{"limits.max_image_bytes": 100_000,
+                                        "limits.max_message_bytes": 200_000})
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                code, msg = await _detect(stub, request(data=b"\x00\x01garbage-not-a-jpeg"))
+                assert code == "INVALID_ARGUMENT" and "JPEG" in msg
+                code, msg = await _detect(stub, request(data=b"\xff\xd8\xff\xe0" + b"\x00" * 100))
+                assert code == "INVALID_ARGUMENT" and "truncated" in msg
+                code, msg = await _detect(stub, request(device=""))
+                assert code == "INVALID_ARGUMENT" and "device_id" in msg
+                code, msg = await _detect(stub, request(data=b"\xff\xd8\xff" + b"\x00" * 150_000 + b"\xff\xd9"))
+                assert code == "RESOURCE_EXHAUSTED" and "limit is 100000 bytes" in msg
+                code, msg = await _detect(stub, request(data=b"\xff\xd8\xff" + b"\x00" * 300_000 + b"\xff\xd9"))
+                assert code == "RESOURCE_EXHAUSTED" and "larger than max" in msg.lower()
+                raw = request(data=b"\x00" * 10, encoding=detect_pb2.Image.RAW)
+                raw.image.shape[:] = [4, 4, 3]
+                code, msg = await _detect(stub, raw)
+                assert code == "INVALID_ARGUMENT" and "needs 48" in msg
+                assert w.calls == 0
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_bearer_tokens_and_rate_limit():
+    async def main():
+        w = TestWorker("w")
+        gw = await started([(w, 1)], **{
+            "auth.tokens": [{"device": "cam-1", "token": "s3cret"}, {"device": "cam-2", "token": "t2"}],
+            "limits.rate_per_device": 1, "limits.burst_per_device": 3})
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                good = (("authorization", "Bearer s3cret"),)
+                assert (await _detect(stub, request(), metadata=good))[0] == "OK"
+                code, msg = await _detect(stub, request())
+                assert code == "UNAUTHENTICATED" and "Bearer" in msg
+                code, msg = await _detect(stub, request(device="cam-9"), metadata=good)
+                assert code == "UNAUTHENTICATED" and "unknown device" in msg
+                code, msg = await _detect(stub, request(), metadata=(("authorization", "Bearer t2"),))
+                assert code == "UNAUTHENTICATED" and "bad token" in msg
+                code, msg = await _detect(stub, request(device="cam-1"),
+                                          metadata=(("authorization", "Bearer t2"), ("x-edgewise-device", "cam-2")))
+                assert code == "UNAUTHENTICATED" and "does not match" in msg
+                codes = [(await _detect(stub, request(seq=i), metadata=good))[0] for i in range(4)]
+                assert codes[:2] == ["OK", "OK"] and codes[-1] == "RESOURCE_EXHAUSTED"
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(d: Path) -> None:
+    """A throwaway CA, a server cert for localhost/127.0.0.1 and a client cert."""
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", "ca.key",
+             "-out", "ca.pem", "-subj", "/CN=edgewise-test-ca", cwd=d)
+    (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN={name}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "1", "-out", f"{name}.pem", "-extfile", "san.cnf", cwd=d)
+
+
+def test_mtls_and_token(tmp_path):
+    make_pki(tmp_path)
+
+    async def main():
+        w = TestWorker("w")
+        gw = await started([(w, 1)], **{
+            "tls.cert_file": str(tmp_path / "server.pem"), "tls.key_file": str(tmp_path / "server.key"),
+            "tls.client_ca_file": str(tmp_path / "ca.pem"), "tls.require_client_cert": True,
+            "auth.tokens": [{"device": "cam-1", "token": "tok"}]})
+        ca = (tmp_path / "ca.pem").read_bytes()
+        target = f"localhost:{gw.port}"
+        md = (("authorization", "Bearer tok"),)
+        try:
+            creds = grpc.ssl_channel_credentials(ca, (tmp_path / "client.key").read_bytes(),
+                                                 (tmp_path / "client.pem").read_bytes())
+            async with grpc.aio.secure_channel(target, creds) as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                assert (await _detect(stub, request(), metadata=md))[0] == "OK"
+                assert (await _detect(stub, request()))[0] == "UNAUTHENTICATED"
+            # no client certificate: the TLS handshake is refused
+            async with grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(ca)) as ch:
+                code, _ = await _detect(service_pb2_grpc.EscalationStub(ch), request(), timeout=3, metadata=md)
+                assert code == "UNAVAILABLE"
+            # plaintext against a TLS port fails too
+            async with grpc.aio.insecure_channel(target) as ch:
+                code, _ = await _detect(service_pb2_grpc.EscalationStub(ch), request(), timeout=3, metadata=md)
+                assert code == "UNAVAILABLE"
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_stream_answers_every_frame_and_reports_bad_ones():
+    async def main():
+        ws = [(TestWorker("a", 0.01, concurrency=4), 1), (TestWorker("b", 0.01, concurrency=4), 1)]
+        gw = await started(ws)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+
+                async def reqs():
+                    for i in range(30):
+                        yield request(seq=i, data=b"bad" if i == 7 else None)
+                got = {}
+                async for resp in stub.DetectStream(reqs(), timeout=20):
+                    got[resp.frame_seq] = resp
+            assert sorted(got) == list(range(30))
+            assert got[7].status == detect_pb2.INVALID_ARGUMENT and "JPEG" in got[7].error
+            assert all(got[i].status == detect_pb2.OK for i in got if i != 7)
+            assert {got[i].worker_id for i in got if i != 7} == {"a", "b"}
+        finally:
+            await gw.stop(0)
+            for w, _ in ws:
+                await w.stop()
+    run(main())
+
+
+def test_pool_document_and_reported_capacity():
+    async def main():
+        ws = [(TestWorker("a", capacity=30.0, max_queue=5), 1), (TestWorker("b", capacity=10.0), 1)]
+        gw = await started(ws)
+        try:
+            await asyncio.sleep(0.5)  # a few Load polls
+            doc = json.loads(await http_get(f"http://127.0.0.1:{gw.metrics_port}/pool"))
+            assert set(doc) == {"workers", "in_flight", "capacity", "queue_wait_ms_p90"}
+            assert doc["capacity"] == pytest.approx(40.0)
+            by = {w["address"]: w for w in doc["workers"]}
+            a = by[ws[0][0].address]
+            assert set(a) == {"name", "address", "state", "in_flight", "queue_depth", "capacity", "weight",
+                              "ejected"}
+            assert a["state"] == "ready" and a["weight"] == pytest.approx(1.5)  # 30 / mean(30, 10)
+            assert by[ws[1][0].address]["weight"] == pytest.approx(0.5)
+            assert gw.pool.balancer.endpoints[ws[0][0].address].limit == 6
+            health = await http_get(f"http://127.0.0.1:{gw.metrics_port}/healthz")
+            assert health == b"ok\n"
+        finally:
+            await gw.stop(0)
+            for w, _ in ws:
+                await w.stop()
+    run(main())
+
+
+def test_not_serving_worker_gets_no_traffic():
+    async def main():
+        a, b = TestWorker("a", serving=False), TestWorker("b")
+        gw = await started([(a, 1), (b, 1)])
+        try:
+            await asyncio.sleep(0.5)
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                res = [await _detect(stub, request(seq=i)) for i in range(10)]
+            assert {r[1].worker_id for r in res} == {"b"}
+        finally:
+            await gw.stop(0)
+            await a.stop()
+            await b.stop()
+    run(main())
+
+
+def test_removed_worker_drains_then_channel_closes():
+    async def main():
+        a, b = TestWorker("a", 0.4, concurrency=8), TestWorker("b", 0.01, concurrency=8)
+        gw = await started([(a, 1), (b, 1)])
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                first = [asyncio.ensure_future(_detect(stub, request(seq=i))) for i in range(6)]
+                await asyncio.sleep(0.1)
+                assert gw.pool.balancer.endpoints[a.address].in_flight > 0
+                gw.reload_workers([f"{b.address}=1"])
+                await asyncio.sleep(0.05)
+                assert gw.pool.snapshot()["workers"][0]["state"] in ("draining", "ready")
+                later = [await _detect(stub, request(seq=100 + i)) for i in range(5)]
+                assert {r[1].worker_id for r in later} == {"b"}
+                assert all(r[0] == "OK" for r in await asyncio.gather(*first))  # nothing lost
+                await asyncio.sleep(0.05)
+                assert a.address not in gw.pool.balancer.endpoints
+                assert a.address not in gw.pool._channels
+        finally:
+            await gw.stop(0)
+            await a.stop()
+            await b.stop()
+    run(main())

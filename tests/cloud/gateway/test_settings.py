@@ -1,0 +1,62 @@
+"""Gateway settings: YAML + env + overrides, unknown keys and bad values named by path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cloud.gateway.settings import load_settings
+from edgewise.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "cloud" / "gateway" / "gateway.example.yaml"
+
+
+def test_example_loads():
+    s = load_settings(EXAMPLE, env={})
+    assert s.balancer.mode == "wlc" and len(s.discovery.static) == 3
+    assert s.balancer.consecutive_failures == 5 and s.retry.budget_ratio == 0.2
+
+
+def test_precedence_yaml_env_flags(tmp_path):
+    p = tmp_path / "g.yaml"
+    p.write_text("balancer:\n  mode: rr\nlimits:\n  rate_per_device: 5\ndiscovery:\n  static: ['a:1']\n")
+    s = load_settings(p, env={"EDGEWISE_GATEWAY__BALANCER__MODE": "p2c",
+                              "EDGEWISE_GATEWAY__LIMITS__BURST_PER_DEVICE": "7"})
+    assert s.balancer.mode == "p2c" and s.limits.rate_per_device == 5.0 and s.limits.burst_per_device == 7.0
+    s = load_settings(p, {"balancer.mode": "wrr", "discovery.static": ["b:2=3"]},
+                      env={"EDGEWISE_GATEWAY__BALANCER__MODE": "p2c"})
+    assert s.balancer.mode == "wrr" and s.discovery.static == ["b:2=3"]
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("balancer:\n  mdoe: rr\n", "balancer.mdoe: unknown key"),
+    ("tls:\n  cert: x\n", "tls.cert: unknown key"),
+    ("limits:\n  rate_per_device: fast\n", "limits.rate_per_device: expected a number"),
+    ("balancer:\n  mode: fastest\n", "balancer.mode"),
+    ("mqtt:\n  port: 0\n", "mqtt.port"),
+    ("auth:\n  tokens:\n    - {device: a}\n", "auth.tokens[0]"),
+    ("tls:\n  cert_file: a.pem\n", "tls: set both"),
+    ("- a\n- b\n", "top level must be a mapping"),
+])
+def test_bad_config_names_file_and_key(tmp_path, text, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text + ("discovery:\n  static: ['a:1']\n" if not text.startswith("-") else ""))
+    with pytest.raises(ConfigError) as exc:
+        load_settings(p, env={})
+    assert needle in str(exc.value) and str(p) in str(exc.value)
+
+
+def test_static_needs_workers():
+    with pytest.raises(ConfigError, match="discovery.static"):
+        load_settings(None, env={})
+
+
+def test_tokens_file(tmp_path):
+    t = tmp_path / "tokens.yaml"
+    t.write_text("- {device: cam-1, token: abc}\n- {device: cam-2, token: def}\n")
+    s = load_settings(None, {"discovery.static": ["a:1"], "auth.tokens_file": str(t)}, env={})
+    assert s.device_tokens() == {"cam-1": "abc", "cam-2": "def"}
+    t.write_text("- {device: cam-1, tok: abc}\n")
+    with pytest.raises(ConfigError, match="tok: unknown key"):
+        s.device_tokens()
