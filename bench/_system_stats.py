@@ -1,0 +1,254 @@
+"""Pure summaries for ``bench/system.py``: one load point from the daemons' sink
+records, the knee of the cost curve, and the Markdown tables.
+
+No I/O and no clocks here: everything is computed from the records, the
+per-process CPU seconds and the JPEG sizes the caller measured, so the numbers
+in the table and in the JSON come from the same run. Record fields follow
+``edge.pipeline._emit`` / ``edge.escalating._write_merged``; the latest record
+per frame wins (``edgewise.demo.records.latest_per_frame``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from edgewise.demo import records as R
+
+STAGES = ("read", "queue", "preprocess", "infer", "postprocess", "hardness_policy", "total")
+
+
+def pct(xs: Sequence[float], q: float) -> Optional[float]:
+    """Nearest-rank percentile (None for no data), rounded to 0.1 ms."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = min(len(s) - 1, max(0, int(round(q / 100.0 * (len(s) - 1)))))
+    return round(float(s[k]), 1)
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 2)
+
+
+def summarize_point(
+    final: Mapping[Tuple[str, int], R.Record],
+    *,
+    n_streams: int,
+    fps: float,
+    offered_per_stream: int,
+    warmup_s: float,
+    frame_bytes: Mapping[str, Sequence[int]],
+    cpu_s: Mapping[str, float],
+    wall_s: float,
+    daemons: int,
+) -> Dict[str, Any]:
+    """Everything the table shows for one N.
+
+    Args:
+        final: latest record per (stream, frame counter) of every daemon.
+        offered_per_stream: frames each camera produced (``fps`` x duration).
+        warmup_s: frames captured in the first ``warmup_s`` of each stream are left out
+            of the latency and rate figures (model warm-up); they still count in the
+            accounting.
+        frame_bytes: stream id -> JPEG bytes (policy quality) of its looped frames, in
+            the order the folder source reads them; frame counter c is image c % len.
+        cpu_s: role (edge / workers / gateway / broker) -> CPU seconds over the window.
+        wall_s: the measurement window the CPU seconds cover.
+    """
+    recs = list(final.values())
+    t0: Dict[str, int] = {}
+    for r in recs:
+        s = str(r["stream"])
+        t0[s] = min(t0.get(s, r["capture_unix_ns"]), r["capture_unix_ns"])
+    cut = int(warmup_s * 1e9)
+    steady = [r for r in recs if r["capture_unix_ns"] - t0[str(r["stream"])] >= cut]
+    # Sustained rate per stream: frames that came out of the daemon over the capture span.
+    rates = []
+    for s in t0:
+        caps = sorted(r["capture_unix_ns"] for r in steady if str(r["stream"]) == s)
+        if len(caps) > 1 and caps[-1] > caps[0]:
+            rates.append((len(caps) - 1) / ((caps[-1] - caps[0]) / 1e9))
+        else:
+            rates.append(0.0)
+    missing = n_streams - len(rates)
+    rates += [0.0] * max(0, missing)
+    edge_lat = [r["latency_ms"]["total"] for r in steady if not r.get("escalated")]
+    esc = [r for r in steady if r.get("escalated")]
+    esc_ok = [(r["emit_unix_ns"] - r["capture_unix_ns"]) / 1e6 for r in esc
+              if r.get("outcome") == "cloud" and not r.get("late")]
+    rtt = [r["cloud_rtt_ms"] for r in esc if r.get("cloud_rtt_ms") and not r.get("late")]
+    stage = {k: pct([r["latency_ms"][k] for r in steady if k in r.get("latency_ms", {})], 50) for k in STAGES}
+    all_bytes = esc_bytes = 0
+    for s, sizes in frame_bytes.items():
+        if sizes:
+            all_bytes += sum(sizes[c % len(sizes)] for c in range(offered_per_stream))
+    for (s, c), r in final.items():
+        sizes = frame_bytes.get(s) or []
+        if r.get("escalated") and sizes:
+            esc_bytes += sizes[c % len(sizes)]
+    acct = R.accounting(dict(final))
+    processed = len(recs)
+    offered = n_streams * offered_per_stream
+    edge_frames = max(1, processed)
+    answered = acct["answered"]
+
+    def per_esc(v: float) -> Optional[float]:
+        return round(1000 * v / answered, 1) if answered else None
+
+    return {
+        "n": n_streams,
+        "daemons": daemons,
+        "fps_target": fps,
+        "offered_frames": offered,
+        "processed_frames": processed,
+        "dropped_frames": max(0, offered - processed),
+        "drop_share": round(max(0, offered - processed) / max(1, offered), 4),
+        "sustained_fps": round(sum(rates), 2),
+        "fps_per_stream_min": round(min(rates), 2) if rates else 0.0,
+        "fps_per_stream_median": pct(rates, 50) or 0.0,
+        "edge_ms": {"p50": pct(edge_lat, 50), "p95": pct(edge_lat, 95), "p99": pct(edge_lat, 99),
+                    "n": len(edge_lat)},
+        "escalated_ms": {"p50": pct(esc_ok, 50), "p95": pct(esc_ok, 95), "p99": pct(esc_ok, 99),
+                         "n": len(esc_ok)},
+        "cloud_rtt_ms": {"p50": pct(rtt, 50), "p99": pct(rtt, 99)},
+        "escalation_share": round(acct["escalated"] / max(1, processed), 4),
+        "escalations_per_s": round(len(esc) / max(1e-9, wall_s), 2),
+        "uplink": {"all_frames_bytes": all_bytes, "escalated_bytes": esc_bytes,
+                   "ratio": round(esc_bytes / all_bytes, 4) if all_bytes else None,
+                   "saved": round(1 - esc_bytes / all_bytes, 4) if all_bytes else None},
+        "stage_median_ms": stage,
+        "cpu_s": {k: round(v, 2) for k, v in cpu_s.items()},
+        "cpu_cores_used": round(sum(cpu_s.values()) / max(1e-9, wall_s), 2),
+        "edge_cpu_ms_per_frame": round(1000 * cpu_s.get("edge", 0.0) / edge_frames, 2),
+        "cloud_cpu_ms_per_escalation": per_esc(cpu_s.get("workers", 0.0) + cpu_s.get("gateway", 0.0)),
+        "worker_cpu_ms_per_escalation": per_esc(cpu_s.get("workers", 0.0)),
+        "gateway_cpu_ms_per_escalation": per_esc(cpu_s.get("gateway", 0.0)),
+        "window_s": round(wall_s, 1),
+        "accounting": acct,
+    }
+
+
+def point_ok(p: Mapping[str, Any], target_ms: float, fps_floor: float) -> Tuple[bool, List[str]]:
+    """Does one load point meet the criterion? Returns (ok, reasons it does not)."""
+    why = []
+    p99 = p["escalated_ms"]["p99"]
+    if p99 is not None and p99 > target_ms:
+        why.append(f"escalated p99 {p99:g} ms > {target_ms:g} ms")
+    floor = fps_floor * float(p["fps_target"])
+    if p["fps_per_stream_min"] < floor:
+        why.append(f"slowest stream {p['fps_per_stream_min']:g} fps < {floor:g} fps "
+                   f"({100 * fps_floor:.0f}% of {p['fps_target']:g})")
+    return not why, why
+
+
+def knee(points: Sequence[Mapping[str, Any]], target_ms: float, fps_floor: float) -> Dict[str, Any]:
+    """The first N (ascending) that fails the criterion, and the last N before it that passed."""
+    ordered = sorted(points, key=lambda p: p["n"])
+    last_ok: Optional[int] = None
+    for p in ordered:
+        ok, why = point_ok(p, target_ms, fps_floor)
+        if not ok:
+            return {"knee_n": p["n"], "last_ok_n": last_ok, "why": why,
+                    "criterion": _criterion(target_ms, fps_floor)}
+        last_ok = p["n"]
+    return {"knee_n": None, "last_ok_n": last_ok, "why": [],
+            "criterion": _criterion(target_ms, fps_floor)}
+
+
+def _criterion(target_ms: float, fps_floor: float) -> str:
+    return (f"escalated p99 <= {target_ms:g} ms and every stream >= {100 * fps_floor:.0f}% "
+            f"of its camera frame rate")
+
+
+def sized_for(points: Sequence[Mapping[str, Any]], workers: int, cores: int,
+              utilisation: float = 0.7) -> Dict[str, Any]:
+    """The load the pool is sized for, from this run's data.
+
+    Pool capacity (escalations/s) = min(workers, cores) / (worker CPU seconds per
+    answered escalation at the lightest load); the pool is sized for the largest N
+    whose escalation arrival rate stays <= ``utilisation`` x capacity.
+    """
+    ordered = sorted(points, key=lambda p: p["n"])
+    base = next((p for p in ordered if p["accounting"]["answered"] > 0), None)
+    if base is None:
+        return {"n": None, "capacity_per_s": None, "note": "no escalation was answered"}
+    per = (base["worker_cpu_ms_per_escalation"] or 0.0) / 1000.0
+    if per <= 0:
+        return {"n": None, "capacity_per_s": None, "note": "no worker CPU time measured"}
+    cap = min(workers, cores) / per
+    fit = [p["n"] for p in ordered if p["escalations_per_s"] <= utilisation * cap]
+    return {"n": max(fit) if fit else None, "capacity_per_s": round(cap, 1),
+            "worker_ms_per_escalation": round(per * 1000, 1), "utilisation": utilisation,
+            "note": f"min({workers} workers, {cores} cores) / {per * 1000:.1f} ms worker CPU per "
+                    f"escalation = {cap:.1f} escalations/s; sized-for N = largest N with arrival "
+                    f"<= {100 * utilisation:.0f}% of that"}
+
+
+def _f(v: Any, fmt: str = "{:g}") -> str:
+    return "–" if v is None else fmt.format(v)
+
+
+def curve_table(points: Sequence[Mapping[str, Any]], target_ms: float, fps_floor: float) -> str:
+    """The cost curve as Markdown: one row per N, ratios against the smallest N."""
+    ordered = sorted(points, key=lambda p: p["n"])
+    base = ordered[0] if ordered else None
+    head = ("| N | daemons | offered fps | sustained fps (x ideal) | min fps/stream | dropped "
+            "| edge p50/p95/p99 ms | escalated p50/p95/p99 ms (n) | esc p99 x N=1 | escalated "
+            "| uplink vs all frames | edge CPU ms/frame | cloud CPU ms/esc | cores used (+others) | criterion |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = []
+    for p in ordered:
+        ok, why = point_ok(p, target_ms, fps_floor)
+        e, x = p["edge_ms"], p["escalated_ms"]
+        offered = p["n"] * p["fps_target"]
+        up = p["uplink"]["ratio"]
+        rows.append(
+            f"| {p['n']} | {p['daemons']} | {offered:g} | {p['sustained_fps']:g} "
+            f"({_f(_ratio(p['sustained_fps'], offered))}) | {p['fps_per_stream_min']:g} "
+            f"| {100 * p['drop_share']:.1f}% | {_f(e['p50'])}/{_f(e['p95'])}/{_f(e['p99'])} "
+            f"| {_f(x['p50'])}/{_f(x['p95'])}/{_f(x['p99'])} ({x['n']}) "
+            f"| {_f(_ratio(x['p99'], base['escalated_ms']['p99'] if base else None))} "
+            f"| {100 * p['escalation_share']:.1f}% | {_f(None if up is None else 100 * up, '{:.1f}%')} "
+            f"| {p['edge_cpu_ms_per_frame']:g} | {_f(p['cloud_cpu_ms_per_escalation'])} "
+            f"| {p['cpu_cores_used']:g} (+{_f(p.get('other_cores'))}) | {'ok' if ok else 'FAIL: ' + '; '.join(why)} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def stage_table(points: Sequence[Mapping[str, Any]]) -> str:
+    """Median edge stage latencies (ms) and CPU seconds per process role, per N."""
+    ordered = sorted(points, key=lambda p: p["n"])
+    roles = sorted({k for p in ordered for k in p["cpu_s"]})
+    head = ("| N | " + " | ".join(STAGES) + " | cloud rtt p50 | "
+            + " | ".join(f"CPU s {r}" for r in roles) + " | window s |\n|"
+            + "---|" * (len(STAGES) + len(roles) + 3) + "\n")
+    rows = []
+    for p in ordered:
+        st = p["stage_median_ms"]
+        rows.append(f"| {p['n']} | " + " | ".join(_f(st.get(k)) for k in STAGES)
+                    + f" | {_f(p['cloud_rtt_ms']['p50'])} | "
+                    + " | ".join(_f(p["cpu_s"].get(r)) for r in roles) + f" | {p['window_s']:g} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def failure_table(runs: Mapping[str, Mapping[str, Any]]) -> str:
+    """Escalation accounting of the failure runs."""
+    head = ("| run | fault | frames | escalated | answered | of which late (spool) | still spooled "
+            "| edge-only fallback | lost |\n|---|---|---|---|---|---|---|---|---|\n")
+    rows = []
+    for name, run in runs.items():
+        a = run["accounting"]
+        fault = "; ".join(f"{e['event']} at {e['t']:g} s" for e in run.get("events", [])) or "none"
+        rows.append(f"| {name} | {fault} | {a['frames']} | {a['escalated']} | {a['answered']} "
+                    f"| {a['answered_late']} | {a['still_spooled']} | {a['edge_only_fallback']} "
+                    f"| {a['lost']} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def merge_finals(per_daemon: Iterable[List[R.Record]]) -> Dict[Tuple[str, int], R.Record]:
+    """Latest record per frame over several daemons (stream ids are unique across them)."""
+    out: Dict[Tuple[str, int], R.Record] = {}
+    for recs in per_daemon:
+        out.update(R.latest_per_frame(recs))
+    return out
