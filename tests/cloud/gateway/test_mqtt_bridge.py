@@ -1,0 +1,137 @@
+"""MQTT v5 bridge with a real Mosquitto broker and two gateway replicas sharing the subscription."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import Counter
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from cloud.gateway.server import Gateway
+from edgewise.v1 import detect_pb2
+from tests.cloud.gateway.test_gateway import run, settings_for
+from tests.cloud.gateway.workers import TestWorker, request
+
+
+class Edge:
+    """A plain paho MQTT v5 client playing the edge: request/response with correlation data."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.responses: dict[bytes, list[detect_pb2.DetectResponse]] = {}
+        self.lock = threading.Lock()
+        self.reply_topic = f"edgewise/cam-1/reply/{uuid.uuid4().hex[:8]}"
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edge-{uuid.uuid4().hex[:6]}",
+                             protocol=mqtt.MQTTv5)
+        self.ready = threading.Event()
+        self.c.on_connect = lambda c, u, f, rc, p: (c.subscribe(self.reply_topic, options=SubscribeOptions(qos=1)))
+        self.c.on_subscribe = lambda c, u, mid, rcs, p: self.ready.set()
+        self.c.on_message = self._on_message
+        self.c.connect(host, port)
+        self.c.loop_start()
+        assert self.ready.wait(10)
+
+    def _on_message(self, c, u, msg):
+        corr = msg.properties.CorrelationData
+        with self.lock:
+            self.responses.setdefault(corr, []).append(detect_pb2.DetectResponse.FromString(msg.payload))
+
+    def send(self, payload: bytes, corr: bytes, device: str = "cam-1", reply: bool = True) -> None:
+        props = Properties(PacketTypes.PUBLISH)
+        if reply:
+            props.ResponseTopic = self.reply_topic
+        props.CorrelationData = corr
+        self.c.publish(f"edgewise/{device}/escalate", payload, qos=1, properties=props).wait_for_publish(5)
+
+    def close(self):
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+async def wait_until(cond, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def test_two_replicas_share_the_subscription(mosquitto):
+    async def main():
+        workers = [(TestWorker("a", 0.01, concurrency=4), 1), (TestWorker("b", 0.01, concurrency=4), 1)]
+        for w, _ in workers:
+            await w.start()
+        mq = {"mqtt.enabled": True, "mqtt.host": mosquitto.host, "mqtt.port": mosquitto.port,
+              "mqtt.group": "g1"}
+        gws = [Gateway(settings_for(workers, **mq, **{"mqtt.client_id": f"gw{i}"})) for i in range(2)]
+        for gw in gws:
+            await gw.start()
+        assert await wait_until(lambda: all(gw.bridge.connected.is_set() for gw in gws))
+        await asyncio.sleep(0.3)  # let both SUBSCRIBEs settle in the broker
+        edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+        try:
+            n = 40
+            for i in range(n):
+                await asyncio.to_thread(edge.send, request(seq=i).SerializeToString(), f"c{i}".encode())
+            await asyncio.to_thread(edge.send, b"\x07\x07not a protobuf\xff", b"bad")
+            await asyncio.to_thread(edge.send, request(device="cam-2", seq=99).SerializeToString(), b"spoof")
+            await asyncio.to_thread(edge.send, request(seq=98).SerializeToString(), b"noreply", "cam-1", False)
+            assert await wait_until(lambda: len(edge.responses) >= n + 2)
+            await asyncio.sleep(0.3)
+            with edge.lock:
+                got = dict(edge.responses)
+            for i in range(n):
+                answers = got[f"c{i}".encode()]
+                assert len(answers) == 1, (i, answers)  # answered exactly once
+                assert answers[0].status == detect_pb2.OK and answers[0].frame_seq == i
+            bad = got[b"bad"][0]
+            assert bad.status == detect_pb2.INVALID_ARGUMENT and "not a serialized DetectRequest" in bad.error
+            assert got[b"spoof"][0].status == detect_pb2.UNAUTHENTICATED
+            assert b"noreply" not in got
+            per_replica = [gw.bridge.counts.get("answered", 0) for gw in gws]
+            assert sum(per_replica) == n and all(c > 0 for c in per_replica), per_replica
+            assert sum(gw.bridge.counts.get("malformed", 0) for gw in gws) == 1
+            assert sum(gw.bridge.counts.get("no_response_topic", 0) for gw in gws) == 1
+            assert Counter(w.calls > 0 for w, _ in workers)[True] == 2
+        finally:
+            edge.close()
+            for gw in gws:
+                await gw.stop(1)
+            for w, _ in workers:
+                await w.stop()
+    run(main())
+
+
+def test_bridge_survives_broker_restart(mosquitto):
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = Gateway(settings_for([(w, 1)], **{
+            "mqtt.enabled": True, "mqtt.host": mosquitto.host, "mqtt.port": mosquitto.port,
+            "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1}))
+        await gw.start()
+        try:
+            assert await wait_until(gw.bridge.connected.is_set)
+            await asyncio.to_thread(mosquitto.stop)
+            assert await wait_until(lambda: not gw.bridge.connected.is_set())
+            await asyncio.to_thread(mosquitto.start)
+            assert await wait_until(gw.bridge.connected.is_set, 20)
+            await asyncio.sleep(0.3)
+            edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+            try:
+                await asyncio.to_thread(edge.send, request(seq=5).SerializeToString(), b"after")
+                assert await wait_until(lambda: b"after" in edge.responses)
+                assert edge.responses[b"after"][0].status == detect_pb2.OK
+            finally:
+                edge.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
