@@ -1,0 +1,107 @@
+"""bench/system.py: the quick run end to end (real daemons, real cloud processes, a real
+SIGKILL), and the pure knee / summary logic on hand-built records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import _system_stats as S
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_quick_run_reports_curve_and_loses_nothing_when_a_worker_dies(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sys.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "system.py"), "--quick", "--n", "1,2", "--seconds", "5",
+         "--edge-model", str(tiny_model), "--cloud-model", str(tiny_model), "--json", str(out)],
+        capture_output=True, text=True, timeout=140, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    curve = {p["n"]: p for p in doc["curve"]}
+    assert sorted(curve) == [1, 2]
+    for n, p in curve.items():
+        assert p["processed_frames"] > 0
+        assert p["offered_frames"] == n * 25
+        assert p["sustained_fps"] > 0
+        assert p["edge_ms"]["p50"] is not None and p["edge_ms"]["p50"] > 0
+        assert set(p["cpu_s"]) >= {"edge", "workers", "gateway"} and p["cpu_s"]["edge"] > 0
+        assert p["uplink"]["all_frames_bytes"] > p["uplink"]["escalated_bytes"]
+    # The stand-in detects nothing, so the audit fraction drives escalations through the cloud.
+    assert sum(p["accounting"]["answered"] for p in curve.values()) > 0
+    kill = doc["failures"]["worker_kill"]
+    assert [e["event"] for e in kill["events"]] == ["worker 0 SIGKILLed", "worker 0 restarted"]
+    assert kill["accounting"]["escalated"] > 0
+    assert kill["accounting"]["lost"] == 0
+    assert kill["accounting"]["answered"] == kill["accounting"]["escalated"]
+    if "broker_restart" in doc["failures"]:
+        assert doc["failures"]["broker_restart"]["accounting"]["lost"] == 0
+    else:
+        assert "broker_restart" in doc["skipped"]
+    # The Markdown table is printed with one row per N and the knee stated.
+    assert "| N | daemons |" in proc.stdout
+    assert "\n| 1 | 1 |" in proc.stdout and "\n| 2 | 1 |" in proc.stdout
+    assert "Knee criterion" in proc.stdout and "| worker_kill |" in proc.stdout
+    assert doc["knee"]["criterion"].startswith("escalated p99 <=")
+
+
+def _rec(stream: str, c: int, t_s: float, total_ms: float, escalated: bool = False,
+         outcome: str = "edge", e2e_ms: float = 0.0, late: bool = False) -> S.R.Record:
+    cap = int(1e12 + t_s * 1e9)
+    return {"stream": stream, "frame_seq": (3 << 32) | c, "capture_unix_ns": cap,
+            "emit_unix_ns": cap + int((e2e_ms or total_ms) * 1e6), "escalated": escalated,
+            "outcome": outcome, "late": late, "cloud_rtt_ms": e2e_ms / 2 if escalated else None,
+            "latency_ms": {"read": 1.0, "infer": total_ms / 2, "total": total_ms}}
+
+
+def test_summary_percentiles_rates_uplink_and_late_answers() -> None:
+    recs = [_rec("cam0", c, c / 5.0, 10.0 + c) for c in range(20)]
+    recs[12] = _rec("cam0", 12, 12 / 5.0, 30.0, True, "cloud", 120.0)
+    recs[15] = _rec("cam0", 15, 15 / 5.0, 30.0, True, "spooled")
+    recs.append(_rec("cam0", 15, 15 / 5.0, 30.0, True, "cloud", 4000.0, late=True))
+    final = S.merge_finals([recs])
+    p = S.summarize_point(final, n_streams=1, fps=5.0, offered_per_stream=25, warmup_s=1.0,
+                          frame_bytes={"cam0": [100, 200]}, cpu_s={"edge": 2.0, "workers": 0.5},
+                          wall_s=5.0, daemons=1)
+    assert p["processed_frames"] == 20 and p["dropped_frames"] == 5
+    assert p["sustained_fps"] == pytest.approx(5.0)
+    assert p["escalated_ms"]["n"] == 1 and p["escalated_ms"]["p99"] == 120.0  # late answer not in latency
+    assert p["accounting"]["answered"] == 2 and p["accounting"]["answered_late"] == 1
+    assert p["accounting"]["lost"] == 0
+    # frames 5..19 captured after the 1 s warm-up; edge-only = not escalated
+    assert p["edge_ms"]["n"] == 13 and p["edge_ms"]["p50"] == 21.0
+    assert p["uplink"]["all_frames_bytes"] == 13 * 100 + 12 * 200
+    assert p["uplink"]["escalated_bytes"] == 100 + 200  # counters 12 (even) and 15 (odd)
+    assert p["worker_cpu_ms_per_escalation"] == 250.0
+
+
+def _point(n: int, p99: float, fps_min: float) -> dict:
+    return {"n": n, "fps_target": 5.0, "fps_per_stream_min": fps_min, "escalated_ms": {"p99": p99},
+            "escalations_per_s": 0.75 * n, "worker_cpu_ms_per_escalation": 100.0,
+            "accounting": {"answered": 3}}
+
+
+def test_knee_is_the_first_failing_n_from_the_data() -> None:
+    pts = [_point(4, 250.0, 5.0), _point(1, 90.0, 5.0), _point(2, 150.0, 4.9)]
+    k = S.knee(pts, 200.0, 0.9)
+    assert k["knee_n"] == 4 and k["last_ok_n"] == 2 and "250" in k["why"][0]
+    k = S.knee([_point(1, 90.0, 5.0), _point(2, 120.0, 4.0)], 200.0, 0.9)
+    assert k["knee_n"] == 2 and "4 fps < 4.5 fps" in k["why"][0]
+    assert S.knee([_point(1, 90.0, 5.0)], 200.0, 0.9)["knee_n"] is None
+
+
+def test_sized_for_uses_measured_worker_cost() -> None:
+    # capacity = 2 / 0.1 s = 20 escalations/s; 70% = 14/s; arrivals 0.75*n -> every N fits
+    s = S.sized_for([_point(1, 90.0, 5.0), _point(8, 300.0, 5.0)], workers=2, cores=2)
+    assert s["capacity_per_s"] == 20.0 and s["n"] == 8
+    s = S.sized_for([_point(1, 90.0, 5.0), _point(8, 300.0, 5.0)], workers=2, cores=1)
+    assert s["capacity_per_s"] == 10.0 and s["n"] == 8  # 6/s <= 7/s
+    pts = [_point(1, 90.0, 5.0), _point(16, 300.0, 5.0)]
+    assert S.sized_for(pts, workers=1, cores=2)["n"] == 1  # 12/s > 7/s
