@@ -32,7 +32,7 @@ from edgewise.errors import ConfigError, UnavailableError
 
 ROOT = Path(__file__).resolve().parents[1]
 _CLI = "import sys; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"
-_WORKER_RE = re.compile(r"EDGEWISE_WORKER_LISTENING port=(\d+)")
+_WORKER_RE = re.compile(r"EDGEWISE_WORKER_SERVING port=(\d+)")  # printed after warm-up
 _GATEWAY_RE = re.compile(r"EDGEWISE_GATEWAY_LISTENING port=(\d+) metrics_port=(-?\d+)")
 
 
@@ -52,6 +52,7 @@ class _Proc:
         self.name = name
         self.argv = argv
         self.log_path = log_path
+        self._offset = log_path.stat().st_size if log_path.exists() else 0  # a restart appends
         self._log = open(log_path, "ab")
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=dict(env),
                                       cwd=str(ROOT), start_new_session=True)
@@ -59,7 +60,9 @@ class _Proc:
     def wait_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            text = self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as f:
+                f.seek(self._offset)
+                text = f.read().decode(errors="replace")
             m = pattern.search(text)
             if m:
                 return m
@@ -170,7 +173,8 @@ class LocalCloud:
 
     def _worker_argv(self, port: int, extra: Sequence[str]) -> list[str]:
         # Metrics on any free port: several workers share this machine.
-        return cli_command("cloud", "worker", "--model", self.model, "--port", str(port), "--metrics-port", "0",
+        return cli_command("cloud", "worker", "--model", self.model, "--host", "127.0.0.1",
+                           "--port", str(port), "--metrics-port", "0", "--worker-id", f"worker-{port}",
                            "--threads", str(self.worker_threads), *self.worker_args, *extra)
 
     def _start_worker_slot(self, i: int, extra: Sequence[str]) -> None:

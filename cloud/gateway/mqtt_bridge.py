@@ -121,7 +121,7 @@ class MqttBridge:
                         "Response Topic property)", msg.topic)
             return
         try:
-            req = detect_pb2.DetectRequest.FromString(msg.payload)
+            req = detect_pb2.DetectRequest.FromString(bytes(msg.payload))
         except DecodeError as exc:
             self._count("malformed")
             self._publish(response_topic, correlation,

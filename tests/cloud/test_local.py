@@ -1,0 +1,209 @@
+"""End to end with real processes: LocalCloud (gateway + real ONNX workers), real signals.
+
+A gateway and 3 ``edgewise cloud worker`` processes serving the tiny YOLOv5n
+model; clients are real gRPC clients. Workers are killed with SIGKILL and
+SIGTERM, a worker is added at run time, and every request must end with an
+answer or a clear status inside its deadline.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import cv2
+import grpc
+import numpy as np
+import pytest
+
+from cloud.local import LocalCloud, cli_command
+from edgewise.v1 import detect_pb2, service_pb2_grpc
+
+TOKENS = [{"device": "cam-1", "token": "tok-1"}]
+MD = (("authorization", "Bearer tok-1"),)
+FAST = {"load_poll_interval_s": 0.2, "auth.tokens": TOKENS, "limits.default_deadline_s": 5.0}
+
+
+def frame(seq: int, device: str = "cam-1", data: bytes | None = None) -> detect_pb2.DetectRequest:
+    if data is None:
+        img = np.zeros((120, 160, 3), np.uint8)
+        cv2.rectangle(img, (20 + seq % 50, 30), (90, 100), (255, 255, 255), -1)
+        data = cv2.imencode(".jpg", img)[1].tobytes()
+    return detect_pb2.DetectRequest(device_id=device, stream_id="s", frame_seq=seq, trace_id=f"t{seq}",
+                                    image=detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=data))
+
+
+class Load:
+    """Closed-loop load from threads; records (status, elapsed, worker) per request."""
+
+    def __init__(self, address: str, concurrency: int = 4, deadline_s: float = 3.0) -> None:
+        self.ch = grpc.insecure_channel(address)
+        self.stub = service_pb2_grpc.EscalationStub(self.ch)
+        self.deadline_s = deadline_s
+        self.results: list[tuple[str, float, str, float]] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(concurrency)]
+        self.seq = 0
+
+    def _run(self, i: int) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                self.seq += 1
+                seq = self.seq
+            t0 = time.monotonic()
+            try:
+                resp = self.stub.Detect(frame(seq), timeout=self.deadline_s, metadata=MD)
+                out = ("OK", resp.worker_id)
+            except grpc.RpcError as exc:
+                out = (exc.code().name, exc.details() or "")
+            with self.lock:
+                self.results.append((out[0], time.monotonic() - t0, out[1], t0))
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(self.deadline_s + 5)
+            assert not t.is_alive(), "a client call hung past its deadline"
+        self.ch.close()
+
+
+def test_pool_weights_bad_input_and_auth(tiny_model):
+    with LocalCloud(tiny_model, workers=3, weights=[3, 2, 1], gateway_settings=FAST) as cloud:
+        with grpc.insecure_channel(cloud.address) as ch:
+            stub = service_pb2_grpc.EscalationStub(ch)
+            resp = stub.Detect(frame(0), timeout=10, metadata=MD)
+            assert resp.status == detect_pb2.OK and resp.model_name and resp.timing.gateway_ms > 0
+            # corrupt JPEG (valid markers, garbage inside): the worker's decoder says so
+            bad = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 4 + b"\xff\xd9"
+            with pytest.raises(grpc.RpcError) as exc:
+                stub.Detect(frame(1, data=bad), timeout=10, metadata=MD)
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "image" in exc.value.details()
+            with pytest.raises(grpc.RpcError) as exc:
+                stub.Detect(frame(2, data=b"GIF89a..."), timeout=10, metadata=MD)
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "JPEG" in exc.value.details()
+            with pytest.raises(grpc.RpcError) as exc:
+                stub.Detect(frame(3, device="cam-7"), timeout=10, metadata=MD)
+            assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED and "unknown device" in exc.value.details()
+            big = b"\xff\xd8\xff" + bytes(9 * 1024 * 1024) + b"\xff\xd9"
+            with pytest.raises(grpc.RpcError) as exc:
+                stub.Detect(frame(4, data=big), timeout=10, metadata=MD)
+            assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "larger than max" in exc.value.details().lower()
+        with Load(cloud.address, concurrency=6) as load:
+            time.sleep(4)
+        by = Counter(w for s, _, w, _ in load.results if s == "OK")
+        assert all(s == "OK" for s, *_ in load.results), Counter(s for s, *_ in load.results)
+        ports = [a.rsplit(":", 1)[1] for a in cloud.worker_addresses]
+        counts = [by[f"worker-{p}"] for p in ports]
+        assert counts[0] > counts[2] and sum(counts) >= 20, (counts, by)
+        pool = cloud.pool()
+        assert {w["state"] for w in pool["workers"]} == {"ready"} and pool["capacity"] > 0
+
+
+def test_kill_9_under_load_every_request_ends_in_time(tiny_model):
+    with LocalCloud(tiny_model, workers=3, gateway_settings=FAST) as cloud:
+        with Load(cloud.address, concurrency=6, deadline_s=3.0) as load:
+            time.sleep(1.5)
+            t_kill = time.monotonic()
+            cloud.kill_worker(1, signal.SIGKILL)
+            time.sleep(3.0)
+        statuses = Counter(s for s, *_ in load.results)
+        assert all(el <= 3.0 + 0.5 for _, el, _, _ in load.results)  # none outlived its deadline
+        bad = [(s, w) for s, _, w, _ in load.results if s != "OK"]
+        allowed = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}
+        assert all(s in allowed and w for s, w in bad), bad  # clear status + message
+        after = [r for r in load.results if r[3] > t_kill + 0.5]
+        assert len(after) > 10 and all(s == "OK" for s, *_ in after), Counter(s for s, *_ in after)
+        assert statuses["OK"] >= 0.9 * len(load.results), statuses
+        dead = cloud.worker_addresses[1]
+        pool = {w["address"]: w for w in cloud.pool()["workers"]}
+        assert pool[dead]["state"] == "ejected"
+
+
+def test_sigterm_drain_loses_nothing(tiny_model):
+    with LocalCloud(tiny_model, workers=3, gateway_settings=FAST) as cloud:
+        with Load(cloud.address, concurrency=6, deadline_s=5.0) as load:
+            time.sleep(1.5)
+            rc = cloud.kill_worker(2, signal.SIGTERM, wait=True, timeout=20)
+            time.sleep(1.5)
+        assert rc == 0
+        statuses = Counter(s for s, *_ in load.results)
+        assert set(statuses) == {"OK"} and statuses["OK"] > 20, statuses
+
+
+def test_new_worker_ramps_under_slow_start(tiny_model):
+    settings = dict(FAST, **{"balancer.slow_start_window_s": 8.0})
+    with LocalCloud(tiny_model, workers=2, gateway_settings=settings) as cloud:
+        with Load(cloud.address, concurrency=6, deadline_s=5.0) as load:
+            time.sleep(1.0)
+            i = cloud.add_worker()
+            new = f"worker-{cloud.worker_ports[i]}"
+            t_add = time.monotonic()
+            time.sleep(10.0)
+        assert all(s == "OK" for s, *_ in load.results)
+        after = sorted((t - t_add, w) for s, _, w, t in load.results if t > t_add)
+        # share of the new worker in the first and last thirds of the window
+        def share(lo: float, hi: float) -> float:
+            sel = [w for t, w in after if lo <= t < hi]
+            return sum(w == new for w in sel) / max(1, len(sel))
+        early, late = share(0, 2.5), share(7.5, 10)
+        assert late > 0.2, (early, late)
+        assert early < late * 0.75, (early, late)
+
+
+def test_cloud_up_cli_starts_and_stops_cleanly(tiny_model, tmp_path):
+    proc = subprocess.Popen(cli_command("cloud", "up", "--workers", "2", "--model", str(tiny_model),
+                                        "--port", "0"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=str(Path(__file__).resolve().parents[2]))
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        address = None
+        assert proc.stdout is not None
+        while time.monotonic() < deadline and address is None:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            m = re.match(r"gateway: (\S+)", line)
+            if m:
+                address = m.group(1)
+        assert address, "".join(lines[-30:])
+        with grpc.insecure_channel(address) as ch:
+            resp = service_pb2_grpc.EscalationStub(ch).Detect(frame(0), timeout=10)
+            assert resp.status == detect_pb2.OK
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # no worker or gateway left behind
+    out = subprocess.run(["pgrep", "-f", str(tiny_model)], capture_output=True, text=True)
+    mine = [p for p in out.stdout.split() if p and int(p) != proc.pid]
+    assert not [p for p in mine if _is_child_of_ours(p, proc.pid)]
+
+
+def _is_child_of_ours(pid: str, parent: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().split()
+    except OSError:
+        return False
+    return int(stat[3]) == parent
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
