@@ -17,7 +17,6 @@ from typing import Optional
 
 import numpy as np
 
-IOU_EPS = 1e-9
 # Up to this many boxes NMS builds the full overlap matrix (K*K bools); above, it iterates.
 MATRIX_MAX = 512
 
@@ -32,8 +31,8 @@ def box_area(boxes: np.ndarray) -> np.ndarray:
 def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Pairwise IoU of xyxy boxes: ``a`` [N,4], ``b`` [M,4] -> [N,M] (float64).
 
-    ``inter / (area_a + area_b - inter + 1e-9)``, like YOLOv5's ``box_iou`` (which
-    uses eps 1e-7); degenerate boxes get IoU 0.
+    ``inter / (area_a + area_b - inter)``, like YOLOv5's ``box_iou`` but without
+    its 1e-7 eps (which would bias tiny boxes); two empty boxes get IoU 0.
     """
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
@@ -42,7 +41,7 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     wh = np.clip(rb - lt, 0, None)
     inter = wh[..., 0] * wh[..., 1]
     union = box_area(a)[:, None] + box_area(b)[None, :] - inter
-    return inter / (union + IOU_EPS)
+    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
 
 def nms(
@@ -144,8 +143,8 @@ def _nms_iterative(
         w = np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest])
         h = np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest])
         inter = np.maximum(w, 0) * np.maximum(h, 0)
-        iou = inter / (areas[i] + areas[rest] - inter + IOU_EPS)
-        drop = iou > iou_thres
+        union = areas[i] + areas[rest] - inter
+        drop = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0) > iou_thres
         if cls is not None:
             drop &= cls[rest] == cls[i]
         order = rest[~drop]
