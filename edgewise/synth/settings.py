@@ -1,0 +1,184 @@
+"""Difficulty knobs of the procedural scene generator: one validated, documented dataclass.
+
+``Difficulty`` holds every knob; ``PRESETS`` names a few ready-made mixes
+("easy", "medium", "hard", "reference"); :func:`load_difficulty` builds one from
+a preset name, a JSON/YAML file, or ``key=value`` overrides and rejects unknown
+keys with a message that names where the key came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from edgewise.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """How hard the generated scenes are.
+
+    Every per-object quantity is drawn between its ``*_easy`` and ``*_hard`` end,
+    moved towards the hard end by the stream's current hardness ``h`` in [0, 1]
+    (a slow random walk per stream, so some stretches of a camera stream are
+    hard and others easy: the situation edge/cloud escalation is made for).
+    """
+
+    #: objects visible at once (inclusive range); objects enter and leave.
+    objects_min: int = 1
+    objects_max: int = 6
+    #: digit height in pixels at hardness 0 (large) and 1 (small).
+    size_easy: Tuple[float, float] = (28.0, 56.0)
+    size_hard: Tuple[float, float] = (9.0, 16.0)
+    #: ink/background luminance difference as a fraction of 255.
+    contrast_easy: Tuple[float, float] = (0.35, 0.7)
+    contrast_hard: Tuple[float, float] = (0.07, 0.16)
+    #: mean stream hardness and how fast it drifts per frame (random walk step).
+    hardness_mean: float = 0.5
+    hardness_spread: float = 0.35
+    hardness_drift: float = 0.03
+    #: probability per frame-layer of an occluding background patch, and max patches.
+    occluder_prob: float = 0.5
+    occluders_max: int = 2
+    #: objects whose visible fraction (after occlusion and frame edges) is
+    #: below this are not labelled (see edgewise.synth.render docs).
+    min_visible: float = 0.5
+    #: max speed in px/frame and max relative scale change per frame.
+    speed_max: float = 3.0
+    scale_rate_max: float = 0.01
+    #: max in-plane rotation in degrees.
+    rotation_max: float = 12.0
+    #: motion-blur length scale: blur length = speed * this (px), capped by motion_blur_max.
+    motion_blur_gain: float = 1.5
+    motion_blur_max: float = 7.0
+    #: gaussian sensor noise sigma (0..255 units) at hardness 0 and 1.
+    noise_easy: float = 2.0
+    noise_hard: float = 10.0
+    #: probability that a stream is a low-light one, and its gain range.
+    low_light_prob: float = 0.25
+    low_light_gain: Tuple[float, float] = (0.25, 0.55)
+    #: distractor strokes (unlabelled clutter in ink colours) per frame, max.
+    clutter_max: int = 4
+    #: probability that a new object is drawn from a look-alike pair (1/7, 3/8, 4/9, 5/6).
+    lookalike_prob: float = 0.4
+
+    def validate(self, where: str = "difficulty") -> Difficulty:
+        """Check ranges; raise ConfigError naming the key; return self."""
+
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"{where}: key '{key}' {why}")
+
+        if not 0 <= self.objects_min <= self.objects_max <= 64:
+            raise bad("objects_min/objects_max", "must satisfy 0 <= objects_min <= objects_max <= 64")
+        for key in ("size_easy", "size_hard", "contrast_easy", "contrast_hard", "low_light_gain"):
+            lo, hi = getattr(self, key)
+            if not 0 < lo <= hi:
+                raise bad(key, f"must be a [low, high] pair with 0 < low <= high, got {[lo, hi]}")
+        for key in ("size_easy", "size_hard"):
+            if getattr(self, key)[1] > 400:
+                raise bad(key, "digit height above 400 px is not supported")
+        for key in ("contrast_easy", "contrast_hard", "low_light_gain"):
+            if getattr(self, key)[1] > 1.0:
+                raise bad(key, "values are fractions and must be <= 1")
+        for key in ("hardness_mean", "hardness_spread", "occluder_prob", "min_visible",
+                    "low_light_prob", "lookalike_prob"):
+            v = getattr(self, key)
+            if not 0.0 <= v <= 1.0:
+                raise bad(key, f"must be within [0, 1], got {v}")
+        for key in ("hardness_drift", "speed_max", "scale_rate_max", "rotation_max",
+                    "motion_blur_gain", "motion_blur_max", "noise_easy", "noise_hard"):
+            v = getattr(self, key)
+            if not 0.0 <= v <= 1000.0:
+                raise bad(key, f"must be a non-negative number, got {v}")
+        if self.scale_rate_max >= 0.5:
+            raise bad("scale_rate_max", "must be < 0.5 (relative change per frame)")
+        if not 0 <= self.occluders_max <= 16 or not 0 <= self.clutter_max <= 64:
+            raise bad("occluders_max/clutter_max", "must be within [0, 16] / [0, 64]")
+        if self.min_visible <= 0.0:
+            raise bad("min_visible", "must be > 0 (a fully hidden object cannot be labelled)")
+        return self
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+PRESETS: Dict[str, Difficulty] = {
+    "easy": Difficulty(hardness_mean=0.15, hardness_spread=0.15, occluder_prob=0.1,
+                       low_light_prob=0.0, clutter_max=1, lookalike_prob=0.2),
+    "medium": Difficulty(hardness_mean=0.4, hardness_spread=0.3),
+    "hard": Difficulty(hardness_mean=0.75, hardness_spread=0.25, occluder_prob=0.7,
+                       low_light_prob=0.4, clutter_max=6, lookalike_prob=0.6),
+    # The reference pair's training/eval mix: many easy stretches, a solid share
+    # of small / faint / occluded / look-alike digits the edge model misses.
+    "reference": Difficulty(),
+}
+
+
+def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
+    try:
+        if isinstance(default, tuple):
+            if isinstance(value, str):
+                value = [float(x) for x in value.replace("[", "").replace("]", "").split(",")]
+            seq = list(value)
+            if len(seq) != 2:
+                raise ValueError("expected two numbers")
+            return (float(seq[0]), float(seq[1]))
+        if isinstance(default, bool):
+            raise ValueError("booleans unsupported")
+        if isinstance(default, int):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError("expected an integer")
+            return int(value)
+        return float(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: key '{key}' has a bad value {value!r}: {exc}") from None
+
+
+def difficulty_from_mapping(data: Mapping[str, Any], base: Optional[Difficulty] = None,
+                            where: str = "difficulty") -> Difficulty:
+    """Override ``base`` (default: reference preset) with ``data``; unknown keys rejected."""
+    base = base or PRESETS["reference"]
+    known = {f.name: getattr(base, f.name) for f in fields(Difficulty)}
+    updates: Dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "preset":
+            continue
+        if key not in known:
+            raise ConfigError(
+                f"{where}: unknown key '{key}'; allowed keys: {', '.join(sorted(known))}")
+        updates[key] = _coerce(key, value, known[key], where)
+    return dataclasses.replace(base, **updates).validate(where)
+
+
+def load_difficulty(spec: str = "reference", overrides: Sequence[str] = ()) -> Difficulty:
+    """Build Difficulty from a preset name or a JSON/YAML file, then ``key=value`` overrides."""
+    if spec in PRESETS:
+        diff = PRESETS[spec]
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise ConfigError(
+                f"difficulty '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a file")
+        text = path.read_text()
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of difficulty keys")
+        base = PRESETS.get(str(data.get("preset", "reference")))
+        if base is None:
+            raise ConfigError(f"{path}: key 'preset' must be one of {', '.join(PRESETS)}")
+        diff = difficulty_from_mapping(data, base, where=str(path))
+    items: Dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"difficulty override '{item}' must look like key=value")
+        k, v = item.split("=", 1)
+        items[k.strip()] = v.strip()
+    return difficulty_from_mapping(items, diff, where="--set") if items else diff.validate()

@@ -1,0 +1,141 @@
+"""Write synthetic camera streams to disk: frame folders + YOLO txt + COCO json (+ optional videos).
+
+Layout of ``out``::
+
+    images/s{stream:03d}_f{frame:06d}.jpg   frames (or .png)
+    labels/s{stream:03d}_f{frame:06d}.txt   YOLO lines "cls cx cy w h" (normalised)
+    annotations.json                        COCO detection json (same boxes, pixels)
+    dataset.json                            names, nc, split, seed, size, difficulty
+    videos/s{stream:03d}.avi                only with ``video=True`` (MJPG)
+
+COCO ``category_id`` equals the YOLO class index (0..9, category names "0".."9").
+COCO images carry ``stream`` and ``frame`` (0-based) so streams can be replayed
+in order; annotations carry ``visible``, ``contrast``, ``size_px``, ``hardness``,
+``lookalike`` and ``track_id``. Objects too hidden to label are COCO
+``iscrowd=1, ignore=1`` and have no YOLO line (see edgewise.synth.render).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import cv2
+
+from edgewise.errors import ConfigError
+from edgewise.synth.render import CLASS_NAMES, ObjectLabel, StreamGenerator
+from edgewise.synth.settings import Difficulty
+
+
+@dataclass(frozen=True)
+class SynthJob:
+    """What to generate. ``frames`` is per stream."""
+
+    out: Path
+    frames: int
+    streams: int
+    seed: int
+    split: str
+    width: int
+    height: int
+    difficulty: Difficulty
+    image_format: str = "jpg"
+    jpeg_quality: int = 90
+    video: bool = False
+    stride: int = 1  # keep every ``stride``-th frame (decorrelates training frames)
+
+    def validate(self) -> SynthJob:
+        if self.frames < 1 or self.streams < 1:
+            raise ConfigError("--frames and --streams must be >= 1")
+        if not (32 <= self.width <= 4096 and 32 <= self.height <= 4096):
+            raise ConfigError(f"image size {self.width}x{self.height} must be within 32..4096")
+        if self.image_format not in ("jpg", "png"):
+            raise ConfigError("--format must be jpg or png")
+        if not 1 <= self.jpeg_quality <= 100 or self.stride < 1:
+            raise ConfigError("--quality must be 1..100 and --stride >= 1")
+        self.difficulty.validate()
+        return self
+
+
+def yolo_lines(labels: List[ObjectLabel], width: int, height: int) -> List[str]:
+    """YOLO txt lines for the labelled objects of one frame."""
+    out = []
+    for lb in labels:
+        if not lb.labelled:
+            continue
+        x0, y0, x1, y1 = lb.box
+        out.append(f"{lb.class_id} {(x0 + x1) / 2 / width:.6f} {(y0 + y1) / 2 / height:.6f} "
+                   f"{(x1 - x0) / width:.6f} {(y1 - y0) / height:.6f}")
+    return out
+
+
+def generate(job: SynthJob, progress: Optional[Any] = None) -> Dict[str, Any]:
+    """Generate ``job``; returns a summary dict (also written to dataset.json)."""
+    job.validate()
+    out = Path(job.out)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    (out / "labels").mkdir(parents=True, exist_ok=True)
+    if job.video:
+        (out / "videos").mkdir(exist_ok=True)
+    images: List[Dict[str, Any]] = []
+    anns: List[Dict[str, Any]] = []
+    params = ([cv2.IMWRITE_JPEG_QUALITY, job.jpeg_quality] if job.image_format == "jpg"
+              else [cv2.IMWRITE_PNG_COMPRESSION, 3])
+    n_labelled = 0
+    for s in range(job.streams):
+        gen = StreamGenerator(job.width, job.height, job.difficulty, job.split, job.seed, s)
+        writer = None
+        if job.video:
+            fourcc = cv2.VideoWriter_fourcc(*"MJPG")  # type: ignore[attr-defined]
+            writer = cv2.VideoWriter(str(out / "videos" / f"s{s:03d}.avi"), fourcc, 10.0,
+                                     (job.width, job.height))
+        for f in range(job.frames * job.stride):
+            img, labels = gen.next_frame()
+            if f % job.stride:
+                continue
+            fi = f // job.stride
+            stem = f"s{s:03d}_f{fi:06d}"
+            name = f"{stem}.{job.image_format}"
+            ok, buf = cv2.imencode("." + job.image_format, img, params)
+            if not ok:
+                raise ConfigError(f"could not encode {name}")
+            (out / "images" / name).write_bytes(buf.tobytes())
+            lines = yolo_lines(labels, job.width, job.height)
+            (out / "labels" / f"{stem}.txt").write_text("".join(line + "\n" for line in lines))
+            if writer is not None:
+                writer.write(img)
+            image_id = len(images) + 1
+            images.append({"id": image_id, "file_name": f"images/{name}", "width": job.width,
+                           "height": job.height, "stream": s, "frame": fi,
+                           "hardness": round(gen.state.hardness, 4), "low_light": gen.state.low_light})
+            for lb in labels:
+                if lb.box[2] <= lb.box[0]:
+                    continue  # nothing of it is visible at all
+                x0, y0, x1, y1 = lb.box
+                n_labelled += int(lb.labelled)
+                anns.append({
+                    "id": len(anns) + 1, "image_id": image_id, "category_id": lb.class_id,
+                    "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0),
+                    "iscrowd": 0 if lb.labelled else 1, "ignore": 0 if lb.labelled else 1,
+                    "visible": lb.visible, "contrast": lb.contrast, "size_px": lb.size_px,
+                    "hardness": lb.hardness, "lookalike": lb.lookalike, "track_id": lb.track_id})
+            if progress is not None:
+                progress(len(images))
+        if writer is not None:
+            writer.release()
+    coco = {
+        "info": {"description": "edgewise synthetic digits", "split": job.split, "seed": job.seed},
+        "images": images, "annotations": anns,
+        "categories": [{"id": i, "name": n} for i, n in enumerate(CLASS_NAMES)],
+    }
+    (out / "annotations.json").write_text(json.dumps(coco, separators=(",", ":")))
+    summary = {
+        "names": list(CLASS_NAMES), "nc": len(CLASS_NAMES), "split": job.split, "seed": job.seed,
+        "width": job.width, "height": job.height, "streams": job.streams, "frames": job.frames,
+        "stride": job.stride, "images": len(images), "objects": n_labelled,
+        "format": job.image_format, "difficulty": job.difficulty.to_dict(),
+    }
+    (out / "dataset.json").write_text(json.dumps(summary, indent=1))
+    return summary

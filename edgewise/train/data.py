@@ -1,0 +1,181 @@
+"""Training data: YOLO-txt datasets (``edgewise synth`` layout) loaded into memory, augmented, batched.
+
+Images are letterboxed once to the square training size with
+``edgewise.runtime.letterbox.letterbox`` (the inference preprocessing), so the
+model trains on exactly the geometry it sees at run time. Augmentations
+(Ultralytics ``utils/augmentations.py`` style): random scale/translate affine
+(``random_affine``), HSV jitter (``augment_hsv``), no flips: a mirrored digit is
+not a digit (a flipped 2 is no class at all, a flipped 6 is not a 9).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import cv2
+import numpy as np
+
+from edgewise.errors import ConfigError
+from edgewise.runtime.letterbox import letterbox
+
+IMG_EXT = (".jpg", ".jpeg", ".png", ".bmp")
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Augmentation strengths (0 disables). Fractions as in hyp.scratch-low.yaml."""
+
+    hsv_h: float = 0.015
+    hsv_s: float = 0.7
+    hsv_v: float = 0.4
+    scale: float = 0.25  # smaller than Ultralytics' 0.5: tiny digits must stay readable
+    translate: float = 0.1
+
+
+NO_AUGMENT = Augment(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def read_yolo_labels(path: Path) -> np.ndarray:
+    """[n, 5] float32 (cls, cx, cy, w, h) normalised; raises ConfigError on a malformed file."""
+    if not path.exists():
+        return np.zeros((0, 5), np.float32)
+    rows = []
+    for ln, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            vals = [float(v) for v in parts]
+        except ValueError:
+            raise ConfigError(f"{path}:{ln}: expected 5 numbers 'cls cx cy w h'") from None
+        if len(vals) != 5 or vals[0] < 0 or not all(0.0 <= v <= 1.0 for v in vals[1:]):
+            raise ConfigError(f"{path}:{ln}: expected 'cls cx cy w h' with coordinates in [0, 1]")
+        rows.append(vals)
+    return np.array(rows, np.float32).reshape(-1, 5)
+
+
+def dataset_names(root: Path) -> List[str]:
+    """Class names from ``dataset.json`` (written by edgewise synth) or "0".."9"."""
+    meta = Path(root) / "dataset.json"
+    if meta.exists():
+        return [str(n) for n in json.loads(meta.read_text())["names"]]
+    return [str(i) for i in range(10)]
+
+
+class YoloDataset:
+    """All images of ``root/images`` with labels from ``root/labels``, letterboxed to ``imgsz``."""
+
+    def __init__(self, root: Path, imgsz: int, limit: Optional[int] = None) -> None:
+        root = Path(root)
+        img_dir = root / "images"
+        if not img_dir.is_dir():
+            raise ConfigError(f"{root}: no images/ folder (expected the edgewise synth layout)")
+        files = sorted(p for p in img_dir.iterdir() if p.suffix.lower() in IMG_EXT)
+        if limit is not None:
+            files = files[:limit]
+        if not files:
+            raise ConfigError(f"{img_dir}: no images")
+        self.imgsz = int(imgsz)
+        self.names = dataset_names(root)
+        self.files = files
+        self.images = np.empty((len(files), self.imgsz, self.imgsz, 3), np.uint8)
+        self.labels: List[np.ndarray] = []  # per image [n, 5] cls, x0, y0, x1, y1 (input pixels)
+        for i, f in enumerate(files):
+            im = cv2.imread(str(f), cv2.IMREAD_COLOR)
+            if im is None:
+                raise ConfigError(f"{f}: cannot decode image")
+            h0, w0 = im.shape[:2]
+            lb_im, meta = letterbox(im, self.imgsz, auto=False, scaleup=True)
+            self.images[i] = lb_im
+            lab = read_yolo_labels(root / "labels" / (f.stem + ".txt"))
+            if len(lab) and lab[:, 0].max() >= len(self.names):
+                raise ConfigError(f"{f.stem}.txt: class id {int(lab[:, 0].max())} >= nc={len(self.names)}")
+            xyxy = np.zeros((len(lab), 5), np.float32)
+            xyxy[:, 0] = lab[:, 0]
+            rx, ry = meta.ratio
+            xyxy[:, 1] = (lab[:, 1] - lab[:, 3] / 2) * w0 * rx + meta.pad[0]
+            xyxy[:, 2] = (lab[:, 2] - lab[:, 4] / 2) * h0 * ry + meta.pad[1]
+            xyxy[:, 3] = (lab[:, 1] + lab[:, 3] / 2) * w0 * rx + meta.pad[0]
+            xyxy[:, 4] = (lab[:, 2] + lab[:, 4] / 2) * h0 * ry + meta.pad[1]
+            self.labels.append(xyxy)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+def augment_hsv(im: np.ndarray, rng: np.random.Generator, hgain: float, sgain: float, vgain: float) -> None:
+    """HSV colour-space augmentation in place (Ultralytics augment_hsv, LUT based)."""
+    if not (hgain or sgain or vgain):
+        return
+    r = rng.uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
+    hue, sat, val = cv2.split(cv2.cvtColor(im, cv2.COLOR_BGR2HSV))
+    x = np.arange(0, 256, dtype=r.dtype)
+    lut_hue = ((x * r[0]) % 180).astype(np.uint8)
+    lut_sat = np.clip(x * r[1], 0, 255).astype(np.uint8)
+    lut_val = np.clip(x * r[2], 0, 255).astype(np.uint8)
+    im_hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
+    cv2.cvtColor(im_hsv, cv2.COLOR_HSV2BGR, dst=im)
+
+
+def random_affine(im: np.ndarray, labels: np.ndarray, rng: np.random.Generator, scale: float,
+                  translate: float) -> Tuple[np.ndarray, np.ndarray]:
+    """Scale about the centre and translate; boxes follow; tiny/clipped-away boxes are dropped."""
+    if not (scale or translate):
+        return im, labels
+    h, w = im.shape[:2]
+    s = float(rng.uniform(1 - scale, 1 + scale))
+    tx = float(rng.uniform(0.5 - translate, 0.5 + translate)) * w
+    ty = float(rng.uniform(0.5 - translate, 0.5 + translate)) * h
+    m = np.array([[s, 0, tx - s * w / 2], [0, s, ty - s * h / 2]], np.float32)
+    out = cv2.warpAffine(im, m, (w, h), flags=cv2.INTER_LINEAR, borderValue=(114, 114, 114))
+    if not len(labels):
+        return out, labels
+    b = labels[:, 1:5].copy()
+    b[:, [0, 2]] = b[:, [0, 2]] * s + m[0, 2]
+    b[:, [1, 3]] = b[:, [1, 3]] * s + m[1, 2]
+    area0 = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    b[:, [0, 2]] = b[:, [0, 2]].clip(0, w)
+    b[:, [1, 3]] = b[:, [1, 3]].clip(0, h)
+    bw, bh = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
+    # utils/augmentations.py box_candidates: wh > 2 px, area ratio > 0.1, aspect < 20
+    keep = (bw > 2) & (bh > 2) & (bw * bh / (area0 + 1e-16) > 0.1) & \
+           (np.maximum(bw / (bh + 1e-16), bh / (bw + 1e-16)) < 20)
+    new = np.concatenate([labels[:, :1], b], 1)[keep]
+    return out, new
+
+
+def batches(ds: YoloDataset, batch_size: int, rng: np.random.Generator, aug: Augment,
+            shuffle: bool = True, indices: Optional[Sequence[int]] = None
+            ) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Yield ``(images [B,3,H,W] float32 RGB 0..1, targets [n,6] (i,cls,cx,cy,w,h) normalised, idx)``."""
+    order = np.array(indices if indices is not None else np.arange(len(ds)))
+    if shuffle:
+        order = rng.permutation(order)
+    sz = ds.imgsz
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        ims = np.empty((len(idx), sz, sz, 3), np.uint8)
+        tgts = []
+        for j, k in enumerate(idx):
+            im, lab = ds.images[k], ds.labels[k]
+            if aug.scale or aug.translate:
+                im, lab = random_affine(im, lab, rng, aug.scale, aug.translate)
+            else:
+                im = im.copy()
+            augment_hsv(im, rng, aug.hsv_h, aug.hsv_s, aug.hsv_v)
+            ims[j] = im
+            if len(lab):
+                t = np.zeros((len(lab), 6), np.float32)
+                t[:, 0] = j
+                t[:, 1] = lab[:, 0]
+                t[:, 2] = (lab[:, 1] + lab[:, 3]) / 2 / sz
+                t[:, 3] = (lab[:, 2] + lab[:, 4]) / 2 / sz
+                t[:, 4] = (lab[:, 3] - lab[:, 1]) / sz
+                t[:, 5] = (lab[:, 4] - lab[:, 2]) / sz
+                tgts.append(t)
+        x = np.ascontiguousarray(ims[..., ::-1].transpose(0, 3, 1, 2)).astype(np.float32) / 255.0
+        tg = np.concatenate(tgts, 0) if tgts else np.zeros((0, 6), np.float32)
+        yield x, tg, idx

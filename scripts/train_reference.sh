@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Reproduce the reference model pair in models/ (see models/MODEL_CARD.md):
+#   1. synthetic data (train/val/test splits, fixed seeds, 256x256 frames, "reference" difficulty)
+#   2. edge model  yolov5n @160 and cloud model yolov5s @256, trained in parallel on the CPU
+#      (1 torch thread each; wall-clock budgets make the LR schedule time-based)
+#   3. package: copy the ONNX files, INT8-quantize the edge one, score all on the test split,
+#      write models/metrics.json (python -m edgewise.train.reference)
+# Usage: scripts/train_reference.sh [RUN_DIR]   (env EDGE_BUDGET / CLOUD_BUDGET in seconds)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=${1:-runs/ref}
+PY=${PY:-.venv/bin/python}
+EDGE_BUDGET=${EDGE_BUDGET:-3600}
+CLOUD_BUDGET=${CLOUD_BUDGET:-4700}
+mkdir -p "$RUN"
+synth() { "$PY" -m edgewise.cli synth "$@" --imgsz 256 --difficulty reference; }
+[ -f "$RUN/data/train/dataset.json" ] || synth --out "$RUN/data/train" --split train --seed 1 --streams 120 --frames 30 --stride 2
+[ -f "$RUN/data/val/dataset.json" ]   || synth --out "$RUN/data/val" --split val --seed 2 --streams 10 --frames 30 --stride 3
+[ -f "$RUN/data/test/dataset.json" ]  || synth --out "$RUN/data/test" --split test --seed 3 --streams 16 --frames 50 --stride 1
+common=(--data "$RUN/data/train" --val "$RUN/data/val" --val-limit 200 --batch 8 --nbs 8
+        --optimizer AdamW --lr0 0.002 --warmup-epochs 0.3 --epochs 500 --threads 1 --seed 0)
+nice -n 5 "$PY" -m edgewise.train "${common[@]}" --arch yolov5n --imgsz 160 --epoch-size 1000 \
+    --time-budget "$EDGE_BUDGET" --out "$RUN/edge" > "$RUN/edge.log" 2>&1 &
+EDGE_PID=$!
+nice -n 5 "$PY" -m edgewise.train "${common[@]}" --arch yolov5s --imgsz 256 --epoch-size 600 \
+    --time-budget "$CLOUD_BUDGET" --out "$RUN/cloud" > "$RUN/cloud.log" 2>&1 &
+CLOUD_PID=$!
+wait "$EDGE_PID" "$CLOUD_PID"
+"$PY" -m edgewise.train.reference --run "$RUN" --models models
