@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import uuid
 
@@ -32,17 +33,29 @@ def probe_frame(width: int = 640, height: int = 480, seed: int = 0) -> np.ndarra
     return img
 
 
+def _read(path: str) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
 def probe(
     target: str,
     timeout: float = 10.0,
     tls_ca: str = "",
     token: str = "",
     device_id: str = "probe",
+    tls_cert: str = "",
+    tls_key: str = "",
 ) -> detect_pb2.DetectResponse:
-    """One unary Detect through the gateway at ``target``; raises grpc.RpcError on failure."""
+    """One unary Detect through the gateway at ``target``; raises grpc.RpcError on failure.
+
+    ``tls_ca`` turns TLS on; ``tls_cert``/``tls_key`` add a client certificate (mTLS).
+    """
     if tls_ca:
-        with open(tls_ca, "rb") as fh:
-            creds = grpc.ssl_channel_credentials(root_certificates=fh.read())
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=_read(tls_ca), private_key=_read(tls_key), certificate_chain=_read(tls_cert))
         channel = grpc.secure_channel(target, creds)
     else:
         channel = grpc.insecure_channel(target)
@@ -67,7 +80,7 @@ def probe(
 def _handler(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
-        resp = probe(args.target, args.timeout, args.tls_ca, args.token, args.device_id)
+        resp = probe(args.target, args.timeout, args.tls_ca, args.token, args.device_id, args.tls_cert, args.tls_key)
     except grpc.FutureTimeoutError:
         print(f"probe: cannot connect to {args.target} within {args.timeout:.0f} s (address, port, TLS?)")
         return 1
@@ -90,6 +103,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--target", required=True, help="gateway host:port")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds for connect and answer")
     p.add_argument("--tls-ca", default="", help="CA bundle to verify the gateway's certificate (enables TLS)")
-    p.add_argument("--token", default="", help="bearer token of --device-id when the gateway checks tokens")
+    p.add_argument("--tls-cert", default="", help="client certificate (PEM) for mTLS")
+    p.add_argument("--tls-key", default="", help="client private key (PEM) for mTLS")
+    p.add_argument("--token", default=os.environ.get("EDGEWISE_PROBE_TOKEN", ""),
+                   help="bearer token of --device-id when the gateway checks tokens (env EDGEWISE_PROBE_TOKEN)")
     p.add_argument("--device-id", default="probe", help="device id sent with the request")
     p.set_defaults(func=_handler)

@@ -53,6 +53,7 @@ MODES = {
     "tls-on": ("tls.grpc.enabled=true", "tls.grpc.secretName=gw-tls", "tls.grpc.clientAuth=true",
                "mqtt.bridge.enabled=true", "mqtt.broker.enabled=true", "tls.mqtt.enabled=true",
                "tls.mqtt.secretName=mqtt-tls", "gateway.tokensSecret=edge-tokens",
+               "helmTest.tokenSecret=probe-token", "helmTest.clientTlsSecret=probe-tls",
                "mqtt.broker.authSecret=mqtt-auth"),
     "cpu": ("worker.profile=cpu", "model.source=pvc", "model.pvc.claimName=models"),
     "init-model": ("model.source=initContainer", "model.initContainer.image=registry/models:1"),
@@ -200,6 +201,22 @@ def test_every_container_is_locked_down(mode: str) -> None:
             assert sc.get("capabilities", {}).get("drop") == ["ALL"], where
             assert sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
             assert "resources" in c and c["resources"].get("limits"), where
+
+
+def test_helm_test_authenticates_when_auth_is_on() -> None:
+    pod = [p for p in _by_kind(render(*MODES["tls-on"]), "Pod")][0]["spec"]
+    c = pod["containers"][0]
+    assert "--tls-cert=/etc/edgewise/client-tls/tls.crt" in c["args"] and "--tls-ca=/etc/edgewise/tls/ca.crt" in c["args"]
+    assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "probe-token", "key": "token"}
+    assert {v["name"] for v in pod["volumes"]} >= {"grpc-tls", "client-tls"}
+
+
+def test_servicemonitor_scrapes_each_pod_once() -> None:
+    docs = render(*MODES["servicemonitor"])
+    sel = _by_kind(docs, "ServiceMonitor")[0]["spec"]["selector"]["matchLabels"]
+    scraped = [s["metadata"]["name"] for s in _by_kind(docs, "Service")
+               if all(s["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+    assert sorted(scraped) == ["rel-edgewise-gateway", "rel-edgewise-worker"]
 
 
 def test_tls_mounts_secrets_and_configures_gateway() -> None:
