@@ -6,16 +6,11 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Protocol
 
 import numpy as np
 
 from edgewise.runtime.metadata import ModelInfo
-
-try:  # Python 3.8 has typing.Protocol
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    Protocol = object  # type: ignore[assignment]
 
 
 class InferenceBackend(Protocol):
