@@ -99,16 +99,20 @@ def jpeg_sizes(folder: Path, quality: int) -> List[int]:
     return out
 
 
-def policy_copy(policy: Path, transport: str, dest: Path, audit: float = 0.0) -> Tuple[Path, int]:
+def policy_copy(policy: Path, transport: str, dest: Path, audit: float = 0.0,
+                deadline_ms: Optional[float] = None) -> Tuple[Path, int]:
     """The policy with its transport set; returns (path, jpeg quality).
 
     ``audit`` > 0 sets ``auditFraction`` (deterministic random escalations of easy frames)
     and lifts ``budget.maxFraction`` above it: stand-in models with random weights detect
     nothing, so hardness alone would escalate no frame and the cloud path would go unmeasured.
+    ``deadline_ms`` replaces the policy's cloud deadline (a slow CPU cloud needs a longer one).
     """
     doc = yaml.safe_load(policy.read_text())
     spec = doc.setdefault("spec", {})
     spec["transport"] = transport
+    if deadline_ms:
+        spec["deadlineMs"] = int(deadline_ms)
     if audit > 0:
         spec["auditFraction"] = audit
         budget = spec.setdefault("budget", {})
@@ -197,6 +201,24 @@ class CpuMeter:
         for pid, role in self.role_of.items():
             out[role] = out.get(role, 0.0) + self.last[pid] - self.first[pid]
         return out
+
+
+def gateway_counters(cloud: Any) -> Dict[str, float]:
+    """The gateway's retry / worker-error / request counters (best effort; {} when unreachable)."""
+    try:
+        text = cloud.metrics_text()
+    except Exception:
+        return {}
+    out: Dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("edgewise_gateway_retries_total", "edgewise_gateway_worker_errors_total",
+                            "edgewise_gateway_requests_total", "edgewise_gateway_mqtt_messages_total")):
+            key, _, val = line.rpartition(" ")
+            try:
+                out[key.replace("edgewise_gateway_", "")] = float(val)
+            except ValueError:
+                continue
+    return out
 
 
 # ------------------------------------------------------------------------------ broker
