@@ -279,7 +279,7 @@ class EdgeDaemon:
         if self.escalating is not None and self.spool is not None:
             self.escalating.update_spool_metrics()
             tasks.append(asyncio.ensure_future(
-                self.escalating.replay_loop(self.stop_event, lambda: self.holder.policy if self.holder else None)))
+                self.escalating.replay_loop(self.stop_event)))
         self.started = True
         self.notifier.ready(f"{len(s.streams)} stream(s)")
         if self.notifier.watchdog_interval:

@@ -18,7 +18,7 @@ Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain).
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import logging
 import time
 import uuid
@@ -27,10 +27,13 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import numpy as np
 
 from edge.deciding import Verdict
+from edge.metrics import EdgeMetrics
 from edge.sinks import Record
 from edge.sources.base import Frame
+from edge.spool import Spool, SpoolItem
 from edge.transports import SPOOLABLE, Transport, TransportError
 from edgewise.detections import Detections
+from edgewise.policy.schema import Merge, Policy
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ def crop_region(
 
 
 def build_request(
-    device_id: str, frame: Frame, dets: Detections, verdict: Verdict, policy: Any
+    device_id: str, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy
 ) -> Tuple[Any, Optional[Tuple[int, int, int, int]]]:
     """The ``DetectRequest`` of one escalation under ``policy``, and the crop region
     sent (None = the full frame)."""
@@ -120,13 +123,32 @@ def detections_json(dets: Detections) -> List[Dict[str, Any]]:
     return out
 
 
-class _MergeSpec:
-    """Merge settings stored with a spooled escalation (the policy may change meanwhile)."""
+class Spooled:
+    """What a spooled escalation carries besides its ``DetectRequest`` (the policy
+    may change or the daemon restart before the replay): the frame's record, and
+    the merge, deadline and transport of the policy that escalated it."""
 
-    def __init__(self, strategy: str, iou: float, edge_floor: float) -> None:
-        self.strategy = strategy
-        self.iou = iou
-        self.edge_floor = edge_floor
+    def __init__(self, record: Record, merge: Merge, deadline_ms: int, transport: str) -> None:
+        self.record = record
+        self.merge = merge
+        self.deadline_ms = deadline_ms
+        self.transport = transport
+
+    def to_meta(self) -> Dict[str, Any]:
+        return {"record": self.record, "merge": dataclasses.asdict(self.merge),
+                "deadline_ms": self.deadline_ms, "transport": self.transport}
+
+    @classmethod
+    def from_meta(cls, meta: Dict[str, Any]) -> Spooled:
+        """Read back ``to_meta``'s dict from the spool; ValueError when it is not one."""
+        try:
+            record, merge = meta["record"], meta["merge"]
+            deadline_ms, transport = int(meta["deadline_ms"]), str(meta["transport"])
+            if not isinstance(record, dict) or not isinstance(merge, dict) or deadline_ms < 1:
+                raise ValueError("wrong types")
+            return cls(dict(record), Merge(**merge), deadline_ms, transport)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"spool metadata is not an escalation's ({exc!r})") from None
 
 
 class Escalating:
@@ -137,8 +159,8 @@ class Escalating:
         device_id: str,
         transports: Dict[str, Transport],
         write: Callable[[Record], None],
-        metrics: Any,
-        spool: Any = None,
+        metrics: EdgeMetrics,
+        spool: Optional[Spool] = None,
         default_transport: str = "grpc",
         max_in_flight: int = 16,
         replay_interval_s: float = 2.0,
@@ -156,14 +178,14 @@ class Escalating:
         self.replay_batch = replay_batch
         self.names = names
         self.tasks: Set[asyncio.Task[None]] = set()
-        self.pending: Dict[asyncio.Task[None], Tuple[Any, Any, Record]] = {}
+        self.pending: Dict[asyncio.Task[None], Tuple[Any, Policy, Record]] = {}
         self.replay_now = asyncio.Event()
 
     # ------------------------------------------------------------------ submit
     def in_flight(self) -> int:
         return len(self.tasks)
 
-    def submit(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Any, record: Record) -> None:
+    def submit(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy, record: Record) -> None:
         """Start escalating one frame; the frame's record is written when it is settled."""
         try:
             req, region = build_request(self.device_id, frame, dets, verdict, policy)
@@ -193,18 +215,17 @@ class Escalating:
         if not task.cancelled() and task.exception() is not None:
             log.error("escalation task failed: %r", task.exception())
 
-    def _transport(self, policy: Any) -> Transport:
-        name = getattr(policy.spec, "transport", "") or self.default_transport
+    def _transport(self, name: str) -> Transport:
         t = self.transports.get(name)
         if t is None:
             raise TransportError("UNAVAILABLE", f"transport {name!r} is not configured in the settings (cloud.*)")
         return t
 
-    async def _escalate(self, req: Any, dets: Detections, policy: Any, record: Record) -> None:
+    async def _escalate(self, req: Any, dets: Detections, policy: Policy, record: Record) -> None:
         reason = record.get("reason", "")
         t0 = time.monotonic()
         try:
-            transport = self._transport(policy)
+            transport = self._transport(policy.spec.transport)
             resp = await transport.detect(req, policy.spec.deadline_ms / 1000.0)
         except TransportError as exc:
             self._fail(req, policy, record, exc)
@@ -215,15 +236,14 @@ class Escalating:
         self.replay_now.set()
         self._write_merged(record, dets, resp, policy.spec.merge, rtt, late=False)
 
-    def _write_merged(self, record: Record, dets: Detections, resp: Any, merge: Any, rtt: float, late: bool) -> None:
+    def _write_merged(self, record: Record, dets: Detections, resp: Any, merge: Merge, rtt: float, late: bool) -> None:
         from edgewise.merging import merge as merge_fn
         from edgewise.wire import detections_from_proto
 
         cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
         crop = record.get("crop")
         regions = np.asarray([crop], np.float64) if crop else None
-        merged = merge_fn(dets, cloud, merge.strategy, merge.iou,
-                          edge_floor=getattr(merge, "edge_floor", 0.5), regions=regions)
+        merged = merge_fn(dets, cloud, merge.strategy, merge.iou, edge_floor=merge.edge_floor, regions=regions)
         record["detections"] = detections_json(merged)
         record["outcome"] = "cloud"
         record["cloud_rtt_ms"] = round(rtt * 1000.0, 2)
@@ -232,14 +252,13 @@ class Escalating:
         record["emit_unix_ns"] = time.time_ns()
         self.write(record)
 
-    def _fail(self, req: Any, policy: Any, record: Record, exc: TransportError) -> None:
-        action = policy.spec.on_cloud_unavailable if exc.code in SPOOLABLE else "edge_only"
+    def _fail(self, req: Any, policy: Policy, record: Record, exc: TransportError) -> None:
+        spec = policy.spec
+        action = spec.on_cloud_unavailable if exc.code in SPOOLABLE else "edge_only"
         reason = record.get("reason", "")
         record["error"] = str(exc)
         if action == "spool" and self.spool is not None:
-            m = policy.spec.merge
-            meta = {"record": record, "merge": [m.strategy, m.iou, m.edge_floor],
-                    "deadline_ms": policy.spec.deadline_ms, "transport": policy.spec.transport}
+            meta = Spooled(record, spec.merge, spec.deadline_ms, spec.transport).to_meta()
             key = idempotency_key(req.device_id, req.stream_id, req.frame_seq)
             if self.spool.put(key, req.SerializeToString(), meta):
                 record["outcome"] = "spooled"
@@ -264,14 +283,14 @@ class Escalating:
         self.write(record)
 
     # ------------------------------------------------------------------ replay
-    async def replay_loop(self, stop: asyncio.Event, policy_of: Callable[[], Any]) -> None:
+    async def replay_loop(self, stop: asyncio.Event) -> None:
         """Drain the spool in order whenever the cloud answers; runs until ``stop``."""
         if self.spool is None:
             return
         while not stop.is_set():
             delivered = 0
             try:
-                delivered = await self.replay_once(policy_of())
+                delivered = await self.replay_once()
             except Exception:
                 log.exception("spool replay round failed")
             if delivered:
@@ -286,64 +305,67 @@ class Escalating:
                 stopper.cancel()
                 kick.cancel()
 
-    async def replay_once(self, policy: Any) -> int:
+    async def replay_once(self) -> int:
         """One replay round: send spooled entries oldest first until one fails."""
-        from edgewise.v1 import detect_pb2
-        from edgewise.wire import detections_from_proto
-
+        assert self.spool is not None
         expired = self.spool.expire(time.time())
         if expired:
             self.metrics.spool_events.labels("expired").inc(expired)
             log.warning("%d spooled escalations expired (spool.max_age_s) and were discarded", expired)
         self.update_spool_metrics()
-        entries = self.spool.peek(self.replay_batch)
         delivered = 0
-        for e in entries:
-            meta = json.loads(e.meta) if isinstance(e.meta, (str, bytes)) else dict(e.meta or {})  # type: ignore[redundant-expr]
-            req = detect_pb2.DetectRequest()
-            req.ParseFromString(e.payload)
-            req.replay = True
-            deadline_ms = int(meta.get("deadline_ms") or (policy.spec.deadline_ms if policy else 1000))
-            tname = meta.get("transport") or self.default_transport
-            transport = self.transports.get(tname) or self.transports.get(self.default_transport)
-            if transport is None:
-                return delivered
-            t0 = time.monotonic()
-            try:
-                resp = await transport.detect(req, deadline_ms / 1000.0)
-            except TransportError as exc:
-                if exc.code in SPOOLABLE:
-                    self.spool.nack(e.id)
-                    self.metrics.spool_events.labels("nack").inc()
-                    log.debug("replay of %s failed (%s); retrying later", e.key, exc)
-                    return delivered
-                self.spool.ack(e.id)  # permanent failure: a resend would fail the same way
-                self.metrics.spool_events.labels("rejected").inc()
-                log.error("cloud rejected replayed %s: %s; dropped from the spool", e.key, exc)
-                continue
-            rtt = time.monotonic() - t0
-            record = dict(meta.get("record") or {})
-            record.pop("error", None)
-            edge = detections_from_proto(req.edge_detections, names=self.names, source="edge")
-            strategy, iou, floor = (list(meta.get("merge") or []) + ["fuse", 0.55, 0.5][len(meta.get("merge") or []):])[:3]
-            m = _MergeSpec(strategy, iou, floor)
-            self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
-            self.metrics.escalations.labels(record.get("reason", ""), "late").inc()
-            self._write_merged(record, edge, resp, m, rtt, late=True)
+        for e in self.spool.peek(self.replay_batch):
+            ok = await self._replay_one(e)
+            if ok is None:
+                return delivered  # the cloud is still unreachable: the rest waits in order
             self.spool.ack(e.id)
-            self.metrics.spool_events.labels("replayed").inc()
-            delivered += 1
+            if ok:
+                self.metrics.spool_events.labels("replayed").inc()
+                delivered += 1
         self.update_spool_metrics()
         return delivered
+
+    async def _replay_one(self, e: SpoolItem) -> Optional[bool]:
+        """Send one spooled escalation: True when its late record is written, False when
+        it can never be delivered (to be acked away), None to keep it for later."""
+        from edgewise.v1 import detect_pb2
+        from edgewise.wire import detections_from_proto
+
+        spooled = Spooled.from_meta(e.meta)
+        req = detect_pb2.DetectRequest()
+        req.ParseFromString(e.payload)
+        req.replay = True
+        transport = self.transports.get(spooled.transport) or self.transports.get(self.default_transport)
+        if transport is None:
+            return None
+        t0 = time.monotonic()
+        try:
+            resp = await transport.detect(req, spooled.deadline_ms / 1000.0)
+        except TransportError as exc:
+            if exc.code in SPOOLABLE:
+                self.spool.nack(e.id)  # type: ignore[union-attr]
+                self.metrics.spool_events.labels("nack").inc()
+                log.debug("replay of %s failed (%s); retrying later", e.key, exc)
+                return None
+            self.metrics.spool_events.labels("rejected").inc()
+            log.error("cloud rejected replayed %s: %s; dropped from the spool", e.key, exc)
+            return False  # permanent failure: a resend would fail the same way
+        rtt = time.monotonic() - t0
+        record = spooled.record
+        record.pop("error", None)
+        edge = detections_from_proto(req.edge_detections, names=self.names, source="edge")
+        self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
+        self.metrics.escalations.labels(record.get("reason", ""), "late").inc()
+        self._write_merged(record, edge, resp, spooled.merge, rtt, late=True)
+        return True
 
     def update_spool_metrics(self) -> None:
         if self.spool is None:
             return
         st = self.spool.stats()
-        get = st.get if isinstance(st, dict) else lambda k, d=0: getattr(st, k, d)
-        self.metrics.spool_depth.set(get("depth", 0) or get("count", 0))
-        self.metrics.spool_bytes.set(get("bytes", 0))
-        self.metrics.spool_oldest.set(get("oldest_age_s", 0) or 0)
+        self.metrics.spool_depth.set(st.depth)
+        self.metrics.spool_bytes.set(st.bytes)
+        self.metrics.spool_oldest.set(st.oldest_age_s)
 
     # ---------------------------------------------------------------- shutdown
     async def drain(self, grace_s: float) -> None:
