@@ -57,6 +57,12 @@ def register(subparsers: Any) -> None:
         "--per-tensor", action="store_true", help="per-tensor instead of per-channel weights"
     )
     p.add_argument(
+        "--target",
+        default="cpu",
+        choices=("cpu", "tensorrt"),
+        help="cpu: ONNX Runtime U8S8 (default); tensorrt: symmetric INT8 QDQ for TensorRT",
+    )
+    p.add_argument(
         "--holdout",
         type=int,
         default=50,
@@ -155,6 +161,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         conf_thres=args.conf,
         threads=args.threads,
         progress=_progress_printer(),
+        target=args.target,
     )
     print(report.summary())
     if args.report:

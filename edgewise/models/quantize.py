@@ -7,7 +7,8 @@ Steps: validate the model (``edgewise.runtime.metadata``) and the calibration so
 runtime does (``edgewise.runtime.letterbox.preprocess_batch``), a few frames per batch,
 streamed so memory stays bounded and progress can be shown; quantize with
 ``quantize_static`` in QDQ format, per-channel symmetric QInt8 weights and QUInt8
-activations (U8S8, ``reduce_range=False``: ORT's recommendation for x86 CPUs with VNNI);
+activations (U8S8, ``reduce_range=False``: ORT's recommendation for x86 CPUs with VNNI;
+``target="tensorrt"`` makes activations symmetric QInt8, the only QDQ form TensorRT takes);
 copy the float model's metadata; then compare INT8 against float detections on held-out
 frames (``edgewise.models.agreement``).
 
@@ -44,8 +45,13 @@ Progress = Callable[[str, int, int], None]
 METHODS = ("minmax", "entropy", "percentile")
 KEEP_FLOAT_CHOICES = ("first_conv", "detect_head")
 DEFAULT_KEEP_FLOAT: Tuple[str, ...] = ("first_conv", "detect_head")
-#: Operators quantized by default (see module docstring); None = every op ORT can quantize.
-DEFAULT_OP_TYPES: Tuple[str, ...] = ("Conv",)
+#: target -> (activation type, operator types quantized; None = every op ORT can).
+#: cpu: U8S8 as ORT recommends for x86 with VNNI. tensorrt: TensorRT takes only symmetric
+#: INT8 QDQ and places Q/DQ itself around the convolutions it fuses.
+TARGETS: Dict[str, Tuple[str, Optional[Tuple[str, ...]]]] = {
+    "cpu": ("QUInt8", None),
+    "tensorrt": ("QInt8", ("Conv",)),
+}
 
 
 @dataclass
@@ -257,7 +263,8 @@ def quantize(
     iou_thres: float = 0.45,
     threads: int = 0,
     progress: Optional[Progress] = None,
-    op_types: Optional[Sequence[str]] = DEFAULT_OP_TYPES,
+    op_types: Optional[Sequence[str]] = None,
+    target: str = "cpu",
 ) -> QuantReport:
     """Quantize ``model_path`` to INT8 (QDQ) at ``out_path`` and report agreement with float.
 
@@ -271,6 +278,9 @@ def quantize(
         conf_thres, iou_thres: decode thresholds of the agreement check.
         threads: intra-op threads of the agreement sessions (0 = ORT default).
         progress: ``progress(stage, done, total)`` callback.
+        op_types: operator types to quantize (default: per ``target``, see ``TARGETS``).
+        target: ``cpu`` (ONNX Runtime on x86/ARM: QUInt8 activations) or ``tensorrt``
+            (symmetric QInt8 activations, which TensorRT's explicit quantization requires).
     Raises:
         ModelError: missing/corrupt/not-YOLOv5 model. InvalidInputError: bad arguments or
         an unreadable/empty calibration source.
@@ -280,6 +290,10 @@ def quantize(
     t0 = time.perf_counter()
     if method not in METHODS:
         raise InvalidInputError(f"--method {method!r}: use one of {', '.join(METHODS)}")
+    if target not in TARGETS:
+        raise InvalidInputError(f"--target {target!r}: use one of {', '.join(TARGETS)}")
+    act_name, default_ops = TARGETS[target]
+    ops = list(op_types) if op_types is not None else (list(default_ops) if default_ops else None)
     groups = parse_keep_float(keep_float)
     info = load_model_info(Path(model_path))
     if info.precision == "int8":
@@ -353,15 +367,15 @@ def quantize(
             quant_format=QuantFormat.QDQ,
             per_channel=per_channel,
             reduce_range=False,
-            activation_type=QuantType.QUInt8,
+            activation_type=QuantType.QUInt8 if act_name == "QUInt8" else QuantType.QInt8,
             weight_type=QuantType.QInt8,
             nodes_to_exclude=exclude,
-            op_types_to_quantize=list(op_types) if op_types else None,
+            op_types_to_quantize=ops,
             calibrate_method=cal_method,
             extra_options={
                 "CalibStridedMinMax": 1,  # one batch per collect_data call (bounded memory)
                 "WeightSymmetric": True,
-                "ActivationSymmetric": False,
+                "ActivationSymmetric": act_name == "QInt8",
                 "CalibPercentile": 99.999,
             },
         )
@@ -372,14 +386,18 @@ def quantize(
     _copy_metadata(
         info.path,
         out,
-        {"edgewise_quant": json.dumps({"method": method, "frames": reader.frames_used})},
+        {
+            "edgewise_quant": json.dumps(
+                {"method": method, "frames": reader.frames_used, "target": target}
+            )
+        },
     )
     report = QuantReport(
         model_path=info.path,
         out_path=out,
         method=method,
         per_channel=per_channel,
-        activation_type="QUInt8",
+        activation_type=act_name,
         weight_type="QInt8",
         calib_source=str(source.path),
         calib_frames=reader.frames_used,

@@ -265,3 +265,24 @@ def test_int8_layers_track_float_on_held_out_photos(quantized, photos, tiny_mode
     ):
         snr = 10 * np.log10(ref.var() / ((ref - got) ** 2).mean())
         assert snr >= floor, (n, snr)
+
+
+def test_tensorrt_target_is_symmetric_int8(tiny_model, photos, tmp_path):
+    """TensorRT takes only symmetric INT8 QDQ: every zero point 0, int8 activations."""
+    from onnx import numpy_helper
+
+    report = quantize(
+        tiny_model, photos, samples=4, holdout=0, out_path=tmp_path / "trt.onnx", target="tensorrt"
+    )
+    assert report.activation_type == "QInt8" and report.agreement is None
+    model = onnx.load(str(report.out_path))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    qs = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert qs
+    for n in qs:
+        zp = inits.get(n.input[2]) if len(n.input) > 2 else None
+        if zp is not None and zp.dtype != np.int32:  # int32 = bias
+            assert zp.dtype == np.int8 and not zp.any(), n.name
+    assert load_model_info(report.out_path).precision == "int8"
+    with pytest.raises(InvalidInputError, match="--target 'gpu'"):
+        quantize(tiny_model, photos, out_path=tmp_path / "x.onnx", target="gpu")
