@@ -1,0 +1,500 @@
+"""Routing benchmark (load-balancing.md §7): balancing algorithms on one heterogeneous pool.
+
+One run, one pool: three real ``cloud.worker`` servers (real ONNX inference on
+the YOLOv5n model, batch 1, one inference thread each) whose service times are
+padded to 1x, 2x and 4x a base time, so their service rates are 4:2:1
+whatever else runs on the machine (the pad is a sleep in the inference thread,
+so it costs no CPU; inference itself runs inside it). In front of the same
+workers, in turn: our gateway in each pick mode (round robin, random, weighted
+RR, unweighted least-connections, P2C, weighted least-connections) and nginx
+``least_conn`` + ``grpc_pass`` (Debian nginx, generated config, free port).
+
+Load is open-loop Poisson at 50/80/95% of the pool's measured capacity. Scenario
+§7(b): one worker turns 25x slower for the middle third of a run (SIGUSR1
+toggles it), with a 1 s deadline: success within the deadline and p99.
+Overhead: p50 of sequential calls through the gateway minus direct to a worker.
+
+    .venv/bin/python bench/routing.py            # full (about 10 minutes)
+    .venv/bin/python bench/routing.py --quick    # smoke run (about 2 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+NGINX = "/usr/sbin/nginx"
+MODES = [("rr", "round robin"), ("random", "random"), ("wrr", "weighted RR"), ("lc", "least-conn (unweighted)"),
+         ("p2c", "P2C (A48, unweighted)"), ("wlc", "**weighted least-conn (ours), weights 4:2:1**"),
+         ("wlc-cap", "**weighted least-conn (ours), learned capacity**"), ("nginx", "nginx least_conn 4:2:1")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# bench worker: the real worker server with a padded model runner
+# ---------------------------------------------------------------------------------------------
+def worker_main(args: argparse.Namespace) -> int:
+    from cloud.worker.runner import ModelRunner
+    from cloud.worker.server import SERVING_TAG, create_server
+    from cloud.worker.settings import load_settings
+
+    settings = load_settings(None, env={}, overrides={
+        "model": args.model, "host": "127.0.0.1", "port": args.port, "metrics_port": -1,
+        "worker_id": args.name, "threads": 1, "decode_threads": 1, "grace_s": 2.0, "warmup_rounds": 3,
+        "batching.max_batch_size": 1, "batching.max_queue_delay_ms": 0.0, "batching.max_queue_size": 256})
+    slow = {"on": False}
+
+    class PaddedRunner(ModelRunner):
+        def run(self, items):  # type: ignore[no-untyped-def]
+            out, secs = super().run(items)
+            mult = args.slow_factor if slow["on"] else 1.0
+            target = args.service_ms / 1000.0 * mult * len(items)
+            if secs < target:
+                time.sleep(target - secs)
+            return out, max(secs, target)
+
+    runner = PaddedRunner.from_settings(settings)
+
+    async def main() -> int:
+        server, port = create_server(settings, runner)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGUSR1, lambda: slow.__setitem__("on", not slow["on"]))
+        await server.bind()
+        await server.service.start()
+        print(f"{SERVING_TAG} port={port}", flush=True)
+        await stop.wait()
+        await server.stop(2.0)
+        return 0
+
+    return asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+# ---------------------------------------------------------------------------------------------
+class Proc:
+    def __init__(self, argv: list[str], log: Path, ready: str | None, timeout: float = 90) -> None:
+        self.log = log
+        self.f = open(log, "wb")
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", EDGEWISE_LOG_LEVEL="WARNING")
+        self.p = subprocess.Popen(argv, stdout=self.f, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env,
+                                  start_new_session=True)
+        self.match: re.Match[str] | None = None
+        if ready:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                m = re.search(ready, log.read_text(errors="replace"))
+                if m:
+                    self.match = m
+                    break
+                if self.p.poll() is not None:
+                    raise RuntimeError(f"{argv[:4]} exited: {log.read_text()[-2000:]}")
+                time.sleep(0.05)
+            else:
+                raise RuntimeError(f"{argv[:4]} not ready in {timeout}s: {log.read_text()[-2000:]}")
+
+    def signal(self, sig: int) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+
+    def stop(self) -> None:
+        self.signal(signal.SIGTERM)
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        self.f.close()
+
+
+def start_workers(model: str, service_ms: list[float], slow_factor: float, d: Path) -> list[tuple[Proc, int]]:
+    out = []
+    for i, ms in enumerate(service_ms):
+        port = free_port()
+        argv = [sys.executable, str(Path(__file__).resolve()), "--_worker", "--model", model, "--port", str(port),
+                "--name", f"w{i}", "--service-ms", str(ms), "--slow-factor", str(slow_factor)]
+        out.append((Proc(argv, d / f"worker{i}.log", r"EDGEWISE_WORKER_SERVING port=(\d+)"), port))
+    return out
+
+
+def start_gateway(mode: str, workers: list[str], weights: list[float], d: Path) -> tuple[Proc, int, int]:
+    from cloud.local import cli_command
+
+    learned = mode == "wlc-cap"  # weights 1:1:1, effective weights from the workers' reported capacity
+    if learned:
+        weights = [1.0] * len(workers)
+    argv = cli_command("--log-level", "WARNING", "cloud", "gateway", "--listen", "127.0.0.1:0", "--metrics-port", "0",
+                       "--mode", "wlc" if learned else mode, "--set", "balancer.slow_start_window_s=0",
+                       "--set", f"balancer.use_reported_capacity={str(learned).lower()}",
+                       "--set", "load_poll_interval_s=0.5",
+                       "--set", "metrics_host=127.0.0.1", "--set", "limits.max_deadline_s=120")
+    for a, w in zip(workers, weights):
+        argv += ["--worker", f"{a}={w:g}"]
+    p = Proc(argv, d / f"gateway-{mode}.log", r"EDGEWISE_GATEWAY_LISTENING port=(\d+) metrics_port=(\d+)")
+    assert p.match is not None
+    return p, int(p.match.group(1)), int(p.match.group(2))
+
+
+def start_nginx(workers: list[str], weights: list[float], d: Path) -> tuple[Proc, int]:
+    port = free_port()
+    nd = d / "nginx"
+    nd.mkdir(exist_ok=True)
+    servers = "\n".join(f"    server {a} weight={int(w)} max_fails=0;" for a, w in zip(workers, weights))
+    temps = "\n".join(f"  {k}_temp_path {nd}/{k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    conf = f"""worker_processes 1;
+daemon off;
+pid {nd}/nginx.pid;
+error_log {nd}/error.log warn;
+{"user root;" if os.geteuid() == 0 else ""}
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+{temps}
+  upstream workers {{
+    least_conn;
+{servers}
+    keepalive 256;
+  }}
+  server {{
+    listen 127.0.0.1:{port} http2;
+    location / {{
+      grpc_pass grpc://workers;
+      grpc_read_timeout 120s;
+      grpc_send_timeout 120s;
+    }}
+  }}
+}}
+"""
+    (nd / "nginx.conf").write_text(conf)
+    p = Proc([NGINX, "-p", str(nd), "-c", str(nd / "nginx.conf"), "-e", str(nd / "error.log")],
+             d / "nginx.log", None)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), 0.2):
+                return p, port
+        except OSError:
+            if p.p.poll() is not None:
+                raise RuntimeError(f"nginx exited: {(nd / 'error.log').read_text()}") from None
+            time.sleep(0.05)
+    raise RuntimeError("nginx did not listen")
+
+
+# ---------------------------------------------------------------------------------------------
+# load
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RunStats:
+    sent: int = 0
+    ok_lat: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    late: int = 0
+    per_worker: dict[str, int] = field(default_factory=dict)
+    duration: float = 0.0
+
+    def pct(self, q: float) -> float:
+        if not self.ok_lat:
+            return float("nan")
+        v = sorted(self.ok_lat)
+        return 1000.0 * v[min(len(v) - 1, int(q * len(v)))]
+
+    @property
+    def throughput(self) -> float:
+        return len(self.ok_lat) / self.duration if self.duration else 0.0
+
+
+def make_request(seq: int, payload: bytes):  # type: ignore[no-untyped-def]
+    from edgewise.v1 import detect_pb2
+
+    return detect_pb2.DetectRequest(device_id="bench", stream_id="s", frame_seq=seq,
+                                    image=detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=payload))
+
+
+def jpeg_payload() -> bytes:
+    import cv2
+    import numpy as np
+
+    img = np.zeros((120, 160, 3), np.uint8)
+    cv2.rectangle(img, (30, 30), (100, 90), (200, 200, 200), -1)
+    return cv2.imencode(".jpg", img)[1].tobytes()
+
+
+async def open_loop(target: str, rate: float, duration: float, deadline_s: float, seed: int,
+                    on_tick=None, worker_api: bool = False) -> RunStats:  # type: ignore[no-untyped-def]
+    """Poisson arrivals at ``rate``/s for ``duration`` s; each call has ``deadline_s``."""
+    import grpc
+
+    from edgewise.v1 import service_pb2_grpc
+
+    rng = random.Random(seed)
+    payload = jpeg_payload()
+    stats = RunStats()
+    async with grpc.aio.insecure_channel(target) as ch:
+        # nginx proxies paths as they are: through it the client calls Worker.Infer
+        call = service_pb2_grpc.WorkerStub(ch).Infer if worker_api else service_pb2_grpc.EscalationStub(ch).Detect
+        await call(make_request(0, payload), timeout=10)  # connect + warm
+
+        async def one(seq: int) -> None:
+            t0 = time.perf_counter()
+            try:
+                resp = await call(make_request(seq, payload), timeout=deadline_s)
+                el = time.perf_counter() - t0
+                stats.ok_lat.append(el)
+                stats.per_worker[resp.worker_id] = stats.per_worker.get(resp.worker_id, 0) + 1
+            except grpc.aio.AioRpcError as exc:
+                name = exc.code().name
+                stats.errors[name] = stats.errors.get(name, 0) + 1
+
+        tasks = []
+        start = time.perf_counter()
+        next_t = start
+        seq = 0
+        while True:
+            next_t += rng.expovariate(rate)
+            if next_t - start >= duration:
+                break
+            delay = next_t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if on_tick is not None:
+                on_tick(time.perf_counter() - start)
+            seq += 1
+            tasks.append(asyncio.ensure_future(one(seq)))
+        await asyncio.gather(*tasks)
+        stats.sent = seq
+        stats.duration = duration
+    return stats
+
+
+async def direct_sequential(address: str, n: int, compute: list[float] | None = None) -> list[float]:
+    import grpc
+
+    from edgewise.v1 import service_pb2_grpc
+
+    payload = jpeg_payload()
+    out = []
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = service_pb2_grpc.WorkerStub(ch)
+        for i in range(n + 5):
+            t0 = time.perf_counter()
+            resp = await stub.Infer(make_request(i, payload), timeout=10)
+            if i >= 5:
+                out.append(time.perf_counter() - t0)
+                if compute is not None:
+                    compute.append(resp.timing.compute_ms / 1000.0)
+    return out
+
+
+async def gateway_seq(address: str, n: int) -> list[float]:
+    import grpc
+
+    from edgewise.v1 import service_pb2_grpc
+
+    payload = jpeg_payload()
+    out = []
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = service_pb2_grpc.EscalationStub(ch)
+        for i in range(n + 5):
+            t0 = time.perf_counter()
+            await stub.Detect(make_request(i, payload), timeout=10)
+            if i >= 5:
+                out.append(time.perf_counter() - t0)
+    return out
+
+
+def p(vals: list[float], q: float) -> float:
+    v = sorted(vals)
+    return 1000.0 * v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+
+
+def overhead_hist_p50(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    buckets = [(float(m.group(1)), float(m.group(2))) for m in re.finditer(
+        r'edgewise_gateway_overhead_seconds_bucket\{le="([0-9.e+-]+)"\} ([0-9.e+]+)', text)]
+    total = buckets[-1][1] if buckets else 0
+    for le, c in buckets:
+        if total and c >= total / 2:
+            return le * 1000
+    return float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--name", default="w", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--model", default=str(ROOT / ".cache" / "test-models" / "yolov5n-160-10.onnx"),
+                    help="YOLOv5 ONNX for the workers (default: the test model yolov5n@160)")
+    ap.add_argument("--service-ms", type=float, default=40.0,
+                    help="fastest worker's service time; others are 2x and 4x (default 40)")
+    ap.add_argument("--slow-factor", type=float, default=25.0, help="§7(b) slowdown factor (default 25)")
+    ap.add_argument("--quick", action="store_true", help="short runs, 80%% load only")
+    ap.add_argument("--duration", type=float, default=None, help="seconds per (algorithm, load) run")
+    ap.add_argument("--loads", default=None, help="comma-separated fractions of capacity (default .5,.8,.95)")
+    ap.add_argument("--modes", default=None, help="comma-separated subset of " + ",".join(m for m, _ in MODES))
+    ap.add_argument("--json", default=None, help="write raw results here")
+    args = ap.parse_args()
+    if args._worker:
+        return worker_main(args)
+    if not Path(args.model).exists():
+        from edgewise.models import build_onnx
+
+        Path(args.model).parent.mkdir(parents=True, exist_ok=True)
+        build_onnx("yolov5n", imgsz=160, nc=10, path=Path(args.model), names=tuple(map(str, range(10))), seed=0)
+    duration = args.duration or (6.0 if args.quick else 20.0)
+    loads = [float(x) for x in (args.loads or ("0.8" if args.quick else "0.5,0.8,0.95")).split(",")]
+    modes = [m for m in MODES if args.modes is None or m[0] in args.modes.split(",")]
+    if args.quick and args.modes is None:
+        modes = [m for m in MODES if m[0] in ("rr", "p2c", "wlc", "wlc-cap", "nginx")]
+    have_nginx = Path(NGINX).exists()
+    d = Path(tempfile.mkdtemp(prefix="ew-bench-"))
+    service = [args.service_ms, args.service_ms * 2, args.service_ms * 4]
+    weights = [4.0, 2.0, 1.0]
+    results: dict[str, dict[str, RunStats]] = {}
+    extra: dict[str, float] = {}
+    workers = start_workers(args.model, service, args.slow_factor, d)
+    addrs = [f"127.0.0.1:{port}" for _, port in workers]
+    try:
+        # capacity: each worker's measured compute (service) time per image, called directly
+        rates = []
+        for a in addrs:
+            comp: list[float] = []
+            asyncio.run(direct_sequential(a, 30, comp))
+            rates.append(1.0 / (sorted(comp)[len(comp) // 2]))
+        capacity = sum(rates)
+        print(f"# pool: service {service} ms -> measured rates {[round(r, 1) for r in rates]} req/s, "
+              f"capacity {capacity:.1f} req/s; {duration:.0f} s per run", flush=True)
+        for mode, label in modes:
+            if mode == "nginx" and not have_nginx:
+                continue
+            if mode == "nginx":
+                proc, port = start_nginx(addrs, weights, d)
+                mport = 0
+            else:
+                proc, port, mport = start_gateway(mode, addrs, weights, d)
+            try:
+                results[mode] = {}
+                for i, ld in enumerate(loads):
+                    st = asyncio.run(open_loop(f"127.0.0.1:{port}", ld * capacity, duration, 30.0, seed=100 + i,
+                                               worker_api=mode == "nginx"))
+                    results[mode][f"{ld:.2f}"] = st
+                    print(f"  {label:34s} load {ld:.0%}: {st.throughput:6.1f}/s p50 {st.pct(.5):7.1f} "
+                          f"p95 {st.pct(.95):7.1f} p99 {st.pct(.99):7.1f} ms err {st.errors} "
+                          f"split {dict(sorted(st.per_worker.items()))}", flush=True)
+                if mode == "wlc":
+                    gw_lat = asyncio.run(gateway_seq(f"127.0.0.1:{port}", 150))
+                    dir_lat = asyncio.run(direct_sequential(addrs[0], 150))
+                    extra["overhead_p50_ms"] = p(gw_lat, .5) - p(dir_lat, .5)
+                    extra["gateway_p50_ms"] = p(gw_lat, .5)
+                    extra["direct_p50_ms"] = p(dir_lat, .5)
+                    extra["overhead_hist_p50_ms"] = overhead_hist_p50(mport)
+            finally:
+                proc.stop()
+        # §7(b): the mid worker 25x slower for the middle third, 1 s deadline, 50% load
+        slow_results: dict[str, RunStats] = {}
+        bdur = 12.0 if args.quick else 30.0
+        for mode, label in modes:
+            if mode not in ("rr", "p2c", "lc", "wlc", "wlc-cap", "nginx") or (mode == "nginx" and not have_nginx):
+                continue
+            if mode == "nginx":
+                proc, port = start_nginx(addrs, weights, d)
+            else:
+                proc, port, _ = start_gateway(mode, addrs, weights, d)
+            state = {"slow": False, "done": False}
+            wproc = workers[1][0]
+
+            def tick(t: float, state=state, wproc=wproc, bdur=bdur) -> None:  # type: ignore[no-untyped-def]
+                want = bdur / 3 <= t < 2 * bdur / 3
+                if want != state["slow"]:
+                    wproc.signal(signal.SIGUSR1)
+                    state["slow"] = want
+
+            try:
+                st = asyncio.run(open_loop(f"127.0.0.1:{port}", 0.5 * capacity, bdur, 1.0, seed=7, on_tick=tick,
+                                           worker_api=mode == "nginx"))
+                slow_results[mode] = st
+                print(f"  (b) {label:30s} success {len(st.ok_lat) / max(1, st.sent):.2%} p99 {st.pct(.99):.0f} ms "
+                      f"errors {st.errors}", flush=True)
+            finally:
+                if state["slow"]:
+                    wproc.signal(signal.SIGUSR1)
+                proc.stop()
+                time.sleep(1.0)  # let the slow worker's queue drain
+    finally:
+        for w, _ in workers:
+            w.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+    # ---- report -----------------------------------------------------------------------------
+    print()
+    print(f"Pool: 3 workers, service rates {rates[0]:.0f}/{rates[1]:.0f}/{rates[2]:.0f} req/s (4:2:1, "
+          f"yolov5n ONNX inference padded to {service[0]:g}/{service[1]:g}/{service[2]:g} ms, batch 1); "
+          f"capacity {capacity:.0f} req/s; open-loop Poisson, {duration:g} s per cell.")
+    print()
+    print("| algorithm | load | throughput (req/s) | p50 ms | p95 ms | p99 ms | p99 / RR | errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    for mode, label in modes:
+        if mode not in results:
+            continue
+        for ld, st in results[mode].items():
+            rr = results.get("rr", {}).get(ld)
+            ratio = f"{st.pct(.99) / rr.pct(.99):.2f}" if rr and rr.ok_lat else "-"
+            errs = sum(st.errors.values())
+            print(f"| {label} | {float(ld):.0%} | {st.throughput:.1f} | {st.pct(.5):.1f} | {st.pct(.95):.1f} | "
+                  f"{st.pct(.99):.1f} | {ratio} | {errs} |")
+    if slow_results:
+        print()
+        print(f"§7(b) transient slow worker: the 2x worker {args.slow_factor:g}x slower for the middle third of a "
+              f"{bdur:g} s run at 50% load; 1 s deadline per request.")
+        print()
+        print("| algorithm | success within 1 s | p50 ms | p99 ms (answered) | errors |")
+        print("|---|---|---|---|---|")
+        for mode, label in modes:
+            if mode in slow_results:
+                st = slow_results[mode]
+                print(f"| {label} | {len(st.ok_lat) / max(1, st.sent):.2%} | {st.pct(.5):.1f} | {st.pct(.99):.1f} | "
+                      f"{st.errors} |")
+    if extra:
+        print()
+        print(f"Gateway overhead: sequential p50 through the gateway {extra['gateway_p50_ms']:.2f} ms vs direct "
+              f"to the worker {extra['direct_p50_ms']:.2f} ms -> {extra['overhead_p50_ms']:.2f} ms; "
+              f"gateway's own overhead histogram p50 <= {extra['overhead_hist_p50_ms']:.2f} ms.")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "capacity": capacity, "rates": rates, "extra": extra,
+            "runs": {m: {ld: {"p50": s.pct(.5), "p95": s.pct(.95), "p99": s.pct(.99), "tput": s.throughput,
+                              "errors": s.errors, "split": s.per_worker} for ld, s in r.items()}
+                     for m, r in results.items()},
+            "slow": {m: {"success": len(s.ok_lat) / max(1, s.sent), "p99": s.pct(.99), "errors": s.errors}
+                     for m, s in slow_results.items()}}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
