@@ -178,6 +178,7 @@ class _Reader:
         stride: int,
         batch: int,
         progress: Optional[Progress],
+        fixed_batch: bool = False,
     ) -> None:
         self.source = source
         self.indices = list(indices)
@@ -185,6 +186,7 @@ class _Reader:
         self.imgsz = imgsz
         self.stride = stride
         self.batch = max(1, batch)
+        self.fixed_batch = fixed_batch
         self.progress = progress
         self.n_batches = (len(self.indices) + self.batch - 1) // self.batch
         self.frames_used = 0
@@ -224,9 +226,12 @@ class _Reader:
                 # unreadable images): repeat the last batch so ORT never collects an
                 # empty chunk; min/max is unchanged by it and frames_used stays exact.
                 return self._last
+            n_real = len(frames)
+            if self.fixed_batch and n_real < self.batch:  # a fixed-batch model needs full batches
+                frames += [frames[k % n_real] for k in range(self.batch - n_real)]
             x, _ = preprocess_batch(frames, self.imgsz, auto=False, stride=self.stride)
             self._last = x
-            self.frames_used += len(frames)
+            self.frames_used += n_real
             if self.progress is not None:
                 self.progress(
                     "calibrate", min(self.frames_used, len(self.indices)), len(self.indices)
@@ -347,8 +352,9 @@ def quantize(
             info.input_name,
             info.imgsz,
             info.stride,
-            _calib_batch(info.imgsz, method),
+            _calib_batch(info.imgsz, method) if info.dynamic_batch else info.fixed_batch,
             progress,
+            fixed_batch=not info.dynamic_batch,
         )
         t_cal = time.perf_counter()
         reader.progress = None  # probe the source: at least one frame must decode
@@ -457,17 +463,18 @@ def detect_frames(
     iou_thres: float,
     source: str = "",
 ) -> List[Detections]:
-    """Letterbox, run and decode frames one at a time (any batch axis works)."""
+    """Letterbox, run and decode frames one at a time (a fixed batch is filled with copies)."""
     from edgewise.runtime.decoding import DecodeParams, decode
     from edgewise.runtime.letterbox import preprocess_batch
 
     params = DecodeParams(conf_thres=conf_thres, iou_thres=iou_thres)
-    name = session.get_inputs()[0].name
+    inp = session.get_inputs()[0]
+    fixed = inp.shape[0] if isinstance(inp.shape[0], int) and inp.shape[0] > 1 else 1
     out: List[Detections] = []
     for f in frames:
-        x, metas = preprocess_batch([f], imgsz, auto=False, stride=stride)
-        raw = session.run(None, {name: x})[0]
-        out.extend(decode(raw, list(metas), names, params, source))
+        x, metas = preprocess_batch([f] * fixed, imgsz, auto=False, stride=stride)
+        raw = session.run(None, {inp.name: x})[0][:1]
+        out.extend(decode(raw, list(metas[:1]), names, params, source))
     return out
 
 

@@ -286,3 +286,19 @@ def test_tensorrt_target_is_symmetric_int8(tiny_model, photos, tmp_path):
     assert load_model_info(report.out_path).precision == "int8"
     with pytest.raises(InvalidInputError, match="--target 'gpu'"):
         quantize(tiny_model, photos, out_path=tmp_path / "x.onnx", target="gpu")
+
+
+def test_fixed_batch_model(photos, tmp_path):
+    """A model exported without the dynamic batch axis calibrates in batches of 1."""
+    pytest.importorskip("torch")
+    from edgewise.models import build_onnx
+
+    fixed = build_onnx("yolov5n", imgsz=64, nc=2, path=tmp_path / "fixed.onnx", dynamic_batch=False)
+    report = quantize(
+        fixed, photos, samples=3, holdout=2, conf_thres=CONF, out_path=tmp_path / "fq.onnx"
+    )
+    info = load_model_info(report.out_path)
+    assert info.precision == "int8" and not info.dynamic_batch and info.fixed_batch == 1
+    assert (
+        report.calib_frames == 3 and report.agreement is not None and report.agreement.frames == 2
+    )
