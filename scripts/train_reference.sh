@@ -14,7 +14,7 @@ EDGE_BUDGET=${EDGE_BUDGET:-3600}
 CLOUD_BUDGET=${CLOUD_BUDGET:-4700}
 mkdir -p "$RUN"
 synth() { "$PY" -m edgewise.cli synth "$@" --imgsz 256 --difficulty reference; }
-[ -f "$RUN/data/train/dataset.json" ] || synth --out "$RUN/data/train" --split train --seed 1 --streams 120 --frames 30 --stride 2
+[ -f "$RUN/data/train/dataset.json" ] || synth --out "$RUN/data/train" --split train --seed 1 --streams 80 --frames 30 --stride 2
 [ -f "$RUN/data/val/dataset.json" ]   || synth --out "$RUN/data/val" --split val --seed 2 --streams 10 --frames 30 --stride 3
 [ -f "$RUN/data/test/dataset.json" ]  || synth --out "$RUN/data/test" --split test --seed 3 --streams 16 --frames 50 --stride 1
 common=(--data "$RUN/data/train" --val "$RUN/data/val" --val-limit 200 --batch 8 --nbs 8
@@ -22,7 +22,7 @@ common=(--data "$RUN/data/train" --val "$RUN/data/val" --val-limit 200 --batch 8
 nice -n 5 "$PY" -m edgewise.train "${common[@]}" --arch yolov5n --imgsz 160 --epoch-size 1000 \
     --time-budget "$EDGE_BUDGET" --out "$RUN/edge" > "$RUN/edge.log" 2>&1 &
 EDGE_PID=$!
-nice -n 5 "$PY" -m edgewise.train "${common[@]}" --arch yolov5s --imgsz 256 --epoch-size 600 \
+nice -n 5 "$PY" -m edgewise.train "${common[@]}" --arch yolov5s --imgsz 224 --epoch-size 600 \
     --time-budget "$CLOUD_BUDGET" --out "$RUN/cloud" > "$RUN/cloud.log" 2>&1 &
 CLOUD_PID=$!
 wait "$EDGE_PID" "$CLOUD_PID"
