@@ -162,7 +162,8 @@ def test_cli_writes_dataset(tmp_path: Path, capsys) -> None:
     from edgewise.cli import main
 
     rc = main(["synth", "--out", str(tmp_path / "o"), "--frames", "3", "--streams", "1", "--seed", "4",
-               "--split", "test", "--imgsz", "128,96", "--set", "objects_max=2", "--format", "png"])
+               "--split", "test", "--imgsz", "128,96", "--set", "objects_min=1", "--set", "objects_max=2",
+               "--format", "png"])
     assert rc == 0
     meta = json.loads((tmp_path / "o" / "dataset.json").read_text())
     assert meta["split"] == "test" and meta["images"] == 3 and meta["difficulty"]["objects_max"] == 2
