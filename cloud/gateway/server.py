@@ -70,33 +70,29 @@ class ReloadableStaticDiscovery:
 
 
 def make_discovery(settings: GatewaySettings) -> Discovery:
-    """Build the configured discovery source (dns/kubernetes imported lazily)."""
+    """Build the configured discovery source (dns/kubernetes imported lazily).
+
+    ``discovery.dns`` / ``discovery.kubernetes`` are the keyword arguments of
+    ``cloud.discovery.dns.DnsDiscovery`` (name, port, interval_s, …) and
+    ``cloud.discovery.kubernetes.KubernetesDiscovery`` (service, namespace,
+    port_name, weight_annotation, …).
+    """
     d = settings.discovery
     if d.kind == "static":
         return ReloadableStaticDiscovery(d.static)
+    factory: Callable[..., Any]
     if d.kind == "dns":
-        from cloud.discovery import dns  # type: ignore[attr-defined]
+        from cloud.discovery.dns import DnsDiscovery
 
-        factory = _discovery_class(dns, "dns")
-        opts = d.dns
+        factory, opts = DnsDiscovery, d.dns
     else:
-        from cloud.discovery import kubernetes  # type: ignore[attr-defined]
+        from cloud.discovery.kubernetes import KubernetesDiscovery
 
-        factory = _discovery_class(kubernetes, "kubernetes")
-        opts = d.kubernetes
+        factory, opts = KubernetesDiscovery, d.kubernetes
     try:
         return factory(**opts)  # type: ignore[no-any-return]
     except TypeError as exc:
-        raise ConfigError(f"discovery.{d.kind}: {exc}") from None
-
-
-def _discovery_class(module: Any, kind: str) -> Callable[..., Any]:
-    for name in dir(module):
-        obj = getattr(module, name)
-        if isinstance(obj, type) and name.endswith("Discovery") and hasattr(obj, "watch") \
-                and obj.__module__ == module.__name__:
-            return obj
-    raise ConfigError(f"discovery.kind {kind}: cloud.discovery.{kind} has no *Discovery class")
+        raise ConfigError(f"discovery.{d.kind}: {exc} (see the options of {factory.__name__})") from None
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:

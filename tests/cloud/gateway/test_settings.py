@@ -60,3 +60,16 @@ def test_tokens_file(tmp_path):
     t.write_text("- {device: cam-1, tok: abc}\n")
     with pytest.raises(ConfigError, match="tok: unknown key"):
         s.device_tokens()
+
+
+def test_discovery_kinds_built_lazily():
+    from cloud.gateway.server import ReloadableStaticDiscovery, make_discovery
+
+    s = load_settings(None, {"discovery.static": ["127.0.0.1:5=2"]}, env={})
+    assert isinstance(make_discovery(s), ReloadableStaticDiscovery)
+    s = load_settings(None, {"discovery.kind": "dns",
+                             "discovery.dns": {"name": "workers.ns.svc", "port": 50061}}, env={})
+    assert type(make_discovery(s)).__name__ == "DnsDiscovery"
+    s = load_settings(None, {"discovery.kind": "dns", "discovery.dns": {"host": "x"}}, env={})
+    with pytest.raises(ConfigError, match="discovery.dns"):
+        make_discovery(s)
