@@ -182,8 +182,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         for n in a.n:
             points.append(point(n, a.transport, a.seconds, f"n{n}"))
-        fail_s = max(a.seconds, 3.0 + a.down_seconds + 8.0)
-        at = max(1.5, 0.25 * fail_s)
+        # The fault starts a few seconds in and ends early enough for the spool to replay
+        # (every 1 s) before the cameras stop.
+        at = 2.0 if a.quick else max(3.0, 0.25 * a.seconds)
+        fail_s = max(a.seconds, at + a.down_seconds + (5.0 if a.quick else 8.0))
         if "kill" in a.failures:
             failures["worker_kill"] = point(
                 a.fail_n, a.transport, fail_s, "kill",

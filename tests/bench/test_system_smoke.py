@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import _system_stats as S
+from bench._system_run import mqtt_bridge_available
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,8 +42,11 @@ def test_quick_run_reports_curve_and_loses_nothing_when_a_worker_dies(tiny_model
     assert kill["accounting"]["escalated"] > 0
     assert kill["accounting"]["lost"] == 0
     assert kill["accounting"]["answered"] == kill["accounting"]["escalated"]
-    if "broker_restart" in doc["failures"]:
-        assert doc["failures"]["broker_restart"]["accounting"]["lost"] == 0
+    if mqtt_bridge_available():
+        broker = doc["failures"]["broker_restart"]
+        assert [e["event"] for e in broker["events"]] == ["broker stopped", "broker restarted"]
+        assert broker["transport"] == "mqtt"
+        assert broker["accounting"]["escalated"] > 0 and broker["accounting"]["lost"] == 0
     else:
         assert "broker_restart" in doc["skipped"]
     # The Markdown table is printed with one row per N and the knee stated.
