@@ -29,6 +29,7 @@ from edge.sinks import JsonlSink, MqttSink, Record, Sink, Sinks, StdoutSink
 from edge.sources import make_source
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
+from edge.spool import Spool
 from edge.transports import Transport
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class EdgeDaemon:
         self.pipeline: Optional[Pipeline] = None
         self.escalating: Optional[Escalating] = None
         self.metrics_server: Optional[MetricsServer] = None
-        self.spool: Any = None
+        self.spool: Optional[Spool] = None
         self.mqtt: Any = None
         self.transports: Dict[str, Transport] = {}
         self.sinks: Optional[Sinks] = None
@@ -145,12 +146,8 @@ class EdgeDaemon:
             await g.start()
             self.transports["grpc"] = g
 
-    def _open_spool(self) -> Any:
-        from edge.spool import Spool
-
+    def _open_spool(self) -> Spool:
         sp = self.settings.spool
-        d = os.path.dirname(os.path.abspath(sp.path))
-        os.makedirs(d, exist_ok=True)
         return Spool(sp.path, max_bytes=sp.max_bytes, max_age_s=sp.max_age_s)
 
     # ------------------------------------------------------------------ control
@@ -277,7 +274,7 @@ class EdgeDaemon:
         if s.policy_file:
             tasks.append(asyncio.ensure_future(self._watch_policy()))
         if self.escalating is not None and self.spool is not None:
-            self.escalating.update_spool_metrics()
+            await self.escalating.update_spool_metrics()
             tasks.append(asyncio.ensure_future(
                 self.escalating.replay_loop(self.stop_event)))
         self.started = True
@@ -321,7 +318,9 @@ class EdgeDaemon:
             await asyncio.get_running_loop().run_in_executor(None, self.sinks.close)
         if self.mqtt is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.mqtt.stop)
-        if self.spool is not None and hasattr(self.spool, "close"):
+        if self.escalating is not None:
+            await self.escalating.close()  # queued spool writes finish first
+        if self.spool is not None:
             self.spool.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()

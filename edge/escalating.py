@@ -12,7 +12,12 @@ later, at-least-once by the idempotency key device/stream/frame_seq, the late
 result marked ``late: true``), ``edge_only`` (publish the edge result) or
 ``drop`` (publish nothing for the frame). Sedna drops everything when its cloud
 is down and has no timeout (anchors-joint-inference.md §2.1); we do neither.
-Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain).
+Every spool call (each ``put``/``ack``/``nack`` is an fsync'd commit, ~10 ms)
+runs on one dedicated spool thread, never on the event loop, in the order it
+was issued; a replayed batch is acknowledged with one ``ack_many`` after its
+records reached the sinks (at-least-once; the JSON Lines sink drops a repeated
+late record, so a crash between the write and the ack does not duplicate it).
+Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain, close).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import dataclasses
 import logging
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 import numpy as np
 
@@ -30,12 +36,14 @@ from edge.deciding import Verdict
 from edge.metrics import EdgeMetrics
 from edge.sinks import Record
 from edge.sources.base import Frame
-from edge.spool import Spool, SpoolItem
+from edge.spool import Spool, SpoolItem, SpoolStats
 from edge.transports import SPOOLABLE, Transport, TransportError
 from edgewise.detections import Detections
 from edgewise.policy.schema import Merge, Policy
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def idempotency_key(device_id: str, stream_id: str, seq: int) -> str:
@@ -177,9 +185,17 @@ class Escalating:
         self.replay_interval_s = replay_interval_s
         self.replay_batch = replay_batch
         self.names = names
-        self.tasks: Set[asyncio.Task[None]] = set()
-        self.pending: Dict[asyncio.Task[None], Tuple[Any, Policy, Record]] = {}
+        self.tasks: Set[asyncio.Task[None]] = set()  # escalations waiting for the cloud
+        self.on_the_wire: Set[Optional[asyncio.Task[Any]]] = set()  # ... of them, still inside transport.detect
+        self.settling: Set[asyncio.Task[None]] = set()  # refused at submit, being spooled/settled
+        self.shutting_down = False
         self.replay_now = asyncio.Event()
+        # One thread: spool calls keep the order they were issued in (Spool is thread-safe).
+        self.spool_io = ThreadPoolExecutor(1, thread_name_prefix="spool")
+
+    async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking spool call on the spool thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.spool_io, fn, *args)
 
     # ------------------------------------------------------------------ submit
     def in_flight(self) -> int:
@@ -197,21 +213,26 @@ class Escalating:
             self.write(record)
             return
         if len(self.tasks) >= self.max_in_flight:
-            self._fail(req, policy, record, TransportError(
-                "RESOURCE_EXHAUSTED", f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)"))
+            refused = TransportError(
+                "RESOURCE_EXHAUSTED", f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)")
+            settle = asyncio.ensure_future(self._fail(req, policy, record, refused))
+            self.settling.add(settle)
+            settle.add_done_callback(self._settled)
             return
         if region is not None:
             record["crop"] = list(region)
         task = asyncio.ensure_future(self._escalate(req, dets, policy, record))
         self.tasks.add(task)
-        self.pending[task] = (req, policy, record)
         self.metrics.in_flight.set(len(self.tasks))
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        self.pending.pop(task, None)
         self.metrics.in_flight.set(len(self.tasks))
+        self._settled(task)
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        self.settling.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("escalation task failed: %r", task.exception())
 
@@ -224,11 +245,23 @@ class Escalating:
     async def _escalate(self, req: Any, dets: Detections, policy: Policy, record: Record) -> None:
         reason = record.get("reason", "")
         t0 = time.monotonic()
+        me = asyncio.current_task()
+        self.on_the_wire.add(me)
         try:
             transport = self._transport(policy.spec.transport)
             resp = await transport.detect(req, policy.spec.deadline_ms / 1000.0)
         except TransportError as exc:
-            self._fail(req, policy, record, exc)
+            failure: Optional[TransportError] = exc
+        except asyncio.CancelledError:
+            if not self.shutting_down:
+                raise
+            failure = TransportError("UNAVAILABLE", "daemon shutting down")  # cut off by drain()
+        else:
+            failure = None
+        finally:
+            self.on_the_wire.discard(me)
+        if failure is not None:
+            await self._fail(req, policy, record, failure)
             return
         rtt = time.monotonic() - t0
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
@@ -252,7 +285,7 @@ class Escalating:
         record["emit_unix_ns"] = time.time_ns()
         self.write(record)
 
-    def _fail(self, req: Any, policy: Policy, record: Record, exc: TransportError) -> None:
+    async def _fail(self, req: Any, policy: Policy, record: Record, exc: TransportError) -> None:
         spec = policy.spec
         action = spec.on_cloud_unavailable if exc.code in SPOOLABLE else "edge_only"
         reason = record.get("reason", "")
@@ -260,7 +293,8 @@ class Escalating:
         if action == "spool" and self.spool is not None:
             meta = Spooled(record, spec.merge, spec.deadline_ms, spec.transport).to_meta()
             key = idempotency_key(req.device_id, req.stream_id, req.frame_seq)
-            if self.spool.put(key, req.SerializeToString(), meta):
+            stored, stats = await self._spool_call(self._put, key, req.SerializeToString(), meta)
+            if stored:
                 record["outcome"] = "spooled"
                 self.metrics.spool_events.labels("put").inc()
                 log.info("escalation %s spooled: %s", key, exc)
@@ -269,7 +303,7 @@ class Escalating:
                 self.metrics.spool_events.labels("refused").inc()
                 log.warning("escalation %s not spooled (spool full: max_bytes); edge result kept", key)
             self.metrics.escalations.labels(reason, record["outcome"]).inc()
-            self.update_spool_metrics()
+            self._show_spool(stats)
             self.write(record)
             return
         if action == "drop":
@@ -282,18 +316,23 @@ class Escalating:
         self.metrics.escalations.labels(reason, "edge_only").inc()
         self.write(record)
 
+    def _put(self, key: str, payload: bytes, meta: Dict[str, Any]) -> Tuple[bool, SpoolStats]:
+        """(spool thread) Store one escalation; the spool's stats after it."""
+        assert self.spool is not None
+        return self.spool.put(key, payload, meta), self.spool.stats()
+
     # ------------------------------------------------------------------ replay
     async def replay_loop(self, stop: asyncio.Event) -> None:
         """Drain the spool in order whenever the cloud answers; runs until ``stop``."""
         if self.spool is None:
             return
         while not stop.is_set():
-            delivered = 0
+            settled = 0
             try:
-                delivered = await self.replay_once()
+                settled = await self.replay_once()
             except Exception:
                 log.exception("spool replay round failed")
-            if delivered:
+            if settled:
                 continue  # more may be waiting
             self.replay_now.clear()
             stopper = asyncio.ensure_future(stop.wait())
@@ -306,24 +345,29 @@ class Escalating:
                 kick.cancel()
 
     async def replay_once(self) -> int:
-        """One replay round: send spooled entries oldest first until one fails."""
-        assert self.spool is not None
-        expired = self.spool.expire(time.time())
+        """One replay round: send spooled entries oldest first until one cannot be
+        delivered now; the settled ones (delivered or rejected) are acknowledged
+        together once their records were written. Returns how many settled."""
+        spool = self.spool
+        assert spool is not None
+        expired = await self._spool_call(spool.expire)
         if expired:
             self.metrics.spool_events.labels("expired").inc(expired)
             log.warning("%d spooled escalations expired (spool.max_age_s) and were discarded", expired)
-        self.update_spool_metrics()
-        delivered = 0
-        for e in self.spool.peek(self.replay_batch):
-            ok = await self._replay_one(e)
-            if ok is None:
-                return delivered  # the cloud is still unreachable: the rest waits in order
-            self.spool.ack(e.id)
-            if ok:
-                self.metrics.spool_events.labels("replayed").inc()
-                delivered += 1
-        self.update_spool_metrics()
-        return delivered
+        entries = await self._spool_call(spool.peek, self.replay_batch)
+        settled: List[int] = []
+        try:
+            for e in entries:
+                done = await self._replay_one(e)
+                if done is None:
+                    await self._spool_call(spool.nack, e.id)
+                    break  # the cloud is still unreachable: the rest waits, in order
+                settled.append(e.id)
+        finally:  # also when cancelled at shutdown: what reached the sinks is acknowledged
+            if settled:
+                await self._spool_call(spool.ack_many, settled)
+            self._show_spool(await self._spool_call(spool.stats))
+        return len(settled)
 
     async def _replay_one(self, e: SpoolItem) -> Optional[bool]:
         """Send one spooled escalation: True when its late record is written, False when
@@ -343,7 +387,6 @@ class Escalating:
             resp = await transport.detect(req, spooled.deadline_ms / 1000.0)
         except TransportError as exc:
             if exc.code in SPOOLABLE:
-                self.spool.nack(e.id)  # type: ignore[union-attr]
                 self.metrics.spool_events.labels("nack").inc()
                 log.debug("replay of %s failed (%s); retrying later", e.key, exc)
                 return None
@@ -357,26 +400,37 @@ class Escalating:
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
         self.metrics.escalations.labels(record.get("reason", ""), "late").inc()
         self._write_merged(record, edge, resp, spooled.merge, rtt, late=True)
+        self.metrics.spool_events.labels("replayed").inc()
         return True
 
-    def update_spool_metrics(self) -> None:
-        if self.spool is None:
-            return
-        st = self.spool.stats()
+    async def update_spool_metrics(self) -> None:
+        """Refresh the spool gauges (depth, bytes, oldest age)."""
+        if self.spool is not None:
+            self._show_spool(await self._spool_call(self.spool.stats))
+
+    def _show_spool(self, st: SpoolStats) -> None:
         self.metrics.spool_depth.set(st.depth)
         self.metrics.spool_bytes.set(st.bytes)
         self.metrics.spool_oldest.set(st.oldest_age_s)
 
     # ---------------------------------------------------------------- shutdown
     async def drain(self, grace_s: float) -> None:
-        """Let in-flight escalations finish for ``grace_s``; spool (or settle per
-        policy) the rest, so SIGTERM loses nothing the policy wants kept."""
+        """Let in-flight escalations finish for ``grace_s``; then cut off those still
+        waiting for the cloud, which settle per policy (spooled, usually), so SIGTERM
+        loses nothing the policy wants kept."""
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=grace_s)
-        for task, (req, policy, record) in list(self.pending.items()):
-            if task.done():
-                continue
-            task.cancel()
-            self._fail(req, policy, record, TransportError("UNAVAILABLE", "daemon shutting down"))
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=1.0)
+        self.shutting_down = True
+        for task in list(self.on_the_wire):
+            if task is not None:
+                task.cancel()
+        rest = self.tasks | self.settling
+        if rest:
+            # Settling is spool writes (~10 ms each), bounded by cloud.max_in_flight.
+            _, late = await asyncio.wait(list(rest), timeout=max(5.0, grace_s))
+            if late:
+                log.error("%d escalations not settled at shutdown", len(late))
+
+    async def close(self) -> None:
+        """After ``drain``: let queued spool calls finish, then stop the spool thread."""
+        await asyncio.get_running_loop().run_in_executor(None, self.spool_io.shutdown)

@@ -1,6 +1,11 @@
-"""Pure parts of escalation: the crop around uncertain boxes and the DetectRequest."""
+"""Escalation: the crop around uncertain boxes and the DetectRequest (pure), and the
+spool seen from the event loop (a real spool, a real gRPC stub coming back)."""
 
 from __future__ import annotations
+
+import asyncio
+import threading
+import time
 
 import cv2
 import numpy as np
@@ -8,6 +13,7 @@ import numpy as np
 from edge.deciding import Verdict
 from edge.escalating import build_request, crop_region, detections_json, idempotency_key
 from edge.sources.base import Frame
+from edge.spool import Spool
 from edgewise.detections import Detections
 from edgewise.policy.loading import parse_policy
 from tests.edge.helpers import policy_yaml
@@ -55,3 +61,91 @@ def test_record_boxes_name_their_model_and_key_format():
     out = detections_json(d)
     assert [(o["class_name"], o["source"]) for o in out] == [("x", "edge"), ("y", "cloud")]
     assert idempotency_key("d", "s", 5) == "d/s/5"
+
+
+class RecordingSpool(Spool):
+    """A real spool that notes which thread made each call (and is slow, like the
+    fsync'd commits on a Jetson's eMMC), to show the event loop never waits on it."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls = []
+
+    def _note(self, name, *args):
+        self.calls.append((name, threading.current_thread().name) + args)
+        time.sleep(0.02)
+
+    def put(self, key, payload, meta=None):
+        self._note("put", key)
+        return super().put(key, payload, meta)
+
+    def ack(self, item_id):
+        self._note("ack", item_id)
+        return super().ack(item_id)
+
+    def ack_many(self, item_ids):
+        self._note("ack_many", tuple(item_ids))
+        return super().ack_many(item_ids)
+
+    def nack(self, item_id):
+        self._note("nack", item_id)
+        return super().nack(item_id)
+
+
+def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_once(tmp_path):
+    """Cloud down: escalations are spooled from the spool thread, in submit order; the
+    cloud back: one replay round delivers them late and acknowledges them with one
+    ack_many after their records were written."""
+    from edge.escalating import Escalating
+    from edge.metrics import EdgeMetrics
+    from edge.transports.grpc import GrpcTransport
+    from tests.conftest import free_port
+    from tests.edge.cloudstub import GrpcStubThread, StubCloud
+
+    port = free_port()
+    spool = RecordingSpool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    policy = parse_policy(policy_yaml("p", deadline_ms=500))
+    written = []
+    metrics = EdgeMetrics()
+    d = dets([[10, 10, 30, 30]], [0.4])
+    verdict = Verdict(True, "hard", 0.8, {})
+
+    async def run():
+        grpc_t = GrpcTransport([f"127.0.0.1:{port}"])
+        esc = Escalating("dev", {"grpc": grpc_t}, written.append, metrics, spool=spool, replay_batch=16)
+        loop_thread = threading.current_thread().name
+        for seq in range(5):
+            frame = Frame("cam", seq, np.full((48, 64, 3), 40 * seq, np.uint8), 0, 0.0)
+            esc.submit(frame, d, verdict, policy, {"stream": "cam", "frame_seq": seq, "reason": "hard"})
+        while len(written) < 5:
+            await asyncio.sleep(0.01)
+        assert [r["outcome"] for r in written] == ["spooled"] * 5
+        assert await esc.replay_once() == 0  # still down: the head is nacked, nothing acked
+        stub = GrpcStubThread(StubCloud(None), port=port)
+        try:
+            settled = 0
+            for _ in range(100):  # until the channel's reconnect backoff let a call through
+                settled = await esc.replay_once()
+                if settled:
+                    break
+                await asyncio.sleep(0.1)
+            assert settled == 5
+        finally:
+            stub.stop()
+        await esc.drain(0.1)
+        await esc.close()
+        await grpc_t.close()
+        return loop_thread
+
+    loop_thread = asyncio.run(run())
+    names = [c[0] for c in spool.calls]
+    assert all(c[1].startswith("spool") and c[1] != loop_thread for c in spool.calls), spool.calls
+    puts = [c[2] for c in spool.calls if c[0] == "put"]  # in the order the calls failed
+    assert sorted(puts) == [f"dev/cam/{i}" for i in range(5)]
+    assert names.count("nack") >= 1 and "ack" not in names and names.count("ack_many") == 1
+    assert names[-1] == "ack_many" and len(spool.calls[-1][2]) == 5
+    late = [r for r in written if r.get("late")]
+    assert [f"dev/cam/{r['frame_seq']}" for r in late] == puts  # replayed in spool order
+    assert all(r["outcome"] == "cloud" for r in late)
+    assert len(spool) == 0 and metrics.spool_depth._value.get() == 0
+    spool.close()
