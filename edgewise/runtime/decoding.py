@@ -145,6 +145,7 @@ def _overlaps_any(a: np.ndarray, b: np.ndarray, thres: float) -> np.ndarray:
     aa = np.maximum(a[:, 2] - a[:, 0], 0) * np.maximum(a[:, 3] - a[:, 1], 0) * t
     ab = np.maximum(bx2 - bx1, 0) * np.maximum(by2 - by1, 0) * t
     over = inter >= np.add(aa[:, None], ab[None, :], out=h)
+    over &= inter > 0  # two empty boxes do not overlap
     return np.asarray(over.any(axis=1))
 
 
