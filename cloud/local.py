@@ -141,6 +141,7 @@ class LocalCloud:
         self.gateway: _Proc | None = None
         self.gateway_port = 0
         self.metrics_port = 0
+        self.exit_codes: dict[str, int | None] = {}  # process name -> exit status after stop()
 
     # ---- addresses -----------------------------------------------------------------------
     @property
@@ -221,11 +222,11 @@ class LocalCloud:
     def stop(self) -> None:
         """Stop the gateway first (it drains), then the workers."""
         if self.gateway is not None:
-            self.gateway.stop(self.stop_grace)
+            self.exit_codes["gateway"] = self.gateway.stop(self.stop_grace)
             self.gateway = None
         for i, proc in enumerate(self.workers):
             if proc is not None:
-                proc.stop(self.stop_grace)
+                self.exit_codes[f"worker {i}"] = proc.stop(self.stop_grace)
                 self.workers[i] = None
         if self._own_dir and os.environ.get("EDGEWISE_KEEP_LOGS") != "1":
             shutil.rmtree(self.dir, ignore_errors=True)

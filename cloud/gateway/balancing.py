@@ -172,6 +172,7 @@ class Balancer:
         self.rng = rng or random.Random()
         self.endpoints: dict[str, EndpointStats] = {}
         self._rr = 0
+        self._cap_mean: float | None = None  # mean reported capacity of live endpoints (cached)
 
     # ---- membership ------------------------------------------------------------------
     def set_endpoints(self, endpoints: Iterable[tuple[str, float, str, bool]]) -> list[str]:
@@ -204,7 +205,12 @@ class Balancer:
         closable = [a for a, ep in self.endpoints.items() if ep.draining and ep.in_flight == 0]
         for a in closable:
             del self.endpoints[a]
+        self._update_cap_mean()
         return closable
+
+    def _update_cap_mean(self) -> None:
+        caps = [e.capacity for e in self.endpoints.values() if e.capacity is not None and not e.draining]
+        self._cap_mean = sum(caps) / len(caps) if caps else None
 
     def report_load(self, address: str, capacity: float | None, queue_depth: int = 0,
                     limit: int = 0, serving: bool = True) -> None:
@@ -222,6 +228,7 @@ class Balancer:
         ep.capacity = capacity if capacity is not None and capacity > 0 and math.isfinite(capacity) else None
         ep.queue_depth = max(0, int(queue_depth))
         ep.limit = max(0, int(limit))
+        self._update_cap_mean()
 
     # ---- weights -------------------------------------------------------------------------
     def slow_start_factor(self, ep: EndpointStats, now: float) -> float:
@@ -235,13 +242,9 @@ class Balancer:
 
     def capacity_factor(self, ep: EndpointStats) -> float:
         """Reported capacity normalised to the mean of the reporting endpoints (1 when unknown)."""
-        if not self.config.use_reported_capacity or ep.capacity is None:
+        if not self.config.use_reported_capacity or ep.capacity is None or not self._cap_mean:
             return 1.0
-        caps = [e.capacity for e in self.endpoints.values() if e.capacity is not None and not e.draining]
-        if not caps:
-            return 1.0
-        mean = sum(caps) / len(caps)
-        return min(20.0, max(0.05, ep.capacity / mean))
+        return min(20.0, max(0.05, ep.capacity / self._cap_mean))
 
     def effective_weight(self, ep: EndpointStats, now: float | None = None) -> float:
         now = self.clock() if now is None else now
@@ -397,6 +400,7 @@ class Balancer:
                 self._maybe_eject(ep, now)
         if ep.draining and ep.in_flight == 0:
             del self.endpoints[address]
+            self._update_cap_mean()
             return True
         return False
 

@@ -110,6 +110,8 @@ def test_pool_weights_bad_input_and_auth(tiny_model):
         assert counts[0] > counts[2] and sum(counts) >= 20, (counts, by)
         pool = cloud.pool()
         assert {w["state"] for w in pool["workers"]} == {"ready"} and pool["capacity"] > 0
+    # SIGTERM: gateway and workers drain and exit cleanly
+    assert cloud.exit_codes == {"gateway": 0, "worker 0": 0, "worker 1": 0, "worker 2": 0}
 
 
 def test_kill_9_under_load_every_request_ends_in_time(tiny_model):
