@@ -63,6 +63,11 @@ def register(subparsers: Any) -> None:
         help="cpu: ONNX Runtime U8S8 (default); tensorrt: symmetric INT8 QDQ for TensorRT",
     )
     p.add_argument(
+        "--reduce-range",
+        action="store_true",
+        help="7-bit weights for x86 CPUs without VNNI (avoids U8S8 saturation)",
+    )
+    p.add_argument(
         "--holdout",
         type=int,
         default=50,
@@ -162,6 +167,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         threads=args.threads,
         progress=_progress_printer(),
         target=args.target,
+        reduce_range=args.reduce_range,
     )
     print(report.summary())
     if args.report:

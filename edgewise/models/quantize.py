@@ -270,6 +270,7 @@ def quantize(
     progress: Optional[Progress] = None,
     op_types: Optional[Sequence[str]] = None,
     target: str = "cpu",
+    reduce_range: bool = False,
 ) -> QuantReport:
     """Quantize ``model_path`` to INT8 (QDQ) at ``out_path`` and report agreement with float.
 
@@ -286,6 +287,8 @@ def quantize(
         op_types: operator types to quantize (default: per ``target``, see ``TARGETS``).
         target: ``cpu`` (ONNX Runtime on x86/ARM: QUInt8 activations) or ``tensorrt``
             (symmetric QInt8 activations, which TensorRT's explicit quantization requires).
+        reduce_range: 7-bit weights, ORT's advice for x86 CPUs without VNNI, whose U8S8
+            kernels (``vpmaddubsw``) can saturate; unneeded with VNNI or on ARM.
     Raises:
         ModelError: missing/corrupt/not-YOLOv5 model. InvalidInputError: bad arguments or
         an unreadable/empty calibration source.
@@ -372,7 +375,7 @@ def quantize(
             reader,
             quant_format=QuantFormat.QDQ,
             per_channel=per_channel,
-            reduce_range=False,
+            reduce_range=reduce_range,
             activation_type=QuantType.QUInt8 if act_name == "QUInt8" else QuantType.QInt8,
             weight_type=QuantType.QInt8,
             nodes_to_exclude=exclude,
@@ -387,6 +390,11 @@ def quantize(
         )
         calib_seconds = time.perf_counter() - t_cal
         del pre_model
+    if target == "cpu" and not reduce_range and cpu_lacks_vnni():
+        notes.append(
+            "this x86 CPU has no VNNI: ORT's U8S8 kernels may saturate here; "
+            "if agreement is poor, try --reduce-range"
+        )
     if source.skipped:
         notes.append(f"{len(source.skipped)} unreadable images skipped, e.g. {source.skipped[0]}")
     _copy_metadata(
@@ -429,6 +437,18 @@ def quantize(
         report.notes.append("no held-out frames: agreement not checked")
     report.total_seconds = time.perf_counter() - t0
     return report
+
+
+def cpu_lacks_vnni() -> bool:
+    """True on an x86 Linux CPU whose flags show AVX2 but neither AVX512-VNNI nor AVX-VNNI."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
+    except OSError:
+        return False
+    return "avx2" in flags and not {"avx512_vnni", "avx_vnni"} & set(flags)
 
 
 def _copy_metadata(src: Path, dst: Path, extra: Dict[str, str]) -> None:
