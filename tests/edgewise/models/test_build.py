@@ -72,3 +72,19 @@ def test_build_static_batch_and_default_names(tmp_path):
 def test_build_rejects_bad_arguments(tmp_path, kwargs, match):
     with pytest.raises(InvalidInputError, match=match):
         build_onnx(path=tmp_path / "x.onnx", **kwargs)
+
+
+def test_models_import_without_torch_and_build_says_what_to_install():
+    """The edge (Jetson) has no torch: importing the model tools must not need it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import edgewise.models, edgewise.models.quantize, edgewise.models.info, edgewise.cli.model\n"
+        "from edgewise.cli import main\n"
+        "sys.exit(main(['model', 'build', '--arch', 'yolov5n', '-o', '/nonexistent/x.onnx']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "needs PyTorch" in proc.stderr and "edgewise[train]" in proc.stderr
