@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -85,6 +86,9 @@ def test_models_import_without_torch_and_build_says_what_to_install():
         "from edgewise.cli import main\n"
         "sys.exit(main(['model', 'build', '--arch', 'yolov5n', '-o', '/nonexistent/x.onnx']))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root
+    )
     assert proc.returncode == 2, proc.stderr
     assert "needs PyTorch" in proc.stderr and "edgewise[train]" in proc.stderr
