@@ -8,6 +8,7 @@ operator histogram and the quantization layout (how many convolutions run in INT
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Union
@@ -139,4 +140,14 @@ def format_description(d: Dict[str, Any]) -> str:
     ]
     if d["metadata"].get("edgewise_arch"):
         lines.append(f"arch       {d['metadata']['edgewise_arch']}")
+    quant = d["metadata"].get("edgewise_quant")
+    if quant:
+        try:
+            q = json.loads(quant)
+            lines.append(
+                f"quantized  {q.get('method')} calibration on {q.get('frames')} frames "
+                f"(target {q.get('target', 'cpu')})"
+            )
+        except (ValueError, AttributeError):  # hand-edited metadata: show it raw
+            lines.append(f"quantized  {quant}")
     return "\n".join(lines)

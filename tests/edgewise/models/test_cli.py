@@ -81,6 +81,7 @@ def test_build_info_quantize(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "precision  int8 (60/60 convolutions in INT8)" in text
     assert "cat, dog, fox" in text
+    assert "quantized  minmax calibration on 4 frames (target cpu)" in text
 
 
 def test_bad_inputs_exit_2_with_message(tmp_path, capsys):
