@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from edge.deciding import Verdict
 from edge.metrics import EdgeMetrics
@@ -265,11 +266,21 @@ class Escalating:
             return
         rtt = time.monotonic() - t0
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
-        self.metrics.escalations.labels(reason, "ok").inc()
         self.replay_now.set()
-        self._write_merged(record, dets, resp, policy.spec.merge, rtt, late=False)
+        try:
+            self._write_merged(record, dets, resp, policy.spec.merge, rtt, late=False)
+        except ValueError as exc:  # boxes the cloud sent do not validate: the frame keeps its edge result
+            log.warning("cloud answer for %s/%d unusable: %s; edge result kept", req.stream_id, req.frame_seq, exc)
+            record["outcome"] = "edge_only"
+            record["error"] = f"INVALID_ARGUMENT: cloud answer: {exc}"
+            self.metrics.escalations.labels(reason, "error").inc()
+            self.write(record)
+            return
+        self.metrics.escalations.labels(reason, "ok").inc()
 
     def _write_merged(self, record: Record, dets: Detections, resp: Any, merge: Merge, rtt: float, late: bool) -> None:
+        """Merge the cloud's answer in and write the record; ValueError (record untouched)
+        when the answer's detections do not validate."""
         from edgewise.merging import merge as merge_fn
         from edgewise.wire import detections_from_proto
 
@@ -375,9 +386,15 @@ class Escalating:
         from edgewise.v1 import detect_pb2
         from edgewise.wire import detections_from_proto
 
-        spooled = Spooled.from_meta(e.meta)
-        req = detect_pb2.DetectRequest()
-        req.ParseFromString(e.payload)
+        try:  # an unreadable entry must not block the spool's head forever
+            spooled = Spooled.from_meta(e.meta)
+            req = detect_pb2.DetectRequest()
+            req.ParseFromString(e.payload)
+            edge = detections_from_proto(req.edge_detections, names=self.names, source="edge")
+        except (ValueError, DecodeError) as exc:
+            self.metrics.spool_events.labels("rejected").inc()
+            log.error("spooled %s is unreadable (%s); dropped from the spool", e.key, exc)
+            return False
         req.replay = True
         transport = self.transports.get(spooled.transport) or self.transports.get(self.default_transport)
         if transport is None:
@@ -396,10 +413,14 @@ class Escalating:
         rtt = time.monotonic() - t0
         record = spooled.record
         record.pop("error", None)
-        edge = detections_from_proto(req.edge_detections, names=self.names, source="edge")
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
+        try:
+            self._write_merged(record, edge, resp, spooled.merge, rtt, late=True)
+        except ValueError as exc:
+            self.metrics.spool_events.labels("rejected").inc()
+            log.error("cloud answer to replayed %s unusable (%s); dropped from the spool", e.key, exc)
+            return False
         self.metrics.escalations.labels(record.get("reason", ""), "late").inc()
-        self._write_merged(record, edge, resp, spooled.merge, rtt, late=True)
         self.metrics.spool_events.labels("replayed").inc()
         return True
 

@@ -11,11 +11,21 @@ import cv2
 import numpy as np
 
 from edge.deciding import Verdict
-from edge.escalating import build_request, crop_region, detections_json, idempotency_key
+from edge.escalating import (
+    Escalating,
+    Spooled,
+    build_request,
+    crop_region,
+    detections_json,
+    idempotency_key,
+)
+from edge.metrics import EdgeMetrics
 from edge.sources.base import Frame
 from edge.spool import Spool
+from edge.transports.grpc import GrpcTransport
 from edgewise.detections import Detections
 from edgewise.policy.loading import parse_policy
+from tests.edge.cloudstub import GrpcStubThread, StubCloud
 from tests.edge.helpers import policy_yaml
 
 
@@ -96,11 +106,7 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
     """Cloud down: escalations are spooled from the spool thread, in submit order; the
     cloud back: one replay round delivers them late and acknowledges them with one
     ack_many after their records were written."""
-    from edge.escalating import Escalating
-    from edge.metrics import EdgeMetrics
-    from edge.transports.grpc import GrpcTransport
     from tests.conftest import free_port
-    from tests.edge.cloudstub import GrpcStubThread, StubCloud
 
     port = free_port()
     spool = RecordingSpool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
@@ -117,8 +123,7 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
         for seq in range(5):
             frame = Frame("cam", seq, np.full((48, 64, 3), 40 * seq, np.uint8), 0, 0.0)
             esc.submit(frame, d, verdict, policy, {"stream": "cam", "frame_seq": seq, "reason": "hard"})
-        while len(written) < 5:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: len(written) == 5)
         assert [r["outcome"] for r in written] == ["spooled"] * 5
         assert await esc.replay_once() == 0  # still down: the head is nacked, nothing acked
         stub = GrpcStubThread(StubCloud(None), port=port)
@@ -148,4 +153,65 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
     assert [f"dev/cam/{r['frame_seq']}" for r in late] == puts  # replayed in spool order
     assert all(r["outcome"] == "cloud" for r in late)
     assert len(spool) == 0 and metrics.spool_depth._value.get() == 0
+    spool.close()
+
+
+class BadBoxCloud(StubCloud):
+    """A cloud whose answers carry an inverted box (its detections do not validate)."""
+
+    def answer(self, req):
+        resp = super().answer(req)
+        resp.detections.add(x1=50, y1=5, x2=10, y2=40, score=0.9, class_id=0, source="cloud")
+        return resp
+
+
+async def wait_until(pred, timeout=10.0):
+    for _ in range(int(timeout / 0.01)):
+        if pred():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+def test_unusable_cloud_answer_and_unreadable_spool_entry_never_lose_or_block(tmp_path):
+    """A live answer whose boxes do not validate keeps the frame's edge record (with
+    the reason); a spooled entry that cannot be read is dropped from the head (counted)
+    instead of blocking the replay of everything behind it."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    d = dets([[10, 10, 30, 30]], [0.4])
+    verdict = Verdict(True, "hard", 0.8, {})
+    frame = Frame("cam", 1, np.full((48, 64, 3), 90, np.uint8), 0, 0.0)
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    spool.put("dev/cam/0", b"\xff not a protobuf", {"record": {}, "merge": {}})  # unreadable head
+    good, _ = build_request("dev", Frame("cam", 2, frame.image, 0, 0.0), d, verdict, policy)
+    spool.put("dev/cam/2", good.SerializeToString(),
+              Spooled({"stream": "cam", "frame_seq": 2, "device": "dev"}, policy.spec.merge, 3000, "grpc").to_meta())
+    written = []
+    metrics = EdgeMetrics()
+    bad, ok = GrpcStubThread(BadBoxCloud(None)), GrpcStubThread(StubCloud(None))
+
+    async def run():
+        t_bad = GrpcTransport([f"127.0.0.1:{bad.port}"])
+        t_ok = GrpcTransport([f"127.0.0.1:{ok.port}"])
+        esc = Escalating("dev", {"grpc": t_bad}, written.append, metrics, spool=spool)
+        esc.submit(frame, d, verdict, policy, {"stream": "cam", "frame_seq": 1, "reason": "hard"})
+        await wait_until(lambda: written)
+        esc.transports = {"grpc": t_ok}
+        assert await esc.replay_once() == 2
+        await esc.drain(0.1)
+        await esc.close()
+        await t_bad.close()
+        await t_ok.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        bad.stop()
+        ok.stop()
+    live, late = written
+    assert live["frame_seq"] == 1 and live["outcome"] == "edge_only"
+    assert live["error"].startswith("INVALID_ARGUMENT: cloud answer") and "inverted" in live["error"]
+    assert late["frame_seq"] == 2 and late["late"] is True and late["outcome"] == "cloud"
+    assert metrics.spool_events.labels("rejected")._value.get() == 1
+    assert len(spool) == 0
     spool.close()
