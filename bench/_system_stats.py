@@ -178,6 +178,11 @@ def knee(points: Sequence[Mapping[str, Any]], fps_floor: float, growth: float) -
     return {"knee_n": None, "last_ok_n": last_ok, "why": [], "criterion": crit}
 
 
+def offered_escalations(p: Mapping[str, Any]) -> float:
+    """Escalations/s the cameras of one point offer: N x frame rate x escalation share."""
+    return float(p["n"]) * float(p["fps_target"]) * float(p["escalation_share"])
+
+
 def sized_for(points: Sequence[Mapping[str, Any]], workers: int, cores: int,
               utilisation: float = 0.7) -> Dict[str, Any]:
     """The load the pool is sized for, from this run's data.
@@ -200,14 +205,16 @@ def sized_for(points: Sequence[Mapping[str, Any]], workers: int, cores: int,
     taken = busy[len(busy) // 2] if busy else 0.0
     usable = max(0.25, min(float(workers), cores - taken))
     cap = usable / per
-    fit = [p["n"] for p in ordered if p["escalations_per_s"] <= utilisation * cap]
+    # Offered escalation load: what N cameras would send if the edge kept up (frames the edge
+    # dropped never reach the policy, so the measured arrival rate understates it).
+    fit = [p["n"] for p in ordered if offered_escalations(p) <= utilisation * cap]
     return {"n": max(fit) if fit else None, "capacity_per_s": round(cap, 1),
             "usable_cores": round(usable, 2), "worker_ms_per_escalation": round(per * 1000, 1),
             "utilisation": utilisation,
             "note": f"usable cores min({workers} workers, {cores} cores - {taken:.2f} busy with edge "
                     f"daemons and other processes) = {usable:.2f}; / {per * 1000:.1f} ms worker CPU per "
-                    f"escalation = {cap:.1f} escalations/s; sized-for N = largest N whose escalation "
-                    f"arrival <= {100 * utilisation:.0f}% of that"}
+                    f"escalation = {cap:.1f} escalations/s; sized-for N = largest N whose offered "
+                    f"escalation load (N x fps x escalation share) <= {100 * utilisation:.0f}% of that"}
 
 
 def _f(v: Any, fmt: str = "{:g}") -> str:

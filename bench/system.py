@@ -86,6 +86,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=7, help="data seed")
     p.add_argument("--json", type=Path, default=None, help="write the JSON summary here")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, sinks)")
+    p.add_argument("--report-from", type=Path, default=None,
+                   help="print the report of an earlier run's --json file again (runs nothing)")
     a = p.parse_args(argv)
     a.n = [int(x) for x in (a.n or ("1,2" if a.quick else "1,2,4,8")).split(",") if x.strip()]
     a.fps = a.fps if a.fps is not None else 5.0
@@ -98,12 +100,32 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                 f"--failures from kill,broker,none (got unknown {bad})" if bad else
                 "need --n >= 1, --fps > 0, --seconds >= 2, --workers >= 1, --per-daemon >= 1")
     w, _, h = a.size.partition("x")
+    if not (w.isdigit() and h.isdigit()):
+        p.error(f"--size {a.size!r}: use WxH, e.g. 320x240")
     a.size = (int(w), int(h))
     return a
 
 
+def rerender(a: argparse.Namespace) -> int:
+    """The report of an earlier run, from its JSON (same tables, current formulas)."""
+    doc = json.loads(Path(a.report_from).read_text())
+    c = doc["config"]
+    for k in ("n", "fps", "seconds", "workers", "worker_threads", "transport", "max_batch", "max_delay_ms",
+              "deadline_ms", "target_ms"):
+        setattr(a, k, c.get(k, getattr(a, k, None)))
+    m = doc["models"]
+    out = report(a, doc["curve"], doc["failures"], int(c["cores"]), m["note"], Path(m["edge"]),
+                 Path(m["cloud"]), float(doc.get("wall_seconds", 0.0)), float(c.get("audit_fraction", 0.0)))
+    out["skipped"] = doc.get("skipped", {})
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     a = parse_args(argv)
+    if a.report_from is not None:
+        return rerender(a)
     t_start = time.monotonic()
     from cloud.local import LocalCloud
 
@@ -126,6 +148,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if a.transport == "mqtt":
             print("system bench: --transport mqtt needs the gateway's MQTT bridge "
                   "(cloud.gateway.mqtt_bridge), which this checkout lacks", file=sys.stderr)
+            shutil.rmtree(work, ignore_errors=True)
             return 2
         if "broker" in a.failures:
             skipped["broker_restart"] = "the gateway's MQTT bridge (cloud.gateway.mqtt_bridge) is missing"

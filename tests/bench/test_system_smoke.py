@@ -55,6 +55,11 @@ def test_quick_run_reports_curve_and_loses_nothing_when_a_worker_dies(tiny_model
     assert "Knee criterion" in proc.stdout and "| worker_kill |" in proc.stdout
     assert doc["knee"]["criterion"].startswith("every stream keeps >= 90%")
     assert doc["target"]["met"] in (True, False, None)
+    # The report can be printed again from the JSON alone, identically.
+    again = subprocess.run([sys.executable, str(ROOT / "bench" / "system.py"), "--report-from", str(out)],
+                           capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.strip() == doc["table"].strip()
 
 
 def _rec(stream: str, c: int, t_s: float, total_ms: float, escalated: bool = False,
@@ -89,7 +94,7 @@ def test_summary_percentiles_rates_uplink_and_late_answers() -> None:
 
 def _point(n: int, p99: float, fps_min: float, other: float = 0.0, edge_cpu: float = 0.0) -> dict:
     return {"n": n, "fps_target": 5.0, "fps_per_stream_min": fps_min, "escalated_ms": {"p99": p99},
-            "escalations_per_s": 0.75 * n, "worker_cpu_ms_per_escalation": 100.0,
+            "escalation_share": 0.15, "worker_cpu_ms_per_escalation": 100.0,
             "accounting": {"answered": 3}, "other_cores": other, "cpu_s": {"edge": edge_cpu},
             "window_s": 10.0}
 
@@ -108,7 +113,7 @@ def test_knee_is_the_first_degraded_n_from_the_data() -> None:
 
 
 def test_sized_for_uses_measured_worker_cost_and_free_cores() -> None:
-    # capacity = 2 cores / 0.1 s = 20 escalations/s; 70% = 14/s; arrivals 0.75*n -> every N fits
+    # capacity = 2 cores / 0.1 s = 20 escalations/s; 70% = 14/s; offered 5 fps x 0.15 x n = 0.75 n/s
     s = S.sized_for([_point(1, 90.0, 5.0), _point(8, 300.0, 5.0)], workers=2, cores=2)
     assert s["capacity_per_s"] == 20.0 and s["n"] == 8
     # 1 core busy with others + 0.5 with the edge daemons leaves 0.5 core: 5/s, 70% = 3.5/s
