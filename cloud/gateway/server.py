@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -23,7 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from cloud.discovery.base import Discovery, Endpoint
+from cloud.discovery.base import Discovery, Endpoint, EndpointState
 from cloud.gateway.admission import RateLimiter, Rejection, TokenAuth, validate_request
 from cloud.gateway.http import SidePort
 from cloud.gateway.pool import WorkerPool, error_response
@@ -49,12 +50,11 @@ class ReloadableStaticDiscovery:
 
     def replace(self, specs: Iterable[str]) -> None:
         new = self._parse(list(specs), where="discovery.static")
-        old_addrs = {e.address for e in new}
-        # workers dropped from the list drain (finish in flight, then close)
-        from cloud.discovery.base import EndpointState
-
+        new_addrs = {e.address for e in new}
+        # workers dropped from the list drain (finish in flight, then close); they are
+        # announced once as DRAINING, then forgotten at the next change
         drained = {Endpoint(e.address, e.weight, EndpointState.DRAINING, e.name)
-                   for e in self._current if e.address not in old_addrs}
+                   for e in self._current if e.address not in new_addrs and e.state is EndpointState.READY}
         self._current = frozenset(new | drained)
         self._changed.set()
 
@@ -242,8 +242,11 @@ class Gateway:
             raise ConfigError(f"listen: cannot bind {s.listen}")
         if s.metrics_port >= 0:
             self.metrics_port = await self.side.start(s.metrics_host, s.metrics_port)
-        self._tasks.append(asyncio.ensure_future(self.pool.follow(self.discovery.watch())))
-        self._tasks.append(asyncio.ensure_future(self.pool.poll_loads()))
+        for coro, what in ((self.pool.follow(self.discovery.watch()), "discovery"),
+                           (self.pool.poll_loads(), "load polling")):
+            task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+            task.add_done_callback(functools.partial(self._task_ended, what=what))
+            self._tasks.append(task)
         await self._server.start()
         if s.mqtt.enabled:
             from cloud.gateway.mqtt_bridge import MqttBridge
@@ -259,6 +262,13 @@ class Gateway:
             await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         log.info("gateway serving on port %d (metrics %d)", self.port, self.metrics_port)
         return self.port
+
+    def _task_ended(self, task: asyncio.Task[Any], what: str) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:  # the pool keeps its last known workers; say loudly that updates stopped
+            log.error("%s stopped: %r; the worker set is frozen until restart", what, exc)
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.shutdown_grace_s if grace is None else grace

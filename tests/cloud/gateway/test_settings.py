@@ -73,3 +73,31 @@ def test_discovery_kinds_built_lazily():
     s = load_settings(None, {"discovery.kind": "dns", "discovery.dns": {"host": "x"}}, env={})
     with pytest.raises(ConfigError, match="discovery.dns"):
         make_discovery(s)
+
+
+def test_reloadable_static_discovery_drains_removed_workers_once():
+    import asyncio
+
+    from cloud.discovery.base import EndpointState
+    from cloud.gateway.server import ReloadableStaticDiscovery
+
+    async def main():
+        d = ReloadableStaticDiscovery(["127.0.0.1:1=2", "127.0.0.1:2"])
+        it = d.watch().__aiter__()
+        first = await it.__anext__()
+        assert {(e.address, e.weight, e.state) for e in first} == {
+            ("127.0.0.1:1", 2.0, EndpointState.READY), ("127.0.0.1:2", 1.0, EndpointState.READY)}
+        d.replace(["127.0.0.1:2", "127.0.0.1:3=4"])
+        second = await it.__anext__()
+        assert {(e.address, e.state) for e in second} == {
+            ("127.0.0.1:1", EndpointState.DRAINING), ("127.0.0.1:2", EndpointState.READY),
+            ("127.0.0.1:3", EndpointState.READY)}
+        d.replace(["127.0.0.1:3=4"])
+        third = await it.__anext__()
+        assert {(e.address, e.state) for e in third} == {
+            ("127.0.0.1:2", EndpointState.DRAINING), ("127.0.0.1:3", EndpointState.READY)}
+        with pytest.raises(ConfigError, match="listed twice"):
+            d.replace(["127.0.0.1:3", "127.0.0.1:3"])
+        await d.close()
+
+    asyncio.run(main())
