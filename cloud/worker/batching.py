@@ -27,8 +27,13 @@ Invariants / rules (read these before changing anything below):
 4. The queue is bounded: ``submit`` on a full queue raises ``OverloadedError``
    (RESOURCE_EXHAUSTED) immediately; it never waits (Triton ``max_queue_size``).
 5. A request whose deadline cannot be met - it has passed, or is closer than
-   (or as close as) the expected batch time - is rejected at ``submit`` or removed before any
-   batch is formed; it never reaches the model. Removed requests are handed
+   (or as close as) the measured time of the smallest batch it could run in, a
+   batch of one - is rejected at ``submit`` or removed before any batch is formed;
+   it never reaches the model. Using the batch-of-one time (measured per batch
+   size, seeded by warm-up) and not an average over all batches matters: warm-up
+   runs the largest batches too, and an average that big would reject every
+   short-deadline request on a slow CPU, so no batch would ever run to bring the
+   estimate down again. Removed requests are handed
    back by ``expired(now)`` so the shell answers them DEADLINE_EXCEEDED.
 6. One result or error per request: ``run_isolated`` runs a batch and, if the
    batch call fails, retries each request alone so one bad input never fails
@@ -141,6 +146,7 @@ class Batcher(Generic[T]):
     _seq: itertools.count[int] = field(default_factory=itertools.count, init=False, repr=False)
     _batch_s: _Ewma = field(init=False, repr=False)
     _per_image_s: _Ewma = field(init=False, repr=False)
+    _size_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
     _preferred_desc: tuple[int, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -164,10 +170,10 @@ class Batcher(Generic[T]):
                 f"worker queue full ({self._size}/{self.policy.max_queue_size} requests waiting); "
                 "retry on another worker or later"
             )
-        if deadline is not None and deadline - self.expected_batch_s <= now:
+        if deadline is not None and deadline - self.min_batch_s <= now:
             raise DeadlineExceededError(
                 f"deadline is {1e3 * (deadline - now):.1f} ms away but a batch takes about "
-                f"{1e3 * self.expected_batch_s:.1f} ms; send a later deadline"
+                f"{1e3 * self.min_batch_s:.1f} ms; send a later deadline"
             )
         level = self._levels.get(priority)
         if level is None:
@@ -238,7 +244,7 @@ class Batcher(Generic[T]):
         if self._size == 0:
             return None
         t = self._oldest() + self.policy.max_queue_delay_s
-        slack = self.expected_batch_s
+        slack = self.min_batch_s
         for level in self._levels.values():
             for p in level:
                 if p.deadline is not None:
@@ -252,7 +258,7 @@ class Batcher(Generic[T]):
         return out
 
     def _purge(self, now: float) -> None:
-        slack = self.expected_batch_s  # compared as in next_wakeup, so a wake-up always purges
+        slack = self.min_batch_s  # compared as in next_wakeup, so a wake-up always purges
         for level in self._levels.values():
             if not any(p.deadline is not None and p.deadline - slack <= now for p in level):
                 continue
@@ -284,6 +290,14 @@ class Batcher(Generic[T]):
             raise ValueError(f"bad batch observation: size={batch_size}, seconds={seconds}")
         self._batch_s.add(seconds)
         self._per_image_s.add(seconds / batch_size)
+        self._size_s.setdefault(batch_size, _Ewma(self.policy.ewma_alpha)).add(seconds)
+
+    @property
+    def min_batch_s(self) -> float:
+        """Measured compute time of the smallest batch size seen (normally 1), 0 before any."""
+        if not self._size_s:
+            return 0.0
+        return self._size_s[min(self._size_s)].value or 0.0
 
     @property
     def expected_batch_s(self) -> float:

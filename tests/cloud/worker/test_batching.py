@@ -315,3 +315,18 @@ def test_run_isolated_one_bad_input_never_fails_its_neighbours():
     # a function that returns the wrong number of results is an error, per item
     wrong = run_isolated(["a"], lambda xs: [])
     assert isinstance(wrong[0], RuntimeError)
+
+
+def test_large_warmup_batches_do_not_reject_short_deadlines_forever():
+    """Regression: warm-up runs the largest batch too. If the deadline check used the
+    average over all batch sizes, a slow CPU (batch of 8 = 931 ms) would reject every
+    500 ms request at submit, nothing would run, and the estimate would never fall."""
+    b = Batcher(BatchPolicy(max_batch_size=8, max_queue_delay_s=0.005, max_queue_size=16))
+    b.observe(1, 0.150)   # warm-up, batch of one
+    b.observe(8, 0.931)   # warm-up, largest batch
+    b.submit("frame", now=10.0, deadline=10.497)  # accepted: a batch of one fits
+    assert b.expired(10.0) == []
+    batch = b.next_batch(10.006)
+    assert batch is not None and batch.items == ("frame",)
+    with pytest.raises(DeadlineExceededError, match="a batch takes about 150.0 ms"):
+        b.submit("late", now=10.0, deadline=10.120)
