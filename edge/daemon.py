@@ -239,7 +239,7 @@ class EdgeDaemon:
             self.holder = PolicyHolder.from_file(s.policy_file)
             policy = self.holder.policy
         detector = await loop.run_in_executor(None, self._load_detector)
-        names = tuple(getattr(getattr(detector, "info", None), "names", ()) or ())
+        names = tuple(detector.names)
         await self._build_transports()
         self.sinks = self._build_sinks()
         self.spool = self._open_spool() if policy is not None else None

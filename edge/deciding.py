@@ -12,9 +12,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from edgewise.detections import Detections
+from edgewise.hardness.signals import SignalConfig, combine, compute_signals
+from edgewise.hardness.tracking import TrackerState
+from edgewise.policy.deciding import Escalator
+from edgewise.policy.schema import Policy
+
+#: Without a policy file nothing is escalated; hardness is still measured, with
+#: the policy schema's default band, signals and weights.
+NO_POLICY = Policy()
 
 
 @dataclass
@@ -36,20 +44,16 @@ class Decider:
     """Hardness + policy for every stream of one daemon; ``policy`` may be None
     (no policy file: nothing is escalated, hardness still measured with defaults)."""
 
-    def __init__(self, policy: Any, clock: Callable[[], float] = time.monotonic) -> None:
-        from edgewise.policy.deciding import Escalator
-
+    def __init__(self, policy: Optional[Policy], clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.policy = policy
         self.generation = 1
         self.escalator = Escalator(policy, clock) if policy is not None else None
-        self.tracker: Dict[str, Any] = {}
-        self._cfg: Dict[Tuple[str, Tuple[int, int]], Any] = {}
+        self.tracker: Dict[str, TrackerState] = {}
+        self._cfg: Dict[Tuple[str, Tuple[int, int]], SignalConfig] = {}
 
-    def swap(self, policy: Any) -> int:
+    def swap(self, policy: Policy) -> int:
         """Put ``policy`` in force from the next frame on; returns its generation."""
-        from edgewise.policy.deciding import Escalator
-
         if self.escalator is None:
             self.escalator = Escalator(policy, self.clock)
         else:
@@ -59,45 +63,36 @@ class Decider:
         self.generation += 1
         return self.generation
 
-    def _signal_config(self, stream_id: str, size: Tuple[int, int]) -> Any:
+    def _signal_config(self, stream_id: str, size: Tuple[int, int]) -> SignalConfig:
         key = (stream_id, size)
         cfg = self._cfg.get(key)
         if cfg is None:
-            if self.policy is not None:
-                cfg = self.policy.signal_config(stream_id, size)
-            else:
-                from edgewise.hardness.signals import SignalConfig
-
-                cfg = SignalConfig(frame_size=size)
-            self._cfg[key] = cfg
+            cfg = self._cfg[key] = (self.policy or NO_POLICY).signal_config(stream_id, size)
         return cfg
 
     def decide(self, stream_id: str, seq: int, dets: Detections, frame_size: Tuple[int, int],
                now: Optional[float] = None) -> Verdict:
         """Signals and decision for one frame (``frame_size`` is (width, height))."""
-        from edgewise.hardness.signals import compute_signals
-
         t0 = time.perf_counter()
         now = self.clock() if now is None else now
         cfg = self._signal_config(stream_id, frame_size)
         signals, state = compute_signals(dets, self.tracker.get(stream_id), cfg, frame_size)
         self.tracker[stream_id] = state
         if self.escalator is None:
-            from edgewise.hardness.signals import combine
-
-            hardness = combine(signals, {k: 1.0 for k in signals if k != "mean_conf" and k != "min_conf"})
-            v = Verdict(False, "no policy", float(hardness), dict(signals), policy_generation=self.generation)
+            sig = NO_POLICY.spec.signals
+            v = Verdict(False, "no policy", combine(signals, sig.weights, sig.combine), signals,
+                        policy_generation=self.generation)
         else:
             d = self.escalator.decide(stream_id, seq, dets, signals, now)
             v = Verdict(
-                escalate=bool(d.escalate),
-                reason=str(d.reason),
-                hardness=float(d.hardness),
-                signals={k: float(x) for k, x in dict(getattr(d, "signals", None) or signals).items()},
-                priority=int(getattr(d, "priority", 0) or 0),
-                suppressed_by=str(getattr(d, "suppressed_by", "") or ""),
+                escalate=d.escalate,
+                reason=d.reason,
+                hardness=d.hardness,
+                signals=d.signals,
+                priority=d.priority,
+                suppressed_by=d.suppressed_by or "",
                 policy_generation=self.generation,
-                policy_name=str(getattr(getattr(self.policy, "metadata", None), "name", "") or ""),
+                policy_name=d.policy_name,
             )
         v.cost_ms = (time.perf_counter() - t0) * 1000.0
         return v

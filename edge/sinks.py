@@ -122,7 +122,7 @@ class MqttSink:
 
     def write(self, rec: Record) -> None:
         info = self.client.publish(self.topic, json.dumps(rec, separators=(",", ":")), qos=1)
-        if getattr(info, "rc", 0) != 0:
+        if info.rc != 0:
             raise OSError(f"MQTT publish to {self.topic} failed (rc={info.rc}); broker unreachable?")
         self.unacked.append(info)
 

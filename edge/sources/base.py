@@ -67,6 +67,8 @@ class FrameSource(Protocol):
     """
 
     live: bool
+    truncated: int
+    """How many times the source ended early (a video shorter than its header says)."""
 
     def open(self) -> None: ...
 

@@ -165,8 +165,7 @@ class Capturer:
 
     def _check_truncated(self) -> None:
         # A video shorter than its header says (logged by the source) is counted here.
-        seen = int(getattr(self.source, "truncated", 0) or 0)
-        while self.truncated < seen:
+        while self.truncated < self.source.truncated:
             self.truncated += 1
             if self.on_truncated is not None:
                 self.on_truncated(self.stream_id)

@@ -101,6 +101,7 @@ class ImageFolderSource:
     """The images of a folder in name order; unreadable files are corrupt frames."""
 
     live = False
+    truncated = 0
 
     def __init__(self, path: str, loop: bool = False) -> None:
         self.path = path
@@ -146,6 +147,7 @@ class CaptureSource:
     """
 
     live = True
+    truncated = 0
 
     def __init__(self, kind: str, uri: str) -> None:
         self.kind = kind

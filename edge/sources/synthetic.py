@@ -19,6 +19,7 @@ class SyntheticSource:
     """Generated frames of ``width`` x ``height``; endless unless ``max_frames``."""
 
     live = False
+    truncated = 0
 
     def __init__(self, stream_id: str, size: str = "", max_frames: int = 0) -> None:
         self.width, self.height = _parse_size(size)

@@ -85,7 +85,7 @@ class MqttConnection:
             self.client.subscribe(topic, qos=1)
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
-        if getattr(reason_code, "is_failure", False):
+        if reason_code.is_failure:
             log.warning("MQTT %s:%d refused the connection: %s", self.host, self.port, reason_code)
             return
         log.info("MQTT connected to %s:%d as %s", self.host, self.port, self.client_id)
