@@ -13,7 +13,7 @@ handful of numpy ops over the remaining candidates.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -66,52 +66,99 @@ def nms(
     b = np.asarray(boxes, np.float64)
     order = np.argsort(-np.asarray(scores, np.float64), kind="stable")
     cls = None if class_ids is None else np.asarray(class_ids)
-    if n <= MATRIX_MAX:
-        return _nms_matrix(b[order], None if cls is None else cls[order], iou_thres, max_det, order)
-    return _nms_iterative(b, cls, iou_thres, max_det, order)
+    if n > MATRIX_MAX:
+        return _nms_iterative(b, cls, iou_thres, max_det, order)
+    bs = b[order].astype(np.float32)
+    if cls is not None:
+        cs = cls[order]
+        grouped = _nms_grouped(bs, cs, iou_thres, max_det, order)
+        if grouped is not None:
+            return grouped
+        return _nms_matrix(bs, cs, iou_thres, max_det, order)
+    return _nms_matrix(bs, None, iou_thres, max_det, order)
+
+
+def _suppression(b: np.ndarray, iou_thres: float) -> np.ndarray:
+    """``over[..., i, j]`` = IoU(b_i, b_j) > t for float32 boxes ``b [..., G, 4]``.
+
+    Tested as ``inter * (1 + t) > t * (area_i + area_j)`` (no division); decisions
+    can differ from exact arithmetic only for IoUs within float32 rounding of t.
+    """
+    t = np.float32(iou_thres)
+    x1, y1, x2, y2 = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
+    areas_t = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0) * t
+    w = np.minimum(x2[..., :, None], x2[..., None, :])
+    w -= np.maximum(x1[..., :, None], x1[..., None, :])
+    np.maximum(w, 0, out=w)
+    h = np.minimum(y2[..., :, None], y2[..., None, :])
+    h -= np.maximum(y1[..., :, None], y1[..., None, :])
+    np.maximum(h, 0, out=h)
+    inter = np.multiply(w, h, out=w)
+    inter *= np.float32(1.0) + t
+    return np.asarray(inter > np.add(areas_t[..., :, None], areas_t[..., None, :], out=h))
 
 
 def _nms_matrix(
     b: np.ndarray, cls: Optional[np.ndarray], iou_thres: float, max_det: int, order: np.ndarray
 ) -> np.ndarray:
-    """Small inputs (sorted by score): overlap matrix + Cluster-NMS fixed point.
+    """Boxes sorted by score: overlap matrix + Cluster-NMS fixed point.
 
     ``over[i, j]`` (i before j, same class) says box i would suppress box j. The
     greedy result is the fixed point of ``keep = ~any(over[keep], axis=0)``
-    (Cluster-NMS, Zheng et al. 2021, proved equal to greedy NMS); it converges
-    in a few matrix passes instead of one Python step per kept box. IoU > t is
-    tested as ``inter * (1 + t) > t * (area_i + area_j)`` (no division), in
-    float32; decisions can differ from exact arithmetic only for IoUs within
-    float32 rounding of the threshold.
+    (Cluster-NMS, Zheng et al. 2021, equal to greedy NMS: after pass t the first
+    t boxes are final); it converges in a few matrix passes instead of one
+    Python step per kept box.
     """
     k = b.shape[0]
-    b32 = b.astype(np.float32)
-    x1, y1, x2, y2 = b32[:, 0], b32[:, 1], b32[:, 2], b32[:, 3]
-    t = np.float32(iou_thres)
-    areas_t = (np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)) * t
-    w = np.minimum(x2[:, None], x2[None, :])
-    w -= np.maximum(x1[:, None], x1[None, :])
-    np.maximum(w, 0, out=w)
-    h = np.minimum(y2[:, None], y2[None, :])
-    h -= np.maximum(y1[:, None], y1[None, :])
-    np.maximum(h, 0, out=h)
-    inter = np.multiply(w, h, out=w)
-    inter *= np.float32(1.0) + t
-    over = inter > np.add(areas_t[:, None], areas_t[None, :], out=h)
+    over = _suppression(b, iou_thres)
     if cls is not None:
         over &= cls[:, None] == cls[None, :]
     over &= _upper(k)
     keep = np.ones(k, bool)
     for _ in range(k):
-        new = ~over[keep].any(axis=0)
+        new = np.asarray(~over[keep].any(axis=0))
         if np.array_equal(new, keep):
             break
         keep = new
-    idx = np.flatnonzero(keep)[:max_det]
-    return order[idx]
+    return order[np.flatnonzero(keep)[:max_det]]
 
 
-_UPPER_CACHE: dict[int, np.ndarray] = {}
+def _nms_grouped(
+    b: np.ndarray, cls: np.ndarray, iou_thres: float, max_det: int, order: np.ndarray
+) -> Optional[np.ndarray]:
+    """Class-aware NMS as C independent [G,G] problems batched in one [C,G,G] array.
+
+    Boxes of different classes never interact, so instead of a [K,K] matrix
+    masked by class we pad each class's boxes (score order kept) to the largest
+    group size G. Returns ``None`` when that would not be at least 2x less work.
+    """
+    k = b.shape[0]
+    g = np.argsort(cls, kind="stable")  # grouped index -> score-order position
+    cg = cls[g]
+    starts = np.flatnonzero(np.concatenate(([True], cg[1:] != cg[:-1])))
+    counts = np.diff(np.append(starts, k))
+    c, gmax = len(starts), int(counts.max())
+    if c < 2 or 2 * c * gmax * gmax > k * k:
+        return None
+    grp = np.repeat(np.arange(c), counts)
+    rank = np.arange(k) - np.repeat(starts, counts)
+    boxes = np.zeros((c, gmax, 4), np.float32)
+    boxes[grp, rank] = b[g]
+    valid = np.zeros((c, gmax), bool)
+    valid[grp, rank] = True
+    over = _suppression(boxes, iou_thres)
+    over &= _upper(gmax)
+    keep = valid
+    for _ in range(gmax):
+        new = np.asarray(valid & ~(over & keep[:, :, None]).any(axis=1))
+        if np.array_equal(new, keep):
+            break
+        keep = new
+    pos = np.sort(g[keep[grp, rank]])[:max_det]
+    return order[pos]
+
+
+_UPPER_CACHE: Dict[int, np.ndarray] = {}
 
 
 def _upper(k: int) -> np.ndarray:
