@@ -108,7 +108,7 @@ def open_frames(path: PathLike, what: str = "calibration source") -> FrameSource
     if p.suffix.lower() in IMAGE_EXTS:
         if cv2.imread(str(p), cv2.IMREAD_COLOR) is None:
             raise InvalidInputError(f"{what} {p} is not an image OpenCV can decode; {hint}")
-        return FrameSource(p.parent, "images", files=[p], count=1)
+        return FrameSource(p, "images", files=[p], count=1)
     cap = cv2.VideoCapture(str(p))
     try:
         ok = cap.isOpened()

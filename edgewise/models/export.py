@@ -62,48 +62,56 @@ def export_onnx(
     h, w = _imgsz(imgsz)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_name(out.name + ".part")
     m = copy.deepcopy(model).float().cpu().eval()
     m.fuse()
     for p in m.parameters():
         p.requires_grad_(False)
     im = torch.zeros(1, 3, h, w)
-    with torch.no_grad(), warnings.catch_warnings():
-        # The grids are constants for a fixed H, W: the tracer's warning about it is expected.
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        # dynamo=False is deliberate (the dynamo exporter needs onnxscript): no deprecation noise.
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        sample = m(im)  # dry run: builds the cached grids
-        dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}} if dynamic_batch else None
-        torch.onnx.export(
-            m,
-            (im,),
-            str(out),
-            verbose=False,
-            opset_version=opset,
-            do_constant_folding=True,
-            input_names=["images"],
-            output_names=["output0"],
-            dynamic_axes=dynamic_axes,
-            dynamo=False,
-        )
-    proto = onnx.load(str(out))
-    # Only the batch axis is dynamic: state N and 5+nc in the declared output shape.
-    dims = proto.graph.output[0].type.tensor_type.shape.dim
-    for d, size in zip(list(dims)[1:], tuple(sample.shape)[1:]):
-        d.ClearField("dim_param")
-        d.dim_value = int(size)
-    onnx.checker.check_model(proto)
-    meta = {
-        "stride": str(int(max(m.stride.tolist()))),
-        "names": str(names_dict(names, model.nc)),
-        "imgsz": str([h, w]),
-        "edgewise_arch": arch or model.arch,
-    }
-    meta.update(extra_metadata or {})
-    del proto.metadata_props[:]
-    for k, v in meta.items():
-        prop = proto.metadata_props.add()
-        prop.key, prop.value = k, v
-    proto.producer_name = "edgewise"
-    onnx.save(proto, str(out))
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # The grids are constants for a fixed H, W: the tracer's warning about it is expected.
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            # dynamo=False is deliberate (the dynamo exporter needs onnxscript): no deprecation noise.
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            sample = m(im)  # dry run: builds the cached grids
+            dynamic_axes = (
+                {"images": {0: "batch"}, "output0": {0: "batch"}} if dynamic_batch else None
+            )
+            torch.onnx.export(
+                m,
+                (im,),
+                str(part),
+                verbose=False,
+                opset_version=opset,
+                do_constant_folding=True,
+                input_names=["images"],
+                output_names=["output0"],
+                dynamic_axes=dynamic_axes,
+                dynamo=False,
+            )
+        proto = onnx.load(str(part))
+        # Only the batch axis is dynamic: state N and 5+nc in the declared output shape.
+        dims = proto.graph.output[0].type.tensor_type.shape.dim
+        for d, size in zip(list(dims)[1:], tuple(sample.shape)[1:]):
+            d.ClearField("dim_param")
+            d.dim_value = int(size)
+        onnx.checker.check_model(proto)
+        meta = {
+            "stride": str(int(max(m.stride.tolist()))),
+            "names": str(names_dict(names, model.nc)),
+            "imgsz": str([h, w]),
+            "edgewise_arch": arch or model.arch,
+        }
+        meta.update(extra_metadata or {})
+        del proto.metadata_props[:]
+        for k, v in meta.items():
+            prop = proto.metadata_props.add()
+            prop.key, prop.value = k, v
+        proto.producer_name = "edgewise"
+        onnx.save(proto, str(part))
+        os.replace(part, out)  # atomic: readers never see a half-written model
+    finally:
+        if part.exists():  # the export failed half way
+            part.unlink()
     return out

@@ -21,9 +21,11 @@ in float, the layers most sensitive to quantization.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -345,7 +347,8 @@ def quantize(
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgewise-quant-") as tmp:
         pre = Path(tmp) / "preprocessed.onnx"
-        quant_pre_process(str(info.path), str(pre), skip_symbolic_shape=True)
+        with _quiet_ort_info():
+            quant_pre_process(str(info.path), str(pre), skip_symbolic_shape=True)
         pre_model = onnx.load(str(pre))
         regions = graph_regions(pre_model)
         exclude: List[str] = list(regions["decode_tail"])
@@ -371,43 +374,43 @@ def quantize(
             )
         reader.rewind()
         reader.frames_used = 0
-        quantize_static(
-            str(pre),
-            str(out),
-            reader,
-            quant_format=QuantFormat.QDQ,
-            per_channel=per_channel,
-            reduce_range=reduce_range,
-            activation_type=QuantType.QUInt8 if act_name == "QUInt8" else QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            nodes_to_exclude=exclude,
-            op_types_to_quantize=ops,
-            calibrate_method=cal_method,
-            extra_options={
-                "CalibStridedMinMax": 1,  # one batch per collect_data call (bounded memory)
-                "WeightSymmetric": True,
-                "ActivationSymmetric": act_name == "QInt8",
-                "CalibPercentile": 99.999,
-            },
-        )
+        staged = Path(tmp) / "int8.onnx"
+        with _quiet_ort_info():
+            quantize_static(
+                str(pre),
+                str(staged),
+                reader,
+                quant_format=QuantFormat.QDQ,
+                per_channel=per_channel,
+                reduce_range=reduce_range,
+                activation_type=QuantType.QUInt8 if act_name == "QUInt8" else QuantType.QInt8,
+                weight_type=QuantType.QInt8,
+                nodes_to_exclude=exclude,
+                op_types_to_quantize=ops,
+                calibrate_method=cal_method,
+                extra_options={
+                    "CalibStridedMinMax": 1,  # one batch per collect_data call (bounded memory)
+                    "WeightSymmetric": True,
+                    "ActivationSymmetric": act_name == "QInt8",
+                    "CalibPercentile": 99.999,
+                },
+            )
         calib_seconds = time.perf_counter() - t_cal
         del pre_model
+        quant_meta = {"method": method, "frames": reader.frames_used, "target": target}
+        _copy_metadata(info.path, staged, {"edgewise_quant": json.dumps(quant_meta)})
+        # Publish atomically: a failed or interrupted run leaves no half-written model.
+        part = out.with_name(out.name + ".part")
+        shutil.copyfile(staged, part)
+        os.replace(part, out)
     if target == "cpu" and not reduce_range and cpu_lacks_vnni():
         notes.append(
             "this x86 CPU has no VNNI: ORT's U8S8 kernels may saturate here; "
             "if agreement is poor, try --reduce-range"
         )
-    if source.skipped:
-        notes.append(f"{len(source.skipped)} unreadable images skipped, e.g. {source.skipped[0]}")
-    _copy_metadata(
-        info.path,
-        out,
-        {
-            "edgewise_quant": json.dumps(
-                {"method": method, "frames": reader.frames_used, "target": target}
-            )
-        },
-    )
+    skipped = sorted(set(source.skipped))
+    if skipped:
+        notes.append(f"{len(skipped)} unreadable images skipped, e.g. {skipped[0]}")
     report = QuantReport(
         model_path=info.path,
         out_path=out,
@@ -439,6 +442,24 @@ def quantize(
         report.notes.append("no held-out frames: agreement not checked")
     report.total_seconds = time.perf_counter() - t0
     return report
+
+
+class _DropOrtInfo(logging.Filter):
+    """Drops ONNX Runtime quantization's INFO chatter, logged on the root logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "onnxruntime" not in record.pathname
+
+
+@contextlib.contextmanager
+def _quiet_ort_info() -> Iterator[None]:
+    root = logging.getLogger()
+    f = _DropOrtInfo()
+    root.addFilter(f)
+    try:
+        yield
+    finally:
+        root.removeFilter(f)
 
 
 def cpu_lacks_vnni() -> bool:
