@@ -38,7 +38,9 @@ class StreamSettings:
     uri: str = ""
     """file: video path; folder: directory of images; rtsp/http: URL; camera: device
     index (``0``) or path (``/dev/video0``); gstreamer: a pipeline string ending in
-    ``appsink``; synthetic: ignored (or ``WxH``, e.g. ``640x480``)."""
+    ``appsink``; synthetic: empty or ``WxH`` (e.g. ``640x480``) for the built-in
+    pattern, or ``digits[:DIFFICULTY[:WxH]]`` for ``edgewise.synth`` camera scenes
+    (DIFFICULTY: easy | medium | hard | reference, or a difficulty YAML/JSON file)."""
     loop: bool = False
     """file/folder/synthetic: start again at the end instead of ending the stream."""
     fps: float = 0.0
@@ -212,6 +214,8 @@ class EdgeSettings:
                 _fail(where, f"{p}.kind", f"must be one of {', '.join(SOURCE_KINDS)}, got {s.kind!r}")
             if s.kind != "synthetic" and not s.uri:
                 _fail(where, f"{p}.uri", f"is required for kind {s.kind!r}")
+            if s.kind == "synthetic":
+                _check_synthetic_uri(where, f"{p}.uri", s.uri)
             if s.drop_policy and s.drop_policy not in DROP_POLICIES:
                 _fail(where, f"{p}.drop_policy", f"must be one of {', '.join(DROP_POLICIES)}, got {s.drop_policy!r}")
             for name in ("fps", "queue_size", "max_frames"):
@@ -253,6 +257,26 @@ class EdgeSettings:
 
 def _fail(where: str, path: str, what: str) -> None:
     raise ConfigError(f"{where}: {path} {what}")
+
+
+def _check_synthetic_uri(where: str, path: str, uri: str) -> None:
+    from edge.sources.synthetic import parse_uri
+
+    try:
+        spec = parse_uri(uri)
+    except ValueError as exc:
+        _fail(where, path, f"is not a synthetic scene: {exc}")
+        return
+    if spec.scene != "digits":
+        return
+    try:
+        from edgewise.synth import load_difficulty
+    except ImportError:
+        return  # the source falls back to the built-in pattern, and says so
+    try:
+        load_difficulty(spec.difficulty)
+    except ConfigError as exc:
+        _fail(where, path, f"names no usable difficulty: {exc}")
 
 
 # --------------------------------------------------------------------------- loading

@@ -209,3 +209,17 @@ def test_sighup_reloads_policy(tmp_path, tiny_model):
     names = [r["policy"] for r in recs]
     assert names[0] == "first" and names[-1] == "second"
     assert names == sorted(names, key=lambda n: n == "second")
+
+
+def test_digits_scene_stream_through_the_daemon(tmp_path, tiny_model):
+    """A ``digits`` synthetic stream (edgewise.synth scenes) runs through the whole daemon."""
+    pytest.importorskip("edgewise.synth")
+    s = base_settings(tmp_path, tiny_model, [
+        {"id": "d", "kind": "synthetic", "uri": "digits:easy:160x120", "max_frames": 6},
+    ])
+    d = EdgeDaemon(s)
+    assert asyncio.run(d.run()) == 0
+    recs = read_jsonl(tmp_path / "out.jsonl")
+    assert sorted(r["frame_seq"] for r in recs) == list(range(6))
+    assert {(r["width"], r["height"]) for r in recs} == {(160, 120)}
+    assert d.capturers[0].source.scene is not None

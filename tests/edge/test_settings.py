@@ -52,6 +52,9 @@ def test_layering_file_env_flags(tmp_path):
     ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: [nohost]}\n", "cloud.endpoints[0] must be host:port"),
     ("streams: [{id: s, kind: synthetic}]\ncloud: {transport: http}\n", "cloud.transport must be one of"),
     ("streams: [{id: s, kind: synthetic}]\nsinks: {mqtt: true}\n", "sinks.mqtt needs cloud.mqtt.host"),
+    ("streams: [{id: s, kind: synthetic, uri: big}]\n", "streams[0].uri is not a synthetic scene"),
+    ("streams: [{id: s, kind: synthetic, uri: 'digits:hard:8x8'}]\n", "WxH with 16..8192 pixels"),
+    ("streams: [{id: s, kind: synthetic, uri: 'digits:nightmare'}]\n", "streams[0].uri names no usable difficulty"),
     ("- a\n- b\n", "top level must be a mapping"),
     ("streams: [{id: s\n", "not valid YAML"),
 ])

@@ -180,3 +180,31 @@ def test_synthetic_frames_move_and_are_deterministic():
     assert not np.array_equal(a[0], a[2])
     with pytest.raises(ValueError):
         SyntheticSource("s", "big")
+    with pytest.raises(ValueError, match="digits"):
+        SyntheticSource("s", "digits:a:b:c")
+
+
+def test_synthetic_digits_scene_from_edgewise_synth():
+    """``digits:DIFFICULTY:WxH`` streams edgewise.synth camera scenes, deterministic per stream."""
+    pytest.importorskip("edgewise.synth")
+    src = SyntheticSource("cam", "digits:easy:160x120")
+    a = read_all(src, limit=3)
+    assert src.scene is not None  # the generator, not the fallback pattern
+    b = read_all(SyntheticSource("cam", "digits:easy:160x120"), limit=3)
+    pattern = read_all(SyntheticSource("cam", "160x120"), limit=3)
+    assert [x.shape for x in a] == [(120, 160, 3)] * 3 and a[0].dtype == np.uint8
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(a[0], a[2]) and not np.array_equal(a[0], pattern[0])
+    other = read_all(SyntheticSource("cam2", "digits:easy:160x120"), limit=1)
+    assert not np.array_equal(a[0], other[0])
+
+
+def test_synthetic_digits_falls_back_to_the_pattern_without_edgewise_synth(monkeypatch, caplog):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "edgewise.synth", None)  # import fails, as on a device without it
+    src = SyntheticSource("cam", "digits:hard:160x120")
+    frames = read_all(src, limit=2)
+    pattern = read_all(SyntheticSource("cam", "160x120"), limit=2)
+    assert src.scene is None and all(np.array_equal(x, y) for x, y in zip(frames, pattern))
+    assert "using the built-in pattern" in caplog.text
