@@ -453,21 +453,9 @@ def describe() -> str:
 
 
 def _describe(cls: Any, prefix: str, lines: List[str]) -> None:
-    import inspect
+    from edgewise.policy.reference import attribute_docs  # the docs page reads them the same way
 
-    src = inspect.getsource(cls)
-    docs: Dict[str, str] = {}
-    current = None
-    for raw in src.splitlines():
-        s = raw.strip()
-        if ":" in s and not s.startswith(('"', "#")) and "=" in s and current is None:
-            current = s.split(":")[0].strip()
-            continue
-        if current and s.startswith('"""'):
-            docs[current] = s.strip('"').strip()
-            current = None
-        elif current:
-            current = None
+    docs = attribute_docs(cls)
     for f in dataclasses.fields(cls):
         tname = _type_name(f)
         key = f"{prefix}{f.name}"
