@@ -375,7 +375,7 @@ def quantize(
         reader.rewind()
         reader.frames_used = 0
         staged = Path(tmp) / "int8.onnx"
-        with _quiet_ort_info():
+        with _quiet_ort_info(), _explain_histogram_errors(method):
             quantize_static(
                 str(pre),
                 str(staged),
@@ -460,6 +460,22 @@ def _quiet_ort_info() -> Iterator[None]:
         yield
     finally:
         root.removeFilter(f)
+
+
+@contextlib.contextmanager
+def _explain_histogram_errors(method: str) -> Iterator[None]:
+    """ORT's histogram calibrators call np.histogram with a fixed bin count (2048 for
+    percentile), which fails on an activation whose values span almost nothing (a
+    collapsed layer, typical of untrained weights): say so and what to use instead."""
+    try:
+        yield
+    except ValueError as e:
+        if "bins" not in str(e) or method == "minmax":
+            raise
+        raise InvalidInputError(
+            f"{method} calibration failed: an activation's range is too narrow for its "
+            f"histogram ({e}); this happens with untrained/collapsed weights; use --method minmax"
+        ) from None
 
 
 def cpu_lacks_vnni() -> bool:

@@ -316,3 +316,66 @@ def test_fixed_batch_model(photos, tmp_path):
     assert (
         report.calib_frames == 3 and report.agreement is not None and report.agreement.frames == 2
     )
+
+
+@pytest.fixture(scope="module")
+def lively_model(photos, tmp_path_factory):
+    """YOLOv5n @160 with random weights but BatchNorm statistics measured on photos.
+
+    A freshly initialised net's deep activations collapse to near constants (the
+    detections are its biases); re-estimating BN statistics on real images keeps every
+    layer's activations spread, as in a trained net, which histogram calibration needs.
+    """
+    torch = pytest.importorskip("torch")
+    from edgewise.models.export import export_onnx
+    from edgewise.models.yolov5 import build_model
+    from edgewise.runtime.letterbox import preprocess_batch
+
+    src = open_frames(photos)
+    x, _ = preprocess_batch([im for _, im in src.read(range(8))], 160, auto=False)
+    model = build_model("yolov5n", nc=10, seed=0)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average over the batches seen
+    model.train()
+    with torch.no_grad():
+        model(torch.from_numpy(x))
+    model.eval()
+    return export_onnx(model, tmp_path_factory.mktemp("lively") / "lively.onnx", 160)
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_histogram_methods_video_calibration_and_holdout_source(
+    method, lively_model, photos, tmp_path
+):
+    """Histogram calibration from a video, agreement on frames from another source."""
+    report = quantize(
+        lively_model,
+        DATA / "vtest.avi",
+        samples=2,
+        method=method,
+        holdout=2,
+        holdout_source=photos,
+        conf_thres=CONF,
+        out_path=tmp_path / f"{method}.onnx",
+    )
+    assert report.method == method and report.calib_frames == 2
+    assert report.calib_source.endswith("vtest.avi")
+    assert report.agreement is not None and report.agreement.frames == 2
+    assert load_model_info(report.out_path).precision == "int8"
+    meta = {p.key: p.value for p in onnx.load(str(report.out_path)).metadata_props}
+    assert f'"method": "{method}"' in meta["edgewise_quant"]
+
+
+def test_histogram_failure_is_explained():
+    from edgewise.models.quantize import _explain_histogram_errors
+
+    with pytest.raises(
+        InvalidInputError, match="percentile calibration failed.*use --method minmax"
+    ):
+        with _explain_histogram_errors("percentile"):
+            raise ValueError("Too many bins for data range. Cannot create 2048 finite-sized bins.")
+    with pytest.raises(ValueError, match="unrelated"):
+        with _explain_histogram_errors("percentile"):
+            raise ValueError("unrelated")
