@@ -98,7 +98,6 @@ class Pipeline:
         self.stop_capture = asyncio.Event()
         self.sources_done = asyncio.Event()
         self._rr = 0
-        self.pending_swap: Optional[Any] = None
 
     # ------------------------------------------------------------------ batching
     def _take_batch(self) -> List[Frame]:
@@ -146,7 +145,6 @@ class Pipeline:
                     for f in frames:
                         self.metrics.drops.labels(f.stream_id, f"inference_error:{type(exc).__name__}").inc()
                     continue
-                stage_ms["queue_wait"] = 0.0
                 self.metrics.batch_size.observe(len(frames))
                 await out.put((frames, dets, dict(stage_ms, dequeued=dequeued)))
         finally:

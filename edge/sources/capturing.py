@@ -38,7 +38,6 @@ class FrameQueue:
         self.space = asyncio.Event()
         self.space.set()
         self.dropped = 0
-        self.closed = False
 
     def __len__(self) -> int:
         return len(self.items)

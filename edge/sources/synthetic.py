@@ -84,16 +84,16 @@ def _digits_scene(spec: SyntheticUri, seed: int) -> Optional[Any]:
 
 
 class SyntheticSource:
-    """Generated frames of ``width`` x ``height``; endless unless ``max_frames``."""
+    """Generated frames of ``width`` x ``height``, endless (``streams[].max_frames``
+    is the capture shell's business)."""
 
     live = False
     truncated = 0
 
-    def __init__(self, stream_id: str, uri: str = "", max_frames: int = 0) -> None:
+    def __init__(self, stream_id: str, uri: str = "") -> None:
         self.spec = parse_uri(uri)
         self.width, self.height = self.spec.width, self.spec.height
         self.seed = zlib.crc32(stream_id.encode())
-        self.max_frames = max_frames
         self.t = 0
         self.scene: Optional[Any] = None  # the digits StreamGenerator, made in open()
         self.rng = np.random.default_rng(self.seed)
@@ -115,8 +115,6 @@ class SyntheticSource:
             self.scene = _digits_scene(self.spec, self.seed)
 
     def read(self) -> Optional[np.ndarray]:
-        if self.max_frames and self.t >= self.max_frames:
-            return None
         self.t += 1
         if self.scene is not None:
             img: np.ndarray = self.scene.next_frame()[0]
