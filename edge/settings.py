@@ -237,18 +237,27 @@ class EdgeSettings:
             _fail(where, "cloud.transport", f"must be one of {', '.join(TRANSPORTS)}, got {c.transport!r}")
         for i, ep in enumerate(c.endpoints):
             host, _, port = ep.rpartition(":")
-            if not host or not port.isdigit():
-                _fail(where, f"cloud.endpoints[{i}]", f"must be host:port, got {ep!r}")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                _fail(where, f"cloud.endpoints[{i}]", f"must be host:port with a port 1..65535, got {ep!r}")
         if bool(c.tls_cert) != bool(c.tls_key):
             _fail(where, "cloud.tls_cert", "tls_cert and tls_key must be given together")
         if c.max_in_flight < 1:
             _fail(where, "cloud.max_in_flight", "must be >= 1")
         if not 0 < c.mqtt.port < 65536:
             _fail(where, "cloud.mqtt.port", f"must be 1..65535, got {c.mqtt.port}")
+        if c.keepalive_s <= 0 or c.mqtt.keepalive_s <= 0:
+            _fail(where, "cloud.keepalive_s", "cloud.keepalive_s and cloud.mqtt.keepalive_s must be > 0")
+        prefix = c.mqtt.topic_prefix
+        if not prefix or any(ch in prefix for ch in "+#") or prefix.startswith("/") or prefix.endswith("/"):
+            _fail(where, "cloud.mqtt.topic_prefix",
+                  f"must be a non-empty topic without '+', '#' or a leading/trailing '/', got {prefix!r}")
         if self.sinks.mqtt and not c.mqtt.host:
             _fail(where, "sinks.mqtt", "needs cloud.mqtt.host")
         if self.spool.max_bytes < 1 or self.spool.max_age_s <= 0:
             _fail(where, "spool", "max_bytes must be >= 1 and max_age_s > 0")
+        if self.spool.replay_batch < 1 or self.spool.replay_interval_s <= 0:
+            _fail(where, "spool", f"replay_batch must be >= 1 and replay_interval_s > 0, got "
+                  f"{self.spool.replay_batch} and {self.spool.replay_interval_s}")
         if self.metrics.port < -1 or self.metrics.port > 65535:
             _fail(where, "metrics.port", "must be -1 (off), 0 (any) or 1..65535")
         if self.policy_poll_s <= 0 or self.shutdown_grace_s < 0:
