@@ -5,7 +5,8 @@
 *different* held-out frames spread over the whole source (held-out ones are the tail,
 so they are not the calibration frames' neighbours where the source allows).
 ``FrameSource.read`` streams frames in index order without holding them in memory
-(500 frames of 768x576 would be 660 MB).
+(500 frames of 768x576 would be 660 MB); ``CalibrationReader`` feeds them, letterboxed as
+the runtime does, to ONNX Runtime's calibrators batch by batch.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 PathLike = Union[str, "os.PathLike[str]"]
+#: progress(stage, done, total): stage is "calibrate" or "agreement".
+Progress = Callable[[str, int, int], None]
 
 
 class FrameSource:
@@ -151,3 +154,95 @@ def split_indices(
         f"calibrating on {calib}, checking agreement on {hold}"
     )
     return list(range(calib)), list(range(count - hold, count)), note
+
+
+class CalibrationReader:
+    """ONNX Runtime ``CalibrationDataReader``: batches of letterboxed frames, streamed.
+
+    ``set_range`` is how ``quantize_static`` (option ``CalibStridedMinMax``) feeds the
+    calibrator one batch per ``collect_data`` call, which keeps histogram memory bounded.
+    """
+
+    def __init__(
+        self,
+        source: FrameSource,
+        indices: Sequence[int],
+        input_name: str,
+        imgsz: Tuple[int, int],
+        stride: int,
+        batch: int,
+        progress: Optional[Progress],
+        fixed_batch: bool = False,
+    ) -> None:
+        self.source = source
+        self.indices = list(indices)
+        self.input_name = input_name
+        self.imgsz = imgsz
+        self.stride = stride
+        self.batch = max(1, batch)
+        self.fixed_batch = fixed_batch
+        self.progress = progress
+        self.n_batches = (len(self.indices) + self.batch - 1) // self.batch
+        self.frames_used = 0
+        self._it: Optional[Iterator[Tuple[int, np.ndarray]]] = None
+        self._next = 0  # next batch number get_next serves
+        self._end = self.n_batches
+        self._pulled = 0  # batches pulled from the frame stream
+        self._last: Optional[np.ndarray] = None
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self._next, self._end = int(start_index), min(int(end_index), self.n_batches)
+
+    def rewind(self) -> None:
+        self._it, self._pulled, self._next, self._end = None, 0, 0, self.n_batches
+
+    def _pull(self, k: int) -> Optional[np.ndarray]:
+        from edgewise.runtime.letterbox import preprocess_batch
+
+        if self._it is None or k < self._pulled:  # restart the stream (only if asked out of order)
+            self._it = self.source.read(self.indices)
+            self._pulled = 0
+        while self._pulled <= k:
+            frames = []
+            for _ in range(self.batch):
+                nxt = next(self._it, None)
+                if nxt is None:
+                    break
+                frames.append(nxt[1])
+            self._pulled += 1
+            if self._pulled <= k:
+                continue
+            if not frames:
+                # The source ended early (a video header over-stating its length, or
+                # unreadable images): repeat the last batch so ORT never collects an
+                # empty chunk; min/max is unchanged by it and frames_used stays exact.
+                return self._last
+            n_real = len(frames)
+            if self.fixed_batch and n_real < self.batch:  # a fixed-batch model needs full batches
+                frames += [frames[k % n_real] for k in range(self.batch - n_real)]
+            x, _ = preprocess_batch(frames, self.imgsz, auto=False, stride=self.stride)
+            self._last = x
+            self.frames_used += n_real
+            if self.progress is not None:
+                self.progress(
+                    "calibrate", min(self.frames_used, len(self.indices)), len(self.indices)
+                )
+            return x
+        return None
+
+    def get_next(self) -> Optional[Dict[str, np.ndarray]]:
+        if self._next >= self._end:
+            return None
+        x = self._pull(self._next)
+        self._next += 1
+        return None if x is None else {self.input_name: x}
+
+
+def calib_batch_size(imgsz: Tuple[int, int], method: str) -> int:
+    # Histogram methods keep every activation of a batch in memory (~200 MB per
+    # 640x640 frame for YOLOv5s): small batches there; min/max only keeps reductions.
+    per_640 = 2 if method != "minmax" else 8
+    return max(1, min(16, int(per_640 * 640 * 640 / (imgsz[0] * imgsz[1]))))

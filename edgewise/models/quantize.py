@@ -30,20 +30,22 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
-
-from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
-from edgewise.models.agreement import Agreement, compare
-from edgewise.models.calibration import FrameSource, open_frames, split_indices
+from edgewise.models.agreement import Agreement
+from edgewise.models.calibration import (
+    CalibrationReader,
+    Progress,
+    calib_batch_size,
+    open_frames,
+    split_indices,
+)
+from edgewise.models.heldout import check_agreement
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
-#: progress(stage, done, total): stage is "calibrate" or "agreement".
-Progress = Callable[[str, int, int], None]
 METHODS = ("minmax", "entropy", "percentile")
 KEEP_FLOAT_CHOICES = ("first_conv", "detect_head")
 DEFAULT_KEEP_FLOAT: Tuple[str, ...] = ("first_conv", "detect_head")
@@ -166,98 +168,6 @@ def graph_regions(model: Any) -> Dict[str, List[str]]:
     return {"first_conv": first, "detect_head": head, "decode_tail": tail}
 
 
-class _Reader:
-    """ONNX Runtime ``CalibrationDataReader``: batches of letterboxed frames, streamed.
-
-    ``set_range`` is how ``quantize_static`` (option ``CalibStridedMinMax``) feeds the
-    calibrator one batch per ``collect_data`` call, which keeps histogram memory bounded.
-    """
-
-    def __init__(
-        self,
-        source: FrameSource,
-        indices: Sequence[int],
-        input_name: str,
-        imgsz: Tuple[int, int],
-        stride: int,
-        batch: int,
-        progress: Optional[Progress],
-        fixed_batch: bool = False,
-    ) -> None:
-        self.source = source
-        self.indices = list(indices)
-        self.input_name = input_name
-        self.imgsz = imgsz
-        self.stride = stride
-        self.batch = max(1, batch)
-        self.fixed_batch = fixed_batch
-        self.progress = progress
-        self.n_batches = (len(self.indices) + self.batch - 1) // self.batch
-        self.frames_used = 0
-        self._it: Optional[Iterator[Tuple[int, np.ndarray]]] = None
-        self._next = 0  # next batch number get_next serves
-        self._end = self.n_batches
-        self._pulled = 0  # batches pulled from the frame stream
-        self._last: Optional[np.ndarray] = None
-
-    def __len__(self) -> int:
-        return self.n_batches
-
-    def set_range(self, start_index: int, end_index: int) -> None:
-        self._next, self._end = int(start_index), min(int(end_index), self.n_batches)
-
-    def rewind(self) -> None:
-        self._it, self._pulled, self._next, self._end = None, 0, 0, self.n_batches
-
-    def _pull(self, k: int) -> Optional[np.ndarray]:
-        from edgewise.runtime.letterbox import preprocess_batch
-
-        if self._it is None or k < self._pulled:  # restart the stream (only if asked out of order)
-            self._it = self.source.read(self.indices)
-            self._pulled = 0
-        while self._pulled <= k:
-            frames = []
-            for _ in range(self.batch):
-                nxt = next(self._it, None)
-                if nxt is None:
-                    break
-                frames.append(nxt[1])
-            self._pulled += 1
-            if self._pulled <= k:
-                continue
-            if not frames:
-                # The source ended early (a video header over-stating its length, or
-                # unreadable images): repeat the last batch so ORT never collects an
-                # empty chunk; min/max is unchanged by it and frames_used stays exact.
-                return self._last
-            n_real = len(frames)
-            if self.fixed_batch and n_real < self.batch:  # a fixed-batch model needs full batches
-                frames += [frames[k % n_real] for k in range(self.batch - n_real)]
-            x, _ = preprocess_batch(frames, self.imgsz, auto=False, stride=self.stride)
-            self._last = x
-            self.frames_used += n_real
-            if self.progress is not None:
-                self.progress(
-                    "calibrate", min(self.frames_used, len(self.indices)), len(self.indices)
-                )
-            return x
-        return None
-
-    def get_next(self) -> Optional[Dict[str, np.ndarray]]:
-        if self._next >= self._end:
-            return None
-        x = self._pull(self._next)
-        self._next += 1
-        return None if x is None else {self.input_name: x}
-
-
-def _calib_batch(imgsz: Tuple[int, int], method: str) -> int:
-    # Histogram methods keep every activation of a batch in memory (~200 MB per
-    # 640x640 frame for YOLOv5s): small batches there; min/max only keeps reductions.
-    per_640 = 2 if method != "minmax" else 8
-    return max(1, min(16, int(per_640 * 640 * 640 / (imgsz[0] * imgsz[1]))))
-
-
 def quantize(
     model_path: PathLike,
     calib: PathLike,
@@ -354,13 +264,13 @@ def quantize(
         exclude: List[str] = list(regions["decode_tail"])
         for g in groups:
             exclude.extend(regions[g])
-        reader = _Reader(
+        reader = CalibrationReader(
             source,
             cal_idx,
             info.input_name,
             info.imgsz,
             info.stride,
-            _calib_batch(info.imgsz, method) if info.dynamic_batch else info.fixed_batch,
+            calib_batch_size(info.imgsz, method) if info.dynamic_batch else info.fixed_batch,
             progress,
             fixed_batch=not info.dynamic_batch,
         )
@@ -501,70 +411,3 @@ def _copy_metadata(src: Path, dst: Path, extra: Dict[str, str]) -> None:
         prop = model.metadata_props.add()
         prop.key, prop.value = k, v
     onnx.save(model, str(dst))
-
-
-def _session(path: Path, threads: int) -> Any:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    if threads > 0:
-        so.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-
-def detect_frames(
-    session: Any,
-    frames: Sequence[np.ndarray],
-    names: Sequence[str],
-    imgsz: Tuple[int, int],
-    stride: int,
-    conf_thres: float,
-    iou_thres: float,
-    source: str = "",
-) -> List[Detections]:
-    """Letterbox, run and decode frames one at a time (a fixed batch is filled with copies)."""
-    from edgewise.runtime.decoding import DecodeParams, decode
-    from edgewise.runtime.letterbox import preprocess_batch
-
-    params = DecodeParams(conf_thres=conf_thres, iou_thres=iou_thres)
-    inp = session.get_inputs()[0]
-    fixed = inp.shape[0] if isinstance(inp.shape[0], int) and inp.shape[0] > 1 else 1
-    out: List[Detections] = []
-    for f in frames:
-        x, metas = preprocess_batch([f] * fixed, imgsz, auto=False, stride=stride)
-        raw = session.run(None, {inp.name: x})[0][:1]
-        out.extend(decode(raw, list(metas[:1]), names, params, source))
-    return out
-
-
-def check_agreement(
-    float_path: Path,
-    int8_path: Path,
-    source: FrameSource,
-    indices: Sequence[int],
-    conf_thres: float = 0.25,
-    iou_thres: float = 0.45,
-    threads: int = 0,
-    progress: Optional[Progress] = None,
-) -> Agreement:
-    """Run both models on the frames ``indices`` of ``source`` and compare detections."""
-    from edgewise.runtime.metadata import load_model_info
-
-    info = load_model_info(float_path)
-    fs, qs = _session(float_path, threads), _session(int8_path, threads)
-    refs: List[Detections] = []
-    cands: List[Detections] = []
-    for k, (_, frame) in enumerate(source.read(indices)):
-        refs.extend(
-            detect_frames(
-                fs, [frame], info.names, info.imgsz, info.stride, conf_thres, iou_thres, "float"
-            )
-        )
-        cands.extend(
-            detect_frames(
-                qs, [frame], info.names, info.imgsz, info.stride, conf_thres, iou_thres, "int8"
-            )
-        )
-        if progress is not None:
-            progress("agreement", k + 1, len(indices))
-    return compare(refs, cands, iou_thres=0.5)

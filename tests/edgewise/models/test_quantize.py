@@ -13,14 +13,9 @@ from onnx import TensorProto, helper
 from edgewise.errors import InvalidInputError, ModelError
 from edgewise.models.agreement import compare
 from edgewise.models.calibration import open_frames, split_indices
+from edgewise.models.heldout import cpu_session, detect_frames
 from edgewise.models.info import describe
-from edgewise.models.quantize import (
-    _session,
-    detect_frames,
-    graph_regions,
-    parse_keep_float,
-    quantize,
-)
+from edgewise.models.quantize import graph_regions, parse_keep_float, quantize
 from edgewise.runtime.metadata import load_model_info
 
 DATA = Path("/usr/share/doc/opencv-doc/examples/data")
@@ -99,7 +94,7 @@ def test_agreement_is_computed_from_real_inference(quantized, photos, tiny_model
     assert not set(cal) & set(hold)
     info = load_model_info(tiny_model)
     frames = [im for _, im in src.read(hold)]
-    fs, qs = _session(tiny_model, 1), _session(report.out_path, 1)
+    fs, qs = cpu_session(tiny_model, 1), cpu_session(report.out_path, 1)
     refs = detect_frames(fs, frames, info.names, info.imgsz, info.stride, CONF, 0.45)
     cands = detect_frames(qs, frames, info.names, info.imgsz, info.stride, CONF, 0.45)
     again = compare(refs, cands)
@@ -124,8 +119,8 @@ def test_agreement_metric_sees_a_different_model(tiny_model, photos, tmp_path):
     src = open_frames(photos)
     frames = [im for _, im in src.read(range(4))]
     info = load_model_info(tiny_model)
-    a = _session(tiny_model, 1)
-    b = _session(other, 1)
+    a = cpu_session(tiny_model, 1)
+    b = cpu_session(other, 1)
     refs = detect_frames(a, frames, info.names, info.imgsz, info.stride, CONF, 0.45)
     cands = detect_frames(b, frames, info.names, info.imgsz, info.stride, CONF, 0.45)
     assert compare(refs, cands).f1 < 0.5
