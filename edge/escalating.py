@@ -193,6 +193,7 @@ class Escalating:
         self.replay_now = asyncio.Event()
         # One thread: spool calls keep the order they were issued in (Spool is thread-safe).
         self.spool_io = ThreadPoolExecutor(1, thread_name_prefix="spool")
+        self._spool_dropped: Optional[Tuple[int, int]] = None  # (expired, evicted) seen so far
 
     async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking spool call on the spool thread."""
@@ -361,11 +362,7 @@ class Escalating:
         together once their records were written. Returns how many settled."""
         spool = self.spool
         assert spool is not None
-        expired = await self._spool_call(spool.expire)
-        if expired:
-            self.metrics.spool_events.labels("expired").inc(expired)
-            log.warning("%d spooled escalations expired (spool.max_age_s) and were discarded", expired)
-        entries = await self._spool_call(spool.peek, self.replay_batch)
+        entries = await self._spool_call(spool.peek, self.replay_batch)  # expires what is too old
         settled: List[int] = []
         try:
             for e in entries:
@@ -430,9 +427,17 @@ class Escalating:
             self._show_spool(await self._spool_call(self.spool.stats))
 
     def _show_spool(self, st: SpoolStats) -> None:
+        """Gauges from the spool's stats; its persisted drop counters (age expiry and
+        byte-cap eviction, whichever call did them) become spool_events increments."""
         self.metrics.spool_depth.set(st.depth)
         self.metrics.spool_bytes.set(st.bytes)
         self.metrics.spool_oldest.set(st.oldest_age_s)
+        now = (st.dropped_age_cap, st.dropped_bytes_cap)
+        if self._spool_dropped is not None:  # the first stats (at start) are the baseline
+            for event, n, seen in zip(("expired", "evicted"), now, self._spool_dropped):
+                if n > seen:
+                    self.metrics.spool_events.labels(event).inc(n - seen)
+        self._spool_dropped = now
 
     # ---------------------------------------------------------------- shutdown
     async def drain(self, grace_s: float) -> None:

@@ -54,7 +54,7 @@ class EdgeMetrics:
         self.spool_bytes = Gauge("edgewise_edge_spool_bytes", "Bytes in the spool", registry=r)
         self.spool_oldest = Gauge("edgewise_edge_spool_oldest_age_seconds", "Age of the oldest spooled entry", registry=r)
         self.spool_events = Counter(
-            "edgewise_edge_spool_events", "Spool events (put, refused, replayed, rejected, expired, nack)", ["event"], registry=r
+            "edgewise_edge_spool_events", "Spool events (put, refused, replayed, rejected, expired, evicted, nack)", ["event"], registry=r
         )
         self.reloads = Counter("edgewise_edge_policy_reloads", "Policy reloads by result", ["result"], registry=r)
         self.drops = Counter("edgewise_edge_dropped", "Dropped frames by stream and reason", ["stream", "reason"], registry=r)

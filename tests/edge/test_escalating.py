@@ -215,3 +215,44 @@ def test_unusable_cloud_answer_and_unreadable_spool_entry_never_lose_or_block(tm
     assert metrics.spool_events.labels("rejected")._value.get() == 1
     assert len(spool) == 0
     spool.close()
+
+
+def test_spool_evictions_and_expiry_are_counted_whichever_call_did_them(tmp_path):
+    """Byte-cap evictions happen inside put and age expiry inside peek; both show up in
+    edgewise_edge_spool_events (evicted / expired), counted once, not from the start."""
+    from tests.conftest import free_port
+
+    now = [1000.0]
+    spool = Spool(tmp_path / "spool.db", max_bytes=6000, max_age_s=60, clock=lambda: now[0])
+    spool.put("old/run/1", b"x" * 100, {})  # a previous run's drop, already in the counters
+    now[0] += 61
+    spool.peek(1)
+    assert spool.stats().dropped_age_cap == 1
+    policy = parse_policy(policy_yaml("p", deadline_ms=300))
+    written = []
+    metrics = EdgeMetrics()
+    rng = np.random.default_rng(0)
+
+    async def run():
+        t = GrpcTransport([f"127.0.0.1:{free_port()}"])  # nobody there: everything spools
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool)
+        await esc.update_spool_metrics()  # what the daemon does at start: the baseline
+        for seq in range(8):
+            img = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)  # noise: ~2-3 KB of JPEG
+            esc.submit(Frame("cam", seq, img, 0, 0.0), dets([[10, 10, 30, 30]], [0.4]),
+                       Verdict(True, "hard", 0.8, {}), policy, {"stream": "cam", "frame_seq": seq})
+            await wait_until(lambda: len(written) == seq + 1)
+        kept = len(spool)
+        now[0] += 61
+        assert await esc.replay_once() == 0  # peek expires them all
+        await esc.close()
+        await t.close()
+        return kept
+
+    kept = asyncio.run(run())
+    st = spool.stats()
+    assert all(r["outcome"] == "spooled" for r in written) and 0 < kept < 8
+    assert metrics.spool_events.labels("evicted")._value.get() == st.dropped_bytes_cap == 8 - kept
+    assert metrics.spool_events.labels("expired")._value.get() == kept == st.dropped_age_cap - 1
+    assert metrics.spool_depth._value.get() == 0
+    spool.close()
