@@ -101,13 +101,11 @@ class MqttConnection:
         self.connected.clear()
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
-        with self.lock:
+        with self.lock:  # subscribe() may add a topic from another thread meanwhile
             handler = self.subscriptions.get(msg.topic)
-        if handler is None:
-            for topic, h in self.subscriptions.items():
-                if mqtt.topic_matches_sub(topic, msg.topic):
-                    handler = h
-                    break
+            if handler is None:
+                handler = next((h for topic, h in self.subscriptions.items()
+                                if mqtt.topic_matches_sub(topic, msg.topic)), None)
         if handler is not None:
             try:
                 handler(msg)
