@@ -35,7 +35,7 @@ from google.protobuf.message import DecodeError
 
 from edge.deciding import Verdict
 from edge.metrics import EdgeMetrics
-from edge.sinks import Record
+from edge.sinks import Record, idempotency_key
 from edge.sources.base import Frame
 from edge.spool import Spool, SpoolItem, SpoolStats
 from edge.transports import SPOOLABLE, Transport, TransportError
@@ -45,11 +45,6 @@ from edgewise.policy.schema import Merge, Policy
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def idempotency_key(device_id: str, stream_id: str, seq: int) -> str:
-    """The key that makes a replayed request the same frame."""
-    return f"{device_id}/{stream_id}/{seq}"
 
 
 def crop_region(

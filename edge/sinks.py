@@ -32,9 +32,15 @@ Record = Dict[str, Any]
 TAIL_BYTES = 64 * 1024 * 1024
 
 
+def idempotency_key(device_id: str, stream_id: str, seq: int) -> str:
+    """The key that makes a replayed escalation the same frame: ``device/stream/frame_seq``
+    (the spool's key, and what the JSON Lines sink de-duplicates late records by)."""
+    return f"{device_id}/{stream_id}/{seq}"
+
+
 def record_key(rec: Record) -> str:
-    """Idempotency key ``device/stream/frame_seq`` of a record."""
-    return f"{rec.get('device')}/{rec.get('stream')}/{rec.get('frame_seq')}"
+    """Idempotency key of a record."""
+    return idempotency_key(rec.get("device", ""), rec.get("stream", ""), rec.get("frame_seq", -1))
 
 
 class Sink(Protocol):
