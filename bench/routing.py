@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 NGINX = "/usr/sbin/nginx"
 MODES = [("rr", "round robin"), ("random", "random"), ("wrr", "weighted RR"), ("lc", "least-conn (unweighted)"),
          ("p2c", "P2C (A48, unweighted)"), ("wlc", "**weighted least-conn (ours), weights 4:2:1**"),
-         ("wlc-cap", "**weighted least-conn (ours), learned capacity**"), ("nginx", "nginx least_conn 4:2:1")]
+         ("wlc-cap", "**weighted least-conn (ours), learned capacity**"),
+         ("wlc-noidle", "weighted least-conn without idle-first, 4:2:1"), ("nginx", "nginx least_conn 4:2:1")]
 
 
 def free_port() -> int:
@@ -199,8 +200,11 @@ def start_gateway(mode: str, workers: list[str], weights: list[float], d: Path) 
     learned = mode == "wlc-cap"  # weights 1:1:1, effective weights from the workers' reported capacity
     if learned:
         weights = [1.0] * len(workers)
+    idle_first = mode != "wlc-noidle"  # ablation: plain (in_flight+1)/w key, no HAProxy idle-first
     argv = cli_command("--log-level", "WARNING", "cloud", "gateway", "--listen", "127.0.0.1:0", "--metrics-port", "0",
-                       "--mode", "wlc" if learned else mode, "--set", "balancer.slow_start_window_s=0",
+                       "--mode", "wlc" if mode.startswith("wlc") else mode,
+                       "--set", f"balancer.idle_first={str(idle_first).lower()}",
+                       "--set", "balancer.slow_start_window_s=0",
                        "--set", f"balancer.use_reported_capacity={str(learned).lower()}",
                        "--set", "load_poll_interval_s=0.5",
                        "--set", "metrics_host=127.0.0.1", "--set", "limits.max_deadline_s=120")
@@ -411,6 +415,7 @@ def main() -> int:
     ap.add_argument("--loads", default=None, help="comma-separated fractions of capacity (default .5,.8,.95)")
     ap.add_argument("--modes", default=None, help="comma-separated subset of " + ",".join(m for m, _ in MODES))
     ap.add_argument("--json", default=None, help="write raw results here")
+    ap.add_argument("--no-slow", action="store_true", help="skip the §7(b) transient-slow-worker runs")
     args = ap.parse_args()
     if args._worker:
         return worker_main(args)
@@ -468,7 +473,7 @@ def main() -> int:
         # §7(b): the mid worker 25x slower for the middle third, 1 s deadline, 50% load
         slow_results: dict[str, RunStats] = {}
         bdur = 12.0 if args.quick else 30.0
-        for mode, label in modes:
+        for mode, label in ([] if args.no_slow else modes):
             if mode not in ("rr", "p2c", "lc", "wlc", "wlc-cap", "nginx") or (mode == "nginx" and not have_nginx):
                 continue
             if mode == "nginx":

@@ -192,7 +192,9 @@ class WorkerPool:
                 resp = error_response(req, code.name, f"worker {name}: {code.name}: {exc.details()}")
                 tried.append(pick.address)
                 left = loop_deadline - time.perf_counter()
-                if self.settings.retry.enabled and should_retry(code.name, attempt, left, min_attempt,
+                # a CANCELLED we did not ask for comes from a worker shutting down: retry it like UNAVAILABLE
+                retry_as = "UNAVAILABLE" if code is grpc.StatusCode.CANCELLED else code.name
+                if self.settings.retry.enabled and should_retry(retry_as, attempt, left, min_attempt,
                                                                 self.budget):
                     self.metrics.retries.labels(result="sent").inc()
                     continue

@@ -69,7 +69,7 @@ def test_idle_first_three_to_one_interleaves():
 def test_default_key_prefers_capacity_when_idle():
     # Without idle-first, the key is HAProxy's load after assignment: the 3x endpoint
     # finishes a request sooner even with one queued, until (n+1)/3 > 1.
-    b, _ = make([3, 1])
+    b, _ = make([3, 1], idle_first=False)
     held = [must(b.pick()) for _ in range(2)]
     assert {t.address for t in held} == {"w0"}
     assert must(b.pick()).address == "w1" or b.endpoints["w0"].in_flight == 3

@@ -324,6 +324,13 @@ def test_pool_document_and_reported_capacity():
             assert gw.pool.balancer.endpoints[ws[0][0].address].limit == 6
             health = await http_get(f"http://127.0.0.1:{gw.metrics_port}/healthz")
             assert health == b"ok\n"
+            from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                hs = health_pb2_grpc.HealthStub(ch)
+                for svc in ("", "edgewise.v1.Escalation"):
+                    r = await hs.Check(health_pb2.HealthCheckRequest(service=svc), timeout=5)
+                    assert r.status == health_pb2.HealthCheckResponse.SERVING
         finally:
             await gw.stop(0)
             for w, _ in ws:
