@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bias LR at the start of warmup (default 0.1 for SGD as Ultralytics; lr0 for AdamW)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--time-budget", type=float, default=0.0,
                    help="wall-clock seconds; the LR schedule follows time and training stops there")
     p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
@@ -58,7 +59,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       cos_lr=not args.linear_lr, warmup_epochs=args.warmup_epochs,
                       warmup_bias_lr=(args.warmup_bias_lr if args.warmup_bias_lr is not None
                                       else (0.1 if args.optimizer == "SGD" else lr0)), seed=args.seed,
-                      threads=args.threads, time_budget_s=args.time_budget, limit=args.limit,
+                      threads=args.threads, device=args.device, time_budget_s=args.time_budget, limit=args.limit,
                       val_limit=args.val_limit, epoch_size=args.epoch_size,
                       export_onnx=not args.no_export)
     try:

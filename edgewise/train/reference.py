@@ -151,37 +151,76 @@ def score_onnx(path: Path, data: Path, threads: int = 1, nc: int = 10) -> Dict[s
             "size_bytes": Path(path).stat().st_size}
 
 
-def package(run: Path, models: Path, calib_samples: int = 200, threads: int = 1) -> Dict[str, Any]:
-    """Copy, quantize and score the pair; writes ``models/metrics.json``; returns it."""
+def _cached_score(path: Path, test: Path, threads: int, cache_dir: Path) -> Dict[str, Any]:
+    """``score_onnx`` cached in ``cache_dir`` (valid while the model file is unchanged)."""
+    cache = cache_dir / (path.name + ".json")
+    if cache.exists() and cache.stat().st_mtime >= path.stat().st_mtime:
+        data: Dict[str, Any] = json.loads(cache.read_text())
+        return data
+    res = score_onnx(path, test, threads)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(res))
+    return res
+
+
+def _stage_edge(run: Path, models: Path, calib_samples: int, threads: int) -> Tuple[Path, Path, float]:
     from edgewise.models.quantize import quantize
 
-    models.mkdir(parents=True, exist_ok=True)
-    edge_cfg = json.loads((run / "edge" / "config.json").read_text())
-    cloud_cfg = json.loads((run / "cloud" / "config.json").read_text())
-    edge = models / f"edge-{edge_cfg['arch']}-{edge_cfg['imgsz']}.onnx"
-    cloud = models / f"cloud-{cloud_cfg['arch']}-{cloud_cfg['imgsz']}.onnx"
-    shutil.copyfile(run / "edge" / "best.onnx", edge)
-    shutil.copyfile(run / "cloud" / "best.onnx", cloud)
+    cfg = json.loads((run / "edge" / "config.json").read_text())
+    edge = models / f"edge-{cfg['arch']}-{cfg['imgsz']}.onnx"
     int8 = edge.with_name(edge.stem + "-int8.onnx")
-    t0 = time.monotonic()
-    report = quantize(edge, run / "data" / "train" / "images", samples=calib_samples, out_path=int8,
-                      holdout=50, holdout_source=run / "data" / "val" / "images", threads=threads)
-    q_s = time.monotonic() - t0
+    src = run / "edge" / "best.onnx"
+    q_s = 0.0
+    if not edge.exists() or edge.stat().st_mtime < src.stat().st_mtime:
+        shutil.copyfile(src, edge)
+    if not int8.exists() or int8.stat().st_mtime < edge.stat().st_mtime:
+        t0 = time.monotonic()
+        report = quantize(edge, run / "data" / "train" / "images", samples=calib_samples, out_path=int8,
+                          holdout=50, holdout_source=run / "data" / "val" / "images", threads=threads)
+        q_s = time.monotonic() - t0
+        (run / "quantize.json").write_text(json.dumps({"seconds": round(q_s, 1), "report": report.as_dict()},
+                                                      indent=1, default=str))
+    return edge, int8, q_s
+
+
+def package(run: Path, models: Path, calib_samples: int = 200, threads: int = 1,
+            stage: str = "all") -> Dict[str, Any]:
+    """Copy, quantize and score the pair; writes ``models/metrics.json``; returns it.
+
+    ``stage="edge"`` does only the edge part (copy, INT8, scores), e.g. while the cloud
+    model is still training; scores are cached under ``RUN/scores``.
+    """
+    from concurrent.futures import ProcessPoolExecutor
+
+    models.mkdir(parents=True, exist_ok=True)
     test = run / "data" / "test"
-    results = {}
-    for name, path in (("edge_float", edge), ("edge_int8", int8), ("cloud_float", cloud)):
-        results[name] = score_onnx(path, test, threads)
-        print(name, json.dumps(results[name]), file=sys.stderr)
-    summary = {
+    cache_dir = run / "scores"
+    edge, int8, _ = _stage_edge(run, models, calib_samples, threads)
+    todo = [("edge_float", edge), ("edge_int8", int8)]
+    if stage == "all":
+        cloud_cfg = json.loads((run / "cloud" / "config.json").read_text())
+        cloud = models / f"cloud-{cloud_cfg['arch']}-{cloud_cfg['imgsz']}.onnx"
+        shutil.copyfile(run / "cloud" / "best.onnx", cloud)
+        todo.append(("cloud_float", cloud))
+    results: Dict[str, Any] = {}
+    with ProcessPoolExecutor(max_workers=len(todo)) as pool:  # one share of the CPU each
+        futs = {name: pool.submit(_cached_score, path, test, threads, cache_dir) for name, path in todo}
+        for name, fut in futs.items():
+            results[name] = fut.result()
+            print(name, json.dumps(results[name]), file=sys.stderr)
+    summary: Dict[str, Any] = {
         "test_data": {"path": str(test), **json.loads((test / "dataset.json").read_text())},
         "hard_rule": HARD, "results": results,
-        "training": {k: json.loads((run / k / "summary.json").read_text()) for k in ("edge", "cloud")},
-        "quantize": {"seconds": round(q_s, 1), "report": report.as_dict()},
+        "training": {k: json.loads((run / k / "summary.json").read_text())
+                     for k in ("edge", "cloud") if (run / k / "summary.json").exists()},
     }
+    if (run / "quantize.json").exists():
+        summary["quantize"] = json.loads((run / "quantize.json").read_text())
     for k in summary["training"].values():
         k.pop("history", None)
     summary["test_data"].pop("difficulty", None)
-    (models / "metrics.json").write_text(json.dumps(summary, indent=1, default=str))
+    if stage == "all":
+        (models / "metrics.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
 
 
@@ -201,6 +240,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--models", default=Path("models"), type=Path, help="where the ONNX files go")
     p.add_argument("--calib-samples", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--stage", choices=("edge", "all"), default="all",
+                   help="edge: only copy/quantize/score the edge model (cloud still training)")
     p.add_argument("--score", type=Path, nargs="*", default=None,
                    help="only score these ONNX files on RUN/data/test and print JSON")
     args = p.parse_args(argv)
@@ -208,7 +249,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for path in args.score:
             print(json.dumps(score_onnx(path, args.run / "data" / "test", args.threads)))
         return 0
-    summary = package(args.run, args.models, args.calib_samples, args.threads)
+    summary = package(args.run, args.models, args.calib_samples, args.threads, args.stage)
     print(markdown_table(summary))
     return 0
 

@@ -62,6 +62,7 @@ class TrainConfig:
     ema_tau: float = 2000.0
     seed: int = 0
     threads: int = 0  # torch intra-op threads (0: leave torch's default)
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when available)
     time_budget_s: float = 0.0  # 0: no wall-clock limit
     limit: Optional[int] = None  # use only the first N training images
     epoch_size: Optional[int] = None  # images per "epoch" (validation + checkpoint); default: all
@@ -156,12 +157,13 @@ def lr_factor(progress: float, cfg: TrainConfig) -> float:
 def validate_model(model: nn.Module, ds: YoloDataset, batch: int = 32, conf_thres: float = 0.001,
                    iou_thres: float = 0.6) -> Dict[str, float]:
     """mAP@0.5 and mAP@0.5:0.95 of ``model`` (eval mode) on ``ds``."""
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     dets, labs = [], []
     rng = np.random.default_rng(0)
     for x, _, idx in batches(ds, batch, rng, NO_AUGMENT, shuffle=False):
-        out = model(torch.from_numpy(x)).numpy()
+        out = model(torch.from_numpy(x).to(device)).float().cpu().numpy()
         for j, k in enumerate(idx):
             dets.append(postprocess(out[j], conf_thres, iou_thres))
             labs.append(ds.labels[k])
@@ -205,7 +207,9 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     val_ds = ds if cfg.val is None else YoloDataset(Path(cfg.val), cfg.imgsz, cfg.val_limit)
     names = ds.names
     nc = len(names)
-    model = make_model(cfg, nc).train()
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
+                          else cfg.device)
+    model = make_model(cfg, nc).to(device).train()
     det = model.detect
     gains = scaled_gains(cfg.gains, det.nl, nc, cfg.imgsz)
     compute_loss = ComputeLoss(model, gains)
@@ -228,8 +232,8 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     images_seen = 0
     stop = False
     ni = 0
-    log.info("train %s nc=%d imgsz=%d: %d train / %d val images, %d batches/epoch",
-             model.arch, nc, cfg.imgsz, len(ds), len(val_ds), nb)
+    log.info("train %s nc=%d imgsz=%d on %s: %d train / %d val images, %d batches/epoch",
+             model.arch, nc, cfg.imgsz, device, len(ds), len(val_ds), nb)
     for epoch in range(cfg.epochs):
         model.train()
         mloss = torch.zeros(3)
@@ -255,8 +259,8 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
             else:
                 for g in optimizer.param_groups:
                     g["lr"] = g["initial_lr"] * lf
-            preds = model(torch.from_numpy(x))
-            loss, items = compute_loss(preds, torch.from_numpy(tg))
+            preds = model(torch.from_numpy(x).to(device, non_blocking=True))
+            loss, items = compute_loss(preds, torch.from_numpy(tg).to(device))
             loss.backward()
             if ni - last_opt_step >= accumulate:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
@@ -265,7 +269,7 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
                 ema.update(model)
                 last_opt_step = ni
             images_seen += len(x)
-            mloss = (mloss * i + items) / (i + 1)
+            mloss = (mloss * i + items.cpu()) / (i + 1)
             if cfg.log_every and i % cfg.log_every == 0:
                 log.info("epoch %d/%d it %d/%d loss box %.4f obj %.4f cls %.4f lr %.5f %.1f img/s",
                          epoch + 1, cfg.epochs, i, nb, *mloss.tolist(), optimizer.param_groups[0]["lr"],
