@@ -212,6 +212,13 @@ class Escalating:
         if len(self.tasks) >= self.max_in_flight:
             refused = TransportError(
                 "RESOURCE_EXHAUSTED", f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)")
+            if len(self.settling) >= self.max_in_flight:
+                # The spool thread is behind as well (more escalations than fsyncs per
+                # second): the bound on that queue; the frame keeps its edge result.
+                self.metrics.spool_events.labels("refused").inc()
+                self._settle_without_cloud(req, policy, record, TransportError(
+                    "RESOURCE_EXHAUSTED", f"{len(self.settling)} escalations already waiting for the spool"))
+                return
             settle = asyncio.ensure_future(self._fail(req, policy, record, refused))
             self.settling.add(settle)
             settle.add_done_callback(self._settled)
@@ -308,12 +315,19 @@ class Escalating:
             else:
                 record["outcome"] = "edge_only"
                 self.metrics.spool_events.labels("refused").inc()
-                log.warning("escalation %s not spooled (spool full: max_bytes); edge result kept", key)
+                log.warning("escalation %s not spooled (larger than spool.max_bytes); edge result kept", key)
             self.metrics.escalations.labels(reason, record["outcome"]).inc()
             self._show_spool(stats)
             self.write(record)
             return
-        if action == "drop":
+        self._settle_without_cloud(req, policy, record, exc)
+
+    def _settle_without_cloud(self, req: Any, policy: Policy, record: Record, exc: TransportError) -> None:
+        """Publish the edge result, or nothing when the policy says drop (and ``exc`` is a
+        failure the policy's onCloudUnavailable is about)."""
+        reason = record.get("reason", "")
+        record["error"] = str(exc)
+        if exc.code in SPOOLABLE and policy.spec.on_cloud_unavailable == "drop":
             self.metrics.escalations.labels(reason, "dropped").inc()
             self.metrics.drops.labels(record.get("stream", ""), "cloud_unavailable").inc()
             log.info("escalation %s/%s dropped (policy onCloudUnavailable=drop): %s",

@@ -256,3 +256,40 @@ def test_spool_evictions_and_expiry_are_counted_whichever_call_did_them(tmp_path
     assert metrics.spool_events.labels("expired")._value.get() == kept == st.dropped_age_cap - 1
     assert metrics.spool_depth._value.get() == 0
     spool.close()
+
+
+def test_spool_backlog_is_bounded_and_what_overflows_keeps_its_edge_result(tmp_path):
+    """More escalations than the spool can fsync: at most cloud.max_in_flight wait for
+    the spool thread; the rest are settled at once with their edge result, counted."""
+    from tests.conftest import free_port
+
+    class SlowSpool(Spool):
+        def put(self, key, payload, meta=None):
+            time.sleep(0.2)  # a slow card
+            return super().put(key, payload, meta)
+
+    spool = SlowSpool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    policy = parse_policy(policy_yaml("p", deadline_ms=300))
+    written = []
+    metrics = EdgeMetrics()
+
+    async def run():
+        t = GrpcTransport([f"127.0.0.1:{free_port()}"])
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool, max_in_flight=2)
+        for seq in range(8):  # one burst, as from one batch of frames
+            esc.submit(Frame("cam", seq, np.zeros((48, 64, 3), np.uint8), 0, 0.0), dets([], []),
+                       Verdict(True, "always", 0.0, {}), policy, {"stream": "cam", "frame_seq": seq})
+        assert len(esc.tasks) == 2 and len(esc.settling) == 2
+        await wait_until(lambda: len(written) == 8)
+        await esc.drain(0.1)
+        await esc.close()
+        await t.close()
+
+    asyncio.run(run())
+    outcomes = {r["frame_seq"]: r["outcome"] for r in written}
+    assert sorted(outcomes) == list(range(8))
+    assert [outcomes[s] for s in range(4)] == ["spooled"] * 4
+    assert [outcomes[s] for s in range(4, 8)] == ["edge_only"] * 4
+    assert all("waiting for the spool" in r["error"] for r in written if r["outcome"] == "edge_only")
+    assert metrics.spool_events.labels("refused")._value.get() == 4 and len(spool) == 4
+    spool.close()
