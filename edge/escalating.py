@@ -199,16 +199,8 @@ class Escalating:
         return len(self.tasks)
 
     def submit(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy, record: Record) -> None:
-        """Start escalating one frame; the frame's record is written when it is settled."""
-        try:
-            req, region = build_request(self.device_id, frame, dets, verdict, policy)
-        except Exception as exc:  # an unencodable frame must not stop the pipeline
-            log.exception("cannot build escalation of %s/%d", frame.stream_id, frame.seq)
-            record["outcome"] = "edge_only"
-            record["error"] = f"INTERNAL: {exc}"
-            self.metrics.escalations.labels(verdict.reason, "error").inc()
-            self.write(record)
-            return
+        """Start escalating one frame; the frame's record is written when it is settled.
+        The request (a JPEG encode, milliseconds) is built off the event loop."""
         if len(self.tasks) >= self.max_in_flight:
             refused = TransportError(
                 "RESOURCE_EXHAUSTED", f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)")
@@ -216,19 +208,41 @@ class Escalating:
                 # The spool thread is behind as well (more escalations than fsyncs per
                 # second): the bound on that queue; the frame keeps its edge result.
                 self.metrics.spool_events.labels("refused").inc()
-                self._settle_without_cloud(req, policy, record, TransportError(
+                self._settle_without_cloud(policy, record, TransportError(
                     "RESOURCE_EXHAUSTED", f"{len(self.settling)} escalations already waiting for the spool"))
                 return
-            settle = asyncio.ensure_future(self._fail(req, policy, record, refused))
+            settle = asyncio.ensure_future(self._refuse(frame, dets, verdict, policy, record, refused))
             self.settling.add(settle)
             settle.add_done_callback(self._settled)
             return
-        if region is not None:
-            record["crop"] = list(region)
-        task = asyncio.ensure_future(self._escalate(req, dets, policy, record))
+        task = asyncio.ensure_future(self._escalate(frame, dets, verdict, policy, record))
         self.tasks.add(task)
         self.metrics.in_flight.set(len(self.tasks))
         task.add_done_callback(self._done)
+
+    async def _request(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy,
+                       record: Record) -> Optional[Any]:
+        """The frame's DetectRequest, built in a worker thread (the crop, if any, noted in
+        the record); None when it cannot be built (the record is written edge-only)."""
+        try:
+            req, region = await asyncio.get_running_loop().run_in_executor(
+                None, build_request, self.device_id, frame, dets, verdict, policy)
+        except Exception as exc:  # an unencodable frame must not stop the pipeline
+            log.exception("cannot build escalation of %s/%d", frame.stream_id, frame.seq)
+            record["outcome"] = "edge_only"
+            record["error"] = f"INTERNAL: {exc}"
+            self.metrics.escalations.labels(verdict.reason, "error").inc()
+            self.write(record)
+            return None
+        if region is not None:
+            record["crop"] = list(region)
+        return req
+
+    async def _refuse(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy,
+                      record: Record, exc: TransportError) -> None:
+        req = await self._request(frame, dets, verdict, policy, record)
+        if req is not None:
+            await self._fail(req, policy, record, exc)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
@@ -246,8 +260,15 @@ class Escalating:
             raise TransportError("UNAVAILABLE", f"transport {name!r} is not configured in the settings (cloud.*)")
         return t
 
-    async def _escalate(self, req: Any, dets: Detections, policy: Policy, record: Record) -> None:
+    async def _escalate(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy,
+                        record: Record) -> None:
         reason = record.get("reason", "")
+        req = await self._request(frame, dets, verdict, policy, record)
+        if req is None:
+            return
+        if self.shutting_down:  # drain() already cut off the calls on the wire
+            await self._fail(req, policy, record, TransportError("UNAVAILABLE", "daemon shutting down"))
+            return
         t0 = time.monotonic()
         me = asyncio.current_task()
         self.on_the_wire.add(me)
@@ -320,9 +341,9 @@ class Escalating:
             self._show_spool(stats)
             self.write(record)
             return
-        self._settle_without_cloud(req, policy, record, exc)
+        self._settle_without_cloud(policy, record, exc)
 
-    def _settle_without_cloud(self, req: Any, policy: Policy, record: Record, exc: TransportError) -> None:
+    def _settle_without_cloud(self, policy: Policy, record: Record, exc: TransportError) -> None:
         """Publish the edge result, or nothing when the policy says drop (and ``exc`` is a
         failure the policy's onCloudUnavailable is about)."""
         reason = record.get("reason", "")
@@ -331,7 +352,7 @@ class Escalating:
             self.metrics.escalations.labels(reason, "dropped").inc()
             self.metrics.drops.labels(record.get("stream", ""), "cloud_unavailable").inc()
             log.info("escalation %s/%s dropped (policy onCloudUnavailable=drop): %s",
-                     req.stream_id, req.frame_seq, exc)
+                     record.get("stream"), record.get("frame_seq"), exc)
             return
         record["outcome"] = "edge_only"
         self.metrics.escalations.labels(reason, "edge_only").inc()

@@ -293,3 +293,41 @@ def test_spool_backlog_is_bounded_and_what_overflows_keeps_its_edge_result(tmp_p
     assert all("waiting for the spool" in r["error"] for r in written if r["outcome"] == "edge_only")
     assert metrics.spool_events.labels("refused")._value.get() == 4 and len(spool) == 4
     spool.close()
+
+
+def test_request_is_built_off_the_loop_and_a_refused_crop_keeps_its_region(tmp_path, monkeypatch):
+    """The JPEG encode runs in a worker thread; an escalation refused at submit
+    (max_in_flight) and spooled still records its crop, which the replay's merge needs."""
+    import edge.escalating as escalating
+    from tests.conftest import free_port
+
+    threads = []
+
+    def traced(*args):
+        threads.append(threading.current_thread().name)
+        return build_request(*args)
+
+    monkeypatch.setattr(escalating, "build_request", traced)
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    policy = parse_policy(policy_yaml("p", deadline_ms=300, mode="crops"))
+    written = []
+
+    async def run():
+        t = GrpcTransport([f"127.0.0.1:{free_port()}"])
+        esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), spool=spool, max_in_flight=1)
+        for seq in range(2):  # the second is refused at submit: one already in flight
+            esc.submit(Frame("cam", seq, np.zeros((80, 100, 3), np.uint8), 0, 0.0),
+                       dets([[10, 10, 30, 30]], [0.4]), Verdict(True, "hard", 0.8, {}), policy,
+                       {"stream": "cam", "frame_seq": seq})
+        await wait_until(lambda: len(written) == 2)
+        await esc.close()
+        await t.close()
+        return threading.current_thread().name
+
+    loop_thread = asyncio.run(run())
+    assert len(threads) == 2 and loop_thread not in threads
+    by_seq = {r["frame_seq"]: r for r in written}
+    assert "in flight" in by_seq[1]["error"]
+    assert all(r["outcome"] == "spooled" and r["crop"] == [6, 6, 34, 34] for r in written)
+    assert [i.meta["record"]["crop"] for i in spool.peek(10)] == [[6, 6, 34, 34]] * 2
+    spool.close()
