@@ -3,7 +3,8 @@
 ``build_request`` (pure) turns a frame, its edge detections and the verdict into a
 ``DetectRequest`` (JPEG at the policy quality; the full frame or one padded crop
 around the uncertain boxes, with ``offset_x/y`` and the source size).
-``Escalating`` (async shell) sends it over the policy's transport with the
+``Escalating`` (async shell) builds it in a worker thread (the JPEG encode
+stays off the event loop), sends it over the policy's transport with the
 policy deadline, merges the answer with the edge boxes and writes the frame
 record. When the cloud is unreachable, overloaded or too slow
 (UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED) the policy's
@@ -12,7 +13,7 @@ later, at-least-once by the idempotency key device/stream/frame_seq, the late
 result marked ``late: true``), ``edge_only`` (publish the edge result) or
 ``drop`` (publish nothing for the frame). Sedna drops everything when its cloud
 is down and has no timeout (anchors-joint-inference.md §2.1); we do neither.
-Every spool call (each ``put``/``ack``/``nack`` is an fsync'd commit, ~10 ms)
+Every spool call (each ``put``/``ack``/``nack`` is an fsync'd commit, up to ~10 ms)
 runs on one dedicated spool thread, never on the event loop, in the order it
 was issued; a replayed batch is acknowledged with one ``ack_many`` after its
 records reached the sinks (at-least-once; the JSON Lines sink drops a repeated
