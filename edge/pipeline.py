@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from edge.deciding import Decider, Verdict
-from edge.escalating import Escalating, detections_json
+from edge.escalating import Escalating
+from edge.payloads import detections_json
 from edge.sinks import Record
 from edge.sources.base import Frame
 from edge.sources.capturing import Capturer, FrameQueue

@@ -238,7 +238,7 @@ class EdgeSettings:
         for i, ep in enumerate(c.endpoints):
             host, _, port = ep.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                _fail(where, f"cloud.endpoints[{i}]", f"must be host:port with a port 1..65535, got {ep!r}")
+                _fail(where, f"cloud.endpoints[{i}]", f"must be host:port, got {ep!r} (port 1..65535)")
         if bool(c.tls_cert) != bool(c.tls_key):
             _fail(where, "cloud.tls_cert", "tls_cert and tls_key must be given together")
         if c.max_in_flight < 1:

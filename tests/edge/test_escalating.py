@@ -11,15 +11,10 @@ import cv2
 import numpy as np
 
 from edge.deciding import Verdict
-from edge.escalating import (
-    Escalating,
-    Spooled,
-    build_request,
-    crop_region,
-    detections_json,
-    idempotency_key,
-)
+from edge.escalating import Escalating
 from edge.metrics import EdgeMetrics
+from edge.payloads import Spooled, build_request, crop_region, detections_json
+from edge.sinks import idempotency_key
 from edge.sources.base import Frame
 from edge.spool import Spool
 from edge.transports.grpc import GrpcTransport

@@ -52,7 +52,7 @@ def test_layering_file_env_flags(tmp_path):
     ("streams: [{id: s, kind: synthetic}]\nmodel: {max_batch: many}\n", "model.max_batch must be an integer"),
     ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: [nohost]}\n", "cloud.endpoints[0] must be host:port"),
     ("streams: [{id: s, kind: synthetic}]\ncloud: {transport: http}\n", "cloud.transport must be one of"),
-    ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: ['gw:70000']}\n", "port 1..65535, got 'gw:70000'"),
+    ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: ['gw:70000']}\n", "must be host:port, got 'gw:70000' (port 1..65535)"),
     ("streams: [{id: s, kind: synthetic}]\ncloud: {mqtt: {topic_prefix: 'a/+'}}\n", "cloud.mqtt.topic_prefix must be"),
     ("streams: [{id: s, kind: synthetic}]\ncloud: {keepalive_s: 0}\n", "cloud.keepalive_s"),
     ("streams: [{id: s, kind: synthetic}]\nspool: {replay_batch: 0}\n", "replay_batch must be >= 1"),
