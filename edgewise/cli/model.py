@@ -134,9 +134,13 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _progress_printer(
-    stream: Any = sys.stderr, every_s: float = 2.0
+    stream: Any = None, every_s: float = 2.0
 ) -> Callable[[str, int, int], None]:
-    """A progress callback printing at most every ``every_s`` seconds (and at each stage's end)."""
+    """A progress callback printing at most every ``every_s`` seconds (and at each stage's end).
+
+    ``stream`` defaults to the ``sys.stderr`` of the moment of each print (not of import
+    time, which would pin a stream that may since have been replaced).
+    """
     last_t = [0.0]
     last_stage = [""]
 
@@ -145,7 +149,7 @@ def _progress_printer(
         if stage != last_stage[0] or done >= total or now - last_t[0] >= every_s:
             last_t[0], last_stage[0] = now, stage
             pct = 100.0 * done / total if total else 100.0
-            print(f"  {stage}: {done}/{total} frames ({pct:.0f}%)", file=stream, flush=True)
+            print(f"  {stage}: {done}/{total} frames ({pct:.0f}%)", file=stream or sys.stderr, flush=True)
 
     return show
 
