@@ -11,9 +11,9 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 import yaml
 
@@ -41,7 +41,8 @@ class DemoConfig:
         out: report folder.
         seed: data seed.
         size: frame size (width, height).
-        live: print a live progress line.
+        live: print a live progress line (off: only the start and end lines).
+        keep_workdir: keep the work directory (data, logs, the sink) for inspection.
     """
 
     edge_model: Path = ROOT / "models" / "edge-int8.onnx"
@@ -56,10 +57,9 @@ class DemoConfig:
     kill_seconds: float = 4.0
     out: Path = Path("demo-report")
     seed: int = 2026
-    size: tuple = (320, 240)
+    size: Tuple[int, int] = (320, 240)
     live: bool = True
     keep_workdir: bool = False
-    extra: Dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         for name in ("edge_model", "cloud_model", "policy"):
@@ -171,13 +171,16 @@ def _scrape(port: int) -> Dict[str, float]:
 class _Progress:
     """One refreshing status line from the sink file and the daemon's metrics."""
 
-    def __init__(self, sink: Path, metrics_port: int, total: int, stream: TextIO) -> None:
+    def __init__(self, sink: Path, metrics_port: int, total: int, stream: TextIO, enabled: bool = True) -> None:
         self.sink, self.metrics_port, self.total, self.stream = sink, metrics_port, total, stream
+        self.enabled = enabled
         self.t0 = time.monotonic()
         self.tty = stream.isatty()
         self.last_print = 0.0
 
     def show(self, note: str = "") -> None:
+        if not self.enabled:
+            return
         now = time.monotonic()
         if not self.tty and now - self.last_print < 5 and not note:
             return
@@ -199,7 +202,7 @@ class _Progress:
         self.stream.flush()
 
     def done(self) -> None:
-        if self.tty:
+        if self.tty and self.enabled:
             self.stream.write("\n")
 
 
@@ -246,7 +249,7 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
                                   stdout=open(work / "edge.log", "wb"), stderr=subprocess.STDOUT, env=env)
         say("edge daemon started; live progress:")
         total = cfg.streams * cfg.frames
-        progress = _Progress(sink, metrics_port, total, stream)
+        progress = _Progress(sink, metrics_port, total, stream, cfg.live)
         run_s = cfg.frames / cfg.fps
         # The run's clock starts with the first frame out of the daemon (model load and
         # warm-up before that are not part of the camera timeline).
