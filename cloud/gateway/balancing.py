@@ -255,7 +255,9 @@ class Balancer:
 
     def key(self, ep: EndpointStats, now: float) -> float:
         """HAProxy load-after-assignment key ``(in_flight + 1) / w_eff`` (§6.3 step 3)."""
-        if self.config.idle_first and ep.in_flight == 0:
+        # Idle-first skips endpoints still in slow start, or an idle new worker would get
+        # every request it can take and the ramp would mean nothing.
+        if self.config.idle_first and ep.in_flight == 0 and self.slow_start_factor(ep, now) >= 1.0:
             return 0.0
         return (ep.in_flight + 1) / self.effective_weight(ep, now)
 

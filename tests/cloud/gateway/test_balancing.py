@@ -390,3 +390,18 @@ def test_retry_excludes_tried_host():
     second = must(b.pick(exclude=[first.address]))
     assert second.address != first.address
     assert b.pick(exclude=["w0", "w1"]) is NoPick.NO_ENDPOINTS
+
+
+def test_idle_first_does_not_bypass_slow_start():
+    clock = FakeClock(0.0)
+    b = Balancer(BalancerConfig(slow_start_window_s=30.0, idle_first=True), clock=clock, rng=random.Random(0))
+    b.set_endpoints([("old", 1.0, "", False)])
+    clock.t = 100.0
+    b.set_endpoints([("old", 1.0, "", False), ("new", 1.0, "", False)])
+    clock.t = 103.0  # 10% into the window: the idle new endpoint is not key 0
+    got = Counter()
+    for _ in range(100):  # one request at a time, each finished before the next
+        t = must(b.pick())
+        got[t.address] += 1
+        t.release(Outcome.OK)
+    assert got["new"] <= 15, got  # ~share of WRR ties 1:0.1, not half
