@@ -358,7 +358,7 @@ class StreamGenerator:
             cv2.line(ker, (0, k // 2), (k - 1, k // 2), 1.0, 1)
             rot = cv2.getRotationMatrix2D((k / 2 - 0.5, k / 2 - 0.5), -math.degrees(math.atan2(o.vy, o.vx)), 1.0)
             ker = cv2.warpAffine(ker, rot, (k, k))
-            ker = ker / max(float(ker.sum()), 1e-6)
+            ker = (ker / max(float(ker.sum()), 1e-6)).astype(np.float32)
             alpha = cv2.filter2D(alpha, -1, ker, borderType=cv2.BORDER_CONSTANT)
             # motion blur spreads ink thinner: keep strokes readable by renormalising
             peak = float(alpha.max())
