@@ -13,9 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, List, Tuple
-
-from edgewise.errors import ConfigError
+from typing import Any, Tuple
 
 
 def _imgsz(text: str) -> Tuple[int, int]:
@@ -49,10 +47,41 @@ def register(subparsers: Any) -> None:
     p.add_argument("--video", action="store_true", help="also write one MJPG .avi per stream")
     p.set_defaults(func=_synth)
 
-    t = subparsers.add_parser("train", help="train a YOLOv5 model (needs the train extra: torch)",
-                              add_help=False)
-    t.add_argument("rest", nargs=argparse.REMAINDER)
+    t = subparsers.add_parser("train", help="train a YOLOv5 model (needs the train extra: torch)")
+    add_train_arguments(t)
     t.set_defaults(func=_train)
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``edgewise train`` / ``python -m edgewise.train`` (no torch import here)."""
+    p.add_argument("--data", required=True, help="training folder (edgewise synth layout)")
+    p.add_argument("--val", default=None, help="validation folder (default: the training folder)")
+    p.add_argument("--out", required=True, help="run folder: checkpoints, history, best.onnx")
+    p.add_argument("--arch", default="yolov5n", help="yolov5n|s|m|l|x (default yolov5n)")
+    p.add_argument("--width", dest="width_multiple", type=float, default=None,
+                   help="override the width multiple (e.g. 0.375 for a narrow yolov5s)")
+    p.add_argument("--imgsz", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--nbs", type=int, default=64, help="nominal batch size (accumulation target)")
+    p.add_argument("--optimizer", choices=("SGD", "AdamW"), default="SGD")
+    p.add_argument("--lr0", type=float, default=None, help="initial LR (default 0.01 SGD, 0.001 AdamW)")
+    p.add_argument("--lrf", type=float, default=0.01)
+    p.add_argument("--linear-lr", action="store_true", help="linear instead of cosine decay")
+    p.add_argument("--warmup-epochs", type=float, default=3.0)
+    p.add_argument("--warmup-bias-lr", type=float, default=None,
+                   help="bias LR at the start of warmup (default 0.1 for SGD as Ultralytics; lr0 for AdamW)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="wall-clock seconds; the LR schedule follows time and training stops there")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
+    p.add_argument("--val-limit", type=int, default=None)
+    p.add_argument("--epoch-size", type=int, default=None,
+                   help="images per epoch (validation + checkpoint after each); default: the whole set")
+    p.add_argument("--no-export", action="store_true", help="skip the ONNX export of best.pt")
+
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -79,9 +108,6 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    try:
-        from edgewise.train.__main__ import main
-    except ModuleNotFoundError as exc:
-        raise ConfigError(f"edgewise train needs the train extra (pip install 'edgewise[train]'): {exc}") from None
-    rest: List[str] = list(args.rest)
-    return int(main(rest))
+    from edgewise.train.__main__ import run_args
+
+    return int(run_args(args))

@@ -8,43 +8,22 @@ import logging
 import sys
 from typing import Optional, Sequence
 
+from edgewise.cli.synth import add_train_arguments
 from edgewise.errors import EdgewiseError
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgewise train", description="train a YOLOv5 on a YOLO-txt dataset")
-    p.add_argument("--data", required=True, help="training folder (edgewise synth layout)")
-    p.add_argument("--val", default=None, help="validation folder (default: the training folder)")
-    p.add_argument("--out", required=True, help="run folder: checkpoints, history, best.onnx")
-    p.add_argument("--arch", default="yolov5n", help="yolov5n|s|m|l|x (default yolov5n)")
-    p.add_argument("--width", dest="width_multiple", type=float, default=None,
-                   help="override the width multiple (e.g. 0.375 for a narrow yolov5s)")
-    p.add_argument("--imgsz", type=int, default=256)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--nbs", type=int, default=64, help="nominal batch size (accumulation target)")
-    p.add_argument("--optimizer", choices=("SGD", "AdamW"), default="SGD")
-    p.add_argument("--lr0", type=float, default=None, help="initial LR (default 0.01 SGD, 0.001 AdamW)")
-    p.add_argument("--lrf", type=float, default=0.01)
-    p.add_argument("--linear-lr", action="store_true", help="linear instead of cosine decay")
-    p.add_argument("--warmup-epochs", type=float, default=3.0)
-    p.add_argument("--warmup-bias-lr", type=float, default=None,
-                   help="bias LR at the start of warmup (default 0.1 for SGD as Ultralytics; lr0 for AdamW)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
-    p.add_argument("--time-budget", type=float, default=0.0,
-                   help="wall-clock seconds; the LR schedule follows time and training stops there")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
-    p.add_argument("--val-limit", type=int, default=None)
-    p.add_argument("--epoch-size", type=int, default=None,
-                   help="images per epoch (validation + checkpoint after each); default: the whole set")
-    p.add_argument("--no-export", action="store_true", help="skip the ONNX export of best.pt")
+    add_train_arguments(p)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    return run_args(build_parser().parse_args(list(argv) if argv is not None else None))
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Train with parsed ``args`` (also the ``edgewise train`` handler)."""
     try:
         from edgewise.train.trainer import TrainConfig, train
     except ModuleNotFoundError as exc:

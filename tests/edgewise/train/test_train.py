@@ -90,3 +90,15 @@ def test_bad_config_is_rejected(tiny_data: Path) -> None:
         TrainConfig(data=str(tiny_data), out="x", imgsz=100).validate()
     with pytest.raises(ConfigError, match="arch"):
         TrainConfig(data=str(tiny_data), out="x", arch="yolov9").validate()
+
+
+def test_edgewise_train_cli(tiny_data: Path, tmp_path: Path, capsys) -> None:
+    from edgewise.cli import main
+
+    rc = main(["train", "--data", str(tiny_data), "--out", str(tmp_path / "r"), "--imgsz", "128",
+               "--epochs", "1", "--batch", "4", "--nbs", "4", "--threads", "1", "--no-export"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["epochs_run"] == 1 and (tmp_path / "r" / "best.pt").exists()
+    assert not (tmp_path / "r" / "best.onnx").exists()
+    assert main(["train", "--data", str(tiny_data), "--out", str(tmp_path / "s"), "--imgsz", "100"]) == 2
