@@ -166,8 +166,10 @@ def _cached_score(path: Path, test: Path, threads: int, cache_dir: Path) -> Dict
 def _stage_edge(run: Path, models: Path, calib_samples: int, threads: int) -> Tuple[Path, Path, float]:
     from edgewise.models.quantize import quantize
 
-    cfg = json.loads((run / "edge" / "config.json").read_text())
-    edge = models / f"edge-{cfg['arch']}-{cfg['imgsz']}.onnx"
+    # Fixed names: the demo, the Jetson bundle, the chart and the benches load these
+    # defaults, so a retrained pair replaces the files without a code change (the
+    # architecture and input size are in each file's metadata and the model card).
+    edge = models / "edge.onnx"
     int8 = edge.with_name(edge.stem + "-int8.onnx")
     src = run / "edge" / "best.onnx"
     q_s = 0.0
@@ -198,8 +200,7 @@ def package(run: Path, models: Path, calib_samples: int = 200, threads: int = 1,
     edge, int8, _ = _stage_edge(run, models, calib_samples, threads)
     todo = [("edge_float", edge), ("edge_int8", int8)]
     if stage == "all":
-        cloud_cfg = json.loads((run / "cloud" / "config.json").read_text())
-        cloud = models / f"cloud-{cloud_cfg['arch']}-{cloud_cfg['imgsz']}.onnx"
+        cloud = models / "cloud.onnx"
         shutil.copyfile(run / "cloud" / "best.onnx", cloud)
         todo.append(("cloud_float", cloud))
     results: Dict[str, Any] = {}
