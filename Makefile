@@ -60,8 +60,12 @@ test: system-deps helm venv proto-check lint typecheck pytest
 demo: system-deps venv
 	$(BIN)/edgewise demo
 
-bench: venv
+# The four benchmarks (tables on stdout; about 25 minutes on 2 cores).
+bench: venv system-deps
 	$(BIN)/python bench/runtime.py
+	$(BIN)/python bench/edge.py
+	$(BIN)/python bench/routing.py
+	$(BIN)/python bench/system.py
 
 clean:
 	rm -rf $(VENV) .cache build dist *.egg-info demo-report
