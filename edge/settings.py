@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
+from edgewise.config import read_yaml_mapping
 from edgewise.errors import ConfigError
 
 SOURCE_KINDS = ("file", "folder", "rtsp", "http", "camera", "gstreamer", "synthetic")
@@ -405,17 +405,7 @@ def load_settings(
     where = "settings"
     if path:
         where = str(path)
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read settings file: {exc.strerror}") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of settings")
-        tree = loaded or {}
+        tree = read_yaml_mapping(path, "edge settings")
         # Validate the file's own keys first so the message names the file.
         _build(EdgeSettings, tree, where, "")
     layered: List[Tuple[str, str, str]] = []

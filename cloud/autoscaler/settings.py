@@ -29,6 +29,7 @@ from cloud.autoscaler.scaling import (
     default_scale_down,
     default_scale_up,
 )
+from edgewise.config import read_yaml_mapping
 from edgewise.errors import ConfigError
 
 ENV_PREFIX = "EDGEWISE_AUTOSCALER_"
@@ -251,16 +252,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the autoscaler config ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of settings")
+    data = read_yaml_mapping(p, "autoscaler settings")
     _check_keys(AutoscalerSettings, data, f"{p}", "")
     return data
 

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from cloud.gateway.balancing import BalancerConfig
+from edgewise.config import read_yaml_mapping
 from edgewise.errors import ConfigError
 
 ENV_PREFIX = "EDGEWISE_GATEWAY__"
@@ -293,17 +294,7 @@ def load_settings(path: str | Path | None = None, overrides: Mapping[str, Any] |
     source = "settings"
     if path:
         source = str(path)
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read the gateway config: {exc}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if data is not None and not isinstance(data, Mapping):
-            raise ConfigError(f"{path}: the top level must be a mapping of settings")
-        tree = dict(data or {})
+        tree = read_yaml_mapping(path, "gateway settings")
     env = os.environ if env is None else env
     for key, value in sorted(env.items()):
         if key.startswith(ENV_PREFIX):

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-import yaml
-
 from cloud.worker.batching import BatchPolicy
+from edgewise.config import read_yaml_mapping
 from edgewise.errors import ConfigError
 
 ENV_PREFIX = "EDGEWISE_WORKER_"
@@ -127,17 +126,7 @@ def load_settings(
     data: dict[str, Any] = {}
     if config is not None:
         where = str(config)
-        try:
-            text = Path(config).read_text()
-        except OSError as exc:
-            raise ConfigError(f"{where}: cannot read the worker config: {exc.strerror}") from exc
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{where}: not valid YAML: {exc}") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{where}: the top level must be a mapping of worker settings")
-        data = loaded or {}
+        data = read_yaml_mapping(config, "worker settings")
         settings = _build(WorkerSettings, data, where, "")
     else:
         settings = WorkerSettings()

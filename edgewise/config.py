@@ -1,0 +1,37 @@
+"""Reading a settings file: the one piece every process's settings loader shares.
+
+The edge daemon, the gateway, the worker and the autoscaler each build their own
+settings tree (their keys differ), but they read the YAML file the same way and
+must fail the same way: the message names the file and says what is wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Union
+
+import yaml
+
+from edgewise.errors import ConfigError
+
+
+def read_yaml_mapping(path: Union[str, Path], what: str = "settings") -> Dict[str, Any]:
+    """The mapping at the top of a YAML file (``{}`` for an empty file).
+
+    Raises:
+        ConfigError: the file cannot be read, is not YAML, or its top level is not
+            a mapping; the message starts with the path.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what} file: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of {what}")
+    return data
