@@ -15,7 +15,7 @@ import importlib
 import logging
 import os
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from edgewise.errors import EdgewiseError
 
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _group_help(parser: argparse.ArgumentParser):  # type: ignore[no-untyped-def]
+def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     def show(_args: argparse.Namespace) -> int:
         parser.print_help()
         return 2
@@ -102,10 +102,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-def run() -> None:  # pragma: no cover - console script shim
-    sys.exit(main())
 
 
 __all__: List[str] = ["build_parser", "main"]
