@@ -233,6 +233,12 @@ class Balancer:
         ep.limit = max(0, int(limit))
         self._update_cap_mean()
 
+    def mark_unreachable(self, address: str) -> None:
+        """A Load poll could not reach the worker: no picks until a poll reports it serving."""
+        ep = self.endpoints.get(address)
+        if ep is not None:
+            ep.paused = True
+
     # ---- weights -------------------------------------------------------------------------
     def slow_start_factor(self, ep: EndpointStats, now: float) -> float:
         """Envoy slow start (§6.2/§1.4): max(min_pct, (elapsed/window)^(1/aggression))."""

@@ -139,8 +139,15 @@ class WorkerPool:
         timeout = min(1.0, self.settings.load_poll_interval_s)
         try:
             load = await ch.stub.Load(detect_pb2.LoadRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError:
-            return  # request failures drive ejection; a missed poll changes nothing
+        except grpc.aio.AioRpcError as exc:
+            # Active health check (Envoy's complement to outlier ejection): a worker we
+            # cannot reach gets no picks until a poll reaches it again. Without this a
+            # restarted worker whose ejection ran out while its channel was still
+            # reconnecting took picks, failed them fast and was ejected again, for
+            # longer each time. A slow poll (deadline) is load, not absence: ignored.
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self.balancer.mark_unreachable(address)
+            return
         limit = load.max_batch_size + load.max_queue_size if load.max_queue_size else 0
         self.balancer.report_load(address, load.capacity, load.queue_depth, limit, load.serving)
 

@@ -405,3 +405,21 @@ def test_idle_first_does_not_bypass_slow_start():
         got[t.address] += 1
         t.release(Outcome.OK)
     assert got["new"] <= 15, got  # ~share of WRR ties 1:0.1, not half
+
+
+def test_unreachable_worker_gets_no_picks_until_a_poll_reaches_it():
+    b, _ = make([1, 1])
+    b.mark_unreachable("w1")
+    picks = []
+    for _ in range(6):
+        t = must(b.pick())
+        picks.append(t.address)
+        t.release(Outcome.OK)
+    assert set(picks) == {"w0"}
+    b.report_load("w1", capacity=10.0, serving=True)  # a Load poll reached it again
+    seen = set()
+    for _ in range(6):
+        t = must(b.pick())
+        seen.add(t.address)
+        t.release(Outcome.OK)
+    assert seen == {"w0", "w1"}
