@@ -19,6 +19,7 @@ import numpy as np
 
 from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
+from edgewise.images import check_bgr
 from edgewise.v1 import detect_pb2
 
 #: Default limits for decoded images: 8K UHD frames pass, decompression bombs do not.
@@ -29,20 +30,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 JPEG_MAGIC = b"\xff\xd8"
 
 
-def _check_bgr(bgr: np.ndarray) -> None:
-    if not isinstance(bgr, np.ndarray):
-        raise InvalidInputError(f"image: expected a numpy BGR array, got {type(bgr).__name__}")
-    if bgr.dtype != np.uint8:
-        raise InvalidInputError(f"image: expected dtype uint8, got {bgr.dtype}")
-    if bgr.ndim != 3 or bgr.shape[2] != 3:
-        raise InvalidInputError(f"image: expected shape HxWx3 (BGR), got {bgr.shape}")
-    if bgr.shape[0] == 0 or bgr.shape[1] == 0:
-        raise InvalidInputError(f"image: empty image of shape {bgr.shape}")
-
-
 def encode_image(bgr: np.ndarray, fmt: str = "jpeg", quality: int = 90) -> detect_pb2.Image:
     """Encode a BGR uint8 HxWx3 image as ``jpeg`` (``quality`` 1..100), ``png`` or ``raw``."""
-    _check_bgr(bgr)
+    check_bgr(bgr)
     if fmt == "raw":
         data = np.ascontiguousarray(bgr).tobytes()
         return detect_pb2.Image(

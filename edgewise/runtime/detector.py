@@ -16,6 +16,7 @@ import numpy as np
 
 from edgewise.detections import Detections
 from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.images import check_bgr
 from edgewise.runtime.backends import InferenceBackend
 from edgewise.runtime.decoding import DecodeParams, decode
 from edgewise.runtime.letterbox import LetterboxMeta, preprocess_batch
@@ -34,14 +35,7 @@ def validate_images(images: Sequence[Any]) -> None:
             "wrap a single image as [image]"
         )
     for i, im in enumerate(images):
-        if not isinstance(im, np.ndarray):
-            raise InvalidInputError(f"image {i}: expected a numpy array (BGR uint8 HxWx3), got {type(im).__name__}")
-        if im.dtype != np.uint8:
-            raise InvalidInputError(f"image {i}: expected dtype uint8 (BGR 0..255), got {im.dtype}")
-        if im.ndim != 3 or im.shape[2] != 3:
-            raise InvalidInputError(f"image {i}: expected shape HxWx3 (BGR), got {im.shape}")
-        if im.shape[0] == 0 or im.shape[1] == 0:
-            raise InvalidInputError(f"image {i}: empty image of shape {im.shape}")
+        check_bgr(im, f"image {i}")
 
 
 class Detector:
