@@ -12,6 +12,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.cloud.k8s_http import KubeJsonHandler
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
@@ -28,22 +30,7 @@ class ScaleAPI:
         self.lock = threading.Lock()
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def _send(self, code, doc):
-                body = json.dumps(doc).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _status(self, code, reason, message):
-                self._send(code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                  "message": message, "reason": reason, "code": code})
-
+        class Handler(KubeJsonHandler):
             def _handle(self, method):
                 n = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(n) if n else None
@@ -65,7 +52,7 @@ class ScaleAPI:
                         api.replicas = int(body["spec"]["replicas"])
                         api.rv += 1
                         api.patches.append(body)
-                    return self._send(200, api.scale_doc())
+                    return self._json(200, api.scale_doc())
 
             def do_GET(self):
                 self._handle("GET")

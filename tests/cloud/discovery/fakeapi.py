@@ -22,8 +22,10 @@ import copy
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from tests.cloud.k8s_http import KubeJsonHandler
 
 
 class _Server(ThreadingHTTPServer):
@@ -62,23 +64,8 @@ class FakeKubeAPI:
         self.generation = 0  # bump to end active watch streams
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(KubeJsonHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def _json(self, code, doc):
-                body = json.dumps(doc).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _status(self, code, reason, msg):
-                self._json(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                  "reason": reason, "message": msg, "code": code})
 
             def do_GET(self):
                 u = urlsplit(self.path)
