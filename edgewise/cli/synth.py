@@ -81,6 +81,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epoch-size", type=int, default=None,
                    help="images per epoch (validation + checkpoint after each); default: the whole set")
     p.add_argument("--no-export", action="store_true", help="skip the ONNX export of best.pt")
+    p.add_argument("--init", default=None,
+                   help="start from a pre-trained backbone (python -m edgewise.train.pretrain --out FILE)")
 
 
 

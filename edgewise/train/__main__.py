@@ -40,7 +40,7 @@ def run_args(args: argparse.Namespace) -> int:
                                       else (0.1 if args.optimizer == "SGD" else lr0)), seed=args.seed,
                       threads=args.threads, device=args.device, time_budget_s=args.time_budget, limit=args.limit,
                       val_limit=args.val_limit, epoch_size=args.epoch_size,
-                      export_onnx=not args.no_export)
+                      export_onnx=not args.no_export, init=args.init)
     try:
         summary = train(cfg)
     except EdgewiseError as exc:

@@ -71,6 +71,7 @@ class TrainConfig:
     gains: LossGains = field(default_factory=LossGains)
     export_onnx: bool = True
     log_every: int = 20
+    init: Optional[str] = None  # backbone file of edgewise.train.pretrain to start from
 
     def validate(self) -> TrainConfig:
         if self.arch not in ARCHS:
@@ -87,6 +88,8 @@ class TrainConfig:
             raise ConfigError("--lr0 must be in (0, 1) and --lrf in (0, 1]")
         if self.width_multiple is not None and not 0.05 <= self.width_multiple <= 2.0:
             raise ConfigError("--width must be within [0.05, 2]")
+        if self.init is not None and not Path(self.init).is_file():
+            raise ConfigError(f"--init {self.init}: no such backbone file (python -m edgewise.train.pretrain writes one)")
         return self
 
 
@@ -209,7 +212,12 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     nc = len(names)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
                           else cfg.device)
-    model = make_model(cfg, nc).to(device).train()
+    model = make_model(cfg, nc)
+    if cfg.init:
+        from edgewise.train.pretrain import load_backbone
+
+        log.info("backbone initialised from %s (%d tensors)", cfg.init, load_backbone(model, Path(cfg.init)))
+    model = model.to(device).train()
     det = model.detect
     gains = scaled_gains(cfg.gains, det.nl, nc, cfg.imgsz)
     compute_loss = ComputeLoss(model, gains)

@@ -1,0 +1,118 @@
+"""Backbone pre-training: crops sit on the labelled objects, the classifier learns, the
+backbone loads into a detector (and only into the architecture it came from)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgewise.errors import ConfigError  # noqa: E402
+from edgewise.models.yolov5 import build_model  # noqa: E402
+from edgewise.synth import PRESETS, SynthJob, generate  # noqa: E402
+from edgewise.train import TrainConfig, train  # noqa: E402
+from edgewise.train.data import read_yolo_labels  # noqa: E402
+from edgewise.train.pretrain import (  # noqa: E402
+    BackboneClassifier,
+    _to_tensor,
+    load_backbone,
+    main,
+    object_crops,
+)
+
+EASY = dataclasses.replace(PRESETS["easy"], objects_min=2, objects_max=3, size_easy=(24.0, 30.0),
+                           size_hard=(20.0, 24.0), occluders_max=0)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pre") / "ds"
+    generate(SynthJob(out=out, frames=4, streams=2, seed=5, split="train", width=128, height=128,
+                      difficulty=EASY, stride=2))
+    return out
+
+
+def test_crops_are_centred_on_each_labelled_object(tiny_data: Path) -> None:
+    crops, classes = object_crops(tiny_data, 48, 3, np.random.default_rng(0))
+    labels = [read_yolo_labels(p) for p in sorted((tiny_data / "labels").glob("*.txt"))]
+    expected = np.concatenate([np.repeat(lab[:, 0], 3) for lab in labels if len(lab)]).astype(np.int64)
+    assert crops.shape == (len(expected), 48, 48, 3) and crops.dtype == np.uint8
+    assert np.array_equal(classes, expected)
+
+
+def test_crop_geometry_on_a_hand_made_image(tmp_path: Path) -> None:
+    # one white 20x20 square at (40..60, 20..40) of a grey 100x80 frame, class 7
+    (tmp_path / "images").mkdir()
+    (tmp_path / "labels").mkdir()
+    im = np.full((80, 100, 3), 100, np.uint8)
+    im[20:40, 40:60] = 255
+    cv2.imwrite(str(tmp_path / "images" / "f.png"), im)
+    (tmp_path / "labels" / "f.txt").write_text(f"7 {50 / 100} {30 / 80} {20 / 100} {20 / 80}\n")
+    crops, classes = object_crops(tmp_path, 48, 20, np.random.default_rng(0))
+    assert classes.tolist() == [7] * 20
+    # context 1.3-2.1x the box and centre jitter <= 15%: the crop centre is always the square,
+    # the border ring mostly the grey background, and the square fills 1/2.1^2..1/1.3^2 of the crop
+    assert (crops[:, 22:26, 22:26] > 240).all()
+    ring = np.concatenate([crops[:, 0], crops[:, -1], crops[:, :, 0], crops[:, :, -1]], 1).astype(float)
+    assert (np.median(ring, axis=(1, 2)) < 110).all()
+    white = (crops[..., 0] > 177).mean((1, 2))
+    assert ((white > 0.8 / 2.1 ** 2) & (white < 1.2 / 1.3 ** 2)).all(), white
+
+
+def test_empty_or_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no images/ folder"):
+        object_crops(tmp_path, 48, 1, np.random.default_rng(0))
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.jpg"), np.zeros((32, 32, 3), np.uint8))
+    with pytest.raises(ConfigError, match="no labelled objects"):
+        object_crops(tmp_path, 48, 1, np.random.default_rng(0))
+
+
+def test_classifier_loss_falls_and_backbone_loads_into_detector(tiny_data: Path, tmp_path: Path) -> None:
+    crops, classes = object_crops(tiny_data, 48, 2, np.random.default_rng(1))
+    torch.manual_seed(0)
+    model = BackboneClassifier(build_model("yolov5n", nc=10), 10).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.002)
+    x, y = _to_tensor(crops), torch.from_numpy(classes)
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3]), losses
+
+    out = tmp_path / "bb.pt"
+    assert main(["--data", str(tiny_data), "--out", str(out), "--arch", "yolov5n", "--time-budget", "3",
+                 "--batch", "8", "--max-epochs", "1"]) == 0
+    saved = torch.load(out, weights_only=False)
+    det = build_model("yolov5n", nc=10, seed=7)
+    head_before = det.model[-1].m[0].weight.clone()
+    assert load_backbone(det, out) == len(saved["backbone"])
+    for k, v in saved["backbone"].items():
+        assert torch.equal(det.state_dict()[k], v), k
+    assert torch.equal(det.model[-1].m[0].weight, head_before)  # the Detect head is untouched
+
+    with pytest.raises(ConfigError, match="different architecture"):
+        load_backbone(build_model("yolov5s", nc=10), out)
+    # the trainer starts from it (--init), and rejects a missing file up front
+    summary = train(TrainConfig(data=str(tiny_data), out=str(tmp_path / "run"), imgsz=128, epochs=1, batch=4,
+                                nbs=4, warmup_epochs=0.0, log_every=0, threads=1, init=str(out),
+                                export_onnx=False))
+    assert summary["epochs_run"] == 1
+    with pytest.raises(ConfigError, match="no such backbone file"):
+        TrainConfig(data=str(tiny_data), out="x", init=str(tmp_path / "missing.pt")).validate()
