@@ -57,7 +57,7 @@ class DemoConfig:
     kill_seconds: float = 4.0
     out: Path = Path("demo-report")
     seed: int = 2026
-    size: Tuple[int, int] = (320, 240)
+    size: Tuple[int, int] = (224, 224)  # the reference pair's training frames
     live: bool = True
     keep_workdir: bool = False
 

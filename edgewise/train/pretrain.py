@@ -91,6 +91,42 @@ class BackboneClassifier(nn.Module):
         return self.fc(self.backbone(x).mean((2, 3)))
 
 
+def widen_backbone(backbone: nn.Module, source: Dict[str, torch.Tensor], noise: float = 0.0,
+                   seed: int = 0) -> None:
+    """Copy a narrower backbone of the same depth into ``backbone`` (keys ``model.N...``),
+    function-preserving: Net2WiderNet (Chen, Goodfellow & Shlens, ICLR 2016).
+
+    yolov5n -> yolov5s doubles every channel count at equal depth. Output channel ``o`` of
+    each conv (and its BatchNorm) copies source channel ``o // k``; input channel ``i``
+    reads source channel ``i // k`` with the weight divided by ``k``, so each layer sees
+    the same sums. Concatenations (C3, SPPF) keep this mapping because every concatenated
+    block is widened by the same ``k``; residual adds and max-pools are per channel.
+    ``noise`` (relative to each weight tensor's std) breaks the symmetry between copies,
+    which would otherwise get identical gradients forever.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    state = backbone.state_dict()
+    for key, dst in state.items():
+        src = source.get(f"model.{key}")
+        if src is None or src.dim() != dst.dim():
+            raise ConfigError(f"cannot widen: source backbone has no matching tensor for 'model.{key}' "
+                              "(widening needs the same architecture family and depth)")
+        if dst.dim() == 0:
+            state[key] = src.clone()
+            continue
+        ratios = [d // s_ for d, s_ in zip(dst.shape, src.shape)]
+        if any(d != s_ * r for d, s_, r in zip(dst.shape, src.shape, ratios)) or min(ratios) < 1:
+            raise ConfigError(f"cannot widen 'model.{key}' from {tuple(src.shape)} to {tuple(dst.shape)}: "
+                              "channel counts must be whole multiples")
+        w = src.repeat_interleave(ratios[0], 0)
+        if dst.dim() == 4:
+            w = w.repeat_interleave(ratios[1], 1) / ratios[1]
+            if noise:
+                w = w + noise * float(w.std()) * torch.randn(w.shape, generator=gen)
+        state[key] = w.to(dst.dtype)
+    backbone.load_state_dict(state)
+
+
 def _to_tensor(batch: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(batch[..., ::-1].transpose(0, 3, 1, 2))).float() / 255.0
 
@@ -107,8 +143,12 @@ def accuracy(model: nn.Module, crops: np.ndarray, classes: np.ndarray, batch: in
 
 def pretrain(data: Path, val: Optional[Path], out: Path, arch: str, nc: int = 10, crop: int = 48,
              views: int = 2, batch: int = 64, lr0: float = 0.002, time_budget_s: float = 300.0,
-             max_epochs: int = 50, seed: int = 0, threads: int = 0) -> Dict[str, Any]:
-    """Train ``arch``'s backbone on crops of ``data``; save its weights to ``out``; return a summary."""
+             max_epochs: int = 50, seed: int = 0, threads: int = 0,
+             widen_from: Optional[Path] = None) -> Dict[str, Any]:
+    """Train ``arch``'s backbone on crops of ``data``; save its weights to ``out``; return a summary.
+
+    ``widen_from``: start from a narrower pre-trained backbone file (see :func:`widen_backbone`).
+    """
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -117,6 +157,8 @@ def pretrain(data: Path, val: Optional[Path], out: Path, arch: str, nc: int = 10
     vcrops, vclasses = object_crops(val, crop, 1, rng) if val else (crops[:0], classes[:0])
     detector = build_model(arch, nc=nc, seed=seed)
     model = BackboneClassifier(detector, nc).train()
+    if widen_from is not None:
+        widen_backbone(model.backbone, _backbone_state(widen_from), noise=0.01, seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr0, weight_decay=5e-4)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.05)
     t0, seen, epochs = time.monotonic(), 0, 0
@@ -154,17 +196,21 @@ def pretrain(data: Path, val: Optional[Path], out: Path, arch: str, nc: int = 10
     return summary
 
 
-def load_backbone(model: YOLOv5, path: Path) -> int:
-    """Copy pre-trained backbone weights from ``path`` into ``model``; return how many tensors."""
+def _backbone_state(path: Path) -> Dict[str, torch.Tensor]:
     ck = torch.load(path, map_location="cpu", weights_only=False)
     state = ck.get("backbone") if isinstance(ck, dict) else None
     if not isinstance(state, dict):
         raise ConfigError(f"{path}: not an edgewise backbone file (no 'backbone' weights)")
+    return state
+
+
+def load_backbone(model: YOLOv5, path: Path) -> int:
+    """Copy pre-trained backbone weights from ``path`` into ``model``; return how many tensors."""
+    state = _backbone_state(path)
     own = model.state_dict()
     bad = [k for k, v in state.items() if k not in own or own[k].shape != v.shape]
     if bad:
-        raise ConfigError(f"{path}: backbone of a different architecture ({ck.get('arch')!r}); "
-                          f"mismatched tensors such as {bad[0]!r}")
+        raise ConfigError(f"{path}: backbone of a different architecture; mismatched tensors such as {bad[0]!r}")
     model.load_state_dict(state, strict=False)
     return len(state)
 
@@ -183,12 +229,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--max-epochs", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--widen-from", type=Path, default=None,
+                   help="start from a narrower pre-trained backbone of the same depth (e.g. yolov5n's for yolov5s)")
     a = p.parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         summary = pretrain(a.data, a.val, a.out, a.arch, crop=a.crop, views=a.views, batch=a.batch, lr0=a.lr0,
-                           time_budget_s=a.time_budget, max_epochs=a.max_epochs, seed=a.seed, threads=a.threads)
+                           time_budget_s=a.time_budget, max_epochs=a.max_epochs, seed=a.seed, threads=a.threads,
+                           widen_from=a.widen_from)
     except ConfigError as exc:
         print(f"pretrain: error: {exc}", file=sys.stderr)
         return 2

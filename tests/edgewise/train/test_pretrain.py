@@ -23,6 +23,7 @@ from edgewise.train.pretrain import (  # noqa: E402
     load_backbone,
     main,
     object_crops,
+    widen_backbone,
 )
 
 EASY = dataclasses.replace(PRESETS["easy"], objects_min=2, objects_max=3, size_easy=(24.0, 30.0),
@@ -116,3 +117,33 @@ def test_classifier_loss_falls_and_backbone_loads_into_detector(tiny_data: Path,
     assert summary["epochs_run"] == 1
     with pytest.raises(ConfigError, match="no such backbone file"):
         TrainConfig(data=str(tiny_data), out="x", init=str(tmp_path / "missing.pt")).validate()
+
+
+def test_widening_yolov5n_to_yolov5s_preserves_the_features() -> None:
+    torch.manual_seed(0)
+    narrow = BackboneClassifier(build_model("yolov5n", nc=10, seed=1), 10)
+    for m in narrow.modules():  # non-trivial BatchNorm statistics and affine parameters
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.normal_()
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.normal_()
+            m.bias.data.normal_()
+    narrow.eval()
+    source = {f"model.{k}": v for k, v in narrow.backbone.state_dict().items()}
+    wide = BackboneClassifier(build_model("yolov5s", nc=10), 10).eval()
+    widen_backbone(wide.backbone, source)
+    x = torch.rand(2, 3, 64, 96)
+    with torch.no_grad():
+        fn, fw = narrow.backbone(x), wide.backbone(x)
+    assert fw.shape[1] == 2 * fn.shape[1]
+    # every source channel appears twice (channels 2c and 2c+1), with the same values
+    assert torch.allclose(fw[:, 0::2], fn, atol=1e-4) and torch.allclose(fw[:, 1::2], fn, atol=1e-4)
+    # noise breaks the symmetry between the two copies, but only slightly
+    widen_backbone(wide.backbone, source, noise=0.01)
+    with torch.no_grad():
+        fw = wide.backbone(x)
+    assert not torch.equal(fw[:, 0::2], fw[:, 1::2])
+    assert torch.nn.functional.cosine_similarity(fw[:, 0::2].flatten(), fn.flatten(), dim=0) > 0.95
+
+    with pytest.raises(ConfigError, match="cannot widen"):  # a different depth (yolov5m) has other layers
+        widen_backbone(BackboneClassifier(build_model("yolov5m", nc=10), 10).backbone, source)
