@@ -188,10 +188,11 @@ def pretrain(data: Path, val: Optional[Path], out: Path, arch: str, nc: int = 10
         epochs += 1
     summary: Dict[str, Any] = {"arch": arch, "crops": int(len(crops)), "crops_seen": seen, "seconds": round(time.monotonic() - t0, 1),
                "train_acc": accuracy(model, crops[:4000], classes[:4000]),
-               "val_acc": accuracy(model, vcrops, vclasses) if len(vcrops) else float("nan")}
+               "val_acc": accuracy(model, vcrops, vclasses) if len(vcrops) else None}
     state = {f"model.{k}": v for k, v in model.backbone.state_dict().items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"arch": arch, "nc": nc, "backbone": state, "summary": summary}, out)
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     log.info("pretrain %s: %s", arch, json.dumps(summary))
     return summary
 

@@ -215,6 +215,8 @@ def package(run: Path, models: Path, calib_samples: int = 200, threads: int = 1,
         "training": {k: json.loads((run / k / "summary.json").read_text())
                      for k in ("edge", "cloud") if (run / k / "summary.json").exists()},
     }
+    summary["pretrain"] = {k: json.loads((run / k / "backbone.json").read_text())
+                           for k in ("edge", "cloud") if (run / k / "backbone.json").exists()}
     if (run / "quantize.json").exists():
         summary["quantize"] = json.loads((run / "quantize.json").read_text())
     for k in summary["training"].values():

@@ -4,6 +4,7 @@ backbone loads into a detector (and only into the architecture it came from)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import cv2
@@ -101,6 +102,8 @@ def test_classifier_loss_falls_and_backbone_loads_into_detector(tiny_data: Path,
     assert main(["--data", str(tiny_data), "--out", str(out), "--arch", "yolov5n", "--time-budget", "3",
                  "--batch", "8", "--max-epochs", "1"]) == 0
     saved = torch.load(out, weights_only=False)
+    assert json.loads(out.with_suffix(".json").read_text()) == saved["summary"]
+    assert saved["summary"]["arch"] == "yolov5n" and saved["summary"]["crops_seen"] > 0
     det = build_model("yolov5n", nc=10, seed=7)
     head_before = det.model[-1].m[0].weight.clone()
     assert load_backbone(det, out) == len(saved["backbone"])
