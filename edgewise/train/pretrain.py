@@ -186,9 +186,11 @@ def pretrain(data: Path, val: Optional[Path], out: Path, arch: str, nc: int = 10
                 log.info("pretrain %s: epoch %d it %d loss %.3f %.0f crops/s", arch, epochs + 1,
                          i // batch, loss.item(), seen / max(time.monotonic() - t0, 1e-6))
         epochs += 1
-    summary: Dict[str, Any] = {"arch": arch, "crops": int(len(crops)), "crops_seen": seen, "seconds": round(time.monotonic() - t0, 1),
-               "train_acc": accuracy(model, crops[:4000], classes[:4000]),
-               "val_acc": accuracy(model, vcrops, vclasses) if len(vcrops) else None}
+    summary: Dict[str, Any] = {
+        "arch": arch, "widened_from": str(widen_from) if widen_from else None, "crops": int(len(crops)),
+        "crops_seen": seen, "seconds": round(time.monotonic() - t0, 1),
+        "train_acc": accuracy(model, crops[:4000], classes[:4000]),
+        "val_acc": accuracy(model, vcrops, vclasses) if len(vcrops) else None}
     state = {f"model.{k}": v for k, v in model.backbone.state_dict().items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"arch": arch, "nc": nc, "backbone": state, "summary": summary}, out)
