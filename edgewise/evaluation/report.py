@@ -46,7 +46,13 @@ def markdown(result: Dict[str, Any]) -> str:
     lines += ["", f"Target: hybrid >= {_pct(t['f1_fraction'])} of cloud-only F1 with <= "
               f"{_pct(t['max_rate'])} of frames escalated. Best policy at {_pct(t['max_rate'])}: "
               f"**{POLICY_LABELS.get(t['best_policy'], t['best_policy'])}**, "
-              f"{_pct(t['best_f1_fraction'])} of cloud F1 -> target {'met' if t['met'] else 'NOT met'}."]
+              f"{_pct(t['best_f1_fraction'])} of cloud F1"
+              + (f" (closes {_pct(t['gap_closed'])} of the edge-to-cloud F1 gap)" if t.get("gap_closed") is not None
+                 else "") + f" -> target {'met' if t['met'] else 'NOT met'}."]
+    if not t.get("cloud_better", True):
+        lines.append(f"The cloud model is not more accurate than the edge model on this set (F1 "
+                     f"{base['cloud_only']['f1']:.3f} vs {base['edge_only']['f1']:.3f}): escalation has nothing "
+                     "to add, so the target is not counted as met.")
     return "\n".join(lines) + "\n"
 
 

@@ -85,3 +85,22 @@ def test_read_labels(tmp_path) -> None:
     p.write_text("3 0.5 0.5\n")
     with pytest.raises(ValueError, match="x.txt:1: expected 'class cx cy w h'"):
         read_labels(p, 100, 50)
+
+
+def test_target_verdict_hand_computed() -> None:
+    from edgewise.evaluation.evaluating import judge_target
+
+    base = {"edge_only": {"f1": 0.60}, "cloud_only": {"f1": 0.80}}
+    rates = {"random": [{"rate": 0.1, "f1": 0.62}, {"rate": 0.15, "f1": 0.64}, {"rate": 0.3, "f1": 0.70}],
+             "combined": [{"rate": 0.1, "f1": 0.74}, {"rate": 0.15, "f1": 0.78}, {"rate": 0.3, "f1": 0.80}]}
+    t = judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97)
+    # judged at 15% (the largest compared rate <= 15%): combined, 0.78 / 0.80 = 97.5%,
+    # closing (0.78 - 0.60) / (0.80 - 0.60) = 90% of the gap
+    assert t["compared_at_rate"] == 0.15 and t["best_policy"] == "combined"
+    assert t["best_f1_fraction"] == pytest.approx(0.975) and t["gap_closed"] == pytest.approx(0.9)
+    assert t["met"] and t["cloud_better"]
+    assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.10, 0.97)["met"]  # 0.74 / 0.80 = 92.5%
+    # a cloud model no better than the edge: never "met", however high the fraction
+    worse = {"edge_only": {"f1": 0.60}, "cloud_only": {"f1": 0.55}}
+    t = judge_target(worse, rates, [0.1, 0.15, 0.3], 0.15, 0.97)
+    assert t["best_f1_fraction"] > 1.0 and not t["met"] and not t["cloud_better"] and t["gap_closed"] is None
