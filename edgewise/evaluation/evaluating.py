@@ -90,6 +90,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
         learned = {"trained": True, "train_frames": len(train), "coefficients": model.importance()}
     else:
         learned["why"] = "no --train-data given"
+    scores[scoring.ORACLE] = [scoring.oracle_scores(records)]
     base = {
         "edge_only": hybrid.evaluate(records, np.zeros(n, bool), nc, strategy, iou),
         "cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou),
@@ -116,20 +117,23 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
     """The verdict on ">= ``fraction`` of cloud-only F1 with <= ``max_rate`` escalated".
 
     Judged for the best policy at the largest compared rate within ``max_rate``. Also
-    reports how much of the edge-to-cloud F1 gap that policy closes. When the cloud
+    reports how much of the edge-to-cloud F1 gap that policy closes, and what the oracle
+    selector (not a policy, never "best") reaches at the same rate. When the cloud
     model is not more accurate than the edge model, escalation has nothing to add and
     the target is reported as not met (``cloud_better: false``), never as trivially met.
     """
     edge_f1, cloud_f1 = base["edge_only"]["f1"], base["cloud_only"]["f1"]
     within = [i for i, r in enumerate(compared) if r <= max_rate + 1e-9]
     at = within[-1] if within else 0
-    best = max(rates, key=lambda k: rates[k][at]["f1"])
+    best = max((k for k in rates if k != scoring.ORACLE), key=lambda k: rates[k][at]["f1"])
     best_f1 = rates[best][at]["f1"]
     gap = cloud_f1 - edge_f1
     frac = best_f1 / cloud_f1 if cloud_f1 > 0 else 0.0
     return {
         "max_rate": max_rate, "f1_fraction": fraction, "compared_at_rate": compared[at], "best_policy": best,
         "best_f1_fraction": frac, "cloud_better": bool(gap > 0),
+        "oracle_f1_fraction": (rates[scoring.ORACLE][at]["f1"] / cloud_f1
+                               if scoring.ORACLE in rates and cloud_f1 > 0 else None),
         "gap_closed": (best_f1 - edge_f1) / gap if gap > 0 else None,
         "met": bool(gap > 0 and frac >= fraction),
     }

@@ -6,12 +6,15 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
+from edgewise.evaluation import scoring
+
 POLICY_LABELS = {
     "random": "random sampling",
     "sedna_threshold": "Sedna Threshold (mean conf)",
     "sedna_ibt": "Sedna IBT",
     "combined": "edgewise combined hardness",
     "learned": "edgewise learned gain",
+    "oracle": "oracle (knows the cloud's answer; upper bound)",
 }
 
 
@@ -49,6 +52,10 @@ def markdown(result: Dict[str, Any]) -> str:
               f"{_pct(t['best_f1_fraction'])} of cloud F1"
               + (f" (closes {_pct(t['gap_closed'])} of the edge-to-cloud F1 gap)" if t.get("gap_closed") is not None
                  else "") + f" -> target {'met' if t['met'] else 'NOT met'}."]
+    if t.get("oracle_f1_fraction") is not None:
+        lines.append(f"An oracle selector that knows which frames the cloud would change keeps "
+                     f"{_pct(t['oracle_f1_fraction'])} at {_pct(t['compared_at_rate'])}: the most any policy "
+                     "could reach with this model pair.")
     if not t.get("cloud_better", True):
         lines.append(f"The cloud model is not more accurate than the edge model on this set (F1 "
                      f"{base['cloud_only']['f1']:.3f} vs {base['edge_only']['f1']:.3f}): escalation has nothing "
@@ -69,8 +76,9 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, rows in result["at_rates"].items():
         xs = [100 * r["rate"] for r in rows]
-        ax1.plot(xs, [100 * r["f1"] / cloud_f1 for r in rows], marker="o", label=POLICY_LABELS.get(name, name))
-        ax2.plot(xs, [r["map50"] for r in rows], marker="o", label=POLICY_LABELS.get(name, name))
+        style = {"ls": "--", "color": "black", "marker": "x"} if name == scoring.ORACLE else {"marker": "o"}
+        ax1.plot(xs, [100 * r["f1"] / cloud_f1 for r in rows], label=POLICY_LABELS.get(name, name), **style)
+        ax2.plot(xs, [r["map50"] for r in rows], label=POLICY_LABELS.get(name, name), **style)
     sweep = result["threshold_sweep"]
     ax1.plot([100 * r["escalated"] for r in sweep], [100 * r["f1"] / cloud_f1 for r in sweep],
              "k:", label="combined, threshold sweep")

@@ -15,6 +15,10 @@ is escalated), so the comparison is about *which* frames each policy picks:
   answer differs from the edge's (1 - F1(edge vs cloud) > 0), weighted by how much
   — the ORIC / DCSB idea of predicting the benefit of offloading
   (``shared/reference/numbers.md`` Table 2).
+* ``oracle``: ranked by the true disagreement with the cloud's answer, which only an
+  oracle knows before asking. Not a policy: the upper bound of any frame selector at
+  each rate, so a report can tell "the policies are weak" from "the target is out of
+  reach for this model pair". Never chosen as the best policy.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from edgewise.evaluation.metrics import match_counts
 from edgewise.hardness import SIGNAL_NAMES, combine
 
 NEVER = -1.0  # score of frames a filter can never call hard
+ORACLE = "oracle"
 
 
 def random_scores(records: Sequence[FrameRecord], seed: int = 0) -> np.ndarray:
@@ -66,6 +71,10 @@ def disagreement(r: FrameRecord, iou: float = 0.5) -> float:
     """1 - F1 of the edge's answer scored against the cloud's: what escalating would change."""
     c = match_counts(r.edge.boxes, r.edge.class_ids, r.edge.scores, r.cloud.boxes, r.cloud.class_ids, iou)
     return 1.0 - c.f1
+
+
+def oracle_scores(records: Sequence[FrameRecord]) -> np.ndarray:
+    return np.array([disagreement(r) for r in records])
 
 
 @dataclass

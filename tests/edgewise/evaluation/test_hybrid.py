@@ -104,3 +104,15 @@ def test_target_verdict_hand_computed() -> None:
     worse = {"edge_only": {"f1": 0.60}, "cloud_only": {"f1": 0.55}}
     t = judge_target(worse, rates, [0.1, 0.15, 0.3], 0.15, 0.97)
     assert t["best_f1_fraction"] > 1.0 and not t["met"] and not t["cloud_better"] and t["gap_closed"] is None
+
+
+def test_oracle_ranks_by_disagreement_and_is_never_the_best_policy(records) -> None:
+    from edgewise.evaluation.evaluating import judge_target
+
+    # frames 1 (wrong class) and 2 (missed) are where the cloud changes the answer
+    o = scoring.oracle_scores(records)
+    assert o[1] == 1.0 and o[2] == 1.0 and o[0] == 0.0 and o[3] == 0.0
+    base = {"edge_only": {"f1": 0.5}, "cloud_only": {"f1": 1.0}}
+    rates = {"random": [{"rate": 0.5, "f1": 0.7}], "oracle": [{"rate": 0.5, "f1": 1.0}]}
+    t = judge_target(base, rates, [0.5], 0.5, 0.97)
+    assert t["best_policy"] == "random" and not t["met"] and t["oracle_f1_fraction"] == 1.0
