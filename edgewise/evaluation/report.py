@@ -14,7 +14,7 @@ POLICY_LABELS = {
     "sedna_ibt": "Sedna IBT",
     "combined": "edgewise combined hardness",
     "learned": "edgewise learned gain",
-    "oracle": "oracle (knows the cloud's answer; upper bound)",
+    "oracle": "oracle (knows the cloud's answer)",
 }
 
 
@@ -53,9 +53,9 @@ def markdown(result: Dict[str, Any]) -> str:
               + (f" (closes {_pct(t['gap_closed'])} of the edge-to-cloud F1 gap)" if t.get("gap_closed") is not None
                  else "") + f" -> target {'met' if t['met'] else 'NOT met'}."]
     if t.get("oracle_f1_fraction") is not None:
-        lines.append(f"An oracle selector that knows which frames the cloud would change keeps "
-                     f"{_pct(t['oracle_f1_fraction'])} at {_pct(t['compared_at_rate'])}: the most any policy "
-                     "could reach with this model pair.")
+        lines.append(f"An oracle that ranks frames by how much the cloud would change them keeps "
+                     f"{_pct(t['oracle_f1_fraction'])} at {_pct(t['compared_at_rate'])}: about the ceiling for "
+                     "frame selection with this model pair.")
     if not t.get("cloud_better", True):
         lines.append(f"The cloud model is not more accurate than the edge model on this set (F1 "
                      f"{base['cloud_only']['f1']:.3f} vs {base['edge_only']['f1']:.3f}): escalation has nothing "
