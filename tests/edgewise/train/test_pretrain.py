@@ -95,7 +95,7 @@ def test_classifier_loss_falls_and_backbone_loads_into_detector(tiny_data: Path,
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3]), losses
 
     out = tmp_path / "bb.pt"
