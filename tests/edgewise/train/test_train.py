@@ -22,13 +22,7 @@ EASY = dataclasses.replace(PRESETS["easy"], objects_min=2, objects_max=3, size_e
                            size_hard=(16.0, 24.0), occluders_max=0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # 2 intra-op threads on a 2-core machine shared with other work spin-wait badly: use one
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
