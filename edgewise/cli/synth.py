@@ -85,7 +85,6 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="start from a pre-trained backbone (python -m edgewise.train.pretrain --out FILE)")
 
 
-
 def _synth(args: argparse.Namespace) -> int:
     from edgewise.synth import SynthJob, generate, load_difficulty
 

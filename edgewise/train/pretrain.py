@@ -35,6 +35,7 @@ from torch import nn
 
 from edgewise.errors import ConfigError
 from edgewise.models.yolov5 import YOLOv5, build_model
+from edgewise.runtime.letterbox import to_chw_rgb
 from edgewise.train.data import IMG_EXT, augment_hsv, read_yolo_labels
 
 log = logging.getLogger("edgewise.train")
@@ -128,7 +129,7 @@ def widen_backbone(backbone: nn.Module, source: Dict[str, torch.Tensor], noise: 
 
 
 def _to_tensor(batch: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(batch[..., ::-1].transpose(0, 3, 1, 2))).float() / 255.0
+    return torch.from_numpy(to_chw_rgb(list(batch)))
 
 
 def accuracy(model: nn.Module, crops: np.ndarray, classes: np.ndarray, batch: int = 256) -> float:

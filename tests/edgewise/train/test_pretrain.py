@@ -3,7 +3,6 @@ backbone loads into a detector (and only into the architecture it came from)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +14,6 @@ torch = pytest.importorskip("torch")
 
 from edgewise.errors import ConfigError  # noqa: E402
 from edgewise.models.yolov5 import build_model  # noqa: E402
-from edgewise.synth import PRESETS, SynthJob, generate  # noqa: E402
 from edgewise.train import TrainConfig, train  # noqa: E402
 from edgewise.train.data import read_yolo_labels  # noqa: E402
 from edgewise.train.pretrain import (  # noqa: E402
@@ -27,19 +25,7 @@ from edgewise.train.pretrain import (  # noqa: E402
     widen_backbone,
 )
 
-EASY = dataclasses.replace(PRESETS["easy"], objects_min=2, objects_max=3, size_easy=(24.0, 30.0),
-                           size_hard=(20.0, 24.0), occluders_max=0)
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pre") / "ds"
-    generate(SynthJob(out=out, frames=4, streams=2, seed=5, split="train", width=128, height=128,
-                      difficulty=EASY, stride=2))
-    return out
 
 
 def test_crops_are_centred_on_each_labelled_object(tiny_data: Path) -> None:

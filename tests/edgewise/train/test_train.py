@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -12,25 +11,12 @@ import pytest
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from edgewise.synth import PRESETS, SynthJob, generate  # noqa: E402
 from edgewise.train import TrainConfig, load_checkpoint, train  # noqa: E402
 from edgewise.train.data import NO_AUGMENT, YoloDataset, batches  # noqa: E402
 from edgewise.train.loss import ComputeLoss, LossGains, scaled_gains  # noqa: E402
 from edgewise.train.trainer import make_model, smart_optimizer  # noqa: E402
 
-EASY = dataclasses.replace(PRESETS["easy"], objects_min=2, objects_max=3, size_easy=(20.0, 30.0),
-                           size_hard=(16.0, 24.0), occluders_max=0)
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "ds"
-    generate(SynthJob(out=out, frames=4, streams=2, seed=9, split="train", width=128, height=128,
-                      difficulty=EASY, stride=5))
-    return out
 
 
 def test_loss_decreases_on_a_tiny_set(tiny_data: Path) -> None:
