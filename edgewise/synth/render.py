@@ -74,6 +74,7 @@ class _Obj:
     hardness: float
     lookalike: bool
     ttl: int
+    episodic: bool = False  # part of a hard episode (not counted towards the stream's target)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class StreamState:
     hardness: float = 0.5
     low_light: bool = False
     gain: float = 1.0
+    episode_left: int = 0  # frames left in the current hard episode (0: none)
     extra: List[str] = field(default_factory=list)
 
 
@@ -127,10 +129,12 @@ class StreamGenerator:
         self.d = difficulty
         self.split = split
         ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, SPLITS.index(split), int(stream)])
-        # occluders draw from their own stream so a scene with and without them is the same scene
-        ss_main, ss_occ = ss.spawn(2)
+        # occluders and hard episodes draw from their own streams, so a scene with and
+        # without them is the same scene
+        ss_main, ss_occ, ss_ep = ss.spawn(3)
         self.rng = np.random.default_rng(ss_main)
         self.occ_rng = np.random.default_rng(ss_occ)
+        self.ep_rng = np.random.default_rng(ss_ep)
         self.flat = flat_background
         self.sprites = load_sprites(split)
         self.state = StreamState()
@@ -295,8 +299,10 @@ class StreamGenerator:
                                             float(rng.uniform(-0.5, 0.5)), ow, oh, tex, alpha))
 
     # ---------------------------------------------------------------- objects
-    def _spawn(self, anywhere: bool) -> _Obj:
-        rng, d = self.rng, self.d
+    def _spawn(self, anywhere: bool, episode: Optional[Tuple[float, int]] = None) -> _Obj:
+        """A new digit; ``episode`` = (hardness, ttl) for a hard-episode one (drawn from ep_rng)."""
+        d = self.d
+        rng = self.rng if episode is None else self.ep_rng
         if rng.random() < d.lookalike_prob:
             pair = LOOKALIKES[int(rng.integers(0, len(LOOKALIKES)))]
             cls = pair[int(rng.integers(0, 2))]
@@ -306,7 +312,10 @@ class StreamGenerator:
             lookalike = any(cls in p for p in LOOKALIKES)
         pool = self.sprites.by_class[cls]
         sprite = pool[int(rng.integers(0, len(pool)))]
-        hz = float(np.clip(self.state.hardness + rng.normal(0, 0.2), 0.0, 1.0))
+        if episode is None:
+            hz = float(np.clip(self.state.hardness + rng.normal(0, d.object_hardness_jitter), 0.0, 1.0))
+        else:
+            hz = episode[0]
         size = _lerp(float(rng.uniform(*d.size_easy)), float(rng.uniform(*d.size_hard)), hz)
         contrast = _lerp(float(rng.uniform(*d.contrast_easy)), float(rng.uniform(*d.contrast_hard)), hz)
         speed = float(rng.uniform(0, d.speed_max))
@@ -328,7 +337,7 @@ class StreamGenerator:
             angle=float(rng.uniform(-d.rotation_max, d.rotation_max)), contrast=contrast,
             hue=(rng.uniform(0, 1, 3) * 0.85 + 0.15).astype(np.float32),
             sign=1.0 if rng.random() < 0.5 else -1.0, hardness=hz, lookalike=lookalike,
-            ttl=int(rng.integers(30, 400)))
+            ttl=int(rng.integers(30, 400)) if episode is None else episode[1], episodic=episode is not None)
 
     def _digit_alpha(self, o: _Obj) -> Tuple[int, int, np.ndarray]:
         """Alpha of ``o`` in frame coordinates: (x0, y0, alpha) unclipped."""
@@ -379,8 +388,9 @@ class StreamGenerator:
             if inside and o.ttl > 0:
                 keep.append(o)
         self.objects = keep
-        while len(self.objects) < self.target_objects:
+        while sum(not o.episodic for o in self.objects) < self.target_objects:
             self.objects.append(self._spawn(anywhere=False))
+        self._step_episode()
         if rng.random() < 0.01:
             self.target_objects = int(rng.integers(d.objects_min, d.objects_max + 1))
         # stream hardness: bounded random walk
@@ -390,6 +400,24 @@ class StreamGenerator:
         self.state.hardness = hs
         for oc in self.occluders:
             oc.x += oc.vx
+
+    def _step_episode(self) -> None:
+        """Maybe start a hard episode: a burst of hard digits that stays its length, then leaves."""
+        d, st = self.d, self.state
+        if d.episode_rate <= 0:
+            return
+        if st.episode_left > 0:
+            st.episode_left -= 1
+            return
+        rng = self.ep_rng
+        if rng.random() >= d.episode_rate:
+            return
+        length = int(rng.integers(int(d.episode_frames[0]), int(d.episode_frames[1]) + 1))
+        count = int(rng.integers(int(d.episode_objects[0]), int(d.episode_objects[1]) + 1))
+        st.episode_left = length
+        for _ in range(count):
+            hz = float(rng.uniform(*d.episode_hardness))
+            self.objects.append(self._spawn(anywhere=True, episode=(hz, length)))
 
     # ---------------------------------------------------------------- frame
     def next_frame(self) -> Tuple[np.ndarray, List[ObjectLabel]]:

@@ -40,6 +40,17 @@ class Difficulty:
     hardness_mean: float = 0.5
     hardness_spread: float = 0.35
     hardness_drift: float = 0.03
+    #: standard deviation of an object's hardness around its stream's at spawn.
+    object_hardness_jitter: float = 0.2
+    #: hard episodes: per frame outside one, the probability that one starts (0: none).
+    #: An episode is a burst of ``episode_objects`` digits with hardness drawn from
+    #: ``episode_hardness`` that appear and stay ``episode_frames`` frames, then leave:
+    #: short hard stretches in otherwise easy streams, which is what an escalation
+    #: policy has to find.
+    episode_rate: float = 0.0
+    episode_frames: Tuple[float, float] = (8.0, 24.0)
+    episode_objects: Tuple[float, float] = (1.0, 3.0)
+    episode_hardness: Tuple[float, float] = (0.75, 1.0)
     #: probability per frame-layer of an occluding background patch, and max patches.
     occluder_prob: float = 0.5
     occluders_max: int = 2
@@ -73,18 +84,19 @@ class Difficulty:
 
         if not 0 <= self.objects_min <= self.objects_max <= 64:
             raise bad("objects_min/objects_max", "must satisfy 0 <= objects_min <= objects_max <= 64")
-        for key in ("size_easy", "size_hard", "contrast_easy", "contrast_hard", "low_light_gain"):
+        for key in ("size_easy", "size_hard", "contrast_easy", "contrast_hard", "low_light_gain",
+                    "episode_frames", "episode_objects", "episode_hardness"):
             lo, hi = getattr(self, key)
             if not 0 < lo <= hi:
                 raise bad(key, f"must be a [low, high] pair with 0 < low <= high, got {[lo, hi]}")
         for key in ("size_easy", "size_hard"):
             if getattr(self, key)[1] > 400:
                 raise bad(key, "digit height above 400 px is not supported")
-        for key in ("contrast_easy", "contrast_hard", "low_light_gain"):
+        for key in ("contrast_easy", "contrast_hard", "low_light_gain", "episode_hardness"):
             if getattr(self, key)[1] > 1.0:
                 raise bad(key, "values are fractions and must be <= 1")
         for key in ("hardness_mean", "hardness_spread", "occluder_prob", "min_visible",
-                    "low_light_prob", "lookalike_prob"):
+                    "low_light_prob", "lookalike_prob", "object_hardness_jitter", "episode_rate"):
             v = getattr(self, key)
             if not 0.0 <= v <= 1.0:
                 raise bad(key, f"must be within [0, 1], got {v}")
@@ -97,6 +109,10 @@ class Difficulty:
             raise bad("scale_rate_max", "must be < 0.5 (relative change per frame)")
         if not 0 <= self.occluders_max <= 16 or not 0 <= self.clutter_max <= 64:
             raise bad("occluders_max/clutter_max", "must be within [0, 16] / [0, 64]")
+        for key in ("episode_frames", "episode_objects"):
+            lo, hi = getattr(self, key)
+            if not (float(lo).is_integer() and float(hi).is_integer()) or hi > 1000:
+                raise bad(key, f"must be a [low, high] pair of whole numbers up to 1000, got {[lo, hi]}")
         if self.min_visible <= 0.0:
             raise bad("min_visible", "must be > 0 (a fully hidden object cannot be labelled)")
         return self
@@ -119,6 +135,15 @@ PRESETS: Dict[str, Difficulty] = {
     "reference": Difficulty(objects_min=2, objects_max=8, size_easy=(26.0, 48.0), size_hard=(10.0, 16.0),
                             contrast_easy=(0.35, 0.7), contrast_hard=(0.1, 0.2), hardness_mean=0.3,
                             hardness_spread=0.3, occluder_prob=0.4, low_light_prob=0.2, clutter_max=3),
+    # The deployment mix the hybrid is judged on: the reference pair's objects, but
+    # streams are easy (hardness 0-0.2) except for short hard episodes, bursts of
+    # small / faint / occluded digits in about 10% of frames (episode_rate 0.01,
+    # 8-24 frames each): the few hard frames that escalation exists to find.
+    "episodes": Difficulty(objects_min=2, objects_max=8, size_easy=(26.0, 48.0), size_hard=(10.0, 16.0),
+                           contrast_easy=(0.35, 0.7), contrast_hard=(0.1, 0.2), hardness_mean=0.1,
+                           hardness_spread=0.1, object_hardness_jitter=0.1, occluder_prob=0.4,
+                           low_light_prob=0.1, clutter_max=3, episode_rate=0.01,
+                           episode_hardness=(0.65, 1.0)),
 }
 
 

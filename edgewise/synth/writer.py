@@ -109,7 +109,8 @@ def generate(job: SynthJob, progress: Optional[Any] = None) -> Dict[str, Any]:
             image_id = len(images) + 1
             images.append({"id": image_id, "file_name": f"images/{name}", "width": job.width,
                            "height": job.height, "stream": s, "frame": fi,
-                           "hardness": round(gen.state.hardness, 4), "low_light": gen.state.low_light})
+                           "hardness": round(gen.state.hardness, 4), "low_light": gen.state.low_light,
+                           "episode": any(o.episodic for o in gen.objects)})
             for lb in labels:
                 if lb.box[2] <= lb.box[0]:
                     continue  # nothing of it is visible at all

@@ -170,3 +170,64 @@ def test_cli_writes_dataset(tmp_path: Path, capsys) -> None:
     im = cv2.imread(str(tmp_path / "o" / "images" / "s000_f000002.png"))
     assert im.shape == (96, 128, 3)
     assert main(["synth", "--out", str(tmp_path / "p"), "--set", "nope=1"]) == 2
+
+
+def _run(g: StreamGenerator, frames: int) -> list:
+    """Per frame: (non-episodic objects as (track, class, size), episodic objects' hardness)."""
+    out = []
+    for _ in range(frames):
+        g.next_frame()
+        out.append(([(o.class_id, round(o.size, 6)) for o in g.objects if not o.episodic],
+                    [o.hardness for o in g.objects if o.episodic]))
+    return out
+
+
+def test_hard_episodes_are_short_bursts_of_hard_digits_in_an_otherwise_unchanged_scene() -> None:
+    d = dataclasses.replace(PRESETS["episodes"], episode_rate=0.1, episode_frames=(5.0, 8.0),
+                            episode_objects=(2.0, 3.0))
+    with_ep = _run(StreamGenerator(160, 128, d, "train", seed=5, stream=0), 120)
+    without = _run(StreamGenerator(160, 128, dataclasses.replace(d, episode_rate=0.0), "train", seed=5,
+                                   stream=0), 120)
+    # episodes draw from their own random stream: the easy part of the scene is the same scene
+    assert [f[0] for f in with_ep] == [f[0] for f in without]
+    assert all(not f[1] for f in without)
+    hard = [f[1] for f in with_ep]
+    assert all(0.65 <= h <= 1.0 for f in hard for h in f)
+    assert all(len(f) <= 3 for f in hard)  # one episode at a time, 2-3 digits
+    # stretches with hard digits last at most the episode length, and there are several
+    runs, n = [], 0
+    for f in hard:
+        if f:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    assert len(runs) >= 3 and max(runs) <= 8
+    # the preset's own rate puts hard digits in a minority of frames; easy streams stay easy
+    gens = [StreamGenerator(160, 128, PRESETS["episodes"], "test", seed=3, stream=s) for s in range(8)]
+    frames = [f for g in gens for f in _run(g, 100)]
+    share = sum(bool(f[1]) for f in frames) / len(frames)
+    assert 0.03 <= share <= 0.25, share
+    assert max(g.state.hardness for g in gens) <= 0.2
+
+
+def test_reference_mix_is_unchanged_by_the_episode_knobs(tmp_path: Path) -> None:
+    # episode_rate 0 (every preset but "episodes") draws nothing from the episode stream
+    generate(_job(tmp_path / "a", 7))
+    generate(_job(tmp_path / "b", 7, difficulty=dataclasses.replace(SMALL, episode_frames=(2.0, 3.0),
+                                                                     episode_hardness=(0.1, 0.2))))
+    a, b = _files(tmp_path / "a"), _files(tmp_path / "b")
+    assert a.pop("dataset.json") != b.pop("dataset.json")  # which records the knobs
+    assert a == b
+    coco = json.loads((tmp_path / "a" / "annotations.json").read_text())
+    assert not any(im["episode"] for im in coco["images"])
+
+
+def test_episode_knobs_are_validated() -> None:
+    with pytest.raises(ConfigError, match="episode_rate"):
+        load_difficulty("episodes", ["episode_rate=1.5"])
+    with pytest.raises(ConfigError, match="episode_frames.*whole numbers"):
+        load_difficulty("episodes", ["episode_frames=2.5,8"])
+    with pytest.raises(ConfigError, match="episode_hardness"):
+        load_difficulty("episodes", ["episode_hardness=0.5,1.5"])
+    assert load_difficulty("episodes", ["episode_objects=1,1"]).episode_objects == (1.0, 1.0)
