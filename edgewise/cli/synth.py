@@ -82,7 +82,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="images per epoch (validation + checkpoint after each); default: the whole set")
     p.add_argument("--no-export", action="store_true", help="skip the ONNX export of best.pt")
     p.add_argument("--init", default=None,
-                   help="start from a pre-trained backbone (python -m edgewise.train.pretrain --out FILE)")
+                   help="start from a pre-trained backbone (python -m edgewise.train.pretrain --out FILE) "
+                        "or fine-tune a trained detector (a trainer checkpoint such as RUN/best.pt)")
 
 
 def _synth(args: argparse.Namespace) -> int:

@@ -202,14 +202,22 @@ def pretrain(data: Path, val: Optional[Path], out: Path, arch: str, nc: int = 10
 
 def _backbone_state(path: Path) -> Dict[str, torch.Tensor]:
     ck = torch.load(path, map_location="cpu", weights_only=False)
-    state = ck.get("backbone") if isinstance(ck, dict) else None
+    state = None
+    if isinstance(ck, dict):
+        # a backbone file of this module, or a whole detector checkpoint of the trainer
+        state = ck.get("backbone", ck.get("model"))
     if not isinstance(state, dict):
-        raise ConfigError(f"{path}: not an edgewise backbone file (no 'backbone' weights)")
+        raise ConfigError(f"{path}: neither an edgewise backbone file nor a trainer checkpoint "
+                          "(no 'backbone' or 'model' weights)")
     return state
 
 
 def load_backbone(model: YOLOv5, path: Path) -> int:
-    """Copy pre-trained backbone weights from ``path`` into ``model``; return how many tensors."""
+    """Copy pre-trained weights from ``path`` into ``model``; return how many tensors.
+
+    ``path`` is a backbone file (this module's output: layers 0-9 only) or a trainer
+    checkpoint (``best.pt``/``last.pt``: every tensor, to fine-tune a trained detector
+    on new data)."""
     state = _backbone_state(path)
     own = model.state_dict()
     bad = [k for k, v in state.items() if k not in own or own[k].shape != v.shape]

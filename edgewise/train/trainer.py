@@ -71,7 +71,7 @@ class TrainConfig:
     gains: LossGains = field(default_factory=LossGains)
     export_onnx: bool = True
     log_every: int = 20
-    init: Optional[str] = None  # backbone file of edgewise.train.pretrain to start from
+    init: Optional[str] = None  # backbone file of edgewise.train.pretrain, or a checkpoint to fine-tune
 
     def validate(self) -> TrainConfig:
         if self.arch not in ARCHS:
@@ -89,7 +89,8 @@ class TrainConfig:
         if self.width_multiple is not None and not 0.05 <= self.width_multiple <= 2.0:
             raise ConfigError("--width must be within [0.05, 2]")
         if self.init is not None and not Path(self.init).is_file():
-            raise ConfigError(f"--init {self.init}: no such backbone file (python -m edgewise.train.pretrain writes one)")
+            raise ConfigError(f"--init {self.init}: no such file (a backbone of python -m edgewise.train.pretrain "
+                              "or a trainer checkpoint such as best.pt)")
         return self
 
 

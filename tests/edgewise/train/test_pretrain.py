@@ -99,8 +99,19 @@ def test_classifier_loss_falls_and_backbone_loads_into_detector(tiny_data: Path,
                                 nbs=4, warmup_epochs=0.0, log_every=0, threads=1, init=str(out),
                                 export_onnx=False))
     assert summary["epochs_run"] == 1
-    with pytest.raises(ConfigError, match="no such backbone file"):
+    with pytest.raises(ConfigError, match="no such file"):
         TrainConfig(data=str(tiny_data), out="x", init=str(tmp_path / "missing.pt")).validate()
+
+    # a trainer checkpoint loads whole (fine-tuning a trained detector on new data) ...
+    ck = tmp_path / "run" / "last.pt"
+    fresh = build_model("yolov5n", nc=10, seed=3)
+    assert load_backbone(fresh, ck) == len(fresh.state_dict())
+    trained = torch.load(ck, weights_only=False)["model"]
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in trained.items())
+    # ... and anything else is refused by name
+    torch.save({"weights": {}}, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match="neither an edgewise backbone file nor a trainer checkpoint"):
+        load_backbone(fresh, tmp_path / "other.pt")
 
 
 def test_widening_yolov5n_to_yolov5s_preserves_the_features() -> None:
