@@ -1,10 +1,14 @@
 """Package and score the reference model pair: ``python -m edgewise.train.reference --run runs/ref``.
 
-After ``scripts/train_reference.sh`` trained ``RUN/edge`` and ``RUN/cloud``, this copies
-their ``best.onnx`` into ``models/``, INT8-quantizes the edge model with
-``edgewise.models.quantize`` (calibrated on training frames), and scores all three on
-the held-out test split (``RUN/data/test``: unseen handwriting and backgrounds) with
-:func:`score_onnx`, writing ``models/metrics.json``.
+``scripts/train_reference.sh`` trains in two stages: ``RUN/edge`` and ``RUN/cloud`` on the
+``reference`` mix (``RUN/data/train``), then ``RUN/edge-tune`` and ``RUN/cloud-tune``
+fine-tuned from them on the ``episodes`` mix (``RUN/data/tune``: easy streams with short
+hard episodes, the deployment situation the hybrid is judged on). This copies the
+fine-tuned ``best.onnx`` files into ``models/``, INT8-quantizes the edge model with
+``edgewise.models.quantize`` (calibrated on fine-tuning frames), and scores all three with
+:func:`score_onnx` on both held-out test splits (unseen handwriting and backgrounds):
+``RUN/data/tune-test`` (episodes mix, the headline) and ``RUN/data/test`` (reference mix),
+writing ``models/metrics.json``.
 
 Scoring (ONNX Runtime, the runtime's letterbox, conf 0.001 / NMS IoU 0.6 as val.py):
 mAP@0.5 over all labelled objects, and over the *hard* ones only (``HARD`` rule below);
@@ -29,6 +33,14 @@ import numpy as np
 from edgewise.runtime.letterbox import letterbox
 from edgewise.runtime.nms import box_iou
 from edgewise.train.metrics import IOUV, ap_per_class, match_predictions, postprocess
+
+#: run-folder layout of scripts/train_reference.sh: training stages in order, the
+#: folders whose best.onnx is shipped, the calibration / hold-out frames of the INT8
+#: edge model, and the test splits (headline first)
+STAGES = ("edge", "cloud", "edge-tune", "cloud-tune")
+FINAL = {"edge": "edge-tune", "cloud": "cloud-tune"}
+CALIB, HOLDOUT = "tune", "tune-val"
+TESTS = {"episodes": "tune-test", "reference": "test"}
 
 #: an object is hard when small, faint or occluded (COCO annotation fields of edgewise synth)
 HARD = {"size_px_below": 20.0, "contrast_below": 0.2, "visible_below": 0.85}
@@ -153,7 +165,7 @@ def score_onnx(path: Path, data: Path, threads: int = 1, nc: int = 10) -> Dict[s
 
 def _cached_score(path: Path, test: Path, threads: int, cache_dir: Path) -> Dict[str, Any]:
     """``score_onnx`` cached in ``cache_dir`` (valid while the model file is unchanged)."""
-    cache = cache_dir / (path.name + ".json")
+    cache = cache_dir / f"{path.name}.{test.name}.json"
     if cache.exists() and cache.stat().st_mtime >= path.stat().st_mtime:
         data: Dict[str, Any] = json.loads(cache.read_text())
         return data
@@ -171,14 +183,14 @@ def _stage_edge(run: Path, models: Path, calib_samples: int, threads: int) -> Tu
     # architecture and input size are in each file's metadata and the model card).
     edge = models / "edge.onnx"
     int8 = edge.with_name(edge.stem + "-int8.onnx")
-    src = run / "edge" / "best.onnx"
+    src = run / FINAL["edge"] / "best.onnx"
     q_s = 0.0
     if not edge.exists() or edge.stat().st_mtime < src.stat().st_mtime:
         shutil.copyfile(src, edge)
     if not int8.exists() or int8.stat().st_mtime < edge.stat().st_mtime:
         t0 = time.monotonic()
-        report = quantize(edge, run / "data" / "train" / "images", samples=calib_samples, out_path=int8,
-                          holdout=50, holdout_source=run / "data" / "val" / "images", threads=threads)
+        report = quantize(edge, run / "data" / CALIB / "images", samples=calib_samples, out_path=int8,
+                          holdout=50, holdout_source=run / "data" / HOLDOUT / "images", threads=threads)
         q_s = time.monotonic() - t0
         (run / "quantize.json").write_text(json.dumps({"seconds": round(q_s, 1), "report": report.as_dict()},
                                                       indent=1, default=str))
@@ -195,45 +207,46 @@ def package(run: Path, models: Path, calib_samples: int = 200, threads: int = 1,
     from concurrent.futures import ProcessPoolExecutor
 
     models.mkdir(parents=True, exist_ok=True)
-    test = run / "data" / "test"
     cache_dir = run / "scores"
     edge, int8, _ = _stage_edge(run, models, calib_samples, threads)
     todo = [("edge_float", edge), ("edge_int8", int8)]
     if stage == "all":
         cloud = models / "cloud.onnx"
-        shutil.copyfile(run / "cloud" / "best.onnx", cloud)
+        shutil.copyfile(run / FINAL["cloud"] / "best.onnx", cloud)
         todo.append(("cloud_float", cloud))
-    results: Dict[str, Any] = {}
+    by_test: Dict[str, Dict[str, Any]] = {mix: {} for mix in TESTS}
     with ProcessPoolExecutor(max_workers=len(todo)) as pool:  # one share of the CPU each
-        futs = {name: pool.submit(_cached_score, path, test, threads, cache_dir) for name, path in todo}
-        for name, fut in futs.items():
-            results[name] = fut.result()
-            print(name, json.dumps(results[name]), file=sys.stderr)
-    summary: Dict[str, Any] = {
-        "test_data": {"path": str(test), **json.loads((test / "dataset.json").read_text())},
-        "hard_rule": HARD, "results": results,
-        "training": {k: json.loads((run / k / "summary.json").read_text())
-                     for k in ("edge", "cloud") if (run / k / "summary.json").exists()},
-    }
+        futs = {(mix, name): pool.submit(_cached_score, path, run / "data" / folder, threads, cache_dir)
+                for mix, folder in TESTS.items() for name, path in todo}
+        for (mix, name), fut in futs.items():
+            by_test[mix][name] = fut.result()
+            print(mix, name, json.dumps(by_test[mix][name]), file=sys.stderr)
+    summary: Dict[str, Any] = {"hard_rule": HARD, "tests": {}}
+    for mix, folder in TESTS.items():
+        meta = json.loads((run / "data" / folder / "dataset.json").read_text())
+        meta.pop("difficulty", None)
+        summary["tests"][mix] = {"data": {"path": str(run / "data" / folder), **meta}, "results": by_test[mix]}
+    summary["training"] = {k: json.loads((run / k / "summary.json").read_text())
+                           for k in STAGES if (run / k / "summary.json").exists()}
     summary["pretrain"] = {k: json.loads((run / k / "backbone.json").read_text())
                            for k in ("edge", "cloud") if (run / k / "backbone.json").exists()}
     if (run / "quantize.json").exists():
         summary["quantize"] = json.loads((run / "quantize.json").read_text())
     for k in summary["training"].values():
         k.pop("history", None)
-    summary["test_data"].pop("difficulty", None)
     if stage == "all":
         (models / "metrics.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
 
 
 def markdown_table(summary: Dict[str, Any]) -> str:
-    rows = ["| model | file size | mAP@0.5 all | mAP@0.5 hard | mAP@0.5 easy | F1@0.25 | hard recall@0.25 | ms/frame (1 thread) |",
-            "|---|---|---|---|---|---|---|---|"]
-    for name, r in summary["results"].items():
-        rows.append(f"| {name} ({r['model']}) | {r['size_bytes'] / 1e6:.1f} MB | {r['map50']:.3f} | "
-                    f"{r['map50_hard']:.3f} | {r['map50_easy']:.3f} | {r['all']['f1@0.25']:.3f} | "
-                    f"{r['hard']['recall@0.25']:.3f} | {r['ms_per_frame_1thread']:.1f} |")
+    rows = ["| test mix | model | file size | mAP@0.5 all | mAP@0.5 hard | mAP@0.5 easy | F1@0.25 "
+            "| hard recall@0.25 | ms/frame (1 thread) |", "|---|---|---|---|---|---|---|---|---|"]
+    for mix, test in summary["tests"].items():
+        for name, r in test["results"].items():
+            rows.append(f"| {mix} | {name} ({r['model']}) | {r['size_bytes'] / 1e6:.1f} MB | {r['map50']:.3f} | "
+                        f"{r['map50_hard']:.3f} | {r['map50_easy']:.3f} | {r['all']['f1@0.25']:.3f} | "
+                        f"{r['hard']['recall@0.25']:.3f} | {r['ms_per_frame_1thread']:.1f} |")
     return "\n".join(rows)
 
 
@@ -246,11 +259,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--stage", choices=("edge", "all"), default="all",
                    help="edge: only copy/quantize/score the edge model (cloud still training)")
     p.add_argument("--score", type=Path, nargs="*", default=None,
-                   help="only score these ONNX files on RUN/data/test and print JSON")
+                   help=f"only score these ONNX files on RUN/data/{TESTS['episodes']} and print JSON")
     args = p.parse_args(argv)
     if args.score:
         for path in args.score:
-            print(json.dumps(score_onnx(path, args.run / "data" / "test", args.threads)))
+            print(json.dumps(score_onnx(path, args.run / "data" / TESTS["episodes"], args.threads)))
         return 0
     summary = package(args.run, args.models, args.calib_samples, args.threads, args.stage)
     print(markdown_table(summary))
