@@ -90,7 +90,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
         learned = {"trained": True, "train_frames": len(train), "coefficients": model.importance()}
     else:
         learned["why"] = "no --train-data given"
-    scores[scoring.ORACLE] = [scoring.oracle_scores(records)]
+    scores[scoring.ORACLE] = [scoring.oracle_scores(records, strategy, iou)]
     base = {
         "edge_only": hybrid.evaluate(records, np.zeros(n, bool), nc, strategy, iou),
         "cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou),

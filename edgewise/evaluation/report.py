@@ -14,7 +14,7 @@ POLICY_LABELS = {
     "sedna_ibt": "Sedna IBT",
     "combined": "edgewise combined hardness",
     "learned": "edgewise learned gain",
-    "oracle": "oracle (knows the cloud's answer)",
+    "oracle": "oracle (knows what escalating gains)",
 }
 
 
@@ -53,7 +53,7 @@ def markdown(result: Dict[str, Any]) -> str:
               + (f" (closes {_pct(t['gap_closed'])} of the edge-to-cloud F1 gap)" if t.get("gap_closed") is not None
                  else "") + f" -> target {'met' if t['met'] else 'NOT met'}."]
     if t.get("oracle_f1_fraction") is not None:
-        lines.append(f"An oracle that ranks frames by how much the cloud would change them keeps "
+        lines.append(f"An oracle that ranks frames by what escalating them truly gains keeps "
                      f"{_pct(t['oracle_f1_fraction'])} at {_pct(t['compared_at_rate'])}: about the ceiling for "
                      "frame selection with this model pair.")
     if not t.get("cloud_better", True):

@@ -15,23 +15,25 @@ is escalated), so the comparison is about *which* frames each policy picks:
   answer differs from the edge's (1 - F1(edge vs cloud) > 0), weighted by how much
   — the ORIC / DCSB idea of predicting the benefit of offloading
   (``shared/reference/numbers.md`` Table 2).
-* ``oracle``: ranked by the true disagreement with the cloud's answer, which only an
-  oracle knows before asking. Not a policy: the upper bound of any frame selector at
-  each rate, so a report can tell "the policies are weak" from "the target is out of
-  reach for this model pair". Never chosen as the best policy.
+* ``oracle``: ranked by what escalating the frame truly gains, from the ground truth
+  and the cloud's answer, which no policy knows before asking. Not a policy: about the
+  upper bound of any frame selector at each rate, so a report can tell "the policies
+  are weak" from "the target is out of reach for this model pair". Never chosen as
+  the best policy.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence
 
 import numpy as np
 
 from edgewise.evaluation.frames import FrameRecord
 from edgewise.evaluation.metrics import match_counts
 from edgewise.hardness import SIGNAL_NAMES, combine
+from edgewise.merging import merge
 
 NEVER = -1.0  # score of frames a filter can never call hard
 ORACLE = "oracle"
@@ -73,8 +75,21 @@ def disagreement(r: FrameRecord, iou: float = 0.5) -> float:
     return 1.0 - c.f1
 
 
-def oracle_scores(records: Sequence[FrameRecord]) -> np.ndarray:
-    return np.array([disagreement(r) for r in records])
+def oracle_scores(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5) -> np.ndarray:
+    """Each frame's F1 gain from escalating it alone, linearised around edge-only.
+
+    F1 = 2TP / (TP + FP + N) over all frames (N ground-truth objects), so a frame that
+    changes the counts by (dTP, dFP) moves F1 in proportion to dTP (FP + N) - dFP TP.
+    Ranking by it is the greedy selection: exact while few frames are escalated.
+    """
+    def counts(d: Any, r: FrameRecord) -> Any:
+        return match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
+
+    edge = [counts(r.edge, r) for r in records]
+    hybrid = [counts(merge(r.edge, r.cloud, strategy, iou), r) for r in records]
+    tp, fp = sum(c.tp for c in edge), sum(c.fp for c in edge)
+    n = sum(len(r.gt_cls) for r in records)
+    return np.array([(h.tp - e.tp) * (fp + n) - (h.fp - e.fp) * tp for e, h in zip(edge, hybrid)], np.float64)
 
 
 @dataclass

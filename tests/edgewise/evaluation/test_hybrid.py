@@ -106,12 +106,15 @@ def test_target_verdict_hand_computed() -> None:
     assert t["best_f1_fraction"] > 1.0 and not t["met"] and not t["cloud_better"] and t["gap_closed"] is None
 
 
-def test_oracle_ranks_by_disagreement_and_is_never_the_best_policy(records) -> None:
+def test_oracle_ranks_by_true_gain_and_is_never_the_best_policy(records) -> None:
     from edgewise.evaluation.evaluating import judge_target
 
-    # frames 1 (wrong class) and 2 (missed) are where the cloud changes the answer
+    # edge-only: TP 1, FP 1, N 3. Escalating frame 1 (wrong class) gives dTP 1, dFP -1:
+    # 1 * (1 + 3) + 1 * 1 = 5; frame 2 (missed) dTP 1: 4; frames 0 and 3 gain nothing
     o = scoring.oracle_scores(records)
-    assert o[1] == 1.0 and o[2] == 1.0 and o[0] == 0.0 and o[3] == 0.0
+    assert o.tolist() == [0.0, 5.0, 4.0, 0.0]
+    res = hybrid.at_rates(records, {"oracle": [o]}, [0.25, 0.5], nc=2)
+    assert [row["f1"] for row in res["oracle"]] == pytest.approx([2 * 2 / (2 * 2 + 0 + 1), 1.0])
     base = {"edge_only": {"f1": 0.5}, "cloud_only": {"f1": 1.0}}
     rates = {"random": [{"rate": 0.5, "f1": 0.7}], "oracle": [{"rate": 0.5, "f1": 1.0}]}
     t = judge_target(base, rates, [0.5], 0.5, 0.97)
