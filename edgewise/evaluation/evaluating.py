@@ -17,6 +17,9 @@ from edgewise.runtime import Detector
 
 log = logging.getLogger(__name__)
 
+#: our policies and the baselines they must beat at equal rate
+OURS = ("combined", "learned")
+BASELINES = ("random", "sedna_threshold", "sedna_ibt")
 DEFAULT_RATES = (0.02, 0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
 RANDOM_SEEDS = 5
 
@@ -121,6 +124,9 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
     selector (not a policy, never "best") reaches at the same rate. When the cloud
     model is not more accurate than the edge model, escalation has nothing to add and
     the target is reported as not met (``cloud_better: false``), never as trivially met.
+    ``ours_minus_baselines`` gives, per baseline, the F1 of our better policy (combined or
+    learned) minus the baseline's at that rate; ``ours_beat_baselines`` is whether every
+    margin is positive.
     """
     edge_f1, cloud_f1 = base["edge_only"]["f1"], base["cloud_only"]["f1"]
     within = [i for i, r in enumerate(compared) if r <= max_rate + 1e-9]
@@ -129,9 +135,15 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
     best_f1 = rates[best][at]["f1"]
     gap = cloud_f1 - edge_f1
     frac = best_f1 / cloud_f1 if cloud_f1 > 0 else 0.0
+    # the second half of the goal: our best policy against each baseline, same rate
+    ours = [k for k in OURS if k in rates]
+    margins = ({b: max(rates[k][at]["f1"] for k in ours) - rates[b][at]["f1"] for b in BASELINES if b in rates}
+               if ours else {})
     return {
         "max_rate": max_rate, "f1_fraction": fraction, "compared_at_rate": compared[at], "best_policy": best,
         "best_f1_fraction": frac, "cloud_better": bool(gap > 0),
+        "ours_minus_baselines": margins,
+        "ours_beat_baselines": bool(margins) and all(m > 0 for m in margins.values()),
         "oracle_f1_fraction": (rates[scoring.ORACLE][at]["f1"] / cloud_f1
                                if scoring.ORACLE in rates and cloud_f1 > 0 else None),
         "gap_closed": (best_f1 - edge_f1) / gap if gap > 0 else None,

@@ -52,6 +52,11 @@ def markdown(result: Dict[str, Any]) -> str:
               f"{_pct(t['best_f1_fraction'])} of cloud F1"
               + (f" (closes {_pct(t['gap_closed'])} of the edge-to-cloud F1 gap)" if t.get("gap_closed") is not None
                  else "") + f" -> target {'met' if t['met'] else 'NOT met'}."]
+    if t.get("ours_minus_baselines"):
+        margins = ", ".join(f"{POLICY_LABELS.get(b, b)} {100 * m / cloud_f1:+.1f}"
+                          for b, m in t["ours_minus_baselines"].items())
+        lines.append(f"Our better policy against each baseline at {_pct(t['compared_at_rate'])} (points of cloud "
+                     f"F1): {margins} -> {'beats' if t['ours_beat_baselines'] else 'does NOT beat'} all of them.")
     if t.get("oracle_f1_fraction") is not None:
         lines.append(f"An oracle that ranks frames by what escalating them truly gains keeps "
                      f"{_pct(t['oracle_f1_fraction'])} at {_pct(t['compared_at_rate'])}: about the ceiling for "

@@ -99,6 +99,12 @@ def test_target_verdict_hand_computed() -> None:
     assert t["compared_at_rate"] == 0.15 and t["best_policy"] == "combined"
     assert t["best_f1_fraction"] == pytest.approx(0.975) and t["gap_closed"] == pytest.approx(0.9)
     assert t["met"] and t["cloud_better"]
+    # ours (combined) against the one baseline given: 0.78 - 0.64 at 15%
+    assert t["ours_minus_baselines"] == {"random": pytest.approx(0.14)} and t["ours_beat_baselines"]
+    sedna = {"sedna_ibt": [{"rate": 0.1, "f1": 0.7}, {"rate": 0.15, "f1": 0.79}, {"rate": 0.3, "f1": 0.8}]}
+    t = judge_target(base, {**rates, **sedna}, [0.1, 0.15, 0.3], 0.15, 0.97)
+    assert t["best_policy"] == "sedna_ibt" and t["met"]  # the target's first half holds either way
+    assert t["ours_minus_baselines"]["sedna_ibt"] == pytest.approx(-0.01) and not t["ours_beat_baselines"]
     assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.10, 0.97)["met"]  # 0.74 / 0.80 = 92.5%
     # a cloud model no better than the edge: never "met", however high the fraction
     worse = {"edge_only": {"f1": 0.60}, "cloud_only": {"f1": 0.55}}
