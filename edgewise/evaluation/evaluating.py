@@ -88,12 +88,12 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     learned: Dict[str, Any] = {"trained": False}
     if cfg.train_data is not None:
         train = _collect(cfg, Path(cfg.train_data), edge, cloud, policy)
-        model = scoring.GainPredictor.fit(train)
+        model = scoring.GainPredictor.fit(train, strategy, iou)
         scores["learned"] = [model.predict(records)]
         learned = {"trained": True, "train_frames": len(train), "coefficients": model.importance()}
     else:
         learned["why"] = "no --train-data given"
-    scores[scoring.ORACLE] = [scoring.oracle_scores(records, strategy, iou)]
+    scores[scoring.ORACLE] = [scoring.f1_gain(records, strategy, iou)]
     base = {
         "edge_only": hybrid.evaluate(records, np.zeros(n, bool), nc, strategy, iou),
         "cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou),

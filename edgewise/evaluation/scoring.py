@@ -10,13 +10,14 @@ is escalated), so the comparison is about *which* frames each policy picks:
 * ``sedna_ibt``: Sedna ``IBT`` — share of boxes scoring <= ``threshold_box``;
   empty frames rank last for the same reason.
 * ``combined``: edgewise's combined hardness (the policy's signal weights).
-* ``learned``: a logistic "gain predictor" on the edge signals, trained on logged
-  edge/cloud pairs of a training split: the label is whether the cloud model's
-  answer differs from the edge's (1 - F1(edge vs cloud) > 0), weighted by how much
-  — the ORIC / DCSB idea of predicting the benefit of offloading
-  (``shared/reference/numbers.md`` Table 2).
-* ``oracle``: ranked by what escalating the frame truly gains, from the ground truth
-  and the cloud's answer, which no policy knows before asking. Not a policy: about the
+* ``learned``: a "gain regressor" on the edge signals, trained on logged edge/cloud
+  pairs of a labelled training split: ridge regression of each frame's F1 gain from
+  escalating (:func:`f1_gain`, against that split's ground truth) — the ORIC / DCSB
+  practice of predicting the benefit of offloading (``shared/reference/numbers.md``,
+  "Suggested practice"). Predicting mere disagreement with the cloud is weaker: where
+  the cloud differs it is often not right either.
+* ``oracle``: ranked by :func:`f1_gain` on the evaluated frames themselves, which no
+  policy knows before asking. Not a policy: about the
   upper bound of any frame selector at each rate, so a report can tell "the policies
   are weak" from "the target is out of reach for this model pair". Never chosen as
   the best policy.
@@ -69,13 +70,7 @@ def features(records: Sequence[FrameRecord]) -> np.ndarray:
     return np.asarray(rows, np.float64)
 
 
-def disagreement(r: FrameRecord, iou: float = 0.5) -> float:
-    """1 - F1 of the edge's answer scored against the cloud's: what escalating would change."""
-    c = match_counts(r.edge.boxes, r.edge.class_ids, r.edge.scores, r.cloud.boxes, r.cloud.class_ids, iou)
-    return 1.0 - c.f1
-
-
-def oracle_scores(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5) -> np.ndarray:
+def f1_gain(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5) -> np.ndarray:
     """Each frame's F1 gain from escalating it alone, linearised around edge-only.
 
     F1 = 2TP / (TP + FP + N) over all frames (N ground-truth objects), so a frame that
@@ -94,38 +89,30 @@ def oracle_scores(records: Sequence[FrameRecord], strategy: str = "replace", iou
 
 @dataclass
 class GainPredictor:
-    """L2-regularised logistic regression on standardised edge features (Newton/IRLS)."""
+    """Ridge regression of :func:`f1_gain` on standardised edge features (closed form)."""
 
     mean: np.ndarray
     std: np.ndarray
     coef: np.ndarray  # [1 + n_features], intercept first
 
     @classmethod
-    def fit(cls, records: Sequence[FrameRecord], l2: float = 1.0, iters: int = 50) -> GainPredictor:
+    def fit(cls, records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5,
+            l2: float = 10.0) -> GainPredictor:
         x = features(records)
-        gain = np.array([disagreement(r) for r in records])
-        y = (gain > 0).astype(np.float64)
-        # Frames where the cloud changes a lot matter more than ones where it changes a little.
-        w = np.where(y > 0, 0.5 + gain, 1.0)
+        gain = f1_gain(records, strategy, iou)
+        y = gain / max(float(np.abs(gain).max()), 1e-12)  # scale-free target
         mean, std = x.mean(axis=0), x.std(axis=0)
         std[std < 1e-9] = 1.0
         z = np.hstack([np.ones((len(x), 1)), (x - mean) / std])
-        beta = np.zeros(z.shape[1])
         reg = np.full(z.shape[1], l2)
-        reg[0] = 0.0
-        for _ in range(iters):
-            p = 1.0 / (1.0 + np.exp(-np.clip(z @ beta, -30, 30)))
-            grad = z.T @ (w * (p - y)) + reg * beta
-            hess = (z * (w * p * (1 - p))[:, None]).T @ z + np.diag(reg + 1e-9)
-            step = np.linalg.solve(hess, grad)
-            beta -= step
-            if float(np.abs(step).max()) < 1e-8:
-                break
+        reg[0] = 0.0  # the intercept is not shrunk
+        beta = np.linalg.solve(z.T @ z + np.diag(reg + 1e-9), z.T @ y)
         return cls(mean=mean, std=std, coef=beta)
 
     def predict(self, records: Sequence[FrameRecord]) -> np.ndarray:
+        """Predicted relative F1 gain of escalating each frame (higher: escalate first)."""
         z = (features(records) - self.mean) / self.std
-        return 1.0 / (1.0 + np.exp(-np.clip(self.coef[0] + z @ self.coef[1:], -30, 30)))
+        return np.asarray(self.coef[0] + z @ self.coef[1:], np.float64)
 
     def importance(self) -> Dict[str, float]:
         names: List[str] = list(SIGNAL_NAMES) + ["log_n_boxes", "empty", "max_score"]
