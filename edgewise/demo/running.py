@@ -109,7 +109,8 @@ def _generate(cfg: DemoConfig, data: Path) -> Dict[str, Any]:
     from edgewise.synth import PRESETS, SynthJob, generate
 
     return generate(SynthJob(out=data, frames=cfg.frames, streams=cfg.streams, seed=cfg.seed, split="test",
-                             width=int(cfg.size[0]), height=int(cfg.size[1]), difficulty=PRESETS["reference"]))
+                             width=int(cfg.size[0]), height=int(cfg.size[1]),
+                             difficulty=PRESETS["episodes"]))  # easy streams, short hard episodes
 
 
 def _stream_folders(data: Path, streams: int) -> List[Path]:
