@@ -40,7 +40,7 @@ class StreamSettings:
     index (``0``) or path (``/dev/video0``); gstreamer: a pipeline string ending in
     ``appsink``; synthetic: empty or ``WxH`` (e.g. ``640x480``) for the built-in
     pattern, or ``digits[:DIFFICULTY[:WxH]]`` for ``edgewise.synth`` camera scenes
-    (DIFFICULTY: easy | medium | hard | reference, or a difficulty YAML/JSON file)."""
+    (DIFFICULTY: easy | medium | hard | reference | episodes, or a difficulty YAML/JSON file)."""
     loop: bool = False
     """file/folder/synthetic: start again at the end instead of ending the stream."""
     fps: float = 0.0

@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
                    help="sprite/background pool: test uses held-out handwriting and backgrounds")
     p.add_argument("--imgsz", type=_imgsz, default=(320, 240), help="frame size N or W,H (default 320,240)")
     p.add_argument("--difficulty", default="reference",
-                   help="preset (easy, medium, hard, reference) or a JSON/YAML file of knobs")
+                   help="preset (easy, medium, hard, reference, episodes) or a JSON/YAML file of knobs")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one difficulty knob (repeatable), e.g. --set objects_max=3")
     p.add_argument("--format", dest="image_format", choices=("jpg", "png"), default="jpg")
