@@ -17,22 +17,22 @@ is escalated), so the comparison is about *which* frames each policy picks:
   "Suggested practice"). Predicting mere disagreement with the cloud is weaker: where
   the cloud differs it is often not right either.
 * ``oracle``: ranked by :func:`f1_gain` on the evaluated frames themselves, which no
-  policy knows before asking. Not a policy: about the
-  upper bound of any frame selector at each rate, so a report can tell "the policies
-  are weak" from "the target is out of reach for this model pair". Never chosen as
-  the best policy.
+  policy knows before asking. Not a policy: about the upper bound of any frame
+  selector at each rate, so a report can tell "the policies are weak" from "the target
+  is out of reach for this model pair". Never chosen as the best policy.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Sequence
 
 import numpy as np
 
+from edgewise.detections import Detections
 from edgewise.evaluation.frames import FrameRecord
-from edgewise.evaluation.metrics import match_counts
+from edgewise.evaluation.metrics import Counts, match_counts
 from edgewise.hardness import SIGNAL_NAMES, combine
 from edgewise.merging import merge
 
@@ -77,7 +77,7 @@ def f1_gain(records: Sequence[FrameRecord], strategy: str = "replace", iou: floa
     changes the counts by (dTP, dFP) moves F1 in proportion to dTP (FP + N) - dFP TP.
     Ranking by it is the greedy selection: exact while few frames are escalated.
     """
-    def counts(d: Any, r: FrameRecord) -> Any:
+    def counts(d: Detections, r: FrameRecord) -> Counts:
         return match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
 
     edge = [counts(r.edge, r) for r in records]
