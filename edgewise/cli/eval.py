@@ -29,7 +29,7 @@ def _handler(args: argparse.Namespace) -> int:
     cfg = EvalConfig(
         edge=Path(args.edge), cloud=Path(args.cloud), policy=Path(args.policy), data=Path(args.data),
         train_data=Path(args.train_data) if args.train_data else None, rates=args.rates,
-        fps=args.fps, limit=args.limit, threads=args.threads,
+        fps=args.fps, limit=args.limit, threads=args.threads, model_out=Path(args.out) / "gain-model.json",
     )
     result = run_eval(cfg)
     paths = report.write(result, Path(args.out))
@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--cloud", required=True, help="cloud model ONNX")
     p.add_argument("--policy", required=True, help="escalation policy YAML")
     p.add_argument("--data", required=True, help="held-out dataset folder (edgewise synth --split test)")
-    p.add_argument("--train-data", default=None, help="training-split folder for the learned gain predictor")
+    p.add_argument("--train-data", default=None, help="labelled training-split folder: fits the learned policy and writes it to "
+                   "OUT/gain-model.json (a policy uses it with signals.learnedModel)")
     p.add_argument("--out", default="eval-report", help="output folder for eval.json/.md/.png")
     p.add_argument("--rates", type=_rates, default=[0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5],
                    help="escalation rates to compare policies at")

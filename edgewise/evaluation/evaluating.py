@@ -40,6 +40,8 @@ class EvalConfig:
             F1 with <= target_rate of frames escalated.
         limit: evaluate at most this many frames (quick runs).
         threads: ONNX Runtime intra-op threads per model.
+        model_out: where to write the learned policy's gain model (``signals.learnedModel``
+            of a policy file); not written when None or without ``train_data``.
     """
 
     edge: Path
@@ -53,6 +55,7 @@ class EvalConfig:
     target_fraction: float = 0.97
     limit: Optional[int] = None
     threads: Optional[int] = None
+    model_out: Optional[Path] = None
 
 
 def signal_config(policy: Policy) -> SignalConfig:
@@ -88,9 +91,11 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     learned: Dict[str, Any] = {"trained": False}
     if cfg.train_data is not None:
         train = _collect(cfg, Path(cfg.train_data), edge, cloud, policy)
-        model = scoring.GainPredictor.fit(train, strategy, iou)
-        scores["learned"] = [model.predict(records)]
-        learned = {"trained": True, "train_frames": len(train), "coefficients": model.importance()}
+        model = scoring.fit_gain_model(train, strategy, iou, info={"trainData": str(cfg.train_data)})
+        scores["learned"] = [model.predict(scoring.features(records))]
+        learned = {"trained": True, "train_frames": len(train), "importance": model.importance()}
+        if cfg.model_out is not None:
+            learned["file"] = str(model.save(cfg.model_out))
     else:
         learned["why"] = "no --train-data given"
     scores[scoring.ORACLE] = [scoring.f1_gain(records, strategy, iou)]

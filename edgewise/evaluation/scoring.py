@@ -11,7 +11,7 @@ is escalated), so the comparison is about *which* frames each policy picks:
   empty frames rank last for the same reason.
 * ``combined``: edgewise's combined hardness (the policy's signal weights).
 * ``learned``: a "gain regressor" on the edge signals, trained on logged edge/cloud
-  pairs of a labelled training split: ridge regression of each frame's F1 gain from
+  pairs of a labelled training split: boosted regression trees of each frame's F1 gain from
   escalating (:func:`f1_gain`, against that split's ground truth) — the ORIC / DCSB
   practice of predicting the benefit of offloading (``shared/reference/numbers.md``,
   "Suggested practice"). Predicting mere disagreement with the cloud is weaker: where
@@ -24,16 +24,15 @@ is escalated), so the comparison is about *which* frames each policy picks:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Dict, List, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from edgewise.detections import Detections
 from edgewise.evaluation.frames import FrameRecord
 from edgewise.evaluation.metrics import Counts, match_counts
-from edgewise.hardness import SIGNAL_NAMES, combine
+from edgewise.hardness import combine
+from edgewise.hardness.learned import FEATURE_NAMES, GainModel, frame_features
 from edgewise.merging import merge
 
 NEVER = -1.0  # score of frames a filter can never call hard
@@ -61,13 +60,9 @@ def combined_scores(
 
 
 def features(records: Sequence[FrameRecord]) -> np.ndarray:
-    """Edge-side features only (what the daemon knows before asking the cloud)."""
-    rows = []
-    for r in records:
-        n = len(r.edge)
-        rows.append([r.signals.get(s, 0.0) for s in SIGNAL_NAMES]
-                    + [math.log1p(n), float(n == 0), float(r.edge.scores.max()) if n else 0.0])
-    return np.asarray(rows, np.float64)
+    """Edge-side feature rows (:func:`~edgewise.hardness.learned.frame_features`)."""
+    return np.asarray([frame_features(r.signals, r.edge) for r in records], np.float64).reshape(
+        -1, len(FEATURE_NAMES))
 
 
 def f1_gain(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5) -> np.ndarray:
@@ -87,33 +82,11 @@ def f1_gain(records: Sequence[FrameRecord], strategy: str = "replace", iou: floa
     return np.array([(h.tp - e.tp) * (fp + n) - (h.fp - e.fp) * tp for e, h in zip(edge, hybrid)], np.float64)
 
 
-@dataclass
-class GainPredictor:
-    """Ridge regression of :func:`f1_gain` on standardised edge features (closed form)."""
-
-    mean: np.ndarray
-    std: np.ndarray
-    coef: np.ndarray  # [1 + n_features], intercept first
-
-    @classmethod
-    def fit(cls, records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5,
-            l2: float = 10.0) -> GainPredictor:
-        x = features(records)
-        gain = f1_gain(records, strategy, iou)
-        y = gain / max(float(np.abs(gain).max()), 1e-12)  # scale-free target
-        mean, std = x.mean(axis=0), x.std(axis=0)
-        std[std < 1e-9] = 1.0
-        z = np.hstack([np.ones((len(x), 1)), (x - mean) / std])
-        reg = np.full(z.shape[1], l2)
-        reg[0] = 0.0  # the intercept is not shrunk
-        beta = np.linalg.solve(z.T @ z + np.diag(reg + 1e-9), z.T @ y)
-        return cls(mean=mean, std=std, coef=beta)
-
-    def predict(self, records: Sequence[FrameRecord]) -> np.ndarray:
-        """Predicted relative F1 gain of escalating each frame (higher: escalate first)."""
-        z = (features(records) - self.mean) / self.std
-        return np.asarray(self.coef[0] + z @ self.coef[1:], np.float64)
-
-    def importance(self) -> Dict[str, float]:
-        names: List[str] = list(SIGNAL_NAMES) + ["log_n_boxes", "empty", "max_score"]
-        return {n: round(float(c), 4) for n, c in zip(names, self.coef[1:])}
+def fit_gain_model(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5,
+                   info: Optional[Mapping[str, Any]] = None, **params: Any) -> GainModel:
+    """The learned policy: boosted trees of :func:`f1_gain` on the edge features of
+    labelled frames (``params`` go to :class:`~edgewise.hardness.boosting.BoostedTrees`).
+    A few shallow trees capture what a linear score cannot, e.g. that a low mean
+    confidence matters on a crowded frame but not on a single box."""
+    return GainModel.fit(features(records), f1_gain(records, strategy, iou),
+                         dict(info or {}, frames=len(records), merge=strategy, mergeIou=iou), **params)

@@ -6,7 +6,8 @@ once per frame and the policy watcher calls :meth:`Escalator.swap`.
 
 Order of checks for one frame of a stream:
 
-1. hardness = ``combine(signals, weights, mode)`` of the policy.
+1. hardness = ``combine(signals, weights, mode)`` of the policy, or the learned
+   hardness when it names a gain model (:mod:`edgewise.hardness.learned`).
 2. stream ``mode: never`` -> not escalated (reason ``stream_never``);
    ``mode: always`` -> candidate (reason ``always``).
 3. threshold (per-stream > per-class > global; the lowest threshold of the
@@ -149,7 +150,8 @@ class Escalator:
         now: float,
     ) -> Decision:
         sig = policy.spec.signals
-        hardness = combine(signals, sig.weights, sig.combine)
+        hardness = (policy.learned.hardness(signals, dets) if policy.learned is not None
+                    else combine(signals, sig.weights, sig.combine))
         st = self._streams.get(stream_id)
         if st is None:
             st = self._streams[stream_id] = StreamBudget(_limits(policy, stream_id), now)

@@ -29,9 +29,14 @@ def warnings(policy: Policy) -> List[str]:
             out.append(f"streams.{sid}.maxFraction x windowFrames < 1: stream {sid} never escalates")
     if s.threshold == 0:
         out.append("threshold 0: every frame is hard; only the budget limits escalations")
-    if all(w == 0 for w in s.signals.weights.values()):
+    if policy.learned is not None:
+        merge = policy.learned.info.get("merge")
+        if merge and merge != s.merge.strategy:
+            out.append(f"the gain model was fitted for merge.strategy {merge}, this policy merges with "
+                       f"{s.merge.strategy}: its ranking assumed the other merge")
+    elif all(w == 0 for w in s.signals.weights.values()):
         out.append("no signal has a positive weight")
-    if s.signals.weights.get("missed_object", 0.0) == 0 and s.audit_fraction == 0:
+    elif s.signals.weights.get("missed_object", 0.0) == 0 and s.audit_fraction == 0:
         out.append(
             "missed_object has no weight and auditFraction is 0: frames where the edge model "
             "saw nothing can only escalate through tracker_disagreement"
@@ -54,9 +59,18 @@ def explain(policy: Policy) -> str:
     lines = [f"Policy {policy.metadata.name!r}" + (f" from {policy.source}" if policy.source else "")]
     if policy.metadata.description:
         lines.append(f"  {policy.metadata.description}")
-    weights = ", ".join(f"{k}={v:g}" for k, v in sig.weights.items() if v > 0)
-    how = "the highest weighted signal" if sig.combine == "max" else "the weighted mean of signals"
-    lines.append(f"Hardness: {how} ({weights}).")
+    if policy.learned is not None:
+        info = policy.learned.info
+        lines.append(
+            f"Hardness: percentile of the predicted F1 gain of escalating the frame, among the "
+            f"{info.get('frames', '?')} training frames of the gain model {policy.learned.source or sig.learned_model}"
+            f" (fitted on {info.get('trainData', '?')}); threshold {s.threshold:g} escalates about "
+            f"{1 - s.threshold:.0%} of traffic like those frames. Signal weights are unused."
+        )
+    else:
+        weights = ", ".join(f"{k}={v:g}" for k, v in sig.weights.items() if v > 0)
+        how = "the highest weighted signal" if sig.combine == "max" else "the weighted mean of signals"
+        lines.append(f"Hardness: {how} ({weights}).")
     lines.append(
         f"A frame is hard when hardness >= {s.threshold:g}; boxes scoring in "
         f"[{s.band.low:g}, {s.band.high:g}] count as uncertain "

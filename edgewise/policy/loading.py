@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import yaml
 
 from edgewise.errors import ConfigError
+from edgewise.hardness.learned import GainModel
 from edgewise.policy.fields import FieldSpec, field_specs
 from edgewise.policy.schema import Policy
 
@@ -217,7 +218,18 @@ def parse_policy(text: Union[str, bytes], source_name: str = "<policy>") -> Poli
             raise ConfigError(f"{source_name}: cannot read a value: {exc}") from None
     finally:
         loader.dispose()
-    return Policy(policy.api_version, policy.kind, policy.metadata, policy.spec, source=source_name)
+    learned = None
+    if policy.spec.signals.learned_model:
+        # relative to the policy file's folder (the working directory for text without a file)
+        model = Path(policy.spec.signals.learned_model)
+        if not model.is_absolute() and not source_name.startswith("<"):
+            model = Path(source_name).parent / model
+        try:
+            learned = GainModel.load(model)
+        except ConfigError as exc:
+            raise ConfigError(f"{source_name}: spec.signals.learnedModel: {exc}") from None
+    return Policy(policy.api_version, policy.kind, policy.metadata, policy.spec, source=source_name,
+                  learned=learned)
 
 
 def load_policy(path: Union[str, Path]) -> Policy:

@@ -10,9 +10,10 @@ Precedence of overrides: per-stream > per-class > global (``Policy.threshold_for
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from edgewise.hardness.learned import GainModel
 from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
 from edgewise.policy.fields import FieldSpec, field_default, opt
 
@@ -95,6 +96,14 @@ class Signals:
     track_max_age: int = opt(
         "trackMaxAge", "int", "Frames an unmatched track is kept before it is dropped.", 2,
         lo=0, hi=100,
+    )
+    learned_model: str = opt(
+        "learnedModel", "str",
+        "Gain model file written by `edgewise eval --train-data` (a path relative to this policy "
+        "file). When set, hardness is the percentile of the frame's predicted F1 gain among the "
+        "model's training frames (threshold 0.85 = its top 15%) and weights/combine are unused. "
+        "The file is read when the policy is (re)loaded.",
+        "",
     )
 
 
@@ -260,6 +269,8 @@ class Policy:
     metadata: Metadata = opt("metadata", "section", "Identity of the policy.", Metadata(), cls=Metadata, required=True)
     spec: Spec = opt("spec", "section", "The policy.", Spec(), cls=Spec, required=True)
     source: str = ""  # file it came from (not a YAML key)
+    #: the loaded ``signals.learnedModel`` (not a YAML key)
+    learned: Optional[GainModel] = field(default=None, compare=False, repr=False)
 
     # --- effective values (per-stream > per-class > global) -------------------
 
@@ -367,7 +378,7 @@ def _default_text(value: Any, spec: FieldSpec) -> str:
         return "{}"
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    return str(value) if value != "" else '""'  # an empty string would read as a missing cell
 
 
 def describe_schema(cls: Any = Policy, prefix: str = "") -> List[SchemaRow]:

@@ -8,6 +8,7 @@ import pytest
 from edgewise.detections import Detections
 from edgewise.evaluation import hybrid, scoring
 from edgewise.evaluation.frames import FrameRecord, read_labels
+from edgewise.hardness.learned import FEATURE_NAMES
 
 
 def D(boxes, cls, scores, source):
@@ -69,10 +70,13 @@ def test_top_fraction_and_policies_at_rates(records) -> None:
 def test_learned_predictor_learns_the_gain(records) -> None:
     # Train on many copies: frames 1 and 2 (where the cloud fixes the edge) should score above 0 and 3.
     train = records * 20
-    model = scoring.GainPredictor.fit(train, l2=0.1)
-    p = model.predict(records)
+    model = scoring.fit_gain_model(train, min_leaf=5)
+    p = model.predict(scoring.features(records))
     assert min(p[1], p[2]) > max(p[0], p[3])
-    assert set(model.importance()) >= {"mean_conf", "missed_object"}
+    share = model.importance()
+    assert set(share) == set(FEATURE_NAMES) and sum(share.values()) == pytest.approx(1.0, abs=1e-3)
+    # only mean_conf and missed_object (or what they imply: box count, max score) tell the frames apart
+    assert share["entropy"] == share["tracker_disagreement"] == 0.0
 
 
 def test_read_labels(tmp_path) -> None:

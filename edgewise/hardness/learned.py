@@ -1,0 +1,126 @@
+"""The learned hardness: a frame's predicted F1 gain from escalating it, as a percentile.
+
+``edgewise eval --train-data DIR`` fits boosted regression trees
+(:mod:`~edgewise.hardness.boosting`) of each training frame's F1 gain from escalating
+it, measured against ground truth (the ORIC / DCSB practice of predicting the benefit
+of offloading, ``shared/reference/numbers.md``), on the edge-side features below, and
+writes them to ``gain-model.json`` together with the distribution of its predictions
+on the training frames. A policy naming that file (``signals.learnedModel``) uses,
+instead of the weighted signals, **hardness = the percentile of the frame's predicted
+gain among the training frames**: threshold 0.85 escalates what the model ranks in its
+top 15%, so the threshold reads as an escalation rate on traffic like the training set.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Tuple, Union
+
+import numpy as np
+
+from edgewise.detections import Detections
+from edgewise.errors import ConfigError
+from edgewise.hardness.boosting import BoostedTrees
+from edgewise.hardness.signals import SIGNAL_NAMES
+
+FORMAT = "edgewise-gain-model/v1"
+#: the model's inputs, in column order: every signal, then three facts about the boxes
+FEATURE_NAMES: Tuple[str, ...] = tuple(SIGNAL_NAMES) + ("log_n_boxes", "empty", "max_score")
+MAX_MODEL_BYTES = 4 << 20
+
+
+def frame_features(signals: Mapping[str, float], dets: Detections) -> List[float]:
+    """One frame's feature row (edge-side only: what the daemon knows before asking)."""
+    n = len(dets)
+    row = [float(signals.get(s, 0.0)) for s in SIGNAL_NAMES]
+    row = [v if math.isfinite(v) else 0.0 for v in row]
+    return row + [math.log1p(n), float(n == 0), float(dets.scores.max()) if n else 0.0]
+
+
+@dataclass
+class GainModel:
+    """Trees of the predicted gain plus the training frames' prediction percentiles.
+
+    Attributes:
+        trees: the fitted :class:`BoostedTrees` over :data:`FEATURE_NAMES`.
+        quantiles: predictions on the training frames at 0, 1, ..., 100 percent.
+        info: provenance (training data, frames, merge strategy), shown by explain.
+        source: file it was loaded from ("" when fitted in memory).
+    """
+
+    trees: BoostedTrees
+    quantiles: np.ndarray
+    info: Dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    @classmethod
+    def fit(cls, x: np.ndarray, gain: np.ndarray, info: Mapping[str, Any], **params: Any) -> GainModel:
+        """Fit on feature rows ``x`` and each frame's gain (any scale: it is normalised)."""
+        y = np.asarray(gain, np.float64)
+        y = y / max(float(np.abs(y).max()) if len(y) else 0.0, 1e-12)
+        trees = BoostedTrees(**params).fit(x, y)
+        quantiles = np.quantile(trees.predict(x), np.linspace(0.0, 1.0, 101))
+        return cls(trees=trees, quantiles=quantiles, info=dict(info))
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Predicted relative gain of each feature row (higher: escalate first)."""
+        return self.trees.predict(np.asarray(x, np.float64).reshape(-1, len(FEATURE_NAMES)))
+
+    def percentile(self, predicted: np.ndarray) -> np.ndarray:
+        """Mid-rank percentile in [0, 1] of predictions among the training frames'."""
+        q = self.quantiles
+        lo = np.searchsorted(q, predicted, side="left")
+        hi = np.searchsorted(q, predicted, side="right")
+        return np.asarray((lo + hi) / (2.0 * len(q)), np.float64)
+
+    def hardness(self, signals: Mapping[str, float], dets: Detections) -> float:
+        """The learned hardness of one frame, in [0, 1]."""
+        return float(self.percentile(self.predict(np.array([frame_features(signals, dets)])))[0])
+
+    def importance(self) -> Dict[str, float]:
+        """Each feature's share of the trees' split gain (0 after loading: not stored)."""
+        return {n: round(float(v), 4) for n, v in zip(FEATURE_NAMES, self.trees.importance())}
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"format": FORMAT, "features": list(FEATURE_NAMES), "info": self.info,
+                "importance": self.importance(), "quantiles": self.quantiles.tolist(),
+                **self.trees.to_dict()}
+
+    def save(self, path: Union[str, Path]) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return p
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> GainModel:
+        """Read and validate a model file; ConfigError names the file and what is wrong."""
+        p = Path(path)
+        try:
+            if p.stat().st_size > MAX_MODEL_BYTES:
+                raise ConfigError(f"{p}: over {MAX_MODEL_BYTES} bytes; not a gain model written by edgewise eval")
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (FileNotFoundError, IsADirectoryError):
+            raise ConfigError(f"{p}: gain model file not found; run `edgewise eval --train-data` to write it, "
+                              "or fix signals.learnedModel") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{p}: not JSON ({exc})") from None
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ConfigError(f"{p}: format must be {FORMAT!r}, got {d.get('format') if isinstance(d, dict) else d!r}")
+        if d.get("features") != list(FEATURE_NAMES):
+            raise ConfigError(f"{p}: fitted on features {d.get('features')!r}, this edgewise computes "
+                              f"{list(FEATURE_NAMES)}; fit it again with this version")
+        trees = BoostedTrees.from_dict(d, str(p))
+        if len(trees.edges) != len(FEATURE_NAMES):
+            raise ConfigError(f"{p}: edges has {len(trees.edges)} features, expected {len(FEATURE_NAMES)}")
+        q = d.get("quantiles")
+        if (not isinstance(q, list) or len(q) < 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in q)
+                or any(b < a for a, b in zip(q, q[1:]))):
+            raise ConfigError(f"{p}: quantiles must be a non-decreasing list of at least 2 finite numbers")
+        info = d.get("info", {})
+        return cls(trees=trees, quantiles=np.asarray(q, np.float64), info=info if isinstance(info, dict) else {},
+                   source=str(p))

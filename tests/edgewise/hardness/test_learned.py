@@ -1,0 +1,120 @@
+"""The learned hardness: fit, JSON round trip, validation of model files, use by a policy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from edgewise.detections import Detections
+from edgewise.errors import ConfigError
+from edgewise.hardness.learned import FEATURE_NAMES, GainModel, frame_features
+from edgewise.policy import Escalator, PolicyHolder, load_policy
+from edgewise.policy.explaining import explain
+
+MISSED = FEATURE_NAMES.index("missed_object")
+NAMES = ("a", "b")
+
+
+def empty() -> Detections:
+    return Detections(boxes=np.zeros((0, 4), np.float32), scores=np.zeros(0, np.float32),
+                      class_ids=np.zeros(0, np.int32), names=NAMES)
+
+
+@pytest.fixture(scope="module")
+def model() -> GainModel:
+    # the gain is high exactly where the edge saw a strong missed object
+    rng = np.random.default_rng(0)
+    x = rng.random((600, len(FEATURE_NAMES)))
+    gain = (x[:, MISSED] > 0.8).astype(float) * 5.0 + rng.normal(0, 0.1, 600)
+    return GainModel.fit(x, gain, {"trainData": "unit", "frames": 600, "merge": "fuse"})
+
+
+def test_fit_ranks_the_gain_and_hardness_is_a_training_percentile(model) -> None:
+    hard = frame_features({"missed_object": 0.95}, empty())
+    easy = frame_features({"missed_object": 0.1}, empty())
+    assert model.predict(np.array([hard]))[0] > model.predict(np.array([easy]))[0] + 0.5
+    # 20% of training frames have missed_object > 0.8: they hold the top percentiles
+    assert model.hardness({"missed_object": 0.95}, empty()) > 0.8
+    assert model.hardness({"missed_object": 0.1}, empty()) < 0.8
+    p = model.percentile(np.array([-1e9, 1e9]))
+    assert p.tolist() == [0.0, 1.0]
+    assert max(model.importance(), key=model.importance().get) == "missed_object"
+
+
+def test_json_round_trip(model, tmp_path) -> None:
+    path = model.save(tmp_path / "gain-model.json")
+    back = GainModel.load(path)
+    x = np.random.default_rng(1).random((50, len(FEATURE_NAMES)))
+    assert np.allclose(back.predict(x), model.predict(x))
+    assert np.allclose(back.quantiles, model.quantiles)
+    assert back.info["trainData"] == "unit" and back.source == str(path)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(format="other/v9"), "format must be 'edgewise-gain-model/v1'"),
+    (lambda d: d.update(features=["a"]), "fitted on features"),
+    (lambda d: d["trees"].__setitem__(0, [99, 0, [0.0], [1.0]]), r"trees\[0\]: feature index 99"),
+    (lambda d: d["trees"].__setitem__(0, [0, 0, [0.0]]), r"trees\[0\]: a node is"),
+    (lambda d: d["trees"].__setitem__(0, [float("nan")]), r"trees\[0\] leaf must be a finite number"),
+    (lambda d: d.update(quantiles=[1.0, 0.0]), "quantiles must be a non-decreasing"),
+    (lambda d: d.update(trees=[]), "trees must be a non-empty list"),
+    (lambda d: d["edges"].__setitem__(0, [2.0, 1.0]), r"edges\[0\] must be strictly increasing"),
+])
+def test_invalid_model_files_name_the_problem(model, tmp_path, edit, message) -> None:
+    d = model.to_dict()
+    edit(d)
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=message) as exc:
+        GainModel.load(path)
+    assert str(path) in str(exc.value)
+
+
+def test_not_json_and_missing_file(tmp_path) -> None:
+    (tmp_path / "m.json").write_text("{nope")
+    with pytest.raises(ConfigError, match="not JSON"):
+        GainModel.load(tmp_path / "m.json")
+    with pytest.raises(ConfigError, match="run `edgewise eval --train-data`"):
+        GainModel.load(tmp_path / "absent.json")
+
+
+POLICY = """apiVersion: edgewise/v1
+kind: EscalationPolicy
+metadata: {name: learned}
+spec:
+  threshold: 0.85
+  signals: {learnedModel: %s}
+  budget: {maxFraction: 1.0, windowFrames: 10, maxPerSecond: null}
+  merge: {strategy: fuse}
+"""
+
+
+def test_policy_uses_the_learned_hardness(model, tmp_path) -> None:
+    model.save(tmp_path / "models" / "gain-model.json")
+    (tmp_path / "policy.yaml").write_text(POLICY % "models/gain-model.json")  # relative to the policy file
+    p = load_policy(tmp_path / "policy.yaml")
+    assert p.learned is not None
+    esc = Escalator(p, clock=lambda: 0.0)
+    hard = esc.decide("cam", 0, empty(), {"missed_object": 0.95}, now=0.0)
+    easy = esc.decide("cam", 1, empty(), {"missed_object": 0.1}, now=1.0)
+    assert hard.escalate and hard.reason == "hard" and hard.hardness > 0.85
+    assert not easy.escalate and easy.reason == "below_threshold"
+    text = explain(p)
+    assert "percentile of the predicted F1 gain" in text and "600 training frames" in text
+    assert "about 15% of traffic" in text
+
+
+def test_policy_with_a_bad_model_is_refused_and_reload_keeps_the_old(model, tmp_path) -> None:
+    path = tmp_path / "policy.yaml"
+    with pytest.raises(ConfigError, match=r"spec.signals.learnedModel: .*gain model file not found"):
+        path.write_text(POLICY % "absent.json")
+        load_policy(path)
+    model.save(tmp_path / "g.json")
+    path.write_text(POLICY % "g.json")
+    holder = PolicyHolder.from_file(path)
+    (tmp_path / "broken.json").write_text("[]")
+    path.write_text(POLICY % "broken.json")
+    res = holder.reload(path)
+    assert not res.ok and "broken.json" in (res.error or "") and holder.policy.learned is not None
