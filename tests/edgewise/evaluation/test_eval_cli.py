@@ -41,6 +41,18 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     assert len(result["threshold_sweep"]) == 21 and result["learned"]["trained"]
     assert "Policies at equal escalation rates" in (out / "eval.md").read_text()
     assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
+    # the learned policy is written for deployment; a policy file can replay it
+    assert result["learned"]["file"] == str(out / "gain-model.json")
+    (out / "learned.yaml").write_text(
+        "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: learned}\n"
+        "spec:\n  threshold: 0.5\n  signals: {learnedModel: gain-model.json}\n"
+        "  budget: {maxFraction: 1.0}\n  merge: {strategy: fuse}\n")
+    again = tmp_path / "again"
+    assert main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model), "--policy", str(out / "learned.yaml"),
+                 "--data", str(tiny_sets / "test"), "--out", str(again), "--rates", "0.5", "--threads", "1"]) == 0
+    replay = json.loads((again / "eval.json").read_text())
+    assert not replay["learned"]["trained"] and not (again / "gain-model.json").exists()
+    assert 0.0 < replay["policy_run"]["escalated"] < 1.0  # threshold 0.5: the upper half of the ranking
 
 
 def test_eval_bad_inputs(tiny_model, tmp_path, capsys) -> None:
