@@ -1,10 +1,11 @@
 """Package and score the reference model pair: ``python -m edgewise.train.reference --run runs/ref``.
 
-``scripts/train_reference.sh`` trains in two stages: ``RUN/edge`` and ``RUN/cloud`` on the
+``scripts/train_reference.sh`` trains in stages: ``RUN/edge`` and ``RUN/cloud`` on the
 ``reference`` mix (``RUN/data/train``), then ``RUN/edge-tune`` and ``RUN/cloud-tune``
 fine-tuned from them on the ``episodes`` mix (``RUN/data/tune``: easy streams with short
-hard episodes, the deployment situation the hybrid is judged on). This copies the
-fine-tuned ``best.onnx`` files into ``models/``, INT8-quantizes the edge model with
+hard episodes, the deployment situation the hybrid is judged on), then ``RUN/cloud-hr`` and
+``RUN/edge-hr``: both continued at 288 input. This copies the final ``best.onnx`` files
+(:data:`FINAL`) into ``models/``, INT8-quantizes the edge model with
 ``edgewise.models.quantize`` (calibrated on fine-tuning frames), and scores all three with
 :func:`score_onnx` on both held-out test splits (unseen handwriting and backgrounds):
 ``RUN/data/tune-test`` (episodes mix, the headline) and ``RUN/data/test`` (reference mix),
@@ -37,8 +38,8 @@ from edgewise.train.metrics import IOUV, ap_per_class, match_predictions, postpr
 #: run-folder layout of scripts/train_reference.sh: training stages in order, the
 #: folders whose best.onnx is shipped, the calibration / hold-out frames of the INT8
 #: edge model, and the test splits (headline first)
-STAGES = ("edge", "cloud", "edge-tune", "cloud-tune")
-FINAL = {"edge": "edge-tune", "cloud": "cloud-tune"}
+STAGES = ("edge", "cloud", "edge-tune", "cloud-tune", "cloud-hr", "edge-hr")
+FINAL = {"edge": "edge-hr", "cloud": "cloud-hr"}
 CALIB, HOLDOUT = "tune", "tune-val"
 TESTS = {"episodes": "tune-test", "reference": "test"}
 
