@@ -13,6 +13,7 @@ top 15%, so the threshold reads as an escalation rate on traffic like the traini
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import dataclass, field
@@ -77,8 +78,10 @@ class GainModel:
         return np.asarray((lo + hi) / (2.0 * len(q)), np.float64)
 
     def hardness(self, signals: Mapping[str, float], dets: Detections) -> float:
-        """The learned hardness of one frame, in [0, 1]."""
-        return float(self.percentile(self.predict(np.array([frame_features(signals, dets)])))[0])
+        """The learned hardness of one frame, in [0, 1] (:meth:`percentile` of one row, no numpy)."""
+        p = self.trees.predict_one(frame_features(signals, dets))
+        q = self.quantiles
+        return (bisect.bisect_left(q, p) + bisect.bisect_right(q, p)) / (2.0 * len(q))
 
     def importance(self) -> Dict[str, float]:
         """Each feature's share of the trees' split gain (0 after loading: not stored)."""

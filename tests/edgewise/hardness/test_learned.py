@@ -40,6 +40,13 @@ def test_fit_ranks_the_gain_and_hardness_is_a_training_percentile(model) -> None
     assert model.hardness({"missed_object": 0.1}, empty()) < 0.8
     p = model.percentile(np.array([-1e9, 1e9]))
     assert p.tolist() == [0.0, 1.0]
+    # the per-frame path (plain Python) agrees with the batch one
+    x = np.random.default_rng(2).random((200, len(FEATURE_NAMES)))
+    x[:50, MISSED] = model.trees.edges[MISSED][[3, 7, 11, 20, 29] * 10]  # exactly on bin edges
+    assert [model.trees.predict_one(row) for row in x] == pytest.approx(model.predict(x).tolist(), abs=1e-12)
+    sig = dict(zip(FEATURE_NAMES, x[0]))
+    assert model.hardness(sig, empty()) == model.percentile(
+        model.predict(np.array([frame_features(sig, empty())])))[0]
     assert max(model.importance(), key=model.importance().get) == "missed_object"
 
 
