@@ -13,7 +13,6 @@ top 15%, so the threshold reads as an escalation rate on traffic like the traini
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 from dataclasses import dataclass, field
@@ -78,10 +77,9 @@ class GainModel:
         return np.asarray((lo + hi) / (2.0 * len(q)), np.float64)
 
     def hardness(self, signals: Mapping[str, float], dets: Detections) -> float:
-        """The learned hardness of one frame, in [0, 1] (:meth:`percentile` of one row, no numpy)."""
+        """The learned hardness of one frame, in [0, 1] (the daemon's per-frame path)."""
         p = self.trees.predict_one(frame_features(signals, dets))
-        q = self.quantiles
-        return (bisect.bisect_left(q, p) + bisect.bisect_right(q, p)) / (2.0 * len(q))
+        return float(self.percentile(np.array([p]))[0])
 
     def importance(self) -> Dict[str, float]:
         """Each feature's share of the trees' split gain (0 after loading: not stored)."""
@@ -109,8 +107,10 @@ class GainModel:
         except (FileNotFoundError, IsADirectoryError):
             raise ConfigError(f"{p}: gain model file not found; run `edgewise eval --train-data` to write it, "
                               "or fix signals.learnedModel") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{p}: not JSON ({exc})") from None
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ConfigError(f"{p}: not JSON ({type(exc).__name__}: {str(exc)[:100]})") from None
+        except OSError as exc:
+            raise ConfigError(f"{p}: cannot read the gain model file: {exc.strerror or exc}") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ConfigError(f"{p}: format must be {FORMAT!r}, got {d.get('format') if isinstance(d, dict) else d!r}")
         if d.get("features") != list(FEATURE_NAMES):

@@ -34,13 +34,14 @@ def warnings(policy: Policy) -> List[str]:
         if merge and merge != s.merge.strategy:
             out.append(f"the gain model was fitted for merge.strategy {merge}, this policy merges with "
                        f"{s.merge.strategy}: its ranking assumed the other merge")
-    elif all(w == 0 for w in s.signals.weights.values()):
-        out.append("no signal has a positive weight")
-    elif s.signals.weights.get("missed_object", 0.0) == 0 and s.audit_fraction == 0:
-        out.append(
-            "missed_object has no weight and auditFraction is 0: frames where the edge model "
-            "saw nothing can only escalate through tracker_disagreement"
-        )
+    else:  # the weighted signals decide
+        if all(w == 0 for w in s.signals.weights.values()):
+            out.append("no signal has a positive weight")
+        if s.signals.weights.get("missed_object", 0.0) == 0 and s.audit_fraction == 0:
+            out.append(
+                "missed_object has no weight and auditFraction is 0: frames where the edge model "
+                "saw nothing can only escalate through tracker_disagreement"
+            )
     if s.payload.mode == "crops" and s.merge.strategy == "replace":
         out.append(
             "payload.mode crops with merge.strategy replace: edge boxes outside the crops are "

@@ -85,6 +85,9 @@ def test_not_json_and_missing_file(tmp_path) -> None:
         GainModel.load(tmp_path / "m.json")
     with pytest.raises(ConfigError, match="run `edgewise eval --train-data`"):
         GainModel.load(tmp_path / "absent.json")
+    (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)  # nesting beyond the parser's recursion
+    with pytest.raises(ConfigError, match="deep.json: not JSON"):
+        GainModel.load(tmp_path / "deep.json")
 
 
 POLICY = """apiVersion: edgewise/v1
