@@ -40,17 +40,17 @@ $(HELM):
 helm: $(HELM)
 
 proto: venv
-	$(BIN)/python -m edgewise.protogen
+	$(BIN)/python -m edgewise_tools.protogen
 
 proto-check: venv
-	$(BIN)/python -m edgewise.protogen --check
+	$(BIN)/python -m edgewise_tools.protogen --check
 
 lint: venv
-	$(BIN)/ruff check edgewise edge cloud tests bench
+	$(BIN)/ruff check edgewise edgewise_tools edge cloud tests bench
 	$(BIN)/vermin -q --no-tips --violations -t=3.8- --backport dataclasses --backport typing --exclude-regex 'edgewise/v1/.*' edgewise edge
 
 typecheck: venv
-	$(BIN)/mypy edgewise edge cloud
+	$(BIN)/mypy edgewise edgewise_tools edge cloud
 
 pytest: venv system-deps helm
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest $(PYTEST_ARGS)

@@ -1,8 +1,8 @@
 """Process side of ``bench/system.py``: models, camera data, edge daemons, the local
 cloud, a private Mosquitto, per-process CPU sampling and fault injection.
 
-Reuses the demo's pieces (``edgewise.demo.running``: data generation, stream
-folders, the Mosquitto launcher; ``edgewise.demo.records``: sink reading) and
+Reuses the demo's pieces (``edgewise_tools.demo.running``: data generation, stream
+folders, the Mosquitto launcher; ``edgewise_tools.demo.records``: sink reading) and
 ``cloud.local.LocalCloud`` for the worker pool + gateway. Each load point starts
 fresh edge daemons (one per group of ``per_daemon`` streams) against the same
 warm cloud; CPU seconds come from ``/proc/<pid>/stat`` (utime + stime).
@@ -25,8 +25,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import cv2
 import yaml
 
-from edgewise.demo import records as R
-from edgewise.demo import running as demo
+from edgewise_tools.demo import records as R
+from edgewise_tools.demo import running as demo
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench-models"
@@ -49,9 +49,9 @@ def default_models() -> Tuple[Path, Path, str]:
     ref_e, ref_c = ROOT / "models" / "edge-int8.onnx", ROOT / "models" / "cloud.onnx"
     if ref_e.is_file() and ref_c.is_file():
         return ref_e, ref_c, "reference models (models/)"
-    from edgewise.models import build_onnx
-    from edgewise.models.quantize import quantize
     from edgewise.synth import CLASS_NAMES
+    from edgewise_tools.models import build_onnx
+    from edgewise_tools.models.quantize import quantize
 
     CACHE.mkdir(parents=True, exist_ok=True)
     fp = CACHE / "sys-yolov5n-320-10.onnx"

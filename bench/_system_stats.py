@@ -5,14 +5,14 @@ No I/O and no clocks here: everything is computed from the records, the
 per-process CPU seconds and the JPEG sizes the caller measured, so the numbers
 in the table and in the JSON come from the same run. Record fields follow
 ``edge.pipeline._emit`` / ``edge.escalating._write_merged``; the latest record
-per frame wins (``edgewise.demo.records.latest_per_frame``).
+per frame wins (``edgewise_tools.demo.records.latest_per_frame``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from edgewise.demo import records as R
+from edgewise_tools.demo import records as R
 
 STAGES = ("read", "queue", "preprocess", "infer", "postprocess", "hardness_policy", "total")
 

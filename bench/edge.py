@@ -32,8 +32,8 @@ VTEST = Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi")
 
 
 def int8_model(imgsz: int) -> Path:
-    from edgewise.models import build_onnx
-    from edgewise.models.quantize import quantize
+    from edgewise_tools.models import build_onnx
+    from edgewise_tools.models.quantize import quantize
 
     CACHE.mkdir(parents=True, exist_ok=True)
     fp = CACHE / f"yolov5s-{imgsz}.onnx"

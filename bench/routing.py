@@ -422,7 +422,7 @@ def main() -> int:
     if args._echo:
         return echo_main(args)
     if not Path(args.model).exists():
-        from edgewise.models import build_onnx
+        from edgewise_tools.models import build_onnx
 
         Path(args.model).parent.mkdir(parents=True, exist_ok=True)
         build_onnx("yolov5n", imgsz=160, nc=10, path=Path(args.model), names=tuple(map(str, range(10))), seed=0)

@@ -1,7 +1,7 @@
 """Per-stage runtime benchmark: JPEG decode, letterbox, inference, decode+NMS.
 
 YOLOv5s at 640 (architecture-exact, random weights) in float32 and INT8 (static
-QDQ from ``edgewise.models.quantize``) on this CPU, for batches of 1, 4 and 8
+QDQ from ``edgewise_tools.models.quantize``) on this CPU, for batches of 1, 4 and 8
 real frames (``vtest.avi`` from Debian's opencv-doc, JPEG-encoded at quality 90
 as the edge sends them). Float and INT8 runs are interleaved iteration by
 iteration so both see the same machine load. Prints one Markdown table of
@@ -90,7 +90,7 @@ def build_models(args: argparse.Namespace) -> Dict[str, Path]:
     cache.mkdir(parents=True, exist_ok=True)
     fpath = Path(args.float) if args.float else cache / f"{args.arch}-{args.imgsz}-80.onnx"
     if not fpath.exists():
-        from edgewise.models import build_onnx
+        from edgewise_tools.models import build_onnx
 
         print(f"building {fpath} ...", file=sys.stderr)
         build_onnx(args.arch, imgsz=args.imgsz, nc=80, path=fpath, seed=0)
@@ -100,9 +100,9 @@ def build_models(args: argparse.Namespace) -> Dict[str, Path]:
     qpath = Path(args.int8) if args.int8 else cache / f"{args.arch}-{args.imgsz}-80-int8.onnx"
     if not qpath.exists():
         try:
-            from edgewise.models.quantize import quantize
+            from edgewise_tools.models.quantize import quantize
         except ImportError:
-            sys.exit("edgewise.models.quantize is not available: pass --int8 PATH to an INT8 model")
+            sys.exit("edgewise_tools.models.quantize is not available: pass --int8 PATH to an INT8 model")
         print(f"quantizing {qpath} with {args.calib_samples} frames of {VIDEO} ...", file=sys.stderr)
         quantize(fpath, VIDEO, samples=args.calib_samples, out_path=qpath, holdout=0,
                  threads=args.threads or 0)

@@ -98,11 +98,12 @@ def _copy(src: Path, dest: Path, mode: int) -> None:
 
 
 def _copy_package(name: str, dest: Path) -> None:
-    """Copy a Python package's .py sources (no caches, no training code: it needs torch)."""
+    """Copy a Python package's .py sources (no caches). Only the runtime core and the
+    edge package are copied; the offline tools live in ``edgewise_tools`` and stay out."""
     src = REPO / name
     for path in sorted(src.rglob("*.py")):
         rel = path.relative_to(src)
-        if "__pycache__" in rel.parts or rel.parts[0] == "train":
+        if "__pycache__" in rel.parts:
             continue
         _copy(path, dest / name / rel, 0o644)
     if (src / "py.typed").exists():

@@ -452,7 +452,7 @@ def describe() -> str:
 
 
 def _describe(cls: Any, prefix: str, lines: List[str]) -> None:
-    from edgewise.policy.reference import attribute_docs  # the docs page reads them the same way
+    from edgewise.config import attribute_docs  # the docs page reads them the same way
 
     docs = attribute_docs(cls)
     for f in dataclasses.fields(cls):

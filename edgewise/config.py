@@ -7,6 +7,9 @@ must fail the same way: the message names the file and says what is wrong.
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
 from pathlib import Path
 from typing import Any, Dict, Union
 
@@ -35,3 +38,24 @@ def read_yaml_mapping(path: Union[str, Path], what: str = "settings") -> Dict[st
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of {what}")
     return data
+
+
+def attribute_docs(cls: Any) -> Dict[str, str]:
+    """Docstrings written under dataclass fields (``x: int = 0`` then ``\"\"\"doc\"\"\"``)."""
+    try:
+        src = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    tree = ast.parse(src)
+    docs: Dict[str, str] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        body = node.body
+        for i, stmt in enumerate(body[:-1]):
+            nxt = body[i + 1]
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[stmt.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
+    return docs

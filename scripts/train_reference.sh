@@ -3,7 +3,7 @@
 #   1. base stage on the "reference" mix (train/val/test splits, fixed seeds, 224x224 frames):
 #      edge model yolov5n @160 and cloud model yolov5s @224, trained in parallel on the CPU;
 #      the backbones are first pre-trained as digit classifiers on object crops of the
-#      training split (edgewise.train.pretrain; yolov5s widened from yolov5n's), then the
+#      training split (edgewise_tools.train.pretrain; yolov5s widened from yolov5n's), then the
 #      detectors train from them
 #   2. fine-tuning stage on the "episodes" mix (tune/tune-val/tune-test splits: easy streams
 #      with short hard episodes, the deployment situation the hybrid is judged on): both
@@ -13,7 +13,7 @@
 #   3. both detectors continue at 288 input (frames upscaled from 224), so the hard digits
 #      (9-16 px) cover more of the stride-8 grid
 #   4. package: copy the final ONNX files, INT8-quantize the edge one, score all on both
-#      test splits, write models/metrics.json (python -m edgewise.train.reference)
+#      test splits, write models/metrics.json (python -m edgewise_tools.train.reference)
 # Usage: scripts/train_reference.sh [RUN_DIR]
 #   A stage whose RUN/NAME/summary.json exists is skipped, so an interrupted run resumes.
 #   env EDGE_PRETRAIN / CLOUD_PRETRAIN: seconds of backbone pre-training per model,
@@ -65,12 +65,12 @@ done_() {  # NAME [pre]: has this stage finished before?
 # split; yolov5s starts from it widened (Net2WiderNet: same features, 2x channels), because
 # from scratch its classifier stays at chance for longer than the budget.
 pretrain() {  # NAME ARCH THREADS BUDGET [--widen-from FILE]
-    done_ "$1" pre || nice -n 5 "$PY" -m edgewise.train.pretrain --data "$RUN/data/train" --val "$RUN/data/val" \
+    done_ "$1" pre || nice -n 5 "$PY" -m edgewise_tools.train.pretrain --data "$RUN/data/train" --val "$RUN/data/val" \
         --arch "$2" --lr0 0.001 --threads "$3" --time-budget "$4" --out "$RUN/$1/backbone.pt" "${@:5}" \
         > "$RUN/$1-pretrain.log" 2>&1
 }
 detector() {  # OUT ARCH IMGSZ EPOCH_SIZE THREADS BUDGET TRAIN VAL LR0 WARMUP_EPOCHS INIT
-    done_ "$1" || nice -n 5 "$PY" -m edgewise.train --data "$RUN/data/$7" --val "$RUN/data/$8" --val-limit 200 \
+    done_ "$1" || nice -n 5 "$PY" -m edgewise_tools.train --data "$RUN/data/$7" --val "$RUN/data/$8" --val-limit 200 \
         --batch 8 --nbs 8 --optimizer AdamW --lr0 "$9" --warmup-epochs "${10}" --epochs "$EPOCHS" --seed 0 \
         --device "$DEVICE" --arch "$2" --imgsz "$3" --epoch-size "$4" --threads "$5" --time-budget "$6" \
         --init "${11}" --out "$RUN/$1" > "$RUN/$1.log" 2>&1
@@ -99,4 +99,4 @@ wait "$EDGE_PID" "$CLOUD_PID"
 # 224, cloud / edge, but over-fired at conf 0.25 until trained there)
 detector cloud-hr yolov5s 288 1200 "$CLOUD_THREADS" "$CLOUD_HR" tune tune-val 0.0005 0.1 "$RUN/cloud-tune/best.pt"
 detector edge-hr yolov5n 288 3000 "$CLOUD_THREADS" "$EDGE_HR" tune tune-val 0.0005 0.1 "$RUN/edge-tune/best.pt"
-"$PY" -m edgewise.train.reference --run "$RUN" --models models
+"$PY" -m edgewise_tools.train.reference --run "$RUN" --models models

@@ -1,7 +1,7 @@
 """Shared fixtures: real ONNX models built once per session, a real Mosquitto broker.
 
 Models are architecture-exact YOLOv5 graphs with random weights built by
-``edgewise.models`` (the code ``edgewise model build`` runs), cached under
+``edgewise_tools.models`` (the code ``edgewise model build`` runs), cached under
 ``.cache/test-models`` so repeated runs skip the torch export.
 """
 
@@ -31,7 +31,7 @@ def free_port() -> int:
 
 
 def _built_model(arch: str, imgsz: int, nc: int) -> Path:
-    from edgewise.models import build_onnx
+    from edgewise_tools.models import build_onnx
 
     MODEL_CACHE.mkdir(parents=True, exist_ok=True)
     path = MODEL_CACHE / f"{arch}-{imgsz}-{nc}.onnx"

@@ -3,29 +3,35 @@
 Each command group lives next to the code it drives and exposes
 ``register(subparsers)``, which adds its subcommands with
 ``set_defaults(func=handler)``; ``handler(args) -> int`` is the exit status.
-Groups are imported lazily by module name so ``edgewise`` (the shared SDK) never
-imports ``edge`` or ``cloud`` at module import time, and a module that needs a
-heavy dependency (torch, TensorRT) imports it inside its handler.
+The table below names those modules as strings: the runtime core never imports
+``edge``, ``cloud`` or ``edgewise_tools`` (a layering test checks it); the
+dispatcher imports each module when the parser is built and skips one that is
+not installed, so the Jetson bundle (core + edge only) gets just the edge
+commands. A module that needs a heavy dependency (torch, TensorRT) imports it
+inside its handler.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
+import platform
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from edgewise import __version__
 from edgewise.errors import EdgewiseError
+from edgewise.observability import LOG_FORMATS, setup_logging
 
 #: (group, module) pairs; a group may be filled by several modules.
 #: Group "" means top-level subcommands.
 COMMAND_MODULES: Tuple[Tuple[str, str], ...] = (
-    ("model", "edgewise.cli.model"),
-    ("", "edgewise.cli.synth"),
-    ("", "edgewise.cli.eval"),
-    ("", "edgewise.cli.demo"),
+    ("model", "edgewise_tools.cli.model"),
+    ("", "edgewise_tools.cli.synth"),
+    ("", "edgewise_tools.cli.train"),
+    ("", "edgewise_tools.cli.eval"),
+    ("", "edgewise_tools.cli.demo"),
     ("edge", "edge.cli"),
     ("edge", "edge.bundle"),
     ("cloud", "cloud.worker.cli"),
@@ -48,9 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Edge/cloud hybrid object detection (YOLOv5 on the edge, a pool in the cloud).",
     )
     parser.add_argument(
+        "--version", action="version",
+        version=f"edgewise {__version__} (Python {platform.python_version()})",
+    )
+    parser.add_argument(
         "--log-level",
         default=os.environ.get("EDGEWISE_LOG_LEVEL", "INFO"),
         help="logging level (env EDGEWISE_LOG_LEVEL; default INFO)",
+    )
+    parser.add_argument(
+        "--log-format", choices=LOG_FORMATS,
+        default=os.environ.get("EDGEWISE_LOG_FORMAT", "text"),
+        help="text, or json: one JSON object per line for log shippers (env EDGEWISE_LOG_FORMAT)",
     )
     top = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: Dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
@@ -86,10 +101,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the process exit status."""
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
-    logging.basicConfig(
-        level=str(args.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        setup_logging(args.log_level, args.log_format)
+    except ValueError as exc:
+        parser.error(str(exc))
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -45,7 +45,7 @@ def test_deb_info_and_contents(built) -> None:
                  "./usr/lib/edgewise-edge/constraints-jetpack51.txt", "./usr/share/edgewise-edge/models/edge.onnx",
                  "./usr/lib/sysusers.d/edgewise-edge.conf", "./etc/default/edgewise-edge-power"):
         assert path in contents, path
-    assert "root/root" in contents and "/cloud/" not in contents and "/train/" not in contents
+    assert "root/root" in contents and "/cloud/" not in contents and "/train/" not in contents and "edgewise_tools" not in contents
     conffiles = subprocess.run([_need("dpkg-deb"), "-f", str(built.deb), "Package"], capture_output=True, text=True).stdout
     assert conffiles.strip() == "edgewise-edge"
     ctl = subprocess.run([_need("dpkg-deb"), "--ctrl-tarfile", str(built.deb)], capture_output=True, check=True).stdout

@@ -1,0 +1,56 @@
+"""`edgewise eval`: the hybrid's accuracy for its share of escalated frames, offline."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import List
+
+from edgewise.errors import ConfigError
+
+
+def _rates(text: str) -> List[float]:
+    try:
+        rates = sorted(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rates {text!r}: comma-separated fractions like 0.05,0.1") from None
+    if not rates or not all(0 < r <= 1 for r in rates):
+        raise argparse.ArgumentTypeError(f"--rates {text!r}: each rate must be in (0, 1]")
+    return rates
+
+
+def _handler(args: argparse.Namespace) -> int:
+    from edgewise_tools.evaluation import report
+    from edgewise_tools.evaluation.evaluating import EvalConfig, run_eval
+
+    for flag, p in (("--edge", args.edge), ("--cloud", args.cloud), ("--policy", args.policy)):
+        if not Path(p).is_file():
+            raise ConfigError(f"{flag} {p}: file not found")
+    cfg = EvalConfig(
+        edge=Path(args.edge), cloud=Path(args.cloud), policy=Path(args.policy), data=Path(args.data),
+        train_data=Path(args.train_data) if args.train_data else None, rates=args.rates,
+        fps=args.fps, limit=args.limit, threads=args.threads, model_out=Path(args.out) / "gain-model.json",
+    )
+    result = run_eval(cfg)
+    paths = report.write(result, Path(args.out))
+    print(report.markdown(result))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the top-level ``eval`` command."""
+    p = subparsers.add_parser("eval", help="measure edge-only, cloud-only and hybrid accuracy offline")
+    p.add_argument("--edge", required=True, help="edge model ONNX (e.g. models/edge-int8.onnx)")
+    p.add_argument("--cloud", required=True, help="cloud model ONNX")
+    p.add_argument("--policy", required=True, help="escalation policy YAML")
+    p.add_argument("--data", required=True, help="held-out dataset folder (edgewise synth --split test)")
+    p.add_argument("--train-data", default=None, help="labelled training-split folder: fits the learned policy and writes it to "
+                   "OUT/gain-model.json (a policy uses it with signals.learnedModel)")
+    p.add_argument("--out", default="eval-report", help="output folder for eval.json/.md/.png")
+    p.add_argument("--rates", type=_rates, default=[0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5],
+                   help="escalation rates to compare policies at")
+    p.add_argument("--fps", type=float, default=10.0, help="stream frame rate for the policy's budget timeline")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N frames")
+    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model")
+    p.set_defaults(func=_handler)

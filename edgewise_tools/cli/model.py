@@ -1,0 +1,225 @@
+"""``edgewise model``: info, build, quantize and engine subcommands.
+
+Heavy dependencies load inside the handlers: torch only for ``build``, ONNX Runtime's
+quantization tools only for ``quantize``, TensorRT only for ``engine``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+from edgewise_tools.models import ARCHITECTURES
+
+ENGINE_NEEDS = (
+    "model engine builds a TensorRT engine and needs a JetPack/TensorRT machine "
+    "(a Jetson with JetPack 5.1+, or an x86 host with an NVIDIA GPU and TensorRT)"
+)
+
+
+def register(subparsers: Any) -> None:
+    """Add ``info``, ``build``, ``quantize`` and ``engine`` to the ``model`` group."""
+    p = subparsers.add_parser("info", help="describe a YOLOv5 ONNX model")
+    p.add_argument("model", help="path of the .onnx file")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_info)
+
+    p = subparsers.add_parser(
+        "build", help="build an architecture-exact YOLOv5 v7.0 ONNX with random weights"
+    )
+    p.add_argument("--arch", required=True, choices=ARCHITECTURES)
+    p.add_argument("--imgsz", type=int, default=640, help="input size, a multiple of 32 (640)")
+    p.add_argument("--classes", type=int, default=80, help="number of classes (80)")
+    p.add_argument("--names", default=None, help="comma-separated class names (default 0..K-1)")
+    p.add_argument("--seed", type=int, default=0, help="weight initialisation seed (0)")
+    p.add_argument("--static-batch", action="store_true", help="fixed batch 1 instead of dynamic")
+    p.add_argument("-o", "--output", required=True, help="output .onnx path")
+    p.set_defaults(func=cmd_build)
+
+    p = subparsers.add_parser(
+        "quantize", help="INT8 static quantization (ONNX Runtime QDQ) with an agreement check"
+    )
+    p.add_argument("model", help="float YOLOv5 .onnx")
+    p.add_argument("--calib", required=True, help="folder of images or a video file")
+    p.add_argument("--samples", type=int, default=500, help="calibration frames (500)")
+    p.add_argument("--method", default="minmax", choices=("minmax", "entropy", "percentile"))
+    p.add_argument(
+        "--keep-float",
+        default="first_conv,head",
+        help="layers left in float: first_conv, head, both comma-separated, or none "
+        "(default first_conv,head; the decode tail is always float)",
+    )
+    p.add_argument(
+        "--per-tensor", action="store_true", help="per-tensor instead of per-channel weights"
+    )
+    p.add_argument(
+        "--target",
+        default="cpu",
+        choices=("cpu", "tensorrt"),
+        help="cpu: ONNX Runtime U8S8 (default); tensorrt: symmetric INT8 QDQ for TensorRT",
+    )
+    p.add_argument(
+        "--reduce-range",
+        action="store_true",
+        help="7-bit weights for x86 CPUs without VNNI (avoids U8S8 saturation)",
+    )
+    p.add_argument(
+        "--holdout",
+        type=int,
+        default=50,
+        help="held-out frames for the agreement check (50; 0 skips)",
+    )
+    p.add_argument(
+        "--holdout-source", default=None, help="take held-out frames from this folder/video instead"
+    )
+    p.add_argument(
+        "--conf", type=float, default=0.25, help="confidence threshold of the agreement check"
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="ONNX Runtime threads for the check (0 = all)"
+    )
+    p.add_argument("--report", default=None, help="also write the report as JSON to this file")
+    p.add_argument("-o", "--output", required=True, help="output .onnx path")
+    p.set_defaults(func=cmd_quantize)
+
+    p = subparsers.add_parser("engine", help="build (and cache) a TensorRT engine; GPU only")
+    p.add_argument("model", help="YOLOv5 .onnx (float, or QDQ INT8)")
+    p.add_argument("--precision", default="fp16", choices=("fp16", "int8"))
+    p.add_argument(
+        "--calib", default=None, help="calibration images for INT8 (not needed for a QDQ model)"
+    )
+    p.add_argument(
+        "--calib-cache", default=None, help="an existing TensorRT calibration cache to reuse"
+    )
+    p.add_argument(
+        "--cache-dir", default=None, help="engine cache folder (default ~/.cache/edgewise/engines)"
+    )
+    p.add_argument("--max-batch", type=int, default=8, help="largest batch the engine accepts (8)")
+    p.set_defaults(func=cmd_engine)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from edgewise_tools.models.info import describe, format_description
+
+    d = describe(args.model)
+    print(json.dumps(d, indent=2) if args.json else format_description(d))
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from edgewise_tools.models import build_onnx
+
+    names: Optional[List[str]] = None
+    if args.names:
+        names = [n.strip() for n in args.names.split(",")]
+    t0 = time.perf_counter()
+    out = build_onnx(
+        args.arch,
+        imgsz=args.imgsz,
+        nc=args.classes,
+        path=args.output,
+        names=names,
+        seed=args.seed,
+        dynamic_batch=not args.static_batch,
+    )
+    size = out.stat().st_size / 1e6
+    print(
+        f"built {args.arch} @ {args.imgsz} with {args.classes} classes -> {out} ({size:.1f} MB) in {time.perf_counter() - t0:.1f} s"
+    )
+    return 0
+
+
+def _progress_printer(
+    stream: Any = None, every_s: float = 2.0
+) -> Callable[[str, int, int], None]:
+    """A progress callback printing at most every ``every_s`` seconds (and at each stage's end).
+
+    ``stream`` defaults to the ``sys.stderr`` of the moment of each print (not of import
+    time, which would pin a stream that may since have been replaced).
+    """
+    last_t = [0.0]
+    last_stage = [""]
+
+    def show(stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if stage != last_stage[0] or done >= total or now - last_t[0] >= every_s:
+            last_t[0], last_stage[0] = now, stage
+            pct = 100.0 * done / total if total else 100.0
+            print(f"  {stage}: {done}/{total} frames ({pct:.0f}%)", file=stream or sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from edgewise_tools.models.quantize import quantize
+
+    report = quantize(
+        args.model,
+        args.calib,
+        samples=args.samples,
+        out_path=args.output,
+        method=args.method,
+        per_channel=not args.per_tensor,
+        keep_float=args.keep_float,
+        holdout=args.holdout,
+        holdout_source=args.holdout_source,
+        conf_thres=args.conf,
+        threads=args.threads,
+        progress=_progress_printer(),
+        target=args.target,
+        reduce_range=args.reduce_range,
+    )
+    print(report.summary())
+    if args.report:
+        Path(args.report).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    return 0
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    try:
+        from edgewise.runtime.backends import tensorrt as trt_backend
+    except ImportError as e:  # a trimmed install without the runtime's TensorRT backend
+        print(f"edgewise: error: {ENGINE_NEEDS}; {e}", file=sys.stderr)
+        return 2
+    try:
+        trt_backend.import_tensorrt()
+    except trt_backend.TensorRTUnavailableError as e:
+        print(f"edgewise: error: {ENGINE_NEEDS}; {e}", file=sys.stderr)
+        return 2
+    import shutil
+
+    from edgewise.runtime.metadata import load_model_info
+
+    info = load_model_info(Path(args.model))
+    cache_dir = Path(args.cache_dir) if args.cache_dir else trt_backend.default_cache_dir()
+    if args.calib_cache:
+        src = Path(args.calib_cache)
+        if not src.is_file():
+            print(f"edgewise: error: --calib-cache {src} does not exist", file=sys.stderr)
+            return 2
+        dst = trt_backend.calibration_cache_path(cache_dir, info)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.resolve() != dst.resolve():
+            shutil.copyfile(src, dst)
+    calibration = None
+    if args.calib:
+        calibration = trt_backend.CalibrationBatches.from_dir(
+            args.calib, info.imgsz, stride=info.stride
+        )
+    t0 = time.perf_counter()
+    backend = trt_backend.TensorRTBackend.from_onnx(
+        info,
+        cache_dir=cache_dir,
+        precision=args.precision,
+        max_batch=args.max_batch,
+        calibration=calibration,
+    )
+    backend.close()
+    print(
+        f"TensorRT {args.precision} engine for {info.path} ready in {cache_dir} ({time.perf_counter() - t0:.1f} s)"
+    )
+    return 0

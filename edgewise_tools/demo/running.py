@@ -1,0 +1,306 @@
+"""Orchestration of the demo: data, cloud, edge, a worker failure, live progress, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, TextIO, Tuple
+
+import yaml
+
+from edgewise.errors import ConfigError
+from edgewise_tools.demo import records as R
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class DemoConfig:
+    """What the demo runs.
+
+    Attributes:
+        edge_model: the INT8 reference edge model.
+        cloud_model: the reference cloud model.
+        policy: escalation policy (its ``transport`` is set from ``transport``).
+        transport: ``grpc`` or ``mqtt`` (MQTT needs a local ``mosquitto`` binary).
+        streams: generated camera streams.
+        frames: frames per stream.
+        fps: camera frame rate.
+        workers: cloud workers.
+        kill_worker_at: fraction of the run at which worker 0 is SIGKILLed.
+        kill_seconds: how long it stays down before it is restarted.
+        out: report folder.
+        seed: data seed.
+        size: frame size (width, height).
+        live: print a live progress line (off: only the start and end lines).
+        keep_workdir: keep the work directory (data, logs, the sink) for inspection.
+    """
+
+    edge_model: Path = ROOT / "models" / "edge-int8.onnx"
+    cloud_model: Path = ROOT / "models" / "cloud.onnx"
+    policy: Path = ROOT / "examples" / "policy.yaml"
+    transport: str = "grpc"
+    streams: int = 2
+    frames: int = 200
+    fps: float = 10.0
+    workers: int = 2
+    kill_worker_at: float = 0.35
+    kill_seconds: float = 4.0
+    out: Path = Path("demo-report")
+    seed: int = 2026
+    size: Tuple[int, int] = (224, 224)  # the reference pair's training frames
+    live: bool = True
+    keep_workdir: bool = False
+
+    def validate(self) -> None:
+        for name in ("edge_model", "cloud_model", "policy"):
+            p = Path(getattr(self, name))
+            if not p.is_file():
+                hint = " (the reference models ship in models/; see models/MODEL_CARD.md)" if "model" in name else ""
+                raise ConfigError(f"demo {name.replace('_', '-')}: {p} not found{hint}")
+        if self.transport not in ("grpc", "mqtt"):
+            raise ConfigError(f"--transport {self.transport!r}: use grpc or mqtt")
+        if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1:
+            raise ConfigError("demo needs >= 1 stream, >= 10 frames, fps > 0 and >= 1 worker")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _mosquitto(work: Path) -> tuple[subprocess.Popen[bytes], int]:
+    exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
+    if exe is None:
+        raise ConfigError(
+            "--transport mqtt needs the Mosquitto broker: `sudo apt-get install mosquitto` "
+            "(or `make test`, which installs it); no broker found on PATH or in /usr/sbin"
+        )
+    port = _free_port()
+    conf = work / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    proc = subprocess.Popen([exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import socket
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise ConfigError("mosquitto did not start within 10 s")
+
+
+def _generate(cfg: DemoConfig, data: Path) -> Dict[str, Any]:
+    from edgewise.synth import PRESETS, SynthJob, generate
+
+    return generate(SynthJob(out=data, frames=cfg.frames, streams=cfg.streams, seed=cfg.seed, split="test",
+                             width=int(cfg.size[0]), height=int(cfg.size[1]),
+                             difficulty=PRESETS["episodes"]))  # easy streams, short hard episodes
+
+
+def _stream_folders(data: Path, streams: int) -> List[Path]:
+    """The daemon reads one folder per camera: link each stream's frames into its own."""
+    dirs = []
+    for s in range(streams):
+        d = data / "cams" / f"cam{s}"
+        d.mkdir(parents=True, exist_ok=True)
+        for img in sorted((data / "images").glob(f"s{s:03d}_f*.jpg")):
+            link = d / img.name
+            if not link.exists():
+                os.link(img, link)
+        dirs.append(d)
+    return dirs
+
+
+def _edge_config(cfg: DemoConfig, work: Path, cams: List[Path], gateway: str, policy: Path,
+                 mqtt_port: Optional[int], metrics_port: int) -> Path:
+    tree: Dict[str, Any] = {
+        "device_id": "demo-edge",
+        "streams": [{"id": f"cam{i}", "kind": "folder", "uri": str(d), "fps": cfg.fps} for i, d in enumerate(cams)],
+        "model": {"path": str(cfg.edge_model), "backend": "onnxruntime", "threads": 1, "max_batch": 2},
+        "policy_file": str(policy),
+        "cloud": {"endpoints": [gateway], "transport": cfg.transport},
+        "spool": {"path": str(work / "spool.db"), "max_bytes": 256 << 20, "max_age_s": 3600},
+        "sinks": {"jsonl": str(work / "detections.jsonl"), "stdout": False},
+        "metrics": {"host": "127.0.0.1", "port": metrics_port},
+    }
+    if mqtt_port is not None:
+        tree["cloud"]["mqtt"] = {"host": "127.0.0.1", "port": mqtt_port}
+    path = work / "edge.yaml"
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path
+
+
+def _policy_copy(cfg: DemoConfig, work: Path) -> Path:
+    doc = yaml.safe_load(Path(cfg.policy).read_text())
+    doc.setdefault("spec", {})["transport"] = cfg.transport
+    path = work / "policy.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _scrape(port: int) -> Dict[str, float]:
+    """A few gauges/counters from the daemon's /metrics (best effort)."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5).read().decode()
+    except OSError:
+        return {}
+    out: Dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("edgewise_edge_spool_depth "):
+            out["spool_depth"] = float(line.split()[1])
+        elif line.startswith("edgewise_edge_escalations_in_flight "):
+            out["in_flight"] = float(line.split()[1])
+    return out
+
+
+class _Progress:
+    """One refreshing status line from the sink file and the daemon's metrics."""
+
+    def __init__(self, sink: Path, metrics_port: int, total: int, stream: TextIO, enabled: bool = True) -> None:
+        self.sink, self.metrics_port, self.total, self.stream = sink, metrics_port, total, stream
+        self.enabled = enabled
+        self.t0 = time.monotonic()
+        self.tty = stream.isatty()
+        self.last_print = 0.0
+
+    def show(self, note: str = "") -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not self.tty and now - self.last_print < 5 and not note:
+            return
+        self.last_print = now
+        recs = R.read_jsonl(self.sink)
+        final = R.latest_per_frame(recs)
+        esc = [r for r in final.values() if r.get("escalated")]
+        rtts = sorted(r["cloud_rtt_ms"] for r in final.values() if r.get("cloud_rtt_ms"))
+        m = _scrape(self.metrics_port)
+        elapsed = now - self.t0
+        line = (f"[{elapsed:5.1f}s] frames {len(final)}/{self.total}  fps {len(final) / max(elapsed, 1e-6):5.1f}  "
+                f"escalated {len(esc)} ({100 * len(esc) / max(len(final), 1):4.1f}%)  "
+                f"cloud rtt p50 {rtts[len(rtts) // 2] if rtts else 0:6.1f} ms  "
+                f"spool {int(m.get('spool_depth', 0))}  {note}")
+        if self.tty:
+            self.stream.write("\r" + line.ljust(130))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self.enabled:
+            self.stream.write("\n")
+
+
+def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
+    """Run the demo; returns the JSON summary (also written to ``<out>/summary.json``)."""
+    from cloud.local import LocalCloud  # app wiring: the demo drives both tiers
+    from edgewise_tools.demo.report import build_report
+
+    cfg.validate()
+    t_start = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="edgewise-demo-"))
+
+    def say(text: str) -> None:
+        stream.write(text + "\n")
+        stream.flush()
+
+    say(f"edgewise demo: {cfg.streams} camera streams x {cfg.frames} frames at {cfg.fps:g} fps, "
+        f"{cfg.workers} cloud workers, transport {cfg.transport} (work dir {work})")
+    data = work / "data"
+    _generate(cfg, data)
+    cams = _stream_folders(data, cfg.streams)
+    broker = None
+    mqtt_port: Optional[int] = None
+    if cfg.transport == "mqtt":
+        broker, mqtt_port = _mosquitto(work)
+    gateway_settings: Dict[str, Any] = {}
+    if mqtt_port is not None:
+        gateway_settings = {"mqtt.enabled": True, "mqtt.host": "127.0.0.1", "mqtt.port": mqtt_port}
+    policy = _policy_copy(cfg, work)
+    events: List[Dict[str, Any]] = []
+    cloud = LocalCloud(cfg.cloud_model, workers=cfg.workers, gateway_settings=gateway_settings,
+                       log_dir=work / "cloud")
+    daemon: Optional[subprocess.Popen[bytes]] = None
+    try:
+        say("starting the local cloud (gateway + workers, warm-up) ...")
+        cloud.start()
+        say(f"cloud up: gateway {cloud.address}, workers {', '.join(cloud.worker_addresses)}")
+        metrics_port = _free_port()
+        edge_yaml = _edge_config(cfg, work, cams, cloud.address, policy, mqtt_port, metrics_port)
+        sink = work / "detections.jsonl"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        daemon = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(edge_yaml)],
+                                  stdout=open(work / "edge.log", "wb"), stderr=subprocess.STDOUT, env=env)
+        say("edge daemon started; live progress:")
+        total = cfg.streams * cfg.frames
+        progress = _Progress(sink, metrics_port, total, stream, cfg.live)
+        run_s = cfg.frames / cfg.fps
+        # The run's clock starts with the first frame out of the daemon (model load and
+        # warm-up before that are not part of the camera timeline).
+        t_wait = time.monotonic() + 120
+        while daemon.poll() is None and not R.read_jsonl(sink) and time.monotonic() < t_wait:
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        kill_at: Optional[float] = t0 + cfg.kill_worker_at * run_s
+        restart_at: Optional[float] = None
+        deadline = t0 + run_s * 3 + 60
+        while daemon.poll() is None and time.monotonic() < deadline:
+            now = time.monotonic()
+            if kill_at is not None and now >= kill_at:
+                cloud.kill_worker(0, signal.SIGKILL)
+                events.append({"event": "worker 0 killed (SIGKILL)", "t": round(now - t0, 2), "unix_ns": time.time_ns()})
+                progress.show("<- worker 0 killed")
+                kill_at, restart_at = None, now + cfg.kill_seconds
+            if restart_at is not None and now >= restart_at:
+                cloud.restart_worker(0)
+                events.append({"event": "worker 0 restarted", "t": round(time.monotonic() - t0, 2),
+                               "unix_ns": time.time_ns()})
+                progress.show("<- worker 0 back")
+                restart_at = None
+            progress.show()
+            time.sleep(0.5)
+        if daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(30)
+        progress.show("edge daemon finished")
+        progress.done()
+        run_wall = time.monotonic() - t0
+        recs = R.read_jsonl(sink)
+    finally:
+        if daemon is not None and daemon.poll() is None:
+            daemon.kill()
+        cloud.stop()
+        if broker is not None:
+            broker.terminate()
+    summary = build_report(cfg, data, recs, events, run_wall, Path(cfg.out), policy)
+    summary["wall_seconds"] = round(time.monotonic() - t_start, 1)
+    (Path(cfg.out) / "summary.json").write_text(json.dumps(summary, indent=1))
+    if not cfg.keep_workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    acc = summary["accounting"]
+    say(f"frames {acc['frames']}/{summary['frames_generated']}, escalated {acc['escalated']} "
+        f"({100 * summary['escalation_rate']:.1f}%), answered {acc['answered']} "
+        f"({acc['answered_late']} late from the spool), lost {acc['lost']}")
+    a = summary["accuracy"]
+    say(f"F1 vs ground truth: edge only {a['edge_only']['f1']:.3f}, hybrid {a['hybrid']['f1']:.3f}, "
+        f"cloud only {a['cloud_only']['f1']:.3f}; uplink saved {100 * summary['uplink']['saved']:.1f}%")
+    say(f"report: {Path(cfg.out).resolve() / 'index.html'}  (summary.json beside it); "
+        f"total {summary['wall_seconds']:.0f} s")
+    return summary

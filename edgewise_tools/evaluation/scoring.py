@@ -1,0 +1,92 @@
+"""What each escalation policy ranks frames by (higher = escalate first).
+
+Compared at equal escalation rates (the top ``rate`` fraction of frames by score
+is escalated), so the comparison is about *which* frames each policy picks:
+
+* ``random``: uniform sampling (Sedna's ``Random`` filter; the floor to beat).
+* ``sedna_threshold``: Sedna ``Threshold`` — hard when the mean box score is low;
+  ranked by 1 - mean score. Frames without boxes are never hard in Sedna, so they
+  rank last (``shared/reference/anchors-joint-inference.md`` §2.1).
+* ``sedna_ibt``: Sedna ``IBT`` — share of boxes scoring <= ``threshold_box``;
+  empty frames rank last for the same reason.
+* ``combined``: edgewise's combined hardness (the policy's signal weights).
+* ``learned``: a "gain regressor" on the edge signals, trained on logged edge/cloud
+  pairs of a labelled training split: boosted regression trees of each frame's F1 gain from
+  escalating (:func:`f1_gain`, against that split's ground truth) — the ORIC / DCSB
+  practice of predicting the benefit of offloading (``shared/reference/numbers.md``,
+  "Suggested practice"). Predicting mere disagreement with the cloud is weaker: where
+  the cloud differs it is often not right either.
+* ``oracle``: ranked by :func:`f1_gain` on the evaluated frames themselves, which no
+  policy knows before asking. Not a policy: about the upper bound of any frame
+  selector at each rate, so a report can tell "the policies are weak" from "the target
+  is out of reach for this model pair". Never chosen as the best policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from edgewise.detections import Detections
+from edgewise.hardness import combine
+from edgewise.hardness.learned import FEATURE_NAMES, GainModel, frame_features
+from edgewise.merging import merge
+from edgewise_tools.evaluation.frames import FrameRecord
+from edgewise_tools.evaluation.metrics import Counts, match_counts
+
+NEVER = -1.0  # score of frames a filter can never call hard
+ORACLE = "oracle"
+
+
+def random_scores(records: Sequence[FrameRecord], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random(len(records))
+
+
+def sedna_threshold_scores(records: Sequence[FrameRecord]) -> np.ndarray:
+    return np.array([1.0 - float(r.edge.scores.mean()) if len(r.edge) else NEVER for r in records])
+
+
+def sedna_ibt_scores(records: Sequence[FrameRecord], threshold_box: float = 0.5) -> np.ndarray:
+    return np.array(
+        [float((r.edge.scores <= threshold_box).mean()) if len(r.edge) else NEVER for r in records]
+    )
+
+
+def combined_scores(
+    records: Sequence[FrameRecord], weights: Mapping[str, float], mode: str = "max"
+) -> np.ndarray:
+    return np.array([combine(r.signals, weights, mode) for r in records])
+
+
+def features(records: Sequence[FrameRecord]) -> np.ndarray:
+    """Edge-side feature rows (:func:`~edgewise.hardness.learned.frame_features`)."""
+    return np.asarray([frame_features(r.signals, r.edge) for r in records], np.float64).reshape(
+        -1, len(FEATURE_NAMES))
+
+
+def f1_gain(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5) -> np.ndarray:
+    """Each frame's F1 gain from escalating it alone, linearised around edge-only.
+
+    F1 = 2TP / (TP + FP + N) over all frames (N ground-truth objects), so a frame that
+    changes the counts by (dTP, dFP) moves F1 in proportion to dTP (FP + N) - dFP TP.
+    Ranking by it is the greedy selection: exact while few frames are escalated.
+    """
+    def counts(d: Detections, r: FrameRecord) -> Counts:
+        return match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
+
+    edge = [counts(r.edge, r) for r in records]
+    hybrid = [counts(merge(r.edge, r.cloud, strategy, iou), r) for r in records]
+    tp, fp = sum(c.tp for c in edge), sum(c.fp for c in edge)
+    n = sum(len(r.gt_cls) for r in records)
+    return np.array([(h.tp - e.tp) * (fp + n) - (h.fp - e.fp) * tp for e, h in zip(edge, hybrid)], np.float64)
+
+
+def fit_gain_model(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5,
+                   info: Optional[Mapping[str, Any]] = None, **params: Any) -> GainModel:
+    """The learned policy: boosted trees of :func:`f1_gain` on the edge features of
+    labelled frames (``params`` go to :class:`~edgewise.hardness.boosting.BoostedTrees`).
+    A few shallow trees capture what a linear score cannot, e.g. that a low mean
+    confidence matters on a crowded frame but not on a single box."""
+    return GainModel.fit(features(records), f1_gain(records, strategy, iou),
+                         dict(info or {}, frames=len(records), merge=strategy, mergeIou=iou), **params)

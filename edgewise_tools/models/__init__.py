@@ -1,0 +1,67 @@
+"""Model tools: build architecture-exact YOLOv5 ONNX graphs, quantize them, describe them.
+
+``build_onnx`` needs torch (the ``train`` extra) and imports it lazily, so importing
+``edgewise_tools.models`` works on the edge (Jetson), where torch is absent.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List, Optional, Sequence, Union
+
+from edgewise.errors import InvalidInputError
+
+#: Architectures ``build_onnx`` knows (YOLOv5 v7.0 depth/width multiples).
+ARCHITECTURES = ("yolov5n", "yolov5s", "yolov5m", "yolov5l", "yolov5x")
+
+
+def build_onnx(
+    arch: str,
+    imgsz: int = 640,
+    nc: int = 80,
+    path: Union[str, os.PathLike[str], None] = None,
+    names: Optional[Sequence[str]] = None,
+    seed: int = 0,
+    dynamic_batch: bool = True,
+    opset: int = 17,
+) -> Path:
+    """Build a randomly initialised (seeded) YOLOv5 ``arch`` and export it as ONNX.
+
+    The file is in the Ultralytics export format (see ``edgewise_tools.models.export``).
+    ``path`` defaults to ``./{arch}.onnx``. Returns the path written.
+    Raises ``InvalidInputError`` for an unknown architecture, a bad size or class count.
+    """
+    if arch not in ARCHITECTURES:
+        raise InvalidInputError(
+            f"--arch {arch!r}: unknown architecture; use one of {', '.join(ARCHITECTURES)}"
+        )
+    if int(imgsz) < 32 or int(imgsz) % 32:
+        raise InvalidInputError(
+            f"--imgsz {imgsz}: must be a positive multiple of 32 (the largest stride)"
+        )
+    if int(nc) < 1:
+        raise InvalidInputError(f"--classes {nc}: need at least one class")
+    if names is not None and len(names) != nc:
+        raise InvalidInputError(f"--names: {len(names)} names given for {nc} classes")
+    try:
+        from edgewise_tools.models.export import export_onnx
+        from edgewise_tools.models.yolov5 import build_model
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise InvalidInputError(
+            f"building a model needs PyTorch ({exc}); install the 'train' extra: pip install 'edgewise[train]'"
+        ) from exc
+    out = Path(path) if path is not None else Path(f"{arch}.onnx")
+    model = build_model(arch, nc=int(nc), seed=seed)
+    return export_onnx(
+        model,
+        out,
+        imgsz=int(imgsz),
+        names=names,
+        dynamic_batch=dynamic_batch,
+        opset=opset,
+        arch=arch,
+    )
+
+
+__all__: List[str] = ["ARCHITECTURES", "build_onnx"]

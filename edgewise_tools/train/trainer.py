@@ -1,0 +1,315 @@
+"""The YOLOv5 training loop (after Ultralytics YOLOv5 v7.0 ``train.py``), CPU-friendly.
+
+SGD (momentum 0.937, Nesterov) or AdamW with the three parameter groups of
+``smart_optimizer`` (weights with decay, BN weights and biases without), warmup of
+lr/momentum/bias-lr as train.py, cosine or linear decay to ``lrf``, ModelEMA
+(``utils/torch_utils.py``: decay 0.9999 ramped with tau), gradient clipping at
+10, validation mAP@0.5 of the EMA model after every epoch, ``last.pt``/``best.pt``
+checkpoints each epoch and the best model exported to ONNX at the end.
+
+A wall-clock ``time_budget_s`` makes the schedule time-based: the LR follows
+``max(epoch progress, time progress)`` and training stops at the budget, so a
+run on a shared CPU still anneals and ends with a usable model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from edgewise.errors import ConfigError
+from edgewise_tools.models.yolov5 import ARCHS, YOLOv5, build_model
+from edgewise_tools.train.data import NO_AUGMENT, Augment, YoloDataset, batches
+from edgewise_tools.train.loss import ComputeLoss, LossGains, scaled_gains
+from edgewise_tools.train.metrics import evaluate, postprocess
+
+log = logging.getLogger("edgewise_tools.train")
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of one training run (saved into checkpoints and the run folder)."""
+
+    data: str
+    out: str
+    val: Optional[str] = None  # defaults to ``data`` (no separate val set)
+    arch: str = "yolov5n"
+    width_multiple: Optional[float] = None  # override the arch's width (e.g. a narrow yolov5s)
+    imgsz: int = 256
+    epochs: int = 10
+    batch: int = 16
+    nbs: int = 64  # nominal batch size (gradient accumulation to it, as Ultralytics)
+    optimizer: str = "SGD"  # SGD | AdamW
+    lr0: float = 0.01
+    lrf: float = 0.01
+    momentum: float = 0.937
+    weight_decay: float = 5e-4
+    warmup_epochs: float = 3.0
+    warmup_momentum: float = 0.8
+    warmup_bias_lr: float = 0.1
+    cos_lr: bool = True
+    ema_decay: float = 0.9999
+    ema_tau: float = 2000.0
+    seed: int = 0
+    threads: int = 0  # torch intra-op threads (0: leave torch's default)
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when available)
+    time_budget_s: float = 0.0  # 0: no wall-clock limit
+    limit: Optional[int] = None  # use only the first N training images
+    epoch_size: Optional[int] = None  # images per "epoch" (validation + checkpoint); default: all
+    val_limit: Optional[int] = None
+    augment: Augment = field(default_factory=Augment)
+    gains: LossGains = field(default_factory=LossGains)
+    export_onnx: bool = True
+    log_every: int = 20
+    init: Optional[str] = None  # backbone file of edgewise_tools.train.pretrain, or a checkpoint to fine-tune
+
+    def validate(self) -> TrainConfig:
+        if self.arch not in ARCHS:
+            raise ConfigError(f"--arch {self.arch!r}: use one of {', '.join(ARCHS)}")
+        if self.imgsz < 32 or self.imgsz % 32:
+            raise ConfigError(f"--imgsz {self.imgsz}: must be a positive multiple of 32")
+        if self.epochs < 1 or self.batch < 1 or self.nbs < 1:
+            raise ConfigError("--epochs, --batch and --nbs must be >= 1")
+        if self.epoch_size is not None and self.epoch_size < 1:
+            raise ConfigError("--epoch-size must be >= 1")
+        if self.optimizer not in ("SGD", "AdamW"):
+            raise ConfigError("--optimizer must be SGD or AdamW")
+        if not 0 < self.lr0 < 1 or not 0 < self.lrf <= 1:
+            raise ConfigError("--lr0 must be in (0, 1) and --lrf in (0, 1]")
+        if self.width_multiple is not None and not 0.05 <= self.width_multiple <= 2.0:
+            raise ConfigError("--width must be within [0.05, 2]")
+        if self.init is not None and not Path(self.init).is_file():
+            raise ConfigError(f"--init {self.init}: no such file (a backbone of python -m edgewise_tools.train.pretrain "
+                              "or a trainer checkpoint such as best.pt)")
+        return self
+
+
+class ModelEMA:
+    """Exponential moving average of the weights (utils/torch_utils.py ModelEMA)."""
+
+    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0,
+                 updates: int = 0) -> None:
+        self.ema = copy.deepcopy(model).eval()
+        self.updates = updates
+        self.decay: Callable[[float], float] = lambda x: decay * (1 - math.exp(-x / tau))
+        for p in self.ema.parameters():
+            p.requires_grad_(False)
+
+    def update(self, model: nn.Module) -> None:
+        self.updates += 1
+        d = self.decay(self.updates)
+        msd = model.state_dict()
+        with torch.no_grad():
+            for k, v in self.ema.state_dict().items():
+                if v.dtype.is_floating_point:
+                    v *= d
+                    v += (1 - d) * msd[k].detach()
+
+
+def make_model(cfg: TrainConfig, nc: int) -> YOLOv5:
+    """The YOLOv5 for ``cfg`` (optionally with an overridden width multiple)."""
+    if cfg.width_multiple is None:
+        return build_model(cfg.arch, nc=nc, seed=cfg.seed)
+    gd, _ = ARCHS[cfg.arch]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return YOLOv5({"depth_multiple": gd, "width_multiple": cfg.width_multiple,
+                       "name": f"{cfg.arch}-w{cfg.width_multiple:g}"}, nc=nc)
+
+
+def smart_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
+                    decay: float) -> torch.optim.Optimizer:
+    """Three groups: biases (no decay), weights (decay), norm weights (no decay)."""
+    g: List[List[nn.Parameter]] = [[], [], []]
+    for v in model.modules():
+        for p_name, p in v.named_parameters(recurse=False):
+            if p_name == "bias":
+                g[2].append(p)
+            elif p_name == "weight" and isinstance(v, nn.BatchNorm2d):
+                g[1].append(p)
+            else:
+                g[0].append(p)
+    opt: torch.optim.Optimizer
+    if name == "AdamW":
+        opt = torch.optim.AdamW(g[2], lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+    else:
+        opt = torch.optim.SGD(g[2], lr=lr, momentum=momentum, nesterov=True)
+    opt.add_param_group({"params": g[0], "weight_decay": decay})
+    opt.add_param_group({"params": g[1], "weight_decay": 0.0})
+    return opt
+
+
+def lr_factor(progress: float, cfg: TrainConfig) -> float:
+    """LR multiplier at training progress in [0, 1] (one_cycle cosine or linear to lrf)."""
+    x = min(max(progress, 0.0), 1.0)
+    if cfg.cos_lr:
+        return ((1 - math.cos(x * math.pi)) / 2) * (cfg.lrf - 1) + 1
+    return (1 - x) * (1.0 - cfg.lrf) + cfg.lrf
+
+
+@torch.no_grad()
+def validate_model(model: nn.Module, ds: YoloDataset, batch: int = 32, conf_thres: float = 0.001,
+                   iou_thres: float = 0.6) -> Dict[str, float]:
+    """mAP@0.5 and mAP@0.5:0.95 of ``model`` (eval mode) on ``ds``."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    dets, labs = [], []
+    rng = np.random.default_rng(0)
+    for x, _, idx in batches(ds, batch, rng, NO_AUGMENT, shuffle=False):
+        out = model(torch.from_numpy(x).to(device)).float().cpu().numpy()
+        for j, k in enumerate(idx):
+            dets.append(postprocess(out[j], conf_thres, iou_thres))
+            labs.append(ds.labels[k])
+    model.train(was_training)
+    return evaluate(dets, labs, nc=int(model.nc))  # type: ignore[arg-type]
+
+
+def save_checkpoint(path: Path, model: nn.Module, cfg: TrainConfig, names: List[str],
+                    epoch: int, metrics: Dict[str, float]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "config": asdict(cfg), "names": names,
+                "epoch": epoch, "metrics": metrics,
+                "arch": getattr(model, "arch", cfg.arch),
+                "depth_multiple": model.depth_multiple, "width_multiple": model.width_multiple,
+                "nc": model.nc}, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(path: Path) -> YOLOv5:
+    """Rebuild the model of a checkpoint written by :func:`train` (eval mode)."""
+    ck = torch.load(str(path), map_location="cpu", weights_only=False)
+    model = YOLOv5({"depth_multiple": ck["depth_multiple"], "width_multiple": ck["width_multiple"],
+                    "name": ck["arch"]}, nc=int(ck["nc"]))
+    model.load_state_dict(ck["model"])
+    model.names = list(ck["names"])  # type: ignore[assignment]
+    return model.eval()
+
+
+def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+    """Run one training; returns a summary (also written to ``out/summary.json``)."""
+    cfg.validate()
+    t_start = time.monotonic()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    ds = YoloDataset(Path(cfg.data), cfg.imgsz, cfg.limit)
+    val_ds = ds if cfg.val is None else YoloDataset(Path(cfg.val), cfg.imgsz, cfg.val_limit)
+    names = ds.names
+    nc = len(names)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
+                          else cfg.device)
+    model = make_model(cfg, nc)
+    if cfg.init:
+        from edgewise_tools.train.pretrain import load_backbone
+
+        log.info("backbone initialised from %s (%d tensors)", cfg.init, load_backbone(model, Path(cfg.init)))
+    model = model.to(device).train()
+    det = model.detect
+    gains = scaled_gains(cfg.gains, det.nl, nc, cfg.imgsz)
+    compute_loss = ComputeLoss(model, gains)
+    accumulate = max(round(cfg.nbs / cfg.batch), 1)
+    decay = cfg.weight_decay * cfg.batch * accumulate / cfg.nbs
+    optimizer = smart_optimizer(model, cfg.optimizer, cfg.lr0, cfg.momentum, decay)
+    for g in optimizer.param_groups:
+        g["initial_lr"] = cfg.lr0
+    ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau)
+    epoch_size = min(cfg.epoch_size or len(ds), len(ds))
+    nb = math.ceil(epoch_size / cfg.batch)
+    # an endless shuffled stream of image indices, cut into epochs of ``epoch_size``
+    order = np.concatenate([rng.permutation(len(ds)) for _ in range(
+        math.ceil(epoch_size * cfg.epochs / len(ds)) + 1)])
+    total_iters = nb * cfg.epochs
+    nw = max(round(cfg.warmup_epochs * nb), 100)
+    last_opt_step = -1
+    best = -1.0
+    history: List[Dict[str, Any]] = []
+    images_seen = 0
+    stop = False
+    ni = 0
+    log.info("train %s nc=%d imgsz=%d on %s: %d train / %d val images, %d batches/epoch",
+             model.arch, nc, cfg.imgsz, device, len(ds), len(val_ds), nb)
+    for epoch in range(cfg.epochs):
+        model.train()
+        mloss = torch.zeros(3)
+        t_epoch = time.monotonic()
+        optimizer.zero_grad()
+        idx = order[epoch * epoch_size:(epoch + 1) * epoch_size]
+        for i, (x, tg, _) in enumerate(batches(ds, cfg.batch, rng, cfg.augment, shuffle=False,
+                                               indices=idx.tolist())):
+            ni = i + nb * epoch
+            elapsed = time.monotonic() - t_start
+            prog = ni / total_iters
+            if cfg.time_budget_s > 0:
+                prog = max(prog, elapsed / cfg.time_budget_s)
+            lf = lr_factor(prog, cfg)
+            if ni <= nw:
+                xi = [0, nw]
+                accumulate = max(1, int(np.interp(ni, xi, [1, cfg.nbs / cfg.batch]).round()))
+                for j, g in enumerate(optimizer.param_groups):
+                    g["lr"] = float(np.interp(ni, xi, [cfg.warmup_bias_lr if j == 0 else 0.0,
+                                                       g["initial_lr"] * lf]))
+                    if "momentum" in g:
+                        g["momentum"] = float(np.interp(ni, xi, [cfg.warmup_momentum, cfg.momentum]))
+            else:
+                for g in optimizer.param_groups:
+                    g["lr"] = g["initial_lr"] * lf
+            preds = model(torch.from_numpy(x).to(device, non_blocking=True))
+            loss, items = compute_loss(preds, torch.from_numpy(tg).to(device))
+            loss.backward()
+            if ni - last_opt_step >= accumulate:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+                optimizer.step()
+                optimizer.zero_grad()
+                ema.update(model)
+                last_opt_step = ni
+            images_seen += len(x)
+            mloss = (mloss * i + items.cpu()) / (i + 1)
+            if cfg.log_every and i % cfg.log_every == 0:
+                log.info("epoch %d/%d it %d/%d loss box %.4f obj %.4f cls %.4f lr %.5f %.1f img/s",
+                         epoch + 1, cfg.epochs, i, nb, *mloss.tolist(), optimizer.param_groups[0]["lr"],
+                         (i + 1) * cfg.batch / max(time.monotonic() - t_epoch, 1e-6))
+            if cfg.time_budget_s > 0 and time.monotonic() - t_start >= cfg.time_budget_s:
+                stop = True
+                break
+        metrics = validate_model(ema.ema, val_ds)
+        rec = {"epoch": epoch + 1, "box": float(mloss[0]), "obj": float(mloss[1]), "cls": float(mloss[2]),
+               "map50": metrics["map50"], "map": metrics["map"], "images_seen": images_seen,
+               "elapsed_s": round(time.monotonic() - t_start, 1), "partial_epoch": stop}
+        history.append(rec)
+        log.info("epoch %d: %s", epoch + 1, json.dumps(rec))
+        if progress is not None:
+            progress(rec)
+        save_checkpoint(out / "last.pt", ema.ema, cfg, names, epoch + 1, metrics)
+        if metrics["map50"] > best:
+            best = metrics["map50"]
+            save_checkpoint(out / "best.pt", ema.ema, cfg, names, epoch + 1, metrics)
+        (out / "history.json").write_text(json.dumps(history, indent=1))
+        if stop:
+            break
+    summary: Dict[str, Any] = {"best_map50": best, "epochs_run": len(history), "images_seen": images_seen,
+                               "train_seconds": round(time.monotonic() - t_start, 1), "history": history,
+                               "arch": model.arch, "imgsz": cfg.imgsz, "names": names}
+    if cfg.export_onnx and (out / "best.pt").exists():
+        from edgewise_tools.models.export import export_onnx
+
+        best_model = load_checkpoint(out / "best.pt")
+        export_onnx(best_model, out / "best.onnx", imgsz=cfg.imgsz, names=names, arch=model.arch,
+                    extra_metadata={"edgewise_val_map50": f"{best:.4f}"})
+        summary["onnx"] = str(out / "best.onnx")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

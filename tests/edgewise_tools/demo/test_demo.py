@@ -1,0 +1,78 @@
+"""`edgewise demo` in its short mode: real processes end to end, summary and report checked.
+
+The tiny random-weight models keep this fast; the policy adds a 30% random audit so
+escalations (and the worker kill in the middle of them) are exercised whatever the
+untrained edge model sees.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgewise_tools.demo import DemoConfig, run_demo
+from edgewise_tools.demo.records import accounting, latest_per_frame
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def audit_policy(tmp_path) -> Path:
+    doc = yaml.safe_load((ROOT / "examples" / "policy.yaml").read_text())
+    doc["spec"]["auditFraction"] = 0.3
+    doc["spec"]["budget"]["maxFraction"] = 0.5
+    doc["spec"]["budget"]["maxPerSecond"] = 20.0
+    doc["spec"]["budget"]["burst"] = 20
+    doc["spec"]["deadlineMs"] = 3000
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_short_demo_loses_nothing_and_writes_the_report(tmp_path, tiny_model, small_model, audit_policy) -> None:
+    out = tmp_path / "report"
+    cfg = DemoConfig(edge_model=tiny_model, cloud_model=small_model, policy=audit_policy, frames=40, fps=10.0,
+                     kill_seconds=2.0, out=out, live=False)
+    summary = run_demo(cfg)
+    acct = summary["accounting"]
+    assert summary["frames_generated"] == 80
+    assert acct["frames"] == 80, "every generated frame must come out of the daemon"
+    assert acct["escalated"] >= 5 and acct["answered"] == acct["escalated"] and acct["lost"] == 0
+    assert [e["event"] for e in summary["events"]] == ["worker 0 killed (SIGKILL)", "worker 0 restarted"]
+    assert 0 < summary["escalation_rate"] <= 0.6
+    assert set(summary["accuracy"]) >= {"edge_only", "hybrid", "cloud_only"}
+    assert summary["uplink"]["escalated_bytes"] < summary["uplink"]["all_frames_bytes"]
+    assert summary["latency_ms"]["escalated_p50"] is not None
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["accounting"] == acct
+    page = (out / "index.html").read_text()
+    assert "edgewise demo report" in page and page.count("data:image/png;base64,") == 4
+
+
+def test_records_keep_the_cloud_answer_over_the_spooled_copy() -> None:
+    spooled = {"stream": "cam0", "frame_seq": (3 << 32) | 7, "escalated": True, "outcome": "spooled"}
+    late = dict(spooled, outcome="cloud", late=True)
+    edge = {"stream": "cam0", "frame_seq": (3 << 32) | 8, "escalated": False, "outcome": "edge"}
+    final = latest_per_frame([spooled, edge, late, dict(spooled)])  # a re-spooled copy after the answer
+    assert final[("cam0", 7)]["outcome"] == "cloud"
+    acct = accounting(final)
+    assert acct == {"frames": 2, "escalated": 1, "answered": 1, "answered_late": 1, "still_spooled": 0,
+                    "edge_only_fallback": 0, "lost": 0}
+
+
+def test_demo_config_rejects_missing_models(tmp_path) -> None:
+    from edgewise.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="demo edge-model: .* not found"):
+        DemoConfig(edge_model=tmp_path / "nope.onnx").validate()
+
+
+def test_make_demo_defaults_point_at_shipped_files() -> None:
+    cfg = DemoConfig()
+    for p in (cfg.edge_model, cfg.cloud_model, cfg.policy):
+        assert Path(p).is_file(), f"{p} is what `make demo` runs with; it must ship in the repository"

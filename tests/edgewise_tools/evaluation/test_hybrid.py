@@ -1,0 +1,130 @@
+"""Replaying selections over hand-built frame records, and scoring functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgewise.detections import Detections
+from edgewise.hardness.learned import FEATURE_NAMES
+from edgewise_tools.evaluation import hybrid, scoring
+from edgewise_tools.evaluation.frames import FrameRecord, read_labels
+
+
+def D(boxes, cls, scores, source):
+    b = np.asarray(boxes, np.float32).reshape(-1, 4)
+    return Detections(boxes=b, scores=np.asarray(scores, np.float32), class_ids=np.asarray(cls, np.int32),
+                      names=("a", "b"), source=source)
+
+
+def rec(i, edge, cloud, gt_boxes, gt_cls, nbytes=100, signals=None):
+    gb = np.asarray(gt_boxes, np.float32).reshape(-1, 4)
+    return FrameRecord(stream=0, frame=i, width=100, height=100, gt_boxes=gb, gt_cls=np.asarray(gt_cls, np.int32),
+                       edge=edge, cloud=cloud, edge_all=edge, cloud_all=cloud, jpeg_bytes=nbytes,
+                       signals=signals or {})
+
+
+@pytest.fixture
+def records():
+    box = [10, 10, 30, 30]
+    good = D([box], [0], [0.9], "edge")
+    return [
+        # frame 0: edge right, cloud right
+        rec(0, good, D([box], [0], [0.95], "cloud"), [box], [0], signals={"mean_conf": 0.1}),
+        # frame 1: edge wrong class, cloud right
+        rec(1, D([box], [1], [0.4], "edge"), D([box], [0], [0.9], "cloud"), [box], [0], signals={"mean_conf": 0.6}),
+        # frame 2: edge missed it, cloud right
+        rec(2, D([], [], [], "edge"), D([box], [0], [0.8], "cloud"), [box], [0], signals={"missed_object": 0.7}),
+        # frame 3: nothing there, both agree
+        rec(3, D([], [], [], "edge"), D([], [], [], "cloud"), [], []),
+    ]
+
+
+def test_evaluate_edge_only_cloud_only_and_selection(records) -> None:
+    n = len(records)
+    edge_only = hybrid.evaluate(records, np.zeros(n, bool), nc=2)
+    # edge: TP 1, FP 1 (wrong class), FN 2 -> F1 = 2/(2+1+2)
+    assert edge_only["f1"] == pytest.approx(2 / 5)
+    assert edge_only["escalated"] == 0 and edge_only["uplink_saved"] == 1.0
+    cloud_only = hybrid.evaluate(records, np.ones(n, bool), nc=2)
+    assert cloud_only["f1"] == 1.0 and cloud_only["f1_vs_cloud"] == 1.0 and cloud_only["uplink_saved"] == 0.0
+    # escalating frames 1 and 2 fixes everything with half the bytes
+    mixed = hybrid.evaluate(records, np.array([False, True, True, False]), nc=2)
+    assert mixed["f1"] == 1.0 and mixed["escalated"] == 0.5 and mixed["uplink_saved"] == pytest.approx(0.5)
+    assert mixed["map50"] == pytest.approx(1.0)
+
+
+def test_top_fraction_and_policies_at_rates(records) -> None:
+    scores = np.array([0.1, 0.6, 0.7, 0.0])
+    assert hybrid.top_fraction(scores, 0.5).tolist() == [False, True, True, False]
+    assert hybrid.top_fraction(scores, 0.0).sum() == 0
+    # Sedna's mean-confidence filter cannot pick the empty frame 2; the combined score can.
+    sedna = scoring.sedna_threshold_scores(records)
+    assert sedna[2] == scoring.NEVER and sedna[1] == pytest.approx(0.6)
+    combined = scoring.combined_scores(records, {"mean_conf": 1.0, "missed_object": 1.0})
+    res = hybrid.at_rates(records, {"sedna": [sedna], "combined": [combined]}, [0.5], nc=2)
+    assert res["combined"][0]["f1"] == 1.0
+    assert res["sedna"][0]["f1"] < 1.0
+
+
+def test_learned_predictor_learns_the_gain(records) -> None:
+    # Train on many copies: frames 1 and 2 (where the cloud fixes the edge) should score above 0 and 3.
+    train = records * 20
+    model = scoring.fit_gain_model(train, min_leaf=5)
+    p = model.predict(scoring.features(records))
+    assert min(p[1], p[2]) > max(p[0], p[3])
+    share = model.importance()
+    assert set(share) == set(FEATURE_NAMES) and sum(share.values()) == pytest.approx(1.0, abs=1e-3)
+    # only mean_conf and missed_object (or what they imply: box count, max score) tell the frames apart
+    assert share["entropy"] == share["tracker_disagreement"] == 0.0
+
+
+def test_read_labels(tmp_path) -> None:
+    p = tmp_path / "x.txt"
+    p.write_text("3 0.5 0.5 0.2 0.4\n")
+    boxes, cls = read_labels(p, 100, 50)
+    assert cls.tolist() == [3]
+    assert boxes.tolist() == [[40.0, 15.0, 60.0, 35.0]]
+    p.write_text("3 0.5 0.5\n")
+    with pytest.raises(ValueError, match="x.txt:1: expected 'class cx cy w h'"):
+        read_labels(p, 100, 50)
+
+
+def test_target_verdict_hand_computed() -> None:
+    from edgewise_tools.evaluation.evaluating import judge_target
+
+    base = {"edge_only": {"f1": 0.60}, "cloud_only": {"f1": 0.80}}
+    rates = {"random": [{"rate": 0.1, "f1": 0.62}, {"rate": 0.15, "f1": 0.64}, {"rate": 0.3, "f1": 0.70}],
+             "combined": [{"rate": 0.1, "f1": 0.74}, {"rate": 0.15, "f1": 0.78}, {"rate": 0.3, "f1": 0.80}]}
+    t = judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97)
+    # judged at 15% (the largest compared rate <= 15%): combined, 0.78 / 0.80 = 97.5%,
+    # closing (0.78 - 0.60) / (0.80 - 0.60) = 90% of the gap
+    assert t["compared_at_rate"] == 0.15 and t["best_policy"] == "combined"
+    assert t["best_f1_fraction"] == pytest.approx(0.975) and t["gap_closed"] == pytest.approx(0.9)
+    assert t["met"] and t["cloud_better"]
+    # ours (combined) against the one baseline given: 0.78 - 0.64 at 15%
+    assert t["ours_minus_baselines"] == {"random": pytest.approx(0.14)} and t["ours_beat_baselines"]
+    sedna = {"sedna_ibt": [{"rate": 0.1, "f1": 0.7}, {"rate": 0.15, "f1": 0.79}, {"rate": 0.3, "f1": 0.8}]}
+    t = judge_target(base, {**rates, **sedna}, [0.1, 0.15, 0.3], 0.15, 0.97)
+    assert t["best_policy"] == "sedna_ibt" and t["met"]  # the target's first half holds either way
+    assert t["ours_minus_baselines"]["sedna_ibt"] == pytest.approx(-0.01) and not t["ours_beat_baselines"]
+    assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.10, 0.97)["met"]  # 0.74 / 0.80 = 92.5%
+    # a cloud model no better than the edge: never "met", however high the fraction
+    worse = {"edge_only": {"f1": 0.60}, "cloud_only": {"f1": 0.55}}
+    t = judge_target(worse, rates, [0.1, 0.15, 0.3], 0.15, 0.97)
+    assert t["best_f1_fraction"] > 1.0 and not t["met"] and not t["cloud_better"] and t["gap_closed"] is None
+
+
+def test_oracle_ranks_by_true_gain_and_is_never_the_best_policy(records) -> None:
+    from edgewise_tools.evaluation.evaluating import judge_target
+
+    # edge-only: TP 1, FP 1, N 3. Escalating frame 1 (wrong class) gives dTP 1, dFP -1:
+    # 1 * (1 + 3) + 1 * 1 = 5; frame 2 (missed) dTP 1: 4; frames 0 and 3 gain nothing
+    o = scoring.f1_gain(records)
+    assert o.tolist() == [0.0, 5.0, 4.0, 0.0]
+    res = hybrid.at_rates(records, {"oracle": [o]}, [0.25, 0.5], nc=2)
+    assert [row["f1"] for row in res["oracle"]] == pytest.approx([2 * 2 / (2 * 2 + 0 + 1), 1.0])
+    base = {"edge_only": {"f1": 0.5}, "cloud_only": {"f1": 1.0}}
+    rates = {"random": [{"rate": 0.5, "f1": 0.7}], "oracle": [{"rate": 0.5, "f1": 1.0}]}
+    t = judge_target(base, rates, [0.5], 0.5, 0.97)
+    assert t["best_policy"] == "random" and not t["met"] and t["oracle_f1_fraction"] == 1.0

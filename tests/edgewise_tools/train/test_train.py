@@ -1,0 +1,84 @@
+"""Trainer: the loss falls on a tiny synthetic set; a trained checkpoint exports to ONNX that agrees with torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+from edgewise_tools.train import TrainConfig, load_checkpoint, train  # noqa: E402
+from edgewise_tools.train.data import NO_AUGMENT, YoloDataset, batches  # noqa: E402
+from edgewise_tools.train.loss import ComputeLoss, LossGains, scaled_gains  # noqa: E402
+from edgewise_tools.train.trainer import make_model, smart_optimizer  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_loss_decreases_on_a_tiny_set(tiny_data: Path) -> None:
+    torch.manual_seed(0)
+    ds = YoloDataset(tiny_data, 128)
+    x, tg, _ = next(batches(ds, 8, np.random.default_rng(0), NO_AUGMENT, shuffle=False))
+    assert len(tg) >= 8
+    cfg = TrainConfig(data=str(tiny_data), out="unused", imgsz=128)
+    model = make_model(cfg, 10).train()
+    loss_fn = ComputeLoss(model, scaled_gains(LossGains(), 3, 10, 128))
+    opt = smart_optimizer(model, "AdamW", 0.002, 0.9, 0.0)
+    xt, tt = torch.from_numpy(x), torch.from_numpy(tg)
+    losses = []
+    for _ in range(25):
+        loss, items = loss_fn(model(xt), tt)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert np.isfinite(losses).all()
+    assert np.mean(losses[-3:]) < 0.6 * np.mean(losses[:3]), losses
+
+
+def test_train_run_checkpoints_and_exports_onnx_matching_torch(tiny_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cfg = TrainConfig(data=str(tiny_data), out=str(out), imgsz=128, epochs=2, batch=4, nbs=4,
+                      warmup_epochs=0.0, log_every=0, seed=3, threads=1)
+    summary = train(cfg)
+    hist = json.loads((out / "history.json").read_text())
+    assert [h["epoch"] for h in hist] == [1, 2] and summary["epochs_run"] == 2
+    for name in ("last.pt", "best.pt", "best.onnx", "summary.json"):
+        assert (out / name).exists(), name
+    model = load_checkpoint(out / "best.pt")
+    sess = ort.InferenceSession(str(out / "best.onnx"), providers=["CPUExecutionProvider"])
+    meta = sess.get_modelmeta().custom_metadata_map
+    assert meta["imgsz"] == "[128, 128]" and "'9'" in meta["names"] and meta["stride"] == "32"
+    ds = YoloDataset(tiny_data, 128)
+    x, _, _ = next(batches(ds, 2, np.random.default_rng(0), NO_AUGMENT, shuffle=False))
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    got = sess.run(None, {"images": x})[0]
+    assert got.shape == ref.shape == (2, 3 * (16 * 16 + 8 * 8 + 4 * 4), 15)
+    np.testing.assert_allclose(got[..., 4:], ref[..., 4:], atol=1e-4)
+    np.testing.assert_allclose(got[..., :4], ref[..., :4], atol=1e-2, rtol=1e-4)
+
+
+def test_bad_config_is_rejected(tiny_data: Path) -> None:
+    from edgewise.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="imgsz"):
+        TrainConfig(data=str(tiny_data), out="x", imgsz=100).validate()
+    with pytest.raises(ConfigError, match="arch"):
+        TrainConfig(data=str(tiny_data), out="x", arch="yolov9").validate()
+
+
+def test_edgewise_train_cli(tiny_data: Path, tmp_path: Path, capsys) -> None:
+    from edgewise.cli import main
+
+    rc = main(["train", "--data", str(tiny_data), "--out", str(tmp_path / "r"), "--imgsz", "128",
+               "--epochs", "1", "--batch", "4", "--nbs", "4", "--threads", "1", "--no-export"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["epochs_run"] == 1 and (tmp_path / "r" / "best.pt").exists()
+    assert not (tmp_path / "r" / "best.onnx").exists()
+    assert main(["train", "--data", str(tiny_data), "--out", str(tmp_path / "s"), "--imgsz", "100"]) == 2
