@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from edge.sources.base import SourceState
+from edgewise.observability import process_registry
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class EdgeMetrics:
     """All metrics of one daemon, registered in their own registry."""
 
     def __init__(self, registry: Optional[CollectorRegistry] = None) -> None:
-        r = self.registry = registry or CollectorRegistry()
+        r = self.registry = registry or process_registry("edge")
         self.frames = Counter("edgewise_edge_frames", "Frames processed per stream", ["stream"], registry=r)
         self.fps = Gauge("edgewise_edge_fps", "Frames per second per stream (last 5 s window)", ["stream"], registry=r)
         self.stage = Histogram(

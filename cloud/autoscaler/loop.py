@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from cloud.autoscaler.kube import ScaleTarget
 from cloud.autoscaler.scaling import Decision, PoolSample, Scaler
 from edgewise.errors import EdgewiseError, InvalidInputError
+from edgewise.observability import process_registry
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class AutoscalerMetrics:
     """The autoscaler's own Prometheus metrics, on a registry it owns."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or process_registry("autoscaler")
         r = self.registry
         self.desired = Gauge("edgewise_autoscaler_desired_replicas", "Replicas the last decision asked for", registry=r)
         self.current = Gauge("edgewise_autoscaler_current_replicas", "spec.replicas read from the scale subresource", registry=r)

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from edgewise.observability import process_registry
+
 if TYPE_CHECKING:
     from cloud.gateway.balancing import Balancer
 
@@ -54,7 +56,7 @@ class GatewayMetrics:
     """All gateway metrics, on a registry of their own."""
 
     def __init__(self, balancer: Balancer, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or process_registry("gateway")
         self.registry.register(_PoolCollector(balancer))
         r = self.registry
         self.requests = Counter("edgewise_gateway_requests", "Requests answered, by transport and status",

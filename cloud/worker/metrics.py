@@ -9,6 +9,8 @@ count, in-flight count and measured capacity. Each ``WorkerMetrics`` owns its
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from edgewise.observability import process_registry
+
 # Seconds: from well under a millisecond (tiny models) to seconds (YOLOv5x on CPU).
 TIME_BUCKETS = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
@@ -21,7 +23,7 @@ class WorkerMetrics:
     """All metrics of one worker process (names prefixed ``edgewise_worker_``)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else process_registry("worker")
         r = self.registry
         self.queue_wait = Histogram(
             "edgewise_worker_queue_wait_seconds",
