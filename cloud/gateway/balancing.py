@@ -6,8 +6,19 @@ injected clock, so tests drive it instantly:
 * per-endpoint state (§6.1): in-flight count, configured weight, reported
   capacity, slow-start start time, ejection state and count, consecutive
   failures, smooth-WRR current weight;
-* effective weight (§6.2) = configured weight × normalised reported capacity ×
-  Envoy's slow-start factor ``max(min_pct, (elapsed/window)^(1/aggression))``;
+* effective weight (§6.2) = base weight × Envoy's slow-start factor
+  ``max(min_pct, (elapsed/window)^(1/aggression))``. The base weight has one
+  meaning, the worker's relative capacity: the configured weight is the
+  operator's estimate of it, used until the worker reports a measured capacity
+  (``Worker.Load``), which then *replaces* it (never multiplies it: that counted
+  the same speed twice, 4:2:1 weights became 16:4:1). Workers that have not
+  reported yet are put on the measured scale by the mean capacity per weight
+  unit of those that have. ``use_reported_capacity: false`` routes by the
+  configured weights alone;
+* slow start applies to workers that join a pool already serving (a scale-up,
+  a return from ejection, a worker back from NOT_SERVING); the workers a gateway
+  starts with skip it, since ramping every endpoint at once ramps none (Envoy's
+  slow-start documentation makes the same point for new deployments);
 * pick (§6.3): full scan for the minimum HAProxy "load after assignment" key
   ``(in_flight + 1) / w_eff`` (optionally HAProxy idle-first: key 0 when idle),
   ties broken by nginx's smooth weighted round robin (never "first in list");
@@ -75,7 +86,7 @@ class BalancerConfig:
     slow_start_window_s: float = 30.0
     slow_start_min_pct: float = 0.10
     slow_start_aggression: float = 1.0
-    #: multiply weights by the worker's reported capacity (normalised to mean 1)
+    #: the worker's reported capacity replaces its configured weight once reported
     use_reported_capacity: bool = True
     consecutive_failures: int = 5
     base_ejection_s: float = 30.0
@@ -175,7 +186,7 @@ class Balancer:
         self.rng = rng or random.Random()
         self.endpoints: dict[str, EndpointStats] = {}
         self._rr = 0
-        self._cap_mean: float | None = None  # mean reported capacity of live endpoints (cached)
+        self._per_weight: float | None = None  # mean reported capacity per configured weight unit
 
     # ---- membership ------------------------------------------------------------------
     def set_endpoints(self, endpoints: Iterable[tuple[str, float, str, bool]]) -> list[str]:
@@ -186,6 +197,7 @@ class Balancer:
         closed now (draining with nothing in flight); those are forgotten.
         """
         now = self.clock()
+        start = self._slow_start_t0(now)
         seen = set()
         for address, weight, name, draining in endpoints:
             if not weight > 0 or not math.isfinite(weight):
@@ -194,13 +206,13 @@ class Balancer:
             ep = self.endpoints.get(address)
             if ep is None:
                 ep = EndpointStats(address=address, weight=weight, name=name or address,
-                                   slow_start_t0=now, last_decay=now, draining=draining)
+                                   slow_start_t0=start, last_decay=now, draining=draining)
                 self.endpoints[address] = ep
                 continue
             ep.weight = weight
             ep.name = name or ep.name
             if ep.draining and not draining:  # back to ready: warm up again
-                ep.slow_start_t0 = now
+                ep.slow_start_t0 = self._slow_start_t0(now, ep)
             ep.draining = draining
         for address, ep in self.endpoints.items():
             if address not in seen:
@@ -208,12 +220,13 @@ class Balancer:
         closable = [a for a, ep in self.endpoints.items() if ep.draining and ep.in_flight == 0]
         for a in closable:
             del self.endpoints[a]
-        self._update_cap_mean()
+        self._update_scale()
         return closable
 
-    def _update_cap_mean(self) -> None:
-        caps = [e.capacity for e in self.endpoints.values() if e.capacity is not None and not e.draining]
-        self._cap_mean = sum(caps) / len(caps) if caps else None
+    def _update_scale(self) -> None:
+        reporting = [e for e in self.endpoints.values() if e.capacity is not None and not e.draining]
+        self._per_weight = (sum(e.capacity for e in reporting if e.capacity is not None)
+                            / sum(e.weight for e in reporting)) if reporting else None
 
     def report_load(self, address: str, capacity: float | None, queue_depth: int = 0,
                     limit: int = 0, serving: bool = True) -> None:
@@ -226,18 +239,25 @@ class Balancer:
         if ep is None:
             return
         if ep.paused and serving:
-            ep.slow_start_t0 = self.clock()
+            ep.slow_start_t0 = self._slow_start_t0(self.clock(), ep)
         ep.paused = not serving
         ep.capacity = capacity if capacity is not None and capacity > 0 and math.isfinite(capacity) else None
         ep.queue_depth = max(0, int(queue_depth))
         ep.limit = max(0, int(limit))
-        self._update_cap_mean()
+        self._update_scale()
 
     def mark_unreachable(self, address: str) -> None:
         """A Load poll could not reach the worker: no picks until a poll reports it serving."""
         ep = self.endpoints.get(address)
         if ep is not None:
             ep.paused = True
+
+    def _slow_start_t0(self, now: float, joining: EndpointStats | None = None) -> float:
+        """Slow-start origin of a worker (re)joining now: now when another worker already
+        serves at full weight, else the past (a pool whose every member is new ramps none)."""
+        established = any(ep is not joining and not ep.draining and not ep.paused and not ep.ejected(now)
+                          and self.slow_start_factor(ep, now) >= 1.0 for ep in self.endpoints.values())
+        return now if established else now - self.config.slow_start_window_s
 
     # ---- weights -------------------------------------------------------------------------
     def slow_start_factor(self, ep: EndpointStats, now: float) -> float:
@@ -249,15 +269,18 @@ class Balancer:
         frac = max(elapsed, 0.0) / c.slow_start_window_s
         return max(c.slow_start_min_pct, frac ** (1.0 / c.slow_start_aggression))
 
-    def capacity_factor(self, ep: EndpointStats) -> float:
-        """Reported capacity normalised to the mean of the reporting endpoints (1 when unknown)."""
-        if not self.config.use_reported_capacity or ep.capacity is None or not self._cap_mean:
-            return 1.0
-        return min(20.0, max(0.05, ep.capacity / self._cap_mean))
+    def base_weight(self, ep: EndpointStats) -> float:
+        """The worker's relative capacity: its measured images/s once reported, else its
+        configured weight (scaled by the reporting workers' images/s per weight unit)."""
+        if not self.config.use_reported_capacity or not self._per_weight:
+            return ep.weight
+        if ep.capacity is not None:
+            return ep.capacity
+        return ep.weight * self._per_weight
 
     def effective_weight(self, ep: EndpointStats, now: float | None = None) -> float:
         now = self.clock() if now is None else now
-        return ep.weight * self.capacity_factor(ep) * self.slow_start_factor(ep, now)
+        return self.base_weight(ep) * self.slow_start_factor(ep, now)
 
     def key(self, ep: EndpointStats, now: float) -> float:
         """HAProxy load-after-assignment key ``(in_flight + 1) / w_eff`` (§6.3 step 3)."""
@@ -411,7 +434,7 @@ class Balancer:
                 self._maybe_eject(ep, now)
         if ep.draining and ep.in_flight == 0:
             del self.endpoints[address]
-            self._update_cap_mean()
+            self._update_scale()
             return True
         return False
 

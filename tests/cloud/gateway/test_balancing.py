@@ -314,8 +314,10 @@ def test_draining_endpoint():
     assert on_w1[0].release(Outcome.OK) is False
     assert on_w1[1].release(Outcome.OK) is True
     assert "w1" not in b.endpoints
+    # w0 still holds the 10 requests picked above: it drains before it is closable
+    assert b.set_endpoints([]) == []
+    assert b.endpoints["w0"].draining
     # an idle endpoint removed from the set is closable at once
-    assert b.set_endpoints([]) == [] or True
     b2, _ = make([1, 1])
     assert b2.set_endpoints([("w0", 1.0, "", False)]) == ["w1"]
 
@@ -350,6 +352,50 @@ def test_capacity_scales_weight():
     for _ in range(40):
         must(b.pick())
     assert b.endpoints["w0"].in_flight == 30 and b.endpoints["w1"].in_flight == 10
+
+
+def test_reported_capacity_replaces_the_weight_instead_of_multiplying_it():
+    """Weights 4:2:1 that match the measured speeds give 4:2:1, not 16:4:1."""
+    b, _ = make([4, 2, 1])
+    for addr, cap in (("w0", 40.0), ("w1", 20.0), ("w2", 10.0)):
+        b.report_load(addr, cap)
+    for _ in range(70):
+        must(b.pick())
+    assert [b.endpoints[a].in_flight for a in ("w0", "w1", "w2")] == [40, 20, 10]
+    assert [b.base_weight(b.endpoints[a]) for a in ("w0", "w1", "w2")] == [40.0, 20.0, 10.0]
+
+
+def test_unreported_worker_is_placed_on_the_measured_scale_by_its_weight():
+    b, _ = make([2, 1])
+    b.report_load("w0", 50.0)  # 25 images/s per weight unit
+    assert b.base_weight(b.endpoints["w1"]) == pytest.approx(25.0)
+
+
+def test_configured_weights_alone_when_capacity_is_not_used():
+    b, _ = make([1, 3], use_reported_capacity=False)
+    b.report_load("w0", 90.0)
+    b.report_load("w1", 10.0)
+    for _ in range(40):
+        must(b.pick())
+    assert b.endpoints["w0"].in_flight == 10 and b.endpoints["w1"].in_flight == 30
+
+
+def test_the_pool_a_gateway_starts_with_skips_slow_start():
+    clock = FakeClock(0.0)
+    b = Balancer(BalancerConfig(slow_start_window_s=30.0), clock=clock, rng=random.Random(0))
+    b.set_endpoints([("a", 1.0, "", False), ("b", 1.0, "", False)])
+    assert all(b.slow_start_factor(ep, 0.0) == 1.0 for ep in b.endpoints.values())
+    # a worker reporting NOT_SERVING then SERVING while nobody else serves: still no ramp
+    b.report_load("a", 10.0, serving=False)
+    b.report_load("b", 10.0, serving=False)
+    clock.t = 5.0
+    b.report_load("a", 10.0, serving=True)
+    assert b.slow_start_factor(b.endpoints["a"], 5.0) == 1.0
+    # ... but b, coming back while a serves, ramps; so does a worker added later
+    b.report_load("b", 10.0, serving=True)
+    assert b.slow_start_factor(b.endpoints["b"], 5.0) == pytest.approx(0.1)
+    b.set_endpoints([("a", 1.0, "", False), ("b", 1.0, "", False), ("c", 1.0, "", False)])
+    assert b.slow_start_factor(b.endpoints["c"], 5.0) == pytest.approx(0.1)
 
 
 def test_bad_config_named():
