@@ -61,20 +61,50 @@ def _ms(v: Optional[float]) -> str:
     return "–" if v is None else f"{v:.1f}"
 
 
-def table(rows: Sequence[Dict[str, Any]], base: str = "cpu-hpa") -> str:
-    """The comparison as Markdown; worker-hours as a ratio against the ``base`` row."""
-    ref = next((r for r in rows if r["policy"] == base), None)
-    head = ("| policy | routing | autoscaling signal | target | p50 ms | p99 ms | over SLO | shed to edge "
-            "| failed | worker-hours | vs CPU-HPA | peak / mean workers | SLO held |\n"
+FIGURES = ("p50_ms", "p99_ms", "over_slo", "shed", "failed", "worker_hours", "peak_workers", "mean_workers")
+
+
+def across_seeds(by_seed: Sequence[Sequence[Dict[str, Any]]], base: str = "cpu-hpa") -> List[Dict[str, Any]]:
+    """One row per policy from per-seed rows (same policies, same order, in every seed).
+
+    Each figure is the median over seeds; ``held`` counts the seeds on which the SLO held;
+    ``ratios`` are the policy's worker-hours over ``base``'s on the same seed.
+    """
+    out = []
+    for i, first in enumerate(by_seed[0]):
+        rs = [rows[i] for rows in by_seed]
+        row = {k: first[k] for k in ("policy", "mode", "signal", "target")}
+        for k in FIGURES:
+            vals = [r[k] for r in rs if r[k] is not None]
+            row[k] = float(np.median(vals)) if vals else None
+        refs = [next((b for b in rows if b["policy"] == base), None) for rows in by_seed]
+        row["ratios"] = [r["worker_hours"] / b["worker_hours"] for r, b in zip(rs, refs) if b and b["worker_hours"]]
+        row["held"] = sum(bool(r["slo_held"]) for r in rs)
+        row["seeds"] = len(rs)
+        row["requests"] = sum(r["requests"] for r in rs)
+        row["min_slack_ms"] = min(r["min_slack_ms"] for r in rs)
+        out.append(row)
+    return out
+
+
+def table(rows: Sequence[Dict[str, Any]]) -> str:
+    """The comparison as Markdown (rows from :func:`across_seeds`)."""
+    n = rows[0]["seeds"] if rows else 1
+    med = "" if n == 1 else f" (median of {n} seeds)"
+    head = (f"| policy | routing | autoscaling signal | target | p50 ms | p99 ms | over SLO | shed to edge "
+            f"| failed | worker-hours{med} | vs CPU-HPA{'' if n == 1 else ' (median, range)'} "
+            f"| peak / mean workers | SLO held{'' if n == 1 else ' (seeds)'} |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     out = []
     for r in rows:
-        ratio = f"{r['worker_hours'] / ref['worker_hours']:.2f}x" if ref and ref["worker_hours"] else "–"
+        rt = r["ratios"]
+        ratio = "–" if not rt else f"{np.median(rt):.2f}x" + (f" ({min(rt):.2f}-{max(rt):.2f})" if n > 1 else "")
+        held = ("yes" if r["held"] else "no") if n == 1 else f"{r['held']}/{n}"
         out.append(
             f"| {r['policy']} | {MODE_LABEL.get(r['mode'], r['mode'])} | {SIGNAL_LABEL[r['signal']]} "
             f"| {r['target']:g} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | {100 * r['over_slo']:.2f}% "
             f"| {100 * r['shed']:.2f}% | {100 * r['failed']:.3f}% | {r['worker_hours']:.0f} | {ratio} "
-            f"| {r['peak_workers']} / {r['mean_workers']:.0f} | {'yes' if r['slo_held'] else 'no'} |")
+            f"| {r['peak_workers']:.0f} / {r['mean_workers']:.0f} | {held} |")
     return head + "\n".join(out) + "\n"
 
 

@@ -104,7 +104,7 @@ def test_same_seed_same_table_and_the_plot_is_written(tmp_path: Path) -> None:
             "--window-s", "0.5", "--failures-per-worker-hour", "2"]
     one = _table(base + ["--jobs", "1", "--out", str(tmp_path / "a")])
     two = _table(base + ["--jobs", "2", "--out", str(tmp_path / "b")])
-    other = _table(base + ["--jobs", "1", "--seed", "2", "--out", str(tmp_path / "c")])
+    other = _table(base + ["--jobs", "1", "--seeds", "2", "--out", str(tmp_path / "c")])
     assert one == two
     assert one != other
     assert sum(line.startswith("| ") for line in one.splitlines()) == 4  # header + three policies
@@ -112,6 +112,22 @@ def test_same_seed_same_table_and_the_plot_is_written(tmp_path: Path) -> None:
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     doc = json.loads((tmp_path / "a" / "fleet.json").read_text())
     assert [r["policy"] for r in doc["rows"]] == ["ours", "cpu-hpa", "keda"]
+
+
+def test_rows_across_seeds_are_medians_with_per_seed_ratios() -> None:
+    def row(name: str, hours: float, p99: float, held: bool = True) -> dict:
+        return {"policy": name, "mode": "wlc", "signal": "utilization", "target": 0.1, "p50_ms": 30.0,
+                "p99_ms": p99, "over_slo": 0.0, "shed": 0.0, "failed": 0.0, "worker_hours": hours,
+                "peak_workers": 10, "mean_workers": 5.0, "slo_held": held, "requests": 100, "min_slack_ms": 0.0}
+
+    seeds = [[row("ours", 80, 50), row("cpu-hpa", 100, 60)],
+             [row("ours", 120, 70, held=False), row("cpu-hpa", 100, 40)],
+             [row("ours", 90, 55), row("cpu-hpa", 60, 45)]]
+    ours, cpu = R.across_seeds(seeds)
+    assert ours["worker_hours"] == 90 and ours["p99_ms"] == 55 and ours["held"] == 2 and ours["seeds"] == 3
+    assert ours["ratios"] == pytest.approx([0.8, 1.2, 1.5]) and cpu["ratios"] == [1.0, 1.0, 1.0]
+    text = R.table([ours, cpu])
+    assert "| 2/3 |" in text and "1.20x (0.80-1.50)" in text and "median of 3 seeds" in text
 
 
 def test_tune_picks_the_cheapest_target_that_held_on_every_seed() -> None:
