@@ -3,6 +3,11 @@ reconnects live streams with exponential backoff and feeds a bounded queue.
 
 States (connecting / streaming / backoff / ended) are logged on every change and
 reported through ``on_state``; corrupt frames and drops are counted, never fatal.
+Each frame is stamped with when it was taken (``edge.sources.clock``) beside when it
+was read. When a live stream goes down (it failed or stalled) the frames still
+queued from before are discarded and counted (``on_stale``), and ``cut_seq`` tells
+the pipeline which frames in flight are from before the outage: none of them is
+emitted after it is detected (docs/design/edge-runtime.md#live-sources).
 Bounded queues follow docs/design/conventions.md#bounded-queues (roboflow ``video_source.py``, with a
 stop event so shutdown cannot hang). Callers: ``edge.pipeline``.
 """
@@ -14,9 +19,10 @@ import collections
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Deque, Optional
+from typing import Callable, Deque, Optional, Tuple
 
 from edge.sources.base import CorruptFrameError, Frame, FrameSource, SourceError, SourceState
+from edge.sources.clock import SourceClock
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,13 @@ class FrameQueue:
         self.ready.set()
         return dropped
 
+    def purge(self) -> int:
+        """Discard every queued frame; returns how many."""
+        n = len(self.items)
+        self.items.clear()
+        self.space.set()
+        return n
+
     def get_nowait(self) -> Optional[Frame]:
         if not self.items:
             return None
@@ -90,6 +103,8 @@ class Capturer:
         on_drop: Optional[Callable[[str], None]] = None,
         start_seq: int = 0,
         on_truncated: Optional[Callable[[str], None]] = None,
+        on_skipped: Optional[Callable[[str, int], None]] = None,
+        on_stale: Optional[Callable[[str, int], None]] = None,
     ) -> None:
         self.stream_id = stream_id
         self.source = source
@@ -102,7 +117,14 @@ class Capturer:
         self.on_corrupt = on_corrupt
         self.on_drop = on_drop
         self.on_truncated = on_truncated
+        self.on_skipped = on_skipped
+        self.on_stale = on_stale
         self.truncated = 0
+        self.skipped = 0
+        self.cut_seq = start_seq
+        """Frames with a lower ``seq`` were read before the stream's last outage."""
+        self.clock = SourceClock()
+        self.shape: Optional[Tuple[int, ...]] = None
         self.state: Optional[SourceState] = None
         self.seq = start_seq
         self.frames = 0
@@ -162,6 +184,29 @@ class Capturer:
             pass
         return min(delay * 2.0, self.reconnect_max_s)
 
+    def _check_skipped(self) -> None:
+        n = self.source.skipped - self.skipped
+        if n > 0:
+            self.skipped += n
+            if self.on_skipped is not None:
+                self.on_skipped(self.stream_id, n)
+
+    def _went_down(self, why: str) -> str:
+        """A live stream failed or stalled: frames from before it must not be emitted."""
+        self.cut_seq = self.seq
+        n = self.queue.purge()
+        if n:
+            log.warning("stream %s: %d queued frame(s) from before the outage discarded", self.stream_id, n)
+            if self.on_stale is not None:
+                self.on_stale(self.stream_id, n)
+        return why
+
+    def _check_shape(self, shape: Tuple[int, ...]) -> None:
+        if self.shape is not None and shape != self.shape:
+            log.warning("stream %s: resolution changed from %dx%d to %dx%d", self.stream_id,
+                        self.shape[1], self.shape[0], shape[1], shape[0])
+        self.shape = shape
+
     def _check_truncated(self) -> None:
         # A video shorter than its header says (logged by the source) is counted here.
         while self.truncated < self.source.truncated:
@@ -172,6 +217,7 @@ class Capturer:
     async def _stream(self, stop: asyncio.Event) -> Optional[str]:
         """Read frames; returns None at the end, or why a live stream dropped."""
         self._streamed_ok = False
+        self.clock.reset()  # a new connection: its timestamps start afresh
         period = 1.0 / self.fps if self.fps > 0 else 0.0
         next_t = time.monotonic()
         while not stop.is_set():
@@ -197,7 +243,8 @@ class Capturer:
                 continue
             except SourceError as exc:
                 if self.source.live:
-                    return str(exc)
+                    self._check_skipped()
+                    return self._went_down(str(exc))
                 log.error("stream %s: %s", self.stream_id, exc)
                 return None
             except Exception as exc:  # a decoder bug must not kill the daemon
@@ -206,20 +253,26 @@ class Capturer:
                 if self.on_corrupt is not None:
                     self.on_corrupt(self.stream_id)
                 if self.source.live:
-                    return f"read failed: {exc}"
+                    return self._went_down(f"read failed: {exc}")
                 continue
             self._check_truncated()
+            self._check_skipped()
             if img is None:
                 return None
             self._streamed_ok = True
             now_mono = time.monotonic()
+            read_ns = time.time_ns()
+            capture_ns, clock = self.clock.stamp(self.source.last_source_ms, read_ns)
+            self._check_shape(img.shape)  # type: ignore[attr-defined]
             frame = Frame(
                 stream_id=self.stream_id,
                 seq=self.seq,
                 image=img,  # type: ignore[arg-type]
-                capture_unix_ns=time.time_ns(),
+                capture_unix_ns=capture_ns,
                 capture_mono=now_mono,
                 read_ms=(now_mono - t0) * 1000.0,
+                read_unix_ns=read_ns,
+                clock=clock,
             )
             self.seq += 1
             self.frames += 1
