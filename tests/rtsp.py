@@ -18,7 +18,6 @@ from typing import List, Optional
 
 SCRIPT = Path(__file__).resolve().parent / "rtspserver.py"
 SYSTEM_PYTHON = "/usr/bin/python3"
-PACKAGES = "gir1.2-gst-rtsp-server-1.0 gstreamer1.0-rtsp gstreamer1.0-plugins-good gstreamer1.0-plugins-ugly"
 
 
 def missing() -> Optional[str]:
@@ -31,7 +30,7 @@ def missing() -> Optional[str]:
              "('x264enc', 'rtph264pay', 'jpegenc', 'rtpjpegpay', 'videotestsrc')) else 3)")
     res = subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True, timeout=60)
     if res.returncode != 0:
-        return f"gst-rtsp-server or its plugins are missing (apt-get install {PACKAGES}; make test does)"
+        return "gst-rtsp-server or its GStreamer plugins are missing (the Makefile's RTSP_PKGS; make test installs them)"
     return None
 
 
