@@ -11,11 +11,12 @@ warning. Callers: ``edge.sources.make_source``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import cv2
 import numpy as np
@@ -36,7 +37,46 @@ from edge.sources.live import (
 log = logging.getLogger(__name__)
 
 FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
-_FFMPEG_OPTIONS_LOCK = threading.Lock()
+
+
+class _OptionsGate:
+    """OpenCV's FFmpeg backend reads ``OPENCV_FFMPEG_CAPTURE_OPTIONS`` from the
+    environment at every open, so per-stream options mean setting the variable around
+    the open. Opens that need the same value (cameras with the same settings) run
+    together; one that needs another value waits until they are done (at most
+    ``open_timeout_s``)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.value: Optional[str] = None
+        self.count = 0
+        self.saved: Optional[str] = None
+
+    @contextlib.contextmanager
+    def holding(self, value: str) -> Iterator[None]:
+        with self.cond:
+            while self.count and self.value != value:
+                self.cond.wait()
+            if not self.count:
+                self.saved = os.environ.get(FFMPEG_OPTIONS_ENV)
+                os.environ[FFMPEG_OPTIONS_ENV] = value
+                self.value = value
+            self.count += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.count -= 1
+                if not self.count:
+                    if self.saved is None:
+                        os.environ.pop(FFMPEG_OPTIONS_ENV, None)
+                    else:
+                        os.environ[FFMPEG_OPTIONS_ENV] = self.saved
+                    self.value = None
+                    self.cond.notify_all()
+
+
+_OPTIONS_GATE = _OptionsGate()
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
 
 
@@ -228,16 +268,8 @@ class CaptureSource:
             pipeline = rtsp_pipeline(self.uri, self.transport, self.codec, self.io_timeout_s)
             return cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)
         options = ffmpeg_options(self.kind, self.transport, self.io_timeout_s, self.avformat_major)
-        with _FFMPEG_OPTIONS_LOCK:  # OpenCV reads the variable during open()
-            previous = os.environ.get(FFMPEG_OPTIONS_ENV)
-            os.environ[FFMPEG_OPTIONS_ENV] = options
-            try:
-                return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG, self._timeouts())
-            finally:
-                if previous is None:
-                    del os.environ[FFMPEG_OPTIONS_ENV]
-                else:
-                    os.environ[FFMPEG_OPTIONS_ENV] = previous
+        with _OPTIONS_GATE.holding(options):
+            return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG, self._timeouts())
 
     def open(self) -> None:
         if self.reader is not None:
