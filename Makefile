@@ -65,10 +65,11 @@ test: system-deps helm venv proto-check lint typecheck pytest
 demo: system-deps venv
 	$(BIN)/edgewise demo
 
-# The four benchmarks (tables on stdout; about 25 minutes on 2 cores).
+# The benchmarks (tables on stdout; about 30 minutes on 2 cores).
 bench: venv system-deps
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/edge.py
+	$(BIN)/python bench/edge.py --live
 	$(BIN)/python bench/routing.py
 	$(BIN)/python bench/system.py
 

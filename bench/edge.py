@@ -147,6 +147,9 @@ def main() -> int:
         print(f"| median {k} ms | {med[k]:.2f} | |")
     print(f"| median frame latency ms (capture→sink, saturated) | {med['total']:.1f} | |")
     print(f"| p99 frame latency ms (capture→sink, saturated) | {p99:.1f} | |")
+    age = [r["latency_ms"]["frame_age"] for r in warm]
+    print(f"| frame age at inference ms (median / p99; synthetic: from the read) | {statistics.median(age):.1f} / "
+          f"{pct(age, 99):.1f} | |")
     print(f"| hardness + policy ms/frame (median / p99) | {statistics.median(hp):.3f} / {pct(hp, 99):.3f} | <= 1 |")
     print(f"| frames | {len(recs)} | |")
     return 0

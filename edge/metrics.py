@@ -39,7 +39,7 @@ class EdgeMetrics:
             "edgewise_edge_stage_seconds", "Per-stage latency", ["stage"], buckets=STAGE_BUCKETS, registry=r
         )
         self.frame_latency = Histogram(
-            "edgewise_edge_frame_latency_seconds", "Capture to sink latency per frame",
+            "edgewise_edge_frame_latency_seconds", "Read to sink latency per frame",
             buckets=STAGE_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(

@@ -235,6 +235,7 @@ class CaptureSource:
         self.io_timeout_s = io_timeout_s
         has_gst, self.avformat_major = opencv_video_io()
         self.backend, self.backend_why = choose_backend(kind, backend, has_gst, hardware_decoder())
+        self.pipeline, self.appsink_added = latest_appsink(uri) if kind == "gstreamer" else (uri, None)
         self.reader: Optional[LatestFrameReader] = None
         self.last_source_ms: Optional[float] = None
         self.stall_timeout_s = stall_timeout(stall_timeout_s, 0.0)
@@ -247,7 +248,8 @@ class CaptureSource:
 
     def describe(self) -> str:
         """``rtsp://user:***@host/path via ffmpeg (auto: ...)``, for the start-up log."""
-        return f"{self.kind} {self.shown} via {self.backend} ({self.backend_why})"
+        added = f"; appsink {self.appsink_added} added" if self.appsink_added else ""
+        return f"{self.kind} {self.shown} via {self.backend} ({self.backend_why}{added})"
 
     def _timeouts(self) -> List[int]:
         params = []
@@ -260,7 +262,7 @@ class CaptureSource:
 
     def _capture(self) -> Any:
         if self.kind == "gstreamer":
-            return cv2.VideoCapture(latest_appsink(self.uri)[0], cv2.CAP_GSTREAMER)
+            return cv2.VideoCapture(self.pipeline, cv2.CAP_GSTREAMER)
         if self.kind == "camera":
             target: Any = int(self.uri) if self.uri.isdigit() else self.uri
             return cv2.VideoCapture(target, cv2.CAP_V4L2) if isinstance(target, int) else cv2.VideoCapture(target)

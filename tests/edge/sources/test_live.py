@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from edge.settings import load_settings
+from edge.sources import CaptureSource
 from edge.sources.clock import READ, STREAM, SourceClock
 from edge.sources.live import (
     choose_backend,
@@ -135,6 +136,9 @@ def test_latest_appsink():
     assert p.endswith("appsink max-buffers=2 sync=false drop=true") and added == "drop=true"
     same = "videotestsrc ! appsink drop=1 max-buffers=1"
     assert latest_appsink(same) == (same, None)
+    src = CaptureSource("gstreamer", "videotestsrc ! videoconvert ! appsink")
+    assert src.pipeline.endswith("appsink drop=true max-buffers=1")
+    assert src.describe().endswith("via gstreamer (kind gstreamer; appsink drop=true max-buffers=1 added)")
     with pytest.raises(ValueError, match="must end in"):
         latest_appsink("videotestsrc ! appsink ! fakesink")
     with pytest.raises(ConfigError, match=r"streams\[0\]\.uri.*appsink"):
