@@ -270,8 +270,11 @@ class CaptureSource:
             pipeline = rtsp_pipeline(self.uri, self.transport, self.codec, self.io_timeout_s)
             return cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)
         options = ffmpeg_options(self.kind, self.transport, self.io_timeout_s, self.avformat_major)
+        params = self._timeouts()
         with _OPTIONS_GATE.holding(options):
-            return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG, self._timeouts())
+            if not params:  # OpenCV < 4.5.2: no open/read timeouts, no parameter list
+                return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG)
+            return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG, params)
 
     def open(self) -> None:
         if self.reader is not None:
