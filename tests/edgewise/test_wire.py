@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgewise import wire
+from edgewise import imagefiles, wire
 from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
 from edgewise.v1 import detect_pb2
@@ -27,8 +27,8 @@ def test_image_round_trip(fmt, tol):
 
 def test_header_sizes():
     im = _img(30, 70)
-    assert wire.jpeg_size(wire.encode_image(im, "jpeg").data) == (70, 30)
-    assert wire.png_size(wire.encode_image(im, "png").data) == (70, 30)
+    assert imagefiles.jpeg_size(wire.encode_image(im, "jpeg").data) == (70, 30)
+    assert imagefiles.png_size(wire.encode_image(im, "png").data) == (70, 30)
 
 
 def test_encode_rejects_bad_input():

@@ -38,7 +38,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgewise.errors import ConfigError, InvalidInputError, ModelError
+from edgewise.errors import ConfigError, DeploymentError, InvalidInputError, ModelError
 from edgewise.runtime.letterbox import preprocess_batch
 from edgewise.runtime.metadata import ModelInfo
 
@@ -54,8 +54,9 @@ TENSORRT_MISSING = (
 )
 
 
-class TensorRTUnavailableError(ConfigError):
-    """TensorRT (or the CUDA bindings it needs) cannot be imported here."""
+class TensorRTUnavailableError(DeploymentError):
+    """TensorRT (or the CUDA bindings it needs) cannot be imported here: an installation
+    problem of this host (UNAVAILABLE at a boundary, see ``edgewise.status``)."""
 
 
 def import_tensorrt() -> Any:

@@ -26,7 +26,7 @@ class Edge:
     def __init__(self, host: str, port: int) -> None:
         self.responses: dict[bytes, list[detect_pb2.DetectResponse]] = {}
         self.lock = threading.Lock()
-        self.reply_topic = f"edgewise/cam-1/reply/{uuid.uuid4().hex[:8]}"
+        self.reply_topic = f"edgewise/cam-1/response/{uuid.uuid4().hex[:8]}"
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edge-{uuid.uuid4().hex[:6]}",
                              protocol=mqtt.MQTTv5)
         self.ready = threading.Event()
