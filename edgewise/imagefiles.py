@@ -75,8 +75,11 @@ def image_header(data: bytes, what: str = "image") -> ImageHeader:
     if fmt is None:
         raise InvalidInputError(f"{what}: not an image this build reads (JPEG, PNG, BMP, PNM, WebP, TIFF)")
     try:
-        w, h = _READERS[fmt](data)
-    except (struct.error, IndexError, ValueError):
+        w, h = jpeg_size(data, what) if fmt == "jpeg" else png_size(data, what) if fmt == "png" \
+            else _READERS[fmt](data)
+    except InvalidInputError:
+        raise
+    except (struct.error, IndexError, ValueError, KeyError):
         raise InvalidInputError(f"{what}: truncated or corrupt {fmt.upper()} header") from None
     return ImageHeader(fmt, int(w), int(h))
 
@@ -93,19 +96,19 @@ def check_pixels(header: ImageHeader, max_pixels: int, what: str = "image") -> I
     return header
 
 
-def png_size(data: bytes) -> Tuple[int, int]:
+def png_size(data: bytes, what: str = "image.data") -> Tuple[int, int]:
     """``(width, height)`` from a PNG's IHDR chunk."""
     if len(data) < 24 or data[:8] != PNG_MAGIC or data[12:16] != b"IHDR":
-        raise InvalidInputError("image.data: not a PNG (bad signature or missing IHDR header)")
+        raise InvalidInputError(f"{what}: not a PNG (bad signature or missing IHDR header)")
     w, h = struct.unpack(">II", data[16:24])
     return int(w), int(h)
 
 
-def jpeg_size(data: bytes) -> Tuple[int, int]:
+def jpeg_size(data: bytes, what: str = "image.data") -> Tuple[int, int]:
     """``(width, height)`` from a JPEG's start-of-frame marker (walks the segment headers)."""
     if data[:2] != JPEG_MAGIC:
-        raise InvalidInputError("image.data: not a JPEG (missing SOI marker FFD8)")
-    for marker, start, _end in _jpeg_segments(data):
+        raise InvalidInputError(f"{what}: not a JPEG (missing SOI marker FFD8)")
+    for marker, start, _end in _jpeg_segments(data, 2, what):
         if marker in _SOF:
             if start + 5 > len(data):
                 break
@@ -113,16 +116,16 @@ def jpeg_size(data: bytes) -> Tuple[int, int]:
             return int(w), int(h)
         if marker == 0xDA:  # start of scan before a frame header
             break
-    raise InvalidInputError("image.data: corrupt or truncated JPEG (no frame header found)")
+    raise InvalidInputError(f"{what}: corrupt or truncated JPEG (no frame header found)")
 
 
-def _jpeg_segments(data: bytes, i: int = 2) -> Iterator[Tuple[int, int, int]]:
+def _jpeg_segments(data: bytes, i: int, what: str) -> Iterator[Tuple[int, int, int]]:
     """Yield ``(marker, payload_start, payload_end)`` of the header segments from byte ``i``
     up to and including SOS (whose scan data is not walked)."""
     n = len(data)
     while i + 4 <= n:
         if data[i] != 0xFF:
-            raise InvalidInputError(f"image.data: corrupt JPEG (bad marker at byte {i})")
+            raise InvalidInputError(f"{what}: corrupt JPEG (bad marker at byte {i})")
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte
             i += 1
@@ -132,7 +135,7 @@ def _jpeg_segments(data: bytes, i: int = 2) -> Iterator[Tuple[int, int, int]]:
             continue
         seglen = struct.unpack(">H", data[i + 2 : i + 4])[0]
         if seglen < 2:
-            raise InvalidInputError(f"image.data: corrupt JPEG (segment length {seglen} at byte {i})")
+            raise InvalidInputError(f"{what}: corrupt JPEG (segment length {seglen} at byte {i})")
         yield marker, i + 4, i + 2 + seglen
         if marker == 0xDA:
             return
@@ -196,8 +199,7 @@ def _tiff_size(d: bytes) -> Tuple[int, int]:
     return size[256], size[257]
 
 
-_READERS = {"jpeg": jpeg_size, "png": png_size, "bmp": _bmp_size, "pnm": _pnm_size,
-            "webp": _webp_size, "tiff": _tiff_size}
+_READERS = {"bmp": _bmp_size, "pnm": _pnm_size, "webp": _webp_size, "tiff": _tiff_size}
 
 
 def check_stream(data: bytes, fmt: str, what: str = "image") -> None:
@@ -213,7 +215,7 @@ def _check_jpeg(data: bytes, what: str) -> None:
     i, frame = 2, False
     while True:
         last = None
-        for marker, start, end in _jpeg_segments(data, i):
+        for marker, start, end in _jpeg_segments(data, i, what):
             if end > len(data):
                 raise InvalidInputError(f"{what}: truncated JPEG (segment at byte {start - 4} runs past the end)")
             frame = frame or marker in _SOF
