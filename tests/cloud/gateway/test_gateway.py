@@ -11,7 +11,6 @@ import json
 import time
 import urllib.request
 from collections import Counter
-from pathlib import Path
 
 import grpc
 import pytest
