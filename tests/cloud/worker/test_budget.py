@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -87,7 +88,8 @@ def test_worker_holds_decodes_within_the_budget(tiny_model):
             first = asyncio.ensure_future(call(stub, jpeg_request(im, 0)))
             assert await asyncio.to_thread(runner.entered.wait, 10)
             # the budget is held by the first decode: this one waits, then its deadline passes
-            code, msg = await call(stub, jpeg_request(im, 1), timeout=0.5)
+            short = jpeg_request(im, 1, deadline_unix_ns=time.time_ns() + 300_000_000)  # the wait's bound
+            code, msg = await call(stub, short, timeout=10)
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "decode budget full: 200000 of 300000" in msg
             others = [asyncio.ensure_future(call(stub, jpeg_request(im, i))) for i in range(2, 6)]
             await asyncio.sleep(0.2)
