@@ -25,7 +25,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -41,11 +40,11 @@ from cloud.gateway.admission import Caller
 from cloud.gateway.settings import MqttSettings
 from edgewise import mqtt_topics, status
 from edgewise.errors import InvalidInputError
+from edgewise.observability import LogThrottle
 from edgewise.status import error_response
 from edgewise.v1 import detect_pb2
 
 log = logging.getLogger("edgewise.gateway.mqtt")
-REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 class RequestHandler(Protocol):
@@ -66,7 +65,7 @@ class MqttBridge:
         self.loop = loop or asyncio.get_running_loop()
         self.subscription = mqtt_topics.shared_subscription(settings.group, settings.topic_prefix)
         self.response_pattern = settings.response_pattern()
-        self._last_refusal_log = float("-inf")
+        self._refusal_log = LogThrottle(10.0, burst=5)
         client_id = settings.client_id or f"gateway-{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                                   protocol=mqtt.MQTTv5)
@@ -168,12 +167,12 @@ class MqttBridge:
         fut.add_done_callback(self._done)
 
     def _refuse(self, what: str, message: str) -> None:
-        """Count a request nothing can be answered to; log it at most every few seconds."""
+        """Count a request nothing can be answered to; log a few per interval (a flood of
+        them must not flood the log)."""
         self._count(what)
-        now = time.monotonic()
-        if now - self._last_refusal_log >= REFUSAL_LOG_INTERVAL_S:
-            self._last_refusal_log = now
-            log.warning("%s (counts so far: %s)", message, self.counts)
+        held = self._refusal_log.allow()
+        if held is not None:
+            log.warning("%s%s", message, f" ({held} more refusals not logged)" if held else "")
 
     def _done(self, fut: Future[None]) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Deque, Optional
 
 from edge.sources.base import CorruptFrameError, Frame, FrameSource, SourceError, SourceState
+from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -29,30 +30,6 @@ CORRUPT_RUN_LIMIT = 8
 #: Per stream, at most ``CORRUPT_LOG_BURST`` "corrupt frame" lines per this many seconds.
 CORRUPT_LOG_INTERVAL_S = 10.0
 CORRUPT_LOG_BURST = 5
-
-
-class LogThrottle:
-    """At most ``burst`` messages per ``interval_s`` window; counts the ones it holds back."""
-
-    def __init__(self, interval_s: float, burst: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
-        self.interval_s = interval_s
-        self.burst = burst
-        self.clock = clock
-        self.window_start = float("-inf")
-        self.sent = 0
-        self.held = 0
-
-    def allow(self) -> Optional[int]:
-        """None to stay quiet; else how many messages were held back before this one."""
-        now = self.clock()
-        if now - self.window_start >= self.interval_s:
-            self.window_start, self.sent = now, 0
-        if self.sent >= self.burst:
-            self.held += 1
-            return None
-        self.sent += 1
-        held, self.held = self.held, 0
-        return held
 
 
 class FrameQueue:

@@ -15,7 +15,7 @@ import pytest
 
 from edge.sources import CaptureSource, ImageFolderSource, SyntheticSource, VideoFileSource
 from edge.sources.base import SourceState
-from edge.sources.capturing import Capturer, FrameQueue, LogThrottle
+from edge.sources.capturing import Capturer, FrameQueue
 
 
 def make_video(path: Path, n: int = 12, size=(96, 64)) -> Path:
@@ -179,14 +179,6 @@ def test_folder_of_only_corrupt_files_backs_off(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if "corrupt frame skipped" in r.getMessage()]
     assert len(lines) == 5 and "0.jpg" in lines[0]  # one burst, then quiet for the interval
     assert cpu < 0.75, cpu
-
-
-def test_log_throttle_counts_what_it_holds_back():
-    t = [0.0]
-    th = LogThrottle(10.0, burst=2, clock=lambda: t[0])
-    assert [th.allow() for _ in range(5)] == [0, 0, None, None, None]
-    t[0] = 10.0
-    assert th.allow() == 3 and th.allow() == 0 and th.allow() is None
 
 
 def test_live_stream_that_stops_reconnects_with_backoff(tmp_path):
