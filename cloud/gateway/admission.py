@@ -99,7 +99,7 @@ class TokenAuth:
         if caller.topic_device is not None and device_id and device_id != caller.topic_device:
             return Rejection(status.UNAUTHENTICATED,
                              f"device_id {device_id!r} does not match the topic's device {caller.topic_device!r}")
-        if caller.cert_names is not None and device_id not in caller.cert_names:
+        if caller.cert_names is not None and device_id and device_id not in caller.cert_names:
             names = ", ".join(repr(n) for n in caller.cert_names) or "none"
             return Rejection(status.UNAUTHENTICATED,
                              f"device_id {device_id!r} is not a name of the client certificate ({names}, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cloud.gateway.admission import RateLimiter, TokenAuth, validate_request
+from cloud.gateway.admission import Caller, RateLimiter, TokenAuth, validate_request
 from cloud.gateway.settings import LimitSettings
 from edgewise.v1 import detect_pb2
 from edgewise.wire import encode_image
@@ -50,6 +50,28 @@ def test_token_auth():
         who, rej = auth.check(md, dev)
         assert who is None and rej.status == detect_pb2.UNAUTHENTICATED and needle in rej.message
     assert TokenAuth({}).check({}, "any") == ("any", None)
+
+
+def test_authenticate_binds_topic_certificate_and_token_to_the_device():
+    auth = TokenAuth({"cam-1": "abc", "cam-2": "xyz"})
+    tok1 = {"authorization": "Bearer abc"}
+    assert auth.authenticate(Caller(tok1), "cam-1") is None
+    assert auth.authenticate(Caller(tok1, cert_names=("cam-1",)), "cam-1") is None
+    cases = [
+        (Caller({"authorization": "Bearer xyz"}, cert_names=("cam-1",)), "cam-2", "not a name of the client certificate"),
+        (Caller(tok1, cert_names=()), "cam-1", "certificate (none"),  # a certificate without that name
+        (Caller({**tok1, "x-edgewise-device": "cam-2"}, topic_device="cam-2"), "cam-1", "topic's device 'cam-2'"),
+        (Caller({"x-edgewise-device": "cam-1"}, topic_device="cam-1"), "cam-1", "missing 'authorization"),
+    ]
+    for caller, device, needle in cases:
+        rej = auth.authenticate(caller, device)
+        assert rej is not None and rej.status == detect_pb2.UNAUTHENTICATED and needle in rej.message, rej
+    # without tokens the topic and the certificate still bind the device
+    off = TokenAuth({})
+    assert off.authenticate(Caller({}, topic_device="cam-1"), "cam-1") is None
+    assert off.authenticate(Caller({}, topic_device="cam-1"), "cam-2") is not None
+    assert off.authenticate(Caller({}, cert_names=("cam-1",)), "cam-2") is not None
+    assert off.authenticate(Caller({}, cert_names=("cam-1",)), "") is None  # empty id: validation says so
 
 
 def test_rate_limiter_buckets():
