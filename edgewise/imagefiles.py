@@ -2,8 +2,8 @@
 
 A decoder allocates what the header declares: an 8x8 JPEG whose frame header says
 30000x30000 costs gigabytes before the first pixel is read. ``image_header`` reads
-only headers (JPEG: the segment lengths up to the frame header, ITU-T T.81 §B.2;
-PNG: IHDR, RFC 2083 §4.1.1; BMP, PNM, WebP (RFC 9649 §2.5-2.7), TIFF 6.0 baseline),
+only headers (JPEG: the segment lengths up to the frame header, ITU-T T.81 section B.2;
+PNG: IHDR, RFC 2083 section 4.1.1; BMP, PNM, WebP (RFC 9649 section 2.5-2.7), TIFF 6.0 baseline),
 so a bomb costs nothing; ``check_pixels`` applies the limit. ``check_stream`` walks
 the whole file for structural damage a decoder would paper over: a JPEG must be one
 well-formed marker sequence ending in EOI (scan data may only contain stuffed
@@ -232,7 +232,7 @@ def _check_jpeg(data: bytes, what: str) -> None:
 
 
 def _scan_data_end(data: bytes, i: int, what: str) -> int:
-    """Index of the marker that ends entropy-coded data starting at ``i`` (T.81 §B.1.1.5)."""
+    """Index of the marker that ends entropy-coded data starting at ``i`` (T.81 section B.1.1.5)."""
     rst = 0
     while True:
         j = data.find(b"\xff", i)

@@ -7,7 +7,7 @@
     <prefix>/<device>/detections          edge sink: one JSON record per frame
 
 Gateway replicas share ``$share/<group>/<prefix>/+/escalate`` (MQTT v5 shared
-subscription, OASIS MQTT 5.0 §4.8.2). Each device lives in its own subtree
+subscription, OASIS MQTT 5.0 section 4.8.2). Each device lives in its own subtree
 ``<prefix>/<device>/``, which a broker ACL can confine it to (``deploy/mosquitto``);
 the gateway answers only on response topics inside the requesting device's subtree,
 or on a pattern the operator configures with a ``{device}`` placeholder. A request
@@ -31,7 +31,7 @@ _FORBIDDEN = ("+", "#", "\x00")
 
 def check_segment(value: str, what: str) -> str:
     """One topic level (device id, client id, group): non-empty, no ``/``, wildcard or
-    NUL, not starting with ``$`` (reserved for the broker, MQTT 5.0 §4.7.2)."""
+    NUL, not starting with ``$`` (reserved for the broker, MQTT 5.0 section 4.7.2)."""
     if not value or "/" in value or any(c in value for c in _FORBIDDEN) or value.startswith("$"):
         raise InvalidInputError(
             f"{what} {value!r} cannot be an MQTT topic level: it must be non-empty, without "
@@ -108,7 +108,7 @@ def response_topic_allowed(pattern: str, device: str, topic: str) -> bool:
 
 
 def _matches(filt: List[str], levels: List[str], device: str) -> bool:
-    """MQTT 5.0 §4.7 topic-filter matching, with ``{device}`` matching exactly ``device``."""
+    """MQTT 5.0 section 4.7 topic-filter matching, with ``{device}`` matching exactly ``device``."""
     for i, f in enumerate(filt):
         if f == "#":
             return len(levels) > i  # at least one level below: the subtree, not the parent

@@ -70,7 +70,7 @@ class Outcome(enum.Enum):
 
 
 def outcome_of(wire_status: int) -> Outcome:
-    """How the balancer counts a worker's answer with this wire status (§6.5).
+    """How the balancer counts a worker's answer with this wire status (docs/design/balancing.md#outlier-ejection and #overload-is-load-not-failure).
 
     RESOURCE_EXHAUSTED is load; UNAVAILABLE, INTERNAL, a hop deadline and an answer
     that does not say (UNKNOWN on gRPC) make the worker look bad; per-request

@@ -3,7 +3,7 @@
 gRPC's core reports a key that does not belong to its certificate only as "Failed
 to bind to address"; ``load_server_files`` loads the pair with Python's ``ssl``
 module first and names both files when they do not match or do not parse. It also
-reads the server certificate's validity (RFC 5280 §4.1.2.5, from the DER with a
+reads the server certificate's validity (RFC 5280 section 4.1.2.5, from the DER with a
 minimal walk: no extra dependency) so the gateway can warn about an expired or
 not-yet-valid certificate; clients enforce validity themselves, so the gateway
 warns and serves rather than refusing to start (a fresh certificate and a node
@@ -83,7 +83,7 @@ def validity(der: bytes) -> tuple[dt.datetime, dt.datetime]:
 
 
 def _tlv(der: bytes, i: int) -> tuple[int, int, int]:
-    """(tag, value start, value end) of the DER element at ``i`` (X.690 §8.1)."""
+    """(tag, value start, value end) of the DER element at ``i`` (X.690 section 8.1)."""
     tag, n = der[i], der[i + 1]
     i += 2
     if n & 0x80:
