@@ -87,7 +87,7 @@ def main() -> int:
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=args.checkout)
     if args.budget is not None:
-        env["EDGEWISE_WORKER_DECODE_PIXEL_BUDGET"] = str(args.budget)
+        env["EDGEWISE_WORKER__DECODE_PIXEL_BUDGET"] = str(args.budget)
     proc = subprocess.Popen([sys.executable, "-c", _CLI, "cloud", "worker", "--model", args.model, "--port", "0",
                              "--metrics-port", "-1", "--threads", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=args.checkout)
