@@ -31,6 +31,7 @@ from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.making import make_source
 from edge.spool import Spool
 from edge.transports import Transport
+from edgewise import mqtt_topics
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class EdgeDaemon:
             out.append(StdoutSink())
         if s.mqtt and self.mqtt is not None:
             prefix = self.settings.cloud.mqtt.topic_prefix
-            out.append(MqttSink(self.mqtt.client, f"{prefix}/{self.settings.device_id}/detections"))
+            out.append(MqttSink(self.mqtt.client, mqtt_topics.detections_topic(prefix, self.settings.device_id)))
         return Sinks(out, on_error=lambda name: self.metrics.sink_errors.labels(name).inc())
 
     async def _build_transports(self) -> None:
@@ -136,7 +137,7 @@ class EdgeDaemon:
                 tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key, keepalive_s=c.mqtt.keepalive_s,
             )
             self.mqtt.start()
-            t = MqttTransport(self.mqtt, self.settings.device_id, c.mqtt.topic_prefix)
+            t = MqttTransport(self.mqtt, self.settings.device_id, c.mqtt.topic_prefix, token=c.token)
             await t.start()
             self.transports["mqtt"] = t
         if c.endpoints:

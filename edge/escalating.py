@@ -36,7 +36,8 @@ from edge.payloads import Spooled, build_request, detections_json
 from edge.sinks import Record, idempotency_key
 from edge.sources.base import Frame
 from edge.spool import Spool, SpoolItem, SpoolStats
-from edge.transports import SPOOLABLE, Transport, TransportError
+from edge.transports import Transport, TransportError
+from edgewise import status
 from edgewise.detections import Detections
 from edgewise.policy.schema import Merge, Policy
 
@@ -93,13 +94,13 @@ class Escalating:
         The request (a JPEG encode, milliseconds) is built off the event loop."""
         if len(self.tasks) >= self.max_in_flight:
             refused = TransportError(
-                "RESOURCE_EXHAUSTED", f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)")
+                status.RESOURCE_EXHAUSTED, f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)")
             if len(self.settling) >= self.max_in_flight:
                 # The spool thread is behind as well (more escalations than fsyncs per
                 # second): the bound on that queue; the frame keeps its edge result.
                 self.metrics.spool_events.labels("refused").inc()
                 self._settle_without_cloud(policy, record, TransportError(
-                    "RESOURCE_EXHAUSTED", f"{len(self.settling)} escalations already waiting for the spool"))
+                    status.RESOURCE_EXHAUSTED, f"{len(self.settling)} escalations already waiting for the spool"))
                 return
             settle = asyncio.ensure_future(self._refuse(frame, dets, verdict, policy, record, refused))
             self.settling.add(settle)
@@ -147,7 +148,7 @@ class Escalating:
     def _transport(self, name: str) -> Transport:
         t = self.transports.get(name)
         if t is None:
-            raise TransportError("UNAVAILABLE", f"transport {name!r} is not configured in the settings (cloud.*)")
+            raise TransportError(status.UNAVAILABLE, f"transport {name!r} is not configured in the settings (cloud.*)")
         return t
 
     async def _escalate(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy,
@@ -157,7 +158,7 @@ class Escalating:
         if req is None:
             return
         if self.shutting_down:  # drain() already cut off the calls on the wire
-            await self._fail(req, policy, record, TransportError("UNAVAILABLE", "daemon shutting down"))
+            await self._fail(req, policy, record, TransportError(status.UNAVAILABLE, "daemon shutting down"))
             return
         t0 = time.monotonic()
         me = asyncio.current_task()
@@ -170,7 +171,7 @@ class Escalating:
         except asyncio.CancelledError:
             if not self.shutting_down:
                 raise
-            failure = TransportError("UNAVAILABLE", "daemon shutting down")  # cut off by drain()
+            failure = TransportError(status.UNAVAILABLE, "daemon shutting down")  # cut off by drain()
         else:
             failure = None
         finally:
@@ -212,7 +213,7 @@ class Escalating:
 
     async def _fail(self, req: Any, policy: Policy, record: Record, exc: TransportError) -> None:
         spec = policy.spec
-        action = spec.on_cloud_unavailable if exc.code in SPOOLABLE else "edge_only"
+        action = spec.on_cloud_unavailable if exc.spoolable else "edge_only"
         reason = record.get("reason", "")
         record["error"] = str(exc)
         if action == "spool" and self.spool is not None:
@@ -238,7 +239,7 @@ class Escalating:
         failure the policy's onCloudUnavailable is about)."""
         reason = record.get("reason", "")
         record["error"] = str(exc)
-        if exc.code in SPOOLABLE and policy.spec.on_cloud_unavailable == "drop":
+        if exc.spoolable and policy.spec.on_cloud_unavailable == "drop":
             self.metrics.escalations.labels(reason, "dropped").inc()
             self.metrics.drops.labels(record.get("stream", ""), "cloud_unavailable").inc()
             log.info("escalation %s/%s dropped (policy onCloudUnavailable=drop): %s",
@@ -320,7 +321,7 @@ class Escalating:
         try:
             resp = await transport.detect(req, spooled.deadline_ms / 1000.0)
         except TransportError as exc:
-            if exc.code in SPOOLABLE:
+            if exc.spoolable:
                 self.metrics.spool_events.labels("nack").inc()
                 log.debug("replay of %s failed (%s); retrying later", e.key, exc)
                 return None

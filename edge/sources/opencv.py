@@ -6,7 +6,9 @@ GStreamer pipeline strings (``CAP_GSTREAMER``, as used on Jetson with
 ``edge.sources.latest.LatestFrameReader`` and opened as ``edge.sources.live``
 decides (backend, FFmpeg options, appsink properties). Corrupt frames raise
 ``CorruptFrameError`` (skipped, counted); a truncated video ends early with a
-warning. Callers: ``edge.sources.make_source``.
+warning. Image files are checked header first (``edgewise.imagefiles``), the
+same check the gateway and the workers apply to escalated images. Callers:
+``edge.sources.making``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from edge.sources.live import (
     rtsp_pipeline,
     stall_timeout,
 )
+from edgewise.errors import InvalidInputError
+from edgewise.imagefiles import DEFAULT_MAX_PIXELS, read_image_file
 
 log = logging.getLogger(__name__)
 
@@ -165,16 +169,19 @@ class VideoFileSource:
 
 
 class ImageFolderSource:
-    """The images of a folder in name order; unreadable files are corrupt frames."""
+    """The images of a folder in name order, each through the core's header-first check
+    (``edgewise.imagefiles.read_image_file``): a file over the pixel limit, truncated or
+    structurally damaged is a corrupt frame naming the file, never decoded partially."""
 
     live = False
     skipped = 0
     last_source_ms: Optional[float] = None
     truncated = 0
 
-    def __init__(self, path: str, loop: bool = False) -> None:
+    def __init__(self, path: str, loop: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.path = path
         self.loop = loop
+        self.max_pixels = max_pixels
         self.files: List[Path] = []
         self.pos = 0
 
@@ -196,12 +203,12 @@ class ImageFolderSource:
             self.pos = 0
         p = self.files[self.pos]
         self.pos += 1
-        try:
-            img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+        try:  # header first: a decompression bomb or a damaged file is refused before decoding
+            img = read_image_file(p, self.max_pixels)
+        except InvalidInputError as exc:
+            raise CorruptFrameError(str(exc)) from None
         except cv2.error as exc:
             raise CorruptFrameError(f"{p}: {exc}") from None
-        if img is None:
-            raise CorruptFrameError(f"{p}: cannot decode image (corrupt or unsupported)")
         return _to_bgr(img)
 
     def close(self) -> None:
