@@ -23,9 +23,12 @@ ENGINE_NEEDS = (
 
 def register(subparsers: Any) -> None:
     """Add ``info``, ``build``, ``quantize`` and ``engine`` to the ``model`` group."""
-    p = subparsers.add_parser("info", help="describe a YOLOv5 ONNX model")
+    p = subparsers.add_parser(
+        "info", help="describe and validate a YOLOv5 ONNX model (exit status 1 if its graph is broken)"
+    )
     p.add_argument("model", help="path of the .onnx file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_imgsz(p)
     p.set_defaults(func=cmd_info)
 
     p = subparsers.add_parser(
@@ -83,6 +86,7 @@ def register(subparsers: Any) -> None:
         "--threads", type=int, default=0, help="ONNX Runtime threads for the check (0 = all)"
     )
     p.add_argument("--report", default=None, help="also write the report as JSON to this file")
+    _add_imgsz(p)
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
     p.set_defaults(func=cmd_quantize)
 
@@ -102,11 +106,24 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_engine)
 
 
+IMGSZ_HELP = (
+    "input size N or H,W for a model that does not state it (dynamic height/width and "
+    "no imgsz metadata, e.g. YOLOv5 v7.0 --dynamic exports); default: the model's, else 640"
+)
+
+
+def _add_imgsz(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--imgsz", default=None, help=IMGSZ_HELP)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from edgewise_tools.models.info import describe, format_description
 
-    d = describe(args.model)
+    d = describe(args.model, args.imgsz)
     print(json.dumps(d, indent=2) if args.json else format_description(d))
+    if d["graph_error"]:
+        print(f"edgewise: error: {d['path']}: the graph is broken: {d['graph_error']}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -172,6 +189,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         progress=_progress_printer(),
         target=args.target,
         reduce_range=args.reduce_range,
+        imgsz=args.imgsz,
     )
     print(report.summary())
     if args.report:

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from edgewise.errors import InvalidInputError
+from edgewise.errors import EdgewiseError, InvalidInputError, ModelError
+from edgewise.runtime.metadata import imgsz_guess_warning
 from edgewise_tools.models.agreement import Agreement
 from edgewise_tools.models.calibration import (
     CalibrationReader,
@@ -41,13 +42,13 @@ from edgewise_tools.models.calibration import (
     open_frames,
     split_indices,
 )
-from edgewise_tools.models.heldout import check_agreement
+from edgewise_tools.models.heldout import Speed, check_agreement, cpu_lacks_vnni, cpu_session
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 METHODS = ("minmax", "entropy", "percentile")
-KEEP_FLOAT_CHOICES = ("first_conv", "detect_head")
+KEEP_FLOAT_CHOICES = ("first_conv", "detect_head", "silu")
 DEFAULT_KEEP_FLOAT: Tuple[str, ...] = ("first_conv", "detect_head")
 #: target -> (activation type, operator types quantized; None = every op ORT can).
 #: cpu: U8S8 as ORT recommends for x86 with VNNI, every op quantized: ORT then fuses
@@ -80,6 +81,7 @@ class QuantReport:
     int8_bytes: int = 0
     conf_thres: float = 0.25
     agreement: Optional[Agreement] = None
+    speed: Optional[Speed] = None
     notes: List[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -93,6 +95,8 @@ class QuantReport:
         ]
         if self.agreement is not None:
             lines.append(f"  {self.agreement.summary()} at conf {self.conf_thres:g}")
+        if self.speed is not None:
+            lines.append(f"  {self.speed.summary()}")
         for n in self.notes:
             lines.append(f"  note: {n}")
         return "\n".join(lines)
@@ -115,6 +119,7 @@ class QuantReport:
             "int8_bytes": self.int8_bytes,
             "conf_thres": self.conf_thres,
             "agreement": self.agreement.as_dict() if self.agreement is not None else None,
+            "speed": self.speed.as_dict() if self.speed is not None else None,
             "notes": list(self.notes),
         }
 
@@ -133,7 +138,8 @@ def parse_keep_float(value: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
         name = "detect_head" if item in ("head", "detect", "detect_head") else item
         if name not in KEEP_FLOAT_CHOICES:
             raise InvalidInputError(
-                f"--keep-float {item!r}: unknown layer group; use first_conv, head (detect_head) or none"
+                f"--keep-float {item!r}: unknown layer group; "
+                "use first_conv, head (detect_head), silu or none"
             )
         if name not in out:
             out.append(name)
@@ -141,11 +147,12 @@ def parse_keep_float(value: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
 
 
 def graph_regions(model: Any) -> Dict[str, List[str]]:
-    """Node names of the first conv, the Detect convs and the decode tail of a YOLOv5 graph.
+    """Node names of the first conv, the Detect convs, the SiLU activations and the decode tail.
 
     Found structurally (works for any exporter's node names): the Detect convs are the
     convolutions with no convolution downstream; the decode tail is every other node
-    with no convolution downstream; the first conv is the first Conv in topological order.
+    with no convolution downstream; the first conv is the first Conv in topological order;
+    ``silu`` holds the Sigmoid and Mul of every ``x * sigmoid(x)`` outside the tail.
     """
     nodes = list(model.graph.node)
     consumers: Dict[str, List[int]] = {}
@@ -165,7 +172,17 @@ def graph_regions(model: Any) -> Dict[str, List[str]]:
     head = [nodes[i].name for i in convs if not reaches_conv[i]]
     tail = [n.name for i, n in enumerate(nodes) if n.op_type != "Conv" and not reaches_conv[i]]
     first = [nodes[convs[0]].name] if convs else []
-    return {"first_conv": first, "detect_head": head, "decode_tail": tail}
+    sigmoid_in = {n.output[0]: n for i, n in enumerate(nodes) if n.op_type == "Sigmoid" and reaches_conv[i]}
+    silu: List[str] = []
+    for n in nodes:
+        if n.op_type != "Mul" or len(n.input) != 2:
+            continue
+        for a, b in (n.input, n.input[::-1]):
+            sig = sigmoid_in.get(b)
+            if sig is not None and sig.input[0] == a:
+                silu.extend((sig.name, n.name))
+                break
+    return {"first_conv": first, "detect_head": head, "silu": silu, "decode_tail": tail}
 
 
 def quantize(
@@ -185,6 +202,7 @@ def quantize(
     op_types: Optional[Sequence[str]] = None,
     target: str = "cpu",
     reduce_range: bool = False,
+    imgsz: Union[int, Sequence[int], None] = None,
 ) -> QuantReport:
     """Quantize ``model_path`` to INT8 (QDQ) at ``out_path`` and report agreement with float.
 
@@ -192,9 +210,11 @@ def quantize(
         calib: folder of images or a video file; ``samples`` frames calibrate.
         out_path: defaults to ``<model>-int8.onnx`` next to the model.
         method: ``minmax``, ``entropy`` or ``percentile`` (99.999th).
-        keep_float: layer groups left in float (``first_conv``, ``detect_head``), or "none".
+        keep_float: layer groups left in float (``first_conv``, ``detect_head``, ``silu``),
+            or "none".
         holdout: frames for the agreement check, taken from ``holdout_source`` when
             given, else from ``calib`` disjoint from the calibration frames; 0 skips it.
+            The same frames time both models (``QuantReport.speed``).
         conf_thres, iou_thres: decode thresholds of the agreement check.
         threads: intra-op threads of the agreement sessions (0 = ORT default).
         progress: ``progress(stage, done, total)`` callback.
@@ -203,9 +223,12 @@ def quantize(
             (symmetric QInt8 activations, which TensorRT's explicit quantization requires).
         reduce_range: 7-bit weights, ORT's advice for x86 CPUs without VNNI, whose U8S8
             kernels (``vpmaddubsw``) can saturate; unneeded with VNNI or on ARM.
+        imgsz: input size for a model whose graph and metadata do not fix it (calibration
+            and agreement run at it; it is written into the INT8 model's metadata).
     Raises:
-        ModelError: missing/corrupt/not-YOLOv5 model. InvalidInputError: bad arguments or
-        an unreadable/empty calibration source.
+        ModelError: missing/corrupt/not-YOLOv5 model, or a quantization step that failed
+        (one line; nothing is written at ``out_path`` then). InvalidInputError: bad
+        arguments or an unreadable/empty calibration source.
     """
     from edgewise.runtime.metadata import load_model_info
 
@@ -217,7 +240,7 @@ def quantize(
     act_name, default_ops = TARGETS[target]
     ops = list(op_types) if op_types is not None else (list(default_ops) if default_ops else None)
     groups = parse_keep_float(keep_float)
-    info = load_model_info(Path(model_path))
+    info = load_model_info(Path(model_path), imgsz)
     if info.precision == "int8":
         raise InvalidInputError(f"{info.path} is already quantized (int8); pass the float model")
     src = Path(model_path)
@@ -226,6 +249,8 @@ def quantize(
         raise InvalidInputError(f"output {out} would overwrite the input model; choose another -o")
     source = open_frames(calib, "calibration source")
     notes: List[str] = []
+    if info.imgsz_source == "default":
+        notes.append(imgsz_guess_warning(info))
     if holdout_source is not None:
         hsource = open_frames(holdout_source, "held-out source")
         cal_idx, _, note = split_indices(source.count, samples, 0)
@@ -241,13 +266,7 @@ def quantize(
         )
 
     import onnx
-    from onnxruntime.quantization import (
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quant_pre_process,
-        quantize_static,
-    )
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
     cal_method = {
         "minmax": CalibrationMethod.MinMax,
@@ -256,9 +275,14 @@ def quantize(
     }[method]
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgewise-quant-") as tmp:
+        float_in, per_channel, note = _float_for_qdq(info.path, Path(tmp), per_channel)
+        if note:
+            notes.append(note)
         pre = Path(tmp) / "preprocessed.onnx"
-        with _quiet_ort_info():
-            quant_pre_process(str(info.path), str(pre), skip_symbolic_shape=True)
+        with _quiet_ort_info(), _as_model_error(info.path, "ONNX Runtime's pre-processing"):
+            from onnxruntime.quantization import quant_pre_process
+
+            quant_pre_process(str(float_in), str(pre), skip_symbolic_shape=True)
         pre_model = onnx.load(str(pre))
         regions = graph_regions(pre_model)
         exclude: List[str] = list(regions["decode_tail"])
@@ -285,7 +309,11 @@ def quantize(
         reader.rewind()
         reader.frames_used = 0
         staged = Path(tmp) / "int8.onnx"
-        with _quiet_ort_info(), _explain_histogram_errors(method):
+        with _quiet_ort_info(), _as_model_error(
+            info.path, "ONNX Runtime's quantize_static"
+        ), _explain_histogram_errors(method):
+            from onnxruntime.quantization import quantize_static
+
             quantize_static(
                 str(pre),
                 str(staged),
@@ -308,11 +336,20 @@ def quantize(
         calib_seconds = time.perf_counter() - t_cal
         del pre_model
         quant_meta = {"method": method, "frames": reader.frames_used, "target": target}
-        _copy_metadata(info.path, staged, {"edgewise_quant": json.dumps(quant_meta)})
-        # Publish atomically: a failed or interrupted run leaves no half-written model.
+        extra = {"edgewise_quant": json.dumps(quant_meta)}
+        if info.imgsz_source == "override":  # calibrated at this size: say so in the file
+            extra["imgsz"] = str(list(info.imgsz))
+        _copy_metadata(info.path, staged, extra)
+        # Validate before publishing: a failed or interrupted run leaves no half-written
+        # or invalid model at ``out``.
+        _validate_staged(staged, info, probe)
         part = out.with_name(out.name + ".part")
-        shutil.copyfile(staged, part)
-        os.replace(part, out)
+        try:
+            shutil.copyfile(staged, part)
+            os.replace(part, out)
+        finally:
+            if part.exists():
+                part.unlink()
     if target == "cpu" and not reduce_range and cpu_lacks_vnni():
         notes.append(
             "this x86 CPU has no VNNI: ORT's U8S8 kernels may saturate here; "
@@ -333,14 +370,14 @@ def quantize(
         holdout_frames=0,
         kept_float=list(groups),
         calib_seconds=calib_seconds,
-        float_bytes=info.path.stat().st_size,
+        float_bytes=info.file_bytes,
         int8_bytes=out.stat().st_size,
         conf_thres=conf_thres,
         notes=notes,
     )
     if hold_idx:
-        report.agreement = check_agreement(
-            info.path, out, hsource, hold_idx, conf_thres, iou_thres, threads, progress
+        report.agreement, report.speed = check_agreement(
+            info.path, out, hsource, hold_idx, conf_thres, iou_thres, threads, progress, info.imgsz
         )
         report.holdout_frames = report.agreement.frames
         if report.agreement.ref_boxes < 10:
@@ -349,9 +386,91 @@ def quantize(
                 f"at conf {conf_thres:g}: the agreement figures say little (lower --conf or use other frames)"
             )
     else:
-        report.notes.append("no held-out frames: agreement not checked")
+        report.notes.append("no held-out frames: agreement and speed not checked")
     report.total_seconds = time.perf_counter() - t0
     return report
+
+
+#: per-channel QDQ puts ``axis`` on QuantizeLinear/DequantizeLinear: ONNX opset 13
+PER_CHANNEL_OPSET = 13
+
+
+def _float_for_qdq(path: Path, tmp: Path, per_channel: bool) -> Tuple[Path, bool, str]:
+    """The float model to quantize, whether per-channel is possible, and a note.
+
+    ONNX Runtime's pre-processing wants one self-contained file: a model with external
+    data (torch's dynamo exporter writes ``<model>.data``) is saved inline into ``tmp``.
+    Per-channel weights need opset >= 13 (``axis`` on Q/DQ). An older model (YOLOv5
+    v7.0's ``export.py`` defaults to opset 12) is upgraded with ONNX's version converter;
+    if that fails, quantization falls back to per-tensor weights and the note says why.
+    """
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    try:
+        model = onnx.load(str(path))  # with external data
+    except Exception as e:
+        raise ModelError(f"{path}: cannot load the model with its weights: {_one_line(e)}") from None
+    bare = onnx.load(str(path), load_external_data=False)
+    external = any(uses_external_data(t) for t in bare.graph.initializer)
+    del bare
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 10:
+        raise ModelError(
+            f"{path}: opset {opset} predates QuantizeLinear (opset 10); re-export at opset 13 or newer"
+        )
+    note, rewrite = "", external
+    if per_channel and opset < PER_CHANNEL_OPSET:
+        from onnx import version_converter
+
+        try:
+            converted = version_converter.convert_version(model, PER_CHANNEL_OPSET)
+            onnx.checker.check_model(converted)
+        except Exception as e:
+            per_channel = False
+            note = (
+                f"opset {opset}: per-channel weights need opset {PER_CHANNEL_OPSET} and ONNX's "
+                f"version converter failed ({_one_line(e)}); quantized per-tensor instead"
+            )
+        else:
+            model, rewrite = converted, True
+            note = f"opset {opset} upgraded to {PER_CHANNEL_OPSET} (ONNX version converter) for per-channel weights"
+    if not rewrite:
+        return path, per_channel, note
+    self_contained = tmp / "float.onnx"
+    for t in model.graph.initializer:  # the tensors are in memory now: store them inline
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+    onnx.save(model, str(self_contained))
+    return self_contained, per_channel, note
+
+
+def _validate_staged(staged: Path, info: Any, batch: Any) -> None:
+    """Load the INT8 model with ONNX Runtime and run one calibration frame (a letterboxed
+    ``batch``, cut to the model's fixed batch or 1); ``ModelError`` if anything fails."""
+    import numpy as np
+
+    with _as_model_error(info.path, "the INT8 model's validation (ONNX Runtime load + one frame)"):
+        session = cpu_session(staged, 1)
+        raw = session.run(None, {info.input_name: batch[: max(1, info.fixed_batch)]})[0]
+        if raw.ndim != 3 or raw.shape[2] != 5 + info.nc or not np.isfinite(raw).all():
+            raise ValueError(f"output {raw.shape} is not [B, N, {5 + info.nc}] of finite numbers")
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+@contextlib.contextmanager
+def _as_model_error(path: Path, stage: str) -> Iterator[None]:
+    """Turn anything a third-party step raises into a one-line ``ModelError``."""
+    try:
+        yield
+    except EdgewiseError:
+        raise
+    except Exception as e:  # ONNX / ONNX Runtime raise many types, some not Exception subclasses we know
+        raise ModelError(f"{path}: {stage} failed: {type(e).__name__}: {_one_line(e)}") from None
 
 
 class _DropOrtInfo(logging.Filter):
@@ -386,18 +505,6 @@ def _explain_histogram_errors(method: str) -> Iterator[None]:
             f"{method} calibration failed: an activation's range is too narrow for its "
             f"histogram ({e}); this happens with untrained/collapsed weights; use --method minmax"
         ) from None
-
-
-def cpu_lacks_vnni() -> bool:
-    """True on an x86 Linux CPU whose flags show AVX2 but neither AVX512-VNNI nor AVX-VNNI."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(
-                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
-            )
-    except OSError:
-        return False
-    return "avx2" in flags and not {"avx512_vnni", "avx_vnni"} & set(flags)
 
 
 def _copy_metadata(src: Path, dst: Path, extra: Dict[str, str]) -> None:
