@@ -40,6 +40,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("--names", default=None, help="comma-separated class names (default 0..K-1)")
     p.add_argument("--seed", type=int, default=0, help="weight initialisation seed (0)")
     p.add_argument("--static-batch", action="store_true", help="fixed batch 1 instead of dynamic")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset (17; YOLOv5 v7.0 export.py: 12)")
+    p.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="dynamic batch, height and width, axes named as YOLOv5 export.py --dynamic names them",
+    )
+    p.add_argument(
+        "--dynamo",
+        action="store_true",
+        help="torch's dynamo exporter (torch >= 2.9's default): weights in an external .data file",
+    )
+    p.add_argument(
+        "--metadata",
+        default="edgewise",
+        choices=("edgewise", "yolov5-v7.0"),
+        help="edgewise (stride, names, imgsz, arch) or only what YOLOv5 v7.0 writes (stride, names)",
+    )
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
     p.set_defaults(func=cmd_build)
 
@@ -142,8 +159,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         names=names,
         seed=args.seed,
         dynamic_batch=not args.static_batch,
+        opset=args.opset,
+        style=args.metadata,
+        dynamic_hw=args.dynamic,
+        dynamo=args.dynamo,
     )
-    size = out.stat().st_size / 1e6
+    size = sum(f.stat().st_size for f in [out, *out.parent.glob(out.name + ".data")]) / 1e6
     print(
         f"built {args.arch} @ {args.imgsz} with {args.classes} classes -> {out} ({size:.1f} MB) in {time.perf_counter() - t0:.1f} s"
     )

@@ -86,7 +86,7 @@ def export_onnx(
     m.fuse()
     for p in m.parameters():
         p.requires_grad_(False)
-    m.model[-1].dynamic = dynamic_hw  # type: ignore[union-attr]
+    m.detect.dynamic = dynamic_hw
     im = torch.zeros(1, 3, h, w)
     dynamic_axes: Optional[Dict[str, Dict[int, str]]] = None
     if dynamic_hw:  # upstream export.py --dynamic
