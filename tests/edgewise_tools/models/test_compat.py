@@ -185,7 +185,7 @@ def test_worker_serves_it(form):
          "--host", "127.0.0.1", "--metrics-port", "-1", "--threads", "1", "--conf", CONF, *extra],
         cwd=form["dir"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    lines: "queue.Queue[str]" = queue.Queue()
+    lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout or ()], daemon=True).start()
     seen = []
     try:
