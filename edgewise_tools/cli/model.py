@@ -69,9 +69,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--method", default="minmax", choices=("minmax", "entropy", "percentile"))
     p.add_argument(
         "--keep-float",
-        default="first_conv,head",
-        help="layers left in float: first_conv, head, both comma-separated, or none "
-        "(default first_conv,head; the decode tail is always float)",
+        default="none",
+        help="layers left in float, comma-separated: first_conv, head, silu, or none "
+        "(default none: chosen by measurement, see models/MODEL_CARD.md; the decode tail is always float)",
     )
     p.add_argument(
         "--per-tensor", action="store_true", help="per-tensor instead of per-channel weights"
