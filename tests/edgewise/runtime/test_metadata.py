@@ -11,7 +11,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from edgewise.errors import ModelError
-from edgewise.runtime.metadata import imgsz_guess_warning, load_model_info, names_to_metadata, parse_names
+from edgewise.runtime.metadata import (
+    imgsz_guess_warning,
+    load_model_info,
+    names_to_metadata,
+    parse_names,
+)
 from tests.edgewise.runtime.graphs import fake_yolo, names_meta
 
 

@@ -16,7 +16,12 @@ from edgewise_tools.models.agreement import compare
 from edgewise_tools.models.calibration import open_frames, split_indices
 from edgewise_tools.models.heldout import cpu_session, detect_frames
 from edgewise_tools.models.info import describe
-from edgewise_tools.models.quantize import HEAD_LOGIT_RANGE, graph_regions, parse_keep_float, quantize
+from edgewise_tools.models.quantize import (
+    HEAD_LOGIT_RANGE,
+    graph_regions,
+    parse_keep_float,
+    quantize,
+)
 
 DATA = Path("/usr/share/doc/opencv-doc/examples/data")
 ROOT = Path(__file__).resolve().parents[3]
