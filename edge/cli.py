@@ -8,7 +8,6 @@ Thin layer over ``edge.settings.load_settings`` + ``edge.daemon.run_daemon`` and
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any, List
 
 
@@ -54,14 +53,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_policy(args: argparse.Namespace) -> int:
-    from edgewise.errors import ConfigError
     from edgewise.policy.loading import load_policy
 
-    try:
-        policy = load_policy(args.file)
-    except ConfigError as exc:
-        print(f"edgewise: invalid policy: {exc}", file=sys.stderr)
-        return 1
+    policy = load_policy(args.file)  # ConfigError: one line "edgewise: error: ...", exit 2
     from edgewise.policy import explain, warnings
 
     print(explain(policy))
