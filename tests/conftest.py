@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, List
 
 import pytest
 
@@ -120,3 +120,51 @@ def mosquitto() -> Iterator[Broker]:
     finally:
         broker.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+class SmallFilesystem:
+    """A real tmpfs of a few hundred KiB mounted on a temporary folder (the disk-full tests)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+
+    def free(self) -> int:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def fill(self, leave: int = 0, name: str = "filler") -> Path:
+        """Write a file that leaves ``leave`` bytes free (another process filling the disk)."""
+        ballast = self.path / name
+        with open(ballast, "ab") as f:
+            chunk = b"\0" * 4096
+            try:
+                while self.free() > leave:
+                    f.write(chunk[: max(1, min(4096, self.free() - leave))])
+                    f.flush()
+            except OSError:
+                pass  # ENOSPC: full
+        return ballast
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Callable[[int], SmallFilesystem]]:
+    """``small_fs(size_bytes)`` mounts a real tmpfs of that size (``mount -t tmpfs``, as
+    root); the test is skipped, with the reason, where mounting is not possible."""
+    mounted: List[Path] = []
+
+    def mount(size: int) -> SmallFilesystem:
+        d = tmp_path / f"fs{len(mounted)}"
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {r.stderr.strip()}")
+        mounted.append(d)
+        return SmallFilesystem(d, size)
+
+    try:
+        yield mount
+    finally:
+        for d in reversed(mounted):
+            subprocess.run(["umount", "-l", str(d)], capture_output=True)
