@@ -159,6 +159,13 @@ class SinkSettings:
     """Print each record as one JSON line on stdout."""
     fsync: bool = False
     """fsync the JSON Lines file after each record (slower; survives power loss)."""
+    mqtt_outbox: str = ""
+    """SQLite file where the MQTT sink keeps each record until the broker acknowledged it
+    (survives broker outages and daemon restarts); empty = ``mqtt-outbox.db`` next to
+    ``spool.path``."""
+    mqtt_outbox_max: int = 50000
+    """Most records the MQTT sink keeps while the broker is unreachable (about 1 KB each);
+    beyond it the oldest are dropped, counted in ``edgewise_edge_sink_dropped_total``."""
 
 
 @dataclass
@@ -251,6 +258,8 @@ class EdgeSettings:
         if not prefix or any(ch in prefix for ch in "+#") or prefix.startswith("/") or prefix.endswith("/"):
             _fail(where, "cloud.mqtt.topic_prefix",
                   f"must be a non-empty topic without '+', '#' or a leading/trailing '/', got {prefix!r}")
+        if self.sinks.mqtt_outbox_max < 1:
+            _fail(where, "sinks.mqtt_outbox_max", f"must be >= 1, got {self.sinks.mqtt_outbox_max}")
         if self.sinks.mqtt and not c.mqtt.host:
             _fail(where, "sinks.mqtt", "needs cloud.mqtt.host")
         if self.spool.max_bytes < 1 or self.spool.max_age_s <= 0:

@@ -10,18 +10,18 @@ import time
 import cv2
 import numpy as np
 
-from edge.deciding import Verdict
 from edge.escalating import Escalating
 from edge.metrics import EdgeMetrics
 from edge.payloads import Spooled, build_request, crop_region, detections_json
-from edge.sinks import idempotency_key
+from edge.records import idempotency_key
 from edge.sources.base import Frame
 from edge.spool import Spool
 from edge.transports.grpc import GrpcTransport
 from edgewise.detections import Detections
+from edgewise.policy.deciding import Decision
 from edgewise.policy.loading import parse_policy
 from tests.edge.cloudstub import GrpcStubThread, StubCloud
-from tests.edge.helpers import policy_yaml
+from tests.edge.helpers import frame_record, policy_yaml
 
 
 def dets(boxes, scores):
@@ -45,7 +45,7 @@ def test_build_request_crop_carries_offset_and_source_size():
     frame = Frame("cam", 7, img, 123, 0.0)
     d = dets([[10, 10, 30, 30]], [0.4])
     policy = parse_policy(policy_yaml("p", mode="crops"))
-    v = Verdict(True, "hard", 0.8, {"entropy": 0.5}, priority=90)
+    v = Decision(True, "hard", 0.8, {"entropy": 0.5}, priority=90)
     req, region = build_request("dev", frame, d, v, policy)
     assert region == (6, 6, 34, 34)
     assert (req.device_id, req.stream_id, req.frame_seq) == ("dev", "cam", 7)
@@ -109,7 +109,7 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
     written = []
     metrics = EdgeMetrics()
     d = dets([[10, 10, 30, 30]], [0.4])
-    verdict = Verdict(True, "hard", 0.8, {})
+    verdict = Decision(True, "hard", 0.8, {})
 
     async def run():
         grpc_t = GrpcTransport([f"127.0.0.1:{port}"])
@@ -117,9 +117,9 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
         loop_thread = threading.current_thread().name
         for seq in range(5):
             frame = Frame("cam", seq, np.full((48, 64, 3), 40 * seq, np.uint8), 0, 0.0)
-            esc.submit(frame, d, verdict, policy, {"stream": "cam", "frame_seq": seq, "reason": "hard"})
+            esc.submit(frame, d, verdict, policy, frame_record("cam", seq))
         await wait_until(lambda: len(written) == 5)
-        assert [r["outcome"] for r in written] == ["spooled"] * 5
+        assert [r.outcome for r in written] == ["spooled"] * 5
         assert await esc.replay_once() == 0  # still down: the head is nacked, nothing acked
         stub = GrpcStubThread(StubCloud(None), port=port)
         try:
@@ -144,9 +144,9 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
     assert sorted(puts) == [f"dev/cam/{i}" for i in range(5)]
     assert names.count("nack") >= 1 and "ack" not in names and names.count("ack_many") == 1
     assert names[-1] == "ack_many" and len(spool.calls[-1][2]) == 5
-    late = [r for r in written if r.get("late")]
-    assert [f"dev/cam/{r['frame_seq']}" for r in late] == puts  # replayed in spool order
-    assert all(r["outcome"] == "cloud" for r in late)
+    late = [r for r in written if r.late]
+    assert [r.key for r in late] == puts  # replayed in spool order
+    assert all(r.outcome == "cloud" for r in late)
     assert len(spool) == 0 and metrics.spool_depth._value.get() == 0
     spool.close()
 
@@ -174,13 +174,13 @@ def test_unusable_cloud_answer_and_unreadable_spool_entry_never_lose_or_block(tm
     instead of blocking the replay of everything behind it."""
     policy = parse_policy(policy_yaml("p", deadline_ms=3000))
     d = dets([[10, 10, 30, 30]], [0.4])
-    verdict = Verdict(True, "hard", 0.8, {})
+    verdict = Decision(True, "hard", 0.8, {})
     frame = Frame("cam", 1, np.full((48, 64, 3), 90, np.uint8), 0, 0.0)
     spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
     spool.put("dev/cam/0", b"\xff not a protobuf", {"record": {}, "merge": {}})  # unreadable head
     good, _ = build_request("dev", Frame("cam", 2, frame.image, 0, 0.0), d, verdict, policy)
     spool.put("dev/cam/2", good.SerializeToString(),
-              Spooled({"stream": "cam", "frame_seq": 2, "device": "dev"}, policy.spec.merge, 3000, "grpc").to_meta())
+              Spooled(frame_record("cam", 2), policy.spec.merge, 3000, "grpc").to_meta())
     written = []
     metrics = EdgeMetrics()
     bad, ok = GrpcStubThread(BadBoxCloud(None)), GrpcStubThread(StubCloud(None))
@@ -189,7 +189,7 @@ def test_unusable_cloud_answer_and_unreadable_spool_entry_never_lose_or_block(tm
         t_bad = GrpcTransport([f"127.0.0.1:{bad.port}"])
         t_ok = GrpcTransport([f"127.0.0.1:{ok.port}"])
         esc = Escalating("dev", {"grpc": t_bad}, written.append, metrics, spool=spool)
-        esc.submit(frame, d, verdict, policy, {"stream": "cam", "frame_seq": 1, "reason": "hard"})
+        esc.submit(frame, d, verdict, policy, frame_record("cam", 1))
         await wait_until(lambda: written)
         esc.transports = {"grpc": t_ok}
         assert await esc.replay_once() == 2
@@ -204,9 +204,9 @@ def test_unusable_cloud_answer_and_unreadable_spool_entry_never_lose_or_block(tm
         bad.stop()
         ok.stop()
     live, late = written
-    assert live["frame_seq"] == 1 and live["outcome"] == "edge_only"
-    assert live["error"].startswith("INVALID_ARGUMENT: cloud answer") and "inverted" in live["error"]
-    assert late["frame_seq"] == 2 and late["late"] is True and late["outcome"] == "cloud"
+    assert live.frame_seq == 1 and live.outcome == "edge_only"
+    assert live.error.startswith("INVALID_ARGUMENT: cloud answer") and "inverted" in live.error
+    assert late.frame_seq == 2 and late.late is True and late.outcome == "cloud"
     assert metrics.spool_events.labels("rejected")._value.get() == 1
     assert len(spool) == 0
     spool.close()
@@ -235,7 +235,7 @@ def test_spool_evictions_and_expiry_are_counted_whichever_call_did_them(tmp_path
         for seq in range(8):
             img = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)  # noise: ~2-3 KB of JPEG
             esc.submit(Frame("cam", seq, img, 0, 0.0), dets([[10, 10, 30, 30]], [0.4]),
-                       Verdict(True, "hard", 0.8, {}), policy, {"stream": "cam", "frame_seq": seq})
+                       Decision(True, "hard", 0.8, {}), policy, frame_record("cam", seq))
             await wait_until(lambda: len(written) == seq + 1)
         kept = len(spool)
         now[0] += 61
@@ -246,7 +246,7 @@ def test_spool_evictions_and_expiry_are_counted_whichever_call_did_them(tmp_path
 
     kept = asyncio.run(run())
     st = spool.stats()
-    assert all(r["outcome"] == "spooled" for r in written) and 0 < kept < 8
+    assert all(r.outcome == "spooled" for r in written) and 0 < kept < 8
     assert metrics.spool_events.labels("evicted")._value.get() == st.dropped_bytes_cap == 8 - kept
     assert metrics.spool_events.labels("expired")._value.get() == kept == st.dropped_age_cap - 1
     assert metrics.spool_depth._value.get() == 0
@@ -273,7 +273,7 @@ def test_spool_backlog_is_bounded_and_what_overflows_keeps_its_edge_result(tmp_p
         esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool, max_in_flight=2)
         for seq in range(8):  # one burst, as from one batch of frames
             esc.submit(Frame("cam", seq, np.zeros((48, 64, 3), np.uint8), 0, 0.0), dets([], []),
-                       Verdict(True, "always", 0.0, {}), policy, {"stream": "cam", "frame_seq": seq})
+                       Decision(True, "always", 0.0, {}), policy, frame_record("cam", seq))
         assert len(esc.tasks) == 2 and len(esc.settling) == 2
         await wait_until(lambda: len(written) == 8)
         await esc.drain(0.1)
@@ -281,11 +281,11 @@ def test_spool_backlog_is_bounded_and_what_overflows_keeps_its_edge_result(tmp_p
         await t.close()
 
     asyncio.run(run())
-    outcomes = {r["frame_seq"]: r["outcome"] for r in written}
+    outcomes = {r.frame_seq: r.outcome for r in written}
     assert sorted(outcomes) == list(range(8))
     assert [outcomes[s] for s in range(4)] == ["spooled"] * 4
     assert [outcomes[s] for s in range(4, 8)] == ["edge_only"] * 4
-    assert all("waiting for the spool" in r["error"] for r in written if r["outcome"] == "edge_only")
+    assert all("waiting for the spool" in r.error for r in written if r.outcome == "edge_only")
     assert metrics.spool_events.labels("refused")._value.get() == 4 and len(spool) == 4
     spool.close()
 
@@ -312,8 +312,8 @@ def test_request_is_built_off_the_loop_and_a_refused_crop_keeps_its_region(tmp_p
         esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), spool=spool, max_in_flight=1)
         for seq in range(2):  # the second is refused at submit: one already in flight
             esc.submit(Frame("cam", seq, np.zeros((80, 100, 3), np.uint8), 0, 0.0),
-                       dets([[10, 10, 30, 30]], [0.4]), Verdict(True, "hard", 0.8, {}), policy,
-                       {"stream": "cam", "frame_seq": seq})
+                       dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}), policy,
+                       frame_record("cam", seq))
         await wait_until(lambda: len(written) == 2)
         await esc.close()
         await t.close()
@@ -321,8 +321,8 @@ def test_request_is_built_off_the_loop_and_a_refused_crop_keeps_its_region(tmp_p
 
     loop_thread = asyncio.run(run())
     assert len(threads) == 2 and loop_thread not in threads
-    by_seq = {r["frame_seq"]: r for r in written}
-    assert "in flight" in by_seq[1]["error"]
-    assert all(r["outcome"] == "spooled" and r["crop"] == [6, 6, 34, 34] for r in written)
+    by_seq = {r.frame_seq: r for r in written}
+    assert "in flight" in by_seq[1].error
+    assert all(r.outcome == "spooled" and r.crop == [6, 6, 34, 34] for r in written)
     assert [i.meta["record"]["crop"] for i in spool.peek(10)] == [[6, 6, 34, 34]] * 2
     spool.close()
