@@ -7,14 +7,16 @@ Models are architecture-exact YOLOv5 graphs with random weights built by
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -168,3 +170,38 @@ def small_fs(tmp_path: Path) -> Iterator[Callable[[int], SmallFilesystem]]:
     finally:
         for d in reversed(mounted):
             subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+class TopicRecorder:
+    """Records every message on an MQTT topic filter, across broker restarts: a persistent
+    MQTT v5 session (clean start off, one hour expiry, QoS 1), so the broker keeps what is
+    published while the recorder reconnects. ``messages`` are (topic, payload) in arrival order."""
+
+    def __init__(self, broker: Broker, topic: str, client_id: str = "topic-recorder") -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        self.messages: List[Tuple[str, bytes]] = []
+        self.subscribed = threading.Event()
+        self.client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=client_id,
+                                  protocol=mqtt.MQTTv5)
+        self.client.reconnect_delay_set(min_delay=1, max_delay=2)
+        self.client.on_connect = lambda c, u, f, rc, p: c.subscribe(topic, qos=1)
+        self.client.on_subscribe = lambda c, u, mid, rcs, p: self.subscribed.set()
+        self.client.on_message = lambda c, u, msg: self.messages.append((msg.topic, bytes(msg.payload)))
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        self.client.connect(broker.host, broker.port, clean_start=False, properties=props)
+        self.client.loop_start()
+        if not self.subscribed.wait(10):
+            raise RuntimeError(f"could not subscribe to {topic}")
+
+    def json(self) -> List[Dict[str, Any]]:
+        return [json.loads(p) for _, p in list(self.messages)]
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+

@@ -15,7 +15,7 @@ from edge.metrics import EdgeMetrics
 from edge.payloads import Spooled, build_request, crop_region, detections_json
 from edge.records import idempotency_key
 from edge.sources.base import Frame
-from edge.spool import Spool
+from edge.spool import RESERVE_BYTES, Spool
 from edge.transports.grpc import GrpcTransport
 from edgewise.detections import Detections
 from edgewise.policy.deciding import Decision
@@ -325,4 +325,102 @@ def test_request_is_built_off_the_loop_and_a_refused_crop_keeps_its_region(tmp_p
     assert "in flight" in by_seq[1].error
     assert all(r.outcome == "spooled" and r.crop == [6, 6, 34, 34] for r in written)
     assert [i.meta["record"]["crop"] for i in spool.peek(10)] == [[6, 6, 34, 34]] * 2
+    spool.close()
+
+
+
+def noisy_frame(seq, rng):
+    """A frame of noise: ~15 KB of JPEG, so a few dozen fill a small disk."""
+    return Frame("cam", seq, rng.integers(0, 255, (120, 160, 3), dtype=np.uint8), 0, 0.0)
+
+
+def test_full_spool_disk_keeps_every_record_and_replay_recovers_by_itself(tmp_path, tiny_model, small_fs):
+    """The spool on a real 1.5 MiB tmpfs, the real cloud's only worker down: escalations
+    are spooled until the disk is (nearly) full, then keep their edge record with the
+    reason (counted as disk_full). The worker back: everything spooled arrives late,
+    once, and the spool takes new escalations again. Then a reader pins the WAL and
+    another process fills the disk: the replayed items cannot be acknowledged, are not
+    sent again meanwhile, and a later round acknowledges them once space returns."""
+    import sqlite3
+
+    from tests.realcloud import InProcessCloud
+    from tests.waiting import async_wait_until
+
+    fs = small_fs(1536 * 1024)
+    spool = Spool(fs.path / "spool.db", max_bytes=1 << 30, max_age_s=3600)
+    policy = parse_policy(policy_yaml("p", deadline_ms=2000))
+    written = []
+    metrics = EdgeMetrics()
+    events = metrics.spool_events
+    rng = np.random.default_rng(0)
+    late = lambda: [r.key for r in written if r.late]  # noqa: E731
+
+    async def escalate(esc, seq):
+        n = len(written)
+        esc.submit(noisy_frame(seq, rng), dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}),
+                   policy, frame_record("cam", seq))
+        await async_wait_until(lambda: len(written) == n + 1, 10, f"the record of frame {seq}")
+
+    async def replay(esc, until, what):
+        for _ in range(600):
+            if until():
+                return
+            await esc.replay_once()
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out replaying until {what}")
+
+    with InProcessCloud(tiny_model) as cloud:
+        cloud.stop_worker(0)
+
+        async def run():
+            t = GrpcTransport([cloud.address])
+            esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool, replay_batch=8)
+            seq = 0
+            while events.labels("disk_full")._value.get() < 3:
+                await escalate(esc, seq)
+                seq += 1
+            spooled = [r.key for r in written if r.outcome == "spooled"]
+            refused = [r for r in written if r.outcome == "edge_only"]
+            assert len(spooled) >= 20 and len(spool) == len(spooled) and len(refused) == 3
+            assert all("not spooled" in r.error and "KiB free" in r.error for r in refused)
+            cloud.start_worker(0)
+            await replay(esc, lambda: len(spool) == 0, "the spool is empty")
+            assert sorted(late()) == sorted(spooled)
+            # The freed space is the spool's again: the next outage spools.
+            cloud.stop_worker(0)
+            for _ in range(6):
+                await escalate(esc, seq)
+                seq += 1
+            assert [r.outcome for r in written[-6:]] == ["spooled"] * 6
+            # A reader pins the WAL and another process fills the disk; without the reserve
+            # check, spooling goes on until SQLite itself finds the disk full.
+            reader = sqlite3.connect(str(fs.path / "spool.db"))
+            reader.execute("BEGIN")
+            reader.execute("SELECT COUNT(*) FROM items").fetchone()
+            filler = fs.fill(leave=0)
+            spool.reserve_bytes = -(1 << 40)
+            while events.labels("disk_full")._value.get() < 4:
+                await escalate(esc, seq)
+                seq += 1
+            assert "disk is full" in written[-1].error
+            spool.reserve_bytes = RESERVE_BYTES
+            second = [r.key for r in written[len(spooled) + 3:] if r.outcome == "spooled"]
+            cloud.start_worker(0)
+            await replay(esc, lambda: len(late()) == len(spooled) + len(second), "the second replay")
+            assert events.labels("ack_failed")._value.get() >= 1
+            sent = len(late())
+            for _ in range(3):
+                await esc.replay_once()
+            assert len(late()) == sent  # nothing sent twice while the acks wait
+            reader.close()
+            filler.unlink()
+            await replay(esc, lambda: len(spool) == 0, "the acks after space returned")
+            await esc.close()
+            await t.close()
+            return spooled + second
+
+        spooled = asyncio.run(run())
+    keys = [r.key for r in written if not r.late]
+    assert len(keys) == len(set(keys))  # one record per frame
+    assert sorted(late()) == sorted(spooled)  # every spooled frame late, once
     spool.close()
