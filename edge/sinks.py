@@ -18,14 +18,13 @@ Callers: ``edge.daemon`` builds them, ``edge.pipeline`` / ``edge.escalating`` wr
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
 import sys
 import threading
 import time
-from typing import Any, Deque, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 try:
     from typing import Protocol
@@ -128,10 +127,15 @@ class MqttSink:
         self.metrics = metrics
         self.close_timeout_s = close_timeout_s
         self.window = window  # records handed to paho and not yet acknowledged, at most
+        self._pending: Dict[int, Tuple[int, Any]] = {}  # mid -> (outbox id, paho message info)
+        self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._reported_drops = 0
         self._show()
+        # A record leaves the outbox the moment its PUBACK arrives (in paho's thread), so a
+        # crash right after can re-publish only what the broker took in that instant.
+        conn.publish_listeners.append(self._on_puback)
         self._thread = threading.Thread(target=self._publisher, name="mqtt-sink", daemon=True)
         self._thread.start()
 
@@ -151,30 +155,43 @@ class MqttSink:
             self.metrics.sink_dropped.labels(self.name).inc(dropped - self._reported_drops)
             self._reported_drops = dropped
 
+    def _retire(self, mid: int) -> None:
+        with self._lock:
+            entry = self._pending.pop(mid, None)
+        if entry is not None:
+            self.outbox.ack([entry[0]])
+        self._wake.set()  # also when the ack came before the mid was noted: the sweep retires it
+
+    def _on_puback(self, mid: int) -> None:
+        """(paho's thread) A PUBACK: delete the record from the outbox now."""
+        self._retire(mid)
+
     def _publisher(self) -> None:
-        """(thread) Hand outbox records to paho in order; retire them on PUBACK. A record
-        handed over is never handed over again by this process: paho itself re-sends
-        what was in flight when the connection dropped."""
-        pending: Deque[Tuple[int, Any]] = collections.deque()
+        """(thread) Hand outbox records to paho in order. A record handed over is never
+        handed over again by this process: paho itself re-sends what was in flight when
+        the connection dropped."""
         last = 0
         while True:
-            done = [i for i, info in pending if _published(info)]
-            if done:
-                self.outbox.ack(done)
-                acked = set(done)
-                pending = collections.deque(p for p in pending if p[0] not in acked)
-                self._show()
-            if self._stop.is_set() and (not pending or not self.conn.connected.is_set()):
+            with self._lock:
+                waiting = list(self._pending.items())
+            for mid, (_, info) in waiting:  # acks that came before their mid was noted
+                if _published(info):
+                    self._retire(mid)
+            self._show()
+            with self._lock:
+                n_pending = len(self._pending)
+            if self._stop.is_set() and (not n_pending or not self.conn.connected.is_set()):
                 return
-            if self.conn.connected.is_set() and len(pending) < self.window:
-                for rid, data in self.outbox.peek(last, self.window - len(pending)):
+            if self.conn.connected.is_set() and n_pending < self.window:
+                for rid, data in self.outbox.peek(last, self.window - n_pending):
                     info = self.conn.client.publish(self.topic, data, qos=1)
                     if info.rc not in (0, _NO_CONN):  # not queued by paho: try again later
                         log.warning("MQTT publish to %s failed (rc=%s); retrying", self.topic, info.rc)
                         break
-                    pending.append((rid, info))
+                    with self._lock:
+                        self._pending[info.mid] = (rid, info)
                     last = rid
-            self._wake.wait(0.02 if pending else 0.5)
+            self._wake.wait(0.5)
             self._wake.clear()
 
     def close(self) -> None:
