@@ -256,6 +256,24 @@ class LocalCloud:
             if proc.popen.poll() is not None:
                 self.workers[i] = None
 
+    def kill_gateway(self, sig: int = signal.SIGKILL, timeout: float = 30.0) -> int | None:
+        """Send a real signal to the gateway and reap it; returns its exit status."""
+        if self.gateway is None:
+            return None
+        self.gateway.signal(sig)
+        try:
+            return self.gateway.popen.wait(timeout)
+        finally:
+            if self.gateway.popen.poll() is not None:
+                self.gateway = None
+
+    def restart_gateway(self) -> None:
+        """(Re)start the gateway on its old port, in front of the workers running now."""
+        if self.gateway is not None:
+            self.gateway.stop(self.stop_grace)
+        self._write_gateway_config()
+        self._start_gateway()
+
     def restart_worker(self, i: int) -> None:
         """(Re)start worker i on its old port (the gateway reconnects to the same address)."""
         proc = self.workers[i]
