@@ -1,4 +1,4 @@
-"""Routing benchmark (load-balancing.md §7): balancing algorithms on one heterogeneous pool.
+"""Routing benchmark (docs/design/balancing.md#benchmark-plan): balancing algorithms on one heterogeneous pool.
 
 One run, one pool: three real ``cloud.worker`` servers (real ONNX inference on
 the YOLOv5n model, batch 1, one inference thread each) whose service times are
@@ -10,8 +10,9 @@ RR, unweighted least-connections, P2C, weighted least-connections) and nginx
 ``least_conn`` + ``grpc_pass`` (Debian nginx, generated config, free port).
 
 Load is open-loop Poisson at 50/80/95% of the pool's measured capacity. Scenario
-§7(b): one worker turns 25x slower for the middle third of a run (SIGUSR1
-toggles it), with a 1 s deadline: success within the deadline and p99.
+"transient slow worker" (docs/design/balancing.md#transient-slow-worker): one worker
+turns 25x slower for the middle third of a run (SIGUSR1 toggles it), with a 1 s
+deadline: success within the deadline and p99.
 Overhead: p50 of sequential calls through the gateway minus direct to a worker.
 
     .venv/bin/python bench/routing.py            # full (about 10 minutes)
@@ -417,13 +418,13 @@ def main() -> int:
                     help="YOLOv5 ONNX for the workers (default: the test model yolov5n@160)")
     ap.add_argument("--service-ms", type=float, default=40.0,
                     help="fastest worker's service time; others are 2x and 4x (default 40)")
-    ap.add_argument("--slow-factor", type=float, default=25.0, help="§7(b) slowdown factor (default 25)")
+    ap.add_argument("--slow-factor", type=float, default=25.0, help="transient-slow-worker slowdown factor (default 25)")
     ap.add_argument("--quick", action="store_true", help="short runs, 80%% load only")
     ap.add_argument("--duration", type=float, default=None, help="seconds per (algorithm, load) run")
     ap.add_argument("--loads", default=None, help="comma-separated fractions of capacity (default .5,.8,.95)")
     ap.add_argument("--modes", default=None, help="comma-separated subset of " + ",".join(m for m, _ in MODES))
     ap.add_argument("--json", default=None, help="write raw results here")
-    ap.add_argument("--no-slow", action="store_true", help="skip the §7(b) transient-slow-worker runs")
+    ap.add_argument("--no-slow", action="store_true", help="skip the transient-slow-worker runs")
     args = ap.parse_args()
     if args._worker:
         return worker_main(args)
@@ -478,7 +479,7 @@ def main() -> int:
                     extra["overhead_hist_p50_ms"] = overhead_hist_p50(mport)
             finally:
                 proc.stop()
-        # §7(b): the mid worker 25x slower for the middle third, 1 s deadline, 50% load
+        # transient slow worker: the mid worker 25x slower for the middle third, 1 s deadline, 50% load
         slow_results: dict[str, RunStats] = {}
         bdur = 12.0 if args.quick else 30.0
         for mode, label in ([] if args.no_slow else modes):
@@ -560,7 +561,7 @@ def main() -> int:
                       f"{ng.pct(.99):.1f} ms ({r:.2f}x; target <= 1.00x: {'met' if r <= 1.0 else 'NOT met'})")
     if slow_results:
         print()
-        print(f"§7(b) transient slow worker: the 2x worker {args.slow_factor:g}x slower for the middle third of a "
+        print(f"Transient slow worker: the 2x worker {args.slow_factor:g}x slower for the middle third of a "
               f"{bdur:g} s run at 50% load; 1 s deadline per request.")
         print()
         print("| algorithm | success within 1 s | p50 ms | p99 ms (answered) | errors |")

@@ -8,7 +8,7 @@ escalated frames (capture -> merged cloud answer written), escalation share,
 uplink bytes against streaming every frame, edge stage medians and CPU seconds
 per process role (``/proc/<pid>/stat``). It states the knee of the cost curve
 from the data (first N where a stream keeps < 90% of its frame rate or escalated
-p99 grows past 1.5x its value at the smallest N) and whether the seed scenario's target (escalated p99 <= 200
+p99 grows past 1.5x its value at the smallest N) and whether the project's target (escalated p99 <= 200
 ms at the load the pool is sized for) is met on this machine. Then two failure
 runs, each with its escalation accounting (lost must be 0): a worker SIGKILLed
 for a few seconds, and (over MQTT) our own Mosquitto broker restarted.
@@ -19,7 +19,7 @@ for a few seconds, and (over MQTT) our own Mosquitto broker restarted.
 
 Models: ``models/edge-int8.onnx`` + ``models/cloud.onnx`` when present, else
 seeded stand-ins (YOLOv5n@320 INT8 edge, YOLOv5s@320 cloud); override with
-``--edge-model/--cloud-model``. Seed figures: /work/shared/reference/numbers.md.
+``--edge-model/--cloud-model``. Targets: docs/design/README.md#targets.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:
 from bench import _system_run as run  # noqa: E402
 from bench import _system_stats as stats  # noqa: E402
 
-TARGET_MS = 200.0  # seed scenario: < 200 ms end to end for escalated frames
+TARGET_MS = 200.0  # docs/design/README.md#targets: < 200 ms end to end for escalated frames
 FPS_FLOOR = 0.9  # knee: a stream below 90% of its camera frame rate has degraded
 P99_GROWTH = 1.5  # knee: escalated p99 above 1.5x its value at the smallest N has degraded
 
@@ -58,7 +58,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--worker-threads", type=int, default=1, help="ONNX Runtime threads per worker")
     p.add_argument("--max-batch", type=int, default=2,
                    help="worker dynamic batch: most images per call (default 2: on CPU a batch buys "
-                        "no throughput, see field-notes.md, and the worker's deadline check uses the "
+                        "no throughput, see docs/design/batching.md#batching-on-cpu, and the worker's deadline check uses the "
                         "expected batch time)")
     p.add_argument("--max-delay-ms", type=float, default=5.0, help="worker dynamic batch: longest wait")
     p.add_argument("--per-daemon", type=int, default=4, help="cameras per edge daemon (default 4)")

@@ -1,7 +1,7 @@
 """``edgewise edge run`` and ``edgewise edge check-policy``.
 
 Thin layer over ``edge.settings.load_settings`` + ``edge.daemon.run_daemon`` and
-``edgewise.policy`` (style-anchors.md §7.12). Registered by the CLI dispatcher
+``edgewise.policy`` (docs/design/conventions.md#thin-cli). Registered by the CLI dispatcher
 (``edgewise.cli.COMMAND_MODULES``).
 """
 

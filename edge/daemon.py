@@ -7,7 +7,8 @@ in-flight escalations get ``shutdown_grace_s`` to finish and are spooled
 otherwise, health goes 503), SIGHUP reloads the policy. The policy file is also
 polled (mtime / inode / size); an invalid new file is refused with a logged
 reason and the old policy stays. Start-up problems (spool, metrics port) end
-the process with one ``EdgewiseError`` line, after what was started is closed. Style: style-anchors.md §7.8 (kopf's
+the process with one ``EdgewiseError`` line, after what was started is closed.
+Style: docs/design/conventions.md#graceful-shutdown (kopf's
 ``running.py`` signal handling, gRPC's graceful-shutdown example).
 Callers: ``edge.cli`` (``edgewise edge run``), tests, ``bench/edge.py``.
 """

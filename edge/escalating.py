@@ -10,7 +10,7 @@ record. When the cloud is unreachable, overloaded or too slow
 later, at-least-once by the idempotency key device/stream/frame_seq, the late
 result marked ``late: true``), ``edge_only`` (publish the edge result) or
 ``drop`` (publish nothing for the frame). Sedna drops everything when its cloud
-is down and has no timeout (anchors-joint-inference.md §2.1); we do neither.
+is down and has no timeout (docs/design/escalation.md#sedna-baselines); we do neither.
 Every spool call (each ``put``/``ack``/``nack`` is an fsync'd commit, up to ~10 ms)
 runs on one dedicated spool thread, never on the event loop, in the order it
 was issued; a replayed batch is acknowledged with one ``ack_many`` after its

@@ -8,7 +8,8 @@ infer + postprocess in a single worker thread; while that thread works on batch
 k+1 the event loop decides and emits batch k (a bounded hand-off of 2 batches).
 Decisions happen in the loop thread, frame after frame, so a policy swap lands
 between two frames. Every stage's latency is measured and recorded per frame.
-Style: style-anchors.md §7.8-7.9 (guarded tasks, executor for blocking work,
+Style: docs/design/conventions.md#graceful-shutdown and
+docs/design/conventions.md#bounded-queues (guarded tasks, executor for blocking work,
 bounded queues, producers observe the stop event). Callers: ``edge.daemon``.
 """
 

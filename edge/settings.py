@@ -4,7 +4,7 @@ Built from defaults ← YAML file ← environment (``EDGEWISE_EDGE_<PATH>``, ``_
 between levels, e.g. ``EDGEWISE_EDGE_CLOUD__TOKEN``) ← command-line overrides
 (``--set cloud.token=...``), validated at load. Unknown keys are rejected with a
 message naming the file and the key path (kopf's ``configuration.py`` layering,
-hypercorn's sentinel merge; see style-anchors.md §7.6). Callers:
+hypercorn's sentinel merge; see docs/design/conventions.md#settings). Callers:
 ``edge.daemon`` (the process) and ``edge.cli`` (``edgewise edge run``).
 """
 

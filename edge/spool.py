@@ -3,8 +3,8 @@
 When the cloud is unreachable, overloaded or too slow and the policy says
 ``onCloudUnavailable: spool``, the daemon puts the serialized ``DetectRequest``
 here and a replay loop ``peek``s, sends and ``ack``s them in insertion order
-when the cloud is back. Design follows the store-and-forward references in
-``shared/reference/anchors-joint-inference.md`` §2.5–2.6 (Azure IoT edgeHub:
+when the cloud is back. Design follows the store-and-forward designs in
+``docs/design/edge-runtime.md#spool-and-replay`` (Azure IoT edgeHub:
 persisted before ack, ordered, TTL; Greengrass stream manager: ``max_size``,
 ``time_to_live``, ``strategy_on_full``).
 

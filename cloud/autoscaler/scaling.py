@@ -4,7 +4,7 @@ Pure and clock-injected: :meth:`Scaler.decide` takes ``now``, the Deployment's
 current replicas and a :class:`PoolSample`, and returns a :class:`Decision`;
 :meth:`Scaler.record_scale` is told when a change was applied. No I/O.
 
-Every rule follows the HPA controller (anchors-serving.md §2.4; kubernetes
+Every rule follows the HPA controller (docs/design/autoscaling.md#the-hpa-algorithm; kubernetes
 ``pkg/controller/podautoscaler/horizontal.go`` and ``replica_calculator.go``):
 
 1. **Inactive at zero.** Current replicas 0 with min ≥ 1 → do nothing (HPA sets

@@ -88,7 +88,7 @@ class AutoscalerSettings:
     queue_wait_slo_ms: float | None = None
     """Target p90 queue wait in ms. With both targets the larger recommendation wins."""
     min_replicas: int = 1
-    """Never fewer workers (>= 1: GPU cold starts take minutes, anchors-serving.md §3.3)."""
+    """Never fewer workers (>= 1: GPU cold starts take minutes, docs/design/autoscaling.md#cold-starts)."""
     max_replicas: int = 10
     """Never more workers."""
     interval_s: float = 15.0

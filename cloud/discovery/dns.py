@@ -2,7 +2,7 @@
 
 A headless Service (``clusterIP: None``) resolves to one record per *ready*
 pod, so polling the name is the simplest way to see the pool without API
-access (load-balancing.md §5, fix 1). gRPC's own DNS resolver re-resolves only
+access (docs/design/balancing.md#discovery). gRPC's own DNS resolver re-resolves only
 when a connection breaks and at most every 30 s; we poll on our own interval
 instead, so a scale-up is seen within one interval.
 

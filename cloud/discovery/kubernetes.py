@@ -1,4 +1,4 @@
-"""Kubernetes discovery: watch the worker Service's EndpointSlices (load-balancing.md §5 fix 4, §6.6).
+"""Kubernetes discovery: watch the worker Service's EndpointSlices (docs/design/balancing.md#discovery).
 
 The gateway balances per request, so it must see every worker pod directly,
 not a ClusterIP (kube-proxy pins a gRPC connection to one pod). This module
@@ -11,7 +11,7 @@ Pure part (:func:`endpoints_from_slices`), tested on real-shaped objects:
 * conditions (API reference, EndpointConditions; nil ready/serving = true, nil
   terminating = false): ``ready and not terminating`` → READY; anything else
   (terminating — serving or not — or not ready) → DRAINING: no new picks,
-  in-flight work finishes (§6.6 graceful drain);
+  in-flight work finishes (graceful drain, docs/design/balancing.md#draining);
 * several slices are merged; an address listed twice (slices are reshuffled
   non-atomically) keeps its READY copy, as kube-proxy does;
 * the port is the slice port named ``port_name`` (or the only/first port, or

@@ -1,12 +1,12 @@
 """Pure balancer core of the gateway: weighted least-connections and its rivals.
 
-Implements the spec of ``shared/reference/load-balancing.md`` §6 with no I/O and an
+Implements the design in ``docs/design/balancing.md`` with no I/O and an
 injected clock, so tests drive it instantly:
 
-* per-endpoint state (§6.1): in-flight count, configured weight, reported
+* per-endpoint state (docs/design/balancing.md#per-endpoint-state): in-flight count, configured weight, reported
   capacity, slow-start start time, ejection state and count, consecutive
   failures, smooth-WRR current weight;
-* effective weight (§6.2) = base weight × Envoy's slow-start factor
+* effective weight (docs/design/balancing.md#effective-weight) = base weight × Envoy's slow-start factor
   ``max(min_pct, (elapsed/window)^(1/aggression))``. The base weight has one
   meaning, the worker's relative capacity: the configured weight is the
   operator's estimate of it, used until the worker reports a measured capacity
@@ -18,20 +18,22 @@ injected clock, so tests drive it instantly:
 * slow start applies to workers that join a pool already serving (a scale-up,
   a return from ejection, a worker back from NOT_SERVING); the workers a gateway
   starts with skip it, since ramping every endpoint at once ramps none (Envoy's
-  slow-start documentation makes the same point for new deployments);
-* pick (§6.3): full scan for the minimum HAProxy "load after assignment" key
+  slow-start documentation makes the same point for new deployments;
+  docs/design/balancing.md#slow-start);
+* pick (docs/design/balancing.md#pick-weighted-least-connections): full scan for the minimum HAProxy "load after assignment" key
   ``(in_flight + 1) / w_eff`` (optionally HAProxy idle-first: key 0 when idle),
   ties broken by nginx's smooth weighted round robin (never "first in list");
-* outlier ejection (§6.5, Envoy defaults): consecutive worker failures eject for
+* outlier ejection (docs/design/balancing.md#outlier-ejection, Envoy defaults): consecutive worker failures eject for
   ``base × ejection_count`` capped at ``max``, never more than
   ``max(1, max_ejection_percent)`` of the pool, count decays each healthy
-  interval, slow start restarts on return; panic rule (§1.6) below 50% healthy;
-* RESOURCE_EXHAUSTED counts as load (§6.5 fast-reject penalty): the endpoint is
+  interval, slow start restarts on return; panic rule (docs/design/balancing.md#panic-threshold) below 50% healthy;
+* RESOURCE_EXHAUSTED counts as load (docs/design/balancing.md#overload-is-load-not-failure): the endpoint is
   capped at its current in-flight for ``overload_hold_s``; it is neither a
   success nor an ejection failure;
-* draining endpoints (§6.6) are never picked; ``release`` says when the last
+* draining endpoints (docs/design/balancing.md#draining) are never picked; ``release`` says when the last
   request of a draining endpoint finished so the shell closes its channel;
-* alternative modes for the benchmark (§6.4/§7): round robin, random, static
+* alternative modes for the benchmark (docs/design/balancing.md#alternative-pick-modes,
+  docs/design/balancing.md#benchmark-plan): round robin, random, static
   smooth WRR, unweighted least-connections, P2C (Envoy/A48 with replacement, or
   distinct, optionally weighted).
 
@@ -76,8 +78,8 @@ class BalancerConfig:
 
     mode: str = "wlc"
     #: HAProxy idle-first: an endpoint with nothing in flight has key 0, so idle
-    #: endpoints are shared by WRR before any gets a second request (§6.3 step 3,
-    #: §6.8 property 1). On by default: bench/routing.py measured a lower p99 at
+    #: endpoints are shared by WRR before any gets a second request
+    #: (docs/design/balancing.md#idle-first). On by default: bench/routing.py measured a lower p99 at
     #: 80-95% load with it than with the plain (in_flight+1)/w key, which keeps the
     #: fastest worker busier than its share.
     idle_first: bool = True
@@ -129,7 +131,7 @@ class BalancerConfig:
 
 @dataclass
 class EndpointStats:
-    """Mutable per-endpoint state (§6.1). Owned by the Balancer; read it, don't write it."""
+    """Mutable per-endpoint state (docs/design/balancing.md#per-endpoint-state). Owned by the Balancer; read it, don't write it."""
 
     address: str
     weight: float = 1.0
@@ -261,7 +263,7 @@ class Balancer:
 
     # ---- weights -------------------------------------------------------------------------
     def slow_start_factor(self, ep: EndpointStats, now: float) -> float:
-        """Envoy slow start (§6.2/§1.4): max(min_pct, (elapsed/window)^(1/aggression))."""
+        """Envoy slow start (docs/design/balancing.md#slow-start): max(min_pct, (elapsed/window)^(1/aggression))."""
         c = self.config
         elapsed = now - ep.slow_start_t0
         if c.slow_start_window_s <= 0 or elapsed >= c.slow_start_window_s:
@@ -283,7 +285,7 @@ class Balancer:
         return self.base_weight(ep) * self.slow_start_factor(ep, now)
 
     def key(self, ep: EndpointStats, now: float) -> float:
-        """HAProxy load-after-assignment key ``(in_flight + 1) / w_eff`` (§6.3 step 3)."""
+        """HAProxy load-after-assignment key ``(in_flight + 1) / w_eff`` (docs/design/balancing.md#pick-weighted-least-connections)."""
         # Idle-first skips endpoints still in slow start, or an idle new worker would get
         # every request it can take and the ramp would mean nothing.
         if self.config.idle_first and ep.in_flight == 0 and self.slow_start_factor(ep, now) >= 1.0:
@@ -295,7 +297,7 @@ class Balancer:
         c = self.config
         for ep in self.endpoints.values():
             if ep.ejected_until is not None and now >= ep.ejected_until:
-                ep.ejected_until = None       # back: restart slow start (§6.5)
+                ep.ejected_until = None       # back: restart slow start (docs/design/balancing.md#outlier-ejection)
                 ep.slow_start_t0 = now
                 ep.last_decay = now
                 ep.consecutive_failures = 0
@@ -322,7 +324,7 @@ class Balancer:
         return False
 
     def in_panic(self, now: float | None = None) -> bool:
-        """Envoy panic (§1.6): fewer than panic_threshold% of the live endpoints are healthy."""
+        """Envoy panic (docs/design/balancing.md#panic-threshold): fewer than panic_threshold% of the live endpoints are healthy."""
         now = self.clock() if now is None else now
         live = [ep for ep in self.endpoints.values() if not ep.draining]
         if not live or self.config.panic_threshold_percent <= 0:
@@ -348,9 +350,9 @@ class Balancer:
         return cands, None
 
     def pick(self, exclude: Sequence[str] = (), deadline_s: float | None = None) -> Ticket | NoPick:
-        """Choose an endpoint and count the request in flight at once (§6.3 step 5).
+        """Choose an endpoint and count the request in flight at once (docs/design/balancing.md#per-endpoint-state).
 
-        ``exclude``: addresses already tried (retry on another host, §6.7).
+        ``exclude``: addresses already tried (retry on another host, docs/design/balancing.md#retries-and-the-retry-budget).
         ``deadline_s``: remaining time; endpoints whose predicted queue wait exceeds
         it are treated as saturated (admission control).
         """
@@ -425,7 +427,7 @@ class Balancer:
         if outcome is Outcome.OK:
             ep.consecutive_failures = 0
         elif outcome is Outcome.OVERLOADED:
-            # At capacity: hold it at what it could take (§6.5 fast-reject penalty).
+            # At capacity: hold it at what it could take (docs/design/balancing.md#overload-is-load-not-failure).
             ep.overload_cap = max(1, in_flight_before - 1)
             ep.overload_until = now + c.overload_hold_s
         elif outcome is Outcome.FAILURE:
@@ -458,7 +460,8 @@ class Balancer:
 
 class RetryBudget:
     """Retries ≤ ``ratio`` of requests over a sliding window, with a floor of
-    ``min_per_s`` retries per second (Envoy retry budget / gRFC A6 throttling, §6.7).
+    ``min_per_s`` retries per second (Envoy retry budget / gRFC A6 throttling,
+    docs/design/balancing.md#retries-and-the-retry-budget).
     """
 
     def __init__(self, ratio: float = 0.2, min_per_s: float = 3.0, window_s: float = 10.0,

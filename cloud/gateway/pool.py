@@ -1,11 +1,11 @@
 """The gateway's worker pool: the async shell around the balancer core.
 
 One gRPC channel per worker (gRPC Python has no least-request policy, so the
-gateway picks in Python: load-balancing.md §0.6), created and closed as
+gateway picks in Python: docs/design/balancing.md#why-the-gateway-picks-in-python), created and closed as
 discovery changes; a draining worker's channel closes once its last request
 ends. ``forward`` picks, sends ``Worker.Infer`` with the propagated deadline,
 classifies the outcome for the balancer, and retries once on another worker
-for UNAVAILABLE within the deadline and the retry budget (§6.7). A poller reads
+for UNAVAILABLE within the deadline and the retry budget (docs/design/balancing.md#retries-and-the-retry-budget). A poller reads
 ``Worker.Load`` to feed reported capacity, queue depth and serving state into
 the effective weights. Every answer is a ``DetectResponse``; failures carry a
 status and a message (the gRPC servicer turns those into status codes).
@@ -32,7 +32,7 @@ from edgewise.v1 import detect_pb2, service_pb2_grpc
 
 log = logging.getLogger("edgewise.gateway.pool")
 
-#: gRPC code → how the balancer should count it (§6.5)
+#: gRPC code → how the balancer should count it (docs/design/balancing.md#outlier-ejection)
 _OUTCOME = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: Outcome.OVERLOADED,
     grpc.StatusCode.UNAVAILABLE: Outcome.FAILURE,

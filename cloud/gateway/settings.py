@@ -73,7 +73,7 @@ class LimitSettings:
 
 @dataclass
 class RetrySettings:
-    """One retry on another worker for UNAVAILABLE, bounded by a budget (§6.7)."""
+    """One retry on another worker for UNAVAILABLE, bounded by a budget (docs/design/balancing.md#retries-and-the-retry-budget)."""
 
     enabled: bool = True
     budget_ratio: float = 0.2       # retries ≤ 20% of requests over the window

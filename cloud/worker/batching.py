@@ -5,8 +5,8 @@ time the model is free, whether a batch should run now. Nothing here touches a
 clock, a thread or an event loop: every call takes ``now`` (seconds on any
 monotonic clock) and returns a decision, so the tests drive it on fake time.
 
-Semantics follow Triton's dynamic batcher (``anchors-serving.md`` §1.1) with the
-changes §4.1 asks for:
+Semantics follow Triton's dynamic batcher with the changes described in
+``docs/design/batching.md``:
 
 Invariants / rules (read these before changing anything below):
 
@@ -22,8 +22,9 @@ Invariants / rules (read these before changing anything below):
    d. otherwise the requests are held until the oldest has waited the delay.
    With ``max_queue_delay_s == 0`` nothing is ever held (Triton's default).
    Rule (a) before (c) is deliberate: Triton's doc order lets a small preferred
-   size starve throughput under backlog (the "batches come out small" reports
-   of §3.1); once the delay is spent, the fullest batch is the right answer.
+   size starve throughput under backlog (the "batches come out small" reports in
+   docs/design/batching.md#why-the-delay-comes-before-preferred-sizes); once the
+   delay is spent, the fullest batch is the right answer.
 4. The queue is bounded: ``submit`` on a full queue raises ``OverloadedError``
    (RESOURCE_EXHAUSTED) immediately; it never waits (Triton ``max_queue_size``).
 5. A request whose deadline cannot be met - it has passed, or is closer than
@@ -37,7 +38,7 @@ Invariants / rules (read these before changing anything below):
    back by ``expired(now)`` so the shell answers them DEADLINE_EXCEEDED.
 6. One result or error per request: ``run_isolated`` runs a batch and, if the
    batch call fails, retries each request alone so one bad input never fails
-   its neighbours (``style-anchors.md`` §7 practice 10).
+   its neighbours (``docs/design/conventions.md#one-result-per-request``).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class BatchPolicy:
             (``preferred_batch_size``); each in [1, max_batch_size].
         max_queue_size: most requests waiting; more are rejected at once
             (``max_queue_size``; here it must be >= 1: unbounded queues are how
-            Triton's tails grow without limit, §3.2).
+            Triton's tails grow without limit, docs/design/batching.md#bounded-queue).
         ewma_alpha: weight of the newest sample in the batch-time and
             throughput estimates, in (0, 1].
     """

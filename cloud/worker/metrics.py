@@ -1,7 +1,7 @@
 """Prometheus metrics of one worker, on a per-process registry.
 
 Histograms, not summaries, so p95/p99 can be aggregated across pods
-(``anchors-serving.md`` §4.3 - Triton only offers counters and summaries for
+(``docs/design/batching.md#metrics`` - Triton only offers counters and summaries for
 queue and compute time). Gauges give the router and the autoscaler the pending
 count, in-flight count and measured capacity. Each ``WorkerMetrics`` owns its
 ``CollectorRegistry`` so tests can run several workers in one process.

@@ -11,7 +11,7 @@ service on one grpc.aio server. Division of labour:
 * the model runs in a dedicated single-thread executor (ONNX Runtime releases
   the GIL), so one batch runs at a time, as one Triton model instance.
 
-Lifecycle (``style-anchors.md`` §7.8, ``anchors-serving.md`` §1.2): health is
+Lifecycle (``docs/design/batching.md#lifecycle``, ``docs/design/conventions.md#graceful-shutdown``): health is
 NOT_SERVING until warm-up batches ran at every batch size the batcher may send
 first; then SERVING. ``drain(grace)`` (SIGTERM): health NOT_SERVING, new Infer
 calls get UNAVAILABLE, everything accepted is finished, then the server stops;
@@ -118,7 +118,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         """Run dummy batches at every size the batcher may form first.
 
         ONNX Runtime (and TensorRT) are slow on the first call of each new
-        shape (Triton #7776, §3.1): sizes 1, each preferred size and the max are
+        shape (Triton #7776, docs/design/batching.md#warm-up): sizes 1, each preferred size and the max are
         run ``warmup_rounds`` times; the timings of all but the first round of
         each size seed the batch-time and capacity estimates.
         """

@@ -4,7 +4,7 @@ Layering, lowest first: field defaults <- YAML file (``--config``) <- environmen
 (``EDGEWISE_WORKER_<KEY>``, nested keys joined by ``__``, e.g.
 ``EDGEWISE_WORKER_BATCHING__MAX_BATCH_SIZE=4``) <- command-line flags the user
 actually gave. Unknown keys are rejected with their file and key path, every
-value is type-checked and range-checked at load (``style-anchors.md`` §7.6).
+value is type-checked and range-checked at load (``docs/design/conventions.md#settings``).
 Callers: ``cloud.worker.cli`` builds it; ``cloud.worker.server`` consumes it.
 """
 
@@ -27,7 +27,7 @@ ENV_PREFIX = "EDGEWISE_WORKER_"
 
 @dataclass
 class BatchingSettings:
-    """Dynamic batcher knobs (Triton's names in ``anchors-serving.md`` §1.1)."""
+    """Dynamic batcher knobs (Triton's names in ``docs/design/batching.md#knobs``)."""
 
     max_batch_size: int = 8
     """Most images in one model call."""

@@ -3,7 +3,7 @@ reconnects live streams with exponential backoff and feeds a bounded queue.
 
 States (connecting / streaming / backoff / ended) are logged on every change and
 reported through ``on_state``; corrupt frames and drops are counted, never fatal.
-Bounded queues follow style-anchors.md §7.9 (roboflow ``video_source.py``, with a
+Bounded queues follow docs/design/conventions.md#bounded-queues (roboflow ``video_source.py``, with a
 stop event so shutdown cannot hang). Callers: ``edge.pipeline``.
 """
 

@@ -1,7 +1,7 @@
 """Escalation transports: the ``Transport`` seam and its failure type.
 
 Both transports carry the same serialized ``DetectRequest`` / ``DetectResponse``
-protobufs (ARCHITECTURE.md rule 2). ``TransportError.code`` is a gRPC status
+protobufs (docs/design/README.md#one-wire-contract). ``TransportError.code`` is a gRPC status
 name; ``edge.escalating`` maps it to spool / edge_only / drop per policy.
 Implementations: ``edge.transports.grpc`` (grpc.aio), ``edge.transports.mqtt``
 (paho-mqtt 2.x, MQTT v5).

@@ -2,9 +2,9 @@
 UNAVAILABLE as channel service-config policy, TLS / mutual TLS and a bearer token.
 
 Retries follow gRPC's ``examples/python/retry/retry_client.py`` (service config,
-not a hand-written loop; style-anchors.md §7.11). Several endpoints are tried in
-order when one is UNAVAILABLE. Unlike Sedna's client (anchors-joint-inference.md
-§2.1: JSON pixels, no timeout), every call has a deadline. Callers:
+not a hand-written loop; docs/design/conventions.md#grpc-idioms). Several endpoints are tried in
+order when one is UNAVAILABLE. Unlike Sedna's client (docs/design/escalation.md#sedna-baselines:
+JSON pixels, no timeout), every call has a deadline. Callers:
 ``edge.escalating``.
 """
 

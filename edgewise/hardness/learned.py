@@ -3,7 +3,7 @@
 ``edgewise eval --train-data DIR`` fits boosted regression trees
 (:mod:`~edgewise.hardness.boosting`) of each training frame's F1 gain from escalating
 it, measured against ground truth (the ORIC / DCSB practice of predicting the benefit
-of offloading, ``shared/reference/numbers.md``), on the edge-side features below, and
+of offloading, ``docs/design/escalation.md#learned-gain-model``), on the edge-side features below, and
 writes them to ``gain-model.json`` together with the distribution of its predictions
 on the training frames. A policy naming that file (``signals.learnedModel``) uses,
 instead of the weighted signals, **hardness = the percentile of the frame's predicted

@@ -3,8 +3,8 @@
 Every signal is a float in [0, 1], higher = harder, computed from one frame's
 :class:`~edgewise.detections.Detections` (plus the tracker state carried from
 the previous frames). Which system or paper each follows is in the docstring of
-its function; the survey is ``shared/reference/numbers.md`` Table 2 and the
-Sedna filters in ``shared/reference/anchors-joint-inference.md`` §2.1.
+its function; the survey is ``docs/design/escalation.md#hardness-signals`` and the
+Sedna filters are in ``docs/design/escalation.md#sedna-baselines``.
 
 Frames with **no detections**: the box-based signals (``uncertain_count``,
 ``uncertain_fraction``, ``mean_conf``, ``min_conf``, ``entropy``, ``margin``,
@@ -122,7 +122,8 @@ def confidence_signals(dets: Detections) -> Tuple[float, float]:
     """(``mean_conf``, ``min_conf``): 1 - mean and 1 - min box score (0 with no boxes).
 
     ``mean_conf`` is Sedna's ``Threshold`` filter (hard if the mean box score is
-    below a threshold) as a score; the survey rates it the weakest signal.
+    below a threshold) as a score; the literature rates it the weakest signal
+    (docs/design/escalation.md#default-weights).
     """
     if len(dets) == 0:
         return 0.0, 0.0

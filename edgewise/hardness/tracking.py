@@ -2,7 +2,7 @@
 
 Temporal inconsistency as an escalation trigger follows Glimpse (SenSys'15,
 trigger frames when tracking and detection disagree) and Liu et al. (MobiCom'19,
-tracking + adaptive offload); see ``shared/reference/numbers.md`` Table 2. We do
+tracking + adaptive offload); see ``docs/design/escalation.md#hardness-signals``. We do
 not need identities to be right, only a cheap, noise-resistant answer to "did
 boxes appear or vanish compared with what the previous frames showed?".
 

@@ -26,9 +26,9 @@ MERGE_STRATEGIES = ("replace", "fuse")
 STREAM_MODES = ("auto", "always", "never")
 PRIORITIES = ("hardest", "fifo")
 
-#: Default signal weights: the cheap signals the survey found most informative
+#: Default signal weights: the cheap signals the literature found most informative
 #: (uncertain boxes, missed objects, tracker disagreement) count fully, the
-#: weakest (mean confidence) least (numbers.md Table 2, "which signals work best").
+#: weakest (mean confidence) least (docs/design/escalation.md#default-weights).
 DEFAULT_WEIGHTS: Dict[str, float] = {
     "uncertain_count": 1.0,
     "missed_object": 1.0,

@@ -3,7 +3,7 @@
 ``edgewise eval`` runs both models once over a held-out synthetic set (exact
 ground truth), then replays escalation decisions offline: the literature's
 protocol (DDS, NoScope, DCSB score the hybrid against ground truth *and* against
-the big model's output, see shared/reference/numbers.md Table 1).
+the big model's output, see docs/design/escalation.md#evaluation-method).
 
 Modules: :mod:`.metrics` (matching, F1, mAP@0.5), :mod:`.frames` (dataset and the
 per-frame records of both models), :mod:`.scoring` (what each policy ranks

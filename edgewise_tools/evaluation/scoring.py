@@ -6,16 +6,16 @@ is escalated), so the comparison is about *which* frames each policy picks:
 * ``random``: uniform sampling (Sedna's ``Random`` filter; the floor to beat).
 * ``sedna_threshold``: Sedna ``Threshold`` — hard when the mean box score is low;
   ranked by 1 - mean score. Frames without boxes are never hard in Sedna, so they
-  rank last (``shared/reference/anchors-joint-inference.md`` §2.1).
+  rank last (``docs/design/escalation.md#sedna-baselines``).
 * ``sedna_ibt``: Sedna ``IBT`` — share of boxes scoring <= ``threshold_box``;
   empty frames rank last for the same reason.
 * ``combined``: edgewise's combined hardness (the policy's signal weights).
 * ``learned``: a "gain regressor" on the edge signals, trained on logged edge/cloud
   pairs of a labelled training split: boosted regression trees of each frame's F1 gain from
   escalating (:func:`f1_gain`, against that split's ground truth) — the ORIC / DCSB
-  practice of predicting the benefit of offloading (``shared/reference/numbers.md``,
-  "Suggested practice"). Predicting mere disagreement with the cloud is weaker: where
-  the cloud differs it is often not right either.
+  practice of predicting the benefit of offloading
+  (``docs/design/escalation.md#learned-gain-model``). Predicting mere disagreement with
+  the cloud is weaker: where the cloud differs it is often not right either.
 * ``oracle``: ranked by :func:`f1_gain` on the evaluated frames themselves, which no
   policy knows before asking. Not a policy: about the upper bound of any frame
   selector at each rate, so a report can tell "the policies are weak" from "the target

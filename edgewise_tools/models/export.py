@@ -4,7 +4,7 @@ Input ``images`` [B,3,H,W] float32, output ``output0`` [B,N,5+nc] (xywh in input
 sigmoid applied), opset 17, dynamic batch axis, metadata ``stride``, ``names`` (a Python
 dict literal as Ultralytics writes it), ``imgsz`` and ``edgewise_arch``. Uses the
 TorchScript exporter (``dynamo=False``): the dynamo exporter needs onnxscript
-(``/work/shared/reference/field-notes.md``). Imports torch; callers import this lazily.
+(``docs/design/edge-runtime.md#onnx-export``). Imports torch; callers import this lazily.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Steps: validate the model (``edgewise.runtime.metadata``) and the calibration source
 (``edgewise_tools.models.calibration``); ``quant_pre_process`` with ``skip_symbolic_shape``
 (symbolic shape inference fails on the dynamic batch axis, see
-``/work/shared/reference/field-notes.md``); calibrate on frames letterboxed exactly as the
+``docs/design/edge-runtime.md#int8-quantization``); calibrate on frames letterboxed exactly as the
 runtime does (``edgewise.runtime.letterbox.preprocess_batch``), a few frames per batch,
 streamed so memory stays bounded and progress can be shown; quantize with
 ``quantize_static`` in QDQ format, per-channel symmetric QInt8 weights and QUInt8

@@ -19,7 +19,7 @@ def test_process_registry_exports_build_info_and_process_metrics_without_created
     Counter("t_requests", "test", registry=reg).inc()
     Histogram("t_seconds", "test", registry=reg).observe(0.1)
     text = generate_latest(reg).decode()
-    assert f'edgewise_build_info{{process="worker",python="' in text
+    assert 'edgewise_build_info{process="worker",python="' in text
     assert f'version="{__version__}"' in text
     assert "process_resident_memory_bytes" in text and "python_info" in text
     assert "t_requests_total 1.0" in text

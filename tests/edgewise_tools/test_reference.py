@@ -12,8 +12,8 @@ import pytest
 
 from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy import describe_schema, parse_policy
-from edgewise_tools import reference as ref
 from edgewise.policy.deciding import REASONS, SUPPRESSORS
+from edgewise_tools import reference as ref
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = f"regenerate with: {ref.COMMAND} (then commit docs/)"

@@ -1,4 +1,4 @@
-"""Property tests of the balancer core: the nine properties of load-balancing.md §6.8."""
+"""Property tests of the balancer core: the nine properties of docs/design/balancing.md#properties-the-tests-check."""
 
 from __future__ import annotations
 
