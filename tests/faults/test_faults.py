@@ -20,7 +20,7 @@ from typing import Any, List, Optional
 import pytest
 
 from tests.conftest import TopicRecorder
-from tests.faults.harness import DEVICE, ROOT, EdgeProcess, Row, Sinks, account, edge_settings
+from tests.faults.harness import DEVICE, ROOT, EdgeProcess, Row, Sinks, account, edge_settings, key
 from tests.waiting import wait_until
 
 TOPIC = f"edgewise/{DEVICE}/detections"
@@ -54,9 +54,16 @@ class Case:
         """Stop the edge cleanly, let the MQTT topic settle, count, and check the log."""
         assert self.edge.stop() == 0
         if self.recorder is not None:
-            expected = len(self.sinks.records())
-            wait_until(lambda: len(self.recorder.messages) >= expected, 30, "the MQTT topic to catch up")
+            want = {(key(r), bool(r.get("late"))) for r in self.sinks.records()}
+            try:
+                wait_until(lambda: want <= {(key(r), bool(r.get("late"))) for r in self.recorder.json()}, 30,
+                           "every record on the MQTT topic")
+            except AssertionError:
+                got = {(key(r), bool(r.get("late"))) for r in self.recorder.json()}
+                raise AssertionError(f"missing on the topic: {sorted(want - got)}; got {len(got)}") from None
             self.recorder.stop()
+            with open(self.sinks.jsonl.with_name("topic.jsonl"), "wb") as f:  # what the topic got, to read
+                f.writelines(payload + b"\n" for _, payload in self.recorder.messages)
         row = account(fault, self.sinks, self.spool, sorted(self.edge.killed_epochs))
         table.append(row)
         assert "Traceback" not in self.edge.log.read_text(), self.edge.log
@@ -122,6 +129,7 @@ def test_broker_restart_with_the_mqtt_transport(tmp_path, fault_cloud, fault_bro
     assert row.late >= 3
 
 
+@pytest.mark.faults_slow
 def test_cloud_outage_with_edge_kill9_and_restart(tmp_path, fault_cloud, fault_broker, fault_table):
     case = Case(tmp_path, fault_cloud, fault_broker, mqtt_sink=True)
     try:
@@ -141,6 +149,7 @@ def test_cloud_outage_with_edge_kill9_and_restart(tmp_path, fault_cloud, fault_b
     assert first <= case.sinks.late_keys()
 
 
+@pytest.mark.faults_slow
 def test_edge_kill9_during_replay_mqtt_sink_publishes_late_records_once(tmp_path, fault_cloud, fault_broker,
                                                                         fault_table):
     """Issue 15.3: the edge killed while it replays its spool; restarted, it replays again.
@@ -165,6 +174,7 @@ def test_edge_kill9_during_replay_mqtt_sink_publishes_late_records_once(tmp_path
     assert row.late >= 30
 
 
+@pytest.mark.faults_slow
 def test_spool_disk_full(tmp_path, fault_cloud, fault_broker, fault_table, small_fs):
     """Issue 15.1: the spool on a real 2 MiB tmpfs, the cloud down until the disk is full
     (640x480 frames, ~40 KB each, fill it in a few seconds)."""
