@@ -33,7 +33,7 @@ GRACE_S = 6.0
 def start_worker(model: Path, *extra: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """Start the CLI with ``--port 0``; wait for its LISTENING and SERVING lines."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env.pop("EDGEWISE_WORKER_PORT", None)
+    env.pop("EDGEWISE_WORKER__PORT", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgewise.cli", "cloud", "worker", "--model", str(model),
          "--port", "0", "--host", "127.0.0.1", "--metrics-port", "-1", "--threads", "1",
@@ -136,4 +136,4 @@ def test_bad_flags_exit_with_a_clear_message(tiny_model, tmp_path):
          "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert p.returncode == 2
-    assert "unknown key batching.max_batch_sise" in p.stderr and str(bad) in p.stderr
+    assert f"{bad}:2: batching.max_batch_sise: unknown key (did you mean 'max_batch_size'?)" in p.stderr
