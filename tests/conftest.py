@@ -229,3 +229,22 @@ class TopicRecorder:
         self.client.disconnect()
         self.client.loop_stop()
 
+
+
+@pytest.fixture(scope="session")
+def _in_process_cloud(tiny_model: Path) -> Iterator[Any]:
+    from tests.realcloud import InProcessCloud
+
+    with InProcessCloud(tiny_model) as cloud:
+        yield cloud
+
+
+@pytest.fixture
+def real_cloud(_in_process_cloud: Any) -> Iterator[Any]:
+    """The real gateway in front of one real worker (tiny model), in-process on port 0
+    (``tests.realcloud.InProcessCloud``), shared by the tests of a session: whole at
+    the start of each test, made whole again after it (a stopped worker or gateway is
+    restarted, a blocked worker released)."""
+    cloud = _in_process_cloud
+    yield cloud
+    cloud.restore()

@@ -17,10 +17,13 @@ import threading
 from pathlib import Path
 from typing import Any, Awaitable, Dict, List, Optional, TypeVar
 
+import grpc
+
 from cloud.gateway.server import Gateway
 from cloud.gateway.settings import load_settings
 from cloud.worker.server import WorkerServer, create_server
 from cloud.worker.settings import BatchingSettings, WorkerSettings
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -42,6 +45,7 @@ class InProcessCloud:
         self.worker_ports: List[int] = []
         self.gateway: Optional[Gateway] = None
         self.port = 0
+        self._blocks: List[threading.Event] = []
 
     # ---- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> InProcessCloud:
@@ -101,7 +105,7 @@ class InProcessCloud:
 
     def block_worker(self, i: int) -> threading.Event:
         """Occupy worker ``i``'s inference thread (calls queue up: a slow cloud) until the
-        returned event is set."""
+        returned event is set (or ``restore()``)."""
         server = self.workers[i]
         assert server is not None
         release, started = threading.Event(), threading.Event()
@@ -112,7 +116,46 @@ class InProcessCloud:
 
         server.service._infer_pool.submit(hold)
         assert started.wait(5)
+        self._blocks.append(release)
         return release
+
+    def restore(self) -> None:
+        """Release blocked workers, start stopped ones and the gateway, and wait until the
+        gateway answers again."""
+        changed = bool(self._blocks)
+        for release in self._blocks:
+            release.set()
+        self._blocks.clear()
+        for i, server in enumerate(self.workers):
+            if server is None:
+                self.start_worker(i)
+                changed = True
+        if self.gateway is None:
+            self.start_gateway()
+            changed = True
+        if changed:
+            self.wait_answering()
+
+    def wait_answering(self, timeout: float = 30.0) -> None:
+        """Send a real request through the gateway until it is answered OK (a restarted
+        worker is back in the gateway's pool)."""
+        import numpy as np
+
+        from edgewise import wire
+        from edgewise.v1 import detect_pb2, service_pb2_grpc
+
+        req = detect_pb2.DetectRequest(device_id="probe", stream_id="probe", frame_seq=0,
+                                       image=wire.encode_image(np.zeros((32, 32, 3), np.uint8), "jpeg"))
+
+        async def answered() -> bool:
+            async with grpc.aio.insecure_channel(self.address) as ch:
+                try:
+                    resp = await service_pb2_grpc.EscalationStub(ch).Detect(req, timeout=5)
+                except grpc.aio.AioRpcError:
+                    return False
+                return bool(resp.status == detect_pb2.OK)
+
+        wait_until(lambda: self.call(answered()), timeout, f"the gateway at {self.address} to answer", 0.05)
 
     # ---- gateway ----------------------------------------------------------------------------
     def start_gateway(self) -> None:

@@ -5,6 +5,7 @@ something happened; it polls the condition with a deadline and fails naming it."
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import Any, Callable
 
@@ -25,10 +26,13 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = 
 
 async def async_wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "a condition",
                            interval: float = 0.02) -> Any:
-    """``wait_until`` for coroutines: awaits between polls, so the event loop keeps running."""
+    """``wait_until`` for coroutines: awaits between polls, so the event loop keeps running.
+    ``predicate`` may return an awaitable (e.g. one replay round); its result is the value."""
     deadline = time.monotonic() + timeout
     while True:
         got = predicate()
+        if inspect.isawaitable(got):
+            got = await got
         if got:
             return got
         if time.monotonic() > deadline:

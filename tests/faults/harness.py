@@ -1,9 +1,8 @@
 """The fault suite's harness: ``edgewise edge run`` as a real process, its settings,
 and the accounting of every escalated frame across the sinks.
 
-``EdgeProcess`` starts the daemon with a settings file (two synthetic streams: one
-whose frames are all escalated, one never), sends it real signals and restarts it
-on the same spool. ``account`` reads what the sinks received (the JSON Lines file,
+``edge_settings`` writes the daemon's settings (two synthetic streams: one whose
+frames are all escalated, one never); ``tests.processes.EdgeProcess`` runs it. ``account`` reads what the sinks received (the JSON Lines file,
 and the MQTT detections topic when the case has one) and the spool left at the
 end, and counts per fault: frames, escalated, answered live, answered late,
 edge-only fallbacks, lost and duplicated. Definitions:
@@ -22,16 +21,13 @@ edge-only fallbacks, lost and duplicated. Definitions:
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from tests.edge.helpers import policy_yaml, read_jsonl, settings_yaml
+from tests.processes import EdgeProcess
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,58 +70,6 @@ def edge_settings(tmp: Path, cloud: Dict[str, Any], transport: str = "grpc", mqt
         spool={"path": str((spool_dir or tmp) / "spool.db"), "replay_interval_s": 0.3},
         sinks=sinks, metrics={"port": -1}, shutdown_grace_s=2.0,
     )
-
-
-class EdgeProcess:
-    """``edgewise edge run --config`` as a child process (log appended across restarts)."""
-
-    def __init__(self, config: Path, log: Path) -> None:
-        self.config = config
-        self.log = log
-        self.proc: Optional[subprocess.Popen[bytes]] = None
-        self.killed_epochs: Set[int] = set()  # runs ended by kill -9
-        self.runs = 0
-        self.start()
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(self.config)],
-                stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT, env=env)
-        self.runs += 1
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def check(self) -> bool:
-        """For ``wait_until``: fail at once when the daemon died."""
-        assert self.alive(), f"edge exited with {self.proc.returncode if self.proc else None}; log {self.log}"
-        return True
-
-    def kill9(self, epoch: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-        self.killed_epochs.add(epoch)
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM and wait; the exit status."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return int(self.proc.returncode)
-
-    def close(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def key(r: Dict[str, Any]) -> str:

@@ -20,7 +20,8 @@ from typing import Any, List, Optional
 import pytest
 
 from tests.conftest import TopicRecorder
-from tests.faults.harness import DEVICE, ROOT, EdgeProcess, Row, Sinks, account, edge_settings, key
+from tests.faults.harness import DEVICE, ROOT, Row, Sinks, account, edge_settings, key
+from tests.processes import EdgeProcess
 from tests.waiting import wait_until
 
 TOPIC = f"edgewise/{DEVICE}/detections"
