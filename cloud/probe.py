@@ -19,6 +19,7 @@ import cv2
 import grpc
 import numpy as np
 
+from edgewise import status
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 from edgewise.wire import encode_image
 
@@ -85,16 +86,15 @@ def _handler(args: argparse.Namespace) -> int:
         print(f"probe: cannot connect to {args.target} within {args.timeout:.0f} s (address, port, TLS?)")
         return 1
     except grpc.RpcError as exc:
-        print(f"probe: gateway {args.target} answered {exc.code().name}: {exc.details()}")
+        print(f"probe: gateway {args.target} answered {status.name(status.status_of(exc))}: {exc.details()}")
         return 1
     ms = (time.perf_counter() - t0) * 1e3
-    status = detect_pb2.Status.Name(resp.status)
     print(json.dumps({
-        "target": args.target, "status": status, "worker": resp.worker_id, "model": resp.model_name,
+        "target": args.target, "status": status.name(resp.status), "worker": resp.worker_id, "model": resp.model_name,
         "detections": len(resp.detections), "round_trip_ms": round(ms, 1),
         "queue_ms": round(resp.timing.queue_ms, 2), "compute_ms": round(resp.timing.compute_ms, 2),
     }))
-    return 0 if resp.status == detect_pb2.OK else 1
+    return 0 if status.is_ok(resp.status) else 1
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -37,6 +37,7 @@ from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.spool import Spool, SpoolError
 from edge.transports import Transport
+from edgewise import mqtt_topics
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class EdgeDaemon:
             prefix = self.settings.cloud.mqtt.topic_prefix
             path = s.mqtt_outbox or os.path.join(os.path.dirname(os.path.abspath(self.settings.spool.path)),
                                                  "mqtt-outbox.db")
-            out.append(MqttSink(self.mqtt, f"{prefix}/{self.settings.device_id}/detections",
+            out.append(MqttSink(self.mqtt, mqtt_topics.detections_topic(prefix, self.settings.device_id),
                                 Outbox(path, s.mqtt_outbox_max), self.metrics))
         return Sinks(out, on_error=lambda name: self.metrics.sink_errors.labels(name).inc())
 
@@ -165,7 +166,7 @@ class EdgeDaemon:
                 tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key, keepalive_s=c.mqtt.keepalive_s,
             )
             self.mqtt.start()
-            t = MqttTransport(self.mqtt, self.settings.device_id, c.mqtt.topic_prefix)
+            t = MqttTransport(self.mqtt, self.settings.device_id, c.mqtt.topic_prefix, token=c.token)
             await t.start()
             self.transports["mqtt"] = t
         if c.endpoints:

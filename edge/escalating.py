@@ -35,7 +35,8 @@ from edge.payloads import Spooled, build_request, detections_json
 from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edge.spool import Spool, SpoolError, SpoolFull, SpoolItem, SpoolStats
-from edge.transports import SPOOLABLE, Transport, TransportError
+from edge.transports import Transport, TransportError
+from edgewise import status
 from edgewise.detections import Detections
 from edgewise.policy.deciding import Decision
 from edgewise.policy.schema import Merge, Policy
@@ -97,13 +98,13 @@ class Escalating:
         The request (a JPEG encode, milliseconds) is built off the event loop."""
         if len(self.tasks) >= self.max_in_flight:
             refused = TransportError(
-                "RESOURCE_EXHAUSTED", f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)")
+                status.RESOURCE_EXHAUSTED, f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)")
             if len(self.settling) >= self.max_in_flight:
                 # The spool thread is behind as well (more escalations than fsyncs per
                 # second): the bound on that queue; the frame keeps its edge result.
                 self.metrics.spool_events.labels("refused").inc()
                 self._settle_without_cloud(policy, record, TransportError(
-                    "RESOURCE_EXHAUSTED", f"{len(self.settling)} escalations already waiting for the spool"))
+                    status.RESOURCE_EXHAUSTED, f"{len(self.settling)} escalations already waiting for the spool"))
                 return
             settle = asyncio.ensure_future(self._guarded(
                 self._refuse(frame, dets, decision, policy, record, refused), record))
@@ -167,7 +168,7 @@ class Escalating:
     def _transport(self, name: str) -> Transport:
         t = self.transports.get(name)
         if t is None:
-            raise TransportError("UNAVAILABLE", f"transport {name!r} is not configured in the settings (cloud.*)")
+            raise TransportError(status.UNAVAILABLE, f"transport {name!r} is not configured in the settings (cloud.*)")
         return t
 
     async def _escalate(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
@@ -177,7 +178,7 @@ class Escalating:
         if req is None:
             return
         if self.shutting_down:  # drain() already cut off the calls on the wire
-            await self._fail(req, policy, record, TransportError("UNAVAILABLE", "daemon shutting down"))
+            await self._fail(req, policy, record, TransportError(status.UNAVAILABLE, "daemon shutting down"))
             return
         t0 = time.monotonic()
         me = asyncio.current_task()
@@ -190,7 +191,7 @@ class Escalating:
         except asyncio.CancelledError:
             if not self.shutting_down:
                 raise
-            failure = TransportError("UNAVAILABLE", "daemon shutting down")  # cut off by drain()
+            failure = TransportError(status.UNAVAILABLE, "daemon shutting down")  # cut off by drain()
         else:
             failure = None
         finally:
@@ -231,7 +232,7 @@ class Escalating:
 
     async def _fail(self, req: Any, policy: Policy, record: FrameRecord, exc: TransportError) -> None:
         spec = policy.spec
-        action = spec.on_cloud_unavailable if exc.code in SPOOLABLE else "edge_only"
+        action = spec.on_cloud_unavailable if exc.spoolable else "edge_only"
         reason = record.reason
         record.error = str(exc)
         if action == "spool" and self.spool is not None:
@@ -264,7 +265,7 @@ class Escalating:
         failure the policy's onCloudUnavailable is about)."""
         reason = record.reason
         record.error = str(exc)
-        if exc.code in SPOOLABLE and policy.spec.on_cloud_unavailable == "drop":
+        if exc.spoolable and policy.spec.on_cloud_unavailable == "drop":
             self.metrics.escalations.labels(reason, "dropped").inc()
             self.metrics.drops.labels(record.stream, "cloud_unavailable").inc()
             record.outcome = "dropped"  # settled: no record is written
@@ -372,7 +373,7 @@ class Escalating:
         try:
             resp = await transport.detect(req, spooled.deadline_ms / 1000.0)
         except TransportError as exc:
-            if exc.code in SPOOLABLE:
+            if exc.spoolable:
                 self.metrics.spool_events.labels("nack").inc()
                 log.debug("replay of %s failed (%s); retrying later", e.key, exc)
                 return None

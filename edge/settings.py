@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
-from edgewise.errors import ConfigError
+from edgewise import mqtt_topics
+from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.runtime.detector import BACKENDS
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings import describe as describe_schema
@@ -99,7 +100,8 @@ class CloudSettings:
     tls_ca: str = setting("PEM CA bundle; set to use TLS for gRPC (and MQTT when `mqtt.tls`).", "")
     tls_cert: str = setting("PEM client certificate for mutual TLS (with `tls_key`).", "")
     tls_key: str = setting("PEM client key for mutual TLS.", "")
-    token: str = setting("Bearer token sent as `authorization` metadata (prefer the environment variable "
+    token: str = setting("Bearer token of this device, sent as `authorization` gRPC metadata and as the MQTT v5 "
+                         "User Property `authorization` of every MQTT request (prefer the environment variable "
                          "EDGEWISE_EDGE__CLOUD__TOKEN).", "", secret=True)
     keepalive_s: float = setting("gRPC keepalive ping interval, seconds.", 20.0, lo=0, lo_open=True)
     max_in_flight: int = setting("Most escalations waiting for the cloud at once; more are spooled/dropped "
@@ -166,8 +168,10 @@ class EdgeSettings:
 
 def validate(s: EdgeSettings) -> None:
     """The rules that span fields or need more than a range; raises :class:`Invalid`."""
-    if not s.device_id or any(ch in s.device_id for ch in "/+#"):
-        raise Invalid("device_id", f"{s.device_id!r} must be non-empty without '/', '+', '#'")
+    try:
+        mqtt_topics.check_segment(s.device_id, "value")
+    except InvalidInputError as exc:
+        raise Invalid("device_id", f"must be usable as an MQTT topic level: {exc}") from None
     _validate_streams(s.streams)
     if not s.model.path:
         raise Invalid("model.path", "is required")
@@ -202,10 +206,10 @@ def _validate_cloud(c: CloudSettings) -> None:
             raise Invalid(f"cloud.endpoints[{i}]", f"must be host:port, got {ep!r} (port 1..65535)")
     if bool(c.tls_cert) != bool(c.tls_key):
         raise Invalid("cloud.tls_cert", "tls_cert and tls_key must be given together")
-    prefix = c.mqtt.topic_prefix
-    if not prefix or any(ch in prefix for ch in "+#") or prefix.startswith("/") or prefix.endswith("/"):
-        raise Invalid("cloud.mqtt.topic_prefix",
-                      f"must be a non-empty topic without '+', '#' or a leading/trailing '/', got {prefix!r}")
+    try:
+        mqtt_topics.check_prefix(c.mqtt.topic_prefix, "value")
+    except InvalidInputError as exc:
+        raise Invalid("cloud.mqtt.topic_prefix", f"must be a valid MQTT topic prefix: {exc}") from None
 
 
 def _check_synthetic_uri(path: str, uri: str) -> None:

@@ -50,7 +50,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from edgewise import status
 from edgewise.settings import Invalid, check, setting
+from edgewise.v1 import detect_pb2
 
 Clock = Callable[[], float]
 
@@ -67,11 +69,30 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"  # the client gave up: says nothing about the worker
 
 
-class NoPick(enum.Enum):
-    """Why a pick found no endpoint; the shell maps it to a gRPC status."""
+def outcome_of(wire_status: int) -> Outcome:
+    """How the balancer counts a worker's answer with this wire status (docs/design/balancing.md#outlier-ejection and #overload-is-load-not-failure).
 
-    NO_ENDPOINTS = "UNAVAILABLE"        # nothing ready (none known, all draining)
-    SATURATED = "RESOURCE_EXHAUSTED"    # every pickable endpoint is at its limit
+    RESOURCE_EXHAUSTED is load; UNAVAILABLE, INTERNAL, a hop deadline and an answer
+    that does not say (UNKNOWN on gRPC) make the worker look bad; per-request
+    errors (INVALID_ARGUMENT, UNAUTHENTICATED) and OK say it works.
+    """
+    return _OUTCOMES.get(status.row(wire_status).status, Outcome.OK)
+
+
+_OUTCOMES: dict[int, Outcome] = {
+    status.RESOURCE_EXHAUSTED: Outcome.OVERLOADED,
+    status.UNAVAILABLE: Outcome.FAILURE,
+    status.INTERNAL: Outcome.FAILURE,
+    status.DEADLINE_EXCEEDED: Outcome.FAILURE,
+    detect_pb2.STATUS_UNSPECIFIED: Outcome.FAILURE,
+}
+
+
+class NoPick(enum.Enum):
+    """Why a pick found no endpoint, as the wire status the shell answers with."""
+
+    NO_ENDPOINTS = status.UNAVAILABLE          # nothing ready (none known, all draining)
+    SATURATED = status.RESOURCE_EXHAUSTED      # every pickable endpoint is at its limit
 
 
 @dataclass
@@ -506,10 +527,11 @@ class RetryBudget:
         return True
 
 
-def should_retry(status: str, attempts: int, remaining_s: float | None, min_attempt_s: float,
+def should_retry(wire_status: int, attempts: int, remaining_s: float | None, min_attempt_s: float,
                  budget: RetryBudget) -> bool:
-    """At most one retry, only for UNAVAILABLE, only with time left, only within the budget."""
-    if status != "UNAVAILABLE" or attempts >= 2:
+    """At most one retry, only for a retryable status (``edgewise.status.RETRYABLE``:
+    UNAVAILABLE), only with time left, only within the budget."""
+    if not status.is_retryable(wire_status) or attempts >= 2:
         return False
     if remaining_s is not None and remaining_s < min_attempt_s:
         return False

@@ -4,7 +4,8 @@
 (validation, bearer tokens, per-device rate limits), the gRPC server (TLS/mTLS,
 message-size limits, standard health service), the HTTP side port (/metrics,
 /pool, /healthz), discovery and the optional MQTT bridge. ``handle`` is the one
-request path both transports use. SIGTERM: health goes NOT_SERVING, new calls
+request path both transports use, each with the ``Caller`` it extracted (token,
+client-certificate names, MQTT topic device). SIGTERM: health goes NOT_SERVING, new calls
 are refused, in-flight calls finish within ``shutdown_grace_s``.
 """
 
@@ -12,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import functools
 import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,11 +26,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from cloud.discovery.base import Discovery, Endpoint, EndpointState
-from cloud.gateway.admission import RateLimiter, Rejection, TokenAuth, validate_request
+from cloud.gateway.admission import Caller, RateLimiter, Rejection, TokenAuth, validate_request
 from cloud.gateway.http import SidePort
-from cloud.gateway.pool import WorkerPool, error_response
+from cloud.gateway.mqtt_bridge import MqttBridge
+from cloud.gateway.pool import WorkerPool
 from cloud.gateway.settings import GatewaySettings
+from cloud.gateway.tlsfiles import load_server_files
+from edgewise import status
 from edgewise.errors import ConfigError
+from edgewise.status import error_response
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 
 log = logging.getLogger("edgewise.gateway")
@@ -95,9 +100,8 @@ def make_discovery(settings: GatewaySettings) -> Discovery:
         raise ConfigError(f"discovery.{d.kind}: {exc} (see the options of {factory.__name__})") from None
 
 
-def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
-    md = context.invocation_metadata() or ()
-    return {k.lower(): v for k, v in md if isinstance(v, str)}
+#: ``tls.client_identity`` -> the gRPC auth-context property holding those certificate names
+_CERT_NAME_PROPERTY = {"cn": "x509_common_name", "san_dns": "peer_dns", "san_uri": "peer_uri"}
 
 
 class Gateway:
@@ -118,7 +122,7 @@ class Gateway:
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[Any]] = []
-        self.bridge: Any = None
+        self.bridge: MqttBridge | None = None
 
     # ---- the one request path ---------------------------------------------------------------
     def timeout_for(self, req: detect_pb2.DetectRequest, call_remaining: float | None) -> float:
@@ -130,54 +134,56 @@ class Gateway:
         t = min(cands) if cands else lim.default_deadline_s
         return min(t, lim.max_deadline_s)
 
-    async def handle(self, req: detect_pb2.DetectRequest, timeout_s: float, transport: str,
-                     authenticated_device: str | None = None) -> detect_pb2.DetectResponse:
-        """Validate, rate-limit and forward one request; always returns a response."""
-        bad = validate_request(req, self.settings.limits)
-        if bad is None and authenticated_device is not None and req.device_id != authenticated_device:
-            bad = Rejection("UNAUTHENTICATED",
-                            f"device_id {req.device_id!r} is not the authenticated device {authenticated_device!r}")
-        if bad is None:
-            bad = self.limiter.allow(req.device_id)
+    async def handle(self, req: detect_pb2.DetectRequest, transport: str, caller: Caller,
+                     call_remaining: float | None = None) -> detect_pb2.DetectResponse:
+        """The one request path of both transports: authenticate ``caller`` (token, client
+        certificate, MQTT topic), validate, rate-limit and forward; always returns a response."""
+        timeout_s = self.timeout_for(req, call_remaining)
+        bad = (self.auth.authenticate(caller, req.device_id)
+               or validate_request(req, self.settings.limits)
+               or self.limiter.allow(req.device_id))
         if bad is None and timeout_s <= 0:
-            bad = Rejection("DEADLINE_EXCEEDED", "the request's deadline had already passed at the gateway")
+            bad = Rejection(status.DEADLINE_EXCEEDED, "the request's deadline had already passed at the gateway")
         if bad is not None:
-            self.metrics.rejected.labels(reason=bad.status.lower()).inc()
-            self.metrics.requests.labels(transport=transport, status=bad.status).inc()
+            name = status.name(bad.status)
+            self.metrics.rejected.labels(reason=name.lower()).inc()
+            self.metrics.requests.labels(transport=transport, status=name).inc()
             return error_response(req, bad.status, bad.message)
         return await self.pool.forward(req, timeout_s, transport)
 
     # ---- gRPC servicer methods -------------------------------------------------------------
+    def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        """The caller of a gRPC call: its metadata and, with client certificates, their names."""
+        md = context.invocation_metadata() or ()
+        metadata = {k.lower(): v for k, v in md if isinstance(v, str)}
+        prop = _CERT_NAME_PROPERTY.get(self.settings.tls.client_identity)
+        if prop is None or not self.settings.tls.client_ca_file:
+            return Caller(metadata)
+        names = (context.auth_context() or {}).get(prop, ())
+        return Caller(metadata, tuple(n.decode("utf-8", "replace") for n in names))
+
     async def Detect(self, request: detect_pb2.DetectRequest,
                      context: grpc.aio.ServicerContext) -> detect_pb2.DetectResponse:
-        device, rej = self.auth.check(_metadata(context), request.device_id)
-        if rej is not None:
-            self.metrics.rejected.labels(reason="unauthenticated").inc()
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, rej.message)
-        resp = await self.handle(request, self.timeout_for(request, context.time_remaining()), "grpc",
-                                 device if self.auth.enabled else None)
-        if resp.status not in (detect_pb2.OK, detect_pb2.STATUS_UNSPECIFIED):
-            code = grpc.StatusCode[detect_pb2.Status.Name(resp.status)]
-            await context.abort(code, resp.error)
+        resp = await self.handle(request, "grpc", self._caller(context), context.time_remaining())
+        if not status.is_ok(resp.status):
+            await context.abort(status.grpc_code(resp.status), resp.error)
         return resp
 
     async def DetectStream(self, request_iterator: AsyncIterator[detect_pb2.DetectRequest],
                            context: grpc.aio.ServicerContext) -> AsyncIterator[detect_pb2.DetectResponse]:
-        md = _metadata(context)
-        device: str | None = None
-        if self.auth.enabled:
-            device, rej = self.auth.check(md, "")
+        caller = self._caller(context)
+        if self.auth.enabled:  # refuse a stream without a valid token at once (each frame is checked too)
+            _, rej = self.auth.check(caller.metadata, "")
             if rej is not None:
                 self.metrics.rejected.labels(reason="unauthenticated").inc()
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, rej.message)
+                await context.abort(status.grpc_code(rej.status), rej.message)
         out: asyncio.Queue[detect_pb2.DetectResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self.settings.limits.max_stream_in_flight)
         running: set[asyncio.Task[None]] = set()
 
         async def one(req: detect_pb2.DetectRequest) -> None:
             try:
-                timeout = self.timeout_for(req, context.time_remaining())
-                await out.put(await self.handle(req, timeout, "grpc-stream", device))
+                await out.put(await self.handle(req, "grpc-stream", caller, context.time_remaining()))
             finally:
                 slots.release()
 
@@ -210,18 +216,17 @@ class Gateway:
         tls = self.settings.tls
         if not tls.cert_file:
             return None
-        try:
-            cert = Path(tls.cert_file).read_bytes()
-            key = Path(tls.key_file).read_bytes()
-            ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
-        except OSError as exc:
-            raise ConfigError(f"tls: cannot read a certificate/key file: {exc}") from None
-        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
+        files = load_server_files(tls.cert_file, tls.key_file, tls.client_ca_file)
+        problem = files.validity_problem(dt.datetime.now(dt.timezone.utc))
+        if problem:
+            log.warning("tls.cert_file %s %s", tls.cert_file, problem)
+        return grpc.ssl_server_credentials([(files.key, files.cert)], root_certificates=files.client_ca,
                                            require_client_auth=tls.require_client_cert)
 
     async def start(self) -> int:
         """Bind, start serving; returns the bound gRPC port."""
         s = self.settings
+        creds = self._credentials()  # bad TLS files fail here, before anything is bound
         m = s.limits.max_message_bytes
         self._server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", m),
@@ -233,7 +238,6 @@ class Gateway:
         handler.DetectStream = self.DetectStream  # type: ignore[method-assign]
         service_pb2_grpc.add_EscalationServicer_to_server(handler, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        creds = self._credentials()
         if creds is None:
             self.port = self._server.add_insecure_port(s.listen)
         else:
@@ -249,9 +253,7 @@ class Gateway:
             self._tasks.append(task)
         await self._server.start()
         if s.mqtt.enabled:
-            from cloud.gateway.mqtt_bridge import MqttBridge
-
-            self.bridge = MqttBridge(s.mqtt, self)
+            self.bridge = MqttBridge(s.mqtt, self, self.metrics.mqtt)
             self.bridge.start()
         if not self.auth.enabled:
             log.warning("authentication is OFF (auth.tokens is empty): any client may call the gateway")

@@ -11,17 +11,20 @@ refused at start with the file line, variable or flag that set them. See
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cloud.gateway.balancing import BalancerConfig
-from edgewise.errors import ConfigError
+from edgewise import mqtt_topics
+from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings.building import load_file
 
 DISCOVERY_KINDS = ("static", "dns", "kubernetes")
+CLIENT_IDENTITIES = ("cn", "san_dns", "san_uri", "none")
 
 
 @dataclass
@@ -34,6 +37,12 @@ class TlsSettings:
     client_ca_file: str = setting("PEM CA bundle that signs client certificates (mTLS).", "")
     require_client_cert: bool = setting("mTLS: refuse clients without a valid certificate (needs "
                                         "`client_ca_file`).", False)
+    client_identity: str = setting(
+        "With client certificates: the certificate name that must equal the request's device_id, so a "
+        "device's certificate cannot send with another device's id or token: `cn` (subject common name), "
+        "`san_dns` (one of its DNS subjectAltNames), `san_uri` (one of its URI subjectAltNames, e.g. a "
+        "SPIFFE id) or `none` (any valid certificate may send for any device).", "cn",
+        choices=CLIENT_IDENTITIES)
 
 
 @dataclass
@@ -61,7 +70,8 @@ class LimitSettings:
                                      "worker).", 8 * 1024 * 1024, lo=1024)
     max_image_bytes: int = setting("Largest encoded image, bytes (at most `max_message_bytes`).",
                                    6 * 1024 * 1024, lo=1)
-    max_image_pixels: int = setting("Largest RAW image, height x width.", 4096 * 4096, lo=1)
+    max_image_pixels: int = setting("Largest image, width x height as its header declares (every encoding; "
+                                    "read before any decoding, as the workers do).", DEFAULT_MAX_PIXELS, lo=1)
     max_id_length: int = setting("Longest device_id / stream_id / trace_id.", 128, lo=1)
     max_edge_detections: int = setting("Most edge detections one request may carry.", 1000, lo=0)
     default_deadline_s: float = setting("Deadline when neither the call nor the request sets one, seconds "
@@ -123,6 +133,15 @@ class MqttSettings:
     reconnect_min_s: float = setting("First reconnect delay, seconds (doubles up to `reconnect_max_s`).", 0.5,
                                      lo=0, lo_open=True)
     reconnect_max_s: float = setting("Largest reconnect delay, seconds.", 30.0, lo=0, lo_open=True)
+    response_topic_pattern: str = setting(
+        "Topics answers may be published to: an MQTT topic filter with a level `{device}` (the device of "
+        "the request topic), e.g. `replies/{device}/#`; empty = `<topic_prefix>/{device}/response/#`. A "
+        "request whose MQTT v5 Response Topic does not match is refused: counted "
+        "(`edgewise_gateway_mqtt_messages_total{result=\"foreign_response_topic\"}`), logged, nothing "
+        "published.", "")
+
+    def response_pattern(self) -> str:
+        return self.response_topic_pattern or mqtt_topics.response_pattern(self.topic_prefix)
 
 
 @dataclass
@@ -176,11 +195,25 @@ def validate(s: GatewaySettings) -> None:
         raise Invalid("tls", "set both cert_file and key_file, or neither")
     if s.tls.require_client_cert and not s.tls.client_ca_file:
         raise Invalid("tls.require_client_cert", "needs tls.client_ca_file")
+    if s.tls.client_ca_file and not s.tls.require_client_cert:
+        # gRPC's Python server can only "require and verify" or "never ask": with the flag
+        # off, a client CA would be ignored and any certificate go unchecked.
+        raise Invalid("tls.client_ca_file", "set tls.require_client_cert: true as well (gRPC Python cannot "
+                                            "verify optional client certificates), or remove client_ca_file")
     for i, t in enumerate(s.auth.tokens):
         if not t.device or not t.token:
             raise Invalid(f"auth.tokens[{i}]", "both device and token must be non-empty")
-    if s.mqtt.enabled and not s.mqtt.group.strip():
-        raise Invalid("mqtt.group", "must be non-empty")
+    _check_topic("mqtt.group", mqtt_topics.check_segment, s.mqtt.group)
+    _check_topic("mqtt.topic_prefix", mqtt_topics.check_prefix, s.mqtt.topic_prefix)
+    if s.mqtt.response_topic_pattern:
+        _check_topic("mqtt.response_topic_pattern", mqtt_topics.check_pattern, s.mqtt.response_topic_pattern)
+
+
+def _check_topic(path: str, check_fn: Callable[[str, str], str], value: str) -> None:
+    try:
+        check_fn(value, "value")
+    except InvalidInputError as exc:
+        raise Invalid(path, str(exc)) from None
 
 
 SCHEMA: Schema[GatewaySettings] = Schema(

@@ -61,6 +61,15 @@ class WorkerMetrics:
         self.serving = Gauge(
             "edgewise_worker_serving", "1 when the health service reports SERVING.", registry=r
         )
+        self.decode_pixels = Gauge(
+            "edgewise_worker_decode_pixels",
+            "Pixels (declared width x height) of the images being decoded now.", registry=r,
+        )
+        self.decode_refused = Counter(
+            "edgewise_worker_decode_budget_refused",
+            "Requests refused (RESOURCE_EXHAUSTED) because the decode pixel budget stayed full.",
+            registry=r,
+        )
         for status in ("OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAVAILABLE",
                        "DEADLINE_EXCEEDED", "CANCELLED", "INTERNAL"):
             self.requests.labels(status)  # export zeros so rates exist from the start

@@ -37,13 +37,21 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from cloud.worker.batching import Batch, Batcher
+from cloud.worker.budget import PixelBudget
 from cloud.worker.metrics import WorkerMetrics
 from cloud.worker.runner import ModelRunner, Prepared
 from cloud.worker.settings import WorkerSettings
+from edgewise import status
 from edgewise.detections import Detections
-from edgewise.errors import DeadlineExceededError, EdgewiseError, OverloadedError
+from edgewise.errors import (
+    DeadlineExceededError,
+    EdgewiseError,
+    InvalidInputError,
+    OverloadedError,
+    UnavailableError,
+)
 from edgewise.v1 import detect_pb2, service_pb2_grpc
-from edgewise.wire import detections_to_proto
+from edgewise.wire import check_image, detections_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +72,6 @@ class _Job:
     accepted: float
 
 
-class _Failure(Exception):
-    """A per-request failure carrying the gRPC status to answer with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _status_of(exc: BaseException) -> grpc.StatusCode:
-    name = getattr(exc, "status", "INTERNAL")
-    return getattr(grpc.StatusCode, str(name), grpc.StatusCode.INTERNAL)
-
-
 @dataclass
 class WorkerService(service_pb2_grpc.WorkerServicer):
     """``Worker`` servicer, scheduler and lifecycle of one worker process."""
@@ -93,6 +88,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         self._decode_pool = ThreadPoolExecutor(
             self.settings.decode_threads, thread_name_prefix="ew-decode"
         )
+        self.decode_budget = PixelBudget(self.settings.decode_pixel_budget,
+                                         self.settings.batching.max_queue_size)
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -159,7 +156,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
                 pass
         # Anything still queued is answered, never left hanging.
         for job in self.batcher.expired(float("inf")):
-            self._fail(job, _Failure(grpc.StatusCode.UNAVAILABLE, "worker stopped"))
+            self._fail(job, UnavailableError("worker stopped"))
         self._infer_pool.shutdown(wait=False, cancel_futures=True)
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -171,17 +168,16 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         self._enter()
         code = grpc.StatusCode.OK
         try:
-            resp = await self._infer(request, context, t0)
-            return resp
-        except _Failure as f:
-            code = f.code
-            message = str(f)
+            return await self._infer(request, context)
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             raise
-        except Exception as exc:  # nothing crashes the daemon: answer INTERNAL
-            log.exception("Infer failed unexpectedly")
-            code, message = grpc.StatusCode.INTERNAL, f"internal error: {exc}"
+        except Exception as exc:  # nothing crashes the daemon: every failure is answered
+            st = status.status_of(exc)
+            if not isinstance(exc, EdgewiseError):
+                log.exception("Infer failed unexpectedly")
+            message = str(exc) if isinstance(exc, EdgewiseError) else f"internal error: {exc}"
+            code = status.grpc_code(st)
         finally:
             self._leave()
             self.metrics.requests.labels(code.name).inc()
@@ -190,31 +186,21 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         raise AssertionError("unreachable: abort raises")
 
     async def _infer(
-        self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext, t0: float
+        self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext
     ) -> detect_pb2.DetectResponse:
         if self._draining:
-            raise _Failure(grpc.StatusCode.UNAVAILABLE, "worker is shutting down; retry on another worker")
+            raise UnavailableError("worker is shutting down; retry on another worker")
         if not self._serving:
-            raise _Failure(grpc.StatusCode.UNAVAILABLE, "worker is warming up; retry on another worker")
+            raise UnavailableError("worker is warming up; retry on another worker")
         if not request.HasField("image"):
-            raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, "request.image is missing")
+            raise InvalidInputError("request.image is missing")
         deadline = self._deadline(request, context)
         if self.batcher.depth >= self.batcher.policy.max_queue_size:  # shed before decoding
-            raise _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, self._full_message())
-        try:
-            prepared = await self._in_pool(self._decode_pool, self.runner.prepare, request.image)
-        except EdgewiseError as exc:
-            raise _Failure(_status_of(exc), f"image: {exc}") from exc
-        except Exception as exc:
-            raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, f"image could not be decoded: {exc}") from exc
+            raise OverloadedError(self._full_message())
+        prepared = await self._decode(request.image, deadline)
         loop = asyncio.get_running_loop()
         job = _Job(prepared, loop.create_future(), self.clock())
-        try:
-            self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline)
-        except OverloadedError as exc:
-            raise _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
-        except DeadlineExceededError as exc:
-            raise _Failure(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc
+        self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline)
         self.metrics.queue_depth.set(self.batcher.depth)
         self._wake.set()
         try:
@@ -236,6 +222,28 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
                 queue_ms=1e3 * queue_s, compute_ms=1e3 * compute_s, batch_size=batch_size
             ),
         )
+
+    async def _decode(self, image: detect_pb2.Image, deadline: float | None) -> Prepared:
+        """Check the image's header (no decoding), wait for room in the decode budget for the
+        pixels it declares, then decode and letterbox it in the decode pool."""
+        header = check_image(image)
+        pixels = 0 if header.encoding == "raw" else header.pixels  # RAW: nothing to inflate
+        timeout = None if deadline is None else max(0.0, deadline - self.clock())
+        try:
+            held = await self.decode_budget.acquire(pixels, timeout)
+        except OverloadedError:
+            self.metrics.decode_refused.inc()
+            raise
+        self.metrics.decode_pixels.set(self.decode_budget.in_use)
+        try:
+            return await self._in_pool(self._decode_pool, self.runner.prepare, image)
+        except EdgewiseError:
+            raise
+        except Exception as exc:
+            raise InvalidInputError(f"image could not be decoded: {exc}") from exc
+        finally:
+            self.decode_budget.release(held)
+            self.metrics.decode_pixels.set(self.decode_budget.in_use)
 
     async def Load(
         self, request: detect_pb2.LoadRequest, context: grpc.aio.ServicerContext
@@ -276,8 +284,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             now = self.clock()
             batch = self.batcher.next_batch(now, flush=self._draining)
             for job in self.batcher.expired(now):
-                self._fail(job, _Failure(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                self._fail(job, DeadlineExceededError(
                     "deadline could not be met: removed from the queue before inference"))
             self.metrics.queue_depth.set(self.batcher.depth)
             if batch is not None:
@@ -298,7 +305,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         except Exception as exc:
             log.exception("batch of %d failed", len(live))
             for j, _ in live:
-                self._fail(j, _Failure(grpc.StatusCode.INTERNAL, f"inference failed: {exc}"))
+                self._fail(j, EdgewiseError(f"inference failed: {exc}"))
             return
         n = len(live)
         self.batcher.observe(n, secs)
@@ -308,7 +315,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         for (job, wait), out in zip(live, outs, strict=True):
             self.metrics.queue_wait.observe(wait)
             if isinstance(out, Exception):
-                self._fail(job, _Failure(_status_of(out), f"inference failed for this image: {out}"))
+                self._fail(job, status.error_of(status.status_of(out), f"inference failed for this image: {out}"))
             elif not job.future.done():
                 job.future.set_result((out, wait, secs, n))
 
@@ -329,7 +336,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         return (f"worker queue full ({self.batcher.depth}/{pol.max_queue_size} requests waiting); "
                 "retry on another worker or later")
 
-    def _fail(self, job: _Job, failure: _Failure) -> None:
+    def _fail(self, job: _Job, failure: EdgewiseError) -> None:
         if not job.future.done():
             job.future.set_exception(failure)
 

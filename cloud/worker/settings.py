@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.worker.batching import BatchPolicy
+from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.settings import Flag, Invalid, Schema, check, setting
 
 
@@ -56,6 +57,10 @@ class WorkerSettings:
     threads: int = setting("ONNX Runtime intra-op threads; 0 lets ONNX Runtime decide.", 0, lo=0)
     decode_threads: int = setting("Threads decoding and letterboxing incoming images (off the event loop).", 2,
                                   lo=1)
+    decode_pixel_budget: int = setting(
+        "Most pixels (declared width x height, summed) being decoded at once; a decode that would exceed it "
+        "waits in arrival order until its deadline, then RESOURCE_EXHAUSTED. One image larger than the budget "
+        "decodes alone. Default: one 7680x4320 frame.", DEFAULT_MAX_PIXELS, lo=1)
     grace_s: float = setting("On SIGTERM: seconds to finish in-flight requests before exiting.", 10.0, lo=0)
     max_message_bytes: int = setting("Largest gRPC request accepted, bytes.", 8 * 1024 * 1024, lo=1024)
     conf_threshold: float = setting("Lowest detection score returned.", 0.25, lo=0, hi=1)

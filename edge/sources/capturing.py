@@ -3,6 +3,9 @@ reconnects live streams with exponential backoff and feeds a bounded queue.
 
 States (connecting / streaming / backoff / ended) are logged on every change and
 reported through ``on_state``; corrupt frames and drops are counted, never fatal.
+Corrupt frames are logged at most 5 times per 10 s per stream (then with the
+count held back), and a run of them makes the stream back off like a reconnect, so a folder
+of bad files cannot spin a CPU core on warnings.
 Bounded queues follow docs/design/conventions.md#bounded-queues (roboflow ``video_source.py``, with a
 stop event so shutdown cannot hang). Callers: ``edge.pipeline``.
 """
@@ -17,8 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Deque, Optional
 
 from edge.sources.base import CorruptFrameError, Frame, FrameSource, SourceError, SourceState
+from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
+
+
+#: Corrupt frames in a row after which a stream backs off instead of reading on at once.
+CORRUPT_RUN_LIMIT = 8
+#: Per stream, at most ``CORRUPT_LOG_BURST`` "corrupt frame" lines per this many seconds.
+CORRUPT_LOG_INTERVAL_S = 10.0
+CORRUPT_LOG_BURST = 5
 
 
 class FrameQueue:
@@ -107,6 +118,9 @@ class Capturer:
         self.seq = start_seq
         self.frames = 0
         self.corrupt = 0
+        self.corrupt_run = 0  # corrupt frames since the last good one
+        self._corrupt_delay = reconnect_min_s
+        self._corrupt_log = LogThrottle(CORRUPT_LOG_INTERVAL_S, CORRUPT_LOG_BURST)
         self.reconnects = 0
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"capture-{stream_id}")
 
@@ -162,6 +176,36 @@ class Capturer:
             pass
         return min(delay * 2.0, self.reconnect_max_s)
 
+    def _count_corrupt(self) -> None:
+        self.corrupt += 1
+        self.corrupt_run += 1
+        if self.on_corrupt is not None:
+            self.on_corrupt(self.stream_id)
+
+    async def _corrupt_frame(self, stop: asyncio.Event, why: str) -> bool:
+        """Count a corrupt frame and log it (at most ``CORRUPT_LOG_BURST`` lines per
+        ``CORRUPT_LOG_INTERVAL_S`` per stream, then with how many were not logged); after ``CORRUPT_RUN_LIMIT`` in a row, back
+        off (``reconnect_min_s`` doubling to ``reconnect_max_s``) instead of spinning on a
+        folder of bad files. True when ``stop`` was set meanwhile."""
+        self._count_corrupt()
+        held = self._corrupt_log.allow()
+        if held is not None:
+            more = f" ({held} more corrupt frames not logged)" if held else ""
+            log.warning("stream %s: corrupt frame skipped: %s%s", self.stream_id, why, more)
+        if self.corrupt_run < CORRUPT_RUN_LIMIT:
+            return False
+        delay = self._corrupt_delay
+        self._corrupt_delay = min(delay * 2.0, self.reconnect_max_s)
+        self._set_state(SourceState.BACKOFF, f"{self.corrupt_run} corrupt frames in a row; "
+                                             f"next read in {delay:.1f} s")
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+            return True
+        except asyncio.TimeoutError:
+            pass
+        self._set_state(SourceState.STREAMING)
+        return False
+
     def _check_truncated(self) -> None:
         # A video shorter than its header says (logged by the source) is counted here.
         while self.truncated < self.source.truncated:
@@ -190,10 +234,8 @@ class Capturer:
             try:
                 img = await self._call(self.source.read)
             except CorruptFrameError as exc:
-                self.corrupt += 1
-                log.warning("stream %s: corrupt frame skipped: %s", self.stream_id, exc)
-                if self.on_corrupt is not None:
-                    self.on_corrupt(self.stream_id)
+                if await self._corrupt_frame(stop, str(exc)):
+                    return None
                 continue
             except SourceError as exc:
                 if self.source.live:
@@ -201,17 +243,19 @@ class Capturer:
                 log.error("stream %s: %s", self.stream_id, exc)
                 return None
             except Exception as exc:  # a decoder bug must not kill the daemon
-                self.corrupt += 1
                 log.exception("stream %s: read failed: %s", self.stream_id, exc)
-                if self.on_corrupt is not None:
-                    self.on_corrupt(self.stream_id)
                 if self.source.live:
+                    self._count_corrupt()
                     return f"read failed: {exc}"
+                if await self._corrupt_frame(stop, f"read failed: {exc}"):
+                    return None
                 continue
             self._check_truncated()
             if img is None:
                 return None
             self._streamed_ok = True
+            self.corrupt_run = 0
+            self._corrupt_delay = self.reconnect_min_s
             now_mono = time.monotonic()
             frame = Frame(
                 stream_id=self.stream_id,

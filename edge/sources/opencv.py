@@ -4,7 +4,8 @@ Live capture covers RTSP/HTTP URLs, V4L2 cameras (index or ``/dev/videoN``) and
 GStreamer pipeline strings (``CAP_GSTREAMER``, as used on Jetson with
 ``nvarguscamerasrc`` / ``nvv4l2decoder``). Corrupt frames raise
 ``CorruptFrameError`` (skipped, counted); a truncated video ends early with a
-warning. Callers: ``edge.sources.make_source``.
+warning. Image files are checked header first (``edgewise.imagefiles``), the
+same check the gateway and the workers apply to escalated images. Callers: ``edge.sources.make_source``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import cv2
 import numpy as np
 
 from edge.sources.base import CorruptFrameError, SourceError
+from edgewise.errors import InvalidInputError
+from edgewise.imagefiles import DEFAULT_MAX_PIXELS, read_image_file
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +101,17 @@ class VideoFileSource:
 
 
 class ImageFolderSource:
-    """The images of a folder in name order; unreadable files are corrupt frames."""
+    """The images of a folder in name order, each through the core's header-first check
+    (``edgewise.imagefiles.read_image_file``): a file over the pixel limit, truncated or
+    structurally damaged is a corrupt frame naming the file, never decoded partially."""
 
     live = False
     truncated = 0
 
-    def __init__(self, path: str, loop: bool = False) -> None:
+    def __init__(self, path: str, loop: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.path = path
         self.loop = loop
+        self.max_pixels = max_pixels
         self.files: List[Path] = []
         self.pos = 0
 
@@ -127,12 +133,12 @@ class ImageFolderSource:
             self.pos = 0
         p = self.files[self.pos]
         self.pos += 1
-        try:
-            img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+        try:  # header first: a decompression bomb or a damaged file is refused before decoding
+            img = read_image_file(p, self.max_pixels)
+        except InvalidInputError as exc:
+            raise CorruptFrameError(str(exc)) from None
         except cv2.error as exc:
             raise CorruptFrameError(f"{p}: {exc}") from None
-        if img is None:
-            raise CorruptFrameError(f"{p}: cannot decode image (corrupt or unsupported)")
         return _to_bgr(img)
 
     def close(self) -> None:

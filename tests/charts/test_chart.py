@@ -228,6 +228,11 @@ def test_tls_mounts_secrets_and_configures_gateway() -> None:
     cm = [c for c in _by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("gateway")][0]
     cfg = yaml.safe_load(cm["data"]["gateway.yaml"])
     assert cfg["tls"]["client_ca_file"] == "/etc/edgewise/tls/ca.crt" and cfg["tls"]["require_client_cert"]
+    # other tls settings of gateway.config survive the chart's own
+    cm = [c for c in _by_kind(render(*MODES["tls-on"], "gateway.config.tls.client_identity=san_uri"), "ConfigMap")
+          if c["metadata"]["name"].endswith("gateway")][0]
+    tls = yaml.safe_load(cm["data"]["gateway.yaml"])["tls"]
+    assert tls["client_identity"] == "san_uri" and tls["cert_file"] == "/etc/edgewise/tls/tls.crt"
     assert cfg["mqtt"]["port"] == 8883 and cfg["mqtt"]["tls"] is True
     conf = [c for c in _by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("mosquitto")][0]["data"]["mosquitto.conf"]
     assert "allow_anonymous false" in conf and "certfile /mosquitto/tls/tls.crt" in conf

@@ -27,6 +27,7 @@ if str(ROOT) not in sys.path:
 import grpc  # noqa: E402
 from grpc import aio  # noqa: E402
 
+from edgewise import mqtt_topics  # noqa: E402
 from edgewise.v1 import detect_pb2, service_pb2_grpc  # noqa: E402
 
 
@@ -147,7 +148,7 @@ class MqttResponder:
         from paho.mqtt.properties import Properties
 
         self.cloud = cloud
-        self.topic = f"{prefix}/+/escalate"
+        self.topic = mqtt_topics.escalate_filter(prefix)
         self.connected = threading.Event()
         self.client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2,
                                   client_id="stub-cloud-responder", protocol=mqtt.MQTTv5)

@@ -38,7 +38,8 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgewise.errors import ConfigError, InvalidInputError, ModelError
+from edgewise.errors import ConfigError, DeploymentError, InvalidInputError, ModelError
+from edgewise.imagefiles import read_image_file
 from edgewise.runtime.letterbox import preprocess_batch
 from edgewise.runtime.metadata import ModelInfo
 
@@ -54,8 +55,9 @@ TENSORRT_MISSING = (
 )
 
 
-class TensorRTUnavailableError(ConfigError):
-    """TensorRT (or the CUDA bindings it needs) cannot be imported here."""
+class TensorRTUnavailableError(DeploymentError):
+    """TensorRT (or the CUDA bindings it needs) cannot be imported here: an installation
+    problem of this host (UNAVAILABLE at a boundary, see ``edgewise.status``)."""
 
 
 def import_tensorrt() -> Any:
@@ -165,12 +167,10 @@ class CalibrationBatches:
         return -(-len(self.files) // self.batch_size)
 
     def _read(self, path: Path) -> np.ndarray:
-        import cv2
-
-        im = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if im is None:
-            raise InvalidInputError(f"calibration image {path} cannot be decoded (corrupt or not an image)")
-        return im
+        try:  # header first: a bomb or a damaged file among the calibration images is refused, named
+            return read_image_file(path)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"calibration image {path} cannot be decoded: {exc}") from None
 
     def __iter__(self) -> Iterator[np.ndarray]:
         n = len(self.files)

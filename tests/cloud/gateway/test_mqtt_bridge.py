@@ -23,10 +23,10 @@ from tests.cloud.gateway.workers import TestWorker, request
 class Edge:
     """A plain paho MQTT v5 client playing the edge: request/response with correlation data."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, reply_topic: str = "") -> None:
         self.responses: dict[bytes, list[detect_pb2.DetectResponse]] = {}
         self.lock = threading.Lock()
-        self.reply_topic = f"edgewise/cam-1/reply/{uuid.uuid4().hex[:8]}"
+        self.reply_topic = reply_topic or f"edgewise/cam-1/response/{uuid.uuid4().hex[:8]}"
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edge-{uuid.uuid4().hex[:6]}",
                              protocol=mqtt.MQTTv5)
         self.ready = threading.Event()
@@ -42,11 +42,14 @@ class Edge:
         with self.lock:
             self.responses.setdefault(corr, []).append(detect_pb2.DetectResponse.FromString(msg.payload))
 
-    def send(self, payload: bytes, corr: bytes, device: str = "cam-1", reply: bool = True) -> None:
+    def send(self, payload: bytes, corr: bytes, device: str = "cam-1", reply: bool = True,
+             reply_topic: str = "", token: str = "") -> None:
         props = Properties(PacketTypes.PUBLISH)
         if reply:
-            props.ResponseTopic = self.reply_topic
+            props.ResponseTopic = reply_topic or self.reply_topic
         props.CorrelationData = corr
+        if token:
+            props.UserProperty = [("authorization", f"Bearer {token}")]
         self.c.publish(f"edgewise/{device}/escalate", payload, qos=1, properties=props).wait_for_publish(5)
 
     def close(self):
@@ -129,6 +132,39 @@ def test_bridge_survives_broker_restart(mosquitto):
                 await asyncio.to_thread(edge.send, request(seq=5).SerializeToString(), b"after")
                 assert await wait_until(lambda: b"after" in edge.responses)
                 assert edge.responses[b"after"][0].status == detect_pb2.OK
+            finally:
+                edge.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
+
+
+def test_tokens_and_the_operators_response_pattern(mosquitto):
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = Gateway(settings_for([(w, 1)], **{
+            "mqtt.enabled": True, "mqtt.host": mosquitto.host, "mqtt.port": mosquitto.port,
+            "mqtt.response_topic_pattern": "replies/{device}/#",
+            "auth.tokens": [{"device": "cam-1", "token": "tok"}]}))
+        await gw.start()
+        try:
+            assert await wait_until(gw.bridge.connected.is_set)
+            await asyncio.sleep(0.3)
+            edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port, "replies/cam-1/r")
+            try:
+                req = request(seq=1).SerializeToString()
+                await asyncio.to_thread(edge.send, req, b"ok", token="tok")
+                await asyncio.to_thread(edge.send, req, b"none")
+                # the default subtree is not allowed once the operator set a pattern
+                await asyncio.to_thread(edge.send, req, b"default", reply_topic="edgewise/cam-1/response/x",
+                                        token="tok")
+                assert await wait_until(lambda: {b"ok", b"none"} <= set(edge.responses))
+                assert await wait_until(lambda: gw.bridge.counts.get("foreign_response_topic") == 1)
+                assert edge.responses[b"ok"][0].status == detect_pb2.OK
+                assert edge.responses[b"none"][0].status == detect_pb2.UNAUTHENTICATED
+                assert w.calls == 1
             finally:
                 edge.close()
         finally:

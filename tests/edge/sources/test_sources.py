@@ -4,6 +4,9 @@ image, a live stream that stops (reconnect with backoff), drop policies."""
 from __future__ import annotations
 
 import asyncio
+import resource
+import time
+import zlib
 from pathlib import Path
 
 import cv2
@@ -90,6 +93,92 @@ def test_folder_skips_corrupt_image(tmp_path):
     assert cap.state is SourceState.ENDED
     assert [f.seq for f in q.items] == [0, 1, 2, 3]
     assert all(f.image.shape == (20, 30, 3) for f in q.items)
+
+
+def bomb_jpeg(side: int = 30000) -> bytes:
+    """A real 8x8 JPEG whose frame header is edited to declare ``side`` x ``side``."""
+    data = bytearray(cv2.imencode(".jpg", np.full((8, 8, 3), 128, np.uint8))[1].tobytes())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = side.to_bytes(2, "big") * 2
+    return bytes(data)
+
+
+def bomb_png(side: int = 30000) -> bytes:
+    """A real 8x8 PNG whose IHDR declares ``side`` x ``side`` (CRC fixed, so only the size is wrong)."""
+    data = bytearray(cv2.imencode(".png", np.full((8, 8, 3), 128, np.uint8))[1].tobytes())
+    data[16:24] = side.to_bytes(4, "big") * 2
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    return bytes(data)
+
+
+def photo_jpeg() -> bytes:
+    im = cv2.imread("/usr/share/doc/opencv-doc/examples/data/baboon.jpg")
+    assert im is not None, "opencv-doc is needed (make test installs it)"
+    return cv2.imencode(".jpg", im[:240, :320])[1].tobytes()
+
+
+def test_folder_refuses_bombs_and_damaged_files_by_name(tmp_path, caplog):
+    good = photo_jpeg()
+    (tmp_path / "a-good.jpg").write_bytes(good)
+    cv2.imwrite(str(tmp_path / "b-good.png"), np.full((20, 30, 3), 7, np.uint8))
+    (tmp_path / "c-bomb.jpg").write_bytes(bomb_jpeg())
+    (tmp_path / "d-bomb.png").write_bytes(bomb_png())
+    (tmp_path / "e-truncated.jpg").write_bytes(good[: len(good) * 2 // 3])
+    stuffed = good.index(b"\xff\x00", good.index(b"\xff\xda"))
+    (tmp_path / "f-flipped.jpg").write_bytes(good[:stuffed + 1] + b"\x04" + good[stuffed + 2:])  # 00 -> 04
+    png = bytearray((tmp_path / "b-good.png").read_bytes())
+    png[len(png) // 2] ^= 0x10
+    (tmp_path / "g-flipped.png").write_bytes(bytes(png))
+
+    async def run():
+        q = FrameQueue(100, "wait", asyncio.Event())
+        cap = Capturer("f", ImageFolderSource(str(tmp_path)), q)
+        await cap.run(asyncio.Event())
+        return cap, q
+
+    peak0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    with caplog.at_level("WARNING", logger="edge.sources.capturing"):
+        cap, q = asyncio.run(run())
+    took = time.perf_counter() - t0
+    peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak0) / 1024
+    assert [f.image.shape for f in q.items] == [(240, 320, 3), (20, 30, 3)]
+    assert cap.corrupt == 5
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    for name, why in [("c-bomb.jpg", "declares 30000x30000"), ("d-bomb.png", "declares 30000x30000"),
+                      ("e-truncated.jpg", "truncated"), ("f-flipped.jpg", "corrupt JPEG"),
+                      ("g-flipped.png", "corrupt PNG (CRC mismatch")]:
+        assert any(name in line and why in line for line in text.splitlines()), (name, text)
+    # decoding a 30000x30000 bomb costs ~2.7 GB and seconds; its header costs nothing
+    assert took < 2.0 and peak_mb < 100, (took, peak_mb)
+
+
+def test_folder_of_only_corrupt_files_backs_off(tmp_path, caplog):
+    for i in range(3):
+        (tmp_path / f"{i}.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+
+    async def run():
+        q = FrameQueue(4, "wait", asyncio.Event())
+        states = []
+        stop = asyncio.Event()
+        cap = Capturer("bad", ImageFolderSource(str(tmp_path), loop=True), q, fps=0,
+                       reconnect_min_s=0.05, reconnect_max_s=0.2, on_state=lambda s, st: states.append(st))
+        task = asyncio.ensure_future(cap.run(stop))
+        t0 = time.process_time()
+        await asyncio.sleep(1.5)
+        cpu = time.process_time() - t0
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return cap, states, cpu
+
+    with caplog.at_level("WARNING", logger="edge.sources.capturing"):
+        cap, states, cpu = asyncio.run(run())
+    # without the back-off this loop read ~50,000 files in the same time, logging each one
+    assert 8 <= cap.corrupt < 100, cap.corrupt
+    assert SourceState.BACKOFF in states and states[-1] is SourceState.ENDED
+    lines = [r.getMessage() for r in caplog.records if "corrupt frame skipped" in r.getMessage()]
+    assert len(lines) == 5 and "0.jpg" in lines[0]  # one burst, then quiet for the interval
+    assert cpu < 0.75, cpu
 
 
 def test_live_stream_that_stops_reconnects_with_backoff(tmp_path):

@@ -38,12 +38,12 @@ def test_grpc_roundtrip_token_and_status_mapping():
             cloud.force_status = detect_pb2.RESOURCE_EXHAUSTED
             with pytest.raises(TransportError) as ei:
                 await t.detect(request(8), 2.0)
-            assert ei.value.code == "RESOURCE_EXHAUSTED"
+            assert ei.value.status == detect_pb2.RESOURCE_EXHAUSTED
             cloud.force_status = 0
             cloud.delay_s = 0.5
             with pytest.raises(TransportError) as ei:
                 await t.detect(request(9), 0.1)
-            assert ei.value.code == "DEADLINE_EXCEEDED"
+            assert ei.value.status == detect_pb2.DEADLINE_EXCEEDED
             await t.close()
         asyncio.run(run())
     finally:
@@ -61,7 +61,7 @@ def test_grpc_unavailable_fails_fast_and_fails_over():
             t0 = time.monotonic()
             with pytest.raises(TransportError) as ei:
                 await only_dead.detect(request(), 2.0)
-            assert ei.value.code == "UNAVAILABLE"
+            assert ei.value.status == detect_pb2.UNAVAILABLE
             assert time.monotonic() - t0 < 2.0
             both = GrpcTransport([dead, f"127.0.0.1:{stub.port}"])
             resp = await both.detect(request(3), 2.0)
@@ -100,7 +100,7 @@ def test_mqtt_request_response_with_correlation(mosquitto):
                 await asyncio.sleep(0.05)
             with pytest.raises(TransportError) as ei:
                 await t.detect(request(99), 1.0)
-            assert ei.value.code == "UNAVAILABLE"
+            assert ei.value.status == detect_pb2.UNAVAILABLE
             # Broker back: paho's loop reconnects with backoff and requests flow again.
             mosquitto.start()
             for _ in range(200):
@@ -153,11 +153,11 @@ def test_grpc_mutual_tls_and_bearer_token(tmp_path):
             bad_token = GrpcTransport(ep, tls_ca=ca, tls_cert=cert, tls_key=key, token="wrong")
             with pytest.raises(TransportError) as ei:
                 await bad_token.detect(request(2), 5.0)
-            assert ei.value.code == "UNAUTHENTICATED"
+            assert ei.value.status == detect_pb2.UNAUTHENTICATED
             no_client_cert = GrpcTransport(ep, tls_ca=ca, token="t0k3n")
             with pytest.raises(TransportError) as ei:
                 await no_client_cert.detect(request(3), 5.0)
-            assert ei.value.code == "UNAVAILABLE"  # handshake refused by the server
+            assert ei.value.status == detect_pb2.UNAVAILABLE  # handshake refused by the server
             plaintext = GrpcTransport(ep, token="t0k3n")
             with pytest.raises(TransportError):
                 await plaintext.detect(request(4), 2.0)

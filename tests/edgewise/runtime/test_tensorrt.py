@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.errors import ConfigError, DeploymentError, InvalidInputError
 from edgewise.runtime.backends import tensorrt as trtb
 from edgewise.runtime.letterbox import preprocess_batch
 from edgewise.runtime.metadata import load_model_info
@@ -101,7 +101,7 @@ def test_clear_error_when_tensorrt_is_absent(tiny_model: Path):
         trtb.import_tensorrt()
     from edgewise.runtime import Detector
 
-    with pytest.raises(ConfigError, match="JetPack"):
+    with pytest.raises(DeploymentError, match="JetPack"):
         Detector.from_file(tiny_model, backend="tensorrt")
     # auto falls back to ONNX Runtime
     assert Detector.from_file(tiny_model, backend="auto").backend.name.startswith("onnxruntime")
