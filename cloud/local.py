@@ -87,6 +87,14 @@ class _Proc:
         self._log.close()
         return self.popen.returncode
 
+    def reaped(self, timeout: float) -> int:
+        """Wait for the process to end (after a signal), close its log, return its status."""
+        try:
+            return self.popen.wait(timeout)
+        finally:
+            if self.popen.poll() is not None:
+                self._log.close()
+
 
 class LocalCloud:
     """N workers + one gateway as processes; a context manager."""
@@ -251,7 +259,7 @@ class LocalCloud:
         if not wait:
             return None
         try:
-            return proc.popen.wait(timeout)
+            return proc.reaped(timeout)
         finally:
             if proc.popen.poll() is not None:
                 self.workers[i] = None
@@ -262,7 +270,7 @@ class LocalCloud:
             return None
         self.gateway.signal(sig)
         try:
-            return self.gateway.popen.wait(timeout)
+            return self.gateway.reaped(timeout)
         finally:
             if self.gateway.popen.poll() is not None:
                 self.gateway = None

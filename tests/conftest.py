@@ -15,11 +15,12 @@ import socket
 import subprocess
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Set, Tuple
 
 import pytest
+
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_CACHE = ROOT / ".cache" / "test-models"
@@ -82,6 +83,8 @@ class Broker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
     def start(self) -> None:
         """(Re)start on the same port, e.g. after ``stop()`` in a broker-restart test."""
@@ -94,17 +97,22 @@ def _spawn_mosquitto(conf: Path, port: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"mosquitto exited: {proc.stderr.read().decode() if proc.stderr else ''}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc
+                return True
         except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("mosquitto did not start listening within 10 s")
+            return False
+
+    try:
+        wait_until(listening, 10, f"mosquitto listening on port {port}", interval=0.05)
+    except AssertionError:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
 
 
 @contextlib.contextmanager

@@ -237,6 +237,8 @@ def test_cloud_up_cli_starts_and_stops_cleanly(tiny_model, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
     # no worker or gateway left behind
     out = subprocess.run(["pgrep", "-f", str(tiny_model)], capture_output=True, text=True)
     mine = [p for p in out.stdout.split() if p and int(p) != proc.pid]

@@ -162,6 +162,7 @@ def test_survives_sigkill_of_the_writer(tmp_path):
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+        proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
     sp = Spool(path, max_bytes=1 << 30, max_age_s=3600)
     items = sp.peek(100000)

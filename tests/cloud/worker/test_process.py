@@ -116,7 +116,11 @@ def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert rc == 0, proc.stderr.read() if proc.stderr else ""
+        err = proc.stderr.read() if proc.stderr else ""
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    assert rc == 0, err
     assert sorted(r.frame_seq for r in results) == list(range(8))
     assert all(r.status == detect_pb2.OK and r.worker_id == "proc-w" and len(r.detections) > 0
                for r in results)
