@@ -14,9 +14,12 @@ is down and has no timeout (docs/design/escalation.md#sedna-baselines); we do ne
 Every spool call (each ``put``/``ack``/``nack`` is an fsync'd commit, up to ~10 ms)
 runs on one dedicated spool thread, never on the event loop, in the order it
 was issued; a replayed batch is acknowledged with one ``ack_many`` after its
-records reached the sinks (at-least-once; the JSON Lines sink drops a repeated
-late record, so a crash between the write and the ack does not duplicate it).
-Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain, close).
+records reached the sinks (at-least-once; the JSON Lines and MQTT sinks drop a
+repeated late record, so a crash between the write and the ack does not duplicate
+it). Whatever fails, a frame whose record was not written yet gets its edge
+result (``_guarded``); a frame the spool cannot take (full disk) keeps its edge
+result with the reason, and replayed items whose ack cannot be written are not
+sent again (docs/records.md). Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain, close).
 """
 
 from __future__ import annotations
