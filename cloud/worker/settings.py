@@ -47,6 +47,10 @@ class WorkerSettings:
     """Everything one worker process needs; built by ``load_settings``."""
 
     model: str = setting("Path of the YOLOv5 ONNX model (required).", "")
+    imgsz: int = setting("Square input size for a model that does not state it (dynamic height/width and no "
+                         "`imgsz` metadata, e.g. YOLOv5 v7.0 `--dynamic` exports); 0 = the model's own (else "
+                         "640, with a warning). A fixed-size model must match it; the stride is checked when "
+                         "the model loads.", 0, lo=0)
     host: str = setting("Address the gRPC server binds.", "0.0.0.0")
     port: int = setting("gRPC port; 0 picks a free one (printed as `EDGEWISE_WORKER_LISTENING port=N`).", 50061,
                         lo=0, hi=65535)
@@ -96,6 +100,7 @@ SCHEMA: Schema[WorkerSettings] = Schema(
     "worker", WorkerSettings, command="edgewise cloud worker", validate=validate,
     flags=(
         Flag("--model", "model", metavar="FILE"),
+        Flag("--imgsz", "imgsz", metavar="N"),
         Flag("--host", "host"),
         Flag("--port", "port"),
         Flag("--metrics-port", "metrics_port", metavar="PORT"),
