@@ -45,8 +45,9 @@ def start_worker(model: Path, *extra: str) -> tuple[subprocess.Popen[str], dict[
 
     def pump() -> None:
         assert proc.stdout is not None
-        for ln in proc.stdout:
-            lines.put(ln)
+        with proc.stdout:  # closed at EOF, when the worker has exited
+            for ln in proc.stdout:
+                lines.put(ln)
 
     threading.Thread(target=pump, daemon=True).start()
     info: dict[str, str] = {}
@@ -117,9 +118,8 @@ def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
             proc.kill()
             proc.wait()
         err = proc.stderr.read() if proc.stderr else ""
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+        if proc.stderr is not None:
+            proc.stderr.close()
     assert rc == 0, err
     assert sorted(r.frame_seq for r in results) == list(range(8))
     assert all(r.status == detect_pb2.OK and r.worker_id == "proc-w" and len(r.detections) > 0
