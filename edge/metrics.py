@@ -82,6 +82,10 @@ class EdgeMetrics:
         )
         self.in_flight = Gauge("edgewise_edge_escalations_in_flight", "Escalations waiting for the cloud", registry=r)
         self.sink_errors = Counter("edgewise_edge_sink_errors", "Records a sink failed to write", ["sink"], registry=r)
+        self.uplink_bytes = Counter(
+            "edgewise_edge_uplink_bytes", "Escalation payload bytes sent to the cloud by transport (replays too)",
+            ["transport"], registry=r,
+        )
 
     def set_source_state(self, stream: str, state: SourceState) -> None:
         for s in SourceState:

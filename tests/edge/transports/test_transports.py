@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edge.transports import TransportError
+from edge.transports import MeteredTransport, TransportError
 from edge.transports.grpc import GrpcTransport
 from edge.transports.mqtt import MqttConnection, MqttTransport
 from edgewise.v1 import detect_pb2
@@ -49,6 +49,27 @@ def test_grpc_roundtrip_token_and_status_mapping():
     finally:
         stub.stop()
     assert [r.frame_seq for r in cloud.seen[:2]] == [7, 8]
+
+
+def test_metered_transport_counts_every_request_sent_failed_or_not():
+    cloud = StubCloud(None)
+    stub = GrpcStubThread(cloud)
+    sent = []
+    try:
+        async def run():
+            t = MeteredTransport(GrpcTransport([f"127.0.0.1:{stub.port}"]), lambda name, n: sent.append((name, n)))
+            assert t.name == "grpc"
+            await t.start()
+            assert (await t.detect(request(1), 2.0)).frame_seq == 1
+            cloud.force_status = detect_pb2.UNAVAILABLE
+            with pytest.raises(TransportError):
+                await t.detect(request(2), 2.0)
+            await t.close()
+        asyncio.run(run())
+    finally:
+        stub.stop()
+    size = request(1).ByteSize()
+    assert sent == [("grpc", size), ("grpc", size)] and size > 100  # the JPEG is most of it
 
 
 def test_grpc_unavailable_fails_fast_and_fails_over():
