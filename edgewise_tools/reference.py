@@ -52,6 +52,10 @@ ROOT = Path(__file__).resolve().parents[1]
 POLICY_PAGE = "docs/policy-reference.md"
 CHART_SCHEMA = "charts/edgewise/values.schema.json"
 CHART_README = "charts/edgewise/README.md"
+CHART_VALUES = "charts/edgewise/values.yaml"
+CHART_YAML = "charts/edgewise/Chart.yaml"
+#: Hand-written files a generated page is rendered from (besides the code and other pages).
+INPUTS = (CHART_VALUES, CHART_YAML)
 COMMAND = "python -m edgewise_tools.reference --write"
 
 #: What each hardness signal measures (one line; the function docstrings in
@@ -509,9 +513,10 @@ def chart_readme(root: Path = ROOT) -> str:
     """``charts/edgewise/README.md`` from the chart's schema, values and Chart.yaml."""
     import yaml
 
-    schema = json.loads((root / CHART_SCHEMA).read_text(encoding="utf-8"))
-    values = yaml.safe_load((root / "charts/edgewise/values.yaml").read_text(encoding="utf-8"))
-    chart = yaml.safe_load((root / "charts/edgewise/Chart.yaml").read_text(encoding="utf-8"))
+    # the schema as this run generates it, so one --write brings both pages up to date
+    schema = json.loads(chart_schema(root) or (root / CHART_SCHEMA).read_text(encoding="utf-8"))
+    values = yaml.safe_load((root / CHART_VALUES).read_text(encoding="utf-8"))
+    chart = yaml.safe_load((root / CHART_YAML).read_text(encoding="utf-8"))
     leaves = chart_leaves(schema)
     modes = _table(("value", "choices", "meaning"), [
         (f"`{p}`", ", ".join(f"`{c}`" for c in n["enum"]), n.get("description", ""))
