@@ -74,6 +74,11 @@ def channel_credentials(tls_ca: str = "", tls_cert: str = "", tls_key: str = "")
         certificate_chain=_read(tls_cert, "--tls-cert"))
 
 
+def _tls_on(tls: bool, *tls_args: str) -> bool:
+    """TLS is on with ``--tls`` or any other TLS argument."""
+    return tls or any(tls_args)
+
+
 def probe(
     target: str,
     timeout: float = 10.0,
@@ -91,7 +96,7 @@ def probe(
     certificate (mTLS); ``tls_server_name`` is the name the gateway's certificate must carry.
     Raises ProbeFileError for an unusable TLS file.
     """
-    if tls or tls_ca or tls_cert or tls_key or tls_server_name:
+    if _tls_on(tls, tls_ca, tls_cert, tls_key, tls_server_name):
         options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
         channel = grpc.secure_channel(target, channel_credentials(tls_ca, tls_cert, tls_key), options=options)
     else:
@@ -123,9 +128,9 @@ def _handler(args: argparse.Namespace) -> int:
         print(f"probe: {exc}")
         return 2
     except grpc.FutureTimeoutError:
-        secure = args.tls or args.tls_ca or args.tls_cert or args.tls_server_name
         name = args.tls_server_name or args.target.rsplit(":", 1)[0]
-        hint = f"TLS: is the certificate valid for {name!r} and signed by the CA?" if secure else "TLS?"
+        hint = (f"TLS: is the certificate valid for {name!r} and signed by the CA?"
+                if _tls_on(args.tls, args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name) else "TLS?")
         print(f"probe: cannot connect to {args.target} within {args.timeout:.0f} s (address, port, {hint})")
         return 1
     except grpc.RpcError as exc:
