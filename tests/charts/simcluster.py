@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 import yaml
 
-from tests.charts.chart import helm_test_pod, named, tool
+from tests.charts.helm import helm_test_pod, named, tool
 
 #: gateway.yaml keys the chart sets for a cluster; LocalCloud sets its own (static discovery, ports).
 _CLUSTER_KEYS = ("listen", "metrics_host", "metrics_port", "discovery", "mqtt")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.charts.chart import (
+from tests.charts.helm import (
     CHART,
     K8S_VERSIONS,
     MODES,

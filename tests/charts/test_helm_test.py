@@ -13,7 +13,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from cloud.local import LocalCloud
-from tests.charts.chart import NAMESPACE, RELEASE, render
+from tests.charts.helm import NAMESPACE, RELEASE, render
 from tests.charts.simcluster import SimCluster
 from tests.cloud.gateway.pki import Pki
 

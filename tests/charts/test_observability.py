@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from cloud.local import LocalCloud, cli_command
-from tests.charts.chart import MODES, NAMESPACE, RELEASE, by_kind, named, render
+from tests.charts.helm import MODES, NAMESPACE, RELEASE, by_kind, named, render
 from tests.cloud.autoscaler.servers import ScaleAPI
 from tests.conftest import free_port
 from tests.docs.test_guide import yaml_blocks

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from cloud.local import LocalCloud
-from tests.charts.chart import CHART, named, render_text
+from tests.charts.helm import CHART, named, render_text
 from tests.charts.simcluster import SimCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,7 +232,7 @@ def _help_flags(tool_path: str, words: List[str]) -> str:
 def test_every_command_of_the_guide_renders_or_parses(tool: str, tmp_path: Path) -> None:
     """helm install/upgrade commands render (``helm template`` with their values); every
     other helm and kubectl command names real subcommands and flags."""
-    from tests.charts.chart import tool as tool_path
+    from tests.charts.helm import tool as tool_path
 
     exe = tool_path(tool)
     commands = guide_commands(tool)
