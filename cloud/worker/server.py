@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
@@ -161,6 +162,19 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- RPCs --------------------------------------------------------------------
+    async def infer_bytes(self, body: bytes, context: grpc.aio.ServicerContext) -> detect_pb2.DetectResponse:
+        """``Infer`` on the serialized request: bytes that are no ``DetectRequest`` get
+        INVALID_ARGUMENT. (gRPC's own deserializer answers UNKNOWN, which the gateway counts
+        against this worker; the gateway forwards requests it has read only in part,
+        docs/design/balancing.md#a-lean-hop.)"""
+        try:
+            request = detect_pb2.DetectRequest.FromString(body)
+        except DecodeError as exc:
+            self.metrics.requests.labels(grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a serialized DetectRequest: {exc}")
+            raise AssertionError("unreachable: abort raises") from exc
+        return await self.Infer(request, context)
+
     async def Infer(
         self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext
     ) -> detect_pb2.DetectResponse:
@@ -407,7 +421,15 @@ def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
     ])
-    service_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    handlers = {
+        "Infer": grpc.unary_unary_rpc_method_handler(  # parses the request itself: infer_bytes
+            service.infer_bytes, response_serializer=detect_pb2.DetectResponse.SerializeToString),
+        "Load": grpc.unary_unary_rpc_method_handler(
+            service.Load, request_deserializer=detect_pb2.LoadRequest.FromString,
+            response_serializer=detect_pb2.WorkerLoad.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
     health_pb2_grpc.add_HealthServicer_to_server(service.health, server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     if port == 0:

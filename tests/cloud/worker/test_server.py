@@ -150,6 +150,22 @@ def test_corrupt_jpeg_is_invalid_argument_and_its_neighbours_still_batch(tiny_mo
     assert all(len(r.detections) > 0 for c, r in res if c == grpc.StatusCode.OK)
 
 
+def test_bytes_that_are_no_request_are_invalid_argument_not_a_worker_fault(tiny_model):
+    # gRPC's own deserializer would answer UNKNOWN, which the gateway counts against the worker
+    async def main():
+        async with running(make_settings(tiny_model)) as (srv, stub, ch):
+            infer = ch.unary_unary("/edgewise.v1.Worker/Infer")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await infer(b"\x07\x07not a protobuf", timeout=10)
+            ok = await stub.Infer(jpeg_request(photo(), seq=1), timeout=10)
+            return err.value, ok, srv.service.metrics.requests.labels("INVALID_ARGUMENT")._value.get()
+
+    err, ok, counted = asyncio.run(main())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith("request is not a serialized DetectRequest")
+    assert ok.status == detect_pb2.OK and counted == 1
+
+
 class FailsOnBlackFrames(ModelRunner):
     """The real model, except that a batch containing an all-black frame raises
     (stands in for an input the model itself rejects)."""
