@@ -20,7 +20,6 @@ every parser merges into ``timing`` (concatenated messages merge: the same guide
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -101,7 +100,7 @@ class Reply:
 
     def stamped(self, gateway_ms: float) -> Reply:
         """This reply with ``timing.gateway_ms`` set (appended: the answer is not re-encoded)."""
-        return dataclasses.replace(self, body=self.body + _STAMP + struct.pack("<f", gateway_ms))
+        return Reply(self.status, self.error, self.body + _STAMP + struct.pack("<f", gateway_ms), self.queue_ms)
 
 
 def error_reply(keys: RequestKeys | None, wire_status: int, message: str) -> Reply:
@@ -123,29 +122,55 @@ def reply_of(body: bytes, keys: RequestKeys, worker: str) -> Reply:
 def read_request(body: bytes) -> RequestHead:
     """The head of a serialized ``DetectRequest``; ``InvalidInputError`` when the bytes are
     not one (truncated, bad framing, ids that are not UTF-8)."""
-    buf = memoryview(body)
     head = RequestHead(body)
     images: list[tuple[int, int]] = []
+    n = len(body)
+    i = 0
     try:
-        for number, wire_type, a, b in _fields(buf, 0, len(buf)):
+        # One pass over the top-level fields, inlined (a generator per field costs more than
+        # the rest of admission): one-byte keys and one- or two-byte lengths take no call.
+        while i < n:
+            at = i
+            key = body[i]
+            if key < 0x80:
+                i += 1
+            else:
+                key, i = _varint(body, i, n)
+            if key < 8:
+                raise _Malformed(f"field number 0 at byte {at}")
+            wire_type = key & 7
             if wire_type == _LEN:
+                if i < n and body[i] < 0x80:
+                    size, i = body[i], i + 1
+                elif i + 1 < n and body[i + 1] < 0x80:
+                    size, i = (body[i] & 0x7F) | body[i + 1] << 7, i + 2
+                else:
+                    size, i = _varint(body, i, n)
+                a, i = i, i + size
+                if i > n:
+                    raise _Malformed(f"field {key >> 3} at byte {at} runs past the end of its message (byte {n})")
+                number = key >> 3
                 if number == _EDGE_DETECTIONS:
                     head.edge_detections += 1
                 elif number == _IMAGE:
-                    images.append((a, b))
+                    images.append((a, i))
                 elif number == _DEVICE_ID:
-                    head.device_id = _text(buf, a, b, "device_id")
+                    head.device_id = _text(body, a, i, "device_id")
                 elif number == _STREAM_ID:
-                    head.stream_id = _text(buf, a, b, "stream_id")
+                    head.stream_id = _text(body, a, i, "stream_id")
                 elif number == _TRACE_ID:
-                    head.trace_id = _text(buf, a, b, "trace_id")
+                    head.trace_id = _text(body, a, i, "trace_id")
             elif wire_type == _VARINT:
+                value, i = _varint(body, i, n)
+                number = key >> 3
                 if number == _FRAME_SEQ:
-                    head.frame_seq = a & _U64
+                    head.frame_seq = value & _U64
                 elif number == _DEADLINE:
-                    head.deadline_unix_ns = _int64(a)
+                    head.deadline_unix_ns = _int64(value)
+            else:
+                i = _skip(key, wire_type, at, i, n)
         if images:
-            head.image = _read_image(buf, images)
+            head.image = _read_image(memoryview(body), images)
     except _Malformed as exc:
         raise InvalidInputError(f"request is not a serialized DetectRequest: {exc}") from None
     return head
@@ -196,16 +221,24 @@ def _fields(buf: memoryview, i: int, end: int) -> Iterator[tuple[int, int, int, 
         if wire_type == _LEN:
             n, i = _varint(buf, i, end)
             a, i = i, i + n
-        elif wire_type == _I64 or wire_type == _I32:
-            a, i = i, i + (8 if wire_type == _I64 else 4)
+            if i > end:
+                raise _Malformed(f"field {number} at byte {at} runs past the end of its message (byte {end})")
         else:
-            raise _Malformed(f"wire type {wire_type} at byte {at} (groups are not part of this protocol)")
-        if i > end:
-            raise _Malformed(f"field {number} at byte {at} runs past the end of its message (byte {end})")
+            a, i = i, _skip(key, wire_type, at, i, end)
         yield number, wire_type, a, i
 
 
-def _varint(buf: memoryview, i: int, end: int) -> tuple[int, int]:
+def _skip(key: int, wire_type: int, at: int, i: int, end: int) -> int:
+    """Where a fixed-size field (I64, I32) that starts its value at ``i`` ends."""
+    if wire_type == _I64 or wire_type == _I32:
+        i += 8 if wire_type == _I64 else 4
+        if i > end:
+            raise _Malformed(f"field {key >> 3} at byte {at} runs past the end of its message (byte {end})")
+        return i
+    raise _Malformed(f"wire type {wire_type} at byte {at} (groups are not part of this protocol)")
+
+
+def _varint(buf: bytes | memoryview, i: int, end: int) -> tuple[int, int]:
     value = shift = 0
     start = i
     while i < end and shift < 70:
@@ -229,7 +262,7 @@ def _int64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _text(buf: memoryview, a: int, b: int, name: str) -> str:
+def _text(buf: bytes | memoryview, a: int, b: int, name: str) -> str:
     try:
         return str(buf[a:b], "utf-8")
     except UnicodeDecodeError:

@@ -171,9 +171,7 @@ class WorkerPool:
             if not self._retry(reply.status, len(tried), deadline - time.perf_counter()):
                 break
         total = time.perf_counter() - t_start
-        name = status.name(reply.status)
-        self.metrics.requests.labels(transport=transport, status=name).inc()
-        self.metrics.latency.labels(outcome=name).observe(total)
+        self.metrics.answered(transport, status.name(reply.status), total)
         if waited > 0:
             self.metrics.overhead.observe(max(0.0, total - waited))
         return reply.stamped(total * 1000.0)

@@ -161,7 +161,7 @@ class Gateway:
     def _reject(self, req: RequestHead | None, transport: str, bad: Rejection) -> Reply:
         name = status.name(bad.status)
         self.metrics.rejected.labels(reason=name.lower()).inc()
-        self.metrics.requests.labels(transport=transport, status=name).inc()
+        self.metrics.answered(transport, name)
         return error_reply(req, bad.status, bad.message)
 
     # ---- gRPC methods (serialized messages in and out) --------------------------------------
