@@ -93,6 +93,7 @@ bench: venv system-deps
 	$(BIN)/python bench/edge.py
 	$(BIN)/python bench/edge.py --live
 	$(BIN)/python bench/routing.py
+	$(BIN)/python bench/routing.py --capacity
 	$(BIN)/python bench/system.py
 
 clean:

@@ -15,8 +15,18 @@ turns 25x slower for the middle third of a run (SIGUSR1 toggles it), with a 1 s
 deadline: success within the deadline and p99.
 Overhead: p50 of sequential calls through the gateway minus direct to a worker.
 
+Capacity (``--capacity``, run alone; docs/design/balancing.md#a-lean-hop): the cost of the
+hop itself. One echo worker (answers at once, parses nothing) behind our gateway and behind
+nginx, each pinned to one core (``taskset``; the client and the echo worker stay on the other
+cores), and called directly. Per payload size (real JPEGs of 2, 20, 60 and 100 KB): 8
+requests in flight back to back for a few seconds, the proxy's CPU time over exactly that span
+from ``/proc/<pid>/stat`` (utime + stime, nginx's worker included) divided by the requests
+answered, so CPU per request and its inverse, the requests/s one core could serve; and the
+p50 of sequential calls, whose difference to direct calls is the hop's latency.
+
     .venv/bin/python bench/routing.py            # full (about 10 minutes)
     .venv/bin/python bench/routing.py --quick    # smoke run (about 2 minutes)
+    .venv/bin/python bench/routing.py --capacity # the hop's CPU per request (about 2 minutes)
 """
 
 from __future__ import annotations
