@@ -16,9 +16,11 @@ deadline: success within the deadline and p99.
 Overhead: p50 of sequential calls through the gateway minus direct to a worker.
 
 Capacity (``--capacity``, run alone; docs/design/balancing.md#a-lean-hop): the cost of the
-hop itself. One echo worker (answers at once, parses nothing) behind our gateway and behind
-nginx, each pinned to one core (``taskset``; the client and the echo worker stay on the other
-cores), and called directly. Per payload size (real JPEGs of 2, 20, 60 and 100 KB): 8
+hop itself. One echo worker (answers at once, parses nothing) behind our gateway (unary
+``Detect``, and ``DetectStream`` with every request on one stream), behind the grpc.aio floor
+(a proxy that forwards the bytes and reads nothing: what any grpc.aio gateway pays) and
+behind nginx, each pinned to one core (``taskset``; the client and the echo worker stay on the
+other cores), and called directly. Per payload size (real JPEGs of 2, 20, 60 and 100 KB): 8
 requests in flight back to back for a few seconds, the proxy's CPU time over exactly that span
 from ``/proc/<pid>/stat`` (utime + stime, nginx's worker included) divided by the requests
 answered, so CPU per request and its inverse, the requests/s one core could serve; and the
@@ -435,6 +437,7 @@ def overhead_hist_p50(metrics_port: int) -> float:
 CAPACITY_SIZES = (2_000, 20_000, 60_000, 100_000)
 INFER_PATH = "/edgewise.v1.Worker/Infer"
 DETECT_PATH = "/edgewise.v1.Escalation/Detect"
+DETECT_STREAM_PATH = "/edgewise.v1.Escalation/DetectStream"
 
 
 def jpeg_of_size(target: int) -> bytes:
@@ -469,6 +472,40 @@ def proc_cpu_s(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def floor_main(args: argparse.Namespace) -> int:
+    """The least a grpc.aio proxy can do: Escalation.Detect's bytes to ``--target``'s
+    Worker.Infer and its answer back, nothing read, with the gateway's channel options.
+    What the gateway costs beyond this is its own work."""
+    import grpc
+
+    from cloud.gateway.pool import INFER_PATH as infer_path
+    from cloud.gateway.pool import WorkerPool
+    from cloud.gateway.settings import load_settings
+
+    options = WorkerPool(load_settings(None, {"discovery.static": [args.target]}, env={}))._channel_options()
+
+    async def main() -> int:
+        channel = grpc.aio.insecure_channel(args.target, options=options)
+        infer = channel.unary_unary(infer_path, _registered_method=True)
+
+        async def detect(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return await infer(body, timeout=context.time_remaining())  # type: ignore[no-any-return]
+
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "edgewise.v1.Escalation", {"Detect": grpc.unary_unary_rpc_method_handler(detect)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        print(f"EDGEWISE_GATEWAY_LISTENING port={port} metrics_port=0", flush=True)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await server.stop(0)
+        return 0
+
+    return asyncio.run(main())
+
+
 @dataclass
 class CapacityCell:
     requests: int = 0
@@ -481,14 +518,24 @@ class CapacityCell:
         return None if self.cpu_s is None or not self.requests else 1000.0 * self.cpu_s / self.requests
 
 
-async def closed_loop(target: str, path: str, body: bytes, in_flight: int, seconds: float,
-                      cpu_pid: int | None) -> CapacityCell:
-    """``in_flight`` callers sending ``body`` back to back for ``seconds`` (after a warm-up);
-    the proxy's CPU time over exactly that span."""
+@dataclass(frozen=True)
+class CapacityPath:
+    label: str
+    address: str
+    method: str
+    pid: int | None  # the proxy process whose CPU is measured; None: direct
+    stream: bool = False  # one DetectStream call carrying every request
+
+
+async def closed_loop(path: CapacityPath, body: bytes, in_flight: int, seconds: float) -> CapacityCell:
+    """``in_flight`` requests of ``body`` kept outstanding for ``seconds`` (after a warm-up);
+    the proxy's CPU time over exactly that span. Serialized bytes in and out: the client
+    costs no protobuf work."""
     import grpc
 
-    async with grpc.aio.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
-        call = ch.unary_unary(path)  # bytes in, bytes out: the client costs no protobuf work
+    async with grpc.aio.insecure_channel(path.address,
+                                         options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        call = ch.unary_unary(path.method)
         for _ in range(50):
             await call(body, timeout=10)
         stop_at = 0.0
@@ -500,23 +547,45 @@ async def closed_loop(target: str, path: str, body: bytes, in_flight: int, secon
                 await call(body, timeout=10)
                 done += 1
 
-        cpu0 = proc_cpu_s(cpu_pid) if cpu_pid else 0.0
+        async def streamed() -> None:
+            nonlocal done
+            stream = ch.stream_stream(path.method)(timeout=seconds + 30)
+            room = asyncio.Semaphore(in_flight)
+
+            async def writer() -> None:
+                while time.perf_counter() < stop_at:
+                    await room.acquire()
+                    await stream.write(body)
+                await stream.done_writing()
+
+            async def reader() -> None:
+                nonlocal done
+                async for _ in stream:
+                    done += 1
+                    room.release()
+
+            await asyncio.gather(writer(), reader())
+
+        cpu0 = proc_cpu_s(path.pid) if path.pid else 0.0
         t0 = time.perf_counter()
         stop_at = t0 + seconds
-        await asyncio.gather(*(caller() for _ in range(in_flight)))
+        if path.stream:
+            await streamed()
+        else:
+            await asyncio.gather(*(caller() for _ in range(in_flight)))
         wall = time.perf_counter() - t0
-        cpu = proc_cpu_s(cpu_pid) - cpu0 if cpu_pid else None
+        cpu = proc_cpu_s(path.pid) - cpu0 if path.pid else None
     return CapacityCell(done, wall, cpu)
 
 
-async def sequential_p50(targets: dict[str, tuple[str, str]], body: bytes, n: int) -> dict[str, float]:
-    """p50 of one call at a time, round robin over the targets so drift hits all alike."""
+async def sequential_p50(paths: list[CapacityPath], body: bytes, n: int) -> dict[str, float]:
+    """p50 of one call at a time, round robin over the (unary) paths so drift hits all alike."""
     import grpc
 
-    chans = {k: grpc.aio.insecure_channel(a, options=[("grpc.max_send_message_length", 64 << 20)])
-             for k, (a, _) in targets.items()}
-    calls = {k: chans[k].unary_unary(path) for k, (_, path) in targets.items()}
-    lat: dict[str, list[float]] = {k: [] for k in targets}
+    chans = {c.label: grpc.aio.insecure_channel(c.address, options=[("grpc.max_send_message_length", 64 << 20)])
+             for c in paths}
+    calls = {c.label: chans[c.label].unary_unary(c.method) for c in paths}
+    lat: dict[str, list[float]] = {k: [] for k in calls}
     for i in range(n + 20):
         for k, call in calls.items():
             t0 = time.perf_counter()
@@ -529,8 +598,9 @@ async def sequential_p50(targets: dict[str, tuple[str, str]], body: bytes, n: in
 
 
 def capacity_main(args: argparse.Namespace) -> int:
-    """Gateway vs nginx vs direct in front of one echo worker: the proxy pinned to one core,
-    CPU per request from /proc, by payload size."""
+    """The hop in front of one echo worker: our gateway (unary Detect and DetectStream), the
+    grpc.aio floor and nginx, each pinned to one core, and direct calls; CPU per request from
+    /proc, by payload size."""
     from edgewise.v1 import detect_pb2
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -540,34 +610,38 @@ def capacity_main(args: argparse.Namespace) -> int:
         else list(CAPACITY_SIZES)
     d = Path(tempfile.mkdtemp(prefix="ew-capacity-"))
     load_before = os.getloadavg()
+    me = [sys.executable, str(Path(__file__).resolve())]
     eport = free_port()
-    echo = Proc([sys.executable, str(Path(__file__).resolve()), "--_echo", "--port", str(eport)],
-                d / "echo.log", r"EDGEWISE_WORKER_SERVING port=(\d+)")
+    echo = Proc([*me, "--_echo", "--port", str(eport)], d / "echo.log", r"EDGEWISE_WORKER_SERVING port=(\d+)")
     ea = f"127.0.0.1:{eport}"
     procs = [echo]
     results: dict[tuple[int, str], CapacityCell] = {}
     try:
         gw, gport, _ = start_gateway("default", [ea], [1.0], d, cpu=proxy_cpu)
-        procs.append(gw)
-        targets: dict[str, tuple[str, str, int | None]] = {
-            "direct": (ea, INFER_PATH, None), "gateway": (f"127.0.0.1:{gport}", DETECT_PATH, gw.p.pid)}
+        fl = Proc(pinned([*me, "--_floor", "--target", ea], proxy_cpu), d / "floor.log",
+                  r"EDGEWISE_GATEWAY_LISTENING port=(\d+)")
+        procs += [gw, fl]
+        assert fl.match is not None
+        paths = [CapacityPath("direct", ea, INFER_PATH, None),
+                 CapacityPath("gateway", f"127.0.0.1:{gport}", DETECT_PATH, gw.p.pid),
+                 CapacityPath("gateway, DetectStream", f"127.0.0.1:{gport}", DETECT_STREAM_PATH, gw.p.pid, True),
+                 CapacityPath("grpc.aio floor", f"127.0.0.1:{fl.match.group(1)}", DETECT_PATH, fl.p.pid)]
         if Path(NGINX).exists():
             ng, nport = start_nginx([ea], [1.0], d, cpu=proxy_cpu)
             procs.append(ng)
-            targets["nginx"] = (f"127.0.0.1:{nport}", INFER_PATH, ng.p.pid)
+            paths.append(CapacityPath("nginx", f"127.0.0.1:{nport}", INFER_PATH, ng.p.pid))
         for size in sizes:
             req = detect_pb2.DetectRequest(
                 device_id="bench", stream_id="s", frame_seq=1, trace_id="t1",
                 image=detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=jpeg_of_size(size)))
             body = req.SerializeToString()
-            p50 = asyncio.run(sequential_p50({k: (a, path) for k, (a, path, _) in targets.items()}, body,
-                                             args.capacity_seq))
-            for name, (addr, path, pid) in targets.items():
-                cell = asyncio.run(closed_loop(addr, path, body, args.in_flight, args.capacity_seconds, pid))
-                cell.seq_p50_ms = p50[name]
-                results[(len(body), name)] = cell
+            p50 = asyncio.run(sequential_p50([c for c in paths if not c.stream], body, args.capacity_seq))
+            for path in paths:
+                cell = asyncio.run(closed_loop(path, body, args.in_flight, args.capacity_seconds))
+                cell.seq_p50_ms = p50.get(path.label, float("nan"))
+                results[(len(body), path.label)] = cell
                 cpu = f"{cell.cpu_ms:.3f} ms CPU/req" if cell.cpu_ms is not None else "(no proxy)"
-                print(f"  {len(body) / 1000:6.1f} KB {name:8s} {cell.requests / cell.wall_s:7.0f} req/s at "
+                print(f"  {len(body) / 1000:6.1f} KB {path.label:22s} {cell.requests / cell.wall_s:7.0f} req/s at "
                       f"{args.in_flight} in flight, {cpu}, sequential p50 {cell.seq_p50_ms:.2f} ms", flush=True)
     finally:
         for pr in reversed(procs):
@@ -576,7 +650,7 @@ def capacity_main(args: argparse.Namespace) -> int:
     load_after = os.getloadavg()
 
     print()
-    print(f"Proxy pinned to CPU {proxy_cpu}; client and echo worker on CPU {sorted(rest)}; "
+    print(f"Proxies pinned to CPU {proxy_cpu}; client and echo worker on CPU {sorted(rest)}; "
           f"{args.in_flight} requests in flight, {args.capacity_seconds:g} s per cell; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} CPUs).")
     print()
@@ -585,15 +659,15 @@ def capacity_main(args: argparse.Namespace) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for (nbytes, name), c in results.items():
         direct = results[(nbytes, "direct")]
-        tput = c.requests / c.wall_s
         if c.cpu_ms is None:
             cpu = ceiling = busy = "-"
         else:
             cpu, ceiling = f"{c.cpu_ms:.3f}", f"{1000.0 / c.cpu_ms:.0f}"
             busy = f"{100.0 * (c.cpu_s or 0.0) / c.wall_s:.0f}%"
-        over = "-" if name == "direct" else f"{c.seq_p50_ms - direct.seq_p50_ms:+.2f}"
-        print(f"| {nbytes / 1000:.1f} KB | {name} | {cpu} | {ceiling} | {tput:.0f} | {busy} | "
-              f"{c.seq_p50_ms:.2f} | {over} |")
+        seq = "-" if c.seq_p50_ms != c.seq_p50_ms else f"{c.seq_p50_ms:.2f}"  # NaN: streamed, no sequential calls
+        over = "-" if name == "direct" or seq == "-" else f"{c.seq_p50_ms - direct.seq_p50_ms:+.2f}"
+        print(f"| {nbytes / 1000:.1f} KB | {name} | {cpu} | {ceiling} | {c.requests / c.wall_s:.0f} | {busy} | "
+              f"{seq} | {over} |")
     gw_cells = {n: c for (n, k), c in results.items() if k == "gateway" and c.cpu_ms is not None}
     if gw_cells:
         print()
@@ -602,6 +676,10 @@ def capacity_main(args: argparse.Namespace) -> int:
         verdict = "met" if c60 <= 0.25 else "NOT met"
         print(f"- Gateway CPU per request at {near60 / 1000:.0f} KB: {c60:.3f} ms (target <= 0.25 ms: {verdict}; "
               f"stretch 0.15 ms: {'met' if c60 <= 0.15 else 'not met'}).")
+        floor = results.get((near60, "grpc.aio floor"))
+        if floor is not None and floor.cpu_ms:
+            print(f"- The grpc.aio floor (bytes forwarded, nothing read) costs {floor.cpu_ms:.3f} ms there: the "
+                  f"gateway's own work is {c60 - floor.cpu_ms:+.3f} ms.")
         lo, hi = min(gw_cells), max(gw_cells)
         print(f"- Payload dependence: {hi / 1000:.0f} KB costs {(gw_cells[hi].cpu_ms or 0) / (gw_cells[lo].cpu_ms or 1):.2f}x "
               f"the CPU of {lo / 1000:.0f} KB.")
@@ -621,6 +699,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--_echo", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--_floor", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--target", default="", help=argparse.SUPPRESS)
     ap.add_argument("--name", default="w", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--model", default=str(ROOT / ".cache" / "test-models" / "yolov5n-160-10.onnx"),
@@ -646,6 +726,8 @@ def main() -> int:
         return worker_main(args)
     if args._echo:
         return echo_main(args)
+    if args._floor:
+        return floor_main(args)
     if args.capacity:
         return capacity_main(args)
     if not Path(args.model).exists():
