@@ -21,7 +21,8 @@ hop itself. One echo worker (answers at once, parses nothing) behind our gateway
 (a proxy that forwards the bytes and reads nothing: what any grpc.aio gateway pays) and
 behind nginx, each pinned to one core (``taskset``; the client and the echo worker stay on the
 other cores), and called directly. Per payload size (real JPEGs of 2, 20, 60 and 100 KB): 8
-requests in flight back to back for a few seconds, the proxy's CPU time over exactly that span
+requests in flight back to back for 2 s, in 3 rounds interleaved over the paths (the median
+round reported: the machine's load drifts), the proxy's CPU time over exactly that span
 from ``/proc/<pid>/stat`` (utime + stime, nginx's worker included) divided by the requests
 answered, so CPU per request and its inverse, the requests/s one core could serve; and the
 p50 of sequential calls, whose difference to direct calls is the hop's latency.
@@ -636,13 +637,21 @@ def capacity_main(args: argparse.Namespace) -> int:
                 image=detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=jpeg_of_size(size)))
             body = req.SerializeToString()
             p50 = asyncio.run(sequential_p50([c for c in paths if not c.stream], body, args.capacity_seq))
-            for path in paths:
-                cell = asyncio.run(closed_loop(path, body, args.in_flight, args.capacity_seconds))
+            rounds: dict[str, list[CapacityCell]] = {c.label: [] for c in paths}
+            for _ in range(args.capacity_rounds):  # interleaved: the machine's load drifts, hits all alike
+                for path in paths:
+                    rounds[path.label].append(
+                        asyncio.run(closed_loop(path, body, args.in_flight, args.capacity_seconds)))
+            for path in paths:  # the round with the median CPU per request (or throughput, direct)
+                runs = sorted(rounds[path.label], key=lambda c: c.cpu_ms or -c.requests / c.wall_s)
+                cell = runs[len(runs) // 2]
                 cell.seq_p50_ms = p50.get(path.label, float("nan"))
                 results[(len(body), path.label)] = cell
                 cpu = f"{cell.cpu_ms:.3f} ms CPU/req" if cell.cpu_ms is not None else "(no proxy)"
                 print(f"  {len(body) / 1000:6.1f} KB {path.label:22s} {cell.requests / cell.wall_s:7.0f} req/s at "
-                      f"{args.in_flight} in flight, {cpu}, sequential p50 {cell.seq_p50_ms:.2f} ms", flush=True)
+                      f"{args.in_flight} in flight, {cpu} (rounds: "
+                      f"{', '.join(f'{c.cpu_ms:.3f}' for c in runs if c.cpu_ms is not None) or '-'}), "
+                      f"sequential p50 {cell.seq_p50_ms:.2f} ms", flush=True)
     finally:
         for pr in reversed(procs):
             pr.stop()
@@ -651,7 +660,8 @@ def capacity_main(args: argparse.Namespace) -> int:
 
     print()
     print(f"Proxies pinned to CPU {proxy_cpu}; client and echo worker on CPU {sorted(rest)}; "
-          f"{args.in_flight} requests in flight, {args.capacity_seconds:g} s per cell; load average "
+          f"{args.in_flight} requests in flight; per cell the median of {args.capacity_rounds} interleaved "
+          f"rounds of {args.capacity_seconds:g} s; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} CPUs).")
     print()
     print("| request | path | proxy CPU ms/request | one-core ceiling req/s (1 / CPU) | req/s at "
@@ -718,7 +728,9 @@ def main() -> int:
                     help="only the capacity mode: proxy CPU per request by payload size (gateway, nginx, direct)")
     ap.add_argument("--capacity-sizes", default=None,
                     help="capacity: payload sizes in KB, comma-separated (default 2,20,60,100)")
-    ap.add_argument("--capacity-seconds", type=float, default=5.0, help="capacity: seconds per loaded cell")
+    ap.add_argument("--capacity-seconds", type=float, default=2.0, help="capacity: seconds per loaded round")
+    ap.add_argument("--capacity-rounds", type=int, default=3,
+                    help="capacity: interleaved rounds per cell, the median reported")
     ap.add_argument("--capacity-seq", type=int, default=300, help="capacity: sequential calls per path and size")
     ap.add_argument("--in-flight", type=int, default=8, help="capacity: concurrent requests in the loaded runs")
     args = ap.parse_args()
