@@ -10,6 +10,9 @@
   count and no dashboard or alert of this project reads them.
 * :func:`setup_logging` configures the root logger as text (the default) or as
   one JSON object per line (``--log-format json``) for log shippers.
+* :class:`LogThrottle` bounds a message that outside input can repeat (a folder
+  of corrupt files, a flood of refused MQTT requests) to a few lines per interval,
+  each saying how many it held back.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 import platform
 import sys
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -94,3 +97,26 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.addHandler(handler)
     root.setLevel(name)
 
+
+class LogThrottle:
+    """At most ``burst`` messages per ``interval_s`` window; counts the ones it holds back."""
+
+    def __init__(self, interval_s: float, burst: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.burst = burst
+        self.clock = clock
+        self.window_start = float("-inf")
+        self.sent = 0
+        self.held = 0
+
+    def allow(self) -> Optional[int]:
+        """None to stay quiet; else how many messages were held back before this one."""
+        now = self.clock()
+        if now - self.window_start >= self.interval_s:
+            self.window_start, self.sent = now, 0
+        if self.sent >= self.burst:
+            self.held += 1
+            return None
+        self.sent += 1
+        held, self.held = self.held, 0
+        return held

@@ -1,33 +1,31 @@
 """Wire codecs: numpy images and ``Detections`` <-> the v1 protobuf messages.
 
-Everything arriving from the network is validated here before any decoder
-touches it: declared encoding vs magic bytes, byte and pixel limits (the image
-size is read from the PNG/JPEG header *before* decoding, so a small file that
-would inflate to gigapixels is refused cheaply), RAW shape/dtype/length
-consistency, truncated or corrupt payloads. Errors are ``InvalidInputError``
-(gRPC INVALID_ARGUMENT) naming the field and what was expected.
+Everything arriving from the network is validated by ``check_image`` before any
+decoder touches it: declared encoding vs magic bytes, byte and pixel limits (the
+image size is read from the PNG/JPEG header *before* decoding, by
+``edgewise.imagefiles``, so a small file that would inflate to gigapixels is
+refused cheaply), RAW shape/dtype/length consistency; ``decode_image`` adds the
+structural walk and the decode. Errors are ``InvalidInputError`` (INVALID_ARGUMENT,
+``edgewise.status``) naming the field and what was expected.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import struct
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import cv2
 import numpy as np
 
+from edgewise import imagefiles
 from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
+from edgewise.imagefiles import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, Buffer, ImageHeader
 from edgewise.images import check_bgr
 from edgewise.v1 import detect_pb2
 
-#: Default limits for decoded images: 8K UHD frames pass, decompression bombs do not.
-DEFAULT_MAX_PIXELS = 7680 * 4320
-DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 FORMATS = ("jpeg", "png", "raw")
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-JPEG_MAGIC = b"\xff\xd8"
+_WIRE_ENCODINGS: Dict[int, str] = {detect_pb2.Image.JPEG: "jpeg", detect_pb2.Image.PNG: "png"}
 
 
 def encode_image(bgr: np.ndarray, fmt: str = "jpeg", quality: int = 90) -> detect_pb2.Image:
@@ -53,52 +51,93 @@ def encode_image(bgr: np.ndarray, fmt: str = "jpeg", quality: int = 90) -> detec
     return detect_pb2.Image(encoding=enc, data=buf.tobytes())
 
 
-def png_size(data: bytes) -> Tuple[int, int]:
-    """``(width, height)`` from a PNG's IHDR chunk."""
-    if len(data) < 24 or data[:8] != PNG_MAGIC or data[12:16] != b"IHDR":
-        raise InvalidInputError("image.data: not a PNG (bad signature or missing IHDR header)")
-    w, h = struct.unpack(">II", data[16:24])
-    return int(w), int(h)
+class WireImage(Protocol):
+    """What ``check_image`` reads of a wire image: a ``detect_pb2.Image`` (the worker), or
+    the gateway's view of one inside the request bytes it forwards, whose ``data`` is a
+    ``memoryview`` of them (``cloud/gateway/envelope.py``)."""
+
+    @property
+    def encoding(self) -> int: ...
+    @property
+    def data(self) -> Buffer: ...
+    @property
+    def shape(self) -> Sequence[int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def offset_x(self) -> int: ...
+    @property
+    def offset_y(self) -> int: ...
+    @property
+    def source_width(self) -> int: ...
+    @property
+    def source_height(self) -> int: ...
 
 
-_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+def check_image(
+    img: WireImage,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> ImageHeader:
+    """The one check of a wire image, from its header only (no decoding, microseconds).
 
-
-def jpeg_size(data: bytes) -> Tuple[int, int]:
-    """``(width, height)`` from a JPEG's start-of-frame marker (walks the segment headers)."""
-    if data[:2] != JPEG_MAGIC:
-        raise InvalidInputError("image.data: not a JPEG (missing SOI marker FFD8)")
-    i, n = 2, len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            raise InvalidInputError(f"image.data: corrupt JPEG (bad marker at byte {i})")
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            i += 2
-            continue
-        seglen = struct.unpack(">H", data[i + 2 : i + 4])[0]
-        if marker in _SOF:
-            if i + 9 > n:
-                break
-            h, w = struct.unpack(">HH", data[i + 5 : i + 9])
-            return int(w), int(h)
-        if marker == 0xDA:  # start of scan before a frame header
-            break
-        i += 2 + seglen
-    raise InvalidInputError("image.data: corrupt or truncated JPEG (no frame header found)")
-
-
-def _check_pixels(w: int, h: int, max_pixels: int, what: str) -> None:
-    if w <= 0 or h <= 0:
-        raise InvalidInputError(f"image: {what} declares an empty size {w}x{h}")
-    if w * h > max_pixels:
+    Byte limit, declared encoding vs magic bytes, declared size vs ``max_pixels`` (for
+    every encoding), RAW shape [height, width, 3] / dtype uint8 / length, a JPEG's
+    end-of-image marker, and a crop offset inside its source frame. The gateway's
+    admission and the worker (before it decodes) both call it with the same limits.
+    Reads only the first and last bytes of ``data``: its cost does not grow with the image.
+    """
+    data = img.data
+    if not data:
+        raise InvalidInputError("image.data is empty: send the encoded frame (JPEG, PNG or RAW)")
+    if len(data) > max_bytes:
+        raise InvalidInputError(f"image.data is {len(data)} bytes, over the limit of {max_bytes} bytes "
+                                f"(send a smaller crop or lower the JPEG quality)")
+    enc = img.encoding
+    if enc == detect_pb2.Image.RAW:
+        header = _raw_header(img)
+    elif enc in _WIRE_ENCODINGS:
+        want = _WIRE_ENCODINGS[enc]
+        found = imagefiles.sniff(data)
+        if found != want:
+            raise InvalidInputError(f"image.data is not a {want.upper()} (its magic bytes say "
+                                    f"{(found or 'unknown').upper()}); check image.encoding")
+        if want == "jpeg" and _last_two(data) != b"\xff\xd9":
+            raise InvalidInputError("image.data: truncated JPEG (no end-of-image marker FFD9)")
+        header = imagefiles.image_header(data, "image.data")
+    else:
         raise InvalidInputError(
-            f"image: {what} is {w}x{h} = {w * h} pixels, over the limit of {max_pixels}; "
-            f"send a smaller frame or a crop"
+            f"image.encoding {enc} is not supported: set JPEG ({detect_pb2.Image.JPEG}), "
+            f"PNG ({detect_pb2.Image.PNG}) or RAW ({detect_pb2.Image.RAW})"
         )
+    imagefiles.check_pixels(header, max_pixels, f"image ({header.encoding.upper()})")
+    if img.source_width and img.source_height and (
+            img.offset_x >= img.source_width or img.offset_y >= img.source_height):
+        raise InvalidInputError(
+            f"image crop offset ({img.offset_x},{img.offset_y}) lies outside the "
+            f"{img.source_width}x{img.source_height} source frame")
+    return header
+
+
+def _last_two(data: Buffer) -> bytes:
+    """The last two bytes before any trailing zero padding (some encoders pad a JPEG)."""
+    tail = bytes(data[-64:]).rstrip(b"\x00")
+    if len(tail) < 2 and len(data) > 64:  # long zero padding: strip it all (rare; C speed)
+        tail = bytes(data).rstrip(b"\x00")
+    return tail[-2:]
+
+
+def _raw_header(img: WireImage) -> ImageHeader:
+    if img.dtype not in ("", "uint8"):
+        raise InvalidInputError(f"image.dtype {img.dtype!r}: RAW images must be 'uint8'")
+    shape = [int(s) for s in img.shape]
+    if len(shape) != 3 or shape[2] != 3:
+        raise InvalidInputError(f"image.shape {shape}: RAW images must be [height, width, 3] (BGR)")
+    header = ImageHeader("raw", shape[1], shape[0])
+    if header.pixels > 0 and len(img.data) != header.pixels * 3:
+        raise InvalidInputError(
+            f"image.data has {len(img.data)} bytes but image.shape {shape} needs {header.pixels * 3}")
+    return header
 
 
 def decode_image(
@@ -106,48 +145,16 @@ def decode_image(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> np.ndarray:
-    """Decode an ``Image`` message to a BGR uint8 HxWx3 array.
+    """``check_image``, then decode to a BGR uint8 HxWx3 array.
 
     RAW payloads are returned zero-copy as a *read-only* view of the message
     bytes (the runtime never writes into its input); copy it to modify it.
     """
-    data = img.data
-    if not data:
-        raise InvalidInputError("image.data is empty: send the encoded frame (JPEG, PNG or RAW)")
-    if len(data) > max_bytes:
-        raise InvalidInputError(f"image.data is {len(data)} bytes, over the limit of {max_bytes} bytes")
-    enc = img.encoding
-    if enc == detect_pb2.Image.RAW:
-        if img.dtype != "uint8":
-            raise InvalidInputError(f"image.dtype {img.dtype!r}: RAW images must be 'uint8'")
-        shape = tuple(int(s) for s in img.shape)
-        if len(shape) != 3 or shape[2] != 3:
-            raise InvalidInputError(f"image.shape {list(shape)}: RAW images must be [height, width, 3] (BGR)")
-        _check_pixels(shape[1], shape[0], max_pixels, "RAW image.shape")
-        expected = shape[0] * shape[1] * 3
-        if len(data) != expected:
-            raise InvalidInputError(
-                f"image.data has {len(data)} bytes but image.shape {list(shape)} needs {expected}"
-            )
-        return np.frombuffer(data, np.uint8).reshape(shape)
-    if enc == detect_pb2.Image.JPEG:
-        w, h = jpeg_size(data)
-        _check_pixels(w, h, max_pixels, "JPEG")
-        if data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
-            raise InvalidInputError("image.data: truncated JPEG (no end-of-image marker FFD9)")
-    elif enc == detect_pb2.Image.PNG:
-        w, h = png_size(data)
-        _check_pixels(w, h, max_pixels, "PNG")
-    else:
-        raise InvalidInputError(
-            f"image.encoding {enc} is not supported: set JPEG ({detect_pb2.Image.JPEG}), "
-            f"PNG ({detect_pb2.Image.PNG}) or RAW ({detect_pb2.Image.RAW})"
-        )
-    out = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if out is None or out.ndim != 3 or out.shape[:2] != (h, w):
-        kind = "JPEG" if enc == detect_pb2.Image.JPEG else "PNG"
-        raise InvalidInputError(f"image.data: corrupt {kind} (OpenCV could not decode it)")
-    return out
+    header = check_image(img, max_pixels, max_bytes)
+    if header.encoding == "raw":
+        return np.frombuffer(img.data, np.uint8).reshape(header.height, header.width, 3)
+    imagefiles.check_stream(img.data, header.encoding, "image.data")
+    return imagefiles.decode_checked(img.data, header, "image.data")
 
 
 def detections_to_proto(d: Detections, source: Optional[str] = None) -> List[detect_pb2.Detection]:

@@ -1,13 +1,20 @@
 """Generated reference pages of the operator's guide, so they cannot drift from the code.
 
-Two pages are rendered from the code that enforces them:
+Rendered from the code that enforces them:
 
 * ``docs/policy-reference.md`` from the policy schema's field metadata
   (:func:`edgewise.policy.schema.describe_schema`), the hardness signal names and
   the decision reasons, with example error messages produced by the real loader;
-* ``docs/edge-settings-reference.md`` from the ``EdgeSettings`` dataclasses of
-  ``edge/settings.py`` (types and defaults from the fields, descriptions from the
-  attribute docstrings, environment variable names from the loader's prefix).
+* ``docs/settings/{edge,gateway,worker,autoscaler}.md`` from each process's settings
+  ``SCHEMA`` (:mod:`edgewise.settings`: types, defaults, allowed values, environment
+  variables, flags and docs from the field metadata), with real loader messages;
+* the ``gateway.config`` subtree of ``charts/edgewise/values.schema.json`` from the
+  gateway's field metadata (types, enums, ranges, no unknown keys), so a typo in the
+  chart values fails ``helm install`` instead of the gateway pod's start;
+* ``charts/edgewise/README.md`` (what ``helm show readme`` prints): install, upgrade,
+  rollback and uninstall, the modes (every value with a fixed set of choices) and the
+  values table, from ``values.schema.json`` (types, choices, descriptions) and
+  ``values.yaml`` (defaults).
 
 ``python -m edgewise_tools.reference --write`` regenerates them;
 ``--check`` exits 1 with a unified diff when a committed page is stale
@@ -20,24 +27,35 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import importlib
+import json
 import sys
-from dataclasses import MISSING
+import tempfile
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from edgewise.config import attribute_docs
 from edgewise.errors import ConfigError
 from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy.deciding import REASONS, SUPPRESSORS
 from edgewise.policy.fields import field_specs
 from edgewise.policy.loading import parse_policy
 from edgewise.policy.schema import DEFAULT_WEIGHTS, Policy, describe_schema
+from edgewise.settings import VALUE_RULES, Row, Schema, Spec
+from edgewise.settings import rows as rows_of
+from edgewise.settings.fields import fields_of
+from edgewise.settings.values import is_mapping, is_section, optional, sequence
 
 #: Repository root (``edgewise_tools/reference.py`` -> three levels up).
 ROOT = Path(__file__).resolve().parents[1]
 POLICY_PAGE = "docs/policy-reference.md"
-EDGE_PAGE = "docs/edge-settings-reference.md"
+CHART_SCHEMA = "charts/edgewise/values.schema.json"
+CHART_README = "charts/edgewise/README.md"
+CHART_VALUES = "charts/edgewise/values.yaml"
+CHART_YAML = "charts/edgewise/Chart.yaml"
+#: Hand-written files a generated page is rendered from (besides the code and other pages).
+INPUTS = (CHART_VALUES, CHART_YAML)
 COMMAND = "python -m edgewise_tools.reference --write"
 
 #: What each hardness signal measures (one line; the function docstrings in
@@ -232,127 +250,297 @@ def policy_reference() -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- settings page
+# --------------------------------------------------------------------------- settings pages
 
-def _type_text(f: dataclasses.Field[Any]) -> str:
-    t = f.type
-    return t if isinstance(t, str) else getattr(t, "__name__", str(t))
+@dataclass(frozen=True)
+class SettingsPage:
+    """A process whose settings get a reference page: the module holding its ``SCHEMA``."""
 
-
-def _yaml_default(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '""' if value == "" else value
-    if isinstance(value, list):
-        return "[]" if not value else "[" + ", ".join(_yaml_default(v) for v in value) + "]"
-    return str(value)
+    module: str
+    title: str
+    intro: str
 
 
-SettingsRow = Tuple[str, str, str, str, str]
+SETTINGS_PAGES: Dict[str, SettingsPage] = {
+    "docs/settings/edge.md": SettingsPage(
+        "edge.settings", "Edge daemon",
+        "On a Jetson the file is `/etc/edgewise/edge.yaml` (read by `edgewise-edge.service`) and secrets go "
+        "in `/etc/default/edgewise-edge` as environment variables. How to install and run the daemon: "
+        "[install-edge.md](../install-edge.md); a commented example: `edge/edge.example.yaml`."),
+    "docs/settings/gateway.md": SettingsPage(
+        "cloud.gateway.settings", "Gateway",
+        "In the Helm chart, `gateway.config` holds these keys except `listen`, `metrics_host`, `metrics_port` "
+        "and `discovery`, which the chart sets itself; `values.schema.json` is generated from the same "
+        "field metadata, so a misspelled or out-of-range key fails `helm install` "
+        "([install-cloud.md](../install-cloud.md)). A commented example: `cloud/gateway/gateway.example.yaml`."),
+    "docs/settings/worker.md": SettingsPage(
+        "cloud.worker.settings", "Worker",
+        "The Helm chart passes them as flags from `worker.*` values "
+        "([install-cloud.md](../install-cloud.md))."),
+    "docs/settings/autoscaler.md": SettingsPage(
+        "cloud.autoscaler.settings", "Autoscaler",
+        "The Helm chart runs it with `autoscaling.mode: builtin` and passes flags from `autoscaling.*` "
+        "values ([install-cloud.md](../install-cloud.md)). A commented example: "
+        "`cloud/autoscaler/autoscaler.example.yaml`."),
+}
 
 
-def settings_rows(module: Any, cls: Any, prefix: str = "", env_prefix: str = "",
-                  in_list: bool = False) -> List[SettingsRow]:
-    """(key path, type, default, environment variable, description) of a settings tree.
-
-    Nested dataclasses are found by type name in ``module``; ``List[X]`` of a
-    dataclass is written ``key[].field``. List items have no environment variable
-    of their own (use ``--set streams.0.fps=5`` or ``EDGEWISE_EDGE_STREAMS__0__FPS``).
-    """
-    docs = attribute_docs(cls)
-    rows: List[SettingsRow] = []
-    for f in dataclasses.fields(cls):
-        tname = _type_text(f)
-        key = f"{prefix}{f.name}"
-        nested = getattr(module, tname, None)
-        if dataclasses.is_dataclass(nested):
-            rows.extend(settings_rows(module, nested, key + ".", env_prefix, in_list))
-            continue
-        if tname.startswith("List[") and dataclasses.is_dataclass(getattr(module, tname[5:-1], None)):
-            rows.extend(settings_rows(module, getattr(module, tname[5:-1]), key + "[].", env_prefix, True))
-            continue
-        if f.default is not dataclasses.MISSING:
-            default: Any = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = None
-        env = "" if in_list or not env_prefix else env_prefix + key.upper().replace(".", "__")
-        rows.append((key, tname, _yaml_default(default), env, _rst_to_md(docs.get(f.name, ""))))
-    return rows
-
-
-def _edge_settings_module() -> Optional[Any]:
+def _schema(module: str) -> Optional[Schema[Any]]:
     try:
-        return importlib.import_module("edge.settings")
+        return importlib.import_module(module).SCHEMA  # type: ignore[no-any-return]
     except ModuleNotFoundError:
         return None
 
 
-def edge_settings_reference() -> Optional[str]:
-    """The Markdown of ``docs/edge-settings-reference.md`` (None without the edge package)."""
-    mod = _edge_settings_module()
-    if mod is None:
+def _error_examples(schema: Schema[Any]) -> List[str]:
+    """Real loader messages: a misspelled key in the file, a bad number in the environment."""
+    rows = [r for r in rows_of(schema) if r.env and "[]" not in r.key]
+    parent, leaf = next(r.key for r in rows if "." in r.key).rsplit(".", 1)
+    number = next(r for r in rows if r.type == "int")
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "settings.yaml"
+        path.write_text(f"{parent}:\n  {leaf[:-2] + leaf[-1] + leaf[-2]}: 1\n", encoding="utf-8")
+        for config, env in ((path, {}), (None, {number.env: "lots"})):
+            try:
+                schema.load(config, env=env)
+            except ConfigError as exc:
+                out.append(str(exc).replace(str(path), "settings.yaml"))
+                continue
+            raise AssertionError(f"example settings unexpectedly valid: {config or env}")
+    return out
+
+
+def settings_reference(page: SettingsPage, _root: Path = ROOT) -> Optional[str]:
+    """The Markdown of one process's settings page (None when its package is not installed)."""
+    schema = _schema(page.module)
+    if schema is None:
         return None
-    rows = settings_rows(mod, mod.EdgeSettings, env_prefix=mod.ENV_PREFIX)
-    choices = {
-        "streams[].kind": mod.SOURCE_KINDS,
-        "streams[].drop_policy": mod.DROP_POLICIES,
-        "cloud.transport": mod.TRANSPORTS,
-    }
-    groups: Dict[str, List[SettingsRow]] = {}
-    for row in rows:
-        top = row[0].split(".")[0].split("[")[0] if "." in row[0] else ""
-        groups.setdefault(top, []).append(row)
+    flags = ", ".join(f"`{f.name}`" for f in schema.flags)
+    src = page.module.replace(".", "/") + ".py"
     lines = [
-        _HEADER.format(cmd=COMMAND, src="`edge/settings.py`"),
-        "# Edge daemon settings reference",
+        _HEADER.format(cmd=COMMAND, src=f"`{src}`"),
+        f"# {page.title} settings reference",
         "",
-        "Settings of `edgewise edge run` (on a Jetson: `/etc/edgewise/edge.yaml`, read by "
-        "`edgewise-edge.service`). How to install and run the daemon: "
-        "[install-edge.md](install-edge.md).",
+        f"Every setting of `{schema.command}`. {page.intro}",
         "",
-        "Layers, later wins: defaults < the YAML file (`--config`) < environment variables "
-        f"(`{mod.ENV_PREFIX}<PATH>`, `__` between levels) < `--set key.path=value` and the "
-        "named flags (`--device-id`, `--policy`, `--metrics-port`, `--jsonl`). "
-        "Unknown keys are refused with the file and key path. "
-        "`edgewise edge run --describe-settings` prints the same list.",
+        "Layers, later wins: the defaults below < the YAML file (`--config FILE`) < environment variables "
+        f"`{schema.env_prefix}<KEY>__<SUBKEY>` < `--set KEY.PATH=VALUE` (repeatable) < the named flags "
+        f"({flags}). List items are addressed by index (`--set KEY.0.SUBKEY=VALUE`, "
+        f"`{schema.env_prefix}KEY__0__SUBKEY`). `{schema.command} --describe-settings` prints the same list.",
         "",
-        "List items (`streams[]`) are set in the file; override one with "
-        "`--set streams.0.fps=5`.",
+        "Unknown keys and variables, wrong types and values out of range are refused at start; the message "
+        "names where the value came from (the file and line, the variable or the flag), the key path and "
+        "the allowed values, e.g.:",
         "",
     ]
-    titles = {"": "Top level"}
+    lines += [f"* `{msg}`" for msg in _error_examples(schema)]
+    lines += [
+        "",
+        "Values are read the same way by every edgewise process:",
+        "",
+    ]
+    lines += _table(("type", "accepted"), VALUE_RULES)
+    lines.append("")
+    groups: Dict[str, List[Row]] = {}
+    for row in rows_of(schema):
+        top = row.key.split(".")[0].split("[")[0] if "." in row.key else ""
+        groups.setdefault(top, []).append(row)
     for top, group in groups.items():
-        lines.append(f"## {titles.get(top, f'`{top}`')}")
-        lines.append("")
-        table_rows = []
-        for key, tname, default, env, doc in group:
-            allowed = choices.get(key)
-            if allowed and not all(c in doc for c in allowed):
-                doc = f"{doc} Allowed: {' | '.join(allowed)}." if doc else f"Allowed: {' | '.join(allowed)}."
-            table_rows.append((f"`{key}`", tname, f"`{default}`", f"`{env}`" if env else "-", doc))
-        lines.extend(_table(("key", "type", "default", "environment variable", "description"), table_rows))
+        lines += [f"## `{top}`" if top else "## Top level", ""]
+        lines.extend(_table(
+            ("key", "type", "default", "allowed", "environment variable", "flag", "description"),
+            [(f"`{r.key}`", r.type, f"`{r.default}`", r.allowed, f"`{r.env}`" if r.env else "(items by index)",
+              f"`{r.flag}`" if r.flag else "", _rst_to_md(r.doc) + (" Secret: never printed." if r.secret else ""))
+             for r in group]))
         lines.append("")
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- chart schema
+
+#: Gateway keys the chart's gateway-configmap.yaml sets itself (from other values).
+CHART_OWNED = ("listen", "metrics_host", "metrics_port", "discovery")
+
+
+def json_schema(tp: Any, spec: Optional[Spec] = None) -> Dict[str, Any]:
+    """JSON schema (draft-07) of a settings type: types, enums, ranges, no unknown keys."""
+    inner, nullable = optional(tp)
+    out: Dict[str, Any] = {"description": spec.doc} if spec is not None and spec.doc else {}
+    item_spec = Spec(doc="", **{k: v for k, v in dataclasses.asdict(spec).items() if k != "doc"}) if spec else None
+    seq = sequence(inner)
+    if is_section(inner):
+        out.update(type="object", additionalProperties=False,
+                   properties={n: json_schema(i.type, i.spec) for n, i in fields_of(inner).items()})
+    elif seq is not None:
+        out.update(type="array", items=json_schema(seq[0], item_spec))
+        if seq[1] is not None:
+            out.update(minItems=seq[1], maxItems=seq[1])
+    elif is_mapping(inner):
+        out["type"] = "object"
+    else:
+        out.update(_scalar_schema(inner, spec or Spec(doc="")))
+    if nullable:
+        out["type"] = (out["type"] if isinstance(out["type"], list) else [out["type"]]) + ["null"]
+        if "enum" in out:
+            out["enum"].append(None)
+    return out
+
+
+#: A number written as text (what ``helm --set key=0.5`` passes: Helm reads only integers).
+_NUMBER_TEXT = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+
+
+def _scalar_schema(tp: Any, spec: Spec) -> Dict[str, Any]:
+    """The JSON schema of a scalar as the coercion table reads it (VALUE_RULES): a float may be
+    a numeric string, a str may be a number; ranges and choices from the metadata."""
+    kind = spec.kind(tp)
+    allowed = spec.allowed_values(tp)
+    if allowed:
+        return {"type": "string", "enum": list(allowed)}
+    out: Dict[str, Any] = {"type": {"bool": "boolean", "int": "integer", "float": ["number", "string"]}.get(
+        kind, ["string", "number"])}
+    for key, bound, is_open in (("minimum", spec.lo, spec.lo_open), ("maximum", spec.hi, spec.hi_open)):
+        if bound is not None:
+            out["exclusive" + key.capitalize() if is_open else key] = int(bound) if float(bound).is_integer() else bound
+    if kind == "float":
+        out["pattern"] = _NUMBER_TEXT
+    return out
+
+
+def gateway_config_schema() -> Optional[Dict[str, Any]]:
+    """The chart's ``gateway.config`` schema, from the gateway's settings metadata."""
+    schema = _schema("cloud.gateway.settings")
+    if schema is None:
+        return None
+    out = json_schema(schema.root)
+    for key in CHART_OWNED:
+        del out["properties"][key]
+    out["description"] = (f"Extra gateway settings merged into gateway.yaml (generated by `{COMMAND}` from "
+                          f"cloud/gateway/settings.py; {', '.join(CHART_OWNED)} are set by the chart).")
+    return out
+
+
+def chart_schema(root: Path = ROOT) -> Optional[str]:
+    """``charts/edgewise/values.schema.json`` with the generated ``gateway.config`` subtree."""
+    config = gateway_config_schema()
+    if config is None:
+        return None
+    doc = json.loads((root / CHART_SCHEMA).read_text(encoding="utf-8"))
+    doc["properties"]["gateway"]["properties"]["config"] = config
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+_CHART_TEXT = """\
+# edgewise Helm chart
+
+<!-- Generated by `{cmd}` from values.schema.json and values.yaml: do not edit. -->
+
+{description}
+
+Kubernetes `{kube}` (supported: 1.29-1.33); tested with Helm 4. The full guide, with TLS, device tokens,
+an upgrade to a new model and a rollback, is `docs/install-cloud.md` in the repository; metrics,
+dashboard and alerts are in `docs/metrics.md`.
+
+## Install, upgrade, roll back, uninstall
+
+```sh
+kubectl create namespace edgewise
+helm install edgewise charts/edgewise -n edgewise                # or: -f my-values.yaml
+helm test edgewise -n edgewise --logs                            # one real frame through a worker
+helm upgrade edgewise charts/edgewise -n edgewise --reuse-values --set worker.replicas=4
+helm history edgewise -n edgewise
+helm rollback edgewise 1 -n edgewise                             # back to revision 1
+helm uninstall edgewise -n edgewise
+```
+
+`helm uninstall` leaves the Secrets you created (TLS, tokens) and deletes the engine cache claim
+the chart created (`worker.engineCache.pvc`, when no `claimName` was given). Check a values file
+without a cluster: `helm lint --strict charts/edgewise -f my-values.yaml`; rules between values
+fail with one sentence naming what to change.
+
+## Modes
+
+Every value with a fixed set of choices:
+
+{modes}
+
+## Values
+
+Every value, its type, default and meaning. `gateway.config` takes the gateway's settings
+(`docs/settings/gateway.md`; checked against the same types and ranges the gateway enforces).
+
+{values}
+"""
+
+
+def _schema_type(node: Dict[str, Any]) -> str:
+    if "oneOf" in node:
+        return " or ".join(_schema_type(n) for n in node["oneOf"])
+    if "const" in node:
+        return json.dumps(node["const"])
+    kind = node.get("type", "any")
+    kinds = kind if isinstance(kind, list) else [kind]
+    if "array" in kinds and isinstance(node.get("items"), dict) and "type" in node["items"]:
+        return f"list of {_schema_type(node['items'])}"
+    return " or ".join(kinds)
+
+
+def _value_default(values: Any, path: str) -> str:
+    node = values
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return "(none)"
+        node = node[part]
+    text = json.dumps(node, ensure_ascii=False)
+    return "see values.yaml" if len(text) > 48 or "\\n" in text else f"`{text}`"
+
+
+def chart_leaves(schema: Dict[str, Any], prefix: str = "") -> List[Tuple[str, Dict[str, Any]]]:
+    """(dotted path, schema node) of every chart value the README lists: each leaf of the
+    hand-written schema; ``gateway.config`` and objects open to other keys as one row."""
+    out: List[Tuple[str, Dict[str, Any]]] = []
+    for key, node in schema.get("properties", {}).items():
+        path = f"{prefix}{key}"
+        if "properties" in node and path != "gateway.config" and node.get("additionalProperties") is False:
+            out.extend(chart_leaves(node, path + "."))
+        else:
+            out.append((path, node))
+    return out
+
+
+def chart_readme(root: Path = ROOT) -> str:
+    """``charts/edgewise/README.md`` from the chart's schema, values and Chart.yaml."""
+    import yaml
+
+    # the schema as this run generates it, so one --write brings both pages up to date
+    schema = json.loads(chart_schema(root) or (root / CHART_SCHEMA).read_text(encoding="utf-8"))
+    values = yaml.safe_load((root / CHART_VALUES).read_text(encoding="utf-8"))
+    chart = yaml.safe_load((root / CHART_YAML).read_text(encoding="utf-8"))
+    leaves = chart_leaves(schema)
+    modes = _table(("value", "choices", "meaning"), [
+        (f"`{p}`", ", ".join(f"`{c}`" for c in n["enum"]), n.get("description", ""))
+        for p, n in leaves if "enum" in n and p.count(".") < 3])
+    rows = _table(("value", "type", "default", "meaning"), [
+        (f"`{p}`", _schema_type(n), _value_default(values, p), n.get("description", "")) for p, n in leaves])
+    return _CHART_TEXT.format(cmd=COMMAND, description=" ".join(chart["description"].split()),
+                              kube=chart["kubeVersion"], modes="\n".join(modes), values="\n".join(rows))
+
+
 # --------------------------------------------------------------------------- write / check
 
-PAGES: Dict[str, Callable[[], Optional[str]]] = {
-    POLICY_PAGE: policy_reference,
-    EDGE_PAGE: edge_settings_reference,
-}
+#: Generated file -> its renderer (given the repository root; None when its source is not installed).
+PAGES: Dict[str, Callable[[Path], Optional[str]]] = {POLICY_PAGE: lambda _root: policy_reference()}
+PAGES.update({path: functools.partial(settings_reference, page) for path, page in SETTINGS_PAGES.items()})
+PAGES[CHART_SCHEMA] = chart_schema
+PAGES[CHART_README] = chart_readme
 
 
 def render(root: Path = ROOT) -> Dict[Path, str]:
     """Every generated page (path -> text); pages whose source is not installed are left out."""
     out: Dict[Path, str] = {}
     for rel, fn in PAGES.items():
-        text = fn()
+        text = fn(root)
         if text is not None:
             out[root / rel] = text
     return out
@@ -403,8 +591,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--root", default=str(ROOT), help="repository root (default: this checkout)")
     args = p.parse_args(argv)
     root = Path(args.root)
-    if _edge_settings_module() is None:
-        print(f"note: the edge package is not importable; {EDGE_PAGE} skipped", file=sys.stderr)
+    for rel, page in SETTINGS_PAGES.items():
+        if _schema(page.module) is None:
+            print(f"note: {page.module} is not importable; {rel} skipped", file=sys.stderr)
     if args.write:
         for path in write(root):
             print(f"wrote {path}")

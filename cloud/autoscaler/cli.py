@@ -6,8 +6,8 @@ Example::
         --namespace prod --deployment edgewise-worker --target-utilization 0.7 \\
         --min 1 --max 20 --interval 15 --dry-run
 
-Flags override ``EDGEWISE_AUTOSCALER_*`` variables, which override ``--config``
-YAML (see :mod:`cloud.autoscaler.settings` for every key).
+Settings, later wins: ``--config`` YAML < environment ``EDGEWISE_AUTOSCALER__<KEY>__<SUBKEY>``
+< ``--set KEY.PATH=VALUE`` < the named flags (``--describe-settings`` lists every key).
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import logging
 import signal
 from typing import Any
 
+from cloud.autoscaler.settings import SCHEMA, with_token
+from edgewise.settings import add_settings_arguments, settings_from_args
+
 log = logging.getLogger(__name__)
 
 
@@ -27,54 +30,12 @@ def register(subparsers: Any) -> None:
         description="Poll the gateways' /pool, compute desired worker replicas with the HPA algorithm "
                     "(tolerance, stabilization window, rate limits, min/max) and patch the worker "
                     "Deployment's scale subresource.")
-    a = p.add_argument
-    a("--config", help="YAML settings file (keys of cloud.autoscaler.settings.AutoscalerSettings)")
-    a("--gateway-url", action="append", dest="gateway_urls", metavar="URL",
-      help="gateway side-port base URL, e.g. http://gw:9100 (repeatable)")
-    a("--namespace", help="namespace of the worker Deployment")
-    a("--deployment", help="worker Deployment name (default edgewise-worker)")
-    a("--target-utilization", type=float, help="target Σ in-flight / Σ capacity (default 0.7)")
-    a("--queue-wait-slo-ms", type=float, help="target p90 queue wait in ms (with both, the max wins)")
-    a("--min", type=int, dest="min_replicas", help="minimum replicas (>= 1)")
-    a("--max", type=int, dest="max_replicas", help="maximum replicas")
-    a("--interval", type=float, dest="interval_s", help="seconds between decisions (default 15)")
-    a("--tolerance", type=float, help="no change within this ratio band (default 0.1)")
-    a("--scale-down-stabilization", type=float, metavar="SECONDS",
-      help="scale-down stabilization window (default 300)")
-    a("--dry-run", action="store_true", default=None, help="print decisions, never patch")
-    a("--metrics-port", type=int, help="Prometheus port (default 9102; 0 = any free port)")
-    a("--metrics-host", help="Prometheus listen address (default 0.0.0.0)")
-    a("--api-server", help="explicit Kubernetes API server URL (default: in-cluster or kubeconfig)")
-    a("--token-file", help="bearer token file for --api-server")
-    a("--kubeconfig", help="kubeconfig path")
-    a("--context", help="kubeconfig context")
+    add_settings_arguments(p, SCHEMA)
     p.set_defaults(func=handler)
 
 
-def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The options given on the command line, as a nested settings mapping."""
-    out: dict[str, Any] = {}
-    for key in ("gateway_urls", "target_utilization", "queue_wait_slo_ms", "min_replicas", "max_replicas",
-                "interval_s", "tolerance", "dry_run", "metrics_port", "metrics_host"):
-        v = getattr(args, key, None)
-        if v is not None:
-            out[key] = v
-    kube = {k: getattr(args, a) for k, a in (
-        ("namespace", "namespace"), ("deployment", "deployment"), ("api_server", "api_server"),
-        ("token_file", "token_file"), ("kubeconfig", "kubeconfig"), ("context", "context"))
-        if getattr(args, a, None) is not None}
-    if kube:
-        out["kubernetes"] = kube
-    if getattr(args, "scale_down_stabilization", None) is not None:
-        out["scale_down"] = {"stabilization_window_s": args.scale_down_stabilization}
-    return out
-
-
 def handler(args: argparse.Namespace) -> int:
-    from cloud.autoscaler.settings import load_settings
-
-    settings = load_settings(args.config, flags_from_args(args))
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(with_token(settings_from_args(args, SCHEMA))))
 
 
 async def serve(settings: Any) -> int:

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from edgewise.errors import ConfigError
+from edgewise.settings import Invalid, check, setting
 
 PolicyType = Literal["Pods", "Percent"]
 SelectPolicy = Literal["Max", "Min", "Disabled"]
@@ -57,35 +58,30 @@ SelectPolicy = Literal["Max", "Min", "Disabled"]
 class ScalingPolicy:
     """At most ``value`` pods (or percent) of change per ``period_s`` seconds."""
 
-    type: PolicyType
-    value: int
-    period_s: float
+    type: PolicyType = setting("Pods: change by at most `value` pods; Percent: by `value` percent of the "
+                               "replicas at the start of the period.")
+    value: int = setting("Most pods, or percent, of change per period.", lo=1)
+    period_s: float = setting("Length of the period, seconds (HPA periodSeconds).", lo=0, hi=1800, lo_open=True)
 
     def __post_init__(self) -> None:
-        if self.type not in ("Pods", "Percent"):
-            raise ConfigError(f"scaling policy type must be 'Pods' or 'Percent', got {self.type!r}")
-        if not isinstance(self.value, int) or self.value <= 0:
-            raise ConfigError(f"scaling policy value must be a positive integer, got {self.value!r}")
-        if not 0 < self.period_s <= 1800:  # HPA: periodSeconds in (0, 1800]
-            raise ConfigError(f"scaling policy period_s must be in (0, 1800], got {self.period_s!r}")
+        check(self)
 
 
 @dataclass(frozen=True)
 class ScalingRules:
     """One direction's behaviour (HPA ``behavior.scaleUp`` / ``scaleDown``)."""
 
-    stabilization_window_s: float
-    policies: tuple[ScalingPolicy, ...]
-    select_policy: SelectPolicy = "Max"
+    stabilization_window_s: float = setting(
+        "Stabilization window, seconds: scale up to the lowest (down to the highest) recommendation "
+        "within it.", lo=0, hi=3600)
+    policies: tuple[ScalingPolicy, ...] = setting("Rate limits of this direction.")
+    select_policy: SelectPolicy = setting("Max: the policy allowing the largest change wins; Min: the "
+                                          "smallest; Disabled: never scale in this direction.", "Max")
 
     def __post_init__(self) -> None:
-        if not 0 <= self.stabilization_window_s <= 3600:  # HPA: 0..3600
-            raise ConfigError(
-                f"stabilization_window_s must be in [0, 3600], got {self.stabilization_window_s!r}")
-        if self.select_policy not in ("Max", "Min", "Disabled"):
-            raise ConfigError(f"select_policy must be Max, Min or Disabled, got {self.select_policy!r}")
+        check(self)
         if not self.policies and self.select_policy != "Disabled":
-            raise ConfigError("at least one scaling policy is needed unless select_policy is Disabled")
+            raise Invalid("policies", "at least one scaling policy is needed unless select_policy is Disabled")
 
 
 def default_scale_up() -> ScalingRules:

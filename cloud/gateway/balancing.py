@@ -50,6 +50,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from edgewise import status
+from edgewise.settings import Invalid, check, setting
+from edgewise.v1 import detect_pb2
+
 Clock = Callable[[], float]
 
 MODES = ("wlc", "rr", "random", "wrr", "lc", "p2c", "wp2c")
@@ -65,68 +69,79 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"  # the client gave up: says nothing about the worker
 
 
-class NoPick(enum.Enum):
-    """Why a pick found no endpoint; the shell maps it to a gRPC status."""
+def outcome_of(wire_status: int) -> Outcome:
+    """How the balancer counts a worker's answer with this wire status (docs/design/balancing.md#outlier-ejection and #overload-is-load-not-failure).
 
-    NO_ENDPOINTS = "UNAVAILABLE"        # nothing ready (none known, all draining)
-    SATURATED = "RESOURCE_EXHAUSTED"    # every pickable endpoint is at its limit
+    RESOURCE_EXHAUSTED is load; UNAVAILABLE, INTERNAL, a hop deadline and an answer
+    that does not say (UNKNOWN on gRPC) make the worker look bad; per-request
+    errors (INVALID_ARGUMENT, UNAUTHENTICATED) and OK say it works.
+    """
+    return _OUTCOMES.get(status.row(wire_status).status, Outcome.OK)
+
+
+_OUTCOMES: dict[int, Outcome] = {
+    status.RESOURCE_EXHAUSTED: Outcome.OVERLOADED,
+    status.UNAVAILABLE: Outcome.FAILURE,
+    status.INTERNAL: Outcome.FAILURE,
+    status.DEADLINE_EXCEEDED: Outcome.FAILURE,
+    detect_pb2.STATUS_UNSPECIFIED: Outcome.FAILURE,
+}
+
+
+class NoPick(enum.Enum):
+    """Why a pick found no endpoint, as the wire status the shell answers with."""
+
+    NO_ENDPOINTS = status.UNAVAILABLE          # nothing ready (none known, all draining)
+    SATURATED = status.RESOURCE_EXHAUSTED      # every pickable endpoint is at its limit
 
 
 @dataclass
 class BalancerConfig:
-    """Balancer knobs; defaults mirror Envoy's where the spec names them."""
+    """Balancer knobs (the gateway's ``balancer`` settings); defaults mirror Envoy's where the
+    spec names them. Ranges live in the field metadata (:func:`edgewise.settings.check`)."""
 
-    mode: str = "wlc"
-    #: HAProxy idle-first: an endpoint with nothing in flight has key 0, so idle
-    #: endpoints are shared by WRR before any gets a second request
-    #: (docs/design/balancing.md#idle-first). On by default: bench/routing.py measured a lower p99 at
-    #: 80-95% load with it than with the plain (in_flight+1)/w key, which keeps the
-    #: fastest worker busier than its share.
-    idle_first: bool = True
-    #: p2c: sample distinct endpoints (PR #11006) instead of with replacement (A48).
-    p2c_distinct: bool = False
-    slow_start_window_s: float = 30.0
-    slow_start_min_pct: float = 0.10
-    slow_start_aggression: float = 1.0
-    #: the worker's reported capacity replaces its configured weight once reported
-    use_reported_capacity: bool = True
-    consecutive_failures: int = 5
-    base_ejection_s: float = 30.0
-    max_ejection_s: float = 300.0
-    max_ejection_percent: float = 10.0
-    ejection_decay_interval_s: float = 10.0
-    panic_threshold_percent: float = 50.0
-    #: after RESOURCE_EXHAUSTED, cap the endpoint at its in-flight for this long
-    overload_hold_s: float = 1.0
-    #: hard per-endpoint cap (nginx max_conns / HAProxy maxconn); 0 = none
-    max_in_flight: int = 0
+    mode: str = setting("Balancing algorithm: wlc = weighted least-connections (the default), rr = round "
+                        "robin, random, wrr = smooth weighted round robin, lc = least-connections, p2c / "
+                        "wp2c = power of two choices (unweighted / weighted).", "wlc", choices=MODES)
+    #: HAProxy idle-first (docs/design/balancing.md#idle-first): on by default because
+    #: bench/routing.py measured a lower p99 at 80-95% load with it than with the plain
+    #: (in_flight+1)/w key, which keeps the fastest worker busier than its share.
+    idle_first: bool = setting("An endpoint with nothing in flight has key 0, so idle endpoints are shared "
+                               "by weighted round robin before any gets a second request.", True)
+    p2c_distinct: bool = setting("p2c: sample two distinct endpoints (gRPC PR #11006) instead of with "
+                                 "replacement (gRFC A48).", False)
+    slow_start_window_s: float = setting("Slow start: the weight of a worker joining a pool that already "
+                                         "serves (scale-up, return from ejection) ramps up over this many "
+                                         "seconds; the workers a gateway starts with skip it (0 = off).",
+                                         30.0, lo=0)
+    slow_start_min_pct: float = setting("Slow start: the weight fraction an endpoint starts at.", 0.10,
+                                        lo=0, hi=1, lo_open=True)
+    slow_start_aggression: float = setting("Slow start: ramp exponent, (elapsed/window)^(1/aggression) "
+                                           "(Envoy's aggression).", 1.0, lo=0, lo_open=True)
+    use_reported_capacity: bool = setting("A worker's reported capacity (images/s) replaces its configured "
+                                          "weight once reported; false = route by the configured weights "
+                                          "alone.", True)
+    consecutive_failures: int = setting("Outlier ejection: consecutive worker failures that eject it.", 5, lo=1)
+    base_ejection_s: float = setting("Outlier ejection: first ejection time, seconds; multiplied by the "
+                                     "ejection count.", 30.0, lo=0, lo_open=True)
+    max_ejection_s: float = setting("Outlier ejection: longest ejection, seconds (>= base_ejection_s).", 300.0,
+                                    lo=0, lo_open=True)
+    max_ejection_percent: float = setting("Outlier ejection: most of the pool ejected at once, percent "
+                                          "(at least one endpoint).", 10.0, lo=0, hi=100)
+    ejection_decay_interval_s: float = setting("Outlier ejection: a healthy endpoint's ejection count "
+                                               "decays by one per this many seconds.", 10.0, lo=0, lo_open=True)
+    panic_threshold_percent: float = setting("Panic: below this percent of healthy endpoints, pick among "
+                                             "all (Envoy's panic threshold; 0 = never).", 50.0, lo=0, hi=100)
+    overload_hold_s: float = setting("After RESOURCE_EXHAUSTED, cap the endpoint at its in-flight count for "
+                                     "this many seconds.", 1.0, lo=0)
+    max_in_flight: int = setting("Hard per-endpoint cap on requests in flight (nginx max_conns / HAProxy "
+                                 "maxconn); 0 = none.", 0, lo=0)
 
     def validate(self) -> None:
-        """Raise ValueError naming the bad knob."""
-        if self.mode not in MODES:
-            raise ValueError(f"balancer.mode: {self.mode!r} is not one of {', '.join(MODES)}")
-        positive = {
-            "slow_start_aggression": self.slow_start_aggression,
-            "base_ejection_s": self.base_ejection_s,
-            "ejection_decay_interval_s": self.ejection_decay_interval_s,
-        }
-        for name, value in positive.items():
-            if not value > 0:
-                raise ValueError(f"balancer.{name}: must be > 0, got {value}")
-        if self.slow_start_window_s < 0:
-            raise ValueError("balancer.slow_start_window_s: must be >= 0 (0 disables slow start)")
-        if not 0 < self.slow_start_min_pct <= 1:
-            raise ValueError("balancer.slow_start_min_pct: must be in (0, 1]")
-        if self.consecutive_failures < 1:
-            raise ValueError("balancer.consecutive_failures: must be >= 1")
+        """Raise ConfigError (a ValueError) naming the bad knob."""
+        check(self, "balancer")
         if self.max_ejection_s < self.base_ejection_s:
-            raise ValueError("balancer.max_ejection_s: must be >= base_ejection_s")
-        for name in ("max_ejection_percent", "panic_threshold_percent"):
-            v = getattr(self, name)
-            if not 0 <= v <= 100:
-                raise ValueError(f"balancer.{name}: must be in [0, 100], got {v}")
-        if self.overload_hold_s < 0 or self.max_in_flight < 0:
-            raise ValueError("balancer.overload_hold_s / max_in_flight: must be >= 0")
+            raise Invalid("balancer.max_ejection_s", "must be >= base_ejection_s")
 
 
 @dataclass
@@ -512,10 +527,11 @@ class RetryBudget:
         return True
 
 
-def should_retry(status: str, attempts: int, remaining_s: float | None, min_attempt_s: float,
+def should_retry(wire_status: int, attempts: int, remaining_s: float | None, min_attempt_s: float,
                  budget: RetryBudget) -> bool:
-    """At most one retry, only for UNAVAILABLE, only with time left, only within the budget."""
-    if status != "UNAVAILABLE" or attempts >= 2:
+    """At most one retry, only for a retryable status (``edgewise.status.RETRYABLE``:
+    UNAVAILABLE), only with time left, only within the budget."""
+    if not status.is_retryable(wire_status) or attempts >= 2:
         return False
     if remaining_s is not None and remaining_s < min_attempt_s:
         return False

@@ -5,21 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cloud.gateway.settings import SCHEMA
+from edgewise.settings import add_settings_arguments, settings_from_args
+
 
 def register(subparsers: Any) -> None:
     gw = subparsers.add_parser(
         "gateway", help="run the gateway (Escalation service, balancer, MQTT bridge)",
         description="Serve the edge-facing Escalation service and route requests to workers by "
-                    "weighted least-connections. Settings: --config YAML < env "
-                    "EDGEWISE_GATEWAY__SECTION__KEY < flags.")
-    gw.add_argument("--config", help="gateway YAML (see cloud/gateway/gateway.example.yaml)")
-    gw.add_argument("--listen", help="gRPC listen address host:port (port 0 = any free port)")
-    gw.add_argument("--metrics-port", type=int, help="HTTP port for /metrics, /pool, /healthz (-1 off)")
-    gw.add_argument("--worker", action="append", default=[], metavar="HOST:PORT[=WEIGHT]",
-                    help="static worker (repeatable); replaces discovery.static")
-    gw.add_argument("--mode", help="balancer mode: wlc (default), rr, random, wrr, lc, p2c, wp2c")
-    gw.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                    help="override any setting, e.g. --set limits.rate_per_device=10")
+                    "weighted least-connections. Settings, later wins: --config YAML < environment "
+                    "EDGEWISE_GATEWAY__<KEY>__<SUBKEY> < --set KEY.PATH=VALUE < the named flags.")
+    add_settings_arguments(gw, SCHEMA)
     gw.set_defaults(func=_gateway)
 
     up = subparsers.add_parser(
@@ -38,36 +34,13 @@ def register(subparsers: Any) -> None:
     up.set_defaults(func=_up)
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    from edgewise.errors import ConfigError
-
-    out: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE")
-        out[key.strip()] = value
-    if args.listen:
-        out["listen"] = args.listen
-    if args.metrics_port is not None:
-        out["metrics_port"] = args.metrics_port
-    if args.worker:
-        out["discovery.kind"] = "static"
-        out["discovery.static"] = list(args.worker)
-    if args.mode:
-        out["balancer.mode"] = args.mode
-    return out
-
-
 def _gateway(args: argparse.Namespace) -> int:
     import asyncio
 
     from cloud.gateway.server import serve
-    from cloud.gateway.settings import load_settings
 
-    overrides = _overrides(args)
-    settings = load_settings(args.config, overrides)
-    asyncio.run(serve(settings, reload=lambda: load_settings(args.config, overrides)))
+    settings = settings_from_args(args, SCHEMA)
+    asyncio.run(serve(settings, reload=lambda: settings_from_args(args, SCHEMA)))
     return 0
 
 

@@ -1,16 +1,22 @@
-"""MQTT v5 bridge of the gateway: escalations over MQTT through the same balancer path.
+"""MQTT v5 bridge of the gateway: escalations over MQTT through the same request path as gRPC.
 
-Subscribes ``$share/<group>/<prefix>/+/escalate`` at QoS 1, so gateway replicas
-in the same group split the messages (MQTT v5 shared subscription). Each
-payload is a serialized ``DetectRequest``; it goes through ``Gateway.handle``
-(validation, rate limit, balancer, retries) exactly as a gRPC call does, and
-the serialized ``DetectResponse`` is published at QoS 1 to the request's MQTT v5
-Response Topic with its Correlation Data. Malformed payloads, a device in the
-topic that differs from the payload's ``device_id``, and overload are answered
-with an error response when a response topic exists, counted, and never crash
-the bridge. paho-mqtt 2.x (CallbackAPIVersion.VERSION2) runs its network loop
-in a thread and reconnects with backoff; work is handed to the gateway's event
-loop with ``run_coroutine_threadsafe``.
+Subscribes ``$share/<group>/<prefix>/+/escalate`` at QoS 1 (topics:
+``edgewise.mqtt_topics``), so gateway replicas in the same group split the
+messages (MQTT v5 shared subscription). Each payload is a serialized
+``DetectRequest``; it goes through the gateway's one request path
+(``RequestHandler.read`` then ``handle``: the payload read in place, the same
+``TokenAuth`` check, validation, rate limit, balancer and retries as a gRPC call, the
+payload's bytes forwarded as they came) with the ``Caller`` extracted here: the
+device of the request topic and the token of the request's User Property
+``authorization: Bearer <token>``. The serialized ``DetectResponse`` is
+published at QoS 1 to the request's MQTT v5 Response Topic with its Correlation
+Data, but only when that topic lies in the requesting device's own subtree
+(``<prefix>/<device>/response/...``) or matches ``mqtt.response_topic_pattern``:
+a foreign response topic is refused, counted, logged, and nothing is published.
+Malformed payloads and overload are answered with an error response, counted,
+and never crash the bridge. paho-mqtt 2.x (CallbackAPIVersion.VERSION2) runs its
+network loop in a thread and reconnects with backoff; work is handed to the
+gateway's event loop with ``run_coroutine_threadsafe``.
 """
 
 from __future__ import annotations
@@ -21,35 +27,46 @@ import os
 import socket
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
-from google.protobuf.message import DecodeError
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
+from prometheus_client import Counter
 
-from cloud.gateway.pool import error_response
+from cloud.gateway.admission import Caller
+from cloud.gateway.envelope import Reply, RequestHead, error_reply
 from cloud.gateway.settings import MqttSettings
-from edgewise.v1 import detect_pb2
-
-if TYPE_CHECKING:
-    from cloud.gateway.server import Gateway
+from edgewise import mqtt_topics, status
+from edgewise.errors import InvalidInputError
+from edgewise.observability import LogThrottle
 
 log = logging.getLogger("edgewise.gateway.mqtt")
+
+
+class RequestHandler(Protocol):
+    """The gateway's one request path, as the bridge needs it."""
+
+    def read(self, body: bytes, transport: str) -> RequestHead | Reply: ...
+
+    async def handle(self, req: RequestHead, transport: str, caller: Caller,
+                     call_remaining: float | None = None) -> Reply: ...
 
 
 class MqttBridge:
     """One MQTT v5 client feeding the gateway's request path."""
 
-    def __init__(self, settings: MqttSettings, gateway: Gateway,
+    def __init__(self, settings: MqttSettings, handler: RequestHandler, counter: Counter,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.s = settings
-        self.gateway = gateway
+        self.handler = handler
+        self.counter = counter
         self.loop = loop or asyncio.get_running_loop()
-        self.topic_filter = f"{settings.topic_prefix}/+/escalate"
-        self.subscription = f"$share/{settings.group}/{self.topic_filter}"
+        self.subscription = mqtt_topics.shared_subscription(settings.group, settings.topic_prefix)
+        self.response_pattern = settings.response_pattern()
+        self._refusal_log = LogThrottle(10.0, burst=5)
         client_id = settings.client_id or f"gateway-{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                                   protocol=mqtt.MQTTv5)
@@ -62,6 +79,7 @@ class MqttBridge:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
         self._pending: set[Future[None]] = set()
         self._lock = threading.Lock()
         self.connected = threading.Event()
@@ -91,7 +109,14 @@ class MqttBridge:
             log.error("MQTT broker %s:%d refused the connection: %s", self.s.host, self.s.port, reason_code)
             return
         client.subscribe(self.subscription, options=SubscribeOptions(qos=1))
-        self.connected.set()
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: Any,
+                      properties: Any) -> None:
+        if any(rc.is_failure for rc in reason_codes):
+            log.error("MQTT broker %s:%d refused the subscription %s: %s", self.s.host, self.s.port,
+                      self.subscription, reason_codes)
+            return
+        self.connected.set()  # requests published from now on reach this gateway
         log.info("MQTT bridge connected to %s:%d, subscribed %s", self.s.host, self.s.port, self.subscription)
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
@@ -102,7 +127,7 @@ class MqttBridge:
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
-        self.gateway.metrics.mqtt.labels(result=what).inc()
+        self.counter.labels(result=what).inc()
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         try:
@@ -115,39 +140,46 @@ class MqttBridge:
         props = msg.properties
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
-        if not response_topic:
-            self._count("no_response_topic")
-            log.warning("MQTT request on %s has no response topic; dropped (set the MQTT v5 "
-                        "Response Topic property)", msg.topic)
-            return
         try:
-            req = detect_pb2.DetectRequest.FromString(bytes(msg.payload))
-        except DecodeError as exc:
-            self._count("malformed")
-            self._publish(response_topic, correlation,
-                          error_response(None, "INVALID_ARGUMENT",
-                                         f"payload on {msg.topic} is not a serialized DetectRequest: {exc}"))
+            device = mqtt_topics.device_of_request(self.s.topic_prefix, msg.topic)
+        except InvalidInputError as exc:
+            self._refuse("bad_topic", f"MQTT request dropped: {exc}")
             return
-        parts = msg.topic.split("/")
-        topic_device = parts[-2] if len(parts) >= 3 else ""
-        if req.device_id and topic_device != req.device_id:
-            self._count("device_mismatch")
-            self._publish(response_topic, correlation, error_response(
-                req, "UNAUTHENTICATED",
-                f"device_id {req.device_id!r} does not match topic device {topic_device!r}"))
+        if not response_topic:
+            self._refuse("no_response_topic", f"MQTT request on {msg.topic} has no response topic; dropped "
+                                              f"(set the MQTT v5 Response Topic property)")
+            return
+        if not mqtt_topics.response_topic_allowed(self.response_pattern, device, response_topic):
+            self._refuse("foreign_response_topic",
+                         f"MQTT request on {msg.topic} asks for its answer on {response_topic!r}, outside "
+                         f"{self.response_pattern.replace('{device}', device)!r}; refused, nothing published")
+            return
+        req = self.handler.read(bytes(msg.payload), "mqtt")
+        if isinstance(req, Reply):
+            self._count("malformed")
+            self._publish(response_topic, correlation, req)
             return
         with self._lock:
             busy = len(self._pending) >= self.s.max_in_flight
         if busy:
             self._count("overloaded")
-            self._publish(response_topic, correlation, error_response(
-                req, "RESOURCE_EXHAUSTED",
+            self._publish(response_topic, correlation, error_reply(
+                req, status.RESOURCE_EXHAUSTED,
                 f"gateway MQTT bridge has {self.s.max_in_flight} requests in flight; retry later"))
             return
-        fut = asyncio.run_coroutine_threadsafe(self._serve(req, response_topic, correlation), self.loop)
+        caller = Caller(_metadata(props, device), topic_device=device)
+        fut = asyncio.run_coroutine_threadsafe(self._serve(req, caller, response_topic, correlation), self.loop)
         with self._lock:
             self._pending.add(fut)
         fut.add_done_callback(self._done)
+
+    def _refuse(self, what: str, message: str) -> None:
+        """Count a request nothing can be answered to; log a few per interval (a flood of
+        them must not flood the log)."""
+        self._count(what)
+        held = self._refusal_log.allow()
+        if held is not None:
+            log.warning("%s%s", message, f" ({held} more refusals not logged)" if held else "")
 
     def _done(self, fut: Future[None]) -> None:
         with self._lock:
@@ -157,19 +189,29 @@ class MqttBridge:
             self._count("internal_error")
 
     # ---- event-loop side ------------------------------------------------------------------
-    async def _serve(self, req: detect_pb2.DetectRequest, response_topic: str, correlation: bytes | None) -> None:
-        timeout = self.gateway.timeout_for(req, None)
-        resp = await self.gateway.handle(req, timeout, "mqtt")
-        self._count("answered" if resp.status == detect_pb2.OK else "error_answered")
-        self._publish(response_topic, correlation, resp)
+    async def _serve(self, req: RequestHead, caller: Caller, response_topic: str,
+                     correlation: bytes | None) -> None:
+        reply = await self.handler.handle(req, "mqtt", caller)
+        self._count("answered" if status.is_ok(reply.status) else "error_answered")
+        self._publish(response_topic, correlation, reply)
 
-    def _publish(self, topic: str, correlation: bytes | None, resp: detect_pb2.DetectResponse) -> None:
+    def _publish(self, topic: str, correlation: bytes | None, reply: Reply) -> None:
         props = Properties(PacketTypes.PUBLISH)
         if correlation is not None:
             props.CorrelationData = correlation
         props.ContentType = "application/x-protobuf; proto=edgewise.v1.DetectResponse"
-        info = self.client.publish(topic, resp.SerializeToString(), qos=1, properties=props)
+        info = self.client.publish(topic, reply.body, qos=1, properties=props)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             self._count("publish_failed")
             log.warning("could not publish the answer to %s (rc %s); the edge will time out and replay",
                         topic, info.rc)
+
+
+def _metadata(props: Any, topic_device: str) -> dict[str, str]:
+    """The request's User Property ``authorization`` and its topic's device, as the gRPC
+    metadata keys ``TokenAuth`` reads."""
+    md = {"x-edgewise-device": topic_device}
+    for key, value in getattr(props, "UserProperty", None) or ():
+        if key.lower() == mqtt_topics.AUTHORIZATION_PROPERTY:
+            md["authorization"] = value
+    return md

@@ -3,12 +3,17 @@
 One gRPC channel per worker (gRPC Python has no least-request policy, so the
 gateway picks in Python: docs/design/balancing.md#why-the-gateway-picks-in-python), created and closed as
 discovery changes; a draining worker's channel closes once its last request
-ends. ``forward`` picks, sends ``Worker.Infer`` with the propagated deadline,
-classifies the outcome for the balancer, and retries once on another worker
-for UNAVAILABLE within the deadline and the retry budget (docs/design/balancing.md#retries-and-the-retry-budget). A poller reads
+ends. ``forward`` picks, sends ``Worker.Infer`` with the request's own bytes and the
+deadline as the call's gRPC deadline (the worker takes the earlier of it and the
+request's ``deadline_unix_ns``; docs/design/balancing.md#a-lean-hop), classifies the
+answer once (``balancing.outcome_of`` of its wire status, a gRPC error being turned
+into the same kind of reply first), and retries once on
+another worker for a retryable status (``edgewise.status``: UNAVAILABLE) within
+the deadline and the retry budget (docs/design/balancing.md#retries-and-the-retry-budget). A poller reads
 ``Worker.Load`` to feed reported capacity, queue depth and serving state into
-the effective weights. Every answer is a ``DetectResponse``; failures carry a
-status and a message (the gRPC servicer turns those into status codes).
+the effective weights. Every answer is a ``Reply`` (``cloud.gateway.envelope``: the
+worker's serialized ``DetectResponse``, or one made here for a failure, with its status
+and message; the gRPC servicer turns those into status codes).
 """
 
 from __future__ import annotations
@@ -25,44 +30,31 @@ from typing import Any
 import grpc
 
 from cloud.discovery.base import Endpoint, EndpointState
-from cloud.gateway.balancing import Balancer, NoPick, Outcome, RetryBudget, Ticket, should_retry
+from cloud.gateway.balancing import (
+    Balancer,
+    NoPick,
+    Outcome,
+    RetryBudget,
+    Ticket,
+    outcome_of,
+    should_retry,
+)
+from cloud.gateway.envelope import Reply, RequestHead, error_reply, reply_of
 from cloud.gateway.metrics import GatewayMetrics
 from cloud.gateway.settings import GatewaySettings
-from edgewise.v1 import detect_pb2, service_pb2_grpc
+from edgewise import status
+from edgewise.v1 import detect_pb2, service_pb2, service_pb2_grpc
 
 log = logging.getLogger("edgewise.gateway.pool")
-
-#: gRPC code → how the balancer should count it (docs/design/balancing.md#outlier-ejection)
-_OUTCOME = {
-    grpc.StatusCode.RESOURCE_EXHAUSTED: Outcome.OVERLOADED,
-    grpc.StatusCode.UNAVAILABLE: Outcome.FAILURE,
-    grpc.StatusCode.INTERNAL: Outcome.FAILURE,
-    grpc.StatusCode.UNKNOWN: Outcome.FAILURE,
-    grpc.StatusCode.DEADLINE_EXCEEDED: Outcome.FAILURE,
-    grpc.StatusCode.CANCELLED: Outcome.FAILURE,  # worker-side cancel (shutdown); client cancels raise
-}
-_STATUS_NAMES = set(detect_pb2.Status.keys())
-
-
-def status_value(name: str) -> int:
-    """DetectResponse.Status value for a gRPC status name (unknown names → INTERNAL)."""
-    if name == "CANCELLED":
-        name = "UNAVAILABLE"
-    return int(detect_pb2.Status.Value(name if name in _STATUS_NAMES else "INTERNAL"))
-
-
-def error_response(req: detect_pb2.DetectRequest | None, status: str, message: str) -> detect_pb2.DetectResponse:
-    resp = detect_pb2.DetectResponse(status=status_value(status), error=message)  # type: ignore[arg-type]
-    if req is not None:
-        resp.device_id, resp.stream_id = req.device_id, req.stream_id
-        resp.frame_seq, resp.trace_id = req.frame_seq, req.trace_id
-    return resp
+_WORKER = service_pb2.DESCRIPTOR.services_by_name["Worker"]
+INFER_PATH = f"/{_WORKER.full_name}/{_WORKER.methods_by_name['Infer'].name}"
 
 
 @dataclass
 class _Channel:
     channel: grpc.aio.Channel
     stub: service_pb2_grpc.WorkerStub
+    infer: Any  # Worker.Infer taking and returning serialized messages (no protobuf work here)
 
 
 class WorkerPool:
@@ -102,7 +94,8 @@ class WorkerPool:
         for e in eps:
             if e.state is EndpointState.READY and e.address not in self._channels:
                 ch = grpc.aio.insecure_channel(e.address, options=self._channel_options())
-                self._channels[e.address] = _Channel(ch, service_pb2_grpc.WorkerStub(ch))
+                self._channels[e.address] = _Channel(ch, service_pb2_grpc.WorkerStub(ch),
+                                                     ch.unary_unary(INFER_PATH, _registered_method=True))
                 log.info("worker added: %s (weight %g)", e.address, e.weight)
         for address in closable:
             self._close_channel(address)
@@ -152,108 +145,87 @@ class WorkerPool:
         self.balancer.report_load(address, load.capacity, load.queue_depth, limit, load.serving)
 
     # ---- forwarding -----------------------------------------------------------------------
-    async def forward(self, req: detect_pb2.DetectRequest, timeout_s: float,
-                      transport: str = "grpc") -> detect_pb2.DetectResponse:
-        """Send one request to a worker (retrying once for UNAVAILABLE); always returns a response."""
+    async def forward(self, req: RequestHead, timeout_s: float, transport: str = "grpc") -> Reply:
+        """Send one request to a worker (retrying once for UNAVAILABLE); always returns a reply."""
         t_start = time.perf_counter()
-        loop_deadline = t_start + timeout_s
-        wall_deadline_ns = time.time_ns() + int(timeout_s * 1e9)
-        if not req.deadline_unix_ns or req.deadline_unix_ns > wall_deadline_ns:
-            req.deadline_unix_ns = wall_deadline_ns
+        deadline = t_start + timeout_s
         self.budget.record_request()
         tried: list[str] = []
         waited = 0.0
-        attempt = 0
-        resp: detect_pb2.DetectResponse | None = None
-        min_attempt = self.settings.retry.min_attempt_ms / 1000.0
+        reply: Reply | None = None
         while True:
-            attempt += 1
-            remaining = loop_deadline - time.perf_counter()
+            remaining = deadline - time.perf_counter()
             if remaining <= 0:
-                resp = error_response(req, "DEADLINE_EXCEEDED",
-                                      f"deadline passed after {attempt - 1} attempt(s) ({', '.join(tried)})")
+                reply = error_reply(req, status.DEADLINE_EXCEEDED,
+                                    f"deadline passed after {len(tried)} attempt(s) ({', '.join(tried)})")
                 break
             pick = self.balancer.pick(exclude=tried, deadline_s=remaining)
             if not isinstance(pick, Ticket):
-                if tried and resp is not None:
-                    break  # no other worker to retry on: answer with the first failure
-                resp = self._no_pick_response(req, pick, remaining)
-                self.metrics.rejected.labels(reason=pick.name.lower()).inc()
+                if reply is None:  # else no other worker to retry on: answer with the first failure
+                    reply = self._no_pick_reply(req, pick, remaining)
                 break
-            ch = self._channels.get(pick.address)
-            if ch is None:  # discovery raced us; count it as a failed attempt
-                pick.release(Outcome.CANCELLED)
-                tried.append(pick.address)
-                continue
-            name = self.balancer.endpoints[pick.address].name if pick.address in self.balancer.endpoints \
-                else pick.address
             t0 = time.perf_counter()
-            try:
-                resp = await ch.stub.Infer(req, timeout=remaining)
-            except grpc.aio.AioRpcError as exc:
-                waited += time.perf_counter() - t0
-                code = exc.code()
-                outcome = _OUTCOME.get(code, Outcome.OK)
-                self._done(pick, outcome)
-                self.metrics.worker_errors.labels(worker=name, status=code.name).inc()
-                resp = error_response(req, code.name, f"worker {name}: {code.name}: {exc.details()}")
-                tried.append(pick.address)
-                left = loop_deadline - time.perf_counter()
-                # a CANCELLED we did not ask for comes from a worker shutting down: retry it like UNAVAILABLE
-                retry_as = "UNAVAILABLE" if code is grpc.StatusCode.CANCELLED else code.name
-                if self.settings.retry.enabled and should_retry(retry_as, attempt, left, min_attempt,
-                                                                self.budget):
-                    self.metrics.retries.labels(result="sent").inc()
-                    continue
-                if code.name == "UNAVAILABLE" and attempt == 1:
-                    self.metrics.retries.labels(result="denied").inc()
-                break
-            except BaseException:  # client cancelled: the worker isn't to blame
-                self._done(pick, Outcome.CANCELLED)
-                raise
+            reply = await self._attempt(pick, req, remaining)
             waited += time.perf_counter() - t0
-            st = detect_pb2.Status.Name(resp.status)
-            if st == "RESOURCE_EXHAUSTED":
-                self._done(pick, Outcome.OVERLOADED)
-            elif st in ("UNAVAILABLE", "INTERNAL"):
-                self._done(pick, Outcome.FAILURE)
-            else:
-                self._done(pick, Outcome.OK)
-            if st not in ("OK", "STATUS_UNSPECIFIED"):
-                self.metrics.worker_errors.labels(worker=name, status=st).inc()
-            if resp.HasField("timing") and resp.timing.queue_ms >= 0:
-                self._queue_ms.append((time.monotonic(), float(resp.timing.queue_ms)))
             tried.append(pick.address)
-            left = loop_deadline - time.perf_counter()
-            if st == "UNAVAILABLE" and self.settings.retry.enabled and \
-                    should_retry(st, attempt, left, min_attempt, self.budget):
-                self.metrics.retries.labels(result="sent").inc()
-                continue
-            break
+            if not self._retry(reply.status, len(tried), deadline - time.perf_counter()):
+                break
         total = time.perf_counter() - t_start
-        resp.timing.gateway_ms = float(total * 1000.0)
-        status = detect_pb2.Status.Name(resp.status)
-        self.metrics.requests.labels(transport=transport, status=status).inc()
-        self.metrics.latency.labels(outcome=status).observe(total)
+        self.metrics.answered(transport, status.name(reply.status), total)
         if waited > 0:
             self.metrics.overhead.observe(max(0.0, total - waited))
-        return resp
+        return reply.stamped(total * 1000.0)
+
+    async def _attempt(self, pick: Ticket, req: RequestHead, remaining: float) -> Reply:
+        """One call to the picked worker. A gRPC error and a non-OK answer become the same
+        kind of reply, classified once for the balancer; the ticket is always released."""
+        ep = self.balancer.endpoints.get(pick.address)
+        name = ep.name if ep is not None else pick.address
+        ch = self._channels.get(pick.address)
+        if ch is None:  # discovery raced us: the worker is not to blame
+            pick.release(Outcome.CANCELLED)
+            return error_reply(req, status.UNAVAILABLE, f"worker {name}: removed by discovery")
+        try:
+            reply = reply_of(await ch.infer(req.body, timeout=remaining), req, name)
+        except grpc.aio.AioRpcError as exc:
+            reply = error_reply(req, status.from_grpc(exc.code()), f"worker {name}: {exc.code().name}: {exc.details()}")
+        except BaseException:  # client cancelled: the worker isn't to blame
+            self._done(pick, Outcome.CANCELLED)
+            raise
+        self._done(pick, outcome_of(reply.status))
+        if not status.is_ok(reply.status):
+            self.metrics.worker_errors.labels(worker=name, status=status.name(reply.status)).inc()
+        if reply.queue_ms is not None and reply.queue_ms >= 0:
+            self._queue_ms.append((time.monotonic(), reply.queue_ms))
+        return reply
+
+    def _retry(self, wire_status: int, attempts: int, left: float) -> bool:
+        """Whether to send the request again to another worker (counted in the metrics)."""
+        if not self.settings.retry.enabled or not status.is_retryable(wire_status):
+            return False
+        if should_retry(wire_status, attempts, left, self.settings.retry.min_attempt_ms / 1000.0,
+                        self.budget):
+            self.metrics.retries.labels(result="sent").inc()
+            return True
+        if attempts == 1:
+            self.metrics.retries.labels(result="denied").inc()
+        return False
 
     def _done(self, ticket: Ticket, outcome: Outcome) -> None:
         if ticket.release(outcome):
             self._close_channel(ticket.address)
 
-    def _no_pick_response(self, req: detect_pb2.DetectRequest, why: NoPick,
-                          remaining: float) -> detect_pb2.DetectResponse:
+    def _no_pick_reply(self, req: RequestHead, why: NoPick, remaining: float) -> Reply:
+        self.metrics.rejected.labels(reason=why.name.lower()).inc()
         b = self.balancer
         n = len(b.endpoints)
         if why is NoPick.SATURATED:
-            return error_response(
-                req, "RESOURCE_EXHAUSTED",
+            return error_reply(
+                req, why.value,
                 f"all {n} workers are saturated ({b.total_in_flight()} requests in flight, "
                 f"{remaining * 1000:.0f} ms left): retry later, spool, or use the edge result")
-        return error_response(req, "UNAVAILABLE",
-                              f"no worker can take requests now ({n} known, none ready): check the worker pool")
+        return error_reply(req, why.value,
+                           f"no worker can take requests now ({n} known, none ready): check the worker pool")
 
     # ---- views ----------------------------------------------------------------------------
     def queue_wait_p90_ms(self, window_s: float = 30.0) -> float:

@@ -1,319 +1,235 @@
-"""Gateway settings: one nested dataclass tree built from YAML, then env, then flags.
+"""Gateway settings: the dataclasses, their cross-field rules and the gateway's named flags.
 
-Precedence: defaults < YAML file (``--config``) < environment
-(``EDGEWISE_GATEWAY__SECTION__KEY=value``) < command-line flags (``--set
-section.key=value`` and the named shortcuts). Unknown keys are rejected with the
-file and key path; every value is type-checked and range-checked in
-``validate()`` so a bad file fails at start, not at the first request.
-See ``cloud/gateway/gateway.example.yaml`` for a documented example.
+Loaded by the shared mechanism of :mod:`edgewise.settings`: defaults < YAML file
+(``--config``) < environment ``EDGEWISE_GATEWAY__SECTION__KEY`` < ``--set
+section.key=value`` < the named flags (``--listen``, ``--metrics-port``,
+``--worker``, ``--mode``). Unknown keys, wrong types and values out of range are
+refused at start with the file line, variable or flag that set them. See
+``cloud/gateway/gateway.example.yaml`` for a documented example and
+``docs/settings/gateway.md`` for every key.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import types
-import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cloud.gateway.balancing import BalancerConfig
-from edgewise.config import read_yaml_mapping
-from edgewise.errors import ConfigError
+from edgewise import mqtt_topics
+from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.imagefiles import DEFAULT_MAX_PIXELS
+from edgewise.settings import Flag, Invalid, Schema, setting
+from edgewise.settings.building import load_file
 
-ENV_PREFIX = "EDGEWISE_GATEWAY__"
+DISCOVERY_KINDS = ("static", "dns", "kubernetes")
+CLIENT_IDENTITIES = ("cn", "san_dns", "san_uri", "none")
 
 
 @dataclass
 class TlsSettings:
     """Server TLS. Empty cert_file = plaintext (only for local runs / inside a mesh)."""
 
-    cert_file: str = ""          # PEM server certificate chain
-    key_file: str = ""           # PEM private key
-    client_ca_file: str = ""     # PEM CA bundle that signs client certificates (mTLS)
-    require_client_cert: bool = False  # mTLS: reject clients without a valid certificate
+    cert_file: str = setting("PEM server certificate chain; empty = plaintext (local runs or inside a mesh "
+                             "only).", "")
+    key_file: str = setting("PEM private key of `cert_file`.", "")
+    client_ca_file: str = setting("PEM CA bundle that signs client certificates (mTLS).", "")
+    require_client_cert: bool = setting("mTLS: refuse clients without a valid certificate (needs "
+                                        "`client_ca_file`).", False)
+    client_identity: str = setting(
+        "With client certificates: the certificate name that must equal the request's device_id, so a "
+        "device's certificate cannot send with another device's id or token: `cn` (subject common name), "
+        "`san_dns` (one of its DNS subjectAltNames), `san_uri` (one of its URI subjectAltNames, e.g. a "
+        "SPIFFE id) or `none` (any valid certificate may send for any device).", "cn",
+        choices=CLIENT_IDENTITIES)
 
 
 @dataclass
 class DeviceToken:
     """One device allowed to call the gateway, with its bearer token."""
 
-    device: str = ""
-    token: str = ""
+    device: str = setting("Device id (the edge's `device_id`).", "")
+    token: str = setting("Its bearer token (`authorization: Bearer <token>`).", "", secret=True)
 
 
 @dataclass
 class AuthSettings:
     """Per-device bearer tokens. No tokens = authentication off (log says so)."""
 
-    tokens: list[DeviceToken] = field(default_factory=list)
-    #: YAML file holding a list of {device, token}; merged with ``tokens``
-    tokens_file: str = ""
+    tokens: list[DeviceToken] = setting("Devices allowed to call, with their tokens; none here and in "
+                                        "`tokens_file` = authentication off (logged).", factory=list)
+    tokens_file: str = setting("YAML file holding a list of `{device, token}`; merged with `tokens`.", "")
 
 
 @dataclass
 class LimitSettings:
     """Input limits, deadlines and per-device rate limits."""
 
-    max_message_bytes: int = 8 * 1024 * 1024    # gRPC receive/send limit, both hops
-    max_image_bytes: int = 6 * 1024 * 1024      # encoded image payload
-    max_image_pixels: int = 4096 * 4096         # RAW images: height × width
-    max_id_length: int = 128                    # device_id / stream_id / trace_id
-    max_edge_detections: int = 1000
-    default_deadline_s: float = 5.0             # when neither the call nor the request sets one
-    max_deadline_s: float = 60.0
-    rate_per_device: float = 0.0                # requests/s per device; 0 = unlimited
-    burst_per_device: float = 20.0              # token-bucket depth
-    max_stream_in_flight: int = 64              # concurrent frames per DetectStream
+    max_message_bytes: int = setting("gRPC message limit, bytes, on both hops (edge to gateway, gateway to "
+                                     "worker).", 8 * 1024 * 1024, lo=1024)
+    max_image_bytes: int = setting("Largest encoded image, bytes (at most `max_message_bytes`).",
+                                   6 * 1024 * 1024, lo=1)
+    max_image_pixels: int = setting("Largest image, width x height as its header declares (every encoding; "
+                                    "read before any decoding, as the workers do).", DEFAULT_MAX_PIXELS, lo=1)
+    max_id_length: int = setting("Longest device_id / stream_id / trace_id.", 128, lo=1)
+    max_edge_detections: int = setting("Most edge detections one request may carry.", 1000, lo=0)
+    default_deadline_s: float = setting("Deadline when neither the call nor the request sets one, seconds "
+                                        "(at most `max_deadline_s`).", 5.0, lo=0, lo_open=True)
+    max_deadline_s: float = setting("Longest deadline a request may ask for, seconds.", 60.0, lo=0, lo_open=True)
+    rate_per_device: float = setting("Requests/s per device (token bucket); 0 = unlimited.", 0.0, lo=0)
+    burst_per_device: float = setting("Token-bucket depth per device.", 20.0, lo=1)
+    max_stream_in_flight: int = setting("Concurrent frames per DetectStream; more wait (backpressure).", 64, lo=1)
 
 
 @dataclass
 class RetrySettings:
-    """One retry on another worker for UNAVAILABLE, bounded by a budget (docs/design/balancing.md#retries-and-the-retry-budget)."""
+    """One retry on another worker for UNAVAILABLE, bounded by a budget
+    (docs/design/balancing.md#retries-and-the-retry-budget)."""
 
-    enabled: bool = True
-    budget_ratio: float = 0.2       # retries ≤ 20% of requests over the window
-    min_per_s: float = 3.0          # …but always allow this many retries per second
-    window_s: float = 10.0
-    min_attempt_ms: float = 5.0     # don't retry with less time than this left
+    enabled: bool = setting("Retry a request once on another worker after UNAVAILABLE.", True)
+    budget_ratio: float = setting("Retries at most this fraction of the requests over `window_s`.", 0.2,
+                                  lo=0, hi=1)
+    min_per_s: float = setting("...but always allow this many retries per second.", 3.0, lo=0)
+    window_s: float = setting("Window of the retry budget, seconds.", 10.0, lo=0, lo_open=True)
+    min_attempt_ms: float = setting("No retry with less time than this left before the deadline, ms.", 5.0, lo=0)
 
 
 @dataclass
 class DiscoverySettings:
     """Where the workers come from."""
 
-    kind: str = "static"                 # static | dns | kubernetes
-    #: static: "host:port" or "host:port=weight"
-    static: list[str] = field(default_factory=list)
-    #: dns / kubernetes: options passed to cloud.discovery.dns / .kubernetes
-    dns: dict[str, Any] = field(default_factory=dict)
-    kubernetes: dict[str, Any] = field(default_factory=dict)
+    kind: str = setting("Worker discovery: a static list, DNS (a headless Service) or the Kubernetes "
+                        "EndpointSlice API.", "static", choices=DISCOVERY_KINDS)
+    static: list[str] = setting("static: workers as `host:port` or `host:port=weight`; SIGHUP re-reads "
+                                "the list.", factory=list)
+    dns: dict[str, Any] = setting("dns: options of `cloud.discovery.dns.DnsDiscovery` (name, port, "
+                                  "interval_s, ...).", factory=dict)
+    kubernetes: dict[str, Any] = setting("kubernetes: options of `cloud.discovery.kubernetes."
+                                         "KubernetesDiscovery` (service, namespace, port_name, ...).",
+                                         factory=dict)
 
 
 @dataclass
 class MqttSettings:
     """MQTT v5 bridge: shared subscription to edgewise/+/escalate."""
 
-    enabled: bool = False
-    host: str = "127.0.0.1"
-    port: int = 1883
-    group: str = "edgewise-gateway"      # shared-subscription group: replicas split the load
-    topic_prefix: str = "edgewise"
-    client_id: str = ""                  # default: gateway-<hostname>-<pid>
-    username: str = ""
-    password: str = ""
-    tls: bool = False
-    ca_file: str = ""
-    cert_file: str = ""
-    key_file: str = ""
-    keepalive_s: int = 30
-    max_in_flight: int = 64              # concurrent requests from MQTT
-    reconnect_min_s: float = 0.5
-    reconnect_max_s: float = 30.0
+    enabled: bool = setting("Serve escalations arriving over MQTT too.", False)
+    host: str = setting("Broker host.", "127.0.0.1")
+    port: int = setting("Broker port.", 1883, lo=1, hi=65535)
+    group: str = setting("Shared-subscription group (`$share/<group>/<topic_prefix>/+/escalate`): "
+                         "replicas split the load.", "edgewise-gateway")
+    topic_prefix: str = setting("Topic prefix, as the edges' `cloud.mqtt.topic_prefix`.", "edgewise")
+    client_id: str = setting("MQTT client id; empty = `gateway-<hostname>-<pid>`.", "")
+    username: str = setting("Broker username (optional).", "")
+    password: str = setting("Broker password (optional; prefer EDGEWISE_GATEWAY__MQTT__PASSWORD).", "",
+                            secret=True)
+    tls: bool = setting("Connect to the broker with TLS.", False)
+    ca_file: str = setting("PEM CA bundle of the broker's certificate.", "")
+    cert_file: str = setting("PEM client certificate for mutual TLS.", "")
+    key_file: str = setting("PEM client key for mutual TLS.", "")
+    keepalive_s: int = setting("MQTT keepalive, seconds.", 30, lo=1)
+    max_in_flight: int = setting("Concurrent requests from MQTT in the balancer.", 64, lo=1)
+    reconnect_min_s: float = setting("First reconnect delay, seconds (doubles up to `reconnect_max_s`).", 0.5,
+                                     lo=0, lo_open=True)
+    reconnect_max_s: float = setting("Largest reconnect delay, seconds.", 30.0, lo=0, lo_open=True)
+    response_topic_pattern: str = setting(
+        "Topics answers may be published to: an MQTT topic filter with a level `{device}` (the device of "
+        "the request topic), e.g. `replies/{device}/#`; empty = `<topic_prefix>/{device}/response/#`. A "
+        "request whose MQTT v5 Response Topic does not match is refused: counted "
+        "(`edgewise_gateway_mqtt_messages_total{result=\"foreign_response_topic\"}`), logged, nothing "
+        "published.", "")
+
+    def response_pattern(self) -> str:
+        return self.response_topic_pattern or mqtt_topics.response_pattern(self.topic_prefix)
 
 
 @dataclass
 class GatewaySettings:
     """Everything one gateway process needs."""
 
-    listen: str = "0.0.0.0:50051"
-    metrics_host: str = "0.0.0.0"
-    metrics_port: int = 9100             # /metrics, /pool, /healthz; -1 = off, 0 = any free port
-    load_poll_interval_s: float = 1.0    # Worker.Load polling
-    shutdown_grace_s: float = 10.0
-    tls: TlsSettings = field(default_factory=TlsSettings)
-    auth: AuthSettings = field(default_factory=AuthSettings)
-    limits: LimitSettings = field(default_factory=LimitSettings)
-    balancer: BalancerConfig = field(default_factory=BalancerConfig)
-    retry: RetrySettings = field(default_factory=RetrySettings)
-    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
-    mqtt: MqttSettings = field(default_factory=MqttSettings)
-
-    def validate(self) -> None:
-        """Raise ConfigError naming the bad key."""
-        if ":" not in self.listen:
-            raise ConfigError(f"listen: {self.listen!r} is not host:port (example 0.0.0.0:50051)")
-        try:
-            self.balancer.validate()
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        checks = [
-            ("load_poll_interval_s", self.load_poll_interval_s > 0),
-            ("shutdown_grace_s", self.shutdown_grace_s >= 0),
-            ("metrics_port", -1 <= self.metrics_port <= 65535),
-            ("limits.max_message_bytes", self.limits.max_message_bytes >= 1024),
-            ("limits.max_image_bytes", 0 < self.limits.max_image_bytes <= self.limits.max_message_bytes),
-            ("limits.max_id_length", self.limits.max_id_length >= 1),
-            ("limits.default_deadline_s", 0 < self.limits.default_deadline_s <= self.limits.max_deadline_s),
-            ("limits.rate_per_device", self.limits.rate_per_device >= 0),
-            ("limits.burst_per_device", self.limits.burst_per_device >= 1),
-            ("limits.max_stream_in_flight", self.limits.max_stream_in_flight >= 1),
-            ("retry.budget_ratio", 0 <= self.retry.budget_ratio <= 1),
-            ("retry.window_s", self.retry.window_s > 0),
-            ("mqtt.port", 1 <= self.mqtt.port <= 65535),
-            ("mqtt.max_in_flight", self.mqtt.max_in_flight >= 1),
-        ]
-        for key, ok in checks:
-            if not ok:
-                raise ConfigError(f"{key}: value {_get(self, key)!r} is out of range")
-        if self.discovery.kind not in ("static", "dns", "kubernetes"):
-            raise ConfigError(f"discovery.kind: {self.discovery.kind!r} is not static, dns or kubernetes")
-        if self.discovery.kind == "static" and not self.discovery.static:
-            raise ConfigError("discovery.static: list at least one worker 'host:port[=weight]' "
-                              "(or use --worker)")
-        if bool(self.tls.cert_file) != bool(self.tls.key_file):
-            raise ConfigError("tls: set both cert_file and key_file, or neither")
-        if self.tls.require_client_cert and not self.tls.client_ca_file:
-            raise ConfigError("tls.require_client_cert: needs tls.client_ca_file")
-        for i, t in enumerate(self.auth.tokens):
-            if not t.device or not t.token:
-                raise ConfigError(f"auth.tokens[{i}]: both device and token must be non-empty")
-        if self.mqtt.enabled and not self.mqtt.group.strip():
-            raise ConfigError("mqtt.group: must be non-empty")
+    listen: str = setting("Edge-facing gRPC address `host:port` (Escalation service and gRPC health); "
+                          "port 0 = any free port.", "0.0.0.0:50051")
+    metrics_host: str = setting("Address of the HTTP side port.", "0.0.0.0")
+    metrics_port: int = setting("HTTP side port: `/metrics`, `/pool` (JSON for the autoscaler), `/healthz`; "
+                                "0 = any free port, -1 = off.", 9100, lo=-1, hi=65535)
+    load_poll_interval_s: float = setting("How often each worker's Load (capacity, queue, serving) is polled, "
+                                          "seconds.", 1.0, lo=0, lo_open=True)
+    shutdown_grace_s: float = setting("On SIGTERM, how long in-flight requests may finish, seconds.", 10.0, lo=0)
+    tls: TlsSettings = setting("Server TLS.", factory=TlsSettings)
+    auth: AuthSettings = setting("Per-device bearer tokens.", factory=AuthSettings)
+    limits: LimitSettings = setting("Input limits, deadlines, rate limits.", factory=LimitSettings)
+    balancer: BalancerConfig = setting("The balancer.", factory=BalancerConfig)
+    retry: RetrySettings = setting("Retries on another worker.", factory=RetrySettings)
+    discovery: DiscoverySettings = setting("Where the workers come from.", factory=DiscoverySettings)
+    mqtt: MqttSettings = setting("MQTT v5 bridge.", factory=MqttSettings)
 
     def device_tokens(self) -> dict[str, str]:
-        """device → token, from ``auth.tokens`` and ``auth.tokens_file``."""
+        """device -> token, from ``auth.tokens`` and ``auth.tokens_file``.
+
+        Raises:
+            ConfigError: the tokens file is unreadable or malformed (with its line).
+        """
         out = {t.device: t.token for t in self.auth.tokens}
         if self.auth.tokens_file:
-            where = self.auth.tokens_file
-            try:
-                data = yaml.safe_load(Path(where).read_text()) or []
-            except (OSError, yaml.YAMLError) as exc:
-                raise ConfigError(f"auth.tokens_file {where}: cannot read: {exc}") from None
-            if not isinstance(data, list):
-                raise ConfigError(f"auth.tokens_file {where}: expected a list of {{device, token}}")
-            for i, item in enumerate(data):
-                tok = _build(DeviceToken, item, f"{where}: [{i}]")
+            tokens: list[DeviceToken] = load_file(list[DeviceToken], self.auth.tokens_file, "tokens")
+            for i, tok in enumerate(tokens):
                 if not tok.device or not tok.token:
-                    raise ConfigError(f"{where}: [{i}]: device and token must be non-empty")
+                    raise ConfigError(f"{self.auth.tokens_file}: [{i}]: device and token must be non-empty")
                 out[tok.device] = tok.token
         return out
 
 
-def _get(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
+def validate(s: GatewaySettings) -> None:
+    """The rules that span fields; raises :class:`Invalid`."""
+    if ":" not in s.listen:
+        raise Invalid("listen", f"{s.listen!r} is not host:port (example 0.0.0.0:50051)")
+    s.balancer.validate()
+    if s.limits.max_image_bytes > s.limits.max_message_bytes:
+        raise Invalid("limits.max_image_bytes", "must be at most limits.max_message_bytes")
+    if s.limits.default_deadline_s > s.limits.max_deadline_s:
+        raise Invalid("limits.default_deadline_s", "must be at most limits.max_deadline_s")
+    if s.discovery.kind == "static" and not s.discovery.static:
+        raise Invalid("discovery.static", "list at least one worker 'host:port[=weight]' (or use --worker)")
+    if bool(s.tls.cert_file) != bool(s.tls.key_file):
+        raise Invalid("tls", "set both cert_file and key_file, or neither")
+    if s.tls.require_client_cert and not s.tls.client_ca_file:
+        raise Invalid("tls.require_client_cert", "needs tls.client_ca_file")
+    if s.tls.client_ca_file and not s.tls.require_client_cert:
+        # gRPC's Python server can only "require and verify" or "never ask": with the flag
+        # off, a client CA would be ignored and any certificate go unchecked.
+        raise Invalid("tls.client_ca_file", "set tls.require_client_cert: true as well (gRPC Python cannot "
+                                            "verify optional client certificates), or remove client_ca_file")
+    for i, t in enumerate(s.auth.tokens):
+        if not t.device or not t.token:
+            raise Invalid(f"auth.tokens[{i}]", "both device and token must be non-empty")
+    _check_topic("mqtt.group", mqtt_topics.check_segment, s.mqtt.group)
+    _check_topic("mqtt.topic_prefix", mqtt_topics.check_prefix, s.mqtt.topic_prefix)
+    if s.mqtt.response_topic_pattern:
+        _check_topic("mqtt.response_topic_pattern", mqtt_topics.check_pattern, s.mqtt.response_topic_pattern)
 
 
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    """Check/convert one value to the annotated type, naming ``where`` on error."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return _build(tp, value, where)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(args[0], value, where)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
-        (item,) = typing.get_args(tp)
-        return [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-            return value.lower() in ("true", "1", "yes", "on")
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        try:
-            return int(value) if not isinstance(value, float) or value.is_integer() else _bad(where, value, "an integer")
-        except (TypeError, ValueError):
-            return _bad(where, value, "an integer")
-    if tp is float:
-        if isinstance(value, bool):
-            return _bad(where, value, "a number")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            return _bad(where, value, "a number")
-    if tp is str:
-        if isinstance(value, (dict, list)):
-            return _bad(where, value, "a string")
-        return str(value)
-    return value
+def _check_topic(path: str, check_fn: Callable[[str, str], str], value: str) -> None:
+    try:
+        check_fn(value, "value")
+    except InvalidInputError as exc:
+        raise Invalid(path, str(exc)) from None
 
 
-def _bad(where: str, value: Any, what: str) -> Any:
-    raise ConfigError(f"{where}: expected {what}, got {value!r}")
+SCHEMA: Schema[GatewaySettings] = Schema(
+    "gateway", GatewaySettings, command="edgewise cloud gateway", validate=validate,
+    flags=(
+        Flag("--listen", "listen", metavar="HOST:PORT"),
+        Flag("--metrics-port", "metrics_port", metavar="PORT"),
+        Flag("--worker", "discovery.static", repeat=True, implies=(("discovery.kind", "static"),),
+             metavar="HOST:PORT[=WEIGHT]", help="a static worker (repeatable); replaces discovery.static"),
+        Flag("--mode", "balancer.mode", metavar="MODE"),
+    ),
+)
 
 
-def _build(cls: Any, data: Any, where: str) -> Any:
-    if isinstance(data, cls):
-        return data
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            raise ConfigError(f"{_join(where, key)}: unknown key; allowed: {', '.join(sorted(names))}")
-        kwargs[key] = _coerce(hints[key], value, _join(where, key))
-    return cls(**kwargs)
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where and not where.endswith(": ") else f"{where}{key}"
-
-
-def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
-    parts = [p for p in path.split(".") if p]
-    if not parts:
-        raise ConfigError(f"override {path!r}: empty key path")
-    node = tree
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {path!r}: {p} is not a section")
-    node[parts[-1]] = value
-
-
-def load_settings(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
+def load_settings(path: str | Path | None = None, overrides: Sequence[str] | Mapping[str, Any] = (),
                   env: Mapping[str, str] | None = None) -> GatewaySettings:
-    """Build validated settings from a YAML file, the environment and key-path overrides.
-
-    ``overrides`` maps dotted key paths ("balancer.mode") to values (YAML-parsed
-    when they are strings, so "3" is an int and "[a, b]" a list).
-    """
-    tree: dict[str, Any] = {}
-    source = "settings"
-    if path:
-        source = str(path)
-        tree = read_yaml_mapping(path, "gateway settings")
-    env = os.environ if env is None else env
-    for key, value in sorted(env.items()):
-        if key.startswith(ENV_PREFIX):
-            _set_path(tree, key[len(ENV_PREFIX):].lower().replace("__", "."), _yaml_scalar(value))
-    for key, value in (overrides or {}).items():
-        _set_path(tree, key, _yaml_scalar(value) if isinstance(value, str) else value)
-    try:
-        settings = _build(GatewaySettings, tree, "")
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    try:
-        settings.validate()
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    return settings
-
-
-def _yaml_scalar(text: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+    """Validated settings from a YAML file, the environment (default ``os.environ``) and
+    overrides (``key.path=value`` strings or a mapping of key path to value)."""
+    return SCHEMA.load(path, overrides, env)

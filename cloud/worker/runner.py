@@ -67,6 +67,7 @@ class ModelRunner:
             iou_thres=settings.iou_threshold,
             max_det=settings.max_det,
             threads=settings.threads or None,
+            imgsz=settings.imgsz or None,
         )
         return cls(det)
 

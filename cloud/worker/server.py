@@ -13,7 +13,8 @@ service on one grpc.aio server. Division of labour:
 
 Lifecycle (``docs/design/batching.md#lifecycle``, ``docs/design/conventions.md#graceful-shutdown``): health is
 NOT_SERVING until warm-up batches ran at every batch size the batcher may send
-first; then SERVING. ``drain(grace)`` (SIGTERM): health NOT_SERVING, new Infer
+first and the worker decided from their timings whether batching pays on this
+backend (``batching.decide_batching``; if not, batch 1 without queue delay); then SERVING. ``drain(grace)`` (SIGTERM): health NOT_SERVING, new Infer
 calls get UNAVAILABLE, everything accepted is finished, then the server stops;
 all within ``grace`` seconds.
 """
@@ -33,17 +34,26 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from cloud.worker.batching import Batch, Batcher
+from cloud.worker.batching import Batch, Batcher, BatchingDecision, decide_batching
+from cloud.worker.budget import PixelBudget
 from cloud.worker.metrics import WorkerMetrics
 from cloud.worker.runner import ModelRunner, Prepared
 from cloud.worker.settings import WorkerSettings
+from edgewise import status
 from edgewise.detections import Detections
-from edgewise.errors import DeadlineExceededError, EdgewiseError, OverloadedError
+from edgewise.errors import (
+    DeadlineExceededError,
+    EdgewiseError,
+    InvalidInputError,
+    OverloadedError,
+    UnavailableError,
+)
 from edgewise.v1 import detect_pb2, service_pb2_grpc
-from edgewise.wire import detections_to_proto
+from edgewise.wire import check_image, detections_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +61,7 @@ SERVICE_NAME = "edgewise.v1.Worker"
 LISTENING_TAG = "EDGEWISE_WORKER_LISTENING"
 SERVING_TAG = "EDGEWISE_WORKER_SERVING"
 STREAM_GRACE_S = 0.5  # for RPCs other than Infer once the drain is over
+AUTO_WARMUP_ROUNDS = 3  # batching.mode auto: one cold round, then two timed rounds per size
 T = TypeVar("T")
 Clock = Callable[[], float]
 
@@ -64,19 +75,6 @@ class _Job:
     accepted: float
 
 
-class _Failure(Exception):
-    """A per-request failure carrying the gRPC status to answer with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _status_of(exc: BaseException) -> grpc.StatusCode:
-    name = getattr(exc, "status", "INTERNAL")
-    return getattr(grpc.StatusCode, str(name), grpc.StatusCode.INTERNAL)
-
-
 @dataclass
 class WorkerService(service_pb2_grpc.WorkerServicer):
     """``Worker`` servicer, scheduler and lifecycle of one worker process."""
@@ -88,11 +86,17 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
     health: health_aio.HealthServicer = field(default_factory=health_aio.HealthServicer)
 
     def __post_init__(self) -> None:
-        self.batcher: Batcher[_Job] = Batcher(self.settings.batching.policy())
+        policy = self.settings.batching.policy()
+        if self.settings.batching.mode == "off":
+            policy = policy.unbatched()
+        self.batcher: Batcher[_Job] = Batcher(policy)
+        self.batching: BatchingDecision | None = None  # set by warmup()
         self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="ew-infer")
         self._decode_pool = ThreadPoolExecutor(
             self.settings.decode_threads, thread_name_prefix="ew-decode"
         )
+        self.decode_budget = PixelBudget(self.settings.decode_pixel_budget,
+                                         self.settings.batching.max_queue_size)
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -115,26 +119,39 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
 
     async def warmup(self) -> None:
-        """Run dummy batches at every size the batcher may form first.
+        """Run dummy batches at every size the batcher may form first, then decide batching.
 
         ONNX Runtime (and TensorRT) are slow on the first call of each new
         shape (Triton #7776, docs/design/batching.md#warm-up): sizes 1, each preferred size and the max are
-        run ``warmup_rounds`` times; the timings of all but the first round of
-        each size seed the batch-time and capacity estimates.
+        run ``warmup_rounds`` times, round by round so that the sizes' timings see the same
+        load on the machine; all but the first round seed the batch-time and capacity
+        estimates, and their fastest time per size decides whether batching pays
+        (docs/design/batching.md#batching-where-it-pays).
         """
         pol = self.batcher.policy
         sizes = sorted({1, *pol.preferred_batch_sizes, pol.max_batch_size})
+        rounds = self.settings.warmup_rounds
+        if self.settings.batching.mode == "auto" and rounds and len(sizes) > 1:
+            rounds = max(rounds, AUTO_WARMUP_ROUNDS)
         dummy = await self._in_pool(self._decode_pool, self.runner.dummy)
-        for size in sizes:
-            for rnd in range(self.settings.warmup_rounds):
+        fastest: dict[int, float] = {}
+        for rnd in range(rounds):
+            for size in sizes:
                 outs, secs = await self._in_pool(self._infer_pool, self.runner.run, [dummy] * size)
                 bad = [o for o in outs if isinstance(o, Exception)]
                 if bad:
                     raise bad[0]
-                if rnd > 0 or self.settings.warmup_rounds == 1:
+                if rnd > 0 or rounds == 1:
                     self.batcher.observe(size, secs)
+                    fastest[size] = min(secs, fastest.get(size, secs))
+        b = self.settings.batching
+        self.batching = decide_batching(b.mode, fastest, b.min_gain, b.max_batch_size)
+        if not self.batching.batch:
+            self.batcher.set_policy(pol.unbatched())
+        self.metrics.batching.set(1 if self.batching.batch else 0)
+        self.metrics.batching_gain.set(self.batching.gain)
         self.metrics.capacity.set(self.batcher.capacity)
-        log.info("warm-up done: sizes %s, %.1f images/s", sizes, self.batcher.capacity)
+        log.info("warm-up done: sizes %s, %.1f images/s; %s", sizes, self.batcher.capacity, self.batching.reason)
 
     async def drain(self, grace: float) -> None:
         """Stop taking work, finish what was accepted (at most ``grace`` s)."""
@@ -159,11 +176,24 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
                 pass
         # Anything still queued is answered, never left hanging.
         for job in self.batcher.expired(float("inf")):
-            self._fail(job, _Failure(grpc.StatusCode.UNAVAILABLE, "worker stopped"))
+            self._fail(job, UnavailableError("worker stopped"))
         self._infer_pool.shutdown(wait=False, cancel_futures=True)
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- RPCs --------------------------------------------------------------------
+    async def infer_bytes(self, body: bytes, context: grpc.aio.ServicerContext) -> detect_pb2.DetectResponse:
+        """``Infer`` on the serialized request: bytes that are no ``DetectRequest`` get
+        INVALID_ARGUMENT. (gRPC's own deserializer answers UNKNOWN, which the gateway counts
+        against this worker; the gateway forwards requests it has read only in part,
+        docs/design/balancing.md#a-lean-hop.)"""
+        try:
+            request = detect_pb2.DetectRequest.FromString(body)
+        except DecodeError as exc:
+            self.metrics.requests.labels(grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a serialized DetectRequest: {exc}")
+            raise AssertionError("unreachable: abort raises") from exc
+        return await self.Infer(request, context)
+
     async def Infer(
         self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext
     ) -> detect_pb2.DetectResponse:
@@ -171,17 +201,16 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         self._enter()
         code = grpc.StatusCode.OK
         try:
-            resp = await self._infer(request, context, t0)
-            return resp
-        except _Failure as f:
-            code = f.code
-            message = str(f)
+            return await self._infer(request, context)
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             raise
-        except Exception as exc:  # nothing crashes the daemon: answer INTERNAL
-            log.exception("Infer failed unexpectedly")
-            code, message = grpc.StatusCode.INTERNAL, f"internal error: {exc}"
+        except Exception as exc:  # nothing crashes the daemon: every failure is answered
+            st = status.status_of(exc)
+            if not isinstance(exc, EdgewiseError):
+                log.exception("Infer failed unexpectedly")
+            message = str(exc) if isinstance(exc, EdgewiseError) else f"internal error: {exc}"
+            code = status.grpc_code(st)
         finally:
             self._leave()
             self.metrics.requests.labels(code.name).inc()
@@ -190,31 +219,21 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         raise AssertionError("unreachable: abort raises")
 
     async def _infer(
-        self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext, t0: float
+        self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext
     ) -> detect_pb2.DetectResponse:
         if self._draining:
-            raise _Failure(grpc.StatusCode.UNAVAILABLE, "worker is shutting down; retry on another worker")
+            raise UnavailableError("worker is shutting down; retry on another worker")
         if not self._serving:
-            raise _Failure(grpc.StatusCode.UNAVAILABLE, "worker is warming up; retry on another worker")
+            raise UnavailableError("worker is warming up; retry on another worker")
         if not request.HasField("image"):
-            raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, "request.image is missing")
+            raise InvalidInputError("request.image is missing")
         deadline = self._deadline(request, context)
         if self.batcher.depth >= self.batcher.policy.max_queue_size:  # shed before decoding
-            raise _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, self._full_message())
-        try:
-            prepared = await self._in_pool(self._decode_pool, self.runner.prepare, request.image)
-        except EdgewiseError as exc:
-            raise _Failure(_status_of(exc), f"image: {exc}") from exc
-        except Exception as exc:
-            raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, f"image could not be decoded: {exc}") from exc
+            raise OverloadedError(self._full_message())
+        prepared = await self._decode(request.image, deadline)
         loop = asyncio.get_running_loop()
         job = _Job(prepared, loop.create_future(), self.clock())
-        try:
-            self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline)
-        except OverloadedError as exc:
-            raise _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
-        except DeadlineExceededError as exc:
-            raise _Failure(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc
+        self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline)
         self.metrics.queue_depth.set(self.batcher.depth)
         self._wake.set()
         try:
@@ -236,6 +255,28 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
                 queue_ms=1e3 * queue_s, compute_ms=1e3 * compute_s, batch_size=batch_size
             ),
         )
+
+    async def _decode(self, image: detect_pb2.Image, deadline: float | None) -> Prepared:
+        """Check the image's header (no decoding), wait for room in the decode budget for the
+        pixels it declares, then decode and letterbox it in the decode pool."""
+        header = check_image(image)
+        pixels = 0 if header.encoding == "raw" else header.pixels  # RAW: nothing to inflate
+        timeout = None if deadline is None else max(0.0, deadline - self.clock())
+        try:
+            held = await self.decode_budget.acquire(pixels, timeout)
+        except OverloadedError:
+            self.metrics.decode_refused.inc()
+            raise
+        self.metrics.decode_pixels.set(self.decode_budget.in_use)
+        try:
+            return await self._in_pool(self._decode_pool, self.runner.prepare, image)
+        except EdgewiseError:
+            raise
+        except Exception as exc:
+            raise InvalidInputError(f"image could not be decoded: {exc}") from exc
+        finally:
+            self.decode_budget.release(held)
+            self.metrics.decode_pixels.set(self.decode_budget.in_use)
 
     async def Load(
         self, request: detect_pb2.LoadRequest, context: grpc.aio.ServicerContext
@@ -276,8 +317,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             now = self.clock()
             batch = self.batcher.next_batch(now, flush=self._draining)
             for job in self.batcher.expired(now):
-                self._fail(job, _Failure(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                self._fail(job, DeadlineExceededError(
                     "deadline could not be met: removed from the queue before inference"))
             self.metrics.queue_depth.set(self.batcher.depth)
             if batch is not None:
@@ -298,7 +338,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         except Exception as exc:
             log.exception("batch of %d failed", len(live))
             for j, _ in live:
-                self._fail(j, _Failure(grpc.StatusCode.INTERNAL, f"inference failed: {exc}"))
+                self._fail(j, EdgewiseError(f"inference failed: {exc}"))
             return
         n = len(live)
         self.batcher.observe(n, secs)
@@ -308,7 +348,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         for (job, wait), out in zip(live, outs, strict=True):
             self.metrics.queue_wait.observe(wait)
             if isinstance(out, Exception):
-                self._fail(job, _Failure(_status_of(out), f"inference failed for this image: {out}"))
+                self._fail(job, status.error_of(status.status_of(out), f"inference failed for this image: {out}"))
             elif not job.future.done():
                 job.future.set_result((out, wait, secs, n))
 
@@ -329,7 +369,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         return (f"worker queue full ({self.batcher.depth}/{pol.max_queue_size} requests waiting); "
                 "retry on another worker or later")
 
-    def _fail(self, job: _Job, failure: _Failure) -> None:
+    def _fail(self, job: _Job, failure: EdgewiseError) -> None:
         if not job.future.done():
             job.future.set_exception(failure)
 
@@ -400,7 +440,15 @@ def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
     ])
-    service_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    handlers = {
+        "Infer": grpc.unary_unary_rpc_method_handler(  # parses the request itself: infer_bytes
+            service.infer_bytes, response_serializer=detect_pb2.DetectResponse.SerializeToString),
+        "Load": grpc.unary_unary_rpc_method_handler(
+            service.Load, request_deserializer=detect_pb2.LoadRequest.FromString,
+            response_serializer=detect_pb2.WorkerLoad.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
     health_pb2_grpc.add_HealthServicer_to_server(service.health, server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     if port == 0:

@@ -1,42 +1,44 @@
-"""Settings of one cloud worker process: one validated object from YAML + env + flags.
+"""Settings of one cloud worker process: the dataclasses, their cross-field rules, the flags.
 
-Layering, lowest first: field defaults <- YAML file (``--config``) <- environment
-(``EDGEWISE_WORKER_<KEY>``, nested keys joined by ``__``, e.g.
-``EDGEWISE_WORKER_BATCHING__MAX_BATCH_SIZE=4``) <- command-line flags the user
-actually gave. Unknown keys are rejected with their file and key path, every
-value is type-checked and range-checked at load (``docs/design/conventions.md#settings``).
-Callers: ``cloud.worker.cli`` builds it; ``cloud.worker.server`` consumes it.
+Loaded by the shared mechanism of :mod:`edgewise.settings`: defaults < YAML file
+(``--config``) < environment ``EDGEWISE_WORKER__KEY`` (nested keys joined by ``__``,
+e.g. ``EDGEWISE_WORKER__BATCHING__MAX_BATCH_SIZE=4``) < ``--set`` < the named
+flags below. Callers: ``cloud.worker.cli`` builds it; ``cloud.worker.server``
+consumes it.
 """
 
-import dataclasses
 import os
 import socket
-import types
-import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
-from cloud.worker.batching import BatchPolicy
-from edgewise.config import read_yaml_mapping
-from edgewise.errors import ConfigError
-
-ENV_PREFIX = "EDGEWISE_WORKER_"
+from cloud.worker.batching import BATCHING_MODES, BatchPolicy
+from edgewise.imagefiles import DEFAULT_MAX_PIXELS
+from edgewise.settings import Flag, Invalid, Schema, check, setting
 
 
 @dataclass
 class BatchingSettings:
-    """Dynamic batcher knobs (Triton's names in ``docs/design/batching.md#knobs``)."""
+    """Dynamic batcher knobs (Triton's names, docs/design/batching.md#knobs)."""
 
-    max_batch_size: int = 8
-    """Most images in one model call."""
-    max_queue_delay_ms: float = 5.0
-    """Longest a request waits for a fuller batch, milliseconds (0 = never wait)."""
-    preferred_batch_sizes: tuple[int, ...] = ()
-    """Batch sizes sent as soon as they can be formed (e.g. TensorRT profiles)."""
-    max_queue_size: int = 64
-    """Most requests waiting; the next one gets RESOURCE_EXHAUSTED at once."""
+    max_batch_size: int = setting("Most images in one model call.", 8, lo=1)
+    max_queue_delay_ms: float = setting("Longest a request waits for a fuller batch, milliseconds (0 = never "
+                                        "wait).", 5.0, lo=0)
+    preferred_batch_sizes: tuple[int, ...] = setting("Batch sizes sent as soon as they can be formed (e.g. "
+                                                     "TensorRT profiles); each at most `max_batch_size`.",
+                                                     (), lo=1)
+    max_queue_size: int = setting("Most requests waiting; the next one gets RESOURCE_EXHAUSTED at once.", 64,
+                                  lo=1)
+    mode: str = setting(
+        "Whether to batch: `auto` measures at warm-up (at least 3 rounds) whether a batch serves at least "
+        "`min_gain` times the images/s of batch 1 and otherwise serves batch 1 without queue delay (CPU "
+        "backends; the decision is logged and exported as `edgewise_worker_batching`); `on` batches as "
+        "configured (GPU profiles); `off` always serves batch 1 without delay.", "auto",
+        choices=BATCHING_MODES)
+    min_gain: float = setting("`auto`: the throughput gain over batch 1 (images/s at the best measured batch "
+                              "size / images/s at batch 1) that batching must reach to be used.", 1.5, lo=1)
 
     def policy(self) -> BatchPolicy:
         """The batcher core's policy (validates the ranges)."""
@@ -52,182 +54,82 @@ class BatchingSettings:
 class WorkerSettings:
     """Everything one worker process needs; built by ``load_settings``."""
 
-    model: str = ""
-    """Path of the YOLOv5 ONNX model (required)."""
-    host: str = "0.0.0.0"
-    """Address the gRPC server binds."""
-    port: int = 50061
-    """gRPC port; 0 picks a free one (printed as ``EDGEWISE_WORKER_LISTENING port=N``)."""
-    metrics_port: int = 9101
-    """Prometheus ``/metrics`` HTTP port; 0 picks a free one, -1 disables it."""
-    metrics_host: str = "0.0.0.0"
-    """Address the metrics server binds."""
-    worker_id: str = ""
-    """Name reported in responses and load; default ``<hostname>-<pid>``."""
-    threads: int = 0
-    """ONNX Runtime intra-op threads; 0 lets ONNX Runtime decide."""
-    decode_threads: int = 2
-    """Threads decoding and letterboxing incoming images (off the event loop)."""
-    grace_s: float = 10.0
-    """On SIGTERM: seconds to finish in-flight requests before exiting."""
-    max_message_bytes: int = 8 * 1024 * 1024
-    """Largest gRPC request accepted, bytes."""
-    conf_threshold: float = 0.25
-    """Lowest detection score returned."""
-    iou_threshold: float = 0.45
-    """NMS IoU threshold."""
-    max_det: int = 300
-    """Most detections returned per image."""
-    warmup_rounds: int = 2
-    """Dummy batches run at each batch size warmed before reporting SERVING."""
-    batching: BatchingSettings = field(default_factory=BatchingSettings)
-    """Dynamic batcher knobs."""
+    model: str = setting("Path of the YOLOv5 ONNX model (required).", "")
+    imgsz: int = setting("Square input size for a model that does not state it (dynamic height/width and no "
+                         "`imgsz` metadata, e.g. YOLOv5 v7.0 `--dynamic` exports); 0 = the model's own (else "
+                         "640, with a warning). A fixed-size model must match it; the stride is checked when "
+                         "the model loads.", 0, lo=0)
+    host: str = setting("Address the gRPC server binds.", "0.0.0.0")
+    port: int = setting("gRPC port; 0 picks a free one (printed as `EDGEWISE_WORKER_LISTENING port=N`).", 50061,
+                        lo=0, hi=65535)
+    metrics_port: int = setting("Prometheus `/metrics` HTTP port; 0 picks a free one, -1 disables it.", 9101,
+                                lo=-1, hi=65535)
+    metrics_host: str = setting("Address the metrics server binds.", "0.0.0.0")
+    worker_id: str = setting("Name reported in responses and load; default `<hostname>-<pid>`.", "")
+    threads: int = setting("ONNX Runtime intra-op threads; 0 lets ONNX Runtime decide.", 0, lo=0)
+    decode_threads: int = setting("Threads decoding and letterboxing incoming images (off the event loop).", 2,
+                                  lo=1)
+    decode_pixel_budget: int = setting(
+        "Most pixels (declared width x height, summed) being decoded at once; a decode that would exceed it "
+        "waits in arrival order until its deadline, then RESOURCE_EXHAUSTED. One image larger than the budget "
+        "decodes alone. Default: one 7680x4320 frame.", DEFAULT_MAX_PIXELS, lo=1)
+    grace_s: float = setting("On SIGTERM: seconds to finish in-flight requests before exiting.", 10.0, lo=0)
+    max_message_bytes: int = setting("Largest gRPC request accepted, bytes.", 8 * 1024 * 1024, lo=1024)
+    conf_threshold: float = setting("Lowest detection score returned.", 0.25, lo=0, hi=1)
+    iou_threshold: float = setting("NMS IoU threshold.", 0.45, lo=0, hi=1, lo_open=True)
+    max_det: int = setting("Most detections returned per image.", 300, lo=1)
+    warmup_rounds: int = setting("Dummy batches run at each batch size warmed before reporting SERVING (with "
+                                 "`batching.mode: auto`, at least 3 unless 0).", 2, lo=0)
+    batching: BatchingSettings = setting("Dynamic batcher knobs.", factory=BatchingSettings)
 
     def __post_init__(self) -> None:
         if not self.worker_id:
             self.worker_id = f"{socket.gethostname()}-{os.getpid()}"
 
     def validate(self) -> "WorkerSettings":
-        """Check every range; raises ``ConfigError`` naming the field."""
-        checks: list[tuple[bool, str]] = [
-            (bool(self.model), "model: a YOLOv5 ONNX file is required (--model or model: in the YAML)"),
-            (0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}"),
-            (-1 <= self.metrics_port <= 65535, f"metrics_port must be in [-1, 65535], got {self.metrics_port}"),
-            (self.threads >= 0, f"threads must be >= 0, got {self.threads}"),
-            (self.decode_threads >= 1, f"decode_threads must be >= 1, got {self.decode_threads}"),
-            (self.grace_s >= 0, f"grace_s must be >= 0, got {self.grace_s}"),
-            (self.max_message_bytes >= 1024, f"max_message_bytes must be >= 1024, got {self.max_message_bytes}"),
-            (0 <= self.conf_threshold <= 1, f"conf_threshold must be in [0, 1], got {self.conf_threshold}"),
-            (0 < self.iou_threshold <= 1, f"iou_threshold must be in (0, 1], got {self.iou_threshold}"),
-            (self.max_det >= 1, f"max_det must be >= 1, got {self.max_det}"),
-            (self.warmup_rounds >= 0, f"warmup_rounds must be >= 0, got {self.warmup_rounds}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(f"worker settings: {msg}")
-        try:
-            self.batching.policy()
-        except ValueError as exc:
-            raise ConfigError(f"worker settings: batching: {exc}") from exc
+        """Check the ranges of the field metadata and the cross-field rules (for settings
+        built in code); raises :class:`Invalid` naming the key."""
+        check(self)
+        check(self.batching, "batching")
+        validate(self)
         return self
 
 
-def load_settings(
-    config: str | Path | None = None,
-    *,
-    env: Mapping[str, str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> WorkerSettings:
-    """Build and validate settings: defaults <- ``config`` YAML <- ``env`` <- ``overrides``.
-
-    ``overrides`` uses dotted key paths (``{"batching.max_batch_size": 4}``) and
-    should hold only the flags the user gave. ``env`` defaults to ``os.environ``.
-    """
-    data: dict[str, Any] = {}
-    if config is not None:
-        where = str(config)
-        data = read_yaml_mapping(config, "worker settings")
-        settings = _build(WorkerSettings, data, where, "")
-    else:
-        settings = WorkerSettings()
-    for key, value in sorted((os.environ if env is None else env).items()):
-        if key.startswith(ENV_PREFIX):
-            path = key[len(ENV_PREFIX) :].lower().replace("__", ".")
-            _set_path(settings, path, value, f"environment variable {key}", from_text=True)
-    for path, value in (overrides or {}).items():
-        _set_path(settings, path, value, "command line", from_text=isinstance(value, str))
+def validate(s: WorkerSettings) -> None:
+    """The rules that span fields; raises :class:`Invalid` naming the key."""
+    if not s.model:
+        raise Invalid("model", "a YOLOv5 ONNX file is required (--model or model: in the YAML)")
     try:
-        return settings.validate()
-    except ConfigError as exc:
-        if config is None:
-            raise
-        raise ConfigError(f"{config} (with environment and flags applied): {exc}") from exc
+        s.batching.policy()
+    except ValueError as exc:
+        raise Invalid("batching", str(exc)) from None
 
 
-# -- typed construction ---------------------------------------------------------
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _build(cls: type, data: Mapping[str, Any], where: str, prefix: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: {prefix.rstrip('.') or 'top level'} must be a mapping, got {data!r}")
-    hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in names:
-            raise ConfigError(
-                f"{where}: unknown key {prefix}{key!s}; allowed keys here: {', '.join(names)}"
-            )
-        kwargs[key] = _coerce(hints[key], value, where, f"{prefix}{key}", from_text=False)
-    return cls(**kwargs)
-
-
-def _set_path(obj: Any, path: str, value: Any, where: str, *, from_text: bool) -> None:
-    parts = path.split(".")
-    target = obj
-    for i, part in enumerate(parts):
-        names = [f.name for f in dataclasses.fields(target)]
-        if part not in names:
-            done = ".".join(parts[:i])
-            raise ConfigError(
-                f"{where}: unknown key {path}; allowed keys{' under ' + done if done else ''}: "
-                + ", ".join(names)
-            )
-        if i == len(parts) - 1:
-            hint = _hints(type(target))[part]
-            setattr(target, part, _coerce(hint, value, where, path, from_text=from_text))
-        else:
-            target = getattr(target, part)
-            if not dataclasses.is_dataclass(target):
-                raise ConfigError(f"{where}: {'.'.join(parts[: i + 1])} is not a section")
+SCHEMA: Schema[WorkerSettings] = Schema(
+    "worker", WorkerSettings, command="edgewise cloud worker", validate=validate,
+    flags=(
+        Flag("--model", "model", metavar="FILE"),
+        Flag("--imgsz", "imgsz", metavar="N"),
+        Flag("--host", "host"),
+        Flag("--port", "port"),
+        Flag("--metrics-port", "metrics_port", metavar="PORT"),
+        Flag("--worker-id", "worker_id", metavar="ID"),
+        Flag("--threads", "threads", metavar="N"),
+        Flag("--grace", "grace_s", metavar="SECONDS"),
+        Flag("--max-message-bytes", "max_message_bytes", metavar="BYTES"),
+        Flag("--conf", "conf_threshold", metavar="SCORE"),
+        Flag("--iou", "iou_threshold", metavar="IOU"),
+        Flag("--max-batch", "batching.max_batch_size", metavar="N"),
+        Flag("--max-delay-ms", "batching.max_queue_delay_ms", metavar="MS"),
+        Flag("--preferred-batch", "batching.preferred_batch_sizes", metavar="N,N"),
+        Flag("--queue-size", "batching.max_queue_size", metavar="N"),
+        Flag("--batching", "batching.mode", metavar="auto|on|off"),
+    ),
+)
 
 
-def _coerce(hint: Any, value: Any, where: str, path: str, *, from_text: bool) -> Any:
-    origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return _build(hint, value, where, path + ".")
-    if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if value is None or (from_text and value in ("", "none", "null")):
-            return None
-        return _coerce(args[0], value, where, path, from_text=from_text)
-    if origin is tuple:
-        item = typing.get_args(hint)[0]
-        if from_text and isinstance(value, str):
-            value = [v for v in (s.strip() for s in value.split(",")) if v]
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: {path} must be a list, got {value!r}")
-        return tuple(_coerce(item, v, where, f"{path}[{i}]", from_text=from_text) for i, v in enumerate(value))
-    return _scalar(hint, value, where, path, from_text)
-
-
-def _scalar(hint: Any, value: Any, where: str, path: str, from_text: bool) -> Any:
-    try:
-        if hint is bool:
-            if isinstance(value, bool):
-                return value
-            if from_text and str(value).lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                return str(value).lower() in ("1", "true", "yes", "on")
-        elif hint is int:
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-            if from_text:
-                return int(str(value))
-        elif hint is float:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-            if from_text:
-                return float(str(value))
-        elif hint is str:
-            if isinstance(value, str):
-                return value
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return str(value)
-    except ValueError:
-        pass
-    raise ConfigError(f"{where}: {path} must be {getattr(hint, '__name__', hint)}, got {value!r}")
+def load_settings(config: str | Path | None = None, overrides: Sequence[str] | Mapping[str, Any] = (),
+                  env: Mapping[str, str] | None = None) -> WorkerSettings:
+    """Validated settings: ``config`` YAML < ``env`` (default ``os.environ``) < ``overrides``
+    (``key.path=value`` strings or a mapping such as ``{"batching.max_batch_size": 4}``)."""
+    return SCHEMA.load(config, overrides, env)

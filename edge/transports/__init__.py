@@ -1,32 +1,36 @@
 """Escalation transports: the ``Transport`` seam and its failure type.
 
 Both transports carry the same serialized ``DetectRequest`` / ``DetectResponse``
-protobufs (docs/design/README.md#one-wire-contract). ``TransportError.code`` is a gRPC status
-name; ``edge.escalating`` maps it to spool / edge_only / drop per policy.
-Implementations: ``edge.transports.grpc`` (grpc.aio), ``edge.transports.mqtt``
-(paho-mqtt 2.x, MQTT v5).
+protobufs (docs/design/README.md#one-wire-contract). ``TransportError.status`` is a wire status
+(``edgewise.status``); ``edge.escalating`` spools what ``status.is_spoolable``
+says and keeps the edge result otherwise. Implementations:
+``edge.transports.grpc`` (grpc.aio), ``edge.transports.mqtt`` (paho-mqtt 2.x, MQTT v5).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
+
+from edgewise import status
 
 try:
     from typing import Protocol
 except ImportError:  # pragma: no cover
     from typing_extensions import Protocol  # type: ignore[assignment]
 
-#: Failures after which an escalation is worth spooling for a later replay.
-SPOOLABLE = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"})
-
 
 class TransportError(Exception):
-    """An escalation failed; ``code`` is the gRPC status name (UNAVAILABLE, ...)."""
+    """An escalation failed; ``status`` is its wire status (``detect_pb2.Status``)."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
+    def __init__(self, status_value: int, message: str) -> None:
+        super().__init__(f"{status.name(status_value)}: {message}")
+        self.status = status.row(status_value).status
         self.message = message
+
+    @property
+    def spoolable(self) -> bool:
+        """Worth keeping in the spool for a later replay (the cloud may take it then)."""
+        return status.is_spoolable(self.status)
 
 
 class Transport(Protocol):
@@ -45,11 +49,29 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
+class MeteredTransport:
+    """A ``Transport`` that reports the serialized size of every request it is given
+    (``on_send(transport name, bytes)``) before sending it: the uplink an escalation costs,
+    first sends and spool replays alike."""
+
+    def __init__(self, inner: Transport, on_send: Callable[[str, int], None]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.on_send = on_send
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def detect(self, request: Any, timeout_s: float) -> Any:
+        self.on_send(self.name, request.ByteSize())
+        return await self.inner.detect(request, timeout_s)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 def check_response(resp: Any) -> Any:
     """Raise TransportError for a DetectResponse whose status is not OK."""
-    from edgewise.v1 import detect_pb2
-
-    if resp.status in (detect_pb2.OK, detect_pb2.STATUS_UNSPECIFIED):
+    if status.is_ok(resp.status):
         return resp
-    name = detect_pb2.Status.Name(resp.status)
-    raise TransportError(name, resp.error or "cloud answered with an error status")
+    raise TransportError(resp.status, resp.error or "cloud answered with an error status")

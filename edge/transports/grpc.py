@@ -18,6 +18,7 @@ import grpc
 from grpc import aio
 
 from edge.transports import TransportError, check_response
+from edgewise import status
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ SERVICE_CONFIG = {
                 "initialBackoff": "0.05s",
                 "maxBackoff": "0.5s",
                 "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE"],
+                "retryableStatusCodes": sorted(status.grpc_code(s).name for s in status.RETRYABLE),
             },
         }
     ]
@@ -107,9 +108,9 @@ class GrpcTransport:
                     request, timeout=max(timeout_s, 0.001), metadata=self.metadata or None
                 )
             except aio.AioRpcError as exc:
-                code = exc.code().name if exc.code() is not None else "UNKNOWN"
-                last = TransportError(code, f"{self.endpoints[i]}: {exc.details() or code}")
-                if code == "UNAVAILABLE" and k + 1 < n:
+                st = status.from_grpc(exc.code())
+                last = TransportError(st, f"{self.endpoints[i]}: {exc.details() or status.name(st)}")
+                if status.is_retryable(st) and k + 1 < n:
                     log.info("endpoint %s unavailable, trying the next one", self.endpoints[i])
                     continue
                 raise last from None

@@ -2,8 +2,10 @@
 
 Request/response per MQTT v5: the serialized ``DetectRequest`` is published QoS 1
 to ``<prefix>/<device>/escalate`` with a *Response Topic*
-``<prefix>/<device>/response/<client>`` and *Correlation Data*; the cloud bridge
-answers there with the ``DetectResponse`` bytes and the same correlation data.
+``<prefix>/<device>/response/<client>``, *Correlation Data* and the device's token
+as the User Property ``authorization: Bearer <token>`` (topics and property name:
+``edgewise.mqtt_topics``); the cloud bridge answers there with the
+``DetectResponse`` bytes and the same correlation data.
 TLS, username/password or client certificates; paho's loop thread reconnects
 with exponential backoff (``reconnect_delay_set``). ``MqttConnection`` is shared
 with the MQTT sink. Callers: ``edge.escalating``, ``edge.daemon``.
@@ -15,7 +17,7 @@ import asyncio
 import logging
 import threading
 import uuid
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
@@ -23,6 +25,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edge.transports import TransportError, check_response
+from edgewise import mqtt_topics, status
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,8 @@ class MqttConnection:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
+        self.client.on_publish = self._on_publish
+        self.publish_listeners: List[Callable[[int], None]] = []  # called with the mid of each PUBACK
         self.connected = threading.Event()
         self.subscriptions: Dict[str, Any] = {}  # topic -> handler(msg), resubscribed on reconnect
         self.lock = threading.Lock()
@@ -100,6 +105,13 @@ class MqttConnection:
             log.warning("MQTT disconnected from %s:%d (%s); reconnecting with backoff", self.host, self.port, reason_code)
         self.connected.clear()
 
+    def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+        for fn in list(self.publish_listeners):
+            try:
+                fn(mid)
+            except Exception:
+                log.exception("MQTT publish listener failed")
+
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         with self.lock:  # subscribe() may add a topic from another thread meanwhile
             handler = self.subscriptions.get(msg.topic)
@@ -123,10 +135,13 @@ class MqttTransport:
 
     name = "mqtt"
 
-    def __init__(self, conn: MqttConnection, device_id: str, topic_prefix: str = "edgewise") -> None:
+    def __init__(self, conn: MqttConnection, device_id: str, topic_prefix: str = "edgewise",
+                 token: str = "") -> None:
         self.conn = conn
-        self.request_topic = f"{topic_prefix}/{device_id}/escalate"
-        self.response_topic = f"{topic_prefix}/{device_id}/response/{conn.client_id}"
+        self.request_topic = mqtt_topics.escalate_topic(topic_prefix, device_id)
+        self.response_topic = mqtt_topics.response_topic(
+            topic_prefix, device_id, mqtt_topics.check_segment(conn.client_id, "MQTT client id"))
+        self.token = token
         self.pending: Dict[bytes, asyncio.Future[bytes]] = {}
         self.loop: Optional[asyncio.AbstractEventLoop] = None
 
@@ -152,35 +167,37 @@ class MqttTransport:
         if self.loop is None:
             await self.start()
         if not self.conn.connected.is_set():
-            raise TransportError("UNAVAILABLE", f"MQTT broker {self.conn.host}:{self.conn.port} not connected")
+            raise TransportError(status.UNAVAILABLE, f"MQTT broker {self.conn.host}:{self.conn.port} not connected")
         corr = uuid.uuid4().bytes
         props = Properties(PacketTypes.PUBLISH)
         props.ResponseTopic = self.response_topic
         props.CorrelationData = corr
         props.MessageExpiryInterval = max(1, int(timeout_s + 0.999))
+        if self.token:  # checked by the gateway exactly as the gRPC metadata of the same name
+            props.UserProperty = [(mqtt_topics.AUTHORIZATION_PROPERTY, f"Bearer {self.token}")]
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.pending[corr] = fut
         try:
             info = self.conn.client.publish(self.request_topic, request.SerializeToString(), qos=1, properties=props)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
-                raise TransportError("UNAVAILABLE", f"MQTT publish failed: {mqtt.error_string(info.rc)}")
+                raise TransportError(status.UNAVAILABLE, f"MQTT publish failed: {mqtt.error_string(info.rc)}")
             try:
                 payload = await asyncio.wait_for(fut, timeout=timeout_s)
             except asyncio.TimeoutError:
                 if not self.conn.connected.is_set():
-                    raise TransportError("UNAVAILABLE", "MQTT broker connection lost") from None
-                raise TransportError("DEADLINE_EXCEEDED", f"no MQTT response within {timeout_s:.2f} s") from None
+                    raise TransportError(status.UNAVAILABLE, "MQTT broker connection lost") from None
+                raise TransportError(status.DEADLINE_EXCEEDED, f"no MQTT response within {timeout_s:.2f} s") from None
         finally:
             self.pending.pop(corr, None)
         resp = detect_pb2.DetectResponse()
         try:
             resp.ParseFromString(payload)
         except Exception:
-            raise TransportError("INTERNAL", "MQTT response is not a DetectResponse") from None
+            raise TransportError(status.INTERNAL, "MQTT response is not a DetectResponse") from None
         return check_response(resp)
 
     async def close(self) -> None:
         for fut in self.pending.values():
             if not fut.done():
-                fut.set_exception(TransportError("UNAVAILABLE", "transport closed"))
+                fut.set_exception(TransportError(status.UNAVAILABLE, "transport closed"))
         self.pending.clear()

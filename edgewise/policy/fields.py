@@ -9,9 +9,10 @@ it, so the documentation cannot drift from what is enforced.
 
 from __future__ import annotations
 
-import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Dict, Optional, Tuple
+
+from edgewise.fieldrules import allowed_text, in_range
 
 #: Field kinds the loader understands.
 KINDS = ("float", "int", "str", "bool", "section", "map", "weights")
@@ -37,47 +38,22 @@ class FieldSpec:
 
     def allowed(self) -> str:
         """Human-readable allowed values: choices, range, or type."""
-        if self.choices:
-            text = " | ".join(self.choices)
-        elif self.kind in ("float", "int"):
-            what = "a number" if self.kind == "float" else "an integer"
-            if self.lo is not None and self.hi is not None:
-                lb = "(" if self.lo_open else "["
-                rb = ")" if self.hi_open else "]"
-                text = f"{what} in {lb}{_num(self.lo)}, {_num(self.hi)}{rb}"
-            elif self.lo is not None:
-                text = f"{what} {'>' if self.lo_open else '>='} {_num(self.lo)}"
-            elif self.hi is not None:
-                text = f"{what} {'<' if self.hi_open else '<='} {_num(self.hi)}"
-            else:
-                text = what
-        elif self.kind == "bool":
-            text = "true | false"
-        elif self.kind == "str":
-            text = "a non-empty string" if self.required else "a string"
-        elif self.kind == "section":
+        if self.kind == "section":
             text = "a mapping"
         elif self.kind == "weights":
             text = "a mapping of " + " | ".join(self.keys) + " to a number in [0, 1]"
-        else:
+        elif self.kind == "map":
             text = "a mapping of name to a mapping"
+        else:
+            text = allowed_text(self.kind, self.choices, self.lo, self.hi, self.lo_open, self.hi_open,
+                                nonempty=self.required)
         if self.nullable:
             text += f", or null ({self.null_means})" if self.null_means else ", or null"
         return text
 
     def in_range(self, v: float) -> bool:
         """Whether number ``v`` is finite and within [lo, hi] (open ends respected)."""
-        if not math.isfinite(v):
-            return False
-        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
-            return False
-        if self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi):
-            return False
-        return True
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
+        return in_range(v, self.lo, self.hi, self.lo_open, self.hi_open)
 
 
 def opt(

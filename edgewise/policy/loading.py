@@ -13,14 +13,14 @@ Validation is driven by the field metadata of :mod:`edgewise.policy.schema`.
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import yaml
 
 from edgewise.errors import ConfigError
+from edgewise.fieldrules import show, suggest
 from edgewise.hardness.learned import GainModel
 from edgewise.policy.fields import FieldSpec, field_specs
 from edgewise.policy.schema import Policy
@@ -46,30 +46,12 @@ class _Ctx:
         return self.loader.construct_object(node, deep=True)
 
 
-def _show(value: Any) -> str:
-    text = repr(value) if isinstance(value, str) else str(value)
-    if value is None:
-        text = "null"
-    elif isinstance(value, bool):
-        text = "true" if value else "false"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _suggest(key: str, options: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.6)
-    if not close:
-        lowered = {o.lower(): o for o in options}
-        hit = lowered.get(key.lower().replace("_", ""))
-        close = [hit] if hit else []
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _node_desc(node: yaml.Node, ctx: _Ctx) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    return _show(ctx.scalar(node))
+    return show(ctx.scalar(node))
 
 
 def _mapping_items(
@@ -117,7 +99,7 @@ def _value(spec: FieldSpec, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
         for name, (knode, vnode) in items.items():
             if name not in spec.keys:
                 raise ctx.fail(
-                    knode, f"{path}.{name}", f"unknown signal{_suggest(name, spec.keys)}",
+                    knode, f"{path}.{name}", f"unknown signal{suggest(name, spec.keys)}",
                     " | ".join(spec.keys),
                 )
             weights[name] = _value(wspec, vnode, f"{path}.{name}", ctx)
@@ -135,18 +117,18 @@ def _value(spec: FieldSpec, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
         ok_type = isinstance(v, int) if spec.kind == "int" else isinstance(v, (int, float))
         if isinstance(v, bool) or not ok_type:
             what = "an integer" if spec.kind == "int" else "a number"
-            raise ctx.fail(node, path, f"{_show(v)} is not {what}", spec.allowed())
+            raise ctx.fail(node, path, f"{show(v)} is not {what}", spec.allowed())
         if not spec.in_range(float(v)):
-            raise ctx.fail(node, path, f"{_show(v)} is out of range", spec.allowed())
+            raise ctx.fail(node, path, f"{show(v)} is out of range", spec.allowed())
         return int(v) if spec.kind == "int" else float(v)
     if spec.kind == "bool":
         if not isinstance(v, bool):
-            raise ctx.fail(node, path, f"{_show(v)} is not a boolean", spec.allowed())
+            raise ctx.fail(node, path, f"{show(v)} is not a boolean", spec.allowed())
         return v
     if not isinstance(v, str):
-        raise ctx.fail(node, path, f"{_show(v)} is not a string", spec.allowed())
+        raise ctx.fail(node, path, f"{show(v)} is not a string", spec.allowed())
     if spec.choices and v not in spec.choices:
-        raise ctx.fail(node, path, f"{_show(v)} is not allowed{_suggest(v, spec.choices)}", spec.allowed())
+        raise ctx.fail(node, path, f"{show(v)} is not allowed{suggest(v, spec.choices)}", spec.allowed())
     if spec.required and not v.strip():
         raise ctx.fail(node, path, "must not be empty", spec.allowed())
     return v
@@ -159,7 +141,7 @@ def _build(cls: Any, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
     for key, (knode, vnode) in items.items():
         if key not in specs:
             raise ctx.fail(
-                knode, _join(path, key), f"unknown key{_suggest(key, list(specs))}",
+                knode, _join(path, key), f"unknown key{suggest(key, list(specs))}",
                 " | ".join(specs),
             )
         attr, spec = specs[key]
@@ -179,7 +161,7 @@ def _check(obj: Any, items: Dict[str, Tuple[yaml.Node, yaml.Node]], path: str, c
     if isinstance(low, float) and isinstance(high, float) and low > high:
         raise ctx.fail(
             items["low"][1], _join(path, "low"),
-            f"{_show(low)} is above high ({_show(high)})", "low <= high",
+            f"{show(low)} is above high ({show(high)})", "low <= high",
         )
 
 
@@ -187,8 +169,30 @@ def parse_policy(text: Union[str, bytes], source_name: str = "<policy>") -> Poli
     """Validate policy YAML ``text``; ``source_name`` is used in error messages.
 
     Raises :class:`~edgewise.errors.ConfigError` naming file, line, key path,
-    the bad value and the allowed values.
+    the bad value and the allowed values, and nothing else: whatever else goes
+    wrong while reading the text (a number too long to convert, nesting deeper
+    than Python's recursion limit, memory) is a ConfigError naming the file too,
+    so a hot reload can refuse the file and keep the old policy.
     """
+    try:
+        return _parse_policy(text, source_name)
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError(f"{source_name}: nested too deeply to read; a policy is a few levels "
+                          "deep, is this the right file?") from None
+    except MemoryError:
+        raise ConfigError(f"{source_name}: too large to read into memory; is this the right file?") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise ConfigError(f"{source_name}: a number has too many digits; use a number "
+                              "of at most a few digits") from None
+        raise ConfigError(f"{source_name}: cannot read the policy: {exc}") from None
+    except Exception as exc:
+        raise ConfigError(f"{source_name}: cannot read the policy: {type(exc).__name__}: {exc}") from None
+
+
+def _parse_policy(text: Union[str, bytes], source_name: str) -> Policy:
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")

@@ -20,7 +20,7 @@ from edgewise.images import check_bgr
 from edgewise.runtime.backends import InferenceBackend
 from edgewise.runtime.decoding import DecodeParams, decode
 from edgewise.runtime.letterbox import LetterboxMeta, preprocess_batch
-from edgewise.runtime.metadata import ModelInfo, load_model_info
+from edgewise.runtime.metadata import ImgszLike, ModelInfo, imgsz_guess_warning, load_model_info
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +77,15 @@ class Detector:
         source: Optional[str] = None,
         cache_dir: Optional[Union[str, Path]] = None,
         precision: Optional[str] = None,
+        imgsz: Optional[ImgszLike] = None,
     ) -> Detector:
         """Load and validate ``path`` and open it on ``backend``.
 
         ``auto`` picks native TensorRT when it is importable and a GPU is there,
         else ONNX Runtime (whose own provider list prefers TensorRT -> CUDA -> CPU).
-        ``cache_dir`` / ``precision`` apply to TensorRT engines.
+        ``cache_dir`` / ``precision`` apply to TensorRT engines. ``imgsz`` is the input
+        size of a model whose graph leaves it dynamic (see ``load_model_info``); a model
+        whose size is only assumed is logged as a warning.
         """
         if backend not in BACKENDS:
             raise ConfigError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
@@ -91,7 +94,9 @@ class Detector:
                                   multi_label=multi_label)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        info = load_model_info(path)
+        info = load_model_info(path, imgsz)
+        if info.imgsz_source == "default":
+            log.warning("%s", imgsz_guess_warning(info))
         be: InferenceBackend
         if backend == "auto":
             backend = "tensorrt" if _tensorrt_usable() else "onnxruntime"

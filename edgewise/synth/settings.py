@@ -2,19 +2,21 @@
 
 ``Difficulty`` holds every knob; ``PRESETS`` names a few ready-made mixes
 ("easy", "medium", "hard", "reference"); :func:`load_difficulty` builds one from
-a preset name, a JSON/YAML file, or ``key=value`` overrides and rejects unknown
-keys with a message that names where the key came from.
+a preset name, a JSON/YAML file, or ``key=value`` overrides with the settings
+loader of :mod:`edgewise.settings` (same coercion, unknown keys rejected with a
+did-you-mean, each error naming the file line or override of the bad value).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from edgewise.errors import ConfigError
+from edgewise.settings.building import build_section
+from edgewise.settings.tree import Source, Val, read_yaml, set_override, to_val
 
 
 @dataclass(frozen=True)
@@ -147,44 +149,28 @@ PRESETS: Dict[str, Difficulty] = {
 }
 
 
-def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
-    try:
-        if isinstance(default, tuple):
-            if isinstance(value, str):
-                value = [float(x) for x in value.replace("[", "").replace("]", "").split(",")]
-            seq = list(value)
-            if len(seq) != 2:
-                raise ValueError("expected two numbers")
-            return (float(seq[0]), float(seq[1]))
-        if isinstance(default, bool):
-            raise ValueError("booleans unsupported")
-        if isinstance(default, int):
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError("expected an integer")
-            return int(value)
-        return float(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: key '{key}' has a bad value {value!r}: {exc}") from None
-
-
 def difficulty_from_mapping(data: Mapping[str, Any], base: Optional[Difficulty] = None,
                             where: str = "difficulty") -> Difficulty:
-    """Override ``base`` (default: reference preset) with ``data``; unknown keys rejected."""
-    base = base or PRESETS["reference"]
-    known = {f.name: getattr(base, f.name) for f in fields(Difficulty)}
-    updates: Dict[str, Any] = {}
-    for key, value in data.items():
-        if key == "preset":
-            continue
-        if key not in known:
-            raise ConfigError(
-                f"{where}: unknown key '{key}'; allowed keys: {', '.join(sorted(known))}")
-        updates[key] = _coerce(key, value, known[key], where)
-    return dataclasses.replace(base, **updates).validate(where)
+    """Override ``base`` (default: reference preset) with ``data``; unknown keys rejected.
+
+    Values follow the settings coercion table (:mod:`edgewise.settings.values`): a pair
+    may be a list or ``"low,high"`` text, an int may be ``3``, ``3.0`` or ``"3"``.
+    """
+    values = {k: v for k, v in data.items() if k != "preset"}
+    return _build(to_val(values, Source(where)), base or PRESETS["reference"], where)
+
+
+def _build(val: Val, base: Difficulty, where: str) -> Difficulty:
+    diff: Difficulty = build_section(Difficulty, val, base)
+    return diff.validate(where)
 
 
 def load_difficulty(spec: str = "reference", overrides: Sequence[str] = ()) -> Difficulty:
-    """Build Difficulty from a preset name or a JSON/YAML file, then ``key=value`` overrides."""
+    """Build Difficulty from a preset name or a JSON/YAML file, then ``key=value`` overrides.
+
+    Raises:
+        ConfigError: naming the file line or the override of a bad key or value.
+    """
     if spec in PRESETS:
         diff = PRESETS[spec]
     else:
@@ -192,23 +178,17 @@ def load_difficulty(spec: str = "reference", overrides: Sequence[str] = ()) -> D
         if not path.is_file():
             raise ConfigError(
                 f"difficulty '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a file")
-        text = path.read_text()
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of difficulty keys")
-        base = PRESETS.get(str(data.get("preset", "reference")))
-        if base is None:
-            raise ConfigError(f"{path}: key 'preset' must be one of {', '.join(PRESETS)}")
-        diff = difficulty_from_mapping(data, base, where=str(path))
-    items: Dict[str, Any] = {}
+        tree = read_yaml(path, "difficulty")  # JSON is YAML too
+        preset = tree.data.pop("preset", None)
+        name = "reference" if preset is None else str(preset.data)
+        if name not in PRESETS:
+            where = preset.key_src.label if preset is not None else str(path)
+            raise ConfigError(f"{where}: preset: {name!r} is not allowed; allowed: {' | '.join(PRESETS)}")
+        diff = _build(tree, PRESETS[name], str(path))
+    if not overrides:
+        return diff.validate()
+    items = Val({}, Source("--set"))
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"difficulty override '{item}' must look like key=value")
-        k, v = item.split("=", 1)
-        items[k.strip()] = v.strip()
-    return difficulty_from_mapping(items, diff, where="--set") if items else diff.validate()
+        ov = set_override(item)
+        items.data[".".join(ov.path)] = Val(ov.value.strip(), ov.src, text=True)
+    return _build(items, diff, "--set")

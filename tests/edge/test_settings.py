@@ -1,8 +1,9 @@
-"""Settings: YAML + env + flags, validation, unknown keys rejected with file and key path."""
+"""Edge settings: YAML + env + flags, validation, errors naming the file line, variable or flag."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,8 @@ def test_example_file_loads_with_per_kind_defaults():
 def test_layering_file_env_flags(tmp_path):
     path = write(tmp_path, "device_id: a\nstreams: [{id: s, kind: synthetic}]\nmetrics: {port: 1234}\n")
     s = load_settings(path, overrides=["metrics.port=4321", "streams.0.fps=7.5"],
-                      env={"EDGEWISE_EDGE_DEVICE_ID": "from-env", "EDGEWISE_EDGE_CLOUD__TOKEN": "t0k",
-                           "EDGEWISE_EDGE_METRICS__PORT": "999"})
+                      env={"EDGEWISE_EDGE__DEVICE_ID": "from-env", "EDGEWISE_EDGE__CLOUD__TOKEN": "t0k",
+                           "EDGEWISE_EDGE__METRICS__PORT": "999"})
     assert s.device_id == "from-env"
     assert s.cloud.token == "t0k"
     assert s.metrics.port == 4321  # flag beats env beats file
@@ -41,31 +42,34 @@ def test_layering_file_env_flags(tmp_path):
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("streams: [{id: s, kind: synthetic}]\ncloud: {tokn: x}\n", "unknown key 'cloud.tokn'"),
-    ("streams: [{id: s, kind: synthetic, fsp: 3}]\n", "unknown key 'streams[0].fsp'"),
-    ("streams: [{id: s, kind: webcam}]\n", "streams[0].kind must be one of"),
-    ("streams: [{id: s, kind: file}]\n", "streams[0].uri is required"),
+    ("streams: [{id: s, kind: synthetic}]\ncloud: {tokn: x}\n", ":2: cloud.tokn: unknown key (did you mean 'token'?)"),
+    ("streams:\n  - id: s\n    fsp: 3\n", ":3: streams[0].fsp: unknown key (did you mean 'fps'?)"),
+    ("streams: [{id: s, kind: webcam}]\n", "streams[0].kind: 'webcam' is not allowed; allowed: file | folder"),
+    ("streams: [{id: s, kind: file}]\n", "streams[0].uri: is required"),
     ("streams: [{id: s, kind: synthetic}, {id: s, kind: synthetic}]\n", "duplicate stream id"),
-    ("streams: []\n", "streams needs at least one stream"),
-    ("streams: [{id: s, kind: synthetic, drop_policy: newest}]\n", "drop_policy must be one of"),
-    ("streams: [{id: s, kind: synthetic}]\nmodel: {conf_thres: 2}\n", "model.conf_thres must be within"),
-    ("streams: [{id: s, kind: synthetic}]\nmodel: {max_batch: many}\n", "model.max_batch must be an integer"),
-    ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: [nohost]}\n", "cloud.endpoints[0] must be host:port"),
-    ("streams: [{id: s, kind: synthetic}]\ncloud: {transport: http}\n", "cloud.transport must be one of"),
+    ("streams: []\n", "streams: needs at least one stream"),
+    ("streams: [{id: s, kind: synthetic, drop_policy: newest}]\n", "streams[0].drop_policy: 'newest' is not allowed"),
+    ("streams: [{id: s, kind: synthetic}]\nmodel: {conf_thres: 2}\n",
+     ":2: model.conf_thres: 2 is out of range; allowed: a number in [0, 1]"),
+    ("streams: [{id: s, kind: synthetic}]\nmodel: {max_batch: many}\n", "model.max_batch: 'many' is not an integer"),
+    ("streams: [{id: s, kind: synthetic}]\nmodel: {backend: tensorflow}\n", "model.backend: 'tensorflow' is not allowed"),
+    ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: [nohost]}\n", "cloud.endpoints[0]: must be host:port"),
+    ("streams: [{id: s, kind: synthetic}]\ncloud: {transport: http}\n", "cloud.transport: 'http' is not allowed"),
     ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: ['gw:70000']}\n", "must be host:port, got 'gw:70000' (port 1..65535)"),
-    ("streams: [{id: s, kind: synthetic}]\ncloud: {mqtt: {topic_prefix: 'a/+'}}\n", "cloud.mqtt.topic_prefix must be"),
-    ("streams: [{id: s, kind: synthetic}]\ncloud: {keepalive_s: 0}\n", "cloud.keepalive_s"),
-    ("streams: [{id: s, kind: synthetic}]\nspool: {replay_batch: 0}\n", "replay_batch must be >= 1"),
-    ("streams: [{id: s, kind: synthetic}]\nspool: {replay_interval_s: -1}\n", "replay_interval_s > 0"),
-    ("streams: [{id: s, kind: synthetic}]\nsinks: {mqtt: true}\n", "sinks.mqtt needs cloud.mqtt.host"),
-    ("streams: [{id: s, kind: synthetic, uri: big}]\n", "streams[0].uri is not a synthetic scene"),
+    ("streams: [{id: s, kind: synthetic}]\ncloud: {mqtt: {topic_prefix: 'a/+'}}\n", "cloud.mqtt.topic_prefix: must be"),
+    ("streams: [{id: s, kind: synthetic}]\ncloud: {keepalive_s: 0}\n", "cloud.keepalive_s: 0 is out of range"),
+    ("streams: [{id: s, kind: synthetic}]\nspool: {replay_batch: 0}\n", "spool.replay_batch: 0 is out of range"),
+    ("streams: [{id: s, kind: synthetic}]\nspool: {replay_interval_s: -1}\n", "allowed: a number > 0"),
+    ("streams: [{id: s, kind: synthetic}]\nsinks: {mqtt: true}\n", ":2: sinks.mqtt: needs cloud.mqtt.host"),
+    ("streams: [{id: s, kind: synthetic, uri: big}]\n", "streams[0].uri: is not a synthetic scene"),
     ("streams: [{id: s, kind: synthetic, uri: 'digits:hard:8x8'}]\n", "WxH with 16..8192 pixels"),
     pytest.param("streams: [{id: s, kind: synthetic, uri: 'digits:nightmare'}]\n",
-                 "streams[0].uri names no usable difficulty",
+                 "streams[0].uri: names no usable difficulty",
                  marks=pytest.mark.skipif(importlib.util.find_spec("edgewise.synth") is None,
                                           reason="edgewise.synth checks difficulties")),
     ("- a\n- b\n", "top level must be a mapping"),
     ("streams: [{id: s\n", "not valid YAML"),
+    ("streams: [{id: s, kind: synthetic}]\nmodel: {imgsz: -1}\n", "model.imgsz: -1 is out of range"),
 ])
 def test_invalid_settings_name_file_and_key(tmp_path, text, needle):
     path = write(tmp_path, text)
@@ -75,17 +79,44 @@ def test_invalid_settings_name_file_and_key(tmp_path, text, needle):
     assert str(path) in str(ei.value)
 
 
-def test_bad_override_names_the_flag(tmp_path):
+def test_bad_override_names_the_flag_or_variable(tmp_path):
     path = write(tmp_path, "streams: [{id: s, kind: synthetic}]\n")
-    with pytest.raises(ConfigError, match=r"--set spool.maxbytes: unknown key 'spool.maxbytes'"):
+    with pytest.raises(ConfigError, match=r"^--set spool.maxbytes: unknown key \(did you mean 'spool.max_bytes'\?\)"):
         load_settings(path, overrides=["spool.maxbytes=3"], env={})
-    with pytest.raises(ConfigError, match="EDGEWISE_EDGE_MODEL__THREADS"):
-        load_settings(path, env={"EDGEWISE_EDGE_MODEL__THREADS": "lots"})
+    with pytest.raises(ConfigError, match="^EDGEWISE_EDGE__MODEL__THREADS: 'lots' is not an integer"):
+        load_settings(path, env={"EDGEWISE_EDGE__MODEL__THREADS": "lots"})
+    with pytest.raises(ConfigError, match=r"^--set streams.1.fps: streams: has no item 1"):
+        load_settings(path, overrides=["streams.1.fps=5"], env={})
 
 
-def test_describe_documents_every_leaf():
+def test_old_variable_names_are_refused_not_ignored(tmp_path):
+    """A device upgraded with EDGEWISE_EDGE_CLOUD__TOKEN in its environment file must not run
+    without its token: the variable is refused with its new name."""
+    path = write(tmp_path, "streams: [{id: s, kind: synthetic}]\n")
+    with pytest.raises(ConfigError, match=r"^EDGEWISE_EDGE_CLOUD__TOKEN: not a settings variable; .*"
+                                          r"did you mean EDGEWISE_EDGE__CLOUD__TOKEN\?"):
+        load_settings(path, env={"EDGEWISE_EDGE_CLOUD__TOKEN": "t0k"})
+
+
+def test_secrets_stay_out_of_repr_and_messages(tmp_path):
+    path = write(tmp_path, "streams: [{id: s, kind: synthetic}]\n")
+    s = load_settings(path, env={"EDGEWISE_EDGE__CLOUD__TOKEN": "s3cret-token"})
+    assert s.cloud.token == "s3cret-token" and "s3cret" not in repr(s)
+    with pytest.raises(ConfigError) as ei:
+        load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\ncloud: {mqtt: {password: [s3cret]}}\n"),
+                      env={})
+    assert "cloud.mqtt.password" in str(ei.value) and "s3cret" not in str(ei.value)
+
+
+def test_describe_documents_every_key():
     text = describe()
-    assert "cloud.mqtt.topic_prefix (str, default 'edgewise'):" in text
-    assert "streams[].drop_policy (str" in text
-    for line in text.splitlines():
-        assert not line.endswith(": "), f"undocumented setting: {line}"
+    assert "\ncloud.mqtt.topic_prefix\n  type str, default edgewise; allowed: a string\n" in text
+    assert "\nstreams[].drop_policy\n" in text and "EDGEWISE_EDGE__STREAMS__<N>__FPS" in text
+    assert "env EDGEWISE_EDGE__METRICS__PORT; flag --metrics-port" in text
+    keys, machine = text.split("\n\nOn this machine:\n")
+    blocks = keys.split("\n\n")[1:]
+    assert len(blocks) > 40
+    for block in blocks:
+        assert block.count("\n") == 3 and block.splitlines()[3].strip(), f"undocumented setting: {block}"
+    # What backend: auto means here (the PyPI OpenCV has FFmpeg and no GStreamer).
+    assert re.match(r"  streams\[\]\.backend auto: (ffmpeg|gstreamer) for kind rtsp \(", machine)

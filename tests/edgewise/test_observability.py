@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import Counter, Histogram, generate_latest
 
 from edgewise import __version__
-from edgewise.observability import process_registry, setup_logging
+from edgewise.observability import LogThrottle, process_registry, setup_logging
 
 
 def test_process_registry_exports_build_info_and_process_metrics_without_created_series():
@@ -61,3 +61,11 @@ def test_version_flag_and_python_dash_m():
     bad = subprocess.run([sys.executable, "-m", "edgewise", "--log-format", "xml", "model"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "xml" in bad.stderr
+
+
+def test_log_throttle_counts_what_it_holds_back():
+    t = [0.0]
+    th = LogThrottle(10.0, burst=2, clock=lambda: t[0])
+    assert [th.allow() for _ in range(5)] == [0, 0, None, None, None]
+    t[0] = 10.0
+    assert th.allow() == 3 and th.allow() == 0 and th.allow() is None

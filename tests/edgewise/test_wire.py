@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgewise import wire
+from edgewise import imagefiles, wire
 from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
 from edgewise.v1 import detect_pb2
@@ -27,8 +27,8 @@ def test_image_round_trip(fmt, tol):
 
 def test_header_sizes():
     im = _img(30, 70)
-    assert wire.jpeg_size(wire.encode_image(im, "jpeg").data) == (70, 30)
-    assert wire.png_size(wire.encode_image(im, "png").data) == (70, 30)
+    assert imagefiles.jpeg_size(wire.encode_image(im, "jpeg").data) == (70, 30)
+    assert imagefiles.png_size(wire.encode_image(im, "png").data) == (70, 30)
 
 
 def test_encode_rejects_bad_input():
@@ -153,3 +153,65 @@ def test_crop_offsets_back_to_source_frame():
     np.testing.assert_array_equal(s.boxes, [[101, 52, 120, 90], [105, 55, 106, 57]])  # clipped at w=120
     assert wire.to_source_frame(d, detect_pb2.Image()) is d
     np.testing.assert_array_equal(wire.shift_detections(d, 1, 2).boxes[0], [2, 4, 31, 42])
+
+
+def test_check_image_reads_only_the_header():
+    data = bytearray(wire.encode_image(_img(8, 8), "jpeg").data)
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = (30000).to_bytes(2, "big") * 2  # an 8x8 JPEG declaring 30000x30000
+    bomb = detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=bytes(data))
+    with pytest.raises(InvalidInputError, match="declares 30000x30000 = 900000000 pixels, over the limit"):
+        wire.check_image(bomb)
+    with pytest.raises(InvalidInputError, match="over the limit"):
+        wire.decode_image(bomb)  # refused before the decoder allocates 2.7 GB
+    data[sof + 5:sof + 9] = (4300).to_bytes(2, "big") + (7600).to_bytes(2, "big")
+    header = wire.check_image(detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=bytes(data)))
+    assert (header.encoding, header.width, header.height) == ("jpeg", 7600, 4300)  # under 7680x4320
+    raw = wire.encode_image(_img(), "raw")
+    assert wire.check_image(raw).pixels == 48 * 64
+    raw.source_width, raw.source_height, raw.offset_x = 100, 100, 100
+    with pytest.raises(InvalidInputError, match="outside the 100x100 source frame"):
+        wire.check_image(raw)
+    one_channel = detect_pb2.Image(encoding=detect_pb2.Image.RAW, data=bytes(48 * 64), shape=[48, 64, 1],
+                                   dtype="uint8")
+    with pytest.raises(InvalidInputError, match=r"\[height, width, 3\]"):
+        wire.check_image(one_channel)
+
+
+class _View:
+    """A wire image whose ``data`` is a view into a larger buffer (as the gateway reads one)."""
+
+    def __init__(self, img: detect_pb2.Image) -> None:
+        buf = b"head" + img.data + b"tail"
+        self.data = memoryview(buf)[4:-4]
+        self.encoding, self.shape, self.dtype = img.encoding, list(img.shape), img.dtype
+        self.offset_x, self.offset_y = img.offset_x, img.offset_y
+        self.source_width, self.source_height = img.source_width, img.source_height
+
+
+@pytest.mark.parametrize("pad", [0, 10, 63, 64, 65, 5000])
+def test_check_image_on_a_buffer_view_and_zero_padded_jpegs(pad):
+    jpeg = wire.encode_image(_img(), "jpeg").data
+    for data, ok in ((jpeg + bytes(pad), True), (jpeg[:-1] + bytes(pad), False), (jpeg[:-2] + bytes(pad), False)):
+        img = detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=data)
+        for candidate in (img, _View(img)):
+            if ok:
+                assert wire.check_image(candidate) == imagefiles.ImageHeader("jpeg", 64, 48)
+            else:
+                with pytest.raises(InvalidInputError, match="truncated JPEG"):
+                    wire.check_image(candidate)
+    png = _View(wire.encode_image(_img(), "png"))
+    assert wire.check_image(png) == imagefiles.ImageHeader("png", 64, 48)
+
+
+@pytest.mark.parametrize("ext", [".bmp", ".webp", ".tiff", ".ppm"])
+def test_file_headers_of_other_formats(tmp_path, ext):
+    import cv2
+
+    path = tmp_path / f"x{ext}"
+    assert cv2.imwrite(str(path), _img(30, 70))
+    header = imagefiles.image_header(path.read_bytes(), str(path))
+    assert (header.width, header.height) == (70, 30)
+    assert imagefiles.read_image_file(path).shape == (30, 70, 3)
+    with pytest.raises(InvalidInputError, match=r"x\..*over the limit of 100"):
+        imagefiles.read_image_file(path, max_pixels=100)

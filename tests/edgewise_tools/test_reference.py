@@ -13,6 +13,7 @@ import pytest
 from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy import describe_schema, parse_policy
 from edgewise.policy.deciding import REASONS, SUPPRESSORS
+from edgewise.settings import rows
 from edgewise_tools import reference as ref
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +22,7 @@ FIX = f"regenerate with: {ref.COMMAND} (then commit docs/)"
 
 @pytest.mark.parametrize("page", sorted(ref.PAGES))
 def test_committed_page_matches_the_code(page: str) -> None:
-    text = ref.PAGES[page]()
+    text = ref.PAGES[page](ROOT)
     assert text is not None, f"{page}: its source package is not importable"
     committed = (ROOT / page).read_text(encoding="utf-8") if (ROOT / page).exists() else ""
     if committed != text:
@@ -51,22 +52,21 @@ def test_policy_page_minimal_example_is_valid() -> None:
     assert parse_policy(ref._MINIMAL, "minimal").metadata.name == "minimal"
 
 
-def test_edge_page_lists_every_setting_with_its_full_docstring() -> None:
-    import edge.settings as es
-
-    text = ref.edge_settings_reference()
+@pytest.mark.parametrize("page", sorted(ref.SETTINGS_PAGES))
+def test_settings_page_lists_every_key_with_its_variable_and_flag(page: str) -> None:
+    spec = ref.SETTINGS_PAGES[page]
+    schema = ref._schema(spec.module)
+    assert schema is not None
+    text = ref.settings_reference(spec)
     assert text is not None
-    rows = ref.settings_rows(es, es.EdgeSettings, env_prefix=es.ENV_PREFIX)
-    keys = {r[0] for r in rows}
-    assert {"device_id", "streams[].uri", "cloud.mqtt.password", "spool.max_bytes", "metrics.port"} <= keys
-    for key, _t, _d, env, doc in rows:
-        assert f"| `{key}` |" in text
-        assert doc, f"{key} has no docstring in edge/settings.py"
-    # multi-line docstrings are kept whole (describe() keeps only the first line)
-    uri = next(r for r in rows if r[0] == "streams[].uri")
-    assert "appsink" in uri[4]
-    token = next(r for r in rows if r[0] == "cloud.token")
-    assert token[3] == "EDGEWISE_EDGE_CLOUD__TOKEN" and "EDGEWISE_EDGE_CLOUD__TOKEN" in token[4]
+    for row in rows(schema):
+        assert f"| `{row.key}` |" in text, row.key
+        assert row.doc, f"{row.key} has no doc in {spec.module}"
+        assert not row.env or f"`{row.env}`" in text
+    for flag in schema.flags:
+        assert f"`{flag.name}`" in text
+    for msg in ref._error_examples(schema):
+        assert f"* `{msg}`" in text and (msg.startswith("settings.yaml:2: ") or msg.startswith(schema.env_prefix))
 
 
 def test_edge_page_environment_names_are_the_loader_s(tmp_path: Path) -> None:
@@ -75,31 +75,43 @@ def test_edge_page_environment_names_are_the_loader_s(tmp_path: Path) -> None:
 
     cfg = tmp_path / "edge.yaml"
     cfg.write_text("streams: [{id: s, kind: synthetic}]\n")
-    rows = ref.settings_rows(es, es.EdgeSettings, env_prefix=es.ENV_PREFIX)
     samples = {"str": "x-1", "int": "7", "float": "0.5", "bool": "true"}
-    # keys whose validation needs a partner or a choice; their names follow the same rule
-    paired = ("cloud.transport", "cloud.tls_cert", "cloud.tls_key", "sinks.mqtt")
+    # keys whose validation needs a partner; their names follow the same rule
+    paired = ("cloud.tls_cert", "cloud.tls_key", "sinks.mqtt")
     checked = 0
-    for key, tname, _d, env, _doc in rows:
-        if not env or tname not in samples or key in paired:
+    for row in rows(es.SCHEMA):
+        if "[]" in row.key or row.type not in samples or row.key in paired:
             continue
-        value = samples[tname]
-        if key.endswith("port"):
-            value = "8123"
-        s = es.load_settings(str(cfg), env={env: value})
-        got = s
-        for part in key.split("."):
+        value = "8123" if row.key.endswith("port") else samples[row.type]
+        if " | " in row.allowed and row.type == "str":
+            value = row.allowed.split(" | ")[-1]
+        got: object = es.load_settings(str(cfg), env={row.env: value})
+        for part in row.key.split("."):
             got = getattr(got, part)
-        assert str(got).lower() == value, (key, env, got)
+        assert str(got).lower() == value, (row.key, row.env, got)
         checked += 1
     assert checked >= 30
 
 
+def test_chart_schema_of_gateway_config_follows_the_metadata() -> None:
+    config = ref.gateway_config_schema()
+    assert config is not None and config["additionalProperties"] is False
+    assert not set(ref.CHART_OWNED) & set(config["properties"])
+    balancer = config["properties"]["balancer"]
+    assert balancer["additionalProperties"] is False
+    assert balancer["properties"]["mode"]["enum"][0] == "wlc"
+    assert balancer["properties"]["slow_start_min_pct"]["exclusiveMinimum"] == 0
+    assert config["properties"]["mqtt"]["properties"]["port"] == {
+        "description": "Broker port.", "type": "integer", "minimum": 1, "maximum": 65535}
+    token = config["properties"]["auth"]["properties"]["tokens"]["items"]["properties"]["token"]
+    assert token["type"] == ["string", "number"]
+
+
 def _copy_tree(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
-    (root / "docs").mkdir(parents=True)
-    for page in ref.PAGES:
+    for page in (*ref.PAGES, *ref.INPUTS):
         src = ROOT / page
+        (root / page).parent.mkdir(parents=True, exist_ok=True)
         if src.exists():
             shutil.copy(src, root / page)
     return root
@@ -122,9 +134,9 @@ def test_check_exits_1_with_a_diff_when_stale_and_write_fixes_it(tmp_path: Path)
 
 def test_missing_page_is_stale(tmp_path: Path) -> None:
     root = _copy_tree(tmp_path)
-    (root / ref.EDGE_PAGE).unlink()
+    (root / "docs/settings/edge.md").unlink()
     diffs = ref.stale(root)
-    assert len(diffs) == 1 and "edge-settings-reference.md (generated)" in diffs[0]
+    assert len(diffs) == 1 and "docs/settings/edge.md (generated)" in diffs[0]
     assert ref.main(["--check", "--root", str(root)]) == 1
     assert ref.main(["--write", "--root", str(root)]) == 0
     assert ref.stale(root) == []

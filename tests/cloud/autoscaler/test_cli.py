@@ -8,16 +8,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from cloud.autoscaler.scaling import default_scale_down
 from cloud.autoscaler.settings import load_settings
 from edgewise.errors import ConfigError
 from tests.cloud.autoscaler.servers import PoolServer, ScaleAPI, pool_doc
 from tests.conftest import free_port
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 EDGEWISE = [sys.executable, "-c", "import sys; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -30,8 +31,8 @@ def test_precedence_defaults_yaml_env_flags(tmp_path):
         "kubernetes: {namespace: yaml-ns}\nscale_down: {stabilization_window_s: 120}\n"
         "scale_up:\n  stabilization_window_s: 0\n  select_policy: Min\n"
         "  policies: [{type: Pods, value: 1, period_s: 60}]\n")
-    env = {"EDGEWISE_AUTOSCALER_MAX_REPLICAS": "12", "EDGEWISE_AUTOSCALER_KUBERNETES__NAMESPACE": "env-ns",
-           "EDGEWISE_AUTOSCALER_DRY_RUN": "true"}
+    env = {"EDGEWISE_AUTOSCALER__MAX_REPLICAS": "12", "EDGEWISE_AUTOSCALER__KUBERNETES__NAMESPACE": "env-ns",
+           "EDGEWISE_AUTOSCALER__DRY_RUN": "true"}
     s = load_settings(cfg, {"max_replicas": 20, "queue_wait_slo_ms": 50.0}, env)
     assert (s.min_replicas, s.max_replicas, s.interval_s, s.dry_run) == (2, 20, 30.0, True)
     assert s.kubernetes.namespace == "env-ns" and s.kubernetes.deployment == "edgewise-worker"
@@ -43,14 +44,24 @@ def test_precedence_defaults_yaml_env_flags(tmp_path):
 
 
 @pytest.mark.parametrize("text, msg", [
-    ("gateway_urls: [http://g:1]\nmin_replica: 2\n", "autoscaler.yaml: unknown key min_replica"),
-    ("kubernetes: {namespce: x}\n", "unknown key kubernetes.namespce"),
-    ("scale_up: {policies: [{type: Pods, value: 1, period: 15}]}\n", r"unknown key scale_up.policies\[0\].period"),
-    ("gateway_urls: [http://g:1]\nmin_replicas: two\n", "min_replicas: expected an integer"),
-    ("gateway_urls: [http://g:1]\nmin_replicas: 5\nmax_replicas: 3\n", "min_replicas <= max_replicas"),
-    ("gateway_urls: [gw:9100]\n", "must start with http"),
-    ("gateway_urls: [http://g:1]\nscale_down: {select_policy: Sometimes}\n", "not one of"),
-    ("gateway_urls: [http://g:1]\nkubernetes: {namespace: Bad_NS}\n", "not a valid Kubernetes name"),
+    ("gateway_urls: [http://g:1]\nmin_replica: 2\n",
+     r"autoscaler.yaml:2: min_replica: unknown key \(did you mean 'min_replicas'\?\)"),
+    ("kubernetes: {namespce: x}\n", "autoscaler.yaml:1: kubernetes.namespce: unknown key"),
+    ("scale_up: {policies: [{type: Pods, value: 1, period: 15}]}\n",
+     r"autoscaler.yaml:1: scale_up.policies\[0\].period: unknown key \(did you mean 'period_s'\?\)"),
+    ("gateway_urls: [http://g:1]\nmin_replicas: two\n", "autoscaler.yaml:2: min_replicas: 'two' is not an integer"),
+    ("gateway_urls: [http://g:1]\nmin_replicas: 5\nmax_replicas: 3\n",
+     "autoscaler.yaml:3: max_replicas: need min_replicas <= max_replicas"),
+    ("gateway_urls: [gw:9100]\n", r"autoscaler.yaml:1: gateway_urls\[0\]: 'gw:9100' must start with http"),
+    ("gateway_urls: [http://g:1]\nscale_down: {select_policy: Sometimes}\n",
+     "autoscaler.yaml:2: scale_down.select_policy: 'Sometimes' is not allowed; allowed: Max | Min | Disabled"),
+    ("gateway_urls: [http://g:1]\nscale_down: {policies: [], select_policy: Max}\n",
+     "autoscaler.yaml:2: scale_down.policies: at least one scaling policy is needed"),
+    ("gateway_urls: [http://g:1]\nscale_up: {policies: [{type: Pods, value: 1}]}\n",
+     r"autoscaler.yaml:2: scale_up.policies\[0\].period_s: required key is missing"),
+    ("gateway_urls: [http://g:1]\nkubernetes: {namespace: Bad_NS}\n",
+     "autoscaler.yaml:2: kubernetes.namespace: 'Bad_NS' is not a valid Kubernetes name"),
+    ("gateway_urls: [http://g:1]\ntolerance: 1\n", r"tolerance: 1 is out of range; allowed: a number in \[0, 1\)"),
     ("- a\n- b\n", "top level must be a mapping"),
     ("min_replicas: [\n", "not valid YAML"),
 ])
@@ -62,12 +73,19 @@ def test_bad_files_name_file_and_key(tmp_path, text, msg):
 
 
 def test_bad_env_and_missing_gateway():
-    with pytest.raises(ConfigError, match="unknown variable EDGEWISE_AUTOSCALER_MAXREPLICAS"):
-        load_settings(None, {"gateway_urls": ["http://g:1"]}, {"EDGEWISE_AUTOSCALER_MAXREPLICAS": "3"})
-    with pytest.raises(ConfigError, match="no gateway to poll"):
+    with pytest.raises(ConfigError, match=r"^EDGEWISE_AUTOSCALER__MAXREPLICAS: unknown key \(did you mean "
+                                          r"EDGEWISE_AUTOSCALER__MAX_REPLICAS\?\)"):
+        load_settings(None, {"gateway_urls": ["http://g:1"]}, {"EDGEWISE_AUTOSCALER__MAXREPLICAS": "3"})
+    with pytest.raises(ConfigError, match="^autoscaler settings: gateway_urls: no gateway to poll"):
         load_settings(None, {}, {})
-    s = load_settings(None, {}, {"EDGEWISE_AUTOSCALER_GATEWAY_URLS": "http://a:1, http://b:2"})
+    s = load_settings(None, {}, {"EDGEWISE_AUTOSCALER__GATEWAY_URLS": "http://a:1, http://b:2"})
     assert s.gateway_urls == ("http://a:1", "http://b:2")
+
+
+def test_partial_sections_keep_their_defaults_and_items_are_addressable():
+    s = load_settings(None, ["gateway_urls=http://g:1", "scale_up.policies.1.value=8"], {})
+    assert [(p.type, p.value) for p in s.scale_up.policies] == [("Percent", 100), ("Pods", 8)]
+    assert s.scale_down == default_scale_down()
 
 
 def _spawn(args, tmp_path):
@@ -75,15 +93,6 @@ def _spawn(args, tmp_path):
     env = {k: v for k, v in env.items() if not k.startswith("EDGEWISE_AUTOSCALER_") and k != "KUBERNETES_SERVICE_HOST"}
     return subprocess.Popen(EDGEWISE + ["--log-level", "INFO", "cloud", "autoscaler"] + args, cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _wait(cond, timeout=20.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture
@@ -107,7 +116,7 @@ def test_dry_run_process_prints_decisions_and_sends_no_patch(servers, tmp_path):
     api, gw, token = servers
     p = _spawn(_common(api, gw, token) + ["--dry-run", "--metrics-port", "0"], tmp_path)
     try:
-        assert _wait(lambda: sum(1 for r in api.requests if r[0] == "GET") >= 3), p.stderr
+        wait_until(lambda: sum(1 for r in api.requests if r[0] == "GET") >= 3, 20, "3 reads of the scale")
     finally:
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=15)
@@ -123,9 +132,11 @@ def test_live_process_patches_and_exports_metrics(servers, tmp_path):
     port = free_port()
     p = _spawn(_common(api, gw, token) + ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"], tmp_path)
     try:
-        assert _wait(lambda: api.replicas == 4), p.stderr
+        wait_until(lambda: api.replicas == 4, 20, "the scale-up to 4")
         gw.doc = pool_doc(4, 28.0)  # workers came up: at target, no further change
-        time.sleep(0.6)
+        reads = sum(1 for r in api.requests if r[0] == "GET")
+        wait_until(lambda: sum(1 for r in api.requests if r[0] == "GET") >= reads + 3, 20,
+                   "three more decisions at the target")
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         p.send_signal(signal.SIGTERM)
@@ -140,12 +151,12 @@ def test_live_process_patches_and_exports_metrics(servers, tmp_path):
 def test_process_rejects_bad_flags_with_a_message(tmp_path):
     p = _spawn(["--gateway-url", "gw:9100", "--api-server", "http://127.0.0.1:9"], tmp_path)
     out, err = p.communicate(timeout=30)
-    assert p.returncode == 2 and "must start with http" in err
+    assert p.returncode == 2 and "--gateway-url: gateway_urls[0]: 'gw:9100' must start with http" in err
 
 
 def test_example_config_loads_with_hpa_defaults():
     s = load_settings(ROOT / "cloud/autoscaler/autoscaler.example.yaml", {}, {})
-    from cloud.autoscaler.scaling import default_scale_down, default_scale_up
+    from cloud.autoscaler.scaling import default_scale_up
 
     assert s.scale_up == default_scale_up() and s.scale_down == default_scale_down()
     assert s.scaler_config().target_utilization == 0.7 and s.max_replicas == 20

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from cloud.gateway.admission import RateLimiter, TokenAuth, validate_request
+import numpy as np
+
+from cloud.gateway.admission import Caller, RateLimiter, TokenAuth
+from cloud.gateway.admission import validate_request as validate_head
+from cloud.gateway.envelope import read_request
 from cloud.gateway.settings import LimitSettings
 from edgewise.v1 import detect_pb2
-from tests.cloud.gateway.workers import request
+from edgewise.wire import encode_image
+from tests.cloud.gateway.workers import jpeg_bytes, request
+
+
+def validate_request(req: detect_pb2.DetectRequest, lim: LimitSettings):
+    """Admission as the gateway runs it: on the head read from the request's bytes."""
+    return validate_head(read_request(req.SerializeToString()), lim)
 
 
 def test_validation_messages():
-    lim = LimitSettings(max_id_length=8)
+    lim = LimitSettings(max_id_length=8, max_edge_detections=2)
     assert validate_request(request(), lim) is None
     assert validate_request(request(device="x" * 9), lim).message.startswith("device_id is 9 characters")
     assert "characters outside" in validate_request(request(device="a b"), lim).message
@@ -18,17 +28,32 @@ def test_validation_messages():
     assert "image is missing" in validate_request(r, lim).message
     r = request()
     r.image.encoding = detect_pb2.Image.ENCODING_UNSPECIFIED
-    assert "encoding is unspecified" in validate_request(r, lim).message
-    r = request(data=b"\x89PNG\r\n\x1a\n...", encoding=detect_pb2.Image.PNG)
+    assert "encoding 0 is not supported" in validate_request(r, lim).message
+    r = request(data=encode_image(np.zeros((4, 6, 3), np.uint8), "png").data, encoding=detect_pb2.Image.PNG)
     assert validate_request(r, lim) is None
+    r.image.encoding = detect_pb2.Image.JPEG
+    assert "not a JPEG (its magic bytes say PNG)" in validate_request(r, lim).message
     r = request(data=bytes(12), encoding=detect_pb2.Image.RAW)
     r.image.shape[:] = [2, 2, 3]
     assert validate_request(r, lim) is None
     r.image.dtype = "float32"
-    assert "only 'uint8'" in validate_request(r, lim).message
+    assert "must be 'uint8'" in validate_request(r, lim).message
+    r.image.dtype = "uint8"
+    r.image.shape[:] = [2, 2, 1]  # the worker needs BGR: refused here as well, not only there
+    assert "[height, width, 3]" in validate_request(r, lim).message
     r = request()
     r.image.source_width, r.image.source_height, r.image.offset_x = 100, 100, 100
     assert "outside" in validate_request(r, lim).message
+    r = request()
+    r.edge_detections.add(x2=1, y2=1)
+    r.edge_detections.add(x2=1, y2=1)
+    assert validate_request(r, lim) is None
+    r.edge_detections.add(x2=1, y2=1)
+    assert validate_request(r, lim).message == "3 edge_detections; the limit is 2"
+    r = request(data=jpeg_bytes() + b"\x00" * 100)  # zero padding after the end-of-image marker
+    assert validate_request(r, lim) is None
+    r = request(data=jpeg_bytes()[:-1] + b"\x00" * 100)
+    assert "truncated JPEG" in validate_request(r, lim).message
 
 
 def test_token_auth():
@@ -40,8 +65,30 @@ def test_token_auth():
                             ({"authorization": "Bearer abc"}, "", "no device identity"),
                             ({"authorization": "Basic abc"}, "cam-1", "missing")]:
         who, rej = auth.check(md, dev)
-        assert who is None and rej.status == "UNAUTHENTICATED" and needle in rej.message
+        assert who is None and rej.status == detect_pb2.UNAUTHENTICATED and needle in rej.message
     assert TokenAuth({}).check({}, "any") == ("any", None)
+
+
+def test_authenticate_binds_topic_certificate_and_token_to_the_device():
+    auth = TokenAuth({"cam-1": "abc", "cam-2": "xyz"})
+    tok1 = {"authorization": "Bearer abc"}
+    assert auth.authenticate(Caller(tok1), "cam-1") is None
+    assert auth.authenticate(Caller(tok1, cert_names=("cam-1",)), "cam-1") is None
+    cases = [
+        (Caller({"authorization": "Bearer xyz"}, cert_names=("cam-1",)), "cam-2", "not a name of the client certificate"),
+        (Caller(tok1, cert_names=()), "cam-1", "certificate (none"),  # a certificate without that name
+        (Caller({**tok1, "x-edgewise-device": "cam-2"}, topic_device="cam-2"), "cam-1", "topic's device 'cam-2'"),
+        (Caller({"x-edgewise-device": "cam-1"}, topic_device="cam-1"), "cam-1", "missing 'authorization"),
+    ]
+    for caller, device, needle in cases:
+        rej = auth.authenticate(caller, device)
+        assert rej is not None and rej.status == detect_pb2.UNAUTHENTICATED and needle in rej.message, rej
+    # without tokens the topic and the certificate still bind the device
+    off = TokenAuth({})
+    assert off.authenticate(Caller({}, topic_device="cam-1"), "cam-1") is None
+    assert off.authenticate(Caller({}, topic_device="cam-1"), "cam-2") is not None
+    assert off.authenticate(Caller({}, cert_names=("cam-1",)), "cam-2") is not None
+    assert off.authenticate(Caller({}, cert_names=("cam-1",)), "") is None  # empty id: validation says so
 
 
 def test_rate_limiter_buckets():
@@ -49,7 +96,7 @@ def test_rate_limiter_buckets():
     rl = RateLimiter(rate=2.0, burst=2.0, clock=lambda: t[0], max_devices=2)
     assert rl.allow("a") is None and rl.allow("a") is None
     rej = rl.allow("a")
-    assert rej.status == "RESOURCE_EXHAUSTED" and "2 requests/s" in rej.message
+    assert rej.status == detect_pb2.RESOURCE_EXHAUSTED and "2 requests/s" in rej.message
     assert rl.allow("b") is None  # per device
     t[0] = 0.5
     assert rl.allow("a") is None and rl.allow("a") is not None

@@ -16,8 +16,10 @@ from cloud.gateway.balancing import (
     Outcome,
     RetryBudget,
     Ticket,
+    outcome_of,
     should_retry,
 )
+from edgewise.v1 import detect_pb2
 
 
 class FakeClock:
@@ -422,12 +424,29 @@ def test_retry_budget_ratio_and_floor():
 def test_should_retry_rules():
     clock = FakeClock(0.0)
     budget = RetryBudget(ratio=0.0, min_per_s=1.0, window_s=1.0, clock=clock)
-    assert not should_retry("RESOURCE_EXHAUSTED", 1, 1.0, 0.01, budget)
-    assert not should_retry("INVALID_ARGUMENT", 1, 1.0, 0.01, budget)
-    assert not should_retry("UNAVAILABLE", 2, 1.0, 0.01, budget)
-    assert not should_retry("UNAVAILABLE", 1, 0.005, 0.01, budget)
-    assert should_retry("UNAVAILABLE", 1, None, 0.01, budget)
-    assert not should_retry("UNAVAILABLE", 1, 1.0, 0.01, budget)  # budget spent
+    assert not should_retry(detect_pb2.RESOURCE_EXHAUSTED, 1, 1.0, 0.01, budget)
+    assert not should_retry(detect_pb2.INVALID_ARGUMENT, 1, 1.0, 0.01, budget)
+    assert not should_retry(detect_pb2.UNAVAILABLE, 2, 1.0, 0.01, budget)
+    assert not should_retry(detect_pb2.UNAVAILABLE, 1, 0.005, 0.01, budget)
+    assert should_retry(detect_pb2.UNAVAILABLE, 1, None, 0.01, budget)
+    assert not should_retry(detect_pb2.UNAVAILABLE, 1, 1.0, 0.01, budget)  # budget spent
+
+
+def test_outcome_of_every_wire_status():
+    expected = {
+        detect_pb2.STATUS_UNSPECIFIED: Outcome.FAILURE,  # an answer that does not say is a fault
+        detect_pb2.OK: Outcome.OK,
+        detect_pb2.INVALID_ARGUMENT: Outcome.OK,  # the request's fault, the worker works
+        detect_pb2.RESOURCE_EXHAUSTED: Outcome.OVERLOADED,
+        detect_pb2.UNAVAILABLE: Outcome.FAILURE,
+        detect_pb2.DEADLINE_EXCEEDED: Outcome.FAILURE,
+        detect_pb2.UNAUTHENTICATED: Outcome.OK,
+        detect_pb2.INTERNAL: Outcome.FAILURE,
+    }
+    assert set(expected) == set(detect_pb2.Status.values())
+    for wire, outcome in expected.items():
+        assert outcome_of(wire) is outcome, detect_pb2.Status.Name(wire)
+    assert outcome_of(99) is Outcome.FAILURE  # a value from a newer peer counts as INTERNAL
 
 
 def test_retry_excludes_tried_host():

@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 import urllib.request
 from collections import Counter
-from pathlib import Path
 
 import grpc
 import pytest
 
 from cloud.gateway.server import Gateway
 from cloud.gateway.settings import load_settings
+from edgewise.errors import ConfigError
 from edgewise.v1 import detect_pb2, service_pb2_grpc
+from tests.cloud.gateway.pki import Pki
 from tests.cloud.gateway.workers import TestWorker, request
+from tests.waiting import async_wait_until
 
 
 def settings_for(workers, **over):
@@ -141,7 +142,7 @@ def test_saturated_pool_answers_resource_exhausted_at_once():
             async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
                 stub = service_pb2_grpc.EscalationStub(ch)
                 slow = [asyncio.ensure_future(_detect(stub, request(seq=i))) for i in range(2)]
-                await asyncio.sleep(0.2)
+                await async_wait_until(lambda: gw.pool.balancer.total_in_flight() == 2, 10, "2 requests held")
                 t0 = time.perf_counter()
                 code, msg = await _detect(stub, request(seq=9))
                 assert code == "RESOURCE_EXHAUSTED" and "saturated" in msg
@@ -190,7 +191,8 @@ def test_bad_input_gets_clear_status():
                 code, msg = await _detect(stub, request(device=""))
                 assert code == "INVALID_ARGUMENT" and "device_id" in msg
                 code, msg = await _detect(stub, request(data=b"\xff\xd8\xff" + b"\x00" * 150_000 + b"\xff\xd9"))
-                assert code == "RESOURCE_EXHAUSTED" and "limit is 100000 bytes" in msg
+                # too big for this gateway is permanent for this request: not spooled, not retried
+                assert code == "INVALID_ARGUMENT" and "limit of 100000 bytes" in msg
                 code, msg = await _detect(stub, request(data=b"\xff\xd8\xff" + b"\x00" * 300_000 + b"\xff\xd9"))
                 assert code == "RESOURCE_EXHAUSTED" and "larger than max" in msg.lower()
                 raw = request(data=b"\x00" * 10, encoding=detect_pb2.Image.RAW)
@@ -198,6 +200,41 @@ def test_bad_input_gets_clear_status():
                 code, msg = await _detect(stub, raw)
                 assert code == "INVALID_ARGUMENT" and "needs 48" in msg
                 assert w.calls == 0
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_request_bytes_go_to_the_worker_as_sent_and_malformed_ones_go_nowhere():
+    async def main():
+        w = TestWorker("w")
+        gw = await started([(w, 1)])
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                detect = ch.unary_unary("/edgewise.v1.Escalation/Detect")  # bytes in, bytes out
+                req = request(seq=3)
+                req.edge_detections.add(x1=1, y1=2, x2=3, y2=4, class_name="car", class_scores=[0.5, 0.25])
+                req.hardness.score = 0.75
+                req.reason = "uncertain"
+                body = req.SerializeToString() + b"\xf8\x06\x01"  # and a field this build does not know
+                answer = detect_pb2.DetectResponse.FromString(await detect(body, timeout=5))
+                assert w.bodies == [body]  # not parsed and encoded again on the way
+                assert answer.frame_seq == 3 and answer.worker_id == "w"
+                # gateway_ms is appended to the worker's timing, which keeps what the worker set
+                assert answer.timing.gateway_ms > 0 and answer.timing.compute_ms == pytest.approx(5.0)
+                assert answer.timing.batch_size == 1
+                for junk, needle in [(b"\x0a\x05ab", "runs past the end"),
+                                     (b"\x0a\x02\xff\xfe", "device_id is not UTF-8"),
+                                     (b"\x0b", "wire type 3"), (b"\x08\xff", "bad varint")]:
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await detect(junk, timeout=5)
+                    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, junk
+                    assert "not a serialized DetectRequest" in err.value.details()
+                    assert needle in err.value.details(), err.value.details()
+            assert len(w.bodies) == 1
+            text = (await http_get(f"http://127.0.0.1:{gw.metrics_port}/metrics")).decode()
+            assert 'edgewise_gateway_requests_total{status="INVALID_ARGUMENT",transport="grpc"} 4.0' in text
         finally:
             await gw.stop(0)
             await w.stop()
@@ -232,53 +269,107 @@ def test_bearer_tokens_and_rate_limit():
     run(main())
 
 
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+def _tls(pki: Pki, **over) -> dict:
+    base = {"tls.cert_file": pki.path("server.pem"), "tls.key_file": pki.path("server.key"),
+            "tls.client_ca_file": pki.path("ca.pem"), "tls.require_client_cert": True}
+    return {**base, **over}
 
 
-def make_pki(d: Path) -> None:
-    """A throwaway CA, a server cert for localhost/127.0.0.1 and a client cert."""
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", "ca.key",
-             "-out", "ca.pem", "-subj", "/CN=edgewise-test-ca", cwd=d)
-    (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN={name}", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "1", "-out", f"{name}.pem", "-extfile", "san.cnf", cwd=d)
+async def _call_as(gw: Gateway, pki: Pki, cert: str | None, device: str, token: str | None = None):
+    """One Detect over TLS to ``gw`` with client certificate ``cert`` (None: none) as ``device``."""
+    key, chain = pki.read(cert) if cert else (None, None)
+    creds = grpc.ssl_channel_credentials((pki.d / "ca.pem").read_bytes(), key, chain)
+    md = (("authorization", f"Bearer {token}"),) if token else None
+    async with grpc.aio.secure_channel(f"localhost:{gw.port}", creds) as ch:
+        return await _detect(service_pb2_grpc.EscalationStub(ch), request(device=device), timeout=5, metadata=md)
 
 
-def test_mtls_and_token(tmp_path):
-    make_pki(tmp_path)
+def test_mtls_binds_the_certificate_to_the_device_and_token(tmp_path):
+    pki = Pki(tmp_path)
+    pki.server()
+    pki.issue("cam1", "cam-1")
+    pki.issue("old", "cam-1", start="20200101000000Z", end="20200102000000Z")
+    pki.self_signed("forged", "cam-1")
 
     async def main():
         w = TestWorker("w")
-        gw = await started([(w, 1)], **{
-            "tls.cert_file": str(tmp_path / "server.pem"), "tls.key_file": str(tmp_path / "server.key"),
-            "tls.client_ca_file": str(tmp_path / "ca.pem"), "tls.require_client_cert": True,
-            "auth.tokens": [{"device": "cam-1", "token": "tok"}]})
-        ca = (tmp_path / "ca.pem").read_bytes()
-        target = f"localhost:{gw.port}"
-        md = (("authorization", "Bearer tok"),)
+        gw = await started([(w, 1)], **_tls(pki), **{
+            "auth.tokens": [{"device": "cam-1", "token": "tok1"}, {"device": "cam-2", "token": "tok2"}]})
         try:
-            creds = grpc.ssl_channel_credentials(ca, (tmp_path / "client.key").read_bytes(),
-                                                 (tmp_path / "client.pem").read_bytes())
-            async with grpc.aio.secure_channel(target, creds) as ch:
-                stub = service_pb2_grpc.EscalationStub(ch)
-                assert (await _detect(stub, request(), metadata=md))[0] == "OK"
-                assert (await _detect(stub, request()))[0] == "UNAUTHENTICATED"
-            # no client certificate: the TLS handshake is refused
-            async with grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(ca)) as ch:
-                code, _ = await _detect(service_pb2_grpc.EscalationStub(ch), request(), timeout=3, metadata=md)
-                assert code == "UNAVAILABLE"
+            assert (await _call_as(gw, pki, "cam1", "cam-1", "tok1"))[0] == "OK"
+            assert (await _call_as(gw, pki, "cam1", "cam-1"))[0] == "UNAUTHENTICATED"  # a cert is not a token
+            # cam-1's certificate with cam-2's (valid) token and id: refused
+            code, msg = await _call_as(gw, pki, "cam1", "cam-2", "tok2")
+            assert code == "UNAUTHENTICATED" and "not a name of the client certificate ('cam-1'" in msg
+            # no, expired or self-signed client certificate: the handshake is refused
+            for cert in (None, "old", "forged"):
+                assert (await _call_as(gw, pki, cert, "cam-1", "tok1"))[0] == "UNAVAILABLE", cert
             # plaintext against a TLS port fails too
-            async with grpc.aio.insecure_channel(target) as ch:
-                code, _ = await _detect(service_pb2_grpc.EscalationStub(ch), request(), timeout=3, metadata=md)
+            async with grpc.aio.insecure_channel(f"localhost:{gw.port}") as ch:
+                code, _ = await _detect(service_pb2_grpc.EscalationStub(ch), request(), timeout=3)
                 assert code == "UNAVAILABLE"
+            assert w.calls == 1
         finally:
             await gw.stop(0)
             await w.stop()
     run(main())
+
+
+@pytest.mark.parametrize("identity, cert_device, device, expected", [
+    ("san_dns", "cam-1", "cam-1", "OK"),
+    ("san_dns", "cam-1", "cam-2", "UNAUTHENTICATED"),
+    ("san_uri", "cam-1", "spiffe://edgewise/device/cam-1", "OK"),
+    ("san_uri", "cam-1", "cam-1", "UNAUTHENTICATED"),
+    ("cn", "other", "cam-1", "UNAUTHENTICATED"),
+    ("none", "cam-1", "cam-2", "OK"),  # no binding: any valid certificate, any device
+])
+def test_client_identity_modes(tmp_path, identity, cert_device, device, expected):
+    pki = Pki(tmp_path)
+    pki.server()
+    pki.issue("client", "other", f"DNS:{cert_device},URI:spiffe://edgewise/device/{cert_device}")
+
+    async def main():
+        w = TestWorker("w")
+        gw = await started([(w, 1)], **_tls(pki, **{"tls.client_identity": identity}))
+        try:
+            code, msg = await _call_as(gw, pki, "client", device)
+            assert code == expected, msg
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_tls_files_are_checked_at_start(tmp_path, caplog):
+    pki = Pki(tmp_path)
+    pki.server()
+    pki.issue("other", "other")
+    pki.issue("expired", "server", "DNS:localhost,IP:127.0.0.1", start="20200101000000Z", end="20200102000000Z")
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        try:
+            # a key that is not the certificate's: one line naming both files, not "Failed to bind"
+            gw = Gateway(settings_for([(w, 1)], **{"tls.cert_file": pki.path("server.pem"),
+                                                   "tls.key_file": pki.path("other.key")}))
+            with pytest.raises(ConfigError, match=r"tls.cert_file .*server.pem and tls.key_file .*other.key: "
+                                                  r"the key does not belong to the certificate"):
+                await gw.start()
+            # a client CA without require_client_cert would be ignored by gRPC: refused at load
+            with pytest.raises(ConfigError, match="tls.client_ca_file: set tls.require_client_cert: true"):
+                settings_for([(w, 1)], **_tls(pki, **{"tls.require_client_cert": False}))
+            with pytest.raises(ConfigError, match="'email' is not allowed; allowed: cn | san_dns | san_uri | none"):
+                settings_for([(w, 1)], **_tls(pki, **{"tls.client_identity": "email"}))
+            # an expired server certificate: a warning, and the gateway still serves
+            gw = await started([(w, 1)], **{"tls.cert_file": pki.path("expired.pem"),
+                                            "tls.key_file": pki.path("expired.key")})
+            await gw.stop(0)
+        finally:
+            await w.stop()
+    with caplog.at_level("WARNING", logger="edgewise.gateway"):
+        run(main())
+    assert any("expired.pem expired on 2020-01-02 00:00:00 UTC" in r.getMessage() for r in caplog.records)
 
 
 def test_stream_answers_every_frame_and_reports_bad_ones():
@@ -311,7 +402,8 @@ def test_pool_document_and_reported_capacity():
         ws = [(TestWorker("a", capacity=30.0, max_queue=5), 1), (TestWorker("b", capacity=10.0), 1)]
         gw = await started(ws)
         try:
-            await asyncio.sleep(0.5)  # a few Load polls
+            await async_wait_until(lambda: gw.pool.snapshot()["capacity"] == pytest.approx(40.0), 10,
+                                   "the Load polls to report both capacities")
             doc = json.loads(await http_get(f"http://127.0.0.1:{gw.metrics_port}/pool"))
             assert set(doc) == {"workers", "in_flight", "capacity", "queue_wait_ms_p90"}
             assert doc["capacity"] == pytest.approx(40.0)
@@ -344,7 +436,9 @@ def test_not_serving_worker_gets_no_traffic():
         a, b = TestWorker("a", serving=False), TestWorker("b")
         gw = await started([(a, 1), (b, 1)])
         try:
-            await asyncio.sleep(0.5)
+            await async_wait_until(lambda: any(w["address"] == a.address and w["state"] == "not_serving"
+                                               for w in gw.pool.snapshot()["workers"]),
+                                   10, "the Load poll to find worker a not serving")
             async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
                 stub = service_pb2_grpc.EscalationStub(ch)
                 res = [await _detect(stub, request(seq=i)) for i in range(10)]
@@ -364,17 +458,16 @@ def test_removed_worker_drains_then_channel_closes():
             async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
                 stub = service_pb2_grpc.EscalationStub(ch)
                 first = [asyncio.ensure_future(_detect(stub, request(seq=i))) for i in range(6)]
-                await asyncio.sleep(0.1)
-                assert gw.pool.balancer.endpoints[a.address].in_flight > 0
+                await async_wait_until(lambda: gw.pool.balancer.endpoints[a.address].in_flight > 0, 10,
+                                       "requests held by worker a")
                 gw.reload_workers([f"{b.address}=1"])
-                await asyncio.sleep(0.05)
-                assert gw.pool.snapshot()["workers"][0]["state"] in ("draining", "ready")
+                await async_wait_until(lambda: {w["address"]: w["state"] for w in gw.pool.snapshot()["workers"]}
+                                       .get(a.address) == "draining", 10, "worker a draining")
                 later = [await _detect(stub, request(seq=100 + i)) for i in range(5)]
                 assert {r[1].worker_id for r in later} == {"b"}
                 assert all(r[0] == "OK" for r in await asyncio.gather(*first))  # nothing lost
-                await asyncio.sleep(0.05)
-                assert a.address not in gw.pool.balancer.endpoints
-                assert a.address not in gw.pool._channels
+                await async_wait_until(lambda: a.address not in gw.pool.balancer.endpoints
+                                       and a.address not in gw.pool._channels, 10, "worker a forgotten")
         finally:
             await gw.stop(0)
             await a.stop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from collections import Counter
 
@@ -18,15 +17,16 @@ from cloud.gateway.server import Gateway
 from edgewise.v1 import detect_pb2
 from tests.cloud.gateway.test_gateway import run, settings_for
 from tests.cloud.gateway.workers import TestWorker, request
+from tests.waiting import async_wait_until as wait_until
 
 
 class Edge:
     """A plain paho MQTT v5 client playing the edge: request/response with correlation data."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, reply_topic: str = "") -> None:
         self.responses: dict[bytes, list[detect_pb2.DetectResponse]] = {}
         self.lock = threading.Lock()
-        self.reply_topic = f"edgewise/cam-1/reply/{uuid.uuid4().hex[:8]}"
+        self.reply_topic = reply_topic or f"edgewise/cam-1/response/{uuid.uuid4().hex[:8]}"
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edge-{uuid.uuid4().hex[:6]}",
                              protocol=mqtt.MQTTv5)
         self.ready = threading.Event()
@@ -42,25 +42,19 @@ class Edge:
         with self.lock:
             self.responses.setdefault(corr, []).append(detect_pb2.DetectResponse.FromString(msg.payload))
 
-    def send(self, payload: bytes, corr: bytes, device: str = "cam-1", reply: bool = True) -> None:
+    def send(self, payload: bytes, corr: bytes, device: str = "cam-1", reply: bool = True,
+             reply_topic: str = "", token: str = "") -> None:
         props = Properties(PacketTypes.PUBLISH)
         if reply:
-            props.ResponseTopic = self.reply_topic
+            props.ResponseTopic = reply_topic or self.reply_topic
         props.CorrelationData = corr
+        if token:
+            props.UserProperty = [("authorization", f"Bearer {token}")]
         self.c.publish(f"edgewise/{device}/escalate", payload, qos=1, properties=props).wait_for_publish(5)
 
     def close(self):
         self.c.disconnect()
         self.c.loop_stop()
-
-
-async def wait_until(cond, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 def test_two_replicas_share_the_subscription(mosquitto):
@@ -73,8 +67,7 @@ def test_two_replicas_share_the_subscription(mosquitto):
         gws = [Gateway(settings_for(workers, **mq, **{"mqtt.client_id": f"gw{i}"})) for i in range(2)]
         for gw in gws:
             await gw.start()
-        assert await wait_until(lambda: all(gw.bridge.connected.is_set() for gw in gws))
-        await asyncio.sleep(0.3)  # let both SUBSCRIBEs settle in the broker
+        await wait_until(lambda: all(gw.bridge.connected.is_set() for gw in gws), 15, "both bridges subscribed")
         edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
         try:
             n = 40
@@ -83,8 +76,9 @@ def test_two_replicas_share_the_subscription(mosquitto):
             await asyncio.to_thread(edge.send, b"\x07\x07not a protobuf\xff", b"bad")
             await asyncio.to_thread(edge.send, request(device="cam-2", seq=99).SerializeToString(), b"spoof")
             await asyncio.to_thread(edge.send, request(seq=98).SerializeToString(), b"noreply", "cam-1", False)
-            assert await wait_until(lambda: len(edge.responses) >= n + 2)
-            await asyncio.sleep(0.3)
+            # every request handled (a duplicate answer would be counted on top)
+            await wait_until(lambda: len(edge.responses) >= n + 2 and sum(
+                sum(gw.bridge.counts.values()) for gw in gws) >= n + 3, 15, "all n + 3 requests handled")
             with edge.lock:
                 got = dict(edge.responses)
             for i in range(n):
@@ -118,17 +112,48 @@ def test_bridge_survives_broker_restart(mosquitto):
             "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1}))
         await gw.start()
         try:
-            assert await wait_until(gw.bridge.connected.is_set)
+            await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
             await asyncio.to_thread(mosquitto.stop)
-            assert await wait_until(lambda: not gw.bridge.connected.is_set())
+            await wait_until(lambda: not gw.bridge.connected.is_set(), 15, "the disconnect")
             await asyncio.to_thread(mosquitto.start)
-            assert await wait_until(gw.bridge.connected.is_set, 20)
-            await asyncio.sleep(0.3)
+            await wait_until(gw.bridge.connected.is_set, 20, "the bridge subscribed again")
             edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
             try:
                 await asyncio.to_thread(edge.send, request(seq=5).SerializeToString(), b"after")
-                assert await wait_until(lambda: b"after" in edge.responses)
+                await wait_until(lambda: b"after" in edge.responses)
                 assert edge.responses[b"after"][0].status == detect_pb2.OK
+            finally:
+                edge.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
+
+
+def test_tokens_and_the_operators_response_pattern(mosquitto):
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = Gateway(settings_for([(w, 1)], **{
+            "mqtt.enabled": True, "mqtt.host": mosquitto.host, "mqtt.port": mosquitto.port,
+            "mqtt.response_topic_pattern": "replies/{device}/#",
+            "auth.tokens": [{"device": "cam-1", "token": "tok"}]}))
+        await gw.start()
+        try:
+            await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
+            edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port, "replies/cam-1/r")
+            try:
+                req = request(seq=1).SerializeToString()
+                await asyncio.to_thread(edge.send, req, b"ok", token="tok")
+                await asyncio.to_thread(edge.send, req, b"none")
+                # the default subtree is not allowed once the operator set a pattern
+                await asyncio.to_thread(edge.send, req, b"default", reply_topic="edgewise/cam-1/response/x",
+                                        token="tok")
+                await wait_until(lambda: {b"ok", b"none"} <= set(edge.responses))
+                await wait_until(lambda: gw.bridge.counts.get("foreign_response_topic") == 1)
+                assert edge.responses[b"ok"][0].status == detect_pb2.OK
+                assert edge.responses[b"none"][0].status == detect_pb2.UNAUTHENTICATED
+                assert w.calls == 1
             finally:
                 edge.close()
         finally:

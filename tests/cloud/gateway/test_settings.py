@@ -1,4 +1,4 @@
-"""Gateway settings: YAML + env + overrides, unknown keys and bad values named by path."""
+"""Gateway settings: YAML + env + overrides, unknown keys and bad values named by line, variable or flag."""
 
 from __future__ import annotations
 
@@ -30,13 +30,17 @@ def test_precedence_yaml_env_flags(tmp_path):
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("balancer:\n  mdoe: rr\n", "balancer.mdoe: unknown key"),
-    ("tls:\n  cert: x\n", "tls.cert: unknown key"),
-    ("limits:\n  rate_per_device: fast\n", "limits.rate_per_device: expected a number"),
-    ("balancer:\n  mode: fastest\n", "balancer.mode"),
-    ("mqtt:\n  port: 0\n", "mqtt.port"),
-    ("auth:\n  tokens:\n    - {device: a}\n", "auth.tokens[0]"),
-    ("tls:\n  cert_file: a.pem\n", "tls: set both"),
+    ("balancer:\n  mdoe: rr\n", ":2: balancer.mdoe: unknown key (did you mean 'mode'?)"),
+    ("tls:\n  cert: x\n", ":2: tls.cert: unknown key (did you mean 'cert_file'?)"),
+    ("limits:\n  rate_per_device: fast\n", ":2: limits.rate_per_device: 'fast' is not a number"),
+    ("balancer:\n  mode: fastest\n", ":2: balancer.mode: 'fastest' is not allowed; allowed: wlc | rr"),
+    ("balancer:\n  slow_start_min_pct: 1.5\n", ":2: balancer.slow_start_min_pct: 1.5 is out of range; "
+                                                 "allowed: a number in (0, 1]"),
+    ("balancer:\n  base_ejection_s: 60\n  max_ejection_s: 30\n", ":3: balancer.max_ejection_s: must be >= base"),
+    ("mqtt:\n  port: 0\n", ":2: mqtt.port: 0 is out of range; allowed: an integer in [1, 65535]"),
+    ("auth:\n  tokens:\n    - {device: a}\n", ":3: auth.tokens[0]: both device and token must be non-empty"),
+    ("tls:\n  cert_file: a.pem\n", ":1: tls: set both"),
+    ("limits:\n  max_image_bytes: 9000000\n", ":2: limits.max_image_bytes: must be at most"),
     ("- a\n- b\n", "top level must be a mapping"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, needle):
@@ -48,8 +52,20 @@ def test_bad_config_names_file_and_key(tmp_path, text, needle):
 
 
 def test_static_needs_workers():
-    with pytest.raises(ConfigError, match="discovery.static"):
+    with pytest.raises(ConfigError, match="^gateway settings: discovery.static: list at least one worker"):
         load_settings(None, env={})
+
+
+def test_environment_typo_names_the_variable_not_the_file(tmp_path):
+    p = tmp_path / "g.yaml"
+    p.write_text("discovery:\n  static: ['a:1']\n")
+    with pytest.raises(ConfigError, match=r"^EDGEWISE_GATEWAY__BALANCR__MODE: balancr: unknown key \(did you mean "
+                                          r"EDGEWISE_GATEWAY__BALANCER__MODE\?\)"):
+        load_settings(p, env={"EDGEWISE_GATEWAY__BALANCR__MODE": "rr"})
+    with pytest.raises(ConfigError, match=r"^EDGEWISE_GATEWAY_BALANCER__MODE: not a settings variable"):
+        load_settings(p, env={"EDGEWISE_GATEWAY_BALANCER__MODE": "rr"})
+    with pytest.raises(ConfigError, match=r"^EDGEWISE_GATEWAY__BALANCER__MODE: 'xx' is not allowed"):
+        load_settings(p, env={"EDGEWISE_GATEWAY__BALANCER__MODE": "xx"})
 
 
 def test_tokens_file(tmp_path):
@@ -58,7 +74,10 @@ def test_tokens_file(tmp_path):
     s = load_settings(None, {"discovery.static": ["a:1"], "auth.tokens_file": str(t)}, env={})
     assert s.device_tokens() == {"cam-1": "abc", "cam-2": "def"}
     t.write_text("- {device: cam-1, tok: abc}\n")
-    with pytest.raises(ConfigError, match="tok: unknown key"):
+    with pytest.raises(ConfigError, match=r"tokens.yaml:1: \[0\].tok: unknown key \(did you mean 'token'\?\)"):
+        s.device_tokens()
+    t.write_text("- {device: cam-1}\n")
+    with pytest.raises(ConfigError, match=r"tokens.yaml: \[0\]: device and token must be non-empty"):
         s.device_tokens()
 
 

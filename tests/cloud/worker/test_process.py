@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgewise import wire
 from edgewise.v1 import detect_pb2, service_pb2_grpc
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 PHOTO = Path("/usr/share/doc/opencv-doc/examples/data/fruits.jpg")
@@ -33,7 +34,7 @@ GRACE_S = 6.0
 def start_worker(model: Path, *extra: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """Start the CLI with ``--port 0``; wait for its LISTENING and SERVING lines."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env.pop("EDGEWISE_WORKER_PORT", None)
+    env.pop("EDGEWISE_WORKER__PORT", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgewise.cli", "cloud", "worker", "--model", str(model),
          "--port", "0", "--host", "127.0.0.1", "--metrics-port", "-1", "--threads", "1",
@@ -44,8 +45,9 @@ def start_worker(model: Path, *extra: str) -> tuple[subprocess.Popen[str], dict[
 
     def pump() -> None:
         assert proc.stdout is not None
-        for ln in proc.stdout:
-            lines.put(ln)
+        with proc.stdout:  # closed at EOF, when the worker has exited
+            for ln in proc.stdout:
+                lines.put(ln)
 
     threading.Thread(target=pump, daemon=True).start()
     info: dict[str, str] = {}
@@ -70,7 +72,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
     if im is None:
         pytest.skip("opencv-doc photos missing")
     # 3 s delay: without the drain flushing the queue, SIGTERM would find them all waiting
-    proc, info = start_worker(tiny_model, "--max-batch", "16", "--max-delay-ms", "3000",
+    proc, info = start_worker(tiny_model, "--batching", "on", "--max-batch", "16", "--max-delay-ms", "3000",
                               "--worker-id", "proc-w")
     try:
         port = int(info["port"])
@@ -95,13 +97,11 @@ def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
         img = wire.encode_image(im, "jpeg")
         futures = [stub.Infer.future(detect_pb2.DetectRequest(frame_seq=i, image=img), timeout=20)
                    for i in range(8)]
-        deadline = time.monotonic() + 10
-        while stub.Load(detect_pb2.LoadRequest(), timeout=5).queue_depth < 8:
-            assert time.monotonic() < deadline, "requests never reached the queue"
-            time.sleep(0.02)
+        wait_until(lambda: stub.Load(detect_pb2.LoadRequest(), timeout=5).queue_depth >= 8, 10,
+                   "the 8 requests in the queue")
         t_term = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.05)
+        wait_until(lambda: health_pb2.HealthCheckResponse.NOT_SERVING in statuses, 10, "NOT_SERVING after SIGTERM")
         try:
             late = stub.Infer(detect_pb2.DetectRequest(image=img), timeout=5)
             late_code = grpc.StatusCode.OK if late else None
@@ -117,7 +117,10 @@ def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert rc == 0, proc.stderr.read() if proc.stderr else ""
+        err = proc.stderr.read() if proc.stderr else ""
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert rc == 0, err
     assert sorted(r.frame_seq for r in results) == list(range(8))
     assert all(r.status == detect_pb2.OK and r.worker_id == "proc-w" and len(r.detections) > 0
                for r in results)
@@ -136,4 +139,4 @@ def test_bad_flags_exit_with_a_clear_message(tiny_model, tmp_path):
          "--config", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert p.returncode == 2
-    assert "unknown key batching.max_batch_sise" in p.stderr and str(bad) in p.stderr
+    assert f"{bad}:2: batching.max_batch_sise: unknown key (did you mean 'max_batch_size'?)" in p.stderr

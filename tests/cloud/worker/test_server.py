@@ -27,6 +27,7 @@ from edgewise import wire
 from edgewise.errors import InvalidInputError
 from edgewise.runtime.detector import Detector
 from edgewise.v1 import detect_pb2, service_pb2_grpc
+from tests.waiting import async_wait_until
 
 DATA = Path("/usr/share/doc/opencv-doc/examples/data")
 CONF = 0.001  # random-weight test model: its scores are ~1e-3
@@ -48,7 +49,7 @@ def make_settings(model: Path, **batching) -> WorkerSettings:
     return WorkerSettings(
         model=str(model), host="127.0.0.1", port=0, metrics_port=0, metrics_host="127.0.0.1",
         worker_id="w-test", threads=1, conf_threshold=CONF, warmup_rounds=1, grace_s=5,
-        batching=BatchingSettings(**{"max_batch_size": 4, "max_queue_delay_ms": 2.0, **batching}),
+        batching=BatchingSettings(**{"max_batch_size": 4, "max_queue_delay_ms": 2.0, "mode": "on", **batching}),
     )
 
 
@@ -137,7 +138,8 @@ def test_corrupt_jpeg_is_invalid_argument_and_its_neighbours_still_batch(tiny_mo
         async with running(make_settings(tiny_model, max_queue_delay_ms=300)) as (srv, stub, _ch):
             release = block_inference(srv)  # hold the model so all four meet in one batch
             tasks = [asyncio.create_task(call(stub, r)) for r in (good, corrupt, good, garbage, good)]
-            await asyncio.sleep(0.3)
+            await async_wait_until(lambda: tasks[1].done() and tasks[3].done() and srv.service.batcher.depth == 3,
+                                   10, "the 3 good frames queued, the 2 bad ones answered", interval=0.005)
             release.set()
             return await asyncio.gather(*tasks)
 
@@ -148,6 +150,22 @@ def test_corrupt_jpeg_is_invalid_argument_and_its_neighbours_still_batch(tiny_mo
     assert "JPEG" in res[1][1] and "image" in res[3][1]
     assert [r.timing.batch_size for c, r in res if c == grpc.StatusCode.OK] == [3, 3, 3]
     assert all(len(r.detections) > 0 for c, r in res if c == grpc.StatusCode.OK)
+
+
+def test_bytes_that_are_no_request_are_invalid_argument_not_a_worker_fault(tiny_model):
+    # gRPC's own deserializer would answer UNKNOWN, which the gateway counts against the worker
+    async def main():
+        async with running(make_settings(tiny_model)) as (srv, stub, ch):
+            infer = ch.unary_unary("/edgewise.v1.Worker/Infer")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await infer(b"\x07\x07not a protobuf", timeout=10)
+            ok = await stub.Infer(jpeg_request(photo(), seq=1), timeout=10)
+            return err.value, ok, srv.service.metrics.requests.labels("INVALID_ARGUMENT")._value.get()
+
+    err, ok, counted = asyncio.run(main())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith("request is not a serialized DetectRequest")
+    assert ok.status == detect_pb2.OK and counted == 1
 
 
 class FailsOnBlackFrames(ModelRunner):
@@ -170,7 +188,8 @@ def test_a_frame_failing_inside_the_batch_never_fails_its_neighbours(tiny_model)
         async with running(settings, runner) as (srv, stub, _ch):
             release = block_inference(srv)
             tasks = [asyncio.create_task(call(stub, r)) for r in (good, black, good)]
-            await asyncio.sleep(0.2)
+            await async_wait_until(lambda: srv.service.batcher.depth == 3, 10, "the 3 frames queued",
+                                   interval=0.005)
             release.set()
             return await asyncio.gather(*tasks)
 
@@ -191,7 +210,7 @@ def test_full_queue_answers_resource_exhausted_at_once(tiny_model):
             t0 = time.monotonic()
             done, _ = await asyncio.wait(tasks, timeout=3, return_when=asyncio.FIRST_COMPLETED)
             first_answer_s = time.monotonic() - t0
-            await asyncio.sleep(0.3)
+            await async_wait_until(lambda: sum(t.done() for t in tasks) == 3, 10, "the 3 rejections")
             load = await stub.Load(detect_pb2.LoadRequest(), timeout=5)
             release.set()
             return await asyncio.gather(*tasks), first_answer_s, load
@@ -229,6 +248,34 @@ def test_load_reports_sane_numbers_and_metrics_are_exported(tiny_model):
     assert "edgewise_worker_queue_wait_seconds_bucket" in text
     assert "edgewise_worker_batch_size_count 8.0" not in text  # 8 requests went in fewer batches
     assert "edgewise_worker_compute_seconds_count" in text and "edgewise_worker_serving 1.0" in text
+    assert "edgewise_worker_batching 1.0" in text  # batching.mode on
+
+
+def test_auto_batching_serves_batch_1_without_queue_delay_on_cpu(tiny_model, caplog):
+    # The real model on ONNX Runtime's CPU backend: a batch does not raise the images/s
+    # (docs/design/batching.md#batching-where-it-pays), so the worker must not hold requests.
+    settings = make_settings(tiny_model, mode="auto", max_batch_size=8, max_queue_delay_ms=300)
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            lone = await stub.Infer(jpeg_request(photo(), seq=1), timeout=10)
+            together = await asyncio.gather(*(stub.Infer(jpeg_request(photo(), seq=i), timeout=10)
+                                              for i in range(4)))
+            load = await stub.Load(detect_pb2.LoadRequest(), timeout=5)
+            text = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=5)
+                .read().decode())
+            return srv.service.batching, lone, together, load, text
+
+    with caplog.at_level("INFO", logger="cloud.worker.server"):
+        decision, lone, together, load, text = asyncio.run(main())
+    assert decision is not None and not decision.batch and decision.size == 8 and 0 < decision.gain < 1.5
+    assert lone.timing.queue_ms < 100 and lone.timing.batch_size == 1  # batching would hold it 300 ms
+    assert [r.timing.batch_size for r in together] == [1, 1, 1, 1]
+    assert load.max_batch_size == 1  # the gateway sees the batch it will get
+    assert "edgewise_worker_batching 0.0" in text
+    assert f"edgewise_worker_batching_gain {decision.gain}" in text
+    assert any("batch 1, no queue delay: at best batch 8 serves" in r.getMessage() for r in caplog.records)
 
 
 def test_health_not_serving_until_warm_then_serving_then_drain(tiny_model):
@@ -271,10 +318,13 @@ def test_deadlines_expired_requests_never_reach_the_model(tiny_model):
             at_once = await call(stub, past)
             release = block_inference(srv)
             first = asyncio.create_task(call(stub, jpeg_request(photo())))  # taken by the model
-            await asyncio.sleep(0.1)
+            await async_wait_until(lambda: srv.service.load().in_flight == 1 and srv.service.batcher.depth == 0,
+                                   10, "the first request taken by the (held) model")
             soon = jpeg_request(photo(), deadline_unix_ns=time.time_ns() + 200_000_000)
             late = asyncio.create_task(call(stub, soon))
-            await asyncio.sleep(0.5)  # its deadline passes while the model is held
+            # its deadline passes while the model is held
+            await async_wait_until(lambda: srv.service.batcher.depth == 1 and time.time_ns() > soon.deadline_unix_ns,
+                                   10, "the queued request's deadline to pass")
             release.set()
             return at_once, await first, await late, srv.service.metrics
 

@@ -23,8 +23,8 @@ def test_layers_defaults_file_env_flags(tmp_path):
     assert s.batching.max_batch_size == 4 and s.batching.preferred_batch_sizes == (2, 4)
     pol = s.batching.policy()
     assert pol.max_queue_delay_s == pytest.approx(0.0015) and pol.max_queue_size == 64
-    env = {"EDGEWISE_WORKER_PORT": "7100", "EDGEWISE_WORKER_BATCHING__PREFERRED_BATCH_SIZES": "1,2",
-           "EDGEWISE_WORKER_GRACE_S": "2.5", "OTHER": "x"}
+    env = {"EDGEWISE_WORKER__PORT": "7100", "EDGEWISE_WORKER__BATCHING__PREFERRED_BATCH_SIZES": "1,2",
+           "EDGEWISE_WORKER__GRACE_S": "2.5", "OTHER": "x"}
     s = load_settings(cfg, env=env)
     assert s.port == 7100 and s.batching.preferred_batch_sizes == (1, 2) and s.grace_s == 2.5
     s = load_settings(cfg, env=env, overrides={"port": 0, "batching.max_batch_size": 2})
@@ -34,14 +34,17 @@ def test_layers_defaults_file_env_flags(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("model: a.onnx\nbatching:\n  max_batch_sise: 4\n", "unknown key batching.max_batch_sise"),
-        ("model: a.onnx\nprot: 1\n", "unknown key prot"),
-        ("model: a.onnx\nport: high\n", "port must be int"),
-        ("model: a.onnx\nbatching: 8\n", "batching must be a mapping"),
-        ("model: a.onnx\nbatching:\n  preferred_batch_sizes: [4, x]\n", r"preferred_batch_sizes\[1\] must be int"),
-        ("model: a.onnx\nport: 70000\n", "port must be in"),
+        ("model: a.onnx\nbatching:\n  max_batch_sise: 4\n",
+         r":3: batching.max_batch_sise: unknown key \(did you mean 'max_batch_size'\?\)"),
+        ("model: a.onnx\nprot: 1\n", r":2: prot: unknown key \(did you mean 'port'\?\)"),
+        ("model: a.onnx\nport: high\n", ":2: port: 'high' is not an integer"),
+        ("model: a.onnx\nbatching: 8\n", ":2: batching: expected a mapping, got 8"),
+        ("model: a.onnx\nbatching:\n  preferred_batch_sizes: [4, x]\n",
+         r":3: batching.preferred_batch_sizes\[1\]: 'x' is not an integer"),
+        ("model: a.onnx\nport: 70000\n", r":2: port: 70000 is out of range; allowed: an integer in \[0, 65535\]"),
+        ("model: a.onnx\nimgsz: -32\n", r":2: imgsz: -32 is out of range"),
         ("model: a.onnx\nbatching:\n  max_batch_size: 2\n  preferred_batch_sizes: [4]\n",
-         "batching: preferred batch size 4"),
+         ":2: batching: preferred batch size 4"),
         ("port: 1\n", "model: a YOLOv5 ONNX file is required"),
         ("- a\n- b\n", "top level must be a mapping"),
         ("model: [unclosed\n", "not valid YAML"),
@@ -55,10 +58,13 @@ def test_bad_files_name_the_file_and_key(tmp_path, text, message):
 
 
 def test_bad_env_names_the_variable(tmp_path):
-    with pytest.raises(ConfigError, match="EDGEWISE_WORKER_BATCHING__MAX_BATCH: unknown key batching.max_batch"):
-        load_settings(None, env={"EDGEWISE_WORKER_MODEL": "m.onnx", "EDGEWISE_WORKER_BATCHING__MAX_BATCH": "4"})
-    with pytest.raises(ConfigError, match="EDGEWISE_WORKER_THREADS: threads must be int"):
-        load_settings(None, env={"EDGEWISE_WORKER_MODEL": "m.onnx", "EDGEWISE_WORKER_THREADS": "many"})
+    with pytest.raises(ConfigError, match=r"^EDGEWISE_WORKER__BATCHING__MAX_BATCH: unknown key "
+                                          r"\(did you mean EDGEWISE_WORKER__BATCHING__MAX_BATCH_SIZE\?\)"):
+        load_settings(None, env={"EDGEWISE_WORKER__MODEL": "m.onnx", "EDGEWISE_WORKER__BATCHING__MAX_BATCH": "4"})
+    with pytest.raises(ConfigError, match="^EDGEWISE_WORKER__THREADS: 'many' is not an integer"):
+        load_settings(None, env={"EDGEWISE_WORKER__MODEL": "m.onnx", "EDGEWISE_WORKER__THREADS": "many"})
+    with pytest.raises(ConfigError, match="^EDGEWISE_WORKER_THREADS: not a settings variable"):
+        load_settings(None, env={"EDGEWISE_WORKER__MODEL": "m.onnx", "EDGEWISE_WORKER_THREADS": "2"})
     with pytest.raises(ConfigError, match="missing.yaml: cannot read"):
         load_settings(tmp_path / "missing.yaml", env={})
 
@@ -69,7 +75,7 @@ def test_cli_flags_map_onto_settings_and_absent_flags_do_not_override(tmp_path, 
     cfg = write(tmp_path, "model: from-file.onnx\nthreads: 3\nbatching:\n  max_queue_size: 9\n")
     args = build_parser().parse_args(
         ["cloud", "worker", "--config", str(cfg), "--port", "0", "--max-batch", "8", "--max-delay-ms", "5",
-         "--preferred-batch", "4,8", "--queue-size", "64", "--metrics-port", "0"])
+         "--preferred-batch", "4,8", "--queue-size", "64", "--metrics-port", "0", "--imgsz", "480"])
     seen = {}
 
     async def fake_serve(settings):  # stands in for the server: only the parsing is under test
@@ -77,11 +83,13 @@ def test_cli_flags_map_onto_settings_and_absent_flags_do_not_override(tmp_path, 
         return 0
 
     monkeypatch.setattr("cloud.worker.server.serve", fake_serve)
-    monkeypatch.delenv("EDGEWISE_WORKER_PORT", raising=False)
+    monkeypatch.delenv("EDGEWISE_WORKER__PORT", raising=False)
     assert args.func is cli.handle and args.func(args) == 0
     s: WorkerSettings = seen["s"]
     assert s.model == "from-file.onnx" and s.threads == 3 and s.port == 0 and s.metrics_port == 0
+    assert s.imgsz == 480
     assert s.batching.max_batch_size == 8 and s.batching.preferred_batch_sizes == (4, 8)
     assert s.batching.max_queue_size == 64 and s.batching.max_queue_delay_ms == 5.0
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["cloud", "worker", "--preferred-batch", "4,x"])
+    args = build_parser().parse_args(["cloud", "worker", "--model", "m.onnx", "--preferred-batch", "4,x"])
+    with pytest.raises(ConfigError, match=r"^--preferred-batch: batching.preferred_batch_sizes\[1\]: 'x' is not"):
+        args.func(args)

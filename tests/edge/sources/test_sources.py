@@ -4,6 +4,9 @@ image, a live stream that stops (reconnect with backoff), drop policies."""
 from __future__ import annotations
 
 import asyncio
+import resource
+import time
+import zlib
 from pathlib import Path
 
 import cv2
@@ -13,6 +16,7 @@ import pytest
 from edge.sources import CaptureSource, ImageFolderSource, SyntheticSource, VideoFileSource
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
+from tests.waiting import async_wait_until
 
 
 def make_video(path: Path, n: int = 12, size=(96, 64)) -> Path:
@@ -92,38 +96,124 @@ def test_folder_skips_corrupt_image(tmp_path):
     assert all(f.image.shape == (20, 30, 3) for f in q.items)
 
 
-def test_live_stream_that_stops_reconnects_with_backoff(tmp_path):
+def bomb_jpeg(side: int = 30000) -> bytes:
+    """A real 8x8 JPEG whose frame header is edited to declare ``side`` x ``side``."""
+    data = bytearray(cv2.imencode(".jpg", np.full((8, 8, 3), 128, np.uint8))[1].tobytes())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = side.to_bytes(2, "big") * 2
+    return bytes(data)
+
+
+def bomb_png(side: int = 30000) -> bytes:
+    """A real 8x8 PNG whose IHDR declares ``side`` x ``side`` (CRC fixed, so only the size is wrong)."""
+    data = bytearray(cv2.imencode(".png", np.full((8, 8, 3), 128, np.uint8))[1].tobytes())
+    data[16:24] = side.to_bytes(4, "big") * 2
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    return bytes(data)
+
+
+def photo_jpeg() -> bytes:
+    im = cv2.imread("/usr/share/doc/opencv-doc/examples/data/baboon.jpg")
+    assert im is not None, "opencv-doc is needed (make test installs it)"
+    return cv2.imencode(".jpg", im[:240, :320])[1].tobytes()
+
+
+def test_folder_refuses_bombs_and_damaged_files_by_name(tmp_path, caplog):
+    good = photo_jpeg()
+    (tmp_path / "a-good.jpg").write_bytes(good)
+    cv2.imwrite(str(tmp_path / "b-good.png"), np.full((20, 30, 3), 7, np.uint8))
+    (tmp_path / "c-bomb.jpg").write_bytes(bomb_jpeg())
+    (tmp_path / "d-bomb.png").write_bytes(bomb_png())
+    (tmp_path / "e-truncated.jpg").write_bytes(good[: len(good) * 2 // 3])
+    stuffed = good.index(b"\xff\x00", good.index(b"\xff\xda"))
+    (tmp_path / "f-flipped.jpg").write_bytes(good[:stuffed + 1] + b"\x04" + good[stuffed + 2:])  # 00 -> 04
+    png = bytearray((tmp_path / "b-good.png").read_bytes())
+    png[len(png) // 2] ^= 0x10
+    (tmp_path / "g-flipped.png").write_bytes(bytes(png))
+
+    async def run():
+        q = FrameQueue(100, "wait", asyncio.Event())
+        cap = Capturer("f", ImageFolderSource(str(tmp_path)), q)
+        await cap.run(asyncio.Event())
+        return cap, q
+
+    peak0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    with caplog.at_level("WARNING", logger="edge.sources.capturing"):
+        cap, q = asyncio.run(run())
+    took = time.perf_counter() - t0
+    peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak0) / 1024
+    assert [f.image.shape for f in q.items] == [(240, 320, 3), (20, 30, 3)]
+    assert cap.corrupt == 5
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    for name, why in [("c-bomb.jpg", "declares 30000x30000"), ("d-bomb.png", "declares 30000x30000"),
+                      ("e-truncated.jpg", "truncated"), ("f-flipped.jpg", "corrupt JPEG"),
+                      ("g-flipped.png", "corrupt PNG (CRC mismatch")]:
+        assert any(name in line and why in line for line in text.splitlines()), (name, text)
+    # decoding a 30000x30000 bomb costs ~2.7 GB and seconds; its header costs nothing
+    assert took < 2.0 and peak_mb < 100, (took, peak_mb)
+
+
+def test_folder_of_only_corrupt_files_backs_off(tmp_path, caplog):
+    for i in range(3):
+        (tmp_path / f"{i}.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+
+    async def run():
+        q = FrameQueue(4, "wait", asyncio.Event())
+        states = []
+        stop = asyncio.Event()
+        cap = Capturer("bad", ImageFolderSource(str(tmp_path), loop=True), q, fps=0,
+                       reconnect_min_s=0.05, reconnect_max_s=0.2, on_state=lambda s, st: states.append(st))
+        task = asyncio.ensure_future(cap.run(stop))
+        t0 = time.process_time()
+        # three back-offs (0.05 + 0.1 + 0.2 s): without them this loop reads files non-stop
+        await async_wait_until(lambda: states.count(SourceState.BACKOFF) >= 3, 10, "three back-offs")
+        cpu = time.process_time() - t0
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return cap, states, cpu
+
+    with caplog.at_level("WARNING", logger="edge.sources.capturing"):
+        cap, states, cpu = asyncio.run(run())
+    # without the back-off this loop read ~50,000 files in the same time, logging each one
+    assert 3 <= cap.corrupt < 100, cap.corrupt
+    assert SourceState.BACKOFF in states and states[-1] is SourceState.ENDED
+    lines = [r.getMessage() for r in caplog.records if "corrupt frame skipped" in r.getMessage()]
+    assert len(lines) == 5 and "0.jpg" in lines[0]  # one burst, then quiet for the interval
+    assert cpu < 0.75, cpu
+
+
+def test_live_stream_that_stops_goes_down_discards_its_backlog_and_reconnects(tmp_path):
     # A live "http" source read through FFmpeg; it stops after its last frame, so
-    # the capture shell must go to backoff, reconnect and stream again.
-    video = make_video(tmp_path / "live.avi", 4)
+    # the capture shell must go to backoff, reconnect and stream again. Nobody takes
+    # frames from the queue: what is queued when the stream goes down is discarded.
+    video = make_video(tmp_path / "live.avi", 300)
 
     async def run():
         ready = asyncio.Event()
         q = FrameQueue(3, "drop_oldest", ready)
-        states = []
-        drops = []
+        states, drops, stale = [], [], []
         stop = asyncio.Event()
         cap = Capturer("cam", CaptureSource("http", str(video)), q, reconnect_min_s=0.05,
                        reconnect_max_s=0.2, on_state=lambda s, st: states.append(st),
-                       on_drop=drops.append)
+                       on_drop=drops.append, on_stale=lambda sid, n: stale.append(n))
         task = asyncio.ensure_future(cap.run(stop))
-        for _ in range(200):
-            await asyncio.sleep(0.02)
-            if cap.reconnects >= 3:
-                break
+        await async_wait_until(lambda: cap.reconnects >= 3, 10, "three reconnects")
         stop.set()
         await asyncio.wait_for(task, 5)
-        return cap, q, states, drops
+        return cap, q, states, drops, stale
 
-    cap, q, states, drops = asyncio.run(run())
+    cap, q, states, drops, stale = asyncio.run(run())
     assert cap.reconnects >= 3
     assert states[:3] == [SourceState.CONNECTING, SourceState.STREAMING, SourceState.BACKOFF]
     assert states.count(SourceState.STREAMING) >= 2
     assert states[-1] is SourceState.ENDED
-    assert len(q) == 3  # bounded; the rest were dropped oldest-first and counted
-    assert len(drops) == cap.frames - 3 and q.dropped == len(drops)
-    seqs = [f.seq for f in q.items]
-    assert seqs == sorted(seqs) and seqs[-1] == cap.frames - 1
+    # Every frame read was either pushed out of the bounded queue or discarded as
+    # stale at the next outage; the queue holds none from before the last one.
+    assert cap.frames > 0 and len(q) == 0 and cap.cut_seq == cap.seq
+    assert sum(stale) + len(drops) == cap.frames and q.dropped == len(drops)
+    # The reader drains the source at its own rate: most frames are skipped, not read.
+    assert cap.skipped > cap.frames
 
 
 def test_unreachable_stream_backs_off_exponentially():
@@ -141,8 +231,7 @@ def test_unreachable_stream_backs_off_exponentially():
 
         cap._backoff = spy
         task = asyncio.ensure_future(cap.run(stop))
-        while len(delays) < 4:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: len(delays) >= 4, 10, "four back-off delays")
         stop.set()
         await asyncio.wait_for(task, 10)
         return delays, cap
@@ -160,11 +249,9 @@ def test_wait_policy_blocks_capture_without_loss():
         task = asyncio.ensure_future(cap.run(stop))
         got = []
         while len(got) < 6:
-            await asyncio.sleep(0.01)
             assert len(q) <= 2
-            f = q.get_nowait()
-            if f is not None:
-                got.append(f.seq)
+            f = await async_wait_until(q.get_nowait, 10, "the next frame")
+            got.append(f.seq)
         await asyncio.wait_for(task, 5)
         return got, q
 

@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.errors import ConfigError, DeploymentError, InvalidInputError
 from edgewise.runtime.backends import tensorrt as trtb
 from edgewise.runtime.letterbox import preprocess_batch
 from edgewise.runtime.metadata import load_model_info
@@ -48,6 +48,22 @@ def test_cache_key_rejects_unknown_precision():
 def test_default_cache_dir_env(monkeypatch, tmp_path):
     monkeypatch.setenv("EDGEWISE_ENGINE_CACHE", str(tmp_path))
     assert trtb.default_cache_dir() == tmp_path
+
+
+def test_publish_is_atomic_for_writers_sharing_a_cache(tmp_path: Path):
+    """Workers sharing an engine cache volume may write the same engine at once: the file is
+    always one writer's complete bytes and no temporary file is left behind."""
+    import threading
+
+    path = tmp_path / "engines" / "m.engine"
+    blobs = [bytes([i]) * 200_000 for i in range(8)]
+    threads = [threading.Thread(target=trtb.publish, args=(path, b)) for b in blobs for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert path.read_bytes() in blobs
+    assert [p.name for p in path.parent.iterdir()] == ["m.engine"]
 
 
 def test_version_tuple():
@@ -101,7 +117,7 @@ def test_clear_error_when_tensorrt_is_absent(tiny_model: Path):
         trtb.import_tensorrt()
     from edgewise.runtime import Detector
 
-    with pytest.raises(ConfigError, match="JetPack"):
+    with pytest.raises(DeploymentError, match="JetPack"):
         Detector.from_file(tiny_model, backend="tensorrt")
     # auto falls back to ONNX Runtime
     assert Detector.from_file(tiny_model, backend="auto").backend.name.startswith("onnxruntime")

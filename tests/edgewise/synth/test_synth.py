@@ -145,14 +145,16 @@ def test_test_split_uses_held_out_handwriting() -> None:
 
 
 def test_difficulty_validation_names_the_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown key 'sizes'"):
+    with pytest.raises(ConfigError, match=r"^--set sizes: unknown key \(did you mean 'size_easy'\?\)"):
         load_difficulty("reference", ["sizes=3"])
     with pytest.raises(ConfigError, match="contrast_hard"):
         load_difficulty("reference", ["contrast_hard=0.5,0.2"])
     f = tmp_path / "d.yaml"
     f.write_text("preset: hard\nobjects_max: 3\nbogus: 1\n")
-    with pytest.raises(ConfigError, match=r"d.yaml: unknown key 'bogus'"):
+    with pytest.raises(ConfigError, match=r"d.yaml:3: bogus: unknown key"):
         load_difficulty(str(f))
+    with pytest.raises(ConfigError, match=r"^--set size_hard: has 3 items, not 2"):
+        load_difficulty("reference", ["size_hard=8,12,16"])
     f.write_text("preset: hard\nobjects_max: 3\n")
     d = load_difficulty(str(f), ["size_hard=8,12"])
     assert d.objects_max == 3 and d.size_hard == (8.0, 12.0) and d.occluder_prob == PRESETS["hard"].occluder_prob

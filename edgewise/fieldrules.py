@@ -1,0 +1,77 @@
+"""How a field's allowed values are checked and said, shared by the policy schema and the settings.
+
+One place for the rules both loaders (:mod:`edgewise.policy.loading`,
+:mod:`edgewise.settings`) apply to a single value and the words their errors use:
+a range with open or closed ends (``an integer in [1, 65535]``, ``a number > 0``),
+choices (``grpc | mqtt``), how a bad value is quoted, and the did-you-mean
+suggestion (difflib). Dependency-free so both can use it without importing each
+other.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Optional, Sequence
+
+#: What each scalar kind is called in "allowed:" texts.
+KIND_WORDS = {"float": "a number", "int": "an integer", "bool": "true | false", "str": "a string"}
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def allowed_text(kind: str, choices: Sequence[str] = (), lo: Optional[float] = None, hi: Optional[float] = None,
+                 lo_open: bool = False, hi_open: bool = False, nonempty: bool = False) -> str:
+    """``grpc | mqtt``, ``an integer in [1, 65535]``, ``a number > 0``, ``a non-empty string``."""
+    if choices:
+        return " | ".join(choices)
+    if kind in ("float", "int"):
+        what = KIND_WORDS[kind]
+        if lo is not None and hi is not None:
+            return f"{what} in {'(' if lo_open else '['}{_num(lo)}, {_num(hi)}{')' if hi_open else ']'}"
+        if lo is not None:
+            return f"{what} {'>' if lo_open else '>='} {_num(lo)}"
+        if hi is not None:
+            return f"{what} {'<' if hi_open else '<='} {_num(hi)}"
+        return what
+    if kind == "str" and nonempty:
+        return "a non-empty string"
+    return KIND_WORDS.get(kind, kind)
+
+
+def in_range(v: float, lo: Optional[float] = None, hi: Optional[float] = None,
+             lo_open: bool = False, hi_open: bool = False) -> bool:
+    """Whether number ``v`` is finite and within [lo, hi] (open ends respected)."""
+    if not math.isfinite(v):
+        return False
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        return False
+    return not (hi is not None and (v >= hi if hi_open else v > hi))
+
+
+def show(value: Any) -> str:
+    """A value as an error message quotes it: YAML spelling, strings quoted, cut at 60 characters."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def closest(key: str, options: Sequence[str]) -> Optional[str]:
+    """The option ``key`` most likely misspells (difflib, or the same letters ignoring case
+    and ``_``), or None."""
+    close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    lowered = {o.lower().replace("_", ""): o for o in options}
+    return lowered.get(key.lower().replace("_", ""))
+
+
+def suggest(key: str, options: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the :func:`closest` option, else ``""``."""
+    hit = closest(key, options)
+    return f" (did you mean {hit!r}?)" if hit else ""
