@@ -47,14 +47,14 @@ from cloud.gateway.balancing import (
     Outcome,
     RetryBudget,
     Ticket,
+    outcome_of,
     should_retry,
 )
-from cloud.worker.batching import Batcher, BatchPolicy
+from cloud.worker.batching import Batcher, BatchPolicy, decide_batching
+from cloud.worker.settings import BatchingSettings
+from edgewise import status
 from edgewise.errors import DeadlineExceededError, OverloadedError
 
-#: how the gateway counts a worker's answer (cloud/gateway/pool.py maps gRPC codes the same way)
-_ANSWER = {"RESOURCE_EXHAUSTED": Outcome.OVERLOADED, "UNAVAILABLE": Outcome.FAILURE,
-           "DEADLINE_EXCEEDED": Outcome.FAILURE}
 MIN_ATTEMPT_S = 0.005  # gateway retry.min_attempt_ms default
 ENDS = ("answered", "shed_saturated", "shed_no_worker", "shed_deadline", "shed_overloaded", "failed")
 SIGNALS = ("utilization", "busy", "queue")
@@ -194,10 +194,15 @@ class CellSim:
         return pod
 
     def _warm(self, pod: _Pod) -> None:
-        """A fresh worker process: new batcher, warm-up seeds it (sizes 1 and max, second round)."""
+        """A fresh worker process: new batcher, warm-up seeds it (sizes 1 and max) and decides
+        whether batching pays, as ``WorkerServer.warmup`` does (cloud/worker/server.py)."""
         pod.batcher = Batcher(self.policy)
-        for size in sorted({1, self.s.max_batch}):
-            pod.batcher.observe(size, M.batch_seconds(size, pod.speed, self.s))
+        timings = {size: M.batch_seconds(size, pod.speed, self.s) for size in sorted({1, self.s.max_batch})}
+        for size, secs in timings.items():
+            pod.batcher.observe(size, secs)
+        d = BatchingSettings()
+        if not decide_batching(d.mode, timings, d.min_gain, self.s.max_batch).batch:
+            pod.batcher.set_policy(self.policy.unbatched())
         pod.state = READY
         pod.ready_since = self.tick
         pod.busy_hist = []
@@ -296,9 +301,9 @@ class CellSim:
             req.attempts += 1
             pod = self.by_addr[pick.address]
             if pod.state != READY and pod.state != DRAINING:  # crashed: connection refused
-                pick.release(_ANSWER["UNAVAILABLE"])
+                pick.release(outcome_of(status.UNAVAILABLE))
                 req.tried.append(pod.addr)
-                if should_retry("UNAVAILABLE", req.attempts, req.deadline - self.now, MIN_ATTEMPT_S, self.budget):
+                if should_retry(status.UNAVAILABLE, req.attempts, req.deadline - self.now, MIN_ATTEMPT_S, self.budget):
                     self.res.retries += req.tick >= 0
                     continue
                 self._end(req, "failed")
@@ -306,11 +311,11 @@ class CellSim:
             try:
                 pod.batcher.submit(req, self.now, deadline=req.deadline)
             except OverloadedError:
-                pick.release(_ANSWER["RESOURCE_EXHAUSTED"])
+                pick.release(outcome_of(status.RESOURCE_EXHAUSTED))
                 self._end(req, "shed_overloaded")
                 return
             except DeadlineExceededError:
-                pick.release(_ANSWER["DEADLINE_EXCEEDED"])
+                pick.release(outcome_of(status.DEADLINE_EXCEEDED))
                 self._end(req, "shed_deadline")
                 return
             req.ticket = pick
@@ -324,7 +329,7 @@ class CellSim:
         bt = pod.batcher
         batch = bt.next_batch(now)
         for req in bt.expired(now):
-            self._settle(req, _ANSWER["DEADLINE_EXCEEDED"])
+            self._settle(req, outcome_of(status.DEADLINE_EXCEEDED))
             self._end(req, "shed_deadline")
         if batch is not None:
             n = len(batch)
@@ -380,9 +385,9 @@ class CellSim:
         pod.batch = ()
         pod.busy = False
         for req in lost:
-            self._settle(req, _ANSWER["UNAVAILABLE"])
+            self._settle(req, outcome_of(status.UNAVAILABLE))
             req.tried.append(pod.addr)
-            if should_retry("UNAVAILABLE", req.attempts, req.deadline - self.now, MIN_ATTEMPT_S, self.budget):
+            if should_retry(status.UNAVAILABLE, req.attempts, req.deadline - self.now, MIN_ATTEMPT_S, self.budget):
                 self.res.retries += req.tick >= 0
                 self._route(req)
             else:
