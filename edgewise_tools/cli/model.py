@@ -37,6 +37,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--names", default=None, help="comma-separated class names (default 0..K-1)")
     p.add_argument("--seed", type=int, default=0, help="weight initialisation seed (0)")
     p.add_argument("--static-batch", action="store_true", help="fixed batch 1 instead of dynamic")
+    p.add_argument("--dynamic-hw", action="store_true",
+                   help="symbolic input height/width, so it can run at each image's native size")
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
     p.set_defaults(func=cmd_build)
 
@@ -125,6 +127,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         names=names,
         seed=args.seed,
         dynamic_batch=not args.static_batch,
+        dynamic_hw=args.dynamic_hw,
     )
     size = out.stat().st_size / 1e6
     print(

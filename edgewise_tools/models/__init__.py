@@ -25,11 +25,13 @@ def build_onnx(
     seed: int = 0,
     dynamic_batch: bool = True,
     opset: int = 17,
+    dynamic_hw: bool = False,
 ) -> Path:
     """Build a randomly initialised (seeded) YOLOv5 ``arch`` and export it as ONNX.
 
     The file is in the Ultralytics export format (see ``edgewise_tools.models.export``).
-    ``path`` defaults to ``./{arch}.onnx``. Returns the path written.
+    ``path`` defaults to ``./{arch}.onnx``; ``dynamic_hw`` makes height and width symbolic
+    (the runtime's ``input: native``). Returns the path written.
     Raises ``InvalidInputError`` for an unknown architecture, a bad size or class count.
     """
     if arch not in ARCHITECTURES:
@@ -61,6 +63,7 @@ def build_onnx(
         dynamic_batch=dynamic_batch,
         opset=opset,
         arch=arch,
+        dynamic_hw=dynamic_hw,
     )
 
 

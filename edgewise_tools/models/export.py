@@ -2,7 +2,10 @@
 
 Input ``images`` [B,3,H,W] float32, output ``output0`` [B,N,5+nc] (xywh in input pixels,
 sigmoid applied), opset 17, dynamic batch axis, metadata ``stride``, ``names`` (a Python
-dict literal as Ultralytics writes it), ``imgsz`` and ``edgewise_arch``. Uses the
+dict literal as Ultralytics writes it), ``imgsz`` and ``edgewise_arch``. With
+``dynamic_hw`` the height and width are symbolic too (any multiple of 32: a model trained
+on crops runs on whole frames or regions at their native scale, the runtime's
+``input: native``); ``imgsz`` then records the training size. Uses the
 TorchScript exporter (``dynamo=False``): the dynamo exporter needs onnxscript
 (``docs/design/edge-runtime.md#onnx-export``). Imports torch; callers import this lazily.
 """
@@ -55,6 +58,7 @@ def export_onnx(
     names: Optional[Sequence[str]] = None,
     dynamic_batch: bool = True,
     opset: int = 17,
+    dynamic_hw: bool = False,
     arch: Optional[str] = None,
     extra_metadata: Optional[Dict[str, str]] = None,
 ) -> Path:
@@ -65,6 +69,7 @@ def export_onnx(
     part = out.with_name(out.name + ".part")
     m = copy.deepcopy(model).float().cpu().eval()
     m.fuse()
+    m.detect.dynamic = dynamic_hw
     for p in m.parameters():
         p.requires_grad_(False)
     im = torch.zeros(1, 3, h, w)
@@ -75,9 +80,13 @@ def export_onnx(
             # dynamo=False is deliberate (the dynamo exporter needs onnxscript): no deprecation noise.
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             sample = m(im)  # dry run: builds the cached grids
-            dynamic_axes = (
+            dynamic_axes: Optional[Dict[str, Dict[int, str]]] = (
                 {"images": {0: "batch"}, "output0": {0: "batch"}} if dynamic_batch else None
             )
+            if dynamic_hw:
+                dynamic_axes = dynamic_axes or {"images": {}, "output0": {}}
+                dynamic_axes["images"].update({2: "height", 3: "width"})
+                dynamic_axes["output0"][1] = "candidates"
             torch.onnx.export(
                 m,
                 (im,),
@@ -91,9 +100,11 @@ def export_onnx(
                 dynamo=False,
             )
         proto = onnx.load(str(part))
-        # Only the batch axis is dynamic: state N and 5+nc in the declared output shape.
+        # State the fixed output dims (N unless dynamic_hw, and 5+nc) in the declared shape.
         dims = proto.graph.output[0].type.tensor_type.shape.dim
-        for d, size in zip(list(dims)[1:], tuple(sample.shape)[1:]):
+        for k, (d, size) in enumerate(zip(list(dims)[1:], tuple(sample.shape)[1:]), 1):
+            if k == 1 and dynamic_hw:
+                continue
             d.ClearField("dim_param")
             d.dim_value = int(size)
         onnx.checker.check_model(proto)

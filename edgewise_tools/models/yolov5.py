@@ -205,12 +205,15 @@ class Detect(nn.Module):
         self.register_buffer("anchors", a / stride.view(-1, 1, 1))
         self.m = nn.ModuleList(nn.Conv2d(c, self.no * self.na, 1) for c in ch)
         self._grid: Dict[Tuple[int, int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
+        #: export with a symbolic input height/width: grids follow the traced feature-map
+        #: shape instead of being cached constants (Ultralytics' ``Detect.dynamic``)
+        self.dynamic = False
 
     def _make_grid(self, nx: int, ny: int, i: int) -> Tuple[torch.Tensor, torch.Tensor]:
         key = (i, ny, nx)
         anchors: torch.Tensor = self.anchors  # type: ignore[assignment]
         stride: torch.Tensor = self.stride  # type: ignore[assignment]
-        cached = self._grid.get(key)
+        cached = None if self.dynamic else self._grid.get(key)
         if (
             cached is not None
             and cached[0].device == anchors.device
@@ -225,7 +228,8 @@ class Detect(nn.Module):
             torch.stack((xv, yv), 2).expand(shape) - 0.5
         )  # add grid offset, i.e. y = 2.0 * x - 0.5
         anchor_grid = (anchors[i] * stride[i]).view((1, self.na, 1, 1, 2)).expand(shape)
-        self._grid[key] = (grid, anchor_grid)
+        if not self.dynamic:
+            self._grid[key] = (grid, anchor_grid)
         return grid, anchor_grid
 
     def forward(self, xs: List[torch.Tensor]) -> Union[List[torch.Tensor], torch.Tensor]:
@@ -238,7 +242,9 @@ class Detect(nn.Module):
             x = x.view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous()
             raw.append(x)
             if not self.training:
-                grid, anchor_grid = self._make_grid(int(nx), int(ny), i)
+                # int() would freeze a traced shape into a constant; keep it symbolic when dynamic
+                grid, anchor_grid = self._make_grid(nx, ny, i) if self.dynamic else self._make_grid(
+                    int(nx), int(ny), i)
                 xy, wh, conf = x.sigmoid().split((2, 2, self.nc + 1), 4)
                 xy = (xy * 2 + grid) * stride[i]
                 wh = (wh * 2) ** 2 * anchor_grid

@@ -114,3 +114,12 @@ def test_fused_batch_equals_letterbox_then_chw(shape, size, auto):
     boxed, meta = letterbox(im, size, auto=auto)
     assert metas[0] == meta
     np.testing.assert_array_equal(batch, to_chw_rgb([boxed]))
+
+
+def test_native_shape_pads_to_the_stride_and_caps_the_long_side() -> None:
+    from edgewise.runtime.letterbox import native_shape
+
+    assert native_shape((720, 1280)) == (736, 1280)
+    assert native_shape((10, 50)) == (32, 64)
+    assert native_shape((720, 1280), max_side=640) == (384, 640)
+    assert native_shape((720, 1280), max_side=4000) == (736, 1280)  # never scaled up
