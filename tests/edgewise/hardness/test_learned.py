@@ -27,7 +27,7 @@ def model() -> GainModel:
     # the gain is high exactly where the edge saw a strong missed object
     rng = np.random.default_rng(0)
     x = rng.random((600, len(FEATURE_NAMES)))
-    gain = (x[:, MISSED] > 0.8).astype(float) * 5.0 + rng.normal(0, 0.1, 600)
+    gain = (x[:, MISSED] > 0.9).astype(float) * 5.0 + rng.normal(0, 0.1, 600)
     return GainModel.fit(x, gain, {"trainData": "unit", "frames": 600, "merge": "fuse"})
 
 
@@ -35,7 +35,7 @@ def test_fit_ranks_the_gain_and_hardness_is_a_training_percentile(model) -> None
     hard = frame_features({"missed_object": 0.95}, empty())
     easy = frame_features({"missed_object": 0.1}, empty())
     assert model.predict(np.array([hard]))[0] > model.predict(np.array([easy]))[0] + 0.5
-    # 20% of training frames have missed_object > 0.8: they hold the top percentiles
+    # 10% of training frames have missed_object > 0.9: they hold the top percentiles
     assert model.hardness({"missed_object": 0.95}, empty()) > 0.8
     assert model.hardness({"missed_object": 0.1}, empty()) < 0.8
     p = model.percentile(np.array([-1e9, 1e9]))
