@@ -84,6 +84,28 @@ def _overlap(a: Rect, b: Rect) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
+def crop_region(dets: Detections, size: Tuple[int, int], band: Tuple[float, float], padding: float
+                ) -> Optional[Rect]:
+    """One crop holding every uncertain box (score in ``band``), each padded by ``padding`` x
+    its size (payload mode ``crops``); None when no box is uncertain (then the full frame is
+    sent: a missed object can be anywhere)."""
+    if len(dets) == 0:
+        return None
+    lo, hi = band
+    mask = (dets.scores >= lo) & (dets.scores <= hi)
+    if not mask.any():
+        return None
+    b = dets.boxes[mask].astype(np.float64)
+    bw = b[:, 2] - b[:, 0]
+    bh = b[:, 3] - b[:, 1]
+    w, h = size
+    ix1, iy1 = max(0, int(np.floor(np.min(b[:, 0] - padding * bw)))), max(0, int(np.floor(np.min(b[:, 1] - padding * bh))))
+    ix2, iy2 = min(w, int(np.ceil(np.max(b[:, 2] + padding * bw)))), min(h, int(np.ceil(np.max(b[:, 3] + padding * bh))))
+    if ix2 - ix1 < 2 or iy2 - iy1 < 2:
+        return None
+    return ix1, iy1, ix2, iy2
+
+
 def merge_rects(rects: Sequence[Rect]) -> List[Rect]:
     """Replace overlapping rectangles by their bounding box until none overlap; the order
     (priority) of the first member of each group is kept."""
@@ -150,8 +172,8 @@ def pack(frame: np.ndarray, regions: Sequence[Rect], low_width: int = 0) -> Tupl
     row_w = max([w] + [it[0].shape[1] for it in items])
     placed: List[Tuple[int, int]] = []
     x = y = row_h = 0
-    for px, _, _, _ in items:
-        ih, iw = px.shape[:2]
+    for pixels, _, _, _ in items:
+        ih, iw = pixels.shape[:2]
         if x and x + iw > row_w:
             x, y, row_h = 0, y + row_h + GUTTER, 0
         placed.append((x, y))
@@ -212,3 +234,63 @@ def source_rects(tiles: Sequence[Tile]) -> Optional[np.ndarray]:
     if not tiles or any(t.scale != 1.0 for t in tiles):
         return None
     return np.array([t.source_rect for t in tiles], np.float32).reshape(-1, 4)
+
+
+#: payload modes (the policy's ``spec.payload.mode``)
+MODES = ("full", "crops", "downscaled", "regions", "low+regions")
+#: the modes ``edgewise eval`` measures side by side unless told otherwise (``crops``, the
+#: older one-crop mode, on request)
+COMPARED_MODES = ("full", "downscaled", "regions", "low+regions")
+
+
+@dataclass
+class PayloadPlan:
+    """What one escalation sends, before encoding.
+
+    Attributes:
+        image: the pixels to encode and send.
+        tiles: where each part of ``image`` comes from (empty: ``image`` is the frame, or a
+            crop of it at ``offset``, at full resolution).
+        regions: the frame rectangles the cloud sees, for the merge (edge boxes outside them
+            are kept as they are); None when it sees the whole frame.
+        offset: the top-left frame pixel of a single crop (mode ``crops``).
+    """
+
+    image: np.ndarray
+    tiles: List[Tile]
+    regions: Optional[np.ndarray] = None
+    offset: Tuple[int, int] = (0, 0)
+
+
+def plan_payload(frame: np.ndarray, dets: Detections, motion_blobs: Optional[np.ndarray], mode: str,
+                 band: Tuple[float, float], padding: float = 0.2, min_side: int = 96, max_regions: int = 8,
+                 max_area: float = 0.4, low_width: int = 640) -> PayloadPlan:
+    """The payload of one escalation in ``mode`` (:data:`MODES`, the policy's ``spec.payload``):
+
+    * ``full``: the frame; ``crops``: one crop around the uncertain boxes (else the frame);
+    * ``downscaled``: the frame scaled to ``low_width`` pixels wide (one tile);
+    * ``regions``: the proposed regions (:func:`propose_regions`) packed at full resolution,
+      else the frame;
+    * ``low+regions``: the frame scaled to ``low_width`` plus the regions, else just the
+      scaled frame (DDS's low-quality stream is always sent).
+    """
+    if mode not in MODES:
+        raise ValueError(f"payload mode must be one of {MODES}, got {mode!r}")
+    h, w = frame.shape[:2]
+    if mode == "crops":
+        r = crop_region(dets, (w, h), band, padding)
+        if r is None:
+            return PayloadPlan(frame, [])
+        x1, y1, x2, y2 = r
+        return PayloadPlan(np.ascontiguousarray(frame[y1:y2, x1:x2]), [], np.array([r], np.float32), (x1, y1))
+    if mode == "downscaled":
+        img, tiles = pack(frame, [], low_width)
+        return PayloadPlan(img, tiles)
+    if mode in ("regions", "low+regions"):
+        rs = propose_regions(dets, motion_blobs, (w, h), band, padding, min_side, max_regions, max_area)
+        low = low_width if mode == "low+regions" else 0
+        if rs is None:
+            return PayloadPlan(frame, []) if not low else PayloadPlan(*pack(frame, [], low))
+        img, tiles = pack(frame, rs, low)
+        return PayloadPlan(img, tiles, source_rects(tiles))
+    return PayloadPlan(frame, [])

@@ -146,5 +146,4 @@ def _covered(blobs: np.ndarray, dets: np.ndarray, margin: float) -> np.ndarray:
     x1, y1 = d[:, 2] + margin, d[:, 3] + margin
     hit = ((blobs[:, None, 0] < x1[None]) & (blobs[:, None, 2] > x0[None])
            & (blobs[:, None, 1] < y1[None]) & (blobs[:, None, 3] > y0[None]))
-    out: np.ndarray = hit.any(axis=1)
-    return out
+    return np.asarray(hit.any(axis=1), bool)

@@ -123,7 +123,7 @@ def explain(policy: Policy) -> str:
         "crops": f"one padded crop (padding {pl.crop_padding:g} x box size) around the uncertain boxes",
         "downscaled": f"the frame scaled to {pl.downscale_width} px wide",
         "regions": regions,
-        "low+regions": f"the frame at {pl.downscale_width} px wide (JPEG quality {pl.low_quality}) plus {regions}",
+        "low+regions": f"the frame at {pl.downscale_width} px wide plus {regions}",
     }[pl.mode]
     lines.append(
         f"Escalation: {s.transport} with a {s.deadline_ms} ms deadline, sending {payload} "

@@ -17,11 +17,12 @@ from edgewise.hardness.learned import GainModel
 from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
 from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
 from edgewise.policy.fields import FieldSpec, field_default, opt
+from edgewise.regions import MODES, PayloadPlan, plan_payload
 
 API_VERSION = "edgewise/v1"
 KIND = "EscalationPolicy"
 TRANSPORTS = ("grpc", "mqtt")
-PAYLOAD_MODES = ("full", "crops", "downscaled", "regions", "low+regions")
+PAYLOAD_MODES = MODES
 UNAVAILABLE_ACTIONS = ("spool", "edge_only", "drop")
 MERGE_STRATEGIES = ("replace", "fuse")
 STREAM_MODES = ("auto", "always", "never")
@@ -235,8 +236,8 @@ class Payload:
         "full = the whole frame at full resolution; crops = one padded crop around the uncertain boxes; "
         "downscaled = the whole frame scaled to downscaleWidth; regions = full-resolution regions around "
         "the uncertain boxes and the motion no detection explains, merged and padded, packed into one "
-        "image (DDS-style); low+regions = the downscaled frame at lowQuality plus those regions. "
-        "Without any region, regions and low+regions send the whole frame.",
+        "image (DDS-style; without any region, the whole frame); low+regions = the frame scaled to "
+        "downscaleWidth plus those regions, in one image.",
         "full", choices=PAYLOAD_MODES,
     )
     crop_padding: float = opt(
@@ -247,8 +248,6 @@ class Payload:
         "downscaleWidth", "int", "Width of the frame in downscaled and low+regions payloads (never enlarged).",
         640, lo=32, hi=8192,
     )
-    low_quality: int = opt("lowQuality", "int", "JPEG quality of the low-resolution frame of low+regions.", 50,
-                           lo=1, hi=100)
     region_min: int = opt(
         "regionMin", "int", "Smallest region side in pixels: a small box is sent with this much context.", 96,
         lo=8, hi=8192,
@@ -260,6 +259,13 @@ class Payload:
         "Most of the frame the regions may cover together; beyond it the whole frame is sent.", 0.4,
         lo=0, hi=1, lo_open=True,
     )
+
+    def plan(self, frame: Any, dets: Any, motion_blobs: Any, band: Tuple[float, float],
+             mode: Optional[str] = None) -> PayloadPlan:
+        """What an escalation of ``frame`` sends under these settings, in ``mode`` (default: this
+        payload's; :func:`edgewise.regions.plan_payload`)."""
+        return plan_payload(frame, dets, motion_blobs, mode or self.mode, band, self.crop_padding, self.region_min,
+                            self.max_regions, self.max_region_area, self.downscale_width)
 
 
 @dataclass(frozen=True)

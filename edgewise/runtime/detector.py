@@ -6,6 +6,7 @@ batch), ``infer`` (the backend), ``postprocess`` (YOLOv5 decode + NMS + map back
 to source pixels). ``detect`` chains them.
 
 Input size: ``model`` (default) letterboxes every image to the model's ``imgsz``;
+``auto`` is ``native`` for a model with a symbolic height/width, else ``model``;
 ``native`` runs each image at its own scale (its size rounded up to the stride,
 padded, never scaled up; scaled down only beyond ``max_side``), which needs a model
 exported with a symbolic height/width. A model trained on full-resolution crops thus
@@ -32,7 +33,7 @@ from edgewise.runtime.metadata import ModelInfo, load_model_info
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
-INPUT_SIZES = ("model", "native")
+INPUT_SIZES = ("model", "native", "auto")
 
 
 def validate_images(images: Sequence[Any]) -> None:
@@ -67,6 +68,8 @@ class Detector:
     ) -> None:
         if input_size not in INPUT_SIZES:
             raise ConfigError(f"input size {input_size!r}: use one of {', '.join(INPUT_SIZES)}")
+        if input_size == "auto":
+            input_size = "native" if info.dynamic_hw else "model"
         if input_size == "native" and not info.dynamic_hw:
             raise ConfigError(f"{info.path}: input size 'native' needs a model exported with a dynamic height and "
                               f"width; this one is fixed at {info.imgsz[0]}x{info.imgsz[1]} (use 'model')")
@@ -114,6 +117,8 @@ class Detector:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         info = load_model_info(path)
+        if input_size == "auto":
+            input_size = "native" if info.dynamic_hw else "model"
         be: InferenceBackend
         if backend == "auto":
             # a TensorRT engine is built for one input shape; native sizes vary per image

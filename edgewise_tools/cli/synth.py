@@ -57,7 +57,7 @@ def _synth(args: argparse.Namespace) -> int:
                    split=args.split, width=w, height=h,
                    difficulty=load_difficulty(args.difficulty, args.overrides),
                    image_format=args.image_format, jpeg_quality=args.quality, video=args.video,
-                   stride=args.stride)
+                   stride=args.stride, preset=str(args.difficulty))
     t0 = time.monotonic()
     total = args.frames * args.streams
 

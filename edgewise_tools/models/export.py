@@ -102,8 +102,8 @@ def export_onnx(
         proto = onnx.load(str(part))
         # State the fixed output dims (N unless dynamic_hw, and 5+nc) in the declared shape.
         dims = proto.graph.output[0].type.tensor_type.shape.dim
-        for k, (d, size) in enumerate(zip(list(dims)[1:], tuple(sample.shape)[1:]), 1):
-            if k == 1 and dynamic_hw:
+        for axis, (d, size) in enumerate(zip(list(dims)[1:], tuple(sample.shape)[1:]), 1):
+            if axis == 1 and dynamic_hw:
                 continue
             d.ClearField("dim_param")
             d.dim_value = int(size)

@@ -64,12 +64,12 @@ def export_pair(run: Path, models: Path, edge_shape: Tuple[int, int]) -> Dict[st
             else {}
         meta = {"edgewise_val_map50": f"{summary.get('best_map50', float('nan')):.4f}",
                 "edgewise_world": "camera"}
+        names: List[str] = list(model.names)  # type: ignore[arg-type]  # set by load_checkpoint
         if stage == "edge":
-            export_onnx(model, dst, imgsz=edge_shape, names=list(model.names), arch=model.arch,
-                        extra_metadata=meta)
+            export_onnx(model, dst, imgsz=edge_shape, names=names, arch=model.arch, extra_metadata=meta)
         else:
-            export_onnx(model, dst, imgsz=int(summary.get("imgsz", 320)), names=list(model.names),
-                        arch=model.arch, extra_metadata=meta, dynamic_hw=True)
+            export_onnx(model, dst, imgsz=int(summary.get("imgsz", 320)), names=names, arch=model.arch,
+                        extra_metadata=meta, dynamic_hw=True)
     return out
 
 

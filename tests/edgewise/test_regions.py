@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from edgewise.detections import Detections
-from edgewise.regions import GUTTER, Tile, merge_rects, pack, propose_regions, source_rects, tiles_to_frame
+from edgewise.regions import (
+    GUTTER,
+    Tile,
+    merge_rects,
+    pack,
+    propose_regions,
+    source_rects,
+    tiles_to_frame,
+)
 
 SIZE = (1280, 720)
 BAND = (0.25, 0.6)
