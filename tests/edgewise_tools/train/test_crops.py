@@ -71,3 +71,25 @@ def test_cli_and_bad_arguments(camera_data: Path, tmp_path: Path, capsys) -> Non
     assert "no images/ folder" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="--size"):
         make_crops(camera_data, tmp_path / "e", size=8)
+
+
+def test_camera_packaging_exports_a_rect_edge_and_a_native_cloud(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from edgewise.runtime.metadata import load_model_info
+    from edgewise_tools.models.yolov5 import build_model
+    from edgewise_tools.train.camera import export_pair
+    from edgewise_tools.train.trainer import TrainConfig, save_checkpoint
+
+    run = tmp_path / "run"
+    for stage, arch in (("edge", "yolov5n"), ("cloud", "yolov5n")):
+        (run / stage).mkdir(parents=True)
+        save_checkpoint(run / stage / "best.pt", build_model(arch, nc=10), TrainConfig(data="d", out="o", arch=arch),
+                        [str(i) for i in range(10)], 1, {"map50": 0.5})
+        (run / stage / "summary.json").write_text(json.dumps({"best_map50": 0.5, "imgsz": 96}))
+    files = export_pair(run, tmp_path / "models", (64, 96))
+    edge, cloud = load_model_info(files["edge"]), load_model_info(files["cloud"])
+    assert edge.imgsz == (64, 96) and not edge.dynamic_hw and edge.metadata["edgewise_world"] == "camera"
+    assert cloud.dynamic_hw and cloud.imgsz == (96, 96) and cloud.metadata["edgewise_val_map50"] == "0.5000"
+    mtime = files["edge"].stat().st_mtime_ns
+    export_pair(run, tmp_path / "models", (64, 96))  # newer than its checkpoint: kept
+    assert files["edge"].stat().st_mtime_ns == mtime
