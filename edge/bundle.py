@@ -33,6 +33,7 @@ from typing import List, Optional
 
 from edgewise import __version__
 from edgewise.errors import InvalidInputError
+from edgewise.runtime.metadata import load_model_info
 
 REPO = Path(__file__).resolve().parents[1]
 JETSON = REPO / "deploy" / "jetson"
@@ -126,6 +127,8 @@ def stage_tree(opts: BundleOptions, root: Path) -> None:
     _copy(Path(opts.edge_config), root / "etc/edgewise/edge.yaml", 0o644)
     _copy(Path(opts.policy), root / "etc/edgewise/policy.yaml", 0o644)
     _copy(Path(opts.model), root / SHARE / "models/edge.onnx", 0o644)
+    for data in load_model_info(opts.model).external_data:  # dynamo exports: weights in <model>.data
+        _copy(data, root / SHARE / "models" / data.name, 0o644)
     if opts.power_mode is not None or opts.jetson_clocks:
         text = "# Read by edgewise-edge-power.service at boot.\n"
         text += f"NVPMODEL_MODE={'' if opts.power_mode is None else opts.power_mode}\n"

@@ -112,6 +112,8 @@ class EdgeDaemon:
                                       max_det=m.max_det, source="edge")
         if m.threads:
             kwargs["threads"] = m.threads
+        if m.imgsz:
+            kwargs["imgsz"] = m.imgsz
         return Detector.from_file(m.path, **kwargs)
 
     def _build_sinks(self) -> Sinks:

@@ -73,6 +73,10 @@ class ModelSettings:
     max_det: int = setting("Most boxes kept per frame.", 300, lo=1)
     threads: int = setting("Intra-op threads of the runtime; 0 = runtime default.", 0, lo=0)
     max_batch: int = setting("Most frames (from all streams) run in one inference call.", 4, lo=1)
+    imgsz: int = setting("Square input size for a model that does not state it (dynamic height/width and no "
+                         "`imgsz` metadata, e.g. YOLOv5 v7.0 `--dynamic` exports); 0 = the model's own (else "
+                         "640, with a warning). A fixed-size model must match it; the stride is checked when "
+                         "the model loads.", 0, lo=0)
 
 
 @dataclass

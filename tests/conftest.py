@@ -39,6 +39,13 @@ def _built_model(arch: str, imgsz: int, nc: int, dynamic_hw: bool = False) -> Pa
         tmp = path.with_suffix(".tmp.onnx")
         build_onnx(arch, imgsz=imgsz, nc=nc, path=tmp, names=DIGIT_NAMES[:nc] if nc <= 10 else None, seed=0,
                    dynamic_hw=dynamic_hw)
+        if dynamic_hw:  # ask to run at native size, as the camera pair's cloud model does
+            import onnx
+
+            proto = onnx.load(str(tmp))
+            prop = proto.metadata_props.add()
+            prop.key, prop.value = "edgewise_input", "native"
+            onnx.save(proto, str(tmp))
         tmp.replace(path)
     return path
 
@@ -57,7 +64,7 @@ def small_model() -> Path:
 
 @pytest.fixture(scope="session")
 def native_model() -> Path:
-    """YOLOv5n trained-size 160 with a symbolic height/width: runs at each image's native size."""
+    """YOLOv5n trained-size 160 with a symbolic height/width and ``edgewise_input: native``."""
     return _built_model("yolov5n", 160, 10, dynamic_hw=True)
 
 

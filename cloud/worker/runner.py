@@ -71,6 +71,7 @@ class ModelRunner:
             threads=settings.threads or None,
             input_size=settings.input_size,
             max_side=settings.native_max_side,
+            imgsz=settings.imgsz or None,
         )
         return cls(det)
 

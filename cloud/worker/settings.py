@@ -47,6 +47,10 @@ class WorkerSettings:
     """Everything one worker process needs; built by ``load_settings``."""
 
     model: str = setting("Path of the YOLOv5 ONNX model (required).", "")
+    imgsz: int = setting("Square input size for a model that does not state it (dynamic height/width and no "
+                         "`imgsz` metadata, e.g. YOLOv5 v7.0 `--dynamic` exports); 0 = the model's own (else "
+                         "640, with a warning). A fixed-size model must match it; the stride is checked when "
+                         "the model loads.", 0, lo=0)
     host: str = setting("Address the gRPC server binds.", "0.0.0.0")
     port: int = setting("gRPC port; 0 picks a free one (printed as `EDGEWISE_WORKER_LISTENING port=N`).", 50061,
                         lo=0, hi=65535)
@@ -59,7 +63,8 @@ class WorkerSettings:
         "Input size of the model: `model` letterboxes every image to the model's size; `native` runs each "
         "image at its own scale (rounded up to the stride, never enlarged), which a model trained on "
         "full-resolution crops needs to see whole frames and region payloads; `auto` is `native` for a model "
-        "exported with a symbolic height and width, else `model`.", "auto", choices=("auto", "model", "native"))
+        "that asks for it (symbolic height/width and the metadata `edgewise_input: native`, like the camera "
+        "pair's cloud model), else `model`.", "auto", choices=("auto", "model", "native"))
     native_max_side: int = setting(
         "With native input: an image whose longer side exceeds this is scaled down to it first (0 = never), "
         "bounding the cost of one request.", 1920, lo=0)
@@ -104,6 +109,7 @@ SCHEMA: Schema[WorkerSettings] = Schema(
     "worker", WorkerSettings, command="edgewise cloud worker", validate=validate,
     flags=(
         Flag("--model", "model", metavar="FILE"),
+        Flag("--imgsz", "imgsz", metavar="N"),
         Flag("--host", "host"),
         Flag("--port", "port"),
         Flag("--metrics-port", "metrics_port", metavar="PORT"),

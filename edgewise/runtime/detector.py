@@ -6,8 +6,9 @@ batch), ``infer`` (the backend), ``postprocess`` (YOLOv5 decode + NMS + map back
 to source pixels). ``detect`` chains them.
 
 Input size: ``model`` (default) letterboxes every image to the model's ``imgsz``;
-``auto`` is ``native`` for a model with a symbolic height/width, else ``model``;
-``native`` runs each image at its own scale (its size rounded up to the stride,
+``auto`` is ``native`` for a model that asks for it (symbolic height/width and the
+metadata ``edgewise_input: native``, as ``python -m edgewise_tools.train.camera`` exports
+the camera pair's cloud model), else ``model``; ``native`` runs each image at its own scale (its size rounded up to the stride,
 padded, never scaled up; scaled down only beyond ``max_side``), which needs a model
 exported with a symbolic height/width. A model trained on full-resolution crops thus
 sees a 1280x720 frame as 1280x736 and a region crop at its own size: the cloud side
@@ -28,12 +29,14 @@ from edgewise.images import check_bgr
 from edgewise.runtime.backends import InferenceBackend
 from edgewise.runtime.decoding import DecodeParams, decode
 from edgewise.runtime.letterbox import LetterboxMeta, native_shape, preprocess_batch
-from edgewise.runtime.metadata import ModelInfo, load_model_info
+from edgewise.runtime.metadata import ImgszLike, ModelInfo, imgsz_guess_warning, load_model_info
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
 INPUT_SIZES = ("model", "native", "auto")
+#: metadata key by which a model asks to run at each image's native size (``auto``)
+NATIVE_KEY = "edgewise_input"
 
 
 def validate_images(images: Sequence[Any]) -> None:
@@ -69,7 +72,7 @@ class Detector:
         if input_size not in INPUT_SIZES:
             raise ConfigError(f"input size {input_size!r}: use one of {', '.join(INPUT_SIZES)}")
         if input_size == "auto":
-            input_size = "native" if info.dynamic_hw else "model"
+            input_size = auto_input_size(info)
         if input_size == "native" and not info.dynamic_hw:
             raise ConfigError(f"{info.path}: input size 'native' needs a model exported with a dynamic height and "
                               f"width; this one is fixed at {info.imgsz[0]}x{info.imgsz[1]} (use 'model')")
@@ -99,6 +102,7 @@ class Detector:
         source: Optional[str] = None,
         cache_dir: Optional[Union[str, Path]] = None,
         precision: Optional[str] = None,
+        imgsz: Optional[ImgszLike] = None,
         input_size: str = "model",
         max_side: int = 0,
     ) -> Detector:
@@ -106,7 +110,9 @@ class Detector:
 
         ``auto`` picks native TensorRT when it is importable and a GPU is there,
         else ONNX Runtime (whose own provider list prefers TensorRT -> CUDA -> CPU).
-        ``cache_dir`` / ``precision`` apply to TensorRT engines; ``input_size`` /
+        ``cache_dir`` / ``precision`` apply to TensorRT engines. ``imgsz`` is the input
+        size of a model whose graph leaves it dynamic (see ``load_model_info``); a model
+        whose size is only assumed is logged as a warning. ``input_size`` /
         ``max_side`` are described in the module docstring.
         """
         if backend not in BACKENDS:
@@ -116,9 +122,11 @@ class Detector:
                                   multi_label=multi_label)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        info = load_model_info(path)
+        info = load_model_info(path, imgsz)
+        if info.imgsz_source == "default":
+            log.warning("%s", imgsz_guess_warning(info))
         if input_size == "auto":
-            input_size = "native" if info.dynamic_hw else "model"
+            input_size = auto_input_size(info)
         be: InferenceBackend
         if backend == "auto":
             # a TensorRT engine is built for one input shape; native sizes vary per image
@@ -177,6 +185,12 @@ class Detector:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def auto_input_size(info: ModelInfo) -> str:
+    """``native`` for a model that asks for it (symbolic height/width and the metadata
+    ``edgewise_input: native``), else ``model``."""
+    return "native" if info.dynamic_hw and info.metadata.get(NATIVE_KEY) == "native" else "model"
 
 
 def _tensorrt_usable() -> bool:

@@ -3,7 +3,8 @@
 ``letterbox`` follows Ultralytics YOLOv5 ``utils/augmentations.py::letterbox``
 line by line (keep aspect ratio, pad with 114, ``auto`` = minimum rectangle
 aligned to the stride, ``scaleup`` flag, ``scaleFill`` stretch), and
-``scale_boxes`` follows ``utils/general.py::scale_boxes`` + ``clip_boxes``.
+``scale_boxes`` follows ``utils/general.py::scale_boxes`` + ``clip_boxes`` as
+``detect.py`` calls them (``source_pad``).
 ``preprocess_batch`` turns several BGR images into one NCHW float32 RGB /255
 array without Python loops over pixels (OpenCV resize/pad, then one fused
 numpy pass per image for the colour swap, transpose and scale).
@@ -187,13 +188,31 @@ def clip_boxes(boxes: np.ndarray, shape: Tuple[int, int]) -> np.ndarray:
     return boxes
 
 
+def source_pad(meta: LetterboxMeta) -> Tuple[float, float]:
+    """The ``(dw, dh)`` offset ``scale_boxes`` removes: YOLOv5 ``detect.py``'s.
+
+    ``detect.py`` calls ``scale_boxes(im.shape[2:], det[:, :4], im0.shape)`` without
+    ``ratio_pad``, so upstream recomputes the padding from the *unrounded* gain,
+    ``(W_in - W_src * gain) / 2``, instead of using the letterbox's own ``meta.pad``
+    (half the padding around the *rounded* resize). The two differ by less than half an
+    input pixel; edgewise reproduces ``detect.py`` exactly so its boxes can be compared
+    with upstream's output (``docs/models.md``). ``val.py`` passes the letterbox's
+    ``ratio_pad`` instead; ``meta.pad`` keeps that value.
+    """
+    (rx, ry) = meta.ratio
+    return (
+        (meta.input_shape[1] - meta.src_shape[1] * rx) / 2,
+        (meta.input_shape[0] - meta.src_shape[0] * ry) / 2,
+    )
+
+
 def scale_boxes(boxes: np.ndarray, meta: LetterboxMeta, clip: bool = True) -> np.ndarray:
     """Map xyxy boxes from network-input pixels back to source pixels, in place.
 
-    YOLOv5 utils/general.py::scale_boxes with ``ratio_pad`` from the letterbox,
-    generalised to the separate x/y ratios of ``scaleFill``.
+    YOLOv5 utils/general.py::scale_boxes as ``detect.py`` calls it (padding from the
+    unrounded gain, ``source_pad``), generalised to the separate x/y ratios of ``scaleFill``.
     """
-    (rx, ry), (dw, dh) = meta.ratio, meta.pad
+    (rx, ry), (dw, dh) = meta.ratio, source_pad(meta)
     boxes[..., 0::2] -= dw
     boxes[..., 1::2] -= dh
     boxes[..., 0::2] /= rx
@@ -206,7 +225,7 @@ def scale_boxes(boxes: np.ndarray, meta: LetterboxMeta, clip: bool = True) -> np
 def unscale_boxes(boxes: np.ndarray, meta: LetterboxMeta) -> np.ndarray:
     """Inverse of ``scale_boxes`` (source pixels -> network input pixels), new array."""
     out = np.array(boxes, dtype=np.float32, copy=True)
-    (rx, ry), (dw, dh) = meta.ratio, meta.pad
+    (rx, ry), (dw, dh) = meta.ratio, source_pad(meta)
     out[..., 0::2] = out[..., 0::2] * rx + dw
     out[..., 1::2] = out[..., 1::2] * ry + dh
     return out

@@ -4,7 +4,11 @@ Class names, stride and input size come from the ONNX ``metadata_props`` the
 way Ultralytics ``export.py`` writes them (``names`` = a Python dict literal
 such as ``"{0: 'person', 1: 'bicycle'}"``, ``stride`` = ``"32"``, ``imgsz`` =
 ``"[640, 640]"``), or from a sidecar YAML next to the model (``<model>.yaml``,
-then ``model.yaml``) with the keys ``names``, ``stride``, ``imgsz``. The graph
+then ``model.yaml``) with the keys ``names``, ``stride``, ``imgsz``. A fixed-size
+graph input is the truth for the input size; a dynamic-size one (``--dynamic``
+exports, which YOLOv5 v7.0 writes without ``imgsz``) takes the caller's ``imgsz``,
+then the metadata's, and otherwise assumes 640x640 (``imgsz_source == "default"``,
+which callers warn about). The graph
 is checked to be a YOLOv5 detector: one input ``[B, 3, H, W]`` and a first
 output ``[B, N, 5 + nc]`` consistent with the class names. Every failure is a
 ``ModelError`` naming the file and saying what was expected.
@@ -13,6 +17,7 @@ output ``[B, N, 5 + nc]`` consistent with the class names. Every failure is a
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +26,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from edgewise.errors import ModelError
 
 PathLike = Union[str, Path]
+ImgszLike = Union[int, Sequence[int]]
+#: the size YOLOv5 assumes when nothing states it (export.py / detect.py ``--imgsz`` default)
+DEFAULT_IMGSZ = (640, 640)
 QUANT_OPS = frozenset(
     {
         "QuantizeLinear",
@@ -58,6 +66,11 @@ class ModelInfo:
         sha256: hex digest of the file bytes.
         metadata: the raw ``metadata_props``.
         names_source: where the names came from (``onnx-metadata``, a YAML path, ``default``).
+        imgsz_source: where the input size came from: ``graph`` (fixed input dims),
+            ``override`` (the caller's ``imgsz``), ``onnx-metadata``, a YAML path, or
+            ``default`` (a guess: dynamic H/W and nothing states the size).
+        external_data: files next to the model holding its weights (torch's dynamo
+            exporter writes ``<model>.data``); ``sha256`` covers them too.
     """
 
     path: Path
@@ -77,6 +90,13 @@ class ModelInfo:
     sha256: str
     metadata: Mapping[str, str] = field(default_factory=dict)
     names_source: str = "default"
+    imgsz_source: str = "default"
+    external_data: Tuple[Path, ...] = ()
+
+    @property
+    def file_bytes(self) -> int:
+        """Size of the model file plus its external data files."""
+        return sum(f.stat().st_size for f in (self.path,) + self.external_data)
 
     @property
     def num_candidates(self) -> Optional[int]:
@@ -135,9 +155,9 @@ def _parse_imgsz(value: Any, where: str) -> Tuple[int, int]:
     try:
         if isinstance(value, str):
             value = ast.literal_eval(value.strip())
-        if isinstance(value, int):
-            return (value, value)
-        vals = [int(v) for v in value]
+        if isinstance(value, bool):
+            raise TypeError(value)
+        vals = [value] if isinstance(value, int) else [int(v) for v in value]
     except (ValueError, SyntaxError, TypeError):
         raise ModelError(f"{where}: imgsz must be an int or [h, w], got {value!r}") from None
     if len(vals) == 1:
@@ -176,8 +196,22 @@ def _dims(value_info: Any) -> Tuple[Optional[int], ...]:
     return tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
 
 
-def load_model_info(path: PathLike) -> ModelInfo:
-    """Read, hash and validate a YOLOv5 ONNX model; see the module docstring."""
+def parse_imgsz(value: Any, where: str) -> Tuple[int, int]:
+    """``640``, ``[480, 640]``, ``"640"``, ``"480,640"`` or ``"480x640"`` -> ``(h, w)``.
+
+    Raises ``ModelError`` naming ``where`` for anything else.
+    """
+    if isinstance(value, str) and ("x" in value or "," in value) and "[" not in value:
+        value = [v for v in value.replace("x", ",").split(",") if v.strip()]
+    return _parse_imgsz(value, where)
+
+
+def load_model_info(path: PathLike, imgsz: Optional[ImgszLike] = None) -> ModelInfo:
+    """Read, hash and validate a YOLOv5 ONNX model; see the module docstring.
+
+    ``imgsz`` (an int or ``(h, w)``) is the input size for a model whose graph leaves
+    it dynamic; for a fixed-size graph it must equal the graph's size.
+    """
     import onnx
 
     p = Path(path)
@@ -198,10 +232,43 @@ def load_model_info(path: PathLike) -> ModelInfo:
     graph = model.graph
     if len(graph.node) == 0:
         raise ModelError(f"{p} is not a valid ONNX model: the graph has no nodes")
-    return _info_from_graph(p, model, sha)
+    external = _external_data_files(p, model)
+    if external:
+        h = hashlib.sha256(bytes.fromhex(sha))
+        for f in external:
+            try:
+                with open(f, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+            except OSError as e:
+                raise ModelError(
+                    f"{p}: its weights are stored in {f}, which cannot be read ({e.strerror}); "
+                    "keep the external data file next to the model"
+                ) from None
+        sha = h.hexdigest()
+    override = parse_imgsz(imgsz, f"{p} (imgsz asked for)") if imgsz is not None else None
+    info = _info_from_graph(p, model, sha, override)
+    return dataclasses.replace(info, external_data=external) if external else info
 
 
-def _info_from_graph(p: Path, model: Any, sha: str) -> ModelInfo:
+def _external_data_files(p: Path, model: Any) -> Tuple[Path, ...]:
+    """The distinct files a model's external tensors live in, in first-use order."""
+    from onnx import TensorProto
+
+    files: List[Path] = []
+    for t in model.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        loc = next((e.value for e in t.external_data if e.key == "location"), "")
+        f = p.parent / loc
+        if loc and f not in files:
+            files.append(f)
+    return tuple(files)
+
+
+def _info_from_graph(
+    p: Path, model: Any, sha: str, override: Optional[Tuple[int, int]] = None
+) -> ModelInfo:
     from onnx import TensorProto
 
     graph = model.graph
@@ -238,6 +305,7 @@ def _info_from_graph(p: Path, model: Any, sha: str) -> ModelInfo:
     names_source = "default"
     stride: Optional[int] = None
     imgsz: Optional[Tuple[int, int]] = None
+    imgsz_source = "default"
     if "names" in meta:
         names = parse_names(meta["names"], where)
         names_source = "onnx-metadata"
@@ -245,6 +313,7 @@ def _info_from_graph(p: Path, model: Any, sha: str) -> ModelInfo:
         stride = _parse_int(meta["stride"], "stride", where)
     if "imgsz" in meta:
         imgsz = _parse_imgsz(meta["imgsz"], where)
+        imgsz_source = "onnx-metadata"
     side = find_sidecar(p)
     if side is not None:
         sd = _read_sidecar(side)
@@ -255,6 +324,7 @@ def _info_from_graph(p: Path, model: Any, sha: str) -> ModelInfo:
             stride = _parse_int(sd["stride"], "stride", str(side))
         if imgsz is None and "imgsz" in sd:
             imgsz = _parse_imgsz(sd["imgsz"], str(side))
+            imgsz_source = str(side)
 
     cols = oshape[2]
     if names is None:
@@ -274,11 +344,19 @@ def _info_from_graph(p: Path, model: Any, sha: str) -> ModelInfo:
         stride = 32
     hw_static = ishape[2] is not None and ishape[3] is not None
     if hw_static:  # the graph is the truth for a fixed-size input
-        imgsz = (int(ishape[2] or 0), int(ishape[3] or 0))
+        imgsz, imgsz_source = (int(ishape[2] or 0), int(ishape[3] or 0)), "graph"
+        if override is not None and override != imgsz:
+            raise ModelError(
+                f"{p}: imgsz {override[0]}x{override[1]} was asked for but the model's input is "
+                f"fixed at {imgsz[0]}x{imgsz[1]}; drop the imgsz setting or export with --dynamic"
+            )
+    elif override is not None:
+        imgsz, imgsz_source = override, "override"
     elif imgsz is None:
-        imgsz = (640, 640)
+        imgsz = DEFAULT_IMGSZ
     if imgsz[0] % stride or imgsz[1] % stride:
-        raise ModelError(f"{p}: input size {imgsz} is not a multiple of the stride {stride}")
+        which = "imgsz" if imgsz_source == "override" else "input size"
+        raise ModelError(f"{p}: {which} {imgsz} is not a multiple of the stride {stride}")
     ops = {n.op_type for n in graph.node}
     if ops & QUANT_OPS:
         precision = "int8"
@@ -305,6 +383,18 @@ def _info_from_graph(p: Path, model: Any, sha: str) -> ModelInfo:
         sha256=sha,
         metadata=meta,
         names_source=names_source,
+        imgsz_source=imgsz_source,
+    )
+
+
+def imgsz_guess_warning(info: ModelInfo) -> str:
+    """The one-line warning for a model whose input size is assumed, not stated."""
+    h, w = info.imgsz
+    return (
+        f"{info.path}: the model does not state its input size (dynamic height/width and no "
+        f"imgsz metadata, as YOLOv5 v7.0 --dynamic exports); assuming {h}x{w}. Give the size "
+        "it was exported for: --imgsz (model info/quantize, cloud worker) or the imgsz setting "
+        "(edge model.imgsz, worker imgsz)"
     )
 
 

@@ -23,9 +23,12 @@ ENGINE_NEEDS = (
 
 def register(subparsers: Any) -> None:
     """Add ``info``, ``build``, ``quantize`` and ``engine`` to the ``model`` group."""
-    p = subparsers.add_parser("info", help="describe a YOLOv5 ONNX model")
+    p = subparsers.add_parser(
+        "info", help="describe and validate a YOLOv5 ONNX model (exit status 1 if its graph is broken)"
+    )
     p.add_argument("model", help="path of the .onnx file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_imgsz(p)
     p.set_defaults(func=cmd_info)
 
     p = subparsers.add_parser(
@@ -37,8 +40,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("--names", default=None, help="comma-separated class names (default 0..K-1)")
     p.add_argument("--seed", type=int, default=0, help="weight initialisation seed (0)")
     p.add_argument("--static-batch", action="store_true", help="fixed batch 1 instead of dynamic")
-    p.add_argument("--dynamic-hw", action="store_true",
-                   help="symbolic input height/width, so it can run at each image's native size")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset (17; YOLOv5 v7.0 export.py: 12)")
+    p.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="dynamic batch, height and width, axes named as YOLOv5 export.py --dynamic names them",
+    )
+    p.add_argument(
+        "--dynamo",
+        action="store_true",
+        help="torch's dynamo exporter (torch >= 2.9's default): weights in an external .data file",
+    )
+    p.add_argument(
+        "--metadata",
+        default="edgewise",
+        choices=("edgewise", "yolov5-v7.0"),
+        help="edgewise (stride, names, imgsz, arch) or only what YOLOv5 v7.0 writes (stride, names)",
+    )
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
     p.set_defaults(func=cmd_build)
 
@@ -51,9 +69,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--method", default="minmax", choices=("minmax", "entropy", "percentile"))
     p.add_argument(
         "--keep-float",
-        default="first_conv,head",
-        help="layers left in float: first_conv, head, both comma-separated, or none "
-        "(default first_conv,head; the decode tail is always float)",
+        default="none",
+        help="layers left in float, comma-separated: first_conv, head, silu, or none "
+        "(default none: chosen by measurement, see models/MODEL_CARD.md; the decode tail is always float)",
     )
     p.add_argument(
         "--per-tensor", action="store_true", help="per-tensor instead of per-channel weights"
@@ -85,6 +103,7 @@ def register(subparsers: Any) -> None:
         "--threads", type=int, default=0, help="ONNX Runtime threads for the check (0 = all)"
     )
     p.add_argument("--report", default=None, help="also write the report as JSON to this file")
+    _add_imgsz(p)
     p.add_argument("-o", "--output", required=True, help="output .onnx path")
     p.set_defaults(func=cmd_quantize)
 
@@ -104,11 +123,24 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_engine)
 
 
+IMGSZ_HELP = (
+    "input size N or H,W for a model that does not state it (dynamic height/width and "
+    "no imgsz metadata, e.g. YOLOv5 v7.0 --dynamic exports); default: the model's, else 640"
+)
+
+
+def _add_imgsz(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--imgsz", default=None, help=IMGSZ_HELP)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from edgewise_tools.models.info import describe, format_description
 
-    d = describe(args.model)
+    d = describe(args.model, args.imgsz)
     print(json.dumps(d, indent=2) if args.json else format_description(d))
+    if d["graph_error"]:
+        print(f"edgewise: error: {d['path']}: the graph is broken: {d['graph_error']}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -127,9 +159,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         names=names,
         seed=args.seed,
         dynamic_batch=not args.static_batch,
-        dynamic_hw=args.dynamic_hw,
+        opset=args.opset,
+        style=args.metadata,
+        dynamic_hw=args.dynamic,
+        dynamo=args.dynamo,
     )
-    size = out.stat().st_size / 1e6
+    size = sum(f.stat().st_size for f in [out, *out.parent.glob(out.name + ".data")]) / 1e6
     print(
         f"built {args.arch} @ {args.imgsz} with {args.classes} classes -> {out} ({size:.1f} MB) in {time.perf_counter() - t0:.1f} s"
     )
@@ -175,6 +210,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         progress=_progress_printer(),
         target=args.target,
         reduce_range=args.reduce_range,
+        imgsz=args.imgsz,
     )
     print(report.summary())
     if args.report:

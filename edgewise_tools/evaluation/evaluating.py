@@ -46,8 +46,8 @@ class EvalConfig:
             interval of the lead above 0.
         payloads: payload modes measured side by side (each costs a cloud pass per frame).
         payload: the mode every policy is compared in (default: the policy file's).
-        cloud_input: ``auto`` (native for a model with a symbolic height/width), ``model``
-            or ``native`` (:class:`edgewise.runtime.Detector`).
+        cloud_input: ``auto`` (native for a model that asks for it), ``model`` or
+            ``native`` (:class:`edgewise.runtime.Detector`).
         samples: bootstrap samples of the confidence intervals.
         limit: evaluate at most this many frames (quick runs).
         threads: ONNX Runtime intra-op threads per model.

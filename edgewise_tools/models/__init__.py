@@ -25,13 +25,15 @@ def build_onnx(
     seed: int = 0,
     dynamic_batch: bool = True,
     opset: int = 17,
+    style: str = "edgewise",
     dynamic_hw: bool = False,
+    dynamo: bool = False,
 ) -> Path:
     """Build a randomly initialised (seeded) YOLOv5 ``arch`` and export it as ONNX.
 
-    The file is in the Ultralytics export format (see ``edgewise_tools.models.export``).
-    ``path`` defaults to ``./{arch}.onnx``; ``dynamic_hw`` makes height and width symbolic
-    (the runtime's ``input: native``). Returns the path written.
+    The file is in the Ultralytics export format (see ``edgewise_tools.models.export``,
+    which also explains ``style``, ``dynamic_hw`` and ``dynamo``).
+    ``path`` defaults to ``./{arch}.onnx``. Returns the path written.
     Raises ``InvalidInputError`` for an unknown architecture, a bad size or class count.
     """
     if arch not in ARCHITECTURES:
@@ -46,6 +48,12 @@ def build_onnx(
         raise InvalidInputError(f"--classes {nc}: need at least one class")
     if names is not None and len(names) != nc:
         raise InvalidInputError(f"--names: {len(names)} names given for {nc} classes")
+    if int(opset) < (18 if dynamo else 11):
+        raise InvalidInputError(
+            f"--opset {opset}: the {'dynamo exporter needs 18' if dynamo else 'YOLOv5 graph needs 11'} or newer"
+        )
+    if dynamic_hw and not dynamic_batch:
+        raise InvalidInputError("--dynamic makes the batch axis dynamic too (as upstream); drop --static-batch")
     try:
         from edgewise_tools.models.export import export_onnx
         from edgewise_tools.models.yolov5 import build_model
@@ -63,7 +71,9 @@ def build_onnx(
         dynamic_batch=dynamic_batch,
         opset=opset,
         arch=arch,
+        style=style,
         dynamic_hw=dynamic_hw,
+        dynamo=dynamo,
     )
 
 

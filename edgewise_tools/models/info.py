@@ -3,7 +3,9 @@
 Validation, class names, stride, input size and precision come from the runtime's
 ``edgewise.runtime.metadata.load_model_info`` (one parser for the whole project); this
 adds what only the model tools need: parameter count, opset, producer, file size,
-operator histogram and the quantization layout (how many convolutions run in INT8).
+operator histogram, the quantization layout (how many convolutions run in INT8), and a
+check of the graph itself (``check_graph``: the ONNX checker, then ONNX Runtime loading
+it), since a file can carry valid YOLOv5 metadata around a graph no runtime accepts.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -53,17 +55,40 @@ def count_params(model: Any) -> int:
     return total
 
 
-def describe(model_path: PathLike) -> Dict[str, Any]:
+def check_graph(path: Path) -> Optional[str]:
+    """None when the ONNX checker passes the graph and ONNX Runtime (CPU) loads it,
+    else a one-line reason (e.g. an opset-12 graph with per-channel ``axis`` on Q/DQ)."""
+    import onnx
+    import onnxruntime as ort
+
+    try:
+        onnx.checker.check_model(str(path))  # by path: external data and > 2 GB work
+    except Exception as e:  # ValidationError, or protobuf errors on a damaged file
+        return "ONNX checker: " + " ".join(str(e).split())[:300]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # load, do not tune
+    so.log_severity_level = 3
+    try:
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        return "ONNX Runtime: " + " ".join(str(e).split())[:300]
+    return None
+
+
+def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None) -> Dict[str, Any]:
     """A JSON-ready description of a YOLOv5 ONNX model.
 
+    ``imgsz``: input size of a model whose graph leaves it dynamic (``load_model_info``).
+    ``graph_error`` is None for a valid graph, else why it is broken; ``warnings`` lists
+    what the user should know (an assumed input size).
     Raises ``ModelError`` (naming the file) for a missing, corrupt or non-YOLOv5 model.
     """
     import onnx
 
-    from edgewise.runtime.metadata import load_model_info
+    from edgewise.runtime.metadata import imgsz_guess_warning, load_model_info
 
-    info = load_model_info(Path(model_path))
-    model = onnx.load(str(info.path))
+    info = load_model_info(Path(model_path), imgsz)
+    model = onnx.load(str(info.path), load_external_data=False)
     ops: Dict[str, int] = {}
     for n in model.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
@@ -77,7 +102,7 @@ def describe(model_path: PathLike) -> Dict[str, Any]:
     init_names = {t.name for t in model.graph.initializer}
     return {
         "path": str(info.path),
-        "file_bytes": info.path.stat().st_size,
+        "file_bytes": info.file_bytes,
         "sha256": info.sha256,
         "precision": info.precision,
         "inputs": [
@@ -93,7 +118,9 @@ def describe(model_path: PathLike) -> Dict[str, Any]:
         "names_source": info.names_source,
         "stride": info.stride,
         "imgsz": list(info.imgsz),
+        "imgsz_source": info.imgsz_source,
         "dynamic_batch": info.dynamic_batch,
+        "dynamic_hw": info.dynamic_hw,
         "params": count_params(model),
         "opset": opset,
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
@@ -101,6 +128,8 @@ def describe(model_path: PathLike) -> Dict[str, Any]:
         "int8_conv_nodes": int8_convs,
         "ops": dict(sorted(ops.items())),
         "metadata": dict(info.metadata),
+        "graph_error": check_graph(info.path),
+        "warnings": [imgsz_guess_warning(info)] if info.imgsz_source == "default" else [],
     }
 
 
@@ -128,13 +157,18 @@ def format_description(d: Dict[str, Any]) -> str:
     if prec == "int8":
         prec += f" ({d['int8_conv_nodes']}/{d['conv_nodes']} convolutions in INT8)"
     batch = "dynamic" if d["dynamic_batch"] else "fixed"
+    size = f"{d['imgsz'][0]}x{d['imgsz'][1]}"
+    if d.get("dynamic_hw"):
+        size += {"default": " (assumed: dynamic H/W, size not stated)", "override": " (as given)"}.get(
+            d["imgsz_source"], f" (dynamic H/W; from {d['imgsz_source']})"
+        )
     lines = [
         f"model      {d['path']} ({d['file_bytes'] / 1e6:.1f} MB, sha256 {d['sha256'][:12]})",
         f"precision  {prec}",
         f"params     {d['params']:,}",
         "input      " + "; ".join(f"{i['name']} {i['shape']} {i['dtype']}" for i in d["inputs"]),
         "output     " + "; ".join(f"{o['name']} {o['shape']} {o['dtype']}" for o in d["outputs"]),
-        f"imgsz      {d['imgsz'][0]}x{d['imgsz'][1]}, stride {d['stride']}, {batch} batch",
+        f"imgsz      {size}, stride {d['stride']}, {batch} batch",
         f"classes    {d['nc']}: {shown} (from {d['names_source']})",
         f"opset      {d['opset']} ({d['producer'] or 'unknown producer'})",
     ]
@@ -150,4 +184,8 @@ def format_description(d: Dict[str, Any]) -> str:
             )
         except (ValueError, AttributeError):  # hand-edited metadata: show it raw
             lines.append(f"quantized  {quant}")
+    err = d.get("graph_error")
+    lines.append(f"graph      {'BROKEN: ' + err if err else 'valid (ONNX checker; ONNX Runtime loads it)'}")
+    for w in d.get("warnings", []):
+        lines.append(f"warning    {w}")
     return "\n".join(lines)

@@ -1,22 +1,31 @@
 """INT8 post-training quantization of a YOLOv5 ONNX model with ONNX Runtime (static, QDQ).
 
 Steps: validate the model (``edgewise.runtime.metadata``) and the calibration source
-(``edgewise_tools.models.calibration``); ``quant_pre_process`` with ``skip_symbolic_shape``
-(symbolic shape inference fails on the dynamic batch axis, see
-``docs/design/edge-runtime.md#int8-quantization``); calibrate on frames letterboxed exactly as the
-runtime does (``edgewise.runtime.letterbox.preprocess_batch``), a few frames per batch,
+(``edgewise_tools.models.calibration``); bring the float model to one self-contained file
+at an opset the chosen layout needs (``_float_for_qdq``: external data inlined, opset < 13
+upgraded for per-channel weights or else per-tensor); ``quant_pre_process`` with
+``skip_symbolic_shape`` (symbolic shape inference fails on the dynamic batch axis, see
+``docs/design/edge-runtime.md#int8-quantization``); calibrate on frames letterboxed
+exactly as the runtime does (``edgewise.runtime.letterbox.preprocess_batch``), a few frames per batch,
 streamed so memory stays bounded and progress can be shown; quantize with
 ``quantize_static`` in QDQ format, per-channel symmetric QInt8 weights and QUInt8
 activations (U8S8, ``reduce_range=False``: ORT's recommendation for x86 CPUs with VNNI;
 ``target="tensorrt"`` makes activations symmetric QInt8, the only QDQ form TensorRT takes);
-copy the float model's metadata; then compare INT8 against float detections on held-out
-frames (``edgewise_tools.models.agreement``).
+copy the float model's metadata; load the result with ONNX Runtime and run one frame
+before it is moved into place; then compare INT8 against float detections on held-out
+frames (``edgewise_tools.models.agreement``) and time both (``edgewise_tools.models.heldout``).
 
 The YOLOv5 decode tail after the Detect convolutions (sigmoid, grid/anchor arithmetic,
 the concat of pixel boxes with probabilities) always stays float: one 8-bit scale
-cannot hold 0..640 pixels and 0..1 scores at once. ``keep_float`` can also keep the
-first convolution (``first_conv``) and the three Detect convolutions (``detect_head``)
-in float, the layers most sensitive to quantization.
+cannot hold 0..640 pixels and 0..1 scores at once. Everything else is INT8 by default,
+the Detect convolutions with their outputs over a fixed logit range
+(``HEAD_LOGIT_RANGE``). ``keep_float`` can keep the first convolution (``first_conv``),
+the three Detect convolutions (``detect_head``) or the SiLU activations (``silu``) in
+float. The default was chosen by measurement (``bench/int8_variants.py``,
+``models/MODEL_CARD.md``, "INT8 layout"): quantizing the head and first convolution
+made YOLOv5s@640 about 20% faster than keeping them float, and with the head's logit
+range the INT8-vs-float agreement of both reference models stayed at F1 0.97; float
+SiLU pairs are slower (ONNX Runtime does not fuse them between Q/DQ nodes).
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from edgewise.errors import InvalidInputError
+from edgewise.errors import EdgewiseError, InvalidInputError, ModelError
+from edgewise.runtime.metadata import imgsz_guess_warning
 from edgewise_tools.models.agreement import Agreement
 from edgewise_tools.models.calibration import (
     CalibrationReader,
@@ -41,14 +51,21 @@ from edgewise_tools.models.calibration import (
     open_frames,
     split_indices,
 )
-from edgewise_tools.models.heldout import check_agreement
+from edgewise_tools.models.heldout import Speed, check_agreement, cpu_lacks_vnni, cpu_session
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 METHODS = ("minmax", "entropy", "percentile")
-KEEP_FLOAT_CHOICES = ("first_conv", "detect_head")
-DEFAULT_KEEP_FLOAT: Tuple[str, ...] = ("first_conv", "detect_head")
+KEEP_FLOAT_CHOICES = ("first_conv", "detect_head", "silu")
+#: measured (module docstring): nothing but the decode tail stays float
+DEFAULT_KEEP_FLOAT: Tuple[str, ...] = ()
+#: The Detect convolutions output logits that only ever go through a sigmoid, which is
+#: within 3.4e-4 of 0 or 1 beyond +-8. A quantized head's calibrated output range is
+#: clipped to it: a trained YOLOv5s's P5 head spans -251..105 logits on real frames
+#: (1.4 logits per 8-bit step: objectness flips across conf 0.25 and agreement fell to
+#: F1 0.71), while +-8 gives 0.063 logits per step and loses nothing downstream.
+HEAD_LOGIT_RANGE = 8.0
 #: target -> (activation type, operator types quantized; None = every op ORT can).
 #: cpu: U8S8 as ORT recommends for x86 with VNNI, every op quantized: ORT then fuses
 #: QLinearConv/QLinearSigmoid/QLinearMul/QLinearAdd/QLinearConcat and tensors stay uint8
@@ -80,6 +97,7 @@ class QuantReport:
     int8_bytes: int = 0
     conf_thres: float = 0.25
     agreement: Optional[Agreement] = None
+    speed: Optional[Speed] = None
     notes: List[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -93,6 +111,8 @@ class QuantReport:
         ]
         if self.agreement is not None:
             lines.append(f"  {self.agreement.summary()} at conf {self.conf_thres:g}")
+        if self.speed is not None:
+            lines.append(f"  {self.speed.summary()}")
         for n in self.notes:
             lines.append(f"  note: {n}")
         return "\n".join(lines)
@@ -115,6 +135,7 @@ class QuantReport:
             "int8_bytes": self.int8_bytes,
             "conf_thres": self.conf_thres,
             "agreement": self.agreement.as_dict() if self.agreement is not None else None,
+            "speed": self.speed.as_dict() if self.speed is not None else None,
             "notes": list(self.notes),
         }
 
@@ -133,7 +154,8 @@ def parse_keep_float(value: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
         name = "detect_head" if item in ("head", "detect", "detect_head") else item
         if name not in KEEP_FLOAT_CHOICES:
             raise InvalidInputError(
-                f"--keep-float {item!r}: unknown layer group; use first_conv, head (detect_head) or none"
+                f"--keep-float {item!r}: unknown layer group; "
+                "use first_conv, head (detect_head), silu or none"
             )
         if name not in out:
             out.append(name)
@@ -141,11 +163,12 @@ def parse_keep_float(value: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
 
 
 def graph_regions(model: Any) -> Dict[str, List[str]]:
-    """Node names of the first conv, the Detect convs and the decode tail of a YOLOv5 graph.
+    """Node names of the first conv, the Detect convs, the SiLU activations and the decode tail.
 
     Found structurally (works for any exporter's node names): the Detect convs are the
     convolutions with no convolution downstream; the decode tail is every other node
-    with no convolution downstream; the first conv is the first Conv in topological order.
+    with no convolution downstream; the first conv is the first Conv in topological order;
+    ``silu`` holds the Sigmoid and Mul of every ``x * sigmoid(x)`` outside the tail.
     """
     nodes = list(model.graph.node)
     consumers: Dict[str, List[int]] = {}
@@ -165,7 +188,17 @@ def graph_regions(model: Any) -> Dict[str, List[str]]:
     head = [nodes[i].name for i in convs if not reaches_conv[i]]
     tail = [n.name for i, n in enumerate(nodes) if n.op_type != "Conv" and not reaches_conv[i]]
     first = [nodes[convs[0]].name] if convs else []
-    return {"first_conv": first, "detect_head": head, "decode_tail": tail}
+    sigmoid_in = {n.output[0]: n for i, n in enumerate(nodes) if n.op_type == "Sigmoid" and reaches_conv[i]}
+    silu: List[str] = []
+    for n in nodes:
+        if n.op_type != "Mul" or len(n.input) != 2:
+            continue
+        for a, b in (n.input, n.input[::-1]):
+            sig = sigmoid_in.get(b)
+            if sig is not None and sig.input[0] == a:
+                silu.extend((sig.name, n.name))
+                break
+    return {"first_conv": first, "detect_head": head, "silu": silu, "decode_tail": tail}
 
 
 def quantize(
@@ -185,6 +218,7 @@ def quantize(
     op_types: Optional[Sequence[str]] = None,
     target: str = "cpu",
     reduce_range: bool = False,
+    imgsz: Union[int, Sequence[int], None] = None,
 ) -> QuantReport:
     """Quantize ``model_path`` to INT8 (QDQ) at ``out_path`` and report agreement with float.
 
@@ -192,9 +226,11 @@ def quantize(
         calib: folder of images or a video file; ``samples`` frames calibrate.
         out_path: defaults to ``<model>-int8.onnx`` next to the model.
         method: ``minmax``, ``entropy`` or ``percentile`` (99.999th).
-        keep_float: layer groups left in float (``first_conv``, ``detect_head``), or "none".
+        keep_float: layer groups left in float (``first_conv``, ``detect_head``, ``silu``),
+            or "none" (the default: only the decode tail stays float).
         holdout: frames for the agreement check, taken from ``holdout_source`` when
             given, else from ``calib`` disjoint from the calibration frames; 0 skips it.
+            The same frames time both models (``QuantReport.speed``).
         conf_thres, iou_thres: decode thresholds of the agreement check.
         threads: intra-op threads of the agreement sessions (0 = ORT default).
         progress: ``progress(stage, done, total)`` callback.
@@ -203,9 +239,12 @@ def quantize(
             (symmetric QInt8 activations, which TensorRT's explicit quantization requires).
         reduce_range: 7-bit weights, ORT's advice for x86 CPUs without VNNI, whose U8S8
             kernels (``vpmaddubsw``) can saturate; unneeded with VNNI or on ARM.
+        imgsz: input size for a model whose graph and metadata do not fix it (calibration
+            and agreement run at it; it is written into the INT8 model's metadata).
     Raises:
-        ModelError: missing/corrupt/not-YOLOv5 model. InvalidInputError: bad arguments or
-        an unreadable/empty calibration source.
+        ModelError: missing/corrupt/not-YOLOv5 model, or a quantization step that failed
+        (one line; nothing is written at ``out_path`` then). InvalidInputError: bad
+        arguments or an unreadable/empty calibration source.
     """
     from edgewise.runtime.metadata import load_model_info
 
@@ -217,7 +256,7 @@ def quantize(
     act_name, default_ops = TARGETS[target]
     ops = list(op_types) if op_types is not None else (list(default_ops) if default_ops else None)
     groups = parse_keep_float(keep_float)
-    info = load_model_info(Path(model_path))
+    info = load_model_info(Path(model_path), imgsz)
     if info.precision == "int8":
         raise InvalidInputError(f"{info.path} is already quantized (int8); pass the float model")
     src = Path(model_path)
@@ -226,6 +265,8 @@ def quantize(
         raise InvalidInputError(f"output {out} would overwrite the input model; choose another -o")
     source = open_frames(calib, "calibration source")
     notes: List[str] = []
+    if info.imgsz_source == "default":
+        notes.append(imgsz_guess_warning(info))
     if holdout_source is not None:
         hsource = open_frames(holdout_source, "held-out source")
         cal_idx, _, note = split_indices(source.count, samples, 0)
@@ -241,13 +282,7 @@ def quantize(
         )
 
     import onnx
-    from onnxruntime.quantization import (
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quant_pre_process,
-        quantize_static,
-    )
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
     cal_method = {
         "minmax": CalibrationMethod.MinMax,
@@ -256,14 +291,21 @@ def quantize(
     }[method]
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgewise-quant-") as tmp:
+        float_in, per_channel, note = _float_for_qdq(info.path, Path(tmp), per_channel)
+        if note:
+            notes.append(note)
         pre = Path(tmp) / "preprocessed.onnx"
-        with _quiet_ort_info():
-            quant_pre_process(str(info.path), str(pre), skip_symbolic_shape=True)
+        with _quiet_ort_info(), _as_model_error(info.path, "ONNX Runtime's pre-processing"):
+            from onnxruntime.quantization import quant_pre_process
+
+            quant_pre_process(str(float_in), str(pre), skip_symbolic_shape=True)
         pre_model = onnx.load(str(pre))
         regions = graph_regions(pre_model)
         exclude: List[str] = list(regions["decode_tail"])
         for g in groups:
             exclude.extend(regions[g])
+        by_name = {n.name: n for n in pre_model.graph.node}
+        head_outputs = [by_name[name].output[0] for name in regions["detect_head"]]
         reader = CalibrationReader(
             source,
             cal_idx,
@@ -285,7 +327,11 @@ def quantize(
         reader.rewind()
         reader.frames_used = 0
         staged = Path(tmp) / "int8.onnx"
-        with _quiet_ort_info(), _explain_histogram_errors(method):
+        with _quiet_ort_info(), _as_model_error(
+            info.path, "ONNX Runtime's quantize_static"
+        ), _explain_histogram_errors(method):
+            from onnxruntime.quantization import quantize_static
+
             quantize_static(
                 str(pre),
                 str(staged),
@@ -307,12 +353,23 @@ def quantize(
             )
         calib_seconds = time.perf_counter() - t_cal
         del pre_model
+        if "detect_head" not in groups:
+            _clip_head_ranges(staged, head_outputs)
         quant_meta = {"method": method, "frames": reader.frames_used, "target": target}
-        _copy_metadata(info.path, staged, {"edgewise_quant": json.dumps(quant_meta)})
-        # Publish atomically: a failed or interrupted run leaves no half-written model.
+        extra = {"edgewise_quant": json.dumps(quant_meta)}
+        if info.imgsz_source == "override":  # calibrated at this size: say so in the file
+            extra["imgsz"] = str(list(info.imgsz))
+        _copy_metadata(info.path, staged, extra)
+        # Validate before publishing: a failed or interrupted run leaves no half-written
+        # or invalid model at ``out``.
+        _validate_staged(staged, info, probe)
         part = out.with_name(out.name + ".part")
-        shutil.copyfile(staged, part)
-        os.replace(part, out)
+        try:
+            shutil.copyfile(staged, part)
+            os.replace(part, out)
+        finally:
+            if part.exists():
+                part.unlink()
     if target == "cpu" and not reduce_range and cpu_lacks_vnni():
         notes.append(
             "this x86 CPU has no VNNI: ORT's U8S8 kernels may saturate here; "
@@ -333,14 +390,14 @@ def quantize(
         holdout_frames=0,
         kept_float=list(groups),
         calib_seconds=calib_seconds,
-        float_bytes=info.path.stat().st_size,
+        float_bytes=info.file_bytes,
         int8_bytes=out.stat().st_size,
         conf_thres=conf_thres,
         notes=notes,
     )
     if hold_idx:
-        report.agreement = check_agreement(
-            info.path, out, hsource, hold_idx, conf_thres, iou_thres, threads, progress
+        report.agreement, report.speed = check_agreement(
+            info.path, out, hsource, hold_idx, conf_thres, iou_thres, threads, progress, info.imgsz
         )
         report.holdout_frames = report.agreement.frames
         if report.agreement.ref_boxes < 10:
@@ -349,9 +406,125 @@ def quantize(
                 f"at conf {conf_thres:g}: the agreement figures say little (lower --conf or use other frames)"
             )
     else:
-        report.notes.append("no held-out frames: agreement not checked")
+        report.notes.append("no held-out frames: agreement and speed not checked")
     report.total_seconds = time.perf_counter() - t0
     return report
+
+
+#: per-channel QDQ puts ``axis`` on QuantizeLinear/DequantizeLinear: ONNX opset 13
+PER_CHANNEL_OPSET = 13
+
+
+def _clip_head_ranges(path: Path, head_outputs: Sequence[str]) -> None:
+    """Clip the calibrated 8-bit range of the Detect convolutions' outputs to
+    +-``HEAD_LOGIT_RANGE`` (never wider than calibrated), rewriting their Q/DQ scale and
+    zero point in place."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    inits = {t.name: t for t in model.graph.initializer}
+    lim = float(HEAD_LOGIT_RANGE)
+    for q in model.graph.node:
+        if q.op_type != "QuantizeLinear" or q.input[0] not in head_outputs:
+            continue
+        scale = float(numpy_helper.to_array(inits[q.input[1]]))
+        zp_arr = numpy_helper.to_array(inits[q.input[2]])
+        qmin, qmax = (0, 255) if zp_arr.dtype == np.uint8 else (-128, 127)
+        rmin, rmax = (qmin - int(zp_arr)) * scale, (qmax - int(zp_arr)) * scale
+        if zp_arr.dtype == np.uint8:  # asymmetric, as ORT computes it
+            lo, hi = max(rmin, -lim), min(rmax, lim)
+            new_scale = (hi - lo) / (qmax - qmin)
+            new_zp = int(np.clip(round(qmin - lo / new_scale), qmin, qmax))
+        else:  # symmetric int8 (TensorRT): zero point stays 0
+            new_scale = min(max(-rmin, rmax), lim) / qmax
+            new_zp = int(zp_arr)
+        if new_scale >= scale:  # already within the logit range
+            continue
+        inits[q.input[1]].CopyFrom(numpy_helper.from_array(np.array(new_scale, np.float32), q.input[1]))
+        inits[q.input[2]].CopyFrom(numpy_helper.from_array(np.array(new_zp, zp_arr.dtype), q.input[2]))
+    onnx.save(model, str(path))
+
+
+def _float_for_qdq(path: Path, tmp: Path, per_channel: bool) -> Tuple[Path, bool, str]:
+    """The float model to quantize, whether per-channel is possible, and a note.
+
+    ONNX Runtime's pre-processing wants one self-contained file: a model with external
+    data (torch's dynamo exporter writes ``<model>.data``) is saved inline into ``tmp``.
+    Per-channel weights need opset >= 13 (``axis`` on Q/DQ). An older model (YOLOv5
+    v7.0's ``export.py`` defaults to opset 12) is upgraded with ONNX's version converter;
+    if that fails, quantization falls back to per-tensor weights and the note says why.
+    """
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    try:
+        model = onnx.load(str(path))  # with external data
+    except Exception as e:
+        raise ModelError(f"{path}: cannot load the model with its weights: {_one_line(e)}") from None
+    bare = onnx.load(str(path), load_external_data=False)
+    external = any(uses_external_data(t) for t in bare.graph.initializer)
+    del bare
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 10:
+        raise ModelError(
+            f"{path}: opset {opset} predates QuantizeLinear (opset 10); re-export at opset 13 or newer"
+        )
+    note, rewrite = "", external
+    if per_channel and opset < PER_CHANNEL_OPSET:
+        from onnx import version_converter
+
+        try:
+            converted = version_converter.convert_version(model, PER_CHANNEL_OPSET)
+            onnx.checker.check_model(converted)
+        except Exception as e:
+            per_channel = False
+            note = (
+                f"opset {opset}: per-channel weights need opset {PER_CHANNEL_OPSET} and ONNX's "
+                f"version converter failed ({_one_line(e)}); quantized per-tensor instead"
+            )
+        else:
+            model, rewrite = converted, True
+            note = f"opset {opset} upgraded to {PER_CHANNEL_OPSET} (ONNX version converter) for per-channel weights"
+    if not rewrite:
+        return path, per_channel, note
+    self_contained = tmp / "float.onnx"
+    for t in model.graph.initializer:  # the tensors are in memory now: store them inline
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+    onnx.save(model, str(self_contained))
+    return self_contained, per_channel, note
+
+
+def _validate_staged(staged: Path, info: Any, batch: Any) -> None:
+    """Load the INT8 model with ONNX Runtime and run one calibration frame (a letterboxed
+    ``batch``, cut to the model's fixed batch or 1); ``ModelError`` if anything fails."""
+    import numpy as np
+
+    with _as_model_error(info.path, "the INT8 model's validation (ONNX Runtime load + one frame)"):
+        session = cpu_session(staged, 1)
+        raw = session.run(None, {info.input_name: batch[: max(1, info.fixed_batch)]})[0]
+        if raw.ndim != 3 or raw.shape[2] != 5 + info.nc or not np.isfinite(raw).all():
+            raise ValueError(f"output {raw.shape} is not [B, N, {5 + info.nc}] of finite numbers")
+
+
+def _one_line(e: BaseException) -> str:
+    """The error on one line; a long one keeps its start and its end (ONNX Runtime puts
+    the node dump first and the reason last)."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 300 else f"{text[:140]} ... {text[-155:]}"
+
+
+@contextlib.contextmanager
+def _as_model_error(path: Path, stage: str) -> Iterator[None]:
+    """Turn anything a third-party step raises into a one-line ``ModelError``."""
+    try:
+        yield
+    except EdgewiseError:
+        raise
+    except Exception as e:  # ONNX / ONNX Runtime raise many types, some not Exception subclasses we know
+        raise ModelError(f"{path}: {stage} failed: {type(e).__name__}: {_one_line(e)}") from None
 
 
 class _DropOrtInfo(logging.Filter):
@@ -386,18 +559,6 @@ def _explain_histogram_errors(method: str) -> Iterator[None]:
             f"{method} calibration failed: an activation's range is too narrow for its "
             f"histogram ({e}); this happens with untrained/collapsed weights; use --method minmax"
         ) from None
-
-
-def cpu_lacks_vnni() -> bool:
-    """True on an x86 Linux CPU whose flags show AVX2 but neither AVX512-VNNI nor AVX-VNNI."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(
-                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
-            )
-    except OSError:
-        return False
-    return "avx2" in flags and not {"avx512_vnni", "avx_vnni"} & set(flags)
 
 
 def _copy_metadata(src: Path, dst: Path, extra: Dict[str, str]) -> None:

@@ -188,6 +188,9 @@ class Detect(nn.Module):
     """YOLOv5 detection head (models/yolo.py Detect, non-inplace export path).
 
     ``anchors`` buffer is in grid units (pixels / stride), as Ultralytics stores it.
+    ``dynamic`` (upstream's ``Detect.dynamic``, set by ``export.py --dynamic``) builds the
+    grids from the feature-map shape on every call, so a traced export computes them in
+    the graph and takes any input size; otherwise they are cached per size.
     """
 
     def __init__(
@@ -205,21 +208,20 @@ class Detect(nn.Module):
         self.register_buffer("anchors", a / stride.view(-1, 1, 1))
         self.m = nn.ModuleList(nn.Conv2d(c, self.no * self.na, 1) for c in ch)
         self._grid: Dict[Tuple[int, int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
-        #: export with a symbolic input height/width: grids follow the traced feature-map
-        #: shape instead of being cached constants (Ultralytics' ``Detect.dynamic``)
         self.dynamic = False
 
-    def _make_grid(self, nx: int, ny: int, i: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        key = (i, ny, nx)
+    def _make_grid(self, nx: Any, ny: Any, i: int) -> Tuple[torch.Tensor, torch.Tensor]:
         anchors: torch.Tensor = self.anchors  # type: ignore[assignment]
         stride: torch.Tensor = self.stride  # type: ignore[assignment]
-        cached = None if self.dynamic else self._grid.get(key)
-        if (
-            cached is not None
-            and cached[0].device == anchors.device
-            and cached[0].dtype == anchors.dtype
-        ):
-            return cached
+        if not self.dynamic:
+            nx, ny = int(nx), int(ny)
+            cached = self._grid.get((i, ny, nx))
+            if (
+                cached is not None
+                and cached[0].device == anchors.device
+                and cached[0].dtype == anchors.dtype
+            ):
+                return cached
         d, t = anchors.device, anchors.dtype
         shape = (1, self.na, ny, nx, 2)
         y, x = torch.arange(ny, device=d, dtype=t), torch.arange(nx, device=d, dtype=t)
@@ -229,7 +231,7 @@ class Detect(nn.Module):
         )  # add grid offset, i.e. y = 2.0 * x - 0.5
         anchor_grid = (anchors[i] * stride[i]).view((1, self.na, 1, 1, 2)).expand(shape)
         if not self.dynamic:
-            self._grid[key] = (grid, anchor_grid)
+            self._grid[(i, ny, nx)] = (grid, anchor_grid)
         return grid, anchor_grid
 
     def forward(self, xs: List[torch.Tensor]) -> Union[List[torch.Tensor], torch.Tensor]:
@@ -242,9 +244,7 @@ class Detect(nn.Module):
             x = x.view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous()
             raw.append(x)
             if not self.training:
-                # int() would freeze a traced shape into a constant; keep it symbolic when dynamic
-                grid, anchor_grid = self._make_grid(nx, ny, i) if self.dynamic else self._make_grid(
-                    int(nx), int(ny), i)
+                grid, anchor_grid = self._make_grid(nx, ny, i)
                 xy, wh, conf = x.sigmoid().split((2, 2, self.nc + 1), 4)
                 xy = (xy * 2 + grid) * stride[i]
                 wh = (wh * 2) ** 2 * anchor_grid

@@ -10,9 +10,9 @@ load (fixed names in ``models/``):
   of 140, the same pixels the square training size saw, 40% less compute);
   ``edge-int8.onnx``: its static INT8 build (calibrated on training frames, agreement
   measured on validation frames, ``edgewise_tools.models.quantize``);
-* ``cloud.onnx``: ``RUN/cloud/best.pt`` exported with a symbolic height/width, so it runs
-  at each image's native size (the runtime's ``input: native``: a whole frame as
-  1280x736, a region at its own size);
+* ``cloud.onnx``: ``RUN/cloud/best.pt`` exported with a symbolic height/width and the
+  metadata ``edgewise_input: native``, so worker and evaluator run it at each image's
+  native size (input size ``auto``: a whole frame as 1280x736, a region at its own size);
 
 then scores all three (:func:`~edgewise_tools.train.reference.score_onnx`: mAP@0.5, P/R/F1
 at 0.25, and per object-size bucket) on the held-out ``camera`` test split (the headline)
@@ -31,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from edgewise.runtime.detector import NATIVE_KEY
 from edgewise_tools.train.reference import SIZE_BUCKETS, _cached_score
 
 #: run-folder layout of scripts/train_camera.sh
@@ -69,7 +70,7 @@ def export_pair(run: Path, models: Path, edge_shape: Tuple[int, int]) -> Dict[st
             export_onnx(model, dst, imgsz=edge_shape, names=names, arch=model.arch, extra_metadata=meta)
         else:
             export_onnx(model, dst, imgsz=int(summary.get("imgsz", 320)), names=names, arch=model.arch,
-                        extra_metadata=meta, dynamic_hw=True)
+                        extra_metadata={**meta, NATIVE_KEY: "native"}, dynamic_hw=True)
     return out
 
 

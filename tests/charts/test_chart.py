@@ -8,8 +8,6 @@ subset of their CRD schemas in ``CRD_SCHEMAS`` below.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, Dict, List
@@ -18,30 +16,10 @@ import jsonschema
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "edgewise"
+from tests.charts.helm import CHART, helm, render
+
 BAD = Path(__file__).parent / "bad-values"
 K8S_VERSIONS = ("1.29.0", "1.33.0")
-
-
-def helm() -> str:
-    for cand in (ROOT / ".cache" / "tools" / "helm", shutil.which("helm")):
-        if cand and os.path.exists(str(cand)):
-            return str(cand)
-    pytest.fail("helm is not installed: `make helm` puts it in .cache/tools")
-    raise AssertionError
-
-
-def render(*sets: str, values: Path | None = None) -> List[Dict[str, Any]]:
-    cmd = [helm(), "template", "rel", str(CHART), "--namespace", "ml"]
-    for s in sets:
-        cmd += ["--set", s]
-    if values:
-        cmd += ["-f", str(values)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
 
 MODES = {
     "default": (),

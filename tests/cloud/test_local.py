@@ -9,6 +9,7 @@ answer or a clear status inside its deadline.
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import cv2
 import grpc
 import numpy as np
 import pytest
+import yaml
 
 from cloud.local import LocalCloud, cli_command
 from edgewise.v1 import detect_pb2, service_pb2_grpc
@@ -194,10 +196,19 @@ def test_new_worker_ramps_under_slow_start(tiny_model):
 
 
 def test_cloud_up_cli_starts_and_stops_cleanly(tiny_model, tmp_path):
-    proc = subprocess.Popen(cli_command("cloud", "up", "--workers", "2", "--model", str(tiny_model),
-                                        "--port", "0"),
+    """Run from another directory than the repository with relative paths everywhere: the
+    model, the gateway config, the token file it names, and a worker config (issue 22)."""
+    (tmp_path / "models").mkdir()
+    shutil.copy(tiny_model, tmp_path / "models" / "m.onnx")
+    (tmp_path / "tokens.yaml").write_text(yaml.safe_dump(TOKENS))
+    (tmp_path / "gw.yaml").write_text(yaml.safe_dump({"auth": {"tokens_file": "tokens.yaml"}}))
+    # a worker config that cannot be found stops the worker: serving proves it was read
+    (tmp_path / "worker.yaml").write_text(yaml.safe_dump({"max_det": 50}))
+    proc = subprocess.Popen(cli_command("cloud", "up", "--workers", "2", "--model", "models/m.onnx",
+                                        "--port", "0", "--gateway-config", "gw.yaml",
+                                        "--worker-arg=--config", "--worker-arg=worker.yaml"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=str(Path(__file__).resolve().parents[2]))
+                            cwd=str(tmp_path))
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 90
@@ -213,7 +224,11 @@ def test_cloud_up_cli_starts_and_stops_cleanly(tiny_model, tmp_path):
                 address = m.group(1)
         assert address, "".join(lines[-30:])
         with grpc.insecure_channel(address) as ch:
-            resp = service_pb2_grpc.EscalationStub(ch).Detect(frame(0), timeout=10)
+            stub = service_pb2_grpc.EscalationStub(ch)
+            with pytest.raises(grpc.RpcError) as denied:  # the relative token file was read
+                stub.Detect(frame(0), timeout=10)
+            assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            resp = stub.Detect(frame(0), timeout=10, metadata=MD)
             assert resp.status == detect_pb2.OK
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
@@ -222,7 +237,7 @@ def test_cloud_up_cli_starts_and_stops_cleanly(tiny_model, tmp_path):
             proc.kill()
             proc.wait()
     # no worker or gateway left behind
-    out = subprocess.run(["pgrep", "-f", str(tiny_model)], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", "models/m.onnx"], capture_output=True, text=True)
     mine = [p for p in out.stdout.split() if p and int(p) != proc.pid]
     assert not [p for p in mine if _is_child_of_ours(p, proc.pid)]
 

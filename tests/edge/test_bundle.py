@@ -165,3 +165,26 @@ def test_cli(tmp_path, tiny_model) -> None:
                  "--model", str(tiny_model)]) == 0
     assert (tmp_path / "edgewise-edge_0.1.0_arm64.deb").exists()
     assert main(["edge", "bundle", "--jetpack", "6.0", "-o", str(tmp_path), "--model", str(tiny_model)]) == 2
+
+
+def test_cli_from_another_directory_with_relative_paths(tmp_path, tiny_model, monkeypatch) -> None:
+    """Every path on the command line is the caller's (issue 22); a model whose weights are
+    in an external ``.data`` file (torch's dynamo exporter) ships with that file."""
+    import onnx
+
+    from edgewise.cli import main
+
+    (tmp_path / "cfg").mkdir()
+    model = onnx.load(str(tiny_model))
+    onnx.save_model(model, str(tmp_path / "cfg" / "mine.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="mine.onnx.data", size_threshold=0)
+    shutil.copy(ROOT / "deploy/jetson/edge.yaml", tmp_path / "cfg" / "edge.yaml")
+    shutil.copy(ROOT / "examples/policy.yaml", tmp_path / "cfg" / "policy.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert main(["edge", "bundle", "-o", "dist", "--model", "cfg/mine.onnx", "--edge-config", "cfg/edge.yaml",
+                 "--policy", "cfg/policy.yaml"]) == 0
+    deb = tmp_path / "dist" / "edgewise-edge_0.1.0_arm64.deb"
+    contents = subprocess.run([_need("dpkg-deb"), "--contents", str(deb)], capture_output=True, text=True,
+                              check=True).stdout
+    assert "./usr/share/edgewise-edge/models/edge.onnx" in contents
+    assert "./usr/share/edgewise-edge/models/mine.onnx.data" in contents

@@ -68,6 +68,7 @@ def test_layering_file_env_flags(tmp_path):
                                           reason="edgewise.synth checks difficulties")),
     ("- a\n- b\n", "top level must be a mapping"),
     ("streams: [{id: s\n", "not valid YAML"),
+    ("streams: [{id: s, kind: synthetic}]\nmodel: {imgsz: -1}\n", "model.imgsz: -1 is out of range"),
 ])
 def test_invalid_settings_name_file_and_key(tmp_path, text, needle):
     path = write(tmp_path, text)

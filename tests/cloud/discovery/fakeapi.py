@@ -13,13 +13,15 @@ API server does:
 * ``GET /api/v1/namespaces/{ns}/pods/{name}`` → the pod (annotations) or 404.
 
 Tests mutate slices and pods; every request is recorded; ``fail_next`` makes the
-next list calls answer 500.
+next list calls answer 500. With ``ssl_context`` it serves HTTPS, as a real API server
+does for in-cluster clients (``host`` is then the address pods reach it on).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import ssl
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -51,7 +53,8 @@ def endpoint(ip, pod, *, ready=True, serving=None, terminating=None, uid=None):
 
 
 class FakeKubeAPI:
-    def __init__(self, namespace="ns", service="edgewise-worker"):
+    def __init__(self, namespace="ns", service="edgewise-worker", host="127.0.0.1",
+                 ssl_context: ssl.SSLContext | None = None):
         self.namespace, self.service = namespace, service
         self.rv = 100
         self.compacted = 0
@@ -141,8 +144,11 @@ class FakeKubeAPI:
                         pass
                     self.close_connection = True
 
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = _Server((host, 0), Handler)
+        if ssl_context is not None:
+            self.server.socket = ssl_context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.url = f"{'https' if ssl_context else 'http'}://{host}:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     # ---- mutations (as the EndpointSlice controller / kubelet would make them) ----

@@ -42,6 +42,7 @@ def test_layers_defaults_file_env_flags(tmp_path):
         ("model: a.onnx\nbatching:\n  preferred_batch_sizes: [4, x]\n",
          r":3: batching.preferred_batch_sizes\[1\]: 'x' is not an integer"),
         ("model: a.onnx\nport: 70000\n", r":2: port: 70000 is out of range; allowed: an integer in \[0, 65535\]"),
+        ("model: a.onnx\nimgsz: -32\n", r":2: imgsz: -32 is out of range"),
         ("model: a.onnx\nbatching:\n  max_batch_size: 2\n  preferred_batch_sizes: [4]\n",
          ":2: batching: preferred batch size 4"),
         ("port: 1\n", "model: a YOLOv5 ONNX file is required"),
@@ -74,7 +75,7 @@ def test_cli_flags_map_onto_settings_and_absent_flags_do_not_override(tmp_path, 
     cfg = write(tmp_path, "model: from-file.onnx\nthreads: 3\nbatching:\n  max_queue_size: 9\n")
     args = build_parser().parse_args(
         ["cloud", "worker", "--config", str(cfg), "--port", "0", "--max-batch", "8", "--max-delay-ms", "5",
-         "--preferred-batch", "4,8", "--queue-size", "64", "--metrics-port", "0"])
+         "--preferred-batch", "4,8", "--queue-size", "64", "--metrics-port", "0", "--imgsz", "480"])
     seen = {}
 
     async def fake_serve(settings):  # stands in for the server: only the parsing is under test
@@ -86,6 +87,7 @@ def test_cli_flags_map_onto_settings_and_absent_flags_do_not_override(tmp_path, 
     assert args.func is cli.handle and args.func(args) == 0
     s: WorkerSettings = seen["s"]
     assert s.model == "from-file.onnx" and s.threads == 3 and s.port == 0 and s.metrics_port == 0
+    assert s.imgsz == 480
     assert s.batching.max_batch_size == 8 and s.batching.preferred_batch_sizes == (4, 8)
     assert s.batching.max_queue_size == 64 and s.batching.max_queue_delay_ms == 5.0
     args = build_parser().parse_args(["cloud", "worker", "--model", "m.onnx", "--preferred-batch", "4,x"])

@@ -161,3 +161,19 @@ def test_native_input_runs_each_image_at_its_own_scale(native_model: Path, tiny_
         Detector.from_file(native_model, backend="tensorrt", input_size="native")
     with pytest.raises(ConfigError, match="input size 'huge'"):
         Detector.from_file(native_model, input_size="huge")
+
+
+def test_auto_input_size_is_native_only_for_a_model_that_asks(native_model: Path, tmp_path: Path) -> None:
+    import onnx
+
+    with Detector.from_file(native_model, threads=1, input_size="auto") as d:
+        assert d.input_size == "native"
+    proto = onnx.load(str(native_model))
+    keep = [(m.key, m.value) for m in proto.metadata_props if m.key not in ("edgewise_input", "imgsz")]
+    del proto.metadata_props[:]  # like an upstream `export.py --dynamic` file: letterboxed to a size
+    for k, v in keep:
+        prop = proto.metadata_props.add()
+        prop.key, prop.value = k, v
+    onnx.save(proto, str(tmp_path / "upstream.onnx"))
+    with Detector.from_file(tmp_path / "upstream.onnx", threads=1, input_size="auto", imgsz=160) as d:
+        assert d.input_size == "model" and d.preprocess([np.zeros((90, 160, 3), np.uint8)])[0].shape[2:] == (160, 160)

@@ -123,3 +123,32 @@ def test_native_shape_pads_to_the_stride_and_caps_the_long_side() -> None:
     assert native_shape((10, 50)) == (32, 64)
     assert native_shape((720, 1280), max_side=640) == (384, 640)
     assert native_shape((720, 1280), max_side=4000) == (736, 1280)  # never scaled up
+
+
+def _upstream_detect_scale_boxes(img1_shape, boxes, img0_shape):
+    """YOLOv5 v7.0 utils/general.py::scale_boxes with ratio_pad=None (how detect.py calls it)."""
+    gain = min(img1_shape[0] / img0_shape[0], img1_shape[1] / img0_shape[1])
+    pad = (img1_shape[1] - img0_shape[1] * gain) / 2, (img1_shape[0] - img0_shape[0] * gain) / 2
+    boxes[:, [0, 2]] -= pad[0]
+    boxes[:, [1, 3]] -= pad[1]
+    boxes[:, :4] /= gain
+    boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, img0_shape[1])
+    boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, img0_shape[0])
+    return boxes
+
+
+@pytest.mark.parametrize("src", [(576, 768), (1080, 1920), (480, 640), (333, 517), (719, 1281), (1000, 37)])
+@pytest.mark.parametrize("size", [640, (384, 640), 288])
+def test_scale_boxes_reproduces_detect_py_exactly(src, size):
+    """Decision (docs/models.md): boxes equal detect.py's, not the letterbox's integer-pad
+    mapping, so users comparing against upstream see no sub-pixel offset."""
+    _, out_hw, _, meta = letterbox_shape(src, size, auto=False)
+    rng = np.random.default_rng(0)
+    xy = rng.uniform(0, min(out_hw) - 40, (200, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(1, 40, (200, 2))], 1)
+    ours = scale_boxes(boxes.astype(np.float64), meta)
+    theirs = _upstream_detect_scale_boxes(out_hw, boxes.copy(), src)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-9)
+    # the letterbox's own padding (val.py's ratio_pad) is what it was: half the rounded border
+    (rx, _), (dw, _) = meta.ratio, meta.pad
+    assert dw == (out_hw[1] - round(src[1] * rx)) / 2

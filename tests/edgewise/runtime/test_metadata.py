@@ -11,7 +11,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from edgewise.errors import ModelError
-from edgewise.runtime.metadata import load_model_info, names_to_metadata, parse_names
+from edgewise.runtime.metadata import (
+    imgsz_guess_warning,
+    load_model_info,
+    names_to_metadata,
+    parse_names,
+)
 from tests.edgewise.runtime.graphs import fake_yolo, names_meta
 
 
@@ -124,3 +129,55 @@ def test_fixed_batch_and_float16(tmp_path: Path):
             t.CopyFrom(onnx.numpy_helper.from_array(arr, t.name))
     onnx.save(m, str(tmp_path / "h.onnx"))
     assert load_model_info(tmp_path / "h.onnx").precision == "float16"
+
+
+def _dynamic_hw(path: Path, metadata=None) -> Path:
+    """A fake detector whose input height/width are symbolic, as ``export.py --dynamic`` writes."""
+    fake_yolo(path, metadata=metadata)
+    m = onnx.load(str(path))
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    for d, name in zip(list(dims)[2:], ("height", "width")):
+        d.ClearField("dim_value")
+        d.dim_param = name
+    onnx.save(m, str(path))
+    return path
+
+
+def test_input_size_precedence(tmp_path: Path):
+    fixed = fake_yolo(tmp_path / "fixed.onnx")
+    assert load_model_info(fixed).imgsz_source == "graph"
+    assert load_model_info(fixed, 32).imgsz == (32, 32)
+    with pytest.raises(ModelError, match=r"imgsz 64x64 was asked for but the model's input is fixed at 32x32"):
+        load_model_info(fixed, 64)
+    bare = _dynamic_hw(tmp_path / "bare.onnx", {"names": "{0: 'a', 1: 'b'}", "stride": "32"})
+    guess = load_model_info(bare)
+    assert guess.dynamic_hw and guess.imgsz == (640, 640) and guess.imgsz_source == "default"
+    assert "does not state its input size" in imgsz_guess_warning(guess)
+    given = load_model_info(bare, "480,640")
+    assert given.imgsz == (480, 640) and given.imgsz_source == "override"
+    stated = _dynamic_hw(tmp_path / "stated.onnx", names_meta(["a", "b"], imgsz=96))
+    assert load_model_info(stated).imgsz == (96, 96)
+    assert load_model_info(stated).imgsz_source == "onnx-metadata"
+    assert load_model_info(stated, 128).imgsz == (128, 128)  # the caller knows best
+    with pytest.raises(ModelError, match=r"imgsz \(100, 100\) is not a multiple of the stride 32"):
+        load_model_info(bare, 100)
+    with pytest.raises(ModelError, match="imgsz must be an int or"):
+        load_model_info(bare, "big")
+
+
+def test_external_data_is_hashed_and_required(tmp_path: Path):
+    fake_yolo(tmp_path / "inline.onnx")
+    m = onnx.load(str(tmp_path / "inline.onnx"))
+    onnx.save_model(m, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data",
+                    size_threshold=0)
+    info = load_model_info(tmp_path / "ext.onnx")
+    data = tmp_path / "ext.onnx.data"
+    assert info.external_data == (data,)
+    assert info.file_bytes == (tmp_path / "ext.onnx").stat().st_size + data.stat().st_size
+    blob = bytearray(data.read_bytes())
+    blob[0] ^= 1
+    data.write_bytes(bytes(blob))
+    assert load_model_info(tmp_path / "ext.onnx").sha256 != info.sha256  # new weights, new engine cache key
+    data.unlink()
+    with pytest.raises(ModelError, match=r"ext.onnx.data, which cannot be read .* keep the external data file"):
+        load_model_info(tmp_path / "ext.onnx")

@@ -126,3 +126,30 @@ def test_engine_needs_tensorrt(tiny_model, capsys):
         )
     assert main(["model", "engine", str(tiny_model), "--precision", "fp16"]) == 2
     assert "needs a JetPack/TensorRT machine" in capsys.readouterr().err
+
+
+def test_info_says_when_the_graph_is_broken(tiny_model, tmp_path, capsys):
+    """A valid YOLOv5 header around a graph no runtime accepts (per-channel Q/DQ in an
+    opset-12 model, what quantizing a v7.0 export used to leave behind): exit status 1."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    m = onnx.load(str(tiny_model))
+    del m.opset_import[:]
+    m.opset_import.append(helper.make_opsetid("", 12))
+    conv = next(n for n in m.graph.node if n.op_type == "Conv")
+    w = next(t for t in m.graph.initializer if t.name == conv.input[1])
+    m.graph.initializer.extend([numpy_helper.from_array(numpy_helper.to_array(w).astype("int8"), "wq"),
+                                numpy_helper.from_array(numpy_helper.to_array(w)[:, 0, 0, 0] * 0 + 0.1, "ws")])
+    m.graph.node.insert(0, helper.make_node("DequantizeLinear", ["wq", "ws"], ["wdq"], axis=0))
+    conv.input[1] = "wdq"
+    bad = tmp_path / "broken-int8.onnx"
+    onnx.save(m, str(bad))
+    assert main(["model", "info", str(bad)]) == 1
+    out, err = capsys.readouterr()
+    assert "graph      BROKEN: ONNX checker: Unrecognized attribute: axis for operator DequantizeLinear" in out
+    assert "precision  int8" in out
+    assert f"{bad}: the graph is broken" in err
+    assert main(["model", "info", str(tiny_model), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["graph_error"] is None and d["imgsz_source"] == "graph" and d["warnings"] == []

@@ -16,7 +16,12 @@ from edgewise_tools.models.agreement import compare
 from edgewise_tools.models.calibration import open_frames, split_indices
 from edgewise_tools.models.heldout import cpu_session, detect_frames
 from edgewise_tools.models.info import describe
-from edgewise_tools.models.quantize import graph_regions, parse_keep_float, quantize
+from edgewise_tools.models.quantize import (
+    HEAD_LOGIT_RANGE,
+    graph_regions,
+    parse_keep_float,
+    quantize,
+)
 
 DATA = Path("/usr/share/doc/opencv-doc/examples/data")
 ROOT = Path(__file__).resolve().parents[3]
@@ -61,25 +66,49 @@ def test_output_is_int8_and_keeps_metadata(quantized, tiny_model):
     d = describe(report.out_path)
     assert d["precision"] == "int8"
     assert d["params"] == describe(tiny_model)["params"]
-    # first conv and the 3 Detect convs stay float by default; the other 56 run in INT8
-    assert (d["int8_conv_nodes"], d["conv_nodes"]) == (56, 60)
+    # every convolution runs in INT8 by default (only the decode tail stays float)
+    assert (d["int8_conv_nodes"], d["conv_nodes"]) == (60, 60)
     assert report.int8_bytes < report.float_bytes / 2
 
 
-def test_default_keeps_first_conv_and_head_float(quantized):
+def _qdq_layout(model):
+    dq_out = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return dq_out, {n.name: n for n in model.graph.node}
+
+
+def test_default_quantizes_all_but_the_decode_tail(quantized):
+    """The measured default (MODEL_CARD.md, "INT8 layout"): first conv and Detect convs in
+    INT8 too, the head's outputs over the fixed logit range, the decode tail float."""
+    from onnx import numpy_helper
+
     report, _ = quantized
+    assert report.kept_float == []
+    model = onnx.load(str(report.out_path))
+    regions = graph_regions(onnx.load(str(report.model_path)))  # of the float graph
+    dq_out, by_name = _qdq_layout(model)
+    for name in regions["first_conv"] + regions["detect_head"]:
+        assert by_name[name].input[1] in dq_out, name
+    assert len(regions["detect_head"]) == 3
+    tail_out = {o for name in regions["decode_tail"] if name in by_name for o in by_name[name].output}
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] in tail_out for n in model.graph.node)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for name in regions["detect_head"]:  # within the sigmoid's working range, never coarser
+        q = next(n for n in model.graph.node
+                 if n.op_type == "QuantizeLinear" and n.input[0] == by_name[name].output[0])
+        scale, zp = float(inits[q.input[1]]), int(inits[q.input[2]])
+        assert -zp * scale >= -HEAD_LOGIT_RANGE - scale and (255 - zp) * scale <= HEAD_LOGIT_RANGE + scale
+
+
+def test_keep_float_first_conv_and_head(tiny_model, photos, tmp_path):
+    report = quantize(tiny_model, photos, samples=2, holdout=0, out_path=tmp_path / "q.onnx",
+                      keep_float="first_conv,head")
+    assert report.kept_float == ["first_conv", "detect_head"]
     model = onnx.load(str(report.out_path))
     regions = graph_regions(model)
-    dq_out = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
-    by_name = {n.name: n for n in model.graph.node}
+    dq_out, by_name = _qdq_layout(model)
     for name in regions["first_conv"] + regions["detect_head"]:
         assert by_name[name].input[1] not in dq_out, name
-    assert len(regions["detect_head"]) == 3
-    assert not any(
-        n.op_type in ("QuantizeLinear", "DequantizeLinear")
-        for n in model.graph.node
-        if n.name in regions["decode_tail"]
-    )
+    assert describe(report.out_path)["int8_conv_nodes"] == 56
 
 
 def test_agreement_is_computed_from_real_inference(quantized, photos, tiny_model):
@@ -257,7 +286,7 @@ def test_int8_layers_track_float_on_held_out_photos(quantized, photos, tiny_mode
     report, _ = quantized
     model = onnx.load(str(report.out_path))
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    act = "/model.0/act/Mul_output_0"  # output of the float stem, input of the first INT8 conv
+    act = "/model.0/act/Mul_output_0"  # output of the stem, input of the second conv
     q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == act)
     scale, zp = float(inits[q.input[1]]), int(inits[q.input[2]])
     src = open_frames(photos)
@@ -376,3 +405,83 @@ def test_histogram_failure_is_explained():
     with pytest.raises(ValueError, match="unrelated"):
         with _explain_histogram_errors("percentile"):
             raise ValueError("unrelated")
+
+
+def test_summary_reports_speed_and_cpu(quantized):
+    report, _ = quantized
+    from edgewise_tools.models.heldout import cpu_int8_support
+
+    assert report.speed is not None and report.speed.frames == HOLDOUT - 1  # first frame is warm-up
+    assert report.speed.float_ms > 0 and report.speed.int8_ms > 0 and report.speed.speedup > 0
+    assert f"on this CPU ({cpu_int8_support()})" in report.summary()
+    assert report.as_dict()["speed"]["cpu"] == cpu_int8_support()
+
+
+@pytest.fixture(scope="module")
+def op12_model() -> Path:
+    """The tiny model exported at opset 12, YOLOv5 v7.0 export.py's default."""
+    from edgewise_tools.models import build_onnx
+    from tests.conftest import DIGIT_NAMES, MODEL_CACHE
+
+    path = MODEL_CACHE / "yolov5n-160-10-opset12.onnx"
+    if not path.exists():
+        build_onnx("yolov5n", imgsz=160, nc=10, path=path, names=DIGIT_NAMES, opset=12)
+    return path
+
+
+def test_invalid_int8_is_never_published(op12_model, photos, tmp_path, monkeypatch):
+    """Per-channel Q/DQ in an opset-12 graph (the issue's failure): validation stops it
+    before anything reaches -o, and the error is one ModelError line."""
+    import edgewise_tools.models.quantize as q
+
+    src = op12_model
+    monkeypatch.setattr(q, "_float_for_qdq", lambda path, tmp, per_channel: (path, per_channel, ""))
+    out = tmp_path / "out" / "int8.onnx"
+    with pytest.raises(ModelError) as err:
+        quantize(src, photos, samples=2, out_path=out, holdout=0)
+    msg = str(err.value)
+    assert "validation" in msg and "axis" in msg and "\n" not in msg
+    assert not out.exists() and not list(out.parent.glob("*"))
+
+
+def test_opset12_is_upgraded_for_per_channel(op12_model, photos, tmp_path):
+    report = quantize(op12_model, photos, samples=2, out_path=tmp_path / "q.onnx", holdout=0)
+    assert report.per_channel and any("opset 12 upgraded to 13" in n for n in report.notes)
+    assert onnx.load(str(report.out_path)).opset_import[0].version >= 13
+    assert load_model_info(report.out_path).precision == "int8"
+
+
+def test_per_tensor_fallback_when_the_converter_fails(op12_model, photos, tmp_path, monkeypatch):
+    from onnx import version_converter
+
+    def refuse(model, target):
+        raise RuntimeError("No adapter for Foo")
+
+    monkeypatch.setattr(version_converter, "convert_version", refuse)
+    report = quantize(op12_model, photos, samples=2, out_path=tmp_path / "q.onnx", holdout=0)
+    assert not report.per_channel
+    assert any("quantized per-tensor instead" in n and "No adapter for Foo" in n for n in report.notes)
+    d = describe(report.out_path)
+    assert d["graph_error"] is None and d["opset"] == 12
+
+
+def d_int8_convs(path: Path) -> int:
+    return int(describe(path)["int8_conv_nodes"])
+
+
+def test_keep_float_silu_leaves_sigmoid_mul_pairs_float(tiny_model, photos, tmp_path):
+    report = quantize(tiny_model, photos, samples=2, out_path=tmp_path / "q.onnx", holdout=0,
+                      keep_float="silu")
+    model = onnx.load(str(report.out_path))
+    regions = graph_regions(onnx.load(str(tiny_model)))
+    assert len(regions["silu"]) == 2 * 57  # one Sigmoid/Mul pair per convolution outside the head
+    dq_out = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    q_in = {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    by_name = {n.name: n for n in model.graph.node}
+    for name in regions["silu"]:
+        n = by_name[name]
+        if n.op_type == "Sigmoid":  # float: its output goes straight to the Mul, not to a Q
+            assert n.output[0] not in q_in
+        else:  # float Mul: the sigmoid input is float, not a DequantizeLinear output
+            assert set(n.input) - dq_out
+    assert d_int8_convs(report.out_path) == 60  # only "silu" kept float: every conv is INT8
