@@ -44,7 +44,7 @@ def _built_model(arch: str, imgsz: int, nc: int, dynamic_hw: bool = False) -> Pa
 
             proto = onnx.load(str(tmp))
             prop = proto.metadata_props.add()
-            prop.key, prop.value = "edgewise_input", "native"
+            prop.key, prop.value = "input_size", "native"
             onnx.save(proto, str(tmp))
         tmp.replace(path)
     return path
@@ -64,7 +64,7 @@ def small_model() -> Path:
 
 @pytest.fixture(scope="session")
 def native_model() -> Path:
-    """YOLOv5n trained-size 160 with a symbolic height/width and ``edgewise_input: native``."""
+    """YOLOv5n trained-size 160 with a symbolic height/width and ``input_size: native``."""
     return _built_model("yolov5n", 160, 10, dynamic_hw=True)
 
 

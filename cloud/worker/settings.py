@@ -63,7 +63,7 @@ class WorkerSettings:
         "Input size of the model: `model` letterboxes every image to the model's size; `native` runs each "
         "image at its own scale (rounded up to the stride, never enlarged), which a model trained on "
         "full-resolution crops needs to see whole frames and region payloads; `auto` is `native` for a model "
-        "that asks for it (symbolic height/width and the metadata `edgewise_input: native`, like the camera "
+        "that asks for it (symbolic height/width and the metadata `input_size: native`, like the camera "
         "pair's cloud model), else `model`.", "auto", choices=("auto", "model", "native"))
     native_max_side: int = setting(
         "With native input: an image whose longer side exceeds this is scaled down to it first (0 = never), "

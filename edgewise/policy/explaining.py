@@ -34,6 +34,10 @@ def warnings(policy: Policy) -> List[str]:
         if merge and merge != s.merge.strategy:
             out.append(f"the gain model was fitted for merge.strategy {merge}, this policy merges with "
                        f"{s.merge.strategy}: its ranking assumed the other merge")
+        sent = policy.learned.info.get("payload")
+        if sent and sent != s.payload.mode:
+            out.append(f"the gain model was fitted for payload.mode {sent}, this policy sends {s.payload.mode}: "
+                       "its ranking assumed what the other payload lets the cloud see")
     else:  # the weighted signals decide
         if all(w == 0 for w in s.signals.weights.values()):
             out.append("no signal has a positive weight")

@@ -7,7 +7,7 @@ to source pixels). ``detect`` chains them.
 
 Input size: ``model`` (default) letterboxes every image to the model's ``imgsz``;
 ``auto`` is ``native`` for a model that asks for it (symbolic height/width and the
-metadata ``edgewise_input: native``, as ``python -m edgewise_tools.train.camera`` exports
+metadata ``input_size: native``, as ``python -m edgewise_tools.train.camera`` exports
 the camera pair's cloud model), else ``model``; ``native`` runs each image at its own scale (its size rounded up to the stride,
 padded, never scaled up; scaled down only beyond ``max_side``), which needs a model
 exported with a symbolic height/width. A model trained on full-resolution crops thus
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
 INPUT_SIZES = ("model", "native", "auto")
 #: metadata key by which a model asks to run at each image's native size (``auto``)
-NATIVE_KEY = "edgewise_input"
+NATIVE_KEY = "input_size"
 
 
 def validate_images(images: Sequence[Any]) -> None:
@@ -189,7 +189,7 @@ class Detector:
 
 def auto_input_size(info: ModelInfo) -> str:
     """``native`` for a model that asks for it (symbolic height/width and the metadata
-    ``edgewise_input: native``), else ``model``."""
+    ``input_size: native``), else ``model``."""
     return "native" if info.dynamic_hw and info.metadata.get(NATIVE_KEY) == "native" else "model"
 
 

@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="payload mode the policies are compared in (default: the policy file's)")
     p.add_argument("--cloud-input", choices=INPUT_SIZES, default="auto",
                    help="cloud model input size: auto = native for a model that asks for it (metadata "
-                        "edgewise_input: native, as the camera pair's cloud model)")
+                        "input_size: native, as the camera pair's cloud model)")
     p.add_argument("--samples", type=int, default=1000, help="bootstrap samples (streams resampled) per interval")
     p.add_argument("--target-rate", type=float, default=0.15, help="most frames escalated (0.15)")
     p.add_argument("--target-fraction", type=float, default=0.95, help="least share of cloud-only F1 kept (0.95)")

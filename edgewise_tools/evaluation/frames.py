@@ -52,7 +52,8 @@ class FrameRecord:
     """One frame: ground truth, both models' outputs, the edge signals and payload size.
 
     ``cloud``/``cloud_all``/``jpeg_bytes`` are the whole frame at full resolution (payload
-    mode ``full``); ``modes`` holds the other payload modes that were evaluated."""
+    mode ``full``; empty when ``full`` was not among the collected modes, ``has_full``
+    False); ``modes`` holds the other payload modes that were evaluated."""
 
     stream: int
     frame: int
@@ -68,12 +69,17 @@ class FrameRecord:
     signals: Dict[str, float] = field(default_factory=dict)
     modes: Dict[str, ModeResult] = field(default_factory=dict)
     cloud_ms: float = 0.0      # the cloud model's time on the full frame
+    has_full: bool = True      # the cloud ran on the whole frame (``cloud``, ``cloud_all``)
 
     def sent(self, mode: str = "full") -> ModeResult:
         """What escalating this frame in ``mode`` gives (``full`` when that mode was not run)."""
         got = self.modes.get(mode)
-        return got if got is not None else ModeResult(self.cloud, self.cloud_all, self.jpeg_bytes, None,
-                                                      self.cloud_ms)
+        if got is not None:
+            return got
+        if not self.has_full:
+            raise ValueError(f"frame s{self.stream} f{self.frame}: neither payload {mode!r} nor the whole frame "
+                             "was sent to the cloud model when it was collected")
+        return ModeResult(self.cloud, self.cloud_all, self.jpeg_bytes, None, self.cloud_ms)
 
 
 def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
@@ -145,7 +151,9 @@ def collect(
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> List[FrameRecord]:
     """Run the edge model, the edge's signals (motion included) and, per payload mode, the
-    cloud model over ``data``, frame by frame in stream order."""
+    cloud model over ``data``, frame by frame in stream order. Without ``full`` among
+    ``modes`` the cloud does not see whole frames (it is the slowest payload at camera
+    resolution) and the records' ``cloud`` is empty."""
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise InvalidInputError(f"payload modes {bad}: use {', '.join(MODES)}")
@@ -168,18 +176,26 @@ def collect(
         cfg = policy.signal_config(f"s{stream}", (w, h))
         signals, trackers[stream] = compute_signals(e_op, trackers.get(stream), cfg, (w, h), mot.signals)
         full, full_bytes = _roundtrip(img, pl.jpeg_quality)
-        c_op, c_all, c_ms = _run(cloud, full, low_c)
+        if "full" in modes:
+            c_op, c_all, c_ms = _run(cloud, full, low_c)
+        else:
+            c_op = c_all = Detections.empty(cloud.names, "cloud")
+            c_ms = 0.0
         rec = FrameRecord(
             stream=stream, frame=fno, width=w, height=h, gt_boxes=gt_boxes, gt_cls=gt_cls,
             edge=e_op, cloud=c_op, edge_all=e_all, cloud_all=c_all, jpeg_bytes=full_bytes, signals=signals,
-            cloud_ms=c_ms,
+            cloud_ms=c_ms, has_full="full" in modes,
         )
         for mode in modes:
             if mode == "full":
                 continue
             plan = pl.plan(img, e_op, mot.blobs, (cfg.band_low, cfg.band_high), mode)
             if plan.image is img:  # this mode sends the whole frame here
-                rec.modes[mode] = rec.sent("full")
+                if not rec.has_full:
+                    c_op, c_all, c_ms = _run(cloud, full, low_c)
+                    rec.modes[mode] = ModeResult(c_op, c_all, full_bytes, None, c_ms)
+                else:
+                    rec.modes[mode] = rec.sent("full")
                 continue
             sent, nbytes = _roundtrip(plan.image, pl.jpeg_quality)
             m_op, m_all, m_ms = _run(cloud, sent, low_c)

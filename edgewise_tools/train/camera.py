@@ -11,7 +11,7 @@ load (fixed names in ``models/``):
   ``edge-int8.onnx``: its static INT8 build (calibrated on training frames, agreement
   measured on validation frames, ``edgewise_tools.models.quantize``);
 * ``cloud.onnx``: ``RUN/cloud/best.pt`` exported with a symbolic height/width and the
-  metadata ``edgewise_input: native``, so worker and evaluator run it at each image's
+  metadata ``input_size: native``, so worker and evaluator run it at each image's
   native size (input size ``auto``: a whole frame as 1280x736, a region at its own size);
 
 then scores all three (:func:`~edgewise_tools.train.reference.score_onnx`: mAP@0.5, P/R/F1

@@ -128,3 +128,15 @@ def test_policy_with_a_bad_model_is_refused_and_reload_keeps_the_old(model, tmp_
     path.write_text(POLICY % "broken.json")
     res = holder.reload(path)
     assert not res.ok and "broken.json" in (res.error or "") and holder.policy.learned is not None
+
+
+def test_explain_warns_when_the_payload_differs_from_the_models(model, tmp_path) -> None:
+    from edgewise.hardness.learned import GainModel as GM
+
+    fitted = GM(model.trees, model.quantiles, dict(model.info, payload="regions"))
+    fitted.save(tmp_path / "gain-model.json")
+    (tmp_path / "policy.yaml").write_text(POLICY % "gain-model.json")
+    text = explain(load_policy(tmp_path / "policy.yaml"))
+    assert "fitted for payload.mode regions, this policy sends full" in text
+    (tmp_path / "policy.yaml").write_text((POLICY % "gain-model.json") + "  payload: {mode: regions}\n")
+    assert "payload.mode" not in explain(load_policy(tmp_path / "policy.yaml"))

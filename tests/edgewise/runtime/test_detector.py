@@ -169,7 +169,7 @@ def test_auto_input_size_is_native_only_for_a_model_that_asks(native_model: Path
     with Detector.from_file(native_model, threads=1, input_size="auto") as d:
         assert d.input_size == "native"
     proto = onnx.load(str(native_model))
-    keep = [(m.key, m.value) for m in proto.metadata_props if m.key not in ("edgewise_input", "imgsz")]
+    keep = [(m.key, m.value) for m in proto.metadata_props if m.key not in ("input_size", "imgsz")]
     del proto.metadata_props[:]  # like an upstream `export.py --dynamic` file: letterboxed to a size
     for k, v in keep:
         prop = proto.metadata_props.add()

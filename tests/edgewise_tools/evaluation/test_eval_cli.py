@@ -46,7 +46,7 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     assert "Policies at equal escalation rates" in md and "Payload modes" in md and "Produced by edgewise" in md
     # every payload mode measured from real encodes; a downscaled frame costs fewer bytes than a whole one
     pay = result["payloads"]
-    assert set(pay) == {"full", "downscaled", "regions", "low+regions"} and result["payload"] == "full"
+    assert set(pay) == {"full", "downscaled", "regions", "low+regions"} and result["payload"] == "regions"
     assert 0 < pay["downscaled"]["cloud_only"]["bytes_per_escalation"] < pay["full"]["cloud_only"]["bytes_per_escalation"]
     assert pay["full"]["cloud_only"]["f1"] == result["baselines"]["cloud_only"]["f1"]
     # intervals by resampling the 2 streams; our declared policy against each baseline

@@ -59,7 +59,7 @@ def test_dynamic_hw_export_runs_any_multiple_of_the_stride(native_model):
     from edgewise_tools.models.yolov5 import build_model
 
     info = load_model_info(native_model)
-    assert info.dynamic_hw and info.imgsz == (160, 160) and info.metadata["edgewise_input"] == "native"
+    assert info.dynamic_hw and info.imgsz == (160, 160) and info.metadata["input_size"] == "native"
     sess = ort.InferenceSession(str(native_model), providers=["CPUExecutionProvider"])
     model = build_model("yolov5n", nc=10, seed=0).eval()
     for h, w in ((64, 64), (96, 224), (160, 160)):
