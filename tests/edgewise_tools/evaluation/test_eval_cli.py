@@ -26,8 +26,9 @@ def tiny_sets(tmp_path_factory):
 def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, tmp_path) -> None:
     out = tmp_path / "report"
     policy = tmp_path / "policy.yaml"  # the example policy, downscaling the 160 px test frames to 96
-    policy.write_text((ROOT / "examples" / "policy.yaml").read_text().replace(
-        "    cropPadding: 0.2\n", "    cropPadding: 0.2\n    downscaleWidth: 96\n"))
+    text = (ROOT / "examples" / "policy.yaml").read_text()
+    assert "downscaleWidth: 640" in text
+    policy.write_text(text.replace("downscaleWidth: 640", "downscaleWidth: 96"))
     rc = main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model),
                "--policy", str(policy), "--data", str(tiny_sets / "test"),
                "--train-data", str(tiny_sets / "train"), "--out", str(out), "--rates", "0.25,0.5", "--threads", "1"])
