@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 import yaml
 
 from edgewise.errors import ConfigError
+from edgewise_tools.cpu import CpuMeter
 from edgewise_tools.demo import records as R
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,12 @@ class DemoConfig:
         kill_seconds: how long it stays down before it is restarted.
         out: report folder.
         seed: data seed.
-        size: frame size (width, height).
+        preset: the ``edgewise synth`` world the cameras show (``camera``: 1280x720, far objects
+            the edge cannot resolve; the README's headline world).
+        size: frame size (width, height); default: the preset's.
+        score_frames: frames scored against the ground truth for the report's accuracy
+            (evenly spaced): the cloud model on every whole frame at native resolution would
+            take longer than the demo itself.
         live: print a live progress line (off: only the start and end lines).
         keep_workdir: keep the work directory (data, logs, the sink) for inspection.
     """
@@ -50,14 +56,16 @@ class DemoConfig:
     policy: Path = ROOT / "examples" / "policy.yaml"
     transport: str = "grpc"
     streams: int = 2
-    frames: int = 200
+    frames: int = 100
     fps: float = 10.0
     workers: int = 2
     kill_worker_at: float = 0.35
     kill_seconds: float = 4.0
     out: Path = Path("demo-report")
     seed: int = 2026
-    size: Tuple[int, int] = (224, 224)  # the reference pair's training frames
+    preset: str = "camera"
+    size: Optional[Tuple[int, int]] = None
+    score_frames: int = 60
     live: bool = True
     keep_workdir: bool = False
 
@@ -69,8 +77,14 @@ class DemoConfig:
                 raise ConfigError(f"demo {name.replace('_', '-')}: {p} not found{hint}")
         if self.transport not in ("grpc", "mqtt"):
             raise ConfigError(f"--transport {self.transport!r}: use grpc or mqtt")
-        if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1:
-            raise ConfigError("demo needs >= 1 stream, >= 10 frames, fps > 0 and >= 1 worker")
+        if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1 or self.score_frames < 1:
+            raise ConfigError("demo needs >= 1 stream, >= 10 frames, fps > 0, >= 1 worker and >= 1 scored frame")
+
+    @property
+    def frame_size(self) -> Tuple[int, int]:
+        from edgewise.synth import default_size
+
+        return self.size if self.size is not None else default_size(self.preset)
 
 
 def _free_port() -> int:
@@ -106,11 +120,11 @@ def _mosquitto(work: Path) -> tuple[subprocess.Popen[bytes], int]:
 
 
 def _generate(cfg: DemoConfig, data: Path) -> Dict[str, Any]:
-    from edgewise.synth import PRESETS, SynthJob, generate
+    from edgewise.synth import SynthJob, generate, load_difficulty
 
+    w, h = cfg.frame_size
     return generate(SynthJob(out=data, frames=cfg.frames, streams=cfg.streams, seed=cfg.seed, split="test",
-                             width=int(cfg.size[0]), height=int(cfg.size[1]),
-                             difficulty=PRESETS["episodes"]))  # easy streams, short hard episodes
+                             width=int(w), height=int(h), difficulty=load_difficulty(cfg.preset), preset=cfg.preset))
 
 
 def _stream_folders(data: Path, streams: int) -> List[Path]:
@@ -220,7 +234,8 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         stream.write(text + "\n")
         stream.flush()
 
-    say(f"edgewise demo: {cfg.streams} camera streams x {cfg.frames} frames at {cfg.fps:g} fps, "
+    w, h = cfg.frame_size
+    say(f"edgewise demo: {cfg.streams} {cfg.preset} streams of {w}x{h} x {cfg.frames} frames at {cfg.fps:g} fps, "
         f"{cfg.workers} cloud workers, transport {cfg.transport} (work dir {work})")
     data = work / "data"
     _generate(cfg, data)
@@ -258,11 +273,18 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         while daemon.poll() is None and not R.read_jsonl(sink) and time.monotonic() < t_wait:
             time.sleep(0.2)
         t0 = time.monotonic()
+        cpu = CpuMeter()  # the workers' CPU from the first frame on: the cloud's cost per escalation
+
+        def worker_pids() -> List[int]:
+            return [w.popen.pid for w in cloud.workers if w is not None]
+
+        cpu.sample(worker_pids())
         kill_at: Optional[float] = t0 + cfg.kill_worker_at * run_s
         restart_at: Optional[float] = None
         deadline = t0 + run_s * 3 + 60
         while daemon.poll() is None and time.monotonic() < deadline:
             now = time.monotonic()
+            cpu.sample(worker_pids())
             if kill_at is not None and now >= kill_at:
                 cloud.kill_worker(0, signal.SIGKILL)
                 events.append({"event": "worker 0 killed (SIGKILL)", "t": round(now - t0, 2), "unix_ns": time.time_ns()})
@@ -279,6 +301,7 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         if daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(30)
+        cpu.sample(worker_pids())
         progress.show("edge daemon finished")
         progress.done()
         run_wall = time.monotonic() - t0
@@ -289,7 +312,7 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         cloud.stop()
         if broker is not None:
             broker.terminate()
-    summary = build_report(cfg, data, recs, events, run_wall, Path(cfg.out), policy)
+    summary = build_report(cfg, data, recs, events, run_wall, Path(cfg.out), policy, cloud_cpu_s=cpu.seconds)
     summary["wall_seconds"] = round(time.monotonic() - t_start, 1)
     (Path(cfg.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     if not cfg.keep_workdir:
@@ -299,8 +322,10 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         f"({100 * summary['escalation_rate']:.1f}%), answered {acc['answered']} "
         f"({acc['answered_late']} late from the spool), lost {acc['lost']}")
     a = summary["accuracy"]
-    say(f"F1 vs ground truth: edge only {a['edge_only']['f1']:.3f}, hybrid {a['hybrid']['f1']:.3f}, "
-        f"cloud only {a['cloud_only']['f1']:.3f}; uplink saved {100 * summary['uplink']['saved']:.1f}%")
+    say(f"F1 vs ground truth ({a['scored_frames']} scored frames): edge only {a['edge_only']['f1']:.3f}, "
+        f"hybrid {a['hybrid']['f1']:.3f}, cloud only {a['cloud_only']['f1']:.3f}; uplink saved "
+        f"{100 * summary['uplink']['saved']:.1f}%; cloud CPU per escalation "
+        f"{summary['cloud_cpu']['ms_per_escalation']} ms")
     say(f"report: {Path(cfg.out).resolve() / 'index.html'}  (summary.json beside it); "
         f"total {summary['wall_seconds']:.0f} s")
     return summary
