@@ -73,9 +73,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from edge.daemon import EdgeDaemon
-    from edgewise.hardness import measure_cost
     from edge.settings import load_settings
     from edge.sources.synthetic import SyntheticSource
+    from edgewise.hardness import measure_cost
     from edgewise.runtime.detector import Detector
     from tests.edge.helpers import read_jsonl, settings_yaml
 
