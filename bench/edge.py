@@ -8,6 +8,7 @@ with the motion signal on 1280x720 frames (``edgewise.hardness.measure_cost``).
 Prints a Markdown table.
 
     .venv/bin/python bench/edge.py --streams 2 --frames 60
+    .venv/bin/python bench/edge.py --live --cameras 1,2,4,8 --fps 5   # RTSP cameras (bench/_edge_live.py)
 
 The model is an architecture-exact YOLOv5s (seeded random weights, 80 classes)
 at 640, quantized to INT8 (static QDQ, calibrated on opencv-doc's vtest.avi),
@@ -27,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench import _edge_live  # noqa: E402  (after the sys.path line above)
 
 CACHE = ROOT / ".cache" / "bench-models"
 VTEST = Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi")
@@ -69,8 +72,11 @@ def main() -> int:
     ap.add_argument("--size", default="640x480", help="synthetic frame size WxH")
     ap.add_argument("--batch", type=int, default=1, help="max batch (daemon) = batch (bare)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--model", default="", help="ONNX model (default: build YOLOv5s INT8)")
+    ap.add_argument("--model", default="", help="ONNX model (default: build YOLOv5s INT8; live: YOLOv5n 160)")
+    _edge_live.add_arguments(ap)
     args = ap.parse_args()
+    if args.live:
+        return _edge_live.live_main(args)
 
     from edge.daemon import EdgeDaemon
     from edge.settings import load_settings
@@ -143,6 +149,9 @@ def main() -> int:
         print(f"| median {k} ms | {med[k]:.2f} | |")
     print(f"| median frame latency ms (capture→sink, saturated) | {med['total']:.1f} | |")
     print(f"| p99 frame latency ms (capture→sink, saturated) | {p99:.1f} | |")
+    age = [r["latency_ms"]["frame_age"] for r in warm]
+    print(f"| frame age at inference ms (median / p99; synthetic: from the read) | {statistics.median(age):.1f} / "
+          f"{pct(age, 99):.1f} | |")
     print(f"| hardness + policy ms/frame (median / p99) | {statistics.median(hp):.3f} / {pct(hp, 99):.3f} | <= 1 |")
     print(f"| frames | {len(recs)} | |")
     # the hardness stage with the motion signal at camera resolution (CPU time, the

@@ -26,9 +26,9 @@ from edge.pipeline import Pipeline
 from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings
 from edge.sinks import JsonlSink, MqttSink, Record, Sink, Sinks, StdoutSink
-from edge.sources import make_source
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
+from edge.sources.making import make_source
 from edge.spool import Spool
 from edge.transports import Transport
 from edgewise import mqtt_topics
@@ -266,6 +266,8 @@ class EdgeDaemon:
                 on_drop=lambda sid: self.metrics.drops.labels(sid, "queue_full").inc(),
                 start_seq=epoch << 32,
                 on_truncated=lambda sid: self.metrics.truncated.labels(sid).inc(),
+                on_skipped=lambda sid, n: self.metrics.skipped.labels(sid).inc(n),
+                on_stale=lambda sid, n: self.metrics.drops.labels(sid, "stale").inc(n),
             ))
         self.pipeline = Pipeline(s.device_id, detector, self.capturers, queues, ready, decider,
                                  self.escalating, self._write, self.metrics, s.model.max_batch)

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 RTT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+AGE_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48)
 
 
 class EdgeMetrics:
@@ -38,7 +39,7 @@ class EdgeMetrics:
             "edgewise_edge_stage_seconds", "Per-stage latency", ["stage"], buckets=STAGE_BUCKETS, registry=r
         )
         self.frame_latency = Histogram(
-            "edgewise_edge_frame_latency_seconds", "Capture to sink latency per frame",
+            "edgewise_edge_frame_latency_seconds", "Read to sink latency per frame",
             buckets=STAGE_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(
@@ -64,6 +65,14 @@ class EdgeMetrics:
             ["stream"], registry=r,
         )
         self.corrupt = Counter("edgewise_edge_corrupt_frames", "Frames that could not be decoded", ["stream"], registry=r)
+        self.frame_age = Histogram(
+            "edgewise_edge_frame_age_seconds", "Age of each frame when inference starts: now minus when the "
+            "source took it (its own timestamp where it has one)", ["stream"], buckets=AGE_BUCKETS, registry=r,
+        )
+        self.skipped = Counter(
+            "edgewise_edge_source_skipped_frames", "Live frames drained from the source and not used because a "
+            "newer one was taken (latest-frame capture)", ["stream"], registry=r,
+        )
         self.source_state = Gauge(
             "edgewise_edge_source_state", "1 for the current state of each stream", ["stream", "state"], registry=r
         )

@@ -95,6 +95,7 @@ class Pipeline:
         self.max_batch = max(1, max_batch)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
         self.rates: Dict[str, FrameRate] = {sid: FrameRate() for sid in queues}
+        self.by_stream: Dict[str, Capturer] = {c.stream_id: c for c in capturers}
         self.frames_done = 0
         self.hardness_policy_ms: List[float] = []  # per-frame cost, for the benchmark
         self.stop_capture = asyncio.Event()
@@ -175,6 +176,11 @@ class Pipeline:
         return gen
 
     def _emit(self, frame: Frame, dets: Any, stage_ms: Dict[str, float], dequeued: float) -> None:
+        cap = self.by_stream.get(frame.stream_id)
+        if cap is not None and frame.seq < cap.cut_seq:
+            # Read before its stream went down: never emitted after the outage is known.
+            self.metrics.drops.labels(frame.stream_id, "stale").inc()
+            return
         h, w = frame.image.shape[:2]
         verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h))
         self.hardness_policy_ms.append(verdict.cost_ms)
@@ -190,6 +196,9 @@ class Pipeline:
         }
         for stage, ms in lat.items():
             self.metrics.stage.labels(stage).observe(ms / 1000.0)
+        age_s = frame.age_s(dequeued)
+        self.metrics.frame_age.labels(frame.stream_id).observe(age_s)
+        lat["frame_age"] = round(age_s * 1000.0, 3)
         self.metrics.hardness.observe(verdict.hardness)
         now_mono = time.monotonic()
         lat["total"] = round((now_mono - frame.capture_mono) * 1000.0, 3)
@@ -202,6 +211,8 @@ class Pipeline:
             "stream": frame.stream_id,
             "frame_seq": frame.seq,
             "capture_unix_ns": frame.capture_unix_ns,
+            "read_unix_ns": frame.read_unix_ns,
+            "capture_clock": frame.clock,
             "emit_unix_ns": time.time_ns(),
             "width": w,
             "height": h,

@@ -15,6 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
+from edge.sources.live import BACKENDS as LIVE_BACKENDS
+from edge.sources.live import (
+    CODECS,
+    RTSP_TRANSPORTS,
+    choose_backend,
+    describe_backend,
+    hardware_decoder,
+    latest_appsink,
+    opencv_video_io,
+)
 from edgewise import mqtt_topics
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.runtime.detector import BACKENDS
@@ -52,6 +62,28 @@ class StreamSettings:
     reconnect_min_s: float = setting("First reconnect delay of a live stream, seconds (doubles up to "
                                      "`reconnect_max_s`).", 0.5, lo=0, lo_open=True)
     reconnect_max_s: float = setting("Largest reconnect delay, seconds.", 30.0, lo=0, lo_open=True)
+    stall_timeout_s: float = setting(
+        "Live kinds: a stream that delivers no new frame for this long is declared down, the frames "
+        "queued from before are discarded and it reconnects with the backoff above; 0 = five frame "
+        "periods of the source's nominal rate, at least 1 s (2 s when the source reports no rate).",
+        0.0, lo=0)
+    backend: str = setting(
+        "rtsp: how the stream is decoded. `ffmpeg` (OpenCV's FFmpeg, CPU decode), `gstreamer` (an "
+        "`rtspsrc ! nvv4l2decoder` pipeline: Jetson hardware decode; needs an OpenCV built with "
+        "GStreamer, such as JetPack's), `auto` (gstreamer when OpenCV has GStreamer and the Jetson "
+        "decoder plugin is installed, else ffmpeg; `--describe-settings` shows the choice on this machine).",
+        "auto", choices=LIVE_BACKENDS)
+    rtsp_transport: str = setting(
+        "rtsp: RTP over the RTSP TCP connection (`tcp`: no loss, passes NAT and firewalls) or over "
+        "`udp` (lower latency on a clean LAN; lost packets smear frames).", "tcp", choices=RTSP_TRANSPORTS)
+    codec: str = setting("rtsp with the gstreamer backend: the camera's video codec (selects the "
+                         "depayloader and parser).", "h264", choices=CODECS)
+    open_timeout_s: float = setting("rtsp/http: how long opening the stream may take, seconds (OpenCV "
+                                    "`CAP_PROP_OPEN_TIMEOUT_MSEC`).", 10.0, lo=0, lo_open=True)
+    io_timeout_s: float = setting(
+        "rtsp/http: socket I/O timeout, seconds: FFmpeg's `timeout` (`stimeout` before FFmpeg 5) and "
+        "OpenCV's `CAP_PROP_READ_TIMEOUT_MSEC`, or rtspsrc's `tcp-timeout`; bounds how long a dead "
+        "connection holds its thread after `stall_timeout_s` gave up on it.", 5.0, lo=0, lo_open=True)
 
     def resolved_queue_size(self) -> int:
         return self.queue_size or (2 if self.kind in LIVE_KINDS else 8)
@@ -195,6 +227,21 @@ def _validate_streams(streams: List[StreamSettings]) -> None:
             _check_synthetic_uri(f"{p}.uri", st.uri)
         if st.reconnect_min_s > st.reconnect_max_s:
             raise Invalid(f"{p}.reconnect_min_s", "must be <= reconnect_max_s")
+        if st.kind in LIVE_KINDS:
+            _check_live(p, st)
+
+
+def _check_live(p: str, st: StreamSettings) -> None:
+    if st.kind == "gstreamer":
+        try:
+            latest_appsink(st.uri)
+        except ValueError as exc:
+            raise Invalid(f"{p}.uri", str(exc)) from None
+    if st.kind == "rtsp" and st.backend == "gstreamer":
+        try:
+            choose_backend(st.kind, st.backend, opencv_video_io()[0], hardware_decoder())
+        except ValueError as exc:
+            raise Invalid(f"{p}.backend", str(exc)) from None
 
 
 def _validate_cloud(c: CloudSettings) -> None:
@@ -237,6 +284,7 @@ SCHEMA: Schema[EdgeSettings] = Schema(
         Flag("--metrics-port", "metrics.port", metavar="PORT"),
         Flag("--jsonl", "sinks.jsonl", metavar="FILE"),
     ),
+    notes=lambda: [describe_backend()],
 )
 
 

@@ -1,27 +1,18 @@
-"""Frame sources of the edge daemon and the factory that builds one from settings.
+"""Frame sources of the edge daemon.
 
 ``FrameSource`` (``base``) is the seam; ``opencv`` holds the file/folder/live
-sources, ``synthetic`` the generated one, ``capturing`` the async capture shell.
+sources, ``latest`` the latest-frame reader of live ones, ``live`` how a live
+stream is opened, ``clock`` its frame timestamps, ``synthetic`` the generated
+source, ``capturing`` the async capture shell and ``making`` the factory that
+builds a source from a stream's settings (kept out of this package's imports so
+``edge.settings`` can use ``live`` without an import cycle).
 """
 
 from __future__ import annotations
 
-from edge.settings import StreamSettings
 from edge.sources.base import CorruptFrameError, Frame, FrameSource, SourceError, SourceState
 from edge.sources.opencv import CaptureSource, ImageFolderSource, VideoFileSource
 from edge.sources.synthetic import SyntheticSource
-
-
-def make_source(s: StreamSettings) -> FrameSource:
-    """The source for one stream's settings."""
-    if s.kind == "file":
-        return VideoFileSource(s.uri, loop=s.loop)
-    if s.kind == "folder":
-        return ImageFolderSource(s.uri, loop=s.loop)
-    if s.kind == "synthetic":
-        return SyntheticSource(s.id, s.uri)
-    return CaptureSource(s.kind, s.uri)
-
 
 __all__ = [
     "CaptureSource",
@@ -33,5 +24,4 @@ __all__ = [
     "SourceState",
     "SyntheticSource",
     "VideoFileSource",
-    "make_source",
 ]

@@ -45,9 +45,13 @@ class Frame:
         seq: sequence number within the stream, from 0, never reused in one run
             (with ``device_id`` the idempotency key of an escalation).
         image: BGR uint8 ``[H, W, 3]``.
-        capture_unix_ns: wall-clock capture time.
-        capture_mono: ``time.monotonic()`` at capture, for latency.
+        capture_unix_ns: when the frame was taken, as far as can be known: the
+            source's own timestamp mapped to the wall clock (``clock == "stream"``,
+            see ``edge.sources.clock``), else the read time (``clock == "read"``).
+        capture_mono: ``time.monotonic()`` when the frame was read, for latency.
         read_ms: time spent reading/decoding the frame.
+        read_unix_ns: wall-clock time the frame was read (0: same as ``capture_unix_ns``).
+        clock: how ``capture_unix_ns`` was derived: ``stream`` or ``read``.
     """
 
     stream_id: str
@@ -56,19 +60,33 @@ class Frame:
     capture_unix_ns: int
     capture_mono: float
     read_ms: float = 0.0
+    read_unix_ns: int = 0
+    clock: str = "read"
+
+    def age_s(self, now_mono: float) -> float:
+        """Seconds since the frame was taken (its read age plus how old it was when read)."""
+        read_ns = self.read_unix_ns or self.capture_unix_ns
+        return now_mono - self.capture_mono + (read_ns - self.capture_unix_ns) / 1e9
 
 
 class FrameSource(Protocol):
     """A blocking frame source.
 
     ``open`` connects (raises SourceError when it cannot), ``read`` returns the next
-    BGR image, ``None`` at the end of a finite source, raises CorruptFrameError for a
-    bad frame and SourceError when the stream dropped; ``close`` releases it.
+    BGR image (for a live source the newest one), ``None`` at the end of a finite
+    source, raises CorruptFrameError for a bad frame and SourceError when the stream
+    dropped or stalled; ``close`` releases it.
     """
 
     live: bool
     truncated: int
     """How many times the source ended early (a video shorter than its header says)."""
+    @property
+    def skipped(self) -> int:
+        """Frames a live source drained without handing them on (a newer one was taken)."""
+
+    last_source_ms: Optional[float]
+    """The source's own timestamp of the frame ``read`` last returned, ms on its clock; None when it has none."""
 
     def open(self) -> None: ...
 

@@ -6,6 +6,11 @@ reported through ``on_state``; corrupt frames and drops are counted, never fatal
 Corrupt frames are logged at most 5 times per 10 s per stream (then with the
 count held back), and a run of them makes the stream back off like a reconnect, so a folder
 of bad files cannot spin a CPU core on warnings.
+Each frame is stamped with when it was taken (``edge.sources.clock``) beside when it
+was read. When a live stream goes down (it failed or stalled) the frames still
+queued from before are discarded and counted (``on_stale``), and ``cut_seq`` tells
+the pipeline which frames in flight are from before the outage: none of them is
+emitted after it is detected (docs/design/edge-runtime.md#live-sources).
 Bounded queues follow docs/design/conventions.md#bounded-queues (roboflow ``video_source.py``, with a
 stop event so shutdown cannot hang). Callers: ``edge.pipeline``.
 """
@@ -17,9 +22,10 @@ import collections
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Deque, Optional
+from typing import Callable, Deque, Optional, Tuple
 
 from edge.sources.base import CorruptFrameError, Frame, FrameSource, SourceError, SourceState
+from edge.sources.clock import SourceClock
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
@@ -76,6 +82,13 @@ class FrameQueue:
         self.ready.set()
         return dropped
 
+    def purge(self) -> int:
+        """Discard every queued frame; returns how many."""
+        n = len(self.items)
+        self.items.clear()
+        self.space.set()
+        return n
+
     def get_nowait(self) -> Optional[Frame]:
         if not self.items:
             return None
@@ -101,6 +114,8 @@ class Capturer:
         on_drop: Optional[Callable[[str], None]] = None,
         start_seq: int = 0,
         on_truncated: Optional[Callable[[str], None]] = None,
+        on_skipped: Optional[Callable[[str, int], None]] = None,
+        on_stale: Optional[Callable[[str, int], None]] = None,
     ) -> None:
         self.stream_id = stream_id
         self.source = source
@@ -113,7 +128,14 @@ class Capturer:
         self.on_corrupt = on_corrupt
         self.on_drop = on_drop
         self.on_truncated = on_truncated
+        self.on_skipped = on_skipped
+        self.on_stale = on_stale
         self.truncated = 0
+        self.skipped = 0
+        self.cut_seq = start_seq
+        """Frames with a lower ``seq`` were read before the stream's last outage."""
+        self.clock = SourceClock()
+        self.shape: Optional[Tuple[int, ...]] = None
         self.state: Optional[SourceState] = None
         self.seq = start_seq
         self.frames = 0
@@ -176,6 +198,29 @@ class Capturer:
             pass
         return min(delay * 2.0, self.reconnect_max_s)
 
+    def _check_skipped(self) -> None:
+        n = self.source.skipped - self.skipped
+        if n > 0:
+            self.skipped += n
+            if self.on_skipped is not None:
+                self.on_skipped(self.stream_id, n)
+
+    def _went_down(self, why: str) -> str:
+        """A live stream failed or stalled: frames from before it must not be emitted."""
+        self.cut_seq = self.seq
+        n = self.queue.purge()
+        if n:
+            log.warning("stream %s: %d queued frame(s) from before the outage discarded", self.stream_id, n)
+            if self.on_stale is not None:
+                self.on_stale(self.stream_id, n)
+        return why
+
+    def _check_shape(self, shape: Tuple[int, ...]) -> None:
+        if self.shape is not None and shape != self.shape:
+            log.warning("stream %s: resolution changed from %dx%d to %dx%d", self.stream_id,
+                        self.shape[1], self.shape[0], shape[1], shape[0])
+        self.shape = shape
+
     def _count_corrupt(self) -> None:
         self.corrupt += 1
         self.corrupt_run += 1
@@ -216,6 +261,7 @@ class Capturer:
     async def _stream(self, stop: asyncio.Event) -> Optional[str]:
         """Read frames; returns None at the end, or why a live stream dropped."""
         self._streamed_ok = False
+        self.clock.reset()  # a new connection: its timestamps start afresh
         period = 1.0 / self.fps if self.fps > 0 else 0.0
         next_t = time.monotonic()
         while not stop.is_set():
@@ -239,31 +285,38 @@ class Capturer:
                 continue
             except SourceError as exc:
                 if self.source.live:
-                    return str(exc)
+                    self._check_skipped()
+                    return self._went_down(str(exc))
                 log.error("stream %s: %s", self.stream_id, exc)
                 return None
             except Exception as exc:  # a decoder bug must not kill the daemon
                 log.exception("stream %s: read failed: %s", self.stream_id, exc)
                 if self.source.live:
                     self._count_corrupt()
-                    return f"read failed: {exc}"
+                    return self._went_down(f"read failed: {exc}")
                 if await self._corrupt_frame(stop, f"read failed: {exc}"):
                     return None
                 continue
             self._check_truncated()
+            self._check_skipped()
             if img is None:
                 return None
             self._streamed_ok = True
             self.corrupt_run = 0
             self._corrupt_delay = self.reconnect_min_s
             now_mono = time.monotonic()
+            read_ns = time.time_ns()
+            capture_ns, clock = self.clock.stamp(self.source.last_source_ms, read_ns)
+            self._check_shape(img.shape)  # type: ignore[attr-defined]
             frame = Frame(
                 stream_id=self.stream_id,
                 seq=self.seq,
                 image=img,  # type: ignore[arg-type]
-                capture_unix_ns=time.time_ns(),
+                capture_unix_ns=capture_ns,
                 capture_mono=now_mono,
                 read_ms=(now_mono - t0) * 1000.0,
+                read_unix_ns=read_ns,
+                clock=clock,
             )
             self.seq += 1
             self.frames += 1

@@ -2,29 +2,95 @@
 
 Live capture covers RTSP/HTTP URLs, V4L2 cameras (index or ``/dev/videoN``) and
 GStreamer pipeline strings (``CAP_GSTREAMER``, as used on Jetson with
-``nvarguscamerasrc`` / ``nvv4l2decoder``). Corrupt frames raise
+``nvarguscamerasrc`` / ``nvv4l2decoder``), each drained by a
+``edge.sources.latest.LatestFrameReader`` and opened as ``edge.sources.live``
+decides (backend, FFmpeg options, appsink properties). Corrupt frames raise
 ``CorruptFrameError`` (skipped, counted); a truncated video ends early with a
 warning. Image files are checked header first (``edgewise.imagefiles``), the
-same check the gateway and the workers apply to escalated images. Callers: ``edge.sources.make_source``.
+same check the gateway and the workers apply to escalated images. Callers:
+``edge.sources.making``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import cv2
 import numpy as np
 
 from edge.sources.base import CorruptFrameError, SourceError
+from edge.sources.latest import LatestFrameReader
+from edge.sources.live import (
+    choose_backend,
+    ffmpeg_options,
+    hardware_decoder,
+    latest_appsink,
+    opencv_video_io,
+    redact_uri,
+    rtsp_pipeline,
+    stall_timeout,
+)
 from edgewise.errors import InvalidInputError
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS, read_image_file
 
 log = logging.getLogger(__name__)
 
+FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+
+
+class _OptionsGate:
+    """OpenCV's FFmpeg backend reads ``OPENCV_FFMPEG_CAPTURE_OPTIONS`` from the
+    environment at every open, so per-stream options mean setting the variable around
+    the open. Opens that need the same value (cameras with the same settings) run
+    together; one that needs another value waits until they are done (at most
+    ``open_timeout_s``)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.value: Optional[str] = None
+        self.count = 0
+        self.saved: Optional[str] = None
+
+    @contextlib.contextmanager
+    def holding(self, value: str) -> Iterator[None]:
+        with self.cond:
+            while self.count and self.value != value:
+                self.cond.wait()
+            if not self.count:
+                self.saved = os.environ.get(FFMPEG_OPTIONS_ENV)
+                os.environ[FFMPEG_OPTIONS_ENV] = value
+                self.value = value
+            self.count += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.count -= 1
+                if not self.count:
+                    if self.saved is None:
+                        os.environ.pop(FFMPEG_OPTIONS_ENV, None)
+                    else:
+                        os.environ[FFMPEG_OPTIONS_ENV] = self.saved
+                    self.value = None
+                    self.cond.notify_all()
+
+
+_OPTIONS_GATE = _OptionsGate()
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
+
+
+def _position_ms(cap: Any) -> Optional[float]:
+    """The grabbed frame's timestamp on the source's clock, ms; None when unknown."""
+    try:
+        pos = float(cap.get(cv2.CAP_PROP_POS_MSEC))
+    except cv2.error:
+        return None
+    return pos if pos > 0.0 else None
 
 
 def _to_bgr(img: Any) -> np.ndarray:
@@ -46,6 +112,8 @@ class VideoFileSource:
     reported as truncated (``truncated`` counts it) and ends (or loops)."""
 
     live = False
+    skipped = 0
+    last_source_ms: Optional[float] = None
 
     def __init__(self, path: str, loop: bool = False) -> None:
         self.path = path
@@ -106,6 +174,8 @@ class ImageFolderSource:
     structurally damaged is a corrupt frame naming the file, never decoded partially."""
 
     live = False
+    skipped = 0
+    last_source_ms: Optional[float] = None
     truncated = 0
 
     def __init__(self, path: str, loop: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
@@ -146,50 +216,104 @@ class ImageFolderSource:
 
 
 class CaptureSource:
-    """A live stream through ``cv2.VideoCapture``: URL, camera or GStreamer pipeline.
+    """A live stream through ``cv2.VideoCapture``: URL, camera or GStreamer pipeline,
+    drained by a ``LatestFrameReader`` so ``read`` returns the newest frame.
 
-    ``read`` failing means the stream dropped: SourceError, and the capture shell
-    reconnects with exponential backoff.
+    ``read`` failing means the stream dropped or stalled: SourceError, and the capture
+    shell reconnects with exponential backoff. ``last_source_ms`` is the source's own
+    timestamp of the frame ``read`` returned (``CAP_PROP_POS_MSEC``: stream PTS for
+    FFmpeg, buffer time for GStreamer, driver capture time for V4L2), ``skipped`` the
+    frames drained without being used. URLs appear in messages only redacted.
     """
 
     live = True
     truncated = 0
 
-    def __init__(self, kind: str, uri: str) -> None:
+    def __init__(self, kind: str, uri: str, backend: str = "auto", transport: str = "tcp",
+                 codec: str = "h264", stall_timeout_s: float = 0.0, open_timeout_s: float = 10.0,
+                 io_timeout_s: float = 5.0) -> None:
         self.kind = kind
         self.uri = uri
-        self.cap: Optional[Any] = None
+        self.shown = redact_uri(uri)
+        self.transport = transport
+        self.codec = codec
+        self.stall_timeout_setting = stall_timeout_s
+        self.open_timeout_s = open_timeout_s
+        self.io_timeout_s = io_timeout_s
+        has_gst, self.avformat_major = opencv_video_io()
+        self.backend, self.backend_why = choose_backend(kind, backend, has_gst, hardware_decoder())
+        self.pipeline, self.appsink_added = latest_appsink(uri) if kind == "gstreamer" else (uri, None)
+        self.reader: Optional[LatestFrameReader] = None
+        self.last_source_ms: Optional[float] = None
+        self.stall_timeout_s = stall_timeout(stall_timeout_s, 0.0)
+        self._skipped_before = 0  # frames skipped by readers of earlier connections
+        self._closing: List[LatestFrameReader] = []  # earlier readers still inside a grab()
+
+    @property
+    def skipped(self) -> int:
+        return self._skipped_before + (self.reader.skipped if self.reader is not None else 0)
+
+    def describe(self) -> str:
+        """``rtsp://user:***@host/path via ffmpeg (auto: ...)``, for the start-up log."""
+        added = f"; appsink {self.appsink_added} added" if self.appsink_added else ""
+        return f"{self.kind} {self.shown} via {self.backend} ({self.backend_why}{added})"
+
+    def _timeouts(self) -> List[int]:
+        params = []
+        for name, seconds in (("CAP_PROP_OPEN_TIMEOUT_MSEC", self.open_timeout_s),
+                              ("CAP_PROP_READ_TIMEOUT_MSEC", self.io_timeout_s)):
+            prop = getattr(cv2, name, None)  # OpenCV >= 4.5.2
+            if prop is not None:
+                params += [int(prop), int(seconds * 1000)]
+        return params
 
     def _capture(self) -> Any:
         if self.kind == "gstreamer":
-            return cv2.VideoCapture(self.uri, cv2.CAP_GSTREAMER)
+            return cv2.VideoCapture(self.pipeline, cv2.CAP_GSTREAMER)
         if self.kind == "camera":
             target: Any = int(self.uri) if self.uri.isdigit() else self.uri
             return cv2.VideoCapture(target, cv2.CAP_V4L2) if isinstance(target, int) else cv2.VideoCapture(target)
-        return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG)
+        if self.backend == "gstreamer":
+            pipeline = rtsp_pipeline(self.uri, self.transport, self.codec, self.io_timeout_s)
+            return cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)
+        options = ffmpeg_options(self.kind, self.transport, self.io_timeout_s, self.avformat_major)
+        params = self._timeouts()
+        with _OPTIONS_GATE.holding(options):
+            if not params:  # OpenCV < 4.5.2: no open/read timeouts, no parameter list
+                return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG)
+            return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG, params)
 
     def open(self) -> None:
+        if self.reader is not None:
+            # The previous connection's thread may still be inside a grab() that only
+            # the backend's read timeout ends; let it finish on its own, but never keep
+            # more than one such connection to a camera.
+            self.reader.close(0.1)
+            self._skipped_before += self.reader.skipped
+            self._closing = [r for r in self._closing + [self.reader] if r.alive()]
+            self.reader = None
+        if len(self._closing) > 1:
+            raise SourceError(f"{self.kind} {self.shown}: earlier connections are still closing "
+                              f"(io_timeout_s {self.io_timeout_s:g})")
         try:
             cap = self._capture()
         except cv2.error as exc:
-            raise SourceError(f"{self.kind} {self.uri}: {exc}") from None
+            raise SourceError(f"{self.kind} {self.shown}: {redact_uri(str(exc))}") from None
         if not cap.isOpened():
             cap.release()
-            raise SourceError(f"cannot open {self.kind} source {self.uri}")
-        self.cap = cap
+            raise SourceError(f"cannot open {self.kind} source {self.shown}")
+        fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
+        self.stall_timeout_s = stall_timeout(self.stall_timeout_setting, fps)
+        self.reader = LatestFrameReader(cap, self.shown, self.stall_timeout_s,
+                                        lambda: _position_ms(cap))
+        self.reader.start()
 
     def read(self) -> Optional[np.ndarray]:
-        if self.cap is None:
-            raise SourceError(f"{self.kind} source {self.uri} is not open")
-        try:
-            ok, img = self.cap.read()
-        except cv2.error as exc:
-            raise SourceError(f"{self.kind} {self.uri}: {exc}") from None
-        if not ok:
-            raise SourceError(f"{self.kind} source {self.uri} stopped delivering frames")
+        if self.reader is None:
+            raise SourceError(f"{self.kind} source {self.shown} is not open")
+        img, self.last_source_ms = self.reader.read()
         return _to_bgr(img)
 
     def close(self) -> None:
-        if self.cap is not None:
-            self.cap.release()
-            self.cap = None
+        if self.reader is not None:
+            self.reader.close()

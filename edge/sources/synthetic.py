@@ -88,6 +88,8 @@ class SyntheticSource:
     is the capture shell's business)."""
 
     live = False
+    skipped = 0
+    last_source_ms: Optional[float] = None
     truncated = 0
 
     def __init__(self, stream_id: str, uri: str = "") -> None:

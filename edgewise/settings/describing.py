@@ -102,4 +102,7 @@ def describe(schema: Schema[Any]) -> str:
                   f"  env {r.env or '(set the items by index)'}" + (f"; flag {r.flag}" if r.flag else "")
                   + ("; secret: its value is never printed" if r.secret else ""),
                   f"  {r.doc}"]
+    notes = list(schema.notes()) if schema.notes is not None else []
+    if notes:
+        lines += ["", "On this machine:"] + [f"  {n}" for n in notes]
     return "\n".join(lines)

@@ -84,12 +84,15 @@ class Schema(Generic[T]):
     """The settings of one process: root dataclass, cross-field validation, named flags."""
 
     def __init__(self, process: str, root: Type[T], command: str,
-                 validate: Optional[Callable[[T], None]] = None, flags: Sequence[Flag] = ()) -> None:
+                 validate: Optional[Callable[[T], None]] = None, flags: Sequence[Flag] = (),
+                 notes: Optional[Callable[[], Sequence[str]]] = None) -> None:
         self.process = process
         self.root = root
         self.command = command
         self.validate = validate
         self.flags = tuple(flags)
+        self.notes = notes
+        """Lines ``--describe-settings`` adds about this machine (what an ``auto`` resolves to)."""
 
     @property
     def env_prefix(self) -> str:

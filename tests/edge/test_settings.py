@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,10 @@ def test_describe_documents_every_key():
     assert "\ncloud.mqtt.topic_prefix\n  type str, default edgewise; allowed: a string\n" in text
     assert "\nstreams[].drop_policy\n" in text and "EDGEWISE_EDGE__STREAMS__<N>__FPS" in text
     assert "env EDGEWISE_EDGE__METRICS__PORT; flag --metrics-port" in text
-    blocks = text.split("\n\n")[1:]
+    keys, machine = text.split("\n\nOn this machine:\n")
+    blocks = keys.split("\n\n")[1:]
     assert len(blocks) > 40
     for block in blocks:
         assert block.count("\n") == 3 and block.splitlines()[3].strip(), f"undocumented setting: {block}"
+    # What backend: auto means here (the PyPI OpenCV has FFmpeg and no GStreamer).
+    assert re.match(r"  streams\[\]\.backend auto: (ffmpeg|gstreamer) for kind rtsp \(", machine)

@@ -1,0 +1,63 @@
+"""When a live frame was taken: the source's own timestamps mapped to the wall clock.
+
+A pure core (docs/design/edge-runtime.md#live-sources). A live source stamps each
+frame on its own clock: RTP timestamps turned into stream PTS by FFmpeg
+(``cv2.CAP_PROP_POS_MSEC``, RFC 3550 section 5.1), GStreamer buffer running time, or
+the V4L2 driver's ``CLOCK_MONOTONIC`` capture time. ``SourceClock`` maps that clock
+to ours with one offset, ``read_unix_ns - source_ns``, estimated as its minimum over
+the frames of a connection: every observation is the true offset plus a delay
+(network, decode, buffering) that is never negative, so the smallest one is the
+least-delayed frame, the filter NTP applies to its samples (RFC 5905 section 10).
+A reader that falls behind therefore shows up as a growing frame age instead of
+being absorbed into the offset. The estimate may rise by ``drift`` seconds per
+second (1000 ppm, ten times a typical crystal's tolerance), so a camera clock that
+runs slower than ours does not read as a growing delay over days.
+
+A frame without a usable timestamp (none, or not later than the previous one: a
+stream restart, a wrap, a backend that reports 0) is stamped with its read time and
+the mapping starts again from it. Nothing here reads a clock: callers pass the
+read time. Callers: ``edge.sources.capturing``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+#: Clock names in records: the frame's time came from the source, or is its read time.
+STREAM = "stream"
+READ = "read"
+
+
+class SourceClock:
+    """Maps one connection's source timestamps to Unix nanoseconds."""
+
+    def __init__(self, drift: float = 1e-3) -> None:
+        self.drift = drift
+        self.offset_ns: Optional[int] = None
+        self.last_source_ns: Optional[int] = None
+        self.last_read_ns = 0
+
+    def reset(self) -> None:
+        """Forget the mapping (a new connection: its timestamps start afresh)."""
+        self.offset_ns = None
+        self.last_source_ns = None
+
+    def stamp(self, source_ms: Optional[float], read_unix_ns: int) -> Tuple[int, str]:
+        """``(capture_unix_ns, clock)`` of a frame read at ``read_unix_ns`` whose
+        source timestamp is ``source_ms`` (None when the source has none)."""
+        if source_ms is None or source_ms != source_ms or (source_ms <= 0.0 and self.last_source_ns is None):
+            # None, NaN, or a first timestamp of 0 (OpenCV's "unknown") cannot anchor a mapping.
+            self.reset()
+            return read_unix_ns, READ
+        source_ns = int(round(source_ms * 1e6))
+        observed = read_unix_ns - source_ns
+        if self.offset_ns is None or self.last_source_ns is None or source_ns <= self.last_source_ns:
+            self.offset_ns = observed  # (re-)anchor: this frame's time is its read time
+            stamped, clock = read_unix_ns, READ
+        else:
+            allowed = self.offset_ns + int(self.drift * max(0, read_unix_ns - self.last_read_ns))
+            self.offset_ns = min(allowed, observed)
+            stamped, clock = source_ns + self.offset_ns, STREAM
+        self.last_source_ns = source_ns
+        self.last_read_ns = read_unix_ns
+        return stamped, clock

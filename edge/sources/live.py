@@ -1,0 +1,140 @@
+"""How a live stream is opened: backend choice, FFmpeg options, GStreamer pipelines, redaction.
+
+Pure functions (docs/design/edge-runtime.md#live-sources), used by
+``edge.sources.opencv.CaptureSource`` and ``--describe-settings``:
+
+* ``choose_backend``: ``kind: rtsp`` decodes through a GStreamer pipeline with
+  the Jetson hardware decoder (``nvv4l2decoder``) when OpenCV was built with
+  GStreamer and the decoder plugin is installed, else through FFmpeg.
+* ``ffmpeg_options``: the per-stream ``OPENCV_FFMPEG_CAPTURE_OPTIONS`` string
+  (``key;value|key;value``, read by OpenCV's FFmpeg backend at every open):
+  ``rtsp_transport`` and the socket I/O timeout, whose option name changed in
+  FFmpeg 5 (``stimeout`` became ``timeout``; in FFmpeg 4 ``timeout`` puts the RTSP
+  demuxer in listen mode).
+* ``rtsp_pipeline`` / ``latest_appsink``: GStreamer pipelines whose ``appsink``
+  keeps only the newest buffer (``drop=true max-buffers=1``).
+* ``redact_uri``: ``rtsp://user:***@host/...``, the only form a URL is logged in.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from typing import Optional, Tuple
+
+BACKENDS = ("auto", "ffmpeg", "gstreamer")
+RTSP_TRANSPORTS = ("tcp", "udp")
+CODECS = ("h264", "h265")
+#: The Jetson's V4L2 hardware decoder plugin (L4T's nvidia-l4t-gstreamer package).
+JETSON_DECODER_PLUGIN = "/usr/lib/aarch64-linux-gnu/gstreamer-1.0/libgstnvvideo4linux2.so"
+_APPSINK = re.compile(r"(?:^|!)\s*appsink\b([^!]*)$")
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` with the password (and any ``password=``/``pw=`` query value) replaced by ``***``."""
+    uri = re.sub(r"(?i)((?:pass(?:word)?|pwd?|user-pw)=)([^&\s\"']+)", r"\1***", uri)
+    return re.sub(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:\"']*):[^@/\s\"']*@", r"\1:***@", uri)
+
+
+@functools.lru_cache(maxsize=1)
+def opencv_video_io() -> Tuple[bool, int]:
+    """``(OpenCV has GStreamer, libavformat major version or 0)`` from ``cv2.getBuildInformation()``."""
+    import cv2
+
+    info = cv2.getBuildInformation()
+    gst = re.search(r"^\s*GStreamer:\s*(\S+)", info, re.M)
+    avf = re.search(r"^\s*avformat:\s*YES\s*\((\d+)\.", info, re.M)
+    return bool(gst and gst.group(1).upper().startswith("YES")), int(avf.group(1)) if avf else 0
+
+
+def hardware_decoder() -> bool:
+    """Whether the Jetson's ``nvv4l2decoder`` GStreamer plugin is installed here."""
+    return os.path.exists(JETSON_DECODER_PLUGIN)
+
+
+def choose_backend(kind: str, setting: str, has_gstreamer: bool, hw_decoder: bool) -> Tuple[str, str]:
+    """``(ffmpeg | gstreamer | v4l2 | ..., why)`` for a live stream of ``kind``.
+
+    Only ``rtsp`` has a choice; ``auto`` takes GStreamer's hardware decode when
+    OpenCV has GStreamer and the Jetson decoder is installed, FFmpeg otherwise.
+    Raises ValueError when ``gstreamer`` is forced but OpenCV lacks it."""
+    if kind != "rtsp":
+        return {"gstreamer": "gstreamer", "camera": "v4l2"}.get(kind, "ffmpeg"), f"kind {kind}"
+    if setting == "ffmpeg":
+        return "ffmpeg", "backend: ffmpeg"
+    if setting == "gstreamer":
+        if not has_gstreamer:
+            raise ValueError("backend: gstreamer, but this OpenCV was built without GStreamer "
+                             "(cv2.getBuildInformation(): 'GStreamer: NO'); use the system OpenCV of JetPack")
+        return "gstreamer", "backend: gstreamer" + ("" if hw_decoder else " (nvv4l2decoder not found: it will fail "
+                                                                          "to open off a Jetson)")
+    if has_gstreamer and hw_decoder:
+        return "gstreamer", "auto: OpenCV has GStreamer and the Jetson hardware decoder is installed"
+    why = "OpenCV has no GStreamer" if not has_gstreamer else f"no hardware decoder ({JETSON_DECODER_PLUGIN})"
+    return "ffmpeg", f"auto: {why}"
+
+
+def ffmpeg_options(kind: str, transport: str, io_timeout_s: float, avformat_major: int) -> str:
+    """``OPENCV_FFMPEG_CAPTURE_OPTIONS`` for one stream."""
+    us = str(int(io_timeout_s * 1e6))
+    if kind == "rtsp":
+        # FFmpeg >= 5 (libavformat 59): "timeout" is the socket I/O timeout in microseconds;
+        # before, that was "stimeout" and "timeout" meant listen mode.
+        timeout_key = "timeout" if avformat_major >= 59 or avformat_major == 0 else "stimeout"
+        return f"rtsp_transport;{transport}|{timeout_key};{us}"
+    return f"timeout;{us}"  # http/tcp: socket I/O timeout in microseconds in every FFmpeg
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def rtsp_pipeline(uri: str, transport: str = "tcp", codec: str = "h264", io_timeout_s: float = 5.0,
+                  decoder: str = "nvv4l2decoder", convert: str = "nvvidconv") -> str:
+    """The GStreamer pipeline that decodes an RTSP camera in hardware on a Jetson
+    (``decoder``/``convert`` are parameters so the same shape can be run with software
+    elements where there is no Jetson)."""
+    depay = {"h264": "rtph264depay ! h264parse", "h265": "rtph265depay ! h265parse"}[codec]
+    us = int(io_timeout_s * 1e6)
+    return (f"rtspsrc location={_quote(uri)} protocols={transport} latency=0 tcp-timeout={us} timeout={us} "
+            f"! {depay} ! {decoder} ! {convert} ! video/x-raw,format=BGRx ! videoconvert ! "
+            "video/x-raw,format=BGR ! appsink drop=true max-buffers=1 sync=false")
+
+
+def latest_appsink(pipeline: str) -> Tuple[str, Optional[str]]:
+    """``pipeline`` with ``drop=true max-buffers=1`` added to its final ``appsink`` where
+    missing, and a note of what was added (None when nothing was). ValueError when it
+    does not end in an ``appsink``."""
+    m = _APPSINK.search(pipeline.strip())
+    if m is None:
+        raise ValueError("a gstreamer pipeline must end in '! appsink' (OpenCV reads frames from it)")
+    props = m.group(1)
+    added = [p for p, name in (("drop=true", "drop"), ("max-buffers=1", "max-buffers"))
+             if not re.search(rf"\b{name}\s*=", props)]
+    if not added:
+        return pipeline, None
+    return pipeline.rstrip() + " " + " ".join(added), " ".join(added)
+
+
+def stall_timeout(setting: float, nominal_fps: float) -> float:
+    """Seconds without a new frame after which a live stream is down: ``setting``, or
+    when 0 five frame periods of the source's nominal rate, at least 1 s (2 s when the
+    rate is unknown)."""
+    if setting > 0:
+        return setting
+    if nominal_fps and 0.5 <= nominal_fps <= 1000.0:
+        return max(1.0, 5.0 / nominal_fps)
+    return 2.0
+
+
+def describe_backend() -> str:
+    """One line for ``--describe-settings``: what ``backend: auto`` resolves to on this machine."""
+    try:
+        has_gst, avf = opencv_video_io()
+    except Exception as exc:  # pragma: no cover - cv2 missing or broken
+        return f"streams[].backend auto: unknown (OpenCV not usable: {exc})"
+    backend, why = choose_backend("rtsp", "auto", has_gst, hardware_decoder())
+    ffmpeg = f"FFmpeg libavformat {avf}" if avf else "no FFmpeg"
+    return f"streams[].backend auto: {backend} for kind rtsp ({why.split(': ', 1)[-1]}; OpenCV has {ffmpeg})"
+

@@ -1,0 +1,192 @@
+"""How live streams are opened (``edge.sources.live``) and stamped (``edge.sources.clock``).
+
+Pure functions, plus the Jetson pipeline's shape run for real: the same
+``rtspsrc ! depay ! parse ! decoder ! convert ! appsink`` string with software
+elements in place of ``nvv4l2decoder``/``nvvidconv``, under Debian's GStreamer,
+against the RTSP test camera with credentials (the PyPI OpenCV has no GStreamer,
+so the pipeline cannot be opened through ``cv2`` here).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from edge.settings import load_settings
+from edge.sources import CaptureSource
+from edge.sources.clock import READ, STREAM, SourceClock
+from edge.sources.live import (
+    choose_backend,
+    ffmpeg_options,
+    latest_appsink,
+    opencv_video_io,
+    redact_uri,
+    rtsp_pipeline,
+    stall_timeout,
+)
+from edgewise.errors import ConfigError
+from tests.rtsp import SYSTEM_PYTHON, RtspCamera, missing
+
+MS = 1_000_000  # ns
+
+
+# --------------------------------------------------------------------------- clock
+def test_steady_stream_is_stamped_with_its_own_timestamps():
+    clock = SourceClock()
+    t0 = 1_700_000_000_000 * MS
+    jitter = [3, 0, 7, 2, 5, 1, 9, 0, 4]  # ms of network/decode delay per frame
+    out = [clock.stamp(1000.0 + 40.0 * i, t0 + (40 * i + d) * MS) for i, d in enumerate(jitter)]
+    assert out[0] == (t0 + 3 * MS, READ)  # the first frame anchors the mapping
+    assert all(c == STREAM for _, c in out[1:])
+    # Offset = least-delayed frame (delay 0): every frame's age is its own delay (less
+    # the drift allowance, 1 ms per second of stream).
+    ages = [(t0 + (40 * i + d) * MS - s) / MS for i, ((s, _), d) in enumerate(zip(out, jitter))]
+    assert ages[1:] == pytest.approx(jitter[1:], abs=0.4)
+
+
+def test_a_reader_that_falls_behind_shows_a_growing_age():
+    clock = SourceClock()
+    t0 = 5_000 * MS
+    ages = []
+    for i in range(50):  # frames 40 ms apart on the camera, read 200 ms apart (the issue's bug)
+        read = t0 + 200 * i * MS
+        s, _ = clock.stamp(40.0 * (i + 1), read)
+        ages.append((read - s) / 1e9)
+    assert ages[10] == pytest.approx(1.6, abs=0.01) and ages[-1] == pytest.approx(7.84, abs=0.01)
+
+
+def test_camera_clock_drift_is_followed_not_reported_as_delay():
+    for ppm in (-500, 500):  # camera clock faster / slower than ours
+        clock = SourceClock()
+        worst = 0.0
+        for i in range(1, 3600 * 5):  # one hour at 5 frames/s
+            read = 10**12 + i * 200 * MS
+            s, _ = clock.stamp(i * 200.0 * (1 + ppm * 1e-6), read)
+            worst = max(worst, (read - s) / 1e9)
+        assert worst < 0.01, (ppm, worst)
+
+
+def test_unusable_timestamps_fall_back_to_the_read_time():
+    clock = SourceClock()
+    assert clock.stamp(None, 10 * MS) == (10 * MS, READ)
+    assert clock.stamp(0.0, 20 * MS) == (20 * MS, READ)  # OpenCV's "unknown"
+    assert clock.stamp(float("nan"), 30 * MS) == (30 * MS, READ)
+    clock.stamp(500.0, 40 * MS)
+    assert clock.stamp(540.0, 80 * MS) == (80 * MS, STREAM)
+    assert clock.stamp(580.0, 125 * MS) == (120 * MS + 45_000, STREAM)  # 5 ms late; 1e-3 x 45 ms drift allowance
+    assert clock.stamp(100.0, 120 * MS) == (120 * MS, READ)  # went backwards: a new anchor
+    assert clock.stamp(140.0, 160 * MS) == (160 * MS, STREAM)
+
+
+# --------------------------------------------------------------------------- opening
+def test_redact_uri():
+    assert redact_uri("rtsp://admin:pa:ss@10.0.0.5:554/Streaming/101") == "rtsp://admin:***@10.0.0.5:554/Streaming/101"
+    assert redact_uri("rtsp://10.0.0.5/cam") == "rtsp://10.0.0.5/cam"
+    assert redact_uri("rtsp://admin@10.0.0.5/cam") == "rtsp://admin@10.0.0.5/cam"
+    assert redact_uri("http://cam/video.cgi?user=a&password=b0b&x=1") == "http://cam/video.cgi?user=a&password=***&x=1"
+    assert redact_uri(rtsp_pipeline("rtsp://u:secret@h/s")).count("secret") == 0
+    assert redact_uri("rtspsrc location=rtsp://u:p@h/s user-pw=secret ! fakesink").count("secret") == 0
+
+
+def test_ffmpeg_options_follow_the_ffmpeg_version():
+    assert ffmpeg_options("rtsp", "tcp", 5.0, 62) == "rtsp_transport;tcp|timeout;5000000"
+    assert ffmpeg_options("rtsp", "udp", 2.5, 58) == "rtsp_transport;udp|stimeout;2500000"  # FFmpeg 4
+    assert ffmpeg_options("http", "tcp", 5.0, 58) == "timeout;5000000"
+
+
+@pytest.mark.parametrize("kind,setting,gst,hw,expected", [
+    ("rtsp", "auto", True, True, "gstreamer"),
+    ("rtsp", "auto", True, False, "ffmpeg"),
+    ("rtsp", "auto", False, True, "ffmpeg"),
+    ("rtsp", "ffmpeg", True, True, "ffmpeg"),
+    ("rtsp", "gstreamer", True, False, "gstreamer"),
+    ("http", "gstreamer", True, True, "ffmpeg"),
+    ("camera", "auto", True, True, "v4l2"),
+    ("gstreamer", "auto", True, True, "gstreamer"),
+])
+def test_backend_choice(kind, setting, gst, hw, expected):
+    backend, why = choose_backend(kind, setting, gst, hw)
+    assert backend == expected and why
+
+
+def test_forcing_gstreamer_without_it_is_a_settings_error():
+    with pytest.raises(ValueError, match="built without GStreamer"):
+        choose_backend("rtsp", "gstreamer", False, True)
+    if opencv_video_io()[0]:
+        pytest.skip("this OpenCV has GStreamer")
+    with pytest.raises(ConfigError, match=r"streams\[0\]\.backend.*built without GStreamer"):
+        load_settings(overrides={"streams": [{"id": "a", "kind": "rtsp", "uri": "rtsp://h/s",
+                                              "backend": "gstreamer"}]}, env={})
+
+
+def test_jetson_pipeline_shape():
+    p = rtsp_pipeline("rtsp://cam/s", "tcp", "h264", 5.0)
+    assert ('rtspsrc location="rtsp://cam/s" protocols=tcp latency=0 tcp-timeout=5000000 timeout=5000000 '
+            "! rtph264depay ! h264parse ! nvv4l2decoder ! nvvidconv ! video/x-raw,format=BGRx ! videoconvert ! "
+            "video/x-raw,format=BGR ! appsink drop=true max-buffers=1 sync=false") == p
+    assert "rtph265depay ! h265parse" in rtsp_pipeline("rtsp://cam/s", codec="h265")
+
+
+def test_latest_appsink():
+    p, added = latest_appsink("v4l2src ! videoconvert ! appsink")
+    assert p == "v4l2src ! videoconvert ! appsink drop=true max-buffers=1" and added == "drop=true max-buffers=1"
+    p, added = latest_appsink("nvarguscamerasrc ! nvvidconv ! appsink max-buffers=2 sync=false")
+    assert p.endswith("appsink max-buffers=2 sync=false drop=true") and added == "drop=true"
+    same = "videotestsrc ! appsink drop=1 max-buffers=1"
+    assert latest_appsink(same) == (same, None)
+    src = CaptureSource("gstreamer", "videotestsrc ! videoconvert ! appsink")
+    assert src.pipeline.endswith("appsink drop=true max-buffers=1")
+    assert src.describe().endswith("via gstreamer (kind gstreamer; appsink drop=true max-buffers=1 added)")
+    with pytest.raises(ValueError, match="must end in"):
+        latest_appsink("videotestsrc ! appsink ! fakesink")
+    with pytest.raises(ConfigError, match=r"streams\[0\]\.uri.*appsink"):
+        load_settings(overrides={"streams": [{"id": "a", "kind": "gstreamer", "uri": "v4l2src ! fakesink"}]},
+                      env={})
+
+
+def test_stall_timeout_defaults_to_a_few_frame_periods():
+    assert stall_timeout(3.0, 25.0) == 3.0
+    assert stall_timeout(0.0, 25.0) == 1.0
+    assert stall_timeout(0.0, 2.0) == 2.5
+    assert stall_timeout(0.0, 0.0) == 2.0
+    assert stall_timeout(0.0, 90000.0) == 2.0  # a nonsense rate reported by a backend
+
+
+PULL = """
+import json, sys
+import gi
+gi.require_version("Gst", "1.0")
+from gi.repository import Gst
+Gst.init(None)
+pipe = Gst.parse_launch(sys.argv[1])
+_, sink = pipe.iterate_sinks().next()
+pipe.set_state(Gst.State.PLAYING)
+sample = sink.emit("try-pull-sample", 20 * Gst.SECOND)
+caps = sample.get_caps().get_structure(0) if sample else None
+pipe.set_state(Gst.State.NULL)
+print(json.dumps({"sample": sample is not None, "format": caps and caps.get_value("format"),
+                  "width": caps and caps.get_value("width"), "drop": sink.get_property("drop"),
+                  "max_buffers": sink.get_property("max-buffers")}))
+"""
+
+
+@pytest.mark.skipif(bool(missing()), reason=missing() or "")
+def test_jetson_pipeline_runs_with_software_elements():
+    """The hardware pipeline's string, with avdec_h264/videoconvert standing in for
+    nvv4l2decoder/nvvidconv, pulls BGR frames from a camera that needs credentials."""
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import gi; gi.require_version('Gst', '1.0'); "
+                            "from gi.repository import Gst; Gst.init(None); "
+                            "import sys; sys.exit(0 if Gst.ElementFactory.find('avdec_h264') else 3)"])
+    if probe.returncode:
+        pytest.skip("avdec_h264 is missing (gstreamer1.0-libav; make test installs it)")
+    cam = RtspCamera(fps=25, user="viewer", password="pw").start()
+    try:
+        p = rtsp_pipeline(cam.url, "tcp", "h264", 5.0, decoder="avdec_h264", convert="videoconvert")
+        out = subprocess.run([SYSTEM_PYTHON, "-c", PULL, p], capture_output=True, text=True, timeout=60)
+    finally:
+        cam.stop()
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got == {"sample": True, "format": "BGR", "width": 320, "drop": True, "max_buffers": 1}
