@@ -42,7 +42,7 @@ def _handler(args: argparse.Namespace) -> int:
         fps=args.fps, limit=args.limit, threads=args.threads, model_out=Path(args.out) / "gain-model.json",
         payloads=args.payloads, payload=args.payload, cloud_input=args.cloud_input, samples=args.samples,
         target_rate=args.target_rate, target_fraction=args.target_fraction, target_gap=args.target_gap,
-        target_uplink=args.target_uplink, target_margin=args.target_margin,
+        target_uplink=args.target_uplink, target_margin=args.target_margin, target_edge_ratio=args.target_edge_ratio,
     )
     result = run_eval(cfg)
     paths = report.write(result, Path(args.out))
@@ -78,6 +78,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--target-gap", type=float, default=0.70, help="least share of the edge-to-cloud gap closed (0.7)")
     p.add_argument("--target-uplink", type=float, default=0.90,
                    help="least share of uplink bytes saved against every frame whole at full resolution (0.9)")
+    p.add_argument("--target-edge-ratio", type=float, default=0.85,
+                   help="the set must have a real gap: edge-only F1 and mAP at most this share of cloud-only's (0.85)")
     p.add_argument("--target-margin", type=float, default=0.03,
                    help="least lead over each baseline, as a share of cloud-only F1, with its interval above 0 (0.03)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N frames")

@@ -43,7 +43,8 @@ class EvalConfig:
             of cloud-only F1, closes >= ``target_gap`` of the edge-to-cloud gap, saves >=
             ``target_uplink`` of the bytes of sending every frame whole at full resolution,
             and leads every baseline by >= ``target_margin`` of cloud-only F1 with the 95%
-            interval of the lead above 0.
+            interval of the lead above 0; ``target_edge_ratio``: the set must have a real gap,
+            edge-only F1 and mAP@0.5 at most this share of cloud-only's.
         payloads: payload modes measured side by side (each costs a cloud pass per frame).
         payload: the mode every policy is compared in (default: the policy file's).
         cloud_input: ``auto`` (native for a model that asks for it), ``model`` or
@@ -67,6 +68,7 @@ class EvalConfig:
     target_gap: float = 0.70
     target_uplink: float = 0.90
     target_margin: float = 0.03
+    target_edge_ratio: float = 0.85
     payloads: Sequence[str] = COMPARED_MODES
     payload: Optional[str] = None
     cloud_input: str = "auto"
@@ -155,7 +157,8 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
         "threshold_sweep": sweep,
         "learned": learned,
         "target": judge_target(base, rates, cfg.rates, cfg.target_rate, cfg.target_fraction, diffs=diffs,
-                               ours=ours, gap=cfg.target_gap, uplink=cfg.target_uplink, margin=cfg.target_margin),
+                               ours=ours, gap=cfg.target_gap, uplink=cfg.target_uplink, margin=cfg.target_margin,
+                               edge_ratio=cfg.target_edge_ratio),
     }
 
 
@@ -167,10 +170,12 @@ def _judged_index(compared: Sequence[float], max_rate: float) -> int:
 def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], compared: Sequence[float],
                  max_rate: float, fraction: float, diffs: Optional[Dict[str, List[Dict[str, Any]]]] = None,
                  ours: Optional[str] = None, gap: Optional[float] = None, uplink: Optional[float] = None,
-                 margin: Optional[float] = None) -> Dict[str, Any]:
+                 margin: Optional[float] = None, edge_ratio: Optional[float] = None) -> Dict[str, Any]:
     """The verdict on the target at the largest compared rate within ``max_rate``.
 
-    Parts (each None when it cannot be judged from what was given): ``fraction_met``, our
+    Parts (each None when it cannot be judged from what was given): ``edge_gap_met``, the
+    set has a real gap (edge-only F1 and mAP@0.5 at most ``edge_ratio`` of cloud-only's);
+    ``fraction_met``, our
     policy keeps >= ``fraction`` of cloud-only F1; ``gap_met``, it closes >= ``gap`` of the
     edge-to-cloud F1 gap; ``uplink_met``, it saves >= ``uplink`` of the bytes of sending
     every frame whole; ``margins_met``, it leads each baseline by >= ``margin`` of cloud-only
@@ -196,7 +201,12 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
     closed = (our["f1"] - edge_f1) / gap_f1 if gap_f1 > 0 else None
     margins = {b: our["f1"] - rates[b][at]["f1"] for b in BASELINES if b in rates and b != ours}
     beats = {b: bool(diffs[b][at]["beats"]) for b in margins if diffs and b in diffs}
+    edge_f1_ratio = edge_f1 / cloud_f1 if cloud_f1 > 0 else None
+    edge_map_ratio = (base["edge_only"]["map50"] / base["cloud_only"]["map50"]
+                      if "map50" in base["edge_only"] and base["cloud_only"].get("map50") else None)
     parts: Dict[str, Optional[bool]] = {
+        "edge_gap_met": (None if edge_ratio is None or edge_f1_ratio is None else
+                         bool(edge_f1_ratio <= edge_ratio and (edge_map_ratio is None or edge_map_ratio <= edge_ratio))),
         "fraction_met": bool(gap_f1 > 0 and frac >= fraction),
         "gap_met": None if gap is None else bool(closed is not None and closed >= gap),
         "uplink_met": (None if uplink is None or "uplink_saved" not in our
@@ -207,6 +217,7 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
     }
     return {
         "max_rate": max_rate, "f1_fraction": fraction, "gap_target": gap, "uplink_target": uplink,
+        "edge_ratio_target": edge_ratio, "edge_f1_ratio": edge_f1_ratio, "edge_map50_ratio": edge_map_ratio,
         "margin_target": margin, "compared_at_rate": compared[at], "ours": ours, "best_policy": best,
         "ours_f1_fraction": frac, "best_f1_fraction": rates[best][at]["f1"] / cloud_f1 if cloud_f1 > 0 else 0.0,
         "cloud_better": bool(gap_f1 > 0), "ours_uplink_saved": our.get("uplink_saved"),

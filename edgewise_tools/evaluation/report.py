@@ -110,9 +110,15 @@ def verdict(result: Dict[str, Any]) -> List[str]:
         return "not judged" if v is None else ("met" if v else "NOT met")
 
     out = [f"Target at <= {_pct(t['max_rate'])} of frames escalated (judged at {at}, for {ours}, the policy "
-           "declared before looking at the test set):",
-           f"- >= {_pct(t['f1_fraction'])} of cloud-only F1: {_pct(t.get('ours_f1_fraction', 0.0))} -> "
-           f"{mark(t.get('fraction_met'))}"]
+           "declared before looking at the test set):"]
+    if t.get("edge_gap_met") is not None:
+        mr = t.get("edge_map50_ratio")
+        out.append(f"- a real gap, edge only <= {_pct(t['edge_ratio_target'])} of cloud only: F1 "
+                   f"{_pct(t['edge_f1_ratio'])}" + (f", mAP@0.5 {_pct(mr)}" if mr is not None else "")
+                   + f" -> {mark(t.get('edge_gap_met'))}")
+    out += [
+            f"- >= {_pct(t['f1_fraction'])} of cloud-only F1: {_pct(t.get('ours_f1_fraction', 0.0))} -> "
+            f"{mark(t.get('fraction_met'))}"]
     if t.get("gap_closed") is not None:
         out.append(f"- edge-to-cloud F1 gap closed >= {_pct(t['gap_target'] or 0)}: {_pct(t['gap_closed'])} -> "
                    f"{mark(t.get('gap_met'))}")

@@ -109,6 +109,12 @@ def test_target_verdict_hand_computed() -> None:
     # ours (combined) against the one baseline given: 0.78 - 0.64 at 15%
     assert t["ours_minus_baselines"] == {"random": pytest.approx(0.14)} and t["ours_beat_baselines"]
     assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", uplink=0.95)["met"]
+    # a real gap: edge-only 0.60 / 0.80 = 75% of cloud F1 (mAP too when given)
+    t = judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", edge_ratio=0.85)
+    assert t["edge_gap_met"] and t["edge_f1_ratio"] == pytest.approx(0.75) and t["met"]
+    assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", edge_ratio=0.7)["met"]
+    maps = {"edge_only": {"f1": 0.60, "map50": 0.5}, "cloud_only": {"f1": 0.80, "map50": 0.55}}
+    assert not judge_target(maps, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", edge_ratio=0.85)["edge_gap_met"]
     assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", gap=0.95)["met"]
     # the lead must be >= margin x cloud F1 and its interval above 0
     lead = {"random": [{"beats": True}, {"beats": True}, {"beats": True}]}
