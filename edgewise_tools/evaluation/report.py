@@ -17,6 +17,8 @@ POLICY_LABELS = {
     "learned": "edgewise learned gain",
     "oracle": "oracle (knows what escalating gains)",
 }
+#: fewer streams than this and the report says its intervals understate the uncertainty
+MIN_STREAMS = 10
 PAYLOAD_LABELS = {
     "full": "whole frame, full resolution",
     "crops": "one crop of the uncertain boxes",
@@ -49,7 +51,9 @@ def markdown(result: Dict[str, Any]) -> str:
         f"edge `{result['edge_model']}`, cloud `{result['cloud_model']}`",
         "",
         f"Merge `{result['merge']}`; policies compared with payload `{result.get('payload', 'full')}`; "
-        f"95% intervals from {result.get('bootstrap', {}).get('samples', 0)} bootstrap samples of the streams.",
+        f"95% intervals from {result.get('bootstrap', {}).get('samples', 0)} bootstrap samples of the streams."
+        + (f" **Only {result['streams']} streams: resampling so few understates the uncertainty; read the "
+           "intervals as a floor.**" if result.get("streams", MIN_STREAMS) < MIN_STREAMS else ""),
         "",
         "| run | escalated | F1 (GT) [95% CI] | % of cloud F1 | mAP@0.5 | F1 vs cloud | uplink saved |",
         "|---|---|---|---|---|---|---|",
