@@ -8,6 +8,7 @@ with the motion signal on 1280x720 frames (``edgewise.hardness.measure_cost``).
 Prints a Markdown table.
 
     .venv/bin/python bench/edge.py --streams 2 --frames 60
+    .venv/bin/python bench/edge.py --streams 2 --frames 24 --size 1280x720   # the camera world's frames
     .venv/bin/python bench/edge.py --live --cameras 1,2,4,8 --fps 5   # RTSP cameras (bench/_edge_live.py)
 
 The model is an architecture-exact YOLOv5s (seeded random weights, 80 classes)
@@ -51,11 +52,16 @@ def int8_model(imgsz: int) -> Path:
     return q
 
 
+#: the default weights plus the motion signals, so the daemon's hardness stage includes the
+#: motion detector (examples/policy.yaml's signals)
 POLICY = """apiVersion: edgewise/v1
 kind: EscalationPolicy
 metadata: {name: bench}
 spec:
   threshold: 0.5
+  signals:
+    weights: {uncertain_count: 1.0, missed_object: 1.0, tracker_disagreement: 0.8, entropy: 0.6, margin: 0.6,
+              small_boxes: 0.4, mean_conf: 0.3, motion_blobs: 0.8, motion: 0.4}
 """
 
 
