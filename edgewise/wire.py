@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -21,13 +21,13 @@ import numpy as np
 from edgewise import imagefiles
 from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
-from edgewise.imagefiles import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageHeader
+from edgewise.imagefiles import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, Buffer, ImageHeader
 from edgewise.images import check_bgr
 from edgewise.regions import Tile, tiles_to_frame
 from edgewise.v1 import detect_pb2
 
 FORMATS = ("jpeg", "png", "raw")
-_WIRE_ENCODINGS = {detect_pb2.Image.JPEG: "jpeg", detect_pb2.Image.PNG: "png"}
+_WIRE_ENCODINGS: Dict[int, str] = {detect_pb2.Image.JPEG: "jpeg", detect_pb2.Image.PNG: "png"}
 
 
 def encode_image(bgr: np.ndarray, fmt: str = "jpeg", quality: int = 90) -> detect_pb2.Image:
@@ -53,8 +53,31 @@ def encode_image(bgr: np.ndarray, fmt: str = "jpeg", quality: int = 90) -> detec
     return detect_pb2.Image(encoding=enc, data=buf.tobytes())
 
 
+class WireImage(Protocol):
+    """What ``check_image`` reads of a wire image: a ``detect_pb2.Image`` (the worker), or
+    the gateway's view of one inside the request bytes it forwards, whose ``data`` is a
+    ``memoryview`` of them (``cloud/gateway/envelope.py``)."""
+
+    @property
+    def encoding(self) -> int: ...
+    @property
+    def data(self) -> Buffer: ...
+    @property
+    def shape(self) -> Sequence[int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def offset_x(self) -> int: ...
+    @property
+    def offset_y(self) -> int: ...
+    @property
+    def source_width(self) -> int: ...
+    @property
+    def source_height(self) -> int: ...
+
+
 def check_image(
-    img: detect_pb2.Image,
+    img: WireImage,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> ImageHeader:
@@ -62,8 +85,10 @@ def check_image(
 
     Byte limit, declared encoding vs magic bytes, declared size vs ``max_pixels`` (for
     every encoding), RAW shape [height, width, 3] / dtype uint8 / length, a JPEG's
-    end-of-image marker, and a crop offset inside its source frame. The gateway's
+    end-of-image marker, a crop offset inside its source frame, and (for a parsed
+    ``detect_pb2.Image``: the worker) the tiles of a packed region payload. The gateway's
     admission and the worker (before it decodes) both call it with the same limits.
+    Reads only the first and last bytes of ``data``: its cost does not grow with the image.
     """
     data = img.data
     if not data:
@@ -80,7 +105,7 @@ def check_image(
         if found != want:
             raise InvalidInputError(f"image.data is not a {want.upper()} (its magic bytes say "
                                     f"{(found or 'unknown').upper()}); check image.encoding")
-        if want == "jpeg" and data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
+        if want == "jpeg" and _last_two(data) != b"\xff\xd9":
             raise InvalidInputError("image.data: truncated JPEG (no end-of-image marker FFD9)")
         header = imagefiles.image_header(data, "image.data")
     else:
@@ -94,7 +119,8 @@ def check_image(
         raise InvalidInputError(
             f"image crop offset ({img.offset_x},{img.offset_y}) lies outside the "
             f"{img.source_width}x{img.source_height} source frame")
-    _check_tiles(img, header)
+    if isinstance(img, detect_pb2.Image):  # the gateway's view reads no tiles: the worker checks them
+        _check_tiles(img, header)
     return header
 
 
@@ -130,7 +156,15 @@ def tiles_from_proto(img: detect_pb2.Image) -> List[Tile]:
                  float(t.scale) or 1.0) for t in img.tiles]
 
 
-def _raw_header(img: detect_pb2.Image) -> ImageHeader:
+def _last_two(data: Buffer) -> bytes:
+    """The last two bytes before any trailing zero padding (some encoders pad a JPEG)."""
+    tail = bytes(data[-64:]).rstrip(b"\x00")
+    if len(tail) < 2 and len(data) > 64:  # long zero padding: strip it all (rare; C speed)
+        tail = bytes(data).rstrip(b"\x00")
+    return tail[-2:]
+
+
+def _raw_header(img: WireImage) -> ImageHeader:
     if img.dtype not in ("", "uint8"):
         raise InvalidInputError(f"image.dtype {img.dtype!r}: RAW images must be 'uint8'")
     shape = [int(s) for s in img.shape]
