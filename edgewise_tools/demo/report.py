@@ -109,7 +109,7 @@ def build_report(cfg: Any, data: Path, recs: List[R.Record], events: List[Dict[s
                  out: Path, policy_path: Path, cloud_cpu_s: Optional[float] = None) -> Dict[str, Any]:
     """Score the run, write ``index.html`` with plots, return the JSON summary.
 
-    Accuracy is scored on ``cfg.score_frames`` evenly spaced frames (every frame's uplink and
+    Accuracy is scored on ``cfg.score_frames`` evenly spaced frames (0: all; every frame's uplink and
     latency counts): edge only and cloud only are the two models run here on the frames as
     generated (the cloud at its input size, native for the camera pair), the hybrid is what
     the daemon published. ``cloud_cpu_s`` is the workers' CPU time during the run."""
@@ -120,7 +120,7 @@ def build_report(cfg: Any, data: Path, recs: List[R.Record], events: List[Dict[s
     policy = load_policy(policy_path)
     quality = policy.spec.payload.jpeg_quality
     frames = list_frames(data)
-    step = max(1, -(-len(frames) // max(1, int(cfg.score_frames))))
+    step = max(1, -(-len(frames) // int(cfg.score_frames or len(frames) or 1)))
     scored = set(range(0, len(frames), step))
     edge = Detector.from_file(cfg.edge_model, threads=1, source="edge")
     cloud = Detector.from_file(cfg.cloud_model, threads=2, source="cloud", input_size="auto")
@@ -220,15 +220,18 @@ def _html(s: Dict[str, Any], plots: Dict[str, str]) -> str:
             ("events", "; ".join(f"{e['event']} at {e['t']} s" for e in s["events"]) or "none"),
         ])
     imgs = "".join(f'<figure><img src="data:image/png;base64,{b}" alt="{k}"></figure>' for k, b in plots.items())
+    headline = ("the 900 held-out frames of 30 streams of the camera test split, with every policy compared at "
+                "the same escalation rate and 95% intervals from resampled streams"
+                if world["preset"] == "camera" else
+                "the 1200 held-out frames of the episodes test split, with every policy compared at the same "
+                "escalation rate")
     relation = (
         f"How these figures relate to the README's headline: this is one short live run, {world['streams']} "
         f"streams of {world['frames_per_stream']} frames of the <code>{html.escape(world['preset'])}</code> world "
         f"(seed {world['seed']}), scored on {a['scored_frames']} of its frames, with the policy file deciding live "
-        "under its budget, cooldown and deadline. The README's headline is <code>edgewise eval</code> on the "
-        "900 held-out frames of 30 streams, with every policy compared at the same escalation rate and 95% "
-        "intervals from resampled streams. Two streams make a wide interval and the escalation rate here is "
-        "the policy's, not a chosen one; expect the same ordering (edge only below the hybrid, the hybrid "
-        "close to cloud only), not the same numbers."
+        f"under its budget, cooldown and deadline. The README's headline is <code>edgewise eval</code> on {headline}. "
+        "A few streams make a wide interval and the escalation rate here is the policy's, not a chosen one; expect "
+        "the same ordering (edge only below the hybrid, the hybrid close to cloud only), not the same numbers."
     )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>edgewise demo report</title>

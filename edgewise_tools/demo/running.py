@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
@@ -24,9 +25,45 @@ from edgewise_tools.demo import records as R
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@dataclass(frozen=True)
+class World:
+    """A generated world the demo's cameras can show, with the demo's defaults for it."""
+
+    preset: str  # the ``edgewise synth`` preset
+    size: Tuple[int, int]  # frame size (width, height)
+    frames: int  # per stream
+    score_frames: int  # frames scored against the ground truth (evenly spaced; 0: every frame)
+    kill_worker_at: float  # fraction of the run
+    policy: Path
+
+
+#: The demo shows the world the shipped pair was trained for (``model_world``).
+WORLDS: Dict[str, World] = {
+    # the episodes pair: 224x224 frames (what it was trained on), every frame scored
+    "episodes": World("episodes", (224, 224), 200, 0, 0.35, ROOT / "examples" / "policy.yaml"),
+    # the camera pair (scripts/train_camera.sh): the cloud model at native size costs seconds
+    # per whole 1280x720 frame on 2 cores, so a sample of the frames is scored (< 3 minutes)
+    "camera": World("camera", (1280, 720), 150, 40, 0.2, ROOT / "examples" / "policies" / "camera.yaml"),
+}
+
+
+def model_world(path: Path) -> str:
+    """The world a model was trained for: its ONNX metadata ``edgewise_world`` (written by the
+    camera packaging, ``edgewise_tools.train.camera``), else ``episodes`` (also for a file that
+    cannot be read: ``DemoConfig.validate`` reports it)."""
+    from edgewise.errors import EdgewiseError
+    from edgewise.runtime.metadata import load_model_info
+
+    try:
+        world = load_model_info(path).metadata.get("edgewise_world", "episodes")
+    except (EdgewiseError, OSError):
+        return "episodes"
+    return world if world in WORLDS else "episodes"
+
+
 @dataclass
 class DemoConfig:
-    """What the demo runs.
+    """What the demo runs. Fields left empty (``""``, 0, ``None``) take the world's default.
 
     Attributes:
         edge_model: the INT8 reference edge model.
@@ -41,33 +78,54 @@ class DemoConfig:
         kill_seconds: how long it stays down before it is restarted.
         out: report folder.
         seed: data seed.
-        preset: the ``edgewise synth`` world the cameras show (``camera``: 1280x720, far objects
-            the edge cannot resolve; the README's headline world).
-        size: frame size (width, height); default: the preset's.
+        preset: the ``edgewise synth`` world the cameras show; default: the one the cloud model
+            was trained for (``model_world``: ``episodes`` for the shipped pair, ``camera`` once
+            the camera pair ships).
+        size: frame size (width, height).
         score_frames: frames scored against the ground truth for the report's accuracy
-            (evenly spaced): the cloud model on every whole frame at native resolution would
-            take longer than the demo itself.
+            (evenly spaced; 0: every frame).
         live: print a live progress line (off: only the start and end lines).
         keep_workdir: keep the work directory (data, logs, the sink) for inspection.
     """
 
     edge_model: Path = ROOT / "models" / "edge-int8.onnx"
     cloud_model: Path = ROOT / "models" / "cloud.onnx"
-    policy: Path = ROOT / "examples" / "policy.yaml"
+    policy: Optional[Path] = None
     transport: str = "grpc"
     streams: int = 2
-    frames: int = 100
+    frames: int = 0
     fps: float = 10.0
     workers: int = 2
-    kill_worker_at: float = 0.35
+    kill_worker_at: float = 0.0
     kill_seconds: float = 4.0
     out: Path = Path("demo-report")
     seed: int = 2026
-    preset: str = "camera"
+    preset: str = ""
     size: Optional[Tuple[int, int]] = None
-    score_frames: int = 60
+    score_frames: int = 0
     live: bool = True
     keep_workdir: bool = False
+
+    def __post_init__(self) -> None:
+        from edgewise.synth import default_size
+
+        self.preset = self.preset or model_world(Path(self.cloud_model))
+        world = WORLDS.get(self.preset, WORLDS["episodes"])
+        if self.size is None:
+            self.size = world.size if self.preset in WORLDS else default_size(self.preset)
+        self.frames = self.frames or world.frames
+        self.score_frames = self.score_frames or world.score_frames
+        self.kill_worker_at = self.kill_worker_at or world.kill_worker_at
+        self.policy = self.policy or world.policy
+
+    @property
+    def policy_file(self) -> Path:
+        return Path(self.policy or WORLDS["episodes"].policy)
+
+    @property
+    def frame_size(self) -> Tuple[int, int]:
+        assert self.size is not None  # set by __post_init__
+        return self.size
 
     def validate(self) -> None:
         for name in ("edge_model", "cloud_model", "policy"):
@@ -77,14 +135,8 @@ class DemoConfig:
                 raise ConfigError(f"demo {name.replace('_', '-')}: {p} not found{hint}")
         if self.transport not in ("grpc", "mqtt"):
             raise ConfigError(f"--transport {self.transport!r}: use grpc or mqtt")
-        if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1 or self.score_frames < 1:
-            raise ConfigError("demo needs >= 1 stream, >= 10 frames, fps > 0, >= 1 worker and >= 1 scored frame")
-
-    @property
-    def frame_size(self) -> Tuple[int, int]:
-        from edgewise.synth import default_size
-
-        return self.size if self.size is not None else default_size(self.preset)
+        if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1:
+            raise ConfigError("demo needs >= 1 stream, >= 10 frames, fps > 0 and >= 1 worker")
 
 
 def _free_port() -> int:
@@ -149,7 +201,8 @@ def _edge_config(cfg: DemoConfig, work: Path, cams: List[Path], gateway: str, po
         "model": {"path": str(cfg.edge_model), "backend": "onnxruntime", "threads": 1, "max_batch": 2},
         "policy_file": str(policy),
         "cloud": {"endpoints": [gateway], "transport": cfg.transport},
-        "spool": {"path": str(work / "spool.db"), "max_bytes": 256 << 20, "max_age_s": 3600},
+        # replay promptly once the killed worker is back: the run is short
+        "spool": {"path": str(work / "spool.db"), "max_bytes": 256 << 20, "max_age_s": 3600, "replay_interval_s": 0.5},
         "sinks": {"jsonl": str(work / "detections.jsonl"), "stdout": False},
         "metrics": {"host": "127.0.0.1", "port": metrics_port},
     }
@@ -161,7 +214,7 @@ def _edge_config(cfg: DemoConfig, work: Path, cams: List[Path], gateway: str, po
 
 
 def _policy_copy(cfg: DemoConfig, work: Path) -> Path:
-    doc = yaml.safe_load(Path(cfg.policy).read_text())
+    doc = yaml.safe_load(cfg.policy_file.read_text())
     doc.setdefault("spec", {})["transport"] = cfg.transport
     path = work / "policy.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -238,8 +291,10 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
     say(f"edgewise demo: {cfg.streams} {cfg.preset} streams of {w}x{h} x {cfg.frames} frames at {cfg.fps:g} fps, "
         f"{cfg.workers} cloud workers, transport {cfg.transport} (work dir {work})")
     data = work / "data"
-    _generate(cfg, data)
-    cams = _stream_folders(data, cfg.streams)
+    # the cameras' frames are generated while the cloud processes start (they do not share a core's work)
+    gen = ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo-synth")
+    generated = gen.submit(_generate, cfg, data)
+    gen.shutdown(wait=False)
     broker = None
     mqtt_port: Optional[int] = None
     if cfg.transport == "mqtt":
@@ -253,9 +308,11 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
                        log_dir=work / "cloud")
     daemon: Optional[subprocess.Popen[bytes]] = None
     try:
-        say("starting the local cloud (gateway + workers, warm-up) ...")
+        say("generating the cameras' frames and starting the local cloud (gateway + workers, warm-up) ...")
         cloud.start()
         say(f"cloud up: gateway {cloud.address}, workers {', '.join(cloud.worker_addresses)}")
+        generated.result()
+        cams = _stream_folders(data, cfg.streams)
         metrics_port = _free_port()
         edge_yaml = _edge_config(cfg, work, cams, cloud.address, policy, mqtt_port, metrics_port)
         sink = work / "detections.jsonl"

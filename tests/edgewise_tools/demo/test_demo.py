@@ -37,7 +37,7 @@ def audit_policy(tmp_path) -> Path:
 def test_short_demo_loses_nothing_and_writes_the_report(tmp_path, tiny_model, small_model, audit_policy) -> None:
     out = tmp_path / "report"
     cfg = DemoConfig(edge_model=tiny_model, cloud_model=small_model, policy=audit_policy, frames=40, fps=10.0,
-                     kill_seconds=2.0, out=out, live=False, size=(640, 360), score_frames=20)
+                     kill_seconds=2.0, out=out, live=False, preset="camera", size=(640, 360), score_frames=20)
     summary = run_demo(cfg)
     acct = summary["accounting"]
     assert summary["frames_generated"] == 80
@@ -69,6 +69,22 @@ def test_records_keep_the_cloud_answer_over_the_spooled_copy() -> None:
     acct = accounting(final)
     assert acct == {"frames": 2, "escalated": 1, "answered": 1, "answered_late": 1, "still_spooled": 0,
                     "edge_only_fallback": 0, "lost": 0}
+
+
+def test_demo_shows_the_world_the_cloud_model_was_trained_for(tmp_path, tiny_model) -> None:
+    import onnx
+
+    episodes = DemoConfig(cloud_model=tiny_model)  # no edgewise_world metadata: the episodes pair
+    assert (episodes.preset, episodes.frame_size, episodes.frames, episodes.score_frames) == ("episodes", (224, 224), 200, 0)
+    assert episodes.policy_file == ROOT / "examples" / "policy.yaml"
+    model = onnx.load(str(tiny_model))
+    prop = model.metadata_props.add()
+    prop.key, prop.value = "edgewise_world", "camera"  # what the camera packaging writes
+    onnx.save(model, str(tmp_path / "camera.onnx"))
+    camera = DemoConfig(cloud_model=tmp_path / "camera.onnx", frames=30)
+    assert (camera.preset, camera.frame_size, camera.frames, camera.score_frames) == ("camera", (1280, 720), 30, 40)
+    assert camera.policy_file == ROOT / "examples" / "policies" / "camera.yaml" and camera.policy_file.is_file()
+    assert DemoConfig(cloud_model=tmp_path / "missing.onnx").preset == "episodes"
 
 
 def test_demo_config_rejects_missing_models(tmp_path) -> None:
