@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 RUN=${1:-runs/camera}
 PY=${PY:-.venv/bin/python}
 MODELS=${MODELS:-models}
-POLICY=${POLICY:-examples/policy.yaml}
+POLICY=${POLICY:-examples/policies/camera.yaml}
 THREADS=${THREADS:-2}
 export OMP_WAIT_POLICY=PASSIVE
 "$PY" -m edgewise.cli eval --edge "$MODELS/edge-int8.onnx" --cloud "$MODELS/cloud.onnx" --policy "$POLICY" \

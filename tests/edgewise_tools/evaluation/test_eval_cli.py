@@ -25,8 +25,8 @@ def tiny_sets(tmp_path_factory):
 
 def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, tmp_path) -> None:
     out = tmp_path / "report"
-    policy = tmp_path / "policy.yaml"  # the example policy, downscaling the 160 px test frames to 96
-    text = (ROOT / "examples" / "policy.yaml").read_text()
+    policy = tmp_path / "policy.yaml"  # the camera example policy, downscaling the 160 px test frames to 96
+    text = (ROOT / "examples" / "policies" / "camera.yaml").read_text()
     assert "downscaleWidth: 640" in text
     policy.write_text(text.replace("downscaleWidth: 640", "downscaleWidth: 96"))
     rc = main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model),
