@@ -20,6 +20,10 @@ eps``): exact in eval mode only. The ONNX weights carry the PyTorch parameter na
 (``model.0.conv.weight``, ``model.24.m.0.weight``), so tensors are matched by name
 and shape (each bias through its Conv node); a mismatch (another architecture or class count) is a
 ``ConfigError`` naming the tensor.
+
+``python -m edgewise_tools.train.onnxinit SRC DST`` (``export_native``) exports such a file
+again with a symbolic height/width, so that a fixed-size shipped model runs at each image's
+native size (how the README's camera-world measurement ran the episodes pair's cloud model).
 """
 
 from __future__ import annotations
@@ -158,3 +162,40 @@ def _calibrate(model: YOLOv5, blocks: Dict[str, Conv], images: np.ndarray, batch
         bn.running_var.copy_(var.float())  # type: ignore[union-attr]
         bn.weight.copy_(torch.sqrt(var + bn.eps).float())
         bn.bias.add_(mu.float())
+
+
+def export_native(src: Path, dst: Path) -> Path:
+    """``src`` (an ONNX file of this project's builder) exported again with a symbolic
+    height/width and the metadata ``input_size: native``: the same weights, run by a worker
+    or ``edgewise eval`` at each image's own size (whole camera frames, region payloads)."""
+    from edgewise.runtime.detector import NATIVE_KEY
+    from edgewise.runtime.metadata import load_model_info
+    from edgewise_tools.models.export import export_onnx
+    from edgewise_tools.models.yolov5 import build_model
+
+    info = load_model_info(src)
+    arch = info.metadata.get("edgewise_arch")
+    if not arch:
+        raise ConfigError(f"{src}: no edgewise_arch in its ONNX metadata (not an export of this project's builder)")
+    model = build_model(arch, nc=info.nc)
+    load_onnx(model, src)  # no images: identity BatchNorm, exact in eval mode
+    extra = {k: v for k, v in info.metadata.items() if k not in ("names", "stride", "imgsz")}
+    return export_onnx(model.eval(), dst, imgsz=info.imgsz, names=list(info.names), arch=arch,
+                       extra_metadata={**extra, NATIVE_KEY: "native"}, dynamic_hw=True)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m edgewise_tools.train.onnxinit",
+                                description="Export an ONNX file of this project's builder again with a "
+                                            "symbolic height/width (input_size: native).")
+    p.add_argument("src", type=Path)
+    p.add_argument("dst", type=Path)
+    args = p.parse_args(argv)
+    print(f"wrote {export_native(args.src, args.dst)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

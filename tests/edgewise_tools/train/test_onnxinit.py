@@ -16,7 +16,7 @@ from edgewise_tools.models.export import export_onnx  # noqa: E402
 from edgewise_tools.models.yolov5 import Conv, build_model  # noqa: E402
 from edgewise_tools.train import TrainConfig, train  # noqa: E402
 from edgewise_tools.train.data import NO_AUGMENT, YoloDataset, batches  # noqa: E402
-from edgewise_tools.train.onnxinit import load_onnx  # noqa: E402
+from edgewise_tools.train.onnxinit import export_native, load_onnx  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -77,3 +77,23 @@ def test_another_architecture_is_refused_naming_the_tensor(tmp_path: Path) -> No
     (tmp_path / "junk.onnx").write_bytes(b"not onnx")
     with pytest.raises(ConfigError, match="not a readable ONNX"):
         load_onnx(build_model("yolov5n", nc=10), tmp_path / "junk.onnx")
+
+
+def test_native_export_computes_the_same_at_any_size(tmp_path: Path) -> None:
+    src = export_onnx(_trained_like(3), tmp_path / "fixed.onnx", imgsz=128, arch="yolov5n")
+    dst = export_native(src, tmp_path / "native.onnx")
+    x = np.random.default_rng(0).random((1, 3, 128, 128), np.float32)
+    run = {p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (src, dst)}
+    np.testing.assert_allclose(run[dst].run(None, {"images": x})[0], run[src].run(None, {"images": x})[0], atol=1e-3)
+    wide = np.random.default_rng(1).random((1, 3, 64, 192), np.float32)  # the fixed file refuses this shape
+    assert run[dst].run(None, {"images": wide})[0].shape == (1, 3 * (8 * 24 + 4 * 12 + 2 * 6), 15)
+    assert run[dst].get_modelmeta().custom_metadata_map["input_size"] == "native"
+    import onnx
+
+    foreign = onnx.load(str(src))  # an export by another tool: no edgewise_arch
+    kept = [m for m in foreign.metadata_props if m.key != "edgewise_arch"]
+    del foreign.metadata_props[:]
+    foreign.metadata_props.extend(kept)
+    onnx.save(foreign, str(tmp_path / "foreign.onnx"))
+    with pytest.raises(ConfigError, match="no edgewise_arch"):
+        export_native(tmp_path / "foreign.onnx", tmp_path / "x.onnx")
