@@ -186,7 +186,7 @@ def build_report(cfg: Any, data: Path, recs: List[R.Record], events: List[Dict[s
         "events": events,
         "transport": cfg.transport,
         "models": {"edge": str(cfg.edge_model), "cloud": str(cfg.cloud_model)},
-        "provenance": provenance({"edge": cfg.edge_model, "cloud": cfg.cloud_model}, policy_path, {"demo": data},
+        "provenance": provenance({"edge": cfg.edge_model, "cloud": cfg.cloud_model}, cfg.policy_file, {"demo": data},
                                  cloud_input=cloud.input_size),
         "report": str((out / "index.html").resolve()),
     }
