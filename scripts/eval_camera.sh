@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Evaluate the shipped pair the way the README's "Hybrid accuracy" reports it, after
+# Evaluate the camera pair (README, "Camera world"; models/MODEL_CARD.md), after
 # scripts/train_camera.sh (which wrote RUN/data):
 #   1. the headline: the held-out camera test split (900 frames, 30 streams), every payload
 #      mode side by side, policies at equal rates with 95% intervals from resampled streams,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train the camera reference pair (models/MODEL_CARD.md, "Camera pair"): a world where the
+# Train the camera reference pair (models/MODEL_CARD.md, "Next: the camera pair"): a world where the
 # cloud sees what the edge cannot (docs/design/escalation.md#the-camera-world).
 #   0. the previous pair (episodes world) is kept under $MODELS/episodes/ (copied once, with
 #      its metrics and evaluations) and both new models start from it (--init FILE.onnx:
