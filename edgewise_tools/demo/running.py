@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 class World:
     """A generated world the demo's cameras can show, with the demo's defaults for it."""
 
-    preset: str  # the ``edgewise synth`` preset
     size: Tuple[int, int]  # frame size (width, height)
     frames: int  # per stream
     score_frames: int  # frames scored against the ground truth (evenly spaced; 0: every frame)
@@ -37,13 +36,14 @@ class World:
     policy: Path
 
 
-#: The demo shows the world the shipped pair was trained for (``model_world``).
+#: The ``edgewise synth`` presets the demo can show; it shows the one the shipped pair was
+#: trained for (``model_world``).
 WORLDS: Dict[str, World] = {
     # the episodes pair: 224x224 frames (what it was trained on), every frame scored
-    "episodes": World("episodes", (224, 224), 200, 0, 0.35, ROOT / "examples" / "policy.yaml"),
+    "episodes": World((224, 224), 200, 0, 0.35, ROOT / "examples" / "policy.yaml"),
     # the camera pair (scripts/train_camera.sh): the cloud model at native size costs seconds
     # per whole 1280x720 frame on 2 cores, so a sample of the frames is scored (< 3 minutes)
-    "camera": World("camera", (1280, 720), 150, 40, 0.2, ROOT / "examples" / "policies" / "camera.yaml"),
+    "camera": World((1280, 720), 150, 40, 0.2, ROOT / "examples" / "policies" / "camera.yaml"),
 }
 
 
@@ -120,7 +120,8 @@ class DemoConfig:
 
     @property
     def policy_file(self) -> Path:
-        return Path(self.policy or WORLDS["episodes"].policy)
+        assert self.policy is not None  # set by __post_init__
+        return Path(self.policy)
 
     @property
     def frame_size(self) -> Tuple[int, int]:
@@ -135,8 +136,8 @@ class DemoConfig:
                 raise ConfigError(f"demo {name.replace('_', '-')}: {p} not found{hint}")
         if self.transport not in ("grpc", "mqtt"):
             raise ConfigError(f"--transport {self.transport!r}: use grpc or mqtt")
-        if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1:
-            raise ConfigError("demo needs >= 1 stream, >= 10 frames, fps > 0 and >= 1 worker")
+        if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1 or self.score_frames < 0:
+            raise ConfigError("demo needs >= 1 stream, >= 10 frames, fps > 0, >= 1 worker and >= 0 scored frames")
 
 
 def _free_port() -> int:
