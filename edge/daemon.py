@@ -23,6 +23,7 @@ from edge.deciding import Decider
 from edge.escalating import Escalating
 from edge.metrics import EdgeMetrics, MetricsServer
 from edge.pipeline import Pipeline
+from edge.preflight import preflight
 from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings
 from edge.sinks import JsonlSink, MqttSink, Record, Sink, Sinks, StdoutSink
@@ -114,7 +115,7 @@ class EdgeDaemon:
             kwargs["threads"] = m.threads
         if m.imgsz:
             kwargs["imgsz"] = m.imgsz
-        return Detector.from_file(m.path, **kwargs)
+        return Detector.from_file(m.path, max_batch=m.max_batch, **kwargs)
 
     def _build_sinks(self) -> Sinks:
         s = self.settings.sinks
@@ -223,6 +224,8 @@ class EdgeDaemon:
     async def run(self) -> int:
         """Run until the sources end or a stop is requested; returns an exit status."""
         s = self.settings
+        for line in preflight(s):  # device id, writable state folders: one-line errors
+            log.info("%s", line)
         loop = asyncio.get_running_loop()
         self.stop_event = asyncio.Event()
         self.reload_event = asyncio.Event()

@@ -182,7 +182,9 @@ class MetricsSettings:
 class EdgeSettings:
     """Root settings of one edge daemon process."""
 
-    device_id: str = setting("Device id, part of every idempotency key and MQTT topic.", "edge-0")
+    device_id: str = setting(
+        "Device id, part of every idempotency key and MQTT topic; empty = this Jetson's serial number "
+        "(`/proc/device-tree/serial-number`), else the host name (logged at start).", "")
     streams: List[StreamSettings] = setting("Frame sources (at least one).", factory=list)
     model: ModelSettings = setting("The edge detector.", factory=ModelSettings)
     policy_file: str = setting("Escalation policy YAML (`kind: EscalationPolicy`); empty = never escalate.", "")
@@ -198,10 +200,11 @@ class EdgeSettings:
 
 def validate(s: EdgeSettings) -> None:
     """The rules that span fields or need more than a range; raises :class:`Invalid`."""
-    try:
-        mqtt_topics.check_segment(s.device_id, "value")
-    except InvalidInputError as exc:
-        raise Invalid("device_id", f"must be usable as an MQTT topic level: {exc}") from None
+    if s.device_id:  # empty: resolved at start (edge.preflight.resolve_device_id)
+        try:
+            mqtt_topics.check_segment(s.device_id, "value")
+        except InvalidInputError as exc:
+            raise Invalid("device_id", f"must be usable as an MQTT topic level: {exc}") from None
     _validate_streams(s.streams)
     if not s.model.path:
         raise Invalid("model.path", "is required")
@@ -244,11 +247,31 @@ def _check_live(p: str, st: StreamSettings) -> None:
             raise Invalid(f"{p}.backend", str(exc)) from None
 
 
+#: Domains reserved for documentation and tests (RFC 2606 section 3, RFC 6761): never a real
+#: gateway or broker, so a config naming one still holds the shipped placeholder.
+PLACEHOLDER_DOMAINS = ("example.com", "example.net", "example.org", "example", "invalid")
+
+
+def is_placeholder(host: str) -> bool:
+    """``host`` is in a reserved example domain (``edgewise-gateway.example.com``)."""
+    h = host.strip("[]").rstrip(".").lower()
+    return any(h == d or h.endswith("." + d) for d in PLACEHOLDER_DOMAINS)
+
+
+def _placeholder(what: str) -> str:
+    return (f"{what} is a placeholder (a domain reserved for examples, RFC 2606): replace it with "
+            "your gateway's address before starting the daemon")
+
+
 def _validate_cloud(c: CloudSettings) -> None:
     for i, ep in enumerate(c.endpoints):
         host, _, port = ep.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise Invalid(f"cloud.endpoints[{i}]", f"must be host:port, got {ep!r} (port 1..65535)")
+        if is_placeholder(host):
+            raise Invalid(f"cloud.endpoints[{i}]", _placeholder(repr(ep)))
+    if c.mqtt.host and is_placeholder(c.mqtt.host):
+        raise Invalid("cloud.mqtt.host", _placeholder(repr(c.mqtt.host)).replace("gateway", "broker"))
     if bool(c.tls_cert) != bool(c.tls_key):
         raise Invalid("cloud.tls_cert", "tls_cert and tls_key must be given together")
     try:

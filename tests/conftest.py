@@ -31,11 +31,11 @@ def free_port() -> int:
 
 
 def _built_model(arch: str, imgsz: int, nc: int) -> Path:
-    from edgewise_tools.models import build_onnx
-
-    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
     path = MODEL_CACHE / f"{arch}-{imgsz}-{nc}.onnx"
-    if not path.exists():
+    if not path.exists():  # the Jetson lane's Python 3.8 has no torch: it uses the cached files
+        from edgewise_tools.models import build_onnx
+
+        MODEL_CACHE.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.onnx")
         build_onnx(arch, imgsz=imgsz, nc=nc, path=tmp, names=DIGIT_NAMES[:nc] if nc <= 10 else None, seed=0)
         tmp.replace(path)

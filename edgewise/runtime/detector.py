@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edgewise.detections import Detections
-from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.errors import ConfigError, DeploymentError, InvalidInputError
 from edgewise.images import check_bgr
 from edgewise.runtime.backends import InferenceBackend
 from edgewise.runtime.decoding import DecodeParams, decode
@@ -78,12 +78,14 @@ class Detector:
         cache_dir: Optional[Union[str, Path]] = None,
         precision: Optional[str] = None,
         imgsz: Optional[ImgszLike] = None,
+        max_batch: int = 8,
     ) -> Detector:
         """Load and validate ``path`` and open it on ``backend``.
 
         ``auto`` picks native TensorRT when it is importable and a GPU is there,
         else ONNX Runtime (whose own provider list prefers TensorRT -> CUDA -> CPU).
-        ``cache_dir`` / ``precision`` apply to TensorRT engines. ``imgsz`` is the input
+        ``cache_dir`` / ``precision`` / ``max_batch`` (the largest batch an engine takes; part
+        of its cache key) apply to TensorRT engines. ``imgsz`` is the input
         size of a model whose graph leaves it dynamic (see ``load_model_info``); a model
         whose size is only assumed is logged as a warning.
         """
@@ -98,16 +100,25 @@ class Detector:
         if info.imgsz_source == "default":
             log.warning("%s", imgsz_guess_warning(info))
         be: InferenceBackend
+        why_not_trt = ""
         if backend == "auto":
-            backend = "tensorrt" if _tensorrt_usable() else "onnxruntime"
+            why_not_trt = tensorrt_unusable_reason()
+            backend = "onnxruntime" if why_not_trt else "tensorrt"
         if backend == "tensorrt":
             from edgewise.runtime.backends.tensorrt import TensorRTBackend
 
-            be = TensorRTBackend.from_onnx(info, cache_dir=cache_dir, precision=precision)
+            be = TensorRTBackend.from_onnx(info, cache_dir=cache_dir, precision=precision,
+                                           max_batch=max_batch)
         else:
             from edgewise.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-            be = OnnxRuntimeBackend(info, providers=providers, threads=threads)
+            try:
+                be = OnnxRuntimeBackend(info, providers=providers, threads=threads)
+            except DeploymentError as exc:
+                if not why_not_trt:
+                    raise
+                raise DeploymentError(f"backend auto: TensorRT is not usable here ({why_not_trt}) "
+                                      f"and {exc}") from None
         return cls(info, be, params, source)
 
     @property
@@ -148,16 +159,18 @@ class Detector:
         self.close()
 
 
-def _tensorrt_usable() -> bool:
-    """TensorRT importable and a CUDA device present (no import cost when absent)."""
+def tensorrt_unusable_reason() -> str:
+    """Why native TensorRT cannot run here ("" when it can: importable and a CUDA device)."""
     import importlib.util
 
     if importlib.util.find_spec("tensorrt") is None:
-        return False
+        return "the tensorrt module is not installed"
     try:
         from edgewise.runtime.backends.tensorrt import cuda_device_name
 
-        return cuda_device_name() is not None
+        if cuda_device_name() is None:
+            return "no CUDA device or libcudart"
+        return ""
     except Exception as e:  # a broken install must not stop the ONNX Runtime path
         log.warning("TensorRT is installed but unusable (%s); using onnxruntime", e)
-        return False
+        return f"TensorRT is installed but unusable: {e}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from edge import bundle as B
-from edgewise.errors import InvalidInputError
+from edgewise.errors import ConfigError, InvalidInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,7 +138,11 @@ def test_shipped_configs_are_valid(built, tmp_path) -> None:
     from edge.settings import load_settings
     from edgewise.policy import load_policy
 
-    settings = load_settings(str(ROOT / "deploy/jetson/edge.yaml"))
+    with pytest.raises(ConfigError, match=r"edge\.yaml:\d+: cloud\.endpoints\[0\]: .* is a placeholder"):
+        load_settings(str(ROOT / "deploy/jetson/edge.yaml"), env={})
+    settings = load_settings(str(ROOT / "deploy/jetson/edge.yaml"), overrides=["cloud.endpoints.0=gw.lan:50051"],
+                             env={})
+    assert settings.device_id == ""  # this Jetson's serial number, never one id for every device
     assert settings.model.backend == "tensorrt"
     assert settings.policy_file == "/etc/edgewise/policy.yaml"
     load_policy(str(B.DEFAULT_POLICY))

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgewise.errors import ConfigError, ModelError
+from edgewise.errors import ConfigError, DeploymentError, ModelError
 from edgewise.runtime.backends import split_fixed_batch
 from edgewise.runtime.metadata import ModelInfo
 
@@ -26,6 +26,20 @@ log = logging.getLogger(__name__)
 PREFERENCE = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
 ProviderSpec = Union[str, Tuple[str, Dict[str, Any]]]
+ONNXRUNTIME_MISSING = (
+    "the onnxruntime backend needs ONNX Runtime, which is not installed: pip install onnxruntime "
+    "(the Jetson bundle installs it: sudo /usr/lib/edgewise-edge/setup.sh --force); "
+    "or use the tensorrt backend where TensorRT is installed"
+)
+
+
+def import_onnxruntime() -> Any:
+    """The ``onnxruntime`` module, or ``DeploymentError`` saying how to install it."""
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise DeploymentError(f"{ONNXRUNTIME_MISSING} ({e})") from None
+    return onnxruntime
 
 
 def choose_providers(
@@ -69,7 +83,7 @@ def session_options(
     threads: Optional[int] = None, inter_threads: Optional[int] = None, graph_opt: str = "all"
 ) -> Any:
     """``SessionOptions`` with thread counts and graph optimisation level."""
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     if graph_opt not in GRAPH_OPT_LEVELS:
         raise ConfigError(f"graph_opt {graph_opt!r}: use one of {', '.join(GRAPH_OPT_LEVELS)}")
@@ -107,7 +121,7 @@ class OnnxRuntimeBackend:
         io_binding: Optional[bool] = None,
         trt_cache_dir: Optional[Path] = None,
     ) -> None:
-        import onnxruntime as ort
+        ort = import_onnxruntime()
 
         self.info = info
         chosen = choose_providers(ort.get_available_providers(), providers, trt_cache_dir,
