@@ -253,7 +253,7 @@ def _control(opts: BundleOptions, root: Path) -> str:
         f"Maintainer: {opts.maintainer}\n"
         f"Installed-Size: {_installed_size_kib(root)}\n"
         "Depends: python3 (>= 3.8), python3-venv, python3-libnvinfer (>= 8.5), libopencv-python | python3-opencv, "
-        "adduser, systemd, util-linux\n"
+        "adduser, systemd\n"
         "Recommends: nvidia-l4t-core\n"
         "Section: video\n"
         "Priority: optional\n"

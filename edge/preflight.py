@@ -87,9 +87,12 @@ def check_writable(setting: str, path: str, create: bool = True) -> None:
         if create:
             os.makedirs(folder, exist_ok=True)
         probe = folder
-        while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
             probe = os.path.dirname(probe)
-        ok = os.access(probe, os.W_OK | os.X_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
+        if not os.path.isdir(probe):
+            ok, err = False, f"{probe} is not a folder"
+        else:
+            ok = os.access(probe, os.W_OK | os.X_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
     except OSError as exc:
         ok, err = False, exc.strerror or str(exc)
     if not ok:
