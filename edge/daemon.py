@@ -19,6 +19,7 @@ import signal
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from edge import tegrastats
 from edge.deciding import Decider
 from edge.escalating import Escalating
 from edge.metrics import EdgeMetrics, MetricsServer
@@ -80,6 +81,7 @@ class EdgeDaemon:
         self.pipeline: Optional[Pipeline] = None
         self.escalating: Optional[Escalating] = None
         self.metrics_server: Optional[MetricsServer] = None
+        self.telemetry: Optional[tegrastats.Tegrastats] = None
         self.spool: Optional[Spool] = None
         self.mqtt: Any = None
         self.transports: Dict[str, Transport] = {}
@@ -238,6 +240,8 @@ class EdgeDaemon:
         if s.metrics.port >= 0:
             self.metrics_server = MetricsServer(self.metrics, self.health, s.metrics.host, s.metrics.port)
             self.metrics_server.start()
+            self.telemetry = tegrastats.start(self.metrics.registry, s.metrics.tegrastats,
+                                              s.metrics.tegrastats_interval_s)
         policy = None
         if s.policy_file:
             from edgewise.policy.holding import PolicyHolder
@@ -330,6 +334,8 @@ class EdgeDaemon:
             await self.escalating.close()  # queued spool writes finish first
         if self.spool is not None:
             self.spool.close()
+        if self.telemetry is not None:
+            self.telemetry.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
 

@@ -176,6 +176,10 @@ class MetricsSettings:
 
     host: str = setting("Bind address.", "127.0.0.1")
     port: int = setting("Port; 0 = pick a free one (logged); -1 = off.", 9108, lo=-1, hi=65535)
+    tegrastats: str = setting("Jetson telemetry (GPU and EMC load, temperatures, power rails) from the "
+                              "`tegrastats` command: `auto` = when it is on PATH, `off`.", "auto",
+                              choices=("auto", "off"))
+    tegrastats_interval_s: float = setting("Interval of the Jetson telemetry, seconds.", 2.0, lo=0.1)
 
 
 @dataclass

@@ -4,8 +4,6 @@ and ``edgewise edge check-config`` saying each problem in one line."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -92,7 +90,7 @@ def _error_as_unprivileged_user(fn) -> str:
             fn()
         except DeploymentError as exc:
             msg = str(exc)
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        except BaseException as exc:
             msg = f"unexpected {exc!r}"
         os.write(w, msg.encode())
         os._exit(0)

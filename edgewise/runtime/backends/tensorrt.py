@@ -342,7 +342,7 @@ class TensorRTBackend:
         self.context = self.engine.create_execution_context()
         self.tensor_api = hasattr(self.context, "execute_async_v3")
         self.max_batch = max_batch if info.dynamic_batch else max(1, info.fixed_batch)
-        self.stream = self.cuda.stream()
+        self.stream: Any = self.cuda.stream()
         self._dev: dict = {}
         self._in_dtype = np.float16 if self._io_dtype(info.input_name) == np.float16 else np.float32
         self.name = f"tensorrt[{trt.__version__}]"
