@@ -117,7 +117,7 @@ class EdgeDaemon:
             kwargs["threads"] = m.threads
         if m.imgsz:
             kwargs["imgsz"] = m.imgsz
-        return Detector.from_file(m.path, max_batch=m.max_batch, **kwargs)
+        return Detector.from_file(m.path, max_batch=m.max_batch, spinning=m.spin, **kwargs)
 
     def _build_sinks(self) -> Sinks:
         s = self.settings.sinks

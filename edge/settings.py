@@ -104,6 +104,10 @@ class ModelSettings:
     iou_thres: float = setting("NMS IoU threshold.", 0.45, lo=0, hi=1)
     max_det: int = setting("Most boxes kept per frame.", 300, lo=1)
     threads: int = setting("Intra-op threads of the runtime; 0 = runtime default.", 0, lo=0)
+    spin: bool = setting(
+        "ONNX Runtime: let idle pool threads busy-wait for the next inference (its own default). Off: at "
+        "camera pace a spinning pool burns every thread's idle time, several times the inference's own "
+        "CPU (docs/design/edge-runtime.md#cpu-per-frame); on only for back-to-back inference.", False)
     max_batch: int = setting("Most frames (from all streams) run in one inference call.", 4, lo=1)
     imgsz: int = setting("Square input size for a model that does not state it (dynamic height/width and no "
                          "`imgsz` metadata, e.g. YOLOv5 v7.0 `--dynamic` exports); 0 = the model's own (else "

@@ -79,13 +79,15 @@ class Detector:
         precision: Optional[str] = None,
         imgsz: Optional[ImgszLike] = None,
         max_batch: int = 8,
+        spinning: Optional[bool] = None,
     ) -> Detector:
         """Load and validate ``path`` and open it on ``backend``.
 
         ``auto`` picks native TensorRT when it is importable and a GPU is there,
         else ONNX Runtime (whose own provider list prefers TensorRT -> CUDA -> CPU).
         ``cache_dir`` / ``precision`` / ``max_batch`` (the largest batch an engine takes; part
-        of its cache key) apply to TensorRT engines. ``imgsz`` is the input
+        of its cache key) apply to TensorRT engines, ``spinning`` (busy-waiting pool threads; None
+        = the runtime's default) to ONNX Runtime. ``imgsz`` is the input
         size of a model whose graph leaves it dynamic (see ``load_model_info``); a model
         whose size is only assumed is logged as a warning.
         """
@@ -113,7 +115,7 @@ class Detector:
             from edgewise.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
             try:
-                be = OnnxRuntimeBackend(info, providers=providers, threads=threads)
+                be = OnnxRuntimeBackend(info, providers=providers, threads=threads, spinning=spinning)
             except DeploymentError as exc:
                 if not why_not_trt:
                     raise

@@ -80,9 +80,13 @@ def choose_providers(
 
 
 def session_options(
-    threads: Optional[int] = None, inter_threads: Optional[int] = None, graph_opt: str = "all"
+    threads: Optional[int] = None, inter_threads: Optional[int] = None, graph_opt: str = "all",
+    spinning: Optional[bool] = None,
 ) -> Any:
-    """``SessionOptions`` with thread counts and graph optimisation level."""
+    """``SessionOptions`` with thread counts, graph optimisation level and, when ``spinning``
+    is given, whether idle pool threads busy-wait for work (ONNX Runtime's
+    ``session.intra_op.allow_spinning`` / ``inter_op``; its default spins: right for
+    back-to-back inference, a waste of every pool thread's idle time at camera pace)."""
     ort = import_onnxruntime()
 
     if graph_opt not in GRAPH_OPT_LEVELS:
@@ -97,6 +101,9 @@ def session_options(
             raise ConfigError(f"inter_threads must be >= 0, got {inter_threads}")
         so.inter_op_num_threads = int(inter_threads)
         so.execution_mode = ort.ExecutionMode.ORT_PARALLEL if inter_threads > 1 else ort.ExecutionMode.ORT_SEQUENTIAL
+    if spinning is not None:
+        for pool in ("intra_op", "inter_op"):
+            so.add_session_config_entry(f"session.{pool}.allow_spinning", "1" if spinning else "0")
     so.graph_optimization_level = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -120,13 +127,14 @@ class OnnxRuntimeBackend:
         graph_opt: str = "all",
         io_binding: Optional[bool] = None,
         trt_cache_dir: Optional[Path] = None,
+        spinning: Optional[bool] = None,
     ) -> None:
         ort = import_onnxruntime()
 
         self.info = info
         chosen = choose_providers(ort.get_available_providers(), providers, trt_cache_dir,
                                   fp16=info.precision != "int8")
-        so = session_options(threads, inter_threads, graph_opt)
+        so = session_options(threads, inter_threads, graph_opt, spinning)
         try:
             self.session = ort.InferenceSession(str(info.path), sess_options=so, providers=chosen)
         except Exception as e:  # onnxruntime raises its own exception types
