@@ -22,7 +22,7 @@ PODMAN_PKGS := podman runc catatonit debootstrap
 PODMAN_CONF := /etc/containers/containers.conf.d/edgewise.conf
 PYTEST_ARGS ?=
 
-.PHONY: test demo venv system-deps podman images helm proto proto-check lint typecheck pytest bench clean jetson-lane
+.PHONY: test demo venv system-deps podman images helm proto proto-check lint typecheck pytest test-faults bench clean jetson-lane
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -82,7 +82,12 @@ typecheck: venv
 pytest: venv system-deps podman helm
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(BIN)/pytest $(PYTEST_ARGS)
 
-test: system-deps podman helm venv proto-check lint typecheck pytest
+# The slowest fault cases (tests/faults, marker faults_slow; plain pytest leaves them out).
+# The table of every case is printed and written to .cache/faults-table.md.
+test-faults: venv system-deps
+	$(BIN)/pytest tests/faults -m faults_slow $(PYTEST_ARGS)
+
+test: system-deps podman helm venv proto-check lint typecheck pytest test-faults
 
 # The Jetson lane alone (pytest runs it too: tests/deploy/test_jetson_lane.py): the bundle's
 # aarch64/cp38 resolution, its CPython 3.8 venv and the device suites.

@@ -93,6 +93,14 @@ class _Proc:
         self._log.close()
         return self.popen.returncode
 
+    def reaped(self, timeout: float) -> int:
+        """Wait for the process to end (after a signal), close its log, return its status."""
+        try:
+            return self.popen.wait(timeout)
+        finally:
+            if self.popen.poll() is not None:
+                self._log.close()
+
 
 class LocalCloud:
     """N workers + one gateway as processes; a context manager."""
@@ -264,10 +272,28 @@ class LocalCloud:
         if not wait:
             return None
         try:
-            return proc.popen.wait(timeout)
+            return proc.reaped(timeout)
         finally:
             if proc.popen.poll() is not None:
                 self.workers[i] = None
+
+    def kill_gateway(self, sig: int = signal.SIGKILL, timeout: float = 30.0) -> int | None:
+        """Send a real signal to the gateway and reap it; returns its exit status."""
+        if self.gateway is None:
+            return None
+        self.gateway.signal(sig)
+        try:
+            return self.gateway.reaped(timeout)
+        finally:
+            if self.gateway.popen.poll() is not None:
+                self.gateway = None
+
+    def restart_gateway(self) -> None:
+        """(Re)start the gateway on its old port, in front of the workers running now."""
+        if self.gateway is not None:
+            self.gateway.stop(self.stop_grace)
+        self._write_gateway_config()
+        self._start_gateway()
 
     def restart_worker(self, i: int) -> None:
         """(Re)start worker i on its old port (the gateway reconnects to the same address)."""

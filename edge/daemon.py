@@ -1,11 +1,14 @@
 """The edge daemon process: builds everything from ``EdgeSettings`` and runs it.
 
-One event loop; guarded long-lived tasks (pipeline, policy watcher, spool
-replay); SIGTERM/SIGINT start a drain (capture stops, queued frames finish,
+One event loop; guarded long-lived tasks (policy watcher, spool replay,
+watchdog: an error is logged and the task restarts, it never ends silently);
+SIGTERM/SIGINT start a drain (capture stops, queued frames finish,
 in-flight escalations get ``shutdown_grace_s`` to finish and are spooled
 otherwise, health goes 503), SIGHUP reloads the policy. The policy file is also
 polled (mtime / inode / size); an invalid new file is refused with a logged
-reason and the old policy stays. Style: docs/design/conventions.md#graceful-shutdown (kopf's
+reason and the old policy stays. Start-up problems (spool, metrics port) end
+the process with one ``EdgewiseError`` line, after what was started is closed.
+Style: docs/design/conventions.md#graceful-shutdown (kopf's
 ``running.py`` signal handling, gRPC's graceful-shutdown example).
 Callers: ``edge.cli`` (``edgewise edge run``), tests, ``bench/edge.py``.
 """
@@ -13,36 +16,45 @@ Callers: ``edge.cli`` (``edgewise edge run``), tests, ``bench/edge.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from edge import tegrastats
 from edge.deciding import Decider
 from edge.escalating import Escalating
 from edge.metrics import EdgeMetrics, MetricsServer
+from edge.outbox import Outbox
 from edge.pipeline import Pipeline
 from edge.preflight import preflight
+from edge.records import FrameRecord
 from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings
-from edge.sinks import JsonlSink, MqttSink, Record, Sink, Sinks, StdoutSink
+from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.making import make_source
-from edge.spool import Spool
+from edge.spool import Spool, SpoolError
 from edge.transports import Transport
 from edgewise import mqtt_topics
 
 log = logging.getLogger(__name__)
 
 
+EPOCH_WIDTH = 20  # digits: the file keeps one size, so it can be rewritten in place
+
+
 def boot_epoch(spool_path: str) -> int:
     """Count of daemon starts recorded next to the spool (``<spool>.epoch``), incremented
     durably on every start. Frame sequence numbers of a run start at ``epoch << 32``,
     so an idempotency key (device/stream/frame_seq) is never reused after a restart
-    or a ``kill -9`` while older escalations of the same stream still sit in the spool."""
+    or a ``kill -9`` while older escalations of the same stream still sit in the spool.
+    Written to a new file and renamed; on a full disk (no block for the new file) the
+    old file is overwritten in place instead, so a full spool disk does not stop the
+    daemon. Raises ``SpoolError`` when neither works."""
     path = spool_path + ".epoch"
     try:
         with open(path) as f:
@@ -50,13 +62,27 @@ def boot_epoch(spool_path: str) -> int:
     except (OSError, ValueError):
         prev = -1
     epoch = prev + 1
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    text = str(epoch).ljust(EPOCH_WIDTH)
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(str(epoch))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            with open(path, "r+") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            raise SpoolError(f"cannot record the daemon's start count in {path} ({exc.strerror or exc}); "
+                             "free space on that filesystem or set spool.path") from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     return epoch
 
 
@@ -128,7 +154,10 @@ class EdgeDaemon:
             out.append(StdoutSink())
         if s.mqtt and self.mqtt is not None:
             prefix = self.settings.cloud.mqtt.topic_prefix
-            out.append(MqttSink(self.mqtt.client, mqtt_topics.detections_topic(prefix, self.settings.device_id)))
+            path = s.mqtt_outbox or os.path.join(os.path.dirname(os.path.abspath(self.settings.spool.path)),
+                                                 "mqtt-outbox.db")
+            out.append(MqttSink(self.mqtt, mqtt_topics.detections_topic(prefix, self.settings.device_id),
+                                Outbox(path, s.mqtt_outbox_max), self.metrics))
         return Sinks(out, on_error=lambda name: self.metrics.sink_errors.labels(name).inc())
 
     async def _build_transports(self) -> None:
@@ -212,47 +241,59 @@ class EdgeDaemon:
                 self.reload_event.clear()
                 log.info("SIGHUP: reloading policy %s", path)
                 last = _file_id(path)
-                self.reload_policy()
-                continue
             except asyncio.TimeoutError:
-                pass
-            cur = _file_id(path)
-            if cur != last and cur is not None:
+                cur = _file_id(path)
+                if cur == last or cur is None:
+                    continue
                 last = cur
                 log.info("policy file %s changed; reloading", path)
+            try:
                 self.reload_policy()
+            except Exception:  # a bug must not end hot reload: the next change is tried again
+                self.metrics.reloads.labels("error").inc()
+                log.exception("policy reload of %s failed; the old policy stays in force", path)
+
+    async def _guarded(self, name: str, task: Callable[[], Awaitable[None]]) -> None:
+        """Run a long-lived task until stop; if it fails it is logged and restarted after
+        a second, so it never ends silently."""
+        assert self.stop_event is not None
+        while not self.stop_event.is_set():
+            try:
+                await task()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s failed; restarting it in 1 s", name)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), timeout=1.0)
 
     # ------------------------------------------------------------------ running
-    async def run(self) -> int:
-        """Run until the sources end or a stop is requested; returns an exit status."""
+    async def _start(self) -> List[asyncio.Future[None]]:
+        """Open the spool, the metrics port, the model, transports and sinks, and build
+        the pipeline; returns the long-lived tasks. Cheap checks that can fail on a
+        bad setting (policy, spool, metrics port) come first."""
         s = self.settings
+        assert self.stop_event is not None
         for line in preflight(s):  # device id, writable state folders: one-line errors
             log.info("%s", line)
-        loop = asyncio.get_running_loop()
-        self.stop_event = asyncio.Event()
-        self.reload_event = asyncio.Event()
-        for sig, fn in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
-                        (signal.SIGHUP, self.request_reload)):
-            try:
-                loop.add_signal_handler(sig, fn)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass  # not the main thread (tests) or not POSIX
-        if s.metrics.port >= 0:
-            self.metrics_server = MetricsServer(self.metrics, self.health, s.metrics.host, s.metrics.port)
-            self.metrics_server.start()
-            self.telemetry = tegrastats.start(self.metrics.registry, s.metrics.tegrastats,
-                                              s.metrics.tegrastats_interval_s)
         policy = None
         if s.policy_file:
             from edgewise.policy.holding import PolicyHolder
 
             self.holder = PolicyHolder.from_file(s.policy_file)
             policy = self.holder.policy
-        detector = await loop.run_in_executor(None, self._load_detector)
+        self.spool = self._open_spool() if policy is not None else None
+        epoch = boot_epoch(s.spool.path)
+        if s.metrics.port >= 0:
+            self.metrics_server = MetricsServer(self.metrics, self.health, s.metrics.host, s.metrics.port)
+            self.metrics_server.start()
+            self.telemetry = tegrastats.start(self.metrics.registry, s.metrics.tegrastats,
+                                              s.metrics.tegrastats_interval_s)
+        detector = await asyncio.get_running_loop().run_in_executor(None, self._load_detector)
         names = tuple(detector.names)
         await self._build_transports()
         self.sinks = self._build_sinks()
-        self.spool = self._open_spool() if policy is not None else None
         decider = Decider(policy)
         if self.transports:
             self.escalating = Escalating(
@@ -260,7 +301,6 @@ class EdgeDaemon:
                 default_transport=s.cloud.transport, max_in_flight=s.cloud.max_in_flight,
                 replay_interval_s=s.spool.replay_interval_s, replay_batch=s.spool.replay_batch, names=names,
             )
-        epoch = boot_epoch(s.spool.path)
         ready = asyncio.Event()
         queues: Dict[str, FrameQueue] = {}
         for st in s.streams:
@@ -282,17 +322,39 @@ class EdgeDaemon:
             self.holder.subscribe(self.pipeline.apply_policy)
         if self.stopping:
             self.pipeline.stop()
-        tasks = []
+        tasks: List[asyncio.Future[None]] = []
         if s.policy_file:
-            tasks.append(asyncio.ensure_future(self._watch_policy()))
-        if self.escalating is not None and self.spool is not None:
-            await self.escalating.update_spool_metrics()
-            tasks.append(asyncio.ensure_future(
-                self.escalating.replay_loop(self.stop_event)))
+            tasks.append(asyncio.ensure_future(self._guarded("policy watcher", self._watch_policy)))
+        escalating = self.escalating
+        if escalating is not None and self.spool is not None:
+            await escalating.update_spool_metrics()
+            stop = self.stop_event
+            tasks.append(asyncio.ensure_future(self._guarded("spool replay", lambda: escalating.replay_loop(stop))))
+        if self.notifier.watchdog_interval:
+            interval = self.notifier.watchdog_interval
+            tasks.append(asyncio.ensure_future(self._guarded("watchdog", lambda: self._pet_watchdog(interval))))
+        return tasks
+
+    async def run(self) -> int:
+        """Run until the sources end or a stop is requested; returns an exit status."""
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+        self.reload_event = asyncio.Event()
+        for sig, fn in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
+                        (signal.SIGHUP, self.request_reload)):
+            try:
+                loop.add_signal_handler(sig, fn)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass  # not the main thread (tests) or not POSIX
+        try:
+            tasks = await self._start()
+        except BaseException:
+            await self._close()  # what was opened before the failure
+            raise
+        assert self.pipeline is not None
         self.started = True
         self.notifier.ready(f"{len(s.streams)} stream(s)")
-        if self.notifier.watchdog_interval:
-            tasks.append(asyncio.ensure_future(self._pet_watchdog(self.notifier.watchdog_interval)))
         log.info("edge daemon %s running: %d stream(s), model %s, policy %s, transports %s",
                  s.device_id, len(s.streams), s.model.path, s.policy_file or "(none)",
                  ",".join(self.transports) or "(none)")
@@ -313,7 +375,7 @@ class EdgeDaemon:
         log.info("edge daemon stopped after %d frames", self.pipeline.frames_done if self.pipeline else 0)
         return 0
 
-    def _write(self, rec: Record) -> None:
+    def _write(self, rec: FrameRecord) -> None:
         if self.sinks is not None:
             self.sinks.write(rec)
 

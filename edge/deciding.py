@@ -5,19 +5,21 @@ and ``edgewise.policy.Escalator``: keeps each stream's tracker state and the
 policy in force. ``swap`` replaces the policy atomically; the pipeline calls
 ``decide`` and ``swap`` from the event-loop thread only, so a new policy always
 takes effect between two frames, and every verdict names the policy generation
-that produced it. Callers: ``edge.pipeline``, ``edge.daemon`` (hot reload).
+that produced it. The policy's ``Decision`` is passed through whole (its
+detail, threshold and origin reach the frame record), next to the generation and
+what deciding cost. Callers: ``edge.pipeline``, ``edge.daemon`` (hot reload).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 from edgewise.detections import Detections
 from edgewise.hardness.signals import SignalConfig, combine, compute_signals
 from edgewise.hardness.tracking import TrackerState
-from edgewise.policy.deciding import Escalator
+from edgewise.policy.deciding import Decision, Escalator
 from edgewise.policy.schema import Policy
 
 #: Without a policy file nothing is escalated; hardness is still measured, with
@@ -25,19 +27,18 @@ from edgewise.policy.schema import Policy
 NO_POLICY = Policy()
 
 
-@dataclass
-class Verdict:
-    """What the policy decided for one frame."""
+#: ``Decision.reason`` of every frame while no policy file is configured.
+NO_POLICY_REASON = "no policy"
 
-    escalate: bool
-    reason: str
-    hardness: float
-    signals: Dict[str, float] = field(default_factory=dict)
-    priority: int = 0
-    suppressed_by: str = ""
-    policy_generation: int = 0
-    policy_name: str = ""
-    cost_ms: float = 0.0
+
+@dataclass(frozen=True)
+class Verdict:
+    """The policy's decision for one frame, the generation of the policy that made it,
+    and the milliseconds signals + decision took (the per-frame cost the bench reports)."""
+
+    decision: Decision
+    policy_generation: int
+    cost_ms: float
 
 
 class Decider:
@@ -80,19 +81,9 @@ class Decider:
         self.tracker[stream_id] = state
         if self.escalator is None:
             sig = NO_POLICY.spec.signals
-            v = Verdict(False, "no policy", combine(signals, sig.weights, sig.combine), signals,
-                        policy_generation=self.generation)
+            d = Decision(False, NO_POLICY_REASON, combine(signals, sig.weights, sig.combine), signals,
+                         detail="no policy file: nothing is escalated", origin="", stream_id=stream_id,
+                         frame_seq=seq)
         else:
             d = self.escalator.decide(stream_id, seq, dets, signals, now)
-            v = Verdict(
-                escalate=d.escalate,
-                reason=d.reason,
-                hardness=d.hardness,
-                signals=d.signals,
-                priority=d.priority,
-                suppressed_by=d.suppressed_by or "",
-                policy_generation=self.generation,
-                policy_name=d.policy_name,
-            )
-        v.cost_ms = (time.perf_counter() - t0) * 1000.0
-        return v
+        return Verdict(d, self.generation, (time.perf_counter() - t0) * 1000.0)

@@ -14,9 +14,12 @@ is down and has no timeout (docs/design/escalation.md#sedna-baselines); we do ne
 Every spool call (each ``put``/``ack``/``nack`` is an fsync'd commit, up to ~10 ms)
 runs on one dedicated spool thread, never on the event loop, in the order it
 was issued; a replayed batch is acknowledged with one ``ack_many`` after its
-records reached the sinks (at-least-once; the JSON Lines sink drops a repeated
-late record, so a crash between the write and the ack does not duplicate it).
-Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain, close).
+records reached the sinks (at-least-once; the JSON Lines and MQTT sinks drop a
+repeated late record, so a crash between the write and the ack does not duplicate
+it). Whatever fails, a frame whose record was not written yet gets its edge
+result (``_guarded``); a frame the spool cannot take (full disk) keeps its edge
+result with the reason, and replayed items whose ack cannot be written are not
+sent again (docs/records.md). Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain, close).
 """
 
 from __future__ import annotations
@@ -25,20 +28,20 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from edge.deciding import Verdict
 from edge.metrics import EdgeMetrics
 from edge.payloads import Spooled, build_request, detections_json
-from edge.sinks import Record, idempotency_key
+from edge.records import FrameRecord
 from edge.sources.base import Frame
-from edge.spool import Spool, SpoolItem, SpoolStats
+from edge.spool import Spool, SpoolError, SpoolFull, SpoolItem, SpoolStats
 from edge.transports import Transport, TransportError
 from edgewise import status
 from edgewise.detections import Detections
+from edgewise.policy.deciding import Decision
 from edgewise.policy.schema import Merge, Policy
 
 log = logging.getLogger(__name__)
@@ -53,7 +56,7 @@ class Escalating:
         self,
         device_id: str,
         transports: Dict[str, Transport],
-        write: Callable[[Record], None],
+        write: Callable[[FrameRecord], None],
         metrics: EdgeMetrics,
         spool: Optional[Spool] = None,
         default_transport: str = "grpc",
@@ -80,6 +83,9 @@ class Escalating:
         # One thread: spool calls keep the order they were issued in (Spool is thread-safe).
         self.spool_io = ThreadPoolExecutor(1, thread_name_prefix="spool")
         self._spool_dropped: Optional[Tuple[int, int]] = None  # (expired, evicted) seen so far
+        # Replayed items whose late records reached the sinks but whose acknowledgement
+        # could not be written (full disk): never sent again, acknowledged when possible.
+        self._unacked: List[int] = []
 
     async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking spool call on the spool thread."""
@@ -89,7 +95,8 @@ class Escalating:
     def in_flight(self) -> int:
         return len(self.tasks)
 
-    def submit(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy, record: Record) -> None:
+    def submit(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
+               record: FrameRecord) -> None:
         """Start escalating one frame; the frame's record is written when it is settled.
         The request (a JPEG encode, milliseconds) is built off the event loop."""
         if len(self.tasks) >= self.max_in_flight:
@@ -102,38 +109,54 @@ class Escalating:
                 self._settle_without_cloud(policy, record, TransportError(
                     status.RESOURCE_EXHAUSTED, f"{len(self.settling)} escalations already waiting for the spool"))
                 return
-            settle = asyncio.ensure_future(self._refuse(frame, dets, verdict, policy, record, refused))
+            settle = asyncio.ensure_future(self._guarded(
+                self._refuse(frame, dets, decision, policy, record, refused), record))
             self.settling.add(settle)
             settle.add_done_callback(self._settled)
             return
-        task = asyncio.ensure_future(self._escalate(frame, dets, verdict, policy, record))
+        task = asyncio.ensure_future(self._guarded(self._escalate(frame, dets, decision, policy, record), record))
         self.tasks.add(task)
         self.metrics.in_flight.set(len(self.tasks))
         task.add_done_callback(self._done)
 
-    async def _request(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy,
-                       record: Record) -> Optional[Any]:
+    async def _request(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
+                       record: FrameRecord) -> Optional[Any]:
         """The frame's DetectRequest, built in a worker thread (the crop, if any, noted in
         the record); None when it cannot be built (the record is written edge-only)."""
         try:
             req, region = await asyncio.get_running_loop().run_in_executor(
-                None, build_request, self.device_id, frame, dets, verdict, policy)
+                None, build_request, self.device_id, frame, dets, decision, policy)
         except Exception as exc:  # an unencodable frame must not stop the pipeline
             log.exception("cannot build escalation of %s/%d", frame.stream_id, frame.seq)
-            record["outcome"] = "edge_only"
-            record["error"] = f"INTERNAL: {exc}"
-            self.metrics.escalations.labels(verdict.reason, "error").inc()
+            record.outcome = "edge_only"
+            record.error = f"INTERNAL: {exc}"
+            self.metrics.escalations.labels(decision.reason, "error").inc()
             self.write(record)
             return None
         if region is not None:
-            record["crop"] = list(region)
+            record.crop = list(region)
         return req
 
-    async def _refuse(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy,
-                      record: Record, exc: TransportError) -> None:
-        req = await self._request(frame, dets, verdict, policy, record)
+    async def _refuse(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
+                      record: FrameRecord, exc: TransportError) -> None:
+        req = await self._request(frame, dets, decision, policy, record)
         if req is not None:
             await self._fail(req, policy, record, exc)
+
+    async def _guarded(self, settle: Awaitable[None], record: FrameRecord) -> None:
+        """Run one escalation to its end; whatever goes wrong, a frame whose record was not
+        written yet gets its edge result written (the policy's drop aside)."""
+        try:
+            await settle
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("escalation of %s failed", record.key)
+            if record.outcome == "pending":
+                record.outcome = "edge_only"
+                record.error = f"INTERNAL: {exc!r}"
+                self.metrics.escalations.labels(record.reason, "error").inc()
+                self.write(record)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
@@ -151,10 +174,10 @@ class Escalating:
             raise TransportError(status.UNAVAILABLE, f"transport {name!r} is not configured in the settings (cloud.*)")
         return t
 
-    async def _escalate(self, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy,
-                        record: Record) -> None:
-        reason = record.get("reason", "")
-        req = await self._request(frame, dets, verdict, policy, record)
+    async def _escalate(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
+                        record: FrameRecord) -> None:
+        reason = record.reason
+        req = await self._request(frame, dets, decision, policy, record)
         if req is None:
             return
         if self.shutting_down:  # drain() already cut off the calls on the wire
@@ -186,73 +209,85 @@ class Escalating:
             self._write_merged(record, dets, resp, policy.spec.merge, rtt, late=False)
         except ValueError as exc:  # boxes the cloud sent do not validate: the frame keeps its edge result
             log.warning("cloud answer for %s/%d unusable: %s; edge result kept", req.stream_id, req.frame_seq, exc)
-            record["outcome"] = "edge_only"
-            record["error"] = f"INVALID_ARGUMENT: cloud answer: {exc}"
+            record.outcome = "edge_only"
+            record.error = f"INVALID_ARGUMENT: cloud answer: {exc}"
             self.metrics.escalations.labels(reason, "error").inc()
             self.write(record)
             return
         self.metrics.escalations.labels(reason, "ok").inc()
 
-    def _write_merged(self, record: Record, dets: Detections, resp: Any, merge: Merge, rtt: float, late: bool) -> None:
+    def _write_merged(self, record: FrameRecord, dets: Detections, resp: Any, merge: Merge, rtt: float, late: bool) -> None:
         """Merge the cloud's answer in and write the record; ValueError (record untouched)
         when the answer's detections do not validate."""
         from edgewise.merging import merge as merge_fn
         from edgewise.wire import detections_from_proto
 
         cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
-        crop = record.get("crop")
-        regions = np.asarray([crop], np.float64) if crop else None
+        regions = np.asarray([record.crop], np.float64) if record.crop else None
         merged = merge_fn(dets, cloud, merge.strategy, merge.iou, edge_floor=merge.edge_floor, regions=regions)
-        record["detections"] = detections_json(merged)
-        record["outcome"] = "cloud"
-        record["cloud_rtt_ms"] = round(rtt * 1000.0, 2)
-        record["cloud_model"] = resp.model_name
-        record["late"] = late
-        record["emit_unix_ns"] = time.time_ns()
+        record.detections = detections_json(merged)
+        record.outcome = "cloud"
+        record.cloud_rtt_ms = round(rtt * 1000.0, 2)
+        record.cloud_model = resp.model_name
+        record.late = late
+        record.emit_unix_ns = time.time_ns()
         self.write(record)
 
-    async def _fail(self, req: Any, policy: Policy, record: Record, exc: TransportError) -> None:
+    async def _fail(self, req: Any, policy: Policy, record: FrameRecord, exc: TransportError) -> None:
         spec = policy.spec
         action = spec.on_cloud_unavailable if exc.spoolable else "edge_only"
-        reason = record.get("reason", "")
-        record["error"] = str(exc)
+        reason = record.reason
+        record.error = str(exc)
         if action == "spool" and self.spool is not None:
             meta = Spooled(record, spec.merge, spec.deadline_ms, spec.transport).to_meta()
-            key = idempotency_key(req.device_id, req.stream_id, req.frame_seq)
-            stored, stats = await self._spool_call(self._put, key, req.SerializeToString(), meta)
+            key = record.key
+            stored, stats, problem = await self._spool_call(self._put, key, req.SerializeToString(), meta)
             if stored:
-                record["outcome"] = "spooled"
+                record.outcome = "spooled"
                 self.metrics.spool_events.labels("put").inc()
                 log.info("escalation %s spooled: %s", key, exc)
+            elif problem is not None:  # full disk or a failed write: the edge result is kept
+                record.outcome = "edge_only"
+                record.error = f"{exc}; not spooled: {problem}"
+                self.metrics.spool_events.labels("disk_full" if isinstance(problem, SpoolFull)
+                                                 else "write_failed").inc()
+                log.warning("escalation %s not spooled, edge result kept: %s", key, problem)
             else:
-                record["outcome"] = "edge_only"
+                record.outcome = "edge_only"
                 self.metrics.spool_events.labels("refused").inc()
                 log.warning("escalation %s not spooled (spool full: max_bytes); edge result kept", key)
-            self.metrics.escalations.labels(reason, record["outcome"]).inc()
-            self._show_spool(stats)
+            self.metrics.escalations.labels(reason, record.outcome).inc()
+            if stats is not None:
+                self._show_spool(stats)
             self.write(record)
             return
         self._settle_without_cloud(policy, record, exc)
 
-    def _settle_without_cloud(self, policy: Policy, record: Record, exc: TransportError) -> None:
+    def _settle_without_cloud(self, policy: Policy, record: FrameRecord, exc: TransportError) -> None:
         """Publish the edge result, or nothing when the policy says drop (and ``exc`` is a
         failure the policy's onCloudUnavailable is about)."""
-        reason = record.get("reason", "")
-        record["error"] = str(exc)
+        reason = record.reason
+        record.error = str(exc)
         if exc.spoolable and policy.spec.on_cloud_unavailable == "drop":
             self.metrics.escalations.labels(reason, "dropped").inc()
-            self.metrics.drops.labels(record.get("stream", ""), "cloud_unavailable").inc()
-            log.info("escalation %s/%s dropped (policy onCloudUnavailable=drop): %s",
-                     record.get("stream"), record.get("frame_seq"), exc)
+            self.metrics.drops.labels(record.stream, "cloud_unavailable").inc()
+            record.outcome = "dropped"  # settled: no record is written
+            log.info("escalation %s dropped (policy onCloudUnavailable=drop): %s", record.key, exc)
             return
-        record["outcome"] = "edge_only"
+        record.outcome = "edge_only"
         self.metrics.escalations.labels(reason, "edge_only").inc()
         self.write(record)
 
-    def _put(self, key: str, payload: bytes, meta: Dict[str, Any]) -> Tuple[bool, SpoolStats]:
-        """(spool thread) Store one escalation; the spool's stats after it."""
+    def _put(self, key: str, payload: bytes, meta: Dict[str, Any]
+             ) -> Tuple[bool, Optional[SpoolStats], Optional[SpoolError]]:
+        """(spool thread) Store one escalation: (stored, the spool's stats after it, why it
+        could not be written)."""
         assert self.spool is not None
-        return self.spool.put(key, payload, meta), self.spool.stats()
+        try:
+            stored = self.spool.put(key, payload, meta)
+        except SpoolError as exc:
+            return False, None, exc
+        return stored, self.spool.stats(), None
 
     # ------------------------------------------------------------------ replay
     async def replay_loop(self, stop: asyncio.Event) -> None:
@@ -280,10 +315,17 @@ class Escalating:
     async def replay_once(self) -> int:
         """One replay round: send spooled entries oldest first until one cannot be
         delivered now; the settled ones (delivered or rejected) are acknowledged
-        together once their records were written. Returns how many settled."""
+        together once their records were written. Returns how many settled.
+
+        When the acknowledgement cannot be written (full disk) the settled ids are kept
+        and acknowledged in a later round; they are never sent again meanwhile (the
+        entries after them still are)."""
         spool = self.spool
         assert spool is not None
-        entries = await self._spool_call(spool.peek, self.replay_batch)  # expires what is too old
+        if self._unacked:
+            await self._ack()
+        after = self._unacked[-1] if self._unacked else 0
+        entries = await self._spool_call(spool.peek, self.replay_batch, after)  # expires what is too old
         settled: List[int] = []
         try:
             for e in entries:
@@ -294,9 +336,22 @@ class Escalating:
                 settled.append(e.id)
         finally:  # also when cancelled at shutdown: what reached the sinks is acknowledged
             if settled:
-                await self._spool_call(spool.ack_many, settled)
+                self._unacked.extend(settled)
+                await self._ack()
             self._show_spool(await self._spool_call(spool.stats))
         return len(settled)
+
+    async def _ack(self) -> None:
+        """Acknowledge the settled replays; on a write failure keep them for the next round."""
+        assert self.spool is not None
+        try:
+            await self._spool_call(self.spool.ack_many, self._unacked)
+        except SpoolError as exc:
+            self.metrics.spool_events.labels("ack_failed").inc()
+            log.warning("%d replayed escalations delivered but not yet acknowledged (%s); "
+                        "acknowledging them again later, they are not sent again", len(self._unacked), exc)
+            return
+        self._unacked.clear()
 
     async def _replay_one(self, e: SpoolItem) -> Optional[bool]:
         """Send one spooled escalation: True when its late record is written, False when
@@ -330,7 +385,7 @@ class Escalating:
             return False  # permanent failure: a resend would fail the same way
         rtt = time.monotonic() - t0
         record = spooled.record
-        record.pop("error", None)
+        record.error = None
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
         try:
             self._write_merged(record, edge, resp, spooled.merge, rtt, late=True)
@@ -338,7 +393,7 @@ class Escalating:
             self.metrics.spool_events.labels("rejected").inc()
             log.error("cloud answer to replayed %s unusable (%s); dropped from the spool", e.key, exc)
             return False
-        self.metrics.escalations.labels(record.get("reason", ""), "late").inc()
+        self.metrics.escalations.labels(record.reason, "late").inc()
         self.metrics.spool_events.labels("replayed").inc()
         return True
 

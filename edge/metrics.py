@@ -3,14 +3,20 @@
 One per-process ``CollectorRegistry`` (never the global default) so tests can run
 several daemons in one process. Histograms, so p99 can be computed across
 devices. The HTTP server is a small threaded ``http.server`` serving
-``/metrics`` and ``/healthz`` on one port. Callers: ``edge.daemon``,
+``/metrics`` and ``/healthz`` on one port: a thread per connection, a listen
+backlog for bursts of scrapers, a socket timeout so half-open connections cannot
+hold threads, and client resets logged at debug level (no traceback). A port
+that is already in use is a ``ConfigError`` naming it. Callers: ``edge.daemon``,
 ``edge.pipeline``, ``edge.escalating``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -19,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from edge.sources.base import SourceState
+from edgewise.errors import ConfigError
 from edgewise.observability import process_registry
 
 log = logging.getLogger(__name__)
@@ -26,6 +33,10 @@ log = logging.getLogger(__name__)
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 RTT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 AGE_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48)
+#: Seconds a metrics connection may stay silent before it is closed.
+HTTP_TIMEOUT_S = 5.0
+#: Connections the kernel queues before ``accept`` (socketserver's default is 5).
+HTTP_BACKLOG = 256
 
 
 class EdgeMetrics:
@@ -56,7 +67,9 @@ class EdgeMetrics:
         self.spool_bytes = Gauge("edgewise_edge_spool_bytes", "Bytes in the spool", registry=r)
         self.spool_oldest = Gauge("edgewise_edge_spool_oldest_age_seconds", "Age of the oldest spooled entry", registry=r)
         self.spool_events = Counter(
-            "edgewise_edge_spool_events", "Spool events (put, refused, replayed, rejected, expired, evicted, nack)", ["event"], registry=r
+            "edgewise_edge_spool_events",
+            "Spool events (put, refused, disk_full, write_failed, ack_failed, replayed, rejected, expired, evicted, nack)",
+            ["event"], registry=r,
         )
         self.reloads = Counter("edgewise_edge_policy_reloads", "Policy reloads by result", ["result"], registry=r)
         self.drops = Counter("edgewise_edge_dropped", "Dropped frames by stream and reason", ["stream", "reason"], registry=r)
@@ -82,10 +95,30 @@ class EdgeMetrics:
         )
         self.in_flight = Gauge("edgewise_edge_escalations_in_flight", "Escalations waiting for the cloud", registry=r)
         self.sink_errors = Counter("edgewise_edge_sink_errors", "Records a sink failed to write", ["sink"], registry=r)
+        self.sink_backlog = Gauge(
+            "edgewise_edge_sink_backlog", "Records a sink keeps until its destination acknowledged them",
+            ["sink"], registry=r)
+        self.sink_dropped = Counter(
+            "edgewise_edge_sink_dropped", "Records a sink dropped because its backlog was full", ["sink"],
+            registry=r)
 
     def set_source_state(self, stream: str, state: SourceState) -> None:
         for s in SourceState:
             self.source_state.labels(stream, s.value).set(1.0 if s is state else 0.0)
+
+
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, a deep backlog, quiet about clients that go away."""
+
+    daemon_threads = True
+    request_queue_size = HTTP_BACKLOG
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, socket.timeout)):
+            log.debug("metrics http: client %s went away: %r", client_address, exc)
+        else:
+            log.exception("metrics http: request from %s failed", client_address)
 
 
 class MetricsServer:
@@ -101,6 +134,8 @@ class MetricsServer:
         registry = metrics.registry
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = HTTP_TIMEOUT_S  # socket timeout: a silent client is dropped
+
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 if path == "/metrics":
@@ -122,8 +157,14 @@ class MetricsServer:
             def log_message(self, format: str, *args: Any) -> None:
                 log.debug("metrics http: " + format, *args)
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        try:
+            self.httpd = _Server((host, port), Handler)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"metrics.port {port} on {host} is already in use; stop the other process, "
+                    "choose another metrics.port, 0 for any free port or -1 for none") from None
+            raise ConfigError(f"metrics.host/port {host}:{port}: cannot listen ({exc.strerror or exc})") from None
         self.port = int(self.httpd.server_address[1])
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="metrics-http", daemon=True)
 

@@ -2,7 +2,7 @@
 the crop around its uncertain boxes, the boxes of a frame record, and the
 metadata stored with a spooled escalation.
 
-``build_request`` turns a frame, its edge detections and the verdict into a
+``build_request`` turns a frame, its edge detections and the policy's decision into a
 ``DetectRequest`` (JPEG at the policy quality; the full frame or one padded crop
 around the uncertain boxes, with ``offset_x/y`` and the source size).
 Callers: ``edge.escalating`` (the async shell that sends, spools and replays),
@@ -17,10 +17,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from edge.deciding import Verdict
-from edge.sinks import Record
+from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edgewise.detections import Detections
+from edgewise.policy.deciding import Decision
 from edgewise.policy.schema import Merge, Policy
 
 
@@ -52,7 +52,7 @@ def crop_region(
 
 
 def build_request(
-    device_id: str, frame: Frame, dets: Detections, verdict: Verdict, policy: Policy
+    device_id: str, frame: Frame, dets: Detections, decision: Decision, policy: Policy
 ) -> Tuple[Any, Optional[Tuple[int, int, int, int]]]:
     """The ``DetectRequest`` of one escalation under ``policy``, and the crop region
     sent (None = the full frame)."""
@@ -76,14 +76,14 @@ def build_request(
         stream_id=frame.stream_id,
         frame_seq=frame.seq,
         capture_time_unix_ns=frame.capture_unix_ns,
-        priority=max(0, int(verdict.priority)),
+        priority=max(0, int(decision.priority)),
         trace_id=uuid.uuid4().hex,
-        reason=verdict.reason,
+        reason=decision.reason,
     )
     req.image.CopyFrom(img)
     req.edge_detections.extend(detections_to_proto(dets))
-    req.hardness.score = float(verdict.hardness)
-    for k, v in verdict.signals.items():
+    req.hardness.score = float(decision.hardness)
+    for k, v in decision.signals.items():
         req.hardness.signals[k] = float(v)
     return req, region
 
@@ -109,14 +109,14 @@ class Spooled:
     may change or the daemon restart before the replay): the frame's record, and
     the merge, deadline and transport of the policy that escalated it."""
 
-    def __init__(self, record: Record, merge: Merge, deadline_ms: int, transport: str) -> None:
+    def __init__(self, record: FrameRecord, merge: Merge, deadline_ms: int, transport: str) -> None:
         self.record = record
         self.merge = merge
         self.deadline_ms = deadline_ms
         self.transport = transport
 
     def to_meta(self) -> Dict[str, Any]:
-        return {"record": self.record, "merge": dataclasses.asdict(self.merge),
+        return {"record": self.record.to_dict(), "merge": dataclasses.asdict(self.merge),
                 "deadline_ms": self.deadline_ms, "transport": self.transport}
 
     @classmethod
@@ -127,6 +127,6 @@ class Spooled:
             deadline_ms, transport = int(meta["deadline_ms"]), str(meta["transport"])
             if not isinstance(record, dict) or not isinstance(merge, dict) or deadline_ms < 1:
                 raise ValueError("wrong types")
-            return cls(dict(record), Merge(**merge), deadline_ms, transport)
+            return cls(FrameRecord.from_dict(record), Merge(**merge), deadline_ms, transport)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"spool metadata is not an escalation's ({exc!r})") from None

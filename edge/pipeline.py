@@ -25,7 +25,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 from edge.deciding import Decider, Verdict
 from edge.escalating import Escalating
 from edge.payloads import detections_json
-from edge.sinks import Record
+from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edge.sources.capturing import Capturer, FrameQueue
 
@@ -79,7 +79,7 @@ class Pipeline:
         ready: asyncio.Event,
         decider: Decider,
         escalating: Optional[Escalating],
-        write: Callable[[Record], None],
+        write: Callable[[FrameRecord], None],
         metrics: Any,
         max_batch: int = 4,
     ) -> None:
@@ -183,6 +183,7 @@ class Pipeline:
             return
         h, w = frame.image.shape[:2]
         verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h))
+        d = verdict.decision
         self.hardness_policy_ms.append(verdict.cost_ms)
         if len(self.hardness_policy_ms) > 100000:
             del self.hardness_policy_ms[:50000]
@@ -199,43 +200,44 @@ class Pipeline:
         age_s = frame.age_s(dequeued)
         self.metrics.frame_age.labels(frame.stream_id).observe(age_s)
         lat["frame_age"] = round(age_s * 1000.0, 3)
-        self.metrics.hardness.observe(verdict.hardness)
+        self.metrics.hardness.observe(d.hardness)
         now_mono = time.monotonic()
         lat["total"] = round((now_mono - frame.capture_mono) * 1000.0, 3)
         self.metrics.frame_latency.observe(now_mono - frame.capture_mono)
         self.metrics.frames.labels(frame.stream_id).inc()
         self.metrics.fps.labels(frame.stream_id).set(self.rates[frame.stream_id].tick(now_mono))
         self.frames_done += 1
-        record: Record = {
-            "device": self.device_id,
-            "stream": frame.stream_id,
-            "frame_seq": frame.seq,
-            "capture_unix_ns": frame.capture_unix_ns,
-            "read_unix_ns": frame.read_unix_ns,
-            "capture_clock": frame.clock,
-            "emit_unix_ns": time.time_ns(),
-            "width": w,
-            "height": h,
-            "detections": detections_json(dets),
-            "escalated": verdict.escalate,
-            "reason": verdict.reason,
-            "suppressed_by": verdict.suppressed_by,
-            "hardness": round(verdict.hardness, 4),
-            "signals": {k: round(v, 4) for k, v in verdict.signals.items()},
-            "policy_generation": verdict.policy_generation,
-            "policy": verdict.policy_name,
-            "latency_ms": lat,
-            "cloud_rtt_ms": None,
-            "outcome": "edge",
-            "late": False,
-        }
-        if verdict.escalate and self.escalating is not None and self.decider.policy is not None:
-            record["outcome"] = "pending"
-            self.escalating.submit(frame, dets, verdict, self.decider.policy, record)
+        record = FrameRecord(
+            device=self.device_id,
+            stream=frame.stream_id,
+            frame_seq=frame.seq,
+            capture_unix_ns=frame.capture_unix_ns,
+            read_unix_ns=frame.read_unix_ns,
+            capture_clock=frame.clock,
+            emit_unix_ns=time.time_ns(),
+            width=w,
+            height=h,
+            detections=detections_json(dets),
+            escalated=d.escalate,
+            reason=d.reason,
+            hardness=round(d.hardness, 4),
+            signals={k: round(v, 4) for k, v in d.signals.items()},
+            suppressed_by=d.suppressed_by or "",
+            detail=d.detail,
+            threshold=round(d.threshold, 4),
+            origin=d.origin,
+            priority=d.priority,
+            policy=d.policy_name,
+            policy_generation=verdict.policy_generation,
+            latency_ms=lat,
+        )
+        if d.escalate and self.escalating is not None and self.decider.policy is not None:
+            record.outcome = "pending"
+            self.escalating.submit(frame, dets, d, self.decider.policy, record)
         else:
-            if verdict.escalate:
-                record["outcome"] = "edge_only"
-                record["error"] = "no transport configured"
+            if d.escalate:
+                record.outcome = "edge_only"
+                record.error = "no transport configured"
             self.write(record)
 
     # ------------------------------------------------------------------ running

@@ -172,6 +172,12 @@ class SinkSettings:
                          False)
     stdout: bool = setting("Print each record as one JSON line on stdout.", False)
     fsync: bool = setting("fsync the JSON Lines file after each record (slower; survives power loss).", False)
+    mqtt_outbox: str = setting(
+        "SQLite file where the MQTT sink keeps each record until the broker acknowledged it (survives "
+        "broker outages and daemon restarts); empty = `mqtt-outbox.db` next to `spool.path`.", "")
+    mqtt_outbox_max: int = setting(
+        "Most records the MQTT sink keeps while the broker is unreachable (about 1 KB each); beyond it the "
+        "oldest are dropped, counted in `edgewise_edge_sink_dropped_total`.", 50000, lo=1)
 
 
 @dataclass

@@ -1,54 +1,50 @@
 """Sinks of per-frame records: JSON Lines file, MQTT topic, stdout.
 
-One record per frame (see ``FrameRecord`` fields in ``edge.pipeline``): device,
-stream, frame_seq, timestamps, detections with the producing model per box,
-escalation decision and outcome, hardness and signals, per-stage latency, cloud
-round trip, and ``late`` for results that arrived from the spool replay.
+One ``edge.records.FrameRecord`` per frame (schema: docs/records.md): device,
+stream, frame_seq, timestamps, detections with the producing model per box, the
+escalation decision with its explanation and the outcome, hardness and signals,
+per-stage latency, cloud round trip, and ``late`` for results that arrived from
+the spool replay. ``Sinks`` serialises each record once; every sink gets the
+record and those bytes.
 
 The JSON Lines sink keeps the idempotency keys of late records it has written
 (reloaded from the file's tail on start), so a replay repeated after a crash
-between "written" and "acknowledged" never writes a late result twice.
+between "written" and "acknowledged" never writes a late result twice. The MQTT
+sink keeps every record in a durable outbox (``edge.outbox``) until the broker
+acknowledged it, so a broker outage loses nothing up to the outbox's bound, and
+the outbox remembers late keys the same way (docs/records.md).
 Callers: ``edge.daemon`` builds them, ``edge.pipeline`` / ``edge.escalating`` write.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
 import sys
+import threading
 import time
-from typing import Any, Deque, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 try:
     from typing import Protocol
 except ImportError:  # pragma: no cover
     from typing_extensions import Protocol  # type: ignore[assignment]
 
+from edge.outbox import Outbox
+from edge.records import FrameRecord, idempotency_key
+
 log = logging.getLogger(__name__)
 
-Record = Dict[str, Any]
 TAIL_BYTES = 64 * 1024 * 1024
 
 
-def idempotency_key(device_id: str, stream_id: str, seq: int) -> str:
-    """The key that makes a replayed escalation the same frame: ``device/stream/frame_seq``
-    (the spool's key, and what the JSON Lines sink de-duplicates late records by)."""
-    return f"{device_id}/{stream_id}/{seq}"
-
-
-def record_key(rec: Record) -> str:
-    """Idempotency key of a record."""
-    return idempotency_key(rec.get("device", ""), rec.get("stream", ""), rec.get("frame_seq", -1))
-
-
 class Sink(Protocol):
-    """Somewhere records go."""
+    """Somewhere records go; ``data`` is ``rec.to_json()``, computed once for all sinks."""
 
     name: str
 
-    def write(self, rec: Record) -> None: ...
+    def write(self, rec: FrameRecord, data: bytes) -> None: ...
 
     def close(self) -> None: ...
 
@@ -64,7 +60,7 @@ class JsonlSink:
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
         self.late_keys: Set[str] = self._load_late_keys()
-        self.f = open(path, "a", encoding="utf-8")
+        self.f = open(path, "ab")
 
     def _load_late_keys(self) -> Set[str]:
         keys: Set[str] = set()
@@ -82,17 +78,17 @@ class JsonlSink:
                 except ValueError:
                     continue  # a line torn by a crash
                 if isinstance(rec, dict) and rec.get("late"):
-                    keys.add(record_key(rec))
+                    keys.add(idempotency_key(rec.get("device", ""), rec.get("stream", ""), rec.get("frame_seq", -1)))
         return keys
 
-    def write(self, rec: Record) -> None:
-        if rec.get("late"):
-            key = record_key(rec)
+    def write(self, rec: FrameRecord, data: bytes) -> None:
+        if rec.late:
+            key = rec.key
             if key in self.late_keys:
                 log.info("late result %s already written; duplicate replay ignored", key)
                 return
             self.late_keys.add(key)
-        self.f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self.f.write(data + b"\n")
         self.f.flush()
         if self.fsync:
             os.fsync(self.f.fileno())
@@ -106,8 +102,8 @@ class StdoutSink:
 
     name = "stdout"
 
-    def write(self, rec: Record) -> None:
-        sys.stdout.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    def write(self, rec: FrameRecord, data: bytes) -> None:
+        sys.stdout.buffer.write(data + b"\n")
         sys.stdout.flush()
 
     def close(self) -> None:
@@ -115,39 +111,115 @@ class StdoutSink:
 
 
 class MqttSink:
-    """Publishes each record (JSON, QoS 1) to ``<prefix>/<device>/detections``
-    through a connected paho client owned elsewhere."""
+    """Publishes each record (JSON, QoS 1) to ``<prefix>/<device>/detections`` through
+    a paho connection owned elsewhere, store-and-forward: ``write`` appends the record
+    to the durable ``Outbox``; a publisher thread sends the outbox in order while the
+    broker is connected and deletes each record when the broker acknowledged it.
+    A late record whose key the outbox already took is not published again."""
 
     name = "mqtt"
 
-    def __init__(self, client: Any, topic: str, close_timeout_s: float = 3.0) -> None:
-        self.client = client
+    def __init__(self, conn: Any, topic: str, outbox: Outbox, metrics: Any = None,
+                 close_timeout_s: float = 3.0, window: int = 64) -> None:
+        self.conn = conn
         self.topic = topic
+        self.outbox = outbox
+        self.metrics = metrics
         self.close_timeout_s = close_timeout_s
-        self.unacked: Deque[Any] = collections.deque(maxlen=1000)
+        self.window = window  # records handed to paho and not yet acknowledged, at most
+        self._pending: Dict[int, Tuple[int, Any]] = {}  # mid -> (outbox id, paho message info)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._reported_drops = 0
+        self._show()
+        # A record leaves the outbox the moment its PUBACK arrives (in paho's thread), so a
+        # crash right after can re-publish only what the broker took in that instant.
+        conn.publish_listeners.append(self._on_puback)
+        self._thread = threading.Thread(target=self._publisher, name="mqtt-sink", daemon=True)
+        self._thread.start()
 
-    def write(self, rec: Record) -> None:
-        info = self.client.publish(self.topic, json.dumps(rec, separators=(",", ":")), qos=1)
-        if info.rc != 0:
-            raise OSError(f"MQTT publish to {self.topic} failed (rc={info.rc}); broker unreachable?")
-        self.unacked.append(info)
+    def write(self, rec: FrameRecord, data: bytes) -> None:
+        if not self.outbox.put(data, rec.key if rec.late else None):
+            log.info("late result %s already published; duplicate replay ignored", rec.key)
+            return
+        self._show()
+        self._wake.set()
+
+    def _show(self) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.sink_backlog.labels(self.name).set(len(self.outbox))
+        dropped = self.outbox.dropped
+        if dropped > self._reported_drops:
+            self.metrics.sink_dropped.labels(self.name).inc(dropped - self._reported_drops)
+            self._reported_drops = dropped
+
+    def _retire(self, mid: int) -> None:
+        with self._lock:
+            entry = self._pending.pop(mid, None)
+        if entry is not None:
+            self.outbox.ack([entry[0]])
+        self._wake.set()  # also when the ack came before the mid was noted: the sweep retires it
+
+    def _on_puback(self, mid: int) -> None:
+        """(paho's thread) A PUBACK: delete the record from the outbox now."""
+        self._retire(mid)
+
+    def _publisher(self) -> None:
+        """(thread) Hand outbox records to paho in order. A record handed over is never
+        handed over again by this process: paho itself re-sends what was in flight when
+        the connection dropped."""
+        last = 0
+        while True:
+            with self._lock:
+                waiting = list(self._pending.items())
+            for mid, (_, info) in waiting:  # acks that came before their mid was noted
+                if _published(info):
+                    self._retire(mid)
+            self._show()
+            with self._lock:
+                n_pending = len(self._pending)
+            if self._stop.is_set() and (not n_pending or not self.conn.connected.is_set()):
+                return
+            if self.conn.connected.is_set() and n_pending < self.window:
+                for rid, data in self.outbox.peek(last, self.window - n_pending):
+                    info = self.conn.client.publish(self.topic, data, qos=1)
+                    if info.rc not in (0, _NO_CONN):  # not queued by paho: try again later
+                        log.warning("MQTT publish to %s failed (rc=%s); retrying", self.topic, info.rc)
+                        break
+                    with self._lock:
+                        self._pending[info.mid] = (rid, info)
+                    last = rid
+            self._wake.wait(0.5)
+            self._wake.clear()
 
     def close(self) -> None:
-        """Wait (bounded) until the broker acknowledged the last records."""
+        """Publish what the outbox holds for up to ``close_timeout_s`` while connected;
+        the rest stays in the outbox for the next start."""
         deadline = time.monotonic() + self.close_timeout_s
-        while self.unacked:
-            info = self.unacked[0]
-            left = deadline - time.monotonic()
-            if left <= 0:
-                log.warning("%d MQTT records not acknowledged by the broker at shutdown", len(self.unacked))
-                return
-            try:
-                if not info.is_published():
-                    info.wait_for_publish(timeout=left)
-            except (RuntimeError, ValueError):
-                pass  # not connected / queue full: nothing more to wait for
-            if info.is_published() or time.monotonic() >= deadline:
-                self.unacked.popleft()
+        while len(self.outbox) and self.conn.connected.is_set() and time.monotonic() < deadline:
+            self._wake.set()
+            time.sleep(0.02)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(max(0.1, deadline - time.monotonic()) + 1.0)
+        if len(self.outbox):
+            log.warning("%d MQTT records not yet acknowledged by the broker; kept in %s for the next start",
+                        len(self.outbox), self.outbox.path)
+        self.outbox.close()
+
+
+_NO_CONN = 4  # paho MQTT_ERR_NO_CONN: queued by paho, sent after the reconnect
+
+
+def _published(info: Any) -> bool:
+    """The broker acknowledged this publish (paho raises for messages first queued
+    while disconnected, even after it sent them: read the flag then)."""
+    try:
+        return bool(info.is_published())
+    except (RuntimeError, ValueError):
+        return bool(getattr(info, "_published", False))
 
 
 class Sinks:
@@ -157,10 +229,11 @@ class Sinks:
         self.sinks = sinks
         self.on_error = on_error
 
-    def write(self, rec: Record) -> None:
+    def write(self, rec: FrameRecord) -> None:
+        data = rec.to_json()
         for s in self.sinks:
             try:
-                s.write(rec)
+                s.write(rec, data)
             except Exception as exc:
                 log.warning("sink %s failed to write a record: %s", s.name, exc)
                 if self.on_error is not None:

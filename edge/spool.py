@@ -26,20 +26,48 @@ Caps (what exceeds them is counted in ``stats()`` and logged, never silent):
 
 The drop counters are persisted in the same database, so they survive
 restarts. All methods are thread-safe (one connection behind a lock).
+
+**A full disk** (docs/records.md, "When the spool's disk is full"): in WAL mode
+a full filesystem is a trap, since deleting items and checkpointing the WAL need
+free space too, so once the disk is full nothing could ever be acknowledged
+again. The spool therefore keeps ``reserve_bytes`` of its filesystem free:
+``put`` raises ``SpoolFull`` (nothing stored) when the free space, counting the
+database's own free pages, would drop below it, and the WAL is checkpointed
+every ``WAL_AUTOCHECKPOINT_PAGES`` pages so that the reserve always covers a
+checkpoint. When another process fills the disk anyway, SQLite's
+``SQLITE_FULL`` is raised as ``SpoolFull`` too, after the transaction was rolled
+back: items already spooled are never lost by a failed write. ``ack_many``
+raises ``SpoolError`` when it cannot delete; the caller keeps the ids and tries
+again (see ``edge.escalating``). Acknowledgements are written ``ACK_CHUNK`` items
+per transaction, so that one never needs more WAL than the reserve holds. Opening a spool that is a folder, corrupt or
+unwritable raises ``SpoolError`` naming the path and what to do.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+from edgewise.errors import EdgewiseError
 
 log = logging.getLogger(__name__)
+
+#: WAL pages between automatic checkpoints (SQLite's default is 1000 = 4 MB at 4 KiB pages);
+#: a small WAL keeps the space a checkpoint needs inside the reserve.
+WAL_AUTOCHECKPOINT_PAGES = 64
+#: Free space kept on the spool's filesystem: room for two checkpoints' worth of WAL.
+RESERVE_BYTES = 512 * 1024
+#: Items acknowledged per transaction: a delete writes about two pages per item to the
+#: WAL, so a chunk stays well inside the reserve.
+ACK_CHUNK = 16
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -65,6 +93,19 @@ _COUNTERS = (
     "dropped_age_cap_bytes",
     "refused_too_large",
 )
+
+
+class SpoolError(EdgewiseError):
+    """The spool file cannot be opened or written; the message names the path."""
+
+
+class SpoolFull(SpoolError):
+    """The spool's filesystem has no room for this item (nothing was stored)."""
+
+
+def _is_full(exc: sqlite3.Error) -> bool:
+    """SQLITE_FULL (Python 3.8 has no ``sqlite_errorcode``: match SQLite's message)."""
+    return "full" in str(exc).lower()
 
 
 @dataclass(frozen=True)
@@ -102,28 +143,99 @@ class Spool:
         max_bytes: int,
         max_age_s: float,
         clock: Callable[[], float] = time.time,
+        reserve_bytes: int = RESERVE_BYTES,
     ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"spool max_bytes must be > 0, got {max_bytes}")
         if max_age_s <= 0:
             raise ValueError(f"spool max_age_s must be > 0, got {max_age_s}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = int(max_bytes)
         self.max_age_s = float(max_age_s)
+        self.reserve_bytes = int(reserve_bytes)
         self._clock = clock
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        for name in _COUNTERS:
-            self._db.execute("INSERT OR IGNORE INTO counters(name, value) VALUES (?, 0)", (name,))
-        row = self._db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM items").fetchone()
+        self._db = self._open()
+        try:
+            row = self._db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM items").fetchone()
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise self._open_error(exc) from None
         self._bytes = int(row[0])
         self._depth = int(row[1])
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path.is_dir():
+            raise SpoolError(f"spool {self.path} is a folder; set spool.path to a file in it, "
+                             f"e.g. {self.path / 'spool.db'}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpoolError(f"spool {self.path}: cannot create its folder ({exc.strerror or exc}); "
+                             "create it or set spool.path") from None
+        try:
+            db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise self._open_error(exc) from None
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+            db.executescript(_SCHEMA)
+            for name in _COUNTERS:
+                db.execute("INSERT OR IGNORE INTO counters(name, value) VALUES (?, 0)", (name,))
+        except sqlite3.Error as exc:
+            db.close()
+            raise self._open_error(exc) from None
+        return db
+
+    def _open_error(self, exc: sqlite3.Error) -> SpoolError:
+        if "not a database" in str(exc) or "malformed" in str(exc):
+            return SpoolError(f"spool {self.path} is not a readable spool ({exc}); move it aside to keep "
+                              "its contents for inspection (a new spool is created at the next start) "
+                              "or set spool.path")
+        if _is_full(exc):
+            return SpoolFull(f"spool {self.path}: its filesystem is full ({exc}); free space there "
+                             "or set spool.path to another filesystem")
+        return SpoolError(f"spool {self.path}: cannot open it ({exc}); check that the file and its "
+                          "folder are writable by the daemon, or set spool.path")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT; on any error ROLLBACK (when SQLite has not already
+        rolled back by itself, as it does on SQLITE_FULL) and raise ``SpoolError``."""
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            yield db
+            db.execute("COMMIT")
+        except BaseException as exc:
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:  # pragma: no cover - the original error matters more
+                    log.exception("spool %s: rollback failed", self.path)
+            if isinstance(exc, sqlite3.Error):
+                if _is_full(exc):
+                    raise SpoolFull(f"spool {self.path}: its filesystem is full ({exc})") from None
+                raise SpoolError(f"spool {self.path}: write failed ({exc})") from None
+            raise
+
+    def _check_room(self, size: int) -> None:
+        """Raise SpoolFull when storing ``size`` more bytes would eat into the reserve."""
+        try:
+            st = os.statvfs(self.path.parent)
+        except OSError:  # pragma: no cover - not POSIX or gone: SQLite will say
+            return
+        page = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+        reusable = int(self._db.execute("PRAGMA freelist_count").fetchone()[0]) * page
+        free = st.f_bavail * st.f_frsize + reusable
+        if free - size < self.reserve_bytes:
+            raise SpoolFull(
+                f"spool {self.path}: {free // 1024} KiB free on its filesystem, and "
+                f"{self.reserve_bytes // 1024} KiB stay free so that spooled items can still be "
+                "acknowledged; free space there or set spool.path to a bigger filesystem"
+            )
 
     # --- writing ---------------------------------------------------------------
 
@@ -132,36 +244,34 @@ class Spool:
 
         A key already spooled is not stored twice (True). An item larger than
         ``max_bytes`` on its own is refused (False, counted). To make room the
-        oldest items are evicted (counted, logged).
+        oldest items are evicted (counted, logged). Raises ``SpoolFull`` when the
+        filesystem has no room left for it (see the module doc) and ``SpoolError``
+        when the write fails otherwise; nothing is stored or evicted then.
         """
         # default=str: a stray non-JSON value in meta must not lose the escalation
         meta_text = json.dumps(meta or {}, sort_keys=True, separators=(",", ":"), default=str)
         size = len(payload) + len(meta_text) + len(key)
         with self._lock:
             now = self._clock()
-            self._expire_locked(now)
+            self._expire_quietly(now)
             if size > self.max_bytes:
-                self._bump("refused_too_large", 1)
+                with self._transaction():
+                    self._bump_in_tx("refused_too_large", 1)
                 log.warning(
                     "spool: refused %s: %d bytes is more than the whole spool cap (%d bytes)",
                     key, size, self.max_bytes,
                 )
                 return False
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            self._check_room(size)
+            evicted = evicted_bytes = 0
+            with self._transaction() as db:
                 if db.execute("SELECT 1 FROM items WHERE key = ?", (key,)).fetchone():
-                    db.execute("COMMIT")
                     return True
                 evicted, evicted_bytes = self._evict_for(size)
                 db.execute(
                     "INSERT INTO items(key, payload, meta, created, size) VALUES (?, ?, ?, ?, ?)",
                     (key, sqlite3.Binary(payload), meta_text, now, size),
                 )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             self._bytes += size - evicted_bytes
             self._depth += 1 - evicted
             if evicted:
@@ -194,13 +304,14 @@ class Spool:
 
     # --- reading ---------------------------------------------------------------
 
-    def peek(self, limit: int = 16) -> List[SpoolItem]:
-        """Up to ``limit`` oldest items, in insertion order (not removed)."""
+    def peek(self, limit: int = 16, after_id: int = 0) -> List[SpoolItem]:
+        """Up to ``limit`` oldest items with an id above ``after_id``, in insertion order
+        (not removed)."""
         with self._lock:
-            self._expire_locked(self._clock())
+            self._expire_quietly(self._clock())
             rows = self._db.execute(
-                "SELECT id, key, payload, meta, created, attempts FROM items ORDER BY id LIMIT ?",
-                (max(0, int(limit)),),
+                "SELECT id, key, payload, meta, created, attempts FROM items WHERE id > ? ORDER BY id LIMIT ?",
+                (int(after_id), max(0, int(limit))),
             ).fetchall()
         return [
             SpoolItem(int(r[0]), str(r[1]), bytes(r[2]), json.loads(r[3]), float(r[4]), int(r[5]))
@@ -209,42 +320,39 @@ class Spool:
 
     def ack(self, item_id: int) -> bool:
         """Delete a delivered item; False when it was already gone (expired, evicted, acked)."""
-        with self._lock:
-            row = self._db.execute("SELECT size FROM items WHERE id = ?", (item_id,)).fetchone()
-            if row is None:
-                return False
-            self._db.execute("DELETE FROM items WHERE id = ?", (item_id,))
-            self._bytes -= int(row[0])
-            self._depth -= 1
-            return True
+        return self.ack_many([item_id]) == 1
 
     def ack_many(self, item_ids: List[int]) -> int:
-        """Delete several delivered items in one fsync'd transaction; returns how many existed."""
-        with self._lock:
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                n = 0
-                freed = 0
-                for item_id in item_ids:
-                    row = db.execute("SELECT size FROM items WHERE id = ?", (item_id,)).fetchone()
-                    if row is None:
-                        continue
-                    db.execute("DELETE FROM items WHERE id = ?", (item_id,))
-                    n += 1
-                    freed += int(row[0])
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            self._bytes -= freed
-            self._depth -= n
-            return n
+        """Delete several delivered items, ``ACK_CHUNK`` per fsync'd transaction (a bounded
+        WAL, see the module doc); returns how many existed. Raises ``SpoolError`` when a
+        delete cannot be written; the chunks before it are deleted, so a retry with the
+        same ids finishes the job."""
+        n = 0
+        for start in range(0, len(item_ids), ACK_CHUNK):
+            with self._lock:
+                deleted = freed = 0
+                with self._transaction() as db:
+                    for item_id in item_ids[start:start + ACK_CHUNK]:
+                        row = db.execute("SELECT size FROM items WHERE id = ?", (item_id,)).fetchone()
+                        if row is None:
+                            continue
+                        db.execute("DELETE FROM items WHERE id = ?", (item_id,))
+                        deleted += 1
+                        freed += int(row[0])
+                self._bytes -= freed
+                self._depth -= deleted
+                n += deleted
+        return n
 
     def nack(self, item_id: int) -> int:
-        """Record a failed delivery attempt; the item stays in place. Returns attempts (0 if gone)."""
+        """Record a failed delivery attempt; the item stays in place. Returns attempts (0 if
+        gone). The count is best effort: on a full disk it is not written."""
         with self._lock:
-            self._db.execute("UPDATE items SET attempts = attempts + 1 WHERE id = ?", (item_id,))
+            try:
+                with self._transaction() as db:
+                    db.execute("UPDATE items SET attempts = attempts + 1 WHERE id = ?", (item_id,))
+            except SpoolError as exc:
+                log.debug("%s; attempt of item %d not counted", exc, item_id)
             row = self._db.execute("SELECT attempts FROM items WHERE id = ?", (item_id,)).fetchone()
             return int(row[0]) if row else 0
 
@@ -255,24 +363,25 @@ class Spool:
         with self._lock:
             return self._expire_locked(self._clock() if now is None else now)
 
+    def _expire_quietly(self, now: float) -> None:
+        """Expire as part of another call; a failed expiry (full disk) waits for the next one."""
+        try:
+            self._expire_locked(now)
+        except SpoolError as exc:
+            log.warning("%s; expiry of old items postponed", exc)
+
     def _expire_locked(self, now: float) -> int:
         cutoff = now - self.max_age_s
-        db = self._db
-        row = db.execute(
+        row = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM items WHERE created < ?", (cutoff,)
         ).fetchone()
         n, nbytes = int(row[0]), int(row[1])
         if n == 0:
             return 0
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as db:
             db.execute("DELETE FROM items WHERE created < ?", (cutoff,))
             self._bump_in_tx("dropped_age_cap", n)
             self._bump_in_tx("dropped_age_cap_bytes", nbytes)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         self._bytes -= nbytes
         self._depth -= n
         log.warning("spool: expired %d item(s) (%d bytes) older than %gs", n, nbytes, self.max_age_s)
@@ -281,9 +390,6 @@ class Spool:
     def _bump_in_tx(self, name: str, by: int) -> None:
         if by:
             self._db.execute("UPDATE counters SET value = value + ? WHERE name = ?", (by, name))
-
-    def _bump(self, name: str, by: int) -> None:
-        self._db.execute("UPDATE counters SET value = value + ? WHERE name = ?", (by, name))
 
     def stats(self, now: Optional[float] = None) -> SpoolStats:
         """Depth, bytes, age of the oldest item and the drop counters."""

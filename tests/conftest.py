@@ -7,16 +7,20 @@ Models are architecture-exact YOLOv5 graphs with random weights built by
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
-import time
+import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Dict, Iterator, List, Set, Tuple
 
 import pytest
+
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_CACHE = ROOT / ".cache" / "test-models"
@@ -79,6 +83,8 @@ class Broker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
     def start(self) -> None:
         """(Re)start on the same port, e.g. after ``stop()`` in a broker-restart test."""
@@ -91,24 +97,31 @@ def _spawn_mosquitto(conf: Path, port: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"mosquitto exited: {proc.stderr.read().decode() if proc.stderr else ''}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc
+                return True
         except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("mosquitto did not start listening within 10 s")
+            return False
+
+    try:
+        wait_until(listening, 10, f"mosquitto listening on port {port}", interval=0.05)
+    except AssertionError:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
 
 
-@pytest.fixture
-def mosquitto() -> Iterator[Broker]:
-    """A real Mosquitto 2.x broker on a free port, stopped after the test."""
+@contextlib.contextmanager
+def running_mosquitto() -> Iterator[Broker]:
+    """A real Mosquitto 2.x broker on a free port with persistence (sessions and queued
+    messages survive ``stop()``/``start()``), stopped at the end."""
     port = free_port()
     d = Path(tempfile.mkdtemp(prefix="ew-mosq-"))
+    d.chmod(0o777)  # run as root, mosquitto drops to its own user: it must write its database here
     conf = d / "mosquitto.conf"
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
@@ -120,3 +133,126 @@ def mosquitto() -> Iterator[Broker]:
     finally:
         broker.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def mosquitto() -> Iterator[Broker]:
+    """A real Mosquitto broker for one test (``running_mosquitto``)."""
+    with running_mosquitto() as broker:
+        yield broker
+
+
+class SmallFilesystem:
+    """A real tmpfs of a few hundred KiB mounted on a temporary folder (the disk-full tests)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+
+    def free(self) -> int:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def fill(self, leave: int = 0, name: str = "filler") -> Path:
+        """Write a file that leaves ``leave`` bytes free (another process filling the disk)."""
+        ballast = self.path / name
+        with open(ballast, "ab") as f:
+            chunk = b"\0" * 4096
+            try:
+                while self.free() > leave:
+                    f.write(chunk[: max(1, min(4096, self.free() - leave))])
+                    f.flush()
+            except OSError:
+                pass  # ENOSPC: full
+        return ballast
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Callable[[int], SmallFilesystem]]:
+    """``small_fs(size_bytes)`` mounts a real tmpfs of that size (``mount -t tmpfs``, as
+    root); the test is skipped, with the reason, where mounting is not possible."""
+    mounted: List[Path] = []
+
+    def mount(size: int) -> SmallFilesystem:
+        d = tmp_path / f"fs{len(mounted)}"
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {r.stderr.strip()}")
+        mounted.append(d)
+        return SmallFilesystem(d, size)
+
+    try:
+        yield mount
+    finally:
+        for d in reversed(mounted):
+            subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+class TopicRecorder:
+    """Records every message on an MQTT topic filter, across broker restarts: a persistent
+    MQTT v5 session (clean start off, one hour expiry, QoS 1), so the broker keeps what is
+    published while the recorder reconnects. ``messages`` are (topic, payload) in arrival
+    order. A QoS 1 delivery the broker repeats to this subscriber after a restart carries
+    the DUP flag (MQTT v5 3.3.1.1; the flag of the publisher's packet is not passed on):
+    such a repeat of a payload already received is counted in ``redelivered``, not
+    recorded, so ``messages`` is what publishers put on the topic."""
+
+    def __init__(self, broker: Broker, topic: str, client_id: str = "topic-recorder") -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        self.messages: List[Tuple[str, bytes]] = []
+        self.redelivered = 0
+        self._seen: Set[Tuple[str, bytes]] = set()
+        self.subscribed = threading.Event()
+        self.client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=client_id,
+                                  protocol=mqtt.MQTTv5)
+        self.client.reconnect_delay_set(min_delay=1, max_delay=2)
+        self.client.on_connect = lambda c, u, f, rc, p: c.subscribe(topic, qos=1)
+        self.client.on_subscribe = lambda c, u, mid, rcs, p: self.subscribed.set()
+        self.client.on_message = lambda c, u, msg: self._got(msg)
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        self.client.connect(broker.host, broker.port, clean_start=False, properties=props)
+        self.client.loop_start()
+        if not self.subscribed.wait(10):
+            raise RuntimeError(f"could not subscribe to {topic}")
+
+    def _got(self, msg: Any) -> None:
+        item = (msg.topic, bytes(msg.payload))
+        if msg.dup and item in self._seen:
+            self.redelivered += 1
+            return
+        self._seen.add(item)
+        self.messages.append(item)
+
+    def json(self) -> List[Dict[str, Any]]:
+        return [json.loads(p) for _, p in list(self.messages)]
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+
+@pytest.fixture(scope="session")
+def _in_process_cloud(tiny_model: Path) -> Iterator[Any]:
+    from tests.realcloud import InProcessCloud
+
+    with InProcessCloud(tiny_model) as cloud:
+        yield cloud
+
+
+@pytest.fixture
+def real_cloud(_in_process_cloud: Any) -> Iterator[Any]:
+    """The real gateway in front of one real worker (tiny model), in-process on port 0
+    (``tests.realcloud.InProcessCloud``), shared by the tests of a session: whole at
+    the start of each test, made whole again after it (a stopped worker or gateway is
+    restarted, a blocked worker released)."""
+    cloud = _in_process_cloud
+    yield cloud
+    cloud.restore()

@@ -76,6 +76,7 @@ class RtspCamera:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.kill()
             self.proc.wait(10)
+        self._close_pipe()
 
     def freeze(self) -> None:
         """SIGSTOP: connections stay open and nothing more arrives."""
@@ -91,3 +92,8 @@ class RtspCamera:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()

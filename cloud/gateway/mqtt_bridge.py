@@ -78,6 +78,7 @@ class MqttBridge:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
         self._pending: set[Future[None]] = set()
         self._lock = threading.Lock()
         self.connected = threading.Event()
@@ -107,7 +108,14 @@ class MqttBridge:
             log.error("MQTT broker %s:%d refused the connection: %s", self.s.host, self.s.port, reason_code)
             return
         client.subscribe(self.subscription, options=SubscribeOptions(qos=1))
-        self.connected.set()
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: Any,
+                      properties: Any) -> None:
+        if any(rc.is_failure for rc in reason_codes):
+            log.error("MQTT broker %s:%d refused the subscription %s: %s", self.s.host, self.s.port,
+                      self.subscription, reason_codes)
+            return
+        self.connected.set()  # requests published from now on reach this gateway
         log.info("MQTT bridge connected to %s:%d, subscribed %s", self.s.host, self.s.port, self.subscription)
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,

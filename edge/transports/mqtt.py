@@ -17,7 +17,7 @@ import asyncio
 import logging
 import threading
 import uuid
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
@@ -63,6 +63,8 @@ class MqttConnection:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
+        self.client.on_publish = self._on_publish
+        self.publish_listeners: List[Callable[[int], None]] = []  # called with the mid of each PUBACK
         self.connected = threading.Event()
         self.subscriptions: Dict[str, Any] = {}  # topic -> handler(msg), resubscribed on reconnect
         self.lock = threading.Lock()
@@ -102,6 +104,13 @@ class MqttConnection:
         if self.connected.is_set() and not self.stopping:
             log.warning("MQTT disconnected from %s:%d (%s); reconnecting with backoff", self.host, self.port, reason_code)
         self.connected.clear()
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+        for fn in list(self.publish_listeners):
+            try:
+                fn(mid)
+            except Exception:
+                log.exception("MQTT publish listener failed")
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         with self.lock:  # subscribe() may add a topic from another thread meanwhile

@@ -169,8 +169,30 @@ def parse_policy(text: Union[str, bytes], source_name: str = "<policy>") -> Poli
     """Validate policy YAML ``text``; ``source_name`` is used in error messages.
 
     Raises :class:`~edgewise.errors.ConfigError` naming file, line, key path,
-    the bad value and the allowed values.
+    the bad value and the allowed values, and nothing else: whatever else goes
+    wrong while reading the text (a number too long to convert, nesting deeper
+    than Python's recursion limit, memory) is a ConfigError naming the file too,
+    so a hot reload can refuse the file and keep the old policy.
     """
+    try:
+        return _parse_policy(text, source_name)
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError(f"{source_name}: nested too deeply to read; a policy is a few levels "
+                          "deep, is this the right file?") from None
+    except MemoryError:
+        raise ConfigError(f"{source_name}: too large to read into memory; is this the right file?") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise ConfigError(f"{source_name}: a number has too many digits; use a number "
+                              "of at most a few digits") from None
+        raise ConfigError(f"{source_name}: cannot read the policy: {exc}") from None
+    except Exception as exc:
+        raise ConfigError(f"{source_name}: cannot read the policy: {type(exc).__name__}: {exc}") from None
+
+
+def _parse_policy(text: Union[str, bytes], source_name: str) -> Policy:
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")

@@ -246,8 +246,9 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         sink = work / "detections.jsonl"
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        daemon = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(edge_yaml)],
-                                  stdout=open(work / "edge.log", "wb"), stderr=subprocess.STDOUT, env=env)
+        with open(work / "edge.log", "wb") as edge_log:  # the child has its own copy of the file
+            daemon = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config",
+                                       str(edge_yaml)], stdout=edge_log, stderr=subprocess.STDOUT, env=env)
         say("edge daemon started; live progress:")
         total = cfg.streams * cfg.frames
         progress = _Progress(sink, metrics_port, total, stream, cfg.live)

@@ -26,6 +26,7 @@ import yaml
 
 from cloud.local import LocalCloud, cli_command
 from edgewise.v1 import detect_pb2, service_pb2_grpc
+from tests.waiting import wait_until
 
 TOKENS = [{"device": "cam-1", "token": "tok-1"}]
 MD = (("authorization", "Bearer tok-1"),)
@@ -68,6 +69,15 @@ class Load:
             with self.lock:
                 self.results.append((out[0], time.monotonic() - t0, out[1], t0))
 
+    def count(self, status: str) -> int:
+        with self.lock:
+            return sum(1 for r in self.results if r[0] == status)
+
+    def since(self, t: float) -> list[tuple[str, float, str, float]]:
+        """Results of the requests started after monotonic time ``t``."""
+        with self.lock:
+            return [r for r in self.results if r[3] > t]
+
     def __enter__(self) -> Load:
         for t in self.threads:
             t.start()
@@ -107,11 +117,14 @@ def test_pool_weights_bad_input_and_auth(tiny_model):
         # Equal-speed workers complete at the same rate when busy, so the weights show in how
         # many requests each one is given to hold: in flight 3:2:1 for 6 concurrent clients.
         held: dict[str, list[int]] = {a: [] for a in cloud.worker_addresses}
+
+        def sample() -> bool:  # 16 samples of the pool, one every 0.25 s
+            for w in cloud.pool()["workers"]:
+                held[w["address"]].append(w["in_flight"])
+            return len(held[cloud.worker_addresses[0]]) >= 16
+
         with Load(cloud.address, concurrency=6) as load:
-            for _ in range(16):
-                time.sleep(0.25)
-                for w in cloud.pool()["workers"]:
-                    held[w["address"]].append(w["in_flight"])
+            wait_until(sample, 60, "16 samples of the pool", interval=0.25)
         assert all(s == "OK" for s, *_ in load.results), Counter(s for s, *_ in load.results)
         assert len(load.results) >= 20
         mean = [sum(v) / len(v) for v in held.values()]
@@ -126,10 +139,11 @@ def test_kill_9_under_load_every_request_ends_in_time(tiny_model):
     settings = dict(FAST, **{"balancer.base_ejection_s": 3.0, "balancer.slow_start_window_s": 1.0})
     with LocalCloud(tiny_model, workers=3, gateway_settings=settings) as cloud:
         with Load(cloud.address, concurrency=6, deadline_s=3.0) as load:
-            time.sleep(1.5)
+            wait_until(lambda: load.count("OK") >= 10, 30, "10 answers before the kill")
             t_kill = time.monotonic()
             cloud.kill_worker(1, signal.SIGKILL)
-            time.sleep(3.0)
+            wait_until(lambda: len(load.since(t_kill + 0.5)) > 10 and load.since(t_kill + 3.0), 30,
+                       "answers for 3 s after the kill")
         statuses = Counter(s for s, *_ in load.results)
         assert all(el <= 3.0 + 0.5 for _, el, _, _ in load.results)  # none outlived its deadline
         bad = [(s, w) for s, _, w, _ in load.results if s != "OK"]
@@ -150,26 +164,27 @@ def test_kill_9_under_load_every_request_ends_in_time(tiny_model):
         # ejection time grows with each ejection, so wait for the gateway to say so
         # rather than guessing a sleep)
         cloud.restart_worker(1)
-        back = time.monotonic() + 30
-        while time.monotonic() < back:
+
+        def back_in_pool() -> bool:
             w = [w for w in cloud.pool()["workers"] if w["address"] == dead]
-            if w and not w[0]["ejected"] and w[0]["state"] == "ready":
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"restarted worker never re-entered the pool: {cloud.pool()}")
+            return bool(w and not w[0]["ejected"] and w[0]["state"] == "ready")
+
+        wait_until(back_in_pool, 30, "the restarted worker back in the pool", interval=0.2)
+        restarted = f"worker-{cloud.worker_ports[1]}"
         with Load(cloud.address, concurrency=6, deadline_s=3.0) as again:
-            time.sleep(4.0)
+            wait_until(lambda: len(again.results) >= 30 and restarted in {r[2] for r in again.results}, 30,
+                       "answers from the restarted worker too")
         assert all(s == "OK" for s, *_ in again.results)
-        assert f"worker-{cloud.worker_ports[1]}" in {w for _, _, w, _ in again.results}, (cloud.pool(), Counter(w for _, _, w, _ in again.results))
+        assert restarted in {w for _, _, w, _ in again.results}, (cloud.pool(), Counter(w for _, _, w, _ in again.results))
 
 
 def test_sigterm_drain_loses_nothing(tiny_model):
     with LocalCloud(tiny_model, workers=3, gateway_settings=FAST) as cloud:
         with Load(cloud.address, concurrency=6, deadline_s=5.0) as load:
-            time.sleep(1.5)
+            wait_until(lambda: load.count("OK") >= 10, 30, "10 answers before the SIGTERM")
             rc = cloud.kill_worker(2, signal.SIGTERM, wait=True, timeout=20)
-            time.sleep(1.5)
+            t_done = time.monotonic()
+            wait_until(lambda: len(load.since(t_done)) >= 10, 30, "10 answers after the drain")
         assert rc == 0
         statuses = Counter(s for s, *_ in load.results)
         assert set(statuses) == {"OK"} and statuses["OK"] > 20, [r for r in load.results if r[0] != "OK"]
@@ -179,11 +194,12 @@ def test_new_worker_ramps_under_slow_start(tiny_model):
     settings = dict(FAST, **{"balancer.slow_start_window_s": 8.0})
     with LocalCloud(tiny_model, workers=2, gateway_settings=settings) as cloud:
         with Load(cloud.address, concurrency=6, deadline_s=5.0) as load:
-            time.sleep(1.0)
+            wait_until(lambda: load.count("OK") >= 10, 30, "10 answers before the new worker")
             i = cloud.add_worker()
             new = f"worker-{cloud.worker_ports[i]}"
             t_add = time.monotonic()
-            time.sleep(10.0)
+            # the slow-start window is 8 s: watch the shares until 10 s after the add
+            wait_until(lambda: load.since(t_add + 10.0), 60, "requests 10 s after the add", interval=0.1)
         assert all(s == "OK" for s, *_ in load.results)
         after = sorted((t - t_add, w) for s, _, w, t in load.results if t > t_add)
         # share of the new worker in the first and last thirds of the window
@@ -236,6 +252,8 @@ def test_cloud_up_cli_starts_and_stops_cleanly(tiny_model, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
     # no worker or gateway left behind
     out = subprocess.run(["pgrep", "-f", "models/m.onnx"], capture_output=True, text=True)
     mine = [p for p in out.stdout.split() if p and int(p) != proc.pid]

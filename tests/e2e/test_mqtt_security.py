@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -29,7 +28,8 @@ from edge.transports import TransportError
 from edge.transports.mqtt import MqttConnection, MqttTransport
 from edgewise.v1 import detect_pb2
 from edgewise.wire import encode_image
-from tests.conftest import _spawn_mosquitto, free_port, mosquitto_binary
+from tests.conftest import Broker, _spawn_mosquitto, free_port, mosquitto_binary
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ACL = ROOT / "deploy" / "mosquitto" / "edgewise-acl.conf"
@@ -52,12 +52,11 @@ def acl_broker():
     conf = d / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\npassword_file {passwd}\n"
                     f"acl_file {ACL}\n")
-    proc = _spawn_mosquitto(conf, port)
+    broker = Broker(port, _spawn_mosquitto(conf, port), conf)
     try:
         yield port
     finally:
-        proc.terminate()
-        proc.wait(5)
+        broker.stop()
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -111,12 +110,7 @@ def mqtt_counts(cloud: LocalCloud) -> dict[str, float]:
 
 
 def wait_for(cond, timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
+    return bool(wait_until(cond, timeout, "the condition"))
 
 
 def test_mqtt_tokens_acl_and_response_topics(acl_broker, tiny_model):

@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
+from edge.records import FrameRecord
+
 
 def policy_yaml(name: str, stream_modes: Optional[Dict[str, str]] = None, transport: str = "grpc",
                 on_unavailable: str = "spool", deadline_ms: int = 2000, mode: str = "full",
@@ -46,3 +48,10 @@ def read_jsonl(path: Path) -> List[Dict[str, Any]]:
         except ValueError:
             pass  # a line torn by kill -9
     return out
+
+
+def frame_record(stream: str, seq: int, device: str = "dev", reason: str = "hard") -> FrameRecord:
+    """The record the pipeline would have built for an escalated frame."""
+    return FrameRecord(device=device, stream=stream, frame_seq=seq, capture_unix_ns=0, emit_unix_ns=0,
+                       width=64, height=48, detections=[], escalated=True, reason=reason, hardness=0.8,
+                       outcome="pending")

@@ -1,27 +1,30 @@
 """Escalation: the crop around uncertain boxes and the DetectRequest (pure), and the
-spool seen from the event loop (a real spool, a real gRPC stub coming back)."""
+spool seen from the event loop: a real spool, the real gateway and worker
+(``real_cloud``) going away and coming back, a closed port for a cloud that is not there."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import cv2
 import numpy as np
+import pytest
 
-from edge.deciding import Verdict
 from edge.escalating import Escalating
 from edge.metrics import EdgeMetrics
 from edge.payloads import Spooled, build_request, crop_region, detections_json
-from edge.sinks import idempotency_key
+from edge.records import idempotency_key
 from edge.sources.base import Frame
-from edge.spool import Spool
+from edge.spool import RESERVE_BYTES, Spool
 from edge.transports.grpc import GrpcTransport
 from edgewise.detections import Detections
+from edgewise.policy.deciding import Decision
 from edgewise.policy.loading import parse_policy
-from tests.edge.cloudstub import GrpcStubThread, StubCloud
-from tests.edge.helpers import policy_yaml
+from edgewise.v1 import detect_pb2
+from tests.conftest import free_port
+from tests.edge.helpers import frame_record, policy_yaml
+from tests.waiting import async_wait_until
 
 
 def dets(boxes, scores):
@@ -45,7 +48,7 @@ def test_build_request_crop_carries_offset_and_source_size():
     frame = Frame("cam", 7, img, 123, 0.0)
     d = dets([[10, 10, 30, 30]], [0.4])
     policy = parse_policy(policy_yaml("p", mode="crops"))
-    v = Verdict(True, "hard", 0.8, {"entropy": 0.5}, priority=90)
+    v = Decision(True, "hard", 0.8, {"entropy": 0.5}, priority=90)
     req, region = build_request("dev", frame, d, v, policy)
     assert region == (6, 6, 34, 34)
     assert (req.device_id, req.stream_id, req.frame_seq) == ("dev", "cam", 7)
@@ -69,8 +72,8 @@ def test_record_boxes_name_their_model_and_key_format():
 
 
 class RecordingSpool(Spool):
-    """A real spool that notes which thread made each call (and is slow, like the
-    fsync'd commits on a Jetson's eMMC), to show the event loop never waits on it."""
+    """A real spool that notes which thread made each call, to show the event loop
+    never makes one."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -78,15 +81,10 @@ class RecordingSpool(Spool):
 
     def _note(self, name, *args):
         self.calls.append((name, threading.current_thread().name) + args)
-        time.sleep(0.02)
 
     def put(self, key, payload, meta=None):
         self._note("put", key)
         return super().put(key, payload, meta)
-
-    def ack(self, item_id):
-        self._note("ack", item_id)
-        return super().ack(item_id)
 
     def ack_many(self, item_ids):
         self._note("ack_many", tuple(item_ids))
@@ -97,41 +95,31 @@ class RecordingSpool(Spool):
         return super().nack(item_id)
 
 
-def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_once(tmp_path):
-    """Cloud down: escalations are spooled from the spool thread, in submit order; the
-    cloud back: one replay round delivers them late and acknowledges them with one
-    ack_many after their records were written."""
-    from tests.conftest import free_port
-
-    port = free_port()
+def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_once(tmp_path, real_cloud):
+    """The real gateway without a worker answers UNAVAILABLE: escalations are spooled from
+    the spool thread, in submit order; the worker back: one replay round delivers them late
+    and acknowledges them with one ack_many after their records were written."""
     spool = RecordingSpool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
-    policy = parse_policy(policy_yaml("p", deadline_ms=500))
+    policy = parse_policy(policy_yaml("p", deadline_ms=2000))
     written = []
     metrics = EdgeMetrics()
     d = dets([[10, 10, 30, 30]], [0.4])
-    verdict = Verdict(True, "hard", 0.8, {})
+    decision = Decision(True, "hard", 0.8, {})
+    real_cloud.stop_worker(0)
 
     async def run():
-        grpc_t = GrpcTransport([f"127.0.0.1:{port}"])
+        grpc_t = GrpcTransport([real_cloud.address])
         esc = Escalating("dev", {"grpc": grpc_t}, written.append, metrics, spool=spool, replay_batch=16)
         loop_thread = threading.current_thread().name
         for seq in range(5):
             frame = Frame("cam", seq, np.full((48, 64, 3), 40 * seq, np.uint8), 0, 0.0)
-            esc.submit(frame, d, verdict, policy, {"stream": "cam", "frame_seq": seq, "reason": "hard"})
-        await wait_until(lambda: len(written) == 5)
-        assert [r["outcome"] for r in written] == ["spooled"] * 5
+            esc.submit(frame, d, decision, policy, frame_record("cam", seq))
+        await async_wait_until(lambda: len(written) == 5, 30, "5 records")
+        assert [r.outcome for r in written] == ["spooled"] * 5
+        assert all(r.error.startswith("UNAVAILABLE: ") for r in written)  # the real gateway, no worker up
         assert await esc.replay_once() == 0  # still down: the head is nacked, nothing acked
-        stub = GrpcStubThread(StubCloud(None), port=port)
-        try:
-            settled = 0
-            for _ in range(100):  # until the channel's reconnect backoff let a call through
-                settled = await esc.replay_once()
-                if settled:
-                    break
-                await asyncio.sleep(0.1)
-            assert settled == 5
-        finally:
-            stub.stop()
+        real_cloud.start_worker(0)
+        assert await async_wait_until(esc.replay_once, 30, "a replay round that settles") == 5
         await esc.drain(0.1)
         await esc.close()
         await grpc_t.close()
@@ -142,71 +130,53 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
     assert all(c[1].startswith("spool") and c[1] != loop_thread for c in spool.calls), spool.calls
     puts = [c[2] for c in spool.calls if c[0] == "put"]  # in the order the calls failed
     assert sorted(puts) == [f"dev/cam/{i}" for i in range(5)]
-    assert names.count("nack") >= 1 and "ack" not in names and names.count("ack_many") == 1
+    assert names.count("nack") >= 1 and names.count("ack_many") == 1
     assert names[-1] == "ack_many" and len(spool.calls[-1][2]) == 5
-    late = [r for r in written if r.get("late")]
-    assert [f"dev/cam/{r['frame_seq']}" for r in late] == puts  # replayed in spool order
-    assert all(r["outcome"] == "cloud" for r in late)
+    late = [r for r in written if r.late]
+    assert [r.key for r in late] == puts  # replayed in spool order
+    assert all(r.outcome == "cloud" and r.cloud_model == "yolov5n-160-10" for r in late)
     assert len(spool) == 0 and metrics.spool_depth._value.get() == 0
     spool.close()
 
 
-class BadBoxCloud(StubCloud):
-    """A cloud whose answers carry an inverted box (its detections do not validate)."""
-
-    def answer(self, req):
-        resp = super().answer(req)
-        resp.detections.add(x1=50, y1=5, x2=10, y2=40, score=0.9, class_id=0, source="cloud")
-        return resp
-
-
-async def wait_until(pred, timeout=10.0):
-    for _ in range(int(timeout / 0.01)):
-        if pred():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("timed out")
+def test_a_cloud_answer_whose_boxes_do_not_validate_leaves_the_record_untouched():
+    """Pure: the merge refuses an inverted box (ValueError) before it changes the record,
+    so the caller writes the frame's edge result with the reason."""
+    esc = Escalating("dev", {}, lambda rec: None, EdgeMetrics())
+    record = frame_record("cam", 1)
+    resp = detect_pb2.DetectResponse(model_name="big")
+    resp.detections.add(x1=50, y1=5, x2=10, y2=40, score=0.9, class_id=0, source="cloud")
+    policy = parse_policy(policy_yaml("p"))
+    with pytest.raises(ValueError, match="inverted"):
+        esc._write_merged(record, dets([[10, 10, 30, 30]], [0.4]), resp, policy.spec.merge, 0.1, late=False)
+    assert record.outcome == "pending" and record.detections == [] and record.cloud_model is None
+    esc.spool_io.shutdown()
 
 
-def test_unusable_cloud_answer_and_unreadable_spool_entry_never_lose_or_block(tmp_path):
-    """A live answer whose boxes do not validate keeps the frame's edge record (with
-    the reason); a spooled entry that cannot be read is dropped from the head (counted)
-    instead of blocking the replay of everything behind it."""
+def test_an_unreadable_spool_entry_is_dropped_from_the_head_not_blocking_the_rest(tmp_path, real_cloud):
+    """A spooled entry that cannot be read is dropped (counted) instead of blocking the
+    replay of everything behind it, which reaches the real cloud."""
     policy = parse_policy(policy_yaml("p", deadline_ms=3000))
     d = dets([[10, 10, 30, 30]], [0.4])
-    verdict = Verdict(True, "hard", 0.8, {})
-    frame = Frame("cam", 1, np.full((48, 64, 3), 90, np.uint8), 0, 0.0)
     spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
     spool.put("dev/cam/0", b"\xff not a protobuf", {"record": {}, "merge": {}})  # unreadable head
-    good, _ = build_request("dev", Frame("cam", 2, frame.image, 0, 0.0), d, verdict, policy)
+    image = np.full((48, 64, 3), 90, np.uint8)
+    good, _ = build_request("dev", Frame("cam", 2, image, 0, 0.0), d, Decision(True, "hard", 0.8, {}), policy)
     spool.put("dev/cam/2", good.SerializeToString(),
-              Spooled({"stream": "cam", "frame_seq": 2, "device": "dev"}, policy.spec.merge, 3000, "grpc").to_meta())
+              Spooled(frame_record("cam", 2), policy.spec.merge, 3000, "grpc").to_meta())
     written = []
     metrics = EdgeMetrics()
-    bad, ok = GrpcStubThread(BadBoxCloud(None)), GrpcStubThread(StubCloud(None))
 
     async def run():
-        t_bad = GrpcTransport([f"127.0.0.1:{bad.port}"])
-        t_ok = GrpcTransport([f"127.0.0.1:{ok.port}"])
-        esc = Escalating("dev", {"grpc": t_bad}, written.append, metrics, spool=spool)
-        esc.submit(frame, d, verdict, policy, {"stream": "cam", "frame_seq": 1, "reason": "hard"})
-        await wait_until(lambda: written)
-        esc.transports = {"grpc": t_ok}
+        t = GrpcTransport([real_cloud.address])
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool)
         assert await esc.replay_once() == 2
-        await esc.drain(0.1)
         await esc.close()
-        await t_bad.close()
-        await t_ok.close()
+        await t.close()
 
-    try:
-        asyncio.run(run())
-    finally:
-        bad.stop()
-        ok.stop()
-    live, late = written
-    assert live["frame_seq"] == 1 and live["outcome"] == "edge_only"
-    assert live["error"].startswith("INVALID_ARGUMENT: cloud answer") and "inverted" in live["error"]
-    assert late["frame_seq"] == 2 and late["late"] is True and late["outcome"] == "cloud"
+    asyncio.run(run())
+    (late,) = written
+    assert late.frame_seq == 2 and late.late is True and late.outcome == "cloud"
     assert metrics.spool_events.labels("rejected")._value.get() == 1
     assert len(spool) == 0
     spool.close()
@@ -215,8 +185,6 @@ def test_unusable_cloud_answer_and_unreadable_spool_entry_never_lose_or_block(tm
 def test_spool_evictions_and_expiry_are_counted_whichever_call_did_them(tmp_path):
     """Byte-cap evictions happen inside put and age expiry inside peek; both show up in
     edgewise_edge_spool_events (evicted / expired), counted once, not from the start."""
-    from tests.conftest import free_port
-
     now = [1000.0]
     spool = Spool(tmp_path / "spool.db", max_bytes=6000, max_age_s=60, clock=lambda: now[0])
     spool.put("old/run/1", b"x" * 100, {})  # a previous run's drop, already in the counters
@@ -235,8 +203,8 @@ def test_spool_evictions_and_expiry_are_counted_whichever_call_did_them(tmp_path
         for seq in range(8):
             img = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)  # noise: ~2-3 KB of JPEG
             esc.submit(Frame("cam", seq, img, 0, 0.0), dets([[10, 10, 30, 30]], [0.4]),
-                       Verdict(True, "hard", 0.8, {}), policy, {"stream": "cam", "frame_seq": seq})
-            await wait_until(lambda: len(written) == seq + 1)
+                       Decision(True, "hard", 0.8, {}), policy, frame_record("cam", seq))
+            await async_wait_until(lambda: len(written) == seq + 1, 10, f"record {seq}")
         kept = len(spool)
         now[0] += 61
         assert await esc.replay_once() == 0  # peek expires them all
@@ -246,7 +214,7 @@ def test_spool_evictions_and_expiry_are_counted_whichever_call_did_them(tmp_path
 
     kept = asyncio.run(run())
     st = spool.stats()
-    assert all(r["outcome"] == "spooled" for r in written) and 0 < kept < 8
+    assert all(r.outcome == "spooled" for r in written) and 0 < kept < 8
     assert metrics.spool_events.labels("evicted")._value.get() == st.dropped_bytes_cap == 8 - kept
     assert metrics.spool_events.labels("expired")._value.get() == kept == st.dropped_age_cap - 1
     assert metrics.spool_depth._value.get() == 0
@@ -256,14 +224,7 @@ def test_spool_evictions_and_expiry_are_counted_whichever_call_did_them(tmp_path
 def test_spool_backlog_is_bounded_and_what_overflows_keeps_its_edge_result(tmp_path):
     """More escalations than the spool can fsync: at most cloud.max_in_flight wait for
     the spool thread; the rest are settled at once with their edge result, counted."""
-    from tests.conftest import free_port
-
-    class SlowSpool(Spool):
-        def put(self, key, payload, meta=None):
-            time.sleep(0.2)  # a slow card
-            return super().put(key, payload, meta)
-
-    spool = SlowSpool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
     policy = parse_policy(policy_yaml("p", deadline_ms=300))
     written = []
     metrics = EdgeMetrics()
@@ -273,19 +234,19 @@ def test_spool_backlog_is_bounded_and_what_overflows_keeps_its_edge_result(tmp_p
         esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool, max_in_flight=2)
         for seq in range(8):  # one burst, as from one batch of frames
             esc.submit(Frame("cam", seq, np.zeros((48, 64, 3), np.uint8), 0, 0.0), dets([], []),
-                       Verdict(True, "always", 0.0, {}), policy, {"stream": "cam", "frame_seq": seq})
+                       Decision(True, "always", 0.0, {}), policy, frame_record("cam", seq))
         assert len(esc.tasks) == 2 and len(esc.settling) == 2
-        await wait_until(lambda: len(written) == 8)
+        await async_wait_until(lambda: len(written) == 8, 30, "8 records")
         await esc.drain(0.1)
         await esc.close()
         await t.close()
 
     asyncio.run(run())
-    outcomes = {r["frame_seq"]: r["outcome"] for r in written}
+    outcomes = {r.frame_seq: r.outcome for r in written}
     assert sorted(outcomes) == list(range(8))
     assert [outcomes[s] for s in range(4)] == ["spooled"] * 4
     assert [outcomes[s] for s in range(4, 8)] == ["edge_only"] * 4
-    assert all("waiting for the spool" in r["error"] for r in written if r["outcome"] == "edge_only")
+    assert all("waiting for the spool" in r.error for r in written if r.outcome == "edge_only")
     assert metrics.spool_events.labels("refused")._value.get() == 4 and len(spool) == 4
     spool.close()
 
@@ -294,8 +255,6 @@ def test_request_is_built_off_the_loop_and_a_refused_crop_keeps_its_region(tmp_p
     """The JPEG encode runs in a worker thread; an escalation refused at submit
     (max_in_flight) and spooled still records its crop, which the replay's merge needs."""
     import edge.escalating as escalating
-    from tests.conftest import free_port
-
     threads = []
 
     def traced(*args):
@@ -312,17 +271,109 @@ def test_request_is_built_off_the_loop_and_a_refused_crop_keeps_its_region(tmp_p
         esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), spool=spool, max_in_flight=1)
         for seq in range(2):  # the second is refused at submit: one already in flight
             esc.submit(Frame("cam", seq, np.zeros((80, 100, 3), np.uint8), 0, 0.0),
-                       dets([[10, 10, 30, 30]], [0.4]), Verdict(True, "hard", 0.8, {}), policy,
-                       {"stream": "cam", "frame_seq": seq})
-        await wait_until(lambda: len(written) == 2)
+                       dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}), policy,
+                       frame_record("cam", seq))
+        await async_wait_until(lambda: len(written) == 2, 30, "2 records")
         await esc.close()
         await t.close()
         return threading.current_thread().name
 
     loop_thread = asyncio.run(run())
     assert len(threads) == 2 and loop_thread not in threads
-    by_seq = {r["frame_seq"]: r for r in written}
-    assert "in flight" in by_seq[1]["error"]
-    assert all(r["outcome"] == "spooled" and r["crop"] == [6, 6, 34, 34] for r in written)
+    by_seq = {r.frame_seq: r for r in written}
+    assert "in flight" in by_seq[1].error
+    assert all(r.outcome == "spooled" and r.crop == [6, 6, 34, 34] for r in written)
     assert [i.meta["record"]["crop"] for i in spool.peek(10)] == [[6, 6, 34, 34]] * 2
+    spool.close()
+
+
+
+def noisy_frame(seq, rng):
+    """A frame of noise: ~15 KB of JPEG, so a few dozen fill a small disk."""
+    return Frame("cam", seq, rng.integers(0, 255, (120, 160, 3), dtype=np.uint8), 0, 0.0)
+
+
+def test_full_spool_disk_keeps_every_record_and_replay_recovers_by_itself(tmp_path, real_cloud, small_fs):
+    """The spool on a real 1.5 MiB tmpfs, the real cloud's only worker down: escalations
+    are spooled until the disk is (nearly) full, then keep their edge record with the
+    reason (counted as disk_full). The worker back: everything spooled arrives late,
+    once, and the spool takes new escalations again. Then a reader pins the WAL and
+    another process fills the disk: the replayed items cannot be acknowledged, are not
+    sent again meanwhile, and a later round acknowledges them once space returns."""
+    import sqlite3
+
+    fs = small_fs(1536 * 1024)
+    spool = Spool(fs.path / "spool.db", max_bytes=1 << 30, max_age_s=3600)
+    policy = parse_policy(policy_yaml("p", deadline_ms=2000))
+    written = []
+    metrics = EdgeMetrics()
+    events = metrics.spool_events
+    rng = np.random.default_rng(0)
+    late = lambda: [r.key for r in written if r.late]  # noqa: E731
+
+    async def escalate(esc, seq):
+        n = len(written)
+        esc.submit(noisy_frame(seq, rng), dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}),
+                   policy, frame_record("cam", seq))
+        await async_wait_until(lambda: len(written) == n + 1, 10, f"the record of frame {seq}")
+
+    async def replay(esc, until, what):
+        async def one_round():
+            await esc.replay_once()
+            return until()
+        await async_wait_until(one_round, 60, what)
+
+    real_cloud.stop_worker(0)
+
+    async def run():
+        t = GrpcTransport([real_cloud.address])
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool, replay_batch=8)
+        seq = 0
+        while events.labels("disk_full")._value.get() < 3:
+            await escalate(esc, seq)
+            seq += 1
+        spooled = [r.key for r in written if r.outcome == "spooled"]
+        refused = [r for r in written if r.outcome == "edge_only"]
+        assert len(spooled) >= 20 and len(spool) == len(spooled) and len(refused) == 3
+        assert all("not spooled" in r.error and "KiB free" in r.error for r in refused)
+        real_cloud.start_worker(0)
+        await replay(esc, lambda: len(spool) == 0, "the spool is empty")
+        assert sorted(late()) == sorted(spooled)
+        # The freed space is the spool's again: the next outage spools.
+        real_cloud.stop_worker(0)
+        for _ in range(6):
+            await escalate(esc, seq)
+            seq += 1
+        assert [r.outcome for r in written[-6:]] == ["spooled"] * 6
+        # A reader pins the WAL and another process fills the disk; without the reserve
+        # check, spooling goes on until SQLite itself finds the disk full.
+        reader = sqlite3.connect(str(fs.path / "spool.db"))
+        reader.execute("BEGIN")
+        reader.execute("SELECT COUNT(*) FROM items").fetchone()
+        filler = fs.fill(leave=0)
+        spool.reserve_bytes = -(1 << 40)
+        while events.labels("disk_full")._value.get() < 4:
+            await escalate(esc, seq)
+            seq += 1
+        assert "disk is full" in written[-1].error
+        spool.reserve_bytes = RESERVE_BYTES
+        second = [r.key for r in written[len(spooled) + 3:] if r.outcome == "spooled"]
+        real_cloud.start_worker(0)
+        await replay(esc, lambda: len(late()) == len(spooled) + len(second), "the second replay")
+        assert events.labels("ack_failed")._value.get() >= 1
+        sent = len(late())
+        for _ in range(3):
+            await esc.replay_once()
+        assert len(late()) == sent  # nothing sent twice while the acks wait
+        reader.close()
+        filler.unlink()
+        await replay(esc, lambda: len(spool) == 0, "the acks after space returned")
+        await esc.close()
+        await t.close()
+        return spooled + second
+
+    spooled = asyncio.run(run())
+    keys = [r.key for r in written if not r.late]
+    assert len(keys) == len(set(keys))  # one record per frame
+    assert sorted(late()) == sorted(spooled)  # every spooled frame late, once
     spool.close()

@@ -1,6 +1,7 @@
 """The daemon in-process with the tiny real model: several streams batched, every
-frame recorded once with per-stage latency; hot reload while frames flow; gRPC
-escalation end to end with merge; metrics and health endpoints."""
+frame recorded once with per-stage latency and its decision explained; hot reload
+while frames flow; gRPC escalation end to end through the real gateway and worker
+(``real_cloud``) with merge; the cloud down or slow; metrics and health endpoints."""
 
 from __future__ import annotations
 
@@ -13,8 +14,20 @@ import pytest
 
 from edge.daemon import EdgeDaemon
 from edge.settings import load_settings
-from tests.edge.cloudstub import GrpcStubThread, StubCloud
 from tests.edge.helpers import policy_yaml, read_jsonl, settings_yaml
+from tests.waiting import async_wait_until
+
+
+async def started(d: EdgeDaemon, frames: int = 1) -> asyncio.Future[int]:
+    """Run the daemon in the background until it processed ``frames`` frames."""
+    task = asyncio.ensure_future(d.run())
+
+    def progressed() -> bool:
+        if task.done():
+            raise AssertionError(f"daemon ended early: {task.exception() or task.result()}")
+        return d.pipeline is not None and d.pipeline.frames_done >= frames
+    await async_wait_until(progressed, 60, f"{frames} frames")
+    return task
 
 
 def base_settings(tmp_path: Path, model: Path, streams, **extra):
@@ -40,10 +53,7 @@ def test_streams_batched_every_frame_recorded(tmp_path, tiny_model):
     scraped = {}
 
     async def run():
-        task = asyncio.ensure_future(d.run())
-        while d.pipeline is None or d.pipeline.frames_done < 10:
-            await asyncio.sleep(0.02)
-            assert not task.done(), task.exception() if task.done() else None
+        task = await started(d, 10)
         port = d.metrics_server.port
         loop = asyncio.get_running_loop()
         scraped["metrics"] = await loop.run_in_executor(
@@ -59,6 +69,7 @@ def test_streams_batched_every_frame_recorded(tmp_path, tiny_model):
     r = recs[0]
     assert set(r["latency_ms"]) >= {"read", "queue", "preprocess", "infer", "postprocess", "hardness_policy", "total"}
     assert r["escalated"] is False and r["outcome"] == "edge" and r["late"] is False
+    assert r["reason"] == "no policy" and r["detail"] == "no policy file: nothing is escalated"
     assert {"missed_object", "entropy", "tracker_disagreement"} <= set(r["signals"])
     for rec in recs:
         for det in rec["detections"]:
@@ -77,31 +88,27 @@ def test_streams_batched_every_frame_recorded(tmp_path, tiny_model):
     assert scraped["health"]["status"] == "ok" and scraped["health"]["device"] == "dev"
 
 
-def test_hot_reload_while_frames_flow(tmp_path, tiny_model):
-    cloud = StubCloud(str(tiny_model))
-    stub = GrpcStubThread(cloud)
+def test_hot_reload_while_frames_flow(tmp_path, tiny_model, real_cloud):
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("never", {"s": "never"}))
     s = base_settings(
         tmp_path, tiny_model,
         [{"id": "s", "kind": "synthetic", "uri": "160x120", "max_frames": 60, "fps": 30}],
-        policy_file=str(policy), policy_poll_s=0.05, cloud={"endpoints": [f"127.0.0.1:{stub.port}"]},
+        policy_file=str(policy), policy_poll_s=0.05, cloud={"endpoints": [real_cloud.address]},
     )
     d = EdgeDaemon(s)
-    try:
-        async def run():
-            task = asyncio.ensure_future(d.run())
-            while d.pipeline is None or d.pipeline.frames_done < 15:
-                await asyncio.sleep(0.01)
-            # An invalid file is refused; the old policy stays.
-            policy.write_text("apiVersion: edgewise/v1\nkind: EscalationPolicy\nspec: {threshold: 7}\n")
-            await asyncio.sleep(0.3)
-            assert d.holder.policy.metadata.name == "never"
-            policy.write_text(policy_yaml("always", {"s": "always"}))
-            assert await asyncio.wait_for(task, 60) == 0
-        asyncio.run(run())
-    finally:
-        stub.stop()
+    answered = real_cloud.gateway.metrics.requests.labels(transport="grpc", status="OK")
+    before = answered._value.get()
+
+    async def run():
+        task = await started(d, 15)
+        # An invalid file is refused; the old policy stays.
+        policy.write_text("apiVersion: edgewise/v1\nkind: EscalationPolicy\nspec: {threshold: 7}\n")
+        await async_wait_until(lambda: d.metrics.reloads.labels("refused")._value.get() == 1, 10, "the refusal")
+        assert d.holder.policy.metadata.name == "never"
+        policy.write_text(policy_yaml("always", {"s": "always"}))
+        assert await asyncio.wait_for(task, 60) == 0
+    asyncio.run(run())
     recs = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["frame_seq"])
     assert [r["frame_seq"] for r in recs] == list(range(60))  # no frame lost, none twice
     gens = [r["policy_generation"] for r in recs]
@@ -110,8 +117,8 @@ def test_hot_reload_while_frames_flow(tmp_path, tiny_model):
     assert 15 <= switch < 60
     assert not any(r["escalated"] for r in recs[:switch])
     assert all(r["escalated"] and r["reason"] == "always" for r in recs[switch:])
-    assert all(r["outcome"] == "cloud" for r in recs[switch:])
-    assert sorted(q.frame_seq for q in cloud.seen) == list(range(switch, 60))
+    assert all(r["outcome"] == "cloud" and r["cloud_model"] == "yolov5n-160-10" for r in recs[switch:])
+    assert answered._value.get() - before == 60 - switch  # the gateway answered each escalation once
     for r in recs[switch:]:
         assert r["cloud_rtt_ms"] > 0
         assert all(det["source"] in ("edge", "cloud") for det in r["detections"])
@@ -120,62 +127,63 @@ def test_hot_reload_while_frames_flow(tmp_path, tiny_model):
 
 
 @pytest.mark.parametrize("action, outcome", [("edge_only", "edge_only"), ("drop", None)])
-def test_cloud_down_edge_only_and_drop(tmp_path, tiny_model, action, outcome):
-    from tests.conftest import free_port
-
+def test_cloud_down_edge_only_and_drop(tmp_path, tiny_model, real_cloud, action, outcome):
+    """The real gateway with its worker stopped answers UNAVAILABLE; the policy decides."""
     policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_yaml("p", {"s": "always"}, on_unavailable=action, deadline_ms=300))
+    policy.write_text(policy_yaml("p", {"s": "always"}, on_unavailable=action, deadline_ms=1000))
     s = base_settings(
         tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "max_frames": 8}],
-        policy_file=str(policy), cloud={"endpoints": [f"127.0.0.1:{free_port()}"]},
+        policy_file=str(policy), cloud={"endpoints": [real_cloud.address]},
     )
+    real_cloud.stop_worker(0)
     assert asyncio.run(EdgeDaemon(s).run()) == 0
     recs = read_jsonl(tmp_path / "out.jsonl")
     if outcome is None:
         assert recs == []
     else:
         assert sorted(r["frame_seq"] for r in recs) == list(range(8))
-        assert all(r["outcome"] == outcome and "UNAVAILABLE" in r["error"] for r in recs)
+        assert all(r["outcome"] == outcome and "UNAVAILABLE" in r["error"] and "no worker" in r["error"]
+                   for r in recs)
 
 
-def test_stop_spools_in_flight_escalations(tmp_path, tiny_model):
-    """A stop (what SIGTERM does) while the cloud is slow: in-flight escalations get
-    the grace period, then go to the spool; nothing hangs."""
+def test_stop_spools_in_flight_escalations(tmp_path, tiny_model, real_cloud):
+    """A stop (what SIGTERM does) while the cloud is slow (the real worker's inference
+    thread busy): in-flight escalations get the grace period, then go to the spool;
+    nothing hangs."""
     import time
 
     from edge.spool import Spool
 
-    cloud = StubCloud(None)
-    cloud.delay_s = 2.5
-    stub = GrpcStubThread(cloud)
+    real_cloud.block_worker(0)
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("slow", {"s": "always"}, deadline_ms=10000))
     s = base_settings(
         tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
-        policy_file=str(policy), cloud={"endpoints": [f"127.0.0.1:{stub.port}"]}, shutdown_grace_s=0.3,
+        policy_file=str(policy), cloud={"endpoints": [real_cloud.address]}, shutdown_grace_s=0.3,
     )
     d = EdgeDaemon(s)
-    try:
-        async def run():
-            task = asyncio.ensure_future(d.run())
-            while d.escalating is None or d.escalating.in_flight() < 3:
-                await asyncio.sleep(0.02)
-            t0 = time.monotonic()
-            d.request_stop()
-            ok, detail = d.health()
-            assert not ok and detail["status"] == "stopping"
-            assert await asyncio.wait_for(task, 10) == 0
-            return time.monotonic() - t0
-        took = asyncio.run(run())
-    finally:
-        stub.stop()
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.escalating is not None and d.escalating.in_flight() >= 3, 60,
+                               "3 escalations waiting for the slow cloud")
+        t0 = time.monotonic()
+        d.request_stop()
+        ok, detail = d.health()
+        assert not ok and detail["status"] == "stopping"
+        assert await asyncio.wait_for(task, 10) == 0
+        return time.monotonic() - t0
+    took = asyncio.run(run())
     assert took < 3.0
     recs = read_jsonl(tmp_path / "out.jsonl")
     seqs = [r["frame_seq"] for r in recs]
     assert sorted(seqs) == list(range(len(seqs)))  # every processed frame has its record
     spooled = {r["frame_seq"] for r in recs if r["outcome"] == "spooled"}
-    assert len(spooled) >= 3
-    assert all("shutting down" in r["error"] for r in recs if r["outcome"] == "spooled")
+    cut_off = [r for r in recs if r["outcome"] == "spooled" and "shutting down" in r["error"]]
+    assert len(cut_off) >= 3, [r.get("error") for r in recs]
+    # The others met a saturated pool before the stop (a real gateway's RESOURCE_EXHAUSTED).
+    assert all(r["error"].split(":")[0] in ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED")
+               for r in recs if r["outcome"] == "spooled"), [r.get("error") for r in recs]
     sp = Spool(str(tmp_path / "spool.db"), max_bytes=1 << 30, max_age_s=3600)
     assert {int(i.key.rsplit("/", 1)[1]) for i in sp.peek(1000)} == spooled
     sp.close()
@@ -195,10 +203,7 @@ def test_sighup_reloads_policy(tmp_path, tiny_model):
     d = EdgeDaemon(s)
 
     async def run():
-        task = asyncio.ensure_future(d.run())
-        while d.pipeline is None or d.pipeline.frames_done < 5:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)  # the watcher has taken its first look at the file
+        task = await started(d, 5)
         policy.write_text(policy_yaml("second", {"s": "never"}, threshold=0.9))
         os.kill(os.getpid(), signal.SIGHUP)
         assert await asyncio.wait_for(task, 60) == 0

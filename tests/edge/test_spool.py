@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.spool import Spool
+from edge.spool import RESERVE_BYTES, Spool, SpoolError, SpoolFull
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,7 +134,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, {root!r})
-    from edge.spool import Spool
+    from edge.spool import RESERVE_BYTES, Spool, SpoolError, SpoolFull
     sp = Spool({path!r}, max_bytes=1 << 30, max_age_s=3600)
     i = 0
     while True:
@@ -162,6 +162,7 @@ def test_survives_sigkill_of_the_writer(tmp_path):
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+        proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
     sp = Spool(path, max_bytes=1 << 30, max_age_s=3600)
     items = sp.peek(100000)
@@ -196,3 +197,80 @@ def test_ack_many_in_one_transaction(tmp_path):
     assert [it.key for it in sp.peek(10)] == ["k3", "k4"]
     assert sp.stats().depth == 2 and sp.stats().bytes == 2 * (10 + 2 + 2)
     sp.close()
+
+
+def fill_spool(sp, size=20_000, start=0):
+    """Put random items until the spool refuses one; returns the keys stored."""
+    keys = []
+    while True:
+        key = f"k{start + len(keys)}"
+        try:
+            assert sp.put(key, os.urandom(size), {"i": start + len(keys)})
+        except SpoolFull as exc:
+            return keys, exc
+        keys.append(key)
+
+
+def test_a_spool_that_fills_its_disk_keeps_a_reserve_so_it_can_drain_and_fill_again(small_fs):
+    """The spool alone on a 2 MiB tmpfs: it refuses new items before the disk is full
+    (nothing stored, nothing evicted), can still acknowledge everything, and then takes
+    as much again, cycle after cycle."""
+    fs = small_fs(2 << 20)
+    sp = Spool(fs.path / "s.db", max_bytes=1 << 30, max_age_s=3600)
+    for cycle in range(3):
+        keys, exc = fill_spool(sp, start=1000 * cycle)
+        assert len(keys) >= 40, (cycle, len(keys))
+        assert str(fs.path / "s.db") in str(exc) and "KiB free" in str(exc)
+        assert fs.free() > 0
+        items = sp.peek(1000)
+        assert [it.key for it in items] == keys and len(sp) == len(keys)
+        assert sp.ack_many([it.id for it in items]) == len(keys)
+        assert len(sp) == 0 and sp.stats().dropped_bytes_cap == 0
+    sp.close()
+
+
+def test_when_another_process_fills_the_disk_nothing_spooled_is_lost_and_it_recovers(small_fs):
+    """SQLITE_FULL from a disk someone else filled: the failed put is rolled back cleanly
+    (no 'cannot rollback' error), every item already spooled is still there, acks fail with
+    SpoolError instead of half-applying, and once space returns both work again."""
+    fs = small_fs(2 << 20)
+    sp = Spool(fs.path / "s.db", max_bytes=1 << 30, max_age_s=3600)
+    stored = [f"k{i}" for i in range(10)]
+    for i, key in enumerate(stored):
+        assert sp.put(key, os.urandom(20_000), {"i": i})
+    filler = fs.fill(leave=0)
+    with pytest.raises(SpoolFull, match="s.db"):
+        sp.put("late-comer", os.urandom(20_000), {})
+    sp.reserve_bytes = -(1 << 40)  # no reserve check: what SQLite itself says on a full disk
+    with pytest.raises(SpoolFull, match="disk is full"):
+        for i in range(100):
+            sp.put(f"more{i}", os.urandom(20_000), {})
+    items = sp.peek(1000)
+    kept = [it.key for it in items]
+    assert kept[:10] == stored and len(sp) == len(kept)
+    try:
+        sp.ack_many([it.id for it in items])
+        acked = True
+    except SpoolError:
+        acked = False
+        assert [it.key for it in sp.peek(1000)] == kept  # a failed ack deletes nothing
+    assert sp.nack(items[0].id) >= 0  # best effort, never raises
+    filler.unlink()  # space returns
+    sp.reserve_bytes = RESERVE_BYTES
+    if not acked:
+        assert sp.ack_many([it.id for it in items]) == len(kept)
+    assert len(sp) == 0 and sp.put("again", os.urandom(20_000), {}) and len(sp) == 1
+    sp.close()
+    assert [it.key for it in Spool(fs.path / "s.db", max_bytes=1 << 30, max_age_s=3600).peek(10)] == ["again"]
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda p: p.mkdir(), "is a folder; set spool.path to a file in it"),
+    (lambda p: p.write_bytes(os.urandom(8192)), "is not a readable spool (file is not a database); move it aside"),
+])
+def test_a_spool_path_that_is_a_folder_or_not_a_database_is_one_clear_error(tmp_path, make, expected):
+    path = tmp_path / "spool.db"
+    make(path)
+    with pytest.raises(SpoolError) as ei:
+        Spool(path, max_bytes=1000, max_age_s=60)
+    assert str(path) in str(ei.value) and expected in str(ei.value) and "\n" not in str(ei.value)

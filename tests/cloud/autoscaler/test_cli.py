@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from cloud.autoscaler.settings import load_settings
 from edgewise.errors import ConfigError
 from tests.cloud.autoscaler.servers import PoolServer, ScaleAPI, pool_doc
 from tests.conftest import free_port
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 EDGEWISE = [sys.executable, "-c", "import sys; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -95,15 +95,6 @@ def _spawn(args, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait(cond, timeout=20.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.fixture
 def servers(tmp_path):
     api = ScaleAPI(namespace="prod", name="edgewise-worker", replicas=2, token="s3cret")
@@ -125,7 +116,7 @@ def test_dry_run_process_prints_decisions_and_sends_no_patch(servers, tmp_path):
     api, gw, token = servers
     p = _spawn(_common(api, gw, token) + ["--dry-run", "--metrics-port", "0"], tmp_path)
     try:
-        assert _wait(lambda: sum(1 for r in api.requests if r[0] == "GET") >= 3), p.stderr
+        wait_until(lambda: sum(1 for r in api.requests if r[0] == "GET") >= 3, 20, "3 reads of the scale")
     finally:
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=15)
@@ -141,9 +132,11 @@ def test_live_process_patches_and_exports_metrics(servers, tmp_path):
     port = free_port()
     p = _spawn(_common(api, gw, token) + ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"], tmp_path)
     try:
-        assert _wait(lambda: api.replicas == 4), p.stderr
+        wait_until(lambda: api.replicas == 4, 20, "the scale-up to 4")
         gw.doc = pool_doc(4, 28.0)  # workers came up: at target, no further change
-        time.sleep(0.6)
+        reads = sum(1 for r in api.requests if r[0] == "GET")
+        wait_until(lambda: sum(1 for r in api.requests if r[0] == "GET") >= reads + 3, 20,
+                   "three more decisions at the target")
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         p.send_signal(signal.SIGTERM)

@@ -19,6 +19,7 @@ from cloud.discovery.kubernetes import (
 )
 from edgewise.errors import ConfigError
 from tests.cloud.discovery.fakeapi import FakeKubeAPI, endpoint, slice_doc
+from tests.waiting import async_wait_until
 
 R, D = EndpointState.READY, EndpointState.DRAINING
 
@@ -182,7 +183,10 @@ def test_watch_resumes_from_bookmark_after_timeout(kube):
         await until(agen, lambda s: len(s) == 1)
         kube.bookmark()
         mark = str(kube.rv)
-        await asyncio.sleep(1.5)  # the server ends the watch at timeoutSeconds=1
+        # the server ends the watch at timeoutSeconds=1; the client watches again from the bookmark
+        await async_wait_until(lambda: sum(1 for p, q, _ in kube.requests
+                                           if p.endswith("/endpointslices") and q.get("watch")) >= 2, 10,
+                               "the second watch")
         kube.put_slice(slice_doc("w-b", "edgewise-worker", [endpoint("10.0.0.2", "p2")]))
         await until(agen, lambda s: len(s) == 2)
         await d.close()

@@ -54,7 +54,8 @@ def test_watch_yields_once_then_waits_until_closed():
         agen = d.watch()
         first = await agen.__anext__()
         nxt = asyncio.ensure_future(agen.__anext__())
-        await asyncio.sleep(0.05)
+        for _ in range(20):  # let the loop run: nothing changed, so nothing is yielded
+            await asyncio.sleep(0)
         assert not nxt.done()
         await d.close()
         with pytest.raises(StopAsyncIteration):

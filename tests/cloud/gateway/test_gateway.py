@@ -21,6 +21,7 @@ from edgewise.errors import ConfigError
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 from tests.cloud.gateway.pki import Pki
 from tests.cloud.gateway.workers import TestWorker, request
+from tests.waiting import async_wait_until
 
 
 def settings_for(workers, **over):
@@ -141,7 +142,7 @@ def test_saturated_pool_answers_resource_exhausted_at_once():
             async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
                 stub = service_pb2_grpc.EscalationStub(ch)
                 slow = [asyncio.ensure_future(_detect(stub, request(seq=i))) for i in range(2)]
-                await asyncio.sleep(0.2)
+                await async_wait_until(lambda: gw.pool.balancer.total_in_flight() == 2, 10, "2 requests held")
                 t0 = time.perf_counter()
                 code, msg = await _detect(stub, request(seq=9))
                 assert code == "RESOURCE_EXHAUSTED" and "saturated" in msg
@@ -366,7 +367,8 @@ def test_pool_document_and_reported_capacity():
         ws = [(TestWorker("a", capacity=30.0, max_queue=5), 1), (TestWorker("b", capacity=10.0), 1)]
         gw = await started(ws)
         try:
-            await asyncio.sleep(0.5)  # a few Load polls
+            await async_wait_until(lambda: gw.pool.snapshot()["capacity"] == pytest.approx(40.0), 10,
+                                   "the Load polls to report both capacities")
             doc = json.loads(await http_get(f"http://127.0.0.1:{gw.metrics_port}/pool"))
             assert set(doc) == {"workers", "in_flight", "capacity", "queue_wait_ms_p90"}
             assert doc["capacity"] == pytest.approx(40.0)
@@ -399,7 +401,9 @@ def test_not_serving_worker_gets_no_traffic():
         a, b = TestWorker("a", serving=False), TestWorker("b")
         gw = await started([(a, 1), (b, 1)])
         try:
-            await asyncio.sleep(0.5)
+            await async_wait_until(lambda: any(w["address"] == a.address and w["state"] == "not_serving"
+                                               for w in gw.pool.snapshot()["workers"]),
+                                   10, "the Load poll to find worker a not serving")
             async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
                 stub = service_pb2_grpc.EscalationStub(ch)
                 res = [await _detect(stub, request(seq=i)) for i in range(10)]
@@ -419,17 +423,16 @@ def test_removed_worker_drains_then_channel_closes():
             async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
                 stub = service_pb2_grpc.EscalationStub(ch)
                 first = [asyncio.ensure_future(_detect(stub, request(seq=i))) for i in range(6)]
-                await asyncio.sleep(0.1)
-                assert gw.pool.balancer.endpoints[a.address].in_flight > 0
+                await async_wait_until(lambda: gw.pool.balancer.endpoints[a.address].in_flight > 0, 10,
+                                       "requests held by worker a")
                 gw.reload_workers([f"{b.address}=1"])
-                await asyncio.sleep(0.05)
-                assert gw.pool.snapshot()["workers"][0]["state"] in ("draining", "ready")
+                await async_wait_until(lambda: {w["address"]: w["state"] for w in gw.pool.snapshot()["workers"]}
+                                       .get(a.address) == "draining", 10, "worker a draining")
                 later = [await _detect(stub, request(seq=100 + i)) for i in range(5)]
                 assert {r[1].worker_id for r in later} == {"b"}
                 assert all(r[0] == "OK" for r in await asyncio.gather(*first))  # nothing lost
-                await asyncio.sleep(0.05)
-                assert a.address not in gw.pool.balancer.endpoints
-                assert a.address not in gw.pool._channels
+                await async_wait_until(lambda: a.address not in gw.pool.balancer.endpoints
+                                       and a.address not in gw.pool._channels, 10, "worker a forgotten")
         finally:
             await gw.stop(0)
             await a.stop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from collections import Counter
 
@@ -18,6 +17,7 @@ from cloud.gateway.server import Gateway
 from edgewise.v1 import detect_pb2
 from tests.cloud.gateway.test_gateway import run, settings_for
 from tests.cloud.gateway.workers import TestWorker, request
+from tests.waiting import async_wait_until as wait_until
 
 
 class Edge:
@@ -57,15 +57,6 @@ class Edge:
         self.c.loop_stop()
 
 
-async def wait_until(cond, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
-
 def test_two_replicas_share_the_subscription(mosquitto):
     async def main():
         workers = [(TestWorker("a", 0.01, concurrency=4), 1), (TestWorker("b", 0.01, concurrency=4), 1)]
@@ -76,8 +67,7 @@ def test_two_replicas_share_the_subscription(mosquitto):
         gws = [Gateway(settings_for(workers, **mq, **{"mqtt.client_id": f"gw{i}"})) for i in range(2)]
         for gw in gws:
             await gw.start()
-        assert await wait_until(lambda: all(gw.bridge.connected.is_set() for gw in gws))
-        await asyncio.sleep(0.3)  # let both SUBSCRIBEs settle in the broker
+        await wait_until(lambda: all(gw.bridge.connected.is_set() for gw in gws), 15, "both bridges subscribed")
         edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
         try:
             n = 40
@@ -86,8 +76,9 @@ def test_two_replicas_share_the_subscription(mosquitto):
             await asyncio.to_thread(edge.send, b"\x07\x07not a protobuf\xff", b"bad")
             await asyncio.to_thread(edge.send, request(device="cam-2", seq=99).SerializeToString(), b"spoof")
             await asyncio.to_thread(edge.send, request(seq=98).SerializeToString(), b"noreply", "cam-1", False)
-            assert await wait_until(lambda: len(edge.responses) >= n + 2)
-            await asyncio.sleep(0.3)
+            # every request handled (a duplicate answer would be counted on top)
+            await wait_until(lambda: len(edge.responses) >= n + 2 and sum(
+                sum(gw.bridge.counts.values()) for gw in gws) >= n + 3, 15, "all n + 3 requests handled")
             with edge.lock:
                 got = dict(edge.responses)
             for i in range(n):
@@ -121,16 +112,15 @@ def test_bridge_survives_broker_restart(mosquitto):
             "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1}))
         await gw.start()
         try:
-            assert await wait_until(gw.bridge.connected.is_set)
+            await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
             await asyncio.to_thread(mosquitto.stop)
-            assert await wait_until(lambda: not gw.bridge.connected.is_set())
+            await wait_until(lambda: not gw.bridge.connected.is_set(), 15, "the disconnect")
             await asyncio.to_thread(mosquitto.start)
-            assert await wait_until(gw.bridge.connected.is_set, 20)
-            await asyncio.sleep(0.3)
+            await wait_until(gw.bridge.connected.is_set, 20, "the bridge subscribed again")
             edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
             try:
                 await asyncio.to_thread(edge.send, request(seq=5).SerializeToString(), b"after")
-                assert await wait_until(lambda: b"after" in edge.responses)
+                await wait_until(lambda: b"after" in edge.responses)
                 assert edge.responses[b"after"][0].status == detect_pb2.OK
             finally:
                 edge.close()
@@ -150,8 +140,7 @@ def test_tokens_and_the_operators_response_pattern(mosquitto):
             "auth.tokens": [{"device": "cam-1", "token": "tok"}]}))
         await gw.start()
         try:
-            assert await wait_until(gw.bridge.connected.is_set)
-            await asyncio.sleep(0.3)
+            await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
             edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port, "replies/cam-1/r")
             try:
                 req = request(seq=1).SerializeToString()
@@ -160,8 +149,8 @@ def test_tokens_and_the_operators_response_pattern(mosquitto):
                 # the default subtree is not allowed once the operator set a pattern
                 await asyncio.to_thread(edge.send, req, b"default", reply_topic="edgewise/cam-1/response/x",
                                         token="tok")
-                assert await wait_until(lambda: {b"ok", b"none"} <= set(edge.responses))
-                assert await wait_until(lambda: gw.bridge.counts.get("foreign_response_topic") == 1)
+                await wait_until(lambda: {b"ok", b"none"} <= set(edge.responses))
+                await wait_until(lambda: gw.bridge.counts.get("foreign_response_topic") == 1)
                 assert edge.responses[b"ok"][0].status == detect_pb2.OK
                 assert edge.responses[b"none"][0].status == detect_pb2.UNAUTHENTICATED
                 assert w.calls == 1

@@ -15,6 +15,7 @@ from cloud.worker.runner import ModelRunner, Prepared
 from edgewise.errors import OverloadedError
 from edgewise.v1 import detect_pb2
 from tests.cloud.worker.test_server import call, jpeg_request, make_settings, photo, running
+from tests.waiting import async_wait_until
 
 
 def test_budget_admits_in_arrival_order_within_the_limit():
@@ -92,7 +93,7 @@ def test_worker_holds_decodes_within_the_budget(tiny_model):
             code, msg = await call(stub, short, timeout=10)
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "decode budget full: 200000 of 300000" in msg
             others = [asyncio.ensure_future(call(stub, jpeg_request(im, i))) for i in range(2, 6)]
-            await asyncio.sleep(0.2)
+            await async_wait_until(lambda: runner.budget.waiting == 4, 10, "the 4 decodes waiting for the budget")
             runner.gate.set()
             results = await asyncio.gather(first, *others)
             assert [r[0] for r in results] == [grpc.StatusCode.OK] * 5

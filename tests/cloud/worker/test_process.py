@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgewise import wire
 from edgewise.v1 import detect_pb2, service_pb2_grpc
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 PHOTO = Path("/usr/share/doc/opencv-doc/examples/data/fruits.jpg")
@@ -44,8 +45,9 @@ def start_worker(model: Path, *extra: str) -> tuple[subprocess.Popen[str], dict[
 
     def pump() -> None:
         assert proc.stdout is not None
-        for ln in proc.stdout:
-            lines.put(ln)
+        with proc.stdout:  # closed at EOF, when the worker has exited
+            for ln in proc.stdout:
+                lines.put(ln)
 
     threading.Thread(target=pump, daemon=True).start()
     info: dict[str, str] = {}
@@ -95,13 +97,11 @@ def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
         img = wire.encode_image(im, "jpeg")
         futures = [stub.Infer.future(detect_pb2.DetectRequest(frame_seq=i, image=img), timeout=20)
                    for i in range(8)]
-        deadline = time.monotonic() + 10
-        while stub.Load(detect_pb2.LoadRequest(), timeout=5).queue_depth < 8:
-            assert time.monotonic() < deadline, "requests never reached the queue"
-            time.sleep(0.02)
+        wait_until(lambda: stub.Load(detect_pb2.LoadRequest(), timeout=5).queue_depth >= 8, 10,
+                   "the 8 requests in the queue")
         t_term = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.05)
+        wait_until(lambda: health_pb2.HealthCheckResponse.NOT_SERVING in statuses, 10, "NOT_SERVING after SIGTERM")
         try:
             late = stub.Infer(detect_pb2.DetectRequest(image=img), timeout=5)
             late_code = grpc.StatusCode.OK if late else None
@@ -117,7 +117,10 @@ def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert rc == 0, proc.stderr.read() if proc.stderr else ""
+        err = proc.stderr.read() if proc.stderr else ""
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert rc == 0, err
     assert sorted(r.frame_seq for r in results) == list(range(8))
     assert all(r.status == detect_pb2.OK and r.worker_id == "proc-w" and len(r.detections) > 0
                for r in results)

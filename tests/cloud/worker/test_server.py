@@ -27,6 +27,7 @@ from edgewise import wire
 from edgewise.errors import InvalidInputError
 from edgewise.runtime.detector import Detector
 from edgewise.v1 import detect_pb2, service_pb2_grpc
+from tests.waiting import async_wait_until
 
 DATA = Path("/usr/share/doc/opencv-doc/examples/data")
 CONF = 0.001  # random-weight test model: its scores are ~1e-3
@@ -137,7 +138,8 @@ def test_corrupt_jpeg_is_invalid_argument_and_its_neighbours_still_batch(tiny_mo
         async with running(make_settings(tiny_model, max_queue_delay_ms=300)) as (srv, stub, _ch):
             release = block_inference(srv)  # hold the model so all four meet in one batch
             tasks = [asyncio.create_task(call(stub, r)) for r in (good, corrupt, good, garbage, good)]
-            await asyncio.sleep(0.3)
+            await async_wait_until(lambda: tasks[1].done() and tasks[3].done() and srv.service.batcher.depth == 3,
+                                   10, "the 3 good frames queued, the 2 bad ones answered", interval=0.005)
             release.set()
             return await asyncio.gather(*tasks)
 
@@ -170,7 +172,8 @@ def test_a_frame_failing_inside_the_batch_never_fails_its_neighbours(tiny_model)
         async with running(settings, runner) as (srv, stub, _ch):
             release = block_inference(srv)
             tasks = [asyncio.create_task(call(stub, r)) for r in (good, black, good)]
-            await asyncio.sleep(0.2)
+            await async_wait_until(lambda: srv.service.batcher.depth == 3, 10, "the 3 frames queued",
+                                   interval=0.005)
             release.set()
             return await asyncio.gather(*tasks)
 
@@ -191,7 +194,7 @@ def test_full_queue_answers_resource_exhausted_at_once(tiny_model):
             t0 = time.monotonic()
             done, _ = await asyncio.wait(tasks, timeout=3, return_when=asyncio.FIRST_COMPLETED)
             first_answer_s = time.monotonic() - t0
-            await asyncio.sleep(0.3)
+            await async_wait_until(lambda: sum(t.done() for t in tasks) == 3, 10, "the 3 rejections")
             load = await stub.Load(detect_pb2.LoadRequest(), timeout=5)
             release.set()
             return await asyncio.gather(*tasks), first_answer_s, load
@@ -271,10 +274,13 @@ def test_deadlines_expired_requests_never_reach_the_model(tiny_model):
             at_once = await call(stub, past)
             release = block_inference(srv)
             first = asyncio.create_task(call(stub, jpeg_request(photo())))  # taken by the model
-            await asyncio.sleep(0.1)
+            await async_wait_until(lambda: srv.service.load().in_flight == 1 and srv.service.batcher.depth == 0,
+                                   10, "the first request taken by the (held) model")
             soon = jpeg_request(photo(), deadline_unix_ns=time.time_ns() + 200_000_000)
             late = asyncio.create_task(call(stub, soon))
-            await asyncio.sleep(0.5)  # its deadline passes while the model is held
+            # its deadline passes while the model is held
+            await async_wait_until(lambda: srv.service.batcher.depth == 1 and time.time_ns() > soon.deadline_unix_ns,
+                                   10, "the queued request's deadline to pass")
             release.set()
             return at_once, await first, await late, srv.service.metrics
 

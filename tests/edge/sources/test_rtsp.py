@@ -301,6 +301,9 @@ def test_credentials_never_appear_in_logs_metrics_or_records(tmp_path, tiny_mode
         finally:
             proc.kill()
             reader.join(10)
+            proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
     finally:
         cam.stop()
     output = "".join(lines)

@@ -1,5 +1,9 @@
-"""Both escalation transports against a real server: a grpc.aio Escalation stub on
-port 0 and a real Mosquitto broker with an MQTT v5 responder."""
+"""Both escalation transports against the real cloud: the real gateway
+(``cloud.gateway.server.Gateway``) in front of a real worker with the tiny model,
+in-process on port 0 (``tests.realcloud``), and for MQTT the gateway's own MQTT
+bridge on a real Mosquitto broker. The failures are the gateway's real ones: its
+bearer-token check, its per-device rate limit, a busy worker, a closed port,
+a refused TLS handshake."""
 
 from __future__ import annotations
 
@@ -14,8 +18,12 @@ from edge.transports import TransportError
 from edge.transports.grpc import GrpcTransport
 from edge.transports.mqtt import MqttConnection, MqttTransport
 from edgewise.v1 import detect_pb2
+from tests.cloud.gateway.pki import Pki
 from tests.conftest import free_port
-from tests.edge.cloudstub import GrpcStubThread, MqttResponder, StubCloud
+from tests.realcloud import InProcessCloud
+from tests.waiting import async_wait_until
+
+TOKENS = [{"device": "d", "token": "s3cret"}]
 
 
 def request(seq: int = 1) -> detect_pb2.DetectRequest:
@@ -26,144 +34,115 @@ def request(seq: int = 1) -> detect_pb2.DetectRequest:
     return req
 
 
-def test_grpc_roundtrip_token_and_status_mapping():
-    cloud = StubCloud(None)
-    stub = GrpcStubThread(cloud)
-    try:
+def test_grpc_roundtrip_token_and_status_mapping(tiny_model):
+    """OK from the worker; UNAUTHENTICATED for a wrong token; DEADLINE_EXCEEDED while
+    the worker is busy; RESOURCE_EXHAUSTED from the gateway's rate limit (burst 3)."""
+    limits = {"auth.tokens": TOKENS, "limits.rate_per_device": 0.001, "limits.burst_per_device": 3}
+    with InProcessCloud(tiny_model, gateway=limits) as cloud:
         async def run():
-            t = GrpcTransport([f"127.0.0.1:{stub.port}"], token="s3cret")
+            t = GrpcTransport([cloud.address], token="s3cret")
             await t.start()
-            resp = await t.detect(request(7), 2.0)
-            assert resp.frame_seq == 7 and resp.status == detect_pb2.OK
-            cloud.force_status = detect_pb2.RESOURCE_EXHAUSTED
+            resp = await t.detect(request(7), 5.0)
+            assert resp.frame_seq == 7 and resp.status == detect_pb2.OK and resp.worker_id == "worker-0"
+            wrong = GrpcTransport([cloud.address], token="nope")
             with pytest.raises(TransportError) as ei:
-                await t.detect(request(8), 2.0)
-            assert ei.value.status == detect_pb2.RESOURCE_EXHAUSTED
-            cloud.force_status = 0
-            cloud.delay_s = 0.5
+                await wrong.detect(request(8), 5.0)
+            assert ei.value.status == detect_pb2.UNAUTHENTICATED
+            release = cloud.block_worker(0)
             with pytest.raises(TransportError) as ei:
-                await t.detect(request(9), 0.1)
+                await t.detect(request(9), 0.3)
             assert ei.value.status == detect_pb2.DEADLINE_EXCEEDED
-            await t.close()
-        asyncio.run(run())
-    finally:
-        stub.stop()
-    assert [r.frame_seq for r in cloud.seen[:2]] == [7, 8]
-
-
-def test_grpc_unavailable_fails_fast_and_fails_over():
-    dead = f"127.0.0.1:{free_port()}"
-    cloud = StubCloud(None)
-    stub = GrpcStubThread(cloud)
-    try:
-        async def run():
-            only_dead = GrpcTransport([dead])
-            t0 = time.monotonic()
+            release.set()
+            await t.detect(request(10), 5.0)  # the third token of the burst
             with pytest.raises(TransportError) as ei:
-                await only_dead.detect(request(), 2.0)
-            assert ei.value.status == detect_pb2.UNAVAILABLE
-            assert time.monotonic() - t0 < 2.0
-            both = GrpcTransport([dead, f"127.0.0.1:{stub.port}"])
-            resp = await both.detect(request(3), 2.0)
-            assert resp.frame_seq == 3
-            await only_dead.close()
-            await both.close()
+                await t.detect(request(11), 5.0)
+            assert ei.value.status == detect_pb2.RESOURCE_EXHAUSTED and "rate limit" in ei.value.message
+            assert ei.value.spoolable
+            await t.close()
+            await wrong.close()
         asyncio.run(run())
-    finally:
-        stub.stop()
 
 
-def test_mqtt_request_response_with_correlation(mosquitto):
-    cloud = StubCloud(None)
-    responder = MqttResponder(cloud, mosquitto.host, mosquitto.port)
-    try:
+def test_grpc_unavailable_fails_fast_and_fails_over(real_cloud):
+    dead = f"127.0.0.1:{free_port()}"
+
+    async def run():
+        only_dead = GrpcTransport([dead])
+        t0 = time.monotonic()
+        with pytest.raises(TransportError) as ei:
+            await only_dead.detect(request(), 2.0)
+        assert ei.value.status == detect_pb2.UNAVAILABLE
+        assert time.monotonic() - t0 < 2.0
+        both = GrpcTransport([dead, real_cloud.address])
+        resp = await both.detect(request(3), 5.0)
+        assert resp.frame_seq == 3 and resp.status == detect_pb2.OK
+        await only_dead.close()
+        await both.close()
+    asyncio.run(run())
+
+
+def test_mqtt_request_response_with_correlation_through_the_gateway_bridge(tiny_model, mosquitto):
+    bridge = {"mqtt.enabled": True, "mqtt.host": mosquitto.host, "mqtt.port": mosquitto.port,
+              "mqtt.reconnect_min_s": 0.2, "mqtt.reconnect_max_s": 1.0}
+    with InProcessCloud(tiny_model, gateway=bridge) as cloud:
         async def run():
             conn = MqttConnection(mosquitto.host, mosquitto.port, client_id="edge-test")
             conn.start()
-            t = MqttTransport(conn, "dev1")
+            t = MqttTransport(conn, "d")
             await t.start()
-            for _ in range(100):
-                if conn.connected.is_set():
-                    break
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.2)  # subscription of the response topic
+            await async_wait_until(lambda: conn.connected.is_set() and cloud.gateway.bridge.connected.is_set(),
+                                   10, "the edge and the bridge connected")
+
+            async def one(seq):
+                try:
+                    return await t.detect(request(seq), 2.0)
+                except TransportError:
+                    return None  # the response subscription may still be settling
+            await async_wait_until(lambda: one(0), 10, "a first answer over MQTT")
             resps = await asyncio.gather(*(t.detect(request(i), 5.0) for i in range(5)))
-            assert sorted(r.frame_seq for r in resps) == list(range(5))
             assert [r.frame_seq for r in resps] == list(range(5))  # matched by correlation data
-            assert t.request_topic == "edgewise/dev1/escalate"
-            assert t.response_topic == "edgewise/dev1/response/edge-test"
+            assert all(r.status == detect_pb2.OK and r.worker_id == "worker-0" for r in resps)
+            assert t.request_topic == "edgewise/d/escalate"
+            assert t.response_topic == "edgewise/d/response/edge-test"
             # Broker gone: UNAVAILABLE quickly, not a hang.
             mosquitto.stop()
-            for _ in range(100):
-                if not conn.connected.is_set():
-                    break
-                await asyncio.sleep(0.05)
+            await async_wait_until(lambda: not conn.connected.is_set(), 10, "the disconnect")
             with pytest.raises(TransportError) as ei:
                 await t.detect(request(99), 1.0)
             assert ei.value.status == detect_pb2.UNAVAILABLE
             # Broker back: paho's loop reconnects with backoff and requests flow again.
             mosquitto.start()
-            for _ in range(200):
-                if conn.connected.is_set():
-                    break
-                await asyncio.sleep(0.05)
-            assert conn.connected.is_set()
+            await async_wait_until(lambda: one(100), 30, "answers after the broker came back")
             await t.close()
             conn.stop()
         asyncio.run(run())
-    finally:
-        responder.stop()
 
 
-def _openssl(*args, cwd):
-    import subprocess
+def test_grpc_mutual_tls_and_bearer_token(tmp_path, tiny_model):
+    """The gateway with mTLS (the client certificate names the device) and tokens."""
+    pki = Pki(tmp_path)
+    pki.server()
+    pki.issue("client", "d")
+    tls = {"tls.cert_file": pki.path("server.pem"), "tls.key_file": pki.path("server.key"),
+           "tls.client_ca_file": pki.path("ca.pem"), "tls.require_client_cert": True, "auth.tokens": TOKENS}
+    ca, cert, key = pki.path("ca.pem"), pki.path("client.pem"), pki.path("client.key")
+    with InProcessCloud(tiny_model, gateway=tls) as cloud:
+        ep = [f"localhost:{cloud.port}"]
 
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def make_pki(d):
-    """A CA, a server cert for 127.0.0.1/localhost and a client cert, with the openssl CLI."""
-    import shutil
-
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl CLI not installed")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-             "-days", "2", "-subj", "/CN=test-ca", cwd=d)
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN={name}", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext", cwd=d)
-    return d
-
-
-def test_grpc_mutual_tls_and_bearer_token(tmp_path):
-    d = make_pki(tmp_path)
-    read = lambda n: (d / n).read_bytes()  # noqa: E731
-    cloud = StubCloud(None)
-    cloud.token = "t0k3n"
-    stub = GrpcStubThread(cloud, tls=(read("server.key"), read("server.pem"), read("ca.pem")))
-    ep = [f"127.0.0.1:{stub.port}"]
-    ca, cert, key = str(d / "ca.pem"), str(d / "client.pem"), str(d / "client.key")
-    try:
         async def run():
-            good = GrpcTransport(ep, tls_ca=ca, tls_cert=cert, tls_key=key, token="t0k3n")
+            good = GrpcTransport(ep, tls_ca=ca, tls_cert=cert, tls_key=key, token="s3cret")
             assert (await good.detect(request(1), 5.0)).frame_seq == 1
             bad_token = GrpcTransport(ep, tls_ca=ca, tls_cert=cert, tls_key=key, token="wrong")
             with pytest.raises(TransportError) as ei:
                 await bad_token.detect(request(2), 5.0)
             assert ei.value.status == detect_pb2.UNAUTHENTICATED
-            no_client_cert = GrpcTransport(ep, tls_ca=ca, token="t0k3n")
+            no_client_cert = GrpcTransport(ep, tls_ca=ca, token="s3cret")
             with pytest.raises(TransportError) as ei:
                 await no_client_cert.detect(request(3), 5.0)
             assert ei.value.status == detect_pb2.UNAVAILABLE  # handshake refused by the server
-            plaintext = GrpcTransport(ep, token="t0k3n")
+            plaintext = GrpcTransport(ep, token="s3cret")
             with pytest.raises(TransportError):
                 await plaintext.detect(request(4), 2.0)
             for t in (good, bad_token, no_client_cert, plaintext):
                 await t.close()
         asyncio.run(run())
-    finally:
-        stub.stop()
-    assert [r.frame_seq for r in cloud.seen] == [1]

@@ -186,7 +186,8 @@ def test_worker_serves_it(form):
         cwd=form["dir"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout or ()], daemon=True).start()
+    reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout or ()], daemon=True)
+    reader.start()
     seen = []
     try:
         port = None
@@ -209,4 +210,7 @@ def test_worker_serves_it(form):
     finally:
         proc.terminate()
         proc.wait(30)
+        reader.join(10)  # EOF after the exit; then the pipe can be closed (filterwarnings = error)
+        if proc.stdout is not None:
+            proc.stdout.close()
     assert "does not state its input size" not in "".join(seen)

@@ -1,0 +1,105 @@
+"""The daemon's robustness at its edges: hot reload survives files that are not a
+policy at all, and start-up problems (spool path, metrics port) end ``edgewise edge
+run`` with one ``edgewise: error:`` line and exit 2, no traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge.daemon import EdgeDaemon
+from edge.settings import load_settings
+from tests.edge.helpers import policy_yaml, read_jsonl, settings_yaml
+from tests.waiting import async_wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+HUGE_NUMBER = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: x}\nspec:\n  threshold: " + "9" * 5000
+DEEP = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: x}\nspec: " + "[" * 20000 + "]" * 20000
+
+
+def test_reload_survives_a_5000_digit_number_and_deep_nesting_then_takes_a_valid_file(tmp_path, tiny_model):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("first", {"s": "never"}))
+    s = load_settings(str(settings_yaml(
+        tmp_path / "edge.yaml", device_id="dev",
+        streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 50}],
+        model={"path": str(tiny_model)}, policy_file=str(policy), policy_poll_s=0.05,
+        sinks={"jsonl": str(tmp_path / "out.jsonl")}, spool={"path": str(tmp_path / "spool.db")},
+        metrics={"port": -1})), env={})
+    d = EdgeDaemon(s)
+    reloads = d.metrics.reloads
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.pipeline is not None and d.pipeline.frames_done > 2, 60, "frames")
+        for n, bad in enumerate((HUGE_NUMBER, DEEP, b"\xff\xfe not text"), 1):
+            policy.write_bytes(bad.encode() if isinstance(bad, str) else bad)
+            await async_wait_until(lambda: reloads.labels("refused")._value.get() == n, 10, f"refusal {n}")
+        policy.write_text(policy_yaml("second", {"s": "never"}))
+        await async_wait_until(lambda: d.holder.policy.metadata.name == "second", 10, "the file change")
+        done = d.pipeline.frames_done
+        await async_wait_until(lambda: d.pipeline.frames_done > done + 2, 10, "frames under 'second'")
+        policy.write_bytes(HUGE_NUMBER.encode())
+        await async_wait_until(lambda: reloads.labels("refused")._value.get() == 4, 10, "refusal 4")
+        d.settings.policy_poll_s = 3600  # from now on only SIGHUP reloads
+        policy.write_text(policy_yaml("third", {"s": "never"}))
+        os.kill(os.getpid(), signal.SIGHUP)
+        await async_wait_until(lambda: d.holder.policy.metadata.name == "third", 10, "the SIGHUP reload")
+        done = d.pipeline.frames_done
+        await async_wait_until(lambda: d.pipeline.frames_done > done + 2, 10, "frames under the new policy")
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
+    assert reloads.labels("ok")._value.get() == 2 and reloads.labels("error")._value.get() == 0
+    names = [r["policy"] for r in sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["frame_seq"])]
+    assert names[0] == "first" and names[-1] == "third" and "second" in names
+
+
+def edge_run(tmp_path, **tree):
+    base = dict(device_id="dev", streams=[{"id": "s", "kind": "synthetic", "max_frames": 2}],
+                model={"path": "unused.onnx"}, spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})
+    base.update(tree)
+    config = settings_yaml(tmp_path / "edge.yaml", **base)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(config)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("case", ["spool_folder", "spool_corrupt", "metrics_port_in_use"])
+def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("p"))
+    spool = tmp_path / "spool.db"
+    tree = {"policy_file": str(policy)}
+    holder = None
+    if case == "spool_folder":
+        spool.mkdir()
+        expected = f"spool {spool} is a folder"
+    elif case == "spool_corrupt":
+        spool.write_bytes(b"\x00garbage" * 1000)
+        expected = f"spool {spool} is not a readable spool"
+    else:
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        tree["metrics"] = {"port": port, "host": "127.0.0.1"}
+        expected = f"metrics.port {port} on 127.0.0.1 is already in use"
+    try:
+        r = edge_run(tmp_path, **tree)
+    finally:
+        if holder is not None:
+            holder.close()
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("edgewise: error:")]
+    assert len(errors) == 1 and expected in errors[0], r.stderr
+    assert "Traceback" not in r.stderr

@@ -1,0 +1,60 @@
+"""The edge's metrics/health HTTP endpoint under abuse: a burst of half-open
+connections does not delay a scrape, clients that reset are not tracebacks, and a
+port already in use is one clear error naming it."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import time
+import urllib.request
+
+import pytest
+
+from edge.metrics import EdgeMetrics, MetricsServer
+from edgewise.errors import ConfigError
+
+
+def serve():
+    server = MetricsServer(EdgeMetrics(), lambda: (True, {"status": "ok"}), "127.0.0.1", 0)
+    server.start()
+    return server
+
+
+def test_200_half_open_connections_do_not_delay_a_scrape_and_resets_are_quiet(caplog):
+    caplog.set_level(logging.DEBUG, logger="edge.metrics")
+    server = serve()
+    idle = []
+    try:
+        t0 = time.monotonic()
+        for _ in range(200):  # connect and say nothing
+            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        connected_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read()
+        scrape_s = time.monotonic() - t0
+        assert b"edgewise_edge_frames" in body or b"edgewise_build_info" in body
+        for s in idle[:50]:  # these reset mid-request
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+        health = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=10).read()
+        assert b'"ok"' in health
+    finally:
+        for s in idle:
+            s.close()
+        server.stop()
+    assert connected_s < 5 and scrape_s < 2, (connected_s, scrape_s)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+
+
+def test_a_metrics_port_in_use_is_one_config_error():
+    taken = serve()
+    try:
+        with pytest.raises(ConfigError) as ei:
+            MetricsServer(EdgeMetrics(), lambda: (True, {}), "127.0.0.1", taken.port)
+    finally:
+        taken.stop()
+    msg = str(ei.value)
+    assert f"metrics.port {taken.port} on 127.0.0.1 is already in use" in msg and "\n" not in msg

@@ -1,0 +1,115 @@
+"""Sinks with real destinations: the JSON Lines file and a real Mosquitto broker.
+
+The MQTT sink is store-and-forward through its on-disk outbox: a broker outage
+loses nothing up to the outbox's bound (the oldest beyond it are dropped, counted),
+everything is published once the broker is back, in order, and a late record is
+never published twice, also not by a second sink instance on the same outbox (a
+daemon restarted after a crash between the sink write and the spool ack)."""
+
+from __future__ import annotations
+
+import json
+
+from edge.metrics import EdgeMetrics
+from edge.outbox import Outbox
+from edge.sinks import JsonlSink, MqttSink, Sinks
+from edge.transports.mqtt import MqttConnection
+from tests.conftest import TopicRecorder
+from tests.edge.helpers import frame_record, read_jsonl
+from tests.waiting import wait_until
+
+TOPIC = "edgewise/dev/detections"
+
+
+def connect(broker):
+    conn = MqttConnection(broker.host, broker.port, client_id="sink-test")
+    conn.start()
+    wait_until(conn.connected.is_set, 10, "the sink's MQTT connection")
+    return conn
+
+
+def late(seq):
+    rec = frame_record("cam", seq)
+    rec.late, rec.outcome = True, "cloud"
+    return rec
+
+
+def write(sinks, rec):
+    sinks.write(rec)
+
+
+def test_broker_outage_loses_nothing_and_late_records_are_published_once(tmp_path, mosquitto):
+    rec_topic = TopicRecorder(mosquitto, TOPIC)
+    metrics = EdgeMetrics()
+    conn = connect(mosquitto)
+    outbox = tmp_path / "outbox.db"
+    sink = MqttSink(conn, TOPIC, Outbox(outbox, 1000), metrics)
+    sinks = Sinks([sink])
+    try:
+        for seq in range(5):
+            write(sinks, frame_record("cam", seq))
+        wait_until(lambda: len(rec_topic.messages) == 5, 10, "5 records on the topic")
+        wait_until(lambda: len(sink.outbox) == 0, 10, "an empty outbox")
+        mosquitto.stop()
+        wait_until(lambda: not conn.connected.is_set(), 10, "the disconnect")
+        for seq in range(5, 12):
+            write(sinks, frame_record("cam", seq))
+        write(sinks, late(3))
+        write(sinks, late(3))  # the replay repeated: not stored again
+        assert len(sink.outbox) == 8
+        assert metrics.sink_backlog.labels("mqtt")._value.get() == 8
+        mosquitto.start()
+        wait_until(lambda: len(rec_topic.messages) >= 13 and len(sink.outbox) == 0, 60,
+                   "the backlog published after the broker came back")
+    finally:
+        sink.close()
+        conn.stop()
+    # A restarted daemon (a new sink on the same outbox) replays late record 3 again.
+    conn = connect(mosquitto)
+    sink = MqttSink(conn, TOPIC, Outbox(outbox, 1000), metrics)
+    try:
+        write(Sinks([sink]), late(3))
+        write(Sinks([sink]), late(4))
+        wait_until(lambda: len(rec_topic.messages) >= 14, 10, "late record 4")
+    finally:
+        sink.close()
+        conn.stop()
+        rec_topic.stop()
+    got = [(r["frame_seq"], r["late"]) for r in rec_topic.json()]
+    assert got == [(s, False) for s in range(12)] + [(3, True), (4, True)]
+    assert metrics.sink_backlog.labels("mqtt")._value.get() == 0
+
+
+def test_outbox_bound_drops_the_oldest_and_counts_them(tmp_path, mosquitto):
+    rec_topic = TopicRecorder(mosquitto, TOPIC)  # a persistent session: the broker keeps its messages
+    mosquitto.stop()  # the broker is down when the sink starts
+    metrics = EdgeMetrics()
+    conn = MqttConnection(mosquitto.host, mosquitto.port, client_id="sink-bound")
+    conn.start()
+    sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 5), metrics)
+    try:
+        for seq in range(8):
+            write(Sinks([sink]), frame_record("cam", seq))
+        assert len(sink.outbox) == 5
+        assert metrics.sink_dropped.labels("mqtt")._value.get() == 3
+        mosquitto.start()
+        wait_until(lambda: len(rec_topic.messages) == 5, 60, "the 5 kept records")
+        rec_topic.stop()
+    finally:
+        sink.close()
+        conn.stop()
+    assert [r["frame_seq"] for r in rec_topic.json()] == [3, 4, 5, 6, 7]
+
+
+def test_jsonl_sink_writes_each_late_record_once_also_after_a_restart(tmp_path):
+    path = tmp_path / "out.jsonl"
+    sinks = Sinks([JsonlSink(str(path))])
+    write(sinks, frame_record("cam", 1))
+    write(sinks, late(1))
+    write(sinks, late(1))
+    sinks.close()
+    sinks = Sinks([JsonlSink(str(path))])  # reloads the late keys from the file's tail
+    write(sinks, late(1))
+    sinks.close()
+    assert [(r["frame_seq"], r["late"]) for r in read_jsonl(path)] == [(1, False), (1, True)]
+    assert json.loads(path.read_text().splitlines()[0])["detail"] == ""
