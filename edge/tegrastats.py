@@ -138,22 +138,21 @@ class Tegrastats:
     def _one_process(self) -> bool:
         """Read one tegrastats process to its end; True when it gave at least one good line."""
         argv = [self.command, "--interval", str(max(1, int(self.interval_s * 1000)))]
+        good = False
         try:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+                self.proc = proc
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    sample = parse(line)
+                    if sample.empty():
+                        self.gauges.lines.labels("unreadable").inc()
+                        continue
+                    self.gauges.update(sample)
+                    self.gauges.lines.labels("ok").inc()
+                    good = True
         except OSError as exc:
             log.warning("cannot run %s: %s", self.command, exc)
-            return False
-        good = False
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            sample = parse(line)
-            if sample.empty():
-                self.gauges.lines.labels("unreadable").inc()
-                continue
-            self.gauges.update(sample)
-            self.gauges.lines.labels("ok").inc()
-            good = True
-        self.proc.wait()
         return good
 
     def stop(self) -> None:
