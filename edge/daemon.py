@@ -149,7 +149,8 @@ class EdgeDaemon:
         s = self.settings.sinks
         out: List[Sink] = []
         if s.jsonl:
-            out.append(JsonlSink(s.jsonl, fsync=s.fsync))
+            out.append(JsonlSink(s.jsonl, fsync=s.fsync, max_bytes=s.jsonl_max_bytes, keep=s.jsonl_keep,
+                                 compress=s.jsonl_compress))
         if s.stdout:
             out.append(StdoutSink())
         if s.mqtt and self.mqtt is not None:

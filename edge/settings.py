@@ -172,6 +172,14 @@ class SinkSettings:
                          False)
     stdout: bool = setting("Print each record as one JSON line on stdout.", False)
     fsync: bool = setting("fsync the JSON Lines file after each record (slower; survives power loss).", False)
+    jsonl_max_bytes: int = setting(
+        "Rotate the JSON Lines file when the next record would make it larger than this (renamed "
+        "`<file>.<UTC time>`); 0 = never. The default with `jsonl_keep` bounds the records on disk to about "
+        "64 MiB + 32 gzip'd files of 4-5 MiB: sized for a 16 GB eMMC (deploy/jetson/README.md).",
+        64 * 1024 * 1024, lo=0)
+    jsonl_keep: int = setting("Rotated JSON Lines files kept; older ones are deleted.", 32, lo=0)
+    jsonl_compress: bool = setting("gzip rotated JSON Lines files (records compress about 14x), in a "
+                                   "background thread.", True)
     mqtt_outbox: str = setting(
         "SQLite file where the MQTT sink keeps each record until the broker acknowledged it (survives "
         "broker outages and daemon restarts); empty = `mqtt-outbox.db` next to `spool.path`.", "")
