@@ -109,7 +109,7 @@ class Compressor:
     def __init__(self, path: str, keep: int) -> None:
         self.path = path
         self.keep = keep
-        self.jobs: "queue.Queue[Optional[str]]" = queue.Queue()
+        self.jobs: queue.Queue[Optional[str]] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="jsonl-gzip", daemon=True)
         self.thread.start()
         for f in rotated_files(path):  # left uncompressed by a crash

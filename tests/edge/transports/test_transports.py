@@ -19,8 +19,7 @@ from edge.transports.grpc import GrpcTransport
 from edge.transports.mqtt import MqttConnection, MqttTransport
 from edgewise.v1 import detect_pb2
 from tests.cloud.gateway.pki import Pki
-from tests.conftest import free_port
-from tests.conftest import in_process_cloud_class
+from tests.conftest import free_port, in_process_cloud_class
 from tests.waiting import async_wait_until
 
 TOKENS = [{"device": "d", "token": "s3cret"}]
