@@ -102,6 +102,7 @@ bench: venv system-deps
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/edge.py
 	$(BIN)/python bench/edge.py --live
+	$(BIN)/python bench/edge.py --paced
 	$(BIN)/python bench/routing.py
 	$(BIN)/python bench/system.py
 
