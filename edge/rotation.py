@@ -29,7 +29,7 @@ from typing import Iterator, List, Optional
 
 log = logging.getLogger(__name__)
 
-_SUFFIX = re.compile(r"\.(\d{8}T\d{6}Z)(?:-(\d+))?(\.gz)?$")
+_SUFFIX = re.compile(r"\.(\d{8}T\d{6}\.\d{6}Z)(?:-(\d+))?(\.gz)?$")
 
 
 def rotated_files(path: str) -> List[str]:
@@ -49,8 +49,12 @@ def rotated_files(path: str) -> List[str]:
 
 
 def rotate(path: str, now: Optional[float] = None) -> str:
-    """Rename ``path`` to ``<path>.<UTC time>`` (``-N`` when that exists); the new name."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    """Rename ``path`` to ``<path>.<UTC time to the microsecond>`` (``-N`` when that exists);
+    the new name. Microseconds keep names unique and in order even when files rotate faster
+    than once a second and older ones are pruned meanwhile (a freed name is never reused
+    for a newer file)."""
+    t = time.time() if now is None else now
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f".{int(t * 1e6) % 1000000:06d}Z"
     dst, n = f"{path}.{stamp}", 0
     while os.path.exists(dst) or os.path.exists(dst + ".gz"):
         n += 1

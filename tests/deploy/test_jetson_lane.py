@@ -3,7 +3,7 @@
 * the aarch64/cp38 ``pip download`` of the bundle's own requirements + constraints resolves;
 * a real CPython 3.8 venv made by the bundle's ``setup.sh`` from the same pins runs the device
   test suites;
-* the bundled tree (no ``edgewise_tools``, no onnx) under that interpreter: every command the
+* the .deb's tree (no ``edgewise_tools``, no onnx) under that interpreter: every command the
   service units, the L4T entry point, postinst and the man page name exists, and a
   provisioned ``edge run`` of a few dozen frames escalates to a real local gateway (run by
   this, the main, interpreter).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -98,8 +99,12 @@ def test_bundled_tree_under_python38_runs_every_named_command_and_escalates(lane
                                                                             tmp_path: Path) -> None:
     from cloud.local import LocalCloud
 
-    tree = tmp_path / "tree"
-    B.stage_tree(B.BundleOptions(out_dir=tmp_path, model=tiny_model), tree)
+    dpkg = shutil.which("dpkg-deb")
+    if dpkg is None:
+        pytest.fail("dpkg-deb is not installed; `make test` installs it with apt-get")
+    tree = tmp_path / "tree"  # what `apt install` puts on the device
+    deb = B.bundle(B.BundleOptions(out_dir=tmp_path / "dist", model=tiny_model)).deb
+    subprocess.run([dpkg, "-x", str(deb), str(tree)], check=True)
     py = tree / "usr/lib/edgewise-edge/python"
     assert not (py / "edgewise_tools").exists() and not (py / "cloud").exists()
     for group, sub in sorted(named_commands()):

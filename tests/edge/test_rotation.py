@@ -94,8 +94,8 @@ def test_a_rotated_file_left_uncompressed_by_a_crash_is_compressed_at_start(tmp_
     path = tmp_path / "det.jsonl"
     path.write_bytes(b'{"late": true, "device": "d", "stream": "s", "frame_seq": 5}\n')
     left = R.rotate(str(path), now=0)
-    assert left.endswith(".19700101T000000Z")
-    (tmp_path / "det.jsonl.19700101T000000Z.gz.tmp").write_bytes(b"half")  # a gzip cut short
+    assert left.endswith(".19700101T000000.000000Z")
+    Path(left + ".gz.tmp").write_bytes(b"half")  # a gzip cut short
     sink = JsonlSink(str(path), max_bytes=1 << 20, keep=4, compress=True)
     assert "d/s/5" in sink.late_keys
     wait_until(lambda: os.path.exists(left + ".gz") and not os.path.exists(left), 20, "the leftover gzip'd")
@@ -108,13 +108,27 @@ def test_names_never_collide_and_sort_newest_first(tmp_path: Path) -> None:
     names = []
     for _ in range(3):
         Path(path).write_text("x\n")
-        names.append(R.rotate(path, now=1000.0))
-    assert [os.path.basename(n) for n in names] == ["d.jsonl.19700101T001640Z", "d.jsonl.19700101T001640Z-1",
-                                                    "d.jsonl.19700101T001640Z-2"]
+        names.append(R.rotate(path, now=1000.25))
+    assert [os.path.basename(n) for n in names] == ["d.jsonl.19700101T001640.250000Z",
+                                                    "d.jsonl.19700101T001640.250000Z-1",
+                                                    "d.jsonl.19700101T001640.250000Z-2"]
     Path(path).write_text("x\n")
     newest = R.rotate(path, now=time.time())
     assert R.rotated_files(path)[0] == newest and R.rotated_files(path)[1:] == names[::-1]
     assert R.prune(path, 1) == names[::-1] and R.rotated_files(path) == [newest]
+
+
+def test_a_pruned_name_is_never_reused_for_a_newer_file(tmp_path: Path) -> None:
+    """Rotating faster than once a second while pruning: every kept file is newer than every
+    deleted one (a reused name would sort as the oldest and be deleted first)."""
+    path = str(tmp_path / "d.jsonl")
+    written = []
+    for i in range(30):
+        Path(path).write_text(f"{i}\n")
+        written.append(R.rotate(path))
+        R.prune(path, 3)
+    kept = R.rotated_files(path)
+    assert [Path(f).read_text() for f in kept] == ["29\n", "28\n", "27\n"]
 
 
 def test_history_budget_cuts_at_a_whole_line(tmp_path: Path) -> None:

@@ -138,3 +138,23 @@ def test_provider_preference():
         session_options(graph_opt="max")
     with pytest.raises(ConfigError, match="threads"):
         session_options(threads=-1)
+
+
+def test_missing_backends_are_one_line_saying_what_to_install(tiny_model, monkeypatch):
+    """No TensorRT and no ONNX Runtime: ``auto`` says both, in one line (no traceback)."""
+    from edgewise.errors import DeploymentError
+    from edgewise.runtime import detector as D
+    from edgewise.runtime.backends import onnxruntime as ortb
+
+    def missing():
+        raise DeploymentError(f"{ortb.ONNXRUNTIME_MISSING} (No module named 'onnxruntime')")
+
+    monkeypatch.setattr(ortb, "import_onnxruntime", missing)
+    monkeypatch.setattr(D, "tensorrt_unusable_reason", lambda: "the tensorrt module is not installed")
+    with pytest.raises(DeploymentError) as exc:
+        D.Detector.from_file(tiny_model, backend="auto")
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("backend auto: TensorRT is not usable here (the tensorrt module")
+    assert "pip install onnxruntime" in msg and "setup.sh --force" in msg
+    with pytest.raises(DeploymentError, match="^the onnxruntime backend needs ONNX Runtime"):
+        D.Detector.from_file(tiny_model, backend="onnxruntime")
