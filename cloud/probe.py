@@ -4,7 +4,14 @@ The Helm chart's ``helm test`` hook runs it inside the cluster; operators run it
 after an install or from an edge site to check reachability, TLS and tokens.
 The frame is rendered locally (digits drawn on a textured background) so the
 probe needs no files; exit status 0 only when the gateway answers OK from a
-worker within the timeout.
+worker within the timeout, 1 when it does not, 2 when a TLS file given on the
+command line cannot be used (one line naming the flag and the file).
+
+TLS is on with any TLS flag: ``--tls-ca`` verifies the gateway with that CA bundle,
+``--tls`` alone with gRPC's default roots (a certificate from a public CA);
+``--tls-server-name`` checks the certificate for that name instead of the target's
+host (a certificate issued for ``gateway.example.com`` reached through the Service
+name), as ``grpc.ssl_target_name_override`` does for any gRPC client.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import grpc
 import numpy as np
 
 from edgewise import status
+from edgewise.errors import ConfigError
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 from edgewise.wire import encode_image
 
@@ -34,11 +42,41 @@ def probe_frame(width: int = 640, height: int = 480, seed: int = 0) -> np.ndarra
     return img
 
 
-def _read(path: str) -> bytes | None:
+class ProbeFileError(ConfigError):
+    """A TLS file named on the command line is missing, unreadable or not PEM."""
+
+
+def _read(path: str, flag: str) -> bytes | None:
+    """The bytes of ``path`` (None when not given); ProbeFileError names ``flag`` and the file."""
     if not path:
         return None
-    with open(path, "rb") as fh:
-        return fh.read()
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ProbeFileError(f"{flag} {path}: {exc.strerror or exc}") from None
+    if b"-----BEGIN " not in data:
+        raise ProbeFileError(f"{flag} {path}: not a PEM file (no -----BEGIN line)")
+    return data
+
+
+def channel_credentials(tls_ca: str = "", tls_cert: str = "", tls_key: str = "") -> grpc.ChannelCredentials:
+    """TLS credentials from PEM files; empty ``tls_ca`` means gRPC's default roots.
+
+    Raises:
+        ProbeFileError: a file cannot be read, is not PEM, or only one of cert/key is given.
+    """
+    if bool(tls_cert) != bool(tls_key):
+        given, missing = ("--tls-cert", "--tls-key") if tls_cert else ("--tls-key", "--tls-cert")
+        raise ProbeFileError(f"{given} needs {missing} (a client certificate and its key go together)")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls_ca, "--tls-ca"), private_key=_read(tls_key, "--tls-key"),
+        certificate_chain=_read(tls_cert, "--tls-cert"))
+
+
+def _tls_on(tls: bool, *tls_args: str) -> bool:
+    """TLS is on with ``--tls`` or any other TLS argument."""
+    return tls or any(tls_args)
 
 
 def probe(
@@ -49,15 +87,18 @@ def probe(
     device_id: str = "probe",
     tls_cert: str = "",
     tls_key: str = "",
+    tls: bool = False,
+    tls_server_name: str = "",
 ) -> detect_pb2.DetectResponse:
     """One unary Detect through the gateway at ``target``; raises grpc.RpcError on failure.
 
-    ``tls_ca`` turns TLS on; ``tls_cert``/``tls_key`` add a client certificate (mTLS).
+    TLS is on when ``tls`` or any TLS argument is set; ``tls_cert``/``tls_key`` add a client
+    certificate (mTLS); ``tls_server_name`` is the name the gateway's certificate must carry.
+    Raises ProbeFileError for an unusable TLS file.
     """
-    if tls_ca:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=_read(tls_ca), private_key=_read(tls_key), certificate_chain=_read(tls_cert))
-        channel = grpc.secure_channel(target, creds)
+    if _tls_on(tls, tls_ca, tls_cert, tls_key, tls_server_name):
+        options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+        channel = grpc.secure_channel(target, channel_credentials(tls_ca, tls_cert, tls_key), options=options)
     else:
         channel = grpc.insecure_channel(target)
     with channel:
@@ -81,9 +122,16 @@ def probe(
 def _handler(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
-        resp = probe(args.target, args.timeout, args.tls_ca, args.token, args.device_id, args.tls_cert, args.tls_key)
+        resp = probe(args.target, args.timeout, args.tls_ca, args.token, args.device_id, args.tls_cert, args.tls_key,
+                     args.tls, args.tls_server_name)
+    except ProbeFileError as exc:
+        print(f"probe: {exc}")
+        return 2
     except grpc.FutureTimeoutError:
-        print(f"probe: cannot connect to {args.target} within {args.timeout:.0f} s (address, port, TLS?)")
+        name = args.tls_server_name or args.target.rsplit(":", 1)[0]
+        hint = (f"TLS: is the certificate valid for {name!r} and signed by the CA?"
+                if _tls_on(args.tls, args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name) else "TLS?")
+        print(f"probe: cannot connect to {args.target} within {args.timeout:.0f} s (address, port, {hint})")
         return 1
     except grpc.RpcError as exc:
         print(f"probe: gateway {args.target} answered {status.name(status.status_of(exc))}: {exc.details()}")
@@ -102,7 +150,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("probe", help="send one real frame through a gateway and check the answer")
     p.add_argument("--target", required=True, help="gateway host:port")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds for connect and answer")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS with gRPC's default roots (a gateway certificate from a public CA)")
     p.add_argument("--tls-ca", default="", help="CA bundle to verify the gateway's certificate (enables TLS)")
+    p.add_argument("--tls-server-name", default="",
+                   help="name the gateway's certificate must carry, when not the target's host (enables TLS)")
     p.add_argument("--tls-cert", default="", help="client certificate (PEM) for mTLS")
     p.add_argument("--tls-key", default="", help="client private key (PEM) for mTLS")
     p.add_argument("--token", default=os.environ.get("EDGEWISE_PROBE_TOKEN", ""),

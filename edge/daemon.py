@@ -38,7 +38,7 @@ from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.making import make_source
 from edge.spool import Spool, SpoolError
-from edge.transports import Transport
+from edge.transports import MeteredTransport, Transport
 from edgewise import mqtt_topics
 
 log = logging.getLogger(__name__)
@@ -174,13 +174,16 @@ class EdgeDaemon:
             self.mqtt.start()
             t = MqttTransport(self.mqtt, self.settings.device_id, c.mqtt.topic_prefix, token=c.token)
             await t.start()
-            self.transports["mqtt"] = t
+            self.transports["mqtt"] = MeteredTransport(t, self._count_uplink)
         if c.endpoints:
             from edge.transports.grpc import GrpcTransport
 
             g = GrpcTransport(c.endpoints, c.tls_ca, c.tls_cert, c.tls_key, c.token, c.keepalive_s)
             await g.start()
-            self.transports["grpc"] = g
+            self.transports["grpc"] = MeteredTransport(g, self._count_uplink)
+
+    def _count_uplink(self, transport: str, nbytes: int) -> None:
+        self.metrics.uplink_bytes.labels(transport).inc(nbytes)
 
     def _open_spool(self) -> Spool:
         sp = self.settings.spool

@@ -101,6 +101,10 @@ class EdgeMetrics:
         self.sink_dropped = Counter(
             "edgewise_edge_sink_dropped", "Records a sink dropped because its backlog was full", ["sink"],
             registry=r)
+        self.uplink_bytes = Counter(
+            "edgewise_edge_uplink_bytes", "Escalation payload bytes sent to the cloud by transport (replays too)",
+            ["transport"], registry=r,
+        )
 
     def set_source_state(self, stream: str, state: SourceState) -> None:
         for s in SourceState:

@@ -9,7 +9,7 @@ says and keeps the edge result otherwise. Implementations:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from edgewise import status
 
@@ -47,6 +47,27 @@ class Transport(Protocol):
     async def detect(self, request: Any, timeout_s: float) -> Any: ...
 
     async def close(self) -> None: ...
+
+
+class MeteredTransport:
+    """A ``Transport`` that reports the serialized size of every request it is given
+    (``on_send(transport name, bytes)``) before sending it: the uplink an escalation costs,
+    first sends and spool replays alike."""
+
+    def __init__(self, inner: Transport, on_send: Callable[[str, int], None]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.on_send = on_send
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def detect(self, request: Any, timeout_s: float) -> Any:
+        self.on_send(self.name, request.ByteSize())
+        return await self.inner.detect(request, timeout_s)
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 def check_response(resp: Any) -> Any:

@@ -1,90 +1,38 @@
-"""The Helm chart: lint, render every mode, validate every manifest, reject bad values.
+"""The Helm chart: lint, render every mode, validate every manifest, reject bad values with
+a sentence, and render what each value promises (PDBs that a drain can satisfy, release-scoped
+autoscaling queries, the engine cache, pass-throughs, Ingress / GRPCRoute, observability).
 
-Manifests are validated with kubernetes-validate --strict against Kubernetes 1.29
-and 1.33. The two CRD kinds the chart can emit (KEDA ScaledObject, Prometheus
-Operator ServiceMonitor) have no schema there; they are checked against the
-subset of their CRD schemas in ``CRD_SCHEMAS`` below.
+Manifests are validated with kubernetes-validate --strict against Kubernetes 1.29 and 1.33;
+the custom resources against the CRD subsets in ``tests/charts/crds.py``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List
 
-import jsonschema
 import pytest
 import yaml
 
-from tests.charts.helm import CHART, helm, render
+from tests.charts.helm import (
+    CHART,
+    K8S_VERSIONS,
+    MODES,
+    ROOT,
+    by_kind,
+    helm,
+    helm_args,
+    helm_test_pod,
+    named,
+    pod_specs,
+    render,
+    render_text,
+    validate_manifest,
+)
 
 BAD = Path(__file__).parent / "bad-values"
-K8S_VERSIONS = ("1.29.0", "1.33.0")
-
-MODES = {
-    "default": (),
-    "hpa": ("autoscaling.mode=hpa",),
-    "keda": ("autoscaling.mode=keda",),
-    "none": ("autoscaling.mode=none",),
-    "broker-on": ("mqtt.bridge.enabled=true", "mqtt.broker.enabled=true", "mqtt.broker.authSecret=mqtt-auth"),
-    "broker-external": ("mqtt.bridge.enabled=true", "mqtt.external.host=broker.example"),
-    "tls-on": ("tls.grpc.enabled=true", "tls.grpc.secretName=gw-tls", "tls.grpc.clientAuth=true",
-               "mqtt.bridge.enabled=true", "mqtt.broker.enabled=true", "tls.mqtt.enabled=true",
-               "tls.mqtt.secretName=mqtt-tls", "gateway.tokensSecret=edge-tokens",
-               "helmTest.tokenSecret=probe-token", "helmTest.clientTlsSecret=probe-tls",
-               "mqtt.broker.authSecret=mqtt-auth"),
-    "cpu": ("worker.profile=cpu", "model.source=pvc", "model.pvc.claimName=models"),
-    "init-model": ("model.source=initContainer", "model.initContainer.image=registry/models:1"),
-    "servicemonitor": ("serviceMonitor.enabled=true",),
-}
-
-# Subsets of the published CRD schemas (KEDA v2.x keda.sh_scaledobjects.yaml,
-# prometheus-operator monitoring.coreos.com_servicemonitors.yaml): the fields we emit.
-CRD_SCHEMAS: Dict[str, Dict[str, Any]] = {
-    "ScaledObject": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "keda.sh/v1alpha1"},
-            "spec": {
-                "type": "object", "required": ["scaleTargetRef", "triggers"], "additionalProperties": False,
-                "properties": {
-                    "scaleTargetRef": {"type": "object", "required": ["name"],
-                                       "properties": {"name": {"type": "string"}, "kind": {"type": "string"},
-                                                      "apiVersion": {"type": "string"}}, "additionalProperties": False},
-                    "minReplicaCount": {"type": "integer"}, "maxReplicaCount": {"type": "integer"},
-                    "pollingInterval": {"type": "integer"}, "cooldownPeriod": {"type": "integer"},
-                    "advanced": {"type": "object"},
-                    "triggers": {"type": "array", "items": {
-                        "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
-                        "properties": {"type": {"type": "string"}, "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
-                                       "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
-                                       "name": {"type": "string"}}}},
-                },
-            },
-        },
-    },
-    "ServiceMonitor": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
-            "spec": {"type": "object", "required": ["selector"], "additionalProperties": False,
-                     "properties": {"selector": {"type": "object"},
-                                    "endpoints": {"type": "array", "items": {"type": "object", "properties": {
-                                        "port": {"type": "string"}, "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}},
-                                        "additionalProperties": False}}}},
-        },
-    },
-}
-
-
-def validate_manifest(doc: Dict[str, Any], version: str) -> None:
-    import kubernetes_validate
-
-    kind = doc["kind"]
-    if kind in CRD_SCHEMAS:
-        jsonschema.validate(doc, CRD_SCHEMAS[kind])
-        return
-    kubernetes_validate.validate(doc, version, strict=True)
 
 
 def test_lint_strict() -> None:
@@ -100,73 +48,208 @@ def test_mode_renders_and_validates(mode: str) -> None:
     for version in K8S_VERSIONS:
         for doc in docs:
             validate_manifest(doc, version)
-    out = subprocess.run([helm(), "lint", "--strict", str(CHART), *sum((["--set", s] for s in MODES[mode]), [])],
+    out = subprocess.run([helm(), "lint", "--strict", str(CHART), *helm_args(*MODES[mode])],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
 
 
-def _by_kind(docs: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
+# --------------------------------------------------------------------------- defaults that are true
 
+def test_kube_version_is_the_supported_window() -> None:
+    """Chart.yaml refuses clusters older than the README's window and renders inside it."""
+    window = re.search(r"Kubernetes (\d+\.\d+)–(\d+\.\d+) through the Helm chart", (ROOT / "README.md").read_text())
+    assert window, "README.md no longer states the supported Kubernetes window"
+    low, high = window.groups()
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"] == f">={low}.0-0"
+    for version in (f"{low}.0", f"{high}.0"):
+        render_text(extra=("--kube-version", version))
+    older = f"{low.split('.')[0]}.{int(low.split('.')[1]) - 1}.0"
+    out = subprocess.run([helm(), "template", "rel", str(CHART), "--kube-version", older],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "kubeVersion" in out.stderr, out.stderr
+
+
+def test_description_and_notes_follow_the_shipped_model() -> None:
+    from edgewise.runtime.metadata import load_model_info
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    shipped = ROOT / values["model"]["path"].lstrip("/")  # the images copy models/ to /models/
+    arch = load_model_info(shipped).metadata["edgewise_arch"]  # e.g. yolov5s
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert arch.lower() in chart["description"].lower() and "yolov5x" not in chart["description"].lower()
+    out = subprocess.run([helm(), "install", "rel", str(CHART), "--dry-run=client", "-n", "ml"],
+                         capture_output=True, text=True)
+    notes = out.stdout.split("NOTES:", 1)[1]
+    assert f"Workers: 2 x {shipped.name}" in notes and arch.lower() in notes.lower(), notes
+
+
+def test_helm_show_readme_is_the_generated_page() -> None:
+    from edgewise_tools.reference import CHART_SCHEMA, chart_leaves
+
+    out = subprocess.run([helm(), "show", "readme", str(CHART)], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr
+    assert out.stdout.strip() == (CHART / "README.md").read_text().strip()  # helm adds a newline
+    for cmd in ("helm install", "helm upgrade", "helm rollback", "helm uninstall"):
+        assert cmd in out.stdout
+    for path, node in chart_leaves(json.loads((ROOT / CHART_SCHEMA).read_text())):
+        assert f"| `{path}` |" in out.stdout, path
+        assert node.get("description"), f"values.schema.json: {path} has no description for the README"
+
+
+# --------------------------------------------------------------------------- autoscaling
 
 def test_autoscaling_modes_emit_their_objects() -> None:
-    assert _by_kind(render(*MODES["hpa"]), "HorizontalPodAutoscaler")[0]["apiVersion"] == "autoscaling/v2"
-    assert _by_kind(render(*MODES["keda"]), "ScaledObject")
+    hpa = by_kind(render(*MODES["hpa"]), "HorizontalPodAutoscaler")[0]
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert by_kind(render(*MODES["keda"]), "ScaledObject")
     builtin = render()
-    names = [d["metadata"]["name"] for d in _by_kind(builtin, "Deployment")]
-    assert "rel-edgewise-autoscaler" in names
-    role = [r for r in _by_kind(builtin, "Role") if r["metadata"]["name"].endswith("autoscaler")][0]
+    assert named(builtin, "Deployment", "autoscaler")
+    role = named(builtin, "Role", "autoscaler")
     # Least privilege: only the worker Deployment's scale subresource, only get/patch.
     scale_rule = [r for r in role["rules"] if "deployments/scale" in r["resources"]][0]
     assert scale_rule["verbs"] == ["get", "patch"] and scale_rule["resourceNames"] == ["rel-edgewise-worker"]
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in role["rules"])
     # HPA/KEDA own the replica count: the Deployment must not fight them.
-    hpa_worker = [d for d in _by_kind(render(*MODES["hpa"]), "Deployment") if d["metadata"]["name"].endswith("worker")][0]
-    assert "replicas" not in hpa_worker["spec"]
+    assert "replicas" not in named(render(*MODES["hpa"]), "Deployment", "worker")["spec"]
 
+
+@pytest.mark.parametrize("release, namespace", [("rel", "ml"), ("edgewise", "vision-prod")])
+def test_autoscaling_queries_are_scoped_to_the_release(release: str, namespace: str) -> None:
+    """Two releases in one Prometheus never mix: the KEDA query and the HPA's External metric
+    select this namespace and release, and the ServiceMonitor puts that label on the series."""
+    scoped = f'namespace="{namespace}",app_kubernetes_io_instance="{release}"'
+    keda = by_kind(render(*MODES["keda"], release=release, namespace=namespace), "ScaledObject")[0]
+    query = keda["spec"]["triggers"][0]["metadata"]["query"]
+    assert query.count(scoped) == 2 and "{{" not in query
+    hpa = by_kind(render(*MODES["hpa"], release=release, namespace=namespace), "HorizontalPodAutoscaler")[0]
+    metric = hpa["spec"]["metrics"][0]
+    assert metric["type"] == "External"
+    assert metric["external"]["metric"]["selector"]["matchLabels"] == {"app_kubernetes_io_instance": release}
+    monitor = by_kind(render(*MODES["servicemonitor"], release=release, namespace=namespace), "ServiceMonitor")[0]
+    assert monitor["spec"]["podTargetLabels"] == ["app.kubernetes.io/instance"]
+
+
+# --------------------------------------------------------------------------- workers
 
 def test_gpu_default_and_cpu_profile() -> None:
-    worker = [d for d in _by_kind(render(), "Deployment") if d["metadata"]["name"].endswith("worker")][0]
-    pod = worker["spec"]["template"]["spec"]
+    pod = named(render(), "Deployment", "worker")["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
     assert c["image"].endswith("-cuda")
-    cpu = [d for d in _by_kind(render(*MODES["cpu"]), "Deployment") if d["metadata"]["name"].endswith("worker")][0]
-    c = cpu["spec"]["template"]["spec"]["containers"][0]
+    cpu = named(render(*MODES["cpu"]), "Deployment", "worker")["spec"]["template"]["spec"]
+    c = cpu["containers"][0]
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
     assert not c["image"].endswith("-cuda")
-    assert cpu["spec"]["template"]["spec"]["volumes"][-1]["persistentVolumeClaim"]["claimName"] == "models"
+    assert {v["name"]: v for v in cpu["volumes"]}["models"]["persistentVolumeClaim"]["claimName"] == "models"
+
+
+def _engine_cache(mode: str) -> tuple[dict, list]:
+    docs = render(*MODES[mode])
+    pod = named(docs, "Deployment", "worker")["spec"]["template"]["spec"]
+    mount = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "engine-cache"][0]
+    assert mount["mountPath"] == "/var/cache/edgewise"  # the images' EDGEWISE_ENGINE_CACHE is below it
+    return {v["name"]: v for v in pod["volumes"]}["engine-cache"], by_kind(docs, "PersistentVolumeClaim")
+
+
+def test_engine_cache_modes() -> None:
+    assert "ENGINE_CACHE=/var/cache/edgewise/engines" in (ROOT / "deploy/docker/Dockerfile.cuda").read_text()
+    vol, pvcs = _engine_cache("default")
+    assert vol["emptyDir"] == {} and not pvcs
+    vol, pvcs = _engine_cache("engine-cache-pvc")
+    assert vol["persistentVolumeClaim"]["claimName"] == "rel-edgewise-engine-cache"
+    assert [p["metadata"]["name"] for p in pvcs] == ["rel-edgewise-engine-cache"]
+    assert pvcs[0]["spec"]["accessModes"] == ["ReadWriteMany"] and pvcs[0]["spec"]["storageClassName"] == "shared-rwx"
+    vol, pvcs = _engine_cache("engine-cache-claim")
+    assert vol["persistentVolumeClaim"]["claimName"] == "engines" and not pvcs
+    vol, pvcs = _engine_cache("engine-cache-hostpath")
+    assert vol["hostPath"] == {"path": "/var/cache/edgewise", "type": "Directory"} and not pvcs
 
 
 def test_headless_worker_service_and_grpc_probes() -> None:
     docs = render()
-    svc = [s for s in _by_kind(docs, "Service") if s["metadata"]["name"].endswith("worker")][0]
-    assert svc["spec"]["clusterIP"] == "None"
-    for dep in _by_kind(docs, "Deployment"):
-        if dep["metadata"]["name"].endswith(("gateway", "worker")):
-            c = dep["spec"]["template"]["spec"]["containers"][0]
-            assert "grpc" in c["readinessProbe"] and "grpc" in c["livenessProbe"]
+    assert named(docs, "Service", "worker")["spec"]["clusterIP"] == "None"
+    for suffix in ("gateway", "worker"):
+        c = named(docs, "Deployment", suffix)["spec"]["template"]["spec"]["containers"][0]
+        assert "grpc" in c["readinessProbe"] and "grpc" in c["livenessProbe"]
 
+
+# --------------------------------------------------------------------------- disruption budgets
+
+def _notes(*sets: str) -> str:
+    out = subprocess.run([helm(), "install", "rel", str(CHART), "--dry-run=client", "-n", "ml", *helm_args(*sets)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("NOTES:", 1)[1]
+
+
+@pytest.mark.parametrize("sets, rendered", [
+    (("gateway.replicas=1",), False),                 # minAvailable 1 of 1: a drain would wait forever
+    ((), True),                                       # 1 of 2
+    (("gateway.replicas=3", "gateway.pdb.minAvailable=50%"), True),
+    (("gateway.pdb.minAvailable=100%",), False),
+    (("gateway.replicas=3", "gateway.pdb.minAvailable=3"), False),
+])
+def test_gateway_pdb_only_where_a_drain_can_satisfy_it(sets: tuple, rendered: bool) -> None:
+    pdbs = [p["metadata"]["name"] for p in by_kind(render(*sets), "PodDisruptionBudget")]
+    assert ("rel-edgewise-gateway" in pdbs) is rendered
+    assert "rel-edgewise-worker" in pdbs  # maxUnavailable >= 1: always satisfiable
+    assert ("No gateway PodDisruptionBudget" in _notes(*sets)) is not rendered
+
+
+# --------------------------------------------------------------------------- helm test and TLS
 
 def test_helm_test_hook_sends_a_detection() -> None:
-    pods = [p for p in _by_kind(render(), "Pod") if p["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
-    assert len(pods) == 1
-    args = pods[0]["spec"]["containers"][0]["args"]
+    args = helm_test_pod(render())["spec"]["containers"][0]["args"]
     assert args[:2] == ["cloud", "probe"] and any(a.startswith("--target=rel-edgewise-gateway:") for a in args)
+    assert not any(a.startswith("--tls") for a in args)
 
 
-def _pod_specs(docs: List[Dict[str, Any]]):
-    for d in docs:
-        if d["kind"] == "Deployment":
-            yield d["metadata"]["name"], d["spec"]["template"]["spec"]
-        elif d["kind"] == "Pod":
-            yield d["metadata"]["name"], d["spec"]
+@pytest.mark.parametrize("mode, tls_args", [
+    ("tls-public-ca", ["--tls"]),
+    ("tls-private-ca", ["--tls-ca=/etc/edgewise/test-ca/ca.crt", "--tls-server-name=gateway.example.com"]),
+    ("tls-on", ["--tls-ca=/etc/edgewise/test-ca/ca.crt", "--tls-cert=/etc/edgewise/client-tls/tls.crt",
+                "--tls-key=/etc/edgewise/client-tls/tls.key"]),
+])
+def test_helm_test_tls_arguments_per_mode(mode: str, tls_args: list) -> None:
+    pod = helm_test_pod(render(*MODES[mode]))["spec"]
+    args = pod["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--tls")] == tls_args
+    # the gateway's own Secret (its private key) is mounted only where it is also the named CA Secret
+    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert ("gw-tls" in secrets) is (mode == "tls-on")
 
+
+def test_helm_test_authenticates_when_auth_is_on() -> None:
+    pod = helm_test_pod(render(*MODES["tls-on"]))["spec"]
+    c = pod["containers"][0]
+    assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "probe-token", "key": "token"}
+    assert {v["name"] for v in pod["volumes"]} >= {"test-ca", "client-tls"}
+
+
+def test_tls_mounts_secrets_and_configures_gateway() -> None:
+    docs = render(*MODES["tls-on"])
+    gw = named(docs, "Deployment", "gateway")
+    vols = {v["name"]: v for v in gw["spec"]["template"]["spec"]["volumes"]}
+    assert vols["grpc-tls"]["secret"]["secretName"] == "gw-tls"
+    assert vols["mqtt-tls"]["secret"]["secretName"] == "mqtt-tls"
+    cfg = yaml.safe_load(named(docs, "ConfigMap", "gateway")["data"]["gateway.yaml"])
+    assert cfg["tls"]["client_ca_file"] == "/etc/edgewise/tls/ca.crt" and cfg["tls"]["require_client_cert"]
+    # other tls settings of gateway.config survive the chart's own
+    cm = named(render(*MODES["tls-on"], "gateway.config.tls.client_identity=san_uri"), "ConfigMap", "gateway")
+    tls = yaml.safe_load(cm["data"]["gateway.yaml"])["tls"]
+    assert tls["client_identity"] == "san_uri" and tls["cert_file"] == "/etc/edgewise/tls/tls.crt"
+    assert cfg["mqtt"]["port"] == 8883 and cfg["mqtt"]["tls"] is True
+    conf = named(docs, "ConfigMap", "mosquitto")["data"]["mosquitto.conf"]
+    assert "allow_anonymous false" in conf and "certfile /mosquitto/tls/tls.crt" in conf
+    assert "listener 1883" not in conf and "listener 8883" in conf
+
+
+# --------------------------------------------------------------------------- security, pass-throughs
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_every_container_is_locked_down(mode: str) -> None:
-    for name, spec in _pod_specs(render(*MODES[mode])):
+    for name, spec in pod_specs(render(*MODES[mode])):
         psc = spec.get("securityContext", {})
         assert psc.get("runAsNonRoot") is True, name
         assert psc.get("runAsUser", 0) != 0, name
@@ -181,49 +264,84 @@ def test_every_container_is_locked_down(mode: str) -> None:
             assert "resources" in c and c["resources"].get("limits"), where
 
 
-def test_helm_test_authenticates_when_auth_is_on() -> None:
-    pod = [p for p in _by_kind(render(*MODES["tls-on"]), "Pod")][0]["spec"]
-    c = pod["containers"][0]
-    assert "--tls-cert=/etc/edgewise/client-tls/tls.crt" in c["args"] and "--tls-ca=/etc/edgewise/tls/ca.crt" in c["args"]
-    assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "probe-token", "key": "token"}
-    assert {v["name"] for v in pod["volumes"]} >= {"grpc-tls", "client-tls"}
+def test_pass_throughs_reach_the_pods() -> None:
+    docs = render(*MODES["passthroughs"])
+    for suffix, extra_label, priority, env_from, volume, mount in (
+        ("gateway", {"tier": "edge-facing"}, "edgewise-critical", {"secretRef": {"name": "gateway-env"}}, "extra-ca",
+         "/etc/corp-ca"),
+        ("worker", {"tier": "gpu"}, "edgewise-batch", {"configMapRef": {"name": "worker-env"}}, "scratch", "/scratch"),
+    ):
+        tpl = named(docs, "Deployment", suffix)["spec"]["template"]
+        labels, annotations, spec = tpl["metadata"]["labels"], tpl["metadata"]["annotations"], tpl["spec"]
+        assert labels["cost-center"] == "ml-42" and labels["app.kubernetes.io/component"] == suffix
+        assert extra_label.items() <= labels.items() and annotations["team"] == "vision"
+        assert annotations["prometheus.io/scrape"] == "true"  # the chart's own annotations stay
+        assert spec["priorityClassName"] == priority
+        c = spec["containers"][0]
+        assert c["envFrom"] == [env_from]
+        assert volume in {v["name"] for v in spec["volumes"]} and mount in {m["mountPath"] for m in c["volumeMounts"]}
+        # a spread constraint without labelSelector gets the component's pods
+        first = spec["topologySpreadConstraints"][0]
+        assert first["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == suffix
+    worker = named(docs, "Deployment", "worker")["spec"]["template"]["spec"]
+    assert worker["topologySpreadConstraints"][1]["labelSelector"] == {"matchLabels": {"tier": "gpu"}}
+    for d in by_kind(docs, "Deployment") + by_kind(docs, "Pod"):  # chart-wide labels: every pod
+        meta = d["metadata"] if d["kind"] == "Pod" else d["spec"]["template"]["metadata"]
+        assert meta["labels"]["cost-center"] == "ml-42", d["metadata"]["name"]
+    for sa in by_kind(docs, "ServiceAccount"):
+        assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
 
+
+def test_gateway_exposed_by_ingress_and_grpcroute() -> None:
+    docs = render(*MODES["exposed"])
+    ing = by_kind(docs, "Ingress")[0]
+    assert ing["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPCS"
+    assert ing["spec"]["ingressClassName"] == "nginx" and ing["spec"]["tls"][0]["hosts"] == ["gateway.example.com"]
+    backend = ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "rel-edgewise-gateway", "port": {"name": "grpc"}}
+    route = by_kind(docs, "GRPCRoute")[0]["spec"]
+    assert route["parentRefs"][0]["name"] == "edge-gateway" and route["hostnames"] == ["gateway.example.com"]
+    assert route["rules"][0]["backendRefs"] == [{"name": "rel-edgewise-gateway", "port": 50051}]
+    svc = named(docs, "Service", "gateway")
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]}["grpc"] == 50051
+    plain = by_kind(render("gateway.ingress.enabled=true", "gateway.ingress.hosts[0]=gw.example.com"), "Ingress")[0]
+    assert plain["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPC"
+
+
+# --------------------------------------------------------------------------- observability
 
 def test_servicemonitor_scrapes_each_pod_once() -> None:
     docs = render(*MODES["servicemonitor"])
-    sel = _by_kind(docs, "ServiceMonitor")[0]["spec"]["selector"]["matchLabels"]
-    scraped = [s["metadata"]["name"] for s in _by_kind(docs, "Service")
+    sel = by_kind(docs, "ServiceMonitor")[0]["spec"]["selector"]["matchLabels"]
+    scraped = [s["metadata"]["name"] for s in by_kind(docs, "Service")
                if all(s["metadata"]["labels"].get(k) == v for k, v in sel.items())]
-    assert sorted(scraped) == ["rel-edgewise-gateway", "rel-edgewise-worker"]
+    assert sorted(scraped) == ["rel-edgewise-autoscaler", "rel-edgewise-gateway", "rel-edgewise-worker"]
 
 
-def test_tls_mounts_secrets_and_configures_gateway() -> None:
-    docs = render(*MODES["tls-on"])
-    gw = [d for d in _by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("gateway")][0]
-    vols = {v["name"]: v for v in gw["spec"]["template"]["spec"]["volumes"]}
-    assert vols["grpc-tls"]["secret"]["secretName"] == "gw-tls"
-    assert vols["mqtt-tls"]["secret"]["secretName"] == "mqtt-tls"
-    cm = [c for c in _by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("gateway")][0]
-    cfg = yaml.safe_load(cm["data"]["gateway.yaml"])
-    assert cfg["tls"]["client_ca_file"] == "/etc/edgewise/tls/ca.crt" and cfg["tls"]["require_client_cert"]
-    # other tls settings of gateway.config survive the chart's own
-    cm = [c for c in _by_kind(render(*MODES["tls-on"], "gateway.config.tls.client_identity=san_uri"), "ConfigMap")
-          if c["metadata"]["name"].endswith("gateway")][0]
-    tls = yaml.safe_load(cm["data"]["gateway.yaml"])["tls"]
-    assert tls["client_identity"] == "san_uri" and tls["cert_file"] == "/etc/edgewise/tls/tls.crt"
-    assert cfg["mqtt"]["port"] == 8883 and cfg["mqtt"]["tls"] is True
-    conf = [c for c in _by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("mosquitto")][0]["data"]["mosquitto.conf"]
-    assert "allow_anonymous false" in conf and "certfile /mosquitto/tls/tls.crt" in conf
-    assert "listener 1883" not in conf and "listener 8883" in conf
+def test_dashboard_and_rules_are_optional_objects() -> None:
+    assert not {"PrometheusRule"} & {d["kind"] for d in render()}
+    docs = render(*MODES["observability"])
+    cm = named(docs, "ConfigMap", "dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["edgewise.json"])
+    assert dashboard["uid"] == "edgewise-overview" and dashboard["panels"]
+    groups = by_kind(docs, "PrometheusRule")[0]["spec"]["groups"]
+    assert {r["alert"] for g in groups for r in g["rules"]} >= {
+        "EdgewiseEscalatedP99OverSLO", "EdgewiseRejectionRatioHigh", "EdgewiseAllWorkersEjected",
+        "EdgewiseSpoolBacklogGrowing", "EdgewiseEdgeOffline"}
+    no_edge = by_kind(render(*MODES["observability"], "prometheusRule.edgeAlerts=false"), "PrometheusRule")[0]
+    assert [g["name"] for g in no_edge["spec"]["groups"]] == ["edgewise-cloud"]
 
 
 def test_policy_configmap_is_a_valid_policy() -> None:
-    cm = [c for c in _by_kind(render(), "ConfigMap") if c["metadata"]["name"].endswith("policy")][0]
+    cm = named(render(), "ConfigMap", "policy")
     policy = yaml.safe_load(cm["data"]["policy.yaml"])
     assert policy["kind"] == "EscalationPolicy"
     parse = pytest.importorskip("edgewise.policy").parse_policy
     parse(cm["data"]["policy.yaml"], "chart:policy.yaml")
 
+
+# --------------------------------------------------------------------------- bad values
 
 @pytest.mark.parametrize("bad", sorted(BAD.glob("*.yaml")), ids=lambda p: p.stem)
 def test_bad_values_rejected_with_message(bad: Path) -> None:
@@ -231,7 +349,21 @@ def test_bad_values_rejected_with_message(bad: Path) -> None:
     out = subprocess.run([helm(), "template", "rel", str(CHART), "-f", str(bad)], capture_output=True, text=True)
     assert out.returncode != 0, f"{bad.name} was accepted"
     assert expect in out.stderr, out.stderr
+    assert "'allOf' failed" not in out.stderr and "'not' failed" not in out.stderr
 
+
+def test_every_rule_between_values_is_a_sentence_with_a_bad_values_case() -> None:
+    """No cross-field rule hides in the schema (Helm would print it without a reason), and
+    each of validate.yaml's rules is triggered by one of bad-values/."""
+    schema = (CHART / "values.schema.json").read_text()
+    assert not re.search(r'"(allOf|anyOf|if|then|not)":', schema), "cross-field rules belong in validate.yaml"
+    rules = re.findall(r'fail (?:\(printf )?"([^"%]+)', (CHART / "templates/validate.yaml").read_text())
+    expected = " ".join(p.read_text().splitlines()[0] for p in BAD.glob("*.yaml"))
+    untested = [r for r in rules if r.split(" ")[0] not in expected]
+    assert len(rules) >= 15 and not untested, untested
+
+
+# --------------------------------------------------------------------------- chart <-> code
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_rendered_gateway_config_loads_in_the_gateway(mode: str, tmp_path) -> None:
@@ -241,7 +373,7 @@ def test_rendered_gateway_config_loads_in_the_gateway(mode: str, tmp_path) -> No
     from cloud.discovery.kubernetes import KubernetesDiscovery
     from cloud.gateway.settings import load_settings
 
-    cm = [c for c in _by_kind(render(*MODES[mode]), "ConfigMap") if c["metadata"]["name"].endswith("gateway")][0]
+    cm = named(render(*MODES[mode]), "ConfigMap", "gateway")
     path = tmp_path / "gateway.yaml"
     path.write_text(cm["data"]["gateway.yaml"])
     settings = load_settings(path, env={})
@@ -250,14 +382,14 @@ def test_rendered_gateway_config_loads_in_the_gateway(mode: str, tmp_path) -> No
     assert settings.listen == "0.0.0.0:50051" and settings.metrics_port == 9100
 
 
-@pytest.mark.parametrize("mode", ["default", "cpu", "tls-on"])
+@pytest.mark.parametrize("mode", ["default", "cpu", "tls-on", "tls-public-ca", "tls-private-ca"])
 def test_container_args_parse_with_the_real_cli(mode: str) -> None:
     """Every edgewise container's args are accepted by the CLI they will run."""
     from edgewise.cli import build_parser
 
     parser = build_parser()
     seen = set()
-    for name, spec in _pod_specs(render(*MODES[mode])):
+    for name, spec in pod_specs(render(*MODES[mode])):
         for c in spec["containers"]:
             args = c.get("args")
             if not args or args[0] not in ("cloud", "edge", "model"):

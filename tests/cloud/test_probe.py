@@ -11,6 +11,7 @@ import pytest
 from cloud.local import LocalCloud
 from cloud.probe import probe, probe_frame
 from edgewise.v1 import detect_pb2
+from tests.cloud.gateway.pki import Pki
 from tests.conftest import free_port
 
 
@@ -37,3 +38,51 @@ def test_probe_fails_clearly_without_gateway() -> None:
                           "--timeout", "2"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert f"cannot connect to 127.0.0.1:{port}" in out.stdout
+
+
+def _probe_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "edgewise.cli", "cloud", "probe", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    """A private CA, a gateway certificate for a public name only, and the probe's client certificate."""
+    p = Pki(tmp_path_factory.mktemp("pki"))
+    p.issue("server", "gateway.example.com", "DNS:gateway.example.com")
+    p.issue("probe", "helm-test")
+    return p
+
+
+def test_probe_tls_modes_against_a_real_gateway(tiny_model, pki: Pki) -> None:
+    """A certificate for a public name, reached by address: verified with --tls-server-name;
+    without it the handshake fails and says which name it checked. mTLS with a client certificate."""
+    settings = {"tls.cert_file": pki.path("server.pem"), "tls.key_file": pki.path("server.key"),
+                "tls.client_ca_file": pki.path("ca.pem"), "tls.require_client_cert": True}
+    with LocalCloud(tiny_model, workers=1, gateway_settings=settings) as cloud:
+        client = ("--tls-cert", pki.path("probe.pem"), "--tls-key", pki.path("probe.key"), "--device-id", "helm-test")
+        ok = _probe_cli("--target", cloud.address, "--timeout", "30", "--tls-ca", pki.path("ca.pem"),
+                        "--tls-server-name", "gateway.example.com", *client)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert json.loads(ok.stdout.strip().splitlines()[-1])["status"] == "OK"
+        wrong_name = _probe_cli("--target", cloud.address, "--timeout", "3", "--tls-ca", pki.path("ca.pem"), *client)
+        assert wrong_name.returncode == 1
+        assert f"is the certificate valid for '{cloud.address.split(':')[0]}'" in wrong_name.stdout
+        no_client_cert = _probe_cli("--target", cloud.address, "--timeout", "3", "--tls-ca", pki.path("ca.pem"),
+                                    "--tls-server-name", "gateway.example.com")
+        assert no_client_cert.returncode == 1 and "cannot connect" in no_client_cert.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--tls-ca", "/nonexistent/ca.crt"), "probe: --tls-ca /nonexistent/ca.crt: No such file or directory"),
+    (("--tls-cert", "{pki}/probe.pem"), "probe: --tls-cert needs --tls-key"),
+    (("--tls-key", "{pki}/probe.key"), "probe: --tls-key needs --tls-cert"),
+    (("--tls-ca", "{pki}/ca.cnf"), "probe: --tls-ca {pki}/ca.cnf: not a PEM file"),
+    (("--tls-ca", "{pki}/ca.pem", "--tls-cert", "{pki}/probe.pem", "--tls-key", "/nonexistent/k"),
+     "probe: --tls-key /nonexistent/k: No such file or directory"),
+])
+def test_probe_unusable_tls_file_is_one_line(pki: Pki, args: tuple, message: str) -> None:
+    out = _probe_cli("--target", f"127.0.0.1:{free_port()}", "--timeout", "2", *(a.format(pki=pki.d) for a in args))
+    assert out.returncode == 2
+    assert out.stdout.strip().startswith(message.format(pki=pki.d)), out.stdout
+    assert len(out.stdout.strip().splitlines()) == 1 and "Traceback" not in out.stdout + out.stderr

@@ -109,7 +109,7 @@ def test_chart_schema_of_gateway_config_follows_the_metadata() -> None:
 
 def _copy_tree(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
-    for page in ref.PAGES:
+    for page in (*ref.PAGES, *ref.INPUTS):
         src = ROOT / page
         (root / page).parent.mkdir(parents=True, exist_ok=True)
         if src.exists():

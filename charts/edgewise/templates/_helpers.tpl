@@ -60,10 +60,80 @@ seccompProfile:
 {{- printf "%s-worker" (include "edgewise.fullname" .) -}}
 {{- end -}}
 
+{{- define "edgewise.engineCacheClaim" -}}
+{{- .Values.worker.engineCache.pvc.claimName | default (printf "%s-engine-cache" (include "edgewise.fullname" .)) -}}
+{{- end -}}
+
 {{- define "edgewise.brokerHost" -}}
 {{- if .Values.mqtt.broker.enabled -}}
 {{- printf "%s-mosquitto" (include "edgewise.fullname" .) -}}
 {{- else -}}
 {{- .Values.mqtt.external.host -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Pod template metadata: the chart's labels plus podLabels (the component's beat the
+     chart-wide ones); annotations: the component's podAnnotations beat the chart-wide ones,
+     which beat the chart's own. Args: root, component, values (the component's values, or
+     none), annotations (the chart's, a dict). */}}
+{{- define "edgewise.podMetadata" -}}
+{{- $v := .values | default dict -}}
+{{- /* sprig merge: earlier dicts win, so the component's values beat the chart-wide ones */}}
+{{- $labels := merge (dict) ($v.podLabels | default dict) (.root.Values.podLabels | default dict) -}}
+{{- $annotations := merge (dict) ($v.podAnnotations | default dict) (.root.Values.podAnnotations | default dict) (.annotations | default dict) -}}
+labels:
+  {{- include "edgewise.labels" .root | nindent 2 }}
+  app.kubernetes.io/component: {{ .component }}
+  {{- with $labels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with $annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Scheduling and pass-throughs shared by the gateway and worker pod specs: priority class,
+     topology spread (a constraint without labelSelector gets the component's pods). */}}
+{{- define "edgewise.podScheduling" -}}
+{{- $v := .values -}}
+{{- with $v.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $v.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- range . }}
+  {{- $c := deepCopy . }}
+  {{- if not (hasKey $c "labelSelector") }}
+  {{- $_ := set $c "labelSelector" (dict "matchLabels" (include "edgewise.selector" (dict "root" $.root "component" $.component) | fromYaml)) }}
+  {{- end }}
+  - {{- toYaml $c | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* PromQL label matchers of this release's series: the namespace and the pods'
+     app.kubernetes.io/instance label (the ServiceMonitor's podTargetLabels copy it). */}}
+{{- define "edgewise.promSelector" -}}
+namespace="{{ .Release.Namespace }}",app_kubernetes_io_instance="{{ .Release.Name }}"
+{{- end -}}
+
+{{/* Labels the chart sets on pods; podLabels must not override them (validate.yaml). */}}
+{{- define "edgewise.reservedLabels" -}}
+{{- list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" "app.kubernetes.io/component" "helm.sh/chart" | toJson -}}
+{{- end -}}
+
+{{/* "true" when the gateway PodDisruptionBudget can be satisfied: fewer pods must stay up
+     than gateway.replicas (minAvailable as a count or a percentage, rounded up as the
+     disruption controller does); else a drain could never evict a gateway pod. */}}
+{{- define "edgewise.gatewayPdbFits" -}}
+{{- $replicas := int .Values.gateway.replicas -}}
+{{- $min := .Values.gateway.pdb.minAvailable -}}
+{{- $need := 0 -}}
+{{- if kindIs "string" $min -}}
+{{- $need = div (add (mul $replicas (trimSuffix "%" $min | int)) 99) 100 -}}
+{{- else -}}
+{{- $need = int $min -}}
+{{- end -}}
+{{- if lt $need $replicas -}}true{{- end -}}
 {{- end -}}

@@ -34,6 +34,7 @@ import hashlib
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -109,6 +110,16 @@ def default_cache_dir() -> Path:
     """``$EDGEWISE_ENGINE_CACHE`` or ``~/.cache/edgewise/engines``."""
     env = os.environ.get("EDGEWISE_ENGINE_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "edgewise" / "engines"
+
+
+def publish(path: Path, data: bytes) -> None:
+    """Write ``path`` atomically under a temporary name of this process alone: workers sharing
+    a cache volume (a ReadWriteMany claim, a node's hostPath) may build the same engine at once,
+    and a reader must never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def calibration_cache_path(cache_dir: Path, info: ModelInfo) -> Path:
@@ -245,8 +256,7 @@ def make_calibrator(trt: Any, batches: Optional[CalibrationBatches], cache_file:
             return None
 
         def write_calibration_cache(self, cache: Any, *args: Any) -> None:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            cache_file.write_bytes(bytes(cache))
+            publish(cache_file, bytes(cache))
 
     return _EntropyCalibrator()
 
@@ -365,10 +375,7 @@ class TensorRTBackend:
         else:
             log.info("building TensorRT %s engine for %s (minutes on a Jetson)", prec, info.path)
             data = build_engine(info, prec, mb, calibration, calibration_cache_path(cdir, info))
-            cdir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            tmp.replace(path)
+            publish(path, data)
         return cls(info, data, mb)
 
     def _io_dtype(self, name: str) -> Any:

@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edge.transports import TransportError
+from edge.transports import MeteredTransport, TransportError
 from edge.transports.grpc import GrpcTransport
 from edge.transports.mqtt import MqttConnection, MqttTransport
 from edgewise.v1 import detect_pb2
@@ -60,6 +60,25 @@ def test_grpc_roundtrip_token_and_status_mapping(tiny_model):
             await t.close()
             await wrong.close()
         asyncio.run(run())
+
+
+def test_metered_transport_counts_every_request_sent_failed_or_not(real_cloud):
+    sent = []
+
+    async def run():
+        t = MeteredTransport(GrpcTransport([real_cloud.address]), lambda name, n: sent.append((name, n)))
+        assert t.name == "grpc"
+        await t.start()
+        assert (await t.detect(request(1), 5.0)).frame_seq == 1
+        bad = request(2)
+        bad.device_id = ""  # the gateway refuses it (INVALID_ARGUMENT): still sent, still counted
+        with pytest.raises(TransportError):
+            await t.detect(bad, 5.0)
+        await t.close()
+
+    asyncio.run(run())
+    assert sent == [("grpc", request(1).ByteSize()), ("grpc", request(2).ByteSize() - 3)]
+    assert sent[0][1] > 100  # the JPEG is most of it
 
 
 def test_grpc_unavailable_fails_fast_and_fails_over(real_cloud):

@@ -50,6 +50,22 @@ def test_default_cache_dir_env(monkeypatch, tmp_path):
     assert trtb.default_cache_dir() == tmp_path
 
 
+def test_publish_is_atomic_for_writers_sharing_a_cache(tmp_path: Path):
+    """Workers sharing an engine cache volume may write the same engine at once: the file is
+    always one writer's complete bytes and no temporary file is left behind."""
+    import threading
+
+    path = tmp_path / "engines" / "m.engine"
+    blobs = [bytes([i]) * 200_000 for i in range(8)]
+    threads = [threading.Thread(target=trtb.publish, args=(path, b)) for b in blobs for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert path.read_bytes() in blobs
+    assert [p.name for p in path.parent.iterdir()] == ["m.engine"]
+
+
 def test_version_tuple():
     assert trtb.trt_version_tuple("8.5.2.2") == (8, 5, 2, 2)
     assert trtb.trt_version_tuple("10.3.0.post1") == (10, 3, 0, 1)
