@@ -8,9 +8,8 @@
   provisioned ``edge run`` of a few dozen frames escalates to a real local gateway (run by
   this, the main, interpreter).
 
-Without a CPython 3.8 the lane fails and says how to get one. Wall time on this project's
-2-core machine: about 55 s with the venv cached (resolution 4 s, device suites 45-50 s, the
-bundled run 15 s); the first run builds the venv (about 1.5 min more, two wheel downloads).
+Without a CPython 3.8 the lane fails and says how to get one. Its wall time with the venv
+cached and on a fresh machine: README.md, "The Jetson lane".
 """
 
 from __future__ import annotations
