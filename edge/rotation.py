@@ -23,9 +23,10 @@ import os
 import queue
 import re
 import shutil
+import struct
 import threading
 import time
-from typing import Iterator, List, Optional
+from typing import IO, Iterator, List, Optional, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -85,26 +86,44 @@ def compress(src: str) -> str:
     return dst
 
 
+def _open_sized(f: str) -> Tuple[IO[bytes], int]:
+    """``f`` opened for reading, with its uncompressed size (a gzip member's ISIZE trailer,
+    RFC 1952: the size modulo 2**32; rotated files are far smaller)."""
+    if f.endswith(".gz"):
+        with open(f, "rb") as raw:
+            raw.seek(-4, os.SEEK_END)
+            size = struct.unpack("<I", raw.read(4))[0]
+        return gzip.open(f, "rb"), size
+    fh = open(f, "rb")
+    return fh, os.fstat(fh.fileno()).st_size
+
+
 def history_lines(path: str, budget: int) -> Iterator[bytes]:
     """Lines of the newest ``budget`` bytes (uncompressed) of ``path`` and its rotated files,
-    newest file first; a file cut by the budget starts at its next whole line."""
+    newest file first; a file cut by the budget starts at its next whole line. Streamed: a
+    start-up costs no more memory than a line, whatever ``budget`` is."""
     for f in [path] + rotated_files(path):
         if budget <= 0:
             return
         try:
-            opener = gzip.open if f.endswith(".gz") else open
-            with opener(f, "rb") as fh:  # type: ignore[operator]
-                data = fh.read()
+            fh, size = _open_sized(f)
         except FileNotFoundError:  # no file yet, or pruned meanwhile
             continue
-        except (OSError, EOFError) as exc:  # a gzip cut short by a crash
+        except OSError as exc:
             log.warning("cannot read %s for late keys: %s", f, exc)
             continue
-        if len(data) > budget:
-            data = data[len(data) - budget:]
-            data = data[data.find(b"\n") + 1:]
-        budget -= len(data)
-        yield from data.splitlines()
+        used = 0
+        try:
+            with fh:
+                if size > budget:
+                    fh.seek(size - budget)
+                    fh.readline()  # the rest of a line cut by the budget
+                for line in fh:
+                    used += len(line)
+                    yield line[:-1] if line.endswith(b"\n") else line
+        except (OSError, EOFError) as exc:  # a gzip cut short by a crash
+            log.warning("cannot read %s for late keys: %s", f, exc)
+        budget -= used
 
 
 class Compressor:

@@ -158,3 +158,19 @@ def test_the_daemon_rotates_its_sink(tmp_path: Path, tiny_model: Path) -> None:
     rotated = R.rotated_files(str(out))
     assert rotated and all(f.endswith(".gz") for f in rotated)
     assert sorted(r["frame_seq"] & 0xFFFFFFFF for r in all_records(out)) == list(range(30))
+
+
+def test_history_budget_cuts_a_gzipd_file_and_skips_a_torn_one(tmp_path: Path, caplog) -> None:
+    path = tmp_path / "h.jsonl"
+    path.write_bytes(b"cccc\n")
+    older = R.rotate(str(path), now=0)
+    Path(older).write_bytes(b"1111\n2222\n3333\n")
+    R.compress(older)
+    path.write_bytes(b"cccc\n")
+    newer = R.rotate(str(path), now=1)  # a gzip cut short by a crash, newer than the whole one
+    # header only: its last 4 bytes, read as the size, say 4 GB
+    Path(newer + ".gz").write_bytes(gzip.compress(b"9999\n" * 1000, mtime=0)[:10])
+    os.unlink(newer)
+    path.write_bytes(b"dddd\n")
+    assert list(R.history_lines(str(path), 12)) == [b"dddd", b"3333"]
+    assert "cannot read" in caplog.text and newer + ".gz" in caplog.text
