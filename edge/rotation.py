@@ -18,6 +18,7 @@ a rotation that happened just before a restart.
 from __future__ import annotations
 
 import gzip
+import io
 import logging
 import os
 import queue
@@ -26,7 +27,7 @@ import shutil
 import struct
 import threading
 import time
-from typing import IO, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +87,14 @@ def compress(src: str) -> str:
     return dst
 
 
-def _open_sized(f: str) -> Tuple[IO[bytes], int]:
+def _open_sized(f: str) -> Tuple[io.BufferedIOBase, int]:
     """``f`` opened for reading, with its uncompressed size (a gzip member's ISIZE trailer,
     RFC 1952: the size modulo 2**32; rotated files are far smaller)."""
     if f.endswith(".gz"):
         with open(f, "rb") as raw:
             raw.seek(-4, os.SEEK_END)
-            size = struct.unpack("<I", raw.read(4))[0]
-        return gzip.open(f, "rb"), size
+            size: int = struct.unpack("<I", raw.read(4))[0]
+        return gzip.GzipFile(f, "rb"), size
     fh = open(f, "rb")
     return fh, os.fstat(fh.fileno()).st_size
 
