@@ -10,6 +10,7 @@ Prints a Markdown table.
     .venv/bin/python bench/edge.py --streams 2 --frames 60
     .venv/bin/python bench/edge.py --streams 2 --frames 24 --size 1280x720   # the camera world's frames
     .venv/bin/python bench/edge.py --live --cameras 1,2,4,8 --fps 5   # RTSP cameras (bench/_edge_live.py)
+    .venv/bin/python bench/edge.py --paced    # CPU ms/frame at camera pace vs inference (bench/_edge_cpu.py)
 
 The model is an architecture-exact YOLOv5s (seeded random weights, 80 classes)
 at 640, quantized to INT8 (static QDQ, calibrated on opencv-doc's vtest.avi),
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import _edge_live  # noqa: E402  (after the sys.path line above)
+from bench import _edge_cpu, _edge_live  # noqa: E402  (after the sys.path line above)
 
 CACHE = ROOT / ".cache" / "bench-models"
 VTEST = Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi")
@@ -80,9 +81,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="", help="ONNX model (default: build YOLOv5s INT8; live: YOLOv5n 160)")
     _edge_live.add_arguments(ap)
+    _edge_cpu.add_arguments(ap)
     args = ap.parse_args()
     if args.live:
         return _edge_live.live_main(args)
+    if args.paced:
+        return _edge_cpu.paced_main(args)
 
     from edge.daemon import EdgeDaemon
     from edge.settings import load_settings

@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edgewise.detections import Detections
-from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.errors import ConfigError, DeploymentError, InvalidInputError
 from edgewise.images import check_bgr
 from edgewise.runtime.backends import InferenceBackend
 from edgewise.runtime.decoding import DecodeParams, decode
@@ -105,12 +105,16 @@ class Detector:
         imgsz: Optional[ImgszLike] = None,
         input_size: str = "model",
         max_side: int = 0,
+        max_batch: int = 8,
+        spinning: Optional[bool] = None,
     ) -> Detector:
         """Load and validate ``path`` and open it on ``backend``.
 
         ``auto`` picks native TensorRT when it is importable and a GPU is there,
         else ONNX Runtime (whose own provider list prefers TensorRT -> CUDA -> CPU).
-        ``cache_dir`` / ``precision`` apply to TensorRT engines. ``imgsz`` is the input
+        ``cache_dir`` / ``precision`` / ``max_batch`` (the largest batch an engine takes; part
+        of its cache key) apply to TensorRT engines, ``spinning`` (busy-waiting pool threads; None
+        = the runtime's default) to ONNX Runtime. ``imgsz`` is the input
         size of a model whose graph leaves it dynamic (see ``load_model_info``); a model
         whose size is only assumed is logged as a warning. ``input_size`` /
         ``max_side`` are described in the module docstring.
@@ -128,20 +132,29 @@ class Detector:
         if input_size == "auto":
             input_size = auto_input_size(info)
         be: InferenceBackend
+        why_not_trt = ""
         if backend == "auto":
+            why_not_trt = tensorrt_unusable_reason()
             # a TensorRT engine is built for one input shape; native sizes vary per image
-            backend = "tensorrt" if input_size != "native" and _tensorrt_usable() else "onnxruntime"
+            backend = "onnxruntime" if why_not_trt or input_size == "native" else "tensorrt"
         if backend == "tensorrt" and input_size == "native":
             raise ConfigError("input size 'native' runs on ONNX Runtime (whose CUDA provider takes any shape); "
                               "a TensorRT engine is built for one input size")
         if backend == "tensorrt":
             from edgewise.runtime.backends.tensorrt import TensorRTBackend
 
-            be = TensorRTBackend.from_onnx(info, cache_dir=cache_dir, precision=precision)
+            be = TensorRTBackend.from_onnx(info, cache_dir=cache_dir, precision=precision,
+                                           max_batch=max_batch)
         else:
             from edgewise.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-            be = OnnxRuntimeBackend(info, providers=providers, threads=threads)
+            try:
+                be = OnnxRuntimeBackend(info, providers=providers, threads=threads, spinning=spinning)
+            except DeploymentError as exc:
+                if not why_not_trt:
+                    raise
+                raise DeploymentError(f"backend auto: TensorRT is not usable here ({why_not_trt}) "
+                                      f"and {exc}") from None
         return cls(info, be, params, source, input_size, max_side)
 
     @property
@@ -193,16 +206,18 @@ def auto_input_size(info: ModelInfo) -> str:
     return "native" if info.dynamic_hw and info.metadata.get(NATIVE_KEY) == "native" else "model"
 
 
-def _tensorrt_usable() -> bool:
-    """TensorRT importable and a CUDA device present (no import cost when absent)."""
+def tensorrt_unusable_reason() -> str:
+    """Why native TensorRT cannot run here ("" when it can: importable and a CUDA device)."""
     import importlib.util
 
     if importlib.util.find_spec("tensorrt") is None:
-        return False
+        return "the tensorrt module is not installed"
     try:
         from edgewise.runtime.backends.tensorrt import cuda_device_name
 
-        return cuda_device_name() is not None
+        if cuda_device_name() is None:
+            return "no CUDA device or libcudart"
+        return ""
     except Exception as e:  # a broken install must not stop the ONNX Runtime path
         log.warning("TensorRT is installed but unusable (%s); using onnxruntime", e)
-        return False
+        return f"TensorRT is installed but unusable: {e}"

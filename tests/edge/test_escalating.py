@@ -172,10 +172,14 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
     spool.close()
 
 
+async def _escalating_on_a_loop() -> Escalating:
+    return Escalating("dev", {}, lambda rec: None, EdgeMetrics())
+
+
 def test_a_cloud_answer_whose_boxes_do_not_validate_leaves_the_record_untouched():
     """Pure: the merge refuses an inverted box (ValueError) before it changes the record,
     so the caller writes the frame's edge result with the reason."""
-    esc = Escalating("dev", {}, lambda rec: None, EdgeMetrics())
+    esc = asyncio.run(_escalating_on_a_loop())  # Python 3.8's asyncio.Event() outside a loop makes one
     record = frame_record("cam", 1)
     resp = detect_pb2.DetectResponse(model_name="big")
     resp.detections.add(x1=50, y1=5, x2=10, y2=40, score=0.9, class_id=0, source="cloud")

@@ -177,3 +177,23 @@ def test_auto_input_size_is_native_only_for_a_model_that_asks(native_model: Path
     onnx.save(proto, str(tmp_path / "upstream.onnx"))
     with Detector.from_file(tmp_path / "upstream.onnx", threads=1, input_size="auto", imgsz=160) as d:
         assert d.input_size == "model" and d.preprocess([np.zeros((90, 160, 3), np.uint8)])[0].shape[2:] == (160, 160)
+
+
+def test_missing_backends_are_one_line_saying_what_to_install(tiny_model, monkeypatch):
+    """No TensorRT and no ONNX Runtime: ``auto`` says both, in one line (no traceback)."""
+    from edgewise.errors import DeploymentError
+    from edgewise.runtime import detector as D
+    from edgewise.runtime.backends import onnxruntime as ortb
+
+    def missing():
+        raise DeploymentError(f"{ortb.ONNXRUNTIME_MISSING} (No module named 'onnxruntime')")
+
+    monkeypatch.setattr(ortb, "import_onnxruntime", missing)
+    monkeypatch.setattr(D, "tensorrt_unusable_reason", lambda: "the tensorrt module is not installed")
+    with pytest.raises(DeploymentError) as exc:
+        D.Detector.from_file(tiny_model, backend="auto")
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("backend auto: TensorRT is not usable here (the tensorrt module")
+    assert "pip install onnxruntime" in msg and "setup.sh --force" in msg
+    with pytest.raises(DeploymentError, match="^the onnxruntime backend needs ONNX Runtime"):
+        D.Detector.from_file(tiny_model, backend="onnxruntime")
