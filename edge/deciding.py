@@ -7,7 +7,11 @@ policy in force. ``swap`` replaces the policy atomically; the pipeline calls
 takes effect between two frames, and every verdict names the policy generation
 that produced it. The policy's ``Decision`` is passed through whole (its
 detail, threshold and origin reach the frame record), next to the generation and
-what deciding cost. Callers: ``edge.pipeline``, ``edge.daemon`` (hot reload).
+what deciding cost. The policy decides on the signals at the record's precision,
+and the verdict carries everything else it read (the clock value, the facts of
+the edge boxes, the policy's digest), so the frame record holds the whole input
+of the decision and ``edgewise edge check-policy --replay`` reproduces it exactly
+(docs/records.md). Callers: ``edge.pipeline``, ``edge.daemon`` (hot reload).
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 from edgewise.detections import Detections
-from edgewise.hardness.signals import SignalConfig, combine, compute_signals
+from edgewise.hardness.signals import SignalConfig, as_recorded, combine, compute_signals
 from edgewise.hardness.tracking import TrackerState
-from edgewise.policy.deciding import Decision, Escalator
+from edgewise.policy.deciding import Decision, Escalator, FrameFacts, frame_facts
+from edgewise.policy.digest import policy_digest
 from edgewise.policy.schema import Policy
 
 #: Without a policy file nothing is escalated; hardness is still measured, with
@@ -34,11 +39,16 @@ NO_POLICY_REASON = "no policy"
 @dataclass(frozen=True)
 class Verdict:
     """The policy's decision for one frame, the generation of the policy that made it,
-    and the milliseconds signals + decision took (the per-frame cost the bench reports)."""
+    and the milliseconds signals + decision took (the per-frame cost the bench reports);
+    ``now`` (the decision clock), ``facts`` and ``policy_digest`` are the rest of what
+    the decision read, for the frame record."""
 
     decision: Decision
     policy_generation: int
     cost_ms: float
+    now: float = 0.0
+    facts: FrameFacts = FrameFacts((), 0, 0.0)
+    policy_digest: str = ""
 
 
 class Decider:
@@ -50,6 +60,7 @@ class Decider:
         self.policy = policy
         self.generation = 1
         self.escalator = Escalator(policy, clock) if policy is not None else None
+        self.digest = policy_digest(policy) if policy is not None else ""
         self.tracker: Dict[str, TrackerState] = {}
         self._cfg: Dict[Tuple[str, Tuple[int, int]], SignalConfig] = {}
 
@@ -60,6 +71,7 @@ class Decider:
         else:
             self.escalator.swap(policy)
         self.policy = policy
+        self.digest = policy_digest(policy)
         self._cfg.clear()
         self.generation += 1
         return self.generation
@@ -77,13 +89,15 @@ class Decider:
         t0 = time.perf_counter()
         now = self.clock() if now is None else now
         cfg = self._signal_config(stream_id, frame_size)
-        signals, state = compute_signals(dets, self.tracker.get(stream_id), cfg, frame_size)
+        raw, state = compute_signals(dets, self.tracker.get(stream_id), cfg, frame_size)
         self.tracker[stream_id] = state
+        signals = as_recorded(raw)
+        facts = frame_facts(dets)
         if self.escalator is None:
             sig = NO_POLICY.spec.signals
             d = Decision(False, NO_POLICY_REASON, combine(signals, sig.weights, sig.combine), signals,
                          detail="no policy file: nothing is escalated", origin="", stream_id=stream_id,
                          frame_seq=seq)
         else:
-            d = self.escalator.decide(stream_id, seq, dets, signals, now)
-        return Verdict(d, self.generation, (time.perf_counter() - t0) * 1000.0)
+            d = self.escalator.decide_facts(stream_id, seq, facts, signals, now)
+        return Verdict(d, self.generation, (time.perf_counter() - t0) * 1000.0, now, facts, self.digest)

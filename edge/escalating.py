@@ -135,6 +135,7 @@ class Escalating:
             return None
         if region is not None:
             record.crop = list(region)
+        record.payload_bytes = req.ByteSize()
         return req
 
     async def _refuse(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,

@@ -33,6 +33,7 @@ COMMAND_MODULES: Tuple[Tuple[str, str], ...] = (
     ("", "edgewise_tools.cli.eval"),
     ("", "edgewise_tools.cli.demo"),
     ("edge", "edge.cli"),
+    ("edge", "edgewise_tools.cli.whatif"),  # check-policy --data: extends edge.cli's parser
     ("edge", "edge.bundle"),
     ("cloud", "cloud.worker.cli"),
     ("cloud", "cloud.gateway.cli"),

@@ -100,7 +100,6 @@ def collect(
     frames = list_frames(Path(data))[:limit]
     low = DecodeParams(conf_thres=MAP_CONF, iou_thres=edge.params.iou_thres, max_det=edge.params.max_det)
     records: List[FrameRecord] = []
-    trackers: Dict[int, Optional[TrackerState]] = {}
     for i, (stream, fno, img_path, label_path) in enumerate(frames):
         img = cv2.imread(str(img_path), cv2.IMREAD_COLOR)
         if img is None:
@@ -113,16 +112,25 @@ def collect(
             raw = det.infer(batch)
             outs.append((det.postprocess(raw, metas)[0], decode(raw, metas, det.names, low, det.source)[0]))
         (e_op, e_all), (c_op, c_all) = outs
-        signals, trackers[stream] = compute_signals(e_op, trackers.get(stream), signal_cfg, frame_size=(w, h))
         ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, jpeg_quality])
         records.append(FrameRecord(
             stream=stream, frame=fno, width=w, height=h, gt_boxes=gt_boxes, gt_cls=gt_cls,
             edge=e_op, cloud=c_op, edge_all=e_all, cloud_all=c_all,
-            jpeg_bytes=len(buf) if ok else 0, signals=signals,
+            jpeg_bytes=len(buf) if ok else 0,
         ))
         if progress is not None:
             progress(i + 1, len(frames))
+    set_signals(records, signal_cfg)
     return records
+
+
+def set_signals(records: List[FrameRecord], signal_cfg: SignalConfig) -> None:
+    """(Re)compute every frame's edge signals under ``signal_cfg``, stream by stream in
+    frame order (the tracker signal carries state), as the daemon does."""
+    trackers: Dict[int, Optional[TrackerState]] = {}
+    for r in records:
+        r.signals, trackers[r.stream] = compute_signals(r.edge, trackers.get(r.stream), signal_cfg,
+                                                        frame_size=(r.width, r.height))
 
 
 def dataset_names(data: Path) -> Optional[List[str]]:
