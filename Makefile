@@ -99,6 +99,7 @@ bench: venv system-deps
 	$(BIN)/python bench/edge.py
 	$(BIN)/python bench/edge.py --live
 	$(BIN)/python bench/routing.py
+	$(BIN)/python bench/routing.py --capacity
 	$(BIN)/python bench/system.py
 
 clean:

@@ -15,8 +15,21 @@ turns 25x slower for the middle third of a run (SIGUSR1 toggles it), with a 1 s
 deadline: success within the deadline and p99.
 Overhead: p50 of sequential calls through the gateway minus direct to a worker.
 
+Capacity (``--capacity``, run alone; docs/design/balancing.md#a-lean-hop): the cost of the
+hop itself. One echo worker (answers at once, parses nothing) behind our gateway (unary
+``Detect``, and ``DetectStream`` with every request on one stream), behind the grpc.aio floor
+(a proxy that forwards the bytes and reads nothing: what any grpc.aio gateway pays) and
+behind nginx, each pinned to one core (``taskset``; the client and the echo worker stay on the
+other cores), and called directly. Per payload size (real JPEGs of 2, 20, 60 and 100 KB): 8
+requests in flight back to back for 2 s, in 3 rounds interleaved over the paths (the median
+round reported: the machine's load drifts), the proxy's CPU time over exactly that span
+from ``/proc/<pid>/stat`` (utime + stime, nginx's worker included) divided by the requests
+answered, so CPU per request and its inverse, the requests/s one core could serve; and the
+p50 of sequential calls, whose difference to direct calls is the hop's latency.
+
     .venv/bin/python bench/routing.py            # full (about 10 minutes)
     .venv/bin/python bench/routing.py --quick    # smoke run (about 2 minutes)
+    .venv/bin/python bench/routing.py --capacity # the hop's CPU per request (about 2 minutes)
 """
 
 from __future__ import annotations
@@ -106,21 +119,26 @@ def worker_main(args: argparse.Namespace) -> int:
 
 
 def echo_main(args: argparse.Namespace) -> int:
-    """A Worker that answers at once: isolates the cost of the extra hop."""
+    """A Worker that answers at once with a fixed response, without parsing the request:
+    isolates the cost of the extra hop (and keeps the echo itself cheap in the capacity runs)."""
     import grpc
 
-    from edgewise.v1 import detect_pb2, service_pb2_grpc
+    from edgewise.v1 import detect_pb2
 
-    class Echo(service_pb2_grpc.WorkerServicer):
-        async def Infer(self, request, context):  # type: ignore[no-untyped-def]
-            return detect_pb2.DetectResponse(status=detect_pb2.OK, frame_seq=request.frame_seq, worker_id="echo")
+    infer_reply = detect_pb2.DetectResponse(status=detect_pb2.OK, worker_id="echo").SerializeToString()
+    load_reply = detect_pb2.WorkerLoad(worker_id="echo", capacity=1000.0, serving=True).SerializeToString()
 
-        async def Load(self, request, context):  # type: ignore[no-untyped-def]
-            return detect_pb2.WorkerLoad(worker_id="echo", capacity=1000.0, serving=True)
+    async def infer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return infer_reply
+
+    async def load(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return load_reply
 
     async def main() -> int:
-        server = grpc.aio.server()
-        service_pb2_grpc.add_WorkerServicer_to_server(Echo(), server)
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("edgewise.v1.Worker", {
+            "Infer": grpc.unary_unary_rpc_method_handler(infer),
+            "Load": grpc.unary_unary_rpc_method_handler(load)}),))
         port = server.add_insecure_port(f"127.0.0.1:{args.port}")
         await server.start()
         print(f"EDGEWISE_WORKER_SERVING port={port}", flush=True)
@@ -204,7 +222,13 @@ def start_workers(model: str, service_ms: list[float], slow_factor: float, d: Pa
     return out
 
 
-def start_gateway(mode: str, workers: list[str], weights: list[float], d: Path) -> tuple[Proc, int, int]:
+def pinned(argv: list[str], cpu: int | None) -> list[str]:
+    """``argv`` run on CPU ``cpu`` only (``taskset`` execs it: same pid), or as is."""
+    return argv if cpu is None else ["taskset", "-c", str(cpu), *argv]
+
+
+def start_gateway(mode: str, workers: list[str], weights: list[float], d: Path,
+                  cpu: int | None = None) -> tuple[Proc, int, int]:
     from cloud.local import cli_command
 
     if mode == "wlc-cap":
@@ -219,12 +243,13 @@ def start_gateway(mode: str, workers: list[str], weights: list[float], d: Path) 
         argv += ["--set", item]
     for a, w in zip(workers, weights):
         argv += ["--worker", f"{a}={w:g}"]
-    p = Proc(argv, d / f"gateway-{mode}.log", r"EDGEWISE_GATEWAY_LISTENING port=(\d+) metrics_port=(\d+)")
+    p = Proc(pinned(argv, cpu), d / f"gateway-{mode}.log",
+             r"EDGEWISE_GATEWAY_LISTENING port=(\d+) metrics_port=(\d+)")
     assert p.match is not None
     return p, int(p.match.group(1)), int(p.match.group(2))
 
 
-def start_nginx(workers: list[str], weights: list[float], d: Path) -> tuple[Proc, int]:
+def start_nginx(workers: list[str], weights: list[float], d: Path, cpu: int | None = None) -> tuple[Proc, int]:
     port = free_port()
     nd = d / "nginx"
     nd.mkdir(exist_ok=True)
@@ -255,7 +280,7 @@ http {{
 }}
 """
     (nd / "nginx.conf").write_text(conf)
-    p = Proc([NGINX, "-p", str(nd), "-c", str(nd / "nginx.conf"), "-e", str(nd / "error.log")],
+    p = Proc(pinned([NGINX, "-p", str(nd), "-c", str(nd / "nginx.conf"), "-e", str(nd / "error.log")], cpu),
              d / "nginx.log", None)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -408,10 +433,284 @@ def overhead_hist_p50(metrics_port: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# capacity: CPU per request of the proxy hop, by payload size
+# ---------------------------------------------------------------------------------------------
+CAPACITY_SIZES = (2_000, 20_000, 60_000, 100_000)
+INFER_PATH = "/edgewise.v1.Worker/Infer"
+DETECT_PATH = "/edgewise.v1.Escalation/Detect"
+DETECT_STREAM_PATH = "/edgewise.v1.Escalation/DetectStream"
+
+
+def jpeg_of_size(target: int) -> bytes:
+    """A real JPEG (noise, quality 90) within a few per cent of ``target`` bytes."""
+    import cv2
+    import numpy as np
+
+    noise = np.random.default_rng(0).integers(0, 256, (1024, 1024, 3), np.uint8)
+
+    def enc(side: int) -> bytes:
+        return bytes(cv2.imencode(".jpg", noise[:side, :side], [cv2.IMWRITE_JPEG_QUALITY, 90])[1])
+
+    lo, hi = 8, 1024
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if len(enc(mid)) < target else (lo, mid)
+    return min(enc(lo), enc(hi), key=lambda b: abs(len(b) - target))
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its child processes (nginx: master and
+    worker), from ``/proc/<pid>/stat`` (utime and stime, fields 14 and 15)."""
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with open(task / "children") as f:
+            pids += [int(x) for x in f.read().split()]
+    ticks = 0
+    for q in pids:
+        with open(f"/proc/{q}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # fields from the 3rd on (comm may hold spaces)
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def floor_main(args: argparse.Namespace) -> int:
+    """The least a grpc.aio proxy can do: Escalation.Detect's bytes to ``--target``'s
+    Worker.Infer and its answer back, nothing read, with the gateway's channel options.
+    What the gateway costs beyond this is its own work."""
+    import grpc
+
+    from cloud.gateway.pool import INFER_PATH as infer_path
+    from cloud.gateway.pool import WorkerPool
+    from cloud.gateway.settings import load_settings
+
+    options = WorkerPool(load_settings(None, {"discovery.static": [args.target]}, env={}))._channel_options()
+
+    async def main() -> int:
+        channel = grpc.aio.insecure_channel(args.target, options=options)
+        infer = channel.unary_unary(infer_path, _registered_method=True)
+
+        async def detect(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return await infer(body, timeout=context.time_remaining())  # type: ignore[no-any-return]
+
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "edgewise.v1.Escalation", {"Detect": grpc.unary_unary_rpc_method_handler(detect)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        print(f"EDGEWISE_GATEWAY_LISTENING port={port} metrics_port=0", flush=True)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await server.stop(0)
+        return 0
+
+    return asyncio.run(main())
+
+
+@dataclass
+class CapacityCell:
+    requests: int = 0
+    wall_s: float = 0.0
+    cpu_s: float | None = None  # the proxy's CPU over the loaded run; None for direct calls
+    seq_p50_ms: float = float("nan")
+
+    @property
+    def cpu_ms(self) -> float | None:
+        return None if self.cpu_s is None or not self.requests else 1000.0 * self.cpu_s / self.requests
+
+
+@dataclass(frozen=True)
+class CapacityPath:
+    label: str
+    address: str
+    method: str
+    pid: int | None  # the proxy process whose CPU is measured; None: direct
+    stream: bool = False  # one DetectStream call carrying every request
+
+
+async def closed_loop(path: CapacityPath, body: bytes, in_flight: int, seconds: float) -> CapacityCell:
+    """``in_flight`` requests of ``body`` kept outstanding for ``seconds`` (after a warm-up);
+    the proxy's CPU time over exactly that span. Serialized bytes in and out: the client
+    costs no protobuf work."""
+    import grpc
+
+    async with grpc.aio.insecure_channel(path.address,
+                                         options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        call = ch.unary_unary(path.method)
+        for _ in range(50):
+            await call(body, timeout=10)
+        stop_at = 0.0
+        done = 0
+
+        async def caller() -> None:
+            nonlocal done
+            while time.perf_counter() < stop_at:
+                await call(body, timeout=10)
+                done += 1
+
+        async def streamed() -> None:
+            nonlocal done
+            stream = ch.stream_stream(path.method)(timeout=seconds + 30)
+            room = asyncio.Semaphore(in_flight)
+
+            async def writer() -> None:
+                while time.perf_counter() < stop_at:
+                    await room.acquire()
+                    await stream.write(body)
+                await stream.done_writing()
+
+            async def reader() -> None:
+                nonlocal done
+                async for _ in stream:
+                    done += 1
+                    room.release()
+
+            await asyncio.gather(writer(), reader())
+
+        cpu0 = proc_cpu_s(path.pid) if path.pid else 0.0
+        t0 = time.perf_counter()
+        stop_at = t0 + seconds
+        if path.stream:
+            await streamed()
+        else:
+            await asyncio.gather(*(caller() for _ in range(in_flight)))
+        wall = time.perf_counter() - t0
+        cpu = proc_cpu_s(path.pid) - cpu0 if path.pid else None
+    return CapacityCell(done, wall, cpu)
+
+
+async def sequential_p50(paths: list[CapacityPath], body: bytes, n: int) -> dict[str, float]:
+    """p50 of one call at a time, round robin over the (unary) paths so drift hits all alike."""
+    import grpc
+
+    chans = {c.label: grpc.aio.insecure_channel(c.address, options=[("grpc.max_send_message_length", 64 << 20)])
+             for c in paths}
+    calls = {c.label: chans[c.label].unary_unary(c.method) for c in paths}
+    lat: dict[str, list[float]] = {k: [] for k in calls}
+    for i in range(n + 20):
+        for k, call in calls.items():
+            t0 = time.perf_counter()
+            await call(body, timeout=10)
+            if i >= 20:
+                lat[k].append(time.perf_counter() - t0)
+    for ch in chans.values():
+        await ch.close()
+    return {k: p(v, .5) for k, v in lat.items()}
+
+
+def capacity_main(args: argparse.Namespace) -> int:
+    """The hop in front of one echo worker: our gateway (unary Detect and DetectStream), the
+    grpc.aio floor and nginx, each pinned to one core, and direct calls; CPU per request from
+    /proc, by payload size."""
+    from edgewise.v1 import detect_pb2
+
+    cpus = sorted(os.sched_getaffinity(0))
+    proxy_cpu, rest = cpus[0], set(cpus[1:]) or {cpus[0]}
+    os.sched_setaffinity(0, rest)  # the client and the echo worker (inherited) stay off the proxy's core
+    sizes = [int(float(x) * 1000) for x in args.capacity_sizes.split(",")] if args.capacity_sizes \
+        else list(CAPACITY_SIZES)
+    d = Path(tempfile.mkdtemp(prefix="ew-capacity-"))
+    load_before = os.getloadavg()
+    me = [sys.executable, str(Path(__file__).resolve())]
+    eport = free_port()
+    echo = Proc([*me, "--_echo", "--port", str(eport)], d / "echo.log", r"EDGEWISE_WORKER_SERVING port=(\d+)")
+    ea = f"127.0.0.1:{eport}"
+    procs = [echo]
+    results: dict[tuple[int, str], CapacityCell] = {}
+    try:
+        gw, gport, _ = start_gateway("default", [ea], [1.0], d, cpu=proxy_cpu)
+        fl = Proc(pinned([*me, "--_floor", "--target", ea], proxy_cpu), d / "floor.log",
+                  r"EDGEWISE_GATEWAY_LISTENING port=(\d+)")
+        procs += [gw, fl]
+        assert fl.match is not None
+        paths = [CapacityPath("direct", ea, INFER_PATH, None),
+                 CapacityPath("gateway", f"127.0.0.1:{gport}", DETECT_PATH, gw.p.pid),
+                 CapacityPath("gateway, DetectStream", f"127.0.0.1:{gport}", DETECT_STREAM_PATH, gw.p.pid, True),
+                 CapacityPath("grpc.aio floor", f"127.0.0.1:{fl.match.group(1)}", DETECT_PATH, fl.p.pid)]
+        if Path(NGINX).exists():
+            ng, nport = start_nginx([ea], [1.0], d, cpu=proxy_cpu)
+            procs.append(ng)
+            paths.append(CapacityPath("nginx", f"127.0.0.1:{nport}", INFER_PATH, ng.p.pid))
+        for size in sizes:
+            req = detect_pb2.DetectRequest(
+                device_id="bench", stream_id="s", frame_seq=1, trace_id="t1",
+                image=detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=jpeg_of_size(size)))
+            body = req.SerializeToString()
+            p50 = asyncio.run(sequential_p50([c for c in paths if not c.stream], body, args.capacity_seq))
+            rounds: dict[str, list[CapacityCell]] = {c.label: [] for c in paths}
+            for _ in range(args.capacity_rounds):  # interleaved: the machine's load drifts, hits all alike
+                for path in paths:
+                    rounds[path.label].append(
+                        asyncio.run(closed_loop(path, body, args.in_flight, args.capacity_seconds)))
+            for path in paths:  # the round with the median CPU per request (or throughput, direct)
+                runs = sorted(rounds[path.label], key=lambda c: c.cpu_ms or -c.requests / c.wall_s)
+                cell = runs[len(runs) // 2]
+                cell.seq_p50_ms = p50.get(path.label, float("nan"))
+                results[(len(body), path.label)] = cell
+                cpu = f"{cell.cpu_ms:.3f} ms CPU/req" if cell.cpu_ms is not None else "(no proxy)"
+                print(f"  {len(body) / 1000:6.1f} KB {path.label:22s} {cell.requests / cell.wall_s:7.0f} req/s at "
+                      f"{args.in_flight} in flight, {cpu} (rounds: "
+                      f"{', '.join(f'{c.cpu_ms:.3f}' for c in runs if c.cpu_ms is not None) or '-'}), "
+                      f"sequential p50 {cell.seq_p50_ms:.2f} ms", flush=True)
+    finally:
+        for pr in reversed(procs):
+            pr.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    load_after = os.getloadavg()
+
+    print()
+    print(f"Proxies pinned to CPU {proxy_cpu}; client and echo worker on CPU {sorted(rest)}; "
+          f"{args.in_flight} requests in flight; per cell the median of {args.capacity_rounds} interleaved "
+          f"rounds of {args.capacity_seconds:g} s; load average "
+          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} CPUs).")
+    print()
+    print("| request | path | proxy CPU ms/request | one-core ceiling req/s (1 / CPU) | req/s at "
+          f"{args.in_flight} in flight | proxy core busy | sequential p50 ms | p50 overhead ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (nbytes, name), c in results.items():
+        direct = results[(nbytes, "direct")]
+        if c.cpu_ms is None:
+            cpu = ceiling = busy = "-"
+        else:
+            cpu, ceiling = f"{c.cpu_ms:.3f}", f"{1000.0 / c.cpu_ms:.0f}"
+            busy = f"{100.0 * (c.cpu_s or 0.0) / c.wall_s:.0f}%"
+        seq = "-" if c.seq_p50_ms != c.seq_p50_ms else f"{c.seq_p50_ms:.2f}"  # NaN: streamed, no sequential calls
+        over = "-" if name == "direct" or seq == "-" else f"{c.seq_p50_ms - direct.seq_p50_ms:+.2f}"
+        print(f"| {nbytes / 1000:.1f} KB | {name} | {cpu} | {ceiling} | {c.requests / c.wall_s:.0f} | {busy} | "
+              f"{seq} | {over} |")
+    gw_cells = {n: c for (n, k), c in results.items() if k == "gateway" and c.cpu_ms is not None}
+    if gw_cells:
+        print()
+        near60 = min(gw_cells, key=lambda n: abs(n - 60_000))
+        c60 = gw_cells[near60].cpu_ms or 0.0
+        verdict = "met" if c60 <= 0.25 else "NOT met"
+        print(f"- Gateway CPU per request at {near60 / 1000:.0f} KB: {c60:.3f} ms (target <= 0.25 ms: {verdict}; "
+              f"stretch 0.15 ms: {'met' if c60 <= 0.15 else 'not met'}).")
+        floor = results.get((near60, "grpc.aio floor"))
+        if floor is not None and floor.cpu_ms:
+            print(f"- The grpc.aio floor (bytes forwarded, nothing read) costs {floor.cpu_ms:.3f} ms there: the "
+                  f"gateway's own work is {c60 - floor.cpu_ms:+.3f} ms.")
+        lo, hi = min(gw_cells), max(gw_cells)
+        print(f"- Payload dependence: {hi / 1000:.0f} KB costs {(gw_cells[hi].cpu_ms or 0) / (gw_cells[lo].cpu_ms or 1):.2f}x "
+              f"the CPU of {lo / 1000:.0f} KB.")
+        worst = max((c.seq_p50_ms - results[(n, "direct")].seq_p50_ms) for n, c in gw_cells.items())
+        print(f"- Worst p50 overhead over direct: {worst:+.2f} ms (target <= 0.5 ms: "
+              f"{'met' if worst <= 0.5 else 'NOT met'}).")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "proxy_cpu": proxy_cpu, "load_before": load_before, "load_after": load_after,
+            "cells": [{"bytes": n, "path": k, "requests": c.requests, "wall_s": c.wall_s, "cpu_s": c.cpu_s,
+                       "seq_p50_ms": c.seq_p50_ms} for (n, k), c in results.items()]}, indent=1))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--_echo", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--_floor", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--target", default="", help=argparse.SUPPRESS)
     ap.add_argument("--name", default="w", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--model", default=str(ROOT / ".cache" / "test-models" / "yolov5n-160-10.onnx"),
@@ -425,11 +724,24 @@ def main() -> int:
     ap.add_argument("--modes", default=None, help="comma-separated subset of " + ",".join(m for m, _ in MODES))
     ap.add_argument("--json", default=None, help="write raw results here")
     ap.add_argument("--no-slow", action="store_true", help="skip the transient-slow-worker runs")
+    ap.add_argument("--capacity", action="store_true",
+                    help="only the capacity mode: proxy CPU per request by payload size (gateway, nginx, direct)")
+    ap.add_argument("--capacity-sizes", default=None,
+                    help="capacity: payload sizes in KB, comma-separated (default 2,20,60,100)")
+    ap.add_argument("--capacity-seconds", type=float, default=2.0, help="capacity: seconds per loaded round")
+    ap.add_argument("--capacity-rounds", type=int, default=3,
+                    help="capacity: interleaved rounds per cell, the median reported")
+    ap.add_argument("--capacity-seq", type=int, default=300, help="capacity: sequential calls per path and size")
+    ap.add_argument("--in-flight", type=int, default=8, help="capacity: concurrent requests in the loaded runs")
     args = ap.parse_args()
     if args._worker:
         return worker_main(args)
     if args._echo:
         return echo_main(args)
+    if args._floor:
+        return floor_main(args)
+    if args.capacity:
+        return capacity_main(args)
     if not Path(args.model).exists():
         from edgewise_tools.models import build_onnx
 

@@ -29,6 +29,10 @@ import numpy as np
 
 from edgewise.errors import InvalidInputError
 
+#: What the header readers accept: the bytes of a file, or a zero-copy view of them (the
+#: gateway reads an image's header inside the request it forwards, without copying it out).
+Buffer = Union[bytes, memoryview]
+
 #: Default limits for decoded images: 8K UHD frames pass, decompression bombs do not.
 DEFAULT_MAX_PIXELS = 7680 * 4320
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
@@ -52,7 +56,7 @@ class ImageHeader:
         return self.width * self.height
 
 
-def sniff(data: bytes) -> Optional[str]:
+def sniff(data: Buffer) -> Optional[str]:
     """The format named by the magic bytes, or None."""
     if data[:2] == JPEG_MAGIC:
         return "jpeg"
@@ -69,14 +73,14 @@ def sniff(data: bytes) -> Optional[str]:
     return None
 
 
-def image_header(data: bytes, what: str = "image") -> ImageHeader:
+def image_header(data: Buffer, what: str = "image") -> ImageHeader:
     """Format and declared size from the header only; InvalidInputError naming ``what``."""
     fmt = sniff(data)
     if fmt is None:
         raise InvalidInputError(f"{what}: not an image this build reads (JPEG, PNG, BMP, PNM, WebP, TIFF)")
     try:
         w, h = jpeg_size(data, what) if fmt == "jpeg" else png_size(data, what) if fmt == "png" \
-            else _READERS[fmt](data)
+            else _READERS[fmt](bytes(data))
     except InvalidInputError:
         raise
     except (struct.error, IndexError, ValueError, KeyError):
@@ -96,7 +100,7 @@ def check_pixels(header: ImageHeader, max_pixels: int, what: str = "image") -> I
     return header
 
 
-def png_size(data: bytes, what: str = "image.data") -> Tuple[int, int]:
+def png_size(data: Buffer, what: str = "image.data") -> Tuple[int, int]:
     """``(width, height)`` from a PNG's IHDR chunk."""
     if len(data) < 24 or data[:8] != PNG_MAGIC or data[12:16] != b"IHDR":
         raise InvalidInputError(f"{what}: not a PNG (bad signature or missing IHDR header)")
@@ -104,7 +108,7 @@ def png_size(data: bytes, what: str = "image.data") -> Tuple[int, int]:
     return int(w), int(h)
 
 
-def jpeg_size(data: bytes, what: str = "image.data") -> Tuple[int, int]:
+def jpeg_size(data: Buffer, what: str = "image.data") -> Tuple[int, int]:
     """``(width, height)`` from a JPEG's start-of-frame marker (walks the segment headers)."""
     if data[:2] != JPEG_MAGIC:
         raise InvalidInputError(f"{what}: not a JPEG (missing SOI marker FFD8)")
@@ -119,7 +123,7 @@ def jpeg_size(data: bytes, what: str = "image.data") -> Tuple[int, int]:
     raise InvalidInputError(f"{what}: corrupt or truncated JPEG (no frame header found)")
 
 
-def _jpeg_segments(data: bytes, i: int, what: str) -> Iterator[Tuple[int, int, int]]:
+def _jpeg_segments(data: Buffer, i: int, what: str) -> Iterator[Tuple[int, int, int]]:
     """Yield ``(marker, payload_start, payload_end)`` of the header segments from byte ``i``
     up to and including SOS (whose scan data is not walked)."""
     n = len(data)

@@ -28,7 +28,7 @@ Decisions the table encodes (gRPC's status code guide, grpc/grpc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Optional, Tuple, Type
+from typing import Dict, FrozenSet, Optional, Protocol, Tuple, Type
 
 import grpc
 
@@ -141,8 +141,21 @@ def is_spoolable(status: int) -> bool:
     return row(status).spoolable
 
 
-def error_response(req: Optional[detect_pb2.DetectRequest], status: int,
-                   message: str) -> detect_pb2.DetectResponse:
+class RequestKeys(Protocol):
+    """The keys an answer repeats from its request: a ``DetectRequest``, or the gateway's
+    view of one read from its bytes."""
+
+    @property
+    def device_id(self) -> str: ...
+    @property
+    def stream_id(self) -> str: ...
+    @property
+    def frame_seq(self) -> int: ...
+    @property
+    def trace_id(self) -> str: ...
+
+
+def error_response(req: Optional[RequestKeys], status: int, message: str) -> detect_pb2.DetectResponse:
     """A ``DetectResponse`` carrying ``status`` and ``message``, keyed like ``req`` (when given)."""
     resp = detect_pb2.DetectResponse(status=row(status).status, error=message)  # type: ignore[arg-type]
     if req is not None:

@@ -12,7 +12,7 @@ structural walk and the decode. Errors are ``InvalidInputError`` (INVALID_ARGUME
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -20,12 +20,12 @@ import numpy as np
 from edgewise import imagefiles
 from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
-from edgewise.imagefiles import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageHeader
+from edgewise.imagefiles import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, Buffer, ImageHeader
 from edgewise.images import check_bgr
 from edgewise.v1 import detect_pb2
 
 FORMATS = ("jpeg", "png", "raw")
-_WIRE_ENCODINGS = {detect_pb2.Image.JPEG: "jpeg", detect_pb2.Image.PNG: "png"}
+_WIRE_ENCODINGS: Dict[int, str] = {detect_pb2.Image.JPEG: "jpeg", detect_pb2.Image.PNG: "png"}
 
 
 def encode_image(bgr: np.ndarray, fmt: str = "jpeg", quality: int = 90) -> detect_pb2.Image:
@@ -51,8 +51,31 @@ def encode_image(bgr: np.ndarray, fmt: str = "jpeg", quality: int = 90) -> detec
     return detect_pb2.Image(encoding=enc, data=buf.tobytes())
 
 
+class WireImage(Protocol):
+    """What ``check_image`` reads of a wire image: a ``detect_pb2.Image`` (the worker), or
+    the gateway's view of one inside the request bytes it forwards, whose ``data`` is a
+    ``memoryview`` of them (``cloud/gateway/envelope.py``)."""
+
+    @property
+    def encoding(self) -> int: ...
+    @property
+    def data(self) -> Buffer: ...
+    @property
+    def shape(self) -> Sequence[int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def offset_x(self) -> int: ...
+    @property
+    def offset_y(self) -> int: ...
+    @property
+    def source_width(self) -> int: ...
+    @property
+    def source_height(self) -> int: ...
+
+
 def check_image(
-    img: detect_pb2.Image,
+    img: WireImage,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> ImageHeader:
@@ -62,6 +85,7 @@ def check_image(
     every encoding), RAW shape [height, width, 3] / dtype uint8 / length, a JPEG's
     end-of-image marker, and a crop offset inside its source frame. The gateway's
     admission and the worker (before it decodes) both call it with the same limits.
+    Reads only the first and last bytes of ``data``: its cost does not grow with the image.
     """
     data = img.data
     if not data:
@@ -78,7 +102,7 @@ def check_image(
         if found != want:
             raise InvalidInputError(f"image.data is not a {want.upper()} (its magic bytes say "
                                     f"{(found or 'unknown').upper()}); check image.encoding")
-        if want == "jpeg" and data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
+        if want == "jpeg" and _last_two(data) != b"\xff\xd9":
             raise InvalidInputError("image.data: truncated JPEG (no end-of-image marker FFD9)")
         header = imagefiles.image_header(data, "image.data")
     else:
@@ -95,7 +119,15 @@ def check_image(
     return header
 
 
-def _raw_header(img: detect_pb2.Image) -> ImageHeader:
+def _last_two(data: Buffer) -> bytes:
+    """The last two bytes before any trailing zero padding (some encoders pad a JPEG)."""
+    tail = bytes(data[-64:]).rstrip(b"\x00")
+    if len(tail) < 2 and len(data) > 64:  # long zero padding: strip it all (rare; C speed)
+        tail = bytes(data).rstrip(b"\x00")
+    return tail[-2:]
+
+
+def _raw_header(img: WireImage) -> ImageHeader:
     if img.dtype not in ("", "uint8"):
         raise InvalidInputError(f"image.dtype {img.dtype!r}: RAW images must be 'uint8'")
     shape = [int(s) for s in img.shape]

@@ -1,6 +1,8 @@
 """Gateway admission checks, pure: request validation, device auth, per-device rate limits.
 
-Each check returns ``None`` when the request may pass, or a ``Rejection``
+Validation reads the gateway's view of a request (``cloud.gateway.envelope.RequestHead``:
+read from the request's bytes, the image not copied). Each check returns ``None`` when
+the request may pass, or a ``Rejection``
 (wire status + a message that says what is wrong and what to do). The gateway's
 one request path (``Gateway.handle``) runs them for both transports, with the
 ``Caller`` each transport extracted, and turns rejections into error responses
@@ -16,10 +18,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from cloud.gateway.envelope import RequestHead
 from cloud.gateway.settings import LimitSettings
 from edgewise import status
 from edgewise.errors import InvalidInputError
-from edgewise.v1 import detect_pb2
 from edgewise.wire import check_image
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
@@ -44,24 +46,24 @@ def _check_id(value: str, name: str, limit: int, required: bool = True) -> Rejec
     return None
 
 
-def validate_request(req: detect_pb2.DetectRequest, limits: LimitSettings) -> Rejection | None:
-    """Cheap structural checks of a DetectRequest: ids, and the image's header through the
-    same ``edgewise.wire.check_image`` the worker runs before decoding (no decode here)."""
+def validate_request(req: RequestHead, limits: LimitSettings) -> Rejection | None:
+    """Cheap structural checks of a request: ids, and the image's header through the same
+    ``edgewise.wire.check_image`` the worker runs before decoding (no decode here)."""
     for value, name, required in ((req.device_id, "device_id", True), (req.stream_id, "stream_id", True),
                                   (req.trace_id, "trace_id", False)):
         bad = _check_id(value, name, limits.max_id_length, required)
         if bad:
             return bad
-    if not req.HasField("image") or not req.image.data:
+    if req.image is None or not req.image.data:
         return Rejection(status.INVALID_ARGUMENT,
                          "image is missing or empty; send the frame (or crop) in image.data")
     try:
         check_image(req.image, limits.max_image_pixels, limits.max_image_bytes)
     except InvalidInputError as exc:
         return Rejection(status.status_of(exc), str(exc))
-    if len(req.edge_detections) > limits.max_edge_detections:
+    if req.edge_detections > limits.max_edge_detections:
         return Rejection(status.INVALID_ARGUMENT,
-                         f"{len(req.edge_detections)} edge_detections; the limit is {limits.max_edge_detections}")
+                         f"{req.edge_detections} edge_detections; the limit is {limits.max_edge_detections}")
     return None
 
 

@@ -74,3 +74,16 @@ class GatewayMetrics:
                                   buckets=OVERHEAD_BUCKETS, registry=r)
         self.mqtt = Counter("edgewise_gateway_mqtt_messages", "MQTT bridge messages by result", ["result"],
                             registry=r)
+        self._answered: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+
+    def answered(self, transport: str, status_name: str, seconds: float | None = None) -> None:
+        """Count one answer by transport and status and, for a forwarded request, observe its
+        time in the gateway (the labelled children are looked up once, not per request)."""
+        key = (transport, status_name)
+        pair = self._answered.get(key)
+        if pair is None:
+            pair = self._answered[key] = (self.requests.labels(transport, status_name),
+                                          self.latency.labels(status_name))
+        pair[0].inc()
+        if seconds is not None:
+            pair[1].observe(seconds)

@@ -4,8 +4,9 @@ Subscribes ``$share/<group>/<prefix>/+/escalate`` at QoS 1 (topics:
 ``edgewise.mqtt_topics``), so gateway replicas in the same group split the
 messages (MQTT v5 shared subscription). Each payload is a serialized
 ``DetectRequest``; it goes through the gateway's one request path
-(``RequestHandler.handle``: the same ``TokenAuth`` check, validation, rate limit,
-balancer and retries as a gRPC call) with the ``Caller`` extracted here: the
+(``RequestHandler.read`` then ``handle``: the payload read in place, the same
+``TokenAuth`` check, validation, rate limit, balancer and retries as a gRPC call, the
+payload's bytes forwarded as they came) with the ``Caller`` extracted here: the
 device of the request topic and the token of the request's User Property
 ``authorization: Bearer <token>``. The serialized ``DetectResponse`` is
 published at QoS 1 to the request's MQTT v5 Response Topic with its Correlation
@@ -29,7 +30,6 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
-from google.protobuf.message import DecodeError
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -37,12 +37,11 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from prometheus_client import Counter
 
 from cloud.gateway.admission import Caller
+from cloud.gateway.envelope import Reply, RequestHead, error_reply
 from cloud.gateway.settings import MqttSettings
 from edgewise import mqtt_topics, status
 from edgewise.errors import InvalidInputError
 from edgewise.observability import LogThrottle
-from edgewise.status import error_response
-from edgewise.v1 import detect_pb2
 
 log = logging.getLogger("edgewise.gateway.mqtt")
 
@@ -50,8 +49,10 @@ log = logging.getLogger("edgewise.gateway.mqtt")
 class RequestHandler(Protocol):
     """The gateway's one request path, as the bridge needs it."""
 
-    async def handle(self, req: detect_pb2.DetectRequest, transport: str, caller: Caller,
-                     call_remaining: float | None = None) -> detect_pb2.DetectResponse: ...
+    def read(self, body: bytes, transport: str) -> RequestHead | Reply: ...
+
+    async def handle(self, req: RequestHead, transport: str, caller: Caller,
+                     call_remaining: float | None = None) -> Reply: ...
 
 
 class MqttBridge:
@@ -153,18 +154,16 @@ class MqttBridge:
                          f"MQTT request on {msg.topic} asks for its answer on {response_topic!r}, outside "
                          f"{self.response_pattern.replace('{device}', device)!r}; refused, nothing published")
             return
-        try:
-            req = detect_pb2.DetectRequest.FromString(bytes(msg.payload))
-        except DecodeError as exc:
+        req = self.handler.read(bytes(msg.payload), "mqtt")
+        if isinstance(req, Reply):
             self._count("malformed")
-            self._publish(response_topic, correlation, error_response(
-                None, status.INVALID_ARGUMENT, f"payload on {msg.topic} is not a serialized DetectRequest: {exc}"))
+            self._publish(response_topic, correlation, req)
             return
         with self._lock:
             busy = len(self._pending) >= self.s.max_in_flight
         if busy:
             self._count("overloaded")
-            self._publish(response_topic, correlation, error_response(
+            self._publish(response_topic, correlation, error_reply(
                 req, status.RESOURCE_EXHAUSTED,
                 f"gateway MQTT bridge has {self.s.max_in_flight} requests in flight; retry later"))
             return
@@ -190,18 +189,18 @@ class MqttBridge:
             self._count("internal_error")
 
     # ---- event-loop side ------------------------------------------------------------------
-    async def _serve(self, req: detect_pb2.DetectRequest, caller: Caller, response_topic: str,
+    async def _serve(self, req: RequestHead, caller: Caller, response_topic: str,
                      correlation: bytes | None) -> None:
-        resp = await self.handler.handle(req, "mqtt", caller)
-        self._count("answered" if status.is_ok(resp.status) else "error_answered")
-        self._publish(response_topic, correlation, resp)
+        reply = await self.handler.handle(req, "mqtt", caller)
+        self._count("answered" if status.is_ok(reply.status) else "error_answered")
+        self._publish(response_topic, correlation, reply)
 
-    def _publish(self, topic: str, correlation: bytes | None, resp: detect_pb2.DetectResponse) -> None:
+    def _publish(self, topic: str, correlation: bytes | None, reply: Reply) -> None:
         props = Properties(PacketTypes.PUBLISH)
         if correlation is not None:
             props.CorrelationData = correlation
         props.ContentType = "application/x-protobuf; proto=edgewise.v1.DetectResponse"
-        info = self.client.publish(topic, resp.SerializeToString(), qos=1, properties=props)
+        info = self.client.publish(topic, reply.body, qos=1, properties=props)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             self._count("publish_failed")
             log.warning("could not publish the answer to %s (rc %s); the edge will time out and replay",

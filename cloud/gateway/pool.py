@@ -3,14 +3,17 @@
 One gRPC channel per worker (gRPC Python has no least-request policy, so the
 gateway picks in Python: docs/design/balancing.md#why-the-gateway-picks-in-python), created and closed as
 discovery changes; a draining worker's channel closes once its last request
-ends. ``forward`` picks, sends ``Worker.Infer`` with the propagated deadline,
-classifies the answer once (``balancing.outcome_of`` of its wire status, a gRPC
-error being turned into the same kind of response first), and retries once on
+ends. ``forward`` picks, sends ``Worker.Infer`` with the request's own bytes and the
+deadline as the call's gRPC deadline (the worker takes the earlier of it and the
+request's ``deadline_unix_ns``; docs/design/balancing.md#a-lean-hop), classifies the
+answer once (``balancing.outcome_of`` of its wire status, a gRPC error being turned
+into the same kind of reply first), and retries once on
 another worker for a retryable status (``edgewise.status``: UNAVAILABLE) within
 the deadline and the retry budget (docs/design/balancing.md#retries-and-the-retry-budget). A poller reads
 ``Worker.Load`` to feed reported capacity, queue depth and serving state into
-the effective weights. Every answer is a ``DetectResponse``; failures carry a
-status and a message (the gRPC servicer turns those into status codes).
+the effective weights. Every answer is a ``Reply`` (``cloud.gateway.envelope``: the
+worker's serialized ``DetectResponse``, or one made here for a failure, with its status
+and message; the gRPC servicer turns those into status codes).
 """
 
 from __future__ import annotations
@@ -36,19 +39,22 @@ from cloud.gateway.balancing import (
     outcome_of,
     should_retry,
 )
+from cloud.gateway.envelope import Reply, RequestHead, error_reply, reply_of
 from cloud.gateway.metrics import GatewayMetrics
 from cloud.gateway.settings import GatewaySettings
 from edgewise import status
-from edgewise.status import error_response
-from edgewise.v1 import detect_pb2, service_pb2_grpc
+from edgewise.v1 import detect_pb2, service_pb2, service_pb2_grpc
 
 log = logging.getLogger("edgewise.gateway.pool")
+_WORKER = service_pb2.DESCRIPTOR.services_by_name["Worker"]
+INFER_PATH = f"/{_WORKER.full_name}/{_WORKER.methods_by_name['Infer'].name}"
 
 
 @dataclass
 class _Channel:
     channel: grpc.aio.Channel
     stub: service_pb2_grpc.WorkerStub
+    infer: Any  # Worker.Infer taking and returning serialized messages (no protobuf work here)
 
 
 class WorkerPool:
@@ -88,7 +94,8 @@ class WorkerPool:
         for e in eps:
             if e.state is EndpointState.READY and e.address not in self._channels:
                 ch = grpc.aio.insecure_channel(e.address, options=self._channel_options())
-                self._channels[e.address] = _Channel(ch, service_pb2_grpc.WorkerStub(ch))
+                self._channels[e.address] = _Channel(ch, service_pb2_grpc.WorkerStub(ch),
+                                                     ch.unary_unary(INFER_PATH, _registered_method=True))
                 log.info("worker added: %s (weight %g)", e.address, e.weight)
         for address in closable:
             self._close_channel(address)
@@ -138,68 +145,59 @@ class WorkerPool:
         self.balancer.report_load(address, load.capacity, load.queue_depth, limit, load.serving)
 
     # ---- forwarding -----------------------------------------------------------------------
-    async def forward(self, req: detect_pb2.DetectRequest, timeout_s: float,
-                      transport: str = "grpc") -> detect_pb2.DetectResponse:
-        """Send one request to a worker (retrying once for UNAVAILABLE); always returns a response."""
+    async def forward(self, req: RequestHead, timeout_s: float, transport: str = "grpc") -> Reply:
+        """Send one request to a worker (retrying once for UNAVAILABLE); always returns a reply."""
         t_start = time.perf_counter()
         deadline = t_start + timeout_s
-        wall_deadline_ns = time.time_ns() + int(timeout_s * 1e9)
-        if not req.deadline_unix_ns or req.deadline_unix_ns > wall_deadline_ns:
-            req.deadline_unix_ns = wall_deadline_ns
         self.budget.record_request()
         tried: list[str] = []
         waited = 0.0
-        resp: detect_pb2.DetectResponse | None = None
+        reply: Reply | None = None
         while True:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
-                resp = error_response(req, status.DEADLINE_EXCEEDED,
-                                      f"deadline passed after {len(tried)} attempt(s) ({', '.join(tried)})")
+                reply = error_reply(req, status.DEADLINE_EXCEEDED,
+                                    f"deadline passed after {len(tried)} attempt(s) ({', '.join(tried)})")
                 break
             pick = self.balancer.pick(exclude=tried, deadline_s=remaining)
             if not isinstance(pick, Ticket):
-                if resp is None:  # else no other worker to retry on: answer with the first failure
-                    resp = self._no_pick_response(req, pick, remaining)
+                if reply is None:  # else no other worker to retry on: answer with the first failure
+                    reply = self._no_pick_reply(req, pick, remaining)
                 break
             t0 = time.perf_counter()
-            resp = await self._attempt(pick, req, remaining)
+            reply = await self._attempt(pick, req, remaining)
             waited += time.perf_counter() - t0
             tried.append(pick.address)
-            if not self._retry(resp.status, len(tried), deadline - time.perf_counter()):
+            if not self._retry(reply.status, len(tried), deadline - time.perf_counter()):
                 break
         total = time.perf_counter() - t_start
-        resp.timing.gateway_ms = float(total * 1000.0)
-        name = status.name(resp.status)
-        self.metrics.requests.labels(transport=transport, status=name).inc()
-        self.metrics.latency.labels(outcome=name).observe(total)
+        self.metrics.answered(transport, status.name(reply.status), total)
         if waited > 0:
             self.metrics.overhead.observe(max(0.0, total - waited))
-        return resp
+        return reply.stamped(total * 1000.0)
 
-    async def _attempt(self, pick: Ticket, req: detect_pb2.DetectRequest,
-                       remaining: float) -> detect_pb2.DetectResponse:
+    async def _attempt(self, pick: Ticket, req: RequestHead, remaining: float) -> Reply:
         """One call to the picked worker. A gRPC error and a non-OK answer become the same
-        kind of response, classified once for the balancer; the ticket is always released."""
+        kind of reply, classified once for the balancer; the ticket is always released."""
         ep = self.balancer.endpoints.get(pick.address)
         name = ep.name if ep is not None else pick.address
         ch = self._channels.get(pick.address)
         if ch is None:  # discovery raced us: the worker is not to blame
             pick.release(Outcome.CANCELLED)
-            return error_response(req, status.UNAVAILABLE, f"worker {name}: removed by discovery")
+            return error_reply(req, status.UNAVAILABLE, f"worker {name}: removed by discovery")
         try:
-            resp = await ch.stub.Infer(req, timeout=remaining)
+            reply = reply_of(await ch.infer(req.body, timeout=remaining), req, name)
         except grpc.aio.AioRpcError as exc:
-            resp = error_response(req, status.from_grpc(exc.code()),
-                                  f"worker {name}: {exc.code().name}: {exc.details()}")
+            reply = error_reply(req, status.from_grpc(exc.code()), f"worker {name}: {exc.code().name}: {exc.details()}")
         except BaseException:  # client cancelled: the worker isn't to blame
             self._done(pick, Outcome.CANCELLED)
             raise
-        self._done(pick, outcome_of(resp.status))
-        if not status.is_ok(resp.status):
-            self.metrics.worker_errors.labels(worker=name, status=status.name(resp.status)).inc()
-        if resp.HasField("timing") and resp.timing.queue_ms >= 0:
-            self._queue_ms.append((time.monotonic(), float(resp.timing.queue_ms)))
-        return resp
+        self._done(pick, outcome_of(reply.status))
+        if not status.is_ok(reply.status):
+            self.metrics.worker_errors.labels(worker=name, status=status.name(reply.status)).inc()
+        if reply.queue_ms is not None and reply.queue_ms >= 0:
+            self._queue_ms.append((time.monotonic(), reply.queue_ms))
+        return reply
 
     def _retry(self, wire_status: int, attempts: int, left: float) -> bool:
         """Whether to send the request again to another worker (counted in the metrics)."""
@@ -217,18 +215,17 @@ class WorkerPool:
         if ticket.release(outcome):
             self._close_channel(ticket.address)
 
-    def _no_pick_response(self, req: detect_pb2.DetectRequest, why: NoPick,
-                          remaining: float) -> detect_pb2.DetectResponse:
+    def _no_pick_reply(self, req: RequestHead, why: NoPick, remaining: float) -> Reply:
         self.metrics.rejected.labels(reason=why.name.lower()).inc()
         b = self.balancer
         n = len(b.endpoints)
         if why is NoPick.SATURATED:
-            return error_response(
+            return error_reply(
                 req, why.value,
                 f"all {n} workers are saturated ({b.total_in_flight()} requests in flight, "
                 f"{remaining * 1000:.0f} ms left): retry later, spool, or use the edge result")
-        return error_response(req, why.value,
-                              f"no worker can take requests now ({n} known, none ready): check the worker pool")
+        return error_reply(req, why.value,
+                           f"no worker can take requests now ({n} known, none ready): check the worker pool")
 
     # ---- views ----------------------------------------------------------------------------
     def queue_wait_p90_ms(self, window_s: float = 30.0) -> float:

@@ -3,10 +3,13 @@
 ``Gateway`` ties together the worker pool (balancer + channels), admission
 (validation, bearer tokens, per-device rate limits), the gRPC server (TLS/mTLS,
 message-size limits, standard health service), the HTTP side port (/metrics,
-/pool, /healthz), discovery and the optional MQTT bridge. ``handle`` is the one
-request path both transports use, each with the ``Caller`` it extracted (token,
-client-certificate names, MQTT topic device). SIGTERM: health goes NOT_SERVING, new calls
-are refused, in-flight calls finish within ``shutdown_grace_s``.
+/pool, /healthz), discovery and the optional MQTT bridge. ``read`` then ``handle`` is
+the one request path both transports use, each with the ``Caller`` it extracted (token,
+client-certificate names, MQTT topic device). The gRPC methods take and return
+serialized messages (``request_deserializer=None``): the request is read in place
+(``cloud.gateway.envelope``) and its bytes go to the worker as they came, the worker's
+answer back likewise (docs/design/balancing.md#a-lean-hop). SIGTERM: health goes
+NOT_SERVING, new calls are refused, in-flight calls finish within ``shutdown_grace_s``.
 """
 
 from __future__ import annotations
@@ -27,15 +30,14 @@ from grpc_health.v1._async import HealthServicer
 
 from cloud.discovery.base import Discovery, Endpoint, EndpointState
 from cloud.gateway.admission import Caller, RateLimiter, Rejection, TokenAuth, validate_request
+from cloud.gateway.envelope import Reply, RequestHead, error_reply, read_request
 from cloud.gateway.http import SidePort
 from cloud.gateway.mqtt_bridge import MqttBridge
 from cloud.gateway.pool import WorkerPool
 from cloud.gateway.settings import GatewaySettings
 from cloud.gateway.tlsfiles import load_server_files
 from edgewise import status
-from edgewise.errors import ConfigError
-from edgewise.status import error_response
-from edgewise.v1 import detect_pb2, service_pb2_grpc
+from edgewise.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger("edgewise.gateway")
 SERVICE_NAME = "edgewise.v1.Escalation"
@@ -125,7 +127,7 @@ class Gateway:
         self.bridge: MqttBridge | None = None
 
     # ---- the one request path ---------------------------------------------------------------
-    def timeout_for(self, req: detect_pb2.DetectRequest, call_remaining: float | None) -> float:
+    def timeout_for(self, req: RequestHead, call_remaining: float | None) -> float:
         """min(call deadline, request deadline_unix_ns); default when neither; capped."""
         lim = self.settings.limits
         cands = [c for c in (call_remaining,) if c is not None]
@@ -134,10 +136,18 @@ class Gateway:
         t = min(cands) if cands else lim.default_deadline_s
         return min(t, lim.max_deadline_s)
 
-    async def handle(self, req: detect_pb2.DetectRequest, transport: str, caller: Caller,
-                     call_remaining: float | None = None) -> detect_pb2.DetectResponse:
+    def read(self, body: bytes, transport: str) -> RequestHead | Reply:
+        """The head of a serialized request, or the INVALID_ARGUMENT reply when the bytes are
+        not a ``DetectRequest`` (counted like every rejection)."""
+        try:
+            return read_request(body)
+        except InvalidInputError as exc:
+            return self._reject(None, transport, Rejection(status.INVALID_ARGUMENT, str(exc)))
+
+    async def handle(self, req: RequestHead, transport: str, caller: Caller,
+                     call_remaining: float | None = None) -> Reply:
         """The one request path of both transports: authenticate ``caller`` (token, client
-        certificate, MQTT topic), validate, rate-limit and forward; always returns a response."""
+        certificate, MQTT topic), validate, rate-limit and forward; always returns a reply."""
         timeout_s = self.timeout_for(req, call_remaining)
         bad = (self.auth.authenticate(caller, req.device_id)
                or validate_request(req, self.settings.limits)
@@ -145,13 +155,16 @@ class Gateway:
         if bad is None and timeout_s <= 0:
             bad = Rejection(status.DEADLINE_EXCEEDED, "the request's deadline had already passed at the gateway")
         if bad is not None:
-            name = status.name(bad.status)
-            self.metrics.rejected.labels(reason=name.lower()).inc()
-            self.metrics.requests.labels(transport=transport, status=name).inc()
-            return error_response(req, bad.status, bad.message)
+            return self._reject(req, transport, bad)
         return await self.pool.forward(req, timeout_s, transport)
 
-    # ---- gRPC servicer methods -------------------------------------------------------------
+    def _reject(self, req: RequestHead | None, transport: str, bad: Rejection) -> Reply:
+        name = status.name(bad.status)
+        self.metrics.rejected.labels(reason=name.lower()).inc()
+        self.metrics.answered(transport, name)
+        return error_reply(req, bad.status, bad.message)
+
+    # ---- gRPC methods (serialized messages in and out) --------------------------------------
     def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
         """The caller of a gRPC call: its metadata and, with client certificates, their names."""
         md = context.invocation_metadata() or ()
@@ -162,36 +175,39 @@ class Gateway:
         names = (context.auth_context() or {}).get(prop, ())
         return Caller(metadata, tuple(n.decode("utf-8", "replace") for n in names))
 
-    async def Detect(self, request: detect_pb2.DetectRequest,
-                     context: grpc.aio.ServicerContext) -> detect_pb2.DetectResponse:
-        resp = await self.handle(request, "grpc", self._caller(context), context.time_remaining())
-        if not status.is_ok(resp.status):
-            await context.abort(status.grpc_code(resp.status), resp.error)
-        return resp
+    async def _one(self, body: bytes, transport: str, caller: Caller, remaining: float | None) -> Reply:
+        head = self.read(body, transport)
+        return head if isinstance(head, Reply) else await self.handle(head, transport, caller, remaining)
 
-    async def DetectStream(self, request_iterator: AsyncIterator[detect_pb2.DetectRequest],
-                           context: grpc.aio.ServicerContext) -> AsyncIterator[detect_pb2.DetectResponse]:
+    async def Detect(self, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        reply = await self._one(body, "grpc", self._caller(context), context.time_remaining())
+        if not status.is_ok(reply.status):
+            await context.abort(status.grpc_code(reply.status), reply.error)
+        return reply.body
+
+    async def DetectStream(self, request_iterator: AsyncIterator[bytes],
+                           context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         caller = self._caller(context)
         if self.auth.enabled:  # refuse a stream without a valid token at once (each frame is checked too)
             _, rej = self.auth.check(caller.metadata, "")
             if rej is not None:
                 self.metrics.rejected.labels(reason="unauthenticated").inc()
                 await context.abort(status.grpc_code(rej.status), rej.message)
-        out: asyncio.Queue[detect_pb2.DetectResponse | None] = asyncio.Queue()
+        out: asyncio.Queue[bytes | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self.settings.limits.max_stream_in_flight)
         running: set[asyncio.Task[None]] = set()
 
-        async def one(req: detect_pb2.DetectRequest) -> None:
+        async def one(body: bytes) -> None:
             try:
-                await out.put(await self.handle(req, "grpc-stream", caller, context.time_remaining()))
+                await out.put((await self._one(body, "grpc-stream", caller, context.time_remaining())).body)
             finally:
                 slots.release()
 
         async def reader() -> None:
             try:
-                async for req in request_iterator:
+                async for body in request_iterator:
                     await slots.acquire()  # backpressure: stop reading when the stream is full
-                    t = asyncio.ensure_future(one(req))
+                    t = asyncio.ensure_future(one(body))
                     running.add(t)
                     t.add_done_callback(running.discard)
                 if running:
@@ -233,10 +249,11 @@ class Gateway:
             ("grpc.max_send_message_length", m),
             ("grpc.so_reuseport", 0),
         ])
-        handler = service_pb2_grpc.EscalationServicer()
-        handler.Detect = self.Detect  # type: ignore[method-assign]
-        handler.DetectStream = self.DetectStream  # type: ignore[method-assign]
-        service_pb2_grpc.add_EscalationServicer_to_server(handler, self._server)
+        # no (de)serializers: the methods see the bytes on the wire (cloud.gateway.envelope)
+        methods = {"Detect": grpc.unary_unary_rpc_method_handler(self.Detect),
+                   "DetectStream": grpc.stream_stream_rpc_method_handler(self.DetectStream)}
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
+        self._server.add_registered_method_handlers(SERVICE_NAME, methods)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         if creds is None:
             self.port = self._server.add_insecure_port(s.listen)

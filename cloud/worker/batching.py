@@ -39,6 +39,11 @@ Invariants / rules (read these before changing anything below):
 6. One result or error per request: ``run_isolated`` runs a batch and, if the
    batch call fails, retries each request alone so one bad input never fails
    its neighbours (``docs/design/conventions.md#one-result-per-request``).
+7. Batching is used only where it pays (``decide_batching``,
+   ``docs/design/batching.md#batching-where-it-pays``): from the batch times
+   measured at warm-up, a batch must serve at least ``min_gain`` times the
+   images/s of batch 1; otherwise the worker serves batch 1 without queue delay
+   (``BatchPolicy.unbatched``).
 """
 
 from __future__ import annotations
@@ -46,8 +51,8 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 from edgewise.errors import DeadlineExceededError, OverloadedError
@@ -93,6 +98,64 @@ class BatchPolicy:
             raise ValueError(f"max_queue_size must be >= 1, got {self.max_queue_size}")
         if not 0 < self.ewma_alpha <= 1:
             raise ValueError(f"ewma_alpha must be in (0, 1], got {self.ewma_alpha}")
+
+    def unbatched(self) -> BatchPolicy:
+        """This policy serving batch 1 without holding anything (the queue bound kept)."""
+        return replace(self, max_batch_size=1, max_queue_delay_s=0.0, preferred_batch_sizes=())
+
+
+BATCHING_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class BatchingDecision:
+    """Whether a worker batches, and the measurement behind it.
+
+    Attributes:
+        batch: form batches as the policy says (False: batch 1, no queue delay).
+        gain: the best measured images/s at a batch size > 1 over images/s at batch 1
+            (0 when not measured).
+        size: the batch size of that gain (0 when not measured).
+        reason: one line for the log, naming the setting that decided.
+    """
+
+    batch: bool
+    gain: float
+    size: int
+    reason: str
+
+
+def decide_batching(mode: str, batch_seconds: Mapping[int, float], min_gain: float,
+                    max_batch_size: int) -> BatchingDecision:
+    """Batch or not, from the compute seconds measured per batch size (warm-up).
+
+    ``auto``: batch when some measured size k > 1 serves ``k * t(1) / t(k) >= min_gain``
+    times the images/s of batch 1 (on CPU backends this stays near 1: ONNX Runtime already
+    spreads one image over the cores; GPUs gain several times). Without both measurements
+    the configured batching is kept. ``on`` / ``off`` force the answer;
+    ``max_batch_size`` 1 leaves nothing to decide.
+    """
+    if mode not in BATCHING_MODES:
+        raise ValueError(f"batching mode {mode!r}: use one of {', '.join(BATCHING_MODES)}")
+    t1 = batch_seconds.get(1, 0.0)
+    gains = {k: k * t1 / t for k, t in batch_seconds.items() if k > 1 and t > 0 and t1 > 0}
+    size = max(gains, key=lambda k: (gains[k], -k)) if gains else 0
+    gain = gains.get(size, 0.0)
+    measured = (f"batch {size} serves {gain:.2f}x the images/s of batch 1 ({1e3 * t1:.1f} vs "
+                f"{1e3 * batch_seconds[size] / size:.1f} ms per image)") if gains else ""
+    if max_batch_size == 1:
+        return BatchingDecision(False, gain, size, "batch 1: batching.max_batch_size is 1")
+    if mode == "off":
+        return BatchingDecision(False, gain, size, "batch 1, no queue delay: batching.mode is off")
+    if mode == "on":
+        return BatchingDecision(True, gain, size, "batching: batching.mode is on" + (f"; {measured}" if gains else ""))
+    if not gains:
+        return BatchingDecision(True, 0.0, 0, "batching as configured: batching.mode auto had no warm-up "
+                                              "timings of batch 1 and a larger batch to compare")
+    if gain >= min_gain:
+        return BatchingDecision(True, gain, size, f"batching: {measured}, at least batching.min_gain {min_gain:g}")
+    return BatchingDecision(False, gain, size, f"batch 1, no queue delay: at best {measured}, under "
+                                               f"batching.min_gain {min_gain:g}")
 
 
 @dataclass(eq=False)
@@ -153,7 +216,12 @@ class Batcher(Generic[T]):
     def __post_init__(self) -> None:
         self._batch_s = _Ewma(self.policy.ewma_alpha)
         self._per_image_s = _Ewma(self.policy.ewma_alpha)
-        self._preferred_desc = tuple(sorted(set(self.policy.preferred_batch_sizes), reverse=True))
+        self.set_policy(self.policy)
+
+    def set_policy(self, policy: BatchPolicy) -> None:
+        """Form batches by ``policy`` from now on (the queue and the measurements are kept)."""
+        self.policy = policy
+        self._preferred_desc = tuple(sorted(set(policy.preferred_batch_sizes), reverse=True))
 
     # -- intake ---------------------------------------------------------------
     def submit(

@@ -58,6 +58,16 @@ class WorkerMetrics:
             "edgewise_worker_capacity_images_per_second",
             "Measured model throughput (EWMA), images/s.", registry=r,
         )
+        self.batching = Gauge(
+            "edgewise_worker_batching",
+            "1 when the worker forms batches, 0 when it serves batch 1 without queue delay "
+            "(batching.mode, decided at warm-up).", registry=r,
+        )
+        self.batching_gain = Gauge(
+            "edgewise_worker_batching_gain",
+            "Measured at warm-up: images/s at the best batch size over images/s at batch 1 (0 = not measured).",
+            registry=r,
+        )
         self.serving = Gauge(
             "edgewise_worker_serving", "1 when the health service reports SERVING.", registry=r
         )

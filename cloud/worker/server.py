@@ -13,7 +13,8 @@ service on one grpc.aio server. Division of labour:
 
 Lifecycle (``docs/design/batching.md#lifecycle``, ``docs/design/conventions.md#graceful-shutdown``): health is
 NOT_SERVING until warm-up batches ran at every batch size the batcher may send
-first; then SERVING. ``drain(grace)`` (SIGTERM): health NOT_SERVING, new Infer
+first and the worker decided from their timings whether batching pays on this
+backend (``batching.decide_batching``; if not, batch 1 without queue delay); then SERVING. ``drain(grace)`` (SIGTERM): health NOT_SERVING, new Infer
 calls get UNAVAILABLE, everything accepted is finished, then the server stops;
 all within ``grace`` seconds.
 """
@@ -33,10 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from cloud.worker.batching import Batch, Batcher
+from cloud.worker.batching import Batch, Batcher, BatchingDecision, decide_batching
 from cloud.worker.budget import PixelBudget
 from cloud.worker.metrics import WorkerMetrics
 from cloud.worker.runner import ModelRunner, Prepared
@@ -59,6 +61,7 @@ SERVICE_NAME = "edgewise.v1.Worker"
 LISTENING_TAG = "EDGEWISE_WORKER_LISTENING"
 SERVING_TAG = "EDGEWISE_WORKER_SERVING"
 STREAM_GRACE_S = 0.5  # for RPCs other than Infer once the drain is over
+AUTO_WARMUP_ROUNDS = 3  # batching.mode auto: one cold round, then two timed rounds per size
 T = TypeVar("T")
 Clock = Callable[[], float]
 
@@ -83,7 +86,11 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
     health: health_aio.HealthServicer = field(default_factory=health_aio.HealthServicer)
 
     def __post_init__(self) -> None:
-        self.batcher: Batcher[_Job] = Batcher(self.settings.batching.policy())
+        policy = self.settings.batching.policy()
+        if self.settings.batching.mode == "off":
+            policy = policy.unbatched()
+        self.batcher: Batcher[_Job] = Batcher(policy)
+        self.batching: BatchingDecision | None = None  # set by warmup()
         self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="ew-infer")
         self._decode_pool = ThreadPoolExecutor(
             self.settings.decode_threads, thread_name_prefix="ew-decode"
@@ -112,26 +119,39 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
 
     async def warmup(self) -> None:
-        """Run dummy batches at every size the batcher may form first.
+        """Run dummy batches at every size the batcher may form first, then decide batching.
 
         ONNX Runtime (and TensorRT) are slow on the first call of each new
         shape (Triton #7776, docs/design/batching.md#warm-up): sizes 1, each preferred size and the max are
-        run ``warmup_rounds`` times; the timings of all but the first round of
-        each size seed the batch-time and capacity estimates.
+        run ``warmup_rounds`` times, round by round so that the sizes' timings see the same
+        load on the machine; all but the first round seed the batch-time and capacity
+        estimates, and their fastest time per size decides whether batching pays
+        (docs/design/batching.md#batching-where-it-pays).
         """
         pol = self.batcher.policy
         sizes = sorted({1, *pol.preferred_batch_sizes, pol.max_batch_size})
+        rounds = self.settings.warmup_rounds
+        if self.settings.batching.mode == "auto" and rounds and len(sizes) > 1:
+            rounds = max(rounds, AUTO_WARMUP_ROUNDS)
         dummy = await self._in_pool(self._decode_pool, self.runner.dummy)
-        for size in sizes:
-            for rnd in range(self.settings.warmup_rounds):
+        fastest: dict[int, float] = {}
+        for rnd in range(rounds):
+            for size in sizes:
                 outs, secs = await self._in_pool(self._infer_pool, self.runner.run, [dummy] * size)
                 bad = [o for o in outs if isinstance(o, Exception)]
                 if bad:
                     raise bad[0]
-                if rnd > 0 or self.settings.warmup_rounds == 1:
+                if rnd > 0 or rounds == 1:
                     self.batcher.observe(size, secs)
+                    fastest[size] = min(secs, fastest.get(size, secs))
+        b = self.settings.batching
+        self.batching = decide_batching(b.mode, fastest, b.min_gain, b.max_batch_size)
+        if not self.batching.batch:
+            self.batcher.set_policy(pol.unbatched())
+        self.metrics.batching.set(1 if self.batching.batch else 0)
+        self.metrics.batching_gain.set(self.batching.gain)
         self.metrics.capacity.set(self.batcher.capacity)
-        log.info("warm-up done: sizes %s, %.1f images/s", sizes, self.batcher.capacity)
+        log.info("warm-up done: sizes %s, %.1f images/s; %s", sizes, self.batcher.capacity, self.batching.reason)
 
     async def drain(self, grace: float) -> None:
         """Stop taking work, finish what was accepted (at most ``grace`` s)."""
@@ -161,6 +181,19 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- RPCs --------------------------------------------------------------------
+    async def infer_bytes(self, body: bytes, context: grpc.aio.ServicerContext) -> detect_pb2.DetectResponse:
+        """``Infer`` on the serialized request: bytes that are no ``DetectRequest`` get
+        INVALID_ARGUMENT. (gRPC's own deserializer answers UNKNOWN, which the gateway counts
+        against this worker; the gateway forwards requests it has read only in part,
+        docs/design/balancing.md#a-lean-hop.)"""
+        try:
+            request = detect_pb2.DetectRequest.FromString(body)
+        except DecodeError as exc:
+            self.metrics.requests.labels(grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a serialized DetectRequest: {exc}")
+            raise AssertionError("unreachable: abort raises") from exc
+        return await self.Infer(request, context)
+
     async def Infer(
         self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext
     ) -> detect_pb2.DetectResponse:
@@ -407,7 +440,15 @@ def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
     ])
-    service_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    handlers = {
+        "Infer": grpc.unary_unary_rpc_method_handler(  # parses the request itself: infer_bytes
+            service.infer_bytes, response_serializer=detect_pb2.DetectResponse.SerializeToString),
+        "Load": grpc.unary_unary_rpc_method_handler(
+            service.Load, request_deserializer=detect_pb2.LoadRequest.FromString,
+            response_serializer=detect_pb2.WorkerLoad.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
     health_pb2_grpc.add_HealthServicer_to_server(service.health, server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     if port == 0:

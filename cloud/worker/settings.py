@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cloud.worker.batching import BatchPolicy
+from cloud.worker.batching import BATCHING_MODES, BatchPolicy
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.settings import Flag, Invalid, Schema, check, setting
 
@@ -31,6 +31,14 @@ class BatchingSettings:
                                                      (), lo=1)
     max_queue_size: int = setting("Most requests waiting; the next one gets RESOURCE_EXHAUSTED at once.", 64,
                                   lo=1)
+    mode: str = setting(
+        "Whether to batch: `auto` measures at warm-up (at least 3 rounds) whether a batch serves at least "
+        "`min_gain` times the images/s of batch 1 and otherwise serves batch 1 without queue delay (CPU "
+        "backends; the decision is logged and exported as `edgewise_worker_batching`); `on` batches as "
+        "configured (GPU profiles); `off` always serves batch 1 without delay.", "auto",
+        choices=BATCHING_MODES)
+    min_gain: float = setting("`auto`: the throughput gain over batch 1 (images/s at the best measured batch "
+                              "size / images/s at batch 1) that batching must reach to be used.", 1.5, lo=1)
 
     def policy(self) -> BatchPolicy:
         """The batcher core's policy (validates the ranges)."""
@@ -70,7 +78,8 @@ class WorkerSettings:
     conf_threshold: float = setting("Lowest detection score returned.", 0.25, lo=0, hi=1)
     iou_threshold: float = setting("NMS IoU threshold.", 0.45, lo=0, hi=1, lo_open=True)
     max_det: int = setting("Most detections returned per image.", 300, lo=1)
-    warmup_rounds: int = setting("Dummy batches run at each batch size warmed before reporting SERVING.", 2, lo=0)
+    warmup_rounds: int = setting("Dummy batches run at each batch size warmed before reporting SERVING (with "
+                                 "`batching.mode: auto`, at least 3 unless 0).", 2, lo=0)
     batching: BatchingSettings = setting("Dynamic batcher knobs.", factory=BatchingSettings)
 
     def __post_init__(self) -> None:
@@ -114,6 +123,7 @@ SCHEMA: Schema[WorkerSettings] = Schema(
         Flag("--max-delay-ms", "batching.max_queue_delay_ms", metavar="MS"),
         Flag("--preferred-batch", "batching.preferred_batch_sizes", metavar="N,N"),
         Flag("--queue-size", "batching.max_queue_size", metavar="N"),
+        Flag("--batching", "batching.mode", metavar="auto|on|off"),
     ),
 )
 

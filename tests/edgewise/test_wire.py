@@ -178,6 +178,32 @@ def test_check_image_reads_only_the_header():
         wire.check_image(one_channel)
 
 
+class _View:
+    """A wire image whose ``data`` is a view into a larger buffer (as the gateway reads one)."""
+
+    def __init__(self, img: detect_pb2.Image) -> None:
+        buf = b"head" + img.data + b"tail"
+        self.data = memoryview(buf)[4:-4]
+        self.encoding, self.shape, self.dtype = img.encoding, list(img.shape), img.dtype
+        self.offset_x, self.offset_y = img.offset_x, img.offset_y
+        self.source_width, self.source_height = img.source_width, img.source_height
+
+
+@pytest.mark.parametrize("pad", [0, 10, 63, 64, 65, 5000])
+def test_check_image_on_a_buffer_view_and_zero_padded_jpegs(pad):
+    jpeg = wire.encode_image(_img(), "jpeg").data
+    for data, ok in ((jpeg + bytes(pad), True), (jpeg[:-1] + bytes(pad), False), (jpeg[:-2] + bytes(pad), False)):
+        img = detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=data)
+        for candidate in (img, _View(img)):
+            if ok:
+                assert wire.check_image(candidate) == imagefiles.ImageHeader("jpeg", 64, 48)
+            else:
+                with pytest.raises(InvalidInputError, match="truncated JPEG"):
+                    wire.check_image(candidate)
+    png = _View(wire.encode_image(_img(), "png"))
+    assert wire.check_image(png) == imagefiles.ImageHeader("png", 64, 48)
+
+
 @pytest.mark.parametrize("ext", [".bmp", ".webp", ".tiff", ".ppm"])
 def test_file_headers_of_other_formats(tmp_path, ext):
     import cv2

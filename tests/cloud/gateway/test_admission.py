@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from cloud.gateway.admission import Caller, RateLimiter, TokenAuth, validate_request
+from cloud.gateway.admission import Caller, RateLimiter, TokenAuth
+from cloud.gateway.admission import validate_request as validate_head
+from cloud.gateway.envelope import read_request
 from cloud.gateway.settings import LimitSettings
 from edgewise.v1 import detect_pb2
 from edgewise.wire import encode_image
-from tests.cloud.gateway.workers import request
+from tests.cloud.gateway.workers import jpeg_bytes, request
+
+
+def validate_request(req: detect_pb2.DetectRequest, lim: LimitSettings):
+    """Admission as the gateway runs it: on the head read from the request's bytes."""
+    return validate_head(read_request(req.SerializeToString()), lim)
 
 
 def test_validation_messages():
-    lim = LimitSettings(max_id_length=8)
+    lim = LimitSettings(max_id_length=8, max_edge_detections=2)
     assert validate_request(request(), lim) is None
     assert validate_request(request(device="x" * 9), lim).message.startswith("device_id is 9 characters")
     assert "characters outside" in validate_request(request(device="a b"), lim).message
@@ -37,6 +44,16 @@ def test_validation_messages():
     r = request()
     r.image.source_width, r.image.source_height, r.image.offset_x = 100, 100, 100
     assert "outside" in validate_request(r, lim).message
+    r = request()
+    r.edge_detections.add(x2=1, y2=1)
+    r.edge_detections.add(x2=1, y2=1)
+    assert validate_request(r, lim) is None
+    r.edge_detections.add(x2=1, y2=1)
+    assert validate_request(r, lim).message == "3 edge_detections; the limit is 2"
+    r = request(data=jpeg_bytes() + b"\x00" * 100)  # zero padding after the end-of-image marker
+    assert validate_request(r, lim) is None
+    r = request(data=jpeg_bytes()[:-1] + b"\x00" * 100)
+    assert "truncated JPEG" in validate_request(r, lim).message
 
 
 def test_token_auth():

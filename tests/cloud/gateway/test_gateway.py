@@ -206,6 +206,41 @@ def test_bad_input_gets_clear_status():
     run(main())
 
 
+def test_request_bytes_go_to_the_worker_as_sent_and_malformed_ones_go_nowhere():
+    async def main():
+        w = TestWorker("w")
+        gw = await started([(w, 1)])
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                detect = ch.unary_unary("/edgewise.v1.Escalation/Detect")  # bytes in, bytes out
+                req = request(seq=3)
+                req.edge_detections.add(x1=1, y1=2, x2=3, y2=4, class_name="car", class_scores=[0.5, 0.25])
+                req.hardness.score = 0.75
+                req.reason = "uncertain"
+                body = req.SerializeToString() + b"\xf8\x06\x01"  # and a field this build does not know
+                answer = detect_pb2.DetectResponse.FromString(await detect(body, timeout=5))
+                assert w.bodies == [body]  # not parsed and encoded again on the way
+                assert answer.frame_seq == 3 and answer.worker_id == "w"
+                # gateway_ms is appended to the worker's timing, which keeps what the worker set
+                assert answer.timing.gateway_ms > 0 and answer.timing.compute_ms == pytest.approx(5.0)
+                assert answer.timing.batch_size == 1
+                for junk, needle in [(b"\x0a\x05ab", "runs past the end"),
+                                     (b"\x0a\x02\xff\xfe", "device_id is not UTF-8"),
+                                     (b"\x0b", "wire type 3"), (b"\x08\xff", "bad varint")]:
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await detect(junk, timeout=5)
+                    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, junk
+                    assert "not a serialized DetectRequest" in err.value.details()
+                    assert needle in err.value.details(), err.value.details()
+            assert len(w.bodies) == 1
+            text = (await http_get(f"http://127.0.0.1:{gw.metrics_port}/metrics")).decode()
+            assert 'edgewise_gateway_requests_total{status="INVALID_ARGUMENT",transport="grpc"} 4.0' in text
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
 def test_bearer_tokens_and_rate_limit():
     async def main():
         w = TestWorker("w")

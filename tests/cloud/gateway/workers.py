@@ -33,7 +33,8 @@ class TestWorker(service_pb2_grpc.WorkerServicer):
         self.calls = 0
         self.in_flight = 0
         self.max_seen_in_flight = 0
-        self.deadlines: list[int] = []
+        self.deadlines: list[int] = []  # unix ns: the earlier of the call's gRPC deadline and the request's
+        self.bodies: list[bytes] = []  # each request as it arrived
         self._sem: asyncio.Semaphore | None = None
         self.server: grpc.aio.Server | None = None
         self.port = 0
@@ -45,7 +46,14 @@ class TestWorker(service_pb2_grpc.WorkerServicer):
     async def start(self, port: int = 0) -> str:
         self._sem = asyncio.Semaphore(self.concurrency)
         self.server = grpc.aio.server()
-        service_pb2_grpc.add_WorkerServicer_to_server(self, self.server)
+        handlers = {  # service_pb2_grpc.add_WorkerServicer_to_server, keeping each request's bytes
+            "Infer": grpc.unary_unary_rpc_method_handler(
+                self.Infer, request_deserializer=self._parse,
+                response_serializer=detect_pb2.DetectResponse.SerializeToString),
+            "Load": grpc.unary_unary_rpc_method_handler(
+                self.Load, request_deserializer=detect_pb2.LoadRequest.FromString,
+                response_serializer=detect_pb2.WorkerLoad.SerializeToString)}
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("edgewise.v1.Worker", handlers),))
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         await self.server.start()
         return self.address
@@ -54,9 +62,16 @@ class TestWorker(service_pb2_grpc.WorkerServicer):
         if self.server is not None:
             await self.server.stop(grace)
 
+    def _parse(self, body: bytes) -> detect_pb2.DetectRequest:
+        self.bodies.append(body)
+        return detect_pb2.DetectRequest.FromString(body)
+
     async def Infer(self, request, context):
         self.calls += 1
-        self.deadlines.append(request.deadline_unix_ns)
+        left = context.time_remaining()
+        cands = [d for d in (request.deadline_unix_ns,
+                             None if left is None else time.time_ns() + int(left * 1e9)) if d]
+        self.deadlines.append(min(cands) if cands else 0)
         if self.fail is not None:
             await context.abort(self.fail, f"{self.name} configured to fail")
         if self.max_queue and self.in_flight >= self.max_queue:

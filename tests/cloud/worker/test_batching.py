@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud.worker.batching import Batch, Batcher, BatchPolicy, run_isolated
+from cloud.worker.batching import Batch, Batcher, BatchPolicy, decide_batching, run_isolated
 from edgewise.errors import DeadlineExceededError, OverloadedError
 
 
@@ -330,3 +330,50 @@ def test_large_warmup_batches_do_not_reject_short_deadlines_forever():
     assert batch is not None and batch.items == ("frame",)
     with pytest.raises(DeadlineExceededError, match="a batch takes about 150.0 ms"):
         b.submit("late", now=10.0, deadline=10.120)
+
+
+# ---- batching where it pays (docs/design/batching.md#batching-where-it-pays) -------------------
+# ms per batch, as measured: this project's 2-core CPU (cloud model at 288: 17.5 / 16.2 / 16.7 ms per
+# image at batch 1 / 4 / 8) and a V100 from Ultralytics' YOLOv5 v7.0 table (YOLOv5s: 6.4 ms at batch 1,
+# 0.9 ms per image at batch 32)
+CPU = {1: 0.0175, 4: 4 * 0.0162, 8: 8 * 0.0167}
+GPU = {1: 0.0064, 32: 32 * 0.0009}
+
+
+def test_auto_serves_batch_1_where_batches_do_not_pay_and_batches_where_they_do():
+    cpu = decide_batching("auto", CPU, 1.5, 8)
+    assert not cpu.batch and cpu.size == 4 and cpu.gain == pytest.approx(17.5 / 16.2)
+    assert cpu.reason == ("batch 1, no queue delay: at best batch 4 serves 1.08x the images/s of batch 1 "
+                          "(17.5 vs 16.2 ms per image), under batching.min_gain 1.5")
+    gpu = decide_batching("auto", GPU, 1.5, 32)
+    assert gpu.batch and gpu.size == 32 and gpu.gain == pytest.approx(6.4 / 0.9)
+    assert gpu.reason.startswith("batching: batch 32 serves 7.11x the images/s of batch 1")
+    # the bound is inclusive, and the best size wins (the smaller one on a tie)
+    assert decide_batching("auto", {1: 1.0, 2: 4 / 3, 4: 2.0}, 1.5, 4).batch
+    assert decide_batching("auto", {1: 1.0, 2: 1.0, 4: 2.0}, 1.5, 4).size == 2
+    assert not decide_batching("auto", {1: 1.0, 4: 2.0 * 1.0001}, 2.0, 4).batch
+
+
+def test_modes_and_what_cannot_be_decided():
+    on = decide_batching("on", CPU, 1.5, 8)
+    assert on.batch and on.reason.startswith("batching: batching.mode is on; batch 4 serves 1.08x")
+    off = decide_batching("off", GPU, 1.5, 32)
+    assert not off.batch and off.reason == "batch 1, no queue delay: batching.mode is off"
+    assert decide_batching("auto", GPU, 1.5, 1).reason == "batch 1: batching.max_batch_size is 1"
+    for timings in ({}, {1: 0.01}, {4: 0.04}):  # nothing to compare: keep what is configured
+        kept = decide_batching("auto", timings, 1.5, 8)
+        assert kept.batch and kept.gain == 0 and kept.size == 0 and "no warm-up timings" in kept.reason
+    with pytest.raises(ValueError, match="batching mode 'maybe': use one of auto, on, off"):
+        decide_batching("maybe", CPU, 1.5, 8)
+
+
+def test_unbatched_policy_sends_each_request_at_once():
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=8, max_queue_delay_s=0.005, preferred_batch_sizes=(4,),
+                                          max_queue_size=5))
+    b.submit(1, 0.0)
+    assert b.next_batch(0.001) is None  # batching: held for company
+    b.set_policy(b.policy.unbatched())
+    assert b.policy == BatchPolicy(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=5)
+    b.submit(2, 0.001)
+    first, second = b.next_batch(0.001), b.next_batch(0.001)
+    assert first is not None and second is not None and (first.items, second.items) == ((1,), (2,))

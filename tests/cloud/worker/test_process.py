@@ -72,7 +72,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
     if im is None:
         pytest.skip("opencv-doc photos missing")
     # 3 s delay: without the drain flushing the queue, SIGTERM would find them all waiting
-    proc, info = start_worker(tiny_model, "--max-batch", "16", "--max-delay-ms", "3000",
+    proc, info = start_worker(tiny_model, "--batching", "on", "--max-batch", "16", "--max-delay-ms", "3000",
                               "--worker-id", "proc-w")
     try:
         port = int(info["port"])

@@ -49,7 +49,7 @@ def make_settings(model: Path, **batching) -> WorkerSettings:
     return WorkerSettings(
         model=str(model), host="127.0.0.1", port=0, metrics_port=0, metrics_host="127.0.0.1",
         worker_id="w-test", threads=1, conf_threshold=CONF, warmup_rounds=1, grace_s=5,
-        batching=BatchingSettings(**{"max_batch_size": 4, "max_queue_delay_ms": 2.0, **batching}),
+        batching=BatchingSettings(**{"max_batch_size": 4, "max_queue_delay_ms": 2.0, "mode": "on", **batching}),
     )
 
 
@@ -152,6 +152,22 @@ def test_corrupt_jpeg_is_invalid_argument_and_its_neighbours_still_batch(tiny_mo
     assert all(len(r.detections) > 0 for c, r in res if c == grpc.StatusCode.OK)
 
 
+def test_bytes_that_are_no_request_are_invalid_argument_not_a_worker_fault(tiny_model):
+    # gRPC's own deserializer would answer UNKNOWN, which the gateway counts against the worker
+    async def main():
+        async with running(make_settings(tiny_model)) as (srv, stub, ch):
+            infer = ch.unary_unary("/edgewise.v1.Worker/Infer")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await infer(b"\x07\x07not a protobuf", timeout=10)
+            ok = await stub.Infer(jpeg_request(photo(), seq=1), timeout=10)
+            return err.value, ok, srv.service.metrics.requests.labels("INVALID_ARGUMENT")._value.get()
+
+    err, ok, counted = asyncio.run(main())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith("request is not a serialized DetectRequest")
+    assert ok.status == detect_pb2.OK and counted == 1
+
+
 class FailsOnBlackFrames(ModelRunner):
     """The real model, except that a batch containing an all-black frame raises
     (stands in for an input the model itself rejects)."""
@@ -232,6 +248,34 @@ def test_load_reports_sane_numbers_and_metrics_are_exported(tiny_model):
     assert "edgewise_worker_queue_wait_seconds_bucket" in text
     assert "edgewise_worker_batch_size_count 8.0" not in text  # 8 requests went in fewer batches
     assert "edgewise_worker_compute_seconds_count" in text and "edgewise_worker_serving 1.0" in text
+    assert "edgewise_worker_batching 1.0" in text  # batching.mode on
+
+
+def test_auto_batching_serves_batch_1_without_queue_delay_on_cpu(tiny_model, caplog):
+    # The real model on ONNX Runtime's CPU backend: a batch does not raise the images/s
+    # (docs/design/batching.md#batching-where-it-pays), so the worker must not hold requests.
+    settings = make_settings(tiny_model, mode="auto", max_batch_size=8, max_queue_delay_ms=300)
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            lone = await stub.Infer(jpeg_request(photo(), seq=1), timeout=10)
+            together = await asyncio.gather(*(stub.Infer(jpeg_request(photo(), seq=i), timeout=10)
+                                              for i in range(4)))
+            load = await stub.Load(detect_pb2.LoadRequest(), timeout=5)
+            text = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=5)
+                .read().decode())
+            return srv.service.batching, lone, together, load, text
+
+    with caplog.at_level("INFO", logger="cloud.worker.server"):
+        decision, lone, together, load, text = asyncio.run(main())
+    assert decision is not None and not decision.batch and decision.size == 8 and 0 < decision.gain < 1.5
+    assert lone.timing.queue_ms < 100 and lone.timing.batch_size == 1  # batching would hold it 300 ms
+    assert [r.timing.batch_size for r in together] == [1, 1, 1, 1]
+    assert load.max_batch_size == 1  # the gateway sees the batch it will get
+    assert "edgewise_worker_batching 0.0" in text
+    assert f"edgewise_worker_batching_gain {decision.gain}" in text
+    assert any("batch 1, no queue delay: at best batch 8 serves" in r.getMessage() for r in caplog.records)
 
 
 def test_health_not_serving_until_warm_then_serving_then_drain(tiny_model):
