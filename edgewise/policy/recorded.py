@@ -9,7 +9,12 @@ an escalated frame's record only when its escalation is settled, so records are
 a little out of order in the file; a bounded per-stream reorder window
 (:data:`REORDER_FRAMES`) puts them back without holding a day of records in
 memory. Files are read in the order of their first record's capture time, so
-rotated files may be given in any order.
+rotated files may be given in any order, under any name: the edge's own rotation
+(``edge.rotation``: ``<file>.<UTC time>Z``, gzip'd to ``.gz``), ``logrotate``'s, or a
+shell glob such as ``records.jsonl*`` (which may also catch a ``.gz.tmp`` being
+written while its source still exists: the source's records come twice and the
+second copy counts as duplicates; a gzip file cut short gives the records before
+the cut, and a note).
 
 Speed (a day of one 15 fps camera is 1.3 million records): the parts of a record
 a replay does not read are cut out of the line before it is decoded (:func:`parse`;
@@ -53,6 +58,7 @@ class Reading:
     duplicates: int = 0
     beyond_window: int = 0
     empty_files: List[str] = field(default_factory=list)
+    cut_short: List[str] = field(default_factory=list)
 
 
 def open_text(path: Union[str, Path]) -> IO[str]:
@@ -171,8 +177,8 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES)
                     buf.append(doc)
                     if len(buf) >= 2 * window:
                         yield from _release(buf, window, sid, done, reading)
-            except (OSError, EOFError) as exc:  # a gzip file cut short (still being written, disk full)
-                raise InvalidInputError(f"{path}: cannot read past line {n}: {exc}") from None
+            except (OSError, EOFError) as exc:  # a gzip file cut short (being written, a crash, disk full)
+                reading.cut_short.append(f"{path}: cannot read past line {n} ({exc}); the records before it are used")
             finally:
                 reading.lines += n
         if n == 0:

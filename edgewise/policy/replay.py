@@ -482,6 +482,7 @@ def _notes(r: Replay) -> List[str]:
                      "around them may differ from the daemon's")
     for path in rd.empty_files:
         notes.append(f"{path}: no records")
+    notes.extend(rd.cut_short)
     if r.no_clock:
         notes.append(f"{r.no_clock} record(s) lack decided_s (written by an older daemon): their budget and "
                      "cooldown run on capture time, so decisions at the limits may differ from the daemon's")

@@ -61,7 +61,7 @@ def recorded(tmp_path_factory, _in_process_cloud) -> Dict[str, Any]:
     tmp = tmp_path_factory.mktemp("whatif")
     (tmp / "policy.yaml").write_text(yaml.safe_dump(POLICY, sort_keys=False))
     _run_daemon(tmp, _in_process_cloud, 90)
-    rotated = tmp / "out.jsonl.1.gz"
+    rotated = tmp / "out.jsonl.20261201T120000.000000Z.gz"  # edge.rotation's name for it
     with open(tmp / "out.jsonl", "rb") as src, gzip.open(rotated, "wb") as dst:
         shutil.copyfileobj(src, dst)
     (tmp / "out.jsonl").unlink()
