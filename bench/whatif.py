@@ -5,8 +5,8 @@ records, laid out exactly as ``edge.records.FrameRecord.to_json`` writes them),
 decided by the real decision core under ``examples/policy.yaml`` with a daemon-like
 clock, written out of order the way the daemon writes them (an escalated frame's
 record after a few later frames) and rotated into 24 hourly files, gzip'd except
-the last, as a log rotation leaves them. Traffic follows a day: busy hours have
-more hard frames. Then replays them with the CLI, as an operator would, and prints
+the last, named as the edge's own rotation names them (``edge.rotation``). Traffic
+follows a day: busy hours have more hard frames. Then replays them with the CLI, as an operator would, and prints
 the replay's rate and wall time (target: <= 60 s for the day), the what-if table
 against a stricter policy, and checks that the replay reproduced every recorded decision.
 
@@ -104,7 +104,9 @@ def generate(out: Path, hours: float, policy_path: Path) -> List[Path]:
                 f.close()
                 hour = i // per_file
                 last = i + per_file >= total
-                p = out / (f"detections.jsonl.{hour:02d}" + ("" if last else ".gz"))
+                # edge.rotation's names: the file rotated at the end of its hour, gzip'd
+                stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(T0_NS // 10**9 + (hour + 1) * 3600))
+                p = out / ("detections.jsonl" if last else f"detections.jsonl.{stamp}.000000Z.gz")
                 f = open(p, "wb") if last else gzip.open(p, "wb", compresslevel=1)  # type: ignore[assignment]
                 files.append(p)
             rec = _record(i, row, esc, digest, policy.metadata.name)
@@ -132,7 +134,7 @@ def main_() -> int:
     policy = ROOT / "examples" / "policy.yaml"
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="whatif-"))
     work.mkdir(parents=True, exist_ok=True)
-    files = sorted(work.glob("detections.jsonl.*"))
+    files = sorted(work.glob("detections.jsonl*"))
     if not files:
         t = time.perf_counter()
         files = generate(work, args.hours, policy)

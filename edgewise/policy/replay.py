@@ -434,8 +434,11 @@ def _per_hour(hours: Dict[int, int], first_s: float, last_s: float) -> List[floa
 
 
 def _figures_doc(r: Replay, side: Side, fig: Figures, first_s: float, last_s: float,
-                 rec_payload: Optional[Payload]) -> Dict[str, Any]:
+                 rec_payload: Optional[Payload], stream_seconds: Optional[float] = None) -> Dict[str, Any]:
+    """One side's figures on one stream, or overall; ``stream_seconds`` (overall) is the sum of
+    the streams' spans, which the summed saturation time is a share of."""
     span = max(0.0, last_s - first_s)
+    sat_span = span if stream_seconds is None else stream_seconds
     per_hour = _per_hour(fig.hours, first_s, last_s)
     uplink, basis = _uplink(r, side, fig, rec_payload)
     return {
@@ -452,7 +455,7 @@ def _figures_doc(r: Replay, side: Side, fig: Figures, first_s: float, last_s: fl
         "budget_saturated": {
             "episodes": fig.episodes,
             "seconds": round(fig.sat_s, 1),
-            "share_of_time": round(fig.sat_s / span, 4) if span > 0 else 0.0,
+            "share_of_time": round(fig.sat_s / sat_span, 4) if sat_span > 0 else 0.0,
             "longest_seconds": round(fig.sat_longest_s, 1),
         },
     }
@@ -533,7 +536,8 @@ def _report(r: Replay, elapsed: float) -> Dict[str, Any]:
             "label": side.label,
             "policy": None if side.policy is None else {
                 "name": side.policy.metadata.name, "source": side.policy.source, "digest": side.digest},
-            "overall": _figures_doc(r, side, total, first, last, rec_payload),
+            "overall": _figures_doc(r, side, total, first, last, rec_payload,
+                                    sum(max(0.0, st.end_s() - st.first_s) for st in r.streams.values())),
             "streams": streams,
             "hardest_suppressed": [
                 {"hardness": round(h, 4), "stream": sid, "frame_seq": seq, "capture_unix_ns": ns, "suppressed_by": by}

@@ -226,6 +226,15 @@ def test_per_hour_percentiles_bytes_saturation_and_hardest(tmp_path: Path) -> No
     assert sat["episodes"] == 20 and 70 <= sat["seconds"] <= 100  # 4 of every 5 s held back
     hardest = rep["sides"][0]["hardest_suppressed"]
     assert [h["hardness"] for h in hardest] == [0.649, 0.649, 0.648] and hardest[0]["suppressed_by"] == "budget_rate"
+    # two streams saturated alike at the same time: overall, the same share of the time (not twice it)
+    two = recs + daemon_records(lax, [0.6 + 0.001 * (i % 50) if i < 100 else 0.0 for i in range(200)], stream="cam2",
+                                fps=1.0)
+    rep = replay([write(tmp_path / "two.jsonl", two)], tight)
+    per_stream = rep["sides"][0]["streams"]["cam"]["budget_saturated"]
+    overall = rep["sides"][0]["overall"]["budget_saturated"]
+    assert per_stream["share_of_time"] == sat["share_of_time"] and 0.3 < sat["share_of_time"] < 0.6
+    assert overall["share_of_time"] == pytest.approx(sat["share_of_time"], abs=1e-3)
+    assert overall["episodes"] == 40 and overall["seconds"] == pytest.approx(2 * sat["seconds"], abs=0.2)
 
 
 def test_uplink_is_estimated_from_the_frame_size_and_the_payload_settings(tmp_path: Path) -> None:
