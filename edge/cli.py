@@ -88,6 +88,12 @@ def _check_policy(args: argparse.Namespace) -> int:
         raise ConfigError("--against compares on recorded frames (--replay) or labelled data (--data); give one")
     if args.top < 0:
         raise ConfigError(f"--top {args.top}: must be >= 0")
+    if args.max_share is not None and not 0.0 <= args.max_share <= 1.0:
+        raise ConfigError(f"--max-share {args.max_share:g}: must be a fraction in [0, 1]")
+    if args.max_bytes_per_day is not None and not args.max_bytes_per_day >= 0:
+        raise ConfigError(f"--max-bytes-per-day {args.max_bytes_per_day:g}: must be >= 0")
+    if (args.max_share is not None or args.max_bytes_per_day is not None) and not args.replay:
+        raise ConfigError("--max-share and --max-bytes-per-day gate the replay's figures: give --replay RECORDS")
     doc: Dict[str, Any] = {"policy": _describe(policy), "against": _describe(other) if other is not None else None}
     report: Optional[Dict[str, Any]] = None
     if args.replay:

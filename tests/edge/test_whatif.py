@@ -158,11 +158,14 @@ def test_against_another_policy_file_and_the_ci_gates(recorded, capsys, tmp_path
     assert rc == 0
 
 
-def test_unusable_records_exit_2_with_one_line(recorded, tmp_path) -> None:
+def test_unusable_records_and_bad_gates_exit_2_with_one_line(recorded, tmp_path, capsys) -> None:
     policy = str(recorded["dir"] / "policy.yaml")
+    rc, out = _check([policy, "--max-share", "0.1"], capsys)
+    assert rc == 2 and "give --replay RECORDS" in out.err
     cmd = [sys.executable, "-m", "edgewise.cli", "edge", "check-policy", policy, "--replay"]
-    for arg, expected in ((str(tmp_path / "none.jsonl"), "records file not found"),
-                          (str(tmp_path), "is a folder")):
-        r = subprocess.run([*cmd, arg], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    for args, expected in (([str(tmp_path / "none.jsonl")], "records file not found"),
+                           ([str(tmp_path)], "is a folder"),
+                           ([*recorded["files"], "--max-share", "1.5"], "--max-share 1.5: must be a fraction in [0, 1]")):
+        r = subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 2, r.stderr
         assert r.stderr.startswith("edgewise: error: ") and expected in r.stderr and "Traceback" not in r.stderr
