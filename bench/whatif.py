@@ -160,8 +160,10 @@ def main_() -> int:
             report = json.loads(buf.getvalue())
             rec = report["replay"]["records"]
             repro = report["replay"]["sides"][0].get("reproduction", {})
+            cpu_rate = rec["lines"] / rec["cpu_seconds"] if rec["cpu_seconds"] > 0 else 0.0
             print(f"same policy: {rec['lines']:,} records in {rec['seconds']:.1f} s = "
                   f"{rec['records_per_second']:,} records/s (wall {time.perf_counter() - t:.1f} s incl. start); "
+                  f"{rec['cpu_seconds']:.1f} s of CPU = {cpu_rate:,.0f} records per CPU second; "
                   f"reproduced {repro.get('agreed', 0):,} of {repro.get('checked', 0):,} decisions; exit {rc}")
         else:
             rc = main(cmd)

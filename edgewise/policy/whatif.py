@@ -117,7 +117,7 @@ def table(report: Dict[str, Any]) -> str:
         lines += [f"  - {n}" for n in report["notes"]]
     rate = rec["records_per_second"]
     lines.append(f"Replayed {rec['lines']:,} records in {rec['seconds']:.1f} s"
-                 + (f" ({rate:,} records/s)." if rate else "."))
+                 + (f" ({rate:,} records/s; {rec['cpu_seconds']:.2f} s of CPU)." if rate else "."))
     return "\n".join(lines)
 
 
