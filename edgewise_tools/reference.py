@@ -364,6 +364,15 @@ def settings_reference(page: SettingsPage, _root: Path = ROOT) -> Optional[str]:
 
 # --------------------------------------------------------------------------- policy JSON Schema
 
+def _range_schema(lo: Optional[float], hi: Optional[float], lo_open: bool, hi_open: bool) -> Dict[str, Any]:
+    """``minimum``/``maximum`` (or their ``exclusive`` forms) of a number's range."""
+    out: Dict[str, Any] = {}
+    for key, bound, is_open in (("minimum", lo, lo_open), ("maximum", hi, hi_open)):
+        if bound is not None:
+            out["exclusive" + key.capitalize() if is_open else key] = int(bound) if float(bound).is_integer() else bound
+    return out
+
+
 def _policy_field_schema(spec: FieldSpec) -> Dict[str, Any]:
     """The JSON Schema of one policy key, as the loader (``edgewise.policy.loading``) checks it."""
     out: Dict[str, Any] = {"description": spec.doc}
@@ -377,10 +386,7 @@ def _policy_field_schema(spec: FieldSpec) -> Dict[str, Any]:
                    properties={k: {"type": "number", "minimum": 0, "maximum": 1} for k in spec.keys})
     elif spec.kind in ("float", "int"):
         out["type"] = "integer" if spec.kind == "int" else "number"
-        for key, bound, is_open in (("minimum", spec.lo, spec.lo_open), ("maximum", spec.hi, spec.hi_open)):
-            if bound is not None:
-                out["exclusive" + key.capitalize() if is_open else key] = (
-                    int(bound) if float(bound).is_integer() else bound)
+        out.update(_range_schema(spec.lo, spec.hi, spec.lo_open, spec.hi_open))
     elif spec.kind == "bool":
         out["type"] = "boolean"
     else:
@@ -466,9 +472,7 @@ def _scalar_schema(tp: Any, spec: Spec) -> Dict[str, Any]:
         return {"type": "string", "enum": list(allowed)}
     out: Dict[str, Any] = {"type": {"bool": "boolean", "int": "integer", "float": ["number", "string"]}.get(
         kind, ["string", "number"])}
-    for key, bound, is_open in (("minimum", spec.lo, spec.lo_open), ("maximum", spec.hi, spec.hi_open)):
-        if bound is not None:
-            out["exclusive" + key.capitalize() if is_open else key] = int(bound) if float(bound).is_integer() else bound
+    out.update(_range_schema(spec.lo, spec.hi, spec.lo_open, spec.hi_open))
     if kind == "float":
         out["pattern"] = _NUMBER_TEXT
     return out
