@@ -25,8 +25,9 @@ from typing import Any, Dict, Optional
 from edge.settings import SCHEMA
 from edgewise.settings import add_settings_arguments, settings_from_args
 
-#: ``check-policy`` exit statuses (docs/policies.md#use-it-in-ci).
-EXIT_OK, EXIT_GATE, EXIT_INVALID = 0, 1, 2
+#: ``check-policy`` exit statuses (docs/policies.md#use-it-in-ci); an invalid policy or unusable
+#: records exit 2, the dispatcher's status for every EdgewiseError (``edgewise.cli``).
+EXIT_OK, EXIT_GATE = 0, 1
 
 
 def register(subparsers: Any) -> None:
