@@ -183,7 +183,7 @@ class Pipeline:
             self.metrics.drops.labels(frame.stream_id, "stale").inc()
             return
         h, w = frame.image.shape[:2]
-        verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h))
+        verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h), frame=frame.image)
         d = verdict.decision
         self.hardness_policy_ms.append(verdict.cost_ms)
         if len(self.hardness_policy_ms) > 100000:
@@ -239,7 +239,7 @@ class Pipeline:
         )
         if d.escalate and self.escalating is not None and self.decider.policy is not None:
             record.outcome = "pending"
-            self.escalating.submit(frame, dets, d, self.decider.policy, record)
+            self.escalating.submit(frame, dets, d, self.decider.policy, record, verdict.motion_blobs)
         else:
             if d.escalate:
                 record.outcome = "edge_only"

@@ -78,6 +78,12 @@ SIGNAL_DOCS: Dict[str, str] = {
                             "simple IoU tracker; 0 until the tracker has seen `signals.trackMinHits` frames.",
     "missed_object": "Highest objectness the model saw where no box was kept (DDS feedback regions); "
                      "what makes a frame with no detections escalatable.",
+    "motion": "Foreground (MOG2 background subtraction on a grey copy `signals.motion.width` px wide) that no "
+              "detection explains, as a share of the frame divided by `signals.motion.areaSaturation`: "
+              "what the edge cannot see but the pixels show. Computed only when a weight, the learned "
+              "model or region payloads use it.",
+    "motion_blobs": "Unexplained foreground blobs no larger than `signals.motion.smallBlob` of the frame (far "
+                    "objects are small), divided by `signals.motion.blobSaturation`.",
 }
 
 #: ``Decision.reason`` values (label ``reason`` of ``edgewise_edge_escalations_total``).

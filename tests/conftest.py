@@ -34,14 +34,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _built_model(arch: str, imgsz: int, nc: int) -> Path:
+def _built_model(arch: str, imgsz: int, nc: int, dynamic_hw: bool = False) -> Path:
     from edgewise_tools.models import build_onnx
 
     MODEL_CACHE.mkdir(parents=True, exist_ok=True)
-    path = MODEL_CACHE / f"{arch}-{imgsz}-{nc}.onnx"
+    path = MODEL_CACHE / f"{arch}-{imgsz}-{nc}{'-dynhw' if dynamic_hw else ''}.onnx"
     if not path.exists():
         tmp = path.with_suffix(".tmp.onnx")
-        build_onnx(arch, imgsz=imgsz, nc=nc, path=tmp, names=DIGIT_NAMES[:nc] if nc <= 10 else None, seed=0)
+        build_onnx(arch, imgsz=imgsz, nc=nc, path=tmp, names=DIGIT_NAMES[:nc] if nc <= 10 else None, seed=0,
+                   dynamic_hw=dynamic_hw)
+        if dynamic_hw:  # ask to run at native size, as the camera pair's cloud model does
+            import onnx
+
+            proto = onnx.load(str(tmp))
+            prop = proto.metadata_props.add()
+            prop.key, prop.value = "input_size", "native"
+            onnx.save(proto, str(tmp))
         tmp.replace(path)
     return path
 
@@ -56,6 +64,12 @@ def tiny_model() -> Path:
 def small_model() -> Path:
     """YOLOv5n at 320 px with 10 classes."""
     return _built_model("yolov5n", 320, 10)
+
+
+@pytest.fixture(scope="session")
+def native_model() -> Path:
+    """YOLOv5n trained-size 160 with a symbolic height/width and ``input_size: native``."""
+    return _built_model("yolov5n", 160, 10, dynamic_hw=True)
 
 
 def mosquitto_binary() -> str:

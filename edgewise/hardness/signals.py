@@ -30,10 +30,11 @@ from typing import Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from edgewise.detections import Detections
+from edgewise.hardness.motion import MOTION_SIGNALS
 from edgewise.hardness.tracking import TrackerState, track_step
 
-#: Every signal ``compute_signals`` returns, in a stable order.
-SIGNAL_NAMES: Tuple[str, ...] = (
+#: The signals computed from a frame's detections (and the tracker), in a stable order.
+BOX_SIGNALS: Tuple[str, ...] = (
     "uncertain_count",
     "uncertain_fraction",
     "mean_conf",
@@ -44,6 +45,10 @@ SIGNAL_NAMES: Tuple[str, ...] = (
     "tracker_disagreement",
     "missed_object",
 )
+#: Every signal ``compute_signals`` returns: the box signals, then the motion signals of
+#: :mod:`edgewise.hardness.motion` (pixels the detections do not explain; 0 when no
+#: motion evidence is passed in).
+SIGNAL_NAMES: Tuple[str, ...] = BOX_SIGNALS + MOTION_SIGNALS
 
 #: How ``combine`` merges weighted signals.
 COMBINE_MODES: Tuple[str, ...] = ("max", "mean")
@@ -221,11 +226,14 @@ def compute_signals(
     prev: Optional[TrackerState],
     cfg: SignalConfig,
     frame_size: Optional[Tuple[int, int]] = None,
+    motion: Optional[Mapping[str, float]] = None,
 ) -> Tuple[Dict[str, float], TrackerState]:
     """All signals of one frame, and the tracker state to pass with the next frame.
 
     ``prev`` is the state returned for the previous frame of the same stream
-    (``None`` for the first frame). ``tracker_disagreement`` is
+    (``None`` for the first frame). ``motion`` holds the frame's motion signals
+    (:class:`edgewise.hardness.motion.MotionDetector`), 0 when not given: they need the
+    pixels, which only the caller has. ``tracker_disagreement`` is
     (appeared + vanished) / (detections + vanished): 0 on the first frame and
     until the tracker has seen ``track_min_hits`` frames (warm-up), so a stream
     start is not "hard".
@@ -255,6 +263,8 @@ def compute_signals(
         "tracker_disagreement": float(disagreement),
         "missed_object": missed_object_signal(dets),
     }
+    for name in MOTION_SIGNALS:
+        signals[name] = float(motion.get(name, 0.0)) if motion is not None else 0.0
     return signals, upd.state
 
 

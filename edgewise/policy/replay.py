@@ -20,11 +20,14 @@ bytes per day, suppressed candidates by limit, how often and how long the budget
 was saturated, and the hardest frames held back; plus how many decisions change
 in each direction.
 
-Uplink bytes: an escalation's recorded ``payload_bytes`` where the side sends what
-was recorded (the records' policy is known, by digest, and has the same
-``payload`` section); otherwise the frame's pixels (or its recorded crop) times
+Uplink bytes: an escalation's recorded ``payload_bytes`` (the bytes of the image
+sent, ``edge.payloads.note_payload``) where the side sends what was recorded (the
+records' policy is known, by digest, and has the same ``payload`` section);
+otherwise the frame's pixels (or the area of its recorded crop or regions) times
 bytes per pixel at the side's ``jpegQuality``, from :data:`JPEG_BYTES_PER_PIXEL`,
-scaled to the recorded sizes when those are known to be at a known quality.
+scaled to the recorded sizes when those are known to be at a known quality (the
+bytes per pixel are measured on the recorded escalations that sent frame pixels at
+full resolution: not on ``downscaled`` or ``low+regions`` payloads).
 
 What cannot be reproduced is said in ``notes``: records from another policy
 version, records without ``decided_s`` (older daemons: the budget runs on capture
@@ -60,6 +63,11 @@ JPEG_BYTES_PER_PIXEL: Tuple[Tuple[int, float], ...] = (
 MIN_HOUR_COVERAGE_S = 360.0
 #: Mismatches listed when a replay does not reproduce the records.
 MAX_MISMATCHES = 20
+#: Payload modes that send part of the frame (its area is recorded as ``crop`` or ``regions``).
+PART_MODES = ("crops", "regions")
+#: Payload modes whose image is not the frame's pixels at full resolution: their recorded
+#: sizes do not calibrate the bytes per pixel.
+SCALED_MODES = ("downscaled", "low+regions")
 
 
 def jpeg_bytes_per_pixel(quality: int) -> float:
@@ -83,8 +91,8 @@ def percentile(values: Sequence[float], p: float) -> float:
 class Figures:
     """What one side did on one stream (or all of them)."""
 
-    __slots__ = ("frames", "escalated", "hours", "measured_bytes", "measured_pixels", "measured",
-                 "est_pixels", "est_crop_unknown", "suppressed", "episodes", "sat_s", "sat_longest_s",
+    __slots__ = ("frames", "escalated", "hours", "measured_bytes", "measured_pixels", "measured_unknown",
+                 "measured", "est_pixels", "est_unknown", "suppressed", "episodes", "sat_s", "sat_longest_s",
                  "sat_start", "sat_last")
 
     def __init__(self) -> None:
@@ -92,10 +100,13 @@ class Figures:
         self.escalated = 0
         self.hours: Dict[int, int] = {}  # clock hour (unix s // 3600) -> escalations
         self.measured_bytes = 0          # recorded payload_bytes of escalations that have them
-        self.measured_pixels = 0.0       # ... and the pixels they sent
         self.measured = 0
-        self.est_pixels = 0.0            # pixels of escalations without a recorded size
-        self.est_crop_unknown = 0.0      # full-frame pixels of crop escalations without a recorded crop
+        # the pixels this side would send (Side.pixels_of), of escalations with a recorded size
+        # and of those without; "unknown": frame pixels of which an unknown part is sent
+        self.measured_pixels = 0.0
+        self.measured_unknown = 0.0
+        self.est_pixels = 0.0
+        self.est_unknown = 0.0
         self.suppressed: Dict[str, int] = {}
         self.episodes = 0
         self.sat_s = 0.0
@@ -112,8 +123,8 @@ class Figures:
 
     def add(self, other: Figures) -> None:
         """Sum ``other`` into this (for the overall figures)."""
-        for name in ("frames", "escalated", "measured_bytes", "measured_pixels", "measured", "est_pixels",
-                     "est_crop_unknown", "episodes", "sat_s"):
+        for name in ("frames", "escalated", "measured_bytes", "measured_pixels", "measured_unknown", "measured",
+                     "est_pixels", "est_unknown", "episodes", "sat_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.sat_longest_s = max(self.sat_longest_s, other.sat_longest_s)
         for hour, n in other.hours.items():
@@ -130,12 +141,29 @@ class Side:
         self.policy = policy
         self.digest = policy_digest(policy) if policy is not None else ""
         self.escalator = Escalator(policy, clock=lambda: 0.0) if policy is not None else None
-        self.crops = policy is not None and policy.spec.payload.mode == "crops"
+        self.mode = policy.spec.payload.mode if policy is not None else ""
+        self.downscale_width = policy.spec.payload.downscale_width if policy is not None else 0
         self.top = top
         self.hardest: List[Tuple[float, int, str, int, str]] = []  # (hardness, capture ns, stream, seq, by)
         self.checked = 0
         self.agreed = 0
         self.mismatches: List[Dict[str, Any]] = []
+
+    def pixels_of(self, pixels: float, width: int, part: Optional[float]) -> Tuple[float, float]:
+        """(full-resolution pixels this side sends for a frame of ``pixels`` whose recorded
+        part, when known, covers ``part``; frame pixels of which it sends a part of unknown
+        size). The recorded decisions send what was recorded."""
+        mode = self.mode
+        if not mode:
+            return (part if part is not None else pixels), 0.0
+        if mode in PART_MODES:
+            return (part, 0.0) if part is not None else (0.0, pixels)
+        if mode == "full":
+            return pixels, 0.0
+        low = pixels * min(1.0, self.downscale_width / width) ** 2 if width > 0 else pixels
+        if mode == "downscaled":
+            return low, 0.0
+        return (low + part, 0.0) if part is not None else (low, pixels)  # low+regions
 
     def note_suppressed(self, hardness: float, cap_ns: int, sid: str, seq: int, by: str) -> None:
         h = self.hardest
@@ -230,8 +258,8 @@ def _facts_from_boxes(doc: Record) -> FrameFacts:
 
 
 def _needed(policy: Policy) -> Set[str]:
-    if policy.learned is not None:
-        return set(SIGNAL_NAMES)
+    if policy.learned is not None:  # the signals the model was fitted on
+        return set(SIGNAL_NAMES).intersection(policy.learned.features)
     return {k for k, w in policy.spec.signals.weights.items() if w > 0}
 
 
@@ -240,6 +268,18 @@ def _crop_area(crop: Any) -> Optional[float]:
         return float(max(0, crop[2] - crop[0]) * max(0, crop[3] - crop[1]))
     except (TypeError, IndexError, KeyError):
         return None
+
+
+def _part_area(doc: Record) -> Optional[float]:
+    """The frame area an escalation sent at full resolution when it was part of the frame
+    (its ``crop``, or its ``regions`` together); None when the record names no part."""
+    if "crop" in doc:
+        return _crop_area(doc["crop"])
+    regions = doc.get("regions")
+    if regions.__class__ is not list:
+        return None
+    areas = [_crop_area(r) for r in regions]
+    return None if None in areas else sum(a for a in areas if a is not None)
 
 
 def _take(r: Replay, doc: Record) -> None:
@@ -294,31 +334,38 @@ def _take(r: Replay, doc: Record) -> None:
     esc0 = d0.escalate
     esc1 = d1.escalate if d1 is not None else recorded
     pixels = 0.0
+    width = 0
     crop = None
     pb = doc.get("payload_bytes")
     if esc0 or esc1 or recorded:
         width, height = doc.get("width", 0), doc.get("height", 0)
-        pixels = float(width * height) if width.__class__ is int and height.__class__ is int else 0.0
-        crop = _crop_area(doc["crop"]) if "crop" in doc else None
-        if pb.__class__ is int:
+        if width.__class__ is int and height.__class__ is int:
+            pixels = float(width * height)
+        else:
+            width = 0
+        crop = _part_area(doc)
+        mode = doc.get("payload")
+        if crop is None and mode in PART_MODES:
+            crop = pixels  # a part payload that found no part sent the whole frame
+        if pb.__class__ is not int:
+            pb = None
+        elif mode not in SCALED_MODES:  # full-resolution pixels: they calibrate
             r.cal_bytes += pb
             r.cal_pixels += crop if crop is not None else pixels
-        else:
-            pb = None
         if crop is not None:
             r.crop_pixels += crop
             r.crop_frames_pixels += pixels
     if digest == side0.digest:
         side0.check(doc, d0, recorded)
     fig0, fig1 = st.figs
-    _account(side0, fig0, esc0, d0.suppressed_by, d0.hardness, t, cap_ns, sid, seq, pb, crop, pixels)
+    _account(side0, fig0, esc0, d0.suppressed_by, d0.hardness, t, cap_ns, sid, seq, pb, crop, pixels, width)
     if d1 is not None:
         if digest == side1.digest:
             side1.check(doc, d1, recorded)
-        _account(side1, fig1, esc1, d1.suppressed_by, d1.hardness, t, cap_ns, sid, seq, pb, crop, pixels)
+        _account(side1, fig1, esc1, d1.suppressed_by, d1.hardness, t, cap_ns, sid, seq, pb, crop, pixels, width)
     else:
         _account(side1, fig1, esc1, doc.get("suppressed_by") or None, doc.get("hardness", 0.0), t, cap_ns, sid,
-                 seq, pb, crop, pixels)
+                 seq, pb, crop, pixels, width)
     if esc0 != esc1:
         ch = r.changes.get(sid)
         if ch is None:
@@ -327,21 +374,23 @@ def _take(r: Replay, doc: Record) -> None:
 
 
 def _account(side: Side, fig: Figures, escalate: bool, by: Optional[str], hardness: float, t: float,
-             cap_ns: int, sid: str, seq: int, pb: Optional[int], crop: Optional[float], pixels: float) -> None:
+             cap_ns: int, sid: str, seq: int, pb: Optional[int], crop: Optional[float], pixels: float,
+             width: int) -> None:
     """Count one frame's decision on one side."""
     fig.frames += 1
     if escalate:
         fig.escalated += 1
         hour = int(t // 3600)
         fig.hours[hour] = fig.hours.get(hour, 0) + 1
+        known, unknown = side.pixels_of(pixels, width, crop)
         if pb is not None:
             fig.measured += 1
             fig.measured_bytes += pb
-            fig.measured_pixels += crop if crop is not None else pixels
-        elif crop is None and side.crops:
-            fig.est_crop_unknown += pixels
+            fig.measured_pixels += known
+            fig.measured_unknown += unknown
         else:
-            fig.est_pixels += crop if crop is not None else pixels
+            fig.est_pixels += known
+            fig.est_unknown += unknown
         if fig.sat_start is not None:
             fig.close_saturation(t)
     elif by:
@@ -415,10 +464,10 @@ def _uplink(r: Replay, side: Side, fig: Figures, rec_payload: Optional[Payload])
     else:
         bpp = jpeg_bytes_per_pixel(quality)
         how = f"{bpp:.3f} B/px, the rule of thumb for jpegQuality {quality}"
-    est = fig.est_pixels + fig.est_crop_unknown * crop_frac
+    est = fig.est_pixels + fig.est_unknown * crop_frac
     if same:
         return fig.measured_bytes + est * bpp, f"{fig.measured} recorded sizes, the rest at {how}"
-    return (fig.measured_pixels + est) * bpp, f"estimated at {how}"
+    return (fig.measured_pixels + fig.measured_unknown * crop_frac + est) * bpp, f"estimated at {how}"
 
 
 def _per_hour(hours: Dict[int, int], first_s: float, last_s: float) -> List[float]:

@@ -107,6 +107,16 @@ def letterbox(
     return im, meta
 
 
+def native_shape(src_shape: Tuple[int, int], stride: int = 32, max_side: int = 0) -> Tuple[int, int]:
+    """``(height, width)`` at which an image runs at its own scale: its size rounded up to
+    the stride (padding, never scaling up), after scaling down to ``max_side`` on its
+    longer side when that is set (0: no cap)."""
+    h, w = int(src_shape[0]), int(src_shape[1])
+    r = min(1.0, max_side / max(h, w)) if max_side > 0 else 1.0
+    return (max(stride, -(-int(round(h * r)) // stride) * stride),
+            max(stride, -(-int(round(w * r)) // stride) * stride))
+
+
 def to_chw_rgb(images: Sequence[np.ndarray], out: Optional[np.ndarray] = None) -> np.ndarray:
     """Equal-sized BGR HWC uint8 images -> NCHW float32 RGB in [0, 1] (``/ 255``).
 

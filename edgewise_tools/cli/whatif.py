@@ -9,11 +9,15 @@ tools installed, ``check-policy`` simply has no ``--data``.
 
 :func:`accuracy` is ``edgewise eval``'s machinery, not a second implementation: both
 models run once over the dataset (``evaluation.frames.collect``; the outputs are
-cached, keyed by the models' and the dataset's bytes, so trying another threshold
-does not run them again), each policy is replayed on the stream timeline with its
-budget (``evaluation.hybrid.run_policy``, the real Escalator) and scored against
-the ground truth (``evaluation.hybrid.evaluate``): F1, precision, recall, mAP@0.5
-and the escalated share, next to edge-only and cloud-only.
+cached, keyed by the models' and the dataset's bytes, the JPEG quality and the motion
+detector's settings, so trying another threshold does not run them again), each
+policy's signals are computed again under its own parameters
+(``evaluation.frames.set_signals``; the motion signals, which need the pixels, come
+from a collection with that policy's motion settings), each policy is replayed on the
+stream timeline with its budget (``evaluation.hybrid.run_policy``, the real Escalator)
+and scored against the ground truth (``evaluation.hybrid.evaluate``, whole-frame
+payloads): F1, precision, recall, mAP@0.5 and the escalated share, next to edge-only
+and cloud-only.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from edgewise.policy.schema import Policy
 log = logging.getLogger(__name__)
 
 #: Bump when what the cache holds changes shape.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,8 +71,11 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _cache_key(data: Path, edge: Path, cloud: Path, jpeg_quality: int, limit: Optional[int]) -> str:
-    h = hashlib.sha256(f"{CACHE_VERSION}|{_file_digest(edge)}|{_file_digest(cloud)}|{jpeg_quality}|{limit}".encode())
+def _cache_key(data: Path, edge: Path, cloud: Path, policy: Policy, limit: Optional[int]) -> str:
+    """What the collected frames depend on: the models, the data, the limit, and of the
+    policy only the JPEG quality and the motion detector's settings."""
+    h = hashlib.sha256(f"{CACHE_VERSION}|{_file_digest(edge)}|{_file_digest(cloud)}|{limit}|"
+                       f"{policy.spec.payload.jpeg_quality}|{policy.spec.signals.motion.config()!r}".encode())
     for p in sorted(data.rglob("*")):
         if p.is_file():
             st = p.stat()
@@ -82,7 +89,7 @@ def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
     from edgewise_tools.evaluation.frames import collect
 
     data, edge, cloud = Path(args.data), Path(args.edge), Path(args.cloud)
-    cache = _cache_dir(args.cache) / f"{_cache_key(data, edge, cloud, policy.spec.payload.jpeg_quality, args.limit)}.pkl"
+    cache = _cache_dir(args.cache) / f"{_cache_key(data, edge, cloud, policy, args.limit)}.pkl"
     try:
         with open(cache, "rb") as f:
             doc = pickle.load(f)
@@ -92,8 +99,8 @@ def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
         pass
     det_edge = Detector.from_file(edge, threads=args.threads, source="edge")
-    det_cloud = Detector.from_file(cloud, threads=args.threads, source="cloud")
-    records = collect(data, det_edge, det_cloud, policy.signal_config(), policy.spec.payload.jpeg_quality, args.limit)
+    det_cloud = Detector.from_file(cloud, threads=args.threads, source="cloud", input_size="auto")  # as eval's
+    records = collect(data, det_edge, det_cloud, policy, ("full",), args.limit)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
@@ -120,6 +127,7 @@ def accuracy(args: argparse.Namespace, policy: Policy, other: Optional[Policy]) 
     if args.fps <= 0:
         raise ConfigError(f"--fps {args.fps:g}: must be > 0")
     records, nc = _collect(args, policy)
+    collected = {policy.spec.signals.motion.config(): records}
     n = len(records)
     merge = policy.spec.merge
     rows: List[Dict[str, Any]] = [
@@ -127,9 +135,13 @@ def accuracy(args: argparse.Namespace, policy: Policy, other: Optional[Policy]) 
     for label, p in ((args.file, policy), (args.against, other)):
         if p is None:
             continue
-        set_signals(records, p.signal_config())  # the policy's band and signal parameters
-        mask = hybrid.run_policy(records, p, args.fps)
-        rows.append(dict(hybrid.evaluate(records, mask, nc, p.spec.merge.strategy, p.spec.merge.iou), label=label))
+        motion = p.spec.signals.motion.config()
+        if motion not in collected:  # its motion signals need the pixels again
+            collected[motion] = _collect(args, p)[0]
+        mine = collected[motion]
+        set_signals(mine, p)  # the policy's band and signal parameters
+        mask = hybrid.run_policy(mine, p, args.fps)
+        rows.append(dict(hybrid.evaluate(mine, mask, nc, p.spec.merge.strategy, p.spec.merge.iou), label=label))
     rows.append(dict(hybrid.evaluate(records, np.ones(n, bool), nc, merge.strategy, merge.iou), label="cloud only"))
     doc = {"data": str(args.data), "frames": n, "edge_model": str(args.edge), "cloud_model": str(args.cloud),
            "fps": args.fps, "rows": rows}

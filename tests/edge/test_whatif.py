@@ -24,6 +24,7 @@ import yaml
 
 from edge.daemon import EdgeDaemon
 from edgewise.cli import main
+from edgewise.policy.schema import DEFAULT_WEIGHTS
 from tests.edge.helpers import read_jsonl
 from tests.edge.test_pipeline import base_settings
 
@@ -31,11 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 EDGE_MODEL = ROOT / "models" / "edge-int8.onnx"
 
 #: Every limit bites on these streams: low thresholds (class "7" lower, "1" higher), a tight
-#: fraction and token bucket, hardest-first, a cooldown on stream b, random audits.
+#: fraction and token bucket, hardest-first, a cooldown on stream b, random audits; motion weighed.
 POLICY: Dict[str, Any] = {
     "apiVersion": "edgewise/v1", "kind": "EscalationPolicy", "metadata": {"name": "busy"},
     "spec": {
         "threshold": 0.65,
+        # the motion signals weigh in: the replay reads them from the records (no pixels)
+        "signals": {"weights": {**DEFAULT_WEIGHTS, "motion": 0.7, "motion_blobs": 0.8}},
         "classes": {"7": {"threshold": 0.5}, "1": {"threshold": 0.9}},
         "streams": {"b": {"cooldownSeconds": 0.12}},
         "budget": {"maxFraction": 0.3, "windowFrames": 20, "maxPerSecond": 4.0, "burst": 2, "priority": "hardest"},
@@ -88,6 +91,9 @@ def test_the_records_hold_every_limit_biting(recorded) -> None:
     assert {"cooldown", "priority", "budget_rate"} <= held, held
     assert {r["reason"] for r in recs} >= {"hard", "below_threshold"}
     assert {o for r in recs for o in [r["origin"]]} >= {"global", "class 7"}
+    # the motion detector ran, and motion alone made some frames hard
+    assert any(r["signals"]["motion"] > 0 for r in recs)
+    assert any(r["hardness"] == round(0.7 * r["signals"]["motion"], 4) >= r["threshold"] for r in recs)
     # records are written when settled: the file order is not the decision order
     seqs = [r["frame_seq"] for r in read_jsonl(recorded["dir"] / "out.jsonl") if r["stream"] == "a"]
     assert seqs != sorted(seqs)

@@ -255,6 +255,30 @@ def test_uplink_is_estimated_from_the_frame_size_and_the_payload_settings(tmp_pa
     assert "scaled from jpegQuality 85 to 50" in rep["sides"][0]["overall"]["uplink_basis"]
 
 
+def test_region_payloads_calibrate_on_their_area_and_each_side_sends_its_mode(tmp_path: Path) -> None:
+    """payload_bytes is the image sent: a region payload's bytes are of its regions' pixels, a
+    downscaled frame's of fewer pixels than the frame's (counted, not calibrated on)."""
+    budget = "  threshold: 0.5\n  budget: {maxFraction: 1.0, maxPerSecond: null}\n"
+    regions = policy(budget + "  payload: {mode: regions}\n", "regions")
+    recs = daemon_records(regions, [1.0] * 20, payload=6_000)
+    for r in recs:  # two regions of 100x100 and 100x200 pixels: 0.2 B/px
+        r.update(payload="regions", regions=[[0, 0, 100, 100], [200, 0, 300, 200]])
+    path = write(tmp_path / "r.jsonl", recs)
+    full = policy(budget, "full")
+    rep = replay([path], full, regions)
+    assert rep["sides"][1]["overall"]["uplink_bytes"] == 20 * 6_000
+    assert rep["sides"][0]["overall"]["uplink_bytes"] == pytest.approx(20 * 640 * 480 * 0.2, rel=1e-6)
+    down = policy(budget + "  payload: {mode: downscaled, downscaleWidth: 320}\n", "down")
+    assert replay([path], down, regions)["sides"][0]["overall"]["uplink_bytes"] == pytest.approx(
+        20 * 320 * 240 * 0.2, rel=1e-6)
+    for r in recs:
+        del r["regions"]
+        r["payload"] = "downscaled"
+    rep = replay([write(tmp_path / "d.jsonl", recs)], full, regions)
+    assert rep["sides"][1]["overall"]["uplink_bytes"] == 20 * 6_000  # what was sent
+    assert "rule of thumb for jpegQuality 85" in rep["sides"][0]["overall"]["uplink_basis"]
+
+
 def test_helpers() -> None:
     assert percentile([], 50) == 0.0 and percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 95) == 4
     assert jpeg_bytes_per_pixel(85) == 0.2 and 0.2 < jpeg_bytes_per_pixel(87) < 0.247

@@ -116,6 +116,15 @@ def test_fused_batch_equals_letterbox_then_chw(shape, size, auto):
     np.testing.assert_array_equal(batch, to_chw_rgb([boxed]))
 
 
+def test_native_shape_pads_to_the_stride_and_caps_the_long_side() -> None:
+    from edgewise.runtime.letterbox import native_shape
+
+    assert native_shape((720, 1280)) == (736, 1280)
+    assert native_shape((10, 50)) == (32, 64)
+    assert native_shape((720, 1280), max_side=640) == (384, 640)
+    assert native_shape((720, 1280), max_side=4000) == (736, 1280)  # never scaled up
+
+
 def _upstream_detect_scale_boxes(img1_shape, boxes, img0_shape):
     """YOLOv5 v7.0 utils/general.py::scale_boxes with ratio_pad=None (how detect.py calls it)."""
     gain = min(img1_shape[0] / img0_shape[0], img1_shape[1] / img0_shape[1])
