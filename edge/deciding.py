@@ -10,8 +10,12 @@ detail, threshold and origin reach the frame record), next to the generation and
 what deciding cost. When the policy uses motion (a motion weight, a gain model fitted
 on it, or a region payload, ``Policy.uses_motion``) each stream also keeps a
 ``MotionDetector`` fed with the frame's pixels: its signals join the others and its
-unexplained blobs go with the verdict, for the region payload. Callers:
-``edge.pipeline``, ``edge.daemon`` (hot reload).
+unexplained blobs go with the verdict, for the region payload. The policy decides on
+the signals (motion ones included) at the record's precision, and the verdict carries
+everything else it read (the clock value, the facts of the edge boxes, the policy's
+digest), so the frame record holds the whole input of the decision and
+``edgewise edge check-policy --replay`` reproduces it exactly (docs/records.md).
+Callers: ``edge.pipeline``, ``edge.daemon`` (hot reload).
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ import numpy as np
 
 from edgewise.detections import Detections
 from edgewise.hardness.motion import MotionDetector
-from edgewise.hardness.signals import SignalConfig, combine, compute_signals
+from edgewise.hardness.signals import SignalConfig, as_recorded, combine, compute_signals
 from edgewise.hardness.tracking import TrackerState
-from edgewise.policy.deciding import Decision, Escalator
+from edgewise.policy.deciding import Decision, Escalator, FrameFacts, frame_facts
+from edgewise.policy.digest import policy_digest
 from edgewise.policy.schema import Policy
 
 #: Without a policy file nothing is escalated; hardness is still measured, with
@@ -43,11 +48,15 @@ class Verdict:
     """The policy's decision for one frame, the generation of the policy that made it,
     the milliseconds signals (motion included) + decision took (the per-frame cost the
     bench reports), and the motion blobs no detection explains ([k, 4] frame pixels;
-    None when the policy does not use motion)."""
+    None when the policy does not use motion); ``now`` (the decision clock), ``facts``
+    and ``policy_digest`` are the rest of what the decision read, for the frame record."""
 
     decision: Decision
     policy_generation: int
     cost_ms: float
+    now: float = 0.0
+    facts: FrameFacts = FrameFacts((), 0, 0.0)
+    policy_digest: str = ""
     motion_blobs: Optional[np.ndarray] = None
 
 
@@ -60,6 +69,7 @@ class Decider:
         self.policy = policy
         self.generation = 1
         self.escalator = Escalator(policy, clock) if policy is not None else None
+        self.digest = policy_digest(policy) if policy is not None else ""
         self.tracker: Dict[str, TrackerState] = {}
         self.motion: Dict[str, MotionDetector] = {}
         self._cfg: Dict[Tuple[str, Tuple[int, int]], SignalConfig] = {}
@@ -71,6 +81,7 @@ class Decider:
         else:
             self.escalator.swap(policy)
         self.policy = policy
+        self.digest = policy_digest(policy)
         self._cfg.clear()
         self.generation += 1
         return self.generation
@@ -103,15 +114,17 @@ class Decider:
         cfg = self._signal_config(stream_id, frame_size)
         motion = self._motion(stream_id) if frame is not None else None
         found = motion.update(frame, dets) if motion is not None and frame is not None else None
-        signals, state = compute_signals(dets, self.tracker.get(stream_id), cfg, frame_size,
-                                         found.signals if found is not None else None)
+        raw, state = compute_signals(dets, self.tracker.get(stream_id), cfg, frame_size,
+                                     found.signals if found is not None else None)
         self.tracker[stream_id] = state
+        signals = as_recorded(raw)
+        facts = frame_facts(dets)
         if self.escalator is None:
             sig = NO_POLICY.spec.signals
             d = Decision(False, NO_POLICY_REASON, combine(signals, sig.weights, sig.combine), signals,
                          detail="no policy file: nothing is escalated", origin="", stream_id=stream_id,
                          frame_seq=seq)
         else:
-            d = self.escalator.decide(stream_id, seq, dets, signals, now)
-        return Verdict(d, self.generation, (time.perf_counter() - t0) * 1000.0,
+            d = self.escalator.decide_facts(stream_id, seq, facts, signals, now)
+        return Verdict(d, self.generation, (time.perf_counter() - t0) * 1000.0, now, facts, self.digest,
                        found.blobs if found is not None else None)

@@ -23,6 +23,7 @@ import numpy as np
 from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edgewise.detections import Detections
+from edgewise.hardness.signals import RECORD_DECIMALS
 from edgewise.policy.deciding import Decision
 from edgewise.policy.schema import Merge, Policy
 from edgewise.regions import PayloadPlan
@@ -96,7 +97,7 @@ def detections_json(dets: Detections) -> List[Dict[str, Any]]:
         cid = int(dets.class_ids[i])
         out.append({
             "box": [round(float(v), 2) for v in dets.boxes[i]],
-            "score": round(float(dets.scores[i]), 4),
+            "score": round(float(dets.scores[i]), RECORD_DECIMALS),
             "class_id": cid,
             "class_name": dets.names[cid] if 0 <= cid < len(dets.names) else str(cid),
             "source": srcs[i] or "edge",

@@ -11,7 +11,9 @@ serialise it once (``to_json``) and hand every sink the record and its bytes.
 JSON field names are those of the JSON Lines files written before this type
 existed (``edgewise_tools.demo``, ``bench/`` and the tests read them); fields are
 only ever added. ``error``, ``crop``, ``cloud_model``, ``regions``, ``payload`` and
-``payload_bytes`` appear only when set.
+``payload_bytes`` appear only when set. The decision's whole input is recorded (signals,
+motion ones included, ``decided_s``, ``edge_boxes``/``edge_classes``/``edge_max_score``,
+``policy_digest``) so ``edgewise edge check-policy --replay`` can decide every frame again.
 The schema is documented in docs/records.md. A spooled escalation stores its
 record (``to_dict``) and the replay reads it back (``from_dict``), also from a
 spool written by an older daemon that lacks the newer fields.
@@ -68,6 +70,11 @@ class FrameRecord:
     cloud_model: Optional[str] = None
     read_unix_ns: int = 0
     capture_clock: str = "read"
+    decided_s: float = 0.0
+    edge_boxes: int = 0
+    edge_classes: List[str] = field(default_factory=list)
+    edge_max_score: float = 0.0
+    policy_digest: str = ""
     regions: Optional[List[List[int]]] = None
     payload: Optional[str] = None
     payload_bytes: Optional[int] = None

@@ -35,6 +35,7 @@ COMMAND_MODULES: Tuple[Tuple[str, str], ...] = (
     ("edge", "edge.cli"),
     ("edge", "edge.models"),
     ("edge", "edge.provisioning"),
+    ("edge", "edgewise_tools.cli.whatif"),  # check-policy --data: extends edge.cli's parser
     ("edge", "edge.bundle"),
     ("cloud", "cloud.worker.cli"),
     ("cloud", "cloud.gateway.cli"),

@@ -24,7 +24,7 @@ import numpy as np
 from edgewise.detections import Detections
 from edgewise.errors import ConfigError
 from edgewise.hardness.boosting import BoostedTrees
-from edgewise.hardness.signals import SIGNAL_NAMES
+from edgewise.hardness.signals import RECORD_DECIMALS, SIGNAL_NAMES
 
 FORMAT = "edgewise-gain-model/v1"
 #: the inputs this version computes, in column order: every signal, then three facts about
@@ -38,9 +38,16 @@ def frame_features(signals: Mapping[str, float], dets: Detections) -> List[float
     """One frame's feature row over :data:`FEATURE_NAMES` (edge-side only: what the daemon
     knows before asking)."""
     n = len(dets)
+    return features_of(signals, n, float(dets.scores.max()) if n else 0.0)
+
+
+def features_of(signals: Mapping[str, float], boxes: int, max_score: float) -> List[float]:
+    """The feature row from the signals, the number of boxes and the highest box score.
+    The score is taken at the frame record's precision (:data:`RECORD_DECIMALS`), so a
+    replay of the records (``edgewise.policy.replay``) gets the daemon's features."""
     row = [float(signals.get(s, 0.0)) for s in SIGNAL_NAMES]
     row = [v if math.isfinite(v) else 0.0 for v in row]
-    return row + [math.log1p(n), float(n == 0), float(dets.scores.max()) if n else 0.0]
+    return row + [math.log1p(boxes), float(boxes == 0), round(max_score, RECORD_DECIMALS) if boxes else 0.0]
 
 
 @dataclass
@@ -87,8 +94,14 @@ class GainModel:
         return np.asarray((lo + hi) / (2.0 * len(q)), np.float64)
 
     def hardness(self, signals: Mapping[str, float], dets: Detections) -> float:
-        """The learned hardness of one frame, in [0, 1] (the daemon's per-frame path)."""
-        row = frame_features(signals, dets)
+        """The learned hardness of one frame, in [0, 1]."""
+        n = len(dets)
+        return self.hardness_of(signals, n, float(dets.scores.max()) if n else 0.0)
+
+    def hardness_of(self, signals: Mapping[str, float], boxes: int, max_score: float) -> float:
+        """The learned hardness from what the policy knows of a frame (the daemon's and the
+        replay's per-frame path; see :func:`features_of`), over the model's own features."""
+        row = features_of(signals, boxes, max_score)
         p = self.trees.predict_one(row if self.features == FEATURE_NAMES else [row[i] for i in self._columns])
         return float(self.percentile(np.array([p]))[0])
 

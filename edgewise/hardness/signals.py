@@ -53,6 +53,11 @@ SIGNAL_NAMES: Tuple[str, ...] = BOX_SIGNALS + MOTION_SIGNALS
 #: How ``combine`` merges weighted signals.
 COMBINE_MODES: Tuple[str, ...] = ("max", "mean")
 
+#: Decimals of the signals and box scores in the edge's frame records. The daemon's
+#: policy decides on the signals at this precision (:func:`as_recorded`), so replaying
+#: the records (``edgewise.policy.replay``) computes exactly the daemon's hardness.
+RECORD_DECIMALS = 4
+
 
 @dataclass(frozen=True)
 class SignalConfig:
@@ -280,16 +285,22 @@ def combine(
     best = 0.0
     num = 0.0
     den = 0.0
-    for name, w in weights.items():
+    get = signals.get
+    for name, w in weights.items():  # per frame, and per recorded frame in a replay: kept lean
         if w <= 0:
             continue
-        s = float(signals.get(name, 0.0))
-        if not math.isfinite(s):
-            s = 0.0
-        s = min(1.0, max(0.0, s))
-        num += w * s
+        s = float(get(name, 0.0))
+        if not 0.0 <= s <= 1.0:  # out of [0, 1], infinite or NaN
+            s = min(1.0, max(0.0, s)) if math.isfinite(s) else 0.0
+        ws = w * s
+        num += ws
         den += w
-        if w * s > best:
-            best = w * s
+        if ws > best:
+            best = ws
     value = best if mode == "max" else (num / den if den > 0 else 0.0)
     return min(1.0, max(0.0, value))
+
+
+def as_recorded(signals: Mapping[str, float]) -> Dict[str, float]:
+    """The signals at the precision the frame record keeps (:data:`RECORD_DECIMALS`)."""
+    return {k: round(float(v), RECORD_DECIMALS) for k, v in signals.items()}

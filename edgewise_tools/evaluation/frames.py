@@ -25,7 +25,13 @@ import numpy as np
 
 from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
-from edgewise.hardness import MotionDetector, TrackerState, compute_signals
+from edgewise.hardness import (
+    MOTION_SIGNALS,
+    MotionDetector,
+    SignalConfig,
+    TrackerState,
+    compute_signals,
+)
 from edgewise.policy import Policy
 from edgewise.regions import MODES, tiles_to_frame
 from edgewise.runtime import DecodeParams, Detector, decode
@@ -208,6 +214,23 @@ def collect(
         if progress is not None:
             progress(i + 1, len(frames))
     return records
+
+
+def set_signals(records: Sequence[FrameRecord], policy: Policy) -> None:
+    """Compute every frame's edge signals again under ``policy`` (its band and signal
+    parameters, per stream as in :func:`collect`), stream by stream in frame order (the
+    tracker signal carries state), as the daemon does. The motion signals need the
+    frame's pixels, which the records do not keep: they stay what :func:`collect`
+    measured (the motion detector's settings are part of what was collected)."""
+    trackers: Dict[int, Optional[TrackerState]] = {}
+    configs: Dict[Tuple[int, Tuple[int, int]], SignalConfig] = {}
+    for r in records:
+        size = (r.width, r.height)
+        cfg = configs.get((r.stream, size))
+        if cfg is None:
+            cfg = configs[(r.stream, size)] = policy.signal_config(f"s{r.stream}", size)
+        motion = {k: r.signals.get(k, 0.0) for k in MOTION_SIGNALS}
+        r.signals, trackers[r.stream] = compute_signals(r.edge, trackers.get(r.stream), cfg, size, motion)
 
 
 def shift(d: Detections, offset: Tuple[int, int], size: Tuple[int, int]) -> Detections:

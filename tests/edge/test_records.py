@@ -25,11 +25,13 @@ def test_json_keeps_every_legacy_key_adds_the_explanation_and_omits_unset_option
     rec = frame_record("cam", 7)
     doc = json.loads(rec.to_json())
     assert LEGACY_KEYS <= set(doc)
-    assert set(doc) - LEGACY_KEYS == {"detail", "threshold", "origin", "priority", "read_unix_ns", "capture_clock"}
+    assert set(doc) - LEGACY_KEYS == {"detail", "threshold", "origin", "priority", "read_unix_ns", "capture_clock",
+                                      "decided_s", "edge_boxes", "edge_classes", "edge_max_score", "policy_digest"}
     assert doc["frame_seq"] == 7 and doc["cloud_rtt_ms"] is None and doc["late"] is False
-    rec.error, rec.crop, rec.cloud_model = "UNAVAILABLE: down", [1, 2, 3, 4], "big"
+    rec.error, rec.crop, rec.cloud_model, rec.payload_bytes = "UNAVAILABLE: down", [1, 2, 3, 4], "big", 1234
     doc = json.loads(rec.to_json())
-    assert (doc["error"], doc["crop"], doc["cloud_model"]) == ("UNAVAILABLE: down", [1, 2, 3, 4], "big")
+    assert (doc["error"], doc["crop"], doc["cloud_model"], doc["payload_bytes"]) == (
+        "UNAVAILABLE: down", [1, 2, 3, 4], "big", 1234)
     assert b"\n" not in rec.to_json() and rec.key == "dev/cam/7"
 
 
@@ -57,6 +59,9 @@ def test_the_decision_reaches_the_verdict_whole():
     assert d.escalate and d.reason == "hard" and d.origin == "global" and d.threshold == 0.0
     assert d.detail.startswith("hardness ") and ">= threshold 0.000 (global)" in d.detail
     assert d.policy_name == "p" and v.policy_generation == 1 and v.cost_ms > 0
+    # the rest of what the decision read, for the record (and a replay of it)
+    assert v.now == 100.0 and v.facts == (("a",), 1, 0.5) and len(v.policy_digest) == 12
+    assert all(round(x, 4) == x for x in d.signals.values())
     v = Decider(None).decide("cam", 1, dets, (64, 48))
     assert not v.decision.escalate and v.decision.reason == "no policy" and "no policy file" in v.decision.detail
 
