@@ -23,7 +23,7 @@ PODMAN_PKGS := podman runc catatonit debootstrap
 PODMAN_CONF := /etc/containers/containers.conf.d/edgewise.conf
 PYTEST_ARGS ?=
 
-.PHONY: test demo venv system-deps podman images helm proto proto-check lint typecheck pytest test-faults bench clean
+.PHONY: test demo venv system-deps podman images helm proto proto-check lint typecheck pytest test-faults bench clean jetson-lane
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -90,6 +90,11 @@ test-faults: venv system-deps
 
 test: system-deps podman helm venv proto-check lint typecheck pytest test-faults
 
+# The Jetson lane alone (pytest runs it too: tests/deploy/test_jetson_lane.py): the bundle's
+# aarch64/cp38 resolution, its CPython 3.8 venv and the device suites.
+jetson-lane: venv
+	$(BIN)/python -m edgewise_tools.jetson_lane
+
 demo: system-deps venv
 	$(BIN)/edgewise demo
 
@@ -98,6 +103,7 @@ bench: venv system-deps
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/edge.py
 	$(BIN)/python bench/edge.py --live
+	$(BIN)/python bench/edge.py --paced
 	$(BIN)/python bench/routing.py
 	$(BIN)/python bench/routing.py --capacity
 	$(BIN)/python bench/system.py

@@ -72,9 +72,10 @@ def default_models() -> Tuple[Path, Path, str]:
 # ------------------------------------------------------------------------------ data
 
 def camera_folders(distinct: int, frames: int, size: Tuple[int, int], seed: int) -> List[Path]:
-    """``distinct`` generated camera streams of ``frames`` images each (cached by parameters);
-    the daemons loop over them, so a long run needs few images."""
-    key = f"s{distinct}-f{frames}-{size[0]}x{size[1]}-seed{seed}"
+    """``distinct`` generated camera streams of ``frames`` images each, of the demo's world
+    (``camera``; cached by parameters); the daemons loop over them, so a long run needs few images."""
+    preset = demo.DemoConfig().preset
+    key = f"{preset}-s{distinct}-f{frames}-{size[0]}x{size[1]}-seed{seed}"
     data = DATA_CACHE / key
     if not (data / "cams" / f"cam{distinct - 1}").is_dir():
         tmp = DATA_CACHE / (key + f".tmp{os.getpid()}")

@@ -30,6 +30,12 @@ p50 of sequential calls, whose difference to direct calls is the hop's latency.
     .venv/bin/python bench/routing.py            # full (about 10 minutes)
     .venv/bin/python bench/routing.py --quick    # smoke run (about 2 minutes)
     .venv/bin/python bench/routing.py --capacity # the hop's CPU per request (about 2 minutes)
+    .venv/bin/python bench/routing.py --versus 8 # shipped defaults vs nginx, paired rounds (about 9 minutes)
+
+Paired (``--versus``): p99 differences between routers of a few percent are smaller than
+what a shared machine's drifting load does to one 20 s run, so this mode serves the same
+seeded arrival sequence through the shipped defaults and through nginx back to back, in
+alternating order, round after round, and reports the pooled p99s and the per-round ratios.
 """
 
 from __future__ import annotations
@@ -68,6 +74,60 @@ MODE_SETTINGS: dict[str, list[str]] = {
     "wlc": ["balancer.use_reported_capacity=false"],
     "wlc-noidle": ["balancer.idle_first=false"],
 }
+
+
+def versus(addrs: list[str], weights: list[float], capacity: float, loads: list[float], rounds: int,
+           duration: float, d: Path) -> None:
+    """The shipped defaults against nginx ``least_conn``, paired so machine noise cancels.
+
+    Both proxies stay up in front of the same workers. Each round serves one seeded Poisson
+    arrival sequence through one and then the other (the order alternates between rounds), so
+    both see the same requests at nearly the same time; drift in the machine's load hits both.
+    Reported per load: the p99 of all rounds pooled, and the median and range of the per-round
+    p99 ratios.
+    """
+    gw, gport, _ = start_gateway("default", addrs, weights, d)
+    ng, nport = start_nginx(addrs, weights, d)
+    pooled: dict[float, dict[str, RunStats]] = {ld: {"default": RunStats(), "nginx": RunStats()} for ld in loads}
+    ratios: dict[float, list[float]] = {ld: [] for ld in loads}
+    try:
+        for r in range(rounds):
+            for ld in loads:
+                order = [("default", gport), ("nginx", nport)]
+                if r % 2:
+                    order.reverse()
+                p99: dict[str, float] = {}
+                for mode, port in order:
+                    st = asyncio.run(open_loop(f"127.0.0.1:{port}", ld * capacity, duration, 30.0,
+                                               seed=1000 + 17 * r + int(100 * ld), worker_api=mode == "nginx"))
+                    agg = pooled[ld][mode]
+                    agg.sent += st.sent
+                    agg.ok_lat += st.ok_lat
+                    agg.duration += st.duration
+                    for k, v in st.errors.items():
+                        agg.errors[k] = agg.errors.get(k, 0) + v
+                    p99[mode] = st.pct(.99)
+                ratios[ld].append(p99["default"] / p99["nginx"])
+                print(f"  round {r + 1}/{rounds} load {ld:.0%}: p99 defaults {p99['default']:.1f} ms, "
+                      f"nginx {p99['nginx']:.1f} ms ({ratios[ld][-1]:.2f}x)", flush=True)
+    finally:
+        gw.stop()
+        ng.stop()
+    print()
+    print(f"Shipped defaults vs nginx least_conn 4:2:1, {rounds} paired rounds of {duration:g} s per load "
+          f"(capacity {capacity:.0f} req/s; load average {os.getloadavg()[0]:.1f}):")
+    print()
+    print("| load | requests (each) | p99 defaults ms | p99 nginx ms | pooled ratio | per-round ratio median (min-max) "
+          "| errors (defaults / nginx) | target <= 1.00x |")
+    print("|---|---|---|---|---|---|---|---|")
+    for ld in loads:
+        ours, ngx = pooled[ld]["default"], pooled[ld]["nginx"]
+        rs = sorted(ratios[ld])
+        pooled_ratio = ours.pct(.99) / ngx.pct(.99)
+        print(f"| {ld:.0%} | {len(ours.ok_lat)} / {len(ngx.ok_lat)} | {ours.pct(.99):.1f} | {ngx.pct(.99):.1f} | "
+              f"{pooled_ratio:.2f}x | {rs[len(rs) // 2]:.2f}x ({rs[0]:.2f}-{rs[-1]:.2f}) | "
+              f"{sum(ours.errors.values())} / {sum(ngx.errors.values())} | "
+              f"{'met' if pooled_ratio <= 1.0 else 'NOT met'} |")
 
 
 def free_port() -> int:
@@ -733,6 +793,9 @@ def main() -> int:
                     help="capacity: interleaved rounds per cell, the median reported")
     ap.add_argument("--capacity-seq", type=int, default=300, help="capacity: sequential calls per path and size")
     ap.add_argument("--in-flight", type=int, default=8, help="capacity: concurrent requests in the loaded runs")
+    ap.add_argument("--versus", type=int, default=0, metavar="ROUNDS",
+                    help="only the shipped defaults against nginx least_conn: ROUNDS paired rounds per load, the "
+                         "two served the same arrival sequence back to back in alternating order")
     args = ap.parse_args()
     if args._worker:
         return worker_main(args)
@@ -770,6 +833,12 @@ def main() -> int:
         capacity = sum(rates)
         print(f"# pool: service {service} ms -> measured rates {[round(r, 1) for r in rates]} req/s, "
               f"capacity {capacity:.1f} req/s; {duration:.0f} s per run", flush=True)
+        if args.versus:
+            if not have_nginx:
+                raise SystemExit(f"--versus needs nginx at {NGINX} (apt-get install nginx)")
+            versus(addrs, weights, capacity, [ld for ld in loads if ld > 0.5] or loads, args.versus,
+                   args.duration or 10.0, d)
+            return 0
         for mode, label in modes:
             if mode == "nginx" and not have_nginx:
                 continue

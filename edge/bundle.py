@@ -24,12 +24,13 @@ import gzip
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from edgewise import __version__
 from edgewise.errors import InvalidInputError
@@ -45,6 +46,11 @@ UNITS = ("edgewise-edge.service", "edgewise-edge-setup.service", "edgewise-edge-
 TARGETS = {"xavier-nx": ("5.1", "5.1.1", "5.1.2"), "agx-xavier": ("5.1", "5.1.1", "5.1.2")}
 DEFAULT_MODEL = REPO / "models" / "edge-int8.onnx"
 DEFAULT_POLICY = REPO / "examples" / "policy.yaml"
+#: ``pip download`` arguments for JetPack 5.1's Python (CPython 3.8 on aarch64, glibc 2.31): both
+#: names of the manylinux2014 platform, since pip matches wheel tags literally for a foreign
+#: platform and grpcio publishes its aarch64 wheels under the PEP 600 name only.
+DOWNLOAD_ARGS = ("--only-binary=:all:", "--platform", "manylinux2014_aarch64", "--platform",
+                 "manylinux_2_17_aarch64", "--python-version", "3.8", "--implementation", "cp")
 
 
 @dataclass
@@ -84,12 +90,47 @@ def check_options(opts: BundleOptions) -> None:
     for flag, path in (("--model", opts.model), ("--edge-config", opts.edge_config), ("--policy", opts.policy)):
         if not Path(path).is_file():
             raise InvalidInputError(f"{flag} {path}: file not found")
-    if opts.wheels is not None and not Path(opts.wheels).is_dir():
-        raise InvalidInputError(f"--wheels {opts.wheels}: not a directory of .whl files")
+    if opts.wheels is not None:
+        check_wheelhouse(Path(opts.wheels))
     if opts.power_mode is not None and not 0 <= opts.power_mode <= 8:
         raise InvalidInputError(f"--power-mode {opts.power_mode}: nvpmodel modes on Xavier NX are 0..8")
     if not JETSON.is_dir():
         raise InvalidInputError(f"{JETSON} is missing: run `edgewise edge bundle` from a source checkout")
+
+
+def device_pins() -> List[Tuple[str, str]]:
+    """``(name, version)`` of every package setup.sh installs (constraints-jetpack51.txt
+    without the lines marked as JetPack's own)."""
+    out = []
+    for line in (JETSON / "constraints-jetpack51.txt").read_text().splitlines():
+        spec, _, comment = line.partition("#")
+        if "==" in spec and "JetPack's" not in comment:
+            name, _, version = spec.strip().partition("==")
+            out.append((name.strip(), version.strip()))
+    return out
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def check_wheelhouse(wheels: Path) -> None:
+    """``--wheels`` must hold an aarch64/cp38 (or pure-Python) wheel of every pinned package,
+    or the offline first boot it exists for would fail on the device."""
+    if not wheels.is_dir():
+        raise InvalidInputError(f"--wheels {wheels}: not a directory of .whl files")
+    have = set()
+    for whl in wheels.glob("*.whl"):
+        parts = whl.name[:-4].split("-")
+        if len(parts) >= 5 and ("aarch64" in parts[-1] or parts[-1] == "any") and \
+                parts[-3].startswith(("cp38", "py3", "py2.py3")):
+            have.add((_norm(parts[0]), parts[1]))
+    missing = [f"{n}=={v}" for n, v in device_pins() if (_norm(n), v) not in have]
+    if missing:
+        raise InvalidInputError(
+            f"--wheels {wheels}: no aarch64/cp38 wheel of {', '.join(missing)}; fill it with: pip download "
+            f"{' '.join(DOWNLOAD_ARGS)} -r deploy/jetson/requirements.txt -c deploy/jetson/constraints-jetpack51.txt "
+            f"-d {wheels}")
 
 
 def _copy(src: Path, dest: Path, mode: int) -> None:
@@ -159,19 +200,33 @@ edgewise-edge \\- edgewise edge daemon and tools for Jetson
 .SH SYNOPSIS
 .B edgewise-edge edge run \\-\\-config /etc/edgewise/edge.yaml
 .br
+.B edgewise-edge edge check-config \\-\\-config /etc/edgewise/edge.yaml
+.br
 .B edgewise-edge edge check-policy
 .I FILE
 .br
-.B edgewise-edge model info
+.B edgewise-edge edge engine \\-\\-config /etc/edgewise/edge.yaml
+.br
+.B edgewise-edge edge model-info
 .I MODEL
+.br
+.B edgewise-edge edge provision \\-\\-root /
+.RI [ OPTIONS ]
 .SH DESCRIPTION
 Runs an INT8 YOLOv5 detector on camera, RTSP or file streams, scores the hardness of
 every frame and escalates hard frames to the edgewise cloud tier (gRPC or MQTT v5),
 spooling them to disk while the cloud is unreachable. Started by
 .BR edgewise-edge.service ;
 the escalation policy in /etc/edgewise/policy.yaml reloads live.
+.B edge engine
+builds (or reuses) the TensorRT engine the daemon loads;
+.B edge check-config
+checks the settings, device id, state folders and backend without starting;
+.B edge provision
+writes one device's settings, token and client certificate.
 .SH FILES
-/etc/edgewise/edge.yaml, /etc/edgewise/policy.yaml, /var/lib/edgewise, /var/cache/edgewise/engines
+/etc/edgewise/edge.yaml, /etc/edgewise/policy.yaml, /etc/default/edgewise-edge (token, mode 0600),
+/etc/edgewise/tls, /var/lib/edgewise, /var/cache/edgewise/engines
 .SH SEE ALSO
 /usr/share/doc/edgewise-edge/README.md
 """
@@ -197,8 +252,9 @@ def _control(opts: BundleOptions, root: Path) -> str:
         "Architecture: arm64\n"
         f"Maintainer: {opts.maintainer}\n"
         f"Installed-Size: {_installed_size_kib(root)}\n"
-        "Depends: python3 (>= 3.8), python3-venv, python3-numpy, adduser, systemd\n"
-        "Recommends: python3-libnvinfer, libopencv-python | python3-opencv, nvidia-l4t-core\n"
+        "Depends: python3 (>= 3.8), python3-venv, python3-libnvinfer (>= 8.5), libopencv-python | python3-opencv, "
+        "adduser, systemd\n"
+        "Recommends: nvidia-l4t-core\n"
         "Section: video\n"
         "Priority: optional\n"
         "Homepage: https://github.com/edgewise-ai/edgewise\n"

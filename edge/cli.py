@@ -1,18 +1,33 @@
-"""``edgewise edge run`` and ``edgewise edge check-policy``.
+"""``edgewise edge run``, ``edgewise edge check-config`` and ``edgewise edge check-policy``.
 
 Thin layer over ``edge.settings`` (through :mod:`edgewise.settings`: ``--config``,
 ``--set``, ``--describe-settings`` and the named flags) + ``edge.daemon.run_daemon``
 and ``edgewise.policy`` (docs/design/conventions.md#thin-cli). Registered by the CLI dispatcher
 (``edgewise.cli.COMMAND_MODULES``).
+
+``check-policy`` validates and explains a policy; with ``--replay RECORDS...`` it also
+replays it over the daemon's frame records (:mod:`edgewise.policy.replay`) against
+``--against OTHER.yaml`` or the recorded decisions, prints the what-if table
+(:mod:`edgewise.policy.whatif`) or, with ``--json``, everything as one JSON document,
+and exits 0 (valid, gates passed), 1 (valid, a gate failed) or 2 (invalid policy or
+unusable records). Accuracy on labelled data (``--data DIR``) needs the evaluation
+tools, which the Jetson bundle does not ship: ``edgewise_tools.cli.whatif`` adds
+those options to this command when it is installed and hands the work back through
+``args.accuracy`` (this module never imports the tools).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+from typing import Any, Dict, Optional
 
 from edge.settings import SCHEMA
 from edgewise.settings import add_settings_arguments, settings_from_args
+
+#: ``check-policy`` exit statuses (docs/policies.md#use-it-in-ci); an invalid policy or unusable
+#: records exit 2, the dispatcher's status for every EdgewiseError (``edgewise.cli``).
+EXIT_OK, EXIT_GATE = 0, 1
 
 
 def register(subparsers: Any) -> None:
@@ -25,9 +40,34 @@ def register(subparsers: Any) -> None:
     add_settings_arguments(run, SCHEMA)
     run.set_defaults(func=_run)
 
-    chk = subparsers.add_parser("check-policy", help="validate an escalation policy file and explain it")
+    cfg = subparsers.add_parser(
+        "check-config", help="check the daemon's settings before starting it (exit 2 with what to fix)",
+        description="Everything `edge run` checks before it starts, without starting: the settings "
+                    "(placeholders included), the device id, writable state folders, the model and its "
+                    "backend, the policy file.")
+    add_settings_arguments(cfg, SCHEMA)
+    cfg.set_defaults(func=_check_config)
+
+    chk = subparsers.add_parser(
+        "check-policy", help="validate an escalation policy file, explain it, replay it on recorded frames",
+        description="Validate and explain an escalation policy; with --replay, replay it over the edge daemon's "
+                    "frame records and compare it with --against OTHER.yaml or the recorded decisions. Exit "
+                    "status: 0 valid (and every gate passed), 1 valid but a gate failed, 2 invalid policy or "
+                    "unusable records.",
+    )
     chk.add_argument("file", help="policy YAML (kind: EscalationPolicy)")
-    chk.set_defaults(func=_check_policy)
+    chk.add_argument("--replay", nargs="+", metavar="RECORDS",
+                     help="JSON Lines sink files of the daemon (rotated and gzip'd ones too, any order)")
+    chk.add_argument("--against", metavar="OTHER.yaml",
+                     help="compare with this policy instead of the decisions recorded in the records")
+    chk.add_argument("--json", action="store_true", help="print one JSON document (explanation, figures, gates)")
+    chk.add_argument("--top", type=int, default=10, metavar="N", help="hardest held-back frames to list (default 10)")
+    chk.add_argument("--max-share", type=float, metavar="FRACTION",
+                     help="gate: exit 1 when the policy escalates more than this fraction of the replayed frames")
+    chk.add_argument("--max-bytes-per-day", type=float, metavar="BYTES",
+                     help="gate: exit 1 when the policy's estimated uplink exceeds this many bytes per day")
+    chk.add_argument("--strict", action="store_true", help="gate: exit 1 when the policy has warnings")
+    chk.set_defaults(func=_check_policy, accuracy=None)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -35,14 +75,80 @@ def _run(args: argparse.Namespace) -> int:
     return run_daemon(settings_from_args(args, SCHEMA))
 
 
-def _check_policy(args: argparse.Namespace) -> int:
-    """Explain a valid policy (exit 0); an invalid one raises ConfigError (exit 2, like every
-    other configuration error)."""
+def _check_config(args: argparse.Namespace) -> int:
+    """Exit 0 with a summary, or raise the first problem as one line (exit 2)."""
+    from edge.preflight import check_backend, preflight
+    from edgewise.runtime.metadata import load_model_info
+
+    s = settings_from_args(args, SCHEMA)
+    lines = preflight(s, create=False)  # run by root (postinst): never make folders the daemon cannot use
+    info = load_model_info(s.model.path, s.model.imgsz or None)
+    lines.append(f"model {info.path} ({info.precision}, {info.imgsz[0]}x{info.imgsz[1]}) on {check_backend(s)}")
+    if s.policy_file:
+        from edgewise.policy.loading import load_policy
+
+        load_policy(s.policy_file)
+        lines.append(f"policy {s.policy_file}")
+    lines.append(f"cloud {', '.join(s.cloud.endpoints) or '(no gRPC endpoint)'}"
+                 + (f", MQTT {s.cloud.mqtt.host}:{s.cloud.mqtt.port}" if s.cloud.mqtt.host else ""))
+    print(f"{args.config or 'settings'}: ok: " + "; ".join(lines))
+    return 0
+
+
+def _describe(policy: Any) -> Dict[str, Any]:
     from edgewise.policy import explain, warnings
+    from edgewise.policy.digest import policy_digest
+
+    return {"name": policy.metadata.name, "source": policy.source, "digest": policy_digest(policy),
+            "explanation": explain(policy).splitlines(), "warnings": warnings(policy)}
+
+
+def _check_policy(args: argparse.Namespace) -> int:
+    """Explain (and replay) a valid policy; an invalid one or unusable records raise an
+    EdgewiseError (exit 2, like every other configuration error)."""
+    from edgewise.errors import ConfigError
     from edgewise.policy.loading import load_policy
+    from edgewise.policy.whatif import gate_failures, table
 
     policy = load_policy(args.file)
-    print(explain(policy))
-    for w in warnings(policy):
+    other = load_policy(args.against) if args.against else None
+    data = getattr(args, "data", None)
+    if other is not None and not args.replay and not data:
+        raise ConfigError("--against compares on recorded frames (--replay) or labelled data (--data); give one")
+    if args.top < 0:
+        raise ConfigError(f"--top {args.top}: must be >= 0")
+    if args.max_share is not None and not 0.0 <= args.max_share <= 1.0:
+        raise ConfigError(f"--max-share {args.max_share:g}: must be a fraction in [0, 1]")
+    if args.max_bytes_per_day is not None and not args.max_bytes_per_day >= 0:
+        raise ConfigError(f"--max-bytes-per-day {args.max_bytes_per_day:g}: must be >= 0")
+    if (args.max_share is not None or args.max_bytes_per_day is not None) and not args.replay:
+        raise ConfigError("--max-share and --max-bytes-per-day gate the replay's figures: give --replay RECORDS")
+    doc: Dict[str, Any] = {"policy": _describe(policy), "against": _describe(other) if other is not None else None}
+    report: Optional[Dict[str, Any]] = None
+    if args.replay:
+        from edgewise.policy.replay import replay
+
+        report = replay(args.replay, policy, other, top=args.top, label=args.file, against_label=args.against or "")
+    doc["replay"] = report
+    accuracy_text = ""
+    if data:
+        doc["accuracy"], accuracy_text = args.accuracy(args, policy, other)
+    failed = gate_failures(report, doc["policy"]["warnings"], args.max_share, args.max_bytes_per_day, args.strict)
+    code = EXIT_GATE if failed else EXIT_OK
+    doc["gates"] = {"failed": failed}
+    doc["exit"] = code
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return code
+    print("\n".join(doc["policy"]["explanation"]))
+    for w in doc["policy"]["warnings"]:
         print(f"warning: {w}")
-    return 0
+    if report is not None:
+        print()
+        print(table(report))
+    if accuracy_text:
+        print()
+        print(accuracy_text)
+    for f in failed:
+        print(f"gate failed: {f}")
+    return code

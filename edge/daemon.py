@@ -23,11 +23,13 @@ import signal
 import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
+from edge import tegrastats
 from edge.deciding import Decider
 from edge.escalating import Escalating
 from edge.metrics import EdgeMetrics, MetricsServer
 from edge.outbox import Outbox
 from edge.pipeline import Pipeline
+from edge.preflight import preflight
 from edge.records import FrameRecord
 from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings
@@ -105,6 +107,7 @@ class EdgeDaemon:
         self.pipeline: Optional[Pipeline] = None
         self.escalating: Optional[Escalating] = None
         self.metrics_server: Optional[MetricsServer] = None
+        self.telemetry: Optional[tegrastats.Tegrastats] = None
         self.spool: Optional[Spool] = None
         self.mqtt: Any = None
         self.transports: Dict[str, Transport] = {}
@@ -140,13 +143,14 @@ class EdgeDaemon:
             kwargs["threads"] = m.threads
         if m.imgsz:
             kwargs["imgsz"] = m.imgsz
-        return Detector.from_file(m.path, **kwargs)
+        return Detector.from_file(m.path, max_batch=m.max_batch, spinning=m.spin, **kwargs)
 
     def _build_sinks(self) -> Sinks:
         s = self.settings.sinks
         out: List[Sink] = []
         if s.jsonl:
-            out.append(JsonlSink(s.jsonl, fsync=s.fsync))
+            out.append(JsonlSink(s.jsonl, fsync=s.fsync, max_bytes=s.jsonl_max_bytes, keep=s.jsonl_keep,
+                                 compress=s.jsonl_compress))
         if s.stdout:
             out.append(StdoutSink())
         if s.mqtt and self.mqtt is not None:
@@ -275,6 +279,8 @@ class EdgeDaemon:
         bad setting (policy, spool, metrics port) come first."""
         s = self.settings
         assert self.stop_event is not None
+        for line in preflight(s):  # device id, writable state folders: one-line errors
+            log.info("%s", line)
         policy = None
         if s.policy_file:
             from edgewise.policy.holding import PolicyHolder
@@ -286,6 +292,8 @@ class EdgeDaemon:
         if s.metrics.port >= 0:
             self.metrics_server = MetricsServer(self.metrics, self.health, s.metrics.host, s.metrics.port)
             self.metrics_server.start()
+            self.telemetry = tegrastats.start(self.metrics.registry, s.metrics.tegrastats,
+                                              s.metrics.tegrastats_interval_s)
         detector = await asyncio.get_running_loop().run_in_executor(None, self._load_detector)
         names = tuple(detector.names)
         await self._build_transports()
@@ -392,6 +400,8 @@ class EdgeDaemon:
             await self.escalating.close()  # queued spool writes finish first
         if self.spool is not None:
             self.spool.close()
+        if self.telemetry is not None:
+            self.telemetry.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
 

@@ -7,7 +7,15 @@ policy in force. ``swap`` replaces the policy atomically; the pipeline calls
 takes effect between two frames, and every verdict names the policy generation
 that produced it. The policy's ``Decision`` is passed through whole (its
 detail, threshold and origin reach the frame record), next to the generation and
-what deciding cost. Callers: ``edge.pipeline``, ``edge.daemon`` (hot reload).
+what deciding cost. When the policy uses motion (a motion weight, a gain model fitted
+on it, or a region payload, ``Policy.uses_motion``) each stream also keeps a
+``MotionDetector`` fed with the frame's pixels: its signals join the others and its
+unexplained blobs go with the verdict, for the region payload. The policy decides on
+the signals (motion ones included) at the record's precision, and the verdict carries
+everything else it read (the clock value, the facts of the edge boxes, the policy's
+digest), so the frame record holds the whole input of the decision and
+``edgewise edge check-policy --replay`` reproduces it exactly (docs/records.md).
+Callers: ``edge.pipeline``, ``edge.daemon`` (hot reload).
 """
 
 from __future__ import annotations
@@ -16,10 +24,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
+import numpy as np
+
 from edgewise.detections import Detections
-from edgewise.hardness.signals import SignalConfig, combine, compute_signals
+from edgewise.hardness.motion import MotionDetector
+from edgewise.hardness.signals import SignalConfig, as_recorded, combine, compute_signals
 from edgewise.hardness.tracking import TrackerState
-from edgewise.policy.deciding import Decision, Escalator
+from edgewise.policy.deciding import Decision, Escalator, FrameFacts, frame_facts
+from edgewise.policy.digest import policy_digest
 from edgewise.policy.schema import Policy
 
 #: Without a policy file nothing is escalated; hardness is still measured, with
@@ -34,11 +46,18 @@ NO_POLICY_REASON = "no policy"
 @dataclass(frozen=True)
 class Verdict:
     """The policy's decision for one frame, the generation of the policy that made it,
-    and the milliseconds signals + decision took (the per-frame cost the bench reports)."""
+    the milliseconds signals (motion included) + decision took (the per-frame cost the
+    bench reports), and the motion blobs no detection explains ([k, 4] frame pixels;
+    None when the policy does not use motion); ``now`` (the decision clock), ``facts``
+    and ``policy_digest`` are the rest of what the decision read, for the frame record."""
 
     decision: Decision
     policy_generation: int
     cost_ms: float
+    now: float = 0.0
+    facts: FrameFacts = FrameFacts((), 0, 0.0)
+    policy_digest: str = ""
+    motion_blobs: Optional[np.ndarray] = None
 
 
 class Decider:
@@ -50,7 +69,9 @@ class Decider:
         self.policy = policy
         self.generation = 1
         self.escalator = Escalator(policy, clock) if policy is not None else None
+        self.digest = policy_digest(policy) if policy is not None else ""
         self.tracker: Dict[str, TrackerState] = {}
+        self.motion: Dict[str, MotionDetector] = {}
         self._cfg: Dict[Tuple[str, Tuple[int, int]], SignalConfig] = {}
 
     def swap(self, policy: Policy) -> int:
@@ -60,6 +81,7 @@ class Decider:
         else:
             self.escalator.swap(policy)
         self.policy = policy
+        self.digest = policy_digest(policy)
         self._cfg.clear()
         self.generation += 1
         return self.generation
@@ -71,19 +93,38 @@ class Decider:
             cfg = self._cfg[key] = (self.policy or NO_POLICY).signal_config(stream_id, size)
         return cfg
 
+    def _motion(self, stream_id: str) -> Optional[MotionDetector]:
+        """The stream's motion detector when the policy uses motion (a new one when the
+        policy's motion settings changed), else None."""
+        if self.policy is None or not self.policy.uses_motion():
+            self.motion.pop(stream_id, None)
+            return None
+        cfg = self.policy.spec.signals.motion.config()
+        det = self.motion.get(stream_id)
+        if det is None or det.cfg != cfg:
+            det = self.motion[stream_id] = MotionDetector(cfg)
+        return det
+
     def decide(self, stream_id: str, seq: int, dets: Detections, frame_size: Tuple[int, int],
-               now: Optional[float] = None) -> Verdict:
-        """Signals and decision for one frame (``frame_size`` is (width, height))."""
+               now: Optional[float] = None, frame: Optional[np.ndarray] = None) -> Verdict:
+        """Signals and decision for one frame (``frame_size`` is (width, height); ``frame``,
+        its pixels, feeds the motion detector when the policy uses motion)."""
         t0 = time.perf_counter()
         now = self.clock() if now is None else now
         cfg = self._signal_config(stream_id, frame_size)
-        signals, state = compute_signals(dets, self.tracker.get(stream_id), cfg, frame_size)
+        motion = self._motion(stream_id) if frame is not None else None
+        found = motion.update(frame, dets) if motion is not None and frame is not None else None
+        raw, state = compute_signals(dets, self.tracker.get(stream_id), cfg, frame_size,
+                                     found.signals if found is not None else None)
         self.tracker[stream_id] = state
+        signals = as_recorded(raw)
+        facts = frame_facts(dets)
         if self.escalator is None:
             sig = NO_POLICY.spec.signals
             d = Decision(False, NO_POLICY_REASON, combine(signals, sig.weights, sig.combine), signals,
                          detail="no policy file: nothing is escalated", origin="", stream_id=stream_id,
                          frame_seq=seq)
         else:
-            d = self.escalator.decide(stream_id, seq, dets, signals, now)
-        return Verdict(d, self.generation, (time.perf_counter() - t0) * 1000.0)
+            d = self.escalator.decide_facts(stream_id, seq, facts, signals, now)
+        return Verdict(d, self.generation, (time.perf_counter() - t0) * 1000.0, now, facts, self.digest,
+                       found.blobs if found is not None else None)

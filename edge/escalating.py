@@ -34,7 +34,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from edge.metrics import EdgeMetrics
-from edge.payloads import Spooled, build_request, detections_json
+from edge.payloads import Spooled, build_request, detections_json, note_payload, seen_regions
 from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edge.spool import Spool, SpoolError, SpoolFull, SpoolItem, SpoolStats
@@ -96,9 +96,10 @@ class Escalating:
         return len(self.tasks)
 
     def submit(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
-               record: FrameRecord) -> None:
+               record: FrameRecord, blobs: Optional[np.ndarray] = None) -> None:
         """Start escalating one frame; the frame's record is written when it is settled.
-        The request (a JPEG encode, milliseconds) is built off the event loop."""
+        The request (a JPEG encode, milliseconds) is built off the event loop; ``blobs``
+        (the motion no detection explains) seed a region payload's regions."""
         if len(self.tasks) >= self.max_in_flight:
             refused = TransportError(
                 status.RESOURCE_EXHAUSTED, f"{len(self.tasks)} escalations already in flight (cloud.max_in_flight)")
@@ -110,22 +111,24 @@ class Escalating:
                     status.RESOURCE_EXHAUSTED, f"{len(self.settling)} escalations already waiting for the spool"))
                 return
             settle = asyncio.ensure_future(self._guarded(
-                self._refuse(frame, dets, decision, policy, record, refused), record))
+                self._refuse(frame, dets, decision, policy, record, refused, blobs), record))
             self.settling.add(settle)
             settle.add_done_callback(self._settled)
             return
-        task = asyncio.ensure_future(self._guarded(self._escalate(frame, dets, decision, policy, record), record))
+        task = asyncio.ensure_future(self._guarded(self._escalate(frame, dets, decision, policy, record, blobs),
+                                                   record))
         self.tasks.add(task)
         self.metrics.in_flight.set(len(self.tasks))
         task.add_done_callback(self._done)
 
     async def _request(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
-                       record: FrameRecord) -> Optional[Any]:
-        """The frame's DetectRequest, built in a worker thread (the crop, if any, noted in
-        the record); None when it cannot be built (the record is written edge-only)."""
+                       record: FrameRecord, blobs: Optional[np.ndarray] = None) -> Optional[Any]:
+        """The frame's DetectRequest, built in a worker thread (what it sends noted in the
+        record: payload mode and bytes, the crop or the regions); None when it cannot be
+        built (the record is written edge-only)."""
         try:
-            req, region = await asyncio.get_running_loop().run_in_executor(
-                None, build_request, self.device_id, frame, dets, decision, policy)
+            req, plan = await asyncio.get_running_loop().run_in_executor(
+                None, build_request, self.device_id, frame, dets, decision, policy, blobs)
         except Exception as exc:  # an unencodable frame must not stop the pipeline
             log.exception("cannot build escalation of %s/%d", frame.stream_id, frame.seq)
             record.outcome = "edge_only"
@@ -133,13 +136,12 @@ class Escalating:
             self.metrics.escalations.labels(decision.reason, "error").inc()
             self.write(record)
             return None
-        if region is not None:
-            record.crop = list(region)
+        note_payload(record, req, plan, policy.spec.payload.mode)
         return req
 
     async def _refuse(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
-                      record: FrameRecord, exc: TransportError) -> None:
-        req = await self._request(frame, dets, decision, policy, record)
+                      record: FrameRecord, exc: TransportError, blobs: Optional[np.ndarray] = None) -> None:
+        req = await self._request(frame, dets, decision, policy, record, blobs)
         if req is not None:
             await self._fail(req, policy, record, exc)
 
@@ -175,9 +177,9 @@ class Escalating:
         return t
 
     async def _escalate(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
-                        record: FrameRecord) -> None:
+                        record: FrameRecord, blobs: Optional[np.ndarray] = None) -> None:
         reason = record.reason
-        req = await self._request(frame, dets, decision, policy, record)
+        req = await self._request(frame, dets, decision, policy, record, blobs)
         if req is None:
             return
         if self.shutting_down:  # drain() already cut off the calls on the wire
@@ -223,8 +225,8 @@ class Escalating:
         from edgewise.wire import detections_from_proto
 
         cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
-        regions = np.asarray([record.crop], np.float64) if record.crop else None
-        merged = merge_fn(dets, cloud, merge.strategy, merge.iou, edge_floor=merge.edge_floor, regions=regions)
+        merged = merge_fn(dets, cloud, merge.strategy, merge.iou, edge_floor=merge.edge_floor,
+                          regions=seen_regions(record))
         record.detections = detections_json(merged)
         record.outcome = "cloud"
         record.cloud_rtt_ms = round(rtt * 1000.0, 2)

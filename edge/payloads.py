@@ -1,12 +1,15 @@
 """What an escalation carries, as pure functions: the ``DetectRequest`` of a frame,
-the crop around its uncertain boxes, the boxes of a frame record, and the
+what it sent (noted in the frame's record), the boxes of a frame record, and the
 metadata stored with a spooled escalation.
 
-``build_request`` turns a frame, its edge detections and the policy's decision into a
-``DetectRequest`` (JPEG at the policy quality; the full frame or one padded crop
-around the uncertain boxes, with ``offset_x/y`` and the source size).
-Callers: ``edge.escalating`` (the async shell that sends, spools and replays),
-``edge.pipeline`` (record boxes).
+``build_request`` turns a frame, its edge detections, the policy's decision and the
+motion no detection explains into a ``DetectRequest``: the payload the policy's
+``spec.payload.mode`` asks for (``edgewise.regions.plan_payload``: the whole frame, one
+crop, the frame downscaled, or full-resolution regions packed into one image with its
+``tiles``), as JPEG at the policy's quality, with the source size. One request per
+escalated frame, whatever the mode: the idempotency key, the spool and exactly-once
+delivery are the same for all. Callers: ``edge.escalating`` (the async shell that sends,
+spools and replays), ``edge.pipeline`` (record boxes).
 """
 
 from __future__ import annotations
@@ -20,57 +23,29 @@ import numpy as np
 from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edgewise.detections import Detections
+from edgewise.hardness.signals import RECORD_DECIMALS
 from edgewise.policy.deciding import Decision
 from edgewise.policy.schema import Merge, Policy
-
-
-def crop_region(
-    dets: Detections, size: Tuple[int, int], band: Tuple[float, float], padding: float
-) -> Optional[Tuple[int, int, int, int]]:
-    """(x1, y1, x2, y2) of one crop holding every uncertain box (score in ``band``),
-    each padded by ``padding`` x its size; None when no box is uncertain (then
-    the full frame is sent: a missed object can be anywhere)."""
-    if len(dets) == 0:
-        return None
-    lo, hi = band
-    mask = (dets.scores >= lo) & (dets.scores <= hi)
-    if not mask.any():
-        return None
-    b = dets.boxes[mask].astype(np.float64)
-    w = b[:, 2] - b[:, 0]
-    h = b[:, 3] - b[:, 1]
-    x1 = float(np.min(b[:, 0] - padding * w))
-    y1 = float(np.min(b[:, 1] - padding * h))
-    x2 = float(np.max(b[:, 2] + padding * w))
-    y2 = float(np.max(b[:, 3] + padding * h))
-    W, H = size
-    ix1, iy1 = max(0, int(np.floor(x1))), max(0, int(np.floor(y1)))
-    ix2, iy2 = min(W, int(np.ceil(x2))), min(H, int(np.ceil(y2)))
-    if ix2 - ix1 < 2 or iy2 - iy1 < 2:
-        return None
-    return ix1, iy1, ix2, iy2
+from edgewise.regions import PayloadPlan
 
 
 def build_request(
-    device_id: str, frame: Frame, dets: Detections, decision: Decision, policy: Policy
-) -> Tuple[Any, Optional[Tuple[int, int, int, int]]]:
-    """The ``DetectRequest`` of one escalation under ``policy``, and the crop region
-    sent (None = the full frame)."""
+    device_id: str, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
+    motion_blobs: Optional[np.ndarray] = None,
+) -> Tuple[Any, PayloadPlan]:
+    """The ``DetectRequest`` of one escalation under ``policy``, and the payload plan it
+    sent (its ``regions``: the frame rectangles the cloud saw; None = all of it)."""
     from edgewise.v1 import detect_pb2
-    from edgewise.wire import detections_to_proto, encode_image
+    from edgewise.wire import detections_to_proto, encode_image, tiles_to_proto
 
     spec = policy.spec
     h, w = frame.image.shape[:2]
-    region = None
-    if spec.payload.mode == "crops":
-        region = crop_region(dets, (w, h), (spec.band.low, spec.band.high), spec.payload.crop_padding)
-    if region is None:
-        img = encode_image(frame.image, "jpeg", spec.payload.jpeg_quality)
-    else:
-        x1, y1, x2, y2 = region
-        img = encode_image(np.ascontiguousarray(frame.image[y1:y2, x1:x2]), "jpeg", spec.payload.jpeg_quality)
-        img.offset_x, img.offset_y = x1, y1
+    cfg = policy.signal_config(frame.stream_id)  # the stream's band
+    plan = spec.payload.plan(frame.image, dets, motion_blobs, (cfg.band_low, cfg.band_high))
+    img = encode_image(np.ascontiguousarray(plan.image), "jpeg", spec.payload.jpeg_quality)
+    img.offset_x, img.offset_y = plan.offset
     img.source_width, img.source_height = w, h
+    img.tiles.extend(tiles_to_proto(plan.tiles))
     req = detect_pb2.DetectRequest(
         device_id=device_id,
         stream_id=frame.stream_id,
@@ -85,7 +60,33 @@ def build_request(
     req.hardness.score = float(decision.hardness)
     for k, v in decision.signals.items():
         req.hardness.signals[k] = float(v)
-    return req, region
+    return req, plan
+
+
+def note_payload(record: FrameRecord, req: Any, plan: PayloadPlan, mode: str) -> None:
+    """Write what an escalation sent into its record: the payload mode and its bytes, and
+    the frame rectangles the cloud saw when it did not see the whole frame (``crop`` for
+    the one crop of ``crops``, ``regions`` for a region payload); the merge reads them back
+    (:func:`seen_regions`), also after a replay from the spool."""
+    record.payload = mode
+    record.payload_bytes = len(req.image.data)
+    if plan.regions is None:
+        return
+    rects = [[int(round(float(v))) for v in r] for r in np.asarray(plan.regions).reshape(-1, 4)]
+    if mode == "crops":
+        record.crop = rects[0]
+    else:
+        record.regions = rects
+
+
+def seen_regions(record: FrameRecord) -> Optional[np.ndarray]:
+    """[k, 4] frame rectangles the cloud saw for this record (None: the whole frame): edge
+    boxes outside them were never seen and are kept as they are by the merge."""
+    if record.regions:
+        return np.asarray(record.regions, np.float64).reshape(-1, 4)
+    if record.crop:
+        return np.asarray([record.crop], np.float64)
+    return None
 
 
 def detections_json(dets: Detections) -> List[Dict[str, Any]]:
@@ -96,7 +97,7 @@ def detections_json(dets: Detections) -> List[Dict[str, Any]]:
         cid = int(dets.class_ids[i])
         out.append({
             "box": [round(float(v), 2) for v in dets.boxes[i]],
-            "score": round(float(dets.scores[i]), 4),
+            "score": round(float(dets.scores[i]), RECORD_DECIMALS),
             "class_id": cid,
             "class_name": dets.names[cid] if 0 <= cid < len(dets.names) else str(cid),
             "source": srcs[i] or "edge",

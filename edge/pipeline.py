@@ -28,6 +28,7 @@ from edge.payloads import detections_json
 from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edge.sources.capturing import Capturer, FrameQueue
+from edgewise.hardness.signals import RECORD_DECIMALS
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ class Pipeline:
             self.metrics.drops.labels(frame.stream_id, "stale").inc()
             return
         h, w = frame.image.shape[:2]
-        verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h))
+        verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h), frame=frame.image)
         d = verdict.decision
         self.hardness_policy_ms.append(verdict.cost_ms)
         if len(self.hardness_policy_ms) > 100000:
@@ -221,7 +222,7 @@ class Pipeline:
             escalated=d.escalate,
             reason=d.reason,
             hardness=round(d.hardness, 4),
-            signals={k: round(v, 4) for k, v in d.signals.items()},
+            signals=d.signals,  # at the record's precision already (edge.deciding)
             suppressed_by=d.suppressed_by or "",
             detail=d.detail,
             threshold=round(d.threshold, 4),
@@ -230,10 +231,15 @@ class Pipeline:
             policy=d.policy_name,
             policy_generation=verdict.policy_generation,
             latency_ms=lat,
+            decided_s=verdict.now,
+            edge_boxes=verdict.facts.boxes,
+            edge_classes=list(verdict.facts.classes),
+            edge_max_score=round(verdict.facts.max_score, RECORD_DECIMALS),
+            policy_digest=verdict.policy_digest,
         )
         if d.escalate and self.escalating is not None and self.decider.policy is not None:
             record.outcome = "pending"
-            self.escalating.submit(frame, dets, d, self.decider.policy, record)
+            self.escalating.submit(frame, dets, d, self.decider.policy, record, verdict.motion_blobs)
         else:
             if d.escalate:
                 record.outcome = "edge_only"

@@ -10,7 +10,10 @@ serialise it once (``to_json``) and hand every sink the record and its bytes.
 
 JSON field names are those of the JSON Lines files written before this type
 existed (``edgewise_tools.demo``, ``bench/`` and the tests read them); fields are
-only ever added. ``error``, ``crop`` and ``cloud_model`` appear only when set.
+only ever added. ``error``, ``crop``, ``cloud_model``, ``regions``, ``payload`` and
+``payload_bytes`` appear only when set. The decision's whole input is recorded (signals,
+motion ones included, ``decided_s``, ``edge_boxes``/``edge_classes``/``edge_max_score``,
+``policy_digest``) so ``edgewise edge check-policy --replay`` can decide every frame again.
 The schema is documented in docs/records.md. A spooled escalation stores its
 record (``to_dict``) and the replay reads it back (``from_dict``), also from a
 spool written by an older daemon that lacks the newer fields.
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 #: Fields written only when they are set (not None).
-OPTIONAL_FIELDS = ("error", "crop", "cloud_model")
+OPTIONAL_FIELDS = ("error", "crop", "cloud_model", "regions", "payload", "payload_bytes")
 
 
 def idempotency_key(device_id: str, stream_id: str, seq: int) -> str:
@@ -67,6 +70,14 @@ class FrameRecord:
     cloud_model: Optional[str] = None
     read_unix_ns: int = 0
     capture_clock: str = "read"
+    decided_s: float = 0.0
+    edge_boxes: int = 0
+    edge_classes: List[str] = field(default_factory=list)
+    edge_max_score: float = 0.0
+    policy_digest: str = ""
+    regions: Optional[List[List[int]]] = None
+    payload: Optional[str] = None
+    payload_bytes: Optional[int] = None
 
     @property
     def key(self) -> str:

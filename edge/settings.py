@@ -104,6 +104,10 @@ class ModelSettings:
     iou_thres: float = setting("NMS IoU threshold.", 0.45, lo=0, hi=1)
     max_det: int = setting("Most boxes kept per frame.", 300, lo=1)
     threads: int = setting("Intra-op threads of the runtime; 0 = runtime default.", 0, lo=0)
+    spin: bool = setting(
+        "ONNX Runtime: let idle pool threads busy-wait for the next inference (its own default). Off: at "
+        "camera pace a spinning pool burns every thread's idle time, several times the inference's own "
+        "CPU (docs/design/edge-runtime.md#cpu-per-frame); on only for back-to-back inference.", False)
     max_batch: int = setting("Most frames (from all streams) run in one inference call.", 4, lo=1)
     imgsz: int = setting("Square input size for a model that does not state it (dynamic height/width and no "
                          "`imgsz` metadata, e.g. YOLOv5 v7.0 `--dynamic` exports); 0 = the model's own (else "
@@ -168,6 +172,14 @@ class SinkSettings:
                          False)
     stdout: bool = setting("Print each record as one JSON line on stdout.", False)
     fsync: bool = setting("fsync the JSON Lines file after each record (slower; survives power loss).", False)
+    jsonl_max_bytes: int = setting(
+        "Rotate the JSON Lines file when the next record would make it larger than this (renamed "
+        "`<file>.<UTC time>`); 0 = never. The default with `jsonl_keep` bounds the records on disk to about "
+        "64 MiB + 32 gzip'd files of 4-5 MiB: sized for a 16 GB eMMC (deploy/jetson/README.md).",
+        64 * 1024 * 1024, lo=0)
+    jsonl_keep: int = setting("Rotated JSON Lines files kept; older ones are deleted.", 32, lo=0)
+    jsonl_compress: bool = setting("gzip rotated JSON Lines files (records compress about 14x), in a "
+                                   "background thread.", True)
     mqtt_outbox: str = setting(
         "SQLite file where the MQTT sink keeps each record until the broker acknowledged it (survives "
         "broker outages and daemon restarts); empty = `mqtt-outbox.db` next to `spool.path`.", "")
@@ -182,13 +194,19 @@ class MetricsSettings:
 
     host: str = setting("Bind address.", "127.0.0.1")
     port: int = setting("Port; 0 = pick a free one (logged); -1 = off.", 9108, lo=-1, hi=65535)
+    tegrastats: str = setting("Jetson telemetry (GPU and EMC load, temperatures, power rails) from the "
+                              "`tegrastats` command: `auto` = when it is on PATH, `off`.", "auto",
+                              choices=("auto", "off"))
+    tegrastats_interval_s: float = setting("Interval of the Jetson telemetry, seconds.", 2.0, lo=0.1)
 
 
 @dataclass
 class EdgeSettings:
     """Root settings of one edge daemon process."""
 
-    device_id: str = setting("Device id, part of every idempotency key and MQTT topic.", "edge-0")
+    device_id: str = setting(
+        "Device id, part of every idempotency key and MQTT topic; empty = this Jetson's serial number "
+        "(`/proc/device-tree/serial-number`), else the host name (logged at start).", "")
     streams: List[StreamSettings] = setting("Frame sources (at least one).", factory=list)
     model: ModelSettings = setting("The edge detector.", factory=ModelSettings)
     policy_file: str = setting("Escalation policy YAML (`kind: EscalationPolicy`); empty = never escalate.", "")
@@ -204,10 +222,11 @@ class EdgeSettings:
 
 def validate(s: EdgeSettings) -> None:
     """The rules that span fields or need more than a range; raises :class:`Invalid`."""
-    try:
-        mqtt_topics.check_segment(s.device_id, "value")
-    except InvalidInputError as exc:
-        raise Invalid("device_id", f"must be usable as an MQTT topic level: {exc}") from None
+    if s.device_id:  # empty: resolved at start (edge.preflight.resolve_device_id)
+        try:
+            mqtt_topics.check_segment(s.device_id, "value")
+        except InvalidInputError as exc:
+            raise Invalid("device_id", f"must be usable as an MQTT topic level: {exc}") from None
     _validate_streams(s.streams)
     if not s.model.path:
         raise Invalid("model.path", "is required")
@@ -250,11 +269,31 @@ def _check_live(p: str, st: StreamSettings) -> None:
             raise Invalid(f"{p}.backend", str(exc)) from None
 
 
+#: Domains reserved for documentation and tests (RFC 2606 section 3, RFC 6761): never a real
+#: gateway or broker, so a config naming one still holds the shipped placeholder.
+PLACEHOLDER_DOMAINS = ("example.com", "example.net", "example.org", "example", "invalid")
+
+
+def is_placeholder(host: str) -> bool:
+    """``host`` is in a reserved example domain (``edgewise-gateway.example.com``)."""
+    h = host.strip("[]").rstrip(".").lower()
+    return any(h == d or h.endswith("." + d) for d in PLACEHOLDER_DOMAINS)
+
+
+def _placeholder(what: str) -> str:
+    return (f"{what} is a placeholder (a domain reserved for examples, RFC 2606): replace it with "
+            "your gateway's address before starting the daemon")
+
+
 def _validate_cloud(c: CloudSettings) -> None:
     for i, ep in enumerate(c.endpoints):
         host, _, port = ep.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise Invalid(f"cloud.endpoints[{i}]", f"must be host:port, got {ep!r} (port 1..65535)")
+        if is_placeholder(host):
+            raise Invalid(f"cloud.endpoints[{i}]", _placeholder(repr(ep)))
+    if c.mqtt.host and is_placeholder(c.mqtt.host):
+        raise Invalid("cloud.mqtt.host", _placeholder(repr(c.mqtt.host)).replace("gateway", "broker"))
     if bool(c.tls_cert) != bool(c.tls_key):
         raise Invalid("cloud.tls_cert", "tls_cert and tls_key must be given together")
     try:

@@ -31,6 +31,7 @@ try:
 except ImportError:  # pragma: no cover
     from typing_extensions import Protocol  # type: ignore[assignment]
 
+from edge import rotation
 from edge.outbox import Outbox
 from edge.records import FrameRecord, idempotency_key
 
@@ -50,35 +51,37 @@ class Sink(Protocol):
 
 
 class JsonlSink:
-    """Appends one JSON object per line; flushed per record (fsync optional)."""
+    """Appends one JSON object per line; flushed per record (fsync optional). With
+    ``max_bytes`` the file rotates by size, ``keep`` rotated files stay, gzip'd with
+    ``compress`` (``edge.rotation``)."""
 
     name = "jsonl"
 
-    def __init__(self, path: str, fsync: bool = False) -> None:
+    def __init__(self, path: str, fsync: bool = False, max_bytes: int = 0, keep: int = 0,
+                 compress: bool = False) -> None:
         self.path = path
         self.fsync = fsync
+        self.max_bytes = max_bytes
+        self.keep = keep
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
         self.late_keys: Set[str] = self._load_late_keys()
         self.f = open(path, "ab")
+        self.size = self.f.tell()
+        self.compressor = rotation.Compressor(path, keep) if max_bytes and compress else None
 
     def _load_late_keys(self) -> Set[str]:
+        """Keys of the late records among the newest ``TAIL_BYTES`` of the file and, when it
+        rotates, of the files rotated before it (a replay repeated right after a restart
+        finds its first copy there)."""
         keys: Set[str] = set()
-        try:
-            size = os.path.getsize(self.path)
-        except OSError:
-            return keys
-        with open(self.path, "rb") as f:
-            if size > TAIL_BYTES:
-                f.seek(size - TAIL_BYTES)
-                f.readline()
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line torn by a crash
-                if isinstance(rec, dict) and rec.get("late"):
-                    keys.add(idempotency_key(rec.get("device", ""), rec.get("stream", ""), rec.get("frame_seq", -1)))
+        for line in rotation.history_lines(self.path, TAIL_BYTES):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line torn by a crash
+            if isinstance(rec, dict) and rec.get("late"):
+                keys.add(idempotency_key(rec.get("device", ""), rec.get("stream", ""), rec.get("frame_seq", -1)))
         return keys
 
     def write(self, rec: FrameRecord, data: bytes) -> None:
@@ -88,13 +91,28 @@ class JsonlSink:
                 log.info("late result %s already written; duplicate replay ignored", key)
                 return
             self.late_keys.add(key)
+        if self.max_bytes and self.size and self.size + len(data) + 1 > self.max_bytes:
+            self._rotate()
         self.f.write(data + b"\n")
         self.f.flush()
+        self.size += len(data) + 1
         if self.fsync:
             os.fsync(self.f.fileno())
 
+    def _rotate(self) -> None:
+        self.f.close()
+        rotated = rotation.rotate(self.path)
+        self.f = open(self.path, "ab")
+        self.size = 0
+        if self.compressor is not None:
+            self.compressor.submit(rotated)
+        else:
+            rotation.prune(self.path, self.keep)
+
     def close(self) -> None:
         self.f.close()
+        if self.compressor is not None:
+            self.compressor.close()
 
 
 class StdoutSink:

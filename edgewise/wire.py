@@ -12,6 +12,7 @@ structural walk and the decode. Errors are ``InvalidInputError`` (INVALID_ARGUME
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import cv2
@@ -22,6 +23,7 @@ from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
 from edgewise.imagefiles import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, Buffer, ImageHeader
 from edgewise.images import check_bgr
+from edgewise.regions import Tile, tiles_to_frame
 from edgewise.v1 import detect_pb2
 
 FORMATS = ("jpeg", "png", "raw")
@@ -83,7 +85,8 @@ def check_image(
 
     Byte limit, declared encoding vs magic bytes, declared size vs ``max_pixels`` (for
     every encoding), RAW shape [height, width, 3] / dtype uint8 / length, a JPEG's
-    end-of-image marker, and a crop offset inside its source frame. The gateway's
+    end-of-image marker, a crop offset inside its source frame, and (for a parsed
+    ``detect_pb2.Image``: the worker) the tiles of a packed region payload. The gateway's
     admission and the worker (before it decodes) both call it with the same limits.
     Reads only the first and last bytes of ``data``: its cost does not grow with the image.
     """
@@ -116,7 +119,41 @@ def check_image(
         raise InvalidInputError(
             f"image crop offset ({img.offset_x},{img.offset_y}) lies outside the "
             f"{img.source_width}x{img.source_height} source frame")
+    if isinstance(img, detect_pb2.Image):  # the gateway's view reads no tiles: the worker checks them
+        _check_tiles(img, header)
     return header
+
+
+#: most tiles one packed image may carry
+MAX_TILES = 64
+
+
+def _check_tiles(img: detect_pb2.Image, header: ImageHeader) -> None:
+    if len(img.tiles) > MAX_TILES:
+        raise InvalidInputError(f"image.tiles: {len(img.tiles)} tiles, at most {MAX_TILES}")
+    for i, t in enumerate(img.tiles):
+        where = f"image.tiles[{i}]"
+        if t.width == 0 or t.height == 0 or t.x + t.width > header.width or t.y + t.height > header.height:
+            raise InvalidInputError(f"{where}: {t.width}x{t.height} at ({t.x},{t.y}) is empty or outside the "
+                                    f"{header.width}x{header.height} image")
+        if not (math.isfinite(t.scale) and 0.0 <= t.scale <= 64.0):
+            raise InvalidInputError(f"{where}.scale {t.scale}: source pixels per image pixel, within [0, 64]")
+        if img.source_width and img.source_height and (t.source_x >= img.source_width
+                                                       or t.source_y >= img.source_height):
+            raise InvalidInputError(f"{where}: source corner ({t.source_x},{t.source_y}) lies outside the "
+                                    f"{img.source_width}x{img.source_height} source frame")
+
+
+def tiles_to_proto(tiles: Sequence[Tile]) -> List[detect_pb2.Tile]:
+    """The ``Image.tiles`` of a packed payload (:func:`edgewise.regions.pack`)."""
+    return [detect_pb2.Tile(x=t.x, y=t.y, width=t.width, height=t.height, source_x=t.source_x,
+                            source_y=t.source_y, scale=float(t.scale)) for t in tiles]
+
+
+def tiles_from_proto(img: detect_pb2.Image) -> List[Tile]:
+    """:class:`edgewise.regions.Tile` of each ``Image.tiles`` entry (scale 0 read as 1)."""
+    return [Tile(int(t.x), int(t.y), int(t.width), int(t.height), int(t.source_x), int(t.source_y),
+                 float(t.scale) or 1.0) for t in img.tiles]
 
 
 def _last_two(data: Buffer) -> bytes:
@@ -247,8 +284,23 @@ def shift_detections(
     return dataclasses.replace(d, boxes=boxes)
 
 
-def to_source_frame(d: Detections, img: detect_pb2.Image) -> Detections:
-    """``shift_detections`` with the crop offset and source size carried by ``img``."""
+def source_mapping(img: detect_pb2.Image) -> Tuple[Tuple[float, float], Optional[Tuple[int, int]], Tuple[Tile, ...]]:
+    """(crop offset, source size or None, tiles) of a wire image: what :func:`map_to_source` needs."""
     size = (int(img.source_width), int(img.source_height)) if img.source_width and img.source_height else None
-    return shift_detections(d, float(img.offset_x), float(img.offset_y), size)
+    return (float(img.offset_x), float(img.offset_y)), size, tuple(tiles_from_proto(img))
+
+
+def map_to_source(d: Detections, offset: Tuple[float, float], size: Optional[Tuple[int, int]],
+                  tiles: Sequence[Tile] = ()) -> Detections:
+    """Boxes found on a payload in source-frame pixels: through its tiles when it packs parts
+    of the frame (:func:`edgewise.regions.tiles_to_frame`), else shifted by its crop offset;
+    clipped to the source size when known."""
+    if tiles:
+        return tiles_to_frame(d, tiles, size)
+    return shift_detections(d, offset[0], offset[1], size)
+
+
+def to_source_frame(d: Detections, img: detect_pb2.Image) -> Detections:
+    """:func:`map_to_source` with what ``img`` carries."""
+    return map_to_source(d, *source_mapping(img))
 

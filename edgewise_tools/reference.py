@@ -11,6 +11,10 @@ Rendered from the code that enforces them:
 * the ``gateway.config`` subtree of ``charts/edgewise/values.schema.json`` from the
   gateway's field metadata (types, enums, ranges, no unknown keys), so a typo in the
   chart values fails ``helm install`` instead of the gateway pod's start;
+* ``docs/policy.schema.json``, the JSON Schema (draft-07) of an ``EscalationPolicy``
+  file from the policy's field metadata (:func:`policy_json_schema`: keys, types,
+  choices, ranges, required keys, no unknown keys), for editors
+  (``yaml-language-server``) and CI checks of policy files;
 * ``charts/edgewise/README.md`` (what ``helm show readme`` prints): install, upgrade,
   rollback and uninstall, the modes (every value with a fixed set of choices) and the
   values table, from ``values.schema.json`` (types, choices, descriptions) and
@@ -39,8 +43,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from edgewise.errors import ConfigError
 from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy.deciding import REASONS, SUPPRESSORS
-from edgewise.policy.fields import field_specs
-from edgewise.policy.loading import parse_policy
+from edgewise.policy.fields import FieldSpec, field_specs
+from edgewise.policy.loading import EXPONENT_NUMBER, parse_policy
 from edgewise.policy.schema import DEFAULT_WEIGHTS, Policy, describe_schema
 from edgewise.settings import VALUE_RULES, Row, Schema, Spec
 from edgewise.settings import rows as rows_of
@@ -50,6 +54,7 @@ from edgewise.settings.values import is_mapping, is_section, optional, sequence
 #: Repository root (``edgewise_tools/reference.py`` -> three levels up).
 ROOT = Path(__file__).resolve().parents[1]
 POLICY_PAGE = "docs/policy-reference.md"
+POLICY_SCHEMA = "docs/policy.schema.json"
 CHART_SCHEMA = "charts/edgewise/values.schema.json"
 CHART_README = "charts/edgewise/README.md"
 CHART_VALUES = "charts/edgewise/values.yaml"
@@ -73,6 +78,12 @@ SIGNAL_DOCS: Dict[str, str] = {
                             "simple IoU tracker; 0 until the tracker has seen `signals.trackMinHits` frames.",
     "missed_object": "Highest objectness the model saw where no box was kept (DDS feedback regions); "
                      "what makes a frame with no detections escalatable.",
+    "motion": "Foreground (MOG2 background subtraction on a grey copy `signals.motion.width` px wide) that no "
+              "detection explains, as a share of the frame divided by `signals.motion.areaSaturation`: "
+              "what the edge cannot see but the pixels show. Computed only when a weight, the learned "
+              "model or region payloads use it.",
+    "motion_blobs": "Unexplained foreground blobs no larger than `signals.motion.smallBlob` of the frame (far "
+                    "objects are small), divided by `signals.motion.blobSaturation`.",
 }
 
 #: ``Decision.reason`` values (label ``reason`` of ``edgewise_edge_escalations_total``).
@@ -357,6 +368,73 @@ def settings_reference(page: SettingsPage, _root: Path = ROOT) -> Optional[str]:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- policy JSON Schema
+
+def _range_schema(lo: Optional[float], hi: Optional[float], lo_open: bool, hi_open: bool) -> Dict[str, Any]:
+    """``minimum``/``maximum`` (or their ``exclusive`` forms) of a number's range."""
+    out: Dict[str, Any] = {}
+    for key, bound, is_open in (("minimum", lo, lo_open), ("maximum", hi, hi_open)):
+        if bound is not None:
+            out["exclusive" + key.capitalize() if is_open else key] = int(bound) if float(bound).is_integer() else bound
+    return out
+
+
+def _policy_field_schema(spec: FieldSpec) -> Dict[str, Any]:
+    """The JSON Schema of one policy key, as the loader (``edgewise.policy.loading``) checks it."""
+    out: Dict[str, Any] = {"description": spec.doc}
+    if spec.kind == "section":
+        out.update(_policy_section_schema(spec.cls))
+    elif spec.kind == "map":
+        out.update(type="object", propertyNames={"pattern": r"\S"},
+                   additionalProperties=_policy_section_schema(spec.cls))
+    elif spec.kind == "weights":
+        out.update(type="object", additionalProperties=False,
+                   properties={k: {"type": "number", "minimum": 0, "maximum": 1} for k in spec.keys})
+    elif spec.kind in ("float", "int"):
+        out["type"] = "integer" if spec.kind == "int" else "number"
+        out.update(_range_schema(spec.lo, spec.hi, spec.lo_open, spec.hi_open))
+    elif spec.kind == "bool":
+        out["type"] = "boolean"
+    else:
+        out["type"] = "string"
+        if spec.choices:
+            out["enum"] = list(spec.choices)
+        elif spec.required:
+            out["pattern"] = r"\S"
+    if spec.kind == "float":  # 1e-3 without a dot: a string to PyYAML, a number to the loader
+        out = {"description": out.pop("description"),
+               "anyOf": [out, {"type": "string", "pattern": EXPONENT_NUMBER.pattern}]}
+    if spec.nullable:
+        body = {k: v for k, v in out.items() if k != "description"}
+        out = {"description": spec.doc, "anyOf": [body, {"type": "null"}]}
+    return out
+
+
+def _policy_section_schema(cls: Any) -> Dict[str, Any]:
+    specs = field_specs(cls)
+    out: Dict[str, Any] = {
+        "type": "object", "additionalProperties": False,
+        "properties": {key: _policy_field_schema(spec) for key, (_attr, spec) in specs.items()}}
+    required = [key for key, (_attr, spec) in specs.items() if spec.required]
+    if required:
+        out["required"] = required
+    return out
+
+
+def policy_json_schema() -> Dict[str, Any]:
+    """JSON Schema (draft-07) of a policy file, from the field metadata the loader enforces.
+    What one key's metadata cannot say (``band.low <= band.high``, at least one weight > 0,
+    the learned model file) only ``edgewise edge check-policy`` checks."""
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "$id": "https://edgewise.invalid/schemas/policy.schema.json",
+        "title": "edgewise EscalationPolicy",
+        "description": f"Generated from edgewise/policy/schema.py by `{COMMAND}`; reference: "
+                       "docs/policy-reference.md. Cross-field rules are checked by `edgewise edge check-policy`.",
+        **_policy_section_schema(Policy),
+    }
+
+
 # --------------------------------------------------------------------------- chart schema
 
 #: Gateway keys the chart's gateway-configmap.yaml sets itself (from other values).
@@ -400,9 +478,7 @@ def _scalar_schema(tp: Any, spec: Spec) -> Dict[str, Any]:
         return {"type": "string", "enum": list(allowed)}
     out: Dict[str, Any] = {"type": {"bool": "boolean", "int": "integer", "float": ["number", "string"]}.get(
         kind, ["string", "number"])}
-    for key, bound, is_open in (("minimum", spec.lo, spec.lo_open), ("maximum", spec.hi, spec.hi_open)):
-        if bound is not None:
-            out["exclusive" + key.capitalize() if is_open else key] = int(bound) if float(bound).is_integer() else bound
+    out.update(_range_schema(spec.lo, spec.hi, spec.lo_open, spec.hi_open))
     if kind == "float":
         out["pattern"] = _NUMBER_TEXT
     return out
@@ -531,6 +607,7 @@ def chart_readme(root: Path = ROOT) -> str:
 
 #: Generated file -> its renderer (given the repository root; None when its source is not installed).
 PAGES: Dict[str, Callable[[Path], Optional[str]]] = {POLICY_PAGE: lambda _root: policy_reference()}
+PAGES[POLICY_SCHEMA] = lambda _root: json.dumps(policy_json_schema(), indent=2) + "\n"
 PAGES.update({path: functools.partial(settings_reference, page) for path, page in SETTINGS_PAGES.items()})
 PAGES[CHART_SCHEMA] = chart_schema
 PAGES[CHART_README] = chart_readme

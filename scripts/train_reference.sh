@@ -99,4 +99,6 @@ wait "$EDGE_PID" "$CLOUD_PID"
 # 224, cloud / edge, but over-fired at conf 0.25 until trained there)
 detector cloud-hr yolov5s 288 1200 "$CLOUD_THREADS" "$CLOUD_HR" tune tune-val 0.0005 0.1 "$RUN/cloud-tune/best.pt"
 detector edge-hr yolov5n 288 3000 "$CLOUD_THREADS" "$EDGE_HR" tune tune-val 0.0005 0.1 "$RUN/edge-tune/best.pt"
-"$PY" -m edgewise_tools.train.reference --run "$RUN" --models models
+# MODELS: where the pair goes (models/; models/episodes/ once the camera pair of
+# scripts/train_camera.sh ships in models/)
+"$PY" -m edgewise_tools.train.reference --run "$RUN" --models "${MODELS:-models}"

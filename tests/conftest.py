@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -34,14 +35,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _built_model(arch: str, imgsz: int, nc: int) -> Path:
-    from edgewise_tools.models import build_onnx
+def _built_model(arch: str, imgsz: int, nc: int, dynamic_hw: bool = False) -> Path:
+    path = MODEL_CACHE / f"{arch}-{imgsz}-{nc}{'-dynhw' if dynamic_hw else ''}.onnx"
+    if not path.exists():  # the Jetson lane's Python 3.8 has no torch: it uses the cached files
+        from edgewise_tools.models import build_onnx
 
-    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
-    path = MODEL_CACHE / f"{arch}-{imgsz}-{nc}.onnx"
-    if not path.exists():
+        MODEL_CACHE.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.onnx")
-        build_onnx(arch, imgsz=imgsz, nc=nc, path=tmp, names=DIGIT_NAMES[:nc] if nc <= 10 else None, seed=0)
+        build_onnx(arch, imgsz=imgsz, nc=nc, path=tmp, names=DIGIT_NAMES[:nc] if nc <= 10 else None, seed=0,
+                   dynamic_hw=dynamic_hw)
+        if dynamic_hw:  # ask to run at native size, as the camera pair's cloud model does
+            import onnx
+
+            proto = onnx.load(str(tmp))
+            prop = proto.metadata_props.add()
+            prop.key, prop.value = "input_size", "native"
+            onnx.save(proto, str(tmp))
         tmp.replace(path)
     return path
 
@@ -56,6 +65,12 @@ def tiny_model() -> Path:
 def small_model() -> Path:
     """YOLOv5n at 320 px with 10 classes."""
     return _built_model("yolov5n", 320, 10)
+
+
+@pytest.fixture(scope="session")
+def native_model() -> Path:
+    """YOLOv5n trained-size 160 with a symbolic height/width and ``input_size: native``."""
+    return _built_model("yolov5n", 160, 10, dynamic_hw=True)
 
 
 def mosquitto_binary() -> str:
@@ -239,9 +254,21 @@ class TopicRecorder:
 
 
 
+def in_process_cloud_class() -> Any:
+    """``tests.realcloud.InProcessCloud``; skips the test on a Python the cloud tier does not
+    run on (the Jetson lane's 3.8, which escalates to a gateway process instead:
+    tests/deploy/test_jetson_lane.py)."""
+    if sys.version_info < (3, 10):
+        pytest.skip("the in-process cloud tier needs Python >= 3.10 (the Jetson lane checks the device "
+                    "against a gateway process instead)")
+    from tests.realcloud import InProcessCloud
+
+    return InProcessCloud
+
+
 @pytest.fixture(scope="session")
 def _in_process_cloud(tiny_model: Path) -> Iterator[Any]:
-    from tests.realcloud import InProcessCloud
+    InProcessCloud = in_process_cloud_class()
 
     with InProcessCloud(tiny_model) as cloud:
         yield cloud

@@ -30,11 +30,14 @@ FORBIDDEN = {
     "edgewise_tools": (),
 }
 _CORE_THIRD_PARTY = {
-    "numpy", "cv2", "yaml", "onnxruntime", "onnx", "tensorrt", "cuda", "pycuda", "grpc", "grpc_health",
+    "numpy", "cv2", "yaml", "onnxruntime", "tensorrt", "grpc", "grpc_health",
     "google", "typing_extensions", "prometheus_client",
 }
-#: third-party top-level modules the device packages may import (what the bundle installs or
-#: JetPack provides); anything else would be missing on a Jetson
+#: third-party top-level modules the device packages may import: what the bundle installs
+#: (deploy/jetson/requirements.txt: numpy, onnxruntime, grpcio, protobuf as ``google``, PyYAML,
+#: prometheus-client, paho-mqtt) or JetPack provides (cv2, tensorrt; CUDA only through ctypes),
+#: plus typing_extensions, imported only on Pythons older than the device's 3.8. Anything else
+#: (onnx, cuda-python, pycuda, torch) would be missing on a Jetson.
 DEVICE_THIRD_PARTY = {
     "edgewise": _CORE_THIRD_PARTY,
     "edge": _CORE_THIRD_PARTY | {"paho"},

@@ -9,8 +9,9 @@ zero-copy ``memoryview`` of its bytes, and the number of edge detections. It fol
 parser's rules: the last value of a scalar field wins, occurrences of the embedded
 ``image`` merge (``shape`` packed or not), a field with another wire type than its
 declared one is skipped as unknown, strings must be UTF-8. What it does not read (edge
-detections, hardness, reason) is checked by the worker's parser, which answers
-INVALID_ARGUMENT for bytes it cannot parse (``cloud.worker.server``).
+detections, hardness, reason, the image's region tiles) is checked by the worker, which
+answers INVALID_ARGUMENT for bytes it cannot parse or tiles outside the image
+(``cloud.worker.server``).
 
 A worker's answer is small: ``reply_of`` parses it (status, error, queue time) and keeps
 its bytes; ``Reply.stamped`` sets ``timing.gateway_ms`` by appending one field, which

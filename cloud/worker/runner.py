@@ -6,11 +6,11 @@ and splits its stages between the worker's two thread pools:
 * ``prepare`` (decode pool, many threads): ``edgewise.wire.decode_image`` +
   ``Detector.preprocess`` of one image. A bad image fails here, for that
   request only, before it ever reaches the batcher.
-* ``run`` (inference thread, one): stack the prepared images, ``infer``,
-  ``postprocess``, map crops back into source-frame pixels
-  (``wire.shift_detections``). Wrapped in
-  ``batching.run_isolated`` so a failure is retried per image and only the
-  image that fails alone gets an error.
+* ``run`` (inference thread, one): stack the prepared images (images of one shape
+  per model call: with ``input_size: native`` each image keeps its own size), ``infer``,
+  ``postprocess``, map crops and packed regions back into source-frame pixels
+  (``wire.map_to_source``). Wrapped in ``batching.run_isolated`` so a failure is retried
+  per image and only the image that fails alone gets an error.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from cloud.worker.settings import WorkerSettings
 from edgewise import wire
 from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
+from edgewise.regions import Tile
 from edgewise.runtime.detector import Detector
 from edgewise.runtime.letterbox import LetterboxMeta
 from edgewise.v1 import detect_pb2
@@ -39,6 +40,7 @@ class Prepared:
     meta: LetterboxMeta
     offset: tuple[float, float] = (0.0, 0.0)
     source_size: tuple[int, int] | None = None  # (width, height) of the full frame
+    tiles: tuple[Tile, ...] = ()  # parts of the frame packed into the image (edgewise.regions)
 
 
 class ModelRunner:
@@ -67,6 +69,8 @@ class ModelRunner:
             iou_thres=settings.iou_threshold,
             max_det=settings.max_det,
             threads=settings.threads or None,
+            input_size=settings.input_size,
+            max_side=settings.native_max_side,
             imgsz=settings.imgsz or None,
         )
         return cls(det)
@@ -75,22 +79,19 @@ class ModelRunner:
     def prepare(self, image: detect_pb2.Image) -> Prepared:
         """Decode and letterbox one wire image; ``InvalidInputError`` names what is wrong."""
         bgr = wire.decode_image(image)
-        return self.prepare_array(
-            bgr,
-            offset=(float(image.offset_x), float(image.offset_y)),
-            source_size=(int(image.source_width), int(image.source_height))
-            if image.source_width and image.source_height else None,
-        )
+        offset, size, tiles = wire.source_mapping(image)
+        return self.prepare_array(bgr, offset=offset, source_size=size, tiles=tiles)
 
     def prepare_array(
         self,
         bgr: np.ndarray,
         offset: tuple[float, float] = (0.0, 0.0),
         source_size: tuple[int, int] | None = None,
+        tiles: tuple[Tile, ...] = (),
     ) -> Prepared:
         """Letterbox a decoded BGR image (also used for warm-up)."""
         tensor, metas = self.detector.preprocess([bgr])
-        return Prepared(tensor, metas[0], offset, source_size)
+        return Prepared(tensor, metas[0], offset, source_size, tiles)
 
     def dummy(self) -> Prepared:
         """A gray frame at the model's input size, for warm-up batches."""
@@ -105,13 +106,17 @@ class ModelRunner:
         return out, time.perf_counter() - t0
 
     def _run_batch(self, items: Sequence[Prepared]) -> list[Detections]:
-        batch = items[0].tensor if len(items) == 1 else np.concatenate([p.tensor for p in items])
-        raw = self.detector.infer(batch)
-        dets = self.detector.postprocess(raw, [p.meta for p in items])
-        return [
-            wire.shift_detections(d, p.offset[0], p.offset[1], p.source_size)
-            for d, p in zip(dets, items, strict=True)
-        ]
+        out: list[Detections | None] = [None] * len(items)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, p in enumerate(items):  # one model call per input shape
+            groups.setdefault(tuple(p.tensor.shape[2:]), []).append(i)
+        for idx in groups.values():
+            batch = items[idx[0]].tensor if len(idx) == 1 else np.concatenate([items[i].tensor for i in idx])
+            raw = self.detector.infer(batch)
+            for i, d in zip(idx, self.detector.postprocess(raw, [items[i].meta for i in idx]), strict=True):
+                p = items[i]
+                out[i] = wire.map_to_source(d, p.offset, p.source_size, p.tiles)
+        return [d for d in out if d is not None]
 
     def close(self) -> None:
         self.detector.close()

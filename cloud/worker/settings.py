@@ -67,6 +67,15 @@ class WorkerSettings:
     metrics_host: str = setting("Address the metrics server binds.", "0.0.0.0")
     worker_id: str = setting("Name reported in responses and load; default `<hostname>-<pid>`.", "")
     threads: int = setting("ONNX Runtime intra-op threads; 0 lets ONNX Runtime decide.", 0, lo=0)
+    input_size: str = setting(
+        "Input size of the model: `model` letterboxes every image to the model's size; `native` runs each "
+        "image at its own scale (rounded up to the stride, never enlarged), which a model trained on "
+        "full-resolution crops needs to see whole frames and region payloads; `auto` is `native` for a model "
+        "that asks for it (symbolic height/width and the metadata `input_size: native`, like the camera "
+        "pair's cloud model), else `model`.", "auto", choices=("auto", "model", "native"))
+    native_max_side: int = setting(
+        "With native input: an image whose longer side exceeds this is scaled down to it first (0 = never), "
+        "bounding the cost of one request.", 1920, lo=0)
     decode_threads: int = setting("Threads decoding and letterboxing incoming images (off the event loop).", 2,
                                   lo=1)
     decode_pixel_budget: int = setting(
@@ -115,6 +124,7 @@ SCHEMA: Schema[WorkerSettings] = Schema(
         Flag("--metrics-port", "metrics_port", metavar="PORT"),
         Flag("--worker-id", "worker_id", metavar="ID"),
         Flag("--threads", "threads", metavar="N"),
+        Flag("--input-size", "input_size", metavar="auto|model|native"),
         Flag("--grace", "grace_s", metavar="SECONDS"),
         Flag("--max-message-bytes", "max_message_bytes", metavar="BYTES"),
         Flag("--conf", "conf_threshold", metavar="SCORE"),

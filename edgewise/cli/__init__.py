@@ -18,7 +18,7 @@ import importlib
 import os
 import platform
 import sys
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from edgewise import __version__
 from edgewise.errors import EdgewiseError
@@ -33,6 +33,9 @@ COMMAND_MODULES: Tuple[Tuple[str, str], ...] = (
     ("", "edgewise_tools.cli.eval"),
     ("", "edgewise_tools.cli.demo"),
     ("edge", "edge.cli"),
+    ("edge", "edge.models"),
+    ("edge", "edge.provisioning"),
+    ("edge", "edgewise_tools.cli.whatif"),  # check-policy --data: extends edge.cli's parser
     ("edge", "edge.bundle"),
     ("cloud", "cloud.worker.cli"),
     ("cloud", "cloud.gateway.cli"),
@@ -40,9 +43,13 @@ COMMAND_MODULES: Tuple[Tuple[str, str], ...] = (
     ("cloud", "cloud.probe"),
 )
 
+#: command groups that need a newer Python than the device's 3.8 (README, "Supported platforms"):
+#: on an older one they answer with that instead of failing to import
+MIN_PYTHON = {"cloud": (3, 10)}
+
 GROUP_HELP = {
     "model": "inspect, build, quantize and compile YOLOv5 models",
-    "edge": "the edge daemon: run it, check policies, bundle it for Jetson",
+    "edge": "the edge daemon: run and check it, its TensorRT engine, provision and bundle it for Jetson",
     "cloud": "the cloud tier: workers, gateway, autoscaler, local pool",
 }
 
@@ -69,7 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     top = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: Dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    refused: Set[str] = set()
     for group, module_name in COMMAND_MODULES:
+        need = MIN_PYTHON.get(group)
+        if need is not None and sys.version_info[:2] < need:
+            if group not in refused:
+                refused.add(group)
+                gp = top.add_parser(group, help=GROUP_HELP.get(group, ""))
+                gp.add_argument("rest", nargs=argparse.REMAINDER)
+                gp.set_defaults(func=_needs_python(group, need))
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -87,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             module.register(top)
     return parser
+
+
+def _needs_python(group: str, need: Tuple[int, int]) -> Callable[[argparse.Namespace], int]:
+    def refuse(_args: argparse.Namespace) -> int:
+        print(f"edgewise: error: `edgewise {group}` needs Python >= {need[0]}.{need[1]} "
+              f"(this is {platform.python_version()})", file=sys.stderr)
+        return 2
+
+    return refuse
 
 
 def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

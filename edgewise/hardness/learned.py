@@ -24,20 +24,30 @@ import numpy as np
 from edgewise.detections import Detections
 from edgewise.errors import ConfigError
 from edgewise.hardness.boosting import BoostedTrees
-from edgewise.hardness.signals import SIGNAL_NAMES
+from edgewise.hardness.signals import RECORD_DECIMALS, SIGNAL_NAMES
 
 FORMAT = "edgewise-gain-model/v1"
-#: the model's inputs, in column order: every signal, then three facts about the boxes
+#: the inputs this version computes, in column order: every signal, then three facts about
+#: the boxes. A model file names the features it was fitted on, which may be a subset (a
+#: model fitted before the motion signals existed uses the others).
 FEATURE_NAMES: Tuple[str, ...] = tuple(SIGNAL_NAMES) + ("log_n_boxes", "empty", "max_score")
 MAX_MODEL_BYTES = 4 << 20
 
 
 def frame_features(signals: Mapping[str, float], dets: Detections) -> List[float]:
-    """One frame's feature row (edge-side only: what the daemon knows before asking)."""
+    """One frame's feature row over :data:`FEATURE_NAMES` (edge-side only: what the daemon
+    knows before asking)."""
     n = len(dets)
+    return features_of(signals, n, float(dets.scores.max()) if n else 0.0)
+
+
+def features_of(signals: Mapping[str, float], boxes: int, max_score: float) -> List[float]:
+    """The feature row from the signals, the number of boxes and the highest box score.
+    The score is taken at the frame record's precision (:data:`RECORD_DECIMALS`), so a
+    replay of the records (``edgewise.policy.replay``) gets the daemon's features."""
     row = [float(signals.get(s, 0.0)) for s in SIGNAL_NAMES]
     row = [v if math.isfinite(v) else 0.0 for v in row]
-    return row + [math.log1p(n), float(n == 0), float(dets.scores.max()) if n else 0.0]
+    return row + [math.log1p(boxes), float(boxes == 0), round(max_score, RECORD_DECIMALS) if boxes else 0.0]
 
 
 @dataclass
@@ -45,16 +55,22 @@ class GainModel:
     """Trees of the predicted gain plus the training frames' prediction percentiles.
 
     Attributes:
-        trees: the fitted :class:`BoostedTrees` over :data:`FEATURE_NAMES`.
+        trees: the fitted :class:`BoostedTrees` over ``features``.
         quantiles: predictions on the training frames at 0, 1, ..., 100 percent.
         info: provenance (training data, frames, merge strategy), shown by explain.
         source: file it was loaded from ("" when fitted in memory).
+        features: the columns of :data:`FEATURE_NAMES` the trees were fitted on.
     """
 
     trees: BoostedTrees
     quantiles: np.ndarray
     info: Dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    features: Tuple[str, ...] = FEATURE_NAMES
+
+    @property
+    def _columns(self) -> List[int]:
+        return [FEATURE_NAMES.index(n) for n in self.features]
 
     @classmethod
     def fit(cls, x: np.ndarray, gain: np.ndarray, info: Mapping[str, Any], **params: Any) -> GainModel:
@@ -66,8 +82,9 @@ class GainModel:
         return cls(trees=trees, quantiles=quantiles, info=dict(info))
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Predicted relative gain of each feature row (higher: escalate first)."""
-        return self.trees.predict(np.asarray(x, np.float64).reshape(-1, len(FEATURE_NAMES)))
+        """Predicted relative gain of each :data:`FEATURE_NAMES` row (higher: escalate first)."""
+        rows = np.asarray(x, np.float64).reshape(-1, len(FEATURE_NAMES))
+        return self.trees.predict(rows if self.features == FEATURE_NAMES else rows[:, self._columns])
 
     def percentile(self, predicted: np.ndarray) -> np.ndarray:
         """Mid-rank percentile in [0, 1] of predictions among the training frames'."""
@@ -77,16 +94,23 @@ class GainModel:
         return np.asarray((lo + hi) / (2.0 * len(q)), np.float64)
 
     def hardness(self, signals: Mapping[str, float], dets: Detections) -> float:
-        """The learned hardness of one frame, in [0, 1] (the daemon's per-frame path)."""
-        p = self.trees.predict_one(frame_features(signals, dets))
+        """The learned hardness of one frame, in [0, 1]."""
+        n = len(dets)
+        return self.hardness_of(signals, n, float(dets.scores.max()) if n else 0.0)
+
+    def hardness_of(self, signals: Mapping[str, float], boxes: int, max_score: float) -> float:
+        """The learned hardness from what the policy knows of a frame (the daemon's and the
+        replay's per-frame path; see :func:`features_of`), over the model's own features."""
+        row = features_of(signals, boxes, max_score)
+        p = self.trees.predict_one(row if self.features == FEATURE_NAMES else [row[i] for i in self._columns])
         return float(self.percentile(np.array([p]))[0])
 
     def importance(self) -> Dict[str, float]:
         """Each feature's share of the trees' split gain (0 after loading: not stored)."""
-        return {n: round(float(v), 4) for n, v in zip(FEATURE_NAMES, self.trees.importance())}
+        return {n: round(float(v), 4) for n, v in zip(self.features, self.trees.importance())}
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"format": FORMAT, "features": list(FEATURE_NAMES), "info": self.info,
+        return {"format": FORMAT, "features": list(self.features), "info": self.info,
                 "importance": self.importance(), "quantiles": self.quantiles.tolist(),
                 **self.trees.to_dict()}
 
@@ -113,12 +137,14 @@ class GainModel:
             raise ConfigError(f"{p}: cannot read the gain model file: {exc.strerror or exc}") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ConfigError(f"{p}: format must be {FORMAT!r}, got {d.get('format') if isinstance(d, dict) else d!r}")
-        if d.get("features") != list(FEATURE_NAMES):
-            raise ConfigError(f"{p}: fitted on features {d.get('features')!r}, this edgewise computes "
+        feats = d.get("features")
+        if (not isinstance(feats, list) or not feats or len(set(map(str, feats))) != len(feats)
+                or not all(f in FEATURE_NAMES for f in feats)):
+            raise ConfigError(f"{p}: fitted on features {feats!r}, this edgewise computes "
                               f"{list(FEATURE_NAMES)}; fit it again with this version")
         trees = BoostedTrees.from_dict(d, str(p))
-        if len(trees.edges) != len(FEATURE_NAMES):
-            raise ConfigError(f"{p}: edges has {len(trees.edges)} features, expected {len(FEATURE_NAMES)}")
+        if len(trees.edges) != len(feats):
+            raise ConfigError(f"{p}: edges has {len(trees.edges)} features, expected {len(feats)}")
         q = d.get("quantiles")
         if (not isinstance(q, list) or len(q) < 2
                 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in q)
@@ -126,4 +152,4 @@ class GainModel:
             raise ConfigError(f"{p}: quantiles must be a non-decreasing list of at least 2 finite numbers")
         info = d.get("info", {})
         return cls(trees=trees, quantiles=np.asarray(q, np.float64), info=info if isinstance(info, dict) else {},
-                   source=str(p))
+                   source=str(p), features=tuple(str(f) for f in feats))

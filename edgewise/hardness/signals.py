@@ -30,10 +30,11 @@ from typing import Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from edgewise.detections import Detections
+from edgewise.hardness.motion import MOTION_SIGNALS
 from edgewise.hardness.tracking import TrackerState, track_step
 
-#: Every signal ``compute_signals`` returns, in a stable order.
-SIGNAL_NAMES: Tuple[str, ...] = (
+#: The signals computed from a frame's detections (and the tracker), in a stable order.
+BOX_SIGNALS: Tuple[str, ...] = (
     "uncertain_count",
     "uncertain_fraction",
     "mean_conf",
@@ -44,9 +45,18 @@ SIGNAL_NAMES: Tuple[str, ...] = (
     "tracker_disagreement",
     "missed_object",
 )
+#: Every signal ``compute_signals`` returns: the box signals, then the motion signals of
+#: :mod:`edgewise.hardness.motion` (pixels the detections do not explain; 0 when no
+#: motion evidence is passed in).
+SIGNAL_NAMES: Tuple[str, ...] = BOX_SIGNALS + MOTION_SIGNALS
 
 #: How ``combine`` merges weighted signals.
 COMBINE_MODES: Tuple[str, ...] = ("max", "mean")
+
+#: Decimals of the signals and box scores in the edge's frame records. The daemon's
+#: policy decides on the signals at this precision (:func:`as_recorded`), so replaying
+#: the records (``edgewise.policy.replay``) computes exactly the daemon's hardness.
+RECORD_DECIMALS = 4
 
 
 @dataclass(frozen=True)
@@ -216,11 +226,14 @@ def compute_signals(
     prev: Optional[TrackerState],
     cfg: SignalConfig,
     frame_size: Optional[Tuple[int, int]] = None,
+    motion: Optional[Mapping[str, float]] = None,
 ) -> Tuple[Dict[str, float], TrackerState]:
     """All signals of one frame, and the tracker state to pass with the next frame.
 
     ``prev`` is the state returned for the previous frame of the same stream
-    (``None`` for the first frame). ``tracker_disagreement`` is
+    (``None`` for the first frame). ``motion`` holds the frame's motion signals
+    (:class:`edgewise.hardness.motion.MotionDetector`), 0 when not given: they need the
+    pixels, which only the caller has. ``tracker_disagreement`` is
     (appeared + vanished) / (detections + vanished): 0 on the first frame and
     until the tracker has seen ``track_min_hits`` frames (warm-up), so a stream
     start is not "hard".
@@ -250,6 +263,8 @@ def compute_signals(
         "tracker_disagreement": float(disagreement),
         "missed_object": missed_object_signal(dets),
     }
+    for name in MOTION_SIGNALS:
+        signals[name] = float(motion.get(name, 0.0)) if motion is not None else 0.0
     return signals, upd.state
 
 
@@ -270,16 +285,22 @@ def combine(
     best = 0.0
     num = 0.0
     den = 0.0
-    for name, w in weights.items():
+    get = signals.get
+    for name, w in weights.items():  # per frame, and per recorded frame in a replay: kept lean
         if w <= 0:
             continue
-        s = float(signals.get(name, 0.0))
-        if not math.isfinite(s):
-            s = 0.0
-        s = min(1.0, max(0.0, s))
-        num += w * s
+        s = float(get(name, 0.0))
+        if not 0.0 <= s <= 1.0:  # out of [0, 1], infinite or NaN
+            s = min(1.0, max(0.0, s)) if math.isfinite(s) else 0.0
+        ws = w * s
+        num += ws
         den += w
-        if w * s > best:
-            best = w * s
+        if ws > best:
+            best = ws
     value = best if mode == "max" else (num / den if den > 0 else 0.0)
     return min(1.0, max(0.0, value))
+
+
+def as_recorded(signals: Mapping[str, float]) -> Dict[str, float]:
+    """The signals at the precision the frame record keeps (:data:`RECORD_DECIMALS`)."""
+    return {k: round(float(v), RECORD_DECIMALS) for k, v in signals.items()}

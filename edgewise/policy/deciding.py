@@ -8,6 +8,10 @@ Order of checks for one frame of a stream:
 
 1. hardness = ``combine(signals, weights, mode)`` of the policy, or the learned
    hardness when it names a gain model (:mod:`edgewise.hardness.learned`).
+   Besides the signals the policy reads only :class:`FrameFacts` of the edge boxes
+   (class names, count, highest score), which the frame record keeps, so
+   :meth:`Escalator.decide_facts` replays a recorded frame through this same code
+   (``edgewise.policy.replay``).
 2. stream ``mode: never`` -> not escalated (reason ``stream_never``);
    ``mode: always`` -> candidate (reason ``always``).
 3. threshold (per-stream > per-class > global; the lowest threshold of the
@@ -34,7 +38,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from edgewise.detections import Detections
 from edgewise.hardness.signals import combine
@@ -112,6 +116,26 @@ def _class_names(dets: Detections) -> List[str]:
     return sorted(seen)
 
 
+class FrameFacts(NamedTuple):
+    """What the policy reads of a frame's edge boxes besides the signals.
+
+    Attributes:
+        classes: the distinct class names present, sorted (per-class thresholds).
+        boxes: how many boxes (a learned-model feature).
+        max_score: the highest box score, 0 without boxes (a learned-model feature).
+    """
+
+    classes: Tuple[str, ...]
+    boxes: int
+    max_score: float
+
+
+def frame_facts(dets: Detections) -> FrameFacts:
+    """The :class:`FrameFacts` of a frame's edge detections."""
+    n = len(dets)
+    return FrameFacts(tuple(_class_names(dets)), n, float(dets.scores.max()) if n else 0.0)
+
+
 class Escalator:
     """Decides per frame, per stream, under an atomically swappable policy."""
 
@@ -136,28 +160,39 @@ class Escalator:
         now: Optional[float] = None,
     ) -> Decision:
         """Decide one frame; budget state of ``stream_id`` advances by one frame."""
+        return self.decide_facts(stream_id, frame_seq, frame_facts(dets), signals, now)
+
+    def decide_facts(
+        self,
+        stream_id: str,
+        frame_seq: int,
+        facts: FrameFacts,
+        signals: Mapping[str, float],
+        now: Optional[float] = None,
+    ) -> Decision:
+        """:meth:`decide` from the :class:`FrameFacts` of the boxes (what a frame record keeps)."""
         t = self._clock() if now is None else now
         with self._lock:
-            return self._decide(self._policy, stream_id, frame_seq, dets, dict(signals), t)
+            return self._decide(self._policy, stream_id, frame_seq, facts, dict(signals), t)
 
     def _decide(
         self,
         policy: Policy,
         stream_id: str,
         frame_seq: int,
-        dets: Detections,
+        facts: FrameFacts,
         signals: Dict[str, float],
         now: float,
     ) -> Decision:
         sig = policy.spec.signals
-        hardness = (policy.learned.hardness(signals, dets) if policy.learned is not None
-                    else combine(signals, sig.weights, sig.combine))
+        hardness = (policy.learned.hardness_of(signals, facts.boxes, facts.max_score)
+                    if policy.learned is not None else combine(signals, sig.weights, sig.combine))
         st = self._streams.get(stream_id)
         if st is None:
             st = self._streams[stream_id] = StreamBudget(_limits(policy, stream_id), now)
         st.tick(now)
         mode = policy.stream(stream_id).mode
-        threshold, origin = policy.threshold_for(stream_id, _class_names(dets))
+        threshold, origin = policy.threshold_for(stream_id, facts.classes)
 
         def out(escalate: bool, reason: str, detail: str, priority: int = 0,
                 suppressed_by: Optional[str] = None) -> Decision:

@@ -34,6 +34,10 @@ def warnings(policy: Policy) -> List[str]:
         if merge and merge != s.merge.strategy:
             out.append(f"the gain model was fitted for merge.strategy {merge}, this policy merges with "
                        f"{s.merge.strategy}: its ranking assumed the other merge")
+        sent = policy.learned.info.get("payload")
+        if sent and sent != s.payload.mode:
+            out.append(f"the gain model was fitted for payload.mode {sent}, this policy sends {s.payload.mode}: "
+                       "its ranking assumed what the other payload lets the cloud see")
     else:  # the weighted signals decide
         if all(w == 0 for w in s.signals.weights.values()):
             out.append("no signal has a positive weight")
@@ -42,9 +46,9 @@ def warnings(policy: Policy) -> List[str]:
                 "missed_object has no weight and auditFraction is 0: frames where the edge model "
                 "saw nothing can only escalate through tracker_disagreement"
             )
-    if s.payload.mode == "crops" and s.merge.strategy == "replace":
+    if s.payload.mode in ("crops", "regions") and s.merge.strategy == "replace":
         out.append(
-            "payload.mode crops with merge.strategy replace: edge boxes outside the crops are "
+            f"payload.mode {s.payload.mode} with merge.strategy replace: edge boxes outside the crops are "
             "kept only because the merge knows the crop regions; consider fuse"
         )
     if s.on_cloud_unavailable == "spool" and s.deadline_ms < 50:
@@ -114,8 +118,17 @@ def explain(policy: Policy) -> str:
         "Cooldown: " + (f"{s.cooldown_seconds:g}s between escalations of a stream."
                         if s.cooldown_seconds > 0 else "none.")
     )
-    payload = "the full frame" if s.payload.mode == "full" else (
-        f"padded crops (padding {s.payload.crop_padding:g} x box size) of the uncertain boxes")
+    pl = s.payload
+    regions = (f"up to {pl.max_regions} full-resolution regions (padding {pl.crop_padding:g} x box size, "
+               f"at least {pl.region_min} px, together at most {pl.max_region_area:.0%} of the frame) around the "
+               "uncertain boxes and the motion no detection explains")
+    payload = {
+        "full": "the full frame",
+        "crops": f"one padded crop (padding {pl.crop_padding:g} x box size) around the uncertain boxes",
+        "downscaled": f"the frame scaled to {pl.downscale_width} px wide",
+        "regions": regions,
+        "low+regions": f"the frame at {pl.downscale_width} px wide plus {regions}",
+    }[pl.mode]
     lines.append(
         f"Escalation: {s.transport} with a {s.deadline_ms} ms deadline, sending {payload} "
         f"as JPEG quality {s.payload.jpeg_quality}."

@@ -25,7 +25,8 @@ from edgewise.hardness.learned import GainModel
 from edgewise.policy.fields import FieldSpec, field_specs
 from edgewise.policy.schema import Policy
 
-_EXP = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+#: A number in exponent form without a dot (``1e-3``), which YAML 1.1 (PyYAML) reads as a string.
+EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 #: Policy files larger than this are refused (a policy is a few KB).
 MAX_POLICY_BYTES = 1 << 20
@@ -110,7 +111,7 @@ def _value(spec: FieldSpec, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
     if not isinstance(node, yaml.ScalarNode):
         raise ctx.fail(node, path, f"expected a scalar, got {_node_desc(node, ctx)}", spec.allowed())
     v = ctx.scalar(node)
-    if spec.kind == "float" and isinstance(v, str) and node.style is None and _EXP.match(v):
+    if spec.kind == "float" and isinstance(v, str) and node.style is None and EXPONENT_NUMBER.match(v):
         # YAML 1.1 (PyYAML) reads 1e-3 (no dot) as a string; operators mean a number.
         v = float(v)
     if spec.kind in ("float", "int"):

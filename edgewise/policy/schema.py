@@ -14,13 +14,15 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from edgewise.hardness.learned import GainModel
+from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
 from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
 from edgewise.policy.fields import FieldSpec, field_default, opt
+from edgewise.regions import MODES, PayloadPlan, plan_payload
 
 API_VERSION = "edgewise/v1"
 KIND = "EscalationPolicy"
 TRANSPORTS = ("grpc", "mqtt")
-PAYLOAD_MODES = ("full", "crops")
+PAYLOAD_MODES = MODES
 UNAVAILABLE_ACTIONS = ("spool", "edge_only", "drop")
 MERGE_STRATEGIES = ("replace", "fuse")
 STREAM_MODES = ("auto", "always", "never")
@@ -58,6 +60,39 @@ class Metadata:
 
     name: str = opt("name", "str", "Name of the policy, shown in logs, metrics and explain.", "", required=True)
     description: str = opt("description", "str", "Free text for operators.", "")
+
+
+@dataclass(frozen=True)
+class Motion:
+    """The motion signals' background subtractor (``edgewise.hardness.motion``)."""
+
+    width: int = opt("width", "int", "Width in pixels of the grey copy the background subtractor runs on.", 160,
+                     lo=16, hi=1920)
+    history: int = opt("history", "int", "Frames of the background model (MOG2 history).", 100, lo=1, hi=100000)
+    var_threshold: float = opt(
+        "varThreshold", "float", "Squared distance (in standard deviations) above which a pixel is foreground.",
+        25.0, lo=1, hi=1000,
+    )
+    warmup_frames: int = opt("warmupFrames", "int", "Frames of a stream before the motion signals count.", 5,
+                             lo=0, hi=100000)
+    explain_margin: float = opt(
+        "explainMargin", "float", "A detection explains a blob within this fraction of the frame width.", 0.01,
+        lo=0, hi=1,
+    )
+    small_blob: float = opt("smallBlob", "float", "Largest blob, as a share of the frame, counted by motion_blobs.",
+                            0.002, lo=0, hi=1, lo_open=True)
+    area_saturation: float = opt(
+        "areaSaturation", "float", "Unexplained foreground share of the frame at which motion reaches 1.", 0.01,
+        lo=0, hi=1, lo_open=True,
+    )
+    blob_saturation: int = opt("blobSaturation", "int", "Small unexplained blobs at which motion_blobs reaches 1.",
+                               8, lo=1, hi=10000)
+
+    def config(self) -> MotionConfig:
+        return MotionConfig(width=self.width, history=self.history, var_threshold=self.var_threshold,
+                            warmup_frames=self.warmup_frames, explain_margin=self.explain_margin,
+                            small_blob=self.small_blob, area_saturation=self.area_saturation,
+                            blob_saturation=self.blob_saturation)
 
 
 @dataclass(frozen=True)
@@ -104,6 +139,12 @@ class Signals:
         "model's training frames (threshold 0.85 = its top 15%) and weights/combine are unused. "
         "The file is read when the policy is (re)loaded.",
         "",
+    )
+    motion: Motion = opt(
+        "motion", "section",
+        "Background subtraction behind the motion and motion_blobs signals and the motion regions of a "
+        "regions payload; it runs only when one of them is used.",
+        Motion(), cls=Motion,
     )
 
 
@@ -187,17 +228,44 @@ class Budget:
 
 @dataclass(frozen=True)
 class Payload:
-    """What an escalation sends."""
+    """What an escalation sends (``edgewise.regions``)."""
 
     jpeg_quality: int = opt("jpegQuality", "int", "JPEG quality of the sent image.", 85, lo=1, hi=100)
     mode: str = opt(
-        "mode", "str", "full = the whole frame; crops = padded crops of the uncertain boxes.",
+        "mode", "str",
+        "full = the whole frame at full resolution; crops = one padded crop around the uncertain boxes; "
+        "downscaled = the whole frame scaled to downscaleWidth; regions = full-resolution regions around "
+        "the uncertain boxes and the motion no detection explains, merged and padded, packed into one "
+        "image (DDS-style; without any region, the whole frame); low+regions = the frame scaled to "
+        "downscaleWidth plus those regions, in one image.",
         "full", choices=PAYLOAD_MODES,
     )
     crop_padding: float = opt(
-        "cropPadding", "float", "Padding added around each crop, as a fraction of the box size.",
+        "cropPadding", "float", "Padding added around each crop or region, as a fraction of the box size.",
         0.2, lo=0, hi=2,
     )
+    downscale_width: int = opt(
+        "downscaleWidth", "int", "Width of the frame in downscaled and low+regions payloads (never enlarged).",
+        640, lo=32, hi=8192,
+    )
+    region_min: int = opt(
+        "regionMin", "int", "Smallest region side in pixels: a small box is sent with this much context.", 96,
+        lo=8, hi=8192,
+    )
+    max_regions: int = opt("maxRegions", "int", "Most regions per escalation (the most uncertain first).", 8,
+                           lo=1, hi=64)
+    max_region_area: float = opt(
+        "maxRegionArea", "float",
+        "Most of the frame the regions may cover together; beyond it the whole frame is sent.", 0.4,
+        lo=0, hi=1, lo_open=True,
+    )
+
+    def plan(self, frame: Any, dets: Any, motion_blobs: Any, band: Tuple[float, float],
+             mode: Optional[str] = None) -> PayloadPlan:
+        """What an escalation of ``frame`` sends under these settings, in ``mode`` (default: this
+        payload's; :func:`edgewise.regions.plan_payload`)."""
+        return plan_payload(frame, dets, motion_blobs, mode or self.mode, band, self.crop_padding, self.region_min,
+                            self.max_regions, self.max_region_area, self.downscale_width)
 
 
 @dataclass(frozen=True)
@@ -316,6 +384,16 @@ class Policy:
         """maxFraction of a stream."""
         st = self.stream(stream_id)
         return st.max_fraction if st.max_fraction is not None else self.spec.budget.max_fraction
+
+    def uses_motion(self) -> bool:
+        """Whether the motion detector must run: a motion weight counts, the learned model
+        was fitted on a motion signal, or region payloads propose motion regions."""
+        sig = self.spec.signals
+        if self.learned is not None:
+            weighted = any(n in self.learned.features for n in MOTION_SIGNALS)
+        else:
+            weighted = any(sig.weights.get(n, 0.0) > 0 for n in MOTION_SIGNALS)
+        return weighted or self.spec.payload.mode in ("regions", "low+regions")
 
     def signal_config(
         self, stream_id: Optional[str] = None, frame_size: Optional[Tuple[int, int]] = None

@@ -4,6 +4,15 @@ The three stages are exposed separately so a pipeline can time them and run
 them on different threads: ``preprocess`` (validate + letterbox into one NCHW
 batch), ``infer`` (the backend), ``postprocess`` (YOLOv5 decode + NMS + map back
 to source pixels). ``detect`` chains them.
+
+Input size: ``model`` (default) letterboxes every image to the model's ``imgsz``;
+``auto`` is ``native`` for a model that asks for it (symbolic height/width and the
+metadata ``input_size: native``, as ``python -m edgewise_tools.train.camera`` exports
+the camera pair's cloud model), else ``model``; ``native`` runs each image at its own scale (its size rounded up to the stride,
+padded, never scaled up; scaled down only beyond ``max_side``), which needs a model
+exported with a symbolic height/width. A model trained on full-resolution crops thus
+sees a 1280x720 frame as 1280x736 and a region crop at its own size: the cloud side
+of a camera whose far objects vanish in the edge's downscale.
 """
 
 from __future__ import annotations
@@ -15,16 +24,19 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edgewise.detections import Detections
-from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.errors import ConfigError, DeploymentError, InvalidInputError
 from edgewise.images import check_bgr
 from edgewise.runtime.backends import InferenceBackend
 from edgewise.runtime.decoding import DecodeParams, decode
-from edgewise.runtime.letterbox import LetterboxMeta, preprocess_batch
+from edgewise.runtime.letterbox import LetterboxMeta, native_shape, preprocess_batch
 from edgewise.runtime.metadata import ImgszLike, ModelInfo, imgsz_guess_warning, load_model_info
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
+INPUT_SIZES = ("model", "native", "auto")
+#: metadata key by which a model asks to run at each image's native size (``auto``)
+NATIVE_KEY = "input_size"
 
 
 def validate_images(images: Sequence[Any]) -> None:
@@ -54,12 +66,25 @@ class Detector:
         backend: InferenceBackend,
         params: DecodeParams = DecodeParams(),
         source: Optional[str] = None,
+        input_size: str = "model",
+        max_side: int = 0,
     ) -> None:
+        if input_size not in INPUT_SIZES:
+            raise ConfigError(f"input size {input_size!r}: use one of {', '.join(INPUT_SIZES)}")
+        if input_size == "auto":
+            input_size = auto_input_size(info)
+        if input_size == "native" and not info.dynamic_hw:
+            raise ConfigError(f"{info.path}: input size 'native' needs a model exported with a dynamic height and "
+                              f"width; this one is fixed at {info.imgsz[0]}x{info.imgsz[1]} (use 'model')")
+        if max_side < 0:
+            raise ConfigError(f"max_side must be >= 0 (0 = no cap), got {max_side}")
         self.info = info
         self.backend = backend
         self.params = params
         self.source = source if source is not None else info.path.stem
         self.imgsz = info.imgsz
+        self.input_size = input_size
+        self.max_side = int(max_side)
         # A model with a dynamic H/W could take YOLOv5's min-rect; a fixed one cannot.
         self.auto = False
 
@@ -78,14 +103,21 @@ class Detector:
         cache_dir: Optional[Union[str, Path]] = None,
         precision: Optional[str] = None,
         imgsz: Optional[ImgszLike] = None,
+        input_size: str = "model",
+        max_side: int = 0,
+        max_batch: int = 8,
+        spinning: Optional[bool] = None,
     ) -> Detector:
         """Load and validate ``path`` and open it on ``backend``.
 
         ``auto`` picks native TensorRT when it is importable and a GPU is there,
         else ONNX Runtime (whose own provider list prefers TensorRT -> CUDA -> CPU).
-        ``cache_dir`` / ``precision`` apply to TensorRT engines. ``imgsz`` is the input
+        ``cache_dir`` / ``precision`` / ``max_batch`` (the largest batch an engine takes; part
+        of its cache key) apply to TensorRT engines, ``spinning`` (busy-waiting pool threads; None
+        = the runtime's default) to ONNX Runtime. ``imgsz`` is the input
         size of a model whose graph leaves it dynamic (see ``load_model_info``); a model
-        whose size is only assumed is logged as a warning.
+        whose size is only assumed is logged as a warning. ``input_size`` /
+        ``max_side`` are described in the module docstring.
         """
         if backend not in BACKENDS:
             raise ConfigError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
@@ -97,18 +129,33 @@ class Detector:
         info = load_model_info(path, imgsz)
         if info.imgsz_source == "default":
             log.warning("%s", imgsz_guess_warning(info))
+        if input_size == "auto":
+            input_size = auto_input_size(info)
         be: InferenceBackend
+        why_not_trt = ""
         if backend == "auto":
-            backend = "tensorrt" if _tensorrt_usable() else "onnxruntime"
+            why_not_trt = tensorrt_unusable_reason()
+            # a TensorRT engine is built for one input shape; native sizes vary per image
+            backend = "onnxruntime" if why_not_trt or input_size == "native" else "tensorrt"
+        if backend == "tensorrt" and input_size == "native":
+            raise ConfigError("input size 'native' runs on ONNX Runtime (whose CUDA provider takes any shape); "
+                              "a TensorRT engine is built for one input size")
         if backend == "tensorrt":
             from edgewise.runtime.backends.tensorrt import TensorRTBackend
 
-            be = TensorRTBackend.from_onnx(info, cache_dir=cache_dir, precision=precision)
+            be = TensorRTBackend.from_onnx(info, cache_dir=cache_dir, precision=precision,
+                                           max_batch=max_batch)
         else:
             from edgewise.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-            be = OnnxRuntimeBackend(info, providers=providers, threads=threads)
-        return cls(info, be, params, source)
+            try:
+                be = OnnxRuntimeBackend(info, providers=providers, threads=threads, spinning=spinning)
+            except DeploymentError as exc:
+                if not why_not_trt:
+                    raise
+                raise DeploymentError(f"backend auto: TensorRT is not usable here ({why_not_trt}) "
+                                      f"and {exc}") from None
+        return cls(info, be, params, source, input_size, max_side)
 
     @property
     def names(self) -> Tuple[str, ...]:
@@ -117,6 +164,11 @@ class Detector:
     def preprocess(self, images: Sequence[np.ndarray]) -> Tuple[np.ndarray, List[LetterboxMeta]]:
         """Validate and letterbox BGR uint8 images into ``[B,3,H,W]`` float32 RGB /255."""
         validate_images(images)
+        if self.input_size == "native" and len(images):
+            # one batch needs one shape: the largest native shape, the others padded to it
+            shapes = [native_shape(im.shape[:2], self.info.stride, self.max_side) for im in images]
+            hw = (max(h for h, _ in shapes), max(w for _, w in shapes))
+            return preprocess_batch(images, hw, auto=False, scaleup=False, stride=self.info.stride)
         return preprocess_batch(images, self.imgsz, auto=self.auto, stride=self.info.stride)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
@@ -148,16 +200,24 @@ class Detector:
         self.close()
 
 
-def _tensorrt_usable() -> bool:
-    """TensorRT importable and a CUDA device present (no import cost when absent)."""
+def auto_input_size(info: ModelInfo) -> str:
+    """``native`` for a model that asks for it (symbolic height/width and the metadata
+    ``input_size: native``), else ``model``."""
+    return "native" if info.dynamic_hw and info.metadata.get(NATIVE_KEY) == "native" else "model"
+
+
+def tensorrt_unusable_reason() -> str:
+    """Why native TensorRT cannot run here ("" when it can: importable and a CUDA device)."""
     import importlib.util
 
     if importlib.util.find_spec("tensorrt") is None:
-        return False
+        return "the tensorrt module is not installed"
     try:
         from edgewise.runtime.backends.tensorrt import cuda_device_name
 
-        return cuda_device_name() is not None
+        if cuda_device_name() is None:
+            return "no CUDA device or libcudart"
+        return ""
     except Exception as e:  # a broken install must not stop the ONNX Runtime path
         log.warning("TensorRT is installed but unusable (%s); using onnxruntime", e)
-        return False
+        return f"TensorRT is installed but unusable: {e}"

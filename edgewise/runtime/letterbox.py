@@ -83,6 +83,15 @@ def letterbox_shape(
     return new_unpad, out_hw, (top, bottom, left, right), meta
 
 
+def resize(im: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
+    """``cv2.resize`` to ``size`` (width, height), bilinear. A 1x1 colour image is broadcast
+    instead (what bilinear gives): OpenCV 4.5.4's Python bindings, JetPack 5.1's, refuse to
+    wrap one (``_step >= minstep``; found by the Jetson lane of ``make test``)."""
+    if im.shape[0] == 1 and im.shape[1] == 1:
+        return np.ascontiguousarray(np.broadcast_to(im, (size[1], size[0]) + im.shape[2:]))
+    return cv2.resize(im, size, interpolation=cv2.INTER_LINEAR)
+
+
 def letterbox(
     im: np.ndarray,
     new_shape: ShapeLike = 640,
@@ -101,10 +110,20 @@ def letterbox(
         im.shape[:2], new_shape, auto, scale_fill, scaleup, stride
     )
     if (im.shape[1], im.shape[0]) != new_unpad:  # resize
-        im = cv2.resize(im, new_unpad, interpolation=cv2.INTER_LINEAR)
+        im = resize(im, new_unpad)
     if top or bottom or left or right:
         im = cv2.copyMakeBorder(im, top, bottom, left, right, cv2.BORDER_CONSTANT, value=color)
     return im, meta
+
+
+def native_shape(src_shape: Tuple[int, int], stride: int = 32, max_side: int = 0) -> Tuple[int, int]:
+    """``(height, width)`` at which an image runs at its own scale: its size rounded up to
+    the stride (padding, never scaling up), after scaling down to ``max_side`` on its
+    longer side when that is set (0: no cap)."""
+    h, w = int(src_shape[0]), int(src_shape[1])
+    r = min(1.0, max_side / max(h, w)) if max_side > 0 else 1.0
+    return (max(stride, -(-int(round(h * r)) // stride) * stride),
+            max(stride, -(-int(round(w * r)) // stride) * stride))
 
 
 def to_chw_rgb(images: Sequence[np.ndarray], out: Optional[np.ndarray] = None) -> np.ndarray:
@@ -154,7 +173,7 @@ def preprocess_batch(
             im.shape[:2], new_shape, auto, False, scaleup, stride
         )
         if (im.shape[1], im.shape[0]) != new_unpad:
-            im = cv2.resize(im, new_unpad, interpolation=cv2.INTER_LINEAR)
+            im = resize(im, new_unpad)
         o = out[i]
         h, w = out_hw
         if top:

@@ -11,7 +11,8 @@ then the metadata's, and otherwise assumes 640x640 (``imgsz_source == "default"`
 which callers warn about). The graph
 is checked to be a YOLOv5 detector: one input ``[B, 3, H, W]`` and a first
 output ``[B, N, 5 + nc]`` consistent with the class names. Every failure is a
-``ModelError`` naming the file and saying what was expected.
+``ModelError`` naming the file and saying what was expected. The file is parsed by
+``edgewise.runtime.onnxproto`` (protobuf only: a device has no ``onnx`` package).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import ModelError
+from edgewise.runtime.onnxproto import EXTERNAL, FLOAT, FLOAT16, parse_model
 
 PathLike = Union[str, Path]
 ImgszLike = Union[int, Sequence[int]]
@@ -212,8 +214,6 @@ def load_model_info(path: PathLike, imgsz: Optional[ImgszLike] = None) -> ModelI
     ``imgsz`` (an int or ``(h, w)``) is the input size for a model whose graph leaves
     it dynamic; for a fixed-size graph it must equal the graph's size.
     """
-    import onnx
-
     p = Path(path)
     if not p.exists():
         raise ModelError(f"model file {p} does not exist; pass the path of a YOLOv5 .onnx file")
@@ -225,7 +225,7 @@ def load_model_info(path: PathLike, imgsz: Optional[ImgszLike] = None) -> ModelI
         raise ModelError(f"cannot read model file {p}: {e}") from None
     sha = hashlib.sha256(data).hexdigest()
     try:
-        model = onnx.load_model_from_string(data)
+        model = parse_model(data)
     except Exception as e:  # protobuf DecodeError and friends
         raise ModelError(f"{p} is not a valid ONNX model (corrupt or truncated?): {e}") from None
     del data
@@ -253,11 +253,9 @@ def load_model_info(path: PathLike, imgsz: Optional[ImgszLike] = None) -> ModelI
 
 def _external_data_files(p: Path, model: Any) -> Tuple[Path, ...]:
     """The distinct files a model's external tensors live in, in first-use order."""
-    from onnx import TensorProto
-
     files: List[Path] = []
     for t in model.graph.initializer:
-        if t.data_location != TensorProto.EXTERNAL:
+        if t.data_location != EXTERNAL:
             continue
         loc = next((e.value for e in t.external_data if e.key == "location"), "")
         f = p.parent / loc
@@ -269,8 +267,6 @@ def _external_data_files(p: Path, model: Any) -> Tuple[Path, ...]:
 def _info_from_graph(
     p: Path, model: Any, sha: str, override: Optional[Tuple[int, int]] = None
 ) -> ModelInfo:
-    from onnx import TensorProto
-
     graph = model.graph
     init_names = {t.name for t in graph.initializer}
     inputs = [i for i in graph.input if i.name not in init_names]
@@ -284,9 +280,9 @@ def _info_from_graph(
     if ishape[1] not in (None, 3):
         raise ModelError(f"{p}: expected {expected}; input {inp.name!r} has {ishape[1]} channels")
     elem = inp.type.tensor_type.elem_type
-    if elem == TensorProto.FLOAT:
+    if elem == FLOAT:
         input_dtype = "float32"
-    elif elem == TensorProto.FLOAT16:
+    elif elem == FLOAT16:
         input_dtype = "float16"
     else:
         raise ModelError(f"{p}: expected a float32/float16 image input, {inp.name!r} has ONNX type {elem}")
@@ -399,13 +395,11 @@ def imgsz_guess_warning(info: ModelInfo) -> str:
 
 
 def _mostly_fp16(graph: Any) -> bool:
-    from onnx import TensorProto
-
     counts: List[int] = [0, 0]
     for t in graph.initializer:
-        if t.data_type == TensorProto.FLOAT16:
+        if t.data_type == FLOAT16:
             counts[0] += 1
-        elif t.data_type == TensorProto.FLOAT:
+        elif t.data_type == FLOAT:
             counts[1] += 1
     return counts[0] > counts[1]
 

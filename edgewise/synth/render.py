@@ -21,6 +21,14 @@ Label rules (what the tests check):
   evaluator neither rewards nor punishes detections of them.
 * Sensor noise and low-light gain are applied after the labels are fixed: they
   change how hard an object is to see, not where it is.
+
+With ``Difficulty.horizon`` > 0 (the ``camera`` preset) the camera is fixed and looks
+over a ground plane: a digit's apparent height is its physical height times its
+depth factor ``k = (y - horizon) / (height - horizon)`` (a pinhole camera over flat
+ground), its image speed is its ground speed times ``k`` sideways and ``k**2`` in
+depth, so far digits are small, sit just below the horizon and move slowly. This
+geometry draws from the random streams only in that mode: every other preset
+renders the same bytes as before it existed.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ ALPHA_THRESHOLD = 0.5
 CLASS_NAMES: Tuple[str, ...] = tuple(str(i) for i in range(10))
 LOOKALIKES: Tuple[Tuple[int, int], ...] = ((1, 7), (3, 8), (4, 9), (5, 6))
 _LUMA = np.array([0.114, 0.587, 0.299], dtype=np.float32)  # BGR
+#: ground-plane mode decodes the background video at this width (see _init_camera_background)
+_CAMERA_VIDEO_WIDTH = 640
 
 
 @dataclass
@@ -75,6 +85,11 @@ class _Obj:
     lookalike: bool
     ttl: int
     episodic: bool = False  # part of a hard episode (not counted towards the stream's target)
+    # ground-plane mode only: physical height (apparent height at the bottom edge of the
+    # frame) and ground velocity (px/frame at the bottom edge)
+    phys: float = 0.0
+    gvx: float = 0.0
+    gvy: float = 0.0
 
 
 @dataclass
@@ -157,6 +172,9 @@ class StreamGenerator:
     def _init_background(self) -> None:
         rng, w, h = self.rng, self.w, self.h
         self.video: Optional[List[np.ndarray]] = None
+        if self.d.horizon > 0:
+            self._init_camera_background()
+            return
         side = max(w, h)
         if rng.random() < 0.5:
             # one cached decode per frame size; each stream crops its own window (zoom z)
@@ -189,6 +207,36 @@ class StreamGenerator:
         self.clutter = []
         for _ in range(n):
             self.clutter.append(self._make_stroke())
+
+    def _init_camera_background(self) -> None:
+        """A fixed camera's view: a still window of the video (pedestrians walk through it)
+        or of a photograph, scaled to the frame. The video is decoded at a modest width and
+        each frame's window scaled up, so camera-resolution frames do not hold the whole
+        clip at several thousand pixels in memory."""
+        rng, w, h = self.rng, self.w, self.h
+        if rng.random() < 0.5:
+            frames = load_video(self.split, _CAMERA_VIDEO_WIDTH)
+            self.video = frames
+            self.vpos = int(rng.integers(0, len(frames)))
+            self.vdir = 1
+            fh, fw = frames[0].shape[:2]
+            z = float(rng.uniform(0.6, 1.0)) * min(fw / w, fh / h)  # window of the frame's aspect
+            self.vwin = (max(1, int(w * z)), max(1, int(h * z)))
+            self.cx = float(rng.uniform(0, fw - self.vwin[0]))
+            self.cy = float(rng.uniform(0, fh - self.vwin[1]))
+            self.photo = frames[0]
+        else:
+            photos = load_photos(self.split, int(min(w, h) * 1.05))
+            photo = photos[int(rng.integers(0, len(photos)))]
+            s = float(rng.uniform(1.0, 1.4)) * max(w / photo.shape[1], h / photo.shape[0])
+            self.photo = cv2.resize(photo, None, fx=s, fy=s, interpolation=cv2.INTER_AREA if s < 1 else
+                                    cv2.INTER_LINEAR)
+            fh, fw = self.photo.shape[:2]
+            self.cx = float(rng.uniform(0, max(fw - w, 0)))
+            self.cy = float(rng.uniform(0, max(fh - h, 0)))
+        self.pan = (0.0, 0.0)
+        n = int(rng.integers(0, self.d.clutter_max + 1))
+        self.clutter = [self._make_stroke() for _ in range(n)]
 
     def _make_stroke(self) -> Tuple[str, np.ndarray, float, Tuple[float, float, float], int]:
         rng = self.rng
@@ -316,6 +364,8 @@ class StreamGenerator:
             hz = float(np.clip(self.state.hardness + rng.normal(0, d.object_hardness_jitter), 0.0, 1.0))
         else:
             hz = episode[0]
+        if d.horizon > 0:
+            return self._spawn_on_ground(rng, cls, sprite, lookalike, hz, anywhere, episode)
         size = _lerp(float(rng.uniform(*d.size_easy)), float(rng.uniform(*d.size_hard)), hz)
         contrast = _lerp(float(rng.uniform(*d.contrast_easy)), float(rng.uniform(*d.contrast_hard)), hz)
         speed = float(rng.uniform(0, d.speed_max))
@@ -338,6 +388,51 @@ class StreamGenerator:
             hue=(rng.uniform(0, 1, 3) * 0.85 + 0.15).astype(np.float32),
             sign=1.0 if rng.random() < 0.5 else -1.0, hardness=hz, lookalike=lookalike,
             ttl=int(rng.integers(30, 400)) if episode is None else episode[1], episodic=episode is not None)
+
+    def _depth(self, y: float) -> float:
+        """Depth factor k of image row ``y`` on the ground plane: 0 at the horizon, 1 at the bottom."""
+        top = self.d.horizon * self.h
+        return max((y - top) / max(self.h - top, 1.0), 0.0)
+
+    def _spawn_on_ground(self, rng: np.random.Generator, cls: int, sprite: np.ndarray, lookalike: bool,
+                         hz: float, anywhere: bool, episode: Optional[Tuple[float, int]]) -> _Obj:
+        """A digit standing on the ground plane: its apparent height fixes its depth."""
+        d, w, h = self.d, self.w, self.h
+        far = episode is not None or rng.random() < d.far_prob
+        phys = float(rng.uniform(*d.size_bottom))
+        if far:
+            size = float(rng.uniform(*d.far_size))
+            contrast = float(rng.uniform(*d.far_contrast))
+        else:
+            size = _lerp(float(rng.uniform(*d.size_easy)), float(rng.uniform(*d.size_hard)), hz)
+            contrast = _lerp(float(rng.uniform(*d.contrast_easy)), float(rng.uniform(*d.contrast_hard)), hz)
+        k = min(size / phys, 1.0)
+        top = d.horizon * h
+        y = top + k * (h - top)
+        speed = float(rng.uniform(0, d.speed_max))
+        a = float(rng.uniform(0, 2 * math.pi))
+        gvx, gvy = speed * math.cos(a), 0.25 * speed * math.sin(a)  # moving in depth is slower
+        if anywhere:
+            x = float(rng.uniform(size / 2, w - size / 2))
+        else:  # walk in from the left or right edge
+            x = -size / 3 if rng.random() < 0.5 else w + size / 3
+            gvx = abs(gvx) if x < 0 else -abs(gvx)
+        self._next_track += 1
+        return _Obj(
+            track_id=self._next_track, class_id=cls, sprite=sprite, x=x, y=y, vx=gvx * k, vy=gvy * k * k,
+            size=size, scale_rate=0.0, angle=float(rng.uniform(-d.rotation_max, d.rotation_max)),
+            contrast=contrast, hue=(rng.uniform(0, 1, 3) * 0.85 + 0.15).astype(np.float32),
+            sign=1.0 if rng.random() < 0.5 else -1.0, hardness=hz, lookalike=lookalike,
+            ttl=int(rng.integers(30, 400)) if episode is None else episode[1], episodic=episode is not None,
+            phys=phys, gvx=gvx, gvy=gvy)
+
+    def _move_on_ground(self, o: _Obj) -> None:
+        """Image motion of a ground-plane digit: k x ground speed sideways, k^2 in depth."""
+        k = self._depth(o.y)
+        o.vx, o.vy = o.gvx * k, o.gvy * k * k
+        o.x += o.vx
+        o.y += o.vy
+        o.size = max(o.phys * self._depth(o.y), 1.0)
 
     def _digit_alpha(self, o: _Obj) -> Tuple[int, int, np.ndarray]:
         """Alpha of ``o`` in frame coordinates: (x0, y0, alpha) unclipped."""
@@ -379,12 +474,15 @@ class StreamGenerator:
         rng, d = self.rng, self.d
         keep: List[_Obj] = []
         for o in self.objects:
-            o.x += o.vx
-            o.y += o.vy
-            o.size = float(np.clip(o.size * (1.0 + o.scale_rate), 6.0, max(d.size_easy[1], 8.0) * 1.3))
+            if d.horizon > 0:
+                self._move_on_ground(o)
+            else:
+                o.x += o.vx
+                o.y += o.vy
+                o.size = float(np.clip(o.size * (1.0 + o.scale_rate), 6.0, max(d.size_easy[1], 8.0) * 1.3))
             o.ttl -= 1
             m = o.size
-            inside = -m < o.x < self.w + m and -m < o.y < self.h + m
+            inside = -m < o.x < self.w + m and -m < o.y < self.h + m and o.size >= 6.0
             if inside and o.ttl > 0:
                 keep.append(o)
         self.objects = keep

@@ -1,7 +1,8 @@
 """Difficulty knobs of the procedural scene generator: one validated, documented dataclass.
 
 ``Difficulty`` holds every knob; ``PRESETS`` names a few ready-made mixes
-("easy", "medium", "hard", "reference"); :func:`load_difficulty` builds one from
+("easy", "medium", "hard", "reference", "episodes", "camera"; ``PRESET_SIZES`` the frame
+size a preset is meant for); :func:`load_difficulty` builds one from
 a preset name, a JSON/YAML file, or ``key=value`` overrides with the settings
 loader of :mod:`edgewise.settings` (same coercion, unknown keys rejected with a
 did-you-mean, each error naming the file line or override of the bad value).
@@ -77,6 +78,23 @@ class Difficulty:
     clutter_max: int = 4
     #: probability that a new object is drawn from a look-alike pair (1/7, 3/8, 4/9, 5/6).
     lookalike_prob: float = 0.4
+    #: camera geometry (0: off, the flat scenes of the other presets). Above 0, a fixed
+    #: camera looks over a ground plane whose horizon lies at this fraction of the frame
+    #: height from the top: a digit's apparent height grows linearly with its distance
+    #: below the horizon (a pinhole camera over flat ground), so far digits are small, sit
+    #: near the horizon and move slowly, near ones are large, low and fast. ``size_easy`` /
+    #: ``size_hard`` are then the apparent heights of near digits; the background is static.
+    horizon: float = 0.0
+    #: with ``horizon``: a digit's height if it stood at the bottom edge of the frame (its
+    #: physical size; its depth follows from the apparent height drawn for it).
+    size_bottom: Tuple[float, float] = (110.0, 150.0)
+    #: with ``horizon``: apparent height and ink contrast of *far* digits. Far digits are
+    #: clean (good contrast): what makes them hard is their size after a downscale.
+    far_size: Tuple[float, float] = (16.0, 28.0)
+    far_contrast: Tuple[float, float] = (0.35, 0.65)
+    #: with ``horizon``: probability that a digit outside an episode is a far one (episode
+    #: digits are always far: an episode is a burst of far digits).
+    far_prob: float = 0.0
 
     def validate(self, where: str = "difficulty") -> Difficulty:
         """Check ranges; raise ConfigError naming the key; return self."""
@@ -87,18 +105,19 @@ class Difficulty:
         if not 0 <= self.objects_min <= self.objects_max <= 64:
             raise bad("objects_min/objects_max", "must satisfy 0 <= objects_min <= objects_max <= 64")
         for key in ("size_easy", "size_hard", "contrast_easy", "contrast_hard", "low_light_gain",
-                    "episode_frames", "episode_objects", "episode_hardness"):
+                    "episode_frames", "episode_objects", "episode_hardness", "size_bottom", "far_size",
+                    "far_contrast"):
             lo, hi = getattr(self, key)
             if not 0 < lo <= hi:
                 raise bad(key, f"must be a [low, high] pair with 0 < low <= high, got {[lo, hi]}")
-        for key in ("size_easy", "size_hard"):
+        for key in ("size_easy", "size_hard", "size_bottom", "far_size"):
             if getattr(self, key)[1] > 400:
                 raise bad(key, "digit height above 400 px is not supported")
-        for key in ("contrast_easy", "contrast_hard", "low_light_gain", "episode_hardness"):
+        for key in ("contrast_easy", "contrast_hard", "low_light_gain", "episode_hardness", "far_contrast"):
             if getattr(self, key)[1] > 1.0:
                 raise bad(key, "values are fractions and must be <= 1")
         for key in ("hardness_mean", "hardness_spread", "occluder_prob", "min_visible",
-                    "low_light_prob", "lookalike_prob", "object_hardness_jitter", "episode_rate"):
+                    "low_light_prob", "lookalike_prob", "object_hardness_jitter", "episode_rate", "far_prob"):
             v = getattr(self, key)
             if not 0.0 <= v <= 1.0:
                 raise bad(key, f"must be within [0, 1], got {v}")
@@ -117,6 +136,11 @@ class Difficulty:
                 raise bad(key, f"must be a [low, high] pair of whole numbers up to 1000, got {[lo, hi]}")
         if self.min_visible <= 0.0:
             raise bad("min_visible", "must be > 0 (a fully hidden object cannot be labelled)")
+        if not 0.0 <= self.horizon <= 0.9:
+            raise bad("horizon", f"must be within [0, 0.9] (0: no ground plane), got {self.horizon}")
+        if self.horizon > 0 and max(self.far_size[1], self.size_easy[1], self.size_hard[1]) > self.size_bottom[0]:
+            raise bad("size_bottom", "must be at least every apparent height (size_easy, size_hard, far_size): "
+                      "nothing is larger than at the bottom edge of the frame")
         return self
 
     def to_dict(self) -> Dict[str, Any]:
@@ -146,7 +170,37 @@ PRESETS: Dict[str, Difficulty] = {
                            hardness_spread=0.1, object_hardness_jitter=0.1, occluder_prob=0.4,
                            low_light_prob=0.1, clutter_max=3, episode_rate=0.01,
                            episode_hardness=(0.65, 1.0)),
+    # A fixed camera at camera resolution (PRESET_SIZES: 1280x720) over a ground plane
+    # (horizon at 35% of the height): near digits 48-128 px, far ones 16-28 px near the
+    # horizon, clean but a few pixels after an edge model's 4x downscale, slow. Streams
+    # are easy (hardness 0-0.2) with 5% far digits; episodes (episode_rate 0.01, 8-24
+    # frames) bring bursts of 8-16 far digits, so a minority of frames carries most of
+    # what a full-resolution cloud model finds and the edge cannot (docs/design/escalation.md#the-camera-world).
+    "camera": Difficulty(objects_min=2, objects_max=6, size_easy=(64.0, 128.0), size_hard=(48.0, 80.0),
+                         contrast_easy=(0.35, 0.7), contrast_hard=(0.18, 0.3), hardness_mean=0.1,
+                         hardness_spread=0.1, object_hardness_jitter=0.1, occluder_prob=0.4,
+                         low_light_prob=0.15, low_light_gain=(0.35, 0.6), clutter_max=3, episode_rate=0.01,
+                         episode_objects=(8.0, 16.0), speed_max=6.0,
+                         noise_easy=2.0, noise_hard=8.0, horizon=0.35, size_bottom=(150.0, 190.0), far_prob=0.05),
 }
+
+#: The frame size (width, height) a preset is meant for when none is given
+#: (``edgewise synth --imgsz``); presets not listed default to 320x240.
+PRESET_SIZES: Dict[str, Tuple[int, int]] = {"camera": (1280, 720)}
+DEFAULT_SIZE: Tuple[int, int] = (320, 240)
+
+
+def default_size(spec: str) -> Tuple[int, int]:
+    """The frame size for a preset name or a difficulty file (its ``preset:`` key)."""
+    name = spec
+    if spec not in PRESETS and Path(spec).is_file():
+        try:
+            tree = read_yaml(Path(spec), "difficulty")
+        except ConfigError:
+            return DEFAULT_SIZE  # load_difficulty reports the file's error
+        preset = tree.data.get("preset")
+        name = str(preset.data) if preset is not None else "reference"
+    return PRESET_SIZES.get(name, DEFAULT_SIZE)
 
 
 def difficulty_from_mapping(data: Mapping[str, Any], base: Optional[Difficulty] = None,

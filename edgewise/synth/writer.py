@@ -45,6 +45,7 @@ class SynthJob:
     jpeg_quality: int = 90
     video: bool = False
     stride: int = 1  # keep every ``stride``-th frame (decorrelates training frames)
+    preset: str = ""  # the preset name or difficulty file it came from, recorded in dataset.json
 
     def validate(self) -> SynthJob:
         if self.frames < 1 or self.streams < 1:
@@ -138,5 +139,7 @@ def generate(job: SynthJob, progress: Optional[Any] = None) -> Dict[str, Any]:
         "stride": job.stride, "images": len(images), "objects": n_labelled,
         "format": job.image_format, "difficulty": job.difficulty.to_dict(),
     }
+    if job.preset:
+        summary["preset"] = job.preset
     (out / "dataset.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -26,7 +26,7 @@ UNAUTHENTICATED: Status
 INTERNAL: Status
 
 class Image(_message.Message):
-    __slots__ = ("encoding", "data", "shape", "dtype", "offset_x", "offset_y", "source_width", "source_height")
+    __slots__ = ("encoding", "data", "shape", "dtype", "offset_x", "offset_y", "source_width", "source_height", "tiles")
     class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         ENCODING_UNSPECIFIED: _ClassVar[Image.Encoding]
@@ -45,6 +45,7 @@ class Image(_message.Message):
     OFFSET_Y_FIELD_NUMBER: _ClassVar[int]
     SOURCE_WIDTH_FIELD_NUMBER: _ClassVar[int]
     SOURCE_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    TILES_FIELD_NUMBER: _ClassVar[int]
     encoding: Image.Encoding
     data: bytes
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -53,7 +54,26 @@ class Image(_message.Message):
     offset_y: int
     source_width: int
     source_height: int
-    def __init__(self, encoding: _Optional[_Union[Image.Encoding, str]] = ..., data: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., offset_x: _Optional[int] = ..., offset_y: _Optional[int] = ..., source_width: _Optional[int] = ..., source_height: _Optional[int] = ...) -> None: ...
+    tiles: _containers.RepeatedCompositeFieldContainer[Tile]
+    def __init__(self, encoding: _Optional[_Union[Image.Encoding, str]] = ..., data: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., offset_x: _Optional[int] = ..., offset_y: _Optional[int] = ..., source_width: _Optional[int] = ..., source_height: _Optional[int] = ..., tiles: _Optional[_Iterable[_Union[Tile, _Mapping]]] = ...) -> None: ...
+
+class Tile(_message.Message):
+    __slots__ = ("x", "y", "width", "height", "source_x", "source_y", "scale")
+    X_FIELD_NUMBER: _ClassVar[int]
+    Y_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_X_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_Y_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    x: int
+    y: int
+    width: int
+    height: int
+    source_x: int
+    source_y: int
+    scale: float
+    def __init__(self, x: _Optional[int] = ..., y: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., source_x: _Optional[int] = ..., source_y: _Optional[int] = ..., scale: _Optional[float] = ...) -> None: ...
 
 class Detection(_message.Message):
     __slots__ = ("x1", "y1", "x2", "y2", "score", "class_id", "class_name", "class_scores", "source")

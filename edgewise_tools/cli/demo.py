@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any, Dict
 
 
 def _handler(args: argparse.Namespace) -> int:
     from edgewise_tools.demo import DemoConfig, run_demo
 
-    cfg = DemoConfig(transport=args.transport, out=Path(args.out), workers=args.workers, fps=args.fps,
-                     streams=args.streams, keep_workdir=args.keep)
+    kw: Dict[str, Any] = dict(transport=args.transport, out=Path(args.out), workers=args.workers, fps=args.fps,
+                              streams=args.streams, keep_workdir=args.keep, frames=args.frames or (60 if args.short else 0))
     if args.short:
-        cfg.frames, cfg.kill_seconds = 60, 2.0
-    if args.frames:
-        cfg.frames = args.frames
+        kw["kill_seconds"] = 2.0
     for name in ("edge_model", "cloud_model", "policy"):
         value = getattr(args, name)
         if value:
-            setattr(cfg, name, Path(value))
+            kw[name] = Path(value)
+    cfg = DemoConfig(**kw)  # what is left out follows the world of the cloud model
     summary = run_demo(cfg)
     stages = summary["edge_stage_median_ms"]
     print("\nedge per-stage medians (ms): " + ", ".join(f"{k} {v}" for k, v in stages.items()))
@@ -31,13 +31,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--transport", choices=("grpc", "mqtt"), default="grpc",
                    help="escalation transport (mqtt needs a local mosquitto)")
     p.add_argument("--short", action="store_true", help="a short run (60 frames per stream), as the tests use")
-    p.add_argument("--frames", type=int, default=0, help="frames per stream (default 200)")
+    p.add_argument("--frames", type=int, default=0, help="frames per stream (default: the world's, 200 in the episodes world)")
     p.add_argument("--streams", type=int, default=2, help="generated camera streams")
     p.add_argument("--fps", type=float, default=10.0, help="camera frame rate")
     p.add_argument("--workers", type=int, default=2, help="cloud workers")
     p.add_argument("--out", default="demo-report", help="report folder")
     p.add_argument("--edge-model", default="", help="edge model (default models/edge-int8.onnx)")
     p.add_argument("--cloud-model", default="", help="cloud model (default models/cloud.onnx)")
-    p.add_argument("--policy", default="", help="escalation policy (default examples/policy.yaml)")
+    p.add_argument("--policy", default="", help="escalation policy (default: the world's, examples/policy.yaml in the episodes world)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, data, sink)")
     p.set_defaults(func=_handler)

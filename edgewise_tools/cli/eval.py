@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import List
 
 from edgewise.errors import ConfigError
+from edgewise.regions import COMPARED_MODES, MODES
+from edgewise.runtime.detector import INPUT_SIZES
 
 
 def _rates(text: str) -> List[float]:
@@ -17,6 +19,14 @@ def _rates(text: str) -> List[float]:
     if not rates or not all(0 < r <= 1 for r in rates):
         raise argparse.ArgumentTypeError(f"--rates {text!r}: each rate must be in (0, 1]")
     return rates
+
+
+def _modes(text: str) -> List[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(f"--payloads {text!r}: comma-separated modes among {', '.join(MODES)}")
+    return modes
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -30,6 +40,9 @@ def _handler(args: argparse.Namespace) -> int:
         edge=Path(args.edge), cloud=Path(args.cloud), policy=Path(args.policy), data=Path(args.data),
         train_data=Path(args.train_data) if args.train_data else None, rates=args.rates,
         fps=args.fps, limit=args.limit, threads=args.threads, model_out=Path(args.out) / "gain-model.json",
+        payloads=args.payloads, payload=args.payload, cloud_input=args.cloud_input, samples=args.samples,
+        target_rate=args.target_rate, target_fraction=args.target_fraction, target_gap=args.target_gap,
+        target_uplink=args.target_uplink, target_margin=args.target_margin, target_edge_ratio=args.target_edge_ratio,
     )
     result = run_eval(cfg)
     paths = report.write(result, Path(args.out))
@@ -51,6 +64,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--rates", type=_rates, default=[0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5],
                    help="escalation rates to compare policies at")
     p.add_argument("--fps", type=float, default=10.0, help="stream frame rate for the policy's budget timeline")
+    p.add_argument("--payloads", type=_modes, default=list(COMPARED_MODES),
+                   help=f"payload modes measured side by side (default {','.join(COMPARED_MODES)}; "
+                        f"any of {', '.join(MODES)}); each costs one cloud pass per frame")
+    p.add_argument("--payload", choices=MODES, default=None,
+                   help="payload mode the policies are compared in (default: the policy file's)")
+    p.add_argument("--cloud-input", choices=INPUT_SIZES, default="auto",
+                   help="cloud model input size: auto = native for a model that asks for it (metadata "
+                        "input_size: native, as the camera pair's cloud model)")
+    p.add_argument("--samples", type=int, default=1000, help="bootstrap samples (streams resampled) per interval")
+    p.add_argument("--target-rate", type=float, default=0.15, help="most frames escalated (0.15)")
+    p.add_argument("--target-fraction", type=float, default=0.95, help="least share of cloud-only F1 kept (0.95)")
+    p.add_argument("--target-gap", type=float, default=0.70, help="least share of the edge-to-cloud gap closed (0.7)")
+    p.add_argument("--target-uplink", type=float, default=0.90,
+                   help="least share of uplink bytes saved against every frame whole at full resolution (0.9)")
+    p.add_argument("--target-edge-ratio", type=float, default=0.85,
+                   help="the set must have a real gap: edge-only F1 and mAP at most this share of cloud-only's (0.85)")
+    p.add_argument("--target-margin", type=float, default=0.03,
+                   help="least lead over each baseline, as a share of cloud-only F1, with its interval above 0 (0.03)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N frames")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model")
     p.set_defaults(func=_handler)

@@ -36,9 +36,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     p.add_argument("--split", choices=("train", "val", "test"), default="train",
                    help="sprite/background pool: test uses held-out handwriting and backgrounds")
-    p.add_argument("--imgsz", type=_imgsz, default=(320, 240), help="frame size N or W,H (default 320,240)")
+    p.add_argument("--imgsz", type=_imgsz, default=None,
+                   help="frame size N or W,H (default: the preset's, 1280,720 for camera, else 320,240)")
     p.add_argument("--difficulty", default="reference",
-                   help="preset (easy, medium, hard, reference, episodes) or a JSON/YAML file of knobs")
+                   help="preset (easy, medium, hard, reference, episodes, camera) or a JSON/YAML file of knobs")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one difficulty knob (repeatable), e.g. --set objects_max=3")
     p.add_argument("--format", dest="image_format", choices=("jpg", "png"), default="jpg")
@@ -49,14 +50,14 @@ def register(subparsers: Any) -> None:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from edgewise.synth import SynthJob, generate, load_difficulty
+    from edgewise.synth import SynthJob, default_size, generate, load_difficulty
 
-    w, h = args.imgsz
+    w, h = args.imgsz or default_size(args.difficulty)
     job = SynthJob(out=args.out, frames=args.frames, streams=args.streams, seed=args.seed,
                    split=args.split, width=w, height=h,
                    difficulty=load_difficulty(args.difficulty, args.overrides),
                    image_format=args.image_format, jpeg_quality=args.quality, video=args.video,
-                   stride=args.stride)
+                   stride=args.stride, preset=str(args.difficulty))
     t0 = time.monotonic()
     total = args.frames * args.streams
 

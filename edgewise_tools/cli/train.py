@@ -52,8 +52,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="images per epoch (validation + checkpoint after each); default: the whole set")
     p.add_argument("--no-export", action="store_true", help="skip the ONNX export of best.pt")
     p.add_argument("--init", default=None,
-                   help="start from a pre-trained backbone (python -m edgewise_tools.train.pretrain --out FILE) "
-                        "or fine-tune a trained detector (a trainer checkpoint such as RUN/best.pt)")
+                   help="start from a pre-trained backbone (python -m edgewise_tools.train.pretrain --out FILE), "
+                        "fine-tune a trained detector (a trainer checkpoint such as RUN/best.pt) or an ONNX "
+                        "model exported by edgewise (e.g. models/edge.onnx: Conv+BN unfused on training images)")
 
 
 

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
@@ -18,14 +19,51 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 import yaml
 
 from edgewise.errors import ConfigError
+from edgewise_tools.cpu import CpuMeter
 from edgewise_tools.demo import records as R
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@dataclass(frozen=True)
+class World:
+    """A generated world the demo's cameras can show, with the demo's defaults for it."""
+
+    size: Tuple[int, int]  # frame size (width, height)
+    frames: int  # per stream
+    score_frames: int  # frames scored against the ground truth (evenly spaced; 0: every frame)
+    kill_worker_at: float  # fraction of the run
+    policy: Path
+
+
+#: The ``edgewise synth`` presets the demo can show; it shows the one the shipped pair was
+#: trained for (``model_world``).
+WORLDS: Dict[str, World] = {
+    # the episodes pair: 224x224 frames (what it was trained on), every frame scored
+    "episodes": World((224, 224), 200, 0, 0.35, ROOT / "examples" / "policy.yaml"),
+    # the camera pair (scripts/train_camera.sh): the cloud model at native size costs seconds
+    # per whole 1280x720 frame on 2 cores, so a sample of the frames is scored (< 3 minutes)
+    "camera": World((1280, 720), 150, 40, 0.2, ROOT / "examples" / "policies" / "camera.yaml"),
+}
+
+
+def model_world(path: Path) -> str:
+    """The world a model was trained for: its ONNX metadata ``edgewise_world`` (written by the
+    camera packaging, ``edgewise_tools.train.camera``), else ``episodes`` (also for a file that
+    cannot be read: ``DemoConfig.validate`` reports it)."""
+    from edgewise.errors import EdgewiseError
+    from edgewise.runtime.metadata import load_model_info
+
+    try:
+        world = load_model_info(path).metadata.get("edgewise_world", "episodes")
+    except (EdgewiseError, OSError):
+        return "episodes"
+    return world if world in WORLDS else "episodes"
+
+
 @dataclass
 class DemoConfig:
-    """What the demo runs.
+    """What the demo runs. Fields left empty (``""``, 0, ``None``) take the world's default.
 
     Attributes:
         edge_model: the INT8 reference edge model.
@@ -40,26 +78,55 @@ class DemoConfig:
         kill_seconds: how long it stays down before it is restarted.
         out: report folder.
         seed: data seed.
+        preset: the ``edgewise synth`` world the cameras show; default: the one the cloud model
+            was trained for (``model_world``: ``episodes`` for the shipped pair, ``camera`` once
+            the camera pair ships).
         size: frame size (width, height).
+        score_frames: frames scored against the ground truth for the report's accuracy
+            (evenly spaced; 0: every frame).
         live: print a live progress line (off: only the start and end lines).
         keep_workdir: keep the work directory (data, logs, the sink) for inspection.
     """
 
     edge_model: Path = ROOT / "models" / "edge-int8.onnx"
     cloud_model: Path = ROOT / "models" / "cloud.onnx"
-    policy: Path = ROOT / "examples" / "policy.yaml"
+    policy: Optional[Path] = None
     transport: str = "grpc"
     streams: int = 2
-    frames: int = 200
+    frames: int = 0
     fps: float = 10.0
     workers: int = 2
-    kill_worker_at: float = 0.35
+    kill_worker_at: float = 0.0
     kill_seconds: float = 4.0
     out: Path = Path("demo-report")
     seed: int = 2026
-    size: Tuple[int, int] = (224, 224)  # the reference pair's training frames
+    preset: str = ""
+    size: Optional[Tuple[int, int]] = None
+    score_frames: int = 0
     live: bool = True
     keep_workdir: bool = False
+
+    def __post_init__(self) -> None:
+        from edgewise.synth import default_size
+
+        self.preset = self.preset or model_world(Path(self.cloud_model))
+        world = WORLDS.get(self.preset, WORLDS["episodes"])
+        if self.size is None:
+            self.size = world.size if self.preset in WORLDS else default_size(self.preset)
+        self.frames = self.frames or world.frames
+        self.score_frames = self.score_frames or world.score_frames
+        self.kill_worker_at = self.kill_worker_at or world.kill_worker_at
+        self.policy = self.policy or world.policy
+
+    @property
+    def policy_file(self) -> Path:
+        assert self.policy is not None  # set by __post_init__
+        return Path(self.policy)
+
+    @property
+    def frame_size(self) -> Tuple[int, int]:
+        assert self.size is not None  # set by __post_init__
+        return self.size
 
     def validate(self) -> None:
         for name in ("edge_model", "cloud_model", "policy"):
@@ -69,8 +136,8 @@ class DemoConfig:
                 raise ConfigError(f"demo {name.replace('_', '-')}: {p} not found{hint}")
         if self.transport not in ("grpc", "mqtt"):
             raise ConfigError(f"--transport {self.transport!r}: use grpc or mqtt")
-        if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1:
-            raise ConfigError("demo needs >= 1 stream, >= 10 frames, fps > 0 and >= 1 worker")
+        if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1 or self.score_frames < 0:
+            raise ConfigError("demo needs >= 1 stream, >= 10 frames, fps > 0, >= 1 worker and >= 0 scored frames")
 
 
 def _free_port() -> int:
@@ -106,11 +173,11 @@ def _mosquitto(work: Path) -> tuple[subprocess.Popen[bytes], int]:
 
 
 def _generate(cfg: DemoConfig, data: Path) -> Dict[str, Any]:
-    from edgewise.synth import PRESETS, SynthJob, generate
+    from edgewise.synth import SynthJob, generate, load_difficulty
 
+    w, h = cfg.frame_size
     return generate(SynthJob(out=data, frames=cfg.frames, streams=cfg.streams, seed=cfg.seed, split="test",
-                             width=int(cfg.size[0]), height=int(cfg.size[1]),
-                             difficulty=PRESETS["episodes"]))  # easy streams, short hard episodes
+                             width=int(w), height=int(h), difficulty=load_difficulty(cfg.preset), preset=cfg.preset))
 
 
 def _stream_folders(data: Path, streams: int) -> List[Path]:
@@ -135,7 +202,8 @@ def _edge_config(cfg: DemoConfig, work: Path, cams: List[Path], gateway: str, po
         "model": {"path": str(cfg.edge_model), "backend": "onnxruntime", "threads": 1, "max_batch": 2},
         "policy_file": str(policy),
         "cloud": {"endpoints": [gateway], "transport": cfg.transport},
-        "spool": {"path": str(work / "spool.db"), "max_bytes": 256 << 20, "max_age_s": 3600},
+        # replay promptly once the killed worker is back: the run is short
+        "spool": {"path": str(work / "spool.db"), "max_bytes": 256 << 20, "max_age_s": 3600, "replay_interval_s": 0.5},
         "sinks": {"jsonl": str(work / "detections.jsonl"), "stdout": False},
         "metrics": {"host": "127.0.0.1", "port": metrics_port},
     }
@@ -147,7 +215,7 @@ def _edge_config(cfg: DemoConfig, work: Path, cams: List[Path], gateway: str, po
 
 
 def _policy_copy(cfg: DemoConfig, work: Path) -> Path:
-    doc = yaml.safe_load(Path(cfg.policy).read_text())
+    doc = yaml.safe_load(cfg.policy_file.read_text())
     doc.setdefault("spec", {})["transport"] = cfg.transport
     path = work / "policy.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -220,11 +288,14 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         stream.write(text + "\n")
         stream.flush()
 
-    say(f"edgewise demo: {cfg.streams} camera streams x {cfg.frames} frames at {cfg.fps:g} fps, "
+    w, h = cfg.frame_size
+    say(f"edgewise demo: {cfg.streams} {cfg.preset} streams of {w}x{h} x {cfg.frames} frames at {cfg.fps:g} fps, "
         f"{cfg.workers} cloud workers, transport {cfg.transport} (work dir {work})")
     data = work / "data"
-    _generate(cfg, data)
-    cams = _stream_folders(data, cfg.streams)
+    # the cameras' frames are generated while the cloud processes start (they do not share a core's work)
+    gen = ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo-synth")
+    generated = gen.submit(_generate, cfg, data)
+    gen.shutdown(wait=False)
     broker = None
     mqtt_port: Optional[int] = None
     if cfg.transport == "mqtt":
@@ -238,9 +309,11 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
                        log_dir=work / "cloud")
     daemon: Optional[subprocess.Popen[bytes]] = None
     try:
-        say("starting the local cloud (gateway + workers, warm-up) ...")
+        say("generating the cameras' frames and starting the local cloud (gateway + workers, warm-up) ...")
         cloud.start()
         say(f"cloud up: gateway {cloud.address}, workers {', '.join(cloud.worker_addresses)}")
+        generated.result()
+        cams = _stream_folders(data, cfg.streams)
         metrics_port = _free_port()
         edge_yaml = _edge_config(cfg, work, cams, cloud.address, policy, mqtt_port, metrics_port)
         sink = work / "detections.jsonl"
@@ -259,11 +332,18 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         while daemon.poll() is None and not R.read_jsonl(sink) and time.monotonic() < t_wait:
             time.sleep(0.2)
         t0 = time.monotonic()
+        cpu = CpuMeter()  # the workers' CPU from the first frame on: the cloud's cost per escalation
+
+        def worker_pids() -> List[int]:
+            return [w.popen.pid for w in cloud.workers if w is not None]
+
+        cpu.sample(worker_pids())
         kill_at: Optional[float] = t0 + cfg.kill_worker_at * run_s
         restart_at: Optional[float] = None
         deadline = t0 + run_s * 3 + 60
         while daemon.poll() is None and time.monotonic() < deadline:
             now = time.monotonic()
+            cpu.sample(worker_pids())
             if kill_at is not None and now >= kill_at:
                 cloud.kill_worker(0, signal.SIGKILL)
                 events.append({"event": "worker 0 killed (SIGKILL)", "t": round(now - t0, 2), "unix_ns": time.time_ns()})
@@ -280,6 +360,7 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         if daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(30)
+        cpu.sample(worker_pids())
         progress.show("edge daemon finished")
         progress.done()
         run_wall = time.monotonic() - t0
@@ -290,7 +371,7 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         cloud.stop()
         if broker is not None:
             broker.terminate()
-    summary = build_report(cfg, data, recs, events, run_wall, Path(cfg.out), policy)
+    summary = build_report(cfg, data, recs, events, run_wall, Path(cfg.out), policy, cloud_cpu_s=cpu.seconds)
     summary["wall_seconds"] = round(time.monotonic() - t_start, 1)
     (Path(cfg.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     if not cfg.keep_workdir:
@@ -300,8 +381,10 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         f"({100 * summary['escalation_rate']:.1f}%), answered {acc['answered']} "
         f"({acc['answered_late']} late from the spool), lost {acc['lost']}")
     a = summary["accuracy"]
-    say(f"F1 vs ground truth: edge only {a['edge_only']['f1']:.3f}, hybrid {a['hybrid']['f1']:.3f}, "
-        f"cloud only {a['cloud_only']['f1']:.3f}; uplink saved {100 * summary['uplink']['saved']:.1f}%")
+    say(f"F1 vs ground truth ({a['scored_frames']} scored frames): edge only {a['edge_only']['f1']:.3f}, "
+        f"hybrid {a['hybrid']['f1']:.3f}, cloud only {a['cloud_only']['f1']:.3f}; uplink saved "
+        f"{100 * summary['uplink']['saved']:.1f}%; cloud CPU per escalation "
+        f"{summary['cloud_cpu']['ms_per_escalation']} ms")
     say(f"report: {Path(cfg.out).resolve() / 'index.html'}  (summary.json beside it); "
         f"total {summary['wall_seconds']:.0f} s")
     return summary

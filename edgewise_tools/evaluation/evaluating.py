@@ -11,9 +11,11 @@ import numpy as np
 
 from edgewise.hardness import SignalConfig
 from edgewise.policy import Policy, load_policy
+from edgewise.regions import COMPARED_MODES
 from edgewise.runtime import Detector
-from edgewise_tools.evaluation import hybrid, scoring
+from edgewise_tools.evaluation import bootstrap, hybrid, scoring
 from edgewise_tools.evaluation.frames import FrameRecord, collect
+from edgewise_tools.provenance import provenance
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +32,24 @@ class EvalConfig:
 
     Attributes:
         edge, cloud: ONNX models (Ultralytics export format).
-        policy: the escalation policy file (weights, bands, threshold, budget, merge).
+        policy: the escalation policy file (weights, bands, threshold, budget, merge, payload).
         data: held-out dataset folder (``edgewise synth --split test``).
         train_data: training-split folder for the learned gain predictor (optional:
             without it the learned policy is skipped and the report says so).
         rates: escalation rates at which policies are compared.
         fps: frame rate of the streams (timeline for the policy's budget).
-        target_rate, target_fraction: the goal: >= target_fraction of cloud-only
-            F1 with <= target_rate of frames escalated.
+        target_rate, target_fraction, target_gap, target_uplink, target_margin: the goal:
+            at most ``target_rate`` of frames escalated, our policy keeps >= ``target_fraction``
+            of cloud-only F1, closes >= ``target_gap`` of the edge-to-cloud gap, saves >=
+            ``target_uplink`` of the bytes of sending every frame whole at full resolution,
+            and leads every baseline by >= ``target_margin`` of cloud-only F1 with the 95%
+            interval of the lead above 0; ``target_edge_ratio``: the set must have a real gap,
+            edge-only F1 and mAP@0.5 at most this share of cloud-only's.
+        payloads: payload modes measured side by side (each costs a cloud pass per frame).
+        payload: the mode every policy is compared in (default: the policy file's).
+        cloud_input: ``auto`` (native for a model that asks for it), ``model`` or
+            ``native`` (:class:`edgewise.runtime.Detector`).
+        samples: bootstrap samples of the confidence intervals.
         limit: evaluate at most this many frames (quick runs).
         threads: ONNX Runtime intra-op threads per model.
         model_out: where to write the learned policy's gain model (``signals.learnedModel``
@@ -52,7 +64,15 @@ class EvalConfig:
     rates: Sequence[float] = DEFAULT_RATES
     fps: float = 10.0
     target_rate: float = 0.15
-    target_fraction: float = 0.97
+    target_fraction: float = 0.95
+    target_gap: float = 0.70
+    target_uplink: float = 0.90
+    target_margin: float = 0.03
+    target_edge_ratio: float = 0.85
+    payloads: Sequence[str] = COMPARED_MODES
+    payload: Optional[str] = None
+    cloud_input: str = "auto"
+    samples: int = bootstrap.SAMPLES
     limit: Optional[int] = None
     threads: Optional[int] = None
     model_out: Optional[Path] = None
@@ -63,21 +83,23 @@ def signal_config(policy: Policy) -> SignalConfig:
     return policy.signal_config()
 
 
-def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, policy: Policy) -> List[FrameRecord]:
+def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, policy: Policy,
+             modes: Sequence[str]) -> List[FrameRecord]:
     def progress(i: int, n: int) -> None:
         if i % 50 == 0 or i == n:
             log.info("%s: %d/%d frames", data, i, n)
 
-    return collect(data, edge, cloud, signal_config(policy), policy.spec.payload.jpeg_quality,
-                   cfg.limit, progress)
+    return collect(data, edge, cloud, policy, modes, cfg.limit, progress)
 
 
 def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     policy = load_policy(cfg.policy)
+    mode = cfg.payload or policy.spec.payload.mode
+    modes = list(dict.fromkeys(["full", *cfg.payloads, mode, policy.spec.payload.mode]))
     edge = Detector.from_file(cfg.edge, threads=cfg.threads, source="edge")
-    cloud = Detector.from_file(cfg.cloud, threads=cfg.threads, source="cloud")
+    cloud = Detector.from_file(cfg.cloud, threads=cfg.threads, source="cloud", input_size=cfg.cloud_input)
     nc = len(edge.names)
-    records = _collect(cfg, Path(cfg.data), edge, cloud, policy)
+    records = _collect(cfg, Path(cfg.data), edge, cloud, policy, modes)
     n = len(records)
     strategy, iou = policy.spec.merge.strategy, policy.spec.merge.iou
     sig = policy.spec.signals
@@ -90,67 +112,121 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     }
     learned: Dict[str, Any] = {"trained": False}
     if cfg.train_data is not None:
-        train = _collect(cfg, Path(cfg.train_data), edge, cloud, policy)
-        model = scoring.fit_gain_model(train, strategy, iou, info={"trainData": str(cfg.train_data)})
+        train = _collect(cfg, Path(cfg.train_data), edge, cloud, policy, [mode])
+        model = scoring.fit_gain_model(train, strategy, iou, info={"trainData": str(cfg.train_data)}, mode=mode)
         scores["learned"] = [model.predict(scoring.features(records))]
         learned = {"trained": True, "train_frames": len(train), "importance": model.importance()}
         if cfg.model_out is not None:
             learned["file"] = str(model.save(cfg.model_out))
     else:
         learned["why"] = "no --train-data given"
-    scores[scoring.ORACLE] = [scoring.f1_gain(records, strategy, iou)]
-    base = {
+    scores[scoring.ORACLE] = [scoring.f1_gain(records, strategy, iou, mode)]
+    base: Dict[str, Dict[str, Any]] = {
         "edge_only": hybrid.evaluate(records, np.zeros(n, bool), nc, strategy, iou),
         "cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou),
     }
-    rates = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou)
+    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou, mode, cfg.samples)
+    ours = "learned" if "learned" in scores else "combined"
+    diffs = hybrid.differences(counts, ours, BASELINES, cfg.rates, cfg.samples)
     policy_mask = hybrid.run_policy(records, policy, cfg.fps)
     thresholds = [round(float(t), 3) for t in np.linspace(0.0, 1.0, 21)]
-    sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, strategy, iou)
+    sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, strategy, iou, mode)
+    at = _judged_index(cfg.rates, cfg.target_rate)
+    payloads = {m: {"cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou, m),
+                    "at_target_rate": hybrid.evaluate(records, hybrid.top_fraction(scores[ours][0], cfg.rates[at]),
+                                                      nc, strategy, iou, m)}
+                for m in modes}
+    index, n_streams = bootstrap.stream_ids([r.stream for r in records])
+    w = bootstrap.weights(n_streams, cfg.samples)
+    for k, mask in (("edge_only", np.zeros(n, bool)), ("cloud_only", np.ones(n, bool))):
+        base[k]["f1_ci"] = bootstrap.f1_interval(
+            bootstrap.per_stream(hybrid.frame_counts(records, mask, strategy, iou), index, n_streams), w)
+    data_meta = {"test": cfg.data, **({"policy_fit": cfg.train_data} if cfg.train_data else {})}
     return {
-        "data": str(cfg.data), "frames": n, "edge_model": str(cfg.edge), "cloud_model": str(cfg.cloud),
-        "policy": str(cfg.policy), "merge": strategy,
+        "provenance": provenance({"edge": cfg.edge, "cloud": cfg.cloud}, cfg.policy, data_meta,
+                                 cloud_input=cloud.input_size),
+        "data": str(cfg.data), "frames": n, "streams": n_streams, "edge_model": str(cfg.edge),
+        "cloud_model": str(cfg.cloud), "policy": str(cfg.policy), "merge": strategy, "payload": mode,
+        "ours": ours, "bootstrap": {"samples": cfg.samples, "seed": bootstrap.SEED, "unit": "stream"},
         "uplink_all_frames_bytes": int(sum(r.jpeg_bytes for r in records)),
         "baselines": base,
-        "policy_run": hybrid.evaluate(records, policy_mask, nc, strategy, iou),
+        "payloads": payloads,
+        "policy_run": hybrid.evaluate(records, policy_mask, nc, strategy, iou, policy.spec.payload.mode),
         "at_rates": rates,
+        "differences": diffs,
         "threshold_sweep": sweep,
         "learned": learned,
-        "target": judge_target(base, rates, cfg.rates, cfg.target_rate, cfg.target_fraction),
+        "target": judge_target(base, rates, cfg.rates, cfg.target_rate, cfg.target_fraction, diffs=diffs,
+                               ours=ours, gap=cfg.target_gap, uplink=cfg.target_uplink, margin=cfg.target_margin,
+                               edge_ratio=cfg.target_edge_ratio),
     }
 
 
-def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], compared: Sequence[float],
-                 max_rate: float, fraction: float) -> Dict[str, Any]:
-    """The verdict on ">= ``fraction`` of cloud-only F1 with <= ``max_rate`` escalated".
+def _judged_index(compared: Sequence[float], max_rate: float) -> int:
+    within = [i for i, r in enumerate(compared) if r <= max_rate + 1e-9]
+    return within[-1] if within else 0
 
-    Judged for the best policy at the largest compared rate within ``max_rate``. Also
-    reports how much of the edge-to-cloud F1 gap that policy closes, and what the oracle
-    selector (not a policy, never "best") reaches at the same rate. When the cloud
-    model is not more accurate than the edge model, escalation has nothing to add and
-    the target is reported as not met (``cloud_better: false``), never as trivially met.
-    ``ours_minus_baselines`` gives, per baseline, the F1 of our better policy (combined or
-    learned) minus the baseline's at that rate; ``ours_beat_baselines`` is whether every
-    margin is positive.
+
+def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], compared: Sequence[float],
+                 max_rate: float, fraction: float, diffs: Optional[Dict[str, List[Dict[str, Any]]]] = None,
+                 ours: Optional[str] = None, gap: Optional[float] = None, uplink: Optional[float] = None,
+                 margin: Optional[float] = None, edge_ratio: Optional[float] = None) -> Dict[str, Any]:
+    """The verdict on the target at the largest compared rate within ``max_rate``.
+
+    Parts (each None when it cannot be judged from what was given): ``edge_gap_met``, the
+    set has a real gap (edge-only F1 and mAP@0.5 at most ``edge_ratio`` of cloud-only's);
+    ``fraction_met``, our
+    policy keeps >= ``fraction`` of cloud-only F1; ``gap_met``, it closes >= ``gap`` of the
+    edge-to-cloud F1 gap; ``uplink_met``, it saves >= ``uplink`` of the bytes of sending
+    every frame whole; ``margins_met``, it leads each baseline by >= ``margin`` of cloud-only
+    F1 with the bootstrap interval of the lead above 0 (``diffs``). ``met`` is every part
+    that could be judged. ``ours`` is the policy declared before looking at the test set (the
+    learned one when it was fitted, else the combined hardness); without it, our better
+    policy at that rate. ``best_policy`` is the best of all (baselines too), for the report.
+    When the cloud model is not more accurate than the edge model, escalation has nothing to
+    add and the target is reported as not met (``cloud_better: false``), never as trivially met.
+    ``ours_minus_baselines`` gives, per baseline, our F1 minus the baseline's at that rate;
+    ``ours_beat_baselines`` whether every lead is positive (and its interval above 0 when
+    intervals were given).
     """
     edge_f1, cloud_f1 = base["edge_only"]["f1"], base["cloud_only"]["f1"]
-    within = [i for i, r in enumerate(compared) if r <= max_rate + 1e-9]
-    at = within[-1] if within else 0
+    at = _judged_index(compared, max_rate)
     best = max((k for k in rates if k != scoring.ORACLE), key=lambda k: rates[k][at]["f1"])
-    best_f1 = rates[best][at]["f1"]
-    gap = cloud_f1 - edge_f1
-    frac = best_f1 / cloud_f1 if cloud_f1 > 0 else 0.0
-    # the second half of the goal: our best policy against each baseline, same rate
-    ours = [k for k in OURS if k in rates]
-    margins = ({b: max(rates[k][at]["f1"] for k in ours) - rates[b][at]["f1"] for b in BASELINES if b in rates}
-               if ours else {})
+    mine = [k for k in OURS if k in rates]
+    if ours is None or ours not in rates:
+        ours = max(mine, key=lambda k: rates[k][at]["f1"]) if mine else best
+    our = rates[ours][at]
+    gap_f1 = cloud_f1 - edge_f1
+    frac = our["f1"] / cloud_f1 if cloud_f1 > 0 else 0.0
+    closed = (our["f1"] - edge_f1) / gap_f1 if gap_f1 > 0 else None
+    margins = {b: our["f1"] - rates[b][at]["f1"] for b in BASELINES if b in rates and b != ours}
+    beats = {b: bool(diffs[b][at]["beats"]) for b in margins if diffs and b in diffs}
+    edge_f1_ratio = edge_f1 / cloud_f1 if cloud_f1 > 0 else None
+    edge_map_ratio = (base["edge_only"]["map50"] / base["cloud_only"]["map50"]
+                      if "map50" in base["edge_only"] and base["cloud_only"].get("map50") else None)
+    parts: Dict[str, Optional[bool]] = {
+        "edge_gap_met": (None if edge_ratio is None or edge_f1_ratio is None else
+                         bool(edge_f1_ratio <= edge_ratio and (edge_map_ratio is None or edge_map_ratio <= edge_ratio))),
+        "fraction_met": bool(gap_f1 > 0 and frac >= fraction),
+        "gap_met": None if gap is None else bool(closed is not None and closed >= gap),
+        "uplink_met": (None if uplink is None or "uplink_saved" not in our
+                       else bool(our["uplink_saved"] >= uplink)),
+        "margins_met": (None if margin is None or not margins else
+                        bool(all(m >= margin * cloud_f1 for m in margins.values())
+                             and (not diffs or all(beats.get(b, False) for b in margins)))),
+    }
     return {
-        "max_rate": max_rate, "f1_fraction": fraction, "compared_at_rate": compared[at], "best_policy": best,
-        "best_f1_fraction": frac, "cloud_better": bool(gap > 0),
-        "ours_minus_baselines": margins,
-        "ours_beat_baselines": bool(margins) and all(m > 0 for m in margins.values()),
+        "max_rate": max_rate, "f1_fraction": fraction, "gap_target": gap, "uplink_target": uplink,
+        "edge_ratio_target": edge_ratio, "edge_f1_ratio": edge_f1_ratio, "edge_map50_ratio": edge_map_ratio,
+        "margin_target": margin, "compared_at_rate": compared[at], "ours": ours, "best_policy": best,
+        "ours_f1_fraction": frac, "best_f1_fraction": rates[best][at]["f1"] / cloud_f1 if cloud_f1 > 0 else 0.0,
+        "cloud_better": bool(gap_f1 > 0), "ours_uplink_saved": our.get("uplink_saved"),
+        "ours_minus_baselines": margins, "ours_beat_baselines_ci": beats,
+        "ours_beat_baselines": bool(margins) and all(m > 0 for m in margins.values())
+        and all(beats.get(b, True) for b in margins),
         "oracle_f1_fraction": (rates[scoring.ORACLE][at]["f1"] / cloud_f1
                                if scoring.ORACLE in rates and cloud_f1 > 0 else None),
-        "gap_closed": (best_f1 - edge_f1) / gap if gap > 0 else None,
-        "met": bool(gap > 0 and frac >= fraction),
+        "gap_closed": closed,
+        **parts,
+        "met": bool(gap_f1 > 0) and all(v for v in parts.values() if v is not None),
     }

@@ -1,28 +1,41 @@
 """The evaluation set and what both models say about every frame of it.
 
 A dataset is a folder written by ``edgewise synth`` (``images/``, YOLO ``labels/``,
-``dataset.json``); frames are replayed per stream in frame order so the tracker
-signal and the policy's budget see real sequences. Both models run once; each
-frame keeps the edge detections at the operating threshold (what the daemon
-sees, hence the hardness signals) and, for mAP, both models' detections at a low
-threshold decoded from the same raw head output.
+``dataset.json``); frames are replayed per stream in frame order so the tracker and
+motion signals and the policy's budget see real sequences. The edge model runs once per
+frame; each frame keeps the edge detections at the operating threshold (what the daemon
+sees, hence the hardness signals) and, for mAP, at a low threshold decoded from the same
+raw head output. The cloud model runs once per payload mode on what that mode would send
+(:func:`edgewise.regions.plan_payload`, JPEG-encoded at the policy's quality and decoded
+again, as the worker would receive it), and its boxes are mapped back into frame pixels:
+so each mode's accuracy, uplink bytes and cloud time are measured, not assumed.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
 
 from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
-from edgewise.hardness import SignalConfig, TrackerState, compute_signals
+from edgewise.hardness import (
+    MOTION_SIGNALS,
+    MotionDetector,
+    SignalConfig,
+    TrackerState,
+    compute_signals,
+)
+from edgewise.policy import Policy
+from edgewise.regions import MODES, tiles_to_frame
 from edgewise.runtime import DecodeParams, Detector, decode
+from edgewise.wire import shift_detections
 
 _NAME = re.compile(r"^s(\d+)_f(\d+)$")
 #: Threshold for the detections that feed mAP (YOLOv5 val.py uses 0.001).
@@ -30,8 +43,23 @@ MAP_CONF = 0.001
 
 
 @dataclass
+class ModeResult:
+    """The cloud's answer to one frame sent in one payload mode."""
+
+    cloud: Detections       # operating threshold, frame pixels
+    cloud_all: Detections   # low threshold, for mAP
+    nbytes: int             # encoded payload size
+    regions: Optional[np.ndarray] = None  # frame rects the cloud saw (the merge's regions); None: all of it
+    cloud_ms: float = 0.0   # the cloud model's time on this payload (pre + infer + post)
+
+
+@dataclass
 class FrameRecord:
-    """One frame: ground truth, both models' outputs, the edge signals and payload size."""
+    """One frame: ground truth, both models' outputs, the edge signals and payload size.
+
+    ``cloud``/``cloud_all``/``jpeg_bytes`` are the whole frame at full resolution (payload
+    mode ``full``; empty when ``full`` was not among the collected modes, ``has_full``
+    False); ``modes`` holds the other payload modes that were evaluated."""
 
     stream: int
     frame: int
@@ -45,6 +73,19 @@ class FrameRecord:
     cloud_all: Detections      # low threshold, for mAP
     jpeg_bytes: int            # full frame at the policy's JPEG quality
     signals: Dict[str, float] = field(default_factory=dict)
+    modes: Dict[str, ModeResult] = field(default_factory=dict)
+    cloud_ms: float = 0.0      # the cloud model's time on the full frame
+    has_full: bool = True      # the cloud ran on the whole frame (``cloud``, ``cloud_all``)
+
+    def sent(self, mode: str = "full") -> ModeResult:
+        """What escalating this frame in ``mode`` gives (``full`` when that mode was not run)."""
+        got = self.modes.get(mode)
+        if got is not None:
+            return got
+        if not self.has_full:
+            raise ValueError(f"frame s{self.stream} f{self.frame}: neither payload {mode!r} nor the whole frame "
+                             "was sent to the cloud model when it was collected")
+        return ModeResult(self.cloud, self.cloud_all, self.jpeg_bytes, None, self.cloud_ms)
 
 
 def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
@@ -87,42 +128,114 @@ def _filter(d: Detections, conf: float) -> Detections:
     return d.select(d.scores >= conf)
 
 
+def _run(det: Detector, img: np.ndarray, low: DecodeParams) -> Tuple[Detections, Detections, float]:
+    t0 = time.perf_counter()
+    batch, metas = det.preprocess([img])
+    raw = det.infer(batch)
+    op, lo = det.postprocess(raw, metas)[0], decode(raw, metas, det.names, low, det.source)[0]
+    return op, lo, (time.perf_counter() - t0) * 1e3
+
+
+def _roundtrip(img: np.ndarray, quality: int) -> Tuple[np.ndarray, int]:
+    """``img`` as the receiver decodes it after a JPEG at ``quality``, and the bytes sent."""
+    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise InvalidInputError("could not JPEG-encode a payload")
+    out = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+    if out is None:
+        raise InvalidInputError("could not decode a payload JPEG")
+    return out, len(buf)
+
+
 def collect(
     data: Path,
     edge: Detector,
     cloud: Detector,
-    signal_cfg: SignalConfig,
-    jpeg_quality: int = 90,
+    policy: Policy,
+    modes: Sequence[str] = ("full",),
     limit: Optional[int] = None,
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> List[FrameRecord]:
-    """Run both models over ``data`` and compute the edge's signals frame by frame."""
+    """Run the edge model, the edge's signals (motion included) and, per payload mode, the
+    cloud model over ``data``, frame by frame in stream order. Without ``full`` among
+    ``modes`` the cloud does not see whole frames (it is the slowest payload at camera
+    resolution) and the records' ``cloud`` is empty."""
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise InvalidInputError(f"payload modes {bad}: use {', '.join(MODES)}")
     frames = list_frames(Path(data))[:limit]
     low = DecodeParams(conf_thres=MAP_CONF, iou_thres=edge.params.iou_thres, max_det=edge.params.max_det)
+    low_c = DecodeParams(conf_thres=MAP_CONF, iou_thres=cloud.params.iou_thres, max_det=cloud.params.max_det)
+    pl = policy.spec.payload
+    motion_cfg = policy.spec.signals.motion.config()
     records: List[FrameRecord] = []
     trackers: Dict[int, Optional[TrackerState]] = {}
+    motion: Dict[int, MotionDetector] = {}
     for i, (stream, fno, img_path, label_path) in enumerate(frames):
         img = cv2.imread(str(img_path), cv2.IMREAD_COLOR)
         if img is None:
             raise InvalidInputError(f"{img_path}: not a readable image")
         h, w = img.shape[:2]
         gt_boxes, gt_cls = read_labels(label_path, w, h)
-        outs = []
-        for det in (edge, cloud):
-            batch, metas = det.preprocess([img])
-            raw = det.infer(batch)
-            outs.append((det.postprocess(raw, metas)[0], decode(raw, metas, det.names, low, det.source)[0]))
-        (e_op, e_all), (c_op, c_all) = outs
-        signals, trackers[stream] = compute_signals(e_op, trackers.get(stream), signal_cfg, frame_size=(w, h))
-        ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, jpeg_quality])
-        records.append(FrameRecord(
+        e_op, e_all, _ = _run(edge, img, low)
+        mot = motion.setdefault(stream, MotionDetector(motion_cfg)).update(img, e_op)
+        cfg = policy.signal_config(f"s{stream}", (w, h))
+        signals, trackers[stream] = compute_signals(e_op, trackers.get(stream), cfg, (w, h), mot.signals)
+        full, full_bytes = _roundtrip(img, pl.jpeg_quality)
+        if "full" in modes:
+            c_op, c_all, c_ms = _run(cloud, full, low_c)
+        else:
+            c_op = c_all = Detections.empty(cloud.names, "cloud")
+            c_ms = 0.0
+        rec = FrameRecord(
             stream=stream, frame=fno, width=w, height=h, gt_boxes=gt_boxes, gt_cls=gt_cls,
-            edge=e_op, cloud=c_op, edge_all=e_all, cloud_all=c_all,
-            jpeg_bytes=len(buf) if ok else 0, signals=signals,
-        ))
+            edge=e_op, cloud=c_op, edge_all=e_all, cloud_all=c_all, jpeg_bytes=full_bytes, signals=signals,
+            cloud_ms=c_ms, has_full="full" in modes,
+        )
+        for mode in modes:
+            if mode == "full":
+                continue
+            plan = pl.plan(img, e_op, mot.blobs, (cfg.band_low, cfg.band_high), mode)
+            if plan.image is img:  # this mode sends the whole frame here
+                if not rec.has_full:
+                    c_op, c_all, c_ms = _run(cloud, full, low_c)
+                    rec.modes[mode] = ModeResult(c_op, c_all, full_bytes, None, c_ms)
+                else:
+                    rec.modes[mode] = rec.sent("full")
+                continue
+            sent, nbytes = _roundtrip(plan.image, pl.jpeg_quality)
+            m_op, m_all, m_ms = _run(cloud, sent, low_c)
+            if plan.tiles:
+                m_op, m_all = (tiles_to_frame(d, plan.tiles, (w, h)) for d in (m_op, m_all))
+            else:
+                m_op, m_all = (shift(d, plan.offset, (w, h)) for d in (m_op, m_all))
+            rec.modes[mode] = ModeResult(m_op, m_all, nbytes, plan.regions, m_ms)
+        records.append(rec)
         if progress is not None:
             progress(i + 1, len(frames))
     return records
+
+
+def set_signals(records: Sequence[FrameRecord], policy: Policy) -> None:
+    """Compute every frame's edge signals again under ``policy`` (its band and signal
+    parameters, per stream as in :func:`collect`), stream by stream in frame order (the
+    tracker signal carries state), as the daemon does. The motion signals need the
+    frame's pixels, which the records do not keep: they stay what :func:`collect`
+    measured (the motion detector's settings are part of what was collected)."""
+    trackers: Dict[int, Optional[TrackerState]] = {}
+    configs: Dict[Tuple[int, Tuple[int, int]], SignalConfig] = {}
+    for r in records:
+        size = (r.width, r.height)
+        cfg = configs.get((r.stream, size))
+        if cfg is None:
+            cfg = configs[(r.stream, size)] = policy.signal_config(f"s{r.stream}", size)
+        motion = {k: r.signals.get(k, 0.0) for k in MOTION_SIGNALS}
+        r.signals, trackers[r.stream] = compute_signals(r.edge, trackers.get(r.stream), cfg, size, motion)
+
+
+def shift(d: Detections, offset: Tuple[int, int], size: Tuple[int, int]) -> Detections:
+    """Boxes of a single crop at ``offset`` moved into frame pixels."""
+    return shift_detections(d, float(offset[0]), float(offset[1]), size)
 
 
 def dataset_names(data: Path) -> Optional[List[str]]:

@@ -1,53 +1,81 @@
 """Replaying escalation decisions over the collected frames, and the comparisons.
 
-``evaluate`` scores one selection (which frames went to the cloud) the way the
-literature does: against ground truth (F1 at the operating threshold, mAP@0.5)
-and against the cloud model's own output on every frame (DDS / NoScope / DCSB).
-``at_rates`` puts every policy at the same escalation rates; ``run_policy``
-replays an operator's policy file with its thresholds, cooldown and budget on
-the stream timeline; ``threshold_sweep`` traces the curve of the combined
-hardness threshold.
+``evaluate`` scores one selection (which frames went to the cloud, in which payload
+mode) the way the literature does: against ground truth (F1 at the operating threshold,
+mAP@0.5) and against the cloud model's own output on every frame (DDS / NoScope /
+DCSB), with the uplink bytes it costs. ``at_rates`` puts every policy at the same
+escalation rates, with a 95% interval of each F1 by resampling streams
+(:mod:`.bootstrap`); ``differences`` gives the paired interval of our policy's lead over
+each baseline; ``run_policy`` replays an operator's policy file with its thresholds,
+cooldown and budget on the stream timeline; ``threshold_sweep`` traces the curve of the
+combined hardness threshold.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
 from edgewise.detections import Detections
 from edgewise.merging import merge
 from edgewise.policy import Escalator, Policy
+from edgewise_tools.evaluation import bootstrap
 from edgewise_tools.evaluation.frames import FrameRecord
 from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap
 
 
-def _final(r: FrameRecord, up: bool, strategy: str, iou: float, low: bool) -> Detections:
-    edge, cloud = (r.edge_all, r.cloud_all) if low else (r.edge, r.cloud)
-    return merge(edge, cloud, strategy, iou) if up else edge
+def _final(r: FrameRecord, up: bool, strategy: str, iou: float, low: bool, mode: str = "full") -> Detections:
+    if not up:
+        return r.edge_all if low else r.edge
+    m = r.sent(mode)
+    edge, cloud = (r.edge_all, m.cloud_all) if low else (r.edge, m.cloud)
+    return merge(edge, cloud, strategy, iou, regions=m.regions)
+
+
+def frame_counts(records: Sequence[FrameRecord], mask: np.ndarray, strategy: str = "replace", iou: float = 0.5,
+                 mode: str = "full") -> np.ndarray:
+    """[N, 3] true positives, false positives and misses of each frame of the hybrid (vs ground truth)."""
+    out = np.zeros((len(records), 3), np.float64)
+    for i, (r, up) in enumerate(zip(records, mask)):
+        d = _final(r, bool(up), strategy, iou, low=False, mode=mode)
+        c = match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
+        out[i] = (c.tp, c.fp, c.fn)
+    return out
 
 
 def evaluate(
-    records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5
+    records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
+    mode: str = "full",
 ) -> Dict[str, float]:
-    """Metrics of the hybrid that escalates exactly the frames in ``mask``."""
+    """Metrics of the hybrid that escalates exactly the frames in ``mask``, sending ``mode``.
+
+    ``uplink_saved`` is against sending every frame whole at full resolution."""
     vs_gt, vs_cloud = Counts(), Counts()
     preds, gts = [], []
+    sent = 0
+    cloud_ms = 0.0
     for r, up in zip(records, mask):
-        d = _final(r, bool(up), strategy, iou, low=False)
+        d = _final(r, bool(up), strategy, iou, low=False, mode=mode)
         vs_gt += match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
         vs_cloud += match_counts(d.boxes, d.class_ids, d.scores, r.cloud.boxes, r.cloud.class_ids)
-        lo = _final(r, bool(up), strategy, iou, low=True)
+        lo = _final(r, bool(up), strategy, iou, low=True, mode=mode)
         preds.append((lo.boxes, lo.class_ids, lo.scores))
         gts.append((r.gt_boxes, r.gt_cls))
+        if up:
+            m = r.sent(mode)
+            sent += m.nbytes
+            cloud_ms += m.cloud_ms
     m_ap, _ = mean_ap(preds, gts, nc)
-    sent = int(sum(r.jpeg_bytes for r, up in zip(records, mask) if up))
     total = int(sum(r.jpeg_bytes for r in records))
+    n_up = int(np.count_nonzero(mask))
     return {
         "escalated": float(np.mean(mask)) if len(mask) else 0.0,
         "f1": vs_gt.f1, "precision": vs_gt.precision, "recall": vs_gt.recall,
         "map50": m_ap, "f1_vs_cloud": vs_cloud.f1,
-        "uplink_bytes": sent, "uplink_saved": 1.0 - sent / total if total else 0.0,
+        "uplink_bytes": int(sent), "uplink_saved": 1.0 - sent / total if total else 0.0,
+        "bytes_per_escalation": sent / n_up if n_up else 0.0,
+        "cloud_ms_per_escalation": cloud_ms / n_up if n_up else 0.0,
     }
 
 
@@ -71,19 +99,45 @@ def at_rates(
     nc: int,
     strategy: str = "replace",
     iou: float = 0.5,
-) -> Dict[str, List[Dict[str, float]]]:
-    """Each policy at each rate; a policy with several score vectors (random seeds) is averaged."""
-    out: Dict[str, List[Dict[str, float]]] = {}
+    mode: str = "full",
+    samples: int = bootstrap.SAMPLES,
+) -> Tuple[Dict[str, List[Dict[str, Any]]], Dict[str, List[np.ndarray]]]:
+    """Each policy at each rate (a policy with several score vectors, random seeds, is
+    averaged), each row with ``f1_ci``: the 95% interval of its F1 by resampling streams.
+    Also returns each policy's per-stream counts [S, 3] per rate, for :func:`differences`."""
+    index, n_streams = bootstrap.stream_ids([r.stream for r in records])
+    w = bootstrap.weights(n_streams, samples)
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    counts: Dict[str, List[np.ndarray]] = {}
     for name, vectors in scores.items():
-        rows = []
+        rows: List[Dict[str, Any]] = []
+        per: List[np.ndarray] = []
         for rate in rates:
-            runs = [evaluate(records, top_fraction(v, rate, seed=i), nc, strategy, iou)
-                    for i, v in enumerate(vectors)]
-            row = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+            masks = [top_fraction(v, rate, seed=i) for i, v in enumerate(vectors)]
+            runs = [evaluate(records, m, nc, strategy, iou, mode) for m in masks]
+            row: Dict[str, Any] = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+            c = np.mean([bootstrap.per_stream(frame_counts(records, m, strategy, iou, mode), index, n_streams)
+                         for m in masks], axis=0)
             row["rate"] = rate
+            row["f1_ci"] = bootstrap.f1_interval(c, w)
             rows.append(row)
+            per.append(c)
         out[name] = rows
-    return out
+        counts[name] = per
+    return out, counts
+
+
+def differences(counts: Mapping[str, List[np.ndarray]], ours: str, baselines: Sequence[str],
+                rates: Sequence[float], samples: int = bootstrap.SAMPLES) -> Dict[str, List[Dict[str, Any]]]:
+    """Per baseline and rate: F1 of ``ours`` minus the baseline's, with its paired 95% interval
+    (same resampled streams) and ``beats`` (the interval lies above 0)."""
+    if ours not in counts:
+        return {}
+    n_streams = len(counts[ours][0])
+    w = bootstrap.weights(n_streams, samples)
+    return {b: [dict(bootstrap.difference(counts[ours][i], counts[b][i], w), rate=rate)
+                for i, rate in enumerate(rates)]
+            for b in baselines if b in counts}
 
 
 def run_policy(records: Sequence[FrameRecord], policy: Policy, fps: float) -> np.ndarray:
@@ -99,12 +153,12 @@ def run_policy(records: Sequence[FrameRecord], policy: Policy, fps: float) -> np
 
 def threshold_sweep(
     records: Sequence[FrameRecord], hardness: np.ndarray, thresholds: Sequence[float], nc: int,
-    strategy: str = "replace", iou: float = 0.5,
+    strategy: str = "replace", iou: float = 0.5, mode: str = "full",
 ) -> List[Dict[str, Any]]:
     """Escalate every frame with hardness >= t (no budget): the policy's threshold curve."""
     rows = []
     for t in thresholds:
-        row: Dict[str, Any] = dict(evaluate(records, hardness >= t, nc, strategy, iou))
+        row: Dict[str, Any] = dict(evaluate(records, hardness >= t, nc, strategy, iou, mode))
         row["threshold"] = float(t)
         rows.append(row)
     return rows

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
+from edgewise_tools import provenance
 from edgewise_tools.evaluation import scoring
 
 POLICY_LABELS = {
@@ -16,60 +17,141 @@ POLICY_LABELS = {
     "learned": "edgewise learned gain",
     "oracle": "oracle (knows what escalating gains)",
 }
+#: fewer streams than this and the report says its intervals understate the uncertainty
+MIN_STREAMS = 10
+PAYLOAD_LABELS = {
+    "full": "whole frame, full resolution",
+    "crops": "one crop of the uncertain boxes",
+    "downscaled": "whole frame, downscaled",
+    "regions": "regions (uncertain boxes + unexplained motion)",
+    "low+regions": "downscaled frame + regions",
+}
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _ci(row: Dict[str, Any], scale: float = 1.0) -> str:
+    lo, hi = row["f1_ci"]
+    return f"[{lo / scale:.3f}, {hi / scale:.3f}]" if scale == 1.0 else f"[{100 * lo / scale:.1f}, {100 * hi / scale:.1f}]"
+
+
+def _label(name: str) -> str:
+    return POLICY_LABELS.get(name, name)
+
+
 def markdown(result: Dict[str, Any]) -> str:
     base = result["baselines"]
     cloud_f1 = base["cloud_only"]["f1"] or 1.0
     lines = [
-        f"# edgewise eval: {result['data']} ({result['frames']} frames)",
+        f"# edgewise eval: {result['data']} ({result['frames']} frames, {result.get('streams', '?')} streams)",
         "",
-        f"edge `{result['edge_model']}`, cloud `{result['cloud_model']}`, merge `{result['merge']}`",
+        provenance.markdown(result["provenance"]) if "provenance" in result else
+        f"edge `{result['edge_model']}`, cloud `{result['cloud_model']}`",
         "",
-        "| run | escalated | F1 (GT) | % of cloud F1 | mAP@0.5 | F1 vs cloud | uplink saved |",
+        f"Merge `{result['merge']}`; policies compared with payload `{result.get('payload', 'full')}`; "
+        f"95% intervals from {result.get('bootstrap', {}).get('samples', 0)} bootstrap samples of the streams."
+        + (f" **Only {result['streams']} streams: resampling so few understates the uncertainty; read the "
+           "intervals as a floor.**" if result.get("streams", MIN_STREAMS) < MIN_STREAMS else ""),
+        "",
+        "| run | escalated | F1 (GT) [95% CI] | % of cloud F1 | mAP@0.5 | F1 vs cloud | uplink saved |",
         "|---|---|---|---|---|---|---|",
     ]
     rows = [("edge only", base["edge_only"]), ("cloud only", base["cloud_only"]),
             (f"policy file `{result['policy']}`", result["policy_run"])]
     for name, r in rows:
-        lines.append(f"| {name} | {_pct(r['escalated'])} | {r['f1']:.3f} | {_pct(r['f1'] / cloud_f1)} | "
+        ci = f" {_ci(r)}" if "f1_ci" in r else ""
+        lines.append(f"| {name} | {_pct(r['escalated'])} | {r['f1']:.3f}{ci} | {_pct(r['f1'] / cloud_f1)} | "
                      f"{r['map50']:.3f} | {r['f1_vs_cloud']:.3f} | {_pct(r['uplink_saved'])} |")
-    lines += ["", "## Policies at equal escalation rates (F1 against ground truth, % of cloud-only F1)", ""]
+    t = result["target"]
+    if result.get("payloads"):
+        rate = _pct(t["compared_at_rate"])
+        lines += ["", f"## Payload modes (uplink bytes from real JPEG encodes; hybrid = "
+                      f"{_label(result.get('ours', t.get('ours', '')))} at {rate})", "",
+                  "| payload | bytes per escalation | cloud ms per escalation | cloud-only F1 (% of full-frame cloud) "
+                  f"| hybrid F1 at {rate} (% of cloud F1) | uplink saved at {rate} |",
+                  "|---|---|---|---|---|---|"]
+        for mode, p in result["payloads"].items():
+            c, h = p["cloud_only"], p["at_target_rate"]
+            lines.append(f"| {PAYLOAD_LABELS.get(mode, mode)} (`{mode}`) | {c['bytes_per_escalation'] / 1e3:.1f} kB | "
+                         f"{c['cloud_ms_per_escalation']:.0f} | {c['f1']:.3f} ({_pct(c['f1'] / cloud_f1)}) | "
+                         f"{h['f1']:.3f} ({_pct(h['f1'] / cloud_f1)}) | {_pct(h['uplink_saved'])} |")
+    lines += ["", "## Policies at equal escalation rates (F1 against ground truth, % of cloud-only F1, "
+                  "[95% CI of % of cloud F1])", ""]
     rates = [row["rate"] for row in next(iter(result["at_rates"].values()))]
     lines.append("| policy | " + " | ".join(_pct(r) for r in rates) + " |")
     lines.append("|---|" + "---|" * len(rates))
     for name, rows_ in result["at_rates"].items():
-        cells = [f"{row['f1']:.3f} ({_pct(row['f1'] / cloud_f1)})" for row in rows_]
-        lines.append(f"| {POLICY_LABELS.get(name, name)} | " + " | ".join(cells) + " |")
-    t = result["target"]
-    lines += ["", f"Target: hybrid >= {_pct(t['f1_fraction'])} of cloud-only F1 with <= "
-              f"{_pct(t['max_rate'])} of frames escalated. Best policy at {_pct(t['max_rate'])}: "
-              f"**{POLICY_LABELS.get(t['best_policy'], t['best_policy'])}**, "
-              f"{_pct(t['best_f1_fraction'])} of cloud F1"
-              + (f" (closes {_pct(t['gap_closed'])} of the edge-to-cloud F1 gap)" if t.get("gap_closed") is not None
-                 else "") + f" -> target {'met' if t['met'] else 'NOT met'}."]
-    if t.get("ours_minus_baselines"):
-        margins = ", ".join(f"{POLICY_LABELS.get(b, b)} {100 * m / cloud_f1:+.1f}"
-                          for b, m in t["ours_minus_baselines"].items())
-        lines.append(f"Our better policy against each baseline at {_pct(t['compared_at_rate'])} (points of cloud "
-                     f"F1): {margins} -> {'beats' if t['ours_beat_baselines'] else 'does NOT beat'} all of them.")
-    if t.get("oracle_f1_fraction") is not None:
-        lines.append(f"An oracle that ranks frames by what escalating them truly gains keeps "
-                     f"{_pct(t['oracle_f1_fraction'])} at {_pct(t['compared_at_rate'])}: about the ceiling for "
-                     "frame selection with this model pair.")
-    if not t.get("cloud_better", True):
-        lines.append(f"The cloud model is not more accurate than the edge model on this set (F1 "
-                     f"{base['cloud_only']['f1']:.3f} vs {base['edge_only']['f1']:.3f}): escalation has nothing "
-                     "to add, so the target is not counted as met.")
+        cells = [f"{row['f1']:.3f} ({_pct(row['f1'] / cloud_f1)})" + (f" {_ci(row, cloud_f1)}" if "f1_ci" in row
+                                                                      else "") for row in rows_]
+        lines.append(f"| {_label(name)} | " + " | ".join(cells) + " |")
+    if result.get("differences"):
+        ours = result.get("ours", t.get("ours"))
+        lines += ["", f"## {_label(ours)} minus each baseline (points of cloud-only F1, [95% CI]; "
+                      "**bold**: the interval excludes 0, a lead that is not noise)", "",
+                  "| baseline | " + " | ".join(_pct(r) for r in rates) + " |", "|---|" + "---|" * len(rates)]
+        for b, rows_ in result["differences"].items():
+            cells = []
+            for d in rows_:
+                text = (f"{100 * d['diff'] / cloud_f1:+.1f} [{100 * d['ci'][0] / cloud_f1:+.1f}, "
+                        f"{100 * d['ci'][1] / cloud_f1:+.1f}]")
+                cells.append(f"**{text}**" if d["beats"] else text)
+            lines.append(f"| {_label(b)} | " + " | ".join(cells) + " |")
+    lines += ["", *verdict(result)]
     return "\n".join(lines) + "\n"
 
 
+def verdict(result: Dict[str, Any]) -> List[str]:
+    """The target's verdict, one line per part."""
+    t = result["target"]
+    base = result["baselines"]
+    cloud_f1 = base["cloud_only"]["f1"] or 1.0
+    at = _pct(t["compared_at_rate"])
+    ours = _label(t.get("ours", t["best_policy"]))
+
+    def mark(v: Any) -> str:
+        return "not judged" if v is None else ("met" if v else "NOT met")
+
+    out = [f"Target at <= {_pct(t['max_rate'])} of frames escalated (judged at {at}, for {ours}, the policy "
+           "declared before looking at the test set):"]
+    if t.get("edge_gap_met") is not None:
+        mr = t.get("edge_map50_ratio")
+        out.append(f"- a real gap, edge only <= {_pct(t['edge_ratio_target'])} of cloud only: F1 "
+                   f"{_pct(t['edge_f1_ratio'])}" + (f", mAP@0.5 {_pct(mr)}" if mr is not None else "")
+                   + f" -> {mark(t.get('edge_gap_met'))}")
+    out += [
+            f"- >= {_pct(t['f1_fraction'])} of cloud-only F1: {_pct(t.get('ours_f1_fraction', 0.0))} -> "
+            f"{mark(t.get('fraction_met'))}"]
+    if t.get("gap_closed") is not None:
+        out.append(f"- edge-to-cloud F1 gap closed >= {_pct(t['gap_target'] or 0)}: {_pct(t['gap_closed'])} -> "
+                   f"{mark(t.get('gap_met'))}")
+    if t.get("ours_uplink_saved") is not None:
+        out.append(f"- uplink saved >= {_pct(t['uplink_target'] or 0)} against every frame whole at full "
+                   f"resolution: {_pct(t['ours_uplink_saved'])} -> {mark(t.get('uplink_met'))}")
+    if t.get("ours_minus_baselines"):
+        margins = ", ".join(f"{_label(b)} {100 * m / cloud_f1:+.1f}"
+                            + ("" if b not in t.get("ours_beat_baselines_ci", {}) else
+                               (" (CI above 0)" if t["ours_beat_baselines_ci"][b] else " (CI not above 0)"))
+                            for b, m in t["ours_minus_baselines"].items())
+        out.append(f"- lead over each baseline >= {100 * (t.get('margin_target') or 0):.0f} points of cloud F1 "
+                   f"with the interval above 0: {margins} -> {mark(t.get('margins_met'))}")
+    out.append(f"**Overall: target {'met' if t['met'] else 'NOT met'}.** Best of all policies at {at}: "
+               f"{_label(t['best_policy'])}, {_pct(t['best_f1_fraction'])} of cloud F1.")
+    if t.get("oracle_f1_fraction") is not None:
+        out.append(f"An oracle that ranks frames by what escalating them truly gains keeps "
+                   f"{_pct(t['oracle_f1_fraction'])} at {at}: about the ceiling for frame selection with this "
+                   "model pair.")
+    if not t.get("cloud_better", True):
+        out.append(f"The cloud model is not more accurate than the edge model on this set (F1 "
+                   f"{base['cloud_only']['f1']:.3f} vs {base['edge_only']['f1']:.3f}): escalation has nothing "
+                   "to add, so the target is not counted as met.")
+    return out
+
+
 def plot(result: Dict[str, Any], path: Path) -> bool:
-    """Curves of % of cloud F1 vs escalation rate; False when matplotlib is absent."""
+    """Curves of % of cloud F1 (with 95% bands) and mAP vs escalation rate, and accuracy vs
+    bytes per payload mode; False when matplotlib is absent."""
     try:
         import matplotlib
 
@@ -78,26 +160,47 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     cloud_f1 = result["baselines"]["cloud_only"]["f1"] or 1.0
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    panels = 3 if result.get("payloads") else 2
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 5.2))
+    ax1, ax2 = axes[0], axes[1]
     for name, rows in result["at_rates"].items():
         xs = [100 * r["rate"] for r in rows]
-        style = {"ls": "--", "color": "black", "marker": "x"} if name == scoring.ORACLE else {"marker": "o"}
-        ax1.plot(xs, [100 * r["f1"] / cloud_f1 for r in rows], label=POLICY_LABELS.get(name, name), **style)
-        ax2.plot(xs, [r["map50"] for r in rows], label=POLICY_LABELS.get(name, name), **style)
+        style: Dict[str, Any] = {"ls": "--", "color": "black", "marker": "x"} if name == scoring.ORACLE \
+            else {"marker": "o"}
+        (line,) = ax1.plot(xs, [100 * r["f1"] / cloud_f1 for r in rows], label=_label(name), **style)
+        if all("f1_ci" in r for r in rows) and name != scoring.ORACLE:
+            ax1.fill_between(xs, [100 * r["f1_ci"][0] / cloud_f1 for r in rows],
+                             [100 * r["f1_ci"][1] / cloud_f1 for r in rows], color=line.get_color(), alpha=0.12)
+        ax2.plot(xs, [r["map50"] for r in rows], label=_label(name), **style)
     sweep = result["threshold_sweep"]
     ax1.plot([100 * r["escalated"] for r in sweep], [100 * r["f1"] / cloud_f1 for r in sweep],
              "k:", label="combined, threshold sweep")
     ax1.axhline(100 * result["baselines"]["edge_only"]["f1"] / cloud_f1, color="grey", ls="--", label="edge only")
     ax1.axhline(100 * result["target"]["f1_fraction"], color="red", ls=":", lw=1, label="target")
     ax1.axvline(100 * result["target"]["max_rate"], color="red", ls=":", lw=1)
-    ax1.set(xlabel="frames escalated (%)", ylabel="hybrid F1 (% of cloud-only F1)", title="Accuracy kept vs frames sent")
+    ax1.set(xlabel="frames escalated (%)", ylabel="hybrid F1 (% of cloud-only F1)",
+            title="Accuracy kept vs frames sent (bands: 95% CI)")
     ax2.axhline(result["baselines"]["cloud_only"]["map50"], color="grey", ls="--", label="cloud only")
     ax2.axhline(result["baselines"]["edge_only"]["map50"], color="grey", ls=":", label="edge only")
     ax2.set(xlabel="frames escalated (%)", ylabel="hybrid mAP@0.5", title="mAP@0.5 vs frames sent")
-    ax1.legend(fontsize=8)
-    ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    for ax in (ax1, ax2):  # legends below the axes: they never cover a curve
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    if panels == 3:
+        ax3 = axes[2]
+        rate = _pct(result["target"]["compared_at_rate"])
+        for mode, p in result["payloads"].items():
+            h = p["at_target_rate"]
+            ax3.scatter([p["cloud_only"]["bytes_per_escalation"] / 1e3], [100 * h["f1"] / cloud_f1], s=50,
+                        label=f"{PAYLOAD_LABELS.get(mode, mode)}: {100 * h['uplink_saved']:.0f}% uplink saved")
+        ax3.set(xlabel="bytes per escalation (kB)", ylabel=f"hybrid F1 at {rate} escalated (% of cloud F1)",
+                title="Payload modes: accuracy vs bytes")
+        ax3.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
+    prov = result.get("provenance")
+    if prov:  # what produced it, above the panels
+        fig.suptitle(f"edgewise {prov['edgewise']}, commit {prov['commit']}, {prov['date']}; data {result['data']}; "
+                     f"policy {result['policy']}; payload {result.get('payload', 'full')}", fontsize=8, color="grey",
+                     y=1.02)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 

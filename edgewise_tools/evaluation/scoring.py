@@ -65,28 +65,31 @@ def features(records: Sequence[FrameRecord]) -> np.ndarray:
         -1, len(FEATURE_NAMES))
 
 
-def f1_gain(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5) -> np.ndarray:
+def f1_gain(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5,
+            mode: str = "full") -> np.ndarray:
     """Each frame's F1 gain from escalating it alone, linearised around edge-only.
 
     F1 = 2TP / (TP + FP + N) over all frames (N ground-truth objects), so a frame that
     changes the counts by (dTP, dFP) moves F1 in proportion to dTP (FP + N) - dFP TP.
-    Ranking by it is the greedy selection: exact while few frames are escalated.
+    Ranking by it is the greedy selection: exact while few frames are escalated. ``mode``
+    is the payload mode the frame would be sent in.
     """
     def counts(d: Detections, r: FrameRecord) -> Counts:
         return match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
 
     edge = [counts(r.edge, r) for r in records]
-    hybrid = [counts(merge(r.edge, r.cloud, strategy, iou), r) for r in records]
+    hybrid = [counts(merge(r.edge, r.sent(mode).cloud, strategy, iou, regions=r.sent(mode).regions), r)
+              for r in records]
     tp, fp = sum(c.tp for c in edge), sum(c.fp for c in edge)
     n = sum(len(r.gt_cls) for r in records)
     return np.array([(h.tp - e.tp) * (fp + n) - (h.fp - e.fp) * tp for e, h in zip(edge, hybrid)], np.float64)
 
 
 def fit_gain_model(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5,
-                   info: Optional[Mapping[str, Any]] = None, **params: Any) -> GainModel:
+                   info: Optional[Mapping[str, Any]] = None, mode: str = "full", **params: Any) -> GainModel:
     """The learned policy: boosted trees of :func:`f1_gain` on the edge features of
     labelled frames (``params`` go to :class:`~edgewise.hardness.boosting.BoostedTrees`).
     A few shallow trees capture what a linear score cannot, e.g. that a low mean
     confidence matters on a crowded frame but not on a single box."""
-    return GainModel.fit(features(records), f1_gain(records, strategy, iou),
-                         dict(info or {}, frames=len(records), merge=strategy, mergeIou=iou), **params)
+    return GainModel.fit(features(records), f1_gain(records, strategy, iou, mode),
+                         dict(info or {}, frames=len(records), merge=strategy, mergeIou=iou, payload=mode), **params)

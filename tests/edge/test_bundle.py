@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import stat
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edge import bundle as B
-from edgewise.errors import InvalidInputError
+from edgewise.errors import ConfigError, InvalidInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +56,7 @@ def test_deb_info_and_contents(built) -> None:
         assert t.extractfile(names["conffiles"]).read().decode().split() == ["/etc/default/edgewise-edge-power", "/etc/edgewise/edge.yaml", "/etc/edgewise/policy.yaml"]
         postinst = t.extractfile(names["postinst"]).read().decode()
         assert names["postinst"].mode & 0o111
-    assert "systemd-sysusers" in postinst and "deb-systemd-helper enable 'edgewise-edge.service'" in postinst
+    assert "systemd-sysusers" in postinst and 'deb-systemd-helper enable "$unit"' in postinst
 
 
 def test_lintian_has_no_errors(built) -> None:
@@ -94,7 +95,63 @@ def test_main_unit_settings() -> None:
     for line in ("User=edgewise", "Restart=always", "WatchdogSec=30", "After=network-online.target",
                  "Wants=network-online.target", "Type=notify", "MemoryMax=", "LimitNOFILE="):
         assert line in text
-    assert "ExecStartPre=/usr/bin/edgewise-edge model engine" in text
+    # the engine the daemon loads, built by a command the bundle ships (not edgewise_tools')
+    assert "ExecStartPre=/usr/bin/edgewise-edge edge engine --config /etc/edgewise/edge.yaml" in text
+    assert "RestartPreventExitStatus=2" in text and "EnvironmentFile=-/etc/default/edgewise-edge" in text
+
+
+FAKES = ("systemd-sysusers", "adduser", "systemd-tmpfiles", "chown", "chmod", "deb-systemd-helper",
+         "deb-systemd-invoke", "systemctl")
+
+
+def _postinst_root(tmp_path: Path) -> tuple:
+    """A scratch root for postinst (DPKG_ROOT) whose system tools only log their arguments;
+    ``edgewise-edge`` there is this checkout's CLI and ``runuser`` runs it as is."""
+    root, fake, log = tmp_path / "root", tmp_path / "fakebin", tmp_path / "calls.log"
+    for d in ("etc/edgewise", "usr/bin", "usr/lib/edgewise-edge", "run/systemd/system", "var/lib/edgewise"):
+        (root / d).mkdir(parents=True)
+    shutil.copy(ROOT / "deploy/jetson/edge.yaml", root / "etc/edgewise/edge.yaml")
+    shutil.copy(B.DEFAULT_POLICY, root / "etc/edgewise/policy.yaml")
+    fake.mkdir()
+    for tool in FAKES:
+        (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {log}\n')
+    (fake / "runuser").write_text(f'#!/bin/sh\necho "runuser $*" >> {log}\nshift 3\nexec "$@"\n')
+    (root / "usr/lib/edgewise-edge/setup.sh").write_text(f'#!/bin/sh\necho "setup.sh $*" >> {log}\n')
+    (root / "usr/bin/edgewise-edge").write_text(
+        f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m edgewise "$@"\n')
+    for f in list(fake.iterdir()) + [root / "usr/lib/edgewise-edge/setup.sh", root / "usr/bin/edgewise-edge"]:
+        f.chmod(0o755)
+    env = {"DPKG_ROOT": str(root), "PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    return root, env, log
+
+
+def test_postinst_installs_but_starts_only_a_configured_daemon(tmp_path, tiny_model) -> None:
+    import yaml
+
+    root, env, log = _postinst_root(tmp_path)
+    postinst = str(ROOT / "deploy/jetson/debian/postinst")
+    first = subprocess.run(["sh", postinst, "configure"], env=env, capture_output=True, text=True, timeout=120)
+    calls = log.read_text()
+    assert first.returncode == 0, first.stderr
+    for unit in B.UNITS:
+        assert f"deb-systemd-helper enable {unit}" in calls
+    assert "setup.sh" in calls and "runuser -u edgewise --" in calls
+    assert "deb-systemd-invoke restart" not in calls  # the shipped file names a placeholder gateway
+    conf = f"{root}/etc/edgewise/edge.yaml"
+    assert re.search(rf"installed, not started: {re.escape(conf)}:\d+: cloud\.endpoints\[0\]: "
+                     r"'edgewise-gateway\.example\.com:50051' is a placeholder", first.stderr), first.stderr
+    assert "then: sudo systemctl start edgewise-edge" in first.stderr
+
+    tree = yaml.safe_load((root / "etc/edgewise/edge.yaml").read_text())  # the operator's edit
+    tree["cloud"]["endpoints"] = ["gw.plant.lan:50051"]
+    tree["model"].update(path=str(tiny_model), backend="onnxruntime")
+    tree["spool"]["path"] = str(root / "var/lib/edgewise/spool.db")
+    tree["sinks"]["jsonl"] = str(root / "var/lib/edgewise/detections.jsonl")
+    tree["policy_file"] = str(root / "etc/edgewise/policy.yaml")
+    (root / "etc/edgewise/edge.yaml").write_text(yaml.safe_dump(tree))
+    again = subprocess.run(["sh", postinst, "configure"], env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "not started" not in again.stderr, again.stderr
+    assert "deb-systemd-invoke restart edgewise-edge.service" in log.read_text()
 
 
 def test_overlay_paths_and_modes(built) -> None:
@@ -138,7 +195,11 @@ def test_shipped_configs_are_valid(built, tmp_path) -> None:
     from edge.settings import load_settings
     from edgewise.policy import load_policy
 
-    settings = load_settings(str(ROOT / "deploy/jetson/edge.yaml"))
+    with pytest.raises(ConfigError, match=r"edge\.yaml:\d+: cloud\.endpoints\[0\]: .* is a placeholder"):
+        load_settings(str(ROOT / "deploy/jetson/edge.yaml"), env={})
+    settings = load_settings(str(ROOT / "deploy/jetson/edge.yaml"), overrides=["cloud.endpoints.0=gw.lan:50051"],
+                             env={})
+    assert settings.device_id == ""  # this Jetson's serial number, never one id for every device
     assert settings.model.backend == "tensorrt"
     assert settings.policy_file == "/etc/edgewise/policy.yaml"
     load_policy(str(B.DEFAULT_POLICY))

@@ -13,7 +13,7 @@ import pytest
 
 from edge.escalating import Escalating
 from edge.metrics import EdgeMetrics
-from edge.payloads import Spooled, build_request, crop_region, detections_json
+from edge.payloads import Spooled, build_request, detections_json, note_payload, seen_regions
 from edge.records import idempotency_key
 from edge.sources.base import Frame
 from edge.spool import RESERVE_BYTES, Spool
@@ -21,7 +21,9 @@ from edge.transports.grpc import GrpcTransport
 from edgewise.detections import Detections
 from edgewise.policy.deciding import Decision
 from edgewise.policy.loading import parse_policy
+from edgewise.regions import crop_region
 from edgewise.v1 import detect_pb2
+from edgewise.wire import decode_image, tiles_from_proto
 from tests.conftest import free_port
 from tests.edge.helpers import frame_record, policy_yaml
 from tests.waiting import async_wait_until
@@ -49,8 +51,8 @@ def test_build_request_crop_carries_offset_and_source_size():
     d = dets([[10, 10, 30, 30]], [0.4])
     policy = parse_policy(policy_yaml("p", mode="crops"))
     v = Decision(True, "hard", 0.8, {"entropy": 0.5}, priority=90)
-    req, region = build_request("dev", frame, d, v, policy)
-    assert region == (6, 6, 34, 34)
+    req, plan = build_request("dev", frame, d, v, policy)
+    assert plan.regions.tolist() == [[6, 6, 34, 34]] and not plan.tiles
     assert (req.device_id, req.stream_id, req.frame_seq) == ("dev", "cam", 7)
     assert (req.image.offset_x, req.image.offset_y) == (6, 6)
     assert (req.image.source_width, req.image.source_height) == (100, 80)
@@ -58,9 +60,40 @@ def test_build_request_crop_carries_offset_and_source_size():
     assert crop.shape == (28, 28, 3)
     assert len(req.edge_detections) == 1 and req.reason == "hard" and req.priority == 90
     assert abs(req.hardness.score - 0.8) < 1e-6 and abs(req.hardness.signals["entropy"] - 0.5) < 1e-6
-    full, region = build_request("dev", frame, d, v, parse_policy(policy_yaml("p", mode="full")))
-    assert region is None and (full.image.offset_x, full.image.source_width) == (0, 100)
+    record = frame_record("cam", 7)
+    note_payload(record, req, plan, "crops")
+    assert record.crop == [6, 6, 34, 34] and record.regions is None and record.payload == "crops"
+    assert record.payload_bytes == len(req.image.data) and seen_regions(record).tolist() == [[6, 6, 34, 34]]
+    full, plan = build_request("dev", frame, d, v, parse_policy(policy_yaml("p", mode="full")))
+    assert plan.regions is None and (full.image.offset_x, full.image.source_width) == (0, 100)
     assert cv2.imdecode(np.frombuffer(full.image.data, np.uint8), cv2.IMREAD_COLOR).shape == (80, 100, 3)
+
+
+def test_build_request_regions_pack_uncertain_boxes_and_motion_at_full_resolution():
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 255, (720, 1280, 3), dtype=np.uint8)
+    frame = Frame("cam", 9, img, 123, 0.0)
+    d = dets([[100, 100, 140, 150], [600, 300, 700, 420]], [0.4, 0.95])  # one uncertain box
+    blobs = np.array([[1000, 250, 1016, 270]], np.float32)  # motion no detection explains
+    v = Decision(True, "hard", 0.8, {"motion_blobs": 0.5})
+    req, plan = build_request("dev", frame, d, v, parse_policy(policy_yaml("p", mode="regions")), blobs)
+    tiles = tiles_from_proto(req.image)
+    assert len(tiles) == 2 and all(t.scale == 1.0 for t in tiles) and plan.regions.shape == (2, 4)
+    packed = decode_image(req.image)
+    assert packed.shape[0] * packed.shape[1] < 0.2 * 1280 * 720  # a fraction of the frame's pixels
+    assert (req.image.source_width, req.image.source_height) == (1280, 720)
+    record = frame_record("cam", 9)
+    note_payload(record, req, plan, "regions")
+    assert record.crop is None and len(record.regions) == 2 and record.payload == "regions"
+    assert record.to_dict()["regions"] == record.regions and "regions" not in frame_record("cam", 1).to_dict()
+    # nothing uncertain and no motion: the whole frame goes, and the merge knows it saw everything
+    req, plan = build_request("dev", frame, dets([[0, 0, 5, 5]], [0.95]), v,
+                              parse_policy(policy_yaml("p", mode="regions")))
+    assert plan.regions is None and not req.image.tiles and decode_image(req.image).shape == (720, 1280, 3)
+    # low+regions without regions is the downscaled frame, one tile at scale 2
+    req, plan = build_request("dev", frame, dets([], []), v, parse_policy(policy_yaml("p", mode="low+regions")))
+    (t,) = tiles_from_proto(req.image)
+    assert (t.width, t.height, t.scale) == (640, 360, 2.0) and plan.regions is None
 
 
 def test_record_boxes_name_their_model_and_key_format():
@@ -139,10 +172,14 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
     spool.close()
 
 
+async def _escalating_on_a_loop() -> Escalating:
+    return Escalating("dev", {}, lambda rec: None, EdgeMetrics())
+
+
 def test_a_cloud_answer_whose_boxes_do_not_validate_leaves_the_record_untouched():
     """Pure: the merge refuses an inverted box (ValueError) before it changes the record,
     so the caller writes the frame's edge result with the reason."""
-    esc = Escalating("dev", {}, lambda rec: None, EdgeMetrics())
+    esc = asyncio.run(_escalating_on_a_loop())  # Python 3.8's asyncio.Event() outside a loop makes one
     record = frame_record("cam", 1)
     resp = detect_pb2.DetectResponse(model_name="big")
     resp.detections.add(x1=50, y1=5, x2=10, y2=40, score=0.9, class_id=0, source="cloud")

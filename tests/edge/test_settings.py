@@ -20,14 +20,43 @@ def write(tmp_path: Path, text: str) -> str:
     return str(p)
 
 
+REAL_CLOUD = ["cloud.endpoints.0=gw.plant.lan:443", "cloud.mqtt.host=broker.plant.lan"]
+
+
 def test_example_file_loads_with_per_kind_defaults():
-    s = load_settings(str(ROOT / "edge" / "edge.example.yaml"), env={})
+    s = load_settings(str(ROOT / "edge" / "edge.example.yaml"), overrides=REAL_CLOUD, env={})
     kinds = {st.id: st for st in s.streams}
     assert kinds["gate"].resolved_drop_policy() == "drop_oldest"
     assert kinds["gate"].resolved_queue_size() == 2
     assert kinds["archive"].resolved_drop_policy() == "wait"
     assert kinds["archive"].loop is True
     assert s.cloud.mqtt.port == 8883
+
+
+@pytest.mark.parametrize("override, where", [
+    ([], "edge.example.yaml:36: cloud.endpoints[0]: 'gateway.example.com:443' is a placeholder"),
+    (REAL_CLOUD[:1], "edge.example.yaml:42: cloud.mqtt.host: 'broker.example.com' is a placeholder"),
+])
+def test_example_file_placeholders_must_be_replaced(override, where):
+    """The shipped examples name reserved example domains (RFC 2606): the daemon refuses to
+    start against them and says which line to edit."""
+    with pytest.raises(ConfigError, match=re.escape(where)):
+        load_settings(str(ROOT / "edge" / "edge.example.yaml"), overrides=override, env={})
+
+
+@pytest.mark.parametrize("host, placeholder", [
+    ("edgewise-gateway.example.com", True), ("EXAMPLE.ORG.", True), ("gw.invalid", True), ("x.example", True),
+    ("example.com.evil.net", False), ("notexample.com", False), ("10.0.0.5", False), ("[::1]", False),
+])
+def test_placeholder_hosts(host, placeholder):
+    from edge.settings import is_placeholder
+
+    assert is_placeholder(host) is placeholder
+
+
+def test_device_id_may_be_left_empty(tmp_path):
+    s = load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\n"), env={})
+    assert s.device_id == ""  # resolved at start: edge.preflight.resolve_device_id
 
 
 def test_layering_file_env_flags(tmp_path):

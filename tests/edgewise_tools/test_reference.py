@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from edgewise.errors import ConfigError
 from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy import describe_schema, parse_policy
 from edgewise.policy.deciding import REASONS, SUPPRESSORS
@@ -140,3 +144,57 @@ def test_missing_page_is_stale(tmp_path: Path) -> None:
     assert ref.main(["--check", "--root", str(root)]) == 1
     assert ref.main(["--write", "--root", str(root)]) == 0
     assert ref.stale(root) == []
+
+
+# --------------------------------------------------------------------------- policy JSON Schema
+
+#: Invalid policies only the loader's cross-field rules (or YAML itself) catch, not one key's metadata.
+CROSS_FIELD = {"band-inverted.yaml", "duplicate-key.yaml", "zero-weights.yaml", "yaml-syntax.yaml"}
+
+
+def _policy_validator() -> Any:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((ROOT / ref.POLICY_SCHEMA).read_text(encoding="utf-8"))
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in [
+    ROOT / "examples" / "policy.yaml", *(ROOT / "examples" / "policies").glob("*.yaml")]))
+def test_policy_schema_accepts_the_example_policies(path: str) -> None:
+    doc = yaml.safe_load((ROOT / path).read_text(encoding="utf-8"))
+    errors = [e.message for e in _policy_validator().iter_errors(doc)]
+    assert errors == [], path
+
+
+def test_policy_schema_rejects_a_misspelt_key_and_what_the_loader_rejects() -> None:
+    validator = _policy_validator()
+    doc = yaml.safe_load((ROOT / "examples" / "policy.yaml").read_text(encoding="utf-8"))
+    doc["spec"]["budget"]["maxFracton"] = doc["spec"]["budget"].pop("maxFraction", 0.1)
+    assert [e.message for e in validator.iter_errors(doc)] == [
+        "Additional properties are not allowed ('maxFracton' was unexpected)"]
+    invalid = sorted((ROOT / "tests" / "edgewise" / "policy" / "invalid").glob("*.yaml"))
+    assert len(invalid) > 10
+    for path in invalid:
+        text = path.read_text(encoding="utf-8")
+        with pytest.raises(ConfigError):
+            parse_policy(text, path.name)
+        if path.name not in CROSS_FIELD:
+            assert not validator.is_valid(yaml.safe_load(text)), f"{path.name}: the schema accepts it"
+
+
+def test_policy_schema_numbers_as_the_loader_reads_them() -> None:
+    validator = _policy_validator()
+    base = {"apiVersion": "edgewise/v1", "kind": "EscalationPolicy", "metadata": {"name": "n"}}
+    for spec, ok in (({"threshold": 0.5}, True), ({"threshold": 1}, True), ({"cooldownSeconds": "1e-3"}, True),
+                     ({"threshold": "0.5"}, False), ({"payload": {"jpegQuality": 85.5}}, False),
+                     ({"streams": {"cam": {"threshold": None}}}, True), ({"threshold": None}, False),
+                     ({"signals": {"weights": {"entropy": 1.5}}}, False)):
+        doc = dict(base, spec=spec)
+        assert validator.is_valid(doc) is ok, spec
+        try:
+            parse_policy(yaml.safe_dump(doc), "p.yaml")
+            loaded = True
+        except ConfigError:
+            loaded = False
+        assert loaded is ok, spec

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgewise.errors import ConfigError, ModelError
+from edgewise.errors import ConfigError, DeploymentError, ModelError
 from edgewise.runtime.backends import split_fixed_batch
 from edgewise.runtime.metadata import ModelInfo
 
@@ -26,6 +26,20 @@ log = logging.getLogger(__name__)
 PREFERENCE = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 GRAPH_OPT_LEVELS = ("disable", "basic", "extended", "all")
 ProviderSpec = Union[str, Tuple[str, Dict[str, Any]]]
+ONNXRUNTIME_MISSING = (
+    "the onnxruntime backend needs ONNX Runtime, which is not installed: pip install onnxruntime "
+    "(the Jetson bundle installs it: sudo /usr/lib/edgewise-edge/setup.sh --force); "
+    "or use the tensorrt backend where TensorRT is installed"
+)
+
+
+def import_onnxruntime() -> Any:
+    """The ``onnxruntime`` module, or ``DeploymentError`` saying how to install it."""
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise DeploymentError(f"{ONNXRUNTIME_MISSING} ({e})") from None
+    return onnxruntime
 
 
 def choose_providers(
@@ -66,10 +80,14 @@ def choose_providers(
 
 
 def session_options(
-    threads: Optional[int] = None, inter_threads: Optional[int] = None, graph_opt: str = "all"
+    threads: Optional[int] = None, inter_threads: Optional[int] = None, graph_opt: str = "all",
+    spinning: Optional[bool] = None,
 ) -> Any:
-    """``SessionOptions`` with thread counts and graph optimisation level."""
-    import onnxruntime as ort
+    """``SessionOptions`` with thread counts, graph optimisation level and, when ``spinning``
+    is given, whether idle pool threads busy-wait for work (ONNX Runtime's
+    ``session.intra_op.allow_spinning`` / ``inter_op``; its default spins: right for
+    back-to-back inference, a waste of every pool thread's idle time at camera pace)."""
+    ort = import_onnxruntime()
 
     if graph_opt not in GRAPH_OPT_LEVELS:
         raise ConfigError(f"graph_opt {graph_opt!r}: use one of {', '.join(GRAPH_OPT_LEVELS)}")
@@ -83,6 +101,9 @@ def session_options(
             raise ConfigError(f"inter_threads must be >= 0, got {inter_threads}")
         so.inter_op_num_threads = int(inter_threads)
         so.execution_mode = ort.ExecutionMode.ORT_PARALLEL if inter_threads > 1 else ort.ExecutionMode.ORT_SEQUENTIAL
+    if spinning is not None:
+        for pool in ("intra_op", "inter_op"):
+            so.add_session_config_entry(f"session.{pool}.allow_spinning", "1" if spinning else "0")
     so.graph_optimization_level = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -106,13 +127,14 @@ class OnnxRuntimeBackend:
         graph_opt: str = "all",
         io_binding: Optional[bool] = None,
         trt_cache_dir: Optional[Path] = None,
+        spinning: Optional[bool] = None,
     ) -> None:
-        import onnxruntime as ort
+        ort = import_onnxruntime()
 
         self.info = info
         chosen = choose_providers(ort.get_available_providers(), providers, trt_cache_dir,
                                   fp16=info.precision != "int8")
-        so = session_options(threads, inter_threads, graph_opt)
+        so = session_options(threads, inter_threads, graph_opt, spinning)
         try:
             self.session = ort.InferenceSession(str(info.path), sess_options=so, providers=chosen)
         except Exception as e:  # onnxruntime raises its own exception types

@@ -22,9 +22,10 @@ API facts this relies on (NVIDIA's 8.x -> 10.x Python migration guide):
   (8.4+; ``max_workspace_size`` before), ``set_calibration_profile`` for
   dynamic shapes in INT8.
 
-``tensorrt`` and the CUDA bindings (``cuda-python`` or ``pycuda``) are imported
-lazily; everything here that needs no GPU (cache keys, calibration batches,
-the error when TensorRT is absent) works and is tested without them.
+``tensorrt`` is imported lazily and CUDA memory goes through ``libcudart`` over ctypes
+(``edgewise.runtime.backends.cudart``: no Python package beyond TensorRT's own bindings);
+everything here that needs no GPU (cache keys, calibration batches, the error when TensorRT
+is absent) works and is tested without them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import numpy as np
 
 from edgewise.errors import ConfigError, DeploymentError, InvalidInputError, ModelError
 from edgewise.imagefiles import read_image_file
+from edgewise.runtime.backends.cudart import CudaRuntime, device_name
 from edgewise.runtime.letterbox import preprocess_batch
 from edgewise.runtime.metadata import ModelInfo
 
@@ -51,8 +53,8 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 TENSORRT_MISSING = (
     "the TensorRT backend needs NVIDIA TensorRT's Python bindings, which are not installed: "
     "on Jetson they come with JetPack (sudo apt-get install nvidia-jetpack, or python3-libnvinfer); "
-    "on x86 with an NVIDIA GPU: pip install tensorrt (plus cuda-python); "
-    "or use --backend onnxruntime"
+    "on x86 with an NVIDIA GPU: pip install tensorrt; "
+    "or use the onnxruntime backend (edge daemon: model.backend: onnxruntime)"
 )
 
 
@@ -193,91 +195,26 @@ class CalibrationBatches:
 
 
 # ------------------------------------------------------------ CUDA helpers
-class _Cuda:
-    """Minimal device memory / stream API over cuda-python (``cudart``) or pycuda."""
+_Cuda = CudaRuntime  # tests swap in a host-memory stand-in
 
-    def __init__(self) -> None:
-        self.kind = ""
-        self.rt: Any = None
-        try:
-            try:
-                from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
-            except ImportError:
-                from cuda import cudart  # older cuda-python
-            self.rt = cudart
-            self.kind = "cudart"
-        except ImportError:
-            try:
-                import pycuda.autoinit  # noqa: F401  (creates the context)
-                import pycuda.driver as drv
+#: TensorRT ``DataType`` name -> numpy dtype. ``trt.nptype`` is not used: TensorRT 8.5's
+#: (JetPack 5.1) reads ``np.bool``, which numpy 1.24 removed (NVIDIA/TensorRT#2557).
+NP_TYPES = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32,
+            "INT64": np.int64, "BOOL": np.bool_, "UINT8": np.uint8}
 
-                self.rt = drv
-                self.kind = "pycuda"
-            except ImportError:
-                raise TensorRTUnavailableError(
-                    "the TensorRT backend needs CUDA Python bindings: pip install cuda-python "
-                    "(or pycuda; on Jetson: pip3 install pycuda)"
-                ) from None
 
-    def _check(self, res: Any) -> Any:
-        err = res[0] if isinstance(res, tuple) else res
-        if int(err) != 0:
-            raise ModelError(f"CUDA call failed: {err}")
-        return res[1] if isinstance(res, tuple) and len(res) == 2 else None
-
-    def malloc(self, nbytes: int) -> Any:
-        if self.kind == "cudart":
-            return self._check(self.rt.cudaMalloc(nbytes))
-        return self.rt.mem_alloc(nbytes)
-
-    def free(self, ptr: Any) -> None:
-        if self.kind == "cudart":
-            self.rt.cudaFree(ptr)
-        else:
-            ptr.free()
-
-    def stream(self) -> Any:
-        if self.kind == "cudart":
-            return self._check(self.rt.cudaStreamCreate())
-        return self.rt.Stream()
-
-    def handle(self, stream: Any) -> int:
-        return int(stream) if self.kind == "cudart" else int(stream.handle)
-
-    def htod(self, ptr: Any, host: np.ndarray, stream: Any) -> None:
-        if self.kind == "cudart":
-            kind = self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice
-            self._check(self.rt.cudaMemcpyAsync(ptr, host.ctypes.data, host.nbytes, kind, stream))
-        else:
-            self.rt.memcpy_htod_async(ptr, host, stream)
-
-    def dtoh(self, host: np.ndarray, ptr: Any, stream: Any) -> None:
-        if self.kind == "cudart":
-            kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
-            self._check(self.rt.cudaMemcpyAsync(host.ctypes.data, ptr, host.nbytes, kind, stream))
-        else:
-            self.rt.memcpy_dtoh_async(host, ptr, stream)
-
-    def sync(self, stream: Any) -> None:
-        if self.kind == "cudart":
-            self._check(self.rt.cudaStreamSynchronize(stream))
-        else:
-            stream.synchronize()
-
-    def device_name(self) -> str:
-        if self.kind == "cudart":
-            props = self._check(self.rt.cudaGetDeviceProperties(0))
-            name = props.name
-            return name.decode(errors="replace").rstrip("\x00") if isinstance(name, bytes) else str(name)
-        return str(self.rt.Device(0).name())
+def np_dtype(trt_dtype: Any) -> Any:
+    """The numpy dtype of a TensorRT ``DataType``."""
+    name = getattr(trt_dtype, "name", str(trt_dtype).rpartition(".")[2])
+    try:
+        return NP_TYPES[name]
+    except KeyError:
+        raise ModelError(f"TensorRT tensor type {trt_dtype} has no numpy equivalent here") from None
 
 
 def cuda_device_name() -> Optional[str]:
-    """Name of CUDA device 0, or ``None`` when there is none / no bindings."""
-    try:
-        return _Cuda().device_name()
-    except Exception:
-        return None
+    """Name of CUDA device 0, or ``None`` when there is none / no ``libcudart``."""
+    return device_name()
 
 
 # --------------------------------------------------------------- building
@@ -380,6 +317,23 @@ def build_engine(
     return bytes(serialized)
 
 
+def engine_file(
+    info: ModelInfo,
+    cache_dir: Optional[Union[str, Path]] = None,
+    precision: Optional[str] = None,
+    max_batch: int = 8,
+) -> Tuple[Path, str, int]:
+    """``(path, precision, max batch)`` of the engine ``TensorRTBackend.from_onnx`` loads or
+    builds for these arguments on this GPU and TensorRT: a QDQ model defaults to INT8, any
+    other to FP16; a fixed-batch model's batch wins over ``max_batch``."""
+    trt = import_tensorrt()
+    prec = precision or ("int8" if info.precision == "int8" else "fp16")
+    mb = max_batch if info.dynamic_batch else max(1, info.fixed_batch)
+    gpu = cuda_device_name() or "unknown-gpu"
+    cdir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return cdir / engine_cache_key(info.sha256, prec, info.imgsz, trt.__version__, gpu, mb), prec, mb
+
+
 # ---------------------------------------------------------------- running
 class TensorRTBackend:
     """``InferenceBackend`` on a deserialized TensorRT engine."""
@@ -398,7 +352,7 @@ class TensorRTBackend:
         self.context = self.engine.create_execution_context()
         self.tensor_api = hasattr(self.context, "execute_async_v3")
         self.max_batch = max_batch if info.dynamic_batch else max(1, info.fixed_batch)
-        self.stream = self.cuda.stream()
+        self.stream: Any = self.cuda.stream()
         self._dev: dict = {}
         self._in_dtype = np.float16 if self._io_dtype(info.input_name) == np.float16 else np.float32
         self.name = f"tensorrt[{trt.__version__}]"
@@ -413,12 +367,8 @@ class TensorRTBackend:
         calibration: Optional[CalibrationBatches] = None,
     ) -> TensorRTBackend:
         """Load the cached engine for this model/GPU/TensorRT, building it on a miss."""
-        trt = import_tensorrt()
-        prec = precision or ("int8" if info.precision == "int8" else "fp16")
-        mb = max_batch if info.dynamic_batch else max(1, info.fixed_batch)
-        gpu = cuda_device_name() or "unknown-gpu"
-        cdir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        path = cdir / engine_cache_key(info.sha256, prec, info.imgsz, trt.__version__, gpu, mb)
+        path, prec, mb = engine_file(info, cache_dir, precision, max_batch)
+        cdir = path.parent
         if path.is_file():
             log.info("loading cached TensorRT engine %s", path)
             data = path.read_bytes()
@@ -429,10 +379,9 @@ class TensorRTBackend:
         return cls(info, data, mb)
 
     def _io_dtype(self, name: str) -> Any:
-        trt = self.trt
         if self.tensor_api:
-            return trt.nptype(self.engine.get_tensor_dtype(name))
-        return trt.nptype(self.engine.get_binding_dtype(self.engine.get_binding_index(name)))
+            return np_dtype(self.engine.get_tensor_dtype(name))
+        return np_dtype(self.engine.get_binding_dtype(self.engine.get_binding_index(name)))
 
     def _buffer(self, name: str, nbytes: int) -> Any:
         cur = self._dev.get(name)
@@ -489,5 +438,8 @@ class TensorRTBackend:
         for ptr, _ in self._dev.values():
             self.cuda.free(ptr)
         self._dev.clear()
+        if self.stream is not None:
+            self.cuda.destroy_stream(self.stream)
+            self.stream = None
         self.context = None
         self.engine = None

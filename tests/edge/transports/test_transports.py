@@ -19,8 +19,7 @@ from edge.transports.grpc import GrpcTransport
 from edge.transports.mqtt import MqttConnection, MqttTransport
 from edgewise.v1 import detect_pb2
 from tests.cloud.gateway.pki import Pki
-from tests.conftest import free_port
-from tests.realcloud import InProcessCloud
+from tests.conftest import free_port, in_process_cloud_class
 from tests.waiting import async_wait_until
 
 TOKENS = [{"device": "d", "token": "s3cret"}]
@@ -38,7 +37,7 @@ def test_grpc_roundtrip_token_and_status_mapping(tiny_model):
     """OK from the worker; UNAUTHENTICATED for a wrong token; DEADLINE_EXCEEDED while
     the worker is busy; RESOURCE_EXHAUSTED from the gateway's rate limit (burst 3)."""
     limits = {"auth.tokens": TOKENS, "limits.rate_per_device": 0.001, "limits.burst_per_device": 3}
-    with InProcessCloud(tiny_model, gateway=limits) as cloud:
+    with in_process_cloud_class()(tiny_model, gateway=limits) as cloud:
         async def run():
             t = GrpcTransport([cloud.address], token="s3cret")
             await t.start()
@@ -103,7 +102,7 @@ def test_grpc_unavailable_fails_fast_and_fails_over(real_cloud):
 def test_mqtt_request_response_with_correlation_through_the_gateway_bridge(tiny_model, mosquitto):
     bridge = {"mqtt.enabled": True, "mqtt.host": mosquitto.host, "mqtt.port": mosquitto.port,
               "mqtt.reconnect_min_s": 0.2, "mqtt.reconnect_max_s": 1.0}
-    with InProcessCloud(tiny_model, gateway=bridge) as cloud:
+    with in_process_cloud_class()(tiny_model, gateway=bridge) as cloud:
         async def run():
             conn = MqttConnection(mosquitto.host, mosquitto.port, client_id="edge-test")
             conn.start()
@@ -145,7 +144,7 @@ def test_grpc_mutual_tls_and_bearer_token(tmp_path, tiny_model):
     tls = {"tls.cert_file": pki.path("server.pem"), "tls.key_file": pki.path("server.key"),
            "tls.client_ca_file": pki.path("ca.pem"), "tls.require_client_cert": True, "auth.tokens": TOKENS}
     ca, cert, key = pki.path("ca.pem"), pki.path("client.pem"), pki.path("client.key")
-    with InProcessCloud(tiny_model, gateway=tls) as cloud:
+    with in_process_cloud_class()(tiny_model, gateway=tls) as cloud:
         ep = [f"localhost:{cloud.port}"]
 
         async def run():

@@ -27,7 +27,7 @@ def model() -> GainModel:
     # the gain is high exactly where the edge saw a strong missed object
     rng = np.random.default_rng(0)
     x = rng.random((600, len(FEATURE_NAMES)))
-    gain = (x[:, MISSED] > 0.8).astype(float) * 5.0 + rng.normal(0, 0.1, 600)
+    gain = (x[:, MISSED] > 0.9).astype(float) * 5.0 + rng.normal(0, 0.1, 600)
     return GainModel.fit(x, gain, {"trainData": "unit", "frames": 600, "merge": "fuse"})
 
 
@@ -35,7 +35,7 @@ def test_fit_ranks_the_gain_and_hardness_is_a_training_percentile(model) -> None
     hard = frame_features({"missed_object": 0.95}, empty())
     easy = frame_features({"missed_object": 0.1}, empty())
     assert model.predict(np.array([hard]))[0] > model.predict(np.array([easy]))[0] + 0.5
-    # 20% of training frames have missed_object > 0.8: they hold the top percentiles
+    # 10% of training frames have missed_object > 0.9: they hold the top percentiles
     assert model.hardness({"missed_object": 0.95}, empty()) > 0.8
     assert model.hardness({"missed_object": 0.1}, empty()) < 0.8
     p = model.percentile(np.array([-1e9, 1e9]))
@@ -128,3 +128,15 @@ def test_policy_with_a_bad_model_is_refused_and_reload_keeps_the_old(model, tmp_
     path.write_text(POLICY % "broken.json")
     res = holder.reload(path)
     assert not res.ok and "broken.json" in (res.error or "") and holder.policy.learned is not None
+
+
+def test_explain_warns_when_the_payload_differs_from_the_models(model, tmp_path) -> None:
+    from edgewise.hardness.learned import GainModel as GM
+
+    fitted = GM(model.trees, model.quantiles, dict(model.info, payload="regions"))
+    fitted.save(tmp_path / "gain-model.json")
+    (tmp_path / "policy.yaml").write_text(POLICY % "gain-model.json")
+    text = explain(load_policy(tmp_path / "policy.yaml"))
+    assert "fitted for payload.mode regions, this policy sends full" in text
+    (tmp_path / "policy.yaml").write_text((POLICY % "gain-model.json") + "  payload: {mode: regions}\n")
+    assert "payload.mode" not in explain(load_policy(tmp_path / "policy.yaml"))

@@ -189,3 +189,10 @@ def test_measure_cost_reports_microseconds_per_frame():
     assert 0 < r["signals_us"] and 0 < r["policy_us"]
     assert r["total_us"] == pytest.approx(r["signals_us"] + r["policy_us"])
     assert r["total_us"] < 20000  # generous: the target is 1000 on an idle core
+
+
+def test_measure_cost_with_motion_at_camera_resolution():
+    r = measure_cost(n_frames=40, n_boxes=20, nc=80, frame_size=(1280, 720))
+    assert r["motion_us"] > 0
+    assert r["total_us"] == pytest.approx(r["signals_us"] + r["motion_us"] + r["policy_us"])
+    assert measure_cost(n_frames=20)["motion_us"] == 0.0

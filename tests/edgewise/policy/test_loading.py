@@ -26,7 +26,7 @@ EXPECTED = {
     "jpeg-quality-range.yaml": ":7: spec.payload.jpegQuality: 0 is out of range; allowed: an integer in [1, 100]",
     "jpeg-quality-type.yaml": ":7: spec.payload.jpegQuality: 85.5 is not an integer; allowed: an integer in [1, 100]",
     "band-inverted.yaml": ":7: spec.band.low: 0.7 is above high (0.3); allowed: low <= high",
-    "unknown-signal.yaml": ":9: spec.signals.weights.entropi: unknown signal (did you mean 'entropy'?); allowed: uncertain_count | uncertain_fraction | mean_conf | min_conf | entropy | margin | small_boxes | tracker_disagreement | missed_object",
+    "unknown-signal.yaml": ":9: spec.signals.weights.entropi: unknown signal (did you mean 'entropy'?); allowed: uncertain_count | uncertain_fraction | mean_conf | min_conf | entropy | margin | small_boxes | tracker_disagreement | missed_object | motion | motion_blobs",
     "zero-weights.yaml": ":7: spec.signals.weights: no signal has a weight > 0, so no frame could ever be hard; allowed: at least one weight > 0",
     "duplicate-key.yaml": ":8: spec.threshold: duplicate key (first defined on line 6); allowed: each key once per mapping",
     "unavailable-action.yaml": ":6: spec.onCloudUnavailable: 'buffer' is not allowed; allowed: spool | edge_only | drop",
@@ -37,7 +37,7 @@ EXPECTED = {
     "yaml-syntax.yaml": ":7: not valid YAML: expected ',' or '}', but got '<stream end>'",
     "class-band-partial.yaml": ":8: spec.classes.person.band.high: required key is missing; allowed: a number in [0, 1]",
     "budget-priority.yaml": ":7: spec.budget.priority: 'newest' is not allowed; allowed: hardest | fifo",
-    "payload-mode.yaml": ":7: spec.payload.mode: 'crop' is not allowed (did you mean 'crops'?); allowed: full | crops",
+    "payload-mode.yaml": ":7: spec.payload.mode: 'crop' is not allowed (did you mean 'crops'?); allowed: full | crops | downscaled | regions | low+regions",
     "stream-unknown-key.yaml": ":8: spec.streams.cam-1.cooldown: unknown key (did you mean 'cooldownSeconds'?); allowed: mode | threshold | band | cooldownSeconds | maxPerSecond | burst | maxFraction",
     "empty.yaml": ": empty policy; write apiVersion: edgewise/v1, kind: EscalationPolicy, metadata.name and spec",
 }

@@ -101,10 +101,12 @@ def make(version: str, tensor_api: bool, model_fn: Any) -> types.SimpleNamespace
             return b"ENGINE"
 
     class DataType:
-        FLOAT = "float"
+        class FLOAT:  # pybind11 enum members carry their name
+            name = "FLOAT"
 
-    def nptype(dt: str) -> Any:
-        return np.float32
+    def nptype(dt: Any) -> Any:
+        # TensorRT 8.5's nptype maps bool to np.bool, gone since numpy 1.24 (NVIDIA/TensorRT#2557)
+        raise AssertionError("trt.nptype must not be called: TensorRT 8.5's fails with numpy >= 1.24")
 
     class Context:
         def __init__(self, engine: Engine) -> None:
@@ -153,13 +155,13 @@ def make(version: str, tensor_api: bool, model_fn: Any) -> types.SimpleNamespace
         def create_execution_context(self) -> Context:
             return TensorContext(self) if tensor_api else BindingContext(self)
 
-        def get_tensor_dtype(self, name: str) -> str:
+        def get_tensor_dtype(self, name: str) -> Any:
             return DataType.FLOAT
 
         def get_binding_index(self, name: str) -> int:
             return 0 if name == "images" else 1
 
-        def get_binding_dtype(self, idx: int) -> str:
+        def get_binding_dtype(self, idx: int) -> Any:
             return DataType.FLOAT
 
     class Runtime:
@@ -196,6 +198,9 @@ class HostCuda:
 
     def stream(self) -> str:
         return "stream"
+
+    def destroy_stream(self, s: str) -> None:
+        pass
 
     def handle(self, s: str) -> int:
         return 7

@@ -138,3 +138,62 @@ def test_provider_preference():
         session_options(graph_opt="max")
     with pytest.raises(ConfigError, match="threads"):
         session_options(threads=-1)
+
+
+def test_native_input_runs_each_image_at_its_own_scale(native_model: Path, tiny_model: Path) -> None:
+    with Detector.from_file(native_model, conf_thres=0.001, threads=1, input_size="native") as nat, \
+            Detector.from_file(native_model, conf_thres=0.001, threads=1) as fixed:
+        assert nat.info.dynamic_hw and nat.backend.name.startswith("onnxruntime")
+        im = _images(1)[0]  # 120 x 160: padded to 128 x 160, never scaled
+        batch, metas = nat.preprocess([im])
+        assert batch.shape == (1, 3, 128, 160) and metas[0].ratio == (1.0, 1.0)
+        # two sizes in one batch: the largest native shape, the smaller image padded to it
+        batch, metas = nat.preprocess([im, np.zeros((700, 1280, 3), np.uint8)])
+        assert batch.shape == (2, 3, 704, 1280) and metas[0].ratio == (1.0, 1.0)
+        (d,) = nat.detect([im])
+        assert len(d) and (d.boxes[:, 2] <= 160).all() and (d.boxes[:, 3] <= 120).all()
+        assert fixed.preprocess([im])[0].shape == (1, 3, 160, 160)  # the model's imgsz, scaled up
+    with Detector.from_file(native_model, threads=1, input_size="native", max_side=640) as capped:
+        assert capped.preprocess([np.zeros((720, 1280, 3), np.uint8)])[0].shape == (1, 3, 384, 640)
+    with pytest.raises(ConfigError, match="dynamic height and width"):
+        Detector.from_file(tiny_model, input_size="native")
+    with pytest.raises(ConfigError, match="TensorRT engine is built for one input size"):
+        Detector.from_file(native_model, backend="tensorrt", input_size="native")
+    with pytest.raises(ConfigError, match="input size 'huge'"):
+        Detector.from_file(native_model, input_size="huge")
+
+
+def test_auto_input_size_is_native_only_for_a_model_that_asks(native_model: Path, tmp_path: Path) -> None:
+    import onnx
+
+    with Detector.from_file(native_model, threads=1, input_size="auto") as d:
+        assert d.input_size == "native"
+    proto = onnx.load(str(native_model))
+    keep = [(m.key, m.value) for m in proto.metadata_props if m.key not in ("input_size", "imgsz")]
+    del proto.metadata_props[:]  # like an upstream `export.py --dynamic` file: letterboxed to a size
+    for k, v in keep:
+        prop = proto.metadata_props.add()
+        prop.key, prop.value = k, v
+    onnx.save(proto, str(tmp_path / "upstream.onnx"))
+    with Detector.from_file(tmp_path / "upstream.onnx", threads=1, input_size="auto", imgsz=160) as d:
+        assert d.input_size == "model" and d.preprocess([np.zeros((90, 160, 3), np.uint8)])[0].shape[2:] == (160, 160)
+
+
+def test_missing_backends_are_one_line_saying_what_to_install(tiny_model, monkeypatch):
+    """No TensorRT and no ONNX Runtime: ``auto`` says both, in one line (no traceback)."""
+    from edgewise.errors import DeploymentError
+    from edgewise.runtime import detector as D
+    from edgewise.runtime.backends import onnxruntime as ortb
+
+    def missing():
+        raise DeploymentError(f"{ortb.ONNXRUNTIME_MISSING} (No module named 'onnxruntime')")
+
+    monkeypatch.setattr(ortb, "import_onnxruntime", missing)
+    monkeypatch.setattr(D, "tensorrt_unusable_reason", lambda: "the tensorrt module is not installed")
+    with pytest.raises(DeploymentError) as exc:
+        D.Detector.from_file(tiny_model, backend="auto")
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("backend auto: TensorRT is not usable here (the tensorrt module")
+    assert "pip install onnxruntime" in msg and "setup.sh --force" in msg
+    with pytest.raises(DeploymentError, match="^the onnxruntime backend needs ONNX Runtime"):
+        D.Detector.from_file(tiny_model, backend="onnxruntime")

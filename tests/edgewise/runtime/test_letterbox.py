@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -116,6 +117,15 @@ def test_fused_batch_equals_letterbox_then_chw(shape, size, auto):
     np.testing.assert_array_equal(batch, to_chw_rgb([boxed]))
 
 
+def test_native_shape_pads_to_the_stride_and_caps_the_long_side() -> None:
+    from edgewise.runtime.letterbox import native_shape
+
+    assert native_shape((720, 1280)) == (736, 1280)
+    assert native_shape((10, 50)) == (32, 64)
+    assert native_shape((720, 1280), max_side=640) == (384, 640)
+    assert native_shape((720, 1280), max_side=4000) == (736, 1280)  # never scaled up
+
+
 def _upstream_detect_scale_boxes(img1_shape, boxes, img0_shape):
     """YOLOv5 v7.0 utils/general.py::scale_boxes with ratio_pad=None (how detect.py calls it)."""
     gain = min(img1_shape[0] / img0_shape[0], img1_shape[1] / img0_shape[1])
@@ -143,3 +153,19 @@ def test_scale_boxes_reproduces_detect_py_exactly(src, size):
     # the letterbox's own padding (val.py's ratio_pad) is what it was: half the rounded border
     (rx, _), (dw, _) = meta.ratio, meta.pad
     assert dw == (out_hw[1] - round(src[1] * rx)) / 2
+
+
+def test_one_pixel_image_is_broadcast_as_bilinear_resize_would():
+    """OpenCV 4.5.4 (JetPack 5.1's) raises on a 1x1 colour image; ours gives what a newer
+    OpenCV's bilinear resize gives."""
+    from edgewise.runtime.letterbox import resize
+
+    im = _img(1, 1)
+    out = resize(im, (48, 32))
+    assert out.shape == (32, 48, 3) and (out == im[0, 0]).all() and out.flags["C_CONTIGUOUS"]
+    try:
+        np.testing.assert_array_equal(out, cv2.resize(im, (48, 32), interpolation=cv2.INTER_LINEAR))
+    except cv2.error:
+        assert cv2.__version__.startswith("4.5.")
+    batch, _ = preprocess_batch([im], 64, auto=False)
+    assert batch.shape == (1, 3, 64, 64)

@@ -37,7 +37,7 @@ def audit_policy(tmp_path) -> Path:
 def test_short_demo_loses_nothing_and_writes_the_report(tmp_path, tiny_model, small_model, audit_policy) -> None:
     out = tmp_path / "report"
     cfg = DemoConfig(edge_model=tiny_model, cloud_model=small_model, policy=audit_policy, frames=40, fps=10.0,
-                     kill_seconds=2.0, out=out, live=False)
+                     kill_seconds=2.0, out=out, live=False, preset="camera", size=(640, 360), score_frames=20)
     summary = run_demo(cfg)
     acct = summary["accounting"]
     assert summary["frames_generated"] == 80
@@ -50,8 +50,14 @@ def test_short_demo_loses_nothing_and_writes_the_report(tmp_path, tiny_model, sm
     assert summary["latency_ms"]["escalated_p50"] is not None
     saved = json.loads((out / "summary.json").read_text())
     assert saved["accounting"] == acct
+    assert summary["world"] == {"preset": "camera", "size": [640, 360], "seed": 2026, "streams": 2,
+                                "frames_per_stream": 40, "fps": 10.0}
+    assert summary["accuracy"]["scored_frames"] == 20 and summary["accuracy"]["scored_every"] == 4
+    assert summary["cloud_cpu"]["seconds"] > 0 and summary["cloud_cpu"]["ms_per_escalation"] > 0
+    assert summary["provenance"]["models"]["cloud"]["sha256"] and summary["provenance"]["data"]["demo"]["preset"] == "camera"
     page = (out / "index.html").read_text()
     assert "edgewise demo report" in page and page.count("data:image/png;base64,") == 4
+    assert "How these figures relate to the README's headline" in page and "Produced by edgewise" in page
 
 
 def test_records_keep_the_cloud_answer_over_the_spooled_copy() -> None:
@@ -65,6 +71,22 @@ def test_records_keep_the_cloud_answer_over_the_spooled_copy() -> None:
                     "edge_only_fallback": 0, "lost": 0}
 
 
+def test_demo_shows_the_world_the_cloud_model_was_trained_for(tmp_path, tiny_model) -> None:
+    import onnx
+
+    episodes = DemoConfig(cloud_model=tiny_model)  # no edgewise_world metadata: the episodes pair
+    assert (episodes.preset, episodes.frame_size, episodes.frames, episodes.score_frames) == ("episodes", (224, 224), 200, 0)
+    assert episodes.policy_file == ROOT / "examples" / "policy.yaml"
+    model = onnx.load(str(tiny_model))
+    prop = model.metadata_props.add()
+    prop.key, prop.value = "edgewise_world", "camera"  # what the camera packaging writes
+    onnx.save(model, str(tmp_path / "camera.onnx"))
+    camera = DemoConfig(cloud_model=tmp_path / "camera.onnx", frames=30)
+    assert (camera.preset, camera.frame_size, camera.frames, camera.score_frames) == ("camera", (1280, 720), 30, 40)
+    assert camera.policy_file == ROOT / "examples" / "policies" / "camera.yaml" and camera.policy_file.is_file()
+    assert DemoConfig(cloud_model=tmp_path / "missing.onnx").preset == "episodes"
+
+
 def test_demo_config_rejects_missing_models(tmp_path) -> None:
     from edgewise.errors import ConfigError
 
@@ -73,6 +95,7 @@ def test_demo_config_rejects_missing_models(tmp_path) -> None:
 
 
 def test_make_demo_defaults_point_at_shipped_files() -> None:
-    cfg = DemoConfig()
-    for p in (cfg.edge_model, cfg.cloud_model, cfg.policy):
+    cfg = DemoConfig()  # the shipped pair is the episodes one until the camera pair is trained
+    assert cfg.preset == "episodes" and cfg.frame_size == (224, 224)
+    for p in (cfg.edge_model, cfg.cloud_model, cfg.policy_file):
         assert Path(p).is_file(), f"{p} is what `make demo` runs with; it must ship in the repository"

@@ -25,8 +25,12 @@ def tiny_sets(tmp_path_factory):
 
 def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, tmp_path) -> None:
     out = tmp_path / "report"
+    policy = tmp_path / "policy.yaml"  # the camera example policy, downscaling the 160 px test frames to 96
+    text = (ROOT / "examples" / "policies" / "camera.yaml").read_text()
+    assert "downscaleWidth: 640" in text
+    policy.write_text(text.replace("downscaleWidth: 640", "downscaleWidth: 96"))
     rc = main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model),
-               "--policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(tiny_sets / "test"),
+               "--policy", str(policy), "--data", str(tiny_sets / "test"),
                "--train-data", str(tiny_sets / "train"), "--out", str(out), "--rates", "0.25,0.5", "--threads", "1"])
     assert rc == 0
     result = json.loads((out / "eval.json").read_text())
@@ -39,7 +43,22 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     assert result["baselines"]["cloud_only"]["f1_vs_cloud"] == pytest.approx(1.0)
     assert result["baselines"]["edge_only"]["uplink_saved"] == 1.0
     assert len(result["threshold_sweep"]) == 21 and result["learned"]["trained"]
-    assert "Policies at equal escalation rates" in (out / "eval.md").read_text()
+    md = (out / "eval.md").read_text()
+    assert "Policies at equal escalation rates" in md and "Payload modes" in md and "Produced by edgewise" in md
+    # every payload mode measured from real encodes; a downscaled frame costs fewer bytes than a whole one
+    pay = result["payloads"]
+    assert set(pay) == {"full", "downscaled", "regions", "low+regions"} and result["payload"] == "regions"
+    assert 0 < pay["downscaled"]["cloud_only"]["bytes_per_escalation"] < pay["full"]["cloud_only"]["bytes_per_escalation"]
+    assert pay["full"]["cloud_only"]["f1"] == result["baselines"]["cloud_only"]["f1"]
+    # intervals by resampling the 2 streams; our declared policy against each baseline
+    assert result["streams"] == 2 and result["ours"] == "learned"
+    for rows in result["at_rates"].values():
+        assert all(r["f1_ci"][0] <= r["f1_ci"][1] for r in rows)
+    assert set(result["differences"]) == {"random", "sedna_threshold", "sedna_ibt"}
+    assert all(set(d) == {"rate", "diff", "ci", "beats"} for rows in result["differences"].values() for d in rows)
+    prov = result["provenance"]
+    assert prov["models"]["edge"]["sha256"] and prov["data"]["test"]["split"] == "test"
+    assert prov["policy"]["path"].endswith("policy.yaml") and prov["cloud_input"] == "model"
     assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
     # the learned policy is written for deployment; a policy file can replay it
     assert result["learned"]["file"] == str(out / "gain-model.json")

@@ -62,9 +62,11 @@ def test_top_fraction_and_policies_at_rates(records) -> None:
     sedna = scoring.sedna_threshold_scores(records)
     assert sedna[2] == scoring.NEVER and sedna[1] == pytest.approx(0.6)
     combined = scoring.combined_scores(records, {"mean_conf": 1.0, "missed_object": 1.0})
-    res = hybrid.at_rates(records, {"sedna": [sedna], "combined": [combined]}, [0.5], nc=2)
+    res, counts = hybrid.at_rates(records, {"sedna": [sedna], "combined": [combined]}, [0.5], nc=2)
     assert res["combined"][0]["f1"] == 1.0
     assert res["sedna"][0]["f1"] < 1.0
+    # one stream: resampling it gives the same F1 every time
+    assert res["combined"][0]["f1_ci"] == [1.0, 1.0] and counts["combined"][0].tolist() == [[3, 0, 0]]
 
 
 def test_learned_predictor_learns_the_gain(records) -> None:
@@ -95,24 +97,65 @@ def test_target_verdict_hand_computed() -> None:
 
     base = {"edge_only": {"f1": 0.60}, "cloud_only": {"f1": 0.80}}
     rates = {"random": [{"rate": 0.1, "f1": 0.62}, {"rate": 0.15, "f1": 0.64}, {"rate": 0.3, "f1": 0.70}],
-             "combined": [{"rate": 0.1, "f1": 0.74}, {"rate": 0.15, "f1": 0.78}, {"rate": 0.3, "f1": 0.80}]}
-    t = judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97)
+             "combined": [{"rate": 0.1, "f1": 0.74}, {"rate": 0.15, "f1": 0.78, "uplink_saved": 0.93},
+                          {"rate": 0.3, "f1": 0.80}]}
+    t = judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", gap=0.7, uplink=0.9)
     # judged at 15% (the largest compared rate <= 15%): combined, 0.78 / 0.80 = 97.5%,
-    # closing (0.78 - 0.60) / (0.80 - 0.60) = 90% of the gap
-    assert t["compared_at_rate"] == 0.15 and t["best_policy"] == "combined"
-    assert t["best_f1_fraction"] == pytest.approx(0.975) and t["gap_closed"] == pytest.approx(0.9)
+    # closing (0.78 - 0.60) / (0.80 - 0.60) = 90% of the gap, saving 93% of the bytes
+    assert t["compared_at_rate"] == 0.15 and t["best_policy"] == "combined" and t["ours"] == "combined"
+    assert t["ours_f1_fraction"] == pytest.approx(0.975) and t["gap_closed"] == pytest.approx(0.9)
+    assert t["fraction_met"] and t["gap_met"] and t["uplink_met"] and t["margins_met"] is None
     assert t["met"] and t["cloud_better"]
     # ours (combined) against the one baseline given: 0.78 - 0.64 at 15%
     assert t["ours_minus_baselines"] == {"random": pytest.approx(0.14)} and t["ours_beat_baselines"]
+    assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", uplink=0.95)["met"]
+    # a real gap: edge-only 0.60 / 0.80 = 75% of cloud F1 (mAP too when given)
+    t = judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", edge_ratio=0.85)
+    assert t["edge_gap_met"] and t["edge_f1_ratio"] == pytest.approx(0.75) and t["met"]
+    assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", edge_ratio=0.7)["met"]
+    maps = {"edge_only": {"f1": 0.60, "map50": 0.5}, "cloud_only": {"f1": 0.80, "map50": 0.55}}
+    assert not judge_target(maps, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", edge_ratio=0.85)["edge_gap_met"]
+    assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", gap=0.95)["met"]
+    # the lead must be >= margin x cloud F1 and its interval above 0
+    lead = {"random": [{"beats": True}, {"beats": True}, {"beats": True}]}
+    t = judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, diffs=lead, ours="combined", margin=0.1)
+    assert t["margins_met"] and t["met"]  # 0.14 >= 0.1 x 0.8
+    assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, diffs=lead, ours="combined",
+                            margin=0.2)["margins_met"]  # 0.14 < 0.16
+    noise = {"random": [{"beats": False}] * 3}
+    t = judge_target(base, rates, [0.1, 0.15, 0.3], 0.15, 0.97, diffs=noise, ours="combined", margin=0.1)
+    assert not t["margins_met"] and not t["met"] and not t["ours_beat_baselines"]
     sedna = {"sedna_ibt": [{"rate": 0.1, "f1": 0.7}, {"rate": 0.15, "f1": 0.79}, {"rate": 0.3, "f1": 0.8}]}
-    t = judge_target(base, {**rates, **sedna}, [0.1, 0.15, 0.3], 0.15, 0.97)
-    assert t["best_policy"] == "sedna_ibt" and t["met"]  # the target's first half holds either way
+    t = judge_target(base, {**rates, **sedna}, [0.1, 0.15, 0.3], 0.15, 0.97, ours="combined", margin=0.0)
+    assert t["best_policy"] == "sedna_ibt" and t["fraction_met"]  # our policy keeps 97.5% either way
     assert t["ours_minus_baselines"]["sedna_ibt"] == pytest.approx(-0.01) and not t["ours_beat_baselines"]
+    assert not t["margins_met"] and not t["met"]
     assert not judge_target(base, rates, [0.1, 0.15, 0.3], 0.10, 0.97)["met"]  # 0.74 / 0.80 = 92.5%
     # a cloud model no better than the edge: never "met", however high the fraction
     worse = {"edge_only": {"f1": 0.60}, "cloud_only": {"f1": 0.55}}
     t = judge_target(worse, rates, [0.1, 0.15, 0.3], 0.15, 0.97)
     assert t["best_f1_fraction"] > 1.0 and not t["met"] and not t["cloud_better"] and t["gap_closed"] is None
+
+
+def test_bootstrap_resamples_streams_and_pairs_differences() -> None:
+    from edgewise_tools.evaluation import bootstrap
+
+    idx, n = bootstrap.stream_ids([5, 5, 9, 2, 9])
+    assert n == 3 and idx.tolist() == [1, 1, 2, 0, 2]
+    per = bootstrap.per_stream(np.array([[1, 0, 0], [1, 1, 0], [0, 0, 2], [3, 0, 0], [1, 0, 1]]), idx, n)
+    assert per.tolist() == [[3, 0, 0], [2, 1, 0], [1, 0, 3]]
+    w = bootstrap.weights(n, 2000, seed=1)
+    assert w.shape == (2000, 3) and (w.sum(1) == 3).all()
+    lo, hi = bootstrap.f1_interval(per, w)
+    assert lo < bootstrap.f1(per.sum(0)) < hi
+    # b is a in every stream but one frame worse on each: the paired lead never drops to 0
+    b = per + np.array([[0, 1, 0]] * 3)
+    d = bootstrap.difference(per, b, w)
+    assert d["diff"] > 0 and d["ci"][0] > 0 and d["beats"]
+    # a lead that one stream carries while another goes the other way is not a lead
+    c = per + np.array([[0, 3, 0], [0, -1, 0], [0, 0, 0]])
+    d = bootstrap.difference(per, c, w)
+    assert d["diff"] > 0 and d["ci"][0] < 0 < d["ci"][1] and not d["beats"]
 
 
 def test_oracle_ranks_by_true_gain_and_is_never_the_best_policy(records) -> None:
@@ -122,7 +165,7 @@ def test_oracle_ranks_by_true_gain_and_is_never_the_best_policy(records) -> None
     # 1 * (1 + 3) + 1 * 1 = 5; frame 2 (missed) dTP 1: 4; frames 0 and 3 gain nothing
     o = scoring.f1_gain(records)
     assert o.tolist() == [0.0, 5.0, 4.0, 0.0]
-    res = hybrid.at_rates(records, {"oracle": [o]}, [0.25, 0.5], nc=2)
+    res, _ = hybrid.at_rates(records, {"oracle": [o]}, [0.25, 0.5], nc=2)
     assert [row["f1"] for row in res["oracle"]] == pytest.approx([2 * 2 / (2 * 2 + 0 + 1), 1.0])
     base = {"edge_only": {"f1": 0.5}, "cloud_only": {"f1": 1.0}}
     rates = {"random": [{"rate": 0.5, "f1": 0.7}], "oracle": [{"rate": 0.5, "f1": 1.0}]}

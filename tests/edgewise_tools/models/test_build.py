@@ -52,6 +52,25 @@ def test_onnxruntime_matches_torch(tiny_model, batch):
     assert float(err.max()) < 1e-4, float(err.max())
 
 
+def test_dynamic_hw_export_runs_any_multiple_of_the_stride(native_model):
+    import onnxruntime as ort
+
+    from edgewise.runtime.metadata import load_model_info
+    from edgewise_tools.models.yolov5 import build_model
+
+    info = load_model_info(native_model)
+    assert info.dynamic_hw and info.imgsz == (160, 160) and info.metadata["input_size"] == "native"
+    sess = ort.InferenceSession(str(native_model), providers=["CPUExecutionProvider"])
+    model = build_model("yolov5n", nc=10, seed=0).eval()
+    for h, w in ((64, 64), (96, 224), (160, 160)):
+        x = np.random.default_rng(h).random((1, 3, h, w), dtype=np.float32)
+        (y,) = sess.run(None, {"images": x})
+        assert y.shape == (1, 3 * (h * w // 64 + h * w // 256 + h * w // 1024), 15)
+        with torch.no_grad():
+            ref = model(torch.from_numpy(x)).numpy()
+        assert float((np.abs(y - ref) / (np.abs(ref) + 1e-3)).max()) < 1e-4
+
+
 def test_build_static_batch_and_default_names(tmp_path):
     path = build_onnx("yolov5n", imgsz=64, nc=2, path=tmp_path / "m.onnx", dynamic_batch=False)
     proto = onnx.load(str(path))

@@ -1,0 +1,139 @@
+"""What the edge daemon settles before it starts: who it is, where it writes, what it runs on.
+
+* **Device id.** ``device_id`` when set; when empty, this Jetson's serial number
+  (``/proc/device-tree/serial-number``, written by the bootloader from the module's
+  EEPROM), else the host name. Devices flashed from one rootfs thus never share an id.
+* **State folders.** The folders of ``spool.path`` and ``sinks.jsonl`` exist (created when
+  missing) and this user can write them.
+* **Backend.** The inference backend ``model.backend`` names is installed.
+
+Each problem is one :class:`~edgewise.errors.EdgewiseError` line naming the setting or
+file and what to do (the CLI prints it without a traceback). Callers: ``edge.daemon`` at
+start, ``edgewise edge check-config``, ``edgewise edge provision``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import List, Optional, Tuple
+
+from edge.settings import EdgeSettings
+from edgewise import mqtt_topics
+from edgewise.errors import ConfigError, DeploymentError, InvalidInputError
+
+SERIAL_FILE = "/proc/device-tree/serial-number"
+#: host names that name no device in particular
+GENERIC_HOSTNAMES = frozenset({"", "localhost", "localhost.localdomain"})
+
+
+def read_serial(path: str = SERIAL_FILE) -> str:
+    """The Jetson serial number in ``path`` (NUL-terminated in the device tree)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(256)
+    except FileNotFoundError:
+        raise DeploymentError(f"{path} does not exist: not a Jetson, or /proc/device-tree is not "
+                              "visible here (containers: bind-mount it read-only); set device_id") from None
+    except OSError as exc:
+        raise DeploymentError(f"{path}: cannot be read ({exc.strerror}); set device_id") from None
+    serial = raw.split(b"\0", 1)[0].decode("ascii", "replace").strip()
+    if not serial:
+        raise DeploymentError(f"{path} is empty; set device_id")
+    return serial
+
+
+def default_device_id(serial_path: str = SERIAL_FILE, hostname: Optional[str] = None) -> Tuple[str, str]:
+    """``(id, where it came from)``: the serial number, else a host name that names a device."""
+    try:
+        return read_serial(serial_path), serial_path
+    except DeploymentError as exc:
+        why = str(exc)
+    host = socket.gethostname() if hostname is None else hostname
+    if host.split(".")[0] in GENERIC_HOSTNAMES:
+        raise ConfigError(f"device_id: not set, and neither the serial number ({why}) nor the host name "
+                          f"{host!r} identifies this device; set device_id in the daemon's settings")
+    return host, "host name"
+
+
+def resolve_device_id(s: EdgeSettings, serial_path: str = SERIAL_FILE, hostname: Optional[str] = None) -> str:
+    """Fill an empty ``s.device_id`` (see the module docstring) and return it."""
+    if s.device_id:
+        return s.device_id
+    dev, source = default_device_id(serial_path, hostname)
+    try:
+        mqtt_topics.check_segment(dev, "value")
+    except InvalidInputError as exc:
+        raise ConfigError(f"device_id: the default from the {source} cannot be used ({exc}); "
+                          "set device_id") from None
+    s.device_id = dev
+    return dev
+
+
+def state_files(s: EdgeSettings) -> List[Tuple[str, str]]:
+    """``(setting, path)`` of every file the daemon writes."""
+    out = [("spool.path", s.spool.path)]
+    if s.sinks.jsonl:
+        out.append(("sinks.jsonl", s.sinks.jsonl))
+    return out
+
+
+def check_writable(setting: str, path: str, create: bool = True) -> None:
+    """Fail unless this user can write ``path`` (creating its folder when missing; with
+    ``create=False`` only check that the nearest existing folder above it would allow it)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    err = "permission denied"
+    try:
+        if create:
+            os.makedirs(folder, exist_ok=True)
+        probe = folder
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+        if not os.path.isdir(probe):
+            ok, err = False, f"{probe} is not a folder"
+        else:
+            ok = os.access(probe, os.W_OK | os.X_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
+    except OSError as exc:
+        ok, err = False, exc.strerror or str(exc)
+    if not ok:
+        raise DeploymentError(
+            f"{setting} {path}: the folder {folder} cannot be written by uid {os.getuid()} ({err}); give "
+            "the daemon's user that folder (Jetson: systemd-tmpfiles makes /var/lib/edgewise edgewise's; "
+            "L4T container: chown the bind-mounted folder to uid 10001) or set " + setting)
+
+
+def check_state_dirs(s: EdgeSettings, create: bool = True) -> None:
+    for setting, path in state_files(s):
+        check_writable(setting, path, create)
+
+
+def check_backend(s: EdgeSettings) -> str:
+    """Which backend ``model.backend`` will run here; fails when it is not installed."""
+    from edgewise.runtime.backends.onnxruntime import import_onnxruntime
+    from edgewise.runtime.detector import tensorrt_unusable_reason
+
+    backend, why_not = s.model.backend, ""
+    if backend in ("tensorrt", "auto"):
+        why_not = tensorrt_unusable_reason()
+        if not why_not:
+            return "tensorrt"
+        if backend == "tensorrt":
+            from edgewise.runtime.backends.tensorrt import import_tensorrt
+
+            import_tensorrt()  # raises the install hint when the module is missing
+            raise DeploymentError(f"model.backend tensorrt: {why_not}")
+    try:
+        import_onnxruntime()
+    except DeploymentError as exc:
+        if backend == "auto":
+            raise DeploymentError(f"model.backend auto: TensorRT is not usable here ({why_not}) and {exc}") from None
+        raise
+    return "onnxruntime"
+
+
+def preflight(s: EdgeSettings, create: bool = True) -> List[str]:
+    """Device id, state folders (in that order); the lines to log about them."""
+    had_id = bool(s.device_id)
+    dev = resolve_device_id(s)
+    check_state_dirs(s, create)
+    return [f"device id {dev}" + ("" if had_id else " (default: serial number, else host name)")]

@@ -1,0 +1,210 @@
+"""``edgewise edge provision``: one device's identity and secrets, written into a root.
+
+``--root`` is ``Linux_for_Tegra/rootfs`` (with the bundle's overlay unpacked) before
+flashing one device, or ``/`` on a running device. Written there, each file atomically:
+
+| file | mode | owner | holds |
+|---|---|---|---|
+| ``etc/edgewise/edge.yaml`` | 0640 | root:edgewise | settings: device id, endpoints, certificate paths (no secret) |
+| ``etc/default/edgewise-edge`` | 0600 | root:root | ``EDGEWISE_EDGE__CLOUD__TOKEN=...``: systemd reads it as root (``EnvironmentFile=``) and hands it to the daemon only |
+| ``etc/edgewise/tls/ca.pem``, ``client.pem`` | 0644 | root:root | CA bundle, client certificate |
+| ``etc/edgewise/tls/client.key`` | 0640 | root:edgewise | client key, readable by the daemon's group |
+
+A rootfs has no ``edgewise`` group until first boot (systemd-sysusers makes it), so there
+the group-owned files are root's and the bundle's tmpfiles snippet hands them to the group
+at boot (``z`` lines); ``--group GID`` sets a numeric group instead (the L4T container's
+10001). The settings are validated before anything is written: a placeholder endpoint left
+in the template is refused, as the daemon would refuse it. Layout and reasons:
+``deploy/jetson/README.md``, "Provision devices".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from edge.settings import SCHEMA
+from edgewise.errors import ConfigError, InvalidInputError
+
+CONFIG = "etc/edgewise/edge.yaml"
+ENV_FILE = "etc/default/edgewise-edge"
+TLS_DIR = "etc/edgewise/tls"
+TOKEN_VAR = "EDGEWISE_EDGE__CLOUD__TOKEN"
+GROUP = "edgewise"
+#: what an EnvironmentFile= value may hold without quoting (systemd.exec(5))
+_TOKEN_RE = re.compile(r"[A-Za-z0-9._~+/=:-]+")
+
+
+def register(subparsers: Any) -> None:
+    """Add ``provision`` to the ``edge`` group."""
+    p = subparsers.add_parser(
+        "provision", help="write one device's config, token and client certificate into a root",
+        description="Write one device's settings, bearer token and TLS client certificate into a rootfs "
+                    "(Linux_for_Tegra/rootfs before flashing) or onto a running device (--root /).")
+    p.add_argument("--root", required=True, help="target root: Linux_for_Tegra/rootfs, or / on the device")
+    p.add_argument("--device-id", default=None,
+                   help="device id (default: keep the template's; empty: the Jetson's serial number)")
+    p.add_argument("--endpoint", action="append", default=[], metavar="HOST:PORT",
+                   help="gateway address (repeatable; replaces the template's endpoints)")
+    p.add_argument("--token-file", default=None, help="file holding the device's bearer token ('-': stdin)")
+    p.add_argument("--ca", default=None, help="PEM CA bundle of the gateway (enables TLS)")
+    p.add_argument("--cert", default=None, help="PEM client certificate (mutual TLS, with --key)")
+    p.add_argument("--key", default=None, help="PEM client key (mutual TLS, with --cert)")
+    p.add_argument("--template", default=None,
+                   help=f"settings to start from (default: ROOT/{CONFIG}, as the bundle installed it)")
+    p.add_argument("--set", dest="settings_set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="set any other setting (repeatable), e.g. streams.0.fps=10")
+    p.add_argument("--group", type=int, default=None,
+                   help="numeric group of the daemon's readable files (default: ROOT's edgewise group)")
+    p.set_defaults(func=_handler)
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        if path == "-":
+            return sys.stdin.buffer.read()
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidInputError(f"{what} {path}: cannot be read ({exc.strerror})") from None
+
+
+def read_token(path: str) -> str:
+    token = _read(path, "--token-file").decode("utf-8", "replace").strip()
+    if not token:
+        raise InvalidInputError(f"--token-file {path}: is empty")
+    if not _TOKEN_RE.fullmatch(token):
+        raise InvalidInputError(f"--token-file {path}: the token may hold only letters, digits and ._~+/=:- "
+                                "(one line, no spaces or quotes)")
+    return token
+
+
+def group_id(root: Path, name: str = GROUP) -> Optional[int]:
+    """The gid of ``name`` in ``root``'s ``/etc/group``, or None."""
+    try:
+        for line in (root / "etc/group").read_text().splitlines():
+            parts = line.split(":")
+            if len(parts) >= 3 and parts[0] == name and parts[2].isdigit():
+                return int(parts[2])
+    except OSError:
+        pass
+    return None
+
+
+def _set(tree: Dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.0.c`` in a YAML tree (list items by index, as ``--set`` addresses them)."""
+    node: Any = tree
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        node = node[int(p)] if isinstance(node, list) else node.setdefault(p, {})
+    if isinstance(node, list):
+        node[int(parts[-1])] = value
+    else:
+        node[parts[-1]] = value
+
+
+def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) -> Tuple[Dict[str, Any], Path]:
+    """The device's settings as a YAML tree, checked with the daemon's own loader."""
+    template = Path(args.template) if args.template else root / CONFIG
+    if not template.is_file():
+        raise InvalidInputError(f"{template}: no settings to start from; unpack the bundle's overlay into "
+                                "--root first (or install the .deb), or pass --template")
+    try:
+        tree = yaml.safe_load(template.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{template}: cannot be read as YAML: {exc}") from None
+    if args.device_id is not None:
+        tree["device_id"] = args.device_id
+    if args.endpoint:
+        _set(tree, "cloud.endpoints", list(args.endpoint))
+    if bool(args.cert) != bool(args.key):
+        raise InvalidInputError("--cert and --key go together (mutual TLS)")
+    for flag, name, key in (("ca", "ca.pem", "tls_ca"), ("cert", "client.pem", "tls_cert"),
+                            ("key", "client.key", "tls_key")):
+        if getattr(args, flag):
+            _set(tree, f"cloud.{key}", f"/{TLS_DIR}/{name}")
+    with tempfile.TemporaryDirectory() as tmp:  # the daemon's loader is the judge
+        probe = Path(tmp) / "edge.yaml"
+        probe.write_text(yaml.safe_dump(tree, sort_keys=False))
+        env = {TOKEN_VAR: token} if token else {}
+        try:
+            SCHEMA.load(str(probe), list(args.settings_set), env=env)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace(str(probe), f"{template} (+ provision flags)")) from None
+    for item in args.settings_set:  # --set items are the user's: keep them in the file too
+        key, _, value = item.partition("=")
+        _set(tree, key, yaml.safe_load(value) if value else "")
+    return tree, template
+
+
+def _write(path: Path, data: bytes, mode: int, gid: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        if os.geteuid() == 0:
+            os.chown(tmp, 0, gid)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _env_file(existing: Path, token: str) -> bytes:
+    """``existing``'s lines with the token line replaced."""
+    lines: List[str] = []
+    if existing.is_file():
+        lines = [ln for ln in existing.read_text().splitlines() if not ln.startswith(TOKEN_VAR + "=")]
+    if not lines:
+        lines = ["# Environment of edgewise-edge.service (root only: systemd reads it before dropping privileges)."]
+    lines.append(f"{TOKEN_VAR}={token}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def provision(args: argparse.Namespace) -> List[Tuple[Path, int, int]]:
+    """Write the files; returns ``(path, mode, gid)`` of each."""
+    root = Path(args.root)
+    if not root.is_dir():
+        raise InvalidInputError(f"--root {root}: not a directory")
+    token = read_token(args.token_file) if args.token_file else None
+    tree, template = settings_tree(args, root, token)
+    gid = args.group if args.group is not None else (group_id(root) or 0)
+    plan: List[Tuple[Path, bytes, int, int]] = []
+    for flag, name, mode in (("ca", "ca.pem", 0o644), ("cert", "client.pem", 0o644), ("key", "client.key", 0o640)):
+        src = getattr(args, flag)
+        if src:
+            data = _read(src, f"--{flag}")
+            if b"-----BEGIN " not in data:
+                raise InvalidInputError(f"--{flag} {src}: not a PEM file (no -----BEGIN line)")
+            plan.append((root / TLS_DIR / name, data, mode, gid if mode == 0o640 else 0))
+    head = (f"# Written by `edgewise edge provision` from {template}.\n"
+            "# Field reference: docs/settings/edge.md (`edgewise-edge edge run --describe-settings`).\n")
+    plan.append((root / CONFIG, (head + yaml.safe_dump(tree, sort_keys=False)).encode(), 0o640, gid))
+    if token:
+        plan.append((root / ENV_FILE, _env_file(root / ENV_FILE, token), 0o600, 0))
+    for path, data, mode, owner_gid in plan:
+        _write(path, data, mode, owner_gid)
+    return [(path, mode, owner_gid) for path, _, mode, owner_gid in plan]
+
+
+def _handler(args: argparse.Namespace) -> int:
+    written = provision(args)
+    for path, mode, gid in written:
+        later = " (root's until first boot: systemd-tmpfiles gives it to edgewise)" if mode == 0o640 and not gid else ""
+        print(f"wrote {path} (mode {mode:04o}, group {gid}){later}")
+    if os.geteuid() != 0:
+        print(f"note: not root: the files belong to uid {os.geteuid()}; run with sudo so they are root's")
+    if Path(args.root).resolve() == Path("/"):
+        print("next: sudo systemctl restart edgewise-edge")
+    else:
+        print("next: flash this rootfs (deploy/jetson/README.md); provision the next device's files the same way")
+    return 0

@@ -1,0 +1,163 @@
+"""Size-based rotation of the JSON Lines sink, for a device whose disk is a 16 GB eMMC.
+
+At 15 fps a stream writes about 1.1 GB of records a day (850 bytes each, without boxes),
+which fills a Xavier NX's eMMC in days. The sink closes its file when the next record would
+pass ``sinks.jsonl_max_bytes`` and renames it ``<path>.<UTC time>`` (``logrotate``'s
+``dateext`` form: existing rotated files are never renamed again, so a crash mid-rotation
+leaves nothing half-named), opens a new one, and keeps the ``sinks.jsonl_keep`` newest
+rotated files. With ``sinks.jsonl_compress`` a background thread gzips each rotated file
+(``<name>.gz``, written aside and renamed into place; records compress about 14x) and a
+rotated file left uncompressed by a crash is compressed at the next start. The disk
+budget per stream is in deploy/jetson/README.md ("Disk on small flash").
+
+:func:`history_lines` reads the newest records across the current and the rotated files,
+so the sink's late-record de-duplication (keys of late results already written) survives
+a rotation that happened just before a restart.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import logging
+import os
+import queue
+import re
+import shutil
+import struct
+import threading
+import time
+from typing import Iterator, List, Optional, Tuple
+
+log = logging.getLogger(__name__)
+
+_SUFFIX = re.compile(r"\.(\d{8}T\d{6}\.\d{6}Z)(?:-(\d+))?(\.gz)?$")
+
+
+def rotated_files(path: str) -> List[str]:
+    """The rotated files of ``path``, newest first."""
+    folder, base = os.path.split(os.path.abspath(path))
+    found = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith(base + "."):
+            m = _SUFFIX.match(name[len(base):])
+            if m:
+                found.append((m.group(1), int(m.group(2) or 0), os.path.join(folder, name)))
+    return [f for _, _, f in sorted(found, reverse=True)]
+
+
+def rotate(path: str, now: Optional[float] = None) -> str:
+    """Rename ``path`` to ``<path>.<UTC time to the microsecond>`` (``-N`` when that exists);
+    the new name. Microseconds keep names unique and in order even when files rotate faster
+    than once a second and older ones are pruned meanwhile (a freed name is never reused
+    for a newer file)."""
+    t = time.time() if now is None else now
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f".{int(t * 1e6) % 1000000:06d}Z"
+    dst, n = f"{path}.{stamp}", 0
+    while os.path.exists(dst) or os.path.exists(dst + ".gz"):
+        n += 1
+        dst = f"{path}.{stamp}-{n}"
+    os.replace(path, dst)
+    return dst
+
+
+def prune(path: str, keep: int) -> List[str]:
+    """Delete all but the ``keep`` newest rotated files; the deleted names."""
+    gone = []
+    for old in rotated_files(path)[keep:]:
+        try:
+            os.unlink(old)
+            gone.append(old)
+        except OSError as exc:
+            log.warning("cannot delete rotated file %s: %s", old, exc)
+    return gone
+
+
+def compress(src: str) -> str:
+    """gzip ``src`` into ``src.gz`` (via a temporary file) and delete ``src``."""
+    dst, tmp = src + ".gz", src + ".gz.tmp"
+    with open(src, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+    os.replace(tmp, dst)
+    os.unlink(src)
+    return dst
+
+
+def _open_sized(f: str) -> Tuple[io.BufferedIOBase, int]:
+    """``f`` opened for reading, with its uncompressed size (a gzip member's ISIZE trailer,
+    RFC 1952: the size modulo 2**32; rotated files are far smaller)."""
+    if f.endswith(".gz"):
+        with open(f, "rb") as raw:
+            raw.seek(-4, os.SEEK_END)
+            size: int = struct.unpack("<I", raw.read(4))[0]
+        return gzip.GzipFile(f, "rb"), size
+    fh = open(f, "rb")
+    return fh, os.fstat(fh.fileno()).st_size
+
+
+def history_lines(path: str, budget: int) -> Iterator[bytes]:
+    """Lines of the newest ``budget`` bytes (uncompressed) of ``path`` and its rotated files,
+    newest file first; a file cut by the budget starts at its next whole line. Streamed: a
+    start-up costs no more memory than a line, whatever ``budget`` is."""
+    for f in [path] + rotated_files(path):
+        if budget <= 0:
+            return
+        try:
+            fh, size = _open_sized(f)
+        except FileNotFoundError:  # no file yet, or pruned meanwhile
+            continue
+        except OSError as exc:
+            log.warning("cannot read %s for late keys: %s", f, exc)
+            continue
+        used = 0
+        try:
+            with fh:
+                if size > budget:
+                    fh.seek(size - budget)
+                    fh.readline()  # the rest of a line cut by the budget
+                for line in fh:
+                    used += len(line)
+                    yield line[:-1] if line.endswith(b"\n") else line
+        except (OSError, EOFError) as exc:  # a gzip cut short by a crash
+            log.warning("cannot read %s for late keys: %s", f, exc)
+        budget -= used
+
+
+class Compressor:
+    """One background thread that gzips rotated files, then prunes to ``keep``."""
+
+    def __init__(self, path: str, keep: int) -> None:
+        self.path = path
+        self.keep = keep
+        self.jobs: queue.Queue[Optional[str]] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="jsonl-gzip", daemon=True)
+        self.thread.start()
+        for f in rotated_files(path):  # left uncompressed by a crash
+            if not f.endswith(".gz"):
+                self.submit(f)
+
+    def submit(self, rotated: str) -> None:
+        self.jobs.put(rotated)
+
+    def _run(self) -> None:
+        while True:
+            src = self.jobs.get()
+            if src is None:
+                return
+            if not os.path.exists(src):  # pruned before its turn: older than the kept ones
+                continue
+            try:
+                compress(src)
+            except OSError as exc:  # disk full: the plain file stays, retried at the next start
+                log.warning("cannot gzip rotated file %s: %s", src, exc)
+                if os.path.exists(src + ".gz.tmp"):
+                    os.unlink(src + ".gz.tmp")
+            prune(self.path, self.keep)
+
+    def close(self, timeout: float = 20.0) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout)

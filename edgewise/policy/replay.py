@@ -1,0 +1,622 @@
+"""What-if replay: what a policy would have done on recorded traffic, and what it changes.
+
+``edgewise edge check-policy FILE --replay RECORDS...`` decides every recorded
+frame again with the policy's real decision core,
+:meth:`~edgewise.policy.deciding.Escalator.decide_facts` (the code the daemon
+runs), on the recorded inputs: the signals (recorded at the precision the daemon
+decided on), the facts of the edge boxes (``edge_classes``, ``edge_boxes``,
+``edge_max_score``) and the daemon's decision clock (``decided_s``). Each
+stream's frames go through in the daemon's decision order
+(:mod:`edgewise.policy.recorded`), and a daemon restart (a new ``frame_seq``
+epoch) resets the stream's budget as it did in the daemon. So replaying records
+with the policy that decided them reproduces every decision, budget and cooldown
+included (checked frame by frame whenever the records' ``policy_digest`` is the
+replayed policy's: :func:`edgewise.policy.digest.policy_digest`).
+
+Two *sides* are compared: the policy, and either another policy file or the
+decisions the records carry. For each, per stream and overall: frames, escalated
+frames and share, escalations per clock hour (p50/p95 over the hours), uplink
+bytes per day, suppressed candidates by limit, how often and how long the budget
+was saturated, and the hardest frames held back; plus how many decisions change
+in each direction.
+
+Uplink bytes: an escalation's recorded ``payload_bytes`` (the bytes of the image
+sent, ``edge.payloads.note_payload``) where the side sends what was recorded (the
+records' policy is known, by digest, and has the same ``payload`` section);
+otherwise the frame's pixels (or the area of its recorded crop or regions) times
+bytes per pixel at the side's ``jpegQuality``, from :data:`JPEG_BYTES_PER_PIXEL`,
+scaled to the recorded sizes when those are known to be at a known quality (the
+bytes per pixel are measured on the recorded escalations that sent frame pixels at
+full resolution: not on ``downscaled`` or ``low+regions`` payloads).
+
+What cannot be reproduced is said in ``notes``: records from another policy
+version, records without ``decided_s`` (older daemons: the budget runs on capture
+time) or without the edge facts, missing signals, capture time going backwards,
+records out of order beyond the reorder window, lines that are not records.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from edgewise.hardness.signals import SIGNAL_NAMES
+from edgewise.policy.deciding import Decision, Escalator, FrameFacts
+from edgewise.policy.digest import policy_digest
+from edgewise.policy.recorded import Reading, Record, frames
+from edgewise.policy.schema import Payload, Policy
+
+#: Suppressions that mean the budget was used up (cooldown is a separate limit).
+BUDGET_SUPPRESSORS = ("priority", "budget_fraction", "budget_rate")
+#: JPEG bytes per pixel by quality, measured with OpenCV on the frames of OpenCV's
+#: ``vtest.avi`` (768x576 pedestrian video); linear in between.
+JPEG_BYTES_PER_PIXEL: Tuple[Tuple[int, float], ...] = (
+    (1, 0.02), (10, 0.036), (30, 0.074), (50, 0.103), (60, 0.118), (70, 0.139), (75, 0.151),
+    (80, 0.171), (85, 0.2), (90, 0.247), (95, 0.341), (100, 0.663),
+)
+#: An hour bucket covering less than this many seconds is left out of the per-hour
+#: percentiles (a stream that started at 10:58) unless it is the only one.
+MIN_HOUR_COVERAGE_S = 360.0
+#: Mismatches listed when a replay does not reproduce the records.
+MAX_MISMATCHES = 20
+#: Payload modes that send part of the frame (its area is recorded as ``crop`` or ``regions``).
+PART_MODES = ("crops", "regions")
+#: Payload modes whose image is not the frame's pixels at full resolution: their recorded
+#: sizes do not calibrate the bytes per pixel.
+SCALED_MODES = ("downscaled", "low+regions")
+
+
+def jpeg_bytes_per_pixel(quality: int) -> float:
+    """Bytes per pixel of a JPEG at ``quality`` (:data:`JPEG_BYTES_PER_PIXEL`)."""
+    table = JPEG_BYTES_PER_PIXEL
+    q = min(max(quality, table[0][0]), table[-1][0])
+    for (q0, b0), (q1, b1) in zip(table, table[1:]):
+        if q <= q1:
+            return b0 + (b1 - b0) * (q - q0) / (q1 - q0)
+    return table[-1][1]  # pragma: no cover
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return float(s[max(0, min(len(s) - 1, int(math.ceil(p / 100.0 * len(s))) - 1))])
+
+
+class Figures:
+    """What one side did on one stream (or all of them)."""
+
+    __slots__ = ("frames", "escalated", "hours", "measured_bytes", "measured_pixels", "measured_unknown",
+                 "measured", "est_pixels", "est_unknown", "suppressed", "episodes", "sat_s", "sat_longest_s",
+                 "sat_start", "sat_last")
+
+    def __init__(self) -> None:
+        self.frames = 0
+        self.escalated = 0
+        self.hours: Dict[int, int] = {}  # clock hour (unix s // 3600) -> escalations
+        self.measured_bytes = 0          # recorded payload_bytes of escalations that have them
+        self.measured = 0
+        # the pixels this side would send (Side.pixels_of), of escalations with a recorded size
+        # and of those without; "unknown": frame pixels of which an unknown part is sent
+        self.measured_pixels = 0.0
+        self.measured_unknown = 0.0
+        self.est_pixels = 0.0
+        self.est_unknown = 0.0
+        self.suppressed: Dict[str, int] = {}
+        self.episodes = 0
+        self.sat_s = 0.0
+        self.sat_longest_s = 0.0
+        self.sat_start: Optional[float] = None
+        self.sat_last = 0.0
+
+    def close_saturation(self, end: float) -> None:
+        if self.sat_start is not None:
+            d = max(0.0, end - self.sat_start)
+            self.sat_s += d
+            self.sat_longest_s = max(self.sat_longest_s, d)
+            self.sat_start = None
+
+    def add(self, other: Figures) -> None:
+        """Sum ``other`` into this (for the overall figures)."""
+        for name in ("frames", "escalated", "measured_bytes", "measured_pixels", "measured_unknown", "measured",
+                     "est_pixels", "est_unknown", "episodes", "sat_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.sat_longest_s = max(self.sat_longest_s, other.sat_longest_s)
+        for hour, n in other.hours.items():
+            self.hours[hour] = self.hours.get(hour, 0) + n
+        for by, n in other.suppressed.items():
+            self.suppressed[by] = self.suppressed.get(by, 0) + n
+
+
+class Side:
+    """One column of the comparison: a policy replayed, or the recorded decisions."""
+
+    def __init__(self, label: str, policy: Optional[Policy], top: int) -> None:
+        self.label = label
+        self.policy = policy
+        self.digest = policy_digest(policy) if policy is not None else ""
+        self.escalator = Escalator(policy, clock=lambda: 0.0) if policy is not None else None
+        self.mode = policy.spec.payload.mode if policy is not None else ""
+        self.downscale_width = policy.spec.payload.downscale_width if policy is not None else 0
+        self.top = top
+        self.hardest: List[Tuple[float, int, str, int, str]] = []  # (hardness, capture ns, stream, seq, by)
+        self.checked = 0
+        self.agreed = 0
+        self.mismatches: List[Dict[str, Any]] = []
+
+    def pixels_of(self, pixels: float, width: int, part: Optional[float]) -> Tuple[float, float]:
+        """(full-resolution pixels this side sends for a frame of ``pixels`` whose recorded
+        part, when known, covers ``part``; frame pixels of which it sends a part of unknown
+        size). The recorded decisions send what was recorded."""
+        mode = self.mode
+        if not mode:
+            return (part if part is not None else pixels), 0.0
+        if mode in PART_MODES:
+            return (part, 0.0) if part is not None else (0.0, pixels)
+        if mode == "full":
+            return pixels, 0.0
+        low = pixels * min(1.0, self.downscale_width / width) ** 2 if width > 0 else pixels
+        if mode == "downscaled":
+            return low, 0.0
+        return (low + part, 0.0) if part is not None else (low, pixels)  # low+regions
+
+    def note_suppressed(self, hardness: float, cap_ns: int, sid: str, seq: int, by: str) -> None:
+        h = self.hardest
+        if len(h) < self.top:
+            heapq.heappush(h, (hardness, cap_ns, sid, seq, by))
+        elif self.top and hardness > h[0][0]:
+            heapq.heapreplace(h, (hardness, cap_ns, sid, seq, by))
+
+    def check(self, doc: Record, d: Decision, recorded: bool) -> None:
+        """This side's policy decided the recorded frame: the replay must agree with it."""
+        self.checked += 1
+        if d.escalate == recorded:
+            self.agreed += 1
+        elif len(self.mismatches) < MAX_MISMATCHES:
+            self.mismatches.append({
+                "stream": doc["stream"], "frame_seq": doc["frame_seq"], "recorded": recorded,
+                "recorded_reason": doc.get("reason"), "recorded_suppressed_by": doc.get("suppressed_by") or None,
+                "recorded_hardness": doc.get("hardness"), "replayed": d.escalate, "replayed_reason": d.reason,
+                "replayed_suppressed_by": d.suppressed_by, "replayed_hardness": round(d.hardness, 4)})
+
+
+class Stream:
+    """One stream's capture-time extent, daemon runs, oddities and figures per side."""
+
+    def end_s(self) -> float:
+        """The end of the capture span: the last frame plus one mean frame interval."""
+        n = self.figs[0].frames
+        return self.last_s + ((self.last_s - self.first_s) / (n - 1) if n > 1 else 0.0)
+
+    __slots__ = ("first_s", "last_s", "epoch", "runs", "backwards", "largest_back_s", "figs", "version", "run_frames")
+
+    def __init__(self, t: float, epoch: int, n_sides: int) -> None:
+        self.first_s = t
+        self.last_s = t
+        self.epoch = epoch
+        self.runs = 1
+        self.backwards = 0
+        self.largest_back_s = 0.0
+        self.figs = [Figures() for _ in range(n_sides)]
+        self.version: Tuple[Any, ...] = ()  # (policy, digest, generation) of the current frames
+        self.run_frames = 0                 # frames of that version so far
+
+
+@dataclass
+class Replay:
+    """The state of one replay (see :func:`replay`)."""
+
+    sides: List[Side]
+    reading: Reading = field(default_factory=Reading)
+    streams: Dict[str, Stream] = field(default_factory=dict)
+    versions: Dict[Tuple[str, str], Dict[str, Any]] = field(default_factory=dict)
+    changes: Dict[str, List[int]] = field(default_factory=dict)  # stream -> [newly, no longer]
+    no_clock: int = 0
+    no_facts: int = 0
+    bad_values: int = 0
+    missing_signals: Dict[str, int] = field(default_factory=dict)
+    cal_bytes: int = 0
+    cal_pixels: float = 0.0
+    crop_pixels: float = 0.0
+    crop_frames_pixels: float = 0.0
+    needed: Set[str] = field(default_factory=set)
+
+    def count_version(self, st: Stream) -> None:
+        """Add a stream's run of frames of one policy version to :attr:`versions`."""
+        if st.run_frames:
+            name, digest, epoch, gen = st.version
+            v = self.versions.get((name, digest))
+            if v is None:
+                v = self.versions[(name, digest)] = {"name": name, "digest": digest, "frames": 0,
+                                                     "generations": set()}
+            v["frames"] += st.run_frames
+            v["generations"].add(gen)
+        st.run_frames = 0
+
+    def restart(self, sid: str, st: Stream, epoch: int) -> None:
+        """The daemon restarted (a new frame_seq epoch): budgets start afresh, as they did."""
+        st.epoch = epoch
+        st.runs += 1
+        for side, fig in zip(self.sides, st.figs):
+            if side.escalator is not None:
+                side.escalator.forget(sid)
+            fig.close_saturation(fig.sat_last)
+
+
+def _facts_from_boxes(doc: Record) -> FrameFacts:
+    """Best effort for records of older daemons: the recorded boxes (the merged ones for frames
+    the cloud answered, hence only the edge's boxes where the record says which)."""
+    dets = [d for d in doc.get("detections") or () if isinstance(d, dict) and d.get("source", "edge") == "edge"]
+    scores = [float(d.get("score", 0.0)) for d in dets]
+    names = sorted({str(d.get("class_name")) for d in dets if d.get("class_name") is not None})
+    return FrameFacts(tuple(names), len(dets), max(scores) if scores else 0.0)
+
+
+def _needed(policy: Policy) -> Set[str]:
+    if policy.learned is not None:  # the signals the model was fitted on
+        return set(SIGNAL_NAMES).intersection(policy.learned.features)
+    return {k for k, w in policy.spec.signals.weights.items() if w > 0}
+
+
+def _crop_area(crop: Any) -> Optional[float]:
+    try:
+        return float(max(0, crop[2] - crop[0]) * max(0, crop[3] - crop[1]))
+    except (TypeError, IndexError, KeyError):
+        return None
+
+
+def _part_area(doc: Record) -> Optional[float]:
+    """The frame area an escalation sent at full resolution when it was part of the frame
+    (its ``crop``, or its ``regions`` together); None when the record names no part."""
+    if "crop" in doc:
+        return _crop_area(doc["crop"])
+    regions = doc.get("regions")
+    if regions.__class__ is not list:
+        return None
+    areas = [_crop_area(r) for r in regions]
+    return None if None in areas else sum(a for a in areas if a is not None)
+
+
+def _take(r: Replay, doc: Record) -> None:
+    """Decide one recorded frame on both sides and account for it (the replay's hot loop:
+    about 1.3 million calls for a day of one camera, so kept lean)."""
+    sid = doc["stream"]
+    seq = doc["frame_seq"]
+    cap_ns = doc.get("capture_unix_ns")
+    if cap_ns.__class__ is not int:
+        cap_ns = 0
+    t = cap_ns / 1e9
+    st = r.streams.get(sid)
+    if st is None:
+        st = r.streams[sid] = Stream(t, seq >> 32, 2)
+    else:
+        if seq >> 32 != st.epoch:
+            r.restart(sid, st, seq >> 32)
+        if t >= st.last_s:
+            st.last_s = t
+        else:
+            st.backwards += 1
+            st.largest_back_s = max(st.largest_back_s, st.last_s - t)
+            st.first_s = min(st.first_s, t)
+    now = doc.get("decided_s")
+    if now.__class__ is not float and now.__class__ is not int:
+        now = t
+        r.no_clock += 1
+    classes = doc.get("edge_classes")
+    if classes.__class__ is list:
+        facts = FrameFacts(tuple(classes), doc.get("edge_boxes", 0), doc.get("edge_max_score", 0.0))
+    else:
+        facts = _facts_from_boxes(doc)
+        r.no_facts += 1
+    signals = doc["signals"]
+    if not r.needed.issubset(signals):
+        for name in r.needed.difference(signals):
+            r.missing_signals[name] = r.missing_signals.get(name, 0) + 1
+    side0, side1 = r.sides
+    try:
+        d0 = side0.escalator.decide_facts(sid, seq, facts, signals, now)  # type: ignore[union-attr]
+        d1 = side1.escalator.decide_facts(sid, seq, facts, signals, now) if side1.escalator is not None else None
+    except (TypeError, ValueError):  # a signal or fact that is not a number
+        r.bad_values += 1
+        return
+    digest = doc.get("policy_digest", "")
+    version = (doc.get("policy", ""), digest, seq >> 32, doc.get("policy_generation", 0))
+    if version != st.version:
+        r.count_version(st)
+        st.version = version
+    st.run_frames += 1
+    recorded = doc.get("escalated") is True
+    esc0 = d0.escalate
+    esc1 = d1.escalate if d1 is not None else recorded
+    pixels = 0.0
+    width = 0
+    crop = None
+    pb = doc.get("payload_bytes")
+    if esc0 or esc1 or recorded:
+        width, height = doc.get("width", 0), doc.get("height", 0)
+        if width.__class__ is int and height.__class__ is int:
+            pixels = float(width * height)
+        else:
+            width = 0
+        crop = _part_area(doc)
+        mode = doc.get("payload")
+        if crop is None and mode in PART_MODES:
+            crop = pixels  # a part payload that found no part sent the whole frame
+        if pb.__class__ is not int:
+            pb = None
+        elif mode not in SCALED_MODES:  # full-resolution pixels: they calibrate
+            r.cal_bytes += pb
+            r.cal_pixels += crop if crop is not None else pixels
+        if crop is not None:
+            r.crop_pixels += crop
+            r.crop_frames_pixels += pixels
+    if digest == side0.digest:
+        side0.check(doc, d0, recorded)
+    fig0, fig1 = st.figs
+    _account(side0, fig0, esc0, d0.suppressed_by, d0.hardness, t, cap_ns, sid, seq, pb, crop, pixels, width)
+    if d1 is not None:
+        if digest == side1.digest:
+            side1.check(doc, d1, recorded)
+        _account(side1, fig1, esc1, d1.suppressed_by, d1.hardness, t, cap_ns, sid, seq, pb, crop, pixels, width)
+    else:
+        _account(side1, fig1, esc1, doc.get("suppressed_by") or None, doc.get("hardness", 0.0), t, cap_ns, sid,
+                 seq, pb, crop, pixels, width)
+    if esc0 != esc1:
+        ch = r.changes.get(sid)
+        if ch is None:
+            ch = r.changes[sid] = [0, 0]
+        ch[0 if esc0 else 1] += 1
+
+
+def _account(side: Side, fig: Figures, escalate: bool, by: Optional[str], hardness: float, t: float,
+             cap_ns: int, sid: str, seq: int, pb: Optional[int], crop: Optional[float], pixels: float,
+             width: int) -> None:
+    """Count one frame's decision on one side."""
+    fig.frames += 1
+    if escalate:
+        fig.escalated += 1
+        hour = int(t // 3600)
+        fig.hours[hour] = fig.hours.get(hour, 0) + 1
+        known, unknown = side.pixels_of(pixels, width, crop)
+        if pb is not None:
+            fig.measured += 1
+            fig.measured_bytes += pb
+            fig.measured_pixels += known
+            fig.measured_unknown += unknown
+        else:
+            fig.est_pixels += known
+            fig.est_unknown += unknown
+        if fig.sat_start is not None:
+            fig.close_saturation(t)
+    elif by:
+        fig.suppressed[by] = fig.suppressed.get(by, 0) + 1
+        side.note_suppressed(hardness, cap_ns, sid, seq, by)
+        if by in BUDGET_SUPPRESSORS:
+            if fig.sat_start is None:
+                fig.sat_start = t
+                fig.episodes += 1
+            fig.sat_last = t
+
+
+def replay(paths: Sequence[str], policy: Policy, against: Optional[Policy] = None, top: int = 10,
+           label: str = "", against_label: str = "") -> Dict[str, Any]:
+    """Replay ``policy`` (and ``against``, or else the recorded decisions) over the records in
+    ``paths``; the JSON-ready report (see module doc; rendered by :mod:`edgewise.policy.whatif`).
+    The labels name the sides in the report (default: the policy files)."""
+    sides = [Side(label or policy.source or policy.metadata.name, policy, top),
+             Side(against_label or against.source or against.metadata.name, against, top)
+             if against is not None else Side("recorded decisions", None, top)]
+    r = Replay(sides)
+    for side in sides:
+        if side.policy is not None:
+            r.needed |= _needed(side.policy)
+    t0, c0 = time.perf_counter(), time.process_time()
+    collecting = gc.isenabled()
+    gc.disable()  # millions of short-lived dicts, no cycles: the collector would cost a third of the time
+    try:
+        for doc in frames(paths, r.reading):
+            _take(r, doc)
+    finally:
+        if collecting:
+            gc.enable()
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    for st in r.streams.values():
+        r.count_version(st)
+        for fig in st.figs:
+            fig.close_saturation(fig.sat_last)
+    return _report(r, elapsed, cpu)
+
+
+# --------------------------------------------------------------------------- the report
+
+def _recorded_payload(r: Replay) -> Optional[Payload]:
+    """The payload section of the policy that decided the records, when one of ours is it."""
+    digests = {d for (_, d) in r.versions}
+    if len(digests) != 1:
+        return None
+    for side in r.sides:
+        if side.policy is not None and side.digest in digests:
+            return side.policy.spec.payload
+    return None
+
+
+def _uplink(r: Replay, side: Side, fig: Figures, rec_payload: Optional[Payload]) -> Tuple[float, str]:
+    """(bytes, how they were counted) of a side's escalations in ``fig``."""
+    cal = r.cal_bytes / r.cal_pixels if r.cal_pixels > 0 else None
+    crop_frac = r.crop_pixels / r.crop_frames_pixels if r.crop_frames_pixels > 0 else 1.0
+    payload = side.policy.spec.payload if side.policy is not None else rec_payload
+    same = side.policy is None or (rec_payload is not None and payload == rec_payload)
+    quality = payload.jpeg_quality if payload is not None else Payload().jpeg_quality
+    if same and cal is not None:
+        bpp, how = cal, f"{cal:.3f} B/px measured on the recorded escalations"
+    elif cal is not None and rec_payload is not None:
+        bpp = cal * jpeg_bytes_per_pixel(quality) / jpeg_bytes_per_pixel(rec_payload.jpeg_quality)
+        how = f"{bpp:.3f} B/px: the recorded sizes scaled from jpegQuality {rec_payload.jpeg_quality} to {quality}"
+    elif cal is not None:
+        bpp = cal
+        how = (f"{cal:.3f} B/px measured on the recorded escalations, taken to be at jpegQuality {quality} "
+               "(--against the policy that recorded them makes this exact)")
+    else:
+        bpp = jpeg_bytes_per_pixel(quality)
+        how = f"{bpp:.3f} B/px, the rule of thumb for jpegQuality {quality}"
+    est = fig.est_pixels + fig.est_unknown * crop_frac
+    if same:
+        return fig.measured_bytes + est * bpp, f"{fig.measured} recorded sizes, the rest at {how}"
+    return (fig.measured_pixels + fig.measured_unknown * crop_frac + est) * bpp, f"estimated at {how}"
+
+
+def _per_hour(hours: Dict[int, int], first_s: float, last_s: float) -> List[float]:
+    """Escalations per hour in each clock hour the span covers enough of."""
+    if last_s < first_s:
+        return []
+    out = []
+    for h in range(int(first_s // 3600), int(last_s // 3600) + 1):
+        cover = min(last_s, (h + 1) * 3600.0) - max(first_s, h * 3600.0)
+        out.append((hours.get(h, 0), cover))
+    keep = [(n, c) for n, c in out if c >= MIN_HOUR_COVERAGE_S] or out
+    return [n * 3600.0 / max(c, 1.0) for n, c in keep]
+
+
+def _figures_doc(r: Replay, side: Side, fig: Figures, first_s: float, last_s: float,
+                 rec_payload: Optional[Payload], stream_seconds: Optional[float] = None) -> Dict[str, Any]:
+    """One side's figures on one stream, or overall; ``stream_seconds`` (overall) is the sum of
+    the streams' spans, which the summed saturation time is a share of."""
+    span = max(0.0, last_s - first_s)
+    sat_span = span if stream_seconds is None else stream_seconds
+    per_hour = _per_hour(fig.hours, first_s, last_s)
+    uplink, basis = _uplink(r, side, fig, rec_payload)
+    return {
+        "frames": fig.frames,
+        "escalated": fig.escalated,
+        "share": fig.escalated / fig.frames if fig.frames else 0.0,
+        "per_hour_p50": round(percentile(per_hour, 50), 1),
+        "per_hour_p95": round(percentile(per_hour, 95), 1),
+        "hours": len(per_hour),
+        "uplink_bytes": int(round(uplink)),
+        "uplink_bytes_per_day": int(round(uplink * 86400.0 / span)) if span > 0 else None,
+        "uplink_basis": basis,
+        "suppressed": dict(sorted(fig.suppressed.items())),
+        "budget_saturated": {
+            "episodes": fig.episodes,
+            "seconds": round(fig.sat_s, 1),
+            "share_of_time": round(fig.sat_s / sat_span, 4) if sat_span > 0 else 0.0,
+            "longest_seconds": round(fig.sat_longest_s, 1),
+        },
+    }
+
+
+def _notes(r: Replay) -> List[str]:
+    rd = r.reading
+    notes = []
+    span = max((s.end_s() for s in r.streams.values()), default=0.0) - min(
+        (s.first_s for s in r.streams.values()), default=0.0)
+    if r.streams and span < 3600:
+        notes.append(f"the records cover {span:.0f} s of capture time: per-hour and per-day figures are "
+                     "extrapolated from it")
+    if rd.not_json:
+        notes.append(f"{rd.not_json} line(s) are not JSON objects (a line torn by a crash?): skipped")
+    if rd.not_records:
+        notes.append(f"{rd.not_records} JSON line(s) lack stream, frame_seq or signals: not frame records, skipped")
+    if rd.late:
+        notes.append(f"{rd.late} late record(s) (a spooled frame's cloud answer) skipped: "
+                     "the frame's decision is in its first record")
+    if rd.duplicates:
+        notes.append(f"{rd.duplicates} duplicate record(s) (the same stream and frame_seq twice: "
+                     "a file given twice?) skipped")
+    if rd.beyond_window:
+        notes.append(f"{rd.beyond_window} record(s) arrived more than the reorder window of frames after "
+                     "later frames of their stream and were decided where they arrived; budget effects "
+                     "around them may differ from the daemon's")
+    for path in rd.empty_files:
+        notes.append(f"{path}: no records")
+    notes.extend(rd.cut_short)
+    if r.no_clock:
+        notes.append(f"{r.no_clock} record(s) lack decided_s (written by an older daemon): their budget and "
+                     "cooldown run on capture time, so decisions at the limits may differ from the daemon's")
+    if r.no_facts:
+        notes.append(f"{r.no_facts} record(s) lack edge_classes (written by an older daemon): class thresholds "
+                     "and learned features read the recorded boxes instead, which for frames the cloud "
+                     "answered are the merged boxes")
+    for name, n in sorted(r.missing_signals.items()):
+        notes.append(f"{n} record(s) lack signal {name} (recorded by a daemon without it): counted as 0")
+    if r.bad_values:
+        notes.append(f"{r.bad_values} record(s) have signals or edge facts that are not numbers: skipped")
+    for sid, st in sorted(r.streams.items()):
+        if st.backwards:
+            notes.append(f"stream {sid}: capture time goes backwards {st.backwards} time(s) (at most "
+                         f"{st.largest_back_s:.1f} s; a clock step?): frames are replayed in the daemon's "
+                         "order, hours and spans read the capture times as recorded")
+    versions = sorted(r.versions.values(), key=lambda v: -v["frames"])
+    if versions and not any(v["digest"] for v in versions):
+        notes.append("the records do not carry policy_digest (written by an older daemon): whether a policy "
+                     "decided them cannot be checked, so nothing is checked for reproduction")
+    for side in r.sides:
+        if side.policy is None or not side.checked:
+            continue
+        others = sum(v["frames"] for v in versions if v["digest"] != side.digest)
+        if others:
+            notes.append(f"{others} of the frames were decided by another policy version than {side.label}: "
+                         "those are a what-if, the others are checked for reproduction")
+    if len(versions) > 1 and any(s.checked for s in r.sides):
+        notes.append("the records span a policy change: after a reload the daemon's budget state came from "
+                     "the other version's decisions, so frames right after it may not reproduce")
+    return notes
+
+
+def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
+    rec_payload = _recorded_payload(r)
+    frames_n = sum(st.figs[0].frames for st in r.streams.values())
+    first = min((s.first_s for s in r.streams.values()), default=0.0)
+    last = max((s.end_s() for s in r.streams.values()), default=0.0)
+    sides = []
+    for i, side in enumerate(r.sides):
+        total = Figures()
+        streams = {}
+        for sid in sorted(r.streams):
+            st = r.streams[sid]
+            total.add(st.figs[i])
+            streams[sid] = _figures_doc(r, side, st.figs[i], st.first_s, st.end_s(), rec_payload)
+        doc: Dict[str, Any] = {
+            "label": side.label,
+            "policy": None if side.policy is None else {
+                "name": side.policy.metadata.name, "source": side.policy.source, "digest": side.digest},
+            "overall": _figures_doc(r, side, total, first, last, rec_payload,
+                                    sum(max(0.0, st.end_s() - st.first_s) for st in r.streams.values())),
+            "streams": streams,
+            "hardest_suppressed": [
+                {"hardness": round(h, 4), "stream": sid, "frame_seq": seq, "capture_unix_ns": ns, "suppressed_by": by}
+                for h, ns, sid, seq, by in sorted(side.hardest, key=lambda x: (-x[0], x[1]))],
+        }
+        if side.policy is not None and side.checked:
+            doc["reproduction"] = {"checked": side.checked, "agreed": side.agreed,
+                                   "share": side.agreed / side.checked, "mismatches": side.mismatches}
+        sides.append(doc)
+    newly = sum(c[0] for c in r.changes.values())
+    no_longer = sum(c[1] for c in r.changes.values())
+    rd = r.reading
+    return {
+        "records": {
+            "files": rd.files, "lines": rd.lines, "frames": frames_n, "streams": len(r.streams),
+            "capture_start_unix_s": round(first, 3), "capture_end_unix_s": round(last, 3),
+            "hours": round(max(0.0, last - first) / 3600.0, 3),
+            "daemon_runs": {sid: s.runs for sid, s in sorted(r.streams.items())},
+            "policies": [{"name": v["name"], "digest": v["digest"], "frames": v["frames"],
+                          "generations": sorted(v["generations"])}
+                         for v in sorted(r.versions.values(), key=lambda v: -v["frames"])],
+            "seconds": round(elapsed, 3),
+            "cpu_seconds": round(cpu, 3),  # below "seconds" when other processes share the CPUs
+            "records_per_second": round(rd.lines / elapsed) if elapsed > 0 else None,
+        },
+        "sides": sides,
+        "changes": {
+            "newly_escalated": newly, "no_longer_escalated": no_longer,
+            "streams": {sid: {"newly_escalated": c[0], "no_longer_escalated": c[1]}
+                        for sid, c in sorted(r.changes.items())},
+        },
+        "notes": _notes(r),
+    }

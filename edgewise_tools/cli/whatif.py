@@ -1,0 +1,154 @@
+"""``edgewise edge check-policy --data DIR``: a policy's accuracy on labelled frames.
+
+The edge command (``edge.cli``) ships on the Jetson, where the evaluation tools do
+not, and must not import them (tests/test_layers.py). So this module, registered in
+the ``edge`` group after ``edge.cli`` (``edgewise.cli.COMMAND_MODULES``), *extends*
+the ``check-policy`` parser it finds there: it adds ``--data`` and the model options
+and sets ``args.accuracy`` to :func:`accuracy`, which ``edge.cli`` calls. Without the
+tools installed, ``check-policy`` simply has no ``--data``.
+
+:func:`accuracy` is ``edgewise eval``'s machinery, not a second implementation: both
+models run once over the dataset (``evaluation.frames.collect``; the outputs are
+cached, keyed by the models' and the dataset's bytes, the JPEG quality and the motion
+detector's settings, so trying another threshold does not run them again), each
+policy's signals are computed again under its own parameters
+(``evaluation.frames.set_signals``; the motion signals, which need the pixels, come
+from a collection with that policy's motion settings), each policy is replayed on the
+stream timeline with its budget (``evaluation.hybrid.run_policy``, the real Escalator)
+and scored against the ground truth (``evaluation.hybrid.evaluate``, whole-frame
+payloads): F1, precision, recall, mAP@0.5 and the escalated share, next to edge-only
+and cloud-only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from edgewise.errors import ConfigError
+from edgewise.policy.schema import Policy
+
+log = logging.getLogger(__name__)
+
+#: Bump when what the cache holds changes shape.
+CACHE_VERSION = 2
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the accuracy options to ``edge check-policy`` (when ``edge.cli`` registered it)."""
+    chk = subparsers.choices.get("check-policy")
+    if chk is None:
+        return
+    g = chk.add_argument_group("accuracy on labelled frames (edgewise eval's machinery)")
+    g.add_argument("--data", metavar="DIR", help="labelled frames: `edgewise synth` output or a folder in that format")
+    g.add_argument("--edge", metavar="MODEL", help="edge model ONNX (required with --data)")
+    g.add_argument("--cloud", metavar="MODEL", help="cloud model ONNX (required with --data)")
+    g.add_argument("--fps", type=float, default=10.0, help="frame rate of the streams, for the budget (default 10)")
+    g.add_argument("--limit", type=int, default=None, help="use only the first N frames")
+    g.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model")
+    g.add_argument("--cache", metavar="DIR", default=None,
+                   help="where the models' outputs are cached (default $XDG_CACHE_HOME/edgewise/check-policy)")
+    chk.set_defaults(accuracy=accuracy)
+
+
+def _cache_dir(arg: Optional[str]) -> Path:
+    if arg:
+        return Path(arg)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edgewise" / "check-policy"
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _cache_key(data: Path, edge: Path, cloud: Path, policy: Policy, limit: Optional[int]) -> str:
+    """What the collected frames depend on: the models, the data, the limit, and of the
+    policy only the JPEG quality and the motion detector's settings."""
+    h = hashlib.sha256(f"{CACHE_VERSION}|{_file_digest(edge)}|{_file_digest(cloud)}|{limit}|"
+                       f"{policy.spec.payload.jpeg_quality}|{policy.spec.signals.motion.config()!r}".encode())
+    for p in sorted(data.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.relative_to(data)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:24]
+
+
+def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
+    """(frames with both models' outputs, number of classes): from the cache or by running the models."""
+    from edgewise.runtime import Detector
+    from edgewise_tools.evaluation.frames import collect
+
+    data, edge, cloud = Path(args.data), Path(args.edge), Path(args.cloud)
+    cache = _cache_dir(args.cache) / f"{_cache_key(data, edge, cloud, policy, args.limit)}.pkl"
+    try:
+        with open(cache, "rb") as f:
+            doc = pickle.load(f)
+        if isinstance(doc, dict) and doc.get("version") == CACHE_VERSION:
+            log.info("models' outputs on %s read from %s", data, cache)
+            return doc["records"], doc["classes"]
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        pass
+    det_edge = Detector.from_file(edge, threads=args.threads, source="edge")
+    det_cloud = Detector.from_file(cloud, threads=args.threads, source="cloud", input_size="auto")  # as eval's
+    records = collect(data, det_edge, det_cloud, policy, ("full",), args.limit)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump({"version": CACHE_VERSION, "records": records, "classes": len(det_edge.names)}, f)
+        tmp.replace(cache)
+    except OSError as exc:
+        log.warning("cannot cache the models' outputs in %s: %s", cache.parent, exc)
+    return records, len(det_edge.names)
+
+
+def accuracy(args: argparse.Namespace, policy: Policy, other: Optional[Policy]) -> Tuple[Dict[str, Any], str]:
+    """The accuracy section of ``check-policy``: (JSON document, text table)."""
+    import numpy as np
+
+    from edgewise_tools.evaluation import hybrid
+    from edgewise_tools.evaluation.frames import set_signals
+
+    for flag, value in (("--edge", args.edge), ("--cloud", args.cloud)):
+        if not value:
+            raise ConfigError(f"--data needs {flag} MODEL (the models whose outputs are scored)")
+        if not Path(value).is_file():
+            raise ConfigError(f"{flag} {value}: file not found")
+    if args.fps <= 0:
+        raise ConfigError(f"--fps {args.fps:g}: must be > 0")
+    records, nc = _collect(args, policy)
+    collected = {policy.spec.signals.motion.config(): records}
+    n = len(records)
+    merge = policy.spec.merge
+    rows: List[Dict[str, Any]] = [
+        dict(hybrid.evaluate(records, np.zeros(n, bool), nc, merge.strategy, merge.iou), label="edge only")]
+    for label, p in ((args.file, policy), (args.against, other)):
+        if p is None:
+            continue
+        motion = p.spec.signals.motion.config()
+        if motion not in collected:  # its motion signals need the pixels again
+            collected[motion] = _collect(args, p)[0]
+        mine = collected[motion]
+        set_signals(mine, p)  # the policy's band and signal parameters
+        mask = hybrid.run_policy(mine, p, args.fps)
+        rows.append(dict(hybrid.evaluate(mine, mask, nc, p.spec.merge.strategy, p.spec.merge.iou), label=label))
+    rows.append(dict(hybrid.evaluate(records, np.ones(n, bool), nc, merge.strategy, merge.iou), label="cloud only"))
+    doc = {"data": str(args.data), "frames": n, "edge_model": str(args.edge), "cloud_model": str(args.cloud),
+           "fps": args.fps, "rows": rows}
+    width = max(14, *(len(r["label"]) + 2 for r in rows))
+    lines = [f"Accuracy on {args.data} ({n} labelled frames; budget on a {args.fps:g} fps timeline):",
+             f"  {'':<{width}}{'F1':>7}{'precision':>11}{'recall':>8}{'mAP@0.5':>9}{'escalated':>11}{'uplink':>12}"]
+    for r in rows:
+        lines.append(f"  {r['label']:<{width}}{r['f1']:>7.3f}{r['precision']:>11.3f}{r['recall']:>8.3f}"
+                     f"{r['map50']:>9.3f}{r['escalated']:>11.1%}{r['uplink_bytes'] / 1e6:>9.2f} MB")
+    return doc, "\n".join(lines)

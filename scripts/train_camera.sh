@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Train the camera reference pair (models/MODEL_CARD.md, "Next: the camera pair"): a world where the
+# cloud sees what the edge cannot (docs/design/escalation.md#the-camera-world).
+#   0. the previous pair (episodes world) is kept under $MODELS/episodes/ (copied once, with
+#      its metrics and evaluations) and both new models start from it (--init FILE.onnx:
+#      fused Conv+BN weights unfused on training images, edgewise_tools.train.onnxinit)
+#   1. data: splits of the `camera` preset at 1280x720 (fixed seeds; the test and policy splits
+#      use held-out handwriting/backgrounds and seeds no other split uses), native-scale 320x320
+#      crops of the training and validation frames for the cloud model, and the episodes test
+#      split of scripts/train_reference.sh (the previous headline, for continuity)
+#   2. edge: yolov5n on whole frames letterboxed to 320 (a 4x downscale: far digits of 16-28 px
+#      become 4-7 px), fine-tuned from $MODELS/episodes/edge.onnx
+#   3. cloud: yolov5s on the native-scale crops (far digits keep their 16-28 px), fine-tuned
+#      from $MODELS/episodes/cloud.onnx; at run time it sees whole frames or regions natively
+#   4. package: edge exported at 192x320 (the frame's aspect) + INT8, cloud with a symbolic
+#      height/width, all scored on the camera test split (recall by object size) and the
+#      episodes test split -> $MODELS/metrics.json (python -m edgewise_tools.train.camera)
+# The two detectors train one after the other, each on both cores (THREADS=2): nothing else
+# heavy should run on the machine meanwhile. Expected wall clock on 2 cores: data ~25 min,
+# edge EDGE_BUDGET (3600 s), cloud CLOUD_BUDGET (9000 s), packaging ~40 min.
+# Usage: scripts/train_camera.sh [RUN_DIR]   (default runs/camera)
+#   A stage whose output exists is skipped, so an interrupted run resumes.
+#   env EDGE_BUDGET / CLOUD_BUDGET: wall-clock seconds per detector (0 = no limit: EPOCHS
+#   epochs of EPOCH_SIZE images), EPOCHS, EPOCH_SIZE, THREADS, DEVICE (cpu | cuda | auto),
+#   MODELS (where the pair goes, default models), EDGE_INIT / CLOUD_INIT (ONNX to start from),
+#   SCALE (divides every split's stream count: a smoke test uses SCALE=40), PY.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=${1:-runs/camera}
+PY=${PY:-.venv/bin/python}
+MODELS=${MODELS:-models}
+EDGE_BUDGET=${EDGE_BUDGET:-3600}
+CLOUD_BUDGET=${CLOUD_BUDGET:-9000}
+EPOCHS=${EPOCHS:-500}
+EPOCH_SIZE=${EPOCH_SIZE:-2000}
+THREADS=${THREADS:-2}
+DEVICE=${DEVICE:-cpu}
+SCALE=${SCALE:-1}
+export OMP_WAIT_POLICY=PASSIVE
+mkdir -p "$RUN"
+
+# 0. keep the previous pair, once
+if [ ! -f "$MODELS/episodes/edge.onnx" ]; then
+    mkdir -p "$MODELS/episodes"
+    for f in edge.onnx edge-int8.onnx cloud.onnx metrics.json; do cp -p "$MODELS/$f" "$MODELS/episodes/$f"; done
+    for d in eval eval-reference; do [ -d "$MODELS/$d" ] && cp -rp "$MODELS/$d" "$MODELS/episodes/$d"; done
+fi
+EDGE_INIT=${EDGE_INIT:-$MODELS/episodes/edge.onnx}
+CLOUD_INIT=${CLOUD_INIT:-$MODELS/episodes/cloud.onnx}
+
+# 1. data
+gen() {  # SPLIT_DIR SPLIT SEED STREAMS FRAMES STRIDE PRESET [extra args]
+    local streams=$(( ($4 + SCALE - 1) / SCALE ))
+    [ -f "$RUN/data/$1/dataset.json" ] || "$PY" -m edgewise.cli synth --out "$RUN/data/$1" --split "$2" \
+        --seed "$3" --streams "$streams" --frames "$5" --stride "$6" --difficulty "$7" "${@:8}" \
+        > "$RUN/gen-$1.log" 2>&1
+}
+crops() {  # OUT FROM PER_FRAME
+    [ -f "$RUN/data/$1/dataset.json" ] || "$PY" -m edgewise_tools.train.crops --data "$RUN/data/$2" \
+        --out "$RUN/data/$1" --size 320 --per-frame "$3" --seed 0 > "$RUN/gen-$1.log" 2>&1
+}
+gen cam-train train 21 200 20 3 camera            # 4000 frames for both detectors
+gen cam-val val 22 20 15 2 camera                 # 300 frames: best epoch, INT8 agreement
+gen cam-test test 23 30 30 1 camera               # 900 frames: the headline (eval, model card)
+gen cam-policy val 24 40 30 1 camera              # 1200 frames: fits the learned policy only
+gen tune-test test 13 24 50 1 episodes --imgsz 224  # the previous headline (continuity)
+crops cam-train-crops cam-train 2                 # 8000 native-scale crops for the cloud
+crops cam-val-crops cam-val 1
+
+# 2./3. detectors, one after the other on all cores
+detector() {  # OUT ARCH TRAIN VAL BUDGET INIT
+    [ -f "$RUN/$1/summary.json" ] || nice -n 5 "$PY" -m edgewise_tools.train --data "$RUN/data/$3" \
+        --val "$RUN/data/$4" --val-limit 300 --batch 8 --nbs 8 --optimizer AdamW --lr0 0.0005 \
+        --warmup-epochs 0.05 --epochs "$EPOCHS" --epoch-size "$EPOCH_SIZE" --seed 0 --device "$DEVICE" \
+        --arch "$2" --imgsz 320 --threads "$THREADS" --time-budget "$5" --init "$6" --out "$RUN/$1" \
+        > "$RUN/$1.log" 2>&1
+}
+detector edge yolov5n cam-train cam-val "$EDGE_BUDGET" "$EDGE_INIT"
+detector cloud yolov5s cam-train-crops cam-val-crops "$CLOUD_BUDGET" "$CLOUD_INIT"
+
+# 4. package and score
+"$PY" -m edgewise_tools.train.camera --run "$RUN" --models "$MODELS" | tee "$RUN/package.md"

@@ -1,0 +1,96 @@
+"""``edgewise edge engine`` / ``edge model-info``: the device's model commands (no edgewise_tools).
+
+The engine command must build exactly the engine the daemon then loads: driven here through
+the recording TensorRT stand-in (``tests/edgewise/runtime/fake_tensorrt.py``), the daemon's
+own ``Detector.from_file`` afterwards must hit the cache, not build again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgewise.cli import main
+from edgewise.runtime import detector as D
+from edgewise.runtime.backends import tensorrt as trtb
+from tests.edge.helpers import settings_yaml
+
+
+def _config(tmp_path: Path, model: Path, backend: str, max_batch: int = 2) -> Path:
+    return settings_yaml(tmp_path / "edge.yaml", device_id="d", streams=[{"id": "s", "kind": "synthetic"}],
+                         model={"path": str(model), "backend": backend, "max_batch": max_batch},
+                         spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})
+
+
+@pytest.fixture
+def fake_trt(monkeypatch, tmp_path: Path):
+    import onnxruntime as ort
+
+    from tests.edgewise.runtime import fake_tensorrt
+    from tests.edgewise.runtime.graphs import fake_yolo
+
+    model = fake_yolo(tmp_path / "m.onnx", nc=2)
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    cuda = fake_tensorrt.HostCuda()
+
+    def model_fn(in_ptr, out_ptr, shape):
+        x = cuda.mem[in_ptr][: int(np.prod(shape)) * 4].view(np.float32).reshape(shape)
+        y = sess.run(None, {"images": x})[0]
+        cuda.mem[out_ptr][: y.nbytes] = np.frombuffer(y.tobytes(), np.uint8)
+
+    mod = fake_tensorrt.make("8.5.2.2", True, model_fn)
+    monkeypatch.setattr(trtb, "import_tensorrt", lambda: mod)
+    monkeypatch.setattr(trtb, "_Cuda", lambda: cuda)
+    monkeypatch.setattr(trtb, "cuda_device_name", lambda: "Xavier")
+    monkeypatch.setattr(D, "tensorrt_unusable_reason", lambda: "")
+    monkeypatch.setenv("EDGEWISE_ENGINE_CACHE", str(tmp_path / "engines"))
+    return mod, model
+
+
+def test_engine_builds_what_the_daemon_loads_then_reuses_it(fake_trt, tmp_path: Path, capsys) -> None:
+    mod, model = fake_trt
+    cfg = _config(tmp_path, model, "tensorrt", max_batch=2)
+    assert main(["edge", "engine", "--config", str(cfg)]) == 0
+    assert "fp16 engine" in capsys.readouterr().out
+    (engine,) = (tmp_path / "engines").glob("*.engine")
+    assert "-b2-trt8.5.2.2-xavier-" in engine.name
+    builds = sum(1 for c in mod.calls if c[0] == "build")
+    assert main(["edge", "engine", "--config", str(cfg)]) == 0
+    assert "is cached" in capsys.readouterr().out
+    det = D.Detector.from_file(model, backend="tensorrt", max_batch=2)  # what edge.daemon does
+    assert sum(1 for c in mod.calls if c[0] == "build") == builds
+    det.close()
+
+
+def test_engine_with_onnxruntime_has_nothing_to_build(tmp_path: Path, tiny_model: Path, capsys) -> None:
+    assert main(["edge", "engine", "--config", str(_config(tmp_path, tiny_model, "onnxruntime"))]) == 0
+    assert "no TensorRT engine to build" in capsys.readouterr().out
+
+
+def test_engine_without_tensorrt_is_one_line(tmp_path: Path, tiny_model: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(D, "tensorrt_unusable_reason", lambda: "the tensorrt module is not installed")
+    monkeypatch.setattr(trtb, "import_tensorrt", lambda: (_ for _ in ()).throw(
+        trtb.TensorRTUnavailableError(trtb.TENSORRT_MISSING)))
+    assert main(["edge", "engine", "--config", str(_config(tmp_path, tiny_model, "tensorrt"))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "JetPack" in err and "model.backend: onnxruntime" in err
+
+
+def test_model_info(tiny_model: Path, capsys) -> None:
+    assert main(["edge", "model-info", str(tiny_model)]) == 0
+    out = capsys.readouterr().out
+    assert "YOLOv5 detector" in out and "size 160x160" in out and "classes 10: 0, 1, 2" in out
+    assert "TensorRT engine: " in out
+    assert main(["edge", "model-info", str(tiny_model), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["classes"] == 10 and d["imgsz"] == [160, 160] and len(d["sha256"]) == 64
+
+
+def test_model_info_bad_file_is_one_line(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "x.onnx"
+    bad.write_bytes(b"\x08\x07garbage")
+    assert main(["edge", "model-info", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and str(bad) in err

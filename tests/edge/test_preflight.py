@@ -1,0 +1,151 @@
+"""What the daemon settles before it starts: device id, writable state folders, the backend,
+and ``edgewise edge check-config`` saying each problem in one line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edge import preflight as P
+from edge.settings import load_settings
+from edgewise.errors import ConfigError, DeploymentError
+from tests.edge.helpers import settings_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _settings(tmp_path: Path, **tree):
+    base = dict(streams=[{"id": "s", "kind": "synthetic"}], spool={"path": str(tmp_path / "st" / "spool.db")},
+                metrics={"port": -1})
+    base.update(tree)
+    return load_settings(str(settings_yaml(tmp_path / "edge.yaml", **base)), env={})
+
+
+def test_serial_number_as_the_device_tree_writes_it(tmp_path: Path) -> None:
+    serial = tmp_path / "serial-number"
+    serial.write_bytes(b"1422019012345\x00")
+    assert P.read_serial(str(serial)) == "1422019012345"
+    s = _settings(tmp_path)
+    assert P.resolve_device_id(s, str(serial), hostname="nx-lab") == "1422019012345" == s.device_id
+
+
+def test_host_name_when_not_a_jetson_and_a_set_id_wins(tmp_path: Path) -> None:
+    s = _settings(tmp_path)
+    assert P.resolve_device_id(s, str(tmp_path / "absent"), hostname="cam-host-7") == "cam-host-7"
+    s = _settings(tmp_path, device_id="gate-3")
+    assert P.resolve_device_id(s, str(tmp_path / "absent"), hostname="x") == "gate-3"
+
+
+@pytest.mark.parametrize("content, needle", [(None, "does not exist: not a Jetson"), (b"\x00", "is empty")])
+def test_no_usable_id_is_one_line_naming_the_file_and_setting(tmp_path: Path, content, needle) -> None:
+    serial = tmp_path / "serial-number"
+    if content is not None:
+        serial.write_bytes(content)
+    with pytest.raises(ConfigError) as exc:
+        P.resolve_device_id(_settings(tmp_path), str(serial), hostname="localhost")
+    msg = str(exc.value)
+    assert "\n" not in msg and str(serial) in msg and needle in msg and "set device_id" in msg
+    with pytest.raises(DeploymentError, match=needle):
+        P.read_serial(str(serial))
+
+
+def test_a_host_name_that_is_no_topic_level_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="device_id: the default from the host name cannot be used"):
+        P.resolve_device_id(_settings(tmp_path), str(tmp_path / "absent"), hostname="a+b")
+
+
+def test_state_folders_are_created_and_a_file_in_the_way_is_named(tmp_path: Path) -> None:
+    s = _settings(tmp_path, sinks={"jsonl": str(tmp_path / "out" / "d.jsonl")})
+    P.check_state_dirs(s)
+    assert (tmp_path / "st").is_dir() and (tmp_path / "out").is_dir()
+    (tmp_path / "blocker").write_text("")
+    s = _settings(tmp_path, sinks={"jsonl": str(tmp_path / "blocker" / "sub" / "d.jsonl")})
+    for create in (True, False):
+        with pytest.raises(DeploymentError) as exc:
+            P.check_state_dirs(s, create=create)
+        assert str(exc.value).startswith(f"sinks.jsonl {tmp_path}/blocker/sub/d.jsonl: the folder ")
+        assert "\n" not in str(exc.value)
+
+
+def _error_as_unprivileged_user(fn) -> str:
+    """``fn()``'s error message, run by an unprivileged user: a forked child that drops to
+    nobody when the tests run as root (root may write anywhere), else this process."""
+    if os.geteuid() != 0:
+        try:
+            fn()
+        except DeploymentError as exc:
+            return str(exc)
+        return ""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(r)
+        msg = ""
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            fn()
+        except DeploymentError as exc:
+            msg = str(exc)
+        except BaseException as exc:
+            msg = f"unexpected {exc!r}"
+        os.write(w, msg.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_unwritable_state_folder_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o555)
+    tmp_path.chmod(0o755)
+    s = _settings(tmp_path, device_id="d1", spool={"path": str(state / "spool.db")})
+    for create in (True, False):
+        msg = _error_as_unprivileged_user(lambda: P.check_state_dirs(s, create=create))
+        assert msg.startswith(f"spool.path {state}/spool.db: the folder {state} cannot be written by uid "), msg
+        assert "\n" not in msg and msg.endswith("or set spool.path")
+
+
+def test_check_config_ok_and_placeholder(tmp_path: Path, tiny_model: Path, capsys) -> None:
+    from edgewise.cli import main
+
+    cfg = settings_yaml(tmp_path / "edge.yaml", device_id="d1", streams=[{"id": "s", "kind": "synthetic"}],
+                        model={"path": str(tiny_model), "backend": "onnxruntime"},
+                        cloud={"endpoints": ["10.1.2.3:50051"]},
+                        spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})
+    assert main(["edge", "check-config", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "ok: device id d1" in out and "on onnxruntime" in out and "cloud 10.1.2.3:50051" in out
+    assert main(["edge", "check-config", "--config", str(cfg), "--set", "cloud.endpoints.0=gw.example.com:1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--set cloud.endpoints.0: 'gw.example.com:1' is a placeholder" in err
+
+
+def test_backend_checks(monkeypatch, tmp_path: Path) -> None:
+    from edgewise.runtime import detector
+    from edgewise.runtime.backends import onnxruntime as ortb
+
+    s = _settings(tmp_path, model={"backend": "auto"})
+    monkeypatch.setattr(detector, "tensorrt_unusable_reason", lambda: "the tensorrt module is not installed")
+    assert P.check_backend(s) == "onnxruntime"
+
+    def missing():
+        raise DeploymentError(ortb.ONNXRUNTIME_MISSING)
+
+    monkeypatch.setattr(ortb, "import_onnxruntime", missing)
+    with pytest.raises(DeploymentError, match=r"^model.backend auto: TensorRT is not usable here \(the tensorrt "
+                                              r"module is not installed\) and the onnxruntime backend needs"):
+        P.check_backend(s)
+    s.model.backend = "onnxruntime"
+    with pytest.raises(DeploymentError, match="pip install onnxruntime"):
+        P.check_backend(s)
+    s.model.backend = "tensorrt"
+    with pytest.raises(DeploymentError, match="TensorRT's Python bindings"):
+        P.check_backend(s)

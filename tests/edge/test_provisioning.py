@@ -1,0 +1,98 @@
+"""``edgewise edge provision``: one device's files in a root, with their modes, validated first."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edge import provisioning as PV
+from edge.settings import load_settings
+from edgewise.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PEM = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+@pytest.fixture
+def rootfs(tmp_path: Path) -> Path:
+    """A root as the bundle's overlay leaves it: the shipped edge.yaml, an /etc/group."""
+    root = tmp_path / "rootfs"
+    (root / "etc/edgewise").mkdir(parents=True)
+    (root / "etc/edgewise/edge.yaml").write_text((ROOT / "deploy/jetson/edge.yaml").read_text())
+    (root / "etc/group").write_text("root:x:0:\nvideo:x:44:\n")
+    return root
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def test_writes_config_token_and_certificates_with_their_modes(rootfs: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "token").write_text("tok-17.abc_DEF\n")
+    for name in ("ca.pem", "dev.pem", "dev.key"):
+        (tmp_path / name).write_bytes(PEM)
+    assert main(["edge", "provision", "--root", str(rootfs), "--device-id", "cam-17",
+                 "--endpoint", "gw.plant.lan:50051", "--endpoint", "gw2.plant.lan:50051",
+                 "--token-file", str(tmp_path / "token"), "--ca", str(tmp_path / "ca.pem"),
+                 "--cert", str(tmp_path / "dev.pem"), "--key", str(tmp_path / "dev.key"),
+                 "--set", "streams.0.fps=10"]) == 0
+    out = capsys.readouterr().out
+    cfg = rootfs / "etc/edgewise/edge.yaml"
+    env = rootfs / "etc/default/edgewise-edge"
+    assert _mode(cfg) == 0o640 and _mode(env) == 0o600
+    assert _mode(rootfs / "etc/edgewise/tls/client.key") == 0o640
+    assert _mode(rootfs / "etc/edgewise/tls/ca.pem") == 0o644 == _mode(rootfs / "etc/edgewise/tls/client.pem")
+    assert "root's until first boot" in out  # no edgewise group in this rootfs yet
+    assert env.read_text().splitlines()[-1] == "EDGEWISE_EDGE__CLOUD__TOKEN=tok-17.abc_DEF"
+    assert "tok-17" not in cfg.read_text()  # the secret is only in the root-only file
+    s = load_settings(str(cfg), env={"EDGEWISE_EDGE__CLOUD__TOKEN": "tok-17.abc_DEF"})
+    assert s.device_id == "cam-17" and s.cloud.endpoints == ["gw.plant.lan:50051", "gw2.plant.lan:50051"]
+    assert (s.cloud.tls_ca, s.cloud.tls_cert, s.cloud.tls_key) == (
+        "/etc/edgewise/tls/ca.pem", "/etc/edgewise/tls/client.pem", "/etc/edgewise/tls/client.key")
+    assert s.streams[0].fps == 10 and s.model.backend == "tensorrt"  # the rest of the template stays
+
+
+def test_the_edgewise_group_of_a_running_device_and_a_second_run_keeps_other_env_lines(rootfs: Path,
+                                                                                       tmp_path: Path) -> None:
+    (rootfs / "etc/group").write_text("root:x:0:\nedgewise:x:998:\n")
+    assert PV.group_id(rootfs) == 998
+    env = rootfs / "etc/default/edgewise-edge"
+    env.parent.mkdir(parents=True)
+    env.write_text("EDGEWISE_LOG_LEVEL=DEBUG\nEDGEWISE_EDGE__CLOUD__TOKEN=old\n")
+    (tmp_path / "t").write_text("new-token")
+    argv = ["edge", "provision", "--root", str(rootfs), "--endpoint", "10.0.0.2:50051", "--token-file",
+            str(tmp_path / "t")]
+    assert main(argv) == 0
+    assert env.read_text() == "EDGEWISE_LOG_LEVEL=DEBUG\nEDGEWISE_EDGE__CLOUD__TOKEN=new-token\n"
+    tree = yaml.safe_load((rootfs / "etc/edgewise/edge.yaml").read_text())
+    assert "device_id" not in tree  # left empty: the Jetson's serial number
+    assert main(argv + ["--group", "10001"]) == 0  # the L4T container's uid/gid
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ([], "cloud.endpoints[0]: 'edgewise-gateway.example.com:50051' is a placeholder"),
+    (["--endpoint", "gw:1", "--device-id", "a/b"], "device_id: must be usable as an MQTT topic level"),
+    (["--endpoint", "gw:1", "--cert", "/nonexistent.pem"], "--cert and --key go together"),
+    (["--endpoint", "gw:1", "--token-file", "/nonexistent"], "--token-file /nonexistent: cannot be read"),
+    (["--endpoint", "gw:1", "--ca", "__EMPTY__"], "not a PEM file"),
+    (["--endpoint", "gw:1", "--token-file", "__SPACES__"], "the token may hold only"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(rootfs: Path, tmp_path: Path, capsys, extra, needle) -> None:
+    (tmp_path / "empty").write_text("")
+    (tmp_path / "spaces").write_text("a b")
+    extra = [str(tmp_path / "empty") if a == "__EMPTY__" else str(tmp_path / "spaces") if a == "__SPACES__" else a
+             for a in extra]
+    before = (rootfs / "etc/edgewise/edge.yaml").read_text()
+    assert main(["edge", "provision", "--root", str(rootfs), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err
+    assert (rootfs / "etc/edgewise/edge.yaml").read_text() == before
+    assert not (rootfs / "etc/default").exists() and not (rootfs / "etc/edgewise/tls").exists()
+
+
+def test_a_root_without_the_bundle_says_what_to_do(tmp_path: Path, capsys) -> None:
+    assert main(["edge", "provision", "--root", str(tmp_path), "--endpoint", "gw:1"]) == 2
+    assert "unpack the bundle's overlay into --root first" in capsys.readouterr().err

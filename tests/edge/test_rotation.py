@@ -1,0 +1,176 @@
+"""The JSON Lines sink on small flash: rotation by size, N files kept, gzip'd aside, nothing
+lost, and late records written once also across a rotation and a restart."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+from pathlib import Path
+
+from edge import rotation as R
+from edge.sinks import JsonlSink, Sinks
+from tests.edge.helpers import frame_record
+from tests.waiting import wait_until
+
+
+def late(seq):
+    rec = frame_record("cam", seq)
+    rec.late, rec.outcome = True, "cloud"
+    return rec
+
+
+def all_records(path: Path):
+    """Every record of the file and its rotated files, oldest first."""
+    out = []
+    for f in reversed(R.rotated_files(str(path))):
+        data = gzip.open(f, "rb").read() if f.endswith(".gz") else Path(f).read_bytes()
+        out += [json.loads(line) for line in data.splitlines()]
+    return out + [json.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def record_size(tmp_path: Path) -> int:
+    probe = tmp_path / "probe.jsonl"
+    s = Sinks([JsonlSink(str(probe))])
+    s.write(frame_record("cam", 0))
+    s.close()
+    return probe.stat().st_size
+
+
+def test_rotates_by_size_keeps_n_and_loses_nothing_kept(tmp_path: Path) -> None:
+    path = tmp_path / "det.jsonl"
+    size = record_size(tmp_path)
+    sinks = Sinks([JsonlSink(str(path), max_bytes=3 * size, keep=2)])
+    for seq in range(10):
+        sinks.write(frame_record("cam", seq))
+    sinks.close()
+    rotated = R.rotated_files(str(path))
+    assert len(rotated) == 2 and all(not f.endswith(".gz") for f in rotated)
+    assert all(os.path.getsize(f) <= 3 * size + 2 for f in rotated + [str(path)])
+    kept = [r["frame_seq"] for r in all_records(path)]
+    assert kept == list(range(kept[0], 10)) and kept[0] > 0  # the newest, in order; the oldest deleted
+
+
+def test_rotated_files_are_gzipped_in_the_background_and_pruned(tmp_path: Path) -> None:
+    path = tmp_path / "det.jsonl"
+    size = record_size(tmp_path)
+    sink = JsonlSink(str(path), max_bytes=2 * size, keep=3, compress=True)
+    sinks = Sinks([sink])
+    for seq in range(12):
+        sinks.write(frame_record("cam", seq))
+    sinks.close()  # waits for the compressor
+    rotated = R.rotated_files(str(path))
+    assert len(rotated) == 3 and all(f.endswith(".gz") for f in rotated)
+    assert not list(tmp_path.glob("*.tmp"))
+    kept = [r["frame_seq"] for r in all_records(path)]
+    assert kept == list(range(kept[0], 12)) and kept[0] > 0
+
+
+def test_a_late_record_is_written_once_across_rotation_and_restart(tmp_path: Path) -> None:
+    path = tmp_path / "det.jsonl"
+    size = record_size(tmp_path)
+
+    def open_sinks():
+        return Sinks([JsonlSink(str(path), max_bytes=2 * size, keep=8, compress=True)])
+
+    sinks = open_sinks()
+    sinks.write(late(1))
+    for seq in range(10, 14):  # late(1) rotates out of the current file (and is gzip'd)
+        sinks.write(frame_record("cam", seq))
+    sinks.write(late(1))  # the same process remembers it
+    sinks.close()
+    assert all(f.endswith(".gz") for f in R.rotated_files(str(path)))
+    sinks = open_sinks()  # a restart: the key is found in the rotated, compressed history
+    assert "dev/cam/1" in sinks.sinks[0].late_keys
+    sinks.write(late(1))
+    sinks.write(late(2))
+    sinks.close()
+    lates = [r["frame_seq"] for r in all_records(path) if r["late"]]
+    assert lates == [1, 2]
+
+
+def test_a_rotated_file_left_uncompressed_by_a_crash_is_compressed_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "det.jsonl"
+    path.write_bytes(b'{"late": true, "device": "d", "stream": "s", "frame_seq": 5}\n')
+    left = R.rotate(str(path), now=0)
+    assert left.endswith(".19700101T000000.000000Z")
+    Path(left + ".gz.tmp").write_bytes(b"half")  # a gzip cut short
+    sink = JsonlSink(str(path), max_bytes=1 << 20, keep=4, compress=True)
+    assert "d/s/5" in sink.late_keys
+    wait_until(lambda: os.path.exists(left + ".gz") and not os.path.exists(left), 20, "the leftover gzip'd")
+    sink.close()
+    assert gzip.open(left + ".gz").read().startswith(b'{"late": true')
+
+
+def test_names_never_collide_and_sort_newest_first(tmp_path: Path) -> None:
+    path = str(tmp_path / "d.jsonl")
+    names = []
+    for _ in range(3):
+        Path(path).write_text("x\n")
+        names.append(R.rotate(path, now=1000.25))
+    assert [os.path.basename(n) for n in names] == ["d.jsonl.19700101T001640.250000Z",
+                                                    "d.jsonl.19700101T001640.250000Z-1",
+                                                    "d.jsonl.19700101T001640.250000Z-2"]
+    Path(path).write_text("x\n")
+    newest = R.rotate(path, now=time.time())
+    assert R.rotated_files(path)[0] == newest and R.rotated_files(path)[1:] == names[::-1]
+    assert R.prune(path, 1) == names[::-1] and R.rotated_files(path) == [newest]
+
+
+def test_a_pruned_name_is_never_reused_for_a_newer_file(tmp_path: Path) -> None:
+    """Rotating faster than once a second while pruning: every kept file is newer than every
+    deleted one (a reused name would sort as the oldest and be deleted first)."""
+    path = str(tmp_path / "d.jsonl")
+    written = []
+    for i in range(30):
+        Path(path).write_text(f"{i}\n")
+        written.append(R.rotate(path))
+        R.prune(path, 3)
+    kept = R.rotated_files(path)
+    assert [Path(f).read_text() for f in kept] == ["29\n", "28\n", "27\n"]
+
+
+def test_history_budget_cuts_at_a_whole_line(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    path.write_bytes(b"aaaa\nbbbb\n")
+    old = R.rotate(str(path), now=0)
+    Path(old).write_bytes(b"1111\n2222\n3333\n")
+    path.write_bytes(b"cccc\n")
+    assert list(R.history_lines(str(path), 12)) == [b"cccc", b"3333"]  # 5 + 7 bytes: "33\n" is cut
+    assert list(R.history_lines(str(path), 100)) == [b"cccc", b"1111", b"2222", b"3333"]
+
+
+def test_the_daemon_rotates_its_sink(tmp_path: Path, tiny_model: Path) -> None:
+    import asyncio
+
+    from edge.daemon import EdgeDaemon
+    from edge.settings import load_settings
+    from tests.edge.helpers import settings_yaml
+
+    out = tmp_path / "d.jsonl"
+    s = load_settings(str(settings_yaml(
+        tmp_path / "edge.yaml", device_id="nx", streams=[{"id": "s", "kind": "synthetic", "uri": "64x48",
+                                                          "max_frames": 30}],
+        model={"path": str(tiny_model), "backend": "onnxruntime"}, spool={"path": str(tmp_path / "sp.db")},
+        sinks={"jsonl": str(out), "jsonl_max_bytes": 8192, "jsonl_keep": 100}, metrics={"port": -1})), env={})
+    assert asyncio.run(EdgeDaemon(s).run()) == 0
+    rotated = R.rotated_files(str(out))
+    assert rotated and all(f.endswith(".gz") for f in rotated)
+    assert sorted(r["frame_seq"] & 0xFFFFFFFF for r in all_records(out)) == list(range(30))
+
+
+def test_history_budget_cuts_a_gzipd_file_and_skips_a_torn_one(tmp_path: Path, caplog) -> None:
+    path = tmp_path / "h.jsonl"
+    path.write_bytes(b"cccc\n")
+    older = R.rotate(str(path), now=0)
+    Path(older).write_bytes(b"1111\n2222\n3333\n")
+    R.compress(older)
+    path.write_bytes(b"cccc\n")
+    newer = R.rotate(str(path), now=1)  # a gzip cut short by a crash, newer than the whole one
+    # header only: its last 4 bytes, read as the size, say 4 GB
+    Path(newer + ".gz").write_bytes(gzip.compress(b"9999\n" * 1000, mtime=0)[:10])
+    os.unlink(newer)
+    path.write_bytes(b"dddd\n")
+    assert list(R.history_lines(str(path), 12)) == [b"dddd", b"3333"]
+    assert "cannot read" in caplog.text and newer + ".gz" in caplog.text

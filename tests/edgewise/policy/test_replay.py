@@ -1,0 +1,310 @@
+"""The what-if replay's core on records written here the way the daemon writes them
+(``edge.records.FrameRecord``, decided by the real Escalator): reading (gzip by content,
+file order, the reorder window, what is skipped and said), reproduction, restarts, the
+figures (per hour, bytes, saturation, hardest held back), what cannot be reproduced, and
+the policy digest. The daemon end to end is in tests/edge/test_whatif.py."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import pytest
+
+from edge.records import FrameRecord
+from edgewise.errors import InvalidInputError
+from edgewise.policy import Escalator, parse_policy
+from edgewise.policy.deciding import FrameFacts
+from edgewise.policy.digest import policy_digest
+from edgewise.policy.recorded import Reading, frames, parse
+from edgewise.policy.replay import jpeg_bytes_per_pixel, percentile, replay
+from edgewise.policy.whatif import gate_failures, human_bytes, table
+
+HEAD = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: %s}\nspec:\n"
+LINEAR = "  signals: {combine: max, weights: {uncertain_count: 1.0}}\n"
+T0 = 1_767_571_200  # 2026-01-05 00:00 UTC
+
+
+def policy(spec: str, name: str = "p") -> Any:
+    return parse_policy(HEAD % name + LINEAR + spec)
+
+
+def daemon_records(pol: Any, hardness: Sequence[float], stream: str = "cam", fps: float = 10.0, epoch: int = 0,
+                   t0: float = T0, classes: Sequence[str] = ("car",), payload: int = 50_000) -> List[Dict[str, Any]]:
+    """The records a daemon deciding under ``pol`` writes for frames of these hardnesses."""
+    esc = Escalator(pol)
+    out = []
+    for i, h in enumerate(hardness):
+        seq = (epoch << 32) + i
+        sig = {"uncertain_count": round(h, 4), "mean_conf": 0.5}
+        facts = FrameFacts(tuple(classes), len(classes), 0.9 if classes else 0.0)
+        now = 100.0 + i / fps
+        d = esc.decide_facts(stream, seq, facts, sig, now)
+        cap = int((t0 + i / fps) * 1e9)
+        rec = FrameRecord(
+            device="dev", stream=stream, frame_seq=seq, capture_unix_ns=cap, emit_unix_ns=cap, width=640,
+            height=480, detections=[{"box": [1, 2, 3, 4], "score": 0.9, "class_id": 0, "class_name": c,
+                                     "source": "edge"} for c in classes],
+            escalated=d.escalate, reason=d.reason, hardness=round(d.hardness, 4), signals=sig,
+            suppressed_by=d.suppressed_by or "", detail=d.detail, threshold=d.threshold, origin=d.origin,
+            priority=d.priority, policy=pol.metadata.name, policy_generation=1, latency_ms={"total": 1.0},
+            decided_s=now, edge_boxes=facts.boxes, edge_classes=list(facts.classes),
+            edge_max_score=facts.max_score, policy_digest=policy_digest(pol),
+            payload_bytes=payload if d.escalate else None, outcome="cloud" if d.escalate else "edge")
+        out.append(rec.to_dict())
+    return out
+
+
+def write(path: Path, recs: Sequence[Dict[str, Any]], gz: bool = False) -> str:
+    data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs).encode()
+    if gz:
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return str(path)
+
+
+BUSY = policy("  threshold: 0.5\n  budget: {maxFraction: 0.3, windowFrames: 10, maxPerSecond: 2, burst: 1}\n"
+              "  streams: {cam: {cooldownSeconds: 0.25}}\n", "busy")
+WAVE = [0.9 if i % 3 else 0.2 for i in range(200)]
+
+
+# --------------------------------------------------------------------------- reading
+
+def test_fast_parse_reads_what_the_full_parse_reads_for_the_daemons_layout() -> None:
+    recs = daemon_records(BUSY, WAVE[:20])
+    assert any(r["escalated"] for r in recs)
+    for rec in recs:
+        line = json.dumps(rec, separators=(",", ":"))
+        fast, full = parse(line), json.loads(line)
+        assert "detections" not in fast and "latency_ms" not in fast and "detail" not in fast  # the cut was taken
+        assert {k: v for k, v in full.items() if k in fast} == fast
+        for key in ("stream", "frame_seq", "signals", "decided_s", "edge_classes", "escalated", "policy_digest"):
+            assert fast[key] == full[key]
+    # records the cut must not hide things from: late, crop, older daemons, torn lines
+    late = dict(recs[0], late=True)
+    assert parse(json.dumps(late, separators=(",", ":")))["late"] is True
+    crop = dict(recs[0], crop=[1, 2, 30, 40])
+    assert parse(json.dumps(crop, separators=(",", ":")))["crop"] == [1, 2, 30, 40]
+    old = {k: v for k, v in recs[0].items() if k not in ("edge_classes", "edge_boxes", "decided_s")}
+    assert parse(json.dumps(old, separators=(",", ":")))["detections"] == old["detections"]
+    assert parse(json.dumps(recs[0])[:-40]) is None
+
+
+def test_files_gzip_by_content_any_order_reordered_and_what_is_skipped(tmp_path: Path) -> None:
+    recs = daemon_records(BUSY, WAVE[:60])
+    first, second = recs[:30], recs[30:]
+    second = second[3:6] + second[:3] + second[6:]  # written out of order (escalations settle late)
+    junk = ['{"torn": ', "[1, 2]", json.dumps({"stream": "cam"}), json.dumps(dict(recs[40], late=True)),
+            json.dumps(recs[41])]  # a duplicate of frame 41
+    p1 = write(tmp_path / "rotated.1", first, gz=True)  # gzip'd, no .gz in the name
+    p2 = tmp_path / "current.jsonl"
+    write(p2, second)
+    with open(p2, "a") as f:
+        f.write("\n".join(junk) + "\n")
+    reading = Reading()
+    got = [d["frame_seq"] for d in frames([str(p2), p1], reading)]
+    assert got == list(range(60))
+    assert reading.files == [p1, str(p2)]
+    assert (reading.not_json, reading.not_records, reading.late, reading.duplicates) == (2, 1, 1, 1)
+    assert reading.lines == 60 + len(junk)
+
+
+def test_a_record_later_than_the_window_is_decided_where_it_came_and_counted(tmp_path: Path) -> None:
+    recs = daemon_records(BUSY, WAVE[:40])
+    late = recs.pop(5)
+    path = write(tmp_path / "r.jsonl", recs + [late])
+    reading = Reading()
+    got = [d["frame_seq"] for d in frames([path], reading, window=8)]
+    assert sorted(got) == list(range(40)) and got != sorted(got) and reading.beyond_window == 1
+    assert [s for s in got if s != 5] == [s for s in range(40) if s != 5]
+    reading = Reading()
+    assert [d["frame_seq"] for d in frames([path], reading, window=64)] == list(range(40))
+
+
+def test_unreadable_inputs_are_one_clear_error_a_cut_gzip_a_best_effort(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="records file not found"):
+        list(frames([str(tmp_path / "none")], Reading()))
+    with pytest.raises(InvalidInputError, match="is a folder"):
+        list(frames([str(tmp_path)], Reading()))
+    cut = tmp_path / "cut.gz"
+    packed = gzip.compress("".join(json.dumps({"n": i * 7919 % 10007}) + "\n" for i in range(5000)).encode())
+    cut.write_bytes(packed[: len(packed) // 2])
+    reading = Reading()
+    got = list(frames([str(cut)], reading))  # a gzip cut short: what is before the cut, and a note
+    assert reading.lines > 0 and len(reading.cut_short) == 1
+    assert reading.cut_short[0].startswith(f"{cut}: cannot read past line {reading.lines} ")
+    assert got == []  # those lines are no frame records
+
+
+# --------------------------------------------------------------------------- reproduction
+
+def test_same_policy_reproduces_every_decision_budget_and_cooldown_included(tmp_path: Path) -> None:
+    recs = daemon_records(BUSY, WAVE)
+    held = {r["suppressed_by"] for r in recs}
+    assert {"cooldown", "budget_rate"} <= held  # the limits bite
+    rep = replay([write(tmp_path / "r.jsonl", recs)], BUSY)
+    mine, recorded = rep["sides"]
+    assert mine["reproduction"] == {"checked": 200, "agreed": 200, "share": 1.0, "mismatches": []}
+    assert mine["overall"]["escalated"] == recorded["overall"]["escalated"] == sum(r["escalated"] for r in recs)
+    assert mine["overall"]["suppressed"] == recorded["overall"]["suppressed"]
+    assert gate_failures(rep, [], None, None, False) == []
+
+
+def test_a_daemon_restart_resets_the_budget_as_the_daemon_did(tmp_path: Path) -> None:
+    """Two runs (epochs): the second starts with a full token bucket. Replayed as one run the
+    first frames of the second would be held back; the replay sees the epoch and agrees."""
+    strict = policy("  threshold: 0.5\n  budget: {maxFraction: 1.0, maxPerSecond: 0.1, burst: 2}\n", "strict")
+    run1 = daemon_records(strict, [0.9] * 10)
+    run2 = daemon_records(strict, [0.9] * 10, epoch=1, t0=T0 + 2)
+    assert sum(r["escalated"] for r in run2) == 2
+    rep = replay([write(tmp_path / "r.jsonl", run1 + run2)], strict)
+    assert rep["records"]["daemon_runs"] == {"cam": 2}
+    assert rep["sides"][0]["reproduction"]["share"] == 1.0
+
+
+def test_what_cannot_be_reproduced_is_said(tmp_path: Path) -> None:
+    recs = daemon_records(BUSY, WAVE[:50])
+    for r in recs[:10]:
+        del r["decided_s"]
+    for r in recs[10:20]:
+        del r["edge_classes"], r["edge_boxes"], r["edge_max_score"]
+    recs[20]["signals"] = {"mean_conf": 0.5}
+    recs[21]["signals"] = {"uncertain_count": "high"}
+    recs[30]["capture_unix_ns"] -= 5 * 10**9
+    rep = replay([write(tmp_path / "r.jsonl", recs)], BUSY)
+    notes = "\n".join(rep["notes"])
+    assert "10 record(s) lack decided_s" in notes and "run on capture time" in notes
+    assert "10 record(s) lack edge_classes" in notes
+    assert "1 record(s) lack signal uncertain_count" in notes
+    assert "1 record(s) have signals or edge facts that are not numbers" in notes
+    assert "capture time goes backwards 1 time(s) (at most 4.9 s" in notes
+    assert rep["records"]["frames"] == 49
+
+
+def test_records_of_another_version_are_a_what_if_and_the_change_counts_add_up(tmp_path: Path) -> None:
+    recs = daemon_records(BUSY, WAVE)
+    stricter = policy("  threshold: 0.95\n  budget: {maxFraction: 0.3, windowFrames: 10, maxPerSecond: 2, burst: 1}\n"
+                      "  streams: {cam: {cooldownSeconds: 0.25}}\n", "busy")  # same name, another version
+    path = write(tmp_path / "r.jsonl", recs)
+    rep = replay([path], stricter)
+    mine, recorded = rep["sides"]
+    assert "reproduction" not in mine and mine["overall"]["escalated"] == 0
+    assert rep["changes"]["no_longer_escalated"] == recorded["overall"]["escalated"]
+    assert rep["records"]["policies"] == [
+        {"name": "busy", "digest": policy_digest(BUSY), "frames": 200, "generations": [1]}]
+    # --against the policy that recorded them: that side is checked, both are replayed
+    rep = replay([path], stricter, BUSY, label="new.yaml", against_label="old.yaml")
+    assert [s["label"] for s in rep["sides"]] == ["new.yaml", "old.yaml"]
+    assert rep["sides"][1]["reproduction"]["share"] == 1.0
+    text = table(rep)
+    assert "old.yaml decided 200 of these frames" in text and "reproduced exactly" in text
+
+
+# --------------------------------------------------------------------------- figures
+
+def test_per_hour_percentiles_bytes_saturation_and_hardest(tmp_path: Path) -> None:
+    lax = policy("  threshold: 0.5\n  budget: {maxFraction: 1.0, maxPerSecond: null}\n", "lax")
+    # 3 hours at 1 fps: 10, 20 and 30 hard frames per hour
+    hard = [1.0 if (i % 360) < (10 * (1 + i // 3600)) else 0.0 for i in range(3 * 3600)]
+    recs = daemon_records(lax, hard, fps=1.0)
+    rep = replay([write(tmp_path / "r.jsonl", recs)], lax)
+    fig = rep["sides"][0]["overall"]
+    assert fig["escalated"] == 10 * 10 + 10 * 20 + 10 * 30
+    assert (fig["per_hour_p50"], fig["per_hour_p95"], fig["hours"]) == (200.0, 300.0, 3)
+    # every escalation has its recorded size: 50 kB x 600 in 3 h -> per day
+    assert fig["uplink_bytes"] == 600 * 50_000
+    assert fig["uplink_bytes_per_day"] == 600 * 50_000 * 8
+    assert fig["budget_saturated"]["episodes"] == 0
+    # a tight rate: saturated while hard frames queue up; the hardest held back are listed
+    tight = policy("  threshold: 0.5\n  budget: {maxFraction: 1.0, maxPerSecond: 0.2, burst: 1, priority: fifo}\n",
+                   "tight")
+    recs = daemon_records(lax, [0.6 + 0.001 * (i % 50) if i < 100 else 0.0 for i in range(200)], fps=1.0)
+    rep = replay([write(tmp_path / "t.jsonl", recs)], tight, top=3)
+    sat = rep["sides"][0]["overall"]["budget_saturated"]
+    assert sat["episodes"] == 20 and 70 <= sat["seconds"] <= 100  # 4 of every 5 s held back
+    hardest = rep["sides"][0]["hardest_suppressed"]
+    assert [h["hardness"] for h in hardest] == [0.649, 0.649, 0.648] and hardest[0]["suppressed_by"] == "budget_rate"
+    # two streams saturated alike at the same time: overall, the same share of the time (not twice it)
+    two = recs + daemon_records(lax, [0.6 + 0.001 * (i % 50) if i < 100 else 0.0 for i in range(200)], stream="cam2",
+                                fps=1.0)
+    rep = replay([write(tmp_path / "two.jsonl", two)], tight)
+    per_stream = rep["sides"][0]["streams"]["cam"]["budget_saturated"]
+    overall = rep["sides"][0]["overall"]["budget_saturated"]
+    assert per_stream["share_of_time"] == sat["share_of_time"] and 0.3 < sat["share_of_time"] < 0.6
+    assert overall["share_of_time"] == pytest.approx(sat["share_of_time"], abs=1e-3)
+    assert overall["episodes"] == 40 and overall["seconds"] == pytest.approx(2 * sat["seconds"], abs=0.2)
+
+
+def test_uplink_is_estimated_from_the_frame_size_and_the_payload_settings(tmp_path: Path) -> None:
+    lax = policy("  threshold: 0.5\n  budget: {maxFraction: 1.0, maxPerSecond: null}\n", "lax")
+    recs = daemon_records(lax, [1.0] * 20)
+    for r in recs:
+        del r["payload_bytes"]  # an older daemon: no sizes recorded
+    path = write(tmp_path / "r.jsonl", recs)
+    rep = replay([path], lax)
+    assert rep["sides"][0]["overall"]["uplink_bytes"] == round(20 * 640 * 480 * jpeg_bytes_per_pixel(85))
+    low = policy("  threshold: 0.5\n  budget: {maxFraction: 1.0, maxPerSecond: null}\n  payload: {jpegQuality: 50}\n")
+    assert replay([path], low)["sides"][0]["overall"]["uplink_bytes"] == round(20 * 640 * 480 * 0.103)
+    # recorded sizes at a known quality are scaled to another quality
+    sized = write(tmp_path / "s.jsonl", daemon_records(lax, [1.0] * 20, payload=61_440))  # 0.2 B/px
+    rep = replay([sized], low, lax)
+    assert rep["sides"][1]["overall"]["uplink_bytes"] == 20 * 61_440
+    assert rep["sides"][0]["overall"]["uplink_bytes"] == pytest.approx(20 * 61_440 * 0.103 / 0.2, rel=1e-6)
+    assert "scaled from jpegQuality 85 to 50" in rep["sides"][0]["overall"]["uplink_basis"]
+
+
+def test_region_payloads_calibrate_on_their_area_and_each_side_sends_its_mode(tmp_path: Path) -> None:
+    """payload_bytes is the image sent: a region payload's bytes are of its regions' pixels, a
+    downscaled frame's of fewer pixels than the frame's (counted, not calibrated on)."""
+    budget = "  threshold: 0.5\n  budget: {maxFraction: 1.0, maxPerSecond: null}\n"
+    regions = policy(budget + "  payload: {mode: regions}\n", "regions")
+    recs = daemon_records(regions, [1.0] * 20, payload=6_000)
+    for r in recs:  # two regions of 100x100 and 100x200 pixels: 0.2 B/px
+        r.update(payload="regions", regions=[[0, 0, 100, 100], [200, 0, 300, 200]])
+    path = write(tmp_path / "r.jsonl", recs)
+    full = policy(budget, "full")
+    rep = replay([path], full, regions)
+    assert rep["sides"][1]["overall"]["uplink_bytes"] == 20 * 6_000
+    assert rep["sides"][0]["overall"]["uplink_bytes"] == pytest.approx(20 * 640 * 480 * 0.2, rel=1e-6)
+    down = policy(budget + "  payload: {mode: downscaled, downscaleWidth: 320}\n", "down")
+    assert replay([path], down, regions)["sides"][0]["overall"]["uplink_bytes"] == pytest.approx(
+        20 * 320 * 240 * 0.2, rel=1e-6)
+    for r in recs:
+        del r["regions"]
+        r["payload"] = "downscaled"
+    rep = replay([write(tmp_path / "d.jsonl", recs)], full, regions)
+    assert rep["sides"][1]["overall"]["uplink_bytes"] == 20 * 6_000  # what was sent
+    assert "rule of thumb for jpegQuality 85" in rep["sides"][0]["overall"]["uplink_basis"]
+
+
+def test_helpers() -> None:
+    assert percentile([], 50) == 0.0 and percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 95) == 4
+    assert jpeg_bytes_per_pixel(85) == 0.2 and 0.2 < jpeg_bytes_per_pixel(87) < 0.247
+    assert jpeg_bytes_per_pixel(0) == jpeg_bytes_per_pixel(1)
+    assert human_bytes(999) == "999 B" and human_bytes(1_234_567) == "1.2 MB" and human_bytes(None) == "-"
+
+
+# --------------------------------------------------------------------------- digest
+
+def test_the_digest_is_what_the_policy_does_not_how_it_is_written() -> None:
+    a = parse_policy(HEAD % "a" + "  threshold: 0.5\n  budget: {burst: 4}\n")
+    b = parse_policy(HEAD % "b" + "  # the same, written otherwise\n  budget:\n    burst: 4\n    maxFraction: 0.2\n")
+    c = parse_policy(HEAD % "a" + "  threshold: 0.51\n")
+    assert policy_digest(a) == policy_digest(b) != policy_digest(c)
+    assert len(policy_digest(a)) == 12
+
+
+def test_a_learned_policys_digest_covers_its_model(tmp_path: Path) -> None:
+    import numpy as np
+
+    from edgewise.hardness.learned import FEATURE_NAMES, GainModel
+
+    x = np.random.default_rng(0).random((200, len(FEATURE_NAMES)))
+    digests: List[Optional[str]] = []
+    for k in (0, 1):
+        GainModel.fit(x, x[:, k], {}).save(tmp_path / "gain.json")
+        p = parse_policy(HEAD % "l" + "  signals: {learnedModel: gain.json}\n", str(tmp_path / "p.yaml"))
+        digests.append(policy_digest(p))
+    assert digests[0] != digests[1]

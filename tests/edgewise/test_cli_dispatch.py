@@ -1,0 +1,25 @@
+"""The command dispatcher on an older Python than a group needs: a one-line refusal, not a
+crash while importing the group (the cloud tier needs Python >= 3.10, a Jetson has 3.8)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from edgewise import cli
+
+
+def test_cloud_on_python38_is_refused_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "version_info", (3, 8, 18, "final", 0))
+    monkeypatch.setattr(cli.platform, "python_version", lambda: "3.8.18")
+    assert cli.main(["cloud", "worker", "--model", "m.onnx"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "edgewise: error: `edgewise cloud` needs Python >= 3.10 (this is 3.8.18)"
+    assert "cloud" in cli.build_parser().format_help()  # still listed, with its help
+
+
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="the cloud tier needs Python >= 3.10")
+def test_cloud_on_this_python_is_the_real_group(capsys):
+    assert cli.main(["cloud"]) == 2  # the group's help, as for any group without a subcommand
+    assert "worker" in capsys.readouterr().out

@@ -1,0 +1,55 @@
+"""``edgewise edge check-policy --data DIR``: a policy's and an alternative's accuracy on labelled
+frames through ``edgewise eval``'s machinery, on real models and a real generated set; the models'
+outputs are cached, so a second policy is tried without running them again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edgewise.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory) -> Path:
+    from edgewise.synth import PRESETS, SynthJob, generate
+
+    root = tmp_path_factory.mktemp("whatifdata")
+    generate(SynthJob(out=root / "test", frames=6, streams=2, seed=7, split="test", width=160, height=120,
+                      difficulty=PRESETS["medium"]))
+    return root / "test"
+
+
+def test_accuracy_of_the_policy_and_the_alternative(labelled, tiny_model, small_model, tmp_path, capsys) -> None:
+    strict = tmp_path / "strict.yaml"
+    strict.write_text((ROOT / "examples" / "policy.yaml").read_text().replace("threshold: 0.5", "threshold: 1.0", 1))
+    cache = tmp_path / "cache"
+    args = ["edge", "check-policy", str(strict), "--against", str(ROOT / "examples" / "policy.yaml"),
+            "--data", str(labelled), "--edge", str(tiny_model), "--cloud", str(small_model),
+            "--threads", "1", "--cache", str(cache)]
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["label"]: r for r in doc["accuracy"]["rows"]}
+    assert list(rows) == ["edge only", str(strict), str(ROOT / "examples" / "policy.yaml"), "cloud only"]
+    assert doc["accuracy"]["frames"] == 12 and rows["edge only"]["escalated"] == 0.0
+    assert rows["cloud only"]["escalated"] == 1.0
+    assert rows[str(strict)]["escalated"] <= rows[str(ROOT / "examples" / "policy.yaml")]["escalated"]
+    assert all(0.0 <= r["f1"] <= 1.0 for r in rows.values())
+    assert len(list(cache.glob("*.pkl"))) == 1
+    # the second run reads the models' outputs from the cache: the same figures
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] == doc["accuracy"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "Accuracy on" in text and "12 labelled frames" in text and "F1" in text
+    assert len(list(cache.glob("*.pkl"))) == 1
+
+
+def test_data_needs_both_models(labelled, tiny_model, capsys) -> None:
+    rc = main(["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(labelled),
+               "--edge", str(tiny_model)])
+    assert rc == 2 and "--data needs --cloud MODEL" in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""Native-scale crops for the cloud model: labels follow the pixels, same seed same files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgewise.errors import ConfigError
+from edgewise.synth import PRESETS, SynthJob, generate
+from edgewise_tools.train.crops import crop_labels, crop_windows, main, make_crops
+from edgewise_tools.train.data import read_yolo_labels
+
+
+@pytest.fixture(scope="module")
+def camera_data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cam") / "ds"
+    generate(SynthJob(out=out, frames=3, streams=2, seed=4, split="train", width=640, height=360,
+                      difficulty=PRESETS["camera"]))
+    return out
+
+
+def test_boxes_are_clipped_into_the_crop_and_dropped_when_mostly_outside() -> None:
+    # one 20x40 box at x 90..110, y 10..50 of a 200x100 frame
+    lab = np.array([[7, 0.5, 0.3, 0.1, 0.4]], np.float32)
+    (line,) = crop_labels(lab, 200, 100, (80, 0, 180, 100), keep=0.6)
+    cls, cx, cy, w, h = (float(v) for v in line.split())
+    assert cls == 7 and (cx * 100, cy * 100, w * 100, h * 100) == pytest.approx((20, 30, 20, 40), abs=1e-3)
+    assert crop_labels(lab, 200, 100, (100, 0, 200, 100), keep=0.6) == []  # half of it inside
+    assert len(crop_labels(lab, 200, 100, (100, 0, 200, 100), keep=0.5)) == 1
+
+
+def test_first_window_holds_an_object_and_windows_stay_in_the_frame() -> None:
+    rng = np.random.default_rng(0)
+    lab = np.array([[1, 0.9, 0.8, 0.02, 0.05]], np.float32)
+    for _ in range(50):
+        wins = crop_windows(1280, 720, lab, 320, 3, rng)
+        assert len(wins) == 3
+        for x0, y0, x1, y1 in wins:
+            assert 0 <= x0 and x1 <= 1280 and 0 <= y0 and y1 <= 720 and (x1 - x0, y1 - y0) == (320, 320)
+        x0, y0, x1, y1 = wins[0]
+        assert x0 <= 0.9 * 1280 <= x1 and y0 <= 0.8 * 720 <= y1
+
+
+def test_crops_keep_native_scale_and_are_reproducible(camera_data: Path, tmp_path: Path) -> None:
+    import cv2
+
+    a = make_crops(camera_data, tmp_path / "a", size=160, per_frame=2, seed=3)
+    make_crops(camera_data, tmp_path / "b", size=160, per_frame=2, seed=3)
+    assert a["images"] == 12 and a["objects"] > 0 and a["names"] == [str(i) for i in range(10)]
+    files_a = sorted((tmp_path / "a").rglob("*.*"))
+    assert [p.read_bytes() for p in files_a] == [(tmp_path / "b" / p.relative_to(tmp_path / "a")).read_bytes()
+                                                  for p in files_a]
+    heights = []
+    for img in sorted((tmp_path / "a" / "images").iterdir()):
+        assert cv2.imread(str(img)).shape == (160, 160, 3)
+        heights += [h * 160 for h in read_yolo_labels(tmp_path / "a" / "labels" / f"{img.stem}.txt")[:, 4]]
+    frame_heights = [hh * 360 for p in (camera_data / "labels").iterdir() for hh in read_yolo_labels(p)[:, 4]]
+    # native scale: the crops' boxes are as tall as in the frames (a clipped box only shrinks)
+    assert max(heights) <= max(frame_heights) + 1e-3 and np.median(heights) > 0.5 * np.median(frame_heights)
+    assert json.loads((tmp_path / "a" / "dataset.json").read_text())["per_frame"] == 2
+
+
+def test_cli_and_bad_arguments(camera_data: Path, tmp_path: Path, capsys) -> None:
+    assert main(["--data", str(camera_data), "--out", str(tmp_path / "c"), "--size", "96", "--per-frame", "1",
+                 "--limit", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == 2
+    assert main(["--data", str(tmp_path), "--out", str(tmp_path / "d")]) == 2
+    assert "no images/ folder" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="--size"):
+        make_crops(camera_data, tmp_path / "e", size=8)
+
+
+def test_camera_packaging_exports_a_rect_edge_and_a_native_cloud(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from edgewise.runtime.metadata import load_model_info
+    from edgewise_tools.models.yolov5 import build_model
+    from edgewise_tools.train.camera import export_pair
+    from edgewise_tools.train.trainer import TrainConfig, save_checkpoint
+
+    run = tmp_path / "run"
+    for stage, arch in (("edge", "yolov5n"), ("cloud", "yolov5n")):
+        (run / stage).mkdir(parents=True)
+        save_checkpoint(run / stage / "best.pt", build_model(arch, nc=10), TrainConfig(data="d", out="o", arch=arch),
+                        [str(i) for i in range(10)], 1, {"map50": 0.5})
+        (run / stage / "summary.json").write_text(json.dumps({"best_map50": 0.5, "imgsz": 96}))
+    files = export_pair(run, tmp_path / "models", (64, 96))
+    edge, cloud = load_model_info(files["edge"]), load_model_info(files["cloud"])
+    assert edge.imgsz == (64, 96) and not edge.dynamic_hw and edge.metadata["edgewise_world"] == "camera"
+    assert cloud.dynamic_hw and cloud.imgsz == (96, 96) and cloud.metadata["edgewise_val_map50"] == "0.5000"
+    mtime = files["edge"].stat().st_mtime_ns
+    export_pair(run, tmp_path / "models", (64, 96))  # newer than its checkpoint: kept
+    assert files["edge"].stat().st_mtime_ns == mtime
