@@ -107,6 +107,7 @@ bench: venv system-deps
 	$(BIN)/python bench/routing.py
 	$(BIN)/python bench/routing.py --capacity
 	$(BIN)/python bench/system.py
+	$(BIN)/python bench/fleet.py
 
 clean:
 	rm -rf $(VENV) .cache build dist *.egg-info demo-report

@@ -6,13 +6,25 @@ per-process CPU seconds and the JPEG sizes the caller measured, so the numbers
 in the table and in the JSON come from the same run. Record fields follow
 ``edge.pipeline._emit`` / ``edge.escalating._write_merged``; the latest record
 per frame wins (``edgewise_tools.demo.records.latest_per_frame``).
+
+The knee compares p99s through their bootstrap confidence intervals
+(:func:`p99_ci`): a p99 of a few dozen samples is nearly their maximum, so a
+point-to-point comparison lets one slow sample place the knee. A point has
+degraded only when even the low end of its p99 interval is past ``growth`` x the
+high end of the smallest N's (Efron and Tibshirani, "An Introduction to the
+Bootstrap", 1993, ch. 13: percentile intervals).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 from edgewise_tools.demo import records as R
+
+CI_LEVEL = 0.95
+CI_RESAMPLES = 2000
 
 STAGES = ("read", "queue", "preprocess", "infer", "postprocess", "hardness_policy", "total")
 
@@ -24,6 +36,22 @@ def pct(xs: Sequence[float], q: float) -> Optional[float]:
     s = sorted(xs)
     k = min(len(s) - 1, max(0, int(round(q / 100.0 * (len(s) - 1)))))
     return round(float(s[k]), 1)
+
+
+def p99_ci(xs: Sequence[float], level: float = CI_LEVEL, resamples: int = CI_RESAMPLES,
+           seed: int = 0) -> Tuple[Optional[float], Optional[float]]:
+    """Bootstrap percentile interval of the nearest-rank p99 (as :func:`pct` computes it).
+
+    Seeded, so the same samples give the same interval. None, None for fewer than 2 samples.
+    """
+    if len(xs) < 2:
+        return None, None
+    x = np.asarray(xs, dtype=np.float64)
+    k = min(len(x) - 1, max(0, int(round(0.99 * (len(x) - 1)))))
+    draws = np.random.default_rng(seed).choice(x, size=(resamples, len(x)), replace=True)
+    stat = np.partition(draws, k, axis=1)[:, k]
+    lo, hi = np.quantile(stat, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
+    return round(float(lo), 1), round(float(hi), 1)
 
 
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -111,7 +139,7 @@ def summarize_point(
         "edge_ms": {"p50": pct(edge_lat, 50), "p95": pct(edge_lat, 95), "p99": pct(edge_lat, 99),
                     "n": len(edge_lat)},
         "escalated_ms": {"p50": pct(esc_ok, 50), "p95": pct(esc_ok, 95), "p99": pct(esc_ok, 99),
-                         "n": len(esc_ok)},
+                         "n": len(esc_ok), "p99_ci": list(p99_ci(esc_ok))},
         "cloud_rtt_ms": {"p50": pct(rtt, 50), "p99": pct(rtt, 99)},
         "escalation_share": round(acct["escalated"] / max(1, processed), 4),
         "escalations_per_s": round(len(esc) / max(1e-9, wall_s), 2),
@@ -135,17 +163,28 @@ def summarize_point(
     }
 
 
-def point_ok(p: Mapping[str, Any], base_p99: Optional[float], fps_floor: float,
+def _ci(p: Mapping[str, Any]) -> Tuple[Optional[float], Optional[float]]:
+    """A point's escalated p99 interval; the p99 itself for summaries written before intervals."""
+    x = p["escalated_ms"]
+    lo, hi = (x.get("p99_ci") or [None, None])
+    return (x["p99"] if lo is None else lo), (x["p99"] if hi is None else hi)
+
+
+def point_ok(p: Mapping[str, Any], base: Optional[Mapping[str, Any]], fps_floor: float,
              growth: float) -> Tuple[bool, List[str]]:
     """Knee test of one load point: has it degraded past the criterion? Returns (ok, why not).
 
     Degraded = the slowest stream keeps less than ``fps_floor`` of its camera frame rate, or
-    escalated p99 grew past ``growth`` x its value at the smallest N (``base_p99``).
+    the low end of the escalated p99's interval is past ``growth`` x the high end of the
+    interval at the smallest N (``base``, the point the ratios are against).
     """
     why = []
-    p99 = p["escalated_ms"]["p99"]
-    if p99 is not None and base_p99 is not None and p99 > growth * base_p99:
-        why.append(f"escalated p99 {p99:g} ms > {growth:g} x {base_p99:g} ms (smallest N)")
+    x = p["escalated_ms"]
+    lo, hi = _ci(p)
+    base_hi = _ci(base)[1] if base is not None else None
+    if lo is not None and base is not None and base_hi is not None and lo > growth * base_hi:
+        why.append(f"escalated p99 {x['p99']:g} ms (95% CI {lo:g}-{hi:g}, n={x['n']}) > {growth:g} x "
+                   f"{base_hi:g} ms (high end of the smallest N's CI, n={base['escalated_ms']['n']})")
     floor = fps_floor * float(p["fps_target"])
     if p["fps_per_stream_min"] < floor:
         why.append(f"slowest stream {p['fps_per_stream_min']:g} fps < {floor:g} fps "
@@ -159,16 +198,19 @@ def meets_target(p: Mapping[str, Any], target_ms: float) -> Optional[bool]:
     return None if p99 is None else bool(p99 <= target_ms)
 
 
-def _base_p99(ordered: Sequence[Mapping[str, Any]]) -> Optional[float]:
-    return next((p["escalated_ms"]["p99"] for p in ordered if p["escalated_ms"]["p99"] is not None), None)
+def _base(ordered: Sequence[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+    """The smallest N with an escalated p99: the baseline of the knee and the ratios."""
+    return next((p for p in ordered if p["escalated_ms"]["p99"] is not None), None)
 
 
 def knee(points: Sequence[Mapping[str, Any]], fps_floor: float, growth: float) -> Dict[str, Any]:
     """The first N (ascending) that degrades past the criterion, and the last N before it."""
     ordered = sorted(points, key=lambda p: p["n"])
-    base = _base_p99(ordered)
-    crit = (f"every stream keeps >= {100 * fps_floor:.0f}% of its camera frame rate and escalated p99 "
-            f"stays <= {growth:g} x its value at the smallest N")
+    base = _base(ordered)
+    crit = (f"every stream keeps >= {100 * fps_floor:.0f}% of its camera frame rate and the escalated p99 "
+            f"stays within {growth:g} x its value at the smallest N, compared through bootstrap 95% "
+            f"intervals (degraded only when the low end of a point's interval is past {growth:g} x the "
+            f"high end of the smallest N's)")
     last_ok: Optional[int] = None
     for p in ordered:
         ok, why = point_ok(p, base, fps_floor, growth)
@@ -225,16 +267,16 @@ def curve_table(points: Sequence[Mapping[str, Any]], target_ms: float, fps_floor
                 growth: float) -> str:
     """The cost curve as Markdown: one row per N, ratios against the smallest N."""
     ordered = sorted(points, key=lambda p: p["n"])
-    base = ordered[0] if ordered else None
-    base_p99 = _base_p99(ordered)
+    base = _base(ordered)
     head = ("| N | daemons | offered fps | sustained fps (x ideal) | min fps/stream | dropped "
-            "| edge p50/p95/p99 ms | escalated p50/p95/p99 ms (n) | esc p99 x N=1 | escalated "
+            "| edge p50/p95/p99 ms | escalated p50/p95/p99 ms (n) | esc p99 95% CI | esc p99 x base | escalated "
             "| uplink vs all frames | edge CPU ms/frame | cloud CPU ms/esc | CPU path ms | cores used (+others) "
             f"| p99 <= {target_ms:g} ms | knee check |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = []
     for p in ordered:
-        ok, why = point_ok(p, base_p99, fps_floor, growth)
+        ok, why = point_ok(p, base, fps_floor, growth)
+        lo, hi = _ci(p)
         met = meets_target(p, target_ms)
         e, x = p["edge_ms"], p["escalated_ms"]
         offered = p["n"] * p["fps_target"]
@@ -243,7 +285,7 @@ def curve_table(points: Sequence[Mapping[str, Any]], target_ms: float, fps_floor
             f"| {p['n']} | {p['daemons']} | {offered:g} | {p['sustained_fps']:g} "
             f"({_f(_ratio(p['sustained_fps'], offered))}) | {p['fps_per_stream_min']:g} "
             f"| {100 * p['drop_share']:.1f}% | {_f(e['p50'])}/{_f(e['p95'])}/{_f(e['p99'])} "
-            f"| {_f(x['p50'])}/{_f(x['p95'])}/{_f(x['p99'])} ({x['n']}) "
+            f"| {_f(x['p50'])}/{_f(x['p95'])}/{_f(x['p99'])} ({x['n']}) | {_f(lo)}-{_f(hi)} "
             f"| {_f(_ratio(x['p99'], base['escalated_ms']['p99'] if base else None))} "
             f"| {100 * p['escalation_share']:.1f}% | {_f(None if up is None else 100 * up, '{:.1f}%')} "
             f"| {p['edge_cpu_ms_per_frame']:g} | {_f(p['cloud_cpu_ms_per_escalation'])} "

@@ -7,7 +7,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import List
 
+import numpy as np
 import pytest
 
 from bench import _system_stats as S
@@ -93,23 +95,60 @@ def test_summary_percentiles_rates_uplink_and_late_answers() -> None:
 
 
 def _point(n: int, p99: float, fps_min: float, other: float = 0.0, edge_cpu: float = 0.0) -> dict:
-    return {"n": n, "fps_target": 5.0, "fps_per_stream_min": fps_min, "escalated_ms": {"p99": p99},
+    return {"n": n, "fps_target": 5.0, "fps_per_stream_min": fps_min, "escalated_ms": {"p99": p99, "n": 30},
             "escalation_share": 0.15, "worker_cpu_ms_per_escalation": 100.0,
             "accounting": {"answered": 3}, "other_cores": other, "cpu_s": {"edge": edge_cpu},
             "window_s": 10.0}
 
 
 def test_knee_is_the_first_degraded_n_from_the_data() -> None:
-    # p99 growth past 1.5x the smallest N's p99 (90 ms -> 135 ms) marks the knee
+    # summaries without intervals (older JSON) compare the p99s themselves
     pts = [_point(4, 140.0, 5.0), _point(1, 90.0, 5.0), _point(2, 130.0, 4.9)]
     k = S.knee(pts, 0.9, 1.5)
-    assert k["knee_n"] == 4 and k["last_ok_n"] == 2 and "140 ms > 1.5 x 90 ms" in k["why"][0]
+    assert k["knee_n"] == 4 and k["last_ok_n"] == 2 and "140 ms (95% CI 140-140, n=30) > 1.5 x 90 ms" in k["why"][0]
     k = S.knee([_point(1, 90.0, 5.0), _point(2, 100.0, 4.0)], 0.9, 1.5)
     assert k["knee_n"] == 2 and k["last_ok_n"] == 1 and "4 fps < 4.5 fps" in k["why"][0]
     assert S.knee([_point(1, 900.0, 5.0), _point(2, 1000.0, 5.0)], 0.9, 1.5)["knee_n"] is None
     assert S.knee([_point(1, 90.0, 3.0)], 0.9, 1.5)["knee_n"] == 1
     assert S.meets_target(_point(1, 200.0, 5.0), 200.0) is True
     assert S.meets_target(_point(1, 200.1, 5.0), 200.0) is False
+
+
+def _measured(n: int, xs: List[float]) -> dict:
+    return {"n": n, "fps_target": 5.0, "fps_per_stream_min": 5.0,
+            "escalated_ms": {"p99": S.pct(xs, 99), "n": len(xs), "p99_ci": list(S.p99_ci(xs))}}
+
+
+# sample counts of the README's run: N=1, 2, 4, 8 answered 26, 51, 101, 117 escalations
+COUNTS = ((1, 26), (2, 51), (4, 101), (8, 117))
+
+
+def test_noise_cannot_place_the_knee_but_a_real_step_does() -> None:
+    rng = np.random.default_rng(0)
+    fooled = 0
+    for _ in range(60):
+        # the same heavy-tailed latency distribution at every N: there is no knee
+        pts = [_measured(n, list(130.0 * np.exp(rng.normal(0.0, 0.4, c)))) for n, c in COUNTS]
+        assert S.knee(pts, 0.9, 1.5)["knee_n"] is None
+        # comparing the p99s themselves is fooled by the same data now and then
+        base = pts[0]["escalated_ms"]["p99"]
+        fooled += any(p["escalated_ms"]["p99"] > 1.5 * base for p in pts[1:])
+    assert fooled > 0
+    for _ in range(20):
+        # from N=4 on every latency is three times longer: the knee is at 4
+        pts = [_measured(n, list((3.0 if n >= 4 else 1.0) * 130.0 * np.exp(rng.normal(0.0, 0.4, c))))
+               for n, c in COUNTS]
+        k = S.knee(pts, 0.9, 1.5)
+        assert k["knee_n"] == 4 and k["last_ok_n"] == 2, k
+        assert "n=101" in k["why"][0] and "n=26" in k["why"][0]
+
+
+def test_p99_interval_is_seeded_and_brackets_the_p99() -> None:
+    xs = list(np.random.default_rng(1).exponential(50.0, 200))
+    lo, hi = S.p99_ci(xs)
+    assert lo is not None and hi is not None and lo <= S.pct(xs, 99) <= hi
+    assert S.p99_ci(xs) == (lo, hi)
+    assert S.p99_ci([5.0]) == (None, None)
 
 
 def test_sized_for_uses_measured_worker_cost_and_free_cores() -> None:
