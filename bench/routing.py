@@ -66,39 +66,48 @@ MODES = [("rr", "round robin"), ("random", "random"), ("wrr", "weighted RR"), ("
          ("default", "**gateway as shipped (defaults), weights 4:2:1**"),
          ("wlc-cap", "**weighted least-conn (ours), weights 1:1:1, learned capacity**"),
          ("wlc", "weighted least-conn, configured weights 4:2:1 only"),
-         ("wlc-noidle", "weighted least-conn without idle-first, 4:2:1"), ("nginx", "nginx least_conn 4:2:1")]
+         ("wlc-noidle", "weighted least-conn without idle-first, 4:2:1"),
+         ("wlc-active", "weighted least-conn, key active/weight (nginx's), ties to the fastest"),
+         ("nginx", "nginx least_conn 4:2:1")]
 #: each row's departures from the shipped defaults (BalancerConfig()); "default" has none
 MODE_SETTINGS: dict[str, list[str]] = {
     "default": [],
     "wlc-cap": [],  # the defaults, with every configured weight 1: capacity comes from Worker.Load
     "wlc": ["balancer.use_reported_capacity=false"],
     "wlc-noidle": ["balancer.idle_first=false"],
+    "wlc-active": ["balancer.key=active"],
 }
 
 
 def versus(addrs: list[str], weights: list[float], capacity: float, loads: list[float], rounds: int,
-           duration: float, d: Path) -> None:
-    """The shipped defaults against nginx ``least_conn``, paired so machine noise cancels.
+           duration: float, d: Path, contenders: list[str]) -> None:
+    """Gateway configurations (``contenders``, MODES names) against nginx ``least_conn``,
+    paired so machine noise cancels.
 
-    Both proxies stay up in front of the same workers. Each round serves one seeded Poisson
-    arrival sequence through one and then the other (the order alternates between rounds), so
-    both see the same requests at nearly the same time; drift in the machine's load hits both.
+    Every proxy stays up in front of the same workers. Each round serves one seeded Poisson
+    arrival sequence through each of them back to back (the order rotates between rounds), so
+    all see the same requests at nearly the same time; drift in the machine's load hits all.
     Reported per load: the p99 of all rounds pooled, and the median and range of the per-round
-    p99 ratios.
+    p99 ratios to nginx.
     """
-    gw, gport, _ = start_gateway("default", addrs, weights, d)
-    ng, nport = start_nginx(addrs, weights, d)
-    pooled: dict[float, dict[str, RunStats]] = {ld: {"default": RunStats(), "nginx": RunStats()} for ld in loads}
-    ratios: dict[float, list[float]] = {ld: [] for ld in loads}
+    labels = dict(MODES)
+    procs: list[Proc] = []
+    ports: dict[str, int] = {}
     try:
+        for mode in contenders:
+            gw, ports[mode], _ = start_gateway(mode, addrs, weights, d)
+            procs.append(gw)
+        ng, ports["nginx"] = start_nginx(addrs, weights, d)
+        procs.append(ng)
+        names = [*contenders, "nginx"]
+        pooled = {ld: {m: RunStats() for m in names} for ld in loads}
+        ratios: dict[float, dict[str, list[float]]] = {ld: {m: [] for m in contenders} for ld in loads}
         for r in range(rounds):
             for ld in loads:
-                order = [("default", gport), ("nginx", nport)]
-                if r % 2:
-                    order.reverse()
+                order = names[r % len(names):] + names[:r % len(names)]
                 p99: dict[str, float] = {}
-                for mode, port in order:
-                    st = asyncio.run(open_loop(f"127.0.0.1:{port}", ld * capacity, duration, 30.0,
+                for mode in order:
+                    st = asyncio.run(open_loop(f"127.0.0.1:{ports[mode]}", ld * capacity, duration, 30.0,
                                                seed=1000 + 17 * r + int(100 * ld), worker_api=mode == "nginx"))
                     agg = pooled[ld][mode]
                     agg.sent += st.sent
@@ -107,27 +116,29 @@ def versus(addrs: list[str], weights: list[float], capacity: float, loads: list[
                     for k, v in st.errors.items():
                         agg.errors[k] = agg.errors.get(k, 0) + v
                     p99[mode] = st.pct(.99)
-                ratios[ld].append(p99["default"] / p99["nginx"])
-                print(f"  round {r + 1}/{rounds} load {ld:.0%}: p99 defaults {p99['default']:.1f} ms, "
-                      f"nginx {p99['nginx']:.1f} ms ({ratios[ld][-1]:.2f}x)", flush=True)
+                for m in contenders:
+                    ratios[ld][m].append(p99[m] / p99["nginx"])
+                print(f"  round {r + 1}/{rounds} load {ld:.0%}: p99 " + ", ".join(f"{m} {p99[m]:.1f} ms" for m in names),
+                      flush=True)
     finally:
-        gw.stop()
-        ng.stop()
+        for p in procs:
+            p.stop()
     print()
-    print(f"Shipped defaults vs nginx least_conn 4:2:1, {rounds} paired rounds of {duration:g} s per load "
+    print(f"Against nginx least_conn 4:2:1, {rounds} paired rounds of {duration:g} s per load "
           f"(capacity {capacity:.0f} req/s; load average {os.getloadavg()[0]:.1f}):")
     print()
-    print("| load | requests (each) | p99 defaults ms | p99 nginx ms | pooled ratio | per-round ratio median (min-max) "
-          "| errors (defaults / nginx) | target <= 1.00x |")
-    print("|---|---|---|---|---|---|---|---|")
-    for ld in loads:
-        ours, ngx = pooled[ld]["default"], pooled[ld]["nginx"]
-        rs = sorted(ratios[ld])
-        pooled_ratio = ours.pct(.99) / ngx.pct(.99)
-        print(f"| {ld:.0%} | {len(ours.ok_lat)} / {len(ngx.ok_lat)} | {ours.pct(.99):.1f} | {ngx.pct(.99):.1f} | "
-              f"{pooled_ratio:.2f}x | {rs[len(rs) // 2]:.2f}x ({rs[0]:.2f}-{rs[-1]:.2f}) | "
-              f"{sum(ours.errors.values())} / {sum(ngx.errors.values())} | "
-              f"{'met' if pooled_ratio <= 1.0 else 'NOT met'} |")
+    print("| gateway | load | requests (each) | p99 gateway ms | p99 nginx ms | pooled ratio | per-round ratio "
+          "median (min-max) | errors (gateway / nginx) | target <= 1.00x |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for m in contenders:
+        for ld in loads:
+            ours, ngx = pooled[ld][m], pooled[ld]["nginx"]
+            rs = sorted(ratios[ld][m])
+            pooled_ratio = ours.pct(.99) / ngx.pct(.99)
+            print(f"| {labels[m]} | {ld:.0%} | {len(ours.ok_lat)} / {len(ngx.ok_lat)} | {ours.pct(.99):.1f} | "
+                  f"{ngx.pct(.99):.1f} | {pooled_ratio:.2f}x | {rs[len(rs) // 2]:.2f}x ({rs[0]:.2f}-{rs[-1]:.2f}) | "
+                  f"{sum(ours.errors.values())} / {sum(ngx.errors.values())} | "
+                  f"{'met' if pooled_ratio <= 1.0 else 'NOT met'} |")
 
 
 def free_port() -> int:
@@ -794,8 +805,9 @@ def main() -> int:
     ap.add_argument("--capacity-seq", type=int, default=300, help="capacity: sequential calls per path and size")
     ap.add_argument("--in-flight", type=int, default=8, help="capacity: concurrent requests in the loaded runs")
     ap.add_argument("--versus", type=int, default=0, metavar="ROUNDS",
-                    help="only the shipped defaults against nginx least_conn: ROUNDS paired rounds per load, the "
-                         "two served the same arrival sequence back to back in alternating order")
+                    help="only the shipped defaults (or the gateway rows named by --modes) against nginx "
+                         "least_conn: ROUNDS paired rounds per load, each serving the same arrival sequence "
+                         "back to back in rotating order")
     args = ap.parse_args()
     if args._worker:
         return worker_main(args)
@@ -837,7 +849,7 @@ def main() -> int:
             if not have_nginx:
                 raise SystemExit(f"--versus needs nginx at {NGINX} (apt-get install nginx)")
             versus(addrs, weights, capacity, [ld for ld in loads if ld > 0.5] or loads, args.versus,
-                   args.duration or 10.0, d)
+                   args.duration or 10.0, d, [m for m, _ in modes if m != "nginx"] if args.modes else ["default"])
             return 0
         for mode, label in modes:
             if mode == "nginx" and not have_nginx:

@@ -107,6 +107,7 @@ def main() -> int:
     routers: Dict[str, Tuple[str, Callable[[], Optional[BalancerConfig]]]] = {
         "gateway as shipped (defaults)": ("gateway", BalancerConfig),
         "gateway, idle_first: false": ("gateway", lambda: BalancerConfig(idle_first=False)),
+        "gateway, key: active": ("gateway", lambda: BalancerConfig(key="active")),
         "nginx least_conn 4:2:1": ("nginx", lambda: None),
     }
     print("| service times | load | router | p50 ms | p99 ms (mean of seeds) | p99 / nginx |")

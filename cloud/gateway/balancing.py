@@ -108,6 +108,11 @@ class BalancerConfig:
     #: (in_flight+1)/w key, which keeps the fastest worker busier than its share.
     idle_first: bool = setting("An endpoint with nothing in flight has key 0, so idle endpoints are shared "
                                "by weighted round robin before any gets a second request.", True)
+    #: docs/design/balancing.md#pick-weighted-least-connections: both keys measured side by side by
+    #: bench/routing_sim.py (virtual clock) and bench/routing.py --versus (real processes).
+    key: str = setting("wlc key: load_after = HAProxy's (in_flight + 1) / weight (with idle_first), active = "
+                       "nginx least_conn's in_flight / weight, ties going to the fastest endpoint.",
+                       "load_after", choices=("load_after", "active"))
     p2c_distinct: bool = setting("p2c: sample two distinct endpoints (gRPC PR #11006) instead of with "
                                  "replacement (gRFC A48).", False)
     slow_start_window_s: float = setting("Slow start: the weight of a worker joining a pool that already "
@@ -303,6 +308,8 @@ class Balancer:
         """HAProxy load-after-assignment key ``(in_flight + 1) / w_eff`` (docs/design/balancing.md#pick-weighted-least-connections)."""
         # Idle-first skips endpoints still in slow start, or an idle new worker would get
         # every request it can take and the ramp would mean nothing.
+        if self.config.key == "active":  # nginx least_conn; an idle endpoint in slow start takes one at a time
+            return ep.in_flight / self.effective_weight(ep, now)
         if self.config.idle_first and ep.in_flight == 0 and self.slow_start_factor(ep, now) >= 1.0:
             return 0.0
         return (ep.in_flight + 1) / self.effective_weight(ep, now)
@@ -389,6 +396,10 @@ class Balancer:
             keys = [self.key(ep, now) for ep in cands]
             best = min(keys)
             tied = [ep for ep, k in zip(cands, keys) if k <= best * (1 + _REL_EPS) + 1e-15]
+            if self.config.key == "active" and len(tied) > 1:  # the fastest of the tied; equals by smooth WRR
+                ws = [self.effective_weight(ep, now) for ep in tied]
+                top = max(ws)
+                tied = [ep for ep, w in zip(tied, ws) if w >= top * (1 - _REL_EPS)]
             return self._smooth_wrr(tied, now)
         if mode == "rr":
             self._rr += 1

@@ -488,3 +488,31 @@ def test_unreachable_worker_gets_no_picks_until_a_poll_reaches_it():
         seen.add(t.address)
         t.release(Outcome.OK)
     assert seen == {"w0", "w1"}
+
+
+def test_active_key_is_nginx_least_conn_with_ties_to_the_fastest():
+    b, _ = make([4, 2, 1], key="active")
+    # idle: all key 0, the fastest first; then w1 and w2 tie at 0 and the faster w1 wins
+    assert [must(b.pick()).address for _ in range(4)] == ["w0", "w1", "w2", "w0"]
+    # keys now 2/4, 1/2, 1/1: w0 and w1 tie at 0.5 and w0 (faster) wins
+    assert must(b.pick()).address == "w0"
+
+
+def test_active_key_spreads_equal_endpoints():
+    b, _ = make([1, 1, 1], key="active")
+    tickets = [must(b.pick()) for _ in range(6)]
+    assert Counter(t.address for t in tickets) == {"w0": 2, "w1": 2, "w2": 2}
+    for t in tickets:
+        t.release(Outcome.OK)
+    # idle again: smooth WRR keeps rotating instead of always the first in the list
+    assert len({must(b.pick()).address for _ in range(3)}) == 3
+
+
+def test_active_key_gives_a_slow_starting_endpoint_one_at_a_time():
+    clock = FakeClock()
+    b = Balancer(BalancerConfig(key="active", slow_start_window_s=30.0), clock=clock, rng=random.Random(0))
+    b.set_endpoints([("old", 1.0, "old", False)])
+    clock.t += 60  # the pool serves; a scale-up joins in slow start (10% weight)
+    b.set_endpoints([("old", 1.0, "old", False), ("new", 1.0, "new", False)])
+    picks = Counter(must(b.pick()).address for _ in range(10))
+    assert picks["new"] == 1 and picks["old"] == 9
