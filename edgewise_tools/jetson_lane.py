@@ -185,6 +185,8 @@ class Lane:
         view.mkdir(exist_ok=True)
         for name in ("edgewise", "edge", "tests", "pyproject.toml"):
             link = view / name
+            if link.is_symlink() and os.readlink(link) != str(ROOT / name):
+                link.unlink()  # a cache made by another checkout: point it at this one
             if not link.is_symlink():
                 link.symlink_to(ROOT / name)
         return view

@@ -49,7 +49,7 @@ def test_no_python38_says_how_to_get_one(monkeypatch, tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def lane(tiny_model, small_model) -> J.Lane:
+def lane(tiny_model, small_model, native_model) -> J.Lane:
     """The cached device venv (models built first: the lane's Python has no torch)."""
     try:
         return J.Lane().ensure()
