@@ -280,7 +280,12 @@ def test_gateway_and_workers_from_the_image_survive_a_worker_kill(cluster: Clust
         assert not lost, (f"{len(lost)} of {FRAMES} requests lost (sent at s after the kill, error): {lost}\n"
                           f"gateway log:\n{cluster.logs(gw)}")
         assert seen == set(workers), "worker ids are the pod names ($(POD_NAME) expanded)"
-        assert {r.worker_id for t, r in results if t > killed_at[0] + 0.5} == {survivor}
+        assert {r.worker_id for t, r in results if t > killed_at[0] + 0.5} <= {survivor}
+        # the kill may come late in the run (both workers had to answer first): more frames after
+        # it, while the gateway still lists the dead worker, are answered by the survivor alone
+        more = _send(f"{gw_ip}:{grpc_port}", _frames(2 * CLIENTS), lambda count, resp: None)
+        assert all(isinstance(r, detect_pb2.DetectResponse) and r.status == detect_pb2.OK
+                   and r.worker_id == survivor for _, r in more), (more, cluster.logs(gw))
         assert sum(len(r.detections) for _, r in results) >= FRAMES, "the reference model finds the digits"
 
         # the endpoint controller marks the dead pod not ready: with nothing in flight it leaves the pool
@@ -293,10 +298,10 @@ def test_gateway_and_workers_from_the_image_survive_a_worker_kill(cluster: Clust
         assert probe_ok(gw_ip, grpc_port) and probe_ok(gw_ip, grpc_port, "edgewise.v1.Escalation")
         assert probe_ok(sv_ip, _port(wk_c, "grpc"))
         m = _metrics(gw_ip, gw_metrics)
-        assert m["edgewise_gateway_requests_total"][(("status", "OK"), ("transport", "grpc"))] == FRAMES
+        assert m["edgewise_gateway_requests_total"][(("status", "OK"), ("transport", "grpc"))] == FRAMES + len(more)
         assert any(dict(k)["process"] == "gateway" for k in m["edgewise_build_info"])
         m = _metrics(sv_ip, _port(wk_c, "metrics"))
-        answered = sum(1 for _, r in results if r.worker_id == survivor)
+        answered = sum(1 for _, r in [*results, *more] if r.worker_id == survivor)
         assert m["edgewise_worker_requests_total"][(("status", "OK"),)] == answered
         assert m["edgewise_worker_serving"][()] == 1
 

@@ -94,9 +94,6 @@ def test_the_records_hold_every_limit_biting(recorded) -> None:
     # the motion detector ran, and motion alone made some frames hard
     assert any(r["signals"]["motion"] > 0 for r in recs)
     assert any(r["hardness"] == round(0.7 * r["signals"]["motion"], 4) >= r["threshold"] for r in recs)
-    # records are written when settled: the file order is not the decision order
-    seqs = [r["frame_seq"] for r in read_jsonl(recorded["dir"] / "out.jsonl") if r["stream"] == "a"]
-    assert seqs != sorted(seqs)
 
 
 def test_replay_with_the_same_policy_reproduces_every_decision(recorded, capsys) -> None:
