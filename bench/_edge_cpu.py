@@ -75,21 +75,6 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def thread_cpu_s(pid: int) -> Dict[int, float]:
-    """utime + stime of every thread of ``pid`` (``/proc/<pid>/task/<tid>/stat``), seconds."""
-    from bench._system_run import TICK
-
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            text = (task / "stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / TICK
-    return out
-
-
 def model_time(model: Path, threads: int, spin: bool, fps: float, n: int = 40) -> Tuple[float, float]:
     """Median (wall ms, CPU ms) of one paced ``infer`` call on letterboxed vtest frames."""
     import cv2
@@ -117,7 +102,7 @@ def model_time(model: Path, threads: int, spin: bool, fps: float, n: int = 40) -
 
 
 def run_variant(name: str, opts: Dict[str, Any], args: Any, model: Path, tmp: Path) -> Dict[str, Any]:
-    from bench._system_run import proc_cpu_s
+    from edgewise_tools.cpu import proc_cpu_s, thread_cpu_s
     from tests.edge.helpers import read_jsonl, settings_yaml
 
     tag = name.split(" (")[0].replace(" ", "-")

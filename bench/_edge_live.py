@@ -59,17 +59,6 @@ def live_row(recs: List[Dict[str, Any]], n: int, cpu_s: float, window: float, fp
     return row
 
 
-def cpu_busy_s(cpu: int) -> float:
-    """Busy seconds of one CPU since boot, all processes (``/proc/stat`` line ``cpuN``)."""
-    from bench._system_run import TICK
-
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith(f"cpu{cpu} "):
-            v = [int(x) for x in line.split()[1:]]
-            return (v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)) / TICK
-    return 0.0
-
-
 def tiny_model() -> Path:
     from edgewise_tools.models import build_onnx
 
@@ -81,7 +70,7 @@ def tiny_model() -> Path:
 
 
 def run_n(n: int, url: str, model: Path, args: Any, tmp: Path, cpu: int) -> Dict[str, Any]:
-    from bench._system_run import proc_cpu_s
+    from edgewise_tools.cpu import busy_s, proc_cpu_s
     from tests.edge.helpers import read_jsonl, settings_yaml
 
     out = tmp / f"live-{n}.jsonl"
@@ -98,9 +87,9 @@ def run_n(n: int, url: str, model: Path, args: Any, tmp: Path, cpu: int) -> Dict
                 raise RuntimeError(f"the daemon with {n} streams did not start (exit {proc.poll()})")
             time.sleep(0.2)
         time.sleep(2.0)  # warm-up: connections settled, buffers drained
-        c0, b0, w0 = proc_cpu_s(proc.pid) or 0.0, cpu_busy_s(cpu), time.time_ns()
+        c0, b0, w0 = proc_cpu_s(proc.pid) or 0.0, busy_s(cpu), time.time_ns()
         time.sleep(args.seconds)
-        c1, b1, w1 = proc_cpu_s(proc.pid) or 0.0, cpu_busy_s(cpu), time.time_ns()
+        c1, b1, w1 = proc_cpu_s(proc.pid) or 0.0, busy_s(cpu), time.time_ns()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import cv2
 import yaml
 
+from edgewise_tools.cpu import busy_s, proc_cpu_s
 from edgewise_tools.demo import records as R
 from edgewise_tools.demo import running as demo
 
@@ -32,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench-models"
 DATA_CACHE = ROOT / ".cache" / "bench-system-data"
 VTEST = Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi")
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def say(line: str) -> None:
@@ -124,24 +124,6 @@ def policy_copy(policy: Path, transport: str, dest: Path, audit: float = 0.0,
 
 # ------------------------------------------------------------------------------ CPU
 
-def proc_cpu_s(pid: int) -> Optional[float]:
-    """utime + stime of a process in seconds (None once it is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of proc(5)
-
-
-def machine_busy_s() -> float:
-    """Busy CPU seconds of the whole machine since boot (all processes, all cores)."""
-    parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    v = [int(x) for x in parts]
-    busy = v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)  # user nice system irq softirq steal
-    return busy / TICK
-
-
 def settle(pids: Callable[[], List[int]], quiet_s: float = 0.1, window: float = 1.0, limit: float = 30.0) -> float:
     """Wait until the given processes use < ``quiet_s`` CPU seconds per ``window`` (warm-up
     done); returns the seconds waited."""
@@ -159,7 +141,7 @@ class CpuMeter:
     processes that die in the window (a SIGKILLed worker) and picks up new ones."""
 
     def __init__(self, roles: Callable[[], Dict[str, List[int]]], every: float = 0.25) -> None:
-        self.machine0 = machine_busy_s()
+        self.machine0 = busy_s()
         self.machine_s = 0.0
         self.roles = roles
         self.every = every
@@ -182,7 +164,7 @@ class CpuMeter:
 
     def start(self) -> None:
         self.t0 = time.monotonic()
-        self.machine0 = machine_busy_s()
+        self.machine0 = busy_s()
         self._sample()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -197,7 +179,7 @@ class CpuMeter:
         if self._thread is not None:
             self._thread.join()
         self.t1 = time.monotonic()
-        self.machine_s = machine_busy_s() - self.machine0
+        self.machine_s = busy_s() - self.machine0
         out: Dict[str, float] = {}
         for pid, role in self.role_of.items():
             out[role] = out.get(role, 0.0) + self.last[pid] - self.first[pid]

@@ -60,6 +60,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from edgewise_tools.cpu import tree_cpu_s  # noqa: E402
+
 NGINX = "/usr/sbin/nginx"
 MODES = [("rr", "round robin"), ("random", "random"), ("wrr", "weighted RR"), ("lc", "least-conn (unweighted)"),
          ("p2c", "P2C (A48, unweighted)"),
@@ -529,21 +531,6 @@ def jpeg_of_size(target: int) -> bytes:
     return min(enc(lo), enc(hi), key=lambda b: abs(len(b) - target))
 
 
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its child processes (nginx: master and
-    worker), from ``/proc/<pid>/stat`` (utime and stime, fields 14 and 15)."""
-    pids = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with open(task / "children") as f:
-            pids += [int(x) for x in f.read().split()]
-    ticks = 0
-    for q in pids:
-        with open(f"/proc/{q}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # fields from the 3rd on (comm may hold spaces)
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def floor_main(args: argparse.Namespace) -> int:
     """The least a grpc.aio proxy can do: Escalation.Detect's bytes to ``--target``'s
     Worker.Infer and its answer back, nothing read, with the gateway's channel options.
@@ -638,7 +625,7 @@ async def closed_loop(path: CapacityPath, body: bytes, in_flight: int, seconds: 
 
             await asyncio.gather(writer(), reader())
 
-        cpu0 = proc_cpu_s(path.pid) if path.pid else 0.0
+        cpu0 = tree_cpu_s(path.pid) if path.pid else 0.0
         t0 = time.perf_counter()
         stop_at = t0 + seconds
         if path.stream:
@@ -646,7 +633,7 @@ async def closed_loop(path: CapacityPath, body: bytes, in_flight: int, seconds: 
         else:
             await asyncio.gather(*(caller() for _ in range(in_flight)))
         wall = time.perf_counter() - t0
-        cpu = proc_cpu_s(path.pid) - cpu0 if path.pid else None
+        cpu = tree_cpu_s(path.pid) - cpu0 if path.pid else None
     return CapacityCell(done, wall, cpu)
 
 

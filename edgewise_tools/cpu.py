@@ -14,14 +14,53 @@ from typing import Dict, Iterable, Optional
 TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 
 
-def proc_cpu_s(pid: int) -> Optional[float]:
-    """utime + stime of a process in seconds (None once it is gone or where /proc is absent)."""
+def stat_cpu_s(stat: Path) -> Optional[float]:
+    """utime + stime in seconds from a ``/proc`` ``stat`` file of a process or thread (None
+    once it is gone). The fields are counted after the last ")", since the command name may
+    hold spaces and parentheses."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = stat.read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def proc_cpu_s(pid: int) -> Optional[float]:
+    """utime + stime of a process in seconds (None once it is gone or where /proc is absent)."""
+    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
+
+
+def thread_cpu_s(pid: int) -> Dict[int, float]:
+    """utime + stime of every live thread of ``pid``, seconds by thread id."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        s = stat_cpu_s(task / "stat")
+        if s is not None:
+            out[int(task.name)] = s
+    return out
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its direct children (nginx: the master and its workers)."""
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            pids += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return sum(proc_cpu_s(q) or 0.0 for q in pids)
+
+
+def busy_s(cpu: Optional[int] = None) -> float:
+    """Busy seconds since boot of one CPU, or of the whole machine (``cpu=None``), all
+    processes: user, nice, system, irq, softirq and steal of ``/proc/stat`` (proc(5))."""
+    label = "cpu " if cpu is None else f"cpu{cpu} "
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith(label):
+            v = [int(x) for x in line.split()[1:]]
+            return (v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)) / TICK
+    return 0.0
 
 
 class CpuMeter:
