@@ -143,6 +143,24 @@ def versus(addrs: list[str], weights: list[float], capacity: float, loads: list[
                   f"{'met' if pooled_ratio <= 1.0 else 'NOT met'} |")
 
 
+async def serve_until_sigterm(service: str, methods: dict, address: str, banner: str) -> int:
+    """Serve unary ``methods`` of ``service`` on ``address`` (raw bytes in and out), print
+    ``banner`` with the bound port (what :class:`Proc` waits for), stop on SIGTERM."""
+    import grpc
+
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        service, {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in methods.items()}),))
+    port = server.add_insecure_port(address)
+    await server.start()
+    print(banner.format(port=port), flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop(0)
+    return 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -207,21 +225,8 @@ def echo_main(args: argparse.Namespace) -> int:
     async def load(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return load_reply
 
-    async def main() -> int:
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("edgewise.v1.Worker", {
-            "Infer": grpc.unary_unary_rpc_method_handler(infer),
-            "Load": grpc.unary_unary_rpc_method_handler(load)}),))
-        port = server.add_insecure_port(f"127.0.0.1:{args.port}")
-        await server.start()
-        print(f"EDGEWISE_WORKER_SERVING port={port}", flush=True)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        await server.stop(0)
-        return 0
-
-    return asyncio.run(main())
+    return asyncio.run(serve_until_sigterm("edgewise.v1.Worker", {"Infer": infer, "Load": load},
+                                           f"127.0.0.1:{args.port}", "EDGEWISE_WORKER_SERVING port={port}"))
 
 
 async def interleaved(targets: dict[str, tuple[str, bool]], n: int) -> dict[str, list[float]]:
@@ -550,17 +555,8 @@ def floor_main(args: argparse.Namespace) -> int:
         async def detect(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
             return await infer(body, timeout=context.time_remaining())  # type: ignore[no-any-return]
 
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            "edgewise.v1.Escalation", {"Detect": grpc.unary_unary_rpc_method_handler(detect)}),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        print(f"EDGEWISE_GATEWAY_LISTENING port={port} metrics_port=0", flush=True)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        await server.stop(0)
-        return 0
+        return await serve_until_sigterm("edgewise.v1.Escalation", {"Detect": detect}, "127.0.0.1:0",
+                                         "EDGEWISE_GATEWAY_LISTENING port={port} metrics_port=0")
 
     return asyncio.run(main())
 
