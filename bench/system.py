@@ -8,14 +8,15 @@ escalated frames (capture -> merged cloud answer written), escalation share,
 uplink bytes against streaming every frame, edge stage medians and CPU seconds
 per process role (``/proc/<pid>/stat``). It states the knee of the cost curve
 from the data (first N where a stream keeps < 90% of its frame rate or escalated
-p99 grows past 1.5x its value at the smallest N, judged on bootstrap 95% intervals
-of the p99s so that one slow sample among a few dozen cannot place it; the table
-states each point's sample count and interval) and whether the project's target
+p99 grows past 1.5x its value at the smallest N, judged on distribution-free 95%
+intervals so that one slow sample among a few dozen cannot place it; the smallest N is
+run again when it answered fewer than the 368 escalations a bounded p99
+interval needs (runs pooled), and the knee falls back to the p95 when it still has fewer; the table states each point's sample count and interval) and whether the project's target
 (escalated p99 <= 200 ms at the load the pool is sized for) is met on this machine. Then two failure
 runs, each with its escalation accounting (lost must be 0): a worker SIGKILLed
 for a few seconds, and (over MQTT) our own Mosquitto broker restarted.
 
-    .venv/bin/python bench/system.py                  # full run, ~6-8 min on 2 cores
+    .venv/bin/python bench/system.py                  # full run, ~12-15 min on 2 cores
     .venv/bin/python bench/system.py --quick --json out.json
     .venv/bin/python bench/system.py --n 1,2,4 --fps 5 --seconds 20 --workers 2
 
@@ -83,6 +84,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--fail-n", type=int, default=2, help="cameras in the failure runs")
     p.add_argument("--down-seconds", type=float, default=None, help="how long the worker/broker stays down "
                    "(default 4; quick 2)")
+    p.add_argument("--baseline-max-seconds", type=float, default=None,
+                   help="run the smallest N again (pooling its latencies) until it can bound its p99, "
+                        "up to this much camera time in all (the knee's reference; default 420; quick 0 = never)")
     p.add_argument("--target-ms", type=float, default=TARGET_MS, help="escalated p99 target (default 200)")
     p.add_argument("--size", default="320x240", help="camera frame size WxH")
     p.add_argument("--seed", type=int, default=7, help="data seed")
@@ -94,6 +98,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     a.n = [int(x) for x in (a.n or ("1,2" if a.quick else "1,2,4,8")).split(",") if x.strip()]
     a.fps = a.fps if a.fps is not None else 5.0
     a.seconds = a.seconds if a.seconds is not None else (6.0 if a.quick else 20.0)
+    if a.baseline_max_seconds is None:
+        a.baseline_max_seconds = 0.0 if a.quick else 420.0
     a.down_seconds = a.down_seconds if a.down_seconds is not None else (2.0 if a.quick else 4.0)
     a.failures = [] if a.failures.strip() in ("", "none") else [f.strip() for f in a.failures.split(",")]
     bad = [f for f in a.failures if f not in ("kill", "broker")]
@@ -207,6 +213,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         for n in a.n:
             points.append(point(n, a.transport, a.seconds, f"n{n}"))
+            if n == min(a.n):
+                points[-1] = pooled_baseline(a, points[-1],
+                                             lambda k: point(n, a.transport, a.seconds, f"n{n}-run{k}"))
         # The fault starts a few seconds in and ends early enough for the spool to replay
         # (every 1 s) before the cameras stop.
         at = 2.0 if a.quick else max(3.0, 0.25 * a.seconds)
@@ -239,11 +248,35 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0 if lost == 0 and points else 1
 
 
+def pooled_baseline(a: argparse.Namespace, first: Dict[str, Any], measure: Any) -> Dict[str, Any]:
+    """The smallest N run again and pooled until it can bound its p99, or the time is spent.
+
+    The knee judges latency growth against the high end of this point's interval, which is
+    unbounded below ``stats.samples_for_bounded(0.99)`` answered escalations (368; the knee
+    falls back to the p95, which needs 72). Each extra run is a fresh start of the same point,
+    like every other point, so the pooled latencies come from the same regime as theirs (a
+    single long run would not: the policy's escalation budget window fills up after a minute).
+    At most ``--baseline-max-seconds`` of camera time in all.
+    """
+    need = stats.samples_for_bounded(0.99)
+    runs = [first]
+    have = first["escalated_ms"]["n"]
+    if have == 0 or have >= need:
+        return first
+    run.say(f"  N={first['n']} answered {have} escalations; a bounded p99 needs {need}: running it again "
+            f"(at most {a.baseline_max_seconds:g} s of camera time)")
+    while have < need and (len(runs) + 1) * a.seconds <= a.baseline_max_seconds:
+        runs.append(measure(len(runs)))
+        have += runs[-1]["escalated_ms"]["n"]
+    return stats.pool_runs(runs) if len(runs) > 1 else first
+
+
 def report(a: argparse.Namespace, points: List[Dict[str, Any]], failures: Dict[str, Dict[str, Any]],
            cores: int, models_note: str, edge_model: Path, cloud_model: Path, wall: float,
            audit: float) -> Dict[str, Any]:
     """Print the Markdown report; return the JSON summary."""
     kn = stats.knee(points, FPS_FLOOR, P99_GROWTH)
+    base = min(points, key=lambda p: p["n"]) if points else None
     sized = stats.sized_for(points, a.workers, cores)
     at = next((p for p in points if p["n"] == sized["n"]), None)
     verdict: Dict[str, Any]
@@ -277,7 +310,9 @@ def report(a: argparse.Namespace, points: List[Dict[str, Any]], failures: Dict[s
         "Edge stage medians (ms) and CPU seconds per process role over each window:",
         "",
         stats.stage_table(points),
-        f"Knee criterion: {kn['criterion']}. "
+        f"Knee criterion: {kn['criterion']}; {kn['note']}"
+        + (f" (N={base['n']}'s escalated latencies pooled over {base['runs']} runs of {a.seconds:g} s)"
+           if base and base.get("runs", 1) > 1 else "") + ". "
         + (f"**Knee at N={kn['knee_n']}** ({'; '.join(kn['why'])}); last N meeting it: {kn['last_ok_n']}."
            if kn["knee_n"] is not None else f"No knee within N={a.n}: every point meets it."),
         "",
