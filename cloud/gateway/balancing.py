@@ -149,6 +149,11 @@ class BalancerConfig:
             raise Invalid("balancer.max_ejection_s", "must be >= base_ejection_s")
 
 
+def _rate_or_none(v: float | None) -> float | None:
+    """A reported images/s: None when absent, <= 0 or not finite (unknown)."""
+    return v if v is not None and v > 0 and math.isfinite(v) else None
+
+
 @dataclass
 class EndpointStats:
     """Mutable per-endpoint state (docs/design/balancing.md#per-endpoint-state). Owned by the Balancer; read it, don't write it."""
@@ -158,6 +163,7 @@ class EndpointStats:
     name: str = ""
     in_flight: int = 0
     capacity: float | None = None      # reported images/s; None until the first report
+    peak_capacity: float | None = None  # reported images/s at the worker's largest batch (autoscaling only)
     queue_depth: int = 0               # reported
     limit: int = 0                     # reported admission limit (max batch + max queue); 0 = unknown
     slow_start_t0: float = 0.0
@@ -251,8 +257,8 @@ class Balancer:
                             / sum(e.weight for e in reporting)) if reporting else None
 
     def report_load(self, address: str, capacity: float | None, queue_depth: int = 0,
-                    limit: int = 0, serving: bool = True) -> None:
-        """Record a worker's Load report (capacity in images/s; <=0 means unknown).
+                    limit: int = 0, serving: bool = True, peak_capacity: float | None = None) -> None:
+        """Record a worker's Load report (capacities in images/s; <=0 means unknown).
 
         A worker reporting ``serving=False`` gets no picks until it serves again
         (slow start restarts then).
@@ -263,7 +269,8 @@ class Balancer:
         if ep.paused and serving:
             ep.slow_start_t0 = self._slow_start_t0(self.clock(), ep)
         ep.paused = not serving
-        ep.capacity = capacity if capacity is not None and capacity > 0 and math.isfinite(capacity) else None
+        ep.capacity = _rate_or_none(capacity)
+        ep.peak_capacity = _rate_or_none(peak_capacity)
         ep.queue_depth = max(0, int(queue_depth))
         ep.limit = max(0, int(limit))
         self._update_scale()

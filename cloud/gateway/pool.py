@@ -71,6 +71,7 @@ class WorkerPool:
         self._queue_ms: deque[tuple[float, float]] = deque(maxlen=20000)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.ready = asyncio.Event()  # set once discovery delivered a first set
+        self.requests_total = 0  # requests offered to the pool (the autoscaler's arrival rate)
 
     # ---- membership -----------------------------------------------------------------------
     def _channel_options(self) -> list[tuple[str, Any]]:
@@ -142,7 +143,8 @@ class WorkerPool:
                 self.balancer.mark_unreachable(address)
             return
         limit = load.max_batch_size + load.max_queue_size if load.max_queue_size else 0
-        self.balancer.report_load(address, load.capacity, load.queue_depth, limit, load.serving)
+        self.balancer.report_load(address, load.capacity, load.queue_depth, limit, load.serving,
+                                  load.peak_capacity)
 
     # ---- forwarding -----------------------------------------------------------------------
     async def forward(self, req: RequestHead, timeout_s: float, transport: str = "grpc") -> Reply:
@@ -150,6 +152,7 @@ class WorkerPool:
         t_start = time.perf_counter()
         deadline = t_start + timeout_s
         self.budget.record_request()
+        self.requests_total += 1
         tried: list[str] = []
         waited = 0.0
         reply: Reply | None = None
@@ -247,12 +250,13 @@ class WorkerPool:
             workers.append({
                 "name": ep.name, "address": ep.address, "state": state, "in_flight": ep.in_flight,
                 "queue_depth": ep.queue_depth, "capacity": ep.capacity or 0.0,
+                "peak_capacity": ep.peak_capacity or 0.0,
                 "weight": round(b.effective_weight(ep, now), 6), "ejected": ep.ejected(now),
             })
             if state == "ready":
                 capacity += ep.capacity or 0.0
         return {"workers": workers, "in_flight": b.total_in_flight(), "capacity": capacity,
-                "queue_wait_ms_p90": self.queue_wait_p90_ms()}
+                "queue_wait_ms_p90": self.queue_wait_p90_ms(), "requests_total": self.requests_total}
 
     async def close(self) -> None:
         for address in list(self._channels):

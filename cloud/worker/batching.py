@@ -380,6 +380,21 @@ class Batcher(Generic[T]):
         return 1.0 / v if v else 0.0
 
     @property
+    def peak_capacity(self) -> float:
+        """Images/s at the best batch size measured within the policy's ``max_batch_size``
+        (size / EWMA time of that size), 0 if unknown.
+
+        :attr:`capacity` follows the batches the load happens to form, so it is low when the
+        worker is lightly loaded; this is what the worker can do when busy, the denominator
+        the autoscaler's load target needs (cloud/autoscaler/scaling.py).
+        """
+        best = 0.0
+        for size, ewma in self._size_s.items():
+            if size <= self.policy.max_batch_size and ewma.value:
+                best = max(best, size / ewma.value)
+        return best
+
+    @property
     def depth(self) -> int:
         """Requests waiting now."""
         return self._size

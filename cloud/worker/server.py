@@ -291,6 +291,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             in_flight=self._in_flight,
             queue_depth=self.batcher.depth,
             capacity=self.batcher.capacity,
+            peak_capacity=self.batcher.peak_capacity,
             max_batch_size=pol.max_batch_size,
             max_queue_size=pol.max_queue_size,
             model_name=self.runner.name,

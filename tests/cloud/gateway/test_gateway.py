@@ -148,6 +148,8 @@ def test_saturated_pool_answers_resource_exhausted_at_once():
                 assert code == "RESOURCE_EXHAUSTED" and "saturated" in msg
                 assert time.perf_counter() - t0 < 0.3
                 assert [r[0] for r in await asyncio.gather(*slow)] == ["OK", "OK"]
+            # the refused request was offered load too: the autoscaler's arrival rate counts it
+            assert gw.pool.snapshot()["requests_total"] == 3
         finally:
             await gw.stop(0)
             await w.stop()
@@ -405,12 +407,12 @@ def test_pool_document_and_reported_capacity():
             await async_wait_until(lambda: gw.pool.snapshot()["capacity"] == pytest.approx(40.0), 10,
                                    "the Load polls to report both capacities")
             doc = json.loads(await http_get(f"http://127.0.0.1:{gw.metrics_port}/pool"))
-            assert set(doc) == {"workers", "in_flight", "capacity", "queue_wait_ms_p90"}
-            assert doc["capacity"] == pytest.approx(40.0)
+            assert set(doc) == {"workers", "in_flight", "capacity", "queue_wait_ms_p90", "requests_total"}
+            assert doc["capacity"] == pytest.approx(40.0) and doc["requests_total"] == 0
             by = {w["address"]: w for w in doc["workers"]}
             a = by[ws[0][0].address]
-            assert set(a) == {"name", "address", "state", "in_flight", "queue_depth", "capacity", "weight",
-                              "ejected"}
+            assert set(a) == {"name", "address", "state", "in_flight", "queue_depth", "capacity", "peak_capacity",
+                              "weight", "ejected"}
             # the measured images/s replace the configured weights (1 and 1)
             assert a["state"] == "ready" and a["weight"] == pytest.approx(30.0)
             assert by[ws[1][0].address]["weight"] == pytest.approx(10.0)

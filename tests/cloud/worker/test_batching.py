@@ -288,6 +288,20 @@ def test_capacity_is_ewma_of_measured_images_per_second():
         b.observe(0, 0.1)
 
 
+def test_peak_capacity_is_the_best_batch_size_the_policy_allows():
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=8, ewma_alpha=1.0))
+    assert b.peak_capacity == 0.0
+    b.observe(1, 0.010)   # 100 img/s at batch 1
+    b.observe(8, 0.040)   # 200 img/s at batch 8
+    # light load forms batches of 1, so the measured capacity drops; the peak does not
+    for _ in range(5):
+        b.observe(1, 0.010)
+    assert b.capacity == pytest.approx(100.0) and b.peak_capacity == pytest.approx(200.0)
+    # a worker that serves batch 1 only (batching does not pay) peaks at its batch-1 rate
+    b.set_policy(b.policy.unbatched())
+    assert b.peak_capacity == pytest.approx(100.0)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [dict(max_batch_size=0), dict(max_queue_delay_s=-1), dict(preferred_batch_sizes=(9,)),

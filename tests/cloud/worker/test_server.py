@@ -243,6 +243,7 @@ def test_load_reports_sane_numbers_and_metrics_are_exported(tiny_model):
     assert after.serving and after.worker_id == "w-test" and after.max_batch_size == 4
     assert after.max_queue_size == 64 and after.in_flight == 0 and after.queue_depth == 0
     assert 1 < after.capacity < 100_000
+    assert after.peak_capacity >= after.capacity * 0.5 and before.peak_capacity > 0  # warm-up measured sizes 1 and 4
     assert after.model_name == tiny_model.stem and after.model_version
     assert 'edgewise_worker_requests_total{status="OK"} 8.0' in text
     assert "edgewise_worker_queue_wait_seconds_bucket" in text
