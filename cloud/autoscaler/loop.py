@@ -8,8 +8,11 @@ Each tick (every ``interval_s``, like HPA's 15 s sync period):
 2. Aggregate (pure, :func:`aggregate`): in-flight is *summed* over gateways
    (each gateway's requests are separate load); capacity is summed over
    *distinct* ready workers (every gateway sees the same workers, so summing the
-   gateways' totals would double-count); the p90 queue wait is the *max* over
-   gateways (percentiles cannot be added). A gateway that did not answer makes
+   gateways' totals would double-count), and so is their peak capacity (images/s
+   at the largest batch, the load target's denominator); the p90 queue wait is the *max* over
+   gateways (percentiles cannot be added); the arrival rate is each gateway's
+   ``requests_total`` counter differenced since its previous poll
+   (:class:`ArrivalRate`), summed. A gateway that did not answer makes
    the sample partial (no scale-down); none answering means no sample (hold).
 3. Read the Deployment's scale, :meth:`Scaler.decide`, patch if it changed.
 
@@ -53,6 +56,7 @@ class WorkerView:
     in_flight: float
     capacity: float
     ejected: bool
+    peak_capacity: float = 0.0  # images/s at the worker's largest batch; 0 = not reported
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class GatewayPool:
     capacity: float
     queue_wait_ms_p90: float | None
     workers: tuple[WorkerView, ...]
+    requests_total: float | None = None  # requests the gateway was offered since it started
 
 
 def _num(doc: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> float | None:
@@ -90,28 +95,63 @@ def parse_pool(doc: Any, source: str) -> GatewayPool:
         workers.append(WorkerView(
             address=w["address"], state=str(w.get("state", "ready")),
             in_flight=_num(w, "in_flight", where) or 0.0, capacity=_num(w, "capacity", where) or 0.0,
-            ejected=bool(w.get("ejected", False))))
+            ejected=bool(w.get("ejected", False)),
+            peak_capacity=_num(w, "peak_capacity", where, optional=True) or 0.0))
     return GatewayPool(
         source=source, in_flight=_num(doc, "in_flight", source) or 0.0,
         capacity=_num(doc, "capacity", source) or 0.0,
         queue_wait_ms_p90=_num(doc, "queue_wait_ms_p90", source, optional=True),
-        workers=tuple(workers))
+        workers=tuple(workers), requests_total=_num(doc, "requests_total", source, optional=True))
 
 
-def aggregate(pools: Sequence[GatewayPool], expected: int, now: float) -> PoolSample | None:
+class ArrivalRate:
+    """Requests per second offered to the pool, from the gateways' ``requests_total`` counters.
+
+    Each gateway's counter is differenced against its value at the previous poll (a
+    Prometheus ``rate()`` over one interval). The sum is known only when every gateway that
+    answered has a previous value and its counter did not go back (a restarted gateway
+    starts at 0): otherwise None for this poll, and the load metric waits for the next.
+    """
+
+    def __init__(self, forget_after_s: float = 600.0) -> None:
+        self.forget_after_s = forget_after_s
+        self._last: dict[str, tuple[float, float]] = {}
+
+    def observe(self, pools: Sequence[GatewayPool], now: float) -> float | None:
+        for source, (_, at) in list(self._last.items()):
+            if at < now - self.forget_after_s:  # a gateway gone this long starts afresh
+                del self._last[source]
+        total: float | None = 0.0
+        for p in pools:
+            if p.requests_total is None:
+                total = None
+                continue
+            prev = self._last.get(p.source)
+            self._last[p.source] = (p.requests_total, now)
+            if prev is None or p.requests_total < prev[0] or now <= prev[1]:
+                total = None
+            elif total is not None:
+                total += (p.requests_total - prev[0]) / (now - prev[1])
+        return total if pools else None
+
+
+def aggregate(pools: Sequence[GatewayPool], expected: int, now: float,
+              arrivals_per_s: float | None = None) -> PoolSample | None:
     """Combine gateway reports into one :class:`PoolSample` (None when nobody answered)."""
     if not pools:
         return None
     caps: dict[str, float] = {}
+    peaks: dict[str, float] = {}
     for p in pools:
         for w in p.workers:
             if w.state == "ready" and not w.ejected and w.capacity > 0:
                 caps[w.address] = max(caps.get(w.address, 0.0), w.capacity)
+                peaks[w.address] = max(peaks.get(w.address, 0.0), w.peak_capacity or w.capacity)
     waits = [p.queue_wait_ms_p90 for p in pools if p.queue_wait_ms_p90 is not None]
     return PoolSample(
         at=now, in_flight=sum(p.in_flight for p in pools), capacity=sum(caps.values()),
         ready_workers=len(caps), queue_wait_ms_p90=max(waits) if waits else None,
-        complete=len(pools) >= expected)
+        complete=len(pools) >= expected, arrivals_per_s=arrivals_per_s, peak_capacity=sum(peaks.values()))
 
 
 def _http_get_json(url: str, host_header: str | None, timeout: float) -> Any:
@@ -139,6 +179,7 @@ class AutoscalerMetrics:
         self.recommendation = Gauge("edgewise_autoscaler_recommended_replicas", "Raw metric recommendation before stabilization and limits", registry=r)
         self.decisions = Counter("edgewise_autoscaler_decisions_total", "Decisions by direction", ["direction"], registry=r)
         self.utilization = Gauge("edgewise_autoscaler_pool_utilization", "Σ in-flight / Σ capacity of the pool", registry=r)
+        self.load = Gauge("edgewise_autoscaler_pool_load", "Requests/s offered to the gateways / Σ peak capacity of the pool", registry=r)
         self.queue_wait = Gauge("edgewise_autoscaler_pool_queue_wait_ms_p90", "Max over gateways of the p90 queue wait", registry=r)
         self.ready = Gauge("edgewise_autoscaler_ready_workers", "Distinct ready workers with capacity", registry=r)
         self.poll_errors = Counter("edgewise_autoscaler_gateway_poll_errors_total", "Failed /pool polls", ["reason"], registry=r)
@@ -156,6 +197,7 @@ class GatewayPoller:
         self.timeout = timeout_s
         self.resolve = resolve
         self.metrics = metrics
+        self.arrivals = ArrivalRate()
 
     async def _targets(self, url: str) -> list[tuple[str, str | None]]:
         """(url to fetch, Host header) per address of the URL's host."""
@@ -213,7 +255,7 @@ class GatewayPoller:
 
         results = await asyncio.gather(*(one(u, h) for u, h in targets))
         pools = [p for p in results if p is not None]
-        return aggregate(pools, expected, now)
+        return aggregate(pools, expected, now, self.arrivals.observe(pools, now))
 
 
 class AutoscalerLoop:
@@ -251,6 +293,8 @@ class AutoscalerLoop:
             m.ready.set(sample.ready_workers)
             if sample.capacity > 0:
                 m.utilization.set(sample.in_flight / sample.capacity)
+                if sample.arrivals_per_s is not None:
+                    m.load.set(sample.arrivals_per_s / (sample.peak_capacity or sample.capacity))
             if sample.queue_wait_ms_p90 is not None:
                 m.queue_wait.set(sample.queue_wait_ms_p90)
         m.decisions.labels(d.direction).inc()

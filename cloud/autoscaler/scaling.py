@@ -34,6 +34,16 @@ Every rule follows the HPA controller (docs/design/autoscaling.md#the-hpa-algori
    Defaults: up = max(+100 %, +4 pods) per 15 s; down = −100 % per 15 s.
 8. **min/max** clamp last (``convertDesiredReplicasWithBehaviorRate``).
 
+Load mode: metric = arrivals per second / peak capacity (the fraction of what
+the ready workers can serve at their largest batch that the offered requests
+use). Unlike in-flight / capacity, which stays near 0 with headroom and
+explodes near saturation (queueing multiplies it), it scales as 1 / replicas,
+which is what the core formula assumes, and it is a rate over the whole interval
+rather than an instant's count. The denominator is the peak, not the measured
+capacity, because the latter follows the batch sizes the load happens to form:
+low when lightly loaded, so the ratio would rise and fall with batching rather
+than with demand.
+
 Queue-wait mode: metric = observed p90 queue wait, target = the SLO; a queue wait
 is not linear in replicas and is ~0 whenever there is headroom, so on its own it
 recommends min replicas in quiet periods (held back only by the 300 s window).
@@ -49,6 +59,11 @@ from typing import Literal
 
 from edgewise.errors import ConfigError
 from edgewise.settings import Invalid, check, setting
+
+#: The shipped target of the autoscaler (``target_load`` when no target is configured, and the
+#: chart's ``autoscaling.targetLoad``): the cheapest load target that kept every tuning day of
+#: the fleet simulation within half its SLO budget (``python bench/fleet.py --tune``).
+DEFAULT_TARGET_LOAD = 0.8
 
 PolicyType = Literal["Pods", "Percent"]
 SelectPolicy = Literal["Max", "Min", "Disabled"]
@@ -102,6 +117,7 @@ class ScalerConfig:
     max_replicas: int = 10
     target_utilization: float | None = 0.7
     queue_wait_slo_ms: float | None = None
+    target_load: float | None = None
     tolerance: float = 0.1
     stale_after_s: float = 45.0
     scale_up: ScalingRules = field(default_factory=default_scale_up)
@@ -111,9 +127,10 @@ class ScalerConfig:
         if not 1 <= self.min_replicas <= self.max_replicas:
             raise ConfigError(
                 f"need 1 <= min_replicas <= max_replicas, got min={self.min_replicas} max={self.max_replicas}")
-        if self.target_utilization is None and self.queue_wait_slo_ms is None:
-            raise ConfigError("set a target: target_utilization (e.g. 0.7) or queue_wait_slo_ms (e.g. 50)")
-        for name in ("target_utilization", "queue_wait_slo_ms"):
+        if self.target_utilization is None and self.queue_wait_slo_ms is None and self.target_load is None:
+            raise ConfigError("set a target: target_load (e.g. 0.5), target_utilization (e.g. 0.7) or "
+                              "queue_wait_slo_ms (e.g. 50)")
+        for name in ("target_utilization", "queue_wait_slo_ms", "target_load"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise ConfigError(f"{name} must be a positive number, got {v!r}")
@@ -133,6 +150,8 @@ class PoolSample:
     ready_workers: int        # distinct READY, non-ejected workers with capacity > 0
     queue_wait_ms_p90: float | None = None  # max over gateways (a p90 cannot be summed)
     complete: bool = True     # every gateway answered
+    arrivals_per_s: float | None = None  # Σ requests/s over gateways since the last poll (None: unknown)
+    peak_capacity: float = 0.0  # Σ images/s at each ready worker's largest batch (0: use capacity)
 
 
 Direction = Literal["up", "down", "none"]
@@ -242,18 +261,24 @@ class Scaler:
             metrics["utilization"] = util
             n, why = metric_replicas(util / cfg.target_utilization, s.ready_workers, current, cfg.tolerance)
             recs.append((n, f"utilization {util:.3f} vs target {cfg.target_utilization:g}: {why}"))
-        if cfg.queue_wait_slo_ms is not None:
-            if s.queue_wait_ms_p90 is None:
-                if not recs:
-                    return None, "queue wait p90 not reported: holding", metrics
-            else:
-                qw = s.queue_wait_ms_p90
-                metrics["queue_wait_ms_p90"] = qw
-                n, why = metric_replicas(qw / cfg.queue_wait_slo_ms, s.ready_workers, current, cfg.tolerance)
-                recs.append((n, f"queue wait p90 {qw:.1f} ms vs SLO {cfg.queue_wait_slo_ms:g} ms: {why}"))
+        if cfg.target_load is not None and s.arrivals_per_s is not None:
+            load = s.arrivals_per_s / (s.peak_capacity or s.capacity)
+            metrics["load"] = load
+            n, why = metric_replicas(load / cfg.target_load, s.ready_workers, current, cfg.tolerance)
+            recs.append((n, f"load {load:.3f} vs target {cfg.target_load:g}: {why}"))
+        if cfg.queue_wait_slo_ms is not None and s.queue_wait_ms_p90 is not None:
+            qw = s.queue_wait_ms_p90
+            metrics["queue_wait_ms_p90"] = qw
+            n, why = metric_replicas(qw / cfg.queue_wait_slo_ms, s.ready_workers, current, cfg.tolerance)
+            recs.append((n, f"queue wait p90 {qw:.1f} ms vs SLO {cfg.queue_wait_slo_ms:g} ms: {why}"))
+        missing = [name for name, target, value in (("arrival rate", cfg.target_load, s.arrivals_per_s),
+                                                    ("queue wait p90", cfg.queue_wait_slo_ms, s.queue_wait_ms_p90))
+                   if target is not None and value is None]
+        if not recs:
+            return None, f"{' and '.join(missing)} not reported: holding", metrics
         n, why = max(recs, key=lambda r: r[0])
-        if cfg.queue_wait_slo_ms is not None and s.queue_wait_ms_p90 is None and n < current:
-            return current, why + "; queue wait missing: no scale-down", metrics
+        if missing and n < current:
+            return current, why + f"; {' and '.join(missing)} missing: no scale-down", metrics
         return n, why, metrics
 
     def _stabilize(self, now: float, current: int, rec: int) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.autoscaler.scaling import (
+    DEFAULT_TARGET_LOAD,
     ScalerConfig,
     ScalingRules,
     default_scale_down,
@@ -57,8 +58,12 @@ class AutoscalerSettings:
                                      "every replica; a ClusterIP resolves to one address and hits one replica "
                                      "per poll).", True)
     gateway_timeout_s: float = setting("Timeout of each `GET /pool`, seconds.", 2.0, lo=0, lo_open=True)
-    target_utilization: float | None = setting("Target sum of in-flight / sum of capacity of the pool. 0.7 "
-                                               "when neither target is set.", None, lo=0, lo_open=True)
+    target_load: float | None = setting(
+        "Target requests/s offered to the gateways / sum of the ready workers' peak capacity (images/s at "
+        f"their largest batch). {DEFAULT_TARGET_LOAD} when no target is set (bench/fleet.py's tuned value).",
+        None, lo=0, lo_open=True)
+    target_utilization: float | None = setting("Target sum of in-flight / sum of capacity of the pool "
+                                               "(seconds of queued work per worker).", None, lo=0, lo_open=True)
     queue_wait_slo_ms: float | None = setting("Target p90 queue wait in ms. With both targets the larger "
                                               "recommendation wins.", None, lo=0, lo_open=True)
     #: >= 1 because GPU cold starts take minutes (docs/design/autoscaling.md#cold-starts)
@@ -81,12 +86,12 @@ class AutoscalerSettings:
     kubernetes: KubeSettings = setting("The scale target and API access.", factory=KubeSettings)
 
     def scaler_config(self) -> ScalerConfig:
-        util = self.target_utilization
-        if util is None and self.queue_wait_slo_ms is None:
-            util = 0.7
+        load = self.target_load
+        if load is None and self.target_utilization is None and self.queue_wait_slo_ms is None:
+            load = DEFAULT_TARGET_LOAD
         return ScalerConfig(
-            min_replicas=self.min_replicas, max_replicas=self.max_replicas,
-            target_utilization=util, queue_wait_slo_ms=self.queue_wait_slo_ms,
+            min_replicas=self.min_replicas, max_replicas=self.max_replicas, target_load=load,
+            target_utilization=self.target_utilization, queue_wait_slo_ms=self.queue_wait_slo_ms,
             tolerance=self.tolerance,
             stale_after_s=self.stale_after_s if self.stale_after_s is not None else 3 * self.interval_s,
             scale_up=self.scale_up, scale_down=self.scale_down)
@@ -123,6 +128,7 @@ SCHEMA: Schema[AutoscalerSettings] = Schema(
              help="gateway side-port base URL, e.g. http://gw:9100 (repeatable)"),
         Flag("--namespace", "kubernetes.namespace"),
         Flag("--deployment", "kubernetes.deployment"),
+        Flag("--target-load", "target_load", metavar="RATIO"),
         Flag("--target-utilization", "target_utilization", metavar="RATIO"),
         Flag("--queue-wait-slo-ms", "queue_wait_slo_ms", metavar="MS"),
         Flag("--min", "min_replicas", metavar="N"),

@@ -113,6 +113,23 @@ def test_autoscaling_modes_emit_their_objects() -> None:
     assert "replicas" not in named(render(*MODES["hpa"]), "Deployment", "worker")["spec"]
 
 
+def test_builtin_autoscaler_gets_the_shipped_load_target() -> None:
+    """One default in one place: the chart's targetLoad is the autoscaler's own default."""
+    from cloud.autoscaler.scaling import DEFAULT_TARGET_LOAD
+
+    def args(*sets: str) -> list:
+        return named(render(*sets), "Deployment", "autoscaler")["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert yaml.safe_load((ROOT / "charts/edgewise/values.yaml").read_text())["autoscaling"]["targetLoad"] \
+        == DEFAULT_TARGET_LOAD
+    a = args()
+    assert f"--target-load={DEFAULT_TARGET_LOAD:g}" in a and not any(x.startswith("--target-util") for x in a)
+    a = args("autoscaling.targetLoad=0")
+    assert "--target-utilization=0.1" in a and not any(x.startswith("--target-load") for x in a)
+    a = args("autoscaling.queueWaitSloMs=50")
+    assert "--queue-wait-slo-ms=50" in a and f"--target-load={DEFAULT_TARGET_LOAD:g}" in a
+
+
 @pytest.mark.parametrize("release, namespace", [("rel", "ml"), ("edgewise", "vision-prod")])
 def test_autoscaling_queries_are_scoped_to_the_release(release: str, namespace: str) -> None:
     """Two releases in one Prometheus never mix: the KEDA query and the HPA's External metric

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud.autoscaler.scaling import default_scale_down
+from cloud.autoscaler.scaling import DEFAULT_TARGET_LOAD, default_scale_down
 from cloud.autoscaler.settings import load_settings
 from edgewise.errors import ConfigError
 from tests.cloud.autoscaler.servers import PoolServer, ScaleAPI, pool_doc
@@ -40,7 +40,11 @@ def test_precedence_defaults_yaml_env_flags(tmp_path):
     assert s.scale_up.select_policy == "Min" and s.scale_up.policies[0].value == 1
     sc = s.scaler_config()
     assert sc.queue_wait_slo_ms == 50.0 and sc.target_utilization is None and sc.stale_after_s == 90.0
-    assert load_settings(None, {"gateway_urls": ["http://g:1"]}, {}).scaler_config().target_utilization == 0.7
+    # no target configured: the shipped load target, nothing else
+    dflt = load_settings(None, {"gateway_urls": ["http://g:1"]}, {}).scaler_config()
+    assert (dflt.target_load, dflt.target_utilization, dflt.queue_wait_slo_ms) == (DEFAULT_TARGET_LOAD, None, None)
+    assert load_settings(None, {"gateway_urls": ["http://g:1"], "target_utilization": 0.1}, {}).scaler_config() \
+        .target_load is None
 
 
 @pytest.mark.parametrize("text, msg", [
@@ -159,4 +163,5 @@ def test_example_config_loads_with_hpa_defaults():
     from cloud.autoscaler.scaling import default_scale_up
 
     assert s.scale_up == default_scale_up() and s.scale_down == default_scale_down()
-    assert s.scaler_config().target_utilization == 0.7 and s.max_replicas == 20
+    sc = s.scaler_config()
+    assert sc.target_load == DEFAULT_TARGET_LOAD and sc.target_utilization is None and s.max_replicas == 20

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from cloud.autoscaler.kube import DeploymentScale, ScaleState
-from cloud.autoscaler.loop import AutoscalerLoop, GatewayPoller, aggregate, parse_pool
+from cloud.autoscaler.loop import ArrivalRate, AutoscalerLoop, GatewayPoller, aggregate, parse_pool
 from cloud.autoscaler.scaling import Scaler, ScalerConfig, ScalingPolicy, ScalingRules
 from cloud.discovery.kubeclient import KubeAccess, build_api_client
 from edgewise.errors import ConfigError, InvalidInputError, UnavailableError
@@ -169,6 +169,48 @@ def test_aggregate_sums_load_dedupes_capacity():
     assert aggregate([], expected=1, now=0.0) is None
 
 
+def test_arrival_rate_differences_each_gateways_counter():
+    def gw(source, total):
+        doc = pool_doc(2, 0.0)
+        if total is not None:
+            doc["requests_total"] = total
+        return parse_pool(doc, source)
+
+    r = ArrivalRate(forget_after_s=100.0)
+    assert r.observe([gw("a", 100), gw("b", 50)], 0.0) is None          # no previous value yet
+    assert r.observe([gw("a", 400), gw("b", 200)], 15.0) == 30.0        # 300/15 + 150/15
+    assert r.observe([gw("a", 700)], 30.0) == 20.0                      # b did not answer: a alone
+    assert r.observe([gw("a", 10), gw("b", 500)], 45.0) is None         # a restarted (counter went back)
+    assert r.observe([gw("a", 160), gw("b", 800)], 60.0) == 30.0        # b: 300 over the 30 s since it answered
+    assert r.observe([gw("a", 160), gw("c", None)], 75.0) is None       # a gateway without the counter
+    assert r.observe([], 80.0) is None
+    assert r.observe([gw("b", 900)], 200.0) is None                     # b forgotten after 100 s: starts again
+    s = aggregate([gw("a", 1)], expected=1, now=0.0, arrivals_per_s=12.5)
+    assert s.arrivals_per_s == 12.5 and s.peak_capacity == s.capacity == 20.0  # no peak reported: capacity
+    doc = pool_doc(2, 0.0)
+    doc["workers"][0]["peak_capacity"] = 35.0
+    assert aggregate([parse_pool(doc, "a")], expected=1, now=0.0).peak_capacity == 45.0
+
+
+def test_load_target_scales_on_the_gateways_request_counters(api, gateways):
+    client = build_api_client(KubeAccess(api_server=api.url, token="t0k3n"))
+    cfg = ScalerConfig(min_replicas=1, max_replicas=20, target_utilization=None, target_load=0.5)
+    clock = [0.0]
+    loop = AutoscalerLoop(Scaler(cfg), DeploymentScale(client, "ns", "edgewise-worker"),
+                          GatewayPoller([g.url for g in gateways], timeout_s=2.0), clock=lambda: clock[0])
+    totals = [0, 0]
+    for t, per_s, expect in ((0, (0, 0), 2), (15, (20, 10), 6), (30, (20, 10), 6)):
+        # 2 workers of 10 req/s; gateways offered 20 + 10 req/s: load 1.5 vs 0.5 -> ceil(2 * 3) = 6
+        clock[0] = float(t)
+        for i, g in enumerate(gateways):
+            totals[i] += per_s[i] * 15
+            g.doc = {**pool_doc(api.replicas, 0.0), "requests_total": totals[i]}
+        d = asyncio.run(loop.tick())
+        assert d is not None and d.desired == expect, (t, d)
+    assert api.patches == [{"spec": {"replicas": 6}, "metadata": {"resourceVersion": "1"}}]
+    assert loop.metrics.load._value.get() == pytest.approx(30.0 / 60.0)
+
+
 @pytest.mark.parametrize("doc, msg", [
     ([], "JSON object"),
     ({"workers": {}}, "workers must be a list"),
@@ -176,6 +218,7 @@ def test_aggregate_sums_load_dedupes_capacity():
     ({"in_flight": 1, "capacity": "lots"}, "capacity"),
     ({"in_flight": 1, "capacity": 1, "workers": [{"state": "ready"}]}, "address"),
     ({"in_flight": 1, "capacity": 1, "queue_wait_ms_p90": float("nan")}, "queue_wait"),
+    ({"in_flight": 1, "capacity": 1, "requests_total": -5}, "requests_total"),
 ])
 def test_parse_pool_rejects_bad_documents(doc, msg):
     with pytest.raises(InvalidInputError, match=msg):

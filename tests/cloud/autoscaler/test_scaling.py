@@ -258,3 +258,26 @@ def test_scale_up_stabilization_window_needs_sustained_load():
     s = Scaler(ScalerConfig(min_replicas=1, max_replicas=50, target_utilization=0.5, scale_up=up))
     ds = run(s, [(0, 40.0)] + [(15, 40.0)] * 5, current=4)
     assert [d.desired for d in ds] == [4, 4, 4, 4, 8, 8]  # t=60: the t=0 seed left the window
+
+
+def test_load_mode_scales_with_the_arrival_rate():
+    cfg = ScalerConfig(min_replicas=1, max_replicas=50, target_utilization=None, target_load=0.5)
+    s = Scaler(cfg)
+    # 4 workers of 10 req/s each offered 30 req/s: load 0.75 vs 0.5 -> ceil(4 * 1.5) = 6
+    d = s.decide(0.0, 4, PoolSample(0.0, in_flight=0.0, capacity=40.0, ready_workers=4, arrivals_per_s=30.0))
+    assert d.recommendation == 6 and d.metrics["load"] == 0.75 and "load 0.750 vs target 0.5" in d.reason
+    # the in-flight count plays no part in load mode
+    d = s.decide(1.0, 6, PoolSample(1.0, in_flight=500.0, capacity=60.0, ready_workers=6, arrivals_per_s=30.0))
+    assert d.recommendation == 6
+    # the rate not known yet (first poll, restarted gateway): hold
+    d = s.decide(2.0, 6, PoolSample(2.0, in_flight=0.0, capacity=60.0, ready_workers=6))
+    assert d.desired == 6 and d.recommendation is None and "arrival rate not reported" in d.reason
+    # with a second metric the larger recommendation wins, but a missing rate never scales down
+    both = Scaler(ScalerConfig(max_replicas=50, target_utilization=0.5, target_load=0.5, scale_down=ScalingRules(
+        0.0, (ScalingPolicy("Percent", 100, 15.0),))))
+    d = both.decide(0.0, 4, PoolSample(0.0, in_flight=1.0, capacity=40.0, ready_workers=4))
+    assert d.desired == 4 and "arrival rate missing: no scale-down" in d.reason
+    d = both.decide(15.0, 4, PoolSample(15.0, in_flight=1.0, capacity=40.0, ready_workers=4, arrivals_per_s=8.0))
+    assert d.desired == 2  # util 0.025 says 1, load 0.2 says ceil(4 * 0.4) = 2
+    with pytest.raises(ConfigError):
+        ScalerConfig(target_utilization=None, target_load=0.0)
