@@ -19,10 +19,15 @@ from bench._fleet_sim import CellResult, Policy
 
 SHED = ("shed_saturated", "shed_no_worker", "shed_deadline", "shed_overloaded")
 SIGNAL_LABEL = {
+    "load": "requests/s / peak capacity (HPA algorithm)",
     "utilization": "in-flight / capacity (HPA algorithm)",
     "busy": "busy-time fraction, 60 s (HPA on CPU/GPU utilisation)",
     "queue": "queue length per replica (KEDA, External AverageValue)",
 }
+#: the SLO holds when at most this share of requests is over it (late, shed or failed)
+SLO_BUDGET = 0.01
+#: ``tune`` keeps only targets whose worst tuning seed used at most this share of the budget
+TUNE_HEADROOM = 0.5
 MODE_LABEL = {"wlc": "weighted least-conn", "rr": "round robin", "lc": "least-conn"}
 
 
@@ -44,7 +49,7 @@ def summarize(p: Policy, cells: Sequence[CellResult], s: Scenario) -> Dict[str, 
         "requests": total, "arrivals": sum(c.arrivals for c in cells), "ends": ends,
         "p50_ms": _q(lat, 50), "p99_ms": _q(lat, 99),
         "over_slo": over, "shed": shed / total if total else 0.0, "failed": failed / total if total else 0.0,
-        "slo_held": over <= 0.01,
+        "slo_held": over <= SLO_BUDGET,
         "worker_hours": pod_h * scale, "peak_workers": int(fleet_pods.max()) if fleet_pods.size else 0,
         "mean_workers": float(fleet_pods.mean()) if fleet_pods.size else 0.0,
         "retries": sum(c.retries for c in cells), "crashes": sum(c.crashes for c in cells),
@@ -109,12 +114,15 @@ def table(rows: Sequence[Dict[str, Any]]) -> str:
 
 
 def tune(rows: Sequence[Dict[str, Any]]) -> Tuple[Optional[float], List[Dict[str, Any]]]:
-    """The cheapest target that held the SLO on every seed it ran with.
+    """The cheapest target that kept every seed it ran with within half the SLO's budget.
 
-    ``rows`` are :func:`summarize` rows of one policy at several targets and seeds.
-    Cheapest, not loosest: near the knee the signals spike, the autoscaler overshoots and
-    the 300 s scale-down window holds the overshoot, so a looser target can cost more.
-    Returns the chosen target (None if no target held) and one line per target.
+    ``rows`` are :func:`summarize` rows of one policy at several targets and seeds. Half
+    the budget (``TUNE_HEADROOM``), not all of it: the cheapest target that only just holds
+    on the tuning seeds sits at a cliff and fails on other days (it did, for every policy,
+    when targets were chosen that way). Cheapest, not loosest: near the knee the signals
+    spike, the autoscaler overshoots and the 300 s scale-down window holds the overshoot, so
+    a looser target can cost more. Returns the chosen target (None if none qualified) and
+    one line per target.
     """
     by: Dict[float, List[Dict[str, Any]]] = {}
     for r in rows:
@@ -126,20 +134,23 @@ def tune(rows: Sequence[Dict[str, Any]]) -> Tuple[Optional[float], List[Dict[str
                       "worker_hours": float(np.mean([r["worker_hours"] for r in rs])),
                       "over_slo": max(r["over_slo"] for r in rs),
                       "p99_ms": float(np.mean([r["p99_ms"] for r in rs if r["p99_ms"] is not None] or [np.nan]))})
-    ok = [x for x in lines if x["held"]]
+        lines[-1]["eligible"] = lines[-1]["held"] and lines[-1]["over_slo"] <= TUNE_HEADROOM * SLO_BUDGET
+    ok = [x for x in lines if x["eligible"]]
     best = min(ok, key=lambda x: (x["worker_hours"], -x["target"]))["target"] if ok else None
     return best, lines
 
 
 def tuning_table(tried: Dict[str, List[Dict[str, Any]]], chosen: Dict[str, Optional[float]]) -> str:
-    head = ("| policy | target | seeds | mean p99 ms | worst over SLO | mean worker-hours | SLO held on all |\n"
-            "|---|---|---|---|---|---|---|\n")
+    head = ("| policy | target | seeds | mean p99 ms | worst over SLO | mean worker-hours | SLO held on all "
+            f"| worst within {100 * TUNE_HEADROOM * SLO_BUDGET:g}% |\n"
+            "|---|---|---|---|---|---|---|---|\n")
     lines = []
     for name, rows in tried.items():
         for r in rows:
             mark = " **(chosen)**" if chosen.get(name) == r["target"] else ""
             lines.append(f"| {name} | {r['target']:.4g}{mark} | {r['seeds']} | {r['p99_ms']:.1f} "
-                         f"| {100 * r['over_slo']:.2f}% | {r['worker_hours']:.0f} | {'yes' if r['held'] else 'no'} |")
+                         f"| {100 * r['over_slo']:.2f}% | {r['worker_hours']:.0f} | {'yes' if r['held'] else 'no'} "
+                         f"| {'yes' if r.get('eligible', r['held']) else 'no'} |")
     return head + "\n".join(lines) + "\n"
 
 

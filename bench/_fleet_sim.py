@@ -38,7 +38,7 @@ import numpy as np
 
 from bench import _fleet_model as M
 from bench._fleet_model import Scenario
-from cloud.autoscaler.loop import GatewayPool, WorkerView, aggregate
+from cloud.autoscaler.loop import ArrivalRate, GatewayPool, WorkerView, aggregate
 from cloud.autoscaler.scaling import PoolSample, Scaler, ScalerConfig
 from cloud.gateway.balancing import (
     Balancer,
@@ -57,7 +57,7 @@ from edgewise.errors import DeadlineExceededError, OverloadedError
 
 MIN_ATTEMPT_S = 0.005  # gateway retry.min_attempt_ms default
 ENDS = ("answered", "shed_saturated", "shed_no_worker", "shed_deadline", "shed_overloaded", "failed")
-SIGNALS = ("utilization", "busy", "queue")
+SIGNALS = ("load", "utilization", "busy", "queue")
 
 # pod states
 STARTING, READY, CRASHED, DRAINING, GONE = range(5)
@@ -69,7 +69,9 @@ _DONE, _WAKE, _CRASH, _POLL = range(4)
 class Policy:
     """A routing mode plus an autoscaling signal and its target.
 
-    ``signal``: ``utilization`` = the gateways' in-flight / measured capacity (ours);
+    ``signal``: ``load`` = requests/s offered to the gateways / the ready workers' peak
+    capacity (ours, the shipped default); ``utilization`` = the gateways' in-flight / measured
+    capacity (ours before);
     ``busy`` = mean busy-time fraction of the ready pods over ``busy_window_s`` (the HPA
     on CPU/GPU utilisation, metrics-server's 60 s resolution); ``queue`` = requests waiting
     in the workers' queues per replica, an External AverageValue metric (KEDA's
@@ -166,8 +168,11 @@ class CellSim:
         self.balancer = Balancer(BalancerConfig(mode=p.mode), clock=self.day, rng=random.Random(f"{seed}-lb"))
         self.budget = RetryBudget(clock=lambda: self.now)
         self.scaler = Scaler(ScalerConfig(
-            min_replicas=s.min_replicas, max_replicas=s.max_replicas, target_utilization=p.target,
-            stale_after_s=3 * s.tick_s))
+            min_replicas=s.min_replicas, max_replicas=s.max_replicas,
+            target_utilization=p.target if p.signal != "load" else None,
+            target_load=p.target if p.signal == "load" else None, stale_after_s=3 * s.tick_s))
+        self.arrivals = ArrivalRate()
+        self.requests_total = 0.0  # the gateway's counter: every simulated arrival stands for tick_s / window_s
         self.policy = BatchPolicy(max_batch_size=s.max_batch, max_queue_delay_s=s.max_delay_ms / 1000.0,
                                   max_queue_size=s.max_queue)
         self.limit = s.max_batch + s.max_queue
@@ -221,7 +226,8 @@ class CellSim:
             if p.state == CRASHED:
                 b.mark_unreachable(p.addr)
             else:
-                b.report_load(p.addr, p.batcher.capacity, p.batcher.depth, self.limit, p.state == READY)
+                b.report_load(p.addr, p.batcher.capacity, p.batcher.depth, self.limit, p.state == READY,
+                              p.batcher.peak_capacity)
 
     def _gone(self, pod: _Pod) -> None:
         pod.state = GONE
@@ -232,16 +238,17 @@ class CellSim:
     def _sample(self, current: int) -> PoolSample:
         day, p = self.day(), self.p
         ready = [q for q in self.pods if q.state == READY]
-        if p.signal == "utilization":
+        if p.signal in ("utilization", "load"):
             b = self.balancer
             views = []
             for ep in b.endpoints.values():  # the /pool document's worker states (PoolManager.snapshot)
                 state = "draining" if ep.draining else "ejected" if ep.ejected(day) else \
                     "not_serving" if ep.paused else "ready"
-                views.append(WorkerView(ep.address, state, ep.in_flight, ep.capacity or 0.0, ep.ejected(day)))
+                views.append(WorkerView(ep.address, state, ep.in_flight, ep.capacity or 0.0, ep.ejected(day),
+                                        ep.peak_capacity or 0.0))
             cap = sum(v.capacity for v in views if v.state == "ready")
-            doc = GatewayPool("sim", float(b.total_in_flight()), cap, None, tuple(views))
-            sample = aggregate([doc], 1, day)
+            doc = GatewayPool("sim", float(b.total_in_flight()), cap, None, tuple(views), self.requests_total)
+            sample = aggregate([doc], 1, day, self.arrivals.observe([doc], day))
             assert sample is not None
             return sample
         if p.signal == "busy":
@@ -437,6 +444,7 @@ class CellSim:
         times = np.sort(rng.uniform(r0, r1, n)).tolist()
         rtts = (np.exp(rng.normal(math.log(s.rtt_median_ms / 1000.0), self.rtt_sigma, n))
                 + s.gateway_ms / 1000.0).tolist()
+        self.requests_total += n * self.s.tick_s / self.s.window_s
         if self.tick >= 0:
             self.res.arrivals += n
         self._run_until(r1, times, rtts)

@@ -21,12 +21,13 @@ from bench import _fleet_model as M
 from bench import _fleet_report as R
 from bench import fleet
 from bench._fleet_sim import ENDS, CellResult, CellSim, Policy
+from cloud.autoscaler.scaling import DEFAULT_TARGET_LOAD
 
 TINY = M.Scenario(cameras=400, cells=2, sim_cells=2, start_hour=17.6, hours=0.6, warmup_hours=0.1,
                   window_s=0.5, peak_per_camera=0.6, failures_per_worker_hour=4.0, max_replicas=3,
                   extra_bursts=((17.8, 0.1),), seed=3)
-POLICIES = [Policy("ours", "wlc", "utilization", 0.03), Policy("cpu-hpa", "rr", "busy", 0.5),
-            Policy("keda", "lc", "queue", 1.0)]
+POLICIES = [Policy("ours", "wlc", "load", DEFAULT_TARGET_LOAD), Policy("inflight", "wlc", "utilization", 0.03),
+            Policy("cpu-hpa", "rr", "busy", 0.5), Policy("keda", "lc", "queue", 1.0)]
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +145,30 @@ def test_tune_picks_the_cheapest_target_that_held_on_every_seed() -> None:
     assert [x["target"] for x in lines] == [0.01, 0.02, 0.04, 0.08]
     assert lines[1]["worker_hours"] == 620 and lines[3]["held"] is False and lines[3]["seeds"] == 2
     assert R.tune([row(0.1, False, 10)])[0] is None
+    # held, but one day used more than half the budget (0.7% > 0.5% over the SLO): not chosen
+    edge = [row(0.02, True, 600), {**row(0.03, True, 500), "over_slo": 0.007}]
+    best, lines = R.tune(edge)
+    assert best == 0.02 and lines[1]["held"] and not lines[1]["eligible"]
     assert fleet.grid(0.1, 10.0, 3) == [0.1, 1.0, 10.0]
+
+
+def test_ours_scales_on_the_autoscalers_own_arrival_rate_and_peak_capacity() -> None:
+    """The sample ours decides on is built as edgewise cloud autoscaler builds it: the gateway's
+    requests_total through ArrivalRate, the workers' peak capacity through aggregate."""
+    sim = CellSim(TINY, POLICIES[0], 0)
+    seen: list = []
+    sample = sim._sample
+    sim._sample = lambda current: seen.append(sample(current)) or seen[-1]  # type: ignore[method-assign]
+    sim.run()
+    rated = [x for x in seen if x.arrivals_per_s is not None]
+    assert seen[0].arrivals_per_s is None and len(rated) == len(seen) - 1  # the first poll has no rate yet
+    offered = M.cell_rate(17.7 * 3600, TINY, M.bursts(TINY, f"{(TINY.seed, 0)}-burst"))
+    mid = rated[len(rated) // 3].arrivals_per_s
+    assert 0.5 * offered < mid < 2.0 * offered  # a counter over 15 s of (sampled) requests
+    # the peak is the best batch size's rate (per-size averages, so within jitter of the mixed
+    # average at worst), well above it while light load forms batches of one
+    assert all(x.peak_capacity >= 0.9 * x.capacity for x in rated if x.capacity > 0)
+    assert any(x.peak_capacity > 1.2 * x.capacity for x in rated)
 
 
 def test_model_figures() -> None:
