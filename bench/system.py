@@ -10,13 +10,14 @@ per process role (``/proc/<pid>/stat``). It states the knee of the cost curve
 from the data (first N where a stream keeps < 90% of its frame rate or escalated
 p99 grows past 1.5x its value at the smallest N, judged on distribution-free 95%
 intervals so that one slow sample among a few dozen cannot place it; the smallest N is
-run again when it answered fewer than the 368 escalations a bounded p99
-interval needs (runs pooled), and the knee falls back to the p95 when it still has fewer; the table states each point's sample count and interval) and whether the project's target
+run again when it answered fewer than the 368 escalations a bounded p99 interval needs
+(runs pooled), and the knee falls back to the p95 when it still has fewer; the table
+states each point's sample count and interval) and whether the project's target
 (escalated p99 <= 200 ms at the load the pool is sized for) is met on this machine. Then two failure
 runs, each with its escalation accounting (lost must be 0): a worker SIGKILLed
 for a few seconds, and (over MQTT) our own Mosquitto broker restarted.
 
-    .venv/bin/python bench/system.py                  # full run, ~12-15 min on 2 cores
+    .venv/bin/python bench/system.py                  # full run, ~7-8 min on 2 cores
     .venv/bin/python bench/system.py --quick --json out.json
     .venv/bin/python bench/system.py --n 1,2,4 --fps 5 --seconds 20 --workers 2
 

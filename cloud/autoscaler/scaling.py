@@ -18,8 +18,8 @@ Every rule follows the HPA controller (docs/design/autoscaling.md#the-hpa-algori
    gateways do not report (starting, missing) count as 100 % of target when the
    ratio says "down" and 0 % when it says "up"; if that correction flips the
    direction or lands inside the tolerance, no change (``calcPlainMetricReplicas``).
-5. **Several metrics → the largest recommendation** (utilization and queue wait
-   may both be set). **Stale or absent metrics → no change**; **partial metrics**
+5. **Several metrics → the largest recommendation** (load, utilization and queue
+   wait may be set together). **Stale or absent metrics → no change**; **partial metrics**
    (a gateway did not answer) → scale-up allowed, scale-down skipped (HPA skips
    scaling when a metric fails and the rest suggest scale-down).
 6. **Stabilization.** Current replicas are raised to the min of the raw
@@ -47,7 +47,7 @@ than with demand.
 Queue-wait mode: metric = observed p90 queue wait, target = the SLO; a queue wait
 is not linear in replicas and is ~0 whenever there is headroom, so on its own it
 recommends min replicas in quiet periods (held back only by the 300 s window).
-Pair it with a utilization target (rule 5) to keep a floor.
+Pair it with a load target (rule 5) to keep a floor.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class ScalerConfig:
             raise ConfigError(
                 f"need 1 <= min_replicas <= max_replicas, got min={self.min_replicas} max={self.max_replicas}")
         if self.target_utilization is None and self.queue_wait_slo_ms is None and self.target_load is None:
-            raise ConfigError("set a target: target_load (e.g. 0.5), target_utilization (e.g. 0.7) or "
+            raise ConfigError("set a target: target_load (e.g. 0.8), target_utilization (e.g. 0.1) or "
                               "queue_wait_slo_ms (e.g. 50)")
         for name in ("target_utilization", "queue_wait_slo_ms", "target_load"):
             v = getattr(self, name)
