@@ -192,6 +192,41 @@ def test_arrival_rate_differences_each_gateways_counter():
     assert aggregate([parse_pool(doc, "a")], expected=1, now=0.0).peak_capacity == 45.0
 
 
+def test_load_sample_from_a_real_gateway_and_worker(tiny_model):
+    """The path a deployment takes: a real worker reports its peak capacity over Worker.Load,
+    the real gateway counts the requests offered to it in /pool, and the autoscaler's poller
+    turns two polls into an arrival rate."""
+    import time
+
+    import grpc
+    import numpy as np
+
+    from edgewise import wire
+    from edgewise.v1 import detect_pb2, service_pb2_grpc
+    from tests.conftest import in_process_cloud_class
+
+    with in_process_cloud_class()(tiny_model, gateway={"metrics_port": 0, "metrics_host": "127.0.0.1"}) as cloud:
+        cloud.wait_answering()
+        poller = GatewayPoller([f"http://127.0.0.1:{cloud.gateway.metrics_port}"], resolve=False)
+        t0 = time.monotonic()
+        first = asyncio.run(poller.poll(t0))
+        assert first is not None and first.arrivals_per_s is None  # one poll is no rate yet
+        assert first.ready_workers == 1 and first.capacity > 0 and first.peak_capacity > 0
+
+        async def send(n):
+            image = wire.encode_image(np.zeros((64, 64, 3), np.uint8), "jpeg")
+            async with grpc.aio.insecure_channel(cloud.address) as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                for i in range(n):
+                    await stub.Detect(detect_pb2.DetectRequest(device_id="cam", stream_id="s", frame_seq=i,
+                                                               image=image), timeout=10)
+
+        asyncio.run(send(20))
+        t1 = time.monotonic()
+        second = asyncio.run(poller.poll(t1))
+        assert second.arrivals_per_s == pytest.approx(20 / (t1 - t0))
+
+
 def test_load_target_scales_on_the_gateways_request_counters(api, gateways):
     client = build_api_client(KubeAccess(api_server=api.url, token="t0k3n"))
     cfg = ScalerConfig(min_replicas=1, max_replicas=20, target_utilization=None, target_load=0.5)
