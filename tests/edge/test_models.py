@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from edgewise.cli import main
@@ -26,19 +25,12 @@ def _config(tmp_path: Path, model: Path, backend: str, max_batch: int = 2) -> Pa
 
 @pytest.fixture
 def fake_trt(monkeypatch, tmp_path: Path):
-    import onnxruntime as ort
-
     from tests.edgewise.runtime import fake_tensorrt
     from tests.edgewise.runtime.graphs import fake_yolo
 
     model = fake_yolo(tmp_path / "m.onnx", nc=2)
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     cuda = fake_tensorrt.HostCuda()
-
-    def model_fn(in_ptr, out_ptr, shape):
-        x = cuda.mem[in_ptr][: int(np.prod(shape)) * 4].view(np.float32).reshape(shape)
-        y = sess.run(None, {"images": x})[0]
-        cuda.mem[out_ptr][: y.nbytes] = np.frombuffer(y.tobytes(), np.uint8)
+    model_fn, _ = fake_tensorrt.onnx_model_fn(model, cuda)
 
     mod = fake_tensorrt.make("8.5.2.2", True, model_fn)
     monkeypatch.setattr(trtb, "import_tensorrt", lambda: mod)

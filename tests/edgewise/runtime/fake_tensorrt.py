@@ -15,6 +15,22 @@ from typing import Any, Dict, List
 import numpy as np
 
 
+def onnx_model_fn(model: Any, cuda: HostCuda) -> Any:
+    """A ``model_fn`` for :func:`make` whose numerics are the ONNX graph ``model`` run on ONNX
+    Runtime, reading its input from and writing its output to ``cuda``'s host memory; and
+    that session, to compare against."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+
+    def model_fn(in_ptr: int, out_ptr: int, shape: Any) -> None:
+        x = cuda.mem[in_ptr][: int(np.prod(shape)) * 4].view(np.float32).reshape(shape)
+        y = sess.run(None, {"images": x})[0]
+        cuda.mem[out_ptr][: y.nbytes] = np.frombuffer(y.tobytes(), np.uint8)
+
+    return model_fn, sess
+
+
 def make(version: str, tensor_api: bool, model_fn: Any) -> types.SimpleNamespace:
     calls: List[Any] = []
     major = int(version.split(".")[0])

@@ -151,20 +151,12 @@ def test_engine_build_cache_and_agreement(tiny_model: Path, tmp_path: Path):  # 
 
 @pytest.fixture
 def fake_trt(monkeypatch, tmp_path: Path):
-    import onnxruntime as ort
-
     from tests.edgewise.runtime import fake_tensorrt
     from tests.edgewise.runtime.graphs import fake_yolo
 
     model = fake_yolo(tmp_path / "m.onnx", nc=2)
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     cuda = fake_tensorrt.HostCuda()
-
-    def model_fn(in_ptr, out_ptr, shape):
-        n = int(np.prod(shape))
-        x = cuda.mem[in_ptr][: n * 4].view(np.float32).reshape(shape)
-        y = sess.run(None, {"images": x})[0]
-        cuda.mem[out_ptr][: y.nbytes] = np.frombuffer(y.tobytes(), np.uint8)
+    model_fn, sess = fake_tensorrt.onnx_model_fn(model, cuda)
 
     def install(version: str, tensor_api: bool):
         mod = fake_tensorrt.make(version, tensor_api, model_fn)
