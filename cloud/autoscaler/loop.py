@@ -75,8 +75,11 @@ def _num(doc: Mapping[str, Any], key: str, where: str, *, optional: bool = False
     v = doc.get(key)
     if v is None and optional:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise InvalidInputError(f"{where}: {key} must be a non-negative number, got {v!r}")
+    try:  # float(): an integer past float range (a JSON 1e400 written out) is not a number we can use
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)) or v < 0:
+            raise OverflowError
+    except OverflowError:
+        raise InvalidInputError(f"{where}: {key} must be a non-negative number, got {repr(v)[:40]}") from None
     return float(v)
 
 
@@ -293,8 +296,8 @@ class AutoscalerLoop:
             m.ready.set(sample.ready_workers)
             if sample.capacity > 0:
                 m.utilization.set(sample.in_flight / sample.capacity)
-                if sample.arrivals_per_s is not None:
-                    m.load.set(sample.arrivals_per_s / (sample.peak_capacity or sample.capacity))
+                if sample.load is not None:
+                    m.load.set(sample.load)
             if sample.queue_wait_ms_p90 is not None:
                 m.queue_wait.set(sample.queue_wait_ms_p90)
         m.decisions.labels(d.direction).inc()

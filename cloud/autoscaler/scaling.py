@@ -111,7 +111,7 @@ def default_scale_down() -> ScalingRules:
 
 @dataclass(frozen=True)
 class ScalerConfig:
-    """Targets and limits. At least one of the two targets must be set."""
+    """Targets and limits. At least one target must be set."""
 
     min_replicas: int = 1
     max_replicas: int = 10
@@ -151,7 +151,13 @@ class PoolSample:
     queue_wait_ms_p90: float | None = None  # max over gateways (a p90 cannot be summed)
     complete: bool = True     # every gateway answered
     arrivals_per_s: float | None = None  # Σ requests/s over gateways since the last poll (None: unknown)
-    peak_capacity: float = 0.0  # Σ images/s at each ready worker's largest batch (0: use capacity)
+    peak_capacity: float = 0.0  # Σ images/s at each ready worker's best batch size (0: use capacity)
+
+    @property
+    def load(self) -> float | None:
+        """Arrivals per second / peak capacity (None while the rate is unknown or no capacity)."""
+        cap = self.peak_capacity or self.capacity
+        return None if self.arrivals_per_s is None or cap <= 0 else self.arrivals_per_s / cap
 
 
 Direction = Literal["up", "down", "none"]
@@ -182,6 +188,8 @@ def metric_replicas(
     Pods of ``current`` without metrics (``current - ready``) are assumed at 100 %
     of target when scaling down, 0 % when scaling up.
     """
+    if not math.isfinite(ratio * ready):  # a capacity reported as ~0: no replica count follows from it
+        return current, f"metric ratio {ratio:g} is not usable: holding"
     missing = max(0, current - ready)
     if missing == 0:
         if abs(1.0 - ratio) <= tolerance:
@@ -261,8 +269,8 @@ class Scaler:
             metrics["utilization"] = util
             n, why = metric_replicas(util / cfg.target_utilization, s.ready_workers, current, cfg.tolerance)
             recs.append((n, f"utilization {util:.3f} vs target {cfg.target_utilization:g}: {why}"))
-        if cfg.target_load is not None and s.arrivals_per_s is not None:
-            load = s.arrivals_per_s / (s.peak_capacity or s.capacity)
+        load = s.load
+        if cfg.target_load is not None and load is not None:
             metrics["load"] = load
             n, why = metric_replicas(load / cfg.target_load, s.ready_workers, current, cfg.tolerance)
             recs.append((n, f"load {load:.3f} vs target {cfg.target_load:g}: {why}"))

@@ -254,6 +254,7 @@ def test_load_target_scales_on_the_gateways_request_counters(api, gateways):
     ({"in_flight": 1, "capacity": 1, "workers": [{"state": "ready"}]}, "address"),
     ({"in_flight": 1, "capacity": 1, "queue_wait_ms_p90": float("nan")}, "queue_wait"),
     ({"in_flight": 1, "capacity": 1, "requests_total": -5}, "requests_total"),
+    ({"in_flight": 1, "capacity": 1, "requests_total": 10**400}, "requests_total"),  # past float range
 ])
 def test_parse_pool_rejects_bad_documents(doc, msg):
     with pytest.raises(InvalidInputError, match=msg):

@@ -281,3 +281,6 @@ def test_load_mode_scales_with_the_arrival_rate():
     assert d.desired == 2  # util 0.025 says 1, load 0.2 says ceil(4 * 0.4) = 2
     with pytest.raises(ConfigError):
         ScalerConfig(target_utilization=None, target_load=0.0)
+    # a worker reporting a vanishing capacity makes the ratio unusable: hold, never crash the tick
+    d = s.decide(30.0, 6, PoolSample(30.0, in_flight=0.0, capacity=1e-320, ready_workers=6, arrivals_per_s=30.0))
+    assert d.desired == 6 and "not usable" in d.reason
