@@ -62,7 +62,7 @@ def parse(line: str) -> Sample:
     if m:
         s.ram_used_mb, s.ram_total_mb = float(m.group(1)), float(m.group(2))
     for name, pct, freqs in _LOAD.findall(line):
-        mhz = max(float(f) for f in freqs.split(",") if f) if freqs else None
+        mhz = max((float(f) for f in freqs.split(",") if f), default=None)
         if name == "GR3D_FREQ":
             s.gpu_load, s.gpu_mhz = float(pct) / 100.0, mhz
         else:
@@ -144,7 +144,10 @@ class Tegrastats:
                 self.proc = proc
                 assert proc.stdout is not None
                 for line in proc.stdout:
-                    sample = parse(line)
+                    try:
+                        sample = parse(line)
+                    except ValueError:  # a field the patterns let through but float() refuses
+                        sample = Sample()
                     if sample.empty():
                         self.gauges.lines.labels("unreadable").inc()
                         continue

@@ -43,6 +43,9 @@ def test_jetpack4_line_and_other_forms() -> None:
     assert T.parse("GR3D_FREQ 12%@[510,306] VDD_GPU_SOC 3000mW/2900mW").gpu_mhz == 510.0
     assert T.parse("GR3D_FREQ 5% EMC_FREQ 1%").gpu_mhz is None
     assert T.parse("tegrastats: some warning").empty() and T.parse("").empty()
+    # a frequency list with no number in it: the load is read, the clock is unknown (was a ValueError
+    # that ended the reader thread)
+    assert (T.parse("GR3D_FREQ 0%@[,]").gpu_load, T.parse("GR3D_FREQ 0%@[,]").gpu_mhz) == (0.0, None)
 
 
 def test_gauges_in_prometheus_units() -> None:
