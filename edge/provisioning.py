@@ -119,6 +119,9 @@ def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) ->
         tree = yaml.safe_load(template.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{template}: cannot be read as YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{template}: the settings must be a YAML mapping (key: value), not "
+                          f"{type(tree).__name__}")
     if args.device_id is not None:
         tree["device_id"] = args.device_id
     if args.endpoint:
@@ -129,17 +132,17 @@ def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) ->
                             ("key", "client.key", "tls_key")):
         if getattr(args, flag):
             _set(tree, f"cloud.{key}", f"/{TLS_DIR}/{name}")
-    with tempfile.TemporaryDirectory() as tmp:  # the daemon's loader is the judge
+    for item in args.settings_set:  # --set items are the user's: keep them in the file too, as the
+        key, _, value = item.partition("=")  # text the loader coerces, exactly as it coerces --set
+        _set(tree, key, value)
+    with tempfile.TemporaryDirectory() as tmp:  # the daemon's loader judges the file that is written
         probe = Path(tmp) / "edge.yaml"
         probe.write_text(yaml.safe_dump(tree, sort_keys=False))
         env = {TOKEN_VAR: token} if token else {}
         try:
-            SCHEMA.load(str(probe), list(args.settings_set), env=env)
+            SCHEMA.load(str(probe), [], env=env)
         except ConfigError as exc:
             raise ConfigError(str(exc).replace(str(probe), f"{template} (+ provision flags)")) from None
-    for item in args.settings_set:  # --set items are the user's: keep them in the file too
-        key, _, value = item.partition("=")
-        _set(tree, key, yaml.safe_load(value) if value else "")
     return tree, template
 
 

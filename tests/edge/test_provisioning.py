@@ -38,7 +38,7 @@ def test_writes_config_token_and_certificates_with_their_modes(rootfs: Path, tmp
                  "--endpoint", "gw.plant.lan:50051", "--endpoint", "gw2.plant.lan:50051",
                  "--token-file", str(tmp_path / "token"), "--ca", str(tmp_path / "ca.pem"),
                  "--cert", str(tmp_path / "dev.pem"), "--key", str(tmp_path / "dev.key"),
-                 "--set", "streams.0.fps=10"]) == 0
+                 "--set", "streams.0.fps=10", "--set", "metrics.tegrastats=off"]) == 0
     out = capsys.readouterr().out
     cfg = rootfs / "etc/edgewise/edge.yaml"
     env = rootfs / "etc/default/edgewise-edge"
@@ -53,6 +53,8 @@ def test_writes_config_token_and_certificates_with_their_modes(rootfs: Path, tmp
     assert (s.cloud.tls_ca, s.cloud.tls_cert, s.cloud.tls_key) == (
         "/etc/edgewise/tls/ca.pem", "/etc/edgewise/tls/client.pem", "/etc/edgewise/tls/client.key")
     assert s.streams[0].fps == 10 and s.model.backend == "tensorrt"  # the rest of the template stays
+    # the file holds the --set text the loader checked ("off" would be YAML's false, which it refuses)
+    assert s.metrics.tegrastats == "off"
 
 
 def test_the_edgewise_group_of_a_running_device_and_a_second_run_keeps_other_env_lines(rootfs: Path,
@@ -91,6 +93,13 @@ def test_bad_input_is_one_line_and_writes_nothing(rootfs: Path, tmp_path: Path, 
     assert needle in err and "\n" not in err
     assert (rootfs / "etc/edgewise/edge.yaml").read_text() == before
     assert not (rootfs / "etc/default").exists() and not (rootfs / "etc/edgewise/tls").exists()
+
+
+def test_a_template_that_is_not_a_mapping_is_a_clear_error(rootfs: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    assert main(["edge", "provision", "--root", str(rootfs), "--endpoint", "gw:1",
+                 "--template", str(tmp_path / "list.yaml")]) == 2
+    assert "must be a YAML mapping (key: value), not list" in capsys.readouterr().err
 
 
 def test_a_root_without_the_bundle_says_what_to_do(tmp_path: Path, capsys) -> None:
