@@ -96,7 +96,8 @@ def test_main_unit_settings() -> None:
                  "Wants=network-online.target", "Type=notify", "MemoryMax=", "LimitNOFILE="):
         assert line in text
     # the engine the daemon loads, built by a command the bundle ships (not edgewise_tools')
-    assert "ExecStartPre=/usr/bin/edgewise-edge edge engine --config /etc/edgewise/edge.yaml" in text
+    # "-": a failing engine build must not restart-loop; `edge run` exits 2 on the same problem
+    assert "ExecStartPre=-/usr/bin/edgewise-edge edge engine --config /etc/edgewise/edge.yaml" in text
     assert "RestartPreventExitStatus=2" in text and "EnvironmentFile=-/etc/default/edgewise-edge" in text
 
 
