@@ -23,7 +23,7 @@ import numpy as np
 from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edgewise.detections import Detections
-from edgewise.hardness.signals import RECORD_DECIMALS
+from edgewise.hardness.signals import RECORD_DECIMALS, score_bands
 from edgewise.policy.deciding import Decision
 from edgewise.policy.schema import Merge, Policy
 from edgewise.regions import PayloadPlan
@@ -40,8 +40,8 @@ def build_request(
 
     spec = policy.spec
     h, w = frame.image.shape[:2]
-    cfg = policy.signal_config(frame.stream_id)  # the stream's band
-    plan = spec.payload.plan(frame.image, dets, motion_blobs, (cfg.band_low, cfg.band_high))
+    # each box's band (the stream's, or its class's): the signals' own test of "uncertain"
+    plan = spec.payload.plan(frame.image, dets, motion_blobs, score_bands(dets, policy.signal_config(frame.stream_id)))
     img = encode_image(np.ascontiguousarray(plan.image), "jpeg", spec.payload.jpeg_quality)
     img.offset_x, img.offset_y = plan.offset
     img.source_width, img.source_height = w, h

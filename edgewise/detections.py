@@ -9,7 +9,7 @@ vectorised.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,6 +66,13 @@ class Detections:
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
+
+    def scored_within(self, low: Any, high: Any) -> np.ndarray:
+        """Mask of the boxes whose score lies in [``low``, ``high``] (scalars or one bound per
+        box), compared in float32 like the scores: a score of 0.6 (stored as 0.6000000238) is
+        inside a band ending at 0.6. The one test of "uncertain" for signals and payloads."""
+        s = self.scores.astype(np.float32, copy=False)
+        return (s >= np.asarray(low, np.float32)) & (s <= np.asarray(high, np.float32))
 
     @classmethod
     def empty(cls, names: Sequence[str] = (), source: str = "", nc: int = 0) -> Detections:

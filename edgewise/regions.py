@@ -28,12 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
 
 from edgewise.detections import Detections
+
+#: An uncertainty band (low, high): scalars, or one bound per box
+#: (:func:`edgewise.hardness.signals.score_bands`, which applies per-class bands).
+Band = Tuple[Union[float, np.ndarray], Union[float, np.ndarray]]
 
 #: gutter between tiles (pixels) and its colour: the letterbox padding grey, which the
 #: models see around every letterboxed image and do not fire on
@@ -84,15 +88,14 @@ def _overlap(a: Rect, b: Rect) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
-def crop_region(dets: Detections, size: Tuple[int, int], band: Tuple[float, float], padding: float
+def crop_region(dets: Detections, size: Tuple[int, int], band: Band, padding: float
                 ) -> Optional[Rect]:
     """One crop holding every uncertain box (score in ``band``), each padded by ``padding`` x
     its size (payload mode ``crops``); None when no box is uncertain (then the full frame is
     sent: a missed object can be anywhere)."""
     if len(dets) == 0:
         return None
-    lo, hi = band
-    mask = (dets.scores >= lo) & (dets.scores <= hi)
+    mask = dets.scored_within(*band)
     if not mask.any():
         return None
     b = dets.boxes[mask].astype(np.float64)
@@ -127,18 +130,18 @@ def merge_rects(rects: Sequence[Rect]) -> List[Rect]:
 
 
 def propose_regions(dets: Detections, motion_blobs: Optional[np.ndarray], size: Tuple[int, int],
-                    band: Tuple[float, float], padding: float = 0.2, min_side: int = 96, max_regions: int = 8,
+                    band: Band, padding: float = 0.2, min_side: int = 96, max_regions: int = 8,
                     max_area: float = 0.4) -> Optional[List[Rect]]:
     """Regions (x1, y1, x2, y2) of frame ``size`` (width, height) to send at full resolution,
     most uncertain first; None = send the whole frame (see the module docstring)."""
     w, h = size
-    lo, hi = band
     cands: List[Rect] = []
     if len(dets):
-        s = dets.scores.astype(np.float64)
-        unc = np.nonzero((s >= lo) & (s <= hi))[0]
-        mid = (lo + hi) / 2.0
-        for i in unc[np.argsort(np.abs(s[unc] - mid), kind="stable")]:  # closest to the band's middle first
+        unc = np.nonzero(dets.scored_within(*band))[0]
+        mid = np.broadcast_to((np.asarray(band[0], np.float64) + np.asarray(band[1], np.float64)) / 2.0,
+                              (len(dets),))
+        off = np.abs(dets.scores.astype(np.float64) - mid)
+        for i in unc[np.argsort(off[unc], kind="stable")]:  # closest to its band's middle first
             cands.append(_pad(dets.boxes[i], padding, min_side, size))
     if motion_blobs is not None and len(motion_blobs):
         b = np.asarray(motion_blobs, np.float64).reshape(-1, 4)
@@ -263,7 +266,7 @@ class PayloadPlan:
 
 
 def plan_payload(frame: np.ndarray, dets: Detections, motion_blobs: Optional[np.ndarray], mode: str,
-                 band: Tuple[float, float], padding: float = 0.2, min_side: int = 96, max_regions: int = 8,
+                 band: Band, padding: float = 0.2, min_side: int = 96, max_regions: int = 8,
                  max_area: float = 0.4, low_width: int = 640) -> PayloadPlan:
     """The payload of one escalation in ``mode`` (:data:`MODES`, the policy's ``spec.payload``):
 

@@ -93,10 +93,10 @@ class SignalConfig:
     track_max_age: int = 2
 
 
-def _bands(dets: Detections, cfg: SignalConfig) -> Tuple[np.ndarray, np.ndarray]:
+def score_bands(dets: Detections, cfg: SignalConfig) -> Tuple[np.ndarray, np.ndarray]:
+    """Each box's uncertainty band (low, high): the stream's, or its class's from
+    ``class_bands``; float32 like the scores (see :meth:`Detections.scored_within`)."""
     n = len(dets)
-    # float32 like the scores, so a score of 0.6 (stored as 0.6000000238)
-    # is inside a band ending at 0.6.
     low = np.full(n, cfg.band_low, np.float32)
     high = np.full(n, cfg.band_high, np.float32)
     if cfg.class_bands and dets.names:
@@ -121,9 +121,7 @@ def uncertain_signals(dets: Detections, cfg: SignalConfig) -> Tuple[float, float
     n = len(dets)
     if n == 0:
         return 0.0, 0.0
-    low, high = _bands(dets, cfg)
-    s = dets.scores.astype(np.float32, copy=False)
-    k = int(np.count_nonzero((s >= low) & (s <= high)))
+    k = int(np.count_nonzero(dets.scored_within(*score_bands(dets, cfg))))
     sat = max(1, cfg.uncertain_saturation)
     return min(1.0, k / sat), k / n
 

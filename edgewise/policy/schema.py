@@ -260,7 +260,7 @@ class Payload:
         lo=0, hi=1, lo_open=True,
     )
 
-    def plan(self, frame: Any, dets: Any, motion_blobs: Any, band: Tuple[float, float],
+    def plan(self, frame: Any, dets: Any, motion_blobs: Any, band: Any,
              mode: Optional[str] = None) -> PayloadPlan:
         """What an escalation of ``frame`` sends under these settings, in ``mode`` (default: this
         payload's; :func:`edgewise.regions.plan_payload`)."""

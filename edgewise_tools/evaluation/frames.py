@@ -32,6 +32,7 @@ from edgewise.hardness import (
     TrackerState,
     compute_signals,
 )
+from edgewise.hardness.signals import score_bands
 from edgewise.policy import Policy
 from edgewise.regions import MODES, tiles_to_frame
 from edgewise.runtime import DecodeParams, Detector, decode
@@ -195,7 +196,7 @@ def collect(
         for mode in modes:
             if mode == "full":
                 continue
-            plan = pl.plan(img, e_op, mot.blobs, (cfg.band_low, cfg.band_high), mode)
+            plan = pl.plan(img, e_op, mot.blobs, score_bands(e_op, cfg), mode)
             if plan.image is img:  # this mode sends the whole frame here
                 if not rec.has_full:
                     c_op, c_all, c_ms = _run(cloud, full, low_c)

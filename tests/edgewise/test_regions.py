@@ -81,3 +81,23 @@ def test_boxes_map_back_to_the_frame_and_the_finer_tile_wins() -> None:
     assert out.scores.tolist() == pytest.approx([0.9, 0.8, 0.5])
     assert out.boxes.tolist() == [[20, 20, 40, 60], [104, 110, 124, 140], [244, 170, 300, 196]]
     assert len(tiles_to_frame(dets([], []), tiles)) == 0
+
+
+def test_payloads_and_signals_agree_on_uncertain_boxes() -> None:
+    """One test of "uncertain" (Detections.scored_within on score_bands): a score of exactly the
+    band's end is inside for the signals, so the regions must send it too, and a class band
+    counts for the payload as it does for the hardness."""
+    from edgewise.hardness.signals import SignalConfig, score_bands, uncertain_signals
+    from edgewise.regions import crop_region
+
+    edge_of_band = dets([[100, 100, 150, 160]], [0.6])
+    cfg = SignalConfig(band_low=0.3, band_high=0.6)
+    assert uncertain_signals(edge_of_band, cfg)[1] == 1.0
+    assert propose_regions(edge_of_band, None, SIZE, score_bands(edge_of_band, cfg)) is not None
+    assert crop_region(edge_of_band, SIZE, score_bands(edge_of_band, cfg), 0.2) is not None
+    # class "b" has its own band: its 0.9 box is uncertain, class "a"'s 0.9 box is not
+    two = dets([[100, 100, 150, 160], [600, 300, 700, 420]], [0.9, 0.9], cls=[0, 1])
+    per_class = SignalConfig(band_low=0.3, band_high=0.6, class_bands={"b": (0.5, 0.95)})
+    assert uncertain_signals(two, per_class)[0] == pytest.approx(1 / per_class.uncertain_saturation)
+    (r,) = propose_regions(two, None, SIZE, score_bands(two, per_class), min_side=96)
+    assert r[0] <= 600 and r[2] >= 700 and r[0] > 150  # around the class-b box only
