@@ -27,7 +27,7 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 
 from edgewise.detections import Detections
-from edgewise.hardness.motion import MotionDetector
+from edgewise.hardness.motion import MotionConfig, MotionDetector
 from edgewise.hardness.signals import SignalConfig, as_recorded, combine, compute_signals
 from edgewise.hardness.tracking import TrackerState
 from edgewise.policy.deciding import Decision, Escalator, FrameFacts, frame_facts
@@ -60,6 +60,11 @@ class Verdict:
     motion_blobs: Optional[np.ndarray] = None
 
 
+def _motion_config(policy: Optional[Policy]) -> Optional[MotionConfig]:
+    """The motion detector's settings under ``policy`` (None: it does not use motion)."""
+    return policy.spec.signals.motion.config() if policy is not None and policy.uses_motion() else None
+
+
 class Decider:
     """Hardness + policy for every stream of one daemon; ``policy`` may be None
     (no policy file: nothing is escalated, hardness still measured with defaults)."""
@@ -72,6 +77,7 @@ class Decider:
         self.digest = policy_digest(policy) if policy is not None else ""
         self.tracker: Dict[str, TrackerState] = {}
         self.motion: Dict[str, MotionDetector] = {}
+        self._motion_cfg = _motion_config(policy)
         self._cfg: Dict[Tuple[str, Tuple[int, int]], SignalConfig] = {}
 
     def swap(self, policy: Policy) -> int:
@@ -82,6 +88,7 @@ class Decider:
             self.escalator.swap(policy)
         self.policy = policy
         self.digest = policy_digest(policy)
+        self._motion_cfg = _motion_config(policy)
         self._cfg.clear()
         self.generation += 1
         return self.generation
@@ -96,10 +103,10 @@ class Decider:
     def _motion(self, stream_id: str) -> Optional[MotionDetector]:
         """The stream's motion detector when the policy uses motion (a new one when the
         policy's motion settings changed), else None."""
-        if self.policy is None or not self.policy.uses_motion():
+        cfg = self._motion_cfg
+        if cfg is None:
             self.motion.pop(stream_id, None)
             return None
-        cfg = self.policy.spec.signals.motion.config()
         det = self.motion.get(stream_id)
         if det is None or det.cfg != cfg:
             det = self.motion[stream_id] = MotionDetector(cfg)

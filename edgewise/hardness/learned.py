@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -67,10 +67,13 @@ class GainModel:
     info: Dict[str, Any] = field(default_factory=dict)
     source: str = ""
     features: Tuple[str, ...] = FEATURE_NAMES
+    #: positions of ``features`` in a :data:`FEATURE_NAMES` row (None: all of them, in order),
+    #: worked out once: ``hardness_of`` runs per frame
+    _columns: Optional[List[int]] = field(default=None, init=False, repr=False, compare=False)
 
-    @property
-    def _columns(self) -> List[int]:
-        return [FEATURE_NAMES.index(n) for n in self.features]
+    def __post_init__(self) -> None:
+        if self.features != FEATURE_NAMES:
+            self._columns = [FEATURE_NAMES.index(n) for n in self.features]
 
     @classmethod
     def fit(cls, x: np.ndarray, gain: np.ndarray, info: Mapping[str, Any], **params: Any) -> GainModel:
@@ -84,7 +87,7 @@ class GainModel:
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Predicted relative gain of each :data:`FEATURE_NAMES` row (higher: escalate first)."""
         rows = np.asarray(x, np.float64).reshape(-1, len(FEATURE_NAMES))
-        return self.trees.predict(rows if self.features == FEATURE_NAMES else rows[:, self._columns])
+        return self.trees.predict(rows if self._columns is None else rows[:, self._columns])
 
     def percentile(self, predicted: np.ndarray) -> np.ndarray:
         """Mid-rank percentile in [0, 1] of predictions among the training frames'."""
@@ -102,7 +105,7 @@ class GainModel:
         """The learned hardness from what the policy knows of a frame (the daemon's and the
         replay's per-frame path; see :func:`features_of`), over the model's own features."""
         row = features_of(signals, boxes, max_score)
-        p = self.trees.predict_one(row if self.features == FEATURE_NAMES else [row[i] for i in self._columns])
+        p = self.trees.predict_one(row if self._columns is None else [row[i] for i in self._columns])
         return float(self.percentile(np.array([p]))[0])
 
     def importance(self) -> Dict[str, float]:

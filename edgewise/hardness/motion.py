@@ -25,7 +25,6 @@ a millisecond for a 1280x720 frame (``bench/edge.py`` measures it).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Dict, Tuple
 
@@ -74,12 +73,10 @@ class MotionResult:
     Attributes:
         signals: ``{"motion": .., "motion_blobs": ..}`` in [0, 1].
         blobs: [k, 4] xyxy float32 boxes, in frame pixels, of the unexplained blobs.
-        cost_ms: time spent in :meth:`MotionDetector.update`.
     """
 
     signals: Dict[str, float]
     blobs: np.ndarray
-    cost_ms: float = 0.0
 
 
 NO_MOTION = MotionResult({name: 0.0 for name in MOTION_SIGNALS}, np.zeros((0, 4), np.float32))
@@ -106,7 +103,6 @@ class MotionDetector:
     def update(self, frame: np.ndarray, dets: Detections) -> MotionResult:
         """Feed one BGR (or grey) frame and its edge detections; a new frame size restarts
         the background model."""
-        t0 = time.perf_counter()
         cfg = self.cfg
         h, w = frame.shape[:2]
         if (w, h) != self._size:
@@ -119,12 +115,12 @@ class MotionDetector:
         mask = self._mog.apply(small)
         self.frames += 1
         if self.frames <= cfg.warmup_frames:
-            return MotionResult(dict(NO_MOTION.signals), NO_MOTION.blobs, (time.perf_counter() - t0) * 1e3)
+            return MotionResult(dict(NO_MOTION.signals), NO_MOTION.blobs)
         mask = cv2.dilate(mask, self._kernel)
         n, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
         sx, sy = w / sw, h / sh
         if n <= 1:
-            return MotionResult(dict(NO_MOTION.signals), NO_MOTION.blobs, (time.perf_counter() - t0) * 1e3)
+            return MotionResult(dict(NO_MOTION.signals), NO_MOTION.blobs)
         st = stats[1:].astype(np.float64)
         boxes = np.stack([st[:, 0] * sx, st[:, 1] * sy, (st[:, 0] + st[:, 2]) * sx, (st[:, 1] + st[:, 3]) * sy], 1)
         area = st[:, 4] / float(sw * sh)
@@ -134,7 +130,7 @@ class MotionDetector:
             "motion": min(1.0, float(area[unexplained].sum()) / max(cfg.area_saturation, 1e-9)),
             "motion_blobs": min(1.0, small_blobs / max(cfg.blob_saturation, 1)),
         }
-        return MotionResult(signals, boxes[unexplained].astype(np.float32), (time.perf_counter() - t0) * 1e3)
+        return MotionResult(signals, boxes[unexplained].astype(np.float32))
 
 
 def _covered(blobs: np.ndarray, dets: np.ndarray, margin: float) -> np.ndarray:
