@@ -20,7 +20,7 @@ import json
 import time
 from typing import Any, Dict
 
-from edge.settings import SCHEMA
+from edge.settings import SCHEMA, ModelSettings
 from edgewise.runtime.metadata import load_model_info
 from edgewise.settings import add_settings_arguments, settings_from_args
 
@@ -37,6 +37,9 @@ def register(subparsers: Any) -> None:
     info = subparsers.add_parser("model-info", help="describe a YOLOv5 ONNX model (classes, size, precision)")
     info.add_argument("model", help="path of the .onnx file")
     info.add_argument("--imgsz", type=int, default=0, help="input size of a model that does not state it")
+    info.add_argument("--max-batch", type=int, default=ModelSettings().max_batch,
+                      help="the daemon's model.max_batch, part of the engine's cache key (default: the "
+                           "daemon's default)")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.set_defaults(func=_model_info)
 
@@ -64,8 +67,9 @@ def _engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe(model: str, imgsz: int = 0) -> Dict[str, Any]:
-    """What ``model-info`` prints, as a dict."""
+def describe(model: str, imgsz: int = 0, max_batch: int = ModelSettings().max_batch) -> Dict[str, Any]:
+    """What ``model-info`` prints, as a dict (the engine entry is the one ``edge engine`` and
+    ``edge run`` use with ``model.max_batch`` = ``max_batch``)."""
     from edgewise.runtime.detector import tensorrt_unusable_reason
 
     info = load_model_info(model, imgsz or None)
@@ -83,13 +87,13 @@ def describe(model: str, imgsz: int = 0) -> Dict[str, Any]:
     else:
         from edgewise.runtime.backends.tensorrt import engine_file
 
-        path, _, _ = engine_file(info)
-        out["tensorrt_engine"] = f"{path} ({'cached' if path.is_file() else 'not built yet'})"
+        path, _, batch = engine_file(info, max_batch=max_batch)
+        out["tensorrt_engine"] = f"{path} (batch <= {batch}; {'cached' if path.is_file() else 'not built yet'})"
     return out
 
 
 def _model_info(args: argparse.Namespace) -> int:
-    d = describe(args.model, args.imgsz)
+    d = describe(args.model, args.imgsz, args.max_batch)
     if args.json:
         print(json.dumps(d, indent=2))
         return 0

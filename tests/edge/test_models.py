@@ -54,6 +54,9 @@ def test_engine_builds_what_the_daemon_loads_then_reuses_it(fake_trt, tmp_path: 
     det = D.Detector.from_file(model, backend="tensorrt", max_batch=2)  # what edge.daemon does
     assert sum(1 for c in mod.calls if c[0] == "build") == builds
     det.close()
+    # model-info names the same cached engine for the same model.max_batch
+    assert main(["edge", "model-info", str(model), "--max-batch", "2"]) == 0
+    assert f"{engine} (batch <= 2; cached)" in capsys.readouterr().out
 
 
 def test_engine_with_onnxruntime_has_nothing_to_build(tmp_path: Path, tiny_model: Path, capsys) -> None:
