@@ -32,7 +32,7 @@ from edge.pipeline import Pipeline
 from edge.preflight import preflight
 from edge.records import FrameRecord
 from edge.sdnotify import Notifier
-from edge.settings import EdgeSettings
+from edge.settings import EdgeSettings, mqtt_outbox_path
 from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
@@ -155,10 +155,8 @@ class EdgeDaemon:
             out.append(StdoutSink())
         if s.mqtt and self.mqtt is not None:
             prefix = self.settings.cloud.mqtt.topic_prefix
-            path = s.mqtt_outbox or os.path.join(os.path.dirname(os.path.abspath(self.settings.spool.path)),
-                                                 "mqtt-outbox.db")
             out.append(MqttSink(self.mqtt, mqtt_topics.detections_topic(prefix, self.settings.device_id),
-                                Outbox(path, s.mqtt_outbox_max), self.metrics))
+                                Outbox(mqtt_outbox_path(self.settings), s.mqtt_outbox_max), self.metrics))
         return Sinks(out, on_error=lambda name: self.metrics.sink_errors.labels(name).inc())
 
     async def _build_transports(self) -> None:

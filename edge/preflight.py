@@ -18,7 +18,7 @@ import os
 import socket
 from typing import List, Optional, Tuple
 
-from edge.settings import EdgeSettings
+from edge.settings import EdgeSettings, mqtt_outbox_path
 from edgewise import mqtt_topics
 from edgewise.errors import ConfigError, DeploymentError, InvalidInputError
 
@@ -75,6 +75,8 @@ def state_files(s: EdgeSettings) -> List[Tuple[str, str]]:
     out = [("spool.path", s.spool.path)]
     if s.sinks.jsonl:
         out.append(("sinks.jsonl", s.sinks.jsonl))
+    if s.sinks.mqtt:
+        out.append(("sinks.mqtt_outbox", mqtt_outbox_path(s)))
     return out
 
 

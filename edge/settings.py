@@ -12,6 +12,7 @@ and ``edge.cli`` (``edgewise edge run``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
@@ -218,6 +219,11 @@ class EdgeSettings:
     metrics: MetricsSettings = setting("Metrics and health endpoint.", factory=MetricsSettings)
     shutdown_grace_s: float = setting("On SIGTERM, how long in-flight escalations may finish before they "
                                       "are spooled.", 5.0, lo=0)
+
+
+def mqtt_outbox_path(s: EdgeSettings) -> str:
+    """The MQTT sink's outbox file: ``sinks.mqtt_outbox``, else ``mqtt-outbox.db`` next to the spool."""
+    return s.sinks.mqtt_outbox or os.path.join(os.path.dirname(os.path.abspath(s.spool.path)), "mqtt-outbox.db")
 
 
 def validate(s: EdgeSettings) -> None:

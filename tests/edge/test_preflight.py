@@ -69,6 +69,16 @@ def test_state_folders_are_created_and_a_file_in_the_way_is_named(tmp_path: Path
         assert "\n" not in str(exc.value)
 
 
+def test_the_mqtt_outbox_is_a_state_file_where_the_daemon_puts_it(tmp_path: Path) -> None:
+    broker = {"mqtt": {"host": "broker.plant.lan"}}
+    s = _settings(tmp_path, sinks={"mqtt": True}, cloud=broker)
+    assert ("sinks.mqtt_outbox", str(tmp_path / "st" / "mqtt-outbox.db")) in P.state_files(s)
+    (tmp_path / "blocker").write_text("")
+    s = _settings(tmp_path, sinks={"mqtt": True, "mqtt_outbox": str(tmp_path / "blocker" / "o.db")}, cloud=broker)
+    with pytest.raises(DeploymentError, match=r"^sinks.mqtt_outbox .*/blocker/o.db: the folder "):
+        P.check_state_dirs(s)
+
+
 def _error_as_unprivileged_user(fn) -> str:
     """``fn()``'s error message, run by an unprivileged user: a forked child that drops to
     nobody when the tests run as root (root may write anywhere), else this process."""
