@@ -54,27 +54,6 @@ def add_arguments(ap: Any) -> None:
                     help=f"paced: comma-separated, of: {', '.join(VARIANTS)}")
 
 
-def cpu_flags() -> str:
-    """The SIMD flags that decide INT8 speed (AVX2, AVX-512, VNNI; NEON/dotprod on arm64)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.split(":", 1)[1].split())
-    want = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "asimd", "asimddp")
-    return ", ".join(f for f in want if f in flags) or "none of AVX2/AVX-512/VNNI/NEON"
-
-
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
 def model_time(model: Path, threads: int, spin: bool, fps: float, n: int = 40) -> Tuple[float, float]:
     """Median (wall ms, CPU ms) of one paced ``infer`` call on letterboxed vtest frames."""
     import cv2
@@ -102,7 +81,7 @@ def model_time(model: Path, threads: int, spin: bool, fps: float, n: int = 40) -
 
 
 def run_variant(name: str, opts: Dict[str, Any], args: Any, model: Path, tmp: Path) -> Dict[str, Any]:
-    from edgewise_tools.cpu import proc_cpu_s, thread_cpu_s
+    from edgewise_tools.cpu import memory_mb, proc_cpu_s, thread_cpu_s
     from tests.edge.helpers import read_jsonl, settings_yaml
 
     tag = name.split(" (")[0].replace(" ", "-")
@@ -127,7 +106,7 @@ def run_variant(name: str, opts: Dict[str, Any], args: Any, model: Path, tmp: Pa
         c0, t0, w0 = proc_cpu_s(proc.pid) or 0.0, thread_cpu_s(proc.pid), time.time_ns()
         time.sleep(args.paced_seconds)
         c1, t1, w1 = proc_cpu_s(proc.pid) or 0.0, thread_cpu_s(proc.pid), time.time_ns()
-        rss = peak_rss_mb(proc.pid)
+        rss = memory_mb(proc.pid)[1]
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -151,6 +130,8 @@ def run_variant(name: str, opts: Dict[str, Any], args: Any, model: Path, tmp: Pa
 
 def paced_main(args: Any) -> int:
     """Run every variant and print the table (Markdown)."""
+    from edgewise_tools.cpu import simd_summary
+
     if not VTEST.exists():
         print(f"paced mode needs {VTEST} (apt-get install opencv-doc)", file=sys.stderr)
         return 2
@@ -167,7 +148,7 @@ def paced_main(args: Any) -> int:
     after = model_time(model, 1, False, args.paced_fps)
     work_wall, work_cpu = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
     print(f"\n### Edge daemon CPU per frame at camera pace: {args.streams} x {args.paced_fps:g} fps of "
-          f"vtest.avi (768x576), {model.name}; CPU {cpu_flags()}; {os.cpu_count()} CPUs\n")
+          f"vtest.avi (768x576), {model.name}; CPU {simd_summary()}; {os.cpu_count()} CPUs\n")
     print(f"The model's own inference time (1 thread, no spinning, paced): {work_cpu:.1f} ms CPU, "
           f"{work_wall:.1f} ms wall.\n")
     print("| variant | frames/s | daemon CPU ms/frame | daemon cores | CPU / inference CPU | model inference "

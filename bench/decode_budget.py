@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edgewise.v1 import detect_pb2, service_pb2_grpc  # noqa: E402
+from edgewise_tools.cpu import memory_mb  # noqa: E402
 
 _CLI = "import sys; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -45,13 +46,6 @@ def declared_jpeg(width: int, height: int) -> bytes:
     sof = data.index(b"\xff\xc0")
     data[sof + 5:sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
     return bytes(data)
-
-
-def memory_mb(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) in MB."""
-    text = Path(f"/proc/{pid}/status").read_text()
-    kb = {k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.*)$", text, re.M)}
-    return kb["VmRSS"] / 1024, kb["VmHWM"] / 1024
 
 
 def reset_peak(pid: int) -> None:

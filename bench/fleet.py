@@ -40,6 +40,7 @@ from bench import _fleet_report as R  # noqa: E402
 from bench._fleet_model import Scenario  # noqa: E402
 from bench._fleet_sim import CellResult, CellSim, Policy  # noqa: E402
 from cloud.autoscaler.scaling import DEFAULT_TARGET_LOAD  # noqa: E402
+from edgewise_tools.cpu import simd_summary  # noqa: E402
 
 #: Cheapest targets within half the SLO budget on the default scenario on each of seeds 1-4 (``--tune``
 #: with its defaults; the grid is in docs/design/autoscaling.md#the-policies-compared). Ours is the
@@ -173,19 +174,14 @@ def grid(lo: float, hi: float, points: int) -> List[float]:
 
 
 def cpu_line() -> str:
-    """CPU model and the vector flags that matter, plus the core count."""
-    model, flags = "unknown CPU", []
+    """CPU model, core count and the SIMD flags that matter."""
+    model = "unknown CPU"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown CPU":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                flags = [f for f in ("avx2", "avx512f", "avx512_vnni", "amx_tile") if f in have]
-                break
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), model)
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} CPUs, flags {' '.join(flags) or 'none of avx2/avx512'}"
+    return f"{model}, {os.cpu_count()} CPUs, flags {simd_summary()}"
 
 
 def main(argv: Optional[List[str]] = None) -> int:

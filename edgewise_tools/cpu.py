@@ -1,4 +1,5 @@
-"""CPU seconds of processes, from ``/proc/<pid>/stat`` (Linux; proc(5) fields 14 and 15).
+"""CPU seconds and memory of processes, from ``/proc/<pid>/stat`` and ``status`` (Linux;
+proc(5)), and this CPU's SIMD flags from ``/proc/cpuinfo``.
 
 The demo and the system bench state the cloud's CPU cost per escalation: the CPU time its
 worker processes spent, divided by the escalations they answered. :class:`CpuMeter`
@@ -9,9 +10,40 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, Iterable, Optional
+from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
 TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+
+
+#: The flags that decide INT8 and float speed, as benches print them: x86 AVX2 / AVX-512 /
+#: VNNI / AMX, arm64 NEON (asimd) and its int8 dot product (asimddp).
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "asimddp")
+
+
+def cpu_flags() -> Optional[FrozenSet[str]]:
+    """The CPU's feature flags (x86 ``flags``, arm64 ``Features`` of /proc/cpuinfo); None
+    where /proc/cpuinfo is absent or lists none."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    flags = {f for line in lines if line.startswith(("flags", "Features")) for f in line.split(":", 1)[1].split()}
+    return frozenset(flags) or None
+
+
+def simd_summary() -> str:
+    """:data:`SIMD_FLAGS` this CPU has, for a bench's header line."""
+    have = cpu_flags() or frozenset()
+    return ", ".join(f for f in SIMD_FLAGS if f in have) or "none of AVX2/AVX-512/VNNI/NEON"
+
+
+def memory_mb(pid: int) -> Tuple[float, float]:
+    """(VmRSS, VmHWM: the peak) of a process in MB."""
+    kb = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            kb[line[:5]] = int(line.split()[1])
+    return kb["VmRSS"] / 1024, kb["VmHWM"] / 1024
 
 
 def stat_cpu_s(stat: Path) -> Optional[float]:

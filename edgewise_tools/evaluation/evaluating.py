@@ -9,7 +9,6 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edgewise.hardness import SignalConfig
 from edgewise.policy import Policy, load_policy
 from edgewise.regions import COMPARED_MODES
 from edgewise.runtime import Detector
@@ -76,11 +75,6 @@ class EvalConfig:
     limit: Optional[int] = None
     threads: Optional[int] = None
     model_out: Optional[Path] = None
-
-
-def signal_config(policy: Policy) -> SignalConfig:
-    """The SignalConfig the daemon builds from this policy for a stream."""
-    return policy.signal_config()
 
 
 def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, policy: Policy,

@@ -15,11 +15,12 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from edgewise.detections import Detections
+from edgewise_tools.cpu import cpu_flags
 from edgewise_tools.models.agreement import Agreement, compare
 from edgewise_tools.models.calibration import FrameSource, Progress
 
@@ -61,26 +62,14 @@ class Speed:
         }
 
 
-def _cpu_flags() -> Optional[FrozenSet[str]]:
-    """The ``flags`` of /proc/cpuinfo (x86 Linux), else None."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
-
-
 def cpu_int8_support() -> str:
     """What this CPU offers ONNX Runtime's x86 INT8 kernels, e.g. ``x86 AVX-512 VNNI``.
 
     VNNI (AVX-512 VNNI, AVX-VNNI) multiplies u8 x s8 and accumulates in int32 in one
     instruction; without it the AVX2 kernels are slower and can saturate.
     """
-    flags = _cpu_flags()
-    if flags is None:
+    flags = cpu_flags()
+    if flags is None or "sse2" not in flags:  # not x86: its INT8 kernels are another story
         return platform.machine() or "unknown CPU"
     have = [
         name
@@ -94,7 +83,7 @@ def cpu_int8_support() -> str:
 
 def cpu_lacks_vnni() -> bool:
     """True on an x86 Linux CPU whose flags show AVX2 but neither AVX512-VNNI nor AVX-VNNI."""
-    flags = _cpu_flags()
+    flags = cpu_flags()
     return flags is not None and "avx2" in flags and not {"avx512_vnni", "avx_vnni"} & flags
 
 

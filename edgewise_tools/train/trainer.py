@@ -219,9 +219,10 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
                           else cfg.device)
     model = make_model(cfg, nc)
     if cfg.init and Path(cfg.init).suffix.lower() == ".onnx":
+        from edgewise.runtime.letterbox import to_chw_rgb
         from edgewise_tools.train.onnxinit import load_onnx
 
-        calib = ds.images[:CALIBRATION_IMAGES][..., ::-1].transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+        calib = to_chw_rgb(list(ds.images[:CALIBRATION_IMAGES]))
         log.info("initialised from %s (%d tensors, BatchNorm unfused on %d training images)", cfg.init,
                  load_onnx(model, Path(cfg.init), calib), len(calib))
     elif cfg.init:

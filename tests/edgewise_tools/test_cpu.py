@@ -5,9 +5,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from edgewise_tools.cpu import TICK, busy_s, proc_cpu_s, stat_cpu_s, thread_cpu_s, tree_cpu_s
+from edgewise_tools.cpu import (
+    SIMD_FLAGS,
+    TICK,
+    busy_s,
+    cpu_flags,
+    memory_mb,
+    proc_cpu_s,
+    simd_summary,
+    stat_cpu_s,
+    thread_cpu_s,
+    tree_cpu_s,
+)
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nprint('done', flush=True)\n" \
        "import sys; sys.stdin.read()"
@@ -28,9 +40,30 @@ def test_a_busy_child_counts_in_its_own_and_its_parents_tree() -> None:
 
 
 def test_threads_and_cpus_add_up() -> None:
+    t = time.process_time()
+    while time.process_time() - t < 0.2:  # some CPU time of our own, so the sums are not all zero
+        pass
     threads = thread_cpu_s(os.getpid())
+    total = proc_cpu_s(os.getpid())
     assert os.getpid() in threads and all(v >= 0 for v in threads.values())
+    # the process's seconds are its threads' (each rounded down to a tick; read a moment apart)
+    assert total is not None and total >= 0.2 - 2 / TICK
+    assert abs(sum(threads.values()) - total) <= (len(threads) + 5) / TICK
     assert busy_s() >= busy_s(0) > 0
+
+
+def test_memory_and_cpu_flags() -> None:
+    rss, peak = memory_mb(os.getpid())
+    grown = bytearray(64 << 20)  # 64 MB touched: the peak covers it
+    grown[::4096] = b"x" * len(grown[::4096])
+    rss2, peak2 = memory_mb(os.getpid())
+    assert 0 < rss <= peak and rss2 >= rss + 50 and peak2 >= rss2
+    flags = cpu_flags()
+    summary = simd_summary()
+    if flags is None:
+        assert summary == "none of AVX2/AVX-512/VNNI/NEON"
+    else:
+        assert summary == (", ".join(f for f in SIMD_FLAGS if f in flags) or "none of AVX2/AVX-512/VNNI/NEON")
 
 
 def test_a_command_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
