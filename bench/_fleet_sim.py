@@ -135,7 +135,6 @@ class CellResult:
     ejections: int = 0
     crashes: int = 0
     pods: List[int] = field(default_factory=list)        # per tick, pods that exist (any state)
-    ready: List[int] = field(default_factory=list)
     desired: List[int] = field(default_factory=list)
     offered: List[float] = field(default_factory=list)   # offered req/s per tick
     arrivals: int = 0
@@ -143,8 +142,6 @@ class CellResult:
     live: List[int] = field(default_factory=list)        # per tick, pods the Deployment counts
     #: smallest (latency - network - own batch compute) of any answered request: >= 0
     min_slack_ms: float = math.inf
-    window_s: float = 0.0
-    tick_s: float = 0.0
 
     @property
     def total(self) -> int:
@@ -181,7 +178,7 @@ class CellSim:
         self.heap: List[Tuple[float, int, int, Optional[_Pod], int]] = []
         self.seq = itertools.count()
         self.serial = itertools.count()
-        self.res = CellResult(window_s=s.window_s, tick_s=s.tick_s)
+        self.res = CellResult()
         self.tick = 0
         self.busy_ticks = max(1, int(round(p.busy_window_s / s.tick_s)))
         self.rtt_sigma = M.rtt_sigma(s)
@@ -276,10 +273,7 @@ class CellSim:
                     q.state = GONE
             self._sync_endpoints()
             for q in victims:
-                if q.state == GONE:
-                    self.pods.remove(q)
-                    del self.by_addr[q.addr]
-                elif not q.busy and not q.batcher.depth:
+                if q.state == GONE or (not q.busy and not q.batcher.depth):
                     self._gone(q)
         self.scaler.record_scale(self.day(), current, want)
         if self.tick >= 0:
@@ -309,11 +303,8 @@ class CellSim:
             pod = self.by_addr[pick.address]
             if pod.state != READY and pod.state != DRAINING:  # crashed: connection refused
                 pick.release(outcome_of(status.UNAVAILABLE))
-                req.tried.append(pod.addr)
-                if should_retry(status.UNAVAILABLE, req.attempts, req.deadline - self.now, MIN_ATTEMPT_S, self.budget):
-                    self.res.retries += req.tick >= 0
+                if self._retry(req, pod):
                     continue
-                self._end(req, "failed")
                 return
             try:
                 pod.batcher.submit(req, self.now, deadline=req.deadline)
@@ -355,6 +346,16 @@ class CellSim:
             pod.wake_token += 1
             heapq.heappush(self.heap, (wake, next(self.seq), _WAKE, pod, pod.wake_token))
 
+    def _retry(self, req: _Req, pod: _Pod) -> bool:
+        """After UNAVAILABLE from ``pod``: True when the gateway retries ``req`` elsewhere (counted),
+        else it ends as failed (``should_retry``: attempts, remaining time, the retry budget)."""
+        req.tried.append(pod.addr)
+        if should_retry(status.UNAVAILABLE, req.attempts, req.deadline - self.now, MIN_ATTEMPT_S, self.budget):
+            self.res.retries += req.tick >= 0
+            return True
+        self._end(req, "failed")
+        return False
+
     def _settle(self, req: _Req, outcome: Outcome) -> None:
         if req.ticket is not None:
             req.ticket.release(outcome)
@@ -393,12 +394,8 @@ class CellSim:
         pod.busy = False
         for req in lost:
             self._settle(req, outcome_of(status.UNAVAILABLE))
-            req.tried.append(pod.addr)
-            if should_retry(status.UNAVAILABLE, req.attempts, req.deadline - self.now, MIN_ATTEMPT_S, self.budget):
-                self.res.retries += req.tick >= 0
+            if self._retry(req, pod):
                 self._route(req)
-            else:
-                self._end(req, "failed")
 
     # ---- the day -----------------------------------------------------------------------------
     def run(self) -> CellResult:
@@ -481,11 +478,8 @@ class CellSim:
 
     def _account(self, rate: float) -> None:
         """End of a tick: busy-time history, and (outside warm-up) the pod and load series."""
-        alive = ready = 0
         for pod in self.pods:
-            alive += 1
             if pod.state == READY:
-                ready += 1
                 pod.busy_hist.append(pod.busy_s)
                 if len(pod.busy_hist) > self.busy_ticks:
                     del pod.busy_hist[0]
@@ -497,8 +491,8 @@ class CellSim:
         if self.tick < 0:
             return
         r = self.res
+        alive = len(self.pods)
         r.pods.append(alive)
         r.live.append(sum(1 for q in self.pods if q.state in (STARTING, READY, CRASHED)))
-        r.ready.append(ready)
         r.offered.append(rate)
         r.pod_seconds += alive * self.s.tick_s

@@ -54,8 +54,9 @@ def test_every_request_ends_exactly_once(results: dict) -> None:
 def test_the_scenario_exercises_failures_retries_and_shedding(results: dict) -> None:
     cells = _all(results)
     assert sum(c.crashes for c in cells) >= 3
-    assert sum(c.retries for c in cells) > 0
-    assert sum(c.ends["failed"] + c.ends["shed_saturated"] for c in cells) > 0
+    assert sum(c.retries for c in cells) > 0 and sum(c.ejections for c in cells) > 0
+    assert sum(c.ends["failed"] for c in cells) > 0  # retried and failed again, or out of budget
+    assert sum(v for c in cells for k, v in c.ends.items() if k.startswith("shed_")) > 0
 
 
 def test_autoscaler_stays_within_its_bounds(results: dict) -> None:
