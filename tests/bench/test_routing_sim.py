@@ -8,11 +8,12 @@ from cloud.gateway.balancing import BalancerConfig
 
 def test_nginx_model_follows_least_conn_with_weights() -> None:
     ng = S.NginxLeastConn()
-    # all idle: smooth WRR over 4:2:1 gives w0 w1 w0 ... ; with w0 holding 1, w1 and w2 tie at 0
-    assert ng.pick() == "w0"
-    assert ng.pick() in ("w1", "w2")
+    # all idle: smooth WRR over 4:2:1 picks w0; then w1 and w2 tie at 0 active and the tie's
+    # smooth WRR (weights 2:1) picks w1; then w2 is the only one idle (0 < 1/4 < 1/2)
+    assert [ng.pick(), ng.pick(), ng.pick()] == ["w0", "w1", "w2"]
+    assert ng.pick() == "w0"  # 1/4 < 1/2 < 1/1: fewest active per weight
     ng.done("w0")
-    assert ng.active["w0"] == 0
+    assert ng.active == {"w0": 1, "w1": 1, "w2": 1}
 
 
 def test_both_routers_send_work_to_every_worker_and_queue_under_load() -> None:

@@ -53,9 +53,13 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     # intervals by resampling the 2 streams; our declared policy against each baseline
     assert result["streams"] == 2 and result["ours"] == "learned"
     for rows in result["at_rates"].values():
-        assert all(r["f1_ci"][0] <= r["f1_ci"][1] for r in rows)
+        assert all(0.0 <= r["f1_ci"][0] <= r["f1_ci"][1] <= 1.0 for r in rows)
     assert set(result["differences"]) == {"random", "sedna_threshold", "sedna_ibt"}
-    assert all(set(d) == {"rate", "diff", "ci", "beats"} for rows in result["differences"].values() for d in rows)
+    for rows in result["differences"].values():
+        for d in rows:
+            assert set(d) == {"rate", "diff", "ci", "beats"}
+            # "beats" means the interval of the difference lies above 0, nothing else
+            assert d["ci"][0] <= d["ci"][1] and d["beats"] == (d["ci"][0] > 0)
     prov = result["provenance"]
     assert prov["models"]["edge"]["sha256"] and prov["data"]["test"]["split"] == "test"
     assert prov["policy"]["path"].endswith("policy.yaml") and prov["cloud_input"] == "model"
