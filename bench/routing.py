@@ -112,9 +112,7 @@ def versus(addrs: list[str], weights: list[float], capacity: float, loads: list[
                     st = asyncio.run(open_loop(f"127.0.0.1:{ports[mode]}", ld * capacity, duration, 30.0,
                                                seed=1000 + 17 * r + int(100 * ld), worker_api=mode == "nginx"))
                     agg = pooled[ld][mode]
-                    agg.sent += st.sent
                     agg.ok_lat += st.ok_lat
-                    agg.duration += st.duration
                     for k, v in st.errors.items():
                         agg.errors[k] = agg.errors.get(k, 0) + v
                     p99[mode] = st.pct(.99)
@@ -129,7 +127,7 @@ def versus(addrs: list[str], weights: list[float], capacity: float, loads: list[
     print(f"Against nginx least_conn 4:2:1, {rounds} paired rounds of {duration:g} s per load "
           f"(capacity {capacity:.0f} req/s; load average {os.getloadavg()[0]:.1f}):")
     print()
-    print("| gateway | load | requests (each) | p99 gateway ms | p99 nginx ms | pooled ratio | per-round ratio "
+    print("| gateway | load | answered (gateway / nginx) | p99 gateway ms | p99 nginx ms | pooled ratio | per-round ratio "
           "median (min-max) | errors (gateway / nginx) | target <= 1.00x |")
     print("|---|---|---|---|---|---|---|---|---|")
     for m in contenders:
