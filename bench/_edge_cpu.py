@@ -24,9 +24,7 @@ model's inference time (docs/design/edge-runtime.md, "CPU per frame").
 from __future__ import annotations
 
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,8 +79,9 @@ def model_time(model: Path, threads: int, spin: bool, fps: float, n: int = 40) -
 
 
 def run_variant(name: str, opts: Dict[str, Any], args: Any, model: Path, tmp: Path) -> Dict[str, Any]:
+    from bench._edge_live import edge_daemon, emitted_between
     from edgewise_tools.cpu import memory_mb, proc_cpu_s, thread_cpu_s
-    from tests.edge.helpers import read_jsonl, settings_yaml
+    from tests.edge.helpers import settings_yaml
 
     tag = name.split(" (")[0].replace(" ", "-")
     out = tmp / f"{tag}.jsonl"
@@ -94,26 +93,14 @@ def run_variant(name: str, opts: Dict[str, Any], args: Any, model: Path, tmp: Pa
                "spin": opts["spin"], "max_batch": 1},
         sinks={"jsonl": str(out)}, spool={"path": str(tmp / f"{tag}-spool.db")}, metrics={"port": -1})
     load0 = os.getloadavg()[0]
-    proc = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "--log-level", "WARNING", "edge", "run",
-                             "--config", str(cfg)], cwd=str(ROOT))
-    try:
-        deadline = time.monotonic() + 120
-        while len(read_jsonl(out)) < 2 * args.streams:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name}: the daemon did not start (exit {proc.poll()})")
-            time.sleep(0.2)
+    enough = lambda recs: len(recs) >= 2 * args.streams  # noqa: E731
+    with edge_daemon(cfg, out, enough, name) as proc:
         time.sleep(3.0)  # warm-up
         c0, t0, w0 = proc_cpu_s(proc.pid) or 0.0, thread_cpu_s(proc.pid), time.time_ns()
         time.sleep(args.paced_seconds)
         c1, t1, w1 = proc_cpu_s(proc.pid) or 0.0, thread_cpu_s(proc.pid), time.time_ns()
         rss = memory_mb(proc.pid)[1]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    recs = [r for r in read_jsonl(out) if w0 <= r["emit_unix_ns"] < w1]
+    recs = emitted_between(out, w0, w1)
     wall_ms, cpu_ms = model_time(model, opts["threads"], opts["spin"], args.paced_fps)
     window = (w1 - w0) / 1e9
     stages = {k: statistics.median(r["latency_ms"][k] for r in recs) if recs else 0.0

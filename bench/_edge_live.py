@@ -15,6 +15,7 @@ speed (``--model`` to change).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,6 +60,37 @@ def live_row(recs: List[Dict[str, Any]], n: int, cpu_s: float, window: float, fp
     return row
 
 
+@contextlib.contextmanager
+def edge_daemon(cfg: Path, out: Path, ready: Callable[[List[Dict[str, Any]]], bool], what: str,
+                preexec_fn: Optional[Callable[[], Any]] = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``edgewise edge run --config cfg``, yielded once ``ready`` holds for its JSONL records in
+    ``out`` (within 120 s), for the caller to measure; then SIGTERM (killed after 30 s)."""
+    from tests.edge.helpers import read_jsonl
+
+    proc = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "--log-level", "WARNING", "edge", "run",
+                             "--config", str(cfg)], cwd=str(ROOT), preexec_fn=preexec_fn)
+    try:
+        t_end = time.monotonic() + 120
+        while not ready(read_jsonl(out)):
+            if proc.poll() is not None or time.monotonic() > t_end:
+                raise RuntimeError(f"{what}: the daemon did not start (exit {proc.poll()})")
+            time.sleep(0.2)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def emitted_between(out: Path, w0: int, w1: int) -> List[Dict[str, Any]]:
+    """The records of ``out`` emitted in [w0, w1) (unix ns): a measured window."""
+    from tests.edge.helpers import read_jsonl
+
+    return [r for r in read_jsonl(out) if w0 <= r["emit_unix_ns"] < w1]
+
+
 def tiny_model() -> Path:
     from edgewise_tools.models import build_onnx
 
@@ -71,32 +103,21 @@ def tiny_model() -> Path:
 
 def run_n(n: int, url: str, model: Path, args: Any, tmp: Path, cpu: int) -> Dict[str, Any]:
     from edgewise_tools.cpu import busy_s, proc_cpu_s
-    from tests.edge.helpers import read_jsonl, settings_yaml
+    from tests.edge.helpers import settings_yaml
 
     out = tmp / f"live-{n}.jsonl"
     cfg = settings_yaml(tmp / f"live-{n}.yaml", device_id="bench", streams=[
         {"id": f"cam{i}", "kind": "rtsp", "uri": url, "fps": args.fps} for i in range(n)],
         model={"path": str(model), "backend": "onnxruntime", "threads": 1, "max_batch": min(n, 4)},
         sinks={"jsonl": str(out)}, spool={"path": str(tmp / f"spool-{n}.db")}, metrics={"port": -1})
-    proc = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "--log-level", "WARNING", "edge", "run",
-                             "--config", str(cfg)], cwd=str(ROOT), preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
-    try:
-        t_end = time.monotonic() + 120
-        while len({r["stream"] for r in read_jsonl(out)}) < n:  # every stream delivers
-            if proc.poll() is not None or time.monotonic() > t_end:
-                raise RuntimeError(f"the daemon with {n} streams did not start (exit {proc.poll()})")
-            time.sleep(0.2)
+    every_stream = lambda recs: len({r["stream"] for r in recs}) >= n  # noqa: E731
+    with edge_daemon(cfg, out, every_stream, f"the daemon with {n} streams",
+                     preexec_fn=lambda: os.sched_setaffinity(0, {cpu})) as proc:
         time.sleep(2.0)  # warm-up: connections settled, buffers drained
         c0, b0, w0 = proc_cpu_s(proc.pid) or 0.0, busy_s(cpu), time.time_ns()
         time.sleep(args.seconds)
         c1, b1, w1 = proc_cpu_s(proc.pid) or 0.0, busy_s(cpu), time.time_ns()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    recs = [r for r in read_jsonl(out) if w0 <= r["emit_unix_ns"] < w1]
+    recs = emitted_between(out, w0, w1)
     row = live_row(recs, n, c1 - c0, (w1 - w0) / 1e9, args.fps, args.camera_fps)
     row["core_busy"] = (b1 - b0) / ((w1 - w0) / 1e9)  # the pinned CPU, all processes
     return row
