@@ -9,7 +9,7 @@ Each tick (every ``interval_s``, like HPA's 15 s sync period):
    (each gateway's requests are separate load); capacity is summed over
    *distinct* ready workers (every gateway sees the same workers, so summing the
    gateways' totals would double-count), and so is their peak capacity (images/s
-   at the largest batch, the load target's denominator); the p90 queue wait is the *max* over
+   at their best batch size, the load target's denominator); the p90 queue wait is the *max* over
    gateways (percentiles cannot be added); the arrival rate is each gateway's
    ``requests_total`` counter differenced since its previous poll
    (:class:`ArrivalRate`), summed. A gateway that did not answer makes
@@ -56,7 +56,7 @@ class WorkerView:
     in_flight: float
     capacity: float
     ejected: bool
-    peak_capacity: float = 0.0  # images/s at the worker's largest batch; 0 = not reported
+    peak_capacity: float = 0.0  # images/s at the worker's best batch size; 0 = not reported
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ Every rule follows the HPA controller (docs/design/autoscaling.md#the-hpa-algori
 8. **min/max** clamp last (``convertDesiredReplicasWithBehaviorRate``).
 
 Load mode: metric = arrivals per second / peak capacity (the fraction of what
-the ready workers can serve at their largest batch that the offered requests
+the ready workers can serve at their best batch size that the offered requests
 use). Unlike in-flight / capacity, which stays near 0 with headroom and
 explodes near saturation (queueing multiplies it), it scales as 1 / replicas,
 which is what the core formula assumes, and it is a rate over the whole interval

@@ -60,7 +60,7 @@ class AutoscalerSettings:
     gateway_timeout_s: float = setting("Timeout of each `GET /pool`, seconds.", 2.0, lo=0, lo_open=True)
     target_load: float | None = setting(
         "Target requests/s offered to the gateways / sum of the ready workers' peak capacity (images/s at "
-        f"their largest batch). {DEFAULT_TARGET_LOAD} when no target is set (bench/fleet.py's tuned value).",
+        f"their best batch size). {DEFAULT_TARGET_LOAD} when no target is set (bench/fleet.py's tuned value).",
         None, lo=0, lo_open=True)
     target_utilization: float | None = setting("Target sum of in-flight / sum of capacity of the pool "
                                                "(seconds of queued work per worker).", None, lo=0, lo_open=True)

@@ -163,7 +163,7 @@ class EndpointStats:
     name: str = ""
     in_flight: int = 0
     capacity: float | None = None      # reported images/s; None until the first report
-    peak_capacity: float | None = None  # reported images/s at the worker's largest batch (autoscaling only)
+    peak_capacity: float | None = None  # reported images/s at the worker's best batch size (autoscaling only)
     queue_depth: int = 0               # reported
     limit: int = 0                     # reported admission limit (max batch + max queue); 0 = unknown
     slow_start_t0: float = 0.0
