@@ -312,10 +312,13 @@ class Balancer:
         return self.base_weight(ep) * self.slow_start_factor(ep, now)
 
     def key(self, ep: EndpointStats, now: float) -> float:
-        """HAProxy load-after-assignment key ``(in_flight + 1) / w_eff`` (docs/design/balancing.md#pick-weighted-least-connections)."""
+        """The wlc key of ``ep`` (docs/design/balancing.md#pick-weighted-least-connections):
+        ``load_after``, HAProxy's load after assignment ``(in_flight + 1) / w_eff``, 0 for an
+        idle endpoint out of slow start with ``idle_first``; ``active``, nginx least_conn's
+        ``in_flight / w_eff`` (``idle_first`` does not apply: an idle endpoint keys 0 anyway)."""
         # Idle-first skips endpoints still in slow start, or an idle new worker would get
         # every request it can take and the ramp would mean nothing.
-        if self.config.key == "active":  # nginx least_conn; an idle endpoint in slow start takes one at a time
+        if self.config.key == "active":  # an idle endpoint in slow start takes one at a time
             return ep.in_flight / self.effective_weight(ep, now)
         if self.config.idle_first and ep.in_flight == 0 and self.slow_start_factor(ep, now) >= 1.0:
             return 0.0
