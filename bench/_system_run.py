@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import cv2
 import yaml
 
+from edgewise_tools import cpu
 from edgewise_tools.cpu import busy_s, proc_cpu_s
 from edgewise_tools.demo import records as R
 from edgewise_tools.demo import running as demo
@@ -137,30 +138,26 @@ def settle(pids: Callable[[], List[int]], quiet_s: float = 0.1, window: float = 
 
 
 class CpuMeter:
-    """CPU seconds per role over a window; a sampler thread keeps the last reading of
-    processes that die in the window (a SIGKILLed worker) and picks up new ones."""
+    """CPU seconds per role over a window, one :class:`edgewise_tools.cpu.CpuMeter` per role;
+    a sampler thread keeps the last reading of processes that die in the window (a SIGKILLed
+    worker) and picks up new ones."""
 
     def __init__(self, roles: Callable[[], Dict[str, List[int]]], every: float = 0.25) -> None:
         self.machine0 = busy_s()
         self.machine_s = 0.0
         self.roles = roles
         self.every = every
-        self.first: Dict[int, float] = {}
-        self.last: Dict[int, float] = {}
-        self.role_of: Dict[int, str] = {}
+        self.meters: Dict[str, cpu.CpuMeter] = {}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.t0 = self.t1 = 0.0
 
     def _sample(self) -> None:
         for role, pids in self.roles().items():
-            for pid in pids:
-                v = proc_cpu_s(pid)
-                if v is None:
-                    continue
-                self.role_of[pid] = role
-                self.first.setdefault(pid, v)
-                self.last[pid] = v
+            meter = self.meters.get(role) or cpu.CpuMeter()
+            meter.sample(pids)
+            if meter.last:  # a role counts once one of its processes was read
+                self.meters[role] = meter
 
     def start(self) -> None:
         self.t0 = time.monotonic()
@@ -180,10 +177,7 @@ class CpuMeter:
             self._thread.join()
         self.t1 = time.monotonic()
         self.machine_s = busy_s() - self.machine0
-        out: Dict[str, float] = {}
-        for pid, role in self.role_of.items():
-            out[role] = out.get(role, 0.0) + self.last[pid] - self.first[pid]
-        return out
+        return {role: meter.seconds for role, meter in self.meters.items()}
 
 
 def gateway_counters(cloud: Any) -> Dict[str, float]:
