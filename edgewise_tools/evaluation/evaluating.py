@@ -115,10 +115,12 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     else:
         learned["why"] = "no --train-data given"
     scores[scoring.ORACLE] = [scoring.f1_gain(records, strategy, iou, mode)]
-    base: Dict[str, Dict[str, Any]] = {
-        "edge_only": hybrid.evaluate(records, np.zeros(n, bool), nc, strategy, iou),
-        "cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou),
-    }
+    index, n_streams = bootstrap.stream_ids([r.stream for r in records])
+    w = bootstrap.weights(n_streams, cfg.samples)
+    base: Dict[str, Dict[str, Any]] = {}
+    for k, mask in (("edge_only", np.zeros(n, bool)), ("cloud_only", np.ones(n, bool))):
+        base[k], per_frame = hybrid.evaluate_frames(records, mask, nc, strategy, iou)
+        base[k]["f1_ci"] = bootstrap.f1_interval(bootstrap.per_stream(per_frame, index, n_streams), w)
     rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou, mode, cfg.samples)
     ours = "learned" if "learned" in scores else "combined"
     diffs = hybrid.differences(counts, ours, BASELINES, cfg.rates, cfg.samples)
@@ -130,11 +132,6 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
                     "at_target_rate": hybrid.evaluate(records, hybrid.top_fraction(scores[ours][0], cfg.rates[at]),
                                                       nc, strategy, iou, m)}
                 for m in modes}
-    index, n_streams = bootstrap.stream_ids([r.stream for r in records])
-    w = bootstrap.weights(n_streams, cfg.samples)
-    for k, mask in (("edge_only", np.zeros(n, bool)), ("cloud_only", np.ones(n, bool))):
-        base[k]["f1_ci"] = bootstrap.f1_interval(
-            bootstrap.per_stream(hybrid.frame_counts(records, mask, strategy, iou), index, n_streams), w)
     data_meta = {"test": cfg.data, **({"policy_fit": cfg.train_data} if cfg.train_data else {})}
     return {
         "provenance": provenance({"edge": cfg.edge, "cloud": cfg.cloud}, cfg.policy, data_meta,

@@ -33,17 +33,6 @@ def _final(r: FrameRecord, up: bool, strategy: str, iou: float, low: bool, mode:
     return merge(edge, cloud, strategy, iou, regions=m.regions)
 
 
-def frame_counts(records: Sequence[FrameRecord], mask: np.ndarray, strategy: str = "replace", iou: float = 0.5,
-                 mode: str = "full") -> np.ndarray:
-    """[N, 3] true positives, false positives and misses of each frame of the hybrid (vs ground truth)."""
-    out = np.zeros((len(records), 3), np.float64)
-    for i, (r, up) in enumerate(zip(records, mask)):
-        d = _final(r, bool(up), strategy, iou, low=False, mode=mode)
-        c = match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
-        out[i] = (c.tp, c.fp, c.fn)
-    return out
-
-
 def evaluate(
     records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
     mode: str = "full",
@@ -51,13 +40,25 @@ def evaluate(
     """Metrics of the hybrid that escalates exactly the frames in ``mask``, sending ``mode``.
 
     ``uplink_saved`` is against sending every frame whole at full resolution."""
+    return evaluate_frames(records, mask, nc, strategy, iou, mode)[0]
+
+
+def evaluate_frames(
+    records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
+    mode: str = "full",
+) -> Tuple[Dict[str, float], np.ndarray]:
+    """:func:`evaluate`'s metrics and, from the same pass, each frame's true positives, false
+    positives and misses against ground truth ([N, 3], what the stream bootstrap resamples)."""
     vs_gt, vs_cloud = Counts(), Counts()
+    per_frame = np.zeros((len(records), 3), np.float64)
     preds, gts = [], []
     sent = 0
     cloud_ms = 0.0
-    for r, up in zip(records, mask):
+    for i, (r, up) in enumerate(zip(records, mask)):
         d = _final(r, bool(up), strategy, iou, low=False, mode=mode)
-        vs_gt += match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
+        c = match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
+        vs_gt += c
+        per_frame[i] = (c.tp, c.fp, c.fn)
         vs_cloud += match_counts(d.boxes, d.class_ids, d.scores, r.cloud.boxes, r.cloud.class_ids)
         lo = _final(r, bool(up), strategy, iou, low=True, mode=mode)
         preds.append((lo.boxes, lo.class_ids, lo.scores))
@@ -76,7 +77,7 @@ def evaluate(
         "uplink_bytes": int(sent), "uplink_saved": 1.0 - sent / total if total else 0.0,
         "bytes_per_escalation": sent / n_up if n_up else 0.0,
         "cloud_ms_per_escalation": cloud_ms / n_up if n_up else 0.0,
-    }
+    }, per_frame
 
 
 def top_fraction(scores: np.ndarray, rate: float, seed: int = 0) -> np.ndarray:
@@ -114,10 +115,9 @@ def at_rates(
         per: List[np.ndarray] = []
         for rate in rates:
             masks = [top_fraction(v, rate, seed=i) for i, v in enumerate(vectors)]
-            runs = [evaluate(records, m, nc, strategy, iou, mode) for m in masks]
-            row: Dict[str, Any] = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
-            c = np.mean([bootstrap.per_stream(frame_counts(records, m, strategy, iou, mode), index, n_streams)
-                         for m in masks], axis=0)
+            runs = [evaluate_frames(records, m, nc, strategy, iou, mode) for m in masks]
+            row: Dict[str, Any] = {k: float(np.mean([r[k] for r, _ in runs])) for k in runs[0][0]}
+            c = np.mean([bootstrap.per_stream(f, index, n_streams) for _, f in runs], axis=0)
             row["rate"] = rate
             row["f1_ci"] = bootstrap.f1_interval(c, w)
             rows.append(row)
