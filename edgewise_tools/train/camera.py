@@ -31,7 +31,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from edgewise.runtime.detector import NATIVE_KEY
 from edgewise_tools.train.reference import SIZE_BUCKETS, _cached_score
 
 #: run-folder layout of scripts/train_camera.sh
@@ -49,6 +48,7 @@ def export_pair(run: Path, models: Path, edge_shape: Tuple[int, int]) -> Dict[st
     """``models/edge.onnx`` (``edge_shape`` input) and ``models/cloud.onnx`` (symbolic H/W) from
     the stages' ``best.pt``; a file newer than its checkpoint is kept."""
     from edgewise_tools.models.export import export_onnx
+    from edgewise_tools.train.onnxinit import export_model_native
     from edgewise_tools.train.trainer import load_checkpoint
 
     models.mkdir(parents=True, exist_ok=True)
@@ -69,8 +69,7 @@ def export_pair(run: Path, models: Path, edge_shape: Tuple[int, int]) -> Dict[st
         if stage == "edge":
             export_onnx(model, dst, imgsz=edge_shape, names=names, arch=model.arch, extra_metadata=meta)
         else:
-            export_onnx(model, dst, imgsz=int(summary.get("imgsz", 320)), names=names, arch=model.arch,
-                        extra_metadata={**meta, NATIVE_KEY: "native"}, dynamic_hw=True)
+            export_model_native(model, dst, int(summary.get("imgsz", 320)), names, model.arch, meta)
     return out
 
 

@@ -29,7 +29,7 @@ native size (how the README's camera-world measurement ran the episodes pair's c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -168,9 +168,7 @@ def export_native(src: Path, dst: Path) -> Path:
     """``src`` (an ONNX file of this project's builder) exported again with a symbolic
     height/width and the metadata ``input_size: native``: the same weights, run by a worker
     or ``edgewise eval`` at each image's own size (whole camera frames, region payloads)."""
-    from edgewise.runtime.detector import NATIVE_KEY
     from edgewise.runtime.metadata import load_model_info
-    from edgewise_tools.models.export import export_onnx
     from edgewise_tools.models.yolov5 import build_model
 
     info = load_model_info(src)
@@ -180,8 +178,17 @@ def export_native(src: Path, dst: Path) -> Path:
     model = build_model(arch, nc=info.nc)
     load_onnx(model, src)  # no images: identity BatchNorm, exact in eval mode
     extra = {k: v for k, v in info.metadata.items() if k not in ("names", "stride", "imgsz")}
-    return export_onnx(model.eval(), dst, imgsz=info.imgsz, names=list(info.names), arch=arch,
-                       extra_metadata={**extra, NATIVE_KEY: "native"}, dynamic_hw=True)
+    return export_model_native(model.eval(), dst, info.imgsz, list(info.names), arch, extra)
+
+
+def export_model_native(model: Any, dst: Path, imgsz: Any, names: List[str], arch: str, meta: Dict[str, str]) -> Path:
+    """Export ``model`` with a symbolic height/width and ``input_size: native`` in its metadata,
+    so the runtime runs it at each image's own size."""
+    from edgewise.runtime.detector import NATIVE_KEY
+    from edgewise_tools.models.export import export_onnx
+
+    return Path(export_onnx(model, dst, imgsz=imgsz, names=names, arch=arch,
+                            extra_metadata={**meta, NATIVE_KEY: "native"}, dynamic_hw=True))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
