@@ -56,8 +56,8 @@ NOT_DEVICE = (
     "tests/edge/test_bundle.py",  # builds packages with dpkg/lintian on the build host
     "tests/edge/sources/test_rtsp.py",  # a GStreamer RTSP server for a minute; live sources' own suite
 )
-X86_ARGS = ("--only-binary=:all:", "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-            "--python-version", "3.8", "--implementation", "cp")
+#: the device's pip download arguments (edge.bundle.DOWNLOAD_ARGS) for this x86-64 host
+X86_ARGS = tuple(a.replace("aarch64", "x86_64") for a in DOWNLOAD_ARGS)
 
 
 class LaneError(RuntimeError):
