@@ -116,7 +116,7 @@ class ModelRunner:
             for i, d in zip(idx, self.detector.postprocess(raw, [items[i].meta for i in idx]), strict=True):
                 p = items[i]
                 out[i] = wire.map_to_source(d, p.offset, p.source_size, p.tiles)
-        return [d for d in out if d is not None]
+        return out  # type: ignore[return-value]  # every index is in exactly one group: none is left None
 
     def close(self) -> None:
         self.detector.close()
