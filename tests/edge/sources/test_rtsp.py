@@ -109,9 +109,15 @@ def test_paced_reads_fall_behind_and_latest_frame_capture_does_not(camera):
     assert src.skipped > 3 * len(ages)
 
 
-def test_frame_age_at_inference_stays_below_three_camera_periods(tmp_path, tiny_model, camera):
+def test_frame_age_at_inference_stays_below_three_camera_periods(tmp_path, tiny_model, camera, caplog):
     """A 25 fps camera, the daemon at 5 fps, 30 s: the frame age at inference (now -
-    the camera's own timestamp) stays below 3 camera periods and does not grow."""
+    the camera's own timestamp) stays below 3 camera periods and does not grow.
+
+    Pacing is judged on the intervals between reads, not on the run's total span: a
+    shared host that pauses the test's processes (or the camera) for seconds lengthens
+    one interval and can make the stream reconnect. The frames right after such a
+    pause restart the clock mapping by design, so the age checks leave out five
+    frames after each; every pause and stream state change is in the failure message."""
     ensure_running(camera)
     s = daemon_settings(tmp_path, tiny_model, camera.url, max_frames=150)
     d = EdgeDaemon(s)
@@ -126,17 +132,25 @@ def test_frame_age_at_inference_stays_below_three_camera_periods(tmp_path, tiny_
         scraped["m"] = await asyncio.get_running_loop().run_in_executor(None, scrape, d.metrics_server.port)
         assert await asyncio.wait_for(task, 30) == 0
 
-    asyncio.run(asyncio.wait_for(run(), 90))
+    with caplog.at_level("INFO", logger="edge.sources"):
+        asyncio.run(asyncio.wait_for(run(), 90))
+    states = [r.getMessage() for r in caplog.records if r.name.startswith("edge.sources")]
     recs = read_jsonl(tmp_path / "out.jsonl")
     assert [r["frame_seq"] & 0xFFFFFFFF for r in recs] == list(range(150))
-    span = (recs[-1]["read_unix_ns"] - recs[0]["read_unix_ns"]) / 1e9
-    assert 27.0 < span < 35.0, span  # paced at 5 fps
-    ages = [r["latency_ms"]["frame_age"] / 1000.0 for r in recs[5:]]
-    assert statistics.median(ages) < PERIOD_S * 1.5, ages
-    assert sorted(ages)[int(0.95 * len(ages))] < 3 * PERIOD_S, ages
+    reads = [r["read_unix_ns"] / 1e9 for r in recs]
+    gaps = [b - a for a, b in zip(reads, reads[1:])]
+    pauses = [(i + 1, round(g, 2)) for i, g in enumerate(gaps) if g > 1.0]
+    why = f"pauses (frame, s): {pauses}; stream log: {states}"
+    assert 0.18 < statistics.median(gaps) < 0.25, why  # paced at 5 fps
+    assert len(pauses) <= 2, why
+    after_pause = {i + k for i, _ in pauses for k in range(5)}
+    kept = [r for i, r in enumerate(recs) if i >= 5 and i not in after_pause]
+    ages = [r["latency_ms"]["frame_age"] / 1000.0 for r in kept]
+    assert statistics.median(ages) < PERIOD_S * 1.5, (ages, why)
+    assert sorted(ages)[int(0.95 * len(ages))] < 3 * PERIOD_S, (ages, why)
     first, last = statistics.median(ages[:40]), statistics.median(ages[-40:])
-    assert last < first + PERIOD_S, (first, last)  # no growth over 30 s
-    assert all(r["capture_clock"] == "stream" for r in recs[5:])
+    assert last < first + PERIOD_S, (first, last, why)  # no growth over 30 s
+    assert all(r["capture_clock"] == "stream" for r in kept), why
     assert all(r["capture_unix_ns"] <= r["read_unix_ns"] for r in recs)
     m = scraped["m"]
     assert 'edgewise_edge_frame_age_seconds_bucket{le="0.16",stream="cam"}' in m
