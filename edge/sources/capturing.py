@@ -304,9 +304,10 @@ class Capturer:
             self._streamed_ok = True
             self.corrupt_run = 0
             self._corrupt_delay = self.reconnect_min_s
-            now_mono = time.monotonic()
+            mono_ns = time.monotonic_ns()
+            now_mono = mono_ns / 1e9
             read_ns = time.time_ns()
-            capture_ns, clock = self.clock.stamp(self.source.last_source_ms, read_ns)
+            capture_ns, clock = self.clock.stamp(self.source.last_source_ms, read_ns, mono_ns)
             self._check_shape(img.shape)  # type: ignore[attr-defined]
             frame = Frame(
                 stream_id=self.stream_id,

@@ -13,10 +13,17 @@ being absorbed into the offset. The estimate may rise by ``drift`` seconds per
 second (1000 ppm, ten times a typical crystal's tolerance), so a camera clock that
 runs slower than ours does not read as a growing delay over days.
 
+The mapping is kept against the monotonic clock, not the wall clock: an NTP step
+of the wall clock (a Jetson that boots without network time and is set later)
+would otherwise read as seconds of delay on every frame until the next reconnect,
+since the offset only rises by ``drift``. A frame's wall time is its monotonic
+capture time plus the wall-minus-monotonic difference at its read, so records
+follow the wall clock as it is now while ages never jump.
+
 A frame without a usable timestamp (none, or not later than the previous one: a
 stream restart, a wrap, a backend that reports 0) is stamped with its read time and
 the mapping starts again from it. Nothing here reads a clock: callers pass the
-read time. Callers: ``edge.sources.capturing``.
+read times. Callers: ``edge.sources.capturing``.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ READ = "read"
 
 
 class SourceClock:
-    """Maps one connection's source timestamps to Unix nanoseconds."""
+    """Maps one connection's source timestamps to the monotonic clock, and so to Unix nanoseconds."""
 
     def __init__(self, drift: float = 1e-3) -> None:
         self.drift = drift
@@ -42,22 +49,25 @@ class SourceClock:
         self.offset_ns = None
         self.last_source_ns = None
 
-    def stamp(self, source_ms: Optional[float], read_unix_ns: int) -> Tuple[int, str]:
-        """``(capture_unix_ns, clock)`` of a frame read at ``read_unix_ns`` whose
+    def stamp(self, source_ms: Optional[float], read_unix_ns: int,
+              read_mono_ns: Optional[int] = None) -> Tuple[int, str]:
+        """``(capture_unix_ns, clock)`` of a frame read at ``read_unix_ns`` (wall clock)
+        and ``read_mono_ns`` (monotonic; None: the wall clock is taken as steady) whose
         source timestamp is ``source_ms`` (None when the source has none)."""
+        mono = read_unix_ns if read_mono_ns is None else read_mono_ns
         if source_ms is None or source_ms != source_ms or (source_ms <= 0.0 and self.last_source_ns is None):
             # None, NaN, or a first timestamp of 0 (OpenCV's "unknown") cannot anchor a mapping.
             self.reset()
             return read_unix_ns, READ
         source_ns = int(round(source_ms * 1e6))
-        observed = read_unix_ns - source_ns
+        observed = mono - source_ns
         if self.offset_ns is None or self.last_source_ns is None or source_ns <= self.last_source_ns:
             self.offset_ns = observed  # (re-)anchor: this frame's time is its read time
             stamped, clock = read_unix_ns, READ
         else:
-            allowed = self.offset_ns + int(self.drift * max(0, read_unix_ns - self.last_read_ns))
+            allowed = self.offset_ns + int(self.drift * max(0, mono - self.last_read_ns))
             self.offset_ns = min(allowed, observed)
-            stamped, clock = source_ns + self.offset_ns, STREAM
+            stamped, clock = read_unix_ns - (mono - (source_ns + self.offset_ns)), STREAM
         self.last_source_ns = source_ns
-        self.last_read_ns = read_unix_ns
+        self.last_read_ns = mono
         return stamped, clock

@@ -68,6 +68,29 @@ def test_camera_clock_drift_is_followed_not_reported_as_delay():
         assert worst < 0.01, (ppm, worst)
 
 
+def test_a_wall_clock_step_moves_the_stamps_not_the_ages():
+    """NTP steps the wall clock by +26 s, then -5 s, mid-stream (the monotonic clock runs
+    on): each frame's age stays its own delay, and its wall time follows the clock as it
+    now reads. Mapped on the wall clock, the +26 s would read as 26 s of age per frame
+    until the next reconnect (the offset only rises by the drift allowance)."""
+    clock = SourceClock()
+    mono0, wall0 = 3_000 * MS, 1_700_000_000_000 * MS
+    for i in range(300):  # 25 fps camera read every 5th frame: 200 ms apart, 2-6 ms delay
+        delay = 2 + i % 5
+        mono = mono0 + (200 * i + delay) * MS
+        step = 26_000 * MS if 100 <= i < 200 else (21_000 * MS if i >= 200 else 0)
+        wall = wall0 + (mono - mono0) + step
+        stamped, how = clock.stamp(200.0 * i + 40.0, wall, mono)
+        if i == 0:
+            assert (stamped, how) == (wall, READ)
+            continue
+        assert how == STREAM
+        # The age is the delay beyond the least-delayed frame (2 ms), less the drift allowance
+        # (0.2 ms per frame since that frame), on whichever wall clock.
+        assert (wall - stamped) / MS == pytest.approx(delay - 2, abs=1.0), i
+        assert (stamped - (wall0 + step)) / MS == pytest.approx(200 * i + 2, abs=1.0), i
+
+
 def test_unusable_timestamps_fall_back_to_the_read_time():
     clock = SourceClock()
     assert clock.stamp(None, 10 * MS) == (10 * MS, READ)
