@@ -28,6 +28,7 @@ read times. Callers: ``edge.sources.capturing``.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 #: Clock names in records: the frame's time came from the source, or is its read time.
@@ -55,8 +56,8 @@ class SourceClock:
         and ``read_mono_ns`` (monotonic; None: the wall clock is taken as steady) whose
         source timestamp is ``source_ms`` (None when the source has none)."""
         mono = read_unix_ns if read_mono_ns is None else read_mono_ns
-        if source_ms is None or source_ms != source_ms or (source_ms <= 0.0 and self.last_source_ns is None):
-            # None, NaN, or a first timestamp of 0 (OpenCV's "unknown") cannot anchor a mapping.
+        if source_ms is None or not math.isfinite(source_ms) or (source_ms <= 0.0 and self.last_source_ns is None):
+            # None, NaN or infinite, or a first timestamp of 0 (OpenCV's "unknown") cannot anchor a mapping.
             self.reset()
             return read_unix_ns, READ
         source_ns = int(round(source_ms * 1e6))

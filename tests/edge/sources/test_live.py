@@ -96,6 +96,7 @@ def test_unusable_timestamps_fall_back_to_the_read_time():
     assert clock.stamp(None, 10 * MS) == (10 * MS, READ)
     assert clock.stamp(0.0, 20 * MS) == (20 * MS, READ)  # OpenCV's "unknown"
     assert clock.stamp(float("nan"), 30 * MS) == (30 * MS, READ)
+    assert clock.stamp(float("inf"), 35 * MS) == (35 * MS, READ)  # a corrupt stream's PTS
     clock.stamp(500.0, 40 * MS)
     assert clock.stamp(540.0, 80 * MS) == (80 * MS, STREAM)
     assert clock.stamp(580.0, 125 * MS) == (120 * MS + 45_000, STREAM)  # 5 ms late; 1e-3 x 45 ms drift allowance
