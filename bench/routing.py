@@ -18,7 +18,8 @@ Overhead: p50 of sequential calls through the gateway minus direct to a worker.
 Capacity (``--capacity``, run alone; docs/design/balancing.md#a-lean-hop): the cost of the
 hop itself. One echo worker (answers at once, parses nothing) behind our gateway (unary
 ``Detect``, and ``DetectStream`` with every request on one stream), behind the grpc.aio floor
-(a proxy that forwards the bytes and reads nothing: what any grpc.aio gateway pays) and
+(a proxy that forwards the bytes and reads nothing: what any grpc.aio gateway pays; once with a
+unary call per request on each side, once relayed on long-lived streams both ways) and
 behind nginx, each pinned to one core (``taskset``; the client and the echo worker stay on the
 other cores), and called directly. Per payload size (real JPEGs of 2, 20, 60 and 100 KB): 8
 requests in flight back to back for 2 s, in 3 rounds interleaved over the paths (the median
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import random
@@ -54,6 +56,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,14 +144,17 @@ def versus(addrs: list[str], weights: list[float], capacity: float, loads: list[
                   f"{'met' if pooled_ratio <= 1.0 else 'NOT met'} |")
 
 
-async def serve_until_sigterm(service: str, methods: dict, address: str, banner: str) -> int:
-    """Serve unary ``methods`` of ``service`` on ``address`` (raw bytes in and out), print
-    ``banner`` with the bound port (what :class:`Proc` waits for), stop on SIGTERM."""
+async def serve_until_sigterm(service: str, methods: dict, address: str, banner: str,
+                             streams: dict | None = None) -> int:
+    """Serve unary ``methods`` and stream-stream ``streams`` of ``service`` on ``address`` (raw
+    bytes in and out), print ``banner`` with the bound port (what :class:`Proc` waits for),
+    stop on SIGTERM."""
     import grpc
 
+    handlers = {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in methods.items()}
+    handlers.update({name: grpc.stream_stream_rpc_method_handler(fn) for name, fn in (streams or {}).items()})
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        service, {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in methods.items()}),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
     port = server.add_insecure_port(address)
     await server.start()
     print(banner.format(port=port), flush=True)
@@ -223,8 +229,13 @@ def echo_main(args: argparse.Namespace) -> int:
     async def load(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return load_reply
 
+    async def infer_stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for _ in requests:  # bench only (the stream floor's upstream): answers in order
+            yield infer_reply
+
     return asyncio.run(serve_until_sigterm("edgewise.v1.Worker", {"Infer": infer, "Load": load},
-                                           f"127.0.0.1:{args.port}", "EDGEWISE_WORKER_SERVING port={port}"))
+                                           f"127.0.0.1:{args.port}", "EDGEWISE_WORKER_SERVING port={port}",
+                                           {STREAM_FLOOR_METHOD: infer_stream}))
 
 
 async def interleaved(targets: dict[str, tuple[str, bool]], n: int) -> dict[str, list[float]]:
@@ -515,6 +526,8 @@ CAPACITY_SIZES = (2_000, 20_000, 60_000, 100_000)
 INFER_PATH = "/edgewise.v1.Worker/Infer"
 DETECT_PATH = "/edgewise.v1.Escalation/Detect"
 DETECT_STREAM_PATH = "/edgewise.v1.Escalation/DetectStream"
+#: The echo worker's stream method, for the stream floor only (the real Worker has no such method).
+STREAM_FLOOR_METHOD = "BenchInferStream"
 
 
 def jpeg_of_size(target: int) -> bytes:
@@ -537,7 +550,10 @@ def jpeg_of_size(target: int) -> bytes:
 def floor_main(args: argparse.Namespace) -> int:
     """The least a grpc.aio proxy can do: Escalation.Detect's bytes to ``--target``'s
     Worker.Infer and its answer back, nothing read, with the gateway's channel options.
-    What the gateway costs beyond this is its own work."""
+    What the gateway costs beyond this is its own work. Its ``DetectStream`` is the least a
+    proxy on streams both ways can do: every message relayed over one long-lived upstream
+    stream to the echo worker (which answers in order, so a FIFO pairs the answers), no
+    call opened per request on either side."""
     import grpc
 
     from cloud.gateway.pool import INFER_PATH as infer_path
@@ -553,8 +569,38 @@ def floor_main(args: argparse.Namespace) -> int:
         async def detect(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
             return await infer(body, timeout=context.time_remaining())  # type: ignore[no-any-return]
 
-        return await serve_until_sigterm("edgewise.v1.Escalation", {"Detect": detect}, "127.0.0.1:0",
-                                         "EDGEWISE_GATEWAY_LISTENING port={port} metrics_port=0")
+        upstream = channel.stream_stream(f"/edgewise.v1.Worker/{STREAM_FLOOR_METHOD}")()
+        waiting: collections.deque[asyncio.Future[bytes]] = collections.deque()
+
+        async def answers() -> None:
+            async for reply in upstream:
+                waiting.popleft().set_result(reply)
+
+        pump = asyncio.ensure_future(answers())
+
+        async def detect_stream(requests: AsyncIterator[bytes],
+                                context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+            order: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue()
+
+            async def relay() -> None:
+                async for body in requests:
+                    fut = asyncio.get_running_loop().create_future()
+                    waiting.append(fut)
+                    await upstream.write(body)
+                    order.put_nowait(fut)
+                order.put_nowait(None)
+
+            task = asyncio.ensure_future(relay())
+            while (fut := await order.get()) is not None:
+                yield await fut
+            await task
+
+        try:
+            return await serve_until_sigterm("edgewise.v1.Escalation", {"Detect": detect}, "127.0.0.1:0",
+                                             "EDGEWISE_GATEWAY_LISTENING port={port} metrics_port=0",
+                                             {"DetectStream": detect_stream})
+        finally:
+            pump.cancel()
 
     return asyncio.run(main())
 
@@ -678,7 +724,9 @@ def capacity_main(args: argparse.Namespace) -> int:
         paths = [CapacityPath("direct", ea, INFER_PATH, None),
                  CapacityPath("gateway", f"127.0.0.1:{gport}", DETECT_PATH, gw.p.pid),
                  CapacityPath("gateway, DetectStream", f"127.0.0.1:{gport}", DETECT_STREAM_PATH, gw.p.pid, True),
-                 CapacityPath("grpc.aio floor", f"127.0.0.1:{fl.match.group(1)}", DETECT_PATH, fl.p.pid)]
+                 CapacityPath("grpc.aio floor", f"127.0.0.1:{fl.match.group(1)}", DETECT_PATH, fl.p.pid),
+                 CapacityPath("grpc.aio floor, streams both hops", f"127.0.0.1:{fl.match.group(1)}",
+                              DETECT_STREAM_PATH, fl.p.pid, True)]
         if Path(NGINX).exists():
             ng, nport = start_nginx([ea], [1.0], d, cpu=proxy_cpu)
             procs.append(ng)
@@ -742,6 +790,12 @@ def capacity_main(args: argparse.Namespace) -> int:
         if floor is not None and floor.cpu_ms:
             print(f"- The grpc.aio floor (bytes forwarded, nothing read) costs {floor.cpu_ms:.3f} ms there: the "
                   f"gateway's own work is {c60 - floor.cpu_ms:+.3f} ms.")
+        streamed = results.get((near60, "grpc.aio floor, streams both hops"))
+        if streamed is not None and streamed.cpu_ms:
+            print(f"- Relayed on long-lived streams both ways (no call opened per request on either side) the "
+                  f"floor is {streamed.cpu_ms:.3f} ms: the least a grpc.aio hop pays per request, "
+                  f"{'within' if streamed.cpu_ms <= 0.25 else 'above'} the 0.25 ms target before any work of "
+                  f"its own.")
         lo, hi = min(gw_cells), max(gw_cells)
         print(f"- Payload dependence: {hi / 1000:.0f} KB costs {(gw_cells[hi].cpu_ms or 0) / (gw_cells[lo].cpu_ms or 1):.2f}x "
               f"the CPU of {lo / 1000:.0f} KB.")
