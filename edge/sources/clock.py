@@ -43,7 +43,7 @@ class SourceClock:
         self.drift = drift
         self.offset_ns: Optional[int] = None
         self.last_source_ns: Optional[int] = None
-        self.last_read_ns = 0
+        self.last_read_mono_ns = 0
 
     def reset(self) -> None:
         """Forget the mapping (a new connection: its timestamps start afresh)."""
@@ -66,9 +66,9 @@ class SourceClock:
             self.offset_ns = observed  # (re-)anchor: this frame's time is its read time
             stamped, clock = read_unix_ns, READ
         else:
-            allowed = self.offset_ns + int(self.drift * max(0, mono - self.last_read_ns))
+            allowed = self.offset_ns + int(self.drift * max(0, mono - self.last_read_mono_ns))
             self.offset_ns = min(allowed, observed)
             stamped, clock = read_unix_ns - (mono - (source_ns + self.offset_ns)), STREAM
         self.last_source_ns = source_ns
-        self.last_read_ns = mono
+        self.last_read_mono_ns = mono
         return stamped, clock
