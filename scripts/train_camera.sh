@@ -19,7 +19,8 @@
 # heavy should run on the machine meanwhile. Expected wall clock on 2 cores: data ~25 min,
 # edge EDGE_BUDGET (3600 s), cloud CLOUD_BUDGET (9000 s), packaging ~40 min.
 # Usage: scripts/train_camera.sh [RUN_DIR]   (default runs/camera)
-#   A stage whose output exists is skipped, so an interrupted run resumes.
+#   A stage whose output exists is skipped, and a detector interrupted mid-training continues
+#   from its last finished epoch (RUN/edge|cloud/resume.pt), so running it again resumes.
 #   env EDGE_BUDGET / CLOUD_BUDGET: wall-clock seconds per detector (0 = no limit: EPOCHS
 #   epochs of EPOCH_SIZE images), EPOCHS, EPOCH_SIZE, THREADS, DEVICE (cpu | cuda | auto),
 #   MODELS (where the pair goes, default models), EDGE_INIT / CLOUD_INIT (ONNX to start from),
@@ -72,8 +73,8 @@ detector() {  # OUT ARCH TRAIN VAL BUDGET INIT
     [ -f "$RUN/$1/summary.json" ] || nice -n 5 "$PY" -m edgewise_tools.train --data "$RUN/data/$3" \
         --val "$RUN/data/$4" --val-limit 300 --batch 8 --nbs 8 --optimizer AdamW --lr0 0.0005 \
         --warmup-epochs 0.05 --epochs "$EPOCHS" --epoch-size "$EPOCH_SIZE" --seed 0 --device "$DEVICE" \
-        --arch "$2" --imgsz 320 --threads "$THREADS" --time-budget "$5" --init "$6" --out "$RUN/$1" \
-        > "$RUN/$1.log" 2>&1
+        --arch "$2" --imgsz 320 --threads "$THREADS" --time-budget "$5" --init "$6" --out "$RUN/$1" --resume \
+        >> "$RUN/$1.log" 2>&1
 }
 detector edge yolov5n cam-train cam-val "$EDGE_BUDGET" "$EDGE_INIT"
 detector cloud yolov5s cam-train-crops cam-val-crops "$CLOUD_BUDGET" "$CLOUD_INIT"

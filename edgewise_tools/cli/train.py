@@ -55,6 +55,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="start from a pre-trained backbone (python -m edgewise_tools.train.pretrain --out FILE), "
                         "fine-tune a trained detector (a trainer checkpoint such as RUN/best.pt) or an ONNX "
                         "model exported by edgewise (e.g. models/edge.onnx: Conv+BN unfused on training images)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from OUT/resume.pt (written after every epoch) when it "
+                        "exists, with the same settings; otherwise start afresh")
 
 
 
@@ -76,7 +79,7 @@ def run_args(args: argparse.Namespace) -> int:
                                       else (0.1 if args.optimizer == "SGD" else lr0)), seed=args.seed,
                       threads=args.threads, device=args.device, time_budget_s=args.time_budget, limit=args.limit,
                       val_limit=args.val_limit, epoch_size=args.epoch_size,
-                      export_onnx=not args.no_export, init=args.init)
+                      export_onnx=not args.no_export, init=args.init, resume=args.resume)
     try:
         summary = train(cfg)
     except EdgewiseError as exc:

@@ -10,6 +10,13 @@ checkpoints each epoch and the best model exported to ONNX at the end.
 A wall-clock ``time_budget_s`` makes the schedule time-based: the LR follows
 ``max(epoch progress, time progress)`` and training stops at the budget, so a
 run on a shared CPU still anneals and ends with a usable model.
+
+Resumable (``resume``): after every epoch ``resume.pt`` keeps what the next epoch
+needs (weights, EMA, optimizer, random states, the training seconds spent, history,
+best score). A run with ``resume`` and the same settings continues from it after an
+interruption (a killed process loses at most the epoch in progress, and the time
+budget counts training time only); without the file it starts afresh. A run
+that finished deletes it.
 """
 
 from __future__ import annotations
@@ -76,6 +83,8 @@ class TrainConfig:
     #: backbone file of edgewise_tools.train.pretrain, a checkpoint to fine-tune, or an ONNX
     #: file exported by edgewise (edgewise_tools.train.onnxinit: fused weights unfused)
     init: Optional[str] = None
+    #: continue from ``out/resume.pt`` when it exists (same settings), else start afresh
+    resume: bool = False
 
     def validate(self) -> TrainConfig:
         if self.arch not in ARCHS:
@@ -190,6 +199,26 @@ def save_checkpoint(path: Path, model: nn.Module, cfg: TrainConfig, names: List[
     tmp.replace(path)
 
 
+#: settings a resumed run may change: where it runs and how it logs, not what it learns
+RESUMABLE_CHANGES = ("resume", "threads", "device", "log_every", "export_onnx")
+
+
+def _same_run(saved: Dict[str, Any], cfg: TrainConfig) -> List[str]:
+    """The settings in which ``cfg`` differs from the interrupted run's (beyond RESUMABLE_CHANGES)."""
+    now = json.loads(json.dumps(asdict(cfg), default=str))
+    return sorted(k for k in set(saved) | set(now) if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
+
+
+def save_resume(path: Path, model: nn.Module, ema: ModelEMA, optimizer: torch.optim.Optimizer,
+                cfg: TrainConfig, state: Dict[str, Any]) -> None:
+    """What the next epoch needs, written atomically (a kill leaves the previous file)."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "ema": ema.ema.state_dict(), "ema_updates": ema.updates,
+                "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                "config": json.loads(json.dumps(asdict(cfg), default=str)), **state}, tmp)
+    tmp.replace(path)
+
+
 def load_checkpoint(path: Path) -> YOLOv5:
     """Rebuild the model of a checkpoint written by :func:`train` (eval mode)."""
     ck = torch.load(str(path), map_location="cpu", weights_only=False)
@@ -218,7 +247,17 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
                           else cfg.device)
     model = make_model(cfg, nc)
-    if cfg.init and Path(cfg.init).suffix.lower() == ".onnx":
+    resume_path = out / "resume.pt"
+    saved: Optional[Dict[str, Any]] = None
+    if cfg.resume and resume_path.exists():
+        saved = torch.load(str(resume_path), map_location="cpu", weights_only=False)
+        changed = _same_run(saved["config"], cfg)
+        if changed:
+            raise ConfigError(f"{resume_path}: the interrupted run had other settings ({', '.join(changed)}); "
+                              "run with them, or delete the file to start afresh")
+        model.load_state_dict(saved["model"])
+        log.info("resuming %s after epoch %d (%.0f s of training done)", out, saved["epoch"], saved["elapsed_s"])
+    elif cfg.init and Path(cfg.init).suffix.lower() == ".onnx":
         from edgewise.runtime.letterbox import to_chw_rgb
         from edgewise_tools.train.onnxinit import load_onnx
 
@@ -239,6 +278,10 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     for g in optimizer.param_groups:
         g["initial_lr"] = cfg.lr0
     ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau)
+    if saved is not None:
+        optimizer.load_state_dict(saved["optimizer"])
+        ema.ema.load_state_dict(saved["ema"])
+        ema.updates = int(saved["ema_updates"])
     epoch_size = min(cfg.epoch_size or len(ds), len(ds))
     nb = math.ceil(epoch_size / cfg.batch)
     # an endless shuffled stream of image indices, cut into epochs of ``epoch_size``
@@ -252,9 +295,16 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     images_seen = 0
     stop = False
     ni = 0
+    first_epoch = 0
+    if saved is not None:
+        first_epoch, last_opt_step, best = int(saved["epoch"]), int(saved["last_opt_step"]), float(saved["best"])
+        history, images_seen = list(saved["history"]), int(saved["images_seen"])
+        rng.bit_generator.state = saved["numpy_rng"]
+        torch.set_rng_state(saved["torch_rng"])
+        t_start -= float(saved["elapsed_s"])  # the budget counts training time, not the interruption
     log.info("train %s nc=%d imgsz=%d on %s: %d train / %d val images, %d batches/epoch",
              model.arch, nc, cfg.imgsz, device, len(ds), len(val_ds), nb)
-    for epoch in range(cfg.epochs):
+    for epoch in range(first_epoch, cfg.epochs):
         model.train()
         mloss = torch.zeros(3)
         t_epoch = time.monotonic()
@@ -312,6 +362,11 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
         (out / "history.json").write_text(json.dumps(history, indent=1))
         if stop:
             break
+        if cfg.resume and epoch + 1 < cfg.epochs:
+            save_resume(resume_path, model, ema, optimizer, cfg, {
+                "epoch": epoch + 1, "last_opt_step": last_opt_step, "best": best, "history": history,
+                "images_seen": images_seen, "numpy_rng": rng.bit_generator.state,
+                "elapsed_s": time.monotonic() - t_start})
     summary: Dict[str, Any] = {"best_map50": best, "epochs_run": len(history), "images_seen": images_seen,
                                "train_seconds": round(time.monotonic() - t_start, 1), "history": history,
                                "arch": model.arch, "imgsz": cfg.imgsz, "names": names}
@@ -323,4 +378,5 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
                     extra_metadata={"edgewise_val_map50": f"{best:.4f}"})
         summary["onnx"] = str(out / "best.onnx")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    resume_path.unlink(missing_ok=True)
     return summary

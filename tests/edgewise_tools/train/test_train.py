@@ -63,6 +63,59 @@ def test_train_run_checkpoints_and_exports_onnx_matching_torch(tiny_data: Path, 
     np.testing.assert_allclose(got[..., :4], ref[..., :4], atol=1e-2, rtol=1e-4)
 
 
+def test_an_interrupted_run_resumes_where_it_stopped(tiny_data: Path, tmp_path: Path) -> None:
+    """Killed while epoch 3 of 3 is being validated (the progress hook raises, as a SIGKILL
+    would end it: resume.pt holds epoch 2), then run again with ``resume``: it does epoch 3
+    again and ends with the weights of a run that was never interrupted; the finished run
+    deletes resume.pt."""
+    def cfg(out: Path, **kw: object) -> TrainConfig:
+        return TrainConfig(data=str(tiny_data), out=str(out), imgsz=128, epochs=3, batch=2, nbs=4,
+                           warmup_epochs=0.0, log_every=0, seed=5, threads=1, export_onnx=False, **kw)
+
+    whole = train(cfg(tmp_path / "whole"))
+
+    class Killed(Exception):
+        pass
+
+    def kill_in_three(rec: dict) -> None:
+        if rec["epoch"] == 3:
+            raise Killed
+
+    out = tmp_path / "cut"
+    with pytest.raises(Killed):
+        train(cfg(out, resume=True), progress=kill_in_three)
+    assert (out / "resume.pt").exists()
+    epochs = []
+    resumed = train(cfg(out, resume=True), progress=lambda rec: epochs.append(rec["epoch"]))
+    assert epochs == [3] and [h["epoch"] for h in resumed["history"]] == [1, 2, 3]
+    assert resumed["images_seen"] == whole["images_seen"]
+    # the clock (the time budget's and the schedule's) continues from the training time spent
+    hist = resumed["history"]
+    assert hist[2]["elapsed_s"] >= hist[1]["elapsed_s"] > 0
+    assert not (out / "resume.pt").exists()
+    a = torch.load(str(tmp_path / "whole" / "last.pt"), weights_only=False)["model"]
+    b = torch.load(str(out / "last.pt"), weights_only=False)["model"]
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_resume_refuses_other_settings(tiny_data: Path, tmp_path: Path) -> None:
+    from edgewise.errors import ConfigError
+
+    out = tmp_path / "run"
+    base = dict(data=str(tiny_data), out=str(out), imgsz=128, epochs=3, batch=2, nbs=4, warmup_epochs=0.0,
+                log_every=0, threads=1, export_onnx=False, resume=True)
+
+    def stop(rec: dict) -> None:
+        if rec["epoch"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(**base), progress=stop)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="lr0"):
+        train(TrainConfig(**dict(base, lr0=0.02)))  # type: ignore[arg-type]
+
+
 def test_bad_config_is_rejected(tiny_data: Path) -> None:
     from edgewise.errors import ConfigError
 
