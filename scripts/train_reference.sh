@@ -15,7 +15,8 @@
 #   4. package: copy the final ONNX files, INT8-quantize the edge one, score all on both
 #      test splits, write models/metrics.json (python -m edgewise_tools.train.reference)
 # Usage: scripts/train_reference.sh [RUN_DIR]
-#   A stage whose RUN/NAME/summary.json exists is skipped, so an interrupted run resumes.
+#   A stage whose RUN/NAME/summary.json exists is skipped, and a detector interrupted mid-training
+#   continues from its last finished epoch (RUN/NAME/resume.pt), so running it again resumes.
 #   env EDGE_PRETRAIN / CLOUD_PRETRAIN: seconds of backbone pre-training per model,
 #   EDGE_BUDGET / CLOUD_BUDGET, EDGE_TUNE / CLOUD_TUNE, CLOUD_HR / EDGE_HR: wall-clock
 #   seconds of detection training per stage (0 = no limit: run EPOCHS epochs),
@@ -73,7 +74,7 @@ detector() {  # OUT ARCH IMGSZ EPOCH_SIZE THREADS BUDGET TRAIN VAL LR0 WARMUP_EP
     done_ "$1" || nice -n 5 "$PY" -m edgewise_tools.train --data "$RUN/data/$7" --val "$RUN/data/$8" --val-limit 200 \
         --batch 8 --nbs 8 --optimizer AdamW --lr0 "$9" --warmup-epochs "${10}" --epochs "$EPOCHS" --seed 0 \
         --device "$DEVICE" --arch "$2" --imgsz "$3" --epoch-size "$4" --threads "$5" --time-budget "$6" \
-        --init "${11}" --out "$RUN/$1" > "$RUN/$1.log" 2>&1
+        --init "${11}" --out "$RUN/$1" --resume >> "$RUN/$1.log" 2>&1
 }
 edge_chain() {
     detector edge yolov5n 160 3000 "$EDGE_THREADS" "$EDGE_BUDGET" train val 0.002 0.3 "$RUN/edge/backbone.pt"
