@@ -203,9 +203,14 @@ def save_checkpoint(path: Path, model: nn.Module, cfg: TrainConfig, names: List[
 RESUMABLE_CHANGES = ("resume", "threads", "device", "log_every", "export_onnx")
 
 
+def _settings(cfg: TrainConfig) -> Dict[str, Any]:
+    """``cfg`` as plain JSON values (as config.json and resume.pt keep it)."""
+    return json.loads(json.dumps(asdict(cfg), default=str))  # type: ignore[no-any-return]
+
+
 def _same_run(saved: Dict[str, Any], cfg: TrainConfig) -> List[str]:
     """The settings in which ``cfg`` differs from the interrupted run's (beyond RESUMABLE_CHANGES)."""
-    now = json.loads(json.dumps(asdict(cfg), default=str))
+    now = _settings(cfg)
     return sorted(k for k in set(saved) | set(now) if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
 
 
@@ -215,7 +220,7 @@ def save_resume(path: Path, model: nn.Module, ema: ModelEMA, optimizer: torch.op
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "ema": ema.ema.state_dict(), "ema_updates": ema.updates,
                 "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-                "config": json.loads(json.dumps(asdict(cfg), default=str)), **state}, tmp)
+                "config": _settings(cfg), **state}, tmp)
     tmp.replace(path)
 
 
@@ -237,7 +242,7 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))
+    (out / "config.json").write_text(json.dumps(_settings(cfg), indent=1))
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     ds = YoloDataset(Path(cfg.data), cfg.imgsz, cfg.limit)
@@ -250,8 +255,12 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     resume_path = out / "resume.pt"
     saved: Optional[Dict[str, Any]] = None
     if cfg.resume and resume_path.exists():
-        saved = torch.load(str(resume_path), map_location="cpu", weights_only=False)
-        changed = _same_run(saved["config"], cfg)
+        try:
+            saved = torch.load(str(resume_path), map_location="cpu", weights_only=False)
+            changed = _same_run(saved["config"], cfg)
+        except Exception as exc:  # not a file this trainer wrote (atomic writes leave no half file)
+            raise ConfigError(f"{resume_path}: cannot resume from it ({type(exc).__name__}: {exc}); "
+                              "delete it to start afresh") from exc
         if changed:
             raise ConfigError(f"{resume_path}: the interrupted run had other settings ({', '.join(changed)}); "
                               "run with them, or delete the file to start afresh")

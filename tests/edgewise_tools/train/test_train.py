@@ -114,6 +114,9 @@ def test_resume_refuses_other_settings(tiny_data: Path, tmp_path: Path) -> None:
         train(TrainConfig(**base), progress=stop)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="lr0"):
         train(TrainConfig(**dict(base, lr0=0.02)))  # type: ignore[arg-type]
+    (out / "resume.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="resume.pt: cannot resume from it"):
+        train(TrainConfig(**base))  # type: ignore[arg-type]
 
 
 def test_bad_config_is_rejected(tiny_data: Path) -> None:
