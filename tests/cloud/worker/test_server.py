@@ -71,7 +71,7 @@ def block_inference(server: WorkerServer) -> threading.Event:
 
     def hold() -> None:
         started.set()
-        release.wait(20)
+        release.wait(60)
 
     server.service._infer_pool.submit(hold)
     assert started.wait(5)
@@ -206,16 +206,28 @@ def test_full_queue_answers_resource_exhausted_at_once(tiny_model):
         async with running(settings) as (srv, stub, _ch):
             release = block_inference(srv)
             req = jpeg_request(photo())
-            tasks = [asyncio.create_task(call(stub, req)) for _ in range(6)]
+            # The calls' own deadline is far beyond the waits below, so that a slow host cannot
+            # turn accepted calls into DEADLINE_EXCEEDED answers while the rejections are counted.
+            tasks = [asyncio.create_task(call(stub, req, timeout=60)) for _ in range(6)]
             t0 = time.monotonic()
             done, _ = await asyncio.wait(tasks, timeout=3, return_when=asyncio.FIRST_COMPLETED)
             first_answer_s = time.monotonic() - t0
-            await async_wait_until(lambda: sum(t.done() for t in tasks) == 3, 10, "the 3 rejections")
+
+            def answered():
+                return [t.result() for t in tasks if t.done()]
+            try:
+                await async_wait_until(lambda: len(answered()) >= 3, 30, "3 answers while the model is blocked")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; answers so far: {answered()}; {srv.service.load()}") from None
+            await asyncio.sleep(0.2)  # room for a wrong extra answer to show up
+            early = answered()
             load = await stub.Load(detect_pb2.LoadRequest(), timeout=5)
             release.set()
-            return await asyncio.gather(*tasks), first_answer_s, load
+            return await asyncio.gather(*tasks), first_answer_s, load, early
 
-    res, first_s, load = asyncio.run(main())
+    res, first_s, load, early = asyncio.run(main())
+    # while the model was blocked, exactly the 3 requests beyond its batch and the queue were answered
+    assert sorted(c.name for c, _ in early) == ["RESOURCE_EXHAUSTED"] * 3, early
     codes = [c for c, _ in res]
     # one batch taken by the (blocked) model + 2 queued = 3 accepted; the rest rejected
     assert codes.count(grpc.StatusCode.OK) == 3
