@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Evaluate the camera pair (README, "Camera world"; models/MODEL_CARD.md), after
-# scripts/train_camera.sh (which wrote RUN/data):
+# scripts/train_camera.sh packaged it into $MODELS. The splits it reads are regenerated from their
+# seeds by scripts/camera_data.sh when RUN/data lacks them (about 10 min):
 #   1. the headline: the held-out camera test split (900 frames, 30 streams), every payload
 #      mode side by side, policies at equal rates with 95% intervals from resampled streams,
 #      the learned policy fitted on cam-policy -> $MODELS/eval/ (eval.json, eval.md, eval.png,
@@ -20,6 +21,7 @@ MODELS=${MODELS:-models}
 POLICY=${POLICY:-examples/policies/camera.yaml}
 THREADS=${THREADS:-2}
 export OMP_WAIT_POLICY=PASSIVE
+PY="$PY" scripts/camera_data.sh "$RUN" cam-test cam-policy tune-test
 "$PY" -m edgewise.cli eval --edge "$MODELS/edge-int8.onnx" --cloud "$MODELS/cloud.onnx" --policy "$POLICY" \
     --data "$RUN/data/cam-test" --train-data "$RUN/data/cam-policy" --out "$MODELS/eval" --threads "$THREADS" \
     2>&1 | tee "$RUN/eval-camera.log"

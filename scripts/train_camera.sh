@@ -4,10 +4,10 @@
 #   0. the previous pair (episodes world) is kept under $MODELS/episodes/ (copied once, with
 #      its metrics and evaluations) and both new models start from it (--init FILE.onnx:
 #      fused Conv+BN weights unfused on training images, edgewise_tools.train.onnxinit)
-#   1. data: splits of the `camera` preset at 1280x720 (fixed seeds; the test and policy splits
-#      use held-out handwriting/backgrounds and seeds no other split uses), native-scale 320x320
-#      crops of the training and validation frames for the cloud model, and the episodes test
-#      split of scripts/train_reference.sh (the previous headline, for continuity)
+#   1. data (scripts/camera_data.sh): splits of the `camera` preset at 1280x720 (fixed seeds; the
+#      test and policy splits use held-out handwriting/backgrounds and seeds no other split uses),
+#      native-scale 320x320 crops of the training and validation frames for the cloud model, and
+#      the episodes test split of scripts/train_reference.sh (the previous headline, for continuity)
 #   2. edge: yolov5n on whole frames letterboxed to 320 (a 4x downscale: far digits of 16-28 px
 #      become 4-7 px), fine-tuned from $MODELS/episodes/edge.onnx
 #   3. cloud: yolov5s on the native-scale crops (far digits keep their 16-28 px), fine-tuned
@@ -49,24 +49,8 @@ fi
 EDGE_INIT=${EDGE_INIT:-$MODELS/episodes/edge.onnx}
 CLOUD_INIT=${CLOUD_INIT:-$MODELS/episodes/cloud.onnx}
 
-# 1. data
-gen() {  # SPLIT_DIR SPLIT SEED STREAMS FRAMES STRIDE PRESET [extra args]
-    local streams=$(( ($4 + SCALE - 1) / SCALE ))
-    [ -f "$RUN/data/$1/dataset.json" ] || "$PY" -m edgewise.cli synth --out "$RUN/data/$1" --split "$2" \
-        --seed "$3" --streams "$streams" --frames "$5" --stride "$6" --difficulty "$7" "${@:8}" \
-        > "$RUN/gen-$1.log" 2>&1
-}
-crops() {  # OUT FROM PER_FRAME
-    [ -f "$RUN/data/$1/dataset.json" ] || "$PY" -m edgewise_tools.train.crops --data "$RUN/data/$2" \
-        --out "$RUN/data/$1" --size 320 --per-frame "$3" --seed 0 > "$RUN/gen-$1.log" 2>&1
-}
-gen cam-train train 21 200 20 3 camera            # 4000 frames for both detectors
-gen cam-val val 22 20 15 2 camera                 # 300 frames: best epoch, INT8 agreement
-gen cam-test test 23 30 30 1 camera               # 900 frames: the headline (eval, model card)
-gen cam-policy val 24 40 30 1 camera              # 1200 frames: fits the learned policy only
-gen tune-test test 13 24 50 1 episodes --imgsz 224  # the previous headline (continuity)
-crops cam-train-crops cam-train 2                 # 8000 native-scale crops for the cloud
-crops cam-val-crops cam-val 1
+# 1. data (scripts/camera_data.sh: the splits and their seeds)
+PY="$PY" SCALE="$SCALE" scripts/camera_data.sh "$RUN"
 
 # 2./3. detectors, one after the other on all cores
 detector() {  # OUT ARCH TRAIN VAL BUDGET INIT
