@@ -1,37 +1,39 @@
 #!/usr/bin/env bash
-# Train the camera reference pair (models/MODEL_CARD.md, "Next: the camera pair"): a world where the
+# Train the camera reference pair (models/MODEL_CARD.md, "The camera pair"): a world where the
 # cloud sees what the edge cannot (docs/design/escalation.md#the-camera-world).
-#   0. the previous pair (episodes world) is kept under $MODELS/episodes/ (copied once, with
-#      its metrics and evaluations) and both new models start from it (--init FILE.onnx:
-#      fused Conv+BN weights unfused on training images, edgewise_tools.train.onnxinit)
+#   0. both new models start from the previous pair (episodes world), $PREVIOUS (--init FILE.onnx:
+#      fused Conv+BN weights unfused on training images, edgewise_tools.train.onnxinit); replaced
+#      in place, that pair is kept under $MODELS/episodes/ (copied once, with metrics and evaluations)
 #   1. data (scripts/camera_data.sh): splits of the `camera` preset at 1280x720 (fixed seeds; the
 #      test and policy splits use held-out handwriting/backgrounds and seeds no other split uses),
 #      native-scale 320x320 crops of the training and validation frames for the cloud model, and
 #      the episodes test split of scripts/train_reference.sh (the previous headline, for continuity)
 #   2. edge: yolov5n on whole frames letterboxed to 320 (a 4x downscale: far digits of 16-28 px
-#      become 4-7 px), fine-tuned from $MODELS/episodes/edge.onnx
+#      become 4-7 px), fine-tuned from $PREVIOUS/edge.onnx
 #   3. cloud: yolov5s on the native-scale crops (far digits keep their 16-28 px), fine-tuned
-#      from $MODELS/episodes/cloud.onnx; at run time it sees whole frames or regions natively
+#      from $PREVIOUS/cloud.onnx; at run time it sees whole frames or regions natively
 #   4. package: edge exported at 192x320 (the frame's aspect) + INT8, cloud with a symbolic
 #      height/width, all scored on the camera test split (recall by object size) and the
 #      episodes test split -> $MODELS/metrics.json (python -m edgewise_tools.train.camera)
 # The two detectors train one after the other, each on both cores (THREADS=2): nothing else
-# heavy should run on the machine meanwhile. Expected wall clock on 2 cores: data ~25 min,
-# edge EDGE_BUDGET (3600 s), cloud CLOUD_BUDGET (9000 s), packaging ~40 min.
+# heavy should run on the machine meanwhile. Measured on 2 cores (models/camera/): data 12 min,
+# edge EDGE_BUDGET (1800 s), cloud CLOUD_BUDGET (3000 s), packaging 7 min: 1 h 40 min in all.
 # Usage: scripts/train_camera.sh [RUN_DIR]   (default runs/camera)
 #   A stage whose output exists is skipped, and a detector interrupted mid-training continues
 #   from its last finished epoch (RUN/edge|cloud/resume.pt), so running it again resumes.
 #   env EDGE_BUDGET / CLOUD_BUDGET: wall-clock seconds per detector (0 = no limit: EPOCHS
 #   epochs of EPOCH_SIZE images), EPOCHS, EPOCH_SIZE, THREADS, DEVICE (cpu | cuda | auto),
-#   MODELS (where the pair goes, default models), EDGE_INIT / CLOUD_INIT (ONNX to start from),
+#   MODELS (where the pair goes, default models), PREVIOUS (the pair it starts from, default
+#   MODELS; `MODELS=models/camera PREVIOUS=models` stages the pair next to the shipped one, as
+#   models/camera/ was made), EDGE_INIT / CLOUD_INIT (ONNX to start from),
 #   SCALE (divides every split's stream count: a smoke test uses SCALE=40), PY.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/camera}
 PY=${PY:-.venv/bin/python}
 MODELS=${MODELS:-models}
-EDGE_BUDGET=${EDGE_BUDGET:-3600}
-CLOUD_BUDGET=${CLOUD_BUDGET:-9000}
+EDGE_BUDGET=${EDGE_BUDGET:-1800}
+CLOUD_BUDGET=${CLOUD_BUDGET:-3000}
 EPOCHS=${EPOCHS:-500}
 EPOCH_SIZE=${EPOCH_SIZE:-2000}
 THREADS=${THREADS:-2}
@@ -40,14 +42,19 @@ SCALE=${SCALE:-1}
 export OMP_WAIT_POLICY=PASSIVE
 mkdir -p "$RUN"
 
-# 0. keep the previous pair, once
-if [ ! -f "$MODELS/episodes/edge.onnx" ]; then
-    mkdir -p "$MODELS/episodes"
-    for f in edge.onnx edge-int8.onnx cloud.onnx metrics.json; do cp -p "$MODELS/$f" "$MODELS/episodes/$f"; done
-    for d in eval eval-reference; do [ -d "$MODELS/$d" ] && cp -rp "$MODELS/$d" "$MODELS/episodes/$d"; done
+# 0. the pair to start from: PREVIOUS (default MODELS). Replacing it in place keeps it under
+#    $MODELS/episodes/ (copied once, with its metrics and evaluations).
+PREVIOUS=${PREVIOUS:-$MODELS}
+if [ "$PREVIOUS" = "$MODELS" ]; then
+    if [ ! -f "$MODELS/episodes/edge.onnx" ]; then
+        mkdir -p "$MODELS/episodes"
+        for f in edge.onnx edge-int8.onnx cloud.onnx metrics.json; do cp -p "$MODELS/$f" "$MODELS/episodes/$f"; done
+        for d in eval eval-reference; do [ -d "$MODELS/$d" ] && cp -rp "$MODELS/$d" "$MODELS/episodes/$d"; done
+    fi
+    PREVIOUS=$MODELS/episodes
 fi
-EDGE_INIT=${EDGE_INIT:-$MODELS/episodes/edge.onnx}
-CLOUD_INIT=${CLOUD_INIT:-$MODELS/episodes/cloud.onnx}
+EDGE_INIT=${EDGE_INIT:-$PREVIOUS/edge.onnx}
+CLOUD_INIT=${CLOUD_INIT:-$PREVIOUS/cloud.onnx}
 
 # 1. data (scripts/camera_data.sh: the splits and their seeds)
 PY="$PY" SCALE="$SCALE" scripts/camera_data.sh "$RUN"
