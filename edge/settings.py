@@ -101,7 +101,9 @@ class ModelSettings:
                         "models/yolov5s-int8.onnx")
     backend: str = setting("Runtime backend: auto (TensorRT when usable, else ONNX Runtime), onnxruntime "
                            "or tensorrt.", "auto", choices=BACKENDS)
-    conf_thres: float = setting("Minimum final score of a kept box.", 0.25, lo=0, hi=1)
+    conf_thres: Optional[float] = setting(
+        "Minimum final score of a kept box; null: the model's own (ONNX metadata edgewise_conf_thres, "
+        "chosen where the model was made), else 0.25.", None, lo=0, hi=1)
     iou_thres: float = setting("NMS IoU threshold.", 0.45, lo=0, hi=1)
     max_det: int = setting("Most boxes kept per frame.", 300, lo=1)
     threads: int = setting("Intra-op threads of the runtime; 0 = runtime default.", 0, lo=0)

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from cloud.worker.batching import BATCHING_MODES, BatchPolicy
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
@@ -84,7 +84,9 @@ class WorkerSettings:
         "decodes alone. Default: one 7680x4320 frame.", DEFAULT_MAX_PIXELS, lo=1)
     grace_s: float = setting("On SIGTERM: seconds to finish in-flight requests before exiting.", 10.0, lo=0)
     max_message_bytes: int = setting("Largest gRPC request accepted, bytes.", 8 * 1024 * 1024, lo=1024)
-    conf_threshold: float = setting("Lowest detection score returned.", 0.25, lo=0, hi=1)
+    conf_threshold: Optional[float] = setting(
+        "Lowest detection score returned; null: the model's own (ONNX metadata edgewise_conf_thres, chosen "
+        "where the model was made), else 0.25.", None, lo=0, hi=1)
     iou_threshold: float = setting("NMS IoU threshold.", 0.45, lo=0, hi=1, lo_open=True)
     max_det: int = setting("Most detections returned per image.", 300, lo=1)
     warmup_rounds: int = setting("Dummy batches run at each batch size warmed before reporting SERVING (with "

@@ -29,7 +29,13 @@ from edgewise.images import check_bgr
 from edgewise.runtime.backends import InferenceBackend
 from edgewise.runtime.decoding import DecodeParams, decode
 from edgewise.runtime.letterbox import LetterboxMeta, native_shape, preprocess_batch
-from edgewise.runtime.metadata import ImgszLike, ModelInfo, imgsz_guess_warning, load_model_info
+from edgewise.runtime.metadata import (
+    DEFAULT_CONF,
+    ImgszLike,
+    ModelInfo,
+    imgsz_guess_warning,
+    load_model_info,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +99,7 @@ class Detector:
         cls,
         path: Union[str, Path],
         backend: str = "auto",
-        conf_thres: float = 0.25,
+        conf_thres: Optional[float] = None,
         iou_thres: float = 0.45,
         max_det: int = 300,
         threads: Optional[int] = None,
@@ -117,16 +123,19 @@ class Detector:
         = the runtime's default) to ONNX Runtime. ``imgsz`` is the input
         size of a model whose graph leaves it dynamic (see ``load_model_info``); a model
         whose size is only assumed is logged as a warning. ``input_size`` /
-        ``max_side`` are described in the module docstring.
+        ``max_side`` are described in the module docstring. ``conf_thres`` None is the
+        model's own threshold (metadata ``edgewise_conf_thres``), else 0.25.
         """
         if backend not in BACKENDS:
             raise ConfigError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        info = load_model_info(path, imgsz)
+        if conf_thres is None:
+            conf_thres = info.conf_thres if info.conf_thres is not None else DEFAULT_CONF
         try:
             params = DecodeParams(conf_thres=conf_thres, iou_thres=iou_thres, max_det=max_det,
                                   multi_label=multi_label)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        info = load_model_info(path, imgsz)
         if info.imgsz_source == "default":
             log.warning("%s", imgsz_guess_warning(info))
         if input_size == "auto":

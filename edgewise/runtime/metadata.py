@@ -31,6 +31,12 @@ PathLike = Union[str, Path]
 ImgszLike = Union[int, Sequence[int]]
 #: the size YOLOv5 assumes when nothing states it (export.py / detect.py ``--imgsz`` default)
 DEFAULT_IMGSZ = (640, 640)
+#: metadata key of the score threshold a model's maker chose for it (the one maximising F1 on
+#: validation frames; ``python -m edgewise_tools.train.camera`` writes it); the runtime uses it
+#: where no threshold is configured, else :data:`DEFAULT_CONF`
+CONF_KEY = "edgewise_conf_thres"
+#: YOLOv5's detect.py default score threshold
+DEFAULT_CONF = 0.25
 QUANT_OPS = frozenset(
     {
         "QuantizeLinear",
@@ -73,6 +79,7 @@ class ModelInfo:
             ``default`` (a guess: dynamic H/W and nothing states the size).
         external_data: files next to the model holding its weights (torch's dynamo
             exporter writes ``<model>.data``); ``sha256`` covers them too.
+        conf_thres: the score threshold stated in the metadata (:data:`CONF_KEY`), if any.
     """
 
     path: Path
@@ -94,6 +101,7 @@ class ModelInfo:
     names_source: str = "default"
     imgsz_source: str = "default"
     external_data: Tuple[Path, ...] = ()
+    conf_thres: Optional[float] = None
 
     @property
     def file_bytes(self) -> int:
@@ -137,6 +145,16 @@ def parse_names(value: Any, where: str) -> Tuple[str, ...]:
     if not names:
         raise ModelError(f"{where}: class names are empty")
     return names
+
+
+def _parse_conf(value: str, where: str) -> float:
+    try:
+        out = float(value)
+    except ValueError:
+        raise ModelError(f"{where}: {CONF_KEY} must be a number in [0, 1], got {value!r}") from None
+    if not 0.0 <= out <= 1.0:  # NaN fails too
+        raise ModelError(f"{where}: {CONF_KEY} must be a number in [0, 1], got {value!r}")
+    return out
 
 
 def _parse_int(value: Any, key: str, where: str) -> int:
@@ -310,6 +328,7 @@ def _info_from_graph(
     if "imgsz" in meta:
         imgsz = _parse_imgsz(meta["imgsz"], where)
         imgsz_source = "onnx-metadata"
+    conf = _parse_conf(meta[CONF_KEY], where) if CONF_KEY in meta else None
     side = find_sidecar(p)
     if side is not None:
         sd = _read_sidecar(side)
@@ -380,6 +399,7 @@ def _info_from_graph(
         metadata=meta,
         names_source=names_source,
         imgsz_source=imgsz_source,
+        conf_thres=conf,
     )
 
 

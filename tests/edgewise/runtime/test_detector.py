@@ -107,6 +107,19 @@ def test_bad_options(tiny_model: Path, tmp_path: Path):
         Detector.from_file(tiny_model, providers=["CUDAExecutionProvider"])
 
 
+def test_score_threshold_is_the_models_own_unless_given(tmp_path: Path):
+    stated = fake_yolo(tmp_path / "stated.onnx", metadata={**names_meta(["a", "b"]), "edgewise_conf_thres": "0.6"})
+    plain = fake_yolo(tmp_path / "plain.onnx", metadata=names_meta(["a", "b"]))
+    img = np.random.default_rng(3).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    with Detector.from_file(stated, threads=1) as own, Detector.from_file(stated, conf_thres=0.01, threads=1) as low, \
+            Detector.from_file(plain, threads=1) as default:
+        assert own.params.conf_thres == 0.6 and low.params.conf_thres == 0.01
+        assert default.params.conf_thres == 0.25  # YOLOv5's default where the model states none
+        kept, every = own.detect([img])[0], low.detect([img])[0]
+        assert len(every) > len(kept) and (kept.scores >= 0.6).all()
+        assert sorted(kept.scores.tolist()) == sorted(s for s in every.scores.tolist() if s >= 0.6)
+
+
 def test_fixed_batch_model_is_split_and_padded(tmp_path: Path):
     dyn = fake_yolo(tmp_path / "dyn.onnx", nc=2, metadata=names_meta(["a", "b"]))
     fixed = fake_yolo(tmp_path / "fixed.onnx", nc=2, batch=2, metadata=names_meta(["a", "b"]))

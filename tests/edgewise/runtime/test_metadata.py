@@ -114,6 +114,20 @@ def test_bad_stride_metadata(tmp_path: Path):
         load_model_info(fake_yolo(tmp_path / "s.onnx", metadata=meta))
 
 
+@pytest.mark.parametrize("value, expected", [("0.45", 0.45), ("0", 0.0), ("1", 1.0)])
+def test_stated_score_threshold(tmp_path: Path, value: str, expected: float):
+    meta = {**names_meta(["a", "b"]), "edgewise_conf_thres": value}
+    assert load_model_info(fake_yolo(tmp_path / "c.onnx", metadata=meta)).conf_thres == expected
+    assert load_model_info(fake_yolo(tmp_path / "n.onnx", metadata=names_meta(["a", "b"]))).conf_thres is None
+
+
+@pytest.mark.parametrize("value", ["high", "1.5", "-0.1", "nan"])
+def test_bad_score_threshold_names_the_key_and_file(tmp_path: Path, value: str):
+    meta = {**names_meta(["a", "b"]), "edgewise_conf_thres": value}
+    with pytest.raises(ModelError, match=r"c\.onnx \(ONNX metadata\): edgewise_conf_thres must be a number in \[0, 1\]"):
+        load_model_info(fake_yolo(tmp_path / "c.onnx", metadata=meta))
+
+
 def test_int8_qdq_detected(tmp_path: Path):
     info = load_model_info(fake_yolo(tmp_path / "q.onnx", quant=True))
     assert info.precision == "int8"
