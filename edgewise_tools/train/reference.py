@@ -123,42 +123,75 @@ def run_model(path: Path, data: Path, gt: List[Dict[str, Any]], threads: int = 1
     return dets, float(np.median(times))
 
 
-def _map50(dets: List[np.ndarray], labels: List[np.ndarray], ignores: List[np.ndarray],
-           nc: int) -> Tuple[float, Dict[str, float]]:
-    tps, confs, pcls, tcls = [], [], [], []
-    tp25 = fp25 = 0
-    n_gt = 0
+def _match(dets: List[np.ndarray], labels: List[np.ndarray],
+           ignores: List[np.ndarray]) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    """Per image: detections kept for scoring (those on an ignore region and matching no
+    object dropped) and their IoU 0.5 correctness."""
+    kept, ok = [], []
     for d, lab, ign in zip(dets, labels, ignores):
         correct = match_predictions(d, lab, IOUV[:1])
         keep = np.ones(len(d), bool)
         if len(ign) and len(d):
             on_ign = box_iou(d[:, :4], ign).max(1) >= 0.5
             keep = correct[:, 0] | ~on_ign
-        d, correct = d[keep], correct[keep]
-        tps.append(correct)
-        confs.append(d[:, 4])
-        pcls.append(d[:, 5])
-        tcls.append(lab[:, 0])
-        sel = d[:, 4] >= 0.25
-        tp25 += int(correct[sel, 0].sum())
-        fp25 += int((~correct[sel, 0]).sum())
-        n_gt += len(lab)
-    res = ap_per_class(np.concatenate(tps), np.concatenate(confs), np.concatenate(pcls),
-                       np.concatenate(tcls), nc)
+        kept.append(d[keep])
+        ok.append(correct[keep, 0])
+    return kept, ok
+
+
+def pr_at(kept: List[np.ndarray], ok: List[np.ndarray], n_gt: int, conf: float) -> Dict[str, float]:
+    """Precision, recall and F1 of the matched detections (:func:`_match`) scoring >= ``conf``."""
+    tp = sum(int(c[d[:, 4] >= conf].sum()) for d, c in zip(kept, ok))
+    fp = sum(int((~c[d[:, 4] >= conf]).sum()) for d, c in zip(kept, ok))
+    p, r = tp / max(tp + fp, 1), tp / max(n_gt, 1)
+    return {"precision": round(p, 4), "recall": round(r, 4), "f1": round(2 * p * r / max(p + r, 1e-9), 4)}
+
+
+def _map50(dets: List[np.ndarray], labels: List[np.ndarray], ignores: List[np.ndarray],
+           nc: int, conf: Optional[float] = None) -> Tuple[float, Dict[str, Any]]:
+    """mAP@0.5 and P/R/F1 at 0.25 (YOLOv5's default threshold); with ``conf``, also at the
+    model's own threshold (``op``)."""
+    kept, ok = _match(dets, labels, ignores)
+    n_gt = sum(len(lab) for lab in labels)
+    res = ap_per_class(np.concatenate([c[:, None] for c in ok]) if ok else np.zeros((0, 1), bool),
+                       np.concatenate([d[:, 4] for d in kept]), np.concatenate([d[:, 5] for d in kept]),
+                       np.concatenate([lab[:, 0] for lab in labels]), nc)
     m = float(res["ap"][:, 0].mean()) if len(res["ap"]) else 0.0
-    p = tp25 / max(tp25 + fp25, 1)
-    r = tp25 / max(n_gt, 1)
-    return m, {"precision@0.25": round(p, 4), "recall@0.25": round(r, 4),
-               "f1@0.25": round(2 * p * r / max(p + r, 1e-9), 4), "objects": n_gt}
+    at = pr_at(kept, ok, n_gt, 0.25)
+    out: Dict[str, Any] = {"precision@0.25": at["precision"], "recall@0.25": at["recall"],
+                           "f1@0.25": at["f1"], "objects": n_gt}
+    if conf is not None:
+        out["op"] = {"conf": conf, **pr_at(kept, ok, n_gt, conf)}
+    return m, out
+
+
+#: score thresholds :func:`choose_conf` tries
+CONF_GRID = tuple(round(0.05 * i, 2) for i in range(1, 19))
+
+
+def choose_conf(path: Path, data: Path, threads: int = 1) -> Dict[str, Any]:
+    """The score threshold in :data:`CONF_GRID` with the best F1 of ``path`` on ``data`` (a
+    validation split: never the test split), with the F1 curve; ties go to the lower one."""
+    gt = load_ground_truth(data)
+    dets, _ = run_model(path, data, gt, threads)
+    kept, ok = _match(dets, [g["labels"] for g in gt], [g["ignore"] for g in gt])
+    n_gt = sum(len(g["labels"]) for g in gt)
+    curve = {c: pr_at(kept, ok, n_gt, c) for c in CONF_GRID}
+    best = max(CONF_GRID, key=lambda c: (curve[c]["f1"], -c))
+    return {"conf": best, "data": str(data), "images": len(gt), "curve": {str(c): v for c, v in curve.items()}}
 
 
 def score_onnx(path: Path, data: Path, threads: int = 1, nc: int = 10) -> Dict[str, Any]:
-    """mAP@0.5 (all and hard objects) and P/R/F1 of the ONNX model ``path`` on ``data``."""
+    """mAP@0.5 (all and hard objects) and P/R/F1 of the ONNX model ``path`` on ``data``: at
+    0.25 and, for a model that states its own threshold (``edgewise_conf_thres``), at it."""
+    from edgewise.runtime.metadata import load_model_info
+
+    conf = load_model_info(path).conf_thres
     gt = load_ground_truth(data)
     dets, ms = run_model(path, data, gt, threads)
     labels = [g["labels"] for g in gt]
     ignores = [g["ignore"] for g in gt]
-    m_all, pr_all = _map50(dets, labels, ignores, nc)
+    m_all, pr_all = _map50(dets, labels, ignores, nc, conf)
     hard_labels = [g["labels"][g["hard"]] for g in gt]
     hard_ign = [np.concatenate([g["ignore"], g["labels"][~g["hard"], 1:]], 0) for g in gt]
     m_hard, pr_hard = _map50(dets, hard_labels, hard_ign, nc)
@@ -167,13 +200,14 @@ def score_onnx(path: Path, data: Path, threads: int = 1, nc: int = 10) -> Dict[s
     m_easy, pr_easy = _map50(dets, easy_labels, easy_ign, nc)
     return {"model": Path(path).name, "images": len(gt), "map50": round(m_all, 4),
             "map50_hard": round(m_hard, 4), "map50_easy": round(m_easy, 4), "all": pr_all,
-            "hard": pr_hard, "easy": pr_easy, "by_size": score_by_size(dets, gt, nc),
+            "hard": pr_hard, "easy": pr_easy, "by_size": score_by_size(dets, gt, nc, conf),
             "ms_per_frame_1thread": round(ms, 2), "size_bytes": Path(path).stat().st_size}
 
 
-def score_by_size(dets: List[np.ndarray], gt: List[Dict[str, Any]], nc: int) -> Dict[str, Dict[str, Any]]:
-    """mAP@0.5 and P/R/F1 at 0.25 per object-size bucket (:data:`SIZE_BUCKETS`, box height):
-    the objects of one bucket are scored, the others are ignore regions, as for hard/easy."""
+def score_by_size(dets: List[np.ndarray], gt: List[Dict[str, Any]], nc: int,
+                  conf: Optional[float] = None) -> Dict[str, Dict[str, Any]]:
+    """mAP@0.5 and P/R/F1 (:func:`_map50`) per object-size bucket (:data:`SIZE_BUCKETS`, box
+    height): the objects of one bucket are scored, the others are ignore regions, as for hard/easy."""
     out: Dict[str, Dict[str, Any]] = {}
     for name, lo, hi in SIZE_BUCKETS:
         labels, ignores = [], []
@@ -182,7 +216,7 @@ def score_by_size(dets: List[np.ndarray], gt: List[Dict[str, Any]], nc: int) -> 
             sel = (h >= lo) & (h < hi)
             labels.append(g["labels"][sel])
             ignores.append(np.concatenate([g["ignore"], g["labels"][~sel, 1:]], 0))
-        m, pr = _map50(dets, labels, ignores, nc)
+        m, pr = _map50(dets, labels, ignores, nc, conf)
         out[name] = {"map50": round(m, 4), "px": [lo, hi if np.isfinite(hi) else None], **pr}
     return out
 
