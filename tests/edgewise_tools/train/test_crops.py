@@ -81,15 +81,21 @@ def test_camera_packaging_exports_a_rect_edge_and_a_native_cloud(tmp_path: Path)
     from edgewise_tools.train.trainer import TrainConfig, save_checkpoint
 
     run = tmp_path / "run"
-    for stage, arch in (("edge", "yolov5n"), ("cloud", "yolov5n")):
+    (run / "data" / "cam-train").mkdir(parents=True)  # the training frames' size sets the edge's aspect
+    (run / "data" / "cam-train" / "dataset.json").write_text(json.dumps({"width": 160, "height": 90}))
+    for stage, arch in (("edge-96", "yolov5n"), ("cloud", "yolov5n")):
         (run / stage).mkdir(parents=True)
         save_checkpoint(run / stage / "best.pt", build_model(arch, nc=10), TrainConfig(data="d", out="o", arch=arch),
                         [str(i) for i in range(10)], 1, {"map50": 0.5})
         (run / stage / "summary.json").write_text(json.dumps({"best_map50": 0.5, "imgsz": 96}))
-    files = export_pair(run, tmp_path / "models", (64, 96))
+    files = export_pair(run, tmp_path / "models", "edge-96")  # 160x90 at 96: 96x54, rounded up to 64
     edge, cloud = load_model_info(files["edge"]), load_model_info(files["cloud"])
     assert edge.imgsz == (64, 96) and not edge.dynamic_hw and edge.metadata["edgewise_world"] == "camera"
     assert cloud.dynamic_hw and cloud.imgsz == (96, 96) and cloud.metadata["edgewise_val_map50"] == "0.5000"
     mtime = files["edge"].stat().st_mtime_ns
-    export_pair(run, tmp_path / "models", (64, 96))  # newer than its checkpoint: kept
+    export_pair(run, tmp_path / "models", "edge-96")  # newer than its checkpoint: kept
     assert files["edge"].stat().st_mtime_ns == mtime
+    files["edge"].unlink()
+    assert load_model_info(export_pair(run, tmp_path / "models", "edge-96", (96, 96))["edge"]).imgsz == (96, 96)
+    with pytest.raises(FileNotFoundError, match="edge-320/best.pt: the edge-320 stage has not written"):
+        export_pair(run, tmp_path / "models", "edge-320")
