@@ -24,7 +24,7 @@
 # edge 1800 + 1200 s, cloud CLOUD_BUDGET (3000 s), packaging 8 min: 2 h in all.
 # Usage: scripts/train_camera.sh [RUN_DIR]   (default runs/camera)
 #   A stage whose output exists is skipped, and a detector interrupted mid-training continues
-#   from its last finished epoch (RUN/edge|cloud/resume.pt), so running it again resumes.
+#   from its last finished epoch (RUN/edge-<size>|cloud/resume.pt), so running it again resumes.
 #   env EDGE_SIZES / EDGE_BUDGETS (one wall-clock budget in seconds per edge size), CLOUD_BUDGET
 #   (0 = no limit: EPOCHS epochs of EPOCH_SIZE images), EPOCHS, EPOCH_SIZE, THREADS, DEVICE (cpu | cuda | auto),
 #   MODELS (where the pair goes, default models), PREVIOUS (the pair it starts from, default

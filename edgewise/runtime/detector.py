@@ -131,6 +131,8 @@ class Detector:
         info = load_model_info(path, imgsz)
         if conf_thres is None:
             conf_thres = info.conf_thres if info.conf_thres is not None else DEFAULT_CONF
+            log.info("%s: score threshold %g (%s)", info.path, conf_thres,
+                     "the model's own" if info.conf_thres is not None else "YOLOv5's default; the model states none")
         try:
             params = DecodeParams(conf_thres=conf_thres, iou_thres=iou_thres, max_det=max_det,
                                   multi_label=multi_label)

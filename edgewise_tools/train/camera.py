@@ -1,8 +1,8 @@
 """Package and score the camera reference pair: ``python -m edgewise_tools.train.camera --run runs/camera``.
 
 ``scripts/train_camera.sh`` writes the run folder (:data:`DATA` splits of the ``camera``
-preset at 1280x720, ``RUN/edge`` and ``RUN/cloud``, each fine-tuned from the previous
-shipped pair). This step makes the files the demo, the Jetson bundle and the benches
+preset at 1280x720, the edge's resolution steps ``RUN/edge-<size>`` and ``RUN/cloud``,
+fine-tuned from the previous shipped pair). This step makes the files the demo, the Jetson bundle and the benches
 load (fixed names in ``models/``):
 
 * ``edge.onnx``: the last edge stage's ``best.pt`` (``RUN/edge-<size>``, ``--edge-stage``)
@@ -17,8 +17,8 @@ load (fixed names in ``models/``):
 
 then picks each model's score threshold for the best F1 on the validation split and writes it
 into the file (:func:`operating_points`, metadata ``edgewise_conf_thres``: the runtime's default
-threshold for that model), and scores all three (:func:`~edgewise_tools.train.reference.score_onnx`: mAP@0.5, P/R/F1
-at 0.25, and per object-size bucket) on the held-out ``camera`` test split (the headline)
+threshold for that model), and scores all three (:func:`~edgewise_tools.train.reference.score_onnx`:
+mAP@0.5, P/R/F1 at 0.25 and at the model's threshold, and per object-size bucket) on the held-out ``camera`` test split (the headline)
 and, for continuity, on the ``episodes`` test split of the previous pair, and writes
 ``models/metrics.json``. Scores are cached under ``RUN/scores`` while a model file is
 unchanged, so a rerun after an interrupted one only does what is missing.
@@ -112,8 +112,9 @@ def operating_points(run: Path, files: Sequence[Path], threads: int) -> Dict[str
     """Each model's score threshold, chosen for the best F1 on the validation split
     (:func:`~edgewise_tools.train.reference.choose_conf`; the cloud model on whole validation
     frames at native size, as it runs) and written into its metadata (``edgewise_conf_thres``),
-    so the edge daemon, the worker and ``edgewise eval`` use it by default. A model that already
-    states one keeps it; the choices and F1 curves go to ``RUN/conf-<model>.json``."""
+    so the edge daemon, the worker and ``edgewise eval`` use it by default. The choice and its F1
+    curve go to ``RUN/conf-<model>.json``; a model that states a threshold and has that record
+    keeps it (a rerun only does what is missing)."""
     from edgewise.runtime.metadata import CONF_KEY, load_model_info
     from edgewise_tools.models.export import update_metadata
     from edgewise_tools.train.reference import choose_conf

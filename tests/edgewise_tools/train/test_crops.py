@@ -99,3 +99,28 @@ def test_camera_packaging_exports_a_rect_edge_and_a_native_cloud(tmp_path: Path)
     assert load_model_info(export_pair(run, tmp_path / "models", "edge-96", (96, 96))["edge"]).imgsz == (96, 96)
     with pytest.raises(FileNotFoundError, match="edge-320/best.pt: the edge-320 stage has not written"):
         export_pair(run, tmp_path / "models", "edge-320")
+
+
+def test_each_models_threshold_is_chosen_on_validation_and_written_into_it(tmp_path: Path, camera_data: Path) -> None:
+    from edgewise.runtime import Detector
+    from edgewise.runtime.metadata import load_model_info
+    from edgewise_tools.train.camera import operating_points
+    from edgewise_tools.train.reference import CONF_GRID
+    from tests.edgewise.runtime.graphs import fake_yolo, names_meta
+
+    run = tmp_path / "run"
+    (run / "data").mkdir(parents=True)
+    (run / "data" / "cam-val").symlink_to(camera_data)
+    model = fake_yolo(tmp_path / "m.onnx", nc=10, metadata=names_meta([str(i) for i in range(10)]))
+    got = operating_points(run, [model], threads=1)["m.onnx"]
+    record = json.loads((run / "conf-m.json").read_text())
+    assert got == record and record["conf"] in CONF_GRID and len(record["curve"]) == len(CONF_GRID)
+    best = max(v["f1"] for v in record["curve"].values())
+    assert record["curve"][str(record["conf"])]["f1"] == best  # the best F1; ties go to the lowest threshold
+    assert min(float(c) for c, v in record["curve"].items() if v["f1"] == best) == record["conf"]
+    assert load_model_info(model).conf_thres == record["conf"]
+    with Detector.from_file(model, threads=1) as det:  # the runtime's default for this model
+        assert det.params.conf_thres == record["conf"]
+    mtime = model.stat().st_mtime_ns
+    operating_points(run, [model], threads=1)  # stated and recorded: kept
+    assert model.stat().st_mtime_ns == mtime
