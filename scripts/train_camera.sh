@@ -86,5 +86,4 @@ done
 detector cloud yolov5s cam-train-crops cam-val-crops "$CLOUD_BUDGET" "$CLOUD_INIT" 320
 
 # 4. package and score (the last edge step)
-"$PY" -m edgewise_tools.train.camera --run "$RUN" --models "$MODELS" --edge-stage "edge-${sizes[-1]}" \
-    | tee "$RUN/package.md"
+"$PY" -m edgewise_tools.train.camera --run "$RUN" --models "$MODELS" --edge-stage "edge-${sizes[-1]}" | tee "$RUN/package.md"

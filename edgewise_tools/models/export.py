@@ -150,22 +150,6 @@ def export_onnx(
     return out
 
 
-def update_metadata(path: Union[str, Path], extra: Dict[str, str]) -> None:
-    """Set ``extra`` in the ONNX model's ``metadata_props`` (others kept), replacing the file
-    atomically; external weight files stay where they are."""
-    path = Path(path)
-    proto = onnx.load(str(path), load_external_data=False)
-    meta = {m.key: m.value for m in proto.metadata_props}
-    meta.update(extra)
-    del proto.metadata_props[:]
-    for k, v in meta.items():
-        prop = proto.metadata_props.add()
-        prop.key, prop.value = k, v
-    part = path.with_name(path.name + ".part")
-    onnx.save(proto, str(part))
-    os.replace(part, path)
-
-
 def _export_dynamo(
     m: YOLOv5, im: torch.Tensor, part: Path, opset: int, axes: Optional[Dict[str, Dict[int, str]]]
 ) -> None:

@@ -359,7 +359,7 @@ def quantize(
         extra = {"edgewise_quant": json.dumps(quant_meta)}
         if info.imgsz_source == "override":  # calibrated at this size: say so in the file
             extra["imgsz"] = str(list(info.imgsz))
-        _copy_metadata(info.path, staged, extra)
+        set_metadata(staged, extra, like=info.path)
         # Validate before publishing: a failed or interrupted run leaves no half-written
         # or invalid model at ``out``.
         _validate_staged(staged, info, probe)
@@ -561,14 +561,19 @@ def _explain_histogram_errors(method: str) -> Iterator[None]:
         ) from None
 
 
-def _copy_metadata(src: Path, dst: Path, extra: Dict[str, str]) -> None:
+def set_metadata(path: Path, extra: Dict[str, str], like: Optional[Path] = None) -> None:
+    """Replace ``path``'s ONNX ``metadata_props`` with ``like``'s (default: its own) plus ``extra``,
+    writing the file atomically; external weight files stay where they are."""
     import onnx
 
-    meta = {p.key: p.value for p in onnx.load(str(src), load_external_data=False).metadata_props}
+    path = Path(path)
+    meta = {p.key: p.value for p in onnx.load(str(like or path), load_external_data=False).metadata_props}
     meta.update(extra)
-    model = onnx.load(str(dst))
+    model = onnx.load(str(path), load_external_data=False)
     del model.metadata_props[:]
     for k, v in meta.items():
         prop = model.metadata_props.add()
         prop.key, prop.value = k, v
-    onnx.save(model, str(dst))
+    part = path.with_name(path.name + ".part")
+    onnx.save(model, str(part))
+    os.replace(part, path)

@@ -34,12 +34,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from edgewise.runtime.metadata import CONF_KEY, load_model_info
 from edgewise_tools.train.reference import SIZE_BUCKETS, _cached_score
 
 #: run-folder layout of scripts/train_camera.sh
 DATA = {"train": "cam-train", "val": "cam-val", "test": "cam-test", "policy": "cam-policy",
         "train_crops": "cam-train-crops", "val_crops": "cam-val-crops", "episodes_test": "tune-test"}
-STAGES = ("edge-320", "edge-416", "cloud")
 TESTS = {"camera": DATA["test"], "episodes": DATA["episodes_test"]}
 
 
@@ -57,6 +57,11 @@ def edge_shape(imgsz: int, frame_hw: Tuple[int, int]) -> Tuple[int, int]:
     short = -(-min(h, w) * imgsz // max(h, w))  # ceil
     short = -(-short // 32) * 32
     return (short, imgsz) if w >= h else (imgsz, short)
+
+
+def edge_stages(run: Path) -> List[str]:
+    """The edge's resolution steps in ``run`` (``edge-<size>`` folders), smallest size first."""
+    return sorted((d.name for d in run.glob("edge-*") if d.name[5:].isdigit()), key=lambda n: int(n[5:]))
 
 
 def export_pair(run: Path, models: Path, edge_stage: str, shape: Optional[Tuple[int, int]] = None) -> Dict[str, Path]:
@@ -115,8 +120,7 @@ def operating_points(run: Path, files: Sequence[Path], threads: int) -> Dict[str
     so the edge daemon, the worker and ``edgewise eval`` use it by default. The choice and its F1
     curve go to ``RUN/conf-<model>.json``; a model that states a threshold and has that record
     keeps it (a rerun only does what is missing)."""
-    from edgewise.runtime.metadata import CONF_KEY, load_model_info
-    from edgewise_tools.models.export import update_metadata
+    from edgewise_tools.models.quantize import set_metadata
     from edgewise_tools.train.reference import choose_conf
 
     out: Dict[str, Any] = {}
@@ -125,16 +129,22 @@ def operating_points(run: Path, files: Sequence[Path], threads: int) -> Dict[str
         if load_model_info(path).conf_thres is None or not record.exists():
             choice = choose_conf(path, run / "data" / DATA["val"], threads)
             record.write_text(json.dumps(choice, indent=1))
-            update_metadata(path, {CONF_KEY: f"{choice['conf']:g}"})
+            set_metadata(path, {CONF_KEY: f"{choice['conf']:g}"})
             print(f"{path.name}: score threshold {choice['conf']:g} "
                   f"(validation F1 {choice['curve'][str(choice['conf'])]['f1']:.3f})", file=sys.stderr)
         out[path.name] = json.loads(record.read_text())
     return out
 
 
-def package(run: Path, models: Path, edge_stage: str = "edge-416", shape: Optional[Tuple[int, int]] = None,
+def package(run: Path, models: Path, edge_stage: Optional[str] = None, shape: Optional[Tuple[int, int]] = None,
             calib_samples: int = 200, threads: int = 1) -> Dict[str, Any]:
-    """Export, quantize and score the pair; writes ``models/metrics.json`` and returns it."""
+    """Export, quantize and score the pair (the edge from ``edge_stage``, default the last of
+    :func:`edge_stages`); writes ``models/metrics.json`` and returns it."""
+    steps = edge_stages(run)
+    if edge_stage is None:
+        if not steps:
+            raise FileNotFoundError(f"{run}: no edge-<size> stage folder (run scripts/train_camera.sh first)")
+        edge_stage = steps[-1]
     files = export_pair(run, models, edge_stage, shape)
     int8 = quantize_edge(run, files["edge"], calib_samples, threads)
     conf = operating_points(run, [files["edge"], files["cloud"], int8], max(threads, 2))
@@ -148,7 +158,7 @@ def package(run: Path, models: Path, edge_stage: str = "edge-416", shape: Option
             by_test[mix][name] = fut.result()
             print(mix, name, json.dumps(by_test[mix][name]), file=sys.stderr)
     summary: Dict[str, Any] = {"world": "camera", "size_buckets": [list(b[:2]) for b in SIZE_BUCKETS],
-                               "edge_input": list(_input_hw(files["edge"])), "edge_stage": edge_stage,
+                               "edge_input": list(load_model_info(files["edge"]).imgsz), "edge_stage": edge_stage,
                                "cloud_input": "native", "tests": {},
                                "operating_points": {k: {"conf": v["conf"], "data": v["data"]} for k, v in conf.items()}}
     for mix, folder in tests.items():
@@ -156,7 +166,7 @@ def package(run: Path, models: Path, edge_stage: str = "edge-416", shape: Option
         meta.pop("difficulty", None)
         summary["tests"][mix] = {"data": {"path": str(folder), **meta}, "results": by_test[mix]}
     summary["training"] = {k: json.loads((run / k / "summary.json").read_text())
-                           for k in STAGES if (run / k / "summary.json").exists()}
+                           for k in (*steps, "cloud") if (run / k / "summary.json").exists()}
     for k in summary["training"].values():
         k.pop("history", None)
     if (run / "quantize.json").exists():
@@ -200,13 +210,6 @@ def markdown_table(summary: Dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def _input_hw(model: Path) -> Tuple[int, int]:
-    import onnx
-
-    dims = onnx.load(str(model), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
-    return int(dims[2].dim_value), int(dims[3].dim_value)
-
-
 def _shape(text: str) -> Tuple[int, int]:
     try:
         h, w = (int(v) for v in text.lower().replace("x", ",").split(","))
@@ -221,7 +224,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m edgewise_tools.train.camera", description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, help="run folder of scripts/train_camera.sh")
     p.add_argument("--models", default=Path("models"), type=Path, help="where the ONNX files go")
-    p.add_argument("--edge-stage", default="edge-416", help="the edge stage folder in RUN to export (edge-416)")
+    p.add_argument("--edge-stage", default=None,
+                   help="the edge stage folder in RUN to export (default: the edge-<size> with the largest size)")
     p.add_argument("--edge-shape", type=_shape, default=None,
                    help="edge model input H,W (default: the stage's training size at the frames' aspect)")
     p.add_argument("--calib-samples", type=int, default=200)

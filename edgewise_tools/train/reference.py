@@ -153,7 +153,7 @@ def _map50(dets: List[np.ndarray], labels: List[np.ndarray], ignores: List[np.nd
     model's own threshold (``op``)."""
     kept, ok = _match(dets, labels, ignores)
     n_gt = sum(len(lab) for lab in labels)
-    res = ap_per_class(np.concatenate([c[:, None] for c in ok]) if ok else np.zeros((0, 1), bool),
+    res = ap_per_class(np.concatenate([c[:, None] for c in ok]),
                        np.concatenate([d[:, 4] for d in kept]), np.concatenate([d[:, 5] for d in kept]),
                        np.concatenate([lab[:, 0] for lab in labels]), nc)
     m = float(res["ap"][:, 0].mean()) if len(res["ap"]) else 0.0

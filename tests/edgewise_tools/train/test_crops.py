@@ -124,3 +124,11 @@ def test_each_models_threshold_is_chosen_on_validation_and_written_into_it(tmp_p
     mtime = model.stat().st_mtime_ns
     operating_points(run, [model], threads=1)  # stated and recorded: kept
     assert model.stat().st_mtime_ns == mtime
+
+
+def test_edge_stages_are_ordered_by_input_size(tmp_path: Path) -> None:
+    from edgewise_tools.train.camera import edge_stages
+
+    for name in ("edge-416", "edge-96", "edge-320", "edge-x", "cloud"):
+        (tmp_path / name).mkdir()
+    assert edge_stages(tmp_path) == ["edge-96", "edge-320", "edge-416"]  # by size, not by name
