@@ -22,6 +22,7 @@ from cloud.gateway.envelope import RequestHead
 from cloud.gateway.settings import LimitSettings
 from edgewise import status
 from edgewise.errors import InvalidInputError
+from edgewise.imagefiles import ImageHeader
 from edgewise.wire import check_image
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
@@ -46,9 +47,10 @@ def _check_id(value: str, name: str, limit: int, required: bool = True) -> Rejec
     return None
 
 
-def validate_request(req: RequestHead, limits: LimitSettings) -> Rejection | None:
+def validate_request(req: RequestHead, limits: LimitSettings) -> Rejection | ImageHeader:
     """Cheap structural checks of a request: ids, and the image's header through the same
-    ``edgewise.wire.check_image`` the worker runs before decoding (no decode here)."""
+    ``edgewise.wire.check_image`` the worker runs before decoding (no decode here).
+    Returns the image's header when the request may pass (routing reads its pixels)."""
     for value, name, required in ((req.device_id, "device_id", True), (req.stream_id, "stream_id", True),
                                   (req.trace_id, "trace_id", False)):
         bad = _check_id(value, name, limits.max_id_length, required)
@@ -58,13 +60,13 @@ def validate_request(req: RequestHead, limits: LimitSettings) -> Rejection | Non
         return Rejection(status.INVALID_ARGUMENT,
                          "image is missing or empty; send the frame (or crop) in image.data")
     try:
-        check_image(req.image, limits.max_image_pixels, limits.max_image_bytes)
+        header = check_image(req.image, limits.max_image_pixels, limits.max_image_bytes)
     except InvalidInputError as exc:
         return Rejection(status.status_of(exc), str(exc))
     if req.edge_detections > limits.max_edge_detections:
         return Rejection(status.INVALID_ARGUMENT,
                          f"{req.edge_detections} edge_detections; the limit is {limits.max_edge_detections}")
-    return None
+    return header
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,13 @@ injected clock, so tests drive it instantly:
   slow-start documentation makes the same point for new deployments;
   docs/design/balancing.md#slow-start);
 * pick (docs/design/balancing.md#pick-weighted-least-connections): full scan for the minimum HAProxy "load after assignment" key
-  ``(in_flight + 1) / w_eff`` (optionally HAProxy idle-first: key 0 when idle),
+  ``(work + cost) / w_eff`` (optionally HAProxy idle-first: key 0 when idle),
   ties broken by nginx's smooth weighted round robin (never "first in list");
+  ``work`` is the in-flight count, or, on workers whose time grows with the image
+  (native input size), the in-flight requests' pixels over the mean request's,
+  and their weight their measured pixels/s over the same mean
+  (docs/design/balancing.md#work-not-requests): a whole frame counts as the
+  several small region payloads it costs;
 * outlier ejection (docs/design/balancing.md#outlier-ejection, Envoy defaults): consecutive worker failures eject for
   ``base × ejection_count`` capped at ``max``, never more than
   ``max(1, max_ejection_percent)`` of the pool, count decays each healthy
@@ -110,8 +115,9 @@ class BalancerConfig:
                                "by weighted round robin before any gets a second request.", True)
     #: docs/design/balancing.md#pick-weighted-least-connections: both keys measured side by side by
     #: bench/routing_sim.py (virtual clock) and bench/routing.py --versus (real processes).
-    key: str = setting("wlc key: load_after = HAProxy's (in_flight + 1) / weight (with idle_first), active = "
-                       "nginx least_conn's in_flight / weight, ties going to the fastest endpoint.",
+    key: str = setting("wlc key: load_after = HAProxy's (in-flight work + this request's cost) / weight (with "
+                       "idle_first), active = nginx least_conn's in-flight work / weight, ties going to the "
+                       "fastest endpoint; work counts requests, or their pixels (see cost).",
                        "load_after", choices=("load_after", "active"))
     p2c_distinct: bool = setting("p2c: sample two distinct endpoints (gRPC PR #11006) instead of with "
                                  "replacement (gRFC A48).", False)
@@ -141,6 +147,15 @@ class BalancerConfig:
                                      "this many seconds.", 1.0, lo=0)
     max_in_flight: int = setting("Hard per-endpoint cap on requests in flight (nginx max_conns / HAProxy "
                                  "maxconn); 0 = none.", 0, lo=0)
+    #: docs/design/balancing.md#work-not-requests: measured by bench/routing_sim.py --costs and
+    #: bench/routing.py --mix regions against nginx, which sees only connections.
+    cost: str = setting("What one request in flight counts as in the wlc key and the admission check: auto = its "
+                        "image's pixels over the mean of recent requests on workers whose time grows with the "
+                        "image (they report pixel_rate: native input size; their weight is then that pixels/s "
+                        "over the mean request's pixels), 1 on the others; requests = always 1 (nginx / HAProxy).",
+                        "auto", choices=("auto", "requests"))
+    cost_window: int = setting("cost auto: the mean pixels per request is an exponentially weighted mean over "
+                               "about this many requests.", 200, lo=1)
 
     def validate(self) -> None:
         """Raise ConfigError (a ValueError) naming the bad knob."""
@@ -162,6 +177,8 @@ class EndpointStats:
     weight: float = 1.0
     name: str = ""
     in_flight: int = 0
+    work: float = 0.0                  # sum of the in-flight requests' costs (== in_flight with unit costs)
+    pixel_rate: float | None = None    # reported pixels/s, only by a worker whose time grows with the pixels
     capacity: float | None = None      # reported images/s; None until the first report
     peak_capacity: float | None = None  # reported images/s at the worker's best batch size (autoscaling only)
     queue_depth: int = 0               # reported
@@ -189,6 +206,7 @@ class Ticket:
 
     address: str
     _balancer: Balancer = field(repr=False)
+    cost: float = 1.0  # what the request counts as in the endpoint's work in flight
     _released: bool = field(default=False, repr=False)
 
     def release(self, outcome: Outcome) -> bool:
@@ -196,7 +214,7 @@ class Ticket:
         if self._released:
             return False
         self._released = True
-        return self._balancer._release(self.address, outcome)
+        return self._balancer._release(self.address, outcome, self.cost)
 
 
 class Balancer:
@@ -215,6 +233,7 @@ class Balancer:
         self.endpoints: dict[str, EndpointStats] = {}
         self._rr = 0
         self._per_weight: float | None = None  # mean reported capacity per configured weight unit
+        self._mean_pixels: float | None = None  # EWMA of the pixels per request (cost auto)
 
     # ---- membership ------------------------------------------------------------------
     def set_endpoints(self, endpoints: Iterable[tuple[str, float, str, bool]]) -> list[str]:
@@ -257,11 +276,13 @@ class Balancer:
                             / sum(e.weight for e in reporting)) if reporting else None
 
     def report_load(self, address: str, capacity: float | None, queue_depth: int = 0,
-                    limit: int = 0, serving: bool = True, peak_capacity: float | None = None) -> None:
+                    limit: int = 0, serving: bool = True, peak_capacity: float | None = None,
+                    pixel_rate: float | None = None) -> None:
         """Record a worker's Load report (capacities in images/s; <=0 means unknown).
 
         A worker reporting ``serving=False`` gets no picks until it serves again
-        (slow start restarts then).
+        (slow start restarts then). ``pixel_rate``: pixels/s, reported only by a worker whose
+        time per image grows with the image's pixels (docs/design/balancing.md#work-not-requests).
         """
         ep = self.endpoints.get(address)
         if ep is None:
@@ -269,6 +290,7 @@ class Balancer:
         if ep.paused and serving:
             ep.slow_start_t0 = self._slow_start_t0(self.clock(), ep)
         ep.paused = not serving
+        ep.pixel_rate = _rate_or_none(pixel_rate)
         ep.capacity = _rate_or_none(capacity)
         ep.peak_capacity = _rate_or_none(peak_capacity)
         ep.queue_depth = max(0, int(queue_depth))
@@ -299,30 +321,56 @@ class Balancer:
         return max(c.slow_start_min_pct, frac ** (1.0 / c.slow_start_aggression))
 
     def base_weight(self, ep: EndpointStats) -> float:
-        """The worker's relative capacity: its measured images/s once reported, else its
-        configured weight (scaled by the reporting workers' images/s per weight unit)."""
-        if not self.config.use_reported_capacity or not self._per_weight:
+        """The worker's relative capacity: its measured rate once reported (mean-sized requests
+        per second: its pixels/s over the mean request's pixels where requests cost their
+        pixels, else its images/s), else its configured weight (scaled by the reporting
+        workers' images/s per weight unit)."""
+        if not self.config.use_reported_capacity:
+            return ep.weight
+        per_pixel = self._pixel_weight(ep)
+        if per_pixel is not None:
+            return per_pixel
+        if not self._per_weight:
             return ep.weight
         if ep.capacity is not None:
             return ep.capacity
         return ep.weight * self._per_weight
 
+    def _pixel_weight(self, ep: EndpointStats) -> float | None:
+        """Mean-sized requests per second of a worker whose requests cost their pixels."""
+        if self.config.cost != "auto" or ep.pixel_rate is None or not self._mean_pixels:
+            return None
+        return ep.pixel_rate / self._mean_pixels
+
     def effective_weight(self, ep: EndpointStats, now: float | None = None) -> float:
         now = self.clock() if now is None else now
         return self.base_weight(ep) * self.slow_start_factor(ep, now)
 
-    def key(self, ep: EndpointStats, now: float) -> float:
-        """The wlc key of ``ep`` (docs/design/balancing.md#pick-weighted-least-connections):
-        ``load_after``, HAProxy's load after assignment ``(in_flight + 1) / w_eff``, 0 for an
+    def key(self, ep: EndpointStats, now: float, cost: float = 1.0) -> float:
+        """The wlc key of ``ep`` for a request of ``cost`` (docs/design/balancing.md#pick-weighted-least-connections):
+        ``load_after``, HAProxy's load after assignment ``(work + cost) / w_eff``, 0 for an
         idle endpoint out of slow start with ``idle_first``; ``active``, nginx least_conn's
-        ``in_flight / w_eff`` (``idle_first`` does not apply: an idle endpoint keys 0 anyway)."""
+        ``work / w_eff`` (``idle_first`` does not apply: an idle endpoint keys 0 anyway).
+        ``work`` is the sum of the costs in flight: the in-flight count when every request
+        costs 1 (docs/design/balancing.md#work-not-requests)."""
         # Idle-first skips endpoints still in slow start, or an idle new worker would get
         # every request it can take and the ramp would mean nothing.
         if self.config.key == "active":  # an idle endpoint in slow start takes one at a time
-            return ep.in_flight / self.effective_weight(ep, now)
-        if self.config.idle_first and ep.in_flight == 0 and self.slow_start_factor(ep, now) >= 1.0:
+            return ep.work / self.effective_weight(ep, now)
+        # Idle-first is for requests of one cost; where they cost their pixels the key is already
+        # the time to finish, and an idle slow worker is no place for a whole frame.
+        if (self.config.idle_first and ep.in_flight == 0 and self.slow_start_factor(ep, now) >= 1.0
+                and self._pixel_weight(ep) is None):
             return 0.0
-        return (ep.in_flight + 1) / self.effective_weight(ep, now)
+        return (ep.work + cost) / self.effective_weight(ep, now)
+
+    def cost(self, ep: EndpointStats, pixels: int) -> float:
+        """What a request of ``pixels`` counts as on ``ep`` (docs/design/balancing.md#work-not-requests):
+        its pixels over the recent mean (clamped to [1/16, 16]) where the endpoint's time grows
+        with the image (it reports ``pixel_rate``) and ``cost: auto``, else 1."""
+        if self.config.cost != "auto" or ep.pixel_rate is None or pixels <= 0 or not self._mean_pixels:
+            return 1.0
+        return min(16.0, max(1.0 / 16.0, pixels / self._mean_pixels))
 
     # ---- health bookkeeping ----------------------------------------------------------------
     def _refresh(self, now: float) -> None:
@@ -349,9 +397,10 @@ class Balancer:
         cap = self._cap(ep)
         if cap is not None and ep.in_flight >= cap:
             return True
-        # Admission: predicted queue wait (requests ahead / capacity) past the deadline.
-        if deadline_s is not None and ep.capacity:
-            if ep.in_flight / ep.capacity > deadline_s:
+        # Admission: predicted queue wait (work ahead / measured rate) past the deadline.
+        rate = self._pixel_weight(ep) or ep.capacity
+        if deadline_s is not None and rate:
+            if ep.work / rate > deadline_s:
                 return True
         return False
 
@@ -381,29 +430,38 @@ class Balancer:
             return [], NoPick.SATURATED
         return cands, None
 
-    def pick(self, exclude: Sequence[str] = (), deadline_s: float | None = None) -> Ticket | NoPick:
+    def pick(self, exclude: Sequence[str] = (), deadline_s: float | None = None, pixels: int = 0) -> Ticket | NoPick:
         """Choose an endpoint and count the request in flight at once (docs/design/balancing.md#per-endpoint-state).
 
         ``exclude``: addresses already tried (retry on another host, docs/design/balancing.md#retries-and-the-retry-budget).
         ``deadline_s``: remaining time; endpoints whose predicted queue wait exceeds
         it are treated as saturated (admission control).
+        ``pixels``: the request image's declared pixels (0 = unknown), its cost on workers
+        whose time grows with the image (docs/design/balancing.md#work-not-requests).
         """
         now = self.clock()
         self._refresh(now)
         cands, why = self.candidates(now, exclude, deadline_s)
         if why is not None:
             return why
-        chosen = self._choose(cands, now)
+        costs = {ep.address: self.cost(ep, pixels) for ep in cands}
+        chosen = self._choose(cands, now, costs)
+        cost = costs[chosen.address]
         chosen.in_flight += 1
+        chosen.work += cost
         chosen.picks += 1
-        return Ticket(chosen.address, self)
+        if pixels > 0:
+            alpha = 1.0 / self.config.cost_window
+            self._mean_pixels = (float(pixels) if self._mean_pixels is None
+                                 else self._mean_pixels + alpha * (pixels - self._mean_pixels))
+        return Ticket(chosen.address, self, cost)
 
-    def _choose(self, cands: list[EndpointStats], now: float) -> EndpointStats:
+    def _choose(self, cands: list[EndpointStats], now: float, costs: dict[str, float]) -> EndpointStats:
         mode = self.config.mode
         if len(cands) == 1:
             return cands[0]
         if mode == "wlc":
-            keys = [self.key(ep, now) for ep in cands]
+            keys = [self.key(ep, now, costs[ep.address]) for ep in cands]
             best = min(keys)
             tied = [ep for ep, k in zip(cands, keys) if k <= best * (1 + _REL_EPS) + 1e-15]
             if self.config.key == "active" and len(tied) > 1:  # the fastest of the tied; equals by smooth WRR
@@ -452,13 +510,14 @@ class Balancer:
         return best
 
     # ---- outcomes --------------------------------------------------------------------------
-    def _release(self, address: str, outcome: Outcome) -> bool:
+    def _release(self, address: str, outcome: Outcome, cost: float = 1.0) -> bool:
         ep = self.endpoints.get(address)
         if ep is None:
             return False
         now = self.clock()
         in_flight_before = ep.in_flight
         ep.in_flight = max(0, ep.in_flight - 1)
+        ep.work = max(0.0, ep.work - cost) if ep.in_flight else 0.0  # no float drift past idle
         c = self.config
         if outcome is Outcome.OK:
             ep.consecutive_failures = 0

@@ -144,11 +144,12 @@ class WorkerPool:
             return
         limit = load.max_batch_size + load.max_queue_size if load.max_queue_size else 0
         self.balancer.report_load(address, load.capacity, load.queue_depth, limit, load.serving,
-                                  load.peak_capacity)
+                                  load.peak_capacity, load.pixel_rate)
 
     # ---- forwarding -----------------------------------------------------------------------
-    async def forward(self, req: RequestHead, timeout_s: float, transport: str = "grpc") -> Reply:
-        """Send one request to a worker (retrying once for UNAVAILABLE); always returns a reply."""
+    async def forward(self, req: RequestHead, timeout_s: float, transport: str = "grpc", pixels: int = 0) -> Reply:
+        """Send one request to a worker (retrying once for UNAVAILABLE); always returns a reply.
+        ``pixels``: the image's declared pixels, what it costs on workers whose time grows with it."""
         t_start = time.perf_counter()
         deadline = t_start + timeout_s
         self.budget.record_request()
@@ -162,7 +163,7 @@ class WorkerPool:
                 reply = error_reply(req, status.DEADLINE_EXCEEDED,
                                     f"deadline passed after {len(tried)} attempt(s) ({', '.join(tried)})")
                 break
-            pick = self.balancer.pick(exclude=tried, deadline_s=remaining)
+            pick = self.balancer.pick(exclude=tried, deadline_s=remaining, pixels=pixels)
             if not isinstance(pick, Ticket):
                 if reply is None:  # else no other worker to retry on: answer with the first failure
                     reply = self._no_pick_reply(req, pick, remaining)

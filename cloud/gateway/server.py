@@ -149,14 +149,16 @@ class Gateway:
         """The one request path of both transports: authenticate ``caller`` (token, client
         certificate, MQTT topic), validate, rate-limit and forward; always returns a reply."""
         timeout_s = self.timeout_for(req, call_remaining)
-        bad = (self.auth.authenticate(caller, req.device_id)
-               or validate_request(req, self.settings.limits)
-               or self.limiter.allow(req.device_id))
+        bad = self.auth.authenticate(caller, req.device_id)
+        checked = bad or validate_request(req, self.settings.limits)
+        if isinstance(checked, Rejection):
+            return self._reject(req, transport, checked)
+        bad = self.limiter.allow(req.device_id)
         if bad is None and timeout_s <= 0:
             bad = Rejection(status.DEADLINE_EXCEEDED, "the request's deadline had already passed at the gateway")
         if bad is not None:
             return self._reject(req, transport, bad)
-        return await self.pool.forward(req, timeout_s, transport)
+        return await self.pool.forward(req, timeout_s, transport, pixels=checked.pixels)
 
     def _reject(self, req: RequestHead | None, transport: str, bad: Rejection) -> Reply:
         name = status.name(bad.status)

@@ -210,12 +210,16 @@ class Batcher(Generic[T]):
     _seq: itertools.count[int] = field(default_factory=itertools.count, init=False, repr=False)
     _batch_s: _Ewma = field(init=False, repr=False)
     _per_image_s: _Ewma = field(init=False, repr=False)
+    _pixels: _Ewma = field(init=False, repr=False)
+    _pixel_batch_s: _Ewma = field(init=False, repr=False)
     _size_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
     _preferred_desc: tuple[int, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._batch_s = _Ewma(self.policy.ewma_alpha)
         self._per_image_s = _Ewma(self.policy.ewma_alpha)
+        self._pixels = _Ewma(self.policy.ewma_alpha)
+        self._pixel_batch_s = _Ewma(self.policy.ewma_alpha)
         self.set_policy(self.policy)
 
     def set_policy(self, policy: BatchPolicy) -> None:
@@ -353,13 +357,17 @@ class Batcher(Generic[T]):
         return min(level[0].enqueued for level in self._levels.values() if level)
 
     # -- measurements ---------------------------------------------------------
-    def observe(self, batch_size: int, seconds: float) -> None:
-        """Record that a batch of ``batch_size`` ran in ``seconds`` (compute only)."""
-        if batch_size < 1 or seconds < 0:
-            raise ValueError(f"bad batch observation: size={batch_size}, seconds={seconds}")
+    def observe(self, batch_size: int, seconds: float, pixels: int = 0) -> None:
+        """Record that a batch of ``batch_size`` images, ``pixels`` in all (0: not counted),
+        ran in ``seconds`` (compute only)."""
+        if batch_size < 1 or seconds < 0 or pixels < 0:
+            raise ValueError(f"bad batch observation: size={batch_size}, seconds={seconds}, pixels={pixels}")
         self._batch_s.add(seconds)
         self._per_image_s.add(seconds / batch_size)
         self._size_s.setdefault(batch_size, _Ewma(self.policy.ewma_alpha)).add(seconds)
+        if pixels:
+            self._pixels.add(pixels)
+            self._pixel_batch_s.add(seconds)
 
     @property
     def min_batch_s(self) -> float:
@@ -378,6 +386,13 @@ class Batcher(Generic[T]):
         """Measured throughput in images/s (EWMA of per-image batch time), 0 if unknown."""
         v = self._per_image_s.value
         return 1.0 / v if v else 0.0
+
+    @property
+    def pixel_rate(self) -> float:
+        """Measured pixels/s (the mean pixels per batch over the mean batch time, so a mix of
+        small and large images does not swing it as a per-image rate swings), 0 if unknown."""
+        px, s = self._pixels.value, self._pixel_batch_s.value
+        return px / s if px and s else 0.0
 
     @property
     def peak_capacity(self) -> float:

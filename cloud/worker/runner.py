@@ -59,6 +59,9 @@ class ModelRunner:
                 "export it with a dynamic batch axis for the worker"
             )
         self.max_batch = None if info.dynamic_batch else 1
+        #: each image runs at its own size, so its time grows with its pixels (the worker
+        #: then measures and reports its pixels/s)
+        self.pixel_cost = detector.input_size == "native"
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings) -> ModelRunner:

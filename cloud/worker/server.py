@@ -142,7 +142,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
                 if bad:
                     raise bad[0]
                 if rnd > 0 or rounds == 1:
-                    self.batcher.observe(size, secs)
+                    self.batcher.observe(size, secs, size * dummy.meta.src_shape[0] * dummy.meta.src_shape[1])
                     fastest[size] = min(secs, fastest.get(size, secs))
         b = self.settings.batching
         self.batching = decide_batching(b.mode, fastest, b.min_gain, b.max_batch_size)
@@ -297,6 +297,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             model_name=self.runner.name,
             model_version=self.runner.version,
             serving=self._serving,
+            pixel_rate=self.batcher.pixel_rate if self.runner.pixel_cost else 0.0,
         )
 
     # -- scheduling ----------------------------------------------------------------
@@ -342,7 +343,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
                 self._fail(j, EdgewiseError(f"inference failed: {exc}"))
             return
         n = len(live)
-        self.batcher.observe(n, secs)
+        pixels = sum(j.prepared.meta.src_shape[0] * j.prepared.meta.src_shape[1] for j, _ in live)
+        self.batcher.observe(n, secs, pixels)
         self.metrics.batch_size.observe(n)
         self.metrics.compute.observe(secs)
         self.metrics.capacity.set(self.batcher.capacity)

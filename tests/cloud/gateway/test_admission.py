@@ -8,6 +8,7 @@ from cloud.gateway.admission import Caller, RateLimiter, TokenAuth
 from cloud.gateway.admission import validate_request as validate_head
 from cloud.gateway.envelope import read_request
 from cloud.gateway.settings import LimitSettings
+from edgewise.imagefiles import ImageHeader
 from edgewise.v1 import detect_pb2
 from edgewise.wire import encode_image
 from tests.cloud.gateway.workers import jpeg_bytes, request
@@ -20,7 +21,7 @@ def validate_request(req: detect_pb2.DetectRequest, lim: LimitSettings):
 
 def test_validation_messages():
     lim = LimitSettings(max_id_length=8, max_edge_detections=2)
-    assert validate_request(request(), lim) is None
+    assert isinstance(validate_request(request(), lim), ImageHeader)
     assert validate_request(request(device="x" * 9), lim).message.startswith("device_id is 9 characters")
     assert "characters outside" in validate_request(request(device="a b"), lim).message
     r = request()
@@ -30,12 +31,12 @@ def test_validation_messages():
     r.image.encoding = detect_pb2.Image.ENCODING_UNSPECIFIED
     assert "encoding 0 is not supported" in validate_request(r, lim).message
     r = request(data=encode_image(np.zeros((4, 6, 3), np.uint8), "png").data, encoding=detect_pb2.Image.PNG)
-    assert validate_request(r, lim) is None
+    assert validate_request(r, lim) == ImageHeader("png", 6, 4)  # what routing reads: 24 pixels
     r.image.encoding = detect_pb2.Image.JPEG
     assert "not a JPEG (its magic bytes say PNG)" in validate_request(r, lim).message
     r = request(data=bytes(12), encoding=detect_pb2.Image.RAW)
     r.image.shape[:] = [2, 2, 3]
-    assert validate_request(r, lim) is None
+    assert validate_request(r, lim).pixels == 4
     r.image.dtype = "float32"
     assert "must be 'uint8'" in validate_request(r, lim).message
     r.image.dtype = "uint8"
@@ -47,11 +48,11 @@ def test_validation_messages():
     r = request()
     r.edge_detections.add(x2=1, y2=1)
     r.edge_detections.add(x2=1, y2=1)
-    assert validate_request(r, lim) is None
+    assert isinstance(validate_request(r, lim), ImageHeader)
     r.edge_detections.add(x2=1, y2=1)
     assert validate_request(r, lim).message == "3 edge_detections; the limit is 2"
     r = request(data=jpeg_bytes() + b"\x00" * 100)  # zero padding after the end-of-image marker
-    assert validate_request(r, lim) is None
+    assert isinstance(validate_request(r, lim), ImageHeader)
     r = request(data=jpeg_bytes()[:-1] + b"\x00" * 100)
     assert "truncated JPEG" in validate_request(r, lim).message
 

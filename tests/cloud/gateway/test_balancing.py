@@ -516,3 +516,96 @@ def test_active_key_gives_a_slow_starting_endpoint_one_at_a_time():
     b.set_endpoints([("old", 1.0, "old", False), ("new", 1.0, "new", False)])
     picks = Counter(must(b.pick()).address for _ in range(10))
     assert picks["new"] == 1 and picks["old"] == 9
+
+
+# ---- work, not requests (docs/design/balancing.md#work-not-requests) ------------------------------
+def _pixel_pool(**kw) -> tuple[Balancer, FakeClock]:
+    b, clock = make([1, 1], idle_first=False, **kw)
+    for a in ("w0", "w1"):
+        b.report_load(a, 10.0, pixel_rate=1e6)
+    return b, clock
+
+
+def test_a_whole_frame_counts_as_the_small_payloads_it_costs():
+    b, _ = _pixel_pool()
+    small, big = 100_000, 900_000
+    for _ in range(50):  # the recent mean: settles near 100k
+        b.pick(pixels=small).release(Outcome.OK)
+    frame = b.pick(pixels=big)
+    assert isinstance(frame, Ticket) and frame.cost > 4  # ~ 9 small payloads' worth, not 1 request
+    others = [b.pick(pixels=small) for _ in range(6)]
+    # by request counts the pool is 1 vs 6 after the frame; by work the frame's endpoint is still busier
+    assert all(t.address != frame.address for t in others)
+    assert b.endpoints[frame.address].in_flight == 1
+    assert b.endpoints[frame.address].work == pytest.approx(frame.cost)
+    frame.release(Outcome.OK)
+    assert b.endpoints[frame.address].work == 0.0
+    for t in others:
+        t.release(Outcome.OK)
+    assert all(ep.work == 0.0 and ep.in_flight == 0 for ep in b.endpoints.values())
+
+
+def test_requests_cost_one_where_time_does_not_grow_with_pixels():
+    b, _ = make([1, 1], idle_first=False)
+    b.report_load("w0", 10.0)  # a letterboxing worker: every image costs one model run
+    b.report_load("w1", 10.0, pixel_rate=1e6)
+    b.pick(pixels=100)
+    t = b.pick(pixels=10_000)
+    costs = {a: b.cost(ep, 10_000) for a, ep in b.endpoints.items()}
+    assert costs["w0"] == 1.0 and costs["w1"] > 1.0 and isinstance(t, Ticket)
+    rb, _ = _pixel_pool(cost="requests")  # the operator's switch: nginx's unit costs everywhere
+    rb.pick(pixels=100)
+    assert all(rb.cost(ep, 10_000) == 1.0 for ep in rb.endpoints.values())
+    assert b.cost(b.endpoints["w1"], 0) == 1.0  # no pixel count known: one request
+
+
+def test_cost_is_clamped_and_the_mean_follows_the_traffic():
+    b, _ = _pixel_pool(cost_window=10)
+    b.pick(pixels=1000).release(Outcome.OK)
+    assert b.cost(b.endpoints["w0"], 10**9) == 16.0 and b.cost(b.endpoints["w0"], 1) == 1 / 16
+    for _ in range(100):
+        b.pick(pixels=4000).release(Outcome.OK)
+    assert b.cost(b.endpoints["w0"], 4000) == pytest.approx(1.0, rel=0.01)
+
+
+def test_admission_predicts_the_wait_from_work():
+    b, _ = _pixel_pool()
+    for _ in range(20):
+        b.pick(pixels=100_000).release(Outcome.OK)
+    b.pick(pixels=1_600_000)  # 16 payloads' worth on one endpoint, 10 images/s: 1.6 s of work
+    b.pick(pixels=1_600_000)
+    assert b.pick(pixels=100_000, deadline_s=1.0) is NoPick.SATURATED
+    assert isinstance(b.pick(pixels=100_000, deadline_s=2.0), Ticket)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3_000_000), st.booleans()), min_size=1, max_size=60))
+def test_work_returns_to_zero_whatever_the_order(seq):
+    b, _ = _pixel_pool()
+    held = []
+    for px, release_now in seq:
+        t = b.pick(pixels=px)
+        assert isinstance(t, Ticket)
+        held.append(t)
+        if release_now:
+            held.pop(0).release(Outcome.OK)
+        assert all(ep.work >= 0.0 for ep in b.endpoints.values())
+    for t in held:
+        t.release(Outcome.FAILURE)
+    assert all(ep.work == 0.0 and ep.in_flight == 0 for ep in b.endpoints.values())
+
+
+def test_idle_first_is_for_requests_of_one_cost():
+    """An idle slow worker is no place for a whole frame when a fast one finishes it sooner."""
+    b, _ = make([4, 1])  # idle_first on (the default)
+    b.report_load("w0", 40.0, pixel_rate=4e6)
+    b.report_load("w1", 10.0, pixel_rate=1e6)
+    for _ in range(10):
+        b.pick(pixels=100_000).release(Outcome.OK)
+    first = b.pick(pixels=100_000)
+    assert isinstance(first, Ticket) and first.address == "w0"
+    # w1 is idle, but the frame would take it 0.9 s; w0 finishes both in 0.25 s
+    frame = b.pick(pixels=900_000)
+    assert isinstance(frame, Ticket) and frame.address == "w0"
+    u, _ = make([4, 1])  # unit costs: the idle worker keys 0 and takes the second request
+    assert [t.address for t in (u.pick(), u.pick())] == ["w0", "w1"]

@@ -433,6 +433,40 @@ def test_pool_document_and_reported_capacity():
     run(main())
 
 
+@pytest.mark.parametrize("cost", ["auto", "requests"])
+def test_a_whole_frame_weighs_its_pixels_on_native_workers(cost):
+    """docs/design/balancing.md#work-not-requests through the real gateway: the pixels come
+    from the JPEG header the gateway reads, the workers say their time grows with them."""
+    from tests.cloud.gateway.workers import jpeg_bytes
+
+    async def main():
+        ws = [(TestWorker(n, 0.4, concurrency=16, capacity=10.0, pixel_rate=1e5), 1) for n in ("a", "b")]
+        gw = await started(ws, **{"balancer.cost": cost})
+        try:
+            await async_wait_until(lambda: all(ep.pixel_rate and ep.capacity for ep in
+                                               gw.pool.balancer.endpoints.values()), 10, "the Load polls")
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                small = jpeg_bytes(64, 48)
+                assert all(r[0] == "OK" for r in await asyncio.gather(
+                    *(_detect(stub, request(seq=i, data=small)) for i in range(4))))
+                assert gw.pool.balancer._mean_pixels == pytest.approx(64 * 48)
+                frame = asyncio.ensure_future(_detect(stub, request(seq=10, data=jpeg_bytes(640, 480))))
+                await async_wait_until(lambda: gw.pool.balancer.total_in_flight() == 1, 5, "the frame in flight")
+                smalls = await asyncio.gather(*(_detect(stub, request(seq=20 + i, data=small)) for i in range(6)))
+                code, big = await frame
+            assert code == "OK" and all(r[0] == "OK" for r in smalls)
+            beside = Counter(r[1].worker_id for r in smalls)[big.worker_id]
+            # by work the frame (100 small images' pixels, counted as 16) outweighs all six;
+            # by requests the seven share the pool (3-4 each)
+            assert (beside == 0) if cost == "auto" else (beside >= 2), beside
+        finally:
+            await gw.stop(0)
+            for w, _ in ws:
+                await w.stop()
+    run(main())
+
+
 def test_not_serving_worker_gets_no_traffic():
     async def main():
         a, b = TestWorker("a", serving=False), TestWorker("b")

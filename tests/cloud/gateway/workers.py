@@ -22,8 +22,9 @@ class TestWorker(service_pb2_grpc.WorkerServicer):
 
     def __init__(self, name: str, service_s: float = 0.005, concurrency: int = 1,
                  capacity: float = 0.0, max_queue: int = 0, fail: grpc.StatusCode | None = None,
-                 serving: bool = True) -> None:
+                 serving: bool = True, pixel_rate: float = 0.0) -> None:
         self.name = name
+        self.pixel_rate = pixel_rate
         self.service_s = service_s
         self.concurrency = concurrency
         self.capacity = capacity
@@ -94,7 +95,8 @@ class TestWorker(service_pb2_grpc.WorkerServicer):
     async def Load(self, request, context):
         return detect_pb2.WorkerLoad(worker_id=self.name, in_flight=self.in_flight, capacity=self.capacity,
                                      queue_depth=max(0, self.in_flight - self.concurrency),
-                                     max_batch_size=1, max_queue_size=self.max_queue, serving=self.serving)
+                                     max_batch_size=1, max_queue_size=self.max_queue, serving=self.serving,
+                                     pixel_rate=self.pixel_rate)
 
 
 def jpeg_bytes(w: int = 64, h: int = 48) -> bytes:

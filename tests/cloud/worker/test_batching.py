@@ -7,6 +7,7 @@ request must end up exactly once either in a batch or in ``expired``.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -286,6 +287,26 @@ def test_capacity_is_ewma_of_measured_images_per_second():
     assert b.capacity == pytest.approx(1 / 0.015)
     with pytest.raises(ValueError):
         b.observe(0, 0.1)
+
+
+def test_pixel_rate_holds_still_under_a_mix_where_images_per_second_swings():
+    """A native-input worker's time grows with each image's pixels: its images/s follows the
+    last few images' sizes, its pixels/s does not (docs/design/balancing.md#work-not-requests)."""
+    b: Batcher[int] = Batcher(BatchPolicy(ewma_alpha=0.2))
+    assert b.pixel_rate == 0.0
+    rng = random.Random(3)
+    caps, rates = [], []
+    for _ in range(400):
+        px = rng.choice([20_000, 300_000, 921_600])
+        b.observe(1, px / 5e6, px)  # 5 Mpx/s, whatever the image
+        caps.append(b.capacity)
+        rates.append(b.pixel_rate)
+    assert max(caps[50:]) / min(caps[50:]) > 3  # images/s: swings with the mix
+    assert all(r == pytest.approx(5e6) for r in rates)
+    b.observe(1, 0.1)  # a batch without a pixel count leaves the pixel rate alone
+    assert b.pixel_rate == pytest.approx(5e6)
+    with pytest.raises(ValueError):
+        b.observe(1, 0.1, -1)
 
 
 def test_peak_capacity_is_the_best_batch_size_the_policy_allows():

@@ -36,7 +36,12 @@ def test_native_worker_maps_packed_regions_back_into_the_frame(native_model) -> 
         async with running(settings) as (server, stub, _ch):
             assert server.service.runner.detector.input_size == "native"
             req = detect_pb2.DetectRequest(device_id="cam", stream_id="s", frame_seq=3, image=img)
-            return await call(stub, req)
+            out = await call(stub, req)
+            # its time grows with the image: it reports its pixels/s, and the gateway weighs
+            # requests by their pixels (docs/design/balancing.md#work-not-requests)
+            load = await stub.Load(detect_pb2.LoadRequest(), timeout=5)
+            assert load.pixel_rate > 0 and load.capacity > 0
+            return out
 
     code, r = asyncio.run(main())
     assert code.name == "OK", r

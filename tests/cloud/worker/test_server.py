@@ -286,6 +286,7 @@ def test_auto_batching_serves_batch_1_without_queue_delay_on_cpu(tiny_model, cap
     assert lone.timing.queue_ms < 100 and lone.timing.batch_size == 1  # batching would hold it 300 ms
     assert [r.timing.batch_size for r in together] == [1, 1, 1, 1]
     assert load.max_batch_size == 1  # the gateway sees the batch it will get
+    assert load.pixel_rate == 0.0  # letterboxed to the model's size: every image costs one run
     assert "edgewise_worker_batching 0.0" in text
     assert f"edgewise_worker_batching_gain {decision.gain}" in text
     assert any("batch 1, no queue delay: at best batch 8 serves" in r.getMessage() for r in caplog.records)
