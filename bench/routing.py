@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +73,7 @@ MODES = [("rr", "round robin"), ("random", "random"), ("wrr", "weighted RR"), ("
          ("wlc", "weighted least-conn, configured weights 4:2:1 only"),
          ("wlc-noidle", "weighted least-conn without idle-first, 4:2:1"),
          ("wlc-active", "weighted least-conn, key active/weight (nginx's), ties to the fastest"),
+         ("wlc-requests", "weighted least-conn, every request counts 1 (cost: requests)"),
          ("nginx", "nginx least_conn 4:2:1")]
 #: each row's departures from the shipped defaults (BalancerConfig()); "default" has none
 MODE_SETTINGS: dict[str, list[str]] = {
@@ -81,11 +82,12 @@ MODE_SETTINGS: dict[str, list[str]] = {
     "wlc": ["balancer.use_reported_capacity=false"],
     "wlc-noidle": ["balancer.idle_first=false"],
     "wlc-active": ["balancer.key=active"],
+    "wlc-requests": ["balancer.cost=requests"],
 }
 
 
 def versus(addrs: list[str], weights: list[float], capacity: float, loads: list[float], rounds: int,
-           duration: float, d: Path, contenders: list[str]) -> None:
+           duration: float, d: Path, contenders: list[str], mix: list[bytes] | None = None) -> None:
     """Gateway configurations (``contenders``, MODES names) against nginx ``least_conn``,
     paired so machine noise cancels.
 
@@ -113,7 +115,8 @@ def versus(addrs: list[str], weights: list[float], capacity: float, loads: list[
                 p99: dict[str, float] = {}
                 for mode in order:
                     st = asyncio.run(open_loop(f"127.0.0.1:{ports[mode]}", ld * capacity, duration, 30.0,
-                                               seed=1000 + 17 * r + int(100 * ld), worker_api=mode == "nginx"))
+                                               seed=1000 + 17 * r + int(100 * ld), worker_api=mode == "nginx",
+                                               mix=mix))
                     agg = pooled[ld][mode]
                     agg.ok_lat += st.ok_lat
                     for k, v in st.errors.items():
@@ -189,12 +192,16 @@ def worker_main(args: argparse.Namespace) -> int:
         def run(self, items):  # type: ignore[no-untyped-def]
             out, secs = super().run(items)
             mult = args.slow_factor if slow["on"] else 1.0
-            target = args.service_ms / 1000.0 * mult * len(items)
+            # --pixel-unit: a native-input worker, whose time grows with each image's pixels
+            units = (sum(it.meta.src_shape[0] * it.meta.src_shape[1] for it in items) / args.pixel_unit
+                     if args.pixel_unit > 0 else len(items))
+            target = args.service_ms / 1000.0 * mult * units
             if secs < target:
                 time.sleep(target - secs)
             return out, max(secs, target)
 
     runner = PaddedRunner.from_settings(settings)
+    runner.pixel_cost = args.pixel_unit > 0  # reported in Load, as a native-input worker reports it
 
     async def main() -> int:
         server, port = create_server(settings, runner)
@@ -299,12 +306,14 @@ class Proc:
         self.f.close()
 
 
-def start_workers(model: str, service_ms: list[float], slow_factor: float, d: Path) -> list[tuple[Proc, int]]:
+def start_workers(model: str, service_ms: list[float], slow_factor: float, d: Path,
+                  pixel_unit: float = 0.0) -> list[tuple[Proc, int]]:
     out = []
     for i, ms in enumerate(service_ms):
         port = free_port()
         argv = [sys.executable, str(Path(__file__).resolve()), "--_worker", "--model", model, "--port", str(port),
-                "--name", f"w{i}", "--service-ms", str(ms), "--slow-factor", str(slow_factor)]
+                "--name", f"w{i}", "--service-ms", str(ms), "--slow-factor", str(slow_factor),
+                "--pixel-unit", str(pixel_unit)]
         out.append((Proc(argv, d / f"worker{i}.log", r"EDGEWISE_WORKER_SERVING port=(\d+)"), port))
     return out
 
@@ -421,13 +430,16 @@ def jpeg_payload() -> bytes:
 
 
 async def open_loop(target: str, rate: float, duration: float, deadline_s: float, seed: int,
-                    on_tick=None, worker_api: bool = False) -> RunStats:  # type: ignore[no-untyped-def]
-    """Poisson arrivals at ``rate``/s for ``duration`` s; each call has ``deadline_s``."""
+                    on_tick: Callable[[float], None] | None = None, worker_api: bool = False,
+                    mix: list[bytes] | None = None) -> RunStats:
+    """Poisson arrivals at ``rate``/s for ``duration`` s; each call has ``deadline_s`` and sends
+    one image of ``mix`` drawn at random (the same sequence for the same seed), else one small JPEG."""
     import grpc
 
     from edgewise.v1 import service_pb2_grpc
 
     rng = random.Random(seed)
+    pick = random.Random(seed + 1)
     payload = jpeg_payload()
     stats = RunStats()
     async with grpc.aio.insecure_channel(target) as ch:
@@ -435,10 +447,10 @@ async def open_loop(target: str, rate: float, duration: float, deadline_s: float
         call = service_pb2_grpc.WorkerStub(ch).Infer if worker_api else service_pb2_grpc.EscalationStub(ch).Detect
         await call(make_request(0, payload), timeout=10)  # connect + warm
 
-        async def one(seq: int) -> None:
+        async def one(seq: int, image: bytes) -> None:
             t0 = time.perf_counter()
             try:
-                resp = await call(make_request(seq, payload), timeout=deadline_s)
+                resp = await call(make_request(seq, image), timeout=deadline_s)
                 el = time.perf_counter() - t0
                 stats.ok_lat.append(el)
                 stats.per_worker[resp.worker_id] = stats.per_worker.get(resp.worker_id, 0) + 1
@@ -460,25 +472,28 @@ async def open_loop(target: str, rate: float, duration: float, deadline_s: float
             if on_tick is not None:
                 on_tick(time.perf_counter() - start)
             seq += 1
-            tasks.append(asyncio.ensure_future(one(seq)))
+            tasks.append(asyncio.ensure_future(one(seq, pick.choice(mix) if mix else payload)))
         await asyncio.gather(*tasks)
         stats.sent = seq
         stats.duration = duration
     return stats
 
 
-async def direct_sequential(address: str, n: int, compute: list[float] | None = None) -> list[float]:
+async def direct_sequential(address: str, n: int, compute: list[float] | None = None,
+                            mix: list[bytes] | None = None) -> list[float]:
+    """``n`` sequential calls (after 5 warm-up ones), each with the next image of ``mix``
+    (cycling) or the one small JPEG; per-call latency, and the worker's compute time into ``compute``."""
     import grpc
 
     from edgewise.v1 import service_pb2_grpc
 
-    payload = jpeg_payload()
+    images = mix or [jpeg_payload()]
     out = []
     async with grpc.aio.insecure_channel(address) as ch:
         stub = service_pb2_grpc.WorkerStub(ch)
         for i in range(n + 5):
             t0 = time.perf_counter()
-            resp = await stub.Infer(make_request(i, payload), timeout=10)
+            resp = await stub.Infer(make_request(i, images[i % len(images)]), timeout=10)
             if i >= 5:
                 out.append(time.perf_counter() - t0)
                 if compute is not None:
@@ -824,6 +839,11 @@ def main() -> int:
     ap.add_argument("--service-ms", type=float, default=40.0,
                     help="fastest worker's service time; others are 2x and 4x (default 40)")
     ap.add_argument("--slow-factor", type=float, default=25.0, help="transient-slow-worker slowdown factor (default 25)")
+    ap.add_argument("--mix", choices=("one", "regions"), default="one",
+                    help="requests: one small JPEG over and over (every request costs the same), or regions: "
+                         "the region payloads a camera fleet escalates (bench/payload_mix.py), each worker's "
+                         "time in proportion to the image's pixels as on a native-input worker")
+    ap.add_argument("--pixel-unit", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="short runs, 80%% load only")
     ap.add_argument("--duration", type=float, default=None, help="seconds per (algorithm, load) run")
     ap.add_argument("--loads", default=None, help="comma-separated fractions of capacity (default .5,.8,.95)")
@@ -868,15 +888,25 @@ def main() -> int:
     weights = [4.0, 2.0, 1.0]
     results: dict[str, dict[str, RunStats]] = {}
     extra: dict[str, float] = {}
-    workers = start_workers(args.model, service, args.slow_factor, d)
+    mix: list[bytes] | None = None
+    pixel_unit = 0.0
+    if args.mix == "regions":
+        from payload_mix import describe, region_payloads
+
+        payloads = region_payloads()
+        mix = [p.jpeg for p in payloads]
+        pixel_unit = sum(p.pixels for p in payloads) / len(payloads)
+        print(f"# requests: {describe(payloads)}", flush=True)
+    workers = start_workers(args.model, service, args.slow_factor, d, pixel_unit)
     addrs = [f"127.0.0.1:{port}" for _, port in workers]
     try:
         # capacity: each worker's measured compute (service) time per image, called directly
+        # (with the mix: its mean over one pass through the mix)
         rates = []
         for a in addrs:
             comp: list[float] = []
-            asyncio.run(direct_sequential(a, 30, comp))
-            rates.append(1.0 / (sorted(comp)[len(comp) // 2]))
+            asyncio.run(direct_sequential(a, len(mix) if mix else 30, comp, mix))
+            rates.append(1.0 / (sum(comp) / len(comp) if mix else sorted(comp)[len(comp) // 2]))
         capacity = sum(rates)
         print(f"# pool: service {service} ms -> measured rates {[round(r, 1) for r in rates]} req/s, "
               f"capacity {capacity:.1f} req/s; {duration:.0f} s per run", flush=True)
@@ -884,7 +914,8 @@ def main() -> int:
             if not have_nginx:
                 raise SystemExit(f"--versus needs nginx at {NGINX} (apt-get install nginx)")
             versus(addrs, weights, capacity, [ld for ld in loads if ld > 0.5] or loads, args.versus,
-                   args.duration or 10.0, d, [m for m, _ in modes if m != "nginx"] if args.modes else ["default"])
+                   args.duration or 10.0, d, [m for m, _ in modes if m != "nginx"] if args.modes else ["default"],
+                   mix)
             return 0
         for mode, label in modes:
             if mode == "nginx" and not have_nginx:
@@ -898,7 +929,7 @@ def main() -> int:
                 results[mode] = {}
                 for i, ld in enumerate(loads):
                     st = asyncio.run(open_loop(f"127.0.0.1:{port}", ld * capacity, duration, 30.0, seed=100 + i,
-                                               worker_api=mode == "nginx"))
+                                               worker_api=mode == "nginx", mix=mix))
                     results[mode][f"{ld:.2f}"] = st
                     print(f"  {label:34s} load {ld:.0%}: {st.throughput:6.1f}/s p50 {st.pct(.5):7.1f} "
                           f"p95 {st.pct(.95):7.1f} p99 {st.pct(.99):7.1f} ms err {st.errors} "
@@ -928,7 +959,7 @@ def main() -> int:
 
             try:
                 st = asyncio.run(open_loop(f"127.0.0.1:{port}", 0.5 * capacity, bdur, 1.0, seed=7, on_tick=tick,
-                                           worker_api=mode == "nginx"))
+                                           worker_api=mode == "nginx", mix=mix))
                 slow_results[mode] = st
                 print(f"  (b) {label:30s} success {len(st.ok_lat) / max(1, st.sent):.2%} p99 {st.pct(.99):.0f} ms "
                       f"errors {st.errors}", flush=True)

@@ -18,7 +18,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -28,6 +28,7 @@ from edgewise.errors import InvalidInputError
 from edgewise.hardness import (
     MOTION_SIGNALS,
     MotionDetector,
+    MotionResult,
     SignalConfig,
     TrackerState,
     compute_signals,
@@ -148,6 +149,36 @@ def _roundtrip(img: np.ndarray, quality: int) -> Tuple[np.ndarray, int]:
     return out, len(buf)
 
 
+@dataclass
+class EdgeView:
+    """What the edge has of one frame: its pixels, its detections and its motion evidence."""
+
+    stream: int
+    frame: int
+    image: np.ndarray
+    label_path: Path
+    edge: Detections      # operating threshold
+    edge_all: Detections  # low threshold, for mAP
+    motion: MotionResult  # its signals and the blobs no detection explains
+    config: SignalConfig  # the policy's signal settings for this stream and frame size
+
+
+def edge_pass(data: Path, edge: Detector, policy: Policy, limit: Optional[int] = None) -> Iterator[EdgeView]:
+    """The edge model and motion detector over ``data``, frame by frame in stream order, as the
+    daemon runs them (one motion detector per stream)."""
+    low = DecodeParams(conf_thres=MAP_CONF, iou_thres=edge.params.iou_thres, max_det=edge.params.max_det)
+    motion_cfg = policy.spec.signals.motion.config()
+    motion: Dict[int, MotionDetector] = {}
+    for stream, fno, img_path, label_path in list_frames(Path(data))[:limit]:
+        img = cv2.imread(str(img_path), cv2.IMREAD_COLOR)
+        if img is None:
+            raise InvalidInputError(f"{img_path}: not a readable image")
+        h, w = img.shape[:2]
+        e_op, e_all, _ = _run(edge, img, low)
+        mot = motion.setdefault(stream, MotionDetector(motion_cfg)).update(img, e_op)
+        yield EdgeView(stream, fno, img, label_path, e_op, e_all, mot, policy.signal_config(f"s{stream}", (w, h)))
+
+
 def collect(
     data: Path,
     edge: Detector,
@@ -164,23 +195,15 @@ def collect(
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise InvalidInputError(f"payload modes {bad}: use {', '.join(MODES)}")
-    frames = list_frames(Path(data))[:limit]
-    low = DecodeParams(conf_thres=MAP_CONF, iou_thres=edge.params.iou_thres, max_det=edge.params.max_det)
+    total = len(list_frames(Path(data))[:limit])
     low_c = DecodeParams(conf_thres=MAP_CONF, iou_thres=cloud.params.iou_thres, max_det=cloud.params.max_det)
     pl = policy.spec.payload
-    motion_cfg = policy.spec.signals.motion.config()
     records: List[FrameRecord] = []
     trackers: Dict[int, Optional[TrackerState]] = {}
-    motion: Dict[int, MotionDetector] = {}
-    for i, (stream, fno, img_path, label_path) in enumerate(frames):
-        img = cv2.imread(str(img_path), cv2.IMREAD_COLOR)
-        if img is None:
-            raise InvalidInputError(f"{img_path}: not a readable image")
+    for i, v in enumerate(edge_pass(data, edge, policy, limit)):
+        stream, fno, img, e_op, e_all, mot, cfg = v.stream, v.frame, v.image, v.edge, v.edge_all, v.motion, v.config
         h, w = img.shape[:2]
-        gt_boxes, gt_cls = read_labels(label_path, w, h)
-        e_op, e_all, _ = _run(edge, img, low)
-        mot = motion.setdefault(stream, MotionDetector(motion_cfg)).update(img, e_op)
-        cfg = policy.signal_config(f"s{stream}", (w, h))
+        gt_boxes, gt_cls = read_labels(v.label_path, w, h)
         signals, trackers[stream] = compute_signals(e_op, trackers.get(stream), cfg, (w, h), mot.signals)
         full, full_bytes = _roundtrip(img, pl.jpeg_quality)
         if "full" in modes:
@@ -213,7 +236,7 @@ def collect(
             rec.modes[mode] = ModeResult(m_op, m_all, nbytes, plan.regions, m_ms)
         records.append(rec)
         if progress is not None:
-            progress(i + 1, len(frames))
+            progress(i + 1, total)
     return records
 
 
