@@ -32,6 +32,13 @@ p50 of sequential calls, whose difference to direct calls is the hop's latency.
     .venv/bin/python bench/routing.py --quick    # smoke run (about 2 minutes)
     .venv/bin/python bench/routing.py --capacity # the hop's CPU per request (about 2 minutes)
     .venv/bin/python bench/routing.py --versus 8 # shipped defaults vs nginx, paired rounds (about 9 minutes)
+    .venv/bin/python bench/routing.py --versus 6 --duration 15 --mix regions  # the same, on region payloads
+
+Requests (``--mix``): by default one small JPEG over and over, so every request costs the same;
+``--mix regions`` sends the region payloads a camera fleet escalates (``bench/payload_mix.py``),
+and each worker's pad grows with the image's pixels (mean 1x/2x/4x the base) and the worker
+reports its pixels/s, as a worker with a native-input model does
+(docs/design/balancing.md#work-not-requests).
 
 Paired (``--versus``): p99 differences between routers of a few percent are smaller than
 what a shared machine's drifting load does to one 20 s run, so this mode serves the same

@@ -147,8 +147,8 @@ class BalancerConfig:
                                      "this many seconds.", 1.0, lo=0)
     max_in_flight: int = setting("Hard per-endpoint cap on requests in flight (nginx max_conns / HAProxy "
                                  "maxconn); 0 = none.", 0, lo=0)
-    #: docs/design/balancing.md#work-not-requests: measured by bench/routing_sim.py --costs and
-    #: bench/routing.py --mix regions against nginx, which sees only connections.
+    #: docs/design/balancing.md#work-not-requests: measured by bench/routing_sim.py (its region-mix
+    #: rows) and bench/routing.py --mix regions against nginx, which sees only connections.
     cost: str = setting("What one request in flight counts as in the wlc key and the admission check: auto = its "
                         "image's pixels over the mean of recent requests on workers whose time grows with the "
                         "image (they report pixel_rate: native input size; their weight is then that pixels/s "
@@ -368,8 +368,9 @@ class Balancer:
         """What a request of ``pixels`` counts as on ``ep`` (docs/design/balancing.md#work-not-requests):
         its pixels over the recent mean (clamped to [1/16, 16]) where the endpoint's time grows
         with the image (it reports ``pixel_rate``) and ``cost: auto``, else 1."""
-        if self.config.cost != "auto" or ep.pixel_rate is None or pixels <= 0 or not self._mean_pixels:
+        if pixels <= 0 or self._pixel_weight(ep) is None:
             return 1.0
+        assert self._mean_pixels
         return min(16.0, max(1.0 / 16.0, pixels / self._mean_pixels))
 
     # ---- health bookkeeping ----------------------------------------------------------------

@@ -251,7 +251,8 @@ class WorkerPool:
             workers.append({
                 "name": ep.name, "address": ep.address, "state": state, "in_flight": ep.in_flight,
                 "queue_depth": ep.queue_depth, "capacity": ep.capacity or 0.0,
-                "peak_capacity": ep.peak_capacity or 0.0,
+                "peak_capacity": ep.peak_capacity or 0.0, "pixel_rate": ep.pixel_rate or 0.0,
+                "work": round(ep.work, 6),
                 "weight": round(b.effective_weight(ep, now), 6), "ejected": ep.ejected(now),
             })
             if state == "ready":

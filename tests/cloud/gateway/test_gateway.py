@@ -412,7 +412,8 @@ def test_pool_document_and_reported_capacity():
             by = {w["address"]: w for w in doc["workers"]}
             a = by[ws[0][0].address]
             assert set(a) == {"name", "address", "state", "in_flight", "queue_depth", "capacity", "peak_capacity",
-                              "weight", "ejected"}
+                              "pixel_rate", "work", "weight", "ejected"}
+            assert a["pixel_rate"] == 0.0 and a["work"] == 0.0  # a letterboxing worker, nothing in flight
             # the measured images/s replace the configured weights (1 and 1)
             assert a["state"] == "ready" and a["weight"] == pytest.approx(30.0)
             assert by[ws[1][0].address]["weight"] == pytest.approx(10.0)
