@@ -10,8 +10,8 @@ from scratch, nothing downloaded: ``edgewise synth --difficulty camera`` frames 
 sprites and backgrounds), the camera pair's INT8 edge model with the motion detector over each
 stream in frame order (``edgewise_tools.evaluation.frames.edge_pass``, as the eval runs it), and
 the payload that ``examples/policies/camera.yaml`` plans for each frame, JPEG-encoded at its
-quality. Every frame's payload is kept, not only those the policy would escalate (harder frames
-carry more regions, so this mix is, if anything, lighter than the escalated one).
+quality. Every frame's payload is kept, not only those the policy would escalate; how the
+escalated frames' mix differs was not measured (hard frames plausibly carry more regions).
 
     .venv/bin/python bench/payload_mix.py     # prints the mix's pixel and byte distribution
 """

@@ -62,7 +62,7 @@ def simulate(router: str, config: Optional[BalancerConfig], load: float, n: int,
     """(p50, p99) in ms of ``n`` Poisson arrivals at ``load`` x the pool's capacity; with
     ``pixels``, each request's service time is its worker's mean times its pixels over their mean."""
     arrivals, service = random.Random(seed), random.Random(seed + 7919)
-    sizes = [pixels[i % len(pixels)] for i in random.Random(seed + 31).choices(range(len(pixels)), k=n)] if pixels else []
+    sizes = random.Random(seed + 31).choices(pixels, k=n) if pixels else []
     mean_px = sum(sizes) / len(sizes) if sizes else 1.0
     now = [0.0]
     balancer: Optional[Balancer] = None

@@ -451,7 +451,7 @@ class Balancer:
         chosen.in_flight += 1
         chosen.work += cost
         chosen.picks += 1
-        if pixels > 0:
+        if pixels > 0 and not exclude:  # once per request, not again for its retry
             alpha = 1.0 / self.config.cost_window
             self._mean_pixels = (float(pixels) if self._mean_pixels is None
                                  else self._mean_pixels + alpha * (pixels - self._mean_pixels))

@@ -141,8 +141,9 @@ def _match(dets: List[np.ndarray], labels: List[np.ndarray],
 
 def pr_at(kept: List[np.ndarray], ok: List[np.ndarray], n_gt: int, conf: float) -> Dict[str, float]:
     """Precision, recall and F1 of the matched detections (:func:`_match`) scoring >= ``conf``."""
-    tp = sum(int(c[d[:, 4] >= conf].sum()) for d, c in zip(kept, ok))
-    fp = sum(int((~c[d[:, 4] >= conf]).sum()) for d, c in zip(kept, ok))
+    hits = [c[d[:, 4] >= conf] for d, c in zip(kept, ok)]
+    tp = sum(int(h.sum()) for h in hits)
+    fp = sum(len(h) for h in hits) - tp
     p, r = tp / max(tp + fp, 1), tp / max(n_gt, 1)
     return {"precision": round(p, 4), "recall": round(r, 4), "f1": round(2 * p * r / max(p + r, 1e-9), 4)}
 

@@ -609,3 +609,15 @@ def test_idle_first_is_for_requests_of_one_cost():
     assert isinstance(frame, Ticket) and frame.address == "w0"
     u, _ = make([4, 1])  # unit costs: the idle worker keys 0 and takes the second request
     assert [t.address for t in (u.pick(), u.pick())] == ["w0", "w1"]
+
+
+def test_a_retry_does_not_count_its_pixels_in_the_mean_again():
+    b, _ = _pixel_pool()
+    b.pick(pixels=1000).release(Outcome.OK)
+    first = b.pick(pixels=5000)
+    assert isinstance(first, Ticket)
+    mean = b._mean_pixels
+    first.release(Outcome.FAILURE)
+    retry = b.pick(pixels=5000, exclude=[first.address])  # the same request on another worker
+    assert isinstance(retry, Ticket) and retry.address != first.address
+    assert b._mean_pixels == mean and retry.cost == pytest.approx(5000 / mean)
