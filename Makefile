@@ -25,13 +25,13 @@ PYTEST_ARGS ?=
 
 .PHONY: test demo venv system-deps podman images helm proto proto-check lint typecheck pytest test-faults bench clean jetson-lane
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned to the build that lies on this machine's disk (CPU);
 	# an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[edge,cloud,train,dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[edge,cloud,train,dev]'
 	touch $@
 
 venv: $(BIN)/.installed

@@ -15,8 +15,8 @@ from edgewise.errors import ConfigError
 from edgewise.synth import PRESETS, StreamGenerator, default_size, load_difficulty
 
 #: sha256 (first 16 hex digits) of 2 streams x 12 frames of each older preset, pixels and
-#: labels, computed on main before the camera preset existed (numpy and OpenCV as pinned by
-#: the project's environment)
+#: labels, computed on main before the camera preset existed (OpenCV as pinned by the venv's
+#: constraints.txt: the drawing and resampling decide the bytes; 5.1.0 renders others)
 GOLDEN = {
     "easy": "43748fc23ed77743",
     "medium": "960877c7e70c73c3",
