@@ -4,7 +4,8 @@
 (``edge.payloads.build_request``) in a worker thread (the JPEG encode
 stays off the event loop), sends it over the policy's transport with the
 policy deadline, merges the answer with the edge boxes and writes the frame
-record. When the cloud is unreachable, overloaded or too slow
+record; the answer's boxes are then carried on the stream's next frames
+(``edge.carrying``). When the cloud is unreachable, overloaded or too slow
 (UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED) the policy's
 ``onCloudUnavailable`` decides: ``spool`` (durable queue, replayed in order
 later, at-least-once by the idempotency key device/stream/frame_seq, the late
@@ -33,6 +34,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple, T
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from edge.carrying import Carrier
 from edge.metrics import EdgeMetrics
 from edge.payloads import Spooled, build_request, detections_json, note_payload, seen_regions
 from edge.records import FrameRecord
@@ -75,6 +77,7 @@ class Escalating:
         self.replay_interval_s = replay_interval_s
         self.replay_batch = replay_batch
         self.names = names
+        self.carrier = Carrier()  # the answers the pipeline keeps publishing between escalations
         self.tasks: Set[asyncio.Task[None]] = set()  # escalations waiting for the cloud
         self.on_the_wire: Set[Optional[asyncio.Task[Any]]] = set()  # ... of them, still inside transport.detect
         self.settling: Set[asyncio.Task[None]] = set()  # refused at submit, being spooled/settled
@@ -234,6 +237,8 @@ class Escalating:
         record.late = late
         record.emit_unix_ns = time.time_ns()
         self.write(record)
+        if not late:
+            self.carrier.answered(record.stream, record.frame_seq, cloud, merge.carry())
 
     async def _fail(self, req: Any, policy: Policy, record: FrameRecord, exc: TransportError) -> None:
         spec = policy.spec

@@ -1,5 +1,7 @@
 """The edge pipeline: capture → preprocess → infer → postprocess → hardness →
 policy → sinks / escalation, as an asyncio shell around one inference thread.
+A frame that is not escalated is published with the boxes carried from its stream's
+latest cloud answer (``edge.carrying``).
 
 Frames wait in one bounded queue per stream (named drop policy, see
 ``edge.sources.capturing.FrameQueue``). The batcher takes the frames that are
@@ -185,6 +187,12 @@ class Pipeline:
         h, w = frame.image.shape[:2]
         verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h), frame=frame.image)
         d = verdict.decision
+        policy = self.decider.policy
+        published = dets
+        if self.escalating is not None and policy is not None and not d.escalate:
+            # The latest cloud answer's boxes, found again on this frame (edge.carrying).
+            published = self.escalating.carrier.apply(frame.stream_id, frame.seq, frame.image, dets,
+                                                      policy.spec.merge.carry())
         self.hardness_policy_ms.append(verdict.cost_ms)
         if len(self.hardness_policy_ms) > 100000:
             del self.hardness_policy_ms[:50000]
@@ -218,7 +226,7 @@ class Pipeline:
             emit_unix_ns=time.time_ns(),
             width=w,
             height=h,
-            detections=detections_json(dets),
+            detections=detections_json(published),
             escalated=d.escalate,
             reason=d.reason,
             hardness=round(d.hardness, 4),
@@ -237,9 +245,10 @@ class Pipeline:
             edge_max_score=round(verdict.facts.max_score, RECORD_DECIMALS),
             policy_digest=verdict.policy_digest,
         )
-        if d.escalate and self.escalating is not None and self.decider.policy is not None:
+        if d.escalate and self.escalating is not None and policy is not None:
             record.outcome = "pending"
-            self.escalating.submit(frame, dets, d, self.decider.policy, record, verdict.motion_blobs)
+            self.escalating.carrier.sent(frame.stream_id, frame.seq, frame.image)
+            self.escalating.submit(frame, dets, d, policy, record, verdict.motion_blobs)
         else:
             if d.escalate:
                 record.outcome = "edge_only"

@@ -34,7 +34,7 @@ from edgewise.hardness.tracking import greedy_match, iou_matrix
 STRATEGIES = ("replace", "fuse")
 
 
-def _unify_names(edge: Detections, cloud: Detections) -> Tuple[Tuple[str, ...], np.ndarray, np.ndarray]:
+def unify_names(edge: Detections, cloud: Detections) -> Tuple[Tuple[str, ...], np.ndarray, np.ndarray]:
     """(output names, edge class ids remapped, cloud class ids remapped)."""
     if not edge.names or not cloud.names:
         return cloud.names or edge.names, edge.class_ids.astype(np.int32), cloud.class_ids.astype(np.int32)
@@ -86,7 +86,7 @@ def merge(
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"merge strategy must be one of {STRATEGIES}, got {strategy!r}")
-    names, e_ids, c_ids = _unify_names(edge, cloud)
+    names, e_ids, c_ids = unify_names(edge, cloud)
     eb = edge.boxes.astype(np.float64).reshape(-1, 4)
     cb = cloud.boxes.astype(np.float64).reshape(-1, 4)
     es = edge.scores.astype(np.float64)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from edgewise.carrying import CarryConfig
 from edgewise.hardness.learned import GainModel
 from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
 from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
@@ -285,6 +286,20 @@ class Merge:
         "edgeFloor", "float", "Unmatched edge boxes are kept only with a score >= this.", 0.5,
         lo=0, hi=1,
     )
+    carry_frames: int = opt(
+        "carryFrames", "int",
+        "Frames after a cloud answer during which the edge tracks the cloud's boxes and keeps publishing "
+        "them (0: off; docs/design/escalation.md#carrying-the-clouds-answer).", 30, lo=0, hi=1000,
+    )
+    carry_match: float = opt(
+        "carryMatch", "float",
+        "Template match (normalised cross-correlation) below which a carried box is lost and dropped.", 0.5,
+        lo=0, hi=1, lo_open=True,
+    )
+
+    def carry(self) -> CarryConfig:
+        """The carrying these settings ask for (:mod:`edgewise.carrying`)."""
+        return CarryConfig(frames=self.carry_frames, min_match=self.carry_match)
 
 
 @dataclass(frozen=True)

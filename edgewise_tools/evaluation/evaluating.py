@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -53,6 +54,10 @@ class EvalConfig:
         threads: ONNX Runtime intra-op threads per model.
         model_out: where to write the learned policy's gain model (``signals.learnedModel``
             of a policy file); not written when None or without ``train_data``.
+        carry_lag: with the policy's ``merge.carryFrames`` > 0, an escalated frame's answer is
+            carried (:mod:`edgewise.carrying`) from this many frames after it: 1, it is back
+            before the next frame (at ``fps`` 10, within 100 ms); each more frame is one more
+            frame interval of cloud round trip. None: no answer is carried.
     """
 
     edge: Path
@@ -75,6 +80,7 @@ class EvalConfig:
     limit: Optional[int] = None
     threads: Optional[int] = None
     model_out: Optional[Path] = None
+    carry_lag: Optional[int] = 1
 
 
 def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, policy: Policy,
@@ -115,23 +121,33 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     else:
         learned["why"] = "no --train-data given"
     scores[scoring.ORACLE] = [scoring.f1_gain(records, strategy, iou, mode)]
+    carry = policy.spec.merge.carry()
+    lag = cfg.carry_lag if carry.enabled else None
+    # Our policies keep the policy file's cooldown (in frames at ``fps``); the baselines are
+    # what they are published as: a top fraction by their score.
+    gap = int(math.ceil(policy.spec.cooldown_seconds * cfg.fps - 1e-9))
+    gaps = {k: gap for k in OURS}
+    streams = [r.stream for r in records]
     index, n_streams = bootstrap.stream_ids([r.stream for r in records])
     w = bootstrap.weights(n_streams, cfg.samples)
     base: Dict[str, Dict[str, Any]] = {}
     for k, mask in (("edge_only", np.zeros(n, bool)), ("cloud_only", np.ones(n, bool))):
         base[k], per_frame = hybrid.evaluate_frames(records, mask, nc, strategy, iou)
         base[k]["f1_ci"] = bootstrap.f1_interval(bootstrap.per_stream(per_frame, index, n_streams), w)
-    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou, mode, cfg.samples)
+    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou, mode, cfg.samples, lag, gaps)
     ours = "learned" if "learned" in scores else "combined"
     diffs = hybrid.differences(counts, ours, BASELINES, cfg.rates, cfg.samples)
     policy_mask = hybrid.run_policy(records, policy, cfg.fps)
     thresholds = [round(float(t), 3) for t in np.linspace(0.0, 1.0, 21)]
-    sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, strategy, iou, mode)
+    sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, strategy, iou, mode, lag)
     at = _judged_index(cfg.rates, cfg.target_rate)
+    our_mask = hybrid.top_fraction(scores[ours][0], cfg.rates[at], streams=streams, gap=gaps.get(ours, 0))
     payloads = {m: {"cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou, m),
-                    "at_target_rate": hybrid.evaluate(records, hybrid.top_fraction(scores[ours][0], cfg.rates[at]),
-                                                      nc, strategy, iou, m)}
+                    "at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, m, lag)}
                 for m in modes}
+    carrying = {"frames": carry.frames, "min_match": carry.min_match, "lag_frames": lag, "cooldown_frames": gap,
+                "ours_at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, mode, lag),
+                "ours_without_carry": hybrid.evaluate(records, our_mask, nc, strategy, iou, mode)}
     data_meta = {"test": cfg.data, **({"policy_fit": cfg.train_data} if cfg.train_data else {})}
     return {
         "provenance": provenance({"edge": cfg.edge, "cloud": cfg.cloud}, cfg.policy, data_meta,
@@ -142,7 +158,8 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
         "uplink_all_frames_bytes": int(sum(r.jpeg_bytes for r in records)),
         "baselines": base,
         "payloads": payloads,
-        "policy_run": hybrid.evaluate(records, policy_mask, nc, strategy, iou, policy.spec.payload.mode),
+        "policy_run": hybrid.evaluate(records, policy_mask, nc, strategy, iou, policy.spec.payload.mode, lag),
+        "carry": carrying,
         "at_rates": rates,
         "differences": diffs,
         "threshold_sweep": sweep,

@@ -23,6 +23,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import cv2
 import numpy as np
 
+from edgewise.carrying import CarryConfig, CarryState, seed, step
 from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
 from edgewise.hardness import (
@@ -78,6 +79,9 @@ class FrameRecord:
     modes: Dict[str, ModeResult] = field(default_factory=dict)
     cloud_ms: float = 0.0      # the cloud model's time on the full frame
     has_full: bool = True      # the cloud ran on the whole frame (``cloud``, ``cloud_all``)
+    #: per payload mode, the boxes of this frame's cloud answer as the edge carries them into
+    #: the stream's next frames (entry j-1: j frames later; missing entries: nothing left)
+    carried: Dict[str, List[Detections]] = field(default_factory=dict)
 
     def sent(self, mode: str = "full") -> ModeResult:
         """What escalating this frame in ``mode`` gives (``full`` when that mode was not run)."""
@@ -191,7 +195,9 @@ def collect(
     """Run the edge model, the edge's signals (motion included) and, per payload mode, the
     cloud model over ``data``, frame by frame in stream order. Without ``full`` among
     ``modes`` the cloud does not see whole frames (it is the slowest payload at camera
-    resolution) and the records' ``cloud`` is empty."""
+    resolution) and the records' ``cloud`` is empty. Each answer is also carried through the
+    stream's next frames under the policy's ``merge.carry*`` (:mod:`edgewise.carrying`), so
+    a replay can keep it alive between escalations (``FrameRecord.carried``)."""
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise InvalidInputError(f"payload modes {bad}: use {', '.join(MODES)}")
@@ -200,6 +206,8 @@ def collect(
     pl = policy.spec.payload
     records: List[FrameRecord] = []
     trackers: Dict[int, Optional[TrackerState]] = {}
+    carrying: Dict[int, List[Tuple[FrameRecord, str, CarryState]]] = {}
+    carry_cfg = policy.spec.merge.carry()
     for i, v in enumerate(edge_pass(data, edge, policy, limit)):
         stream, fno, img, e_op, e_all, mot, cfg = v.stream, v.frame, v.image, v.edge, v.edge_all, v.motion, v.config
         h, w = img.shape[:2]
@@ -234,10 +242,32 @@ def collect(
             else:
                 m_op, m_all = (shift(d, plan.offset, (w, h)) for d in (m_op, m_all))
             rec.modes[mode] = ModeResult(m_op, m_all, nbytes, plan.regions, m_ms)
+        if carry_cfg.enabled:
+            carrying[stream] = _carry(carrying.get(stream, []), rec, img, modes, carry_cfg)
         records.append(rec)
         if progress is not None:
             progress(i + 1, total)
     return records
+
+
+def _carry(active: List[Tuple[FrameRecord, str, CarryState]], rec: FrameRecord, img: np.ndarray,
+           modes: Sequence[str], cfg: CarryConfig) -> List[Tuple[FrameRecord, str, CarryState]]:
+    """Step the stream's earlier answers onto this frame (noting what each still carries) and
+    seed this frame's answers: the daemon's tracking, for every possible escalation."""
+    kept = []
+    for earlier, mode, state in active:
+        state = step(state, img, cfg)
+        if len(state):
+            earlier.carried[mode].append(state.detections())
+            kept.append((earlier, mode, state))
+    for mode in modes:
+        if mode == "full" and not rec.has_full:
+            continue
+        state = seed(img, rec.sent(mode).cloud, cfg)
+        rec.carried[mode] = []
+        if len(state):
+            kept.append((rec, mode, state))
+    return kept
 
 
 def set_signals(records: Sequence[FrameRecord], policy: Policy) -> None:

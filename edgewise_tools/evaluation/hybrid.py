@@ -13,10 +13,11 @@ combined hardness threshold.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from edgewise.carrying import combine
 from edgewise.detections import Detections
 from edgewise.merging import merge
 from edgewise.policy import Escalator, Policy
@@ -25,42 +26,78 @@ from edgewise_tools.evaluation.frames import FrameRecord
 from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap
 
 
-def _final(r: FrameRecord, up: bool, strategy: str, iou: float, low: bool, mode: str = "full") -> Detections:
+def _final(r: FrameRecord, up: bool, strategy: str, iou: float, low: bool, mode: str = "full",
+           carried: Optional[Detections] = None) -> Detections:
     if not up:
-        return r.edge_all if low else r.edge
+        edge = r.edge_all if low else r.edge
+        return edge if carried is None else combine(edge, carried)
     m = r.sent(mode)
     edge, cloud = (r.edge_all, m.cloud_all) if low else (r.edge, m.cloud)
     return merge(edge, cloud, strategy, iou, regions=m.regions)
 
 
+def _carried(records: Sequence[FrameRecord], mask: np.ndarray, mode: str, lag: Optional[int]
+             ) -> List[Optional[Detections]]:
+    """Per frame, the boxes the edge carries from its stream's latest answer (None: none).
+    The answer to frame t is there from frame t + ``lag`` on (1: before the next frame);
+    until then the one before it is carried. ``lag`` None: nothing is carried."""
+    out: List[Optional[Detections]] = [None] * len(records)
+    if lag is None:
+        return out
+    if lag < 1:
+        raise ValueError(f"carry lag must be >= 1 frame (the escalated frame gets the answer itself), got {lag}")
+    stream: Optional[int] = None
+    pos = 0
+    waiting: List[Tuple[int, int]] = []  # this stream's escalations not answered yet: (position, record)
+    active: Optional[Tuple[int, int]] = None  # the latest answered one
+    for i, r in enumerate(records):
+        if r.stream != stream:
+            stream, pos, waiting, active = r.stream, 0, [], None
+        else:
+            pos += 1
+        while waiting and pos - waiting[0][0] >= lag:
+            active = waiting.pop(0)
+        if active is not None and not mask[i]:
+            p, k = active
+            lst = records[k].carried.get(mode, [])
+            if pos - p - 1 < len(lst):
+                out[i] = lst[pos - p - 1]
+        if mask[i]:
+            waiting.append((pos, i))
+    return out
+
+
 def evaluate(
     records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
-    mode: str = "full",
+    mode: str = "full", carry_lag: Optional[int] = None,
 ) -> Dict[str, float]:
     """Metrics of the hybrid that escalates exactly the frames in ``mask``, sending ``mode``.
 
     ``uplink_saved`` is against sending every frame whole at full resolution."""
-    return evaluate_frames(records, mask, nc, strategy, iou, mode)[0]
+    return evaluate_frames(records, mask, nc, strategy, iou, mode, carry_lag)[0]
 
 
 def evaluate_frames(
     records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
-    mode: str = "full",
+    mode: str = "full", carry_lag: Optional[int] = None,
 ) -> Tuple[Dict[str, float], np.ndarray]:
     """:func:`evaluate`'s metrics and, from the same pass, each frame's true positives, false
-    positives and misses against ground truth ([N, 3], what the stream bootstrap resamples)."""
+    positives and misses against ground truth ([N, 3], what the stream bootstrap resamples).
+    With ``carry_lag`` (frames) the frames between escalations keep the latest answer's
+    carried boxes (:func:`_carried`); records must be in stream order, as collected."""
     vs_gt, vs_cloud = Counts(), Counts()
     per_frame = np.zeros((len(records), 3), np.float64)
     preds, gts = [], []
     sent = 0
     cloud_ms = 0.0
+    carried = _carried(records, mask, mode, carry_lag)
     for i, (r, up) in enumerate(zip(records, mask)):
-        d = _final(r, bool(up), strategy, iou, low=False, mode=mode)
+        d = _final(r, bool(up), strategy, iou, low=False, mode=mode, carried=carried[i])
         c = match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
         vs_gt += c
         per_frame[i] = (c.tp, c.fp, c.fn)
         vs_cloud += match_counts(d.boxes, d.class_ids, d.scores, r.cloud.boxes, r.cloud.class_ids)
-        lo = _final(r, bool(up), strategy, iou, low=True, mode=mode)
+        lo = _final(r, bool(up), strategy, iou, low=True, mode=mode, carried=carried[i])
         preds.append((lo.boxes, lo.class_ids, lo.scores))
         gts.append((r.gt_boxes, r.gt_cls))
         if up:
@@ -80,8 +117,12 @@ def evaluate_frames(
     }, per_frame
 
 
-def top_fraction(scores: np.ndarray, rate: float, seed: int = 0) -> np.ndarray:
-    """Mask of the ``round(rate * N)`` highest scores; ties broken by a seeded shuffle."""
+def top_fraction(scores: np.ndarray, rate: float, seed: int = 0, streams: Optional[Sequence[int]] = None,
+                 gap: int = 0) -> np.ndarray:
+    """Mask of the ``round(rate * N)`` highest scores; ties broken by a seeded shuffle. With
+    ``gap`` > 0 (and each frame's stream, frames in stream order) a frame less than ``gap``
+    frames from one already taken in its stream is passed over for the next highest: a
+    cooldown, which is what spends a budget well once answers are carried."""
     n = len(scores)
     k = int(round(rate * n))
     mask = np.zeros(n, dtype=bool)
@@ -89,7 +130,23 @@ def top_fraction(scores: np.ndarray, rate: float, seed: int = 0) -> np.ndarray:
         return mask
     tiebreak = np.random.default_rng(seed).random(n)
     order = np.lexsort((tiebreak, -np.asarray(scores, np.float64)))
-    mask[order[:k]] = True
+    if gap <= 0 or streams is None:
+        mask[order[:k]] = True
+        return mask
+    sid = list(streams)
+    pos = [0] * n
+    for i in range(1, n):
+        pos[i] = pos[i - 1] + 1 if sid[i] == sid[i - 1] else 0
+    taken: Dict[Any, List[int]] = {}
+    for i in order:
+        near = taken.setdefault(sid[i], [])
+        if any(abs(pos[i] - q) < gap for q in near):
+            continue
+        mask[i] = True
+        near.append(pos[i])
+        k -= 1
+        if k == 0:
+            break
     return mask
 
 
@@ -102,11 +159,16 @@ def at_rates(
     iou: float = 0.5,
     mode: str = "full",
     samples: int = bootstrap.SAMPLES,
+    carry_lag: Optional[int] = None,
+    gaps: Optional[Mapping[str, int]] = None,
 ) -> Tuple[Dict[str, List[Dict[str, Any]]], Dict[str, List[np.ndarray]]]:
     """Each policy at each rate (a policy with several score vectors, random seeds, is
     averaged), each row with ``f1_ci``: the 95% interval of its F1 by resampling streams.
+    ``gaps`` names the policies that keep a cooldown (frames, :func:`top_fraction`);
+    ``carry_lag`` carries answers (:func:`evaluate_frames`).
     Also returns each policy's per-stream counts [S, 3] per rate, for :func:`differences`."""
-    index, n_streams = bootstrap.stream_ids([r.stream for r in records])
+    streams = [r.stream for r in records]
+    index, n_streams = bootstrap.stream_ids(streams)
     w = bootstrap.weights(n_streams, samples)
     out: Dict[str, List[Dict[str, Any]]] = {}
     counts: Dict[str, List[np.ndarray]] = {}
@@ -114,8 +176,9 @@ def at_rates(
         rows: List[Dict[str, Any]] = []
         per: List[np.ndarray] = []
         for rate in rates:
-            masks = [top_fraction(v, rate, seed=i) for i, v in enumerate(vectors)]
-            runs = [evaluate_frames(records, m, nc, strategy, iou, mode) for m in masks]
+            gap = (gaps or {}).get(name, 0)
+            masks = [top_fraction(v, rate, seed=i, streams=streams, gap=gap) for i, v in enumerate(vectors)]
+            runs = [evaluate_frames(records, m, nc, strategy, iou, mode, carry_lag) for m in masks]
             row: Dict[str, Any] = {k: float(np.mean([r[k] for r, _ in runs])) for k in runs[0][0]}
             c = np.mean([bootstrap.per_stream(f, index, n_streams) for _, f in runs], axis=0)
             row["rate"] = rate
@@ -153,12 +216,12 @@ def run_policy(records: Sequence[FrameRecord], policy: Policy, fps: float) -> np
 
 def threshold_sweep(
     records: Sequence[FrameRecord], hardness: np.ndarray, thresholds: Sequence[float], nc: int,
-    strategy: str = "replace", iou: float = 0.5, mode: str = "full",
+    strategy: str = "replace", iou: float = 0.5, mode: str = "full", carry_lag: Optional[int] = None,
 ) -> List[Dict[str, Any]]:
     """Escalate every frame with hardness >= t (no budget): the policy's threshold curve."""
     rows = []
     for t in thresholds:
-        row: Dict[str, Any] = dict(evaluate(records, hardness >= t, nc, strategy, iou, mode))
+        row: Dict[str, Any] = dict(evaluate(records, hardness >= t, nc, strategy, iou, mode, carry_lag))
         row["threshold"] = float(t)
         rows.append(row)
     return rows

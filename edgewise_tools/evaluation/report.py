@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from edgewise_tools import provenance
 from edgewise_tools.evaluation import scoring
@@ -41,6 +41,19 @@ def _label(name: str) -> str:
     return POLICY_LABELS.get(name, name)
 
 
+def _carry_lines(carry: Optional[Dict[str, Any]], cloud_f1: float) -> List[str]:
+    """What carrying the cloud's answers did (``eval.json`` ``carry``), one paragraph."""
+    if not carry or not carry.get("lag_frames"):
+        return ["The edge carries no answer between escalations (policy `merge.carryFrames: 0` or "
+                "`--carry-lag 0`): every frame not escalated is the edge's alone.", ""]
+    on, off = carry["ours_at_target_rate"], carry["ours_without_carry"]
+    return [f"Between escalations the edge carries each answer's boxes up to {carry['frames']} frames "
+            f"(template match >= {carry['min_match']:g}), from {carry['lag_frames']} frame(s) after the "
+            f"escalated frame; our policies keep the policy's cooldown ({carry['cooldown_frames']} frames). "
+            f"Our policy at the target rate: {_pct(on['f1'] / cloud_f1)} of cloud F1 carrying, "
+            f"{_pct(off['f1'] / cloud_f1)} with the same frames escalated and nothing carried.", ""]
+
+
 def markdown(result: Dict[str, Any]) -> str:
     base = result["baselines"]
     cloud_f1 = base["cloud_only"]["f1"] or 1.0
@@ -55,6 +68,7 @@ def markdown(result: Dict[str, Any]) -> str:
         + (f" **Only {result['streams']} streams: resampling so few understates the uncertainty; read the "
            "intervals as a floor.**" if result.get("streams", MIN_STREAMS) < MIN_STREAMS else ""),
         "",
+        *_carry_lines(result.get("carry"), cloud_f1),
         "| run | escalated | F1 (GT) [95% CI] | % of cloud F1 | mAP@0.5 | F1 vs cloud | uplink saved |",
         "|---|---|---|---|---|---|---|",
     ]

@@ -171,3 +171,59 @@ def test_oracle_ranks_by_true_gain_and_is_never_the_best_policy(records) -> None
     rates = {"random": [{"rate": 0.5, "f1": 0.7}], "oracle": [{"rate": 0.5, "f1": 1.0}]}
     t = judge_target(base, rates, [0.5], 0.5, 0.97)
     assert t["best_policy"] == "random" and not t["met"] and t["oracle_f1_fraction"] == 1.0
+
+
+def _carrying_stream(n=6):
+    """One stream where only the cloud sees an object; frame 0's answer is carried 3 frames."""
+    box = [10, 10, 30, 30]
+    none = D([], [], [], "edge")
+    recs = [rec(i, none, D([box], [0], [0.9], "cloud"), [box], [0]) for i in range(n)]
+    carried = D([box], [0], [0.9], "carried")
+    recs[0].carried = {"full": [carried, carried, carried]}
+    return recs
+
+
+def test_carried_answers_fill_the_frames_between_escalations() -> None:
+    recs = _carrying_stream()
+    up = np.array([True, False, False, False, False, False])
+    assert hybrid.evaluate(recs, up, nc=2)["recall"] == pytest.approx(1 / 6)  # nothing carried
+    # lag 1: frames 1-3 keep frame 0's answer; frames 4-5 are past what was carried
+    assert hybrid.evaluate(recs, up, nc=2, carry_lag=1)["recall"] == pytest.approx(4 / 6)
+    # lag 2: the answer is back only at frame 2
+    assert hybrid.evaluate(recs, up, nc=2, carry_lag=2)["recall"] == pytest.approx(3 / 6)
+    with pytest.raises(ValueError, match="carry lag must be >= 1"):
+        hybrid.evaluate(recs, up, nc=2, carry_lag=0)
+
+
+def test_a_new_escalation_replaces_the_carried_answer_once_it_is_back() -> None:
+    recs = _carrying_stream()
+    recs[2].carried = {"full": []}  # frame 2's answer carries nothing
+    up = np.array([True, False, True, False, False, False])
+    # frame 1 carries frame 0's answer; from frame 3 on frame 2's (empty) answer is in force
+    assert hybrid.evaluate(recs, up, nc=2, carry_lag=1)["recall"] == pytest.approx(3 / 6)
+    # lag 2: frame 1 waits for frame 0's answer; frame 3 still carries it (frame 2's is not back)
+    assert hybrid.evaluate(recs, up, nc=2, carry_lag=2)["recall"] == pytest.approx(3 / 6)
+    # frame 4 would take frame 0's answer 4 frames on, past the 3 it carried; frame 3 carried none
+    up3 = np.array([True, False, False, True, False, False])
+    assert [d is not None for d in hybrid._carried(recs, up3, "full", 2)] == [False, False, True, False, False, False]
+
+
+def test_carry_does_not_cross_streams() -> None:
+    recs = _carrying_stream(4) + _carrying_stream(2)
+    for i, r in enumerate(recs[4:]):
+        r.stream, r.frame = 1, i
+    recs[4].carried = {"full": []}
+    up = np.array([True, False, False, False, False, False])
+    # stream 0: frames 0-3 all found; stream 1 never escalated
+    assert hybrid.evaluate(recs, up, nc=2, carry_lag=1)["recall"] == pytest.approx(4 / 6)
+
+
+def test_top_fraction_with_a_cooldown_spreads_the_budget_per_stream() -> None:
+    scores = np.array([0.9, 0.8, 0.7, 0.1, 0.6, 0.5, 0.4])
+    streams = [0, 0, 0, 0, 1, 1, 1]
+    assert hybrid.top_fraction(scores, 3 / 7).tolist() == [True, True, True, False, False, False, False]
+    spaced = hybrid.top_fraction(scores, 3 / 7, streams=streams, gap=2)
+    # frame 1 is within 2 of frame 0; frame 2 is not; stream 1 starts its own count
+    assert spaced.tolist() == [True, False, True, False, True, False, False]
+    # a gap no frame can satisfy leaves the budget partly unspent rather than breaking it
+    assert hybrid.top_fraction(scores, 5 / 7, streams=streams, gap=10).sum() == 2

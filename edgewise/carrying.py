@@ -1,0 +1,204 @@
+"""Carrying the cloud's boxes forward between escalations.
+
+An escalation buys the cloud's view of one frame. Objects that only the cloud sees (far,
+small, faint) usually stay in view for many frames, so instead of forgetting them on the
+next frame the edge *tracks* each box the cloud returned and keeps publishing it until the
+object is lost or the answer is too old. This is how Glimpse (Chen et al., SenSys 2015)
+and Liu et al. ("Edge Assisted Real-time Object Detection for Mobile Augmented Reality",
+MobiCom 2019) keep a server's detections alive on the device between offloaded frames;
+docs/design/escalation.md#carrying-the-clouds-answer.
+
+The tracker is deliberately small and cheap (microseconds per box):
+
+* :func:`seed` cuts a grey template of each cloud box from the escalated frame, scaled
+  so its longer side is at most ``template_px`` pixels (a far digit keeps its full
+  resolution, a near one is matched at a coarser scale);
+* :func:`step` looks for each template in a window around the box's last position (its
+  size x ``search``, at least ``min_search_px``, widened by the frames elapsed) with
+  normalised cross-correlation; a best match below ``min_match`` means the object left,
+  was occluded or changed: the box is dropped, never guessed. After ``frames`` frames the
+  whole answer is dropped.
+* :func:`combine` adds the carried boxes to the edge's: a carried box that an edge box
+  overlaps (IoU >= ``iou``, any class) is the same object: the edge's fresh box with the
+  cloud's class (the bigger model tells look-alikes apart); the rest are kept as they are.
+
+Pure functions over an immutable :class:`CarryState`; the edge pipeline and the
+evaluation (:mod:`edgewise_tools.evaluation.frames`) both use them, so what is measured is
+what runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import cv2
+import numpy as np
+
+from edgewise.detections import Detections
+from edgewise.hardness.tracking import greedy_match, iou_matrix
+from edgewise.merging import unify_names
+
+#: ``Detections.sources`` tag of a box the edge keeps from an earlier cloud answer.
+CARRIED = "carried"
+
+
+@dataclass(frozen=True)
+class CarryConfig:
+    """How the cloud's boxes are carried (the policy's ``spec.merge.carry*``).
+
+    Attributes:
+        frames: frames after the cloud's answer during which its boxes are carried (0: off).
+        min_match: normalised cross-correlation in [-1, 1] below which a box is lost.
+        template_px: the longer side of a template, in pixels, at most.
+        search: the search window's margin around the box, as a fraction of its longer side.
+        min_search_px: the margin's floor in frame pixels.
+    """
+
+    frames: int = 30
+    min_match: float = 0.5
+    template_px: int = 32
+    search: float = 0.5
+    min_search_px: float = 6.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.frames > 0
+
+
+@dataclass(frozen=True)
+class _Track:
+    box: Tuple[float, float, float, float]
+    template: np.ndarray  # grey, scaled by ``scale``
+    scale: float
+    class_id: int
+    score: float
+
+
+@dataclass(frozen=True)
+class CarryState:
+    """The boxes carried from one cloud answer, ``age`` frames after it."""
+
+    tracks: Tuple[_Track, ...] = ()
+    names: Tuple[str, ...] = ()
+    age: int = 0
+
+    def __len__(self) -> int:
+        return len(self.tracks)
+
+    def detections(self) -> Detections:
+        """The carried boxes, in frame pixels (source ``carried``)."""
+        n = len(self.tracks)
+        return Detections(
+            boxes=np.asarray([t.box for t in self.tracks], np.float32).reshape(n, 4),
+            scores=np.asarray([t.score for t in self.tracks], np.float32),
+            class_ids=np.asarray([t.class_id for t in self.tracks], np.int32),
+            names=self.names, source=CARRIED,
+        )
+
+
+def _grey(patch: np.ndarray) -> np.ndarray:
+    return cv2.cvtColor(patch, cv2.COLOR_BGR2GRAY) if patch.ndim == 3 else patch
+
+
+def _scaled(patch: np.ndarray, scale: float) -> np.ndarray:
+    if scale >= 1.0:
+        return patch
+    size = (max(1, int(round(patch.shape[1] * scale))), max(1, int(round(patch.shape[0] * scale))))
+    return cv2.resize(patch, size, interpolation=cv2.INTER_AREA)
+
+
+def seed(image: np.ndarray, cloud: Detections, cfg: CarryConfig) -> CarryState:
+    """Templates of the cloud's boxes cut from the frame the cloud saw (BGR or grey)."""
+    if not cfg.enabled:
+        return CarryState(names=cloud.names)
+    h, w = image.shape[:2]
+    tracks: List[_Track] = []
+    for box, cid, score in zip(cloud.boxes.astype(np.float64), cloud.class_ids, cloud.scores):
+        x0, y0 = max(0, int(round(box[0]))), max(0, int(round(box[1])))
+        x1, y1 = min(w, int(round(box[2]))), min(h, int(round(box[3])))
+        if x1 - x0 < 3 or y1 - y0 < 3:
+            continue  # (almost) outside the frame: nothing to track
+        scale = min(1.0, cfg.template_px / max(x1 - x0, y1 - y0))
+        tpl = _scaled(_grey(image[y0:y1, x0:x1]), scale)
+        if tpl.shape[0] < 3 or tpl.shape[1] < 3 or float(tpl.std()) < 1e-3:
+            continue  # a flat patch matches anywhere
+        tracks.append(_Track((float(x0), float(y0), float(x1), float(y1)), tpl, scale, int(cid), float(score)))
+    return CarryState(tuple(tracks), cloud.names, 0)
+
+
+def _follow(t: _Track, image: np.ndarray, cfg: CarryConfig, frames: int) -> Optional[_Track]:
+    h, w = image.shape[:2]
+    x0, y0, x1, y1 = t.box
+    margin = max(cfg.min_search_px, cfg.search * max(x1 - x0, y1 - y0)) * max(1, frames)
+    wx0, wy0 = int(max(0.0, x0 - margin)), int(max(0.0, y0 - margin))
+    wx1, wy1 = int(min(float(w), x1 + margin)), int(min(float(h), y1 + margin))
+    if wx1 <= wx0 or wy1 <= wy0:
+        return None
+    window = _scaled(_grey(image[wy0:wy1, wx0:wx1]), t.scale)
+    th, tw = t.template.shape[:2]
+    if window.shape[0] < th or window.shape[1] < tw:
+        return None  # pushed against the frame's edge: leaving the view
+    res = cv2.matchTemplate(window, t.template, cv2.TM_CCOEFF_NORMED)
+    _, best, _, at = cv2.minMaxLoc(res)
+    if not np.isfinite(best) or best < cfg.min_match:
+        return None
+    bw, bh = x1 - x0, y1 - y0
+    # the match's place at template scale, back in frame pixels (kept inside the frame: the
+    # scaled window's rounding can otherwise push a box at the border a few pixels out)
+    nx = min(max(0.0, wx0 + at[0] / t.scale), w - bw)
+    ny = min(max(0.0, wy0 + at[1] / t.scale), h - bh)
+    return _Track((nx, ny, nx + bw, ny + bh), t.template, t.scale, t.class_id, t.score)
+
+
+def step(state: CarryState, image: np.ndarray, cfg: CarryConfig, frames: int = 1) -> CarryState:
+    """The state ``frames`` frames later, on ``image``: each box found again or dropped; all
+    of them dropped once the answer is older than ``cfg.frames``."""
+    if frames < 1:
+        raise ValueError(f"frames must be >= 1, got {frames}")
+    age = state.age + frames
+    if age > cfg.frames or not state.tracks:
+        return CarryState((), state.names, age)
+    kept = tuple(k for k in (_follow(t, image, cfg, frames) for t in state.tracks) if k is not None)
+    return CarryState(kept, state.names, age)
+
+
+def combine(edge: Detections, carried: Detections, iou: float = 0.5) -> Detections:
+    """The edge's boxes with the carried ones (module doc). Names are unified like a merge."""
+    if len(carried) == 0:
+        return edge
+    names, e_ids, c_ids = unify_names(edge, carried)
+    eb = edge.boxes.astype(np.float64).reshape(-1, 4)
+    cb = carried.boxes.astype(np.float64).reshape(-1, 4)
+    matched_e = np.zeros(len(eb), bool)
+    matched_c = np.zeros(len(cb), bool)
+    boxes: List[np.ndarray] = []
+    scores: List[float] = []
+    ids: List[int] = []
+    srcs: List[str] = []
+    if len(eb):
+        for ei, ci in greedy_match(iou_matrix(eb, cb), iou):
+            matched_e[ei] = matched_c[ci] = True
+            boxes.append(eb[ei])
+            scores.append(max(float(edge.scores[ei]), float(carried.scores[ci])))
+            ids.append(int(c_ids[ci]))
+            srcs.append("fused")
+    for k in np.flatnonzero(~matched_c):
+        boxes.append(cb[k])
+        scores.append(float(carried.scores[k]))
+        ids.append(int(c_ids[k]))
+        srcs.append(CARRIED)
+    edge_src = edge.sources
+    for k in np.flatnonzero(~matched_e):
+        boxes.append(eb[k])
+        scores.append(float(edge.scores[k]))
+        ids.append(int(e_ids[k]))
+        srcs.append(edge_src[k] if edge_src is not None else (edge.source or "edge"))
+    order = np.argsort(-np.asarray(scores, np.float64), kind="stable")
+    return Detections(
+        boxes=np.asarray(boxes, np.float32).reshape(-1, 4)[order],
+        scores=np.asarray(scores, np.float32)[order],
+        class_ids=np.asarray(ids, np.int32)[order],
+        names=names, source="merged", sources=tuple(srcs[int(i)] for i in order),
+        missed_objectness=float(edge.missed_objectness),
+    )

@@ -1,0 +1,70 @@
+"""Carrying end to end: the real daemon escalates a camera stream every few frames through a
+real in-process cloud, and the frames between publish the cloud's boxes found again on their
+own pixels (``source: carried``); with ``merge.carryFrames: 0`` they publish the edge's alone."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+
+from edge.daemon import EdgeDaemon
+from edgewise.synth import PRESETS, SynthJob, generate
+from tests.conftest import in_process_cloud_class
+from tests.edge.helpers import policy_yaml, read_jsonl
+from tests.edge.test_pipeline import base_settings
+
+pytestmark = pytest.mark.skipif(sys.version_info < (3, 10), reason="the in-process cloud tier needs Python >= 3.10 "
+                                "(the Jetson lane checks the device against a gateway process instead)")
+
+FRAMES = 30
+
+
+def _run(tmp_path: Path, tiny_model: Path, native_model: Path, carry_frames: int) -> List[Dict[str, Any]]:
+    data = tmp_path / "cam"
+    if not data.exists():
+        generate(SynthJob(out=data, frames=FRAMES, streams=1, seed=5, split="test", width=640, height=360,
+                          difficulty=PRESETS["camera"]))
+    doc = yaml.safe_load(policy_yaml("carry", threshold=0.0, deadline_ms=60000))
+    # every frame is hard; the cooldown (0.25 s at 20 fps: 5 frames) spaces the escalations
+    doc["spec"]["cooldownSeconds"] = 0.25
+    doc["spec"]["merge"]["carryFrames"] = carry_frames
+    policy = tmp_path / f"policy-{carry_frames}.yaml"
+    policy.write_text(yaml.safe_dump(doc))
+    out = tmp_path / f"run-{carry_frames}"
+    out.mkdir()
+    with in_process_cloud_class()(native_model) as cloud:
+        s = base_settings(out, tiny_model, [{"id": "cam", "kind": "folder", "uri": str(data / "images"), "fps": 20}],
+                          policy_file=str(policy), cloud={"endpoints": [cloud.address], "max_in_flight": 64},
+                          shutdown_grace_s=120)
+        assert asyncio.run(EdgeDaemon(s).run()) == 0
+    final: Dict[int, Dict[str, Any]] = {}
+    for r in read_jsonl(out / "out.jsonl"):  # the last record of a frame is its result
+        final[r["frame_seq"]] = r
+    assert sorted(final) == list(range(FRAMES))
+    return [final[k] for k in sorted(final)]
+
+
+def test_the_clouds_boxes_are_carried_between_escalations(tmp_path: Path, tiny_model: Path,
+                                                          native_model: Path) -> None:
+    recs = _run(tmp_path, tiny_model, native_model, carry_frames=30)
+    answered = [r["frame_seq"] for r in recs if r["escalated"] and r["outcome"] == "cloud"
+                and any(d["source"] in ("cloud", "fused") for d in r["detections"])]
+    assert answered, "the cloud must answer with boxes for this test to mean anything"
+    assert any(not r["escalated"] for r in recs), "the cooldown must leave frames between escalations"
+    carried = [r for r in recs if any(d["source"] == "carried" for d in r["detections"])]
+    assert carried, "frames between escalations must carry the cloud's boxes"
+    for r in carried:
+        assert not r["escalated"]
+        assert any(a < r["frame_seq"] for a in answered)  # only after an answer with boxes
+        for d in r["detections"]:
+            x1, y1, x2, y2 = d["box"]
+            assert 0 <= x1 < x2 <= 640 and 0 <= y1 < y2 <= 360
+    assert all(d["source"] != "carried" for r in recs[:answered[0] + 1] for d in r["detections"])
+
+    off = _run(tmp_path, tiny_model, native_model, carry_frames=0)
+    assert not any(d["source"] == "carried" for r in off for d in r["detections"])

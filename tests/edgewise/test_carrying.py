@@ -1,0 +1,136 @@
+"""Carrying the cloud's boxes forward: tracking on real pixels, losing, ageing, combining."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgewise.carrying import CARRIED, CarryConfig, CarryState, combine, seed, step
+from edgewise.detections import Detections
+
+NAMES = ("car", "person")
+
+
+def D(rows, names=NAMES, source="edge"):
+    """rows: (x1, y1, x2, y2, score, class_id)."""
+    a = np.asarray(rows, np.float32).reshape(-1, 6)
+    return Detections(boxes=a[:, :4], scores=a[:, 4], class_ids=a[:, 5].astype(np.int32),
+                      names=names, source=source)
+
+
+def scene(objects, size=(480, 640), noise=3.0, seed_=0):
+    """A noisy grey-ish BGR background with textured objects pasted at (x, y, patch)."""
+    rng = np.random.default_rng(seed_)
+    img = np.clip(120 + rng.normal(0, noise, size + (3,)), 0, 255)
+    for x, y, patch in objects:
+        h, w = patch.shape
+        img[y:y + h, x:x + w] = patch[..., None]
+    return img.astype(np.uint8)
+
+
+def digit(h=20, w=14, seed_=1):
+    """A high-contrast random stroke pattern, like a small digit."""
+    rng = np.random.default_rng(seed_)
+    p = np.full((h, w), 200.0)
+    p[rng.random((h, w)) < 0.35] = 30.0
+    return p
+
+
+def test_a_small_object_is_followed_frame_by_frame():
+    cfg = CarryConfig(frames=30)
+    far = digit()
+    state = seed(scene([(100, 80, far)]), D([[100, 80, 114, 100, 0.8, 1]], source="cloud"), cfg)
+    assert len(state) == 1
+    for k in range(1, 16):  # 2 px right and 1 px down per frame
+        state = step(state, scene([(100 + 2 * k, 80 + k, far)], seed_=k), cfg)
+        assert len(state) == 1, f"lost at frame {k}"
+    box = state.detections().boxes[0]
+    assert np.allclose(box, [130, 95, 144, 115], atol=1.0)
+    d = state.detections()
+    assert d.source == CARRIED and d.names == NAMES and d.class_ids.tolist() == [1]
+
+
+def test_a_large_object_is_matched_at_a_coarser_scale():
+    cfg = CarryConfig(frames=30, template_px=32)
+    near = np.kron(digit(12, 10, seed_=3), np.ones((10, 10)))  # 120x100 px
+    state = seed(scene([(200, 150, near)]), D([[200, 150, 300, 270, 0.9, 0]], source="cloud"), cfg)
+    assert state.tracks[0].scale == pytest.approx(32 / 120)
+    state = step(state, scene([(212, 154, near)], seed_=5), cfg, frames=2)  # two frames at once
+    assert np.allclose(state.detections().boxes[0], [212, 154, 312, 274], atol=4.0)
+
+
+def test_an_object_that_leaves_is_dropped_not_guessed():
+    cfg = CarryConfig(frames=30)
+    far = digit()
+    state = seed(scene([(100, 80, far)]), D([[100, 80, 114, 100, 0.8, 1]], source="cloud"), cfg)
+    state = step(state, scene([], seed_=7), cfg)  # gone: only noise where it was
+    assert len(state) == 0 and len(state.detections()) == 0
+
+
+def test_the_answer_expires_after_its_frames():
+    cfg = CarryConfig(frames=3)
+    far = digit()
+    frame = scene([(100, 80, far)])
+    state = seed(frame, D([[100, 80, 114, 100, 0.8, 1]], source="cloud"), cfg)
+    for _ in range(3):
+        state = step(state, frame, cfg)
+    assert len(state) == 1 and state.age == 3
+    assert len(step(state, frame, cfg)) == 0
+
+
+def test_flat_boxes_and_boxes_outside_the_frame_are_not_tracked():
+    cfg = CarryConfig()
+    flat = np.zeros((50, 50, 3), np.uint8)
+    state = seed(flat, D([[10, 10, 30, 30, 0.9, 0], [49, 49, 80, 80, 0.9, 0]], source="cloud"), cfg)
+    assert len(state) == 0
+
+
+def test_off_carries_nothing_and_bad_steps_are_refused():
+    frame = scene([(100, 80, digit())])
+    assert len(seed(frame, D([[100, 80, 114, 100, 0.8, 1]]), CarryConfig(frames=0))) == 0
+    with pytest.raises(ValueError, match="frames must be >= 1"):
+        step(CarryState(), frame, CarryConfig(), frames=0)
+
+
+def test_combine_keeps_the_edge_box_with_the_clouds_class_and_adds_what_only_the_cloud_saw():
+    edge = D([[0, 0, 10, 10, 0.6, 0], [50, 50, 60, 60, 0.7, 1]])
+    carried = D([[1, 1, 11, 11, 0.9, 1], [200, 200, 210, 210, 0.8, 0]], source=CARRIED)
+    out = combine(edge, carried)
+    rows = sorted(zip(out.boxes[:, 0].tolist(), out.scores.tolist(), [out.names[c] for c in out.class_ids],
+                      out.box_sources()))
+    assert [(x, round(s, 3), n, src) for x, s, n, src in rows] == [
+        (0.0, 0.9, "person", "fused"),      # the edge's fresh box, the cloud's class and score
+        (50.0, 0.7, "person", "edge"),      # nothing carried there
+        (200.0, 0.8, "car", CARRIED),       # only the cloud found it
+    ]
+    assert combine(edge, D([], source=CARRIED)) is edge
+
+
+def test_combine_maps_class_names_across_models():
+    edge = D([[0, 0, 10, 10, 0.6, 0]], names=("person",))
+    carried = D([[0, 0, 10, 10, 0.9, 1]], names=("car", "person"), source=CARRIED)
+    out = combine(edge, carried)
+    assert [out.names[c] for c in out.class_ids] == ["person"]
+
+
+def test_a_box_leaving_the_frame_stays_inside_the_frame():
+    # A coarse template scale (8 px for a 100 px box) rounds the window and the template by
+    # up to half a pixel each: without clamping, the best match at the window's edge maps
+    # back to a box several pixels past the frame's border.
+    cfg = CarryConfig(frames=30, template_px=8, min_match=0.3)
+    near = np.kron(digit(10, 7, seed_=4), np.ones((10, 10)))[:, :67]  # 100x67 px
+
+    def frame(x, k):
+        img = scene([], size=(360, 640), seed_=k)
+        img[100:200, x:min(640, x + 67)] = near[:, :640 - x, None]
+        return img
+
+    state = seed(frame(570, 0), D([[570, 100, 637, 200, 0.9, 0]], source="cloud"), cfg)
+    seen = 0
+    for k in range(1, 8):  # 1 px right per frame: partly out of view from frame 4 on
+        state = step(state, frame(570 + k, k), cfg)
+        if len(state):
+            seen += 1
+            x0, y0, x1, y1 = state.detections().boxes[0]
+            assert 0 <= x0 < x1 <= 640 and 0 <= y0 < y1 <= 360
+    assert seen >= 4
