@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Dict, Tuple
 
+import cv2
 import numpy as np
 
 from edgewise.carrying import CarryConfig, CarryState, combine, seed, step
@@ -33,9 +34,10 @@ class Carrier:
         self._state: Dict[str, Tuple[int, CarryState]] = {}
 
     def sent(self, stream: str, seq: int, image: np.ndarray) -> None:
-        """Frame ``seq`` of ``stream`` was escalated: keep its pixels for the answer."""
+        """Frame ``seq`` of ``stream`` was escalated: keep its pixels (grey, a third of the
+        bytes; the templates are grey) for the answer."""
         waiting = self._waiting.setdefault(stream, OrderedDict())
-        waiting[seq] = image
+        waiting[seq] = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
         while len(waiting) > MAX_WAITING:
             waiting.popitem(last=False)
 

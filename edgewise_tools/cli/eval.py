@@ -43,7 +43,7 @@ def _handler(args: argparse.Namespace) -> int:
         payloads=args.payloads, payload=args.payload, cloud_input=args.cloud_input, samples=args.samples,
         target_rate=args.target_rate, target_fraction=args.target_fraction, target_gap=args.target_gap,
         target_uplink=args.target_uplink, target_margin=args.target_margin, target_edge_ratio=args.target_edge_ratio,
-        carry_lag=args.carry_lag or None,
+        carry_lag=args.carry_lag or None, ours=args.ours,
     )
     result = run_eval(cfg)
     paths = report.write(result, Path(args.out))
@@ -83,6 +83,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the set must have a real gap: edge-only F1 and mAP at most this share of cloud-only's (0.85)")
     p.add_argument("--target-margin", type=float, default=0.03,
                    help="least lead over each baseline, as a share of cloud-only F1, with its interval above 0 (0.03)")
+    p.add_argument("--ours", choices=("combined", "learned"), default=None,
+                   help="the policy declared ours, judged against the target (default: learned when "
+                        "--train-data fits it, else combined)")
     p.add_argument("--carry-lag", type=int, default=1,
                    help="frames after an escalated frame from which the edge carries its answer (the policy's "
                         "merge.carryFrames): 1, back before the next frame; 0: carry nothing")

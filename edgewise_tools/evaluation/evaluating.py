@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from edgewise.errors import ConfigError
 from edgewise.policy import Policy, load_policy
 from edgewise.regions import COMPARED_MODES
 from edgewise.runtime import Detector
@@ -54,6 +55,8 @@ class EvalConfig:
         threads: ONNX Runtime intra-op threads per model.
         model_out: where to write the learned policy's gain model (``signals.learnedModel``
             of a policy file); not written when None or without ``train_data``.
+        ours: the policy declared ours before the test set is looked at (``combined`` or
+            ``learned``); None: the learned one when it was fitted, else the combined hardness.
         carry_lag: with the policy's ``merge.carryFrames`` > 0, an escalated frame's answer is
             carried (:mod:`edgewise.carrying`) from this many frames after it: 1, it is back
             before the next frame (at ``fps`` 10, within 100 ms); each more frame is one more
@@ -81,6 +84,7 @@ class EvalConfig:
     threads: Optional[int] = None
     model_out: Optional[Path] = None
     carry_lag: Optional[int] = 1
+    ours: Optional[str] = None
 
 
 def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, policy: Policy,
@@ -93,6 +97,8 @@ def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, polic
 
 
 def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
+    if cfg.ours is not None and (cfg.ours not in OURS or (cfg.ours == "learned" and cfg.train_data is None)):
+        raise ConfigError(f"--ours {cfg.ours}: declare one of {', '.join(OURS)} (learned needs --train-data)")
     policy = load_policy(cfg.policy)
     mode = cfg.payload or policy.spec.payload.mode
     modes = list(dict.fromkeys(["full", *cfg.payloads, mode, policy.spec.payload.mode]))
@@ -135,7 +141,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
         base[k], per_frame = hybrid.evaluate_frames(records, mask, nc, strategy, iou)
         base[k]["f1_ci"] = bootstrap.f1_interval(bootstrap.per_stream(per_frame, index, n_streams), w)
     rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou, mode, cfg.samples, lag, gaps)
-    ours = "learned" if "learned" in scores else "combined"
+    ours = cfg.ours or ("learned" if "learned" in scores else "combined")
     diffs = hybrid.differences(counts, ours, BASELINES, cfg.rates, cfg.samples)
     policy_mask = hybrid.run_policy(records, policy, cfg.fps)
     thresholds = [round(float(t), 3) for t in np.linspace(0.0, 1.0, 21)]

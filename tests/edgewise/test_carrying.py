@@ -54,7 +54,7 @@ def test_a_large_object_is_matched_at_a_coarser_scale():
     cfg = CarryConfig(frames=30, template_px=32)
     near = np.kron(digit(12, 10, seed_=3), np.ones((10, 10)))  # 120x100 px
     state = seed(scene([(200, 150, near)]), D([[200, 150, 300, 270, 0.9, 0]], source="cloud"), cfg)
-    assert state.tracks[0].scale == pytest.approx(32 / 120)
+    assert state.tracks[0].factor == 4  # 120 px to 30: the smallest whole factor within 32 px
     state = step(state, scene([(212, 154, near)], seed_=5), cfg, frames=2)  # two frames at once
     assert np.allclose(state.detections().boxes[0], [212, 154, 312, 274], atol=4.0)
 
@@ -114,8 +114,8 @@ def test_combine_maps_class_names_across_models():
 
 
 def test_a_box_leaving_the_frame_stays_inside_the_frame():
-    # A coarse template scale (8 px for a 100 px box) rounds the window and the template by
-    # up to half a pixel each: without clamping, the best match at the window's edge maps
+    # A coarse template (a 100 px box shrunk 13 times) covers the box trimmed to whole
+    # multiples of the factor: without clamping, the best match at the window's edge maps
     # back to a box several pixels past the frame's border.
     cfg = CarryConfig(frames=30, template_px=8, min_match=0.3)
     near = np.kron(digit(10, 7, seed_=4), np.ones((10, 10)))[:, :67]  # 100x67 px

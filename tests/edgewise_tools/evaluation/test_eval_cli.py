@@ -37,13 +37,23 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     assert result["frames"] == 12
     assert set(result["at_rates"]) == {"random", "sedna_threshold", "sedna_ibt", "combined", "learned", "oracle"}
     assert result["target"]["best_policy"] != "oracle" and "oracle_f1_fraction" in result["target"]
-    for rows in result["at_rates"].values():
+    for name, rows in result["at_rates"].items():
         assert [r["rate"] for r in rows] == [0.25, 0.5]
-        assert all(abs(r["escalated"] - r["rate"]) < 0.05 for r in rows)
+        if name in ("combined", "learned"):
+            # ours keep camera.yaml's cooldown, 0.3 s at 10 fps: 3 frames apart, so 2 of each
+            # 6-frame stream at most (4 of 12), never more than the rate
+            assert [round(r["escalated"] * 12) for r in rows] == [3, 4]
+        else:
+            assert all(abs(r["escalated"] - r["rate"]) < 0.05 for r in rows)
+    # answers are carried one frame after their escalation (camera.yaml: merge.carryFrames 30)
+    carry = result["carry"]
+    assert carry["frames"] == 30 and carry["lag_frames"] == 1 and carry["cooldown_frames"] == 3
+    assert carry["ours_at_target_rate"]["escalated"] == carry["ours_without_carry"]["escalated"]
     assert result["baselines"]["cloud_only"]["f1_vs_cloud"] == pytest.approx(1.0)
     assert result["baselines"]["edge_only"]["uplink_saved"] == 1.0
     assert len(result["threshold_sweep"]) == 21 and result["learned"]["trained"]
     md = (out / "eval.md").read_text()
+    assert "the edge carries each answer's boxes up to 30 frames" in md
     assert "Policies at equal escalation rates" in md and "Payload modes" in md and "Produced by edgewise" in md
     # every payload mode measured from real encodes; a downscaled frame costs fewer bytes than a whole one
     pay = result["payloads"]
@@ -76,6 +86,19 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     replay = json.loads((again / "eval.json").read_text())
     assert not replay["learned"]["trained"] and not (again / "gain-model.json").exists()
     assert 0.0 < replay["policy_run"]["escalated"] < 1.0  # threshold 0.5: the upper half of the ranking
+    assert replay["ours"] == "combined" and replay["carry"]["cooldown_frames"] == 0
+    # --ours declares the policy judged; --carry-lag 0 carries nothing
+    third = tmp_path / "third"
+    assert main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model), "--policy", str(policy),
+                 "--data", str(tiny_sets / "test"), "--train-data", str(tiny_sets / "train"), "--ours", "combined",
+                 "--carry-lag", "0", "--payloads", "regions", "--out", str(third), "--rates", "0.5",
+                 "--threads", "1"]) == 0
+    declared = json.loads((third / "eval.json").read_text())
+    assert declared["ours"] == "combined" and declared["target"]["ours"] == "combined"
+    assert declared["carry"]["lag_frames"] is None and "carries no answer" in (third / "eval.md").read_text()
+    assert main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model), "--policy", str(policy),
+                 "--data", str(tiny_sets / "test"), "--ours", "learned", "--out", str(tmp_path / "x"),
+                 "--rates", "0.5", "--threads", "1"]) == 2  # learned needs --train-data
 
 
 def test_eval_bad_inputs(tiny_model, tmp_path, capsys) -> None:
