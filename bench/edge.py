@@ -201,7 +201,7 @@ def carry_cost(n_boxes: int = 20, frames: int = 30, size: Tuple[int, int] = (128
                        class_ids=np.arange(n_boxes, dtype=np.int32) % 80, names=names, source="cloud")
     edge = Detections(boxes=boxes + 3, scores=np.full(n_boxes, 0.5, np.float32),
                       class_ids=np.arange(n_boxes, dtype=np.int32) % 80, names=names, source="edge")
-    cfg = CarryConfig()
+    cfg = CarryConfig(frames=30, min_match=0.5)
     state = seed(pics[0], cloud, cfg)
     t0 = time.process_time()
     for pic in pics[1:]:

@@ -47,7 +47,8 @@ CARRIED = "carried"
 
 @dataclass(frozen=True)
 class CarryConfig:
-    """How the cloud's boxes are carried (the policy's ``spec.merge.carry*``).
+    """How the cloud's boxes are carried; ``frames`` and ``min_match`` come from the policy
+    (``spec.merge.carryFrames`` / ``carryMatch``, :meth:`edgewise.policy.schema.Merge.carry`).
 
     Attributes:
         frames: frames after the cloud's answer during which its boxes are carried (0: off).
@@ -57,8 +58,8 @@ class CarryConfig:
         min_search_px: the margin's floor in frame pixels.
     """
 
-    frames: int = 30
-    min_match: float = 0.5
+    frames: int
+    min_match: float
     template_px: int = 32
     search: float = 0.5
     min_search_px: float = 6.0

@@ -5,12 +5,15 @@
 #   1. the headline: the held-out camera test split (900 frames, 30 streams), every payload
 #      mode side by side, policies at equal rates with 95% intervals from resampled streams,
 #      the learned policy fitted on cam-policy -> $MODELS/eval/ (eval.json, eval.md, eval.png,
-#      gain-model.json: examples/policies/learned.yaml uses it)
+#      gain-model.json: examples/policies/learned.yaml uses it); the policy judged against the
+#      target is the one the camera policy file ships, its combined hardness (--ours combined);
+#      answers are carried between escalations (the policy's merge.carryFrames, --carry-lag 1)
 #   2. continuity: the same pair on the episodes test split (1200 frames of 224x224; whole
 #      frames only) -> $MODELS/eval-episodes/; the previous pair's own evaluation stays in
 #      $MODELS/episodes/eval/
-# 14 min 39 s on 2 cores with the splits present (the cloud model runs natively on every test
-# frame once per payload mode, and on the policy split once; the episodes split is small).
+# 29 min on 2 cores with the splits present (the cloud model runs natively on every test
+# frame once per payload mode, and on the policy split once; every answer is tracked through
+# its stream for carrying; the episodes split is small).
 # Usage: scripts/eval_camera.sh [RUN_DIR]   (default runs/camera); env POLICY, MODELS, PY, THREADS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +25,8 @@ THREADS=${THREADS:-2}
 export OMP_WAIT_POLICY=PASSIVE
 PY="$PY" scripts/camera_data.sh "$RUN" cam-test cam-policy tune-test
 "$PY" -m edgewise.cli eval --edge "$MODELS/edge-int8.onnx" --cloud "$MODELS/cloud.onnx" --policy "$POLICY" \
-    --data "$RUN/data/cam-test" --train-data "$RUN/data/cam-policy" --out "$MODELS/eval" --threads "$THREADS" \
+    --data "$RUN/data/cam-test" --train-data "$RUN/data/cam-policy" --ours combined --out "$MODELS/eval" \
+    --threads "$THREADS" \
     2>&1 | tee "$RUN/eval-camera.log"
 "$PY" -m edgewise.cli eval --edge "$MODELS/edge-int8.onnx" --cloud "$MODELS/cloud.onnx" --policy "$POLICY" \
     --data "$RUN/data/tune-test" --payloads full --payload full --out "$MODELS/eval-episodes" \

@@ -146,6 +146,9 @@ def explain(policy: Policy) -> str:
             f"Merge: edge and cloud boxes of one class with IoU >= {s.merge.iou:g} are fused "
             f"(weighted box fusion); unmatched edge boxes kept when score >= {s.merge.edge_floor:g}."
         )
+    if s.merge.carry_frames:
+        lines.append(f"Carrying: the cloud's boxes are tracked and kept up to {s.merge.carry_frames} frames after "
+                     f"its answer (dropped below a template match of {s.merge.carry_match:g}).")
     warns = warnings(policy)
     if warns:
         lines.append("Warnings:")

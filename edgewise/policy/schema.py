@@ -289,7 +289,8 @@ class Merge:
     carry_frames: int = opt(
         "carryFrames", "int",
         "Frames after a cloud answer during which the edge tracks the cloud's boxes and keeps publishing "
-        "them (0: off; docs/design/escalation.md#carrying-the-clouds-answer).", 30, lo=0, hi=1000,
+        "them (0: off). It pays with a fixed camera and a cloud whose boxes are precise; with a noisy cloud "
+        "it carries its false boxes (docs/design/escalation.md#carrying-the-clouds-answer).", 0, lo=0, hi=1000,
     )
     carry_match: float = opt(
         "carryMatch", "float",

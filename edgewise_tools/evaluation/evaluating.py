@@ -134,7 +134,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     gap = int(math.ceil(policy.spec.cooldown_seconds * cfg.fps - 1e-9))
     gaps = {k: gap for k in OURS}
     streams = [r.stream for r in records]
-    index, n_streams = bootstrap.stream_ids([r.stream for r in records])
+    index, n_streams = bootstrap.stream_ids(streams)
     w = bootstrap.weights(n_streams, cfg.samples)
     base: Dict[str, Dict[str, Any]] = {}
     for k, mask in (("edge_only", np.zeros(n, bool)), ("cloud_only", np.ones(n, bool))):

@@ -153,9 +153,12 @@ def verdict(result: Dict[str, Any]) -> List[str]:
     out.append(f"**Overall: target {'met' if t['met'] else 'NOT met'}.** Best of all policies at {at}: "
                f"{_label(t['best_policy'])}, {_pct(t['best_f1_fraction'])} of cloud F1.")
     if t.get("oracle_f1_fraction") is not None:
-        out.append(f"An oracle that ranks frames by what escalating them truly gains keeps "
-                   f"{_pct(t['oracle_f1_fraction'])} at {at}: about the ceiling for frame selection with this "
-                   "model pair.")
+        carried = bool((result.get("carry") or {}).get("lag_frames"))
+        out.append(f"An oracle that ranks frames by what escalating each one alone truly gains keeps "
+                   f"{_pct(t['oracle_f1_fraction'])} at {at}: "
+                   + ("a reference, not a ceiling, once answers are carried (a frame's gain then depends on "
+                      "the frames escalated before it)." if carried else
+                      "about the ceiling for frame selection with this model pair."))
     if not t.get("cloud_better", True):
         out.append(f"The cloud model is not more accurate than the edge model on this set (F1 "
                    f"{base['cloud_only']['f1']:.3f} vs {base['edge_only']['f1']:.3f}): escalation has nothing "

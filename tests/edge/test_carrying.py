@@ -26,7 +26,7 @@ def frame(x, k=0):
     return img
 
 
-CFG = CarryConfig(frames=30)
+CFG = CarryConfig(frames=30, min_match=0.5)
 CLOUD = D([[100, 80, 114, 100, 0.9, 1]], source="cloud")
 NONE = D([])
 
@@ -65,7 +65,7 @@ def test_the_carry_ends_when_the_object_is_gone_or_carrying_is_off():
     blank = np.clip(120 + np.random.default_rng(5).normal(0, 3, (240, 320, 3)), 0, 255).astype(np.uint8)
     assert c.apply("cam", 1, blank, NONE, CFG) is NONE and c.carrying("cam") == 0
     c.sent("cam", 2, frame(100))
-    c.answered("cam", 2, CLOUD, CarryConfig(frames=0))  # the policy turned it off
+    c.answered("cam", 2, CLOUD, CarryConfig(frames=0, min_match=0.5))  # the policy turned it off
     assert c.carrying("cam") == 0
 
 

@@ -37,7 +37,7 @@ def digit(h=20, w=14, seed_=1):
 
 
 def test_a_small_object_is_followed_frame_by_frame():
-    cfg = CarryConfig(frames=30)
+    cfg = CarryConfig(frames=30, min_match=0.5)
     far = digit()
     state = seed(scene([(100, 80, far)]), D([[100, 80, 114, 100, 0.8, 1]], source="cloud"), cfg)
     assert len(state) == 1
@@ -51,7 +51,7 @@ def test_a_small_object_is_followed_frame_by_frame():
 
 
 def test_a_large_object_is_matched_at_a_coarser_scale():
-    cfg = CarryConfig(frames=30, template_px=32)
+    cfg = CarryConfig(frames=30, min_match=0.5, template_px=32)
     near = np.kron(digit(12, 10, seed_=3), np.ones((10, 10)))  # 120x100 px
     state = seed(scene([(200, 150, near)]), D([[200, 150, 300, 270, 0.9, 0]], source="cloud"), cfg)
     assert state.tracks[0].factor == 4  # 120 px to 30: the smallest whole factor within 32 px
@@ -60,7 +60,7 @@ def test_a_large_object_is_matched_at_a_coarser_scale():
 
 
 def test_an_object_that_leaves_is_dropped_not_guessed():
-    cfg = CarryConfig(frames=30)
+    cfg = CarryConfig(frames=30, min_match=0.5)
     far = digit()
     state = seed(scene([(100, 80, far)]), D([[100, 80, 114, 100, 0.8, 1]], source="cloud"), cfg)
     state = step(state, scene([], seed_=7), cfg)  # gone: only noise where it was
@@ -68,7 +68,7 @@ def test_an_object_that_leaves_is_dropped_not_guessed():
 
 
 def test_the_answer_expires_after_its_frames():
-    cfg = CarryConfig(frames=3)
+    cfg = CarryConfig(frames=3, min_match=0.5)
     far = digit()
     frame = scene([(100, 80, far)])
     state = seed(frame, D([[100, 80, 114, 100, 0.8, 1]], source="cloud"), cfg)
@@ -79,7 +79,7 @@ def test_the_answer_expires_after_its_frames():
 
 
 def test_flat_boxes_and_boxes_outside_the_frame_are_not_tracked():
-    cfg = CarryConfig()
+    cfg = CarryConfig(frames=30, min_match=0.5)
     flat = np.zeros((50, 50, 3), np.uint8)
     state = seed(flat, D([[10, 10, 30, 30, 0.9, 0], [49, 49, 80, 80, 0.9, 0]], source="cloud"), cfg)
     assert len(state) == 0
@@ -87,9 +87,9 @@ def test_flat_boxes_and_boxes_outside_the_frame_are_not_tracked():
 
 def test_off_carries_nothing_and_bad_steps_are_refused():
     frame = scene([(100, 80, digit())])
-    assert len(seed(frame, D([[100, 80, 114, 100, 0.8, 1]]), CarryConfig(frames=0))) == 0
+    assert len(seed(frame, D([[100, 80, 114, 100, 0.8, 1]]), CarryConfig(frames=0, min_match=0.5))) == 0
     with pytest.raises(ValueError, match="frames must be >= 1"):
-        step(CarryState(), frame, CarryConfig(), frames=0)
+        step(CarryState(), frame, CarryConfig(frames=30, min_match=0.5), frames=0)
 
 
 def test_combine_keeps_the_edge_box_with_the_clouds_class_and_adds_what_only_the_cloud_saw():
@@ -117,7 +117,7 @@ def test_a_box_leaving_the_frame_stays_inside_the_frame():
     # A coarse template (a 100 px box shrunk 13 times) covers the box trimmed to whole
     # multiples of the factor: without clamping, the best match at the window's edge maps
     # back to a box several pixels past the frame's border.
-    cfg = CarryConfig(frames=30, template_px=8, min_match=0.3)
+    cfg = CarryConfig(frames=30, min_match=0.3, template_px=8)
     near = np.kron(digit(10, 7, seed_=4), np.ones((10, 10)))[:, :67]  # 100x67 px
 
     def frame(x, k):
