@@ -33,9 +33,11 @@ class Carrier:
         self._waiting: Dict[str, OrderedDict[int, np.ndarray]] = {}
         self._state: Dict[str, Tuple[int, CarryState]] = {}
 
-    def sent(self, stream: str, seq: int, image: np.ndarray) -> None:
+    def sent(self, stream: str, seq: int, image: np.ndarray, cfg: CarryConfig) -> None:
         """Frame ``seq`` of ``stream`` was escalated: keep its pixels (grey, a third of the
-        bytes; the templates are grey) for the answer."""
+        bytes; the templates are grey) for the answer, when the policy carries answers."""
+        if not cfg.enabled:
+            return
         waiting = self._waiting.setdefault(stream, OrderedDict())
         waiting[seq] = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
         while len(waiting) > MAX_WAITING:

@@ -247,7 +247,7 @@ class Pipeline:
         )
         if d.escalate and self.escalating is not None and policy is not None:
             record.outcome = "pending"
-            self.escalating.carrier.sent(frame.stream_id, frame.seq, frame.image)
+            self.escalating.carrier.sent(frame.stream_id, frame.seq, frame.image, policy.spec.merge.carry())
             self.escalating.submit(frame, dets, d, policy, record, verdict.motion_blobs)
         else:
             if d.escalate:
