@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Dict, Tuple
 
-import cv2
 import numpy as np
 
-from edgewise.carrying import CarryConfig, CarryState, combine, seed, step
+from edgewise.carrying import CarryConfig, CarryState, combine, grey, seed, step
 from edgewise.detections import Detections
 
 #: escalated frames per stream whose pixels are kept for their answer (the oldest go first)
@@ -39,7 +38,7 @@ class Carrier:
         if not cfg.enabled:
             return
         waiting = self._waiting.setdefault(stream, OrderedDict())
-        waiting[seq] = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
+        waiting[seq] = grey(image)
         while len(waiting) > MAX_WAITING:
             waiting.popitem(last=False)
 

@@ -100,7 +100,8 @@ class CarryState:
         )
 
 
-def _grey(patch: np.ndarray) -> np.ndarray:
+def grey(patch: np.ndarray) -> np.ndarray:
+    """``patch`` in grey (BGR converted, grey as it is): what templates are cut from and matched on."""
     return cv2.cvtColor(patch, cv2.COLOR_BGR2GRAY) if patch.ndim == 3 else patch
 
 
@@ -124,7 +125,7 @@ def seed(image: np.ndarray, cloud: Detections, cfg: CarryConfig) -> CarryState:
         if x1 - x0 < 3 or y1 - y0 < 3:
             continue  # (almost) outside the frame: nothing to track
         factor = max(1, -(-max(x1 - x0, y1 - y0) // cfg.template_px))
-        tpl = _shrunk(_grey(image[y0:y1, x0:x1]), factor)
+        tpl = _shrunk(grey(image[y0:y1, x0:x1]), factor)
         if tpl.shape[0] < 3 or tpl.shape[1] < 3 or float(tpl.std()) < 1e-3:
             continue  # a flat patch matches anywhere
         tracks.append(_Track((float(x0), float(y0), float(x1), float(y1)), tpl, factor, int(cid), float(score)))
@@ -139,7 +140,7 @@ def _follow(t: _Track, image: np.ndarray, cfg: CarryConfig, frames: int) -> Opti
     wx1, wy1 = int(min(float(w), x1 + margin)), int(min(float(h), y1 + margin))
     if wx1 <= wx0 or wy1 <= wy0:
         return None
-    window = _shrunk(_grey(image[wy0:wy1, wx0:wx1]), t.factor)
+    window = _shrunk(grey(image[wy0:wy1, wx0:wx1]), t.factor)
     th, tw = t.template.shape[:2]
     if window.shape[0] < th or window.shape[1] < tw:
         return None  # pushed against the frame's edge: leaving the view
