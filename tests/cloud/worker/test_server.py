@@ -264,10 +264,13 @@ def test_load_reports_sane_numbers_and_metrics_are_exported(tiny_model):
     assert "edgewise_worker_batching 1.0" in text  # batching.mode on
 
 
-def test_auto_batching_serves_batch_1_without_queue_delay_on_cpu(tiny_model, caplog):
-    # The real model on ONNX Runtime's CPU backend: a batch does not raise the images/s
-    # (docs/design/batching.md#batching-where-it-pays), so the worker must not hold requests.
-    settings = make_settings(tiny_model, mode="auto", max_batch_size=8, max_queue_delay_ms=300)
+def test_auto_batching_serves_batch_1_without_queue_delay_when_a_batch_does_not_pay(tiny_model, caplog):
+    # Whether a batch pays on a CPU depends on the CPU and the model: the cloud model gains
+    # nothing (docs/design/batching.md#batching-where-it-pays), but this tiny model's per-run
+    # overhead lets batch 8 reach 1.5x on some CPUs. A gain threshold above the batch size
+    # cannot be met by any measurement, so the warm-up decides "batch 1" on every machine and
+    # the test checks what the worker then does: it must not hold requests.
+    settings = make_settings(tiny_model, mode="auto", max_batch_size=8, max_queue_delay_ms=300, min_gain=9.0)
 
     async def main():
         async with running(settings) as (srv, stub, _ch):
@@ -282,7 +285,7 @@ def test_auto_batching_serves_batch_1_without_queue_delay_on_cpu(tiny_model, cap
 
     with caplog.at_level("INFO", logger="cloud.worker.server"):
         decision, lone, together, load, text = asyncio.run(main())
-    assert decision is not None and not decision.batch and decision.size == 8 and 0 < decision.gain < 1.5
+    assert decision is not None and not decision.batch and decision.size == 8 and 0 < decision.gain < 9.0
     assert lone.timing.queue_ms < 100 and lone.timing.batch_size == 1  # batching would hold it 300 ms
     assert [r.timing.batch_size for r in together] == [1, 1, 1, 1]
     assert load.max_batch_size == 1  # the gateway sees the batch it will get
