@@ -302,6 +302,7 @@ class EdgeDaemon:
                 s.device_id, self.transports, self.sinks.write, self.metrics, spool=self.spool,
                 default_transport=s.cloud.transport, max_in_flight=s.cloud.max_in_flight,
                 replay_interval_s=s.spool.replay_interval_s, replay_batch=s.spool.replay_batch, names=names,
+                replay_deadline_s=s.spool.replay_deadline_s,
             )
         ready = asyncio.Event()
         queues: Dict[str, FrameQueue] = {}
@@ -363,7 +364,12 @@ class EdgeDaemon:
         try:
             await self.pipeline.run()
             if not self.stopping and self.escalating is not None:
-                # Sources ended by themselves: let the last escalations settle.
+                # Sources ended by themselves (files): let the last escalations settle and
+                # what the spool holds be answered, within spool.replay_at_end_s.
+                left = await self.escalating.replay_rest(s.spool.replay_at_end_s, self.stop_event)
+                if left:
+                    log.warning("sources ended; %d escalations still spooled after spool.replay_at_end_s "
+                                "(%g s): they are replayed at the next start", left, s.spool.replay_at_end_s)
                 await self.escalating.drain(s.shutdown_grace_s)
         finally:
             self.stopping = True

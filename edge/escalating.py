@@ -38,6 +38,7 @@ from edge.carrying import Carrier
 from edge.metrics import EdgeMetrics
 from edge.payloads import Spooled, build_request, detections_json, note_payload, seen_regions
 from edge.records import FrameRecord
+from edge.settings import SpoolSettings
 from edge.sources.base import Frame
 from edge.spool import Spool, SpoolError, SpoolFull, SpoolItem, SpoolStats
 from edge.transports import Transport, TransportError
@@ -63,9 +64,10 @@ class Escalating:
         spool: Optional[Spool] = None,
         default_transport: str = "grpc",
         max_in_flight: int = 16,
-        replay_interval_s: float = 2.0,
-        replay_batch: int = 8,
+        replay_interval_s: float = SpoolSettings.replay_interval_s,
+        replay_batch: int = SpoolSettings.replay_batch,
         names: Tuple[str, ...] = (),
+        replay_deadline_s: float = SpoolSettings.replay_deadline_s,
     ) -> None:
         self.device_id = device_id
         self.transports = transports
@@ -76,6 +78,7 @@ class Escalating:
         self.max_in_flight = max_in_flight
         self.replay_interval_s = replay_interval_s
         self.replay_batch = replay_batch
+        self.replay_deadline_s = replay_deadline_s
         self.names = names
         self.carrier = Carrier()  # the answers the pipeline keeps publishing between escalations
         self.tasks: Set[asyncio.Task[None]] = set()  # escalations waiting for the cloud
@@ -381,7 +384,7 @@ class Escalating:
             return None
         t0 = time.monotonic()
         try:
-            resp = await transport.detect(req, spooled.deadline_ms / 1000.0)
+            resp = await transport.detect(req, max(spooled.deadline_ms / 1000.0, self.replay_deadline_s))
         except TransportError as exc:
             if exc.spoolable:
                 self.metrics.spool_events.labels("nack").inc()
@@ -426,6 +429,30 @@ class Escalating:
         self._spool_dropped = now
 
     # ---------------------------------------------------------------- shutdown
+    async def replay_rest(self, limit_s: float, stop: asyncio.Event) -> int:
+        """Every source ended by itself (a file): wait up to ``limit_s`` while the escalations
+        in flight settle and the replay loop empties the spool, so a recorded video's
+        escalations get their answers before the daemon exits. Returns the entries still
+        spooled (they stay on disk for the next start); ``stop`` (SIGTERM) cuts it short."""
+        if self.spool is None or limit_s <= 0:
+            return 0
+        end = asyncio.get_running_loop().time() + limit_s
+        while True:
+            if self.tasks or self.settling:
+                await asyncio.wait(list(self.tasks | self.settling), timeout=0.2)
+                continue
+            st = await self._spool_call(self.spool.stats)
+            self._show_spool(st)
+            left = end - asyncio.get_running_loop().time()
+            if st.depth == 0 or left <= 0 or stop.is_set():
+                return st.depth
+            if st.depth:
+                self.replay_now.set()  # do not wait for the replay interval
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=min(0.2, left))
+            except asyncio.TimeoutError:
+                pass
+
     async def drain(self, grace_s: float) -> None:
         """Let in-flight escalations finish for ``grace_s``; then cut off those still
         waiting for the cloud, which settle per policy (spooled, usually), so SIGTERM

@@ -164,6 +164,14 @@ class SpoolSettings:
     replay_interval_s: float = setting("How often the replay task tries the cloud while the spool is "
                                        "non-empty, seconds.", 2.0, lo=0, lo_open=True)
     replay_batch: int = setting("Entries taken from the spool per replay round.", 8, lo=1)
+    replay_deadline_s: float = setting(
+        "Least deadline of one replayed escalation, seconds (the policy's `deadlineMs` when longer). A replay "
+        "is late anyway; held to a live deadline that a backlogged or slow cloud cannot meet, every replay "
+        "would time out and the spool would never drain.", 10.0, lo=0, lo_open=True)
+    replay_at_end_s: float = setting(
+        "When every source has ended by itself (files, `max_frames`), keep replaying the spool for up to "
+        "this long before exiting, so a recorded video's escalations get their answers; what is left stays "
+        "spooled for the next start. 0: exit at once. A stop signal never waits for it.", 60.0, lo=0)
 
 
 @dataclass

@@ -246,6 +246,7 @@ class _Progress:
         self.t0 = time.monotonic()
         self.tty = stream.isatty()
         self.last_print = 0.0
+        self.metrics: Dict[str, float] = {}  # the last scrape that answered (the daemon may have exited)
 
     def show(self, note: str = "") -> None:
         if not self.enabled:
@@ -258,7 +259,8 @@ class _Progress:
         final = R.latest_per_frame(recs)
         esc = [r for r in final.values() if r.get("escalated")]
         rtts = sorted(r["cloud_rtt_ms"] for r in final.values() if r.get("cloud_rtt_ms"))
-        m = _scrape(self.metrics_port)
+        self.metrics = _scrape(self.metrics_port) or self.metrics
+        m = self.metrics
         elapsed = now - self.t0
         line = (f"[{elapsed:5.1f}s] frames {len(final)}/{self.total}  fps {len(final) / max(elapsed, 1e-6):5.1f}  "
                 f"escalated {len(esc)} ({100 * len(esc) / max(len(final), 1):4.1f}%)  "

@@ -172,6 +172,42 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
     spool.close()
 
 
+def test_a_replay_gets_longer_than_the_live_deadline(tmp_path, real_cloud):
+    """A cloud slower than the policy's deadline (a backlog, a heavy payload): the live
+    escalation times out and is spooled; its replay waits up to spool.replay_deadline_s
+    (shipped default) and is answered. Held to the live 300 ms, it would time out on every
+    round while the worker computed it again each time."""
+    import time
+
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    policy = parse_policy(policy_yaml("p", deadline_ms=300))
+    written = []
+    release = real_cloud.block_worker(0)
+
+    async def run():
+        grpc_t = GrpcTransport([real_cloud.address])
+        esc = Escalating("dev", {"grpc": grpc_t}, written.append, EdgeMetrics(), spool=spool)
+        frame = Frame("cam", 0, np.full((48, 64, 3), 40, np.uint8), 0, 0.0)
+        esc.submit(frame, dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}), policy,
+                   frame_record("cam", 0))
+        await async_wait_until(lambda: len(written) == 1, 30, "the spooled record")
+        asyncio.get_running_loop().call_later(1.0, release.set)  # the worker answers a second later
+        t0 = time.monotonic()
+        settled = await esc.replay_once()
+        waited = time.monotonic() - t0
+        await esc.drain(0.1)
+        await esc.close()
+        await grpc_t.close()
+        return settled, waited
+
+    settled, waited = asyncio.run(run())
+    assert written[0].outcome == "spooled", written[0]
+    assert settled == 1 and waited > 0.3, waited
+    assert written[-1].outcome == "cloud" and written[-1].late
+    assert len(spool) == 0
+    spool.close()
+
+
 async def _escalating_on_a_loop() -> Escalating:
     return Escalating("dev", {}, lambda rec: None, EdgeMetrics())
 

@@ -189,6 +189,64 @@ def test_stop_spools_in_flight_escalations(tmp_path, tiny_model, real_cloud):
     sp.close()
 
 
+def _file_like_run(tmp_path, tiny_model, real_cloud, **spool):
+    """Six frames of a source that ends by itself, every one escalated while the worker is down."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("p", {"s": "always"}, deadline_ms=2000))
+    s = base_settings(
+        tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "max_frames": 6}],
+        policy_file=str(policy), cloud={"endpoints": [real_cloud.address]},
+        spool={"path": str(tmp_path / "spool.db"), "replay_interval_s": 0.2, **spool},
+    )
+    real_cloud.stop_worker(0)
+    return EdgeDaemon(s)
+
+
+def _spooled(tmp_path) -> int:
+    return sum(r["outcome"] == "spooled" for r in read_jsonl(tmp_path / "out.jsonl"))
+
+
+def test_a_source_that_ends_waits_for_the_spool_to_be_answered(tmp_path, tiny_model, real_cloud):
+    """A recorded video the cloud could not answer in time: after its last frame the daemon
+    keeps replaying (spool.replay_at_end_s) and exits once every escalation has its answer."""
+    from edge.spool import Spool
+
+    d = _file_like_run(tmp_path, tiny_model, real_cloud)
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: _spooled(tmp_path) == 6, 60, "six escalations spooled")
+        await asyncio.sleep(0.5)
+        assert not task.done()  # the source has ended; the daemon waits for the cloud
+        await asyncio.get_running_loop().run_in_executor(None, real_cloud.start_worker, 0)
+        return await asyncio.wait_for(task, 30)
+
+    assert asyncio.run(run()) == 0
+    recs = read_jsonl(tmp_path / "out.jsonl")
+    late = sorted(r["frame_seq"] for r in recs if r["outcome"] == "cloud" and r["late"])
+    assert late == list(range(6)), [(r["frame_seq"], r["outcome"]) for r in recs]
+    sp = Spool(str(tmp_path / "spool.db"), max_bytes=1 << 30, max_age_s=3600)
+    assert len(sp) == 0
+    sp.close()
+
+
+def test_a_source_that_ends_keeps_what_the_cloud_did_not_answer_in_time(tmp_path, tiny_model, real_cloud, caplog):
+    """Past spool.replay_at_end_s the daemon exits; the escalations stay spooled for the next start."""
+    import time
+
+    from edge.spool import Spool
+
+    d = _file_like_run(tmp_path, tiny_model, real_cloud, replay_at_end_s=1.0)
+    t0 = time.monotonic()
+    assert asyncio.run(d.run()) == 0
+    assert time.monotonic() - t0 < 30
+    assert _spooled(tmp_path) == 6
+    sp = Spool(str(tmp_path / "spool.db"), max_bytes=1 << 30, max_age_s=3600)
+    assert len(sp) == 6
+    sp.close()
+    assert any("6 escalations still spooled after spool.replay_at_end_s" in r.getMessage() for r in caplog.records)
+
+
 def test_sighup_reloads_policy(tmp_path, tiny_model):
     """A real SIGHUP (file polling effectively off) puts the new policy in force."""
     import os
