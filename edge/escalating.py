@@ -436,18 +436,19 @@ class Escalating:
         spooled (they stay on disk for the next start); ``stop`` (SIGTERM) cuts it short."""
         if self.spool is None or limit_s <= 0:
             return 0
-        end = asyncio.get_running_loop().time() + limit_s
+        loop = asyncio.get_running_loop()
+        end = loop.time() + limit_s
         while True:
-            if self.tasks or self.settling:
-                await asyncio.wait(list(self.tasks | self.settling), timeout=0.2)
+            busy = self.tasks | self.settling
+            if busy and loop.time() < end and not stop.is_set():
+                await asyncio.wait(list(busy), timeout=min(0.2, end - loop.time()))
                 continue
             st = await self._spool_call(self.spool.stats)
             self._show_spool(st)
-            left = end - asyncio.get_running_loop().time()
-            if st.depth == 0 or left <= 0 or stop.is_set():
-                return st.depth
-            if st.depth:
-                self.replay_now.set()  # do not wait for the replay interval
+            left = end - loop.time()
+            if (st.depth == 0 and not busy) or left <= 0 or stop.is_set():
+                return st.depth  # what is still in flight settles in drain()
+            self.replay_now.set()  # do not wait for the replay interval
             try:
                 await asyncio.wait_for(stop.wait(), timeout=min(0.2, left))
             except asyncio.TimeoutError:
