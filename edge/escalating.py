@@ -407,10 +407,13 @@ class Escalating:
         self.metrics.spool_events.labels("replayed").inc()
         return True
 
-    async def update_spool_metrics(self) -> None:
-        """Refresh the spool gauges (depth, bytes, oldest age)."""
-        if self.spool is not None:
-            self._show_spool(await self._spool_call(self.spool.stats))
+    async def update_spool_metrics(self) -> Optional[SpoolStats]:
+        """Refresh the spool gauges (depth, bytes, oldest age); the stats they came from."""
+        if self.spool is None:
+            return None
+        st = await self._spool_call(self.spool.stats)
+        self._show_spool(st)
+        return st
 
     def _show_spool(self, st: SpoolStats) -> None:
         """Gauges from the spool's stats; its persisted drop counters (age expiry and
@@ -443,8 +446,8 @@ class Escalating:
             if busy and loop.time() < end and not stop.is_set():
                 await asyncio.wait(list(busy), timeout=min(0.2, end - loop.time()))
                 continue
-            st = await self._spool_call(self.spool.stats)
-            self._show_spool(st)
+            st = await self.update_spool_metrics()
+            assert st is not None  # there is a spool
             left = end - loop.time()
             if (st.depth == 0 and not busy) or left <= 0 or stop.is_set():
                 return st.depth  # what is still in flight settles in drain()
