@@ -45,11 +45,12 @@ def say(line: str) -> None:
 # ------------------------------------------------------------------------------ models
 
 def default_models() -> Tuple[Path, Path, str]:
-    """The reference pair from ``models/`` when present, else seeded stand-ins (built once,
+    """The demo's reference pair (``edgewise_tools.demo.running.DEMO_EDGE_MODEL`` /
+    ``DEMO_CLOUD_MODEL``, the camera pair) when present, else seeded stand-ins (built once,
     cached): YOLOv5n@320 INT8 for the edge and YOLOv5s@320 float for the cloud, 10 classes."""
-    ref_e, ref_c = ROOT / "models" / "edge-int8.onnx", ROOT / "models" / "cloud.onnx"
+    ref_e, ref_c = demo.DEMO_EDGE_MODEL, demo.DEMO_CLOUD_MODEL
     if ref_e.is_file() and ref_c.is_file():
-        return ref_e, ref_c, "reference models (models/)"
+        return ref_e, ref_c, f"reference models ({ref_c.parent.relative_to(ROOT)}/)"
     from edgewise.synth import CLASS_NAMES
     from edgewise_tools.models import build_onnx
     from edgewise_tools.models.quantize import quantize
@@ -72,17 +73,16 @@ def default_models() -> Tuple[Path, Path, str]:
 
 # ------------------------------------------------------------------------------ data
 
-def camera_folders(distinct: int, frames: int, size: Tuple[int, int], seed: int) -> List[Path]:
-    """``distinct`` generated camera streams of ``frames`` images each, of the demo's world
-    (``camera``; cached by parameters); the daemons loop over them, so a long run needs few images."""
-    preset = demo.DemoConfig().preset
+def camera_folders(preset: str, distinct: int, frames: int, size: Tuple[int, int], seed: int) -> List[Path]:
+    """``distinct`` generated camera streams of ``frames`` images each of an ``edgewise synth``
+    world (cached by parameters); the daemons loop over them, so a long run needs few images."""
     key = f"{preset}-s{distinct}-f{frames}-{size[0]}x{size[1]}-seed{seed}"
     data = DATA_CACHE / key
     if not (data / "cams" / f"cam{distinct - 1}").is_dir():
         tmp = DATA_CACHE / (key + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         say(f"generating {distinct} camera streams x {frames} frames ({size[0]}x{size[1]}) ...")
-        cfg = demo.DemoConfig(streams=distinct, frames=frames, seed=seed, size=size)
+        cfg = demo.DemoConfig(streams=distinct, frames=frames, seed=seed, size=size, preset=preset)
         demo._generate(cfg, tmp)
         demo._stream_folders(tmp, distinct)
         shutil.rmtree(data, ignore_errors=True)

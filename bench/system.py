@@ -21,9 +21,12 @@ for a few seconds, and (over MQTT) our own Mosquitto broker restarted.
     .venv/bin/python bench/system.py --quick --json out.json
     .venv/bin/python bench/system.py --n 1,2,4 --fps 5 --seconds 20 --workers 2
 
-Models: ``models/edge-int8.onnx`` + ``models/cloud.onnx`` when present, else
-seeded stand-ins (YOLOv5n@320 INT8 edge, YOLOv5s@320 cloud); override with
-``--edge-model/--cloud-model``. Targets: docs/design/README.md#targets.
+Models: the demo's reference pair (``models/camera/``) when present, else seeded stand-ins
+(YOLOv5n@320 INT8 edge, YOLOv5s@320 cloud); override with ``--edge-model/--cloud-model``.
+The cameras show the world the cloud model was trained for, at its frame size and with its
+policy, as ``edgewise demo`` does (camera pair: 1280x720 frames, ``examples/policies/camera.yaml``;
+episodes pair and stand-ins: 224x224, ``examples/policy.yaml``); ``--size`` and ``--policy``
+override. Targets: docs/design/README.md#targets.
 """
 
 from __future__ import annotations
@@ -66,11 +69,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "expected batch time)")
     p.add_argument("--max-delay-ms", type=float, default=5.0, help="worker dynamic batch: longest wait")
     p.add_argument("--per-daemon", type=int, default=4, help="cameras per edge daemon (default 4)")
-    p.add_argument("--edge-model", type=Path, default=None, help="edge ONNX (default models/edge-int8.onnx "
+    p.add_argument("--edge-model", type=Path, default=None, help="edge ONNX (default models/camera/edge-int8.onnx "
                    "or a YOLOv5n@320 INT8 stand-in)")
-    p.add_argument("--cloud-model", type=Path, default=None, help="cloud ONNX (default models/cloud.onnx "
+    p.add_argument("--cloud-model", type=Path, default=None, help="cloud ONNX (default models/camera/cloud.onnx "
                    "or a YOLOv5s@320 stand-in)")
-    p.add_argument("--policy", type=Path, default=ROOT / "examples" / "policy.yaml", help="escalation policy")
+    p.add_argument("--policy", type=Path, default=None,
+                   help="escalation policy (default: the world's, as in edgewise demo)")
     p.add_argument("--audit-fraction", type=float, default=None,
                    help="escalate this deterministic random fraction of easy frames (policy auditFraction; "
                         "default 0 with the reference models, 0.15 with the stand-ins, whose random "
@@ -89,13 +93,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="run the smallest N again (pooling its latencies) until it can bound its p99, "
                         "up to this much camera time in all (the knee's reference; default 420; quick 0 = never)")
     p.add_argument("--target-ms", type=float, default=TARGET_MS, help="escalated p99 target (default 200)")
-    p.add_argument("--size", default="320x240", help="camera frame size WxH")
+    p.add_argument("--size", default="", help="camera frame size WxH (default: the world's, as in edgewise demo)")
     p.add_argument("--seed", type=int, default=7, help="data seed")
     p.add_argument("--json", type=Path, default=None, help="write the JSON summary here")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, sinks)")
     p.add_argument("--report-from", type=Path, default=None,
                    help="print the report of an earlier run's --json file again (runs nothing)")
     a = p.parse_args(argv)
+    a.preset = ""  # the world, set with the models (main) or read back (rerender)
     a.n = [int(x) for x in (a.n or ("1,2" if a.quick else "1,2,4,8")).split(",") if x.strip()]
     a.fps = a.fps if a.fps is not None else 5.0
     a.seconds = a.seconds if a.seconds is not None else (6.0 if a.quick else 20.0)
@@ -109,9 +114,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                 f"--failures from kill,broker,none (got unknown {bad})" if bad else
                 "need --n >= 1, --fps > 0, --seconds >= 2, --workers >= 1, --per-daemon >= 1")
     w, _, h = a.size.partition("x")
-    if not (w.isdigit() and h.isdigit()):
+    if a.size and not (w.isdigit() and h.isdigit()):
         p.error(f"--size {a.size!r}: use WxH, e.g. 320x240")
-    a.size = (int(w), int(h))
+    a.size = (int(w), int(h)) if a.size else None
     return a
 
 
@@ -120,8 +125,10 @@ def rerender(a: argparse.Namespace) -> int:
     doc = json.loads(Path(a.report_from).read_text())
     c = doc["config"]
     for k in ("n", "fps", "seconds", "workers", "worker_threads", "transport", "max_batch", "max_delay_ms",
-              "deadline_ms", "target_ms"):
+              "deadline_ms", "target_ms", "preset"):
         setattr(a, k, c.get(k, getattr(a, k, None)))
+    a.policy = Path(c.get("policy", a.policy or "?"))  # runs before the world was recorded: unknown
+    a.size = tuple(c["size"]) if c.get("size") else None
     m = doc["models"]
     out = report(a, doc["curve"], doc["failures"], int(c["cores"]), m["note"], Path(m["edge"]),
                  Path(m["cloud"]), float(doc.get("wall_seconds", 0.0)), float(c.get("audit_fraction", 0.0)))
@@ -137,6 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return rerender(a)
     t_start = time.monotonic()
     from cloud.local import LocalCloud
+    from edgewise_tools.demo import DemoConfig
 
     if a.edge_model is None or a.cloud_model is None:
         de, dc, note = run.default_models()
@@ -145,13 +153,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         edge_model, cloud_model, models_note = a.edge_model, a.cloud_model, "given on the command line"
     audit = a.audit_fraction if a.audit_fraction is not None else (0.0 if "reference" in models_note else 0.15)
+    world = DemoConfig(edge_model=edge_model, cloud_model=cloud_model, policy=a.policy, size=a.size)
+    a.policy, a.size, a.preset = world.policy_file, world.frame_size, world.preset
     for m in (edge_model, cloud_model, a.policy):
         if not Path(m).is_file():
             print(f"system bench: {m} not found", file=sys.stderr)
             return 2
     work = Path(tempfile.mkdtemp(prefix="edgewise-sysbench-"))
     distinct = min(4, max(a.n + ([a.fail_n] if a.failures else [])))
-    folders = run.camera_folders(distinct, 24, a.size, a.seed)
+    folders = run.camera_folders(world.preset, distinct, 24, a.size, a.seed)
     skipped: Dict[str, str] = {}
     if not run.mqtt_bridge_available():
         if a.transport == "mqtt":
@@ -294,7 +304,8 @@ def report(a: argparse.Namespace, points: List[Dict[str, Any]], failures: Dict[s
         f"{a.workers} cloud workers x {a.worker_threads} thread; {cores} CPU cores)",
         "",
         f"Models: {models_note} — edge `{Path(edge_model).name}`, cloud `{Path(cloud_model).name}`. "
-        f"Policy `{a.policy.name}`"
+        + (f"Cameras: the `{a.preset}` world at {a.size[0]}x{a.size[1]}. " if a.preset and a.size else "")
+        + f"Policy `{a.policy.name}`"
         + (f" with auditFraction {audit:g} (random weights detect nothing, so hardness alone escalates "
            f"nothing)" if audit else "")
         + (f", cloud deadline {a.deadline_ms:g} ms" if a.deadline_ms else "")
@@ -334,8 +345,8 @@ def report(a: argparse.Namespace, points: List[Dict[str, Any]], failures: Dict[s
         "config": {"n": a.n, "fps": a.fps, "seconds": a.seconds, "workers": a.workers,
                    "worker_threads": a.worker_threads, "per_daemon": a.per_daemon, "transport": a.transport,
                    "max_batch": a.max_batch, "max_delay_ms": a.max_delay_ms, "cores": cores,
-                   "deadline_ms": a.deadline_ms,
-                   "quick": a.quick, "audit_fraction": audit,
+                   "deadline_ms": a.deadline_ms, "preset": a.preset, "size": list(a.size or ()),
+                   "policy": str(a.policy), "quick": a.quick, "audit_fraction": audit,
                    "p99_growth": P99_GROWTH, "target_ms": a.target_ms, "fps_floor": FPS_FLOOR},
         "models": {"edge": str(edge_model), "cloud": str(cloud_model), "note": models_note},
         "curve": points,
