@@ -75,6 +75,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--a10-share", type=float, default=d.a10_share, help="share of pods on A10s (rest T4)")
     p.add_argument("--slo-ms", type=float, default=d.slo_ms)
     p.add_argument("--deadline-ms", type=float, default=d.deadline_ms)
+    p.add_argument("--bursts-per-day", type=int, default=d.bursts_per_day,
+                   help=f"bursts at seeded random hours per cell and day (x{d.burst_factor:g} for "
+                        f"{d.burst_minutes:g} min each)")
     p.add_argument("--burst", action="append", default=None, metavar="HOUR:MINUTES",
                    help="a fixed burst at this hour of day (repeatable; replaces the default one at "
                         "18:00 for 10 min; 'none' for no fixed burst)")
@@ -125,7 +128,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                          start_hour=a.start_hour, window_s=a.window_s, peak_per_camera=a.peak_per_camera,
                          failures_per_worker_hour=a.failures_per_worker_hour, cold_start_s=a.cold_start_s,
                          a10_share=a.a10_share, slo_ms=a.slo_ms, deadline_ms=a.deadline_ms,
-                         seed=a.seeds[0], extra_bursts=tuple(extra))
+                         bursts_per_day=a.bursts_per_day, seed=a.seeds[0], extra_bursts=tuple(extra))
     try:
         a.scenario.validate()
     except ValueError as exc:

@@ -188,3 +188,12 @@ def test_model_figures() -> None:
                                                   if x >= 0]
     with pytest.raises(ValueError, match="scenario.window_s"):
         s.with_(window_s=20.0).validate()
+
+
+def test_bursts_can_be_switched_off_from_the_command_line() -> None:
+    calm = fleet.parse_args(["--bursts-per-day", "0", "--burst", "none"]).scenario
+    assert calm.bursts_per_day == 0 and M.bursts(calm, "cell0") == []
+    default = fleet.parse_args([]).scenario
+    assert len(M.bursts(default, "cell0")) == default.bursts_per_day * 2 + 1  # warm-up day, the day, 18:00
+    with pytest.raises(SystemExit):
+        fleet.parse_args(["--bursts-per-day", "-1"])
