@@ -302,7 +302,7 @@ class EdgeDaemon:
                 s.device_id, self.transports, self.sinks.write, self.metrics, spool=self.spool,
                 default_transport=s.cloud.transport, max_in_flight=s.cloud.max_in_flight,
                 replay_interval_s=s.spool.replay_interval_s, replay_batch=s.spool.replay_batch, names=names,
-                replay_deadline_s=s.spool.replay_deadline_s,
+                replay_deadline_s=s.spool.replay_deadline_s, replay_concurrency=s.spool.replay_concurrency,
             )
         ready = asyncio.Event()
         queues: Dict[str, FrameQueue] = {}

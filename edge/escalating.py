@@ -29,7 +29,19 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple, TypeVar
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    List,
+    NamedTuple,
+    Optional,
+    Set,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -52,6 +64,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class _Answer(NamedTuple):
+    """The cloud's answer to a replayed escalation, waiting to be written in spool order."""
+
+    spooled: Spooled
+    edge: Detections
+    resp: Any  # edgewise.v1.detect_pb2.DetectResponse
+    rtt: float
+
+
 class Escalating:
     """Sends escalations, falls back per policy, replays the spool."""
 
@@ -68,6 +89,7 @@ class Escalating:
         replay_batch: int = SpoolSettings.replay_batch,
         names: Tuple[str, ...] = (),
         replay_deadline_s: float = SpoolSettings.replay_deadline_s,
+        replay_concurrency: int = SpoolSettings.replay_concurrency,
     ) -> None:
         self.device_id = device_id
         self.transports = transports
@@ -79,6 +101,7 @@ class Escalating:
         self.replay_interval_s = replay_interval_s
         self.replay_batch = replay_batch
         self.replay_deadline_s = replay_deadline_s
+        self.replay_concurrency = replay_concurrency
         self.names = names
         self.carrier = Carrier()  # the answers the pipeline keeps publishing between escalations
         self.tasks: Set[asyncio.Task[None]] = set()  # escalations waiting for the cloud
@@ -323,9 +346,13 @@ class Escalating:
                 kick.cancel()
 
     async def replay_once(self) -> int:
-        """One replay round: send spooled entries oldest first until one cannot be
-        delivered now; the settled ones (delivered or rejected) are acknowledged
-        together once their records were written. Returns how many settled.
+        """One replay round: send spooled entries oldest first, ``replay_concurrency`` at a
+        time, until one cannot be delivered now; the settled ones (delivered or rejected) are
+        acknowledged together once their records were written. Returns how many settled.
+
+        Answers are written in spool order whatever order they arrive in. When an entry cannot
+        be delivered, the entries sent beside it that were answered are written (their answer
+        is not thrown away) and the round stops: the rest waits, in order.
 
         When the acknowledgement cannot be written (full disk) the settled ids are kept
         and acknowledged in a later round; they are never sent again meanwhile (the
@@ -337,13 +364,21 @@ class Escalating:
         after = self._unacked[-1] if self._unacked else 0
         entries = await self._spool_call(spool.peek, self.replay_batch, after)  # expires what is too old
         settled: List[int] = []
+        step = max(1, self.replay_concurrency)
         try:
-            for e in entries:
-                done = await self._replay_one(e)
-                if done is None:
-                    await self._spool_call(spool.nack, e.id)
-                    break  # the cloud is still unreachable: the rest waits, in order
-                settled.append(e.id)
+            for start in range(0, len(entries), step):
+                window = entries[start:start + step]
+                answers = await asyncio.gather(*(self._send_replay(e) for e in window))
+                blocked = False
+                for e, answer in zip(window, answers):
+                    done = answer if answer is None or isinstance(answer, bool) else self._settle_replay(e, answer)
+                    if done is None:
+                        await self._spool_call(spool.nack, e.id)
+                        blocked = True  # the cloud is still unreachable
+                    else:
+                        settled.append(e.id)
+                if blocked:
+                    break
         finally:  # also when cancelled at shutdown: what reached the sinks is acknowledged
             if settled:
                 self._unacked.extend(settled)
@@ -363,9 +398,9 @@ class Escalating:
             return
         self._unacked.clear()
 
-    async def _replay_one(self, e: SpoolItem) -> Optional[bool]:
-        """Send one spooled escalation: True when its late record is written, False when
-        it can never be delivered (to be acked away), None to keep it for later."""
+    async def _send_replay(self, e: SpoolItem) -> Union[None, bool, _Answer]:
+        """Send one spooled escalation: its answer to write, False when it can never be
+        delivered (to be acked away), None to keep it for later."""
         from edgewise.v1 import detect_pb2
         from edgewise.wire import detections_from_proto
 
@@ -394,11 +429,16 @@ class Escalating:
             log.error("cloud rejected replayed %s: %s; dropped from the spool", e.key, exc)
             return False  # permanent failure: a resend would fail the same way
         rtt = time.monotonic() - t0
-        record = spooled.record
-        record.error = None
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
+        return _Answer(spooled, edge, resp, rtt)
+
+    def _settle_replay(self, e: SpoolItem, answer: _Answer) -> bool:
+        """Write a replayed escalation's late record: True when written, False when the
+        answer is unusable (to be acked away)."""
+        record = answer.spooled.record
+        record.error = None
         try:
-            self._write_merged(record, edge, resp, spooled.merge, rtt, late=True)
+            self._write_merged(record, answer.edge, answer.resp, answer.spooled.merge, answer.rtt, late=True)
         except ValueError as exc:
             self.metrics.spool_events.labels("rejected").inc()
             log.error("cloud answer to replayed %s unusable (%s); dropped from the spool", e.key, exc)

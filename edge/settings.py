@@ -164,6 +164,10 @@ class SpoolSettings:
     replay_interval_s: float = setting("How often the replay task tries the cloud while the spool is "
                                        "non-empty, seconds.", 2.0, lo=0, lo_open=True)
     replay_batch: int = setting("Entries taken from the spool per replay round.", 8, lo=1)
+    replay_concurrency: int = setting(
+        "Replayed escalations in flight at once (at most `replay_batch`); their late records are still written "
+        "in spool order. One slow answer then does not hold the others behind it for up to "
+        "`replay_deadline_s`; 1 sends them one by one.", 4, lo=1)
     replay_deadline_s: float = setting(
         "Least deadline of one replayed escalation, seconds (the policy's `deadlineMs` when longer). A replay "
         "is late anyway; held to a live deadline that a backlogged or slow cloud cannot meet, every replay "

@@ -17,6 +17,7 @@ from edge.payloads import Spooled, build_request, detections_json, note_payload,
 from edge.records import idempotency_key
 from edge.sources.base import Frame
 from edge.spool import RESERVE_BYTES, Spool
+from edge.transports import TransportError
 from edge.transports.grpc import GrpcTransport
 from edgewise.detections import Detections
 from edgewise.policy.deciding import Decision
@@ -449,4 +450,98 @@ def test_full_spool_disk_keeps_every_record_and_replay_recovers_by_itself(tmp_pa
     keys = [r.key for r in written if not r.late]
     assert len(keys) == len(set(keys))  # one record per frame
     assert sorted(late()) == sorted(spooled)  # every spooled frame late, once
+    spool.close()
+
+
+class _Counting:
+    """Wraps a real transport and counts the requests in flight through it at once."""
+
+    def __init__(self, inner, answer_delay=None, fail=()):
+        self.inner, self.name = inner, getattr(inner, "name", "grpc")
+        self.now = self.most = 0
+        self.answer_delay = answer_delay or {}
+        self.fail = set(fail)
+
+    async def detect(self, req, timeout_s):
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            if self.inner is None:  # pure: answer (or fail) after the frame's delay
+                await asyncio.sleep(self.answer_delay.get(req.frame_seq, 0.0))
+                if req.frame_seq in self.fail:
+                    raise TransportError(detect_pb2.UNAVAILABLE, "worker gone")
+                return detect_pb2.DetectResponse(model_name="big")
+            return await self.inner.detect(req, timeout_s)
+        finally:
+            self.now -= 1
+
+    async def close(self):
+        if self.inner is not None:
+            await self.inner.close()
+
+
+def _spool_requests(spool, seqs, policy):
+    d = dets([[10, 10, 30, 30]], [0.4])
+    for seq in seqs:
+        req, _ = build_request("dev", Frame("cam", seq, np.full((48, 64, 3), 30 + seq, np.uint8), 0, 0.0), d,
+                               Decision(True, "hard", 0.8, {}), policy)
+        spool.put(f"dev/cam/{seq}", req.SerializeToString(),
+                  Spooled(frame_record("cam", seq), policy.spec.merge, 3000, "grpc").to_meta())
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_replays_go_replay_concurrency_at_a_time_and_are_written_in_spool_order(tmp_path, real_cloud, concurrency):
+    """A slow cloud (the real worker held busy): a round has spool.replay_concurrency
+    replays in flight at once (the shipped 4, or 1: one by one), not one slow answer holding
+    every entry behind it; once the worker answers, every late record is written in spool order."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(6), policy)
+    written = []
+    release = real_cloud.block_worker(0)
+
+    async def run():
+        t = _Counting(GrpcTransport([real_cloud.address]))
+        esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), spool=spool,
+                         replay_concurrency=concurrency)
+        settled = asyncio.ensure_future(esc.replay_once())
+        await async_wait_until(lambda: t.now == concurrency, 10, f"{concurrency} replays in flight")
+        await asyncio.sleep(0.3)  # no more go while those wait
+        in_flight = t.now
+        release.set()
+        n = await settled
+        await esc.close()
+        await t.close()
+        return n, in_flight, t.most
+
+    n, in_flight, most = asyncio.run(run())
+    assert (n, in_flight, most) == (6, concurrency, concurrency)
+    assert [r.frame_seq for r in written] == list(range(6))
+    assert all(r.late and r.outcome == "cloud" for r in written)
+    assert len(spool) == 0
+    spool.close()
+
+
+def test_a_replay_that_fails_beside_answered_ones_stays_spooled_and_theirs_are_written(tmp_path):
+    """Pure (a scripted transport): of three replays in flight, the first answers last and
+    the second cannot be delivered. The first and third are written, in spool order, and
+    acknowledged; the second stays at the head of the spool and the round stops there."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(5), policy)
+    written = []
+
+    async def run():
+        t = _Counting(None, answer_delay={0: 0.2}, fail={1})
+        esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), spool=spool, replay_concurrency=3)
+        first = await esc.replay_once()
+        t.fail.clear()
+        second = await esc.replay_once()
+        await esc.close()
+        return first, second, t.most
+
+    first, second, most = asyncio.run(run())
+    assert (first, second, most) == (2, 3, 3)
+    assert [r.frame_seq for r in written] == [0, 2, 1, 3, 4]
+    assert len(spool) == 0
     spool.close()
