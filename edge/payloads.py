@@ -31,17 +31,19 @@ from edgewise.regions import PayloadPlan
 
 def build_request(
     device_id: str, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
-    motion_blobs: Optional[np.ndarray] = None,
+    motion_blobs: Optional[np.ndarray] = None, mode: Optional[str] = None,
 ) -> Tuple[Any, PayloadPlan]:
-    """The ``DetectRequest`` of one escalation under ``policy``, and the payload plan it
-    sent (its ``regions``: the frame rectangles the cloud saw; None = all of it)."""
+    """The ``DetectRequest`` of one escalation under ``policy`` in payload ``mode`` (default:
+    the policy's), and the payload plan it sent (its ``regions``: the frame rectangles the
+    cloud saw; None = all of it)."""
     from edgewise.v1 import detect_pb2
     from edgewise.wire import detections_to_proto, encode_image, tiles_to_proto
 
     spec = policy.spec
     h, w = frame.image.shape[:2]
     # each box's band (the stream's, or its class's): the signals' own test of "uncertain"
-    plan = spec.payload.plan(frame.image, dets, motion_blobs, score_bands(dets, policy.signal_config(frame.stream_id)))
+    plan = spec.payload.plan(frame.image, dets, motion_blobs, score_bands(dets, policy.signal_config(frame.stream_id)),
+                             mode)
     img = encode_image(np.ascontiguousarray(plan.image), "jpeg", spec.payload.jpeg_quality)
     img.offset_x, img.offset_y = plan.offset
     img.source_width, img.source_height = w, h

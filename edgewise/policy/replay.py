@@ -143,19 +143,26 @@ class Side:
         self.escalator = Escalator(policy, clock=lambda: 0.0) if policy is not None else None
         self.mode = policy.spec.payload.mode if policy is not None else ""
         self.downscale_width = policy.spec.payload.downscale_width if policy is not None else 0
+        self.payload = policy.spec.payload if policy is not None else None
+        self.last_whole: Dict[str, float] = {}  # per stream: its last escalation sent whole (the refresh)
         self.top = top
         self.hardest: List[Tuple[float, int, str, int, str]] = []  # (hardness, capture ns, stream, seq, by)
         self.checked = 0
         self.agreed = 0
         self.mismatches: List[Dict[str, Any]] = []
 
-    def pixels_of(self, pixels: float, width: int, part: Optional[float]) -> Tuple[float, float]:
+    def pixels_of(self, pixels: float, width: int, part: Optional[float], sid: str = "",
+                  t: float = 0.0) -> Tuple[float, float]:
         """(full-resolution pixels this side sends for a frame of ``pixels`` whose recorded
-        part, when known, covers ``part``; frame pixels of which it sends a part of unknown
-        size). The recorded decisions send what was recorded."""
+        part, when known, covers ``part``, escalated at ``t`` in stream ``sid``; frame pixels of
+        which it sends a part of unknown size). The recorded decisions send what was recorded;
+        a policy with ``payload.wholeFrameEverySeconds`` sends the whole frame when it is due."""
         mode = self.mode
         if not mode:
             return (part if part is not None else pixels), 0.0
+        if self.payload is not None and self.payload.whole_frame_due(self.last_whole.get(sid), t):
+            self.last_whole[sid] = t
+            return pixels, 0.0
         if mode in PART_MODES:
             return (part, 0.0) if part is not None else (0.0, pixels)
         if mode == "full":
@@ -358,14 +365,15 @@ def _take(r: Replay, doc: Record) -> None:
     if digest == side0.digest:
         side0.check(doc, d0, recorded)
     fig0, fig1 = st.figs
-    _account(side0, fig0, esc0, d0.suppressed_by, d0.hardness, t, cap_ns, sid, seq, pb, crop, pixels, width)
+    _account(side0, fig0, esc0, d0.suppressed_by, d0.hardness, t, cap_ns, sid, seq, pb, crop, pixels, width, now)
     if d1 is not None:
         if digest == side1.digest:
             side1.check(doc, d1, recorded)
-        _account(side1, fig1, esc1, d1.suppressed_by, d1.hardness, t, cap_ns, sid, seq, pb, crop, pixels, width)
+        _account(side1, fig1, esc1, d1.suppressed_by, d1.hardness, t, cap_ns, sid, seq, pb, crop, pixels, width,
+                 now)
     else:
         _account(side1, fig1, esc1, doc.get("suppressed_by") or None, doc.get("hardness", 0.0), t, cap_ns, sid,
-                 seq, pb, crop, pixels, width)
+                 seq, pb, crop, pixels, width, now)
     if esc0 != esc1:
         ch = r.changes.get(sid)
         if ch is None:
@@ -375,14 +383,14 @@ def _take(r: Replay, doc: Record) -> None:
 
 def _account(side: Side, fig: Figures, escalate: bool, by: Optional[str], hardness: float, t: float,
              cap_ns: int, sid: str, seq: int, pb: Optional[int], crop: Optional[float], pixels: float,
-             width: int) -> None:
-    """Count one frame's decision on one side."""
+             width: int, now: float) -> None:
+    """Count one frame's decision (taken at ``now``, the decision clock) on one side."""
     fig.frames += 1
     if escalate:
         fig.escalated += 1
         hour = int(t // 3600)
         fig.hours[hour] = fig.hours.get(hour, 0) + 1
-        known, unknown = side.pixels_of(pixels, width, crop)
+        known, unknown = side.pixels_of(pixels, width, crop, sid, float(now))
         if pb is not None:
             fig.measured += 1
             fig.measured_bytes += pb

@@ -261,6 +261,24 @@ class Payload:
         lo=0, hi=1, lo_open=True,
     )
 
+    whole_frame_every_s: float = opt(
+        "wholeFrameEverySeconds", "float",
+        "With a partial payload (crops, downscaled, regions, low+regions): an escalation of a stream whose last "
+        "whole frame was sent this many seconds ago or more (or never) sends the whole frame at full "
+        "resolution instead. It finds what no region points at (far objects that do not move), which "
+        "merge.carryFrames then keeps, for at most one extra whole frame per stream per period; 0: never "
+        "(docs/design/escalation.md#whole-frame-refresh).", 0.0, lo=0, hi=86400,
+    )
+
+    def whole_frame_due(self, last_whole_s: Optional[float], now_s: float) -> bool:
+        """Whether an escalation at ``now_s`` (the stream's decision clock, seconds) sends the
+        whole frame at full resolution instead of ``mode``: a partial mode, the refresh on,
+        and the stream's last whole frame (``last_whole_s``; None: none yet) that long ago, or
+        after ``now_s`` (a clock that went back belongs to a new run)."""
+        if self.mode == "full" or self.whole_frame_every_s <= 0:
+            return False
+        return last_whole_s is None or not 0 <= now_s - last_whole_s < self.whole_frame_every_s
+
     def plan(self, frame: Any, dets: Any, motion_blobs: Any, band: Any,
              mode: Optional[str] = None) -> PayloadPlan:
         """What an escalation of ``frame`` sends under these settings, in ``mode`` (default: this

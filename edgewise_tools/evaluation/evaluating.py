@@ -127,6 +127,11 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     else:
         learned["why"] = "no --train-data given"
     scores[scoring.ORACLE] = [scoring.f1_gain(records, strategy, iou, mode)]
+    # the policy's whole-frame refresh goes with its own payload mode
+    pl = policy.spec.payload
+    own: hybrid.Mode = hybrid.Sending(pl.mode, pl, cfg.fps) if (
+        pl.mode != "full" and pl.whole_frame_every_s > 0) else pl.mode
+    sending = own if mode == pl.mode else mode
     carry = policy.spec.merge.carry()
     lag = cfg.carry_lag if carry.enabled else None
     # Our policies keep the policy file's cooldown (in frames at ``fps``); the baselines are
@@ -140,31 +145,36 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     for k, mask in (("edge_only", np.zeros(n, bool)), ("cloud_only", np.ones(n, bool))):
         base[k], per_frame = hybrid.evaluate_frames(records, mask, nc, strategy, iou)
         base[k]["f1_ci"] = bootstrap.f1_interval(bootstrap.per_stream(per_frame, index, n_streams), w)
-    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou, mode, cfg.samples, lag, gaps)
+    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou, sending, cfg.samples, lag, gaps)
     ours = cfg.ours or ("learned" if "learned" in scores else "combined")
     diffs = hybrid.differences(counts, ours, BASELINES, cfg.rates, cfg.samples)
     policy_mask = hybrid.run_policy(records, policy, cfg.fps)
     thresholds = [round(float(t), 3) for t in np.linspace(0.0, 1.0, 21)]
-    sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, strategy, iou, mode, lag)
+    sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, strategy, iou, sending, lag)
     at = _judged_index(cfg.rates, cfg.target_rate)
     our_mask = hybrid.top_fraction(scores[ours][0], cfg.rates[at], streams=streams, gap=gaps.get(ours, 0))
     payloads = {m: {"cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou, m),
                     "at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, m, lag)}
                 for m in modes}
+    if isinstance(sending, hybrid.Sending):  # the policy's mode with its refresh, beside the pure modes
+        payloads[f"{mode}+whole"] = {
+            "cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou, sending),
+            "at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending, lag)}
     carrying = {"frames": carry.frames, "min_match": carry.min_match, "lag_frames": lag, "cooldown_frames": gap,
-                "ours_at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, mode, lag),
-                "ours_without_carry": hybrid.evaluate(records, our_mask, nc, strategy, iou, mode)}
+                "ours_at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending, lag),
+                "ours_without_carry": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending)}
     data_meta = {"test": cfg.data, **({"policy_fit": cfg.train_data} if cfg.train_data else {})}
     return {
         "provenance": provenance({"edge": cfg.edge, "cloud": cfg.cloud}, cfg.policy, data_meta,
                                  cloud_input=cloud.input_size),
         "data": str(cfg.data), "frames": n, "streams": n_streams, "edge_model": str(cfg.edge),
         "cloud_model": str(cfg.cloud), "policy": str(cfg.policy), "merge": strategy, "payload": mode,
+        "whole_frame_every_s": pl.whole_frame_every_s if isinstance(sending, hybrid.Sending) else 0.0,
         "ours": ours, "bootstrap": {"samples": cfg.samples, "seed": bootstrap.SEED, "unit": "stream"},
         "uplink_all_frames_bytes": int(sum(r.jpeg_bytes for r in records)),
         "baselines": base,
         "payloads": payloads,
-        "policy_run": hybrid.evaluate(records, policy_mask, nc, strategy, iou, policy.spec.payload.mode, lag),
+        "policy_run": hybrid.evaluate(records, policy_mask, nc, strategy, iou, own, lag),
         "carry": carrying,
         "at_rates": rates,
         "differences": diffs,

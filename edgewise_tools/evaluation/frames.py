@@ -54,6 +54,7 @@ class ModeResult:
     nbytes: int             # encoded payload size
     regions: Optional[np.ndarray] = None  # frame rects the cloud saw (the merge's regions); None: all of it
     cloud_ms: float = 0.0   # the cloud model's time on this payload (pre + infer + post)
+    whole: bool = False     # the whole frame at full resolution went (``full``, or a mode's fallback)
 
 
 @dataclass
@@ -91,7 +92,7 @@ class FrameRecord:
         if not self.has_full:
             raise ValueError(f"frame s{self.stream} f{self.frame}: neither payload {mode!r} nor the whole frame "
                              "was sent to the cloud model when it was collected")
-        return ModeResult(self.cloud, self.cloud_all, self.jpeg_bytes, None, self.cloud_ms)
+        return ModeResult(self.cloud, self.cloud_all, self.jpeg_bytes, None, self.cloud_ms, whole=True)
 
 
 def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
@@ -231,7 +232,7 @@ def collect(
             if plan.image is img:  # this mode sends the whole frame here
                 if not rec.has_full:
                     c_op, c_all, c_ms = _run(cloud, full, low_c)
-                    rec.modes[mode] = ModeResult(c_op, c_all, full_bytes, None, c_ms)
+                    rec.modes[mode] = ModeResult(c_op, c_all, full_bytes, None, c_ms, whole=True)
                 else:
                     rec.modes[mode] = rec.sent("full")
                 continue

@@ -13,7 +13,8 @@ combined hardness threshold.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -21,9 +22,43 @@ from edgewise.carrying import combine
 from edgewise.detections import Detections
 from edgewise.merging import merge
 from edgewise.policy import Escalator, Policy
+from edgewise.policy.schema import Payload
 from edgewise_tools.evaluation import bootstrap
 from edgewise_tools.evaluation.frames import FrameRecord
 from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap
+
+
+@dataclass(frozen=True)
+class Sending:
+    """What an escalation sends: payload ``mode``, and the policy ``payload``'s whole-frame
+    refresh (``wholeFrameEverySeconds``, :meth:`Payload.whole_frame_due`, the daemon's rule)
+    on each stream's timeline of ``fps`` frames per second."""
+
+    mode: str
+    payload: Payload
+    fps: float = 10.0
+
+    def per_frame(self, records: Sequence[FrameRecord], mask: np.ndarray) -> List[str]:
+        """The payload mode of each frame were it escalated: ``full`` where the refresh is due."""
+        out = [self.mode] * len(records)
+        last: Dict[int, float] = {}
+        for i, r in enumerate(records):
+            if not mask[i]:
+                continue
+            now = r.frame / self.fps
+            if self.payload.whole_frame_due(last.get(r.stream), now):
+                out[i] = "full"
+            if r.sent(out[i]).whole:
+                last[r.stream] = now
+        return out
+
+
+#: a payload mode, or a mode with the policy's whole-frame refresh
+Mode = Union[str, Sending]
+
+
+def _modes(records: Sequence[FrameRecord], mask: np.ndarray, mode: Mode) -> List[str]:
+    return mode.per_frame(records, mask) if isinstance(mode, Sending) else [mode] * len(records)
 
 
 def _final(r: FrameRecord, up: bool, strategy: str, iou: float, low: bool, mode: str = "full",
@@ -36,7 +71,7 @@ def _final(r: FrameRecord, up: bool, strategy: str, iou: float, low: bool, mode:
     return merge(edge, cloud, strategy, iou, regions=m.regions)
 
 
-def _carried(records: Sequence[FrameRecord], mask: np.ndarray, mode: str, lag: Optional[int]
+def _carried(records: Sequence[FrameRecord], mask: np.ndarray, modes: Sequence[str], lag: Optional[int]
              ) -> List[Optional[Detections]]:
     """Per frame, the boxes the edge carries from its stream's latest answer (None: none).
     The answer to frame t is there from frame t + ``lag`` on (1: before the next frame);
@@ -59,7 +94,7 @@ def _carried(records: Sequence[FrameRecord], mask: np.ndarray, mode: str, lag: O
             active = waiting.pop(0)
         if active is not None and not mask[i]:
             p, k = active
-            lst = records[k].carried.get(mode, [])
+            lst = records[k].carried.get(modes[k], [])
             if pos - p - 1 < len(lst):
                 out[i] = lst[pos - p - 1]
         if mask[i]:
@@ -69,7 +104,7 @@ def _carried(records: Sequence[FrameRecord], mask: np.ndarray, mode: str, lag: O
 
 def evaluate(
     records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
-    mode: str = "full", carry_lag: Optional[int] = None,
+    mode: Mode = "full", carry_lag: Optional[int] = None,
 ) -> Dict[str, float]:
     """Metrics of the hybrid that escalates exactly the frames in ``mask``, sending ``mode``.
 
@@ -79,7 +114,7 @@ def evaluate(
 
 def evaluate_frames(
     records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
-    mode: str = "full", carry_lag: Optional[int] = None,
+    mode: Mode = "full", carry_lag: Optional[int] = None,
 ) -> Tuple[Dict[str, float], np.ndarray]:
     """:func:`evaluate`'s metrics and, from the same pass, each frame's true positives, false
     positives and misses against ground truth ([N, 3], what the stream bootstrap resamples).
@@ -90,18 +125,19 @@ def evaluate_frames(
     preds, gts = [], []
     sent = 0
     cloud_ms = 0.0
-    carried = _carried(records, mask, mode, carry_lag)
+    modes = _modes(records, mask, mode)
+    carried = _carried(records, mask, modes, carry_lag)
     for i, (r, up) in enumerate(zip(records, mask)):
-        d = _final(r, bool(up), strategy, iou, low=False, mode=mode, carried=carried[i])
+        d = _final(r, bool(up), strategy, iou, low=False, mode=modes[i], carried=carried[i])
         c = match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
         vs_gt += c
         per_frame[i] = (c.tp, c.fp, c.fn)
         vs_cloud += match_counts(d.boxes, d.class_ids, d.scores, r.cloud.boxes, r.cloud.class_ids)
-        lo = _final(r, bool(up), strategy, iou, low=True, mode=mode, carried=carried[i])
+        lo = _final(r, bool(up), strategy, iou, low=True, mode=modes[i], carried=carried[i])
         preds.append((lo.boxes, lo.class_ids, lo.scores))
         gts.append((r.gt_boxes, r.gt_cls))
         if up:
-            m = r.sent(mode)
+            m = r.sent(modes[i])
             sent += m.nbytes
             cloud_ms += m.cloud_ms
     m_ap, _ = mean_ap(preds, gts, nc)
@@ -157,7 +193,7 @@ def at_rates(
     nc: int,
     strategy: str = "replace",
     iou: float = 0.5,
-    mode: str = "full",
+    mode: Mode = "full",
     samples: int = bootstrap.SAMPLES,
     carry_lag: Optional[int] = None,
     gaps: Optional[Mapping[str, int]] = None,
@@ -216,7 +252,7 @@ def run_policy(records: Sequence[FrameRecord], policy: Policy, fps: float) -> np
 
 def threshold_sweep(
     records: Sequence[FrameRecord], hardness: np.ndarray, thresholds: Sequence[float], nc: int,
-    strategy: str = "replace", iou: float = 0.5, mode: str = "full", carry_lag: Optional[int] = None,
+    strategy: str = "replace", iou: float = 0.5, mode: Mode = "full", carry_lag: Optional[int] = None,
 ) -> List[Dict[str, Any]]:
     """Escalate every frame with hardness >= t (no budget): the policy's threshold curve."""
     rows = []

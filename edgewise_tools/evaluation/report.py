@@ -28,6 +28,14 @@ PAYLOAD_LABELS = {
 }
 
 
+def _payload_label(mode: str, result: Dict[str, Any]) -> str:
+    """A payload table row's name; ``<mode>+whole`` is the policy's mode with its whole-frame refresh."""
+    if not mode.endswith("+whole"):
+        return PAYLOAD_LABELS.get(mode, mode)
+    base = mode[:-len("+whole")]
+    return f"{PAYLOAD_LABELS.get(base, base)}, the whole frame every {result.get('whole_frame_every_s', 0):g} s"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -63,7 +71,9 @@ def markdown(result: Dict[str, Any]) -> str:
         provenance.markdown(result["provenance"]) if "provenance" in result else
         f"edge `{result['edge_model']}`, cloud `{result['cloud_model']}`",
         "",
-        f"Merge `{result['merge']}`; policies compared with payload `{result.get('payload', 'full')}`; "
+        f"Merge `{result['merge']}`; policies compared with payload `{result.get('payload', 'full')}`"
+        + (f" (the whole frame when a stream's last went {result['whole_frame_every_s']:g} s ago or more)"
+           if result.get("whole_frame_every_s") else "") + "; "
         f"95% intervals from {result.get('bootstrap', {}).get('samples', 0)} bootstrap samples of the streams."
         + (f" **Only {result['streams']} streams: resampling so few understates the uncertainty; read the "
            "intervals as a floor.**" if result.get("streams", MIN_STREAMS) < MIN_STREAMS else ""),
@@ -88,7 +98,7 @@ def markdown(result: Dict[str, Any]) -> str:
                   "|---|---|---|---|---|---|"]
         for mode, p in result["payloads"].items():
             c, h = p["cloud_only"], p["at_target_rate"]
-            lines.append(f"| {PAYLOAD_LABELS.get(mode, mode)} (`{mode}`) | {c['bytes_per_escalation'] / 1e3:.1f} kB | "
+            lines.append(f"| {_payload_label(mode, result)} (`{mode}`) | {c['bytes_per_escalation'] / 1e3:.1f} kB | "
                          f"{c['cloud_ms_per_escalation']:.0f} | {c['f1']:.3f} ({_pct(c['f1'] / cloud_f1)}) | "
                          f"{h['f1']:.3f} ({_pct(h['f1'] / cloud_f1)}) | {_pct(h['uplink_saved'])} |")
     lines += ["", "## Policies at equal escalation rates (F1 against ground truth, % of cloud-only F1, "
@@ -208,7 +218,7 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
         for mode, p in result["payloads"].items():
             h = p["at_target_rate"]
             ax3.scatter([p["cloud_only"]["bytes_per_escalation"] / 1e3], [100 * h["f1"] / cloud_f1], s=50,
-                        label=f"{PAYLOAD_LABELS.get(mode, mode)}: {100 * h['uplink_saved']:.0f}% uplink saved")
+                        label=f"{_payload_label(mode, result)}: {100 * h['uplink_saved']:.0f}% uplink saved")
         ax3.set(xlabel="bytes per escalation (kB)", ylabel=f"hybrid F1 at {rate} escalated (% of cloud F1)",
                 title="Payload modes: accuracy vs bytes")
         ax3.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)

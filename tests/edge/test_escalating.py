@@ -10,6 +10,7 @@ import threading
 import cv2
 import numpy as np
 import pytest
+import yaml
 
 from edge.escalating import Escalating
 from edge.metrics import EdgeMetrics
@@ -545,3 +546,41 @@ def test_a_replay_that_fails_beside_answered_ones_stays_spooled_and_theirs_are_w
     assert [r.frame_seq for r in written] == [0, 2, 1, 3, 4]
     assert len(spool) == 0
     spool.close()
+
+
+def test_a_streams_escalation_sends_the_whole_frame_once_its_last_whole_one_is_a_period_old(tmp_path, real_cloud):
+    """payload.wholeFrameEverySeconds 1 with regions, through the real gateway and worker: on
+    the decision clock, the stream's first escalation goes whole, the next ones within a second
+    send regions, the first one a second or more after the last whole frame goes whole again;
+    streams keep their own clocks. The records say what went."""
+    doc = yaml.safe_load(policy_yaml("p", mode="regions", deadline_ms=5000))
+    doc["spec"]["payload"]["wholeFrameEverySeconds"] = 1.0
+    policy = parse_policy(yaml.safe_dump(doc))
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 255, (360, 640, 3), dtype=np.uint8)
+    names = tuple("abcdefghij")  # the worker's model has 10 classes
+    small_uncertain = Detections(boxes=np.array([[300, 150, 320, 170]], np.float32), scores=np.array([0.4], np.float32),
+                                 class_ids=np.zeros(1, np.int32), names=names, source="edge")  # a 96 px region
+    written = []
+    plan = [("a", 10.0), ("a", 10.5), ("b", 10.6), ("a", 11.0), ("a", 11.4), ("b", 11.5), ("a", 12.1)]
+
+    async def run():
+        t = GrpcTransport([real_cloud.address])
+        esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), names=names)
+        for seq, (stream, decided) in enumerate(plan):
+            record = frame_record(stream, seq)
+            record.decided_s = decided
+            esc.submit(Frame(stream, seq, image, 0, 0.0), small_uncertain, Decision(True, "hard", 0.8, {}), policy,
+                       record)
+            await async_wait_until(lambda: len(written) == seq + 1, 30, f"record {seq}")
+        await esc.drain(0.1)
+        await esc.close()
+        await t.close()
+
+    asyncio.run(run())
+    assert [(r.stream, r.payload) for r in written] == [
+        ("a", "full"), ("a", "regions"), ("b", "full"), ("a", "full"), ("a", "regions"), ("b", "regions"),
+        ("a", "full")]
+    assert all(r.outcome == "cloud" for r in written), [(r.outcome, r.error) for r in written]
+    whole, part = written[0].payload_bytes, written[1].payload_bytes
+    assert part < whole / 4, (part, whole)  # the region is a small part of the frame's bytes

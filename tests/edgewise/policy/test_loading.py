@@ -8,7 +8,7 @@ import pytest
 
 from edgewise.errors import ConfigError
 from edgewise.policy import describe_schema, explain, load_policy, parse_policy
-from edgewise.policy.schema import DEFAULT_WEIGHTS, Policy
+from edgewise.policy.schema import DEFAULT_WEIGHTS, Payload, Policy
 
 ROOT = Path(__file__).resolve().parents[3]
 INVALID = Path(__file__).resolve().parent / "invalid"
@@ -153,3 +153,22 @@ def test_exponent_without_dot_is_a_number_but_quoted_is_not():
         parse_policy(head + "spec: {threshold: nan}\n")
     with pytest.raises(ConfigError, match=r"spec.threshold: nan is out of range"):
         parse_policy(head + "spec: {threshold: .nan}\n")
+
+
+def test_whole_frame_refresh_rule_and_its_explanation():
+    """payload.wholeFrameEverySeconds: one rule (Payload.whole_frame_due) for the daemon, the
+    evaluation and the what-if; off at 0 and for full payloads; a clock that went back is a new run."""
+    body = ("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\nspec:\n"
+            "  payload: {mode: regions, wholeFrameEverySeconds: 2}\n")
+    p = parse_policy(body)
+    due = p.spec.payload.whole_frame_due
+    assert due(None, 5.0) and not due(5.0, 6.9) and due(5.0, 7.0) and due(5.0, 4.0)
+    assert not Payload(mode="regions").whole_frame_due(None, 1.0)
+    assert not Payload(mode="full", whole_frame_every_s=2.0).whole_frame_due(None, 1.0)
+    text = explain(p)
+    assert "the whole frame instead when the stream's last went 2s ago" in text
+    assert "wholeFrameEverySeconds 2 without merge.carryFrames" in text
+    carried = parse_policy(body + "  merge: {carryFrames: 30}\n")
+    assert "without merge.carryFrames" not in explain(carried)
+    with pytest.raises(ConfigError, match="wholeFrameEverySeconds"):
+        parse_policy(body.replace("wholeFrameEverySeconds: 2", "wholeFrameEverySeconds: -1"))

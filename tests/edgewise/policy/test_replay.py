@@ -279,6 +279,22 @@ def test_region_payloads_calibrate_on_their_area_and_each_side_sends_its_mode(tm
     assert "rule of thumb for jpegQuality 85" in rep["sides"][0]["overall"]["uplink_basis"]
 
 
+def test_a_whole_frame_refresh_is_counted_as_whole_frames_when_due(tmp_path: Path) -> None:
+    """A policy with payload.wholeFrameEverySeconds sends the whole frame when its rule (the
+    daemon's, on the records' decision clock) says so: 20 escalations 0.1 s apart under a 1 s
+    refresh are 2 whole frames and 18 regions, at the recorded regions' 0.2 B/px."""
+    budget = "  threshold: 0.5\n  budget: {maxFraction: 1.0, maxPerSecond: null}\n"
+    regions = policy(budget + "  payload: {mode: regions}\n", "regions")
+    recs = daemon_records(regions, [1.0] * 20, payload=6_000)
+    for r in recs:  # 30,000 pixels of regions, 6,000 bytes: 0.2 B/px
+        r.update(payload="regions", regions=[[0, 0, 100, 100], [200, 0, 300, 200]])
+    path = write(tmp_path / "r.jsonl", recs)
+    refresh = policy(budget + "  payload: {mode: regions, wholeFrameEverySeconds: 1.0}\n", "refresh")
+    rep = replay([path], refresh, regions)
+    assert rep["sides"][0]["overall"]["uplink_bytes"] == pytest.approx((2 * 640 * 480 + 18 * 30_000) * 0.2, rel=1e-6)
+    assert rep["sides"][1]["overall"]["uplink_bytes"] == 20 * 6_000
+
+
 def test_helpers() -> None:
     assert percentile([], 50) == 0.0 and percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 95) == 4
     assert jpeg_bytes_per_pixel(85) == 0.2 and 0.2 < jpeg_bytes_per_pixel(87) < 0.247

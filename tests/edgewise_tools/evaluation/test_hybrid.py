@@ -205,7 +205,7 @@ def test_a_new_escalation_replaces_the_carried_answer_once_it_is_back() -> None:
     assert hybrid.evaluate(recs, up, nc=2, carry_lag=2)["recall"] == pytest.approx(3 / 6)
     # frame 4 would take frame 0's answer 4 frames on, past the 3 it carried; frame 3 carried none
     up3 = np.array([True, False, False, True, False, False])
-    assert [d is not None for d in hybrid._carried(recs, up3, "full", 2)] == [False, False, True, False, False, False]
+    assert [d is not None for d in hybrid._carried(recs, up3, ["full"] * 6, 2)] == [False, False, True, False, False, False]
 
 
 def test_carry_does_not_cross_streams() -> None:
@@ -227,3 +227,29 @@ def test_top_fraction_with_a_cooldown_spreads_the_budget_per_stream() -> None:
     assert spaced.tolist() == [True, False, True, False, True, False, False]
     # a gap no frame can satisfy leaves the budget partly unspent rather than breaking it
     assert hybrid.top_fraction(scores, 5 / 7, streams=streams, gap=10).sum() == 2
+
+
+def test_the_whole_frame_refresh_replays_the_daemons_rule_and_carries_what_it_finds() -> None:
+    """hybrid.Sending: regions with wholeFrameEverySeconds 0.3 on a 10 fps timeline. Of the
+    escalated frames 0, 2 and 4, frames 0 and 4 go whole (none before; 0.4 s since the last)
+    and frame 2 sends its regions (0.2 s); a region payload that fell back to the whole frame
+    restarts the period like a refresh. Only whole frames find the box here; each is carried."""
+    from edgewise.policy.schema import Payload
+    from edgewise_tools.evaluation.frames import ModeResult
+
+    box = [10, 10, 30, 30]
+    none_e, none_c, found = D([], [], [], "edge"), D([], [], [], "cloud"), D([box], [0], [0.9], "cloud")
+    recs = [rec(i, none_e, found, [box], [0]) for i in range(6)]
+    for r in recs:
+        r.modes["regions"] = ModeResult(none_c, none_c, 10, np.array([[50, 50, 60, 60]], np.float32))
+        r.carried = {"full": [D([box], [0], [0.9], "carried")] * 5, "regions": []}
+    up = np.array([True, False, True, False, True, False])
+    sending = hybrid.Sending("regions", Payload(mode="regions", whole_frame_every_s=0.3), fps=10.0)
+    assert sending.per_frame(recs, up) == ["full", "regions", "regions", "regions", "full", "regions"]
+    got = hybrid.evaluate(recs, up, nc=2, mode=sending, carry_lag=1)
+    # found: frames 0 and 4 (whole) and 1 and 5 (carried); frame 2's regions answer, empty, is in force at 3
+    assert got["recall"] == pytest.approx(4 / 6) and got["uplink_bytes"] == 100 + 10 + 100
+    assert hybrid.evaluate(recs, up, nc=2, mode="regions", carry_lag=1)["recall"] == 0.0
+    # frame 2's regions fell back to the whole frame: frame 4 is only 0.2 s after it
+    recs[2].modes["regions"] = ModeResult(found, found, 100, None, whole=True)
+    assert sending.per_frame(recs, up) == ["full", "regions", "regions", "regions", "regions", "regions"]
