@@ -166,8 +166,9 @@ class SpoolSettings:
     replay_batch: int = setting("Entries taken from the spool per replay round.", 8, lo=1)
     replay_concurrency: int = setting(
         "Replayed escalations in flight at once (at most `replay_batch`); their late records are still written "
-        "in spool order. One slow answer then does not hold the others behind it for up to "
-        "`replay_deadline_s`; 1 sends them one by one.", 4, lo=1)
+        "in spool order. 1 (the default) sends them one by one, so a recovering cloud serves live escalations "
+        "first, but one slow answer holds the entries behind it for up to `replay_deadline_s`; raise it where "
+        "the cloud has capacity to spare.", 1, lo=1)
     replay_deadline_s: float = setting(
         "Least deadline of one replayed escalation, seconds (the policy's `deadlineMs` when longer). A replay "
         "is late anyway; held to a live deadline that a backlogged or slow cloud cannot meet, every replay "

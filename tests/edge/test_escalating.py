@@ -493,8 +493,8 @@ def _spool_requests(spool, seqs, policy):
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_replays_go_replay_concurrency_at_a_time_and_are_written_in_spool_order(tmp_path, real_cloud, concurrency):
     """A slow cloud (the real worker held busy): a round has spool.replay_concurrency
-    replays in flight at once (the shipped 4, or 1: one by one), not one slow answer holding
-    every entry behind it; once the worker answers, every late record is written in spool order."""
+    replays in flight at once (the shipped 1: one by one; or 4, so one slow answer does not
+    hold every entry behind it); once the worker answers, every late record is written in spool order."""
     policy = parse_policy(policy_yaml("p", deadline_ms=3000))
     spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
     _spool_requests(spool, range(6), policy)
