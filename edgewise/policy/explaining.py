@@ -51,7 +51,7 @@ def warnings(policy: Policy) -> List[str]:
             f"payload.mode {s.payload.mode} with merge.strategy replace: edge boxes outside the crops are "
             "kept only because the merge knows the crop regions; consider fuse"
         )
-    if s.payload.whole_frame_due(None, 0.0) and s.merge.carry_frames == 0:  # the refresh is on, nothing carried
+    if s.payload.refreshes and s.merge.carry_frames == 0:
         out.append(
             f"payload.wholeFrameEverySeconds {s.payload.whole_frame_every_s:g} without merge.carryFrames: what a "
             "whole frame finds is kept only for that frame; carrying keeps it between escalations"
@@ -134,7 +134,7 @@ def explain(policy: Policy) -> str:
         "regions": regions,
         "low+regions": f"the frame at {pl.downscale_width} px wide plus {regions}",
     }[pl.mode]
-    if pl.whole_frame_due(None, 0.0):  # a partial mode with the refresh on
+    if pl.refreshes:
         payload += (f"; the whole frame instead when the stream's last went {pl.whole_frame_every_s:g}s ago or "
                     "more (its first escalation too),")
     lines.append(

@@ -270,12 +270,17 @@ class Payload:
         "(docs/design/escalation.md#whole-frame-refresh).", 0.0, lo=0, hi=86400,
     )
 
+    @property
+    def refreshes(self) -> bool:
+        """Whether the whole-frame refresh is on: a partial mode and a period > 0."""
+        return self.mode != "full" and self.whole_frame_every_s > 0
+
     def whole_frame_due(self, last_whole_s: Optional[float], now_s: float) -> bool:
         """Whether an escalation at ``now_s`` (the stream's decision clock, seconds) sends the
         whole frame at full resolution instead of ``mode``: a partial mode, the refresh on,
         and the stream's last whole frame (``last_whole_s``; None: none yet) that long ago, or
         after ``now_s`` (a clock that went back belongs to a new run)."""
-        if self.mode == "full" or self.whole_frame_every_s <= 0:
+        if not self.refreshes:
             return False
         return last_whole_s is None or not 0 <= now_s - last_whole_s < self.whole_frame_every_s
 

@@ -129,8 +129,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     scores[scoring.ORACLE] = [scoring.f1_gain(records, strategy, iou, mode)]
     # the policy's whole-frame refresh goes with its own payload mode
     pl = policy.spec.payload
-    own: hybrid.Mode = hybrid.Sending(pl.mode, pl, cfg.fps) if (
-        pl.mode != "full" and pl.whole_frame_every_s > 0) else pl.mode
+    own: hybrid.Mode = hybrid.Sending(pl.mode, pl, cfg.fps) if pl.refreshes else pl.mode
     sending = own if mode == pl.mode else mode
     carry = policy.spec.merge.carry()
     lag = cfg.carry_lag if carry.enabled else None

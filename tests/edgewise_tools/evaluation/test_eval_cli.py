@@ -87,15 +87,25 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     assert not replay["learned"]["trained"] and not (again / "gain-model.json").exists()
     assert 0.0 < replay["policy_run"]["escalated"] < 1.0  # threshold 0.5: the upper half of the ranking
     assert replay["ours"] == "combined" and replay["carry"]["cooldown_frames"] == 0
-    # --ours declares the policy judged; --carry-lag 0 carries nothing
+    # --ours declares the policy judged; --carry-lag 0 carries nothing; the policy's whole-frame
+    # refresh gets its own payload row beside the pure modes
     third = tmp_path / "third"
-    assert main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model), "--policy", str(policy),
+    refresh = tmp_path / "refresh.yaml"
+    refresh.write_text(policy.read_text().replace("    downscaleWidth: 96", "    downscaleWidth: 96\n"
+                                                  "    wholeFrameEverySeconds: 0.3"))
+    assert main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model), "--policy", str(refresh),
                  "--data", str(tiny_sets / "test"), "--train-data", str(tiny_sets / "train"), "--ours", "combined",
                  "--carry-lag", "0", "--payloads", "regions", "--out", str(third), "--rates", "0.5",
                  "--threads", "1"]) == 0
     declared = json.loads((third / "eval.json").read_text())
     assert declared["ours"] == "combined" and declared["target"]["ours"] == "combined"
     assert declared["carry"]["lag_frames"] is None and "carries no answer" in (third / "eval.md").read_text()
+    assert set(declared["payloads"]) == {"full", "regions", "regions+whole"}
+    assert declared["whole_frame_every_s"] == 0.3
+    assert "regions (uncertain boxes + unexplained motion), the whole frame every 0.3 s" in (third / "eval.md").read_text()
+    # every frame escalated: each stream's frames 0 and 3 go whole, at least as many bytes as regions
+    both = declared["payloads"]
+    assert both["regions+whole"]["cloud_only"]["bytes_per_escalation"] >= both["regions"]["cloud_only"]["bytes_per_escalation"]
     assert main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model), "--policy", str(policy),
                  "--data", str(tiny_sets / "test"), "--ours", "learned", "--out", str(tmp_path / "x"),
                  "--rates", "0.5", "--threads", "1"]) == 2  # learned needs --train-data
