@@ -57,7 +57,7 @@ from edge.transports import Transport, TransportError
 from edgewise import status
 from edgewise.detections import Detections
 from edgewise.policy.deciding import Decision
-from edgewise.policy.schema import Merge, Policy
+from edgewise.policy.schema import Merge, Policy, WholeFrames
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +115,7 @@ class Escalating:
         # Replayed items whose late records reached the sinks but whose acknowledgement
         # could not be written (full disk): never sent again, acknowledged when possible.
         self._unacked: List[int] = []
-        # Per stream, the decision time of its last escalation sent as the whole frame at full
-        # resolution (the policy's payload.wholeFrameEverySeconds).
-        self._last_whole: Dict[str, float] = {}
+        self.whole_frames = WholeFrames()  # the policy's payload.wholeFrameEverySeconds, per stream
 
     async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking spool call on the spool thread."""
@@ -158,12 +156,8 @@ class Escalating:
         """The frame's DetectRequest, built in a worker thread (what it sends noted in the
         record: payload mode and bytes, the crop or the regions); None when it cannot be
         built (the record is written edge-only)."""
-        payload = policy.spec.payload
-        stream = frame.stream_id
         # decided before the first await: escalations of a stream take their turns in order
-        mode = "full" if payload.whole_frame_due(self._last_whole.get(stream), record.decided_s) else payload.mode
-        if mode == "full":
-            self._last_whole[stream] = record.decided_s
+        mode = self.whole_frames.mode(policy.spec.payload, frame.stream_id, record.decided_s)
         try:
             req, plan = await asyncio.get_running_loop().run_in_executor(
                 None, build_request, self.device_id, frame, dets, decision, policy, blobs, mode)
@@ -175,7 +169,7 @@ class Escalating:
             self.write(record)
             return None
         if plan.image is frame.image:  # the whole frame went (a partial mode found nothing to crop)
-            self._last_whole[stream] = max(record.decided_s, self._last_whole.get(stream, record.decided_s))
+            self.whole_frames.sent_whole(frame.stream_id, record.decided_s)
         note_payload(record, req, plan, mode)
         return req
 

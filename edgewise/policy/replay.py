@@ -48,7 +48,7 @@ from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy.deciding import Decision, Escalator, FrameFacts
 from edgewise.policy.digest import policy_digest
 from edgewise.policy.recorded import Reading, Record, frames
-from edgewise.policy.schema import Payload, Policy
+from edgewise.policy.schema import Payload, Policy, WholeFrames
 
 #: Suppressions that mean the budget was used up (cooldown is a separate limit).
 BUDGET_SUPPRESSORS = ("priority", "budget_fraction", "budget_rate")
@@ -144,7 +144,7 @@ class Side:
         self.mode = policy.spec.payload.mode if policy is not None else ""
         self.downscale_width = policy.spec.payload.downscale_width if policy is not None else 0
         self.payload = policy.spec.payload if policy is not None else None
-        self.last_whole: Dict[str, float] = {}  # per stream: its last escalation sent whole (the refresh)
+        self.whole_frames = WholeFrames()  # the policy's payload.wholeFrameEverySeconds, per stream
         self.top = top
         self.hardest: List[Tuple[float, int, str, int, str]] = []  # (hardness, capture ns, stream, seq, by)
         self.checked = 0
@@ -160,8 +160,7 @@ class Side:
         mode = self.mode
         if not mode:
             return (part if part is not None else pixels), 0.0
-        if self.payload is not None and self.payload.whole_frame_due(self.last_whole.get(sid), t):
-            self.last_whole[sid] = t
+        if self.payload is not None and self.whole_frames.mode(self.payload, sid, t) == "full":
             return pixels, 0.0
         if mode in PART_MODES:
             return (part, 0.0) if part is not None else (0.0, pixels)

@@ -11,7 +11,7 @@ Precedence of overrides: per-stream > per-class > global (``Policy.threshold_for
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 from edgewise.carrying import CarryConfig
 from edgewise.hardness.learned import GainModel
@@ -290,6 +290,27 @@ class Payload:
         payload's; :func:`edgewise.regions.plan_payload`)."""
         return plan_payload(frame, dets, motion_blobs, mode or self.mode, band, self.crop_padding, self.region_min,
                             self.max_regions, self.max_region_area, self.downscale_width)
+
+
+class WholeFrames:
+    """Per stream, when its last escalation went as the whole frame, and the payload mode of
+    the next one (:meth:`Payload.whole_frame_due`): the daemon, ``edgewise eval`` and the
+    what-if replay each keep one, on their decision clock."""
+
+    def __init__(self) -> None:
+        self.last: Dict[Hashable, float] = {}
+
+    def mode(self, payload: Payload, stream: Hashable, now_s: float) -> str:
+        """The mode an escalation of ``stream`` at ``now_s`` sends under ``payload``: ``full``
+        when the refresh is due (noted as the stream's last whole frame), else the payload's."""
+        if payload.whole_frame_due(self.last.get(stream), now_s):
+            self.last[stream] = now_s
+            return "full"
+        return payload.mode
+
+    def sent_whole(self, stream: Hashable, now_s: float) -> None:
+        """A partial payload fell back to the whole frame at ``now_s``: it counts as a refresh."""
+        self.last[stream] = max(now_s, self.last.get(stream, now_s))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from edgewise.carrying import combine
 from edgewise.detections import Detections
 from edgewise.merging import merge
 from edgewise.policy import Escalator, Policy
-from edgewise.policy.schema import Payload
+from edgewise.policy.schema import Payload, WholeFrames
 from edgewise_tools.evaluation import bootstrap
 from edgewise_tools.evaluation.frames import FrameRecord
 from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap
@@ -41,15 +41,14 @@ class Sending:
     def per_frame(self, records: Sequence[FrameRecord], mask: np.ndarray) -> List[str]:
         """The payload mode of each frame were it escalated: ``full`` where the refresh is due."""
         out = [self.mode] * len(records)
-        last: Dict[int, float] = {}
+        whole = WholeFrames()
         for i, r in enumerate(records):
             if not mask[i]:
                 continue
             now = r.frame / self.fps
-            if self.payload.whole_frame_due(last.get(r.stream), now):
-                out[i] = "full"
-            if r.sent(out[i]).whole:
-                last[r.stream] = now
+            out[i] = whole.mode(self.payload, r.stream, now)
+            if out[i] != "full" and r.sent(out[i]).whole:
+                whole.sent_whole(r.stream, now)
         return out
 
 
