@@ -209,9 +209,9 @@ def test_new_worker_ramps_under_slow_start(tiny_model):
             sel = [w for t, w in after if lo <= t < hi]
             return sum(w == new for w in sel) / max(1, len(sel))
         early, late = share(0, 2.5), share(7.5, 10)
-        # A fair share of three is 1/3, but the gateway learns of the worker a moment after
-        # add_worker returns and its first measured rate is low, so on a busy machine the last
-        # third has measured 0.196. A worker held at slow start's floor (10% weight) gets about
+        # A fair share of three is 1/3, but on a busy machine the last third has measured 0.196
+        # (likely because the gateway learns of the worker a moment after add_worker returns and
+        # its first measured rate is low). A worker held at slow start's floor (10% weight) gets about
         # 5%; 0.15 tells a ramped worker from a stuck one without betting on the machine's load.
         assert late > 0.15, (early, late)
         assert early < late * 0.75, (early, late)
