@@ -4,8 +4,10 @@ Per stream it remembers the pixels of the frames whose escalation is on its way 
 templates are cut from the frame the cloud saw), seeds the tracker when an answer comes
 back, and on every later frame the pipeline publishes the edge's boxes combined with the
 carried ones (:mod:`edgewise.carrying`, the same functions ``edgewise eval`` measures).
-A newer answer replaces an older one; an answer that comes back after a newer one is in
-force, or from the spool's replay, is not carried (it is older than what the edge has).
+A newer answer replaces an older one (under ``merge.carryScope: regions``, only inside the
+regions it saw: the older answers stay carried elsewhere, :func:`edgewise.carrying.stacked`);
+an answer that comes back after a newer one is in force, or from the spool's replay, is not
+carried (it is older than what the edge has).
 The frames between are stepped over in one go: the search window widens with the frames
 elapsed. Pure bookkeeping on the event loop; callers: ``edge.pipeline`` (``sent``,
 ``apply``) and ``edge.escalating`` (``answered``).
@@ -14,15 +16,25 @@ elapsed. Pure bookkeeping on the event loop; callers: ``edge.pipeline`` (``sent`
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, Tuple
+from typing import Dict, List, Optional
 
 import numpy as np
 
-from edgewise.carrying import CarryConfig, CarryState, combine, grey, seed, step
+from edgewise.carrying import CarryConfig, CarryState, combine, grey, layered, seed, stacked, step
 from edgewise.detections import Detections
 
 #: escalated frames per stream whose pixels are kept for their answer (the oldest go first)
 MAX_WAITING = 8
+
+
+class _Layer:
+    """The answer to frame ``seq``: where its boxes are as of frame ``at``, and the regions
+    its request covered (None: the whole frame)."""
+
+    __slots__ = ("seq", "at", "state", "regions")
+
+    def __init__(self, seq: int, state: CarryState, regions: Optional[np.ndarray]) -> None:
+        self.seq, self.at, self.state, self.regions = seq, seq, state, regions
 
 
 class Carrier:
@@ -30,7 +42,7 @@ class Carrier:
 
     def __init__(self) -> None:
         self._waiting: Dict[str, OrderedDict[int, np.ndarray]] = {}
-        self._state: Dict[str, Tuple[int, CarryState]] = {}
+        self._layers: Dict[str, List[_Layer]] = {}  # per stream, newest answer first
 
     def sent(self, stream: str, seq: int, image: np.ndarray, cfg: CarryConfig) -> None:
         """Frame ``seq`` of ``stream`` was escalated: keep its pixels (grey, a third of the
@@ -42,28 +54,36 @@ class Carrier:
         while len(waiting) > MAX_WAITING:
             waiting.popitem(last=False)
 
-    def answered(self, stream: str, seq: int, cloud: Detections, cfg: CarryConfig) -> None:
-        """The cloud's boxes for frame ``seq``: carry them from that frame on."""
+    def answered(self, stream: str, seq: int, cloud: Detections, cfg: CarryConfig,
+                 regions: Optional[np.ndarray] = None) -> None:
+        """The cloud's boxes for frame ``seq``, whose request covered ``regions`` (None: the
+        whole frame): carry them from that frame on."""
         image = self._waiting.get(stream, OrderedDict()).pop(seq, None)
-        current = self._state.get(stream)
-        if image is None or not cfg.enabled or (current is not None and current[0] >= seq):
+        layers = self._layers.get(stream, [])
+        if image is None or not cfg.enabled or (layers and layers[0].seq >= seq):
             return
-        self._state[stream] = (seq, seed(image, cloud, cfg))
+        self._layers[stream] = stacked(layers, _Layer(seq, seed(image, cloud, cfg), regions), regions, cfg)
 
     def apply(self, stream: str, seq: int, image: np.ndarray, dets: Detections, cfg: CarryConfig) -> Detections:
         """Frame ``seq``'s boxes to publish: the edge's with the carried ones, found on ``image``."""
-        current = self._state.get(stream)
-        if current is None or seq <= current[0]:
+        layers = self._layers.get(stream)
+        if not layers:
             return dets
-        at, state = current
-        state = step(state, image, cfg, frames=seq - at)
-        if not len(state):
-            del self._state[stream]
-            return dets
-        self._state[stream] = (seq, state)
-        return combine(dets, state.detections())
+        stepped = []
+        for layer in layers:
+            if seq > layer.at:  # each frame once, and never back in time
+                layer.state = step(layer.state, image, cfg, frames=seq - layer.at)
+                layer.at = seq
+                stepped.append(layer)
+        # an answer with nothing left still hides the older ones in its regions until it expires
+        alive = [layer for layer in layers if layer.state.age <= cfg.frames]
+        if alive:
+            self._layers[stream] = alive
+        else:
+            del self._layers[stream]
+        carried = layered([(layer.state.detections(), layer.regions) for layer in stepped if layer in alive])
+        return combine(dets, carried) if len(carried) else dets
 
     def carrying(self, stream: str) -> int:
-        """Boxes carried on ``stream`` now."""
-        current = self._state.get(stream)
-        return len(current[1]) if current is not None else 0
+        """Boxes carried on ``stream`` now (every answer's, before the regions rule)."""
+        return sum(len(layer.state) for layer in self._layers.get(stream, []))

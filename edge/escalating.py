@@ -259,8 +259,8 @@ class Escalating:
         from edgewise.wire import detections_from_proto
 
         cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
-        merged = merge_fn(dets, cloud, merge.strategy, merge.iou, edge_floor=merge.edge_floor,
-                          regions=seen_regions(record))
+        regions = seen_regions(record)
+        merged = merge_fn(dets, cloud, merge.strategy, merge.iou, edge_floor=merge.edge_floor, regions=regions)
         record.detections = detections_json(merged)
         record.outcome = "cloud"
         record.cloud_rtt_ms = round(rtt * 1000.0, 2)
@@ -269,7 +269,7 @@ class Escalating:
         record.emit_unix_ns = time.time_ns()
         self.write(record)
         if not late:
-            self.carrier.answered(record.stream, record.frame_seq, cloud, merge.carry())
+            self.carrier.answered(record.stream, record.frame_seq, cloud, merge.carry(), regions)
 
     async def _fail(self, req: Any, policy: Policy, record: FrameRecord, exc: TransportError) -> None:
         spec = policy.spec

@@ -24,6 +24,14 @@ The tracker is deliberately small and cheap (microseconds per box):
   overlaps (IoU >= ``iou``, any class) is the same object: the edge's fresh box with the
   cloud's class (the bigger model tells look-alikes apart); the rest are kept as they are.
 
+Which answers are carried (``CarryConfig.scope``, policy ``merge.carryScope``): with
+``answer`` a newer answer replaces the older one's boxes; with ``regions`` a newer answer
+that saw only some regions of the frame (a region payload) replaces the older boxes only
+inside those regions and the older ones go on being carried elsewhere, each until its own
+``frames`` run out (:func:`stacked`, :func:`layered`; the regions test is the merge's,
+:func:`edgewise.merging.outside_regions`). So a whole frame's far objects are not forgotten
+at the next region answer, which looked only around the edge's uncertain boxes and motion.
+
 Pure functions over an immutable :class:`CarryState`; the edge pipeline and the
 evaluation (:mod:`edgewise_tools.evaluation.frames`) both use them, so what is measured is
 what runs.
@@ -32,17 +40,25 @@ what runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple, TypeVar
 
 import cv2
 import numpy as np
 
 from edgewise.detections import Detections
 from edgewise.hardness.tracking import greedy_match, iou_matrix
-from edgewise.merging import unify_names
+from edgewise.merging import outside_regions, unify_names
 
 #: ``Detections.sources`` tag of a box the edge keeps from an earlier cloud answer.
 CARRIED = "carried"
+
+#: what a newer answer replaces (module doc): all the carried boxes, or those in its regions
+SCOPES = ("answer", "regions")
+
+#: answers carried at once per stream under scope ``regions`` (the oldest go first)
+MAX_LAYERS = 8
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,7 @@ class CarryConfig:
     Attributes:
         frames: frames after the cloud's answer during which its boxes are carried (0: off).
         min_match: normalised cross-correlation in [-1, 1] below which a box is lost.
+        scope: what a newer answer replaces (:data:`SCOPES`, module doc).
         template_px: the longer side of a template, in pixels, at most.
         search: the search window's margin around the box, as a fraction of its longer side.
         min_search_px: the margin's floor in frame pixels.
@@ -60,9 +77,14 @@ class CarryConfig:
 
     frames: int
     min_match: float
+    scope: str = "answer"
     template_px: int = 32
     search: float = 0.5
     min_search_px: float = 6.0
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"carry scope {self.scope!r}: use one of {', '.join(SCOPES)}")
 
     @property
     def enabled(self) -> bool:
@@ -208,3 +230,41 @@ def combine(edge: Detections, carried: Detections, iou: float = 0.5) -> Detectio
         names=names, source="merged", sources=tuple(srcs[int(i)] for i in order),
         missed_objectness=float(edge.missed_objectness),
     )
+
+
+def stacked(layers: Sequence[_T], new: _T, regions: Optional[np.ndarray], cfg: CarryConfig) -> List[_T]:
+    """The answers a stream carries, newest first, once ``new`` (an answer that saw
+    ``regions`` of its frame; None: the whole frame) comes in over ``layers``: ``new`` alone
+    under scope ``answer`` or after a whole frame, else ``new`` over the older ones (at most
+    :data:`MAX_LAYERS`)."""
+    if cfg.scope == "answer" or regions is None:
+        return [new]
+    return [new, *layers[:MAX_LAYERS - 1]]
+
+
+def layered(layers: Sequence[Tuple[Detections, Optional[np.ndarray]]]) -> Detections:
+    """The carried boxes of several answers, newest first, each with the regions its
+    request covered (None: the whole frame): an answer's boxes count only where no newer
+    answer looked (centre outside every newer answer's regions). Source ``carried``."""
+    if not layers:
+        return Detections.empty(source=CARRIED)
+    out, looked = layers[0][0], [layers[0][1]]
+    for dets, regions in layers[1:]:
+        if any(r is None for r in looked):
+            break
+        boxes = dets.boxes.astype(np.float64).reshape(-1, 4)
+        keep = np.ones(len(dets), bool)
+        for r in looked:
+            keep &= outside_regions(boxes, r)
+        looked.append(regions)
+        if not keep.any():
+            continue
+        older = dets.select(keep)
+        names, older_ids, ids = unify_names(older, out)
+        out = Detections(
+            boxes=np.concatenate([out.boxes, older.boxes]).astype(np.float32),
+            scores=np.concatenate([out.scores, older.scores]).astype(np.float32),
+            class_ids=np.concatenate([ids, older_ids]).astype(np.int32),
+            names=names, source=CARRIED,
+        )
+    return out

@@ -52,8 +52,10 @@ def unify_names(edge: Detections, cloud: Detections) -> Tuple[Tuple[str, ...], n
     return tuple(names), edge_ids, cloud.class_ids.astype(np.int32)
 
 
-def _outside_regions(boxes: np.ndarray, regions: Optional[np.ndarray]) -> np.ndarray:
-    """Mask of boxes whose centre is outside every region (all False without regions)."""
+def outside_regions(boxes: np.ndarray, regions: Optional[np.ndarray]) -> np.ndarray:
+    """Mask of boxes whose centre is outside every region (all False without regions: the
+    whole frame was seen). The one test of "the cloud did not look there", for the merge and
+    for carrying (:func:`edgewise.carrying.layered`)."""
     if regions is None or len(boxes) == 0:
         return np.zeros(len(boxes), bool)
     r = np.asarray(regions, np.float64).reshape(-1, 4)
@@ -91,7 +93,7 @@ def merge(
     cb = cloud.boxes.astype(np.float64).reshape(-1, 4)
     es = edge.scores.astype(np.float64)
     cs = cloud.scores.astype(np.float64)
-    unseen = _outside_regions(eb, regions)
+    unseen = outside_regions(eb, regions)
 
     out_boxes: List[np.ndarray] = []
     out_scores: List[float] = []

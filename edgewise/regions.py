@@ -241,6 +241,9 @@ def source_rects(tiles: Sequence[Tile]) -> Optional[np.ndarray]:
 
 #: payload modes (the policy's ``spec.payload.mode``)
 MODES = ("full", "crops", "downscaled", "regions", "low+regions")
+#: the modes whose answer covers only some regions of the frame (``PayloadPlan.regions`` set,
+#: unless the plan fell back to the whole frame); the others show the cloud all of it
+REGION_MODES = ("crops", "regions")
 #: the modes ``edgewise eval`` measures side by side unless told otherwise (``crops``, the
 #: older one-crop mode, on request)
 COMPARED_MODES = ("full", "downscaled", "regions", "low+regions")

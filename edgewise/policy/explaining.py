@@ -11,6 +11,7 @@ import math
 from typing import List
 
 from edgewise.policy.schema import Policy
+from edgewise.regions import REGION_MODES
 
 
 def warnings(policy: Policy) -> List[str]:
@@ -56,6 +57,10 @@ def warnings(policy: Policy) -> List[str]:
             f"payload.wholeFrameEverySeconds {s.payload.whole_frame_every_s:g} without merge.carryFrames: what a "
             "whole frame finds is kept only for that frame; carrying keeps it between escalations"
         )
+    if s.merge.carry_scope == "regions" and (s.merge.carry_frames == 0 or s.payload.mode not in REGION_MODES):
+        why = ("nothing is carried" if s.merge.carry_frames == 0
+               else f"every payload.mode {s.payload.mode} answer covers the whole frame")
+        out.append(f"merge.carryScope regions has no effect: {why}")
     if s.on_cloud_unavailable == "spool" and s.deadline_ms < 50:
         out.append(f"deadlineMs {s.deadline_ms} is very short; most escalations will spool")
     return out
@@ -156,7 +161,9 @@ def explain(policy: Policy) -> str:
         )
     if s.merge.carry_frames:
         lines.append(f"Carrying: the cloud's boxes are tracked and kept up to {s.merge.carry_frames} frames after "
-                     f"its answer (dropped below a template match of {s.merge.carry_match:g}).")
+                     f"its answer (dropped below a template match of {s.merge.carry_match:g}); "
+                     + ("a newer answer replaces them only inside the regions it saw, older answers' boxes stay "
+                        "carried elsewhere." if s.merge.carry_scope == "regions" else "a newer answer replaces them."))
     warns = warnings(policy)
     if warns:
         lines.append("Warnings:")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
+from edgewise.carrying import SCOPES as CARRY_SCOPES
 from edgewise.carrying import CarryConfig
 from edgewise.hardness.learned import GainModel
 from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
@@ -341,10 +342,17 @@ class Merge:
         "Template match (normalised cross-correlation) below which a carried box is lost and dropped.", 0.5,
         lo=0, hi=1, lo_open=True,
     )
+    carry_scope: str = opt(
+        "carryScope", "str",
+        "What a newer cloud answer replaces among the carried boxes: answer = all of them; regions = only "
+        "those inside the regions a region payload sent, the older answers' boxes elsewhere stay carried "
+        "until their own carryFrames run out (a whole-frame answer replaces all).", "answer",
+        choices=CARRY_SCOPES,
+    )
 
     def carry(self) -> CarryConfig:
         """The carrying these settings ask for (:mod:`edgewise.carrying`)."""
-        return CarryConfig(frames=self.carry_frames, min_match=self.carry_match)
+        return CarryConfig(frames=self.carry_frames, min_match=self.carry_match, scope=self.carry_scope)
 
 
 @dataclass(frozen=True)

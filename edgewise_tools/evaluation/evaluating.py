@@ -144,23 +144,25 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     for k, mask in (("edge_only", np.zeros(n, bool)), ("cloud_only", np.ones(n, bool))):
         base[k], per_frame = hybrid.evaluate_frames(records, mask, nc, strategy, iou)
         base[k]["f1_ci"] = bootstrap.f1_interval(bootstrap.per_stream(per_frame, index, n_streams), w)
-    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou, sending, cfg.samples, lag, gaps)
+    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou, sending, cfg.samples, lag, gaps,
+                                    carry)
     ours = cfg.ours or ("learned" if "learned" in scores else "combined")
     diffs = hybrid.differences(counts, ours, BASELINES, cfg.rates, cfg.samples)
     policy_mask = hybrid.run_policy(records, policy, cfg.fps)
     thresholds = [round(float(t), 3) for t in np.linspace(0.0, 1.0, 21)]
-    sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, strategy, iou, sending, lag)
+    sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, strategy, iou, sending, lag, carry)
     at = _judged_index(cfg.rates, cfg.target_rate)
     our_mask = hybrid.top_fraction(scores[ours][0], cfg.rates[at], streams=streams, gap=gaps.get(ours, 0))
     payloads = {m: {"cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou, m),
-                    "at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, m, lag)}
+                    "at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, m, lag, carry)}
                 for m in modes}
     if isinstance(sending, hybrid.Sending):  # the policy's mode with its refresh, beside the pure modes
         payloads[f"{mode}+whole"] = {
             "cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou, sending),
-            "at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending, lag)}
-    carrying = {"frames": carry.frames, "min_match": carry.min_match, "lag_frames": lag, "cooldown_frames": gap,
-                "ours_at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending, lag),
+            "at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending, lag, carry)}
+    carrying = {"frames": carry.frames, "min_match": carry.min_match, "scope": carry.scope, "lag_frames": lag,
+                "cooldown_frames": gap,
+                "ours_at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending, lag, carry),
                 "ours_without_carry": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending)}
     data_meta = {"test": cfg.data, **({"policy_fit": cfg.train_data} if cfg.train_data else {})}
     return {
@@ -173,7 +175,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
         "uplink_all_frames_bytes": int(sum(r.jpeg_bytes for r in records)),
         "baselines": base,
         "payloads": payloads,
-        "policy_run": hybrid.evaluate(records, policy_mask, nc, strategy, iou, own, lag),
+        "policy_run": hybrid.evaluate(records, policy_mask, nc, strategy, iou, own, lag, carry),
         "carry": carrying,
         "at_rates": rates,
         "differences": diffs,

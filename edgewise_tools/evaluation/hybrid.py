@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgewise.carrying import combine
+from edgewise.carrying import CARRIED, CarryConfig, combine, layered, stacked
 from edgewise.detections import Detections
 from edgewise.merging import merge
 from edgewise.policy import Escalator, Policy
@@ -70,32 +70,41 @@ def _final(r: FrameRecord, up: bool, strategy: str, iou: float, low: bool, mode:
     return merge(edge, cloud, strategy, iou, regions=m.regions)
 
 
-def _carried(records: Sequence[FrameRecord], mask: np.ndarray, modes: Sequence[str], lag: Optional[int]
-             ) -> List[Optional[Detections]]:
-    """Per frame, the boxes the edge carries from its stream's latest answer (None: none).
-    The answer to frame t is there from frame t + ``lag`` on (1: before the next frame);
-    until then the one before it is carried. ``lag`` None: nothing is carried."""
+def _carried(records: Sequence[FrameRecord], mask: np.ndarray, modes: Sequence[str], lag: Optional[int],
+             cfg: Optional[CarryConfig] = None) -> List[Optional[Detections]]:
+    """Per frame, the boxes the edge carries from its stream's answers (None: none). The
+    answer to frame t is there from frame t + ``lag`` on (1: before the next frame); until
+    then the ones before it are carried. A newer answer replaces the older ones, or under
+    ``cfg.scope`` ``regions`` only inside the regions it saw, until ``cfg.frames`` run out
+    (:func:`edgewise.carrying.stacked` and :func:`~edgewise.carrying.layered`, the daemon's
+    rule; without ``cfg``, scope ``answer``). ``lag`` None: nothing is carried."""
     out: List[Optional[Detections]] = [None] * len(records)
     if lag is None:
         return out
     if lag < 1:
         raise ValueError(f"carry lag must be >= 1 frame (the escalated frame gets the answer itself), got {lag}")
+    cfg = cfg or CarryConfig(frames=len(records), min_match=0.5)
     stream: Optional[int] = None
     pos = 0
     waiting: List[Tuple[int, int]] = []  # this stream's escalations not answered yet: (position, record)
-    active: Optional[Tuple[int, int]] = None  # the latest answered one
+    active: List[Tuple[int, int]] = []  # the answers carried, newest first: (position, record)
     for i, r in enumerate(records):
         if r.stream != stream:
-            stream, pos, waiting, active = r.stream, 0, [], None
+            stream, pos, waiting, active = r.stream, 0, [], []
         else:
             pos += 1
         while waiting and pos - waiting[0][0] >= lag:
-            active = waiting.pop(0)
-        if active is not None and not mask[i]:
-            p, k = active
-            lst = records[k].carried.get(modes[k], [])
-            if pos - p - 1 < len(lst):
-                out[i] = lst[pos - p - 1]
+            p, k = waiting.pop(0)
+            active = stacked(active, (p, k), records[k].sent(modes[k]).regions, cfg)
+        active = [(p, k) for p, k in active if pos - p <= cfg.frames]
+        if active and not mask[i]:
+            layers = []
+            for p, k in active:  # an answer with nothing left still hides the older ones in its regions
+                lst = records[k].carried.get(modes[k], [])
+                dets = lst[pos - p - 1] if pos - p - 1 < len(lst) else Detections.empty(source=CARRIED)
+                layers.append((dets, records[k].sent(modes[k]).regions))
+            carried = layered(layers)
+            out[i] = carried if len(carried) else None
         if mask[i]:
             waiting.append((pos, i))
     return out
@@ -103,29 +112,30 @@ def _carried(records: Sequence[FrameRecord], mask: np.ndarray, modes: Sequence[s
 
 def evaluate(
     records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
-    mode: Mode = "full", carry_lag: Optional[int] = None,
+    mode: Mode = "full", carry_lag: Optional[int] = None, carry: Optional[CarryConfig] = None,
 ) -> Dict[str, float]:
     """Metrics of the hybrid that escalates exactly the frames in ``mask``, sending ``mode``.
 
     ``uplink_saved`` is against sending every frame whole at full resolution."""
-    return evaluate_frames(records, mask, nc, strategy, iou, mode, carry_lag)[0]
+    return evaluate_frames(records, mask, nc, strategy, iou, mode, carry_lag, carry)[0]
 
 
 def evaluate_frames(
     records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
-    mode: Mode = "full", carry_lag: Optional[int] = None,
+    mode: Mode = "full", carry_lag: Optional[int] = None, carry: Optional[CarryConfig] = None,
 ) -> Tuple[Dict[str, float], np.ndarray]:
     """:func:`evaluate`'s metrics and, from the same pass, each frame's true positives, false
     positives and misses against ground truth ([N, 3], what the stream bootstrap resamples).
-    With ``carry_lag`` (frames) the frames between escalations keep the latest answer's
-    carried boxes (:func:`_carried`); records must be in stream order, as collected."""
+    With ``carry_lag`` (frames) the frames between escalations keep the answers' carried
+    boxes under ``carry`` (the policy's ``merge.carry*``, :func:`_carried`); records must be
+    in stream order, as collected."""
     vs_gt, vs_cloud = Counts(), Counts()
     per_frame = np.zeros((len(records), 3), np.float64)
     preds, gts = [], []
     sent = 0
     cloud_ms = 0.0
     modes = _modes(records, mask, mode)
-    carried = _carried(records, mask, modes, carry_lag)
+    carried = _carried(records, mask, modes, carry_lag, carry)
     for i, (r, up) in enumerate(zip(records, mask)):
         d = _final(r, bool(up), strategy, iou, low=False, mode=modes[i], carried=carried[i])
         c = match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
@@ -196,11 +206,12 @@ def at_rates(
     samples: int = bootstrap.SAMPLES,
     carry_lag: Optional[int] = None,
     gaps: Optional[Mapping[str, int]] = None,
+    carry: Optional[CarryConfig] = None,
 ) -> Tuple[Dict[str, List[Dict[str, Any]]], Dict[str, List[np.ndarray]]]:
     """Each policy at each rate (a policy with several score vectors, random seeds, is
     averaged), each row with ``f1_ci``: the 95% interval of its F1 by resampling streams.
     ``gaps`` names the policies that keep a cooldown (frames, :func:`top_fraction`);
-    ``carry_lag`` carries answers (:func:`evaluate_frames`).
+    ``carry_lag`` carries answers under ``carry`` (:func:`evaluate_frames`).
     Also returns each policy's per-stream counts [S, 3] per rate, for :func:`differences`."""
     streams = [r.stream for r in records]
     index, n_streams = bootstrap.stream_ids(streams)
@@ -213,7 +224,7 @@ def at_rates(
         for rate in rates:
             gap = (gaps or {}).get(name, 0)
             masks = [top_fraction(v, rate, seed=i, streams=streams, gap=gap) for i, v in enumerate(vectors)]
-            runs = [evaluate_frames(records, m, nc, strategy, iou, mode, carry_lag) for m in masks]
+            runs = [evaluate_frames(records, m, nc, strategy, iou, mode, carry_lag, carry) for m in masks]
             row: Dict[str, Any] = {k: float(np.mean([r[k] for r, _ in runs])) for k in runs[0][0]}
             c = np.mean([bootstrap.per_stream(f, index, n_streams) for _, f in runs], axis=0)
             row["rate"] = rate
@@ -252,11 +263,12 @@ def run_policy(records: Sequence[FrameRecord], policy: Policy, fps: float) -> np
 def threshold_sweep(
     records: Sequence[FrameRecord], hardness: np.ndarray, thresholds: Sequence[float], nc: int,
     strategy: str = "replace", iou: float = 0.5, mode: Mode = "full", carry_lag: Optional[int] = None,
+    carry: Optional[CarryConfig] = None,
 ) -> List[Dict[str, Any]]:
     """Escalate every frame with hardness >= t (no budget): the policy's threshold curve."""
     rows = []
     for t in thresholds:
-        row: Dict[str, Any] = dict(evaluate(records, hardness >= t, nc, strategy, iou, mode, carry_lag))
+        row: Dict[str, Any] = dict(evaluate(records, hardness >= t, nc, strategy, iou, mode, carry_lag, carry))
         row["threshold"] = float(t)
         rows.append(row)
     return rows

@@ -56,7 +56,9 @@ def _carry_lines(carry: Optional[Dict[str, Any]], cloud_f1: float) -> List[str]:
                 "`--carry-lag 0`): every frame not escalated is the edge's alone.", ""]
     on, off = carry["ours_at_target_rate"], carry["ours_without_carry"]
     return [f"Between escalations the edge carries each answer's boxes up to {carry['frames']} frames "
-            f"(template match >= {carry['min_match']:g}), from {carry['lag_frames']} frame(s) after the "
+            f"(template match >= {carry['min_match']:g}; a newer answer replaces them"
+            f"{' only inside the regions it saw' if carry.get('scope') == 'regions' else ''}), "
+            f"from {carry['lag_frames']} frame(s) after the "
             f"escalated frame; our policies keep the policy's cooldown ({carry['cooldown_frames']} frames). "
             f"Our policy at the target rate: {_pct(on['f1'] / cloud_f1)} of cloud F1 carrying, "
             f"{_pct(off['f1'] / cloud_f1)} with the same frames escalated and nothing carried.", ""]

@@ -17,12 +17,15 @@ def D(rows, source="edge"):
                       source=source)
 
 
-def frame(x, k=0):
-    """A noisy BGR frame with one textured 20x14 object at (x, 80)."""
+def frame(x, k=0, second=None):
+    """A noisy BGR frame with one textured 20x14 object at (x, 80), and another at (second, 180)."""
     rng = np.random.default_rng(k)
     img = np.clip(120 + rng.normal(0, 3, (240, 320, 3)), 0, 255).astype(np.uint8)
     patch = np.where(np.random.default_rng(1).random((20, 14)) < 0.35, 30, 200).astype(np.uint8)
     img[80:100, x:x + 14] = patch[..., None]
+    if second is not None:
+        other = np.where(np.random.default_rng(2).random((20, 14)) < 0.35, 30, 200).astype(np.uint8)
+        img[180:200, second:second + 14] = other[..., None]
     return img
 
 
@@ -52,9 +55,9 @@ def test_older_late_and_unknown_answers_are_not_carried():
     c.sent("cam", 12, frame(104), CFG)
     c.answered("cam", 12, D([[104, 80, 118, 100, 0.9, 1]], source="cloud"), CFG)
     c.answered("cam", 10, CLOUD, CFG)  # came back after a newer one: older than what is carried
-    assert c._state["cam"][0] == 12
+    assert [layer.seq for layer in c._layers["cam"]] == [12]
     c.answered("cam", 99, CLOUD, CFG)  # never sent (or its pixels were let go): nothing to seed from
-    assert c._state["cam"][0] == 12
+    assert [layer.seq for layer in c._layers["cam"]] == [12]
     assert c.carrying("cam") == 1
 
 
@@ -77,3 +80,43 @@ def test_only_the_latest_escalated_frames_are_kept():
         c.sent("cam", seq, frame(100), CFG)
     assert list(c._waiting["cam"]) == list(range(3, MAX_WAITING + 3))
     assert all(img.ndim == 2 for img in c._waiting["cam"].values())  # kept grey
+
+
+def test_under_scope_regions_a_region_answer_replaces_the_carried_boxes_only_where_it_looked():
+    """A whole frame finds two objects; the next escalation sends one region, around the
+    first, and the cloud finds nothing there: the second object stays carried (scope
+    ``regions``) or is forgotten with the rest (scope ``answer``)."""
+    both = D([[100, 80, 114, 100, 0.9, 1], [200, 180, 214, 200, 0.8, 0]], source="cloud")
+    around_first = np.array([[80, 60, 140, 120]], np.float64)
+    for scope, expect in (("regions", [[204, 180, 218, 200]]), ("answer", [])):
+        cfg = CarryConfig(frames=30, min_match=0.5, scope=scope)
+        c = Carrier()
+        c.sent("cam", 0, frame(100, 0, second=200), cfg)
+        c.answered("cam", 0, both, cfg)  # a whole frame (regions None)
+        assert len(c.apply("cam", 1, frame(101, 1, second=201), NONE, cfg)) == 2
+        c.sent("cam", 2, frame(102, 2, second=202), cfg)
+        c.answered("cam", 2, NONE, cfg, regions=around_first)
+        out = c.apply("cam", 4, frame(104, 4, second=204), NONE, cfg)
+        assert np.allclose(out.boxes, np.array(expect, np.float32).reshape(-1, 4), atol=1), scope
+        if scope == "regions":  # both answers kept: the empty one still hides its region
+            assert [layer.seq for layer in c._layers["cam"]] == [2, 0] and sources(out) == [CARRIED]
+        # a later whole-frame answer replaces everything, whatever the scope
+        c.sent("cam", 5, frame(105, 5, second=205), cfg)
+        c.answered("cam", 5, NONE, cfg)
+        assert c.apply("cam", 6, frame(106, 6, second=206), NONE, cfg) is NONE
+        assert [layer.seq for layer in c._layers["cam"]] == [5]
+
+
+def test_every_carried_answer_expires_after_its_own_frames():
+    cfg = CarryConfig(frames=3, min_match=0.5, scope="regions")
+    c = Carrier()
+    c.sent("cam", 0, frame(100, 0, second=200), cfg)
+    c.answered("cam", 0, D([[200, 180, 214, 200, 0.8, 0]], source="cloud"), cfg)
+    c.sent("cam", 2, frame(100, 2, second=200), cfg)
+    c.answered("cam", 2, CLOUD, cfg, regions=np.array([[80, 60, 140, 120]], np.float64))
+    assert len(c.apply("cam", 3, frame(100, 3, second=200), NONE, cfg)) == 2
+    # frame 4: the first answer is 4 frames old (past its 3), the second 2
+    out = c.apply("cam", 4, frame(100, 4, second=200), NONE, cfg)
+    assert np.allclose(out.boxes, [[100, 80, 114, 100]], atol=1)
+    assert [layer.seq for layer in c._layers["cam"]] == [2]
+    assert c.apply("cam", 6, frame(100, 6, second=200), NONE, cfg) is NONE and "cam" not in c._layers

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(sys.version_info < (3, 10), reason="the in-proce
 FRAMES = 30
 
 
-def _run(tmp_path: Path, tiny_model: Path, native_model: Path, carry_frames: int) -> List[Dict[str, Any]]:
+def _run(tmp_path: Path, tiny_model: Path, native_model: Path, carry_frames: int,
+         regions_scope: bool = False) -> List[Dict[str, Any]]:
     data = tmp_path / "cam"
     if not data.exists():
         generate(SynthJob(out=data, frames=FRAMES, streams=1, seed=5, split="test", width=640, height=360,
@@ -33,9 +34,15 @@ def _run(tmp_path: Path, tiny_model: Path, native_model: Path, carry_frames: int
     # every frame is hard; the cooldown (0.25 s at 20 fps: 5 frames) spaces the escalations
     doc["spec"]["cooldownSeconds"] = 0.25
     doc["spec"]["merge"]["carryFrames"] = carry_frames
-    policy = tmp_path / f"policy-{carry_frames}.yaml"
+    tag = f"{carry_frames}{'-regions' if regions_scope else ''}"
+    if regions_scope:  # region payloads (around unexplained motion, as tests/edge/test_regions_e2e.py)
+        doc["spec"]["merge"]["carryScope"] = "regions"
+        doc["spec"]["payload"].update(mode="regions", regionMin=48)
+        doc["spec"]["signals"] = {"weights": {"missed_object": 1.0, "motion_blobs": 1.0, "motion": 1.0},
+                                  "motion": {"warmupFrames": 2}}
+    policy = tmp_path / f"policy-{tag}.yaml"
     policy.write_text(yaml.safe_dump(doc))
-    out = tmp_path / f"run-{carry_frames}"
+    out = tmp_path / f"run-{tag}"
     out.mkdir()
     with in_process_cloud_class()(native_model) as cloud:
         s = base_settings(out, tiny_model, [{"id": "cam", "kind": "folder", "uri": str(data / "images"), "fps": 20}],
@@ -68,3 +75,30 @@ def test_the_clouds_boxes_are_carried_between_escalations(tmp_path: Path, tiny_m
 
     off = _run(tmp_path, tiny_model, native_model, carry_frames=0)
     assert not any(d["source"] == "carried" for r in off for d in r["detections"])
+
+
+def test_under_scope_regions_the_daemon_keeps_older_answers_under_region_answers(
+        tmp_path: Path, tiny_model: Path, native_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon hands each answer's regions (those its request sent) to the carrier, which
+    keeps the older answers under a region answer (watched at the carrier; the rule itself is
+    tests/edge/test_carrying.py's)."""
+    from edge.carrying import Carrier
+
+    seen: Dict[int, Any] = {}
+    layers: List[int] = []
+    answered = Carrier.answered
+
+    def watch(self: Carrier, stream: str, seq: int, cloud: Any, cfg: Any, regions: Any = None) -> None:
+        answered(self, stream, seq, cloud, cfg, regions)
+        seen[seq] = None if regions is None else regions.tolist()
+        layers.append(len(self._layers.get(stream, [])))
+
+    monkeypatch.setattr(Carrier, "answered", watch)
+    recs = _run(tmp_path, tiny_model, native_model, carry_frames=30, regions_scope=True)
+    by_seq = {r["frame_seq"]: r for r in recs}
+    assert seen and all(by_seq[k]["escalated"] for k in seen)
+    for k, regions in seen.items():  # the regions the request sent, or None for a whole frame
+        sent = by_seq[k].get("regions") or None
+        assert regions == (None if sent is None else [[float(v) for v in box] for box in sent]), k
+    assert any(r is not None for r in seen.values()), "the moving digits must give region payloads"
+    assert max(layers) >= 2, "a region answer within 30 frames of an older one keeps it underneath"

@@ -134,3 +134,45 @@ def test_a_box_leaving_the_frame_stays_inside_the_frame():
             x0, y0, x1, y1 = state.detections().boxes[0]
             assert 0 <= x0 < x1 <= 640 and 0 <= y0 < y1 <= 360
     assert seen >= 4
+
+
+def test_layered_keeps_an_older_answers_boxes_only_where_no_newer_answer_looked():
+    from edgewise.carrying import layered
+
+    newest = D([[10, 10, 20, 20, 0.9, 0]], source=CARRIED)
+    middle = D([[100, 100, 110, 110, 0.8, 1], [200, 10, 210, 20, 0.7, 0]], source=CARRIED)
+    oldest = D([[300, 300, 310, 310, 0.6, 1], [104, 104, 112, 112, 0.5, 0]], source=CARRIED)
+    around = np.array([[90, 90, 120, 120]], np.float64)  # the newest answer looked around (105, 105)
+    got = layered([(newest, around), (middle, np.array([[290, 290, 320, 320]], np.float64)), (oldest, None)])
+    # middle's (105, 105) box is inside the newest's region; oldest's (305, 305) inside middle's,
+    # its (108, 108) inside the newest's
+    assert got.boxes.tolist() == [[10, 10, 20, 20], [200, 10, 210, 20]] and got.source == CARRIED
+    assert got.class_ids.tolist() == [0, 0] and got.scores.tolist() == pytest.approx([0.9, 0.7])
+    # a whole-frame answer (None) hides everything older; an older whole frame shows outside the newer regions
+    assert len(layered([(D([]), None), (middle, None)])) == 0
+    assert layered([(D([]), around), (middle, None)]).boxes.tolist() == [[200, 10, 210, 20]]
+    assert len(layered([])) == 0
+
+
+def test_layered_maps_class_names_of_answers_from_different_models():
+    from edgewise.carrying import layered
+
+    newest = D([[10, 10, 20, 20, 0.9, 0]], names=("car", "person"), source=CARRIED)
+    older = D([[200, 10, 210, 20, 0.7, 0]], names=("person", "bike"), source=CARRIED)
+    got = layered([(newest, np.array([[0, 0, 50, 50]], np.float64)), (older, None)])
+    assert [got.names[c] for c in got.class_ids] == ["car", "person"]
+
+
+def test_stacked_keeps_older_answers_only_under_scope_regions_and_after_a_partial_answer():
+    from edgewise.carrying import MAX_LAYERS, stacked
+
+    part = np.array([[0, 0, 10, 10]], np.float64)
+    regions = CarryConfig(frames=30, min_match=0.5, scope="regions")
+    answer = CarryConfig(frames=30, min_match=0.5)
+    assert answer.scope == "answer"  # the default: a newer answer replaces the older ones
+    assert stacked([2, 1], 3, part, answer) == [3]
+    assert stacked([2, 1], 3, None, regions) == [3]  # a whole frame looked everywhere
+    assert stacked([2, 1], 3, part, regions) == [3, 2, 1]
+    assert stacked(list(range(MAX_LAYERS, 0, -1)), 99, part, regions) == [99, *range(MAX_LAYERS, 1, -1)]
+    with pytest.raises(ValueError, match="carry scope 'tiles'"):
+        CarryConfig(frames=30, min_match=0.5, scope="tiles")

@@ -172,3 +172,18 @@ def test_whole_frame_refresh_rule_and_its_explanation():
     assert "without merge.carryFrames" not in explain(carried)
     with pytest.raises(ConfigError, match="wholeFrameEverySeconds"):
         parse_policy(body.replace("wholeFrameEverySeconds: 2", "wholeFrameEverySeconds: -1"))
+
+
+def test_carry_scope_is_validated_and_explained():
+    body = ("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\nspec:\n"
+            "  payload: {mode: regions}\n")
+    p = parse_policy(body + "  merge: {carryFrames: 30, carryScope: regions}\n")
+    assert p.spec.merge.carry().scope == "regions"
+    assert "replaces them only inside the regions it saw" in explain(p) and "carryScope" not in explain(p)
+    assert "a newer answer replaces them." in explain(parse_policy(body + "  merge: {carryFrames: 30}\n"))
+    with pytest.raises(ConfigError, match=r"spec.merge.carryScope"):
+        parse_policy(body + "  merge: {carryScope: tiles}\n")
+    whole = parse_policy(body.replace("regions", "low+regions") + "  merge: {carryFrames: 30, carryScope: regions}\n")
+    assert "carryScope regions has no effect: every payload.mode low+regions answer covers the whole frame" in explain(whole)
+    off = parse_policy(body + "  merge: {carryScope: regions}\n")
+    assert "carryScope regions has no effect: nothing is carried" in explain(off)

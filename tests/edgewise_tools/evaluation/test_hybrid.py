@@ -253,3 +253,32 @@ def test_the_whole_frame_refresh_replays_the_daemons_rule_and_carries_what_it_fi
     # frame 2's regions fell back to the whole frame: frame 4 is only 0.2 s after it
     recs[2].modes["regions"] = ModeResult(found, found, 100, None, whole=True)
     assert sending.per_frame(recs, up) == ["full", "regions", "regions", "regions", "regions", "regions"]
+
+
+def test_under_scope_regions_a_region_answer_does_not_drop_what_a_whole_frame_found_elsewhere() -> None:
+    """Frame 0 goes whole and finds the box; frames 2 and 4 send one region far from it and
+    the cloud finds nothing there. Scope ``answer``: frame 2's empty answer replaces frame 0's
+    from frame 3 on. Scope ``regions``: frame 0's box is carried through frames 3 and 5 too,
+    until frame 0's own carryFrames (5) run out; a box inside the region would be hidden."""
+    from edgewise.carrying import CarryConfig
+    from edgewise_tools.evaluation.frames import ModeResult
+
+    box = [10, 10, 30, 30]
+    none_e, none_c, found = D([], [], [], "edge"), D([], [], [], "cloud"), D([box], [0], [0.9], "cloud")
+    recs = [rec(i, none_e, found, [box], [0]) for i in range(7)]
+    for r in recs:
+        r.modes["regions"] = ModeResult(none_c, none_c, 10, np.array([[50, 50, 60, 60]], np.float32))
+        r.carried = {"full": [D([box], [0], [0.9], "carried")] * 5, "regions": []}
+    up = np.array([True, False, True, False, True, False, False])
+    modes = ["full", "regions", "regions", "regions", "regions", "regions", "regions"]
+    regions = CarryConfig(frames=5, min_match=0.5, scope="regions")
+    answer = CarryConfig(frames=5, min_match=0.5, scope="answer")
+    carried = [d is not None for d in hybrid._carried(recs, up, modes, 1, answer)]
+    assert carried == [False, True, False, False, False, False, False]
+    carried = [d is not None for d in hybrid._carried(recs, up, modes, 1, regions)]
+    assert carried == [False, True, False, True, False, True, False]  # frame 6 is 6 frames on, past 5
+    # the same box inside the regions the later answers looked at: hidden there
+    for r in recs:
+        r.modes["regions"] = ModeResult(none_c, none_c, 10, np.array([[0, 0, 40, 40]], np.float32))
+    carried = [d is not None for d in hybrid._carried(recs, up, modes, 1, regions)]
+    assert carried == [False, True, False, False, False, False, False]
