@@ -7,6 +7,8 @@
 #   cam-test    seed 23, 30 x 30 = 900 frames, the headline (eval, model card); held out:
 #               handwriting, backgrounds and seeds no other split uses
 #   cam-policy  seed 24, 1200 frames: fits the learned policy only
+#   cam-holdout seed 25, 90 x 30 = 2700 frames: a second, larger held-out split on which no
+#               setting was ever chosen (scripts/eval_camera_holdout.sh); not in the default set
 #   tune-test   the episodes test split of scripts/train_reference.sh (the previous headline)
 #   cam-train-crops / cam-val-crops: native-scale 320x320 crops for the cloud model
 # Usage: scripts/camera_data.sh RUN_DIR [SPLIT...]   (no SPLIT: all of them)
@@ -35,11 +37,12 @@ split() {  # NAME: generate it (and what it is cut from)
         cam-val) gen cam-val val 22 20 15 2 camera ;;
         cam-test) gen cam-test test 23 30 30 1 camera ;;
         cam-policy) gen cam-policy val 24 40 30 1 camera ;;
+        cam-holdout) gen cam-holdout test 25 90 30 1 camera ;;
         tune-test) gen tune-test test 13 24 50 1 episodes --imgsz 224 ;;
         cam-train-crops) split cam-train; crops cam-train-crops cam-train 2 ;;
         cam-val-crops) split cam-val; crops cam-val-crops cam-val 1 ;;
         *) echo "scripts/camera_data.sh: unknown split '$1' (known: cam-train cam-val cam-test" \
-               "cam-policy tune-test cam-train-crops cam-val-crops)" >&2; exit 2 ;;
+               "cam-policy cam-holdout tune-test cam-train-crops cam-val-crops)" >&2; exit 2 ;;
     esac
 }
 [ $# -gt 0 ] || set -- cam-train cam-val cam-test cam-policy tune-test cam-train-crops cam-val-crops
