@@ -87,7 +87,8 @@ def _carried(records: Sequence[FrameRecord], mask: np.ndarray, modes: Sequence[s
     stream: Optional[int] = None
     pos = 0
     waiting: List[Tuple[int, int]] = []  # this stream's escalations not answered yet: (position, record)
-    active: List[Tuple[int, int]] = []  # the answers carried, newest first: (position, record)
+    # the answers carried, newest first: (position, record, the regions its request covered)
+    active: List[Tuple[int, int, Optional[np.ndarray]]] = []
     for i, r in enumerate(records):
         if r.stream != stream:
             stream, pos, waiting, active = r.stream, 0, [], []
@@ -95,14 +96,15 @@ def _carried(records: Sequence[FrameRecord], mask: np.ndarray, modes: Sequence[s
             pos += 1
         while waiting and pos - waiting[0][0] >= lag:
             p, k = waiting.pop(0)
-            active = stacked(active, (p, k), records[k].sent(modes[k]).regions, cfg)
-        active = [(p, k) for p, k in active if pos - p <= cfg.frames]
+            regions = records[k].sent(modes[k]).regions
+            active = stacked(active, (p, k, regions), regions, cfg)
+        active = [a for a in active if pos - a[0] <= cfg.frames]
         if active and not mask[i]:
             layers = []
-            for p, k in active:  # an answer with nothing left still hides the older ones in its regions
+            for p, k, regions in active:  # an answer with nothing left still hides the older ones in its regions
                 lst = records[k].carried.get(modes[k], [])
                 dets = lst[pos - p - 1] if pos - p - 1 < len(lst) else Detections.empty(source=CARRIED)
-                layers.append((dets, records[k].sent(modes[k]).regions))
+                layers.append((dets, regions))
             carried = layered(layers)
             out[i] = carried if len(carried) else None
         if mask[i]:

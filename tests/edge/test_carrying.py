@@ -97,7 +97,8 @@ def test_under_scope_regions_a_region_answer_replaces_the_carried_boxes_only_whe
         c.sent("cam", 2, frame(102, 2, second=202), cfg)
         c.answered("cam", 2, NONE, cfg, regions=around_first)
         out = c.apply("cam", 4, frame(104, 4, second=204), NONE, cfg)
-        assert np.allclose(out.boxes, np.array(expect, np.float32).reshape(-1, 4), atol=1), scope
+        want = np.array(expect, np.float32).reshape(-1, 4)
+        assert out.boxes.shape == want.shape and np.allclose(out.boxes, want, atol=1), scope
         if scope == "regions":  # both answers kept: the empty one still hides its region
             assert [layer.seq for layer in c._layers["cam"]] == [2, 0] and sources(out) == [CARRIED]
         # a later whole-frame answer replaces everything, whatever the scope
@@ -117,6 +118,6 @@ def test_every_carried_answer_expires_after_its_own_frames():
     assert len(c.apply("cam", 3, frame(100, 3, second=200), NONE, cfg)) == 2
     # frame 4: the first answer is 4 frames old (past its 3), the second 2
     out = c.apply("cam", 4, frame(100, 4, second=200), NONE, cfg)
-    assert np.allclose(out.boxes, [[100, 80, 114, 100]], atol=1)
+    assert out.boxes.shape == (1, 4) and np.allclose(out.boxes, [[100, 80, 114, 100]], atol=1)
     assert [layer.seq for layer in c._layers["cam"]] == [2]
     assert c.apply("cam", 6, frame(100, 6, second=200), NONE, cfg) is NONE and "cam" not in c._layers

@@ -229,6 +229,21 @@ def test_top_fraction_with_a_cooldown_spreads_the_budget_per_stream() -> None:
     assert hybrid.top_fraction(scores, 5 / 7, streams=streams, gap=10).sum() == 2
 
 
+def _far_box_stream(n, region):
+    """One stream of ``n`` frames with a box [10, 10, 30, 30] the edge never sees and the cloud
+    finds only in whole frames (carried 5 frames on); a region payload (10 bytes) sends
+    ``region`` and finds nothing."""
+    from edgewise_tools.evaluation.frames import ModeResult
+
+    box = [10, 10, 30, 30]
+    none_e, none_c, found = D([], [], [], "edge"), D([], [], [], "cloud"), D([box], [0], [0.9], "cloud")
+    recs = [rec(i, none_e, found, [box], [0]) for i in range(n)]
+    for r in recs:
+        r.modes["regions"] = ModeResult(none_c, none_c, 10, np.array([region], np.float32))
+        r.carried = {"full": [D([box], [0], [0.9], "carried")] * 5, "regions": []}
+    return recs
+
+
 def test_the_whole_frame_refresh_replays_the_daemons_rule_and_carries_what_it_finds() -> None:
     """hybrid.Sending: regions with wholeFrameEverySeconds 0.3 on a 10 fps timeline. Of the
     escalated frames 0, 2 and 4, frames 0 and 4 go whole (none before; 0.4 s since the last)
@@ -238,11 +253,8 @@ def test_the_whole_frame_refresh_replays_the_daemons_rule_and_carries_what_it_fi
     from edgewise_tools.evaluation.frames import ModeResult
 
     box = [10, 10, 30, 30]
-    none_e, none_c, found = D([], [], [], "edge"), D([], [], [], "cloud"), D([box], [0], [0.9], "cloud")
-    recs = [rec(i, none_e, found, [box], [0]) for i in range(6)]
-    for r in recs:
-        r.modes["regions"] = ModeResult(none_c, none_c, 10, np.array([[50, 50, 60, 60]], np.float32))
-        r.carried = {"full": [D([box], [0], [0.9], "carried")] * 5, "regions": []}
+    found = D([box], [0], [0.9], "cloud")
+    recs = _far_box_stream(6, [50, 50, 60, 60])
     up = np.array([True, False, True, False, True, False])
     sending = hybrid.Sending("regions", Payload(mode="regions", whole_frame_every_s=0.3), fps=10.0)
     assert sending.per_frame(recs, up) == ["full", "regions", "regions", "regions", "full", "regions"]
@@ -261,14 +273,8 @@ def test_under_scope_regions_a_region_answer_does_not_drop_what_a_whole_frame_fo
     from frame 3 on. Scope ``regions``: frame 0's box is carried through frames 3 and 5 too,
     until frame 0's own carryFrames (5) run out; a box inside the region would be hidden."""
     from edgewise.carrying import CarryConfig
-    from edgewise_tools.evaluation.frames import ModeResult
 
-    box = [10, 10, 30, 30]
-    none_e, none_c, found = D([], [], [], "edge"), D([], [], [], "cloud"), D([box], [0], [0.9], "cloud")
-    recs = [rec(i, none_e, found, [box], [0]) for i in range(7)]
-    for r in recs:
-        r.modes["regions"] = ModeResult(none_c, none_c, 10, np.array([[50, 50, 60, 60]], np.float32))
-        r.carried = {"full": [D([box], [0], [0.9], "carried")] * 5, "regions": []}
+    recs = _far_box_stream(7, [50, 50, 60, 60])
     up = np.array([True, False, True, False, True, False, False])
     modes = ["full", "regions", "regions", "regions", "regions", "regions", "regions"]
     regions = CarryConfig(frames=5, min_match=0.5, scope="regions")
@@ -278,7 +284,6 @@ def test_under_scope_regions_a_region_answer_does_not_drop_what_a_whole_frame_fo
     carried = [d is not None for d in hybrid._carried(recs, up, modes, 1, regions)]
     assert carried == [False, True, False, True, False, True, False]  # frame 6 is 6 frames on, past 5
     # the same box inside the regions the later answers looked at: hidden there
-    for r in recs:
-        r.modes["regions"] = ModeResult(none_c, none_c, 10, np.array([[0, 0, 40, 40]], np.float32))
+    recs = _far_box_stream(7, [0, 0, 40, 40])
     carried = [d is not None for d in hybrid._carried(recs, up, modes, 1, regions)]
     assert carried == [False, True, False, False, False, False, False]
