@@ -141,9 +141,7 @@ class Side:
         self.policy = policy
         self.digest = policy_digest(policy) if policy is not None else ""
         self.escalator = Escalator(policy, clock=lambda: 0.0) if policy is not None else None
-        self.mode = policy.spec.payload.mode if policy is not None else ""
-        self.downscale_width = policy.spec.payload.downscale_width if policy is not None else 0
-        self.payload = policy.spec.payload if policy is not None else None
+        self.payload = policy.spec.payload if policy is not None else None  # None: the recorded sends
         self.whole_frames = WholeFrames()  # the policy's payload.wholeFrameEverySeconds, per stream
         self.top = top
         self.hardest: List[Tuple[float, int, str, int, str]] = []  # (hardness, capture ns, stream, seq, by)
@@ -157,16 +155,15 @@ class Side:
         part, when known, covers ``part``, escalated at ``t`` in stream ``sid``; frame pixels of
         which it sends a part of unknown size). The recorded decisions send what was recorded;
         a policy with ``payload.wholeFrameEverySeconds`` sends the whole frame when it is due."""
-        mode = self.mode
-        if not mode:
+        pl = self.payload
+        if pl is None:
             return (part if part is not None else pixels), 0.0
-        if self.payload is not None and self.whole_frames.mode(self.payload, sid, t) == "full":
-            return pixels, 0.0
+        mode = self.whole_frames.mode(pl, sid, t)  # full when the refresh is due
         if mode in PART_MODES:
             return (part, 0.0) if part is not None else (0.0, pixels)
         if mode == "full":
             return pixels, 0.0
-        low = pixels * min(1.0, self.downscale_width / width) ** 2 if width > 0 else pixels
+        low = pixels * min(1.0, pl.downscale_width / width) ** 2 if width > 0 else pixels
         if mode == "downscaled":
             return low, 0.0
         return (low + part, 0.0) if part is not None else (low, pixels)  # low+regions
