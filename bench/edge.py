@@ -55,7 +55,7 @@ def int8_model(imgsz: int) -> Path:
 
 
 #: the default weights plus the motion signals, so the daemon's hardness stage includes the
-#: motion detector (examples/policies/camera.yaml's signals)
+#: motion detector (examples/policy.yaml's signals)
 POLICY = """apiVersion: edgewise/v1
 kind: EscalationPolicy
 metadata: {name: bench}

@@ -9,7 +9,7 @@ crops it doubts, or the whole frame when there is no region or they cover too mu
 from scratch, nothing downloaded: ``edgewise synth --difficulty camera`` frames (validation
 sprites and backgrounds), the camera pair's INT8 edge model with the motion detector over each
 stream in frame order (``edgewise_tools.evaluation.frames.edge_pass``, as the eval runs it), and
-the payload that ``examples/policies/camera.yaml`` plans for each frame, JPEG-encoded at its
+the payload that ``examples/policy.yaml`` plans for each frame, JPEG-encoded at its
 quality. Every frame's payload is kept, not only those the policy would escalate; how the
 escalated frames' mix differs was not measured (hard frames plausibly carry more regions).
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 EDGE_MODEL = ROOT / "models" / "camera" / "edge-int8.onnx"
-POLICY = ROOT / "examples" / "policies" / "camera.yaml"
+POLICY = ROOT / "examples" / "policy.yaml"
 
 
 @dataclass(frozen=True)

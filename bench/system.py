@@ -24,8 +24,8 @@ for a few seconds, and (over MQTT) our own Mosquitto broker restarted.
 Models: the demo's reference pair (``models/camera/``) when present, else seeded stand-ins
 (YOLOv5n@320 INT8 edge, YOLOv5s@320 cloud); override with ``--edge-model/--cloud-model``.
 The cameras show the world the cloud model was trained for, at its frame size and with its
-policy, as ``edgewise demo`` does (camera pair: 1280x720 frames, ``examples/policies/camera.yaml``;
-episodes pair and stand-ins: 224x224, ``examples/policy.yaml``); ``--size`` and ``--policy``
+policy, as ``edgewise demo`` does (camera pair: 1280x720 frames, ``examples/policy.yaml``;
+episodes pair and stand-ins: 224x224, ``examples/policies/episodes.yaml``); ``--size`` and ``--policy``
 override. Targets: docs/design/README.md#targets.
 """
 

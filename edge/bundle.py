@@ -30,11 +30,12 @@ import subprocess
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 from edgewise import __version__
-from edgewise.errors import InvalidInputError
+from edgewise.errors import InvalidInputError, ModelError
 from edgewise.runtime.metadata import load_model_info
+from edgewise.runtime.opsets import device_problems
 
 REPO = Path(__file__).resolve().parents[1]
 JETSON = REPO / "deploy" / "jetson"
@@ -44,7 +45,7 @@ SHARE = "usr/share/edgewise-edge"
 UNITS = ("edgewise-edge.service", "edgewise-edge-setup.service", "edgewise-edge-power.service")
 #: Targets and the JetPack releases they are built for (all L4T R35: Python 3.8, TensorRT 8.5).
 TARGETS = {"xavier-nx": ("5.1", "5.1.1", "5.1.2"), "agx-xavier": ("5.1", "5.1.1", "5.1.2")}
-DEFAULT_MODEL = REPO / "models" / "edge-int8.onnx"
+DEFAULT_MODEL = REPO / "models" / "camera" / "edge-int8.onnx"
 DEFAULT_POLICY = REPO / "examples" / "policy.yaml"
 #: ``pip download`` arguments for JetPack 5.1's Python (CPython 3.8 on aarch64, glibc 2.31): both
 #: names of the manylinux2014 platform, since pip matches wheel tags literally for a foreign
@@ -90,12 +91,23 @@ def check_options(opts: BundleOptions) -> None:
     for flag, path in (("--model", opts.model), ("--edge-config", opts.edge_config), ("--policy", opts.policy)):
         if not Path(path).is_file():
             raise InvalidInputError(f"{flag} {path}: file not found")
+    problems = device_problems(*_opsets(Path(opts.model)))
+    if problems:
+        raise InvalidInputError(f"--model {opts.model}: " + "; ".join(problems))
     if opts.wheels is not None:
         check_wheelhouse(Path(opts.wheels))
     if opts.power_mode is not None and not 0 <= opts.power_mode <= 8:
         raise InvalidInputError(f"--power-mode {opts.power_mode}: nvpmodel modes on Xavier NX are 0..8")
     if not JETSON.is_dir():
         raise InvalidInputError(f"{JETSON} is missing: run `edgewise edge bundle` from a source checkout")
+
+
+def _opsets(model: Path) -> Tuple[Mapping[str, int], Tuple[str, ...]]:
+    try:
+        info = load_model_info(model)
+    except ModelError as exc:
+        raise InvalidInputError(f"--model: {exc}") from None
+    return info.opsets, info.node_domains
 
 
 def device_pins() -> List[Tuple[str, str]]:

@@ -9,7 +9,8 @@ before the daemon lives here, on ``edgewise.runtime`` alone:
   cache: ``$EDGEWISE_ENGINE_CACHE``), or reuses the cached one; with an ONNX Runtime backend
   there is nothing to build and it says so. Run as the unit's ``ExecStartPre`` so the minutes
   of a first INT8 build on a Xavier NX happen before the watchdog starts counting.
-* ``edge model-info MODEL`` describes a model: classes, input size, precision, hash, and
+* ``edge model-info MODEL`` describes a model: classes, input size, precision, hash, opsets
+  (and whether a JetPack 5.1 device loads them), and
   the engine cache entry it maps to where TensorRT is installed.
 """
 
@@ -22,6 +23,7 @@ from typing import Any, Dict
 
 from edge.settings import SCHEMA, ModelSettings
 from edgewise.runtime.metadata import load_model_info
+from edgewise.runtime.opsets import device_problems
 from edgewise.settings import add_settings_arguments, settings_from_args
 
 
@@ -80,6 +82,8 @@ def describe(model: str, imgsz: int = 0, max_batch: int = ModelSettings().max_ba
         "input": {"name": info.input_name, "shape": list(info.input_shape), "dtype": info.input_dtype},
         "output": {"name": info.output_name, "shape": list(info.output_shape)},
         "batch": "dynamic" if info.dynamic_batch else info.fixed_batch,
+        "opsets": {d or "ai.onnx": v for d, v in sorted(info.opsets.items())},
+        "jetpack51": device_problems(info.opsets, info.node_domains) or "loads",
     }
     why_not = tensorrt_unusable_reason()
     if why_not:
@@ -104,5 +108,7 @@ def _model_info(args: argparse.Namespace) -> int:
           f"({d['imgsz_source']}), stride {d['stride']}, batch {d['batch']}")
     print(f"  output {d['output']['name']} {d['output']['shape']}")
     print(f"  classes {d['classes']}: {names}")
+    print(f"  opsets {', '.join(f'{k} {v}' for k, v in d['opsets'].items())}; on JetPack 5.1: "
+          + (d["jetpack51"] if isinstance(d["jetpack51"], str) else "; ".join(d["jetpack51"])))
     print(f"  TensorRT engine: {d['tensorrt_engine']}")
     return 0

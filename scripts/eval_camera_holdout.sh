@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 RUN=${1:-runs/camera}
 PY=${PY:-.venv/bin/python}
 MODELS=${MODELS:-models}
-POLICY=${POLICY:-examples/policies/camera.yaml}
+POLICY=${POLICY:-examples/policy.yaml}
 THREADS=${THREADS:-2}
 export OMP_WAIT_POLICY=PASSIVE
 PY="$PY" scripts/camera_data.sh "$RUN" cam-holdout

@@ -80,6 +80,8 @@ class ModelInfo:
         external_data: files next to the model holding its weights (torch's dynamo
             exporter writes ``<model>.data``); ``sha256`` covers them too.
         conf_thres: the score threshold stated in the metadata (:data:`CONF_KEY`), if any.
+        opsets: ``opset_import``, domain -> version (``""`` is the default domain).
+        node_domains: the operator domains the nodes use.
     """
 
     path: Path
@@ -102,6 +104,8 @@ class ModelInfo:
     imgsz_source: str = "default"
     external_data: Tuple[Path, ...] = ()
     conf_thres: Optional[float] = None
+    opsets: Mapping[str, int] = field(default_factory=dict)
+    node_domains: Tuple[str, ...] = ()
 
     @property
     def file_bytes(self) -> int:
@@ -400,6 +404,8 @@ def _info_from_graph(
         names_source=names_source,
         imgsz_source=imgsz_source,
         conf_thres=conf,
+        opsets={o.domain: int(o.version) for o in model.opset_import},
+        node_domains=tuple(sorted({n.domain for n in graph.node})),
     )
 
 

@@ -38,6 +38,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--out", default="demo-report", help="report folder")
     p.add_argument("--edge-model", default="", help="edge model (default models/camera/edge-int8.onnx)")
     p.add_argument("--cloud-model", default="", help="cloud model (default models/camera/cloud.onnx; the episodes pair: --edge-model models/edge-int8.onnx --cloud-model models/cloud.onnx)")
-    p.add_argument("--policy", default="", help="escalation policy (default: the world's, examples/policies/camera.yaml in the camera world)")
+    p.add_argument("--policy", default="", help="escalation policy (default: the world's, examples/policy.yaml in the camera world)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, data, sink)")
     p.set_defaults(func=_handler)

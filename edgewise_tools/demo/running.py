@@ -40,11 +40,11 @@ class World:
 #: trained for (``model_world``).
 WORLDS: Dict[str, World] = {
     # the episodes pair (models/): 224x224 frames (what it was trained on), every frame scored
-    "episodes": World((224, 224), 200, 0, 0.35, ROOT / "examples" / "policy.yaml"),
+    "episodes": World((224, 224), 200, 0, 0.35, ROOT / "examples" / "policies" / "episodes.yaml"),
     # the camera pair (models/camera/, scripts/train_camera.sh): the cloud model at native size
     # costs about half a second of CPU per whole 1280x720 frame, so a sample of the frames is
     # scored (the whole demo stays under 3 minutes on 2 cores)
-    "camera": World((1280, 720), 150, 100, 0.2, ROOT / "examples" / "policies" / "camera.yaml"),
+    "camera": World((1280, 720), 150, 100, 0.2, ROOT / "examples" / "policy.yaml"),
 }
 
 #: The pair ``make demo`` and ``bench/system.py`` run: the camera pair, whose cloud model sees

@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import EdgewiseError, InvalidInputError, ModelError
-from edgewise.runtime.metadata import imgsz_guess_warning
+from edgewise.runtime.metadata import imgsz_guess_warning, load_model_info
+from edgewise.runtime.opsets import device_problems, unused_domains
 from edgewise_tools.models.agreement import Agreement
 from edgewise_tools.models.calibration import (
     CalibrationReader,
@@ -246,7 +247,6 @@ def quantize(
         (one line; nothing is written at ``out_path`` then). InvalidInputError: bad
         arguments or an unreadable/empty calibration source.
     """
-    from edgewise.runtime.metadata import load_model_info
 
     t0 = time.perf_counter()
     if method not in METHODS:
@@ -360,6 +360,10 @@ def quantize(
         if info.imgsz_source == "override":  # calibrated at this size: say so in the file
             extra["imgsz"] = str(list(info.imgsz))
         set_metadata(staged, extra, like=info.path)
+        dropped = drop_unused_opsets(staged)
+        if dropped:
+            notes.append(f"dropped opset imports no node uses: {', '.join(dropped)} (a JetPack 5.1 device "
+                         "refuses some of them)")
         # Validate before publishing: a failed or interrupted run leaves no half-written
         # or invalid model at ``out``.
         _validate_staged(staged, info, probe)
@@ -375,6 +379,9 @@ def quantize(
             "this x86 CPU has no VNNI: ORT's U8S8 kernels may saturate here; "
             "if agreement is poor, try --reduce-range"
         )
+    out_info = load_model_info(out)
+    notes.extend(f"not loadable on a Jetson: {line}" for line in device_problems(out_info.opsets,
+                                                                              out_info.node_domains))
     skipped = sorted(set(source.skipped))
     if skipped:
         notes.append(f"{len(skipped)} unreadable images skipped, e.g. {skipped[0]}")
@@ -559,6 +566,37 @@ def _explain_histogram_errors(method: str) -> Iterator[None]:
             f"{method} calibration failed: an activation's range is too narrow for its "
             f"histogram ({e}); this happens with untrained/collapsed weights; use --method minmax"
         ) from None
+
+
+def _node_domains(graph: Any) -> Iterator[str]:
+    """The domain of every node in ``graph`` and in its subgraphs (If/Loop/Scan bodies)."""
+    for node in graph.node:
+        yield node.domain
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _node_domains(sub)
+
+
+def drop_unused_opsets(path: Path) -> List[str]:
+    """Remove the opset imports of ``path`` that no node uses (``edgewise.runtime.opsets``), in
+    place and atomically; the domains removed. What a runtime computes does not change."""
+    import onnx
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    used = list(_node_domains(model.graph))
+    for fn in model.functions:
+        used.extend(n.domain for n in fn.node)
+    unused = unused_domains({o.domain: o.version for o in model.opset_import}, used)
+    if not unused:
+        return []
+    keep = [o for o in model.opset_import if o.domain not in unused]
+    del model.opset_import[:]
+    model.opset_import.extend(keep)
+    part = path.with_name(path.name + ".part")
+    onnx.save(model, str(part))
+    os.replace(part, path)
+    return unused
 
 
 def set_metadata(path: Path, extra: Dict[str, str], like: Optional[Path] = None) -> None:

@@ -26,6 +26,7 @@ import yaml
 
 from edge import bundle as B
 from edgewise_tools import jetson_lane as J
+from edgewise_tools.demo.records import accounting, latest_per_frame
 from tests.edge.helpers import policy_yaml, read_jsonl
 
 pytestmark = pytest.mark.timeout(1800)
@@ -102,7 +103,7 @@ def test_bundled_tree_under_python38_runs_every_named_command_and_escalates(lane
     if dpkg is None:
         pytest.fail("dpkg-deb is not installed; `make test` installs it with apt-get")
     tree = tmp_path / "tree"  # what `apt install` puts on the device
-    deb = B.bundle(B.BundleOptions(out_dir=tmp_path / "dist", model=tiny_model)).deb
+    deb = B.bundle(B.BundleOptions(out_dir=tmp_path / "dist")).deb  # as shipped: the camera pair's INT8 edge model
     subprocess.run([dpkg, "-x", str(deb), str(tree)], check=True)
     py = tree / "usr/lib/edgewise-edge/python"
     assert not (py / "edgewise_tools").exists() and not (py / "cloud").exists()
@@ -143,12 +144,27 @@ def test_bundled_tree_under_python38_runs_every_named_command_and_escalates(lane
         assert "device id lane-1" in _device(lane, tree, "edge", "check-config", "--config", str(conf)).stdout
         run = _device(lane, tree, "edge", "run", "--config", str(conf), env=token_env, timeout=240)
         assert run.returncode == 0, run.stderr[-3000:]
+        # the shipped policy (motion signals, regions, carried answers) on 1280x720 frames
+        shipped = yaml.safe_load(conf.read_text())
+        shipped.update(policy_file=str(tree / "etc/edgewise/policy.yaml"),
+                       streams=[{"id": "cam", "kind": "synthetic", "uri": "1280x720", "fps": 10, "max_frames": 40}],
+                       spool={"path": str(tmp_path / "shipped" / "spool.db")},
+                       sinks={"jsonl": str(tmp_path / "shipped" / "detections.jsonl")})
+        (tmp_path / "shipped.yaml").write_text(yaml.safe_dump(shipped))
+        run = _device(lane, tree, "edge", "run", "--config", str(tmp_path / "shipped.yaml"), env=token_env,
+                      timeout=240)
+        assert run.returncode == 0, run.stderr[-3000:]
 
     recs = read_jsonl(state / "detections.jsonl")
     assert len(recs) == 36 and {r["device"] for r in recs} == {"lane-1"}
     answered = {r["frame_seq"] for r in recs if r["outcome"] == "cloud"}
     assert answered == {r["frame_seq"] for r in recs if not r.get("late")}, [r["outcome"] for r in recs]
     assert all(d["source"] in ("edge", "cloud") for r in recs for d in r["detections"])
+    final = latest_per_frame(read_jsonl(tmp_path / "shipped" / "detections.jsonl"))
+    acct = accounting(final)
+    assert acct["frames"] == 40 and acct["escalated"] >= 1 and acct["lost"] == 0, acct
+    sent = [r for r in final.values() if r.get("escalated")]
+    assert {r["payload"] for r in sent} <= {"regions", "full"} and any(r["payload"] == "regions" for r in sent), sent
     bad = _device(lane, tree, "edge", "run", "--config", str(conf), "--set", "spool.path=/dev/null/x/spool.db")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert bad.stderr.startswith("edgewise: error: spool.path /dev/null/x/spool.db: the folder")

@@ -220,6 +220,27 @@ def test_bad_options(tmp_path, tiny_model, kwargs, message) -> None:
         B.bundle(opts)
 
 
+def test_a_model_the_device_cannot_load_is_refused(tmp_path, tiny_model) -> None:
+    import onnx
+
+    model = onnx.load(str(tiny_model))
+    model.opset_import.add(domain="ai.onnx.ml", version=5)  # what ONNX Runtime's newer quantizer writes
+    onnx.save(model, str(tmp_path / "newer.onnx"))
+    with pytest.raises(InvalidInputError, match=r"--model .*newer.onnx: imports ai.onnx.ml opset 5, newer than "
+                                                r"JetPack 5.1's .* re-quantize with `edgewise model quantize`"):
+        B.bundle(B.BundleOptions(out_dir=tmp_path / "dist", model=tmp_path / "newer.onnx"))
+    assert not (tmp_path / "dist").exists() or not any((tmp_path / "dist").iterdir())
+
+
+def test_the_shipped_models_load_on_the_device() -> None:
+    from edgewise.runtime.metadata import load_model_info
+    from edgewise.runtime.opsets import device_problems
+
+    for path in (B.DEFAULT_MODEL, ROOT / "models" / "edge-int8.onnx"):
+        info = load_model_info(path)
+        assert device_problems(info.opsets, info.node_domains) == [], path
+
+
 def test_cli(tmp_path, tiny_model) -> None:
     from edgewise.cli import main
 

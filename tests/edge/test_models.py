@@ -77,10 +77,11 @@ def test_model_info(tiny_model: Path, capsys) -> None:
     assert main(["edge", "model-info", str(tiny_model)]) == 0
     out = capsys.readouterr().out
     assert "YOLOv5 detector" in out and "size 160x160" in out and "classes 10: 0, 1, 2" in out
-    assert "TensorRT engine: " in out
+    assert "TensorRT engine: " in out and "opsets ai.onnx 17; on JetPack 5.1: loads" in out
     assert main(["edge", "model-info", str(tiny_model), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["classes"] == 10 and d["imgsz"] == [160, 160] and len(d["sha256"]) == 64
+    assert d["opsets"] == {"ai.onnx": 17} and d["jetpack51"] == "loads"
 
 
 def test_model_info_bad_file_is_one_line(tmp_path: Path, capsys) -> None:

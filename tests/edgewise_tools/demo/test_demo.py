@@ -76,14 +76,14 @@ def test_demo_shows_the_world_the_cloud_model_was_trained_for(tmp_path, tiny_mod
 
     episodes = DemoConfig(cloud_model=tiny_model)  # no edgewise_world metadata: the episodes pair
     assert (episodes.preset, episodes.frame_size, episodes.frames, episodes.score_frames) == ("episodes", (224, 224), 200, 0)
-    assert episodes.policy_file == ROOT / "examples" / "policy.yaml"
+    assert episodes.policy_file == ROOT / "examples" / "policies" / "episodes.yaml"
     model = onnx.load(str(tiny_model))
     prop = model.metadata_props.add()
     prop.key, prop.value = "edgewise_world", "camera"  # what the camera packaging writes
     onnx.save(model, str(tmp_path / "camera.onnx"))
     camera = DemoConfig(cloud_model=tmp_path / "camera.onnx", frames=30)
     assert (camera.preset, camera.frame_size, camera.frames, camera.score_frames) == ("camera", (1280, 720), 30, 100)
-    assert camera.policy_file == ROOT / "examples" / "policies" / "camera.yaml" and camera.policy_file.is_file()
+    assert camera.policy_file == ROOT / "examples" / "policy.yaml" and camera.policy_file.is_file()
     assert DemoConfig(cloud_model=tmp_path / "missing.onnx").preset == "episodes"
 
 
@@ -97,6 +97,6 @@ def test_demo_config_rejects_missing_models(tmp_path) -> None:
 def test_make_demo_defaults_point_at_shipped_files() -> None:
     cfg = DemoConfig()  # the camera pair: its cloud model sees what the edge model cannot
     assert cfg.preset == "camera" and cfg.frame_size == (1280, 720)
-    assert cfg.policy_file == ROOT / "examples" / "policies" / "camera.yaml"
+    assert cfg.policy_file == ROOT / "examples" / "policy.yaml"
     for p in (cfg.edge_model, cfg.cloud_model, cfg.policy_file):
         assert Path(p).is_file(), f"{p} is what `make demo` runs with; it must ship in the repository"

@@ -26,7 +26,7 @@ def tiny_sets(tmp_path_factory):
 def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, tmp_path) -> None:
     out = tmp_path / "report"
     policy = tmp_path / "policy.yaml"  # the camera example policy, downscaling the 160 px test frames to 96
-    text = (ROOT / "examples" / "policies" / "camera.yaml").read_text()
+    text = (ROOT / "examples" / "policy.yaml").read_text()
     assert "downscaleWidth: 640" in text
     policy.write_text(text.replace("downscaleWidth: 640", "downscaleWidth: 96"))
     rc = main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model),
@@ -40,12 +40,12 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     for name, rows in result["at_rates"].items():
         assert [r["rate"] for r in rows] == [0.25, 0.5]
         if name in ("combined", "learned"):
-            # ours keep camera.yaml's cooldown, 0.3 s at 10 fps: 3 frames apart, so 2 of each
+            # ours keep the example policy's cooldown, 0.3 s at 10 fps: 3 frames apart, so 2 of each
             # 6-frame stream at most (4 of 12), never more than the rate
             assert [round(r["escalated"] * 12) for r in rows] == [3, 4]
         else:
             assert all(abs(r["escalated"] - r["rate"]) < 0.05 for r in rows)
-    # answers are carried one frame after their escalation (camera.yaml: merge.carryFrames 30)
+    # answers are carried one frame after their escalation (examples/policy.yaml: merge.carryFrames 30)
     carry = result["carry"]
     assert carry["frames"] == 30 and carry["lag_frames"] == 1 and carry["cooldown_frames"] == 3
     assert carry["ours_at_target_rate"]["escalated"] == carry["ours_without_carry"]["escalated"]

@@ -69,6 +69,10 @@ def test_output_is_int8_and_keeps_metadata(quantized, tiny_model):
     # every convolution runs in INT8 by default (only the decode tail stays float)
     assert (d["int8_conv_nodes"], d["conv_nodes"]) == (60, 60)
     assert report.int8_bytes < report.float_bytes / 2
+    # only the default domain is imported: the quantizer's unused imports are dropped, since a
+    # JetPack 5.1 device refuses some of them (ai.onnx.ml opset 5)
+    assert dict(info.opsets) == {"": 17} and info.node_domains == ("",)
+    assert not any("not loadable on a Jetson" in n for n in report.notes), report.notes
 
 
 def _qdq_layout(model):

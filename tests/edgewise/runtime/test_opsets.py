@@ -1,0 +1,34 @@
+"""The device's opset rule (``edgewise.runtime.opsets``): pure functions over a model's imports."""
+
+from __future__ import annotations
+
+from edgewise.runtime.opsets import DEVICE_OPSETS, device_problems, unused_domains
+
+#: what ONNX Runtime 1.23's quantizer writes into every model it saves
+QUANTIZER_IMPORTS = {"": 17, "ai.onnx.ml": 5, "ai.onnx.training": 1, "com.microsoft": 1, "com.microsoft.nchwc": 1}
+
+
+def test_unused_domains_never_names_the_default_one() -> None:
+    assert unused_domains(QUANTIZER_IMPORTS, [""]) == ["ai.onnx.ml", "ai.onnx.training", "com.microsoft",
+                                                       "com.microsoft.nchwc"]
+    assert unused_domains(QUANTIZER_IMPORTS, ["", "com.microsoft"]) == ["ai.onnx.ml", "ai.onnx.training",
+                                                                        "com.microsoft.nchwc"]
+    assert unused_domains({"ai.onnx": 13}, []) == []
+
+
+def test_an_unused_import_newer_than_the_device_says_to_requantize() -> None:
+    (line,) = device_problems(QUANTIZER_IMPORTS, [""])
+    assert line.startswith("imports ai.onnx.ml opset 5, newer than JetPack 5.1's TensorRT 8.5")
+    assert "(3); no node uses it: re-quantize with `edgewise model quantize`" in line
+
+
+def test_a_used_domain_beyond_the_device_cannot_be_dropped() -> None:
+    (line,) = device_problems({"": 18}, [""])
+    assert "imports ai.onnx opset 18" in line and "(17)" in line and "re-export the model at opset 17" in line
+    (line,) = device_problems({"": 17, "ai.onnx.ml": 4}, ["", "ai.onnx.ml"])
+    assert "its nodes need ai.onnx.ml opset 4; a device cannot run them" in line
+
+
+def test_what_the_device_loads_passes() -> None:
+    assert device_problems({"": DEVICE_OPSETS[""]}, [""]) == []
+    assert device_problems({"ai.onnx": 12, "ai.onnx.ml": 3, "com.microsoft": 1}, ["", "com.microsoft"]) == []
