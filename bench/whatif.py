@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from edge.records import OPTIONAL_FIELDS, FrameRecord  # noqa: E402
 from edgewise.cli import main  # noqa: E402
+from edgewise.hardness import SIGNAL_NAMES  # noqa: E402
 from edgewise.policy import Escalator, load_policy  # noqa: E402
 from edgewise.policy.deciding import FrameFacts  # noqa: E402
 from edgewise.policy.digest import policy_digest  # noqa: E402
@@ -42,8 +43,8 @@ from edgewise.policy.digest import policy_digest  # noqa: E402
 FPS = 15
 T0_NS = 1_767_571_200 * 10**9  # 2026-01-05 00:00:00 UTC
 CLASSES = ("car", "person", "bike")
-SIGNALS = ("uncertain_count", "uncertain_fraction", "mean_conf", "min_conf", "entropy", "margin",
-           "small_boxes", "tracker_disagreement", "missed_object")
+SIGNALS = SIGNAL_NAMES  # every signal a daemon records, motion included (the default policy weighs it)
+COLS = 22  # random columns per record before the signals' own
 WIDTH, HEIGHT = 1280, 720
 DISPLACE = 6  # an escalated frame's record is written after this many later frames
 
@@ -53,9 +54,10 @@ def _record(i: int, rng_row: np.ndarray, esc: Escalator, digest: str, name: str)
     hour = (t_s / 3600.0) % 24
     busy = 0.5 + 0.5 * math.sin((hour - 8) / 24 * 2 * math.pi)  # traffic peaks in the afternoon
     base = 0.1 + 0.35 * busy
-    sig = {k: round(float(min(1.0, max(0.0, base + 0.25 * (rng_row[j] - 0.5) * 2))), 4) for j, k in enumerate(SIGNALS)}
+    sig = {k: round(float(min(1.0, max(0.0, base + 0.25 * (rng_row[COLS + j] - 0.5) * 2))), 4)
+           for j, k in enumerate(SIGNALS)}
     if rng_row[19] < 0.02 + 0.3 * busy ** 3:  # a hard moment: a vehicle half hidden, a missed object
-        sig[SIGNALS[int(rng_row[20] * 9) % 9]] = round(0.5 + 0.5 * float(rng_row[21]), 4)
+        sig[SIGNALS[int(rng_row[20] * len(SIGNALS)) % len(SIGNALS)]] = round(0.5 + 0.5 * float(rng_row[21]), 4)
     n = int(rng_row[9] * 6 * (0.3 + busy))
     classes = sorted({CLASSES[int(rng_row[10 + b] * 3) % 3] for b in range(n)})
     scores = [round(0.25 + 0.7 * float(rng_row[13 + b % 4]), 4) for b in range(n)]
@@ -97,7 +99,7 @@ def generate(out: Path, hours: float, policy_path: Path) -> List[Path]:
     pending: List[Any] = []  # (write at frame, line) of escalated frames
     names = [fl.name for fl in fields(FrameRecord)]
     for start in range(0, total, 10_000):
-        block = rng.random((min(10_000, total - start), 22))
+        block = rng.random((min(10_000, total - start), COLS + len(SIGNALS)))
         for k, row in enumerate(block):
             i = start + k
             if i % per_file == 0:

@@ -255,12 +255,11 @@ class Escalating:
     def _write_merged(self, record: FrameRecord, dets: Detections, resp: Any, merge: Merge, rtt: float, late: bool) -> None:
         """Merge the cloud's answer in and write the record; ValueError (record untouched)
         when the answer's detections do not validate."""
-        from edgewise.merging import merge as merge_fn
         from edgewise.wire import detections_from_proto
 
         cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
         regions = seen_regions(record)
-        merged = merge_fn(dets, cloud, merge.strategy, merge.iou, edge_floor=merge.edge_floor, regions=regions)
+        merged = merge.apply(dets, cloud, regions)
         record.detections = detections_json(merged)
         record.outcome = "cloud"
         record.cloud_rtt_ms = round(rtt * 1000.0, 2)

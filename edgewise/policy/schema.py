@@ -13,11 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 from edgewise.carrying import SCOPES as CARRY_SCOPES
 from edgewise.carrying import CarryConfig
+from edgewise.detections import Detections
 from edgewise.hardness.learned import GainModel
 from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
 from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
+from edgewise.merging import STRATEGIES, merge
 from edgewise.policy.fields import FieldSpec, field_default, opt
 from edgewise.regions import MODES, PayloadPlan, plan_payload
 
@@ -26,7 +30,7 @@ KIND = "EscalationPolicy"
 TRANSPORTS = ("grpc", "mqtt")
 PAYLOAD_MODES = MODES
 UNAVAILABLE_ACTIONS = ("spool", "edge_only", "drop")
-MERGE_STRATEGIES = ("replace", "fuse")
+MERGE_STRATEGIES = STRATEGIES  # edgewise.merging's
 STREAM_MODES = ("auto", "always", "never")
 PRIORITIES = ("hardest", "fifo")
 
@@ -353,6 +357,12 @@ class Merge:
     def carry(self) -> CarryConfig:
         """The carrying these settings ask for (:mod:`edgewise.carrying`)."""
         return CarryConfig(frames=self.carry_frames, min_match=self.carry_match, scope=self.carry_scope)
+
+    def apply(self, edge: Detections, cloud: Detections, regions: Optional[np.ndarray] = None) -> Detections:
+        """A frame's final boxes from the edge's and the cloud's answer under these settings; the
+        one place the daemon, ``edgewise eval`` and ``check-policy --data`` merge.
+        ``regions`` [M, 4] are the crops the cloud saw (None: the whole frame)."""
+        return merge(edge, cloud, self.strategy, self.iou, edge_floor=self.edge_floor, regions=regions)
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,15 @@ and sets ``args.accuracy`` to :func:`accuracy`, which ``edge.cli`` calls. Withou
 tools installed, ``check-policy`` simply has no ``--data``.
 
 :func:`accuracy` is ``edgewise eval``'s machinery, not a second implementation: both
-models run once over the dataset (``evaluation.frames.collect``; the outputs are
-cached, keyed by the models' and the dataset's bytes, the JPEG quality and the motion
-detector's settings, so trying another threshold does not run them again), each
-policy's signals are computed again under its own parameters
-(``evaluation.frames.set_signals``; the motion signals, which need the pixels, come
-from a collection with that policy's motion settings), each policy is replayed on the
-stream timeline with its budget (``evaluation.hybrid.run_policy``, the real Escalator)
-and scored against the ground truth (``evaluation.hybrid.evaluate``, whole-frame
-payloads): F1, precision, recall, mAP@0.5 and the escalated share, next to edge-only
-and cloud-only.
+models run once over the dataset (``evaluation.frames.collect``, whole frames and the
+policy's payload mode; the outputs are cached, keyed by the models' and the dataset's
+bytes and by what of the policy the collection depends on, :func:`collection`, so trying
+another threshold or budget does not run them again), each policy's signals are
+computed again under its own parameters (``evaluation.frames.set_signals``), and each
+policy is scored as the daemon runs it (``evaluation.hybrid.policy_run``: the real
+Escalator on the stream timeline with its budget, its payload mode and whole-frame
+refresh, its merge and its carrying): F1, precision, recall, mAP@0.5, the escalated
+share and the uplink, next to edge-only and cloud-only (whole frames).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from edgewise.policy.schema import Policy
 log = logging.getLogger(__name__)
 
 #: Bump when what the cache holds changes shape.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,11 +70,28 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def modes(policy: Policy) -> Tuple[str, ...]:
+    """The payload modes collected for a policy: whole frames (cloud only, a refresh) and its own."""
+    return tuple(dict.fromkeys(("full", policy.spec.payload.mode)))
+
+
+def collection(policy: Policy) -> str:
+    """What of a policy the collected frames depend on: its payload settings and modes, the
+    uncertainty bands and signal parameters behind its regions, the motion detector, and the
+    carrying that tracks each answer through the next frames; not its weights, thresholds or
+    budget, which are replayed on the collected frames."""
+    import dataclasses
+
+    s = policy.spec
+    signals = dataclasses.replace(s.signals, weights={}, learned_model="", combine="max")
+    return repr((modes(policy), s.payload, s.band, s.classes, s.streams, signals, s.merge.carry()))
+
+
 def _cache_key(data: Path, edge: Path, cloud: Path, policy: Policy, limit: Optional[int]) -> str:
-    """What the collected frames depend on: the models, the data, the limit, and of the
-    policy only the JPEG quality and the motion detector's settings."""
+    """What the collected frames depend on: the models, the data, the limit and
+    :func:`collection`."""
     h = hashlib.sha256(f"{CACHE_VERSION}|{_file_digest(edge)}|{_file_digest(cloud)}|{limit}|"
-                       f"{policy.spec.payload.jpeg_quality}|{policy.spec.signals.motion.config()!r}".encode())
+                       f"{collection(policy)}".encode())
     for p in sorted(data.rglob("*")):
         if p.is_file():
             st = p.stat()
@@ -100,7 +116,7 @@ def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
         pass
     det_edge = Detector.from_file(edge, threads=args.threads, source="edge")
     det_cloud = Detector.from_file(cloud, threads=args.threads, source="cloud", input_size="auto")  # as eval's
-    records = collect(data, det_edge, det_cloud, policy, ("full",), args.limit)
+    records = collect(data, det_edge, det_cloud, policy, modes(policy), args.limit)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
@@ -127,22 +143,20 @@ def accuracy(args: argparse.Namespace, policy: Policy, other: Optional[Policy]) 
     if args.fps <= 0:
         raise ConfigError(f"--fps {args.fps:g}: must be > 0")
     records, nc = _collect(args, policy)
-    collected = {policy.spec.signals.motion.config(): records}
+    collected = {collection(policy): records}
     n = len(records)
     merge = policy.spec.merge
-    rows: List[Dict[str, Any]] = [
-        dict(hybrid.evaluate(records, np.zeros(n, bool), nc, merge.strategy, merge.iou), label="edge only")]
+    rows: List[Dict[str, Any]] = [dict(hybrid.evaluate(records, np.zeros(n, bool), nc, merge), label="edge only")]
     for label, p in ((args.file, policy), (args.against, other)):
         if p is None:
             continue
-        motion = p.spec.signals.motion.config()
-        if motion not in collected:  # its motion signals need the pixels again
-            collected[motion] = _collect(args, p)[0]
-        mine = collected[motion]
+        key = collection(p)
+        if key not in collected:  # its payload, regions or motion signals need the pixels again
+            collected[key] = _collect(args, p)[0]
+        mine = collected[key]
         set_signals(mine, p)  # the policy's band and signal parameters
-        mask = hybrid.run_policy(mine, p, args.fps)
-        rows.append(dict(hybrid.evaluate(mine, mask, nc, p.spec.merge.strategy, p.spec.merge.iou), label=label))
-    rows.append(dict(hybrid.evaluate(records, np.ones(n, bool), nc, merge.strategy, merge.iou), label="cloud only"))
+        rows.append(dict(hybrid.policy_run(mine, p, nc, args.fps), label=label))
+    rows.append(dict(hybrid.evaluate(records, np.ones(n, bool), nc, merge, "full"), label="cloud only"))
     doc = {"data": str(args.data), "frames": n, "edge_model": str(args.edge), "cloud_model": str(args.cloud),
            "fps": args.fps, "rows": rows}
     width = max(14, *(len(r["label"]) + 2 for r in rows))

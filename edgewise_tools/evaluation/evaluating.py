@@ -107,7 +107,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     nc = len(edge.names)
     records = _collect(cfg, Path(cfg.data), edge, cloud, policy, modes)
     n = len(records)
-    strategy, iou = policy.spec.merge.strategy, policy.spec.merge.iou
+    merge = policy.spec.merge
     sig = policy.spec.signals
     hardness = scoring.combined_scores(records, sig.weights, sig.combine)
     scores: Dict[str, List[np.ndarray]] = {
@@ -119,19 +119,18 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     learned: Dict[str, Any] = {"trained": False}
     if cfg.train_data is not None:
         train = _collect(cfg, Path(cfg.train_data), edge, cloud, policy, [mode])
-        model = scoring.fit_gain_model(train, strategy, iou, info={"trainData": str(cfg.train_data)}, mode=mode)
+        model = scoring.fit_gain_model(train, merge, info={"trainData": str(cfg.train_data)}, mode=mode)
         scores["learned"] = [model.predict(scoring.features(records))]
         learned = {"trained": True, "train_frames": len(train), "importance": model.importance()}
         if cfg.model_out is not None:
             learned["file"] = str(model.save(cfg.model_out))
     else:
         learned["why"] = "no --train-data given"
-    scores[scoring.ORACLE] = [scoring.f1_gain(records, strategy, iou, mode)]
+    scores[scoring.ORACLE] = [scoring.f1_gain(records, merge, mode)]
     # the policy's whole-frame refresh goes with its own payload mode
     pl = policy.spec.payload
-    own: hybrid.Mode = hybrid.Sending(pl.mode, pl, cfg.fps) if pl.refreshes else pl.mode
-    sending = own if mode == pl.mode else mode
-    carry = policy.spec.merge.carry()
+    sending = hybrid.own_sending(policy, cfg.fps) if mode == pl.mode else mode
+    carry = merge.carry()
     lag = cfg.carry_lag if carry.enabled else None
     # Our policies keep the policy file's cooldown (in frames at ``fps``); the baselines are
     # what they are published as: a top fraction by their score.
@@ -142,40 +141,38 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     w = bootstrap.weights(n_streams, cfg.samples)
     base: Dict[str, Dict[str, Any]] = {}
     for k, mask in (("edge_only", np.zeros(n, bool)), ("cloud_only", np.ones(n, bool))):
-        base[k], per_frame = hybrid.evaluate_frames(records, mask, nc, strategy, iou)
+        base[k], per_frame = hybrid.evaluate_frames(records, mask, nc, merge)
         base[k]["f1_ci"] = bootstrap.f1_interval(bootstrap.per_stream(per_frame, index, n_streams), w)
-    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, strategy, iou, sending, cfg.samples, lag, gaps,
-                                    carry)
+    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, merge, sending, cfg.samples, lag, gaps)
     ours = cfg.ours or ("learned" if "learned" in scores else "combined")
     diffs = hybrid.differences(counts, ours, BASELINES, cfg.rates, cfg.samples)
-    policy_mask = hybrid.run_policy(records, policy, cfg.fps)
     thresholds = [round(float(t), 3) for t in np.linspace(0.0, 1.0, 21)]
-    sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, strategy, iou, sending, lag, carry)
+    sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, merge, sending, lag)
     at = _judged_index(cfg.rates, cfg.target_rate)
     our_mask = hybrid.top_fraction(scores[ours][0], cfg.rates[at], streams=streams, gap=gaps.get(ours, 0))
-    payloads = {m: {"cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou, m),
-                    "at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, m, lag, carry)}
+    payloads = {m: {"cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, merge, m),
+                    "at_target_rate": hybrid.evaluate(records, our_mask, nc, merge, m, lag)}
                 for m in modes}
     if isinstance(sending, hybrid.Sending):  # the policy's mode with its refresh, beside the pure modes
         payloads[f"{mode}+whole"] = {
-            "cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, strategy, iou, sending),
-            "at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending, lag, carry)}
+            "cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, merge, sending),
+            "at_target_rate": hybrid.evaluate(records, our_mask, nc, merge, sending, lag)}
     carrying = {"frames": carry.frames, "min_match": carry.min_match, "scope": carry.scope, "lag_frames": lag,
                 "cooldown_frames": gap,
-                "ours_at_target_rate": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending, lag, carry),
-                "ours_without_carry": hybrid.evaluate(records, our_mask, nc, strategy, iou, sending)}
+                "ours_at_target_rate": hybrid.evaluate(records, our_mask, nc, merge, sending, lag),
+                "ours_without_carry": hybrid.evaluate(records, our_mask, nc, merge, sending)}
     data_meta = {"test": cfg.data, **({"policy_fit": cfg.train_data} if cfg.train_data else {})}
     return {
         "provenance": provenance({"edge": cfg.edge, "cloud": cfg.cloud}, cfg.policy, data_meta,
                                  cloud_input=cloud.input_size),
         "data": str(cfg.data), "frames": n, "streams": n_streams, "edge_model": str(cfg.edge),
-        "cloud_model": str(cfg.cloud), "policy": str(cfg.policy), "merge": strategy, "payload": mode,
+        "cloud_model": str(cfg.cloud), "policy": str(cfg.policy), "merge": merge.strategy, "payload": mode,
         "whole_frame_every_s": pl.whole_frame_every_s if isinstance(sending, hybrid.Sending) else 0.0,
         "ours": ours, "bootstrap": {"samples": cfg.samples, "seed": bootstrap.SEED, "unit": "stream"},
         "uplink_all_frames_bytes": int(sum(r.jpeg_bytes for r in records)),
         "baselines": base,
         "payloads": payloads,
-        "policy_run": hybrid.evaluate(records, policy_mask, nc, strategy, iou, own, lag, carry),
+        "policy_run": hybrid.policy_run(records, policy, nc, cfg.fps, cfg.carry_lag),
         "carry": carrying,
         "at_rates": rates,
         "differences": diffs,

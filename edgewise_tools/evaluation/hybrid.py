@@ -7,8 +7,9 @@ DCSB), with the uplink bytes it costs. ``at_rates`` puts every policy at the sam
 escalation rates, with a 95% interval of each F1 by resampling streams
 (:mod:`.bootstrap`); ``differences`` gives the paired interval of our policy's lead over
 each baseline; ``run_policy`` replays an operator's policy file with its thresholds,
-cooldown and budget on the stream timeline; ``threshold_sweep`` traces the curve of the
-combined hardness threshold.
+cooldown and budget on the stream timeline, and ``policy_run`` scores it with the policy's
+own payload, merge and carrying (``edgewise eval``'s policy row and ``check-policy --data``);
+``threshold_sweep`` traces the curve of the combined hardness threshold.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ import numpy as np
 
 from edgewise.carrying import CARRIED, CarryConfig, combine, layered, stacked
 from edgewise.detections import Detections
-from edgewise.merging import merge
 from edgewise.policy import Escalator, Policy
-from edgewise.policy.schema import Payload, WholeFrames
+from edgewise.policy.schema import Merge, Payload, WholeFrames
 from edgewise_tools.evaluation import bootstrap
 from edgewise_tools.evaluation.frames import FrameRecord
 from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap
@@ -54,36 +54,37 @@ class Sending:
 
 #: a payload mode, or a mode with the policy's whole-frame refresh
 Mode = Union[str, Sending]
+#: the merge when none is given: the cloud's boxes replace the edge's (nothing carried)
+REPLACE = Merge(strategy="replace", iou=0.5)
 
 
 def _modes(records: Sequence[FrameRecord], mask: np.ndarray, mode: Mode) -> List[str]:
     return mode.per_frame(records, mask) if isinstance(mode, Sending) else [mode] * len(records)
 
 
-def _final(r: FrameRecord, up: bool, strategy: str, iou: float, low: bool, mode: str = "full",
+def _final(r: FrameRecord, up: bool, merge: Merge, low: bool, mode: str = "full",
            carried: Optional[Detections] = None) -> Detections:
     if not up:
         edge = r.edge_all if low else r.edge
         return edge if carried is None else combine(edge, carried)
     m = r.sent(mode)
     edge, cloud = (r.edge_all, m.cloud_all) if low else (r.edge, m.cloud)
-    return merge(edge, cloud, strategy, iou, regions=m.regions)
+    return merge.apply(edge, cloud, m.regions)
 
 
 def _carried(records: Sequence[FrameRecord], mask: np.ndarray, modes: Sequence[str], lag: Optional[int],
-             cfg: Optional[CarryConfig] = None) -> List[Optional[Detections]]:
+             cfg: CarryConfig) -> List[Optional[Detections]]:
     """Per frame, the boxes the edge carries from its stream's answers (None: none). The
     answer to frame t is there from frame t + ``lag`` on (1: before the next frame); until
     then the ones before it are carried. A newer answer replaces the older ones, or under
     ``cfg.scope`` ``regions`` only inside the regions it saw, until ``cfg.frames`` run out
     (:func:`edgewise.carrying.stacked` and :func:`~edgewise.carrying.layered`, the daemon's
-    rule; without ``cfg``, scope ``answer``). ``lag`` None: nothing is carried."""
+    rule). ``lag`` None: nothing is carried."""
     out: List[Optional[Detections]] = [None] * len(records)
     if lag is None:
         return out
     if lag < 1:
         raise ValueError(f"carry lag must be >= 1 frame (the escalated frame gets the answer itself), got {lag}")
-    cfg = cfg or CarryConfig(frames=len(records), min_match=0.5)
     stream: Optional[int] = None
     pos = 0
     waiting: List[Tuple[int, int]] = []  # this stream's escalations not answered yet: (position, record)
@@ -113,38 +114,39 @@ def _carried(records: Sequence[FrameRecord], mask: np.ndarray, modes: Sequence[s
 
 
 def evaluate(
-    records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
-    mode: Mode = "full", carry_lag: Optional[int] = None, carry: Optional[CarryConfig] = None,
+    records: Sequence[FrameRecord], mask: np.ndarray, nc: int, merge: Merge = REPLACE, mode: Mode = "full",
+    carry_lag: Optional[int] = None,
 ) -> Dict[str, float]:
-    """Metrics of the hybrid that escalates exactly the frames in ``mask``, sending ``mode``.
+    """Metrics of the hybrid that escalates exactly the frames in ``mask``, sending ``mode``,
+    merging (and carrying, with ``carry_lag``) under the policy's ``merge``.
 
     ``uplink_saved`` is against sending every frame whole at full resolution."""
-    return evaluate_frames(records, mask, nc, strategy, iou, mode, carry_lag, carry)[0]
+    return evaluate_frames(records, mask, nc, merge, mode, carry_lag)[0]
 
 
 def evaluate_frames(
-    records: Sequence[FrameRecord], mask: np.ndarray, nc: int, strategy: str = "replace", iou: float = 0.5,
-    mode: Mode = "full", carry_lag: Optional[int] = None, carry: Optional[CarryConfig] = None,
+    records: Sequence[FrameRecord], mask: np.ndarray, nc: int, merge: Merge = REPLACE, mode: Mode = "full",
+    carry_lag: Optional[int] = None,
 ) -> Tuple[Dict[str, float], np.ndarray]:
     """:func:`evaluate`'s metrics and, from the same pass, each frame's true positives, false
     positives and misses against ground truth ([N, 3], what the stream bootstrap resamples).
     With ``carry_lag`` (frames) the frames between escalations keep the answers' carried
-    boxes under ``carry`` (the policy's ``merge.carry*``, :func:`_carried`); records must be
-    in stream order, as collected."""
+    boxes under ``merge.carry()`` (the policy's ``merge.carry*``, :func:`_carried`); records
+    must be in stream order, as collected."""
     vs_gt, vs_cloud = Counts(), Counts()
     per_frame = np.zeros((len(records), 3), np.float64)
     preds, gts = [], []
     sent = 0
     cloud_ms = 0.0
     modes = _modes(records, mask, mode)
-    carried = _carried(records, mask, modes, carry_lag, carry)
+    carried = _carried(records, mask, modes, carry_lag, merge.carry())
     for i, (r, up) in enumerate(zip(records, mask)):
-        d = _final(r, bool(up), strategy, iou, low=False, mode=modes[i], carried=carried[i])
+        d = _final(r, bool(up), merge, low=False, mode=modes[i], carried=carried[i])
         c = match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
         vs_gt += c
         per_frame[i] = (c.tp, c.fp, c.fn)
         vs_cloud += match_counts(d.boxes, d.class_ids, d.scores, r.cloud.boxes, r.cloud.class_ids)
-        lo = _final(r, bool(up), strategy, iou, low=True, mode=modes[i], carried=carried[i])
+        lo = _final(r, bool(up), merge, low=True, mode=modes[i], carried=carried[i])
         preds.append((lo.boxes, lo.class_ids, lo.scores))
         gts.append((r.gt_boxes, r.gt_cls))
         if up:
@@ -202,18 +204,16 @@ def at_rates(
     scores: Mapping[str, Sequence[np.ndarray]],
     rates: Sequence[float],
     nc: int,
-    strategy: str = "replace",
-    iou: float = 0.5,
+    merge: Merge = REPLACE,
     mode: Mode = "full",
     samples: int = bootstrap.SAMPLES,
     carry_lag: Optional[int] = None,
     gaps: Optional[Mapping[str, int]] = None,
-    carry: Optional[CarryConfig] = None,
 ) -> Tuple[Dict[str, List[Dict[str, Any]]], Dict[str, List[np.ndarray]]]:
     """Each policy at each rate (a policy with several score vectors, random seeds, is
     averaged), each row with ``f1_ci``: the 95% interval of its F1 by resampling streams.
     ``gaps`` names the policies that keep a cooldown (frames, :func:`top_fraction`);
-    ``carry_lag`` carries answers under ``carry`` (:func:`evaluate_frames`).
+    ``carry_lag`` carries answers under ``merge`` (:func:`evaluate_frames`).
     Also returns each policy's per-stream counts [S, 3] per rate, for :func:`differences`."""
     streams = [r.stream for r in records]
     index, n_streams = bootstrap.stream_ids(streams)
@@ -226,7 +226,7 @@ def at_rates(
         for rate in rates:
             gap = (gaps or {}).get(name, 0)
             masks = [top_fraction(v, rate, seed=i, streams=streams, gap=gap) for i, v in enumerate(vectors)]
-            runs = [evaluate_frames(records, m, nc, strategy, iou, mode, carry_lag, carry) for m in masks]
+            runs = [evaluate_frames(records, m, nc, merge, mode, carry_lag) for m in masks]
             row: Dict[str, Any] = {k: float(np.mean([r[k] for r, _ in runs])) for k in runs[0][0]}
             c = np.mean([bootstrap.per_stream(f, index, n_streams) for _, f in runs], axis=0)
             row["rate"] = rate
@@ -262,15 +262,31 @@ def run_policy(records: Sequence[FrameRecord], policy: Policy, fps: float) -> np
     return mask
 
 
+def own_sending(policy: Policy, fps: float) -> Mode:
+    """What the policy's escalations send: its payload mode, with its whole-frame refresh."""
+    pl = policy.spec.payload
+    return Sending(pl.mode, pl, fps) if pl.refreshes else pl.mode
+
+
+def policy_run(records: Sequence[FrameRecord], policy: Policy, nc: int, fps: float,
+               carry_lag: Optional[int] = 1) -> Dict[str, float]:
+    """The metrics of the policy file as the daemon runs it: its decisions (:func:`run_policy`),
+    its payload (:func:`own_sending`), its merge and, when it carries answers, its carrying
+    from ``carry_lag`` frames after each escalation (None: nothing carried). ``records`` must hold the policy's
+    payload mode (and ``full`` when it refreshes with whole frames)."""
+    merge = policy.spec.merge
+    lag = carry_lag if merge.carry().enabled else None  # the daemon carries only what the policy asks
+    return evaluate(records, run_policy(records, policy, fps), nc, merge, own_sending(policy, fps), lag)
+
+
 def threshold_sweep(
     records: Sequence[FrameRecord], hardness: np.ndarray, thresholds: Sequence[float], nc: int,
-    strategy: str = "replace", iou: float = 0.5, mode: Mode = "full", carry_lag: Optional[int] = None,
-    carry: Optional[CarryConfig] = None,
+    merge: Merge = REPLACE, mode: Mode = "full", carry_lag: Optional[int] = None,
 ) -> List[Dict[str, Any]]:
     """Escalate every frame with hardness >= t (no budget): the policy's threshold curve."""
     rows = []
     for t in thresholds:
-        row: Dict[str, Any] = dict(evaluate(records, hardness >= t, nc, strategy, iou, mode, carry_lag, carry))
+        row: Dict[str, Any] = dict(evaluate(records, hardness >= t, nc, merge, mode, carry_lag))
         row["threshold"] = float(t)
         rows.append(row)
     return rows

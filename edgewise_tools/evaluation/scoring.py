@@ -31,8 +31,9 @@ import numpy as np
 from edgewise.detections import Detections
 from edgewise.hardness import combine
 from edgewise.hardness.learned import FEATURE_NAMES, GainModel, frame_features
-from edgewise.merging import merge
+from edgewise.policy.schema import Merge
 from edgewise_tools.evaluation.frames import FrameRecord
+from edgewise_tools.evaluation.hybrid import REPLACE
 from edgewise_tools.evaluation.metrics import Counts, match_counts
 
 NEVER = -1.0  # score of frames a filter can never call hard
@@ -65,8 +66,7 @@ def features(records: Sequence[FrameRecord]) -> np.ndarray:
         -1, len(FEATURE_NAMES))
 
 
-def f1_gain(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5,
-            mode: str = "full") -> np.ndarray:
+def f1_gain(records: Sequence[FrameRecord], merge: Merge = REPLACE, mode: str = "full") -> np.ndarray:
     """Each frame's F1 gain from escalating it alone, linearised around edge-only.
 
     F1 = 2TP / (TP + FP + N) over all frames (N ground-truth objects), so a frame that
@@ -78,18 +78,18 @@ def f1_gain(records: Sequence[FrameRecord], strategy: str = "replace", iou: floa
         return match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
 
     edge = [counts(r.edge, r) for r in records]
-    hybrid = [counts(merge(r.edge, r.sent(mode).cloud, strategy, iou, regions=r.sent(mode).regions), r)
-              for r in records]
+    hybrid = [counts(merge.apply(r.edge, r.sent(mode).cloud, r.sent(mode).regions), r) for r in records]
     tp, fp = sum(c.tp for c in edge), sum(c.fp for c in edge)
     n = sum(len(r.gt_cls) for r in records)
     return np.array([(h.tp - e.tp) * (fp + n) - (h.fp - e.fp) * tp for e, h in zip(edge, hybrid)], np.float64)
 
 
-def fit_gain_model(records: Sequence[FrameRecord], strategy: str = "replace", iou: float = 0.5,
+def fit_gain_model(records: Sequence[FrameRecord], merge: Merge = REPLACE,
                    info: Optional[Mapping[str, Any]] = None, mode: str = "full", **params: Any) -> GainModel:
     """The learned policy: boosted trees of :func:`f1_gain` on the edge features of
     labelled frames (``params`` go to :class:`~edgewise.hardness.boosting.BoostedTrees`).
     A few shallow trees capture what a linear score cannot, e.g. that a low mean
     confidence matters on a crowded frame but not on a single box."""
-    return GainModel.fit(features(records), f1_gain(records, strategy, iou, mode),
-                         dict(info or {}, frames=len(records), merge=strategy, mergeIou=iou, payload=mode), **params)
+    return GainModel.fit(features(records), f1_gain(records, merge, mode),
+                         dict(info or {}, frames=len(records), merge=merge.strategy, mergeIou=merge.iou, payload=mode),
+                         **params)

@@ -53,3 +53,28 @@ def test_data_needs_both_models(labelled, tiny_model, capsys) -> None:
     rc = main(["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(labelled),
                "--edge", str(tiny_model)])
     assert rc == 2 and "--data needs --cloud MODEL" in capsys.readouterr().err
+
+
+def test_what_the_collection_depends_on() -> None:
+    """Another threshold, weights or budget replays the cached frames; another payload,
+    band or carrying needs the models again (its regions and carried boxes differ)."""
+    from edgewise.policy import load_policy
+    from edgewise_tools.cli.whatif import collection, modes
+
+    policy = load_policy(ROOT / "examples" / "policy.yaml")
+    text = (ROOT / "examples" / "policy.yaml").read_text()
+    assert modes(policy) == ("full", "regions")
+    assert "mode: regions" in text and "threshold: 0.5" in text and "motion_blobs: 0.8" in text
+
+    def variant(old: str, new: str):
+        from edgewise.policy import parse_policy
+
+        return collection(parse_policy(text.replace(old, new, 1), "variant.yaml"))
+
+    same = collection(policy)
+    assert variant("threshold: 0.5", "threshold: 0.9") == same
+    assert variant("motion_blobs: 0.8", "motion_blobs: 0.2") == same
+    assert variant("maxFraction: 0.1", "maxFraction: 0.3") == same
+    assert variant("mode: regions", "mode: full") != same
+    assert variant("band: {low: 0.25, high: 0.6}", "band: {low: 0.2, high: 0.6}") != same
+    assert variant("carryFrames: 30", "carryFrames: 10") != same

@@ -7,6 +7,7 @@ import pytest
 
 from edgewise.detections import Detections
 from edgewise.hardness.learned import FEATURE_NAMES
+from edgewise.policy.schema import Merge
 from edgewise_tools.evaluation import hybrid, scoring
 from edgewise_tools.evaluation.frames import FrameRecord, read_labels
 
@@ -15,6 +16,10 @@ def D(boxes, cls, scores, source):
     b = np.asarray(boxes, np.float32).reshape(-1, 4)
     return Detections(boxes=b, scores=np.asarray(scores, np.float32), class_ids=np.asarray(cls, np.int32),
                       names=("a", "b"), source=source)
+
+
+#: carries every answer as long as the stream lasts
+CARRY = Merge(strategy="replace", iou=0.5, carry_frames=1000)
 
 
 def rec(i, edge, cloud, gt_boxes, gt_cls, nbytes=100, signals=None):
@@ -52,6 +57,37 @@ def test_evaluate_edge_only_cloud_only_and_selection(records) -> None:
     mixed = hybrid.evaluate(records, np.array([False, True, True, False]), nc=2)
     assert mixed["f1"] == 1.0 and mixed["escalated"] == 0.5 and mixed["uplink_saved"] == pytest.approx(0.5)
     assert mixed["map50"] == pytest.approx(1.0)
+
+
+def test_the_policys_edge_floor_decides_which_unmatched_edge_boxes_stay() -> None:
+    """The merge the daemon applies (``Merge.apply``): an edge box the cloud did not confirm
+    stays only at or above ``edgeFloor``; the evaluation used to keep the default 0.5."""
+    box, other = [10, 10, 30, 30], [60, 60, 80, 80]
+    recs = [rec(0, D([box, other], [0, 1], [0.9, 0.4], "edge"), D([box], [0], [0.9], "cloud"), [box, other], [0, 1])]
+    up = np.ones(1, bool)
+    fuse = Merge(strategy="fuse", iou=0.5)
+    assert hybrid.evaluate(recs, up, nc=2, merge=fuse)["recall"] == pytest.approx(1 / 2)
+    low = Merge(strategy="fuse", iou=0.5, edge_floor=0.3)
+    assert hybrid.evaluate(recs, up, nc=2, merge=low)["recall"] == pytest.approx(1.0)
+
+
+def test_policy_run_scores_the_policy_as_the_daemon_runs_it() -> None:
+    """``policy_run``: the policy's decisions, its payload mode and its carrying; a policy
+    sending regions that miss the box and carrying nothing finds only what the edge finds."""
+    from edgewise.policy import parse_policy
+
+    recs = _far_box_stream(6, [50, 50, 60, 60])
+    text = ("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: t}\n"
+            "spec: {threshold: 0.0, budget: {maxFraction: 1.0, maxPerSecond: null, burst: 100}, "
+            "cooldownSeconds: 0.15, payload: {mode: %s}, merge: {strategy: replace, carryFrames: %d}}\n")
+    full_carried = hybrid.policy_run(recs, parse_policy(text % ("full", 5)), nc=2, fps=10.0)
+    # frames 0, 2, 4 escalated whole (the cooldown spaces them), 1, 3, 5 carry their answers
+    assert full_carried["escalated"] == pytest.approx(0.5) and full_carried["recall"] == pytest.approx(1.0)
+    assert full_carried["uplink_bytes"] == 300
+    not_carried = hybrid.policy_run(recs, parse_policy(text % ("full", 0)), nc=2, fps=10.0)
+    assert not_carried["recall"] == pytest.approx(0.5)
+    regions = hybrid.policy_run(recs, parse_policy(text % ("regions", 5)), nc=2, fps=10.0)
+    assert regions["recall"] == 0.0 and regions["uplink_bytes"] == 30
 
 
 def test_top_fraction_and_policies_at_rates(records) -> None:
@@ -188,11 +224,11 @@ def test_carried_answers_fill_the_frames_between_escalations() -> None:
     up = np.array([True, False, False, False, False, False])
     assert hybrid.evaluate(recs, up, nc=2)["recall"] == pytest.approx(1 / 6)  # nothing carried
     # lag 1: frames 1-3 keep frame 0's answer; frames 4-5 are past what was carried
-    assert hybrid.evaluate(recs, up, nc=2, carry_lag=1)["recall"] == pytest.approx(4 / 6)
+    assert hybrid.evaluate(recs, up, nc=2, merge=CARRY, carry_lag=1)["recall"] == pytest.approx(4 / 6)
     # lag 2: the answer is back only at frame 2
-    assert hybrid.evaluate(recs, up, nc=2, carry_lag=2)["recall"] == pytest.approx(3 / 6)
+    assert hybrid.evaluate(recs, up, nc=2, merge=CARRY, carry_lag=2)["recall"] == pytest.approx(3 / 6)
     with pytest.raises(ValueError, match="carry lag must be >= 1"):
-        hybrid.evaluate(recs, up, nc=2, carry_lag=0)
+        hybrid.evaluate(recs, up, nc=2, merge=CARRY, carry_lag=0)
 
 
 def test_a_new_escalation_replaces_the_carried_answer_once_it_is_back() -> None:
@@ -200,12 +236,12 @@ def test_a_new_escalation_replaces_the_carried_answer_once_it_is_back() -> None:
     recs[2].carried = {"full": []}  # frame 2's answer carries nothing
     up = np.array([True, False, True, False, False, False])
     # frame 1 carries frame 0's answer; from frame 3 on frame 2's (empty) answer is in force
-    assert hybrid.evaluate(recs, up, nc=2, carry_lag=1)["recall"] == pytest.approx(3 / 6)
+    assert hybrid.evaluate(recs, up, nc=2, merge=CARRY, carry_lag=1)["recall"] == pytest.approx(3 / 6)
     # lag 2: frame 1 waits for frame 0's answer; frame 3 still carries it (frame 2's is not back)
-    assert hybrid.evaluate(recs, up, nc=2, carry_lag=2)["recall"] == pytest.approx(3 / 6)
+    assert hybrid.evaluate(recs, up, nc=2, merge=CARRY, carry_lag=2)["recall"] == pytest.approx(3 / 6)
     # frame 4 would take frame 0's answer 4 frames on, past the 3 it carried; frame 3 carried none
     up3 = np.array([True, False, False, True, False, False])
-    assert [d is not None for d in hybrid._carried(recs, up3, ["full"] * 6, 2)] == [False, False, True, False, False, False]
+    assert [d is not None for d in hybrid._carried(recs, up3, ["full"] * 6, 2, CARRY.carry())] == [False, False, True, False, False, False]
 
 
 def test_carry_does_not_cross_streams() -> None:
@@ -215,7 +251,7 @@ def test_carry_does_not_cross_streams() -> None:
     recs[4].carried = {"full": []}
     up = np.array([True, False, False, False, False, False])
     # stream 0: frames 0-3 all found; stream 1 never escalated
-    assert hybrid.evaluate(recs, up, nc=2, carry_lag=1)["recall"] == pytest.approx(4 / 6)
+    assert hybrid.evaluate(recs, up, nc=2, merge=CARRY, carry_lag=1)["recall"] == pytest.approx(4 / 6)
 
 
 def test_top_fraction_with_a_cooldown_spreads_the_budget_per_stream() -> None:
@@ -258,10 +294,10 @@ def test_the_whole_frame_refresh_replays_the_daemons_rule_and_carries_what_it_fi
     up = np.array([True, False, True, False, True, False])
     sending = hybrid.Sending("regions", Payload(mode="regions", whole_frame_every_s=0.3), fps=10.0)
     assert sending.per_frame(recs, up) == ["full", "regions", "regions", "regions", "full", "regions"]
-    got = hybrid.evaluate(recs, up, nc=2, mode=sending, carry_lag=1)
+    got = hybrid.evaluate(recs, up, nc=2, mode=sending, merge=CARRY, carry_lag=1)
     # found: frames 0 and 4 (whole) and 1 and 5 (carried); frame 2's regions answer, empty, is in force at 3
     assert got["recall"] == pytest.approx(4 / 6) and got["uplink_bytes"] == 100 + 10 + 100
-    assert hybrid.evaluate(recs, up, nc=2, mode="regions", carry_lag=1)["recall"] == 0.0
+    assert hybrid.evaluate(recs, up, nc=2, mode="regions", merge=CARRY, carry_lag=1)["recall"] == 0.0
     # frame 2's regions fell back to the whole frame: frame 4 is only 0.2 s after it
     recs[2].modes["regions"] = ModeResult(found, found, 100, None, whole=True)
     assert sending.per_frame(recs, up) == ["full", "regions", "regions", "regions", "regions", "regions"]
