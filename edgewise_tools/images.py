@@ -83,6 +83,17 @@ class Built:
     size_bytes: int
 
 
+def image_files(dockerfile: Path = DOCKERFILE) -> Dict[str, Path]:
+    """Path in the image -> file of this repository, for every single-file ``COPY`` of the
+    Dockerfile's runtime stage (the baked-in model and its card)."""
+    out: Dict[str, Path] = {}
+    for m in re.finditer(r"^COPY\s+(\S+)\s+(/\S+)\s*$", dockerfile.read_text(), re.M):
+        src = ROOT / m.group(1)
+        if src.is_file():
+            out[m.group(2)] = src
+    return out
+
+
 def _run(cmd: Sequence[str], *, timeout: float = 600,
          env: Optional[Mapping[str, str]] = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)

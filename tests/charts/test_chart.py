@@ -71,16 +71,17 @@ def test_kube_version_is_the_supported_window() -> None:
 
 def test_description_and_notes_follow_the_shipped_model() -> None:
     from edgewise.runtime.metadata import load_model_info
+    from edgewise_tools.images import image_files
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    shipped = ROOT / values["model"]["path"].lstrip("/")  # the images copy models/ to /models/
+    shipped = image_files()[values["model"]["path"]]  # the file the image bakes in at that path
     arch = load_model_info(shipped).metadata["edgewise_arch"]  # e.g. yolov5s
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert arch.lower() in chart["description"].lower() and "yolov5x" not in chart["description"].lower()
     out = subprocess.run([helm(), "install", "rel", str(CHART), "--dry-run=client", "-n", "ml"],
                          capture_output=True, text=True)
     notes = out.stdout.split("NOTES:", 1)[1]
-    assert f"Workers: 2 x {shipped.name}" in notes and arch.lower() in notes.lower(), notes
+    assert f"Workers: 2 x {Path(values['model']['path']).name}" in notes and arch.lower() in notes.lower(), notes
 
 
 def test_helm_show_readme_is_the_generated_page() -> None:

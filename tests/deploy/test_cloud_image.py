@@ -162,11 +162,11 @@ def cluster(cloud_image: images.Built) -> Iterator[Cluster]:
 
 
 def _frames(n: int) -> List[bytes]:
-    """``n`` JPEG camera frames of the project's synthetic test scenes (digits the reference
-    models were trained on), from CLIENTS streams."""
+    """``n`` JPEG 1280x720 frames of the camera world's held-out scenes (what the baked-in
+    cloud model, the camera pair's, was trained for), from CLIENTS streams."""
     from edgewise.synth import StreamGenerator, load_difficulty
 
-    gens = [StreamGenerator(224, 224, load_difficulty("reference"), "test", seed=7, stream=s) for s in range(CLIENTS)]
+    gens = [StreamGenerator(1280, 720, load_difficulty("camera"), "test", seed=7, stream=s) for s in range(CLIENTS)]
     return [encode_image(gens[i % CLIENTS].next_frame()[0], "jpeg", 90) for i in range(n)]
 
 
