@@ -5,7 +5,7 @@ A Jetson Xavier NX has six Carmel cores; what the daemon spends around the model
 from the cameras' decode and everything else on the device. This runs the real daemon
 (``edgewise edge run``, a process of its own) on ``--streams`` file streams of opencv-doc's
 ``vtest.avi`` (768x576) looped at ``--paced-fps`` each, not saturated, with the shipped
-INT8 model (``models/edge-int8.onnx``, YOLOv5n at 288), and measures over
+INT8 model (the Jetson bundle's default: the camera pair's YOLOv5n at 256x416), and measures over
 ``--paced-seconds`` after a warm-up:
 
 * CPU milliseconds per frame: the process's user + system time (``/proc/<pid>/stat``, all
@@ -31,9 +31,11 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+from edge.bundle import DEFAULT_MODEL
+
 ROOT = Path(__file__).resolve().parents[1]
 VTEST = Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi")
-SHIPPED = ROOT / "models" / "edge-int8.onnx"
+SHIPPED = DEFAULT_MODEL  # the Jetson bundle's
 #: name -> model settings; "before" is what the daemon did before this measurement existed
 VARIANTS: Dict[str, Dict[str, Any]] = {
     "spinning (before)": {"threads": 0, "spin": True},

@@ -195,25 +195,28 @@ def run(args: argparse.Namespace) -> str:
 
 
 def shipped_pair_agreement(frames: int, threads: int) -> str:
-    """INT8-vs-float agreement of ``models/edge.onnx`` / ``models/edge-int8.onnx`` on
-    ``frames`` generated held-out scenes (the model card's tune-val recipe)."""
+    """INT8-vs-float agreement of the shipped edge model (the Jetson bundle's default, the camera
+    pair's ``edge-int8.onnx``) against its float model, on ``frames`` generated validation
+    frames of its world (1280x720 camera scenes, as its quantization report was checked)."""
     import tempfile
 
+    from edge.bundle import DEFAULT_MODEL as i8
     from edgewise.synth import SynthJob, generate, load_difficulty
     from edgewise_tools.models.calibration import open_frames
     from edgewise_tools.models.heldout import check_agreement
 
-    f32, i8 = ROOT / "models" / "edge.onnx", ROOT / "models" / "edge-int8.onnx"
+    f32 = i8.with_name("edge.onnx")
     if not (f32.exists() and i8.exists()):
-        return "agreement: models/edge.onnx or models/edge-int8.onnx missing"
+        return f"agreement: {f32} or {i8} missing"
     with tempfile.TemporaryDirectory(prefix="edgewise-bench-") as tmp:
         streams = -(-frames // 30)
-        generate(SynthJob(out=tmp, frames=30, streams=streams, seed=12, split="val", width=224, height=224,
-                          difficulty=load_difficulty("episodes")))
+        generate(SynthJob(out=tmp, frames=30, streams=streams, seed=12, split="val", width=1280, height=720,
+                          difficulty=load_difficulty("camera")))
         agreement, speed = check_agreement(f32, i8, open_frames(Path(tmp) / "images"), range(frames),
                                            threads=threads)
     sp = f"; {speed.summary()}" if speed is not None else ""
-    return f"shipped edge pair (edge.onnx -> edge-int8.onnx), conf 0.25: {agreement.summary()}{sp}"
+    return (f"shipped edge pair ({f32.relative_to(ROOT)} -> {i8.name}, {frames} camera val frames), conf 0.25: "
+            f"{agreement.summary()}{sp}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
