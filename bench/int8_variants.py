@@ -35,9 +35,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.runtime import VIDEO, read_frames  # noqa: E402
+from edgewise.runtime.cpu import cpu_int8_support  # noqa: E402
 from edgewise.runtime.letterbox import preprocess_batch  # noqa: E402
 from edgewise.runtime.metadata import load_model_info  # noqa: E402
-from edgewise_tools.models.heldout import cpu_int8_support  # noqa: E402
 
 #: name -> keep-float groups (the decode tail is always float)
 VARIANTS: Dict[str, str] = {

@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> str:
         f"candidates over conf {params.conf_thres}, {n_kept} kept): median {median_ms(t_head):.2f} ms "
         f"(target < 3 ms)"
     )
-    from edgewise_tools.models.heldout import cpu_int8_support
+    from edgewise.runtime.cpu import cpu_int8_support
 
     lines.append(f"CPU: {cpu_int8_support()}")
     if args.agreement_frames > 0:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, FrozenSet, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
+
+from edgewise.runtime.cpu import cpu_flags
 
 TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 
@@ -18,17 +20,6 @@ TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 #: The flags that decide INT8 and float speed, as benches print them: x86 AVX2 / AVX-512 /
 #: VNNI / AMX, arm64 NEON (asimd) and its int8 dot product (asimddp).
 SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "asimddp")
-
-
-def cpu_flags() -> Optional[FrozenSet[str]]:
-    """The CPU's feature flags (x86 ``flags``, arm64 ``Features`` of /proc/cpuinfo); None
-    where /proc/cpuinfo is absent or lists none."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return None
-    flags = {f for line in lines if line.startswith(("flags", "Features")) for f in line.split(":", 1)[1].split()}
-    return frozenset(flags) or None
 
 
 def simd_summary() -> str:

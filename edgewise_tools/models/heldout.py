@@ -10,7 +10,6 @@ kernels (VNNI or not), since that decides the speed-up.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edgewise.detections import Detections
-from edgewise_tools.cpu import cpu_flags
+from edgewise.runtime.cpu import cpu_int8_support
 from edgewise_tools.models.agreement import Agreement, compare
 from edgewise_tools.models.calibration import FrameSource, Progress
 
@@ -60,31 +59,6 @@ class Speed:
             "threads": self.threads,
             "cpu": self.cpu,
         }
-
-
-def cpu_int8_support() -> str:
-    """What this CPU offers ONNX Runtime's x86 INT8 kernels, e.g. ``x86 AVX-512 VNNI``.
-
-    VNNI (AVX-512 VNNI, AVX-VNNI) multiplies u8 x s8 and accumulates in int32 in one
-    instruction; without it the AVX2 kernels are slower and can saturate.
-    """
-    flags = cpu_flags()
-    if flags is None or "sse2" not in flags:  # not x86: its INT8 kernels are another story
-        return platform.machine() or "unknown CPU"
-    have = [
-        name
-        for flag, name in (("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"), ("amx_int8", "AMX-INT8"))
-        if flag in flags
-    ]
-    if have:
-        return "x86 " + ", ".join(have)
-    return "x86 AVX2, no VNNI" if "avx2" in flags else "x86 without AVX2"
-
-
-def cpu_lacks_vnni() -> bool:
-    """True on an x86 Linux CPU whose flags show AVX2 but neither AVX512-VNNI nor AVX-VNNI."""
-    flags = cpu_flags()
-    return flags is not None and "avx2" in flags and not {"avx512_vnni", "avx_vnni"} & flags
 
 
 def cpu_session(path: Path, threads: int) -> Any:

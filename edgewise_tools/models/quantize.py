@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import EdgewiseError, InvalidInputError, ModelError
+from edgewise.runtime.cpu import cpu_lacks_vnni
 from edgewise.runtime.metadata import imgsz_guess_warning, load_model_info
 from edgewise.runtime.opsets import device_problems, unused_domains
 from edgewise_tools.models.agreement import Agreement
@@ -52,7 +53,7 @@ from edgewise_tools.models.calibration import (
     open_frames,
     split_indices,
 )
-from edgewise_tools.models.heldout import Speed, check_agreement, cpu_lacks_vnni, cpu_session
+from edgewise_tools.models.heldout import Speed, check_agreement, cpu_session
 
 log = logging.getLogger(__name__)
 

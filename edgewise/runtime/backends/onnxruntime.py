@@ -19,6 +19,7 @@ import numpy as np
 
 from edgewise.errors import ConfigError, DeploymentError, ModelError
 from edgewise.runtime.backends import split_fixed_batch
+from edgewise.runtime.cpu import cpu_int8_support, cpu_lacks_vnni
 from edgewise.runtime.metadata import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,11 @@ class OnnxRuntimeBackend:
         self._dtype = np.float16 if info.input_dtype == "float16" else np.float32
         self.name = f"onnxruntime[{self.providers[0].replace('ExecutionProvider', '')}]"
         log.info("%s: %s, providers %s", info.path, self.name, self.providers)
+        if info.precision == "int8" and self.device == "cpu" and cpu_lacks_vnni():
+            log.warning("%s: an INT8 model on an x86 CPU without VNNI (%s): ONNX Runtime's INT8 kernels "
+                        "run at about float speed here and their sums can saturate, so the model is no faster "
+                        "than its float version and agrees with it less; prefer the float model on this CPU",
+                        info.path, cpu_int8_support())
 
     def _run_one(self, x: np.ndarray) -> np.ndarray:
         if self.io_binding:

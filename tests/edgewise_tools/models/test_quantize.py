@@ -421,7 +421,7 @@ def test_histogram_failure_is_explained():
 
 def test_summary_reports_speed_and_cpu(quantized):
     report, _ = quantized
-    from edgewise_tools.models.heldout import cpu_int8_support
+    from edgewise.runtime.cpu import cpu_int8_support
 
     assert report.speed is not None and report.speed.frames == HOLDOUT - 1  # first frame is warm-up
     assert report.speed.float_ms > 0 and report.speed.int8_ms > 0 and report.speed.speedup > 0
