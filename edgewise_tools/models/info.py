@@ -86,6 +86,7 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
     import onnx
 
     from edgewise.runtime.metadata import imgsz_guess_warning, load_model_info
+    from edgewise.runtime.opsets import device_problems
 
     info = load_model_info(Path(model_path), imgsz)
     model = onnx.load(str(info.path), load_external_data=False)
@@ -123,6 +124,7 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
         "dynamic_hw": info.dynamic_hw,
         "params": count_params(model),
         "opset": opset,
+        "jetpack51": device_problems(info.opsets, info.node_domains),
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
         "conv_nodes": len(convs),
         "int8_conv_nodes": int8_convs,
@@ -186,6 +188,8 @@ def format_description(d: Dict[str, Any]) -> str:
             lines.append(f"quantized  {quant}")
     err = d.get("graph_error")
     lines.append(f"graph      {'BROKEN: ' + err if err else 'valid (ONNX checker; ONNX Runtime loads it)'}")
+    lines.append("jetson     " + ("; ".join(d["jetpack51"]) if d.get("jetpack51") else
+                                  "its opsets load on JetPack 5.1 (TensorRT 8.5, ONNX Runtime 1.16.3)"))
     for w in d.get("warnings", []):
         lines.append(f"warning    {w}")
     return "\n".join(lines)

@@ -153,3 +153,19 @@ def test_info_says_when_the_graph_is_broken(tiny_model, tmp_path, capsys):
     assert main(["model", "info", str(tiny_model), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["graph_error"] is None and d["imgsz_source"] == "graph" and d["warnings"] == []
+
+
+def test_info_says_whether_a_jetson_loads_the_opsets(tiny_model, tmp_path, capsys):
+    """``model info`` states the device rule (``edgewise.runtime.opsets``): a model importing
+    ai.onnx.ml opset 5, as ONNX Runtime's newer quantizer writes, is one JetPack 5.1 refuses."""
+    import onnx
+
+    assert main(["model", "info", str(tiny_model)]) == 0
+    assert "jetson     its opsets load on JetPack 5.1" in capsys.readouterr().out
+    m = onnx.load(str(tiny_model))
+    m.opset_import.add(domain="ai.onnx.ml", version=5)
+    newer = tmp_path / "newer.onnx"
+    onnx.save(m, str(newer))
+    assert main(["model", "info", str(newer), "--json"]) == 0
+    (line,) = json.loads(capsys.readouterr().out)["jetpack51"]
+    assert line.startswith("imports ai.onnx.ml opset 5") and "edgewise model quantize" in line
