@@ -8,8 +8,8 @@ quantizer writes into every model it saves. So the rule, kept here only:
 
 * :data:`DEVICE_OPSETS`: the newest version per domain that *both* of the device's
   runtimes load: TensorRT 8.5's ONNX parser supports the default domain up to opset 17
-  (onnx-tensorrt release/8.5-GA, ``docs/operators.md``); ONNX Runtime 1.16.3 loads up to
-  opset 19 there and ``ai.onnx.ml`` up to 3.
+  (onnx-tensorrt release/8.5-GA, ``docs/operators.md``); ONNX Runtime 1.16.3 loads
+  ``ai.onnx.ml`` up to 3 (its own load error says so).
 * :func:`device_problems`: what a model imports beyond that, with what to do; the Jetson
   bundle refuses such a model (``edge.bundle``), ``edge model-info`` shows it.
 * :func:`unused_domains`: imports no node uses; ``edgewise model quantize`` drops them

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from edgewise.runtime.opsets import DEVICE_OPSETS, device_problems, unused_domains
 
-#: what ONNX Runtime 1.23's quantizer writes into every model it saves
+#: what the host's ONNX Runtime quantizer (1.32.0) writes into every model it saves
 QUANTIZER_IMPORTS = {"": 17, "ai.onnx.ml": 5, "ai.onnx.training": 1, "com.microsoft": 1, "com.microsoft.nchwc": 1}
 
 
