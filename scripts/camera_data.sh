@@ -8,7 +8,7 @@
 #               handwriting, backgrounds and seeds no other split uses
 #   cam-policy  seed 24, 1200 frames: fits the learned policy only
 #   cam-holdout seed 25, 90 x 30 = 2700 frames: a second, larger held-out split on which no
-#               setting was ever chosen (scripts/eval_camera_holdout.sh); not in the default set
+#               setting was ever chosen (scripts/eval_camera.sh RUN holdout); not in the default set
 #   tune-test   the episodes test split of scripts/train_reference.sh (the previous headline)
 #   cam-train-crops / cam-val-crops: native-scale 320x320 crops for the cloud model
 # Usage: scripts/camera_data.sh RUN_DIR [SPLIT...]   (no SPLIT: all of them)

@@ -131,7 +131,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     pl = policy.spec.payload
     sending = hybrid.own_sending(policy, cfg.fps) if mode == pl.mode else mode
     carry = merge.carry()
-    lag = cfg.carry_lag if carry.enabled else None
+    lag = hybrid.carried_from(merge, cfg.carry_lag)
     # Our policies keep the policy file's cooldown (in frames at ``fps``); the baselines are
     # what they are published as: a top fraction by their score.
     gap = int(math.ceil(policy.spec.cooldown_seconds * cfg.fps - 1e-9))

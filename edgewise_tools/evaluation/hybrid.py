@@ -268,6 +268,12 @@ def own_sending(policy: Policy, fps: float) -> Mode:
     return Sending(pl.mode, pl, fps) if pl.refreshes else pl.mode
 
 
+def carried_from(merge: Merge, carry_lag: Optional[int]) -> Optional[int]:
+    """The lag (frames) from which an answer is carried under ``merge``; None when the policy
+    carries nothing (the daemon carries only what the policy asks), whatever lag was asked."""
+    return carry_lag if merge.carry().enabled else None
+
+
 def policy_run(records: Sequence[FrameRecord], policy: Policy, nc: int, fps: float,
                carry_lag: Optional[int] = 1) -> Dict[str, float]:
     """The metrics of the policy file as the daemon runs it: its decisions (:func:`run_policy`),
@@ -275,8 +281,8 @@ def policy_run(records: Sequence[FrameRecord], policy: Policy, nc: int, fps: flo
     from ``carry_lag`` frames after each escalation (None: nothing carried). ``records`` must hold the policy's
     payload mode (and ``full`` when it refreshes with whole frames)."""
     merge = policy.spec.merge
-    lag = carry_lag if merge.carry().enabled else None  # the daemon carries only what the policy asks
-    return evaluate(records, run_policy(records, policy, fps), nc, merge, own_sending(policy, fps), lag)
+    return evaluate(records, run_policy(records, policy, fps), nc, merge, own_sending(policy, fps),
+                    carried_from(merge, carry_lag))
 
 
 def threshold_sweep(
