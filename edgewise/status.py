@@ -106,9 +106,23 @@ def grpc_code(status: int) -> grpc.StatusCode:
     return row(status).code
 
 
-def from_grpc(code: Optional[grpc.StatusCode]) -> int:
-    """The wire status for a gRPC code received from a peer (codes outside the table: INTERNAL)."""
-    return _BY_CODE.get(code, _INTERNAL).status if code is not None else detect_pb2.STATUS_UNSPECIFIED
+#: gRPC core's words when a message is over a channel's or a server's size limit ("Sent
+#: message larger than max (N vs. M)", "Received message larger than max ..."), sent as
+#: RESOURCE_EXHAUSTED.
+TOO_LARGE = "message larger than max"
+
+
+def from_grpc(code: Optional[grpc.StatusCode], details: Optional[str] = None) -> int:
+    """The wire status for a gRPC code received from a peer (codes outside the table: INTERNAL).
+
+    A RESOURCE_EXHAUSTED whose ``details`` say the message was over a size limit is the
+    request's fault, INVALID_ARGUMENT: overload is worth a retry and a spool, a message too
+    large for the hop never passes."""
+    if code is None:
+        return detect_pb2.STATUS_UNSPECIFIED
+    if code is _C.RESOURCE_EXHAUSTED and details and TOO_LARGE in details:
+        return detect_pb2.INVALID_ARGUMENT
+    return _BY_CODE.get(code, _INTERNAL).status
 
 
 def status_of(exc: BaseException) -> int:
@@ -119,7 +133,8 @@ def status_of(exc: BaseException) -> int:
         if r is not None:
             return r.status
     if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
-        return from_grpc(exc.code())
+        details = getattr(exc, "details", None)
+        return from_grpc(exc.code(), details() if callable(details) else None)
     return detect_pb2.INTERNAL
 
 

@@ -131,6 +131,9 @@ MAX_TILES = 64
 def _check_tiles(img: detect_pb2.Image, header: ImageHeader) -> None:
     if len(img.tiles) > MAX_TILES:
         raise InvalidInputError(f"image.tiles: {len(img.tiles)} tiles, at most {MAX_TILES}")
+    if img.tiles and not (img.source_width and img.source_height):
+        raise InvalidInputError("image.tiles: a packed image must say the frame its tiles come from "
+                                "(image.source_width and image.source_height)")
     for i, t in enumerate(img.tiles):
         where = f"image.tiles[{i}]"
         if t.width == 0 or t.height == 0 or t.x + t.width > header.width or t.y + t.height > header.height:
@@ -138,8 +141,7 @@ def _check_tiles(img: detect_pb2.Image, header: ImageHeader) -> None:
                                     f"{header.width}x{header.height} image")
         if not (math.isfinite(t.scale) and 0.0 <= t.scale <= 64.0):
             raise InvalidInputError(f"{where}.scale {t.scale}: source pixels per image pixel, within [0, 64]")
-        if img.source_width and img.source_height and (t.source_x >= img.source_width
-                                                       or t.source_y >= img.source_height):
+        if t.source_x >= img.source_width or t.source_y >= img.source_height:
             raise InvalidInputError(f"{where}: source corner ({t.source_x},{t.source_y}) lies outside the "
                                     f"{img.source_width}x{img.source_height} source frame")
 

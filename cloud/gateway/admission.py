@@ -56,6 +56,10 @@ def validate_request(req: RequestHead, limits: LimitSettings) -> Rejection | Ima
         bad = _check_id(value, name, limits.max_id_length, required)
         if bad:
             return bad
+    if req.deadline_unix_ns < 0:
+        return Rejection(status.INVALID_ARGUMENT,
+                         f"deadline_unix_ns is {req.deadline_unix_ns}; send the deadline as nanoseconds since the "
+                         f"Unix epoch, or 0 for none")
     if req.image is None or not req.image.data:
         return Rejection(status.INVALID_ARGUMENT,
                          "image is missing or empty; send the frame (or crop) in image.data")
@@ -110,8 +114,9 @@ class TokenAuth:
                              f"per tls.client_identity); each device must use its own certificate")
         return self.check(caller.metadata, device_id)[1]
 
-    def check(self, metadata: Mapping[str, str], device_id: str) -> tuple[str | None, Rejection | None]:
-        """Authenticate a call. ``device_id`` is the request's (may be '' for a stream's start).
+    def check(self, metadata: Mapping[str, str], device_id: str,
+              stream: bool = False) -> tuple[str | None, Rejection | None]:
+        """Authenticate a call. ``device_id`` is the request's ('' at a stream's start, ``stream``).
 
         Returns (authenticated device, None) or (None, rejection).
         """
@@ -119,8 +124,10 @@ class TokenAuth:
             return device_id or metadata.get("x-edgewise-device", ""), None
         claimed = metadata.get("x-edgewise-device", "") or device_id
         if not claimed:
-            return None, Rejection(status.UNAUTHENTICATED, "no device identity: send metadata x-edgewise-device "
-                                                      "or set device_id")
+            return None, Rejection(status.UNAUTHENTICATED, (
+                "no device identity: a DetectStream call must send the gRPC metadata x-edgewise-device "
+                "(its token is checked when the stream opens, before any frame)" if stream else
+                "no device identity: set the request's device_id"))
         if device_id and claimed != device_id:
             return None, Rejection(status.UNAUTHENTICATED,
                                    f"device_id {device_id!r} does not match x-edgewise-device {claimed!r}")

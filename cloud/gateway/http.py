@@ -1,7 +1,9 @@
 """The gateway's small HTTP side port: ``/metrics`` (Prometheus), ``/pool`` (JSON), ``/healthz``.
 
 A few lines of asyncio instead of a web framework: GET only, one response per
-connection, bounded request-line and header reads.
+connection; the request head must arrive within ``READ_TIMEOUT_S`` and within the
+reader's 64 KiB line limit and ``MAX_HEADERS`` lines (else 431), a request line that is
+not HTTP gets 400, and failures are logged a few times a minute at most.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from edgewise.observability import LogThrottle
+
 log = logging.getLogger("edgewise.gateway.http")
+
+#: the request line and headers must arrive within this (a slow client holds no connection longer)
+READ_TIMEOUT_S = 5.0
+#: header lines read past the request line
+MAX_HEADERS = 100
 
 
 class SidePort:
@@ -27,6 +36,7 @@ class SidePort:
         self.healthy = healthy
         self._server: asyncio.base_events.Server | None = None
         self.port = 0
+        self._error_log = LogThrottle(60.0, burst=3)
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(self._handle, host, port)
@@ -35,36 +45,46 @@ class SidePort:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), 5.0)
-            for _ in range(100):  # skip headers
-                h = await asyncio.wait_for(reader.readline(), 5.0)
-                if h in (b"\r\n", b"\n", b""):
-                    break
-            parts = line.decode("latin-1").split()
-            method, path = (parts[0], parts[1].split("?")[0]) if len(parts) >= 2 else ("", "")
-            if method != "GET":
-                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
-            elif path == "/metrics":
-                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
-            elif path == "/pool":
-                status, ctype = "200 OK", "application/json"
-                body = json.dumps(self.pool_doc()).encode()
-            elif path in ("/healthz", "/readyz"):
-                ok = self.healthy()
-                status = "200 OK" if ok else "503 Service Unavailable"
-                ctype, body = "text/plain", b"ok\n" if ok else b"not serving\n"
-            else:
-                status, ctype, body = "404 Not Found", "text/plain", b"try /metrics, /pool or /healthz\n"
+            try:  # the whole request head within one deadline, however slowly it trickles in
+                status, ctype, body = await asyncio.wait_for(self._answer(reader), READ_TIMEOUT_S)
+            except (asyncio.LimitOverrunError, ValueError):  # a line over the reader's 64 KiB limit
+                status, ctype, body = "431 Request Header Fields Too Large", "text/plain", b"request head too large\n"
             head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                     f"Connection: close\r\n\r\n").encode()
             writer.write(head + body)
             await writer.drain()
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+        except (TimeoutError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
-        except Exception:  # never let a scrape kill the gateway
-            log.exception("side port request failed")
+        except Exception:  # never let a scrape kill the gateway, nor a flood of bad ones flood the log
+            held = self._error_log.allow()
+            if held is not None:
+                log.warning("side port request failed%s", f" ({held} more not logged)" if held else "",
+                            exc_info=True)
         finally:
             writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
+        line = await reader.readline()
+        for n in range(MAX_HEADERS + 1):  # skip the headers
+            h = await reader.readline()
+            if h in (b"\r\n", b"\n", b""):
+                break
+            if n == MAX_HEADERS:
+                return "431 Request Header Fields Too Large", "text/plain", b"too many header lines\n"
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/") or not parts[0].isalpha():
+            return "400 Bad Request", "text/plain", b"not an HTTP/1.x request line\n"
+        method, path = parts[0], parts[1].split("?")[0]
+        if method != "GET":
+            return "405 Method Not Allowed", "text/plain", b"GET only\n"
+        if path == "/metrics":
+            return "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        if path == "/pool":
+            return "200 OK", "application/json", json.dumps(self.pool_doc()).encode()
+        if path in ("/healthz", "/readyz"):
+            ok = self.healthy()
+            return ("200 OK" if ok else "503 Service Unavailable"), "text/plain", b"ok\n" if ok else b"not serving\n"
+        return "404 Not Found", "text/plain", b"try /metrics, /pool or /healthz\n"
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -74,6 +74,8 @@ class GatewayMetrics:
                                   buckets=OVERHEAD_BUCKETS, registry=r)
         self.mqtt = Counter("edgewise_gateway_mqtt_messages", "MQTT bridge messages by result", ["result"],
                             registry=r)
+        self.mqtt_connected = Gauge("edgewise_gateway_mqtt_connected",
+                                    "1 while the MQTT bridge is connected and subscribed, else 0", registry=r)
         self._answered: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
     def answered(self, transport: str, status_name: str, seconds: float | None = None) -> None:

@@ -34,7 +34,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from cloud.gateway.admission import Caller
 from cloud.gateway.envelope import Reply, RequestHead, error_reply
@@ -59,14 +59,16 @@ class MqttBridge:
     """One MQTT v5 client feeding the gateway's request path."""
 
     def __init__(self, settings: MqttSettings, handler: RequestHandler, counter: Counter,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, up: Gauge | None = None) -> None:
         self.s = settings
         self.handler = handler
         self.counter = counter
+        self.up = up  # 1 while connected and subscribed
         self.loop = loop or asyncio.get_running_loop()
         self.subscription = mqtt_topics.shared_subscription(settings.group, settings.topic_prefix)
         self.response_pattern = settings.response_pattern()
         self._refusal_log = LogThrottle(10.0, burst=5)
+        self._connect_log = LogThrottle(60.0, burst=3)
         client_id = settings.client_id or f"gateway-{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                                   protocol=mqtt.MQTTv5)
@@ -77,6 +79,7 @@ class MqttBridge:
                                 keyfile=settings.key_file or None)
         self.client.reconnect_delay_set(max(1, int(settings.reconnect_min_s)), max(1, int(settings.reconnect_max_s)))
         self.client.on_connect = self._on_connect
+        self.client.on_connect_fail = self._on_connect_fail
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self.client.on_subscribe = self._on_subscribe
@@ -117,11 +120,27 @@ class MqttBridge:
                       self.subscription, reason_codes)
             return
         self.connected.set()  # requests published from now on reach this gateway
+        if self.up is not None:
+            self.up.set(1)
         log.info("MQTT bridge connected to %s:%d, subscribed %s", self.s.host, self.s.port, self.subscription)
+
+    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        """The broker did not answer (refused, unreachable, name not found): paho retries with
+        backoff; say so, a few times an interval, since no MQTT escalation reaches this gateway
+        meanwhile (the edges time out and spool)."""
+        self._count("connect_failed")
+        held = self._connect_log.allow()
+        if held is not None:
+            log.warning("MQTT bridge cannot connect to the broker at %s:%d; retrying every %g-%g s (MQTT "
+                        "escalations are not served until it answers: check mqtt.host and mqtt.port)%s",
+                        self.s.host, self.s.port, self.s.reconnect_min_s, self.s.reconnect_max_s,
+                        f" ({held} more failures not logged)" if held else "")
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
                        properties: Any) -> None:
         self.connected.clear()
+        if self.up is not None:
+            self.up.set(0)
         if reason_code != 0:
             log.warning("MQTT bridge disconnected (%s); reconnecting with backoff", reason_code)
 

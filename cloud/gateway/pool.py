@@ -192,7 +192,7 @@ class WorkerPool:
         try:
             reply = reply_of(await ch.infer(req.body, timeout=remaining), req, name)
         except grpc.aio.AioRpcError as exc:
-            reply = error_reply(req, status.from_grpc(exc.code()), f"worker {name}: {exc.code().name}: {exc.details()}")
+            reply = _hop_error(req, name, exc)
         except BaseException:  # client cancelled: the worker isn't to blame
             self._done(pick, Outcome.CANCELLED)
             raise
@@ -266,3 +266,18 @@ class WorkerPool:
         if self._tasks:
             with contextlib.suppress(Exception):
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+
+def _hop_error(req: RequestHead, name: str, exc: grpc.aio.AioRpcError) -> Reply:
+    """The reply for a worker call that failed in gRPC. A message over a size limit of the hop
+    (the gateway's channel, or the worker's server with a lower ``max_message_bytes``) is the
+    request's fault, not load (``status.from_grpc``): the balancer does not hold the worker as
+    overloaded and the edge does not spool and replay a request that can never pass."""
+    details = exc.details() or ""
+    st = status.from_grpc(exc.code(), details)
+    if st == status.INVALID_ARGUMENT and exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return error_reply(req, st, f"worker {name}: the request ({len(req.body)} bytes) is larger than the hop "
+                                    f"allows ({details}); send a smaller image, or give the gateway and the "
+                                    f"workers the same max_message_bytes")
+    return error_reply(req, st, f"worker {name}: {exc.code().name}: {details}")

@@ -28,6 +28,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from cloud.binding import grpc_port, socket_port_async
 from cloud.discovery.base import Discovery, Endpoint, EndpointState
 from cloud.gateway.admission import Caller, RateLimiter, Rejection, TokenAuth, validate_request
 from cloud.gateway.envelope import Reply, RequestHead, error_reply, read_request
@@ -131,14 +132,22 @@ class Gateway:
         """min(call deadline, request deadline_unix_ns); default when neither; capped."""
         lim = self.settings.limits
         cands = [c for c in (call_remaining,) if c is not None]
-        if req.deadline_unix_ns:
+        if req.deadline_unix_ns > 0:  # a negative one is refused by validate_request
             cands.append((req.deadline_unix_ns - time.time_ns()) / 1e9)
         t = min(cands) if cands else lim.default_deadline_s
         return min(t, lim.max_deadline_s)
 
     def read(self, body: bytes, transport: str) -> RequestHead | Reply:
         """The head of a serialized request, or the INVALID_ARGUMENT reply when the bytes are
-        not a ``DetectRequest`` (counted like every rejection)."""
+        not a ``DetectRequest`` or larger than ``limits.max_message_bytes`` (counted like every
+        rejection). gRPC refuses a larger message itself; MQTT brings any size to here, and the
+        bytes would go on to a worker whose channel has the same limit."""
+        limit = self.settings.limits.max_message_bytes
+        if len(body) > limit:
+            return self._reject(None, transport, Rejection(
+                status.INVALID_ARGUMENT,
+                f"request of {len(body)} bytes is larger than the gateway's limits.max_message_bytes "
+                f"({limit}); send a smaller image (lower the payload's resolution or JPEG quality)"))
         try:
             return read_request(body)
         except InvalidInputError as exc:
@@ -191,7 +200,7 @@ class Gateway:
                            context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         caller = self._caller(context)
         if self.auth.enabled:  # refuse a stream without a valid token at once (each frame is checked too)
-            _, rej = self.auth.check(caller.metadata, "")
+            _, rej = self.auth.check(caller.metadata, "", stream=True)
             if rej is not None:
                 self.metrics.rejected.labels(reason="unauthenticated").inc()
                 await context.abort(status.grpc_code(rej.status), rej.message)
@@ -257,14 +266,11 @@ class Gateway:
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
         self._server.add_registered_method_handlers(SERVICE_NAME, methods)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        if creds is None:
-            self.port = self._server.add_insecure_port(s.listen)
-        else:
-            self.port = self._server.add_secure_port(s.listen, creds)
-        if not self.port:
-            raise ConfigError(f"listen: cannot bind {s.listen}")
+        self.port = grpc_port(self._server, s.listen, "listen", creds)
         if s.metrics_port >= 0:
-            self.metrics_port = await self.side.start(s.metrics_host, s.metrics_port)
+            self.metrics_port = await socket_port_async(
+                lambda: self.side.start(s.metrics_host, s.metrics_port),
+                f"{s.metrics_host}:{s.metrics_port}", "metrics_host/metrics_port")
         for coro, what in ((self.pool.follow(self.discovery.watch()), "discovery"),
                            (self.pool.poll_loads(), "load polling")):
             task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -272,7 +278,7 @@ class Gateway:
             self._tasks.append(task)
         await self._server.start()
         if s.mqtt.enabled:
-            self.bridge = MqttBridge(s.mqtt, self, self.metrics.mqtt)
+            self.bridge = MqttBridge(s.mqtt, self, self.metrics.mqtt, up=self.metrics.mqtt_connected)
             self.bridge.start()
         if not self.auth.enabled:
             log.warning("authentication is OFF (auth.tokens is empty): any client may call the gateway")

@@ -174,19 +174,36 @@ class GatewaySettings:
         if self.auth.tokens_file:
             tokens: list[DeviceToken] = load_file(list[DeviceToken], self.auth.tokens_file, "tokens")
             for i, tok in enumerate(tokens):
-                if not tok.device or not tok.token:
-                    raise ConfigError(f"{self.auth.tokens_file}: [{i}]: device and token must be non-empty")
+                bad = token_problem(tok, out)
+                if bad:
+                    raise ConfigError(f"{self.auth.tokens_file}: [{i}]: {bad} (in auth.tokens and this file)")
                 out[tok.device] = tok.token
         return out
 
 
+def token_problem(t: DeviceToken, seen: dict[str, str]) -> str:
+    """What is wrong with one ``{device, token}`` entry given the devices before it ("" when
+    nothing): a device listed twice would let one token silently win, and a presented token is
+    read without surrounding blanks, so a token with them could never match."""
+    if not t.device or not t.token.strip():
+        return "both device and token must be non-empty"
+    if t.token != t.token.strip():
+        return f"the token of device {t.device!r} starts or ends with blanks; a presented token never does"
+    if t.device in seen:
+        return f"device {t.device!r} is listed twice; give each device one token"
+    return ""
+
+
 def validate(s: GatewaySettings) -> None:
     """The rules that span fields; raises :class:`Invalid`."""
-    if ":" not in s.listen:
-        raise Invalid("listen", f"{s.listen!r} is not host:port (example 0.0.0.0:50051)")
+    host, _, port = s.listen.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise Invalid("listen", f"{s.listen!r} is not host:port with a port in [0, 65535] (example 0.0.0.0:50051)")
     s.balancer.validate()
     if s.limits.max_image_bytes > s.limits.max_message_bytes:
         raise Invalid("limits.max_image_bytes", "must be at most limits.max_message_bytes")
+    if s.mqtt.reconnect_min_s > s.mqtt.reconnect_max_s:
+        raise Invalid("mqtt.reconnect_min_s", "must be at most mqtt.reconnect_max_s")
     if s.limits.default_deadline_s > s.limits.max_deadline_s:
         raise Invalid("limits.default_deadline_s", "must be at most limits.max_deadline_s")
     if s.discovery.kind == "static" and not s.discovery.static:
@@ -200,9 +217,12 @@ def validate(s: GatewaySettings) -> None:
         # off, a client CA would be ignored and any certificate go unchecked.
         raise Invalid("tls.client_ca_file", "set tls.require_client_cert: true as well (gRPC Python cannot "
                                             "verify optional client certificates), or remove client_ca_file")
+    seen: dict[str, str] = {}
     for i, t in enumerate(s.auth.tokens):
-        if not t.device or not t.token:
-            raise Invalid(f"auth.tokens[{i}]", "both device and token must be non-empty")
+        bad = token_problem(t, seen)
+        if bad:
+            raise Invalid(f"auth.tokens[{i}]", bad)
+        seen[t.device] = t.token
     _check_topic("mqtt.group", mqtt_topics.check_segment, s.mqtt.group)
     _check_topic("mqtt.topic_prefix", mqtt_topics.check_prefix, s.mqtt.topic_prefix)
     if s.mqtt.response_topic_pattern:

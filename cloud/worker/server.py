@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from cloud.binding import grpc_port, socket_port
 from cloud.worker.batching import Batch, Batcher, BatchingDecision, decide_batching
 from cloud.worker.budget import PixelBudget
 from cloud.worker.metrics import WorkerMetrics
@@ -408,7 +409,13 @@ class WorkerServer:
         await self.grpc_server.start()
         st = self.service.settings
         if st.metrics_port >= 0:
-            self.metrics_port = self.service.metrics.serve_http(st.metrics_host, st.metrics_port)
+            try:
+                self.metrics_port = socket_port(
+                    lambda: self.service.metrics.serve_http(st.metrics_host, st.metrics_port),
+                    f"{st.metrics_host}:{st.metrics_port}", "metrics_host/metrics_port")
+            except BaseException:
+                await self.grpc_server.stop(0)  # nothing served yet: close before the error leaves the loop
+                raise
 
     async def start(self) -> None:
         """``bind``, warm up, then report SERVING."""
@@ -453,9 +460,7 @@ def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
     health_pb2_grpc.add_HealthServicer_to_server(service.health, server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
-    if port == 0:
-        raise OSError(f"cannot bind {settings.host}:{settings.port} (in use?)")
+    port = grpc_port(server, f"{settings.host}:{settings.port}", "host/port")
     return WorkerServer(server, service, port), port
 
 

@@ -108,7 +108,7 @@ class GrpcTransport:
                     request, timeout=max(timeout_s, 0.001), metadata=self.metadata or None
                 )
             except aio.AioRpcError as exc:
-                st = status.from_grpc(exc.code())
+                st = status.from_grpc(exc.code(), exc.details())
                 last = TransportError(st, f"{self.endpoints[i]}: {exc.details() or status.name(st)}")
                 if status.is_retryable(st) and k + 1 < n:
                     log.info("endpoint %s unavailable, trying the next one", self.endpoints[i])

@@ -68,6 +68,16 @@ def test_codes_from_peers():
     assert status.name(99) == "INTERNAL" and status.grpc_code(99) is grpc.StatusCode.INTERNAL
 
 
+def test_a_message_over_a_size_limit_is_the_requests_fault_not_overload():
+    # gRPC core sends both as RESOURCE_EXHAUSTED; only the overload is worth a spool and replay
+    ex = grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status.from_grpc(ex, "Received message larger than max (10576364 vs. 8388608)") == detect_pb2.INVALID_ARGUMENT
+    assert status.from_grpc(ex, "CLIENT: Sent message larger than max (9 vs. 8)") == detect_pb2.INVALID_ARGUMENT
+    assert status.from_grpc(ex, "all 3 workers are saturated") == detect_pb2.RESOURCE_EXHAUSTED
+    assert status.from_grpc(ex) == detect_pb2.RESOURCE_EXHAUSTED
+    assert status.from_grpc(grpc.StatusCode.UNAVAILABLE, "message larger than max") == detect_pb2.UNAVAILABLE
+
+
 def test_retryable_and_spoolable_sets():
     assert status.RETRYABLE == {detect_pb2.UNAVAILABLE}
     assert status.SPOOLABLE == {detect_pb2.UNAVAILABLE, detect_pb2.RESOURCE_EXHAUSTED, detect_pb2.DEADLINE_EXCEEDED}

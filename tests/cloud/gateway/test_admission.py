@@ -68,6 +68,9 @@ def test_token_auth():
         who, rej = auth.check(md, dev)
         assert who is None and rej.status == detect_pb2.UNAUTHENTICATED and needle in rej.message
     assert TokenAuth({}).check({}, "any") == ("any", None)
+    # a stream opens without a frame: what it lacks is the metadata, not a device_id
+    assert "set the request's device_id" in auth.check({"authorization": "Bearer abc"}, "")[1].message
+    assert "x-edgewise-device" in auth.check({"authorization": "Bearer abc"}, "", stream=True)[1].message
 
 
 def test_authenticate_binds_topic_certificate_and_token_to_the_device():

@@ -197,6 +197,10 @@ def test_bad_input_gets_clear_status():
                 assert code == "INVALID_ARGUMENT" and "limit of 100000 bytes" in msg
                 code, msg = await _detect(stub, request(data=b"\xff\xd8\xff" + b"\x00" * 300_000 + b"\xff\xd9"))
                 assert code == "RESOURCE_EXHAUSTED" and "larger than max" in msg.lower()
+                past = request()
+                past.deadline_unix_ns = -5  # invalid, not "passed": DEADLINE_EXCEEDED would be spooled
+                code, msg = await _detect(stub, past)
+                assert code == "INVALID_ARGUMENT" and "deadline_unix_ns is -5" in msg
                 raw = request(data=b"\x00" * 10, encoding=detect_pb2.Image.RAW)
                 raw.image.shape[:] = [4, 4, 3]
                 code, msg = await _detect(stub, raw)
@@ -237,6 +241,36 @@ def test_request_bytes_go_to_the_worker_as_sent_and_malformed_ones_go_nowhere():
             assert len(w.bodies) == 1
             text = (await http_get(f"http://127.0.0.1:{gw.metrics_port}/metrics")).decode()
             assert 'edgewise_gateway_requests_total{status="INVALID_ARGUMENT",transport="grpc"} 4.0' in text
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def _padded(req: detect_pb2.DetectRequest, size: int) -> bytes:
+    """``req`` serialized with an unknown length-delimited field (number 100) of ``size`` bytes:
+    a message that big whose head is valid (the gateway forwards unknown fields as they came)."""
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    return req.SerializeToString() + b"\xa2\x06" + _VarintBytes(size) + b"\0" * size
+
+
+def test_a_message_over_the_workers_limit_is_the_requests_fault_not_overload():
+    async def main():
+        w = TestWorker("w")  # a plain grpc.aio server: it receives at most 4 MiB
+        gw = await started([(w, 1)])  # the gateway's default limit is 8 MiB on both hops
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                detect = ch.unary_unary("/edgewise.v1.Escalation/Detect")
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await detect(_padded(request(seq=1), 5 << 20), timeout=5)
+                # not RESOURCE_EXHAUSTED: the edge would spool and replay what can never pass
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "larger than" in err.value.details() and "max_message_bytes" in err.value.details()
+                ep = gw.pool.balancer.endpoints[w.address]
+                assert ep.in_flight == 0 and ep.overload_cap is None and not ep.ejected(gw.pool.balancer.clock())
+                stub = service_pb2_grpc.EscalationStub(ch)
+                assert (await _detect(stub, request(seq=2)))[0] == "OK"  # the worker is not held back
         finally:
             await gw.stop(0)
             await w.stop()

@@ -160,3 +160,85 @@ def test_tokens_and_the_operators_response_pattern(mosquitto):
             await gw.stop(1)
             await w.stop()
     run(main())
+
+
+def test_a_payload_over_the_message_limit_is_refused_before_any_worker(mosquitto):
+    """gRPC refuses a message over ``limits.max_message_bytes`` itself; MQTT brings any size
+    to the bridge, which must refuse it the same way (not forward it, and not let the worker's
+    channel refusal count as the worker's overload)."""
+    from tests.cloud.gateway.test_gateway import _padded
+
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = Gateway(settings_for([(w, 1)], **{
+            "mqtt.enabled": True, "mqtt.host": mosquitto.host, "mqtt.port": mosquitto.port,
+            "limits.max_message_bytes": 64 * 1024, "limits.max_image_bytes": 64 * 1024}))
+        await gw.start()
+        try:
+            await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
+            edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+            try:
+                await asyncio.to_thread(edge.send, _padded(request(seq=1), 100 * 1024), b"big")
+                await asyncio.to_thread(edge.send, request(seq=2).SerializeToString(), b"ok")
+                await wait_until(lambda: {b"big", b"ok"} <= set(edge.responses))
+                big = edge.responses[b"big"][0]
+                assert big.status == detect_pb2.INVALID_ARGUMENT
+                assert "max_message_bytes" in big.error and str(64 * 1024) in big.error
+                assert edge.responses[b"ok"][0].status == detect_pb2.OK
+                assert w.calls == 1 and gw.bridge.counts.get("malformed") == 1
+                assert gw.pool.balancer.endpoints[w.address].overload_cap is None
+            finally:
+                edge.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
+
+
+def test_a_broker_that_does_not_answer_is_logged_and_exported(caplog):
+    """No broker at mqtt.host:port: the gateway serves gRPC, says the bridge cannot connect
+    (it retries with backoff) and exports edgewise_gateway_mqtt_connected 0."""
+    import socket
+
+    from tests.cloud.gateway.test_gateway import http_get
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = Gateway(settings_for([(w, 1)], **{"mqtt.enabled": True, "mqtt.host": "127.0.0.1", "mqtt.port": port}))
+        await gw.start()
+        try:
+            await wait_until(lambda: gw.bridge.counts.get("connect_failed", 0) >= 1, 15, "a failed connection")
+            assert any(f"cannot connect to the broker at 127.0.0.1:{port}" in r.getMessage() and
+                       "mqtt.host and mqtt.port" in r.getMessage() for r in caplog.records)
+            text = (await http_get(f"http://127.0.0.1:{gw.metrics_port}/metrics")).decode()
+            assert "edgewise_gateway_mqtt_connected 0.0" in text
+            assert gw.serving
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
+
+
+def test_the_connected_gauge_follows_the_broker(mosquitto):
+    from tests.cloud.gateway.test_gateway import http_get
+
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = Gateway(settings_for([(w, 1)], **{"mqtt.enabled": True, "mqtt.host": mosquitto.host,
+                                               "mqtt.port": mosquitto.port}))
+        await gw.start()
+        try:
+            await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
+            text = (await http_get(f"http://127.0.0.1:{gw.metrics_port}/metrics")).decode()
+            assert "edgewise_gateway_mqtt_connected 1.0" in text
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())

@@ -39,6 +39,11 @@ def test_precedence_yaml_env_flags(tmp_path):
     ("balancer:\n  base_ejection_s: 60\n  max_ejection_s: 30\n", ":3: balancer.max_ejection_s: must be >= base"),
     ("mqtt:\n  port: 0\n", ":2: mqtt.port: 0 is out of range; allowed: an integer in [1, 65535]"),
     ("auth:\n  tokens:\n    - {device: a}\n", ":3: auth.tokens[0]: both device and token must be non-empty"),
+    ("auth:\n  tokens:\n    - {device: a, token: x}\n    - {device: a, token: y}\n",
+     ":4: auth.tokens[1]: device 'a' is listed twice"),
+    ("auth:\n  tokens:\n    - {device: a, token: '  '}\n", ":3: auth.tokens[0]: both device and token"),
+    ("auth:\n  tokens:\n    - {device: a, token: ' x'}\n", ":3: auth.tokens[0]: the token of device 'a' starts"),
+    ("mqtt:\n  reconnect_min_s: 50\n  reconnect_max_s: 1\n", ":2: mqtt.reconnect_min_s: must be at most"),
     ("tls:\n  cert_file: a.pem\n", ":1: tls: set both"),
     ("limits:\n  max_image_bytes: 9000000\n", ":2: limits.max_image_bytes: must be at most"),
     ("- a\n- b\n", "top level must be a mapping"),
@@ -77,7 +82,12 @@ def test_tokens_file(tmp_path):
     with pytest.raises(ConfigError, match=r"tokens.yaml:1: \[0\].tok: unknown key \(did you mean 'token'\?\)"):
         s.device_tokens()
     t.write_text("- {device: cam-1}\n")
-    with pytest.raises(ConfigError, match=r"tokens.yaml: \[0\]: device and token must be non-empty"):
+    with pytest.raises(ConfigError, match=r"tokens.yaml: \[0\]: both device and token must be non-empty"):
+        s.device_tokens()
+    t.write_text("- {device: cam-1, token: abc}\n")
+    s = load_settings(None, {"discovery.static": ["a:1"], "auth.tokens_file": str(t),
+                             "auth.tokens": [{"device": "cam-1", "token": "xyz"}]}, env={})
+    with pytest.raises(ConfigError, match=r"tokens.yaml: \[0\]: device 'cam-1' is listed twice.*in auth.tokens and"):
         s.device_tokens()
 
 

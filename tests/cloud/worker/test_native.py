@@ -68,6 +68,9 @@ def test_images_of_different_native_sizes_share_a_batch(native_model) -> None:
 def test_tiles_are_validated_against_the_image() -> None:
     img = wire.encode_image(np.zeros((64, 96, 3), np.uint8), "png")
     img.tiles.add(x=0, y=0, width=96, height=64, scale=2.0)
+    with pytest.raises(InvalidInputError, match=r"image.tiles: a packed image must say the frame .*source_width"):
+        wire.check_image(img)  # without the frame's size nothing bounds where its boxes land
+    img.source_width, img.source_height = 192, 128
     assert wire.check_image(img).width == 96
     img.tiles.add(x=50, y=0, width=96, height=64)
     with pytest.raises(InvalidInputError, match=r"image.tiles\[1\]: 96x64 at \(50,0\) is empty or outside"):
@@ -75,4 +78,8 @@ def test_tiles_are_validated_against_the_image() -> None:
     del img.tiles[1]
     img.tiles.add(x=0, y=0, width=8, height=8, scale=float("nan"))
     with pytest.raises(InvalidInputError, match=r"image.tiles\[1\].scale nan"):
+        wire.check_image(img)
+    del img.tiles[1]
+    img.tiles.add(x=0, y=0, width=8, height=8, source_x=4_000_000_000)
+    with pytest.raises(InvalidInputError, match=r"image.tiles\[1\]: source corner \(4000000000,0\) lies outside"):
         wire.check_image(img)

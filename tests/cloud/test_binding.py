@@ -1,0 +1,66 @@
+"""Addresses that cannot be bound: a ConfigError naming the setting, for the gateway's and the
+worker's gRPC and metrics ports (real sockets held by this test, real servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import socket
+
+import pytest
+
+from cloud.gateway.server import Gateway
+from cloud.worker.server import create_server
+from edgewise.errors import ConfigError
+from tests.cloud.gateway.test_gateway import settings_for
+from tests.cloud.worker.test_server import make_settings
+
+
+@contextlib.contextmanager
+def held_port():
+    """A port another process would hold: bound and listening, without SO_REUSEPORT."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        yield s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def _gateway_start(**over) -> None:
+    async def main():
+        gw = Gateway(settings_for([], **{"discovery.static": ["127.0.0.1:1"], **over}))
+        try:
+            await gw.start()
+        finally:
+            await gw.stop(0)
+    asyncio.run(main())
+
+
+def test_gateway_ports_in_use_name_their_setting():
+    with held_port() as port:
+        with pytest.raises(ConfigError, match=rf"^listen: cannot bind 127.0.0.1:{port}: .*Choose another port"):
+            _gateway_start(listen=f"127.0.0.1:{port}")
+        with pytest.raises(ConfigError, match=rf"(?i)^metrics_host/metrics_port: cannot bind 127.0.0.1:{port}: "
+                                              r".*address already in use"):
+            _gateway_start(metrics_port=port)
+    with pytest.raises(ConfigError, match=r"^metrics_host/metrics_port: cannot bind no-such-host.invalid:0"):
+        _gateway_start(metrics_host="no-such-host.invalid")
+
+
+def test_gateway_listen_port_out_of_range_is_a_settings_error():
+    with pytest.raises(ConfigError, match=r"listen: 'nohost:99999' is not host:port with a port in \[0, 65535\]"):
+        settings_for([], **{"discovery.static": ["127.0.0.1:1"], "listen": "nohost:99999"})
+
+
+def test_worker_ports_in_use_name_their_setting(tiny_model):
+    async def main():
+        with held_port() as port:
+            with pytest.raises(ConfigError, match=rf"^host/port: cannot bind 127.0.0.1:{port}: "):
+                create_server(dataclasses.replace(make_settings(tiny_model), port=port))
+            server, _ = create_server(dataclasses.replace(make_settings(tiny_model), metrics_port=port))
+            with pytest.raises(ConfigError, match=rf"^metrics_host/metrics_port: cannot bind 127.0.0.1:{port}"):
+                await server.bind()
+    asyncio.run(main())
