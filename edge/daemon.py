@@ -396,12 +396,12 @@ class EdgeDaemon:
                 await t.close()
             except Exception:
                 log.exception("closing transport %s", t.name)
-        if self.sinks is not None:
+        if self.escalating is not None:
+            await self.escalating.close()  # queued spool writes finish, and their records are written
+        if self.sinks is not None:  # last: every settled escalation writes its record first
             await asyncio.get_running_loop().run_in_executor(None, self.sinks.close)
         if self.mqtt is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.mqtt.stop)
-        if self.escalating is not None:
-            await self.escalating.close()  # queued spool writes finish first
         if self.spool is not None:
             self.spool.close()
         if self.telemetry is not None:

@@ -52,7 +52,7 @@ from edge.payloads import Spooled, build_request, detections_json, note_payload,
 from edge.records import FrameRecord
 from edge.settings import SpoolSettings
 from edge.sources.base import Frame
-from edge.spool import Spool, SpoolError, SpoolFull, SpoolItem, SpoolStats
+from edge.spool import SPOOL_BUSY_TIMEOUT_S, Spool, SpoolError, SpoolFull, SpoolItem, SpoolStats
 from edge.transports import Transport, TransportError
 from edgewise import status
 from edgewise.detections import Detections
@@ -73,6 +73,13 @@ class _Answer(NamedTuple):
     rtt: float
 
 
+class _Refused(NamedTuple):
+    """A replayed escalation the cloud refused for good: its edge result becomes final."""
+
+    spooled: Spooled
+    error: str
+
+
 class Escalating:
     """Sends escalations, falls back per policy, replays the spool."""
 
@@ -80,7 +87,7 @@ class Escalating:
         self,
         device_id: str,
         transports: Dict[str, Transport],
-        write: Callable[[FrameRecord], None],
+        write: Callable[[FrameRecord], Optional[bool]],
         metrics: EdgeMetrics,
         spool: Optional[Spool] = None,
         default_transport: str = "grpc",
@@ -252,9 +259,11 @@ class Escalating:
             return
         self.metrics.escalations.labels(reason, "ok").inc()
 
-    def _write_merged(self, record: FrameRecord, dets: Detections, resp: Any, merge: Merge, rtt: float, late: bool) -> None:
-        """Merge the cloud's answer in and write the record; ValueError (record untouched)
-        when the answer's detections do not validate."""
+    def _write_merged(self, record: FrameRecord, dets: Detections, resp: Any, merge: Merge, rtt: float,
+                      late: bool) -> Optional[bool]:
+        """Merge the cloud's answer in and write the record (what ``write`` said: False when a
+        durable sink did not take it); ValueError (record untouched) when the answer's
+        detections do not validate."""
         from edgewise.wire import detections_from_proto
 
         cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
@@ -266,9 +275,10 @@ class Escalating:
         record.cloud_model = resp.model_name
         record.late = late
         record.emit_unix_ns = time.time_ns()
-        self.write(record)
+        kept = self.write(record)
         if not late:
             self.carrier.answered(record.stream, record.frame_seq, cloud, merge.carry(), regions)
+        return kept
 
     async def _fail(self, req: Any, policy: Policy, record: FrameRecord, exc: TransportError) -> None:
         spec = policy.spec
@@ -375,10 +385,10 @@ class Escalating:
                 answers = await asyncio.gather(*(self._send_replay(e) for e in window))
                 blocked = False
                 for e, answer in zip(window, answers):
-                    done = answer if answer is None or isinstance(answer, bool) else self._settle_replay(e, answer)
-                    if done is None:
+                    done = self._settle_replay(e, answer)
+                    if done is None:  # the cloud is still unreachable, or a sink cannot take the record
                         await self._spool_call(spool.nack, e.id)
-                        blocked = True  # the cloud is still unreachable
+                        blocked = True  # the rest waits, in order
                     else:
                         settled.append(e.id)
                 if blocked:
@@ -402,9 +412,10 @@ class Escalating:
             return
         self._unacked.clear()
 
-    async def _send_replay(self, e: SpoolItem) -> Union[None, bool, _Answer]:
-        """Send one spooled escalation: its answer to write, False when it can never be
-        delivered (to be acked away), None to keep it for later."""
+    async def _send_replay(self, e: SpoolItem) -> Union[None, bool, _Answer, _Refused]:
+        """Send one spooled escalation: its answer to write, its refusal (the edge result
+        becomes final), False when the entry is unreadable (to be acked away), None to keep
+        it for later."""
         from edgewise.v1 import detect_pb2
         from edgewise.wire import detections_from_proto
 
@@ -429,27 +440,53 @@ class Escalating:
                 self.metrics.spool_events.labels("nack").inc()
                 log.debug("replay of %s failed (%s); retrying later", e.key, exc)
                 return None
-            self.metrics.spool_events.labels("rejected").inc()
-            log.error("cloud rejected replayed %s: %s; dropped from the spool", e.key, exc)
-            return False  # permanent failure: a resend would fail the same way
+            return _Refused(spooled, f"cloud refused the replay: {exc}")  # a resend would fail the same way
         rtt = time.monotonic() - t0
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
         return _Answer(spooled, edge, resp, rtt)
 
-    def _settle_replay(self, e: SpoolItem, answer: _Answer) -> bool:
-        """Write a replayed escalation's late record: True when written, False when the
-        answer is unusable (to be acked away)."""
+    def _settle_replay(self, e: SpoolItem, answer: Union[None, bool, _Answer, _Refused]) -> Optional[bool]:
+        """Write a replayed escalation's late record, in spool order. True: written (to be
+        acked); False: nothing to write (unreadable entry, to be acked away); None: keep it in
+        the spool, for the cloud did not answer or a durable sink did not take the record
+        (a full disk): the answer is asked for again later rather than lost."""
+        if answer is None or isinstance(answer, bool):
+            return answer
+        if isinstance(answer, _Answer):
+            record = answer.spooled.record
+            record.error = None
+            try:
+                kept = self._write_merged(record, answer.edge, answer.resp, answer.spooled.merge,
+                                          answer.rtt, late=True)
+            except ValueError as exc:
+                answer = _Refused(answer.spooled, f"cloud answer to the replay unusable: {exc}")
+            else:
+                if kept is False:
+                    self._unwritten(e)
+                    return None
+                self.metrics.escalations.labels(record.reason, "late").inc()
+                self.metrics.spool_events.labels("replayed").inc()
+                return True
+        # refused for good: the frame's final record is its edge result, with the reason
         record = answer.spooled.record
-        record.error = None
-        try:
-            self._write_merged(record, answer.edge, answer.resp, answer.spooled.merge, answer.rtt, late=True)
-        except ValueError as exc:
-            self.metrics.spool_events.labels("rejected").inc()
-            log.error("cloud answer to replayed %s unusable (%s); dropped from the spool", e.key, exc)
-            return False
-        self.metrics.escalations.labels(record.reason, "late").inc()
-        self.metrics.spool_events.labels("replayed").inc()
+        record.outcome = "edge_only"
+        record.error = answer.error
+        record.late = True
+        record.emit_unix_ns = time.time_ns()
+        if self.write(record) is False:
+            self._unwritten(e)
+            return None
+        self.metrics.escalations.labels(record.reason, "edge_only").inc()
+        self.metrics.spool_events.labels("rejected").inc()
+        log.error("replayed %s: %s; its edge result is final, dropped from the spool", e.key, answer.error)
         return True
+
+    def _unwritten(self, e: SpoolItem) -> None:
+        """Count and say why a replayed entry stays spooled though the cloud answered."""
+        self.metrics.spool_events.labels("sink_failed").inc()
+        log.warning("the record of replayed %s could not be written to every durable sink; it stays "
+                    "spooled and is replayed again later", e.key)
+        return None
 
     async def update_spool_metrics(self) -> Optional[SpoolStats]:
         """Refresh the spool gauges (depth, bytes, oldest age); the stats they came from."""
@@ -515,9 +552,21 @@ class Escalating:
         if rest:
             # Settling is spool writes (~10 ms each), bounded by cloud.max_in_flight.
             _, late = await asyncio.wait(list(rest), timeout=max(5.0, grace_s))
+            if late and self.spool is not None:
+                # The spool is stuck (its lock held elsewhere): the writes still queued refuse at
+                # once and their frames keep the edge result; the one in SQLite's hands ends
+                # within its busy timeout.
+                log.warning("%d escalations still waiting for the spool at shutdown; the rest keep "
+                            "their edge result", len(late))
+                self.spool.stop_by = time.monotonic()
+                _, late = await asyncio.wait(list(late), timeout=SPOOL_BUSY_TIMEOUT_S + 5.0)
             if late:
                 log.error("%d escalations not settled at shutdown", len(late))
 
     async def close(self) -> None:
-        """After ``drain``: let queued spool calls finish, then stop the spool thread."""
+        """After ``drain``: let queued spool calls finish, stop the spool thread, and give the
+        escalations they settle the moment to write their records (before the sinks close)."""
         await asyncio.get_running_loop().run_in_executor(None, self.spool_io.shutdown)
+        rest = self.tasks | self.settling
+        if rest:
+            await asyncio.wait(list(rest), timeout=5.0)

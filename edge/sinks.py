@@ -41,9 +41,13 @@ TAIL_BYTES = 64 * 1024 * 1024
 
 
 class Sink(Protocol):
-    """Somewhere records go; ``data`` is ``rec.to_json()``, computed once for all sinks."""
+    """Somewhere records go; ``data`` is ``rec.to_json()``, computed once for all sinks.
+    ``write`` raises when the record did not get in; ``durable``: the record is kept (a
+    file, an outbox), so a replayed answer stays in the spool until every durable sink has
+    taken its record."""
 
     name: str
+    durable: bool
 
     def write(self, rec: FrameRecord, data: bytes) -> None: ...
 
@@ -56,6 +60,7 @@ class JsonlSink:
     ``compress`` (``edge.rotation``)."""
 
     name = "jsonl"
+    durable = True
 
     def __init__(self, path: str, fsync: bool = False, max_bytes: int = 0, keep: int = 0,
                  compress: bool = False) -> None:
@@ -66,7 +71,7 @@ class JsonlSink:
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
         self.late_keys: Set[str] = self._load_late_keys()
-        self.f = open(path, "ab")
+        self.f = open(path, "ab", buffering=0)  # unbuffered: a failed write leaves nothing behind to flush later
         self.size = self.f.tell()
         self.compressor = rotation.Compressor(path, keep) if max_bytes and compress else None
 
@@ -85,24 +90,37 @@ class JsonlSink:
         return keys
 
     def write(self, rec: FrameRecord, data: bytes) -> None:
-        if rec.late:
-            key = rec.key
-            if key in self.late_keys:
-                log.info("late result %s already written; duplicate replay ignored", key)
-                return
-            self.late_keys.add(key)
+        """Append the record's line whole, or raise (OSError) leaving the file as it was: a
+        line cut short by a full disk is cut off again, and a late key counts as written
+        only once its line is."""
+        key = rec.key if rec.late else None
+        if key is not None and key in self.late_keys:
+            log.info("late result %s already written; duplicate replay ignored", key)
+            return
         if self.max_bytes and self.size and self.size + len(data) + 1 > self.max_bytes:
             self._rotate()
-        self.f.write(data + b"\n")
-        self.f.flush()
-        self.size += len(data) + 1
-        if self.fsync:
-            os.fsync(self.f.fileno())
+        line = memoryview(data + b"\n")
+        fd = self.f.fileno()
+        try:
+            done = 0
+            while done < len(line):
+                done += os.write(fd, line[done:])
+            if self.fsync:
+                os.fsync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, self.size)  # no torn line for the next one to follow
+            except OSError:
+                pass
+            raise
+        self.size += len(line)
+        if key is not None:
+            self.late_keys.add(key)
 
     def _rotate(self) -> None:
         self.f.close()
         rotated = rotation.rotate(self.path)
-        self.f = open(self.path, "ab")
+        self.f = open(self.path, "ab", buffering=0)
         self.size = 0
         if self.compressor is not None:
             self.compressor.submit(rotated)
@@ -119,6 +137,7 @@ class StdoutSink:
     """One JSON line per record on stdout."""
 
     name = "stdout"
+    durable = False
 
     def write(self, rec: FrameRecord, data: bytes) -> None:
         sys.stdout.buffer.write(data + b"\n")
@@ -136,6 +155,7 @@ class MqttSink:
     A late record whose key the outbox already took is not published again."""
 
     name = "mqtt"
+    durable = True
 
     def __init__(self, conn: Any, topic: str, outbox: Outbox, metrics: Any = None,
                  close_timeout_s: float = 3.0, window: int = 64) -> None:
@@ -247,15 +267,20 @@ class Sinks:
         self.sinks = sinks
         self.on_error = on_error
 
-    def write(self, rec: FrameRecord) -> None:
+    def write(self, rec: FrameRecord) -> bool:
+        """Give the record to every sink; whether every durable sink took it (a replay keeps
+        its spooled answer until they did)."""
         data = rec.to_json()
+        kept = True
         for s in self.sinks:
             try:
                 s.write(rec, data)
             except Exception as exc:
-                log.warning("sink %s failed to write a record: %s", s.name, exc)
+                log.warning("sink %s failed to write the record of %s: %s", s.name, rec.key, exc)
+                kept = kept and not s.durable
                 if self.on_error is not None:
                     self.on_error(s.name)
+        return kept
 
     def close(self) -> None:
         for s in self.sinks:

@@ -103,6 +103,10 @@ class SpoolFull(SpoolError):
     """The spool's filesystem has no room for this item (nothing was stored)."""
 
 
+#: seconds a spool call waits for a lock another connection holds (SQLite's busy timeout)
+SPOOL_BUSY_TIMEOUT_S = 30.0
+
+
 def _is_full(exc: sqlite3.Error) -> bool:
     """SQLITE_FULL (Python 3.8 has no ``sqlite_errorcode``: match SQLite's message)."""
     return "full" in str(exc).lower()
@@ -155,6 +159,10 @@ class Spool:
         self.reserve_bytes = int(reserve_bytes)
         self._clock = clock
         self._lock = threading.Lock()
+        #: ``time.monotonic()`` after which ``put`` refuses at once (set at shutdown, when the
+        #: spool stayed busy past the grace: each waiting put could otherwise wait out SQLite's
+        #: busy timeout in turn)
+        self.stop_by: Optional[float] = None
         self._db = self._open()
         try:
             row = self._db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM items").fetchone()
@@ -174,7 +182,8 @@ class Spool:
             raise SpoolError(f"spool {self.path}: cannot create its folder ({exc.strerror or exc}); "
                              "create it or set spool.path") from None
         try:
-            db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+            db = sqlite3.connect(str(self.path), timeout=SPOOL_BUSY_TIMEOUT_S, isolation_level=None,
+                                 check_same_thread=False)
         except sqlite3.Error as exc:
             raise self._open_error(exc) from None
         try:
@@ -221,6 +230,11 @@ class Spool:
                 raise SpoolError(f"spool {self.path}: write failed ({exc})") from None
             raise
 
+    def _check_stopping(self) -> None:
+        if self.stop_by is not None and time.monotonic() >= self.stop_by:
+            raise SpoolError(f"spool {self.path}: the daemon is stopping and the spool stayed busy past "
+                             "the shutdown grace (another process holding its lock?)")
+
     def _check_room(self, size: int) -> None:
         """Raise SpoolFull when storing ``size`` more bytes would eat into the reserve."""
         try:
@@ -251,7 +265,9 @@ class Spool:
         # default=str: a stray non-JSON value in meta must not lose the escalation
         meta_text = json.dumps(meta or {}, sort_keys=True, separators=(",", ":"), default=str)
         size = len(payload) + len(meta_text) + len(key)
+        self._check_stopping()
         with self._lock:
+            self._check_stopping()
             now = self._clock()
             self._expire_quietly(now)
             if size > self.max_bytes:

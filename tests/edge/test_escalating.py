@@ -584,3 +584,126 @@ def test_a_streams_escalation_sends_the_whole_frame_once_its_last_whole_one_is_a
     assert all(r.outcome == "cloud" for r in written), [(r.outcome, r.error) for r in written]
     whole, part = written[0].payload_bytes, written[1].payload_bytes
     assert part < whole / 4, (part, whole)  # the region is a small part of the frame's bytes
+
+
+class _Refusing(_Counting):
+    """Pure: refuses the frames in ``refuse`` for good (a rotated token), answers the rest."""
+
+    def __init__(self, refuse):
+        super().__init__(None)
+        self.refuse = set(refuse)
+
+    async def detect(self, req, timeout_s):
+        if req.frame_seq in self.refuse:
+            raise TransportError(detect_pb2.UNAUTHENTICATED, "bad token for device 'dev'")
+        return await super().detect(req, timeout_s)
+
+
+def test_a_replayed_answer_no_durable_sink_took_stays_spooled_until_one_does(tmp_path):
+    """A durable sink that cannot take frame 1's late record (its disk full): frame 0's is
+    written and acknowledged, frame 1 stays at the head of the spool (counted sink_failed)
+    and the round stops there, in order; once the sink takes records again, the next round
+    writes the rest. Nothing answered is acknowledged without its record."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(3), policy)
+    written, refuse = [], {1}
+    metrics = EdgeMetrics()
+
+    def write(rec):
+        if rec.frame_seq in refuse:
+            return False
+        written.append(rec)
+        return True
+
+    async def run():
+        esc = Escalating("dev", {"grpc": _Counting(None)}, write, metrics, spool=spool)
+        first = await esc.replay_once()
+        depth = len(spool)
+        refuse.clear()
+        second = await esc.replay_once()
+        await esc.close()
+        return first, depth, second
+
+    first, depth, second = asyncio.run(run())
+    assert (first, depth, second) == (1, 2, 2)
+    assert [(r.frame_seq, r.outcome, r.late) for r in written] == [(0, "cloud", True), (1, "cloud", True),
+                                                                    (2, "cloud", True)]
+    assert metrics.spool_events.labels("sink_failed")._value.get() == 1
+    assert metrics.spool_events.labels("replayed")._value.get() == 3
+    assert len(spool) == 0
+    spool.close()
+
+
+def test_a_replay_the_cloud_refuses_for_good_ends_its_frame_with_the_edge_result(tmp_path):
+    """UNAUTHENTICATED on replay (the gateway's token was rotated): a resend would fail the
+    same way, so the entry leaves the spool, but never silently: the frame's late record is
+    its edge result with the reason (the frame's last word was `spooled`)."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(2), policy)
+    written = []
+    metrics = EdgeMetrics()
+
+    async def run():
+        esc = Escalating("dev", {"grpc": _Refusing({0})}, written.append, metrics, spool=spool)
+        settled = await esc.replay_once()
+        await esc.close()
+        return settled
+
+    assert asyncio.run(run()) == 2
+    refused, answered = written
+    assert (refused.frame_seq, refused.outcome, refused.late) == (0, "edge_only", True)
+    assert "cloud refused the replay: " in refused.error and "bad token" in refused.error
+    assert refused.detections == [] or all(b["source"] == "edge" for b in refused.detections)
+    assert (answered.frame_seq, answered.outcome) == (1, "cloud")
+    assert metrics.spool_events.labels("rejected")._value.get() == 1
+    assert metrics.escalations.labels("hard", "edge_only")._value.get() == 1
+    assert len(spool) == 0
+    spool.close()
+
+
+def test_a_spool_locked_elsewhere_at_shutdown_settles_within_a_bound_and_keeps_every_record(
+        tmp_path, monkeypatch):
+    """Another process holds the spool's write lock while the cloud is down and SIGTERM
+    comes: the escalations waiting for the spool would each wait out SQLite's busy timeout
+    in turn. Past the grace the queued ones refuse at once and their frames keep the edge
+    result, so shutdown is bounded and every frame still gets a record."""
+    import sqlite3
+    import time
+
+    import edge.escalating
+    import edge.spool
+
+    busy = 3.0  # six puts waiting it out in turn would take 18 s
+    monkeypatch.setattr(edge.spool, "SPOOL_BUSY_TIMEOUT_S", busy)
+    monkeypatch.setattr(edge.escalating, "SPOOL_BUSY_TIMEOUT_S", busy)
+    path = tmp_path / "spool.db"
+    spool = Spool(path, max_bytes=1 << 24, max_age_s=3600)
+    policy = parse_policy(policy_yaml("p", deadline_ms=500))
+    written = []
+    lock = sqlite3.connect(str(path), isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")  # held until the end of the test
+
+    async def run():
+        t = GrpcTransport([f"127.0.0.1:{free_port()}"])  # nothing listens: UNAVAILABLE at once
+        esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), spool=spool)
+        for seq in range(6):
+            esc.submit(Frame("cam", seq, np.full((48, 64, 3), 30 + seq, np.uint8), 0, 0.0),
+                       dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}), policy,
+                       frame_record("cam", seq))
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        await esc.drain(0.0)
+        await esc.close()
+        await t.close()
+        return time.monotonic() - t0
+
+    took = asyncio.run(run())
+    lock.execute("ROLLBACK")
+    lock.close()
+    assert took < 5.0 + busy + 3.0, took  # the grace floor, the one put in SQLite's hands, a margin
+    assert sorted(r.frame_seq for r in written) == list(range(6))
+    assert all(r.outcome == "edge_only" and "not spooled" in r.error for r in written), \
+        [(r.outcome, r.error) for r in written]
+    spool.close()

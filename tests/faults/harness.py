@@ -151,8 +151,10 @@ def account(fault: str, sinks: Sinks, spool: Path, killed_epochs: Sequence[int] 
         frames=len(final),
         escalated=len(escalated),
         answered=sum(1 for k in escalated if final[k]["outcome"] == "cloud"),
-        late=len(late_keys),
-        edge_only=sum(1 for k in escalated if final[k]["outcome"] == "edge_only" and k not in late_keys),
+        late=sum(1 for r in late if r.get("outcome") == "cloud"),
+        # the live record's edge result, or a replay the cloud refused for good (late edge_only)
+        edge_only=sum(1 for k in escalated if final[k]["outcome"] == "edge_only" and k not in late_keys)
+        + sum(1 for r in late if r.get("outcome") == "edge_only"),
         lost=lost,
         duplicated=dup,
         unrecorded_at_kill=unrecorded,
