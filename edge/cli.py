@@ -77,11 +77,12 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     """Exit 0 with a summary, or raise the first problem as one line (exit 2)."""
-    from edge.preflight import check_backend, preflight
+    from edge.preflight import check_backend, check_sources, preflight
     from edgewise.runtime.metadata import load_model_info
 
     s = settings_from_args(args, SCHEMA)
     lines = preflight(s, create=False)  # run by root (postinst): never make folders the daemon cannot use
+    check_sources(s)
     info = load_model_info(s.model.path, s.model.imgsz or None)
     lines.append(f"model {info.path} ({info.precision}, {info.imgsz[0]}x{info.imgsz[1]}) on {check_backend(s)}")
     if s.policy_file:

@@ -37,9 +37,10 @@ from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.making import make_source
-from edge.spool import Spool, SpoolError
+from edge.spool import Spool, SpoolError, SpoolFull
 from edge.transports import MeteredTransport, Transport
 from edgewise import mqtt_topics
+from edgewise.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -47,21 +48,27 @@ log = logging.getLogger(__name__)
 EPOCH_WIDTH = 20  # digits: the file keeps one size, so it can be rewritten in place
 
 
-def boot_epoch(spool_path: str) -> int:
+def boot_epoch(spool_path: str, floor: int = 0) -> int:
     """Count of daemon starts recorded next to the spool (``<spool>.epoch``), incremented
     durably on every start. Frame sequence numbers of a run start at ``epoch << 32``,
     so an idempotency key (device/stream/frame_seq) is never reused after a restart
     or a ``kill -9`` while older escalations of the same stream still sit in the spool.
-    Written to a new file and renamed; on a full disk (no block for the new file) the
-    old file is overwritten in place instead, so a full spool disk does not stop the
-    daemon. Raises ``SpoolError`` when neither works."""
+    ``floor``: the lowest epoch this run may take, one above the newest run whose keys the
+    spool or the sinks remember, so a lost or reset count (the spool folder deleted,
+    ``spool.path`` moved) does not reuse keys either: a sink drops a late record whose key
+    it has seen as a repeat. Written to a new file and renamed; on a full disk (no
+    block for the new file) the old file is overwritten in place instead, so a full spool
+    disk does not stop the daemon. Raises ``SpoolError`` when neither works."""
     path = spool_path + ".epoch"
     try:
         with open(path) as f:
-            prev = int(f.read().strip() or "-1")
+            counted = int(f.read().strip()) + 1
     except (OSError, ValueError):
-        prev = -1
-    epoch = prev + 1
+        counted = 0
+    epoch = max(counted, floor)
+    if epoch > counted:
+        log.warning("start count %d in %s is behind the runs the spool and sinks remember; this run counts "
+                    "from %d so that its frames' keys are new", counted, path, epoch)
     text = str(epoch).ljust(EPOCH_WIDTH)
     tmp = path + ".tmp"
     try:
@@ -109,6 +116,7 @@ class EdgeDaemon:
         self.metrics_server: Optional[MetricsServer] = None
         self.telemetry: Optional[tegrastats.Tegrastats] = None
         self.spool: Optional[Spool] = None
+        self.spool_problem = ""  # why the spool could not be opened at start (a full disk); retried
         self.mqtt: Any = None
         self.transports: Dict[str, Transport] = {}
         self.sinks: Optional[Sinks] = None
@@ -187,6 +195,18 @@ class EdgeDaemon:
         sp = self.settings.spool
         return Spool(sp.path, max_bytes=sp.max_bytes, max_age_s=sp.max_age_s)
 
+    def _spool_or_later(self) -> Optional[Spool]:
+        """The spool, or None when its filesystem is full: the daemon starts anyway (its frames
+        keep their edge result when the cloud cannot take them) and the replay loop opens
+        the spool once space returns. Any other spool problem stops the start."""
+        try:
+            return self._open_spool()
+        except SpoolFull as exc:
+            log.error("%s; starting without the spool: escalations the cloud cannot take keep their edge "
+                      "result, and the spool is opened again every spool.replay_interval_s", exc)
+            self.spool_problem = str(exc)
+            return None
+
     # ------------------------------------------------------------------ control
     def request_stop(self) -> None:
         """Start a graceful stop (idempotent, safe from a signal handler)."""
@@ -245,9 +265,11 @@ class EdgeDaemon:
                 last = _file_id(path)
             except asyncio.TimeoutError:
                 cur = _file_id(path)
-                if cur == last or cur is None:
+                if cur is None and last is not None:  # said once: the policy in force stays
+                    log.warning("policy file %s is gone; the policy in force stays until it is back", path)
+                last, changed = cur, cur != last
+                if not changed or cur is None:
                     continue
-                last = cur
                 log.info("policy file %s changed; reloading", path)
             try:
                 self.reload_policy()
@@ -285,8 +307,7 @@ class EdgeDaemon:
 
             self.holder = PolicyHolder.from_file(s.policy_file)
             policy = self.holder.policy
-        self.spool = self._open_spool() if policy is not None else None
-        epoch = boot_epoch(s.spool.path)
+        self.spool = self._spool_or_later() if policy is not None else None
         if s.metrics.port >= 0:
             self.metrics_server = MetricsServer(self.metrics, self.health, s.metrics.host, s.metrics.port)
             self.metrics_server.start()
@@ -296,6 +317,8 @@ class EdgeDaemon:
         names = tuple(detector.names)
         await self._build_transports()
         self.sinks = self._build_sinks()
+        remembered = max(self.sinks.last_epoch(), self.spool.last_epoch() if self.spool is not None else -1)
+        epoch = boot_epoch(s.spool.path, remembered + 1)
         decider = Decider(policy)
         if self.transports:
             self.escalating = Escalating(
@@ -303,6 +326,7 @@ class EdgeDaemon:
                 default_transport=s.cloud.transport, max_in_flight=s.cloud.max_in_flight,
                 replay_interval_s=s.spool.replay_interval_s, replay_batch=s.spool.replay_batch, names=names,
                 replay_deadline_s=s.spool.replay_deadline_s, replay_concurrency=s.spool.replay_concurrency,
+                reopen=self._open_spool if self.spool_problem else None, spool_problem=self.spool_problem,
             )
         ready = asyncio.Event()
         queues: Dict[str, FrameQueue] = {}
@@ -329,7 +353,7 @@ class EdgeDaemon:
         if s.policy_file:
             tasks.append(asyncio.ensure_future(self._guarded("policy watcher", self._watch_policy)))
         escalating = self.escalating
-        if escalating is not None and self.spool is not None:
+        if escalating is not None and (self.spool is not None or escalating.reopen is not None):
             await escalating.update_spool_metrics()
             stop = self.stop_event
             tasks.append(asyncio.ensure_future(self._guarded("spool replay", lambda: escalating.replay_loop(stop))))
@@ -363,6 +387,10 @@ class EdgeDaemon:
                  ",".join(self.transports) or "(none)")
         try:
             await self.pipeline.run()
+            if not self.stopping and s.streams and self.pipeline.frames_done == 0:
+                # exit 2 (a settings problem, not restarted by the unit), after the usual cleanup
+                raise ConfigError("every source ended and no frame was processed (see the errors above): check "
+                                  "streams[].uri and the model; `edgewise edge check-config` checks local sources")
             if not self.stopping and self.escalating is not None:
                 # Sources ended by themselves (files): let the last escalations settle and
                 # what the spool holds be answered, within spool.replay_at_end_s.
@@ -402,8 +430,9 @@ class EdgeDaemon:
             await asyncio.get_running_loop().run_in_executor(None, self.sinks.close)
         if self.mqtt is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.mqtt.stop)
-        if self.spool is not None:
-            self.spool.close()
+        spool = self.escalating.spool if self.escalating is not None else self.spool  # maybe opened later
+        if spool is not None:
+            spool.close()
         if self.telemetry is not None:
             self.telemetry.stop()
         if self.metrics_server is not None:

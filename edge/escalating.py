@@ -97,12 +97,17 @@ class Escalating:
         names: Tuple[str, ...] = (),
         replay_deadline_s: float = SpoolSettings.replay_deadline_s,
         replay_concurrency: int = SpoolSettings.replay_concurrency,
+        reopen: Optional[Callable[[], Spool]] = None,
+        spool_problem: str = "",
     ) -> None:
         self.device_id = device_id
         self.transports = transports
         self.write = write
         self.metrics = metrics
         self.spool = spool
+        # No spool yet (its filesystem was full at start): how to open it, and why it is not open
+        self.reopen = reopen if spool is None else None
+        self.spool_problem = spool_problem
         self.default_transport = default_transport
         self.max_in_flight = max_in_flight
         self.replay_interval_s = replay_interval_s
@@ -285,6 +290,13 @@ class Escalating:
         action = spec.on_cloud_unavailable if exc.spoolable else "edge_only"
         reason = record.reason
         record.error = str(exc)
+        if action == "spool" and self.spool is None and self.spool_problem:  # not open yet: a full disk
+            record.outcome = "edge_only"
+            record.error = f"{exc}; not spooled: {self.spool_problem}"
+            self.metrics.spool_events.labels("disk_full").inc()
+            self.metrics.escalations.labels(reason, record.outcome).inc()
+            self.write(record)
+            return
         if action == "spool" and self.spool is not None:
             meta = Spooled(record, spec.merge, spec.deadline_ms, spec.transport).to_meta()
             key = record.key
@@ -338,13 +350,14 @@ class Escalating:
 
     # ------------------------------------------------------------------ replay
     async def replay_loop(self, stop: asyncio.Event) -> None:
-        """Drain the spool in order whenever the cloud answers; runs until ``stop``."""
-        if self.spool is None:
+        """Drain the spool in order whenever the cloud answers; runs until ``stop``. Without a
+        spool yet (``reopen``), try to open it every interval first."""
+        if self.spool is None and self.reopen is None:
             return
         while not stop.is_set():
             settled = 0
             try:
-                settled = await self.replay_once()
+                settled = await self._reopened() if self.spool is None else await self.replay_once()
             except Exception:
                 log.exception("spool replay round failed")
             if settled:
@@ -358,6 +371,21 @@ class Escalating:
             finally:
                 stopper.cancel()
                 kick.cancel()
+
+    async def _reopened(self) -> int:
+        """One attempt to open the spool that could not be opened at start; 0 (nothing settled)."""
+        assert self.reopen is not None
+        try:
+            self.spool = await self._spool_call(self.reopen)
+        except SpoolError as exc:
+            self.spool_problem = str(exc)
+            log.debug("spool still cannot be opened: %s", exc)
+            return 0
+        log.info("spool %s opened: escalations are spooled again and its backlog is replayed", self.spool.path)
+        self.spool_problem = ""
+        self.reopen = None
+        self.replay_now.set()
+        return 0
 
     async def replay_once(self) -> int:
         """One replay round: send spooled entries oldest first, ``replay_concurrency`` at a

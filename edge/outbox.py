@@ -74,6 +74,11 @@ class Outbox:
                               "or set sinks.mqtt_outbox to a writable file") from None
         self._writes = 0
 
+    def late_keys(self) -> List[str]:
+        """The late keys remembered (the newest ``late_keys_max``)."""
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT key FROM late_keys")]
+
     def __len__(self) -> int:
         return self._depth
 

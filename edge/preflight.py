@@ -70,6 +70,10 @@ def resolve_device_id(s: EdgeSettings, serial_path: str = SERIAL_FILE, hostname:
     return dev
 
 
+#: a file name to suggest when a state setting names a folder
+DEFAULT_NAMES = {"spool.path": "spool.db", "sinks.jsonl": "detections.jsonl", "sinks.mqtt_outbox": "mqtt-outbox.db"}
+
+
 def state_files(s: EdgeSettings) -> List[Tuple[str, str]]:
     """``(setting, path)`` of every file the daemon writes."""
     out = [("spool.path", s.spool.path)]
@@ -84,6 +88,9 @@ def check_writable(setting: str, path: str, create: bool = True) -> None:
     """Fail unless this user can write ``path`` (creating its folder when missing; with
     ``create=False`` only check that the nearest existing folder above it would allow it)."""
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"{setting} {path} is a folder; set {setting} to a file in it, "
+                          f"e.g. {os.path.join(path, os.path.basename(DEFAULT_NAMES.get(setting, 'edgewise.db')))}")
     err = "permission denied"
     try:
         if create:
@@ -95,6 +102,8 @@ def check_writable(setting: str, path: str, create: bool = True) -> None:
             ok, err = False, f"{probe} is not a folder"
         else:
             ok = os.access(probe, os.W_OK | os.X_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
+            if not ok and os.statvfs(probe).f_flag & os.ST_RDONLY:
+                err = "its filesystem is mounted read-only"
     except OSError as exc:
         ok, err = False, exc.strerror or str(exc)
     if not ok:
@@ -131,6 +140,17 @@ def check_backend(s: EdgeSettings) -> str:
             raise DeploymentError(f"model.backend auto: TensorRT is not usable here ({why_not}) and {exc}") from None
         raise
     return "onnxruntime"
+
+
+def check_sources(s: EdgeSettings) -> None:
+    """Local sources (``file``, ``folder``) that cannot open: ``edgewise edge check-config``
+    says so before the daemon starts (the daemon itself logs each and runs the others)."""
+    from edge.sources.opencv import local_source_problem
+
+    for i, st in enumerate(s.streams):
+        problem = local_source_problem(st.kind, st.uri)
+        if problem:
+            raise ConfigError(f"streams[{i}] ({st.id}).uri: {problem}")
 
 
 def preflight(s: EdgeSettings, create: bool = True) -> List[str]:

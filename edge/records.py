@@ -38,6 +38,15 @@ def idempotency_key(device_id: str, stream_id: str, seq: int) -> str:
     return f"{device_id}/{stream_id}/{seq}"
 
 
+def epoch_of_key(key: str) -> int:
+    """The run (``frame_seq >> 32``, see ``edge.daemon.boot_epoch``) an idempotency key
+    belongs to; -1 for a key that does not end in a frame number."""
+    try:
+        return int(key.rsplit("/", 1)[-1]) >> 32
+    except ValueError:
+        return -1
+
+
 @dataclass
 class FrameRecord:
     """What the sinks get for one frame (see docs/records.md for every field)."""

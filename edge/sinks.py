@@ -33,7 +33,8 @@ except ImportError:  # pragma: no cover
 
 from edge import rotation
 from edge.outbox import Outbox
-from edge.records import FrameRecord, idempotency_key
+from edge.records import FrameRecord, epoch_of_key, idempotency_key
+from edgewise.errors import DeploymentError
 
 log = logging.getLogger(__name__)
 
@@ -68,25 +69,34 @@ class JsonlSink:
         self.fsync = fsync
         self.max_bytes = max_bytes
         self.keep = keep
-        d = os.path.dirname(os.path.abspath(path))
-        os.makedirs(d, exist_ok=True)
+        try:  # unbuffered: a failed write leaves nothing behind to flush later
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.f = open(path, "ab", buffering=0)
+        except OSError as exc:
+            raise DeploymentError(f"sinks.jsonl {path}: cannot open it for appending ({exc.strerror or exc}); "
+                                  "make it a writable file or set sinks.jsonl") from None
+        self.last_epoch = -1  # the newest run (frame_seq >> 32) in the file's history
         self.late_keys: Set[str] = self._load_late_keys()
-        self.f = open(path, "ab", buffering=0)  # unbuffered: a failed write leaves nothing behind to flush later
         self.size = self.f.tell()
         self.compressor = rotation.Compressor(path, keep) if max_bytes and compress else None
 
     def _load_late_keys(self) -> Set[str]:
         """Keys of the late records among the newest ``TAIL_BYTES`` of the file and, when it
         rotates, of the files rotated before it (a replay repeated right after a restart
-        finds its first copy there)."""
+        finds its first copy there); ``last_epoch`` becomes the newest run seen there."""
         keys: Set[str] = set()
         for line in rotation.history_lines(self.path, TAIL_BYTES):
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue  # a line torn by a crash
-            if isinstance(rec, dict) and rec.get("late"):
-                keys.add(idempotency_key(rec.get("device", ""), rec.get("stream", ""), rec.get("frame_seq", -1)))
+            if not isinstance(rec, dict):
+                continue
+            seq = rec.get("frame_seq", -1)
+            if isinstance(seq, int) and seq >= 0:
+                self.last_epoch = max(self.last_epoch, seq >> 32)
+            if rec.get("late"):
+                keys.add(idempotency_key(rec.get("device", ""), rec.get("stream", ""), seq))
         return keys
 
     def write(self, rec: FrameRecord, data: bytes) -> None:
@@ -170,6 +180,7 @@ class MqttSink:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._reported_drops = 0
+        self.last_epoch = max((epoch_of_key(k) for k in outbox.late_keys()), default=-1)
         self._show()
         # A record leaves the outbox the moment its PUBACK arrives (in paho's thread), so a
         # crash right after can re-publish only what the broker took in that instant.
@@ -281,6 +292,11 @@ class Sinks:
                 if self.on_error is not None:
                     self.on_error(s.name)
         return kept
+
+    def last_epoch(self) -> int:
+        """The newest run whose keys a sink remembers (-1: none): the next run must count
+        from above it, or the sink would drop that run's late answers as repeats."""
+        return max([s.last_epoch for s in self.sinks if isinstance(s, (JsonlSink, MqttSink))], default=-1)
 
     def close(self) -> None:
         for s in self.sinks:

@@ -107,6 +107,15 @@ class SpoolFull(SpoolError):
 SPOOL_BUSY_TIMEOUT_S = 30.0
 
 
+def _free_bytes(folder: Path) -> Optional[int]:
+    """Bytes this user may still write on ``folder``'s filesystem; None when unknown."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def _is_full(exc: sqlite3.Error) -> bool:
     """SQLITE_FULL (Python 3.8 has no ``sqlite_errorcode``: match SQLite's message)."""
     return "full" in str(exc).lower()
@@ -203,8 +212,11 @@ class Spool:
             return SpoolError(f"spool {self.path} is not a readable spool ({exc}); move it aside to keep "
                               "its contents for inspection (a new spool is created at the next start) "
                               "or set spool.path")
-        if _is_full(exc):
-            return SpoolFull(f"spool {self.path}: its filesystem is full ({exc}); free space there "
+        free = _free_bytes(self.path.parent)
+        if _is_full(exc) or (free is not None and free < self.reserve_bytes):
+            # SQLite says "disk I/O error" when its -wal/-shm files find no room
+            room = "" if free is None else f", {free // 1024} KiB free"
+            return SpoolFull(f"spool {self.path}: its filesystem is full ({exc}{room}); free space there "
                              "or set spool.path to another filesystem")
         return SpoolError(f"spool {self.path}: cannot open it ({exc}); check that the file and its "
                           "folder are writable by the daemon, or set spool.path")
@@ -423,6 +435,14 @@ class Spool:
                 dropped_age_cap_bytes=int(counters.get("dropped_age_cap_bytes", 0)),
                 refused_too_large=int(counters.get("refused_too_large", 0)),
             )
+
+    def last_epoch(self) -> int:
+        """The newest run (``frame_seq >> 32``) among the spooled keys; -1 when none."""
+        from edge.records import epoch_of_key
+
+        with self._lock:
+            keys = [r[0] for r in self._db.execute("SELECT key FROM items")]
+        return max((epoch_of_key(k) for k in keys), default=-1)
 
     def __len__(self) -> int:
         return self._depth

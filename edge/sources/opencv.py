@@ -43,6 +43,27 @@ log = logging.getLogger(__name__)
 FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
 
 
+
+def local_source_problem(kind: str, path: str) -> Optional[str]:
+    """What keeps a local ``file`` (video) or ``folder`` (images) source from opening; None
+    when nothing does (whether a video decodes is known only by opening it). One rule for
+    the source and ``edgewise edge check-config``."""
+    p = Path(path)
+    if kind == "file":
+        if p.is_dir():
+            return f"video file {path} is a folder (for a folder of images use kind: folder)"
+        if not p.is_file():
+            return f"video file {path} does not exist"
+        if p.stat().st_size == 0:
+            return f"video file {path} is empty"
+        return None
+    if kind == "folder":
+        if not p.is_dir():
+            return f"image folder {path} does not exist or is not a folder"
+        if not any(f.suffix.lower() in IMAGE_SUFFIXES for f in p.iterdir()):
+            return f"image folder {path} has no images ({', '.join(IMAGE_SUFFIXES)})"
+    return None
+
 class _OptionsGate:
     """OpenCV's FFmpeg backend reads ``OPENCV_FFMPEG_CAPTURE_OPTIONS`` from the
     environment at every open, so per-stream options mean setting the variable around
@@ -124,8 +145,9 @@ class VideoFileSource:
         self.truncated = 0
 
     def open(self) -> None:
-        if not os.path.isfile(self.path):
-            raise SourceError(f"video file {self.path} does not exist")
+        problem = local_source_problem("file", self.path)
+        if problem:
+            raise SourceError(problem)
         cap = cv2.VideoCapture(self.path)
         if not cap.isOpened():
             raise SourceError(f"cannot open video {self.path} (not a video, or no decoder)")
@@ -186,12 +208,10 @@ class ImageFolderSource:
         self.pos = 0
 
     def open(self) -> None:
-        d = Path(self.path)
-        if not d.is_dir():
-            raise SourceError(f"image folder {self.path} does not exist or is not a directory")
-        self.files = sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        if not self.files:
-            raise SourceError(f"image folder {self.path} has no images ({', '.join(IMAGE_SUFFIXES)})")
+        problem = local_source_problem("folder", self.path)
+        if problem:
+            raise SourceError(problem)
+        self.files = sorted(p for p in Path(self.path).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         self.pos = 0
 
     def read(self) -> Optional[np.ndarray]:

@@ -74,8 +74,9 @@ def edge_run(tmp_path, **tree):
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
 
 
-@pytest.mark.parametrize("case", ["spool_folder", "spool_corrupt", "metrics_port_in_use"])
-def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case):
+@pytest.mark.parametrize("case", ["spool_folder", "spool_corrupt", "metrics_port_in_use", "jsonl_folder",
+                                  "no_source_opens"])
+def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_model):
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("p"))
     spool = tmp_path / "spool.db"
@@ -83,7 +84,15 @@ def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case):
     holder = None
     if case == "spool_folder":
         spool.mkdir()
-        expected = f"spool {spool} is a folder"
+        expected = f"spool.path {spool} is a folder; set spool.path to a file in it, e.g. {spool}/spool.db"
+    elif case == "jsonl_folder":
+        (tmp_path / "out.jsonl").mkdir()
+        tree["sinks"] = {"jsonl": str(tmp_path / "out.jsonl")}
+        expected = f"sinks.jsonl {tmp_path}/out.jsonl is a folder"
+    elif case == "no_source_opens":  # not restarted by the unit (exit 2) as it would be on exit 1
+        tree["streams"] = [{"id": "s", "kind": "folder", "uri": str(tmp_path / "missing")}]
+        tree["model"] = {"path": str(tiny_model), "backend": "onnxruntime"}
+        expected = "every source ended and no frame was processed"
     elif case == "spool_corrupt":
         spool.write_bytes(b"\x00garbage" * 1000)
         expected = f"spool {spool} is not a readable spool"
@@ -103,3 +112,35 @@ def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case):
     errors = [line for line in r.stderr.splitlines() if line.startswith("edgewise: error:")]
     assert len(errors) == 1 and expected in errors[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_lost_start_count_does_not_reuse_the_keys_the_sinks_and_spool_remember(tmp_path, tiny_model):
+    """Runs 0 and 1 write their records; then the spool folder goes (its start count with it)
+    and the sink file stays: run 2 must count above the runs the sink remembers, or the
+    sink would drop its late answers as repeats of run 0's. The same from a spool that
+    kept an older run's escalation while the count file was lost."""
+    import shutil
+
+    from edge.daemon import boot_epoch
+    from edge.spool import Spool
+
+    state = tmp_path / "state"
+    tree = dict(streams=[{"id": "s", "kind": "synthetic", "max_frames": 2}],
+                model={"path": str(tiny_model), "backend": "onnxruntime"},
+                spool={"path": str(state / "spool.db")}, sinks={"jsonl": str(tmp_path / "out.jsonl")})
+    for _ in range(2):
+        r = edge_run(tmp_path, **tree)
+        assert r.returncode == 0, r.stderr
+    shutil.rmtree(state)
+    r = edge_run(tmp_path, **tree)
+    assert r.returncode == 0, r.stderr
+    assert "behind the runs the spool and sinks remember" in r.stderr
+    epochs = [rec["frame_seq"] >> 32 for rec in read_jsonl(tmp_path / "out.jsonl")]
+    assert epochs == [0, 0, 1, 1, 2, 2], epochs
+
+    spool = Spool(tmp_path / "other.db", max_bytes=1 << 20, max_age_s=3600)
+    spool.put(f"dev/s/{(7 << 32) | 3}", b"x", {})
+    assert spool.last_epoch() == 7
+    spool.close()
+    assert boot_epoch(str(tmp_path / "other.db"), floor=8) == 8  # no count file: the floor
+    assert boot_epoch(str(tmp_path / "other.db"), floor=0) == 9  # the count goes on from there

@@ -707,3 +707,51 @@ def test_a_spool_locked_elsewhere_at_shutdown_settles_within_a_bound_and_keeps_e
     assert all(r.outcome == "edge_only" and "not spooled" in r.error for r in written), \
         [(r.outcome, r.error) for r in written]
     spool.close()
+
+
+def test_a_spool_that_could_not_open_at_start_is_opened_later_by_the_replay_loop(tmp_path):
+    """The spool's filesystem was full at start: the daemon runs without it (a frame the
+    cloud cannot take keeps its edge result, with the reason, counted as disk_full) and
+    the replay loop opens it once it can; escalations are spooled from then on."""
+    from edge.spool import SpoolFull
+
+    policy = parse_policy(policy_yaml("p", deadline_ms=300))
+    written, attempts = [], []
+    metrics = EdgeMetrics()
+    full = "spool /x/spool.db: its filesystem is full (disk I/O error, 0 KiB free)"
+
+    def reopen():
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise SpoolFull(full)
+        return Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+
+    async def run():
+        t = GrpcTransport([f"127.0.0.1:{free_port()}"])  # nothing listens: UNAVAILABLE
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, reopen=reopen, spool_problem=full,
+                         replay_interval_s=0.05)
+
+        async def escalate(seq):
+            esc.submit(Frame("cam", seq, np.full((48, 64, 3), 30 + seq, np.uint8), 0, 0.0),
+                       dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}), policy,
+                       frame_record("cam", seq))
+            await async_wait_until(lambda: any(r.frame_seq == seq for r in written), 10, f"frame {seq}")
+
+        await escalate(0)
+        stop = asyncio.Event()
+        loop = asyncio.ensure_future(esc.replay_loop(stop))
+        await async_wait_until(lambda: esc.spool is not None, 10, "the spool opened")
+        await escalate(1)
+        stop.set()
+        await loop
+        await esc.drain(0.1)
+        await esc.close()
+        await t.close()
+        return esc.spool
+
+    spool = asyncio.run(run())
+    first, second = written
+    assert first.outcome == "edge_only" and first.error.endswith(f"; not spooled: {full}")
+    assert second.outcome == "spooled" and len(spool) == 1
+    assert metrics.spool_events.labels("disk_full")._value.get() == 1 and len(attempts) == 3
+    spool.close()

@@ -4,6 +4,7 @@ and ``edgewise edge check-config`` saying each problem in one line."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,30 @@ def test_backend_checks(monkeypatch, tmp_path: Path) -> None:
     s.model.backend = "tensorrt"
     with pytest.raises(DeploymentError, match="TensorRT's Python bindings"):
         P.check_backend(s)
+
+
+def test_a_state_file_that_is_a_folder_is_named_with_a_file_to_use(tmp_path: Path) -> None:
+    (tmp_path / "out.jsonl").mkdir()
+    s = _settings(tmp_path, sinks={"jsonl": str(tmp_path / "out.jsonl")})
+    with pytest.raises(ConfigError, match=rf"^sinks.jsonl {tmp_path}/out.jsonl is a folder; set sinks.jsonl to a "
+                                          rf"file in it, e.g. {tmp_path}/out.jsonl/detections.jsonl$"):
+        P.check_state_dirs(s)
+
+
+def test_local_sources_that_cannot_open_are_named_by_check_config(tmp_path: Path, tiny_model: Path, capsys) -> None:
+    from edgewise.cli import main
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "zero.mp4").write_bytes(b"")
+    cases = [({"kind": "folder", "uri": str(tmp_path / "missing")}, "image folder .*missing does not exist"),
+             ({"kind": "folder", "uri": str(tmp_path / "empty")}, "image folder .*empty has no images"),
+             ({"kind": "file", "uri": str(tmp_path / "missing.mp4")}, "video file .*missing.mp4 does not exist"),
+             ({"kind": "file", "uri": str(tmp_path / "empty")}, "video file .*empty is a folder"),
+             ({"kind": "file", "uri": str(tmp_path / "zero.mp4")}, "video file .*zero.mp4 is empty")]
+    for stream, needle in cases:
+        cfg = settings_yaml(tmp_path / "edge.yaml", device_id="d1", streams=[{"id": "cam", **stream}],
+                            model={"path": str(tiny_model), "backend": "onnxruntime"},
+                            spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})
+        assert main(["edge", "check-config", "--config", str(cfg)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert re.search(r"^edgewise: error: streams\[0\] \(cam\)\.uri: " + needle, err), err
