@@ -23,7 +23,7 @@ mkdir -p "$RUN/data"
 
 gen() {  # SPLIT_DIR SPLIT SEED STREAMS FRAMES STRIDE PRESET [extra args]
     local streams=$(( ($4 + SCALE - 1) / SCALE ))
-    [ -f "$RUN/data/$1/dataset.json" ] || "$PY" -m edgewise.cli synth --out "$RUN/data/$1" --split "$2" \
+    [ -f "$RUN/data/$1/dataset.json" ] || "$PY" -m edgewise.cli synth --out "$RUN/data/$1" --overwrite --split "$2" \
         --seed "$3" --streams "$streams" --frames "$5" --stride "$6" --difficulty "$7" "${@:8}" \
         > "$RUN/gen-$1.log" 2>&1
 }

@@ -45,7 +45,7 @@ export OMP_WAIT_POLICY=PASSIVE
 mkdir -p "$RUN"
 synth() { "$PY" -m edgewise.cli synth "$@" --imgsz 224; }
 gen() {  # SPLIT_DIR SPLIT SEED STREAMS FRAMES STRIDE MIX [--set K=V ...]
-    [ -f "$RUN/data/$1/dataset.json" ] || synth --out "$RUN/data/$1" --split "$2" --seed "$3" --streams "$4" \
+    [ -f "$RUN/data/$1/dataset.json" ] || synth --out "$RUN/data/$1" --overwrite --split "$2" --seed "$3" --streams "$4" \
         --frames "$5" --stride "$6" --difficulty "$7" "${@:8}" > "$RUN/gen-$1.log" 2>&1
 }
 gen train train 1 200 30 2 reference

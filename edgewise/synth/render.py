@@ -133,7 +133,11 @@ def _lerp(a: float, b: float, t: float) -> float:
 
 
 class StreamGenerator:
-    """One synthetic camera stream; call :meth:`next_frame` repeatedly."""
+    """One synthetic camera stream; call :meth:`next_frame` repeatedly.
+
+    Raises ConfigError when a ``width`` x ``height`` frame cannot hold the tallest digit
+    ``difficulty`` draws (:meth:`Difficulty.check_frame`).
+    """
 
     def __init__(self, width: int, height: int, difficulty: Difficulty, split: str,
                  seed: int, stream: int,
@@ -141,6 +145,7 @@ class StreamGenerator:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}")
         self.w, self.h = int(width), int(height)
+        difficulty.check_frame(self.w, self.h)  # every digit must fit in the frame (ConfigError)
         self.d = difficulty
         self.split = split
         ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, SPLITS.index(split), int(stream)])

@@ -6,11 +6,15 @@ size a preset is meant for); :func:`load_difficulty` builds one from
 a preset name, a JSON/YAML file, or ``key=value`` overrides with the settings
 loader of :mod:`edgewise.settings` (same coercion, unknown keys rejected with a
 did-you-mean, each error naming the file line or override of the bad value).
+:meth:`Difficulty.check_frame` is the one rule for frame sizes (the tallest digit the
+knobs draw must fit in the frame), shared by ``edgewise synth`` and every
+:class:`~edgewise.synth.StreamGenerator` (so the edge's ``synthetic`` source too).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -143,8 +147,53 @@ class Difficulty:
                       "nothing is larger than at the bottom edge of the frame")
         return self
 
+    def size_knobs(self) -> Tuple[str, ...]:
+        """The knobs that set the apparent height of a drawn digit (its spawn size).
+
+        ``far_size`` counts only where far digits can appear (a ground plane with
+        ``far_prob`` or ``episode_rate`` above 0); ``size_bottom`` is a physical size,
+        not a drawn one, and does not count.
+        """
+        if self.horizon > 0 and (self.far_prob > 0 or self.episode_rate > 0):
+            return ("size_easy", "size_hard", "far_size")
+        return ("size_easy", "size_hard")
+
+    def tallest_digit(self) -> float:
+        """The apparent height (px) of the tallest digit these knobs can draw."""
+        return max(float(getattr(self, key)[1]) for key in self.size_knobs())
+
+    def min_frame_side(self) -> int:
+        """The smallest frame width and height (px) these knobs work at: the tallest digit
+        they can draw must fit in the frame."""
+        return int(math.ceil(self.tallest_digit()))
+
+    def check_frame(self, width: int, height: int, where: str = "difficulty") -> Difficulty:
+        """Check that a ``width`` x ``height`` frame can hold every digit these knobs draw.
+
+        A digit is placed wholly inside the frame, so the frame must be at least as wide
+        and as tall as the tallest one. Raises ConfigError naming the frame size, the
+        conflicting knobs and the smallest size that works; returns self.
+        """
+        side = min(width, height)
+        need = self.min_frame_side()
+        if side >= need:
+            return self
+        over = [key for key in self.size_knobs() if getattr(self, key)[1] > side]
+        names = ", ".join(f"'{key}' ({_fmt(getattr(self, key))})" for key in over)
+        one = len(over) == 1
+        raise ConfigError(
+            f"{where}: frame size {width}x{height} is too small for {'key' if one else 'keys'} {names}: "
+            f"{'it draws' if one else 'they draw'} digits up to {self.tallest_digit():g} px tall and a digit "
+            f"must fit in the frame, so frames must be at least {need} px wide and {need} px tall; use a frame "
+            f"of at least {max(width, need)}x{max(height, need)}, or lower the high end of "
+            f"{' and '.join(repr(key) for key in over)} to {side} or less")
+
     def to_dict(self) -> Dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+def _fmt(pair: Tuple[float, float]) -> str:
+    return f"{pair[0]:g},{pair[1]:g}"
 
 
 PRESETS: Dict[str, Difficulty] = {

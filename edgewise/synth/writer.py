@@ -8,6 +8,13 @@ Layout of ``out``::
     dataset.json                            names, nc, split, seed, size, difficulty
     videos/s{stream:03d}.avi                only with ``video=True`` (MJPG)
 
+``out`` must be new or empty: a dataset written over another would keep the old
+one's frames next to the new ones (and an evaluation of the folder would mix them
+in). With ``overwrite=True`` (``edgewise synth --overwrite``) the files synth writes
+(the names above) are removed first; anything else is left where it is, and a file
+of another name inside ``images/``, ``labels/`` or ``videos/`` is refused rather
+than deleted.
+
 COCO ``category_id`` equals the YOLO class index (0..9, category names "0".."9").
 COCO images carry ``stream`` and ``frame`` (0-based) so streams can be replayed
 in order; annotations carry ``visible``, ``contrast``, ``size_px``, ``hardness``,
@@ -18,13 +25,14 @@ in order; annotations carry ``visible``, ``contrast``, ``size_px``, ``hardness``
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import cv2
 
-from edgewise.errors import ConfigError
+from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.synth.render import CLASS_NAMES, ObjectLabel, StreamGenerator
 from edgewise.synth.settings import Difficulty
 
@@ -46,6 +54,7 @@ class SynthJob:
     video: bool = False
     stride: int = 1  # keep every ``stride``-th frame (decorrelates training frames)
     preset: str = ""  # the preset name or difficulty file it came from, recorded in dataset.json
+    overwrite: bool = False  # replace a dataset already in ``out`` (only the files synth writes)
 
     def validate(self) -> SynthJob:
         if self.frames < 1 or self.streams < 1:
@@ -56,8 +65,83 @@ class SynthJob:
             raise ConfigError("--format must be jpg or png")
         if not 1 <= self.jpeg_quality <= 100 or self.stride < 1:
             raise ConfigError("--quality must be 1..100 and --stride >= 1")
-        self.difficulty.validate()
+        where = f"difficulty {self.preset!r}" if self.preset else "difficulty"
+        self.difficulty.validate(where).check_frame(self.width, self.height, where)
         return self
+
+
+#: what :func:`generate` writes into ``out``: file names in each of its folders, top-level files
+_OWN_FOLDERS = {
+    "images": re.compile(r"s\d{3,}_f\d{6,}\.(?:jpg|png)"),
+    "labels": re.compile(r"s\d{3,}_f\d{6,}\.txt"),
+    "videos": re.compile(r"s\d{3,}\.avi"),
+}
+_OWN_FILES = ("annotations.json", "dataset.json")
+
+
+def _listing(names: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _remove_dataset(out: Path) -> None:
+    """Remove the files a previous :func:`generate` wrote into ``out``; refuse (deleting
+    nothing) when synth's folders hold anything it did not write."""
+    doomed: List[Path] = []
+    foreign: List[str] = []
+    for folder, pattern in _OWN_FOLDERS.items():
+        sub = out / folder
+        if not (sub.exists() or sub.is_symlink()):
+            continue
+        if sub.is_symlink() or not sub.is_dir():
+            foreign.append(folder)
+            continue
+        for p in sorted(sub.iterdir()):
+            if pattern.fullmatch(p.name) and (p.is_file() or p.is_symlink()):
+                doomed.append(p)
+            else:
+                foreign.append(f"{folder}/{p.name}")
+    for name in _OWN_FILES:
+        p = out / name
+        if p.is_symlink() or p.is_file():
+            doomed.append(p)
+        elif p.exists():
+            foreign.append(name)
+    if foreign:
+        raise InvalidInputError(
+            f"output folder {out}: --overwrite removes only the files synth writes, but {_listing(foreign)} "
+            f"{'is' if len(foreign) == 1 else 'are'} not one of them; move {'it' if len(foreign) == 1 else 'them'} "
+            f"away or choose an empty folder")
+    for p in doomed:
+        p.unlink()
+    for folder in _OWN_FOLDERS:
+        sub = out / folder
+        if sub.is_dir() and not sub.is_symlink() and not any(sub.iterdir()):
+            sub.rmdir()
+
+
+def _prepare_out(out: Path, overwrite: bool, folders: Sequence[str]) -> None:
+    """Make ``out`` ready for a new dataset: new or empty, or (``overwrite``) emptied of an old one."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise InvalidInputError(f"output folder {out} is a file, not a folder; choose a new or empty folder")
+        if out.is_dir():
+            entries = sorted(p.name for p in out.iterdir())
+            if entries and not overwrite:
+                raise InvalidInputError(
+                    f"output folder {out} is not empty (it holds {_listing(entries)}), and a new dataset written "
+                    f"into it would be mixed with what is there; choose an empty or new folder, remove this one, "
+                    f"or pass --overwrite to replace the dataset synth wrote there (only synth's own files are "
+                    f"removed)")
+            if entries:
+                _remove_dataset(out)
+        for folder in folders:
+            (out / folder).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        what = exc.filename if exc.filename is not None else out
+        raise InvalidInputError(
+            f"output folder {out}: cannot use {what}: {exc.strerror or exc}; choose a folder you can write to "
+            f"(no part of its path may be a file)") from None
 
 
 def yolo_lines(labels: List[ObjectLabel], width: int, height: int) -> List[str]:
@@ -73,13 +157,16 @@ def yolo_lines(labels: List[ObjectLabel], width: int, height: int) -> List[str]:
 
 
 def generate(job: SynthJob, progress: Optional[Any] = None) -> Dict[str, Any]:
-    """Generate ``job``; returns a summary dict (also written to dataset.json)."""
+    """Generate ``job``; returns a summary dict (also written to dataset.json).
+
+    Raises:
+        ConfigError: a knob or size of ``job`` is invalid (nothing is written or removed).
+        InvalidInputError: ``job.out`` is a file, cannot be created, or is not empty
+            (and ``job.overwrite`` is off, or synth's folders in it hold other files).
+    """
     job.validate()
     out = Path(job.out)
-    (out / "images").mkdir(parents=True, exist_ok=True)
-    (out / "labels").mkdir(parents=True, exist_ok=True)
-    if job.video:
-        (out / "videos").mkdir(exist_ok=True)
+    _prepare_out(out, job.overwrite, ("images", "labels", "videos") if job.video else ("images", "labels"))
     images: List[Dict[str, Any]] = []
     anns: List[Dict[str, Any]] = []
     params = ([cv2.IMWRITE_JPEG_QUALITY, job.jpeg_quality] if job.image_format == "jpg"

@@ -2,7 +2,8 @@
 
 ``edgewise synth --out DIR --frames N --streams K --seed S --split test --imgsz 256``
 writes K camera streams of N frames with YOLO txt and COCO labels (see
-edgewise.synth.writer for the layout). ``edgewise train`` forwards to
+edgewise.synth.writer for the layout) into a new or empty DIR (``--overwrite``
+replaces an earlier synth dataset there). ``edgewise train`` forwards to
 ``python -m edgewise_tools.train`` (same flags).
 """
 
@@ -30,7 +31,7 @@ def _imgsz(text: str) -> Tuple[int, int]:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("synth", help="generate synthetic camera streams with labels")
-    p.add_argument("--out", required=True, type=Path, help="output folder")
+    p.add_argument("--out", required=True, type=Path, help="output folder, new or empty (see --overwrite)")
     p.add_argument("--frames", type=int, default=100, help="frames per stream (default 100)")
     p.add_argument("--streams", type=int, default=4, help="number of camera streams (default 4)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
@@ -46,6 +47,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
     p.add_argument("--stride", type=int, default=1, help="keep every k-th frame (default 1)")
     p.add_argument("--video", action="store_true", help="also write one MJPG .avi per stream")
+    p.add_argument("--overwrite", action="store_true",
+                   help="--out may hold an earlier synth dataset: remove the files synth writes there (images/, "
+                        "labels/, videos/, annotations.json, dataset.json) first; other files stay. Without it "
+                        "--out must be new or empty")
     p.set_defaults(func=_synth)
 
 
@@ -57,7 +62,7 @@ def _synth(args: argparse.Namespace) -> int:
                    split=args.split, width=w, height=h,
                    difficulty=load_difficulty(args.difficulty, args.overrides),
                    image_format=args.image_format, jpeg_quality=args.quality, video=args.video,
-                   stride=args.stride, preset=str(args.difficulty))
+                   stride=args.stride, preset=str(args.difficulty), overwrite=args.overwrite)
     t0 = time.monotonic()
     total = args.frames * args.streams
 
