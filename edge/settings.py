@@ -337,9 +337,13 @@ def _check_synthetic_uri(path: str, uri: str) -> None:
     except ImportError:
         return  # the source falls back to the built-in pattern, and says so
     try:
-        load_difficulty(spec.difficulty)
+        difficulty = load_difficulty(spec.difficulty)
     except ConfigError as exc:
         raise Invalid(path, f"names no usable difficulty: {exc}") from None
+    try:
+        difficulty.check_frame(spec.width, spec.height, f"{spec.difficulty} scene")
+    except ConfigError as exc:
+        raise Invalid(path, str(exc)) from None
 
 
 SCHEMA: Schema[EdgeSettings] = Schema(
