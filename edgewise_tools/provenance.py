@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
 import edgewise
+from edgewise.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 PathLike = Union[str, Path]
@@ -43,15 +44,32 @@ def file_id(path: PathLike) -> Dict[str, Any]:
     return {"path": str(p), "sha256": h.hexdigest()[:12], "bytes": p.stat().st_size}
 
 
+def dataset_meta(data: PathLike) -> Dict[str, Any]:
+    """The ``dataset.json`` of a dataset folder (``edgewise synth`` writes it), {} when there
+    is none; InvalidInputError when it is there but not a JSON object."""
+    path = Path(data) / "dataset.json"
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise InvalidInputError(f"{path}: not valid JSON ({exc}); fix it or generate the dataset again with "
+                                "`edgewise synth`") from None
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    if not isinstance(meta, dict):
+        raise InvalidInputError(f"{path}: must be a JSON object (names, nc, streams, frames, ... as `edgewise synth` "
+                                f"writes it), not a {type(meta).__name__}")
+    return meta
+
+
 def dataset_id(data: PathLike) -> Dict[str, Any]:
     """Preset, split, seed, streams, frames and size of an ``edgewise synth`` folder."""
-    meta_path = Path(data) / "dataset.json"
+    meta = dataset_meta(data)
     out: Dict[str, Any] = {"path": str(data)}
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        for k in ("preset", "split", "seed", "streams", "frames", "stride", "images", "width", "height"):
-            if k in meta:
-                out[k] = meta[k]
+    for k in ("preset", "split", "seed", "streams", "frames", "stride", "images", "width", "height"):
+        if k in meta:
+            out[k] = meta[k]
     return out
 
 

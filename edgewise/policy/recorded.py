@@ -21,9 +21,11 @@ a replay does not read are cut out of the line before it is decoded (:func:`pars
 decoding is most of a replay's time); a line the cut does not fit is decoded
 whole. What cannot be used is counted in :class:`Reading`, never silently lost:
 lines that are not JSON objects (a line torn by a crash), records without
-``stream``/``frame_seq``/``signals``, late records (a spooled frame's second
-record: its decision is in the first), duplicates, and records that arrived
-beyond the reorder window (decided where they arrived, best effort).
+``stream``/``frame_seq``/``signals``, records with a field a replay reads of
+another type than docs/records.md gives it (:data:`FIELD_TYPES`), late records (a
+spooled frame's second record: its decision is in the first), duplicates, and
+records that arrived beyond the reorder window (decided where they arrived, best
+effort).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import json
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import InvalidInputError
 
@@ -44,6 +46,55 @@ REORDER_FRAMES = 4096
 GZIP_MAGIC = b"\x1f\x8b"
 
 Record = Dict[str, Any]
+
+
+class _Absent:
+    """The value of a field a record does not have (older daemons lack some)."""
+
+
+_ABSENT = _Absent()
+_NUMBER: FrozenSet[type] = frozenset((int, float, _Absent))
+#: The fields a replay reads besides ``stream``, ``frame_seq`` and ``signals``, and the
+#: types docs/records.md gives them (exact classes: JSON true is no number). A field may
+#: be missing (a record of an older daemon); one of another type makes the record
+#: unusable (:attr:`Reading.wrong_types`). ``null`` is allowed where the daemon leaves
+#: a field unset (``edge.records.OPTIONAL_FIELDS``).
+FIELD_TYPES: Tuple[Tuple[str, FrozenSet[type]], ...] = (
+    ("capture_unix_ns", frozenset((int, _Absent))),
+    ("width", frozenset((int, _Absent))),
+    ("height", frozenset((int, _Absent))),
+    ("escalated", frozenset((bool, _Absent))),
+    ("reason", frozenset((str, _Absent))),
+    ("hardness", _NUMBER),
+    ("suppressed_by", frozenset((str, _Absent))),
+    ("policy", frozenset((str, _Absent))),
+    ("policy_generation", frozenset((int, _Absent))),
+    ("decided_s", _NUMBER),
+    ("edge_boxes", frozenset((int, _Absent))),
+    ("edge_classes", frozenset((list, _Absent))),
+    ("edge_max_score", _NUMBER),
+    ("policy_digest", frozenset((str, _Absent))),
+    ("detections", frozenset((list, _Absent))),
+    ("crop", frozenset((list, type(None), _Absent))),
+    ("regions", frozenset((list, type(None), _Absent))),
+    ("payload", frozenset((str, type(None), _Absent))),
+    ("payload_bytes", frozenset((int, type(None), _Absent))),
+)
+
+
+def wrong_field(doc: Record) -> Optional[str]:
+    """The first field of a record (:data:`FIELD_TYPES`) whose value has the wrong type; None
+    when all are as documented. ``edge_classes`` must hold class names (strings)."""
+    get = doc.get
+    for name, types in FIELD_TYPES:
+        if get(name, _ABSENT).__class__ not in types:
+            return name
+    classes = get("edge_classes")
+    if classes:
+        for c in classes:
+            if c.__class__ is not str:
+                return "edge_classes"
+    return None
 
 
 @dataclass
@@ -57,6 +108,7 @@ class Reading:
     late: int = 0
     duplicates: int = 0
     beyond_window: int = 0
+    wrong_types: Dict[str, int] = field(default_factory=dict)  # field -> records skipped for its type
     empty_files: List[str] = field(default_factory=list)
     cut_short: List[str] = field(default_factory=list)
 
@@ -170,6 +222,10 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES)
                         continue
                     if doc.get("late"):
                         reading.late += 1
+                        continue
+                    wrong = wrong_field(doc)
+                    if wrong is not None:
+                        reading.wrong_types[wrong] = reading.wrong_types.get(wrong, 0) + 1
                         continue
                     buf = held.get(sid)
                     if buf is None:

@@ -32,7 +32,9 @@ full resolution: not on ``downscaled`` or ``low+regions`` payloads).
 What cannot be reproduced is said in ``notes``: records from another policy
 version, records without ``decided_s`` (older daemons: the budget runs on capture
 time) or without the edge facts, missing signals, capture time going backwards,
-records out of order beyond the reorder window, lines that are not records.
+records out of order beyond the reorder window, lines that are not records,
+records with a field of the wrong type (skipped). Records of which not one frame
+can be replayed are an InvalidInputError (``check-policy`` exits 2).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
+from edgewise.errors import InvalidInputError
 from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy.deciding import Decision, Escalator, FrameFacts
 from edgewise.policy.digest import policy_digest
@@ -311,17 +314,17 @@ def _take(r: Replay, doc: Record) -> None:
         now = t
         r.no_clock += 1
     classes = doc.get("edge_classes")
-    if classes.__class__ is list:
-        facts = FrameFacts(tuple(classes), doc.get("edge_boxes", 0), doc.get("edge_max_score", 0.0))
-    else:
-        facts = _facts_from_boxes(doc)
-        r.no_facts += 1
     signals = doc["signals"]
     if not r.needed.issubset(signals):
         for name in r.needed.difference(signals):
             r.missing_signals[name] = r.missing_signals.get(name, 0) + 1
     side0, side1 = r.sides
     try:
+        if classes.__class__ is list:
+            facts = FrameFacts(tuple(classes), doc.get("edge_boxes", 0), doc.get("edge_max_score", 0.0))
+        else:
+            facts = _facts_from_boxes(doc)  # an older daemon's boxes: a score may not be a number
+            r.no_facts += 1
         d0 = side0.escalator.decide_facts(sid, seq, facts, signals, now)  # type: ignore[union-attr]
         d1 = side1.escalator.decide_facts(sid, seq, facts, signals, now) if side1.escalator is not None else None
     except (TypeError, ValueError):  # a signal or fact that is not a number
@@ -429,6 +432,8 @@ def replay(paths: Sequence[str], policy: Policy, against: Optional[Policy] = Non
         if collecting:
             gc.enable()
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if not any(st.figs[0].frames for st in r.streams.values()):
+        raise InvalidInputError(_nothing_usable(r))
     for st in r.streams.values():
         r.count_version(st)
         for fig in st.figs:
@@ -514,6 +519,23 @@ def _figures_doc(r: Replay, side: Side, fig: Figures, first_s: float, last_s: fl
     }
 
 
+def _nothing_usable(r: Replay) -> str:
+    """The error for records of which no frame could be replayed: what each line was."""
+    rd = r.reading
+    files = ", ".join(rd.files)
+    if not rd.lines:
+        why = "; ".join(rd.cut_short) or "the files are empty"
+        return f"{files}: no records ({why}); give the edge daemon's JSON Lines sink files (docs/records.md)"
+    found = [f"{n} {what}" for n, what in (
+        (rd.not_json, "not JSON objects"), (rd.not_records, "without stream, frame_seq or signals"),
+        (sum(rd.wrong_types.values()), "with a field of the wrong type: "
+         + ", ".join(f"{k} {n}" for k, n in sorted(rd.wrong_types.items()))),
+        (rd.late, "late records"), (rd.duplicates, "duplicates"),
+        (r.bad_values, "with signals or edge facts that are not numbers")) if n]
+    return (f"{files}: none of the {rd.lines} line(s) is a usable frame record ({'; '.join(found)}); give the "
+            "edge daemon's JSON Lines sink files, whose fields docs/records.md describes")
+
+
 def _notes(r: Replay) -> List[str]:
     rd = r.reading
     notes = []
@@ -526,6 +548,8 @@ def _notes(r: Replay) -> List[str]:
         notes.append(f"{rd.not_json} line(s) are not JSON objects (a line torn by a crash?): skipped")
     if rd.not_records:
         notes.append(f"{rd.not_records} JSON line(s) lack stream, frame_seq or signals: not frame records, skipped")
+    for name, n in sorted(rd.wrong_types.items()):
+        notes.append(f"{n} record(s) have {name} of another type than docs/records.md gives it: skipped")
     if rd.late:
         notes.append(f"{rd.late} late record(s) (a spooled frame's cloud answer) skipped: "
                      "the frame's decision is in its first record")

@@ -3,12 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
-from typing import List
+from typing import Callable, Dict, List, Optional
 
 from edgewise.errors import ConfigError
 from edgewise.regions import COMPARED_MODES, MODES
 from edgewise.runtime.detector import INPUT_SIZES
+
+#: What a numeric option may be, by the words its error says it in (:func:`check_option`).
+RULES: Dict[str, Callable[[float], bool]] = {
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+}
+
+
+def check_option(flag: str, value: Optional[float], rule: str, meaning: str = "") -> None:
+    """Refuse a numeric option that breaks ``rule`` (a key of :data:`RULES`) as one line,
+    ``--fps 0: must be > 0``; a value not given (None) passes. The one place the numeric
+    options of ``edgewise eval`` and ``edgewise edge check-policy --data`` are checked."""
+    if value is not None and not (math.isfinite(value) and RULES[rule](value)):
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        raise ConfigError(f"{flag} {shown}: must be {rule}" + (f" ({meaning})" if meaning else ""))
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    check_option("--fps", args.fps, "> 0", "the streams' frame rate")
+    check_option("--samples", args.samples, ">= 1", "bootstrap samples per interval")
+    check_option("--limit", args.limit, ">= 1", "the number of frames to evaluate; leave it out for all")
+    check_option("--carry-lag", args.carry_lag, ">= 0", "frames after an escalation; 0 carries nothing")
+    check_option("--target-rate", args.target_rate, "in (0, 1]", "a share of the frames")
+    for flag, value in (("--target-fraction", args.target_fraction), ("--target-gap", args.target_gap),
+                        ("--target-edge-ratio", args.target_edge_ratio)):
+        check_option(flag, value, ">= 0", "a share")
+    check_option("--target-uplink", args.target_uplink, "in [0, 1]", "a share of the uplink bytes")
 
 
 def _rates(text: str) -> List[float]:
@@ -16,7 +47,7 @@ def _rates(text: str) -> List[float]:
         rates = sorted(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"--rates {text!r}: comma-separated fractions like 0.05,0.1") from None
-    if not rates or not all(0 < r <= 1 for r in rates):
+    if not rates or not all(RULES["in (0, 1]"](r) for r in rates):
         raise argparse.ArgumentTypeError(f"--rates {text!r}: each rate must be in (0, 1]")
     return rates
 
@@ -33,6 +64,7 @@ def _handler(args: argparse.Namespace) -> int:
     from edgewise_tools.evaluation import report
     from edgewise_tools.evaluation.evaluating import EvalConfig, run_eval
 
+    _check_options(args)
     for flag, p in (("--edge", args.edge), ("--cloud", args.cloud), ("--policy", args.policy)):
         if not Path(p).is_file():
             raise ConfigError(f"{flag} {p}: file not found")

@@ -132,6 +132,7 @@ def accuracy(args: argparse.Namespace, policy: Policy, other: Optional[Policy]) 
     """The accuracy section of ``check-policy``: (JSON document, text table)."""
     import numpy as np
 
+    from edgewise_tools.cli.eval import check_option
     from edgewise_tools.evaluation import hybrid
     from edgewise_tools.evaluation.frames import set_signals
 
@@ -140,8 +141,8 @@ def accuracy(args: argparse.Namespace, policy: Policy, other: Optional[Policy]) 
             raise ConfigError(f"--data needs {flag} MODEL (the models whose outputs are scored)")
         if not Path(value).is_file():
             raise ConfigError(f"{flag} {value}: file not found")
-    if args.fps <= 0:
-        raise ConfigError(f"--fps {args.fps:g}: must be > 0")
+    check_option("--fps", args.fps, "> 0", "the streams' frame rate")
+    check_option("--limit", args.limit, ">= 1", "the number of frames to use; leave it out for all")
     records, nc = _collect(args, policy)
     collected = {collection(policy): records}
     n = len(records)

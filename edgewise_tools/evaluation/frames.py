@@ -13,12 +13,11 @@ so each mode's accuracy, uplink bytes and cloud time are measured, not assumed.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import cv2
 import numpy as np
@@ -39,6 +38,7 @@ from edgewise.policy import Policy
 from edgewise.regions import MODES, tiles_to_frame
 from edgewise.runtime import DecodeParams, Detector, decode
 from edgewise.wire import shift_detections
+from edgewise_tools.provenance import dataset_meta
 
 _NAME = re.compile(r"^s(\d+)_f(\d+)$")
 #: Threshold for the detections that feed mAP (YOLOv5 val.py uses 0.001).
@@ -96,10 +96,16 @@ class FrameRecord:
 
 
 def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
-    """(stream, frame, image, label) for every image of a synth dataset, in replay order."""
+    """(stream, frame, image, label) for every image of a synth dataset, in replay order.
+
+    When ``dataset.json`` declares the dataset's ``streams`` and ``frames`` (as ``edgewise
+    synth`` writes it), ``images/`` must hold exactly those frames, ``s<stream>_f<frame>``
+    for every stream and frame from 0: else the evaluation would score other frames than
+    the dataset says it has (InvalidInputError naming what is missing or extra)."""
     images = data / "images"
     if not images.is_dir():
         raise InvalidInputError(f"{data}: no images/ folder (expected a dataset written by `edgewise synth`)")
+    meta = dataset_meta(data)
     out = []
     for img in images.iterdir():
         m = _NAME.match(img.stem)
@@ -108,11 +114,52 @@ def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
         out.append((int(m.group(1)), int(m.group(2)), img, data / "labels" / f"{img.stem}.txt"))
     if not out:
         raise InvalidInputError(f"{images}: no frames named s<stream>_f<frame>.jpg|png")
-    return sorted(out, key=lambda t: (t[0], t[1]))
+    out.sort(key=lambda t: (t[0], t[1], t[2].name))
+    seen: Dict[Tuple[int, int], Path] = {}
+    for stream, fno, img, _ in out:
+        if (stream, fno) in seen:
+            raise InvalidInputError(f"{images}: {seen[(stream, fno)].name} and {img.name} are the same frame "
+                                    f"(stream {stream}, frame {fno}); keep one of them")
+        seen[(stream, fno)] = img
+    _check_declared(data, meta, set(seen))
+    return out
 
 
-def read_labels(path: Path, width: int, height: int) -> Tuple[np.ndarray, np.ndarray]:
-    """YOLO txt (normalised cx cy w h) -> xyxy pixel boxes and class ids."""
+def _check_declared(data: Path, meta: Dict[str, Any], found: Set[Tuple[int, int]]) -> None:
+    """``images/`` holds the frames ``dataset.json`` declares (when it declares them)."""
+    if "streams" not in meta and "frames" not in meta:
+        return
+    where = data / "dataset.json"
+    for key in ("streams", "frames"):
+        v = meta.get(key)
+        if v.__class__ is not int or v < 1:
+            raise InvalidInputError(f"{where}: {key} {v!r}: must be an integer >= 1 (the dataset's {key}, as "
+                                    "`edgewise synth` writes it)")
+    streams, frames = meta["streams"], meta["frames"]
+    want = {(s, f) for s in range(streams) for f in range(frames)}
+    if found == want:
+        return
+    missing, extra = sorted(want - found), sorted(found - want)
+
+    def names(keys: List[Tuple[int, int]]) -> str:
+        shown = ", ".join(f"s{s:03d}_f{f:06d}" for s, f in keys[:3])
+        return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+    parts = ([f"{len(missing)} missing ({names(missing)})"] if missing else []) + (
+        [f"{len(extra)} not declared ({names(extra)})"] if extra else [])
+    raise InvalidInputError(
+        f"{data / 'images'}: holds {len(found)} frames but {where} declares {streams} stream(s) x {frames} "
+        f"frame(s) = {len(want)}: {'; '.join(parts)}; generate the dataset again with `edgewise synth` "
+        "or make dataset.json say what images/ holds")
+
+
+def read_labels(path: Path, width: int, height: int, nc: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """YOLO txt (normalised cx cy w h) -> xyxy pixel boxes and class ids.
+
+    A missing file is a frame without objects (YOLO's convention). Every line must be
+    ``class cx cy w h``: an integer class id (below ``nc`` when given: the classes the
+    models and the dataset have) and four numbers in [0, 1]; else InvalidInputError
+    naming the file and line."""
     if not path.exists():
         return np.zeros((0, 4), np.float32), np.zeros((0,), np.int32)
     rows = []
@@ -122,6 +169,10 @@ def read_labels(path: Path, width: int, height: int) -> Tuple[np.ndarray, np.nda
             continue
         if len(parts) != 5:
             raise InvalidInputError(f"{path}:{n}: expected 'class cx cy w h', got {line!r}")
+        problem = _label_problem(parts, nc)
+        if problem:
+            raise InvalidInputError(f"{path}:{n}: {problem} in {line!r}; expected 'class cx cy w h' (YOLO: a class "
+                                    "id and the box's centre and size divided by the image's width and height)")
         rows.append([float(p) for p in parts])
     if not rows:
         return np.zeros((0, 4), np.float32), np.zeros((0,), np.int32)
@@ -129,6 +180,46 @@ def read_labels(path: Path, width: int, height: int) -> Tuple[np.ndarray, np.nda
     cx, cy, w, h = a[:, 1] * width, a[:, 2] * height, a[:, 3] * width, a[:, 4] * height
     boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1).astype(np.float32)
     return boxes, a[:, 0].astype(np.int32)
+
+
+def _label_problem(parts: Sequence[str], nc: Optional[int]) -> str:
+    """What is wrong with the five fields of a label line ("" when nothing)."""
+    values = []
+    for name, text in zip(("class", "cx", "cy", "w", "h"), parts):
+        try:
+            values.append(float(text))
+        except ValueError:
+            return f"{name} {text!r} is not a number"
+    cls = values[0]
+    if not cls.is_integer() or cls < 0:
+        return f"class {parts[0]} is not a class id (an integer >= 0)"
+    if nc is not None and cls >= nc:
+        return f"class {int(cls)} is not one of the {nc} classes (0..{nc - 1})"
+    for name, text, v in zip(("cx", "cy", "w", "h"), parts[1:], values[1:]):
+        if not 0.0 <= v <= 1.0:  # NaN too
+            what = "size" if name in ("w", "h") else "centre"
+            return f"{name} {text} is not a normalised {what} (in [0, 1])"
+    return ""
+
+
+def _first(frames: List[Tuple[int, int, Path, Path]], limit: Optional[int]) -> List[Tuple[int, int, Path, Path]]:
+    """The first ``limit`` frames (all of them for None)."""
+    if limit is None:
+        return frames
+    if limit < 1:
+        raise InvalidInputError(f"limit {limit}: must be >= 1 (the number of frames to use; None for all)")
+    return frames[:limit]
+
+
+def declared_classes(data: Path) -> Optional[int]:
+    """How many classes ``dataset.json`` declares (``nc``, else its ``names``); None when it does not."""
+    meta = dataset_meta(data)
+    nc, names = meta.get("nc"), meta.get("names")
+    if nc.__class__ is int and nc >= 1:
+        return int(nc)
+    if isinstance(names, list) and names:
+        return len(names)
+    return None
 
 
 def _filter(d: Detections, conf: float) -> Detections:
@@ -171,10 +262,11 @@ class EdgeView:
 def edge_pass(data: Path, edge: Detector, policy: Policy, limit: Optional[int] = None) -> Iterator[EdgeView]:
     """The edge model and motion detector over ``data``, frame by frame in stream order, as the
     daemon runs them (one motion detector per stream)."""
+    frames = _first(list_frames(Path(data)), limit)
     low = DecodeParams(conf_thres=MAP_CONF, iou_thres=edge.params.iou_thres, max_det=edge.params.max_det)
     motion_cfg = policy.spec.signals.motion.config()
     motion: Dict[int, MotionDetector] = {}
-    for stream, fno, img_path, label_path in list_frames(Path(data))[:limit]:
+    for stream, fno, img_path, label_path in frames:
         img = cv2.imread(str(img_path), cv2.IMREAD_COLOR)
         if img is None:
             raise InvalidInputError(f"{img_path}: not a readable image")
@@ -202,7 +294,12 @@ def collect(
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise InvalidInputError(f"payload modes {bad}: use {', '.join(MODES)}")
-    total = len(list_frames(Path(data))[:limit])
+    total = len(_first(list_frames(Path(data)), limit))
+    if not (Path(data) / "labels").is_dir():
+        raise InvalidInputError(f"{data}: no labels/ folder: the frames are scored against their labels (YOLO txt, "
+                                "labels/s<stream>_f<frame>.txt beside images/, as `edgewise synth` writes them); add them")
+    declared = declared_classes(Path(data))
+    nc = len(edge.names) if declared is None else min(declared, len(edge.names))
     low_c = DecodeParams(conf_thres=MAP_CONF, iou_thres=cloud.params.iou_thres, max_det=cloud.params.max_det)
     pl = policy.spec.payload
     records: List[FrameRecord] = []
@@ -212,7 +309,7 @@ def collect(
     for i, v in enumerate(edge_pass(data, edge, policy, limit)):
         stream, fno, img, e_op, e_all, mot, cfg = v.stream, v.frame, v.image, v.edge, v.edge_all, v.motion, v.config
         h, w = img.shape[:2]
-        gt_boxes, gt_cls = read_labels(v.label_path, w, h)
+        gt_boxes, gt_cls = read_labels(v.label_path, w, h, nc)
         signals, trackers[stream] = compute_signals(e_op, trackers.get(stream), cfg, (w, h), mot.signals)
         full, full_bytes = _roundtrip(img, pl.jpeg_quality)
         if "full" in modes:
@@ -295,9 +392,7 @@ def shift(d: Detections, offset: Tuple[int, int], size: Tuple[int, int]) -> Dete
 
 def dataset_names(data: Path) -> Optional[List[str]]:
     """Class names from ``dataset.json`` when present."""
-    meta = Path(data) / "dataset.json"
-    if meta.exists():
-        names = json.loads(meta.read_text()).get("names")
-        if isinstance(names, list):
-            return [str(n) for n in names]
+    names = dataset_meta(data).get("names")
+    if isinstance(names, list):
+        return [str(n) for n in names]
     return None

@@ -324,3 +324,67 @@ def test_a_learned_policys_digest_covers_its_model(tmp_path: Path) -> None:
         p = parse_policy(HEAD % "l" + "  signals: {learnedModel: gain.json}\n", str(tmp_path / "p.yaml"))
         digests.append(policy_digest(p))
     assert digests[0] != digests[1]
+
+
+# --------------------------------------------------------------------------- unusable records
+
+def test_a_record_with_a_field_of_the_wrong_type_is_skipped_and_counted_never_a_crash(tmp_path: Path) -> None:
+    recs = daemon_records(BUSY, WAVE)
+    held = [i for i, r in enumerate(recs) if r["suppressed_by"]]
+    wrong = {"hardness": "x", "suppressed_by": 5, "policy_generation": [1], "policy_digest": None,
+             "escalated": "yes", "payload_bytes": "big", "decided_s": "soon", "capture_unix_ns": 1.5,
+             "edge_boxes": "2"}
+    for i, (name, value) in zip(held, wrong.items()):  # held-back frames: the recorded side reads them all
+        recs[i][name] = value
+    recs[held[-1]]["edge_classes"] = [7]
+    older = held[-2]  # an older daemon's record: the boxes instead of the edge facts, a score not a number
+    del recs[older]["edge_classes"], recs[older]["edge_boxes"], recs[older]["edge_max_score"]
+    recs[older]["detections"] = [{"box": [1, 2, 3, 4], "score": "high", "class_name": "car", "source": "edge"}]
+    path = write(tmp_path / "r.jsonl", recs)
+    reading = Reading()
+    assert len(list(frames([path], reading))) == 200 - len(wrong) - 1
+    assert reading.wrong_types == {**{name: 1 for name in wrong}, "edge_classes": 1}
+    for against in (None, BUSY):
+        rep = replay([path], BUSY, against)
+        assert rep["records"]["frames"] == 200 - len(wrong) - 2
+        notes = "\n".join(rep["notes"])
+        assert "1 record(s) have hardness of another type than docs/records.md gives it: skipped" in notes
+        assert "1 record(s) have edge_classes of another type" in notes
+        assert "1 record(s) have signals or edge facts that are not numbers: skipped" in notes
+        assert all(isinstance(h["hardness"], float) for s in rep["sides"] for h in s["hardest_suppressed"])
+        assert "Notes" in table(rep)
+
+
+def test_records_of_which_no_frame_is_usable_are_an_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(InvalidInputError, match=r"empty.jsonl: no records \(the files are empty\)"):
+        replay([str(empty)], BUSY)
+    recs = daemon_records(BUSY, WAVE[:3])
+    for r in recs:
+        r["hardness"] = "x"
+    bad = write(tmp_path / "bad.jsonl", [*recs, {"stream": "cam"}])
+    with open(bad, "a") as f:
+        f.write("torn{\n")
+    with pytest.raises(InvalidInputError, match=r"bad.jsonl: none of the 5 line\(s\) is a usable frame record "
+                                                r"\(1 not JSON objects; 1 without stream, frame_seq or signals; "
+                                                r"3 with a field of the wrong type: hardness 3\)"):
+        replay([bad], BUSY)
+
+
+def test_check_policy_exits_2_on_records_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edgewise.cli import main
+
+    pol = tmp_path / "busy.yaml"
+    pol.write_text(HEAD % "busy" + LINEAR + "  threshold: 0.5\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    recs = daemon_records(BUSY, WAVE[:20])
+    recs[3]["hardness"] = "x"
+    for records, code in ((str(empty), 2), (write(tmp_path / "r.jsonl", recs), 0)):
+        assert main(["edge", "check-policy", str(pol), "--replay", records]) == code
+        out, err = capsys.readouterr()
+        if code:
+            assert err.startswith("edgewise: error: ") and err.count("\n") == 1 and "no records" in err
+        else:
+            assert "1 record(s) have hardness of another type" in out

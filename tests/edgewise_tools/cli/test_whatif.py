@@ -78,3 +78,16 @@ def test_what_the_collection_depends_on() -> None:
     assert variant("mode: regions", "mode: full") != same
     assert variant("band: {low: 0.25, high: 0.6}", "band: {low: 0.2, high: 0.6}") != same
     assert variant("carryFrames: 30", "carryFrames: 10") != same
+
+
+@pytest.mark.parametrize("flag, value, said", [
+    ("--limit", "-1", "--limit -1: must be >= 1"),  # was: every frame but the last
+    ("--limit", "0", "--limit 0: must be >= 1"),
+    ("--fps", "0", "--fps 0: must be > 0"),
+])
+def test_limit_and_fps_are_checked_as_eval_checks_them(labelled, tiny_model, tmp_path, capsys, flag, value,
+                                                        said) -> None:
+    rc = main(["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(labelled),
+               "--edge", str(tiny_model), "--cloud", str(tiny_model), "--cache", str(tmp_path / "cache"), flag, value])
+    assert rc == 2 and capsys.readouterr().err.startswith(f"edgewise: error: {said}")
+    assert not (tmp_path / "cache").exists()

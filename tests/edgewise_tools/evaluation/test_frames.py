@@ -1,14 +1,29 @@
 """``set_signals``: a collected set's signals computed again under another policy (what
-``check-policy --data`` does per policy), the motion signals kept as collected."""
+``check-policy --data`` does per policy), the motion signals kept as collected; and what
+a malformed dataset (labels, dataset.json, images/, no labels/) is refused with."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Optional
+
 import numpy as np
+import pytest
 
 from edgewise.detections import Detections
+from edgewise.errors import InvalidInputError
 from edgewise.hardness import MOTION_SIGNALS
 from edgewise.policy import parse_policy
-from edgewise_tools.evaluation.frames import FrameRecord, set_signals
+from edgewise_tools.evaluation.frames import (
+    FrameRecord,
+    collect,
+    dataset_names,
+    edge_pass,
+    list_frames,
+    read_labels,
+    set_signals,
+)
 
 POLICY = """apiVersion: edgewise/v1
 kind: EscalationPolicy
@@ -37,3 +52,95 @@ def test_box_signals_follow_the_policy_motion_signals_stay_as_collected() -> Non
     assert all(r.signals["uncertain_count"] == 0 for r in records)  # now below the band
     assert [r.signals["motion"] for r in records] == [0.1 * i for i in range(4)]
     assert set(MOTION_SIGNALS) <= set(records[0].signals)
+
+
+# --------------------------------------------------------------------------- a malformed dataset
+
+def _dataset(root: Path, streams: int = 1, frames: int = 3, labels: bool = True, meta: Optional[str] = None) -> Path:
+    """A dataset folder laid out as ``edgewise synth`` writes it (tiny images, one label each)."""
+    import cv2
+
+    (root / "images").mkdir(parents=True)
+    if labels:
+        (root / "labels").mkdir()
+    for s in range(streams):
+        for f in range(frames):
+            cv2.imwrite(str(root / "images" / f"s{s:03d}_f{f:06d}.jpg"), np.zeros((8, 8, 3), np.uint8))
+            if labels:
+                (root / "labels" / f"s{s:03d}_f{f:06d}.txt").write_text("3 0.5 0.5 0.25 0.25\n")
+    (root / "dataset.json").write_text(meta if meta is not None else json.dumps(
+        {"names": [str(i) for i in range(10)], "nc": 10, "streams": streams, "frames": frames}))
+    return root
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("a 0.5 0.5 0.1 0.1", "class 'a' is not a number"),
+    ("3 0.5 x 0.1 0.1", "cy 'x' is not a number"),
+    ("1.5 0.5 0.5 0.1 0.1", "class 1.5 is not a class id"),
+    ("-1 0.5 0.5 0.1 0.1", "class -1 is not a class id"),
+    ("42 0.5 0.5 0.1 0.1", "class 42 is not one of the 10 classes (0..9)"),
+    ("3 0.5 0.5 2.0 0.1", "w 2.0 is not a normalised size"),
+    ("3 0.5 0.5 0.1 -1", "h -1 is not a normalised size"),
+    ("3 1.5 0.5 0.1 0.1", "cx 1.5 is not a normalised centre"),
+    ("3 0.5 0.5 nan 0.1", "w nan is not a normalised size"),
+    ("3 0.5 0.5", "expected 'class cx cy w h', got"),
+])
+def test_every_label_problem_is_one_clear_error_with_file_and_line(tmp_path: Path, line: str, problem: str) -> None:
+    p = tmp_path / "s000_f000000.txt"
+    p.write_text(f"3 0.5 0.5 0.2 0.4\n\n{line}\n")
+    with pytest.raises(InvalidInputError) as err:
+        read_labels(p, 100, 50, nc=10)
+    assert str(err.value).startswith(f"{p}:3: {problem}")
+
+
+def test_labels_in_range_are_read_and_the_class_bound_is_only_checked_when_known(tmp_path: Path) -> None:
+    p = tmp_path / "x.txt"
+    p.write_text("9 0.5 0.5 0.2 0.4\n0 0 1 1 0\n")
+    boxes, cls = read_labels(p, 100, 50, nc=10)
+    assert cls.tolist() == [9, 0] and boxes[0].tolist() == [40.0, 15.0, 60.0, 35.0]
+    p.write_text("42 0.5 0.5 0.2 0.4\n")
+    assert read_labels(p, 100, 50)[1].tolist() == [42]
+    assert read_labels(tmp_path / "none.txt", 100, 50)[0].shape == (0, 4)  # no file: no objects (YOLO's rule)
+
+
+def test_images_must_be_what_dataset_json_declares(tmp_path: Path) -> None:
+    data = _dataset(tmp_path / "ok", streams=2, frames=2)
+    assert [(s, f) for s, f, _, _ in list_frames(data)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    (data / "images" / "s001_f000001.jpg").unlink()
+    with pytest.raises(InvalidInputError, match=r"holds 3 frames but .*dataset.json declares 2 stream\(s\) x 2 "
+                                                r"frame\(s\) = 4: 1 missing \(s001_f000001\)"):
+        list_frames(data)
+    extra = _dataset(tmp_path / "extra", frames=2)
+    (extra / "images" / "s000_f000007.jpg").write_bytes((extra / "images" / "s000_f000000.jpg").read_bytes())
+    with pytest.raises(InvalidInputError, match=r"1 not declared \(s000_f000007\)"):
+        list_frames(extra)
+    twice = _dataset(tmp_path / "twice", frames=2)
+    (twice / "images" / "s000_f000001.png").write_bytes(b"")
+    with pytest.raises(InvalidInputError, match="s000_f000001.jpg and s000_f000001.png are the same frame"):
+        list_frames(twice)
+    bad = _dataset(tmp_path / "bad", meta=json.dumps({"streams": "1", "frames": 3}))
+    with pytest.raises(InvalidInputError, match="dataset.json: streams '1': must be an integer >= 1"):
+        list_frames(bad)
+    # a folder in the format without dataset.json, or one that declares no layout: whatever images/ holds
+    assert len(list_frames(_dataset(tmp_path / "plain", meta="{}"))) == 3
+
+
+def test_a_dataset_json_that_is_not_json_is_one_clear_error(tmp_path: Path) -> None:
+    data = _dataset(tmp_path / "d", meta="{not json")
+    with pytest.raises(InvalidInputError, match=r"dataset.json: not valid JSON \(Expecting property name"):
+        list_frames(data)
+    with pytest.raises(InvalidInputError, match="not valid JSON"):
+        dataset_names(data)
+
+
+def test_collect_needs_labels_and_a_limit_of_at_least_one_frame(tmp_path: Path) -> None:
+    policy = parse_policy(POLICY % 0.25)
+    data = _dataset(tmp_path / "unlabelled", labels=False)
+    with pytest.raises(InvalidInputError, match="no labels/ folder"):
+        collect(data, None, None, policy)  # type: ignore[arg-type]  # refused before any model runs
+    data = _dataset(tmp_path / "labelled")
+    for limit in (0, -1):
+        with pytest.raises(InvalidInputError, match=f"limit {limit}: must be >= 1"):
+            collect(data, None, None, policy, limit=limit)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match=f"limit {limit}: must be >= 1"):
+            next(edge_pass(data, None, policy, limit))  # type: ignore[arg-type]
