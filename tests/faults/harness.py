@@ -52,13 +52,13 @@ class Row:
 
 def edge_settings(tmp: Path, cloud: Dict[str, Any], transport: str = "grpc", mqtt_sink: bool = False,
                   spool_dir: Optional[Path] = None, fps: float = 10.0, deadline_ms: int = 800,
-                  hard_size: str = "160x120") -> Path:
+                  hard_size: str = "160x120", jsonl_dir: Optional[Path] = None) -> Path:
     """Settings + policy files of the faulted daemon; returns the settings path. The
     ``hard`` stream's frames (``hard_size``) are all escalated, the ``easy`` one's never."""
     policy = tmp / "policy.yaml"
     policy.write_text(policy_yaml("faults", {"hard": "always", "easy": "never"}, transport=transport,
                                   deadline_ms=deadline_ms))
-    sinks: Dict[str, Any] = {"jsonl": str(tmp / "out.jsonl")}
+    sinks: Dict[str, Any] = {"jsonl": str((jsonl_dir or tmp) / "out.jsonl")}
     if mqtt_sink:
         sinks.update(mqtt=True, mqtt_outbox=str(tmp / "outbox.db"))
     return settings_yaml(

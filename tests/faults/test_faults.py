@@ -31,15 +31,16 @@ class Case:
     """One case's edge, sinks and the bookkeeping shared by all cases."""
 
     def __init__(self, tmp: Path, cloud: Any, broker: Any, transport: str = "grpc", mqtt_sink: bool = False,
-                 spool_dir: Optional[Path] = None, hard_size: str = "160x120") -> None:
+                 spool_dir: Optional[Path] = None, hard_size: str = "160x120",
+                 jsonl_dir: Optional[Path] = None) -> None:
         c: dict = {"endpoints": [cloud.address]}
         if transport == "mqtt" or mqtt_sink:
             c["mqtt"] = {"host": broker.host, "port": broker.port}
         self.recorder = TopicRecorder(broker, TOPIC, client_id=f"rec-{tmp.name}") if mqtt_sink else None
         self.config = edge_settings(tmp, c, transport=transport, mqtt_sink=mqtt_sink, spool_dir=spool_dir,
-                                    hard_size=hard_size)
+                                    hard_size=hard_size, jsonl_dir=jsonl_dir)
         self.spool = (spool_dir or tmp) / "spool.db"
-        self.sinks = Sinks(tmp / "out.jsonl", self.recorder)
+        self.sinks = Sinks((jsonl_dir or tmp) / "out.jsonl", self.recorder)
         self.edge = EdgeProcess(self.config, tmp / "edge.log")
 
     def wait(self, what: str, pred: Any, timeout: float = 60.0) -> None:
@@ -199,6 +200,42 @@ def test_spool_disk_full(tmp_path, fault_cloud, fault_broker, fault_table, small
         case.close()
     check(row)
     assert row.edge_only >= 3 and row.late >= 5
+
+
+@pytest.mark.faults_slow
+def test_a_full_disk_shared_by_the_sink_and_the_spool_loses_no_answer(tmp_path, fault_cloud, fault_broker,
+                                                                      fault_table, small_fs):
+    """The default layout (the JSON Lines file next to the spool) on a real tmpfs that
+    another process fills while escalations are spooled: the cloud's answers to them come
+    back while the sink cannot write, so they must stay spooled, not be acknowledged and
+    lost; once space returns every spooled escalation has its late record, once. (Records
+    of live frames that came while the disk was full cannot be written anywhere: those
+    frames are counted, not asserted on.)"""
+    fs = small_fs(4 << 20)
+    case = Case(tmp_path, fault_cloud, fault_broker, spool_dir=fs.path, jsonl_dir=fs.path)
+    filler = fs.path / "filler"
+    try:
+        case.wait("answers from the cloud", lambda: case.answered() >= 2)
+        fault_cloud.kill_gateway(signal.SIGKILL)
+        case.wait("escalations spooled", lambda: len(case.sinks.spooled_keys()) >= 5)
+        with open(filler, "wb", buffering=0) as f:  # another process fills the disk
+            try:
+                while f.write(b"\0" * 65536):
+                    pass
+            except OSError:
+                pass
+        spooled = case.sinks.spooled_keys()
+        fault_cloud.restart_gateway()
+        case.wait("replayed answers kept spooled while the sink cannot write",
+                  lambda: "could not be written to every durable sink" in case.edge.log.read_text(), 90)
+        filler.unlink()
+        case.sinks.wait_all_spooled_late(case.edge)
+        row = case.finish("sink and spool disk full", fault_table)
+    finally:
+        case.close()
+    assert spooled <= case.sinks.late_keys(), sorted(spooled - case.sinks.late_keys())
+    assert row.duplicated == 0 and row.pending == 0, row
+    assert "duplicate replay ignored" not in case.edge.log.read_text()
 
 
 def test_policy_hot_reload_survives_files_that_are_not_a_policy(tmp_path, fault_cloud, fault_broker,
