@@ -71,15 +71,22 @@ class GatewayPool:
     requests_total: float | None = None  # requests the gateway was offered since it started
 
 
+#: no pool value is this large (requests in flight, images/s, ms, a request counter): beyond it
+#: a document is garbage, and the HPA formula would size the pool from it
+POOL_VALUE_MAX = 1e12
+
+
 def _num(doc: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> float | None:
     v = doc.get(key)
     if v is None and optional:
         return None
     try:  # float(): an integer past float range (a JSON 1e400 written out) is not a number we can use
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)) or v < 0:
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)) or v < 0
+                or v > POOL_VALUE_MAX):
             raise OverflowError
     except OverflowError:
-        raise InvalidInputError(f"{where}: {key} must be a non-negative number, got {repr(v)[:40]}") from None
+        raise InvalidInputError(f"{where}: {key} must be a number in [0, {POOL_VALUE_MAX:g}], "
+                                f"got {repr(v)[:40]}") from None
     return float(v)
 
 
@@ -167,8 +174,8 @@ def _http_get_json(url: str, host_header: str | None, timeout: float) -> Any:
         raise InvalidInputError(f"{url}: /pool document larger than {MAX_POOL_BYTES} bytes")
     try:
         return json.loads(body)
-    except ValueError as exc:
-        raise InvalidInputError(f"{url}: /pool is not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+        raise InvalidInputError(f"{url}: /pool is not JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 class AutoscalerMetrics:
@@ -234,7 +241,7 @@ class GatewayPoller:
         for url in self.urls:
             try:
                 ts = await self._targets(url)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # not resolvable; a bad port or host (UnicodeError is one)
                 self._error("resolve", url, exc)
                 expected += 1
                 continue
@@ -253,6 +260,8 @@ class GatewayPoller:
             except (OSError, urllib.error.URLError) as exc:
                 self._error("connect", url, exc)
             except InvalidInputError as exc:
+                self._error("invalid", url, exc)
+            except Exception as exc:  # one gateway's garbage (not HTTP, ...) must not stop the others
                 self._error("invalid", url, exc)
             return None
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from cloud.autoscaler.scaling import (
     DEFAULT_TARGET_LOAD,
@@ -45,7 +46,7 @@ class KubeSettings:
                                "server).", True)
     kubeconfig: str | None = setting("Kubeconfig path (default: `$KUBECONFIG` or `~/.kube/config`).", None)
     context: str | None = setting("Kubeconfig context (default: current context).", None)
-    request_timeout_s: float = setting("Timeout of each API call, seconds.", 10.0, lo=0, lo_open=True)
+    request_timeout_s: float = setting("Timeout of each API call, seconds.", 10.0, lo=0, lo_open=True, hi=600)
 
 
 @dataclass
@@ -57,7 +58,7 @@ class AutoscalerSettings:
     resolve_gateways: bool = setting("Poll every address a gateway host resolves to (a headless Service lists "
                                      "every replica; a ClusterIP resolves to one address and hits one replica "
                                      "per poll).", True)
-    gateway_timeout_s: float = setting("Timeout of each `GET /pool`, seconds.", 2.0, lo=0, lo_open=True)
+    gateway_timeout_s: float = setting("Timeout of each `GET /pool`, seconds.", 2.0, lo=0, lo_open=True, hi=600)
     target_load: float | None = setting(
         "Target requests/s offered to the gateways / sum of the ready workers' peak capacity (images/s at "
         f"their best batch size). {DEFAULT_TARGET_LOAD} when no target is set (bench/fleet.py's tuned value).",
@@ -69,7 +70,7 @@ class AutoscalerSettings:
     #: >= 1 because GPU cold starts take minutes (docs/design/autoscaling.md#cold-starts)
     min_replicas: int = setting("Never fewer workers (>= 1: GPU cold starts take minutes).", 1, lo=1)
     max_replicas: int = setting("Never more workers (at least `min_replicas`).", 10, lo=1)
-    interval_s: float = setting("Seconds between decisions (HPA's sync period).", 15.0, lo=0, lo_open=True)
+    interval_s: float = setting("Seconds between decisions (HPA's sync period; 0.1 s to 1 h).", 15.0, lo=0.1, hi=3600)
     tolerance: float = setting("No change while |metric/target - 1| <= tolerance (HPA default 0.1).", 0.1,
                                lo=0, hi=1, hi_open=True)
     stale_after_s: float | None = setting("Metrics older than this are ignored (no change), seconds. Default: "
@@ -101,14 +102,34 @@ def _k8s_name(value: str) -> bool:
     return bool(value) and value.lower() == value and all(c.isalnum() or c in "-." for c in value)
 
 
+def _url_problem(url: str) -> str:
+    """What keeps ``url`` from being a gateway's side-port URL ("" when nothing)."""
+    if not url.startswith(HTTP):
+        return "must start with http:// or https://"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError: not a number, or out of 0..65535
+        host = parts.hostname or ""
+        if host and not host.startswith("[") and ":" not in host:
+            host.encode("idna")  # UnicodeError: a label longer than 63 characters, ...
+    except ValueError as exc:  # UnicodeError is one
+        return f"is not a URL ({exc})"
+    if not host or any(c.isspace() for c in url):
+        return "names no host"
+    if port == 0:
+        return "has port 0"
+    return ""
+
+
 def validate(s: AutoscalerSettings) -> None:
     """The rules that span fields or need more than a range; raises :class:`Invalid`."""
     if not s.gateway_urls:
         raise Invalid("gateway_urls", "no gateway to poll: pass --gateway-url http://GATEWAY:9100 (or "
                                       "gateway_urls in the config file, or EDGEWISE_AUTOSCALER__GATEWAY_URLS)")
     for i, url in enumerate(s.gateway_urls):
-        if not url.startswith(HTTP):
-            raise Invalid(f"gateway_urls[{i}]", f"{url!r} must start with http:// or https://")
+        problem = _url_problem(url)
+        if problem:
+            raise Invalid(f"gateway_urls[{i}]", f"{url!r} {problem} (example: http://gateway:9100)")
     if s.max_replicas < s.min_replicas:
         raise Invalid("max_replicas", f"need min_replicas <= max_replicas, got min={s.min_replicas} "
                                       f"max={s.max_replicas}")

@@ -199,6 +199,9 @@ def validate(s: GatewaySettings) -> None:
     host, _, port = s.listen.rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise Invalid("listen", f"{s.listen!r} is not host:port with a port in [0, 65535] (example 0.0.0.0:50051)")
+    if int(port) and int(port) == s.metrics_port:
+        raise Invalid("metrics_port", f"{s.metrics_port} is also the port of listen ({s.listen}); give each its "
+                                      "own port")
     s.balancer.validate()
     if s.limits.max_image_bytes > s.limits.max_message_bytes:
         raise Invalid("limits.max_image_bytes", "must be at most limits.max_message_bytes")

@@ -114,6 +114,8 @@ def validate(s: WorkerSettings) -> None:
         s.batching.policy()
     except ValueError as exc:
         raise Invalid("batching", str(exc)) from None
+    if s.port and s.port == s.metrics_port:
+        raise Invalid("metrics_port", f"{s.metrics_port} is also the gRPC port; give each its own port")
 
 
 SCHEMA: Schema[WorkerSettings] = Schema(

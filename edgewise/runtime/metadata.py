@@ -29,6 +29,8 @@ from edgewise.runtime.onnxproto import EXTERNAL, FLOAT, FLOAT16, parse_model
 
 PathLike = Union[str, Path]
 ImgszLike = Union[int, Sequence[int]]
+#: the largest input side a model may declare (pixels): beyond it one image would need gigabytes
+MAX_INPUT_SIDE = 8192
 #: the size YOLOv5 assumes when nothing states it (export.py / detect.py ``--imgsz`` default)
 DEFAULT_IMGSZ = (640, 640)
 #: metadata key of the score threshold a model's maker chose for it (the one maximising F1 on
@@ -373,8 +375,11 @@ def _info_from_graph(
         imgsz, imgsz_source = override, "override"
     elif imgsz is None:
         imgsz = DEFAULT_IMGSZ
+    which = "imgsz" if imgsz_source == "override" else "input size"
+    if not all(0 < side <= MAX_INPUT_SIDE for side in imgsz):
+        raise ModelError(f"{p}: {which} {imgsz[0]}x{imgsz[1]} is not a usable image size (each side in 1.."
+                         f"{MAX_INPUT_SIDE} pixels); export the model at the size it runs at")
     if imgsz[0] % stride or imgsz[1] % stride:
-        which = "imgsz" if imgsz_source == "override" else "input size"
         raise ModelError(f"{p}: {which} {imgsz} is not a multiple of the stride {stride}")
     ops = {n.op_type for n in graph.node}
     if ops & QUANT_OPS:

@@ -96,6 +96,39 @@ def test_failed_gateway_blocks_scale_down_but_not_up(api, gateways):
     assert api.patches == [{"spec": {"replicas": 9}, "metadata": {"resourceVersion": "1"}}]
 
 
+def test_a_gateway_answering_garbage_does_not_stop_the_others_from_scaling(api, gateways):
+    """One address answers something that is not HTTP, another /pool nested past the JSON
+    parser's depth: each is one poll error, and the healthy gateway's load still scales."""
+    import socket
+    import threading
+
+    junk = socket.socket()
+    junk.bind(("127.0.0.1", 0))
+    junk.listen()
+
+    def serve():
+        for _ in range(2):
+            try:
+                c, _ = junk.accept()
+            except OSError:
+                return
+            c.recv(4096)
+            c.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        loop, clock = make_loop(api, [gateways[0].url, gateways[1].url,
+                                      f"http://127.0.0.1:{junk.getsockname()[1]}"])
+        set_load(gateways[:1], 2, 28)
+        gateways[1].doc = ("[" * 100_000 + "]" * 100_000).encode()
+        d = asyncio.run(loop.tick())
+        assert d.desired == 4 and api.replicas == 4, d  # ceil(2 x (28 / 20) / 0.7)
+        assert loop.metrics.poll_errors.labels("invalid")._value.get() == 2
+    finally:
+        junk.close()
+
+
 def test_no_gateway_answers_means_hold(api, gateways):
     loop, clock = make_loop(api, ["http://127.0.0.1:9"])  # discard port: connection refused
     d = asyncio.run(loop.tick())
@@ -255,6 +288,7 @@ def test_load_target_scales_on_the_gateways_request_counters(api, gateways):
     ({"in_flight": 1, "capacity": 1, "queue_wait_ms_p90": float("nan")}, "queue_wait"),
     ({"in_flight": 1, "capacity": 1, "requests_total": -5}, "requests_total"),
     ({"in_flight": 1, "capacity": 1, "requests_total": 10**400}, "requests_total"),  # past float range
+    ({"in_flight": 1e300, "capacity": 1}, r"in_flight must be a number in \[0, 1e\+12\]"),
 ])
 def test_parse_pool_rejects_bad_documents(doc, msg):
     with pytest.raises(InvalidInputError, match=msg):

@@ -44,6 +44,7 @@ def test_precedence_yaml_env_flags(tmp_path):
     ("auth:\n  tokens:\n    - {device: a, token: '  '}\n", ":3: auth.tokens[0]: both device and token"),
     ("auth:\n  tokens:\n    - {device: a, token: ' x'}\n", ":3: auth.tokens[0]: the token of device 'a' starts"),
     ("mqtt:\n  reconnect_min_s: 50\n  reconnect_max_s: 1\n", ":2: mqtt.reconnect_min_s: must be at most"),
+    ("listen: 0.0.0.0:9100\nmetrics_port: 9100\n", ":2: metrics_port: 9100 is also the port of listen"),
     ("tls:\n  cert_file: a.pem\n", ":1: tls: set both"),
     ("limits:\n  max_image_bytes: 9000000\n", ":2: limits.max_image_bytes: must be at most"),
     ("- a\n- b\n", "top level must be a mapping"),

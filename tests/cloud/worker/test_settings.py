@@ -46,6 +46,7 @@ def test_layers_defaults_file_env_flags(tmp_path):
         ("model: a.onnx\nbatching:\n  max_batch_size: 2\n  preferred_batch_sizes: [4]\n",
          ":2: batching: preferred batch size 4"),
         ("port: 1\n", "model: a YOLOv5 ONNX file is required"),
+        ("model: a.onnx\nport: 9101\n", "metrics_port: 9101 is also the gRPC port; give each its own port"),
         ("- a\n- b\n", "top level must be a mapping"),
         ("model: [unclosed\n", "not valid YAML"),
     ],

@@ -195,3 +195,14 @@ def test_external_data_is_hashed_and_required(tmp_path: Path):
     data.unlink()
     with pytest.raises(ModelError, match=r"ext.onnx.data, which cannot be read .* keep the external data file"):
         load_model_info(tmp_path / "ext.onnx")
+
+
+@pytest.mark.parametrize("h, w", [(0, 0), (0, -5), (100_000, 100_000)])
+def test_a_fixed_input_size_no_image_can_have_is_refused(tmp_path: Path, h: int, w: int):
+    inp = helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, h, w])
+    out = helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 25200, 15])
+    graph = helper.make_graph([helper.make_node("Identity", ["images"], ["x"])], "g", [inp], [out])
+    p = tmp_path / "odd.onnx"
+    onnx.save(helper.make_model(graph), str(p))
+    with pytest.raises(ModelError, match=rf"input size {h}x{w} is not a usable image size \(each side in 1..8192"):
+        load_model_info(p)
