@@ -38,7 +38,7 @@ PROCESSES = {
     "worker": Process("cloud.worker.settings", ("cloud", "worker"), "model: m.onnx\n",
                       {"bool": None, "int": "max_det", "float": "grace_s", "str": "worker_id"}),
     "autoscaler": Process("cloud.autoscaler.settings", ("cloud", "autoscaler"), "gateway_urls: [http://g:1]\n",
-                          {"bool": "dry_run", "int": "max_replicas", "float": "interval_s", "str": "metrics_host"}),
+                          {"bool": "dry_run", "int": "max_replicas", "float": "gateway_timeout_s", "str": "metrics_host"}),
 }
 
 #: Expected outcome: the value, or "!problem" (the message after its source and key path, up to
