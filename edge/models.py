@@ -25,6 +25,7 @@ from edge.settings import SCHEMA, ModelSettings
 from edgewise.runtime.metadata import load_model_info
 from edgewise.runtime.opsets import device_problems
 from edgewise.settings import add_settings_arguments, settings_from_args
+from edgewise.settings.cli import positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -39,7 +40,7 @@ def register(subparsers: Any) -> None:
     info = subparsers.add_parser("model-info", help="describe a YOLOv5 ONNX model (classes, size, precision)")
     info.add_argument("model", help="path of the .onnx file")
     info.add_argument("--imgsz", type=int, default=0, help="input size of a model that does not state it")
-    info.add_argument("--max-batch", type=int, default=ModelSettings().max_batch,
+    info.add_argument("--max-batch", type=positive_int, default=ModelSettings().max_batch,
                       help="the daemon's model.max_batch, part of the engine's cache key (default: the "
                            "daemon's default)")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")

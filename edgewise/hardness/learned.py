@@ -131,7 +131,10 @@ class GainModel:
             if p.stat().st_size > MAX_MODEL_BYTES:
                 raise ConfigError(f"{p}: over {MAX_MODEL_BYTES} bytes; not a gain model written by edgewise eval")
             d = json.loads(p.read_text(encoding="utf-8"))
-        except (FileNotFoundError, IsADirectoryError):
+        except IsADirectoryError:
+            raise ConfigError(f"{p}: is a folder; signals.learnedModel names the gain model's JSON file "
+                              "(e.g. gain-model.json, written by `edgewise eval --train-data`)") from None
+        except FileNotFoundError:
             raise ConfigError(f"{p}: gain model file not found; run `edgewise eval --train-data` to write it, "
                               "or fix signals.learnedModel") from None
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:

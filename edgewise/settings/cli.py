@@ -32,6 +32,17 @@ class _Describe(argparse.Action):
         parser.exit(0)
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for a whole number >= 1 (a ValueError becomes argparse's usage error)."""
+    n = int(text)
+    if n < 1:
+        raise ValueError(text)
+    return n
+
+
+positive_int.__name__ = "whole number >= 1"  # argparse says "invalid <name> value: '0'"
+
+
 def _dest(flag: Flag) -> str:
     return "setting" + flag.name
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
+from edgewise.settings.cli import positive_int
 from edgewise_tools.models import ARCHITECTURES
 
 ENGINE_NEEDS = (
@@ -119,7 +120,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--cache-dir", default=None, help="engine cache folder (default ~/.cache/edgewise/engines)"
     )
-    p.add_argument("--max-batch", type=int, default=8, help="largest batch the engine accepts (8)")
+    p.add_argument("--max-batch", type=positive_int, default=8, help="largest batch the engine accepts (8)")
     p.set_defaults(func=cmd_engine)
 
 

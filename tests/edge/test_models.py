@@ -59,6 +59,14 @@ def test_engine_builds_what_the_daemon_loads_then_reuses_it(fake_trt, tmp_path: 
     assert f"{engine} (batch <= 2; cached)" in capsys.readouterr().out
 
 
+def test_model_info_refuses_a_batch_below_one(tiny_model: Path, capsys) -> None:
+    for bad in ("0", "-3"):
+        with pytest.raises(SystemExit) as exc:
+            main(["edge", "model-info", str(tiny_model), "--max-batch", bad])
+        assert exc.value.code == 2
+        assert f"argument --max-batch: invalid whole number >= 1 value: '{bad}'" in capsys.readouterr().err
+
+
 def test_engine_with_onnxruntime_has_nothing_to_build(tmp_path: Path, tiny_model: Path, capsys) -> None:
     assert main(["edge", "engine", "--config", str(_config(tmp_path, tiny_model, "onnxruntime"))]) == 0
     assert "no TensorRT engine to build" in capsys.readouterr().out

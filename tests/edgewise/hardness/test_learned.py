@@ -121,6 +121,10 @@ def test_policy_with_a_bad_model_is_refused_and_reload_keeps_the_old(model, tmp_
     with pytest.raises(ConfigError, match=r"spec.signals.learnedModel: .*gain model file not found"):
         path.write_text(POLICY % "absent.json")
         load_policy(path)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ConfigError, match=r"spec.signals.learnedModel: .*folder: is a folder; .*JSON file"):
+        path.write_text(POLICY % "folder")
+        load_policy(path)
     model.save(tmp_path / "g.json")
     path.write_text(POLICY % "g.json")
     holder = PolicyHolder.from_file(path)
