@@ -357,6 +357,8 @@ class Escalating:
         while not stop.is_set():
             settled = 0
             try:
+                if self.spool is not None:
+                    await self._recovered(self.spool)
                 settled = await self._reopened() if self.spool is None else await self.replay_once()
             except Exception:
                 log.exception("spool replay round failed")
@@ -371,6 +373,19 @@ class Escalating:
             finally:
                 stopper.cancel()
                 kick.cancel()
+
+    async def _recovered(self, spool: Spool) -> None:
+        """Put a spool whose file was deleted under the daemon back on disk (items kept)."""
+        try:
+            moved = await self._spool_call(spool.recover_if_deleted)
+        except SpoolError as exc:
+            log.error("spool %s was deleted while the daemon runs and cannot be written again (%s); what is "
+                      "spooled is lost if the daemon stops before it is replayed", spool.path, exc)
+            return
+        if moved is not None:
+            self.metrics.spool_events.labels("recreated").inc()
+            log.error("spool %s was deleted while the daemon runs; made it again with the %d escalations it "
+                      "held", spool.path, moved)
 
     async def _reopened(self) -> int:
         """One attempt to open the spool that could not be opened at start; 0 (nothing settled)."""

@@ -436,6 +436,30 @@ class Spool:
                 refused_too_large=int(counters.get("refused_too_large", 0)),
             )
 
+    def recover_if_deleted(self) -> Optional[int]:
+        """When the spool's file was deleted while open (its folder removed, a cleanup job),
+        what is spooled lives only in the unlinked file and is gone at the next restart: make
+        a new file at ``path`` and move every item and counter into it. Returns how many items
+        moved; None when the file is in place."""
+        if self.path.exists():
+            return None
+        with self._lock:
+            old = self._db
+            items = old.execute("SELECT key, payload, meta, created, size, attempts FROM items ORDER BY id").fetchall()
+            counters = old.execute("SELECT name, value FROM counters").fetchall()
+            self._db = self._open()
+            try:
+                with self._transaction() as db:
+                    db.executemany("INSERT OR IGNORE INTO items(key, payload, meta, created, size, attempts) "
+                                   "VALUES (?, ?, ?, ?, ?, ?)", items)
+                    db.executemany("UPDATE counters SET value = ? WHERE name = ?", [(v, n) for n, v in counters])
+            except SpoolError:
+                self._db.close()
+                self._db = old  # keep the items where they are; tried again later
+                raise
+            old.close()
+        return len(items)
+
     def last_epoch(self) -> int:
         """The newest run (``frame_seq >> 32``) among the spooled keys; -1 when none."""
         from edge.records import epoch_of_key

@@ -300,3 +300,26 @@ def test_a_spool_on_a_full_disk_is_reported_full_at_open_not_as_permissions(smal
     filler.unlink()
     with Spool(fs.path / "spool.db", max_bytes=1 << 30, max_age_s=3600) as sp:
         assert len(sp) == 1
+
+
+def test_a_spool_deleted_while_open_is_made_again_with_its_items(tmp_path):
+    """A cleanup job removes the spool's folder under the running daemon: the items live on
+    only in the unlinked file, lost at the next restart. Recovery writes them to a new file
+    at the same path, counters included; the spool goes on from there."""
+    import shutil
+
+    folder = tmp_path / "state"
+    sp = Spool(folder / "spool.db", max_bytes=1 << 20, max_age_s=3600)
+    assert sp.recover_if_deleted() is None  # in place: nothing to do
+    sp.put("dev/cam/1", b"a" * 100, {"n": 1})
+    sp.put("dev/cam/2", b"b" * 100, {"n": 2})
+    sp.put("dev/cam/3", b"c" * (2 << 20), {})  # larger than the spool: refused, counted
+    shutil.rmtree(folder)
+    assert sp.recover_if_deleted() == 2
+    assert (folder / "spool.db").exists()
+    assert [(i.key, i.meta) for i in sp.peek(10)] == [("dev/cam/1", {"n": 1}), ("dev/cam/2", {"n": 2})]
+    assert sp.stats().refused_too_large == 1 and len(sp) == 2
+    sp.put("dev/cam/4", b"d", {})
+    sp.close()
+    with Spool(folder / "spool.db", max_bytes=1 << 20, max_age_s=3600) as again:  # a restart finds them
+        assert [i.key for i in again.peek(10)] == ["dev/cam/1", "dev/cam/2", "dev/cam/4"]
