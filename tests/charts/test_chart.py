@@ -21,6 +21,7 @@ from tests.charts.helm import (
     K8S_VERSIONS,
     MODES,
     ROOT,
+    VALUES,
     by_kind,
     helm,
     helm_args,
@@ -363,8 +364,13 @@ def test_policy_configmap_is_a_valid_policy() -> None:
 
 @pytest.mark.parametrize("bad", sorted(BAD.glob("*.yaml")), ids=lambda p: p.stem)
 def test_bad_values_rejected_with_message(bad: Path) -> None:
-    expect = bad.read_text().splitlines()[0].removeprefix("# expect: ").strip()
-    out = subprocess.run([helm(), "template", "rel", str(CHART), "-f", str(bad)], capture_output=True, text=True)
+    """Line 1: ``# expect: <text of the error>``; an optional line 2 ``# release: <name>``
+    renders under that release name instead of ``rel``."""
+    lines = bad.read_text().splitlines()
+    expect = lines[0].removeprefix("# expect: ").strip()
+    release = lines[1].removeprefix("# release: ").strip() if lines[1:2] and lines[1].startswith("# release: ") \
+        else "rel"
+    out = subprocess.run([helm(), "template", release, str(CHART), "-f", str(bad)], capture_output=True, text=True)
     assert out.returncode != 0, f"{bad.name} was accepted"
     assert expect in out.stderr, out.stderr
     assert "'allOf' failed" not in out.stderr and "'not' failed" not in out.stderr
@@ -416,3 +422,179 @@ def test_container_args_parse_with_the_real_cli(mode: str) -> None:
             assert callable(ns.func), name
             seen.add(args[1])
     assert {"gateway", "worker", "autoscaler", "probe"} <= seen
+
+
+# --------------------------------------------------------------------------- values the chart checks itself
+
+def test_only_keda_scales_to_zero() -> None:
+    """minReplicas 0 is refused for builtin and hpa (bad-values/min-replicas-zero-*)."""
+    keda = by_kind(render("autoscaling.mode=keda", "autoscaling.minReplicas=0"), "ScaledObject")[0]
+    assert keda["spec"]["minReplicaCount"] == 0
+    assert not by_kind(render("autoscaling.mode=none", "autoscaling.minReplicas=0"), "HorizontalPodAutoscaler")
+
+
+def test_user_strings_stay_strings() -> None:
+    """Every user string lands quoted: ' #' does not start a comment, ': ' does not make a map,
+    and "2024", "true", "null" stay strings; the manifests still validate."""
+    docs = render(values=VALUES / "tricky-strings.yaml")
+    for version in K8S_VERSIONS:
+        for doc in docs:
+            validate_manifest(doc, version)
+    args = helm_test_pod(docs)["spec"]["containers"][0]["args"]
+    assert "--device-id=lobby-cam #2: east" in args and "--tls-server-name=gw: 1 #a" in args
+    assert "--tls-ca=/etc/edgewise/test-ca/0.1" in args
+    pod = helm_test_pod(docs)["spec"]
+    assert {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v} == \
+        {"test-ca": "2024", "client-tls": "null"}
+    assert pod["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "true"
+    gw = named(docs, "Deployment", "gateway")["spec"]["template"]["spec"]
+    assert {v["name"]: v["secret"]["secretName"] for v in gw["volumes"] if "secret" in v} == \
+        {"grpc-tls": "true", "tokens": "2024", "mqtt-tls": "1e3"}
+    assert gw["priorityClassName"] == "123"
+    assert {e["valueFrom"]["secretKeyRef"]["name"] for e in gw["containers"][0]["env"][1:]} == {"null"}
+    worker = named(docs, "Deployment", "worker")["spec"]["template"]["spec"]
+    assert worker["priorityClassName"] == "0.5"
+    assert "--model=/models/cam #2: v1.onnx" in worker["containers"][0]["args"]
+    assert {v["name"]: v for v in worker["volumes"]}["models"]["persistentVolumeClaim"]["claimName"] == "null"
+    assert [m for m in worker["containers"][0]["volumeMounts"] if m["name"] == "models"][0]["subPath"] == "a: b #c"
+    pvc = by_kind(docs, "PersistentVolumeClaim")[0]["spec"]
+    assert pvc["storageClassName"] == "1.0" and pvc["resources"]["requests"]["storage"] == "5"
+    broker = named(docs, "Deployment", "mosquitto")["spec"]["template"]["spec"]
+    assert {v["name"]: v["secret"]["secretName"] for v in broker["volumes"] if "secret" in v} == \
+        {"auth": "null", "tls": "1e3"}
+    rules = [r for g in by_kind(docs, "PrometheusRule")[0]["spec"]["groups"] for r in g["rules"]]
+    assert [r["expr"] for r in rules if r["alert"] == "EdgewiseEdgeOffline"] == ['up{job=~"edge: #1"} == 0']
+
+
+def test_init_container_source_path_is_an_argument() -> None:
+    """The model image's path reaches cp as one argument, never as shell text."""
+    spec = named(render(*MODES["init-model"], "model.initContainer.sourcePath=/models/a b;$(x)"),
+                 "Deployment", "worker")["spec"]["template"]["spec"]
+    assert spec["initContainers"][0]["command"] == ["sh", "-c", 'cp -r "$1"/. /models/', "fetch-model",
+                                                     "/models/a b;$(x)"]
+
+
+NAME_VALUES = ("gateway.tokensSecret", "gateway.priorityClassName", "worker.priorityClassName",
+               "worker.engineCache.pvc.claimName", "worker.engineCache.pvc.storageClassName", "model.pvc.claimName",
+               "tls.grpc.secretName", "tls.mqtt.secretName", "mqtt.broker.authSecret", "helmTest.tokenSecret",
+               "helmTest.clientTlsSecret", "helmTest.caSecret", "serviceAccount.name", "gateway.ingress.className",
+               "imagePullSecrets[0].name", "gateway.ingress.tls[0].secretName")
+
+
+@pytest.mark.parametrize("path", NAME_VALUES)
+@pytest.mark.parametrize("bad", ["Gateway_TLS", "a b", 'a"b', "-a", "a.", "x" * 254])
+def test_object_names_are_kubernetes_names(path: str, bad: str) -> None:
+    """Secret, claim, storage class, priority class (...) names: DNS-1123 subdomains, refused
+    by the schema with the value's path."""
+    out = subprocess.run([helm(), "template", "rel", str(CHART), "--set-string", f"{path}={bad}"],
+                         capture_output=True, text=True)
+    where = "/" + re.sub(r"\[(\d+)\]", r"/\1", path).replace(".", "/")
+    assert out.returncode != 0 and f"at '{where}'" in out.stderr, out.stderr
+
+
+def _schema_node(path: str) -> dict:
+    node = json.loads((CHART / "values.schema.json").read_text())
+    for part in path.split("."):
+        node = node["items"] if part == "[]" else node["properties"][part]
+    return node
+
+
+@pytest.mark.parametrize("path, good, bad", [
+    ("tls.grpc.secretName", ["", "gw-tls", "2024", "my.secret-1", "a" * 253], ["A", "a_b", "-a", "a-", "a..b", "a" * 254]),
+    ("image.tag", ["", "0.1.0-cuda", "v1.2_3", "_x", "a" * 128], ["bad tag", "a:b", ".x", "-x", "a" * 129, "a/b"]),
+    ("helmTest.caKey", ["ca.crt", "CA_bundle-1"], ["", "ca/crt", "a b"]),
+    ("worker.resources.requests.[cpu]",
+     [0, 2, 0.5, "500m", "2", "1Gi", "1.5Ki", "1e3", "1E", ".5", "5.", "+1", "100n", "4Ei"],
+     [-1, "-1", "lots", "1 Gi", "1GB", "1gi", "", "1e", "Mi", "1mi"]),
+])
+def test_schema_patterns(path: str, good: list, bad: list) -> None:
+    """The schema's Kubernetes name, OCI tag, Secret key and quantity grammars."""
+    import jsonschema
+
+    if path.endswith(".[cpu]"):
+        schema = _schema_node(path.removesuffix(".[cpu]"))["additionalProperties"]
+    else:
+        schema = _schema_node(path)
+    check = jsonschema.Draft7Validator(schema)
+    assert [g for g in good if not check.is_valid(g)] == []
+    assert [b for b in bad if check.is_valid(b)] == []
+
+
+def test_every_resources_map_is_checked_as_quantities() -> None:
+    for component in ("gateway", "worker", "mqtt.broker"):
+        for kind in ("requests", "limits"):
+            node = _schema_node(f"{component}.resources.{kind}")
+            assert node["additionalProperties"] == _schema_node("worker.resources.requests")["additionalProperties"]
+
+
+@pytest.mark.parametrize("sets", [
+    ("gateway.resources.requests.memory=1024Mi", "gateway.resources.limits.memory=1Gi"),
+    ("gateway.resources.requests.cpu=1000m", "gateway.resources.limits.cpu=1"),
+    ("gateway.resources.requests.cpu=0.5", "gateway.resources.limits.cpu=500m"),
+    ("gateway.resources.requests.memory=1e9", "gateway.resources.limits.memory=1G"),
+    ("worker.resources.requests.ephemeral-storage=2Gi",),            # no limit to compare with
+    ("mqtt.broker.resources.requests.cpu=100m", "mqtt.broker.resources.limits.cpu=0.1"),
+])
+def test_requests_equal_to_limits_in_other_units_are_accepted(sets: tuple) -> None:
+    render(*sets)
+
+
+@pytest.mark.parametrize("limits, accepted", [
+    ({"max_message_bytes": None, "max_image_bytes": "message"}, True),      # the gateway's defaults
+    ({"max_message_bytes": None, "max_image_bytes": "message+1"}, False),
+    ({"max_message_bytes": "image"}, True),
+    ({"max_message_bytes": "image-1"}, False),
+    ({"max_deadline_s": "default"}, True),
+    ({"max_deadline_s": "default/2"}, False),
+    ({"default_deadline_s": "max"}, True),
+    ({"default_deadline_s": "max+1"}, False),
+    ({"default_deadline_s": " 6e1 ", "max_deadline_s": "6e1"}, True),
+    ({"default_deadline_s": "6.5", "max_deadline_s": 6}, False),
+])
+def test_gateway_limit_rules_agree_with_the_gateway(limits: dict, accepted: bool, tmp_path: Path) -> None:
+    """The chart refuses exactly the gateway.config.limits the gateway would refuse at start,
+    with the gateway's own defaults for the unset ones."""
+    from cloud.gateway.settings import LimitSettings, load_settings
+    from edgewise.errors import ConfigError
+
+    d = LimitSettings()
+    named_values = {"message": d.max_message_bytes, "message+1": d.max_message_bytes + 1,
+                    "image": d.max_image_bytes, "image-1": d.max_image_bytes - 1,
+                    "default": d.default_deadline_s, "default/2": d.default_deadline_s / 2,
+                    "max": d.max_deadline_s, "max+1": d.max_deadline_s + 1}
+    limits = {k: named_values.get(v, v) if isinstance(v, str) else v for k, v in limits.items()}
+    sets = []
+    for key, value in limits.items():
+        text = "null" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+        sets += ["--set-string" if isinstance(value, str) else "--set", f"gateway.config.limits.{key}={text}"]
+    out = subprocess.run([helm(), "template", "rel", str(CHART), "-n", "ml", *sets], capture_output=True, text=True)
+    assert (out.returncode == 0) is accepted, out.stderr
+    # the gateway's verdict on the same limits, on top of the default render's config
+    config = yaml.safe_load(named(render(), "ConfigMap", "gateway")["data"]["gateway.yaml"])
+    for key, value in limits.items():
+        if value is None:
+            config["limits"].pop(key, None)
+        else:
+            config["limits"][key] = value
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    if accepted:
+        load_settings(path, env={})
+    else:
+        assert "gateway.config.limits." in out.stderr and "must be <=" in out.stderr, out.stderr
+        with pytest.raises(ConfigError):
+            load_settings(path, env={})
+
+
+@pytest.mark.parametrize("release", ["my.rel", "cams.edgewise.prod", "a" * 20 + "." + "b" * 32])
+def test_dotted_release_names_give_valid_object_names(release: str) -> None:
+    """Helm allows dots in a release name; Service names must be DNS-1035 labels."""
+    docs = render(*MODES["broker-on"], release=release)
+    label = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        assert label.match(name) and len(name) <= 63, f"{doc['kind']} {name}"
+        assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+        for version in K8S_VERSIONS:
+            validate_manifest(doc, version)
+    assert named(docs, "Service", "gateway")["metadata"]["name"].startswith(release.replace(".", "-")[:20])

@@ -1,15 +1,19 @@
-{{/* Names and labels shared by every template. */}}
+{{/* Names and labels shared by every template. The fullname prefixes every object name,
+     Services included, so it must be a DNS-1035 label: a release name's dots (Helm allows
+     my.release) become '-', and 50 characters leave room for the longest suffix
+     (-engine-cache) within 63. validate.yaml refuses a release name starting with a digit. */}}
 {{- define "edgewise.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
-{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- $release := .Release.Name | replace "." "-" -}}
+{{- if contains .Chart.Name $release -}}
+{{- $release | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" $release .Chart.Name | trunc 50 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "edgewise.labels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
@@ -17,7 +21,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{- define "edgewise.selector" -}}
 app.kubernetes.io/name: {{ .root.Chart.Name }}
-app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name | quote }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
@@ -98,7 +102,7 @@ annotations:
 {{- define "edgewise.podScheduling" -}}
 {{- $v := .values -}}
 {{- with $v.priorityClassName }}
-priorityClassName: {{ . }}
+priorityClassName: {{ . | quote }}
 {{- end }}
 {{- with $v.topologySpreadConstraints }}
 topologySpreadConstraints:
@@ -136,4 +140,21 @@ namespace="{{ .Release.Namespace }}",app_kubernetes_io_instance="{{ .Release.Nam
 {{- $need = int $min -}}
 {{- end -}}
 {{- if lt $need $replicas -}}true{{- end -}}
+{{- end -}}
+
+{{/* A Kubernetes quantity (a number, or a string such as 500m, 4Gi or 1e3) in base units, as
+     a number for comparisons (validate.yaml: requests <= limits); empty when it is not one. */}}
+{{- define "edgewise.quantity" -}}
+{{- $q := toString . | trim -}}
+{{- $grammar := "^\\+?([0-9]+\\.?[0-9]*|\\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$" -}}
+{{- if regexMatch $grammar $q -}}
+{{- $number := regexReplaceAll $grammar $q "${1}" | float64 -}}
+{{- $suffix := regexReplaceAll $grammar $q "${2}" -}}
+{{- $scale := dict "" 1.0 "n" 1e-9 "u" 1e-6 "m" 1e-3 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- if hasKey $scale $suffix -}}
+{{- mulf $number (get $scale $suffix) -}}
+{{- else -}}
+{{- trimPrefix "+" $q | float64 -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
