@@ -116,6 +116,14 @@ def _free_bytes(folder: Path) -> Optional[int]:
     return st.f_bavail * st.f_frsize
 
 
+def _read_only(folder: Path) -> bool:
+    """``folder`` lies on a filesystem mounted read-only."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def _is_full(exc: sqlite3.Error) -> bool:
     """SQLITE_FULL (Python 3.8 has no ``sqlite_errorcode``: match SQLite's message)."""
     return "full" in str(exc).lower()
@@ -208,7 +216,11 @@ class Spool:
         return db
 
     def _open_error(self, exc: sqlite3.Error) -> SpoolError:
-        if "not a database" in str(exc) or "malformed" in str(exc):
+        text = str(exc)
+        if "no such column" in text or "no such table" in text:  # a database, not ours (schema differs)
+            return SpoolError(f"spool {self.path} is another program's database ({exc}), not a spool; set "
+                              "spool.path to a file of its own, or move this one aside")
+        if "not a database" in text or "malformed" in text:
             return SpoolError(f"spool {self.path} is not a readable spool ({exc}); move it aside to keep "
                               "its contents for inspection (a new spool is created at the next start) "
                               "or set spool.path")
@@ -218,6 +230,9 @@ class Spool:
             room = "" if free is None else f", {free // 1024} KiB free"
             return SpoolFull(f"spool {self.path}: its filesystem is full ({exc}{room}); free space there "
                              "or set spool.path to another filesystem")
+        if _read_only(self.path.parent):
+            return SpoolError(f"spool {self.path}: cannot open it ({exc}): its filesystem is mounted read-only; "
+                              "set spool.path to a writable filesystem (e.g. /var/lib/edgewise)")
         return SpoolError(f"spool {self.path}: cannot open it ({exc}); check that the file and its "
                           "folder are writable by the daemon, or set spool.path")
 

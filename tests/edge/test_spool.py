@@ -264,9 +264,19 @@ def test_when_another_process_fills_the_disk_nothing_spooled_is_lost_and_it_reco
     assert [it.key for it in Spool(fs.path / "s.db", max_bytes=1 << 30, max_age_s=3600).peek(10)] == ["again"]
 
 
+def _foreign_database(path: Path) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(str(path))
+    db.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT)")  # a table of the same name
+    db.commit()
+    db.close()
+
+
 @pytest.mark.parametrize("make, expected", [
     (lambda p: p.mkdir(), "is a folder; set spool.path to a file in it"),
     (lambda p: p.write_bytes(os.urandom(8192)), "is not a readable spool (file is not a database); move it aside"),
+    (lambda p: _foreign_database(p), "is another program's database (no such column: created), not a spool"),
 ])
 def test_a_spool_path_that_is_a_folder_or_not_a_database_is_one_clear_error(tmp_path, make, expected):
     path = tmp_path / "spool.db"
@@ -323,3 +333,18 @@ def test_a_spool_deleted_while_open_is_made_again_with_its_items(tmp_path):
     sp.close()
     with Spool(folder / "spool.db", max_bytes=1 << 20, max_age_s=3600) as again:  # a restart finds them
         assert [i.key for i in again.peek(10)] == ["dev/cam/1", "dev/cam/2", "dev/cam/4"]
+
+
+def test_a_spool_on_a_read_only_filesystem_says_so(small_fs):
+    """Not "check that the file and its folder are writable": the mount is read-only."""
+    import subprocess
+
+    fs = small_fs(1 << 20)
+    with Spool(fs.path / "spool.db", max_bytes=1 << 20, max_age_s=3600) as sp:
+        sp.put("dev/cam/1", b"x", {})
+    subprocess.run(["mount", "-o", "remount,ro", str(fs.path)], check=True)
+    try:
+        with pytest.raises(SpoolError, match=r"its filesystem is mounted read-only; set spool.path to a writable"):
+            Spool(fs.path / "spool.db", max_bytes=1 << 20, max_age_s=3600)
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(fs.path)], check=True)
