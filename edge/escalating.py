@@ -290,17 +290,16 @@ class Escalating:
         action = spec.on_cloud_unavailable if exc.spoolable else "edge_only"
         reason = record.reason
         record.error = str(exc)
-        if action == "spool" and self.spool is None and self.spool_problem:  # not open yet: a full disk
-            record.outcome = "edge_only"
-            record.error = f"{exc}; not spooled: {self.spool_problem}"
-            self.metrics.spool_events.labels("disk_full").inc()
-            self.metrics.escalations.labels(reason, record.outcome).inc()
-            self.write(record)
-            return
-        if action == "spool" and self.spool is not None:
-            meta = Spooled(record, spec.merge, spec.deadline_ms, spec.transport).to_meta()
+        if action == "spool" and (self.spool is not None or self.spool_problem):
             key = record.key
-            stored, stats, problem = await self._spool_call(self._put, key, req.SerializeToString(), meta)
+            stored: bool
+            stats: Optional[SpoolStats]
+            problem: Optional[SpoolError]
+            if self.spool is None:  # not open yet (its filesystem was full at start): as a full disk now
+                stored, stats, problem = False, None, SpoolFull(self.spool_problem)
+            else:
+                meta = Spooled(record, spec.merge, spec.deadline_ms, spec.transport).to_meta()
+                stored, stats, problem = await self._spool_call(self._put, key, req.SerializeToString(), meta)
             if stored:
                 record.outcome = "spooled"
                 self.metrics.spool_events.labels("put").inc()

@@ -19,6 +19,7 @@ import socket
 from typing import List, Optional, Tuple
 
 from edge.settings import EdgeSettings, mqtt_outbox_path
+from edge.spool import read_only
 from edgewise import mqtt_topics
 from edgewise.errors import ConfigError, DeploymentError, InvalidInputError
 
@@ -102,7 +103,7 @@ def check_writable(setting: str, path: str, create: bool = True) -> None:
             ok, err = False, f"{probe} is not a folder"
         else:
             ok = os.access(probe, os.W_OK | os.X_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
-            if not ok and os.statvfs(probe).f_flag & os.ST_RDONLY:
+            if not ok and read_only(probe):
                 err = "its filesystem is mounted read-only"
     except OSError as exc:
         ok, err = False, exc.strerror or str(exc)

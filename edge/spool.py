@@ -116,7 +116,7 @@ def _free_bytes(folder: Path) -> Optional[int]:
     return st.f_bavail * st.f_frsize
 
 
-def _read_only(folder: Path) -> bool:
+def read_only(folder: Union[str, Path]) -> bool:
     """``folder`` lies on a filesystem mounted read-only."""
     try:
         return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
@@ -230,7 +230,7 @@ class Spool:
             room = "" if free is None else f", {free // 1024} KiB free"
             return SpoolFull(f"spool {self.path}: its filesystem is full ({exc}{room}); free space there "
                              "or set spool.path to another filesystem")
-        if _read_only(self.path.parent):
+        if read_only(self.path.parent):
             return SpoolError(f"spool {self.path}: cannot open it ({exc}): its filesystem is mounted read-only; "
                               "set spool.path to a writable filesystem (e.g. /var/lib/edgewise)")
         return SpoolError(f"spool {self.path}: cannot open it ({exc}); check that the file and its "
@@ -264,13 +264,12 @@ class Spool:
 
     def _check_room(self, size: int) -> None:
         """Raise SpoolFull when storing ``size`` more bytes would eat into the reserve."""
-        try:
-            st = os.statvfs(self.path.parent)
-        except OSError:  # pragma: no cover - not POSIX or gone: SQLite will say
+        on_disk = _free_bytes(self.path.parent)
+        if on_disk is None:  # pragma: no cover - not POSIX or gone: SQLite will say
             return
         page = int(self._db.execute("PRAGMA page_size").fetchone()[0])
         reusable = int(self._db.execute("PRAGMA freelist_count").fetchone()[0]) * page
-        free = st.f_bavail * st.f_frsize + reusable
+        free = on_disk + reusable
         if free - size < self.reserve_bytes:
             raise SpoolFull(
                 f"spool {self.path}: {free // 1024} KiB free on its filesystem, and "

@@ -171,14 +171,13 @@ class SmallFilesystem:
     def fill(self, leave: int = 0, name: str = "filler") -> Path:
         """Write a file that leaves ``leave`` bytes free (another process filling the disk)."""
         ballast = self.path / name
-        with open(ballast, "ab") as f:
+        with open(ballast, "ab", buffering=0) as f:  # unbuffered: nothing left to flush at close
             chunk = b"\0" * 4096
             try:
                 while self.free() > leave:
                     f.write(chunk[: max(1, min(4096, self.free() - leave))])
-                    f.flush()
             except OSError:
-                pass  # ENOSPC: full
+                pass  # ENOSPC: full (another writer may have taken the last blocks first)
         return ballast
 
 

@@ -268,7 +268,6 @@ class WorkerPool:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-
 def _hop_error(req: RequestHead, name: str, exc: grpc.aio.AioRpcError) -> Reply:
     """The reply for a worker call that failed in gRPC. A message over a size limit of the hop
     (the gateway's channel, or the worker's server with a lower ``max_message_bytes``) is the

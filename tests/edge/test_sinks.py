@@ -119,8 +119,6 @@ def test_a_full_disk_never_leaves_a_torn_line_nor_a_late_key_it_did_not_write(tm
     """The JSON Lines file on a real tmpfs that fills up: a record that does not fit raises
     (Sinks.write says the durable sink did not take it), the file keeps whole lines only and
     the late key is not remembered, so the spool's replay writes it once space returns."""
-    import os
-
     fs = small_fs(64 * 1024)
     path = fs.path / "out.jsonl"
     sink = JsonlSink(str(path))
@@ -128,18 +126,12 @@ def test_a_full_disk_never_leaves_a_torn_line_nor_a_late_key_it_did_not_write(tm
     rec = late(1)
     rec.error = "x" * 20_000  # bigger than what is left once the disk is filled
     assert all(sinks.write(frame_record("cam", i)) for i in range(1, 3))
-    filler = fs.path / "filler"
-    with open(filler, "wb", buffering=0) as f:  # fill the disk up, leaving a few KiB at most
-        try:
-            while f.write(b"\0" * 4096):
-                pass
-        except OSError:
-            pass
+    filler = fs.fill()  # another process fills the disk
     before = path.stat().st_size
     assert sinks.write(rec) is False
     assert path.stat().st_size == before and path.read_bytes().endswith(b"\n")
     assert rec.key not in sink.late_keys
-    os.remove(filler)
+    filler.unlink()
     assert sinks.write(rec) is True
     assert sinks.write(rec) is True  # a repeat is skipped, not an error
     lines = [json.loads(x) for x in path.read_text().splitlines()]

@@ -286,25 +286,13 @@ def test_a_spool_path_that_is_a_folder_or_not_a_database_is_one_clear_error(tmp_
     assert str(path) in str(ei.value) and expected in str(ei.value) and "\n" not in str(ei.value)
 
 
-def _fill(folder: Path) -> Path:
-    """Write a file into ``folder`` until its filesystem is full; the file's path."""
-    filler = folder / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        try:
-            while f.write(b"\0" * 65536):
-                pass
-        except OSError:
-            pass
-    return filler
-
-
 def test_a_spool_on_a_full_disk_is_reported_full_at_open_not_as_permissions(small_fs):
     """Opening needs room for SQLite's -wal and -shm files; on a full disk SQLite says only
     "disk I/O error". That is a full disk (free space there), not a file to chmod."""
     fs = small_fs(1 << 20)
     with Spool(fs.path / "spool.db", max_bytes=1 << 30, max_age_s=3600) as sp:
         sp.put("dev/cam/1", b"x" * 1000, {})
-    filler = _fill(fs.path)
+    filler = fs.fill()
     with pytest.raises(SpoolFull, match=r"its filesystem is full .* free space there"):
         Spool(fs.path / "spool.db", max_bytes=1 << 30, max_age_s=3600)
     filler.unlink()

@@ -213,17 +213,11 @@ def test_a_full_disk_shared_by_the_sink_and_the_spool_loses_no_answer(tmp_path, 
     frames are counted, not asserted on.)"""
     fs = small_fs(4 << 20)
     case = Case(tmp_path, fault_cloud, fault_broker, spool_dir=fs.path, jsonl_dir=fs.path)
-    filler = fs.path / "filler"
     try:
         case.wait("answers from the cloud", lambda: case.answered() >= 2)
         fault_cloud.kill_gateway(signal.SIGKILL)
         case.wait("escalations spooled", lambda: len(case.sinks.spooled_keys()) >= 5)
-        with open(filler, "wb", buffering=0) as f:  # another process fills the disk
-            try:
-                while f.write(b"\0" * 65536):
-                    pass
-            except OSError:
-                pass
+        filler = fs.fill()  # another process fills the disk
         spooled = case.sinks.spooled_keys()
         fault_cloud.restart_gateway()
         case.wait("replayed answers kept spooled while the sink cannot write",
