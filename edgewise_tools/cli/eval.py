@@ -10,6 +10,7 @@ from typing import Callable, Dict, List, Optional
 from edgewise.errors import ConfigError
 from edgewise.regions import COMPARED_MODES, MODES
 from edgewise.runtime.detector import INPUT_SIZES
+from edgewise_tools.outputs import check_output_folder
 
 #: What a numeric option may be, by the words its error says it in (:func:`check_option`).
 RULES: Dict[str, Callable[[float], bool]] = {
@@ -68,6 +69,7 @@ def _handler(args: argparse.Namespace) -> int:
     for flag, p in (("--edge", args.edge), ("--cloud", args.cloud), ("--policy", args.policy)):
         if not Path(p).is_file():
             raise ConfigError(f"{flag} {p}: file not found")
+    check_output_folder(args.out, "--out")
     cfg = EvalConfig(
         edge=Path(args.edge), cloud=Path(args.cloud), policy=Path(args.policy), data=Path(args.data),
         train_data=Path(args.train_data) if args.train_data else None, rates=args.rates,

@@ -195,7 +195,10 @@ def _progress_printer(
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from edgewise_tools.models.quantize import quantize
+    from edgewise_tools.outputs import check_output_file
 
+    if args.report:
+        check_output_file(args.report, "--report")
     report = quantize(
         args.model,
         args.calib,

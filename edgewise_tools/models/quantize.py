@@ -54,6 +54,7 @@ from edgewise_tools.models.calibration import (
     split_indices,
 )
 from edgewise_tools.models.heldout import Speed, check_agreement, cpu_session
+from edgewise_tools.outputs import check_output_file
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +265,7 @@ def quantize(
     out = Path(out_path) if out_path is not None else src.with_name(f"{src.stem}-int8.onnx")
     if out.resolve() == src.resolve():
         raise InvalidInputError(f"output {out} would overwrite the input model; choose another -o")
+    check_output_file(out, "-o")  # before calibration, which takes minutes
     source = open_frames(calib, "calibration source")
     notes: List[str] = []
     if info.imgsz_source == "default":
@@ -290,7 +292,6 @@ def quantize(
         "entropy": CalibrationMethod.Entropy,
         "percentile": CalibrationMethod.Percentile,
     }[method]
-    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgewise-quant-") as tmp:
         float_in, per_channel, note = _float_for_qdq(info.path, Path(tmp), per_channel)
         if note:

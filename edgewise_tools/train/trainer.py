@@ -36,6 +36,7 @@ from torch import nn
 
 from edgewise.errors import ConfigError
 from edgewise_tools.models.yolov5 import ARCHS, YOLOv5, build_model
+from edgewise_tools.outputs import check_output_folder
 from edgewise_tools.train.data import NO_AUGMENT, Augment, YoloDataset, batches
 from edgewise_tools.train.loss import ComputeLoss, LossGains, scaled_gains
 from edgewise_tools.train.metrics import evaluate, postprocess
@@ -240,8 +241,7 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     t_start = time.monotonic()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_folder(cfg.out, "--out")
     (out / "config.json").write_text(json.dumps(_settings(cfg), indent=1))
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)

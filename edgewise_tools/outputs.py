@@ -1,0 +1,56 @@
+"""Where a tool will write its result, checked before the work that produces it.
+
+``edgewise model quantize``, ``eval``, ``demo`` and ``train`` run for minutes to hours and
+write their result last; an output path that cannot be written (a folder where a file is
+meant, a file where a folder is meant, a read-only or full filesystem) must fail at once,
+naming the flag, not after the work is done.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Union
+
+from edgewise.errors import ConfigError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _writable_folder(folder: Path, flag: str, shown: Path) -> None:
+    """Make ``folder`` (and its parents) and prove a file can be created in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"{flag} {shown}: {folder} is a file, not a folder") from None
+    except NotADirectoryError:
+        raise ConfigError(f"{flag} {shown}: a part of {folder} is a file, not a folder") from None
+    except OSError as e:
+        raise ConfigError(f"{flag} {shown}: cannot make the folder {folder} ({e.strerror})") from None
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".edgewise-write-check-", buffering=0) as f:
+            f.write(b"\0")  # a full filesystem still makes empty files; a byte needs a block
+    except OSError as e:
+        raise ConfigError(f"{flag} {shown}: cannot write in {folder} ({e.strerror}); "
+                          "choose a writable place") from None
+
+
+def check_output_file(path: PathLike, flag: str) -> Path:
+    """The file ``path`` named by ``flag`` can be written (its folder is made); else ConfigError."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{flag} {p}: is a folder; give the path of the file to write")
+    _writable_folder(p.parent if str(p.parent) else Path("."), flag, p)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(f"{flag} {p}: the file exists and is not writable")
+    return p
+
+
+def check_output_folder(path: PathLike, flag: str) -> Path:
+    """The folder ``path`` named by ``flag`` exists or is made, and files can be written in it."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {p}: is a file; give a folder")
+    _writable_folder(p, flag, p)
+    return p

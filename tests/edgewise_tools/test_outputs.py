@@ -1,0 +1,59 @@
+"""Output paths are checked before the work: real folders, files and filesystems."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from edgewise.errors import ConfigError
+from edgewise_tools.outputs import check_output_file, check_output_folder
+
+
+def test_a_file_output_is_made_where_it_can_be(tmp_path):
+    out = check_output_file(tmp_path / "new" / "deeper" / "m.onnx", "-o")
+    assert out.parent.is_dir() and not out.exists()
+    assert list(out.parent.iterdir()) == []  # the write probe leaves nothing behind
+
+
+def test_a_folder_given_for_a_file_and_a_file_given_for_a_folder_are_named(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match=r"^-o .*: is a folder; give the path of the file"):
+        check_output_file(tmp_path, "-o")
+    with pytest.raises(ConfigError, match=r"^-o .*f/m.onnx: .*/f is a file, not a folder"):
+        check_output_file(tmp_path / "f" / "m.onnx", "-o")
+    with pytest.raises(ConfigError, match=r"^--out .*/f: is a file; give a folder"):
+        check_output_folder(tmp_path / "f", "--out")
+    with pytest.raises(ConfigError, match=r"^--out .*: a part of .* is a file"):
+        check_output_folder(tmp_path / "f" / "a" / "b", "--out")
+
+
+def test_a_read_only_filesystem_is_refused_before_the_work(small_fs):
+    fs = small_fs(1 << 20)
+    subprocess.run(["mount", "-o", "remount,ro", str(fs.path)], check=True)
+    try:
+        with pytest.raises(ConfigError, match=r"^--report .*: cannot write in .*Read-only file system"):
+            check_output_file(fs.path / "r.json", "--report")
+        with pytest.raises(ConfigError, match=r"^--out .*: cannot make the folder .*Read-only file system"):
+            check_output_folder(fs.path / "report", "--out")
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(fs.path)], check=True)
+
+
+def test_a_full_filesystem_is_refused_before_the_work(small_fs):
+    fs = small_fs(64 << 10)
+    fs.fill()
+    # a full tmpfs still makes empty files (inodes, not blocks): the check must write a byte
+    with pytest.raises(ConfigError, match=r"^-o .*: cannot write in .*No space left on device"):
+        check_output_file(fs.path / "m.onnx", "-o")
+
+
+def test_quantize_names_a_bad_output_before_it_reads_the_calibration_source(tmp_path):
+    """Calibration takes minutes; `-o` naming a folder must fail first (the source here does not
+    even exist, so an error about it would mean the order is wrong)."""
+    r = subprocess.run([sys.executable, "-m", "edgewise", "model", "quantize", "models/camera/edge.onnx",
+                        "--calib", str(tmp_path / "missing"), "-o", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert f"-o {tmp_path}: is a folder" in r.stderr and "missing" not in r.stderr
