@@ -49,6 +49,10 @@ LOOKALIKES: Tuple[Tuple[int, int], ...] = ((1, 7), (3, 8), (4, 9), (5, 6))
 _LUMA = np.array([0.114, 0.587, 0.299], dtype=np.float32)  # BGR
 #: ground-plane mode decodes the background video at this width (see _init_camera_background)
 _CAMERA_VIDEO_WIDTH = 640
+#: the widest decode of the background video in the flat presets' mode: frames up to 640x480
+#: decode at 1.6x their width as before (byte-identical), larger ones at this width (the clip
+#: itself is 768 px wide), so memory does not grow with the square of the frame size
+_FLAT_VIDEO_MAX_WIDTH = 1024
 
 
 @dataclass
@@ -182,15 +186,18 @@ class StreamGenerator:
             return
         side = max(w, h)
         if rng.random() < 0.5:
-            # one cached decode per frame size; each stream crops its own window (zoom z)
-            vw = int(round(max(w, h * 4 / 3) * 1.6))
+            # one cached decode per frame size; each stream crops its own window (zoom z).
+            # Past _FLAT_VIDEO_MAX_WIDTH the clip is decoded at that width and each window
+            # scaled up (a 4096 px frame held 125-560 decodes of 96 MB each).
+            vw = min(int(round(max(w, h * 4 / 3) * 1.6)), _FLAT_VIDEO_MAX_WIDTH)
             frames = load_video(self.split, vw)
             self.video = frames
             self.vpos = int(rng.integers(0, len(frames)))
             self.vdir = 1
             fh, fw = frames[0].shape[:2]
-            z = float(rng.uniform(1.0, min(fw / w, fh / h)))
-            self.vwin = (int(w * z), int(h * z))
+            fit = min(fw / w, fh / h)
+            z = float(rng.uniform(1.0, fit)) if fit >= 1.0 else float(rng.uniform(0.6, 1.0)) * fit
+            self.vwin = (max(1, int(w * z)), max(1, int(h * z)))
             self.cx = float(rng.uniform(0, fw - self.vwin[0]))
             self.cy = float(rng.uniform(0, fh - self.vwin[1]))
             self.pan = (0.0, 0.0)

@@ -37,6 +37,11 @@ from edgewise.synth.render import CLASS_NAMES, ObjectLabel, StreamGenerator
 from edgewise.synth.settings import Difficulty
 
 
+#: the largest ``--stride``: one kept frame per 100 s of a 10 fps stream already decorrelates
+#: training frames, and every skipped frame is still rendered (the scene must move on)
+MAX_STRIDE = 1000
+
+
 @dataclass(frozen=True)
 class SynthJob:
     """What to generate. ``frames`` is per stream."""
@@ -63,8 +68,11 @@ class SynthJob:
             raise ConfigError(f"image size {self.width}x{self.height} must be within 32..4096")
         if self.image_format not in ("jpg", "png"):
             raise ConfigError("--format must be jpg or png")
-        if not 1 <= self.jpeg_quality <= 100 or self.stride < 1:
-            raise ConfigError("--quality must be 1..100 and --stride >= 1")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ConfigError(f"--quality {self.jpeg_quality}: must be 1..100")
+        if not 1 <= self.stride <= MAX_STRIDE:
+            raise ConfigError(f"--stride {self.stride}: must be 1..{MAX_STRIDE} (every frame is generated, "
+                              "kept or not: a larger stride only multiplies the time)")
         where = f"difficulty {self.preset!r}" if self.preset else "difficulty"
         self.difficulty.validate(where).check_frame(self.width, self.height, where)
         return self

@@ -181,3 +181,28 @@ def test_far_size_counts_only_where_far_digits_are_drawn() -> None:
     assert d.min_frame_side() == 140
     assert dataclasses.replace(d, far_prob=0.0, episode_rate=0.0).min_frame_side() == 128
     assert dataclasses.replace(d, horizon=0.0).min_frame_side() == 128  # flat scenes draw no far digits
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"stride": 0}, r"--stride 0: must be 1\.\.1000"),
+    ({"stride": 1_000_000}, r"--stride 1000000: must be 1\.\.1000 \(every frame is generated"),
+    ({"jpeg_quality": 0}, r"--quality 0: must be 1\.\.100"),
+])
+def test_stride_and_quality_out_of_range_are_named_before_anything_is_generated(tmp_path: Path, kw, says) -> None:
+    """A stride of a million rendered a million frames per kept one, silently, for hours."""
+    with pytest.raises(ConfigError, match=says):
+        generate(_job(tmp_path / "r", **kw))
+    assert not (tmp_path / "r").exists()
+
+
+def test_large_flat_frames_decode_the_background_video_at_a_bounded_width() -> None:
+    """A 4096 px frame of a flat preset decoded the clip at 6554 px: 125 test frames of 96 MB."""
+    from edgewise.synth.render import _FLAT_VIDEO_MAX_WIDTH
+
+    gens = [StreamGenerator(4096, 2304, SMALL, "test", 3, s) for s in range(8)]
+    videos = [g for g in gens if g.video is not None]
+    assert videos, "no stream of eight picked the video background"
+    for g in videos:
+        assert g.video[0].shape[1] <= _FLAT_VIDEO_MAX_WIDTH
+        img, _ = g.next_frame()
+        assert img.shape == (2304, 4096, 3)
