@@ -36,7 +36,6 @@ from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.synth.render import CLASS_NAMES, ObjectLabel, StreamGenerator
 from edgewise.synth.settings import Difficulty
 
-
 #: the largest ``--stride``: one kept frame per 100 s of a 10 fps stream already decorrelates
 #: training frames, and every skipped frame is still rendered (the scene must move on)
 MAX_STRIDE = 1000

@@ -66,8 +66,12 @@ def _synth(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     total = args.frames * args.streams
 
-    def progress(n: int) -> None:
-        if n % 500 == 0 or n == total:
+    last = [t0]
+
+    def progress(n: int) -> None:  # every 500 frames or 10 s, and at the end
+        now = time.monotonic()
+        if n % 500 == 0 or n == total or now - last[0] >= 10.0:
+            last[0] = now
             print(f"synth: {n}/{total} frames", file=sys.stderr)
 
     summary = generate(job, progress)
