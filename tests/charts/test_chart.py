@@ -503,12 +503,20 @@ def _schema_node(path: str) -> dict:
     ("tls.grpc.secretName", ["", "gw-tls", "2024", "my.secret-1", "a" * 253], ["A", "a_b", "-a", "a-", "a..b", "a" * 254]),
     ("image.tag", ["", "0.1.0-cuda", "v1.2_3", "_x", "a" * 128], ["bad tag", "a:b", ".x", "-x", "a" * 129, "a/b"]),
     ("helmTest.caKey", ["ca.crt", "CA_bundle-1"], ["", "ca/crt", "a b"]),
+    ("image.repository", ["ghcr.io/edgewise/edgewise", "edgewise", "localhost:5000/a/b_c", "registry.example.com/x--y"],
+     ["", "ghcr.io/Edgewise/x", "edgewise:1.0", "a b", "a//b", "/a", "a/", "ghcr.io:port/a", "a@sha256:00"]),
+    ("model.initContainer.image", ["", "ghcr.io/acme/models:v3", "acme/models@sha256:" + "a" * 64, "localhost:5000/m:1"],
+     ["acme/models:", "acme/models:bad tag", "Acme/models", "acme/models@sha256:xyz", "acme/models v3"]),
+    ("mqtt.broker.image", ["eclipse-mosquitto:2.0.20", "docker.io/library/eclipse-mosquitto:2.0.20"],
+     ["", "eclipse-mosquitto:2.0.20 --x", "eclipse mosquitto"]),
+    ("worker.gpu.resourceName", ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "nvidia.com/mig-1g.10gb"],
+     ["", "gpu", "nvidia.com/", "/gpu", "Nvidia.com/gpu", "nvidia.com/gpu x", "nvidia/gpu"]),
     ("worker.resources.requests.[cpu]",
      [0, 2, 0.5, "500m", "2", "1Gi", "1.5Ki", "1e3", "1E", ".5", "5.", "+1", "100n", "4Ei"],
      [-1, "-1", "lots", "1 Gi", "1GB", "1gi", "", "1e", "Mi", "1mi"]),
 ])
 def test_schema_patterns(path: str, good: list, bad: list) -> None:
-    """The schema's Kubernetes name, OCI tag, Secret key and quantity grammars."""
+    """The schema's Kubernetes name, OCI tag and reference, Secret key, extended resource and quantity grammars."""
     import jsonschema
 
     if path.endswith(".[cpu]"):
