@@ -223,14 +223,17 @@ class EdgeDaemon:
         if self.reload_event is not None:
             self.reload_event.set()
 
-    def reload_policy(self) -> bool:
-        """Re-read the policy file now (loop thread); True when a new policy is in force."""
+    async def reload_policy(self) -> bool:
+        """Re-read the policy file now: read and validated in a worker thread (a hostile file
+        must not stall frames), put in force on the loop thread, between two frames. True
+        when a new policy is in force; a refusal is logged once, by the holder."""
         if self.holder is None or not self.settings.policy_file:
             return False
-        res = self.holder.reload(self.settings.policy_file)
+        plan = await asyncio.get_running_loop().run_in_executor(
+            None, self.holder.prepare, self.settings.policy_file)
+        res = self.holder.apply(plan)
         if not res.ok:
             self.metrics.reloads.labels("refused").inc()
-            log.error("policy reload refused, old policy stays in force: %s", res.error)
             return False
         if res.changed:
             self.metrics.reloads.labels("ok").inc()
@@ -272,7 +275,7 @@ class EdgeDaemon:
                     continue
                 log.info("policy file %s changed; reloading", path)
             try:
-                self.reload_policy()
+                await self.reload_policy()
             except Exception:  # a bug must not end hot reload: the next change is tried again
                 self.metrics.reloads.labels("error").inc()
                 log.exception("policy reload of %s failed; the old policy stays in force", path)

@@ -1,12 +1,15 @@
 """Atomically swappable holder of the policy in force, and the pure reload decision.
 
-The daemon's watcher shell (file change or SIGHUP) calls
-:meth:`PolicyHolder.reload`; it never raises. A valid new file replaces the
-policy in one reference assignment under a lock and notifies listeners (the
-:class:`~edgewise.policy.deciding.Escalator` registers its ``swap``); an
-invalid one is refused with the loader's message and the old policy stays in
-force. An unchanged file (same bytes) is a no-op, so a touch or a duplicate
-inotify event does not reset anything.
+The daemon's watcher shell (file change or SIGHUP) reads and validates the new file
+with :meth:`PolicyHolder.prepare` in a worker thread (a hostile file takes seconds to
+refuse; frames go on meanwhile) and puts the result in force with
+:meth:`PolicyHolder.apply` on its own thread, between two frames;
+:meth:`PolicyHolder.reload` does both. None of them raises. A valid new file replaces
+the policy in one reference assignment under a lock and notifies listeners (the
+:class:`~edgewise.policy.deciding.Escalator` registers its ``swap``); an invalid one is
+refused with the loader's message, logged once, and the old policy stays in force. An
+unchanged file (same bytes) is a no-op, so a touch or a duplicate inotify event does not
+reset anything.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Union
 
 from edgewise.errors import ConfigError
-from edgewise.policy.loading import MAX_POLICY_BYTES, load_policy, parse_policy
+from edgewise.policy.loading import parse_policy, read_policy_bytes
 from edgewise.policy.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ class ReloadPlan:
     changed: bool
     policy: Optional[Policy]
     digest: str
+    source: str = ""
 
 
 def plan_reload(current_digest: str, data: Union[str, bytes], source_name: str) -> ReloadPlan:
@@ -60,12 +64,12 @@ def plan_reload(current_digest: str, data: Union[str, bytes], source_name: str) 
     raw = data.encode("utf-8") if isinstance(data, str) else data
     digest = hashlib.sha256(raw).hexdigest()
     if digest == current_digest:
-        return ReloadPlan(True, None, False, None, digest)
+        return ReloadPlan(True, None, False, None, digest, source_name)
     try:
         policy = parse_policy(raw, source_name)
     except ConfigError as exc:
-        return ReloadPlan(False, str(exc), False, None, digest)
-    return ReloadPlan(True, None, True, policy, digest)
+        return ReloadPlan(False, str(exc), False, None, digest, source_name)
+    return ReloadPlan(True, None, True, policy, digest, source_name)
 
 
 Listener = Callable[[Policy], None]
@@ -88,9 +92,8 @@ class PolicyHolder:
     @classmethod
     def from_file(cls, path: Union[str, Path]) -> PolicyHolder:
         """Load the initial policy (raises :class:`ConfigError` when invalid)."""
-        p = Path(path)
-        policy = load_policy(p)
-        return cls(policy, p.read_bytes())
+        data = read_policy_bytes(path)
+        return cls(parse_policy(data, str(path)), data)
 
     @property
     def policy(self) -> Policy:
@@ -103,27 +106,31 @@ class PolicyHolder:
             self._listeners.append(listener)
 
     def reload(self, path: Union[str, Path]) -> ReloadResult:
-        """Re-read ``path``; never raises (a read or validation error keeps the old policy)."""
-        p = Path(path)
+        """Re-read ``path`` and put it in force when valid and different; never raises."""
+        return self.apply(self.prepare(path))
+
+    def prepare(self, path: Union[str, Path]) -> ReloadPlan:
+        """Read and validate ``path`` without changing anything (any thread); never raises."""
         try:
-            if p.stat().st_size > MAX_POLICY_BYTES:
-                return self._refuse(f"{p}: policy file over the {MAX_POLICY_BYTES}-byte limit")
-            data = p.read_bytes()
-        except OSError as exc:
-            return self._refuse(f"{p}: cannot read the policy file: {exc.strerror or exc}")
-        return self.reload_text(data, str(p))
+            data = read_policy_bytes(path)
+        except ConfigError as exc:
+            return ReloadPlan(False, str(exc), False, None, "", str(path))
+        return plan_reload(self._digest, data, str(path))
 
     def reload_text(self, data: Union[str, bytes], source_name: str) -> ReloadResult:
         """Validate ``data`` and put it in force when valid and different; never raises."""
+        return self.apply(plan_reload(self._digest, data, source_name))
+
+    def apply(self, plan: ReloadPlan) -> ReloadResult:
+        """Put a prepared plan in force (refusal logged once); never raises."""
         with self._lock:
-            plan = plan_reload(self._digest, data, source_name)
             if not plan.ok:
                 self.reloads_failed += 1
                 self.last_error = plan.error
                 log.warning("policy reload refused, keeping %r: %s",
                             self._policy.metadata.name, plan.error)
                 return ReloadResult(False, plan.error, False, self._policy, self.version)
-            if not plan.changed or plan.policy is None:
+            if not plan.changed or plan.policy is None or plan.digest == self._digest:
                 return ReloadResult(True, None, False, self._policy, self.version)
             self._policy = plan.policy
             self._digest = plan.digest
@@ -136,12 +143,5 @@ class PolicyHolder:
             for fn in self._listeners:
                 fn(policy)
         log.info("policy %r (version %d) in force from %s",
-                 policy.metadata.name, version, source_name)
+                 policy.metadata.name, version, plan.source)
         return ReloadResult(True, None, True, policy, version)
-
-    def _refuse(self, error: str) -> ReloadResult:
-        with self._lock:
-            self.reloads_failed += 1
-            self.last_error = error
-            log.warning("policy reload refused, keeping %r: %s", self._policy.metadata.name, error)
-            return ReloadResult(False, error, False, self._policy, self.version)

@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import yaml
 
+from edgewise import yamlnodes
 from edgewise.errors import ConfigError
 from edgewise.fieldrules import show, suggest
 from edgewise.hardness.learned import GainModel
@@ -27,10 +28,6 @@ from edgewise.policy.schema import Policy
 
 #: A number in exponent form without a dot (``1e-3``), which YAML 1.1 (PyYAML) reads as a string.
 EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
-
-#: Policy files larger than this are refused (a policy is a few KB).
-MAX_POLICY_BYTES = 1 << 20
-
 
 class _Ctx:
     def __init__(self, source: str, loader: yaml.SafeLoader) -> None:
@@ -60,20 +57,14 @@ def _mapping_items(
 ) -> Dict[str, Tuple[yaml.Node, yaml.Node]]:
     if not isinstance(node, yaml.MappingNode):
         raise ctx.fail(node, path, f"expected a mapping, got {_node_desc(node, ctx)}", "a mapping")
-    out: Dict[str, Tuple[yaml.Node, yaml.Node]] = {}
-    for knode, vnode in node.value:
+
+    def key_error(knode: yaml.Node, problem: str) -> ConfigError:
         key = ctx.scalar(knode) if isinstance(knode, yaml.ScalarNode) else None
-        if not isinstance(key, str):
-            kp = path or "(top level)"
-            raise ctx.fail(knode, kp, f"keys must be strings, got {_node_desc(knode, ctx)}")
-        if key in out:
-            first = out[key][0].start_mark.line + 1
-            raise ctx.fail(
-                knode, _join(path, key), f"duplicate key (first defined on line {first})",
-                "each key once per mapping",
-            )
-        out[key] = (knode, vnode)
-    return out
+        if isinstance(key, str):
+            return ctx.fail(knode, _join(path, key), problem, "each key once per mapping")
+        return ctx.fail(knode, path or "(top level)", f"keys must be strings, got {_node_desc(knode, ctx)}")
+
+    return yamlnodes.mapping_pairs(node, ctx.loader, key_error)
 
 
 def _join(path: str, key: str) -> str:
@@ -175,22 +166,8 @@ def parse_policy(text: Union[str, bytes], source_name: str = "<policy>") -> Poli
     than Python's recursion limit, memory) is a ConfigError naming the file too,
     so a hot reload can refuse the file and keep the old policy.
     """
-    try:
+    with yamlnodes.guarded(source_name, "policy"):
         return _parse_policy(text, source_name)
-    except ConfigError:
-        raise
-    except RecursionError:
-        raise ConfigError(f"{source_name}: nested too deeply to read; a policy is a few levels "
-                          "deep, is this the right file?") from None
-    except MemoryError:
-        raise ConfigError(f"{source_name}: too large to read into memory; is this the right file?") from None
-    except ValueError as exc:
-        if "integer string conversion" in str(exc):
-            raise ConfigError(f"{source_name}: a number has too many digits; use a number "
-                              "of at most a few digits") from None
-        raise ConfigError(f"{source_name}: cannot read the policy: {exc}") from None
-    except Exception as exc:
-        raise ConfigError(f"{source_name}: cannot read the policy: {type(exc).__name__}: {exc}") from None
 
 
 def _parse_policy(text: Union[str, bytes], source_name: str) -> Policy:
@@ -199,28 +176,15 @@ def _parse_policy(text: Union[str, bytes], source_name: str) -> Policy:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{source_name}: not UTF-8 text ({exc}); save the policy as UTF-8") from None
-    loader = yaml.SafeLoader(text)
+    root, loader = yamlnodes.compose(text, source_name)
     ctx = _Ctx(source_name, loader)
     try:
-        try:
-            root = loader.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(
-                f"{source_name}{line}: not valid YAML: {exc.problem or exc.context}"
-            ) from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{source_name}: not valid YAML: {exc}") from None
         if root is None:
             raise ConfigError(
                 f"{source_name}: empty policy; write apiVersion: edgewise/v1, "
                 "kind: EscalationPolicy, metadata.name and spec"
             )
-        try:
-            policy = _build(Policy, root, "", ctx)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{source_name}: cannot read a value: {exc}") from None
+        policy = _build(Policy, root, "", ctx)
     finally:
         loader.dispose()
     learned = None
@@ -237,21 +201,25 @@ def _parse_policy(text: Union[str, bytes], source_name: str) -> Policy:
                   learned=learned)
 
 
-def load_policy(path: Union[str, Path]) -> Policy:
-    """Read and validate the policy file at ``path`` (see :func:`parse_policy`)."""
+def read_policy_bytes(path: Union[str, Path]) -> bytes:
+    """The policy file's bytes, read once (at most :data:`~edgewise.yamlnodes.MAX_BYTES`);
+    ConfigError saying why it cannot be read."""
     p = Path(path)
     try:
-        size = p.stat().st_size
-        if size > MAX_POLICY_BYTES:
-            raise ConfigError(
-                f"{p}: policy file is {size} bytes, over the {MAX_POLICY_BYTES}-byte limit; "
-                "is this the right file?"
-            )
-        data = p.read_bytes()
+        with open(p, "rb") as f:
+            data = f.read(yamlnodes.MAX_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{p}: policy file not found; check the path") from None
     except IsADirectoryError:
         raise ConfigError(f"{p}: is a directory, expected a policy YAML file") from None
     except PermissionError:
         raise ConfigError(f"{p}: permission denied reading the policy file") from None
-    return parse_policy(data, str(p))
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the policy file: {exc.strerror or exc}") from None
+    yamlnodes.check_size(len(data), str(p), "policy")
+    return data
+
+
+def load_policy(path: Union[str, Path]) -> Policy:
+    """Read and validate the policy file at ``path`` (see :func:`parse_policy`)."""
+    return parse_policy(read_policy_bytes(path), str(path))

@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
+from edgewise import yamlnodes
 from edgewise.errors import ConfigError
 from edgewise.fieldrules import closest, show
 
@@ -88,11 +88,14 @@ def read_yaml(path: Union[str, os.PathLike[str]], what: str, mapping: bool = Tru
     ``mapping=False`` the top level may be any value, ``[]`` when empty).
 
     Raises:
-        ConfigError: unreadable file, invalid YAML (with its line), a top level that is
-            not a mapping, a duplicate or non-string key.
+        ConfigError: unreadable or oversized file, invalid YAML (with its line), a top level
+            that is not a mapping, a duplicate or non-string key (see :mod:`edgewise.yamlnodes`).
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(yamlnodes.MAX_BYTES + 1)
+        yamlnodes.check_size(len(data), str(path), what)
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise ConfigError(f"{path}: cannot read the {what} file: {why}") from None
@@ -101,40 +104,30 @@ def read_yaml(path: Union[str, os.PathLike[str]], what: str, mapping: bool = Tru
 
 def parse_yaml(text: str, name: str, what: str, mapping: bool = True) -> Val:
     """YAML ``text`` as a :class:`Val` tree; ``name`` labels its lines (see :func:`read_yaml`)."""
-    loader = yaml.SafeLoader(text)
-    try:
+    with yamlnodes.guarded(name, what):
+        root, loader = yamlnodes.compose(text, name)
         try:
-            root = loader.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{name}{line}: not valid YAML: {exc.problem or exc.context}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{name}: not valid YAML: {exc}") from None
-        if root is None:
-            return Val({} if mapping else [], Source(name))
-        if mapping and not isinstance(root, yaml.MappingNode):
-            raise ConfigError(f"{name}:{root.start_mark.line + 1}: the top level must be a mapping of {what}")
-        return _node(root, name, (), loader)
-    finally:
-        loader.dispose()
+            if root is None:
+                return Val({} if mapping else [], Source(name))
+            if mapping and not isinstance(root, yaml.MappingNode):
+                raise ConfigError(f"{name}:{root.start_mark.line + 1}: the top level must be a mapping of {what}")
+            return _node(root, name, (), loader)
+        finally:
+            loader.dispose()
 
 
 def _node(node: yaml.Node, name: str, path: Tuple[Part, ...], loader: yaml.SafeLoader) -> Val:
     src = Source(f"{name}:{node.start_mark.line + 1}")
     if isinstance(node, yaml.MappingNode):
-        loader.flatten_mapping(node)  # YAML merge keys (<<: *anchor)
-        out: Dict[str, Val] = {}
-        for knode, vnode in node.value:
-            ksrc = Source(f"{name}:{knode.start_mark.line + 1}")
+        def key_error(knode: yaml.Node, problem: str) -> ConfigError:
             key = loader.construct_object(knode) if isinstance(knode, yaml.ScalarNode) else None
-            if not isinstance(key, str):
-                raise fail(ksrc, path, f"keys must be strings, got {describe(key)}")
-            if key in out:
-                first = out[key].key_src.label.rsplit(":", 1)[1]
-                raise fail(ksrc, path + (key,), f"duplicate key (first defined on line {first})")
+            at = path + (key,) if isinstance(key, str) else path
+            return fail(Source(f"{name}:{knode.start_mark.line + 1}"), at, problem)
+
+        out: Dict[str, Val] = {}
+        for key, (knode, vnode) in yamlnodes.mapping_pairs(node, loader, key_error).items():
             out[key] = _node(vnode, name, path + (key,), loader)
-            out[key].key_src = ksrc
+            out[key].key_src = Source(f"{name}:{knode.start_mark.line + 1}")
         return Val(out, src)
     if isinstance(node, yaml.SequenceNode):
         return Val([_node(n, name, path + (i,), loader) for i, n in enumerate(node.value)], src)

@@ -25,7 +25,13 @@ HUGE_NUMBER = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name:
 DEEP = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: x}\nspec: " + "[" * 20000 + "]" * 20000
 
 
-def test_reload_survives_a_5000_digit_number_and_deep_nesting_then_takes_a_valid_file(tmp_path, tiny_model):
+def test_reload_survives_a_5000_digit_number_and_deep_nesting_then_takes_a_valid_file(tmp_path, tiny_model, caplog):
+    """Each refusal is logged once, and files are read and validated off the event loop (a
+    hostile file took seconds to refuse, during which no frame was processed)."""
+    import logging
+    import threading
+
+    caplog.set_level(logging.INFO)
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("first", {"s": "never"}))
     s = load_settings(str(settings_yaml(
@@ -36,10 +42,13 @@ def test_reload_survives_a_5000_digit_number_and_deep_nesting_then_takes_a_valid
         metrics={"port": -1})), env={})
     d = EdgeDaemon(s)
     reloads = d.metrics.reloads
+    prepared_on = []
 
     async def run():
         task = asyncio.ensure_future(d.run())
         await async_wait_until(lambda: d.pipeline is not None and d.pipeline.frames_done > 2, 60, "frames")
+        prepare = d.holder.prepare
+        d.holder.prepare = lambda path: prepared_on.append(threading.current_thread()) or prepare(path)
         for n, bad in enumerate((HUGE_NUMBER, DEEP, b"\xff\xfe not text"), 1):
             policy.write_bytes(bad.encode() if isinstance(bad, str) else bad)
             await async_wait_until(lambda: reloads.labels("refused")._value.get() == n, 10, f"refusal {n}")
@@ -60,6 +69,9 @@ def test_reload_survives_a_5000_digit_number_and_deep_nesting_then_takes_a_valid
 
     asyncio.run(run())
     assert reloads.labels("ok")._value.get() == 2 and reloads.labels("error")._value.get() == 0
+    assert prepared_on and threading.main_thread() not in prepared_on
+    refusals = [r for r in caplog.records if "reload refused" in r.getMessage()]
+    assert len(refusals) == 4, [r.getMessage()[:80] for r in refusals]
     names = [r["policy"] for r in sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["frame_seq"])]
     assert names[0] == "first" and names[-1] == "third" and "second" in names
 

@@ -45,7 +45,7 @@ def test_reload_valid_invalid_unchanged(tmp_path, caplog):
 
     path.unlink()
     r = holder.reload(path)
-    assert not r.ok and "cannot read the policy file" in (r.error or "")
+    assert not r.ok and "policy file not found" in (r.error or "")
     assert holder.policy.metadata.name == "v2"
 
 

@@ -1,0 +1,137 @@
+"""YAML composed into nodes, safely: the one reader of settings files and policy files.
+
+Both loaders compose (not load) their YAML so every value keeps its line. What can go
+wrong while reading hostile or broken text is handled here, once, as a
+:class:`~edgewise.errors.ConfigError` naming the file:
+
+- invalid YAML, with its line;
+- alias expansion ("billion laughs": nine levels of ``&a [*b, *b, ...]`` expand to 10^9
+  values from a few hundred bytes) and very large files: the composed tree may hold at most
+  :data:`MAX_NODES` values counting every alias expansion (a settings or policy file holds a
+  few hundred), and a file at most :data:`MAX_BYTES`;
+- nesting deeper than Python's recursion limit, numbers of thousands of digits, memory.
+
+YAML merge keys (``<<: *defaults``) are resolved as YAML defines them: the mapping's own
+keys win over merged ones; a key written twice in the same mapping is an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+import yaml
+
+from edgewise.errors import ConfigError
+
+#: Files larger than this are refused (settings and policies are a few KB).
+MAX_BYTES = 1 << 20
+#: Values a composed file may hold, every alias expansion counted.
+MAX_NODES = 100_000
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+@contextlib.contextmanager
+def guarded(name: str, what: str) -> Iterator[None]:
+    """Turn what reading ``name`` can raise besides ConfigError into one ConfigError line."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError(f"{name}: nested too deeply to read; a {what} file is a few levels deep, "
+                          "is this the right file?") from None
+    except MemoryError:
+        raise ConfigError(f"{name}: too large to read into memory; is this the right file?") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc) or "Exceeds the limit" in str(exc):
+            raise ConfigError(f"{name}: a number has too many digits; use a number of at most a few "
+                              "digits") from None
+        raise ConfigError(f"{name}: cannot read the {what}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{name}: cannot read a value: {' '.join(str(exc).split())}") from None
+    except Exception as exc:  # a reader of live reloads must refuse the file, never stop
+        raise ConfigError(f"{name}: cannot read the {what}: {type(exc).__name__}: {exc}") from None
+
+
+def check_size(size: int, name: str, what: str) -> None:
+    """Refuse a file of ``size`` bytes over :data:`MAX_BYTES`."""
+    if size > MAX_BYTES:
+        raise ConfigError(f"{name}: {what} file is {size} bytes, over the {MAX_BYTES}-byte limit; "
+                          "is this the right file?")
+
+
+def compose(text: str, name: str) -> Tuple[Optional[yaml.Node], yaml.SafeLoader]:
+    """The single document of ``text`` as a node tree (None when empty) and its loader,
+    whose ``construct_object`` reads scalars; the caller disposes of the loader.
+
+    Raises:
+        ConfigError: invalid YAML (with its line), a NUL or other character YAML does not
+            allow, several documents, or a tree over :data:`MAX_NODES` values.
+    """
+    loader: Optional[yaml.SafeLoader] = None
+    try:
+        loader = yaml.SafeLoader(text)  # reads every character: a NUL is refused here
+        root = loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        if loader is not None:
+            loader.dispose()
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{name}{line}: not valid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        if loader is not None:
+            loader.dispose()
+        problem = getattr(exc, "reason", None) or " ".join(str(exc).split())
+        where = f" at character {exc.position}" if isinstance(exc, yaml.reader.ReaderError) else ""
+        raise ConfigError(f"{name}: not valid YAML{where}: {problem}") from None
+    if root is not None:
+        _check_expanded_size(root, name)
+    return root, loader
+
+
+def _check_expanded_size(root: yaml.Node, name: str) -> None:
+    """Count the values of the tree as a reader expands it (aliases are shared node objects
+    reached several times), stopping at :data:`MAX_NODES`: the cost is bounded by the limit."""
+    seen = 0
+    stack: List[yaml.Node] = [root]
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            raise ConfigError(f"{name}: expands to more than {MAX_NODES} values (YAML aliases "
+                              "repeating aliases?); a settings or policy file holds a few hundred")
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack.append(k)
+                stack.append(v)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
+def mapping_pairs(node: yaml.MappingNode, loader: yaml.SafeLoader,
+                  fail: Callable[[yaml.Node, str], ConfigError]) -> Dict[str, Tuple[yaml.Node, yaml.Node]]:
+    """The mapping's entries by key, YAML merge keys resolved (own keys win over merged
+    ones, of ``<<: [*a, *b]`` the first); ``fail(key_node, problem)`` makes the error for a
+    key that is not a string or is written twice in this mapping."""
+    own = {id(k) for k, _ in node.value if k.tag != _MERGE_TAG}
+    loader.flatten_mapping(node)  # merged entries first, then the mapping's own
+    out: Dict[str, Tuple[yaml.Node, yaml.Node]] = {}
+    for knode, vnode in node.value:
+        key = loader.construct_object(knode) if isinstance(knode, yaml.ScalarNode) else None
+        if not isinstance(key, str):
+            raise fail(knode, f"keys must be strings, got {_desc(knode, loader)}")
+        earlier = out.get(key)
+        if earlier is not None and id(knode) in own and id(earlier[0]) in own:
+            raise fail(knode, f"duplicate key (first defined on line {earlier[0].start_mark.line + 1})")
+        out[key] = (knode, vnode)  # flatten_mapping ordered the entries so that the last one wins
+    return out
+
+
+def _desc(node: yaml.Node, loader: yaml.SafeLoader) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return repr(loader.construct_object(node))

@@ -1,0 +1,97 @@
+"""Hostile YAML in settings and policy files: one clear error, quickly, from both loaders."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from edgewise.errors import ConfigError
+from edgewise.policy import parse_policy
+from edgewise.settings import parse_yaml
+
+POLICY_HEAD = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\n"
+
+
+def laughs(levels: int = 9) -> str:
+    """Nine levels of nine aliases each: 10^9 values from about 400 bytes."""
+    lines = ["x_a: &a [1,1,1,1,1,1,1,1,1]"]
+    for i in range(1, levels):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"x_{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def both(text: str):
+    """The settings reader and the policy reader, on the same hostile text."""
+    return [lambda: parse_yaml(text, "s.yaml", "edge settings"),
+            lambda: parse_policy(POLICY_HEAD + "spec: {}\n" + text, "p.yaml")]
+
+
+@pytest.mark.parametrize("read", both(laughs()), ids=["settings", "policy"])
+def test_an_alias_bomb_is_refused_at_once(read):
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"expands to more than 100000 values \(YAML aliases"):
+        read()
+    assert time.monotonic() - t0 < 5.0
+
+
+@pytest.mark.parametrize("read", both("x: " + "[" * 50_000 + "]" * 50_000 + "\n"), ids=["settings", "policy"])
+def test_nesting_deeper_than_python_can_follow_is_one_line(read):
+    with pytest.raises(ConfigError, match=r"nested too deeply to read"):
+        read()
+
+
+@pytest.mark.parametrize("read", [lambda: parse_yaml("threads: " + "9" * 5000 + "\n", "s.yaml", "edge settings"),
+                                  lambda: parse_policy(POLICY_HEAD + "spec:\n  threshold: " + "9" * 5000, "p.yaml")],
+                         ids=["settings", "policy"])
+def test_a_number_of_thousands_of_digits_is_one_line(read):
+    with pytest.raises(ConfigError, match=r"a number has too many digits"):
+        read()
+
+
+@pytest.mark.parametrize("read", both("a: b\x00c\n"), ids=["settings", "policy"])
+def test_a_nul_byte_is_named_with_its_position(read):
+    with pytest.raises(ConfigError, match=r"not valid YAML at character \d+: special characters are not allowed"):
+        read()
+
+
+def test_merge_keys_work_in_policies_as_in_settings_and_own_keys_win():
+    text = (POLICY_HEAD + "spec:\n  streams:\n    a: &s {threshold: 0.3, mode: auto}\n"
+            "    b:\n      <<: *s\n      threshold: 0.4\n")
+    streams = parse_policy(text, "p.yaml").spec.streams
+    assert (streams["a"].threshold, streams["b"].threshold, streams["b"].mode) == (0.3, 0.4, "auto")
+    tree = parse_yaml("base: &b {x: 1, y: 2}\nitem:\n  <<: *b\n  y: 3\n", "s.yaml", "settings")
+    assert {k: v.data for k, v in tree.data["item"].data.items()} == {"x": 1, "y": 3}
+
+
+def test_of_several_merged_mappings_the_first_wins_and_own_duplicates_are_refused():
+    tree = parse_yaml("a: &a {x: 1}\nb: &b {x: 2, z: 0}\nc:\n  <<: [*a, *b]\n", "s.yaml", "settings")
+    assert {k: v.data for k, v in tree.data["c"].data.items()} == {"x": 1, "z": 0}
+    with pytest.raises(ConfigError, match=r"^s.yaml:5: c.x: duplicate key \(first defined on line 3\)"):
+        parse_yaml("a: &a {x: 1}\nc:\n  x: 1\n  <<: *a\n  x: 2\n", "s.yaml", "settings")
+    with pytest.raises(ConfigError, match=r"^p.yaml:6: spec.threshold: duplicate key \(first defined on line 5\)"):
+        parse_policy(POLICY_HEAD + "spec:\n  threshold: 0.3\n  threshold: 0.4\n", "p.yaml")
+
+
+def test_an_oversized_settings_file_is_refused_before_it_is_parsed(tmp_path):
+    from edgewise.settings import read_yaml
+
+    p = tmp_path / "big.yaml"
+    p.write_text("# padding\n" * 200_000)
+    with pytest.raises(ConfigError, match=r"big.yaml: edge settings file is \d+ bytes, over the 1048576-byte limit"):
+        read_yaml(p, "edge settings")
+
+
+def test_check_config_refuses_a_settings_alias_bomb_in_seconds(tmp_path):
+    """`edge check-config` and `edge run` hung for minutes and grew without bound."""
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text("device_id: cam-1\n" + laughs())
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "edgewise", "edge", "check-config", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "expands to more than 100000 values" in r.stderr and "Traceback" not in r.stderr
+    assert time.monotonic() - t0 < 30
