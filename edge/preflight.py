@@ -18,10 +18,10 @@ import os
 import socket
 from typing import List, Optional, Tuple
 
-from edge.settings import EdgeSettings, mqtt_outbox_path
+from edge.settings import EdgeSettings, check_device_id, mqtt_outbox_path
 from edge.spool import read_only
-from edgewise import mqtt_topics
-from edgewise.errors import ConfigError, DeploymentError, InvalidInputError
+from edgewise.errors import ConfigError, DeploymentError
+from edgewise.settings import Invalid
 
 SERIAL_FILE = "/proc/device-tree/serial-number"
 #: host names that name no device in particular
@@ -63,9 +63,9 @@ def resolve_device_id(s: EdgeSettings, serial_path: str = SERIAL_FILE, hostname:
         return s.device_id
     dev, source = default_device_id(serial_path, hostname)
     try:
-        mqtt_topics.check_segment(dev, "value")
-    except InvalidInputError as exc:
-        raise ConfigError(f"device_id: the default from the {source} cannot be used ({exc}); "
+        check_device_id(dev)
+    except Invalid as exc:
+        raise ConfigError(f"device_id: the default from the {source} cannot be used ({exc.problem}); "
                           "set device_id") from None
     s.device_id = dev
     return dev

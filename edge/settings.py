@@ -27,7 +27,9 @@ from edge.sources.live import (
     opencv_video_io,
 )
 from edgewise import mqtt_topics
+from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.ids import id_problem
 from edgewise.runtime.detector import BACKENDS
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings import describe as describe_schema
@@ -241,13 +243,21 @@ def mqtt_outbox_path(s: EdgeSettings) -> str:
     return s.sinks.mqtt_outbox or os.path.join(os.path.dirname(os.path.abspath(s.spool.path)), "mqtt-outbox.db")
 
 
+def check_device_id(device_id: str) -> None:
+    """A device id the cloud accepts (:mod:`edgewise.ids`) that is also one MQTT topic level."""
+    problem = id_problem(device_id, "the id")
+    if problem:
+        raise Invalid("device_id", f"{problem}: the gateway refuses such device ids")
+    try:
+        mqtt_topics.check_segment(device_id, "value")
+    except InvalidInputError as exc:
+        raise Invalid("device_id", f"must be usable as an MQTT topic level: {exc}") from None
+
+
 def validate(s: EdgeSettings) -> None:
     """The rules that span fields or need more than a range; raises :class:`Invalid`."""
     if s.device_id:  # empty: resolved at start (edge.preflight.resolve_device_id)
-        try:
-            mqtt_topics.check_segment(s.device_id, "value")
-        except InvalidInputError as exc:
-            raise Invalid("device_id", f"must be usable as an MQTT topic level: {exc}") from None
+        check_device_id(s.device_id)
     _validate_streams(s.streams)
     if not s.model.path:
         raise Invalid("model.path", "is required")
@@ -266,6 +276,9 @@ def _validate_streams(streams: List[StreamSettings]) -> None:
             raise Invalid(f"{p}.id", "is required")
         if st.id in seen:
             raise Invalid(f"{p}.id", f"duplicate stream id {st.id!r}")
+        problem = id_problem(st.id, "the id")
+        if problem:
+            raise Invalid(f"{p}.id", f"{problem}: the gateway refuses such stream ids")
         seen.add(st.id)
         if st.kind != "synthetic" and not st.uri:
             raise Invalid(f"{p}.uri", f"is required for kind {st.kind!r}")
@@ -308,11 +321,15 @@ def _placeholder(what: str) -> str:
 
 def _validate_cloud(c: CloudSettings) -> None:
     for i, ep in enumerate(c.endpoints):
-        host, _, port = ep.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise Invalid(f"cloud.endpoints[{i}]", f"must be host:port, got {ep!r} (port 1..65535)")
+        try:
+            host, _ = parse_hostport(ep, where="the gateway address")
+        except ConfigError as exc:
+            raise Invalid(f"cloud.endpoints[{i}]", str(exc)) from None
         if is_placeholder(host):
             raise Invalid(f"cloud.endpoints[{i}]", _placeholder(repr(ep)))
+    bad = host_problem(c.mqtt.host) if c.mqtt.host else ""
+    if bad:
+        raise Invalid("cloud.mqtt.host", f"{c.mqtt.host!r} {bad}")
     if c.mqtt.host and is_placeholder(c.mqtt.host):
         raise Invalid("cloud.mqtt.host", _placeholder(repr(c.mqtt.host)).replace("gateway", "broker"))
     if bool(c.tls_cert) != bool(c.tls_key):

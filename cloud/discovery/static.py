@@ -1,8 +1,8 @@
 """Static discovery: a fixed list of workers from the command line or a config file.
 
 Used for local runs (``edgewise cloud up``) and for pools outside Kubernetes.
-Each entry is ``host:port`` or ``host:port=weight``; IPv6 hosts are written in
-brackets (``[::1]:50051``). The set is yielded once and never changes.
+Each entry is ``host:port`` or ``host:port=weight`` (:mod:`edgewise.addresses`); IPv6
+hosts are written in brackets (``[::1]:50051``). The set is yielded once and never changes.
 """
 
 from __future__ import annotations
@@ -12,37 +12,8 @@ import math
 from collections.abc import AsyncIterator, Iterable
 
 from cloud.discovery.base import Endpoint, EndpointState
+from edgewise.addresses import format_address, parse_hostport
 from edgewise.errors import ConfigError
-
-
-def parse_hostport(text: str, *, where: str = "endpoint") -> tuple[str, int]:
-    """Split ``host:port`` / ``[v6]:port`` into (host, port), validating both."""
-    s = text.strip()
-    if s.startswith("["):
-        close = s.find("]")
-        if close < 0 or not s[close + 1 :].startswith(":"):
-            raise ConfigError(f"{where}: {text!r} is not '[ipv6]:port' (example: [::1]:50051)")
-        host, port_s = s[1:close], s[close + 2 :]
-    else:
-        host, sep, port_s = s.rpartition(":")
-        if not sep or not host:
-            raise ConfigError(f"{where}: {text!r} is not 'host:port' (example: 10.0.0.5:50051)")
-        if ":" in host:
-            raise ConfigError(f"{where}: {text!r}: write IPv6 addresses in brackets, e.g. [{host}]:{port_s}")
-    if not host or any(c.isspace() for c in host):
-        raise ConfigError(f"{where}: {text!r} has an empty or invalid host")
-    try:
-        port = int(port_s)
-    except ValueError:
-        raise ConfigError(f"{where}: {text!r}: port {port_s!r} is not an integer") from None
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"{where}: {text!r}: port {port} is outside 1..65535")
-    return host, port
-
-
-def format_address(host: str, port: int) -> str:
-    """``host:port`` with IPv6 literals bracketed, as gRPC targets expect."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_weight(text: str, *, where: str = "weight") -> float:

@@ -12,7 +12,6 @@ one request path (``Gateway.handle``) runs them for both transports, with the
 from __future__ import annotations
 
 import hmac
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -22,10 +21,9 @@ from cloud.gateway.envelope import RequestHead
 from cloud.gateway.settings import LimitSettings
 from edgewise import status
 from edgewise.errors import InvalidInputError
+from edgewise.ids import id_problem
 from edgewise.imagefiles import ImageHeader
 from edgewise.wire import check_image
-
-_ID_RE = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
 
 
 @dataclass(frozen=True)
@@ -39,12 +37,8 @@ def _check_id(value: str, name: str, limit: int, required: bool = True) -> Rejec
         if required:
             return Rejection(status.INVALID_ARGUMENT, f"{name} is empty; set it to the device/stream identifier")
         return None
-    if len(value) > limit:
-        return Rejection(status.INVALID_ARGUMENT, f"{name} is {len(value)} characters; the limit is {limit}")
-    if not _ID_RE.match(value):
-        return Rejection(status.INVALID_ARGUMENT,
-                         f"{name} {value[:40]!r} has characters outside [A-Za-z0-9._:/@+-]")
-    return None
+    problem = id_problem(value, name, limit)
+    return Rejection(status.INVALID_ARGUMENT, problem) if problem else None
 
 
 def validate_request(req: RequestHead, limits: LimitSettings) -> Rejection | ImageHeader:

@@ -18,7 +18,9 @@ from typing import Any
 
 from cloud.gateway.balancing import BalancerConfig
 from edgewise import mqtt_topics
+from edgewise.addresses import host_problem
 from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.ids import DEFAULT_MAX_ID_LENGTH
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings.building import load_file
@@ -72,7 +74,7 @@ class LimitSettings:
                                    6 * 1024 * 1024, lo=1)
     max_image_pixels: int = setting("Largest image, width x height as its header declares (every encoding; "
                                     "read before any decoding, as the workers do).", DEFAULT_MAX_PIXELS, lo=1)
-    max_id_length: int = setting("Longest device_id / stream_id / trace_id.", 128, lo=1)
+    max_id_length: int = setting("Longest device_id / stream_id / trace_id.", DEFAULT_MAX_ID_LENGTH, lo=1)
     max_edge_detections: int = setting("Most edge detections one request may carry.", 1000, lo=0)
     default_deadline_s: float = setting("Deadline when neither the call nor the request sets one, seconds "
                                         "(at most `max_deadline_s`).", 5.0, lo=0, lo_open=True)
@@ -226,6 +228,9 @@ def validate(s: GatewaySettings) -> None:
         if bad:
             raise Invalid(f"auth.tokens[{i}]", bad)
         seen[t.device] = t.token
+    bad = host_problem(s.mqtt.host)
+    if bad:
+        raise Invalid("mqtt.host", f"{s.mqtt.host!r} {bad}")
     _check_topic("mqtt.group", mqtt_topics.check_segment, s.mqtt.group)
     _check_topic("mqtt.topic_prefix", mqtt_topics.check_prefix, s.mqtt.topic_prefix)
     if s.mqtt.response_topic_pattern:

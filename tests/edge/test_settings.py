@@ -59,6 +59,41 @@ def test_device_id_may_be_left_empty(tmp_path):
     assert s.device_id == ""  # resolved at start: edge.preflight.resolve_device_id
 
 
+@pytest.mark.parametrize("override, says", [
+    ("device_id=cámara-ü1", r"device_id: the id 'cámara-ü1' has characters outside .*gateway refuses such device ids"),
+    ("device_id=" + "x" * 129, r"device_id: the id is 129 characters; the limit is 128"),
+    ("streams.0.id=entrée nord", r"streams.0.id: the id 'entrée nord' has characters outside .*such stream ids"),
+    ("device_id=cam/1", r"device_id: must be usable as an MQTT topic level"),
+])
+def test_ids_the_gateway_refuses_are_refused_at_start(tmp_path, override, says):
+    """Every escalation of such a device ended INVALID_ARGUMENT at the gateway, for hours;
+    the rule is the gateway's own (edgewise.ids)."""
+    with pytest.raises(ConfigError, match=says):
+        load_settings(write(tmp_path, "device_id: a\nstreams: [{id: s, kind: synthetic}]\n"),
+                      overrides=[override], env={})
+
+
+@pytest.mark.parametrize("override, says", [
+    ("cloud.endpoints=[[a:1, b:2]", r"cloud.endpoints\[0\]: the gateway address: '\[a:1' is not '\[ipv6\]:port'"),
+    ("cloud.endpoints=[a b:1]", r"cloud.endpoints\[0\]: the gateway address: 'a b:1': the host 'a b' is not a host name"),
+    ("cloud.mqtt.host=broker lan", r"cloud.mqtt.host: 'broker lan' is not a host name"),
+])
+def test_gateway_and_broker_addresses_that_cannot_work_are_refused(tmp_path, override, says):
+    """'[a:1' was accepted as a gateway address and failed at every escalation."""
+    with pytest.raises(ConfigError, match=says):
+        load_settings(write(tmp_path, "device_id: a\nstreams: [{id: s, kind: synthetic}]\n"),
+                      overrides=[override], env={})
+
+
+def test_a_default_device_id_the_gateway_refuses_is_named(tmp_path):
+    from edge.preflight import resolve_device_id
+
+    s = load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\n"), env={})
+    with pytest.raises(ConfigError, match=r"^device_id: the default from the host name cannot be used "
+                                          r"\(the id 'héte' has characters outside"):
+        resolve_device_id(s, serial_path=str(tmp_path / "none"), hostname="héte")
+
+
 def test_layering_file_env_flags(tmp_path):
     path = write(tmp_path, "device_id: a\nstreams: [{id: s, kind: synthetic}]\nmetrics: {port: 1234}\n")
     s = load_settings(path, overrides=["metrics.port=4321", "streams.0.fps=7.5"],
@@ -82,9 +117,9 @@ def test_layering_file_env_flags(tmp_path):
      ":2: model.conf_thres: 2 is out of range; allowed: a number in [0, 1]"),
     ("streams: [{id: s, kind: synthetic}]\nmodel: {max_batch: many}\n", "model.max_batch: 'many' is not an integer"),
     ("streams: [{id: s, kind: synthetic}]\nmodel: {backend: tensorflow}\n", "model.backend: 'tensorflow' is not allowed"),
-    ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: [nohost]}\n", "cloud.endpoints[0]: must be host:port"),
+    ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: [nohost]}\n", "cloud.endpoints[0]: the gateway address: 'nohost' is not 'host:port'"),
     ("streams: [{id: s, kind: synthetic}]\ncloud: {transport: http}\n", "cloud.transport: 'http' is not allowed"),
-    ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: ['gw:70000']}\n", "must be host:port, got 'gw:70000' (port 1..65535)"),
+    ("streams: [{id: s, kind: synthetic}]\ncloud: {endpoints: ['gw:70000']}\n", "the gateway address: 'gw:70000': port 70000 is outside 1..65535"),
     ("streams: [{id: s, kind: synthetic}]\ncloud: {mqtt: {topic_prefix: 'a/+'}}\n", "cloud.mqtt.topic_prefix: must be"),
     ("streams: [{id: s, kind: synthetic}]\ncloud: {keepalive_s: 0}\n", "cloud.keepalive_s: 0 is out of range"),
     ("streams: [{id: s, kind: synthetic}]\nspool: {replay_batch: 0}\n", "spool.replay_batch: 0 is out of range"),

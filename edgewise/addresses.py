@@ -1,0 +1,67 @@
+"""``host:port`` addresses as settings and command lines write them: one parser for the
+edge's ``cloud.endpoints`` and the cloud's worker lists.
+
+A host is a DNS name (letters, digits, ``-`` and ``_`` in dot-separated labels of at most 63
+characters; internationalised names in their ``xn--`` form), an IPv4 address, or an IPv6
+address in brackets (``[::1]:50051``); the port is 1..65535.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Tuple
+
+from edgewise.errors import ConfigError
+
+_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+
+
+def host_problem(host: str) -> str:
+    """Why ``host`` (unbracketed) is not a DNS name or an IP address; "" when it is one."""
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return "is not an IPv6 address"
+        return ""
+    name = host[:-1] if host.endswith(".") else host
+    if not name or len(name) > 253:
+        return "is not a host name (1..253 characters)"
+    if not all(_LABEL.match(label) for label in name.split(".")):
+        return ("is not a host name: letters, digits, '-' and '_' in dot-separated labels of at most 63 "
+                "characters (an internationalised name in its xn-- form)")
+    return ""
+
+
+def parse_hostport(text: str, *, where: str = "endpoint") -> Tuple[str, int]:
+    """Split ``host:port`` / ``[v6]:port`` into (host, port), validating both; ConfigError
+    naming ``where`` otherwise."""
+    s = text.strip()
+    if s.startswith("["):
+        close = s.find("]")
+        if close < 0 or not s[close + 1:].startswith(":"):
+            raise ConfigError(f"{where}: {text!r} is not '[ipv6]:port' (example: [::1]:50051)")
+        host, port_s = s[1:close], s[close + 2:]
+        if ":" not in host:
+            raise ConfigError(f"{where}: {text!r}: only IPv6 addresses go in brackets")
+    else:
+        host, sep, port_s = s.rpartition(":")
+        if not sep or not host:
+            raise ConfigError(f"{where}: {text!r} is not 'host:port' (example: 10.0.0.5:50051)")
+        if ":" in host:
+            raise ConfigError(f"{where}: {text!r}: write IPv6 addresses in brackets, e.g. [{host}]:{port_s}")
+    problem = host_problem(host)
+    if problem:
+        raise ConfigError(f"{where}: {text!r}: the host {host!r} {problem}")
+    if not port_s.isdigit():
+        raise ConfigError(f"{where}: {text!r}: port {port_s!r} is not an integer")
+    port = int(port_s)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{where}: {text!r}: port {port} is outside 1..65535")
+    return host, port
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port`` with IPv6 literals bracketed, as gRPC targets expect."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,26 @@
+"""The rule for the ids a request carries (device, stream, trace): one place for both ends.
+
+The gateway refuses a request whose ids break it (INVALID_ARGUMENT); the edge checks its
+own ``device_id`` and stream ids against the same rule when it loads its settings, so a
+device never runs for hours sending requests the cloud refuses every time.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+#: characters an id may hold
+ID_CHARS = "A-Za-z0-9._:/@+-"
+_ID_RE = re.compile(f"^[{ID_CHARS}]+$")
+#: the gateway's default ``limits.max_id_length``
+DEFAULT_MAX_ID_LENGTH = 128
+
+
+def id_problem(value: str, name: str, limit: int = DEFAULT_MAX_ID_LENGTH) -> Optional[str]:
+    """Why ``value`` cannot be sent as ``name`` (an empty value is the caller's concern), or None."""
+    if len(value) > limit:
+        return f"{name} is {len(value)} characters; the limit is {limit}"
+    if value and not _ID_RE.match(value):
+        return f"{name} {value[:40]!r} has characters outside [{ID_CHARS}]"
+    return None

@@ -1,0 +1,36 @@
+"""host:port as the edge's cloud.endpoints and the gateway's worker lists write it."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgewise.addresses import format_address, host_problem, parse_hostport
+from edgewise.errors import ConfigError
+
+
+@pytest.mark.parametrize("text, parsed", [
+    ("10.0.0.5:50051", ("10.0.0.5", 50051)), ("gw.plant.lan:443", ("gw.plant.lan", 443)),
+    ("[::1]:50051", ("::1", 50051)), ("localhost:1", ("localhost", 1)), ("fqdn.example.net.:65535", ("fqdn.example.net.", 65535)),
+    ("xn--bcher-kva.example:80", ("xn--bcher-kva.example", 80)), ("_svc.w-1:8", ("_svc.w-1", 8)),
+])
+def test_addresses_that_work(text, parsed):
+    assert parse_hostport(text) == parsed
+    assert format_address(*parsed) == (text if "[" in text else text)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[a:1", r"is not '\[ipv6\]:port'"), ("[gw]:1", r"only IPv6 addresses go in brackets"),
+    ("a b:1", r"the host 'a b' is not a host name"), ("ä:1", r"the host 'ä' is not a host name.*xn--"),
+    ("a:1:2", r"write IPv6 addresses in brackets"), ("[::g]:1", r"is not an IPv6 address"),
+    ("gw:0", r"port 0 is outside 1..65535"), ("gw:x", r"port 'x' is not an integer"), ("gw", r"is not 'host:port'"),
+    ("-gw:1", r"not a host name"), ("a..b:1", r"not a host name"), ("x" * 64 + ".lan:1", r"not a host name"),
+    (":1", r"is not 'host:port'"), ("gw:+1", r"port '\+1' is not an integer"),
+])
+def test_addresses_that_cannot_work_are_named(text, says):
+    with pytest.raises(ConfigError, match=r"^endpoint: .*" + says):
+        parse_hostport(text)
+
+
+def test_host_problem_is_empty_for_hosts_and_names_the_rule_otherwise():
+    assert host_problem("broker.plant.lan") == host_problem("192.168.1.2") == host_problem("fe80::1") == ""
+    assert "is not a host name" in host_problem("broker plant")
