@@ -14,14 +14,18 @@ start, ``edgewise edge check-config``, ``edgewise edge provision``.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import List, Optional, Tuple
 
 from edge.settings import EdgeSettings, check_device_id, mqtt_outbox_path
 from edge.spool import read_only
+from edge.tlsfiles import check_files
 from edgewise.errors import ConfigError, DeploymentError
 from edgewise.settings import Invalid
+
+log = logging.getLogger(__name__)
 
 SERIAL_FILE = "/proc/device-tree/serial-number"
 #: host names that name no device in particular
@@ -155,8 +159,11 @@ def check_sources(s: EdgeSettings) -> None:
 
 
 def preflight(s: EdgeSettings, create: bool = True) -> List[str]:
-    """Device id, state folders (in that order); the lines to log about them."""
+    """Device id, TLS files, state folders (in that order); the lines to log about them
+    (a TLS file that is usable but likely wrong is logged as a warning here)."""
     had_id = bool(s.device_id)
     dev = resolve_device_id(s)
+    for warning in check_files(s.cloud.tls_ca, s.cloud.tls_cert, s.cloud.tls_key, dev):
+        log.warning("%s", warning)
     check_state_dirs(s, create)
     return [f"device id {dev}" + ("" if had_id else " (default: serial number, else host name)")]

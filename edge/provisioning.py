@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from edge.settings import SCHEMA
+from edge.tlsfiles import certificate_warnings, check_ca, check_pair
 from edgewise.errors import ConfigError, InvalidInputError
 
 CONFIG = "etc/edgewise/edge.yaml"
@@ -181,6 +182,12 @@ def provision(args: argparse.Namespace) -> List[Tuple[Path, int, int]]:
     token = read_token(args.token_file) if args.token_file else None
     tree, template = settings_tree(args, root, token)
     gid = args.group if args.group is not None else (group_id(root) or 0)
+    if args.ca:
+        check_ca(args.ca, "--ca")
+    if args.cert and args.key:
+        check_pair(args.cert, args.key, "--cert", "--key")
+        for warning in certificate_warnings(args.cert, str(tree.get("device_id") or "")):
+            print(f"warning: {warning}", file=sys.stderr)
     plan: List[Tuple[Path, bytes, int, int]] = []
     for flag, name, mode in (("ca", "ca.pem", 0o644), ("cert", "client.pem", 0o644), ("key", "client.key", 0o640)):
         src = getattr(args, flag)

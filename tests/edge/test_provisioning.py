@@ -11,9 +11,9 @@ import yaml
 from edge import provisioning as PV
 from edge.settings import load_settings
 from edgewise.cli import main
+from tests.cloud.gateway.pki import Pki
 
 ROOT = Path(__file__).resolve().parents[2]
-PEM = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
 
 @pytest.fixture
@@ -32,8 +32,7 @@ def _mode(p: Path) -> int:
 
 def test_writes_config_token_and_certificates_with_their_modes(rootfs: Path, tmp_path: Path, capsys) -> None:
     (tmp_path / "token").write_text("tok-17.abc_DEF\n")
-    for name in ("ca.pem", "dev.pem", "dev.key"):
-        (tmp_path / name).write_bytes(PEM)
+    Pki(tmp_path).issue("dev", "cam-17")
     assert main(["edge", "provision", "--root", str(rootfs), "--device-id", "cam-17",
                  "--endpoint", "gw.plant.lan:50051", "--endpoint", "gw2.plant.lan:50051",
                  "--token-file", str(tmp_path / "token"), "--ca", str(tmp_path / "ca.pem"),
@@ -79,14 +78,18 @@ def test_the_edgewise_group_of_a_running_device_and_a_second_run_keeps_other_env
     (["--endpoint", "gw:1", "--device-id", "a/b"], "device_id: must be usable as an MQTT topic level"),
     (["--endpoint", "gw:1", "--cert", "/nonexistent.pem"], "--cert and --key go together"),
     (["--endpoint", "gw:1", "--token-file", "/nonexistent"], "--token-file /nonexistent: cannot be read"),
-    (["--endpoint", "gw:1", "--ca", "__EMPTY__"], "not a PEM file"),
+    (["--endpoint", "gw:1", "--ca", "__EMPTY__"], "cannot be used as a CA bundle"),
+    (["--endpoint", "gw:1", "--cert", "__CERT__", "--key", "__OTHER_KEY__"], "is not the key of --cert"),
     (["--endpoint", "gw:1", "--token-file", "__SPACES__"], "the token may hold only"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(rootfs: Path, tmp_path: Path, capsys, extra, needle) -> None:
     (tmp_path / "empty").write_text("")
     (tmp_path / "spaces").write_text("a b")
-    extra = [str(tmp_path / "empty") if a == "__EMPTY__" else str(tmp_path / "spaces") if a == "__SPACES__" else a
-             for a in extra]
+    pki = Pki(tmp_path)
+    pki.issue("a", "cam-a")
+    pki.issue("b", "cam-b")
+    files = {"__EMPTY__": "empty", "__SPACES__": "spaces", "__CERT__": "a.pem", "__OTHER_KEY__": "b.key"}
+    extra = [str(tmp_path / files[a]) if a in files else a for a in extra]
     before = (rootfs / "etc/edgewise/edge.yaml").read_text()
     assert main(["edge", "provision", "--root", str(rootfs), *extra]) == 2
     err = capsys.readouterr().err.strip()
