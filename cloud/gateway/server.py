@@ -317,10 +317,26 @@ class Gateway:
             self.discovery.replace(specs)
             log.info("worker list reloaded: %d workers", len(specs))
 
+    def reload_tokens(self, tokens: dict[str, str]) -> None:
+        """Put a new device -> token table in force (a rotated token, a device added or
+        removed). An empty table while authentication is on is refused: an emptied or
+        half-written tokens file must not switch authentication off."""
+        if self.auth.enabled and not tokens:
+            log.error("token reload ignored: auth.tokens and auth.tokens_file now list no device, which would "
+                      "turn authentication off; restart the gateway to run without authentication")
+            return
+        added = sorted(tokens.keys() - self.auth.tokens.keys())
+        removed = sorted(self.auth.tokens.keys() - tokens.keys())
+        changed = sorted(d for d in tokens.keys() & self.auth.tokens.keys() if tokens[d] != self.auth.tokens[d])
+        self.auth.tokens = dict(tokens)
+        log.info("device tokens reloaded: %d devices (%d added, %d removed, %d changed)",
+                 len(tokens), len(added), len(removed), len(changed))
+
 
 async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings] | None = None,
                 announce: bool = True) -> None:
-    """Run a gateway until SIGTERM/SIGINT; SIGHUP re-reads the static worker list."""
+    """Run a gateway until SIGTERM/SIGINT; SIGHUP re-reads the static worker list and the
+    device tokens (``auth.tokens``, ``auth.tokens_file``)."""
     gw = Gateway(settings)
     port = await gw.start()
     if announce:
@@ -334,9 +350,13 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
         if reload is None:
             return
         try:
-            gw.reload_workers(reload().discovery.static)
+            fresh = reload()
+            tokens = fresh.device_tokens()
         except ConfigError as exc:
-            log.error("reload ignored: %s", exc)
+            log.error("reload ignored, the workers and tokens in force stay: %s", exc)
+            return
+        gw.reload_workers(fresh.discovery.static)
+        gw.reload_tokens(tokens)
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     await stop.wait()

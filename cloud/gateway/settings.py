@@ -61,7 +61,8 @@ class AuthSettings:
 
     tokens: list[DeviceToken] = setting("Devices allowed to call, with their tokens; none here and in "
                                         "`tokens_file` = authentication off (logged).", factory=list)
-    tokens_file: str = setting("YAML file holding a list of `{device, token}`; merged with `tokens`.", "")
+    tokens_file: str = setting("YAML file holding a list of `{device, token}`; merged with `tokens`; SIGHUP "
+                               "re-reads both (a result listing no device is refused).", "")
 
 
 @dataclass

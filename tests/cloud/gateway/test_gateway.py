@@ -544,3 +544,61 @@ def test_removed_worker_drains_then_channel_closes():
             await a.stop()
             await b.stop()
     run(main())
+
+
+def test_sighup_puts_rotated_tokens_in_force_and_never_turns_authentication_off(tmp_path, caplog):
+    """A rotated token in auth.tokens_file was never picked up, even after SIGHUP: the new
+    token was refused and the old one kept working until a restart."""
+    import logging
+    import os
+    import signal
+
+    from cloud.gateway import server
+
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("- {device: cam-1, token: old-token}\n")
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        over = {"auth.tokens_file": str(tokens), "listen": "127.0.0.1:0"}
+        gws = []
+        real_gateway = server.Gateway
+
+        def keep(settings):
+            gws.append(real_gateway(settings))
+            return gws[-1]
+
+        server.Gateway = keep
+        try:
+            task = asyncio.ensure_future(server.serve(settings_for([(w, 1)], **over),
+                                                      reload=lambda: settings_for([(w, 1)], **over), announce=False))
+            await async_wait_until(lambda: gws and gws[0].serving, 10, "the gateway serving")
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gws[0].port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+
+                async def code(token):
+                    return (await _detect(stub, request(), metadata=(("authorization", f"Bearer {token}"),)))[0]
+
+                assert await code("old-token") == "OK"
+                tokens.write_text("- {device: cam-1, token: new-token}\n")
+                os.kill(os.getpid(), signal.SIGHUP)
+                await async_wait_until(lambda: gws[0].auth.tokens == {"cam-1": "new-token"}, 10, "the reload")
+                assert (await code("new-token"), await code("old-token")) == ("OK", "UNAUTHENTICATED")
+                tokens.write_text("[]\n")  # emptied: must not open the gateway to anyone
+                os.kill(os.getpid(), signal.SIGHUP)
+                await async_wait_until(lambda: "token reload ignored" in caplog.text, 10, "the refusal")
+                assert (await code("new-token"), await code("anything")) == ("OK", "UNAUTHENTICATED")
+                tokens.write_text("- {device: cam-1, token: ' padded '}\n")  # malformed: the table in force stays
+                os.kill(os.getpid(), signal.SIGHUP)
+                await async_wait_until(lambda: "reload ignored, the workers and tokens in force stay" in caplog.text,
+                                       10, "the malformed file refused")
+                assert await code("new-token") == "OK"
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(task, 30)
+        finally:
+            server.Gateway = real_gateway
+            await w.stop()
+
+    with caplog.at_level(logging.INFO, logger="cloud.gateway.server"):
+        run(main())
