@@ -80,6 +80,19 @@ class _Refused(NamedTuple):
     error: str
 
 
+def _check_answer_is_for(record: FrameRecord, resp: Any) -> None:
+    """An answer names the frame it answers (the worker echoes device, stream and frame_seq):
+    one for another frame (a misbehaving responder on the broker, a bug upstream) must not
+    become this frame's cloud result. ValueError naming the difference."""
+    if not (resp.device_id or resp.stream_id):
+        return  # an answer that names no frame (an older cloud) is taken as the request's
+    wrong = [f"{name} {got!r}, not {want!r}" for name, got, want in (
+        ("device_id", resp.device_id, record.device), ("stream_id", resp.stream_id, record.stream),
+        ("frame_seq", resp.frame_seq, record.frame_seq)) if got != want]
+    if wrong:
+        raise ValueError("the answer is for another frame: " + "; ".join(wrong))
+
+
 class Escalating:
     """Sends escalations, falls back per policy, replays the spool."""
 
@@ -271,6 +284,7 @@ class Escalating:
         detections do not validate."""
         from edgewise.wire import detections_from_proto
 
+        _check_answer_is_for(record, resp)
         cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
         regions = seen_regions(record)
         merged = merge.apply(dets, cloud, regions)

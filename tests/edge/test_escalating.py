@@ -228,6 +228,25 @@ def test_a_cloud_answer_whose_boxes_do_not_validate_leaves_the_record_untouched(
     esc.spool_io.shutdown()
 
 
+def test_an_answer_for_another_frame_is_not_taken_as_this_frames():
+    """A responder on the broker answered with the right correlation data but another
+    device's, stream's or frame's answer: it was recorded as this frame's cloud result."""
+    esc = asyncio.run(_escalating_on_a_loop())
+    policy = parse_policy(policy_yaml("p"))
+    for wrong in ({"device_id": "someone-else"}, {"stream_id": "other"}, {"frame_seq": 1001}):
+        record = frame_record("cam", 1)
+        fields = {"device_id": record.device, "stream_id": "cam", "frame_seq": 1, **wrong}
+        resp = detect_pb2.DetectResponse(model_name="big", **fields)
+        with pytest.raises(ValueError, match=r"the answer is for another frame: " + next(iter(wrong))):
+            esc._write_merged(record, dets([[10, 10, 30, 30]], [0.4]), resp, policy.spec.merge, 0.1, late=False)
+        assert record.outcome == "pending"
+    record = frame_record("cam", 1)
+    ok = detect_pb2.DetectResponse(model_name="big", device_id=record.device, stream_id="cam", frame_seq=1)
+    esc._write_merged(record, dets([[10, 10, 30, 30]], [0.4]), ok, policy.spec.merge, 0.1, late=False)
+    assert record.outcome == "cloud"
+    esc.spool_io.shutdown()
+
+
 def test_an_unreadable_spool_entry_is_dropped_from_the_head_not_blocking_the_rest(tmp_path, real_cloud):
     """A spooled entry that cannot be read is dropped (counted) instead of blocking the
     replay of everything behind it, which reaches the real cloud."""
