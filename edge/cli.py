@@ -22,7 +22,7 @@ import argparse
 import json
 from typing import Any, Dict, Optional
 
-from edge.settings import SCHEMA
+from edge.settings import SCHEMA, policy_fit
 from edgewise.settings import add_settings_arguments, settings_from_args
 
 #: ``check-policy`` exit statuses (docs/policies.md#use-it-in-ci); an invalid policy or unusable
@@ -86,9 +86,9 @@ def _check_config(args: argparse.Namespace) -> int:
     info = load_model_info(s.model.path, s.model.imgsz or None)
     lines.append(f"model {info.path} ({info.precision}, {info.imgsz[0]}x{info.imgsz[1]}) on {check_backend(s)}")
     if s.policy_file:
-        from edgewise.policy.loading import load_policy
+        from edgewise.policy.holding import PolicyHolder
 
-        load_policy(s.policy_file)
+        PolicyHolder.from_file(s.policy_file, policy_fit(s))  # as the daemon loads it
         lines.append(f"policy {s.policy_file}")
     lines.append(f"cloud {', '.join(s.cloud.endpoints) or '(no gRPC endpoint)'}"
                  + (f", MQTT {s.cloud.mqtt.host}:{s.cloud.mqtt.port}" if s.cloud.mqtt.host else ""))

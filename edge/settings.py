@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
 from edge.sources.live import BACKENDS as LIVE_BACKENDS
 from edge.sources.live import (
@@ -241,6 +241,32 @@ class EdgeSettings:
 def mqtt_outbox_path(s: EdgeSettings) -> str:
     """The MQTT sink's outbox file: ``sinks.mqtt_outbox``, else ``mqtt-outbox.db`` next to the spool."""
     return s.sinks.mqtt_outbox or os.path.join(os.path.dirname(os.path.abspath(s.spool.path)), "mqtt-outbox.db")
+
+
+#: the setting that configures each transport
+TRANSPORT_SETTINGS = {"grpc": "cloud.endpoints", "mqtt": "cloud.mqtt.host"}
+
+
+def configured_transports(s: EdgeSettings) -> List[str]:
+    """The transports these settings configure (none: the device runs edge-only)."""
+    return [t for t, on in (("grpc", bool(s.cloud.endpoints)), ("mqtt", bool(s.cloud.mqtt.host))) if on]
+
+
+def transport_problem(s: EdgeSettings, transport: str) -> str:
+    """Why a policy's ``spec.transport`` cannot be used on this device ("" when it can): a
+    device with a cloud configured must have the one its policy sends escalations over, or
+    every escalation is spooled as "not configured" forever."""
+    configured = configured_transports(s)
+    if not configured or transport in configured:
+        return ""
+    return (f"spec.transport is {transport!r}, but this device's settings configure only "
+            f"{', '.join(configured)}: set {TRANSPORT_SETTINGS.get(transport, 'cloud.*')} in the edge settings, "
+            f"or spec.transport: {configured[0]} in the policy")
+
+
+def policy_fit(s: EdgeSettings) -> Callable[[Any], str]:
+    """What this device checks of a valid policy before it runs it (start and every reload)."""
+    return lambda policy: transport_problem(s, policy.spec.transport)
 
 
 def check_device_id(device_id: str) -> None:

@@ -59,7 +59,19 @@ class ReloadPlan:
     source: str = ""
 
 
-def plan_reload(current_digest: str, data: Union[str, bytes], source_name: str) -> ReloadPlan:
+#: what a deployment checks of a valid policy beyond the policy itself ("" when it can run it),
+#: e.g. that the transport it names is configured
+Fit = Callable[[Policy], str]
+
+
+def _fits(fit: Optional[Fit], policy: Policy, source_name: str) -> None:
+    problem = fit(policy) if fit is not None else ""
+    if problem:
+        raise ConfigError(f"{source_name}: {problem}")
+
+
+def plan_reload(current_digest: str, data: Union[str, bytes], source_name: str,
+                fit: Optional[Fit] = None) -> ReloadPlan:
     """Decide a reload from the new file contents: refuse, no-op, or replace."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     digest = hashlib.sha256(raw).hexdigest()
@@ -67,6 +79,7 @@ def plan_reload(current_digest: str, data: Union[str, bytes], source_name: str) 
         return ReloadPlan(True, None, False, None, digest, source_name)
     try:
         policy = parse_policy(raw, source_name)
+        _fits(fit, policy, source_name)
     except ConfigError as exc:
         return ReloadPlan(False, str(exc), False, None, digest, source_name)
     return ReloadPlan(True, None, True, policy, digest, source_name)
@@ -78,7 +91,9 @@ Listener = Callable[[Policy], None]
 class PolicyHolder:
     """The policy in force, replaced atomically; thread-safe."""
 
-    def __init__(self, policy: Policy, data: Union[str, bytes, None] = None) -> None:
+    def __init__(self, policy: Policy, data: Union[str, bytes, None] = None, fit: Optional[Fit] = None) -> None:
+        _fits(fit, policy, policy.source)
+        self._fit = fit
         self._lock = threading.Lock()
         self._policy = policy
         raw = data.encode("utf-8") if isinstance(data, str) else data
@@ -90,10 +105,11 @@ class PolicyHolder:
         self.last_error: Optional[str] = None
 
     @classmethod
-    def from_file(cls, path: Union[str, Path]) -> PolicyHolder:
-        """Load the initial policy (raises :class:`ConfigError` when invalid)."""
+    def from_file(cls, path: Union[str, Path], fit: Optional[Fit] = None) -> PolicyHolder:
+        """Load the initial policy (raises :class:`ConfigError` when invalid or when ``fit``
+        says this deployment cannot run it; a reload it refuses keeps the old policy)."""
         data = read_policy_bytes(path)
-        return cls(parse_policy(data, str(path)), data)
+        return cls(parse_policy(data, str(path)), data, fit)
 
     @property
     def policy(self) -> Policy:
@@ -115,11 +131,11 @@ class PolicyHolder:
             data = read_policy_bytes(path)
         except ConfigError as exc:
             return ReloadPlan(False, str(exc), False, None, "", str(path))
-        return plan_reload(self._digest, data, str(path))
+        return plan_reload(self._digest, data, str(path), self._fit)
 
     def reload_text(self, data: Union[str, bytes], source_name: str) -> ReloadResult:
         """Validate ``data`` and put it in force when valid and different; never raises."""
-        return self.apply(plan_reload(self._digest, data, source_name))
+        return self.apply(plan_reload(self._digest, data, source_name, self._fit))
 
     def apply(self, plan: ReloadPlan) -> ReloadResult:
         """Put a prepared plan in force (refusal logged once); never raises."""

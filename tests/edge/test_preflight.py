@@ -139,6 +139,29 @@ def test_check_config_ok_and_placeholder(tmp_path: Path, tiny_model: Path, capsy
     assert err.count("\n") == 0 and "--set cloud.endpoints.0: 'gw.example.com:1' is a placeholder" in err
 
 
+@pytest.mark.parametrize("transport, cloud, says", [
+    ("mqtt", {"endpoints": ["10.1.2.3:50051"]}, "spec.transport is 'mqtt', but this device's settings configure only "
+                                                "grpc: set cloud.mqtt.host"),
+    ("grpc", {"mqtt": {"host": "10.1.2.4"}}, "spec.transport is 'grpc', but this device's settings configure only "
+                                             "mqtt: set cloud.endpoints"),
+    ("mqtt", {}, None),  # no cloud at all: an edge-only device, nothing is escalated
+])
+def test_check_config_refuses_a_policy_whose_transport_is_not_configured(tmp_path: Path, tiny_model: Path, capsys,
+                                                                         transport, cloud, says) -> None:
+    """Accepted before, and every escalation was then spooled as 'not configured', for good."""
+    from edgewise.cli import main
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\n"
+                      f"spec: {{transport: {transport}}}\n")
+    cfg = settings_yaml(tmp_path / "edge.yaml", device_id="d1", streams=[{"id": "s", "kind": "synthetic"}],
+                        model={"path": str(tiny_model), "backend": "onnxruntime"}, cloud=cloud,
+                        policy_file=str(policy), spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})
+    rc = main(["edge", "check-config", "--config", str(cfg)])
+    err = capsys.readouterr().err
+    assert (rc, says is None or says in err) == ((0, True) if says is None else (2, True)), err
+
+
 def test_backend_checks(monkeypatch, tmp_path: Path) -> None:
     from edgewise.runtime import detector
     from edgewise.runtime.backends import onnxruntime as ortb

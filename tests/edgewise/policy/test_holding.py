@@ -74,3 +74,26 @@ def test_holder_drives_escalator_swap_between_frames(tmp_path):
         names.append((d.policy_name, d.escalate))
     assert names[:10] == [("strict", False)] * 10
     assert names[10] == ("eager", True)  # the new policy applies from the frame after the reload
+
+
+def test_a_policy_this_deployment_cannot_run_is_refused_at_start_and_on_reload(tmp_path, caplog):
+    """``fit`` (the edge: the policy's transport must be one the settings configure) is the
+    same check at start and at every reload; a refused reload keeps the policy in force."""
+    import pytest
+
+    from edgewise.errors import ConfigError
+
+    def fit(policy):
+        return "" if policy.spec.transport == "grpc" else f"spec.transport {policy.spec.transport!r} is not set up"
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(text("v1", 0.5) + "  transport: mqtt\n")
+    with pytest.raises(ConfigError, match=r"policy.yaml: spec.transport 'mqtt' is not set up"):
+        PolicyHolder.from_file(path, fit)
+    path.write_text(text("v1", 0.5))
+    holder = PolicyHolder.from_file(path, fit)
+    path.write_text(text("v2", 0.5) + "  transport: mqtt\n")
+    with caplog.at_level(logging.WARNING, logger="edgewise.policy.holding"):
+        r = holder.reload(path)
+    assert not r.ok and "spec.transport 'mqtt' is not set up" in (r.error or "")
+    assert holder.policy.metadata.name == "v1" and "keeping 'v1'" in caplog.text
