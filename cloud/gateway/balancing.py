@@ -70,16 +70,19 @@ class Outcome(enum.Enum):
 
     OK = "ok"                # answered (including per-request errors such as INVALID_ARGUMENT)
     OVERLOADED = "overloaded"  # RESOURCE_EXHAUSTED from the worker: load, not success nor failure
-    FAILURE = "failure"      # the worker looks bad: UNAVAILABLE, INTERNAL, reset, hop deadline
+    FAILURE = "failure"      # the worker looks bad: UNAVAILABLE, INTERNAL, reset
+    TIMED_OUT = "timed_out"  # the hop's deadline passed: a failure, unless the deadline was too short
+    #                          for the worker to answer (see Balancer._release)
     CANCELLED = "cancelled"  # the client gave up: says nothing about the worker
 
 
 def outcome_of(wire_status: int) -> Outcome:
     """How the balancer counts a worker's answer with this wire status (docs/design/balancing.md#outlier-ejection and #overload-is-load-not-failure).
 
-    RESOURCE_EXHAUSTED is load; UNAVAILABLE, INTERNAL, a hop deadline and an answer
-    that does not say (UNKNOWN on gRPC) make the worker look bad; per-request
-    errors (INVALID_ARGUMENT, UNAUTHENTICATED) and OK say it works.
+    RESOURCE_EXHAUSTED is load; UNAVAILABLE, INTERNAL and an answer that does not say
+    (UNKNOWN on gRPC) make the worker look bad, and so does a hop deadline that gave the
+    worker time enough (``TIMED_OUT``); per-request errors (INVALID_ARGUMENT,
+    UNAUTHENTICATED) and OK say it works.
     """
     return _OUTCOMES.get(status.row(wire_status).status, Outcome.OK)
 
@@ -88,7 +91,7 @@ _OUTCOMES: dict[int, Outcome] = {
     status.RESOURCE_EXHAUSTED: Outcome.OVERLOADED,
     status.UNAVAILABLE: Outcome.FAILURE,
     status.INTERNAL: Outcome.FAILURE,
-    status.DEADLINE_EXCEEDED: Outcome.FAILURE,
+    status.DEADLINE_EXCEEDED: Outcome.TIMED_OUT,
     detect_pb2.STATUS_UNSPECIFIED: Outcome.FAILURE,
 }
 
@@ -207,6 +210,11 @@ class Ticket:
     address: str
     _balancer: Balancer = field(repr=False)
     cost: float = 1.0  # what the request counts as in the endpoint's work in flight
+    #: the request's remaining time at the pick, and how long the endpoint was expected to
+    #: take to answer it then (its work in flight, this request included, over its measured
+    #: rate); None when unknown
+    deadline_s: float | None = None
+    expected_s: float | None = None
     _released: bool = field(default=False, repr=False)
 
     def release(self, outcome: Outcome) -> bool:
@@ -214,7 +222,15 @@ class Ticket:
         if self._released:
             return False
         self._released = True
+        if outcome is Outcome.TIMED_OUT and self.hopeless():
+            outcome = Outcome.CANCELLED  # the client asked for less time than any answer takes
         return self._balancer._release(self.address, outcome, self.cost)
+
+    def hopeless(self) -> bool:
+        """The deadline was shorter than the endpoint's expected answer time at the pick: its
+        expiry says nothing about the worker (a client sending 5 ms deadlines must not get a
+        healthy worker ejected)."""
+        return self.deadline_s is not None and self.expected_s is not None and self.deadline_s < self.expected_s
 
 
 class Balancer:
@@ -411,7 +427,9 @@ class Balancer:
         live = [ep for ep in self.endpoints.values() if not ep.draining]
         if not live or self.config.panic_threshold_percent <= 0:
             return False
-        healthy = sum(1 for ep in live if not ep.ejected(now))
+        # a paused endpoint (reports not serving, or its load poll fails) is not healthy: with
+        # one worker ejected and the other paused, nothing was pickable and every request failed
+        healthy = sum(1 for ep in live if not ep.ejected(now) and not ep.paused)
         return 100.0 * healthy / len(live) < self.config.panic_threshold_percent
 
     # ---- pick ------------------------------------------------------------------------------
@@ -455,7 +473,8 @@ class Balancer:
             alpha = 1.0 / self.config.cost_window
             self._mean_pixels = (float(pixels) if self._mean_pixels is None
                                  else self._mean_pixels + alpha * (pixels - self._mean_pixels))
-        return Ticket(chosen.address, self, cost)
+        rate = self._pixel_weight(chosen) or chosen.capacity
+        return Ticket(chosen.address, self, cost, deadline_s, chosen.work / rate if rate else None)
 
     def _choose(self, cands: list[EndpointStats], now: float, costs: dict[str, float]) -> EndpointStats:
         mode = self.config.mode
@@ -526,7 +545,7 @@ class Balancer:
             # At capacity: hold it at what it could take (docs/design/balancing.md#overload-is-load-not-failure).
             ep.overload_cap = max(1, in_flight_before - 1)
             ep.overload_until = now + c.overload_hold_s
-        elif outcome is Outcome.FAILURE:
+        elif outcome is Outcome.FAILURE or outcome is Outcome.TIMED_OUT:
             ep.consecutive_failures += 1
             if ep.consecutive_failures >= c.consecutive_failures and not ep.ejected(now):
                 self._maybe_eject(ep, now)

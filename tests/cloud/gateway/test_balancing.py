@@ -194,6 +194,35 @@ def fail(b: Balancer, address: str, n: int) -> None:
         Ticket(address, b).release(Outcome.FAILURE)
 
 
+def test_panic_counts_a_paused_worker_as_unhealthy():
+    """One worker ejected, the other paused (killed: its load poll fails): nothing was
+    pickable although the ejected one was healthy, and every request failed for 30-300 s."""
+    b, clock = make([1, 1])
+    b.report_load("w1", capacity=None, serving=False)
+    assert b.endpoints["w1"].paused
+    fail(b, "w0", 5)
+    assert b.endpoints["w0"].ejected(clock()) and b.in_panic()
+    assert must(b.pick()).address == "w0"
+
+
+def test_a_deadline_too_short_for_any_answer_does_not_eject_a_healthy_worker():
+    """A client sending 5 ms deadlines to a worker that answers in 50 ms: its timeouts say
+    nothing about the worker; a deadline that gave the worker time does count."""
+    b, clock = make([1, 1])
+    b.report_load("w0", capacity=20.0)  # 50 ms per image
+    b.report_load("w1", capacity=20.0)
+    for _ in range(10):
+        t = must(b.pick(exclude=["w1"], deadline_s=0.005))
+        assert t.hopeless()
+        t.release(Outcome.TIMED_OUT)
+    assert not b.endpoints["w0"].ejected(clock()) and b.endpoints["w0"].consecutive_failures == 0
+    for _ in range(5):
+        t = must(b.pick(exclude=["w1"], deadline_s=2.0))
+        assert not t.hopeless()
+        t.release(Outcome.TIMED_OUT)
+    assert b.endpoints["w0"].ejected(clock())
+
+
 def test_ejection_after_five_failures_and_duration_grows():
     b, clock = make([1] * 10)
     fail(b, "w3", 4)
@@ -439,7 +468,7 @@ def test_outcome_of_every_wire_status():
         detect_pb2.INVALID_ARGUMENT: Outcome.OK,  # the request's fault, the worker works
         detect_pb2.RESOURCE_EXHAUSTED: Outcome.OVERLOADED,
         detect_pb2.UNAVAILABLE: Outcome.FAILURE,
-        detect_pb2.DEADLINE_EXCEEDED: Outcome.FAILURE,
+        detect_pb2.DEADLINE_EXCEEDED: Outcome.TIMED_OUT,  # a failure, unless the deadline was hopeless
         detect_pb2.UNAUTHENTICATED: Outcome.OK,
         detect_pb2.INTERNAL: Outcome.FAILURE,
     }
