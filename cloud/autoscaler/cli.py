@@ -40,12 +40,12 @@ def handler(args: argparse.Namespace) -> int:
 
 async def serve(settings: Any) -> int:
     """Run the loop until SIGTERM/SIGINT. ``settings`` is an AutoscalerSettings."""
-    from prometheus_client import start_http_server
-
     from cloud.autoscaler.kube import DeploymentScale
     from cloud.autoscaler.loop import AutoscalerLoop, AutoscalerMetrics, GatewayPoller
     from cloud.autoscaler.scaling import Scaler
+    from cloud.binding import socket_port_async
     from cloud.discovery.kubeclient import KubeAccess, build_api_client
+    from cloud.gateway.http import SidePort
 
     k = settings.kubernetes
     api = build_api_client(KubeAccess(api_server=k.api_server, token=k.token, ca_file=k.ca_file,
@@ -53,9 +53,11 @@ async def serve(settings: Any) -> int:
     metrics = AutoscalerMetrics()
     server = None
     if settings.metrics_port is not None:
-        server, _thread = start_http_server(settings.metrics_port, settings.metrics_host,
-                                            registry=metrics.registry)
-        log.info("autoscaler: metrics on %s:%d", settings.metrics_host, server.server_port)
+        server = SidePort(metrics.registry)
+        port = await socket_port_async(lambda: server.start(settings.metrics_host, settings.metrics_port),
+                                       f"{settings.metrics_host}:{settings.metrics_port}",
+                                       "metrics_host/metrics_port")
+        log.info("autoscaler: metrics on %s:%d", settings.metrics_host, port)
     target = DeploymentScale(api, k.namespace, k.deployment, dry_run=settings.dry_run,
                              request_timeout_s=k.request_timeout_s)
     poller = GatewayPoller(settings.gateway_urls, timeout_s=settings.gateway_timeout_s,
@@ -72,6 +74,6 @@ async def serve(settings: Any) -> int:
         await loop.run()
     finally:
         if server is not None:
-            server.shutdown()
+            await server.stop()
         api.close()
     return 0

@@ -1,9 +1,12 @@
-"""The gateway's small HTTP side port: ``/metrics`` (Prometheus), ``/pool`` (JSON), ``/healthz``.
+"""The cloud daemons' small HTTP side port: ``/metrics`` (Prometheus), and on the gateway
+``/pool`` (JSON) and ``/healthz``; the worker and the autoscaler serve their metrics with it too.
 
 A few lines of asyncio instead of a web framework: GET only, one response per
 connection; the request head must arrive within ``READ_TIMEOUT_S`` and within the
 reader's 64 KiB line limit and ``MAX_HEADERS`` lines (else 431), a request line that is
-not HTTP gets 400, and failures are logged a few times a minute at most.
+not HTTP gets 400, and failures are logged a few times a minute at most. (prometheus_client's
+own ``start_http_server`` holds a thread and a descriptor per connection, with no timeout:
+300 idle connections held 300 threads of a worker.)
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ MAX_HEADERS = 100
 class SidePort:
     """Serves metrics, the pool document and liveness on one TCP port."""
 
-    def __init__(self, registry: CollectorRegistry, pool_doc: Callable[[], dict[str, Any]],
-                 healthy: Callable[[], bool]) -> None:
+    def __init__(self, registry: CollectorRegistry, pool_doc: Callable[[], dict[str, Any]] | None = None,
+                 healthy: Callable[[], bool] | None = None) -> None:
         self.registry = registry
         self.pool_doc = pool_doc
         self.healthy = healthy
@@ -79,12 +82,13 @@ class SidePort:
             return "405 Method Not Allowed", "text/plain", b"GET only\n"
         if path == "/metrics":
             return "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
-        if path == "/pool":
+        if path == "/pool" and self.pool_doc is not None:
             return "200 OK", "application/json", json.dumps(self.pool_doc()).encode()
-        if path in ("/healthz", "/readyz"):
+        if path in ("/healthz", "/readyz") and self.healthy is not None:
             ok = self.healthy()
             return ("200 OK" if ok else "503 Service Unavailable"), "text/plain", b"ok\n" if ok else b"not serving\n"
-        return "404 Not Found", "text/plain", b"try /metrics, /pool or /healthz\n"
+        paths = ["/metrics"] + (["/pool"] if self.pool_doc else []) + (["/healthz"] if self.healthy else [])
+        return "404 Not Found", "text/plain", f"try {', '.join(paths)}\n".encode()
 
     async def stop(self) -> None:
         if self._server is not None:

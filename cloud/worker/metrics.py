@@ -7,8 +7,9 @@ count, in-flight count and measured capacity. Each ``WorkerMetrics`` owns its
 ``CollectorRegistry`` so tests can run several workers in one process.
 """
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from cloud.gateway.http import SidePort
 from edgewise.observability import process_registry
 
 # Seconds: from well under a millisecond (tiny models) to seconds (YOLOv5x on CPU).
@@ -83,18 +84,15 @@ class WorkerMetrics:
         for status in ("OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAVAILABLE",
                        "DEADLINE_EXCEEDED", "CANCELLED", "INTERNAL"):
             self.requests.labels(status)  # export zeros so rates exist from the start
-        self._httpd: object | None = None
+        self._side: SidePort | None = None
 
-    def serve_http(self, host: str, port: int) -> int:
+    async def serve_http(self, host: str, port: int) -> int:
         """Expose ``/metrics`` on ``host:port`` (0 = any free port); returns the bound port."""
-        httpd, _thread = start_http_server(port, addr=host, registry=self.registry)
-        self._httpd = httpd
-        return int(httpd.server_port)
+        self._side = SidePort(self.registry)
+        return await self._side.start(host, port)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Stop the HTTP server, if one runs."""
-        httpd = self._httpd
-        self._httpd = None
-        if httpd is not None:
-            httpd.shutdown()  # type: ignore[attr-defined]
-            httpd.server_close()  # type: ignore[attr-defined]
+        side, self._side = self._side, None
+        if side is not None:
+            await side.stop()

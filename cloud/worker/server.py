@@ -38,7 +38,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from cloud.binding import grpc_port, socket_port
+from cloud.binding import grpc_port, socket_port_async
 from cloud.worker.batching import Batch, Batcher, BatchingDecision, decide_batching
 from cloud.worker.budget import PixelBudget
 from cloud.worker.metrics import WorkerMetrics
@@ -410,7 +410,7 @@ class WorkerServer:
         st = self.service.settings
         if st.metrics_port >= 0:
             try:
-                self.metrics_port = socket_port(
+                self.metrics_port = await socket_port_async(
                     lambda: self.service.metrics.serve_http(st.metrics_host, st.metrics_port),
                     f"{st.metrics_host}:{st.metrics_port}", "metrics_host/metrics_port")
             except BaseException:
@@ -432,7 +432,7 @@ class WorkerServer:
         # exit until the end of the grace period.
         await self.grpc_server.stop(min(STREAM_GRACE_S, max(0.0, end - time.monotonic())))
         await self.service.close()
-        self.service.metrics.close()
+        await self.service.metrics.close()
         self.service.runner.close()
 
 

@@ -264,6 +264,36 @@ def test_load_reports_sane_numbers_and_metrics_are_exported(tiny_model):
     assert "edgewise_worker_batching 1.0" in text  # batching.mode on
 
 
+def test_idle_metrics_connections_hold_no_thread_and_are_closed(tiny_model, monkeypatch):
+    """prometheus_client's server held a thread and a descriptor per connection with no
+    timeout: 300 clients sending half a request line held 300 worker threads for good."""
+    from cloud.gateway import http
+
+    monkeypatch.setattr(http, "READ_TIMEOUT_S", 0.5)
+    settings = make_settings(tiny_model)
+
+    async def main():
+        async with running(settings) as (srv, _stub, _ch):
+            threads = threading.active_count()
+            conns = [await asyncio.open_connection("127.0.0.1", srv.metrics_port) for _ in range(50)]
+            for _, w in conns:
+                w.write(b"GET /metr")
+                await w.drain()
+            await asyncio.sleep(0.2)
+            held = threading.active_count() - threads
+            closed = [await asyncio.wait_for(r.read(), 5) for r, _ in conns]  # b"": the worker hung up
+            for _, w in conns:
+                w.close()
+            text = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=5)
+                .read().decode())
+            return held, closed, text
+
+    held, closed, text = asyncio.run(main())
+    assert held <= 2 and closed == [b""] * 50
+    assert "edgewise_worker_serving 1.0" in text
+
+
 def test_auto_batching_serves_batch_1_without_queue_delay_when_a_batch_does_not_pay(tiny_model, caplog):
     # Whether a batch pays on a CPU depends on the CPU and the model: the cloud model gains
     # nothing (docs/design/batching.md#batching-where-it-pays), but this tiny model's per-run
