@@ -16,16 +16,26 @@ written while its source still exists: the source's records come twice and the
 second copy counts as duplicates; a gzip file cut short gives the records before
 the cut, and a note).
 
+Every read of a file goes through one guarded path (:class:`_Source`): a file that is
+missing, a folder or not readable is an InvalidInputError; a read that fails part way
+(a gzip file cut short, even inside its first record, or gzip's magic bytes followed
+by junk) ends that file with a note in :attr:`Reading.cut_short` and the lines before
+it are used, never a traceback. A file that is not a regular file (``/dev/stdin``, a
+pipe, a shell's ``<(...)``) can be read only once: it is opened once, the lines read
+ahead to find its first capture time are kept, and the rest is read on from there.
+
 Speed (a day of one 15 fps camera is 1.3 million records): the parts of a record
 a replay does not read are cut out of the line before it is decoded (:func:`parse`;
 decoding is most of a replay's time); a line the cut does not fit is decoded
 whole. What cannot be used is counted in :class:`Reading`, never silently lost:
 lines that are not JSON objects (a line torn by a crash), records without
 ``stream``/``frame_seq``/``signals``, records with a field a replay reads of
-another type than docs/records.md gives it (:data:`FIELD_TYPES`), late records (a
-spooled frame's second record: its decision is in the first), duplicates, and
-records that arrived beyond the reorder window (decided where they arrived, best
-effort).
+another type than docs/records.md gives it (:data:`FIELD_TYPES`), records with a
+number a replay cannot compute with (NaN, an infinity, or beyond +-2**53: :func:`bad_value`)
+or a capture time outside :data:`CAPTURE_MIN_NS`..:data:`CAPTURE_MAX_NS` (a clock not
+yet set), late records (a spooled frame's second record: its decision is in the
+first), duplicates, and records that arrived beyond the reorder window (decided
+where they arrived, best effort).
 """
 
 from __future__ import annotations
@@ -34,9 +44,12 @@ import gzip
 import io
 import json
 import operator
+import os
+import stat
+import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple, Union
+from itertools import chain
+from typing import IO, Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from edgewise.errors import InvalidInputError
 
@@ -44,6 +57,22 @@ from edgewise.errors import InvalidInputError
 REORDER_FRAMES = 4096
 #: Bytes that open a gzip file (RFC 1952).
 GZIP_MAGIC = b"\x1f\x8b"
+#: Lines read from the start of a file to find its first capture time (the order of the files).
+HEAD_LINES = 100
+#: Errors of a read that fails part way: a gzip file cut short (EOFError), gzip's magic
+#: followed by junk (``gzip.BadGzipFile``, an OSError) or a corrupt deflate stream
+#: (``zlib.error``), a disk error.
+READ_ERRORS = (OSError, EOFError, zlib.error)
+#: The capture times a replay accepts, [2000-01-01, 2200-01-01) UTC in Unix ns. A record
+#: outside them was taken by a clock that was not set (a Jetson without an RTC battery starts
+#: at 1970 until NTP syncs) or is corrupt: its hour and span would be meaningless, and one
+#: such record would stretch the capture span of a stream over decades.
+CAPTURE_MIN_NS = 946_684_800 * 10**9
+CAPTURE_MAX_NS = 7_258_118_400 * 10**9
+#: The largest magnitude of a number a replay computes with (:func:`bad_value`): every
+#: integer up to it is exact as a float, and it is far beyond any real value (a byte count
+#: of 9 PB, a monotonic clock of 285 million years).
+MAX_NUMBER = 2.0 ** 53
 
 Record = Dict[str, Any]
 
@@ -80,6 +109,10 @@ FIELD_TYPES: Tuple[Tuple[str, FrozenSet[type]], ...] = (
     ("payload", frozenset((str, type(None), _Absent))),
     ("payload_bytes", frozenset((int, type(None), _Absent))),
 )
+#: The numbers of :data:`FIELD_TYPES` a replay computes with (floats, products, sums): each
+#: must be finite and at most :data:`MAX_NUMBER` in size (:func:`bad_value`).
+BOUNDED_FIELDS: Tuple[str, ...] = (
+    "hardness", "decided_s", "edge_max_score", "width", "height", "edge_boxes", "payload_bytes")
 
 
 def wrong_field(doc: Record) -> Optional[str]:
@@ -97,6 +130,31 @@ def wrong_field(doc: Record) -> Optional[str]:
     return None
 
 
+def bad_value(doc: Record) -> Optional[str]:
+    """The first field of a record of the documented type (:func:`wrong_field` found none)
+    whose value a replay cannot use; None when all can be used. ``capture_unix_ns`` must lie
+    in [:data:`CAPTURE_MIN_NS`, :data:`CAPTURE_MAX_NS`); each of :data:`BOUNDED_FIELDS` must be
+    a finite number of at most :data:`MAX_NUMBER` in size (JSON ``NaN``, ``Infinity``, ``1e400``
+    and a 400-digit integer are not; a comparison with NaN is false). Runs on every record, so
+    the common case is one expression, and :data:`BOUNDED_FIELDS` are looked at one by one
+    only to name the one that is not."""
+    get = doc.get
+    cap = get("capture_unix_ns")
+    if cap is not None and not CAPTURE_MIN_NS <= cap < CAPTURE_MAX_NS:
+        return "capture_unix_ns"
+    hi = MAX_NUMBER
+    lo = -hi
+    if (lo <= (get("hardness") or 0) <= hi and lo <= (get("decided_s") or 0) <= hi
+            and lo <= (get("edge_max_score") or 0) <= hi and lo <= (get("width") or 0) <= hi
+            and lo <= (get("height") or 0) <= hi and lo <= (get("edge_boxes") or 0) <= hi
+            and lo <= (get("payload_bytes") or 0) <= hi):
+        return None
+    for name in BOUNDED_FIELDS:
+        if not lo <= (get(name) or 0) <= hi:
+            return name
+    return None  # pragma: no cover (the expression above is BOUNDED_FIELDS)
+
+
 @dataclass
 class Reading:
     """What reading the records found besides the frames (counts of what was not used)."""
@@ -109,25 +167,140 @@ class Reading:
     duplicates: int = 0
     beyond_window: int = 0
     wrong_types: Dict[str, int] = field(default_factory=dict)  # field -> records skipped for its type
+    bad_values: Dict[str, int] = field(default_factory=dict)   # field -> records skipped for its value
     empty_files: List[str] = field(default_factory=list)
-    cut_short: List[str] = field(default_factory=list)
+    cut_short: List[str] = field(default_factory=list)  # a note per file whose reading failed part way
 
 
-def open_text(path: Union[str, Path]) -> IO[str]:
-    """The file as text lines, gunzipped when it is gzip'd; InvalidInputError when unreadable."""
-    p = Path(path)
+class _Rejoined(io.RawIOBase):
+    """A stream's first bytes, read to tell gzip by its magic, put back in front of the rest
+    (a pipe cannot seek back to them)."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        super().__init__()
+        self._head = head
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        if self._head:
+            n = min(len(view), len(self._head))
+            view[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._rest.read1(len(view))  # type: ignore[attr-defined]
+        view[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        try:
+            self._rest.close()
+        finally:
+            super().close()
+
+
+def _open_binary(path: str) -> Tuple[IO[bytes], IO[bytes], bool]:
+    """(the file's bytes, gunzipped when its magic says gzip; the file under them, which a
+    GzipFile does not close; whether it is a regular file). InvalidInputError when it is
+    missing, a folder or cannot be opened."""
     try:
-        with open(p, "rb") as f:
-            head = f.read(2)
-        if head == GZIP_MAGIC:
-            return io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8", errors="replace")
-        return open(p, encoding="utf-8", errors="replace")
+        f = open(path, "rb")
     except IsADirectoryError:
-        raise InvalidInputError(f"{p}: is a folder; give the JSON Lines files of the sink") from None
+        raise InvalidInputError(f"{path}: is a folder; give the JSON Lines files of the sink") from None
     except FileNotFoundError:
-        raise InvalidInputError(f"{p}: records file not found") from None
+        raise InvalidInputError(f"{path}: records file not found") from None
     except OSError as exc:
-        raise InvalidInputError(f"{p}: cannot read the records: {exc.strerror or exc}") from None
+        raise InvalidInputError(f"{path}: cannot read the records: {exc.strerror or exc}") from None
+    try:
+        regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+        head = f.read(2)
+        binary: IO[bytes]
+        if regular:
+            f.seek(0)
+            binary = f
+        else:  # read once: the magic bytes go back in front of the rest
+            binary = io.BufferedReader(_Rejoined(head, f))
+    except OSError as exc:
+        f.close()
+        raise InvalidInputError(f"{path}: cannot read the records: {exc.strerror or exc}") from None
+    if head == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=binary, mode="rb"), binary, regular  # type: ignore[return-value]
+    return binary, binary, regular
+
+
+class _Source:
+    """One records file, read through one guarded path (see module doc): :meth:`read_ahead`
+    opens it and reads its first lines for the order of the files; :meth:`open_lines` gives
+    its lines from the start, for the records. A regular file is opened again for them; any
+    other file (a pipe) stays open and the lines read ahead are given first."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.first_ns = 1 << 62  # the first usable capture time (none: last)
+        self.ahead: List[str] = []  # lines of a stream read ahead, still to be used
+        self.error: Optional[BaseException] = None  # a stream's read error met ahead
+        self.regular = True
+        self._open: List[IO[Any]] = []
+
+    def _text(self) -> IO[str]:
+        binary, under, regular = _open_binary(self.path)
+        self.regular = regular
+        text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
+        self._open = [text, under]
+        return text
+
+    def read_ahead(self) -> None:
+        """Find the capture time of the first record (of a usable time: a clock not yet set
+        does not put a file first); a read error here is met again, and noted, when reading."""
+        f = self._text()
+        lines: List[str] = []
+        try:
+            for line in f:
+                lines.append(line)
+                doc = parse(line)
+                if doc.__class__ is dict:
+                    cap = doc.get("capture_unix_ns")
+                    if cap.__class__ is int and CAPTURE_MIN_NS <= cap < CAPTURE_MAX_NS:
+                        self.first_ns = cap
+                        break
+                if len(lines) > HEAD_LINES:
+                    break
+        except READ_ERRORS as exc:
+            self.error = exc
+        if self.regular:  # read again from the start for the records, errors and all
+            self.error = None
+            self.close()
+        else:
+            self.ahead = lines
+            if self.error is not None:
+                self.close()
+
+    def open_lines(self) -> Iterable[str]:
+        """The file's lines from its first (a read error may end them: :data:`READ_ERRORS`)."""
+        if self.regular:
+            return self._text()
+        if self.error is not None or not self._open:
+            return self.ahead
+        rest = self._open[0]
+        return chain(self.ahead, rest) if self.ahead else rest
+
+    def close(self) -> None:
+        for f in self._open:
+            try:
+                f.close()
+            except READ_ERRORS:  # closing a cut gzip file
+                pass
+        self._open = []
+
+    def unreadable(self, exc: BaseException, line: int) -> str:
+        """The note on a read that failed after ``line`` lines."""
+        if line == 0:
+            return (f"{self.path}: cannot be read ({exc.__class__.__name__}: {exc}): skipped; a gzip file still "
+                    "being written (.gz.tmp) or cut short in its first record, or not a records file")
+        return f"{self.path}: cannot read past line {line} ({exc}); the records before it are used"
 
 
 _DECODE = json.JSONDecoder().raw_decode
@@ -162,18 +335,6 @@ def parse(line: str) -> Optional[Any]:
         return None
 
 
-def _first_capture(path: str) -> Tuple[int, str]:
-    """(capture time of the file's first record, path): the order to read files in."""
-    with open_text(path) as f:
-        for n, line in enumerate(f):
-            doc = parse(line)
-            if isinstance(doc, dict) and isinstance(doc.get("capture_unix_ns"), int):
-                return doc["capture_unix_ns"], path
-            if n > 100:
-                break
-    return 1 << 62, path
-
-
 def _release(buf: List[Record], k: int, sid: str, done: Dict[str, int], reading: Reading) -> Iterator[Record]:
     """Sort a stream's held records by frame_seq and yield the first ``k`` (nearly sorted
     already, so the sort is about linear)."""
@@ -196,6 +357,22 @@ def _release(buf: List[Record], k: int, sid: str, done: Dict[str, int], reading:
 _SEQ = operator.itemgetter("frame_seq")
 
 
+def _sources(paths: Sequence[str]) -> List[_Source]:
+    """The files, each opened and read ahead, in the order of their first capture time."""
+    sources: List[_Source] = []
+    try:
+        for path in sorted({str(p) for p in paths}):
+            src = _Source(path)
+            src.read_ahead()
+            sources.append(src)
+    except BaseException:
+        for src in sources:
+            src.close()
+        raise
+    sources.sort(key=lambda s: (s.first_ns, s.path))
+    return sources
+
+
 def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES) -> Iterator[Record]:
     """Every usable record of ``paths``, each stream's in decision order (see module doc).
     A stream's records are held until ``2 * window`` have come, then sorted and the first
@@ -204,12 +381,19 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES)
         raise InvalidInputError("no records files given")
     held: Dict[str, List[Record]] = {}
     done: Dict[str, int] = {}  # stream -> frame_seq of the last frame yielded
-    for path in sorted({str(p) for p in paths}, key=_first_capture):
-        reading.files.append(path)
-        n = 0
-        with open_text(path) as f:
+    sources = _sources(paths)
+    try:
+        for src in sources:
+            reading.files.append(src.path)
             try:
-                for line in f:
+                lines = src.open_lines()
+            except InvalidInputError as exc:  # e.g. a .gz.tmp renamed to .gz since it was read ahead
+                reading.cut_short.append(f"{exc}; it was there when the replay began (a file being rotated or "
+                                         "gzip'd?): skipped")
+                continue
+            n = 0
+            try:
+                for line in lines:
                     n += 1
                     doc = parse(line)
                     if doc.__class__ is not dict:
@@ -227,17 +411,28 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES)
                     if wrong is not None:
                         reading.wrong_types[wrong] = reading.wrong_types.get(wrong, 0) + 1
                         continue
+                    wrong = bad_value(doc)
+                    if wrong is not None:
+                        reading.bad_values[wrong] = reading.bad_values.get(wrong, 0) + 1
+                        continue
                     buf = held.get(sid)
                     if buf is None:
                         buf = held[sid] = []
                     buf.append(doc)
                     if len(buf) >= 2 * window:
                         yield from _release(buf, window, sid, done, reading)
-            except (OSError, EOFError) as exc:  # a gzip file cut short (being written, a crash, disk full)
-                reading.cut_short.append(f"{path}: cannot read past line {n} ({exc}); the records before it are used")
+                if src.error is not None:  # a stream's read error, met reading ahead
+                    raise src.error
+            except READ_ERRORS as exc:  # a gzip file cut short (being written, a crash, disk full), junk
+                reading.cut_short.append(src.unreadable(exc, n))
+            else:
+                if n == 0:
+                    reading.empty_files.append(src.path)
             finally:
+                src.close()
                 reading.lines += n
-        if n == 0:
-            reading.empty_files.append(path)
+    finally:
+        for src in sources:
+            src.close()
     for sid, buf in held.items():
         yield from _release(buf, len(buf), sid, done, reading)

@@ -29,12 +29,25 @@ scaled to the recorded sizes when those are known to be at a known quality (the
 bytes per pixel are measured on the recorded escalations that sent frame pixels at
 full resolution: not on ``downscaled`` or ``low+regions`` payloads).
 
+Capture time: the hours and spans are the stretches of capture time the records
+cover (:meth:`Stream.spans`). A stream whose capture time jumps by more than
+:data:`GAP_S` between two frames, forward or back (a clock stepped by NTP, a camera
+off for a night) has a stretch on each side of the jump, and the gap between them is
+no capture time: escalations per hour are over the clock hours the stretches cover,
+uplink per day and the saturated share over their length, and a note says how many
+jumps there were, how large and how much time the records cover. So the work of the
+per-hour figures is bounded by the records (at most about two hours per frame),
+never by the time from the first capture to the last. Capture times no clock could
+have taken are skipped on reading (:data:`edgewise.policy.recorded.CAPTURE_MIN_NS`).
+
 What cannot be reproduced is said in ``notes``: records from another policy
 version, records without ``decided_s`` (older daemons: the budget runs on capture
-time) or without the edge facts, missing signals, capture time going backwards,
-records out of order beyond the reorder window, lines that are not records,
-records with a field of the wrong type (skipped). Records of which not one frame
-can be replayed are an InvalidInputError (``check-policy`` exits 2).
+time) or without the edge facts, missing signals, capture time going backwards or
+jumping, records out of order beyond the reorder window, lines that are not records,
+records with a field of the wrong type or a value that cannot be used (a capture time
+outside 2000-2200, NaN, an infinity or a number too large for a float, in a field or
+in the signals: skipped), files that could not be read to their end. Records of which
+not one frame can be replayed are an InvalidInputError (``check-policy`` exits 2).
 """
 
 from __future__ import annotations
@@ -44,13 +57,13 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from edgewise.errors import InvalidInputError
 from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy.deciding import Decision, Escalator, FrameFacts
 from edgewise.policy.digest import policy_digest
-from edgewise.policy.recorded import Reading, Record, frames
+from edgewise.policy.recorded import MAX_NUMBER, Reading, Record, frames
 from edgewise.policy.schema import Payload, Policy, WholeFrames
 
 #: Suppressions that mean the budget was used up (cooldown is a separate limit).
@@ -64,6 +77,9 @@ JPEG_BYTES_PER_PIXEL: Tuple[Tuple[int, float], ...] = (
 #: An hour bucket covering less than this many seconds is left out of the per-hour
 #: percentiles (a stream that started at 10:58) unless it is the only one.
 MIN_HOUR_COVERAGE_S = 360.0
+#: A step of a stream's capture time between two frames (forward or back) larger than this
+#: is a jump: the time in between is not counted as capture time (see module doc).
+GAP_S = 3600.0
 #: Mismatches listed when a replay does not reproduce the records.
 MAX_MISMATCHES = 20
 #: Payload modes that send part of the frame (its area is recorded as ``crop`` or ``regions``).
@@ -192,18 +208,17 @@ class Side:
 
 
 class Stream:
-    """One stream's capture-time extent, daemon runs, oddities and figures per side."""
+    """One stream's capture-time stretches, daemon runs, oddities and figures per side."""
 
-    def end_s(self) -> float:
-        """The end of the capture span: the last frame plus one mean frame interval."""
-        n = self.figs[0].frames
-        return self.last_s + ((self.last_s - self.first_s) / (n - 1) if n > 1 else 0.0)
-
-    __slots__ = ("first_s", "last_s", "epoch", "runs", "backwards", "largest_back_s", "figs", "version", "run_frames")
+    __slots__ = ("first_s", "last_s", "stretches", "jumps", "largest_jump_s", "epoch", "runs", "backwards",
+                 "largest_back_s", "figs", "version", "run_frames")
 
     def __init__(self, t: float, epoch: int, n_sides: int) -> None:
-        self.first_s = t
+        self.first_s = t  # the current stretch of capture time: earliest and latest frame
         self.last_s = t
+        self.stretches: List[Tuple[float, float]] = []  # the stretches before it (see jump)
+        self.jumps = 0
+        self.largest_jump_s = 0.0
         self.epoch = epoch
         self.runs = 1
         self.backwards = 0
@@ -211,6 +226,41 @@ class Stream:
         self.figs = [Figures() for _ in range(n_sides)]
         self.version: Tuple[Any, ...] = ()  # (policy, digest, generation) of the current frames
         self.run_frames = 0                 # frames of that version so far
+
+    def jump(self, t: float) -> None:
+        """Capture time jumped to ``t`` by more than :data:`GAP_S`: the current stretch ends
+        (and so does any budget saturation: the gap is no time saturated), one starts at ``t``."""
+        self.stretches.append((self.first_s, self.last_s))
+        self.jumps += 1
+        self.largest_jump_s = max(self.largest_jump_s, abs(t - self.last_s))
+        self.first_s = self.last_s = t
+        for fig in self.figs:
+            fig.close_saturation(fig.sat_last)
+
+    def spans(self) -> List[Tuple[float, float]]:
+        """The capture time the stream's frames cover, as disjoint sorted (start, end) spans:
+        each stretch from its first frame to one mean frame interval after its last."""
+        stretches = self.stretches + [(self.first_s, self.last_s)]
+        n = self.figs[0].frames
+        step = (sum(b - a for a, b in stretches) / (n - len(stretches))) if n > len(stretches) else 0.0
+        return union((a, b + step) for a, b in stretches)
+
+
+def union(spans: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    """Spans of time merged where they overlap, sorted."""
+    out: List[Tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def covered(spans: Sequence[Tuple[float, float]]) -> float:
+    """Seconds the (disjoint) spans cover."""
+    return sum(b - a for a, b in spans)
 
 
 @dataclass
@@ -304,11 +354,19 @@ def _take(r: Replay, doc: Record) -> None:
         if seq >> 32 != st.epoch:
             r.restart(sid, st, seq >> 32)
         if t >= st.last_s:
-            st.last_s = t
+            if t - st.last_s > GAP_S:
+                st.jump(t)
+            else:
+                st.last_s = t
         else:
             st.backwards += 1
-            st.largest_back_s = max(st.largest_back_s, st.last_s - t)
-            st.first_s = min(st.first_s, t)
+            back = st.last_s - t
+            if back > st.largest_back_s:
+                st.largest_back_s = back
+            if back > GAP_S:
+                st.jump(t)
+            elif t < st.first_s:
+                st.first_s = t
     now = doc.get("decided_s")
     if now.__class__ is not float and now.__class__ is not int:
         now = t
@@ -320,6 +378,11 @@ def _take(r: Replay, doc: Record) -> None:
             r.missing_signals[name] = r.missing_signals.get(name, 0) + 1
     side0, side1 = r.sides
     try:
+        # every signal, weighted or not, a finite number within +-MAX_NUMBER: NaN or an infinity
+        # makes the sum fail the comparison, a string, null or list raises TypeError, and a
+        # 400-digit integer (no float holds it) OverflowError, or fails the comparison alone
+        if not sum(map(abs, signals.values())) <= MAX_NUMBER:
+            raise ValueError("a signal is not a finite number")
         if classes.__class__ is list:
             facts = FrameFacts(tuple(classes), doc.get("edge_boxes", 0), doc.get("edge_max_score", 0.0))
         else:
@@ -327,7 +390,7 @@ def _take(r: Replay, doc: Record) -> None:
             r.no_facts += 1
         d0 = side0.escalator.decide_facts(sid, seq, facts, signals, now)  # type: ignore[union-attr]
         d1 = side1.escalator.decide_facts(sid, seq, facts, signals, now) if side1.escalator is not None else None
-    except (TypeError, ValueError):  # a signal or fact that is not a number
+    except (TypeError, ValueError, OverflowError):  # a signal or fact that is not a (usable) number
         r.bad_values += 1
         return
     digest = doc.get("policy_digest", "")
@@ -479,25 +542,27 @@ def _uplink(r: Replay, side: Side, fig: Figures, rec_payload: Optional[Payload])
     return (fig.measured_pixels + fig.measured_unknown * crop_frac + est) * bpp, f"estimated at {how}"
 
 
-def _per_hour(hours: Dict[int, int], first_s: float, last_s: float) -> List[float]:
-    """Escalations per hour in each clock hour the span covers enough of."""
-    if last_s < first_s:
-        return []
-    out = []
-    for h in range(int(first_s // 3600), int(last_s // 3600) + 1):
-        cover = min(last_s, (h + 1) * 3600.0) - max(first_s, h * 3600.0)
-        out.append((hours.get(h, 0), cover))
+def _per_hour(hours: Dict[int, int], spans: Sequence[Tuple[float, float]]) -> List[float]:
+    """Escalations per hour in each clock hour the (disjoint) spans cover enough of: only the
+    hours they touch, so the work is bounded by the spans' length, not by the time between
+    the first and the last (a gap between spans is no hour)."""
+    cover: Dict[int, float] = {}
+    for a, b in spans:
+        for h in range(int(a // 3600), int(b // 3600) + 1):
+            cover[h] = cover.get(h, 0.0) + min(b, (h + 1) * 3600.0) - max(a, h * 3600.0)
+    out = [(hours.get(h, 0), c) for h, c in sorted(cover.items())]
     keep = [(n, c) for n, c in out if c >= MIN_HOUR_COVERAGE_S] or out
     return [n * 3600.0 / max(c, 1.0) for n, c in keep]
 
 
-def _figures_doc(r: Replay, side: Side, fig: Figures, first_s: float, last_s: float,
+def _figures_doc(r: Replay, side: Side, fig: Figures, spans: Sequence[Tuple[float, float]],
                  rec_payload: Optional[Payload], stream_seconds: Optional[float] = None) -> Dict[str, Any]:
-    """One side's figures on one stream, or overall; ``stream_seconds`` (overall) is the sum of
-    the streams' spans, which the summed saturation time is a share of."""
-    span = max(0.0, last_s - first_s)
+    """One side's figures on one stream, or overall, over the capture time of ``spans``;
+    ``stream_seconds`` (overall) is the sum of the streams' capture time, which the summed
+    saturation time is a share of."""
+    span = covered(spans)
     sat_span = span if stream_seconds is None else stream_seconds
-    per_hour = _per_hour(fig.hours, first_s, last_s)
+    per_hour = _per_hour(fig.hours, spans)
     uplink, basis = _uplink(r, side, fig, rec_payload)
     return {
         "frames": fig.frames,
@@ -530,17 +595,19 @@ def _nothing_usable(r: Replay) -> str:
         (rd.not_json, "not JSON objects"), (rd.not_records, "without stream, frame_seq or signals"),
         (sum(rd.wrong_types.values()), "with a field of the wrong type: "
          + ", ".join(f"{k} {n}" for k, n in sorted(rd.wrong_types.items()))),
+        (sum(rd.bad_values.values()), "with a value that cannot be used: "
+         + ", ".join(f"{k} {n}" for k, n in sorted(rd.bad_values.items()))),
         (rd.late, "late records"), (rd.duplicates, "duplicates"),
         (r.bad_values, "with signals or edge facts that are not numbers")) if n]
-    return (f"{files}: none of the {rd.lines} line(s) is a usable frame record ({'; '.join(found)}); give the "
-            "edge daemon's JSON Lines sink files, whose fields docs/records.md describes")
+    unread = "".join(f"; {note}" for note in rd.cut_short)
+    return (f"{files}: none of the {rd.lines} line(s) is a usable frame record ({'; '.join(found)}{unread}); give "
+            "the edge daemon's JSON Lines sink files, whose fields docs/records.md describes")
 
 
 def _notes(r: Replay) -> List[str]:
     rd = r.reading
     notes = []
-    span = max((s.end_s() for s in r.streams.values()), default=0.0) - min(
-        (s.first_s for s in r.streams.values()), default=0.0)
+    span = covered(union(sp for st in r.streams.values() for sp in st.spans()))
     if r.streams and span < 3600:
         notes.append(f"the records cover {span:.0f} s of capture time: per-hour and per-day figures are "
                      "extrapolated from it")
@@ -550,6 +617,13 @@ def _notes(r: Replay) -> List[str]:
         notes.append(f"{rd.not_records} JSON line(s) lack stream, frame_seq or signals: not frame records, skipped")
     for name, n in sorted(rd.wrong_types.items()):
         notes.append(f"{n} record(s) have {name} of another type than docs/records.md gives it: skipped")
+    for name, n in sorted(rd.bad_values.items()):
+        if name == "capture_unix_ns":
+            notes.append(f"{n} record(s) have a capture time before 2000 or after 2200 (a clock not yet set, such "
+                         "as a device that starts at 1970 until NTP syncs): skipped")
+        else:
+            notes.append(f"{n} record(s) have {name} that is not a finite number (NaN, Infinity, or too large "
+                         "for a float): skipped")
     if rd.late:
         notes.append(f"{rd.late} late record(s) (a spooled frame's cloud answer) skipped: "
                      "the frame's decision is in its first record")
@@ -573,12 +647,20 @@ def _notes(r: Replay) -> List[str]:
     for name, n in sorted(r.missing_signals.items()):
         notes.append(f"{n} record(s) lack signal {name} (recorded by a daemon without it): counted as 0")
     if r.bad_values:
-        notes.append(f"{r.bad_values} record(s) have signals or edge facts that are not numbers: skipped")
+        notes.append(f"{r.bad_values} record(s) have signals or edge facts that are not numbers: skipped (a string, "
+                     "null, NaN, an infinity or a number too large for a float)")
     for sid, st in sorted(r.streams.items()):
         if st.backwards:
             notes.append(f"stream {sid}: capture time goes backwards {st.backwards} time(s) (at most "
                          f"{st.largest_back_s:.1f} s; a clock step?): frames are replayed in the daemon's "
                          "order, hours and spans read the capture times as recorded")
+        if st.jumps:
+            spans = st.spans()
+            notes.append(f"stream {sid}: capture time jumps by more than {GAP_S / 3600:.0f} h {st.jumps} time(s) "
+                         f"(at most {st.largest_jump_s / 3600:,.1f} h; a clock step, or the stream stopped): the "
+                         f"records cover {covered(spans) / 3600:,.2f} h of the {(spans[-1][1] - spans[0][0]) / 3600:,.1f} "
+                         "h from the first capture to the last, and the figures per hour and per day count only "
+                         "those, not the gaps")
     versions = sorted(r.versions.values(), key=lambda v: -v["frames"])
     if versions and not any(v["digest"] for v in versions):
         notes.append("the records do not carry policy_digest (written by an older daemon): whether a policy "
@@ -599,8 +681,10 @@ def _notes(r: Replay) -> List[str]:
 def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
     rec_payload = _recorded_payload(r)
     frames_n = sum(st.figs[0].frames for st in r.streams.values())
-    first = min((s.first_s for s in r.streams.values()), default=0.0)
-    last = max((s.end_s() for s in r.streams.values()), default=0.0)
+    spans = {sid: st.spans() for sid, st in r.streams.items()}
+    overall = union(sp for ss in spans.values() for sp in ss)
+    first = overall[0][0] if overall else 0.0
+    last = overall[-1][1] if overall else 0.0
     sides = []
     for i, side in enumerate(r.sides):
         total = Figures()
@@ -608,13 +692,13 @@ def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
         for sid in sorted(r.streams):
             st = r.streams[sid]
             total.add(st.figs[i])
-            streams[sid] = _figures_doc(r, side, st.figs[i], st.first_s, st.end_s(), rec_payload)
+            streams[sid] = _figures_doc(r, side, st.figs[i], spans[sid], rec_payload)
         doc: Dict[str, Any] = {
             "label": side.label,
             "policy": None if side.policy is None else {
                 "name": side.policy.metadata.name, "source": side.policy.source, "digest": side.digest},
-            "overall": _figures_doc(r, side, total, first, last, rec_payload,
-                                    sum(max(0.0, st.end_s() - st.first_s) for st in r.streams.values())),
+            "overall": _figures_doc(r, side, total, overall, rec_payload,
+                                    sum(covered(ss) for ss in spans.values())),
             "streams": streams,
             "hardest_suppressed": [
                 {"hardness": round(h, 4), "stream": sid, "frame_seq": seq, "capture_unix_ns": ns, "suppressed_by": by}
@@ -631,7 +715,7 @@ def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
         "records": {
             "files": rd.files, "lines": rd.lines, "frames": frames_n, "streams": len(r.streams),
             "capture_start_unix_s": round(first, 3), "capture_end_unix_s": round(last, 3),
-            "hours": round(max(0.0, last - first) / 3600.0, 3),
+            "hours": round(covered(overall) / 3600.0, 3),  # capture time covered: no gaps
             "daemon_runs": {sid: s.runs for sid, s in sorted(r.streams.items())},
             "policies": [{"name": v["name"], "digest": v["digest"], "frames": v["frames"],
                           "generations": sorted(v["generations"])}
