@@ -173,7 +173,7 @@ class EdgeDaemon:
             from edge.transports.mqtt import MqttConnection, MqttTransport
 
             self.mqtt = MqttConnection(
-                c.mqtt.host, c.mqtt.port, client_id=f"{self.settings.device_id}-{os.getpid()}",
+                c.mqtt.host, c.mqtt.port, client_id=MqttConnection.unique_client_id(self.settings.device_id), metrics=self.metrics,
                 username=c.mqtt.username, password=c.mqtt.password, tls=c.mqtt.tls,
                 tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key, keepalive_s=c.mqtt.keepalive_s,
             )

@@ -11,7 +11,7 @@ The JSON Lines sink keeps the idempotency keys of late records it has written
 (reloaded from the file's tail on start), so a replay repeated after a crash
 between "written" and "acknowledged" never writes a late result twice. The MQTT
 sink keeps every record in a durable outbox (``edge.outbox``) until the broker
-acknowledged it, so a broker outage loses nothing up to the outbox's bound, and
+acknowledged it (a PUBACK refusing it is not an acknowledgement), so a broker outage loses nothing up to the outbox's bound, and
 the outbox remembers late keys the same way (docs/records.md).
 Callers: ``edge.daemon`` builds them, ``edge.pipeline`` / ``edge.escalating`` write.
 """
@@ -162,29 +162,43 @@ class MqttSink:
     a paho connection owned elsewhere, store-and-forward: ``write`` appends the record
     to the durable ``Outbox``; a publisher thread sends the outbox in order while the
     broker is connected and deletes each record when the broker acknowledged it.
-    A late record whose key the outbox already took is not published again."""
+    A late record whose key the outbox already took is not published again.
+
+    Only a PUBACK with a reason code below 0x80 is a delivery. A record the broker refuses
+    (not authorized by its ACL, over its size limit, a quota; logged, throttled, and counted
+    in ``edgewise_edge_mqtt_refused_total`` by ``MqttConnection``) stays in the outbox: every
+    ``retry_refused_s`` the record refused longest ago is sent again, and once one is taken
+    all of them follow, oldest first, so records refused while the broker's ACL was wrong
+    arrive once it is fixed (late, after the records taken meanwhile, and not necessarily in
+    order: each names its frame_seq); a record refused again goes behind the others (one
+    that never fits cannot hold them up), and the outbox's bound drops the oldest records
+    as ever."""
 
     name = "mqtt"
     durable = True
 
     def __init__(self, conn: Any, topic: str, outbox: Outbox, metrics: Any = None,
-                 close_timeout_s: float = 3.0, window: int = 64) -> None:
+                 close_timeout_s: float = 3.0, window: int = 64, retry_refused_s: float = 30.0) -> None:
         self.conn = conn
         self.topic = topic
         self.outbox = outbox
         self.metrics = metrics
         self.close_timeout_s = close_timeout_s
         self.window = window  # records handed to paho and not yet acknowledged, at most
-        self._pending: Dict[int, Tuple[int, Any]] = {}  # mid -> (outbox id, paho message info)
+        self.retry_refused_s = retry_refused_s
+        self._pending: Set[int] = set()  # outbox ids handed to paho, not yet answered
+        self._refused: Dict[int, None] = {}  # outbox ids the broker refused, oldest refusal first
+        self._probe: Optional[int] = None  # the refused record sent again, while it waits for its answer
+        self._probe_at = 0.0  # when the next refused record may be sent again (time.monotonic)
+        self._release = False  # a probe was taken: send every refused record again, oldest first
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._reported_drops = 0
         self.last_epoch = max((epoch_of_key(k) for k in outbox.late_keys()), default=-1)
+        if metrics is not None:
+            conn.measure(metrics)
         self._show()
-        # A record leaves the outbox the moment its PUBACK arrives (in paho's thread), so a
-        # crash right after can re-publish only what the broker took in that instant.
-        conn.publish_listeners.append(self._on_puback)
         self._thread = threading.Thread(target=self._publisher, name="mqtt-sink", daemon=True)
         self._thread.start()
 
@@ -204,71 +218,122 @@ class MqttSink:
             self.metrics.sink_dropped.labels(self.name).inc(dropped - self._reported_drops)
             self._reported_drops = dropped
 
-    def _retire(self, mid: int) -> None:
+    def _answered(self, rid: int, refused: Any) -> None:
+        """(paho's thread, or the publisher's) The broker's answer to record ``rid``: a
+        delivery deletes it from the outbox now, a refusal keeps it for a later try."""
         with self._lock:
-            entry = self._pending.pop(mid, None)
-        if entry is not None:
-            self.outbox.ack([entry[0]])
-        self._wake.set()  # also when the ack came before the mid was noted: the sweep retires it
+            self._pending.discard(rid)
+            probe = self._probe == rid
+            if probe:
+                self._probe = None
+            if refused is not None:
+                self._refused[rid] = None  # behind the other refused records
+                self._probe_at = time.monotonic() + self.retry_refused_s
+                self._release = False
+            elif probe:
+                self._release = True  # taken now: the broker's mind changed, the others follow
+        if refused is None:
+            self.outbox.ack([rid])
+        self._wake.set()
 
-    def _on_puback(self, mid: int) -> None:
-        """(paho's thread) A PUBACK: delete the record from the outbox now."""
-        self._retire(mid)
+    def _due_refused(self, limit: int) -> List[Tuple[int, bytes]]:
+        """Refused records to send again now: the one refused longest ago (the probe) every
+        ``retry_refused_s``; once a probe is taken, all of them, oldest record first."""
+        with self._lock:
+            if self._probe is not None or not self._refused or time.monotonic() < self._probe_at:
+                return []
+            if self._release:
+                rids = sorted(self._refused)[:limit]
+            else:
+                rids = [next(iter(self._refused))]
+                self._probe = rids[0]
+            for rid in rids:
+                del self._refused[rid]
+            if not self._refused:
+                self._release = False
+        out = []
+        for rid in rids:
+            found = self.outbox.peek(rid - 1, 1)
+            if found and found[0][0] == rid:
+                out.append(found[0])
+            else:  # dropped by the outbox's bound meanwhile
+                with self._lock:
+                    if self._probe == rid:
+                        self._probe = None
+        return out
+
+    def _send(self, rid: int, data: bytes, again: bool = False) -> bool:
+        """Hand one record to paho (``again``: a refused one); False when paho cannot take it
+        now (a new record is tried again from the outbox, a refused one goes back with the
+        refused)."""
+        from edge.transports.mqtt import PublishRefused  # paho only where the MQTT sink is used
+
+        with self._lock:  # noted first: its answer may come before publish() returns
+            self._pending.add(rid)
+        try:
+            info = self.conn.publish(
+                self.topic, data, on_done=lambda refused: self._answered(rid, refused),
+                after_refusal=f"the record stays in the MQTT outbox and is sent again in "
+                              f"{self.retry_refused_s:g} s")
+        except PublishRefused as exc:  # over the broker's size limit: logged and counted
+            self._answered(rid, exc.refusal)
+            return True
+        if info.rc not in (0, _NO_CONN):  # not queued by paho: try again later
+            with self._lock:
+                self._pending.discard(rid)
+                if again:
+                    self._refused[rid] = None
+                if self._probe == rid:
+                    self._probe = None
+            log.warning("MQTT publish to %s failed (rc=%s); retrying", self.topic, info.rc)
+            return False
+        return True
 
     def _publisher(self) -> None:
         """(thread) Hand outbox records to paho in order. A record handed over is never
-        handed over again by this process: paho itself re-sends what was in flight when
-        the connection dropped."""
+        handed over again by this process while it waits for its answer: paho itself
+        re-sends what was in flight when the connection dropped. Only a refused record is
+        sent again (``_due_refused``)."""
         last = 0
         while True:
-            with self._lock:
-                waiting = list(self._pending.items())
-            for mid, (_, info) in waiting:  # acks that came before their mid was noted
-                if _published(info):
-                    self._retire(mid)
             self._show()
             with self._lock:
                 n_pending = len(self._pending)
             if self._stop.is_set() and (not n_pending or not self.conn.connected.is_set()):
                 return
-            if self.conn.connected.is_set() and n_pending < self.window:
-                for rid, data in self.outbox.peek(last, self.window - n_pending):
-                    info = self.conn.client.publish(self.topic, data, qos=1)
-                    if info.rc not in (0, _NO_CONN):  # not queued by paho: try again later
-                        log.warning("MQTT publish to %s failed (rc=%s); retrying", self.topic, info.rc)
+            if self.conn.connected.is_set() and n_pending < self.window and not self._stop.is_set():
+                again = self._due_refused(self.window - n_pending)
+                for i, (rid, data) in enumerate(again):
+                    if not self._send(rid, data, again=True):
+                        with self._lock:  # not handed over: back with the refused
+                            self._refused.update((r, None) for r, _ in again[i + 1:])
                         break
-                    with self._lock:
-                        self._pending[info.mid] = (rid, info)
+                    n_pending += 1
+                for rid, data in self.outbox.peek(last, self.window - n_pending):
+                    if not self._send(rid, data):
+                        break
                     last = rid
             self._wake.wait(0.5)
             self._wake.clear()
 
     def close(self) -> None:
         """Publish what the outbox holds for up to ``close_timeout_s`` while connected;
-        the rest stays in the outbox for the next start."""
+        the rest (refused records included) stays in the outbox for the next start."""
         deadline = time.monotonic() + self.close_timeout_s
-        while len(self.outbox) and self.conn.connected.is_set() and time.monotonic() < deadline:
+        while (len(self.outbox) > len(self._refused) and self.conn.connected.is_set()
+               and time.monotonic() < deadline):
             self._wake.set()
             time.sleep(0.02)
         self._stop.set()
         self._wake.set()
         self._thread.join(max(0.1, deadline - time.monotonic()) + 1.0)
         if len(self.outbox):
-            log.warning("%d MQTT records not yet acknowledged by the broker; kept in %s for the next start",
-                        len(self.outbox), self.outbox.path)
+            log.warning("%d MQTT records not yet acknowledged by the broker (%d of them refused); kept in %s "
+                        "for the next start", len(self.outbox), len(self._refused), self.outbox.path)
         self.outbox.close()
 
 
 _NO_CONN = 4  # paho MQTT_ERR_NO_CONN: queued by paho, sent after the reconnect
-
-
-def _published(info: Any) -> bool:
-    """The broker acknowledged this publish (paho raises for messages first queued
-    while disconnected, even after it sent them: read the flag then)."""
-    try:
-        return bool(info.is_published())
-    except (RuntimeError, ValueError):
-        return bool(getattr(info, "_published", False))
 
 
 class Sinks:

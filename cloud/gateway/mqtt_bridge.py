@@ -14,9 +14,17 @@ Data, but only when that topic lies in the requesting device's own subtree
 (``<prefix>/<device>/response/...``) or matches ``mqtt.response_topic_pattern``:
 a foreign response topic is refused, counted, logged, and nothing is published.
 Malformed payloads and overload are answered with an error response, counted,
-and never crash the bridge. paho-mqtt 2.x (CallbackAPIVersion.VERSION2) runs its
-network loop in a thread and reconnects with backoff; work is handed to the
-gateway's event loop with ``run_coroutine_threadsafe``.
+and never crash the bridge. Each request is counted under its result when it is
+handled (``answered``, ``error_answered``, ``malformed``, ``overloaded``); an answer
+the broker then refuses (a PUBACK reason code >= 0x80, e.g. Not authorized when the
+ACL does not let the gateway write ``<prefix>/+/response/#``) is also counted as
+``response_refused`` and logged (throttled) with the topic and the reason. A
+disconnect with "Session taken over" (another client connected with the same
+client id, e.g. two gateways sharing ``mqtt.client_id``) is a throttled warning
+naming the id; a broker that cannot be reached is one naming the cause.
+paho-mqtt 2.x (CallbackAPIVersion.VERSION2) runs its network loop in a thread and
+reconnects with backoff; work is handed to the gateway's event loop with
+``run_coroutine_threadsafe``.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -44,6 +54,16 @@ from edgewise.errors import InvalidInputError
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger("edgewise.gateway.mqtt")
+
+#: MQTT v5 reason codes the bridge acts on by number.
+NOT_AUTHORIZED = 0x87
+SESSION_TAKEN_OVER = 0x8E
+#: A connection the broker closes, without a DISCONNECT, this soon after accepting it, this
+#: many times in a row, was most likely taken over by a client with the same id: Mosquitto
+#: 2.0 closes the older connection of a client id silently, where MQTT 5.0 says "Session
+#: taken over".
+SHORT_SESSION_S = 10.0
+SHORT_SESSIONS_IN_A_ROW = 3
 
 
 class RequestHandler(Protocol):
@@ -69,8 +89,12 @@ class MqttBridge:
         self.response_pattern = settings.response_pattern()
         self._refusal_log = LogThrottle(10.0, burst=5)
         self._connect_log = LogThrottle(60.0, burst=3)
-        client_id = settings.client_id or f"gateway-{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+        self._takeover_log = LogThrottle(60.0, burst=2)
+        self._response_log = LogThrottle(10.0, burst=5)
+        self._connected_at: float | None = None  # time.monotonic() of the last accepted connection
+        self._short_sessions = 0  # connections in a row the broker closed soon, without a reason
+        self.client_id = settings.client_id or f"gateway-{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
                                   protocol=mqtt.MQTTv5)
         if settings.username:
             self.client.username_pw_set(settings.username, settings.password or None)
@@ -83,7 +107,10 @@ class MqttBridge:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self.client.on_subscribe = self._on_subscribe
+        self.client.on_publish = self._on_publish
         self._pending: set[Future[None]] = set()
+        self._unacked: dict[int, str] = {}  # mid -> response topic, of answers handed to paho
+        self._early: dict[int, Any] = {}  # mid -> reason code of a PUBACK that came before publish() returned
         self._lock = threading.Lock()
         self.connected = threading.Event()
         self.counts: dict[str, int] = {}
@@ -111,6 +138,7 @@ class MqttBridge:
         if reason_code.is_failure:
             log.error("MQTT broker %s:%d refused the connection: %s", self.s.host, self.s.port, reason_code)
             return
+        self._connected_at = time.monotonic()
         client.subscribe(self.subscription, options=SubscribeOptions(qos=1))
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: Any,
@@ -129,11 +157,14 @@ class MqttBridge:
         backoff; say so, a few times an interval, since no MQTT escalation reaches this gateway
         meanwhile (the edges time out and spool)."""
         self._count("connect_failed")
+        cause = sys.exc_info()[1]  # paho calls this while it handles the connection's OSError
         held = self._connect_log.allow()
         if held is not None:
-            log.warning("MQTT bridge cannot connect to the broker at %s:%d; retrying every %g-%g s (MQTT "
+            log.warning("MQTT bridge cannot connect to the broker at %s:%d (%s); retrying every %g-%g s (MQTT "
                         "escalations are not served until it answers: check mqtt.host and mqtt.port)%s",
-                        self.s.host, self.s.port, self.s.reconnect_min_s, self.s.reconnect_max_s,
+                        self.s.host, self.s.port,
+                        f"{type(cause).__name__}: {cause}" if cause is not None else "no answer",
+                        self.s.reconnect_min_s, self.s.reconnect_max_s,
                         f" ({held} more failures not logged)" if held else "")
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
@@ -141,8 +172,52 @@ class MqttBridge:
         self.connected.clear()
         if self.up is not None:
             self.up.set(0)
-        if reason_code != 0:
+        lasted = time.monotonic() - self._connected_at if self._connected_at is not None else None
+        self._connected_at = None
+        if lasted is not None and lasted < SHORT_SESSION_S and not flags.is_disconnect_packet_from_server:
+            self._short_sessions += 1
+        elif lasted is not None:
+            self._short_sessions = 0
+        if reason_code == SESSION_TAKEN_OVER:
+            self._taken_over("disconnected it: Session taken over")
+        elif reason_code != 0 and self._short_sessions >= SHORT_SESSIONS_IN_A_ROW:
+            self._taken_over(f"closed its connection {self._short_sessions} times in a row within seconds of "
+                             "accepting it, without a reason (Mosquitto's answer to a second client with the "
+                             "same id; other brokers say Session taken over)")
+        elif reason_code != 0:
             log.warning("MQTT bridge disconnected (%s); reconnecting with backoff", reason_code)
+
+    def _taken_over(self, what: str) -> None:
+        """Another client connects with the bridge's client id: say so, a couple of times a minute."""
+        held = self._takeover_log.allow()
+        if held is not None:
+            log.warning("MQTT broker %s:%d %s, client id %r: most likely another client connected with the "
+                        "same client id, another gateway with the same mqtt.client_id; they take the session "
+                        "from each other on every reconnect: give each gateway its own mqtt.client_id, or "
+                        "leave it empty (unique per process)%s", self.s.host, self.s.port, what, self.client_id,
+                        f" ({held} more takeovers not logged)" if held else "")
+
+    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason_code: Any,
+                    properties: Any) -> None:
+        """The broker's PUBACK to an answer: count and log a refusal."""
+        with self._lock:
+            entry = self._unacked.pop(mid, None)
+            if entry is None:  # _publish has not noted this mid yet: it settles it
+                self._early[mid] = reason_code
+                return
+        self._acked(entry, reason_code)
+
+    def _acked(self, topic: str, reason_code: Any) -> None:
+        if not reason_code.is_failure:
+            return
+        self._count("response_refused")
+        hint = ("check the broker's ACL: the gateway's MQTT user (mqtt.username) needs write access to "
+                f"{self.s.topic_prefix}/+/response/#" if reason_code == NOT_AUTHORIZED
+                else "the broker's log says why")
+        held = self._response_log.allow()
+        if held is not None:
+            log.warning("broker refused publish to %s: %s; %s (the edge times out and replays)%s", topic,
+                        reason_code, hint, f" ({held} more refusals not logged)" if held else "")
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -215,6 +290,7 @@ class MqttBridge:
         self._publish(response_topic, correlation, reply)
 
     def _publish(self, topic: str, correlation: bytes | None, reply: Reply) -> None:
+        """Publish an answer; its PUBACK is read by ``_on_publish``."""
         props = Properties(PacketTypes.PUBLISH)
         if correlation is not None:
             props.CorrelationData = correlation
@@ -224,6 +300,14 @@ class MqttBridge:
             self._count("publish_failed")
             log.warning("could not publish the answer to %s (rc %s); the edge will time out and replay",
                         topic, info.rc)
+            if info.rc != mqtt.MQTT_ERR_NO_CONN:
+                return  # not queued: no PUBACK comes
+        with self._lock:  # queued (NO_CONN: paho sends it after the reconnect): a PUBACK comes
+            early = self._early.pop(info.mid, None)
+            if early is None:
+                self._unacked[info.mid] = topic
+        if early is not None:
+            self._acked(topic, early)
 
 
 def _metadata(props: Any, topic_device: str) -> dict[str, str]:

@@ -8,26 +8,215 @@ as the User Property ``authorization: Bearer <token>`` (topics and property name
 ``DetectResponse`` bytes and the same correlation data.
 TLS, username/password or client certificates; paho's loop thread reconnects
 with exponential backoff (``reconnect_delay_set``). ``MqttConnection`` is shared
-with the MQTT sink. Callers: ``edge.escalating``, ``edge.daemon``.
+with the MQTT sink; every publish goes through ``MqttConnection.publish``, which
+is where the broker's answers are read:
+
+* a message larger than the *Maximum Packet Size* the broker announced in its
+  CONNACK (or MQTT's own bound, 256 MiB) is refused before it is sent: the broker
+  would drop the connection, and paho would send the same message again after
+  every reconnect, for good;
+* a PUBACK with a failure reason code (>= 0x80: not authorized by the ACL, packet
+  too large, quota exceeded, ...) is a ``Refusal``: logged (throttled) with the
+  topic, the reason and what to do, counted, and handed to the publisher, never
+  taken as a delivery. Mosquitto answers a message over its ``message_size_limit``
+  with a PUBACK "Packet too large" (0x95), a code MQTT 5.0 lists for CONNACK and
+  DISCONNECT only; paho would call that a malformed packet and reconnect, and send
+  the message again, forever: ``_Client`` takes it as the refusal it is.
+
+A refused escalation fails at once with the wire status that the gRPC code of the
+same meaning has (``Refusal.status``, through ``edgewise.status.from_grpc``): not
+authorized is PERMISSION_DENIED, so UNAUTHENTICATED (a configuration problem, not
+spooled); too large is INVALID_ARGUMENT like gRPC's "message larger than max"
+(the frame keeps its edge result); a quota is RESOURCE_EXHAUSTED (spooled).
+
+The connection reports itself: a throttled WARNING with the cause while the broker
+cannot be reached, a clear one when another client takes the session over (the
+same client id used twice), and the metrics ``edgewise_edge_mqtt_connected`` and
+``edgewise_edge_mqtt_refused_total`` (``measure``). The edge's client id is the
+device id plus a random suffix, new at every process start (``unique_client_id``).
+Callers: ``edge.escalating``, ``edge.daemon``, ``edge.sinks``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import struct
+import sys
 import threading
+import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional
+import weakref
+from typing import Any, Callable, Dict, NamedTuple, NoReturn, Optional, Tuple
 
+import grpc
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from prometheus_client import Counter, Gauge
 
 from edge.transports import TransportError, check_response
 from edgewise import mqtt_topics, status
+from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
+
+#: The largest MQTT packet when the broker announces no Maximum Packet Size: a Remaining
+#: Length of at most 268,435,455 bytes (MQTT 5.0 section 1.5.5) after a 5-byte fixed header.
+PROTOCOL_MAX_PACKET = 268_435_455 + 5
+#: Reconnect backoff of paho's loop thread, seconds (first, largest).
+RECONNECT_DELAY_S = (1, 30)
+#: MQTT v5 reason codes this module acts on by number.
+PACKET_TOO_LARGE = 0x95
+SESSION_TAKEN_OVER = 0x8E
+CLIENT_ID_NOT_VALID = 0x85
+#: Random hex digits after the device id in the edge's client id.
+CLIENT_ID_SUFFIX_HEX = 8
+#: A connection the broker closes, without a DISCONNECT, this soon after accepting it, this
+#: many times in a row, was most likely taken over by a client with the same id: Mosquitto
+#: 2.0 closes the older connection of a client id silently, where MQTT 5.0 says "Session
+#: taken over" (0x8E).
+SHORT_SESSION_S = 10.0
+SHORT_SESSIONS_IN_A_ROW = 3
+
+#: What a PUBACK failure reason code means, as the gRPC code (and details) of the same
+#: meaning: ``edgewise.status.from_grpc`` turns it into the wire status, so an MQTT refusal
+#: is classified exactly as the gRPC transport's answer would be. Codes not listed: INTERNAL.
+_GRPC_OF_REASON: Dict[int, Tuple[grpc.StatusCode, Optional[str]]] = {
+    0x87: (grpc.StatusCode.PERMISSION_DENIED, None),  # Not authorized
+    0x90: (grpc.StatusCode.INVALID_ARGUMENT, None),  # Topic name invalid
+    0x91: (grpc.StatusCode.UNAVAILABLE, None),  # Packet identifier in use
+    PACKET_TOO_LARGE: (grpc.StatusCode.RESOURCE_EXHAUSTED, status.TOO_LARGE),  # Packet too large
+    0x97: (grpc.StatusCode.RESOURCE_EXHAUSTED, None),  # Quota exceeded
+    0x99: (grpc.StatusCode.INVALID_ARGUMENT, None),  # Payload format invalid
+}
+
+#: What the operator does about each refusal ("{topic}" is the refused topic).
+_HINTS: Dict[int, str] = {
+    0x87: "check the broker's ACL for this device: its MQTT user must be allowed to publish to {topic}",
+    0x90: "the broker does not take this topic name; check cloud.mqtt.topic_prefix",
+    PACKET_TOO_LARGE: "the message is over the broker's size limit (Mosquitto: message_size_limit or "
+                      "max_packet_size); raise it on the broker, or send less (spec.payload.mode crops or "
+                      "regions, a lower spec.payload.jpegQuality)",
+    0x97: "the broker's quota for this client is used up (Mosquitto: max_queued_messages, "
+          "max_queued_bytes); check that the subscribers keep up",
+    0x99: "the broker refused the payload's format",
+}
+
+
+class Refusal(NamedTuple):
+    """One publish the broker refused (a PUBACK reason code >= 0x80), or that the edge
+    refused for it before sending (over the broker's Maximum Packet Size)."""
+
+    topic: str
+    code: int
+    reason: str  # paho's name of the reason code, e.g. "Not authorized"
+    message: str  # what happened and what to do, for the log and the frame's record
+
+    @property
+    def status(self) -> int:
+        """The wire status (``edgewise.status``) of the refusal."""
+        code, details = _GRPC_OF_REASON.get(self.code, (grpc.StatusCode.INTERNAL, None))
+        return status.from_grpc(code, details)
+
+    @property
+    def label(self) -> str:
+        """The reason as a metric label: ``not_authorized``, ``packet_too_large``."""
+        return self.reason.lower().replace(" ", "_")
+
+
+def refusal(topic: str, reason: Any) -> Refusal:
+    """The ``Refusal`` of a PUBACK failure ``reason`` (a paho ``ReasonCode``)."""
+    code = int(getattr(reason, "value", reason))
+    name = str(reason)
+    hint = _HINTS.get(code, "the broker's log says why").format(topic=topic)
+    return Refusal(topic, code, name, f"broker refused publish to {topic}: {name}; {hint}")
+
+
+class PublishRefused(Exception):
+    """A message was not handed to paho: the broker could not take it (``refusal``)."""
+
+    def __init__(self, refused: Refusal) -> None:
+        super().__init__(refused.message)
+        self.refusal = refused
+
+
+def publish_packet_size(topic: str, payload: bytes, properties: Optional[Properties] = None,
+                        qos: int = 1) -> int:
+    """Bytes of the MQTT v5 PUBLISH packet paho sends for this message (what the broker's
+    Maximum Packet Size limits): fixed header, topic, packet id, properties, payload."""
+    packed = properties.pack() if properties is not None else b"\x00"
+    remaining = 2 + len(topic.encode("utf-8")) + (2 if qos > 0 else 0) + len(packed) + len(payload)
+    length_bytes = 1 if remaining < 128 else 2 if remaining < 16_384 else 3 if remaining < 2_097_152 else 4
+    return 1 + length_bytes + remaining
+
+
+class _OffTableReason(ReasonCode):
+    """A PUBACK reason code paho's table does not name for PUBACK (Mosquitto's 0x95 Packet
+    too large); named as MQTT names it for the other packets."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(PacketTypes.PUBACK)
+        self.value = value
+
+    def getName(self) -> str:
+        return next(iter(self.names.get(self.value, ())), f"reason code {self.value}")
+
+
+def _named_for_puback(code: int) -> bool:
+    try:
+        ReasonCode(PacketTypes.PUBACK, identifier=code)
+    except (KeyError, ValueError):
+        return False
+    return True
+
+
+class _Client(mqtt.Client):
+    """paho's client, except that a PUBACK with a failure reason code paho's table does not
+    list for PUBACK is delivered to ``on_publish`` like any other refusal (paho then drops
+    the message) instead of failing the connection as a malformed packet, which would make
+    paho send the same message again after every reconnect."""
+
+    def _handle_pubackcomp(self, cmd: Any) -> Any:
+        packet = self._in_packet["packet"]
+        if (cmd == "PUBACK" and self._protocol == mqtt.MQTTv5 and len(packet) >= 3
+                and packet[2] >= 0x80 and not _named_for_puback(packet[2])):
+            mid = struct.unpack("!H", bytes(packet[:2]))[0]
+            with self._out_message_mutex:
+                if mid in self._out_messages:
+                    return self._do_on_publish(mid, _OffTableReason(packet[2]), Properties(PacketTypes.PUBACK))
+            return mqtt.MQTT_ERR_SUCCESS
+        return super()._handle_pubackcomp(cmd)
+
+
+class MqttMetrics:
+    """The MQTT connection's metrics, registered once per registry (a daemon's ``EdgeMetrics``)."""
+
+    def __init__(self, registry: Any) -> None:
+        self.connected = Gauge(
+            "edgewise_edge_mqtt_connected", "1 while the edge is connected to its MQTT broker (cloud.mqtt.host)",
+            registry=registry)
+        self.refused = Counter(
+            "edgewise_edge_mqtt_refused", "Publishes the MQTT broker refused (PUBACK reason code >= 0x80) or "
+            "that were over its maximum packet size, by topic and reason", ["topic", "reason"], registry=registry)
+
+
+_METRICS: weakref.WeakKeyDictionary[Any, MqttMetrics] = weakref.WeakKeyDictionary()
+_METRICS_LOCK = threading.Lock()
+
+
+def _metrics_of(registry: Any) -> MqttMetrics:
+    with _METRICS_LOCK:
+        m = _METRICS.get(registry)
+        if m is None:
+            m = _METRICS[registry] = MqttMetrics(registry)
+        return m
+
+
+OnDone = Callable[[Optional[Refusal]], None]
 
 
 class MqttConnection:
@@ -45,12 +234,13 @@ class MqttConnection:
         tls_cert: str = "",
         tls_key: str = "",
         keepalive_s: int = 30,
+        metrics: Any = None,
     ) -> None:
         self.host = host
         self.port = port
         self.client_id = client_id or f"edgewise-edge-{uuid.uuid4().hex[:8]}"
         self.keepalive_s = keepalive_s
-        self.client = mqtt.Client(
+        self.client = _Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
             protocol=mqtt.MQTTv5,
@@ -59,16 +249,46 @@ class MqttConnection:
             self.client.username_pw_set(username, password or None)
         if tls:
             self.client.tls_set(ca_certs=tls_ca or None, certfile=tls_cert or None, keyfile=tls_key or None)
-        self.client.reconnect_delay_set(min_delay=1, max_delay=30)
+        self.client.reconnect_delay_set(min_delay=RECONNECT_DELAY_S[0], max_delay=RECONNECT_DELAY_S[1])
         self.client.on_connect = self._on_connect
+        self.client.on_connect_fail = self._on_connect_fail
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self.client.on_publish = self._on_publish
-        self.publish_listeners: List[Callable[[int], None]] = []  # called with the mid of each PUBACK
         self.connected = threading.Event()
         self.subscriptions: Dict[str, Any] = {}  # topic -> handler(msg), resubscribed on reconnect
         self.lock = threading.Lock()
         self.stopping = False
+        self.max_packet_size = PROTOCOL_MAX_PACKET  # the broker's, from its last CONNACK
+        self.last_error = ""  # why the last connection attempt failed ("" once connected)
+        self._waiting: Dict[int, Tuple[str, Optional[OnDone], str]] = {}  # mid -> (topic, on_done, after)
+        self._early: Dict[int, Any] = {}  # mid -> reason code of a PUBACK that came before publish() returned
+        self._connected_at: Optional[float] = None  # time.monotonic() of the last CONNACK
+        self._short_sessions = 0  # connections in a row the broker closed soon, without a reason
+        self._connect_log = LogThrottle(60.0, burst=3)
+        self._disconnect_log = LogThrottle(60.0, burst=3)
+        self._takeover_log = LogThrottle(60.0, burst=2)
+        self._refusal_log = LogThrottle(10.0, burst=5)
+        self.metrics: Optional[MqttMetrics] = None
+        if metrics is not None:
+            self.measure(metrics)
+
+    @staticmethod
+    def unique_client_id(device_id: str) -> str:
+        """``<device_id>-<8 hex digits>``, new at every process start: two devices started from
+        one copied configuration (in a container the daemon is PID 1 on both) must not share a
+        client id, or the broker hands the session from one to the other on every reconnect.
+        The device id stays readable in the broker's log; MQTT obliges brokers to take ids of
+        up to 23 bytes only (Mosquitto takes far longer ones), so on such a broker keep
+        device ids to 14 characters (a refusal says so)."""
+        return f"{device_id}-{secrets.token_hex(CLIENT_ID_SUFFIX_HEX // 2)}"
+
+    def measure(self, metrics: Any) -> None:
+        """Count into this daemon's registry (``metrics.registry``, an ``EdgeMetrics``); the
+        first one given stays."""
+        if self.metrics is None:
+            self.metrics = _metrics_of(metrics.registry)
+            self.metrics.connected.set(1 if self.connected.is_set() else 0)
 
     def start(self) -> None:
         # connect_async + loop_start: the first connection and every reconnect
@@ -82,6 +302,7 @@ class MqttConnection:
             self.client.disconnect()
         finally:
             self.client.loop_stop()
+        self._set_connected(False)
 
     def subscribe(self, topic: str, handler: Any) -> None:
         with self.lock:
@@ -89,28 +310,147 @@ class MqttConnection:
         if self.connected.is_set():
             self.client.subscribe(topic, qos=1)
 
+    def publish(self, topic: str, payload: bytes, properties: Optional[Properties] = None,
+                on_done: Optional[OnDone] = None, after_refusal: str = "") -> Any:
+        """Hand one QoS 1 message to paho (sent now, or after the reconnect); its paho
+        ``MQTTMessageInfo``. ``on_done`` is called once, from paho's thread or this one, when the
+        broker answered: with None for a delivery, with the ``Refusal`` otherwise (already
+        logged, throttled, with ``after_refusal`` saying what happens next, and counted).
+        Raises ``PublishRefused`` (nothing sent, logged and counted the same way) for a message
+        over the broker's Maximum Packet Size; without one announced, over MQTT's own bound
+        (which is also where paho's "Payload too large" check lies, so that one never fires)."""
+        size = publish_packet_size(topic, payload, properties)
+        limit = self.max_packet_size
+        if size > limit:
+            whose = (f"that the broker {self.host}:{self.port} announced" if limit < PROTOCOL_MAX_PACKET
+                     else "of MQTT")
+            self._refuse(Refusal(
+                topic, PACKET_TOO_LARGE, "Packet too large",
+                f"MQTT message to {topic} is {size} bytes ({len(payload)} bytes of payload), over the "
+                f"Maximum Packet Size of {limit} bytes {whose}, so it is not sent; {_HINTS[PACKET_TOO_LARGE]}"),
+                after_refusal)
+        info = self.client.publish(topic, payload, qos=1, properties=properties)
+        if info.rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):  # queued: a PUBACK will come
+            with self.lock:
+                early = self._early.pop(info.mid, None)
+                if early is None:
+                    self._waiting[info.mid] = (topic, on_done, after_refusal)
+            if early is not None:
+                self._settle(topic, on_done, after_refusal, early)
+        return info
+
+    def _refuse(self, refused: Refusal, after: str) -> NoReturn:
+        self._report(refused, after)
+        raise PublishRefused(refused)
+
+    def _report(self, refused: Refusal, after: str) -> None:
+        """Count a refusal; log a few per interval."""
+        if self.metrics is not None:
+            self.metrics.refused.labels(refused.topic, refused.label).inc()
+        held = self._refusal_log.allow()
+        if held is not None:
+            log.warning("%s%s%s", refused.message, f"; {after}" if after else "",
+                        f" ({held} more refusals not logged)" if held else "")
+
+    def _settle(self, topic: str, on_done: Optional[OnDone], after: str, reason: Any) -> None:
+        refused = refusal(topic, reason) if reason.is_failure else None
+        if refused is not None:
+            self._report(refused, after)
+        if on_done is not None:
+            try:
+                on_done(refused)
+            except Exception:
+                log.exception("MQTT publish callback for %s failed", topic)
+
+    def _set_connected(self, up: bool) -> None:
+        if up:
+            self.connected.set()
+        else:
+            self.connected.clear()
+        if self.metrics is not None:
+            self.metrics.connected.set(1 if up else 0)
+
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         if reason_code.is_failure:
-            log.warning("MQTT %s:%d refused the connection: %s", self.host, self.port, reason_code)
+            self.last_error = f"the broker refused the connection: {reason_code}"
+            held = self._connect_log.allow()
+            if held is not None:
+                hint = (f"the client id {self.client_id!r} is {len(self.client_id.encode())} bytes; brokers "
+                        "need only take 23: shorten the device_id"
+                        if reason_code == CLIENT_ID_NOT_VALID else
+                        "check cloud.mqtt.username, the password and the broker's ACL")
+                log.warning("MQTT broker %s:%d refused the connection: %s; %s%s", self.host, self.port,
+                            reason_code, hint, f" ({held} more failures not logged)" if held else "")
             return
-        log.info("MQTT connected to %s:%d as %s", self.host, self.port, self.client_id)
+        limit = getattr(properties, "MaximumPacketSize", None)
+        self.max_packet_size = int(limit) if limit else PROTOCOL_MAX_PACKET
+        self.last_error = ""
+        self._connected_at = time.monotonic()
+        log.info("MQTT connected to %s:%d as %s%s", self.host, self.port, self.client_id,
+                 f" (maximum packet size {limit} bytes)" if limit else "")
         with self.lock:
             topics = list(self.subscriptions)
         for t in topics:
             client.subscribe(t, qos=1)
-        self.connected.set()
+        self._set_connected(True)
+
+    def _on_connect_fail(self, client: Any, userdata: Any) -> None:
+        """The broker could not be reached (paho calls this while it handles the connection's
+        OSError: name not resolved, refused, timed out, TLS); paho retries with backoff."""
+        cause = sys.exc_info()[1]
+        self.last_error = f"{type(cause).__name__}: {cause}" if cause is not None else "no answer"
+        self._set_connected(False)
+        held = self._connect_log.allow()
+        if held is not None:
+            log.warning("MQTT broker %s:%d cannot be reached (%s); retrying every %d-%d s. Meanwhile MQTT "
+                        "escalations fail (and spool) and MQTT records wait in the outbox: check "
+                        "cloud.mqtt.host, cloud.mqtt.port and the network%s", self.host, self.port,
+                        self.last_error, RECONNECT_DELAY_S[0], RECONNECT_DELAY_S[1],
+                        f" ({held} more failures not logged)" if held else "")
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
-        if self.connected.is_set() and not self.stopping:
-            log.warning("MQTT disconnected from %s:%d (%s); reconnecting with backoff", self.host, self.port, reason_code)
-        self.connected.clear()
+        was_connected = self.connected.is_set()
+        self._set_connected(False)
+        lasted = time.monotonic() - self._connected_at if self._connected_at is not None else None
+        self._connected_at = None
+        if self.stopping:
+            return
+        silent = not getattr(flags, "is_disconnect_packet_from_server", False)
+        if was_connected and silent and lasted is not None and lasted < SHORT_SESSION_S:
+            self._short_sessions += 1
+        elif was_connected:
+            self._short_sessions = 0
+        if reason_code == SESSION_TAKEN_OVER:
+            self._taken_over("disconnected it: Session taken over")
+        elif self._short_sessions >= SHORT_SESSIONS_IN_A_ROW:
+            self._taken_over(f"closed its connection {self._short_sessions} times in a row within seconds of "
+                             "accepting it, without a reason (Mosquitto's answer to a second client with the "
+                             "same id; other brokers say Session taken over)")
+        elif was_connected:
+            held = self._disconnect_log.allow()
+            if held is not None:
+                log.warning("MQTT disconnected from %s:%d (%s); reconnecting with backoff%s", self.host, self.port,
+                            reason_code, f" ({held} more disconnects not logged)" if held else "")
+
+    def _taken_over(self, what: str) -> None:
+        """Another client connects with our client id: the two take the session from each
+        other on every reconnect. Say so, a couple of times a minute."""
+        self.last_error = f"another client uses the client id {self.client_id!r}"
+        held = self._takeover_log.allow()
+        if held is not None:
+            log.warning("MQTT broker %s:%d %s, client id %r: most likely another client connected with the "
+                        "same client id (two processes using one id: two edges with a fixed id, or another "
+                        "program), and they take the session from each other on every reconnect: give each "
+                        "its own client id%s", self.host, self.port, what, self.client_id,
+                        f" ({held} more takeovers not logged)" if held else "")
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
-        for fn in list(self.publish_listeners):
-            try:
-                fn(mid)
-            except Exception:
-                log.exception("MQTT publish listener failed")
+        with self.lock:
+            entry = self._waiting.pop(mid, None)
+            if entry is None:  # publish() has not noted this mid yet: it settles it
+                self._early[mid] = reason_code
+                return
+        self._settle(entry[0], entry[1], entry[2], reason_code)
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         with self.lock:  # subscribe() may add a topic from another thread meanwhile
@@ -128,6 +468,11 @@ class MqttConnection:
 def _resolve(fut: asyncio.Future[bytes], payload: bytes) -> None:
     if not fut.done():
         fut.set_result(payload)
+
+
+def _fail(fut: asyncio.Future[bytes], exc: TransportError) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
 
 
 class MqttTransport:
@@ -167,7 +512,9 @@ class MqttTransport:
         if self.loop is None:
             await self.start()
         if not self.conn.connected.is_set():
-            raise TransportError(status.UNAVAILABLE, f"MQTT broker {self.conn.host}:{self.conn.port} not connected")
+            why = f" ({self.conn.last_error})" if self.conn.last_error else ""
+            raise TransportError(status.UNAVAILABLE, f"MQTT broker {self.conn.host}:{self.conn.port} not "
+                                                     f"connected{why}")
         corr = uuid.uuid4().bytes
         props = Properties(PacketTypes.PUBLISH)
         props.ResponseTopic = self.response_topic
@@ -175,10 +522,20 @@ class MqttTransport:
         props.MessageExpiryInterval = max(1, int(timeout_s + 0.999))
         if self.token:  # checked by the gateway exactly as the gRPC metadata of the same name
             props.UserProperty = [(mqtt_topics.AUTHORIZATION_PROPERTY, f"Bearer {self.token}")]
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bytes] = loop.create_future()
         self.pending[corr] = fut
+
+        def refused(r: Optional[Refusal]) -> None:  # the broker's PUBACK (paho's thread)
+            if r is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(_fail, fut, TransportError(r.status, r.message))
+
         try:
-            info = self.conn.client.publish(self.request_topic, request.SerializeToString(), qos=1, properties=props)
+            try:
+                info = self.conn.publish(self.request_topic, request.SerializeToString(), props, refused,
+                                         "the escalation fails")
+            except PublishRefused as exc:
+                raise TransportError(exc.refusal.status, exc.refusal.message) from None
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 raise TransportError(status.UNAVAILABLE, f"MQTT publish failed: {mqtt.error_string(info.rc)}")
             try:

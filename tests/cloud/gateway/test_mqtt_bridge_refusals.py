@@ -1,0 +1,117 @@
+"""The gateway's MQTT bridge when a real Mosquitto refuses it: an ACL without write access
+to the devices' response topics (the refused answers are counted and logged, naming the
+topic and the reason), and two gateways sharing one ``mqtt.client_id`` (reported as such)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from cloud.gateway.server import Gateway
+from edgewise.v1 import detect_pb2
+from tests.cloud.gateway.test_gateway import run, settings_for
+from tests.cloud.gateway.test_mqtt_bridge import Edge
+from tests.cloud.gateway.workers import TestWorker, request
+from tests.edge.transports.test_mqtt_refusals import configured_mosquitto
+from tests.waiting import async_wait_until as wait_until
+
+LOGGER = "edgewise.gateway.mqtt"
+USERS = {"edgewise-gateway": "gw-pass", "cam-1": "pass-1"}
+
+
+def warnings_with(caplog, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == LOGGER and r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+class AclEdge(Edge):
+    """The plain paho edge of ``test_mqtt_bridge``, logged in as cam-1."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.responses: dict[bytes, list[detect_pb2.DetectResponse]] = {}
+        self.lock = threading.Lock()
+        self.reply_topic = f"edgewise/cam-1/response/{uuid.uuid4().hex[:8]}"
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"cam-1-{uuid.uuid4().hex[:6]}",
+                             protocol=mqtt.MQTTv5)
+        self.c.username_pw_set("cam-1", USERS["cam-1"])
+        self.ready = threading.Event()
+        self.c.on_connect = lambda c, u, f, rc, p: c.subscribe(self.reply_topic, qos=1)
+        self.c.on_subscribe = lambda c, u, mid, rcs, p: self.ready.set()
+        self.c.on_message = self._on_message
+        self.c.connect(host, port)
+        self.c.loop_start()
+        assert self.ready.wait(10)
+
+
+def test_answers_the_broker_refuses_are_counted_and_logged(caplog):
+    """The ACL gives the gateway's user read on the requests but no write on
+    ``edgewise/+/response/#``: each answer's PUBACK says Not authorized; the bridge counts
+    ``response_refused`` and says which topic, why and what to fix."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    acl = ("user edgewise-gateway\ntopic read edgewise/+/escalate\n\n"
+           "pattern write edgewise/%u/escalate\npattern read edgewise/%u/response/#\n")
+
+    async def main(broker):
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = Gateway(settings_for([(w, 1)], **{
+            "mqtt.enabled": True, "mqtt.host": broker.host, "mqtt.port": broker.port,
+            "mqtt.username": "edgewise-gateway", "mqtt.password": USERS["edgewise-gateway"]}))
+        await gw.start()
+        bridge = gw.bridge
+        assert bridge is not None
+        try:
+            await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
+            edge = await asyncio.to_thread(AclEdge, broker.host, broker.port)
+            try:
+                for seq in range(2):
+                    await asyncio.to_thread(edge.send, request(seq=seq).SerializeToString(), f"c{seq}".encode())
+                await wait_until(lambda: bridge.counts.get("response_refused") == 2, 15, "2 refused answers")
+                assert w.calls == 2 and edge.responses == {}
+                sample = gw.metrics.registry.get_sample_value(
+                    "edgewise_gateway_mqtt_messages_total", {"result": "response_refused"})
+                assert sample == 2
+            finally:
+                edge.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+
+    with configured_mosquitto(users=USERS, acl=acl) as broker:
+        run(main(broker))
+    (first, *_) = warnings_with(caplog, "broker refused publish to edgewise/cam-1/response/")
+    assert ": Not authorized; check the broker's ACL" in first
+    assert "needs write access to edgewise/+/response/#" in first
+
+
+def test_two_gateways_with_one_client_id_are_reported(caplog):
+    """Two gateways with the same ``mqtt.client_id`` take the session from each other on
+    every reconnect; the bridge names the id and the setting, a couple of times a minute."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+
+    async def main(broker):
+        w = TestWorker("a", 0.005)
+        await w.start()
+        mq = {"mqtt.enabled": True, "mqtt.host": broker.host, "mqtt.port": broker.port,
+              "mqtt.client_id": "gw-same", "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1}
+        gws = [Gateway(settings_for([(w, 1)], **mq)) for _ in range(2)]
+        for gw in gws:
+            await gw.start()
+        try:
+            await wait_until(lambda: warnings_with(caplog, "same client id"), 20, "the takeover warning")
+            await asyncio.sleep(3)  # they keep knocking each other off meanwhile
+        finally:
+            for gw in gws:
+                await gw.stop(1)
+            await w.stop()
+
+    with configured_mosquitto() as broker:
+        run(main(broker))
+    takeovers = warnings_with(caplog, "same client id")
+    assert "client id 'gw-same'" in takeovers[0] and "mqtt.client_id" in takeovers[0]
+    assert len(takeovers) <= 4, takeovers

@@ -1,0 +1,413 @@
+"""The edge's MQTT connection and transport against a real Mosquitto that refuses.
+
+Each test starts its own broker (``configured_mosquitto``: a free port, its own
+config with ``max_packet_size``, ``message_size_limit``, or a password file and an
+ACL). What the edge must do: refuse a request over the Maximum Packet Size the
+broker announced before sending it (the broker would drop the connection and paho
+would send the message again after every reconnect, for good), take Mosquitto's
+PUBACK "Packet too large" for a message over ``message_size_limit`` as a refusal
+(not a malformed packet), fail an escalation the ACL refuses at once with the
+broker's reason, say why a broker cannot be reached, and say clearly when another
+client takes the session of the same client id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from edge.escalating import Escalating
+from edge.metrics import EdgeMetrics
+from edge.records import FrameRecord
+from edge.sources.base import Frame
+from edge.spool import Spool
+from edge.transports import TransportError
+from edge.transports.mqtt import (
+    MqttConnection,
+    MqttTransport,
+    PublishRefused,
+    Refusal,
+    publish_packet_size,
+)
+from edgewise import mqtt_topics
+from edgewise.detections import Detections
+from edgewise.policy.deciding import Decision
+from edgewise.policy.loading import parse_policy
+from edgewise.v1 import detect_pb2
+from tests.conftest import Broker, _spawn_mosquitto, free_port, mosquitto_binary
+from tests.edge.helpers import frame_record, policy_yaml
+from tests.waiting import async_wait_until, wait_until
+
+LOGGER = "edge.transports.mqtt"
+
+
+@contextlib.contextmanager
+def configured_mosquitto(extra: str = "", users: Optional[Dict[str, str]] = None,
+                         acl: Optional[str] = None, port: int = 0) -> Iterator[Broker]:
+    """A real Mosquitto on a free port (or ``port``) with ``extra`` config lines; with
+    ``users`` (name -> password) no anonymous clients and a password file; with ``acl`` that
+    ACL file (``broker.conf.parent / "acl"``: rewrite it and ``reload(broker)`` to change it)."""
+    mosquitto_binary()
+    port = port or free_port()
+    d = Path(tempfile.mkdtemp(prefix="ew-mosq-cfg-"))
+    d.chmod(0o755)  # mosquitto started as root reads its files as the "mosquitto" user
+    lines = [f"listener {port} 127.0.0.1"]
+    if users:
+        passwd = d / "passwd"
+        for i, (user, pw) in enumerate(users.items()):
+            subprocess.run(["mosquitto_passwd", "-b", *(["-c"] if i == 0 else []), str(passwd), user, pw],
+                           check=True, capture_output=True)
+        passwd.chmod(0o644)
+        lines += ["allow_anonymous false", f"password_file {passwd}"]
+    else:
+        lines.append("allow_anonymous true")
+    if acl is not None:
+        (d / "acl").write_text(acl)
+        (d / "acl").chmod(0o644)
+        lines.append(f"acl_file {d / 'acl'}")
+    conf = d / "mosquitto.conf"
+    conf.write_text("\n".join(lines) + "\n" + extra + "\n")
+    broker = Broker(port, _spawn_mosquitto(conf, port), conf)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def reload(broker: Broker) -> None:
+    """Make Mosquitto read its password and ACL files again (SIGHUP)."""
+    broker.proc.send_signal(1)
+
+
+class Responder:
+    """A plain paho client playing the gateway: answers every request OK, with its
+    correlation data, on its response topic."""
+
+    def __init__(self, broker: Broker, username: str = "", password: str = "") -> None:
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"responder-{uuid.uuid4().hex[:6]}",
+                             protocol=mqtt.MQTTv5)
+        if username:
+            self.c.username_pw_set(username, password)
+        self.ready = threading.Event()
+        self.c.on_connect = lambda c, u, f, rc, p: c.subscribe("edgewise/+/escalate", qos=1)
+        self.c.on_subscribe = lambda c, u, mid, rcs, p: self.ready.set()
+        self.c.on_message = self._answer
+        self.c.connect(broker.host, broker.port)
+        self.c.loop_start()
+        assert self.ready.wait(10)
+
+    def _answer(self, c, u, msg):
+        req = detect_pb2.DetectRequest.FromString(msg.payload)
+        props = Properties(PacketTypes.PUBLISH)
+        props.CorrelationData = msg.properties.CorrelationData
+        resp = detect_pb2.DetectResponse(status=detect_pb2.OK, frame_seq=req.frame_seq, device_id=req.device_id)
+        c.publish(msg.properties.ResponseTopic, resp.SerializeToString(), qos=1, properties=props)
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def request(seq: int, image_bytes: int = 100) -> detect_pb2.DetectRequest:
+    req = detect_pb2.DetectRequest(device_id="cam-1", stream_id="s", frame_seq=seq)
+    req.image.encoding = detect_pb2.Image.JPEG
+    req.image.data = os.urandom(image_bytes)
+    return req
+
+
+def connected(broker: Broker, client_id: str, metrics: Optional[EdgeMetrics] = None, **kw) -> MqttConnection:
+    conn = MqttConnection(broker.host, broker.port, client_id=client_id, metrics=metrics, **kw)
+    conn.start()
+    wait_until(conn.connected.is_set, 10, "the edge's MQTT connection")
+    return conn
+
+
+def refused_count(metrics: EdgeMetrics, topic: str, reason: str) -> float:
+    value = metrics.registry.get_sample_value("edgewise_edge_mqtt_refused_total", {"topic": topic, "reason": reason})
+    return value or 0.0
+
+
+def warnings_with(caplog, text: str) -> List[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == LOGGER and r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+async def first_answer(t: MqttTransport) -> detect_pb2.DetectResponse:
+    """The first answer (the response subscription settles in the background)."""
+    async def one():
+        try:
+            return await t.detect(request(0), 1.0)
+        except TransportError:
+            return None
+    return await async_wait_until(one, 10, "a first answer over MQTT")
+
+
+def test_an_escalation_over_the_brokers_maximum_packet_size_is_refused_before_it_is_sent(caplog):
+    """Mosquitto with ``max_packet_size 10000`` announces it in CONNACK: a 20 KB request is
+    refused at once (INVALID_ARGUMENT naming both sizes, not spoolable, counted), nothing is
+    sent, so the connection stays up and the next request is answered. A message of exactly
+    the limit goes through (the size is the whole PUBLISH packet), one byte more does not."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with configured_mosquitto("max_packet_size 10000") as broker:
+        responder = Responder(broker)
+        metrics = EdgeMetrics()
+        conn = connected(broker, "cam-1-size", metrics)
+        try:
+            assert conn.max_packet_size == 10000
+
+            async def run():
+                t = MqttTransport(conn, "cam-1")
+                await t.start()
+                await first_answer(t)
+                big = request(1, 20_000)
+                t0 = time.monotonic()
+                with pytest.raises(TransportError) as ei:
+                    await t.detect(big, 5.0)
+                assert time.monotonic() - t0 < 1.0
+                assert ei.value.status == detect_pb2.INVALID_ARGUMENT and not ei.value.spoolable
+                assert "Maximum Packet Size of 10000 bytes" in ei.value.message
+                assert f"{big.ByteSize()} bytes of payload" in ei.value.message
+                assert "edgewise/cam-1/escalate" in ei.value.message
+                resp = await t.detect(request(2), 5.0)  # same connection, still up
+                assert resp.frame_seq == 2
+                await t.close()
+            asyncio.run(run())
+            assert refused_count(metrics, "edgewise/cam-1/escalate", "packet_too_large") == 1
+            assert conn.connected.is_set() and not warnings_with(caplog, "disconnected")
+
+            topic = "edgewise/cam-1/size"
+            fits = b"x" * (10000 - publish_packet_size(topic, b""))
+            while publish_packet_size(topic, fits) > 10000:  # the length field grew by a byte
+                fits = fits[:-1]
+            assert publish_packet_size(topic, fits) == 10000
+            answers: List[Optional[Refusal]] = []
+            done = threading.Event()
+
+            def answered(r: Optional[Refusal]) -> None:
+                answers.append(r)
+                done.set()
+            conn.publish(topic, fits, on_done=answered)
+            assert done.wait(5) and answers == [None]  # the broker took the packet of exactly 10000 bytes
+            with pytest.raises(PublishRefused) as pi:
+                conn.publish(topic, fits + b"x")
+            assert pi.value.refusal.status == detect_pb2.INVALID_ARGUMENT
+            assert not conn.client._out_messages  # nothing left for paho to send again
+        finally:
+            conn.stop()
+            responder.close()
+
+
+def test_a_puback_packet_too_large_is_a_refusal_not_a_reconnect_loop(caplog):
+    """Mosquitto with ``message_size_limit 10000`` announces nothing and answers a larger
+    message with PUBACK 0x95 "Packet too large" (a code MQTT 5.0 lists for CONNACK and
+    DISCONNECT only). That fails the escalation at once, INVALID_ARGUMENT; the connection
+    is not dropped and paho does not keep the message to send it again."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with configured_mosquitto("message_size_limit 10000") as broker:
+        responder = Responder(broker)
+        metrics = EdgeMetrics()
+        conn = connected(broker, "cam-1-limit", metrics)
+        try:
+            async def run():
+                t = MqttTransport(conn, "cam-1")
+                await t.start()
+                await first_answer(t)
+                t0 = time.monotonic()
+                with pytest.raises(TransportError) as ei:
+                    await t.detect(request(1, 20_000), 3.0)
+                assert time.monotonic() - t0 < 1.0, ei.value
+                assert ei.value.status == detect_pb2.INVALID_ARGUMENT and not ei.value.spoolable
+                assert ei.value.message.startswith(
+                    "broker refused publish to edgewise/cam-1/escalate: Packet too large; ")
+                assert "message_size_limit" in ei.value.message
+                assert (await t.detect(request(2), 5.0)).frame_seq == 2
+                await t.close()
+            asyncio.run(run())
+            time.sleep(1.5)  # paho would have reconnected and sent it again by now
+            assert conn.connected.is_set() and not warnings_with(caplog, "disconnected")
+            assert not conn.client._out_messages
+            assert refused_count(metrics, "edgewise/cam-1/escalate", "packet_too_large") == 1
+        finally:
+            conn.stop()
+            responder.close()
+
+
+def test_a_frame_too_large_for_the_broker_keeps_its_edge_result_and_is_not_spooled(tmp_path):
+    """Through ``Escalating``: the frame's record is its edge result with the reason
+    (``outcome: edge_only``, INVALID_ARGUMENT), as for a message over gRPC's limit; the
+    spool stays empty (a replay would be refused the same way)."""
+    with configured_mosquitto("max_packet_size 10000") as broker:
+        metrics = EdgeMetrics()
+        conn = connected(broker, "cam-1-esc", metrics)
+        spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+        written: List[FrameRecord] = []
+        policy = parse_policy(policy_yaml("p", transport="mqtt", on_unavailable="spool"))
+        noise = (np.random.default_rng(1).random((240, 320, 3)) * 255).astype(np.uint8)  # a JPEG of ~100 KB
+        dets = Detections(boxes=np.zeros((0, 4), np.float32), scores=np.zeros(0, np.float32),
+                          class_ids=np.zeros(0, np.int32), names=("a",), source="edge")
+
+        async def run():
+            t = MqttTransport(conn, "cam-1")
+            esc = Escalating("cam-1", {"mqtt": t}, written.append, metrics, spool=spool, default_transport="mqtt")
+            esc.submit(Frame("s", 1, noise, 0, 0.0), dets, Decision(True, "hard", 0.8, {}), policy,
+                       frame_record("s", 1, device="cam-1"))
+            await async_wait_until(lambda: written, 10, "the frame's record")
+            await esc.drain(0.1)
+            await esc.close()
+            await t.close()
+        try:
+            asyncio.run(run())
+        finally:
+            conn.stop()
+        rec = written[0]
+        assert rec.outcome == "edge_only" and rec.error is not None, rec
+        assert rec.error.startswith("INVALID_ARGUMENT: MQTT message to edgewise/cam-1/escalate is ")
+        assert "Maximum Packet Size of 10000 bytes" in rec.error
+        assert len(spool) == 0 and metrics.spool_events.labels("put")._value.get() == 0
+        spool.close()
+
+
+def test_an_acl_refusal_fails_the_escalation_at_once_as_unauthenticated(caplog):
+    """The ACL does not let cam-1 publish its requests: the PUBACK "Not authorized" fails the
+    escalation at once (not after the deadline) with the broker's reason, classified as gRPC's
+    PERMISSION_DENIED is (UNAUTHENTICATED: a configuration problem, not spooled); logged and
+    counted with the topic."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    acl = "pattern read edgewise/%u/response/#\npattern write edgewise/%u/detections\n"
+    with configured_mosquitto(users={"cam-1": "pw"}, acl=acl) as broker:
+        metrics = EdgeMetrics()
+        conn = connected(broker, "cam-1-acl", metrics, username="cam-1", password="pw")
+        try:
+            async def run():
+                t = MqttTransport(conn, "cam-1")
+                await t.start()
+                t0 = time.monotonic()
+                with pytest.raises(TransportError) as ei:
+                    await t.detect(request(1), 5.0)
+                assert time.monotonic() - t0 < 1.0
+                await t.close()
+                return ei.value
+            err = asyncio.run(run())
+        finally:
+            conn.stop()
+    assert err.status == detect_pb2.UNAUTHENTICATED and not err.spoolable
+    assert err.message.startswith("broker refused publish to edgewise/cam-1/escalate: Not authorized; "
+                                  "check the broker's ACL for this device"), err.message
+    assert refused_count(metrics, "edgewise/cam-1/escalate", "not_authorized") == 1
+    assert any(m.startswith("broker refused publish to edgewise/cam-1/escalate: Not authorized")
+               for m in warnings_with(caplog, "Not authorized"))
+
+
+def test_an_unreachable_broker_is_a_warning_with_its_cause_and_a_gauge(caplog):
+    """A closed port and a host name that does not resolve: a WARNING with the cause and
+    host:port (throttled), ``edgewise_edge_mqtt_connected`` 0, and the escalation's error
+    says why; once a broker listens there the gauge turns 1."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    port = free_port()
+    metrics = EdgeMetrics()
+    conn = MqttConnection("127.0.0.1", port, client_id="cam-1-down", metrics=metrics)
+    typo = MqttConnection("broker-typo.invalid", 1883, client_id="cam-1-typo", metrics=EdgeMetrics())
+    gauge = lambda: metrics.registry.get_sample_value("edgewise_edge_mqtt_connected")  # noqa: E731
+    conn.start()
+    typo.start()
+    try:
+        wait_until(lambda: warnings_with(caplog, f"127.0.0.1:{port} cannot be reached"), 10, "the warning")
+        wait_until(lambda: warnings_with(caplog, "broker-typo.invalid:1883 cannot be reached"), 10, "the warning")
+        (down,) = warnings_with(caplog, f"127.0.0.1:{port} cannot be reached")[:1]
+        assert "ConnectionRefusedError" in down and "check cloud.mqtt.host, cloud.mqtt.port" in down
+        assert "gaierror" in warnings_with(caplog, "broker-typo.invalid:1883")[0]
+        assert gauge() == 0
+
+        async def escalate():
+            t = MqttTransport(conn, "cam-1")
+            with pytest.raises(TransportError) as ei:
+                await t.detect(request(1), 1.0)
+            await t.close()
+            return ei.value
+        err = asyncio.run(escalate())
+        assert err.status == detect_pb2.UNAVAILABLE and "ConnectionRefusedError" in err.message
+        time.sleep(3.5)  # paho retries after 1, 2 s ...: a few warnings a minute at most
+        assert len(warnings_with(caplog, f"127.0.0.1:{port}")) <= 3
+        with configured_mosquitto(port=port):
+            wait_until(conn.connected.is_set, 40, "the connection once the broker listens")
+            assert gauge() == 1
+    finally:
+        conn.stop()
+        typo.stop()
+    assert gauge() == 0
+
+
+def test_a_session_taken_over_by_the_same_client_id_is_a_clear_warning(caplog):
+    """Two edges with one client id knock each other off on every reconnect (Mosquitto 2.0
+    closes the older connection without a reason; MQTT 5.0 brokers may say "Session taken
+    over"); each says so, naming the id and the likely cause, a couple of times a minute,
+    not every second."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with configured_mosquitto() as broker:
+        a = connected(broker, "cam-1-twin")
+        b = MqttConnection(broker.host, broker.port, client_id="cam-1-twin")
+        b.start()
+        try:
+            wait_until(lambda: warnings_with(caplog, "same client id"), 15, "the takeover warning")
+            time.sleep(4)  # they keep taking the session from each other meanwhile
+        finally:
+            a.stop()
+            b.stop()
+    takeovers = warnings_with(caplog, "same client id")
+    assert "client id 'cam-1-twin'" in takeovers[0] and "give each its own client id" in takeovers[0]
+    assert len(takeovers) <= 4, takeovers  # two connections, at most two each a minute
+    assert len(warnings_with(caplog, "disconnected from")) <= 6  # three each a minute
+
+
+def test_the_daemons_client_id_is_unique_per_start_and_its_connection_is_measured(tmp_path, mosquitto):
+    """Two daemons from one copied configuration (in a container both are PID 1) must not
+    share a client id: the device id plus a random suffix, a valid topic level (the
+    response topic ends with it); the daemon's registry exports the connection gauge."""
+    from edge.daemon import EdgeDaemon
+    from edge.settings import load_settings
+    from tests.edge.helpers import settings_yaml
+
+    ids = {MqttConnection.unique_client_id("cam-1") for _ in range(50)}
+    assert len(ids) == 50 and all(re.fullmatch(r"cam-1-[0-9a-f]{8}", i) for i in ids)
+    assert all(mqtt_topics.check_segment(i, "client id") for i in ids)
+    settings = load_settings(str(settings_yaml(
+        tmp_path / "edge.yaml", device_id="cam-1",
+        cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}},
+        streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+        model={"path": str(tmp_path / "unused.onnx")}, spool={"path": str(tmp_path / "spool.db")},
+        metrics={"port": -1})), env={})
+
+    async def build():
+        d = EdgeDaemon(settings)
+        await d._build_transports()
+        return d
+    daemons = [asyncio.run(build()) for _ in range(2)]
+    try:
+        for d in daemons:
+            wait_until(d.mqtt.connected.is_set, 10, "the daemon's MQTT connection")
+            assert re.fullmatch(r"cam-1-[0-9a-f]{8}", d.mqtt.client_id), d.mqtt.client_id
+            assert d.metrics.registry.get_sample_value("edgewise_edge_mqtt_connected") == 1
+        assert daemons[0].mqtt.client_id != daemons[1].mqtt.client_id
+        assert daemons[0].mqtt.connected.is_set()  # not taken over by the second one
+    finally:
+        for d in daemons:
+            d.mqtt.stop()
