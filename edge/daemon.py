@@ -32,7 +32,7 @@ from edge.pipeline import Pipeline
 from edge.preflight import preflight
 from edge.records import FrameRecord
 from edge.sdnotify import Notifier
-from edge.settings import EdgeSettings, mqtt_outbox_path
+from edge.settings import EdgeSettings, mqtt_outbox_path, policy_fit
 from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
@@ -308,7 +308,7 @@ class EdgeDaemon:
         if s.policy_file:
             from edgewise.policy.holding import PolicyHolder
 
-            self.holder = PolicyHolder.from_file(s.policy_file)
+            self.holder = PolicyHolder.from_file(s.policy_file, policy_fit(s))  # as check-config does
             policy = self.holder.policy
         self.spool = self._spool_or_later() if policy is not None else None
         if s.metrics.port >= 0:

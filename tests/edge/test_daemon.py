@@ -87,7 +87,7 @@ def edge_run(tmp_path, **tree):
 
 
 @pytest.mark.parametrize("case", ["spool_folder", "spool_corrupt", "metrics_port_in_use", "jsonl_folder",
-                                  "no_source_opens"])
+                                  "no_source_opens", "policy_transport"])
 def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_model):
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("p"))
@@ -105,6 +105,10 @@ def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_mo
         tree["streams"] = [{"id": "s", "kind": "folder", "uri": str(tmp_path / "missing")}]
         tree["model"] = {"path": str(tiny_model), "backend": "onnxruntime"}
         expected = "every source ended and no frame was processed"
+    elif case == "policy_transport":  # every escalation would be spooled as 'not configured', for good
+        policy.write_text(policy_yaml("p", transport="mqtt"))
+        tree["cloud"] = {"endpoints": ["127.0.0.1:9"]}
+        expected = "spec.transport is 'mqtt', but this device's settings configure only grpc"
     elif case == "spool_corrupt":
         spool.write_bytes(b"\x00garbage" * 1000)
         expected = f"spool {spool} is not a readable spool"
