@@ -19,6 +19,7 @@ admission, worker) and by every edge source that decodes image files.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass
@@ -272,8 +273,14 @@ def _check_png(data: bytes, what: str) -> None:
 
 
 def decode_checked(data: bytes, header: ImageHeader, what: str = "image") -> np.ndarray:
-    """Decode to BGR uint8 HxWx3 once the header passed; the result must have the declared size."""
-    out = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    """Decode to BGR uint8 HxWx3 once the header passed; the result must have the declared size.
+
+    A JPEG's EXIF orientation is ignored: the pixels are the stored ones, as the header,
+    crop offsets, tiles and the boxes of an answer count them (OpenCV would rotate a
+    portrait photo, which then no longer matched its header, and turn boxes of orientation
+    3 upside down, silently).
+    """
+    out = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     if out is None or out.ndim != 3 or out.shape[:2] != (header.height, header.width):
         raise InvalidInputError(f"{what}: corrupt {header.encoding.upper()} (it does not decode to the "
                                 f"{header.width}x{header.height} its header declares)")
@@ -289,10 +296,15 @@ def read_image_file(path: Union[str, os.PathLike[str]], max_pixels: int = DEFAUL
     """
     what = os.fspath(path)
     try:
-        size = os.path.getsize(path)
-        if size > max_bytes:
-            raise InvalidInputError(f"{what}: {size} bytes, over the limit of {max_bytes} bytes")
-        with open(path, "rb") as fh:
+        # O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; only a
+        # regular file is read
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InvalidInputError(f"{what}: not a regular file (a FIFO, socket or device); skipped")
+            if st.st_size > max_bytes:
+                raise InvalidInputError(f"{what}: {st.st_size} bytes, over the limit of {max_bytes} bytes")
             data = fh.read(max_bytes + 1)
     except OSError as exc:
         raise InvalidInputError(f"{what}: cannot read: {exc.strerror or exc}") from None

@@ -85,8 +85,9 @@ def check_image(
 
     Byte limit, declared encoding vs magic bytes, declared size vs ``max_pixels`` (for
     every encoding), RAW shape [height, width, 3] / dtype uint8 / length, a JPEG's
-    end-of-image marker, a crop offset inside its source frame, and (for a parsed
-    ``detect_pb2.Image``: the worker) the tiles of a packed region payload. The gateway's
+    end-of-image marker, a crop offset inside its source frame (and with the frame's size),
+    and (for a parsed ``detect_pb2.Image``: the worker) the crop inside the frame or the tiles
+    of a packed region payload. The gateway's
     admission and the worker (before it decodes) both call it with the same limits.
     Reads only the first and last bytes of ``data``: its cost does not grow with the image.
     """
@@ -114,13 +115,25 @@ def check_image(
             f"PNG ({detect_pb2.Image.PNG}) or RAW ({detect_pb2.Image.RAW})"
         )
     imagefiles.check_pixels(header, max_pixels, f"image ({header.encoding.upper()})")
-    if img.source_width and img.source_height and (
-            img.offset_x >= img.source_width or img.offset_y >= img.source_height):
+    if bool(img.source_width) != bool(img.source_height):
+        raise InvalidInputError(f"image.source_width {img.source_width} and source_height {img.source_height}: "
+                                "give both (the source frame's size) or neither")
+    if (img.offset_x or img.offset_y) and not img.source_width:
+        raise InvalidInputError(f"image crop offset ({img.offset_x},{img.offset_y}) without the source frame's "
+                                "size: set image.source_width and image.source_height")
+    if img.source_width and (img.offset_x >= img.source_width or img.offset_y >= img.source_height):
         raise InvalidInputError(
             f"image crop offset ({img.offset_x},{img.offset_y}) lies outside the "
             f"{img.source_width}x{img.source_height} source frame")
     if isinstance(img, detect_pb2.Image):  # the gateway's view reads no tiles: the worker checks them
-        _check_tiles(img, header)
+        if img.tiles:
+            _check_tiles(img, header)
+        elif img.source_width and (img.offset_x + header.width > img.source_width
+                                   or img.offset_y + header.height > img.source_height):
+            raise InvalidInputError(
+                f"image: a {header.width}x{header.height} crop at ({img.offset_x},{img.offset_y}) does not fit "
+                f"in the {img.source_width}x{img.source_height} source frame (a crop is full-resolution pixels "
+                "of the frame; a scaled payload needs image.tiles)")
     return header
 
 

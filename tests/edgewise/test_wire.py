@@ -215,3 +215,71 @@ def test_file_headers_of_other_formats(tmp_path, ext):
     assert imagefiles.read_image_file(path).shape == (30, 70, 3)
     with pytest.raises(InvalidInputError, match=r"x\..*over the limit of 100"):
         imagefiles.read_image_file(path, max_pixels=100)
+
+
+def _with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
+    """The JPEG with an APP1 EXIF segment holding only the Orientation tag (0x0112), as a
+    phone camera writes it."""
+    import struct
+
+    tiff = b"MM\x00\x2a" + struct.pack(">I", 8) + struct.pack(">H", 1)
+    tiff += struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0) + struct.pack(">I", 0)
+    body = b"Exif\x00\x00" + tiff
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(body) + 2) + body + jpeg[2:]
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_exif_orientation_is_ignored_so_pixels_match_the_header(orientation, tmp_path):
+    """OpenCV rotated EXIF-oriented JPEGs: orientation 6 (a portrait phone photo) was refused
+    as corrupt, orientation 3 answered with boxes in upside-down coordinates."""
+    im = np.zeros((40, 64, 3), np.uint8)
+    im[:10, :16] = 255  # a bright top-left corner: it stays there
+    import cv2
+
+    ok, buf = cv2.imencode(".jpg", im)
+    data = _with_exif_orientation(buf.tobytes(), orientation)
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(data)
+    out = imagefiles.read_image_file(path)
+    assert out.shape == (40, 64, 3) and out[:10, :16].mean() > 200 and out[30:, 48:].mean() < 50
+    decoded = wire.decode_image(detect_pb2.Image(data=data, encoding=detect_pb2.Image.JPEG))
+    assert decoded.shape == (40, 64, 3) and decoded[:10, :16].mean() > 200
+
+
+def test_a_fifo_or_folder_in_an_image_folder_is_refused_without_waiting(tmp_path):
+    """A FIFO named like an image blocked the folder source forever (and SIGTERM with it)."""
+    import os
+    import threading
+
+    fifo = tmp_path / "a_fifo.jpg"
+    os.mkfifo(fifo)
+    result = []
+    t = threading.Thread(target=lambda: result.append(pytest.raises(InvalidInputError, imagefiles.read_image_file,
+                                                                     fifo)), daemon=True)
+    t.start()
+    t.join(5)
+    if t.is_alive():  # release the reader before failing
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("read_image_file waited on a FIFO")
+    assert "not a regular file" in str(result[0].value)
+    with pytest.raises(InvalidInputError, match="cannot read: Is a directory"):
+        imagefiles.read_image_file(tmp_path)
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"offset_x": 4_000_000_000, "offset_y": 4_000_000_000}, r"crop offset .* without the source frame's size"),
+    ({"source_width": 10, "source_height": 10}, r"a 64x48 crop at \(0,0\) does not fit in the 10x10 source frame"),
+    ({"offset_x": 600, "source_width": 640, "source_height": 480}, r"crop at \(600,0\) does not fit"),
+    ({"source_width": 640}, r"give both \(the source frame's size\) or neither"),
+])
+def test_crop_geometry_that_maps_boxes_nowhere_is_invalid(fields, says):
+    """Answered OK before, with zero-area boxes near 4e9 or every box clipped to (10,10,10,10)."""
+    im = wire.encode_image(np.zeros((48, 64, 3), np.uint8), "jpeg")
+    for name, value in fields.items():
+        setattr(im, name, value)
+    with pytest.raises(InvalidInputError, match=says):
+        wire.check_image(im)
+    ok = wire.encode_image(np.zeros((48, 64, 3), np.uint8), "jpeg")
+    ok.offset_x, ok.offset_y, ok.source_width, ok.source_height = 576, 432, 640, 480  # the bottom-right crop
+    assert wire.check_image(ok).width == 64
