@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Tuple
 
 import cv2
 import numpy as np
@@ -69,24 +69,44 @@ class _OptionsGate:
     environment at every open, so per-stream options mean setting the variable around
     the open. Opens that need the same value (cameras with the same settings) run
     together; one that needs another value waits until they are done (at most
-    ``open_timeout_s``)."""
+    ``open_timeout_s``). Opens are let in in arrival order: one with the holders' value
+    joins them only if no open with another value is waiting ahead of it (otherwise two
+    dead cameras retrying with one value kept a healthy camera with another waiting for
+    good)."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.value: Optional[str] = None
         self.count = 0
         self.saved: Optional[str] = None
+        self.line: List[Tuple[object, str]] = []  # waiting opens, in arrival order
+
+    def _may_enter(self, ticket: object, value: str) -> bool:
+        if not self.count:
+            return self.line[0][0] is ticket  # the gate is free: the first in line takes it
+        if value != self.value:
+            return False
+        for t, v in self.line:  # the holders' value: join unless another value is ahead
+            if t is ticket:
+                return True
+            if v != value:
+                return False
+        return True
 
     @contextlib.contextmanager
     def holding(self, value: str) -> Iterator[None]:
+        ticket = object()
         with self.cond:
-            while self.count and self.value != value:
+            self.line.append((ticket, value))
+            while not self._may_enter(ticket, value):
                 self.cond.wait()
+            self.line.remove((ticket, value))
             if not self.count:
                 self.saved = os.environ.get(FFMPEG_OPTIONS_ENV)
                 os.environ[FFMPEG_OPTIONS_ENV] = value
                 self.value = value
             self.count += 1
+            self.cond.notify_all()  # opens with the same value next in line may join
         try:
             yield
         finally:

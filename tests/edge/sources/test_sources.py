@@ -295,3 +295,46 @@ def test_synthetic_digits_falls_back_to_the_pattern_without_edgewise_synth(monke
     pattern = read_all(SyntheticSource("cam", "160x120"), limit=2)
     assert src.scene is None and all(np.array_equal(x, y) for x, y in zip(frames, pattern))
     assert "using the built-in pattern" in caplog.text
+
+
+def test_the_ffmpeg_options_gate_lets_opens_in_in_arrival_order():
+    """Two dead cameras retrying with one options value kept the gate held, and a healthy
+    camera with other options waited for good (a UDP camera got no frame in 40 s): an open
+    with the holders' value no longer passes one with another value waiting ahead of it."""
+    import threading
+    import time
+
+    from edge.sources.opencv import _OptionsGate
+
+    gate = _OptionsGate()
+    entered = []
+    release_a = threading.Event()
+
+    def open_with(value, name, hold=None):
+        with gate.holding(value):
+            entered.append(name)
+            if hold is not None:
+                hold.wait(10)
+
+    def started(fn, *args):
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        return t
+
+    a1 = started(open_with, "tcp", "dead-1", release_a)
+    while not entered:
+        time.sleep(0.01)
+    b = started(open_with, "udp", "healthy")
+    while not gate.line:
+        time.sleep(0.01)
+    a2 = started(open_with, "tcp", "dead-2")  # same options as the holder: may not pass the waiter
+    time.sleep(0.2)
+    assert entered == ["dead-1"]
+    release_a.set()
+    for t in (a1, b, a2):
+        t.join(5)
+    assert entered == ["dead-1", "healthy", "dead-2"]
+    with gate.holding("x"):  # same-value opens still run together
+        done = started(open_with, "x", "together")
+        done.join(5)
+        assert entered[-1] == "together"
