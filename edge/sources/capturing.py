@@ -182,6 +182,10 @@ class Capturer:
                 backoff = self.reconnect_min_s if self._streamed_ok else backoff
                 backoff = await self._backoff(stop, backoff, reason)
         finally:
+            if self._corrupt_log.held:  # said before the stream ends: none goes unreported
+                log.warning("stream %s: %d more corrupt frame(s) skipped and not logged; %d corrupt in all",
+                            self.stream_id, self._corrupt_log.held, self.corrupt)
+                self._corrupt_log.held = 0
             self._set_state(SourceState.ENDED)
             try:
                 await self._call(self.source.close)

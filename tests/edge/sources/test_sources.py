@@ -180,6 +180,9 @@ def test_folder_of_only_corrupt_files_backs_off(tmp_path, caplog):
     assert SourceState.BACKOFF in states and states[-1] is SourceState.ENDED
     lines = [r.getMessage() for r in caplog.records if "corrupt frame skipped" in r.getMessage()]
     assert len(lines) == 5 and "0.jpg" in lines[0]  # one burst, then quiet for the interval
+    # what the burst held back is said when the stream ends (it went unreported before)
+    [tail] = [r.getMessage() for r in caplog.records if "not logged;" in r.getMessage()]
+    assert tail.endswith(f"{cap.corrupt} corrupt in all") and f"{cap.corrupt - 5} more corrupt" in tail
     assert cpu < 0.75, cpu
 
 
