@@ -3,12 +3,12 @@
 Per-worker in-flight, picks and ejections are read from the balancer at scrape
 time (a custom collector), so they can never drift from the decisions; errors,
 request latency by outcome and gateway overhead are ordinary counters and
-histograms. Histograms, not summaries, so p99 can be aggregated across replicas.
+histograms (a worker's error series are removed when it leaves the pool). Histograms, not summaries, so p99 can be aggregated across replicas.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -76,7 +76,11 @@ class GatewayMetrics:
                             registry=r)
         self.mqtt_connected = Gauge("edgewise_gateway_mqtt_connected",
                                     "1 while the MQTT bridge is connected and subscribed, else 0", registry=r)
+        self.stream_pending = Gauge("edgewise_gateway_stream_pending",
+                                    "DetectStream frames taken and not yet answered back to their client "
+                                    "(at most limits.max_stream_in_flight per stream)", registry=r)
         self._answered: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._worker_error_statuses: dict[str, set[str]] = {}  # the worker_errors series, by worker
 
     def answered(self, transport: str, status_name: str, seconds: float | None = None) -> None:
         """Count one answer by transport and status and, for a forwarded request, observe its
@@ -89,3 +93,17 @@ class GatewayMetrics:
         pair[0].inc()
         if seconds is not None:
             pair[1].observe(seconds)
+
+    def worker_error(self, worker: str, status_name: str) -> None:
+        """Count one non-OK answer from a worker (its series lives while the worker is in the pool)."""
+        self.worker_errors.labels(worker=worker, status=status_name).inc()
+        self._worker_error_statuses.setdefault(worker, set()).add(status_name)
+
+    def forget_workers(self, present: Collection[str]) -> None:
+        """Remove the error series of every worker not named in ``present`` (the pool's workers
+        now), as the per-worker series of the balancer disappear with their worker: with
+        Kubernetes discovery each rollout brings new pod names, and /metrics must not keep
+        growing with the departed ones."""
+        for worker in [w for w in self._worker_error_statuses if w not in present]:
+            for status_name in self._worker_error_statuses.pop(worker):
+                self.worker_errors.remove(worker, status_name)

@@ -9,7 +9,10 @@ request's ``deadline_unix_ns``; docs/design/balancing.md#a-lean-hop), classifies
 answer once (``balancing.outcome_of`` of its wire status, a gRPC error being turned
 into the same kind of reply first), and retries once on
 another worker for a retryable status (``edgewise.status``: UNAVAILABLE) within
-the deadline and the retry budget (docs/design/balancing.md#retries-and-the-retry-budget). A poller reads
+the deadline and the retry budget (docs/design/balancing.md#retries-and-the-retry-budget). When the
+client gives up (the edge cancels, a stream ends), the call to the worker is cancelled in gRPC
+Core rather than through the task awaiting it (that leaks native memory per call in grpc.aio,
+grpc/grpc#43360), its worker slot is released at once and nothing is retried. A poller reads
 ``Worker.Load`` to feed reported capacity, queue depth and serving state into
 the effective weights. Every answer is a ``Reply`` (``cloud.gateway.envelope``: the
 worker's serialized ``DetectResponse``, or one made here for a failure, with its status
@@ -103,6 +106,9 @@ class WorkerPool:
         self.ready.set()
 
     def _close_channel(self, address: str) -> None:
+        """A worker left the pool (drained, or removed by discovery): close its channel and
+        drop its metric series."""
+        self.metrics.forget_workers({ep.name for ep in self.balancer.endpoints.values()})
         ch = self._channels.pop(address, None)
         if ch is not None:
             log.info("worker removed, channel closed: %s", address)
@@ -189,16 +195,19 @@ class WorkerPool:
         if ch is None:  # discovery raced us: the worker is not to blame
             pick.release(Outcome.CANCELLED)
             return error_reply(req, status.UNAVAILABLE, f"worker {name}: removed by discovery")
+        call = ch.infer(req.body, timeout=remaining)
         try:
-            reply = reply_of(await ch.infer(req.body, timeout=remaining), req, name)
+            await _finished(call)  # then awaiting the call returns at once
+            reply = reply_of(await call, req, name)
         except grpc.aio.AioRpcError as exc:
             reply = _hop_error(req, name, exc)
-        except BaseException:  # client cancelled: the worker isn't to blame
+        except BaseException:  # client cancelled: the worker isn't to blame, nothing is retried
+            _cancel_call(call)
             self._done(pick, Outcome.CANCELLED)
             raise
+        if not status.is_ok(reply.status):  # counted before the release, which may forget the worker
+            self.metrics.worker_error(name, status.name(reply.status))
         self._done(pick, outcome_of(reply.status))
-        if not status.is_ok(reply.status):
-            self.metrics.worker_errors.labels(worker=name, status=status.name(reply.status)).inc()
         if reply.queue_ms is not None and reply.queue_ms >= 0:
             self._queue_ms.append((time.monotonic(), reply.queue_ms))
         return reply
@@ -266,6 +275,34 @@ class WorkerPool:
         if self._tasks:
             with contextlib.suppress(Exception):
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _finished(call: Any) -> asyncio.Future[None]:
+    """A future done once ``call`` is (its batch completed in gRPC Core and freed). The forwarding
+    task awaits this rather than the call: a cancellation of the forwarding task (the client gave
+    up) then cancels only this future, never the call's own task in the middle of its batch,
+    which leaks the batch's native op array (grpc/grpc#43360); the call is cancelled by
+    ``_cancel_call`` instead."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def finished(_: Any) -> None:
+        if not done.done():
+            done.set_result(None)
+    call.add_done_callback(finished)
+    return done
+
+
+def _cancel_call(call: Any) -> None:
+    """Cancel a forwarded call whose client gave up: the worker stops on it at once, and the
+    call's batch still completes in gRPC Core and is freed by the call's own task. Only
+    ``Call._cancel`` does just that; the public ``cancel()`` also cancels that task, which leaks
+    the batch's native op array (grpc/grpc#43360, about 0.8 KB per call), so it is only the
+    fallback for a grpcio without ``_cancel``."""
+    cancel = getattr(call, "_cancel", None)
+    if callable(cancel):
+        cancel("the gateway's client gave up on this request")
+    else:
+        call.cancel()
 
 
 def _hop_error(req: RequestHead, name: str, exc: grpc.aio.AioRpcError) -> Reply:

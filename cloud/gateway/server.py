@@ -21,12 +21,13 @@ import functools
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
+from prometheus_client import Gauge
 
 from cloud.binding import grpc_port, socket_port_async
 from cloud.discovery.base import Discovery, Endpoint, EndpointState
@@ -101,6 +102,61 @@ def make_discovery(settings: GatewaySettings) -> Discovery:
         return factory(**opts)  # type: ignore[no-any-return]
     except TypeError as exc:
         raise ConfigError(f"discovery.{d.kind}: {exc} (see the options of {factory.__name__})") from None
+
+
+class _StreamWindow:
+    """The frames one ``DetectStream`` holds: read from its client and not yet answered back to
+    it (at a worker, or answered and waiting to be written). At most ``limit``
+    (``limits.max_stream_in_flight``): the stream stops reading while it holds that many, so a
+    client that does not read its answers is held back by gRPC flow control instead of the
+    gateway keeping its answers in memory. ``gauge`` counts what every stream holds."""
+
+    def __init__(self, limit: int, gauge: Gauge) -> None:
+        self._room = asyncio.Semaphore(limit)
+        self._gauge = gauge
+        self.held = 0
+        self._closed = False
+
+    async def take(self) -> None:
+        await self._room.acquire()
+        self.held += 1
+        self._gauge.inc()
+
+    def give_back(self) -> None:
+        """One frame's answer was written (or none will be)."""
+        if self._closed:
+            return
+        self.held -= 1
+        self._gauge.dec()
+        self._room.release()
+
+    def close(self) -> None:
+        """The stream ended: what it still held is no longer pending."""
+        if not self._closed:
+            self._closed = True
+            self._gauge.dec(self.held)
+            self.held = 0
+
+
+@contextlib.contextmanager
+def _unless_client_gone(what: str) -> Iterator[None]:
+    """Around a send to a gRPC client: a client that already left (it cancelled, or its deadline
+    passed, while the gateway was answering) cannot be told anything. gRPC's failed send
+    (``ExecuteBatchError``) would otherwise reach grpc, which logs an ERROR with a traceback for
+    every such call although nothing is wrong and nobody can act on it; here it is a DEBUG
+    line and the call ends as cancelled."""
+    try:
+        yield
+    except grpc.aio.InternalError as exc:
+        log.debug("the client left before %s could be sent (%s)", what, exc)
+        raise asyncio.CancelledError from exc
+
+
+async def _abort(context: grpc.aio.ServicerContext, wire_status: int, message: str) -> None:
+    """End a call with an error status (raises ``grpc.aio.AbortError``, or ``CancelledError``
+    when the client already left)."""
+    with _unless_client_gone(f"its {status.name(wire_status)} answer"):
+        await context.abort(status.grpc_code(wire_status), message)
 
 
 #: ``tls.client_identity`` -> the gRPC auth-context property holding those certificate names
@@ -193,50 +249,51 @@ class Gateway:
     async def Detect(self, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
         reply = await self._one(body, "grpc", self._caller(context), context.time_remaining())
         if not status.is_ok(reply.status):
-            await context.abort(status.grpc_code(reply.status), reply.error)
+            await _abort(context, reply.status, reply.error)
         return reply.body
 
-    async def DetectStream(self, request_iterator: AsyncIterator[bytes],
-                           context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def DetectStream(self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         caller = self._caller(context)
         if self.auth.enabled:  # refuse a stream without a valid token at once (each frame is checked too)
             _, rej = self.auth.check(caller.metadata, "", stream=True)
             if rej is not None:
                 self.metrics.rejected.labels(reason="unauthenticated").inc()
-                await context.abort(status.grpc_code(rej.status), rej.message)
+                await _abort(context, rej.status, rej.message)
         out: asyncio.Queue[bytes | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(self.settings.limits.max_stream_in_flight)
+        window = _StreamWindow(self.settings.limits.max_stream_in_flight, self.metrics.stream_pending)
         running: set[asyncio.Task[None]] = set()
 
         async def one(body: bytes) -> None:
             try:
-                await out.put((await self._one(body, "grpc-stream", caller, context.time_remaining())).body)
-            finally:
-                slots.release()
+                answer = (await self._one(body, "grpc-stream", caller, context.time_remaining())).body
+            except BaseException:  # nothing will be written for this frame
+                window.give_back()
+                raise
+            out.put_nowait(answer)
 
         async def reader() -> None:
             try:
                 async for body in request_iterator:
-                    await slots.acquire()  # backpressure: stop reading when the stream is full
+                    await window.take()  # backpressure: stop reading while the stream holds its limit
                     t = asyncio.ensure_future(one(body))
                     running.add(t)
                     t.add_done_callback(running.discard)
                 if running:
                     await asyncio.gather(*list(running), return_exceptions=True)
             finally:
-                await out.put(None)
+                out.put_nowait(None)
 
         rtask = asyncio.ensure_future(reader())
         try:
-            while True:
-                item = await out.get()
-                if item is None:
-                    break
-                yield item
+            with _unless_client_gone("a stream answer"):
+                while (item := await out.get()) is not None:
+                    await context.write(item)
+                    window.give_back()  # written: room for one more frame
         finally:
             rtask.cancel()
             for t in list(running):
                 t.cancel()
+            window.close()
 
     # ---- lifecycle -------------------------------------------------------------------------
     def _credentials(self) -> grpc.ServerCredentials | None:

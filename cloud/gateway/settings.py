@@ -82,7 +82,8 @@ class LimitSettings:
     max_deadline_s: float = setting("Longest deadline a request may ask for, seconds.", 60.0, lo=0, lo_open=True)
     rate_per_device: float = setting("Requests/s per device (token bucket); 0 = unlimited.", 0.0, lo=0)
     burst_per_device: float = setting("Token-bucket depth per device.", 20.0, lo=1)
-    max_stream_in_flight: int = setting("Concurrent frames per DetectStream; more wait (backpressure).", 64, lo=1)
+    max_stream_in_flight: int = setting("Frames per DetectStream in flight or answered but not yet written to the "
+                                        "client; more wait (backpressure).", 64, lo=1)
 
 
 @dataclass
