@@ -19,25 +19,25 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _writable_folder(folder: Path, flag: str, shown: Path) -> None:
-    """Make ``folder`` (and its parents) and prove a file can be created in it."""
+    """Prove a file can be created in ``folder``, or, when it does not exist yet, in the
+    nearest folder above it that does (nothing is made: a refused run leaves nothing)."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # a dangling link: the path cannot be made
+            raise ConfigError(f"{flag} {shown}: {existing} is a broken symbolic link")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {shown}: {existing} is a file, not a folder")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ConfigError(f"{flag} {shown}: {folder} is a file, not a folder") from None
-    except NotADirectoryError:
-        raise ConfigError(f"{flag} {shown}: a part of {folder} is a file, not a folder") from None
-    except OSError as e:
-        raise ConfigError(f"{flag} {shown}: cannot make the folder {folder} ({e.strerror})") from None
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".edgewise-write-check-", buffering=0) as f:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".edgewise-write-check-", buffering=0) as f:
             f.write(b"\0")  # a full filesystem still makes empty files; a byte needs a block
     except OSError as e:
-        raise ConfigError(f"{flag} {shown}: cannot write in {folder} ({e.strerror}); "
+        raise ConfigError(f"{flag} {shown}: cannot write in {existing} ({e.strerror}); "
                           "choose a writable place") from None
 
 
 def check_output_file(path: PathLike, flag: str) -> Path:
-    """The file ``path`` named by ``flag`` can be written (its folder is made); else ConfigError."""
+    """The file ``path`` named by ``flag`` can be written (its folder can be made); else ConfigError."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{flag} {p}: is a folder; give the path of the file to write")
@@ -48,7 +48,7 @@ def check_output_file(path: PathLike, flag: str) -> Path:
 
 
 def check_output_folder(path: PathLike, flag: str) -> Path:
-    """The folder ``path`` named by ``flag`` exists or is made, and files can be written in it."""
+    """The folder ``path`` named by ``flag`` exists or can be made, and files can be written in it."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{flag} {p}: is a file; give a folder")

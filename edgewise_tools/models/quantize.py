@@ -369,6 +369,7 @@ def quantize(
         # Validate before publishing: a failed or interrupted run leaves no half-written
         # or invalid model at ``out``.
         _validate_staged(staged, info, probe)
+        out.parent.mkdir(parents=True, exist_ok=True)
         part = out.with_name(out.name + ".part")
         try:
             shutil.copyfile(staged, part)

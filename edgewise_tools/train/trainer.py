@@ -242,6 +242,7 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = check_output_folder(cfg.out, "--out")
+    out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(_settings(cfg), indent=1))
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
