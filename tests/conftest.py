@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
@@ -131,23 +131,47 @@ def _spawn_mosquitto(conf: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 @contextlib.contextmanager
-def running_mosquitto() -> Iterator[Broker]:
-    """A real Mosquitto 2.x broker on a free port with persistence (sessions and queued
-    messages survive ``stop()``/``start()``), stopped at the end."""
-    port = free_port()
+def configured_mosquitto(extra: str = "", users: Optional[Dict[str, str]] = None, acl: Optional[str] = None,
+                         port: int = 0, persistence: bool = False) -> Iterator[Broker]:
+    """A real Mosquitto 2.x broker on a free port (or ``port``) with ``extra`` config lines,
+    stopped at the end. With ``users`` (name -> password): no anonymous clients and a password
+    file; with ``acl``: that ACL text (``broker.conf.parent / "acl"``: rewrite it and send SIGHUP
+    to change it); with ``persistence``: sessions and queued messages survive ``stop()``/``start()``."""
+    mosquitto_binary()
+    port = port or free_port()
     d = Path(tempfile.mkdtemp(prefix="ew-mosq-"))
-    d.chmod(0o777)  # run as root, mosquitto drops to its own user: it must write its database here
+    # run as root, mosquitto drops to its own user: it reads its files, and writes its database, here
+    d.chmod(0o777 if persistence else 0o755)
+    lines = [f"listener {port} 127.0.0.1"]
+    if users:
+        passwd = d / "passwd"
+        for i, (user, pw) in enumerate(users.items()):
+            subprocess.run(["mosquitto_passwd", "-b", *(["-c"] if i == 0 else []), str(passwd), user, pw],
+                           check=True, capture_output=True)
+        passwd.chmod(0o644)
+        lines += ["allow_anonymous false", f"password_file {passwd}"]
+    else:
+        lines.append("allow_anonymous true")
+    if acl is not None:
+        (d / "acl").write_text(acl)
+        (d / "acl").chmod(0o644)
+        lines.append(f"acl_file {d / 'acl'}")
+    if persistence:
+        lines += ["persistence true", f"persistence_location {d}/"]
     conf = d / "mosquitto.conf"
-    conf.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
-        f"persistence_location {d}/\nmax_inflight_messages 100\n"
-    )
+    conf.write_text("\n".join(lines) + "\n" + extra + "\n")
     broker = Broker(port, _spawn_mosquitto(conf, port), conf)
     try:
         yield broker
     finally:
         broker.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def running_mosquitto() -> contextlib.AbstractContextManager[Broker]:
+    """A real Mosquitto broker on a free port with persistence (sessions and queued messages
+    survive ``stop()``/``start()``), stopped at the end."""
+    return configured_mosquitto("max_inflight_messages 100", persistence=True)
 
 
 @pytest.fixture

@@ -7,9 +7,6 @@ asking for its answer on another device's topic gets nothing published there."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
-import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -28,7 +25,7 @@ from edge.transports import TransportError
 from edge.transports.mqtt import MqttConnection, MqttTransport
 from edgewise.v1 import detect_pb2
 from edgewise.wire import encode_image
-from tests.conftest import Broker, _spawn_mosquitto, free_port, mosquitto_binary
+from tests.conftest import configured_mosquitto
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,24 +37,8 @@ TOKENS = [{"device": "cam-1", "token": "tok-1"}, {"device": "cam-2", "token": "t
 @pytest.fixture
 def acl_broker():
     """Mosquitto with no anonymous clients, a password per user and the shipped ACL file."""
-    mosquitto_binary()
-    d = Path(tempfile.mkdtemp(prefix="ew-mosq-acl-"))
-    passwd = d / "passwd"
-    for i, (user, pw) in enumerate(USERS.items()):
-        subprocess.run(["mosquitto_passwd", "-b", *(["-c"] if i == 0 else []), str(passwd), user, pw],
-                       check=True, capture_output=True)
-    d.chmod(0o755)  # mosquitto started as root reads its files as the "mosquitto" user
-    passwd.chmod(0o644)
-    port = free_port()
-    conf = d / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\npassword_file {passwd}\n"
-                    f"acl_file {ACL}\n")
-    broker = Broker(port, _spawn_mosquitto(conf, port), conf)
-    try:
-        yield port
-    finally:
-        broker.stop()
-        shutil.rmtree(d, ignore_errors=True)
+    with configured_mosquitto(users=USERS, acl=ACL.read_text()) as broker:
+        yield broker.port
 
 
 class Spy:

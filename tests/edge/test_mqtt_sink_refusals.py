@@ -18,13 +18,9 @@ from edge.metrics import EdgeMetrics
 from edge.outbox import Outbox
 from edge.sinks import MqttSink, Sinks
 from edge.transports.mqtt import MqttConnection
+from tests.conftest import configured_mosquitto
 from tests.edge.helpers import frame_record
-from tests.edge.transports.test_mqtt_refusals import (
-    configured_mosquitto,
-    refused_count,
-    reload,
-    warnings_with,
-)
+from tests.edge.transports.test_mqtt_refusals import refused_count, reload, warnings_with
 from tests.waiting import wait_until
 
 TOPIC = "edgewise/cam-1/detections"

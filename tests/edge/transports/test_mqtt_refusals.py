@@ -14,18 +14,13 @@ client takes the session of the same client id.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import re
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import List, Optional
 
 import numpy as np
 import paho.mqtt.client as mqtt
@@ -52,45 +47,11 @@ from edgewise.detections import Detections
 from edgewise.policy.deciding import Decision
 from edgewise.policy.loading import parse_policy
 from edgewise.v1 import detect_pb2
-from tests.conftest import Broker, _spawn_mosquitto, free_port, mosquitto_binary
+from tests.conftest import Broker, configured_mosquitto, free_port
 from tests.edge.helpers import frame_record, policy_yaml
 from tests.waiting import async_wait_until, wait_until
 
 LOGGER = "edge.transports.mqtt"
-
-
-@contextlib.contextmanager
-def configured_mosquitto(extra: str = "", users: Optional[Dict[str, str]] = None,
-                         acl: Optional[str] = None, port: int = 0) -> Iterator[Broker]:
-    """A real Mosquitto on a free port (or ``port``) with ``extra`` config lines; with
-    ``users`` (name -> password) no anonymous clients and a password file; with ``acl`` that
-    ACL file (``broker.conf.parent / "acl"``: rewrite it and ``reload(broker)`` to change it)."""
-    mosquitto_binary()
-    port = port or free_port()
-    d = Path(tempfile.mkdtemp(prefix="ew-mosq-cfg-"))
-    d.chmod(0o755)  # mosquitto started as root reads its files as the "mosquitto" user
-    lines = [f"listener {port} 127.0.0.1"]
-    if users:
-        passwd = d / "passwd"
-        for i, (user, pw) in enumerate(users.items()):
-            subprocess.run(["mosquitto_passwd", "-b", *(["-c"] if i == 0 else []), str(passwd), user, pw],
-                           check=True, capture_output=True)
-        passwd.chmod(0o644)
-        lines += ["allow_anonymous false", f"password_file {passwd}"]
-    else:
-        lines.append("allow_anonymous true")
-    if acl is not None:
-        (d / "acl").write_text(acl)
-        (d / "acl").chmod(0o644)
-        lines.append(f"acl_file {d / 'acl'}")
-    conf = d / "mosquitto.conf"
-    conf.write_text("\n".join(lines) + "\n" + extra + "\n")
-    broker = Broker(port, _spawn_mosquitto(conf, port), conf)
-    try:
-        yield broker
-    finally:
-        broker.stop()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def reload(broker: Broker) -> None:
