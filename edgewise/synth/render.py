@@ -44,6 +44,8 @@ from edgewise.synth.assets import SPLITS, load_photos, load_sprites, load_video
 from edgewise.synth.settings import Difficulty
 
 ALPHA_THRESHOLD = 0.5
+#: the largest seed (``edgewise synth --seed``): 64 bits
+MAX_SEED = 2**64 - 1
 CLASS_NAMES: Tuple[str, ...] = tuple(str(i) for i in range(10))
 LOOKALIKES: Tuple[Tuple[int, int], ...] = ((1, 7), (3, 8), (4, 9), (5, 6))
 _LUMA = np.array([0.114, 0.587, 0.299], dtype=np.float32)  # BGR
@@ -148,11 +150,14 @@ class StreamGenerator:
                  flat_background: Optional[Tuple[int, int, int]] = None) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}")
+        if not 0 <= int(seed) <= MAX_SEED:
+            raise ValueError(f"seed {seed}: must be 0..{MAX_SEED}")
         self.w, self.h = int(width), int(height)
         difficulty.check_frame(self.w, self.h)  # every digit must fit in the frame (ConfigError)
         self.d = difficulty
         self.split = split
-        ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, SPLITS.index(split), int(stream)])
+        # the whole seed: one above 2**32 is its own scene (seeds below keep their bytes)
+        ss = np.random.SeedSequence([int(seed), SPLITS.index(split), int(stream)])
         # occluders and hard episodes draw from their own streams, so a scene with and
         # without them is the same scene
         ss_main, ss_occ, ss_ep = ss.spawn(3)

@@ -1,8 +1,8 @@
 """Difficulty knobs of the procedural scene generator: one validated, documented dataclass.
 
 ``Difficulty`` holds every knob; ``PRESETS`` names a few ready-made mixes
-("easy", "medium", "hard", "reference", "episodes", "camera"; ``PRESET_SIZES`` the frame
-size a preset is meant for); :func:`load_difficulty` builds one from
+("easy", "medium", "hard", "reference", "episodes", "camera"; :func:`default_layout` the
+frame size, streams, frames and pool a preset is meant for); :func:`load_difficulty` builds one from
 a preset name, a JSON/YAML file, or ``key=value`` overrides with the settings
 loader of :mod:`edgewise.settings` (same coercion, unknown keys rejected with a
 did-you-mean, each error naming the file line or override of the bad value).
@@ -233,23 +233,47 @@ PRESETS: Dict[str, Difficulty] = {
                          noise_easy=2.0, noise_hard=8.0, horizon=0.35, size_bottom=(150.0, 190.0), far_prob=0.05),
 }
 
-#: The frame size (width, height) a preset is meant for when none is given
-#: (``edgewise synth --imgsz``); presets not listed default to 320x240.
-PRESET_SIZES: Dict[str, Tuple[int, int]] = {"camera": (1280, 720)}
-DEFAULT_SIZE: Tuple[int, int] = (320, 240)
+@dataclass(frozen=True)
+class Layout:
+    """What ``edgewise synth`` makes when the command line does not say: the frame size
+    (width, height), the number of streams, frames per stream and the sprite/background
+    pool (``split``)."""
+
+    width: int
+    height: int
+    streams: int
+    frames: int
+    split: str
 
 
-def default_size(spec: str) -> Tuple[int, int]:
-    """The frame size for a preset name or a difficulty file (its ``preset:`` key)."""
+#: The layout a preset is meant for when the command line gives none. ``camera`` is the
+#: camera world's headline setting (its held-out ``test`` pool, 30 streams of 30 frames at
+#: 1280x720: the ``cam-test`` split of ``scripts/camera_data.sh`` from any seed); presets not
+#: listed make 4 streams of 100 frames of 320x240 from the ``train`` pool.
+PRESET_LAYOUTS: Dict[str, Layout] = {"camera": Layout(1280, 720, 30, 30, "test")}
+DEFAULT_LAYOUT = Layout(320, 240, 4, 100, "train")
+#: The frame size (width, height) of each preset's layout.
+PRESET_SIZES: Dict[str, Tuple[int, int]] = {k: (v.width, v.height) for k, v in PRESET_LAYOUTS.items()}
+DEFAULT_SIZE: Tuple[int, int] = (DEFAULT_LAYOUT.width, DEFAULT_LAYOUT.height)
+
+
+def default_layout(spec: str) -> Layout:
+    """The :class:`Layout` for a preset name or a difficulty file (its ``preset:`` key)."""
     name = spec
     if spec not in PRESETS and Path(spec).is_file():
         try:
             tree = read_yaml(Path(spec), "difficulty")
         except ConfigError:
-            return DEFAULT_SIZE  # load_difficulty reports the file's error
+            return DEFAULT_LAYOUT  # load_difficulty reports the file's error
         preset = tree.data.get("preset")
         name = str(preset.data) if preset is not None else "reference"
-    return PRESET_SIZES.get(name, DEFAULT_SIZE)
+    return PRESET_LAYOUTS.get(name, DEFAULT_LAYOUT)
+
+
+def default_size(spec: str) -> Tuple[int, int]:
+    """The frame size of :func:`default_layout`."""
+    layout = default_layout(spec)
+    return layout.width, layout.height
 
 
 def difficulty_from_mapping(data: Mapping[str, Any], base: Optional[Difficulty] = None,

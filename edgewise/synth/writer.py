@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import cv2
 
 from edgewise.errors import ConfigError, InvalidInputError
-from edgewise.synth.render import CLASS_NAMES, ObjectLabel, StreamGenerator
+from edgewise.synth.render import CLASS_NAMES, MAX_SEED, ObjectLabel, StreamGenerator
 from edgewise.synth.settings import Difficulty
 
 #: the largest ``--stride``: one kept frame per 100 s of a 10 fps stream already decorrelates
@@ -63,6 +63,8 @@ class SynthJob:
     def validate(self) -> SynthJob:
         if self.frames < 1 or self.streams < 1:
             raise ConfigError("--frames and --streams must be >= 1")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed {self.seed}: must be 0..{MAX_SEED} (2**64 - 1)")
         if not (32 <= self.width <= 4096 and 32 <= self.height <= 4096):
             raise ConfigError(f"image size {self.width}x{self.height} must be within 32..4096")
         if self.image_format not in ("jpg", "png"):

@@ -18,27 +18,33 @@ from typing import Any, Tuple
 
 
 def _imgsz(text: str) -> Tuple[int, int]:
+    """``N``, ``W,H`` or ``WxH``: exactly one or two whole numbers, nothing left empty."""
+    parts = text.lower().replace("x", ",").split(",")
     try:
-        parts = [int(p) for p in text.lower().replace("x", ",").split(",") if p]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--imgsz must be N or W,H (got {text!r})") from None
-    if len(parts) == 1:
-        return parts[0], parts[0]
-    if len(parts) == 2:
-        return parts[0], parts[1]
-    raise argparse.ArgumentTypeError(f"--imgsz must be N or W,H (got {text!r})")
+        sizes = [int(p) for p in parts]
+    except ValueError:  # also an empty part: "x240", "320,,240"
+        raise argparse.ArgumentTypeError(f"--imgsz must be N, W,H or WxH (got {text!r})") from None
+    if len(sizes) == 1:
+        return sizes[0], sizes[0]
+    if len(sizes) == 2:
+        return sizes[0], sizes[1]
+    raise argparse.ArgumentTypeError(f"--imgsz must be N, W,H or WxH (got {text!r})")
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("synth", help="generate synthetic camera streams with labels")
     p.add_argument("--out", required=True, type=Path, help="output folder, new or empty (see --overwrite)")
-    p.add_argument("--frames", type=int, default=100, help="frames per stream (default 100)")
-    p.add_argument("--streams", type=int, default=4, help="number of camera streams (default 4)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
-    p.add_argument("--split", choices=("train", "val", "test"), default="train",
-                   help="sprite/background pool: test uses held-out handwriting and backgrounds")
+    p.add_argument("--frames", type=int, default=None,
+                   help="frames per stream (default: the preset's, 30 for camera, else 100)")
+    p.add_argument("--streams", type=int, default=None,
+                   help="number of camera streams (default: the preset's, 30 for camera, else 4)")
+    p.add_argument("--seed", type=int, default=0, help="random seed, a whole number >= 0 (same seed, same bytes)")
+    p.add_argument("--split", choices=("train", "val", "test"), default=None,
+                   help="sprite/background pool: test uses held-out handwriting and backgrounds (default: the "
+                        "preset's, test for camera, whose defaults are the camera world's headline test split, "
+                        "else train)")
     p.add_argument("--imgsz", type=_imgsz, default=None,
-                   help="frame size N or W,H (default: the preset's, 1280,720 for camera, else 320,240)")
+                   help="frame size N, W,H or WxH (default: the preset's, 1280,720 for camera, else 320,240)")
     p.add_argument("--difficulty", default="reference",
                    help="preset (easy, medium, hard, reference, episodes, camera) or a JSON/YAML file of knobs")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -55,16 +61,19 @@ def register(subparsers: Any) -> None:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from edgewise.synth import SynthJob, default_size, generate, load_difficulty
+    from edgewise.synth import SynthJob, default_layout, generate, load_difficulty
 
-    w, h = args.imgsz or default_size(args.difficulty)
-    job = SynthJob(out=args.out, frames=args.frames, streams=args.streams, seed=args.seed,
-                   split=args.split, width=w, height=h,
+    layout = default_layout(args.difficulty)
+    w, h = args.imgsz or (layout.width, layout.height)
+    frames = layout.frames if args.frames is None else args.frames
+    streams = layout.streams if args.streams is None else args.streams
+    job = SynthJob(out=args.out, frames=frames, streams=streams, seed=args.seed,
+                   split=args.split or layout.split, width=w, height=h,
                    difficulty=load_difficulty(args.difficulty, args.overrides),
                    image_format=args.image_format, jpeg_quality=args.quality, video=args.video,
                    stride=args.stride, preset=str(args.difficulty), overwrite=args.overwrite)
     t0 = time.monotonic()
-    total = args.frames * args.streams
+    total = frames * streams
 
     last = [t0]
 
