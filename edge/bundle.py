@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Mapping, Optional, Tuple
@@ -43,6 +44,10 @@ PKG = "edgewise-edge"
 LIB = "usr/lib/edgewise-edge"
 SHARE = "usr/share/edgewise-edge"
 UNITS = ("edgewise-edge.service", "edgewise-edge-setup.service", "edgewise-edge-power.service")
+#: The folders the package owns (with everything under them). The overlay carries entries for
+#: these only: the rootfs's own folders (/etc, /usr, /usr/bin, /lib...) keep their modes and
+#: times (an /usr older than /etc/.updated would skip systemd-sysusers at first boot).
+OWNED_DIRS = ("etc/edgewise", LIB, SHARE, f"usr/share/doc/{PKG}")
 #: Targets and the JetPack releases they are built for (all L4T R35: Python 3.8, TensorRT 8.5).
 TARGETS = {"xavier-nx": ("5.1", "5.1.1", "5.1.2"), "agx-xavier": ("5.1", "5.1.1", "5.1.2")}
 DEFAULT_MODEL = REPO / "models" / "camera" / "edge-int8.onnx"
@@ -100,6 +105,7 @@ def check_options(opts: BundleOptions) -> None:
         raise InvalidInputError(f"--power-mode {opts.power_mode}: nvpmodel modes on Xavier NX are 0..8")
     if not JETSON.is_dir():
         raise InvalidInputError(f"{JETSON} is missing: run `edgewise edge bundle` from a source checkout")
+    build_time()  # a malformed SOURCE_DATE_EPOCH is refused before anything is built
 
 
 def _opsets(model: Path) -> Tuple[Mapping[str, int], Tuple[str, ...]]:
@@ -204,6 +210,30 @@ def stage_tree(opts: BundleOptions, root: Path) -> None:
     # A native package (version without a Debian revision) names it changelog.gz.
     _write_gz(doc / "changelog.gz", changelog)
     _write_gz(root / "usr/share/man/man1/edgewise-edge.1.gz", _MANPAGE.format(version=opts.version))
+    normalise_modes(root)
+
+
+def normalise_modes(root: Path) -> None:
+    """Folders 0755, files 0755 when executable else 0644, whatever the build host's umask
+    (the .deb, the overlay and the container all take their modes from the staged tree)."""
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            os.chmod(path, 0o755)
+        else:
+            os.chmod(path, 0o755 if path.stat().st_mode & 0o100 else 0o644)
+
+
+def build_time() -> int:
+    """Time stamp of what the bundle packs: ``SOURCE_DATE_EPOCH`` when set (reproducible
+    builds; dpkg-deb clamps the .deb's times to it too), else now."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if epoch:
+        if not epoch.isdigit():
+            raise InvalidInputError(f"SOURCE_DATE_EPOCH={epoch!r}: must be seconds since 1970 (an integer)")
+        return int(epoch)
+    return int(time.time())
 
 
 _MANPAGE = """.TH EDGEWISE-EDGE 1 "2026-11-30" "edgewise {version}" "User Commands"
@@ -286,6 +316,7 @@ def build_deb(opts: BundleOptions, tree: Path, out: Path) -> Path:
     shutil.copytree(tree, pkgroot, symlinks=True)
     debian = pkgroot / "DEBIAN"
     debian.mkdir()
+    os.chmod(debian, 0o755)
     (debian / "control").write_text(_control(opts, tree))
     # Every file under /etc is the operator's to edit: all are conffiles.
     etc = sorted(p.relative_to(tree).as_posix() for p in (tree / "etc").rglob("*") if p.is_file())
@@ -311,21 +342,37 @@ def build_deb(opts: BundleOptions, tree: Path, out: Path) -> Path:
     return out
 
 
+def _owned(rel: str) -> bool:
+    return any(rel == d or rel.startswith(d + "/") for d in OWNED_DIRS)
+
+
 def build_overlay(tree: Path, out: Path) -> Path:
-    """A tarball to unpack into Linux_for_Tegra/rootfs (root-owned, units enabled)."""
+    """A tarball to unpack into Linux_for_Tegra/rootfs (root-owned, units enabled).
+
+    Files and links, plus the folders the package owns (:data:`OWNED_DIRS`); the rootfs's
+    own folders are left out (tar makes a missing one). Folders 0755, files 0644 or 0755,
+    every time stamp :func:`build_time`.
+    """
     wants = "etc/systemd/system/multi-user.target.wants"
+    mtime = build_time()
 
     def owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
         info.uname = info.gname = "root"
-        info.mtime = 0
+        info.mtime = mtime
+        if info.isdir():
+            info.mode = 0o755
+        elif info.isfile():
+            info.mode = 0o755 if info.mode & 0o100 else 0o644
         return info
 
-    with tarfile.open(out, "w:gz") as tar:
+    with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=mtime, filename="") as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
         for path in sorted(tree.rglob("*")):
             rel = path.relative_to(tree).as_posix()
+            if path.is_dir() and not path.is_symlink() and not _owned(rel):
+                continue
             tar.add(str(path), arcname=rel, recursive=False, filter=owned_by_root)
-        tar.add(str(tree / "etc"), arcname="etc", recursive=False, filter=owned_by_root)
         for unit in UNITS:
             link = tarfile.TarInfo(f"{wants}/{unit}")
             link.type = tarfile.SYMTYPE

@@ -21,6 +21,8 @@ in the template is refused, as the daemon would refuse it. Layout and reasons:
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import os
 import re
 import sys
@@ -98,16 +100,62 @@ def group_id(root: Path, name: str = GROUP) -> Optional[int]:
     return None
 
 
-def _set(tree: Dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``a.b.0.c`` in a YAML tree (list items by index, as ``--set`` addresses them)."""
+def _set(tree: Dict[str, Any], dotted: str, value: Any, flag: str = "") -> None:
+    """Set ``a.b.0.c`` in a YAML tree (list items by index, as ``--set`` addresses them);
+    missing mappings are made. A path the tree cannot hold is an error naming ``flag``."""
     node: Any = tree
     parts = dotted.split(".")
-    for p in parts[:-1]:
-        node = node[int(p)] if isinstance(node, list) else node.setdefault(p, {})
-    if isinstance(node, list):
-        node[int(parts[-1])] = value
-    else:
-        node[parts[-1]] = value
+    for i, part in enumerate(parts):
+        key: Any = part
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise InvalidInputError(f"{flag or dotted}: {'.'.join(parts[:i])} has no item {part} (items 0 to "
+                                        f"{len(node) - 1}); add it in the template")
+            key = int(part)
+        elif not isinstance(node, dict):
+            raise InvalidInputError(f"{flag or dotted}: {'.'.join(parts[:i])} is a single value; it has no key "
+                                    f"{part!r}")
+        if i == len(parts) - 1:
+            node[key] = value
+            return
+        child = node[key] if isinstance(node, list) else node.get(key)
+        if child is None:
+            child = node[key] = {}
+        node = child
+
+
+def _typed(settings: Any, dotted: str) -> Any:
+    """The value at ``dotted`` in the loaded settings, as YAML writes it (a list for a tuple)."""
+    node = settings
+    for part in dotted.split("."):
+        if dataclasses.is_dataclass(node):
+            node = getattr(node, part)
+        elif isinstance(node, (list, tuple)):
+            node = node[int(part)]
+        else:
+            node = node[part]
+    return _plain(node)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _check(tree: Dict[str, Any], template: Path, overrides: List[str], token: Optional[str]) -> Any:
+    """``tree`` (and ``overrides``) through the daemon's own loader; its error names the
+    template (or the ``--set`` flag) instead of the scratch file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "edge.yaml"
+        probe.write_text(yaml.safe_dump(tree, sort_keys=False))
+        env = {TOKEN_VAR: token} if token else {}
+        try:
+            return SCHEMA.load(str(probe), overrides, env=env)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace(str(probe), f"{template} (+ provision flags)")) from None
 
 
 def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) -> Tuple[Dict[str, Any], Path]:
@@ -133,34 +181,50 @@ def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) ->
                             ("key", "client.key", "tls_key")):
         if getattr(args, flag):
             _set(tree, f"cloud.{key}", f"/{TLS_DIR}/{name}")
-    for item in args.settings_set:  # --set items are the user's: keep them in the file too, as the
-        key, _, value = item.partition("=")  # text the loader coerces, exactly as it coerces --set
-        _set(tree, key, value)
-    with tempfile.TemporaryDirectory() as tmp:  # the daemon's loader judges the file that is written
-        probe = Path(tmp) / "edge.yaml"
-        probe.write_text(yaml.safe_dump(tree, sort_keys=False))
-        env = {TOKEN_VAR: token} if token else {}
-        try:
-            SCHEMA.load(str(probe), [], env=env)
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace(str(probe), f"{template} (+ provision flags)")) from None
+    if args.settings_set:
+        # The loader checks each --set (key path, value) as the daemon's --set; the file then
+        # holds each value as the loader read it (metrics.port=9200 an integer, "off" a string).
+        scratch = copy.deepcopy(tree)  # a path through a single value or past a list's end, named
+        for item in args.settings_set:
+            key, eq, value = item.partition("=")
+            if eq:
+                _set(scratch, key.strip(), value, f"--set {key.strip()}")
+        loaded = _check(tree, template, list(args.settings_set), token)
+        for item in args.settings_set:
+            key = item.partition("=")[0].strip()
+            _set(tree, key, _typed(loaded, key), f"--set {key}")
+    _check(tree, template, [], token)  # the daemon's loader judges the file that is written
     return tree, template
 
 
-def _write(path: Path, data: bytes, mode: int, gid: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.")
+def _write_all(root: Path, plan: List[Tuple[Path, bytes, int, int]]) -> None:
+    """Write every file of ``plan`` beside its target first, then move them all in place: a
+    target that cannot be written (not root, a read-only or immutable folder) stops the run
+    before any file changes, with one line naming it."""
+    staged: List[Tuple[str, Path]] = []
+    current = plan[0][0] if plan else root
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        if os.geteuid() == 0:
-            os.chown(tmp, 0, gid)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        for path, data, mode, gid in plan:
+            current = path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.")
+            staged.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, mode)
+            if os.geteuid() == 0:
+                os.chown(tmp, 0, gid)
+        for tmp, path in staged:
+            current = path
+            os.replace(tmp, path)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise InvalidInputError(f"--root {root}: {current} cannot be written ({why}); run as root (sudo), and "
+                                "check that the folder is not read-only (a mount) or immutable (lsattr)") from None
+    finally:
+        for tmp, _ in staged:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def _env_file(existing: Path, token: str) -> bytes:
@@ -201,8 +265,7 @@ def provision(args: argparse.Namespace) -> List[Tuple[Path, int, int]]:
     plan.append((root / CONFIG, (head + yaml.safe_dump(tree, sort_keys=False)).encode(), 0o640, gid))
     if token:
         plan.append((root / ENV_FILE, _env_file(root / ENV_FILE, token), 0o600, 0))
-    for path, data, mode, owner_gid in plan:
-        _write(path, data, mode, owner_gid)
+    _write_all(root, plan)
     return [(path, mode, owner_gid) for path, _, mode, owner_gid in plan]
 
 

@@ -4,16 +4,46 @@
 # GStreamer come from JetPack), and installs requirements.txt at the exact versions of
 # constraints-jetpack51.txt: from the bundled wheelhouse when the package carries one
 # (built with --wheels: offline, e.g. a first boot without network), else from pip's
-# configured package index. Idempotent; run by postinst and by edgewise-edge-setup.service.
-#   --force   rebuild the environment even if it is complete
+# configured package index. Run by postinst (every install and upgrade) and by
+# edgewise-edge-setup.service (every boot, before the daemon).
+#
+# venv/.complete holds the sha256 of requirements.txt, constraints-jetpack51.txt and python3's
+# version the environment was built from. While they match, this does nothing. When they
+# differ (an upgrade with new pins, a new python3) a new environment is built beside the
+# current one (venv.new) and swapped in only once complete: a failed build (no network, a
+# wheel missing) leaves the current environment as it was and exits 1.
+#   --force   rebuild the environment even if it matches
 set -eu
 LIB="${DPKG_ROOT:-}/usr/lib/edgewise-edge"
 VENV="$LIB/venv"
+NEW="$LIB/venv.new"
 WHEELS="${DPKG_ROOT:-}/usr/share/edgewise-edge/wheels"
-[ "${1:-}" = "--force" ] && rm -f "$VENV/.complete"
-[ -f "$VENV/.complete" ] && exit 0
-rm -rf "$VENV"
-python3 -m venv --system-site-packages "$VENV"
+# One run at a time: the boot unit and an upgrade (unattended-upgrades at boot) may overlap.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$LIB/.setup.lock"
+  flock 9
+fi
+want=$(python3 - "$LIB/requirements.txt" "$LIB/constraints-jetpack51.txt" <<'PY'
+import hashlib, platform, sys
+h = hashlib.sha256()
+for path in sys.argv[1:]:
+    with open(path, "rb") as f:
+        h.update(f.read())
+h.update(("python " + platform.python_version()).encode())
+print(h.hexdigest())
+PY
+)
+have=$(head -n 1 "$VENV/.complete" 2>/dev/null || true)
+if [ "${1:-}" != "--force" ] && [ "$have" = "$want" ] && [ -x "$VENV/bin/python3" ]; then
+  exit 0
+fi
+if [ -d "$VENV" ] && [ "${1:-}" != "--force" ]; then
+  echo "edgewise-edge: the Python environment was built from other pins or another python3; building a new one"
+else
+  echo "edgewise-edge: building the Python environment in $VENV"
+fi
+rm -rf "$NEW"
+python3 -m venv --system-site-packages --prompt venv "$NEW"
 if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   set -- --no-index --find-links "$WHEELS"
   from="the bundled wheels in $WHEELS"
@@ -21,19 +51,22 @@ else
   set --
   from="the package index pip is configured with (/etc/pip.conf, PIP_INDEX_URL)"
 fi
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check --no-cache-dir "$@"; }
+pip() { "$NEW/bin/python" -m pip --disable-pip-version-check --no-cache-dir "$@"; }
 # Ubuntu 20.04's venv pip (20.0) predates PEP 600 and cannot see manylinux_2_17 wheels
 # (grpcio's): the pinned pip goes in first, then everything else.
 if ! pip install -q "$@" -c "$LIB/constraints-jetpack51.txt" pip \
    || ! pip install -q "$@" -c "$LIB/constraints-jetpack51.txt" -r "$LIB/requirements.txt"; then
+  rm -rf "$NEW"
+  kept="there is no environment yet"
+  [ -d "$VENV" ] && kept="the current environment is left as it was (the previous pins)"
   echo "edgewise-edge: could not install the Python packages from $from (pip's error above);" \
-       "without network, build the bundle with --wheels (deploy/jetson/README.md), then run" \
+       "$kept. Without network, build the bundle with --wheels (deploy/jetson/README.md), then run" \
        "sudo /usr/lib/edgewise-edge/setup.sh" >&2
   exit 1
 fi
 # JetPack's cv2 and tensorrt were built against its numpy 1.17; they must import under the
 # venv's numpy (constraints-jetpack51.txt says why they can).
-"$VENV/bin/python" - <<'PY' || true
+"$NEW/bin/python" - <<'PY' || true
 import importlib
 for name in ("numpy", "onnxruntime", "cv2", "tensorrt"):
     try:
@@ -42,4 +75,13 @@ for name in ("numpy", "onnxruntime", "cv2", "tensorrt"):
     except Exception as exc:
         print("edgewise-edge: %s not importable (%s)" % (name, exc))
 PY
-touch "$VENV/.complete"
+echo "$want" > "$NEW/.complete"
+# Swap: the daemon runs `venv/bin/python3 -m edgewise`, which does not care where the
+# environment was built; the scripts pip wrote (bin/pip...) name venv.new, so fix them.
+rm -rf "$VENV.old"
+if [ -d "$VENV" ]; then mv "$VENV" "$VENV.old"; fi
+mv "$NEW" "$VENV"
+rm -rf "$VENV.old"
+for f in "$VENV"/bin/*; do
+  if [ -f "$f" ] && [ ! -L "$f" ] && grep -qF "$NEW" "$f"; then sed -i "s|$NEW|$VENV|g" "$f"; fi
+done

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import stat
@@ -101,6 +102,25 @@ def test_main_unit_settings() -> None:
     assert "RestartPreventExitStatus=2" in text and "EnvironmentFile=-/etc/default/edgewise-edge" in text
 
 
+def test_main_unit_reaches_the_argus_socket_the_shipped_stream_needs() -> None:
+    """The shipped edge.yaml's CSI camera (nvarguscamerasrc) talks to the host's nvargus-daemon
+    through /tmp/argus_socket: a private /tmp would hide it (unless that socket is bound in)."""
+    import configparser
+
+    assert "nvarguscamerasrc" in (ROOT / "deploy/jetson/edge.yaml").read_text()
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(ROOT / "deploy/jetson/edgewise-edge.service")
+    service = unit["Service"]
+    private_tmp = service.get("PrivateTmp", "no").strip().lower() in ("yes", "true", "1", "on")
+    bound = any(p.lstrip("-") == "/tmp/argus_socket" for key in ("BindPaths", "BindReadOnlyPaths")
+                for p in service.get(key, "").split())
+    assert not private_tmp or bound
+    assert "nvargus-daemon.service" in unit["Unit"]["After"]
+    for key in ("StateDirectoryMode", "CacheDirectoryMode", "LogsDirectoryMode"):  # as tmpfiles.conf makes them
+        assert service[key] == "0750"
+    assert "d /var/lib/edgewise 0750" in (ROOT / "deploy/jetson/tmpfiles.conf").read_text()
+
+
 FAKES = ("systemd-sysusers", "adduser", "systemd-tmpfiles", "chown", "chmod", "deb-systemd-helper",
          "deb-systemd-invoke", "systemctl")
 
@@ -155,6 +175,24 @@ def test_postinst_installs_but_starts_only_a_configured_daemon(tmp_path, tiny_mo
     assert "deb-systemd-invoke restart edgewise-edge.service" in log.read_text()
 
 
+def test_postinst_checks_with_the_units_environment_file_and_needs_a_ready_venv(tmp_path) -> None:
+    root, env, log = _postinst_root(tmp_path)
+    postinst = str(ROOT / "deploy/jetson/debian/postinst")
+    (root / "etc/default").mkdir()
+    (root / "etc/default/edgewise-edge").write_text("# token\nEDGEWISE_EDGE__CLOUD__TOKEN=tok-1\n")
+    (root / "usr/bin/edgewise-edge").write_text(
+        '#!/bin/sh\necho "edgewise: error: token=$EDGEWISE_EDGE__CLOUD__TOKEN" >&2\nexit 2\n')
+    out = subprocess.run(["sh", postinst, "configure"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "installed, not started: token=tok-1" in out.stderr, out.stderr
+
+    # setup.sh could not give the environment this version's pins: no check, no (re)start
+    (root / "usr/lib/edgewise-edge/setup.sh").write_text("#!/bin/sh\nexit 1\n")
+    (root / "usr/bin/edgewise-edge").write_text("#!/bin/sh\nexit 0\n")
+    out = subprocess.run(["sh", postinst, "configure"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "not (re)started" in out.stderr, out.stderr
+    assert "deb-systemd-invoke restart" not in log.read_text()
+
+
 def test_overlay_paths_and_modes(built) -> None:
     with tarfile.open(built.overlay) as tar:
         members = {m.name: m for m in tar.getmembers()}
@@ -167,6 +205,41 @@ def test_overlay_paths_and_modes(built) -> None:
     assert stat.S_IMODE(members["etc/edgewise/edge.yaml"].mode) == 0o644
     assert "usr/lib/tmpfiles.d/edgewise-edge.conf" in members
     assert not any(n.startswith("/") or ".." in n.split("/") for n in members)
+
+
+def test_overlay_carries_only_package_folders_with_fixed_modes_and_times(tmp_path, tiny_model, monkeypatch) -> None:
+    """Built under a group-writable umask: the rootfs's own folders (/etc, /usr, /lib...) are
+    not in the overlay (unpacking it must not change their modes or times: an /usr older than
+    /etc/.updated skips systemd-sysusers at first boot); folders 0755, files 0644/0755, every
+    time stamp SOURCE_DATE_EPOCH; the .deb's folders are 0755 too."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    old = os.umask(0o002)
+    try:
+        built = B.bundle(B.BundleOptions(out_dir=tmp_path / "dist", model=tiny_model, power_mode=2))
+    finally:
+        os.umask(old)
+    with tarfile.open(built.overlay) as tar:
+        members = tar.getmembers()
+    names = [m.name for m in members]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    dirs = {m.name for m in members if m.isdir()}
+    for system in ("etc", "usr", "lib", "usr/bin", "usr/lib", "etc/default", "etc/systemd/system", "usr/share/doc",
+                   "lib/systemd/system", "usr/lib/sysusers.d"):
+        assert system not in dirs, system
+    assert {"etc/edgewise", "usr/lib/edgewise-edge", "usr/lib/edgewise-edge/python/edge", "usr/share/edgewise-edge",
+            "usr/share/doc/edgewise-edge"} <= dirs
+    assert all(any(d == o or d.startswith(o + "/") for o in B.OWNED_DIRS) for d in dirs), dirs
+    assert {stat.S_IMODE(m.mode) for m in members if m.isdir()} == {0o755}
+    assert {stat.S_IMODE(m.mode) for m in members if m.isfile()} == {0o644, 0o755}
+    assert {m.mtime for m in members} == {1767225600}
+    with open(built.overlay, "rb") as raw:
+        assert int.from_bytes(raw.read(8)[4:8], "little") == 1767225600  # the gzip header's time
+    for path in ("usr/bin/edgewise-edge", "etc/default/edgewise-edge-power", "usr/lib/tmpfiles.d/edgewise-edge.conf"):
+        assert path in names  # files under system folders are still there
+    contents = subprocess.run([_need("dpkg-deb"), "--contents", str(built.deb)], capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+    modes = {line.split()[0] for line in contents}
+    assert modes <= {"drwxr-xr-x", "-rw-r--r--", "-rwxr-xr-x"}, modes
 
 
 def test_container_context(built) -> None:

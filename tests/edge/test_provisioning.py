@@ -52,7 +52,7 @@ def test_writes_config_token_and_certificates_with_their_modes(rootfs: Path, tmp
     assert (s.cloud.tls_ca, s.cloud.tls_cert, s.cloud.tls_key) == (
         "/etc/edgewise/tls/ca.pem", "/etc/edgewise/tls/client.pem", "/etc/edgewise/tls/client.key")
     assert s.streams[0].fps == 10 and s.model.backend == "tensorrt"  # the rest of the template stays
-    # the file holds the --set text the loader checked ("off" would be YAML's false, which it refuses)
+    # the file holds each --set value as the loader read it: "off" stays a string (YAML's false is refused)
     assert s.metrics.tegrastats == "off"
 
 
@@ -108,3 +108,48 @@ def test_a_template_that_is_not_a_mapping_is_a_clear_error(rootfs: Path, tmp_pat
 def test_a_root_without_the_bundle_says_what_to_do(tmp_path: Path, capsys) -> None:
     assert main(["edge", "provision", "--root", str(tmp_path), "--endpoint", "gw:1"]) == 2
     assert "unpack the bundle's overlay into --root first" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("item, needle", [
+    ("streams.3.fps=10", "--set streams.3.fps: streams has no item 3 (items 0 to 0)"),
+    ("streams.x.fps=10", "--set streams.x.fps: streams has no item x"),
+    ("model.path.x=1", "--set model.path.x: model.path is a single value; it has no key 'x'"),
+    ("metrics.prt=1", "--set metrics.prt: unknown key (did you mean 'metrics.port'?)"),
+    ("metrics.port", "--set 'metrics.port': expected KEY.PATH=VALUE"),
+    ("streams.0.fps=abc", "--set streams.0.fps: 'abc' is not a number"),
+])
+def test_a_bad_set_path_is_one_line_naming_the_flag(rootfs: Path, capsys, item: str, needle: str) -> None:
+    before = (rootfs / "etc/edgewise/edge.yaml").read_text()
+    assert main(["edge", "provision", "--root", str(rootfs), "--endpoint", "gw:1", "--set", item]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and "Traceback" not in err, err
+    assert (rootfs / "etc/edgewise/edge.yaml").read_text() == before
+
+
+def test_set_values_are_written_as_the_loader_reads_them(rootfs: Path) -> None:
+    assert main(["edge", "provision", "--root", str(rootfs), "--endpoint", "gw:1", "--set", "metrics.port=9200",
+                 "--set", "streams.0.fps=7.5", "--set", "metrics.tegrastats=off",
+                 "--set", "cloud.endpoints=gw1:1,gw2:2"]) == 0
+    tree = yaml.safe_load((rootfs / "etc/edgewise/edge.yaml").read_text())
+    assert tree["metrics"]["port"] == 9200 and tree["streams"][0]["fps"] == 7.5
+    assert tree["metrics"]["tegrastats"] == "off"  # a string setting stays a string, not YAML's false
+    assert tree["cloud"]["endpoints"] == ["gw1:1", "gw2:2"]
+
+
+@pytest.mark.parametrize("how", ["mkstemp", "in-the-way"])
+def test_an_unwritable_target_is_one_line_and_changes_nothing(rootfs: Path, tmp_path: Path, capsys, monkeypatch,
+                                                              how: str) -> None:
+    (tmp_path / "t").write_text("tok")
+    if how == "mkstemp":  # what an immutable (chattr +i) or read-only folder answers
+        def refuse(*args, **kwargs):
+            raise PermissionError(1, "Operation not permitted")
+        monkeypatch.setattr(PV.tempfile, "mkstemp", refuse)
+    else:  # the last file of the run cannot be made: the ones before it must not change either
+        (rootfs / "etc/default").write_text("a file where the folder goes")
+    before = (rootfs / "etc/edgewise/edge.yaml").read_text()
+    assert main(["edge", "provision", "--root", str(rootfs), "--endpoint", "gw:1", "--token-file",
+                 str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"edgewise: error: --root {rootfs}: ") and "cannot be written" in err and "\n" not in err
+    assert (rootfs / "etc/edgewise/edge.yaml").read_text() == before
+    assert [p.name for p in (rootfs / "etc/edgewise").iterdir()] == ["edge.yaml"]  # no temporary file left

@@ -1,0 +1,164 @@
+"""The Jetson package's shell side, run for real against scratch roots (``DPKG_ROOT``):
+``setup.sh`` (the venv, rebuilt when the pins change), the maintainer scripts, and the
+``/usr/bin/edgewise-edge`` wrapper."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from edge import bundle as B
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _wheel(dest: Path, version: str) -> Path:
+    """A pure-Python wheel of ``demo-pin`` (module ``demo_pin`` with ``VERSION``)."""
+    files = {
+        "demo_pin.py": f"VERSION = {version!r}\n",
+        f"demo_pin-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: demo-pin\nVersion: {version}\n",
+        f"demo_pin-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                               "Tag: py3-none-any\n",
+    }
+    record = f"demo_pin-{version}.dist-info/RECORD"
+    lines = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        lines.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[record] = "\n".join(lines + [f"{record},,"]) + "\n"
+    path = dest / f"demo_pin-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+@pytest.fixture
+def setup_root(tmp_path: Path):
+    """A root with the package's setup.sh, pins naming one package (``demo-pin``) and a
+    wheelhouse holding 1.0 and 2.0 of it; ``python3`` on PATH is this interpreter."""
+    root = tmp_path / "root"
+    lib = root / B.LIB
+    wheels = root / B.SHARE / "wheels"
+    lib.mkdir(parents=True)
+    wheels.mkdir(parents=True)
+    shutil.copy(B.JETSON / "setup.sh", lib / "setup.sh")
+    (lib / "requirements.txt").write_text("demo-pin\n")
+    (lib / "constraints-jetpack51.txt").write_text("demo-pin==1.0\n")
+    for version in ("1.0", "2.0"):
+        _wheel(wheels, version)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    env = {"DPKG_ROOT": str(root), "PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", str(lib / "setup.sh"), *args], env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    return root, lib, run
+
+
+def _installed(lib: Path) -> str:
+    out = subprocess.run([str(lib / "venv/bin/python3"), "-c", "import demo_pin; print(demo_pin.VERSION)"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_setup_rebuilds_the_venv_when_the_pins_change_and_keeps_it_when_a_build_fails(setup_root) -> None:
+    root, lib, run = setup_root
+    first = run()
+    assert first.returncode == 0, first.stderr
+    assert _installed(lib) == "1.0"
+    marker = lib / "venv/.complete"
+    stamp = marker.read_text()
+    assert len(stamp.strip()) == 64  # sha256 of the pins and python3's version
+
+    again = run()  # nothing changed (every boot, every configure): nothing done, nothing said
+    assert again.returncode == 0 and again.stdout == "" and again.stderr == "", again.stdout + again.stderr
+    assert marker.read_text() == stamp
+
+    (lib / "constraints-jetpack51.txt").write_text("demo-pin==2.0\n")  # an upgrade with new pins
+    upgrade = run()
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert "built from other pins" in upgrade.stdout
+    assert _installed(lib) == "2.0" and marker.read_text() != stamp
+    assert not (lib / "venv.new").exists() and not (lib / "venv.old").exists()
+    scripts = [p for p in (lib / "venv/bin").iterdir() if p.is_file() and not p.is_symlink()]
+    assert scripts and not any("venv.new" in p.read_text(errors="replace") for p in scripts)
+
+    (lib / "constraints-jetpack51.txt").write_text("demo-pin==3.0\n")  # no wheel of it: pip fails
+    failed = run()
+    assert failed.returncode == 1 and "the current environment is left as it was" in failed.stderr
+    assert _installed(lib) == "2.0" and not (lib / "venv.new").exists()
+    (lib / "constraints-jetpack51.txt").write_text("demo-pin==2.0\n")
+    assert run().stdout == ""  # back to the pins the environment holds: current again
+
+
+def test_the_setup_unit_leaves_the_decision_to_setup_sh() -> None:
+    unit = (B.JETSON / "edgewise-edge-setup.service").read_text()
+    assert "ConditionPathExists" not in unit and "ExecStart=/usr/lib/edgewise-edge/setup.sh" in unit
+    postinst = (B.JETSON / "debian/postinst").read_text()
+    assert '"$ROOT/usr/lib/edgewise-edge/setup.sh"' in postinst  # every configure, upgrades included
+
+
+FAKES = ("deb-systemd-helper", "deb-systemd-invoke", "systemctl")
+
+
+def _scratch_root(tmp_path: Path) -> tuple:
+    root, fake, log = tmp_path / "root", tmp_path / "fakebin", tmp_path / "calls.log"
+    for d in ("usr/lib/edgewise-edge/venv/bin", "usr/lib/edgewise-edge/python/edge/__pycache__",
+              "var/lib/edgewise", "var/cache/edgewise/engines", "var/log/edgewise"):
+        (root / d).mkdir(parents=True)
+    (root / "usr/lib/edgewise-edge/python/edge/__pycache__/x.cpython-38.pyc").write_bytes(b"\0")
+    fake.mkdir()
+    for tool in FAKES:
+        (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {log}\n')
+        (fake / tool).chmod(0o755)
+    env = {"DPKG_ROOT": str(root), "PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    return root, env
+
+
+def test_maintainer_scripts_touch_only_dpkg_root(tmp_path: Path) -> None:
+    # every path the removal scripts touch is under $ROOT (checked first: a script that is not
+    # would delete this machine's folders below)
+    for script in ("prerm", "postrm"):
+        text = (B.JETSON / "debian" / script).read_text()
+        assert 'ROOT="${DPKG_ROOT:-}"' in text, script
+        for line in text.splitlines():
+            if line.strip().startswith(("rm ", "rmdir ", "find ")):
+                assert "$ROOT/" in line or "$LIB" in line, f"{script}: {line}"
+    root, env = _scratch_root(tmp_path)
+    prerm = subprocess.run(["sh", str(B.JETSON / "debian/prerm"), "remove"], env=env, capture_output=True, text=True)
+    assert prerm.returncode == 0, prerm.stderr
+    assert not (root / "usr/lib/edgewise-edge/python/edge/__pycache__").exists()  # dpkg can remove the folders
+    purge = subprocess.run(["sh", str(B.JETSON / "debian/postrm"), "purge"], env=env, capture_output=True, text=True)
+    assert purge.returncode == 0, purge.stderr
+    for gone in ("usr/lib/edgewise-edge/venv", "var/lib/edgewise", "var/cache/edgewise", "var/log/edgewise"):
+        assert not (root / gone).exists(), gone
+
+
+def test_the_wrapper_runs_its_own_tree_and_writes_no_byte_code(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    venv_bin = root / "usr/lib/edgewise-edge/venv/bin"
+    venv_bin.mkdir(parents=True)
+    shutil.copy(B.JETSON / "edgewise-edge.sh", root / "usr/bin/edgewise-edge")
+    (root / "usr/bin/edgewise-edge").chmod(0o755)
+    (venv_bin / "python3").write_text('#!/bin/sh\necho "python=$0"\necho "path=$PYTHONPATH"\n'
+                                      'echo "nobytecode=$PYTHONDONTWRITEBYTECODE"\necho "args=$*"\n')
+    (venv_bin / "python3").chmod(0o755)
+    (tmp_path / "elsewhere").symlink_to(root / "usr/bin/edgewise-edge")  # found through a link too
+    for argv0 in (str(root / "usr/bin/edgewise-edge"), str(tmp_path / "elsewhere")):
+        out = subprocess.run([argv0, "edge", "check-config"], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin"}, check=True).stdout.splitlines()
+        assert out == [f"python={venv_bin}/python3", f"path={root}/usr/lib/edgewise-edge/python",
+                       "nobytecode=1", "args=-m edgewise edge check-config"], out
