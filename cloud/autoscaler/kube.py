@@ -24,6 +24,13 @@ from edgewise.errors import ConfigError, UnavailableError
 log = logging.getLogger(__name__)
 
 
+class ScaleConflictError(UnavailableError):
+    """The scale changed between our read and our patch (409): someone else scaled meanwhile.
+
+    An expected outcome of optimistic concurrency, not a fault: nothing was overwritten, and the
+    next tick re-reads and decides again."""
+
+
 @dataclass(frozen=True)
 class ScaleState:
     """What the scale subresource says now."""
@@ -75,10 +82,21 @@ class DeploymentScale:
             status = exc.status
             if status == 404:
                 return ConfigError(f"{verb} {what}: not found (404); check --namespace and --deployment")
+            if status == 409:
+                return ScaleConflictError(f"{verb} {what}: it changed since it was read (409 Conflict; someone "
+                                          "else scaled it); nothing was overwritten, the next tick re-reads it")
             if status in (401, 403):
                 return ConfigError(f"{verb} {what}: forbidden ({status}); the service account needs "
                                    "get/patch on deployments/scale in that namespace")
             return UnavailableError(f"{verb} {what}: API server answered {status} {exc.reason}")
+        from urllib3.exceptions import MaxRetryError
+        from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+        if isinstance(exc, MaxRetryError) and exc.reason is not None:  # one attempt: say what failed
+            exc = exc.reason
+        if isinstance(exc, Urllib3Timeout):
+            return UnavailableError(f"{verb} {what}: no answer within kubernetes.request_timeout_s "
+                                    f"({self.timeout:g} s); check the API server and the network to it")
         return UnavailableError(f"{verb} {what}: {type(exc).__name__}: {exc}")
 
     def read(self) -> ScaleState:

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from cloud.autoscaler.kube import ScaleTarget
+from cloud.autoscaler.kube import ScaleConflictError, ScaleTarget
 from cloud.autoscaler.scaling import Decision, PoolSample, Scaler
 from edgewise.errors import EdgewiseError, InvalidInputError
 from edgewise.observability import process_registry
@@ -287,34 +287,41 @@ class AutoscalerLoop:
         self._stop = asyncio.Event()
 
     async def tick(self) -> Decision | None:
-        now = self.clock()
-        sample = await self.poller.poll(now)
+        # The sample is stamped with the moment the gateways were asked (the oldest its numbers
+        # can be) and the decision takes a fresh reading after the poll and the scale read, so
+        # a slow poll or a hung API server ages the sample and stale_after_s holds the decision.
+        asked = self.clock()
+        sample = await self.poller.poll(asked)
         try:
             state = await asyncio.to_thread(self.target.read)
         except EdgewiseError as exc:
             log.error("autoscaler: %s", exc)
             self.metrics.apply_errors.labels("read").inc()
             return None
+        now = self.clock()
         d = self.scaler.decide(now, state.spec_replicas, sample)
         m = self.metrics
         m.current.set(d.current)
         m.desired.set(d.desired)
-        if d.recommendation is not None:
-            m.recommendation.set(d.recommendation)
-        if sample is not None:
-            m.ready.set(sample.ready_workers)
-            if sample.capacity > 0:
-                m.utilization.set(sample.in_flight / sample.capacity)
-                if sample.load is not None:
-                    m.load.set(sample.load)
-            if sample.queue_wait_ms_p90 is not None:
-                m.queue_wait.set(sample.queue_wait_ms_p90)
+        # Pool gauges show this tick's sample or NaN (no gateway answered, value unknown): never
+        # the last value seen, which would look like a live pool while the autoscaler is blind.
+        nan = math.nan
+        m.recommendation.set(nan if d.recommendation is None else d.recommendation)
+        m.ready.set(nan if sample is None else sample.ready_workers)
+        m.utilization.set(sample.in_flight / sample.capacity if sample is not None and sample.capacity > 0 else nan)
+        load = None if sample is None or sample.capacity <= 0 else sample.load
+        m.load.set(nan if load is None else load)
+        m.queue_wait.set(nan if sample is None or sample.queue_wait_ms_p90 is None else sample.queue_wait_ms_p90)
         m.decisions.labels(d.direction).inc()
         log.info("autoscaler: %d -> %d (%s): %s", d.current, d.desired, d.direction, d.reason)
         self.decisions = (self.decisions + [d])[-100:]
         if d.desired != d.current:
             try:
                 applied = await asyncio.to_thread(self.target.apply, d.desired, state, d.reason)
+            except ScaleConflictError as exc:  # a concurrent change: expected, retried next tick
+                log.warning("autoscaler: %s", exc)
+                m.apply_errors.labels("patch").inc()
+                return d
             except EdgewiseError as exc:
                 log.error("autoscaler: %s", exc)
                 m.apply_errors.labels("patch").inc()

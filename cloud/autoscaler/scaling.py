@@ -239,7 +239,7 @@ class Scaler:
         age = now - sample.at
         if age > cfg.stale_after_s:
             return Decision(now, current, current, None, None,
-                            f"metrics stale ({age:.0f} s old > {cfg.stale_after_s:.0f} s): holding")
+                            f"metrics stale ({age:.3g} s old > {cfg.stale_after_s:g} s): holding")
         rec, why, metrics = self._recommend(current, sample)
         if rec is None:
             return Decision(now, current, current, None, None, why, metrics)

@@ -46,7 +46,10 @@ class KubeSettings:
                                "server).", True)
     kubeconfig: str | None = setting("Kubeconfig path (default: `$KUBECONFIG` or `~/.kube/config`).", None)
     context: str | None = setting("Kubeconfig context (default: current context).", None)
-    request_timeout_s: float = setting("Timeout of each API call, seconds.", 10.0, lo=0, lo_open=True, hi=600)
+    request_timeout_s: float = setting("Time budget of each API call (read or patch of the scale), seconds: one "
+                                       "attempt, no retries inside it (the next tick tries again), so a hung API "
+                                       "server holds a tick, or a SIGTERM, at most this long.", 10.0, lo=0,
+                                       lo_open=True, hi=600)
 
 
 @dataclass
@@ -73,7 +76,9 @@ class AutoscalerSettings:
     interval_s: float = setting("Seconds between decisions (HPA's sync period; 0.1 s to 1 h).", 15.0, lo=0.1, hi=3600)
     tolerance: float = setting("No change while |metric/target - 1| <= tolerance (HPA default 0.1).", 0.1,
                                lo=0, hi=1, hi_open=True)
-    stale_after_s: float | None = setting("Metrics older than this are ignored (no change), seconds. Default: "
+    stale_after_s: float | None = setting("Metrics older than this when the decision is made are ignored (no "
+                                          "change), seconds; their age counts from asking the gateways, so a slow "
+                                          "poll or a slow read of the Deployment's scale ages them. Default: "
                                           "3 x interval_s.", None, lo=0, lo_open=True)
     scale_up: ScalingRules = setting("HPA `behavior.scaleUp`: stabilization window, policies, select policy "
                                      "(default: no window, max of +100 % and +4 pods per 15 s).",

@@ -203,6 +203,9 @@ class Batcher(Generic[T]):
     """
 
     policy: BatchPolicy = field(default_factory=BatchPolicy)
+    #: the model's time grows with each image's pixels (``input_size: native``): served
+    #: throughput is then measured in pixels/s and divided by the pixels of a served request
+    pixel_cost: bool = False
     _levels: dict[int, deque[Pending[T]]] = field(default_factory=dict, init=False, repr=False)
     _order: list[int] = field(default_factory=list, init=False, repr=False)  # priorities, ascending
     _expired: list[T] = field(default_factory=list, init=False, repr=False)
@@ -213,6 +216,11 @@ class Batcher(Generic[T]):
     _pixels: _Ewma = field(init=False, repr=False)
     _pixel_batch_s: _Ewma = field(init=False, repr=False)
     _size_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
+    #: peak capacity keeps warm-up (dummy images) and served batches apart, per batch size
+    _warm_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
+    _served_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
+    _served_px: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
+    _request_px: _Ewma = field(init=False, repr=False)
     _preferred_desc: tuple[int, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -220,6 +228,7 @@ class Batcher(Generic[T]):
         self._per_image_s = _Ewma(self.policy.ewma_alpha)
         self._pixels = _Ewma(self.policy.ewma_alpha)
         self._pixel_batch_s = _Ewma(self.policy.ewma_alpha)
+        self._request_px = _Ewma(self.policy.ewma_alpha)
         self.set_policy(self.policy)
 
     def set_policy(self, policy: BatchPolicy) -> None:
@@ -357,17 +366,26 @@ class Batcher(Generic[T]):
         return min(level[0].enqueued for level in self._levels.values() if level)
 
     # -- measurements ---------------------------------------------------------
-    def observe(self, batch_size: int, seconds: float, pixels: int = 0) -> None:
+    def observe(self, batch_size: int, seconds: float, pixels: int = 0, *, warmup: bool = False) -> None:
         """Record that a batch of ``batch_size`` images, ``pixels`` in all (0: not counted),
-        ran in ``seconds`` (compute only)."""
+        ran in ``seconds`` (compute only). ``warmup``: the images were the warm-up dummies,
+        not served requests (see :attr:`peak_capacity`)."""
         if batch_size < 1 or seconds < 0 or pixels < 0:
             raise ValueError(f"bad batch observation: size={batch_size}, seconds={seconds}, pixels={pixels}")
+        alpha = self.policy.ewma_alpha
         self._batch_s.add(seconds)
         self._per_image_s.add(seconds / batch_size)
-        self._size_s.setdefault(batch_size, _Ewma(self.policy.ewma_alpha)).add(seconds)
+        self._size_s.setdefault(batch_size, _Ewma(alpha)).add(seconds)
         if pixels:
             self._pixels.add(pixels)
             self._pixel_batch_s.add(seconds)
+        if warmup:
+            self._warm_s.setdefault(batch_size, _Ewma(alpha)).add(seconds)
+            return
+        self._served_s.setdefault(batch_size, _Ewma(alpha)).add(seconds)
+        if pixels:
+            self._served_px.setdefault(batch_size, _Ewma(alpha)).add(pixels)
+            self._request_px.add(pixels / batch_size)
 
     @property
     def min_batch_s(self) -> float:
@@ -396,18 +414,41 @@ class Batcher(Generic[T]):
 
     @property
     def peak_capacity(self) -> float:
-        """Images/s at the best batch size measured within the policy's ``max_batch_size``
-        (size / EWMA time of that size), 0 if unknown.
+        """Requests/s at the best batch size within the policy's ``max_batch_size``, for the
+        requests the worker actually serves; 0 if unknown.
 
         :attr:`capacity` follows the batches the load happens to form, so it is low when the
         worker is lightly loaded; this is what the worker can do when busy, the denominator
         the autoscaler's load target needs (cloud/autoscaler/scaling.py).
+
+        Warm-up runs dummy images at every size the batcher may form, but under moderate load
+        the larger sizes may never form with real requests, and a native-size model's dummy is
+        far smaller than real frames. So warm-up timings only say how much a batch size gains
+        over another; the level comes from served batches: a size seen in service counts at its
+        served rate (with :attr:`pixel_cost`, its pixels/s over the mean pixels of a served
+        request, so batches of small and of large images compare fairly), a size seen only at
+        warm-up at the served rate of the nearest size seen in both, times their warm-up ratio.
+        Before anything was served: the warm-up rates.
         """
-        best = 0.0
-        for size, ewma in self._size_s.items():
-            if size <= self.policy.max_batch_size and ewma.value:
-                best = max(best, size / ewma.value)
+        limit = self.policy.max_batch_size
+        warm = {k: k / e.value for k, e in self._warm_s.items() if k <= limit and e.value}
+        served = {k: self._served_rate(k) for k, e in self._served_s.items() if k <= limit and e.value}
+        if not served:
+            return max(warm.values(), default=0.0)
+        best = max(served.values())
+        both = [k for k in served if k in warm]
+        for k, rate in warm.items():
+            if k not in served and both:
+                ref = min(both, key=lambda j: (abs(j - k), j))
+                best = max(best, served[ref] * rate / warm[ref])
         return best
+
+    def _served_rate(self, size: int) -> float:
+        seconds = self._served_s[size].value or 0.0
+        px, per_request = self._served_px.get(size), self._request_px.value
+        if self.pixel_cost and px is not None and px.value and per_request:
+            return px.value / seconds / per_request if seconds else 0.0
+        return size / seconds if seconds else 0.0
 
     @property
     def depth(self) -> int:

@@ -32,7 +32,9 @@ class WorkerMetrics:
             buckets=TIME_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(
-            "edgewise_worker_batch_size", "Requests per model call.",
+            "edgewise_worker_batch_size",
+            "Requests per model call (with input_size native, a batch of images of different sizes "
+            "runs as one call per size, each counted here).",
             buckets=BATCH_BUCKETS, registry=r,
         )
         self.compute = Histogram(

@@ -108,12 +108,13 @@ class ModelRunner:
         out = run_isolated(items, self._run_batch)
         return out, time.perf_counter() - t0
 
+    def call_sizes(self, items: Sequence[Prepared]) -> list[int]:
+        """Images per model call when ``run`` takes ``items``: one call per input shape."""
+        return [len(idx) for idx in _by_shape(items)]
+
     def _run_batch(self, items: Sequence[Prepared]) -> list[Detections]:
         out: list[Detections | None] = [None] * len(items)
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, p in enumerate(items):  # one model call per input shape
-            groups.setdefault(tuple(p.tensor.shape[2:]), []).append(i)
-        for idx in groups.values():
+        for idx in _by_shape(items):
             batch = items[idx[0]].tensor if len(idx) == 1 else np.concatenate([items[i].tensor for i in idx])
             raw = self.detector.infer(batch)
             for i, d in zip(idx, self.detector.postprocess(raw, [items[i].meta for i in idx]), strict=True):
@@ -123,3 +124,12 @@ class ModelRunner:
 
     def close(self) -> None:
         self.detector.close()
+
+
+def _by_shape(items: Sequence[Prepared]) -> list[list[int]]:
+    """Indices of ``items`` grouped by input shape, in order of first appearance: one model
+    call per group (with ``input_size: native`` each image may have its own size)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(items):
+        groups.setdefault(tuple(p.tensor.shape[2:]), []).append(i)
+    return list(groups.values())

@@ -90,7 +90,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         policy = self.settings.batching.policy()
         if self.settings.batching.mode == "off":
             policy = policy.unbatched()
-        self.batcher: Batcher[_Job] = Batcher(policy)
+        self.batcher: Batcher[_Job] = Batcher(policy, pixel_cost=self.runner.pixel_cost)
         self.batching: BatchingDecision | None = None  # set by warmup()
         self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="ew-infer")
         self._decode_pool = ThreadPoolExecutor(
@@ -143,7 +143,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
                 if bad:
                     raise bad[0]
                 if rnd > 0 or rounds == 1:
-                    self.batcher.observe(size, secs, size * dummy.meta.src_shape[0] * dummy.meta.src_shape[1])
+                    self.batcher.observe(size, secs, size * dummy.meta.src_shape[0] * dummy.meta.src_shape[1],
+                                         warmup=True)
                     fastest[size] = min(secs, fastest.get(size, secs))
         b = self.settings.batching
         self.batching = decide_batching(b.mode, fastest, b.min_gain, b.max_batch_size)
@@ -240,7 +241,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         try:
             det, queue_s, compute_s, batch_size = await job.future
         except asyncio.CancelledError:
-            self.batcher.cancel(job)  # the caller went away: free its slot
+            if self.batcher.cancel(job):  # the caller went away: free its slot
+                self.metrics.queue_depth.set(self.batcher.depth)
             raise
         return detect_pb2.DetectResponse(
             status=detect_pb2.OK,
@@ -346,7 +348,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         n = len(live)
         pixels = sum(j.prepared.meta.src_shape[0] * j.prepared.meta.src_shape[1] for j, _ in live)
         self.batcher.observe(n, secs, pixels)
-        self.metrics.batch_size.observe(n)
+        for calls in self.runner.call_sizes([j.prepared for j, _ in live]):  # native: one call per image size
+            self.metrics.batch_size.observe(calls)
         self.metrics.compute.observe(secs)
         self.metrics.capacity.set(self.batcher.capacity)
         for (job, wait), out in zip(live, outs, strict=True):

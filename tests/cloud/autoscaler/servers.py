@@ -87,6 +87,7 @@ class PoolServer:
         self.doc = doc or pool_doc(0, 0.0)
         self.status = 200
         self.hits = 0
+        self.on_get = None  # called before each answer (a test advances its fake clock here)
         srv = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -95,6 +96,8 @@ class PoolServer:
 
             def do_GET(self):
                 srv.hits += 1
+                if srv.on_get is not None:
+                    srv.on_get()
                 body = (srv.doc if isinstance(srv.doc, bytes) else json.dumps(srv.doc).encode())
                 self.send_response(srv.status if self.path == "/pool" else 404)
                 self.send_header("Content-Type", "application/json")

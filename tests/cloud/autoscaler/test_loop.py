@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 
 import pytest
 
@@ -137,6 +139,58 @@ def test_no_gateway_answers_means_hold(api, gateways):
     assert not api.patches
 
 
+def test_a_slow_poll_or_scale_read_makes_the_sample_stale(api, gateways):
+    """stale_after_s (45 s here) counts from asking the gateways to deciding: a gateway that
+    answers late or an API server slow to give the scale ages the sample, and the decision
+    holds (it used to be stamped and decided with one clock reading, so its age was always 0)."""
+    loop, clock = make_loop(api, [g.url for g in gateways])
+    set_load(gateways, 2, 20, 8)  # 28/20 = 1.4 vs 0.7: would scale 2 -> 4
+
+    def late():
+        clock[0] += 50.0
+
+    gateways[1].on_get = late
+    d = asyncio.run(loop.tick())
+    assert d.desired == d.current == 2 and "stale (50 s old > 45 s)" in d.reason, d
+    gateways[1].on_get = None
+    real_read = loop.target.read
+
+    def slow_read():
+        clock[0] += 46.0
+        return real_read()
+
+    loop.target.read = slow_read
+    d = asyncio.run(loop.tick())
+    assert d.desired == 2 and "stale" in d.reason, d
+    loop.target.read = real_read
+    clock[0] += 15.0
+    d = asyncio.run(loop.tick())
+    assert d.desired == 4 and api.replicas == 4, d
+
+
+def test_pool_gauges_go_blank_while_no_gateway_answers(api, gateways):
+    """With no sample the decision holds; the pool gauges must not keep showing the last pool."""
+    loop, clock = make_loop(api, [g.url for g in gateways])
+    set_load(gateways, 2, 10, 4)
+    asyncio.run(loop.tick())
+    m = loop.metrics
+    assert m.ready._value.get() == 2 and m.utilization._value.get() == pytest.approx(14 / 20)
+    assert m.recommendation._value.get() == 2
+    for g in gateways:
+        g.status = 503
+    clock[0] = 15.0
+    d = asyncio.run(loop.tick())
+    assert "no metrics" in d.reason
+    for gauge in (m.ready, m.utilization, m.load, m.queue_wait, m.recommendation):
+        assert math.isnan(gauge._value.get()), gauge
+    assert m.current._value.get() == m.desired._value.get() == 2  # what is known stays
+    for g in gateways:
+        g.status = 200
+    clock[0] = 30.0
+    asyncio.run(loop.tick())
+    assert m.ready._value.get() == 2
+
+
 def test_dry_run_prints_and_never_patches(api, gateways):
     lines = []
     loop, clock = make_loop(api, [g.url for g in gateways], dry_run=True, out=lines.append)
@@ -169,7 +223,8 @@ def test_api_errors_say_what_to_fix(api):
     assert api.replicas == 5
 
 
-def test_conflict_is_counted_and_retried_next_tick(api, gateways):
+def test_conflict_is_counted_and_retried_next_tick(api, gateways, caplog):
+    caplog.set_level(logging.INFO, logger="cloud.autoscaler")
     loop, clock = make_loop(api, [g.url for g in gateways])
     set_load(gateways, 2, 20, 8)
     real_read = loop.target.read
@@ -183,6 +238,9 @@ def test_conflict_is_counted_and_retried_next_tick(api, gateways):
     d = asyncio.run(loop.tick())
     assert d.desired == 4 and api.replicas == 2
     assert loop.metrics.apply_errors.labels("patch")._value.get() == 1
+    # an expected outcome of a concurrent change, not a fault: a warning, not an error
+    (conflict,) = [r for r in caplog.records if "409" in r.getMessage()]
+    assert conflict.levelno == logging.WARNING and "next tick re-reads" in conflict.getMessage()
     loop.target.read = real_read
     clock[0] = 15.0
     asyncio.run(loop.tick())

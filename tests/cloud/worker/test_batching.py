@@ -323,6 +323,40 @@ def test_peak_capacity_is_the_best_batch_size_the_policy_allows():
     assert b.peak_capacity == pytest.approx(100.0)
 
 
+def test_peak_capacity_of_a_native_worker_follows_the_frames_it_serves():
+    """Warm-up runs small dummies at sizes 1 and 4; served frames are 12x their pixels and come
+    one at a time, so size 4 never forms in service. The peak follows the served frames (the
+    warm-up only says how much batch 4 gains over batch 1), not the dummies' rate."""
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=4, ewma_alpha=0.2), pixel_cost=True)
+    dummy, frame = 320 * 320, 1280 * 960  # 12x the pixels
+    b.observe(1, 0.040, dummy, warmup=True)      # 25 img/s
+    b.observe(4, 0.080, 4 * dummy, warmup=True)  # 50 img/s: batch 4 doubles throughput
+    assert b.peak_capacity == pytest.approx(50.0)  # nothing served yet: warm-up's word
+    for _ in range(10):
+        b.observe(1, 0.500, frame)  # 2 frames/s
+    assert b.capacity < 2.5
+    assert b.peak_capacity == pytest.approx(4.0)  # 2 frames/s x warm-up gain 2, not 50
+    # a batch of 4 small crops forms once among the frames: it counts by its pixels/s
+    # (2.56 Mpx/s), not as 25 requests/s, while the served requests are mostly frames
+    b.observe(4, 4 * 0.040, 4 * dummy)
+    for _ in range(10):
+        b.observe(1, 0.500, frame)
+    assert b.peak_capacity == pytest.approx(4 * dummy / 0.160 / b._request_px.value)
+    assert 2.0 < b.peak_capacity < 2.3
+
+
+def test_peak_capacity_of_a_fixed_size_worker_scales_warmup_by_what_is_served():
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=8, ewma_alpha=1.0))
+    b.observe(1, 0.010, warmup=True)  # 100 img/s
+    b.observe(8, 0.040, warmup=True)  # 200 img/s
+    b.observe(1, 0.020)               # real frames (more boxes to decode): 50 img/s at batch 1
+    assert b.peak_capacity == pytest.approx(100.0)  # 50 x the warm-up gain of batch 8
+    b.observe(8, 0.050)               # batch 8 served: 160 img/s, measured
+    assert b.peak_capacity == pytest.approx(160.0)
+    b.set_policy(b.policy.unbatched())
+    assert b.peak_capacity == pytest.approx(50.0)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [dict(max_batch_size=0), dict(max_queue_delay_s=-1), dict(preferred_batch_sizes=(9,)),

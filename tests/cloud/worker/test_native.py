@@ -83,3 +83,34 @@ def test_tiles_are_validated_against_the_image() -> None:
     img.tiles.add(x=0, y=0, width=8, height=8, source_x=4_000_000_000)
     with pytest.raises(InvalidInputError, match=r"image.tiles\[1\]: source corner \(4000000000,0\) lies outside"):
         wire.check_image(img)
+
+
+def test_native_peak_capacity_describes_the_frames_served_not_the_warmup_dummy(native_model) -> None:
+    """Warm-up runs 160x160 dummies at batch 1 and 4; frames ~30x their pixels then arrive one
+    at a time, so batch 4 never forms in service. The peak capacity the autoscaler divides by
+    must follow those frames (it used to stay at the dummies' rate, several times too high)."""
+    frame = np.ascontiguousarray(np.tile(photo(), (2, 2, 1))[:720, :1000])
+    img = wire.encode_image(frame, "jpeg")
+    settings = make_settings(native_model, max_batch_size=4, max_queue_delay_ms=0.0)
+
+    async def main():
+        async with running(settings) as (server, stub, _ch):
+            assert server.service.runner.pixel_cost
+            warm = await stub.Load(detect_pb2.LoadRequest(), timeout=5)
+            for i in range(8):
+                code, r = await call(stub, detect_pb2.DetectRequest(frame_seq=i, image=img), timeout=30)
+                assert code.name == "OK", r
+            return warm, await stub.Load(detect_pb2.LoadRequest(), timeout=5)
+
+    warm, served = asyncio.run(main())
+    assert served.capacity < warm.capacity / 3  # the frames are much slower than the dummies
+    # batch 4 on this CPU gains little over batch 1: the peak stays near what batch 1 serves
+    assert served.capacity * 0.5 < served.peak_capacity < served.capacity * 2.5, (warm, served)
+
+
+def test_a_batch_of_different_native_sizes_counts_one_model_call_per_size(native_model) -> None:
+    runner = ModelRunner(Detector.from_file(native_model, conf_thres=CONF, threads=1, input_size="native"))
+    im = photo()
+    a, b = runner.prepare_array(im[:200, :300]), runner.prepare_array(im[:96, :128])
+    assert runner.call_sizes([a, b, a]) == [2, 1]
+    assert runner.call_sizes([a, a, a]) == [3]

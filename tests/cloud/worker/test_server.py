@@ -264,6 +264,31 @@ def test_load_reports_sane_numbers_and_metrics_are_exported(tiny_model):
     assert "edgewise_worker_batching 1.0" in text  # batching.mode on
 
 
+def test_queue_depth_gauge_drops_as_soon_as_queued_callers_cancel(tiny_model):
+    """Callers that give up leave the batcher at once; the gauge must follow then, not at the
+    scheduler's next timer (here the 20 s queue delay)."""
+    settings = make_settings(tiny_model, max_batch_size=8, max_queue_delay_ms=20_000.0)
+
+    def gauge(port: int) -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        (line,) = [x for x in text.splitlines() if x.startswith("edgewise_worker_queue_depth ")]
+        return float(line.split()[1])
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            calls = [stub.Infer(jpeg_request(photo(), seq=i), timeout=60) for i in range(3)]
+            await async_wait_until(lambda: srv.service.batcher.depth == 3, 10, "3 requests queued")
+            queued = await asyncio.to_thread(gauge, srv.metrics_port)
+            for c in calls:
+                c.cancel()
+            await async_wait_until(lambda: srv.service.batcher.depth == 0, 10, "the cancelled requests gone")
+            await asyncio.sleep(0.1)
+            return queued, await asyncio.to_thread(gauge, srv.metrics_port)
+
+    queued, after = asyncio.run(main())
+    assert queued == 3.0 and after == 0.0
+
+
 def test_idle_metrics_connections_hold_no_thread_and_are_closed(tiny_model, monkeypatch):
     """prometheus_client's server held a thread and a descriptor per connection with no
     timeout: 300 clients sending half a request line held 300 worker threads for good."""

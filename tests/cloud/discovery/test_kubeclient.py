@@ -1,0 +1,90 @@
+"""The shared ``kubernetes`` client builder: a call's ``_request_timeout`` is its whole budget.
+
+The client's default urllib3 retries (3) made one read of a hung API server take four times
+the timeout (and a SIGTERM of the autoscaler wait for all of them). A real listening socket
+that accepts and never answers plays the hung API server; the real client talks to it.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from cloud.autoscaler.kube import DeploymentScale, ScaleState
+from cloud.discovery.kubeclient import KubeAccess, build_api_client
+from edgewise.errors import UnavailableError
+
+
+class HungAPI:
+    """Accepts connections, reads the request, never answers; counts the connections."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted = 0
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.held.append(conn)  # kept open, never answered
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.held:
+            c.close()
+
+
+@pytest.fixture
+def hung():
+    api = HungAPI()
+    yield api
+    api.close()
+
+
+def test_a_hung_api_server_costs_one_timeout_per_call(hung):
+    target = DeploymentScale(build_api_client(KubeAccess(api_server=hung.url, token="t")), "ns", "w",
+                             request_timeout_s=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(UnavailableError, match=r"reading deployment ns/w scale: no answer within kubernetes.request_timeout_s \(0.5 s\)"):
+        target.read()
+    read_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    with pytest.raises(UnavailableError, match=r"patching deployment ns/w scale: no answer within kubernetes.request_timeout_s"):
+        target.apply(3, ScaleState(2, 2, "1"), "test")
+    patch_s = time.monotonic() - t0
+    assert hung.accepted == 2, "one attempt per call, no retries"
+    assert read_s < 1.2 and patch_s < 1.2, (read_s, patch_s)
+
+
+def test_every_way_of_building_the_client_makes_one_attempt(tmp_path, monkeypatch):
+    from kubernetes.config import incluster_config
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    for access in (KubeAccess(api_server="http://127.0.0.1:9"), KubeAccess(kubeconfig=str(kubeconfig))):
+        assert build_api_client(access).configuration.retries == 0, access
+    # in-cluster: the service account files, at paths the loader reads them from
+    (tmp_path / "token").write_text("t")
+    (tmp_path / "ca.crt").write_text("not checked until TLS is used")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "9")
+    cfg = build_api_client(KubeAccess()).configuration
+    assert cfg.retries == 0 and cfg.host == "https://127.0.0.1:9"
