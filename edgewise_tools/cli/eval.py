@@ -41,6 +41,7 @@ def _check_options(args: argparse.Namespace) -> None:
                         ("--target-edge-ratio", args.target_edge_ratio)):
         check_option(flag, value, ">= 0", "a share")
     check_option("--target-uplink", args.target_uplink, "in [0, 1]", "a share of the uplink bytes")
+    check_option("--target-margin", args.target_margin, ">= 0", "a share of cloud-only F1")
 
 
 def _rates(text: str) -> List[float]:

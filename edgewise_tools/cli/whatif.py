@@ -34,8 +34,9 @@ from edgewise.policy.schema import Policy
 
 log = logging.getLogger(__name__)
 
-#: Bump when what the cache holds changes shape.
-CACHE_VERSION = 3
+#: Bump when what the cache holds changes shape, or what collecting it checks (4: the models' and
+#: labels' classes, unreadable label files and sets without objects are refused).
+CACHE_VERSION = 4
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

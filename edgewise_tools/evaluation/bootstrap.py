@@ -11,7 +11,9 @@ Davison and Hinkley, "Bootstrap Methods and their Application", 1997, section 3.
 A difference between two policies is resampled *paired*: the same streams in both, so
 what the interval measures is how much the lead depends on which streams were drawn.
 A policy "beats" another only when the interval of the difference lies above 0
-(docs/design/escalation.md#evaluation-method).
+(docs/design/escalation.md#evaluation-method), and never on fewer than
+:data:`MIN_STREAMS` streams: one stream is drawn in every sample, so its interval has no
+width and says nothing about noise (``hybrid.differences`` leaves such a lead not judged).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ import numpy as np
 #: default number of bootstrap samples and their seed
 SAMPLES = 1000
 SEED = 0
+#: fewer streams than this and no lead is judged: resampling one stream always draws it, so
+#: every interval has zero width and any lead would look certain (the report's
+#: ``MIN_STREAMS`` is the larger count below which it warns that intervals are a floor)
+MIN_STREAMS = 2
 
 
 def stream_ids(streams: Sequence[int]) -> Tuple[np.ndarray, int]:

@@ -16,7 +16,7 @@ from edgewise.regions import COMPARED_MODES
 from edgewise.runtime import Detector
 from edgewise_tools.evaluation import bootstrap, hybrid, scoring
 from edgewise_tools.evaluation.frames import FrameRecord, collect
-from edgewise_tools.provenance import provenance
+from edgewise_tools.provenance import dataset_meta, provenance
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,10 @@ class EvalConfig:
         policy: the escalation policy file (weights, bands, threshold, budget, merge, payload).
         data: held-out dataset folder (``edgewise synth --split test``).
         train_data: training-split folder for the learned gain predictor (optional:
-            without it the learned policy is skipped and the report says so).
-        rates: escalation rates at which policies are compared.
+            without it the learned policy is skipped and the report says so); never ``data``
+            itself (:func:`check_train_data`).
+        rates: escalation rates at which policies are compared; at least one <= ``target_rate``
+            (the target is judged at the largest such rate, never above it).
         fps: frame rate of the streams (timeline for the policy's budget).
         target_rate, target_fraction, target_gap, target_uplink, target_margin: the goal:
             at most ``target_rate`` of frames escalated, our policy keeps >= ``target_fraction``
@@ -96,9 +98,40 @@ def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, polic
     return collect(data, edge, cloud, policy, modes, cfg.limit, progress)
 
 
-def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
+def check_config(cfg: EvalConfig) -> None:
+    """What :func:`run_eval` refuses before a model runs (ConfigError naming the options): an
+    undeclarable ``--ours``, a target rate below every compared rate (it would be judged at a
+    higher rate than it allows), and training data that is the evaluated set itself."""
     if cfg.ours is not None and (cfg.ours not in OURS or (cfg.ours == "learned" and cfg.train_data is None)):
         raise ConfigError(f"--ours {cfg.ours}: declare one of {', '.join(OURS)} (learned needs --train-data)")
+    if not any(r <= cfg.target_rate + 1e-9 for r in cfg.rates):
+        shown = ",".join(f"{r:g}" for r in cfg.rates)
+        raise ConfigError(f"--rates {shown}: none is <= --target-rate {cfg.target_rate:g}, so the target (at most "
+                          f"{cfg.target_rate:.1%} of frames escalated) cannot be judged; add {cfg.target_rate:g} "
+                          "to --rates or raise --target-rate")
+    if cfg.train_data is not None:
+        check_train_data(Path(cfg.data), Path(cfg.train_data))
+
+
+def check_train_data(data: Path, train: Path) -> None:
+    """``--train-data`` is not ``--data``: not the same folder, nor (by their ``dataset.json``)
+    the same generated set (same preset, split and seed). A learned policy fitted on the frames
+    it is judged on would be judged on what it memorised."""
+    if data.resolve() == train.resolve():
+        raise ConfigError(f"--train-data {train} is the --data folder {data}: the learned policy would be fitted on "
+                          "the frames it is judged on; give it a training split of other frames "
+                          "(`edgewise synth --split train` with another seed)")
+    a, b = dataset_meta(data), dataset_meta(train)
+    same = ("preset", "split", "seed")  # a preset neither names (a library-made set) counts as the same
+    if all(k in a and k in b for k in ("split", "seed")) and all(a.get(k) == b.get(k) for k in same):
+        desc = ", ".join(f"{k} {a[k]}" for k in same if k in a)
+        raise ConfigError(f"--train-data {train} and --data {data} are the same generated set ({desc} in both "
+                          "dataset.json): the learned policy would be fitted on the frames it is judged on; "
+                          "generate the training set with `edgewise synth --split train` and another seed")
+
+
+def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
+    check_config(cfg)
     policy = load_policy(cfg.policy)
     mode = cfg.payload or policy.spec.payload.mode
     modes = list(dict.fromkeys(["full", *cfg.payloads, mode, policy.spec.payload.mode]))
@@ -145,7 +178,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
         base[k]["f1_ci"] = bootstrap.f1_interval(bootstrap.per_stream(per_frame, index, n_streams), w)
     rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, merge, sending, cfg.samples, lag, gaps)
     ours = cfg.ours or ("learned" if "learned" in scores else "combined")
-    diffs = hybrid.differences(counts, ours, BASELINES, cfg.rates, cfg.samples)
+    diffs = hybrid.differences(counts, ours, BASELINES, cfg.rates, cfg.samples, rows=rates)
     thresholds = [round(float(t), 3) for t in np.linspace(0.0, 1.0, 21)]
     sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, merge, sending, lag)
     at = _judged_index(cfg.rates, cfg.target_rate)
@@ -185,8 +218,14 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
 
 
 def _judged_index(compared: Sequence[float], max_rate: float) -> int:
+    """The largest compared rate within ``max_rate``; ValueError when none is (:func:`check_config`
+    refuses such options first): judging at a higher rate would credit the target with more
+    escalations than it allows."""
     within = [i for i, r in enumerate(compared) if r <= max_rate + 1e-9]
-    return within[-1] if within else 0
+    if not within:
+        raise ValueError(f"no compared rate ({', '.join(f'{r:g}' for r in compared)}) is <= the target rate "
+                         f"{max_rate:g}: the target cannot be judged")
+    return within[-1]
 
 
 def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], compared: Sequence[float],
@@ -204,48 +243,72 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
     F1 with the bootstrap interval of the lead above 0 (``diffs``). ``met`` is every part
     that could be judged. ``ours`` is the policy declared before looking at the test set (the
     learned one when it was fitted, else the combined hardness); without it, our better
-    policy at that rate. ``best_policy`` is the best of all (baselines too), for the report.
+    policy at that rate. ``best_policy`` is the best of all (baselines too), for the report,
+    among the rows really at that rate (a row ``short`` of it, :func:`hybrid.is_short`, only
+    when none is). ``ours_escalated`` is the share our policy really escalated there.
     When the cloud model is not more accurate than the edge model, escalation has nothing to
     add and the target is reported as not met (``cloud_better: false``), never as trivially met.
     ``ours_minus_baselines`` gives, per baseline, our F1 minus the baseline's at that rate;
     ``ours_beat_baselines`` whether every lead is positive (and its interval above 0 when
-    intervals were given).
+    intervals were given). Leads are not judged (``margins_met`` and ``ours_beat_baselines``
+    None, ``margins_why`` says why) where our row or a baseline's is ``short`` (unequal
+    budgets) or an interval was not judged (``diffs`` ``beats`` None: too few streams).
+    Fractions of cloud-only F1 are None when cloud-only F1 is 0.
     """
     edge_f1, cloud_f1 = base["edge_only"]["f1"], base["cloud_only"]["f1"]
     at = _judged_index(compared, max_rate)
-    best = max((k for k in rates if k != scoring.ORACLE), key=lambda k: rates[k][at]["f1"])
+    policies = [k for k in rates if k != scoring.ORACLE]
+    # a row that escalated less than its rate (a cooldown's cap, hybrid.is_short) is not at that rate
+    at_rate = [k for k in policies if not rates[k][at].get("short")] or policies
+    best = max(at_rate, key=lambda k: rates[k][at]["f1"])
     mine = [k for k in OURS if k in rates]
     if ours is None or ours not in rates:
         ours = max(mine, key=lambda k: rates[k][at]["f1"]) if mine else best
     our = rates[ours][at]
     gap_f1 = cloud_f1 - edge_f1
-    frac = our["f1"] / cloud_f1 if cloud_f1 > 0 else 0.0
+    frac = our["f1"] / cloud_f1 if cloud_f1 > 0 else None
     closed = (our["f1"] - edge_f1) / gap_f1 if gap_f1 > 0 else None
     margins = {b: our["f1"] - rates[b][at]["f1"] for b in BASELINES if b in rates and b != ours}
-    beats = {b: bool(diffs[b][at]["beats"]) for b in margins if diffs and b in diffs}
+    beats: Dict[str, Optional[bool]] = {
+        b: (None if diffs[b][at]["beats"] is None else bool(diffs[b][at]["beats"]))
+        for b in margins if diffs and b in diffs}
+    why: Optional[str] = None  # why the leads are not judged
+    short = [k for k in (ours, *margins) if rates[k][at].get("short")]
+    if short:
+        k = short[0]
+        why = (f"not comparable: the cooldown allows at most {rates[k][at]['escalated']:.1%} of frames escalated, "
+               f"not {compared[at]:.1%}" if k in OURS else
+               f"not comparable: {k} escalates only {rates[k][at]['escalated']:.1%} of frames, not {compared[at]:.1%}")
+    elif cloud_f1 <= 0:
+        why = "not judged: cloud-only F1 is 0, so a lead has no points of it"
+    elif any(v is None for v in beats.values()):
+        why = (f"not judged: fewer than {bootstrap.MIN_STREAMS} streams, so the interval of a lead has no width "
+               "(resampling one stream always draws it)")
     edge_f1_ratio = edge_f1 / cloud_f1 if cloud_f1 > 0 else None
     edge_map_ratio = (base["edge_only"]["map50"] / base["cloud_only"]["map50"]
                       if "map50" in base["edge_only"] and base["cloud_only"].get("map50") else None)
     parts: Dict[str, Optional[bool]] = {
         "edge_gap_met": (None if edge_ratio is None or edge_f1_ratio is None else
                          bool(edge_f1_ratio <= edge_ratio and (edge_map_ratio is None or edge_map_ratio <= edge_ratio))),
-        "fraction_met": bool(gap_f1 > 0 and frac >= fraction),
+        "fraction_met": bool(gap_f1 > 0 and frac is not None and frac >= fraction),
         "gap_met": None if gap is None else bool(closed is not None and closed >= gap),
         "uplink_met": (None if uplink is None or "uplink_saved" not in our
                        else bool(our["uplink_saved"] >= uplink)),
-        "margins_met": (None if margin is None or not margins else
+        "margins_met": (None if margin is None or not margins or why is not None else
                         bool(all(m >= margin * cloud_f1 for m in margins.values())
                              and (not diffs or all(beats.get(b, False) for b in margins)))),
     }
     return {
         "max_rate": max_rate, "f1_fraction": fraction, "gap_target": gap, "uplink_target": uplink,
         "edge_ratio_target": edge_ratio, "edge_f1_ratio": edge_f1_ratio, "edge_map50_ratio": edge_map_ratio,
-        "margin_target": margin, "compared_at_rate": compared[at], "ours": ours, "best_policy": best,
-        "ours_f1_fraction": frac, "best_f1_fraction": rates[best][at]["f1"] / cloud_f1 if cloud_f1 > 0 else 0.0,
+        "margin_target": margin, "compared_at_rate": compared[at], "ours_escalated": our.get("escalated"),
+        "ours": ours, "best_policy": best,
+        "ours_f1_fraction": frac, "best_f1_fraction": rates[best][at]["f1"] / cloud_f1 if cloud_f1 > 0 else None,
         "cloud_better": bool(gap_f1 > 0), "ours_uplink_saved": our.get("uplink_saved"),
-        "ours_minus_baselines": margins, "ours_beat_baselines_ci": beats,
-        "ours_beat_baselines": bool(margins) and all(m > 0 for m in margins.values())
-        and all(beats.get(b, True) for b in margins),
+        "ours_minus_baselines": margins, "ours_beat_baselines_ci": beats, "margins_why": why,
+        "ours_beat_baselines": (None if why is not None else
+                                bool(margins) and all(m > 0 for m in margins.values())
+                                and all(beats.get(b, True) for b in margins)),
         "oracle_f1_fraction": (rates[scoring.ORACLE][at]["f1"] / cloud_f1
                                if scoring.ORACLE in rates and cloud_f1 > 0 else None),
         "gap_closed": closed,

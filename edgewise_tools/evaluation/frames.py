@@ -24,7 +24,7 @@ import numpy as np
 
 from edgewise.carrying import CarryConfig, CarryState, seed, step
 from edgewise.detections import Detections
-from edgewise.errors import InvalidInputError
+from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.hardness import (
     MOTION_SIGNALS,
     MotionDetector,
@@ -159,11 +159,29 @@ def read_labels(path: Path, width: int, height: int, nc: Optional[int] = None) -
     A missing file is a frame without objects (YOLO's convention). Every line must be
     ``class cx cy w h``: an integer class id (below ``nc`` when given: the classes the
     models and the dataset have) and four numbers in [0, 1]; else InvalidInputError
-    naming the file and line."""
+    naming the file and line. A file that cannot be read as UTF-8 text (or a folder in
+    its place) is an InvalidInputError naming it too."""
+    return to_pixels(label_rows(path, nc), width, height)
+
+
+def label_rows(path: Path, nc: Optional[int] = None) -> np.ndarray:
+    """The validated rows ``class cx cy w h`` of a YOLO label file ([K, 5], normalised; no
+    file: no rows), the checks of :func:`read_labels`."""
     if not path.exists():
-        return np.zeros((0, 4), np.float32), np.zeros((0,), np.int32)
+        return np.zeros((0, 5), np.float64)
+    if path.is_dir():
+        raise InvalidInputError(f"{path}: a folder where the frame's label file should be; remove it or put a "
+                                "YOLO txt there (one 'class cx cy w h' line per object)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{path}: not a text label file (not UTF-8: byte {exc.start} is "
+                                f"{exc.object[exc.start:exc.start + 1]!r}); expected YOLO txt, one "
+                                "'class cx cy w h' line per object") from None
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read the label file: {exc.strerror or exc}") from None
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         parts = line.split()
         if not parts:
             continue
@@ -174,12 +192,16 @@ def read_labels(path: Path, width: int, height: int, nc: Optional[int] = None) -
             raise InvalidInputError(f"{path}:{n}: {problem} in {line!r}; expected 'class cx cy w h' (YOLO: a class "
                                     "id and the box's centre and size divided by the image's width and height)")
         rows.append([float(p) for p in parts])
-    if not rows:
+    return np.asarray(rows, np.float64).reshape(-1, 5)
+
+
+def to_pixels(rows: np.ndarray, width: int, height: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Label rows (:func:`label_rows`) -> xyxy pixel boxes and class ids."""
+    if not len(rows):
         return np.zeros((0, 4), np.float32), np.zeros((0,), np.int32)
-    a = np.asarray(rows, np.float64)
-    cx, cy, w, h = a[:, 1] * width, a[:, 2] * height, a[:, 3] * width, a[:, 4] * height
+    cx, cy, w, h = rows[:, 1] * width, rows[:, 2] * height, rows[:, 3] * width, rows[:, 4] * height
     boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1).astype(np.float32)
-    return boxes, a[:, 0].astype(np.int32)
+    return boxes, rows[:, 0].astype(np.int32)
 
 
 def _label_problem(parts: Sequence[str], nc: Optional[int]) -> str:
@@ -220,6 +242,30 @@ def declared_classes(data: Path) -> Optional[int]:
     if isinstance(names, list) and names:
         return len(names)
     return None
+
+
+def _shown(names: Sequence[str], limit: int = 12) -> str:
+    """A class list for a message: ``['0', '1', ...]``, long ones cut with how many more."""
+    head = ", ".join(repr(str(n)) for n in list(names)[:limit])
+    return f"[{head}" + (f", ... {len(names) - limit} more]" if len(names) > limit else "]")
+
+
+def check_classes(edge: Any, cloud: Any, data: Path) -> None:
+    """The edge and cloud models (``.names``, :class:`~edgewise.runtime.Detector`) have the same
+    classes in the same order, and the dataset's ``dataset.json`` ``names`` (when it has them)
+    mean the same ids: equal to the models' or their first ones (a set labelled with fewer of
+    the models' classes). Else a class id would mean different objects to the two models or
+    to the labels, and F1 would count right answers as wrong: ConfigError naming both lists."""
+    e, c = [str(n) for n in edge.names], [str(n) for n in cloud.names]
+    if e != c:
+        raise ConfigError(f"the edge and cloud models have different classes: edge {len(e)} {_shown(e)}, cloud "
+                          f"{len(c)} {_shown(c)}; the hybrid merges their answers by class id, so use a model pair "
+                          "trained on the same classes in the same order")
+    names = dataset_names(data)
+    if names is not None and names != e[:len(names)]:
+        raise ConfigError(f"{data / 'dataset.json'} names {len(names)} classes {_shown(names)} but the models have "
+                          f"{len(e)} {_shown(e)}: the labels' class ids would mean other objects than the models'; "
+                          "evaluate on a set labelled with the models' classes")
 
 
 def _filter(d: Detections, conf: float) -> Detections:
@@ -290,16 +336,29 @@ def collect(
     ``modes`` the cloud does not see whole frames (it is the slowest payload at camera
     resolution) and the records' ``cloud`` is empty. Each answer is also carried through the
     stream's next frames under the policy's ``merge.carry*`` (:mod:`edgewise.carrying`), so
-    a replay can keep it alive between escalations (``FrameRecord.carried``)."""
+    a replay can keep it alive between escalations (``FrameRecord.carried``).
+
+    Refused before any model runs: models whose classes differ (:func:`check_classes`), a
+    malformed label, and a set with no labelled object at all (InvalidInputError)."""
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise InvalidInputError(f"payload modes {bad}: use {', '.join(MODES)}")
-    total = len(_first(list_frames(Path(data)), limit))
+    used = _first(list_frames(Path(data)), limit)
+    total = len(used)
     if not (Path(data) / "labels").is_dir():
         raise InvalidInputError(f"{data}: no labels/ folder: the frames are scored against their labels (YOLO txt, "
                                 "labels/s<stream>_f<frame>.txt beside images/, as `edgewise synth` writes them); add them")
+    check_classes(edge, cloud, Path(data))
     declared = declared_classes(Path(data))
     nc = len(edge.names) if declared is None else min(declared, len(edge.names))
+    # every label read and checked before a model runs (minutes on a large set)
+    labels = {label: label_rows(label, nc) for _, _, _, label in used}
+    if not any(len(rows) for rows in labels.values()):
+        raise InvalidInputError(
+            f"no labelled objects in {data}: the {len(labels)} label files of the frames evaluated "
+            f"(labels/s<stream>_f<frame>.txt) are all empty or missing, so every F1 would be 0 and no policy "
+            "could be judged; label the objects (YOLO txt, one 'class cx cy w h' line each) or use a set "
+            "written by `edgewise synth`")
     low_c = DecodeParams(conf_thres=MAP_CONF, iou_thres=cloud.params.iou_thres, max_det=cloud.params.max_det)
     pl = policy.spec.payload
     records: List[FrameRecord] = []
@@ -309,7 +368,7 @@ def collect(
     for i, v in enumerate(edge_pass(data, edge, policy, limit)):
         stream, fno, img, e_op, e_all, mot, cfg = v.stream, v.frame, v.image, v.edge, v.edge_all, v.motion, v.config
         h, w = img.shape[:2]
-        gt_boxes, gt_cls = read_labels(v.label_path, w, h, nc)
+        gt_boxes, gt_cls = to_pixels(labels[v.label_path], w, h)
         signals, trackers[stream] = compute_signals(e_op, trackers.get(stream), cfg, (w, h), mot.signals)
         full, full_bytes = _roundtrip(img, pl.jpeg_quality)
         if "full" in modes:

@@ -4,16 +4,19 @@
 mode) the way the literature does: against ground truth (F1 at the operating threshold,
 mAP@0.5) and against the cloud model's own output on every frame (DDS / NoScope /
 DCSB), with the uplink bytes it costs. ``at_rates`` puts every policy at the same
-escalation rates, with a 95% interval of each F1 by resampling streams
-(:mod:`.bootstrap`); ``differences`` gives the paired interval of our policy's lead over
-each baseline; ``run_policy`` replays an operator's policy file with its thresholds,
-cooldown and budget on the stream timeline, and ``policy_run`` scores it with the policy's
-own payload, merge and carrying (``edgewise eval``'s policy row and ``check-policy --data``);
-``threshold_sweep`` traces the curve of the combined hardness threshold.
+escalation rates (never above them: ``floor(rate * N)`` frames; a policy's cooldown may
+leave it ``short`` of a rate, and then it is not compared there), with a 95% interval of
+each F1 by resampling streams (:mod:`.bootstrap`); ``differences`` gives the paired
+interval of our policy's lead over each baseline; ``run_policy`` replays an operator's
+policy file with its thresholds, cooldown and budget on the stream timeline, and
+``policy_run`` scores it with the policy's own payload, merge and carrying (``edgewise
+eval``'s policy row and ``check-policy --data``); ``threshold_sweep`` traces the curve of
+the combined hardness threshold.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -166,14 +169,28 @@ def evaluate_frames(
     }, per_frame
 
 
+def budget(rate: float, n: int) -> int:
+    """How many of ``n`` frames a rate allows: ``floor(rate * N)``, never more than the rate
+    (15% of 12 frames is 1, not round's 2 = 16.7%); the epsilon keeps 0.15 * 900 at 135."""
+    return int(math.floor(rate * n + 1e-6))
+
+
+def is_short(rate: float, escalated: float, n: int) -> bool:
+    """Whether a selection escalating the share ``escalated`` of ``n`` frames falls short of
+    ``rate`` by more than one frame: not at the rate of its column (a cooldown that cannot
+    spend the budget), so not comparable with the policies that are."""
+    return (rate - escalated) * n > 1.0 + 1e-6
+
+
 def top_fraction(scores: np.ndarray, rate: float, seed: int = 0, streams: Optional[Sequence[int]] = None,
                  gap: int = 0) -> np.ndarray:
-    """Mask of the ``round(rate * N)`` highest scores; ties broken by a seeded shuffle. With
-    ``gap`` > 0 (and each frame's stream, frames in stream order) a frame less than ``gap``
-    frames from one already taken in its stream is passed over for the next highest: a
-    cooldown, which is what spends a budget well once answers are carried."""
+    """Mask of the :func:`budget` (``floor(rate * N)``) highest scores; ties broken by a seeded
+    shuffle. With ``gap`` > 0 (and each frame's stream, frames in stream order) a frame less
+    than ``gap`` frames from one already taken in its stream is passed over for the next
+    highest: a cooldown, which is what spends a budget well once answers are carried, and
+    which caps the share it can reach (about 1/``gap`` of each stream: :func:`is_short`)."""
     n = len(scores)
-    k = int(round(rate * n))
+    k = budget(rate, n)
     mask = np.zeros(n, dtype=bool)
     if k <= 0:
         return mask
@@ -211,7 +228,9 @@ def at_rates(
     gaps: Optional[Mapping[str, int]] = None,
 ) -> Tuple[Dict[str, List[Dict[str, Any]]], Dict[str, List[np.ndarray]]]:
     """Each policy at each rate (a policy with several score vectors, random seeds, is
-    averaged), each row with ``f1_ci``: the 95% interval of its F1 by resampling streams.
+    averaged), each row with ``f1_ci``: the 95% interval of its F1 by resampling streams,
+    the nominal ``rate`` and the share really ``escalated``, and ``short`` when that falls
+    more than one frame short of the rate (:func:`is_short`: not comparable at that rate).
     ``gaps`` names the policies that keep a cooldown (frames, :func:`top_fraction`);
     ``carry_lag`` carries answers under ``merge`` (:func:`evaluate_frames`).
     Also returns each policy's per-stream counts [S, 3] per rate, for :func:`differences`."""
@@ -230,6 +249,7 @@ def at_rates(
             row: Dict[str, Any] = {k: float(np.mean([r[k] for r, _ in runs])) for k in runs[0][0]}
             c = np.mean([bootstrap.per_stream(f, index, n_streams) for _, f in runs], axis=0)
             row["rate"] = rate
+            row["short"] = is_short(rate, row["escalated"], len(records))
             row["f1_ci"] = bootstrap.f1_interval(c, w)
             rows.append(row)
             per.append(c)
@@ -239,16 +259,29 @@ def at_rates(
 
 
 def differences(counts: Mapping[str, List[np.ndarray]], ours: str, baselines: Sequence[str],
-                rates: Sequence[float], samples: int = bootstrap.SAMPLES) -> Dict[str, List[Dict[str, Any]]]:
+                rates: Sequence[float], samples: int = bootstrap.SAMPLES,
+                rows: Optional[Mapping[str, List[Dict[str, Any]]]] = None) -> Dict[str, List[Dict[str, Any]]]:
     """Per baseline and rate: F1 of ``ours`` minus the baseline's, with its paired 95% interval
-    (same resampled streams) and ``beats`` (the interval lies above 0)."""
+    (same resampled streams) and ``beats`` (the interval lies above 0). ``beats`` is None, not
+    judged, with fewer than :data:`bootstrap.MIN_STREAMS` streams (the interval of one stream
+    has no width) and where either side's row of :func:`at_rates` (``rows``) is ``short``:
+    ``comparable`` False, the two escalated different shares."""
     if ours not in counts:
         return {}
     n_streams = len(counts[ours][0])
     w = bootstrap.weights(n_streams, samples)
-    return {b: [dict(bootstrap.difference(counts[ours][i], counts[b][i], w), rate=rate)
-                for i, rate in enumerate(rates)]
-            for b in baselines if b in counts}
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for b in baselines:
+        if b not in counts:
+            continue
+        out[b] = []
+        for i, rate in enumerate(rates):
+            d: Dict[str, Any] = dict(bootstrap.difference(counts[ours][i], counts[b][i], w), rate=rate)
+            d["comparable"] = not (rows and any(rows[k][i].get("short") for k in (ours, b) if k in rows))
+            if not d["comparable"] or n_streams < bootstrap.MIN_STREAMS:
+                d["beats"] = None
+            out[b].append(d)
+    return out
 
 
 def run_policy(records: Sequence[FrameRecord], policy: Policy, fps: float) -> np.ndarray:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from edgewise_tools import provenance
-from edgewise_tools.evaluation import scoring
+from edgewise_tools.evaluation import bootstrap, scoring
 
 POLICY_LABELS = {
     "random": "random sampling",
@@ -36,13 +36,24 @@ def _payload_label(mode: str, result: Dict[str, Any]) -> str:
     return f"{PAYLOAD_LABELS.get(base, base)}, the whole frame every {result.get('whole_frame_every_s', 0):g} s"
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+def _pct(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _share(f1: float, cloud_f1: float) -> str:
+    """``f1`` as a share of cloud-only F1; "n/a" when that is 0 (nothing to be a share of)."""
+    return _pct(f1 / cloud_f1) if cloud_f1 > 0 else "n/a"
 
 
 def _ci(row: Dict[str, Any], scale: float = 1.0) -> str:
     lo, hi = row["f1_ci"]
     return f"[{lo / scale:.3f}, {hi / scale:.3f}]" if scale == 1.0 else f"[{100 * lo / scale:.1f}, {100 * hi / scale:.1f}]"
+
+
+def _points(x: float, cloud_f1: float) -> str:
+    """An F1 difference in points of cloud-only F1; the plain F1 difference (3 decimals) when
+    cloud-only F1 is 0 and has no points."""
+    return f"{100 * x / cloud_f1:+.1f}" if cloud_f1 > 0 else f"{x:+.3f}"
 
 
 def _label(name: str) -> str:
@@ -60,15 +71,17 @@ def _carry_lines(carry: Optional[Dict[str, Any]], cloud_f1: float) -> List[str]:
             f"{' only inside the regions it saw' if carry.get('scope') == 'regions' else ''}), "
             f"from {carry['lag_frames']} frame(s) after the "
             f"escalated frame; our policies keep the policy's cooldown ({carry['cooldown_frames']} frames). "
-            f"Our policy at the target rate: {_pct(on['f1'] / cloud_f1)} of cloud F1 carrying, "
-            f"{_pct(off['f1'] / cloud_f1)} with the same frames escalated and nothing carried.", ""]
+            f"Our policy at the target rate: {_share(on['f1'], cloud_f1)} of cloud F1 carrying, "
+            f"{_share(off['f1'], cloud_f1)} with the same frames escalated and nothing carried.", ""]
 
 
 def markdown(result: Dict[str, Any]) -> str:
     base = result["baselines"]
-    cloud_f1 = base["cloud_only"]["f1"] or 1.0
+    cloud_f1 = base["cloud_only"]["f1"]
+    streams = result.get("streams", MIN_STREAMS)
     lines = [
-        f"# edgewise eval: {result['data']} ({result['frames']} frames, {result.get('streams', '?')} streams)",
+        f"# edgewise eval: {result['data']} ({result['frames']} frames, {result.get('streams', '?')} "
+        f"stream{'' if result.get('streams') == 1 else 's'})",
         "",
         provenance.markdown(result["provenance"]) if "provenance" in result else
         f"edge `{result['edge_model']}`, cloud `{result['cloud_model']}`",
@@ -77,8 +90,10 @@ def markdown(result: Dict[str, Any]) -> str:
         + (f" (the whole frame when a stream's last went {result['whole_frame_every_s']:g} s ago or more)"
            if result.get("whole_frame_every_s") else "") + "; "
         f"95% intervals from {result.get('bootstrap', {}).get('samples', 0)} bootstrap samples of the streams."
-        + (f" **Only {result['streams']} streams: resampling so few understates the uncertainty; read the "
-           "intervals as a floor.**" if result.get("streams", MIN_STREAMS) < MIN_STREAMS else ""),
+        + (f" **Only {streams} stream{'' if streams == 1 else 's'}: resampling so few understates the "
+           "uncertainty; read the intervals as a floor"
+           + (" (one stream: they have no width, and no lead is judged)" if streams < bootstrap.MIN_STREAMS else "")
+           + ".**" if streams < MIN_STREAMS else ""),
         "",
         *_carry_lines(result.get("carry"), cloud_f1),
         "| run | escalated | F1 (GT) [95% CI] | % of cloud F1 | mAP@0.5 | F1 vs cloud | uplink saved |",
@@ -88,7 +103,7 @@ def markdown(result: Dict[str, Any]) -> str:
             (f"policy file `{result['policy']}`", result["policy_run"])]
     for name, r in rows:
         ci = f" {_ci(r)}" if "f1_ci" in r else ""
-        lines.append(f"| {name} | {_pct(r['escalated'])} | {r['f1']:.3f}{ci} | {_pct(r['f1'] / cloud_f1)} | "
+        lines.append(f"| {name} | {_pct(r['escalated'])} | {r['f1']:.3f}{ci} | {_share(r['f1'], cloud_f1)} | "
                      f"{r['map50']:.3f} | {r['f1_vs_cloud']:.3f} | {_pct(r['uplink_saved'])} |")
     t = result["target"]
     if result.get("payloads"):
@@ -101,27 +116,42 @@ def markdown(result: Dict[str, Any]) -> str:
         for mode, p in result["payloads"].items():
             c, h = p["cloud_only"], p["at_target_rate"]
             lines.append(f"| {_payload_label(mode, result)} (`{mode}`) | {c['bytes_per_escalation'] / 1e3:.1f} kB | "
-                         f"{c['cloud_ms_per_escalation']:.0f} | {c['f1']:.3f} ({_pct(c['f1'] / cloud_f1)}) | "
-                         f"{h['f1']:.3f} ({_pct(h['f1'] / cloud_f1)}) | {_pct(h['uplink_saved'])} |")
+                         f"{c['cloud_ms_per_escalation']:.0f} | {c['f1']:.3f} ({_share(c['f1'], cloud_f1)}) | "
+                         f"{h['f1']:.3f} ({_share(h['f1'], cloud_f1)}) | {_pct(h['uplink_saved'])} |")
     lines += ["", "## Policies at equal escalation rates (F1 against ground truth, % of cloud-only F1, "
                   "[95% CI of % of cloud F1])", ""]
     rates = [row["rate"] for row in next(iter(result["at_rates"].values()))]
     lines.append("| policy | " + " | ".join(_pct(r) for r in rates) + " |")
     lines.append("|---|" + "---|" * len(rates))
+    short = False
     for name, rows_ in result["at_rates"].items():
-        cells = [f"{row['f1']:.3f} ({_pct(row['f1'] / cloud_f1)})" + (f" {_ci(row, cloud_f1)}" if "f1_ci" in row
-                                                                      else "") for row in rows_]
+        cells = []
+        for row in rows_:
+            ci = f" {_ci(row, cloud_f1 if cloud_f1 > 0 else 1.0)}" if "f1_ci" in row else ""
+            cells.append(f"{row['f1']:.3f} ({_share(row['f1'], cloud_f1)}){ci}"
+                         + (f" at {_pct(row['escalated'])}†" if row.get("short") else ""))
+            short = short or bool(row.get("short"))
         lines.append(f"| {_label(name)} | " + " | ".join(cells) + " |")
+    if short:
+        cooldown = (result.get("carry") or {}).get("cooldown_frames")
+        lines += ["", "† escalated less than the column's rate by more than one frame"
+                  + (f": our policies keep the policy's cooldown ({cooldown} frames apart in a stream), which "
+                     "allows at most the share shown" if cooldown else "")
+                  + "; not compared with the other policies at that rate (no lead, best policy or verdict "
+                  "is drawn from it)."]
     if result.get("differences"):
         ours = result.get("ours", t.get("ours"))
-        lines += ["", f"## {_label(ours)} minus each baseline (points of cloud-only F1, [95% CI]; "
+        unit = "points of cloud-only F1" if cloud_f1 > 0 else "F1; cloud-only F1 is 0, so not in points of it"
+        lines += ["", f"## {_label(ours)} minus each baseline ({unit}, [95% CI]; "
                       "**bold**: the interval excludes 0, a lead that is not noise)", "",
                   "| baseline | " + " | ".join(_pct(r) for r in rates) + " |", "|---|" + "---|" * len(rates)]
         for b, rows_ in result["differences"].items():
             cells = []
             for d in rows_:
-                text = (f"{100 * d['diff'] / cloud_f1:+.1f} [{100 * d['ci'][0] / cloud_f1:+.1f}, "
-                        f"{100 * d['ci'][1] / cloud_f1:+.1f}]")
+                text = (f"{_points(d['diff'], cloud_f1)} [{_points(d['ci'][0], cloud_f1)}, "
+                        f"{_points(d['ci'][1], cloud_f1)}]")
+                if d.get("comparable") is False:
+                    text = f"not comparable†: {text}"
                 cells.append(f"**{text}**" if d["beats"] else text)
             lines.append(f"| {_label(b)} | " + " | ".join(cells) + " |")
     lines += ["", *verdict(result)]
@@ -132,22 +162,24 @@ def verdict(result: Dict[str, Any]) -> List[str]:
     """The target's verdict, one line per part."""
     t = result["target"]
     base = result["baselines"]
-    cloud_f1 = base["cloud_only"]["f1"] or 1.0
+    cloud_f1 = base["cloud_only"]["f1"]
     at = _pct(t["compared_at_rate"])
     ours = _label(t.get("ours", t["best_policy"]))
 
     def mark(v: Any) -> str:
         return "not judged" if v is None else ("met" if v else "NOT met")
 
-    out = [f"Target at <= {_pct(t['max_rate'])} of frames escalated (judged at {at}, for {ours}, the policy "
-           "declared before looking at the test set):"]
+    esc = t.get("ours_escalated")
+    really = "" if esc is None else f", which escalates {_pct(esc)} of the frames there"
+    out = [f"Target at <= {_pct(t['max_rate'])} of frames escalated, judged at {at} for {ours} (the policy "
+           f"declared before looking at the test set){really}:"]
     if t.get("edge_gap_met") is not None:
         mr = t.get("edge_map50_ratio")
         out.append(f"- a real gap, edge only <= {_pct(t['edge_ratio_target'])} of cloud only: F1 "
                    f"{_pct(t['edge_f1_ratio'])}" + (f", mAP@0.5 {_pct(mr)}" if mr is not None else "")
                    + f" -> {mark(t.get('edge_gap_met'))}")
     out += [
-            f"- >= {_pct(t['f1_fraction'])} of cloud-only F1: {_pct(t.get('ours_f1_fraction', 0.0))} -> "
+            f"- >= {_pct(t['f1_fraction'])} of cloud-only F1: {_pct(t.get('ours_f1_fraction'))} -> "
             f"{mark(t.get('fraction_met'))}"]
     if t.get("gap_closed") is not None:
         out.append(f"- edge-to-cloud F1 gap closed >= {_pct(t['gap_target'] or 0)}: {_pct(t['gap_closed'])} -> "
@@ -156,12 +188,12 @@ def verdict(result: Dict[str, Any]) -> List[str]:
         out.append(f"- uplink saved >= {_pct(t['uplink_target'] or 0)} against every frame whole at full "
                    f"resolution: {_pct(t['ours_uplink_saved'])} -> {mark(t.get('uplink_met'))}")
     if t.get("ours_minus_baselines"):
-        margins = ", ".join(f"{_label(b)} {100 * m / cloud_f1:+.1f}"
-                            + ("" if b not in t.get("ours_beat_baselines_ci", {}) else
-                               (" (CI above 0)" if t["ours_beat_baselines_ci"][b] else " (CI not above 0)"))
+        ci = t.get("ours_beat_baselines_ci", {})
+        margins = ", ".join(f"{_label(b)} {_points(m, cloud_f1)}"
+                            + ("" if ci.get(b) is None else (" (CI above 0)" if ci[b] else " (CI not above 0)"))
                             for b, m in t["ours_minus_baselines"].items())
         out.append(f"- lead over each baseline >= {100 * (t.get('margin_target') or 0):.0f} points of cloud F1 "
-                   f"with the interval above 0: {margins} -> {mark(t.get('margins_met'))}")
+                   f"with the interval above 0: {margins} -> {t.get('margins_why') or mark(t.get('margins_met'))}")
     out.append(f"**Overall: target {'met' if t['met'] else 'NOT met'}.** Best of all policies at {at}: "
                f"{_label(t['best_policy'])}, {_pct(t['best_f1_fraction'])} of cloud F1.")
     if t.get("oracle_f1_fraction") is not None:
@@ -188,12 +220,14 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    # a cloud-only F1 of 0 is no scale: the F1 itself is drawn (x 100), and the axis says so
     cloud_f1 = result["baselines"]["cloud_only"]["f1"] or 1.0
+    share_of = "% of cloud-only F1" if result["baselines"]["cloud_only"]["f1"] > 0 else "x 100; cloud-only F1 is 0"
     panels = 3 if result.get("payloads") else 2
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 5.2))
     ax1, ax2 = axes[0], axes[1]
     for name, rows in result["at_rates"].items():
-        xs = [100 * r["rate"] for r in rows]
+        xs = [100 * r.get("escalated", r["rate"]) for r in rows]  # what was escalated (a cooldown may fall short)
         style: Dict[str, Any] = {"ls": "--", "color": "black", "marker": "x"} if name == scoring.ORACLE \
             else {"marker": "o"}
         (line,) = ax1.plot(xs, [100 * r["f1"] / cloud_f1 for r in rows], label=_label(name), **style)
@@ -207,7 +241,7 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
     ax1.axhline(100 * result["baselines"]["edge_only"]["f1"] / cloud_f1, color="grey", ls="--", label="edge only")
     ax1.axhline(100 * result["target"]["f1_fraction"], color="red", ls=":", lw=1, label="target")
     ax1.axvline(100 * result["target"]["max_rate"], color="red", ls=":", lw=1)
-    ax1.set(xlabel="frames escalated (%)", ylabel="hybrid F1 (% of cloud-only F1)",
+    ax1.set(xlabel="frames escalated (%)", ylabel=f"hybrid F1 ({share_of})",
             title="Accuracy kept vs frames sent (bands: 95% CI)")
     ax2.axhline(result["baselines"]["cloud_only"]["map50"], color="grey", ls="--", label="cloud only")
     ax2.axhline(result["baselines"]["edge_only"]["map50"], color="grey", ls=":", label="edge only")
@@ -221,7 +255,7 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
             h = p["at_target_rate"]
             ax3.scatter([p["cloud_only"]["bytes_per_escalation"] / 1e3], [100 * h["f1"] / cloud_f1], s=50,
                         label=f"{_payload_label(mode, result)}: {100 * h['uplink_saved']:.0f}% uplink saved")
-        ax3.set(xlabel="bytes per escalation (kB)", ylabel=f"hybrid F1 at {rate} escalated (% of cloud F1)",
+        ax3.set(xlabel="bytes per escalation (kB)", ylabel=f"hybrid F1 at {rate} escalated ({share_of})",
                 title="Payload modes: accuracy vs bytes")
         ax3.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     prov = result.get("provenance")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -234,7 +235,8 @@ def quantize(
         holdout: frames for the agreement check, taken from ``holdout_source`` when
             given, else from ``calib`` disjoint from the calibration frames; 0 skips it.
             The same frames time both models (``QuantReport.speed``).
-        conf_thres, iou_thres: decode thresholds of the agreement check.
+        conf_thres, iou_thres: decode thresholds of the agreement check, in [0, 1] (checked
+            before anything runs).
         threads: intra-op threads of the agreement sessions (0 = ORT default).
         progress: ``progress(stage, done, total)`` callback.
         op_types: operator types to quantize (default: per ``target``, see ``TARGETS``).
@@ -251,6 +253,7 @@ def quantize(
     """
 
     t0 = time.perf_counter()
+    _check_numbers(conf_thres=conf_thres, iou_thres=iou_thres, threads=threads)
     if method not in METHODS:
         raise InvalidInputError(f"--method {method!r}: use one of {', '.join(METHODS)}")
     if target not in TARGETS:
@@ -385,9 +388,6 @@ def quantize(
     out_info = load_model_info(out)
     notes.extend(f"not loadable on a Jetson: {line}" for line in device_problems(out_info.opsets,
                                                                               out_info.node_domains))
-    skipped = sorted(set(source.skipped))
-    if skipped:
-        notes.append(f"{len(skipped)} unreadable images skipped, e.g. {skipped[0]}")
     report = QuantReport(
         model_path=info.path,
         out_path=out,
@@ -406,19 +406,43 @@ def quantize(
         notes=notes,
     )
     if hold_idx:
-        report.agreement, report.speed = check_agreement(
+        agreement, report.speed = check_agreement(
             info.path, out, hsource, hold_idx, conf_thres, iou_thres, threads, progress, info.imgsz
         )
-        report.holdout_frames = report.agreement.frames
-        if report.agreement.ref_boxes < 10:
+        report.holdout_frames = agreement.frames
+        if agreement.frames == 0:
+            # nothing was compared: no figures (they would be NaN), and nothing said of the model
             report.notes.append(
-                f"the float model found only {report.agreement.ref_boxes} boxes on the held-out frames "
-                f"at conf {conf_thres:g}: the agreement figures say little (lower --conf or use other frames)"
+                f"none of the {len(hold_idx)} held-out frames of {hsource.path} could be decoded: agreement "
+                "and speed not checked (the INT8 model was written; check it with --holdout-source)"
             )
+        else:
+            report.agreement = agreement
+            if agreement.ref_boxes < 10:
+                report.notes.append(
+                    f"the float model found only {agreement.ref_boxes} boxes on the held-out frames "
+                    f"at conf {conf_thres:g}: the agreement figures say little (lower --conf or use other frames)"
+                )
     else:
         report.notes.append("no held-out frames: agreement and speed not checked")
+    # after the agreement check: the held-out frames it could not read are skipped images too
+    for used in dict.fromkeys((source, hsource)):
+        skipped = sorted(set(used.skipped))
+        if skipped:
+            report.notes.append(f"{len(skipped)} unreadable images of {used.path} skipped, e.g. {skipped[0]}")
     report.total_seconds = time.perf_counter() - t0
     return report
+
+
+def _check_numbers(conf_thres: float, iou_thres: float, threads: int) -> None:
+    """The agreement check's options, refused before anything runs (calibration takes
+    minutes): one line naming the flag, as ``edgewise eval``'s option checks do."""
+    for flag, value, meaning in (("--conf", conf_thres, "the agreement check's confidence threshold"),
+                                 ("iou_thres", iou_thres, "the agreement check's NMS IoU threshold")):
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise InvalidInputError(f"{flag} {value:g}: must be in [0, 1] ({meaning})")
+    if threads < 0:
+        raise InvalidInputError(f"--threads {threads}: must be >= 0 (ONNX Runtime threads; 0 = its default)")
 
 
 #: per-channel QDQ puts ``axis`` on QuantizeLinear/DequantizeLinear: ONNX opset 13

@@ -91,3 +91,25 @@ def test_limit_and_fps_are_checked_as_eval_checks_them(labelled, tiny_model, tmp
                "--edge", str(tiny_model), "--cloud", str(tiny_model), "--cache", str(tmp_path / "cache"), flag, value])
     assert rc == 2 and capsys.readouterr().err.startswith(f"edgewise: error: {said}")
     assert not (tmp_path / "cache").exists()
+
+
+def test_models_of_other_classes_and_a_set_without_objects_are_refused(labelled, tiny_model, renamed_model,
+                                                                      tmp_path, capsys) -> None:
+    """``check-policy --data`` collects through ``evaluation.frames.collect`` as ``eval`` does,
+    so it refuses what eval refuses: a cloud model of other classes, a set with no labelled object."""
+    import shutil
+
+    letters = renamed_model(tiny_model, list("abcdefghij"))
+    args = ["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--edge", str(tiny_model),
+            "--threads", "1", "--cache", str(tmp_path / "cache")]
+    assert main([*args, "--data", str(labelled), "--cloud", str(letters)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "the edge and cloud models have different classes: edge 10 ['0', '1'" in err
+    assert "cloud 10 ['a', 'b', 'c'" in err
+    empty = tmp_path / "empty"
+    shutil.copytree(labelled, empty)
+    for f in (empty / "labels").iterdir():
+        f.write_text("\n")
+    assert main([*args, "--data", str(empty), "--cloud", str(tiny_model)]) == 2
+    assert f"edgewise: error: no labelled objects in {empty}: the 12 label files" in capsys.readouterr().err
+    assert not list((tmp_path / "cache").glob("*.pkl"))

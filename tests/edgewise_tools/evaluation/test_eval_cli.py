@@ -31,7 +31,8 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     policy.write_text(text.replace("downscaleWidth: 640", "downscaleWidth: 96"))
     rc = main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model),
                "--policy", str(policy), "--data", str(tiny_sets / "test"),
-               "--train-data", str(tiny_sets / "train"), "--out", str(out), "--rates", "0.25,0.5", "--threads", "1"])
+               "--train-data", str(tiny_sets / "train"), "--out", str(out), "--rates", "0.25,0.5", "--target-rate", "0.25",
+               "--threads", "1"])
     assert rc == 0
     result = json.loads((out / "eval.json").read_text())
     assert result["frames"] == 12
@@ -45,6 +46,8 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
             assert [round(r["escalated"] * 12) for r in rows] == [3, 4]
         else:
             assert all(abs(r["escalated"] - r["rate"]) < 0.05 for r in rows)
+        # 4 of 12 is more than one frame short of 50%: that cell is not at its column's rate
+        assert [r["short"] for r in rows] == ([False, True] if name in ("combined", "learned") else [False, False])
     # answers are carried one frame after their escalation (examples/policy.yaml: merge.carryFrames 30)
     carry = result["carry"]
     assert carry["frames"] == 30 and carry["lag_frames"] == 1 and carry["cooldown_frames"] == 3
@@ -55,6 +58,11 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     md = (out / "eval.md").read_text()
     assert "the edge carries each answer's boxes up to 30 frames" in md
     assert "Policies at equal escalation rates" in md and "Payload modes" in md and "Produced by edgewise" in md
+    # the short cells show what they escalated and are footnoted; the target is judged at 25%
+    assert " at 33.3%†" in md and "† escalated less than the column's rate by more than one frame" in md
+    assert "judged at 25.0% for edgewise learned gain (the policy declared before looking at the test set), which "\
+           "escalates 25.0% of the frames there:" in md
+    assert result["target"]["compared_at_rate"] == 0.25 and result["target"]["ours_escalated"] == 0.25
     # every payload mode measured from real encodes; a downscaled frame costs fewer bytes than a whole one
     pay = result["payloads"]
     assert set(pay) == {"full", "downscaled", "regions", "low+regions"} and result["payload"] == "regions"
@@ -67,9 +75,11 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     assert set(result["differences"]) == {"random", "sedna_threshold", "sedna_ibt"}
     for rows in result["differences"].values():
         for d in rows:
-            assert set(d) == {"rate", "diff", "ci", "beats"}
-            # "beats" means the interval of the difference lies above 0, nothing else
-            assert d["ci"][0] <= d["ci"][1] and d["beats"] == (d["ci"][0] > 0)
+            assert set(d) == {"rate", "diff", "ci", "beats", "comparable"}
+            # "beats" means the interval of the difference lies above 0, nothing else; at 50% ours
+            # escalated 33% (its cooldown's most) against the baselines' 50%: not judged
+            assert d["comparable"] == (d["rate"] == 0.25)
+            assert d["ci"][0] <= d["ci"][1] and d["beats"] == ((d["ci"][0] > 0) if d["comparable"] else None)
     prov = result["provenance"]
     assert prov["models"]["edge"]["sha256"] and prov["data"]["test"]["split"] == "test"
     assert prov["policy"]["path"].endswith("policy.yaml") and prov["cloud_input"] == "model"
@@ -82,7 +92,8 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
         "  budget: {maxFraction: 1.0}\n  merge: {strategy: fuse}\n")
     again = tmp_path / "again"
     assert main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model), "--policy", str(out / "learned.yaml"),
-                 "--data", str(tiny_sets / "test"), "--out", str(again), "--rates", "0.5", "--threads", "1"]) == 0
+                 "--data", str(tiny_sets / "test"), "--out", str(again), "--rates", "0.5", "--target-rate", "0.5",
+                 "--threads", "1"]) == 0
     replay = json.loads((again / "eval.json").read_text())
     assert not replay["learned"]["trained"] and not (again / "gain-model.json").exists()
     assert 0.0 < replay["policy_run"]["escalated"] < 1.0  # threshold 0.5: the upper half of the ranking
@@ -95,7 +106,7 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
                                                   "    wholeFrameEverySeconds: 0.3"))
     assert main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model), "--policy", str(refresh),
                  "--data", str(tiny_sets / "test"), "--train-data", str(tiny_sets / "train"), "--ours", "combined",
-                 "--carry-lag", "0", "--payloads", "regions", "--out", str(third), "--rates", "0.5",
+                 "--carry-lag", "0", "--payloads", "regions", "--out", str(third), "--rates", "0.5", "--target-rate", "0.5",
                  "--threads", "1"]) == 0
     declared = json.loads((third / "eval.json").read_text())
     assert declared["ours"] == "combined" and declared["target"]["ours"] == "combined"
@@ -108,7 +119,7 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     assert both["regions+whole"]["cloud_only"]["bytes_per_escalation"] >= both["regions"]["cloud_only"]["bytes_per_escalation"]
     assert main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model), "--policy", str(policy),
                  "--data", str(tiny_sets / "test"), "--ours", "learned", "--out", str(tmp_path / "x"),
-                 "--rates", "0.5", "--threads", "1"]) == 2  # learned needs --train-data
+                 "--rates", "0.5", "--target-rate", "0.5", "--threads", "1"]) == 2  # learned needs --train-data
 
 
 def test_eval_bad_inputs(tiny_model, tmp_path, capsys) -> None:

@@ -47,6 +47,10 @@ def _eval(model: Path, data: Path, out: Path, *extra: str) -> List[str]:
     ("--target-uplink", "1.5", "--target-uplink 1.5: must be in [0, 1]"),
     ("--limit", "0", "--limit 0: must be >= 1"),
     ("--limit", "-1", "--limit -1: must be >= 1"),
+    ("--target-margin", "nan", "--target-margin nan: must be >= 0 (a share of cloud-only F1)"),
+    ("--target-margin", "-0.1", "--target-margin -0.1: must be >= 0"),
+    ("--rates", "0.3,0.5", "--rates 0.3,0.5: none is <= --target-rate 0.15, so the target (at most 15.0% of frames "
+                           "escalated) cannot be judged; add 0.15 to --rates or raise --target-rate"),
 ])
 def test_options_out_of_range_are_one_line_naming_the_flag(tiny_model, dataset, tmp_path, capsys, flag, value,
                                                            said) -> None:
@@ -106,3 +110,83 @@ def test_dataset_json_in_the_provenance(tmp_path) -> None:
     (tmp_path / "dataset.json").write_bytes(b"\xff\xfe")
     with pytest.raises(InvalidInputError, match="dataset.json: not valid JSON"):
         dataset_id(tmp_path)
+
+
+def test_the_training_data_is_not_the_evaluated_set(tiny_model, dataset, tmp_path, capsys) -> None:
+    """A learned policy fitted on the frames it is judged on: the same folder (under any name)
+    or a copy of the same generated set (same preset, split and seed in dataset.json)."""
+    out = tmp_path / "out"
+    (tmp_path / "link").symlink_to(dataset)
+    for same in (dataset, tmp_path / "link"):
+        assert main(_eval(tiny_model, dataset, out, "--train-data", str(same))) == 2
+        assert f"--train-data {same} is the --data folder {dataset}" in capsys.readouterr().err
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    assert main(_eval(tiny_model, dataset, out, "--train-data", str(copy))) == 2
+    assert (f"--train-data {copy} and --data {dataset} are the same generated set (split test, seed 5 in both "
+            "dataset.json)") in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_models_and_labels_of_other_classes_are_refused(tiny_model, renamed_model, dataset, tmp_path,
+                                                        capsys) -> None:
+    """Class ids that mean other objects to the two models, or to the labels: ConfigError
+    naming both lists, before a model runs (a cloud F1 of 0 and '% of cloud F1' otherwise)."""
+    animals = renamed_model(tiny_model, ["cat", "dog", "car", "bus", "cow", "pig", "owl", "ant", "bee", "elk"])
+    args = _eval(tiny_model, dataset, tmp_path / "out")
+    args[args.index("--cloud") + 1] = str(animals)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert ("the edge and cloud models have different classes: edge 10 ['0', '1', '2', '3', '4', '5', '6', '7', "
+            "'8', '9'], cloud 10 ['cat', 'dog', 'car', 'bus', 'cow', 'pig', 'owl', 'ant', 'bee', 'elk']") in err
+    data = _broken(dataset, tmp_path)
+    meta = json.loads((data / "dataset.json").read_text())
+    (data / "dataset.json").write_text(json.dumps(dict(meta, names=["cat", "dog"])))
+    assert main(_eval(tiny_model, data, tmp_path / "out")) == 2
+    assert (f"{data / 'dataset.json'} names 2 classes ['cat', 'dog'] but the models have 10 ['0', '1'"
+            in capsys.readouterr().err)
+    # a set labelled with the models' first classes means the same ids
+    (data / "dataset.json").write_text(json.dumps(dict(meta, names=["0", "1", "2", "3", "4", "5"], nc=6)))
+    from edgewise.runtime import Detector
+    from edgewise_tools.evaluation.frames import check_classes
+
+    edge = Detector.from_file(tiny_model, threads=1)
+    check_classes(edge, edge, data)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreadable_label_files_and_a_set_without_objects(tiny_model, dataset, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    data = _broken(dataset, tmp_path)
+    label = data / "labels" / "s000_f000001.txt"
+    label.write_bytes(b"\xff\xfe\x00bad")
+    assert main(_eval(tiny_model, data, out)) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the models' loading lines
+    assert err.startswith(f"edgewise: error: {label}: not a text label file (not UTF-8: byte 0 is b'\\xff')")
+    label.unlink()
+    label.mkdir()
+    assert main(_eval(tiny_model, data, out)) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"edgewise: error: {label}: a folder where the frame's label file should be")
+    label.rmdir()
+    for f in (data / "labels").iterdir():
+        f.write_text("")
+    assert main(_eval(tiny_model, data, out)) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"edgewise: error: no labelled objects in {data}: the 2 label files of the frames "
+                          "evaluated (labels/s<stream>_f<frame>.txt) are all empty or missing")
+    assert not out.exists()
+
+
+def test_one_stream_judges_no_lead_end_to_end(tiny_model, dataset, tmp_path) -> None:
+    out = tmp_path / "out"
+    assert main(_eval(tiny_model, dataset, out, "--rates", "0.5", "--target-rate", "0.5")) == 0
+    result = json.loads((out / "eval.json").read_text())
+    assert result["streams"] == 1
+    assert all(d["beats"] is None for rows in result["differences"].values() for d in rows)
+    t = result["target"]
+    assert t["margins_met"] is None and t["ours_beat_baselines"] is None
+    assert t["margins_why"].startswith("not judged")
+    md = (out / "eval.md").read_text()
+    assert "(2 frames, 1 stream)" in md and "Only 1 stream:" in md and "**+" not in md and "CI above 0" not in md
+    assert "NaN" not in (out / "eval.json").read_text()

@@ -144,3 +144,14 @@ def test_collect_needs_labels_and_a_limit_of_at_least_one_frame(tmp_path: Path) 
             collect(data, None, None, policy, limit=limit)  # type: ignore[arg-type]
         with pytest.raises(InvalidInputError, match=f"limit {limit}: must be >= 1"):
             next(edge_pass(data, None, policy, limit))  # type: ignore[arg-type]
+
+
+def test_a_label_file_that_is_not_text_or_is_a_folder_is_one_clear_error(tmp_path: Path) -> None:
+    p = tmp_path / "s000_f000000.txt"
+    p.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(InvalidInputError, match=r"s000_f000000.txt: not a text label file \(not UTF-8: byte 0"):
+        read_labels(p, 100, 50)
+    p.unlink()
+    p.mkdir()
+    with pytest.raises(InvalidInputError, match="s000_f000000.txt: a folder where the frame's label file should be"):
+        read_labels(p, 100, 50)

@@ -323,3 +323,84 @@ def test_under_scope_regions_a_region_answer_does_not_drop_what_a_whole_frame_fo
     recs = _far_box_stream(7, [0, 0, 40, 40])
     carried = [d is not None for d in hybrid._carried(recs, up, modes, 1, regions)]
     assert carried == [False, True, False, False, False, False, False]
+
+
+def test_top_fraction_never_escalates_more_than_the_rate() -> None:
+    """``floor(rate * N)``: 15% of 12 frames is 1 frame (8.3%), never round's 2 (16.7% > 15%);
+    on the documented 900- and 2700-frame sets floor and round agree at every compared rate."""
+    scores = np.arange(12, dtype=np.float64)
+    assert hybrid.top_fraction(scores, 0.15).sum() == 1 and hybrid.top_fraction(scores, 0.25).sum() == 3
+    for n in (900, 2700):
+        for rate in (0.02, 0.05, 0.10, 0.15, 0.20, 0.30, 0.50):
+            assert hybrid.budget(rate, n) == round(rate * n)
+
+
+def _two_streams(n: int = 6):
+    """Two streams of ``n`` frames; only the cloud finds each frame's one object."""
+    box = [10, 10, 30, 30]
+    recs = []
+    for s in range(2):
+        for i in range(n):
+            r = rec(i, D([], [], [], "edge"), D([box], [0], [0.9], "cloud"), [box], [0])
+            r.stream = s
+            recs.append(r)
+    return recs
+
+
+def test_a_cooldown_short_of_the_rate_is_shown_and_not_compared_at_it() -> None:
+    """Ours keep a cooldown of 3 frames: at most 2 of each 6-frame stream, 4 of 12 (33.3%), so
+    at the 50% column they are 2 frames short of the baselines' 6: that cell is ``short``, its
+    leads are not judged, and it is neither the best policy nor the verdict's comparison."""
+    from edgewise_tools.evaluation.evaluating import judge_target
+    from edgewise_tools.evaluation.report import verdict
+
+    recs = _two_streams()
+    scores = {"random": [scoring.random_scores(recs, 0)], "combined": [np.linspace(1.0, 0.0, 12)]}
+    rows, counts = hybrid.at_rates(recs, scores, [0.15, 0.25, 0.5], nc=2, samples=200, gaps={"combined": 3})
+    assert [r["escalated"] for r in rows["combined"]] == pytest.approx([1 / 12, 3 / 12, 4 / 12])
+    assert [r["escalated"] for r in rows["random"]] == pytest.approx([1 / 12, 3 / 12, 6 / 12])  # floor
+    assert [r["short"] for r in rows["combined"]] == [False, False, True]
+    assert not any(r["short"] for r in rows["random"])
+    diffs = hybrid.differences(counts, "combined", ["random"], [0.15, 0.25, 0.5], 200, rows=rows)
+    assert [d["comparable"] for d in diffs["random"]] == [True, True, False]
+    assert diffs["random"][2]["beats"] is None and diffs["random"][1]["beats"] is not None
+    base = {"edge_only": {"f1": 0.0}, "cloud_only": {"f1": 1.0}}
+    t = judge_target(base, rows, [0.15, 0.25, 0.5], 0.5, 0.9, diffs=diffs, ours="combined", margin=0.0)
+    assert t["compared_at_rate"] == 0.5 and t["ours_escalated"] == pytest.approx(4 / 12)
+    assert t["margins_met"] is None and t["ours_beat_baselines"] is None
+    assert t["margins_why"] == "not comparable: the cooldown allows at most 33.3% of frames escalated, not 50.0%"
+    text = "\n".join(verdict({"target": t, "baselines": base}))
+    assert "which escalates 33.3% of the frames there" in text and "-> not comparable: the cooldown allows" in text
+    # a short row that scores best is not the best policy at a rate it did not reach
+    hand = {"random": [{"rate": 0.3, "f1": 0.70, "escalated": 0.3}],
+            "combined": [{"rate": 0.3, "f1": 0.79, "escalated": 0.27, "short": True}]}
+    t = judge_target({"edge_only": {"f1": 0.6}, "cloud_only": {"f1": 0.8}}, hand, [0.3], 0.3, 0.9,
+                     diffs={"random": [{"beats": None}]}, ours="combined", margin=0.03)
+    assert t["best_policy"] == "random" and t["margins_met"] is None and "at most 27.0%" in t["margins_why"]
+
+
+def test_one_stream_judges_no_lead() -> None:
+    """One stream is drawn in every bootstrap sample: the interval of a lead has no width and
+    says nothing about noise, so no lead is judged (never 'CI above 0')."""
+    from edgewise_tools.evaluation.evaluating import judge_target
+    from edgewise_tools.evaluation.report import verdict
+
+    ours, other = [np.array([[5.0, 0.0, 1.0]])], [np.array([[3.0, 2.0, 3.0]])]
+    d = hybrid.differences({"combined": ours, "random": other}, "combined", ["random"], [0.15], 100)["random"][0]
+    assert d["diff"] > 0 and d["ci"][0] == d["ci"][1] > 0 and d["beats"] is None and d["comparable"]
+    base = {"edge_only": {"f1": 0.6}, "cloud_only": {"f1": 0.8}}
+    rates = {"random": [{"rate": 0.15, "f1": 0.62}], "combined": [{"rate": 0.15, "f1": 0.78}]}
+    t = judge_target(base, rates, [0.15], 0.15, 0.95, diffs={"random": [d]}, ours="combined", margin=0.03)
+    assert t["margins_met"] is None and t["ours_beat_baselines"] is None and t["ours_beat_baselines_ci"] == {"random": None}
+    assert t["met"] and t["margins_why"].startswith("not judged: fewer than 2 streams")
+    text = "\n".join(verdict({"target": t, "baselines": base}))
+    assert "CI above 0" not in text and "random sampling +20.0 -> not judged: fewer than 2 streams" in text
+
+
+def test_the_target_is_never_judged_above_its_rate() -> None:
+    from edgewise_tools.evaluation.evaluating import judge_target
+
+    base = {"edge_only": {"f1": 0.6}, "cloud_only": {"f1": 0.8}}
+    rates = {"combined": [{"rate": 0.2, "f1": 0.78}, {"rate": 0.3, "f1": 0.8}]}
+    with pytest.raises(ValueError, match=r"no compared rate \(0.2, 0.3\) is <= the target rate 0.15"):
+        judge_target(base, rates, [0.2, 0.3], 0.15, 0.95)

@@ -250,6 +250,43 @@ def test_bad_options(tiny_model, photos, tmp_path):
         quantize(tiny_model, photos, out_path=tiny_model)
 
 
+@pytest.mark.parametrize("option, said", [
+    ({"conf_thres": 2.0}, r"^--conf 2: must be in \[0, 1\] \(the agreement check's confidence threshold\)$"),
+    ({"conf_thres": float("nan")}, r"^--conf nan: must be in \[0, 1\]"),
+    ({"conf_thres": -0.1}, r"^--conf -0.1: must be in \[0, 1\]"),
+    ({"iou_thres": 1.5}, r"^iou_thres 1.5: must be in \[0, 1\]"),
+    ({"threads": -1}, r"^--threads -1: must be >= 0"),
+])
+def test_the_agreement_options_are_checked_before_calibration(tiny_model, photos, tmp_path, option, said):
+    """An out-of-range --conf used to crash with a traceback after the minutes of calibration,
+    the INT8 model already written; now one line, before anything runs or is written."""
+    out = tmp_path / "q.onnx"
+    progress = []
+    with pytest.raises(InvalidInputError, match=said):
+        quantize(tiny_model, photos, samples=2, holdout=2, out_path=out, progress=lambda *a: progress.append(a),
+                 **option)
+    assert not out.exists() and progress == []
+
+
+def test_held_out_frames_that_cannot_be_decoded_are_said_not_scored(tiny_model, photos, tmp_path):
+    """No held-out frame decodes: no agreement figures (not NaN, not blamed on the model), a
+    note saying so, and the unreadable held-out images in the skipped note."""
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    for i in range(3):
+        (junk / f"z{i}.jpg").write_text("junk")
+    report = quantize(tiny_model, photos, samples=2, holdout=3, holdout_source=junk, conf_thres=CONF,
+                      out_path=tmp_path / "q.onnx")
+    assert report.agreement is None and report.speed is None and report.holdout_frames == 0
+    assert load_model_info(report.out_path).precision == "int8"  # the model itself was written
+    text = report.summary()
+    assert "nan" not in text and "agreement on" not in text and "float model found only" not in text
+    assert (f"note: none of the 3 held-out frames of {junk} could be decoded: agreement and speed not checked"
+            in text)
+    assert f"note: 3 unreadable images of {junk} skipped, e.g. {junk / 'z0.jpg'}" in text
+    assert report.as_dict()["agreement"] is None
+
+
 def test_already_quantized(quantized, photos, tmp_path):
     report, _ = quantized
     with pytest.raises(InvalidInputError, match="already quantized"):

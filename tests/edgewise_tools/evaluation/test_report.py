@@ -1,0 +1,66 @@
+"""``eval.md`` from hand-built results: cells that fell short of their column's rate, a set
+of one stream, and a cloud model whose F1 is 0 (no share of it is printed)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from edgewise_tools.evaluation.evaluating import judge_target
+from edgewise_tools.evaluation.report import markdown
+
+
+def _row(rate: float, f1: float, escalated: Optional[float] = None) -> Dict[str, Any]:
+    esc = rate if escalated is None else escalated
+    return {"rate": rate, "f1": f1, "escalated": esc, "short": (rate - esc) * 100 > 1, "f1_ci": [f1 - 0.01, f1 + 0.01],
+            "map50": 0.5, "f1_vs_cloud": 0.8, "uplink_saved": 0.9}
+
+
+def _result(cloud_f1: float = 0.8, streams: int = 3, ours_at_30: float = 0.3) -> Dict[str, Any]:
+    """100 frames; ours (combined) escalates ``ours_at_30`` at the 30% column."""
+    base = {"edge_only": {"f1": 0.6, "escalated": 0.0, "map50": 0.5, "f1_vs_cloud": 0.7, "uplink_saved": 1.0},
+            "cloud_only": {"f1": cloud_f1, "escalated": 1.0, "map50": 0.6, "f1_vs_cloud": 1.0, "uplink_saved": 0.0}}
+    rates = {"random": [_row(0.15, 0.65), _row(0.3, 0.70)],
+             "combined": [_row(0.15, 0.76), _row(0.3, 0.78, ours_at_30)]}
+    beats: Optional[bool] = True if streams >= 2 else None
+    short = rates["combined"][1]["short"]
+    diffs = {"random": [{"rate": 0.15, "diff": 0.11, "ci": [0.05, 0.15], "beats": beats, "comparable": True},
+                        {"rate": 0.3, "diff": 0.08, "ci": [0.02, 0.12], "beats": None if short else beats,
+                         "comparable": not short}]}
+    target = judge_target(base, rates, [0.15, 0.3], 0.3, 0.9, diffs=diffs, ours="combined", margin=0.03)
+    return {"data": "set", "frames": 100, "streams": streams, "edge_model": "e.onnx", "cloud_model": "c.onnx",
+            "policy": "p.yaml", "merge": "fuse", "policy_run": base["edge_only"], "baselines": base,
+            "at_rates": rates, "differences": diffs, "target": target, "bootstrap": {"samples": 100},
+            "carry": {"lag_frames": None, "cooldown_frames": 3}}
+
+
+def test_a_cell_short_of_its_rate_shows_its_share_and_is_not_compared() -> None:
+    md = markdown(_result(ours_at_30=0.27))
+    # 27 of 100 frames at the 30% column: 3 frames short
+    assert "| 0.780 (97.5%) [96.2, 98.8] at 27.0%† |" in md
+    assert "† escalated less than the column's rate by more than one frame: our policies keep the policy's " \
+           "cooldown (3 frames apart in a stream)" in md
+    assert "| **+13.8 [+6.2, +18.8]** | not comparable†: +10.0 [+2.5, +15.0] |" in md  # 15%: bold; 30%: not judged
+    assert "-> not comparable: the cooldown allows at most 27.0% of frames escalated, not 30.0%" in md
+    assert "Best of all policies at 30.0%: random sampling" in md  # not ours: it was not at 30%
+    # within one frame of the rate: compared as usual
+    md = markdown(_result(ours_at_30=0.295))
+    assert "†" not in md and "| **+10.0 [+2.5, +15.0]** |" in md and "Best of all policies at 30.0%: edgewise" in md
+
+
+def test_one_stream_is_said_in_the_singular_and_no_lead_is_bold() -> None:
+    md = markdown(_result(streams=1))
+    assert "(100 frames, 1 stream)" in md and "**Only 1 stream: resampling so few" in md
+    assert "(one stream: they have no width, and no lead is judged)" in md
+    assert "**+" not in md and "CI above 0" not in md
+    assert "-> not judged: fewer than 2 streams" in md
+    assert "Only 3 streams:" in markdown(_result(streams=3))
+
+
+def test_no_share_of_a_cloud_f1_of_0() -> None:
+    md = markdown(_result(cloud_f1=0.0))
+    assert "| cloud only | 100.0% | 0.000 | n/a |" in md
+    assert "0.780 (n/a) [0.770, 0.790]" in md and ">= 90.0% of cloud-only F1: n/a -> NOT met" in md
+    # leads in plain F1, not judged against a margin of nothing
+    assert "minus each baseline (F1; cloud-only F1 is 0, so not in points of it" in md
+    assert "| **+0.110 [+0.050, +0.150]** |" in md and "(100.0%)" not in md
+    assert "random sampling +0.080 (CI above 0) -> not judged: cloud-only F1 is 0" in md
