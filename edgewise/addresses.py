@@ -3,7 +3,8 @@ edge's ``cloud.endpoints`` and the cloud's worker lists.
 
 A host is a DNS name (letters, digits, ``-`` and ``_`` in dot-separated labels of at most 63
 characters; internationalised names in their ``xn--`` form), an IPv4 address, or an IPv6
-address in brackets (``[::1]:50051``); the port is 1..65535.
+address in brackets (``[::1]:50051``); the port is 1..65535, or 0..65535 for an address to
+listen on (``any_port``: 0 asks for any free port), as the gateway's ``listen``.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def host_problem(host: str) -> str:
     return ""
 
 
-def parse_hostport(text: str, *, where: str = "endpoint") -> Tuple[str, int]:
+def parse_hostport(text: str, *, where: str = "endpoint", any_port: bool = False) -> Tuple[str, int]:
     """Split ``host:port`` / ``[v6]:port`` into (host, port), validating both; ConfigError
-    naming ``where`` otherwise."""
+    naming ``where`` otherwise. ``any_port``: port 0 (any free port) is allowed."""
     s = text.strip()
     if s.startswith("["):
         close = s.find("]")
@@ -57,8 +58,9 @@ def parse_hostport(text: str, *, where: str = "endpoint") -> Tuple[str, int]:
     if not port_s.isdigit():
         raise ConfigError(f"{where}: {text!r}: port {port_s!r} is not an integer")
     port = int(port_s)
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"{where}: {text!r}: port {port} is outside 1..65535")
+    low = 0 if any_port else 1
+    if not low <= port <= 65535:
+        raise ConfigError(f"{where}: {text!r}: port {port} is outside {low}..65535")
     return host, port
 
 

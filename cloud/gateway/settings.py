@@ -18,7 +18,7 @@ from typing import Any
 
 from cloud.gateway.balancing import BalancerConfig
 from edgewise import mqtt_topics
-from edgewise.addresses import host_problem
+from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.ids import DEFAULT_MAX_ID_LENGTH
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
@@ -200,10 +200,11 @@ def token_problem(t: DeviceToken, seen: dict[str, str]) -> str:
 
 def validate(s: GatewaySettings) -> None:
     """The rules that span fields; raises :class:`Invalid`."""
-    host, _, port = s.listen.rpartition(":")
-    if not host or not port.isdigit() or int(port) > 65535:
-        raise Invalid("listen", f"{s.listen!r} is not host:port with a port in [0, 65535] (example 0.0.0.0:50051)")
-    if int(port) and int(port) == s.metrics_port:
+    try:  # the edge's and the worker lists' rule (edgewise.addresses), port 0 allowed
+        _, port = parse_hostport(s.listen, where="listen", any_port=True)
+    except ConfigError as e:
+        raise Invalid("listen", str(e).removeprefix("listen: ")) from None
+    if port and port == s.metrics_port:
         raise Invalid("metrics_port", f"{s.metrics_port} is also the port of listen ({s.listen}); give each its "
                                       "own port")
     s.balancer.validate()

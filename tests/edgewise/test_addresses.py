@@ -31,6 +31,13 @@ def test_addresses_that_cannot_work_are_named(text, says):
         parse_hostport(text)
 
 
+def test_an_address_to_listen_on_may_ask_for_any_port():
+    assert parse_hostport("[::]:0", any_port=True) == ("::", 0)
+    assert parse_hostport("0.0.0.0:50051", any_port=True) == ("0.0.0.0", 50051)
+    with pytest.raises(ConfigError, match="outside 0..65535"):
+        parse_hostport("gw:70000", any_port=True)
+
+
 def test_host_problem_is_empty_for_hosts_and_names_the_rule_otherwise():
     assert host_problem("broker.plant.lan") == host_problem("192.168.1.2") == host_problem("fe80::1") == ""
     assert "is not a host name" in host_problem("broker plant")

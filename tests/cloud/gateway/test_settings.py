@@ -45,6 +45,10 @@ def test_precedence_yaml_env_flags(tmp_path):
     ("auth:\n  tokens:\n    - {device: a, token: ' x'}\n", ":3: auth.tokens[0]: the token of device 'a' starts"),
     ("mqtt:\n  reconnect_min_s: 50\n  reconnect_max_s: 1\n", ":2: mqtt.reconnect_min_s: must be at most"),
     ("listen: 0.0.0.0:9100\nmetrics_port: 9100\n", ":2: metrics_port: 9100 is also the port of listen"),
+    # the edge's and the worker lists' host:port rule (it took 'a b:1' and '[a:1' before)
+    ("listen: 'a b:1'\n", ":1: listen: 'a b:1': the host 'a b' is not a host name"),
+    ("listen: '[a:1'\n", ":1: listen: '[a:1' is not '[ipv6]:port'"),
+    ("listen: 'gw:65536'\n", ":1: listen: 'gw:65536': port 65536 is outside 0..65535"),
     ("tls:\n  cert_file: a.pem\n", ":1: tls: set both"),
     ("limits:\n  max_image_bytes: 9000000\n", ":2: limits.max_image_bytes: must be at most"),
     ("- a\n- b\n", "top level must be a mapping"),
