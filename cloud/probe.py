@@ -110,7 +110,8 @@ def probe(
             stream_id="probe",
             frame_seq=now,
             capture_time_unix_ns=now,
-            deadline_unix_ns=now + int(timeout * 1e9),
+            # no deadline_unix_ns: it would be read against the gateway's clock, and a probe
+            # from a host whose clock is behind would always expire; the call's timeout bounds it
             trace_id=uuid.uuid4().hex,
             image=encode_image(probe_frame(), "jpeg", 90),
             reason="probe",

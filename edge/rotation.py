@@ -5,7 +5,10 @@ which fills a Xavier NX's eMMC in days. The sink closes its file when the next r
 pass ``sinks.jsonl_max_bytes`` and renames it ``<path>.<UTC time>`` (``logrotate``'s
 ``dateext`` form: existing rotated files are never renamed again, so a crash mid-rotation
 leaves nothing half-named), opens a new one, and keeps the ``sinks.jsonl_keep`` newest
-rotated files. With ``sinks.jsonl_compress`` a background thread gzips each rotated file
+rotated files. Newest means the greatest name: a new name is never below the newest
+existing one, whatever the clock says (after a backward step of the wall clock, on a board
+without RTC, it continues one microsecond after the newest name), so that pruning never
+deletes the file just rotated. With ``sinks.jsonl_compress`` a background thread gzips each rotated file
 (``<name>.gz``, written aside and renamed into place; records compress about 14x) and a
 rotated file left uncompressed by a crash is compressed at the next start. The disk
 budget per stream is in deploy/jetson/README.md ("Disk on small flash").
@@ -17,6 +20,7 @@ a rotation that happened just before a restart.
 
 from __future__ import annotations
 
+import calendar
 import gzip
 import io
 import logging
@@ -50,13 +54,39 @@ def rotated_files(path: str) -> List[str]:
     return [f for _, _, f in sorted(found, reverse=True)]
 
 
+def _stamp_us(stamp: str) -> int:
+    """Microseconds since the epoch of a rotated name's ``YYYYmmddTHHMMSS.ffffffZ``."""
+    return calendar.timegm(time.strptime(stamp[:15], "%Y%m%dT%H%M%S")) * 1_000_000 + int(stamp[16:22])
+
+
+def _format_us(us: int) -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(us // 1_000_000)) + f".{us % 1_000_000:06d}Z"
+
+
+def next_stamp(now: float, newest: Optional[str]) -> str:
+    """The stamp for a file rotated at ``now``: its UTC time to the microsecond, or one
+    microsecond after the ``newest`` existing stamp when the clock is not past it."""
+    us = int(now * 1_000_000)
+    if newest is not None:
+        us = max(us, _stamp_us(newest) + 1)
+    return _format_us(us)
+
+
+def _newest_stamp(path: str) -> Optional[str]:
+    newest = rotated_files(path)[:1]
+    if not newest:
+        return None
+    m = _SUFFIX.search(newest[0])
+    return m.group(1) if m else None
+
+
 def rotate(path: str, now: Optional[float] = None) -> str:
     """Rename ``path`` to ``<path>.<UTC time to the microsecond>`` (``-N`` when that exists);
     the new name. Microseconds keep names unique and in order even when files rotate faster
     than once a second and older ones are pruned meanwhile (a freed name is never reused
-    for a newer file)."""
+    for a newer file); a clock behind the newest name continues after it (module doc)."""
     t = time.time() if now is None else now
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f".{int(t * 1e6) % 1000000:06d}Z"
+    stamp = next_stamp(t, _newest_stamp(path))
     dst, n = f"{path}.{stamp}", 0
     while os.path.exists(dst) or os.path.exists(dst + ".gz"):
         n += 1

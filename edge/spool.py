@@ -22,7 +22,14 @@ Caps (what exceeds them is counted in ``stats()`` and logged, never silent):
   during a long outage the newest frames are the ones still worth a cloud
   answer. An item larger than the whole cap is refused (``put`` -> False).
 * **age** (``max_age_s``): items older than this are expired on ``put``,
-  ``peek`` and ``expire(now)``.
+  ``peek`` and ``expire(now)``. Age is not read from the wall clock alone, which an
+  RTC-less Jetson starts at 1970 and NTP later steps by decades: each item keeps the
+  monotonic time and the boot id (``/proc/sys/kernel/random/boot_id``) of its ``put``.
+  An item of the current boot ages by the monotonic clock. An item of an earlier boot
+  (or of a spool written before these columns existed) is at least as old as this boot,
+  and older by its wall stamp only when both that stamp and the wall clock now are
+  plausible (after ``PLAUSIBLE_WALL_S``); on a bogus clock it is not expired early, and
+  the byte cap still bounds the spool. ``stats().oldest_age_s`` uses the same rule.
 
 The drop counters are persisted in the same database, so they survive
 restarts. All methods are thread-safe (one connection behind a lock).
@@ -51,6 +58,7 @@ import os
 import sqlite3
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +85,9 @@ CREATE TABLE IF NOT EXISTS items (
     meta     TEXT NOT NULL,
     created  REAL NOT NULL,
     size     INTEGER NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0
+    attempts INTEGER NOT NULL DEFAULT 0,
+    mono     REAL,
+    boot     TEXT
 );
 CREATE INDEX IF NOT EXISTS items_created ON items(created);
 CREATE TABLE IF NOT EXISTS counters (
@@ -85,6 +95,27 @@ CREATE TABLE IF NOT EXISTS counters (
     value INTEGER NOT NULL
 );
 """
+
+#: Columns added after the first release, as (name, type); older spools get them by
+#: ALTER TABLE at open, NULL in their rows (aged as items of an earlier boot).
+_ADDED_COLUMNS = (("mono", "REAL"), ("boot", "TEXT"))
+#: The columns of the first release: a table ``items`` without them is not a spool.
+_BASE_COLUMNS = frozenset({"id", "key", "payload", "meta", "created", "size", "attempts"})
+
+#: A wall clock before this (2020-01-01 UTC) is not set (a board without RTC starts at 1970):
+#: wall stamps are compared only when both are after it.
+PLAUSIBLE_WALL_S = 1577836800.0
+#: Where Linux publishes the id of the current boot.
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+#: An item of the current boot (it has a monotonic stamp of this boot); always 0 or 1.
+_SAME_BOOT = "(boot IS NOT NULL AND mono IS NOT NULL AND boot = :boot)"
+#: Items past the age cap: the current boot's by the monotonic clock, earlier boots' by
+#: this boot's uptime or, when both are plausible, by their wall stamp.
+_EXPIRED = (
+    f"(({_SAME_BOOT} AND mono < :mono_cut) OR (NOT {_SAME_BOOT} AND "
+    "(:uptime_over OR (:wall_ok AND created >= :floor AND created < :wall_cut))))"
+)
 
 _COUNTERS = (
     "dropped_bytes_cap",
@@ -124,9 +155,57 @@ def read_only(folder: Union[str, Path]) -> bool:
         return False
 
 
+def read_boot_id(path: str = BOOT_ID_PATH) -> Optional[str]:
+    """The kernel's id of the current boot; None when it cannot be read (not Linux)."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class _Now:
+    """The clocks at one call: wall time, monotonic time, and this boot's id and start
+    (in monotonic time)."""
+
+    wall: float
+    mono: float
+    boot: str
+    boot_start: float
+
+    def params(self, max_age_s: float) -> Dict[str, Any]:
+        """Bind values for ``_EXPIRED`` and ``_SAME_BOOT``."""
+        return {
+            "boot": self.boot,
+            "mono_cut": self.mono - max_age_s,
+            "uptime_over": int(self.mono - self.boot_start > max_age_s),
+            "wall_ok": int(self.wall >= PLAUSIBLE_WALL_S),
+            "floor": PLAUSIBLE_WALL_S,
+            "wall_cut": self.wall - max_age_s,
+        }
+
+
 def _is_full(exc: sqlite3.Error) -> bool:
     """SQLITE_FULL (Python 3.8 has no ``sqlite_errorcode``: match SQLite's message)."""
     return "full" in str(exc).lower()
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """Give a spool written by an earlier version the columns added since (NULL in its rows).
+    A table ``items`` that is not a spool's is left alone (its queries then fail and
+    ``_open_error`` says so)."""
+    have = {str(r[1]) for r in db.execute("PRAGMA table_info(items)")}
+    if not _BASE_COLUMNS <= have:
+        return
+    for name, kind in _ADDED_COLUMNS:
+        if name in have:
+            continue
+        try:
+            db.execute(f"ALTER TABLE items ADD COLUMN {name} {kind}")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):  # another process added it meanwhile
+                raise
 
 
 @dataclass(frozen=True)
@@ -165,7 +244,15 @@ class Spool:
         max_age_s: float,
         clock: Callable[[], float] = time.time,
         reserve_bytes: int = RESERVE_BYTES,
+        monotonic: Optional[Callable[[], float]] = None,
+        boot_id: Optional[str] = None,
     ) -> None:
+        """``clock`` is the wall clock and ``monotonic`` the clock items age by within a boot
+        (``time.monotonic``; when only ``clock`` is injected, as tests do, it drives both and
+        an explicit ``now`` stands for both). ``boot_id`` defaults to the kernel's; where that
+        cannot be read a random id per spool stands in, so items of an earlier process count
+        as an earlier boot's. This boot started at monotonic 0 for the kernel's id and
+        ``time.monotonic`` (Linux counts it from the boot), otherwise when the spool opened."""
         if max_bytes <= 0:
             raise ValueError(f"spool max_bytes must be > 0, got {max_bytes}")
         if max_age_s <= 0:
@@ -175,6 +262,12 @@ class Spool:
         self.max_age_s = float(max_age_s)
         self.reserve_bytes = int(reserve_bytes)
         self._clock = clock
+        if monotonic is None:
+            monotonic = time.monotonic if clock is time.time else clock
+        self._mono = monotonic
+        kernel_boot = read_boot_id() if boot_id is None else None
+        self._boot = boot_id or kernel_boot or f"process-{uuid.uuid4().hex}"
+        self._boot_start = 0.0 if kernel_boot is not None and monotonic is time.monotonic else monotonic()
         self._lock = threading.Lock()
         #: ``time.monotonic()`` after which ``put`` refuses at once (set at shutdown, when the
         #: spool stayed busy past the grace: each waiting put could otherwise wait out SQLite's
@@ -208,6 +301,7 @@ class Spool:
             db.execute("PRAGMA synchronous=FULL")
             db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
             db.executescript(_SCHEMA)
+            _add_columns(db)
             for name in _COUNTERS:
                 db.execute("INSERT OR IGNORE INTO counters(name, value) VALUES (?, 0)", (name,))
         except sqlite3.Error as exc:
@@ -294,7 +388,7 @@ class Spool:
         self._check_stopping()
         with self._lock:
             self._check_stopping()
-            now = self._clock()
+            now = self._now()
             self._expire_quietly(now)
             if size > self.max_bytes:
                 with self._transaction():
@@ -311,8 +405,8 @@ class Spool:
                     return True
                 evicted, evicted_bytes = self._evict_for(size)
                 db.execute(
-                    "INSERT INTO items(key, payload, meta, created, size) VALUES (?, ?, ?, ?, ?)",
-                    (key, sqlite3.Binary(payload), meta_text, now, size),
+                    "INSERT INTO items(key, payload, meta, created, size, mono, boot) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (key, sqlite3.Binary(payload), meta_text, now.wall, size, now.mono, now.boot),
                 )
             self._bytes += size - evicted_bytes
             self._depth += 1 - evicted
@@ -350,7 +444,7 @@ class Spool:
         """Up to ``limit`` oldest items with an id above ``after_id``, in insertion order
         (not removed)."""
         with self._lock:
-            self._expire_quietly(self._clock())
+            self._expire_quietly(self._now())
             rows = self._db.execute(
                 "SELECT id, key, payload, meta, created, attempts FROM items WHERE id > ? ORDER BY id LIMIT ?",
                 (int(after_id), max(0, int(limit))),
@@ -400,28 +494,37 @@ class Spool:
 
     # --- caps and stats -----------------------------------------------------
 
-    def expire(self, now: Optional[float] = None) -> int:
-        """Delete items older than ``max_age_s`` at ``now``; returns how many."""
-        with self._lock:
-            return self._expire_locked(self._clock() if now is None else now)
+    def _now(self, wall: Optional[float] = None) -> _Now:
+        """The clocks now; ``wall`` overrides the wall clock (and the monotonic one when a
+        single injected clock drives both)."""
+        if wall is None:
+            wall = self._clock()
+        mono = wall if self._mono is self._clock else self._mono()
+        return _Now(wall=wall, mono=mono, boot=self._boot, boot_start=self._boot_start)
 
-    def _expire_quietly(self, now: float) -> None:
+    def expire(self, now: Optional[float] = None) -> int:
+        """Delete items older than ``max_age_s`` (see the module doc) at wall time ``now``;
+        returns how many."""
+        with self._lock:
+            return self._expire_locked(self._now(now))
+
+    def _expire_quietly(self, now: _Now) -> None:
         """Expire as part of another call; a failed expiry (full disk) waits for the next one."""
         try:
             self._expire_locked(now)
         except SpoolError as exc:
             log.warning("%s; expiry of old items postponed", exc)
 
-    def _expire_locked(self, now: float) -> int:
-        cutoff = now - self.max_age_s
+    def _expire_locked(self, now: _Now) -> int:
+        params = now.params(self.max_age_s)
         row = self._db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM items WHERE created < ?", (cutoff,)
+            f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM items WHERE {_EXPIRED}", params
         ).fetchone()
         n, nbytes = int(row[0]), int(row[1])
         if n == 0:
             return 0
         with self._transaction() as db:
-            db.execute("DELETE FROM items WHERE created < ?", (cutoff,))
+            db.execute(f"DELETE FROM items WHERE {_EXPIRED}", params)
             self._bump_in_tx("dropped_age_cap", n)
             self._bump_in_tx("dropped_age_cap_bytes", nbytes)
         self._bytes -= nbytes
@@ -436,19 +539,35 @@ class Spool:
     def stats(self, now: Optional[float] = None) -> SpoolStats:
         """Depth, bytes, age of the oldest item and the drop counters."""
         with self._lock:
-            t = self._clock() if now is None else now
-            oldest = self._db.execute("SELECT MIN(created) FROM items").fetchone()[0]
+            oldest = self._oldest_age(self._now(now))
             counters = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
             return SpoolStats(
                 depth=self._depth,
                 bytes=self._bytes,
-                oldest_age_s=max(0.0, t - float(oldest)) if oldest is not None else 0.0,
+                oldest_age_s=oldest,
                 dropped_bytes_cap=int(counters.get("dropped_bytes_cap", 0)),
                 dropped_age_cap=int(counters.get("dropped_age_cap", 0)),
                 dropped_bytes_cap_bytes=int(counters.get("dropped_bytes_cap_bytes", 0)),
                 dropped_age_cap_bytes=int(counters.get("dropped_age_cap_bytes", 0)),
                 refused_too_large=int(counters.get("refused_too_large", 0)),
             )
+
+    def _oldest_age(self, now: _Now) -> float:
+        """The age of the oldest item by the rule of ``_EXPIRED`` (0 when empty)."""
+        params = now.params(self.max_age_s)
+        same = self._db.execute(f"SELECT MIN(mono) FROM items WHERE {_SAME_BOOT}", params).fetchone()[0]
+        earlier, created = self._db.execute(
+            f"SELECT COUNT(*), MIN(CASE WHEN created >= :floor THEN created END) FROM items "
+            f"WHERE NOT {_SAME_BOOT}", params,
+        ).fetchone()
+        age = 0.0
+        if same is not None:
+            age = now.mono - float(same)
+        if earlier:
+            age = max(age, now.mono - now.boot_start)
+            if created is not None and params["wall_ok"]:
+                age = max(age, now.wall - float(created))
+        return max(0.0, age)
 
     def recover_if_deleted(self) -> Optional[int]:
         """When the spool's file was deleted while open (its folder removed, a cleanup job),
@@ -459,13 +578,14 @@ class Spool:
             return None
         with self._lock:
             old = self._db
-            items = old.execute("SELECT key, payload, meta, created, size, attempts FROM items ORDER BY id").fetchall()
+            items = old.execute("SELECT key, payload, meta, created, size, attempts, mono, boot "
+                                "FROM items ORDER BY id").fetchall()
             counters = old.execute("SELECT name, value FROM counters").fetchall()
             self._db = self._open()
             try:
                 with self._transaction() as db:
-                    db.executemany("INSERT OR IGNORE INTO items(key, payload, meta, created, size, attempts) "
-                                   "VALUES (?, ?, ?, ?, ?, ?)", items)
+                    db.executemany("INSERT OR IGNORE INTO items(key, payload, meta, created, size, attempts, "
+                                   "mono, boot) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", items)
                     db.executemany("UPDATE counters SET value = ? WHERE name = ?", [(v, n) for n, v in counters])
             except SpoolError:
                 self._db.close()

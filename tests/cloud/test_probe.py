@@ -86,3 +86,29 @@ def test_probe_unusable_tls_file_is_one_line(pki: Pki, args: tuple, message: str
     assert out.returncode == 2
     assert out.stdout.strip().startswith(message.format(pki=pki.d)), out.stdout
     assert len(out.stdout.strip().splitlines()) == 1 and "Traceback" not in out.stdout + out.stderr
+
+
+def test_probe_sends_no_wall_clock_deadline(monkeypatch) -> None:
+    """A probe host whose clock is behind the gateway's must not always get DEADLINE_EXCEEDED:
+    the request carries no deadline_unix_ns; the call's timeout bounds it."""
+    import cloud.probe as probe_mod
+
+    sent = []
+
+    class Stub:
+        def __init__(self, channel) -> None:
+            pass
+
+        def Detect(self, req, timeout, metadata):
+            sent.append((req, timeout))
+            return detect_pb2.DetectResponse(status=detect_pb2.OK)
+
+    class Ready:
+        def result(self, timeout):
+            return None
+
+    monkeypatch.setattr(probe_mod.service_pb2_grpc, "EscalationStub", Stub)
+    monkeypatch.setattr(probe_mod.grpc, "channel_ready_future", lambda channel: Ready())
+    assert probe(f"127.0.0.1:{free_port()}", timeout=7).status == detect_pb2.OK
+    ((req, timeout),) = sent
+    assert req.deadline_unix_ns == 0 and timeout == 7

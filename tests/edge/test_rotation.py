@@ -110,8 +110,8 @@ def test_names_never_collide_and_sort_newest_first(tmp_path: Path) -> None:
         Path(path).write_text("x\n")
         names.append(R.rotate(path, now=1000.25))
     assert [os.path.basename(n) for n in names] == ["d.jsonl.19700101T001640.250000Z",
-                                                    "d.jsonl.19700101T001640.250000Z-1",
-                                                    "d.jsonl.19700101T001640.250000Z-2"]
+                                                    "d.jsonl.19700101T001640.250001Z",
+                                                    "d.jsonl.19700101T001640.250002Z"]
     Path(path).write_text("x\n")
     newest = R.rotate(path, now=time.time())
     assert R.rotated_files(path)[0] == newest and R.rotated_files(path)[1:] == names[::-1]
@@ -174,3 +174,34 @@ def test_history_budget_cuts_a_gzipd_file_and_skips_a_torn_one(tmp_path: Path, c
     path.write_bytes(b"dddd\n")
     assert list(R.history_lines(str(path), 12)) == [b"dddd", b"3333"]
     assert "cannot read" in caplog.text and newer + ".gz" in caplog.text
+
+
+def test_names_keep_increasing_when_the_clock_steps_back(tmp_path):
+    """An RTC-less board: rotated in 2025, then the clock restarts at 1970. The newest
+    files must stay newest by name, so pruning deletes the oldest, not the ones just rotated."""
+    path = str(tmp_path / "rec.jsonl")
+    made = []
+    for i, now in enumerate([1_750_000_000.5, 1_750_000_100.25, 60.0, 60.0, 61.0]):
+        Path(path).write_text(f"{i}\n")
+        made.append(R.rotate(path, now=now))
+    assert made[2].endswith(".20250615T150820.250001Z")  # one microsecond after the newest
+    assert made[3].endswith(".20250615T150820.250002Z")
+    assert R.rotated_files(path) == made[::-1]
+    assert R.prune(path, 2) == made[2::-1]
+    assert [Path(f).read_text() for f in R.rotated_files(path)] == ["4\n", "3\n"]
+    Path(path).write_text("5\n")
+    later = R.rotate(path, now=1_750_000_200.0)  # the clock is right again: its own time
+    assert later.endswith(".20250615T151000.000000Z") and R.rotated_files(path)[0] == later
+
+
+def test_names_continue_after_compressed_and_suffixed_files(tmp_path):
+    path = str(tmp_path / "rec.jsonl")
+    old = [path + ".20250615T094140.000000Z.gz", path + ".20250615T094140.000000Z-1"]
+    for f in old:
+        Path(f).write_bytes(b"")
+    assert R.rotated_files(path) == old[::-1]  # the existing order is unchanged
+    Path(path).write_text("x\n")
+    new = R.rotate(path, now=100.0)
+    assert new.endswith(".20250615T094140.000001Z")
+    assert R.rotated_files(path)[0] == new
+    assert R.next_stamp(100.0, None) == "19700101T000140.000000Z"
