@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from cloud.gateway.envelope import RequestHead
-from cloud.gateway.settings import LimitSettings
+from cloud.gateway.settings import LimitSettings, quote_id
 from edgewise import status
 from edgewise.errors import InvalidInputError
 from edgewise.ids import id_problem
@@ -29,7 +29,9 @@ from edgewise.wire import check_image
 @dataclass(frozen=True)
 class Rejection:
     status: int   # wire status (edgewise.status): INVALID_ARGUMENT, UNAUTHENTICATED, RESOURCE_EXHAUSTED…
-    message: str
+    message: str  # what the client is told
+    #: for the gateway's log only, never sent (e.g. which of "unknown device" / "bad token" it was)
+    detail: str = ""
 
 
 def _check_id(value: str, name: str, limit: int, required: bool = True) -> Rejection | None:
@@ -76,12 +78,14 @@ class Caller:
     request's User Property and topic). ``cert_names``: the names of the verified
     client certificate selected by ``tls.client_identity`` (None: no binding; empty:
     a certificate without such a name). ``topic_device``: MQTT, the device level of
-    the request topic.
+    the request topic. ``peer``: where the request came from, for the log only (gRPC's
+    ``context.peer()``, the MQTT request topic).
     """
 
     metadata: Mapping[str, str] = field(default_factory=dict)
     cert_names: tuple[str, ...] | None = None
     topic_device: str | None = None
+    peer: str = ""
 
 
 class TokenAuth:
@@ -100,11 +104,12 @@ class TokenAuth:
         be that device's (each where present)."""
         if caller.topic_device is not None and device_id and device_id != caller.topic_device:
             return Rejection(status.UNAUTHENTICATED,
-                             f"device_id {device_id!r} does not match the topic's device {caller.topic_device!r}")
+                             f"device_id {quote_id(device_id)} does not match the topic's device "
+                             f"{quote_id(caller.topic_device)}")
         if caller.cert_names is not None and device_id and device_id not in caller.cert_names:
-            names = ", ".join(repr(n) for n in caller.cert_names) or "none"
+            names = ", ".join(quote_id(n) for n in caller.cert_names) or "none"
             return Rejection(status.UNAUTHENTICATED,
-                             f"device_id {device_id!r} is not a name of the client certificate ({names}, "
+                             f"device_id {quote_id(device_id)} is not a name of the client certificate ({names}, "
                              f"per tls.client_identity); each device must use its own certificate")
         return self.check(caller.metadata, device_id)[1]
 
@@ -124,17 +129,21 @@ class TokenAuth:
                 "no device identity: set the request's device_id"))
         if device_id and claimed != device_id:
             return None, Rejection(status.UNAUTHENTICATED,
-                                   f"device_id {device_id!r} does not match x-edgewise-device {claimed!r}")
+                                   f"device_id {quote_id(device_id)} does not match x-edgewise-device "
+                                   f"{quote_id(claimed)}")
         expected = self.tokens.get(claimed)
-        if expected is None:
-            return None, Rejection(status.UNAUTHENTICATED, f"unknown device {claimed!r}; add it to auth.tokens")
         header = metadata.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             return None, Rejection(status.UNAUTHENTICATED, "missing 'authorization: Bearer <token>' (gRPC "
                                                            "metadata, or MQTT v5 user property)")
-        if not hmac.compare_digest(token.strip().encode(), expected.encode()):
-            return None, Rejection(status.UNAUTHENTICATED, f"bad token for device {claimed!r}")
+        # one answer for both, so a client cannot tell which devices exist; the log has which
+        if expected is None or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+            return None, Rejection(
+                status.UNAUTHENTICATED,
+                f"unknown device or bad token for device {quote_id(claimed)}; check the device's token (the "
+                f"gateway's auth.tokens / auth.tokens_file must list this device with it)",
+                detail="device not in auth.tokens/auth.tokens_file" if expected is None else "token does not match")
         return claimed, None
 
 
@@ -166,5 +175,5 @@ class RateLimiter:
             return None
         self.limited += 1
         return Rejection(status.RESOURCE_EXHAUSTED,
-                         f"device {device!r} is over its rate limit of {self.rate:g} requests/s "
+                         f"device {quote_id(device)} is over its rate limit of {self.rate:g} requests/s "
                          f"(burst {self.burst:g}); slow down or raise limits.rate_per_device")

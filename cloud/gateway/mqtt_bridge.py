@@ -261,7 +261,7 @@ class MqttBridge:
                 req, status.RESOURCE_EXHAUSTED,
                 f"gateway MQTT bridge has {self.s.max_in_flight} requests in flight; retry later"))
             return
-        caller = Caller(_metadata(props, device), topic_device=device)
+        caller = Caller(_metadata(props, device), topic_device=device, peer=f"MQTT topic {msg.topic[:200]!r}")
         fut = asyncio.run_coroutine_threadsafe(self._serve(req, caller, response_topic, correlation), self.loop)
         with self._lock:
             self._pending.add(fut)

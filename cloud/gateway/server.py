@@ -36,10 +36,11 @@ from cloud.gateway.envelope import Reply, RequestHead, error_reply, read_request
 from cloud.gateway.http import SidePort
 from cloud.gateway.mqtt_bridge import MqttBridge
 from cloud.gateway.pool import WorkerPool
-from cloud.gateway.settings import GatewaySettings
+from cloud.gateway.settings import GatewaySettings, quote_id
 from cloud.gateway.tlsfiles import load_server_files
 from edgewise import status
 from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.observability import LogThrottle
 
 log = logging.getLogger("edgewise.gateway")
 SERVICE_NAME = "edgewise.v1.Escalation"
@@ -182,6 +183,8 @@ class Gateway:
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.bridge: MqttBridge | None = None
+        # refused authentications are logged, a few per interval (a client can repeat them at will)
+        self._auth_log = LogThrottle(10.0, burst=5)
 
     # ---- the one request path ---------------------------------------------------------------
     def timeout_for(self, req: RequestHead, call_remaining: float | None) -> float:
@@ -217,7 +220,7 @@ class Gateway:
         bad = self.auth.authenticate(caller, req.device_id)
         checked = bad or validate_request(req, self.settings.limits)
         if isinstance(checked, Rejection):
-            return self._reject(req, transport, checked)
+            return self._reject(req, transport, checked, caller)
         bad = self.limiter.allow(req.device_id)
         if bad is None and timeout_s <= 0:
             bad = Rejection(status.DEADLINE_EXCEEDED, "the request's deadline had already passed at the gateway")
@@ -225,11 +228,27 @@ class Gateway:
             return self._reject(req, transport, bad)
         return await self.pool.forward(req, timeout_s, transport, pixels=checked.pixels)
 
-    def _reject(self, req: RequestHead | None, transport: str, bad: Rejection) -> Reply:
+    def _reject(self, req: RequestHead | None, transport: str, bad: Rejection,
+                caller: Caller | None = None) -> Reply:
         name = status.name(bad.status)
         self.metrics.rejected.labels(reason=name.lower()).inc()
         self.metrics.answered(transport, name)
+        if bad.status == status.UNAUTHENTICATED:
+            self._log_refused(transport, bad, caller, req.device_id if req is not None else "")
         return error_reply(req, bad.status, bad.message)
+
+    def _log_refused(self, transport: str, bad: Rejection, caller: Caller | None, device_id: str) -> None:
+        """A WARNING (a few per interval) for a refused authentication: the reason, with the
+        detail the client is not told, the peer and the device id (cut short); never a token."""
+        held = self._auth_log.allow()
+        if held is None:
+            return
+        peer = (caller.peer if caller is not None else "") or "unknown peer"
+        device = device_id or (caller.metadata.get("x-edgewise-device", "") if caller is not None else "")
+        log.warning("refused unauthenticated %s request from %s for device %s: %s%s%s", transport, peer,
+                    quote_id(device) if device else "(none)", bad.message,
+                    f" [{bad.detail}]" if bad.detail else "",
+                    f" ({held} more refusals not logged)" if held else "")
 
     # ---- gRPC methods (serialized messages in and out) --------------------------------------
     def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
@@ -238,9 +257,9 @@ class Gateway:
         metadata = {k.lower(): v for k, v in md if isinstance(v, str)}
         prop = _CERT_NAME_PROPERTY.get(self.settings.tls.client_identity)
         if prop is None or not self.settings.tls.client_ca_file:
-            return Caller(metadata)
+            return Caller(metadata, peer=context.peer())
         names = (context.auth_context() or {}).get(prop, ())
-        return Caller(metadata, tuple(n.decode("utf-8", "replace") for n in names))
+        return Caller(metadata, tuple(n.decode("utf-8", "replace") for n in names), peer=context.peer())
 
     async def _one(self, body: bytes, transport: str, caller: Caller, remaining: float | None) -> Reply:
         head = self.read(body, transport)
@@ -258,6 +277,7 @@ class Gateway:
             _, rej = self.auth.check(caller.metadata, "", stream=True)
             if rej is not None:
                 self.metrics.rejected.labels(reason="unauthenticated").inc()
+                self._log_refused("grpc-stream", rej, caller, "")
                 await _abort(context, rej.status, rej.message)
         out: asyncio.Queue[bytes | None] = asyncio.Queue()
         window = _StreamWindow(self.settings.limits.max_stream_in_flight, self.metrics.stream_pending)

@@ -36,7 +36,8 @@ class TlsSettings:
     cert_file: str = setting("PEM server certificate chain; empty = plaintext (local runs or inside a mesh "
                              "only).", "")
     key_file: str = setting("PEM private key of `cert_file`.", "")
-    client_ca_file: str = setting("PEM CA bundle that signs client certificates (mTLS).", "")
+    client_ca_file: str = setting("PEM CA bundle that signs client certificates (mTLS; needs `cert_file` and "
+                                  "`key_file`).", "")
     require_client_cert: bool = setting("mTLS: refuse clients without a valid certificate (needs "
                                         "`client_ca_file`).", False)
     client_identity: str = setting(
@@ -57,12 +58,13 @@ class DeviceToken:
 
 @dataclass
 class AuthSettings:
-    """Per-device bearer tokens. No tokens = authentication off (log says so)."""
+    """Per-device bearer tokens. Neither tokens nor tokens_file = authentication off (log says so)."""
 
-    tokens: list[DeviceToken] = setting("Devices allowed to call, with their tokens; none here and in "
+    tokens: list[DeviceToken] = setting("Devices allowed to call, with their tokens; none here and no "
                                         "`tokens_file` = authentication off (logged).", factory=list)
     tokens_file: str = setting("YAML file holding a list of `{device, token}`; merged with `tokens`; SIGHUP "
-                               "re-reads both (a result listing no device is refused).", "")
+                               "re-reads both. A result listing no device is refused, at start and on SIGHUP "
+                               "(remove this key to run without authentication).", "")
 
 
 @dataclass
@@ -129,9 +131,9 @@ class MqttSettings:
     password: str = setting("Broker password (optional; prefer EDGEWISE_GATEWAY__MQTT__PASSWORD).", "",
                             secret=True)
     tls: bool = setting("Connect to the broker with TLS.", False)
-    ca_file: str = setting("PEM CA bundle of the broker's certificate.", "")
-    cert_file: str = setting("PEM client certificate for mutual TLS.", "")
-    key_file: str = setting("PEM client key for mutual TLS.", "")
+    ca_file: str = setting("PEM CA bundle of the broker's certificate (needs `tls: true`).", "")
+    cert_file: str = setting("PEM client certificate for mutual TLS (needs `tls: true`).", "")
+    key_file: str = setting("PEM client key for mutual TLS (needs `tls: true`).", "")
     keepalive_s: int = setting("MQTT keepalive, seconds.", 30, lo=1)
     max_in_flight: int = setting("Concurrent requests from MQTT in the balancer.", 64, lo=1)
     reconnect_min_s: float = setting("First reconnect delay, seconds (doubles up to `reconnect_max_s`).", 0.5,
@@ -172,7 +174,9 @@ class GatewaySettings:
         """device -> token, from ``auth.tokens`` and ``auth.tokens_file``.
 
         Raises:
-            ConfigError: the tokens file is unreadable or malformed (with its line).
+            ConfigError: the tokens file is unreadable or malformed (with its line), or, with
+                ``auth.tokens_file`` set, the two list no device at all (authentication is off
+                only when neither is configured).
         """
         out = {t.device: t.token for t in self.auth.tokens}
         if self.auth.tokens_file:
@@ -182,7 +186,20 @@ class GatewaySettings:
                 if bad:
                     raise ConfigError(f"{self.auth.tokens_file}: [{i}]: {bad} (in auth.tokens and this file)")
                 out[tok.device] = tok.token
+            if not out:  # an emptied or half-written file must not switch authentication off
+                raise ConfigError(f"{self.auth.tokens_file}: lists no device (and auth.tokens none): the gateway "
+                                  "would accept any client; list the devices, or remove auth.tokens_file to run "
+                                  "without authentication")
         return out
+
+
+#: how much of an id an error message quotes (a client may send a huge one)
+QUOTED_ID_CHARS = 64
+
+
+def quote_id(value: str) -> str:
+    """``value`` quoted for a message, cut to its first ``QUOTED_ID_CHARS`` characters."""
+    return repr(value) if len(value) <= QUOTED_ID_CHARS else repr(value[:QUOTED_ID_CHARS]) + "…"
 
 
 def token_problem(t: DeviceToken, seen: dict[str, str]) -> str:
@@ -192,9 +209,13 @@ def token_problem(t: DeviceToken, seen: dict[str, str]) -> str:
     if not t.device or not t.token.strip():
         return "both device and token must be non-empty"
     if t.token != t.token.strip():
-        return f"the token of device {t.device!r} starts or ends with blanks; a presented token never does"
+        return f"the token of device {quote_id(t.device)} starts or ends with blanks; a presented token never does"
+    if not all("\x21" <= c <= "\x7e" for c in t.token):
+        return (f"the token of device {quote_id(t.device)} holds a blank, control or non-ASCII character; a "
+                f"bearer token is sent as gRPC metadata, so use printable ASCII without spaces (e.g. "
+                f"`openssl rand -hex 32`)")
     if t.device in seen:
-        return f"device {t.device!r} is listed twice; give each device one token"
+        return f"device {quote_id(t.device)} is listed twice; give each device one token"
     return ""
 
 
@@ -218,6 +239,11 @@ def validate(s: GatewaySettings) -> None:
         raise Invalid("discovery.static", "list at least one worker 'host:port[=weight]' (or use --worker)")
     if bool(s.tls.cert_file) != bool(s.tls.key_file):
         raise Invalid("tls", "set both cert_file and key_file, or neither")
+    if (s.tls.client_ca_file or s.tls.require_client_cert) and not s.tls.cert_file:
+        # without a server certificate the port is plaintext and no client certificate is asked for
+        raise Invalid("tls", "client_ca_file/require_client_cert need cert_file and key_file: without them the "
+                             "gateway serves plaintext and checks no client certificate; set tls.cert_file and "
+                             "tls.key_file, or remove client_ca_file and require_client_cert")
     if s.tls.require_client_cert and not s.tls.client_ca_file:
         raise Invalid("tls.require_client_cert", "needs tls.client_ca_file")
     if s.tls.client_ca_file and not s.tls.require_client_cert:
@@ -231,6 +257,11 @@ def validate(s: GatewaySettings) -> None:
         if bad:
             raise Invalid(f"auth.tokens[{i}]", bad)
         seen[t.device] = t.token
+    if not s.mqtt.tls and (s.mqtt.ca_file or s.mqtt.cert_file or s.mqtt.key_file):
+        # the bridge uses them only with mqtt.tls: the broker credentials would go in plaintext
+        raise Invalid("mqtt.tls", "mqtt.ca_file/cert_file/key_file are set but mqtt.tls is false, so the bridge "
+                                  "would connect in plaintext and ignore them; set mqtt.tls: true (and the broker's "
+                                  "TLS port), or remove them")
     bad = host_problem(s.mqtt.host)
     if bad:
         raise Invalid("mqtt.host", f"{s.mqtt.host!r} {bad}")

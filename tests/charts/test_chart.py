@@ -334,7 +334,20 @@ def test_servicemonitor_scrapes_each_pod_once() -> None:
     sel = by_kind(docs, "ServiceMonitor")[0]["spec"]["selector"]["matchLabels"]
     scraped = [s["metadata"]["name"] for s in by_kind(docs, "Service")
                if all(s["metadata"]["labels"].get(k) == v for k, v in sel.items())]
-    assert sorted(scraped) == ["rel-edgewise-autoscaler", "rel-edgewise-gateway", "rel-edgewise-worker"]
+    assert sorted(scraped) == ["rel-edgewise-autoscaler", "rel-edgewise-gateway-pods", "rel-edgewise-worker"]
+
+
+def test_gateway_side_port_stays_inside_the_cluster() -> None:
+    """/metrics and /pool (worker addresses, load) were published on the edge-facing Service
+    (a LoadBalancer in production) and open to any source in the NetworkPolicy."""
+    docs = render()
+    edge_facing = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "rel-edgewise-gateway"][0]
+    assert [p["name"] for p in edge_facing["spec"]["ports"]] == ["grpc"]
+    pods = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "rel-edgewise-gateway-pods"][0]
+    assert [p["name"] for p in pods["spec"]["ports"]] == ["metrics"] and pods["spec"]["clusterIP"] == "None"
+    policy = [p for p in by_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == "rel-edgewise-gateway"][0]
+    side = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 9100]
+    assert side and all(r.get("from") for r in side), side
 
 
 def test_dashboard_and_rules_are_optional_objects() -> None:

@@ -61,13 +61,25 @@ def test_token_auth():
     auth = TokenAuth({"cam-1": "abc"})
     assert auth.check({"authorization": "Bearer abc"}, "cam-1") == ("cam-1", None)
     assert auth.check({"authorization": "bearer abc", "x-edgewise-device": "cam-1"}, "") == ("cam-1", None)
-    for md, dev, needle in [({}, "cam-1", "missing"), ({"authorization": "Bearer abd"}, "cam-1", "bad token"),
-                            ({"authorization": "Bearer abc"}, "cam-2", "unknown device"),
+    for md, dev, needle in [({}, "cam-1", "missing"),
+                            ({"authorization": "Bearer abd"}, "cam-1", "unknown device or bad token for device 'cam-1'"),
+                            ({"authorization": "Bearer abc"}, "cam-2", "unknown device or bad token for device 'cam-2'"),
                             ({"authorization": "Bearer abc"}, "", "no device identity"),
                             ({"authorization": "Basic abc"}, "cam-1", "missing")]:
         who, rej = auth.check(md, dev)
         assert who is None and rej.status == detect_pb2.UNAUTHENTICATED and needle in rej.message
     assert TokenAuth({}).check({}, "any") == ("any", None)
+    # a client cannot tell an unknown device from a bad token; only the log's detail can
+    unknown = auth.check({"authorization": "Bearer abc"}, "cam-2")[1]
+    bad = auth.check({"authorization": "Bearer abd"}, "cam-1")[1]
+    assert unknown.message.replace("cam-2", "cam-1") == bad.message and unknown.detail != bad.detail
+    assert "abc" not in unknown.message + unknown.detail and "abd" not in bad.message + bad.detail
+    # a huge id is quoted cut short (a 20 KB one made the answer's metadata too large)
+    huge = "d" * 20_000
+    rej = auth.check({"authorization": "Bearer abc"}, huge)[1]
+    assert repr("d" * 64) + "…" in rej.message and len(rej.message) < 300
+    rej = auth.authenticate(Caller({"authorization": "Bearer abc"}, topic_device="cam-1"), huge)
+    assert rej is not None and len(rej.message) < 300
     # a stream opens without a frame: what it lacks is the metadata, not a device_id
     assert "set the request's device_id" in auth.check({"authorization": "Bearer abc"}, "")[1].message
     assert "x-edgewise-device" in auth.check({"authorization": "Bearer abc"}, "", stream=True)[1].message

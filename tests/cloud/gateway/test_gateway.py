@@ -277,7 +277,7 @@ def test_a_message_over_the_workers_limit_is_the_requests_fault_not_overload():
     run(main())
 
 
-def test_bearer_tokens_and_rate_limit():
+def test_bearer_tokens_and_rate_limit(caplog):
     async def main():
         w = TestWorker("w")
         gw = await started([(w, 1)], **{
@@ -291,9 +291,12 @@ def test_bearer_tokens_and_rate_limit():
                 code, msg = await _detect(stub, request())
                 assert code == "UNAUTHENTICATED" and "Bearer" in msg
                 code, msg = await _detect(stub, request(device="cam-9"), metadata=good)
-                assert code == "UNAUTHENTICATED" and "unknown device" in msg
+                assert code == "UNAUTHENTICATED" and msg.startswith("unknown device or bad token for device 'cam-9'")
                 code, msg = await _detect(stub, request(), metadata=(("authorization", "Bearer t2"),))
-                assert code == "UNAUTHENTICATED" and "bad token" in msg
+                assert code == "UNAUTHENTICATED" and msg.startswith("unknown device or bad token for device 'cam-1'")
+                # a 20 KB device id: the answer quotes it cut short (it overflowed the metadata before)
+                code, msg = await _detect(stub, request(device="d" * 20_000), metadata=good)
+                assert code == "UNAUTHENTICATED" and len(msg) < 300, (code, len(msg))
                 code, msg = await _detect(stub, request(device="cam-1"),
                                           metadata=(("authorization", "Bearer t2"), ("x-edgewise-device", "cam-2")))
                 assert code == "UNAUTHENTICATED" and "does not match" in msg
@@ -302,7 +305,16 @@ def test_bearer_tokens_and_rate_limit():
         finally:
             await gw.stop(0)
             await w.stop()
-    run(main())
+    with caplog.at_level("WARNING", logger="edgewise.gateway"):
+        run(main())
+    # refused authentications are logged (throttled): reason, detail, peer, device; never a token
+    refused = [r.getMessage() for r in caplog.records if "refused unauthenticated" in r.getMessage()]
+    assert len(refused) == 5, refused  # one line for each of the 5 refusals (at most 5 per 10 s)
+    assert any("for device 'cam-9'" in m and "[device not in auth.tokens" in m and "ipv4:127.0.0.1:" in m
+               for m in refused), refused
+    assert any("for device 'cam-1'" in m and "[token does not match]" in m for m in refused), refused
+    assert any(repr("d" * 64) + "…" in m and len(m) < 600 for m in refused), refused
+    assert not any("s3cret" in m or "t2" in m for m in refused), refused
 
 
 def _tls(pki: Pki, **over) -> dict:
@@ -587,8 +599,10 @@ def test_sighup_puts_rotated_tokens_in_force_and_never_turns_authentication_off(
                 assert (await code("new-token"), await code("old-token")) == ("OK", "UNAUTHENTICATED")
                 tokens.write_text("[]\n")  # emptied: must not open the gateway to anyone
                 os.kill(os.getpid(), signal.SIGHUP)
-                await async_wait_until(lambda: "token reload ignored" in caplog.text, 10, "the refusal")
+                await async_wait_until(lambda: "lists no device" in caplog.text, 10, "the refusal")
+                assert "reload ignored, the workers and tokens in force stay" in caplog.text
                 assert (await code("new-token"), await code("anything")) == ("OK", "UNAUTHENTICATED")
+                caplog.clear()
                 tokens.write_text("- {device: cam-1, token: ' padded '}\n")  # malformed: the table in force stays
                 os.kill(os.getpid(), signal.SIGHUP)
                 await async_wait_until(lambda: "reload ignored, the workers and tokens in force stay" in caplog.text,

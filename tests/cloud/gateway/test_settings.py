@@ -50,6 +50,18 @@ def test_precedence_yaml_env_flags(tmp_path):
     ("listen: '[a:1'\n", ":1: listen: '[a:1' is not '[ipv6]:port'"),
     ("listen: 'gw:65536'\n", ":1: listen: 'gw:65536': port 65536 is outside 0..65535"),
     ("tls:\n  cert_file: a.pem\n", ":1: tls: set both"),
+    # a client CA without a server certificate served plaintext, checking nothing
+    ("tls:\n  client_ca_file: ca.pem\n  require_client_cert: true\n",
+     ":1: tls: client_ca_file/require_client_cert need cert_file and key_file"),
+    ("tls:\n  require_client_cert: true\n", ":1: tls: client_ca_file/require_client_cert need cert_file"),
+    # broker TLS files without mqtt.tls were ignored: credentials went in plaintext
+    ("mqtt:\n  ca_file: ca.pem\n", "mqtt.tls: mqtt.ca_file/cert_file/key_file are set but mqtt.tls is false"),
+    ("mqtt:\n  tls: false\n  cert_file: c.pem\n  key_file: c.key\n", "mqtt.tls: mqtt.ca_file/cert_file/key_file"),
+    # a token gRPC metadata cannot carry could never match
+    ("auth:\n  tokens:\n    - {device: a, token: \"x\\ty\"}\n", ":3: auth.tokens[0]: the token of device 'a' holds a blank"),
+    ("auth:\n  tokens:\n    - {device: a, token: \"x\\ny\"}\n", ":3: auth.tokens[0]: the token of device 'a' holds a blank"),
+    ("auth:\n  tokens:\n    - {device: a, token: x y}\n", ":3: auth.tokens[0]: the token of device 'a' holds a blank"),
+    ("auth:\n  tokens:\n    - {device: a, token: \"x\u00e9\"}\n", ":3: auth.tokens[0]: the token of device 'a' holds"),
     ("limits:\n  max_image_bytes: 9000000\n", ":2: limits.max_image_bytes: must be at most"),
     ("- a\n- b\n", "top level must be a mapping"),
 ])
@@ -94,6 +106,29 @@ def test_tokens_file(tmp_path):
                              "auth.tokens": [{"device": "cam-1", "token": "xyz"}]}, env={})
     with pytest.raises(ConfigError, match=r"tokens.yaml: \[0\]: device 'cam-1' is listed twice.*in auth.tokens and"):
         s.device_tokens()
+
+
+@pytest.mark.parametrize("body", ["", "[]\n", "# only a comment\n"])
+def test_an_empty_tokens_file_is_refused_not_authentication_off(tmp_path, body):
+    """An emptied tokens file turned authentication off at start (only a WARNING)."""
+    t = tmp_path / "tokens.yaml"
+    t.write_text(body)
+    s = load_settings(None, {"discovery.static": ["a:1"], "auth.tokens_file": str(t)}, env={})
+    with pytest.raises(ConfigError, match=f"^{t}: lists no device .*remove auth.tokens_file to run without "
+                                          f"authentication"):
+        s.device_tokens()
+    # with inline tokens the merged table is not empty: fine
+    s = load_settings(None, {"discovery.static": ["a:1"], "auth.tokens_file": str(t),
+                             "auth.tokens": [{"device": "cam-1", "token": "abc"}]}, env={})
+    assert s.device_tokens() == {"cam-1": "abc"}
+    # authentication off only when neither is configured
+    assert load_settings(None, {"discovery.static": ["a:1"]}, env={}).device_tokens() == {}
+
+
+def test_error_messages_cut_long_ids():
+    from cloud.gateway.settings import quote_id
+    assert quote_id("cam-1") == "'cam-1'"
+    assert quote_id("d" * 20_000) == repr("d" * 64) + "…"
 
 
 def test_discovery_kinds_built_lazily():
