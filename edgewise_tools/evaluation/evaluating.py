@@ -241,7 +241,8 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
     edge-to-cloud F1 gap; ``uplink_met``, it saves >= ``uplink`` of the bytes of sending
     every frame whole; ``margins_met``, it leads each baseline by >= ``margin`` of cloud-only
     F1 with the bootstrap interval of the lead above 0 (``diffs``). ``met`` is every part
-    that could be judged. ``ours`` is the policy declared before looking at the test set (the
+    that could be judged, and never when a lead was asked for and could not be judged (it
+    cannot be claimed). ``ours`` is the policy declared before looking at the test set (the
     learned one when it was fitted, else the combined hardness); without it, our better
     policy at that rate. ``best_policy`` is the best of all (baselines too), for the report,
     among the rows really at that rate (a row ``short`` of it, :func:`hybrid.is_short`, only
@@ -313,5 +314,7 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
                                if scoring.ORACLE in rates and cloud_f1 > 0 else None),
         "gap_closed": closed,
         **parts,
-        "met": bool(gap_f1 > 0) and all(v for v in parts.values() if v is not None),
+        # a lead asked for but not judgeable (unequal budgets, too few streams) is not met: it cannot be claimed
+        "met": (bool(gap_f1 > 0) and all(v for v in parts.values() if v is not None)
+                and not (margin is not None and margins and why is not None)),
     }
