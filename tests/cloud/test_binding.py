@@ -51,7 +51,7 @@ def test_gateway_ports_in_use_name_their_setting():
 
 
 def test_gateway_listen_port_out_of_range_is_a_settings_error():
-    with pytest.raises(ConfigError, match=r"listen: 'nohost:99999' is not host:port with a port in \[0, 65535\]"):
+    with pytest.raises(ConfigError, match=r"listen: 'nohost:99999': port 99999 is outside 0..65535"):
         settings_for([], **{"discovery.static": ["127.0.0.1:1"], "listen": "nohost:99999"})
 
 
