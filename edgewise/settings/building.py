@@ -24,6 +24,7 @@ from edgewise.settings.values import (
     is_mapping,
     is_null,
     is_section,
+    is_text,
     optional,
     sequence,
     split_text,
@@ -59,6 +60,8 @@ def build_value(tp: Any, val: Val, path: Tuple[Part, ...], spec: Spec, dflt: Any
         return plain(val)
     if isinstance(data, (dict, list)):
         raise fail(val.key_src, path, f"expected a single value, got {describe(data)}", allowed)
+    if val.written is not None and is_text(inner):
+        data = val.written
     try:
         value = coerce(inner, data)
     except Problem as exc:

@@ -36,13 +36,16 @@ class Source:
 class Val:
     """A value in the layered tree: ``data`` is a dict of Val, a list of Val or a scalar."""
 
-    __slots__ = ("data", "src", "key_src", "text")
+    __slots__ = ("data", "src", "key_src", "text", "written")
 
-    def __init__(self, data: Any, src: Source, text: bool = False) -> None:
+    def __init__(self, data: Any, src: Source, text: bool = False, written: Optional[str] = None) -> None:
         self.data = data
         self.src = src
         self.key_src = src  # the line of the key (for unknown-key errors)
         self.text = text  # given as text (environment, --set, flag), not by YAML
+        #: a YAML scalar YAML read as a number or boolean, as written: a text field takes it
+        #: verbatim (``token: 012`` is "012", not the octal 10; ``version: 1.10`` is "1.10")
+        self.written = written
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,9 @@ def _node(node: yaml.Node, name: str, path: Tuple[Part, ...], loader: yaml.SafeL
         return Val(out, src)
     if isinstance(node, yaml.SequenceNode):
         return Val([_node(n, name, path + (i,), loader) for i, n in enumerate(node.value)], src)
-    return Val(loader.construct_object(node, deep=True), src)
+    value = loader.construct_object(node, deep=True)
+    written = node.value if isinstance(value, (bool, int, float)) and isinstance(node.value, str) else None
+    return Val(value, src, written=written)
 
 
 # --------------------------------------------------------------------------- overrides

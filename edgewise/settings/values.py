@@ -96,6 +96,11 @@ def sequence(tp: Any) -> Optional[Tuple[Any, Optional[int], type]]:
     return args[0], None, origin
 
 
+def is_text(tp: Any) -> bool:
+    """``tp`` is ``str`` or a ``Literal`` of strings: a value written in YAML is taken as written."""
+    return tp is str or any(isinstance(c, str) for c in choices(tp))
+
+
 def choices(tp: Any) -> Tuple[Any, ...]:
     """The values of a ``Literal[...]`` type (empty for other types)."""
     return typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else ()
