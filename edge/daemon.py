@@ -151,7 +151,9 @@ class EdgeDaemon:
             kwargs["threads"] = m.threads
         if m.imgsz:
             kwargs["imgsz"] = m.imgsz
-        return Detector.from_file(m.path, max_batch=m.max_batch, spinning=m.spin, **kwargs)
+        # a TensorRT engine missing from the cache is built here (minutes): keep systemd waiting
+        with self.notifier.busy(f"loading {m.path} (a TensorRT engine build takes minutes)"):
+            return Detector.from_file(m.path, max_batch=m.max_batch, spinning=m.spin, **kwargs)
 
     def _build_sinks(self) -> Sinks:
         s = self.settings.sinks

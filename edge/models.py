@@ -49,6 +49,7 @@ def register(subparsers: Any) -> None:
 
 def _engine(args: argparse.Namespace) -> int:
     from edge.preflight import check_backend, check_writable
+    from edge.sdnotify import Notifier
     from edgewise.runtime.backends import tensorrt as trtb
 
     s = settings_from_args(args, SCHEMA)
@@ -64,7 +65,8 @@ def _engine(args: argparse.Namespace) -> int:
         return 0
     check_writable("$EDGEWISE_ENGINE_CACHE", str(path))
     t0 = time.perf_counter()
-    trtb.TensorRTBackend.from_onnx(info, precision=precision, max_batch=s.model.max_batch).close()
+    with Notifier().busy(f"building the TensorRT {precision} engine of {info.path}"):  # ExecStartPre
+        trtb.TensorRTBackend.from_onnx(info, precision=precision, max_batch=s.model.max_batch).close()
     print(f"TensorRT {precision} engine for {info.path} (batch <= {max_batch}) built in "
           f"{time.perf_counter() - t0:.0f} s: {path}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 from edge.sdnotify import Notifier
 
@@ -35,3 +36,46 @@ def test_watchdog_for_another_pid_is_ignored(monkeypatch) -> None:
     monkeypatch.setenv("WATCHDOG_USEC", "1000000")
     monkeypatch.setenv("WATCHDOG_PID", "1")
     assert Notifier("/nonexistent").watchdog_interval is None
+
+
+def _listen(tmp_path):
+    path = str(tmp_path / "notify")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(path)
+    srv.settimeout(0.5)
+    return srv, path
+
+
+def _drain(srv):
+    out = []
+    try:
+        while True:
+            out.append(srv.recv(1024).decode())
+    except socket.timeout:
+        return out
+
+
+def test_busy_extends_the_start_timeout_while_a_long_step_runs(tmp_path) -> None:
+    srv, path = _listen(tmp_path)
+    with Notifier(path).busy("building the engine", every_s=0.05, extend_s=60):
+        time.sleep(0.3)
+    got = _drain(srv)
+    assert len(got) >= 3  # one at the start, then every 0.05 s
+    assert all(m.startswith("EXTEND_TIMEOUT_USEC=60000000\nWATCHDOG=1\nSTATUS=building the engine (") for m in got)
+    assert _drain(srv) == []  # nothing after the step
+    srv.close()
+
+
+def test_busy_stops_extending_at_its_cap(tmp_path) -> None:
+    srv, path = _listen(tmp_path)
+    with Notifier(path).busy("stuck", every_s=0.05, limit_s=0.12):
+        time.sleep(0.5)
+    got = _drain(srv)
+    assert 2 <= len(got) <= 4  # a step stuck past the cap meets the unit's own timeout
+    srv.close()
+
+
+def test_busy_is_a_no_op_outside_systemd(monkeypatch) -> None:
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    with Notifier().busy("x"):
+        pass
