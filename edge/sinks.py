@@ -7,7 +7,10 @@ per-stage latency, cloud round trip, and ``late`` for results that arrived from
 the spool replay. ``Sinks`` serialises each record once; every sink gets the
 record and those bytes.
 
-The JSON Lines sink keeps the idempotency keys of late records it has written
+A live record the JSON Lines file cannot take (its disk full, an I/O error) is held in a
+bounded in-memory backlog (:data:`BACKLOG_BYTES`, the oldest dropped and counted beyond it)
+and written, in order, before the next record once the disk takes lines again; a late record
+is not held: its answer stays in the spool, which replays it. The JSON Lines sink keeps the idempotency keys of late records it has written
 (reloaded from the file's tail on start), so a replay repeated after a crash
 between "written" and "acknowledged" never writes a late result twice. The MQTT
 sink keeps every record in a durable outbox (``edge.outbox``) until the broker
@@ -24,7 +27,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 try:
     from typing import Protocol
@@ -39,6 +43,11 @@ from edgewise.errors import DeploymentError
 log = logging.getLogger(__name__)
 
 TAIL_BYTES = 64 * 1024 * 1024
+#: live lines the JSON Lines sink holds in memory while its file cannot take them (a full
+#: disk): about 10 minutes of 4 streams at 10 fps with a few boxes each
+BACKLOG_BYTES = 16 * 1024 * 1024
+#: a failing sink is logged at most once per this many seconds (with the count since)
+LOG_EVERY_S = 10.0
 
 
 class Sink(Protocol):
@@ -79,6 +88,10 @@ class JsonlSink:
         self.late_keys: Set[str] = self._load_late_keys()
         self.size = self.f.tell()
         self.compressor = rotation.Compressor(path, keep) if max_bytes and compress else None
+        #: live lines not written yet (module doc), oldest first; ``dropped``: lost beyond the bound
+        self.backlog: Deque[bytes] = deque()
+        self.backlog_bytes = 0
+        self.dropped = 0
 
     def _load_late_keys(self) -> Set[str]:
         """Keys of the late records among the newest ``TAIL_BYTES`` of the file and, when it
@@ -100,21 +113,34 @@ class JsonlSink:
         return keys
 
     def write(self, rec: FrameRecord, data: bytes) -> None:
-        """Append the record's line whole, or raise (OSError) leaving the file as it was: a
-        line cut short by a full disk is cut off again, and a late key counts as written
-        only once its line is."""
+        """Append the record's line whole, after any held back (module doc), or raise
+        (OSError) leaving the file as it was: a line cut short by a full disk is cut off again,
+        a live line is held in the backlog, and a late key counts as written only once its
+        line is."""
         key = rec.key if rec.late else None
         if key is not None and key in self.late_keys:
             log.info("late result %s already written; duplicate replay ignored", key)
             return
-        if self.max_bytes and self.size and self.size + len(data) + 1 > self.max_bytes:
+        line = data + b"\n"
+        try:
+            self._drain()
+            self._append(line)
+        except OSError:
+            if key is None:
+                self._hold(line)
+            raise
+        if key is not None:
+            self.late_keys.add(key)
+
+    def _append(self, line: bytes) -> None:
+        if self.max_bytes and self.size and self.size + len(line) > self.max_bytes:
             self._rotate()
-        line = memoryview(data + b"\n")
+        view = memoryview(line)
         fd = self.f.fileno()
         try:
             done = 0
-            while done < len(line):
-                done += os.write(fd, line[done:])
+            while done < len(view):
+                done += os.write(fd, view[done:])
             if self.fsync:
                 os.fsync(fd)
         except OSError:
@@ -123,14 +149,34 @@ class JsonlSink:
             except OSError:
                 pass
             raise
-        self.size += len(line)
-        if key is not None:
-            self.late_keys.add(key)
+        self.size += len(view)
+
+    def _drain(self) -> None:
+        """Write the held lines, oldest first; raise (OSError) at the first that does not fit."""
+        while self.backlog:
+            self._append(self.backlog[0])
+            self.backlog_bytes -= len(self.backlog.popleft())
+        if self.dropped:
+            log.warning("sinks.jsonl %s takes lines again; %d live records were lost while it could not "
+                        "(beyond the %d MiB held in memory)", self.path, self.dropped, BACKLOG_BYTES >> 20)
+            self.dropped = 0
+
+    def _hold(self, line: bytes) -> None:
+        self.backlog.append(line)
+        self.backlog_bytes += len(line)
+        while self.backlog_bytes > BACKLOG_BYTES and len(self.backlog) > 1:
+            self.backlog_bytes -= len(self.backlog.popleft())
+            self.dropped += 1
 
     def _rotate(self) -> None:
+        rotated = rotation.rotate(self.path)  # the open file moves with its name
+        try:
+            f = open(self.path, "ab", buffering=0)
+        except OSError:  # no room for a new file: go on appending to the old one, under its name
+            os.replace(rotated, self.path)
+            raise
         self.f.close()
-        rotated = rotation.rotate(self.path)
-        self.f = open(self.path, "ab", buffering=0)
+        self.f = f
         self.size = 0
         if self.compressor is not None:
             self.compressor.submit(rotated)
@@ -138,6 +184,11 @@ class JsonlSink:
             rotation.prune(self.path, self.keep)
 
     def close(self) -> None:
+        try:
+            self._drain()
+        except OSError as exc:
+            log.error("sinks.jsonl %s: %d live records held in memory are lost at exit: %s", self.path,
+                      len(self.backlog) + self.dropped, exc)
         self.f.close()
         if self.compressor is not None:
             self.compressor.close()
@@ -342,6 +393,7 @@ class Sinks:
     def __init__(self, sinks: List[Sink], on_error: Optional[Any] = None) -> None:
         self.sinks = sinks
         self.on_error = on_error
+        self._failing: Dict[str, Tuple[float, int]] = {}  # sink -> (last logged, failures since)
 
     def write(self, rec: FrameRecord) -> bool:
         """Give the record to every sink; whether every durable sink took it (a replay keeps
@@ -352,11 +404,24 @@ class Sinks:
             try:
                 s.write(rec, data)
             except Exception as exc:
-                log.warning("sink %s failed to write the record of %s: %s", s.name, rec.key, exc)
+                self._log_failure(s, rec, exc)
                 kept = kept and not s.durable
                 if self.on_error is not None:
                     self.on_error(s.name)
         return kept
+
+    def _log_failure(self, sink: Sink, rec: FrameRecord, exc: Exception) -> None:
+        """One line per sink every LOG_EVERY_S while it fails (a full disk fails every frame)."""
+        now = time.monotonic()
+        last, since = self._failing.get(sink.name, (-LOG_EVERY_S, 0))
+        if now - last < LOG_EVERY_S:
+            self._failing[sink.name] = (last, since + 1)
+            return
+        held = getattr(sink, "backlog", None)
+        log.warning("sink %s failed to write the record of %s: %s%s%s", sink.name, rec.key, exc,
+                    f" ({since} more failures since the last report)" if since else "",
+                    f"; {len(held)} live records held in memory until it takes them" if held else "")
+        self._failing[sink.name] = (now, 0)
 
     def last_epoch(self) -> int:
         """The newest run whose keys a sink remembers (-1: none): the next run must count

@@ -137,3 +137,43 @@ def test_a_full_disk_never_leaves_a_torn_line_nor_a_late_key_it_did_not_write(tm
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x["frame_seq"] for x in lines] == [1, 2, 1] and lines[-1]["late"]
     sink.close()
+
+
+def test_live_records_a_full_disk_refuses_are_held_and_written_in_order_once_it_has_room(tmp_path, small_fs,
+                                                                                          monkeypatch, caplog):
+    """A live record has no other copy (the spool holds only escalations): while another
+    process has filled the disk they wait in memory, and land in frame order, before the
+    next one, when space returns; a late record is not held (the spool replays it). Beyond
+    the bound the oldest are dropped and counted, and the log says so once, not per frame."""
+    import edge.sinks as sinks_mod
+
+    fs = small_fs(64 * 1024)
+    path = fs.path / "out.jsonl"
+    sink = JsonlSink(str(path))
+    sinks = Sinks([sink])
+    assert sinks.write(frame_record("cam", 1))
+    filler = fs.fill()
+    caplog.set_level("WARNING")
+    for seq in range(2, 12):
+        big = frame_record("cam", seq)
+        big.error = "x" * 4000  # does not fit once the disk is full
+        assert sinks.write(big) is False
+    assert sinks.write(late(20)) is False and len(sink.backlog) == 10  # the late one is the spool's
+    assert len([r for r in caplog.records if "failed to write" in r.message]) == 1  # throttled
+    filler.unlink()
+    assert sinks.write(frame_record("cam", 12))
+    assert [r["frame_seq"] for r in read_jsonl(path)] == list(range(1, 13))
+    assert not sink.backlog and sink.backlog_bytes == 0
+
+    monkeypatch.setattr(sinks_mod, "BACKLOG_BYTES", 3 * 4200)  # room for 3 of those records
+    filler = fs.fill()
+    for seq in range(13, 19):
+        big = frame_record("cam", seq)
+        big.error = "x" * 4000
+        sinks.write(big)
+    assert len(sink.backlog) <= 3 and sink.dropped == 6 - len(sink.backlog)
+    filler.unlink()
+    kept = len(sink.backlog)
+    sink.close()  # what is held is written at exit
+    seqs = [r["frame_seq"] for r in read_jsonl(path)]
+    assert seqs == list(range(1, 13)) + list(range(19 - kept, 19))
