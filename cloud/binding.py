@@ -10,13 +10,42 @@ which setting holds the address and what to do, so ``edgewise cloud gateway`` an
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
 from edgewise.errors import ConfigError
+from edgewise.wire import MIN_PING_INTERVAL_S
 
 T = TypeVar("T")
+
+#: Clients' keepalive pings are accepted down to this interval (with a margin), also between calls. The edge
+#: pings every `cloud.keepalive_s` (20 s by default, at least this), the gateway its workers
+#: every 10 s. gRPC's server default (5 minutes, and none without a call in flight) answers
+#: such pings with GOAWAY "too_many_pings" after a minute: an idle edge was disconnected every
+#: minute and paid a new TCP and TLS handshake on its next escalation, against its deadline.
+MIN_CLIENT_PING_INTERVAL_S = MIN_PING_INTERVAL_S
+#: The server pings a client silent this long and drops it after KEEPALIVE_TIMEOUT_S without
+#: an answer: a vanished edge (power cut, a NAT that forgot the flow) frees its streams.
+KEEPALIVE_S = 60
+KEEPALIVE_TIMEOUT_S = 20
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    """gRPC options of the gateway's and the workers' servers: message limits, the keepalive
+    policy above, one process per port."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # half: a client's timer runs from its last ping's ack, so two pings may arrive a little
+        # closer than its interval, and two such strikes would close the connection
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_S * 500),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
+    ]
 
 _WHAT_TO_DO = ("is the port in use by another process, or the host not an address of this machine? "
                "Choose another port (0 picks a free one) or host")

@@ -33,6 +33,7 @@ from edgewise.ids import id_problem
 from edgewise.runtime.detector import BACKENDS
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings import describe as describe_schema
+from edgewise.wire import MIN_PING_INTERVAL_S
 
 SOURCE_KINDS = ("file", "folder", "rtsp", "http", "camera", "gstreamer", "synthetic")
 LIVE_KINDS = ("rtsp", "http", "camera", "gstreamer")
@@ -148,7 +149,9 @@ class CloudSettings:
     token: str = setting("Bearer token of this device, sent as `authorization` gRPC metadata and as the MQTT v5 "
                          "User Property `authorization` of every MQTT request (prefer the environment variable "
                          "EDGEWISE_EDGE__CLOUD__TOKEN).", "", secret=True)
-    keepalive_s: float = setting("gRPC keepalive ping interval, seconds.", 20.0, lo=0, lo_open=True)
+    keepalive_s: float = setting("gRPC keepalive ping interval, seconds (also between escalations; the gateway "
+                                 f"accepts pings down to {MIN_PING_INTERVAL_S} s and disconnects a client that "
+                                 "pings more often).", 20.0, lo=MIN_PING_INTERVAL_S)
     max_in_flight: int = setting("Most escalations waiting for the cloud at once; more are spooled/dropped "
                                  "per policy.", 16, lo=1)
     mqtt: MqttSettings = setting("MQTT broker settings.", factory=MqttSettings)

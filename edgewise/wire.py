@@ -27,6 +27,9 @@ from edgewise.regions import Tile, tiles_to_frame
 from edgewise.v1 import detect_pb2
 
 FORMATS = ("jpeg", "png", "raw")
+#: The shortest keepalive ping interval the cloud's gRPC servers accept from a client, also
+#: between calls (cloud.binding.server_options); the edge's `cloud.keepalive_s` may not go below.
+MIN_PING_INTERVAL_S = 5
 _WIRE_ENCODINGS: Dict[int, str] = {detect_pb2.Image.JPEG: "jpeg", detect_pb2.Image.PNG: "png"}
 
 

@@ -29,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import Gauge
 
-from cloud.binding import grpc_port, socket_port_async
+from cloud.binding import grpc_port, server_options, socket_port_async
 from cloud.discovery.base import Discovery, Endpoint, EndpointState
 from cloud.gateway.admission import Caller, RateLimiter, Rejection, TokenAuth, validate_request
 from cloud.gateway.envelope import Reply, RequestHead, error_reply, read_request
@@ -332,11 +332,7 @@ class Gateway:
         s = self.settings
         creds = self._credentials()  # bad TLS files fail here, before anything is bound
         m = s.limits.max_message_bytes
-        self._server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", m),
-            ("grpc.max_send_message_length", m),
-            ("grpc.so_reuseport", 0),
-        ])
+        self._server = grpc.aio.server(options=server_options(m))
         # no (de)serializers: the methods see the bytes on the wire (cloud.gateway.envelope)
         methods = {"Detect": grpc.unary_unary_rpc_method_handler(self.Detect),
                    "DetectStream": grpc.stream_stream_rpc_method_handler(self.DetectStream)}

@@ -38,7 +38,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from cloud.binding import grpc_port, socket_port_async
+from cloud.binding import grpc_port, server_options, socket_port_async
 from cloud.worker.batching import Batch, Batcher, BatchingDecision, decide_batching
 from cloud.worker.budget import PixelBudget
 from cloud.worker.metrics import WorkerMetrics
@@ -448,11 +448,7 @@ def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -
     runner = runner if runner is not None else ModelRunner.from_settings(settings)
     service = WorkerService(settings, runner)
     limit = settings.max_message_bytes
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", limit),
-        ("grpc.so_reuseport", 0),
-    ])
+    server = grpc.aio.server(options=server_options(limit))
     handlers = {
         "Infer": grpc.unary_unary_rpc_method_handler(  # parses the request itself: infer_bytes
             service.infer_bytes, response_serializer=detect_pb2.DetectResponse.SerializeToString),

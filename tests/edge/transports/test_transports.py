@@ -11,6 +11,7 @@ import asyncio
 import time
 
 import cv2
+import grpc
 import numpy as np
 import pytest
 
@@ -164,3 +165,26 @@ def test_grpc_mutual_tls_and_bearer_token(tmp_path, tiny_model):
             for t in (good, bad_token, no_client_cert, plaintext):
                 await t.close()
         asyncio.run(run())
+
+
+def test_an_idle_edge_keeps_its_connection_to_the_real_gateway(real_cloud):
+    """The edge pings between escalations (cloud.keepalive_s, here its minimum, 5 s); gRPC's
+    server default answers a third ping without a call with GOAWAY too_many_pings, so an idle
+    edge was disconnected every 3 pings (a minute at the 20 s default) and its next
+    escalation paid a new handshake. The real gateway accepts them: the channel stays READY."""
+    from edgewise.wire import MIN_PING_INTERVAL_S
+
+    async def run():
+        t = GrpcTransport([real_cloud.address], keepalive_s=MIN_PING_INTERVAL_S)
+        await t.start()
+        assert (await t.detect(request(1), 5.0)).status == detect_pb2.OK
+        ch = t.channels[0]
+        states = set()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3.5 * MIN_PING_INTERVAL_S:  # past the third ping
+            states.add(ch.get_state())
+            await asyncio.sleep(0.25)
+        assert states == {grpc.ChannelConnectivity.READY}, states
+        assert (await t.detect(request(2), 5.0)).status == detect_pb2.OK
+        await t.close()
+    asyncio.run(run())
