@@ -59,7 +59,9 @@ class WorkerSettings:
                          "`imgsz` metadata, e.g. YOLOv5 v7.0 `--dynamic` exports); 0 = the model's own (else "
                          "640, with a warning). A fixed-size model must match it; the stride is checked when "
                          "the model loads.", 0, lo=0)
-    host: str = setting("Address the gRPC server binds.", "0.0.0.0")
+    host: str = setting("Address the gRPC server binds. The worker port has no authentication and no TLS: "
+                        "only the gateway may reach it (the chart's NetworkPolicy admits gateway pods only); "
+                        "bind an address the edge devices cannot reach.", "0.0.0.0")
     port: int = setting("gRPC port; 0 picks a free one (printed as `EDGEWISE_WORKER_LISTENING port=N`).", 50061,
                         lo=0, hi=65535)
     metrics_port: int = setting("Prometheus `/metrics` HTTP port; 0 picks a free one, -1 disables it.", 9101,
