@@ -320,6 +320,16 @@ class EdgeDaemon:
                                               s.metrics.tegrastats_interval_s)
         detector = await asyncio.get_running_loop().run_in_executor(None, self._load_detector)
         names = tuple(detector.names)
+        if self.holder is not None:
+            def check_classes(p: Any) -> None:
+                unknown = p.unknown_classes(names)
+                if unknown:
+                    log.warning("policy %s: spec.classes %s are not classes of %s (%s): those overrides never "
+                                "apply; use the model's class names", p.source or p.metadata.name,
+                                ", ".join(unknown), s.model.path, ", ".join(names[:20]) +
+                                (", ..." if len(names) > 20 else ""))
+            check_classes(self.holder.policy)
+            self.holder.subscribe(check_classes)
         await self._build_transports()
         self.sinks = self._build_sinks()
         remembered = max(self.sinks.last_epoch(), self.spool.last_epoch() if self.spool is not None else -1)

@@ -446,6 +446,12 @@ class Policy:
                 best, origin = value, where
         return (self.spec.threshold, "global") if best is None else (best, origin)
 
+    def unknown_classes(self, names: Sequence[str]) -> List[str]:
+        """The ``spec.classes`` keys that are not among a model's class ``names``: overrides that
+        never apply with that model (a policy written for another model, a misspelt name)."""
+        known = set(names)
+        return sorted(k for k in self.spec.classes if k not in known)
+
     def cooldown_for(self, stream_id: str) -> float:
         """Cooldown seconds of a stream."""
         st = self.stream(stream_id)

@@ -160,3 +160,42 @@ def test_a_lost_start_count_does_not_reuse_the_keys_the_sinks_and_spool_remember
     spool.close()
     assert boot_epoch(str(tmp_path / "other.db"), floor=8) == 8  # no count file: the floor
     assert boot_epoch(str(tmp_path / "other.db"), floor=0) == 9  # the count goes on from there
+
+
+def test_policy_classes_the_model_does_not_have_are_warned_at_start_and_on_reload(tmp_path, tiny_model, caplog):
+    """examples/policy.yaml lowers the threshold for `person`; on a model without that class
+    the override never applies, silently: the daemon says so, naming the model's classes."""
+    import logging
+
+    import yaml
+
+    caplog.set_level(logging.WARNING)
+    policy = tmp_path / "policy.yaml"
+
+    def write(classes):
+        doc = yaml.safe_load(policy_yaml("p", {"s": "never"}))
+        doc["spec"]["classes"] = {c: {"threshold": 0.3} for c in classes}
+        policy.write_text(yaml.safe_dump(doc))
+
+    write(["person", "0"])
+    s = load_settings(str(settings_yaml(
+        tmp_path / "edge.yaml", device_id="dev", streams=[{"id": "s", "kind": "synthetic", "uri": "160x120"}],
+        model={"path": str(tiny_model)}, policy_file=str(policy), policy_poll_s=0.05,
+        spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})), env={})
+    d = EdgeDaemon(s)
+
+    def warned():
+        return [r.getMessage() for r in caplog.records if "are not classes of" in r.getMessage()]
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.pipeline is not None and d.pipeline.frames_done > 0, 60, "frames")
+        assert len(warned()) == 1 and "spec.classes person are not" in warned()[0]
+        assert str(tiny_model) in warned()[0]
+        write(["car", "1"])
+        await async_wait_until(lambda: len(warned()) == 2, 10, "the reload's warning")
+        assert "spec.classes car are not" in warned()[1]
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
