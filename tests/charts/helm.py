@@ -90,6 +90,11 @@ MODES: Dict[str, Tuple[str, ...]] = {
     "engine-cache-claim": ("worker.engineCache.type=pvc", "worker.engineCache.pvc.claimName=engines"),
     "engine-cache-hostpath": ("worker.engineCache.type=hostPath",),
     "single-gateway": ("gateway.replicas=1",),
+    # an existing ServiceAccount (no chart-made ones): the gateway's Role is bound to it
+    "existing-sa": ("serviceAccount.create=false", "serviceAccount.name=edgewise-sa", "autoscaling.mode=hpa"),
+    # a private registry: a pinned tag and pull secrets on every pod, the broker's and the test's included
+    "private-registry": ("image.tag=0.2.0", "imagePullSecrets[0].name=regcred", "mqtt.bridge.enabled=true",
+                         "mqtt.broker.enabled=true"),
 }
 
 

@@ -619,3 +619,271 @@ def test_dotted_release_names_give_valid_object_names(release: str) -> None:
         for version in K8S_VERSIONS:
             validate_manifest(doc, version)
     assert named(docs, "Service", "gateway")["metadata"]["name"].startswith(release.replace(".", "-")[:20])
+
+
+# --------------------------------------------------------------------------- QA probe fixes
+
+def _container(docs: list, suffix: str) -> dict:
+    return named(docs, "Deployment", suffix)["spec"]["template"]["spec"]["containers"][0]
+
+
+def _gateway_config(docs: list) -> dict:
+    return yaml.safe_load(named(docs, "ConfigMap", "gateway")["data"]["gateway.yaml"])
+
+
+@pytest.mark.parametrize("mode", ["tls-public-ca", "tls-private-ca", "tls-on"])
+def test_gateway_probes_work_with_tls(mode: str) -> None:
+    """The kubelet's gRPC probe is plaintext: against a TLS port it never passes, so with TLS
+    the gateway's probes GET /healthz on the side port (always on: metricsPort >= 1), the
+    gateway's serving state (cloud/gateway/http.py)."""
+    c = _container(render(*MODES[mode]), "gateway")
+    assert "metrics" in {p["name"] for p in c["ports"]}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert "grpc" not in c[probe], probe
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    assert _schema_node("gateway.metricsPort")["minimum"] >= 1  # the side port cannot be switched off
+    assert '"/healthz"' in (ROOT / "cloud/gateway/http.py").read_text()
+    plain = _container(render(), "gateway")
+    assert plain["readinessProbe"]["grpc"] == {"port": 50051} and plain["livenessProbe"]["grpc"] == {"port": 50051}
+
+
+def _peer_admits(peer: dict, labels: dict) -> bool:
+    """A NetworkPolicy peer of this namespace (podSelector only) admitting a pod with ``labels``."""
+    if "namespaceSelector" in peer or "ipBlock" in peer:
+        return False
+    return all(labels.get(k) == v for k, v in peer.get("podSelector", {}).get("matchLabels", {}).items())
+
+
+@pytest.mark.parametrize("values", ["@exposed", "networkPolicy.gatewayIngressFrom[0].namespaceSelector.matchLabels.x=y"])
+def test_helm_test_pod_may_reach_the_gateway(values: str) -> None:
+    """docs' "Expose the gateway": gatewayIngressFrom admits the ingress controller's namespace
+    only; the helm test pod must still reach the gateway's gRPC port."""
+    docs = render(values)
+    labels = helm_test_pod(docs)["metadata"]["labels"]
+    policy = [p for p in by_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == "rel-edgewise-gateway"][0]
+    assert all(labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items()) is False
+    admitted = [r for r in policy["spec"]["ingress"]
+                if {"port": 50051, "protocol": "TCP"} in r["ports"]
+                and (not r.get("from") or any(_peer_admits(p, labels) for p in r["from"]))]
+    assert admitted, policy["spec"]["ingress"]
+    # and edges still only from the configured sources
+    assert [r for r in policy["spec"]["ingress"] if not r.get("from")] == []
+
+
+@pytest.mark.parametrize("mode", ["hpa", "keda", "none"])
+def test_existing_service_account_gets_the_gateway_role(mode: str) -> None:
+    """serviceAccount.create=false: the gateway runs as serviceAccount.name and may still
+    discover workers (EndpointSlices list/watch, pods get)."""
+    docs = render("serviceAccount.create=false", "serviceAccount.name=edgewise-sa", f"autoscaling.mode={mode}")
+    assert not by_kind(docs, "ServiceAccount")
+    assert named(docs, "Deployment", "gateway")["spec"]["template"]["spec"]["serviceAccountName"] == "edgewise-sa"
+    rules = {r["resources"][0]: r["verbs"] for r in named(docs, "Role", "gateway")["rules"]}
+    assert rules == {"endpointslices": ["list", "watch"], "pods": ["get"]}
+    binding = named(docs, "RoleBinding", "gateway")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "edgewise-sa", "namespace": "ml"}]
+    assert binding["roleRef"]["name"] == "rel-edgewise-gateway"
+    assert "serviceAccount.create=false needs serviceAccount.name" in \
+        (BAD / "service-account-without-name.yaml").read_text()
+
+
+def test_every_pod_gets_the_image_pull_secrets() -> None:
+    docs = render(*MODES["private-registry"])
+    pods = dict(pod_specs(docs))
+    assert {"rel-edgewise-mosquitto", "rel-edgewise-test-detect"} <= set(pods)
+    for name, spec in pods.items():
+        assert spec.get("imagePullSecrets") == [{"name": "regcred"}], name
+
+
+@pytest.mark.parametrize("sets, worker, gateway", [
+    ((), "0.1.0-cuda", "0.1.0"),
+    (("image.tag=0.2.0",), "0.2.0-cuda", "0.2.0"),
+    (("image.tag=0.2.0-cuda",), "0.2.0-cuda", "0.2.0-cuda"),
+    (("image.tag=0.2.0", "worker.profile=cpu"), "0.2.0", "0.2.0"),
+])
+def test_gpu_workers_keep_the_cuda_image_with_a_pinned_tag(sets: tuple, worker: str, gateway: str) -> None:
+    docs = render(*sets)
+    repo = "ghcr.io/edgewise-ai/edgewise:"
+    assert _container(docs, "worker")["image"] == repo + worker
+    assert _container(docs, "gateway")["image"] == repo + gateway
+    assert helm_test_pod(docs)["spec"]["containers"][0]["image"] == repo + gateway
+
+
+def test_gateway_mqtt_settings_survive_the_bridge(tmp_path: Path) -> None:
+    """gateway.config.mqtt keys are merged with the chart's bridge settings (which win)."""
+    from cloud.gateway.settings import load_settings
+
+    docs = render(*MODES["broker-on"], "gateway.config.mqtt.keepalive_s=45",
+                  "gateway.config.mqtt.response_topic_pattern=replies/{device}/#",
+                  "gateway.config.mqtt.host=elsewhere.example", "gateway.config.mqtt.topic_prefix=fleet")
+    mqtt = _gateway_config(docs)["mqtt"]
+    assert mqtt["keepalive_s"] == 45 and mqtt["response_topic_pattern"] == "replies/{device}/#"
+    assert mqtt["topic_prefix"] == "fleet"
+    assert mqtt["host"] == "rel-edgewise-mosquitto" and mqtt["port"] == 1883 and mqtt["enabled"] is True
+    path = tmp_path / "gateway.yaml"
+    path.write_text(named(docs, "ConfigMap", "gateway")["data"]["gateway.yaml"])
+    settings = load_settings(path, env={})
+    assert settings.mqtt.keepalive_s == 45 and settings.mqtt.response_pattern() == "replies/{device}/#"
+
+
+@pytest.mark.parametrize("bad", ["gateway-inline-tokens", "gateway-inline-mqtt-password"])
+def test_inline_secrets_stay_out_of_the_configmap(bad: str) -> None:
+    out = subprocess.run([helm(), "template", "rel", str(CHART), "-f", str(BAD / f"{bad}.yaml")],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "clear text" in out.stderr
+    assert ("gateway.tokensSecret" if "tokens" in bad else "mqtt.broker.authSecret") in out.stderr
+
+
+@pytest.mark.parametrize("sets, expected", [
+    ((), None),                                                        # the gateway's default
+    (("gateway.config.limits.max_message_bytes=16777216",), 16777216),
+    (("gateway.config.limits.max_message_bytes=null",), None),
+])
+def test_workers_take_the_gateway_message_limit(sets: tuple, expected) -> None:
+    """limits.max_message_bytes holds "on both hops": the workers accept what the gateway forwards."""
+    from cloud.gateway.settings import LimitSettings
+
+    want = LimitSettings().max_message_bytes if expected is None else expected
+    assert f"--max-message-bytes={want}" in _container(render(*sets), "worker")["args"]
+
+
+@pytest.mark.parametrize("mode, replicas", [("default", 2), ("none", 2)])
+def test_worker_replicas_in_builtin_mode_come_from_the_live_deployment(mode: str, replicas: int) -> None:
+    """builtin: `helm upgrade` keeps the autoscaled count (lookup of the live Deployment);
+    helm template sees no cluster and renders worker.replicas."""
+    assert named(render(*MODES[mode]), "Deployment", "worker")["spec"]["replicas"] == replicas
+    assert named(render(*MODES[mode], "worker.replicas=5"), "Deployment", "worker")["spec"]["replicas"] == 5
+    tpl = (CHART / "templates/worker.yaml").read_text()
+    assert 'lookup "apps/v1" "Deployment" .Release.Namespace (printf "%s-worker"' in tpl
+    assert 'dig "spec" "replicas" .Values.worker.replicas' in tpl
+
+
+def _gateway_verdict(config: dict, tmp_path: Path):
+    """The gateway's loader on the default render's gateway.yaml with ``config`` merged in."""
+    from cloud.gateway.settings import load_settings
+
+    merged = _gateway_config(render())
+    for section, keys in config.items():
+        merged.setdefault(section, {}).update(keys)
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(merged))
+    return lambda: load_settings(path, env={})
+
+
+@pytest.mark.parametrize("config, accepted", [
+    ({"balancer": {"base_ejection_s": 600}}, False),
+    ({"balancer": {"base_ejection_s": 300}}, True),
+    ({"balancer": {"base_ejection_s": 10, "max_ejection_s": 5}}, False),
+    ({"balancer": {"base_ejection_s": 60, "max_ejection_s": "6e1"}}, True),
+    ({"mqtt": {"reconnect_min_s": 40}}, False),
+    ({"mqtt": {"reconnect_min_s": 30}}, True),
+    ({"mqtt": {"reconnect_min_s": 1, "reconnect_max_s": 0.5}}, False),
+    ({"mqtt": {"response_topic_pattern": "replies/{device}/#"}}, True),
+    ({"mqtt": {"response_topic_pattern": "a/+/{device}"}}, True),
+    ({"mqtt": {"response_topic_pattern": "replies/#"}}, False),
+    ({"mqtt": {"response_topic_pattern": "replies/#/{device}"}}, False),
+    ({"mqtt": {"response_topic_pattern": "$SYS/{device}"}}, False),
+    ({"mqtt": {"response_topic_pattern": "a//{device}"}}, False),
+    ({"mqtt": {"response_topic_pattern": "a/b+c/{device}"}}, False),
+    ({"tls": {"client_ca_file": "/c"}}, False),
+    ({"tls": {"require_client_cert": True}}, False),
+    ({"tls": {"client_ca_file": "/c", "require_client_cert": True}}, False),
+    ({"tls": {"cert_file": "/a"}}, False),
+    ({"tls": {"cert_file": "/a", "key_file": "/b"}}, True),
+    ({"tls": {"cert_file": "/a", "key_file": "/b", "client_ca_file": "/c"}}, False),
+    ({"tls": {"cert_file": "/a", "key_file": "/b", "require_client_cert": True}}, False),
+    ({"tls": {"cert_file": "/a", "key_file": "/b", "client_ca_file": "/c", "require_client_cert": True}}, True),
+])
+def test_gateway_cross_field_rules_agree_with_the_gateway(config: dict, accepted: bool, tmp_path: Path) -> None:
+    """validate.yaml refuses the gateway.config the gateway would refuse at start (balancer
+    ejection, MQTT reconnect, server TLS keys, response topic pattern), naming the value."""
+    from edgewise.errors import ConfigError
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"gateway": {"config": config}}))
+    out = subprocess.run([helm(), "template", "rel", str(CHART), "-n", "ml", "-f", str(values)],
+                         capture_output=True, text=True)
+    assert (out.returncode == 0) is accepted, out.stderr
+    load = _gateway_verdict(config, tmp_path)
+    if accepted:
+        load()
+    else:
+        section = next(iter(config))
+        assert f"gateway.config.{section}" in out.stderr and "refuses to start" in out.stderr, out.stderr
+        with pytest.raises(ConfigError):
+            load()
+
+
+def test_chart_tls_values_satisfy_the_gateway_tls_rules() -> None:
+    """tls.grpc.* sets the keys itself: gateway.config.tls.client_identity alone is fine, and
+    clientAuth supplies client_ca_file and require_client_cert together."""
+    render(*MODES["tls-on"], "gateway.config.tls.client_identity=none")
+    render(*MODES["tls-public-ca"], "gateway.config.tls.client_identity=none")
+
+
+@pytest.mark.parametrize("sets, seconds", [((), 1200), (("worker.startupSeconds=3600",), 3600),
+                                           (("worker.startupSeconds=95",), 95)])
+def test_worker_startup_allows_startup_seconds(sets: tuple, seconds: int) -> None:
+    """A first TensorRT build takes ~12 minutes: the startup probe allows worker.startupSeconds."""
+    probe = _container(render(*sets), "worker")["startupProbe"]
+    allowed = probe["periodSeconds"] * probe["failureThreshold"]
+    assert seconds <= allowed < seconds + probe["periodSeconds"]
+
+
+def test_ingress_refuses_client_certificates() -> None:
+    out = subprocess.run([helm(), "template", "rel", str(CHART), "-f", str(BAD / "ingress-with-client-auth.yaml")],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "gateway.ingress.enabled" in out.stderr and "tls.grpc.clientAuth" in out.stderr
+    render(*MODES["tls-on"], "gateway.service.type=LoadBalancer")  # mTLS end to end stays possible
+
+
+def test_large_integers_render_as_integers(tmp_path: Path) -> None:
+    """Helm reads numbers of a values file as floats: 1000000 printed as is is 1e+06."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "gateway": {"replicas": 1000, "pdb": {"minAvailable": 100},
+                    "config": {"limits": {"max_message_bytes": 16777216, "max_image_bytes": 10000000}}},
+        "worker": {"replicas": 10000, "terminationGracePeriodSeconds": 86400, "threads": 1000,
+                   "batching": {"queueSize": 1000000, "maxBatchSize": 8}, "pdb": {"maxUnavailable": 1000}},
+        "autoscaling": {"minReplicas": 1000, "maxReplicas": 10000, "scaleDownStabilizationSeconds": 3600,
+                        "queueWaitSloMs": 100000}}))
+    for mode in ("builtin", "hpa", "keda"):
+        text = render_text(f"autoscaling.mode={mode}", values=values)
+        assert not re.search(r"\d[eE]\+\d", text), re.findall(r".*\d[eE]\+\d.*", text)
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        for doc in docs:
+            validate_manifest(doc, K8S_VERSIONS[-1])
+    docs = render(values=values)
+    worker = named(docs, "Deployment", "worker")
+    assert worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 86400
+    args = worker["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert {"--queue-size=1000000", "--grace=86395", "--threads=1000", "--max-message-bytes=16777216"} <= set(args)
+    auto = _container(docs, "autoscaler")["args"]
+    assert {"--min=1000", "--max=10000", "--queue-wait-slo-ms=100000"} <= set(auto)
+    out = subprocess.run([helm(), "template", "rel", str(CHART), "--set", "worker.terminationGracePeriodSeconds=1000000"],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "/worker/terminationGracePeriodSeconds" in out.stderr
+
+
+@pytest.mark.parametrize("sets, seconds", [
+    ((), 30),                                                     # the gateway's 10 s + 15, at least 30
+    (("gateway.config.shutdown_grace_s=60",), 75),
+    (("gateway.config.shutdown_grace_s=20.5",), 36),
+])
+def test_gateway_pod_grace_covers_its_shutdown_grace(sets: tuple, seconds: int) -> None:
+    from cloud.gateway.settings import GatewaySettings
+
+    assert GatewaySettings().shutdown_grace_s + 15 <= 30  # the default render's 30 s covers the default
+    spec = named(render(*sets), "Deployment", "gateway")["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == seconds
+
+
+def test_autoscaler_role_and_hpa_docs_match_what_is_rendered() -> None:
+    """The autoscaler only reads/patches the worker scale (it finds gateways by DNS); the docs
+    name the HPA's metric type the chart renders."""
+    role = named(render(), "Role", "autoscaler")
+    assert [r["resources"] for r in role["rules"]] == [["deployments/scale"]]
+    autoscaler = "".join(p.read_text() for p in (ROOT / "cloud/autoscaler").glob("*.py"))
+    assert "endpointslice" not in autoscaler.lower() and "DiscoveryV1" not in autoscaler
+    metric = by_kind(render(*MODES["hpa"]), "HorizontalPodAutoscaler")[0]["spec"]["metrics"][0]["type"]
+    row = [line for line in (ROOT / "docs/install-cloud.md").read_text().splitlines() if line.startswith("| `hpa` |")]
+    assert len(row) == 1 and f"{metric} metric" in row[0] and "Object metric" not in row[0]

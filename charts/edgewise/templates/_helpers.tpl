@@ -25,14 +25,18 @@ app.kubernetes.io/instance: {{ .root.Release.Name | quote }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{/* Image reference; GPU workers default to the -cuda tag. */}}
+{{/* Image reference: image.tag (default appVersion); GPU workers run the CUDA build of the
+     same release, "<tag>-cuda", a pinned image.tag included (a tag that already ends in
+     -cuda is kept as it is). */}}
 {{- define "edgewise.image" -}}
 {{- $tag := .root.Values.image.tag | default .root.Chart.AppVersion -}}
-{{- if and .gpu (not .root.Values.image.tag) -}}{{- $tag = printf "%s-cuda" $tag -}}{{- end -}}
+{{- if and .gpu (not (hasSuffix "-cuda" $tag)) -}}{{- $tag = printf "%s-cuda" $tag -}}{{- end -}}
 {{- printf "%s:%s" .root.Values.image.repository $tag -}}
 {{- end -}}
 
-{{/* Service accounts: the gateway watches EndpointSlices, the autoscaler patches the worker scale. */}}
+{{/* Service accounts: the gateway watches EndpointSlices, the autoscaler patches the worker scale.
+     With serviceAccount.create=false both run as serviceAccount.name (validate.yaml requires
+     it), which the gateway's Role is still bound to (rbac.yaml). */}}
 {{- define "edgewise.gatewaySA" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- printf "%s-gateway" (include "edgewise.fullname" .) -}}
@@ -157,4 +161,13 @@ namespace="{{ .Release.Namespace }}",app_kubernetes_io_instance="{{ .Release.Nam
 {{- trimPrefix "+" $q | float64 -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Seconds the gateway pod gets to stop (terminationGracePeriodSeconds): its
+     gateway.config.shutdown_grace_s (the gateway's default 10 s when unset), rounded up, plus
+     15 s for the process to exit after draining; never below Kubernetes' default 30 s. */}}
+{{- define "edgewise.gatewayTerminationGrace" -}}
+{{- $config := .Values.gateway.config | default dict -}}
+{{- $grace := (hasKey $config "shutdown_grace_s") | ternary $config.shutdown_grace_s 10.0 | toString | trim | float64 -}}
+{{- max 30 (add (ceil $grace | int64) 15) | int64 -}}
 {{- end -}}
