@@ -49,17 +49,49 @@ count exactly once (gRFC A48 counters), whatever the outcome.
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from cloud.worker.batching import TOO_SHORT_MARK  # a worker's refusal of a too-short deadline
 from edgewise import status
 from edgewise.settings import Invalid, check, setting
 from edgewise.v1 import detect_pb2
 
+log = logging.getLogger("edgewise.gateway.balancer")
+
 Clock = Callable[[], float]
+
+#: The hop to a worker expires this much before the client's deadline: 10% of the time left,
+#: at least 3 ms and at most 50 ms (docs/design/balancing.md#the-hop-expires-first). With the
+#: hop sharing the client's deadline, gRPC cancelled the gateway's handler at the same instant
+#: the hop expired, so the gateway saw CANCELLED: a hung worker was never counted against and
+#: the request was in no metric. The margin is the gateway's time to see the hop's
+#: DEADLINE_EXCEEDED, count it and answer the client itself.
+HOP_MARGIN_FRACTION = 0.1
+HOP_MARGIN_MIN_S = 0.003
+HOP_MARGIN_MAX_S = 0.05
+
+#: Load polls in a row that time out before a worker is paused (no picks until a poll answers):
+#: a worker that is alive answers a poll within its 1 s timeout even when busy, one that is hung
+#: (SIGSTOP, a wedged event loop) never does (docs/design/balancing.md#active-health-checks).
+LOAD_TIMEOUTS_TO_PAUSE = 3
+
+#: Workers discovered within this many seconds of the balancer's first endpoint set are the
+#: ones "the gateway starts with" (a few load polls at the default 1 s): until they first report
+#: serving they skip slow start (docs/design/balancing.md#slow-start).
+STARTUP_S = 3.0
+
+
+
+def hop_timeout(remaining_s: float) -> float:
+    """The timeout of the call to the worker for a request with ``remaining_s`` left: a little
+    less, so the hop expires first and the gateway answers (and counts) the timeout itself."""
+    margin = min(HOP_MARGIN_MAX_S, max(HOP_MARGIN_MIN_S, HOP_MARGIN_FRACTION * remaining_s))
+    return max(0.0, remaining_s - margin)
 
 MODES = ("wlc", "rr", "random", "wrr", "lc", "p2c", "wp2c")
 _REL_EPS = 1e-9
@@ -76,15 +108,20 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"  # the client gave up: says nothing about the worker
 
 
-def outcome_of(wire_status: int) -> Outcome:
+def outcome_of(wire_status: int, message: str = "") -> Outcome:
     """How the balancer counts a worker's answer with this wire status (docs/design/balancing.md#outlier-ejection and #overload-is-load-not-failure).
 
     RESOURCE_EXHAUSTED is load; UNAVAILABLE, INTERNAL and an answer that does not say
     (UNKNOWN on gRPC) make the worker look bad, and so does a hop deadline that gave the
     worker time enough (``TIMED_OUT``); per-request errors (INVALID_ARGUMENT,
-    UNAUTHENTICATED) and OK say it works.
+    UNAUTHENTICATED) and OK say it works. A worker refusing up front a deadline closer than
+    its batch-of-one time (``message`` carries :data:`TOO_SHORT_MARK`) answered correctly for
+    the client's deadline: ``CANCELLED``, nothing against the worker.
     """
-    return _OUTCOMES.get(status.row(wire_status).status, Outcome.OK)
+    st = status.row(wire_status).status
+    if st == status.DEADLINE_EXCEEDED and TOO_SHORT_MARK in message:
+        return Outcome.CANCELLED
+    return _OUTCOMES.get(st, Outcome.OK)
 
 
 _OUTCOMES: dict[int, Outcome] = {
@@ -198,6 +235,11 @@ class EndpointStats:
     overload_until: float = 0.0
     picks: int = 0
     ejections: int = 0
+    load_timeouts: int = 0             # Load polls in a row that timed out
+    #: EWMA of the round trip of requests picked while the endpoint was idle: its batch-of-one
+    #: latency as the gateway sees it (hop, decode, compute); None before the first
+    idle_answer_s: float | None = None
+    starting: bool = False             # one the gateway started with that has not served yet
 
     def ejected(self, now: float) -> bool:
         return self.ejected_until is not None and now < self.ejected_until
@@ -215,6 +257,10 @@ class Ticket:
     #: rate); None when unknown
     deadline_s: float | None = None
     expected_s: float | None = None
+    #: when it was picked (the balancer's clock) and whether the endpoint was idle then: the
+    #: round trip of an idle pick answered OK is the endpoint's batch-of-one latency
+    picked_at: float = 0.0
+    idle: bool = False
     _released: bool = field(default=False, repr=False)
 
     def release(self, outcome: Outcome) -> bool:
@@ -224,7 +270,7 @@ class Ticket:
         self._released = True
         if outcome is Outcome.TIMED_OUT and self.hopeless():
             outcome = Outcome.CANCELLED  # the client asked for less time than any answer takes
-        return self._balancer._release(self.address, outcome, self.cost)
+        return self._balancer._release(self.address, outcome, self.cost, self)
 
     def hopeless(self) -> bool:
         """The deadline was shorter than the endpoint's expected answer time at the pick: its
@@ -250,6 +296,7 @@ class Balancer:
         self._rr = 0
         self._per_weight: float | None = None  # mean reported capacity per configured weight unit
         self._mean_pixels: float | None = None  # EWMA of the pixels per request (cost auto)
+        self._first_set_at: float | None = None  # when the first endpoint set came (STARTUP_S)
 
     # ---- membership ------------------------------------------------------------------
     def set_endpoints(self, endpoints: Iterable[tuple[str, float, str, bool]]) -> list[str]:
@@ -260,7 +307,10 @@ class Balancer:
         closed now (draining with nothing in flight); those are forgotten.
         """
         now = self.clock()
-        start = self._slow_start_t0(now)
+        if self._first_set_at is None:
+            self._first_set_at = now
+        starting = now - self._first_set_at <= STARTUP_S
+        start = now - self.config.slow_start_window_s if starting else self._slow_start_t0(now)
         seen = set()
         for address, weight, name, draining in endpoints:
             if not weight > 0 or not math.isfinite(weight):
@@ -269,7 +319,8 @@ class Balancer:
             ep = self.endpoints.get(address)
             if ep is None:
                 ep = EndpointStats(address=address, weight=weight, name=name or address,
-                                   slow_start_t0=start, last_decay=now, draining=draining)
+                                   slow_start_t0=start, last_decay=now, draining=draining,
+                                   starting=starting)
                 self.endpoints[address] = ep
                 continue
             ep.weight = weight
@@ -303,8 +354,18 @@ class Balancer:
         ep = self.endpoints.get(address)
         if ep is None:
             return
+        now = self.clock()
+        ep.load_timeouts = 0
         if ep.paused and serving:
-            ep.slow_start_t0 = self._slow_start_t0(self.clock(), ep)
+            # one the gateway started with, serving for the first time, skips the ramp
+            ep.slow_start_t0 = (now - self.config.slow_start_window_s if ep.starting
+                                else self._slow_start_t0(now, ep))
+            log.info("worker %s readmitted: it reports serving again%s", ep.name,
+                     "" if self.slow_start_factor(ep, now) >= 1.0 else " (slow start restarts)")
+        elif not ep.paused and not serving:
+            log.warning("worker %s paused: it reports not serving (warming up or shutting down)", ep.name)
+        if serving:
+            ep.starting = False
         ep.paused = not serving
         ep.pixel_rate = _rate_or_none(pixel_rate)
         ep.capacity = _rate_or_none(capacity)
@@ -317,6 +378,22 @@ class Balancer:
         """A Load poll could not reach the worker: no picks until a poll reports it serving."""
         ep = self.endpoints.get(address)
         if ep is not None:
+            if not ep.paused:
+                log.warning("worker %s paused: its Load poll could not reach it (UNAVAILABLE); no picks "
+                            "until a poll does", ep.name)
+            ep.paused = True
+
+    def load_timed_out(self, address: str) -> None:
+        """A Load poll timed out. One is load; :data:`LOAD_TIMEOUTS_TO_PAUSE` in a row say the
+        worker is hung (it accepts connections but answers nothing): paused, no picks until a
+        poll answers (docs/design/balancing.md#active-health-checks)."""
+        ep = self.endpoints.get(address)
+        if ep is None:
+            return
+        ep.load_timeouts += 1
+        if ep.load_timeouts >= LOAD_TIMEOUTS_TO_PAUSE and not ep.paused:
+            log.warning("worker %s paused: %d Load polls in a row timed out (hung?); no picks until a "
+                        "poll answers", ep.name, ep.load_timeouts)
             ep.paused = True
 
     def _slow_start_t0(self, now: float, joining: EndpointStats | None = None) -> float:
@@ -330,7 +407,10 @@ class Balancer:
     def slow_start_factor(self, ep: EndpointStats, now: float) -> float:
         """Envoy slow start (docs/design/balancing.md#slow-start): max(min_pct, (elapsed/window)^(1/aggression))."""
         c = self.config
-        elapsed = now - ep.slow_start_t0
+        t0 = ep.slow_start_t0
+        if ep.ejected_until is not None and now >= ep.ejected_until:
+            t0 = max(t0, ep.ejected_until)  # back from ejection, not yet refreshed: ramping already
+        elapsed = now - t0
         if c.slow_start_window_s <= 0 or elapsed >= c.slow_start_window_s:
             return 1.0
         frac = max(elapsed, 0.0) / c.slow_start_window_s
@@ -362,23 +442,40 @@ class Balancer:
         now = self.clock() if now is None else now
         return self.base_weight(ep) * self.slow_start_factor(ep, now)
 
-    def key(self, ep: EndpointStats, now: float, cost: float = 1.0) -> float:
+    def key(self, ep: EndpointStats, now: float, cost: float = 1.0, idle_peer: bool | None = None) -> float:
         """The wlc key of ``ep`` for a request of ``cost`` (docs/design/balancing.md#pick-weighted-least-connections):
         ``load_after``, HAProxy's load after assignment ``(work + cost) / w_eff``, 0 for an
         idle endpoint out of slow start with ``idle_first``; ``active``, nginx least_conn's
         ``work / w_eff`` (``idle_first`` does not apply: an idle endpoint keys 0 anyway).
         ``work`` is the sum of the costs in flight: the in-flight count when every request
-        costs 1 (docs/design/balancing.md#work-not-requests)."""
+        costs 1 (docs/design/balancing.md#work-not-requests). ``idle_peer``: whether a
+        candidate is idle at full weight (None: any pickable endpoint)."""
         # Idle-first skips endpoints still in slow start, or an idle new worker would get
         # every request it can take and the ramp would mean nothing.
         if self.config.key == "active":  # an idle endpoint in slow start takes one at a time
             return ep.work / self.effective_weight(ep, now)
         # Idle-first is for requests of one cost; where they cost their pixels the key is already
         # the time to finish, and an idle slow worker is no place for a whole frame.
-        if (self.config.idle_first and ep.in_flight == 0 and self.slow_start_factor(ep, now) >= 1.0
-                and self._pixel_weight(ep) is None):
-            return 0.0
+        if self.config.idle_first and ep.in_flight == 0 and self._pixel_weight(ep) is None:
+            # An idle endpoint in slow start ties with idle peers at full weight (light load), so
+            # smooth WRR gives it a share that follows its ramped weight; alone idle (the others
+            # busy) it keeps its key, or it would take every request it can and the ramp would
+            # mean nothing (docs/design/balancing.md#idle-first).
+            if self.slow_start_factor(ep, now) >= 1.0:
+                return 0.0
+            if idle_peer is None:
+                idle_peer = self._idle_peer(self._pickable(now), now)
+            if idle_peer:
+                return 0.0
         return (ep.work + cost) / self.effective_weight(ep, now)
+
+    def _idle_peer(self, eps: Iterable[EndpointStats], now: float) -> bool:
+        """Some endpoint of ``eps`` has idle-first key 0 at full weight."""
+        return any(ep.in_flight == 0 and self._pixel_weight(ep) is None and self.slow_start_factor(ep, now) >= 1.0
+                   for ep in eps)
+
+    def _pickable(self, now: float) -> list[EndpointStats]:
+        return [ep for ep in self.endpoints.values() if not ep.draining and not ep.paused and not ep.ejected(now)]
 
     def cost(self, ep: EndpointStats, pixels: int) -> float:
         """What a request of ``pixels`` counts as on ``ep`` (docs/design/balancing.md#work-not-requests):
@@ -390,14 +487,25 @@ class Balancer:
         return min(16.0, max(1.0 / 16.0, pixels / self._mean_pixels))
 
     # ---- health bookkeeping ----------------------------------------------------------------
+    def refresh(self) -> None:
+        """Bring ejections, decay and overload holds up to the clock. Picks do it; views
+        (``/pool``) and the poll loop call it too, so a return from ejection shows (and is
+        logged) when it happens, not at the next pick."""
+        self._refresh(self.clock())
+
     def _refresh(self, now: float) -> None:
         c = self.config
         for ep in self.endpoints.values():
             if ep.ejected_until is not None and now >= ep.ejected_until:
-                ep.ejected_until = None       # back: restart slow start (docs/design/balancing.md#outlier-ejection)
-                ep.slow_start_t0 = now
-                ep.last_decay = now
+                # back: slow start restarts from the moment the ejection ended, whenever this
+                # runs (docs/design/balancing.md#outlier-ejection)
+                back = ep.ejected_until
+                ep.ejected_until = None
+                ep.slow_start_t0 = max(ep.slow_start_t0, back)
+                ep.last_decay = back
                 ep.consecutive_failures = 0
+                log.info("worker %s readmitted: its ejection ended (ejected %d times; slow start restarts)",
+                         ep.name, ep.ejection_count)
             if ep.ejected_until is None and ep.ejection_count > 0:
                 steps = int((now - ep.last_decay) // c.ejection_decay_interval_s)
                 if steps > 0:
@@ -466,6 +574,7 @@ class Balancer:
         costs = {ep.address: self.cost(ep, pixels) for ep in cands}
         chosen = self._choose(cands, now, costs)
         cost = costs[chosen.address]
+        idle = chosen.in_flight == 0
         chosen.in_flight += 1
         chosen.work += cost
         chosen.picks += 1
@@ -473,15 +582,24 @@ class Balancer:
             alpha = 1.0 / self.config.cost_window
             self._mean_pixels = (float(pixels) if self._mean_pixels is None
                                  else self._mean_pixels + alpha * (pixels - self._mean_pixels))
-        rate = self._pixel_weight(chosen) or chosen.capacity
-        return Ticket(chosen.address, self, cost, deadline_s, chosen.work / rate if rate else None)
+        return Ticket(chosen.address, self, cost, deadline_s, self._expected_s(chosen), now, idle)
+
+    def _expected_s(self, ep: EndpointStats) -> float | None:
+        """How long ``ep`` should take to answer a request just picked: its work in flight over
+        its measured rate, and never less than its measured batch-of-one round trip (a
+        rate says nothing of the hop, the decode or a batching worker's batch-of-one time);
+        None when neither is known."""
+        rate = self._pixel_weight(ep) or ep.capacity
+        cands = [v for v in (ep.work / rate if rate else None, ep.idle_answer_s) if v is not None]
+        return max(cands) if cands else None
 
     def _choose(self, cands: list[EndpointStats], now: float, costs: dict[str, float]) -> EndpointStats:
         mode = self.config.mode
         if len(cands) == 1:
             return cands[0]
         if mode == "wlc":
-            keys = [self.key(ep, now, costs[ep.address]) for ep in cands]
+            peer = self._idle_peer(cands, now)
+            keys = [self.key(ep, now, costs[ep.address], peer) for ep in cands]
             best = min(keys)
             tied = [ep for ep, k in zip(cands, keys) if k <= best * (1 + _REL_EPS) + 1e-15]
             if self.config.key == "active" and len(tied) > 1:  # the fastest of the tied; equals by smooth WRR
@@ -530,17 +648,21 @@ class Balancer:
         return best
 
     # ---- outcomes --------------------------------------------------------------------------
-    def _release(self, address: str, outcome: Outcome, cost: float = 1.0) -> bool:
+    def _release(self, address: str, outcome: Outcome, cost: float = 1.0, ticket: Ticket | None = None) -> bool:
         ep = self.endpoints.get(address)
         if ep is None:
             return False
         now = self.clock()
+        if outcome is Outcome.OK and ticket is not None and ticket.idle:
+            took = max(0.0, now - ticket.picked_at)
+            ep.idle_answer_s = took if ep.idle_answer_s is None else ep.idle_answer_s + 0.2 * (took - ep.idle_answer_s)
         in_flight_before = ep.in_flight
         ep.in_flight = max(0, ep.in_flight - 1)
         ep.work = max(0.0, ep.work - cost) if ep.in_flight else 0.0  # no float drift past idle
         c = self.config
         if outcome is Outcome.OK:
             ep.consecutive_failures = 0
+            ep.starting = False
         elif outcome is Outcome.OVERLOADED:
             # At capacity: hold it at what it could take (docs/design/balancing.md#overload-is-load-not-failure).
             ep.overload_cap = max(1, in_flight_before - 1)
@@ -567,6 +689,8 @@ class Balancer:
         ep.ejected_until = now + min(c.base_ejection_s * ep.ejection_count, c.max_ejection_s)
         ep.consecutive_failures = 0
         ep.current_weight = 0.0
+        log.warning("worker %s ejected for %.0f s: %d failures in a row (timeouts, UNAVAILABLE, INTERNAL); "
+                    "ejected %d times", ep.name, ep.ejected_until - now, c.consecutive_failures, ep.ejection_count)
 
     # ---- views -----------------------------------------------------------------------------
     def total_in_flight(self) -> int:

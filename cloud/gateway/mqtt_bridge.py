@@ -48,6 +48,7 @@ from prometheus_client import Counter, Gauge
 
 from cloud.gateway.admission import Caller
 from cloud.gateway.envelope import Reply, RequestHead, error_reply
+from cloud.gateway.metrics import GatewayMetrics
 from cloud.gateway.settings import MqttSettings
 from edgewise import mqtt_topics, status
 from edgewise.errors import InvalidInputError
@@ -67,7 +68,10 @@ SHORT_SESSIONS_IN_A_ROW = 3
 
 
 class RequestHandler(Protocol):
-    """The gateway's one request path, as the bridge needs it."""
+    """The gateway's one request path, as the bridge needs it: ``metrics`` counts the requests
+    the bridge answers itself (overload) like every other answered request."""
+
+    metrics: GatewayMetrics
 
     def read(self, body: bytes, transport: str) -> RequestHead | Reply: ...
 
@@ -257,6 +261,10 @@ class MqttBridge:
             busy = len(self._pending) >= self.s.max_in_flight
         if busy:
             self._count("overloaded")
+            # an answered request like any other: requests_total{transport=mqtt} and
+            # rejected_total{reason=mqtt_overloaded} (docs/metrics.md)
+            self.handler.metrics.rejected.labels(reason="mqtt_overloaded").inc()
+            self.handler.metrics.answered("mqtt", status.name(status.RESOURCE_EXHAUSTED))
             self._publish(response_topic, correlation, error_reply(
                 req, status.RESOURCE_EXHAUSTED,
                 f"gateway MQTT bridge has {self.s.max_in_flight} requests in flight; retry later"))

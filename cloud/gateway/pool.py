@@ -3,9 +3,11 @@
 One gRPC channel per worker (gRPC Python has no least-request policy, so the
 gateway picks in Python: docs/design/balancing.md#why-the-gateway-picks-in-python), created and closed as
 discovery changes; a draining worker's channel closes once its last request
-ends. ``forward`` picks, sends ``Worker.Infer`` with the request's own bytes and the
-deadline as the call's gRPC deadline (the worker takes the earlier of it and the
-request's ``deadline_unix_ns``; docs/design/balancing.md#a-lean-hop), classifies the
+ends. ``forward`` picks, sends ``Worker.Infer`` with the request's own bytes and a gRPC
+deadline a little before the client's (``balancing.hop_timeout``: the hop expires first, so
+the gateway sees its DEADLINE_EXCEEDED, counts it against the worker and answers the client
+itself; the worker takes the earlier of it and the request's ``deadline_unix_ns``;
+docs/design/balancing.md#a-lean-hop), classifies the
 answer once (``balancing.outcome_of`` of its wire status, a gRPC error being turned
 into the same kind of reply first), and retries once on
 another worker for a retryable status (``edgewise.status``: UNAVAILABLE) within
@@ -39,6 +41,7 @@ from cloud.gateway.balancing import (
     Outcome,
     RetryBudget,
     Ticket,
+    hop_timeout,
     outcome_of,
     should_retry,
 )
@@ -133,6 +136,7 @@ class WorkerPool:
         while True:
             await asyncio.gather(*(self._poll_one(a, c) for a, c in list(self._channels.items())),
                                  return_exceptions=True)
+            self.balancer.refresh()  # ejections that ended show (and are logged) now, not at the next pick
             await asyncio.sleep(interval)
 
     async def _poll_one(self, address: str, ch: _Channel) -> None:
@@ -144,9 +148,12 @@ class WorkerPool:
             # cannot reach gets no picks until a poll reaches it again. Without this a
             # restarted worker whose ejection ran out while its channel was still
             # reconnecting took picks, failed them fast and was ejected again, for
-            # longer each time. A slow poll (deadline) is load, not absence: ignored.
+            # longer each time. A slow poll (deadline) is load, not absence, but a few in a
+            # row say the worker is hung (SIGSTOP, a wedged loop): the balancer pauses it.
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 self.balancer.mark_unreachable(address)
+            elif exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                self.balancer.load_timed_out(address)
             return
         limit = load.max_batch_size + load.max_queue_size if load.max_queue_size else 0
         self.balancer.report_load(address, load.capacity, load.queue_depth, limit, load.serving,
@@ -165,17 +172,22 @@ class WorkerPool:
         reply: Reply | None = None
         while True:
             remaining = deadline - time.perf_counter()
-            if remaining <= 0:
+            hop = hop_timeout(remaining)  # expires first: the timeout is ours to see, count and answer
+            if hop <= 0:
                 reply = error_reply(req, status.DEADLINE_EXCEEDED,
-                                    f"deadline passed after {len(tried)} attempt(s) ({', '.join(tried)})")
+                                    f"deadline passed, or too close to reach a worker ({remaining * 1000:.1f} ms "
+                                    f"left), after {len(tried)} attempt(s) ({', '.join(tried)}); send a later "
+                                    f"deadline")
+                if not tried:  # refused before forwarding, like the gateway's other refusals
+                    self.metrics.rejected.labels(reason="deadline_exceeded").inc()
                 break
-            pick = self.balancer.pick(exclude=tried, deadline_s=remaining, pixels=pixels)
+            pick = self.balancer.pick(exclude=tried, deadline_s=hop, pixels=pixels)
             if not isinstance(pick, Ticket):
                 if reply is None:  # else no other worker to retry on: answer with the first failure
                     reply = self._no_pick_reply(req, pick, remaining)
                 break
             t0 = time.perf_counter()
-            reply = await self._attempt(pick, req, remaining)
+            reply = await self._attempt(pick, req, hop)
             waited += time.perf_counter() - t0
             tried.append(pick.address)
             if not self._retry(reply.status, len(tried), deadline - time.perf_counter()):
@@ -207,7 +219,7 @@ class WorkerPool:
             raise
         if not status.is_ok(reply.status):  # counted before the release, which may forget the worker
             self.metrics.worker_error(name, status.name(reply.status))
-        self._done(pick, outcome_of(reply.status))
+        self._done(pick, outcome_of(reply.status, reply.error))
         if reply.queue_ms is not None and reply.queue_ms >= 0:
             self._queue_ms.append((time.monotonic(), reply.queue_ms))
         return reply
@@ -251,6 +263,7 @@ class WorkerPool:
     def snapshot(self) -> dict[str, Any]:
         """The ``GET /pool`` document the autoscaler reads."""
         b = self.balancer
+        b.refresh()  # an ejection that ended shows as such, with its slow-start weight
         now = b.clock()
         workers = []
         capacity = 0.0

@@ -19,7 +19,11 @@ Invariants / rules (read these before changing anything below):
    b. otherwise, if ``max_batch_size`` requests wait, a full batch goes at once;
    c. otherwise, if a preferred size can be formed, the largest one that can
       goes at once (Triton: "executed immediately");
-   d. otherwise the requests are held until the oldest has waited the delay.
+   d. otherwise, if holding any longer would miss a queued request's deadline (it is
+      closer than the measured time of the batch that would go now plus a guard,
+      ``DEADLINE_GUARD_*``), what waits goes at once (reason ``"deadline"``): an idle
+      model never lets a request expire in the queue for the sake of a fuller batch;
+   e. otherwise the requests are held until the oldest has waited the delay.
    With ``max_queue_delay_s == 0`` nothing is ever held (Triton's default).
    Rule (a) before (c) is deliberate: Triton's doc order lets a small preferred
    size starve throughput under backlog (the "batches come out small" reports in
@@ -57,8 +61,19 @@ from typing import Generic, TypeVar
 
 from edgewise.errors import DeadlineExceededError, OverloadedError
 
+#: Ends the refusal of a deadline closer than one batch: the gateway reads it as the client's
+#: deadline, not a fault of the worker (cloud.gateway.balancing.outcome_of), so keep it.
+TOO_SHORT_MARK = "send a later deadline"
+
 T = TypeVar("T")
 R = TypeVar("R")
+
+#: A held batch goes this long before the time its earliest-deadline request would have to
+#: start to finish: half the batch's measured time, at least 5 ms (timer and event-loop
+#: lateness; docs/design/batching.md#deadlines). Without it the wake-up at the deadline found the
+#: request already unmeetable and expired it while the model sat idle.
+DEADLINE_GUARD_FRACTION = 0.5
+DEADLINE_GUARD_MIN_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -176,7 +191,7 @@ class Batch(Generic[T]):
     items: tuple[T, ...]
     queue_waits: tuple[float, ...]
     formed_at: float
-    reason: str  # "preferred" | "max" | "delay" | "flush"
+    reason: str  # "preferred" | "max" | "delay" | "deadline" | "flush"
 
     def __len__(self) -> int:
         return len(self.items)
@@ -255,7 +270,7 @@ class Batcher(Generic[T]):
         if deadline is not None and deadline - self.min_batch_s <= now:
             raise DeadlineExceededError(
                 f"deadline is {1e3 * (deadline - now):.1f} ms away but a batch takes about "
-                f"{1e3 * self.min_batch_s:.1f} ms; send a later deadline"
+                f"{1e3 * self.min_batch_s:.1f} ms; {TOO_SHORT_MARK}"
             )
         level = self._levels.get(priority)
         if level is None:
@@ -315,17 +330,47 @@ class Batcher(Generic[T]):
         for p in self._preferred_desc:
             if p <= n:
                 return p, "preferred"
+        size = min(n, pol.max_batch_size)
+        due = self._dispatch_by(size)
+        if due is not None and now >= due:
+            return size, "deadline"
         return 0, ""
+
+    def _dispatch_by(self, size: int) -> float | None:
+        """The latest time a batch of ``size`` can start and still finish before the earliest
+        queued deadline (less a guard), None when nothing queued has a deadline."""
+        earliest = min((p.deadline for level in self._levels.values() for p in level if p.deadline is not None),
+                       default=None)
+        if earliest is None:
+            return None
+        t = self._batch_time(size)
+        return earliest - t - max(DEADLINE_GUARD_MIN_S, DEADLINE_GUARD_FRACTION * t)
+
+    def _batch_time(self, size: int) -> float:
+        """Measured compute time of a batch of ``size``: its own estimate, else the next larger
+        size measured, else the largest measured scaled up linearly; 0 before any."""
+        measured = sorted(k for k, e in self._size_s.items() if e.value)
+        if not measured:
+            return 0.0
+        larger = [k for k in measured if k >= size]
+        if larger:
+            return self._size_s[larger[0]].value or 0.0
+        top = measured[-1]
+        return (self._size_s[top].value or 0.0) * size / top
 
     def next_wakeup(self, now: float) -> float | None:
         """When (same clock) the shell must call again with no new arrival.
 
-        That is the earliest of: the oldest request's delay running out, and
-        the earliest deadline becoming unmeetable. None when the queue is empty.
+        That is the earliest of: the oldest request's delay running out, the last moment a
+        batch of what waits can start and meet the earliest deadline (rule 3d), and the
+        earliest deadline becoming unmeetable. None when the queue is empty.
         """
         if self._size == 0:
             return None
         t = self._oldest() + self.policy.max_queue_delay_s
+        due = self._dispatch_by(min(self._size, self.policy.max_batch_size))
+        if due is not None:
+            t = min(t, due)
         slack = self.min_batch_s
         for level in self._levels.values():
             for p in level:

@@ -422,7 +422,12 @@ def test_the_pool_a_gateway_starts_with_skips_slow_start():
     clock.t = 5.0
     b.report_load("a", 10.0, serving=True)
     assert b.slow_start_factor(b.endpoints["a"], 5.0) == 1.0
-    # ... but b, coming back while a serves, ramps; so does a worker added later
+    # b, a worker the gateway started with, first serving while a serves: no ramp either
+    # (balancing.STARTUP_S: it never served yet, so it is not "joining" anything)
+    b.report_load("b", 10.0, serving=True)
+    assert b.slow_start_factor(b.endpoints["b"], 5.0) == 1.0
+    # ... but once it served, a pause and a return ramp; so does a worker added later
+    b.report_load("b", 10.0, serving=False)
     b.report_load("b", 10.0, serving=True)
     assert b.slow_start_factor(b.endpoints["b"], 5.0) == pytest.approx(0.1)
     b.set_endpoints([("a", 1.0, "", False), ("b", 1.0, "", False), ("c", 1.0, "", False)])

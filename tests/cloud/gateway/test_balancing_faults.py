@@ -1,0 +1,147 @@
+"""Balancer core under worker faults, on an injected clock: the hop margin, a worker's up-front
+refusal, the batch-of-one estimate, hung Load polls, slow start under light load and after an
+ejection, and the workers a gateway starts with (docs/design/balancing.md)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+
+import pytest
+
+from cloud.gateway.balancing import (
+    HOP_MARGIN_MAX_S,
+    HOP_MARGIN_MIN_S,
+    LOAD_TIMEOUTS_TO_PAUSE,
+    STARTUP_S,
+    Balancer,
+    BalancerConfig,
+    Outcome,
+    hop_timeout,
+    outcome_of,
+)
+from edgewise import status
+from tests.cloud.gateway.test_balancing import FakeClock, make, must
+
+
+def test_the_hop_expires_a_little_before_the_client():
+    assert hop_timeout(2.0) == pytest.approx(2.0 - HOP_MARGIN_MAX_S)  # capped
+    assert hop_timeout(0.1) == pytest.approx(0.09)                      # 10%
+    assert hop_timeout(0.006) == pytest.approx(0.006 - HOP_MARGIN_MIN_S)  # floor
+    assert hop_timeout(0.002) == 0.0                                     # no time for a worker
+
+
+def test_a_workers_refusal_of_a_too_short_deadline_is_not_its_fault():
+    refusal = "worker w: DEADLINE_EXCEEDED: deadline is 4.2 ms away but a batch takes about 7.3 ms; send a later deadline"
+    assert outcome_of(status.DEADLINE_EXCEEDED, refusal) is Outcome.CANCELLED
+    assert outcome_of(status.DEADLINE_EXCEEDED, "worker w: DEADLINE_EXCEEDED: Deadline Exceeded") is Outcome.TIMED_OUT
+    assert outcome_of(status.DEADLINE_EXCEEDED) is Outcome.TIMED_OUT
+
+
+def test_hopeless_uses_the_measured_batch_of_one_round_trip():
+    """The reported capacity of a batching worker is its images/s at its batch sizes (1/capacity
+    = 2 ms here), far less than the 8 ms a batch of one takes through the hop: deadlines under
+    those 8 ms must not count against it."""
+    b, clock = make([1, 1])
+    b.report_load("w0", capacity=500.0)
+    b.report_load("w1", capacity=500.0)
+    t = must(b.pick(exclude=["w1"], deadline_s=0.005))
+    assert not t.hopeless()  # nothing measured yet but the rate
+    clock.t += 0.008
+    t.release(Outcome.OK)  # an idle pick answered in 8 ms: the batch-of-one round trip
+    for _ in range(10):
+        t = must(b.pick(exclude=["w1"], deadline_s=0.005))
+        assert t.hopeless()
+        t.release(Outcome.TIMED_OUT)
+    assert b.endpoints["w0"].consecutive_failures == 0 and not b.endpoints["w0"].ejected(clock())
+    t = must(b.pick(exclude=["w1"], deadline_s=0.5))
+    assert not t.hopeless()
+
+
+def test_load_polls_timing_out_in_a_row_pause_the_worker_until_one_answers(caplog):
+    caplog.set_level(logging.INFO, logger="edgewise.gateway.balancer")
+    b, _ = make([1, 1])
+    for _ in range(LOAD_TIMEOUTS_TO_PAUSE - 1):
+        b.load_timed_out("w1")
+    b.report_load("w1", capacity=10.0)  # one answer breaks the streak
+    for _ in range(LOAD_TIMEOUTS_TO_PAUSE - 1):
+        b.load_timed_out("w1")
+    assert not b.endpoints["w1"].paused
+    b.load_timed_out("w1")
+    assert b.endpoints["w1"].paused
+    assert {must(b.pick()).address for _ in range(4)} == {"w0"}
+    b.report_load("w1", capacity=10.0)
+    assert not b.endpoints["w1"].paused
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("w1 paused" in m and "timed out" in m for m in msgs), msgs
+    assert any("w1 readmitted" in m for m in msgs), msgs
+
+
+def test_slow_start_under_light_load_follows_the_ramp():
+    """One request at a time (each finished before the next): the joining worker's share
+    among idle workers follows its ramped weight, not zero."""
+    clock = FakeClock(0.0)
+    b = Balancer(BalancerConfig(slow_start_window_s=30.0), clock=clock, rng=random.Random(0))
+    b.set_endpoints([("old", 1.0, "", False)])
+    clock.t = 100.0
+    b.set_endpoints([("old", 1.0, "", False), ("new", 1.0, "", False)])
+    for at, factor in ((100.0, 0.1), (115.0, 0.5), (127.0, 0.9)):
+        clock.t = at
+        got = Counter()
+        for _ in range(1000):
+            t = must(b.pick())
+            got[t.address] += 1
+            t.release(Outcome.OK)
+        assert got["new"] / got["old"] == pytest.approx(factor, rel=0.05), (at, got)
+
+
+def test_an_idle_worker_in_slow_start_alone_idle_keeps_its_ramped_key():
+    """Under load (the others busy) an idle joining worker is not key 0: it would take every
+    request it can and the ramp would mean nothing."""
+    clock = FakeClock(0.0)
+    b = Balancer(BalancerConfig(slow_start_window_s=30.0), clock=clock, rng=random.Random(0))
+    b.set_endpoints([("old", 1.0, "", False)])
+    clock.t = 100.0
+    b.set_endpoints([("old", 1.0, "", False), ("new", 1.0, "", False)])
+    b.endpoints["old"].in_flight = b.endpoints["old"].work = 3
+    assert b.key(b.endpoints["new"], clock()) == pytest.approx(10.0)  # (0 + 1) / 0.1
+    assert must(b.pick()).address == "old"
+
+
+def test_the_ramp_starts_when_the_ejection_ends_and_views_see_it(caplog):
+    caplog.set_level(logging.INFO, logger="edgewise.gateway.balancer")
+    b, clock = make([1, 1], slow_start_window_s=30.0, max_ejection_percent=100)
+    clock.t += 100
+    for _ in range(5):
+        must(b.pick(exclude=["w1"])).release(Outcome.FAILURE)
+    ep = b.endpoints["w0"]
+    until = ep.ejected_until
+    assert until is not None and any("w0 ejected" in r.getMessage() for r in caplog.records)
+    clock.t = until + 15.0  # back for 15 s, no pick since
+    # the weight a scrape or /pool reads is already the ramp's, from the end of the ejection
+    assert b.effective_weight(ep) == pytest.approx(0.5)
+    b.refresh()
+    assert not ep.ejected(clock()) and b.slow_start_factor(ep, clock()) == pytest.approx(0.5)
+    assert any("w0 readmitted" in r.getMessage() for r in caplog.records)
+
+
+def test_a_worker_the_gateway_starts_with_skips_slow_start_when_it_first_serves():
+    """Discovered with the first set (or within STARTUP_S of it), unreachable or warming up at
+    the first polls and serving later while its peer serves: no ramp. Once it has served, a
+    return ramps; a worker discovered later ramps."""
+    clock = FakeClock(0.0)
+    b = Balancer(BalancerConfig(slow_start_window_s=30.0), clock=clock, rng=random.Random(0))
+    b.set_endpoints([("a", 1.0, "", False)])
+    clock.t = STARTUP_S / 2
+    b.set_endpoints([("a", 1.0, "", False), ("b", 1.0, "", False)])
+    b.report_load("a", 10.0)
+    b.mark_unreachable("b")  # its channel still connecting at the first poll
+    clock.t = 8.0
+    b.report_load("b", 10.0)
+    assert b.slow_start_factor(b.endpoints["b"], clock()) == 1.0
+    b.mark_unreachable("b")
+    b.report_load("b", 10.0)
+    assert b.slow_start_factor(b.endpoints["b"], clock()) == pytest.approx(0.1)
+    b.set_endpoints([("a", 1.0, "", False), ("b", 1.0, "", False), ("c", 1.0, "", False)])
+    assert b.slow_start_factor(b.endpoints["c"], clock()) == pytest.approx(0.1)
