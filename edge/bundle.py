@@ -108,12 +108,12 @@ def check_options(opts: BundleOptions) -> None:
     build_time()  # a malformed SOURCE_DATE_EPOCH is refused before anything is built
 
 
-def _opsets(model: Path) -> Tuple[Mapping[str, int], Tuple[str, ...]]:
+def _opsets(model: Path) -> Tuple[Mapping[str, int], Tuple[str, ...], int]:
     try:
         info = load_model_info(model)
     except ModelError as exc:
         raise InvalidInputError(f"--model: {exc}") from None
-    return info.opsets, info.node_domains
+    return info.opsets, info.node_domains, info.ir_version
 
 
 def device_pins() -> List[Tuple[str, str]]:

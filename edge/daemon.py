@@ -23,6 +23,8 @@ import signal
 import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from edge import tegrastats
 from edge.deciding import Decider
 from edge.escalating import Escalating
@@ -153,7 +155,14 @@ class EdgeDaemon:
             kwargs["imgsz"] = m.imgsz
         # a TensorRT engine missing from the cache is built here (minutes): keep systemd waiting
         with self.notifier.busy(f"loading {m.path} (a TensorRT engine build takes minutes)"):
-            return Detector.from_file(m.path, max_batch=m.max_batch, spinning=m.spin, **kwargs)
+            det = Detector.from_file(m.path, max_batch=m.max_batch, spinning=m.spin, **kwargs)
+            try:  # one dummy frame: a model whose output cannot be decoded fails here, at start
+                h, w = det.imgsz
+                det.detect([np.zeros((h, w, 3), np.uint8)])
+            except BaseException:
+                det.close()
+                raise
+            return det
 
     def _build_sinks(self) -> Sinks:
         s = self.settings.sinks

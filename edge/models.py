@@ -86,7 +86,7 @@ def describe(model: str, imgsz: int = 0, max_batch: int = ModelSettings().max_ba
         "output": {"name": info.output_name, "shape": list(info.output_shape)},
         "batch": "dynamic" if info.dynamic_batch else info.fixed_batch,
         "opsets": {d or "ai.onnx": v for d, v in sorted(info.opsets.items())},
-        "jetpack51": device_problems(info.opsets, info.node_domains) or "loads",
+        "jetpack51": device_problems(info.opsets, info.node_domains, info.ir_version) or "loads",
     }
     why_not = tensorrt_unusable_reason()
     if why_not:

@@ -25,7 +25,7 @@ from cloud.worker.batching import run_isolated
 from cloud.worker.settings import WorkerSettings
 from edgewise import wire
 from edgewise.detections import Detections
-from edgewise.errors import InvalidInputError
+from edgewise.errors import EdgewiseError, ModelError
 from edgewise.regions import Tile
 from edgewise.runtime.detector import Detector
 from edgewise.runtime.letterbox import LetterboxMeta
@@ -52,13 +52,9 @@ class ModelRunner:
         self.name = name or detector.source
         self.version = str(info.metadata.get("version") or "") or f"sha256:{info.sha256[:12]}"
         self.imgsz = info.imgsz
-        if not info.dynamic_batch and info.fixed_batch != 1:
-            # A fixed-batch export cannot take the batcher's variable batches.
-            raise InvalidInputError(
-                f"{info.path}: the model has a fixed batch of {info.fixed_batch}; "
-                "export it with a dynamic batch axis for the worker"
-            )
-        self.max_batch = None if info.dynamic_batch else 1
+        # A fixed-batch export takes the batcher's variable batches too: the backend runs
+        # them in chunks of exactly its batch, the last one padded (backends.split_fixed_batch).
+        self.max_batch = None if info.dynamic_batch else info.fixed_batch
         #: each image runs at its own size, so its time grows with its pixels (the worker
         #: then measures and reports its pixels/s)
         self.pixel_cost = detector.input_size == "native"
@@ -100,6 +96,31 @@ class ModelRunner:
         """A gray frame at the model's input size, for warm-up batches."""
         h, w = self.imgsz
         return self.prepare_array(np.full((h, w, 3), 114, np.uint8))
+
+    def native_probe(self) -> Prepared | None:
+        """With ``input_size: native``: a gray frame one stride larger than the model's size
+        each way (an odd multiple of the stride), which a model whose true stride is larger
+        than the stated one (a P6 model, 64, without stride metadata) cannot take; else None."""
+        if not self.pixel_cost:
+            return None
+        s = self.detector.info.stride
+        h, w = self.imgsz
+        return self.prepare_array(np.full((h + s, w + s, 3), 114, np.uint8))
+
+    def warmup_error(self, exc: Exception, probe: Prepared | None = None) -> EdgewiseError:
+        """A warm-up failure (of ``probe``: ``native_probe``'s frame) as a one-line error naming
+        the model and the cause."""
+        info = self.detector.info
+        if probe is None and isinstance(exc, EdgewiseError) and len(str(exc).splitlines()) <= 1:
+            return exc  # ours already name the model and say what to do
+        why = " ".join(str(exc).split())[:400] or type(exc).__name__
+        if probe is not None:
+            h, w = probe.tensor.shape[2:]
+            return ModelError(f"{info.path}: inference at native size {h}x{w}, a multiple of the stride {info.stride}, "
+                              f"failed ({why}); if the model's true stride is larger (P6 models: 64), state it "
+                              "in the stride metadata")
+        return ModelError(f"{info.path}: warm-up inference failed ({why}); the worker cannot serve this model: "
+                          "check it with `edgewise model info` and fix or re-export it")
 
     # -- inference thread -------------------------------------------------------
     def run(self, items: Sequence[Prepared]) -> tuple[list[Detections | Exception], float]:

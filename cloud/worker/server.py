@@ -140,12 +140,19 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             for size in sizes:
                 outs, secs = await self._in_pool(self._infer_pool, self.runner.run, [dummy] * size)
                 bad = [o for o in outs if isinstance(o, Exception)]
-                if bad:
-                    raise bad[0]
+                if bad:  # one line naming the model and the cause, not the runtime's traceback
+                    log.debug("warm-up failure", exc_info=bad[0])
+                    raise self.runner.warmup_error(bad[0]) from None
                 if rnd > 0 or rounds == 1:
                     self.batcher.observe(size, secs, size * dummy.meta.src_shape[0] * dummy.meta.src_shape[1],
                                          warmup=True)
                     fastest[size] = min(secs, fastest.get(size, secs))
+        probe = await self._in_pool(self._decode_pool, self.runner.native_probe)
+        if probe is not None:  # native sizes vary: one that is not a multiple of the true stride fails
+            outs, _ = await self._in_pool(self._infer_pool, self.runner.run, [probe])
+            if isinstance(outs[0], Exception):
+                log.debug("warm-up failure", exc_info=outs[0])
+                raise self.runner.warmup_error(outs[0], probe) from None
         b = self.settings.batching
         self.batching = decide_batching(b.mode, fastest, b.min_gain, b.max_batch_size)
         if not self.batching.batch:

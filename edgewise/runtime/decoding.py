@@ -25,6 +25,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from edgewise.detections import Detections
+from edgewise.errors import ModelError
 from edgewise.runtime.letterbox import LetterboxMeta, scale_boxes
 from edgewise.runtime.nms import nms
 
@@ -215,8 +216,9 @@ def decode(
     if len(metas) != raw.shape[0]:
         raise ValueError(f"got {len(metas)} letterbox metas for a batch of {raw.shape[0]}")
     if names and raw.shape[2] != 5 + len(names):
-        raise ValueError(
+        # the model disagrees with its own class names: a model error (ModelError is a ValueError)
+        raise ModelError(
             f"head output has {raw.shape[2]} columns but {len(names)} class names "
-            f"(expected 5 + nc = {5 + len(names)})"
+            f"(expected 5 + nc = {5 + len(names)}); fix the names metadata or re-export the model"
         )
     return [decode_one(raw[i], metas[i], names, params, source) for i in range(raw.shape[0])]

@@ -33,6 +33,7 @@ from edgewise.runtime.metadata import (
     DEFAULT_CONF,
     ImgszLike,
     ModelInfo,
+    check_output,
     imgsz_guess_warning,
     load_model_info,
 )
@@ -93,6 +94,8 @@ class Detector:
         self.max_side = int(max_side)
         # A model with a dynamic H/W could take YOLOv5's min-rect; a fixed one cannot.
         self.auto = False
+        #: the first output was checked against the model's promises (``metadata.check_output``)
+        self._output_checked = False
 
     @classmethod
     def from_file(
@@ -188,7 +191,13 @@ class Detector:
             raise InvalidInputError(f"batch must be [B,3,H,W], got {batch.shape}")
         if batch.shape[0] == 0:
             return np.zeros((0, 0, 5 + self.info.nc), np.float32)
-        return self.backend.run(batch)
+        raw = self.backend.run(batch)
+        if not self._output_checked:
+            # what the graph leaves symbolic (output width, rows) and the score range are known
+            # only now: a model that cannot be decoded fails here, once, with a ModelError
+            check_output(self.info, batch.shape, raw)
+            self._output_checked = True
+        return raw
 
     def postprocess(self, raw: np.ndarray, metas: Sequence[LetterboxMeta]) -> List[Detections]:
         """Decode + NMS + map back to source pixels, one ``Detections`` per image."""

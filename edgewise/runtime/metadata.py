@@ -84,6 +84,7 @@ class ModelInfo:
         conf_thres: the score threshold stated in the metadata (:data:`CONF_KEY`), if any.
         opsets: ``opset_import``, domain -> version (``""`` is the default domain).
         node_domains: the operator domains the nodes use.
+        ir_version: the file's ONNX IR version (``ModelProto.ir_version``).
     """
 
     path: Path
@@ -108,6 +109,7 @@ class ModelInfo:
     conf_thres: Optional[float] = None
     opsets: Mapping[str, int] = field(default_factory=dict)
     node_domains: Tuple[str, ...] = ()
+    ir_version: int = 0
 
     @property
     def file_bytes(self) -> int:
@@ -127,12 +129,14 @@ def parse_names(value: Any, where: str) -> Tuple[str, ...]:
     execution) for strings.
     """
     if isinstance(value, str):
+        text = value
         try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError) as e:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
+            why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
             raise ModelError(
-                f"{where}: class names {value[:80]!r} are not a Python dict/list literal "
-                f"like \"{{0: 'person', 1: 'bicycle'}}\": {e}"
+                f"{where}: class names {text[:80]!r}{'...' if len(text) > 80 else ''} are not a Python "
+                f"dict/list literal like \"{{0: 'person', 1: 'bicycle'}}\" ({why}); rewrite the names metadata"
             ) from None
     if isinstance(value, Mapping):
         try:
@@ -163,15 +167,31 @@ def _parse_conf(value: str, where: str) -> float:
     return out
 
 
+def _strict_int(value: Any) -> int:
+    """``value`` as an int: ints and integral floats (``32.0``); bools, ``32.9``, text refused."""
+    if isinstance(value, bool):
+        raise TypeError(value)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(value)
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():  # a quoted number
+        return int(value)
+    raise TypeError(value)
+
+
 def _parse_int(value: Any, key: str, where: str) -> int:
+    raw = value
     try:
         if isinstance(value, str):
             value = ast.literal_eval(value.strip())
         if isinstance(value, (list, tuple)):  # some exports write stride as a list
-            value = max(int(v) for v in value)
-        out = int(value)
-    except (ValueError, SyntaxError, TypeError):
-        raise ModelError(f"{where}: {key} must be an integer, got {value!r}") from None
+            value = max(_strict_int(v) for v in value)
+        out = _strict_int(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise ModelError(f"{where}: {key} must be an integer like 32, got {raw!r}; fix the {key} metadata") from None
     if out <= 0:
         raise ModelError(f"{where}: {key} must be positive, got {out}")
     return out
@@ -205,13 +225,19 @@ def _read_sidecar(path: Path) -> Dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ModelError(f"{path}: cannot read sidecar YAML: {e}") from None
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ModelError(f"{path}: sidecar YAML is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except (OSError, yaml.YAMLError, RecursionError, MemoryError) as e:
+        why = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ModelError(f"{path}: cannot read sidecar YAML: {why}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ModelError(f"{path}: sidecar YAML must be a mapping with names/stride/imgsz")
+        raise ModelError(
+            f"{path}: sidecar YAML must be a mapping with names/stride/imgsz, got a {type(data).__name__}; "
+            "fix it, or move it away if it is not this model's sidecar"
+        )
     return data
 
 
@@ -301,6 +327,9 @@ def _info_from_graph(
     ishape = _dims(inp)
     if len(ishape) != 4:
         raise ModelError(f"{p}: expected {expected}; input {inp.name!r} has rank {len(ishape)} {ishape}")
+    if ishape[3] == 3 and ishape[1] != 3:
+        raise ModelError(f"{p}: input {inp.name!r} {_shape_str(ishape)} is [B,H,W,3] (channels last); "
+                         "export with channels first [B,3,H,W] as YOLOv5's export.py does")
     if ishape[1] not in (None, 3):
         raise ModelError(f"{p}: expected {expected}; input {inp.name!r} has {ishape[1]} channels")
     elem = inp.type.tensor_type.elem_type
@@ -335,7 +364,11 @@ def _info_from_graph(
         imgsz = _parse_imgsz(meta["imgsz"], where)
         imgsz_source = "onnx-metadata"
     conf = _parse_conf(meta[CONF_KEY], where) if CONF_KEY in meta else None
-    side = find_sidecar(p)
+    hw_static = ishape[2] is not None and ishape[3] is not None
+    # The sidecar is read only for what the ONNX metadata lacks: an unrelated (or broken)
+    # model.yaml next to a model whose metadata is complete does not stop it loading.
+    missing = names is None or stride is None or (imgsz is None and not hw_static)
+    side = find_sidecar(p) if missing else None
     if side is not None:
         sd = _read_sidecar(side)
         if names is None and "names" in sd:
@@ -348,6 +381,8 @@ def _info_from_graph(
             imgsz_source = str(side)
 
     cols = oshape[2]
+    names_known = names is not None
+    _check_head_layout(p, out.name, oshape, None, names_known)  # [B,4+nc,N] before "cannot tell nc"
     if names is None:
         if cols is None or cols < 6:
             raise ModelError(
@@ -357,13 +392,17 @@ def _info_from_graph(
         names = tuple(str(i) for i in range(cols - 5))
     nc = len(names)
     if cols is not None and cols != 5 + nc:
+        if cols == 4 + nc and _one_row_per_cell(oshape[1], ishape if hw_static else None):
+            raise ModelError(
+                f"{p}: output {out.name!r} {_shape_str(oshape)} has 4 + nc = {cols} columns for {nc} class "
+                "names (no objectness column): a YOLOv8 anchor-free output is not supported; export YOLOv5"
+            )
         raise ModelError(
             f"{p}: expected {expected}; output {out.name!r} has {cols} columns but there are "
             f"{nc} class names ({names_source}), so 5 + nc = {5 + nc} was expected"
         )
     if stride is None:
         stride = 32
-    hw_static = ishape[2] is not None and ishape[3] is not None
     if hw_static:  # the graph is the truth for a fixed-size input
         imgsz, imgsz_source = (int(ishape[2] or 0), int(ishape[3] or 0)), "graph"
         if override is not None and override != imgsz:
@@ -381,6 +420,8 @@ def _info_from_graph(
                          f"{MAX_INPUT_SIDE} pixels); export the model at the size it runs at")
     if imgsz[0] % stride or imgsz[1] % stride:
         raise ModelError(f"{p}: {which} {imgsz} is not a multiple of the stride {stride}")
+    if hw_static:
+        _check_head_layout(p, out.name, oshape, ishape, names_known)
     ops = {n.op_type for n in graph.node}
     if ops & QUANT_OPS:
         precision = "int8"
@@ -411,7 +452,116 @@ def _info_from_graph(
         conf_thres=conf,
         opsets={o.domain: int(o.version) for o in model.opset_import},
         node_domains=tuple(sorted({n.domain for n in graph.node})),
+        ir_version=int(model.ir_version),
     )
+
+
+#: head strides of YOLOv5 P5 models (P6 models add 64)
+P5_STRIDES = (8, 16, 32)
+P6_STRIDES = (8, 16, 32, 64)
+#: anchors per grid cell of every YOLOv5 model
+ANCHORS_PER_CELL = 3
+
+
+def _shape_str(shape: Sequence[Optional[int]]) -> str:
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def grid_cells(h: int, w: int, strides: Sequence[int]) -> int:
+    """Grid cells of a head at input ``h x w`` (YOLOv5 pads to the stride: ceil)."""
+    return sum(-(-h // s) * -(-w // s) for s in strides)
+
+
+def yolov5_rows(h: int, w: int) -> Tuple[int, int]:
+    """Head rows ``N`` of a YOLOv5 P5 and P6 model at input ``h x w`` (25,200 and 25,500 at 640)."""
+    return (ANCHORS_PER_CELL * grid_cells(h, w, P5_STRIDES), ANCHORS_PER_CELL * grid_cells(h, w, P6_STRIDES))
+
+
+def head_problem(rows: int, cols: int, hw: Tuple[int, int], names_known: bool) -> str:
+    """Why an output of ``rows x cols`` at input ``hw`` is not a YOLOv5 head ("" when it may be one).
+
+    Only told apart where no real YOLOv5 head is refused: ``[B,4+nc,N]`` (fewer rows than
+    columns) and ``[B,N,4+nc]`` with one row per grid cell are YOLOv8's anchor-free layouts; without
+    class names (nothing else vouches for the layout) the row count must be YOLOv5's
+    ``3 * sum((H/s) * (W/s))`` over strides 8, 16, 32 (and 64 for P6 models).
+    """
+    h, w = hw
+    p5, p6 = yolov5_rows(h, w)
+    if rows in (p5, p6):
+        return ""
+    if rows < cols:
+        return (f"{cols} columns by {rows} rows is YOLOv8's transposed [B,4+nc,N] layout: "
+                "YOLOv8 anchor-free output is not supported; export YOLOv5")
+    if names_known:  # the columns agree with the names: trust the rest (custom anchors)
+        return ""
+    if rows in (grid_cells(h, w, P5_STRIDES), grid_cells(h, w, P6_STRIDES)):
+        return (f"{rows} rows is one per grid cell at {h}x{w}, YOLOv8's anchor-free [B,N,4+nc] layout: "
+                "YOLOv8 anchor-free output is not supported; export YOLOv5")
+    return (f"{rows} rows is not a YOLOv5 head's 3 x grid cells at {h}x{w} ({p5}, or {p6} for P6 "
+            f"models): not a YOLOv5 head (an output after NMS, [B,max_det,6]?); export the raw YOLOv5 "
+            "head, or state the class names in the metadata if it is one")
+
+
+def _one_row_per_cell(rows: Optional[int], ishape: Optional[Sequence[Optional[int]]]) -> bool:
+    """``rows`` is one per grid cell (YOLOv8's anchor-free head) for the input ``ishape``."""
+    if rows is None or ishape is None or len(ishape) != 4 or ishape[2] is None or ishape[3] is None:
+        return False
+    h, w = int(ishape[2]), int(ishape[3])
+    return rows in (grid_cells(h, w, P5_STRIDES), grid_cells(h, w, P6_STRIDES))
+
+
+def _check_head_layout(p: Path, out_name: str, oshape: Tuple[Optional[int], ...],
+                       ishape: Optional[Tuple[Optional[int], ...]], names_known: bool) -> None:
+    """Refuse outputs that are not a YOLOv5 head where the static shapes tell (``head_problem``)."""
+    rows, cols = oshape[1], oshape[2]
+    if rows is None or cols is None:
+        return
+    if ishape is None:  # input size unknown: only the transposed layout is plain to see
+        if rows < cols:
+            raise ModelError(f"{p}: output {out_name!r} {_shape_str(oshape)}: {cols} columns by {rows} rows is "
+                             "YOLOv8's transposed [B,4+nc,N] layout: YOLOv8 anchor-free output is not "
+                             "supported; export YOLOv5")
+        return
+    why = head_problem(rows, cols, (int(ishape[2] or 0), int(ishape[3] or 0)), names_known)
+    if why:
+        raise ModelError(f"{p}: output {out_name!r} {_shape_str(oshape)}: {why}")
+
+
+#: how far a score may stray outside [0, 1] (rounding of float16 / int8 outputs)
+SCORE_TOLERANCE = 0.01
+
+
+def check_output(info: ModelInfo, batch_shape: Sequence[int], raw: Any) -> None:
+    """Check the first real output of ``info``'s model against what its load promised.
+
+    ``raw`` is the ``[B,N,5+nc]`` numpy output for an input of ``batch_shape``; raises a
+    one-line ``ModelError`` naming the file when the columns disagree with the class names
+    (a symbolic output width is only known now), when the rows are not a YOLOv5 head's
+    for this input size (``head_problem``), or when the scores are not probabilities.
+    """
+    p = info.path
+    shape = tuple(int(d) for d in getattr(raw, "shape", ()))
+    if len(shape) != 3:
+        raise ModelError(f"{p}: the model's output is {list(shape)}, not a YOLOv5 head [B,N,5+nc]; export YOLOv5")
+    rows, cols = shape[1], shape[2]
+    if cols != 5 + info.nc:
+        hint = (" (4 + nc, one row per grid cell: a YOLOv8 anchor-free output is not supported; export YOLOv5)"
+                if cols == 4 + info.nc and _one_row_per_cell(rows, tuple(batch_shape))
+                else "; fix the names metadata or re-export the model")
+        raise ModelError(f"{p}: the model's output has {cols} columns but there are {info.nc} class names "
+                         f"({info.names_source}), so 5 + nc = {5 + info.nc} was expected{hint}")
+    if len(batch_shape) == 4 and rows:
+        why = head_problem(rows, cols, (int(batch_shape[2]), int(batch_shape[3])),
+                           info.names_source != "default")
+        if why:
+            raise ModelError(f"{p}: the model's output {list(shape)}: {why}")
+    if raw.size:
+        scores = raw[..., 4:]
+        lo, hi = float(scores.min()), float(scores.max())
+        if lo < -SCORE_TOLERANCE or hi > 1 + SCORE_TOLERANCE:
+            raise ModelError(f"{p}: objectness/class scores range over [{lo:.3g}, {hi:.3g}]: outputs are not sigmoid "
+                             "probabilities (logits, or an output after NMS?); export the YOLOv5 head with its "
+                             "Detect layer's sigmoid (export.py does)")
 
 
 def imgsz_guess_warning(info: ModelInfo) -> str:

@@ -18,12 +18,15 @@ quantizer writes into every model it saves. So the rule, kept here only:
 
 from __future__ import annotations
 
-from typing import Iterable, List, Mapping
+from typing import Iterable, List, Mapping, Optional
 
 #: the device's runtimes, as the messages name them
 DEVICE_RUNTIMES = "JetPack 5.1's TensorRT 8.5 and the bundle's ONNX Runtime 1.16.3"
 #: domain -> newest opset both device runtimes load ("" is the default domain, ai.onnx)
 DEVICE_OPSETS: Mapping[str, int] = {"": 17, "ai.onnx.ml": 3}
+#: newest ONNX IR version ONNX Runtime 1.16.3 loads (its load error: "Unsupported model IR
+#: version: 10, max supported IR version: 9"); IR 10 is what onnx >= 1.16 writes
+DEVICE_IR_VERSION = 9
 
 
 def _domain(name: str) -> str:
@@ -36,17 +39,34 @@ def unused_domains(opsets: Mapping[str, int], node_domains: Iterable[str]) -> Li
     return sorted(d for d in opsets if _domain(d) and _domain(d) not in used)
 
 
-def device_problems(opsets: Mapping[str, int], node_domains: Iterable[str]) -> List[str]:
-    """One line per import a JetPack 5.1 device cannot load, saying what to do; [] when none."""
+def device_problems(
+    opsets: Mapping[str, int], node_domains: Iterable[str], ir_version: Optional[int] = None
+) -> List[str]:
+    """One line per import a JetPack 5.1 device cannot load, saying what to do; [] when none.
+
+    ``ir_version`` (``ModelInfo.ir_version``) is checked too when given: ONNX Runtime 1.16.3
+    refuses IR > :data:`DEVICE_IR_VERSION`.
+    """
     used = {_domain(d) for d in node_domains}
     out = []
+    if ir_version is not None and ir_version > DEVICE_IR_VERSION:
+        default = opsets.get("", opsets.get("ai.onnx", 0))
+        if default <= DEVICE_OPSETS[""]:
+            fix = (f"lower it: m = onnx.load(path); m.ir_version = {DEVICE_IR_VERSION}; onnx.save(m, path) "
+                   f"(safe at ai.onnx opset {default}), or export with onnx < 1.16")
+        else:
+            fix = f"re-export with opset <= {DEVICE_OPSETS['']} and onnx < 1.16 (IR {DEVICE_IR_VERSION})"
+        out.append(f"ONNX IR version {ir_version}, newer than the bundle's ONNX Runtime 1.16.3 loads "
+                   f"({DEVICE_IR_VERSION}); {fix}")
     for name, version in sorted(opsets.items()):
         limit = DEVICE_OPSETS.get(_domain(name))
         if limit is None or version <= limit:
             continue
         label = name or "ai.onnx"
         if _domain(name) in used:
-            fix = (f"re-export the model at opset {limit} (or convert it: onnx.version_converter)"
+            # onnx.version_converter has no Resize adapter: it fails on every YOLOv5 graph
+            fix = (f"re-export the model with opset <= {limit} (YOLOv5 export.py --opset {limit}; torch.onnx.export "
+                   f"opset_version={limit}, dynamo=False)"
                    if not _domain(name) else f"its nodes need {label} opset {version}; a device cannot run them")
         else:
             fix = "no node uses it: re-quantize with `edgewise model quantize`, which drops unused imports"

@@ -124,7 +124,7 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
         "dynamic_hw": info.dynamic_hw,
         "params": count_params(model),
         "opset": opset,
-        "jetpack51": device_problems(info.opsets, info.node_domains),
+        "jetpack51": device_problems(info.opsets, info.node_domains, info.ir_version),
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
         "conv_nodes": len(convs),
         "int8_conv_nodes": int8_convs,

@@ -264,6 +264,9 @@ def quantize(
     info = load_model_info(Path(model_path), imgsz)
     if info.precision == "int8":
         raise InvalidInputError(f"{info.path} is already quantized (int8); pass the float model")
+    if info.precision == "float16":  # ONNX Runtime's calibration feeds float32 and fails deep inside
+        raise InvalidInputError(f"{info.path} is a float16 model; quantize the float32 export (YOLOv5's "
+                                "export.py without --half)")
     src = Path(model_path)
     out = Path(out_path) if out_path is not None else src.with_name(f"{src.stem}-int8.onnx")
     if out.resolve() == src.resolve():
@@ -387,7 +390,8 @@ def quantize(
         )
     out_info = load_model_info(out)
     notes.extend(f"not loadable on a Jetson: {line}" for line in device_problems(out_info.opsets,
-                                                                              out_info.node_domains))
+                                                                              out_info.node_domains,
+                                                                              out_info.ir_version))
     report = QuantReport(
         model_path=info.path,
         out_path=out,

@@ -87,7 +87,7 @@ def edge_run(tmp_path, **tree):
 
 
 @pytest.mark.parametrize("case", ["spool_folder", "spool_corrupt", "metrics_port_in_use", "jsonl_folder",
-                                  "no_source_opens", "policy_transport"])
+                                  "no_source_opens", "policy_transport", "model_output"])
 def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_model):
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("p"))
@@ -109,6 +109,13 @@ def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_mo
         policy.write_text(policy_yaml("p", transport="mqtt"))
         tree["cloud"] = {"endpoints": ["127.0.0.1:9"]}
         expected = "spec.transport is 'mqtt', but this device's settings configure only grpc"
+    elif case == "model_output":  # graph leaves its output width open: known wrong at the first frame
+        from tests.edgewise.runtime.test_own_models import P5_ROWS, const_model, head
+
+        bad = const_model(tmp_path / "dyncols.onnx", head(P5_ROWS, 8), out_shape=(1, "anchors", "cols"),
+                          meta={"names": "{0: 'a', 1: 'b'}"})
+        tree["model"] = {"path": str(bad)}
+        expected = "dyncols.onnx: the model's output has 8 columns but there are 2 class names"
     elif case == "spool_corrupt":
         spool.write_bytes(b"\x00garbage" * 1000)
         expected = f"spool {spool} is not a readable spool"

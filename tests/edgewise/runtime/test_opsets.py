@@ -24,7 +24,8 @@ def test_an_unused_import_newer_than_the_device_says_to_requantize() -> None:
 
 def test_a_used_domain_beyond_the_device_cannot_be_dropped() -> None:
     (line,) = device_problems({"": 18}, [""])
-    assert "imports ai.onnx opset 18" in line and "(17)" in line and "re-export the model at opset 17" in line
+    assert "imports ai.onnx opset 18" in line and "(17)" in line and "re-export the model with opset <= 17" in line
+    assert "version_converter" not in line  # it has no Resize adapter: it fails on YOLOv5
     (line,) = device_problems({"": 17, "ai.onnx.ml": 4}, ["", "ai.onnx.ml"])
     assert "its nodes need ai.onnx.ml opset 4; a device cannot run them" in line
 

@@ -534,3 +534,29 @@ def test_keep_float_silu_leaves_sigmoid_mul_pairs_float(tiny_model, photos, tmp_
         else:  # float Mul: the sigmoid input is float, not a DequantizeLinear output
             assert set(n.input) - dq_out
     assert d_int8_convs(report.out_path) == 60  # only "silu" kept float: every conv is INT8
+
+
+def test_a_float16_model_is_refused_with_what_to_quantize_instead(photos, tmp_path):
+    """ONNX Runtime's calibration feeds float32: a --half export failed deep inside
+    quantize_static ("Unexpected input data type ... expected float16")."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rows = 3 * (8 * 8 + 4 * 4 + 2 * 2)
+    nodes = [helper.make_node("Cast", ["images"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["f"], ["s"], keepdims=0),
+             helper.make_node("Mul", ["s", "zero"], ["z"]),
+             helper.make_node("Add", ["C", "z"], ["output0"])]
+    inits = [numpy_helper.from_array(np.zeros((1, rows, 7), np.float32), "C"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    graph = helper.make_graph(nodes, "half", [helper.make_tensor_value_info("images", TensorProto.FLOAT16,
+                                                                            [1, 3, 64, 64])],
+                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, rows, 7])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for k, v in {"stride": "32", "names": "{0: 'a', 1: 'b'}"}.items():
+        model.metadata_props.add(key=k, value=v)
+    path = tmp_path / "half.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(InvalidInputError, match=r"half.onnx is a float16 model; quantize the float32 export"):
+        quantize(path, photos, out_path=tmp_path / "q.onnx")

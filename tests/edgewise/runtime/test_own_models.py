@@ -1,0 +1,237 @@
+"""Models a user brings that are not what they claim: refused at load or at the first
+inference with a one-line ``ModelError`` naming the file, never misread or a traceback.
+
+Each model is a tiny graph built here: a constant head ``C`` (+ 0 * sum(input), so the
+output depends on the input) with the input/output shapes and metadata under test, loaded
+by the real loaders (``load_model_info``, ``Detector.from_file``) and run on ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Union
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgewise.errors import ModelError
+from edgewise.runtime.decoding import decode
+from edgewise.runtime.detector import Detector
+from edgewise.runtime.metadata import load_model_info, parse_names, yolov5_rows
+from edgewise.runtime.opsets import device_problems
+from tests.edgewise.runtime.graphs import fake_yolo
+
+Dim = Union[int, str]
+N3 = "{0: 'cat', 1: 'dog', 2: 'car'}"
+S = 64  # input side of the tiny models: a YOLOv5 P5 head has 3 * (8*8 + 4*4 + 2*2) = 252 rows
+P5_ROWS = 252
+GRID_CELLS = 84
+
+
+def head(rows: int, cols: int, obj: float = 0.9) -> np.ndarray:
+    """A ``[1, rows, cols]`` YOLOv5-like head with one box in the middle of the input."""
+    a = np.zeros((1, rows, cols), np.float32)
+    a[0, 0, :5] = [S / 2, S / 2, 10, 10, obj]
+    a[0, 0, 5:] = 0.9
+    return a
+
+
+def const_model(path: Path, const: np.ndarray, in_shape: Sequence[Dim] = (1, 3, S, S),
+                out_shape: Optional[Sequence[Dim]] = None, meta: Optional[Dict[str, str]] = None,
+                ir_version: int = 8, opset: int = 17, space_to_depth: int = 0) -> Path:
+    nodes = []
+    x = "images"
+    if space_to_depth:  # needs H and W to be multiples of the block: a model whose true stride is that
+        nodes.append(helper.make_node("SpaceToDepth", [x], ["sd"], blocksize=space_to_depth))
+        x = "sd"
+    nodes += [helper.make_node("ReduceSum", [x], ["s"], keepdims=0),
+              helper.make_node("Mul", ["s", "zero"], ["z"]),
+              helper.make_node("Add", ["C", "z"], ["output0"])]
+    inits = [numpy_helper.from_array(const.astype(np.float32), "C"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    graph = helper.make_graph(
+        nodes, "probe", [helper.make_tensor_value_info("images", TensorProto.FLOAT, list(in_shape))],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, list(out_shape or const.shape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="pytorch")
+    model.ir_version = ir_version
+    for k, v in {"stride": "32", **(meta or {})}.items():
+        model.metadata_props.add(key=k, value=v)
+    onnx.save(model, str(path))
+    return path
+
+
+def gray(h: int = 48, w: int = 64) -> np.ndarray:
+    return np.full((h, w, 3), 114, np.uint8)
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+# -- 1. channels-last input ------------------------------------------------------------
+@pytest.mark.parametrize("in_shape", [("batch", "height", "width", 3), (1, S, S, 3)])
+def test_channels_last_input_is_refused_at_load(tmp_path, in_shape):
+    p = const_model(tmp_path / "nhwc.onnx", head(P5_ROWS, 8), in_shape=in_shape, meta={"names": N3})
+    with pytest.raises(ModelError) as e:
+        load_model_info(p)
+    assert "nhwc.onnx" in one_line(e)
+    assert "is [B,H,W,3] (channels last); export with channels first [B,3,H,W]" in str(e.value)
+
+
+def test_symbolic_size_channels_first_input_still_loads_and_detects(tmp_path):
+    p = const_model(tmp_path / "nchw.onnx", head(P5_ROWS, 8), in_shape=("batch", 3, "height", "width"),
+                    out_shape=("batch", "anchors", 8), meta={"names": N3, "imgsz": f"[{S}, {S}]"})
+    info = load_model_info(p)
+    assert info.dynamic_hw and info.imgsz == (S, S)
+    with Detector.from_file(p, threads=1) as det:
+        (d,) = det.detect([gray()])
+    assert d.names[int(d.class_ids[0])] == "cat" and len(d.boxes) == 1
+
+
+# -- 2. symbolic output width that disagrees with the names -----------------------------
+def test_symbolic_output_width_mismatch_fails_first_inference_with_model_error(tmp_path):
+    # a 3-class head (8 columns) whose metadata names 2 classes; the graph leaves the width symbolic
+    p = const_model(tmp_path / "dyncols.onnx", head(P5_ROWS, 8), out_shape=(1, "anchors", "cols"),
+                    meta={"names": "{0: 'a', 1: 'b'}"})
+    det = Detector.from_file(p, threads=1)
+    with pytest.raises(ModelError) as e:
+        det.detect([gray()])
+    msg = one_line(e)
+    assert "dyncols.onnx" in msg and "8 columns" in msg and "2 class names" in msg
+    det.close()
+
+
+def test_decode_column_mismatch_is_a_model_error():
+    with pytest.raises(ModelError, match="6 columns but 3 class names"):
+        decode(np.zeros((1, 10, 6), np.float32), [None], ("a", "b", "c"))
+
+
+# -- 3. ONNX IR version on JetPack 5.1 ----------------------------------------------------
+def test_ir_version_10_is_a_device_problem_and_lowering_it_fixes_it(tmp_path):
+    p = const_model(tmp_path / "ir10.onnx", head(P5_ROWS, 8), meta={"names": N3}, ir_version=10)
+    info = load_model_info(p)
+    assert info.ir_version == 10
+    (problem,) = device_problems(info.opsets, info.node_domains, info.ir_version)
+    assert "IR version 10" in problem and "ONNX Runtime 1.16.3" in problem and "ir_version = 9" in problem
+    # the advice works: at opset 17, setting the number to 9 loads and runs the same
+    m = onnx.load(str(p))
+    m.ir_version = 9
+    onnx.save(m, str(p))
+    info = load_model_info(p)
+    assert device_problems(info.opsets, info.node_domains, info.ir_version) == []
+    with Detector.from_file(p, threads=1) as det:
+        assert len(det.detect([gray()])[0].boxes) == 1
+
+
+def test_edge_bundle_refuses_ir_10(tmp_path):
+    from edge.bundle import _opsets
+
+    p = const_model(tmp_path / "ir10.onnx", head(P5_ROWS, 8), meta={"names": N3}, ir_version=10)
+    assert any("IR version 10" in x for x in device_problems(*_opsets(p)))
+
+
+def test_opset_18_advice_is_to_re_export_not_version_converter(tmp_path):
+    p = const_model(tmp_path / "o18.onnx", head(P5_ROWS, 8), meta={"names": N3}, opset=18, ir_version=9)
+    info = load_model_info(p)
+    (problem,) = device_problems(info.opsets, info.node_domains, info.ir_version)
+    assert "re-export the model with opset <= 17" in problem and "version_converter" not in problem
+    assert "lower it" not in problem  # IR 9 is fine
+
+
+# -- 4. outputs that are not a YOLOv5 head ---------------------------------------------------
+def test_row_count_formula_matches_yolov5():
+    assert yolov5_rows(640, 640) == (25200, 25500) and yolov5_rows(S, S)[0] == P5_ROWS
+
+
+@pytest.mark.parametrize("name,const,meta,match", [
+    ("nms_nonames", np.zeros((1, 100, 6), np.float32), {}, "100 rows is not a YOLOv5 head"),
+    ("v8_nonames", np.zeros((1, 7, GRID_CELLS), np.float32), {}, "YOLOv8 anchor-free output is not supported"),
+    ("v8_names", np.zeros((1, 7, GRID_CELLS), np.float32), {"names": N3}, "YOLOv8 anchor-free output"),
+    ("v8t_nonames", np.zeros((1, GRID_CELLS, 7), np.float32), {}, "YOLOv8 anchor-free output is not supported"),
+    ("v8t_names", np.zeros((1, GRID_CELLS, 7), np.float32), {"names": N3}, "YOLOv8 anchor-free output"),
+])
+def test_non_yolov5_heads_are_refused_at_load(tmp_path, name, const, meta, match):
+    p = const_model(tmp_path / f"{name}.onnx", const, meta=meta)
+    with pytest.raises(ModelError, match=match) as e:
+        load_model_info(p)
+    assert f"{name}.onnx" in one_line(e)
+
+
+def test_real_yolov5_heads_without_names_still_load(tmp_path, tiny_model):
+    assert load_model_info(const_model(tmp_path / "p5.onnx", head(P5_ROWS, 8))).names == ("0", "1", "2")
+    p6_rows = yolov5_rows(S, S)[1]
+    assert load_model_info(const_model(tmp_path / "p6.onnx", head(p6_rows, 8))).nc == 3
+    assert load_model_info(fake_yolo(tmp_path / "fake.onnx", imgsz=64, nc=2)).nc == 2
+    with Detector.from_file(tiny_model, threads=1) as det:
+        det.detect([gray(), gray(90, 200)])
+
+
+def test_nms_output_with_symbolic_rows_and_no_names_fails_first_inference(tmp_path):
+    nms = np.zeros((1, 100, 6), np.float32)
+    nms[0, 0] = [20, 20, 40, 40, 0.9, 0]
+    p = const_model(tmp_path / "nms_sym.onnx", nms, out_shape=("batch", "n", 6))
+    with Detector.from_file(p, threads=1) as det, pytest.raises(ModelError, match="100 rows is not a YOLOv5"):
+        det.detect([gray()])
+
+
+def test_logits_fail_first_inference(tmp_path):
+    const = head(P5_ROWS, 8)
+    const[0, 0, 4:] = [4.0, -3.0, -3.0, 5.0]
+    p = const_model(tmp_path / "logits.onnx", const, meta={"names": N3})
+    with Detector.from_file(p, threads=1) as det, pytest.raises(ModelError) as e:
+        det.detect([gray()])
+    assert "logits.onnx" in one_line(e) and "not sigmoid probabilities" in str(e.value)
+
+
+def test_nms_output_whose_width_fits_one_class_fails_on_its_class_column(tmp_path):
+    nms = np.zeros((1, 100, 6), np.float32)
+    nms[0, 0] = [20, 20, 40, 40, 0.9, 2]  # x1, y1, x2, y2, score, class id 2
+    p = const_model(tmp_path / "nms1.onnx", nms, meta={"names": "{0: 'person'}"})
+    with Detector.from_file(p, threads=1) as det, pytest.raises(ModelError, match="not sigmoid probabilities"):
+        det.detect([gray()])
+
+
+# -- 6. metadata parser -------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["-" * 100000 + "1", "[" * 5000 + "]" * 5000, "9" * 5000])
+def test_pathological_names_are_a_model_error(text):
+    with pytest.raises(ModelError) as e:
+        parse_names(text, "m.onnx (ONNX metadata)")
+    assert one_line(e).startswith("m.onnx (ONNX metadata): class names")
+
+
+def test_latin1_sidecar_is_a_model_error(tmp_path):
+    p = const_model(tmp_path / "m.onnx", head(P5_ROWS, 8), meta={})
+    (tmp_path / "m.yaml").write_bytes(b"names: [caf\xe9, dog, car]\n")
+    with pytest.raises(ModelError) as e:
+        load_model_info(p)
+    assert "m.yaml" in one_line(e) and "UTF-8" in str(e.value)
+
+
+def test_unrelated_model_yaml_does_not_break_a_complete_model(tmp_path):
+    p = const_model(tmp_path / "yolo.onnx", head(P5_ROWS, 8), meta={"names": N3})
+    (tmp_path / "model.yaml").write_text("- a\n- b\n")
+    assert load_model_info(p).names == ("cat", "dog", "car")
+    # ... but it is an error, naming it, when the model needs it (no names in the metadata)
+    q = const_model(tmp_path / "nonames.onnx", head(P5_ROWS, 8), meta={})
+    with pytest.raises(ModelError) as e:
+        load_model_info(q)
+    assert "model.yaml" in one_line(e) and "must be a mapping" in str(e.value)
+
+
+# -- 10. stride metadata ------------------------------------------------------------------
+@pytest.mark.parametrize("stride", ["True", "32.9", "[8, 16, 32.5]", "'abc'"])
+def test_non_integer_stride_is_refused(tmp_path, stride):
+    p = const_model(tmp_path / "s.onnx", head(P5_ROWS, 8), meta={"names": N3, "stride": stride})
+    with pytest.raises(ModelError, match="stride must be an integer") as e:
+        load_model_info(p)
+    assert "s.onnx" in one_line(e)
+
+
+@pytest.mark.parametrize("stride,want", [("32", 32), ("32.0", 32), ("'32'", 32), ("[8, 16, 32]", 32), ("64", 64)])
+def test_integer_strides_load(tmp_path, stride, want):
+    p = const_model(tmp_path / "s.onnx", head(P5_ROWS, 8), meta={"names": N3, "stride": stride})
+    assert load_model_info(p).stride == want
