@@ -53,15 +53,21 @@ from edge.records import FrameRecord
 from edge.settings import SpoolSettings
 from edge.sources.base import Frame
 from edge.spool import SPOOL_BUSY_TIMEOUT_S, Spool, SpoolError, SpoolFull, SpoolItem, SpoolStats
-from edge.transports import Transport, TransportError
+from edge.transports import Transport, TransportError, printable
 from edgewise import status
 from edgewise.detections import Detections
+from edgewise.observability import LogThrottle
 from edgewise.policy.deciding import Decision
 from edgewise.policy.schema import Merge, Policy, WholeFrames
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+#: Seconds between the log lines of one kind about the cloud's answers (unusable answers,
+#: replays refused, replays that failed unexpectedly): the first ``LOG_BURST`` of an
+#: interval are logged, the rest counted in the next line.
+LOG_INTERVAL_S = 30.0
+LOG_BURST = 3
 
 
 class _Answer(NamedTuple):
@@ -85,8 +91,13 @@ def _check_answer_is_for(record: FrameRecord, resp: Any) -> None:
     one for another frame (a misbehaving responder on the broker, a bug upstream) must not
     become this frame's cloud result. ValueError naming the difference."""
     if not (resp.device_id or resp.stream_id):
-        return  # an answer that names no frame (an older cloud) is taken as the request's
-    wrong = [f"{name} {got!r}, not {want!r}" for name, got, want in (
+        # an answer that names no device and stream (an older cloud) is taken as the request's,
+        # unless it names another frame_seq (0 is the field's default: named none)
+        if resp.frame_seq and resp.frame_seq != record.frame_seq:
+            raise ValueError(f"the answer is for another frame: frame_seq {resp.frame_seq!r}, not "
+                             f"{record.frame_seq!r}")
+        return
+    wrong = [f"{name} {printable(got, 80)!r}, not {want!r}" for name, got, want in (
         ("device_id", resp.device_id, record.device), ("stream_id", resp.stream_id, record.stream),
         ("frame_seq", resp.frame_seq, record.frame_seq)) if got != want]
     if wrong:
@@ -141,6 +152,9 @@ class Escalating:
         # could not be written (full disk): never sent again, acknowledged when possible.
         self._unacked: List[int] = []
         self.whole_frames = WholeFrames()  # the policy's payload.wholeFrameEverySeconds, per stream
+        self._unusable_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
+        self._refused_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
+        self._replay_failed_log = LogThrottle(LOG_INTERVAL_S, burst=1)
 
     async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking spool call on the spool thread."""
@@ -269,9 +283,13 @@ class Escalating:
         try:
             self._write_merged(record, dets, resp, policy.spec.merge, rtt, late=False)
         except ValueError as exc:  # boxes the cloud sent do not validate: the frame keeps its edge result
-            log.warning("cloud answer for %s/%d unusable: %s; edge result kept", req.stream_id, req.frame_seq, exc)
+            why = printable(exc)
+            held = self._unusable_log.allow()
+            if held is not None:
+                log.warning("cloud answer for %s/%d unusable: %s; edge result kept%s", req.stream_id, req.frame_seq,
+                            why, f" ({held} more unusable answers not logged)" if held else "")
             record.outcome = "edge_only"
-            record.error = f"INVALID_ARGUMENT: cloud answer: {exc}"
+            record.error = f"INVALID_ARGUMENT: cloud answer: {why}"
             self.metrics.escalations.labels(reason, "error").inc()
             self.write(record)
             return
@@ -282,10 +300,11 @@ class Escalating:
         """Merge the cloud's answer in and write the record (what ``write`` said: False when a
         durable sink did not take it); ValueError (record untouched) when the answer's
         detections do not validate."""
-        from edgewise.wire import detections_from_proto
+        from edgewise.wire import answer_detections
 
         _check_answer_is_for(record, resp)
-        cloud = detections_from_proto(resp.detections, names=dets.names or self.names, source="cloud")
+        cloud = answer_detections(resp.detections, names=dets.names or self.names,
+                                  frame_size=(record.width, record.height), source="cloud")
         regions = seen_regions(record)
         merged = merge.apply(dets, cloud, regions)
         record.detections = detections_json(merged)
@@ -497,6 +516,9 @@ class Escalating:
                 log.debug("replay of %s failed (%s); retrying later", e.key, exc)
                 return None
             return _Refused(spooled, f"cloud refused the replay: {exc}")  # a resend would fail the same way
+        except Exception as exc:  # not the transport's kind of failure: it must not block the spool's head
+            self._replay_failed(e, "sending", exc)
+            return _Refused(spooled, f"INTERNAL: the replay failed: {printable(repr(exc))}")
         rtt = time.monotonic() - t0
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
         return _Answer(spooled, edge, resp, rtt)
@@ -515,7 +537,11 @@ class Escalating:
                 kept = self._write_merged(record, answer.edge, answer.resp, answer.spooled.merge,
                                           answer.rtt, late=True)
             except ValueError as exc:
-                answer = _Refused(answer.spooled, f"cloud answer to the replay unusable: {exc}")
+                answer = _Refused(answer.spooled, f"cloud answer to the replay unusable: {printable(exc)}")
+            except Exception as exc:  # a bug on our side must not block the spool's head either
+                self._replay_failed(e, "merging the answer to", exc)
+                answer = _Refused(answer.spooled, f"INTERNAL: merging the replay's answer failed: "
+                                                  f"{printable(repr(exc))}")
             else:
                 if kept is False:
                     self._unwritten(e)
@@ -534,8 +560,20 @@ class Escalating:
             return None
         self.metrics.escalations.labels(record.reason, "edge_only").inc()
         self.metrics.spool_events.labels("rejected").inc()
-        log.error("replayed %s: %s; its edge result is final, dropped from the spool", e.key, answer.error)
+        held = self._refused_log.allow()
+        if held is not None:
+            log.error("replayed %s: %s; its edge result is final, dropped from the spool%s", e.key, answer.error,
+                      f" ({held} more refused replays not logged)" if held else "")
         return True
+
+    def _replay_failed(self, e: SpoolItem, doing: str, exc: Exception) -> None:
+        """Say (throttled, with the traceback) that replaying ``e`` failed unexpectedly; the
+        entry is settled with its edge result rather than failing every round."""
+        held = self._replay_failed_log.allow()
+        if held is not None:
+            log.error("%s replayed %s failed unexpectedly; its edge result is final%s", doing.capitalize(), e.key,
+                      f" ({held} more such failures not logged)" if held else "",
+                      exc_info=(type(exc), exc, exc.__traceback__))
 
     def _unwritten(self, e: SpoolItem) -> None:
         """Count and say why a replayed entry stays spooled though the cloud answered."""

@@ -113,8 +113,10 @@ def merge(
         ious[e_ids[:, None] != c_ids[None, :]] = 0.0  # same class only
         ious[unseen] = 0.0
         for ei, ci in greedy_match(ious, iou):
-            we = es[ei] * edge_weight
-            wc = cs[ci] * cloud_weight
+            # weights are never negative, whatever the inputs: a negative score would make the
+            # "average" an extrapolation (a box outside both, or inverted)
+            we = max(es[ei], 0.0) * max(edge_weight, 0.0)
+            wc = max(cs[ci], 0.0) * max(cloud_weight, 0.0)
             tot = we + wc
             box = (eb[ei] * we + cb[ci] * wc) / tot if tot > 0 else (eb[ei] + cb[ci]) / 2.0
             score = (es[ei] * edge_weight + cs[ci] * cloud_weight) / (edge_weight + cloud_weight)

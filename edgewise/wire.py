@@ -285,6 +285,75 @@ def detections_from_proto(
     )
 
 
+#: The most detections the edge takes from one cloud answer: an answer with more is
+#: unusable (refused whole, never cut), for a real model's answer has far fewer (its NMS keeps
+#: at most a few hundred) and a hundred thousand boxes stall the pipeline and bloat records.
+MAX_ANSWER_DETECTIONS = 1000
+#: How far outside [0, 1] a cloud score may be and still be taken (clipped into it): a
+#: float's rounding, not a model's output.
+SCORE_TOLERANCE = 1e-3
+#: A cloud box coordinate more than this many frame widths (heights) outside the frame makes
+#: the answer unusable: it is not in this frame's pixels. Boxes closer than that are clipped
+#: to the frame, and dropped when nothing of them is inside it.
+FRAME_MARGIN = 1.0
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def answer_detections(
+    items: Sequence[detect_pb2.Detection],
+    names: Sequence[str] = (),
+    frame_size: Optional[Tuple[int, int]] = None,
+    source: str = "cloud",
+    max_count: int = MAX_ANSWER_DETECTIONS,
+) -> Detections:
+    """The detections of a cloud answer (untrusted input), validated by
+    :func:`detections_from_proto` and more: at most ``max_count`` of them; scores in [0, 1]
+    (within ``SCORE_TOLERANCE``, then clipped); a ``class_name`` the answer gives must be the
+    edge's name of its ``class_id``; with ``frame_size`` ``(width, height)``, boxes clipped to
+    the frame and those with no area inside it dropped, and a coordinate more than
+    ``FRAME_MARGIN`` frames outside it refused. ``InvalidInputError`` naming the first problem:
+    the answer is unusable as a whole."""
+    n = len(items)
+    if n > max_count:
+        raise InvalidInputError(f"{n} detections, over the {max_count} one answer may have")
+    d = detections_from_proto(items, names=names, source=source)
+    if n == 0:
+        return d
+    out = (d.scores < -SCORE_TOLERANCE) | (d.scores > 1.0 + SCORE_TOLERANCE)
+    if out.any():
+        i = int(np.flatnonzero(out)[0])
+        raise InvalidInputError(f"detections[{i}].score {float(d.scores[i]):.6g} is outside [0, 1]")
+    if names:
+        for i, item in enumerate(items):
+            given = item.class_name
+            if given and given != names[item.class_id]:
+                raise InvalidInputError(
+                    f"detections[{i}].class_name {_short(given)} is not the edge model's name of class_id "
+                    f"{item.class_id}, {_short(names[item.class_id])}: the cloud's model names its classes "
+                    "differently")
+    scores = np.clip(d.scores, 0.0, 1.0).astype(np.float32)
+    boxes = d.boxes
+    keep = None
+    if frame_size is not None and frame_size[0] > 0 and frame_size[1] > 0:
+        w, h = float(frame_size[0]), float(frame_size[1])
+        xs, ys = boxes[:, 0::2].astype(np.float64), boxes[:, 1::2].astype(np.float64)
+        far = ((xs < -FRAME_MARGIN * w) | (xs > (1 + FRAME_MARGIN) * w)).any(axis=1) | (
+            (ys < -FRAME_MARGIN * h) | (ys > (1 + FRAME_MARGIN) * h)).any(axis=1)
+        if far.any():
+            i = int(np.flatnonzero(far)[0])
+            raise InvalidInputError(
+                f"detections[{i}]: box {boxes[i].tolist()} lies far outside the {int(w)}x{int(h)} frame")
+        boxes = boxes.copy()
+        np.clip(boxes[:, 0::2], 0, w, out=boxes[:, 0::2])
+        np.clip(boxes[:, 1::2], 0, h, out=boxes[:, 1::2])
+        keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    d = dataclasses.replace(d, boxes=boxes, scores=scores)
+    return d if keep is None or keep.all() else d.select(keep)
+
+
 def shift_detections(
     d: Detections, dx: float, dy: float, source_size: Optional[Tuple[int, int]] = None
 ) -> Detections:

@@ -70,8 +70,46 @@ class MeteredTransport:
         await self.inner.close()
 
 
+#: The largest answer the edge takes from the cloud, bytes, over either transport (gRPC's
+#: receive limit; the MQTT transport refuses a larger response the same way).
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+#: The most characters of the cloud's ``error`` text (or a gRPC status's details) that reach
+#: a record or a log line; control characters are escaped (``printable``).
+MAX_ERROR_CHARS = 500
+#: Why an answer that is not a ``DetectResponse`` is refused (gRPC and MQTT alike).
+NOT_A_RESPONSE = "the cloud's answer is not a DetectResponse"
+
+
+def printable(text: Any, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` (untrusted: the cloud's words) fit for one log line and a record: control and
+    other unprintable characters escaped (``\\n``, ``\\x1b``), at most ``limit`` characters,
+    a cut one ending with how many more there were."""
+    if not isinstance(text, str):
+        text = str(text)
+    head = text[:limit]
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in head)
+    cut = len(text) > len(head) or len(out) > limit  # too long, or its escapes made it so
+    if cut:
+        out = out[:limit] + f"... ({len(text)} characters in all)"
+    return out
+
+
+def not_a_response(why: str = "") -> TransportError:
+    """The failure of an answer that does not decode as a ``DetectResponse`` (bytes of
+    something else, a string field that is not UTF-8): INTERNAL, so the frame keeps its edge
+    result (a spooled one leaves the spool with it) instead of being sent again for the same
+    answer."""
+    return TransportError(status.INTERNAL, NOT_A_RESPONSE + (f" ({printable(why, 200)})" if why else ""))
+
+
 def check_response(resp: Any) -> Any:
-    """Raise TransportError for a DetectResponse whose status is not OK."""
+    """The ``DetectResponse`` ``resp`` when its status is OK; else TransportError: for no
+    answer or not a DetectResponse (INTERNAL), or the answer's status with its ``error`` text
+    made printable and cut to ``MAX_ERROR_CHARS``."""
+    from edgewise.v1 import detect_pb2
+
+    if not isinstance(resp, detect_pb2.DetectResponse):
+        raise not_a_response("no answer could be decoded" if resp is None else type(resp).__name__)
     if status.is_ok(resp.status):
         return resp
-    raise TransportError(resp.status, resp.error or "cloud answered with an error status")
+    raise TransportError(resp.status, printable(resp.error) if resp.error else "cloud answered with an error status")

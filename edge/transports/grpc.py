@@ -17,12 +17,22 @@ from typing import Any, List, Optional, Sequence, Tuple
 import grpc
 from grpc import aio
 
-from edge.transports import TransportError, check_response
+from edge.transports import (
+    MAX_ANSWER_BYTES,
+    TransportError,
+    check_response,
+    not_a_response,
+    printable,
+)
 from edgewise import status
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 32 * 1024 * 1024
+MAX_MESSAGE = MAX_ANSWER_BYTES
+#: The method every escalation calls. Its answer is taken as bytes and decoded here: grpc's
+#: own deserializer logs a traceback and hands back None for bytes that are not a
+#: ``DetectResponse`` (or carry a string that is not UTF-8); here that is a clear failure.
+DETECT_METHOD = "/edgewise.v1.Escalation/Detect"
 
 SERVICE_CONFIG = {
     "methodConfig": [
@@ -45,6 +55,21 @@ def _read(path: str) -> Optional[bytes]:
         return None
     with open(path, "rb") as f:
         return f.read()
+
+
+def _decode(raw: Any) -> Any:
+    """The ``DetectResponse`` in an answer's bytes; TransportError (INTERNAL) when they are
+    not one."""
+    from edgewise.v1 import detect_pb2
+
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise not_a_response("no answer" if raw is None else type(raw).__name__)
+    resp = detect_pb2.DetectResponse()
+    try:
+        resp.ParseFromString(bytes(raw))
+    except Exception as exc:  # DecodeError, a string field that is not UTF-8
+        raise not_a_response(f"{len(raw)} bytes: {exc}") from None
+    return resp
 
 
 class GrpcTransport:
@@ -81,7 +106,7 @@ class GrpcTransport:
         self.preferred = 0
 
     async def start(self) -> None:
-        from edgewise.v1 import service_pb2_grpc
+        from edgewise.v1 import detect_pb2
 
         ca, cert, key = self.tls
         creds = None
@@ -94,7 +119,9 @@ class GrpcTransport:
                 ep, options=self.options
             )
             self.channels.append(ch)
-            self.stubs.append(service_pb2_grpc.EscalationStub(ch))
+            self.stubs.append(ch.unary_unary(
+                DETECT_METHOD, request_serializer=detect_pb2.DetectRequest.SerializeToString,
+                response_deserializer=None))  # raw bytes: decoded by _decode
 
     async def detect(self, request: Any, timeout_s: float) -> Any:
         if not self.stubs:
@@ -104,18 +131,19 @@ class GrpcTransport:
         for k in range(n):
             i = (self.preferred + k) % n
             try:
-                resp = await self.stubs[i].Detect(
+                raw = await self.stubs[i](
                     request, timeout=max(timeout_s, 0.001), metadata=self.metadata or None
                 )
             except aio.AioRpcError as exc:
                 st = status.from_grpc(exc.code(), exc.details())
-                last = TransportError(st, f"{self.endpoints[i]}: {exc.details() or status.name(st)}")
+                details = printable(exc.details()) if exc.details() else status.name(st)
+                last = TransportError(st, f"{self.endpoints[i]}: {details}")
                 if status.is_retryable(st) and k + 1 < n:
                     log.info("endpoint %s unavailable, trying the next one", self.endpoints[i])
                     continue
                 raise last from None
             self.preferred = i
-            return check_response(resp)
+            return check_response(_decode(raw))
         assert last is not None
         raise last
 

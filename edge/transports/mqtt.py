@@ -58,7 +58,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import Counter, Gauge
 
-from edge.transports import TransportError, check_response
+from edge.transports import MAX_ANSWER_BYTES, TransportError, check_response, not_a_response
 from edgewise import mqtt_topics, status
 from edgewise.observability import LogThrottle
 
@@ -489,22 +489,48 @@ class MqttTransport:
         self.token = token
         self.pending: Dict[bytes, asyncio.Future[bytes]] = {}
         self.loop: Optional[asyncio.AbstractEventLoop] = None
+        #: Responses dropped unread, by why: ``no_correlation`` (none given), ``unknown_correlation``
+        #: (not an escalation waiting: a late answer after its deadline, a repeat, another's).
+        self.dropped: Dict[str, int] = {"no_correlation": 0, "unknown_correlation": 0}
+        self._dropped_log = LogThrottle(60.0)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.conn.subscribe(self.response_topic, self._on_response)
 
+    def _drop(self, why: str, topic: str) -> None:
+        """Count a response dropped unread; say so at most once a minute, with the counts."""
+        self.dropped[why] += 1
+        log.debug("MQTT response on %s dropped: %s", topic, why.replace("_", " "))
+        held = self._dropped_log.allow()
+        if held is not None:
+            log.warning("MQTT response on %s dropped: %s (so far: %d without correlation data, %d whose "
+                        "correlation data no escalation waits for: late after their deadline, repeated, or "
+                        "another client's)", topic,
+                        "no correlation data" if why == "no_correlation" else "unknown correlation data",
+                        self.dropped["no_correlation"], self.dropped["unknown_correlation"])
+
     def _on_response(self, msg: Any) -> None:
         props = getattr(msg, "properties", None)
         corr = getattr(props, "CorrelationData", None) if props is not None else None
         if corr is None:
-            log.warning("MQTT response on %s without correlation data ignored", msg.topic)
+            self._drop("no_correlation", msg.topic)
             return
         fut = self.pending.get(bytes(corr))
-        if fut is None or self.loop is None:
-            return  # late answer after our deadline: dropped (the frame was spooled or kept edge-only)
+        loop = self.loop
+        if fut is None or loop is None:
+            # a late answer after our deadline (the frame was spooled or kept edge-only), a repeat
+            self._drop("unknown_correlation", msg.topic)
+            return
+        size = len(msg.payload)
+        if size > MAX_ANSWER_BYTES:  # the gRPC transport's receive limit, the same refusal
+            loop.call_soon_threadsafe(_fail, fut, TransportError(
+                status.from_grpc(grpc.StatusCode.RESOURCE_EXHAUSTED, status.TOO_LARGE),
+                f"MQTT response is {size} bytes, over the {MAX_ANSWER_BYTES} bytes an answer may have "
+                f"({status.TOO_LARGE}, as the gRPC transport's receive limit); not read"))
+            return
         payload = bytes(msg.payload)
-        self.loop.call_soon_threadsafe(_resolve, fut, payload)
+        loop.call_soon_threadsafe(_resolve, fut, payload)
 
     async def detect(self, request: Any, timeout_s: float) -> Any:
         from edgewise.v1 import detect_pb2
@@ -549,8 +575,8 @@ class MqttTransport:
         resp = detect_pb2.DetectResponse()
         try:
             resp.ParseFromString(payload)
-        except Exception:
-            raise TransportError(status.INTERNAL, "MQTT response is not a DetectResponse") from None
+        except Exception as exc:  # DecodeError, a string field that is not UTF-8
+            raise not_a_response(f"MQTT response of {len(payload)} bytes: {exc}") from None
         return check_response(resp)
 
     async def close(self) -> None:

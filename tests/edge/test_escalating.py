@@ -577,7 +577,7 @@ def test_a_streams_escalation_sends_the_whole_frame_once_its_last_whole_one_is_a
     policy = parse_policy(yaml.safe_dump(doc))
     rng = np.random.default_rng(0)
     image = rng.integers(0, 255, (360, 640, 3), dtype=np.uint8)
-    names = tuple("abcdefghij")  # the worker's model has 10 classes
+    names = tuple(str(i) for i in range(10))  # the worker's model's 10 classes (an answer naming others is refused)
     small_uncertain = Detections(boxes=np.array([[300, 150, 320, 170]], np.float32), scores=np.array([0.4], np.float32),
                                  class_ids=np.zeros(1, np.int32), names=names, source="edge")  # a 96 px region
     written = []
@@ -588,6 +588,7 @@ def test_a_streams_escalation_sends_the_whole_frame_once_its_last_whole_one_is_a
         esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), names=names)
         for seq, (stream, decided) in enumerate(plan):
             record = frame_record(stream, seq)
+            record.width, record.height = 640, 360  # the frame's size: the answer's boxes are clipped to it
             record.decided_s = decided
             esc.submit(Frame(stream, seq, image, 0, 0.0), small_uncertain, Decision(True, "hard", 0.8, {}), policy,
                        record)
