@@ -230,8 +230,13 @@ def _html(s: Dict[str, Any], plots: Dict[str, str]) -> str:
         f"streams of {world['frames_per_stream']} frames of the <code>{html.escape(world['preset'])}</code> world "
         f"(seed {world['seed']}), scored on {a['scored_frames']} of its frames, with the policy file deciding live "
         f"under its budget, cooldown and deadline. The README's headline is <code>edgewise eval</code> on {headline}. "
-        "A few streams make a wide interval and the escalation rate here is the policy's, not a chosen one; expect "
-        "the same ordering (edge only below the hybrid, the hybrid close to cloud only), not the same numbers."
+        "The escalation rate here is the policy's, not a chosen one, and a few streams make a wide interval: on "
+        f"this run edge only kept {100 * a['edge_fraction_of_cloud_f1']:.0f}% of cloud-only F1 and the hybrid "
+        f"{100 * a['hybrid_fraction_of_cloud_f1']:.0f}% (on 30 held-out streams the hybrid keeps 90-96% and the "
+        "95% intervals span about 15 points; two streams can put the cloud below the edge or the hybrid well "
+        "above the cloud, where the fused edge boxes find objects the cloud model missed on these frames). "
+        "Read this run for what the system does live (escalations, answers, the worker kill, latency, uplink); "
+        "read the README's table for how accurate the hybrid is."
     )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>edgewise demo report</title>
