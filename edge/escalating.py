@@ -61,6 +61,9 @@ from edgewise.policy.deciding import Decision
 from edgewise.policy.schema import Merge, Policy, WholeFrames
 
 log = logging.getLogger(__name__)
+#: "escalation ... spooled" is logged at most once per this many seconds, with how many were not.
+SPOOLED_LOG_INTERVAL_S = 15.0
+_SPOOLED_LOG = LogThrottle(SPOOLED_LOG_INTERVAL_S)
 
 T = TypeVar("T")
 #: Seconds between the log lines of one kind about the cloud's answers (unusable answers,
@@ -336,7 +339,10 @@ class Escalating:
             if stored:
                 record.outcome = "spooled"
                 self.metrics.spool_events.labels("put").inc()
-                log.info("escalation %s spooled: %s", key, exc)
+                held = _SPOOLED_LOG.allow()  # one line per SPOOLED_LOG_INTERVAL_S in an outage
+                if held is not None:
+                    more = f" ({held} more spooled since the last such line)" if held else ""
+                    log.info("escalation %s spooled: %s%s", key, exc, more)
             elif problem is not None:  # full disk or a failed write: the edge result is kept
                 record.outcome = "edge_only"
                 record.error = f"{exc}; not spooled: {problem}"

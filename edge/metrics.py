@@ -89,6 +89,11 @@ class EdgeMetrics:
         self.source_state = Gauge(
             "edgewise_edge_source_state", "1 for the current state of each stream", ["stream", "state"], registry=r
         )
+        self.reconnects = Counter(
+            "edgewise_edge_source_reconnects", "Reconnects of a live stream: connection attempts after the "
+            "first (after a failure, a stall or a refused open)", ["stream"], registry=r,
+        )
+        self._last_state: Dict[str, SourceState] = {}
         self.hardness = Histogram(
             "edgewise_edge_hardness", "Combined hardness score per frame",
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r,
@@ -107,6 +112,10 @@ class EdgeMetrics:
         )
 
     def set_source_state(self, stream: str, state: SourceState) -> None:
+        """Export a stream's state; a ``connecting`` after any earlier state is a reconnect."""
+        if state is SourceState.CONNECTING and stream in self._last_state:
+            self.reconnects.labels(stream).inc()
+        self._last_state[stream] = state
         for s in SourceState:
             self.source_state.labels(stream, s.value).set(1.0 if s is state else 0.0)
 

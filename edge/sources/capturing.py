@@ -7,7 +7,10 @@ Corrupt frames are logged at most 5 times per 10 s per stream (then with the
 count held back), and a run of them makes the stream back off like a reconnect, so a folder
 of bad files cannot spin a CPU core on warnings.
 Each frame is stamped with when it was taken (``edge.sources.clock``) beside when it
-was read. When a live stream goes down (it failed or stalled) the frames still
+was read; a source clock that runs too slow is given up for read times, logged
+once. A live source may count corrupt frames itself (``corrupt``: the latest-frame
+reader skips a part whose grab failed and reads on); they are counted and logged
+here like the ones ``read`` raises for. When a live stream goes down (it failed or stalled) the frames still
 queued from before are discarded and counted (``on_stale``), and ``cut_seq`` tells
 the pipeline which frames in flight are from before the outage: none of them is
 emitted after it is detected (docs/design/edge-runtime.md#live-sources).
@@ -143,6 +146,8 @@ class Capturer:
         self.corrupt_run = 0  # corrupt frames since the last good one
         self._corrupt_delay = reconnect_min_s
         self._corrupt_log = LogThrottle(CORRUPT_LOG_INTERVAL_S, CORRUPT_LOG_BURST)
+        self._source_corrupt = 0  # the source's own corrupt count, as last seen
+        self._slow_logged = False
         self.reconnects = 0
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"capture-{stream_id}")
 
@@ -208,6 +213,22 @@ class Capturer:
             self.skipped += n
             if self.on_skipped is not None:
                 self.on_skipped(self.stream_id, n)
+
+    def _check_source_corrupt(self) -> None:
+        # Corrupt frames a live source skipped on its own (a failed grab, the stream went on).
+        n = int(getattr(self.source, "corrupt", 0)) - self._source_corrupt
+        if n <= 0:
+            return
+        self._source_corrupt += n
+        self.corrupt += n
+        if self.on_corrupt is not None:
+            for _ in range(n):
+                self.on_corrupt(self.stream_id)
+        held = self._corrupt_log.allow()
+        if held is not None:
+            more = f" ({held} more corrupt frames not logged)" if held else ""
+            log.warning("stream %s: %d corrupt frame(s) skipped by the reader, the stream goes on%s",
+                        self.stream_id, n, more)
 
     def _went_down(self, why: str) -> str:
         """A live stream failed or stalled: frames from before it must not be emitted."""
@@ -290,6 +311,7 @@ class Capturer:
             except SourceError as exc:
                 if self.source.live:
                     self._check_skipped()
+                    self._check_source_corrupt()
                     return self._went_down(str(exc))
                 log.error("stream %s: %s", self.stream_id, exc)
                 return None
@@ -303,6 +325,7 @@ class Capturer:
                 continue
             self._check_truncated()
             self._check_skipped()
+            self._check_source_corrupt()
             if img is None:
                 return None
             self._streamed_ok = True
@@ -312,6 +335,10 @@ class Capturer:
             now_mono = mono_ns / 1e9
             read_ns = time.time_ns()
             capture_ns, clock = self.clock.stamp(self.source.last_source_ms, read_ns, mono_ns)
+            if self.clock.slow is not None and not self._slow_logged:
+                self._slow_logged = True
+                log.warning("stream %s: source timestamps not used, frames are stamped with their read "
+                            "time from now on: %s", self.stream_id, self.clock.slow)
             self._check_shape(img.shape)  # type: ignore[attr-defined]
             frame = Frame(
                 stream_id=self.stream_id,

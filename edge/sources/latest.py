@@ -15,6 +15,13 @@ delivers no new frame for ``stall_timeout_s`` is reported down by ``read()`` rig
 away, whatever FFmpeg's own timeouts are, so nothing buffered before an outage is
 handed on after it.
 
+A failed ``grab()`` is not the end of a stream by itself: FFmpeg's MJPEG-over-HTTP
+demuxer fails one grab for one corrupt or oversized JPEG part and reads the next
+part fine. The reader grabs on; failed grabs followed by a good one are counted in
+``corrupt`` (skipped, the stream goes on). The stream is reported down only when
+the failure is sustained: ``GRAB_FAIL_RUN_LIMIT`` failed grabs in a row (a closed
+connection fails every grab at once) or no good grab for ``stall_timeout_s``.
+
 The capture object is only ever touched by the reader thread (OpenCV captures are
 not thread-safe); ``close()`` asks the thread to stop and returns without waiting
 for a blocked ``grab()`` longer than ``wait_s``: the thread releases the capture
@@ -38,6 +45,12 @@ except ImportError:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+#: Failed grabs in a row after which the stream is down (a closed connection fails
+#: every grab at once; a corrupt part on a live stream fails one).
+GRAB_FAIL_RUN_LIMIT = 8
+#: Pause after a failed grab, so a connection that fails every grab at once cannot spin.
+GRAB_FAIL_PAUSE_S = 0.01
+
 
 class Grabber(Protocol):
     """What the reader needs of a ``cv2.VideoCapture``."""
@@ -60,6 +73,8 @@ class LatestFrameReader:
         self.position_ms = position_ms  # called in the reader thread, after a grab
         self.grabbed = 0
         self.skipped = 0
+        self.corrupt = 0
+        """Failed grabs followed by a good one: corrupt frames skipped, the stream went on."""
         self._cond = threading.Condition()
         self._want = False
         self._ready: Optional[Tuple[bool, Any, Optional[float]]] = None
@@ -78,16 +93,25 @@ class LatestFrameReader:
 
     def _run(self) -> None:
         try:
+            failed = 0  # failed grabs since the last good one
             while not self._closed:
                 ok = self.cap.grab()
                 if self._closed:
                     break
                 if not ok:
-                    self._fail("stopped delivering frames")
-                    break
+                    failed += 1
+                    idle = time.monotonic() - self._last_grab
+                    if failed >= GRAB_FAIL_RUN_LIMIT or idle >= self.stall_timeout_s:
+                        self._fail(f"stopped delivering frames ({failed} failed grab(s) in a row, "
+                                   f"no good frame for {idle:.1f} s)")
+                        break
+                    time.sleep(GRAB_FAIL_PAUSE_S)
+                    continue
                 with self._cond:
                     self._last_grab = time.monotonic()
                     self.grabbed += 1
+                    self.corrupt += failed  # the stream went on: those were bad frames
+                    failed = 0
                     want = self._want
                     if not want:
                         self.skipped += 1

@@ -134,6 +134,22 @@ def _position_ms(cap: Any) -> Optional[float]:
     return pos if pos > 0.0 else None
 
 
+def _fourcc(cap: Any) -> str:
+    """The codec of a capture as its four characters (``MJPG``, ``H264``), '' when unknown."""
+    try:
+        code = int(cap.get(cv2.CAP_PROP_FOURCC) or 0)
+    except (cv2.error, TypeError, ValueError):
+        return ""
+    return "".join(chr((code >> (8 * i)) & 0xFF) for i in range(4)).strip("\x00 ") if code > 0 else ""
+
+
+def _invented_timestamps(kind: str, backend: str, fourcc: str) -> bool:
+    """Whether a live stream's ``CAP_PROP_POS_MSEC`` is made up rather than the source's:
+    MJPEG over HTTP through FFmpeg (the multipart demuxer has no timestamps; FFmpeg numbers
+    the parts at a nominal 25 fps)."""
+    return kind == "http" and backend == "ffmpeg" and fourcc.upper() in ("MJPG", "MJPEG", "JPEG")
+
+
 def _to_bgr(img: Any) -> np.ndarray:
     if img is None or not isinstance(img, np.ndarray) or img.size == 0:
         raise CorruptFrameError("empty image")
@@ -263,7 +279,13 @@ class CaptureSource:
     shell reconnects with exponential backoff. ``last_source_ms`` is the source's own
     timestamp of the frame ``read`` returned (``CAP_PROP_POS_MSEC``: stream PTS for
     FFmpeg, buffer time for GStreamer, driver capture time for V4L2), ``skipped`` the
-    frames drained without being used. URLs appear in messages only redacted.
+    frames drained without being used, ``corrupt`` the frames whose grab failed while
+    the stream went on (skipped). URLs appear in messages only redacted.
+
+    MJPEG over HTTP (``kind: http`` whose codec FFmpeg reports as ``MJPG``: a
+    ``multipart/x-mixed-replace`` stream) carries no timestamps: FFmpeg invents them
+    at a nominal 25 fps whatever the real rate, so ``last_source_ms`` is None for it
+    and its frames are stamped with their read time (``capture_clock: read``).
     """
 
     live = True
@@ -287,11 +309,19 @@ class CaptureSource:
         self.last_source_ms: Optional[float] = None
         self.stall_timeout_s = stall_timeout(stall_timeout_s, 0.0)
         self._skipped_before = 0  # frames skipped by readers of earlier connections
+        self._corrupt_before = 0  # corrupt frames counted by readers of earlier connections
+        self.timestamps = True
+        """Whether the stream's own timestamps are real (False: MJPEG over HTTP, see above)."""
+        self._said_timestamps = False
         self._closing: List[LatestFrameReader] = []  # earlier readers still inside a grab()
 
     @property
     def skipped(self) -> int:
         return self._skipped_before + (self.reader.skipped if self.reader is not None else 0)
+
+    @property
+    def corrupt(self) -> int:
+        return self._corrupt_before + (self.reader.corrupt if self.reader is not None else 0)
 
     def describe(self) -> str:
         """``rtsp://user:***@host/path via ffmpeg (auto: ...)``, for the start-up log."""
@@ -330,6 +360,7 @@ class CaptureSource:
             # more than one such connection to a camera.
             self.reader.close(0.1)
             self._skipped_before += self.reader.skipped
+            self._corrupt_before += self.reader.corrupt
             self._closing = [r for r in self._closing + [self.reader] if r.alive()]
             self.reader = None
         if len(self._closing) > 1:
@@ -343,6 +374,11 @@ class CaptureSource:
             cap.release()
             raise SourceError(f"cannot open {self.kind} source {self.shown}")
         fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
+        self.timestamps = not _invented_timestamps(self.kind, self.backend, _fourcc(cap))
+        if not self.timestamps and not self._said_timestamps:
+            self._said_timestamps = True
+            log.info("%s %s: MJPEG over HTTP carries no timestamps (FFmpeg's are a nominal %g fps); "
+                     "frames are stamped with their read time (capture_clock: read)", self.kind, self.shown, fps)
         self.stall_timeout_s = stall_timeout(self.stall_timeout_setting, fps)
         self.reader = LatestFrameReader(cap, self.shown, self.stall_timeout_s,
                                         lambda: _position_ms(cap))
@@ -351,7 +387,8 @@ class CaptureSource:
     def read(self) -> Optional[np.ndarray]:
         if self.reader is None:
             raise SourceError(f"{self.kind} source {self.shown} is not open")
-        img, self.last_source_ms = self.reader.read()
+        img, pos = self.reader.read()
+        self.last_source_ms = pos if self.timestamps else None
         return _to_bgr(img)
 
     def close(self) -> None:

@@ -58,3 +58,21 @@ def test_a_metrics_port_in_use_is_one_config_error():
         taken.stop()
     msg = str(ei.value)
     assert f"metrics.port {taken.port} on 127.0.0.1 is already in use" in msg and "\n" not in msg
+
+
+def test_reconnects_are_counted_per_stream_from_the_source_states():
+    """A ``connecting`` after any earlier state is a reconnect; the first one is not, nor is
+    the back-off of a run of corrupt frames (streaming again without a new connection)."""
+    from prometheus_client import CollectorRegistry
+
+    from edge.sources.base import SourceState as S
+
+    m = EdgeMetrics(CollectorRegistry())
+    for state in (S.CONNECTING, S.STREAMING, S.BACKOFF, S.STREAMING, S.BACKOFF, S.CONNECTING,
+                  S.BACKOFF, S.CONNECTING, S.STREAMING, S.ENDED):
+        m.set_source_state("a", state)
+    m.set_source_state("b", S.CONNECTING)
+    m.set_source_state("b", S.STREAMING)
+    value = m.registry.get_sample_value
+    assert value("edgewise_edge_source_reconnects_total", {"stream": "a"}) == 2
+    assert value("edgewise_edge_source_reconnects_total", {"stream": "b"}) is None
