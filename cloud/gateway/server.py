@@ -41,9 +41,10 @@ from cloud.gateway.tlsfiles import load_server_files
 from edgewise import status
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.observability import LogThrottle
+from edgewise.v1 import service_pb2
 
 log = logging.getLogger("edgewise.gateway")
-SERVICE_NAME = "edgewise.v1.Escalation"
+SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["Escalation"].full_name
 LISTENING_LINE = "EDGEWISE_GATEWAY_LISTENING"
 
 

@@ -53,12 +53,12 @@ from edgewise.errors import (
     OverloadedError,
     UnavailableError,
 )
-from edgewise.v1 import detect_pb2, service_pb2_grpc
+from edgewise.v1 import detect_pb2, service_pb2, service_pb2_grpc
 from edgewise.wire import check_image, detections_to_proto
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "edgewise.v1.Worker"
+SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 LISTENING_TAG = "EDGEWISE_WORKER_LISTENING"
 SERVING_TAG = "EDGEWISE_WORKER_SERVING"
 STREAM_GRACE_S = 0.5  # for RPCs other than Infer once the drain is over

@@ -29,10 +29,15 @@ from edgewise import status
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = MAX_ANSWER_BYTES
-#: The method every escalation calls. Its answer is taken as bytes and decoded here: grpc's
-#: own deserializer logs a traceback and hands back None for bytes that are not a
-#: ``DetectResponse`` (or carry a string that is not UTF-8); here that is a clear failure.
-DETECT_METHOD = "/edgewise.v1.Escalation/Detect"
+
+def detect_method() -> str:
+    """The method every escalation calls, from the generated service descriptor. Its answer
+    is taken as bytes and decoded here (``_decode``): grpc's own deserializer logs a traceback
+    and hands back None for bytes that are not a ``DetectResponse`` (or carry a string that is
+    not UTF-8); here that is a clear failure."""
+    from edgewise.v1 import service_pb2
+
+    return f"/{service_pb2.DESCRIPTOR.services_by_name['Escalation'].full_name}/Detect"
 
 SERVICE_CONFIG = {
     "methodConfig": [
@@ -120,7 +125,7 @@ class GrpcTransport:
             )
             self.channels.append(ch)
             self.stubs.append(ch.unary_unary(
-                DETECT_METHOD, request_serializer=detect_pb2.DetectRequest.SerializeToString,
+                detect_method(), request_serializer=detect_pb2.DetectRequest.SerializeToString,
                 response_deserializer=None))  # raw bytes: decoded by _decode
 
     async def detect(self, request: Any, timeout_s: float) -> Any:
