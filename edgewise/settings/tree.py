@@ -43,8 +43,8 @@ class Val:
         self.src = src
         self.key_src = src  # the line of the key (for unknown-key errors)
         self.text = text  # given as text (environment, --set, flag), not by YAML
-        #: a YAML scalar YAML read as a number or boolean, as written: a text field takes it
-        #: verbatim (``token: 012`` is "012", not the octal 10; ``version: 1.10`` is "1.10")
+        #: a YAML scalar YAML read as a number, as written: a text field takes it verbatim
+        #: (``token: 012`` is "012", not the octal 10; ``version: 1.10`` is "1.10")
         self.written = written
 
 
@@ -135,7 +135,8 @@ def _node(node: yaml.Node, name: str, path: Tuple[Part, ...], loader: yaml.SafeL
     if isinstance(node, yaml.SequenceNode):
         return Val([_node(n, name, path + (i,), loader) for i, n in enumerate(node.value)], src)
     value = loader.construct_object(node, deep=True)
-    written = node.value if isinstance(value, (bool, int, float)) and isinstance(node.value, str) else None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)  # yes/no stay booleans: refused as text
+    written = node.value if number and isinstance(node.value, str) else None
     return Val(value, src, written=written)
 
 

@@ -39,8 +39,8 @@ VALUE_RULES: Tuple[Tuple[str, str], ...] = (
     ("bool", "`true`/`false`; the strings true/false, yes/no, on/off, 1/0 (any case); the integers 1 and 0"),
     ("int", "an integer, a float without a fractional part (`3.0`), or a string holding either (`'3'`)"),
     ("float", "a finite number, or a string holding one (`'0.5'`, `'1e-3'`)"),
-    ("str", "a string, or a number or boolean as written in YAML (`012` is `\"012\"`, `1.10` is `\"1.10\"`, `yes` is "
-            "`\"yes\"`)"),
+    ("str", "a string, or a number as written in YAML (`012` is `\"012\"`, `1.10` is `\"1.10\"`); quote `'yes'` to "
+            "mean the word"),
     ("... or null", "`null`, or the text `null` or an empty string, means none"),
     ("list", "a YAML list, or comma-separated text (`a:1,b:2`, optionally in `[...]`); "
              "items follow their own type's rule"),
@@ -98,7 +98,7 @@ def sequence(tp: Any) -> Optional[Tuple[Any, Optional[int], type]]:
 
 
 def is_text(tp: Any) -> bool:
-    """``tp`` is ``str`` or a ``Literal`` of strings: a value written in YAML is taken as written."""
+    """``tp`` is ``str`` or a ``Literal`` of strings: a number written in YAML is taken as written."""
     return tp is str or any(isinstance(c, str) for c in choices(tp))
 
 
