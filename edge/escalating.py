@@ -63,7 +63,6 @@ from edgewise.policy.schema import Merge, Policy, WholeFrames
 log = logging.getLogger(__name__)
 #: "escalation ... spooled" is logged at most once per this many seconds, with how many were not.
 SPOOLED_LOG_INTERVAL_S = 15.0
-_SPOOLED_LOG = LogThrottle(SPOOLED_LOG_INTERVAL_S)
 
 T = TypeVar("T")
 #: Seconds between the log lines of one kind about the cloud's answers (unusable answers,
@@ -158,6 +157,7 @@ class Escalating:
         self._unusable_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._refused_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._replay_failed_log = LogThrottle(LOG_INTERVAL_S, burst=1)
+        self._spooled_log = LogThrottle(SPOOLED_LOG_INTERVAL_S)
 
     async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking spool call on the spool thread."""
@@ -339,7 +339,7 @@ class Escalating:
             if stored:
                 record.outcome = "spooled"
                 self.metrics.spool_events.labels("put").inc()
-                held = _SPOOLED_LOG.allow()  # one line per SPOOLED_LOG_INTERVAL_S in an outage
+                held = self._spooled_log.allow()  # one line per SPOOLED_LOG_INTERVAL_S in an outage
                 if held is not None:
                     more = f" ({held} more spooled since the last such line)" if held else ""
                     log.info("escalation %s spooled: %s%s", key, exc, more)

@@ -76,6 +76,8 @@ def test_busy_stops_extending_at_its_cap(tmp_path) -> None:
 
 
 def test_busy_is_a_no_op_outside_systemd(monkeypatch) -> None:
+    import threading
+
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     with Notifier().busy("x"):
-        pass
+        assert not any(t.name == "sd-notify-busy" for t in threading.enumerate())  # no heartbeat thread
