@@ -33,6 +33,9 @@ from typing import List, Optional, Tuple, Union
 
 from edgewise.errors import EdgewiseError
 
+#: how many late keys a sink remembers (the newest; a replay repeats only recent results)
+LATE_KEYS_MAX = 100_000
+
 log = logging.getLogger(__name__)
 
 _SCHEMA = """
@@ -53,7 +56,7 @@ class OutboxError(EdgewiseError):
 class Outbox:
     """Durable FIFO of serialized records, with a memory of late keys."""
 
-    def __init__(self, path: Union[str, Path], max_records: int, late_keys_max: int = 100_000) -> None:
+    def __init__(self, path: Union[str, Path], max_records: int, late_keys_max: int = LATE_KEYS_MAX) -> None:
         if max_records < 1:
             raise ValueError(f"outbox max_records must be >= 1, got {max_records}")
         self.path = Path(path)

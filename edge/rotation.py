@@ -13,7 +13,7 @@ deletes the file just rotated. With ``sinks.jsonl_compress`` a background thread
 rotated file left uncompressed by a crash is compressed at the next start. The disk
 budget per stream is in deploy/jetson/README.md ("Disk on small flash").
 
-:func:`history_lines` reads the newest records across the current and the rotated files,
+:func:`history` reads the newest records across the current and the rotated files,
 so the sink's late-record de-duplication (keys of late results already written) survives
 a rotation that happened just before a restart.
 """
@@ -129,11 +129,13 @@ def _open_sized(f: str) -> Tuple[io.BufferedIOBase, int]:
     return fh, os.fstat(fh.fileno()).st_size
 
 
-def history_lines(path: str, budget: int) -> Iterator[bytes]:
-    """Lines of the newest ``budget`` bytes (uncompressed) of ``path`` and its rotated files,
-    newest file first; a file cut by the budget starts at its next whole line. Streamed: a
-    start-up costs no more memory than a line, whatever ``budget`` is."""
-    for f in [path] + rotated_files(path):
+def history(path: str, budget: int) -> Iterator[Tuple[int, bytes]]:
+    """The lines of the newest ``budget`` bytes (uncompressed) of ``path`` and its rotated
+    files, each with its file's age: 0 for ``path``, 1 for the newest rotated file, and so on
+    (files newest first, lines within a file oldest first); a file cut by the budget starts at
+    its next whole line. Streamed: a start-up costs no more memory than a line, whatever
+    ``budget`` is."""
+    for age, f in enumerate([path] + rotated_files(path)):
         if budget <= 0:
             return
         try:
@@ -151,7 +153,7 @@ def history_lines(path: str, budget: int) -> Iterator[bytes]:
                     fh.readline()  # the rest of a line cut by the budget
                 for line in fh:
                     used += len(line)
-                    yield line[:-1] if line.endswith(b"\n") else line
+                    yield age, (line[:-1] if line.endswith(b"\n") else line)
         except (OSError, EOFError) as exc:  # a gzip cut short by a crash
             log.warning("cannot read %s for late keys: %s", f, exc)
         budget -= used

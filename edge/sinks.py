@@ -11,7 +11,7 @@ A live record the JSON Lines file cannot take (its disk full, an I/O error) is h
 bounded in-memory backlog (:data:`BACKLOG_BYTES`, the oldest dropped and counted beyond it)
 and written, in order, before the next record once the disk takes lines again; a late record
 is not held: its answer stays in the spool, which replays it. The JSON Lines sink keeps the idempotency keys of late records it has written
-(reloaded from the file's tail on start), so a replay repeated after a crash
+(the newest ``edge.outbox.LATE_KEYS_MAX``; reloaded from the file's tail on start), so a replay repeated after a crash
 between "written" and "acknowledged" never writes a late result twice. The MQTT
 sink keeps every record in a durable outbox (``edge.outbox``) until the broker
 acknowledged it (a PUBACK refusing it is not an acknowledgement), so a broker outage loses nothing up to the outbox's bound, and
@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover
     from typing_extensions import Protocol  # type: ignore[assignment]
 
 from edge import rotation
-from edge.outbox import Outbox
+from edge.outbox import LATE_KEYS_MAX, Outbox
 from edge.records import FrameRecord, epoch_of_key, idempotency_key
 from edgewise.errors import DeploymentError
 
@@ -64,6 +64,14 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+def _remember(keys: Dict[str, None], key: str) -> None:
+    """Add ``key`` as the newest, forgetting the oldest beyond :data:`LATE_KEYS_MAX`."""
+    keys.pop(key, None)
+    keys[key] = None
+    while len(keys) > LATE_KEYS_MAX:
+        del keys[next(iter(keys))]
+
+
 class JsonlSink:
     """Appends one JSON object per line; flushed per record (fsync optional). With
     ``max_bytes`` the file rotates by size, ``keep`` rotated files stay, gzip'd with
@@ -85,7 +93,10 @@ class JsonlSink:
             raise DeploymentError(f"sinks.jsonl {path}: cannot open it for appending ({exc.strerror or exc}); "
                                   "make it a writable file or set sinks.jsonl") from None
         self.last_epoch = -1  # the newest run (frame_seq >> 32) in the file's history
-        self.late_keys: Set[str] = self._load_late_keys()
+        #: late keys written, oldest first; the newest :data:`edge.outbox.LATE_KEYS_MAX` are kept
+        #: (a replay repeats only recent results; a device whose cloud is often away would
+        #: otherwise hold every late key of its life in memory)
+        self.late_keys: Dict[str, None] = self._load_late_keys()
         self.size = self.f.tell()
         self.compressor = rotation.Compressor(path, keep) if max_bytes and compress else None
         #: live lines not written yet (module doc), oldest first; ``dropped``: lost beyond the bound
@@ -93,12 +104,13 @@ class JsonlSink:
         self.backlog_bytes = 0
         self.dropped = 0
 
-    def _load_late_keys(self) -> Set[str]:
+    def _load_late_keys(self) -> Dict[str, None]:
         """Keys of the late records among the newest ``TAIL_BYTES`` of the file and, when it
         rotates, of the files rotated before it (a replay repeated right after a restart
-        finds its first copy there); ``last_epoch`` becomes the newest run seen there."""
-        keys: Set[str] = set()
-        for line in rotation.history_lines(self.path, TAIL_BYTES):
+        finds its first copy there), oldest first; ``last_epoch`` becomes the newest run seen
+        there."""
+        by_file: Dict[int, List[str]] = {}
+        for age, line in rotation.history(self.path, TAIL_BYTES):
             try:
                 rec = json.loads(line)
             except ValueError:
@@ -109,7 +121,11 @@ class JsonlSink:
             if isinstance(seq, int) and seq >= 0:
                 self.last_epoch = max(self.last_epoch, seq >> 32)
             if rec.get("late"):
-                keys.add(idempotency_key(rec.get("device", ""), rec.get("stream", ""), seq))
+                by_file.setdefault(age, []).append(idempotency_key(rec.get("device", ""), rec.get("stream", ""), seq))
+        keys: Dict[str, None] = {}
+        for age in sorted(by_file, reverse=True):  # the oldest file first
+            for key in by_file[age]:
+                _remember(keys, key)
         return keys
 
     def write(self, rec: FrameRecord, data: bytes) -> None:
@@ -130,7 +146,7 @@ class JsonlSink:
                 self._hold(line)
             raise
         if key is not None:
-            self.late_keys.add(key)
+            _remember(self.late_keys, key)
 
     def _append(self, line: bytes) -> None:
         if self.max_bytes and self.size and self.size + len(line) > self.max_bytes:

@@ -90,6 +90,26 @@ def test_a_late_record_is_written_once_across_rotation_and_restart(tmp_path: Pat
     assert lates == [1, 2]
 
 
+def test_late_keys_are_bounded_and_a_restart_keeps_the_newest(tmp_path: Path, monkeypatch) -> None:
+    """A device whose cloud is often away writes late records for months: the sink remembers
+    the newest LATE_KEYS_MAX keys, in the order written, also when it reloads them from a
+    rotated history (the newest file is read first, its keys are still the newest)."""
+    import edge.sinks
+
+    monkeypatch.setattr(edge.sinks, "LATE_KEYS_MAX", 3)
+    path = tmp_path / "det.jsonl"
+    sink = JsonlSink(str(path), max_bytes=600, keep=8)
+    for seq in range(1, 9):
+        sink.write(late(seq), json.dumps({"late": True, "device": "dev", "stream": "cam", "frame_seq": seq,
+                                          "pad": "x" * 150}).encode())
+    assert list(sink.late_keys) == ["dev/cam/6", "dev/cam/7", "dev/cam/8"]
+    sink.close()
+    assert len(R.rotated_files(str(path))) >= 2
+    again = JsonlSink(str(path), max_bytes=600, keep=8)
+    assert list(again.late_keys) == ["dev/cam/6", "dev/cam/7", "dev/cam/8"]
+    again.close()
+
+
 def test_a_rotated_file_left_uncompressed_by_a_crash_is_compressed_at_start(tmp_path: Path) -> None:
     path = tmp_path / "det.jsonl"
     path.write_bytes(b'{"late": true, "device": "d", "stream": "s", "frame_seq": 5}\n')
@@ -137,8 +157,8 @@ def test_history_budget_cuts_at_a_whole_line(tmp_path: Path) -> None:
     old = R.rotate(str(path), now=0)
     Path(old).write_bytes(b"1111\n2222\n3333\n")
     path.write_bytes(b"cccc\n")
-    assert list(R.history_lines(str(path), 12)) == [b"cccc", b"3333"]  # 5 + 7 bytes: "33\n" is cut
-    assert list(R.history_lines(str(path), 100)) == [b"cccc", b"1111", b"2222", b"3333"]
+    assert [line for _, line in R.history(str(path), 12)] == [b"cccc", b"3333"]  # 5 + 7 bytes: "33\n" is cut
+    assert [line for _, line in R.history(str(path), 100)] == [b"cccc", b"1111", b"2222", b"3333"]
 
 
 def test_the_daemon_rotates_its_sink(tmp_path: Path, tiny_model: Path) -> None:
@@ -172,7 +192,7 @@ def test_history_budget_cuts_a_gzipd_file_and_skips_a_torn_one(tmp_path: Path, c
     Path(newer + ".gz").write_bytes(gzip.compress(b"9999\n" * 1000, mtime=0)[:10])
     os.unlink(newer)
     path.write_bytes(b"dddd\n")
-    assert list(R.history_lines(str(path), 12)) == [b"dddd", b"3333"]
+    assert [line for _, line in R.history(str(path), 12)] == [b"dddd", b"3333"]
     assert "cannot read" in caplog.text and newer + ".gz" in caplog.text
 
 
