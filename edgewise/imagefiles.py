@@ -10,7 +10,15 @@ well-formed marker sequence ending in EOI (scan data may only contain stuffed
 ``FF00`` and restart markers in sequence), a PNG's chunks must all pass their
 CRC-32 and end with IEND. JPEG has no checksum (T.81), so a bit flip inside the
 entropy-coded data that keeps that structure decodes to a damaged picture that no
-decoder can tell from a real one. ``read_image_file`` does all of it for a file.
+decoder can tell from a real one. ``read_image_file`` does all of it for a file, and
+then turns the picture upright as its EXIF orientation says (a phone photo of
+orientation 6 is stored sideways): files on disk are shown as their viewers show them,
+while payloads on the wire (``decode_checked``) keep their stored pixels. A 16-bit
+PNG or TIFF is scaled to 8 bits by the bit depth it really uses (a 12-bit sensor's
+data is not divided by 256). The byte limit of a file follows from the pixel limit
+(``file_byte_limit``); a file refused by a limit raises ``ImageLimitError``, which
+says which limit and what to do, never that the file is corrupt. ``shown`` escapes a
+path for a message (a newline in a file name cannot forge a log line).
 
 Used by the wire codec (``edgewise.wire.check_image`` / ``decode_image``: gateway
 admission, worker) and by every edge source that decodes image files.
@@ -19,11 +27,12 @@ admission, worker) and by every edge source that decodes image files.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 import cv2
 import numpy as np
@@ -37,6 +46,43 @@ Buffer = Union[bytes, memoryview]
 #: Default limits for decoded images: 8K UHD frames pass, decompression bombs do not.
 DEFAULT_MAX_PIXELS = 7680 * 4320
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+"""The byte limit of a payload on the wire (``edgewise.wire``); files use ``file_byte_limit``."""
+#: Bytes per pixel a file may take: 16-bit samples, 4 channels, uncompressed.
+FILE_BYTES_PER_PIXEL = 8
+#: Bytes a file may take beyond its pixels: headers, EXIF, ICC profiles, thumbnails.
+FILE_HEADROOM_BYTES = 16 * 1024 * 1024
+
+
+class ImageLimitError(InvalidInputError):
+    """An image refused by a limit (pixels, bytes), not because it is damaged."""
+
+
+def file_byte_limit(max_pixels: int) -> int:
+    """The byte limit of an image file with at most ``max_pixels`` pixels: any uncompressed
+    16-bit 4-channel image of that size fits (an 8K TIFF is 100 MB), a bigger file is no image
+    the pixel limit would pass."""
+    return max_pixels * FILE_BYTES_PER_PIXEL + FILE_HEADROOM_BYTES
+
+
+def natural_key(name: str) -> Tuple[object, ...]:
+    """Sort key for file names: digit runs compare as numbers (``frame2`` before ``frame10``)."""
+    parts = re.split(r"(\d+)", name)
+    return tuple((0, int(t), t) if t.isdigit() else (1, 0, t.lower()) for t in parts) + (name,)
+
+
+def hidden(name: str) -> bool:
+    """A hidden file (``.name``), macOS AppleDouble twins (``._IMG_0001.jpg``) included:
+    never an image to read."""
+    return name.startswith(".")
+
+
+def shown(path: Union[str, os.PathLike[str]]) -> str:
+    """``path`` for a message: control characters (a newline that would start a forged
+    log line), and bytes that are not text, escaped as Python writes them."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):  # pragma: no cover - paths here are str
+        text = text.decode("utf-8", "surrogateescape")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 JPEG_MAGIC = b"\xff\xd8"
@@ -95,7 +141,7 @@ def check_pixels(header: ImageHeader, max_pixels: int, what: str = "image") -> I
     if w <= 0 or h <= 0:
         raise InvalidInputError(f"{what}: {header.encoding.upper()} declares an empty size {w}x{h}")
     if w * h > max_pixels:
-        raise InvalidInputError(
+        raise ImageLimitError(
             f"{what}: {header.encoding.upper()} declares {w}x{h} = {w * h} pixels, over the limit "
             f"of {max_pixels}; send a smaller frame or a crop")
     return header
@@ -287,14 +333,171 @@ def decode_checked(data: bytes, header: ImageHeader, what: str = "image") -> np.
     return out
 
 
+_TIFF_ORIENTATION = 274
+_TIFF_BITS = 258
+_TIFF_TYPE_SIZE = {1: 1, 2: 1, 3: 2, 4: 4, 6: 1, 7: 1, 8: 2, 9: 4}
+
+
+def _ifd0(tiff: Buffer) -> Dict[int, Tuple[int, int, int]]:
+    """IFD0 of a TIFF structure (a TIFF file, or an EXIF block) as ``{tag: (value, count,
+    offset of the value field)}``; a SHORT or LONG value in the field, else the field itself."""
+    end = "<" if tiff[:2] == b"II" else ">"
+    (ifd,) = struct.unpack(end + "I", tiff[4:8])
+    (count,) = struct.unpack(end + "H", tiff[ifd:ifd + 2])
+    out: Dict[int, Tuple[int, int, int]] = {}
+    for k in range(count):
+        e = ifd + 2 + 12 * k
+        tag, typ, n = struct.unpack(end + "HHI", tiff[e:e + 8])
+        size = _TIFF_TYPE_SIZE.get(typ, 4) * n
+        if typ in (3, 4) and size <= 4:
+            fmt = end + ("H" if typ == 3 else "I")
+            out[tag] = (struct.unpack(fmt, tiff[e + 8:e + 8 + struct.calcsize(fmt)])[0], n, e + 8)
+        else:
+            out[tag] = (struct.unpack(end + "I", tiff[e + 8:e + 12])[0], n, e + 8)
+    return out
+
+
+def _exif_block(data: Buffer, fmt: str) -> Tuple[int, Optional[Buffer]]:
+    """Where a file's EXIF (TIFF-structured) block starts, and the block; None if it has none."""
+    if fmt == "tiff":
+        return 0, data
+    if fmt == "jpeg":
+        for marker, start, end in _jpeg_segments(data, 2, "image"):
+            if marker == 0xE1 and bytes(data[start:start + 6]) == b"Exif\x00\x00":
+                return start + 6, data[start + 6:end]
+        return 0, None
+    if fmt == "png":
+        i = 8
+        while i + 8 <= len(data):
+            length, kind = struct.unpack(">I4s", data[i:i + 8])
+            if kind == b"eXIf":
+                return i + 8, data[i + 8:i + 8 + length]
+            if kind in (b"IDAT", b"IEND"):
+                break
+            i += 12 + length
+        return 0, None
+    if fmt == "webp":
+        i = 12
+        while i + 8 <= len(data):
+            kind = bytes(data[i:i + 4])
+            (length,) = struct.unpack("<I", data[i + 4:i + 8])
+            if kind == b"EXIF":
+                block = data[i + 8:i + 8 + length]
+                skip = 6 if bytes(block[:6]) == b"Exif\x00\x00" else 0
+                return i + 8 + skip, block[skip:]
+            i += 8 + length + (length & 1)
+    return 0, None
+
+
+def exif_orientation(data: Buffer, fmt: str) -> Tuple[int, int]:
+    """The EXIF orientation (1-8; 1 when absent or unreadable) of a JPEG, TIFF, PNG or WebP,
+    and the offset in ``data`` of its value (0 when absent)."""
+    try:
+        base, block = _exif_block(data, fmt)
+        if block is None or bytes(block[:4]) not in (b"II*\x00", b"MM\x00*"):
+            return 1, 0
+        value, _n, at = _ifd0(block).get(_TIFF_ORIENTATION, (1, 0, -base))
+    except (struct.error, IndexError, ValueError, InvalidInputError):
+        return 1, 0
+    return (int(value), base + at) if 1 <= value <= 8 else (1, 0)
+
+
+def orient(img: np.ndarray, orientation: int) -> np.ndarray:
+    """The stored pixels ``img`` as shown upright under EXIF ``orientation`` (1-8; 5-8
+    swap width and height)."""
+    if orientation in (5, 6, 7, 8):
+        img = cv2.transpose(img)
+        orientation = {5: 1, 6: 2, 7: 3, 8: 4}[orientation]  # then mirror as 1-4 say
+    if orientation == 2:
+        return cv2.flip(img, 1)
+    if orientation == 3:
+        return cv2.rotate(img, cv2.ROTATE_180)
+    if orientation == 4:
+        return cv2.flip(img, 0)
+    return img
+
+
+def _sixteen_bit(data: Buffer, fmt: str) -> bool:
+    """Whether a PNG or TIFF stores 16-bit samples."""
+    try:
+        if fmt == "png":
+            return data[24] == 16
+        if fmt == "tiff":
+            bits, n, at = _ifd0(data).get(_TIFF_BITS, (1, 1, 0))
+            if n > 2:  # one value per sample, stored elsewhere
+                end = "<" if data[:2] == b"II" else ">"
+                bits = struct.unpack(end + "H", data[bits:bits + 2])[0]
+            return bits == 16
+    except (struct.error, IndexError):
+        return False
+    return False
+
+
+def _png_sbit(data: Buffer) -> int:
+    """The significant bits a PNG's sBIT chunk declares (the most of its channels); 0 if none."""
+    i = 8
+    while i + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[i:i + 8])
+        if kind == b"sBIT":
+            return max(bytes(data[i + 8:i + 8 + length]) or b"\x00")
+        if kind in (b"IDAT", b"IEND"):
+            break
+        i += 12 + length
+    return 0
+
+
+def to_eight_bits(img: np.ndarray, sbit: int = 0) -> np.ndarray:
+    """16-bit samples to 8 by the depth they use: the bit length of the largest value
+    (at least 8), or the PNG ``sbit`` when the values fit in it (a 12-bit sensor's data
+    stored as is); values over ``sbit`` are left-aligned as the PNG spec says (divide by 256)."""
+    bits = max(8, int(img.max()).bit_length()) if img.size else 8
+    if 8 <= sbit < 16 and bits <= sbit:
+        bits = sbit
+    return np.minimum(img >> (bits - 8), 255).astype(np.uint8)
+
+
+def _decode_file(data: bytes, header: ImageHeader, what: str) -> np.ndarray:
+    """Decode a file's stored pixels to BGR uint8 and turn them upright (EXIF orientation)."""
+    orientation, at = exif_orientation(data, header.encoding)
+    if header.encoding == "tiff" and orientation != 1 and at:
+        # OpenCV's TIFF decoder applies orientations 2-4 itself and fails on 5-8: decode
+        # the stored pixels (orientation 1) and turn them here, as for every format
+        end = "<" if data[:2] == b"II" else ">"
+        patched = bytearray(data)
+        patched[at:at + 2] = struct.pack(end + "H", 1)
+        data = bytes(patched)
+    if _sixteen_bit(data, header.encoding):
+        flags = cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR | cv2.IMREAD_IGNORE_ORIENTATION
+        out = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+        if out is None or out.shape[:2] != (header.height, header.width):
+            raise InvalidInputError(f"{what}: corrupt {header.encoding.upper()} (it does not decode to the "
+                                    f"{header.width}x{header.height} its header declares)")
+        if out.dtype == np.uint16:
+            out = to_eight_bits(out, _png_sbit(data) if header.encoding == "png" else 0)
+        if out.ndim == 3 and out.shape[2] == 2:
+            out = out[:, :, 0]
+        if out.ndim == 2:
+            out = cv2.cvtColor(out, cv2.COLOR_GRAY2BGR)
+        elif out.shape[2] == 4:
+            out = cv2.cvtColor(out, cv2.COLOR_BGRA2BGR)
+    else:
+        out = decode_checked(data, header, what)
+    return orient(out, orientation)
+
+
 def read_image_file(path: Union[str, os.PathLike[str]], max_pixels: int = DEFAULT_MAX_PIXELS,
-                    max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
+                    max_bytes: Optional[int] = None, upright: bool = True) -> np.ndarray:
     """Read, check (size, header, pixel limit, structure) and decode an image file to BGR.
 
-    Every failure is an ``InvalidInputError`` naming the file; a decompression bomb is
-    refused after reading its header, before any pixel memory is allocated.
+    Every failure is an ``InvalidInputError`` naming the file (``ImageLimitError`` for a
+    file over ``max_pixels`` or ``max_bytes``, by default ``file_byte_limit(max_pixels)``);
+    a decompression bomb is refused after reading its header, before any pixel memory is
+    allocated. ``upright``: turn the picture as its EXIF orientation says (the result of
+    orientations 5-8 is the header's size transposed); else the stored pixels.
+    A 16-bit PNG or TIFF is scaled to 8 bits by the depth it uses (``to_eight_bits``).
     """
-    what = os.fspath(path)
+    what = shown(path)
+    limit = file_byte_limit(max_pixels) if max_bytes is None else max_bytes
     try:
         # O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; only a
         # regular file is read
@@ -303,13 +506,35 @@ def read_image_file(path: Union[str, os.PathLike[str]], max_pixels: int = DEFAUL
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise InvalidInputError(f"{what}: not a regular file (a FIFO, socket or device); skipped")
-            if st.st_size > max_bytes:
-                raise InvalidInputError(f"{what}: {st.st_size} bytes, over the limit of {max_bytes} bytes")
-            data = fh.read(max_bytes + 1)
+            if st.st_size > limit:
+                raise ImageLimitError(
+                    f"{what}: {st.st_size} bytes, over the file size limit of {limit} bytes (which follows "
+                    f"from the pixel limit of {max_pixels}); shrink or crop the image")
+            data = fh.read(limit + 1)
     except OSError as exc:
         raise InvalidInputError(f"{what}: cannot read: {exc.strerror or exc}") from None
     if not data:
         raise InvalidInputError(f"{what}: empty file")
     header = check_pixels(image_header(data, what), max_pixels, what)
     check_stream(data, header.encoding, what)
-    return decode_checked(data, header, what)
+    if not upright:
+        return decode_checked(data, header, what)
+    return _decode_file(data, header, what)
+
+
+def read_image_header(path: Union[str, os.PathLike[str]], max_pixels: int = DEFAULT_MAX_PIXELS,
+                      head_bytes: int = 256 * 1024) -> ImageHeader:
+    """Check an image file's header only (format, declared size, pixel limit), reading at most
+    ``head_bytes``: cheap enough to check a folder before streaming it."""
+    what = shown(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InvalidInputError(f"{what}: not a regular file (a FIFO, socket or device)")
+            data = fh.read(head_bytes)
+    except OSError as exc:
+        raise InvalidInputError(f"{what}: cannot read: {exc.strerror or exc}") from None
+    if not data:
+        raise InvalidInputError(f"{what}: empty file")
+    return check_pixels(image_header(data, what), max_pixels, what)

@@ -4,8 +4,13 @@ reconnects live streams with exponential backoff and feeds a bounded queue.
 States (connecting / streaming / backoff / ended) are logged on every change and
 reported through ``on_state``; corrupt frames and drops are counted, never fatal.
 Corrupt frames are logged at most 5 times per 10 s per stream (then with the
-count held back), and a run of them makes the stream back off like a reconnect, so a folder
-of bad files cannot spin a CPU core on warnings.
+count held back). A finite source (folder, video file) skips them and reads straight on;
+if it loops, only a whole pass (``pass_length`` frames, when the source knows it) without one good
+frame backs off like a reconnect, so a looping folder of bad files cannot spin a CPU
+core on warnings while a folder that starts with bad files is not held up. A live
+source, or one that does not know its pass, backs off after ``CORRUPT_RUN_LIMIT`` in a
+row. A frame refused by a limit (``refused``: an image over the pixel limit) is logged as
+refused, not as corrupt. A change of resolution is logged at most once a minute.
 Each frame is stamped with when it was taken (``edge.sources.clock``) beside when it
 was read; a source clock that runs too slow is given up for read times, logged
 once. A live source may count corrupt frames itself (``corrupt``: the latest-frame
@@ -39,6 +44,8 @@ CORRUPT_RUN_LIMIT = 8
 #: Per stream, at most ``CORRUPT_LOG_BURST`` "corrupt frame" lines per this many seconds.
 CORRUPT_LOG_INTERVAL_S = 10.0
 CORRUPT_LOG_BURST = 5
+#: Per stream, at most one "resolution changed" line per this many seconds.
+SHAPE_LOG_INTERVAL_S = 60.0
 
 
 class FrameQueue:
@@ -145,6 +152,8 @@ class Capturer:
         self.corrupt = 0
         self.corrupt_run = 0  # corrupt frames since the last good one
         self._corrupt_delay = reconnect_min_s
+        self._run_at_backoff = 0  # corrupt_run when the stream last backed off for it
+        self._shape_log = LogThrottle(SHAPE_LOG_INTERVAL_S)
         self._corrupt_log = LogThrottle(CORRUPT_LOG_INTERVAL_S, CORRUPT_LOG_BURST)
         self._source_corrupt = 0  # the source's own corrupt count, as last seen
         self._slow_logged = False
@@ -242,8 +251,11 @@ class Capturer:
 
     def _check_shape(self, shape: Tuple[int, ...]) -> None:
         if self.shape is not None and shape != self.shape:
-            log.warning("stream %s: resolution changed from %dx%d to %dx%d", self.stream_id,
-                        self.shape[1], self.shape[0], shape[1], shape[0])
+            held = self._shape_log.allow()
+            if held is not None:
+                more = f" ({held} more changes not logged)" if held else ""
+                log.warning("stream %s: resolution changed from %dx%d to %dx%d%s", self.stream_id,
+                            self.shape[1], self.shape[0], shape[1], shape[0], more)
         self.shape = shape
 
     def _count_corrupt(self) -> None:
@@ -252,18 +264,31 @@ class Capturer:
         if self.on_corrupt is not None:
             self.on_corrupt(self.stream_id)
 
-    async def _corrupt_frame(self, stop: asyncio.Event, why: str) -> bool:
-        """Count a corrupt frame and log it (at most ``CORRUPT_LOG_BURST`` lines per
-        ``CORRUPT_LOG_INTERVAL_S`` per stream, then with how many were not logged); after ``CORRUPT_RUN_LIMIT`` in a row, back
-        off (``reconnect_min_s`` doubling to ``reconnect_max_s``) instead of spinning on a
-        folder of bad files. True when ``stop`` was set meanwhile."""
+    def _barren(self) -> bool:
+        """Whether the corrupt frames in a row call for a back-off: for a finite source that
+        knows its pass, a whole pass of them since the last back-off; else ``CORRUPT_RUN_LIMIT``.
+        One that does not loop never backs off (it ends after its one pass)."""
+        if not self.source.live and not getattr(self.source, "loop", True):
+            return False
+        n = 0 if self.source.live else int(getattr(self.source, "pass_length", 0) or 0)
+        if n <= 0:
+            return self.corrupt_run >= CORRUPT_RUN_LIMIT
+        return self.corrupt_run - self._run_at_backoff >= n
+
+    async def _corrupt_frame(self, stop: asyncio.Event, why: str, refused: bool = False) -> bool:
+        """Count a corrupt (or ``refused``) frame and log it (at most ``CORRUPT_LOG_BURST`` lines per
+        ``CORRUPT_LOG_INTERVAL_S`` per stream, then with how many were not logged); when
+        ``_barren``, back off (``reconnect_min_s`` doubling to ``reconnect_max_s``) instead of
+        spinning on a folder of bad files. True when ``stop`` was set meanwhile."""
         self._count_corrupt()
         held = self._corrupt_log.allow()
         if held is not None:
             more = f" ({held} more corrupt frames not logged)" if held else ""
-            log.warning("stream %s: corrupt frame skipped: %s%s", self.stream_id, why, more)
-        if self.corrupt_run < CORRUPT_RUN_LIMIT:
+            what = "frame refused by a limit and skipped" if refused else "corrupt frame skipped"
+            log.warning("stream %s: %s: %s%s", self.stream_id, what, why, more)
+        if not self._barren():
             return False
+        self._run_at_backoff = self.corrupt_run
         delay = self._corrupt_delay
         self._corrupt_delay = min(delay * 2.0, self.reconnect_max_s)
         self._set_state(SourceState.BACKOFF, f"{self.corrupt_run} corrupt frames in a row; "
@@ -305,7 +330,7 @@ class Capturer:
             try:
                 img = await self._call(self.source.read)
             except CorruptFrameError as exc:
-                if await self._corrupt_frame(stop, str(exc)):
+                if await self._corrupt_frame(stop, str(exc), bool(getattr(exc, "refused", False))):
                     return None
                 continue
             except SourceError as exc:
@@ -327,9 +352,12 @@ class Capturer:
             self._check_skipped()
             self._check_source_corrupt()
             if img is None:
+                if not self.source.live and self.frames == 0 and self.corrupt:
+                    log.error("stream %s: ended without one good frame (%d corrupt or refused)",
+                              self.stream_id, self.corrupt)
                 return None
             self._streamed_ok = True
-            self.corrupt_run = 0
+            self.corrupt_run = self._run_at_backoff = 0
             self._corrupt_delay = self.reconnect_min_s
             mono_ns = time.monotonic_ns()
             now_mono = mono_ns / 1e9

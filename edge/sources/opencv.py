@@ -36,7 +36,15 @@ from edge.sources.live import (
     stall_timeout,
 )
 from edgewise.errors import InvalidInputError
-from edgewise.imagefiles import DEFAULT_MAX_PIXELS, read_image_file
+from edgewise.imagefiles import (
+    DEFAULT_MAX_PIXELS,
+    ImageLimitError,
+    hidden,
+    natural_key,
+    read_image_file,
+    read_image_header,
+    shown,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,24 +52,84 @@ FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
 
 
 
-def local_source_problem(kind: str, path: str) -> Optional[str]:
+#: Folder images whose headers ``local_source_problem`` reads (at most) to find a readable one.
+FOLDER_PROBE_FILES = 32
+#: Failed reads in a row that end a video before its stated frame count (a truncated tail).
+VIDEO_FAIL_RUN_LIMIT = 5
+
+
+class RefusedFrameError(CorruptFrameError):
+    """A frame refused by a limit (an image over the pixel or byte limit), not damaged:
+    skipped and counted like a corrupt one, logged as what it is."""
+
+    refused = True
+
+
+def list_images(folder: str) -> List[Path]:
+    """The images of ``folder`` in natural name order (``frame2`` before ``frame10``),
+    without hidden files (``.name``, macOS AppleDouble ``._name`` twins); OSError if it
+    cannot be listed."""
+    files = [p for p in Path(folder).iterdir()
+             if p.suffix.lower() in IMAGE_SUFFIXES and not hidden(p.name)]
+    return sorted(files, key=lambda p: natural_key(p.name))
+
+
+def _probe_folder(path: str) -> Optional[str]:
+    files = list_images(path)
+    if not files:
+        return f"image folder {shown(path)} has no images ({', '.join(IMAGE_SUFFIXES)}; hidden files are skipped)"
+    why = ""
+    for f in files[:FOLDER_PROBE_FILES]:
+        try:
+            read_image_header(f)
+            return None
+        except InvalidInputError as exc:
+            why = why or str(exc)
+    checked = min(len(files), FOLDER_PROBE_FILES)
+    return f"no readable image in {shown(path)} (the first {checked} checked; e.g. {why})"
+
+
+def _probe_video(path: str) -> Optional[str]:
+    cap = cv2.VideoCapture(path)
+    try:
+        if not cap.isOpened():
+            return f"cannot open video {shown(path)} (not a video, or no decoder)"
+        ok, img = cap.read()
+        if not ok or img is None or img.size == 0:
+            hint = " (for images use kind: folder)" if Path(path).suffix.lower() in IMAGE_SUFFIXES else ""
+            return f"video {shown(path)} yielded no frames (empty, or not decodable){hint}"
+    except cv2.error as exc:
+        return f"video {shown(path)}: {exc}"
+    finally:
+        cap.release()
+    return None
+
+
+def local_source_problem(kind: str, path: str, probe: bool = True) -> Optional[str]:
     """What keeps a local ``file`` (video) or ``folder`` (images) source from opening; None
-    when nothing does (whether a video decodes is known only by opening it). One rule for
-    the source and ``edgewise edge check-config``."""
+    when nothing does. One rule for the source and ``edgewise edge check-config``; with
+    ``probe`` (check-config) a video is opened and its first frame decoded, and the headers
+    of a folder's first images (at most ``FOLDER_PROBE_FILES``) are read until one passes."""
     p = Path(path)
+    name = shown(path)
     if kind == "file":
         if p.is_dir():
-            return f"video file {path} is a folder (for a folder of images use kind: folder)"
+            return f"video file {name} is a folder (for a folder of images use kind: folder)"
         if not p.is_file():
-            return f"video file {path} does not exist"
+            return f"video file {name} does not exist"
         if p.stat().st_size == 0:
-            return f"video file {path} is empty"
-        return None
+            return f"video file {name} is empty"
+        return _probe_video(path) if probe else None
     if kind == "folder":
         if not p.is_dir():
-            return f"image folder {path} does not exist or is not a folder"
-        if not any(f.suffix.lower() in IMAGE_SUFFIXES for f in p.iterdir()):
-            return f"image folder {path} has no images ({', '.join(IMAGE_SUFFIXES)})"
+            return f"image folder {name} does not exist or is not a folder"
+        try:
+            if probe:
+                return _probe_folder(path)
+            if not list_images(path):
+                return f"image folder {name} has no images ({', '.join(IMAGE_SUFFIXES)}; hidden files are skipped)"
+        except OSError as exc:
+            return f"image folder {name} cannot be read: {exc.strerror or exc}"
     return None
 
 class _OptionsGate:
@@ -165,8 +233,12 @@ def _to_bgr(img: Any) -> np.ndarray:
 
 
 class VideoFileSource:
-    """A video file, optionally looped. A file shorter than its header says is
-    reported as truncated (``truncated`` counts it) and ends (or loops)."""
+    """A video file, optionally looped. A frame that does not decode before the end the
+    header states is skipped and counted (``corrupt``) and reading goes on; the video ends
+    after ``VIDEO_FAIL_RUN_LIMIT`` failed reads in a row or at its last frame. One shorter
+    than its header says is reported as truncated (``truncated`` counts each pass; the
+    warning is logged once per source). A video that yields no frame at all is a
+    ``SourceError`` naming it."""
 
     live = False
     skipped = 0
@@ -174,32 +246,49 @@ class VideoFileSource:
 
     def __init__(self, path: str, loop: bool = False) -> None:
         self.path = path
+        self.shown = shown(path)
         self.loop = loop
         self.cap: Optional[Any] = None
         self.expected = 0
         self.read_count = 0
+        self.position = 0  # frames read or failed in this pass
         self.truncated = 0
+        self.corrupt = 0  # undecodable frames skipped, all passes
+        self.pass_corrupt = 0
+        self._tail_logged = False
+
+    @property
+    def pass_length(self) -> int:
+        """Frames in one pass (the header's count; 0 when unknown)."""
+        return self.expected
 
     def open(self) -> None:
-        problem = local_source_problem("file", self.path)
+        problem = local_source_problem("file", self.path, probe=False)
         if problem:
             raise SourceError(problem)
         cap = cv2.VideoCapture(self.path)
         if not cap.isOpened():
-            raise SourceError(f"cannot open video {self.path} (not a video, or no decoder)")
+            raise SourceError(f"cannot open video {self.shown} (not a video, or no decoder)")
         self.cap = cap
         self.expected = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
-        self.read_count = 0
+        self.read_count = self.position = self.pass_corrupt = 0
 
     def _end(self) -> bool:
         """Handle end of file; True when the source should go on (looping)."""
-        if self.expected and self.read_count < self.expected:
+        if self.read_count == 0:
+            bad = f" ({self.pass_corrupt} undecodable)" if self.pass_corrupt else ""
+            hint = " (for images use kind: folder)" if Path(self.path).suffix.lower() in IMAGE_SUFFIXES else ""
+            raise SourceError(f"video {self.shown} yielded no frames{bad} (empty, or not decodable){hint}")
+        lost = self.expected - self.read_count - self.pass_corrupt
+        if self.expected and lost > 0:
             self.truncated += 1
-            log.warning(
-                "video %s ended after %d of %d frames: truncated or corrupt tail",
-                self.path, self.read_count, self.expected,
-            )
-        if not self.loop or self.read_count == 0:
+            bad = f"; {self.pass_corrupt} undecodable frame(s) before it were skipped" if self.pass_corrupt else ""
+            (log.debug if self._tail_logged else log.warning)(
+                "video %s ended after %d of %d frames: the last %d could not be read (truncated or corrupt "
+                "tail)%s%s", self.shown, self.read_count, self.expected, lost, bad,
+                "" if self._tail_logged else "; said once per source")
+            self._tail_logged = True
+        if not self.loop:
             return False
         self.close()
         self.open()
@@ -209,13 +298,24 @@ class VideoFileSource:
         if self.cap is None:
             self.open()
         for _ in range(2):
-            try:
-                ok, img = self.cap.read()  # type: ignore[union-attr]
-            except cv2.error as exc:
-                raise CorruptFrameError(f"decode error in {self.path}: {exc}") from None
-            if ok:
-                self.read_count += 1
-                return _to_bgr(img)
+            run = 0
+            while True:
+                try:
+                    ok, img = self.cap.read()  # type: ignore[union-attr]
+                except cv2.error as exc:
+                    self.position += 1
+                    raise CorruptFrameError(f"decode error in {self.shown}: {exc}") from None
+                if ok:
+                    self.read_count += 1
+                    self.position += 1
+                    self.corrupt += run
+                    self.pass_corrupt += run
+                    return _to_bgr(img)
+                run += 1
+                self.position += 1
+                # before the end the header states a failed read is one bad frame: read on
+                if not (self.expected and self.position < self.expected and run < VIDEO_FAIL_RUN_LIMIT):
+                    break
             if not self._end():
                 return None
         return None
@@ -227,9 +327,14 @@ class VideoFileSource:
 
 
 class ImageFolderSource:
-    """The images of a folder in name order, each through the core's header-first check
-    (``edgewise.imagefiles.read_image_file``): a file over the pixel limit, truncated or
-    structurally damaged is a corrupt frame naming the file, never decoded partially."""
+    """The images of a folder in natural name order (``list_images``: ``frame2`` before
+    ``frame10``, hidden and AppleDouble ``._`` files skipped), each through the core's
+    header-first check (``edgewise.imagefiles.read_image_file``, which turns photos
+    upright by their EXIF orientation): a file truncated or structurally damaged is a
+    corrupt frame naming the file, one over the pixel or byte limit a refused frame
+    (``RefusedFrameError``), never decoded partially. Without ``loop`` the listing is
+    taken at the start; with it the folder is listed again at each pass, so files added
+    since are read and deleted ones are no longer tried."""
 
     live = False
     skipped = 0
@@ -238,17 +343,31 @@ class ImageFolderSource:
 
     def __init__(self, path: str, loop: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.path = path
+        self.shown = shown(path)
         self.loop = loop
         self.max_pixels = max_pixels
         self.files: List[Path] = []
         self.pos = 0
 
+    @property
+    def pass_length(self) -> int:
+        """Files in one pass (as last listed)."""
+        return len(self.files)
+
+    def _list(self) -> None:
+        try:
+            self.files = list_images(self.path)
+        except OSError as exc:
+            raise SourceError(f"image folder {self.shown} cannot be read: {exc.strerror or exc}") from None
+        if not self.files:
+            raise SourceError(f"image folder {self.shown} has no images any more")
+        self.pos = 0
+
     def open(self) -> None:
-        problem = local_source_problem("folder", self.path)
+        problem = local_source_problem("folder", self.path, probe=False)
         if problem:
             raise SourceError(problem)
-        self.files = sorted(p for p in Path(self.path).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        self.pos = 0
+        self._list()
 
     def read(self) -> Optional[np.ndarray]:
         if not self.files:
@@ -256,15 +375,17 @@ class ImageFolderSource:
         if self.pos >= len(self.files):
             if not self.loop:
                 return None
-            self.pos = 0
+            self._list()  # each pass sees the folder as it is now
         p = self.files[self.pos]
         self.pos += 1
         try:  # header first: a decompression bomb or a damaged file is refused before decoding
             img = read_image_file(p, self.max_pixels)
+        except ImageLimitError as exc:
+            raise RefusedFrameError(str(exc)) from None
         except InvalidInputError as exc:
             raise CorruptFrameError(str(exc)) from None
         except cv2.error as exc:
-            raise CorruptFrameError(f"{p}: {exc}") from None
+            raise CorruptFrameError(f"{shown(p)}: {exc}") from None
         return _to_bgr(img)
 
     def close(self) -> None:

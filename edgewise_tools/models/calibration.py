@@ -7,6 +7,13 @@ so they are not the calibration frames' neighbours where the source allows).
 ``FrameSource.read`` streams frames in index order without holding them in memory
 (500 frames of 768x576 would be 660 MB); ``CalibrationReader`` feeds them, letterboxed as
 the runtime does, to ONNX Runtime's calibrators batch by batch.
+
+Images are read as the edge daemon's folder source reads them
+(``edgewise.imagefiles.read_image_file``: header check, pixel limit, no partial decode
+of a damaged file, EXIF orientation applied, 16-bit scaled by its depth), in natural name
+order without hidden files; a video by the daemon's rule (a frame that does not decode
+before the stated end is skipped, ``VIDEO_FAIL_RUN_LIMIT`` failed reads in a row end
+it), and a short read is logged and noted in ``skipped``.
 """
 
 from __future__ import annotations
@@ -20,11 +27,15 @@ import cv2
 import numpy as np
 
 from edgewise.errors import InvalidInputError
+from edgewise.imagefiles import hidden, natural_key, read_image_file, shown
 
 log = logging.getLogger(__name__)
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 PathLike = Union[str, "os.PathLike[str]"]
+#: Failed reads in a row that end a video before its stated frame count: the edge
+#: daemon's rule (``edge.sources.opencv.VIDEO_FAIL_RUN_LIMIT``).
+VIDEO_FAIL_RUN_LIMIT = 5
 #: progress(stage, done, total): stage is "calibrate" or "agreement".
 Progress = Callable[[str, int, int], None]
 
@@ -43,7 +54,7 @@ class FrameSource:
         self.kind = kind
         self.files = list(files)
         self.count = count
-        self.skipped: List[str] = []  # unreadable images met while reading
+        self.skipped: List[str] = []  # unreadable images (or video frames) met while reading
 
     def __repr__(self) -> str:
         return f"FrameSource({str(self.path)!r}, kind={self.kind}, count={self.count})"
@@ -53,26 +64,56 @@ class FrameSource:
         wanted = sorted(set(int(i) for i in indices))
         if self.kind == "images":
             for i in wanted:
-                im = cv2.imread(str(self.files[i]), cv2.IMREAD_COLOR)
-                if im is None or im.size == 0:
+                try:
+                    im = read_image_file(self.files[i])
+                except InvalidInputError as exc:
                     self.skipped.append(str(self.files[i]))
-                    log.warning("skipping unreadable image %s", self.files[i])
+                    log.warning("skipping unreadable image: %s", exc)
                     continue
                 yield i, im
             return
+        yield from self._read_video(wanted)
+
+    def _read_video(self, wanted: List[int]) -> Iterator[Tuple[int, np.ndarray]]:
         cap = cv2.VideoCapture(str(self.path))
+        count = self.count or 0
+        got, bad, pos, run = 0, 0, 0, 0
+
+        def failed() -> bool:
+            """One more failed read at ``pos``; True when the video has ended (the daemon's rule)."""
+            nonlocal run
+            run += 1
+            return not (count and pos < count and run < VIDEO_FAIL_RUN_LIMIT)
+
+        def short() -> None:
+            if got < len(wanted):  # the video ended (or had bad frames) before the last one wanted
+                log.warning("video %s: read %d of the %d frames wanted (%d undecodable skipped, ended at "
+                            "frame %d%s)", shown(self.path), got, len(wanted), bad, pos,
+                            f" of {count}" if count else "")
+
         try:
-            pos = 0
             for i in wanted:
                 while pos < i:  # grab() decodes less than read()
-                    if not cap.grab():
-                        return
+                    ok = cap.grab()
                     pos += 1
+                    if ok:
+                        run = 0
+                    elif failed():
+                        short()
+                        return
                 ok, frame = cap.read()
                 pos += 1
                 if not ok or frame is None:
-                    return
+                    bad += 1
+                    self.skipped.append(f"{self.path} frame {i}")
+                    if failed():
+                        short()
+                        return
+                    continue
+                run = 0
+                got += 1
                 yield i, frame
+            short()
         finally:
             cap.release()
 
@@ -85,7 +126,7 @@ def open_frames(path: PathLike, what: str = "calibration source") -> FrameSource
         raise InvalidInputError(f"{what} {p} does not exist; {hint}")
     if p.is_dir():
         try:
-            entries = sorted(os.listdir(p))
+            entries = sorted((n for n in os.listdir(p) if not hidden(n)), key=natural_key)
         except OSError as e:
             raise InvalidInputError(
                 f"{what} folder {p} cannot be read: {e.strerror or e}"
@@ -109,8 +150,10 @@ def open_frames(path: PathLike, what: str = "calibration source") -> FrameSource
     if not os.access(p, os.R_OK):
         raise InvalidInputError(f"{what} {p} cannot be read (permission denied)")
     if p.suffix.lower() in IMAGE_EXTS:
-        if cv2.imread(str(p), cv2.IMREAD_COLOR) is None:
-            raise InvalidInputError(f"{what} {p} is not an image OpenCV can decode; {hint}")
+        try:
+            read_image_file(p)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{what}: {exc}; {hint}") from None
         return FrameSource(p, "images", files=[p], count=1)
     cap = cv2.VideoCapture(str(p))
     try:

@@ -231,7 +231,9 @@ def _with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
 @pytest.mark.parametrize("orientation", [3, 6, 8])
 def test_exif_orientation_is_ignored_so_pixels_match_the_header(orientation, tmp_path):
     """OpenCV rotated EXIF-oriented JPEGs: orientation 6 (a portrait phone photo) was refused
-    as corrupt, orientation 3 answered with boxes in upside-down coordinates."""
+    as corrupt, orientation 3 answered with boxes in upside-down coordinates. On the wire the
+    stored pixels stand; a file read from disk is turned upright only after its header
+    check (``upright=False`` gives the stored pixels)."""
     im = np.zeros((40, 64, 3), np.uint8)
     im[:10, :16] = 255  # a bright top-left corner: it stays there
     import cv2
@@ -240,8 +242,10 @@ def test_exif_orientation_is_ignored_so_pixels_match_the_header(orientation, tmp
     data = _with_exif_orientation(buf.tobytes(), orientation)
     path = tmp_path / "photo.jpg"
     path.write_bytes(data)
-    out = imagefiles.read_image_file(path)
+    out = imagefiles.read_image_file(path, upright=False)
     assert out.shape == (40, 64, 3) and out[:10, :16].mean() > 200 and out[30:, 48:].mean() < 50
+    upright = imagefiles.read_image_file(path)
+    assert upright.shape == ((40, 64, 3) if orientation == 3 else (64, 40, 3))
     decoded = wire.decode_image(detect_pb2.Image(data=data, encoding=detect_pb2.Image.JPEG))
     assert decoded.shape == (40, 64, 3) and decoded[:10, :16].mean() > 200
 

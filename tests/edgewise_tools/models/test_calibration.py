@@ -100,3 +100,43 @@ def test_split_rejects_bad_counts():
         split_indices(10, 0, 5)
     with pytest.raises(InvalidInputError, match="--holdout -1"):
         split_indices(10, 5, -1)
+
+
+def test_folder_is_read_as_the_daemon_reads_it(tmp_path):
+    """cv2.imread decoded a truncated JPEG partly, read hidden AppleDouble twins, sorted
+    frame10 before frame2 and left a phone photo sideways: the daemon's reader now."""
+    from edge.sources.opencv import ImageFolderSource
+    from tests.edgewise.test_wire import _with_exif_orientation
+
+    d = tmp_path / "cal"
+    d.mkdir()
+    for i in (1, 2, 10):
+        cv2.imwrite(str(d / f"frame{i}.png"), np.full((20, 30, 3), i, np.uint8))
+    (d / "._frame1.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    good = cv2.imencode(".jpg", np.full((40, 64, 3), 90, np.uint8))[1].tobytes()
+    (d / "frame3.jpg").write_bytes(good[: len(good) * 2 // 3])  # truncated
+    (d / "frame4.jpg").write_bytes(_with_exif_orientation(good, 6))  # a portrait phone photo
+    src = open_frames(d)
+    assert [f.name for f in src.files] == ["frame1.png", "frame2.png", "frame3.jpg", "frame4.jpg", "frame10.png"]
+    got = dict(src.read(range(5)))
+    assert sorted(got) == [0, 1, 3, 4] and src.skipped == [str(d / "frame3.jpg")]
+    assert got[3].shape == (64, 40, 3)
+    daemon = ImageFolderSource(str(d))
+    daemon.open()
+    assert [p.name for p in daemon.files] == [f.name for f in src.files]
+
+
+def test_a_video_with_a_bad_middle_frame_reads_on_and_a_short_read_is_noted(tmp_path, caplog):
+    from edge.sources import opencv
+    from edgewise_tools.models import calibration
+    from tests.edge.sources.test_file_sources import midcorrupt_video
+
+    assert calibration.VIDEO_FAIL_RUN_LIMIT == opencv.VIDEO_FAIL_RUN_LIMIT  # one rule
+    video = midcorrupt_video(tmp_path / "mid.avi", 30, 10)
+    src = open_frames(video)
+    assert src.count == 30
+    with caplog.at_level("WARNING", logger="edgewise_tools.models.calibration"):
+        got = dict(src.read([5, 10, 20, 29]))
+    assert sorted(got) == [5, 20, 29]  # frame 10 does not decode: skipped, the rest is read
+    assert src.skipped == [f"{video} frame 10"]
+    assert any("read 3 of the 4 frames wanted (1 undecodable" in r.getMessage() for r in caplog.records)

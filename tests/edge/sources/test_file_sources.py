@@ -1,0 +1,202 @@
+"""Finite sources on odd real media: bad files at the start of a folder, hidden and
+AppleDouble files, natural order, a folder that changes while it loops, a video with one
+undecodable frame in the middle, an empty video, log lines that must not flood or be forged,
+and ``check-config``'s probe of a source."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import List
+
+import cv2
+import numpy as np
+
+from edge.sources import ImageFolderSource, VideoFileSource
+from edge.sources.base import SourceState
+from edge.sources.capturing import Capturer, FrameQueue
+from edge.sources.opencv import local_source_problem
+from tests.edge.sources.test_sources import bomb_jpeg, make_video, read_all
+
+
+def _png(path: Path, value: int, size=(30, 20)) -> Path:
+    assert cv2.imwrite(str(path), np.full((size[1], size[0], 3), value, np.uint8))
+    return path
+
+
+def _capture(src, **kw):
+    """Run a Capturer on ``src`` to its end (5 s at most); its queue, states and itself."""
+
+    async def run():
+        q = FrameQueue(1000, "wait", asyncio.Event())
+        states: List[SourceState] = []
+        cap = Capturer("s", src, q, on_state=lambda _s, st: states.append(st), **kw)
+        await asyncio.wait_for(cap.run(asyncio.Event()), 5)
+        return cap, q, states
+
+    return asyncio.run(run())
+
+
+def midcorrupt_video(path: Path, n: int = 30, bad: int = 10) -> Path:
+    """An MJPG AVI of ``n`` frames whose frame ``bad`` has its JPEG bytes zeroed (sizes kept)."""
+    data = bytearray(make_video(path.with_suffix(".src.avi"), n).read_bytes())
+    chunks, i = [], 0
+    while True:
+        j = data.find(b"00dc", i)
+        if j < 0:
+            break
+        chunks.append(j)
+        i = j + 4
+    j = chunks[bad + 1]  # the stream header's tag, then one chunk per frame, then the index
+    size = int.from_bytes(data[j + 4:j + 8], "little")
+    data[j + 8:j + 8 + size] = bytes(size)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_bad_files_at_the_start_of_a_folder_do_not_hold_it_up(tmp_path):
+    """20 zero-byte placeholders before the first real image backed off 0.5 s doubling to
+    30 s (minutes here, hours for a bigger run); AppleDouble twins counted as corrupt."""
+    for i in range(20):
+        (tmp_path / f"IMG_{i:04d}.jpg").write_bytes(b"")
+        (tmp_path / f"._IMG_{i:04d}.jpg").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    _png(tmp_path / "IMG_0100.png", 9)
+    cap, q, states = _capture(ImageFolderSource(str(tmp_path)))
+    assert len(q) == 1 and cap.corrupt == 20
+    assert SourceState.BACKOFF not in states
+
+
+def test_a_folder_of_only_bad_files_ends_with_a_clear_error(tmp_path, caplog):
+    for i in range(3):
+        (tmp_path / f"{i}.jpg").write_bytes(b"")
+    with caplog.at_level("ERROR", logger="edge.sources.capturing"):
+        cap, q, states = _capture(ImageFolderSource(str(tmp_path)))
+    assert len(q) == 0 and cap.corrupt == 3 and SourceState.BACKOFF not in states
+    assert any("ended without one good frame (3 corrupt" in r.getMessage() for r in caplog.records)
+
+
+def test_folder_order_is_natural_and_hidden_files_are_skipped(tmp_path):
+    for i in (1, 2, 10, 11, 3):
+        _png(tmp_path / f"frame{i}.png", i)
+    _png(tmp_path / ".hidden.png", 200)
+    frames = read_all(ImageFolderSource(str(tmp_path)))
+    assert [int(f[0, 0, 0]) for f in frames] == [1, 2, 3, 10, 11]
+
+
+def test_a_looping_folder_is_listed_again_at_each_pass(tmp_path):
+    _png(tmp_path / "a.png", 1)
+    _png(tmp_path / "b.png", 2)
+    src = ImageFolderSource(str(tmp_path), loop=True)
+    src.open()
+    assert [int(src.read()[0, 0, 0]) for _ in range(2)] == [1, 2]
+    (tmp_path / "a.png").unlink()
+    _png(tmp_path / "c.png", 3)
+    assert [int(src.read()[0, 0, 0]) for _ in range(4)] == [2, 3, 2, 3]  # no error for a.png
+
+
+def test_one_bad_frame_in_the_middle_does_not_end_the_video(tmp_path):
+    video = midcorrupt_video(tmp_path / "mid.avi", 30, 10)
+    src = VideoFileSource(str(video))
+    frames = read_all(src)
+    assert len(frames) == 29 and src.corrupt == 1 and src.truncated == 0
+    looped = VideoFileSource(str(video), loop=True)
+    frames = read_all(looped, limit=58)
+    assert len(frames) == 58 and looped.corrupt == 2 and looped.truncated == 0
+    cap, q, _ = _capture(VideoFileSource(str(video)))
+    assert len(q) == 29 and cap.corrupt == 1
+
+
+def test_a_truncated_tail_is_said_once_per_source_while_looping(tmp_path, caplog):
+    data = make_video(tmp_path / "v.avi", 30).read_bytes()
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(data[: len(data) // 2])
+    src = VideoFileSource(str(cut), loop=True)
+    n = len(read_all(VideoFileSource(str(cut))))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="edge.sources.opencv"):
+        frames = read_all(src, limit=3 * n + 1)
+    assert len(frames) == 3 * n + 1 and src.truncated == 3
+    lines = [r.getMessage() for r in caplog.records if "truncated or corrupt tail" in r.getMessage()]
+    assert len(lines) == 1 and f"after {n} of 30 frames" in lines[0]
+
+
+def test_an_empty_video_is_named_with_its_cause(tmp_path, caplog):
+    path = tmp_path / "zero.avi"
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 10, (96, 64))
+    w.release()
+    with caplog.at_level("ERROR", logger="edge.sources.capturing"):
+        _capture(VideoFileSource(str(path)))
+    assert any(f"video {path} yielded no frames (empty, or not decodable)" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_resolution_changes_are_not_logged_per_file(tmp_path, caplog):
+    for i in range(8):
+        _png(tmp_path / f"{i}.png", i, (30, 20) if i % 2 else (20, 30))
+    with caplog.at_level("WARNING", logger="edge.sources.capturing"):
+        _capture(ImageFolderSource(str(tmp_path)))
+    assert len([r for r in caplog.records if "resolution changed" in r.getMessage()]) == 1
+
+
+def test_a_newline_in_a_file_name_cannot_forge_a_log_line(tmp_path, caplog):
+    (tmp_path / "bad\n2026-12-04 00:00:00,000 ERROR edge.daemon: FORGED\n.jpg").write_bytes(b"\xff\xd8junk")
+    _png(tmp_path / "good.png", 1)
+    with caplog.at_level("WARNING"):
+        cap, q, _ = _capture(ImageFolderSource(str(tmp_path)))
+    assert len(q) == 1 and cap.corrupt == 1
+    [line] = [r.getMessage() for r in caplog.records if "corrupt frame skipped" in r.getMessage()]
+    assert "\n" not in line and "bad\\n2026" in line
+
+
+def test_a_file_over_the_pixel_limit_is_refused_not_corrupt(tmp_path, caplog):
+    (tmp_path / "a-bomb.jpg").write_bytes(bomb_jpeg())
+    _png(tmp_path / "b.png", 1)
+    with caplog.at_level("WARNING", logger="edge.sources.capturing"):
+        cap, q, _ = _capture(ImageFolderSource(str(tmp_path)))
+    assert len(q) == 1
+    [line] = [r.getMessage() for r in caplog.records if "a-bomb.jpg" in r.getMessage()]
+    assert "refused by a limit" in line and "corrupt frame" not in line
+
+
+def test_check_config_opens_what_the_daemon_would_open(tmp_path):
+    bad_video = tmp_path / "clip.mp4"
+    bad_video.write_bytes(b"\x00" * 1000)
+    assert local_source_problem("file", str(bad_video)) is not None
+    assert local_source_problem("file", str(make_video(tmp_path / "ok.avi", 3))) is None
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(b"")
+    (folder / "b.png").write_bytes(b"not a png")
+    (folder / "c.jpg").write_bytes(bomb_jpeg())
+    problem = local_source_problem("folder", str(folder))
+    assert problem is not None and problem.startswith(f"no readable image in {folder}")
+    assert local_source_problem("folder", str(folder), probe=False) is None  # the source's own open
+    _png(folder / "d.png", 1)
+    assert local_source_problem("folder", str(folder)) is None
+    hidden_only = tmp_path / "hidden"
+    hidden_only.mkdir()
+    _png(hidden_only / "._x.png", 1)
+    assert "has no images" in (local_source_problem("folder", str(hidden_only)) or "")
+
+
+def test_a_looping_folder_of_bad_files_backs_off_once_per_pass(tmp_path, caplog):
+    for i in range(4):
+        (tmp_path / f"{i}.jpg").write_bytes(b"")
+
+    async def run():
+        q = FrameQueue(4, "wait", asyncio.Event())
+        stop = asyncio.Event()
+        states: List[SourceState] = []
+        cap = Capturer("bad", ImageFolderSource(str(tmp_path), loop=True), q,
+                       reconnect_min_s=0.01, reconnect_max_s=0.02, on_state=lambda s, st: states.append(st))
+        task = asyncio.ensure_future(cap.run(stop))
+        while states.count(SourceState.BACKOFF) < 3:
+            await asyncio.sleep(0.005)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return cap, states
+
+    with caplog.at_level(logging.ERROR):
+        cap, states = asyncio.run(run())
+    assert 12 <= cap.corrupt <= 16  # three whole passes of 4 files before the third back-off

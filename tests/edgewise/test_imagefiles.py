@@ -1,0 +1,135 @@
+"""Image files from disk: EXIF orientation (JPEG, TIFF), the byte limit that follows from the
+pixel limit, 16-bit images with 10/12-bit data, and file names escaped in messages."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edgewise import imagefiles
+from edgewise.errors import InvalidInputError
+from tests.edgewise.test_wire import _with_exif_orientation
+
+
+def _scene(h: int = 40, w: int = 64) -> np.ndarray:
+    """A picture no flip or turn maps onto itself: a gradient plus a bright top-left corner."""
+    im = np.zeros((h, w, 3), np.uint8)
+    im[:, :, 1] = np.linspace(0, 200, w, dtype=np.uint8)[None, :]
+    im[:, :, 2] = np.linspace(0, 200, h, dtype=np.uint8)[:, None]
+    im[: h // 4, : w // 4] = 255
+    return im
+
+
+def _tiff(img: np.ndarray, orientation: int) -> bytes:
+    """A baseline uncompressed RGB TIFF of ``img`` (BGR) with an Orientation tag."""
+    h, w = img.shape[:2]
+    pixels = np.ascontiguousarray(img[:, :, ::-1]).tobytes()
+    n = 10
+    ifd_end = 8 + 2 + 12 * n + 4
+    bits_at, data_at = ifd_end, ifd_end + 6
+    entries = [(256, 3, 1, w), (257, 3, 1, h), (258, 3, 3, bits_at), (259, 3, 1, 1), (262, 3, 1, 2),
+               (273, 4, 1, data_at), (274, 3, 1, orientation), (277, 3, 1, 3), (278, 3, 1, h),
+               (279, 4, 1, len(pixels))]
+    out = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", n)
+    for tag, typ, count, value in entries:
+        field = struct.pack("<HH", value, 0) if typ == 3 and count == 1 else struct.pack("<I", value)
+        out += struct.pack("<HHI", tag, typ, count) + field
+    return out + struct.pack("<I", 0) + struct.pack("<HHH", 8, 8, 8) + pixels
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_photo_from_disk_is_turned_upright_by_its_exif_orientation(orientation, tmp_path):
+    """A phone's portrait photo (orientation 6) was processed sideways; 5-8 the wrong size."""
+    data = _with_exif_orientation(cv2.imencode(".jpg", _scene(), [cv2.IMWRITE_JPEG_QUALITY, 98])[1].tobytes(),
+                                  orientation)
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(data)
+    viewer = cv2.imread(str(path), cv2.IMREAD_COLOR)  # OpenCV applies a JPEG's orientation itself
+    out = imagefiles.read_image_file(path)
+    assert out.shape == viewer.shape == ((40, 64, 3) if orientation < 5 else (64, 40, 3))
+    assert np.abs(out.astype(int) - viewer).mean() < 1.0
+    stored = imagefiles.read_image_file(path, upright=False)
+    assert stored.shape == (40, 64, 3)  # the header's size: what the wire keeps
+
+
+@pytest.mark.parametrize("orientation", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_tiff_orientation_follows_the_same_rule(orientation, tmp_path):
+    """OpenCV's TIFF decoder turned orientation 3 by itself and refused 5-8 as corrupt."""
+    img = _scene()
+    path = tmp_path / "t.tif"
+    path.write_bytes(_tiff(img, orientation))
+    out = imagefiles.read_image_file(path)
+    expected = imagefiles.orient(img, orientation)
+    assert out.shape == expected.shape and np.array_equal(out, expected)
+    jpeg = tmp_path / "p.jpg"
+    stored = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 100])[1].tobytes()
+    jpeg.write_bytes(_with_exif_orientation(stored, orientation))
+    assert np.abs(cv2.imread(str(jpeg)).astype(int) - expected).mean() < 2.0  # orient() is a viewer's turn
+
+
+def test_an_uncompressed_machine_vision_image_is_not_refused_by_size(tmp_path):
+    """A 12 MP BMP is 36.9 MB: the fixed 32 MiB cap refused it as a corrupt frame."""
+    path = tmp_path / "cam_4096x3000.bmp"
+    assert cv2.imwrite(str(path), np.full((3000, 4096, 3), 90, np.uint8))
+    assert path.stat().st_size > 32 * 1024 * 1024
+    assert imagefiles.read_image_file(path).shape == (3000, 4096, 3)
+
+
+def test_a_file_over_the_byte_limit_is_refused_as_a_limit(tmp_path):
+    path = tmp_path / "big.bmp"
+    assert cv2.imwrite(str(path), np.full((100, 100, 3), 90, np.uint8))
+    limit = imagefiles.file_byte_limit(1000)
+    assert limit == 1000 * 8 + imagefiles.FILE_HEADROOM_BYTES
+    with pytest.raises(imagefiles.ImageLimitError, match="over the file size limit of 100 bytes"):
+        imagefiles.read_image_file(path, max_bytes=100)
+    with pytest.raises(imagefiles.ImageLimitError, match="over the limit of 1000"):
+        imagefiles.read_image_file(path, max_pixels=1000)
+    assert imagefiles.file_byte_limit(imagefiles.DEFAULT_MAX_PIXELS) > 100 * 1000 * 1000  # an 8K TIFF
+
+
+def _with_sbit(png: bytes, bits: int, channels: int) -> bytes:
+    body = b"sBIT" + bytes([bits] * channels)
+    chunk = struct.pack(">I", channels) + body + struct.pack(">I", zlib.crc32(body))
+    return png[:33] + chunk + png[33:]  # after IHDR
+
+
+@pytest.mark.parametrize("scale,sbit", [(257, 0), (16, 0), (4, 0), (16, 12), (16 * 16, 12)])
+def test_sixteen_bit_images_are_scaled_by_the_depth_they_use(scale, sbit, tmp_path):
+    """12- and 10-bit sensor data in a 16-bit PNG decoded nearly black (divided by 256);
+    a PNG whose sBIT says 12 but whose values are left-aligned (the spec's way) is not
+    brightened past white."""
+    img = _scene()
+    data = cv2.imencode(".png", np.minimum(img.astype(np.uint32) * scale, 65535).astype(np.uint16))[1].tobytes()
+    if sbit:
+        data = _with_sbit(data, sbit, 3)
+    path = tmp_path / "d16.png"
+    path.write_bytes(data)
+    out = imagefiles.read_image_file(path)
+    assert out.dtype == np.uint8 and out.shape == img.shape
+    assert abs(float(out.mean()) - float(img.mean())) < 3.0, (out.mean(), img.mean())
+
+
+def test_a_sixteen_bit_gray_image_is_bgr(tmp_path):
+    path = tmp_path / "mono16.png"
+    assert cv2.imwrite(str(path), np.full((20, 30), 1000, np.uint16))  # 10-bit data
+    out = imagefiles.read_image_file(path)
+    assert out.shape == (20, 30, 3) and int(out[0, 0, 0]) == 1000 >> 2
+
+
+def test_control_characters_in_a_file_name_are_escaped(tmp_path):
+    path = tmp_path / "x\n2026-12-04 ERROR forged\r.jpg"
+    path.write_bytes(b"\xff\xd8junk")
+    with pytest.raises(InvalidInputError) as err:
+        imagefiles.read_image_file(path)
+    assert "\n" not in str(err.value) and "\r" not in str(err.value) and "x\\n2026" in str(err.value)
+    assert imagefiles.shown(Path("caf\u00e9/a.jpg")) == "caf\u00e9/a.jpg"  # printable text stays
+
+
+def test_natural_key_orders_numbers_as_numbers():
+    names = ["frame10.png", "frame2.png", "Frame1.png", "frame1.png"]
+    assert sorted(names, key=imagefiles.natural_key) == ["Frame1.png", "frame1.png", "frame2.png", "frame10.png"]
