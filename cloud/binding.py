@@ -31,10 +31,21 @@ KEEPALIVE_S = 60
 KEEPALIVE_TIMEOUT_S = 20
 
 
-def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+def server_options(max_message_bytes: int, max_streams_per_connection: int | None = None) -> list[tuple[str, Any]]:
     """gRPC options of the gateway's and the workers' servers: message limits, the keepalive
-    policy above, one process per port."""
-    return [
+    policy above, one process per port, and, for a server facing many clients (the gateway's
+    ``limits.max_streams_per_connection``), the calls one connection may hold open: HTTP/2's
+    SETTINGS_MAX_CONCURRENT_STREAMS, so a client's further calls wait on its side instead of
+    holding the server's memory. The workers leave it unset: each gateway sends all its
+    requests to a worker over one connection.
+
+    No ``grpc.max_connection_idle_ms``: an edge keeps one connection open between escalations
+    (its keepalive pings, accepted above, keep it alive), and closing it would make the next
+    escalation pay a new TCP and TLS handshake against its deadline. No
+    ``grpc.max_connection_age_ms`` either: the calls a connection holds are bounded here and by
+    the gateway's ``limits.max_concurrent_rpcs``, and a forced reconnect would cost the edges the
+    same handshake."""
+    options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
@@ -46,6 +57,9 @@ def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
         ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
     ]
+    if max_streams_per_connection is not None:
+        options.append(("grpc.max_concurrent_streams", max_streams_per_connection))
+    return options
 
 _WHAT_TO_DO = ("is the port in use by another process, or the host not an address of this machine? "
                "Choose another port (0 picks a free one) or host")

@@ -21,7 +21,18 @@ ACL does not let the gateway write ``<prefix>/+/response/#``) is also counted as
 ``response_refused`` and logged (throttled) with the topic and the reason. A
 disconnect with "Session taken over" (another client connected with the same
 client id, e.g. two gateways sharing ``mqtt.client_id``) is a throttled warning
-naming the id; a broker that cannot be reached is one naming the cause.
+naming the id; a broker that cannot be reached is one naming the cause, any other
+disconnect a throttled warning with the reason.
+
+No answer may take the bridge's connection down: a broker drops a client that publishes a
+packet over the Maximum Packet Size it announced in CONNACK (Mosquitto: ``max_packet_size``),
+and paho would send that unacknowledged QoS 1 answer again after every reconnect, so no
+request would be served again. So a request whose Correlation Data (echoed in the answer) is
+longer than ``mqtt.max_correlation_bytes`` is dropped unanswered (``correlation_too_large``),
+and every answer's packet size (``edgewise.mqtt_packets``) is checked against the broker's
+limit before it is published: one that would not fit is not published (``answer_too_large``,
+logged, throttled; its edge times out).
+
 paho-mqtt 2.x (CallbackAPIVersion.VERSION2) runs its network loop in a thread and
 reconnects with backoff; work is handed to the gateway's event loop with
 ``run_coroutine_threadsafe``.
@@ -52,6 +63,7 @@ from cloud.gateway.metrics import GatewayMetrics
 from cloud.gateway.settings import MqttSettings
 from edgewise import mqtt_topics, status
 from edgewise.errors import InvalidInputError
+from edgewise.mqtt_packets import PROTOCOL_MAX_PACKET, broker_max_packet_size, publish_packet_size
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger("edgewise.gateway.mqtt")
@@ -95,6 +107,9 @@ class MqttBridge:
         self._connect_log = LogThrottle(60.0, burst=3)
         self._takeover_log = LogThrottle(60.0, burst=2)
         self._response_log = LogThrottle(10.0, burst=5)
+        self._disconnect_log = LogThrottle(60.0, burst=3)
+        self._too_large_log = LogThrottle(10.0, burst=5)
+        self.max_packet_size = PROTOCOL_MAX_PACKET  # the broker's, from its last CONNACK
         self._connected_at: float | None = None  # time.monotonic() of the last accepted connection
         self._short_sessions = 0  # connections in a row the broker closed soon, without a reason
         self.client_id = settings.client_id or f"gateway-{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
@@ -143,6 +158,10 @@ class MqttBridge:
             log.error("MQTT broker %s:%d refused the connection: %s", self.s.host, self.s.port, reason_code)
             return
         self._connected_at = time.monotonic()
+        self.max_packet_size = broker_max_packet_size(properties)
+        if self.max_packet_size < PROTOCOL_MAX_PACKET:
+            log.info("MQTT broker %s:%d takes packets of at most %d bytes (its Maximum Packet Size); larger "
+                     "answers are not published", self.s.host, self.s.port, self.max_packet_size)
         client.subscribe(self.subscription, options=SubscribeOptions(qos=1))
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: Any,
@@ -189,7 +208,11 @@ class MqttBridge:
                              "accepting it, without a reason (Mosquitto's answer to a second client with the "
                              "same id; other brokers say Session taken over)")
         elif reason_code != 0:
-            log.warning("MQTT bridge disconnected (%s); reconnecting with backoff", reason_code)
+            held = self._disconnect_log.allow()
+            if held is not None:
+                log.warning("MQTT bridge disconnected from %s:%d (%s); reconnecting with backoff (the broker's "
+                            "log says why)%s", self.s.host, self.s.port, reason_code,
+                            f" ({held} more disconnects not logged)" if held else "")
 
     def _taken_over(self, what: str) -> None:
         """Another client connects with the bridge's client id: say so, a couple of times a minute."""
@@ -238,6 +261,13 @@ class MqttBridge:
         props = msg.properties
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
+        if correlation is not None and len(correlation) > self.s.max_correlation_bytes:
+            # echoed in the answer, it could make the answer too large for the broker: no answer
+            self._refuse("correlation_too_large",
+                         f"MQTT request on {msg.topic[:200]!r} carries {len(correlation)} bytes of Correlation "
+                         f"Data, more than mqtt.max_correlation_bytes ({self.s.max_correlation_bytes}); dropped "
+                         f"unanswered (the edge sends 16 bytes; raise the setting if a client needs more)")
+            return
         try:
             device = mqtt_topics.device_of_request(self.s.topic_prefix, msg.topic)
         except InvalidInputError as exc:
@@ -249,7 +279,7 @@ class MqttBridge:
             return
         if not mqtt_topics.response_topic_allowed(self.response_pattern, device, response_topic):
             self._refuse("foreign_response_topic",
-                         f"MQTT request on {msg.topic} asks for its answer on {response_topic!r}, outside "
+                         f"MQTT request on {msg.topic} asks for its answer on {response_topic[:200]!r}, outside "
                          f"{self.response_pattern.replace('{device}', device)!r}; refused, nothing published")
             return
         req = self.handler.read(bytes(msg.payload), "mqtt")
@@ -298,11 +328,24 @@ class MqttBridge:
         self._publish(response_topic, correlation, reply)
 
     def _publish(self, topic: str, correlation: bytes | None, reply: Reply) -> None:
-        """Publish an answer; its PUBACK is read by ``_on_publish``."""
+        """Publish an answer, unless it is larger than the broker takes; its PUBACK is read by
+        ``_on_publish``."""
         props = Properties(PacketTypes.PUBLISH)
         if correlation is not None:
             props.CorrelationData = correlation
         props.ContentType = "application/x-protobuf; proto=edgewise.v1.DetectResponse"
+        size = publish_packet_size(topic, reply.body, props)
+        limit = self.max_packet_size
+        if size > limit:  # the broker would drop the connection, and paho send it again on each reconnect
+            self._count("answer_too_large")
+            held = self._too_large_log.allow()
+            if held is not None:
+                whose = "the broker announced" if limit < PROTOCOL_MAX_PACKET else "of MQTT"
+                log.warning("answer to %s not published: %d bytes (%d of payload), over the Maximum Packet Size "
+                            "of %d bytes %s; the edge times out and replays (raise the broker's max_packet_size "
+                            "if answers of this size are expected)%s", topic[:200], size, len(reply.body),
+                            limit, whose, f" ({held} more not published)" if held else "")
+            return
         info = self.client.publish(topic, reply.body, qos=1, properties=props)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             self._count("publish_failed")

@@ -10,6 +10,12 @@ serialized messages (``request_deserializer=None``): the request is read in plac
 (``cloud.gateway.envelope``) and its bytes go to the worker as they came, the worker's
 answer back likewise (docs/design/balancing.md#a-lean-hop). SIGTERM: health goes
 NOT_SERVING, new calls are refused, in-flight calls finish within ``shutdown_grace_s``.
+
+What clients can hold open is bounded: ``limits.max_concurrent_rpcs`` calls in all (gRPC
+refuses one more with RESOURCE_EXHAUSTED before reading it), ``limits.max_streams_per_connection``
+per connection (HTTP/2: the client's further calls wait), ``limits.max_streams_per_device``
+DetectStreams per device (RESOURCE_EXHAUSTED), and a DetectStream that sends no frame for
+``limits.stream_idle_timeout_s`` is ended with UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ from edgewise.v1 import service_pb2
 log = logging.getLogger("edgewise.gateway")
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["Escalation"].full_name
 LISTENING_LINE = "EDGEWISE_GATEWAY_LISTENING"
+#: gRPC's own details of the RESOURCE_EXHAUSTED it answers a call over ``limits.max_concurrent_rpcs``
+#: with (quoted in docs/troubleshooting.md)
+CONCURRENT_RPC_LIMIT_MESSAGE = "Concurrent RPC limit exceeded"
 
 
 class ReloadableStaticDiscovery:
@@ -186,6 +195,8 @@ class Gateway:
         self.bridge: MqttBridge | None = None
         # refused authentications are logged, a few per interval (a client can repeat them at will)
         self._auth_log = LogThrottle(10.0, burst=5)
+        self._stream_log = LogThrottle(10.0, burst=5)
+        self.streams_of: dict[str, int] = {}  # device (x-edgewise-device) -> its open DetectStreams
 
     # ---- the one request path ---------------------------------------------------------------
     def timeout_for(self, req: RequestHead, call_remaining: float | None) -> float:
@@ -280,9 +291,41 @@ class Gateway:
                 self.metrics.rejected.labels(reason="unauthenticated").inc()
                 self._log_refused("grpc-stream", rej, caller, "")
                 await _abort(context, rej.status, rej.message)
+        device = caller.metadata.get("x-edgewise-device", "")
+        cap = self.settings.limits.max_streams_per_device
+        if device and self.streams_of.get(device, 0) >= cap:
+            self.metrics.rejected.labels(reason="too_many_streams").inc()
+            held = self._stream_log.allow()
+            if held is not None:
+                log.warning("refused a DetectStream from %s for device %s: it has %d open, "
+                            "limits.max_streams_per_device%s", caller.peer or "unknown peer", quote_id(device), cap,
+                            f" ({held} more refusals not logged)" if held else "")
+            await _abort(context, status.RESOURCE_EXHAUSTED,
+                         f"device {quote_id(device)} already has {cap} "
+                         "DetectStreams open, the gateway's limits.max_streams_per_device; "
+                         "send on an open stream, or close one first")
+        if device:
+            self.streams_of[device] = self.streams_of.get(device, 0) + 1
+        try:
+            await self._stream(request_iterator, context, caller)
+        finally:
+            if device:
+                left = self.streams_of[device] - 1
+                if left:
+                    self.streams_of[device] = left
+                else:
+                    del self.streams_of[device]
+
+    async def _stream(self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
+                      caller: Caller) -> None:
+        """One DetectStream once admitted: frames answered as they complete, at most
+        ``limits.max_stream_in_flight`` held, ended with UNAVAILABLE once idle for
+        ``limits.stream_idle_timeout_s``."""
         out: asyncio.Queue[bytes | None] = asyncio.Queue()
         window = _StreamWindow(self.settings.limits.max_stream_in_flight, self.metrics.stream_pending)
         running: set[asyncio.Task[None]] = set()
+        idle_s = self.settings.limits.stream_idle_timeout_s
+        last_frame = time.monotonic()
 
         async def one(body: bytes) -> None:
             try:
@@ -293,8 +336,10 @@ class Gateway:
             out.put_nowait(answer)
 
         async def reader() -> None:
+            nonlocal last_frame
             try:
                 async for body in request_iterator:
+                    last_frame = time.monotonic()
                     await window.take()  # backpressure: stop reading while the stream holds its limit
                     t = asyncio.ensure_future(one(body))
                     running.add(t)
@@ -304,13 +349,32 @@ class Gateway:
             finally:
                 out.put_nowait(None)
 
+        idle = asyncio.Event()
+
+        async def watchdog() -> None:
+            """Sets ``idle`` once no frame came for ``idle_s`` and nothing is pending."""
+            while not rtask.done():  # done: the client closed its side, the stream ends anyway
+                quiet = time.monotonic() - last_frame
+                if quiet >= idle_s and window.held == 0:
+                    idle.set()
+                    out.put_nowait(None)
+                    return
+                await asyncio.sleep(max(idle_s - quiet, 0.0) if window.held == 0 else idle_s)
+
         rtask = asyncio.ensure_future(reader())
+        wtask = asyncio.ensure_future(watchdog())
         try:
             with _unless_client_gone("a stream answer"):
                 while (item := await out.get()) is not None:
                     await context.write(item)
                     window.give_back()  # written: room for one more frame
+            if idle.is_set():
+                log.debug("DetectStream from %s ended: no frame for %g s", caller.peer, idle_s)
+                await _abort(context, status.UNAVAILABLE,
+                             f"DetectStream ended by the gateway: no frame for {idle_s:g} s "
+                             "(limits.stream_idle_timeout_s); open a new stream to send again")
         finally:
+            wtask.cancel()
             rtask.cancel()
             for t in list(running):
                 t.cancel()
@@ -333,7 +397,8 @@ class Gateway:
         s = self.settings
         creds = self._credentials()  # bad TLS files fail here, before anything is bound
         m = s.limits.max_message_bytes
-        self._server = grpc.aio.server(options=server_options(m))
+        self._server = grpc.aio.server(options=server_options(m, s.limits.max_streams_per_connection),
+                                       maximum_concurrent_rpcs=s.limits.max_concurrent_rpcs)
         # no (de)serializers: the methods see the bytes on the wire (cloud.gateway.envelope)
         methods = {"Detect": grpc.unary_unary_rpc_method_handler(self.Detect),
                    "DetectStream": grpc.stream_stream_rpc_method_handler(self.DetectStream)}

@@ -86,6 +86,23 @@ class LimitSettings:
     burst_per_device: float = setting("Token-bucket depth per device.", 20.0, lo=1)
     max_stream_in_flight: int = setting("Frames per DetectStream in flight or answered but not yet written to the "
                                         "client; more wait (backpressure).", 64, lo=1)
+    max_concurrent_rpcs: int = setting(
+        "Most gRPC calls the gateway serves at once, from all clients together (Detect, DetectStream and "
+        "the gRPC health checks; also calls whose request has not arrived yet); gRPC refuses one more at "
+        "once with RESOURCE_EXHAUSTED (the edge spools it). Every open call holds memory, about 20 KB "
+        "before its request arrives and its image after: the default suits the chart's 1 GiB pod.",
+        2048, lo=1)
+    max_streams_per_connection: int = setting(
+        "Most calls open at once on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); a "
+        "client's further calls wait on its side until one ends. The edge has at most `cloud.max_in_flight` "
+        "escalations (16 by default) and its replays in flight.", 100, lo=1)
+    max_streams_per_device: int = setting(
+        "Most DetectStream calls one device (its `x-edgewise-device` metadata, which authentication "
+        "requires) may hold open; one more is refused with RESOURCE_EXHAUSTED. Streams without that "
+        "metadata (authentication off) are bounded by `max_concurrent_rpcs` only.", 4, lo=1)
+    stream_idle_timeout_s: float = setting(
+        "A DetectStream that sends no frame for this long, and has no answer pending, is ended with "
+        "UNAVAILABLE (open a new stream to send again), seconds.", 120.0, lo=0, lo_open=True)
 
 
 @dataclass
@@ -139,6 +156,12 @@ class MqttSettings:
     reconnect_min_s: float = setting("First reconnect delay, seconds (doubles up to `reconnect_max_s`).", 0.5,
                                      lo=0, lo_open=True)
     reconnect_max_s: float = setting("Largest reconnect delay, seconds.", 30.0, lo=0, lo_open=True)
+    max_correlation_bytes: int = setting(
+        "Longest MQTT v5 Correlation Data a request may carry, bytes (the edge sends 16). The answer "
+        "echoes it, so a longer one could make the answer larger than the broker's Maximum Packet Size; "
+        "such a request is dropped unanswered: counted "
+        "(`edgewise_gateway_mqtt_messages_total{result=\"correlation_too_large\"}`) and logged.",
+        256, lo=1, hi=65535)
     response_topic_pattern: str = setting(
         "Topics answers may be published to: an MQTT topic filter with a level `{device}` (the device of "
         "the request topic), e.g. `replies/{device}/#`; empty = `<topic_prefix>/{device}/response/#`. A "

@@ -60,6 +60,7 @@ from prometheus_client import Counter, Gauge
 
 from edge.transports import MAX_ANSWER_BYTES, TransportError, check_response, not_a_response
 from edgewise import mqtt_topics, status
+from edgewise.mqtt_packets import publish_packet_size
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
@@ -142,16 +143,6 @@ class PublishRefused(Exception):
     def __init__(self, refused: Refusal) -> None:
         super().__init__(refused.message)
         self.refusal = refused
-
-
-def publish_packet_size(topic: str, payload: bytes, properties: Optional[Properties] = None,
-                        qos: int = 1) -> int:
-    """Bytes of the MQTT v5 PUBLISH packet paho sends for this message (what the broker's
-    Maximum Packet Size limits): fixed header, topic, packet id, properties, payload."""
-    packed = properties.pack() if properties is not None else b"\x00"
-    remaining = 2 + len(topic.encode("utf-8")) + (2 if qos > 0 else 0) + len(packed) + len(payload)
-    length_bytes = 1 if remaining < 128 else 2 if remaining < 16_384 else 3 if remaining < 2_097_152 else 4
-    return 1 + length_bytes + remaining
 
 
 class _OffTableReason(ReasonCode):

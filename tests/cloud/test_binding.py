@@ -64,3 +64,17 @@ def test_worker_ports_in_use_name_their_setting(tiny_model):
             with pytest.raises(ConfigError, match=rf"^metrics_host/metrics_port: cannot bind 127.0.0.1:{port}"):
                 await server.bind()
     asyncio.run(main())
+
+
+def test_server_options_cap_streams_per_connection_only_when_asked():
+    """The gateway's server caps the calls one connection holds (HTTP/2 max concurrent streams);
+    the workers', which take all of a gateway's requests on one connection, does not; neither
+    closes idle or old connections (an edge keeps its connection between escalations)."""
+    from cloud.binding import server_options
+
+    capped = dict(server_options(1024, 100))
+    assert capped["grpc.max_concurrent_streams"] == 100
+    assert "grpc.max_concurrent_streams" not in dict(server_options(1024))
+    for opts in (capped, dict(server_options(1024))):
+        assert "grpc.max_connection_idle_ms" not in opts and "grpc.max_connection_age_ms" not in opts
+        assert opts["grpc.keepalive_permit_without_calls"] == 1

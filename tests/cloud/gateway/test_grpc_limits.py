@@ -1,0 +1,173 @@
+"""What gRPC clients can hold open in the gateway is bounded (real gateway on port 0, real grpc.aio
+test worker, real clients over sockets): ``limits.max_concurrent_rpcs`` calls in all,
+``limits.max_streams_per_connection`` per connection, ``limits.max_streams_per_device``
+DetectStreams per device, and a DetectStream idle for ``limits.stream_idle_timeout_s`` is ended.
+
+Before these limits a client could open calls without end (110k idle DetectStreams took the
+gateway's memory past the chart's 1 GiB limit)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from cloud.gateway.server import CONCURRENT_RPC_LIMIT_MESSAGE
+from edgewise.v1 import detect_pb2, service_pb2_grpc
+from tests.cloud.gateway.test_gateway import run, started
+from tests.cloud.gateway.workers import TestWorker, request
+
+#: a channel whose connection is its own (channels with the same target and options share one)
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+
+
+async def _frames(stop: asyncio.Event, first: detect_pb2.DetectRequest | None = None
+                  ) -> AsyncIterator[detect_pb2.DetectRequest]:
+    """A stream's requests: ``first`` (if any), then nothing until ``stop``."""
+    if first is not None:
+        yield first
+    await stop.wait()
+
+
+async def _code(coro) -> str:
+    try:
+        await asyncio.wait_for(coro, 5)
+        return "OK"
+    except grpc.aio.AioRpcError as exc:
+        return exc.code().name
+
+
+def test_calls_beyond_max_concurrent_rpcs_are_refused():
+    """With 3 calls open, a 4th gets RESOURCE_EXHAUSTED from gRPC at once; once one ends, calls
+    are served again."""
+    async def main():
+        w = TestWorker("a", 0.001)
+        gw = await started([(w, 1)], **{"limits.max_concurrent_rpcs": 3})
+        stop = asyncio.Event()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                calls = [stub.DetectStream(_frames(stop, request(seq=i))) for i in range(3)]
+                for c in calls:  # each answered once: all three are open in the gateway
+                    assert (await asyncio.wait_for(c.read(), 5)).frame_seq >= 0
+                try:
+                    await stub.Detect(request(seq=9), timeout=5)
+                    raise AssertionError("a 4th call was served")
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert CONCURRENT_RPC_LIMIT_MESSAGE in (exc.details() or "")
+                calls[0].cancel()
+                await asyncio.sleep(0.3)
+                assert await _code(stub.Detect(request(seq=10), timeout=5)) == "OK"
+                stop.set()
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_calls_beyond_max_streams_per_connection_wait_on_the_client():
+    """Two streams open on one connection with a limit of 2: a third call on that connection
+    waits on the client (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS) until one ends; a call on another
+    connection is served meanwhile."""
+    async def main():
+        w = TestWorker("a", 0.001)
+        gw = await started([(w, 1)], **{"limits.max_streams_per_connection": 2})
+        stop = asyncio.Event()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch, \
+                    grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}", options=OWN_CONNECTION) as other:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                calls = [stub.DetectStream(_frames(stop, request(seq=i))) for i in range(2)]
+                for c in calls:
+                    await asyncio.wait_for(c.read(), 5)
+                third = asyncio.ensure_future(_code(stub.Detect(request(seq=9), timeout=30)))
+                await asyncio.sleep(1.0)
+                assert not third.done() and w.calls == 2  # waits on the client's side
+                assert await _code(service_pb2_grpc.EscalationStub(other).Detect(request(seq=8), timeout=5)) == "OK"
+                stop.set()  # the two streams end (their status read): the waiting call goes out
+                for c in calls:
+                    assert await asyncio.wait_for(c.code(), 5) == grpc.StatusCode.OK
+                assert await asyncio.wait_for(third, 5) == "OK"
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_an_idle_stream_is_ended_with_unavailable():
+    """A stream that sends no frame for ``stream_idle_timeout_s`` is ended with UNAVAILABLE
+    (the edge's retryable status) and counted; one that keeps sending is not."""
+    async def main():
+        w = TestWorker("a", 0.001)
+        gw = await started([(w, 1)], **{"limits.stream_idle_timeout_s": 0.5})
+        stop = asyncio.Event()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+
+                async def busy() -> AsyncIterator[detect_pb2.DetectRequest]:
+                    for i in range(8):  # 1.6 s of frames, 0.2 s apart: never idle for 0.5 s
+                        yield request(seq=i)
+                        await asyncio.sleep(0.2)
+
+                answers = [r async for r in stub.DetectStream(busy(), timeout=10)]
+                assert len(answers) == 8
+
+                idle = stub.DetectStream(_frames(stop, request(seq=0)), timeout=10)
+                assert (await asyncio.wait_for(idle.read(), 5)).frame_seq == 0
+                t0 = time.monotonic()
+                try:
+                    await asyncio.wait_for(idle.read(), 5)
+                    raise AssertionError("the idle stream was not ended")
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                    assert "limits.stream_idle_timeout_s" in (exc.details() or "")
+                assert time.monotonic() - t0 < 3
+                # housekeeping, not a refusal: it does not feed the rejection-ratio alert
+                assert gw.metrics.registry.get_sample_value("edgewise_gateway_rejected_total",
+                                                            {"reason": "stream_idle"}) is None
+                stop.set()
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_streams_per_device_are_capped():
+    """A device with ``max_streams_per_device`` streams open gets RESOURCE_EXHAUSTED for one
+    more; another device does not; once one closes, the device may open one again."""
+    async def main():
+        w = TestWorker("a", 0.001)
+        gw = await started([(w, 1)], **{"limits.max_streams_per_device": 2})
+        stop = asyncio.Event()
+        cam1 = (("x-edgewise-device", "cam-1"),)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                open_ = [stub.DetectStream(_frames(stop, request(seq=i)), metadata=cam1) for i in range(2)]
+                for c in open_:
+                    await asyncio.wait_for(c.read(), 5)
+                third = stub.DetectStream(_frames(stop, request(seq=5)), metadata=cam1)
+                try:
+                    await asyncio.wait_for(third.read(), 5)
+                    raise AssertionError("a third stream of cam-1 was served")
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert "limits.max_streams_per_device" in (exc.details() or "")
+                other = stub.DetectStream(_frames(stop, request(device="cam-2", seq=6)),
+                                          metadata=(("x-edgewise-device", "cam-2"),))
+                assert (await asyncio.wait_for(other.read(), 5)).frame_seq == 6
+                open_[0].cancel()
+                await asyncio.sleep(0.3)
+                again = stub.DetectStream(_frames(stop, request(seq=7)), metadata=cam1)
+                assert (await asyncio.wait_for(again.read(), 5)).frame_seq == 7
+                assert gw.metrics.registry.get_sample_value("edgewise_gateway_rejected_total",
+                                                            {"reason": "too_many_streams"}) == 1
+                stop.set()
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
