@@ -284,8 +284,8 @@ class VideoFileSource:
             self.truncated += 1
             bad = f"; {self.pass_corrupt} undecodable frame(s) before it were skipped" if self.pass_corrupt else ""
             (log.debug if self._tail_logged else log.warning)(
-                "video %s ended after %d of %d frames: the last %d could not be read (truncated or corrupt "
-                "tail)%s%s", self.shown, self.read_count, self.expected, lost, bad,
+                "video %s ended after %d of %d frames: the last %d could not be read ("
+                "truncated or corrupt tail)%s%s", self.shown, self.read_count, self.expected, lost, bad,
                 "" if self._tail_logged else "; said once per source")
             self._tail_logged = True
         if not self.loop:
