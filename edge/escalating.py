@@ -20,7 +20,10 @@ repeated late record, so a crash between the write and the ack does not duplicat
 it). Whatever fails, a frame whose record was not written yet gets its edge
 result (``_guarded``); a frame the spool cannot take (full disk) keeps its edge
 result with the reason, and replayed items whose ack cannot be written are not
-sent again (docs/records.md). Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain, close).
+sent again (docs/records.md). A spool whose file turns out damaged (``SpoolCorrupt``)
+is said once, as an ERROR naming the file and the fix, and counted (``corrupt``);
+replay stops, and frames keep their edge result, until the daemon is restarted.
+Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain, close).
 """
 
 from __future__ import annotations
@@ -52,7 +55,15 @@ from edge.payloads import Spooled, build_request, detections_json, note_payload,
 from edge.records import FrameRecord
 from edge.settings import SpoolSettings
 from edge.sources.base import Frame
-from edge.spool import SPOOL_BUSY_TIMEOUT_S, Spool, SpoolError, SpoolFull, SpoolItem, SpoolStats
+from edge.spool import (
+    SPOOL_BUSY_TIMEOUT_S,
+    Spool,
+    SpoolCorrupt,
+    SpoolError,
+    SpoolFull,
+    SpoolItem,
+    SpoolStats,
+)
 from edge.transports import Transport, TransportError, printable
 from edgewise import status
 from edgewise.detections import Detections
@@ -158,6 +169,10 @@ class Escalating:
         self._refused_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._replay_failed_log = LogThrottle(LOG_INTERVAL_S, burst=1)
         self._spooled_log = LogThrottle(SPOOLED_LOG_INTERVAL_S)
+        self._ack_log = LogThrottle(LOG_INTERVAL_S, burst=1)  # acks that fail round after round
+        self._spool_log = LogThrottle(LOG_INTERVAL_S, burst=1)  # replay rounds the spool fails
+        self._damage_said = False  # the spool's damage is logged once
+        self._reopen_damaged = False  # the spool not open yet is refused as damaged (not a full disk)
 
     async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking spool call on the spool thread."""
@@ -332,7 +347,8 @@ class Escalating:
             stats: Optional[SpoolStats]
             problem: Optional[SpoolError]
             if self.spool is None:  # not open yet (its filesystem was full at start): as a full disk now
-                stored, stats, problem = False, None, SpoolFull(self.spool_problem)
+                why = SpoolCorrupt if self._reopen_damaged else SpoolFull
+                stored, stats, problem = False, None, why(self.spool_problem)
             else:
                 meta = Spooled(record, spec.merge, spec.deadline_ms, spec.transport).to_meta()
                 stored, stats, problem = await self._spool_call(self._put, key, req.SerializeToString(), meta)
@@ -343,6 +359,11 @@ class Escalating:
                 if held is not None:
                     more = f" ({held} more spooled since the last such line)" if held else ""
                     log.info("escalation %s spooled: %s%s", key, exc, more)
+            elif isinstance(problem, SpoolCorrupt):  # said once, as an ERROR, and counted
+                record.outcome = "edge_only"
+                record.error = f"{exc}; not spooled: {problem}"
+                self._spool_damaged(problem, escalation=True)
+                log.debug("escalation %s not spooled, edge result kept: %s", key, problem)
             elif problem is not None:  # full disk or a failed write: the edge result is kept
                 record.outcome = "edge_only"
                 record.error = f"{exc}; not spooled: {problem}"
@@ -384,7 +405,42 @@ class Escalating:
             stored = self.spool.put(key, payload, meta)
         except SpoolError as exc:
             return False, None, exc
-        return stored, self.spool.stats(), None
+        try:
+            return stored, self.spool.stats(), None
+        except SpoolError:  # the gauges wait for the next stats; the item is stored
+            return stored, None, None
+
+    def _spool_damaged(self, exc: SpoolCorrupt, escalation: bool = False) -> None:
+        """The spool's file is damaged: say so once (the message names the file and what to
+        do), counted (``corrupt``) then and for every ``escalation`` not spooled because of it."""
+        if escalation or not self._damage_said:
+            self.metrics.spool_events.labels("corrupt").inc()
+        if self._damage_said:
+            return
+        self._damage_said = True
+        log.error("%s. Until then escalations the cloud cannot take keep their edge result, and spooled "
+                  "ones are not replayed%s", exc,
+                  f" ({len(self._unacked)} of its escalations were delivered but cannot be acknowledged)"
+                  if self._unacked else "")
+
+    async def _stats(self, spool: Spool) -> Optional[SpoolStats]:
+        """The spool's stats, None when they cannot be read (said by ``_spool_failed``)."""
+        try:
+            return await self._spool_call(spool.stats)
+        except SpoolError as exc:
+            self._spool_failed(exc)
+            return None
+
+    def _spool_failed(self, exc: SpoolError) -> None:
+        """A spool call of the replay failed: a damaged file is said once, anything else
+        throttled (the next round tries again)."""
+        if isinstance(exc, SpoolCorrupt):
+            self._spool_damaged(exc)
+            return
+        held = self._spool_log.allow()
+        if held is not None:
+            more = f" ({held} more such failures)" if held else ""
+            log.warning("spool replay round failed: %s; tried again every spool.replay_interval_s%s", exc, more)
 
     # ------------------------------------------------------------------ replay
     async def replay_loop(self, stop: asyncio.Event) -> None:
@@ -395,9 +451,11 @@ class Escalating:
         while not stop.is_set():
             settled = 0
             try:
-                if self.spool is not None:
+                if self.spool is not None and self.spool.damaged is None:
                     await self._recovered(self.spool)
                 settled = await self._reopened() if self.spool is None else await self.replay_once()
+            except SpoolError as exc:
+                self._spool_failed(exc)
             except Exception:
                 log.exception("spool replay round failed")
             if settled:
@@ -431,6 +489,9 @@ class Escalating:
         try:
             self.spool = await self._spool_call(self.reopen)
         except SpoolError as exc:
+            self._reopen_damaged = isinstance(exc, SpoolCorrupt)
+            if isinstance(exc, SpoolCorrupt):
+                self._spool_damaged(exc)
             self.spool_problem = str(exc)
             log.debug("spool still cannot be opened: %s", exc)
             return 0
@@ -451,13 +512,20 @@ class Escalating:
 
         When the acknowledgement cannot be written (full disk) the settled ids are kept
         and acknowledged in a later round; they are never sent again meanwhile (the
-        entries after them still are)."""
+        entries after them still are). A damaged spool file (``SpoolCorrupt``) is said
+        once and nothing more is replayed from it (0)."""
         spool = self.spool
         assert spool is not None
+        if spool.damaged is not None:
+            return 0
         if self._unacked:
             await self._ack()
         after = self._unacked[-1] if self._unacked else 0
-        entries = await self._spool_call(spool.peek, self.replay_batch, after)  # expires what is too old
+        try:
+            entries = await self._spool_call(spool.peek, self.replay_batch, after)  # expires what is too old
+        except SpoolError as exc:
+            self._spool_failed(exc)
+            return 0
         settled: List[int] = []
         step = max(1, self.replay_concurrency)
         try:
@@ -478,18 +546,28 @@ class Escalating:
             if settled:
                 self._unacked.extend(settled)
                 await self._ack()
-            self._show_spool(await self._spool_call(spool.stats))
+            st = await self._stats(spool)
+            if st is not None:
+                self._show_spool(st)
         return len(settled)
 
     async def _ack(self) -> None:
-        """Acknowledge the settled replays; on a write failure keep them for the next round."""
+        """Acknowledge the settled replays; on a write failure keep them for the next round
+        (said at most once per ``LOG_INTERVAL_S``); a damaged file is said once, not retried."""
         assert self.spool is not None
         try:
             await self._spool_call(self.spool.ack_many, self._unacked)
+        except SpoolCorrupt as exc:
+            self._spool_damaged(exc)
+            return
         except SpoolError as exc:
             self.metrics.spool_events.labels("ack_failed").inc()
-            log.warning("%d replayed escalations delivered but not yet acknowledged (%s); "
-                        "acknowledging them again later, they are not sent again", len(self._unacked), exc)
+            held = self._ack_log.allow()
+            if held is not None:
+                more = f"; {held} more failed acknowledgements since the last such line" if held else ""
+                log.warning("%d replayed escalations delivered but not yet acknowledged (%s); "
+                            "acknowledging them again later, they are not sent again%s", len(self._unacked), exc,
+                            more)
             return
         self._unacked.clear()
 
@@ -592,8 +670,9 @@ class Escalating:
         """Refresh the spool gauges (depth, bytes, oldest age); the stats they came from."""
         if self.spool is None:
             return None
-        st = await self._spool_call(self.spool.stats)
-        self._show_spool(st)
+        st = await self._stats(self.spool)
+        if st is not None:
+            self._show_spool(st)
         return st
 
     def _show_spool(self, st: SpoolStats) -> None:
@@ -628,10 +707,10 @@ class Escalating:
                 await asyncio.wait(list(busy), timeout=min(0.2, end - loop.time()))
                 continue
             st = await self.update_spool_metrics()
-            assert st is not None  # there is a spool
+            depth = len(self.spool) if st is None else st.depth
             left = end - loop.time()
-            if (st.depth == 0 and not busy) or left <= 0 or stop.is_set():
-                return st.depth  # what is still in flight settles in drain()
+            if (depth == 0 and not busy) or left <= 0 or stop.is_set() or self.spool.damaged is not None:
+                return depth  # what is still in flight settles in drain()
             self.replay_now.set()  # do not wait for the replay interval
             try:
                 await asyncio.wait_for(stop.wait(), timeout=min(0.2, left))

@@ -48,6 +48,21 @@ raises ``SpoolError`` when it cannot delete; the caller keeps the ids and tries
 again (see ``edge.escalating``). Acknowledgements are written ``ACK_CHUNK`` items
 per transaction, so that one never needs more WAL than the reserve holds. Opening a spool that is a folder, corrupt or
 unwritable raises ``SpoolError`` naming the path and what to do.
+
+**A damaged file** (a bad flash block, a torn write): opening runs ``PRAGMA quick_check``,
+which reads every page of the file, indexes included, and checks each b-tree page's
+structure (not that the indexes hold the table's rows, which ``integrity_check`` adds:
+damage of that kind shows at runtime, below). It costs one read of every page, in
+b-tree order rather than file order. Measured on a 200 MiB spool (12,800 items of
+15 kB, about the default 256 MiB cap): 0.09 s with the file in the page cache, 2.2 s
+from a cold cache on the build host's disk (where reading the file sequentially takes
+0.45 s); on a slow SD card expect several times that, once per start. A damaged file is
+refused at open (``SpoolCorrupt``: move it aside). Damage that shows only later
+(SQLite's "database disk image is malformed" or "file is not a database" from any call)
+raises ``SpoolCorrupt`` too, and from then on every read or write raises it at once
+without touching the file (``nack`` and ``close`` stay best effort): nothing more is
+written into a damaged file, and the caller stops retrying. Every other SQLite error of
+any call is a ``SpoolError`` naming the path.
 """
 
 from __future__ import annotations
@@ -134,6 +149,11 @@ class SpoolFull(SpoolError):
     """The spool's filesystem has no room for this item (nothing was stored)."""
 
 
+class SpoolCorrupt(SpoolError):
+    """The spool's file is damaged (SQLite found a malformed page): the daemon must be
+    stopped and the file moved aside; the message names the file."""
+
+
 #: seconds a spool call waits for a lock another connection holds (SQLite's busy timeout)
 SPOOL_BUSY_TIMEOUT_S = 30.0
 
@@ -189,6 +209,29 @@ class _Now:
 def _is_full(exc: sqlite3.Error) -> bool:
     """SQLITE_FULL (Python 3.8 has no ``sqlite_errorcode``: match SQLite's message)."""
     return "full" in str(exc).lower()
+
+
+def _is_corrupt(exc: sqlite3.Error) -> bool:
+    """SQLITE_CORRUPT ("database disk image is malformed") or SQLITE_NOTADB ("file is not a
+    database"), by message as in ``_is_full``; not a full disk or an I/O error."""
+    text = str(exc).lower()
+    return "malformed" in text or "not a database" in text or "corrupt" in text
+
+
+def _quick_check(db: sqlite3.Connection) -> List[str]:
+    """What ``PRAGMA quick_check`` finds wrong with the file, first problems first (one
+    line each); empty when it is sound. Costs one read of the whole file (module doc)."""
+    rows = db.execute("PRAGMA quick_check(3)").fetchall()
+    return [" ".join(str(r[0]).replace("*** in database main ***", "").split()) for r in rows if str(r[0]) != "ok"]
+
+
+def _count_items(db: sqlite3.Connection) -> Optional[int]:
+    """How many rows ``items`` of a damaged file seems to hold (its table, not an index);
+    None when that cannot be read either."""
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM items NOT INDEXED").fetchone()[0])
+    except sqlite3.Error:
+        return None
 
 
 def _add_columns(db: sqlite3.Connection) -> None:
@@ -273,6 +316,8 @@ class Spool:
         #: spool stayed busy past the grace: each waiting put could otherwise wait out SQLite's
         #: busy timeout in turn)
         self.stop_by: Optional[float] = None
+        #: why the file is damaged, once SQLite said so (every call raises ``SpoolCorrupt`` then)
+        self.damaged: Optional[str] = None
         self._db = self._open()
         try:
             row = self._db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM items").fetchone()
@@ -300,6 +345,12 @@ class Spool:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+            problems = _quick_check(db)  # before anything is written into a damaged file
+            if problems:
+                held = _count_items(db)
+                db.close()
+                more = " and more" if len(problems) > 1 else ""
+                raise self._unreadable(f"damaged: {problems[0]}{more}", held)
             db.executescript(_SCHEMA)
             _add_columns(db)
             for name in _COUNTERS:
@@ -314,10 +365,8 @@ class Spool:
         if "no such column" in text or "no such table" in text:  # a database, not ours (schema differs)
             return SpoolError(f"spool {self.path} is another program's database ({exc}), not a spool; set "
                               "spool.path to a file of its own, or move this one aside")
-        if "not a database" in text or "malformed" in text:
-            return SpoolError(f"spool {self.path} is not a readable spool ({exc}); move it aside to keep "
-                              "its contents for inspection (a new spool is created at the next start) "
-                              "or set spool.path")
+        if _is_corrupt(exc):
+            return self._unreadable(text, None)
         free = _free_bytes(self.path.parent)
         if _is_full(exc) or (free is not None and free < self.reserve_bytes):
             # SQLite says "disk I/O error" when its -wal/-shm files find no room
@@ -329,6 +378,44 @@ class Spool:
                               "set spool.path to a writable filesystem (e.g. /var/lib/edgewise)")
         return SpoolError(f"spool {self.path}: cannot open it ({exc}); check that the file and its "
                           "folder are writable by the daemon, or set spool.path")
+
+    def _unreadable(self, why: str, held: Optional[int]) -> SpoolCorrupt:
+        """The refusal of a file that is not a sound spool, with how many items it held if known."""
+        items = "" if held is None else f", it seemed to hold {held} escalation(s)"
+        return SpoolCorrupt(f"spool {self.path} is not a readable spool ({why}){items}; move it aside to keep "
+                            "its contents for inspection (a new spool is created at the next start) "
+                            "or set spool.path")
+
+    def _error(self, exc: sqlite3.Error, what: str) -> SpoolError:
+        """The ``SpoolError`` for SQLite's ``exc`` in a call (``what`` failed): a damaged file
+        (from now on every call raises it at once), a full disk, or another failure."""
+        if _is_corrupt(exc):
+            if self.damaged is None:
+                self.damaged = (f"spool {self.path} is damaged ({exc}); nothing more is spooled or replayed "
+                                "from it: stop the daemon, move the file aside (keep it for inspection; a new "
+                                "spool is created at the next start) and start it again")
+            return SpoolCorrupt(self.damaged)
+        if _is_full(exc):
+            return SpoolFull(f"spool {self.path}: its filesystem is full ({exc})")
+        text = str(exc).lower()
+        if "locked" in text or "busy" in text:
+            hint = "; another process holds its lock (stop it)"
+        elif "i/o" in text:
+            hint = "; check its disk (`dmesg` shows I/O errors)"
+        else:
+            hint = ""
+        return SpoolError(f"spool {self.path}: {what} ({exc}){hint}")
+
+    @contextmanager
+    def _guarded(self, what: str) -> Iterator[None]:
+        """Around a call's queries (lock held): ``SpoolCorrupt`` at once on a damaged spool,
+        and SQLite's errors as ``SpoolError`` (``_error``)."""
+        if self.damaged is not None:
+            raise SpoolCorrupt(self.damaged)
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise self._error(exc, what) from None
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -346,9 +433,7 @@ class Spool:
                 except sqlite3.Error:  # pragma: no cover - the original error matters more
                     log.exception("spool %s: rollback failed", self.path)
             if isinstance(exc, sqlite3.Error):
-                if _is_full(exc):
-                    raise SpoolFull(f"spool {self.path}: its filesystem is full ({exc})") from None
-                raise SpoolError(f"spool {self.path}: write failed ({exc})") from None
+                raise self._error(exc, "write failed") from None
             raise
 
     def _check_stopping(self) -> None:
@@ -386,7 +471,7 @@ class Spool:
         meta_text = json.dumps(meta or {}, sort_keys=True, separators=(",", ":"), default=str)
         size = len(payload) + len(meta_text) + len(key)
         self._check_stopping()
-        with self._lock:
+        with self._lock, self._guarded("write failed"):
             self._check_stopping()
             now = self._now()
             self._expire_quietly(now)
@@ -443,7 +528,7 @@ class Spool:
     def peek(self, limit: int = 16, after_id: int = 0) -> List[SpoolItem]:
         """Up to ``limit`` oldest items with an id above ``after_id``, in insertion order
         (not removed)."""
-        with self._lock:
+        with self._lock, self._guarded("read failed"):
             self._expire_quietly(self._now())
             rows = self._db.execute(
                 "SELECT id, key, payload, meta, created, attempts FROM items WHERE id > ? ORDER BY id LIMIT ?",
@@ -465,7 +550,7 @@ class Spool:
         same ids finishes the job."""
         n = 0
         for start in range(0, len(item_ids), ACK_CHUNK):
-            with self._lock:
+            with self._lock, self._guarded("write failed"):
                 deleted = freed = 0
                 with self._transaction() as db:
                     for item_id in item_ids[start:start + ACK_CHUNK]:
@@ -482,14 +567,20 @@ class Spool:
 
     def nack(self, item_id: int) -> int:
         """Record a failed delivery attempt; the item stays in place. Returns attempts (0 if
-        gone). The count is best effort: on a full disk it is not written."""
+        gone). The count is best effort: on a full disk (or a damaged file) it is not written,
+        and it never raises."""
         with self._lock:
             try:
-                with self._transaction() as db:
+                with self._guarded("write failed"), self._transaction() as db:
                     db.execute("UPDATE items SET attempts = attempts + 1 WHERE id = ?", (item_id,))
             except SpoolError as exc:
                 log.debug("%s; attempt of item %d not counted", exc, item_id)
-            row = self._db.execute("SELECT attempts FROM items WHERE id = ?", (item_id,)).fetchone()
+            try:
+                with self._guarded("read failed"):
+                    row = self._db.execute("SELECT attempts FROM items WHERE id = ?", (item_id,)).fetchone()
+            except SpoolError as exc:
+                log.debug("%s; attempts of item %d unknown", exc, item_id)
+                return 0
             return int(row[0]) if row else 0
 
     # --- caps and stats -----------------------------------------------------
@@ -505,13 +596,16 @@ class Spool:
     def expire(self, now: Optional[float] = None) -> int:
         """Delete items older than ``max_age_s`` (see the module doc) at wall time ``now``;
         returns how many."""
-        with self._lock:
+        with self._lock, self._guarded("expiry failed"):
             return self._expire_locked(self._now(now))
 
     def _expire_quietly(self, now: _Now) -> None:
-        """Expire as part of another call; a failed expiry (full disk) waits for the next one."""
+        """Expire as part of another call; a failed expiry (full disk) waits for the next one,
+        a damaged file fails the call."""
         try:
             self._expire_locked(now)
+        except SpoolCorrupt:
+            raise
         except SpoolError as exc:
             log.warning("%s; expiry of old items postponed", exc)
 
@@ -538,7 +632,7 @@ class Spool:
 
     def stats(self, now: Optional[float] = None) -> SpoolStats:
         """Depth, bytes, age of the oldest item and the drop counters."""
-        with self._lock:
+        with self._lock, self._guarded("read failed"):
             oldest = self._oldest_age(self._now(now))
             counters = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
             return SpoolStats(
@@ -578,9 +672,10 @@ class Spool:
             return None
         with self._lock:
             old = self._db
-            items = old.execute("SELECT key, payload, meta, created, size, attempts, mono, boot "
-                                "FROM items ORDER BY id").fetchall()
-            counters = old.execute("SELECT name, value FROM counters").fetchall()
+            with self._guarded("read failed"):
+                items = old.execute("SELECT key, payload, meta, created, size, attempts, mono, boot "
+                                    "FROM items ORDER BY id").fetchall()
+                counters = old.execute("SELECT name, value FROM counters").fetchall()
             self._db = self._open()
             try:
                 with self._transaction() as db:
@@ -598,7 +693,7 @@ class Spool:
         """The newest run (``frame_seq >> 32``) among the spooled keys; -1 when none."""
         from edge.records import epoch_of_key
 
-        with self._lock:
+        with self._lock, self._guarded("read failed"):
             keys = [r[0] for r in self._db.execute("SELECT key FROM items")]
         return max((epoch_of_key(k) for k in keys), default=-1)
 

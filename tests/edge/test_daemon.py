@@ -86,8 +86,8 @@ def edge_run(tmp_path, **tree):
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
 
 
-@pytest.mark.parametrize("case", ["spool_folder", "spool_corrupt", "metrics_port_in_use", "jsonl_folder",
-                                  "no_source_opens", "policy_transport", "model_output"])
+@pytest.mark.parametrize("case", ["spool_folder", "spool_corrupt", "spool_index_damaged", "metrics_port_in_use",
+                                  "jsonl_folder", "no_source_opens", "policy_transport", "model_output"])
 def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_model):
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("p"))
@@ -119,6 +119,16 @@ def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_mo
     elif case == "spool_corrupt":
         spool.write_bytes(b"\x00garbage" * 1000)
         expected = f"spool {spool} is not a readable spool"
+    elif case == "spool_index_damaged":  # the chaos probe's: opened, then crashed in last_epoch at every start
+        from edge.spool import Spool
+        from tests.edge.spooldamage import damage_index
+
+        with Spool(spool, max_bytes=1 << 24, max_age_s=3600) as sp:
+            for i in range(50):
+                sp.put(f"dev/s/{i}", b"x" * 3000, {})
+        damage_index(spool)
+        tree["model"] = {"path": str(tiny_model)}  # the start gets past the model to the spool's keys
+        expected = f"spool {spool} is not a readable spool (damaged: "
     else:
         holder = socket.socket()
         holder.bind(("127.0.0.1", 0))

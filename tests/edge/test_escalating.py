@@ -775,3 +775,149 @@ def test_a_spool_that_could_not_open_at_start_is_opened_later_by_the_replay_loop
     assert second.outcome == "spooled" and len(spool) == 1
     assert metrics.spool_events.labels("disk_full")._value.get() == 1 and len(attempts) == 3
     spool.close()
+
+
+def test_a_spool_damaged_under_the_replay_is_said_once_and_not_retried_in_a_loop(tmp_path, caplog):
+    """The chaos probe's damaged key index, met after the spool opened: the replay delivers
+    the backlog, but its acknowledgement finds the file malformed. That is said once, as an
+    ERROR naming the file and the fix, and counted (`corrupt`); the replay loop stops instead
+    of retrying the ack (and warning) ~5 times a second forever, nothing is sent twice, and a
+    frame the cloud cannot take keeps its edge result with the reason."""
+    import logging
+
+    from tests.edge.spooldamage import KEY_INDEX, damage_index, nudge
+
+    caplog.set_level(logging.DEBUG, logger="edge")
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    path = tmp_path / "spool.db"
+    spool = Spool(path, max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(3), policy)
+    damage_index(path, KEY_INDEX)
+    nudge(path)
+    written = []
+    metrics = EdgeMetrics()
+
+    async def run():
+        t = _Counting(None, fail={7})  # answers replays; frame 7 (live) finds the cloud unavailable
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool, replay_interval_s=0.02)
+        stop = asyncio.Event()
+        loop = asyncio.ensure_future(esc.replay_loop(stop))
+        await async_wait_until(lambda: len(written) == 3, 10, "the 3 replays written")
+        esc.submit(Frame("cam", 7, np.full((48, 64, 3), 90, np.uint8), 0, 0.0), dets([[10, 10, 30, 30]], [0.4]),
+                   Decision(True, "hard", 0.8, {}), policy, frame_record("cam", 7))
+        await async_wait_until(lambda: len(written) == 4, 10, "frame 7's record")
+        await asyncio.sleep(1.0)  # some 50 replay intervals
+        stop.set()
+        await loop
+        await esc.drain(0.1)
+        await esc.close()
+
+    asyncio.run(run())
+    assert [(r.frame_seq, r.late, r.outcome) for r in written] == [
+        (0, True, "cloud"), (1, True, "cloud"), (2, True, "cloud"), (7, False, "edge_only")]
+    assert f"not spooled: spool {path} is damaged (database disk image is malformed)" in written[3].error
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    errors = [m for level, m in messages if level == logging.ERROR]
+    assert len(errors) == 1, messages
+    assert errors[0].startswith(f"spool {path} is damaged") and "stop the daemon, move the file aside" in errors[0]
+    assert not [m for _, m in messages if "not yet acknowledged" in m or "replay round failed" in m], messages
+    assert metrics.spool_events.labels("corrupt")._value.get() == 2  # the ack and frame 7's put
+    assert metrics.spool_events.labels("ack_failed")._value.get() == 0
+    assert spool.damaged is not None and len(spool) == 3  # nothing deleted from a damaged file
+    spool.close()
+
+
+def test_acks_that_keep_failing_are_said_once_per_interval_not_every_round(tmp_path, caplog, monkeypatch):
+    """Another process holds the spool's write lock: the delivered replays cannot be
+    acknowledged, round after round (each counted ack_failed), but the warning comes once
+    per LOG_INTERVAL_S, not ~5 times a second; nothing is re-sent, and once the lock is
+    released the next round acknowledges them."""
+    import logging
+    import sqlite3
+
+    import edge.spool
+
+    monkeypatch.setattr(edge.spool, "SPOOL_BUSY_TIMEOUT_S", 0.05)
+    caplog.set_level(logging.INFO, logger="edge")
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    path = tmp_path / "spool.db"
+    spool = Spool(path, max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(3), policy)
+    written = []
+    metrics = EdgeMetrics()
+    lock = sqlite3.connect(str(path), isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+
+    async def run():
+        esc = Escalating("dev", {"grpc": _Counting(None)}, written.append, metrics, spool=spool)
+        for _ in range(10):
+            await esc.replay_once()
+        lock.execute("ROLLBACK")
+        await esc.replay_once()
+        await esc.close()
+
+    asyncio.run(run())
+    lock.close()
+    assert [r.frame_seq for r in written] == [0, 1, 2]  # delivered once
+    assert metrics.spool_events.labels("ack_failed")._value.get() == 10
+    warned = [r.getMessage() for r in caplog.records if "not yet acknowledged" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert f"spool {path}: write failed (database is locked); another process holds its lock" in warned[0]
+    assert len(spool) == 0
+    spool.close()
+
+
+def test_a_spool_refused_as_damaged_when_reopened_is_said_once_and_opens_once_moved_aside(tmp_path, caplog):
+    """The spool could not open at start (full disk) and, once there is room, its file is
+    refused as damaged: that is one ERROR, frames keep their edge result with that reason
+    (counted `corrupt`, not `disk_full`), and once the operator moves the file aside the
+    replay loop opens a new spool and escalations are spooled again."""
+    import logging
+
+    from tests.edge.spooldamage import KEY_INDEX, damage_index
+
+    caplog.set_level(logging.INFO, logger="edge")
+    policy = parse_policy(policy_yaml("p", deadline_ms=300))
+    path = tmp_path / "spool.db"
+    with Spool(path, max_bytes=1 << 24, max_age_s=3600) as old:
+        _spool_requests(old, range(20), policy)
+    damage_index(path, KEY_INDEX)
+    written = []
+    metrics = EdgeMetrics()
+    full = f"spool {path}: its filesystem is full (disk I/O error, 0 KiB free)"
+
+    async def run():
+        t = GrpcTransport([f"127.0.0.1:{free_port()}"])  # nothing listens: UNAVAILABLE
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool_problem=full, replay_interval_s=0.05,
+                         reopen=lambda: Spool(path, max_bytes=1 << 24, max_age_s=3600))
+
+        async def escalate(seq):
+            esc.submit(Frame("cam", seq, np.full((48, 64, 3), 30 + seq, np.uint8), 0, 0.0),
+                       dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}), policy,
+                       frame_record("cam", seq))
+            await async_wait_until(lambda: any(r.frame_seq == seq for r in written), 10, f"frame {seq}")
+
+        stop = asyncio.Event()
+        loop = asyncio.ensure_future(esc.replay_loop(stop))
+        await async_wait_until(lambda: metrics.spool_events.labels("corrupt")._value.get() == 1, 10, "the refusal")
+        await asyncio.sleep(0.3)  # more attempts to open it
+        await escalate(100)
+        path.rename(tmp_path / "spool.db.bad")
+        await async_wait_until(lambda: esc.spool is not None, 10, "a new spool opened")
+        await escalate(101)
+        stop.set()
+        await loop
+        await esc.drain(0.1)
+        await esc.close()
+        await t.close()
+        return esc.spool
+
+    spool = asyncio.run(run())
+    first, second = written
+    assert first.outcome == "edge_only" and f"not spooled: spool {path} is not a readable spool (damaged: " in first.error
+    assert second.outcome == "spooled" and len(spool) == 1
+    events = metrics.spool_events
+    assert (events.labels("corrupt")._value.get(), events.labels("disk_full")._value.get()) == (2, 0)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith(f"spool {path} is not a readable spool"), errors
+    spool.close()

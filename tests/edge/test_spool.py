@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.spool import RESERVE_BYTES, Spool, SpoolError, SpoolFull
+from edge.spool import RESERVE_BYTES, Spool, SpoolCorrupt, SpoolError, SpoolFull
+from tests.edge.spooldamage import CREATED_INDEX, KEY_INDEX, damage_index, nudge
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -336,3 +337,59 @@ def test_a_spool_on_a_read_only_filesystem_says_so(small_fs):
             Spool(fs.path / "spool.db", max_bytes=1 << 20, max_age_s=3600)
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(fs.path)], check=True)
+
+
+def _spool_of(path: Path, n: int) -> None:
+    """A closed spool file holding ``n`` items (its WAL folded into the file)."""
+    with Spool(path, max_bytes=1 << 30, max_age_s=3600) as sp:
+        for i in range(n):
+            assert sp.put(f"dev/cam/{i}", os.urandom(3000), {"i": i})
+
+
+@pytest.mark.parametrize("index", [KEY_INDEX, CREATED_INDEX])
+def test_a_spool_whose_index_page_is_damaged_is_refused_at_open_with_what_it_held(tmp_path, index):
+    """The chaos probe's damage: an index's root page unreadable. Reading the table alone
+    finds nothing wrong, so the spool used to open and then fail every put and ack (and
+    `edge run` crashed in last_epoch). PRAGMA quick_check at open refuses it with one line
+    naming the file, what it held and what to do; moved aside, a new spool opens."""
+    path = tmp_path / "spool.db"
+    _spool_of(path, 120)
+    damage_index(path, index)
+    with pytest.raises(SpoolCorrupt) as ei:
+        Spool(path, max_bytes=1 << 30, max_age_s=3600)
+    text = str(ei.value)
+    assert text.startswith(f"spool {path} is not a readable spool (damaged: "), text
+    assert "it seemed to hold 120 escalation(s); move it aside" in text and "\n" not in text
+    assert isinstance(ei.value, SpoolError)
+    path.rename(tmp_path / "spool.db.bad")
+    with Spool(path, max_bytes=1 << 30, max_age_s=3600) as sp:
+        assert len(sp) == 0 and sp.put("dev/cam/0", b"x", {})
+
+
+def test_damage_found_after_open_is_spool_corrupt_from_every_call_and_nothing_more_is_written(tmp_path):
+    """The key index damaged under an open spool (it passed the check at open): the first
+    call that meets the damage raises SpoolCorrupt, naming the file and the fix, and so
+    does every call after it, without touching the file again, reads included (raw
+    sqlite3.DatabaseError escaped from last_epoch before). nack stays best effort."""
+    path = tmp_path / "spool.db"
+    _spool_of(path, 40)
+    sp = Spool(path, max_bytes=1 << 30, max_age_s=3600)
+    items = sp.peek(5)
+    damage_index(path, KEY_INDEX)
+    nudge(path)
+    with pytest.raises(SpoolCorrupt) as ei:
+        sp.ack_many([it.id for it in items])
+    text = str(ei.value)
+    assert text.startswith(f"spool {path} is damaged (database disk image is malformed)"), text
+    assert "stop the daemon, move the file aside" in text and "\n" not in text
+    assert sp.damaged == text
+    size = path.stat().st_size, (tmp_path / "spool.db-wal").stat().st_size
+    for call in (lambda: sp.put("dev/cam/new", b"x", {}), lambda: sp.peek(5), lambda: sp.stats(),
+                 sp.last_epoch, sp.expire, lambda: sp.ack_many([items[0].id])):
+        with pytest.raises(SpoolCorrupt, match="stop the daemon, move the file aside"):
+            call()
+    assert sp.nack(items[0].id) == 0
+    assert (path.stat().st_size, (tmp_path / "spool.db-wal").stat().st_size) == size
+    assert len(sp) == 40
+    sp.close()
+

@@ -1,0 +1,44 @@
+"""Damage a real spool file the way the chaos probe did: the page-type byte of an index's
+root page flipped, as a bad flash block or a torn write leaves it."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Union
+
+#: SQLite's name for the index of ``items.key UNIQUE`` (the one every put and ack updates)
+KEY_INDEX = "sqlite_autoindex_items_1"
+#: the index on ``items.created``
+CREATED_INDEX = "items_created"
+
+
+def damage_index(path: Union[str, Path], index: str = KEY_INDEX) -> None:
+    """Flip the page-type byte of ``index``'s root page in the spool file at ``path`` (found
+    through ``sqlite_master.rootpage`` and the page size), after folding the WAL into the file.
+    A ``Spool`` that has the file open
+    reads the damaged page once another connection has written (``nudge``)."""
+    db = sqlite3.connect(str(path))
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the index's pages into the file itself
+        root = int(db.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (index,)).fetchone()[0])
+        page = int(db.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        db.close()
+    assert root > 1, root  # page 1 starts with the file header, never an index's root
+    with open(path, "r+b") as fh:
+        fh.seek((root - 1) * page)
+        byte = fh.read(1)[0]
+        fh.seek((root - 1) * page)
+        fh.write(bytes([byte ^ 0xFF]))
+
+
+def nudge(path: Union[str, Path]) -> None:
+    """Commit a write from another connection (a counter bumped and put back), so that a
+    ``Spool`` holding the file open drops its page cache and reads the file again."""
+    db = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        db.execute("UPDATE counters SET value = value + 1 WHERE name = 'refused_too_large'")
+        db.execute("UPDATE counters SET value = value - 1 WHERE name = 'refused_too_large'")
+    finally:
+        db.close()
