@@ -131,8 +131,14 @@ class EdgeDaemon:
     def health(self) -> Tuple[bool, Dict[str, Any]]:
         states = {c.stream_id: (c.state.value if c.state else "new") for c in self.capturers}
         ok = self.started and not self.stopping
+        # "off" until escalation is built (or without a cloud); a spool that cannot take
+        # escalations leaves the daemon working (200), but not whole
+        spool = self.escalating.spool_health() if self.escalating else {"state": "off"}
+        status = ("ok" if spool["state"] in ("ok", "off") else "degraded") if ok else (
+            "stopping" if self.stopping else "starting")
         return ok, {
-            "status": "ok" if ok else ("stopping" if self.stopping else "starting"),
+            "status": status,
+            "spool": spool,
             "device": self.settings.device_id,
             "streams": states,
             "frames": self.pipeline.frames_done if self.pipeline else 0,

@@ -182,6 +182,16 @@ class Escalating:
     def in_flight(self) -> int:
         return len(self.tasks)
 
+    def spool_health(self) -> Dict[str, str]:
+        """The spool as ``/healthz`` reports it: ``ok``; ``damaged`` (the file is malformed:
+        nothing is spooled or replayed until an operator moves it aside); ``unavailable``
+        (it could not be opened, e.g. a full disk; opened again every replay interval)."""
+        if self.spool is not None and self.spool.damaged is not None:
+            return {"state": "damaged", "problem": self.spool.damaged}
+        if self.spool is None:
+            return {"state": "damaged" if self._reopen_damaged else "unavailable", "problem": self.spool_problem}
+        return {"state": "ok"}
+
     def submit(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
                record: FrameRecord, blobs: Optional[np.ndarray] = None) -> None:
         """Start escalating one frame; the frame's record is written when it is settled.

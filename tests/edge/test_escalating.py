@@ -807,6 +807,8 @@ def test_a_spool_damaged_under_the_replay_is_said_once_and_not_retried_in_a_loop
                    Decision(True, "hard", 0.8, {}), policy, frame_record("cam", 7))
         await async_wait_until(lambda: len(written) == 4, 10, "frame 7's record")
         await asyncio.sleep(1.0)  # some 50 replay intervals
+        health = esc.spool_health()  # what /healthz says
+        assert health["state"] == "damaged" and "move the file aside" in health["problem"], health
         stop.set()
         await loop
         await esc.drain(0.1)
@@ -897,13 +899,16 @@ def test_a_spool_refused_as_damaged_when_reopened_is_said_once_and_opens_once_mo
                        frame_record("cam", seq))
             await async_wait_until(lambda: any(r.frame_seq == seq for r in written), 10, f"frame {seq}")
 
+        assert esc.spool_health() == {"state": "unavailable", "problem": full}
         stop = asyncio.Event()
         loop = asyncio.ensure_future(esc.replay_loop(stop))
         await async_wait_until(lambda: metrics.spool_events.labels("corrupt")._value.get() == 1, 10, "the refusal")
         await asyncio.sleep(0.3)  # more attempts to open it
+        assert esc.spool_health()["state"] == "damaged"
         await escalate(100)
         path.rename(tmp_path / "spool.db.bad")
         await async_wait_until(lambda: esc.spool is not None, 10, "a new spool opened")
+        assert esc.spool_health() == {"state": "ok"}
         await escalate(101)
         stop.set()
         await loop

@@ -86,6 +86,7 @@ def test_streams_batched_every_frame_recorded(tmp_path, tiny_model):
     total = next(float(x.split()[-1]) for x in m.splitlines() if x.startswith("edgewise_edge_batch_size_count"))
     assert total < 72 and le1 < total
     assert scraped["health"]["status"] == "ok" and scraped["health"]["device"] == "dev"
+    assert scraped["health"]["spool"] == {"state": "off"}  # no cloud configured: nothing to spool
 
 
 def test_hot_reload_while_frames_flow(tmp_path, tiny_model, real_cloud):
@@ -167,6 +168,8 @@ def test_stop_spools_in_flight_escalations(tmp_path, tiny_model, real_cloud):
         task = asyncio.ensure_future(d.run())
         await async_wait_until(lambda: d.escalating is not None and d.escalating.in_flight() >= 3, 60,
                                "3 escalations waiting for the slow cloud")
+        ok, detail = d.health()
+        assert ok and detail["status"] == "ok" and detail["spool"] == {"state": "ok"}, detail
         t0 = time.monotonic()
         d.request_stop()
         ok, detail = d.health()
