@@ -244,6 +244,8 @@ class Pipeline:
             edge_classes=list(verdict.facts.classes),
             edge_max_score=round(verdict.facts.max_score, RECORD_DECIMALS),
             policy_digest=verdict.policy_digest,
+            source_file=frame.source_file,
+            source_index=frame.source_index,
         )
         if d.escalate and self.escalating is not None and policy is not None:
             record.outcome = "pending"

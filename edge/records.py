@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 #: Fields written only when they are set (not None).
-OPTIONAL_FIELDS = ("error", "crop", "cloud_model", "regions", "payload", "payload_bytes")
+OPTIONAL_FIELDS = ("error", "crop", "cloud_model", "regions", "payload", "payload_bytes", "source_file",
+                   "source_index")
 
 
 def idempotency_key(device_id: str, stream_id: str, seq: int) -> str:
@@ -87,6 +88,8 @@ class FrameRecord:
     regions: Optional[List[List[int]]] = None
     payload: Optional[str] = None
     payload_bytes: Optional[int] = None
+    source_file: Optional[str] = None
+    source_index: Optional[int] = None
 
     @property
     def key(self) -> str:

@@ -52,6 +52,10 @@ class Frame:
         read_ms: time spent reading/decoding the frame.
         read_unix_ns: wall-clock time the frame was read (0: same as ``capture_unix_ns``).
         clock: how ``capture_unix_ns`` was derived: ``stream`` or ``read``.
+        source_file: the file the frame came from (a folder's image, a video file);
+            None for live and generated sources.
+        source_index: the frame's index in its video file (from 0, counted from the
+            start of the current pass, undecodable frames included); None otherwise.
     """
 
     stream_id: str
@@ -62,6 +66,8 @@ class Frame:
     read_ms: float = 0.0
     read_unix_ns: int = 0
     clock: str = "read"
+    source_file: Optional[str] = None
+    source_index: Optional[int] = None
 
     def age_s(self, now_mono: float) -> float:
         """Seconds since the frame was taken (its read age plus how old it was when read)."""
@@ -87,6 +93,10 @@ class FrameSource(Protocol):
 
     last_source_ms: Optional[float]
     """The source's own timestamp of the frame ``read`` last returned, ms on its clock; None when it has none."""
+    last_file: Optional[str]
+    """The file the frame ``read`` last returned came from; None for live and generated sources."""
+    last_index: Optional[int]
+    """That frame's index in its video file (from 0 in the current pass); None for images and live sources."""
 
     def open(self) -> None: ...
 

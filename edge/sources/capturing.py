@@ -377,6 +377,8 @@ class Capturer:
                 read_ms=(now_mono - t0) * 1000.0,
                 read_unix_ns=read_ns,
                 clock=clock,
+                source_file=self.source.last_file,
+                source_index=self.source.last_index,
             )
             self.seq += 1
             self.frames += 1

@@ -246,6 +246,8 @@ class VideoFileSource:
 
     def __init__(self, path: str, loop: bool = False) -> None:
         self.path = path
+        self.last_file: Optional[str] = path
+        self.last_index: Optional[int] = None
         self.shown = shown(path)
         self.loop = loop
         self.cap: Optional[Any] = None
@@ -307,6 +309,7 @@ class VideoFileSource:
                     raise CorruptFrameError(f"decode error in {self.shown}: {exc}") from None
                 if ok:
                     self.read_count += 1
+                    self.last_index = self.position
                     self.position += 1
                     self.corrupt += run
                     self.pass_corrupt += run
@@ -339,6 +342,7 @@ class ImageFolderSource:
     live = False
     skipped = 0
     last_source_ms: Optional[float] = None
+    last_index: Optional[int] = None
     truncated = 0
 
     def __init__(self, path: str, loop: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
@@ -348,6 +352,7 @@ class ImageFolderSource:
         self.max_pixels = max_pixels
         self.files: List[Path] = []
         self.pos = 0
+        self.last_file: Optional[str] = None
 
     @property
     def pass_length(self) -> int:
@@ -378,6 +383,7 @@ class ImageFolderSource:
             self._list()  # each pass sees the folder as it is now
         p = self.files[self.pos]
         self.pos += 1
+        self.last_file = str(p)
         try:  # header first: a decompression bomb or a damaged file is refused before decoding
             img = read_image_file(p, self.max_pixels)
         except ImageLimitError as exc:
@@ -428,6 +434,8 @@ class CaptureSource:
         self.pipeline, self.appsink_added = latest_appsink(uri) if kind == "gstreamer" else (uri, None)
         self.reader: Optional[LatestFrameReader] = None
         self.last_source_ms: Optional[float] = None
+        self.last_file: Optional[str] = None
+        self.last_index: Optional[int] = None
         self.stall_timeout_s = stall_timeout(stall_timeout_s, 0.0)
         self._skipped_before = 0  # frames skipped by readers of earlier connections
         self._corrupt_before = 0  # corrupt frames counted by readers of earlier connections

@@ -90,6 +90,8 @@ class SyntheticSource:
     live = False
     skipped = 0
     last_source_ms: Optional[float] = None
+    last_file: Optional[str] = None
+    last_index: Optional[int] = None
     truncated = 0
 
     def __init__(self, stream_id: str, uri: str = "") -> None:

@@ -89,6 +89,25 @@ def test_streams_batched_every_frame_recorded(tmp_path, tiny_model):
     assert scraped["health"]["spool"] == {"state": "off"}  # no cloud configured: nothing to spool
 
 
+def test_records_of_a_folder_name_their_image(tmp_path, tiny_model):
+    """The path a user of a folder source takes to find the image a record is about:
+    `source_file` in the JSONL record; live and generated streams leave it out."""
+    import cv2
+    import numpy as np
+
+    folder = tmp_path / "shots"
+    folder.mkdir()
+    for name in ("b.png", "a.png"):
+        assert cv2.imwrite(str(folder / name), np.full((120, 160, 3), 99, np.uint8))
+    s = base_settings(tmp_path, tiny_model, [{"id": "f", "kind": "folder", "uri": str(folder)},
+                                             {"id": "g", "kind": "synthetic", "max_frames": 1}])
+    assert asyncio.run(asyncio.wait_for(EdgeDaemon(s).run(), 60)) == 0
+    recs = read_jsonl(tmp_path / "out.jsonl")
+    assert sorted((r["stream"], r["frame_seq"], r.get("source_file")) for r in recs) == [
+        ("f", 0, str(folder / "a.png")), ("f", 1, str(folder / "b.png")), ("g", 0, None)]
+    assert all("source_index" not in r for r in recs)
+
+
 def test_hot_reload_while_frames_flow(tmp_path, tiny_model, real_cloud):
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("never", {"s": "never"}))

@@ -200,3 +200,30 @@ def test_a_looping_folder_of_bad_files_backs_off_once_per_pass(tmp_path, caplog)
     with caplog.at_level(logging.ERROR):
         cap, states = asyncio.run(run())
     assert 12 <= cap.corrupt <= 16  # three whole passes of 4 files before the third back-off
+
+
+def _queued(q) -> list:
+    out = []
+    while (f := q.get_nowait()) is not None:
+        out.append(f)
+    return out
+
+
+def test_frames_name_the_file_and_video_frame_they_came_from(tmp_path):
+    """A record must lead back to its image: a folder's frames carry their file (a bad file
+    in between shifts nothing), a video's frames their index in it (the undecodable frame 10
+    is skipped, so frame 11 is still 11, not 10)."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    _png(folder / "a1.png", 1)
+    (folder / "a2.jpg").write_bytes(b"")  # corrupt
+    _png(folder / "a3.png", 3)
+    _, q, _ = _capture(ImageFolderSource(str(folder)))
+    frames = _queued(q)
+    assert [(f.seq, f.source_file, f.source_index) for f in frames] == [
+        (0, str(folder / "a1.png"), None), (1, str(folder / "a3.png"), None)]
+    video = midcorrupt_video(tmp_path / "mid.avi", 30, 10)
+    _, q, _ = _capture(VideoFileSource(str(video)))
+    frames = _queued(q)
+    assert {f.source_file for f in frames} == {str(video)}
+    assert [f.source_index for f in frames] == [i for i in range(30) if i != 10]
