@@ -41,7 +41,7 @@ from edgewise.errors import InvalidInputError
 
 #: What the header readers accept: the bytes of a file, or a zero-copy view of them (the
 #: gateway reads an image's header inside the request it forwards, without copying it out).
-Buffer = Union[bytes, memoryview]
+Buffer = Union[bytes, bytearray, memoryview]
 
 #: Default limits for decoded images: 8K UHD frames pass, decompression bombs do not.
 DEFAULT_MAX_PIXELS = 7680 * 4320
@@ -57,6 +57,13 @@ class ImageLimitError(InvalidInputError):
     """An image refused by a limit (pixels, bytes), not because it is damaged."""
 
 
+#: File name endings read as images (folder sources, calibration folders); case-insensitive.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
+#: Failed reads in a row that end a video before the frame count its header states (a
+#: bad frame before that is skipped): the edge daemon's and the calibration reader's rule.
+VIDEO_FAIL_RUN_LIMIT = 5
+
+
 def file_byte_limit(max_pixels: int) -> int:
     """The byte limit of an image file with at most ``max_pixels`` pixels: any uncompressed
     16-bit 4-channel image of that size fits (an 8K TIFF is 100 MB), a bigger file is no image
@@ -67,7 +74,8 @@ def file_byte_limit(max_pixels: int) -> int:
 def natural_key(name: str) -> Tuple[object, ...]:
     """Sort key for file names: digit runs compare as numbers (``frame2`` before ``frame10``)."""
     parts = re.split(r"(\d+)", name)
-    return tuple((0, int(t), t) if t.isdigit() else (1, 0, t.lower()) for t in parts) + (name,)
+    # isdecimal is what \d matches (isdigit also takes '²', which int() refuses)
+    return tuple((0, int(t), t) if t.isdecimal() else (1, 0, t.lower()) for t in parts) + (name,)
 
 
 def hidden(name: str) -> bool:
@@ -318,7 +326,7 @@ def _check_png(data: bytes, what: str) -> None:
     raise InvalidInputError(f"{what}: truncated PNG (no IEND chunk)")
 
 
-def decode_checked(data: bytes, header: ImageHeader, what: str = "image") -> np.ndarray:
+def decode_checked(data: Buffer, header: ImageHeader, what: str = "image") -> np.ndarray:
     """Decode to BGR uint8 HxWx3 once the header passed; the result must have the declared size.
 
     A JPEG's EXIF orientation is ignored: the pixels are the stored ones, as the header,
@@ -447,25 +455,28 @@ def _png_sbit(data: Buffer) -> int:
 
 
 def to_eight_bits(img: np.ndarray, sbit: int = 0) -> np.ndarray:
-    """16-bit samples to 8 by the depth they use: the bit length of the largest value
-    (at least 8), or the PNG ``sbit`` when the values fit in it (a 12-bit sensor's data
-    stored as is); values over ``sbit`` are left-aligned as the PNG spec says (divide by 256)."""
+    """16-bit samples to 8 by the depth they use: the PNG ``sbit`` when the values fit in it
+    (a 12-bit sensor's data stored as is; 16: full range, divide by 256), else the bit length
+    of the largest value (at least 8), so that unlabelled 10- or 12-bit data is not nearly
+    black. Without ``sbit`` the depth is judged per image: a 16-bit image darker than half
+    its range is brightened; label such files with sBIT for one scale over a stream.
+    Values over ``sbit`` are left-aligned as the PNG spec says (divide by 256)."""
     bits = max(8, int(img.max()).bit_length()) if img.size else 8
-    if 8 <= sbit < 16 and bits <= sbit:
+    if 8 <= sbit <= 16 and bits <= sbit:
         bits = sbit
     return np.minimum(img >> (bits - 8), 255).astype(np.uint8)
 
 
-def _decode_file(data: bytes, header: ImageHeader, what: str) -> np.ndarray:
+def _decode_file(data: Buffer, header: ImageHeader, what: str) -> np.ndarray:
     """Decode a file's stored pixels to BGR uint8 and turn them upright (EXIF orientation)."""
     orientation, at = exif_orientation(data, header.encoding)
     if header.encoding == "tiff" and orientation != 1 and at:
         # OpenCV's TIFF decoder applies orientations 2-4 itself and fails on 5-8: decode
         # the stored pixels (orientation 1) and turn them here, as for every format
         end = "<" if data[:2] == b"II" else ">"
-        patched = bytearray(data)
+        patched = bytearray(data)  # one copy of the file (the caller still holds the original)
         patched[at:at + 2] = struct.pack(end + "H", 1)
-        data = bytes(patched)
+        data = patched
     if _sixteen_bit(data, header.encoding):
         flags = cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR | cv2.IMREAD_IGNORE_ORIENTATION
         out = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
@@ -524,8 +535,10 @@ def read_image_file(path: Union[str, os.PathLike[str]], max_pixels: int = DEFAUL
 
 def read_image_header(path: Union[str, os.PathLike[str]], max_pixels: int = DEFAULT_MAX_PIXELS,
                       head_bytes: int = 256 * 1024) -> ImageHeader:
-    """Check an image file's header only (format, declared size, pixel limit), reading at most
-    ``head_bytes``: cheap enough to check a folder before streaming it."""
+    """Check an image file's header only (format, declared size, pixel limit), reading
+    ``head_bytes`` first: cheap enough to check a folder before streaming it. A header past
+    them (a JPEG whose metadata, such as a phone's depth map in extended XMP, comes before
+    its frame header) is looked for in the rest of the file, up to the file byte limit."""
     what = shown(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -533,8 +546,14 @@ def read_image_header(path: Union[str, os.PathLike[str]], max_pixels: int = DEFA
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise InvalidInputError(f"{what}: not a regular file (a FIFO, socket or device)")
             data = fh.read(head_bytes)
+            if not data:
+                raise InvalidInputError(f"{what}: empty file")
+            try:
+                header = image_header(data, what)
+            except InvalidInputError:
+                if len(data) < head_bytes:  # the whole file was read: it is what it says
+                    raise
+                header = image_header(data + fh.read(file_byte_limit(max_pixels) - len(data)), what)
     except OSError as exc:
         raise InvalidInputError(f"{what}: cannot read: {exc.strerror or exc}") from None
-    if not data:
-        raise InvalidInputError(f"{what}: empty file")
-    return check_pixels(image_header(data, what), max_pixels, what)
+    return check_pixels(header, max_pixels, what)

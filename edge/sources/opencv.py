@@ -38,6 +38,8 @@ from edge.sources.live import (
 from edgewise.errors import InvalidInputError
 from edgewise.imagefiles import (
     DEFAULT_MAX_PIXELS,
+    IMAGE_SUFFIXES,
+    VIDEO_FAIL_RUN_LIMIT,
     ImageLimitError,
     hidden,
     natural_key,
@@ -49,13 +51,8 @@ from edgewise.imagefiles import (
 log = logging.getLogger(__name__)
 
 FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
-
-
-
 #: Folder images whose headers ``local_source_problem`` reads (at most) to find a readable one.
 FOLDER_PROBE_FILES = 32
-#: Failed reads in a row that end a video before its stated frame count (a truncated tail).
-VIDEO_FAIL_RUN_LIMIT = 5
 
 
 class RefusedFrameError(CorruptFrameError):
@@ -190,7 +187,6 @@ class _OptionsGate:
 
 
 _OPTIONS_GATE = _OptionsGate()
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
 
 
 def _position_ms(cap: Any) -> Optional[float]:
@@ -337,7 +333,9 @@ class ImageFolderSource:
     corrupt frame naming the file, one over the pixel or byte limit a refused frame
     (``RefusedFrameError``), never decoded partially. Without ``loop`` the listing is
     taken at the start; with it the folder is listed again at each pass, so files added
-    since are read and deleted ones are no longer tried."""
+    since are read and deleted ones are no longer tried, and a folder found empty or
+    unreadable then (a sync job replacing its files, a network share's hiccup) is a
+    corrupt frame, listed again after the capture shell's back-off, not the stream's end."""
 
     live = False
     skipped = 0
@@ -352,6 +350,7 @@ class ImageFolderSource:
         self.max_pixels = max_pixels
         self.files: List[Path] = []
         self.pos = 0
+        self.opened = False
         self.last_file: Optional[str] = None
 
     @property
@@ -360,27 +359,32 @@ class ImageFolderSource:
         return len(self.files)
 
     def _list(self) -> None:
+        self.files, self.pos = [], 0
         try:
-            self.files = list_images(self.path)
+            files = list_images(self.path)
         except OSError as exc:
             raise SourceError(f"image folder {self.shown} cannot be read: {exc.strerror or exc}") from None
-        if not self.files:
+        if not files:
             raise SourceError(f"image folder {self.shown} has no images any more")
-        self.pos = 0
+        self.files = files
 
     def open(self) -> None:
         problem = local_source_problem("folder", self.path, probe=False)
         if problem:
             raise SourceError(problem)
         self._list()
+        self.opened = True
 
     def read(self) -> Optional[np.ndarray]:
-        if not self.files:
+        if not self.opened:
             self.open()
         if self.pos >= len(self.files):
             if not self.loop:
                 return None
-            self._list()  # each pass sees the folder as it is now
+            try:  # each pass sees the folder as it is now
+                self._list()
+            except SourceError as exc:  # for a moment, maybe: the shell backs off and reads again
+                raise CorruptFrameError(f"{exc}; listed again after a pause") from None
         p = self.files[self.pos]
         self.pos += 1
         self.last_file = str(p)
@@ -395,7 +399,7 @@ class ImageFolderSource:
         return _to_bgr(img)
 
     def close(self) -> None:
-        self.files = []
+        self.files, self.opened = [], False
 
 
 class CaptureSource:

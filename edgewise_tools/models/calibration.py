@@ -27,15 +27,18 @@ import cv2
 import numpy as np
 
 from edgewise.errors import InvalidInputError
-from edgewise.imagefiles import hidden, natural_key, read_image_file, shown
+from edgewise.imagefiles import (
+    IMAGE_SUFFIXES,
+    VIDEO_FAIL_RUN_LIMIT,
+    hidden,
+    natural_key,
+    read_image_file,
+    shown,
+)
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 PathLike = Union[str, "os.PathLike[str]"]
-#: Failed reads in a row that end a video before its stated frame count: the edge
-#: daemon's rule (``edge.sources.opencv.VIDEO_FAIL_RUN_LIMIT``).
-VIDEO_FAIL_RUN_LIMIT = 5
 #: progress(stage, done, total): stage is "calibrate" or "agreement".
 Progress = Callable[[str, int, int], None]
 
@@ -131,10 +134,10 @@ def open_frames(path: PathLike, what: str = "calibration source") -> FrameSource
             raise InvalidInputError(
                 f"{what} folder {p} cannot be read: {e.strerror or e}"
             ) from None
-        files = [p / n for n in entries if n.lower().endswith(IMAGE_EXTS) and (p / n).is_file()]
+        files = [p / n for n in entries if n.lower().endswith(IMAGE_SUFFIXES) and (p / n).is_file()]
         if not files:
             raise InvalidInputError(
-                f"{what} folder {p} has no images ({', '.join(IMAGE_EXTS)}); {hint}"
+                f"{what} folder {p} has no images ({', '.join(IMAGE_SUFFIXES)}); {hint}"
             )
         unreadable = [f for f in files if not os.access(f, os.R_OK)]
         if len(unreadable) == len(files):
@@ -149,7 +152,7 @@ def open_frames(path: PathLike, what: str = "calibration source") -> FrameSource
         )
     if not os.access(p, os.R_OK):
         raise InvalidInputError(f"{what} {p} cannot be read (permission denied)")
-    if p.suffix.lower() in IMAGE_EXTS:
+    if p.suffix.lower() in IMAGE_SUFFIXES:
         try:
             read_image_file(p)
         except InvalidInputError as exc:

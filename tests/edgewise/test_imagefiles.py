@@ -133,3 +133,32 @@ def test_control_characters_in_a_file_name_are_escaped(tmp_path):
 def test_natural_key_orders_numbers_as_numbers():
     names = ["frame10.png", "frame2.png", "Frame1.png", "frame1.png"]
     assert sorted(names, key=imagefiles.natural_key) == ["Frame1.png", "frame1.png", "frame2.png", "frame10.png"]
+
+
+def test_natural_order_takes_any_character_a_name_has():
+    """'²' is a digit to str.isdigit but not to the regex or int(): no crash, plain order."""
+    names = ["a10.jpg", "a2.jpg", "a1²2.jpg", "b①.jpg"]
+    assert sorted(names, key=imagefiles.natural_key) == ["a1²2.jpg", "a2.jpg", "a10.jpg", "b①.jpg"]
+
+
+def test_a_header_past_the_first_256_kib_is_found(tmp_path):
+    """A phone's portrait JPEG carries its depth map in APP segments before the frame header:
+    the folder check reads on instead of calling the photo corrupt."""
+    jpeg = cv2.imencode(".jpg", _scene())[1].tobytes()
+    app = b"\xff\xeb" + struct.pack(">H", 60002) + bytes(60000)  # APP11, 60 kB each
+    path = tmp_path / "portrait.jpg"
+    path.write_bytes(jpeg[:2] + app * 6 + jpeg[2:])
+    header = imagefiles.read_image_header(path)
+    assert (header.width, header.height) == (_scene().shape[1], _scene().shape[0])
+    assert imagefiles.read_image_file(path).shape == _scene().shape
+    (tmp_path / "short.jpg").write_bytes(jpeg[:2] + app)  # no frame header at all: still refused
+    with pytest.raises(imagefiles.InvalidInputError):
+        imagefiles.read_image_header(tmp_path / "short.jpg")
+
+
+def test_a_png_labelled_sixteen_bits_keeps_one_scale():
+    """sBIT 16 says full range: a dark frame stays dark (divided by 256) rather than being
+    brightened by its own maximum, so frames of one stream share a scale."""
+    dark = np.full((4, 4, 3), 1000, np.uint16)
+    assert int(imagefiles.to_eight_bits(dark, 16)[0, 0, 0]) == 1000 >> 8
+    assert int(imagefiles.to_eight_bits(dark)[0, 0, 0]) == 1000 >> 2  # unlabelled: its own depth

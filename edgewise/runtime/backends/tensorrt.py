@@ -41,7 +41,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edgewise.errors import ConfigError, DeploymentError, InvalidInputError, ModelError
-from edgewise.imagefiles import read_image_file
+from edgewise.imagefiles import IMAGE_SUFFIXES, read_image_file
 from edgewise.runtime.backends.cudart import CudaRuntime, device_name
 from edgewise.runtime.letterbox import preprocess_batch
 from edgewise.runtime.metadata import ModelInfo
@@ -49,7 +49,6 @@ from edgewise.runtime.metadata import ModelInfo
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "int8")
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 TENSORRT_MISSING = (
     "the TensorRT backend needs NVIDIA TensorRT's Python bindings, which are not installed: "
     "on Jetson they come with JetPack (sudo apt-get install nvidia-jetpack, or python3-libnvinfer); "

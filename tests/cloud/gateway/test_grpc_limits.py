@@ -99,7 +99,7 @@ def test_calls_beyond_max_streams_per_connection_wait_on_the_client():
 
 def test_an_idle_stream_is_ended_with_unavailable():
     """A stream that sends no frame for ``stream_idle_timeout_s`` is ended with UNAVAILABLE
-    (the edge's retryable status) and counted; one that keeps sending is not."""
+    (the edge's retryable status), not counted as a rejection; one that keeps sending is not ended."""
     async def main():
         w = TestWorker("a", 0.001)
         gw = await started([(w, 1)], **{"limits.stream_idle_timeout_s": 0.5})

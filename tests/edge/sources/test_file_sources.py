@@ -57,7 +57,7 @@ def midcorrupt_video(path: Path, n: int = 30, bad: int = 10) -> Path:
 
 def test_bad_files_at_the_start_of_a_folder_do_not_hold_it_up(tmp_path):
     """20 zero-byte placeholders before the first real image backed off 0.5 s doubling to
-    30 s (minutes here, hours for a bigger run); AppleDouble twins counted as corrupt."""
+    30 s (minutes here, hours for a bigger run); AppleDouble twins are skipped, not counted."""
     for i in range(20):
         (tmp_path / f"IMG_{i:04d}.jpg").write_bytes(b"")
         (tmp_path / f"._IMG_{i:04d}.jpg").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
@@ -227,3 +227,27 @@ def test_frames_name_the_file_and_video_frame_they_came_from(tmp_path):
     frames = _queued(q)
     assert {f.source_file for f in frames} == {str(video)}
     assert [f.source_index for f in frames] == [i for i in range(30) if i != 10]
+
+
+def test_a_looping_folder_emptied_for_a_moment_goes_on(tmp_path):
+    """A sync job that replaces a looping folder's files leaves it empty for a moment: the
+    stream backs off and lists it again instead of ending for good."""
+    import threading
+
+    _png(tmp_path / "a.png", 1)
+    src = ImageFolderSource(str(tmp_path), loop=True)
+
+    def refill():
+        while src.pos == 0:  # the first image read: empty the folder for a moment
+            threading.Event().wait(0.01)
+        (tmp_path / "a.png").unlink()
+        threading.Event().wait(1.5)
+        _png(tmp_path / "b.png", 2)
+
+    t = threading.Thread(target=refill)
+    t.start()
+    cap, q, states = _capture(src, fps=10, max_frames=3, reconnect_min_s=0.1, reconnect_max_s=0.4)
+    t.join()
+    values = [int(f.image[0, 0, 0]) for f in _queued(q)]
+    assert values[0] == 1 and values[-1] == 2 and len(values) == 3, values
+    assert SourceState.BACKOFF in states and cap.corrupt >= 1
