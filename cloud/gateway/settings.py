@@ -89,8 +89,10 @@ class LimitSettings:
     max_concurrent_rpcs: int = setting(
         "Most gRPC calls the gateway serves at once, from all clients together (Detect, DetectStream and "
         "the gRPC health checks; also calls whose request has not arrived yet); gRPC refuses one more at "
-        "once with RESOURCE_EXHAUSTED (the edge spools it). Every open call holds memory, about 20 KB "
-        "before its request arrives and its image after: the default suits the chart's 1 GiB pod.",
+        "once with RESOURCE_EXHAUSTED (the edge spools it; readiness probes by gRPC fail then too, while "
+        "the chart's liveness probe asks the side port's `/healthz`, which it does not bound). Every open "
+        "call holds memory, about 20 KB before its request arrives and its image after: the default suits "
+        "the chart's 1 GiB pod.",
         2048, lo=1)
     max_streams_per_connection: int = setting(
         "Most calls open at once on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); a "

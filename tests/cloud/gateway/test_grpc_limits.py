@@ -13,10 +13,11 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cloud.gateway.server import CONCURRENT_RPC_LIMIT_MESSAGE
 from edgewise.v1 import detect_pb2, service_pb2_grpc
-from tests.cloud.gateway.test_gateway import run, started
+from tests.cloud.gateway.test_gateway import http_get, run, started
 from tests.cloud.gateway.workers import TestWorker, request
 
 #: a channel whose connection is its own (channels with the same target and options share one)
@@ -58,6 +59,11 @@ def test_calls_beyond_max_concurrent_rpcs_are_refused():
                 except grpc.aio.AioRpcError as exc:
                     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                     assert CONCURRENT_RPC_LIMIT_MESSAGE in (exc.details() or "")
+                # the gRPC health check shares the limit (it is one more call), the side port's
+                # /healthz does not: why the chart's liveness probe asks the latter
+                health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                assert await _code(health) == "RESOURCE_EXHAUSTED"
+                assert await http_get(f"http://127.0.0.1:{gw.metrics_port}/healthz") == b"ok\n"
                 calls[0].cancel()
                 await asyncio.sleep(0.3)
                 assert await _code(stub.Detect(request(seq=10), timeout=5)) == "OK"
