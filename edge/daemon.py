@@ -40,6 +40,7 @@ from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.making import make_source
 from edge.spool import Spool, SpoolError, SpoolFull
+from edge.spool_salvage import open_spool
 from edge.transports import MeteredTransport, Transport
 from edgewise import mqtt_topics
 from edgewise.errors import ConfigError
@@ -209,8 +210,9 @@ class EdgeDaemon:
         self.metrics.uplink_bytes.labels(transport).inc(nbytes)
 
     def _open_spool(self) -> Spool:
+        """The spool; a damaged file is moved aside and what it holds salvaged (``edge.spool_salvage``)."""
         sp = self.settings.spool
-        return Spool(sp.path, max_bytes=sp.max_bytes, max_age_s=sp.max_age_s)
+        return open_spool(sp.path, max_bytes=sp.max_bytes, max_age_s=sp.max_age_s)
 
     def _spool_or_later(self) -> Optional[Spool]:
         """The spool, or None when its filesystem is full: the daemon starts anyway (its frames

@@ -57,7 +57,9 @@ b-tree order rather than file order. Measured on a 200 MiB spool (12,800 items o
 15 kB, about the default 256 MiB cap): 0.09 s with the file in the page cache, 2.2 s
 from a cold cache on the build host's disk (where reading the file sequentially takes
 0.45 s); on a slow SD card expect several times that, once per start. A damaged file is
-refused at open (``SpoolCorrupt``: move it aside). Damage that shows only later
+refused at open (``SpoolCorrupt``; the daemon opens its spool through
+``edge.spool_salvage.open_spool``, which moves it aside and salvages what it can read into a
+new file). Damage that shows only later
 (SQLite's "database disk image is malformed" or "file is not a database" from any call)
 raises ``SpoolCorrupt`` too, and from then on every read or write raises it at once
 without touching the file (``nack`` and ``close`` stay best effort): nothing more is
@@ -77,7 +79,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import EdgewiseError
 
@@ -91,6 +93,9 @@ RESERVE_BYTES = 512 * 1024
 #: Items acknowledged per transaction: a delete writes about two pages per item to the
 #: WAL, so a chunk stays well inside the reserve.
 ACK_CHUNK = 16
+
+#: An item's columns as ``adopt`` and the copy of a deleted file take them.
+ITEM_COLUMNS = "id, key, payload, meta, created, size, attempts, mono, boot"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -232,6 +237,13 @@ def _count_items(db: sqlite3.Connection) -> Optional[int]:
         return int(db.execute("SELECT COUNT(*) FROM items NOT INDEXED").fetchone()[0])
     except sqlite3.Error:
         return None
+
+
+def _insert_items(db: sqlite3.Connection, rows: Sequence[Tuple[Any, ...]]) -> None:
+    """Insert items read as ``ITEM_COLUMNS`` (inside a transaction); ids or keys already
+    present are skipped."""
+    db.executemany(f"INSERT OR IGNORE INTO items({ITEM_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   [tuple(r) for r in rows])
 
 
 def _add_columns(db: sqlite3.Connection) -> None:
@@ -392,8 +404,8 @@ class Spool:
         if _is_corrupt(exc):
             if self.damaged is None:
                 self.damaged = (f"spool {self.path} is damaged ({exc}); nothing more is spooled or replayed "
-                                "from it: stop the daemon, move the file aside (keep it for inspection; a new "
-                                "spool is created at the next start) and start it again")
+                                "from it: restart the daemon, which moves the file aside (kept for inspection) "
+                                "and salvages the escalations it can still read into a new spool")
             return SpoolCorrupt(self.damaged)
         if _is_full(exc):
             return SpoolFull(f"spool {self.path}: its filesystem is full ({exc})")
@@ -673,14 +685,12 @@ class Spool:
         with self._lock:
             old = self._db
             with self._guarded("read failed"):
-                items = old.execute("SELECT key, payload, meta, created, size, attempts, mono, boot "
-                                    "FROM items ORDER BY id").fetchall()
+                items = old.execute(f"SELECT {ITEM_COLUMNS} FROM items ORDER BY id").fetchall()
                 counters = old.execute("SELECT name, value FROM counters").fetchall()
             self._db = self._open()
             try:
                 with self._transaction() as db:
-                    db.executemany("INSERT OR IGNORE INTO items(key, payload, meta, created, size, attempts, "
-                                   "mono, boot) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", items)
+                    _insert_items(db, items)  # with their ids: a replay in flight acks the same item
                     db.executemany("UPDATE counters SET value = ? WHERE name = ?", [(v, n) for n, v in counters])
             except SpoolError:
                 self._db.close()
@@ -688,6 +698,23 @@ class Spool:
                 raise
             old.close()
         return len(items)
+
+    def adopt(self, rows: Sequence[Tuple[Any, ...]]) -> Tuple[int, int]:
+        """Store items of another spool file as they were (``ITEM_COLUMNS``: id, age and attempts
+        kept, so the replay order and ages go on; an id or key already here is skipped), then
+        evict the oldest over ``max_bytes``. Returns (stored, evicted). Used to salvage a
+        damaged file (``edge.spool_salvage``)."""
+        with self._lock, self._guarded("write failed"):
+            with self._transaction() as db:
+                before = self._depth
+                _insert_items(db, rows)
+                size, depth = db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM items").fetchone()
+                self._bytes, self._depth = int(size), int(depth)
+                stored = self._depth - before
+                evicted, freed = self._evict_for(0)
+                self._bytes -= freed
+                self._depth -= evicted
+        return stored, evicted
 
     def last_epoch(self) -> int:
         """The newest run (``frame_seq >> 32``) among the spooled keys; -1 when none."""

@@ -42,3 +42,26 @@ def nudge(path: Union[str, Path]) -> None:
         db.execute("UPDATE counters SET value = value - 1 WHERE name = 'refused_too_large'")
     finally:
         db.close()
+
+
+def damage_page_holding(path: Union[str, Path], marker: bytes) -> int:
+    """Flip the page-type byte of the page whose bytes hold ``marker`` (an item's payload,
+    stored on a table leaf page), after folding the WAL into the file; returns the page's
+    number. The items on that page become unreadable, the others stay readable."""
+    db = sqlite3.connect(str(path))
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = int(db.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        db.close()
+    data = Path(path).read_bytes()
+    at = data.find(marker)
+    assert at >= 0 and data.find(marker, at + 1) < 0, "the marker must be in the file once"
+    number = at // page + 1
+    assert number > 1
+    with open(path, "r+b") as fh:
+        fh.seek((number - 1) * page)
+        byte = fh.read(1)[0]
+        fh.seek((number - 1) * page)
+        fh.write(bytes([byte ^ 0xFF]))
+    return number

@@ -86,7 +86,7 @@ def edge_run(tmp_path, **tree):
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
 
 
-@pytest.mark.parametrize("case", ["spool_folder", "spool_corrupt", "spool_index_damaged", "metrics_port_in_use",
+@pytest.mark.parametrize("case", ["spool_folder", "spool_corrupt", "metrics_port_in_use",
                                   "jsonl_folder", "no_source_opens", "policy_transport", "model_output"])
 def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_model):
     policy = tmp_path / "policy.yaml"
@@ -119,16 +119,6 @@ def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_mo
     elif case == "spool_corrupt":
         spool.write_bytes(b"\x00garbage" * 1000)
         expected = f"spool {spool} is not a readable spool"
-    elif case == "spool_index_damaged":  # the chaos probe's: opened, then crashed in last_epoch at every start
-        from edge.spool import Spool
-        from tests.edge.spooldamage import damage_index
-
-        with Spool(spool, max_bytes=1 << 24, max_age_s=3600) as sp:
-            for i in range(50):
-                sp.put(f"dev/s/{i}", b"x" * 3000, {})
-        damage_index(spool)
-        tree["model"] = {"path": str(tiny_model)}  # the start gets past the model to the spool's keys
-        expected = f"spool {spool} is not a readable spool (damaged: "
     else:
         holder = socket.socket()
         holder.bind(("127.0.0.1", 0))
@@ -145,6 +135,32 @@ def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_mo
     errors = [line for line in r.stderr.splitlines() if line.startswith("edgewise: error:")]
     assert len(errors) == 1 and expected in errors[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_damaged_spool_is_salvaged_and_the_daemon_runs(tmp_path, tiny_model):
+    """The chaos probe's damaged key index: the daemon crashed at every start, then (with
+    quick_check) refused to start, exit 2, so systemd left the camera's detection down. Now
+    it moves the file aside, salvages what it held into a new spool, says so once and runs."""
+    from edge.spool import Spool
+    from tests.edge.spooldamage import damage_index
+
+    spool = tmp_path / "spool.db"
+    with Spool(spool, max_bytes=1 << 24, max_age_s=3600) as sp:
+        for i in range(50):
+            sp.put(f"dev/s/{i}", b"x" * 3000, {"i": i})
+    damage_index(spool)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("p"))
+    r = edge_run(tmp_path, policy_file=str(policy), model={"path": str(tiny_model)},
+                 sinks={"jsonl": str(tmp_path / "out.jsonl")})
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    said = [line for line in r.stderr.splitlines() if "started a new spool" in line]
+    assert len(said) == 1 and said[0].endswith(": 50 escalation(s) salvaged"), r.stderr
+    assert len(read_jsonl(tmp_path / "out.jsonl")) == 2  # both frames processed and recorded
+    with Spool(spool, max_bytes=1 << 24, max_age_s=3600) as sp:  # a sound file with the backlog
+        assert [it.meta["i"] for it in sp.peek(100)] == list(range(50))
+    assert len(list(tmp_path.glob("spool.db.damaged-*Z"))) == 1
 
 
 def test_a_lost_start_count_does_not_reuse_the_keys_the_sinks_and_spool_remember(tmp_path, tiny_model):

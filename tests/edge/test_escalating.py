@@ -808,7 +808,7 @@ def test_a_spool_damaged_under_the_replay_is_said_once_and_not_retried_in_a_loop
         await async_wait_until(lambda: len(written) == 4, 10, "frame 7's record")
         await asyncio.sleep(1.0)  # some 50 replay intervals
         health = esc.spool_health()  # what /healthz says
-        assert health["state"] == "damaged" and "move the file aside" in health["problem"], health
+        assert health["state"] == "damaged" and "restart the daemon" in health["problem"], health
         stop.set()
         await loop
         await esc.drain(0.1)
@@ -821,7 +821,7 @@ def test_a_spool_damaged_under_the_replay_is_said_once_and_not_retried_in_a_loop
     messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
     errors = [m for level, m in messages if level == logging.ERROR]
     assert len(errors) == 1, messages
-    assert errors[0].startswith(f"spool {path} is damaged") and "stop the daemon, move the file aside" in errors[0]
+    assert errors[0].startswith(f"spool {path} is damaged") and "restart the daemon, which moves the file aside" in errors[0]
     assert not [m for _, m in messages if "not yet acknowledged" in m or "replay round failed" in m], messages
     assert metrics.spool_events.labels("corrupt")._value.get() == 2  # the ack and frame 7's put
     assert metrics.spool_events.labels("ack_failed")._value.get() == 0

@@ -310,13 +310,17 @@ def test_a_spool_deleted_while_open_is_made_again_with_its_items(tmp_path):
     folder = tmp_path / "state"
     sp = Spool(folder / "spool.db", max_bytes=1 << 20, max_age_s=3600)
     assert sp.recover_if_deleted() is None  # in place: nothing to do
+    sp.put("dev/cam/0", b"z", {})
     sp.put("dev/cam/1", b"a" * 100, {"n": 1})
     sp.put("dev/cam/2", b"b" * 100, {"n": 2})
     sp.put("dev/cam/3", b"c" * (2 << 20), {})  # larger than the spool: refused, counted
+    sp.ack(sp.peek(1)[0].id)
+    ids = [i.id for i in sp.peek(10)]
     shutil.rmtree(folder)
     assert sp.recover_if_deleted() == 2
     assert (folder / "spool.db").exists()
     assert [(i.key, i.meta) for i in sp.peek(10)] == [("dev/cam/1", {"n": 1}), ("dev/cam/2", {"n": 2})]
+    assert [i.id for i in sp.peek(10)] == ids  # a replay in flight acks its own item, not another
     assert sp.stats().refused_too_large == 1 and len(sp) == 2
     sp.put("dev/cam/4", b"d", {})
     sp.close()
@@ -381,12 +385,12 @@ def test_damage_found_after_open_is_spool_corrupt_from_every_call_and_nothing_mo
         sp.ack_many([it.id for it in items])
     text = str(ei.value)
     assert text.startswith(f"spool {path} is damaged (database disk image is malformed)"), text
-    assert "stop the daemon, move the file aside" in text and "\n" not in text
+    assert "restart the daemon, which moves the file aside" in text and "\n" not in text
     assert sp.damaged == text
     size = path.stat().st_size, (tmp_path / "spool.db-wal").stat().st_size
     for call in (lambda: sp.put("dev/cam/new", b"x", {}), lambda: sp.peek(5), lambda: sp.stats(),
                  sp.last_epoch, sp.expire, lambda: sp.ack_many([items[0].id])):
-        with pytest.raises(SpoolCorrupt, match="stop the daemon, move the file aside"):
+        with pytest.raises(SpoolCorrupt, match="restart the daemon, which moves the file aside"):
             call()
     assert sp.nack(items[0].id) == 0
     assert (path.stat().st_size, (tmp_path / "spool.db-wal").stat().st_size) == size

@@ -1,0 +1,107 @@
+"""Salvage of a damaged spool (real SQLite files, real damage: a flipped page-type byte
+as a bad flash block leaves it): the daemon's spool opens again and keeps what the file
+still holds, ids, ages and attempts included; a file that is not a spool is not touched."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+import pytest
+
+from edge.spool import Spool, SpoolCorrupt, SpoolError
+from edge.spool_salvage import is_spool_file, open_spool
+from tests.edge.spooldamage import CREATED_INDEX, KEY_INDEX, damage_index, damage_page_holding
+
+CAP = 1 << 30
+
+
+def _payload(i: int, size: int) -> bytes:
+    marker = f"<item-{i:05d}>".encode()
+    return marker + bytes([i % 251]) * (size - len(marker))
+
+
+def _fill(path, n: int, size: int, acked=()):
+    """A closed spool of ``n`` items (some ``acked`` away: ids with gaps, as in service);
+    returns {key: (id, payload, meta, attempts)} of what it holds."""
+    with Spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+        for i in range(n):
+            assert sp.put(f"dev/cam/{i}", _payload(i, size), {"i": i, "transport": "grpc"})
+        items = {it.key: it for it in sp.peek(n)}
+        for i in acked:
+            sp.ack(items[f"dev/cam/{i}"].id)
+        for i in (3, 4):
+            sp.nack(items[f"dev/cam/{i}"].id)
+        return {it.key: (it.id, it.payload, it.meta, it.attempts) for it in sp.peek(n)}
+
+
+def _held(sp: Spool):
+    return {it.key: (it.id, it.payload, it.meta, it.attempts) for it in sp.peek(len(sp) + 1)}
+
+
+@pytest.mark.parametrize("index", [KEY_INDEX, CREATED_INDEX])
+def test_a_damaged_index_loses_nothing(tmp_path, caplog, index):
+    path = tmp_path / "spool.db"
+    before = _fill(path, 120, 2000, acked=range(10, 20))
+    damage_index(path, index)
+    with pytest.raises(SpoolCorrupt):  # what the daemon used to stop at (exit 2)
+        Spool(path, max_bytes=CAP, max_age_s=3600)
+    with caplog.at_level(logging.ERROR, logger="edge.spool_salvage"):
+        sp = open_spool(path, max_bytes=CAP, max_age_s=3600)
+    with sp:
+        assert _held(sp) == before  # ids (the replay's order and acks), payloads, meta, attempts
+        assert len(sp) == 110 and sp.stats().oldest_age_s < 60
+        sp.put("dev/cam/new", b"x", {})  # a sound file again: written and read as any spool
+        assert [it.key for it in sp.peek(200)][-1] == "dev/cam/new"
+        assert max(it.id for it in sp.peek(200)) > max(i for i, *_ in before.values())  # ids never reused
+    moved = [p for p in tmp_path.iterdir() if p.name.startswith("spool.db.damaged-")
+             and not p.name.endswith(("-wal", "-shm"))]
+    assert len(moved) == 1 and is_spool_file(moved[0])
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"spool {path} is not a readable spool (damaged: ")
+    assert f"moved it to {moved[0]}" in line and line.endswith(": 110 escalation(s) salvaged")
+
+
+def test_a_damaged_table_page_loses_only_the_items_on_it(tmp_path, caplog):
+    path = tmp_path / "spool.db"
+    before = _fill(path, 300, 300)  # about a dozen items per page
+    damage_page_holding(path, b"<item-00150>")
+    with caplog.at_level(logging.ERROR, logger="edge.spool_salvage"):
+        sp = open_spool(path, max_bytes=CAP, max_age_s=3600)
+    with sp:
+        held = _held(sp)
+    lost = set(before) - set(held)
+    assert "dev/cam/150" in lost and 1 <= len(lost) <= 30, sorted(lost)
+    assert "dev/cam/0" in held and "dev/cam/299" in held  # read on past the damage
+    assert all(before[k] == v for k, v in held.items())  # what was kept is intact
+    lost_ids = sorted(before[k][0] for k in lost)
+    assert lost_ids == list(range(lost_ids[0], lost_ids[-1] + 1))  # one page: a run of ids
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"{len(held)} escalation(s) salvaged, ids {lost_ids[0]}-{lost_ids[-1]} unreadable" in line
+
+
+def test_salvage_keeps_to_the_byte_cap_newest_first(tmp_path):
+    path = tmp_path / "spool.db"
+    before = _fill(path, 50, 1000)
+    damage_index(path)
+    with open_spool(path, max_bytes=20_000, max_age_s=3600) as sp:
+        keys = [it.key for it in sp.peek(100)]
+        assert sp.stats().bytes <= 20_000
+    assert keys == [f"dev/cam/{i}" for i in range(50 - len(keys), 50)] and 10 <= len(keys) < 50
+    assert len(before) == 50
+
+
+def test_a_file_that_is_not_a_spool_is_refused_and_left_where_it_is(tmp_path):
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"\x00garbage" * 1000)
+    with pytest.raises(SpoolCorrupt, match="is not a readable spool"):
+        open_spool(garbage, max_bytes=CAP, max_age_s=3600)
+    other = tmp_path / "other.db"
+    db = sqlite3.connect(str(other))
+    db.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT)")  # not the spool's items
+    db.commit()
+    db.close()
+    with pytest.raises(SpoolError, match="another program's database"):
+        open_spool(other, max_bytes=CAP, max_age_s=3600)
+    assert not is_spool_file(other) and not is_spool_file(garbage)
+    assert {p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))} == {"garbage.db", "other.db"}
