@@ -28,6 +28,7 @@ import numpy as np
 from edge import tegrastats
 from edge.deciding import Decider
 from edge.escalating import Escalating
+from edge.framememory import FrameMemory
 from edge.metrics import EdgeMetrics, MetricsServer
 from edge.outbox import Outbox
 from edge.pipeline import Pipeline
@@ -375,8 +376,10 @@ class EdgeDaemon:
                 on_skipped=lambda sid, n: self.metrics.skipped.labels(sid).inc(n),
                 on_stale=lambda sid, n: self.metrics.drops.labels(sid, "stale").inc(n),
             ))
+        memory = FrameMemory({st.id: st.resolved_queue_size() for st in s.streams}, s.model.max_batch,
+                             s.cloud.max_in_flight if self.escalating is not None else 0)
         self.pipeline = Pipeline(s.device_id, detector, self.capturers, queues, ready, decider,
-                                 self.escalating, self._write, self.metrics, s.model.max_batch)
+                                 self.escalating, self._write, self.metrics, s.model.max_batch, memory)
         if self.holder is not None:
             self.holder.subscribe(self.pipeline.apply_policy)
         if self.stopping:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from edge.deciding import Decider, Verdict
 from edge.escalating import Escalating
+from edge.framememory import FrameMemory
 from edge.payloads import detections_json
 from edge.records import FrameRecord
 from edge.sources.base import Frame
@@ -85,6 +86,7 @@ class Pipeline:
         write: Callable[[FrameRecord], None],
         metrics: Any,
         max_batch: int = 4,
+        memory: Optional[FrameMemory] = None,
     ) -> None:
         self.device_id = device_id
         self.detector = detector
@@ -96,6 +98,7 @@ class Pipeline:
         self.write = write
         self.metrics = metrics
         self.max_batch = max(1, max_batch)
+        self.memory = memory  # warned once when the frames held could exhaust the device
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
         self.rates: Dict[str, FrameRate] = {sid: FrameRate() for sid in queues}
         self.by_stream: Dict[str, Capturer] = {c.stream_id: c for c in capturers}
@@ -116,6 +119,8 @@ class Pipeline:
                 sid = ids[(self._rr + k) % len(ids)]
                 f = self.queues[sid].get_nowait()
                 if f is not None:
+                    if self.memory is not None:
+                        self.memory.seen(sid, f.image.shape)
                     frames.append(f)
                     progressed = True
                     if len(frames) >= self.max_batch:

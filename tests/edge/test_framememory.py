@@ -1,0 +1,66 @@
+"""The frames' worst-case memory against the device's, and the one warning (pure logic, then
+the daemon with real frames from a folder)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import cv2
+import numpy as np
+
+from edge import framememory
+from edge.framememory import FrameMemory, mem_total_bytes, worst_case_bytes
+
+EIGHT_K = (4320, 7680, 3)
+GIB = 2**30
+
+
+def test_worst_case_counts_queues_batches_and_escalations():
+    one = 4320 * 7680 * 3  # 99.5 MB
+    # one 8K file stream with the file defaults (queue 8), batch 4, 16 in flight: 9 + 8 + 32 frames
+    assert worst_case_bytes({"a": one}, {"a": 8}, 4, 16) == 49 * one
+    # a small stream beside it: its own queue at its own size, the shared parts at the largest
+    small = 720 * 1280 * 3
+    assert worst_case_bytes({"a": one, "b": small}, {"a": 8, "b": 2}, 4, 16) == 49 * one + 3 * small
+    assert worst_case_bytes({}, {"a": 8}, 4, 16) == 0
+
+
+def test_warned_once_when_the_worst_case_passes_half_the_device(caplog):
+    m = FrameMemory({"a": 2, "b": 2}, max_batch=4, max_in_flight=16, total=7 * GIB)
+    with caplog.at_level(logging.WARNING, logger="edge.framememory"):
+        assert m.seen("a", (1080, 1920, 3)) is None  # 6 MB frames: 0.3 GB at worst
+        said = m.seen("b", EIGHT_K)  # 3 + 8 + 32 frames of 99.5 MB (and a's 3): 4.0 GiB
+        assert m.seen("a", EIGHT_K) is None  # said once
+    assert said is not None and said.startswith("frames may hold 4.0 GiB at once, 57% of this device's 7.0 GiB")
+    assert "a 1920x1080, b 7680x4320" in said and "cloud.max_in_flight 16" in said
+    assert [r.getMessage() for r in caplog.records] == [said]
+    quiet = FrameMemory({"a": 2}, max_batch=4, max_in_flight=0, total=7 * GIB)
+    assert quiet.seen("a", EIGHT_K) is None  # no cloud: 3 + 8 frames, 1.0 GiB
+
+
+def test_mem_total_reads_meminfo(tmp_path):
+    p = tmp_path / "meminfo"
+    p.write_text("MemTotal:        7999496 kB\nMemFree:  1 kB\n")
+    assert mem_total_bytes(str(p)) == 7999496 * 1024
+    assert mem_total_bytes(str(tmp_path / "missing")) is None
+    p.write_text("garbage\n")
+    assert mem_total_bytes(str(p)) is None
+
+
+def test_the_daemon_warns_about_big_frames_it_actually_reads(tmp_path, tiny_model, caplog, monkeypatch):
+    """The path a user takes: a folder of 4K images on a device with (here, said to have) 512 MiB."""
+    from edge.daemon import EdgeDaemon
+    from tests.edge.test_pipeline import base_settings
+
+    monkeypatch.setattr(framememory, "mem_total_bytes", lambda path="/proc/meminfo": GIB // 2)
+    folder = tmp_path / "shots"
+    folder.mkdir()
+    for i in range(2):
+        assert cv2.imwrite(str(folder / f"{i}.png"), np.zeros((2160, 3840, 3), np.uint8))
+    s = base_settings(tmp_path, tiny_model, [{"id": "uhd", "kind": "folder", "uri": str(folder)}])
+    with caplog.at_level(logging.WARNING, logger="edge.framememory"):
+        assert asyncio.run(asyncio.wait_for(EdgeDaemon(s).run(), 60)) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "edge.framememory"]
+    # queue 8 (+1) and two batches of 4: 17 frames of 24.9 MB, 0.4 GiB of 0.5 GiB
+    assert len(said) == 1 and said[0].startswith("frames may hold 0.4 GiB at once, 79% of this device's 0.5 GiB")
