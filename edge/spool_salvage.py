@@ -97,11 +97,18 @@ def move_aside(path: Path, now: Optional[float] = None) -> Path:
     while target.exists():
         n += 1
         target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
-    for suffix in ("-wal", "-shm"):  # the WAL first: without the main file it is never read alone
-        side = path.with_name(path.name + suffix)
-        if side.exists():
-            os.replace(side, target.with_name(target.name + suffix))
-    os.replace(path, target)
+    moved: List[Tuple[Path, Path]] = []
+    try:
+        for suffix in ("-wal", "-shm"):  # the WAL travels with its file, or SQLite loses what it holds
+            side = path.with_name(path.name + suffix)
+            if side.exists():
+                os.replace(side, target.with_name(target.name + suffix))
+                moved.append((target.with_name(target.name + suffix), side))
+        os.replace(path, target)
+    except OSError:
+        for now_at, was_at in moved:  # put the WAL back beside its file
+            os.replace(now_at, was_at)
+        raise
     return target
 
 
@@ -221,7 +228,10 @@ def open_spool(path: Union[str, Path], max_bytes: int, max_age_s: float) -> Spoo
         if not is_spool_file(path):
             raise
         why = str(exc)
-    moved = move_aside(path)
+        try:
+            moved = move_aside(path)
+        except OSError as err:  # a read-only folder: the refusal stands, with why it could not be salvaged
+            raise SpoolCorrupt(f"{why} (it could not be moved aside to salvage it: {err.strerror or err})") from None
     spool = Spool(path, max_bytes=max_bytes, max_age_s=max_age_s)
     try:
         result = salvage(moved, spool)

@@ -105,3 +105,19 @@ def test_a_file_that_is_not_a_spool_is_refused_and_left_where_it_is(tmp_path):
         open_spool(other, max_bytes=CAP, max_age_s=3600)
     assert not is_spool_file(other) and not is_spool_file(garbage)
     assert {p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))} == {"garbage.db", "other.db"}
+
+
+def test_a_damaged_spool_that_cannot_be_moved_is_refused_with_why(tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "spool.db"
+    _fill(path, 5, 100)
+    damage_index(path)
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(SpoolCorrupt, match=r"could not be moved aside to salvage it: Permission denied"):
+        open_spool(path, max_bytes=CAP, max_age_s=3600)
+    assert path.exists()
