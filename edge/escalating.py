@@ -184,11 +184,13 @@ class Escalating:
 
     def spool_health(self) -> Dict[str, str]:
         """The spool as ``/healthz`` reports it: ``ok``; ``damaged`` (the file is malformed:
-        nothing is spooled or replayed until an operator moves it aside); ``unavailable``
+        nothing is spooled or replayed until the daemon restarts and salvages it); ``unavailable``
         (it could not be opened, e.g. a full disk; opened again every replay interval)."""
         if self.spool is not None and self.spool.damaged is not None:
             return {"state": "damaged", "problem": self.spool.damaged}
         if self.spool is None:
+            if self.reopen is None and not self.spool_problem:
+                return {"state": "off"}  # built without a spool (no policy file: nothing escalates)
             return {"state": "damaged" if self._reopen_damaged else "unavailable", "problem": self.spool_problem}
         return {"state": "ok"}
 

@@ -94,6 +94,9 @@ RESERVE_BYTES = 512 * 1024
 #: WAL, so a chunk stays well inside the reserve.
 ACK_CHUNK = 16
 
+#: ``<spool file><this>``: left by a spool that found its file damaged while in use, so the
+#: next start salvages it (``edge.spool_salvage``).
+DAMAGE_MARKER_SUFFIX = ".damaged"
 #: An item's columns as ``adopt`` and the copy of a deleted file take them.
 ITEM_COLUMNS = "id, key, payload, meta, created, size, attempts, mono, boot"
 
@@ -406,6 +409,7 @@ class Spool:
                 self.damaged = (f"spool {self.path} is damaged ({exc}); nothing more is spooled or replayed "
                                 "from it: restart the daemon, which moves the file aside (kept for inspection) "
                                 "and salvages the escalations it can still read into a new spool")
+                self._mark_damaged(str(exc))
             return SpoolCorrupt(self.damaged)
         if _is_full(exc):
             return SpoolFull(f"spool {self.path}: its filesystem is full ({exc})")
@@ -417,6 +421,15 @@ class Spool:
         else:
             hint = ""
         return SpoolError(f"spool {self.path}: {what} ({exc}){hint}")
+
+    def _mark_damaged(self, why: str) -> None:
+        """Leave ``<file>.damaged`` beside the file, so that the next start salvages it even
+        when ``quick_check`` finds nothing (an index that lost rows); best effort."""
+        try:
+            self.path.with_name(self.path.name + DAMAGE_MARKER_SUFFIX).write_text(why + "\n", encoding="utf-8")
+        except OSError as exc:
+            log.warning("spool %s: could not mark it damaged for the next start (%s)", self.path,
+                        exc.strerror or exc)
 
     @contextmanager
     def _guarded(self, what: str) -> Iterator[None]:
@@ -702,9 +715,12 @@ class Spool:
     def adopt(self, rows: Sequence[Tuple[Any, ...]]) -> Tuple[int, int]:
         """Store items of another spool file as they were (``ITEM_COLUMNS``: id, age and attempts
         kept, so the replay order and ages go on; an id or key already here is skipped), then
-        evict the oldest over ``max_bytes``. Returns (stored, evicted). Used to salvage a
-        damaged file (``edge.spool_salvage``)."""
+        evict the oldest over ``max_bytes``. Returns (stored, evicted); ``SpoolFull`` (nothing
+        stored) when they would eat into the filesystem's reserve. Used to salvage a damaged
+        file (``edge.spool_salvage``)."""
         with self._lock, self._guarded("write failed"):
+            # twice: a batch goes through the WAL before the checkpoint copies it into the file
+            self._check_room(2 * sum(len(r[2]) + len(r[3]) + len(r[1]) for r in rows))
             with self._transaction() as db:
                 before = self._depth
                 _insert_items(db, rows)

@@ -926,3 +926,13 @@ def test_a_spool_refused_as_damaged_when_reopened_is_said_once_and_opens_once_mo
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].startswith(f"spool {path} is not a readable spool"), errors
     spool.close()
+
+
+def test_without_a_spool_health_says_off_not_degraded():
+    """A device with a cloud but no policy file (nothing escalates) builds no spool: /healthz must
+    not call it degraded."""
+    esc = Escalating("dev", {}, lambda r: None, EdgeMetrics())
+    assert esc.spool_health() == {"state": "off"}
+    unavailable = Escalating("dev", {}, lambda r: None, EdgeMetrics(), spool_problem="disk full",
+                             reopen=lambda: None)
+    assert unavailable.spool_health() == {"state": "unavailable", "problem": "disk full"}

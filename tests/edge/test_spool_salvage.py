@@ -35,6 +35,24 @@ def _fill(path, n: int, size: int, acked=()):
         return {it.key: (it.id, it.payload, it.meta, it.attempts) for it in sp.peek(n)}
 
 
+def _readable_one_by_one(path) -> set:
+    """The keys of the items SQLite can read from ``path``, asked id by id (slow, exact)."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    keys = set()
+    try:
+        top = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'items'").fetchone()[0]
+        for i in range(1, top + 1):
+            try:
+                row = db.execute("SELECT key FROM items NOT INDEXED WHERE id = ?", (i,)).fetchone()
+            except sqlite3.DatabaseError:
+                continue
+            if row:
+                keys.add(row[0])
+    finally:
+        db.close()
+    return keys
+
+
 def _held(sp: Spool):
     return {it.key: (it.id, it.payload, it.meta, it.attempts) for it in sp.peek(len(sp) + 1)}
 
@@ -72,6 +90,8 @@ def test_a_damaged_table_page_loses_only_the_items_on_it(tmp_path, caplog):
         held = _held(sp)
     lost = set(before) - set(held)
     assert "dev/cam/150" in lost and 1 <= len(lost) <= 30, sorted(lost)
+    (moved,) = [p for p in tmp_path.glob("spool.db.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert set(held) == _readable_one_by_one(moved)  # every item SQLite can still read, no fewer
     assert "dev/cam/0" in held and "dev/cam/299" in held  # read on past the damage
     assert all(before[k] == v for k, v in held.items())  # what was kept is intact
     lost_ids = sorted(before[k][0] for k in lost)
@@ -118,6 +138,94 @@ def test_a_damaged_spool_that_cannot_be_moved_is_refused_with_why(tmp_path, monk
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(os, "replace", refuse)
-    with pytest.raises(SpoolCorrupt, match=r"could not be moved aside to salvage it: Permission denied"):
+    with pytest.raises(SpoolCorrupt, match=r"could not be moved aside to salvage it \(Permission denied\)"):
         open_spool(path, max_bytes=CAP, max_age_s=3600)
     assert path.exists()
+
+
+def test_two_damaged_pages_lose_only_their_own_items(tmp_path):
+    """Readable items between two damaged pages are not jumped over."""
+    path = tmp_path / "spool.db"
+    _fill(path, 400, 300)
+    damage_page_holding(path, b"<item-00100>")
+    damage_page_holding(path, b"<item-00140>")
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+        held = set(_held(sp))
+    (moved,) = [p for p in tmp_path.glob("spool.db.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert held == _readable_one_by_one(moved) and "dev/cam/120" in held and "dev/cam/100" not in held
+
+
+def test_a_spool_of_the_first_release_is_salvaged(tmp_path):
+    """Its items table has no mono/boot columns (added at open, after quick_check)."""
+    path = tmp_path / "spool.db"
+    db = sqlite3.connect(str(path))
+    db.executescript("""
+        CREATE TABLE items (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL UNIQUE,
+            payload BLOB NOT NULL, meta TEXT NOT NULL, created REAL NOT NULL, size INTEGER NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0);
+        CREATE INDEX items_created ON items(created);
+        CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);""")
+    db.executemany("INSERT INTO items(key, payload, meta, created, size) VALUES (?, ?, '{}', ?, 10)",
+                   [(f"dev/cam/{i}", b"p" * 10, 1.0e9 + i) for i in range(30)])
+    db.commit()
+    db.close()
+    damage_index(path)
+    with open_spool(path, max_bytes=CAP, max_age_s=10 * 365 * 86400) as sp:
+        assert [it.key for it in sp.peek(100)] == [f"dev/cam/{i}" for i in range(30)]
+
+
+def test_damage_found_in_use_is_salvaged_at_the_next_start_even_if_quick_check_passes(tmp_path, caplog):
+    """An index that lost rows passes quick_check; the spool that met the damage marks the file."""
+    from edge.spool_salvage import damage_marker
+
+    path = tmp_path / "spool.db"
+    before = _fill(path, 20, 100)
+    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
+    sp._error(sqlite3.DatabaseError("database disk image is malformed"), "ack failed")  # what a failed ack meets
+    sp.close()
+    assert damage_marker(path).read_text().startswith("database disk image is malformed")
+    with caplog.at_level(logging.ERROR, logger="edge.spool_salvage"):
+        with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
+            assert _held(again) == before
+    assert not damage_marker(path).exists()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"spool {path} was found damaged while the daemon ran (database disk image is malformed)")
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as third:  # sound now: opened as it is
+        assert len(third) == 20
+    assert len([p for p in tmp_path.glob("spool.db.damaged-*Z")]) == 1
+
+
+def test_a_salvage_that_fills_the_disk_stops_at_the_reserve_and_says_so(small_fs, caplog):
+    fs = small_fs(3 << 20)
+    path = fs.path / "spool.db"
+    _fill(path, 200, 9000)  # 1.8 MB of a 3 MiB filesystem: the copy cannot fit beside it
+    damage_index(path)
+    with caplog.at_level(logging.ERROR, logger="edge.spool_salvage"):
+        with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+            kept = len(sp)
+            assert sp.ack_many([it.id for it in sp.peek(5)]) == 5  # the reserve left room to acknowledge
+            assert len(sp) == kept - 5
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert 0 < kept < 200 and f": {kept} escalation(s) salvaged; stopped early, the rest is still in " in line
+    assert "KiB stay free" in line
+
+
+def test_a_refused_move_puts_the_wal_back(tmp_path, monkeypatch):
+    import os
+
+    from edge.spool_salvage import move_aside
+
+    path = tmp_path / "spool.db"
+    path.write_bytes(b"main")
+    (tmp_path / "spool.db-wal").write_bytes(b"wal")
+    real = os.replace
+
+    def refuse_main(src, dst):
+        if str(src) == str(path):
+            raise PermissionError(13, "Permission denied")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", refuse_main)
+    with pytest.raises(PermissionError):
+        move_aside(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spool.db", "spool.db-wal"]
