@@ -931,8 +931,13 @@ def test_a_spool_refused_as_damaged_when_reopened_is_said_once_and_opens_once_mo
 def test_without_a_spool_health_says_off_not_degraded():
     """A device with a cloud but no policy file (nothing escalates) builds no spool: /healthz must
     not call it degraded."""
-    esc = Escalating("dev", {}, lambda r: None, EdgeMetrics())
-    assert esc.spool_health() == {"state": "off"}
-    unavailable = Escalating("dev", {}, lambda r: None, EdgeMetrics(), spool_problem="disk full",
-                             reopen=lambda: None)
-    assert unavailable.spool_health() == {"state": "unavailable", "problem": "disk full"}
+    async def run():  # built inside a running loop, as the daemon does (Python 3.8 needs one)
+        esc = Escalating("dev", {}, lambda r: None, EdgeMetrics())
+        unavailable = Escalating("dev", {}, lambda r: None, EdgeMetrics(), spool_problem="disk full",
+                                 reopen=lambda: None)
+        health = esc.spool_health(), unavailable.spool_health()
+        await esc.close()
+        await unavailable.close()
+        return health
+
+    assert asyncio.run(run()) == ({"state": "off"}, {"state": "unavailable", "problem": "disk full"})
