@@ -58,8 +58,8 @@ class FrameMemory:
         self.max_in_flight = max_in_flight
         self.total = mem_total_bytes() if total is None else total
         self.share = share
-        self.frame_bytes: Dict[str, int] = {}
-        self.shapes: Dict[str, Tuple[int, ...]] = {}
+        self.frame_bytes: Dict[str, int] = {}  # each stream's largest frame so far
+        self.sizes: Dict[str, str] = {}  # its width x height, for the warning
         self.warned = False
 
     def seen(self, stream_id: str, shape: Tuple[int, ...]) -> Optional[str]:
@@ -71,14 +71,14 @@ class FrameMemory:
         if size <= self.frame_bytes.get(stream_id, 0):
             return None
         self.frame_bytes[stream_id] = size
-        self.shapes[stream_id] = shape
+        self.sizes[stream_id] = f"{shape[1]}x{shape[0]}"
         if self.warned or not self.total:
             return None
         worst = worst_case_bytes(self.frame_bytes, self.queue_sizes, self.max_batch, self.max_in_flight)
         if worst <= self.share * self.total:
             return None
         self.warned = True
-        sizes = ", ".join(f"{sid} {s[1]}x{s[0]}" for sid, s in self.shapes.items())
+        sizes = ", ".join(f"{sid} {wh}" for sid, wh in self.sizes.items())
         message = (f"frames may hold {worst / 2**30:.1f} GiB at once, {worst / self.total:.0%} of this device's "
                    f"{self.total / 2**30:.1f} GiB ({sizes}; per stream its streams[].queue_size + 1, two batches "
                    f"of model.max_batch {self.max_batch}, and twice cloud.max_in_flight {self.max_in_flight} "

@@ -158,8 +158,8 @@ class SpoolFull(SpoolError):
 
 
 class SpoolCorrupt(SpoolError):
-    """The spool's file is damaged (SQLite found a malformed page): the daemon must be
-    stopped and the file moved aside; the message names the file."""
+    """The spool's file is damaged (SQLite found a malformed page); the message names the
+    file. ``edge.spool_salvage.open_spool`` moves such a file aside and salvages it."""
 
 
 #: seconds a spool call waits for a lock another connection holds (SQLite's busy timeout)

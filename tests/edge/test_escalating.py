@@ -729,6 +729,23 @@ def test_a_spool_locked_elsewhere_at_shutdown_settles_within_a_bound_and_keeps_e
     spool.close()
 
 
+async def _escalate_and_wait(esc, policy, written, seq: int) -> None:
+    """Escalate frame ``seq`` of stream "cam" (the cloud unreachable) and wait for its record."""
+    esc.submit(Frame("cam", seq, np.full((48, 64, 3), 30 + seq, np.uint8), 0, 0.0),
+               dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}), policy,
+               frame_record("cam", seq))
+    await async_wait_until(lambda: any(r.frame_seq == seq for r in written), 10, f"frame {seq}")
+
+
+async def _stop_replay(esc, stop, loop, transport) -> None:
+    """End the replay loop, drain and close the escalator and its transport."""
+    stop.set()
+    await loop
+    await esc.drain(0.1)
+    await esc.close()
+    await transport.close()
+
+
 def test_a_spool_that_could_not_open_at_start_is_opened_later_by_the_replay_loop(tmp_path):
     """The spool's filesystem was full at start: the daemon runs without it (a frame the
     cloud cannot take keeps its edge result, with the reason, counted as disk_full) and
@@ -751,22 +768,15 @@ def test_a_spool_that_could_not_open_at_start_is_opened_later_by_the_replay_loop
         esc = Escalating("dev", {"grpc": t}, written.append, metrics, reopen=reopen, spool_problem=full,
                          replay_interval_s=0.05)
 
-        async def escalate(seq):
-            esc.submit(Frame("cam", seq, np.full((48, 64, 3), 30 + seq, np.uint8), 0, 0.0),
-                       dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}), policy,
-                       frame_record("cam", seq))
-            await async_wait_until(lambda: any(r.frame_seq == seq for r in written), 10, f"frame {seq}")
+        def escalate(seq):
+            return _escalate_and_wait(esc, policy, written, seq)
 
         await escalate(0)
         stop = asyncio.Event()
         loop = asyncio.ensure_future(esc.replay_loop(stop))
         await async_wait_until(lambda: esc.spool is not None, 10, "the spool opened")
         await escalate(1)
-        stop.set()
-        await loop
-        await esc.drain(0.1)
-        await esc.close()
-        await t.close()
+        await _stop_replay(esc, stop, loop, t)
         return esc.spool
 
     spool = asyncio.run(run())
@@ -893,11 +903,8 @@ def test_a_spool_refused_as_damaged_when_reopened_is_said_once_and_opens_once_mo
         esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool_problem=full, replay_interval_s=0.05,
                          reopen=lambda: Spool(path, max_bytes=1 << 24, max_age_s=3600))
 
-        async def escalate(seq):
-            esc.submit(Frame("cam", seq, np.full((48, 64, 3), 30 + seq, np.uint8), 0, 0.0),
-                       dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}), policy,
-                       frame_record("cam", seq))
-            await async_wait_until(lambda: any(r.frame_seq == seq for r in written), 10, f"frame {seq}")
+        def escalate(seq):
+            return _escalate_and_wait(esc, policy, written, seq)
 
         assert esc.spool_health() == {"state": "unavailable", "problem": full}
         stop = asyncio.Event()
@@ -910,11 +917,7 @@ def test_a_spool_refused_as_damaged_when_reopened_is_said_once_and_opens_once_mo
         await async_wait_until(lambda: esc.spool is not None, 10, "a new spool opened")
         assert esc.spool_health() == {"state": "ok"}
         await escalate(101)
-        stop.set()
-        await loop
-        await esc.drain(0.1)
-        await esc.close()
-        await t.close()
+        await _stop_replay(esc, stop, loop, t)
         return esc.spool
 
     spool = asyncio.run(run())
