@@ -104,6 +104,7 @@ bench: venv system-deps
 	$(BIN)/python bench/edge.py
 	$(BIN)/python bench/edge.py --live
 	$(BIN)/python bench/edge.py --paced
+	$(BIN)/python bench/spool.py
 	$(BIN)/python bench/routing.py
 	$(BIN)/python bench/routing.py --capacity
 	$(BIN)/python bench/system.py

@@ -9,8 +9,8 @@ from typing import Union
 
 #: SQLite's name for the index of ``items.key UNIQUE`` (the one every put and ack updates)
 KEY_INDEX = "sqlite_autoindex_items_1"
-#: the index on ``items.created``
-CREATED_INDEX = "items_created"
+#: the index the caps and stats read (``edge.spool.AGE_INDEX``)
+AGE_INDEX = "items_age"
 
 
 def damage_index(path: Union[str, Path], index: str = KEY_INDEX) -> None:

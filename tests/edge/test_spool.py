@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edge.spool import RESERVE_BYTES, Spool, SpoolCorrupt, SpoolError, SpoolFull
-from tests.edge.spooldamage import CREATED_INDEX, KEY_INDEX, damage_index, nudge
+from tests.edge.spooldamage import AGE_INDEX, KEY_INDEX, damage_index, nudge
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -277,7 +277,7 @@ def _foreign_database(path: Path) -> None:
 @pytest.mark.parametrize("make, expected", [
     (lambda p: p.mkdir(), "is a folder; set spool.path to a file in it"),
     (lambda p: p.write_bytes(os.urandom(8192)), "is not a readable spool (file is not a database); move it aside"),
-    (lambda p: _foreign_database(p), "is another program's database (no such column: created), not a spool"),
+    (lambda p: _foreign_database(p), "is another program's database (no such column: size), not a spool"),
 ])
 def test_a_spool_path_that_is_a_folder_or_not_a_database_is_one_clear_error(tmp_path, make, expected):
     path = tmp_path / "spool.db"
@@ -350,7 +350,7 @@ def _spool_of(path: Path, n: int) -> None:
             assert sp.put(f"dev/cam/{i}", os.urandom(3000), {"i": i})
 
 
-@pytest.mark.parametrize("index", [KEY_INDEX, CREATED_INDEX])
+@pytest.mark.parametrize("index", [KEY_INDEX, AGE_INDEX])
 def test_a_spool_whose_index_page_is_damaged_is_refused_at_open_with_what_it_held(tmp_path, index):
     """The chaos probe's damage: an index's root page unreadable. Reading the table alone
     finds nothing wrong, so the spool used to open and then fail every put and ack (and
@@ -397,3 +397,93 @@ def test_damage_found_after_open_is_spool_corrupt_from_every_call_and_nothing_mo
     assert len(sp) == 40
     sp.close()
 
+
+
+def _read_bytes() -> int:
+    """Bytes this process has read through system calls so far (page-cache hits included)."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def _indexes(path: Path) -> set:
+    import sqlite3
+
+    db = sqlite3.connect(str(path))
+    try:
+        return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    finally:
+        db.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's /proc/self/io")
+def test_a_full_spool_puts_and_reports_without_reading_its_payloads(tmp_path):
+    """Region payloads (~40 kB) live on overflow pages, before the columns the caps and stats
+    ask for: read from the table, every put, peek and stats of an outage read the whole file.
+    The age index answers them; what a call reads stays far below the spool's size."""
+    payload = os.urandom(40_000)
+    sp = Spool(tmp_path / "s.db", max_bytes=24 << 20, max_age_s=3600)
+    i = 0
+    while sp.stats().dropped_bytes_cap == 0:  # up to the byte cap: each put now evicts
+        assert sp.put(f"d/c/{i}", payload, {"i": i})
+        i += 1
+    before = _read_bytes()
+    assert sp.put("d/c/new", payload, {"i": -1})
+    stats = sp.stats()
+    assert len(sp.peek(16)) == 16
+    read = _read_bytes() - before
+    assert stats.bytes <= 24 << 20 and stats.depth == len(sp)
+    assert read < 2 << 20, f"put + stats + peek read {read} bytes of a {stats.bytes}-byte spool"
+
+
+def test_a_spool_of_the_previous_version_gets_the_age_index(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "s.db"
+    with Spool(path, max_bytes=1 << 20, max_age_s=60) as sp:
+        sp.put("d/c/1", b"x" * 100, {})
+    db = sqlite3.connect(str(path))  # as the previous version left it
+    db.execute(f"DROP INDEX {AGE_INDEX}")
+    db.execute("CREATE INDEX items_created ON items(created)")
+    db.commit()
+    db.close()
+    with Spool(path, max_bytes=1 << 20, max_age_s=60) as sp:
+        assert [it.key for it in sp.peek()] == ["d/c/1"]
+    assert AGE_INDEX in _indexes(path) and "items_created" not in _indexes(path)
+
+
+def test_a_spool_without_room_for_its_index_opens_and_works_without_it(small_fs, caplog):
+    import sqlite3
+
+    fs = small_fs(8 << 20)
+    path = fs.path / "spool.db"
+    with Spool(path, max_bytes=4 << 20, max_age_s=3600) as sp:
+        for i in range(20_000):
+            sp._db.execute("INSERT INTO items(key, payload, meta, created, size, mono, boot) "
+                           "VALUES (?, x'00', '{}', 1.0, 10, 1.0, 'b')", (f"d/c/{i}",))
+    db = sqlite3.connect(str(path))  # a previous version's file: no age index
+    db.execute(f"DROP INDEX {AGE_INDEX}")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    fs.fill(leave=64 << 10)  # the index needs more than is left
+    with caplog.at_level("WARNING", logger="edge.spool"):
+        with Spool(path, max_bytes=4 << 20, max_age_s=3600, reserve_bytes=0) as sp:
+            assert len(sp) == 20_000 and sp.stats().depth == 20_000
+            assert len(sp.peek(3)) == 3
+    assert any("no room to index it" in r.getMessage() for r in caplog.records)
+    assert AGE_INDEX not in _indexes(path)
+
+
+def test_evictions_at_the_cap_are_logged_once_per_interval_and_all_counted(tmp_path, caplog):
+    from edge.spool import EVICT_LOG_INTERVAL_S
+
+    clock = FakeClock()
+    sp = Spool(tmp_path / "s.db", max_bytes=1_000, max_age_s=1e6, clock=clock)
+    with caplog.at_level("WARNING", logger="edge.spool"):
+        for i in range(30):  # 100 bytes each: from the 10th on, every put evicts one
+            assert sp.put(f"k{i:02d}", b"x" * 97, {})
+        clock.t += EVICT_LOG_INTERVAL_S
+        assert sp.put("k30", b"x" * 97, {})
+    lines = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "(20 more puts evicted since the last such line" in lines[1]
+    assert sp.stats().dropped_bytes_cap == 22

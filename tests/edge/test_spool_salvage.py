@@ -11,7 +11,7 @@ import pytest
 
 from edge.spool import Spool, SpoolCorrupt, SpoolError
 from edge.spool_salvage import is_spool_file, open_spool
-from tests.edge.spooldamage import CREATED_INDEX, KEY_INDEX, damage_index, damage_page_holding
+from tests.edge.spooldamage import AGE_INDEX, KEY_INDEX, damage_index, damage_page_holding
 
 CAP = 1 << 30
 
@@ -57,7 +57,7 @@ def _held(sp: Spool):
     return {it.key: (it.id, it.payload, it.meta, it.attempts) for it in sp.peek(len(sp) + 1)}
 
 
-@pytest.mark.parametrize("index", [KEY_INDEX, CREATED_INDEX])
+@pytest.mark.parametrize("index", [KEY_INDEX, AGE_INDEX])
 def test_a_damaged_index_loses_nothing(tmp_path, caplog, index):
     path = tmp_path / "spool.db"
     before = _fill(path, 120, 2000, acked=range(10, 20))
