@@ -160,6 +160,16 @@ def _check_tiles(img: detect_pb2.Image, header: ImageHeader) -> None:
         if t.source_x >= img.source_width or t.source_y >= img.source_height:
             raise InvalidInputError(f"{where}: source corner ({t.source_x},{t.source_y}) lies outside the "
                                     f"{img.source_width}x{img.source_height} source frame")
+        # Every pixel of a tile must start inside the frame: a downscaled frame's last row may
+        # overhang it by a fraction of a pixel (its height is rounded), but a tile reaching
+        # further shows no pixels of this frame, and its boxes would be clamped onto the
+        # frame's edge (check_image refuses a crop that does not fit the same way).
+        s = float(t.scale) or 1.0
+        if t.source_x + (t.width - 1) * s >= img.source_width or t.source_y + (t.height - 1) * s >= img.source_height:
+            raise InvalidInputError(
+                f"{where}: {t.width}x{t.height} at scale {s:g} from source ({t.source_x},{t.source_y}) reaches "
+                f"({t.source_x + t.width * s:g},{t.source_y + t.height * s:g}), past the "
+                f"{img.source_width}x{img.source_height} source frame")
 
 
 def tiles_to_proto(tiles: Sequence[Tile]) -> List[detect_pb2.Tile]:
@@ -381,10 +391,12 @@ def map_to_source(d: Detections, offset: Tuple[float, float], size: Optional[Tup
                   tiles: Sequence[Tile] = ()) -> Detections:
     """Boxes found on a payload in source-frame pixels: through its tiles when it packs parts
     of the frame (:func:`edgewise.regions.tiles_to_frame`), else shifted by its crop offset;
-    clipped to the source size when known."""
-    if tiles:
-        return tiles_to_frame(d, tiles, size)
-    return shift_detections(d, offset[0], offset[1], size)
+    clipped to the source size when known, and then dropped when no area of them is left."""
+    out = tiles_to_frame(d, tiles, size) if tiles else shift_detections(d, offset[0], offset[1], size)
+    if size is None or len(out) == 0:
+        return out
+    keep = (out.boxes[:, 2] > out.boxes[:, 0]) & (out.boxes[:, 3] > out.boxes[:, 1])
+    return out if keep.all() else out.select(keep)  # nothing of it inside the frame
 
 
 def to_source_frame(d: Detections, img: detect_pb2.Image) -> Detections:

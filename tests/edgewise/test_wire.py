@@ -287,3 +287,60 @@ def test_crop_geometry_that_maps_boxes_nowhere_is_invalid(fields, says):
     ok = wire.encode_image(np.zeros((48, 64, 3), np.uint8), "jpeg")
     ok.offset_x, ok.offset_y, ok.source_width, ok.source_height = 576, 432, 640, 480  # the bottom-right crop
     assert wire.check_image(ok).width == 64
+
+
+def _packed(h: int = 48, w: int = 64) -> detect_pb2.Image:
+    im = wire.encode_image(np.zeros((h, w, 3), np.uint8), "png")
+    im.source_width, im.source_height = 640, 480
+    return im
+
+
+@pytest.mark.parametrize("tile, says", [
+    # at the frame's bottom-right corner, 63 of its 64 columns beyond the frame
+    (dict(x=0, y=0, width=64, height=48, source_x=639, source_y=0), r"reaches \(703,48\), past the 640x480"),
+    # a 2x tile whose last rows show nothing of the frame
+    (dict(x=0, y=0, width=64, height=48, source_x=0, source_y=400, scale=2.0), r"at scale 2 .* past the"),
+    # scale 0 is 1: one column too many
+    (dict(x=0, y=0, width=64, height=48, source_x=577, source_y=0), r"64x48 at scale 1 from source \(577,0\)"),
+])
+def test_a_tile_reaching_past_its_source_frame_is_invalid(tile: dict, says: str) -> None:
+    """Answered OK before, its boxes clamped onto the frame's edge (two thirds of a real answer
+    had no area left), where a crop of the same geometry is refused."""
+    im = _packed()
+    im.tiles.add(**tile)
+    with pytest.raises(InvalidInputError, match=r"image.tiles\[0\]: .*" + says):
+        wire.check_image(im)
+    fits = _packed()
+    fits.tiles.add(x=0, y=0, width=64, height=48, source_x=576, source_y=432)  # the bottom-right corner
+    fits.tiles.add(x=0, y=0, width=64, height=48, source_x=512, source_y=384, scale=2.0)
+    assert wire.check_image(fits).width == 64
+
+
+@pytest.mark.parametrize("w, h", [(640, 480), (1282, 1082), (1000, 721), (333, 1001), (1920, 1082), (97, 61)])
+@pytest.mark.parametrize("low_width", [0, 64, 320, 640])
+def test_the_edges_packed_payloads_pass_the_tile_check(w: int, h: int, low_width: int) -> None:
+    """A downscaled frame's rounded height overhangs the frame by up to half a packed pixel
+    (1920x1082 at 640 wide: 361 rows of 3 px, 1083): still valid, every packed pixel starts
+    inside the frame."""
+    from edgewise.regions import pack
+
+    frame = np.zeros((h, w, 3), np.uint8)
+    regions = [(0, 0, min(w, 40), min(h, 30)), (w - min(w, 50), h - min(h, 20), w, h)]
+    packed, tiles = pack(frame, regions, low_width)
+    im = wire.encode_image(packed, "png")
+    im.source_width, im.source_height = w, h
+    im.tiles.extend(wire.tiles_to_proto(tiles))
+    assert wire.check_image(im).width == packed.shape[1]
+
+
+def test_boxes_with_no_area_left_in_the_frame_are_dropped() -> None:
+    from edgewise.regions import Tile
+
+    found = Detections(boxes=np.array([[0, 0, 10, 10], [60, 47.9, 64, 48]], np.float32),
+                       scores=np.array([0.9, 0.8], np.float32), class_ids=np.zeros(2, np.int32),
+                       class_scores=None, objectness=None, names=("a",), source="cloud")
+    # the last packed pixel of a downscaled frame may overhang it (see above): a box in it is gone
+    out = wire.map_to_source(found, (0.0, 0.0), (320, 239), [Tile(0, 0, 64, 48, 0, 0, 5.0)])
+    np.testing.assert_array_equal(out.boxes, [[0, 0, 50, 50]])
+    assert out.scores.tolist() == pytest.approx([0.9])
+    assert len(wire.map_to_source(found, (0.0, 0.0), None, [Tile(0, 0, 64, 48, 0, 0, 5.0)])) == 2
