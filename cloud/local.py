@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _CLI = "import sys; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"
 _WORKER_RE = re.compile(r"EDGEWISE_WORKER_SERVING port=(\d+)")  # printed after warm-up
 _GATEWAY_RE = re.compile(r"EDGEWISE_GATEWAY_LISTENING port=(\d+) metrics_port=(-?\d+)")
+#: The gateway's ``limits`` that hold on both hops, and the worker flag each one sets.
+_BOTH_HOPS = {"max_message_bytes": "max-message-bytes", "max_image_pixels": "max-image-pixels"}
 
 
 def _free_port() -> int:
@@ -194,10 +196,13 @@ class LocalCloud:
             raise
 
     def _worker_argv(self, port: int, extra: Sequence[str]) -> list[str]:
-        # Metrics on any free port: several workers share this machine.
+        # Metrics on any free port: several workers share this machine. The gateway's limits
+        # that hold on both hops go to the workers too, as the chart passes them.
+        limits = self._gateway_tree().get("limits") or {}
+        both = [f"--{flag}={limits[key]}" for key, flag in _BOTH_HOPS.items() if limits.get(key) is not None]
         return cli_command("cloud", "worker", "--model", self.model, "--host", "127.0.0.1",
                            "--port", str(port), "--metrics-port", "0", "--worker-id", f"worker-{port}",
-                           "--threads", str(self.worker_threads), *self.worker_args, *extra)
+                           "--threads", str(self.worker_threads), *both, *self.worker_args, *extra)
 
     def _start_worker_slot(self, i: int, extra: Sequence[str]) -> None:
         if i == len(self.workers):
@@ -212,7 +217,8 @@ class LocalCloud:
         assert proc is not None
         proc.wait_line(_WORKER_RE, self.start_timeout)
 
-    def _write_gateway_config(self) -> Path:
+    def _gateway_tree(self) -> dict[str, Any]:
+        """The gateway's settings as given: its config file with ``gateway_settings`` over it."""
         tree: dict[str, Any] = {}
         if self.gateway_config:
             tree = dict(yaml.safe_load(Path(self.gateway_config).read_text()) or {})
@@ -222,6 +228,10 @@ class LocalCloud:
             for p in parts[:-1]:
                 node = node.setdefault(p, {})
             node[parts[-1]] = value
+        return tree
+
+    def _write_gateway_config(self) -> Path:
+        tree = self._gateway_tree()
         tree["listen"] = f"127.0.0.1:{self.gateway_port or self.port}"
         tree["metrics_host"] = "127.0.0.1"
         tree["metrics_port"] = self.metrics_port or self.requested_metrics_port

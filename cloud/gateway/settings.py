@@ -76,7 +76,9 @@ class LimitSettings:
     max_image_bytes: int = setting("Largest encoded image, bytes (at most `max_message_bytes`).",
                                    6 * 1024 * 1024, lo=1)
     max_image_pixels: int = setting("Largest image, width x height as its header declares (every encoding; "
-                                    "read before any decoding, as the workers do).", DEFAULT_MAX_PIXELS, lo=1)
+                                    "read before any decoding). The workers check their own "
+                                    "`max_image_pixels` too: the chart passes this value to them.",
+                                    DEFAULT_MAX_PIXELS, lo=1)
     max_id_length: int = setting("Longest device_id / stream_id / trace_id.", DEFAULT_MAX_ID_LENGTH, lo=1)
     max_edge_detections: int = setting("Most edge detections one request may carry.", 1000, lo=0)
     default_deadline_s: float = setting("Deadline when neither the call nor the request sets one, seconds "

@@ -26,6 +26,7 @@ from cloud.worker.settings import WorkerSettings
 from edgewise import wire
 from edgewise.detections import Detections
 from edgewise.errors import EdgewiseError, ModelError
+from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.regions import Tile
 from edgewise.runtime.detector import Detector
 from edgewise.runtime.letterbox import LetterboxMeta
@@ -75,9 +76,10 @@ class ModelRunner:
         return cls(det)
 
     # -- decode pool ------------------------------------------------------------
-    def prepare(self, image: detect_pb2.Image) -> Prepared:
-        """Decode and letterbox one wire image; ``InvalidInputError`` names what is wrong."""
-        bgr = wire.decode_image(image)
+    def prepare(self, image: detect_pb2.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> Prepared:
+        """Decode and letterbox one wire image (at most ``max_pixels``, the worker's
+        ``max_image_pixels``); ``InvalidInputError`` names what is wrong."""
+        bgr = wire.decode_image(image, max_pixels)
         offset, size, tiles = wire.source_mapping(image)
         return self.prepare_array(bgr, offset=offset, source_size=size, tiles=tiles)
 

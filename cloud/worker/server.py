@@ -269,7 +269,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
     async def _decode(self, image: detect_pb2.Image, deadline: float | None) -> Prepared:
         """Check the image's header (no decoding), wait for room in the decode budget for the
         pixels it declares, then decode and letterbox it in the decode pool."""
-        header = check_image(image)
+        header = check_image(image, self.settings.max_image_pixels)
         pixels = 0 if header.encoding == "raw" else header.pixels  # RAW: nothing to inflate
         timeout = None if deadline is None else max(0.0, deadline - self.clock())
         try:
@@ -279,7 +279,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             raise
         self.metrics.decode_pixels.set(self.decode_budget.in_use)
         try:
-            return await self._in_pool(self._decode_pool, self.runner.prepare, image)
+            return await self._in_pool(self._decode_pool, self.runner.prepare, image,
+                                      self.settings.max_image_pixels)
         except EdgewiseError:
             raise
         except Exception as exc:

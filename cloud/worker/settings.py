@@ -86,6 +86,10 @@ class WorkerSettings:
         "decodes alone. Default: one 7680x4320 frame.", DEFAULT_MAX_PIXELS, lo=1)
     grace_s: float = setting("On SIGTERM: seconds to finish in-flight requests before exiting.", 10.0, lo=0)
     max_message_bytes: int = setting("Largest gRPC request accepted, bytes.", 8 * 1024 * 1024, lo=1024)
+    max_image_pixels: int = setting(
+        "Largest image, width x height as its header declares, checked before decoding. Keep it at the "
+        "gateway's `limits.max_image_pixels` (the chart passes that value here): the worker refuses what it "
+        "does not allow, whatever the gateway admitted.", DEFAULT_MAX_PIXELS, lo=1)
     conf_threshold: Optional[float] = setting(
         "Lowest detection score returned; null: the model's own (ONNX metadata edgewise_conf_thres, chosen "
         "where the model was made), else 0.25.", None, lo=0, hi=1)
@@ -133,6 +137,7 @@ SCHEMA: Schema[WorkerSettings] = Schema(
         Flag("--input-size", "input_size", metavar="auto|model|native"),
         Flag("--grace", "grace_s", metavar="SECONDS"),
         Flag("--max-message-bytes", "max_message_bytes", metavar="BYTES"),
+        Flag("--max-image-pixels", "max_image_pixels", metavar="PIXELS"),
         Flag("--conf", "conf_threshold", metavar="SCORE"),
         Flag("--iou", "iou_threshold", metavar="IOU"),
         Flag("--max-batch", "batching.max_batch_size", metavar="N"),

@@ -736,17 +736,24 @@ def test_inline_secrets_stay_out_of_the_configmap(bad: str) -> None:
     assert ("gateway.tokensSecret" if "tokens" in bad else "mqtt.broker.authSecret") in out.stderr
 
 
-@pytest.mark.parametrize("sets, expected", [
-    ((), None),                                                        # the gateway's default
-    (("gateway.config.limits.max_message_bytes=16777216",), 16777216),
-    (("gateway.config.limits.max_message_bytes=null",), None),
+@pytest.mark.parametrize("key, flag, value", [
+    ("max_message_bytes", "--max-message-bytes", "default"),
+    ("max_message_bytes", "--max-message-bytes", None),  # values.yaml sets it; null unsets it
+    ("max_message_bytes", "--max-message-bytes", 16777216),
+    ("max_image_pixels", "--max-image-pixels", "default"),
+    ("max_image_pixels", "--max-image-pixels", 50_000_000),
 ])
-def test_workers_take_the_gateway_message_limit(sets: tuple, expected) -> None:
-    """limits.max_message_bytes holds "on both hops": the workers accept what the gateway forwards."""
+def test_workers_take_the_gateway_limits(key: str, flag: str, value) -> None:
+    """limits.max_message_bytes and max_image_pixels hold "on both hops": the workers accept
+    what the gateway forwards (unset: the gateway's default, which is the worker's)."""
     from cloud.gateway.settings import LimitSettings
+    from cloud.worker.settings import WorkerSettings
 
-    want = LimitSettings().max_message_bytes if expected is None else expected
-    assert f"--max-message-bytes={want}" in _container(render(*sets), "worker")["args"]
+    default = getattr(LimitSettings(), key)
+    assert getattr(WorkerSettings(), key) == default
+    sets = () if value == "default" else (f"gateway.config.limits.{key}={'null' if value is None else value}",)
+    want = default if value in (None, "default") else value
+    assert f"{flag}={want}" in _container(render(*sets), "worker")["args"]
 
 
 @pytest.mark.parametrize("mode, replicas", [("default", 2), ("none", 2)])

@@ -281,3 +281,21 @@ def _is_child_of_ours(pid: str, parent: int) -> bool:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_raised_gateway_image_limit_reaches_the_workers(tiny_model):
+    """limits.max_image_pixels raised on the gateway: a frame past the built-in 7680x4320
+    (33,177,600 pixels) is answered, not admitted by the gateway and refused by a worker."""
+    big = cv2.imencode(".jpg", np.full((5600, 6000, 3), 90, np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 50])[1].tobytes()
+    with LocalCloud(tiny_model, workers=1, worker_threads=1,
+                    gateway_settings={**FAST, "limits.max_image_pixels": 40_000_000}) as cloud:
+        with grpc.insecure_channel(cloud.address) as ch:
+            stub = service_pb2_grpc.EscalationStub(ch)
+            resp = stub.Detect(frame(1, data=big), timeout=30, metadata=MD)
+            assert resp.model_name
+    with LocalCloud(tiny_model, workers=1, worker_threads=1, gateway_settings=FAST) as cloud:
+        with grpc.insecure_channel(cloud.address) as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                service_pb2_grpc.EscalationStub(ch).Detect(frame(1, data=big), timeout=30, metadata=MD)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "33600000 pixels, over the limit of 33177600" in (err.value.details() or "")

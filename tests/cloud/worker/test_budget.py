@@ -13,6 +13,7 @@ import pytest
 from cloud.worker.budget import PixelBudget
 from cloud.worker.runner import ModelRunner, Prepared
 from edgewise.errors import OverloadedError
+from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.v1 import detect_pb2
 from tests.cloud.worker.test_server import call, jpeg_request, make_settings, photo, running
 from tests.waiting import async_wait_until
@@ -68,13 +69,13 @@ class GatedRunner(ModelRunner):
         self.in_use: list[int] = []
         self.budget: PixelBudget | None = None
 
-    def prepare(self, image: detect_pb2.Image) -> Prepared:
+    def prepare(self, image: detect_pb2.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> Prepared:
         if self.budget is not None:
             self.in_use.append(self.budget.in_use)
         if not self.entered.is_set():
             self.entered.set()
             assert self.gate.wait(20)
-        return super().prepare(image)
+        return super().prepare(image, max_pixels)
 
 
 def test_worker_holds_decodes_within_the_budget(tiny_model):
