@@ -176,8 +176,7 @@ class WorkerPool:
             if hop <= 0:
                 reply = error_reply(req, status.DEADLINE_EXCEEDED,
                                     f"deadline passed, or too close to reach a worker ({remaining * 1000:.1f} ms "
-                                    f"left), after {len(tried)} attempt(s) ({', '.join(tried)}); send a later "
-                                    f"deadline")
+                                    f"left), {_attempts(tried)}; send a later deadline")
                 if not tried:  # refused before forwarding, like the gateway's other refusals
                     self.metrics.rejected.labels(reason="deadline_exceeded").inc()
                 break
@@ -330,3 +329,8 @@ def _hop_error(req: RequestHead, name: str, exc: grpc.aio.AioRpcError) -> Reply:
                                     f"allows ({details}); send a smaller image, or give the gateway and the "
                                     f"workers the same max_message_bytes")
     return error_reply(req, st, f"worker {name}: {exc.code().name}: {details}")
+
+
+def _attempts(tried: list[str]) -> str:
+    """How far a request got before its deadline ran out, for its error message."""
+    return f"after {len(tried)} attempt(s) ({', '.join(tried)})" if tried else "before any worker was tried"

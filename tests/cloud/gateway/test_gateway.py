@@ -172,6 +172,10 @@ def test_deadline_propagates_to_worker_and_expires():
                 t1 = time.perf_counter()
                 code, _ = await _detect(stub, req, timeout=5)
                 assert code == "DEADLINE_EXCEEDED" and time.perf_counter() - t1 < 0.5
+                late = request(seq=3)
+                late.deadline_unix_ns = time.time_ns() + int(1e6)  # too close to reach any worker
+                code, details = await _detect(stub, late, timeout=5)
+                assert code == "DEADLINE_EXCEEDED" and "before any worker was tried" in details, details
         finally:
             await gw.stop(0)
             await w.stop()
