@@ -5,7 +5,7 @@ watchdog: an error is logged and the task restarts, it never ends silently);
 SIGTERM/SIGINT start a drain (capture stops, queued frames finish,
 in-flight escalations get ``shutdown_grace_s`` to finish and are spooled
 otherwise, health goes 503), SIGHUP reloads the policy. The policy file is also
-polled (mtime / inode / size); an invalid new file is refused with a logged
+polled (mtime / ctime / inode / size); an invalid new file is refused with a logged
 reason and the old policy stays. Start-up problems (spool, metrics port) end
 the process with one ``EdgewiseError`` line, after what was started is closed.
 Style: docs/design/conventions.md#graceful-shutdown (kopf's
@@ -97,12 +97,16 @@ def boot_epoch(spool_path: str, floor: int = 0) -> int:
     return epoch
 
 
-def _file_id(path: str) -> Optional[Tuple[int, int, int]]:
+def _file_id(path: str) -> Optional[Tuple[int, int, int, int]]:
+    """What the policy watcher compares between two polls (the target of a symlink, as
+    ConfigMaps mount it). The change time is part of it: a ``chmod``/``chown`` that makes a
+    refused, unreadable file readable changes neither its contents' time nor its size,
+    nor does ``cp -p`` of a same-size file over it."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_mtime_ns, st.st_ino, st.st_size)
+    return (st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)
 
 
 class EdgeDaemon:

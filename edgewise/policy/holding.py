@@ -108,7 +108,7 @@ class PolicyHolder:
     def from_file(cls, path: Union[str, Path], fit: Optional[Fit] = None) -> PolicyHolder:
         """Load the initial policy (raises :class:`ConfigError` when invalid or when ``fit``
         says this deployment cannot run it; a reload it refuses keeps the old policy)."""
-        data = read_policy_bytes(path)
+        data = read_policy_bytes(path, regular_only=True)
         return cls(parse_policy(data, str(path)), data, fit)
 
     @property
@@ -128,7 +128,7 @@ class PolicyHolder:
     def prepare(self, path: Union[str, Path]) -> ReloadPlan:
         """Read and validate ``path`` without changing anything (any thread); never raises."""
         try:
-            data = read_policy_bytes(path)
+            data = read_policy_bytes(path, regular_only=True)
         except ConfigError as exc:
             return ReloadPlan(False, str(exc), False, None, "", str(path))
         return plan_reload(self._digest, data, str(path), self._fit)

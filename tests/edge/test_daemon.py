@@ -232,3 +232,64 @@ def test_policy_classes_the_model_does_not_have_are_warned_at_start_and_on_reloa
         assert await asyncio.wait_for(task, 30) == 0
 
     asyncio.run(run())
+
+
+def test_reload_sees_a_same_size_rewrite_with_its_old_mtime_and_refuses_a_fifo_without_blocking(tmp_path, tiny_model):
+    """The watcher compared mtime / inode / size only: a same-size policy copied over the old
+    one with its times kept (``cp -p``, or a refused unreadable file made readable by
+    ``chmod``/``chown``, which changes only the change time) was never reloaded. A named
+    pipe put where the policy was blocked the reading thread for ever: no later reload,
+    no SIGHUP, and SIGTERM never ended the process."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("first", {"s": "never"}))
+    s = load_settings(str(settings_yaml(
+        tmp_path / "edge.yaml", device_id="dev",
+        streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+        model={"path": str(tiny_model)}, policy_file=str(policy), policy_poll_s=0.05,
+        spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})), env={})
+    d = EdgeDaemon(s)
+    reloads = d.metrics.reloads
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.pipeline is not None and d.pipeline.frames_done > 0, 60, "frames")
+        before = os.stat(policy)
+        with open(policy, "r+") as f:  # in place: same inode, same size, old mtime put back
+            f.write(policy_yaml("other", {"s": "never"}))
+        assert os.stat(policy).st_size == before.st_size
+        os.utime(policy, ns=(before.st_atime_ns, before.st_mtime_ns))
+        await async_wait_until(lambda: d.holder.policy.metadata.name == "other", 10, "the same-size rewrite")
+        policy.unlink()
+        os.mkfifo(policy)
+        await async_wait_until(lambda: reloads.labels("refused")._value.get() == 1, 10, "the FIFO refused")
+        assert "named pipe" in (d.holder.last_error or "")
+        policy.unlink()
+        policy.write_text(policy_yaml("third", {"s": "never"}))
+        await async_wait_until(lambda: d.holder.policy.metadata.name == "third", 10, "the file after the FIFO")
+        policy.unlink()
+        os.mkfifo(policy)
+        await async_wait_until(lambda: reloads.labels("refused")._value.get() == 2, 10, "the FIFO refused again")
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
+    assert reloads.labels("ok")._value.get() == 2 and reloads.labels("error")._value.get() == 0
+
+
+def test_the_policy_watcher_sees_a_chmod():
+    """An unreadable new policy is refused; the ``chmod`` that fixes it changes neither the
+    mtime nor the size nor the inode, only the change time (root reads any file, so the
+    daemon-level refusal cannot be shown here)."""
+    import tempfile
+
+    from edge.daemon import _file_id
+
+    with tempfile.NamedTemporaryFile(suffix=".yaml") as f:
+        f.write(b"x")
+        f.flush()
+        os.chmod(f.name, 0o000)
+        before = _file_id(f.name)
+        st = os.stat(f.name)
+        os.chmod(f.name, 0o644)
+        os.utime(f.name, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert _file_id(f.name) != before

@@ -187,3 +187,51 @@ def test_carry_scope_is_validated_and_explained():
     assert "carryScope regions has no effect: every payload.mode low+regions answer covers the whole frame" in explain(whole)
     off = parse_policy(body + "  merge: {carryScope: regions}\n")
     assert "carryScope regions has no effect: nothing is carried" in explain(off)
+
+
+def test_the_daemon_refuses_a_named_pipe_at_once_and_check_policy_still_reads_one(tmp_path):
+    """Reading a FIFO without a writer blocked the daemon's reload thread for ever;
+    ``regular_only`` (the daemon's reads) refuses it without waiting, and the plain read
+    (``check-policy <(kubectl ...)``) reads what a writer sends."""
+    import os
+    import threading
+
+    from edgewise.policy.holding import PolicyHolder
+    from edgewise.policy.loading import read_policy_bytes
+
+    fifo = tmp_path / "policy.yaml"
+    os.mkfifo(fifo)
+    outcome = []
+    t = threading.Thread(target=lambda: outcome.append(_refusal(fifo)), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the daemon's read of a FIFO blocked"
+    assert outcome == [f"{fifo}: is a named pipe (FIFO), expected a policy YAML file "
+                       "(the daemon re-reads it on every change)"]
+    with pytest.raises(ConfigError, match="named pipe"):  # the daemon's start and check-config
+        PolicyHolder.from_file(fifo)
+    plan = PolicyHolder(parse_policy(EXAMPLES[0].read_bytes(), str(EXAMPLES[0]))).prepare(fifo)
+    assert not plan.ok and "named pipe" in (plan.error or "")  # every reload
+
+    text = EXAMPLES[0].read_bytes()
+    writer = threading.Thread(target=fifo.write_bytes, args=(text,), daemon=True)
+    writer.start()
+    assert read_policy_bytes(fifo) == text
+    writer.join(10)
+
+
+def _refusal(path: Path) -> str:
+    from edgewise.policy.loading import read_policy_bytes
+
+    try:
+        read_policy_bytes(path, regular_only=True)
+    except ConfigError as exc:
+        return str(exc)
+    return "read"
+
+
+def test_a_file_over_the_limit_is_refused_with_its_own_size(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * 3_000_000)
+    with pytest.raises(ConfigError, match=r"big\.yaml: policy file is 3000000 bytes, over the 1048576-byte limit"):
+        load_policy(big)
