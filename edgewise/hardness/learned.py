@@ -23,6 +23,7 @@ import numpy as np
 
 from edgewise.detections import Detections
 from edgewise.errors import ConfigError
+from edgewise.filereads import read_capped
 from edgewise.hardness.boosting import BoostedTrees
 from edgewise.hardness.signals import RECORD_DECIMALS, SIGNAL_NAMES
 
@@ -128,9 +129,11 @@ class GainModel:
         """Read and validate a model file; ConfigError names the file and what is wrong."""
         p = Path(path)
         try:
-            if p.stat().st_size > MAX_MODEL_BYTES:
-                raise ConfigError(f"{p}: over {MAX_MODEL_BYTES} bytes; not a gain model written by edgewise eval")
-            d = json.loads(p.read_text(encoding="utf-8"))
+            data, size = read_capped(p, MAX_MODEL_BYTES, "the gain model's JSON file")
+            if size > MAX_MODEL_BYTES:
+                raise ConfigError(f"{p}: {size} bytes, over {MAX_MODEL_BYTES}; not a gain model written by "
+                                  "edgewise eval")
+            d = json.loads(data.decode("utf-8"))
         except IsADirectoryError:
             raise ConfigError(f"{p}: is a folder; signals.learnedModel names the gain model's JSON file "
                               "(e.g. gain-model.json, written by `edgewise eval --train-data`)") from None

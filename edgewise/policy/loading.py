@@ -13,9 +13,7 @@ Validation is driven by the field metadata of :mod:`edgewise.policy.schema`.
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -24,6 +22,7 @@ import yaml
 from edgewise import yamlnodes
 from edgewise.errors import ConfigError
 from edgewise.fieldrules import show, suggest
+from edgewise.filereads import read_capped
 from edgewise.hardness.learned import GainModel
 from edgewise.policy.fields import FieldSpec, field_specs
 from edgewise.policy.schema import Policy
@@ -203,21 +202,6 @@ def _parse_policy(text: Union[str, bytes], source_name: str) -> Policy:
                   learned=learned)
 
 
-def _open_nonblocking(path: str, flags: int) -> int:
-    # A FIFO opens at once without a writer (instead of blocking the reader for ever).
-    return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
-
-
-def _not_regular(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
 def read_policy_bytes(path: Union[str, Path], regular_only: bool = False) -> bytes:
     """The policy file's bytes, read once (at most :data:`~edgewise.yamlnodes.MAX_BYTES`);
     ConfigError saying why it cannot be read.
@@ -229,12 +213,8 @@ def read_policy_bytes(path: Union[str, Path], regular_only: bool = False) -> byt
     (``check-policy <(kubectl get configmap ...)``)."""
     p = Path(path)
     try:
-        with open(p, "rb", opener=_open_nonblocking if regular_only else None) as f:
-            st = os.fstat(f.fileno())
-            if regular_only and not stat.S_ISREG(st.st_mode):
-                raise ConfigError(f"{p}: is {_not_regular(st.st_mode)}, expected a policy YAML file "
-                                  "(the daemon re-reads it on every change)")
-            data = f.read(yamlnodes.MAX_BYTES + 1)
+        data, size = read_capped(p, yamlnodes.MAX_BYTES, "a policy YAML file (the daemon re-reads it on every "
+                                 "change)", regular_only)
     except FileNotFoundError:
         raise ConfigError(f"{p}: policy file not found; check the path") from None
     except IsADirectoryError:
@@ -243,9 +223,6 @@ def read_policy_bytes(path: Union[str, Path], regular_only: bool = False) -> byt
         raise ConfigError(f"{p}: permission denied reading the policy file") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the policy file: {exc.strerror or exc}") from None
-    size = len(data)
-    if size > yamlnodes.MAX_BYTES and stat.S_ISREG(st.st_mode):
-        size = max(size, st.st_size)  # the file's own size: the read stopped one byte past the limit
     yamlnodes.check_size(size, str(p), "policy")
     return data
 

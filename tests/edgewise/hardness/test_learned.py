@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -132,6 +133,24 @@ def test_policy_with_a_bad_model_is_refused_and_reload_keeps_the_old(model, tmp_
     path.write_text(POLICY % "broken.json")
     res = holder.reload(path)
     assert not res.ok and "broken.json" in (res.error or "") and holder.policy.learned is not None
+
+
+def test_a_learned_model_that_is_a_device_a_pipe_or_too_big_is_refused_at_once(model, tmp_path) -> None:
+    """/dev/zero passed a size check from stat (0 bytes) and was read until the kernel killed
+    the process for memory; a named pipe blocked the reload. Both are refused, unread."""
+    import os
+
+    from edgewise.hardness.learned import MAX_MODEL_BYTES
+
+    path = tmp_path / "policy.yaml"
+    os.mkfifo(tmp_path / "pipe.json")
+    (tmp_path / "big.json").write_bytes(b" " * (MAX_MODEL_BYTES + 10))
+    for name, says in [("/dev/zero", "is a device, expected the gain model's JSON file"),
+                       ("pipe.json", "is a named pipe (FIFO), expected the gain model's JSON file"),
+                       ("big.json", f"{MAX_MODEL_BYTES + 10} bytes, over {MAX_MODEL_BYTES}; not a gain model")]:
+        path.write_text(POLICY % name)
+        with pytest.raises(ConfigError, match=r"spec.signals.learnedModel: .*" + re.escape(says)):
+            load_policy(path)
 
 
 def test_explain_warns_when_the_payload_differs_from_the_models(model, tmp_path) -> None:

@@ -1,0 +1,55 @@
+"""Reading the small files an operator points the edge at (policies, gain models): at most
+a bounded number of bytes, and, where the daemon re-reads them, regular files only.
+
+A file's size from ``stat`` says nothing for a device or a named pipe (0), so a size check
+before reading lets ``/dev/zero`` through and a read without a cap fills memory; a named
+pipe without a writer blocks the reader, which in the daemon stops hot reload and its
+shutdown. Both are refused here, in one place.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import Tuple, Union
+
+from edgewise.errors import ConfigError
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    # A FIFO opens at once without a writer (instead of blocking the reader for ever).
+    return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_capped(path: Union[str, Path], limit: int, what: str, regular_only: bool = True) -> Tuple[bytes, int]:
+    """The first ``limit + 1`` bytes of the file at ``path`` and its size as far as known
+    (more than ``limit``: the caller refuses it, naming the size).
+
+    ``regular_only``: anything but a regular file (after symlinks) is a ``ConfigError``
+    naming what it is and ``what`` was expected, found without waiting on it. Otherwise a
+    pipe is read like ``cat`` would (``check-policy <(kubectl ...)``), up to the cap.
+    ``OSError`` (not found, a folder, permission) is the caller's to word."""
+    p = Path(path)
+    with open(p, "rb", opener=_open_nonblocking if regular_only else None) as f:
+        st = os.fstat(f.fileno())
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(p))
+        if regular_only and not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{p}: is {_kind(st.st_mode)}, expected {what}")
+        data = f.read(limit + 1)
+    size = len(data)
+    if size > limit and stat.S_ISREG(st.st_mode):
+        size = max(size, st.st_size)  # the file's own size: the read stopped one byte past the cap
+    return data, size
