@@ -232,7 +232,7 @@ class EdgeSettings:
     model: ModelSettings = setting("The edge detector.", factory=ModelSettings)
     policy_file: str = setting("Escalation policy YAML (`kind: EscalationPolicy`); empty = never escalate.", "")
     policy_poll_s: float = setting("How often the policy file is checked for changes, seconds (SIGHUP also "
-                                   "reloads).", 1.0, lo=0, lo_open=True)
+                                   "reloads); at least 0.05 (a check is a stat of the file).", 1.0, lo=0.05)
     cloud: CloudSettings = setting("How to reach the cloud tier.", factory=CloudSettings)
     spool: SpoolSettings = setting("Durable spool.", factory=SpoolSettings)
     sinks: SinkSettings = setting("Per-frame record sinks.", factory=SinkSettings)

@@ -49,6 +49,11 @@ def guarded(name: str, what: str) -> Iterator[None]:
             raise ConfigError(f"{name}: a number has too many digits; use a number of at most a few "
                               "digits") from None
         raise ConfigError(f"{name}: cannot read the {what}: {exc}") from None
+    except yaml.MarkedYAMLError as exc:  # a tag or merge key no reader here takes: its line
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = ", ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise ConfigError(f"{name}{line}: cannot read a value: {problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{name}: cannot read a value: {' '.join(str(exc).split())}") from None
     except Exception as exc:  # a reader of live reloads must refuse the file, never stop

@@ -142,6 +142,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `edgewise ... | head` closed our output: stop quietly, as cat does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe closed
 
 
 __all__: List[str] = ["build_parser", "main"]

@@ -23,3 +23,21 @@ def test_cloud_on_python38_is_refused_in_one_line(monkeypatch, capsys):
 def test_cloud_on_this_python_is_the_real_group(capsys):
     assert cli.main(["cloud"]) == 2  # the group's help, as for any group without a subcommand
     assert "worker" in capsys.readouterr().out
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`edgewise edge check-policy FILE | head`: the reader went away; the command stops with
+    the shell's status for it (141), not a BrokenPipeError traceback."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    policy = Path(__file__).resolve().parents[2] / "examples" / "policy.yaml"
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the command writes
+    try:
+        p = subprocess.run([sys.executable, "-m", "edgewise", "edge", "check-policy", str(policy)], stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert p.returncode == 141 and p.stderr == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -56,6 +57,19 @@ def test_a_number_of_thousands_of_digits_is_one_line(read):
 def test_a_nul_byte_is_named_with_its_position(read):
     with pytest.raises(ConfigError, match=r"not valid YAML at character \d+: special characters are not allowed"):
         read()
+
+
+@pytest.mark.parametrize("value, says", [
+    ("!custom 0.5", "could not determine a constructor for the tag '!custom'"),
+    ("!!python/name:os.system", "could not determine a constructor for the tag 'tag:yaml.org"),
+    ("\n    <<: 5", "while constructing a mapping, expected a mapping or list of mappings for merging"),
+])
+def test_a_tag_or_merge_key_no_reader_takes_names_its_line(value: str, says: str):
+    line = 5 if "<<" in value else 4
+    with pytest.raises(ConfigError, match=rf"^s.yaml:{line}: cannot read a value: " + re.escape(says)):
+        parse_yaml(f"a: 1\nb: 2\nc:\n  d: {value}\n", "s.yaml", "edge settings")
+    with pytest.raises(ConfigError, match=rf"^p.yaml:{line + 1}: cannot read a value: " + re.escape(says)):
+        parse_policy(POLICY_HEAD + f"spec:\n  {'signals' if '<<' in value else 'threshold'}: {value}\n", "p.yaml")
 
 
 def test_merge_keys_work_in_policies_as_in_settings_and_own_keys_win():
