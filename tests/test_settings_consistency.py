@@ -31,7 +31,7 @@ class Process:
 
 PROCESSES = {
     "edge": Process("edge.settings", ("edge", "run"), "streams: [{id: s, kind: synthetic}]\n",
-                    {"bool": "sinks.stdout", "int": "model.max_det", "float": "policy_poll_s", "str": "device_id"}),
+                    {"bool": "sinks.stdout", "int": "model.max_det", "float": "spool.replay_interval_s", "str": "device_id"}),
     "gateway": Process("cloud.gateway.settings", ("cloud", "gateway"), "discovery: {static: ['a:1']}\n",
                        {"bool": "retry.enabled", "int": "limits.max_id_length", "float": "limits.rate_per_device",
                         "str": "mqtt.group"}),
