@@ -29,6 +29,7 @@ from edge import tegrastats
 from edge.deciding import Decider
 from edge.escalating import Escalating
 from edge.framememory import FrameMemory
+from edge.instancelock import InstanceLock
 from edge.metrics import EdgeMetrics, MetricsServer
 from edge.outbox import Outbox
 from edge.pipeline import Pipeline
@@ -127,6 +128,7 @@ class EdgeDaemon:
         self.spool_problem = ""  # why the spool could not be opened at start (a full disk); retried
         self.mqtt: Any = None
         self.transports: Dict[str, Transport] = {}
+        self.instance_lock = InstanceLock(settings.spool.path)
         self.sinks: Optional[Sinks] = None
         self.stop_event: Optional[asyncio.Event] = None
         self.reload_event: Optional[asyncio.Event] = None
@@ -328,6 +330,7 @@ class EdgeDaemon:
         assert self.stop_event is not None
         for line in preflight(s):  # device id, writable state folders: one-line errors
             log.info("%s", line)
+        self.instance_lock.acquire()  # before anything of the state folder is touched
         policy = None
         if s.policy_file:
             from edgewise.policy.holding import PolicyHolder
@@ -476,6 +479,7 @@ class EdgeDaemon:
             self.telemetry.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        self.instance_lock.release()  # last: the state folder is this daemon's until here
 
 
 def run_daemon(settings: EdgeSettings) -> int:

@@ -1,0 +1,81 @@
+"""One daemon per spool.path: a second start on the same state folder is refused with the
+first one's pid; the lock goes with its process, kill -9 included."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from edge.instancelock import InstanceLock
+from edgewise.errors import ConfigError
+from tests.edge.helpers import settings_yaml
+from tests.processes import ROOT, EdgeProcess
+from tests.waiting import wait_until
+
+
+def test_a_second_lock_on_the_same_spool_names_the_holder_and_waits_for_its_release(tmp_path):
+    spool = str(tmp_path / "spool.db")
+    first, second = InstanceLock(spool), InstanceLock(spool)
+    first.acquire()
+    with pytest.raises(ConfigError, match=rf"spool.db.lock: another edgewise daemon \(pid {os.getpid()}\) uses "
+                                          r"this spool.path; stop it first"):
+        second.acquire()
+    InstanceLock(str(tmp_path / "other.db")).acquire()  # another spool: its own lock
+    first.release()
+    second.acquire()
+    second.release()
+
+
+def test_a_lock_held_by_a_process_killed_with_sigkill_is_free_at_once(tmp_path):
+    spool = str(tmp_path / "spool.db")
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from edge.instancelock import InstanceLock
+        InstanceLock({spool!r}).acquire()
+        print("held", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"\(pid {holder.pid}\)"):
+            InstanceLock(spool).acquire()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        InstanceLock(spool).acquire()  # no stale lock to clean up
+    finally:
+        holder.kill()
+        holder.wait(10)
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
+def test_a_second_daemon_on_the_same_spool_path_is_refused_at_start(tmp_path, tiny_model):
+    """Started by hand while the service runs (metrics off, so no port conflict stops it
+    first): it refuses before it opens the spool, and the first daemon runs on."""
+    config = settings_yaml(
+        tmp_path / "edge.yaml", device_id="dev",
+        streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+        model={"path": str(tiny_model)}, spool={"path": str(tmp_path / "state" / "spool.db")},
+        sinks={"jsonl": str(tmp_path / "out.jsonl")}, metrics={"port": -1})
+    first = EdgeProcess(config, tmp_path / "first.log")
+    try:
+        wait_until(lambda: first.check() and "running" in (tmp_path / "first.log").read_text(), 60, "first daemon")
+        second = subprocess.run([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(config)],
+                                capture_output=True, text=True, timeout=120, cwd=ROOT,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert second.returncode == 2, second.stderr
+        assert f"another edgewise daemon (pid {first.proc.pid}) uses this spool.path" in second.stderr
+        assert first.check()
+        first.kill9(0)
+        first.start()  # the killed daemon's lock went with it
+        wait_until(lambda: first.check() and (tmp_path / "first.log").read_text().count(" running") >= 2, 60,
+                   "restarted daemon")
+        assert first.stop() == 0
+    finally:
+        first.close()
