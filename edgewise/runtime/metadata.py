@@ -545,9 +545,15 @@ def check_output(info: ModelInfo, batch_shape: Sequence[int], raw: Any) -> None:
         raise ModelError(f"{p}: the model's output is {list(shape)}, not a YOLOv5 head [B,N,5+nc]; export YOLOv5")
     rows, cols = shape[1], shape[2]
     if cols != 5 + info.nc:
-        hint = (" (4 + nc, one row per grid cell: a YOLOv8 anchor-free output is not supported; export YOLOv5)"
-                if cols == 4 + info.nc and _one_row_per_cell(rows, tuple(batch_shape))
-                else "; fix the names metadata or re-export the model")
+        if cols == 4 + info.nc and _one_row_per_cell(rows, tuple(batch_shape)):
+            hint = " (4 + nc, one row per grid cell: a YOLOv8 anchor-free output is not supported; export YOLOv5)"
+        elif rows == 4 + info.nc and _one_row_per_cell(cols, tuple(batch_shape)):
+            # a dynamic YOLOv8 export: its [B,4+nc,N] shape is symbolic, so only the run shows it
+            raise ModelError(f"{p}: the model's output {list(shape)} is YOLOv8's transposed [B,4+nc,N] layout "
+                             f"(4 + {info.nc} class names = {rows} rows, one column per grid cell): YOLOv8 "
+                             "anchor-free output is not supported; export YOLOv5")
+        else:
+            hint = "; fix the names metadata or re-export the model"
         raise ModelError(f"{p}: the model's output has {cols} columns but there are {info.nc} class names "
                          f"({info.names_source}), so 5 + nc = {5 + info.nc} was expected{hint}")
     if len(batch_shape) == 4 and rows:

@@ -5,7 +5,8 @@ Validation, class names, stride, input size and precision come from the runtime'
 adds what only the model tools need: parameter count, opset, producer, file size,
 operator histogram, the quantization layout (how many convolutions run in INT8), and a
 check of the graph itself (``check_graph``: the ONNX checker, then ONNX Runtime loading
-it), since a file can carry valid YOLOv5 metadata around a graph no runtime accepts.
+it, then one grey frame through it: ``check_first_output``), since a file can carry valid
+YOLOv5 metadata around a graph no runtime accepts, or one whose output the runtime refuses.
 """
 
 from __future__ import annotations
@@ -75,6 +76,33 @@ def check_graph(path: Path) -> Optional[str]:
     return None
 
 
+def check_first_output(info: Any) -> Optional[str]:
+    """None when one grey frame through the model (ONNX Runtime, CPU) gives an output the
+    runtime decodes, else the one-line reason every runtime would refuse it with at its first
+    frame (``edgewise.runtime.metadata.check_output``: a symbolic output width that disagrees
+    with the names, a dynamic YOLOv8 export, logits instead of probabilities)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from edgewise.errors import ModelError
+    from edgewise.runtime.metadata import check_output
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = 1
+    shape = (info.fixed_batch or 1, 3, info.imgsz[0], info.imgsz[1])
+    try:
+        sess = ort.InferenceSession(str(info.path), so, providers=["CPUExecutionProvider"])
+        frame = np.full(shape, 114 / 255, np.float16 if info.input_dtype == "float16" else np.float32)
+        raw = sess.run([info.output_name], {info.input_name: frame})[0]
+        check_output(info, shape, np.asarray(raw, np.float32))
+    except ModelError as e:
+        return "first inference: " + str(e).replace(f"{info.path}: ", "", 1)
+    except Exception as e:  # ONNX Runtime failing at run time (e.g. a shape the graph cannot take)
+        return f"first inference ({shape[2]}x{shape[3]}): ONNX Runtime: " + " ".join(str(e).split())[:300]
+    return None
+
+
 def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None) -> Dict[str, Any]:
     """A JSON-ready description of a YOLOv5 ONNX model.
 
@@ -101,6 +129,9 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
     )
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     init_names = {t.name for t in model.graph.initializer}
+    graph_error = check_graph(info.path)
+    if graph_error is None:
+        graph_error = check_first_output(info)
     return {
         "path": str(info.path),
         "file_bytes": info.file_bytes,
@@ -130,7 +161,7 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
         "int8_conv_nodes": int8_convs,
         "ops": dict(sorted(ops.items())),
         "metadata": dict(info.metadata),
-        "graph_error": check_graph(info.path),
+        "graph_error": graph_error,
         "warnings": [imgsz_guess_warning(info)] if info.imgsz_source == "default" else [],
     }
 
@@ -187,7 +218,7 @@ def format_description(d: Dict[str, Any]) -> str:
         except (ValueError, AttributeError):  # hand-edited metadata: show it raw
             lines.append(f"quantized  {quant}")
     err = d.get("graph_error")
-    lines.append(f"graph      {'BROKEN: ' + err if err else 'valid (ONNX checker; ONNX Runtime loads it)'}")
+    lines.append(f"graph      {'BROKEN: ' + err if err else 'valid (ONNX checker; ONNX Runtime loads and runs it)'}")
     lines.append("jetson     " + ("; ".join(d["jetpack51"]) if d.get("jetpack51") else
                                   "its opsets load on JetPack 5.1 (TensorRT 8.5, ONNX Runtime 1.16.3)"))
     for w in d.get("warnings", []):

@@ -44,7 +44,13 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import EdgewiseError, InvalidInputError, ModelError
 from edgewise.runtime.cpu import cpu_lacks_vnni
-from edgewise.runtime.metadata import imgsz_guess_warning, load_model_info
+from edgewise.runtime.metadata import (
+    ModelInfo,
+    find_sidecar,
+    imgsz_guess_warning,
+    load_model_info,
+    names_to_metadata,
+)
 from edgewise.runtime.opsets import device_problems, unused_domains
 from edgewise_tools.models.agreement import Agreement
 from edgewise_tools.models.calibration import (
@@ -365,8 +371,7 @@ def quantize(
             _clip_head_ranges(staged, head_outputs)
         quant_meta = {"method": method, "frames": reader.frames_used, "target": target}
         extra = {"edgewise_quant": json.dumps(quant_meta)}
-        if info.imgsz_source == "override":  # calibrated at this size: say so in the file
-            extra["imgsz"] = str(list(info.imgsz))
+        extra.update(sidecar_metadata(info))
         set_metadata(staged, extra, like=info.path)
         dropped = drop_unused_opsets(staged)
         if dropped:
@@ -628,6 +633,22 @@ def drop_unused_opsets(path: Path) -> List[str]:
     onnx.save(model, str(part))
     os.replace(part, path)
     return unused
+
+
+def sidecar_metadata(info: ModelInfo) -> Dict[str, str]:
+    """What the INT8 model's metadata must add to the float model's to load the same way.
+
+    The class names, stride and input size the float model took from a sidecar YAML (or
+    the caller's ``imgsz``) come from next to the float model, not next to ``-o``: left
+    out, the INT8 model would load with names ``0..nc-1`` and an assumed 640x640 input."""
+    out: Dict[str, str] = {}
+    if "names" not in info.metadata and info.names_source != "default":
+        out["names"] = names_to_metadata(info.names)
+    if "stride" not in info.metadata and find_sidecar(info.path) is not None:
+        out["stride"] = str(info.stride)  # the sidecar's, or the 32 it loaded with
+    if info.imgsz_source not in ("graph", "default", "onnx-metadata"):  # override or a sidecar path
+        out["imgsz"] = str(list(info.imgsz))  # calibrated at this size: say so in the file
+    return out
 
 
 def set_metadata(path: Path, extra: Dict[str, str], like: Optional[Path] = None) -> None:

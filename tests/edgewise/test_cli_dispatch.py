@@ -40,4 +40,4 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
                            stderr=subprocess.PIPE, text=True, timeout=60)
     finally:
         os.close(w)
-    assert p.returncode == 141 and p.stderr == ""
+    assert (p.returncode, p.stderr) == (141, "")

@@ -235,3 +235,18 @@ def test_non_integer_stride_is_refused(tmp_path, stride):
 def test_integer_strides_load(tmp_path, stride, want):
     p = const_model(tmp_path / "s.onnx", head(P5_ROWS, 8), meta={"names": N3, "stride": stride})
     assert load_model_info(p).stride == want
+
+
+# -- YOLOv8's transposed layout in a dynamic export (its shape is symbolic until the run) --
+def test_dynamic_yolov8_transposed_output_is_named_at_first_inference(tmp_path):
+    # [B,4+nc,N]: 4 + 3 names = 7 rows, one column per grid cell; YOLOv8 export(dynamic=True)
+    const = np.zeros((1, 7, GRID_CELLS), np.float32)
+    p = const_model(tmp_path / "v8dyn.onnx", const, in_shape=("batch", 3, "height", "width"),
+                    out_shape=("batch", "c", "anchors"), meta={"names": N3, "imgsz": f"[{S}, {S}]"})
+    load_model_info(p)  # nothing static to tell it by
+    with Detector.from_file(p, threads=1) as det, pytest.raises(ModelError) as e:
+        det.detect([gray()])
+    msg = one_line(e)
+    assert "v8dyn.onnx" in msg and "[1, 7, 84]" in msg
+    assert "YOLOv8's transposed [B,4+nc,N] layout" in msg and "export YOLOv5" in msg
+    assert "fix the names metadata" not in msg  # the names are right: the model is not a YOLOv5
