@@ -78,12 +78,17 @@ def _run(args: argparse.Namespace) -> int:
 def _check_config(args: argparse.Namespace) -> int:
     """Exit 0 with a summary, or raise the first problem as one line (exit 2)."""
     from edge.preflight import check_backend, check_sources, preflight
+    from edgewise.errors import ModelError
+    from edgewise.runtime.firstframe import first_frame_problem
     from edgewise.runtime.metadata import load_model_info
 
     s = settings_from_args(args, SCHEMA)
     lines = preflight(s, create=False)  # run by root (postinst): never make folders the daemon cannot use
     check_sources(s)
     info = load_model_info(s.model.path, s.model.imgsz or None)
+    problem = first_frame_problem(info)  # what the daemon's first frame would refuse
+    if problem:
+        raise ModelError(f"{info.path}: {problem}")
     lines.append(f"model {info.path} ({info.precision}, {info.imgsz[0]}x{info.imgsz[1]}) on {check_backend(s)}")
     if s.policy_file:
         from edgewise.policy.holding import PolicyHolder

@@ -5,7 +5,7 @@ Validation, class names, stride, input size and precision come from the runtime'
 adds what only the model tools need: parameter count, opset, producer, file size,
 operator histogram, the quantization layout (how many convolutions run in INT8), and a
 check of the graph itself (``check_graph``: the ONNX checker, then ONNX Runtime loading
-it, then one grey frame through it: ``check_first_output``), since a file can carry valid
+it, then one grey frame through it: ``edgewise.runtime.firstframe``), since a file can carry valid
 YOLOv5 metadata around a graph no runtime accepts, or one whose output the runtime refuses.
 """
 
@@ -76,33 +76,6 @@ def check_graph(path: Path) -> Optional[str]:
     return None
 
 
-def check_first_output(info: Any) -> Optional[str]:
-    """None when one grey frame through the model (ONNX Runtime, CPU) gives an output the
-    runtime decodes, else the one-line reason every runtime would refuse it with at its first
-    frame (``edgewise.runtime.metadata.check_output``: a symbolic output width that disagrees
-    with the names, a dynamic YOLOv8 export, logits instead of probabilities)."""
-    import numpy as np
-    import onnxruntime as ort
-
-    from edgewise.errors import ModelError
-    from edgewise.runtime.metadata import check_output
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = 1
-    shape = (info.fixed_batch or 1, 3, info.imgsz[0], info.imgsz[1])
-    try:
-        sess = ort.InferenceSession(str(info.path), so, providers=["CPUExecutionProvider"])
-        frame = np.full(shape, 114 / 255, np.float16 if info.input_dtype == "float16" else np.float32)
-        raw = sess.run([info.output_name], {info.input_name: frame})[0]
-        check_output(info, shape, np.asarray(raw, np.float32))
-    except ModelError as e:
-        return "first inference: " + str(e).replace(f"{info.path}: ", "", 1)
-    except Exception as e:  # ONNX Runtime failing at run time (e.g. a shape the graph cannot take)
-        return f"first inference ({shape[2]}x{shape[3]}): ONNX Runtime: " + " ".join(str(e).split())[:300]
-    return None
-
-
 def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None) -> Dict[str, Any]:
     """A JSON-ready description of a YOLOv5 ONNX model.
 
@@ -113,6 +86,7 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
     """
     import onnx
 
+    from edgewise.runtime.firstframe import first_frame_problem
     from edgewise.runtime.metadata import imgsz_guess_warning, load_model_info
     from edgewise.runtime.opsets import device_problems
 
@@ -131,7 +105,7 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
     init_names = {t.name for t in model.graph.initializer}
     graph_error = check_graph(info.path)
     if graph_error is None:
-        graph_error = check_first_output(info)
+        graph_error = first_frame_problem(info)
     return {
         "path": str(info.path),
         "file_bytes": info.file_bytes,

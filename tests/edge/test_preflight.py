@@ -139,6 +139,23 @@ def test_check_config_ok_and_placeholder(tmp_path: Path, tiny_model: Path, capsy
     assert err.count("\n") == 0 and "--set cloud.endpoints.0: 'gw.example.com:1' is a placeholder" in err
 
 
+def test_check_config_runs_one_frame_through_the_model(tmp_path: Path, capsys) -> None:
+    """A model whose metadata and graph are valid but whose output every runtime refuses
+    (logits here) said `ok` and the daemon then exited at its first frame."""
+    from edgewise.cli import main
+    from tests.edgewise.runtime.test_own_models import N3, P5_ROWS, const_model, head
+
+    logits = head(P5_ROWS, 8)
+    logits[..., 4:] = -6.0  # an export without the Detect layer's sigmoid
+    model = const_model(tmp_path / "logits.onnx", logits, meta={"names": N3})
+    cfg = settings_yaml(tmp_path / "edge.yaml", device_id="d1", streams=[{"id": "s", "kind": "synthetic"}],
+                        model={"path": str(model), "backend": "onnxruntime"},
+                        spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})
+    assert main(["edge", "check-config", "--config", str(cfg)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"edgewise: error: {model}: first inference: objectness/class scores range over")
+
+
 @pytest.mark.parametrize("transport, cloud, says", [
     ("mqtt", {"endpoints": ["10.1.2.3:50051"]}, "spec.transport is 'mqtt', but this device's settings configure only "
                                                 "grpc: set cloud.mqtt.host"),
