@@ -35,7 +35,7 @@ from typing import List, Mapping, Optional, Tuple
 
 from edgewise import __version__
 from edgewise.errors import InvalidInputError, ModelError
-from edgewise.runtime.metadata import load_model_info
+from edgewise.runtime.metadata import find_sidecar, load_model_info
 from edgewise.runtime.opsets import device_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,6 +188,9 @@ def stage_tree(opts: BundleOptions, root: Path) -> None:
     _copy(Path(opts.model), root / SHARE / "models/edge.onnx", 0o644)
     for data in load_model_info(opts.model).external_data:  # dynamo exports: weights in <model>.data
         _copy(data, root / SHARE / "models" / data.name, 0o644)
+    sidecar = find_sidecar(Path(opts.model))  # names / stride / input size kept beside the model
+    if sidecar is not None:  # found by the device as <model>.yaml, like here
+        _copy(sidecar, root / SHARE / "models/edge.yaml", 0o644)
     if opts.power_mode is not None or opts.jetson_clocks:
         text = "# Read by edgewise-edge-power.service at boot.\n"
         text += f"NVPMODEL_MODE={'' if opts.power_mode is None else opts.power_mode}\n"

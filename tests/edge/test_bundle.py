@@ -344,3 +344,26 @@ def test_cli_from_another_directory_with_relative_paths(tmp_path, tiny_model, mo
                               check=True).stdout
     assert "./usr/share/edgewise-edge/models/edge.onnx" in contents
     assert "./usr/share/edgewise-edge/models/mine.onnx.data" in contents
+
+
+def test_a_models_sidecar_yaml_goes_with_it(tmp_path, tiny_model) -> None:
+    """Class names kept in <model>.yaml (no names in the ONNX file) reached the device as
+    classes 0..nc-1: the bundle renames the model to edge.onnx and left the sidecar behind."""
+    import onnx
+
+    from edgewise.runtime.metadata import load_model_info
+
+    src = tmp_path / "mine"
+    src.mkdir()
+    m = onnx.load(str(tiny_model))
+    nc = load_model_info(tiny_model).nc
+    del m.metadata_props[:]  # names only in the sidecar
+    onnx.save(m, str(src / "detector.onnx"))
+    names = [f"part-{i}" for i in range(nc)]
+    (src / "detector.yaml").write_text("names: [" + ", ".join(names) + "]\nstride: 32\n")
+    root = tmp_path / "root"
+    B.stage_tree(B.BundleOptions(out_dir=tmp_path / "dist", model=src / "detector.onnx"), root)
+    shipped = root / B.SHARE / "models/edge.onnx"
+    assert (root / B.SHARE / "models/edge.yaml").read_text() == (src / "detector.yaml").read_text()
+    info = load_model_info(shipped)
+    assert list(info.names) == names and info.names_source != "default"
