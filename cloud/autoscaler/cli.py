@@ -48,7 +48,8 @@ async def serve(settings: Any) -> int:
     from cloud.gateway.http import SidePort
 
     k = settings.kubernetes
-    api = build_api_client(KubeAccess(api_server=k.api_server, token=k.token, ca_file=k.ca_file,
+    api = build_api_client(KubeAccess(api_server=k.api_server, token=k.token, token_file=k.token_file,
+                                      ca_file=k.ca_file,
                                       verify_tls=k.verify_tls, kubeconfig=k.kubeconfig, context=k.context))
     metrics = AutoscalerMetrics()
     server = None

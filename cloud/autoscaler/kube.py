@@ -85,8 +85,12 @@ class DeploymentScale:
             if status == 409:
                 return ScaleConflictError(f"{verb} {what}: it changed since it was read (409 Conflict; someone "
                                           "else scaled it); nothing was overwritten, the next tick re-reads it")
-            if status in (401, 403):
-                return ConfigError(f"{verb} {what}: forbidden ({status}); the service account needs "
+            if status == 401:
+                return ConfigError(f"{verb} {what}: unauthorized (401): the API server rejected the token "
+                                   "(expired, rotated or revoked, or one for another cluster); check "
+                                   "kubernetes.token_file or the pod's service-account token")
+            if status == 403:
+                return ConfigError(f"{verb} {what}: forbidden (403); the service account needs "
                                    "get/patch on deployments/scale in that namespace")
             return UnavailableError(f"{verb} {what}: API server answered {status} {exc.reason}")
         from urllib3.exceptions import MaxRetryError

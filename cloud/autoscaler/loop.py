@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import ipaddress
 import json
 import logging
 import math
 import socket
+import ssl
+import threading
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -165,11 +167,52 @@ def aggregate(pools: Sequence[GatewayPool], expected: int, now: float,
 
 
 def _http_get_json(url: str, host_header: str | None, timeout: float) -> Any:
-    req = urllib.request.Request(url, headers={"Accept": "application/json"})
-    if host_header:
-        req.add_header("Host", host_header)
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        body = resp.read(MAX_POOL_BYTES + 1)
+    """``GET url`` as JSON, the whole exchange within ``timeout`` seconds.
+
+    A socket timeout bounds each read, not the answer: a gateway (or a proxy) that trickles its
+    headers or body a byte at a time kept the read going for as long as it trickled, in a thread
+    the poll's ``wait_for`` had given up on but could not stop, and a few such threads filled the
+    default executor that the scale read needs too, so the tick hung with them. A timer shuts the
+    socket down at the deadline instead, which ends any read in progress."""
+    parts = urlsplit(url)
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeout,
+                                           context=ssl.create_default_context())
+    else:
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        headers = {"Accept": "application/json", "Connection": "close"}
+        if host_header:
+            headers["Host"] = host_header
+        conn.request("GET", urlunsplit(("", "", parts.path or "/", parts.query, "")), headers=headers)
+        with conn.getresponse() as resp:  # the response owns the socket once the server says close
+            if not 200 <= resp.status < 300:
+                raise urllib.error.HTTPError(url, resp.status, resp.reason, resp.headers, None)
+            body = resp.read(MAX_POOL_BYTES + 1)
+        if expired.is_set():  # the shut-down socket read as the end of a short body
+            raise TimeoutError
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise TimeoutError(f"no complete answer within {timeout:g} s") from None
+        if isinstance(exc, OSError):
+            raise
+        raise InvalidInputError(f"{url}: not an HTTP answer ({type(exc).__name__}: {str(exc)[:200]})") from None
+    finally:
+        timer.cancel()
+        conn.close()
     if len(body) > MAX_POOL_BYTES:
         raise InvalidInputError(f"{url}: /pool document larger than {MAX_POOL_BYTES} bytes")
     try:

@@ -14,11 +14,15 @@ a SIGTERM wait that long.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from edgewise.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 #: urllib3 retries per API call: none, so ``_request_timeout`` bounds the whole call
 API_RETRIES = 0
@@ -30,6 +34,9 @@ class KubeAccess:
 
     api_server: str | None = None
     token: str | None = None
+    #: file the token came from: re-read whenever it changes, since kubelet rotates projected
+    #: service-account tokens in place (a token read once is refused after it expires)
+    token_file: str | None = None
     ca_file: str | None = None
     verify_tls: bool = True
     kubeconfig: str | None = None
@@ -44,8 +51,13 @@ def build_api_client(access: KubeAccess) -> Any:
         cfg = client.Configuration()
         cfg.host = access.api_server.rstrip("/")
         if access.token:
-            cfg.api_key = {"BearerToken": access.token, "authorization": access.token}
+            _set_token(cfg, access.token)
             cfg.api_key_prefix = {"BearerToken": "Bearer", "authorization": "Bearer"}
+        if access.token_file:
+            cfg.api_key_prefix = {"BearerToken": "Bearer", "authorization": "Bearer"}
+            hook = _TokenFile(access.token_file, access.token)
+            cfg.refresh_api_key_hook = hook  # type: ignore[assignment]  # the client annotates it as None
+            hook(cfg)
         cfg.verify_ssl = access.verify_tls
         if access.ca_file:
             cfg.ssl_ca_cert = access.ca_file
@@ -70,3 +82,57 @@ def build_api_client(access: KubeAccess) -> Any:
                           "pass --kubeconfig, --api-server URL with a token, or run in-cluster") from None
     cfg.retries = API_RETRIES
     return client.ApiClient(cfg)
+
+
+def _set_token(cfg: Any, token: str) -> None:
+    cfg.api_key = {"BearerToken": token, "authorization": token}
+
+
+class _TokenFile:
+    """``Configuration.refresh_api_key_hook`` (called before every request) that re-reads the token
+    file when its identity, size or mtime changed: kubelet replaces a projected token by swapping a
+    symlink, so the new token is used from the next request. An unreadable or empty file keeps the
+    token in use (logged once per change)."""
+
+    def __init__(self, path: str, token: str | None) -> None:
+        self.path = path
+        self._token = token
+        self._seen: tuple[int, int, int, int] | None = None if token is None else self._stat()
+        self._lock = threading.Lock()
+        self._failed: str | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _TokenFile:  # Configuration copies: share the file's state
+        return self
+
+    def _stat(self) -> tuple[int, int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def __call__(self, cfg: Any) -> None:
+        with self._lock:
+            seen = self._stat()
+            if seen is not None and seen == self._seen:
+                if self._token is not None:
+                    _set_token(cfg, self._token)
+                return
+            try:
+                with open(self.path, encoding="utf-8") as f:
+                    token = f.read(1 << 20).strip()
+                if not token:
+                    raise ValueError("it is empty")
+            except (OSError, ValueError) as exc:
+                problem = str(getattr(exc, "strerror", None) or exc)
+                if problem != self._failed:
+                    log.warning("kubernetes token_file %s: cannot read it (%s); keeping the token read before",
+                                self.path, problem)
+                    self._failed = problem
+            else:
+                if self._token is not None and token != self._token:
+                    log.info("kubernetes token_file %s changed: using the new token", self.path)
+                self._token, self._failed = token, None
+                self._seen = seen
+            if self._token is not None:
+                _set_token(cfg, self._token)

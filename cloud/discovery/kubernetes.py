@@ -35,6 +35,7 @@ import logging
 import math
 import random
 import threading
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,11 @@ log = logging.getLogger(__name__)
 
 WEIGHT_ANNOTATION = "edgewise.io/weight"
 SERVICE_LABEL = "kubernetes.io/service-name"
+#: a watch that ends sooner than this with no event counts as a failure and backs off (client-go's
+#: reflector treats a watch of under a second with no items as "very short" the same way)
+MIN_WATCH_S = 1.0
+#: after a pod read (for its weight annotation) fails, no pod is read for this long
+WEIGHT_RETRY_S = 30.0
 
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -182,7 +188,8 @@ class KubernetesDiscovery:
                     token = Path(token_file).read_text(encoding="utf-8").strip()
                 except OSError as exc:
                     raise ConfigError(f"kubernetes discovery: token_file {token_file}: {exc.strerror}") from None
-            access = KubeAccess(api_server=api_server, token=token, ca_file=ca_file, verify_tls=verify_tls,
+            access = KubeAccess(api_server=api_server, token=token, token_file=token_file, ca_file=ca_file,
+                                verify_tls=verify_tls,
                                 kubeconfig=kubeconfig, context=context)
         self.service, self.namespace = service, namespace
         self.port_name, self.port = port_name, port
@@ -203,6 +210,10 @@ class KubernetesDiscovery:
         self.relists_410 = 0
         self.errors = 0
         self.snapshots_replaced = 0
+        self._watch_began: float | None = None  # when the last watch was opened (None: none since the list)
+        self._watch_events = 0
+        self._weights_retry_at = 0.0  # monotonic time before which no pod is read (a read failed)
+        self.weight_errors = 0
 
     # ---- asyncio side ------------------------------------------------------------------
     async def watch(self) -> AsyncIterator[frozenset[Endpoint]]:
@@ -249,29 +260,69 @@ class KubernetesDiscovery:
 
         backoff = self.backoff_initial_s
         while not self._stop.is_set():
+            self._watch_began = None
             try:
                 rv = self._list()
-                backoff = self.backoff_initial_s
                 while not self._stop.is_set():
                     rv = self._watch_from(rv)
+                    if self._watch_worked():
+                        backoff = self.backoff_initial_s
+                        continue
+                    # A watch that ends at once with nothing in it (a proxy closing streams, an API
+                    # server shutting down): re-watching at once would loop as fast as the network
+                    # answers, so it waits like an error (client-go's "very short watch").
+                    self.errors += 1
+                    log.warning("EndpointSlice watch of %s/%s ended after %.2f s with no event (the API server, "
+                                "or a proxy in front of it, closes watches early); watching again in %.1f s",
+                                self.namespace, self.service, self._watch_age(), backoff)
+                    self._stop.wait(backoff * random.uniform(0.8, 1.2))
+                    backoff = min(self.backoff_max_s, backoff * 2)
             except ApiException as exc:
                 if self._stop.is_set():
                     break
+                worked = self._watch_worked()
+                if worked:
+                    backoff = self.backoff_initial_s
                 if exc.status == 410:
                     self.relists_410 += 1
-                    log.info("EndpointSlice watch expired (410 Gone); re-listing")
-                    continue
-                self.errors += 1
-                log.warning("EndpointSlice list/watch of %s/%s failed: %s %s; retrying in %.1f s",
-                            self.namespace, self.service, exc.status, exc.reason, backoff)
+                    if worked:  # the usual case: a watch that ran a while fell behind the history
+                        log.info("EndpointSlice watch expired (410 Gone); re-listing")
+                        continue
+                    # 410 again right after a list: re-listing at once would loop on the API server
+                    log.warning("EndpointSlice watch of %s/%s expired (410 Gone) right after listing; "
+                                "re-listing in %.1f s", self.namespace, self.service, backoff)
+                else:
+                    self.errors += 1
+                    log.warning("EndpointSlice list/watch of %s/%s failed: %s %s%s; retrying in %.1f s",
+                                self.namespace, self.service, exc.status, exc.reason, self._hint(exc.status),
+                                backoff)
             except Exception as exc:  # connection errors, timeouts, bad payloads
                 if self._stop.is_set():
                     break
+                if self._watch_worked():
+                    backoff = self.backoff_initial_s
                 self.errors += 1
                 log.warning("EndpointSlice list/watch of %s/%s failed: %s: %s; retrying in %.1f s",
                             self.namespace, self.service, type(exc).__name__, exc, backoff)
             self._stop.wait(backoff * random.uniform(0.8, 1.2))
             backoff = min(self.backoff_max_s, backoff * 2)
+
+    def _watch_age(self) -> float:
+        return 0.0 if self._watch_began is None else time.monotonic() - self._watch_began
+
+    def _watch_worked(self) -> bool:
+        """Whether the last watch delivered an event or ran at least :data:`MIN_WATCH_S`: only then is
+        the back-off reset (a list that succeeds followed by a watch that fails at once is no recovery)."""
+        return self._watch_began is not None and (self._watch_events > 0 or self._watch_age() >= MIN_WATCH_S)
+
+    def _hint(self, status: int | None) -> str:
+        if status == 401:
+            return (" (the API server rejected the token: an expired or rotated service-account token, or "
+                    "the wrong one for this cluster)")
+        if status == 403:
+            return (f" (the service account may not list/watch endpointslices.discovery.k8s.io in namespace "
+                    f"{self.namespace}: check the gateway's Role and RoleBinding)")
+        return ""
 
     def _apis(self) -> tuple[Any, Any]:
         from kubernetes import client
@@ -305,6 +356,7 @@ class KubernetesDiscovery:
         disc, _ = self._apis()
         w = watch.Watch()
         self._watch = w
+        self._watch_began, self._watch_events = time.monotonic(), 0
         if self._stop.is_set():
             return rv
         try:
@@ -312,6 +364,10 @@ class KubernetesDiscovery:
                                label_selector=self._selector(), resource_version=rv,
                                allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout_s,
                                _request_timeout=(self.request_timeout_s, self.watch_timeout_s + 30)):
+                if not isinstance(ev, Mapping) or "type" not in ev or "object" not in ev:
+                    raise ValueError("the API server sent a watch event that is not a JSON object with 'type' "
+                                     f"and 'object' ({'not JSON' if ev is None else repr(ev)[:120]})")
+                self._watch_events += 1
                 kind, obj = ev["type"], ev["object"]
                 if kind == "BOOKMARK":
                     rv = str(ev["raw_object"]["metadata"]["resourceVersion"])
@@ -344,24 +400,39 @@ class KubernetesDiscovery:
             if key not in wanted:
                 del self._weights[key]
         out: dict[str, float] = {}
+        now = time.monotonic()
         for key, ns in wanted.items():
             if key not in self._weights:
+                if now < self._weights_retry_at:  # reads failed lately: default weight, read later
+                    continue
                 try:
                     pod = core.read_namespaced_pod(key[0], ns, _request_timeout=self.request_timeout_s)
                     self._weights[key] = weight_from_pod(pod, self.annotation)
                 except ApiException as exc:
                     if exc.status == 404:  # gone already; the slice will follow
                         self._weights[key] = None
-                    else:  # not cached: retried on the next change
-                        log.warning("reading pod %s/%s for its weight failed: %s", ns, key[0], exc.status)
+                    else:
+                        self._weight_read_failed(ns, key[0], f"{exc.status} {exc.reason}", exc.status)
                         continue
                 except Exception as exc:
-                    log.warning("reading pod %s/%s for its weight failed: %s", ns, key[0], exc)
+                    self._weight_read_failed(ns, key[0], f"{type(exc).__name__}: {exc}", None)
                     continue
             w = self._weights[key]
             if w is not None:
                 out[key[0]] = w
         return out
+
+    def _weight_read_failed(self, ns: str, pod: str, what: str, status: int | None) -> None:
+        """One failed pod read stops the others for ``WEIGHT_RETRY_S``: reading each pod in turn,
+        each waiting ``request_timeout_s`` on a slow API server, held every endpoint change back by
+        pods x timeout, and a Role without ``get pods`` logged one warning per pod per change."""
+        self._weights_retry_at = time.monotonic() + WEIGHT_RETRY_S
+        self.weight_errors += 1
+        hint = {403: "; the gateway's service account needs get on pods in that namespace",
+                401: "; the API server rejected the token"}.get(status or 0, "")
+        log.warning("reading pod %s/%s for its %s weight failed (%s)%s; pods whose weight is not known yet get "
+                    "the default weight %g, read again in %.0f s at the next change",
+                    ns, pod, self.annotation, what, hint, self.default_weight, WEIGHT_RETRY_S)
 
     def _emit(self) -> None:
         eps = endpoints_from_slices(self._slices.values(), port_name=self.port_name, port=self.port,

@@ -8,11 +8,19 @@ import asyncio
 import json
 import logging
 import math
+from typing import Any
 
 import pytest
 
 from cloud.autoscaler.kube import DeploymentScale, ScaleState
-from cloud.autoscaler.loop import ArrivalRate, AutoscalerLoop, GatewayPoller, aggregate, parse_pool
+from cloud.autoscaler.loop import (
+    ArrivalRate,
+    AutoscalerLoop,
+    GatewayPoller,
+    _http_get_json,
+    aggregate,
+    parse_pool,
+)
 from cloud.autoscaler.scaling import Scaler, ScalerConfig, ScalingPolicy, ScalingRules
 from cloud.discovery.kubeclient import KubeAccess, build_api_client
 from edgewise.errors import ConfigError, InvalidInputError, UnavailableError
@@ -209,7 +217,7 @@ def test_dry_run_prints_and_never_patches(api, gateways):
 def test_api_errors_say_what_to_fix(api):
     bad_token = DeploymentScale(build_api_client(KubeAccess(api_server=api.url, token="wrong")),
                                 "ns", "edgewise-worker")
-    with pytest.raises(ConfigError, match="service account needs get/patch"):
+    with pytest.raises(ConfigError, match=r"unauthorized \(401\): the API server rejected the token"):
         bad_token.read()
     client = build_api_client(KubeAccess(api_server=api.url, token="t0k3n"))
     with pytest.raises(ConfigError, match="not found.*--deployment"):
@@ -380,3 +388,78 @@ def test_polls_the_real_gateway_side_port():
 
     s = asyncio.run(scenario())
     assert (s.in_flight, s.capacity, s.ready_workers, s.queue_wait_ms_p90, s.complete) == (12.0, 30.0, 3, 7.0, True)
+
+
+class TricklingGateway:
+    """Answers ``/pool`` a byte every 50 ms for ``seconds`` (a gateway or proxy that is alive but
+    hardly sends): in the headers (``where="headers"``) or in the body."""
+
+    def __init__(self, where: str, seconds: float = 6.0) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.where, self.seconds = where, seconds
+        self.stopped = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: Any) -> None:
+        import time
+
+        with conn:
+            try:
+                conn.recv(65536)
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                conn.sendall(head + (b"X-Slow: " if self.where == "headers" else b"Content-Length: 100000\r\n\r\n"))
+                end = time.monotonic() + self.seconds
+                while time.monotonic() < end and not self.stopped.is_set():
+                    conn.sendall(b"a" if self.where == "headers" else b" ")
+                    time.sleep(0.05)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_trickling_gateway_costs_one_timeout_and_no_thread(api: ScaleAPI, where: str) -> None:
+    """Each read waited at most the timeout, but the answer as a whole had no bound: the poll's
+    thread kept reading a trickling gateway after ``wait_for`` gave up on it, and a few such threads
+    filled the default executor, so the scale read queued behind them and a tick took 50 s."""
+    import threading
+    import time
+
+    gw = TricklingGateway(where)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="no complete answer within 0.3 s"):
+            _http_get_json(gw.url + "/pool", None, 0.3)
+        assert time.monotonic() - t0 < 1.0
+        loop, clock = make_loop(api, [gw.url] * 8)
+        loop.poller.timeout = 0.3
+        threads = threading.active_count()
+        for i in range(3):  # 24 polls of the trickling gateway: more than the default executor's threads
+            t0 = time.monotonic()
+            d = asyncio.run(loop.tick())
+            assert d is not None and "no metrics" in d.reason, d  # the scale was read: a decision was made
+            assert time.monotonic() - t0 < 2.0, f"tick {i} took {time.monotonic() - t0:.1f} s"
+        assert loop.metrics.poll_errors.labels("timeout")._value.get() == 24
+        time.sleep(0.2)
+        assert threading.active_count() <= threads + 1, "no poll thread is left reading"
+    finally:
+        gw.close()

@@ -12,6 +12,9 @@ API server does:
   ``ERROR`` event with a 410 ``Expired`` Status, as etcd compaction causes;
 * ``GET /api/v1/namespaces/{ns}/pods/{name}`` → the pod (annotations) or 404.
 
+Faults a misbehaving API server (or a proxy in front of it) shows: ``watch_fault`` ("empty":
+watches end at once, "gone": every watch answers 410), ``pod_status`` and ``pod_delay_s``.
+
 Tests mutate slices and pods; every request is recorded; ``fail_next`` makes the
 next list calls answer 500. With ``ssl_context`` it serves HTTPS, as a real API server
 does for in-cluster clients (``host`` is then the address pods reach it on).
@@ -63,6 +66,9 @@ class FakeKubeAPI:
         self.history = []  # (rv, type, obj)
         self.requests = []
         self.fail_next = 0
+        self.watch_fault = None  # "empty": every watch ends at once with no event; "gone": every watch gets 410
+        self.pod_status = None   # answer every pod read with this Status code (403: the Role lacks get pods)
+        self.pod_delay_s = 0.0   # answer every pod read this late (a slow API server)
         self.cond = threading.Condition()
         self.generation = 0  # bump to end active watch streams
         api = self
@@ -84,6 +90,10 @@ class FakeKubeAPI:
                         return self._watch(q)
                     return self._list(q)
                 if u.path.startswith(pods):
+                    if api.pod_delay_s:
+                        time.sleep(api.pod_delay_s)
+                    if api.pod_status is not None:
+                        return self._status(api.pod_status, "Forbidden", "pods is forbidden")
                     with api.cond:
                         pod = api.pods.get(u.path[len(pods):])
                     if pod is None:
@@ -120,10 +130,14 @@ class FakeKubeAPI:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                if api.watch_fault == "empty":  # a complete, empty stream; the connection stays open
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                    return
                 try:
                     with api.cond:
                         gen = api.generation
-                        if since < api.compacted:
+                        if since < api.compacted or api.watch_fault == "gone":
                             self._chunk({"type": "ERROR", "object": {
                                 "kind": "Status", "apiVersion": "v1", "status": "Failure",
                                 "message": f"too old resource version: {since} ({api.compacted})",

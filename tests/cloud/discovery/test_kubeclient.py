@@ -7,15 +7,17 @@ that accepts and never answers plays the hung API server; the real client talks 
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from cloud.autoscaler.kube import DeploymentScale, ScaleState
 from cloud.discovery.kubeclient import KubeAccess, build_api_client
-from edgewise.errors import UnavailableError
+from edgewise.errors import ConfigError, UnavailableError
 
 
 class HungAPI:
@@ -88,3 +90,45 @@ def test_every_way_of_building_the_client_makes_one_attempt(tmp_path, monkeypatc
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "9")
     cfg = build_api_client(KubeAccess()).configuration
     assert cfg.retries == 0 and cfg.host == "https://127.0.0.1:9"
+
+
+def _project_token(directory: Path, token: str, n: int) -> None:
+    """Write ``token`` the way kubelet updates a projected volume: a new timestamped directory,
+    then the ``..data`` symlink swapped to it atomically (``token`` links to ``..data/token``)."""
+    (directory / f"..{n}").mkdir()
+    (directory / f"..{n}" / "token").write_text(token + "\n")
+    (directory / "..data_tmp").symlink_to(f"..{n}")
+    (directory / "..data_tmp").replace(directory / "..data")
+    if not (directory / "token").is_symlink():
+        (directory / "token").symlink_to("..data/token")
+
+
+def test_a_rotated_token_file_is_used_from_the_next_call(tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """The token was read from ``token_file`` once at start: when kubelet rotated the projected
+    token, every call got 401 until a restart (and the autoscaler said the Role was missing)."""
+    from tests.cloud.autoscaler.servers import ScaleAPI
+
+    caplog.set_level(logging.INFO, logger="cloud.discovery.kubeclient")
+    api = ScaleAPI(namespace="ns", name="w", token="first")
+    try:
+        _project_token(tmp_path, "first", 1)
+        path = str(tmp_path / "token")
+        target = DeploymentScale(build_api_client(KubeAccess(api_server=api.url, token="first", token_file=path)),
+                                 "ns", "w")
+        assert target.read().spec_replicas == 2
+        api.token = "second"  # the API server accepts only the new token
+        _project_token(tmp_path, "second", 2)
+        assert target.read().spec_replicas == 2
+        assert "changed: using the new token" in caplog.text
+        (tmp_path / "..2" / "token").unlink()  # mid-swap or gone: the token in use is kept
+        assert target.read().spec_replicas == 2
+        assert "cannot read it" in caplog.text
+        auths = [r[2]["authorization"] for r in api.requests]
+        assert auths == ["Bearer first", "Bearer second", "Bearer second"]
+        # a token that is refused names the token, not the Role
+        api.token = "third"
+        with pytest.raises(ConfigError, match=r"unauthorized \(401\): the API server rejected the token"):
+            target.read()
+    finally:
+        api.close()

@@ -258,3 +258,94 @@ def test_built_from_plain_config_keys(kube, tmp_path):
 def test_config_errors(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         KubernetesDiscovery(**kw)
+
+
+def _watches(kube: FakeKubeAPI) -> int:
+    return sum(1 for p, q, _ in kube.requests if p.endswith("/endpointslices") and q.get("watch"))
+
+
+@pytest.mark.parametrize("fault", ["empty", "gone"])
+def test_a_watch_that_ends_at_once_backs_off_instead_of_looping(kube: FakeKubeAPI, fault: str,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A watch stream that closes at once with no event (a proxy, an API server shutting down), or
+    answers 410 right after every list, was reopened (re-listed) at once: about 25 requests a second
+    against a local server, as many as the network allows against a real one."""
+    kube.watch_fault = fault
+    kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint("10.0.0.1", "p1")]))
+
+    async def scenario() -> KubernetesDiscovery:
+        d = make(kube, backoff_initial_s=0.2, backoff_max_s=5.0)
+        snap = await until(d.watch(), lambda s: True)
+        assert {e.address for e in snap} == {"10.0.0.1:50051"}
+        await asyncio.sleep(1.5)
+        await d.close()
+        return d
+
+    d = asyncio.run(scenario())
+    # backing off 0.2, 0.4, 0.8 s (x0.8-1.2): at most 4 watches in 1.5 s, where the loop made ~35
+    assert 2 <= _watches(kube) <= 4, _watches(kube)
+    if fault == "empty":
+        assert d.lists == 1 and d.errors >= 2  # re-watched from the same resourceVersion, not re-listed
+        assert "ended after" in caplog.text and "closes watches early" in caplog.text
+    else:
+        assert d.relists_410 >= 2 and "410 Gone) right after listing" in caplog.text
+
+
+def test_recovers_when_the_watch_works_again(kube: FakeKubeAPI) -> None:
+    """After 410s right after each list (backing off, growing: a list that succeeds no longer resets
+    the back-off, only a watch that worked does), changes are seen once the API server recovers."""
+    kube.watch_fault = "gone"
+    kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint("10.0.0.1", "p1")]))
+
+    async def scenario() -> None:
+        d = make(kube, backoff_initial_s=0.1, backoff_max_s=0.4)
+        agen = d.watch()
+        await until(agen, lambda s: True)
+        await async_wait_until(lambda: d.relists_410 >= 3, 10, "three 410s")
+        kube.watch_fault = None  # the API server recovers: changes are seen again
+        kube.put_slice(slice_doc("w-b", "edgewise-worker", [endpoint("10.0.0.2", "p2")]))
+        await until(agen, lambda s: len(s) == 2)
+        await d.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("fault", ["forbidden", "slow"])
+def test_failing_pod_reads_do_not_hold_endpoint_changes_back(kube: FakeKubeAPI, fault: str,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Each pod was read (for its weight) on every change while reads failed: with a Role lacking
+    ``get pods`` one warning per pod per change; with a slow API server every change waited
+    pods x request_timeout_s (10 pods, 1 s: a worker turning not-ready reached the gateway 10 s late)."""
+    if fault == "forbidden":
+        kube.pod_status = 403
+    else:
+        kube.pod_delay_s = 2.0
+    pods = [f"p{i}" for i in range(8)]
+    for p in pods:
+        kube.put_pod(p, weight=2)
+    kube.put_slice(slice_doc("w-a", "edgewise-worker",
+                             [endpoint(f"10.0.0.{i}", p) for i, p in enumerate(pods)]))
+
+    async def scenario() -> list[float]:
+        d = make(kube, request_timeout_s=0.5)
+        agen = d.watch()
+        t0 = time.monotonic()
+        first = await until(agen, lambda s: True)
+        assert {e.weight for e in first} == {1.0}  # default weight while pods cannot be read
+        took = [time.monotonic() - t0]
+        for i in range(3):  # three workers become not ready, one change each
+            t0 = time.monotonic()
+            kube.put_slice(slice_doc("w-a", "edgewise-worker", [
+                endpoint(f"10.0.0.{j}", p, ready=j > i) for j, p in enumerate(pods)]))
+            await until(agen, lambda s, i=i: by_addr(s)[f"10.0.0.{i}:50051"][0] is D)
+            took.append(time.monotonic() - t0)
+        await d.close()
+        return took
+
+    took = asyncio.run(scenario())
+    assert max(took) < 2.0, took  # one failed read (0.5 s) at most, not 8 per change
+    assert kube.count("/pods/p0") + sum(kube.count(f"/pods/{p}") for p in pods[1:]) == 1
+    warnings = [r for r in caplog.records if "for its edgewise.io/weight weight failed" in r.getMessage()]
+    assert len(warnings) == 1
+    if fault == "forbidden":
+        assert "needs get on pods" in warnings[0].getMessage()
