@@ -114,10 +114,15 @@ def endpoints_from_slices(
     slices: Iterable[Any], *, port_name: str | None = None, port: int | None = None,
     weights: Mapping[str, float] | None = None, default_weight: float = 1.0,
 ) -> frozenset[Endpoint]:
-    """Merge EndpointSlices (dicts or ``V1EndpointSlice``) into one endpoint set."""
+    """Merge EndpointSlices (dicts or ``V1EndpointSlice``) into one endpoint set: one endpoint
+    per pod. A dual-stack Service has an IPv4 and an IPv6 slice listing every pod: counted as
+    two workers, each pod got two channels and twice its share of requests, and the autoscaler
+    saw half the load per worker. A pod's READY copy wins, then its IPv4 address (the same
+    choice whichever slice comes first)."""
     weights = weights or {}
-    merged: dict[str, Endpoint] = {}
+    merged: dict[str, tuple[Endpoint, bool]] = {}  # pod (or address) -> endpoint, whether it is IPv6
     for slc in slices:
+        v6 = str(_get(slc, "addressType", "address_type") or "") == "IPv6"
         p = _slice_port(slc, port_name, port)
         if p is None:
             name = _get(_get(slc, "metadata"), "name")
@@ -134,10 +139,19 @@ def endpoints_from_slices(
             e = Endpoint(address=address, weight=weights.get(pod, default_weight) if pod else default_weight,
                          state=_state(_get(ep, "conditions")),
                          name=pod or str(_get(ep, "hostname") or addrs[0]))
-            old = merged.get(address)
-            if old is None or (old.state is not EndpointState.READY and e.state is EndpointState.READY):
-                merged[address] = e
-    return frozenset(merged.values())
+            key = f"pod/{pod}" if pod else address
+            old = merged.get(key)
+            if old is None or _better(e, v6, *old):
+                merged[key] = (e, v6)
+    return frozenset(e for e, _ in merged.values())
+
+
+def _better(e: Endpoint, v6: bool, old: Endpoint, old_v6: bool) -> bool:
+    """Whether ``e`` should stand for its pod instead of ``old``: READY first, then IPv4."""
+    ready, old_ready = e.state is EndpointState.READY, old.state is EndpointState.READY
+    if ready != old_ready:
+        return ready
+    return old_v6 and not v6
 
 
 def weight_from_pod(pod: Any, annotation: str = WEIGHT_ANNOTATION) -> float | None:

@@ -70,6 +70,19 @@ def test_multiple_slices_duplicates_ports_and_weights(form):
     assert pods_of([form(a), form(b)]) == {"p1", "p2", "p3"}
 
 
+@pytest.mark.parametrize("form", [lambda d: d, as_model], ids=["dict", "model"])
+def test_a_dual_stack_service_lists_each_pod_once(form):
+    """An IPv4 and an IPv6 slice list every pod of a dual-stack Service: one worker per pod
+    (its READY copy, then its IPv4 address), whichever slice comes first."""
+    v4 = slice_doc("w-4", "w", [endpoint("10.0.0.1", "p1"), endpoint("10.0.0.2", "p2", ready=False)])
+    v6 = slice_doc("w-6", "w", [endpoint("fd00::1", "p1"), endpoint("fd00::2", "p2"), endpoint("fd00::3", "p3")],
+                   address_type="IPv6")
+    want = frozenset({Endpoint("10.0.0.1:50051", 2.0, R, "p1"), Endpoint("[fd00::2]:50051", 1.0, R, "p2"),
+                      Endpoint("[fd00::3]:50051", 1.0, R, "p3")})
+    for order in ([v4, v6], [v6, v4]):
+        assert endpoints_from_slices([form(s) for s in order], port_name="grpc", weights={"p1": 2.0}) == want
+
+
 def test_empty_and_odd_slices():
     no_eps = slice_doc("w-e", "w", None)
     no_addr = slice_doc("w-f", "w", [{"addresses": [], "conditions": {"ready": True}}])
