@@ -196,12 +196,19 @@ def label_rows(path: Path, nc: Optional[int] = None) -> np.ndarray:
 
 
 def to_pixels(rows: np.ndarray, width: int, height: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Label rows (:func:`label_rows`) -> xyxy pixel boxes and class ids."""
+    """Label rows (:func:`label_rows`) -> xyxy pixel boxes and class ids, clipped to the image.
+
+    A box may run past the image's edge (cx 0.99, w 0.1 is valid YOLO): only its part inside
+    can be seen, and every model's boxes are clipped to the image, so unclipped it would lower
+    their IoU with it and count a found object as missed. A box with no area inside the image
+    (w or h 0, or wholly outside) can be found by no model: it is left out, not scored."""
     if not len(rows):
         return np.zeros((0, 4), np.float32), np.zeros((0,), np.int32)
     cx, cy, w, h = rows[:, 1] * width, rows[:, 2] * height, rows[:, 3] * width, rows[:, 4] * height
-    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1).astype(np.float32)
-    return boxes, rows[:, 0].astype(np.int32)
+    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+    boxes = np.clip(boxes, 0.0, [width, height, width, height]).astype(np.float32)
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    return boxes[keep], rows[keep, 0].astype(np.int32)
 
 
 def _label_problem(parts: Sequence[str], nc: Optional[int]) -> str:

@@ -97,10 +97,20 @@ def test_labels_in_range_are_read_and_the_class_bound_is_only_checked_when_known
     p = tmp_path / "x.txt"
     p.write_text("9 0.5 0.5 0.2 0.4\n0 0 1 1 0\n")
     boxes, cls = read_labels(p, 100, 50, nc=10)
-    assert cls.tolist() == [9, 0] and boxes[0].tolist() == [40.0, 15.0, 60.0, 35.0]
+    assert cls.tolist() == [9] and boxes[0].tolist() == [40.0, 15.0, 60.0, 35.0]  # no area: left out
     p.write_text("42 0.5 0.5 0.2 0.4\n")
     assert read_labels(p, 100, 50)[1].tolist() == [42]
     assert read_labels(tmp_path / "none.txt", 100, 50)[0].shape == (0, 4)  # no file: no objects (YOLO's rule)
+
+
+def test_a_box_past_the_image_edge_is_clipped_and_one_without_area_in_it_left_out(tmp_path: Path) -> None:
+    """Valid YOLO lines whose box runs past the edge: scored as the part every model can see
+    (their boxes are clipped to the image too); w or h 0 can be found by no model."""
+    p = tmp_path / "x.txt"
+    p.write_text("3 0.99 0.5 0.1 0.2\n1 0.05 0.02 0.2 0.1\n2 0.5 0.5 0 0.3\n4 0.5 0.5 0.2 0\n")
+    boxes, cls = read_labels(p, 100, 50)
+    assert cls.tolist() == [3, 1]
+    np.testing.assert_allclose(boxes, [[94.0, 20.0, 100.0, 30.0], [0.0, 0.0, 15.0, 3.5]], atol=1e-4)
 
 
 def test_images_must_be_what_dataset_json_declares(tmp_path: Path) -> None:
