@@ -576,8 +576,8 @@ def imgsz_guess_warning(info: ModelInfo) -> str:
     return (
         f"{info.path}: the model does not state its input size (dynamic height/width and no "
         f"imgsz metadata, as YOLOv5 v7.0 --dynamic exports); assuming {h}x{w}. Give the size "
-        "it was exported for: --imgsz (model info/quantize, cloud worker) or the imgsz setting "
-        "(edge model.imgsz, worker imgsz)"
+        "it was exported for: --imgsz (model info/quantize, cloud worker), --edge-imgsz / "
+        "--cloud-imgsz (eval) or the imgsz setting (edge model.imgsz, worker imgsz)"
     )
 
 

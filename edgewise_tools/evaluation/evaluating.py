@@ -55,6 +55,8 @@ class EvalConfig:
         samples: bootstrap samples of the confidence intervals.
         limit: evaluate at most this many frames (quick runs).
         threads: ONNX Runtime intra-op threads per model.
+        edge_imgsz, cloud_imgsz: the input size of a model that does not state it (a dynamic
+            export without ``imgsz`` metadata); None: the model's own.
         model_out: where to write the learned policy's gain model (``signals.learnedModel``
             of a policy file); not written when None or without ``train_data``.
         ours: the policy declared ours before the test set is looked at (``combined`` or
@@ -84,6 +86,8 @@ class EvalConfig:
     samples: int = bootstrap.SAMPLES
     limit: Optional[int] = None
     threads: Optional[int] = None
+    edge_imgsz: Optional[int] = None
+    cloud_imgsz: Optional[int] = None
     model_out: Optional[Path] = None
     carry_lag: Optional[int] = 1
     ours: Optional[str] = None
@@ -135,8 +139,9 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     policy = load_policy(cfg.policy)
     mode = cfg.payload or policy.spec.payload.mode
     modes = list(dict.fromkeys(["full", *cfg.payloads, mode, policy.spec.payload.mode]))
-    edge = Detector.from_file(cfg.edge, threads=cfg.threads, source="edge")
-    cloud = Detector.from_file(cfg.cloud, threads=cfg.threads, source="cloud", input_size=cfg.cloud_input)
+    edge = Detector.from_file(cfg.edge, threads=cfg.threads, source="edge", imgsz=cfg.edge_imgsz)
+    cloud = Detector.from_file(cfg.cloud, threads=cfg.threads, source="cloud", input_size=cfg.cloud_input,
+                               imgsz=cfg.cloud_imgsz)
     nc = len(edge.names)
     records = _collect(cfg, Path(cfg.data), edge, cloud, policy, modes)
     n = len(records)

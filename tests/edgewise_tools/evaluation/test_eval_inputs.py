@@ -46,6 +46,7 @@ def _eval(model: Path, data: Path, out: Path, *extra: str) -> List[str]:
     ("--target-rate", "0", "--target-rate 0: must be in (0, 1]"),
     ("--target-uplink", "1.5", "--target-uplink 1.5: must be in [0, 1]"),
     ("--limit", "0", "--limit 0: must be >= 1"),
+    ("--edge-imgsz", "-32", "--edge-imgsz -32: must be >= 0 (pixels; 0 takes the model's own size)"),
     ("--limit", "-1", "--limit -1: must be >= 1"),
     ("--target-margin", "nan", "--target-margin nan: must be >= 0 (a share of cloud-only F1)"),
     ("--target-margin", "-0.1", "--target-margin -0.1: must be >= 0"),
@@ -153,6 +154,17 @@ def test_models_and_labels_of_other_classes_are_refused(tiny_model, renamed_mode
     edge = Detector.from_file(tiny_model, threads=1)
     check_classes(edge, edge, data)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_models_input_sizes_reach_the_detectors(tiny_model, dataset, tmp_path, capsys) -> None:
+    """--edge-imgsz / --cloud-imgsz are what a dynamic export without imgsz metadata needs (the
+    warning names them); on this fixed 160 model another size is refused, naming it."""
+    for flag in ("--edge-imgsz", "--cloud-imgsz"):
+        assert main(_eval(tiny_model, dataset, tmp_path / "out", flag, "96")) == 2
+        err = capsys.readouterr().err.splitlines()[-1]
+        assert "imgsz 96x96 was asked for but the model's input is fixed at 160x160" in err, err
+    assert main(_eval(tiny_model, dataset, tmp_path / "out", "--edge-imgsz", "160", "--cloud-imgsz", "160",
+                      "--rates", "0.5", "--target-rate", "0.5")) == 0
 
 
 def test_unreadable_label_files_and_a_set_without_objects(tiny_model, dataset, tmp_path, capsys) -> None:
