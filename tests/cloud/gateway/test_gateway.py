@@ -172,10 +172,6 @@ def test_deadline_propagates_to_worker_and_expires():
                 t1 = time.perf_counter()
                 code, _ = await _detect(stub, req, timeout=5)
                 assert code == "DEADLINE_EXCEEDED" and time.perf_counter() - t1 < 0.5
-                late = request(seq=3)
-                late.deadline_unix_ns = time.time_ns() + int(1e6)  # too close to reach any worker
-                code, details = await _detect(stub, late, timeout=5)
-                assert code == "DEADLINE_EXCEEDED" and "before any worker was tried" in details, details
         finally:
             await gw.stop(0)
             await w.stop()
@@ -620,3 +616,10 @@ def test_sighup_puts_rotated_tokens_in_force_and_never_turns_authentication_off(
 
     with caplog.at_level(logging.INFO, logger="cloud.gateway.server"):
         run(main())
+
+
+def test_a_deadline_message_says_how_far_the_request_got():
+    from cloud.gateway.pool import _attempts
+
+    assert _attempts([]) == "before any worker was tried"  # was "after 0 attempt(s) ()"
+    assert _attempts(["w1", "w2"]) == "after 2 attempt(s) (w1, w2)"
