@@ -70,6 +70,7 @@ from edgewise.detections import Detections
 from edgewise.observability import LogThrottle
 from edgewise.policy.deciding import Decision
 from edgewise.policy.schema import Merge, Policy, WholeFrames
+from edgewise.wire import answer_mismatch
 
 log = logging.getLogger(__name__)
 #: "escalation ... spooled" is logged at most once per this many seconds, with how many were not.
@@ -103,18 +104,9 @@ def _check_answer_is_for(record: FrameRecord, resp: Any) -> None:
     """An answer names the frame it answers (the worker echoes device, stream and frame_seq):
     one for another frame (a misbehaving responder on the broker, a bug upstream) must not
     become this frame's cloud result. ValueError naming the difference."""
-    if not (resp.device_id or resp.stream_id):
-        # an answer that names no device and stream (an older cloud) is taken as the request's,
-        # unless it names another frame_seq (0 is the field's default: named none)
-        if resp.frame_seq and resp.frame_seq != record.frame_seq:
-            raise ValueError(f"the answer is for another frame: frame_seq {resp.frame_seq!r}, not "
-                             f"{record.frame_seq!r}")
-        return
-    wrong = [f"{name} {printable(got, 80)!r}, not {want!r}" for name, got, want in (
-        ("device_id", resp.device_id, record.device), ("stream_id", resp.stream_id, record.stream),
-        ("frame_seq", resp.frame_seq, record.frame_seq)) if got != want]
+    wrong = answer_mismatch(resp, record.device, record.stream, record.frame_seq)
     if wrong:
-        raise ValueError("the answer is for another frame: " + "; ".join(wrong))
+        raise ValueError("the answer is for another frame: " + wrong)
 
 
 class Escalating:

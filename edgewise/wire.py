@@ -403,3 +403,18 @@ def to_source_frame(d: Detections, img: detect_pb2.Image) -> Detections:
     """:func:`map_to_source` with what ``img`` carries."""
     return map_to_source(d, *source_mapping(img))
 
+
+def answer_mismatch(resp: detect_pb2.DetectResponse, device_id: str, stream_id: str, frame_seq: int) -> str:
+    """How an answer names another frame than ``device_id/stream_id/frame_seq`` (empty: it is
+    that frame's). A worker echoes device, stream and frame_seq; an answer naming neither
+    device nor stream (an older or minimal cloud) is taken as the request's unless it names
+    another frame_seq (0, the field's default, names none). The gateway checks a worker's
+    answer with it and the edge the cloud's: another frame's detections must never become
+    this frame's result."""
+    if not (resp.device_id or resp.stream_id):
+        if resp.frame_seq and resp.frame_seq != frame_seq:
+            return f"frame_seq {resp.frame_seq!r}, not {frame_seq!r}"
+        return ""
+    return "; ".join(f"{name} {got!r:.80}, not {want!r:.80}" for name, got, want in (
+        ("device_id", resp.device_id, device_id), ("stream_id", resp.stream_id, stream_id),
+        ("frame_seq", resp.frame_seq, frame_seq)) if got != want)

@@ -360,8 +360,12 @@ class Balancer:
             # one the gateway started with, serving for the first time, skips the ramp
             ep.slow_start_t0 = (now - self.config.slow_start_window_s if ep.starting
                                 else self._slow_start_t0(now, ep))
-            log.info("worker %s readmitted: it reports serving again%s", ep.name,
-                     "" if self.slow_start_factor(ep, now) >= 1.0 else " (slow start restarts)")
+            if ep.ejected_until is not None and now < ep.ejected_until:  # its ejection runs on
+                log.info("worker %s reports serving again; still ejected for %.0f s", ep.name,
+                         ep.ejected_until - now)
+            else:
+                log.info("worker %s readmitted: it reports serving again%s", ep.name,
+                         "" if self.slow_start_factor(ep, now) >= 1.0 else " (slow start restarts)")
         elif not ep.paused and not serving:
             log.warning("worker %s paused: it reports not serving (warming up or shutting down)", ep.name)
         if serving:
@@ -448,15 +452,18 @@ class Balancer:
         idle endpoint out of slow start with ``idle_first``; ``active``, nginx least_conn's
         ``work / w_eff`` (``idle_first`` does not apply: an idle endpoint keys 0 anyway).
         ``work`` is the sum of the costs in flight: the in-flight count when every request
-        costs 1 (docs/design/balancing.md#work-not-requests). ``idle_peer``: whether a
+        costs 1 (docs/design/balancing.md#work-not-requests), plus ``_failure_load`` for an
+        endpoint picked although ejected or due for ejection (never idle-first then). ``idle_peer``: whether a
         candidate is idle at full weight (None: any pickable endpoint)."""
         # Idle-first skips endpoints still in slow start, or an idle new worker would get
         # every request it can take and the ramp would mean nothing.
+        failing = self._failure_load(ep, now)
+        work = ep.work + failing
         if self.config.key == "active":  # an idle endpoint in slow start takes one at a time
-            return ep.work / self.effective_weight(ep, now)
+            return work / self.effective_weight(ep, now)
         # Idle-first is for requests of one cost; where they cost their pixels the key is already
         # the time to finish, and an idle slow worker is no place for a whole frame.
-        if self.config.idle_first and ep.in_flight == 0 and self._pixel_weight(ep) is None:
+        if self.config.idle_first and ep.in_flight == 0 and not failing and self._pixel_weight(ep) is None:
             # An idle endpoint in slow start ties with idle peers at full weight (light load), so
             # smooth WRR gives it a share that follows its ramped weight; alone idle (the others
             # busy) it keeps its key, or it would take every request it can and the ramp would
@@ -467,12 +474,28 @@ class Balancer:
                 idle_peer = self._idle_peer(self._pickable(now), now)
             if idle_peer:
                 return 0.0
-        return (ep.work + cost) / self.effective_weight(ep, now)
+        return (work + cost) / self.effective_weight(ep, now)
+
+    def _failure_load(self, ep: EndpointStats, now: float) -> float:
+        """What the wlc key adds to the work of a worker that is ejected, or would be but for the
+        ``max_ejection_percent`` cap: ``consecutive_failures`` requests (0 for any other). Such a
+        worker is a candidate only because the cap held (two failing workers of four: one may be
+        ejected) or in panic (which readmits the ejected); failing at once, it has nothing in
+        flight, so least-connections took it for the least loaded and sent it most of the
+        traffic (64% of it, and 74% of the requests failed, with a healthy worker idle). As a
+        RESOURCE_EXHAUSTED holds a worker at its load (Linkerd's load biaser), its failures are
+        load: it takes a request when its peers have that many in flight, and one success (which
+        ends the streak) brings it back at once. Below the threshold nothing changes: a worker
+        fails its way to an ejection as before."""
+        c = self.config
+        if ep.ejected(now) or ep.consecutive_failures >= c.consecutive_failures:
+            return float(c.consecutive_failures)
+        return 0.0
 
     def _idle_peer(self, eps: Iterable[EndpointStats], now: float) -> bool:
         """Some endpoint of ``eps`` has idle-first key 0 at full weight."""
-        return any(ep.in_flight == 0 and self._pixel_weight(ep) is None and self.slow_start_factor(ep, now) >= 1.0
-                   for ep in eps)
+        return any(ep.in_flight == 0 and self._pixel_weight(ep) is None and not self._failure_load(ep, now)
+                   and self.slow_start_factor(ep, now) >= 1.0 for ep in eps)
 
     def _pickable(self, now: float) -> list[EndpointStats]:
         return [ep for ep in self.endpoints.values() if not ep.draining and not ep.paused and not ep.ejected(now)]

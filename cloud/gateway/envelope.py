@@ -31,6 +31,7 @@ from edgewise import status
 from edgewise.errors import InvalidInputError
 from edgewise.status import RequestKeys, error_response
 from edgewise.v1 import detect_pb2
+from edgewise.wire import answer_mismatch
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
@@ -111,11 +112,21 @@ def error_reply(keys: RequestKeys | None, wire_status: int, message: str) -> Rep
 
 
 def reply_of(body: bytes, keys: RequestKeys, worker: str) -> Reply:
-    """A worker's serialized answer as a ``Reply`` (INTERNAL when it does not parse)."""
+    """A worker's serialized answer as a ``Reply``: INTERNAL when it does not parse or answers
+    another frame than ``keys`` (``edgewise.wire.answer_mismatch``: forwarded as OK, another
+    frame's detections became the client's result, never counted against the worker, which
+    answered fast and so got more than its share), which counts against the worker like any
+    INTERNAL; an error answer without a message gets one naming the worker."""
     try:
         resp = detect_pb2.DetectResponse.FromString(body)
     except DecodeError as exc:
         return error_reply(keys, status.INTERNAL, f"worker {worker}: its answer is not a DetectResponse: {exc}")
+    wrong = answer_mismatch(resp, keys.device_id, keys.stream_id, keys.frame_seq)
+    if wrong:
+        return error_reply(keys, status.INTERNAL, f"worker {worker}: its answer is for another frame: {wrong}")
+    if not status.is_ok(resp.status) and not resp.error:
+        return error_reply(keys, resp.status, f"worker {worker}: answered {status.name(resp.status)} "
+                                              f"without a message")
     queue_ms = float(resp.timing.queue_ms) if resp.HasField("timing") else None
     return Reply(int(resp.status), resp.error, body, queue_ms)
 

@@ -145,3 +145,41 @@ def test_a_worker_the_gateway_starts_with_skips_slow_start_when_it_first_serves(
     assert b.slow_start_factor(b.endpoints["b"], clock()) == pytest.approx(0.1)
     b.set_endpoints([("a", 1.0, "", False), ("b", 1.0, "", False), ("c", 1.0, "", False)])
     assert b.slow_start_factor(b.endpoints["c"], clock()) == pytest.approx(0.1)
+
+
+def _fail_streak(b: Balancer, address: str, n: int) -> None:
+    for _ in range(n):
+        t = must(b.pick(exclude=[a for a in b.endpoints if a != address]))
+        t.release(Outcome.FAILURE)
+
+
+def test_a_failing_worker_the_ejection_cap_keeps_in_the_pool_is_no_least_loaded_magnet():
+    """Two failing workers of four: the 10% cap ejects one; the other failed at once, had nothing
+    in flight and so took most of the traffic (64% of it on real workers, with the two healthy
+    ones nearly idle). Its streak now counts as load: it takes a request only when its peers
+    have that many in flight, and a success brings it back."""
+    b, clock = make([1, 1, 1, 1])
+    _fail_streak(b, "w0", 5)
+    _fail_streak(b, "w1", 5)
+    assert b.endpoints["w0"].ejected(clock()) and not b.endpoints["w1"].ejected(clock())  # the cap held
+    held = [must(b.pick()) for _ in range(10)]  # w2 and w3 up to 5 in flight each: keys below w1's 6
+    assert Counter(t.address for t in held) == {"w2": 5, "w3": 5}
+    tied = [must(b.pick()) for _ in range(3)]  # then all three key 6: w1 takes its turn
+    assert Counter(t.address for t in tied) == {"w1": 1, "w2": 1, "w3": 1}
+    next(t for t in tied if t.address == "w1").release(Outcome.OK)  # a success ends the streak
+    assert b.endpoints["w1"].consecutive_failures == 0
+    for t in held + tied:
+        t.release(Outcome.OK)
+    assert Counter(must(b.pick()).address for _ in range(3)) == {"w1": 1, "w2": 1, "w3": 1}  # idle-first again
+
+
+def test_in_panic_a_readmitted_ejected_worker_is_no_least_loaded_magnet():
+    """Three workers: one ejected, one paused (its pod down): panic readmits the ejected one,
+    which failed at once and so took 74% of the traffic beside an idle healthy worker."""
+    b, clock = make([1, 1, 1])
+    b.report_load("w2", capacity=None, serving=False)
+    _fail_streak(b, "w0", 5)
+    assert b.endpoints["w0"].ejected(clock()) and b.in_panic()
+    held = [must(b.pick()) for _ in range(5)]
+    assert {t.address for t in held} == {"w1"}  # w1 up to 5 in flight before w0 gets one
+    assert Counter(must(b.pick()).address for _ in range(2)) == {"w0": 1, "w1": 1}  # then they tie

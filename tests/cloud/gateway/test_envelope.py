@@ -122,7 +122,7 @@ def test_replies_keep_the_workers_bytes_and_stamp_gateway_time_by_appending():
     worker = detect_pb2.DetectResponse(status=detect_pb2.OK, frame_seq=9, worker_id="w",
                                        timing=detect_pb2.Timing(queue_ms=2.5, compute_ms=7.0, batch_size=4))
     body = worker.SerializeToString()
-    reply = reply_of(body, read_request(b""), "w")
+    reply = reply_of(body, read_request(detect_pb2.DetectRequest(frame_seq=9).SerializeToString()), "w")
     assert reply == Reply(status.OK, "", body, 2.5)
     stamped = reply.stamped(1.25)
     assert stamped.body.startswith(body)
@@ -142,3 +142,32 @@ def test_an_answer_that_does_not_parse_is_the_workers_internal_error():
     assert reply.status == status.INTERNAL and reply.error.startswith("worker w1: its answer is not a DetectResponse")
     resp = detect_pb2.DetectResponse.FromString(reply.body)
     assert (resp.device_id, resp.stream_id, resp.frame_seq, resp.error) == ("d", "s", 4, reply.error)
+
+
+def test_an_answer_for_another_frame_is_the_workers_internal_error():
+    """A worker answering with another frame's ids (the edge's rule: device, stream and frame_seq
+    echoed; an answer naming no device and stream is the request's unless it names another
+    frame_seq) is INTERNAL naming the worker and the difference, keyed like the request."""
+    keys = read_request(detect_pb2.DetectRequest(device_id="d", stream_id="s", frame_seq=4).SerializeToString())
+    for wrong, said in ((dict(device_id="d", stream_id="s", frame_seq=5), "frame_seq 5, not 4"),
+                        (dict(device_id="x", stream_id="s", frame_seq=4), "device_id 'x', not 'd'"),
+                        (dict(device_id="d", frame_seq=4), "stream_id '', not 's'"),
+                        (dict(frame_seq=7), "frame_seq 7, not 4")):
+        body = detect_pb2.DetectResponse(status=detect_pb2.OK, **wrong).SerializeToString()
+        reply = reply_of(body, keys, "w1")
+        assert reply.status == status.INTERNAL, wrong
+        assert reply.error.startswith("worker w1: its answer is for another frame: ") and said in reply.error
+        resp = detect_pb2.DetectResponse.FromString(reply.body)
+        assert (resp.device_id, resp.stream_id, resp.frame_seq) == ("d", "s", 4)
+    for right in (dict(device_id="d", stream_id="s", frame_seq=4), dict(frame_seq=4), {}):
+        body = detect_pb2.DetectResponse(status=detect_pb2.OK, **right).SerializeToString()
+        assert reply_of(body, keys, "w1") == Reply(status.OK, "", body, None), right
+
+
+def test_an_error_answer_without_a_message_gets_one_naming_the_worker():
+    keys = read_request(detect_pb2.DetectRequest(device_id="d", stream_id="s", frame_seq=4).SerializeToString())
+    empty = reply_of(b"", keys, "w1")  # parses: status unspecified, no error
+    assert empty.status == detect_pb2.STATUS_UNSPECIFIED
+    assert empty.error == "worker w1: answered STATUS_UNSPECIFIED without a message"
+    said = detect_pb2.DetectResponse(status=detect_pb2.INTERNAL, error="boom").SerializeToString()
+    assert reply_of(said, keys, "w1") == Reply(status.INTERNAL, "boom", said, None)
