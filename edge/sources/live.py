@@ -28,13 +28,44 @@ RTSP_TRANSPORTS = ("tcp", "udp")
 CODECS = ("h264", "h265")
 #: The Jetson's V4L2 hardware decoder plugin (L4T's nvidia-l4t-gstreamer package).
 JETSON_DECODER_PLUGIN = "/usr/lib/aarch64-linux-gnu/gstreamer-1.0/libgstnvvideo4linux2.so"
+#: The longest default ``stall_timeout`` (a source reporting a very low rate).
+SLOW_STALL_MAX_S = 60.0
 _APPSINK = re.compile(r"(?:^|!)\s*appsink\b([^!]*)$")
 
 
+_SECRET_PARAM = re.compile(
+    r"(?i)((?:pass(?:word|wd)?|pwd?|user-pw|(?:access_|auth_?)?token|api_?key|secret)=)([^&\s\"']+)")
+_URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s\"']+)")
+
+
+def _redact_userinfo(m: re.Match[str]) -> str:
+    scheme, rest = m.group(1), m.group(2)
+    end = min([i for i in (rest.find(c) for c in "/?#") if i >= 0] or [len(rest)])
+    # FFmpeg's rule (av_url_split): the user info ends at the LAST '@' before the path, so
+    # rtsp://admin:p@ss@cam/ logs in with the password 'p@ss'.
+    at = rest.rfind("@", 0, end)
+    if at < 0:
+        # No '@' before the first '/', '?' or '#': a password with one of them written
+        # unescaped (admin:pa/ss@cam), unless what precedes it is a host or host:port.
+        authority = rest[:end]
+        colon = authority.find(":")
+        if colon < 0 or authority.startswith("[") or authority[colon + 1:].isdigit():
+            return m.group(0)
+        at = rest.find("@", end)
+        if at < 0:
+            return m.group(0)
+    colon = rest.find(":", 0, at)
+    if colon < 0:  # a user name without a password
+        return m.group(0)
+    return f"{scheme}{rest[:colon]}:***{rest[at:]}"
+
+
 def redact_uri(uri: str) -> str:
-    """``uri`` with the password (and any ``password=``/``pw=`` query value) replaced by ``***``."""
-    uri = re.sub(r"(?i)((?:pass(?:word)?|pwd?|user-pw)=)([^&\s\"']+)", r"\1***", uri)
-    return re.sub(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:\"']*):[^@/\s\"']*@", r"\1:***@", uri)
+    """``uri`` with the password (and any ``password=``/``passwd=``/``pw=``/``token=``...
+    query value) replaced by ``***``. The user info ends at the last ``@`` before the path,
+    as FFmpeg reads it, so an unescaped ``@`` (or ``/``, ``?``, ``#``) in a password is
+    hidden with the rest of it."""
+    return _URL.sub(_redact_userinfo, _SECRET_PARAM.sub(r"\1***", uri))
 
 
 @functools.lru_cache(maxsize=1)
@@ -119,12 +150,14 @@ def latest_appsink(pipeline: str) -> Tuple[str, Optional[str]]:
 
 def stall_timeout(setting: float, nominal_fps: float) -> float:
     """Seconds without a new frame after which a live stream is down: ``setting``, or
-    when 0 five frame periods of the source's nominal rate, at least 1 s (2 s when the
-    rate is unknown)."""
+    when 0 five frame periods of the source's nominal rate, at least 1 s and at most
+    ``SLOW_STALL_MAX_S`` (2 s when the rate is unknown or above 1000 fps: a backend's
+    time base, not a rate). A slow camera (one frame every 5 s) gets its five periods:
+    with 2 s it would be declared down before each of its frames."""
     if setting > 0:
         return setting
-    if nominal_fps and 0.5 <= nominal_fps <= 1000.0:
-        return max(1.0, 5.0 / nominal_fps)
+    if nominal_fps and 0.0 < nominal_fps <= 1000.0:
+        return min(max(1.0, 5.0 / nominal_fps), SLOW_STALL_MAX_S)
     return 2.0
 
 

@@ -114,6 +114,26 @@ def test_redact_uri():
     assert redact_uri("rtspsrc location=rtsp://u:p@h/s user-pw=secret ! fakesink").count("secret") == 0
 
 
+@pytest.mark.parametrize("uri, shown", [
+    # FFmpeg takes the user info up to the LAST '@' before the path: 'p@ss' is the password
+    ("rtsp://admin:p@ssw0rd@10.0.0.5/cam", "rtsp://admin:***@10.0.0.5/cam"),
+    ("rtsp://me@example.com:secret@10.0.0.5/cam", "rtsp://me@example.com:***@10.0.0.5/cam"),
+    # '/', '?' or '#' written unescaped in a password: hidden too, not logged in clear
+    ("rtsp://admin:pa/ss@10.0.0.5/cam", "rtsp://admin:***@10.0.0.5/cam"),
+    ("rtsp://admin:pa?ss@10.0.0.5/cam", "rtsp://admin:***@10.0.0.5/cam"),
+    ("rtsp://admin:pass#1@10.0.0.5/cam", "rtsp://admin:***@10.0.0.5/cam"),
+    ("rtsp://cam/live?user=a&passwd=hunter2&ch=1", "rtsp://cam/live?user=a&passwd=***&ch=1"),
+    ("http://cam/mjpg?token=abc123", "http://cam/mjpg?token=***"),
+    # an '@' after the path is not user info; a host:port is not a password
+    ("rtsp://10.0.0.5:554/cam?a=b@c", "rtsp://10.0.0.5:554/cam?a=b@c"),
+    ("rtsp://admin:secret@10.0.0.5:554/cam?a=b@c", "rtsp://admin:***@10.0.0.5:554/cam?a=b@c"),
+    ("rtsp://[fd00::5]:554/cam@x", "rtsp://[fd00::5]:554/cam@x"),
+    ("cannot open rtsp source rtsp://u:s@cr@t@h/s; retrying", "cannot open rtsp source rtsp://u:***@h/s; retrying"),
+])
+def test_redact_uri_hides_passwords_ffmpeg_accepts(uri, shown):
+    assert redact_uri(uri) == shown
+
+
 def test_ffmpeg_options_follow_the_ffmpeg_version():
     assert ffmpeg_options("rtsp", "tcp", 5.0, 62) == "rtsp_transport;tcp|timeout;5000000"
     assert ffmpeg_options("rtsp", "udp", 2.5, 58) == "rtsp_transport;udp|stimeout;2500000"  # FFmpeg 4
@@ -176,6 +196,15 @@ def test_stall_timeout_defaults_to_a_few_frame_periods():
     assert stall_timeout(0.0, 2.0) == 2.5
     assert stall_timeout(0.0, 0.0) == 2.0
     assert stall_timeout(0.0, 90000.0) == 2.0  # a nonsense rate reported by a backend
+
+
+def test_a_slow_camera_gets_five_of_its_frame_periods():
+    """A camera sending one frame every 5 s (FFmpeg reports 0.2 fps) was given the 2 s of an
+    unknown rate, so it was declared down before each of its frames and never streamed."""
+    assert stall_timeout(0.0, 0.2) == 25.0
+    assert stall_timeout(0.0, 0.5) == 10.0
+    assert stall_timeout(0.0, 0.01) == 60.0  # at most a minute, however slow the stated rate
+    assert stall_timeout(0.0, -1.0) == 2.0
 
 
 PULL = """

@@ -331,3 +331,25 @@ def test_credentials_never_appear_in_logs_metrics_or_records(tmp_path, tiny_mode
     assert "rtsp://viewer:***@127.0.0.1" in output  # the start-up line names the stream, redacted
     for text in (output, metrics, jsonl.read_text()):
         assert password not in text
+
+
+def test_a_password_with_an_unescaped_at_sign_is_used_and_never_shown():
+    """``rtsp://viewer:p@ss@host/`` is how users write such a password, and FFmpeg logs in
+    with it (the user info ends at the last '@'); the start-up line and the errors used to
+    show what followed the first '@' (``rtsp://viewer:***@ssw0rd-Xy@127.0.0.1``)."""
+    password = "p@ssw0rd-Xy"
+    cam = RtspCamera(fps=CAMERA_FPS, user="viewer", password=password).start()
+    try:
+        src = CaptureSource("rtsp", cam.url, open_timeout_s=10)
+        src.open()
+        try:
+            assert src.read().shape == (240, 320, 3)  # logged in with the whole password
+        finally:
+            src.close()
+        with pytest.raises(SourceError) as ei:
+            src.read()
+        shown = [src.describe(), str(ei.value)]
+    finally:
+        cam.stop()
+    assert all(f"rtsp://viewer:***@127.0.0.1:{cam.port}/cam" in text for text in shown), shown
+    assert not [text for text in shown if "ssw0rd" in text], shown
