@@ -142,11 +142,15 @@ class EdgeDaemon:
         # "off" until escalation is built (or without a cloud); a spool that cannot take
         # escalations leaves the daemon working (200), but not whole
         spool = self.escalating.spool_health() if self.escalating else {"state": "off"}
-        status = ("ok" if spool["state"] in ("ok", "off") else "degraded") if ok else (
-            "stopping" if self.stopping else "starting")
+        # a stream that failed and has not delivered a frame since (a dead or frozen camera):
+        # restarting the daemon would not bring it back, so it is degraded, not unhealthy
+        down = sorted(c.stream_id for c in self.capturers if c.down)
+        whole = spool["state"] in ("ok", "off") and not down
+        status = ("ok" if whole else "degraded") if ok else ("stopping" if self.stopping else "starting")
         return ok, {
             "status": status,
             "spool": spool,
+            "streams_down": down,
             "device": self.settings.device_id,
             "streams": states,
             "frames": self.pipeline.frames_done if self.pipeline else 0,

@@ -158,6 +158,9 @@ class Capturer:
         self._source_corrupt = 0  # the source's own corrupt count, as last seen
         self._slow_logged = False
         self.reconnects = 0
+        #: the stream failed (open, read or stall) and has not delivered a frame since:
+        #: ``/healthz`` says degraded while any stream is down
+        self.down = False
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"capture-{stream_id}")
 
     def __repr__(self) -> str:
@@ -167,7 +170,8 @@ class Capturer:
         if state is self.state:
             return
         self.state = state
-        log.info("stream %s: %s%s", self.stream_id, state.value, f" ({why})" if why else "")
+        level = logging.WARNING if state is SourceState.BACKOFF else logging.INFO  # an outage
+        log.log(level, "stream %s: %s%s", self.stream_id, state.value, f" ({why})" if why else "")
         if self.on_state is not None:
             self.on_state(self.stream_id, state)
 
@@ -209,6 +213,7 @@ class Capturer:
 
     async def _backoff(self, stop: asyncio.Event, delay: float, why: str) -> float:
         self.reconnects += 1
+        self.down = True
         self._set_state(SourceState.BACKOFF, f"{why}; retrying in {delay:.1f} s")
         try:
             await asyncio.wait_for(stop.wait(), timeout=delay)
@@ -357,6 +362,7 @@ class Capturer:
                               self.stream_id, self.corrupt)
                 return None
             self._streamed_ok = True
+            self.down = False
             self.corrupt_run = self._run_at_backoff = 0
             self._corrupt_delay = self.reconnect_min_s
             mono_ns = time.monotonic_ns()

@@ -293,3 +293,27 @@ def test_the_policy_watcher_sees_a_chmod():
         os.chmod(f.name, 0o644)
         os.utime(f.name, ns=(st.st_atime_ns, st.st_mtime_ns))
         assert _file_id(f.name) != before
+
+
+
+def test_healthz_is_degraded_while_a_stream_is_down(tmp_path, tiny_model):
+    """A dead camera (nothing listens at its address) next to a working stream: the daemon
+    serves (200) but says degraded and names the stream, as a probe on status alone must see."""
+    s = load_settings(str(settings_yaml(
+        tmp_path / "edge.yaml", device_id="dev",
+        streams=[{"id": "ok", "kind": "synthetic", "uri": "160x120", "fps": 10},
+                 {"id": "dead", "kind": "rtsp", "uri": "rtsp://127.0.0.1:9/cam", "reconnect_min_s": 0.05,
+                  "reconnect_max_s": 0.2}],
+        model={"path": str(tiny_model)}, spool={"path": str(tmp_path / "spool.db")},
+        metrics={"port": -1})), env={})
+    d = EdgeDaemon(s)
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.started and d.health()[1]["streams_down"] == ["dead"], 60, "dead stream")
+        ok, doc = d.health()
+        assert ok and doc["status"] == "degraded" and doc["streams"]["ok"] == "streaming"
+        d.request_stop()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(run())

@@ -235,6 +235,7 @@ def test_unreachable_stream_backs_off_exponentially():
         cap._backoff = spy
         task = asyncio.ensure_future(cap.run(stop))
         await async_wait_until(lambda: len(delays) >= 4, 10, "four back-off delays")
+        assert cap.down  # failed and no frame since: /healthz says degraded
         stop.set()
         await asyncio.wait_for(task, 10)
         return delays, cap
