@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import socket
 from typing import Optional, Tuple
 
 BACKENDS = ("auto", "ffmpeg", "gstreamer")
@@ -171,3 +172,55 @@ def describe_backend() -> str:
     ffmpeg = f"FFmpeg libavformat {avf}" if avf else "no FFmpeg"
     return f"streams[].backend auto: {backend} for kind rtsp ({why.split(': ', 1)[-1]}; OpenCV has {ffmpeg})"
 
+
+#: Ports a camera URL means when it names none.
+DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322, "http": 80, "https": 443}
+#: Longest wait of the reachability check that explains a failed open.
+REACH_TIMEOUT_S = 2.0
+
+
+def host_port(uri: str) -> Optional[Tuple[str, int]]:
+    """The host and port a network camera URL names (its default port when it names none;
+    user info ends at the last ``@`` before the path, as FFmpeg reads it); None when the URL
+    names no host."""
+    m = re.match(r"([a-zA-Z][a-zA-Z0-9+.-]*)://([^/?#]*)", uri)
+    if m is None:
+        return None
+    scheme, authority = m.group(1).lower(), m.group(2)
+    authority = authority[authority.rfind("@") + 1:]
+    if authority.startswith("["):  # [IPv6]:port
+        host, _, rest = authority[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port_text = authority.partition(":")
+    if not host:
+        return None
+    if port_text.isdigit() and 0 < int(port_text) < 65536:
+        return host, int(port_text)
+    return (host, DEFAULT_PORTS[scheme]) if not port_text and scheme in DEFAULT_PORTS else None
+
+
+def why_unopened(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> str:
+    """Why a network camera at ``uri`` may not have opened, from one TCP connect to it: its
+    host does not resolve, nothing listens, nothing answers, or it answers (then the path or
+    the credentials are the likely cause). FFmpeg says none of this through OpenCV, so a dead
+    camera, a wrong port and a wrong password all read ``cannot open``. Empty when the URL
+    names no host."""
+    where = host_port(uri)
+    if where is None:
+        return ""
+    host, port = where
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except socket.gaierror:
+        return f"its host {host} does not resolve (DNS); check the address"
+    except ConnectionRefusedError:
+        return f"nothing listens at {shown} (connection refused); is the camera on, and the port right?"
+    except socket.timeout:
+        return f"no answer from {shown} within {timeout_s:g} s; is the camera on the network (or a firewall)?"
+    except OSError as exc:
+        return f"{shown}: {exc.strerror or exc}"
+    return (f"{shown} answers, but the stream did not open: check the path and the credentials "
+            "(`ffprobe` on the URL prints FFmpeg's reason)")

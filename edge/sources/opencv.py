@@ -26,6 +26,7 @@ import numpy as np
 from edge.sources.base import CorruptFrameError, SourceError
 from edge.sources.latest import LatestFrameReader
 from edge.sources.live import (
+    REACH_TIMEOUT_S,
     choose_backend,
     ffmpeg_options,
     hardware_decoder,
@@ -34,6 +35,7 @@ from edge.sources.live import (
     redact_uri,
     rtsp_pipeline,
     stall_timeout,
+    why_unopened,
 )
 from edgewise.errors import InvalidInputError
 from edgewise.imagefiles import (
@@ -505,7 +507,8 @@ class CaptureSource:
             raise SourceError(f"{self.kind} {self.shown}: {redact_uri(str(exc))}") from None
         if not cap.isOpened():
             cap.release()
-            raise SourceError(f"cannot open {self.kind} source {self.shown}")
+            why = why_unopened(self.uri, min(REACH_TIMEOUT_S, self.io_timeout_s)) if self.live else ""
+            raise SourceError(f"cannot open {self.kind} source {self.shown}" + (f": {why}" if why else ""))
         fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
         self.timestamps = not _invented_timestamps(self.kind, self.backend, _fourcc(cap))
         if not self.timestamps and not self._said_timestamps:

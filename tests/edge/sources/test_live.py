@@ -243,3 +243,71 @@ def test_jetson_pipeline_runs_with_software_elements():
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got == {"sample": True, "format": "BGR", "width": 320, "drop": True, "max_buffers": 1}
+
+
+@pytest.mark.parametrize("uri, want", [
+    ("rtsp://cam.local/stream", ("cam.local", 554)),
+    ("rtsp://admin:p@ss@10.0.0.5:8554/live?x=1", ("10.0.0.5", 8554)),
+    ("rtsps://[fd00::5]/s", ("fd00::5", 322)),
+    ("http://[fd00::5]:8080/mjpg", ("fd00::5", 8080)),
+    ("https://cam/x", ("cam", 443)),
+    ("rtsp://cam:99999/x", None),
+    ("rtsp:///x", None),
+    ("0", None),
+    ("videotestsrc ! appsink", None),
+])
+def test_host_port_of_a_camera_url(uri, want) -> None:
+    from edge.sources.live import host_port
+
+    assert host_port(uri) == want
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_failed_open_says_whether_anything_answers() -> None:
+    """`cannot open rtsp source` read the same for a dead camera, a wrong port and a wrong
+    path; one TCP connect now tells them apart (real sockets: a closed port, a listener)."""
+    import socket
+    import threading
+
+    from edge.sources.base import SourceError
+    from edge.sources.live import why_unopened
+
+    closed = _free_port()
+    assert why_unopened(f"rtsp://127.0.0.1:{closed}/cam") == (
+        f"nothing listens at 127.0.0.1:{closed} (connection refused); is the camera on, and the port right?")
+    with socket.socket() as srv:  # answers TCP, speaks no RTSP: as a wrong path or password reads
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        port = srv.getsockname()[1]
+        done = threading.Event()
+
+        def accept() -> None:
+            srv.settimeout(0.2)
+            while not done.is_set():
+                try:
+                    conn, _ = srv.accept()
+                    conn.close()
+                except OSError:
+                    pass
+
+        t = threading.Thread(target=accept, daemon=True)
+        t.start()
+        try:
+            assert why_unopened(f"rtsp://u:secret@127.0.0.1:{port}/wrong").startswith(
+                f"127.0.0.1:{port} answers, but the stream did not open: check the path and the credentials")
+        finally:
+            done.set()
+            t.join(5)
+    src = CaptureSource("rtsp", f"rtsp://u:secret@127.0.0.1:{closed}/cam", io_timeout_s=1.0)
+    with pytest.raises(SourceError) as err:
+        src.open()
+    said = str(err.value)
+    assert said.startswith("cannot open rtsp source rtsp://u:***@127.0.0.1") and "connection refused" in said
+    assert "secret" not in said
