@@ -47,9 +47,23 @@ import operator
 import os
 import stat
 import zlib
+from array import array
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import IO, Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import (
+    IO,
+    Any,
+    Dict,
+    FrozenSet,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 from edgewise.errors import InvalidInputError
 
@@ -89,6 +103,7 @@ _NUMBER: FrozenSet[type] = frozenset((int, float, _Absent))
 #: unusable (:attr:`Reading.wrong_types`). ``null`` is allowed where the daemon leaves
 #: a field unset (``edge.records.OPTIONAL_FIELDS``).
 FIELD_TYPES: Tuple[Tuple[str, FrozenSet[type]], ...] = (
+    ("device", frozenset((str, _Absent))),
     ("capture_unix_ns", frozenset((int, _Absent))),
     ("width", frozenset((int, _Absent))),
     ("height", frozenset((int, _Absent))),
@@ -335,22 +350,58 @@ def parse(line: str) -> Optional[Any]:
         return None
 
 
-def _release(buf: List[Record], k: int, sid: str, done: Dict[str, int], reading: Reading) -> Iterator[Record]:
+class _Released:
+    """The frame_seqs of one stream already yielded, as runs of consecutive numbers (a daemon's
+    frame_seqs are consecutive but for frames it dropped or never settled, so the runs are few),
+    and the last one; tells a repeat that comes after the reorder window (the same records in
+    two files: a ``.gz.tmp`` and its source, a file under two names) from a frame that is late."""
+
+    __slots__ = ("starts", "ends", "late", "last")
+
+    def __init__(self) -> None:
+        self.starts = array("q")  # run i covers starts[i]..ends[i], sorted, disjoint
+        self.ends = array("q")
+        self.late: Set[int] = set()  # frames yielded after later ones (beyond the window)
+        self.last: Optional[int] = None
+
+    def add_next(self, seq: int) -> None:
+        """``seq``, above every frame_seq yielded so far, is yielded."""
+        if self.last is not None and seq == self.last + 1:
+            self.ends[-1] = seq
+        else:
+            self.starts.append(seq)
+            self.ends.append(seq)
+        self.last = seq
+
+    def seen(self, seq: int) -> bool:
+        """Whether ``seq`` (below :attr:`last`) was yielded; it is taken as yielded from now."""
+        i = bisect_right(self.starts, seq) - 1
+        if (i >= 0 and seq <= self.ends[i]) or seq in self.late:
+            return True
+        self.late.add(seq)
+        return False
+
+
+def _release(buf: List[Record], k: int, key: Tuple[str, str], done: Dict[Tuple[str, str], _Released],
+             reading: Reading) -> Iterator[Record]:
     """Sort a stream's held records by frame_seq and yield the first ``k`` (nearly sorted
     already, so the sort is about linear)."""
     buf.sort(key=_SEQ)
     out = buf[:k]
     del buf[:k]
-    last = done.get(sid)
+    rel = done.get(key)
+    if rel is None:
+        rel = done[key] = _Released()
     for doc in out:
         seq = doc["frame_seq"]
+        last = rel.last
         if last is not None and seq <= last:
-            if seq == last:
+            if seq == last or rel.seen(seq):
                 reading.duplicates += 1
                 continue
             reading.beyond_window += 1  # too late to put back in order: decided here, best effort
         else:
-            last = done[sid] = seq
+            rel.add_next(seq)
         yield doc
 
 
@@ -379,8 +430,10 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES)
     ``window`` released: a record may come up to ``window`` records late."""
     if not paths:
         raise InvalidInputError("no records files given")
-    held: Dict[str, List[Record]] = {}
-    done: Dict[str, int] = {}  # stream -> frame_seq of the last frame yielded
+    # per stream of a device (device, stream): frame_seqs count per device, and two devices
+    # may well name a stream alike
+    held: Dict[Tuple[str, str], List[Record]] = {}
+    done: Dict[Tuple[str, str], _Released] = {}  # the frames yielded
     sources = _sources(paths)
     try:
         for src in sources:
@@ -415,12 +468,13 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES)
                     if wrong is not None:
                         reading.bad_values[wrong] = reading.bad_values.get(wrong, 0) + 1
                         continue
-                    buf = held.get(sid)
+                    key = (doc.get("device", ""), sid)
+                    buf = held.get(key)
                     if buf is None:
-                        buf = held[sid] = []
+                        buf = held[key] = []
                     buf.append(doc)
                     if len(buf) >= 2 * window:
-                        yield from _release(buf, window, sid, done, reading)
+                        yield from _release(buf, window, key, done, reading)
                 if src.error is not None:  # a stream's read error, met reading ahead
                     raise src.error
             except READ_ERRORS as exc:  # a gzip file cut short (being written, a crash, disk full), junk
@@ -434,5 +488,5 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES)
     finally:
         for src in sources:
             src.close()
-    for sid, buf in held.items():
-        yield from _release(buf, len(buf), sid, done, reading)
+    for key, buf in held.items():
+        yield from _release(buf, len(buf), key, done, reading)

@@ -66,6 +66,8 @@ from edgewise.policy.digest import policy_digest
 from edgewise.policy.recorded import MAX_NUMBER, Reading, Record, frames
 from edgewise.policy.schema import Payload, Policy, WholeFrames
 
+#: A stream of the records: (device, stream id); frame_seqs and budgets are a device's.
+Key = Tuple[str, str]
 #: Suppressions that mean the budget was used up (cooldown is a separate limit).
 BUDGET_SUPPRESSORS = ("priority", "budget_fraction", "budget_rate")
 #: JPEG bytes per pixel by quality, measured with OpenCV on the frames of OpenCV's
@@ -159,16 +161,26 @@ class Side:
         self.label = label
         self.policy = policy
         self.digest = policy_digest(policy) if policy is not None else ""
-        self.escalator = Escalator(policy, clock=lambda: 0.0) if policy is not None else None
+        # per device: frame_seqs and budgets are a device's, and two devices may name a stream alike
+        self.escalators: Dict[str, Escalator] = {}
         self.payload = policy.spec.payload if policy is not None else None  # None: the recorded sends
         self.whole_frames = WholeFrames()  # the policy's payload.wholeFrameEverySeconds, per stream
         self.top = top
-        self.hardest: List[Tuple[float, int, str, int, str]] = []  # (hardness, capture ns, stream, seq, by)
+        self.hardest: List[Tuple[float, int, Key, int, str]] = []  # (hardness, capture ns, stream, seq, by)
         self.checked = 0
         self.agreed = 0
         self.mismatches: List[Dict[str, Any]] = []
 
-    def pixels_of(self, pixels: float, width: int, part: Optional[float], sid: str = "",
+    def escalator(self, device: str) -> Optional[Escalator]:
+        """The policy's decision core for the streams of ``device`` (None: the recorded decisions)."""
+        if self.policy is None:
+            return None
+        esc = self.escalators.get(device)
+        if esc is None:
+            esc = self.escalators[device] = Escalator(self.policy, clock=lambda: 0.0)
+        return esc
+
+    def pixels_of(self, pixels: float, width: int, part: Optional[float], sid: Key = ("", ""),
                   t: float = 0.0) -> Tuple[float, float]:
         """(full-resolution pixels this side sends for a frame of ``pixels`` whose recorded
         part, when known, covers ``part``, escalated at ``t`` in stream ``sid``; frame pixels of
@@ -187,7 +199,7 @@ class Side:
             return low, 0.0
         return (low + part, 0.0) if part is not None else (low, pixels)  # low+regions
 
-    def note_suppressed(self, hardness: float, cap_ns: int, sid: str, seq: int, by: str) -> None:
+    def note_suppressed(self, hardness: float, cap_ns: int, sid: Key, seq: int, by: str) -> None:
         h = self.hardest
         if len(h) < self.top:
             heapq.heappush(h, (hardness, cap_ns, sid, seq, by))
@@ -201,7 +213,7 @@ class Side:
             self.agreed += 1
         elif len(self.mismatches) < MAX_MISMATCHES:
             self.mismatches.append({
-                "stream": doc["stream"], "frame_seq": doc["frame_seq"], "recorded": recorded,
+                "device": doc.get("device", ""), "stream": doc["stream"], "frame_seq": doc["frame_seq"], "recorded": recorded,
                 "recorded_reason": doc.get("reason"), "recorded_suppressed_by": doc.get("suppressed_by") or None,
                 "recorded_hardness": doc.get("hardness"), "replayed": d.escalate, "replayed_reason": d.reason,
                 "replayed_suppressed_by": d.suppressed_by, "replayed_hardness": round(d.hardness, 4)})
@@ -211,9 +223,9 @@ class Stream:
     """One stream's capture-time stretches, daemon runs, oddities and figures per side."""
 
     __slots__ = ("first_s", "last_s", "stretches", "jumps", "largest_jump_s", "epoch", "runs", "backwards",
-                 "largest_back_s", "figs", "version", "run_frames")
+                 "largest_back_s", "figs", "version", "run_frames", "escalators")
 
-    def __init__(self, t: float, epoch: int, n_sides: int) -> None:
+    def __init__(self, t: float, epoch: int, n_sides: int, escalators: Sequence[Optional[Escalator]] = ()) -> None:
         self.first_s = t  # the current stretch of capture time: earliest and latest frame
         self.last_s = t
         self.stretches: List[Tuple[float, float]] = []  # the stretches before it (see jump)
@@ -226,6 +238,7 @@ class Stream:
         self.figs = [Figures() for _ in range(n_sides)]
         self.version: Tuple[Any, ...] = ()  # (policy, digest, generation) of the current frames
         self.run_frames = 0                 # frames of that version so far
+        self.escalators = list(escalators)  # each side's decision core for the stream's device
 
     def jump(self, t: float) -> None:
         """Capture time jumped to ``t`` by more than :data:`GAP_S`: the current stretch ends
@@ -269,9 +282,9 @@ class Replay:
 
     sides: List[Side]
     reading: Reading = field(default_factory=Reading)
-    streams: Dict[str, Stream] = field(default_factory=dict)
+    streams: Dict[Key, Stream] = field(default_factory=dict)  # by (device, stream)
     versions: Dict[Tuple[str, str], Dict[str, Any]] = field(default_factory=dict)
-    changes: Dict[str, List[int]] = field(default_factory=dict)  # stream -> [newly, no longer]
+    changes: Dict[Key, List[int]] = field(default_factory=dict)  # stream -> [newly, no longer]
     no_clock: int = 0
     no_facts: int = 0
     bad_values: int = 0
@@ -298,10 +311,17 @@ class Replay:
         """The daemon restarted (a new frame_seq epoch): budgets start afresh, as they did."""
         st.epoch = epoch
         st.runs += 1
-        for side, fig in zip(self.sides, st.figs):
-            if side.escalator is not None:
-                side.escalator.forget(sid)
+        for esc, fig in zip(st.escalators, st.figs):
+            if esc is not None:
+                esc.forget(sid)
             fig.close_saturation(fig.sat_last)
+
+    def name(self, key: Key) -> str:
+        """How the report names a stream: its id, prefixed with its device's when the records
+        come from more than one device."""
+        if len({dev for dev, _ in self.streams}) > 1:
+            return f"{key[0]}/{key[1]}"
+        return key[1]
 
 
 def _facts_from_boxes(doc: Record) -> FrameFacts:
@@ -342,14 +362,15 @@ def _take(r: Replay, doc: Record) -> None:
     """Decide one recorded frame on both sides and account for it (the replay's hot loop:
     about 1.3 million calls for a day of one camera, so kept lean)."""
     sid = doc["stream"]
+    key = (doc.get("device", ""), sid)
     seq = doc["frame_seq"]
     cap_ns = doc.get("capture_unix_ns")
     if cap_ns.__class__ is not int:
         cap_ns = 0
     t = cap_ns / 1e9
-    st = r.streams.get(sid)
+    st = r.streams.get(key)
     if st is None:
-        st = r.streams[sid] = Stream(t, seq >> 32, 2)
+        st = r.streams[key] = Stream(t, seq >> 32, 2, [side.escalator(key[0]) for side in r.sides])
     else:
         if seq >> 32 != st.epoch:
             r.restart(sid, st, seq >> 32)
@@ -377,6 +398,7 @@ def _take(r: Replay, doc: Record) -> None:
         for name in r.needed.difference(signals):
             r.missing_signals[name] = r.missing_signals.get(name, 0) + 1
     side0, side1 = r.sides
+    esc0, esc1 = st.escalators
     try:
         # every signal, weighted or not, a finite number within +-MAX_NUMBER: NaN or an infinity
         # makes the sum fail the comparison, a string, null or list raises TypeError, and a
@@ -388,8 +410,8 @@ def _take(r: Replay, doc: Record) -> None:
         else:
             facts = _facts_from_boxes(doc)  # an older daemon's boxes: a score may not be a number
             r.no_facts += 1
-        d0 = side0.escalator.decide_facts(sid, seq, facts, signals, now)  # type: ignore[union-attr]
-        d1 = side1.escalator.decide_facts(sid, seq, facts, signals, now) if side1.escalator is not None else None
+        d0 = esc0.decide_facts(sid, seq, facts, signals, now)  # type: ignore[union-attr]
+        d1 = esc1.decide_facts(sid, seq, facts, signals, now) if esc1 is not None else None
     except (TypeError, ValueError, OverflowError):  # a signal or fact that is not a (usable) number
         r.bad_values += 1
         return
@@ -400,13 +422,13 @@ def _take(r: Replay, doc: Record) -> None:
         st.version = version
     st.run_frames += 1
     recorded = doc.get("escalated") is True
-    esc0 = d0.escalate
-    esc1 = d1.escalate if d1 is not None else recorded
+    up0 = d0.escalate
+    up1 = d1.escalate if d1 is not None else recorded
     pixels = 0.0
     width = 0
     crop = None
     pb = doc.get("payload_bytes")
-    if esc0 or esc1 or recorded:
+    if up0 or up1 or recorded:
         width, height = doc.get("width", 0), doc.get("height", 0)
         if width.__class__ is int and height.__class__ is int:
             pixels = float(width * height)
@@ -427,24 +449,24 @@ def _take(r: Replay, doc: Record) -> None:
     if digest == side0.digest:
         side0.check(doc, d0, recorded)
     fig0, fig1 = st.figs
-    _account(side0, fig0, esc0, d0.suppressed_by, d0.hardness, t, cap_ns, sid, seq, pb, crop, pixels, width, now)
+    _account(side0, fig0, up0, d0.suppressed_by, d0.hardness, t, cap_ns, key, seq, pb, crop, pixels, width, now)
     if d1 is not None:
         if digest == side1.digest:
             side1.check(doc, d1, recorded)
-        _account(side1, fig1, esc1, d1.suppressed_by, d1.hardness, t, cap_ns, sid, seq, pb, crop, pixels, width,
+        _account(side1, fig1, up1, d1.suppressed_by, d1.hardness, t, cap_ns, key, seq, pb, crop, pixels, width,
                  now)
     else:
-        _account(side1, fig1, esc1, doc.get("suppressed_by") or None, doc.get("hardness", 0.0), t, cap_ns, sid,
+        _account(side1, fig1, up1, doc.get("suppressed_by") or None, doc.get("hardness", 0.0), t, cap_ns, key,
                  seq, pb, crop, pixels, width, now)
-    if esc0 != esc1:
-        ch = r.changes.get(sid)
+    if up0 != up1:
+        ch = r.changes.get(key)
         if ch is None:
-            ch = r.changes[sid] = [0, 0]
-        ch[0 if esc0 else 1] += 1
+            ch = r.changes[key] = [0, 0]
+        ch[0 if up0 else 1] += 1
 
 
 def _account(side: Side, fig: Figures, escalate: bool, by: Optional[str], hardness: float, t: float,
-             cap_ns: int, sid: str, seq: int, pb: Optional[int], crop: Optional[float], pixels: float,
+             cap_ns: int, sid: Key, seq: int, pb: Optional[int], crop: Optional[float], pixels: float,
              width: int, now: float) -> None:
     """Count one frame's decision (taken at ``now``, the decision clock) on one side."""
     fig.frames += 1
@@ -649,7 +671,8 @@ def _notes(r: Replay) -> List[str]:
     if r.bad_values:
         notes.append(f"{r.bad_values} record(s) have signals or edge facts that are not numbers: skipped (a string, "
                      "null, NaN, an infinity or a number too large for a float)")
-    for sid, st in sorted(r.streams.items()):
+    for key, st in sorted(r.streams.items()):
+        sid = r.name(key)
         if st.backwards:
             notes.append(f"stream {sid}: capture time goes backwards {st.backwards} time(s) (at most "
                          f"{st.largest_back_s:.1f} s; a clock step?): frames are replayed in the daemon's "
@@ -692,7 +715,7 @@ def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
         for sid in sorted(r.streams):
             st = r.streams[sid]
             total.add(st.figs[i])
-            streams[sid] = _figures_doc(r, side, st.figs[i], spans[sid], rec_payload)
+            streams[r.name(sid)] = _figures_doc(r, side, st.figs[i], spans[sid], rec_payload)
         doc: Dict[str, Any] = {
             "label": side.label,
             "policy": None if side.policy is None else {
@@ -701,12 +724,14 @@ def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
                                     sum(covered(ss) for ss in spans.values())),
             "streams": streams,
             "hardest_suppressed": [
-                {"hardness": round(h, 4), "stream": sid, "frame_seq": seq, "capture_unix_ns": ns, "suppressed_by": by}
+                {"hardness": round(h, 4), "stream": r.name(sid), "frame_seq": seq, "capture_unix_ns": ns, "suppressed_by": by}
                 for h, ns, sid, seq, by in sorted(side.hardest, key=lambda x: (-x[0], x[1]))],
         }
         if side.policy is not None and side.checked:
             doc["reproduction"] = {"checked": side.checked, "agreed": side.agreed,
-                                   "share": side.agreed / side.checked, "mismatches": side.mismatches}
+                                   "share": side.agreed / side.checked,
+                                   "mismatches": [dict(m, stream=r.name((m["device"], m["stream"])))
+                                                  for m in side.mismatches]}
         sides.append(doc)
     newly = sum(c[0] for c in r.changes.values())
     no_longer = sum(c[1] for c in r.changes.values())
@@ -716,7 +741,7 @@ def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
             "files": rd.files, "lines": rd.lines, "frames": frames_n, "streams": len(r.streams),
             "capture_start_unix_s": round(first, 3), "capture_end_unix_s": round(last, 3),
             "hours": round(covered(overall) / 3600.0, 3),  # capture time covered: no gaps
-            "daemon_runs": {sid: s.runs for sid, s in sorted(r.streams.items())},
+            "daemon_runs": {r.name(sid): s.runs for sid, s in sorted(r.streams.items())},
             "policies": [{"name": v["name"], "digest": v["digest"], "frames": v["frames"],
                           "generations": sorted(v["generations"])}
                          for v in sorted(r.versions.values(), key=lambda v: -v["frames"])],
@@ -727,7 +752,7 @@ def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
         "sides": sides,
         "changes": {
             "newly_escalated": newly, "no_longer_escalated": no_longer,
-            "streams": {sid: {"newly_escalated": c[0], "no_longer_escalated": c[1]}
+            "streams": {r.name(sid): {"newly_escalated": c[0], "no_longer_escalated": c[1]}
                         for sid, c in sorted(r.changes.items())},
         },
         "notes": _notes(r),

@@ -164,6 +164,41 @@ def test_a_daemon_restart_resets_the_budget_as_the_daemon_did(tmp_path: Path) ->
     assert rep["sides"][0]["reproduction"]["share"] == 1.0
 
 
+def test_devices_naming_a_stream_alike_are_two_streams_each_reproduced(tmp_path: Path) -> None:
+    """frame_seqs and budgets are a device's: two devices' stream ``cam`` (same frame_seqs, one
+    file interleaved as a fleet collector writes it, or a file each) are two streams, not one
+    stream whose frames repeat."""
+    one = daemon_records(BUSY, WAVE)
+    two = [dict(r, device="dev2") for r in daemon_records(BUSY, WAVE[::-1])]
+    mixed = [r for pair in zip(one, two) for r in pair]
+    for paths in ([write(tmp_path / "both.jsonl", mixed)],
+                  [write(tmp_path / "a.jsonl", one), write(tmp_path / "b.jsonl", two)]):
+        rep = replay(paths, BUSY)
+        assert rep["records"]["frames"] == 400 and rep["records"]["streams"] == 2
+        assert rep["records"]["daemon_runs"] == {"dev/cam": 1, "dev2/cam": 1}
+        assert rep["sides"][0]["reproduction"]["agreed"] == 400
+        assert set(rep["sides"][0]["streams"]) == {"dev/cam", "dev2/cam"}
+        assert not any("duplicate" in n for n in rep["notes"])
+
+
+def test_the_same_records_twice_beyond_the_window_are_duplicates_not_decided_again(tmp_path: Path) -> None:
+    """A glob that catches a .gz.tmp next to its source (or a file under two names) gives the
+    records twice, the second copy long after the reorder window: all of it is duplicates."""
+    recs = daemon_records(BUSY, WAVE)
+    plain = write(tmp_path / "r.jsonl", recs)
+    gz = write(tmp_path / "r.jsonl.gz.tmp", recs, gz=True)
+    reading = Reading()
+    assert [d["frame_seq"] for d in frames([plain, gz], reading, window=8)] == list(range(200))
+    assert (reading.duplicates, reading.beyond_window) == (200, 0)
+    late = recs.pop(5)  # a frame truly late beyond the window is decided, once
+    reading = Reading()
+    path = write(tmp_path / "late.jsonl", recs + [late, late])
+    assert sorted(d["frame_seq"] for d in frames([path], reading, window=8)) == list(range(200))
+    assert (reading.duplicates, reading.beyond_window) == (1, 1)
+    rep = replay([plain, gz], BUSY)
+    assert rep["sides"][0]["reproduction"]["agreed"] == rep["records"]["frames"] == 200
+
+
 def test_what_cannot_be_reproduced_is_said(tmp_path: Path) -> None:
     recs = daemon_records(BUSY, WAVE[:50])
     for r in recs[:10]:
