@@ -147,15 +147,16 @@ def wrong_field(doc: Record) -> Optional[str]:
 
 def bad_value(doc: Record) -> Optional[str]:
     """The first field of a record of the documented type (:func:`wrong_field` found none)
-    whose value a replay cannot use; None when all can be used. ``capture_unix_ns`` must lie
-    in [:data:`CAPTURE_MIN_NS`, :data:`CAPTURE_MAX_NS`); each of :data:`BOUNDED_FIELDS` must be
+    whose value a replay cannot use; None when all can be used. ``capture_unix_ns`` must be
+    there (taken as 1970, it stretched the stream's span over decades) and lie in
+    [:data:`CAPTURE_MIN_NS`, :data:`CAPTURE_MAX_NS`); each of :data:`BOUNDED_FIELDS` must be
     a finite number of at most :data:`MAX_NUMBER` in size (JSON ``NaN``, ``Infinity``, ``1e400``
     and a 400-digit integer are not; a comparison with NaN is false). Runs on every record, so
     the common case is one expression, and :data:`BOUNDED_FIELDS` are looked at one by one
     only to name the one that is not."""
     get = doc.get
-    cap = get("capture_unix_ns")
-    if cap is not None and not CAPTURE_MIN_NS <= cap < CAPTURE_MAX_NS:
+    cap = get("capture_unix_ns")  # every daemon has written it: a record without it is damaged
+    if cap is None or not CAPTURE_MIN_NS <= cap < CAPTURE_MAX_NS:
         return "capture_unix_ns"
     hi = MAX_NUMBER
     lo = -hi

@@ -364,9 +364,7 @@ def _take(r: Replay, doc: Record) -> None:
     sid = doc["stream"]
     key = (doc.get("device", ""), sid)
     seq = doc["frame_seq"]
-    cap_ns = doc.get("capture_unix_ns")
-    if cap_ns.__class__ is not int:
-        cap_ns = 0
+    cap_ns = doc["capture_unix_ns"]  # an int in range: recorded.bad_value skipped the others
     t = cap_ns / 1e9
     st = r.streams.get(key)
     if st is None:
@@ -641,8 +639,8 @@ def _notes(r: Replay) -> List[str]:
         notes.append(f"{n} record(s) have {name} of another type than docs/records.md gives it: skipped")
     for name, n in sorted(rd.bad_values.items()):
         if name == "capture_unix_ns":
-            notes.append(f"{n} record(s) have a capture time before 2000 or after 2200 (a clock not yet set, such "
-                         "as a device that starts at 1970 until NTP syncs): skipped")
+            notes.append(f"{n} record(s) have no capture time, or one before 2000 or after 2200 (a clock not yet "
+                         "set, such as a device that starts at 1970 until NTP syncs): skipped")
         else:
             notes.append(f"{n} record(s) have {name} that is not a finite number (NaN, Infinity, or too large "
                          "for a float): skipped")
