@@ -413,7 +413,8 @@ def _sources(paths: Sequence[str]) -> List[_Source]:
     """The files, each opened and read ahead, in the order of their first capture time."""
     sources: List[_Source] = []
     try:
-        for path in sorted({str(p) for p in paths}):
+        # "-" is standard input, as for cat and gzip (the docs' /dev/stdin is the same pipe)
+        for path in sorted({"/dev/stdin" if str(p) == "-" else str(p) for p in paths}):
             src = _Source(path)
             src.read_ahead()
             sources.append(src)

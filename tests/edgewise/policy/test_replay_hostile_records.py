@@ -224,8 +224,8 @@ def test_records_from_a_pipe_are_read_once_whole_plain_or_gzip(tmp_path: Path) -
     path = write(tmp_path / "records.jsonl", recs)
     whole = report_of(check_policy(tmp_path, [path]))
     assert whole["records"]["frames"] == 300 and whole["sides"][0]["reproduction"]["share"] == 1.0
-    for stdin in (data, gzip.compress(data)):
-        rep = report_of(check_policy(tmp_path, ["/dev/stdin"], stdin=stdin))
+    for stdin, name in ((data, "/dev/stdin"), (gzip.compress(data), "/dev/stdin"), (data, "-")):  # - as for cat
+        rep = report_of(check_policy(tmp_path, [name], stdin=stdin))
         assert rep["records"]["frames"] == 300 and rep["records"]["lines"] == 300
         assert rep["sides"][0]["reproduction"]["share"] == 1.0 and rep["notes"] == whole["notes"]
     other = daemon_records(BUSY, WAVE, stream="cam2")
