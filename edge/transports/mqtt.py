@@ -21,7 +21,12 @@ is where the broker's answers are read:
   taken as a delivery. Mosquitto answers a message over its ``message_size_limit``
   with a PUBACK "Packet too large" (0x95), a code MQTT 5.0 lists for CONNACK and
   DISCONNECT only; paho would call that a malformed packet and reconnect, and send
-  the message again, forever: ``_Client`` takes it as the refusal it is.
+  the message again, forever: ``_Client`` takes it as the refusal it is;
+* a broker that takes QoS 0 only (its CONNACK's *Maximum QoS*, Mosquitto ``max_qos 0``)
+  drops a client that publishes at QoS 1 ("QoS not supported"), and paho would send the
+  message again after every reconnect, once a second, for good: every publish is then a
+  ``Refusal`` before it is sent (the edge needs the broker's PUBACK: QoS 1), and what paho
+  still holds from before is dropped at the CONNACK and settled as refused.
 
 A refused escalation fails at once with the wire status that the gRPC code of the
 same meaning has (``Refusal.status``, through ``edgewise.status.from_grpc``): not
@@ -72,6 +77,7 @@ PROTOCOL_MAX_PACKET = 268_435_455 + 5
 RECONNECT_DELAY_S = (1, 30)
 #: MQTT v5 reason codes this module acts on by number.
 PACKET_TOO_LARGE = 0x95
+QOS_NOT_SUPPORTED = 0x9B
 SESSION_TAKEN_OVER = 0x8E
 CLIENT_ID_NOT_VALID = 0x85
 #: Random hex digits after the device id in the edge's client id.
@@ -93,6 +99,7 @@ _GRPC_OF_REASON: Dict[int, Tuple[grpc.StatusCode, Optional[str]]] = {
     PACKET_TOO_LARGE: (grpc.StatusCode.RESOURCE_EXHAUSTED, status.TOO_LARGE),  # Packet too large
     0x97: (grpc.StatusCode.RESOURCE_EXHAUSTED, None),  # Quota exceeded
     0x99: (grpc.StatusCode.INVALID_ARGUMENT, None),  # Payload format invalid
+    QOS_NOT_SUPPORTED: (grpc.StatusCode.UNAVAILABLE, None),  # the broker's max_qos: spooled until it changes
 }
 
 #: What the operator does about each refusal ("{topic}" is the refused topic).
@@ -105,6 +112,8 @@ _HINTS: Dict[int, str] = {
     0x97: "the broker's quota for this client is used up (Mosquitto: max_queued_messages, "
           "max_queued_bytes); check that the subscribers keep up",
     0x99: "the broker refused the payload's format",
+    QOS_NOT_SUPPORTED: "the broker takes QoS 0 only (Mosquitto: max_qos 0) and edgewise publishes at QoS 1, "
+                       "for it needs the broker's acknowledgement: set max_qos 1 (or remove it) on the broker",
 }
 
 
@@ -182,6 +191,17 @@ class _Client(mqtt.Client):
             return mqtt.MQTT_ERR_SUCCESS
         return super()._handle_pubackcomp(cmd)
 
+    def drop_queued_over(self, max_qos: int) -> Dict[int, str]:
+        """Forget the messages paho holds to send (again) at a QoS over ``max_qos``: called from
+        ``on_connect``, before paho sends them again; their mids and topics."""
+        dropped: Dict[int, str] = {}
+        with self._out_message_mutex:
+            for mid, m in list(self._out_messages.items()):
+                if m.qos > max_qos:
+                    del self._out_messages[mid]
+                    dropped[mid] = m.topic
+        return dropped
+
 
 class MqttMetrics:
     """The MQTT connection's metrics, registered once per registry (a daemon's ``EdgeMetrics``)."""
@@ -251,6 +271,7 @@ class MqttConnection:
         self.lock = threading.Lock()
         self.stopping = False
         self.max_packet_size = PROTOCOL_MAX_PACKET  # the broker's, from its last CONNACK
+        self.max_qos = 2  # the broker's Maximum QoS, from its last CONNACK
         self.last_error = ""  # why the last connection attempt failed ("" once connected)
         self._waiting: Dict[int, Tuple[str, Optional[OnDone], str]] = {}  # mid -> (topic, on_done, after)
         self._early: Dict[int, Any] = {}  # mid -> reason code of a PUBACK that came before publish() returned
@@ -310,6 +331,8 @@ class MqttConnection:
         Raises ``PublishRefused`` (nothing sent, logged and counted the same way) for a message
         over the broker's Maximum Packet Size; without one announced, over MQTT's own bound
         (which is also where paho's "Payload too large" check lies, so that one never fires)."""
+        if self.max_qos < 1:
+            self._refuse(self._qos_refusal(topic), after_refusal)
         size = publish_packet_size(topic, payload, properties)
         limit = self.max_packet_size
         if size > limit:
@@ -329,6 +352,11 @@ class MqttConnection:
             if early is not None:
                 self._settle(topic, on_done, after_refusal, early)
         return info
+
+    def _qos_refusal(self, topic: str) -> Refusal:
+        return Refusal(topic, QOS_NOT_SUPPORTED, "QoS not supported",
+                       f"MQTT message to {topic} is not sent: the broker {self.host}:{self.port} announced a "
+                       f"Maximum QoS of {self.max_qos}; {_HINTS[QOS_NOT_SUPPORTED]}")
 
     def _refuse(self, refused: Refusal, after: str) -> NoReturn:
         self._report(refused, after)
@@ -375,7 +403,11 @@ class MqttConnection:
             return
         limit = getattr(properties, "MaximumPacketSize", None)
         self.max_packet_size = int(limit) if limit else PROTOCOL_MAX_PACKET
+        max_qos = getattr(properties, "MaximumQoS", None)
+        self.max_qos = int(max_qos) if max_qos is not None else 2
         self.last_error = ""
+        if self.max_qos < 1:
+            self._drop_unsendable()
         self._connected_at = time.monotonic()
         log.info("MQTT connected to %s:%d as %s%s", self.host, self.port, self.client_id,
                  f" (maximum packet size {limit} bytes)" if limit else "")
@@ -384,6 +416,24 @@ class MqttConnection:
         for t in topics:
             client.subscribe(t, qos=1)
         self._set_connected(True)
+
+    def _drop_unsendable(self) -> None:
+        """(paho's thread, in CONNACK) The broker takes QoS 0 only: what paho holds at QoS 1
+        would make it drop the connection again at once, after every reconnect. Drop it, and
+        settle each as refused (an escalation fails and spools, a record stays in the outbox)."""
+        for mid, topic in self.client.drop_queued_over(self.max_qos).items():
+            with self.lock:
+                entry = self._waiting.pop(mid, None)
+            refused = self._qos_refusal(topic)
+            if entry is None:
+                self._report(refused, "")
+                continue
+            self._report(refused, entry[2])
+            if entry[1] is not None:
+                try:
+                    entry[1](refused)
+                except Exception:
+                    log.exception("MQTT publish callback for %s failed", topic)
 
     def _on_connect_fail(self, client: Any, userdata: Any) -> None:
         """The broker could not be reached (paho calls this while it handles the connection's

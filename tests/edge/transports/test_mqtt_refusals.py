@@ -212,6 +212,48 @@ def test_a_puback_packet_too_large_is_a_refusal_not_a_reconnect_loop(caplog):
             responder.close()
 
 
+def test_a_broker_that_takes_qos_0_only_is_a_refusal_not_a_reconnect_loop(caplog):
+    """Mosquitto with ``max_qos 0`` announces a Maximum QoS of 0 and drops a client that
+    publishes at QoS 1 ("QoS not supported"); paho would send the message again after every
+    reconnect, once a second, for good. What paho held from before the broker's CONNACK (a
+    record published while the broker was down, restarted with ``max_qos 0``) is dropped
+    and settled as refused; later publishes are refused before they are sent: an escalation
+    fails at once, UNAVAILABLE (spooled), the message naming ``max_qos``."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with configured_mosquitto() as broker:
+        metrics = EdgeMetrics()
+        conn = connected(broker, "cam-1-qos0", metrics)
+        try:
+            broker.stop()
+            wait_until(lambda: not conn.connected.is_set(), 10, "the broker gone")
+            settled: List[Optional[Refusal]] = []
+            done = threading.Event()
+            conn.publish("edgewise/cam-1/detections", b"{}",
+                         on_done=lambda r: (settled.append(r), done.set()))  # held by paho (no connection)
+            broker.conf.write_text(broker.conf.read_text() + "max_qos 0\n")
+            broker.start()
+            assert done.wait(15), "the held record settled at the reconnect"
+            assert settled[0] is not None and settled[0].code == 0x9B and "max_qos" in settled[0].message
+            wait_until(conn.connected.is_set, 10, "the edge connected again")
+
+            async def run():
+                t = MqttTransport(conn, "cam-1")
+                await t.start()
+                with pytest.raises(TransportError) as ei:
+                    await t.detect(request(1), 3.0)
+                assert ei.value.status == detect_pb2.UNAVAILABLE and ei.value.spoolable
+                assert "Maximum QoS of 0" in ei.value.message and "max_qos" in ei.value.message
+                await t.close()
+            asyncio.run(run())
+            time.sleep(2.5)  # paho would have reconnected twice by now
+            assert conn.connected.is_set() and not warnings_with(caplog, "QoS not supported);")
+            assert not conn.client._out_messages
+            assert refused_count(metrics, "edgewise/cam-1/escalate", "qos_not_supported") == 1
+            assert refused_count(metrics, "edgewise/cam-1/detections", "qos_not_supported") == 1
+        finally:
+            conn.stop()
+
+
 def test_a_frame_too_large_for_the_broker_keeps_its_edge_result_and_is_not_spooled(tmp_path):
     """Through ``Escalating``: the frame's record is its edge result with the reason
     (``outcome: edge_only``, INVALID_ARGUMENT), as for a message over gRPC's limit; the
