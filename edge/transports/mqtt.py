@@ -266,6 +266,8 @@ class MqttConnection:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self.client.on_publish = self._on_publish
+        self.client.on_subscribe = self._on_subscribe
+        self._subscribing: Dict[int, str] = {}  # SUBSCRIBE mid -> topic, until its SUBACK
         self.connected = threading.Event()
         self.subscriptions: Dict[str, Any] = {}  # topic -> handler(msg), resubscribed on reconnect
         self.lock = threading.Lock()
@@ -320,7 +322,25 @@ class MqttConnection:
         with self.lock:
             self.subscriptions[topic] = handler
         if self.connected.is_set():
-            self.client.subscribe(topic, qos=1)
+            self._subscribe(self.client, topic)
+
+    def _subscribe(self, client: Any, topic: str) -> None:
+        _, mid = client.subscribe(topic, qos=1)
+        if mid is not None:
+            with self.lock:
+                self._subscribing[mid] = topic
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        """(paho's thread) A SUBACK: a refused subscription is the broker's ACL (or its limits).
+        Without it this device's answers never come: every escalation would time out and spool,
+        and every replay the same, with nothing saying why."""
+        with self.lock:
+            topic = self._subscribing.pop(mid, "?")
+        for rc in reason_codes or ():
+            if getattr(rc, "is_failure", False):
+                log.error("MQTT broker %s:%d refused the subscription to %s (%s): this device's answers cannot "
+                          "arrive; the broker's ACL must let this device's user read it (the shipped ACL: "
+                          "username = device_id)", self.host, self.port, topic, rc)
 
     def publish(self, topic: str, payload: bytes, properties: Optional[Properties] = None,
                 on_done: Optional[OnDone] = None, after_refusal: str = "") -> Any:
@@ -414,7 +434,7 @@ class MqttConnection:
         with self.lock:
             topics = list(self.subscriptions)
         for t in topics:
-            client.subscribe(t, qos=1)
+            self._subscribe(client, t)
         self._set_connected(True)
 
     def _drop_unsendable(self) -> None:

@@ -414,3 +414,22 @@ def test_the_daemons_client_id_is_unique_per_start_and_its_connection_is_measure
     finally:
         for d in daemons:
             d.mqtt.stop()
+
+
+def test_a_refused_subscription_to_the_answers_is_an_error_naming_the_topic(caplog):
+    """A SUBACK with a failure code (a broker that enforces its ACL on subscribe: dynamic
+    security, EMQX) went unnoticed: every escalation timed out and spooled, and every replay
+    the same. Pure logic: Mosquitto 2.0 grants such a subscription and delivers nothing (the
+    troubleshooting row says so), so no broker here sends this SUBACK."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    conn = MqttConnection("broker.example", 1883, client_id="cam-1-sub")
+    conn._subscribing[7] = "edgewise/cam-1/response/#"
+    with caplog.at_level("ERROR", logger="edge.transports.mqtt"):
+        conn._on_subscribe(None, None, 7, [ReasonCode(PacketTypes.SUBACK, identifier=0x87)], None)
+        conn._on_subscribe(None, None, 8, [ReasonCode(PacketTypes.SUBACK, identifier=1)], None)  # granted QoS 1
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("MQTT broker broker.example:1883 refused the subscription to edgewise/cam-1/response/# "
+                           "(Not authorized)") and "ACL must let this device's user read it" in line
+    assert conn._subscribing == {}
