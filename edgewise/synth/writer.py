@@ -13,7 +13,9 @@ one's frames next to the new ones (and an evaluation of the folder would mix the
 in). With ``overwrite=True`` (``edgewise synth --overwrite``) the files synth writes
 (the names above) are removed first; anything else is left where it is, and a file
 of another name inside ``images/``, ``labels/`` or ``videos/`` is refused rather
-than deleted.
+than deleted; ``annotations.json`` and ``dataset.json`` are removed only when their
+content shows synth wrote them (another tool's COCO file of that name is refused too).
+Both are written atomically, so an interrupted run never leaves half of one.
 
 COCO ``category_id`` equals the YOLO class index (0..9, category names "0".."9").
 COCO images carry ``stream`` and ``frame`` (0-based) so streams can be replayed
@@ -86,6 +88,53 @@ _OWN_FOLDERS = {
     "videos": re.compile(r"s\d{3,}\.avi"),
 }
 _OWN_FILES = ("annotations.json", "dataset.json")
+#: what the COCO file's ``info.description`` says (how ``--overwrite`` knows synth wrote it)
+_COCO_DESCRIPTION = "edgewise synthetic digits"
+#: keys every dataset.json synth writes has (how ``--overwrite`` knows synth wrote it)
+_SUMMARY_KEYS = frozenset(("names", "nc", "split", "seed", "width", "height", "streams", "frames", "images"))
+
+
+def _tmp_name(name: str) -> str:
+    """The name a top-level file is written under before it is renamed into place."""
+    return f".{name}.tmp"
+
+
+def _written_by_synth(p: Path) -> bool:
+    """Whether the top-level file ``p`` (annotations.json or dataset.json) is one synth wrote:
+    a symlink (removing it loses nothing) or JSON whose content is synth's."""
+    if p.is_symlink():
+        return True
+    try:
+        data = json.loads(p.read_bytes())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    if p.name == "annotations.json":
+        info = data.get("info")
+        return isinstance(info, dict) and info.get("description") == _COCO_DESCRIPTION
+    return _SUMMARY_KEYS <= set(data)
+
+
+def _put(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path``; an OSError names ``path`` (a full disk's does not by itself)."""
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary name: no half-written file under ``path``."""
+    tmp = path.with_name(_tmp_name(path.name))
+    try:
+        _put(tmp, text.encode())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _listing(names: Sequence[str], limit: int = 3) -> str:
@@ -112,10 +161,13 @@ def _remove_dataset(out: Path) -> None:
                 foreign.append(f"{folder}/{p.name}")
     for name in _OWN_FILES:
         p = out / name
-        if p.is_symlink() or p.is_file():
+        if (p.is_symlink() or p.is_file()) and _written_by_synth(p):
             doomed.append(p)
-        elif p.exists():
+        elif p.exists() or p.is_symlink():
             foreign.append(name)
+        tmp = out / _tmp_name(name)
+        if tmp.is_symlink() or tmp.is_file():
+            doomed.append(tmp)  # left by a run killed while it wrote ``name``
     if foreign:
         raise InvalidInputError(
             f"output folder {out}: --overwrite removes only the files synth writes, but {_listing(foreign)} "
@@ -176,6 +228,16 @@ def generate(job: SynthJob, progress: Optional[Any] = None) -> Dict[str, Any]:
     job.validate()
     out = Path(job.out)
     _prepare_out(out, job.overwrite, ("images", "labels", "videos") if job.video else ("images", "labels"))
+    try:
+        return _write(job, out, progress)
+    except OSError as exc:  # the disk filled up, the folder went away or read-only, ...
+        what = f" {exc.filename}" if exc.filename is not None else ""
+        raise InvalidInputError(
+            f"output folder {out}: cannot write{what}: {exc.strerror or exc}; the dataset there is incomplete: "
+            f"make room (or choose another folder) and run again with --overwrite") from None
+
+
+def _write(job: SynthJob, out: Path, progress: Optional[Any]) -> Dict[str, Any]:
     images: List[Dict[str, Any]] = []
     anns: List[Dict[str, Any]] = []
     params = ([cv2.IMWRITE_JPEG_QUALITY, job.jpeg_quality] if job.image_format == "jpg"
@@ -198,9 +260,9 @@ def generate(job: SynthJob, progress: Optional[Any] = None) -> Dict[str, Any]:
             ok, buf = cv2.imencode("." + job.image_format, img, params)
             if not ok:
                 raise ConfigError(f"could not encode {name}")
-            (out / "images" / name).write_bytes(buf.tobytes())
+            _put(out / "images" / name, buf.tobytes())
             lines = yolo_lines(labels, job.width, job.height)
-            (out / "labels" / f"{stem}.txt").write_text("".join(line + "\n" for line in lines))
+            _put(out / "labels" / f"{stem}.txt", "".join(line + "\n" for line in lines).encode())
             if writer is not None:
                 writer.write(img)
             image_id = len(images) + 1
@@ -224,11 +286,11 @@ def generate(job: SynthJob, progress: Optional[Any] = None) -> Dict[str, Any]:
         if writer is not None:
             writer.release()
     coco = {
-        "info": {"description": "edgewise synthetic digits", "split": job.split, "seed": job.seed},
+        "info": {"description": _COCO_DESCRIPTION, "split": job.split, "seed": job.seed},
         "images": images, "annotations": anns,
         "categories": [{"id": i, "name": n} for i, n in enumerate(CLASS_NAMES)],
     }
-    (out / "annotations.json").write_text(json.dumps(coco, separators=(",", ":")))
+    _write_atomically(out / "annotations.json", json.dumps(coco, separators=(",", ":")))
     summary = {
         "names": list(CLASS_NAMES), "nc": len(CLASS_NAMES), "split": job.split, "seed": job.seed,
         "width": job.width, "height": job.height, "streams": job.streams, "frames": job.frames,
@@ -237,5 +299,5 @@ def generate(job: SynthJob, progress: Optional[Any] = None) -> Dict[str, Any]:
     }
     if job.preset:
         summary["preset"] = job.preset
-    (out / "dataset.json").write_text(json.dumps(summary, indent=1))
+    _write_atomically(out / "dataset.json", json.dumps(summary, indent=1))
     return summary

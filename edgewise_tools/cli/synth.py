@@ -83,7 +83,12 @@ def _synth(args: argparse.Namespace) -> int:
             last[0] = now
             print(f"synth: {n}/{total} frames", file=sys.stderr)
 
-    summary = generate(job, progress)
+    try:
+        summary = generate(job, progress)
+    except KeyboardInterrupt:
+        print(f"synth: interrupted; {args.out} holds an incomplete dataset (run again with --overwrite to "
+              f"replace it)", file=sys.stderr)
+        raise
     summary["seconds"] = round(time.monotonic() - t0, 2)
     summary.pop("difficulty", None)
     print(json.dumps(summary))
