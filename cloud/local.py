@@ -17,6 +17,7 @@ mean what they mean to ``edgewise cloud gateway`` / ``worker`` run there by hand
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -131,6 +132,15 @@ class LocalCloud:
             raise ConfigError(f"weights: {len(weights)} given for {workers} workers")
         if per_worker_args is not None and len(per_worker_args) != workers:
             raise ConfigError(f"per_worker_args: {len(per_worker_args)} given for {workers} workers")
+        # Checked here, before any worker warms up, rather than by a child process after it.
+        for name, value in (("port", port), ("metrics_port", metrics_port)):
+            if not 0 <= value <= 65535:
+                raise ConfigError(f"{name}: {value} must be within 0..65535 (0 picks a free one)")
+        if worker_threads < 0:
+            raise ConfigError(f"worker_threads: {worker_threads} must be >= 0 (0: ONNX Runtime's default)")
+        for w in weights or ():
+            if not (math.isfinite(w) and w > 0):
+                raise ConfigError(f"weights: {w:g} must be a positive finite number")
         self.cwd = Path.cwd()
         if not Path(model).is_file():
             raise ConfigError(f"model {model}: file not found (relative paths start in {self.cwd})")
@@ -156,6 +166,7 @@ class LocalCloud:
         self.start_timeout = start_timeout
         self.stop_grace = stop_grace
         self._own_dir = log_dir is None
+        self._keep_logs = False  # set when a failed start's error names a log in an own folder
         self.dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="edgewise-local-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.workers: list[_Proc | None] = []
@@ -191,7 +202,9 @@ class LocalCloud:
                 self._wait_worker(i)
             self._write_gateway_config()
             self._start_gateway()
-        except BaseException:
+        except BaseException as exc:
+            # The error may name a process's log: keep the log folder so that it can be read.
+            self._keep_logs = self._keep_logs or isinstance(exc, UnavailableError)
             self.stop()
             raise
 
@@ -259,7 +272,7 @@ class LocalCloud:
             if proc is not None:
                 self.exit_codes[f"worker {i}"] = proc.stop(self.stop_grace)
                 self.workers[i] = None
-        if self._own_dir and os.environ.get("EDGEWISE_KEEP_LOGS") != "1":
+        if self._own_dir and not self._keep_logs and os.environ.get("EDGEWISE_KEEP_LOGS") != "1":
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def gateway_exited(self) -> bool:

@@ -21,7 +21,8 @@ def register(subparsers: Any) -> None:
     up = subparsers.add_parser(
         "up", help="start N workers and a gateway on this machine",
         description="Local pool: N worker processes and one gateway process (static discovery). "
-                    "Prints the gateway address; Ctrl-C / SIGTERM stops everything cleanly.")
+                    "Prints the gateway address; Ctrl-C, SIGTERM or SIGHUP (a closed terminal) stops everything cleanly, "
+                    "also while it starts.")
     up.add_argument("--workers", type=int, default=2, help="number of worker processes (default 2)")
     up.add_argument("--model", required=True, help="YOLOv5 ONNX model for the workers")
     up.add_argument("--port", type=int, default=50051, help="gateway gRPC port (0 = any; default 50051)")
@@ -58,11 +59,20 @@ def _up(args: argparse.Namespace) -> int:
         except ValueError:
             raise ConfigError(f"--weights {args.weights!r}: expected numbers like 4,2,1") from None
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    started = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        if not started.is_set():  # during the start (minutes of warm-up): stop what was started, now
+            raise KeyboardInterrupt
+        stop.set()
+
+    # SIGHUP too: a closed terminal left the gateway and workers running (their own sessions)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     with LocalCloud(args.model, workers=args.workers, port=args.port, metrics_port=args.metrics_port,
                     worker_threads=args.worker_threads, weights=weights,
                     gateway_config=args.gateway_config, worker_args=args.worker_arg) as cloud:
+        started.set()
         print(f"gateway: {cloud.address}  (metrics http://127.0.0.1:{cloud.metrics_port}/metrics, "
               f"pool http://127.0.0.1:{cloud.metrics_port}/pool)", flush=True)
         for i, w in enumerate(cloud.worker_addresses):

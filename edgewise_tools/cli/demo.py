@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any, Dict
+
+
+def _fps(text: str) -> float:
+    """A frame rate: a finite number above 0 (``nan`` and ``inf`` are floats, not frame rates)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number above 0 (got {text!r})") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0 (got {text!r})")
+    return value
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -36,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--short", action="store_true", help="a short run (60 frames per stream), as the tests use")
     p.add_argument("--frames", type=int, default=0, help="frames per stream (default: the world's, 150 in the camera world)")
     p.add_argument("--streams", type=int, default=2, help="generated camera streams")
-    p.add_argument("--fps", type=float, default=10.0, help="camera frame rate")
+    p.add_argument("--fps", type=_fps, default=10.0, help="camera frame rate")
     p.add_argument("--workers", type=int, default=2, help="cloud workers")
     p.add_argument("--out", default="demo-report", help="report folder")
     p.add_argument("--edge-model", default="", help="edge model (default models/camera/edge-int8.onnx)")

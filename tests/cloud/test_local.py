@@ -299,3 +299,41 @@ def test_a_raised_gateway_image_limit_reaches_the_workers(tiny_model):
                 service_pb2_grpc.EscalationStub(ch).Detect(frame(1, data=big), timeout=30, metadata=MD)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "33600000 pixels, over the limit of 33177600" in (err.value.details() or "")
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+@pytest.mark.parametrize("sig, when, rc", [(signal.SIGHUP, "serving", 0), (signal.SIGTERM, "starting", 130)])
+def test_cloud_up_stops_its_processes_on_a_closed_terminal_and_while_starting(tiny_model, sig, when, rc):
+    """SIGHUP (the terminal closed) left the gateway and workers running under init, holding
+    their ports (they run in their own sessions); a signal during the start waited for it to
+    finish (minutes of warm-up for big models) before anything stopped."""
+    proc = subprocess.Popen(cli_command("cloud", "up", "--workers", "1", "--model", str(tiny_model), "--port", "0"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: _children(proc.pid), 60, "the first process started")
+        assert proc.stdout is not None
+        if when == "serving":
+            while not proc.stdout.readline().startswith("gateway: "):
+                assert proc.poll() is None
+        kids = _children(proc.pid)
+        proc.send_signal(sig)
+        assert proc.wait(30) == rc
+        wait_until(lambda: all(_gone(k) for k in kids), 15, "its processes stopped")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
