@@ -45,7 +45,7 @@ class EdgeMetrics:
     def __init__(self, registry: Optional[CollectorRegistry] = None) -> None:
         r = self.registry = registry or process_registry("edge")
         self.frames = Counter("edgewise_edge_frames", "Frames processed per stream", ["stream"], registry=r)
-        self.fps = Gauge("edgewise_edge_fps", "Frames per second per stream (last 5 s window)", ["stream"], registry=r)
+        self.fps = Gauge("edgewise_edge_fps", "Frames per second per stream (last 5 s window, as of the scrape)", ["stream"], registry=r)
         self.stage = Histogram(
             "edgewise_edge_stage_seconds", "Per-stage latency", ["stage"], buckets=STAGE_BUCKETS, registry=r
         )
@@ -54,7 +54,7 @@ class EdgeMetrics:
             buckets=STAGE_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(
-            "edgewise_edge_batch_size", "Frames per inference call", buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r
+            "edgewise_edge_batch_size", "Frames per inference call", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), registry=r
         )
         self.escalations = Counter(
             "edgewise_edge_escalations", "Escalations by reason and outcome", ["reason", "outcome"], registry=r

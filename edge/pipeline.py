@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
@@ -57,18 +58,49 @@ def run_detector(detector: Any, frames: Sequence[Frame]) -> Tuple[List[Any], Dic
 
 
 class FrameRate:
-    """Frames/s of one stream over a sliding window."""
+    """Frames/s of one stream over a sliding window, as of any moment (``rate``: the
+    ``edgewise_edge_fps`` gauge reads it at each scrape, from the metrics server's thread).
+
+    The frames of the last ``window_s`` over the time they span, counted from the newest
+    frame before the window (at least the last two frames are kept), so a stream slower than
+    one frame per window shows its rate rather than 0. Once the stream has been silent for
+    longer than its mean frame interval, that silence counts as its latest interval, so the
+    rate of a stream that stopped (ended, down, a wedged pipeline) falls towards 0 instead of
+    showing its last value for ever."""
 
     def __init__(self, window_s: float = 5.0) -> None:
         self.window_s = window_s
         self.times: Deque[float] = collections.deque()
+        self.lock = threading.Lock()
 
-    def tick(self, now: float) -> float:
-        self.times.append(now)
-        while self.times and now - self.times[0] > self.window_s:
-            self.times.popleft()
-        span = now - self.times[0] if len(self.times) > 1 else 0.0
-        return (len(self.times) - 1) / span if span > 0 else 0.0
+    def tick(self, now: float) -> None:
+        """A frame at ``now``."""
+        with self.lock:
+            self.times.append(now)
+            while len(self.times) > 2 and now - self.times[1] >= self.window_s:
+                self.times.popleft()
+
+    def rate(self, now: Optional[float] = None) -> float:
+        """Frames/s at ``now`` (``time.monotonic()`` when None); 0 before two frames."""
+        if now is None:
+            now = time.monotonic()
+        with self.lock:
+            times = self.times
+            first = 0
+            while len(times) - first > 2 and now - times[first + 1] >= self.window_s:
+                first += 1  # out of the window by now: the next frame is in or before it
+            n = len(times) - first
+            if n < 2:
+                return 0.0
+            start, last = times[first], times[-1]
+        span = last - start
+        if span <= 0:
+            return 0.0
+        silence = now - last
+        interval = span / (n - 1)
+        if silence > interval:  # nothing since: the current interval is at least this long
+            span += silence - interval
+        return (n - 1) / span
 
 
 class Pipeline:
@@ -101,6 +133,8 @@ class Pipeline:
         self.memory = memory  # warned once when the frames held could exhaust the device
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
         self.rates: Dict[str, FrameRate] = {sid: FrameRate() for sid in queues}
+        for sid, rate in self.rates.items():  # read at each scrape: a stream that stops falls to 0
+            metrics.fps.labels(sid).set_function(rate.rate)
         self.by_stream: Dict[str, Capturer] = {c.stream_id: c for c in capturers}
         self.frames_done = 0
         self.hardness_policy_ms: List[float] = []  # per-frame cost, for the benchmark
@@ -219,7 +253,7 @@ class Pipeline:
         lat["total"] = round((now_mono - frame.capture_mono) * 1000.0, 3)
         self.metrics.frame_latency.observe(now_mono - frame.capture_mono)
         self.metrics.frames.labels(frame.stream_id).inc()
-        self.metrics.fps.labels(frame.stream_id).set(self.rates[frame.stream_id].tick(now_mono))
+        self.rates[frame.stream_id].tick(now_mono)
         self.frames_done += 1
         record = FrameRecord(
             device=self.device_id,
