@@ -135,7 +135,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(func(args) or 0)
+        rc = int(func(args) or 0)
+        sys.stdout.flush()  # here, not at exit: a reader gone ('| head') is caught below
+        return rc
     except EdgewiseError as exc:
         # Errors we raise already say what to do; no traceback for the operator.
         print(f"edgewise: error: {exc}", file=sys.stderr)

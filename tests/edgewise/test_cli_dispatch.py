@@ -36,8 +36,9 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     r, w = os.pipe()
     os.close(r)  # the reader is gone before the command writes
     try:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as usual: the
         p = subprocess.run([sys.executable, "-m", "edgewise", "edge", "check-policy", str(policy)], stdout=w,
-                           stderr=subprocess.PIPE, text=True, timeout=60)
+                           stderr=subprocess.PIPE, text=True, timeout=60, env=env)  # write comes at the flush
     finally:
         os.close(w)
     assert (p.returncode, p.stderr) == (141, "")
