@@ -293,11 +293,32 @@ def choose_base(mode: str, log: Log, cache: Path = CACHE) -> Base:
     return ensure_standin(log, cache)
 
 
+#: What the wheels installed in the image are built from (the Dockerfiles' COPY lines).
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "edgewise", "edgewise_tools", "edge", "cloud")
+
+
+def source_digest(context: Path = ROOT) -> str:
+    """A digest of :data:`WHEEL_SOURCES` under ``context`` (names and contents, caches left
+    out), the Dockerfiles' ``SOURCE_DIGEST``: the install step's layer cache is keyed by its
+    text, not by the wheels it mounts, so without it a rebuild kept the old code."""
+    h = hashlib.sha256()
+    for name in WHEEL_SOURCES:
+        top = context / name
+        files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        for p in files:
+            if "__pycache__" in p.parts:
+                continue
+            h.update(str(p.relative_to(context)).encode() + b"\0")
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def build(base: Base, tag: str, *, dockerfile: Path = DOCKERFILE, context: Path = ROOT,
           stream: bool = False) -> Built:
     """``podman build`` of ``dockerfile`` on ``base``; ``stream`` shows podman's output live."""
     cmd = ["podman", "build", "--isolation", "chroot", "--network", "host", "--pull=never",
-           "--build-arg", f"BASE_IMAGE={base.name}", "-f", str(dockerfile), "-t", tag, str(context)]
+           "--build-arg", f"BASE_IMAGE={base.name}", "--build-arg", f"SOURCE_DIGEST={source_digest(context)}",
+           "-f", str(dockerfile), "-t", tag, str(context)]
     t0 = time.monotonic()
     if stream:
         rc = subprocess.run(cmd, timeout=3600).returncode

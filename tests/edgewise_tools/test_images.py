@@ -3,7 +3,11 @@ base; the build itself is exercised by tests/deploy/test_cloud_image.py."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from edgewise_tools import images
+from edgewise_tools.images import ROOT, WHEEL_SOURCES, source_digest
 
 DEB822 = """\
 Types: deb
@@ -65,3 +69,34 @@ def test_missing_podman_is_named(monkeypatch, tmp_path, capsys) -> None:
     assert "podman is not installed" in (images.podman_problem() or "")
     assert images.main([]) == 1
     assert "images: error: podman is not installed" in capsys.readouterr().err
+
+
+# SOURCE_DIGEST: the install step's layer cache is keyed by the RUN's text, not by the wheels it
+# mounts, so a rebuild after a source change kept the old code; the digest of the sources keys it.
+
+def test_the_digest_follows_the_sources_and_nothing_else(tmp_path: Path) -> None:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    for name in WHEEL_SOURCES:
+        if (ROOT / name).is_file():
+            shutil.copy(ROOT / name, ctx / name)
+        else:
+            (ctx / name / "pkg").mkdir(parents=True)
+            (ctx / name / "pkg" / "mod.py").write_text(f"# {name}\n")
+    first = source_digest(ctx)
+    assert source_digest(ctx) == first
+    (ctx / "cloud" / "pkg" / "__pycache__").mkdir()
+    (ctx / "cloud" / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0")
+    (ctx / "models").mkdir()
+    (ctx / "models" / "other.onnx").write_bytes(b"x")  # not a wheel source
+    assert source_digest(ctx) == first
+    (ctx / "cloud" / "pkg" / "mod.py").write_text("# cloud, changed\n")
+    assert source_digest(ctx) != first
+
+
+def test_both_dockerfiles_key_the_install_by_it() -> None:
+    for name in ("Dockerfile", "Dockerfile.cuda"):
+        text = (ROOT / "deploy" / "docker" / name).read_text()
+        runtime = text[text.rindex("\nFROM "):]  # the runtime stage
+        assert "ARG SOURCE_DIGEST" in runtime
+        assert runtime.index("ARG SOURCE_DIGEST") < runtime.index("--mount=type=bind,from=build")
