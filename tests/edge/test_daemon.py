@@ -25,6 +25,15 @@ HUGE_NUMBER = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name:
 DEEP = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: x}\nspec: " + "[" * 20000 + "]" * 20000
 
 
+def _daemon(tmp_path, tiny_model, streams, **tree) -> EdgeDaemon:
+    """An in-process daemon of ``streams`` on the tiny model: device ``dev``, its spool in
+    ``tmp_path``, metrics off; ``tree`` adds or overrides settings."""
+    return EdgeDaemon(load_settings(str(settings_yaml(
+        tmp_path / "edge.yaml", **{"device_id": "dev", "streams": streams, "model": {"path": str(tiny_model)},
+                                   "spool": {"path": str(tmp_path / "spool.db")}, "metrics": {"port": -1},
+                                   **tree})), env={}))
+
+
 def test_reload_survives_a_5000_digit_number_and_deep_nesting_then_takes_a_valid_file(tmp_path, tiny_model, caplog):
     """Each refusal is logged once, and files are read and validated off the event loop (a
     hostile file took seconds to refuse, during which no frame was processed)."""
@@ -34,13 +43,8 @@ def test_reload_survives_a_5000_digit_number_and_deep_nesting_then_takes_a_valid
     caplog.set_level(logging.INFO)
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("first", {"s": "never"}))
-    s = load_settings(str(settings_yaml(
-        tmp_path / "edge.yaml", device_id="dev",
-        streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 50}],
-        model={"path": str(tiny_model)}, policy_file=str(policy), policy_poll_s=0.05,
-        sinks={"jsonl": str(tmp_path / "out.jsonl")}, spool={"path": str(tmp_path / "spool.db")},
-        metrics={"port": -1})), env={})
-    d = EdgeDaemon(s)
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 50}],
+                policy_file=str(policy), policy_poll_s=0.05, sinks={"jsonl": str(tmp_path / "out.jsonl")})
     reloads = d.metrics.reloads
     prepared_on = []
 
@@ -211,11 +215,8 @@ def test_policy_classes_the_model_does_not_have_are_warned_at_start_and_on_reloa
         policy.write_text(yaml.safe_dump(doc))
 
     write(["person", "0"])
-    s = load_settings(str(settings_yaml(
-        tmp_path / "edge.yaml", device_id="dev", streams=[{"id": "s", "kind": "synthetic", "uri": "160x120"}],
-        model={"path": str(tiny_model)}, policy_file=str(policy), policy_poll_s=0.05,
-        spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})), env={})
-    d = EdgeDaemon(s)
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120"}],
+                policy_file=str(policy), policy_poll_s=0.05)
 
     def warned():
         return [r.getMessage() for r in caplog.records if "are not classes of" in r.getMessage()]
@@ -242,12 +243,8 @@ def test_reload_sees_a_same_size_rewrite_with_its_old_mtime_and_refuses_a_fifo_w
     no SIGHUP, and SIGTERM never ended the process."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("first", {"s": "never"}))
-    s = load_settings(str(settings_yaml(
-        tmp_path / "edge.yaml", device_id="dev",
-        streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
-        model={"path": str(tiny_model)}, policy_file=str(policy), policy_poll_s=0.05,
-        spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})), env={})
-    d = EdgeDaemon(s)
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                policy_file=str(policy), policy_poll_s=0.05)
     reloads = d.metrics.reloads
 
     async def run():
@@ -299,14 +296,9 @@ def test_the_policy_watcher_sees_a_chmod():
 def test_healthz_is_degraded_while_a_stream_is_down(tmp_path, tiny_model):
     """A dead camera (nothing listens at its address) next to a working stream: the daemon
     serves (200) but says degraded and names the stream, as a probe on status alone must see."""
-    s = load_settings(str(settings_yaml(
-        tmp_path / "edge.yaml", device_id="dev",
-        streams=[{"id": "ok", "kind": "synthetic", "uri": "160x120", "fps": 10},
-                 {"id": "dead", "kind": "rtsp", "uri": "rtsp://127.0.0.1:9/cam", "reconnect_min_s": 0.05,
-                  "reconnect_max_s": 0.2}],
-        model={"path": str(tiny_model)}, spool={"path": str(tmp_path / "spool.db")},
-        metrics={"port": -1})), env={})
-    d = EdgeDaemon(s)
+    d = _daemon(tmp_path, tiny_model, [{"id": "ok", "kind": "synthetic", "uri": "160x120", "fps": 10},
+                                       {"id": "dead", "kind": "rtsp", "uri": "rtsp://127.0.0.1:9/cam",
+                                        "reconnect_min_s": 0.05, "reconnect_max_s": 0.2}])
 
     async def run():
         task = asyncio.ensure_future(d.run())

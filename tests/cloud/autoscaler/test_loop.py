@@ -25,6 +25,7 @@ from cloud.autoscaler.scaling import Scaler, ScalerConfig, ScalingPolicy, Scalin
 from cloud.discovery.kubeclient import KubeAccess, build_api_client
 from edgewise.errors import ConfigError, InvalidInputError, UnavailableError
 from tests.cloud.autoscaler.servers import PoolServer, ScaleAPI, pool_doc
+from tests.listener import Listener
 
 
 @pytest.fixture
@@ -390,31 +391,21 @@ def test_polls_the_real_gateway_side_port():
     assert (s.in_flight, s.capacity, s.ready_workers, s.queue_wait_ms_p90, s.complete) == (12.0, 30.0, 3, 7.0, True)
 
 
-class TricklingGateway:
+class TricklingGateway(Listener):
     """Answers ``/pool`` a byte every 50 ms for ``seconds`` (a gateway or proxy that is alive but
     hardly sends): in the headers (``where="headers"``) or in the body."""
 
     def __init__(self, where: str, seconds: float = 6.0) -> None:
-        import socket
         import threading
 
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.where, self.seconds = where, seconds
         self.stopped = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
+    def on_connection(self, conn: Any) -> None:
         import threading
 
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+        threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: Any) -> None:
         import time
@@ -433,7 +424,7 @@ class TricklingGateway:
 
     def close(self) -> None:
         self.stopped.set()
-        self.sock.close()
+        super().close()
 
 
 @pytest.mark.parametrize("where", ["headers", "body"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -18,31 +17,23 @@ import pytest
 from cloud.autoscaler.kube import DeploymentScale, ScaleState
 from cloud.discovery.kubeclient import KubeAccess, build_api_client
 from edgewise.errors import ConfigError, UnavailableError
+from tests.listener import Listener
 
 
-class HungAPI:
+class HungAPI(Listener):
     """Accepts connections, reads the request, never answers; counts the connections."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.accepted = 0
         self.held: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            self.held.append(conn)  # kept open, never answered
+    def on_connection(self, conn: socket.socket) -> None:
+        self.accepted += 1
+        self.held.append(conn)  # kept open, never answered
 
     def close(self) -> None:
-        self.sock.close()
+        super().close()
         for c in self.held:
             c.close()
 

@@ -262,49 +262,23 @@ def test_host_port_of_a_camera_url(uri, want) -> None:
     assert host_port(uri) == want
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_failed_open_says_whether_anything_answers() -> None:
     """`cannot open rtsp source` read the same for a dead camera, a wrong port and a wrong
     path; one TCP connect now tells them apart (real sockets: a closed port, a listener)."""
-    import socket
-    import threading
-
     from edge.sources.base import SourceError
     from edge.sources.live import why_unopened
+    from tests.conftest import free_port
+    from tests.listener import Listener
 
-    closed = _free_port()
+    closed = free_port()
     assert why_unopened(f"rtsp://127.0.0.1:{closed}/cam") == (
         f"nothing listens at 127.0.0.1:{closed} (connection refused); is the camera on, and the port right?")
-    with socket.socket() as srv:  # answers TCP, speaks no RTSP: as a wrong path or password reads
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(8)
-        port = srv.getsockname()[1]
-        done = threading.Event()
-
-        def accept() -> None:
-            srv.settimeout(0.2)
-            while not done.is_set():
-                try:
-                    conn, _ = srv.accept()
-                    conn.close()
-                except OSError:
-                    pass
-
-        t = threading.Thread(target=accept, daemon=True)
-        t.start()
-        try:
-            assert why_unopened(f"rtsp://u:secret@127.0.0.1:{port}/wrong").startswith(
-                f"127.0.0.1:{port} answers, but the stream did not open: check the path and the credentials")
-        finally:
-            done.set()
-            t.join(5)
+    srv = Listener()  # answers TCP, speaks no RTSP: as a wrong path or password reads
+    try:
+        assert why_unopened(f"rtsp://u:secret@127.0.0.1:{srv.port}/wrong").startswith(
+            f"127.0.0.1:{srv.port} answers, but the stream did not open: check the path and the credentials")
+    finally:
+        srv.close()
     src = CaptureSource("rtsp", f"rtsp://u:secret@127.0.0.1:{closed}/cam", io_timeout_s=1.0)
     with pytest.raises(SourceError) as err:
         src.open()
