@@ -24,6 +24,9 @@ import re
 import socket
 from typing import Optional, Tuple
 
+from edgewise.addresses import format_address, parse_hostport
+from edgewise.errors import ConfigError
+
 BACKENDS = ("auto", "ffmpeg", "gstreamer")
 RTSP_TRANSPORTS = ("tcp", "udp")
 CODECS = ("h264", "h265")
@@ -182,22 +185,19 @@ REACH_TIMEOUT_S = 2.0
 def host_port(uri: str) -> Optional[Tuple[str, int]]:
     """The host and port a network camera URL names (its default port when it names none;
     user info ends at the last ``@`` before the path, as FFmpeg reads it); None when the URL
-    names no host."""
+    names no usable host and port (``edgewise.addresses.parse_hostport`` judges them)."""
     m = re.match(r"([a-zA-Z][a-zA-Z0-9+.-]*)://([^/?#]*)", uri)
     if m is None:
         return None
     scheme, authority = m.group(1).lower(), m.group(2)
     authority = authority[authority.rfind("@") + 1:]
-    if authority.startswith("["):  # [IPv6]:port
-        host, _, rest = authority[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    else:
-        host, _, port_text = authority.partition(":")
-    if not host:
+    has_port = "]:" in authority if authority.startswith("[") else ":" in authority
+    if not has_port and scheme in DEFAULT_PORTS:
+        authority = f"{authority}:{DEFAULT_PORTS[scheme]}"
+    try:
+        return parse_hostport(authority, where="camera URL")
+    except ConfigError:
         return None
-    if port_text.isdigit() and 0 < int(port_text) < 65536:
-        return host, int(port_text)
-    return (host, DEFAULT_PORTS[scheme]) if not port_text and scheme in DEFAULT_PORTS else None
 
 
 def why_unopened(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> str:
@@ -210,7 +210,7 @@ def why_unopened(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> str:
     if where is None:
         return ""
     host, port = where
-    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    shown = format_address(host, port)
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             pass
