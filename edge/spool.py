@@ -55,8 +55,8 @@ structure (not that the indexes hold the table's rows, which ``integrity_check``
 damage of that kind shows at runtime, below). It costs one read of every page, in
 b-tree order rather than file order. ``bench/spool.py`` on a full spool at the default
 256 MiB cap (7,188 items of 37 kB): 0.07 s with the file in the page cache, 1.6 s from a
-cold cache on the build host's disk (where reading the file sequentially takes 0.3 s); on a
-slow SD card expect several times that, once per start. A damaged file is
+cold cache on the build host's disk (where reading the file sequentially takes 0.3 s), once
+per start; not measured on an SD card (``--dir`` runs the bench there). A damaged file is
 refused at open (``SpoolCorrupt``; the daemon opens its spool through
 ``edge.spool_salvage.open_spool``, which moves it aside and salvages what it can read into a
 new file). Damage that shows only later
