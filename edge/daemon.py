@@ -2,9 +2,10 @@
 
 One event loop; guarded long-lived tasks (policy watcher, spool replay,
 watchdog: an error is logged and the task restarts, it never ends silently);
-SIGTERM/SIGINT start a drain (capture stops, queued frames finish,
-in-flight escalations get ``shutdown_grace_s`` to finish and are spooled
-otherwise, health goes 503), SIGHUP reloads the policy. The policy file is also
+SIGTERM/SIGINT start a drain bounded by ``shutdown_grace_s`` from the signal
+(capture stops and a read blocked on a frozen camera is woken, queued frames are
+inferred until then and dropped after, in-flight escalations finish until then and
+are spooled otherwise; health goes 503), SIGHUP reloads the policy. The policy file is also
 polled (mtime / ctime / inode / size); an invalid new file is refused with a logged
 reason and the old policy stays. Start-up problems (spool, metrics port) end
 the process with one ``EdgewiseError`` line, after what was started is closed.
@@ -118,6 +119,8 @@ class EdgeDaemon:
         self.detector = detector
         self.metrics = EdgeMetrics()
         self.stopping = False
+        #: monotonic time by which a requested stop is done with frames and escalations
+        self.stop_by: Optional[float] = None
         self.started = False
         self.holder: Any = None
         self.pipeline: Optional[Pipeline] = None
@@ -241,11 +244,15 @@ class EdgeDaemon:
     def request_stop(self) -> None:
         """Start a graceful stop (idempotent, safe from a signal handler)."""
         if not self.stopping:
-            log.info("stopping: capture ends, queued frames finish, in-flight escalations drain")
+            log.info("stopping: capture ends; queued frames and in-flight escalations get shutdown_grace_s "
+                     "(%g s), then frames still queued are dropped and escalations spooled",
+                     self.settings.shutdown_grace_s)
+        if self.stop_by is None:
+            self.stop_by = time.monotonic() + self.settings.shutdown_grace_s
         self.stopping = True
         self.notifier.stopping()
         if self.pipeline is not None:
-            self.pipeline.stop()
+            self.pipeline.stop(self.stop_by)
         if self.stop_event is not None:
             self.stop_event.set()
 
@@ -394,7 +401,7 @@ class EdgeDaemon:
         if self.holder is not None:
             self.holder.subscribe(self.pipeline.apply_policy)
         if self.stopping:
-            self.pipeline.stop()
+            self.pipeline.stop(self.stop_by)
         tasks: List[asyncio.Future[None]] = []
         if s.policy_file:
             tasks.append(asyncio.ensure_future(self._guarded("policy watcher", self._watch_policy)))
@@ -449,7 +456,9 @@ class EdgeDaemon:
             self.stopping = True
             self.stop_event.set()
             if self.escalating is not None:
-                await self.escalating.drain(s.shutdown_grace_s)
+                # A requested stop shares one grace with the frames; otherwise the whole grace.
+                grace = s.shutdown_grace_s if self.stop_by is None else max(0.0, self.stop_by - time.monotonic())
+                await self.escalating.drain(grace)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

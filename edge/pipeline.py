@@ -140,6 +140,8 @@ class Pipeline:
         self.hardness_policy_ms: List[float] = []  # per-frame cost, for the benchmark
         self.stop_capture = asyncio.Event()
         self.sources_done = asyncio.Event()
+        #: after ``stop``: the monotonic time from which frames still queued are dropped, not inferred
+        self.drop_queued_at: Optional[float] = None
         self._rr = 0
 
     # ------------------------------------------------------------------ batching
@@ -166,6 +168,9 @@ class Pipeline:
         loop = asyncio.get_running_loop()
         try:
             while True:
+                if self.drop_queued_at is not None and time.monotonic() >= self.drop_queued_at:
+                    self._drop_queued()
+                    return
                 frames = self._take_batch()
                 if not frames:
                     if self.sources_done.is_set():
@@ -176,8 +181,9 @@ class Pipeline:
                     if not frames:
                         waiter = asyncio.ensure_future(self.ready.wait())
                         done = asyncio.ensure_future(self.sources_done.wait())
+                        left = None if self.drop_queued_at is None else max(0.0, self.drop_queued_at - time.monotonic())
                         try:
-                            await asyncio.wait([waiter, done], return_when=asyncio.FIRST_COMPLETED)
+                            await asyncio.wait([waiter, done], timeout=left, return_when=asyncio.FIRST_COMPLETED)
                         finally:
                             waiter.cancel()
                             done.cancel()
@@ -322,6 +328,23 @@ class Pipeline:
             await asyncio.gather(watcher, return_exceptions=True)
             self.executor.shutdown(wait=True)
 
-    def stop(self) -> None:
-        """Stop capturing; frames already queued are still processed."""
+    def stop(self, drop_queued_at: Optional[float] = None) -> None:
+        """Stop capturing; frames already queued are still processed, until the monotonic
+        time ``drop_queued_at`` when given (the daemon's shutdown grace): those still queued
+        then are dropped, counted as ``shutdown`` drops, so a stop behind a slow model or
+        many streams stays bounded. The first call's time holds."""
+        if drop_queued_at is not None and self.drop_queued_at is None:
+            self.drop_queued_at = drop_queued_at
         self.stop_capture.set()
+        self.ready.set()  # a batcher waiting for frames looks at the time again
+
+    def _drop_queued(self) -> None:
+        dropped: Dict[str, int] = {}
+        for sid, q in self.queues.items():
+            while q.get_nowait() is not None:
+                dropped[sid] = dropped.get(sid, 0) + 1
+        for sid, n in dropped.items():
+            self.metrics.drops.labels(sid, "shutdown").inc(n)
+        if dropped:
+            log.warning("stopping: %d queued frame(s) dropped, not inferred, after shutdown_grace_s (%s)",
+                        sum(dropped.values()), ", ".join(f"{sid}: {n}" for sid, n in sorted(dropped.items())))

@@ -238,8 +238,11 @@ class EdgeSettings:
     spool: SpoolSettings = setting("Durable spool.", factory=SpoolSettings)
     sinks: SinkSettings = setting("Per-frame record sinks.", factory=SinkSettings)
     metrics: MetricsSettings = setting("Metrics and health endpoint.", factory=MetricsSettings)
-    shutdown_grace_s: float = setting("On SIGTERM, how long in-flight escalations may finish before they "
-                                      "are spooled.", 5.0, lo=0)
+    shutdown_grace_s: float = setting("On SIGTERM, how long queued frames and in-flight escalations may "
+                                      "take to finish, seconds from the signal; then frames still queued are "
+                                      "dropped (counted as `shutdown` drops) and escalations still in flight "
+                                      "are spooled. Keep it well under systemd's TimeoutStopSec (30 s).",
+                                      5.0, lo=0)
 
 
 def mqtt_outbox_path(s: EdgeSettings) -> str:

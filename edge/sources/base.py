@@ -81,7 +81,7 @@ class FrameSource(Protocol):
     ``open`` connects (raises SourceError when it cannot), ``read`` returns the next
     BGR image (for a live source the newest one), ``None`` at the end of a finite
     source, raises CorruptFrameError for a bad frame and SourceError when the stream
-    dropped or stalled; ``close`` releases it.
+    dropped or stalled; ``close`` releases it; ``interrupt`` wakes a blocked ``read``.
     """
 
     live: bool
@@ -103,3 +103,8 @@ class FrameSource(Protocol):
     def read(self) -> Optional[np.ndarray]: ...
 
     def close(self) -> None: ...
+
+    def interrupt(self) -> None:
+        """Make a ``read`` blocked in another thread waiting for a frame return at once (it
+        raises SourceError): called from the event loop's thread when the daemon stops, so a
+        frozen camera cannot hold the stop for its read or stall timeout. Must not block."""

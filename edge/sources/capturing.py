@@ -181,6 +181,7 @@ class Capturer:
     async def run(self, stop: asyncio.Event) -> None:
         """Capture until the source ends, ``max_frames`` is reached or ``stop`` is set."""
         backoff = self.reconnect_min_s
+        waker = asyncio.ensure_future(self._interrupt_on(stop))
         try:
             while not stop.is_set():
                 self._set_state(SourceState.CONNECTING)
@@ -200,6 +201,7 @@ class Capturer:
                 backoff = self.reconnect_min_s if self._streamed_ok else backoff
                 backoff = await self._backoff(stop, backoff, reason)
         finally:
+            waker.cancel()
             if self._corrupt_log.held:  # said before the stream ends: none goes unreported
                 log.warning("stream %s: %d more corrupt frame(s) skipped and not logged; %d corrupt in all",
                             self.stream_id, self._corrupt_log.held, self.corrupt)
@@ -210,6 +212,16 @@ class Capturer:
             except Exception:  # pragma: no cover - best effort on shutdown
                 log.exception("stream %s: close failed", self.stream_id)
             self.executor.shutdown(wait=False)
+
+    async def _interrupt_on(self, stop: asyncio.Event) -> None:
+        """On stop, wake a read blocked in the capture thread (a frozen camera would hold it
+        for the backend's read timeout or its stall timeout). An open in progress is not
+        interrupted: it ends within ``open_timeout_s``."""
+        await stop.wait()
+        try:
+            self.source.interrupt()
+        except Exception:  # pragma: no cover - best effort on shutdown
+            log.exception("stream %s: interrupt failed", self.stream_id)
 
     async def _backoff(self, stop: asyncio.Event, delay: float, why: str) -> float:
         self.reconnects += 1
@@ -339,6 +351,8 @@ class Capturer:
                     return None
                 continue
             except SourceError as exc:
+                if stop.is_set():  # interrupted by the stop, not a failure
+                    return None
                 if self.source.live:
                     self._check_skipped()
                     self._check_source_corrupt()

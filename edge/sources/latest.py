@@ -171,11 +171,15 @@ class LatestFrameReader:
             raise CorruptFrameError(f"{self.name}: cannot decode frame{f' ({img})' if isinstance(img, str) else ''}")
         return img, pos
 
-    def close(self, wait_s: float = 0.5) -> bool:
-        """Stop the reader; True when its thread ended (and released the capture) within ``wait_s``."""
+    def interrupt(self) -> None:
+        """Make a waiting ``read`` raise SourceError now (any thread; does not block)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def close(self, wait_s: float = 0.5) -> bool:
+        """Stop the reader; True when its thread ended (and released the capture) within ``wait_s``."""
+        self.interrupt()
         if self._thread.ident is None:  # never started
             self.cap.release()
             return True

@@ -321,6 +321,9 @@ class VideoFileSource:
                 return None
         return None
 
+    def interrupt(self) -> None:
+        """Nothing to wake: a read of a file returns within its decode time."""
+
     def close(self) -> None:
         if self.cap is not None:
             self.cap.release()
@@ -399,6 +402,9 @@ class ImageFolderSource:
         except cv2.error as exc:
             raise CorruptFrameError(f"{shown(p)}: {exc}") from None
         return _to_bgr(img)
+
+    def interrupt(self) -> None:
+        """Nothing to wake: a read of a file returns within its decode time."""
 
     def close(self) -> None:
         self.files, self.opened = [], False
@@ -526,6 +532,13 @@ class CaptureSource:
         img, pos = self.reader.read()
         self.last_source_ms = pos if self.timestamps else None
         return _to_bgr(img)
+
+    def interrupt(self) -> None:
+        """Wake a ``read`` waiting for the next frame (a frozen camera holds it up to the read
+        or stall timeout); the connection is closed by ``close`` afterwards, in the capture thread."""
+        reader = self.reader
+        if reader is not None:
+            reader.interrupt()
 
     def close(self) -> None:
         if self.reader is not None:

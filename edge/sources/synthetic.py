@@ -139,5 +139,8 @@ class SyntheticSource:
             cv2.putText(img, str(digit), (px - r, py + r), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 2)
         return img
 
+    def interrupt(self) -> None:
+        """Nothing to wake: a generated frame takes milliseconds."""
+
     def close(self) -> None:
         pass

@@ -211,6 +211,54 @@ def test_stop_spools_in_flight_escalations(tmp_path, tiny_model, real_cloud):
     sp.close()
 
 
+class _Slowed:
+    """The real detector, a fixed time slower per batch: a heavy model on a small device."""
+
+    def __init__(self, detector, seconds: float) -> None:
+        self.detector, self.seconds = detector, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.detector, name)
+
+    def infer(self, batch):
+        import time
+        time.sleep(self.seconds)
+        return self.detector.infer(batch)
+
+
+def test_stop_drops_frames_still_queued_when_the_grace_runs_out(tmp_path, tiny_model):
+    """Four streams with full queues (16 frames each) in front of a model taking 0.25 s a
+    frame: finishing them would take 16 s, past what systemd waits. The stop ends about
+    shutdown_grace_s after it was asked; the frames still queued then are dropped,
+    counted per stream and said once, and every frame that was inferred has its record."""
+    import time
+
+    s = base_settings(tmp_path, tiny_model, [
+        {"id": f"s{i}", "kind": "synthetic", "uri": "160x120", "queue_size": 16} for i in range(4)
+    ], shutdown_grace_s=1.0)
+    s.model.max_batch = 1
+    d = EdgeDaemon(s)
+
+    async def run():
+        task = await started(d, 1)
+        assert d.pipeline is not None
+        d.pipeline.detector = _Slowed(d.pipeline.detector, 0.25)
+        await async_wait_until(lambda: all(len(q) == 16 for q in d.pipeline.queues.values()), 30, "full queues")
+        done_at_stop = d.pipeline.frames_done
+        t0 = time.monotonic()
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+        return time.monotonic() - t0, d.pipeline.frames_done - done_at_stop
+
+    took, after_stop = asyncio.run(run())
+    assert took < 1.0 + 1.0, took
+    assert 1 <= after_stop <= 1.0 / 0.25 + 3, after_stop
+    dropped = {sid: d.metrics.drops.labels(sid, "shutdown")._value.get() for sid in ("s0", "s1", "s2", "s3")}
+    assert sum(dropped.values()) >= 4 * 16 - after_stop - 4 and all(n > 0 for n in dropped.values()), dropped
+    recs = read_jsonl(tmp_path / "out.jsonl")
+    assert len(recs) == d.pipeline.frames_done
+
+
 def _file_like_run(tmp_path, tiny_model, real_cloud, **spool):
     """Six frames of a source that ends by itself, every one escalated while the worker is down."""
     policy = tmp_path / "policy.yaml"

@@ -262,6 +262,41 @@ def test_frozen_camera_is_declared_down_after_stall_timeout(camera):
     assert cap.frames == frames_at_detection and cap.cut_seq == cap.seq
 
 
+def test_a_frozen_camera_does_not_hold_the_stop(tmp_path, tiny_model, camera, caplog):
+    """SIGSTOP the camera, then stop the daemon: the read waiting for its next frame is
+    woken at once. Without that it waited for FFmpeg's read timeout (io_timeout_s, 5 s:
+    the stop took 5.8 s) or stall_timeout_s, whichever ends first, per camera. The woken
+    read is a stop, not an outage: nothing says the stream went down."""
+    ensure_running(camera)
+    s = daemon_settings(tmp_path, tiny_model, camera.url, stall_timeout_s=20.0)
+    d = EdgeDaemon(s)
+    took: dict = {}
+
+    async def run() -> None:
+        task = asyncio.ensure_future(d.run())
+        t_end = time.monotonic() + 30
+        while d.pipeline is None or d.pipeline.frames_done < 3:
+            assert time.monotonic() < t_end and not task.done(), "no frames from the camera"
+            await asyncio.sleep(0.02)
+        camera.freeze()
+        await asyncio.sleep(0.5)  # the capture thread now waits for a frame that does not come
+        t0 = time.monotonic()
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+        took["stop"] = time.monotonic() - t0
+
+    with caplog.at_level("INFO"):
+        try:
+            asyncio.run(asyncio.wait_for(run(), 60))
+        finally:
+            ensure_running(camera)
+            camera.kill()
+            camera.start()
+    assert took["stop"] < 3.0, took
+    assert d.capturers[0].state is SourceState.ENDED and not d.capturers[0].down
+    assert "delivered no new frame" not in caplog.text and "is closed" not in caplog.text
+
+
 def test_mjpeg_camera(tmp_path):
     """RTP/JPEG (RFC 2435) from the same server: read live, newest frame each time."""
     cam = RtspCamera(fps=CAMERA_FPS, size="320x240", codec="mjpeg").start()
