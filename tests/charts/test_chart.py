@@ -752,8 +752,13 @@ def test_workers_take_the_gateway_limits(key: str, flag: str, value) -> None:
     default = getattr(LimitSettings(), key)
     assert getattr(WorkerSettings(), key) == default
     sets = () if value == "default" else (f"gateway.config.limits.{key}={'null' if value is None else value}",)
-    want = default if value in (None, "default") else value
-    assert f"{flag}={want}" in _container(render(*sets), "worker")["args"]
+    args = _container(render(*sets), "worker")["args"]
+    if value == "default":
+        value = yaml.safe_load((CHART / "values.yaml").read_text())["gateway"]["config"]["limits"].get(key)
+    if value is None:  # unset: the worker's own default, which is the gateway's
+        assert not [a for a in args if a.startswith(f"{flag}=")], args
+    else:
+        assert f"{flag}={value}" in args
 
 
 @pytest.mark.parametrize("mode, replicas", [("default", 2), ("none", 2)])
