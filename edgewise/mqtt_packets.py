@@ -38,3 +38,10 @@ def broker_max_packet_size(connack_properties: Any) -> int:
     ``Properties``, or None); MQTT's own bound when it announced none."""
     limit = getattr(connack_properties, "MaximumPacketSize", None) if connack_properties is not None else None
     return int(limit) if limit else PROTOCOL_MAX_PACKET
+
+
+def broker_max_qos(connack_properties: Any) -> int:
+    """The Maximum QoS a broker announced in its CONNACK properties (paho's ``Properties``, or
+    None); 2 when it announced none (MQTT 5.0 section 3.2.2.3.4: the broker takes every QoS)."""
+    max_qos = getattr(connack_properties, "MaximumQoS", None) if connack_properties is not None else None
+    return int(max_qos) if max_qos is not None else 2

@@ -33,6 +33,23 @@ and every answer's packet size (``edgewise.mqtt_packets``) is checked against th
 limit before it is published: one that would not fit is not published (``answer_too_large``,
 logged, throttled; its edge times out).
 
+The bridge's client is ``edgewise.mqtt_client.Client``, the edge's: Mosquitto's PUBACK
+"Packet too large" (0x95, an answer over its ``message_size_limit``) is a refusal like any
+other (``response_refused``), not a malformed packet that would drop the connection.
+
+The bridge needs QoS 1 (``BRIDGE_QOS``): the broker's PUBACK is the only way to know that an
+answer was refused. A broker that takes QoS 0 only (its CONNACK's *Maximum QoS*, Mosquitto
+``max_qos 0``) grants the subscription at QoS 0, then drops the connection at the first answer
+("QoS not supported"), and paho sends that answer again after every reconnect, for good. So on
+such a broker the bridge logs one ERROR naming ``max_qos``, stays connected without subscribing
+(it would accept requests it cannot answer; ``edgewise_gateway_mqtt_connected`` stays 0), and
+counts every answer it still holds, or finishes, as ``response_refused`` (logged, throttled);
+it subscribes at the first connection whose CONNACK allows QoS 1. A refused subscription (a
+SUBACK failure reason code: an ACL enforced on subscribe, as Mosquitto's dynamic security
+does; Mosquitto's ``acl_file`` grants it and delivers nothing) is an ERROR naming the
+subscription, the reason and what to fix, and the bridge subscribes again every
+``mqtt.reconnect_max_s``.
+
 paho-mqtt 2.x (CallbackAPIVersion.VERSION2) runs its network loop in a thread and
 reconnects with backoff; work is handed to the gateway's event loop with
 ``run_coroutine_threadsafe``.
@@ -63,7 +80,13 @@ from cloud.gateway.metrics import GatewayMetrics
 from cloud.gateway.settings import MqttSettings
 from edgewise import mqtt_topics, status
 from edgewise.errors import InvalidInputError
-from edgewise.mqtt_packets import PROTOCOL_MAX_PACKET, broker_max_packet_size, publish_packet_size
+from edgewise.mqtt_client import Client
+from edgewise.mqtt_packets import (
+    PROTOCOL_MAX_PACKET,
+    broker_max_packet_size,
+    broker_max_qos,
+    publish_packet_size,
+)
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger("edgewise.gateway.mqtt")
@@ -71,6 +94,26 @@ log = logging.getLogger("edgewise.gateway.mqtt")
 #: MQTT v5 reason codes the bridge acts on by number.
 NOT_AUTHORIZED = 0x87
 SESSION_TAKEN_OVER = 0x8E
+TOPIC_FILTER_INVALID = 0x8F
+QUOTA_EXCEEDED = 0x97
+QOS_NOT_SUPPORTED = 0x9B
+SHARED_SUBSCRIPTIONS_NOT_SUPPORTED = 0x9E
+WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
+#: The QoS of the bridge's subscription and answers: QoS 1, for the broker's PUBACK is the only way
+#: to know that an answer was refused (its ACL), so that it is counted and logged, never lost unseen.
+BRIDGE_QOS = 1
+#: What the operator does about a refused subscription, by SUBACK reason code ("{user}",
+#: "{prefix}" and "{subscription}" are filled in).
+_SUBACK_HINTS: dict[int, str] = {
+    NOT_AUTHORIZED: "the broker's ACL must let the gateway's MQTT user ({user}) subscribe to it (Mosquitto "
+                    "dynamic security: a role with subscribePattern {subscription}; acl_file: "
+                    "`topic read {prefix}/+/escalate` under `user <mqtt.username>`)",
+    TOPIC_FILTER_INVALID: "the broker does not take this topic filter: check mqtt.group and mqtt.topic_prefix",
+    QUOTA_EXCEEDED: "the broker's quota for this client is used up (its limit of subscriptions)",
+    SHARED_SUBSCRIPTIONS_NOT_SUPPORTED: "the bridge needs MQTT v5 shared subscriptions ($share/...): use a "
+                                        "broker that has them (Mosquitto 1.6 or later)",
+    WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED: "the bridge needs wildcard subscriptions: use a broker that has them",
+}
 #: A connection the broker closes, without a DISCONNECT, this soon after accepting it, this
 #: many times in a row, was most likely taken over by a client with the same id: Mosquitto
 #: 2.0 closes the older connection of a client id silently, where MQTT 5.0 says "Session
@@ -109,12 +152,17 @@ class MqttBridge:
         self._response_log = LogThrottle(10.0, burst=5)
         self._disconnect_log = LogThrottle(60.0, burst=3)
         self._too_large_log = LogThrottle(10.0, burst=5)
+        self._qos_log = LogThrottle(300.0, burst=1)
+        self._subscribe_log = LogThrottle(300.0, burst=1)
         self.max_packet_size = PROTOCOL_MAX_PACKET  # the broker's, from its last CONNACK
+        self.max_qos = 2  # the broker's Maximum QoS, from its last CONNACK
+        self._qos_reported = False  # the ERROR about the broker's Maximum QoS was logged: once until it changes
+        self._resubscribe: threading.Timer | None = None  # after a refused subscription
+        self._stopping = False
         self._connected_at: float | None = None  # time.monotonic() of the last accepted connection
         self._short_sessions = 0  # connections in a row the broker closed soon, without a reason
         self.client_id = settings.client_id or f"gateway-{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                                  protocol=mqtt.MQTTv5)
+        self.client = Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
         if settings.username:
             self.client.username_pw_set(settings.username, settings.password or None)
         if settings.tls:
@@ -143,6 +191,11 @@ class MqttBridge:
 
     async def stop(self, grace: float = 5.0) -> None:
         """Finish in-flight requests (up to ``grace``), then disconnect."""
+        with self._lock:
+            self._stopping = True
+            timer, self._resubscribe = self._resubscribe, None
+        if timer is not None:
+            timer.cancel()
         self.client.unsubscribe(self.subscription)
         with self._lock:
             pending = [asyncio.wrap_future(f) for f in self._pending]
@@ -162,18 +215,92 @@ class MqttBridge:
         if self.max_packet_size < PROTOCOL_MAX_PACKET:
             log.info("MQTT broker %s:%d takes packets of at most %d bytes (its Maximum Packet Size); larger "
                      "answers are not published", self.s.host, self.s.port, self.max_packet_size)
-        client.subscribe(self.subscription, options=SubscribeOptions(qos=1))
+        self.max_qos = broker_max_qos(properties)
+        if self.max_qos < BRIDGE_QOS:
+            self._qos_too_low()
+            return
+        if self._qos_reported:
+            self._qos_reported = False
+            log.info("MQTT broker %s:%d takes QoS %d now: the bridge subscribes", self.s.host, self.s.port,
+                     self.max_qos)
+        client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS))
+
+    def _qos_too_low(self) -> None:
+        """(paho's thread, in CONNACK, before paho sends again what it holds) The broker takes QoS 0
+        only: it would drop the connection at the first answer (QoS 1), and paho would send that
+        answer again after every reconnect, for good. So: no subscription (requests it accepted
+        could not be answered), the answers paho holds are dropped and counted, and one ERROR."""
+        dropped = self.client.drop_queued_over(self.max_qos)
+        with self._lock:
+            for mid in dropped:
+                self._unacked.pop(mid, None)
+        if not self._qos_reported:
+            self._qos_reported = True
+            log.error("MQTT broker %s:%d takes QoS %d only (the Maximum QoS of its CONNACK; Mosquitto: max_qos "
+                      "%d on the listener of port %d), and the bridge needs QoS %d for requests and answers "
+                      "(the broker's PUBACK is how a refused answer is known; the broker drops a client that "
+                      "publishes at QoS %d): the bridge stays connected without subscribing %s, so no MQTT "
+                      "escalation is served (edgewise edges do not publish at QoS 0 either: theirs fail and "
+                      "spool)%s; set max_qos 1, or remove it, in the broker's configuration and restart the "
+                      "broker (Mosquitto does not reload max_qos on SIGHUP): the bridge subscribes at its next "
+                      "connection", self.s.host, self.s.port, self.max_qos, self.max_qos, self.s.port,
+                      BRIDGE_QOS, BRIDGE_QOS, self.subscription,
+                      f"; answers it held, not published: {len(dropped)} (response_refused)" if dropped else "")
+        for topic in dropped.values():
+            self._not_answered(topic)
+
+    def _not_answered(self, topic: str) -> None:
+        """An answer the broker cannot take at the bridge's QoS: counted and logged, not published."""
+        self._count("response_refused")
+        held = self._response_log.allow()
+        if held is not None:
+            log.warning("answer to %s not published: the broker %s:%d takes QoS %d only (Mosquitto max_qos) "
+                        "and the bridge answers at QoS %d; the edge times out and replays%s", topic[:200],
+                        self.s.host, self.s.port, self.max_qos, BRIDGE_QOS,
+                        f" ({held} more not published)" if held else "")
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: Any,
                       properties: Any) -> None:
-        if any(rc.is_failure for rc in reason_codes):
-            log.error("MQTT broker %s:%d refused the subscription %s: %s", self.s.host, self.s.port,
-                      self.subscription, reason_codes)
+        refused = [rc for rc in reason_codes if rc.is_failure]
+        if refused:
+            self._subscription_refused(refused[0])
             return
         self.connected.set()  # requests published from now on reach this gateway
         if self.up is not None:
             self.up.set(1)
         log.info("MQTT bridge connected to %s:%d, subscribed %s", self.s.host, self.s.port, self.subscription)
+
+    def _subscription_refused(self, reason_code: Any) -> None:
+        """(paho's thread) A SUBACK with a failure reason code: no request reaches this gateway.
+        Say which subscription, why and what to fix (a few times an hour), and subscribe again
+        every ``mqtt.reconnect_max_s`` (an ACL changed at run time, as Mosquitto's dynamic security
+        does, then takes effect without a restart)."""
+        code = int(getattr(reason_code, "value", reason_code))
+        user = repr(self.s.username) if self.s.username else "anonymous: mqtt.username is empty"
+        hint = _SUBACK_HINTS.get(code, "the broker's log says why").format(
+            user=user, prefix=self.s.topic_prefix, subscription=self.subscription)
+        held = self._subscribe_log.allow()
+        if held is not None:
+            log.error("MQTT broker %s:%d refused the bridge's subscription to %s (%s): no MQTT escalation reaches "
+                      "this gateway (the edges time out and spool); %s; the bridge subscribes again every %g s%s",
+                      self.s.host, self.s.port, self.subscription, reason_code, hint, self.s.reconnect_max_s,
+                      f" ({held} more refusals not logged)" if held else "")
+        with self._lock:
+            if self._stopping or self._resubscribe is not None:
+                return
+            timer = self._resubscribe = threading.Timer(self.s.reconnect_max_s, self._subscribe_again)
+        timer.daemon = True
+        timer.start()
+
+    def _subscribe_again(self) -> None:
+        """(a timer's thread) Subscribe again after a refusal; after a reconnect, ``_on_connect``
+        has already done it."""
+        with self._lock:
+            self._resubscribe = None
+            if self._stopping:
+                return
+        if not self.connected.is_set() and self.max_qos >= BRIDGE_QOS:
+            self.client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS))
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
         """The broker did not answer (refused, unreachable, name not found): paho retries with
@@ -203,6 +330,15 @@ class MqttBridge:
             self._short_sessions = 0
         if reason_code == SESSION_TAKEN_OVER:
             self._taken_over("disconnected it: Session taken over")
+        elif reason_code == QOS_NOT_SUPPORTED:
+            # an answer published just before a CONNACK announced Maximum QoS 0 (then it is dropped
+            # at the next CONNACK, and the ERROR was logged there), or a broker that did not announce it
+            held = self._qos_log.allow() if not self._qos_reported else None
+            if held is not None:
+                log.error("MQTT broker %s:%d disconnected the bridge: %s: it takes a lower QoS than the bridge's "
+                          "answers (QoS %d), without announcing it; set max_qos 1, or remove it, in the broker's "
+                          "configuration and restart the broker%s", self.s.host, self.s.port, reason_code,
+                          BRIDGE_QOS, f" ({held} more not logged)" if held else "")
         elif reason_code != 0 and self._short_sessions >= SHORT_SESSIONS_IN_A_ROW:
             self._taken_over(f"closed its connection {self._short_sessions} times in a row within seconds of "
                              "accepting it, without a reason (Mosquitto's answer to a second client with the "
@@ -328,8 +464,11 @@ class MqttBridge:
         self._publish(response_topic, correlation, reply)
 
     def _publish(self, topic: str, correlation: bytes | None, reply: Reply) -> None:
-        """Publish an answer, unless it is larger than the broker takes; its PUBACK is read by
-        ``_on_publish``."""
+        """Publish an answer, unless it is larger than the broker takes, or the broker takes QoS 0
+        only; its PUBACK is read by ``_on_publish``."""
+        if self.max_qos < BRIDGE_QOS:  # the broker would drop the connection: QoS not supported
+            self._not_answered(topic)
+            return
         props = Properties(PacketTypes.PUBLISH)
         if correlation is not None:
             props.CorrelationData = correlation
@@ -346,7 +485,7 @@ class MqttBridge:
                             "if answers of this size are expected)%s", topic[:200], size, len(reply.body),
                             limit, whose, f" ({held} more not published)" if held else "")
             return
-        info = self.client.publish(topic, reply.body, qos=1, properties=props)
+        info = self.client.publish(topic, reply.body, qos=BRIDGE_QOS, properties=props)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             self._count("publish_failed")
             log.warning("could not publish the answer to %s (rc %s); the edge will time out and replay",

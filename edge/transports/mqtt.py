@@ -21,7 +21,7 @@ is where the broker's answers are read:
   taken as a delivery. Mosquitto answers a message over its ``message_size_limit``
   with a PUBACK "Packet too large" (0x95), a code MQTT 5.0 lists for CONNACK and
   DISCONNECT only; paho would call that a malformed packet and reconnect, and send
-  the message again, forever: ``_Client`` takes it as the refusal it is;
+  the message again, forever: ``edgewise.mqtt_client.Client`` takes it as the refusal it is;
 * a broker that takes QoS 0 only (its CONNACK's *Maximum QoS*, Mosquitto ``max_qos 0``)
   drops a client that publishes at QoS 1 ("QoS not supported"), and paho would send the
   message again after every reconnect, once a second, for good: every publish is then a
@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import struct
 import sys
 import threading
 import time
@@ -60,19 +59,21 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import Counter, Gauge
 
 from edge.transports import MAX_ANSWER_BYTES, TransportError, check_response, not_a_response
 from edgewise import mqtt_topics, status
-from edgewise.mqtt_packets import publish_packet_size
+from edgewise.mqtt_client import Client
+from edgewise.mqtt_packets import (
+    PROTOCOL_MAX_PACKET,
+    broker_max_packet_size,
+    broker_max_qos,
+    publish_packet_size,
+)
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
 
-#: The largest MQTT packet when the broker announces no Maximum Packet Size: a Remaining
-#: Length of at most 268,435,455 bytes (MQTT 5.0 section 1.5.5) after a 5-byte fixed header.
-PROTOCOL_MAX_PACKET = 268_435_455 + 5
 #: Reconnect backoff of paho's loop thread, seconds (first, largest).
 RECONNECT_DELAY_S = (1, 30)
 #: MQTT v5 reason codes this module acts on by number.
@@ -154,55 +155,6 @@ class PublishRefused(Exception):
         self.refusal = refused
 
 
-class _OffTableReason(ReasonCode):
-    """A PUBACK reason code paho's table does not name for PUBACK (Mosquitto's 0x95 Packet
-    too large); named as MQTT names it for the other packets."""
-
-    def __init__(self, value: int) -> None:
-        super().__init__(PacketTypes.PUBACK)
-        self.value = value
-
-    def getName(self) -> str:
-        return next(iter(self.names.get(self.value, ())), f"reason code {self.value}")
-
-
-def _named_for_puback(code: int) -> bool:
-    try:
-        ReasonCode(PacketTypes.PUBACK, identifier=code)
-    except (KeyError, ValueError):
-        return False
-    return True
-
-
-class _Client(mqtt.Client):
-    """paho's client, except that a PUBACK with a failure reason code paho's table does not
-    list for PUBACK is delivered to ``on_publish`` like any other refusal (paho then drops
-    the message) instead of failing the connection as a malformed packet, which would make
-    paho send the same message again after every reconnect."""
-
-    def _handle_pubackcomp(self, cmd: Any) -> Any:
-        packet = self._in_packet["packet"]
-        if (cmd == "PUBACK" and self._protocol == mqtt.MQTTv5 and len(packet) >= 3
-                and packet[2] >= 0x80 and not _named_for_puback(packet[2])):
-            mid = struct.unpack("!H", bytes(packet[:2]))[0]
-            with self._out_message_mutex:
-                if mid in self._out_messages:
-                    return self._do_on_publish(mid, _OffTableReason(packet[2]), Properties(PacketTypes.PUBACK))
-            return mqtt.MQTT_ERR_SUCCESS
-        return super()._handle_pubackcomp(cmd)
-
-    def drop_queued_over(self, max_qos: int) -> Dict[int, str]:
-        """Forget the messages paho holds to send (again) at a QoS over ``max_qos``: called from
-        ``on_connect``, before paho sends them again; their mids and topics."""
-        dropped: Dict[int, str] = {}
-        with self._out_message_mutex:
-            for mid, m in list(self._out_messages.items()):
-                if m.qos > max_qos:
-                    del self._out_messages[mid]
-                    dropped[mid] = m.topic
-        return dropped
-
-
 class MqttMetrics:
     """The MQTT connection's metrics, registered once per registry (a daemon's ``EdgeMetrics``)."""
 
@@ -251,7 +203,7 @@ class MqttConnection:
         self.port = port
         self.client_id = client_id or f"edgewise-edge-{uuid.uuid4().hex[:8]}"
         self.keepalive_s = keepalive_s
-        self.client = _Client(
+        self.client = Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
             protocol=mqtt.MQTTv5,
@@ -421,16 +373,15 @@ class MqttConnection:
                 log.warning("MQTT broker %s:%d refused the connection: %s; %s%s", self.host, self.port,
                             reason_code, hint, f" ({held} more failures not logged)" if held else "")
             return
-        limit = getattr(properties, "MaximumPacketSize", None)
-        self.max_packet_size = int(limit) if limit else PROTOCOL_MAX_PACKET
-        max_qos = getattr(properties, "MaximumQoS", None)
-        self.max_qos = int(max_qos) if max_qos is not None else 2
+        self.max_packet_size = broker_max_packet_size(properties)
+        self.max_qos = broker_max_qos(properties)
         self.last_error = ""
         if self.max_qos < 1:
             self._drop_unsendable()
         self._connected_at = time.monotonic()
         log.info("MQTT connected to %s:%d as %s%s", self.host, self.port, self.client_id,
-                 f" (maximum packet size {limit} bytes)" if limit else "")
+                 f" (maximum packet size {self.max_packet_size} bytes)"
+                 if self.max_packet_size < PROTOCOL_MAX_PACKET else "")
         with self.lock:
             topics = list(self.subscriptions)
         for t in topics:

@@ -11,7 +11,12 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edgewise.mqtt_packets import PROTOCOL_MAX_PACKET, broker_max_packet_size, publish_packet_size
+from edgewise.mqtt_packets import (
+    PROTOCOL_MAX_PACKET,
+    broker_max_packet_size,
+    broker_max_qos,
+    publish_packet_size,
+)
 
 
 def _paho_packet(topic: str, payload: bytes, props: Any, qos: int) -> bytes:
@@ -54,3 +59,12 @@ def test_broker_max_packet_size() -> None:
     assert broker_max_packet_size(None) == PROTOCOL_MAX_PACKET
     props.MaximumPacketSize = 65536
     assert broker_max_packet_size(props) == 65536
+
+
+def test_broker_max_qos() -> None:
+    """MQTT 5.0 section 3.2.2.3.4: no Maximum QoS in CONNACK means every QoS; 0 and 1 are announced."""
+    props = Properties(PacketTypes.CONNACK)
+    assert broker_max_qos(props) == 2
+    assert broker_max_qos(None) == 2
+    props.MaximumQoS = 0
+    assert broker_max_qos(props) == 0

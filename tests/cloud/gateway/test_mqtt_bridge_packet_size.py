@@ -96,3 +96,46 @@ def test_answer_over_the_brokers_packet_size_is_not_published(caplog):
     assert _mqtt_count(gw, "answer_too_large") == 1
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("answer to ")]
     assert logged and f"over the Maximum Packet Size of {LIMIT} bytes the broker announced" in logged[0]
+
+
+def test_an_answer_over_the_brokers_message_size_limit_is_a_refusal_not_a_reconnect(caplog):
+    """Mosquitto's ``message_size_limit`` announces nothing in CONNACK and answers a larger
+    message with a PUBACK "Packet too large" (0x95), a code MQTT 5.0 lists for CONNACK and
+    DISCONNECT only. paho took it for a malformed packet and dropped the connection, then sent
+    the same answer again after each reconnect, for good. The bridge's client
+    (``edgewise.mqtt_client.Client``, the edge's too) takes it as a refusal: counted once,
+    logged, and the bridge stays connected."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+
+    async def main(broker):
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = Gateway(settings_for([(w, 1)], **{
+            "mqtt.enabled": True, "mqtt.host": broker.host, "mqtt.port": broker.port,
+            "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1}))
+        await gw.start()
+        bridge = gw.bridge
+        assert bridge is not None
+        edge = None
+        try:
+            await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
+            edge = await asyncio.to_thread(Edge, broker.host, broker.port)
+            # 3 bytes in; the error answer naming what is wrong is longer than the limit
+            await asyncio.to_thread(edge.send, b"\xff\xff\xff", b"c0")
+            await wait_until(lambda: _mqtt_count(gw, "response_refused") == 1, 10, "the refused answer")
+            await asyncio.sleep(2.5)  # the old bridge reconnected and sent it again within this
+            assert _mqtt_count(gw, "response_refused") == 1
+            assert bridge.connected.is_set()
+        finally:
+            if edge is not None:
+                edge.close()
+            await gw.stop(1)
+            await w.stop()
+        return gw
+
+    with configured_mosquitto("message_size_limit 64") as broker:
+        gw = run(main(broker))
+    assert _mqtt_count(gw, "malformed") == 1
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("broker refused publish to ")]
+    assert refused and "Packet too large" in refused[0], refused
+    assert not [r for r in caplog.records if "disconnected" in r.getMessage()]

@@ -1,15 +1,25 @@
 """The gateway's MQTT bridge when a real Mosquitto refuses it: an ACL without write access
 to the devices' response topics (the refused answers are counted and logged, naming the
-topic and the reason), and two gateways sharing one ``mqtt.client_id`` (reported as such)."""
+topic and the reason), an ACL that refuses the bridge's subscription (Mosquitto's dynamic
+security answers the SUBACK with Not authorized; its ``acl_file`` grants such a subscription
+and delivers nothing), and two gateways sharing one ``mqtt.client_id`` (reported as such)."""
 
 from __future__ import annotations
 
 import asyncio
+import glob
 import logging
+import os
+import shutil
+import subprocess
+import tempfile
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import paho.mqtt.client as mqtt
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from cloud.gateway.server import Gateway
@@ -17,6 +27,7 @@ from edgewise.v1 import detect_pb2
 from tests.cloud.gateway.test_gateway import run, settings_for
 from tests.cloud.gateway.test_mqtt_bridge import Edge
 from tests.cloud.gateway.workers import TestWorker, request
+from tests.conftest import Broker
 from tests.edge.transports.test_mqtt_refusals import configured_mosquitto
 from tests.waiting import async_wait_until as wait_until
 
@@ -27,6 +38,11 @@ USERS = {"edgewise-gateway": "gw-pass", "cam-1": "pass-1"}
 def warnings_with(caplog, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.name == LOGGER and r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+def errors_with(caplog, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == LOGGER and r.levelno == logging.ERROR and text in r.getMessage()]
 
 
 class AclEdge(Edge):
@@ -115,3 +131,83 @@ def test_two_gateways_with_one_client_id_are_reported(caplog):
     takeovers = warnings_with(caplog, "same client id")
     assert "client id 'gw-same'" in takeovers[0] and "mqtt.client_id" in takeovers[0]
     assert len(takeovers) <= 4, takeovers
+
+
+@contextmanager
+def dynsec_mosquitto() -> Iterator[tuple[Broker, list[str]]]:
+    """A real Mosquitto with the dynamic security plugin (its ACL is checked on SUBSCRIBE, and
+    changed while it runs); yields the broker and the ``mosquitto_ctrl`` command that changes it
+    (as its admin)."""
+    plugins = glob.glob("/usr/lib/*/mosquitto_dynamic_security.so") + glob.glob("/usr/lib/mosquitto_dynamic_security.so")
+    if not plugins or shutil.which("mosquitto_ctrl") is None:
+        pytest.skip("Mosquitto's dynamic security plugin or mosquitto_ctrl is not installed")
+    d = tempfile.mkdtemp(prefix="ew-dynsec-")
+    try:
+        os.chmod(d, 0o777)  # mosquitto, dropped to its own user, saves its changes here
+        path = os.path.join(d, "dynsec.json")
+        subprocess.run(["mosquitto_ctrl", "dynsec", "init", path, "admin", "admin-pass"], check=True,
+                       capture_output=True)
+        os.chmod(path, 0o666)
+        with configured_mosquitto(f"plugin {plugins[0]}\nplugin_opt_config_file {path}") as broker:
+            yield broker, ["mosquitto_ctrl", "-h", broker.host, "-p", str(broker.port), "-u", "admin",
+                           "-P", "admin-pass", "dynsec"]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_refused_subscription_is_an_error_naming_it_and_is_retried(caplog):
+    """The broker's ACL does not let the gateway's user subscribe to the requests: the SUBACK
+    says Not authorized. The bridge logs one ERROR naming the subscription, the reason, the
+    user and what to allow; once the operator allows it (at run time) the bridge subscribes
+    again by itself and serves requests, without a restart."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    subscription = "$share/edgewise-gateway/edgewise/+/escalate"
+
+    async def main(broker: Broker, ctrl: list[str]) -> None:
+        def dynsec(*args: str) -> None:
+            subprocess.run([*ctrl, *args], check=True, capture_output=True, timeout=10)
+
+        for args in (("createClient", "edgewise-gateway", "-p", USERS["edgewise-gateway"]),
+                     ("createRole", "gateway"),
+                     ("addRoleACL", "gateway", "publishClientSend", "edgewise/+/response/#", "allow"),
+                     ("addClientRole", "edgewise-gateway", "gateway"),
+                     ("createClient", "cam-1", "-p", USERS["cam-1"]),
+                     ("createRole", "device"),
+                     ("addRoleACL", "device", "publishClientSend", "edgewise/cam-1/escalate", "allow"),
+                     ("addRoleACL", "device", "subscribePattern", "edgewise/cam-1/response/#", "allow"),
+                     ("addClientRole", "cam-1", "device")):
+            await asyncio.to_thread(dynsec, *args)
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = Gateway(settings_for([(w, 1)], **{
+            "mqtt.enabled": True, "mqtt.host": broker.host, "mqtt.port": broker.port,
+            "mqtt.username": "edgewise-gateway", "mqtt.password": USERS["edgewise-gateway"],
+            "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1}))
+        await gw.start()
+        bridge = gw.bridge
+        assert bridge is not None
+        try:
+            await wait_until(lambda: errors_with(caplog, "refused the bridge's subscription"), 15, "the error")
+            await asyncio.sleep(2.5)  # the bridge subscribes again every second meanwhile, and is refused
+            assert not bridge.connected.is_set()
+            assert gw.metrics.registry.get_sample_value("edgewise_gateway_mqtt_connected") == 0
+            await asyncio.to_thread(dynsec, "addRoleACL", "gateway", "subscribePattern", subscription, "allow")
+            await wait_until(bridge.connected.is_set, 10, "the bridge subscribed once allowed")
+            edge = await asyncio.to_thread(AclEdge, broker.host, broker.port)
+            try:
+                await asyncio.to_thread(edge.send, request(seq=1).SerializeToString(), b"after")
+                await wait_until(lambda: b"after" in edge.responses, 10, "the answer")
+                assert edge.responses[b"after"][0].status == detect_pb2.OK
+            finally:
+                edge.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+
+    with dynsec_mosquitto() as (broker, ctrl):
+        run(main(broker, ctrl))
+    (error,) = errors_with(caplog, "refused the bridge's subscription")
+    assert f"refused the bridge's subscription to {subscription} (Not authorized)" in error
+    assert "no MQTT escalation reaches this gateway" in error
+    assert "the gateway's MQTT user ('edgewise-gateway') subscribe to it" in error
+    assert f"subscribePattern {subscription}" in error and "subscribes again every 1 s" in error
