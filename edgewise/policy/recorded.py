@@ -4,17 +4,31 @@ The edge daemon writes one JSON object per frame (docs/records.md) to JSON Lines
 files that an operator may rotate and gzip. :func:`frames` reads any number of
 them, plain or gzip'd (told by the magic bytes, not the name), and yields each
 stream's frames in the order the daemon decided them: by ``frame_seq``, which
-also orders daemon restarts (a run starts at ``epoch << 32``). The daemon writes
-an escalated frame's record only when its escalation is settled, so records are
-a little out of order in the file; a bounded per-stream reorder window
-(:data:`REORDER_FRAMES`) puts them back without holding a day of records in
-memory. Files are read in the order of their first record's capture time, so
-rotated files may be given in any order, under any name: the edge's own rotation
-(``edge.rotation``: ``<file>.<UTC time>Z``, gzip'd to ``.gz``), ``logrotate``'s, or a
-shell glob such as ``records.jsonl*`` (which may also catch a ``.gz.tmp`` being
-written while its source still exists: the source's records come twice and the
-second copy counts as duplicates; a gzip file cut short gives the records before
-the cut, and a note).
+also orders daemon restarts (a run starts at ``epoch << 32``). Files are read in the
+order of their first record's capture time, so rotated files may be given in any
+order, under any name: the edge's own rotation (``edge.rotation``: ``<file>.<UTC
+time>Z``, gzip'd to ``.gz``), ``logrotate``'s, or a shell glob such as
+``records.jsonl*`` (which may also catch a ``.gz.tmp`` being written while its source
+still exists: the source's records come twice and the second copy counts as
+duplicates; a gzip file cut short gives the records before the cut, and a note).
+
+Order and memory: the daemon writes an escalated frame's record only when its
+escalation is settled, so records are a little out of order in the file. A reorder
+window puts them back without holding a day of records: each stream holds its
+records in a heap by ``frame_seq``, and when a record comes to a stream that holds its
+window, the smallest goes on to be decided. The window is :data:`REORDER_FRAMES` records
+of a stream, or fewer: all streams together hold at most :data:`REORDER_BUDGET` records
+(the memory a replay's reordering takes, however many streams the files hold), so with
+more than ``REORDER_BUDGET // REORDER_FRAMES`` streams each stream's window is its share,
+``REORDER_BUDGET // streams``, and it shrinks as streams appear (the streams holding more
+give their smallest on). A record that comes at most its stream's window late (in the
+file, after that many of its stream's records that the daemon decided after it) is put
+back in order; one that comes later is decided where it comes and counted
+(:attr:`Reading.beyond_window`; the replay's note names the window and the budget).
+A frame already decided is told by its ``frame_seq`` at any distance, however small the
+window: the frame_seqs each stream yielded are kept as runs of consecutive numbers
+(:class:`_Released`, 16 bytes a run; a run ends only where the daemon wrote no record),
+never as a set of records or keys.
 
 Every read of a file goes through one guarded path (:class:`_Source`): a file that is
 missing, a folder or not readable is an InvalidInputError; a read that fails part way
@@ -41,9 +55,9 @@ where they arrived, best effort).
 from __future__ import annotations
 
 import gzip
+import heapq
 import io
 import json
-import operator
 import os
 import stat
 import zlib
@@ -61,14 +75,22 @@ from typing import (
     List,
     Optional,
     Sequence,
-    Set,
     Tuple,
 )
 
 from edgewise.errors import InvalidInputError
 
-#: Frames of one stream held back to restore the decision order (about 4.5 min at 15 fps).
-REORDER_FRAMES = 4096
+#: The most records of one stream held back to restore the decision order (its reorder
+#: window): a record may come this many of its stream's records late (about 9 min at 15 fps)
+#: and still be decided in order, while :data:`REORDER_BUDGET` leaves each stream that many.
+REORDER_FRAMES = 8192
+#: The most records held back across all streams: the memory a replay's reordering takes,
+#: however many streams the records hold. A held record is about 3.7 KB as decoded (a
+#: ``bench/whatif.py`` record), so this is about 250 MB at most. Up to
+#: ``REORDER_BUDGET // REORDER_FRAMES`` (8) streams each holds :data:`REORDER_FRAMES`; more
+#: share it, ``REORDER_BUDGET // streams`` records each (655 of 100 streams: 44 s of a 15 fps
+#: camera, where an escalation's record comes a deadline, about a second, late).
+REORDER_BUDGET = 65_536
 #: Bytes that open a gzip file (RFC 1952).
 GZIP_MAGIC = b"\x1f\x8b"
 #: Lines read from the start of a file to find its first capture time (the order of the files).
@@ -181,7 +203,11 @@ class Reading:
     not_records: int = 0
     late: int = 0
     duplicates: int = 0
-    beyond_window: int = 0
+    beyond_window: int = 0  # records decided out of order: later than the window of their stream
+    reorder_frames: int = 0  # the window at the end: records a stream could hold (REORDER_FRAMES or less)
+    reorder_budget: int = 0  # the records all streams could hold together (REORDER_BUDGET)
+    streams: int = 0         # streams (device, stream) that shared the budget
+    held_most: int = 0       # the most records held back at once, all streams together
     wrong_types: Dict[str, int] = field(default_factory=dict)  # field -> records skipped for its type
     bad_values: Dict[str, int] = field(default_factory=dict)   # field -> records skipped for its value
     empty_files: List[str] = field(default_factory=list)
@@ -352,17 +378,17 @@ def parse(line: str) -> Optional[Any]:
 
 
 class _Released:
-    """The frame_seqs of one stream already yielded, as runs of consecutive numbers (a daemon's
-    frame_seqs are consecutive but for frames it dropped or never settled, so the runs are few),
-    and the last one; tells a repeat that comes after the reorder window (the same records in
-    two files: a ``.gz.tmp`` and its source, a file under two names) from a frame that is late."""
+    """The frame_seqs of one stream already yielded, as sorted disjoint runs of consecutive
+    numbers (a daemon's frame_seqs are consecutive but for frames it dropped or never settled,
+    so the runs are few: 16 bytes each), and the last one; tells a repeat at any distance (the
+    same records in two files: a ``.gz.tmp`` and its source, a file under two names) from a
+    frame that is late. A late frame joins the runs too (it fills a gap: the runs merge)."""
 
-    __slots__ = ("starts", "ends", "late", "last")
+    __slots__ = ("starts", "ends", "last")
 
     def __init__(self) -> None:
-        self.starts = array("q")  # run i covers starts[i]..ends[i], sorted, disjoint
+        self.starts = array("q")  # run i covers starts[i]..ends[i], sorted, disjoint, not adjacent
         self.ends = array("q")
-        self.late: Set[int] = set()  # frames yielded after later ones (beyond the window)
         self.last: Optional[int] = None
 
     def add_next(self, seq: int) -> None:
@@ -376,37 +402,55 @@ class _Released:
 
     def seen(self, seq: int) -> bool:
         """Whether ``seq`` (below :attr:`last`) was yielded; it is taken as yielded from now."""
-        i = bisect_right(self.starts, seq) - 1
-        if (i >= 0 and seq <= self.ends[i]) or seq in self.late:
+        starts, ends = self.starts, self.ends
+        i = bisect_right(starts, seq) - 1
+        if i >= 0 and seq <= ends[i]:
             return True
-        self.late.add(seq)
+        joins_next = i + 1 < len(starts) and starts[i + 1] == seq + 1
+        if i >= 0 and ends[i] == seq - 1:
+            if joins_next:  # the gap between two runs is filled: one run
+                ends[i] = ends[i + 1]
+                del starts[i + 1]
+                del ends[i + 1]
+            else:
+                ends[i] = seq
+        elif joins_next:
+            starts[i + 1] = seq
+        else:
+            starts.insert(i + 1, seq)
+            ends.insert(i + 1, seq)
         return False
 
 
-def _release(buf: List[Record], k: int, key: Tuple[str, str], done: Dict[Tuple[str, str], _Released],
-             reading: Reading) -> Iterator[Record]:
-    """Sort a stream's held records by frame_seq and yield the first ``k`` (nearly sorted
-    already, so the sort is about linear)."""
-    buf.sort(key=_SEQ)
-    out = buf[:k]
-    del buf[:k]
-    rel = done.get(key)
-    if rel is None:
-        rel = done[key] = _Released()
-    for doc in out:
-        seq = doc["frame_seq"]
-        last = rel.last
-        if last is not None and seq <= last:
-            if seq == last or rel.seen(seq):
-                reading.duplicates += 1
-                continue
-            reading.beyond_window += 1  # too late to put back in order: decided here, best effort
-        else:
-            rel.add_next(seq)
-        yield doc
+class _Held:
+    """One stream's records held back, a heap by (frame_seq, arrival), and what it yielded."""
+
+    __slots__ = ("heap", "done")
+
+    def __init__(self) -> None:
+        self.heap: List[Tuple[int, int, Record]] = []
+        self.done = _Released()
 
 
-_SEQ = operator.itemgetter("frame_seq")
+def _next(held: _Held, reading: Reading) -> Optional[Record]:
+    """Take a stream's held record of the smallest frame_seq (the first of equal ones to come):
+    the record to decide, or None for a duplicate of a frame already yielded."""
+    seq, _, doc = heapq.heappop(held.heap)
+    return _release(held.done, seq, doc, reading)
+
+
+def _release(rel: _Released, seq: int, doc: Record, reading: Reading) -> Optional[Record]:
+    """A stream's record of ``seq`` taken out of the window: the record to decide, or None for
+    a duplicate of a frame already yielded."""
+    last = rel.last
+    if last is not None and seq <= last:
+        if seq == last or rel.seen(seq):
+            reading.duplicates += 1
+            return None
+        reading.beyond_window += 1  # too late to put back in order: decided here, best effort
+    else:
+        rel.add_next(seq)
+    return doc
 
 
 def _sources(paths: Sequence[str]) -> List[_Source]:
@@ -426,16 +470,24 @@ def _sources(paths: Sequence[str]) -> List[_Source]:
     return sources
 
 
-def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES) -> Iterator[Record]:
+def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES,
+           budget: int = REORDER_BUDGET) -> Iterator[Record]:
     """Every usable record of ``paths``, each stream's in decision order (see module doc).
-    A stream's records are held until ``2 * window`` have come, then sorted and the first
-    ``window`` released: a record may come up to ``window`` records late."""
+    A stream holds at most ``min(window, budget // streams)`` records (its smallest
+    frame_seq is yielded when one more comes), so at most ``budget`` are held in all, and a
+    record may come up to that many of its stream's records late. ``reading`` says the
+    window at the end, the budget and the most records held at once."""
     if not paths:
         raise InvalidInputError("no records files given")
+    if window < 0 or budget < 0:
+        raise ValueError(f"reorder window {window} and budget {budget}: give numbers of records, 0 or more")
     # per stream of a device (device, stream): frame_seqs count per device, and two devices
     # may well name a stream alike
-    held: Dict[Tuple[str, str], List[Record]] = {}
-    done: Dict[Tuple[str, str], _Released] = {}  # the frames yielded
+    held: Dict[Tuple[str, str], _Held] = {}
+    share = window  # the records a stream may hold: window, or the budget's share
+    holding = 0     # records held, all streams
+    reading.reorder_budget = budget
+    reading.reorder_frames = min(window, budget)
     sources = _sources(paths)
     try:
         for src in sources:
@@ -471,12 +523,29 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES)
                         reading.bad_values[wrong] = reading.bad_values.get(wrong, 0) + 1
                         continue
                     key = (doc.get("device", ""), sid)
-                    buf = held.get(key)
-                    if buf is None:
-                        buf = held[key] = []
-                    buf.append(doc)
-                    if len(buf) >= 2 * window:
-                        yield from _release(buf, window, key, done, reading)
+                    h = held.get(key)
+                    if h is None:
+                        h = held[key] = _Held()
+                        reading.streams = len(held)
+                        if budget // len(held) < share:  # one stream more: every stream's share shrinks
+                            share = reading.reorder_frames = budget // len(held)
+                            for other in held.values():
+                                while len(other.heap) > share:
+                                    holding -= 1
+                                    out = _next(other, reading)
+                                    if out is not None:
+                                        yield out
+                    item = (doc["frame_seq"], reading.lines + n, doc)  # (frame_seq, arrival, record)
+                    if len(h.heap) < share:
+                        heapq.heappush(h.heap, item)
+                        holding += 1
+                        if holding > reading.held_most:
+                            reading.held_most = holding
+                    else:  # the stream's window is full: its smallest frame_seq goes, maybe this one
+                        seq, _, first = heapq.heappushpop(h.heap, item)
+                        out = _release(h.done, seq, first, reading)
+                        if out is not None:
+                            yield out
                 if src.error is not None:  # a stream's read error, met reading ahead
                     raise src.error
             except READ_ERRORS as exc:  # a gzip file cut short (being written, a crash, disk full), junk
@@ -490,5 +559,8 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES)
     finally:
         for src in sources:
             src.close()
-    for key, buf in held.items():
-        yield from _release(buf, len(buf), key, done, reading)
+    for h in held.values():
+        while h.heap:
+            out = _next(h, reading)
+            if out is not None:
+                yield out

@@ -43,19 +43,26 @@ have taken are skipped on reading (:data:`edgewise.policy.recorded.CAPTURE_MIN_N
 What cannot be reproduced is said in ``notes``: records from another policy
 version, records without ``decided_s`` (older daemons: the budget runs on capture
 time) or without the edge facts, missing signals, capture time going backwards or
-jumping, records out of order beyond the reorder window, lines that are not records,
-records with a field of the wrong type or a value that cannot be used (a capture time
-outside 2000-2200, NaN, an infinity or a number too large for a float, in a field or
-in the signals: skipped), files that could not be read to their end. Records of which
-not one frame can be replayed are an InvalidInputError (``check-policy`` exits 2).
+jumping, records out of order beyond the reorder window (a stream's share of the one
+budget of records held across all streams, :data:`edgewise.policy.recorded.REORDER_BUDGET`:
+the note names both), lines that are not records, records with a field of the wrong type
+or a value that cannot be used (a capture time outside 2000-2200, NaN, an infinity or a
+number too large for a float, in a field or in the signals: skipped), files that could
+not be read to their end. Records of which not one frame can be replayed are an
+InvalidInputError (``check-policy`` exits 2).
+
+The report does not depend on how the streams' frames interleave (so not on the reorder
+budget either, for records within it): each stream's frames are decided in their own order,
+the hardest frames held back are ranked by hardness, then capture time, stream and
+frame_seq, and the mismatches listed are the first by (device, stream, frame_seq).
 """
 
 from __future__ import annotations
 
 import gc
-import heapq
 import math
 import time
+from bisect import insort
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -63,7 +70,14 @@ from edgewise.errors import InvalidInputError
 from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy.deciding import Decision, Escalator, FrameFacts
 from edgewise.policy.digest import policy_digest
-from edgewise.policy.recorded import MAX_NUMBER, Reading, Record, frames
+from edgewise.policy.recorded import (
+    MAX_NUMBER,
+    REORDER_BUDGET,
+    REORDER_FRAMES,
+    Reading,
+    Record,
+    frames,
+)
 from edgewise.policy.schema import Payload, Policy, WholeFrames
 
 #: A stream of the records: (device, stream id); frame_seqs and budgets are a device's.
@@ -166,7 +180,8 @@ class Side:
         self.payload = policy.spec.payload if policy is not None else None  # None: the recorded sends
         self.whole_frames = WholeFrames()  # the policy's payload.wholeFrameEverySeconds, per stream
         self.top = top
-        self.hardest: List[Tuple[float, int, Key, int, str]] = []  # (hardness, capture ns, stream, seq, by)
+        # the hardest held back, best first: (-hardness, capture ns, stream, seq, by)
+        self.hardest: List[Tuple[float, int, Key, int, str]] = []
         self.checked = 0
         self.agreed = 0
         self.mismatches: List[Dict[str, Any]] = []
@@ -200,23 +215,44 @@ class Side:
         return (low + part, 0.0) if part is not None else (low, pixels)  # low+regions
 
     def note_suppressed(self, hardness: float, cap_ns: int, sid: Key, seq: int, by: str) -> None:
+        """Keep the ``top`` hardest frames held back: by hardness, then the earliest capture
+        (then stream and frame_seq), so the same whatever the order the streams interleave in."""
         h = self.hardest
-        if len(h) < self.top:
-            heapq.heappush(h, (hardness, cap_ns, sid, seq, by))
-        elif self.top and hardness > h[0][0]:
-            heapq.heapreplace(h, (hardness, cap_ns, sid, seq, by))
+        if len(h) >= self.top:
+            if not self.top or -hardness > h[-1][0]:
+                return
+            entry = (-hardness, cap_ns, sid, seq, by)
+            if entry >= h[-1]:
+                return
+            h.pop()
+        else:
+            entry = (-hardness, cap_ns, sid, seq, by)
+        insort(h, entry)
 
     def check(self, doc: Record, d: Decision, recorded: bool) -> None:
-        """This side's policy decided the recorded frame: the replay must agree with it."""
+        """This side's policy decided the recorded frame: the replay must agree with it. The
+        mismatches kept are the first :data:`MAX_MISMATCHES` by (device, stream, frame_seq),
+        whatever the order the streams interleave in."""
         self.checked += 1
         if d.escalate == recorded:
             self.agreed += 1
-        elif len(self.mismatches) < MAX_MISMATCHES:
-            self.mismatches.append({
-                "device": doc.get("device", ""), "stream": doc["stream"], "frame_seq": doc["frame_seq"], "recorded": recorded,
-                "recorded_reason": doc.get("reason"), "recorded_suppressed_by": doc.get("suppressed_by") or None,
-                "recorded_hardness": doc.get("hardness"), "replayed": d.escalate, "replayed_reason": d.reason,
-                "replayed_suppressed_by": d.suppressed_by, "replayed_hardness": round(d.hardness, 4)})
+            return
+        ms = self.mismatches
+        order = (doc.get("device", ""), doc["stream"], doc["frame_seq"])
+        if len(ms) >= MAX_MISMATCHES:
+            worst = max(range(len(ms)), key=lambda i: _mismatch_order(ms[i]))
+            if order >= _mismatch_order(ms[worst]):
+                return
+            del ms[worst]
+        ms.append({
+            "device": order[0], "stream": order[1], "frame_seq": order[2], "recorded": recorded,
+            "recorded_reason": doc.get("reason"), "recorded_suppressed_by": doc.get("suppressed_by") or None,
+            "recorded_hardness": doc.get("hardness"), "replayed": d.escalate, "replayed_reason": d.reason,
+            "replayed_suppressed_by": d.suppressed_by, "replayed_hardness": round(d.hardness, 4)})
+
+
+def _mismatch_order(m: Dict[str, Any]) -> Tuple[str, str, int]:
+    return m["device"], m["stream"], m["frame_seq"]
 
 
 class Stream:
@@ -294,6 +330,7 @@ class Replay:
     crop_pixels: float = 0.0
     crop_frames_pixels: float = 0.0
     needed: Set[str] = field(default_factory=set)
+    reorder_window: int = REORDER_FRAMES  # the records of a stream it may hold (the budget may leave fewer)
 
     def count_version(self, st: Stream) -> None:
         """Add a stream's run of frames of one policy version to :attr:`versions`."""
@@ -494,14 +531,17 @@ def _account(side: Side, fig: Figures, escalate: bool, by: Optional[str], hardne
 
 
 def replay(paths: Sequence[str], policy: Policy, against: Optional[Policy] = None, top: int = 10,
-           label: str = "", against_label: str = "") -> Dict[str, Any]:
+           label: str = "", against_label: str = "", reorder_frames: int = REORDER_FRAMES,
+           reorder_budget: int = REORDER_BUDGET) -> Dict[str, Any]:
     """Replay ``policy`` (and ``against``, or else the recorded decisions) over the records in
     ``paths``; the JSON-ready report (see module doc; rendered by :mod:`edgewise.policy.whatif`).
-    The labels name the sides in the report (default: the policy files)."""
+    The labels name the sides in the report (default: the policy files). The records held to
+    restore each stream's order are at most ``reorder_frames`` of a stream and
+    ``reorder_budget`` in all (:func:`edgewise.policy.recorded.frames`)."""
     sides = [Side(label or policy.source or policy.metadata.name, policy, top),
              Side(against_label or against.source or against.metadata.name, against, top)
              if against is not None else Side("recorded decisions", None, top)]
-    r = Replay(sides)
+    r = Replay(sides, reorder_window=reorder_frames)
     for side in sides:
         if side.policy is not None:
             r.needed |= _needed(side.policy)
@@ -509,7 +549,7 @@ def replay(paths: Sequence[str], policy: Policy, against: Optional[Policy] = Non
     collecting = gc.isenabled()
     gc.disable()  # millions of short-lived dicts, no cycles: the collector would cost a third of the time
     try:
-        for doc in frames(paths, r.reading):
+        for doc in frames(paths, r.reading, reorder_frames, reorder_budget):
             _take(r, doc)
     finally:
         if collecting:
@@ -624,6 +664,11 @@ def _nothing_usable(r: Replay) -> str:
             "the edge daemon's JSON Lines sink files, whose fields docs/records.md describes")
 
 
+def _by_frames(version: Dict[str, Any]) -> Tuple[int, str, str]:
+    """The order the report lists policy versions in: most frames first, then by name and digest."""
+    return -version["frames"], version["name"], version["digest"]
+
+
 def _notes(r: Replay) -> List[str]:
     rd = r.reading
     notes = []
@@ -651,9 +696,18 @@ def _notes(r: Replay) -> List[str]:
         notes.append(f"{rd.duplicates} duplicate record(s) (the same stream and frame_seq twice: "
                      "a file given twice?) skipped")
     if rd.beyond_window:
-        notes.append(f"{rd.beyond_window} record(s) arrived more than the reorder window of frames after "
-                     "later frames of their stream and were decided where they arrived; budget effects "
-                     "around them may differ from the daemon's")
+        late = (f"{rd.beyond_window} record(s) came more than {rd.reorder_frames:,} frames of their stream late "
+                "(after frames the daemon decided after them) and were decided where they came; budget effects "
+                "around them may differ from the daemon's")
+        if rd.reorder_frames < r.reorder_window:
+            late += (f". The {rd.streams:,} stream(s) shared the reorder budget of {rd.reorder_budget:,} records "
+                     "held at once (edgewise.policy.recorded.REORDER_BUDGET, which bounds the replay's memory), "
+                     f"{rd.reorder_frames:,} each instead of {r.reorder_window:,}: replay fewer streams at once to "
+                     "give each more, e.g. one device's records: zcat -f FILES | grep '\"device\":\"DEVICE\"' | "
+                     "edgewise edge check-policy POLICY --replay -")
+        else:
+            late += f" (the reorder window: {r.reorder_window:,} frames of a stream)"
+        notes.append(late)
     for path in rd.empty_files:
         notes.append(f"{path}: no records")
     notes.extend(rd.cut_short)
@@ -682,7 +736,7 @@ def _notes(r: Replay) -> List[str]:
                          f"records cover {covered(spans) / 3600:,.2f} h of the {(spans[-1][1] - spans[0][0]) / 3600:,.1f} "
                          "h from the first capture to the last, and the figures per hour and per day count only "
                          "those, not the gaps")
-    versions = sorted(r.versions.values(), key=lambda v: -v["frames"])
+    versions = sorted(r.versions.values(), key=_by_frames)
     if versions and not any(v["digest"] for v in versions):
         notes.append("the records do not carry policy_digest (written by an older daemon): whether a policy "
                      "decided them cannot be checked, so nothing is checked for reproduction")
@@ -722,14 +776,15 @@ def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
                                     sum(covered(ss) for ss in spans.values())),
             "streams": streams,
             "hardest_suppressed": [
-                {"hardness": round(h, 4), "stream": r.name(sid), "frame_seq": seq, "capture_unix_ns": ns, "suppressed_by": by}
-                for h, ns, sid, seq, by in sorted(side.hardest, key=lambda x: (-x[0], x[1]))],
+                {"hardness": round(-h, 4), "stream": r.name(sid), "frame_seq": seq, "capture_unix_ns": ns,
+                 "suppressed_by": by}
+                for h, ns, sid, seq, by in side.hardest],
         }
         if side.policy is not None and side.checked:
             doc["reproduction"] = {"checked": side.checked, "agreed": side.agreed,
                                    "share": side.agreed / side.checked,
                                    "mismatches": [dict(m, stream=r.name((m["device"], m["stream"])))
-                                                  for m in side.mismatches]}
+                                                  for m in sorted(side.mismatches, key=_mismatch_order)]}
         sides.append(doc)
     newly = sum(c[0] for c in r.changes.values())
     no_longer = sum(c[1] for c in r.changes.values())
@@ -742,10 +797,13 @@ def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
             "daemon_runs": {r.name(sid): s.runs for sid, s in sorted(r.streams.items())},
             "policies": [{"name": v["name"], "digest": v["digest"], "frames": v["frames"],
                           "generations": sorted(v["generations"])}
-                         for v in sorted(r.versions.values(), key=lambda v: -v["frames"])],
+                         for v in sorted(r.versions.values(), key=_by_frames)],
             "seconds": round(elapsed, 3),
             "cpu_seconds": round(cpu, 3),  # below "seconds" when other processes share the CPUs
             "records_per_second": round(rd.lines / elapsed) if elapsed > 0 else None,
+            # records held to restore the order: a stream's window at the end, all streams' budget
+            "reorder": {"window_frames": rd.reorder_frames, "budget_records": rd.reorder_budget,
+                        "held_most": rd.held_most},
         },
         "sides": sides,
         "changes": {
