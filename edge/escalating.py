@@ -21,8 +21,12 @@ it). Whatever fails, a frame whose record was not written yet gets its edge
 result (``_guarded``); a frame the spool cannot take (full disk) keeps its edge
 result with the reason, and replayed items whose ack cannot be written are not
 sent again (docs/records.md). A spool whose file turns out damaged (``SpoolCorrupt``)
-is said once, as an ERROR naming the file and the fix, and counted (``corrupt``);
-replay stops, and frames keep their edge result, until the daemon is restarted.
+is salvaged by the spool thread itself, as the start would (``_recover``,
+``edge.spool_salvage.salvage_in_use``): the call that met the damage, and those queued behind
+it, go on with the new file; one ERROR says where the damaged file went and how many
+escalations were salvaged (``corrupt``, ``salvaged``). A salvage that fails (a full disk) is
+said and tried again after a back-off (``salvage_failed``), as is damage found again soon
+after a salvage; meanwhile replay stops and frames keep their edge result.
 Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain, close).
 """
 
@@ -64,6 +68,7 @@ from edge.spool import (
     SpoolItem,
     SpoolStats,
 )
+from edge.spool_salvage import SalvagePacing, salvage_in_use
 from edge.transports import Transport, TransportError, printable
 from edgewise import status
 from edgewise.detections import Detections
@@ -128,6 +133,7 @@ class Escalating:
         replay_concurrency: int = SpoolSettings.replay_concurrency,
         reopen: Optional[Callable[[], Spool]] = None,
         spool_problem: str = "",
+        salvage_pacing: Optional[SalvagePacing] = None,
     ) -> None:
         self.device_id = device_id
         self.transports = transports
@@ -163,12 +169,79 @@ class Escalating:
         self._spooled_log = LogThrottle(SPOOLED_LOG_INTERVAL_S)
         self._ack_log = LogThrottle(LOG_INTERVAL_S, burst=1)  # acks that fail round after round
         self._spool_log = LogThrottle(LOG_INTERVAL_S, burst=1)  # replay rounds the spool fails
-        self._damage_said = False  # the spool's damage is logged once
+        self._damage_said = False  # the damage of a spool refused when reopened is logged once
         self._reopen_damaged = False  # the spool not open yet is refused as damaged (not a full disk)
+        # Salvage of a spool found damaged in use; spool thread only (``_recover``):
+        self._salvage_pacing = salvage_pacing or SalvagePacing()
+        self._damage_noted = -1  # the spool generation whose damage was counted and said
+        self._salvage_problem = ""  # why the last salvage failed (shown by spool_health)
+        self._stats_generation = 0  # the spool file the drop counters' baseline is of (event loop)
 
     async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking spool call on the spool thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.spool_io, fn, *args)
+        """Run a blocking spool call on the spool thread (``_recovering``: one that meets a
+        damaged file salvages it first and runs again on the new file)."""
+        return await asyncio.get_running_loop().run_in_executor(self.spool_io, self._recovering, fn, *args)
+
+    def _recovering(self, fn: Callable[..., T], *args: Any) -> T:
+        """(spool thread) ``fn(*args)``; when it meets a damaged spool file, salvage the file
+        (``_recover``) and, the spool sound again, call it once more, on the new file: what it
+        was to store or acknowledge is not lost to the damage (ids and keys are kept, so a
+        second try never does a thing twice). ``SpoolCorrupt`` when the spool stays damaged."""
+        try:
+            return fn(*args)
+        except SpoolCorrupt:
+            if not self._recover():
+                raise
+        return fn(*args)
+
+    def _recover(self) -> bool:
+        """(spool thread, the only one making spool calls) The spool's file was found damaged:
+        move it aside and salvage what it holds into a new file at its path, as the start does,
+        when ``_salvage_pacing`` allows (not while the daemon stops: its next start salvages
+        it). Counts the damage once (``corrupt``) and says it once, and each salvage
+        (``salvaged`` or ``salvage_failed``). True when the spool is sound (again)."""
+        spool = self.spool
+        if spool is None:
+            return False
+        if spool.damaged is None:
+            return True  # salvaged by a call queued before this one
+        now = time.monotonic()
+        first = self._damage_noted != spool.generation
+        if first:
+            self._damage_noted = spool.generation
+            self.metrics.spool_events.labels("corrupt").inc()
+        stopping = self.shutting_down or spool.stop_by is not None
+        if stopping or not self._salvage_pacing.due(now):
+            if first:
+                when = ("at the next start (the daemon is stopping)" if stopping else
+                        f"in {self._salvage_pacing.wait_s(now):.0f} s (found damaged again soon after a salvage)")
+                self._salvage_problem = f"{spool.damaged}; salvaged {when}"
+                log.error("%s. It is salvaged %s; until then escalations the cloud cannot take keep their edge "
+                          "result, and spooled ones are not replayed", spool.damaged, when)
+            return False
+        cause = spool.damage_cause or "damaged"
+        try:
+            result = salvage_in_use(spool)
+        except Exception as exc:  # a SpoolError says why; anything else is a bug, not to be met at every call
+            self._salvage_pacing.attempted(now, ok=False)
+            wait = self._salvage_pacing.wait_s(now)
+            self.metrics.spool_events.labels("salvage_failed").inc()
+            why = str(exc) if isinstance(exc, SpoolError) else f"INTERNAL: {exc!r}"
+            self._salvage_problem = (f"spool {spool.path} is damaged ({cause}) and could not be salvaged: {why}; "
+                                     f"tried again in {wait:.0f} s")
+            log.error("%s. Until then escalations the cloud cannot take keep their edge result, and spooled ones "
+                      "are not replayed; a restart salvages it too once the cause is fixed", self._salvage_problem,
+                      exc_info=None if isinstance(exc, SpoolError) else exc)
+            return False
+        self._salvage_pacing.attempted(now, ok=True)
+        self._salvage_problem = ""
+        self.metrics.spool_events.labels("salvaged").inc()
+        where = (f"moved it to {result.moved_to} (kept for inspection)" if result.moved_to is not None
+                 else "its file had been deleted as well, so it was read through the open spool")
+        again = f"; the new spool is damaged too: {spool.damaged}" if spool.damaged is not None else ""
+        log.error("spool %s was found damaged while the daemon ran (%s); %s and started a new spool at %s: %s; "
+                  "spooling and replay go on%s", spool.path, cause, where, spool.path, result.describe(), again)
+        return spool.damaged is None
 
     # ------------------------------------------------------------------ submit
     def in_flight(self) -> int:
@@ -176,10 +249,11 @@ class Escalating:
 
     def spool_health(self) -> Dict[str, str]:
         """The spool as ``/healthz`` reports it: ``ok``; ``damaged`` (the file is malformed:
-        nothing is spooled or replayed until the daemon restarts and salvages it); ``unavailable``
-        (it could not be opened, e.g. a full disk; opened again every replay interval)."""
+        nothing is spooled or replayed until it is salvaged, which the spool thread does by
+        itself, at once or after a back-off; ``problem`` says which); ``unavailable`` (it could
+        not be opened, e.g. a full disk; opened again every replay interval)."""
         if self.spool is not None and self.spool.damaged is not None:
-            return {"state": "damaged", "problem": self.spool.damaged}
+            return {"state": "damaged", "problem": self._salvage_problem or self.spool.damaged}
         if self.spool is None:
             if self.reopen is None and not self.spool_problem:
                 return {"state": "off"}  # built without a spool (no policy file: nothing escalates)
@@ -406,7 +480,7 @@ class Escalating:
         could not be written)."""
         assert self.spool is not None
         try:
-            stored = self.spool.put(key, payload, meta)
+            stored = self._recovering(self.spool.put, key, payload, meta)  # a damaged file: salvaged, stored after
         except SpoolError as exc:
             return False, None, exc
         try:
@@ -415,8 +489,13 @@ class Escalating:
             return stored, None, None
 
     def _spool_damaged(self, exc: SpoolCorrupt, escalation: bool = False) -> None:
-        """The spool's file is damaged: say so once (the message names the file and what to
-        do), counted (``corrupt``) then and for every ``escalation`` not spooled because of it."""
+        """The spool's file is damaged: counted (``corrupt``) for every ``escalation`` not spooled
+        because of it. An open spool's damage is counted and said once by ``_recover``, which
+        salvages it; a spool refused as damaged when reopened is counted and said once here."""
+        if self.spool is not None:
+            if escalation:
+                self.metrics.spool_events.labels("corrupt").inc()
+            return
         if escalation or not self._damage_said:
             self.metrics.spool_events.labels("corrupt").inc()
         if self._damage_said:
@@ -455,6 +534,8 @@ class Escalating:
         while not stop.is_set():
             settled = 0
             try:
+                if self.spool is not None and self.spool.damaged is not None:
+                    await self._spool_call(self._recover)  # once the back-off of a failed salvage is over
                 if self.spool is not None and self.spool.damaged is None:
                     await self._recovered(self.spool)
                 settled = await self._reopened() if self.spool is None else await self.replay_once()
@@ -682,6 +763,12 @@ class Escalating:
     def _show_spool(self, st: SpoolStats) -> None:
         """Gauges from the spool's stats; its persisted drop counters (age expiry and
         byte-cap eviction, whichever call did them) become spool_events increments."""
+        if st.generation < self._stats_generation:
+            return  # read from a file salvaged since
+        if st.generation > self._stats_generation:  # a new file after damage: its counters start at 0
+            self._stats_generation = st.generation
+            if self._spool_dropped is not None:
+                self._spool_dropped = (0, 0)
         self.metrics.spool_depth.set(st.depth)
         self.metrics.spool_bytes.set(st.bytes)
         self.metrics.spool_oldest.set(st.oldest_age_s)

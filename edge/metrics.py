@@ -68,7 +68,8 @@ class EdgeMetrics:
         self.spool_oldest = Gauge("edgewise_edge_spool_oldest_age_seconds", "Age of the oldest spooled entry", registry=r)
         self.spool_events = Counter(
             "edgewise_edge_spool_events",
-            "Spool events (put, refused, disk_full, write_failed, ack_failed, corrupt, replayed, rejected, expired, evicted, nack)",
+            "Spool events (put, refused, disk_full, write_failed, ack_failed, corrupt, salvaged, salvage_failed, "
+            "recreated, replayed, rejected, expired, evicted, nack, sink_failed)",
             ["event"], registry=r,
         )
         self.reloads = Counter("edgewise_edge_policy_reloads", "Policy reloads by result", ["result"], registry=r)

@@ -63,8 +63,11 @@ new file). Damage that shows only later
 (SQLite's "database disk image is malformed" or "file is not a database" from any call)
 raises ``SpoolCorrupt`` too, and from then on every read or write raises it at once
 without touching the file (``nack`` and ``close`` stay best effort): nothing more is
-written into a damaged file, and the caller stops retrying. Every other SQLite error of
-any call is a ``SpoolError`` naming the path.
+written into a damaged file, and the caller stops retrying. ``replace_damaged_file`` then
+gives the open spool a new file at its path (the damaged one moved aside), so that the
+daemon salvages it without a restart (``edge.spool_salvage.salvage_in_use``); ``generation``
+counts those new files. Every other SQLite error of any call is a ``SpoolError`` naming the
+path.
 """
 
 from __future__ import annotations
@@ -161,7 +164,8 @@ class SpoolFull(SpoolError):
 
 class SpoolCorrupt(SpoolError):
     """The spool's file is damaged (SQLite found a malformed page); the message names the
-    file. ``edge.spool_salvage.open_spool`` moves such a file aside and salvages it."""
+    file. ``edge.spool_salvage.open_spool`` moves such a file aside and salvages it at open,
+    ``edge.spool_salvage.salvage_in_use`` when found in use."""
 
 
 #: seconds a spool call waits for a lock another connection holds (SQLite's busy timeout)
@@ -226,6 +230,15 @@ def _is_corrupt(exc: sqlite3.Error) -> bool:
     database"), by message as in ``_is_full``; not a full disk or an I/O error."""
     text = str(exc).lower()
     return "malformed" in text or "not a database" in text or "corrupt" in text
+
+
+def _is_open(db: sqlite3.Connection) -> bool:
+    """Whether ``db`` was not closed yet."""
+    try:
+        db.total_changes  # noqa: B018 - raises on a closed connection
+    except sqlite3.ProgrammingError:
+        return False
+    return True
 
 
 def _quick_check(db: sqlite3.Connection) -> List[str]:
@@ -316,6 +329,8 @@ class SpoolStats:
     dropped_bytes_cap_bytes: int = 0
     dropped_age_cap_bytes: int = 0
     refused_too_large: int = 0
+    #: the spool's ``generation`` when read: the drop counters start at 0 in each new file
+    generation: int = 0
 
 
 class Spool:
@@ -359,6 +374,13 @@ class Spool:
         self.stop_by: Optional[float] = None
         #: why the file is damaged, once SQLite said so (every call raises ``SpoolCorrupt`` then)
         self.damaged: Optional[str] = None
+        #: SQLite's own words about that damage ("database disk image is malformed")
+        self.damage_cause: Optional[str] = None
+        #: files that replaced a damaged one while the spool was open (``replace_damaged_file``)
+        self.generation = 0
+        #: the highest item id a caller was given (``peek``) or the file had handed out: a new
+        #: file after damage numbers its items above it (``replace_damaged_file``)
+        self._top_id = 0
         self._evict_log = LogThrottle(EVICT_LOG_INTERVAL_S, clock=monotonic)
         self._db = self._open()
         try:
@@ -433,9 +455,11 @@ class Spool:
         (from now on every call raises it at once), a full disk, or another failure."""
         if _is_corrupt(exc):
             if self.damaged is None:
-                self.damaged = (f"spool {self.path} is damaged ({exc}); nothing more is spooled or replayed "
-                                "from it: restart the daemon, which moves the file aside (kept for inspection) "
-                                "and salvages the escalations it can still read into a new spool")
+                self.damaged = (f"spool {self.path} is damaged ({exc}); nothing more is spooled into it or "
+                                "replayed from it until it is moved aside (kept for inspection) and the escalations "
+                                "it can still read are salvaged into a new spool, which the daemon does by itself "
+                                "(and at its next start)")
+                self.damage_cause = str(exc)
                 self._mark_damaged(str(exc))
             return SpoolCorrupt(self.damaged)
         if _is_full(exc):
@@ -590,6 +614,8 @@ class Spool:
                 "SELECT id, key, payload, meta, created, attempts FROM items WHERE id > ? ORDER BY id LIMIT ?",
                 (int(after_id), max(0, int(limit))),
             ).fetchall()
+            if rows:
+                self._top_id = max(self._top_id, int(rows[-1][0]))
         return [
             SpoolItem(int(r[0]), str(r[1]), bytes(r[2]), json.loads(r[3]), float(r[4]), int(r[5]))
             for r in rows
@@ -700,6 +726,7 @@ class Spool:
                 dropped_bytes_cap_bytes=int(counters.get("dropped_bytes_cap_bytes", 0)),
                 dropped_age_cap_bytes=int(counters.get("dropped_age_cap_bytes", 0)),
                 refused_too_large=int(counters.get("refused_too_large", 0)),
+                generation=self.generation,
             )
 
     def _oldest_age(self, now: _Now) -> float:
@@ -742,6 +769,93 @@ class Spool:
                 raise
             old.close()
         return len(items)
+
+    def replace_damaged_file(self, move_aside: Callable[[Path], Path]
+                             ) -> Tuple[Optional[Path], Optional[sqlite3.Connection]]:
+        """Give a damaged spool a new, empty file at ``path``, so that it works again without a
+        restart (``edge.spool_salvage.salvage_in_use`` then copies into it what the damaged file
+        still holds). The damaged file is closed, then moved aside by ``move_aside`` (which
+        returns where to, the ``-wal`` and ``-shm`` beside it); returns (that path, None). When
+        the damaged file was deleted while open there is nothing to move: returns (None, its
+        connection), still open and the only way left to read it, which the caller closes
+        ((None, None) when even that is gone).
+
+        The new file numbers its items above every id the damaged one handed out, so that an id
+        a caller still holds (a replay waiting for its acknowledgement) never names a new item.
+        Its drop counters start at 0: ``generation`` goes up by one, and ``stats`` carries it.
+        Raises ``SpoolError`` when the file cannot be moved aside or the new one cannot be made
+        (``SpoolFull``: a full disk): the spool stays damaged, its file back in place."""
+        with self._lock:
+            if self.damaged is None:
+                raise ValueError(f"spool {self.path} is not damaged: its file is not replaced")
+            self._top_id = max(self._top_id, self._sequence())
+            moved: Optional[Path] = None
+            old: Optional[sqlite3.Connection] = None
+            if self.path.exists():
+                # closed before the move: SQLite checkpoints at close and removes the WAL by its name
+                self._db.close()
+                try:
+                    moved = move_aside(self.path)
+                except OSError as exc:
+                    raise SpoolError(f"spool {self.path} is damaged and cannot be moved aside to salvage it "
+                                     f"({exc.strerror or exc}); make its folder writable by the daemon") from None
+            elif _is_open(self._db):
+                old = self._db
+            try:
+                db = self._open()
+                try:
+                    if self._top_id:
+                        db.execute("BEGIN IMMEDIATE")
+                        db.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('items', ?)", (self._top_id,))
+                        db.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    db.close()
+                    raise self._open_error(exc) from None
+            except SpoolError as exc:
+                self._discard_new_file()
+                if moved is not None:
+                    self._put_back(moved, exc)
+                raise
+            self._db = db
+            self._bytes = self._depth = 0
+            self.damaged = self.damage_cause = None
+            self.generation += 1
+            return moved, old
+
+    def _sequence(self) -> int:
+        """The highest id the (damaged) file handed out, as its ``sqlite_sequence`` says; 0
+        when that cannot be read."""
+        try:
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'items'").fetchone()
+        except sqlite3.Error:  # damaged too, or closed by an earlier try
+            return 0
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def _discard_new_file(self) -> None:
+        """Remove what a new file that could not be made left at ``path`` (its ``-wal`` would
+        otherwise be taken for the damaged file's when that is put back)."""
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                self.path.with_name(self.path.name + suffix).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("spool %s: could not remove %s%s (%s)", self.path, self.path.name, suffix,
+                            exc.strerror or exc)
+
+    def _put_back(self, moved: Path, why: SpoolError) -> None:
+        """Move the damaged file (its ``-wal`` and ``-shm`` first) from ``moved`` back to
+        ``path``, where the next start finds it; ``SpoolError`` saying so when it cannot."""
+        try:
+            for suffix in ("-wal", "-shm"):
+                side = moved.with_name(moved.name + suffix)
+                if side.exists():
+                    os.replace(side, self.path.with_name(self.path.name + suffix))
+            os.replace(moved, self.path)
+        except OSError as exc:
+            raise SpoolError(f"{why}; the damaged spool, moved to {moved}, could not be put back "
+                             f"({exc.strerror or exc}): move it (with its -wal) back to {self.path} and "
+                             "restart the daemon, which salvages it") from None
 
     def adopt(self, rows: Sequence[Tuple[Any, ...]]) -> Tuple[int, int]:
         """Store items of another spool file as they were (``ITEM_COLUMNS``: id, age and attempts

@@ -16,6 +16,13 @@ never through an index (``NOT INDEXED``), so a damaged index, the common case, l
 nothing. A damaged table page loses the items stored on it: the reader finds the first
 id past the damage by doubling and bisecting (a few dozen queries, whatever the ids) and
 reads on from there. Each item is checked (types, JSON meta) before it is copied.
+
+Damage found while the daemon runs (``Spool.damaged``) is salvaged the same way without a
+restart: ``salvage_in_use``, on the spool's own I/O thread, moves the file aside, gives the
+open spool a new file at its path (``Spool.replace_damaged_file``) and copies into it what the
+damaged one still holds. ``SalvagePacing`` (pure) says when: at once the first time; after a
+salvage that failed (a full disk) or damage found again soon after one (a dying card) only
+after a back-off, so that the escalations meanwhile do not set off a salvage each.
 """
 
 from __future__ import annotations
@@ -27,10 +34,17 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Iterator, List, Optional, Tuple, Type, Union
 from urllib.parse import quote
 
-from edge.spool import DAMAGE_MARKER_SUFFIX, ITEM_COLUMNS, Spool, SpoolCorrupt, SpoolFull
+from edge.spool import (
+    DAMAGE_MARKER_SUFFIX,
+    ITEM_COLUMNS,
+    Spool,
+    SpoolCorrupt,
+    SpoolError,
+    SpoolFull,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +57,12 @@ LINEAR_IDS = 4096
 #: Where the search for readable ids gives up when the file's highest id cannot be read.
 UNKNOWN_TOP = 1 << 62
 
+#: Seconds before a spool found damaged in use is salvaged again after a salvage that failed,
+#: or after damage found again this soon after a salvage; doubled at each such try.
+SALVAGE_RETRY_S = 30.0
+#: ... up to this. A spool that stays sound this long after a salvage is salvaged at once again.
+SALVAGE_RETRY_MAX_S = 1800.0
+
 #: The columns that make an ``items`` table the spool's (the first release's).
 SPOOL_COLUMNS = {"id", "key", "payload", "meta", "created", "size", "attempts"}
 
@@ -54,29 +74,35 @@ class Salvage:
     """What ``salvage`` did with a damaged file.
 
     Attributes:
-        moved_to: where the damaged file now is (kept for inspection).
+        moved_to: where the damaged file now is (kept for inspection); None for a file that
+            had been deleted while open (``salvage_in_use`` read it through its connection).
         salvaged: items copied into the new spool.
         damaged_ranges: id ranges (first, last) that could not be read (a damaged page).
         invalid: rows read but not an item (wrong types, meta not JSON); not copied.
         evicted: salvaged items the new spool's byte cap evicted (oldest first).
-        full: why the salvage stopped early (the filesystem's reserve reached); the items
-            not copied are still in ``moved_to``.
+        full: why the salvage stopped early (the filesystem's reserve reached; in use, also the
+            new file failing); the items not copied are still in ``moved_to``.
+        unreadable: why nothing at all could be read from the damaged file.
     """
 
-    moved_to: Path
+    moved_to: Optional[Path]
     salvaged: int = 0
     damaged_ranges: Tuple[Tuple[int, int], ...] = ()
     invalid: int = 0
     evicted: int = 0
     full: str = ""
+    unreadable: str = ""
 
     def describe(self) -> str:
+        if self.unreadable:
+            return f"nothing could be salvaged from it ({self.unreadable})"
         lost = "".join(f", ids {a}-{b} unreadable" for a, b in self.damaged_ranges[:3])
         if len(self.damaged_ranges) > 3:
             lost += f" and {len(self.damaged_ranges) - 3} more damaged range(s)"
         bad = f", {self.invalid} row(s) not an escalation" if self.invalid else ""
         cap = f", {self.evicted} evicted by spool.max_bytes" if self.evicted else ""
-        stopped = (f"; stopped early, the rest is still in {self.moved_to}: {self.full}" if self.full else "")
+        rest = f"is still in {self.moved_to}" if self.moved_to is not None else "was lost with the deleted file"
+        stopped = f"; stopped early, the rest {rest}: {self.full}" if self.full else ""
         return f"{self.salvaged} escalation(s) salvaged{lost}{bad}{cap}{stopped}"
 
 
@@ -133,10 +159,13 @@ def _valid(row: Tuple[object, ...]) -> bool:
 
 
 class _Reader:
-    """The items of a damaged spool file in id order, around the pages that cannot be read."""
+    """The items of a damaged spool file in id order, around the pages that cannot be read:
+    the file at a path (opened read-only), or an open connection to it (not closed here)."""
 
-    def __init__(self, path: Path) -> None:
-        self.db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+    def __init__(self, source: Union[Path, sqlite3.Connection]) -> None:
+        self._own = not isinstance(source, sqlite3.Connection)
+        self.db = (source if isinstance(source, sqlite3.Connection)
+                   else sqlite3.connect(f"file:{quote(str(source))}?mode=ro", uri=True))
         self.damaged: List[Tuple[int, int]] = []
         self.invalid = 0
         have = {row[1] for row in self.db.execute("PRAGMA table_info(items)")}
@@ -208,14 +237,18 @@ class _Reader:
             first = int(chunk[-1][0]) + 1  # type: ignore[call-overload]
 
     def close(self) -> None:
-        self.db.close()
+        if self._own:
+            self.db.close()
 
 
-def salvage(damaged: Path, into: Spool) -> Salvage:
-    """Copy every readable item of the spool file ``damaged`` into ``into`` (ids kept). Stops
-    at a full filesystem (``Salvage.full``: the rest stays in ``damaged``)."""
+def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool,
+            stop_on: Tuple[Type[SpoolError], ...] = (SpoolFull,)) -> Salvage:
+    """Copy every readable item of the spool file ``damaged`` (a path, or a connection to a
+    file deleted while open) into ``into`` (ids kept). Stops at a full filesystem, or at any
+    other of the errors ``stop_on`` of the new spool (``Salvage.full``: the rest stays in
+    ``damaged``)."""
     reader = _Reader(damaged)
-    result = Salvage(moved_to=damaged)
+    result = Salvage(moved_to=damaged if isinstance(damaged, Path) else None)
 
     def adopt(batch: List[Row]) -> None:
         adopted, evicted = into.adopt(batch)
@@ -233,7 +266,7 @@ def salvage(damaged: Path, into: Spool) -> Salvage:
                 batch, size = [], 0
         if batch:
             adopt(batch)
-    except SpoolFull as exc:
+    except stop_on as exc:
         result.full = str(exc)
     finally:
         reader.close()
@@ -286,6 +319,70 @@ def open_spool(path: Union[str, Path], max_bytes: int, max_age_s: float) -> Spoo
     log.error("%s; moved it to %s (kept for inspection) and started a new spool at %s: %s",
               why, moved, path, result.describe())
     return spool
+
+
+def salvage_in_use(spool: Spool) -> Salvage:
+    """Salvage ``spool``, found damaged while in use (``Spool.damaged``), without a restart, as
+    ``open_spool`` does at start: its file is moved aside (``move_aside``), a new one started at
+    its path and what the damaged one still holds copied into it, ids, ages and attempts kept;
+    the spool object goes on, on the new file. A file deleted while open is read through the
+    spool's connection, the only way left to it. Call it on the thread that makes the spool's
+    calls (the daemon's spool thread), so that the calls queued behind it meet the new file.
+
+    Raises ``SpoolError`` when no new file could be started (the file cannot be moved, a full
+    disk): the spool stays damaged, its file and its mark in place, so the next start salvages
+    it. A copy that stops early (a full disk, the new file failing too) is a ``Salvage`` with
+    ``full`` set; the new spool is damaged again when that was the cause."""
+    moved, old = spool.replace_damaged_file(move_aside)
+    _remove(damage_marker(spool.path))  # the file it marked is moved aside
+    source: Union[Path, sqlite3.Connection, None] = moved if moved is not None else old
+    try:
+        if source is None:
+            return Salvage(moved_to=None, unreadable="it had been deleted and closed")
+        return salvage(source, spool, stop_on=(SpoolError,))
+    except (sqlite3.Error, OSError) as err:  # the damaged file went worse still: the new spool goes on empty
+        return Salvage(moved_to=moved, unreadable=str(err))
+    finally:
+        if old is not None:
+            old.close()
+
+
+class SalvagePacing:
+    """When a spool found damaged in use may be salvaged (pure; times in monotonic seconds).
+
+    The first damage is salvaged at once. After a salvage that failed (a full disk, a folder
+    the daemon cannot write) the next try waits ``first_s``, doubling at each failure up to
+    ``max_s``; so does damage found again before the spool stayed sound for ``max_s`` after a
+    salvage (a card that keeps failing). Meanwhile a damaged spool behaves as it always did:
+    escalations keep their edge result, nothing is replayed."""
+
+    def __init__(self, first_s: float = SALVAGE_RETRY_S, max_s: float = SALVAGE_RETRY_MAX_S) -> None:
+        self.first_s = first_s
+        self.max_s = max(first_s, max_s)
+        self.tries = 0  # salvages in a row, none followed by max_s of a sound spool
+        self.last: Optional[float] = None  # when the last one ran
+        self.last_ok = False
+
+    def _tries_at(self, now: float) -> int:
+        if self.last is not None and self.last_ok and now - self.last >= self.max_s:
+            return 0  # it stayed sound long enough: this is new damage, not the same trouble
+        return self.tries
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until the next salvage may run (0: now)."""
+        tries = self._tries_at(now)
+        if self.last is None or tries == 0:
+            return 0.0
+        delay = min(self.max_s, self.first_s * 2.0 ** min(tries - 1, 32))
+        return max(0.0, self.last + delay - now)
+
+    def due(self, now: float) -> bool:
+        return self.wait_s(now) <= 0.0
+
+    def attempted(self, now: float, ok: bool) -> None:
+        """A salvage ran at ``now``; ``ok``: the spool got a new file."""
+        self.tries = self._tries_at(now) + 1
+        self.last, self.last_ok = now, ok
 
 
 def _read_marker(marker: Path) -> str:

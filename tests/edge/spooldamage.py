@@ -65,3 +65,29 @@ def damage_page_holding(path: Union[str, Path], marker: bytes) -> int:
         fh.seek((number - 1) * page)
         fh.write(bytes([byte ^ 0xFF]))
     return number
+
+
+def garble_page_holding(path: Union[str, Path], marker: bytes, seed: int = 7) -> int:
+    """Overwrite the whole page whose bytes hold ``marker`` (an item's payload on a table leaf
+    page) with garbage, as a bad flash block returns it, after folding the WAL into the file;
+    returns the page's number. The items that start on that page become unreadable."""
+    import random
+
+    db = sqlite3.connect(str(path))
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = int(db.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        db.close()
+    data = Path(path).read_bytes()
+    at = data.find(marker)
+    assert at >= 0 and data.find(marker, at + 1) < 0, "the marker must be in the file once"
+    number = at // page + 1
+    assert number > 1
+    rng = random.Random(seed)
+    garbage = bytes(rng.getrandbits(8) for _ in range(page))
+    assert garbage[0] not in (2, 5, 10, 13), "the garbage must not start like a b-tree page"
+    with open(path, "r+b") as fh:
+        fh.seek((number - 1) * page)
+        fh.write(garbage)
+    return number

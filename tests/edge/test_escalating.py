@@ -5,6 +5,7 @@ spool seen from the event loop: a real spool, the real gateway and worker
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 
 import cv2
@@ -787,12 +788,13 @@ def test_a_spool_that_could_not_open_at_start_is_opened_later_by_the_replay_loop
     spool.close()
 
 
-def test_a_spool_damaged_under_the_replay_is_said_once_and_not_retried_in_a_loop(tmp_path, caplog):
+def test_a_spool_damaged_under_the_replay_is_salvaged_and_spooling_and_replay_go_on(tmp_path, caplog):
     """The chaos probe's damaged key index, met after the spool opened: the replay delivers
-    the backlog, but its acknowledgement finds the file malformed. That is said once, as an
-    ERROR naming the file and the fix, and counted (`corrupt`); the replay loop stops instead
-    of retrying the ack (and warning) ~5 times a second forever, nothing is sent twice, and a
-    frame the cloud cannot take keeps its edge result with the reason."""
+    the backlog and its acknowledgement finds the file malformed. The spool thread moves the
+    file aside and salvages it into a new one at its path, as a start would; the
+    acknowledgement then goes through on the new file (nothing is sent twice), a frame the
+    cloud cannot take is spooled again, /healthz says ok, and one ERROR says where the file
+    went and how many escalations were salvaged (it used to take a restart)."""
     import logging
 
     from tests.edge.spooldamage import KEY_INDEX, damage_index, nudge
@@ -810,15 +812,17 @@ def test_a_spool_damaged_under_the_replay_is_said_once_and_not_retried_in_a_loop
     async def run():
         t = _Counting(None, fail={7})  # answers replays; frame 7 (live) finds the cloud unavailable
         esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool, replay_interval_s=0.02)
+        await esc.update_spool_metrics()  # the daemon's baseline at start
         stop = asyncio.Event()
         loop = asyncio.ensure_future(esc.replay_loop(stop))
         await async_wait_until(lambda: len(written) == 3, 10, "the 3 replays written")
+        await async_wait_until(lambda: len(spool) == 0, 10, "their acknowledgement, on the new file")
+        assert esc.spool_health() == {"state": "ok"}
         esc.submit(Frame("cam", 7, np.full((48, 64, 3), 90, np.uint8), 0, 0.0), dets([[10, 10, 30, 30]], [0.4]),
                    Decision(True, "hard", 0.8, {}), policy, frame_record("cam", 7))
         await async_wait_until(lambda: len(written) == 4, 10, "frame 7's record")
-        await asyncio.sleep(1.0)  # some 50 replay intervals
-        health = esc.spool_health()  # what /healthz says
-        assert health["state"] == "damaged" and "restart the daemon" in health["problem"], health
+        await asyncio.sleep(0.3)  # replay rounds: frame 7 still cannot be delivered
+        assert esc.spool_health() == {"state": "ok"}
         stop.set()
         await loop
         await esc.drain(0.1)
@@ -826,16 +830,188 @@ def test_a_spool_damaged_under_the_replay_is_said_once_and_not_retried_in_a_loop
 
     asyncio.run(run())
     assert [(r.frame_seq, r.late, r.outcome) for r in written] == [
-        (0, True, "cloud"), (1, True, "cloud"), (2, True, "cloud"), (7, False, "edge_only")]
-    assert f"not spooled: spool {path} is damaged (database disk image is malformed)" in written[3].error
+        (0, True, "cloud"), (1, True, "cloud"), (2, True, "cloud"), (7, False, "spooled")]
+    (moved,) = tmp_path.glob("spool.db.damaged-*Z")
     messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
     errors = [m for level, m in messages if level == logging.ERROR]
-    assert len(errors) == 1, messages
-    assert errors[0].startswith(f"spool {path} is damaged") and "restart the daemon, which moves the file aside" in errors[0]
+    assert errors == [
+        f"spool {path} was found damaged while the daemon ran (database disk image is malformed); moved it to "
+        f"{moved} (kept for inspection) and started a new spool at {path}: 3 escalation(s) salvaged; spooling "
+        "and replay go on"], messages
     assert not [m for _, m in messages if "not yet acknowledged" in m or "replay round failed" in m], messages
-    assert metrics.spool_events.labels("corrupt")._value.get() == 2  # the ack and frame 7's put
-    assert metrics.spool_events.labels("ack_failed")._value.get() == 0
-    assert spool.damaged is not None and len(spool) == 3  # nothing deleted from a damaged file
+    events = metrics.spool_events
+    assert {e: events.labels(e)._value.get() for e in ("corrupt", "salvaged", "salvage_failed", "ack_failed",
+                                                      "replayed", "put")} == {
+        "corrupt": 1, "salvaged": 1, "salvage_failed": 0, "ack_failed": 0, "replayed": 3, "put": 1}
+    assert spool.damaged is None and spool.generation == 1
+    assert [it.key for it in spool.peek(10)] == ["dev/cam/7"] and metrics.spool_depth._value.get() == 1
+    spool.close()
+
+
+def test_escalations_queued_behind_a_salvage_are_spooled_once_each(tmp_path):
+    """A burst of escalations the cloud cannot take meets a spool whose file turned out
+    damaged: the first put meets the damage and salvages the file on the spool thread, and
+    every put queued behind it, or issued while it runs, is stored in the new spool and
+    counted once; none is lost to the damage or stored twice, and the salvaged backlog stays
+    ahead of them."""
+    from tests.edge.spooldamage import KEY_INDEX, damage_index, nudge
+
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    path = tmp_path / "spool.db"
+    spool = Spool(path, max_bytes=1 << 28, max_age_s=3600)
+    backlog = [f"dev/old/{i}" for i in range(300)]
+    for key in backlog:  # ~6 MB to copy: the salvage takes a while
+        assert spool.put(key, key.encode().ljust(20000, b"."), {"k": key})
+    damage_index(path, KEY_INDEX)
+    nudge(path)
+    written = []
+    metrics = EdgeMetrics()
+    seqs = range(100, 112)
+
+    async def run():
+        esc = Escalating("dev", {"grpc": _Counting(None, fail=set(seqs))}, written.append, metrics, spool=spool)
+        for seq in seqs:
+            esc.submit(Frame("cam", seq, np.full((48, 64, 3), seq, np.uint8), 0, 0.0),
+                       dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {}), policy,
+                       frame_record("cam", seq))
+        await async_wait_until(lambda: len(written) == len(seqs), 20, "every escalation settled")
+        assert esc.spool_health() == {"state": "ok"}
+        await esc.close()
+
+    asyncio.run(run())
+    assert [r.outcome for r in written] == ["spooled"] * len(seqs), [(r.outcome, r.error) for r in written]
+    events = metrics.spool_events
+    assert (events.labels("put")._value.get(), events.labels("corrupt")._value.get(),
+            events.labels("salvaged")._value.get()) == (len(seqs), 1, 1)
+    assert metrics.escalations.labels("hard", "spooled")._value.get() == len(seqs)
+    keys = [it.key for it in spool.peek(1000)]
+    assert keys[:300] == backlog and sorted(keys[300:]) == sorted(f"dev/cam/{s}" for s in seqs)
+    assert len(spool) == len(keys) == 300 + len(seqs)
+    spool.close()
+
+
+def test_a_salvage_that_fails_keeps_the_spool_degraded_and_is_retried_after_a_back_off(small_fs, caplog):
+    """The spool's disk is full when its damage is found: the salvage cannot start a new file,
+    so it says so (ERROR, `salvage_failed`), puts the damaged file back and leaves the spool
+    as damaged spools were before: /healthz degraded with why, the replay stopped, a frame the
+    cloud cannot take keeps its edge result. Neither that escalation nor the replay rounds
+    set off another salvage before the back-off; after it, with room again, the salvage
+    works and the backlog is replayed."""
+    import logging
+
+    from edge.spool_salvage import SalvagePacing
+    from tests.edge.spooldamage import AGE_INDEX, damage_index, nudge
+
+    caplog.set_level(logging.INFO, logger="edge")
+    fs = small_fs(2 << 20)
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    path = fs.path / "spool.db"
+    spool = Spool(path, max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(5), policy)
+    damage_index(path, AGE_INDEX)  # met by the replay's first read
+    nudge(path)
+    filler = fs.path / "filler"
+    with open(filler, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    written = []
+    metrics = EdgeMetrics()
+    events = metrics.spool_events
+
+    async def run():
+        t = _Counting(None, fail={50})
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool, replay_interval_s=0.02,
+                         salvage_pacing=SalvagePacing(first_s=1.5, max_s=10.0))
+        stop = asyncio.Event()
+        loop = asyncio.ensure_future(esc.replay_loop(stop))
+        await async_wait_until(lambda: events.labels("salvage_failed")._value.get() == 1, 10, "the failed salvage")
+        health = esc.spool_health()
+        assert health["state"] == "damaged", health
+        assert health["problem"].startswith(f"spool {path} is damaged (database disk image is malformed) and could "
+                                            f"not be salvaged: spool {path}: its filesystem is full"), health
+        assert "free space there" in health["problem"] and "tried again in 2 s" in health["problem"], health
+        await _escalate_and_wait(esc, policy, written, 50)
+        await asyncio.sleep(0.3)  # some 15 replay rounds
+        assert (events.labels("salvage_failed")._value.get(), events.labels("salvaged")._value.get()) == (1, 0)
+        assert written[0].outcome == "edge_only" and len(written) == 1
+        filler.unlink()
+        await async_wait_until(lambda: len(written) == 6, 10, "the backlog replayed once salvaged")
+        await async_wait_until(lambda: len(spool) == 0, 10, "and acknowledged")
+        assert esc.spool_health() == {"state": "ok"}
+        stop.set()
+        await loop
+        await esc.drain(0.1)
+        await esc.close()
+
+    asyncio.run(run())
+    first = written[0]
+    assert f"; not spooled: spool {path} is damaged (database disk image is malformed)" in first.error
+    assert [(r.frame_seq, r.outcome) for r in written[1:]] == [(s, "cloud") for s in range(5)]
+    assert {e: events.labels(e)._value.get() for e in ("corrupt", "salvage_failed", "salvaged", "replayed")} == {
+        "corrupt": 2, "salvage_failed": 1, "salvaged": 1, "replayed": 5}  # found once, frame 50 not spooled
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 2, errors
+    assert "could not be salvaged" in errors[0] and "a restart salvages it too once the cause is fixed" in errors[0]
+    assert "5 escalation(s) salvaged; spooling and replay go on" in errors[1]
+    assert len(list(fs.path.glob("spool.db.damaged-*Z"))) == 1  # moved aside once, by the salvage that worked
+    spool.close()
+
+
+def test_damage_found_again_soon_after_a_salvage_waits_for_the_back_off(tmp_path, caplog):
+    """A card that keeps failing: the new file is found damaged again right after a salvage.
+    That is said (once) with when the next salvage comes, and the spool stays damaged until
+    then rather than being salvaged again and again; then it is salvaged, and escalations are
+    spooled again."""
+    import logging
+
+    from edge.spool_salvage import SalvagePacing
+    from tests.edge.spooldamage import KEY_INDEX, damage_index, nudge
+
+    caplog.set_level(logging.INFO, logger="edge")
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    path = tmp_path / "spool.db"
+    spool = Spool(path, max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(3), policy)
+    damage_index(path, KEY_INDEX)
+    nudge(path)
+    written = []
+    metrics = EdgeMetrics()
+    events = metrics.spool_events
+
+    async def run():
+        t = _Counting(None, fail=set(range(100)))  # the cloud takes nothing: escalations spool
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool, replay_interval_s=0.05,
+                         salvage_pacing=SalvagePacing(first_s=1.5, max_s=10.0))
+        await _escalate_and_wait(esc, policy, written, 10)  # meets the damage: salvaged, then spooled
+        damage_index(path, KEY_INDEX)  # the new file too
+        nudge(path)
+        await _escalate_and_wait(esc, policy, written, 11)
+        health = esc.spool_health()
+        assert health["state"] == "damaged", health
+        assert re.search(r"; salvaged in [01] s \(found damaged again soon after a salvage\)$", health["problem"]), health
+        stop = asyncio.Event()
+        loop = asyncio.ensure_future(esc.replay_loop(stop))
+        await asyncio.sleep(0.5)
+        assert events.labels("salvaged")._value.get() == 1
+        await async_wait_until(lambda: events.labels("salvaged")._value.get() == 2, 10, "the second salvage")
+        assert esc.spool_health() == {"state": "ok"}
+        await _escalate_and_wait(esc, policy, written, 12)
+        await _stop_replay(esc, stop, loop, t)
+
+    asyncio.run(run())
+    assert [(r.frame_seq, r.outcome) for r in written] == [(10, "spooled"), (11, "edge_only"), (12, "spooled")]
+    assert [it.key for it in spool.peek(10)] == ["dev/cam/0", "dev/cam/1", "dev/cam/2", "dev/cam/10", "dev/cam/12"]
+    assert (events.labels("corrupt")._value.get(), events.labels("salvage_failed")._value.get()) == (3, 0)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 3, errors
+    assert "3 escalation(s) salvaged" in errors[0] and "4 escalation(s) salvaged" in errors[2]
+    assert errors[1].startswith(f"spool {path} is damaged (database disk image is malformed)")
+    assert re.search(r"\. It is salvaged in [01] s \(found damaged again soon after a salvage\); until then", errors[1])
+    assert len(list(tmp_path.glob("spool.db.damaged-*Z"))) == 2 and spool.generation == 2
     spool.close()
 
 

@@ -385,12 +385,13 @@ def test_damage_found_after_open_is_spool_corrupt_from_every_call_and_nothing_mo
         sp.ack_many([it.id for it in items])
     text = str(ei.value)
     assert text.startswith(f"spool {path} is damaged (database disk image is malformed)"), text
-    assert "restart the daemon, which moves the file aside" in text and "\n" not in text
+    assert "moved aside (kept for inspection)" in text and "which the daemon does by itself" in text
+    assert "\n" not in text
     assert sp.damaged == text
     size = path.stat().st_size, (tmp_path / "spool.db-wal").stat().st_size
     for call in (lambda: sp.put("dev/cam/new", b"x", {}), lambda: sp.peek(5), lambda: sp.stats(),
                  sp.last_epoch, sp.expire, lambda: sp.ack_many([items[0].id])):
-        with pytest.raises(SpoolCorrupt, match="restart the daemon, which moves the file aside"):
+        with pytest.raises(SpoolCorrupt, match="which the daemon does by itself"):
             call()
     assert sp.nack(items[0].id) == 0
     assert (path.stat().st_size, (tmp_path / "spool.db-wal").stat().st_size) == size

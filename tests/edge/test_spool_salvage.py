@@ -229,3 +229,186 @@ def test_a_refused_move_puts_the_wal_back(tmp_path, monkeypatch):
     with pytest.raises(PermissionError):
         move_aside(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spool.db", "spool.db-wal"]
+
+
+# --- damage found while the spool is in use: salvaged without a restart --------------------
+
+
+def _stats_of(sp: Spool):
+    st = sp.stats()
+    return st.depth, st.bytes
+
+
+def test_a_spool_damaged_in_use_is_salvaged_in_place_and_goes_on(tmp_path):
+    """The chaos probe's damaged key index, met by an ack of an open spool: salvage_in_use
+    moves the file aside (the instance lock stays where it is, still held), gives the same
+    spool object a new file at its path with every item, id, age and attempt, and byte and
+    item counts that match the file; the acknowledgement held across it deletes the right
+    items, and new items are numbered above every old id."""
+    from edge.instancelock import InstanceLock
+    from edge.spool_salvage import damage_marker, salvage_in_use
+    from edgewise.errors import ConfigError
+    from tests.edge.spooldamage import nudge
+
+    path = tmp_path / "spool.db"
+    before = _fill(path, 40, 500, acked=(38, 39))  # the file's highest ids acknowledged away
+    lock = InstanceLock(str(path))
+    lock.acquire()
+    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
+    counts = _stats_of(sp)
+    in_flight = [it.id for it in sp.peek(5)]  # a replay round waiting for its acknowledgement
+    damage_index(path, KEY_INDEX)
+    nudge(path)
+    with pytest.raises(SpoolCorrupt):
+        sp.ack_many(in_flight)
+    assert damage_marker(path).exists()
+
+    result = salvage_in_use(sp)
+
+    assert sp.damaged is None and sp.generation == 1 and sp.stats().generation == 1
+    assert (result.salvaged, result.damaged_ranges, result.full, result.unreadable) == (38, (), "", "")
+    assert result.moved_to is not None and result.moved_to.name.startswith("spool.db.damaged-")
+    assert is_spool_file(result.moved_to) and is_spool_file(path)
+    assert not damage_marker(path).exists()
+    assert _held(sp) == before and _stats_of(sp) == counts == (len(sp), sp.stats().bytes)
+    assert sp.ack_many(in_flight) == 5 and len(sp) == 33
+    assert sp.put("dev/cam/new", b"x", {})
+    new_id = sp.peek(100)[-1].id
+    assert new_id > 40, new_id  # not 39 or 40: ids of the old file are never handed out again
+    assert (tmp_path / "spool.db.lock").exists()
+    with pytest.raises(ConfigError, match="another edgewise daemon"):
+        InstanceLock(str(path)).acquire()
+    sp.close()
+    lock.release()
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:  # sound: opened as it is
+        assert len(again) == 34
+    assert len(list(tmp_path.glob("spool.db.damaged-*Z"))) == 1
+
+
+def test_garbage_over_a_table_page_in_use_loses_only_its_items_and_the_counts_follow(tmp_path):
+    """A table page overwritten with garbage under an open spool: the replay's peek meets it,
+    the salvage keeps every item not on that page, and the spool's depth and bytes are those
+    of what it holds now, not of what it held."""
+    from edge.spool_salvage import salvage_in_use
+    from tests.edge.spooldamage import garble_page_holding, nudge
+
+    path = tmp_path / "spool.db"
+    before = _fill(path, 60, 900)
+    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
+    garble_page_holding(path, b"<item-00002>")
+    nudge(path)
+    with pytest.raises(SpoolCorrupt, match="is damaged"):
+        sp.peek(8)
+
+    result = salvage_in_use(sp)
+
+    held = _held(sp)
+    readable = _readable_one_by_one(result.moved_to)
+    assert set(held) == readable and 0 < 60 - len(held) <= 5, sorted(set(before) - set(held))
+    assert result.salvaged == len(held) and result.damaged_ranges
+    assert all(held[k] == before[k] for k in held)
+    st = sp.stats()
+    db = sqlite3.connect(str(path))
+    try:
+        depth, size = db.execute("SELECT COUNT(*), SUM(size) FROM items").fetchone()
+    finally:
+        db.close()
+    assert (st.depth, st.bytes, len(sp)) == (depth, size, depth) == (len(held), size, len(held))
+    assert f"ids {result.damaged_ranges[0][0]}-" in result.describe()
+    sp.close()
+
+
+def test_a_spool_deleted_and_then_found_damaged_is_salvaged_from_its_open_file(tmp_path):
+    """The file was deleted while open (a cleanup job) and the copy the spool still holds open
+    turns out damaged: there is nothing to move aside, so its items are read through the
+    spool's own connection into a new file at the path."""
+    from edge.spool_salvage import salvage_in_use
+    from tests.edge.spooldamage import nudge
+
+    path = tmp_path / "spool.db"
+    before = _fill(path, 30, 400)
+    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
+    damage_index(path, KEY_INDEX)
+    nudge(path)
+    for name in ("spool.db", "spool.db-wal", "spool.db-shm"):
+        (tmp_path / name).unlink(missing_ok=True)
+    with pytest.raises(SpoolCorrupt):
+        sp.put("dev/cam/new", b"x", {})
+
+    result = salvage_in_use(sp)
+
+    assert result.moved_to is None and result.salvaged == 30 and path.exists()
+    assert _held(sp) == before and not list(tmp_path.glob("spool.db.damaged-*"))
+    assert sp.put("dev/cam/new", b"x", {}) and len(sp) == 31
+    sp.close()
+    with Spool(path, max_bytes=CAP, max_age_s=3600) as again:
+        assert len(again) == 31
+
+
+def test_a_salvage_in_use_that_finds_the_disk_full_puts_the_damaged_file_back(small_fs):
+    """No room for a new file beside the damaged one: the salvage fails saying so, and leaves
+    everything as it was (the damaged file and its mark at the path, no new file, the spool
+    still damaged), so that a later try or the next start salvages it. Once there is room,
+    it does."""
+    from edge.spool_salvage import damage_marker, salvage_in_use
+    from tests.edge.spooldamage import garble_page_holding, nudge
+
+    fs = small_fs(2 << 20)
+    path = fs.path / "spool.db"
+    _fill(path, 40, 900)
+    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
+    garble_page_holding(path, b"<item-00001>")
+    nudge(path)
+    with pytest.raises(SpoolCorrupt):
+        sp.peek(8)
+    damaged = path.read_bytes()
+    filler = fs.path / "filler"
+    with open(filler, "wb") as fh:  # every block of the filesystem
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+
+    with pytest.raises(SpoolError, match="its filesystem is full") as ei:
+        salvage_in_use(sp)
+
+    assert f"spool {path}" in str(ei.value)
+    assert sp.damaged is not None and sp.generation == 0
+    assert path.read_bytes() == damaged and damage_marker(path).exists()
+    assert sorted(p.name for p in fs.path.iterdir() if p.name.startswith("spool.db")) == [
+        "spool.db", "spool.db.damaged"]  # the file, its mark; no moved copy, no new file's WAL
+    with pytest.raises(SpoolCorrupt):
+        sp.peek(8)
+    filler.unlink()
+    result = salvage_in_use(sp)
+    assert sp.damaged is None and 30 <= result.salvaged < 40 and len(sp) == result.salvaged
+    sp.close()
+
+
+def test_salvage_pacing_backs_off_after_failures_and_repeated_damage_then_forgets():
+    """The first damage is salvaged at once; a failed salvage waits 30 s, then 60, 120, ...
+    up to the cap; damage found again soon after a good salvage waits too; damage after a
+    spool stayed sound for the cap is salvaged at once again."""
+    from edge.spool_salvage import SalvagePacing
+
+    p = SalvagePacing(first_s=30, max_s=240)
+    assert p.due(0.0)
+    p.attempted(0.0, ok=False)
+    assert not p.due(29.9) and p.due(30.0) and p.wait_s(10.0) == 20.0
+    p.attempted(30.0, ok=False)
+    assert not p.due(89.9) and p.due(90.0)
+    for now in (90.0, 210.0, 450.0, 690.0):  # 120, 240, then the cap
+        assert p.due(now)
+        p.attempted(now, ok=False)
+    assert p.wait_s(690.0) == 240.0
+    p.attempted(930.0, ok=True)  # a salvage that worked, after a run of failures
+    assert not p.due(1000.0)  # damage again soon after: the same trouble, still backed off
+    assert p.due(930.0 + 240.0)  # sound for the cap: new damage is salvaged at once
+    fresh = SalvagePacing(first_s=30, max_s=1800)
+    fresh.attempted(0.0, ok=True)
+    assert fresh.wait_s(5.0) == 25.0  # damaged again 5 s after a salvage: wait
+    fresh.attempted(30.0, ok=True)
+    assert fresh.wait_s(30.0) == 60.0
+    assert fresh.due(30.0 + 1800.0)
