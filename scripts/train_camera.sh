@@ -31,6 +31,11 @@
 #   MODELS; `MODELS=models/camera PREVIOUS=models` stages the pair next to the shipped one, as
 #   models/camera/ was made), EDGE_INIT / CLOUD_INIT (ONNX to start from: the first edge step, the cloud),
 #   SCALE (divides every split's stream count: a smoke test uses SCALE=40), PY.
+#   The mission's own pair on a GPU (YOLOv5s edge at 640, YOLOv5x cloud on whole frames at
+#   1280; docs/models.md "On a GPU"): DEVICE=cuda EDGE_ARCH=yolov5s EDGE_SIZES=640
+#   CLOUD_ARCH=yolov5x CLOUD_DATA=frames CLOUD_IMGSZ=1280 EDGE_INIT=none CLOUD_INIT=none (the
+#   shipped pair is yolov5n/yolov5s: its weights do not fit these architectures); BATCH;
+#   PACKAGE=0 stops after training (no ONNX scoring on the CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/camera}
@@ -44,6 +49,17 @@ EPOCH_SIZE=${EPOCH_SIZE:-2000}
 THREADS=${THREADS:-2}
 DEVICE=${DEVICE:-cpu}
 SCALE=${SCALE:-1}
+EDGE_ARCH=${EDGE_ARCH:-yolov5n}
+CLOUD_ARCH=${CLOUD_ARCH:-yolov5s}
+CLOUD_DATA=${CLOUD_DATA:-crops}   # crops: native-scale 320x320 crops; frames: whole frames at CLOUD_IMGSZ
+CLOUD_IMGSZ=${CLOUD_IMGSZ:-320}
+BATCH=${BATCH:-8}
+PACKAGE=${PACKAGE:-1}
+case "$CLOUD_DATA" in
+    crops) CLOUD_TRAIN=cam-train-crops; CLOUD_VAL=cam-val-crops ;;
+    frames) CLOUD_TRAIN=cam-train; CLOUD_VAL=cam-val ;;
+    *) echo "scripts/train_camera.sh: CLOUD_DATA must be crops or frames, not '$CLOUD_DATA'" >&2; exit 2 ;;
+esac
 export OMP_WAIT_POLICY=PASSIVE
 mkdir -p "$RUN"
 
@@ -61,15 +77,21 @@ fi
 EDGE_INIT=${EDGE_INIT:-$PREVIOUS/edge.onnx}
 CLOUD_INIT=${CLOUD_INIT:-$PREVIOUS/cloud.onnx}
 
-# 1. data (scripts/camera_data.sh: the splits and their seeds)
-PY="$PY" SCALE="$SCALE" scripts/camera_data.sh "$RUN"
+# 1. data (scripts/camera_data.sh: the splits and their seeds); without packaging, only what trains
+if [ "$PACKAGE" = 1 ]; then
+    PY="$PY" SCALE="$SCALE" scripts/camera_data.sh "$RUN"
+else
+    PY="$PY" SCALE="$SCALE" scripts/camera_data.sh "$RUN" cam-train cam-val "$CLOUD_TRAIN" "$CLOUD_VAL"
+fi
 
 # 2./3. detectors, one after the other on all cores
-detector() {  # OUT ARCH TRAIN VAL BUDGET INIT IMGSZ
+detector() {  # OUT ARCH TRAIN VAL BUDGET INIT IMGSZ   (INIT none: from scratch)
+    local from=()
+    [ "$6" = none ] || from=(--init "$6")
     [ -f "$RUN/$1/summary.json" ] || nice -n 5 "$PY" -m edgewise_tools.train --data "$RUN/data/$3" \
-        --val "$RUN/data/$4" --val-limit 300 --batch 8 --nbs 8 --optimizer AdamW --lr0 0.0005 \
+        --val "$RUN/data/$4" --val-limit 300 --batch "$BATCH" --nbs "$BATCH" --optimizer AdamW --lr0 0.0005 \
         --warmup-epochs 0.05 --epochs "$EPOCHS" --epoch-size "$EPOCH_SIZE" --seed 0 --device "$DEVICE" \
-        --arch "$2" --imgsz "$7" --threads "$THREADS" --time-budget "$5" --init "$6" --out "$RUN/$1" --resume \
+        --arch "$2" --imgsz "$7" --threads "$THREADS" --time-budget "$5" "${from[@]}" --out "$RUN/$1" --resume \
         >> "$RUN/$1.log" 2>&1
 }
 read -r -a sizes <<< "$EDGE_SIZES"
@@ -80,10 +102,11 @@ if [ "${#sizes[@]}" -eq 0 ] || [ "${#sizes[@]}" -ne "${#budgets[@]}" ]; then
 fi
 init=$EDGE_INIT
 for i in "${!sizes[@]}"; do
-    detector "edge-${sizes[$i]}" yolov5n cam-train cam-val "${budgets[$i]}" "$init" "${sizes[$i]}"
+    detector "edge-${sizes[$i]}" "$EDGE_ARCH" cam-train cam-val "${budgets[$i]}" "$init" "${sizes[$i]}"
     init=$RUN/edge-${sizes[$i]}/best.onnx
 done
-detector cloud yolov5s cam-train-crops cam-val-crops "$CLOUD_BUDGET" "$CLOUD_INIT" 320
+detector cloud "$CLOUD_ARCH" "$CLOUD_TRAIN" "$CLOUD_VAL" "$CLOUD_BUDGET" "$CLOUD_INIT" "$CLOUD_IMGSZ"
 
 # 4. package and score (the last edge step)
+[ "$PACKAGE" = 1 ] || exit 0
 "$PY" -m edgewise_tools.train.camera --run "$RUN" --models "$MODELS" --edge-stage "edge-${sizes[-1]}" | tee "$RUN/package.md"
