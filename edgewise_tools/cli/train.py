@@ -44,6 +44,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
+    p.add_argument("--amp", default="auto", choices=("auto", "bf16", "off"),
+                   help="mixed precision: auto (bfloat16 autocast on a CUDA device that has it, float32 "
+                        "elsewhere), bf16, or off (float32 throughout)")
     p.add_argument("--time-budget", type=float, default=0.0,
                    help="wall-clock seconds; the LR schedule follows time and training stops there")
     p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
@@ -77,7 +80,7 @@ def run_args(args: argparse.Namespace) -> int:
                       cos_lr=not args.linear_lr, warmup_epochs=args.warmup_epochs,
                       warmup_bias_lr=(args.warmup_bias_lr if args.warmup_bias_lr is not None
                                       else (0.1 if args.optimizer == "SGD" else lr0)), seed=args.seed,
-                      threads=args.threads, device=args.device, time_budget_s=args.time_budget, limit=args.limit,
+                      threads=args.threads, device=args.device, amp=args.amp, time_budget_s=args.time_budget, limit=args.limit,
                       val_limit=args.val_limit, epoch_size=args.epoch_size,
                       export_onnx=not args.no_export, init=args.init, resume=args.resume)
     try:

@@ -44,6 +44,26 @@ from edgewise_tools.train.metrics import evaluate, postprocess
 log = logging.getLogger("edgewise_tools.train")
 #: training images that calibrate the BatchNorm statistics of an ONNX ``--init``
 CALIBRATION_IMAGES = 64
+#: ``--amp`` values (TrainConfig.amp)
+AMP_MODES = ("auto", "bf16", "off")
+#: optimizer steps in a row whose loss or gradient was not finite (each one skipped, the weights
+#: kept) after which the run stops as diverged
+DIVERGED_STEPS = 50
+
+
+class TrainingDiverged(ConfigError):
+    """The loss or the gradients stayed NaN or infinite: the settings make this run diverge."""
+
+
+def _amp_dtype(mode: str, device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype of ``--amp`` on ``device``: bfloat16 (no loss scaling needed: the
+    exponent range of float32), or None for float32 throughout."""
+    if mode == "off":
+        return None
+    usable = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if mode == "bf16" and not usable:
+        raise ConfigError(f"--amp bf16: {device} has no bfloat16 support; use --amp off (or auto)")
+    return torch.bfloat16 if usable else None
 
 
 @dataclass
@@ -73,6 +93,8 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0  # torch intra-op threads (0: leave torch's default)
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when available)
+    #: mixed precision: auto (bfloat16 autocast on a CUDA device that has it, else off) | bf16 | off
+    amp: str = "auto"
     time_budget_s: float = 0.0  # 0: no wall-clock limit
     limit: Optional[int] = None  # use only the first N training images
     epoch_size: Optional[int] = None  # images per "epoch" (validation + checkpoint); default: all
@@ -102,6 +124,8 @@ class TrainConfig:
             raise ConfigError("--lr0 must be in (0, 1) and --lrf in (0, 1]")
         if self.width_multiple is not None and not 0.05 <= self.width_multiple <= 2.0:
             raise ConfigError("--width must be within [0.05, 2]")
+        if self.amp not in AMP_MODES:
+            raise ConfigError(f"--amp {self.amp!r}: use one of {', '.join(AMP_MODES)}")
         if self.init is not None and not Path(self.init).is_file():
             raise ConfigError(f"--init {self.init}: no such file (a backbone of python -m edgewise_tools.train.pretrain, "
                               "a trainer checkpoint such as best.pt, or an ONNX model exported by edgewise)")
@@ -201,7 +225,7 @@ def save_checkpoint(path: Path, model: nn.Module, cfg: TrainConfig, names: List[
 
 
 #: settings a resumed run may change: where it runs and how it logs, not what it learns
-RESUMABLE_CHANGES = ("resume", "threads", "device", "log_every", "export_onnx")
+RESUMABLE_CHANGES = ("resume", "threads", "device", "log_every", "export_onnx", "amp")
 
 
 def _settings(cfg: TrainConfig) -> Dict[str, Any]:
@@ -278,7 +302,14 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
         from edgewise_tools.train.pretrain import load_backbone
 
         log.info("backbone initialised from %s (%d tensors)", cfg.init, load_backbone(model, Path(cfg.init)))
+    if cfg.init and saved is None:
+        broken = [k for k, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if broken:
+            raise ConfigError(f"--init {cfg.init}: {len(broken)} tensor(s) hold values that are not finite (NaN or "
+                              f"infinity), such as {broken[0]!r}: the file is damaged or comes from a run that "
+                              "diverged; start from another file")
     model = model.to(device).train()
+    amp = _amp_dtype(cfg.amp, device)
     det = model.detect
     gains = scaled_gains(cfg.gains, det.nl, nc, cfg.imgsz)
     compute_loss = ComputeLoss(model, gains)
@@ -312,11 +343,15 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
         rng.bit_generator.state = saved["numpy_rng"]
         torch.set_rng_state(saved["torch_rng"])
         t_start -= float(saved["elapsed_s"])  # the budget counts training time, not the interruption
-    log.info("train %s nc=%d imgsz=%d on %s: %d train / %d val images, %d batches/epoch",
-             model.arch, nc, cfg.imgsz, device, len(ds), len(val_ds), nb)
+    skipped = 0  # steps skipped for a loss or gradient that was not finite, in all
+    skipped_run = 0  # and in a row
+    log.info("train %s nc=%d imgsz=%d on %s%s: %d train / %d val images, %d batches/epoch",
+             model.arch, nc, cfg.imgsz, device, " (bfloat16 autocast)" if amp is not None else "",
+             len(ds), len(val_ds), nb)
     for epoch in range(first_epoch, cfg.epochs):
         model.train()
         mloss = torch.zeros(3)
+        counted = 0  # batches in mloss (not those whose loss was not finite)
         t_epoch = time.monotonic()
         optimizer.zero_grad()
         idx = order[epoch * epoch_size:(epoch + 1) * epoch_size]
@@ -339,17 +374,39 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
             else:
                 for g in optimizer.param_groups:
                     g["lr"] = g["initial_lr"] * lf
-            preds = model(torch.from_numpy(x).to(device, non_blocking=True))
+            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                preds = model(torch.from_numpy(x).to(device, non_blocking=True))
+            if amp is not None:
+                preds = [p.float() for p in preds]  # the loss in float32
             loss, items = compute_loss(preds, torch.from_numpy(tg).to(device))
-            loss.backward()
-            if ni - last_opt_step >= accumulate:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
-                optimizer.step()
+            finite = bool(torch.isfinite(loss))
+            if finite:
+                loss.backward()
+            if ni - last_opt_step >= accumulate or not finite:
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+                if finite and bool(torch.isfinite(norm)):
+                    optimizer.step()
+                    ema.update(model)
+                    skipped_run = 0
+                else:  # as a loss scaler does: the step is dropped, the weights stay finite
+                    skipped, skipped_run = skipped + 1, skipped_run + 1
+                    if skipped == 1:
+                        log.warning("epoch %d it %d: the %s is not finite; the step is skipped (the weights are "
+                                    "kept); %d such steps in a row stop the run", epoch + 1, i,
+                                    "loss" if not finite else "gradient", DIVERGED_STEPS)
+                    if skipped_run >= DIVERGED_STEPS:
+                        raise TrainingDiverged(
+                            f"training diverged at epoch {epoch + 1} it {i}: the loss or the gradients were not "
+                            f"finite for {skipped_run} steps in a row ({skipped} skipped in all); the last good "
+                            f"weights are in {out / 'last.pt'} and {out / 'best.pt'} (when an epoch ended before). "
+                            f"Lower --lr0 (now {cfg.lr0:g}) or lengthen --warmup-epochs (now {cfg.warmup_epochs:g}; "
+                            "a model trained from scratch wants about 3)")
                 optimizer.zero_grad()
-                ema.update(model)
                 last_opt_step = ni
             images_seen += len(x)
-            mloss = (mloss * i + items.cpu()) / (i + 1)
+            if finite:
+                mloss = (mloss * counted + items.cpu()) / (counted + 1)
+                counted += 1
             if cfg.log_every and i % cfg.log_every == 0:
                 log.info("epoch %d/%d it %d/%d loss box %.4f obj %.4f cls %.4f lr %.5f %.1f img/s",
                          epoch + 1, cfg.epochs, i, nb, *mloss.tolist(), optimizer.param_groups[0]["lr"],
@@ -360,7 +417,7 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
         metrics = validate_model(ema.ema, val_ds)
         rec = {"epoch": epoch + 1, "box": float(mloss[0]), "obj": float(mloss[1]), "cls": float(mloss[2]),
                "map50": metrics["map50"], "map": metrics["map"], "images_seen": images_seen,
-               "elapsed_s": round(time.monotonic() - t_start, 1), "partial_epoch": stop}
+               "elapsed_s": round(time.monotonic() - t_start, 1), "partial_epoch": stop, "skipped_steps": skipped}
         history.append(rec)
         log.info("epoch %d: %s", epoch + 1, json.dumps(rec))
         if progress is not None:
@@ -379,7 +436,7 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
                 "elapsed_s": time.monotonic() - t_start})
     summary: Dict[str, Any] = {"best_map50": best, "epochs_run": len(history), "images_seen": images_seen,
                                "train_seconds": round(time.monotonic() - t_start, 1), "history": history,
-                               "arch": model.arch, "imgsz": cfg.imgsz, "names": names}
+                               "arch": model.arch, "imgsz": cfg.imgsz, "names": names, "skipped_steps": skipped}
     if cfg.export_onnx and (out / "best.pt").exists():
         from edgewise_tools.models.export import export_onnx
 

@@ -138,3 +138,77 @@ def test_edgewise_train_cli(tiny_data: Path, tmp_path: Path, capsys) -> None:
     assert out["epochs_run"] == 1 and (tmp_path / "r" / "best.pt").exists()
     assert not (tmp_path / "r" / "best.onnx").exists()
     assert main(["train", "--data", str(tiny_data), "--out", str(tmp_path / "s"), "--imgsz", "100"]) == 2
+
+
+def _nan_loss_on(monkeypatch, bad) -> None:
+    """The loss of the calls ``bad(n)`` names (n from 0) becomes NaN, as a numerical blow-up
+    makes it; the step logic around it is what is tested."""
+    from edgewise_tools.train import trainer as trainer_mod
+
+    real = trainer_mod.ComputeLoss.__call__
+    calls = {"n": 0}
+
+    def call(self, preds, targets):
+        loss, items = real(self, preds, targets)
+        n = calls["n"]
+        calls["n"] += 1
+        return (loss * float("nan"), items * float("nan")) if bad(n) else (loss, items)
+    monkeypatch.setattr(trainer_mod.ComputeLoss, "__call__", call)
+
+
+def test_a_step_whose_loss_is_not_finite_is_skipped_and_the_weights_stay_finite(tiny_data: Path, tmp_path: Path,
+                                                                                 monkeypatch, caplog) -> None:
+    """A NaN loss used to be back-propagated and stepped: NaN weights, every later epoch NaN,
+    and a best.onnx of NaN exported as if trained (a YOLOv5x at 1280 from scratch on a GPU
+    went so). Now the step is skipped, as a loss scaler skips one, said once and counted."""
+    _nan_loss_on(monkeypatch, lambda n: n in (3, 4, 9))
+    out = tmp_path / "run"
+    cfg = TrainConfig(data=str(tiny_data), out=str(out), imgsz=128, epochs=4, batch=1, nbs=1, warmup_epochs=0.0,
+                      log_every=0, seed=0, threads=1, export_onnx=False)
+    with caplog.at_level("WARNING", logger="edgewise_tools.train"):
+        summary = train(cfg)
+    assert summary["skipped_steps"] == 3 and summary["epochs_run"] == 4
+    assert len([r for r in caplog.records if "is not finite; the step is skipped" in r.getMessage()]) == 1
+    assert all(np.isfinite([h["box"], h["obj"], h["cls"]]).all() for h in summary["history"])
+    weights = load_checkpoint(out / "last.pt").state_dict()
+    assert all(bool(torch.isfinite(t).all()) for t in weights.values() if t.is_floating_point())
+
+
+def test_a_run_whose_loss_stays_not_finite_stops_naming_what_to_change(tiny_data: Path, tmp_path: Path,
+                                                                       monkeypatch) -> None:
+    from edgewise_tools.train.trainer import DIVERGED_STEPS, TrainingDiverged
+
+    _nan_loss_on(monkeypatch, lambda n: n >= 6)
+    out = tmp_path / "run"
+    cfg = TrainConfig(data=str(tiny_data), out=str(out), imgsz=128, epochs=100, batch=1, nbs=1, warmup_epochs=0.0,
+                      log_every=0, seed=0, threads=1, lr0=0.002)
+    with pytest.raises(TrainingDiverged, match=r"--lr0 \(now 0.002\).*--warmup-epochs") as ei:
+        train(cfg)
+    assert f"for {DIVERGED_STEPS} steps in a row" in str(ei.value)
+    assert not (out / "best.onnx").exists()  # nothing exported as if trained
+    weights = load_checkpoint(out / "last.pt").state_dict()
+    assert all(bool(torch.isfinite(t).all()) for t in weights.values() if t.is_floating_point())
+
+
+def test_an_init_holding_nan_or_inf_is_refused(tiny_data: Path, tmp_path: Path) -> None:
+    from edgewise.errors import ConfigError
+
+    out = tmp_path / "run"
+    train(TrainConfig(data=str(tiny_data), out=str(out), imgsz=128, epochs=1, batch=2, nbs=2, warmup_epochs=0.0,
+                      log_every=0, threads=1, export_onnx=False))
+    ckpt = torch.load(str(out / "last.pt"), map_location="cpu", weights_only=False)
+    name = next(k for k, t in ckpt["model"].items() if t.is_floating_point() and t.numel() > 1)
+    ckpt["model"][name].view(-1)[0] = float("inf")
+    torch.save(ckpt, str(tmp_path / "bad.pt"))
+    with pytest.raises(ConfigError, match=r"bad.pt.*not finite"):
+        train(TrainConfig(data=str(tiny_data), out=str(tmp_path / "run2"), imgsz=128, epochs=1,
+                          init=str(tmp_path / "bad.pt"), threads=1))
+
+
+def test_amp_bf16_needs_a_device_that_has_it(tiny_data: Path, tmp_path: Path) -> None:
+    from edgewise.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--amp"):
+        TrainConfig(data=str(tiny_data), out="x", amp="fp8").validate()
+    with pytest.raises(ConfigError, match="bfloat16"):
+        train(TrainConfig(data=str(tiny_data), out=str(tmp_path / "r"), imgsz=128, epochs=1, amp="bf16"))
