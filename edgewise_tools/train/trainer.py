@@ -46,8 +46,8 @@ log = logging.getLogger("edgewise_tools.train")
 CALIBRATION_IMAGES = 64
 #: ``--amp`` values (TrainConfig.amp)
 AMP_MODES = ("auto", "bf16", "off")
-#: optimizer steps in a row whose loss or gradient was not finite (each one skipped, the weights
-#: kept) after which the run stops as diverged
+#: batches in a row whose loss or gradient was not finite (each left out, or its step dropped,
+#: the weights and BatchNorm statistics kept) after which the run stops as diverged
 DIVERGED_STEPS = 50
 
 
@@ -349,7 +349,10 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
         rng.bit_generator.state = saved["numpy_rng"]
         torch.set_rng_state(saved["torch_rng"])
         t_start -= float(saved["elapsed_s"])  # the budget counts training time, not the interruption
-    skipped = 0  # steps skipped for a loss or gradient that was not finite, in all
+    # BatchNorm running statistics (float buffers), and a copy taken before each forward
+    bn_buffers = [b for name, b in model.named_buffers() if b.is_floating_point() and "running_" in name]
+    bn_kept = [b.detach().clone() for b in bn_buffers]
+    skipped = 0  # batches left out or steps dropped for a loss or gradient that was not finite, in all
     skipped_run = 0  # and in a row
     log.info("train %s nc=%d imgsz=%d on %s%s: %d train / %d val images, %d batches/epoch",
              model.arch, nc, cfg.imgsz, device, " (bfloat16 autocast)" if amp is not None else "",
@@ -380,6 +383,8 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
             else:
                 for g in optimizer.param_groups:
                     g["lr"] = g["initial_lr"] * lf
+            for keep, now in zip(bn_kept, bn_buffers):
+                keep.copy_(now)  # a forward that goes non-finite must not leave its statistics behind
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
                 preds = model(_images(x, device))
             if amp is not None:
@@ -388,27 +393,34 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
             finite = bool(torch.isfinite(loss))
             if finite:
                 loss.backward()
-            if ni - last_opt_step >= accumulate or not finite:
+            else:  # this batch only: the gradient gathered so far stays, the step comes as due
+                for keep, now in zip(bn_kept, bn_buffers):
+                    now.copy_(keep)
+            stepped = False
+            if finite and ni - last_opt_step >= accumulate:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
-                if finite and bool(torch.isfinite(norm)):
+                if bool(torch.isfinite(norm)):
                     optimizer.step()
                     ema.update(model)
-                    skipped_run = 0
-                else:  # as a loss scaler does: the step is dropped, the weights stay finite
-                    skipped, skipped_run = skipped + 1, skipped_run + 1
-                    if skipped == 1:
-                        log.warning("epoch %d it %d: the %s is not finite; the step is skipped (the weights are "
-                                    "kept); %d such steps in a row stop the run", epoch + 1, i,
-                                    "loss" if not finite else "gradient", DIVERGED_STEPS)
-                    if skipped_run >= DIVERGED_STEPS:
-                        raise TrainingDiverged(
-                            f"training diverged at epoch {epoch + 1} it {i}: the loss or the gradients were not "
-                            f"finite for {skipped_run} steps in a row ({skipped} skipped in all); the last good "
-                            f"weights are in {out / 'last.pt'} and {out / 'best.pt'} (when an epoch ended before). "
-                            f"Lower --lr0 (now {cfg.lr0:g}) or lengthen --warmup-epochs (now {cfg.warmup_epochs:g}; "
-                            "a model trained from scratch wants about 3)")
-                optimizer.zero_grad()
+                    stepped = True
+                optimizer.zero_grad()  # a gradient that is not finite is dropped, as a loss scaler does
                 last_opt_step = ni
+            if stepped:
+                skipped_run = 0
+            elif not finite or ni == last_opt_step:  # a batch left out, or a step dropped
+                skipped, skipped_run = skipped + 1, skipped_run + 1
+                if skipped == 1:
+                    log.warning("epoch %d it %d: the %s is not finite; %s (the weights and the BatchNorm "
+                                "statistics are kept); %d such batches in a row stop the run", epoch + 1, i,
+                                "loss" if not finite else "gradient",
+                                "the batch is left out" if not finite else "the step is dropped", DIVERGED_STEPS)
+                if skipped_run >= DIVERGED_STEPS:
+                    raise TrainingDiverged(
+                        f"training diverged at epoch {epoch + 1} it {i}: the loss or the gradients were not "
+                        f"finite for {skipped_run} batches in a row ({skipped} left out in all); the last good "
+                        f"weights are in {out / 'last.pt'} and {out / 'best.pt'} (when an epoch ended before). "
+                        f"Lower --lr0 (now {cfg.lr0:g}) or lengthen --warmup-epochs (now {cfg.warmup_epochs:g}; "
+                        "a model trained from scratch wants about 3)")
             images_seen += len(x)
             if finite:
                 mloss = (mloss * counted + items.cpu()) / (counted + 1)
@@ -421,7 +433,8 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
                 stop = True
                 break
         metrics = validate_model(ema.ema, val_ds)
-        rec = {"epoch": epoch + 1, "box": float(mloss[0]), "obj": float(mloss[1]), "cls": float(mloss[2]),
+        losses = [float(v) for v in mloss] if counted else [None, None, None]  # no batch with a finite loss
+        rec = {"epoch": epoch + 1, "box": losses[0], "obj": losses[1], "cls": losses[2],
                "map50": metrics["map50"], "map": metrics["map"], "images_seen": images_seen,
                "elapsed_s": round(time.monotonic() - t_start, 1), "partial_epoch": stop, "skipped_steps": skipped}
         history.append(rec)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import List
 
 import numpy as np
 import pytest
@@ -168,10 +169,71 @@ def test_a_step_whose_loss_is_not_finite_is_skipped_and_the_weights_stay_finite(
     with caplog.at_level("WARNING", logger="edgewise_tools.train"):
         summary = train(cfg)
     assert summary["skipped_steps"] == 3 and summary["epochs_run"] == 4
-    assert len([r for r in caplog.records if "is not finite; the step is skipped" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "is not finite; the batch is left out" in r.getMessage()]) == 1
     assert all(np.isfinite([h["box"], h["obj"], h["cls"]]).all() for h in summary["history"])
     weights = load_checkpoint(out / "last.pt").state_dict()
     assert all(bool(torch.isfinite(t).all()) for t in weights.values() if t.is_floating_point())
+
+
+def test_a_forward_that_goes_not_finite_leaves_no_nan_in_the_batchnorm_statistics(tiny_data: Path, tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """The forward pass updates BatchNorm's running statistics before the loss is known: a
+    batch whose activations overflow left NaN there for good (and the EMA copied it), though
+    its step was skipped. The statistics from before that forward are put back."""
+    from edgewise_tools.train import trainer as trainer_mod
+
+    real = trainer_mod._images
+    calls = {"n": 0}
+
+    def images(x, device):
+        t = real(x, device)
+        calls["n"] += 1
+        return t * float("inf") if calls["n"] == 4 else t  # overflowing activations, once
+    monkeypatch.setattr(trainer_mod, "_images", images)
+    out = tmp_path / "run"
+    summary = train(TrainConfig(data=str(tiny_data), out=str(out), imgsz=128, epochs=2, batch=1, nbs=1,
+                                warmup_epochs=0.0, log_every=0, seed=0, threads=1, export_onnx=False))
+    assert summary["skipped_steps"] == 1
+    for name in ("last.pt", "best.pt"):
+        state = load_checkpoint(out / name).state_dict()
+        assert [k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())] == []
+
+
+def test_with_gradient_accumulation_a_bad_batch_is_left_out_and_the_window_goes_on(tiny_data: Path, tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """batch 1, nbs 4: a step every 4 batches after the warm-up. A NaN batch in the middle of a
+    window used to drop the gradient the window had gathered and restart the window; now only
+    that batch is left out, and the optimizer steps after the same batches as without it."""
+    def step_positions(bad) -> List[int]:
+        from edgewise_tools.train import trainer as trainer_mod
+
+        losses = {"n": 0}
+        real_loss = trainer_mod.ComputeLoss.__call__
+
+        def loss_call(self, preds, targets):
+            loss, items = real_loss(self, preds, targets)
+            losses["n"] += 1
+            return (loss * float("nan"), items) if bad(losses["n"] - 1) else (loss, items)
+        at: List[int] = []
+        real_step = torch.optim.AdamW.step
+
+        def step(self, *a, **k):
+            at.append(losses["n"] - 1)  # the batch whose backward completed the window
+            return real_step(self, *a, **k)
+        with monkeypatch.context() as m:
+            m.setattr(trainer_mod.ComputeLoss, "__call__", loss_call)
+            m.setattr(torch.optim.AdamW, "step", step)
+            summary = train(TrainConfig(data=str(tiny_data), out=str(tmp_path / f"run{len(at)}{id(bad)}"), imgsz=128,
+                                        epochs=40, batch=1, nbs=4, optimizer="AdamW", warmup_epochs=0.0, log_every=0,
+                                        seed=0, threads=1, export_onnx=False))
+        assert summary["skipped_steps"] == sum(1 for n in range(summary["images_seen"]) if bad(n))
+        return at
+
+    clean = step_positions(lambda n: False)
+    nan = step_positions(lambda n: n in (129, 130))  # inside a window, after the warm-up's 100 batches
+    window = [p for p in clean if p > 120][:3]
+    assert window and all(b - a == 4 for a, b in zip(window, window[1:])), clean
+    assert nan == clean
 
 
 def test_a_run_whose_loss_stays_not_finite_stops_naming_what_to_change(tiny_data: Path, tmp_path: Path,
@@ -184,7 +246,7 @@ def test_a_run_whose_loss_stays_not_finite_stops_naming_what_to_change(tiny_data
                       log_every=0, seed=0, threads=1, lr0=0.002)
     with pytest.raises(TrainingDiverged, match=r"--lr0 \(now 0.002\).*--warmup-epochs") as ei:
         train(cfg)
-    assert f"for {DIVERGED_STEPS} steps in a row" in str(ei.value)
+    assert f"for {DIVERGED_STEPS} batches in a row" in str(ei.value)
     assert not (out / "best.onnx").exists()  # nothing exported as if trained
     weights = load_checkpoint(out / "last.pt").state_dict()
     assert all(bool(torch.isfinite(t).all()) for t in weights.values() if t.is_floating_point())
