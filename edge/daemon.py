@@ -451,20 +451,25 @@ class EdgeDaemon:
                 if left:
                     log.warning("sources ended; %d escalations still spooled after spool.replay_at_end_s "
                                 "(%g s): they are replayed at the next start", left, s.spool.replay_at_end_s)
-                await self.escalating.drain(s.shutdown_grace_s)
+                await self.escalating.drain(self._grace_left())
         finally:
             self.stopping = True
             self.stop_event.set()
             if self.escalating is not None:
-                # A requested stop shares one grace with the frames; otherwise the whole grace.
-                grace = s.shutdown_grace_s if self.stop_by is None else max(0.0, self.stop_by - time.monotonic())
-                await self.escalating.drain(grace)
+                await self.escalating.drain(self._grace_left())
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._close()
         log.info("edge daemon stopped after %d frames", self.pipeline.frames_done if self.pipeline else 0)
         return 0
+
+    def _grace_left(self) -> float:
+        """What is left of ``shutdown_grace_s`` for in-flight escalations: a requested stop shares
+        one grace, from the signal, with the queued frames; otherwise the whole grace."""
+        if self.stop_by is None:
+            return self.settings.shutdown_grace_s
+        return max(0.0, self.stop_by - time.monotonic())
 
     def _write(self, rec: FrameRecord) -> None:
         if self.sinks is not None:

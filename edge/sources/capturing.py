@@ -71,7 +71,9 @@ class FrameQueue:
 
     async def put(self, frame: Frame, stop: asyncio.Event) -> Optional[Frame]:
         """Queue ``frame``; returns the frame dropped to make room, if any.
-        Under ``wait`` blocks until there is room or ``stop`` is set."""
+        Under ``wait`` blocks until there is room or ``stop`` is set; a frame read before the
+        stop is then queued over the bound (one per stream at most: capture ends), so the
+        stop's drain infers it or counts it as a ``shutdown`` drop instead of losing it unseen."""
         dropped = None
         while len(self.items) >= self.maxsize:
             if self.policy == "drop_oldest":
@@ -87,7 +89,7 @@ class FrameQueue:
                 waiter.cancel()
                 stopper.cancel()
             if stop.is_set():
-                return None
+                break
         self.items.append(frame)
         self.ready.set()
         return dropped
