@@ -122,6 +122,11 @@ SHORT_SESSION_S = 10.0
 SHORT_SESSIONS_IN_A_ROW = 3
 
 
+def _paho_seconds(seconds: float) -> int:
+    """A delay as paho's reconnect backoff takes it: whole seconds, at least 1."""
+    return max(1, int(seconds))
+
+
 class RequestHandler(Protocol):
     """The gateway's one request path, as the bridge needs it: ``metrics`` counts the requests
     the bridge answers itself (overload) like every other answered request."""
@@ -168,7 +173,7 @@ class MqttBridge:
         if settings.tls:
             self.client.tls_set(ca_certs=settings.ca_file or None, certfile=settings.cert_file or None,
                                 keyfile=settings.key_file or None)
-        self.client.reconnect_delay_set(max(1, int(settings.reconnect_min_s)), max(1, int(settings.reconnect_max_s)))
+        self.client.reconnect_delay_set(_paho_seconds(settings.reconnect_min_s), _paho_seconds(settings.reconnect_max_s))
         self.client.on_connect = self._on_connect
         self.client.on_connect_fail = self._on_connect_fail
         self.client.on_disconnect = self._on_disconnect
@@ -223,7 +228,8 @@ class MqttBridge:
             self._qos_reported = False
             log.info("MQTT broker %s:%d takes QoS %d now: the bridge subscribes", self.s.host, self.s.port,
                      self.max_qos)
-        client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS))
+        if not self._stopping:  # a reconnect while stop() drains takes no new requests
+            client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS))
 
     def _qos_too_low(self) -> None:
         """(paho's thread, in CONNACK, before paho sends again what it holds) The broker takes QoS 0
@@ -283,14 +289,19 @@ class MqttBridge:
         if held is not None:
             log.error("MQTT broker %s:%d refused the bridge's subscription to %s (%s): no MQTT escalation reaches "
                       "this gateway (the edges time out and spool); %s; the bridge subscribes again every %g s%s",
-                      self.s.host, self.s.port, self.subscription, reason_code, hint, self.s.reconnect_max_s,
+                      self.s.host, self.s.port, self.subscription, reason_code, hint, self._resubscribe_s(),
                       f" ({held} more refusals not logged)" if held else "")
         with self._lock:
             if self._stopping or self._resubscribe is not None:
                 return
-            timer = self._resubscribe = threading.Timer(self.s.reconnect_max_s, self._subscribe_again)
+            timer = self._resubscribe = threading.Timer(self._resubscribe_s(), self._subscribe_again)
         timer.daemon = True
         timer.start()
+
+    def _resubscribe_s(self) -> float:
+        """Seconds between subscriptions after a refusal: ``mqtt.reconnect_max_s``, at least 1 s,
+        as paho's reconnect backoff takes it."""
+        return float(_paho_seconds(self.s.reconnect_max_s))
 
     def _subscribe_again(self) -> None:
         """(a timer's thread) Subscribe again after a refusal; after a reconnect, ``_on_connect``
@@ -299,7 +310,7 @@ class MqttBridge:
             self._resubscribe = None
             if self._stopping:
                 return
-        if not self.connected.is_set() and self.max_qos >= BRIDGE_QOS:
+        if not self.connected.is_set() and self.max_qos >= BRIDGE_QOS and not self._stopping:
             self.client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS))
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
