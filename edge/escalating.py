@@ -26,7 +26,11 @@ is salvaged by the spool thread itself, as the start would (``_recover``,
 it, go on with the new file; one ERROR says where the damaged file went and how many
 escalations were salvaged (``corrupt``, ``salvaged``). A salvage that fails (a full disk) is
 said and tried again after a back-off (``salvage_failed``), as is damage found again soon
-after a salvage; meanwhile replay stops and frames keep their edge result.
+after a salvage; meanwhile replay stops and frames keep their edge result. A stop cuts the
+salvage's copy short between two batches (the next start goes on with it), so that the
+escalations waiting behind it are spooled within the shutdown grace; a copy that stopped at a
+full disk, here or at start, is gone on with by the replay loop after the same back-off
+(``_continue_salvage``, ``edge.spool_salvage.continue_salvages``).
 Callers: ``edge.pipeline`` (submit), ``edge.daemon`` (replay loop, drain, close).
 """
 
@@ -68,7 +72,7 @@ from edge.spool import (
     SpoolItem,
     SpoolStats,
 )
-from edge.spool_salvage import SalvagePacing, salvage_in_use
+from edge.spool_salvage import SalvagePacing, continue_salvages, salvage_in_use
 from edge.transports import Transport, TransportError, printable
 from edgewise import status
 from edgewise.detections import Detections
@@ -176,6 +180,12 @@ class Escalating:
         self._damage_noted = -1  # the spool generation whose damage was counted and said
         self._salvage_problem = ""  # why the last salvage failed (shown by spool_health)
         self._stats_generation = 0  # the spool file the drop counters' baseline is of (event loop)
+        self._salvaging = False  # the spool thread is copying a damaged file (said by drain)
+        self._stop: Optional[asyncio.Event] = None  # the replay loop's stop (read by the spool thread)
+        # Copies of damaged files cut short by a full disk (at start, or here): gone on with by
+        # the replay loop; checked once at the first round, then after each salvage
+        self._rest_wanted = True
+        self._rest_pacing = SalvagePacing(self._salvage_pacing.first_s, self._salvage_pacing.max_s)
 
     async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking spool call on the spool thread (``_recovering``: one that meets a
@@ -210,7 +220,7 @@ class Escalating:
         if first:
             self._damage_noted = spool.generation
             self.metrics.spool_events.labels("corrupt").inc()
-        stopping = self.shutting_down or spool.stop_by is not None
+        stopping = bool(self._stop_reason(spool))
         if stopping or not self._salvage_pacing.due(now):
             if first:
                 when = ("at the next start (the daemon is stopping)" if stopping else
@@ -220,8 +230,9 @@ class Escalating:
                           "result, and spooled ones are not replayed", spool.damaged, when)
             return False
         cause = spool.damage_cause or "damaged"
+        self._salvaging = True
         try:
-            result = salvage_in_use(spool)
+            result = salvage_in_use(spool, should_stop=lambda: self._stop_reason(spool))
         except Exception as exc:  # a SpoolError says why; anything else is a bug, not to be met at every call
             self._salvage_pacing.attempted(now, ok=False)
             wait = self._salvage_pacing.wait_s(now)
@@ -233,15 +244,55 @@ class Escalating:
                       "are not replayed; a restart salvages it too once the cause is fixed", self._salvage_problem,
                       exc_info=None if isinstance(exc, SpoolError) else exc)
             return False
+        finally:
+            self._salvaging = False
         self._salvage_pacing.attempted(now, ok=True)
+        self._rest_wanted = True  # an earlier copy left unfinished, or this one if it stopped at a full disk
+        if result.full:
+            self._rest_pacing.attempted(now, ok=False)
         self._salvage_problem = ""
         self.metrics.spool_events.labels("salvaged").inc()
         where = (f"moved it to {result.moved_to} (kept for inspection)" if result.moved_to is not None
                  else "its file had been deleted as well, so it was read through the open spool")
         again = f"; the new spool is damaged too: {spool.damaged}" if spool.damaged is not None else ""
-        log.error("spool %s was found damaged while the daemon ran (%s); %s and started a new spool at %s: %s; "
-                  "spooling and replay go on%s", spool.path, cause, where, spool.path, result.describe(), again)
+        goes_on = "" if result.stopped else "; spooling and replay go on"
+        log.error("spool %s was found damaged while the daemon ran (%s); %s and started a new spool at %s: %s%s%s",
+                  spool.path, cause, where, spool.path, result.describe(), goes_on, again)
         return spool.damaged is None
+
+    def _stop_reason(self, spool: Spool) -> str:
+        """(any thread) Why a salvage's copy should stop now: the daemon is stopping (its next start
+        goes on with it); "" otherwise."""
+        if self.shutting_down or spool.stop_by is not None or (self._stop is not None and self._stop.is_set()):
+            return "the daemon is stopping"
+        return ""
+
+    def _continue_salvage(self) -> None:
+        """(spool thread) Go on with the copies of damaged files that a full disk cut short (the
+        salvage marker, ``continue_salvages``); when one still cannot finish, try again after a
+        back-off (``SalvagePacing``: 30 s, doubling), sooner again when it made progress."""
+        spool = self.spool
+        if spool is None or spool.damaged is not None or self._stop_reason(spool):
+            return
+        now = time.monotonic()
+        self._salvaging = True
+        try:
+            results = continue_salvages(spool, should_stop=lambda: self._stop_reason(spool), quiet=True)
+        except Exception:  # a bug: said, and tried again after the back-off rather than every round
+            self._rest_pacing.attempted(now, ok=False)
+            log.exception("INTERNAL: going on with the salvage of a damaged spool file failed; tried again in %.0f s",
+                          self._rest_pacing.wait_s(now))
+            return
+        finally:
+            self._salvaging = False
+        if all(r.finished for r in results):
+            self._rest_wanted = False
+            self._rest_pacing = SalvagePacing(self._salvage_pacing.first_s, self._salvage_pacing.max_s)
+            return
+        if any(r.salvaged for r in results):  # room came back (acknowledged replays): the back-off starts over
+            self._rest_pacing = SalvagePacing(self._salvage_pacing.first_s, self._salvage_pacing.max_s)
+        if not any(r.stopped for r in results):
+            self._rest_pacing.attempted(now, ok=False)
 
     # ------------------------------------------------------------------ submit
     def in_flight(self) -> int:
@@ -531,6 +582,7 @@ class Escalating:
         spool yet (``reopen``), try to open it every interval first."""
         if self.spool is None and self.reopen is None:
             return
+        self._stop = stop
         while not stop.is_set():
             settled = 0
             try:
@@ -538,6 +590,9 @@ class Escalating:
                     await self._spool_call(self._recover)  # once the back-off of a failed salvage is over
                 if self.spool is not None and self.spool.damaged is None:
                     await self._recovered(self.spool)
+                if (self.spool is not None and self.spool.damaged is None and self._rest_wanted
+                        and self._rest_pacing.due(time.monotonic())):
+                    await self._spool_call(self._continue_salvage)
                 settled = await self._reopened() if self.spool is None else await self.replay_once()
             except SpoolError as exc:
                 self._spool_failed(exc)
@@ -823,11 +878,13 @@ class Escalating:
             # Settling is spool writes (~10 ms each), bounded by cloud.max_in_flight.
             _, late = await asyncio.wait(list(rest), timeout=max(5.0, grace_s))
             if late and self.spool is not None:
-                # The spool is stuck (its lock held elsewhere): the writes still queued refuse at
-                # once and their frames keep the edge result; the one in SQLite's hands ends
-                # within its busy timeout.
-                log.warning("%d escalations still waiting for the spool at shutdown; the rest keep "
-                            "their edge result", len(late))
+                # The spool is stuck (its lock held elsewhere, or a salvage's batch on a slow card):
+                # the writes still queued refuse at once and their frames keep the edge result; the
+                # one in SQLite's hands ends within its busy timeout, a salvage at its next batch.
+                held = (" (the spool thread is salvaging its damaged file: the copy stops after its current batch, "
+                        "and the next start goes on with it)" if self._salvaging else "")
+                log.warning("%d escalations still waiting for the spool at shutdown%s; the rest keep "
+                            "their edge result", len(late), held)
                 self.spool.stop_by = time.monotonic()
                 _, late = await asyncio.wait(list(late), timeout=SPOOL_BUSY_TIMEOUT_S + 5.0)
             if late:

@@ -66,12 +66,15 @@ without touching the file (``nack`` and ``close`` stay best effort): nothing mor
 written into a damaged file, and the caller stops retrying. ``replace_damaged_file`` then
 gives the open spool a new file at its path (the damaged one moved aside), so that the
 daemon salvages it without a restart (``edge.spool_salvage.salvage_in_use``); ``generation``
-counts those new files. Every other SQLite error of any call is a ``SpoolError`` naming the
-path.
+counts those new files. ``adopt`` records in the same transaction how far the copy from a
+moved file got (table ``salvaged_from``), so that a copy stopped by a kill, a stop of the
+daemon or a full disk goes on from there (``salvage_progress``). Every other SQLite error of
+any call is a ``SpoolError`` naming the path.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -82,7 +85,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from edgewise.errors import EdgewiseError
 from edgewise.observability import LogThrottle
@@ -123,6 +126,10 @@ CREATE TABLE IF NOT EXISTS counters (
     value INTEGER NOT NULL
 );
 """
+
+#: How far the copy from each moved damaged file got (``adopt``): made by the first copy into a
+#: file, not at open (an older spool on a full disk still opens).
+_PROGRESS_TABLE = "CREATE TABLE IF NOT EXISTS salvaged_from (source TEXT PRIMARY KEY, last_id INTEGER NOT NULL)"
 
 #: Columns added after the first release, as (name, type); older spools get them by
 #: ALTER TABLE at open, NULL in their rows (aged as items of an earlier boot).
@@ -187,6 +194,18 @@ def read_only(folder: Union[str, Path]) -> bool:
         return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def write_advice(folder: Union[str, Path], exc: OSError) -> str:
+    """What the operator does about ``exc``, met writing in the spool's ``folder``: "its
+    filesystem is full; ...", "its filesystem is mounted read-only; ..." or "make its folder
+    writable by the daemon"."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "its filesystem is full; free space there or set spool.path to another filesystem"
+    if exc.errno == errno.EROFS or read_only(folder):
+        return ("its filesystem is mounted read-only (remounted so after I/O errors? `dmesg` says); remount it "
+                "read-write, or set spool.path to a writable filesystem (e.g. /var/lib/edgewise)")
+    return "make its folder writable by the daemon"
 
 
 def read_boot_id(path: str = BOOT_ID_PATH) -> Optional[str]:
@@ -255,6 +274,12 @@ def _count_items(db: sqlite3.Connection) -> Optional[int]:
         return int(db.execute("SELECT COUNT(*) FROM items NOT INDEXED").fetchone()[0])
     except sqlite3.Error:
         return None
+
+
+def _has_progress(db: sqlite3.Connection) -> bool:
+    """Whether the file has the table ``adopt`` records a salvage's progress in."""
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'salvaged_from'").fetchone()
+    return row is not None
 
 
 def _insert_items(db: sqlite3.Connection, rows: Sequence[Tuple[Any, ...]]) -> None:
@@ -378,6 +403,13 @@ class Spool:
         self.damage_cause: Optional[str] = None
         #: files that replaced a damaged one while the spool was open (``replace_damaged_file``)
         self.generation = 0
+        #: what the daemon itself kept the spool busy with (a salvage that a stop cut short),
+        #: said instead of another process when a stop refuses a put
+        self.busy_with: Optional[str] = None
+        #: ids acknowledged while not in the file during an unfinished salvage copy (``copy_pending``):
+        #: replays delivered before the copy reached them, which ``adopt`` then leaves out
+        self._acked_absent: Set[int] = set()
+        self._copy_pending = False
         #: the highest item id a caller was given (``peek``) or the file had handed out: a new
         #: file after damage numbers its items above it (``replace_damaged_file``)
         self._top_id = 0
@@ -514,8 +546,9 @@ class Spool:
 
     def _check_stopping(self) -> None:
         if self.stop_by is not None and time.monotonic() >= self.stop_by:
+            why = self.busy_with or "another process holding its lock?"
             raise SpoolError(f"spool {self.path}: the daemon is stopping and the spool stayed busy past "
-                             "the shutdown grace (another process holding its lock?)")
+                             f"the shutdown grace ({why})")
 
     def _check_room(self, size: int) -> None:
         """Raise SpoolFull when storing ``size`` more bytes would eat into the reserve."""
@@ -634,10 +667,12 @@ class Spool:
         for start in range(0, len(item_ids), ACK_CHUNK):
             with self._lock, self._guarded("write failed"):
                 deleted = freed = 0
+                absent: List[int] = []
                 with self._transaction() as db:
                     for item_id in item_ids[start:start + ACK_CHUNK]:
                         row = db.execute("SELECT size FROM items WHERE id = ?", (item_id,)).fetchone()
                         if row is None:
+                            absent.append(int(item_id))
                             continue
                         db.execute("DELETE FROM items WHERE id = ?", (item_id,))
                         deleted += 1
@@ -645,7 +680,24 @@ class Spool:
                 self._bytes -= freed
                 self._depth -= deleted
                 n += deleted
+                if self._copy_pending:
+                    self._acked_absent.update(absent)
         return n
+
+    @property
+    def copy_pending(self) -> bool:
+        """A salvage's copy into this spool stopped before the end (a full disk): an acknowledged
+        id not in the file yet is remembered, and ``adopt`` leaves it out, so that a replay
+        delivered before the copy reached it is not sent again (this process only: a restart
+        forgets them, and they are sent once more)."""
+        return self._copy_pending
+
+    @copy_pending.setter
+    def copy_pending(self, pending: bool) -> None:
+        with self._lock:
+            self._copy_pending = pending
+            if not pending:
+                self._acked_absent.clear()
 
     def nack(self, item_id: int) -> int:
         """Record a failed delivery attempt; the item stays in place. Returns attempts (0 if
@@ -758,11 +810,16 @@ class Spool:
             with self._guarded("read failed"):
                 items = old.execute(f"SELECT {ITEM_COLUMNS} FROM items ORDER BY id").fetchall()
                 counters = old.execute("SELECT name, value FROM counters").fetchall()
+                progress = (old.execute("SELECT source, last_id FROM salvaged_from").fetchall()
+                            if _has_progress(old) else [])
             self._db = self._open()
             try:
                 with self._transaction() as db:
                     _insert_items(db, items)  # with their ids: a replay in flight acks the same item
                     db.executemany("UPDATE counters SET value = ? WHERE name = ?", [(v, n) for n, v in counters])
+                    if progress:
+                        db.execute(_PROGRESS_TABLE)
+                        db.executemany("INSERT OR REPLACE INTO salvaged_from(source, last_id) VALUES (?, ?)", progress)
             except SpoolError:
                 self._db.close()
                 self._db = old  # keep the items where they are; tried again later
@@ -784,7 +841,8 @@ class Spool:
         a caller still holds (a replay waiting for its acknowledgement) never names a new item.
         Its drop counters start at 0: ``generation`` goes up by one, and ``stats`` carries it.
         Raises ``SpoolError`` when the file cannot be moved aside or the new one cannot be made
-        (``SpoolFull``: a full disk): the spool stays damaged, its file back in place."""
+        (``SpoolFull``: a full disk): the spool stays damaged, its file back in place (or, where
+        it cannot be put back, where ``move_aside`` put it, said in the error)."""
         with self._lock:
             if self.damaged is None:
                 raise ValueError(f"spool {self.path} is not damaged: its file is not replaced")
@@ -797,8 +855,10 @@ class Spool:
                 try:
                     moved = move_aside(self.path)
                 except OSError as exc:
-                    raise SpoolError(f"spool {self.path} is damaged and cannot be moved aside to salvage it "
-                                     f"({exc.strerror or exc}); make its folder writable by the daemon") from None
+                    advice = write_advice(self.path.parent, exc)
+                    kind = SpoolFull if advice.startswith("its filesystem is full") else SpoolError
+                    raise kind(f"spool {self.path} is damaged and cannot be moved aside to salvage it "
+                               f"({exc.strerror or exc}): {advice}") from None
             elif _is_open(self._db):
                 old = self._db
             try:
@@ -854,21 +914,32 @@ class Spool:
             os.replace(moved, self.path)
         except OSError as exc:
             raise SpoolError(f"{why}; the damaged spool, moved to {moved}, could not be put back "
-                             f"({exc.strerror or exc}): move it (with its -wal) back to {self.path} and "
-                             "restart the daemon, which salvages it") from None
+                             f"({exc.strerror or exc}): what it holds is copied from there into the new "
+                             "spool at the next try, or at the next start; leave it where it is") from None
 
-    def adopt(self, rows: Sequence[Tuple[Any, ...]]) -> Tuple[int, int]:
+    def adopt(self, rows: Sequence[Tuple[Any, ...]], source: Optional[str] = None) -> Tuple[int, int]:
         """Store items of another spool file as they were (``ITEM_COLUMNS``: id, age and attempts
         kept, so the replay order and ages go on; an id or key already here is skipped), then
         evict the oldest over ``max_bytes``. Returns (stored, evicted); ``SpoolFull`` (nothing
         stored) when they would eat into the filesystem's reserve. Used to salvage a damaged
-        file (``edge.spool_salvage``)."""
+        file (``edge.spool_salvage``), whose name ``source`` is: the highest id of ``rows`` (read
+        in id order) is then recorded in the same transaction as how far that copy got
+        (``salvage_progress``), so that an item copied, replayed and acknowledged is not copied
+        again when a stopped copy goes on. Ids acknowledged before they were copied
+        (``copy_pending``) are left out."""
         with self._lock, self._guarded("write failed"):
+            last = max((int(r[0]) for r in rows), default=0)
+            if self._acked_absent:
+                rows = [r for r in rows if int(r[0]) not in self._acked_absent]
             # twice: a batch goes through the WAL before the checkpoint copies it into the file
             self._check_room(2 * sum(len(r[2]) + len(r[3]) + len(r[1]) for r in rows))
             with self._transaction() as db:
                 before = self._depth
                 _insert_items(db, rows)
+                if source is not None and last:
+                    db.execute(_PROGRESS_TABLE)
+                    db.execute("INSERT OR REPLACE INTO salvaged_from(source, last_id) VALUES (?, ?)",
+                               (source, last))
                 size, depth = db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM items").fetchone()
                 self._bytes, self._depth = int(size), int(depth)
                 stored = self._depth - before
@@ -876,6 +947,23 @@ class Spool:
                 self._bytes -= freed
                 self._depth -= evicted
         return stored, evicted
+
+    def salvage_progress(self, source: str) -> int:
+        """The highest id of the moved file ``source`` that ``adopt`` copied into this spool; 0
+        when none was."""
+        with self._lock, self._guarded("read failed"):
+            if not _has_progress(self._db):
+                return 0
+            row = self._db.execute("SELECT last_id FROM salvaged_from WHERE source = ?", (source,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def salvage_finished(self, source: str) -> None:
+        """Forget how far the copy from ``source`` got (it finished)."""
+        with self._lock, self._guarded("write failed"):
+            if not _has_progress(self._db):
+                return
+            with self._transaction() as db:
+                db.execute("DELETE FROM salvaged_from WHERE source = ?", (source,))
 
     def last_epoch(self) -> int:
         """The newest run (``frame_seq >> 32``) among the spooled keys; -1 when none."""

@@ -23,10 +23,26 @@ open spool a new file at its path (``Spool.replace_damaged_file``) and copies in
 damaged one still holds. ``SalvagePacing`` (pure) says when: at once the first time; after a
 salvage that failed (a full disk) or damage found again soon after one (a dying card) only
 after a back-off, so that the escalations meanwhile do not set off a salvage each.
+
+A copy cut short (``kill -9`` or a power loss, a stop of the daemon, a full disk) must not
+leave the rest of the moved file behind unnoticed, as a healthy but partial spool would.
+So before a damaged file is moved aside, its new name is added to the salvage marker
+``<spool file>.salvaging`` (``salvage_marker``: a comment line, then one moved file's name a
+line, written to a temporary file, fsync'd and renamed over the marker, the folder fsync'd),
+and each batch the copy stores records in the same transaction the highest id it copied
+(``Spool.adopt``). The name leaves the marker (the marker goes once empty) only when the copy
+reached the end of the moved file, or found nothing readable in it. Every start
+(``open_spool``), and the daemon after a copy that stopped at a full disk
+(``continue_salvages``), goes on with each copy the marker names, from the id after the last
+one copied: nothing is copied twice, and an item already replayed and acknowledged is not
+copied back. A name whose file is gone is said and dropped; a marker that cannot be read is
+said with the moved files there and how to name the one to go on with. The instance lock
+(``<spool file>.lock``) is never moved.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -34,7 +50,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, Type, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 from urllib.parse import quote
 
 from edge.spool import (
@@ -44,6 +60,7 @@ from edge.spool import (
     SpoolCorrupt,
     SpoolError,
     SpoolFull,
+    write_advice,
 )
 
 log = logging.getLogger(__name__)
@@ -66,6 +83,16 @@ SALVAGE_RETRY_MAX_S = 1800.0
 #: The columns that make an ``items`` table the spool's (the first release's).
 SPOOL_COLUMNS = {"id", "key", "payload", "meta", "created", "size", "attempts"}
 
+#: ``<spool file><this>``: the moved damaged files whose copy into the spool has not finished.
+SALVAGE_MARKER_SUFFIX = ".salvaging"
+#: The salvage marker's first line (a comment: lines starting with # are skipped).
+MARKER_HEADER = "# edgewise: damaged spool files moved aside whose escalations are still being copied into {spool}\n"
+#: What a moved file's name adds to the spool file's: ``<spool file>.damaged-<UTC time>[-n]``.
+MOVED_INFIX = ".damaged-"
+
+#: Why a copy should stop now ("" to go on); asked between batches.
+StopCheck = Callable[[], str]
+
 Row = Tuple[int, str, bytes, str, float, int, int, Optional[float], Optional[str]]
 
 
@@ -80,9 +107,12 @@ class Salvage:
         damaged_ranges: id ranges (first, last) that could not be read (a damaged page).
         invalid: rows read but not an item (wrong types, meta not JSON); not copied.
         evicted: salvaged items the new spool's byte cap evicted (oldest first).
-        full: why the salvage stopped early (the filesystem's reserve reached; in use, also the
-            new file failing); the items not copied are still in ``moved_to``.
+        full: why the salvage stopped early (the filesystem's reserve reached, the new file
+            failing); the items not copied are still in ``moved_to``, copied later.
         unreadable: why nothing at all could be read from the damaged file.
+        stopped: why a stop cut the copy short (the daemon is stopping); the rest is copied at
+            the next start.
+        resumed: the copy went on with one that an earlier try or run had not finished.
     """
 
     moved_to: Optional[Path]
@@ -92,6 +122,13 @@ class Salvage:
     evicted: int = 0
     full: str = ""
     unreadable: str = ""
+    stopped: str = ""
+    resumed: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """The copy reached the end of the damaged file (or found nothing it could read)."""
+        return not self.full and not self.stopped
 
     def describe(self) -> str:
         if self.unreadable:
@@ -102,8 +139,16 @@ class Salvage:
         bad = f", {self.invalid} row(s) not an escalation" if self.invalid else ""
         cap = f", {self.evicted} evicted by spool.max_bytes" if self.evicted else ""
         rest = f"is still in {self.moved_to}" if self.moved_to is not None else "was lost with the deleted file"
-        stopped = f"; stopped early, the rest {rest}: {self.full}" if self.full else ""
-        return f"{self.salvaged} escalation(s) salvaged{lost}{bad}{cap}{stopped}"
+        if self.stopped:
+            stopped = f"; stopped early ({self.stopped}), the rest {rest} and is copied at the next start"
+        elif self.full:
+            later = ("; the daemon copies it from there later (it tries again, and so does its next start)"
+                     if self.moved_to is not None else "")
+            stopped = f"; stopped early, the rest {rest}: {self.full}{later}"
+        else:
+            stopped = ""
+        more = " more" if self.resumed else ""
+        return f"{self.salvaged}{more} escalation(s) salvaged{lost}{bad}{cap}{stopped}"
 
 
 def is_spool_file(path: Union[str, Path]) -> bool:
@@ -122,15 +167,23 @@ def is_spool_file(path: Union[str, Path]) -> bool:
         db.close()
 
 
-def move_aside(path: Path, now: Optional[float] = None) -> Path:
-    """Rename ``path`` and its ``-wal``/``-shm`` files to ``<name>.damaged-<UTC time>`` (the
-    WAL keeps its name's suffix, so SQLite still finds it); returns the new path."""
+def aside_name(path: Path, now: Optional[float] = None) -> Path:
+    """Where ``move_aside`` puts ``path``: ``<name>.damaged-<UTC time>``, ``-2``, ``-3`` ... added
+    when that is taken."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    target = path.with_name(f"{path.name}.damaged-{stamp}")
+    target = path.with_name(f"{path.name}{MOVED_INFIX}{stamp}")
     n = 1
-    while target.exists():
+    while any(target.with_name(target.name + suffix).exists() for suffix in ("", "-wal", "-shm")):
         n += 1
-        target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+        target = path.with_name(f"{path.name}{MOVED_INFIX}{stamp}-{n}")
+    return target
+
+
+def move_aside(path: Path, now: Optional[float] = None, target: Optional[Path] = None) -> Path:
+    """Rename ``path`` and its ``-wal``/``-shm`` files to ``target`` (``aside_name`` by default;
+    the WAL keeps its name's suffix, so SQLite still finds it); returns the new path."""
+    if target is None:
+        target = aside_name(path, now)
     moved: List[Tuple[Path, Path]] = []
     try:
         for suffix in ("-wal", "-shm"):  # the WAL travels with its file, or SQLite loses what it holds
@@ -212,8 +265,9 @@ class _Reader:
                 lo = mid
         return hi
 
-    def rows(self) -> Iterator[Row]:
-        first, limit = 1, READ_CHUNK
+    def rows(self, first: int = 1) -> Iterator[Row]:
+        """The readable items with an id from ``first`` on."""
+        limit = READ_CHUNK
         while True:
             try:
                 chunk = self._from(first, limit)
@@ -242,28 +296,46 @@ class _Reader:
 
 
 def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool,
-            stop_on: Tuple[Type[SpoolError], ...] = (SpoolFull,)) -> Salvage:
+            stop_on: Tuple[Type[SpoolError], ...] = (SpoolFull,), after: int = 0,
+            should_stop: Optional[StopCheck] = None) -> Salvage:
     """Copy every readable item of the spool file ``damaged`` (a path, or a connection to a
-    file deleted while open) into ``into`` (ids kept). Stops at a full filesystem, or at any
-    other of the errors ``stop_on`` of the new spool (``Salvage.full``: the rest stays in
-    ``damaged``)."""
+    file deleted while open) with an id above ``after`` into ``into`` (ids kept; for a path,
+    how far it got is recorded under the file's name, ``Spool.adopt``). Stops at a full
+    filesystem, or at any other of the errors ``stop_on`` of the new spool (``Salvage.full``),
+    or between two batches when ``should_stop`` gives a reason (``Salvage.stopped``): the
+    rest stays in ``damaged``. A batch the filesystem's reserve refuses is tried in halves,
+    so that a copy near a full disk stores what still fits."""
     reader = _Reader(damaged)
     result = Salvage(moved_to=damaged if isinstance(damaged, Path) else None)
+    source = damaged.name if isinstance(damaged, Path) else None
 
     def adopt(batch: List[Row]) -> None:
-        adopted, evicted = into.adopt(batch)
+        try:
+            adopted, evicted = into.adopt(batch, source)
+        except SpoolFull:
+            if len(batch) == 1:
+                raise
+            # near the reserve: the first half (lower ids) may still fit, and the copy then stops
+            # exactly where the next try goes on
+            half = len(batch) // 2
+            adopt(batch[:half])
+            adopt(batch[half:])
+            return
         result.salvaged += adopted
         result.evicted += evicted
 
     try:
         batch: List[Row] = []
         size = 0
-        for row in reader.rows():
+        for row in reader.rows(after + 1):
             batch.append(row)
             size += len(row[2])
             if len(batch) >= READ_CHUNK or size >= BATCH_BYTES:
                 adopt(batch)
                 batch, size = [], 0
+                result.stopped = should_stop() if should_stop is not None else ""
+                if result.stopped:
+                    break
         if batch:
             adopt(batch)
     except stop_on as exc:
@@ -282,12 +354,243 @@ def damage_marker(path: Path) -> Path:
     return path.with_name(path.name + DAMAGE_MARKER_SUFFIX)
 
 
+def salvage_marker(path: Path) -> Path:
+    """The file naming the moved damaged files whose copy into the spool at ``path`` has not
+    finished (module doc)."""
+    return path.with_name(path.name + SALVAGE_MARKER_SUFFIX)
+
+
+def _is_moved_name(path: Path, name: str) -> bool:
+    """``name`` is one ``move_aside`` gives the spool file at ``path`` (no folder, no -wal)."""
+    return (name.startswith(path.name + MOVED_INFIX) and len(name) < 256 and name.isprintable()
+            and "/" not in name and not name.endswith(("-wal", "-shm")))
+
+
+def _moved_files(path: Path) -> List[Path]:
+    """The damaged files moved aside beside the spool at ``path``, oldest first."""
+    found = path.parent.glob(glob.escape(path.name + MOVED_INFIX) + "*")
+    return sorted(p for p in found if _is_moved_name(path, p.name))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the renames and removals in ``folder`` durable (best effort: not every filesystem
+    can sync a folder)."""
+    try:
+        fd = os.open(str(folder), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _Marker:
+    """The salvage marker of the spool at ``path``: ``names`` as read (see ``_read``), and
+    ``add``/``drop``, each written durably before they return (``OSError`` when it cannot be)."""
+
+    def __init__(self, path: Path) -> None:
+        self.spool = path
+        self.path = salvage_marker(path)
+        self.names = self._read()
+
+    def _read(self) -> List[str]:
+        """The names the marker holds whose file is there. A name whose file is gone is said and
+        dropped (a file moved only halfway, its -wal first, gets its -wal back); a marker that
+        cannot be read, or a line that names no moved spool file, is said with the moved files
+        there and how to go on with one of them. The marker is written again without them."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            names: List[str] = []
+            problem = f"it cannot be read: {exc.strerror or exc}"
+        else:
+            names, problem = self._parse(data)
+        keep: List[str] = []
+        for name in names:
+            moved = self.spool.with_name(name)
+            if name in keep:
+                continue
+            if moved.exists():
+                keep.append(name)
+            elif self._unmove(moved):
+                log.warning("spool %s: a salvage stopped while it moved the damaged file to %s; its -wal and -shm "
+                            "are back beside it, and it is salvaged as a damaged file is", self.spool, moved)
+            else:
+                log.warning("spool %s: its salvage marker %s names %s, which is not there (deleted, or the salvage "
+                            "stopped before it moved the file): nothing more is copied from it; if it was deleted, "
+                            "the escalations not yet copied from it are lost", self.spool, self.path, moved)
+        if problem:
+            others = [p.name for p in _moved_files(self.spool) if p.name not in keep]
+            there = (f"the moved files there are {', '.join(others)}" if others
+                     else "no other moved file is there")
+            log.error("spool %s: its salvage marker %s is damaged (%s), so a copy of a damaged spool file into the "
+                      "spool may not have finished; %s. To go on with one, stop the daemon, add the file's name as "
+                      "a line to %s and start it: what was copied already is not copied twice. Delete moved files "
+                      "you no longer need", self.spool, self.path, problem, there, self.path)
+        if problem or keep != names:
+            try:
+                self._write(keep)
+            except OSError as exc:
+                log.warning("spool %s: could not write its salvage marker %s again (%s)", self.spool, self.path,
+                            exc.strerror or exc)
+        return keep
+
+    def _parse(self, data: bytes) -> Tuple[List[str], str]:
+        """The names in the marker's bytes, and what is wrong with them ("" when nothing)."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return [], "not UTF-8 text"
+        lines = text.split("\n")
+        torn = lines.pop()  # after the last newline: "" unless the write was torn
+        names: List[str] = []
+        bad = 1 if torn.strip() else 0
+        for line in (x.strip() for x in lines):
+            if not line or line.startswith("#"):
+                continue
+            if _is_moved_name(self.spool, line):
+                names.append(line)
+            else:
+                bad += 1
+        return names, (f"{bad} line(s) that name no moved spool file" if bad else "")
+
+    def _unmove(self, moved: Path) -> bool:
+        """``move_aside`` stopped after moving the -wal/-shm of the spool to ``moved`` but not the
+        file itself: put them back beside the file. False when that is not the case."""
+        sides = [(moved.with_name(moved.name + x), self.spool.with_name(self.spool.name + x)) for x in ("-wal", "-shm")]
+        if not self.spool.exists() or not any(a.exists() for a, _ in sides) or any(b.exists() for _, b in sides):
+            return False
+        try:
+            for at, back in sides:
+                if at.exists():
+                    os.replace(at, back)
+        except OSError as exc:
+            log.warning("spool %s: could not move %s's -wal back (%s)", self.spool, moved, exc.strerror or exc)
+            return False
+        return True
+
+    def _write(self, names: Sequence[str]) -> None:
+        """Replace the marker by one holding ``names`` (removed when none), durably."""
+        if not names:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                return
+            _fsync_dir(self.spool.parent)
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        data = (MARKER_HEADER.format(spool=self.spool.name) + "".join(f"{n}\n" for n in names)).encode("utf-8")
+        try:
+            fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise
+        _fsync_dir(self.spool.parent)
+
+    def add(self, name: str) -> None:
+        self._write(self.names + [name])
+        self.names.append(name)
+
+    def drop(self, name: str) -> None:
+        rest = [n for n in self.names if n != name]
+        self._write(rest)
+        self.names = rest
+
+    def forget(self, name: str) -> None:
+        """``drop`` for a file that was not moved after all; a failure is only said."""
+        try:
+            self.drop(name)
+        except OSError as exc:
+            log.warning("spool %s: could not remove %s from its salvage marker %s (%s)", self.spool, name,
+                        self.path, exc.strerror or exc)
+
+
+def _copy(spool: Spool, marker: _Marker, name: str, should_stop: Optional[StopCheck],
+          resumed: bool) -> Salvage:
+    """Copy into ``spool`` what the moved file ``name`` (in the marker) holds past what an earlier
+    try copied; once the copy is over, drop the name from the marker."""
+    moved = spool.path.with_name(name)
+    try:
+        after = spool.salvage_progress(name)
+        result = salvage(moved, spool, stop_on=(SpoolError,), after=after, should_stop=should_stop)
+    except SpoolError as exc:  # the new spool's own file failed: go on later
+        result = Salvage(moved_to=moved, full=str(exc))
+    except sqlite3.DatabaseError as err:
+        text = str(err).lower()
+        if "malformed" in text or "not a database" in text or "corrupt" in text:
+            result = Salvage(moved_to=moved, unreadable=str(err))  # never readable: nothing to go on with
+        else:  # cannot be opened now (no room for its -shm, an I/O error): go on later
+            result = Salvage(moved_to=moved, full=f"{err}; delete {marker.path} to give it up")
+    except (sqlite3.Error, OSError) as err:
+        result = Salvage(moved_to=moved, full=f"{err}; delete {marker.path} to give it up")
+    result.resumed = resumed
+    spool.copy_pending = not result.finished
+    if result.stopped:
+        spool.busy_with = f"salvaging its damaged file; the next start copies the rest from {moved}"
+    if result.finished:
+        try:
+            marker.drop(name)
+        except OSError as exc:
+            log.warning("spool %s: the salvage from %s finished but its salvage marker %s could not be updated "
+                        "(%s); the next start looks through that file again, which copies nothing twice",
+                        spool.path, moved, marker.path, exc.strerror or exc)
+        else:
+            try:
+                spool.salvage_finished(name)
+            except SpoolError:
+                pass  # an id mark left in the file: harmless
+    return result
+
+
+def _continue(spool: Spool, marker: _Marker, should_stop: Optional[StopCheck], quiet: bool) -> List[Salvage]:
+    results: List[Salvage] = []
+    for name in list(marker.names):
+        result = _copy(spool, marker, name, should_stop, resumed=True)
+        results.append(result)
+        level = logging.WARNING
+        if quiet and not result.finished:  # the daemon trying again and again: the end is what matters
+            level = logging.INFO if result.salvaged else logging.DEBUG
+        log.log(level, "spool %s: went on with the salvage of the damaged file %s, which an earlier try had not "
+                "finished (a stop, a crash or a full disk cut it short): %s", spool.path, result.moved_to,
+                result.describe())
+        if not result.finished:
+            break
+    return results
+
+
+def continue_salvages(spool: Spool, should_stop: Optional[StopCheck] = None, quiet: bool = False) -> List[Salvage]:
+    """Go on with every copy into ``spool`` that its salvage marker names (module doc), oldest
+    first, each from the id after the last one it copied; one WARNING each (``quiet``, for the
+    daemon's tries: a copy that does not finish yet is only INFO, or DEBUG when it copied
+    nothing). Returns what each did; empty when none was pending. Stops at the first that does
+    not finish (a full disk, ``should_stop``): the marker keeps it."""
+    return _continue(spool, _Marker(spool.path), should_stop, quiet)
+
+
 def open_spool(path: Union[str, Path], max_bytes: int, max_age_s: float) -> Spool:
     """The spool at ``path``; a damaged one (found by ``quick_check`` now, or marked damaged
     while in use) is moved aside and salvaged into a new one (module doc), said in one ERROR
-    naming both files. ``SpoolCorrupt`` when the file is not a spool or cannot be moved."""
+    naming both files. Copies into it that an earlier run did not finish (the salvage marker)
+    go on, one WARNING each. ``SpoolCorrupt`` when the file is not a spool or cannot be moved."""
     path = Path(path)
     marker = damage_marker(path)
+    pending = _Marker(path)
     why = ""
     if marker.exists() and path.exists() and is_spool_file(path):
         why = f"spool {path} was found damaged while the daemon ran ({_read_marker(marker)})"
@@ -300,48 +603,93 @@ def open_spool(path: Union[str, Path], max_bytes: int, max_age_s: float) -> Spoo
             why = str(exc).split(";")[0]
         else:
             _remove(marker)  # a stale mark of a file that is gone or sound again
+            _guard_open(spool, lambda: _continue(spool, pending, None, quiet=False))
             return spool
+    target = aside_name(path)
     try:
-        moved = move_aside(path)
+        pending.add(target.name)  # before the move: a copy cut short goes on at the next start
+        moved = move_aside(path, target=target)
     except OSError as err:  # a read-only folder: the refusal stands, with why it could not be salvaged
-        raise SpoolCorrupt(f"{why}; it could not be moved aside to salvage it ({err.strerror or err})") from None
+        if target.name in pending.names:
+            pending.forget(target.name)
+        raise SpoolCorrupt(f"{why}; it could not be moved aside to salvage it ({err.strerror or err}): "
+                           f"{write_advice(path.parent, err)}") from None
+    _fsync_dir(path.parent)
     _remove(marker)
-    spool = Spool(path, max_bytes=max_bytes, max_age_s=max_age_s)
     try:
-        result = salvage(moved, spool)
-    except (sqlite3.Error, OSError) as err:  # the file went worse still: start empty, say so
-        log.error("%s; moved it to %s and started a new spool, but nothing could be salvaged from it (%s)",
-                  why, moved, err)
-        return spool
-    except BaseException:
-        spool.close()
+        spool = Spool(path, max_bytes=max_bytes, max_age_s=max_age_s)
+    except SpoolError as err:  # a full disk: the marker keeps the moved file for the next open
+        log.error("%s; moved it to %s (kept for inspection), but no new spool could be started at %s (%s); what "
+                  "it holds is copied into the spool once one can be opened", why, moved, path, err)
         raise
-    log.error("%s; moved it to %s (kept for inspection) and started a new spool at %s: %s",
-              why, moved, path, result.describe())
+
+    def copy() -> None:
+        result = _copy(spool, pending, target.name, None, resumed=False)
+        log.error("%s; moved it to %s (kept for inspection) and started a new spool at %s: %s",
+                  why, moved, path, result.describe())
+        if result.finished:
+            _continue(spool, pending, None, quiet=False)
+
+    _guard_open(spool, copy)
     return spool
 
 
-def salvage_in_use(spool: Spool) -> Salvage:
+def _guard_open(spool: Spool, copy: Callable[[], object]) -> None:
+    """Run ``copy`` into the spool just opened; closed again when it raises."""
+    try:
+        copy()
+    except BaseException:
+        spool.close()
+        raise
+
+
+def salvage_in_use(spool: Spool, should_stop: Optional[StopCheck] = None) -> Salvage:
     """Salvage ``spool``, found damaged while in use (``Spool.damaged``), without a restart, as
-    ``open_spool`` does at start: its file is moved aside (``move_aside``), a new one started at
-    its path and what the damaged one still holds copied into it, ids, ages and attempts kept;
-    the spool object goes on, on the new file. A file deleted while open is read through the
-    spool's connection, the only way left to it. Call it on the thread that makes the spool's
-    calls (the daemon's spool thread), so that the calls queued behind it meet the new file.
+    ``open_spool`` does at start: its file is moved aside (``move_aside``, its new name in the
+    salvage marker first), a new one started at its path and what the damaged one still holds
+    copied into it, ids, ages and attempts kept; the spool object goes on, on the new file. A
+    file deleted while open is read through the spool's connection, the only way left to it.
+    Call it on the thread that makes the spool's calls (the daemon's spool thread), so that the
+    calls queued behind it meet the new file. ``should_stop`` is asked between batches: a copy
+    it stops (``Salvage.stopped``) goes on at the next start (not that of a deleted file, which
+    would be lost: it always finishes). Copies an earlier try left unfinished are not gone on
+    with here: ``continue_salvages``.
 
     Raises ``SpoolError`` when no new file could be started (the file cannot be moved, a full
     disk): the spool stays damaged, its file and its mark in place, so the next start salvages
     it. A copy that stops early (a full disk, the new file failing too) is a ``Salvage`` with
     ``full`` set; the new spool is damaged again when that was the cause."""
-    moved, old = spool.replace_damaged_file(move_aside)
-    _remove(damage_marker(spool.path))  # the file it marked is moved aside
-    source: Union[Path, sqlite3.Connection, None] = moved if moved is not None else old
+    pending = _Marker(spool.path)
+    planned: List[Path] = []
+
+    def move(path: Path) -> Path:
+        target = aside_name(path)
+        pending.add(target.name)  # before the move: a copy cut short goes on at the next start
+        planned.append(target)
+        try:
+            moved = move_aside(path, target=target)
+        except OSError:
+            pending.forget(target.name)
+            raise
+        _fsync_dir(path.parent)
+        return moved
+
     try:
-        if source is None:
+        moved, old = spool.replace_damaged_file(move)
+    except SpoolError:
+        for target in planned:
+            if not target.exists():  # put back at the path: nothing to copy from there
+                pending.forget(target.name)
+        raise
+    _remove(damage_marker(spool.path))  # the file it marked is moved aside
+    if moved is not None:
+        return _copy(spool, pending, moved.name, should_stop, resumed=False)
+    try:
+        if old is None:
             return Salvage(moved_to=None, unreadable="it had been deleted and closed")
-        return salvage(source, spool, stop_on=(SpoolError,))
+        return salvage(old, spool, stop_on=(SpoolError,))
     except (sqlite3.Error, OSError) as err:  # the damaged file went worse still: the new spool goes on empty
-        return Salvage(moved_to=moved, unreadable=str(err))
+        return Salvage(moved_to=None, unreadable=str(err))
     finally:
         if old is not None:
             old.close()

@@ -91,3 +91,47 @@ def garble_page_holding(path: Union[str, Path], marker: bytes, seed: int = 7) ->
         fh.seek((number - 1) * page)
         fh.write(garbage)
     return number
+
+
+def salvage_until_killed(path: Union[str, Path], mode: str) -> None:
+    """(The child process of the crash tests.) Salvage the spool at ``path`` with the copy
+    slowed, saying ``batch N`` on stdout after each batch it stored, and wait to be killed after
+    the second: ``in-use`` opens the sound spool, damages its key index under it and salvages it
+    in place (``salvage_in_use``), as the daemon's spool thread does; ``start`` opens a damaged
+    spool as a start does (``open_spool``)."""
+    import time
+
+    from edge.spool import Spool, SpoolCorrupt
+    from edge.spool_salvage import open_spool, salvage_in_use
+
+    real = Spool.adopt
+    stored = [0]
+
+    def adopt(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        stored[0] += 1
+        print(f"batch {stored[0]}", flush=True)
+        if stored[0] >= 2:
+            time.sleep(600)  # the copy half done: killed here
+        return result
+
+    Spool.adopt = adopt  # type: ignore[method-assign]
+    if mode == "in-use":
+        spool = Spool(path, max_bytes=1 << 30, max_age_s=3600)
+        damage_index(path, KEY_INDEX)
+        nudge(path)
+        try:
+            spool.put("dev/cam/new", b"x", {})
+        except SpoolCorrupt:
+            pass
+        assert spool.damaged is not None
+        salvage_in_use(spool)
+    else:
+        open_spool(path, max_bytes=1 << 30, max_age_s=3600)
+    print("finished", flush=True)  # not reached when killed
+
+
+if __name__ == "__main__":
+    import sys
+
+    salvage_until_killed(sys.argv[1], sys.argv[2])

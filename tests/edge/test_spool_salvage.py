@@ -412,3 +412,292 @@ def test_salvage_pacing_backs_off_after_failures_and_repeated_damage_then_forget
     fresh.attempted(30.0, ok=True)
     assert fresh.wait_s(30.0) == 60.0
     assert fresh.due(30.0 + 1800.0)
+
+
+# --- a copy cut short (a kill, a stop, a full disk) goes on where it stopped ---------------
+
+
+def _kill_mid_salvage(path, mode: str) -> None:
+    """Run ``spooldamage.salvage_until_killed`` in a child process and SIGKILL it once it stored
+    two batches of the copy (the rest not copied yet), as a power loss would stop it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-m", "tests.edge.spooldamage", str(path), mode], cwd=str(root),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(60, child.kill)  # a child that never gets there fails the test, not hangs it
+    guard.start()
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        lines = []
+        for line in child.stdout:
+            lines.append(line.strip())
+            if line.strip() == "batch 2":
+                os.kill(child.pid, signal.SIGKILL)
+                break
+        child.wait(30)
+        err = child.stderr.read()
+    finally:
+        guard.cancel()
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+        child.stdout.close()
+        child.stderr.close()
+    assert lines[-1:] == ["batch 2"] and child.returncode == -signal.SIGKILL, (lines, child.returncode, err)
+
+
+@pytest.mark.parametrize("mode", ["in-use", "start"])
+def test_a_salvage_killed_mid_copy_is_finished_at_the_next_start(tmp_path, caplog, mode):
+    """kill -9 (a power loss) in the middle of a salvage's copy, in a real child process: the
+    next start finds the salvage marker, goes on with the copy from the moved file and holds
+    every item, ids, payloads, meta and attempts as they were; the marker is gone after it. It
+    used to find a sound but partial spool and say nothing (34 of 300 items)."""
+    path = tmp_path / "spool.db"
+    marker = tmp_path / "spool.db.salvaging"
+    before = _fill(path, 300, 8000)  # 17 items a batch: 2 batches of 18 stored when killed
+    if mode == "start":
+        damage_index(path)
+    _kill_mid_salvage(path, mode)
+    (moved,) = [p for p in tmp_path.glob("spool.db.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    if marker.exists():  # (the code before this test had none)
+        assert marker.read_text().splitlines()[1:] == [moved.name]
+    with Spool(path, max_bytes=CAP, max_age_s=3600) as partial:  # sound, and only part of it
+        assert len(partial) == 34
+
+    with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
+        with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+            assert len(sp) == 300 and _held(sp) == before
+    assert not marker.exists() and not (tmp_path / "spool.db.damaged").exists()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"spool {path}: went on with the salvage of the damaged file {moved}, which an earlier "
+                           "try had not finished (a stop, a crash or a full disk cut it short): ")
+    assert line.endswith(f": {300 - 34} more escalation(s) salvaged")
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:  # nothing left to do
+        assert len(again) == 300
+    assert len([p for p in tmp_path.glob("spool.db.damaged-*Z")]) == 1
+
+
+def _damaged_in_use(path, n: int, size: int):
+    """A spool of ``n`` items whose key index is damaged under it, met by a put; with what it held."""
+    from tests.edge.spooldamage import nudge
+
+    before = _fill(path, n, size)
+    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
+    damage_index(path, KEY_INDEX)
+    nudge(path)
+    with pytest.raises(SpoolCorrupt):
+        sp.put("dev/cam/new", b"x", {})
+    return sp, before
+
+
+def test_a_stopped_copy_goes_on_from_where_it_stopped_and_brings_back_nothing_acknowledged(tmp_path):
+    """A stop cuts the copy short after its first batch (``should_stop``); the items it copied
+    are replayed and acknowledged; the next start copies the rest, and not those again (the
+    copy's progress is kept in the new file, in the transaction of each batch)."""
+    from edge.spool_salvage import salvage_in_use, salvage_marker
+
+    path = tmp_path / "spool.db"
+    sp, before = _damaged_in_use(path, 200, 3000)
+    result = salvage_in_use(sp, should_stop=lambda: "the daemon is stopping")
+
+    assert result.stopped == "the daemon is stopping" and not result.finished and 0 < result.salvaged < 200
+    assert result.describe() == (f"{result.salvaged} escalation(s) salvaged; stopped early (the daemon is stopping), "
+                                 f"the rest is still in {result.moved_to} and is copied at the next start")
+    assert salvage_marker(path).read_text().splitlines()[1:] == [result.moved_to.name]
+    copied = _held(sp)
+    assert len(copied) == result.salvaged and all(before[k] == v for k, v in copied.items())
+    assert sp.ack_many([v[0] for v in copied.values()]) == len(copied)  # replayed before the daemon stopped
+    sp.stop_by = 0.0
+    with pytest.raises(SpoolError, match=r"stayed busy past the shutdown grace \(salvaging its damaged file; the "
+                                         r"next start copies the rest from "):
+        sp.put("dev/cam/late", b"x", {})
+    sp.close()
+
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
+        held = _held(again)
+    assert set(held) == set(before) - set(copied) and all(before[k] == v for k, v in held.items())
+    assert not salvage_marker(path).exists()
+
+
+def test_a_salvage_marker_naming_a_file_that_is_gone_is_said_and_dropped(tmp_path, caplog):
+    from edge.spool_salvage import salvage_marker
+
+    path = tmp_path / "spool.db"
+    _fill(path, 5, 100)
+    salvage_marker(path).write_text("# a comment\nspool.db.damaged-20260101T000000Z\n")
+    with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
+        with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+            assert len(sp) == 5
+    assert not salvage_marker(path).exists()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"spool {path}: its salvage marker {salvage_marker(path)} names "
+                           f"{tmp_path / 'spool.db.damaged-20260101T000000Z'}, which is not there (deleted, ")
+
+
+def test_a_move_cut_short_after_the_wal_gets_its_wal_back(tmp_path, caplog):
+    """A kill between the renames of a move aside (the -wal moved, the file not): the -wal goes
+    back beside its file, whose committed items would otherwise be lost."""
+    from edge.spool_salvage import salvage_marker
+
+    path = tmp_path / "spool.db"
+    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
+    for i in range(5):
+        sp.put(f"dev/cam/{i}", b"x" * 100, {})
+    wal = tmp_path / "spool.db-wal"
+    assert wal.stat().st_size > 0
+    moved = tmp_path / "spool.db.damaged-20260101T000000Z"
+    copy = sqlite3.connect(str(path))  # holds the WAL in place while the spool closes, as a kill would
+    copy.execute("SELECT COUNT(*) FROM items").fetchone()
+    wal.rename(moved.with_name(moved.name + "-wal"))
+    (tmp_path / "spool.db-shm").rename(moved.with_name(moved.name + "-shm"))
+    salvage_marker(path).write_text(moved.name + "\n")
+    with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
+        with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
+            assert len(again) == 5
+    copy.close()
+    sp._db.close()
+    assert "a salvage stopped while it moved the damaged file" in caplog.records[0].getMessage()
+    assert not salvage_marker(path).exists()
+
+
+@pytest.mark.parametrize("damage,problem", [
+    (b"\xff\xfe\x00garbage", "not UTF-8 text"),
+    (b"# edgewise\nspool.db.damaged-2026", "1 line(s) that name no moved spool file"),  # torn mid-line
+    (b"# edgewise\n../../etc/passwd\n", "1 line(s) that name no moved spool file"),
+])
+def test_a_damaged_salvage_marker_is_said_with_the_moved_files_and_how_to_go_on(tmp_path, caplog, damage, problem):
+    """The marker itself hit by a bad block: the start says so (ERROR) with the moved files there
+    and how to name the one to go on with; named so, the next start goes on with it."""
+    from edge.spool_salvage import salvage_in_use, salvage_marker
+
+    path = tmp_path / "spool.db"
+    sp, before = _damaged_in_use(path, 100, 3000)
+    result = salvage_in_use(sp, should_stop=lambda: "the daemon is stopping")
+    sp.close()
+    assert 0 < result.salvaged < 100
+    marker = salvage_marker(path)
+    marker.write_bytes(damage)
+    with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
+        with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
+            assert len(again) == result.salvaged
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"spool {path}: its salvage marker {marker} is damaged ({problem}), so a copy of a "
+                           f"damaged spool file into the spool may not have finished; the moved files there are "
+                           f"{result.moved_to.name}. To go on with one, stop the daemon, add the file's name as a "
+                           f"line to {marker} and start it"), line
+    assert not marker.exists()
+
+    marker.write_text(result.moved_to.name + "\n")  # what the line says to do
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
+        assert _held(again) == before
+    assert not marker.exists()
+
+
+def test_a_copy_stopped_by_a_full_disk_goes_on_as_room_comes_back_and_delivers_each_item_once(small_fs, caplog):
+    """The start's copy stops at the filesystem's reserve; as replays are acknowledged, room
+    comes back and ``continue_salvages`` copies more, each time from where it stopped: every
+    item of the damaged file is delivered once, none twice, and the marker goes at the end."""
+    from edge.spool_salvage import continue_salvages, salvage_marker
+
+    fs = small_fs(3 << 20)
+    path = fs.path / "spool.db"
+    before = _fill(path, 200, 9000)
+    damage_index(path)
+    delivered = []
+    rounds = 0
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+        assert salvage_marker(path).exists() and 0 < len(sp) < 200
+        while True:
+            items = sp.peek(1000)
+            delivered += [it.key for it in items]
+            assert sp.ack_many([it.id for it in items]) == len(items)
+            if not salvage_marker(path).exists():
+                break
+            rounds += 1
+            assert rounds < 20
+            results = continue_salvages(sp)
+            assert len(results) == 1 and results[0].salvaged > 0 and results[0].resumed
+    assert sorted(delivered) == sorted(before) and len(delivered) == 200 and rounds >= 1
+
+
+def test_a_damaged_spool_whose_filesystem_went_read_only_is_said_so(small_fs, monkeypatch, caplog):
+    """The kernel remounts a failing card read-only (after I/O errors) just as the damage is
+    salvaged: the error names the read-only filesystem and what to do, not a folder's
+    permissions; nothing is left behind (no marker naming a move that did not happen), and once
+    it is writable again the salvage works."""
+    import os
+    import subprocess
+
+    import edge.spool_salvage as salvaging
+    from edge.spool_salvage import damage_marker, salvage_in_use
+
+    fs = small_fs(4 << 20)
+    path = fs.path / "spool.db"
+    sp, before = _damaged_in_use(path, 20, 500)
+
+    def remount(mode: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,{mode}", str(fs.path)], check=True, capture_output=True)
+
+    def read_only_first(real):
+        def call(*args, **kwargs):
+            if not os.statvfs(fs.path).f_flag & os.ST_RDONLY:
+                remount("ro")  # the spool's file is closed by now, as replace_damaged_file does
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(salvaging, "move_aside", read_only_first(salvaging.move_aside))
+    if hasattr(salvaging, "aside_name"):  # where the target is named, before anything is written
+        monkeypatch.setattr(salvaging, "aside_name", read_only_first(salvaging.aside_name))
+    try:
+        with pytest.raises(SpoolError) as ei:
+            salvage_in_use(sp)
+    finally:
+        remount("rw")
+    text = str(ei.value)
+    assert text.startswith(f"spool {path} is damaged and cannot be moved aside to salvage it (Read-only file "
+                           "system): its filesystem is mounted read-only"), text
+    assert "remount it read-write, or set spool.path to a writable filesystem" in text
+    assert "make its folder writable" not in text
+    assert sorted(p.name for p in fs.path.iterdir()) == ["spool.db", "spool.db.damaged"] and damage_marker(path).exists()
+    monkeypatch.undo()
+    with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
+        result = salvage_in_use(sp)
+    assert result.finished and _held(sp) == before and not caplog.records
+    sp.close()
+
+
+def test_a_new_file_the_full_disk_refuses_puts_the_damaged_file_back_and_unlists_it(small_fs, monkeypatch):
+    """The disk fills (another writer) between the move aside and the new file: the new file
+    cannot be made, the damaged file goes back to the path with its mark, and the salvage
+    marker no longer names a move that was undone; with room again, the salvage works."""
+    import edge.spool_salvage as salvaging
+    from edge.spool_salvage import damage_marker, salvage_in_use, salvage_marker
+
+    fs = small_fs(2 << 20)
+    path = fs.path / "spool.db"
+    sp, before = _damaged_in_use(path, 30, 900)
+    damaged = path.read_bytes()
+    real = salvaging.move_aside
+    fillers = []
+
+    def fill_then_move(*args, **kwargs):
+        assert salvage_marker(path).exists()  # the name is written before anything moves
+        fillers.append(fs.fill(leave=0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(salvaging, "move_aside", fill_then_move)
+    with pytest.raises(SpoolError, match="its filesystem is full"):
+        salvage_in_use(sp)
+    assert path.read_bytes() == damaged and damage_marker(path).exists() and not salvage_marker(path).exists()
+    assert sp.damaged is not None and not list(fs.path.glob("spool.db.damaged-*"))
+    monkeypatch.undo()
+    fillers[0].unlink()
+    result = salvage_in_use(sp)
+    assert result.finished and _held(sp) == before and not salvage_marker(path).exists()
+    sp.close()
