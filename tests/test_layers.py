@@ -41,7 +41,13 @@ _CORE_THIRD_PARTY = {
 DEVICE_THIRD_PARTY = {
     "edgewise": _CORE_THIRD_PARTY,
     "edge": _CORE_THIRD_PARTY | {"paho"},
+    # the paho client both MQTT ends share: imported only by the edge's MQTT transport and the
+    # gateway's bridge, whose extras (edge, cloud) install paho-mqtt, as the bundle does
+    # (test_only_the_mqtt_ends_import_the_shared_paho_client)
+    "edgewise.mqtt_client": _CORE_THIRD_PARTY | {"paho"},
 }
+#: the only modules that may import edgewise.mqtt_client
+MQTT_CLIENT_USERS = {"edge.transports.mqtt", "cloud.gateway.mqtt_bridge"}
 
 Import = Tuple[str, int, str]  # (file, line, imported module name)
 
@@ -132,11 +138,19 @@ def test_device_packages_use_only_what_a_jetson_has() -> None:
     bad = []
     for mod, line, name in external:
         pkg, top = mod.split(".")[0], name.split(".")[0]
-        allowed = DEVICE_THIRD_PARTY.get(pkg)
+        allowed = DEVICE_THIRD_PARTY.get(mod, DEVICE_THIRD_PARTY.get(pkg))
         if allowed is not None and top not in std and top not in allowed:
             bad.append(f"{modules[mod].relative_to(ROOT)}:{line} imports {name} "
                        f"(not among the device's packages: {', '.join(sorted(allowed))})")
     assert not bad, "\n".join(bad)
+
+
+def test_only_the_mqtt_ends_import_the_shared_paho_client() -> None:
+    """edgewise.mqtt_client imports paho, which the core's own dependencies do not install:
+    only the two MQTT ends may import it."""
+    _, edges, _ = _graph()
+    users = {mod for mod, deps in edges.items() for _, target in deps if target == "edgewise.mqtt_client"}
+    assert users == MQTT_CLIENT_USERS
 
 
 def _cycles(edges: Dict[str, List[Tuple[int, str]]]) -> List[List[str]]:
