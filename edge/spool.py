@@ -68,8 +68,10 @@ gives the open spool a new file at its path (the damaged one moved aside), so th
 daemon salvages it without a restart (``edge.spool_salvage.salvage_in_use``); ``generation``
 counts those new files. ``adopt`` records in the same transaction how far the copy from a
 moved file got (table ``salvaged_from``), so that a copy stopped by a kill, a stop of the
-daemon or a full disk goes on from there (``salvage_progress``). Every other SQLite error of
-any call is a ``SpoolError`` naming the path.
+daemon or a full disk goes on from there (``salvage_progress``; ``salvage_finished`` records a
+finished one); ``raise_ids`` numbers new items above a moved file's ids before its copy, and
+``adopt`` gives an item whose id another key took a new one, so that no copied item is lost
+to an id. Every other SQLite error of any call is a ``SpoolError`` naming the path.
 """
 
 from __future__ import annotations
@@ -130,6 +132,9 @@ CREATE TABLE IF NOT EXISTS counters (
 #: How far the copy from each moved damaged file got (``adopt``): made by the first copy into a
 #: file, not at open (an older spool on a full disk still opens).
 _PROGRESS_TABLE = "CREATE TABLE IF NOT EXISTS salvaged_from (source TEXT PRIMARY KEY, last_id INTEGER NOT NULL)"
+
+#: ``salvaged_from.last_id`` of a copy that finished: named again, it copies nothing.
+SALVAGE_DONE = 1 << 62
 
 #: Columns added after the first release, as (name, type); older spools get them by
 #: ALTER TABLE at open, NULL in their rows (aged as items of an earlier boot).
@@ -280,6 +285,14 @@ def _has_progress(db: sqlite3.Connection) -> bool:
     """Whether the file has the table ``adopt`` records a salvage's progress in."""
     row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'salvaged_from'").fetchone()
     return row is not None
+
+
+def _merge_progress(db: sqlite3.Connection, progress: Dict[str, int]) -> None:
+    """Record how far copies from moved files got (inside a transaction, ``salvaged_from``
+    made), the higher id kept per file (no UPSERT: SQLite 3.22 on the Jetson's Ubuntu 18.04)."""
+    for source, last in progress.items():
+        db.execute("INSERT OR IGNORE INTO salvaged_from(source, last_id) VALUES (?, ?)", (source, last))
+        db.execute("UPDATE salvaged_from SET last_id = MAX(last_id, ?) WHERE source = ?", (last, source))
 
 
 def _insert_items(db: sqlite3.Connection, rows: Sequence[Tuple[Any, ...]]) -> None:
@@ -917,16 +930,20 @@ class Spool:
                              f"({exc.strerror or exc}): what it holds is copied from there into the new "
                              "spool at the next try, or at the next start; leave it where it is") from None
 
-    def adopt(self, rows: Sequence[Tuple[Any, ...]], source: Optional[str] = None) -> Tuple[int, int]:
+    def adopt(self, rows: Sequence[Tuple[Any, ...]], source: Optional[str] = None,
+              progress: Optional[Dict[str, int]] = None) -> Tuple[int, int]:
         """Store items of another spool file as they were (``ITEM_COLUMNS``: id, age and attempts
-        kept, so the replay order and ages go on; an id or key already here is skipped), then
-        evict the oldest over ``max_bytes``. Returns (stored, evicted); ``SpoolFull`` (nothing
-        stored) when they would eat into the filesystem's reserve. Used to salvage a damaged
-        file (``edge.spool_salvage``), whose name ``source`` is: the highest id of ``rows`` (read
-        in id order) is then recorded in the same transaction as how far that copy got
-        (``salvage_progress``), so that an item copied, replayed and acknowledged is not copied
-        again when a stopped copy goes on. Ids acknowledged before they were copied
-        (``copy_pending``) are left out."""
+        kept, so the replay order and ages go on; a key already here is skipped), then evict the
+        oldest over ``max_bytes``. An id already taken by another key (an item spooled since,
+        numbered before the copy reached that id) gets a new id above all others, said in a
+        WARNING: no item is dropped for its id. Returns (stored, evicted); ``SpoolFull``
+        (nothing stored) when they would eat into the filesystem's reserve. Used to salvage a
+        damaged file (``edge.spool_salvage``), whose name ``source`` is: the highest id of
+        ``rows`` (read in id order) is then recorded in the same transaction as how far that copy
+        got (``salvage_progress``), so that an item copied, replayed and acknowledged is not
+        copied again when a stopped copy goes on; ``progress`` (how far copies into that file
+        itself had got, read from it) is merged in the same transaction, the higher id kept.
+        Ids acknowledged before they were copied (``copy_pending``) are left out."""
         with self._lock, self._guarded("write failed"):
             last = max((int(r[0]) for r in rows), default=0)
             if self._acked_absent:
@@ -935,35 +952,92 @@ class Spool:
             self._check_room(2 * sum(len(r[2]) + len(r[3]) + len(r[1]) for r in rows))
             with self._transaction() as db:
                 before = self._depth
-                _insert_items(db, rows)
+                renumbered = self._insert_adopted(db, rows)
                 if source is not None and last:
                     db.execute(_PROGRESS_TABLE)
-                    db.execute("INSERT OR REPLACE INTO salvaged_from(source, last_id) VALUES (?, ?)",
-                               (source, last))
+                    _merge_progress(db, {source: last})
+                if progress:
+                    db.execute(_PROGRESS_TABLE)
+                    _merge_progress(db, progress)
                 size, depth = db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM items").fetchone()
                 self._bytes, self._depth = int(size), int(depth)
                 stored = self._depth - before
                 evicted, freed = self._evict_for(0)
                 self._bytes -= freed
                 self._depth -= evicted
+        if renumbered:
+            log.warning("spool %s: %d salvaged escalation(s) found their id taken by an escalation spooled "
+                        "since (%s) and were given new ids; they are replayed after it, none is lost",
+                        self.path, len(renumbered), ", ".join(f"{a} -> {b}" for a, b in renumbered[:5]))
         return stored, evicted
+
+    def _insert_adopted(self, db: sqlite3.Connection, rows: Sequence[Tuple[Any, ...]]) -> List[Tuple[int, int]]:
+        """Insert ``rows`` (inside ``adopt``'s transaction); a row whose id another key holds is
+        inserted with a new id. Returns those (old id, new id)."""
+        fresh: List[Tuple[Any, ...]] = []
+        taken: List[Tuple[Any, ...]] = []
+        for r in rows:
+            row = db.execute("SELECT key FROM items WHERE id = ?", (r[0],)).fetchone()
+            if row is None:
+                fresh.append(r)
+            elif row[0] != r[1]:
+                taken.append(r)
+        _insert_items(db, fresh)
+        renumbered: List[Tuple[int, int]] = []
+        for r in taken:
+            if db.execute("SELECT 1 FROM items WHERE key = ?", (r[1],)).fetchone() is not None:
+                continue  # copied already, under another id
+            cur = db.execute(f"INSERT INTO items({ITEM_COLUMNS}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             tuple(r[1:]))
+            renumbered.append((int(r[0]), int(cur.lastrowid or 0)))
+        return renumbered
+
+    def raise_ids(self, top: int) -> None:
+        """Number the items spooled from now on above ``top`` (the highest id of a damaged file
+        whose items are still to be copied in, with their ids), so that no new item takes the id
+        of one not copied yet."""
+        with self._lock, self._guarded("write failed"):
+            self._top_id = max(self._top_id, top)
+            if top <= self._sequence():
+                return
+            with self._transaction() as db:
+                if db.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'items'",
+                              (top,)).rowcount == 0:
+                    db.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('items', ?)", (top,))
 
     def salvage_progress(self, source: str) -> int:
         """The highest id of the moved file ``source`` that ``adopt`` copied into this spool; 0
-        when none was."""
+        when none was; ``SALVAGE_DONE`` when that copy finished (``salvage_finished``)."""
         with self._lock, self._guarded("read failed"):
             if not _has_progress(self._db):
                 return 0
             row = self._db.execute("SELECT last_id FROM salvaged_from WHERE source = ?", (source,)).fetchone()
         return int(row[0]) if row else 0
 
+    def salvage_sources(self) -> Dict[str, int]:
+        """Every moved file this spool has a copy's progress of (``salvage_progress``)."""
+        with self._lock, self._guarded("read failed"):
+            if not _has_progress(self._db):
+                return {}
+            return {str(s): int(n) for s, n in self._db.execute("SELECT source, last_id FROM salvaged_from")}
+
     def salvage_finished(self, source: str) -> None:
-        """Forget how far the copy from ``source`` got (it finished)."""
+        """Record that the copy from ``source`` finished (``SALVAGE_DONE``): named again (by hand,
+        in the salvage marker) it copies nothing, so nothing acknowledged comes back."""
+        with self._lock, self._guarded("write failed"):
+            with self._transaction() as db:
+                db.execute(_PROGRESS_TABLE)
+                _merge_progress(db, {source: SALVAGE_DONE})
+
+    def forget_salvages(self, sources: Sequence[str]) -> None:
+        """Drop the progress of copies from ``sources`` (moved files that are gone)."""
+        if not sources:
+            return
         with self._lock, self._guarded("write failed"):
             if not _has_progress(self._db):
                 return
             with self._transaction() as db:
-                db.execute("DELETE FROM salvaged_from WHERE source = ?", (source,))
+                db.executemany("DELETE FROM salvaged_from WHERE source = ?", [(s,) for s in sources])
 
     def last_epoch(self) -> int:
         """The newest run (``frame_seq >> 32``) among the spooled keys; -1 when none."""

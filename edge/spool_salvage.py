@@ -35,13 +35,25 @@ reached the end of the moved file, or found nothing readable in it. Every start
 (``open_spool``), and the daemon after a copy that stopped at a full disk
 (``continue_salvages``), goes on with each copy the marker names, from the id after the last
 one copied: nothing is copied twice, and an item already replayed and acknowledged is not
-copied back. A name whose file is gone is said and dropped; a marker that cannot be read is
-said with the moved files there and how to name the one to go on with. The instance lock
-(``<spool file>.lock``) is never moved.
+copied back. A name whose file is gone, or is not a regular file, is said and dropped; a
+marker whose content is garbage (a bad block) is said with the moved files there and how to
+name the one to go on with; a marker that cannot be read at all (its permissions, an I/O
+error) is said with what to do and left as it is, never written over.
+
+Ids: before a copy the new spool numbers its items above the moved file's highest id
+(``Spool.raise_ids``), so that an escalation spooled while a copy waits for room never takes
+the id of an item not copied yet; should it happen all the same, ``Spool.adopt`` gives the
+copied item a new id rather than drop it. A moved file that was itself the spool while an
+earlier copy went on holds that copy's progress: it is taken over (``salvaged_from``, the
+higher id per file kept), so that when a new spool is damaged in turn nothing acknowledged is
+copied back. A finished copy stays recorded (``SALVAGE_DONE``) as long as its moved file is
+there: named again by hand, it copies nothing. The instance lock (``<spool file>.lock``) is
+never moved.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import logging
@@ -50,7 +62,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Type, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union
 from urllib.parse import quote
 
 from edge.spool import (
@@ -113,6 +125,8 @@ class Salvage:
         stopped: why a stop cut the copy short (the daemon is stopping); the rest is copied at
             the next start.
         resumed: the copy went on with one that an earlier try or run had not finished.
+        source_failed: ``full`` is about the moved file (it cannot be opened now), not the new
+            spool: the copies after it go on.
     """
 
     moved_to: Optional[Path]
@@ -124,6 +138,13 @@ class Salvage:
     unreadable: str = ""
     stopped: str = ""
     resumed: bool = False
+    source_failed: bool = False
+
+    @property
+    def blocks(self) -> bool:
+        """The copies after this one wait too: a stop, or the new spool cannot take more (a full
+        disk); not a moved file that cannot be read now, which does not hold the others up."""
+        return bool(self.stopped) or (bool(self.full) and not self.source_failed)
 
     @property
     def finished(self) -> bool:
@@ -229,6 +250,17 @@ class _Reader:
             self.top = int(row[0]) if row else None
         except sqlite3.Error:
             self.top = None
+        if self.top is None:
+            try:  # the rowid b-tree's last entry: no sqlite_sequence (damaged), the highest id all the same
+                row = self.db.execute("SELECT MAX(id) FROM items").fetchone()
+                self.top = int(row[0]) if row and row[0] is not None else None
+            except sqlite3.Error:
+                pass
+
+    def progress(self) -> Dict[str, int]:
+        """How far copies into this file from other moved files had got (its ``salvaged_from``,
+        written while it was the spool); empty when it has none or it cannot be read."""
+        return _progress_in(self.db)
 
     def _from(self, first: int, limit: int) -> List[Tuple[object, ...]]:
         # >=, not >: "id > n" with n the last id of a damaged page seeks into that page
@@ -295,6 +327,29 @@ class _Reader:
             self.db.close()
 
 
+def _progress_in(db: sqlite3.Connection) -> Dict[str, int]:
+    """The ``salvaged_from`` rows of a (moved, maybe damaged) spool file; best effort."""
+    try:
+        if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'salvaged_from'").fetchone() is None:
+            return {}
+        return {str(s): int(n) for s, n in db.execute("SELECT source, last_id FROM salvaged_from")
+                if isinstance(s, str) and isinstance(n, int)}
+    except sqlite3.Error:
+        return {}
+
+
+def _progress_of(path: Path) -> Dict[str, int]:
+    """``_progress_in`` the moved file at ``path`` (read-only); empty when it cannot be opened."""
+    try:
+        db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return {}
+    try:
+        return _progress_in(db)
+    finally:
+        db.close()
+
+
 def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool,
             stop_on: Tuple[Type[SpoolError], ...] = (SpoolFull,), after: int = 0,
             should_stop: Optional[StopCheck] = None) -> Salvage:
@@ -304,10 +359,17 @@ def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool,
     filesystem, or at any other of the errors ``stop_on`` of the new spool (``Salvage.full``),
     or between two batches when ``should_stop`` gives a reason (``Salvage.stopped``): the
     rest stays in ``damaged``. A batch the filesystem's reserve refuses is tried in halves,
-    so that a copy near a full disk stores what still fits."""
+    so that a copy near a full disk stores what still fits.
+
+    Before the copy, the new spool numbers its items above the damaged file's highest id
+    (``Spool.raise_ids``: an item spooled meanwhile never takes the id of one not copied yet),
+    and takes over how far copies into the damaged file itself had got (its own
+    ``salvaged_from``, when it was a spool a salvage was copying into): those copies then go
+    on from there, and bring back nothing acknowledged."""
     reader = _Reader(damaged)
     result = Salvage(moved_to=damaged if isinstance(damaged, Path) else None)
     source = damaged.name if isinstance(damaged, Path) else None
+    inherited = reader.progress() if source is not None else {}
 
     def adopt(batch: List[Row]) -> None:
         try:
@@ -325,6 +387,10 @@ def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool,
         result.evicted += evicted
 
     try:
+        if reader.top:
+            into.raise_ids(reader.top)
+        if inherited:
+            into.adopt([], None, progress=inherited)
         batch: List[Row] = []
         size = 0
         for row in reader.rows(after + 1):
@@ -387,36 +453,57 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+class _MarkerUnreadable(OSError):
+    """The salvage marker is there but cannot be read: it is not written over (the names it holds
+    would be lost)."""
+
+
 class _Marker:
     """The salvage marker of the spool at ``path``: ``names`` as read (see ``_read``), and
-    ``add``/``drop``, each written durably before they return (``OSError`` when it cannot be)."""
+    ``add``/``drop``, each written durably before they return (``OSError`` when it cannot be;
+    ``_MarkerUnreadable`` when the marker could not be read, ``unreadable`` saying why)."""
 
     def __init__(self, path: Path) -> None:
         self.spool = path
         self.path = salvage_marker(path)
+        self.unreadable = ""
         self.names = self._read()
 
     def _read(self) -> List[str]:
-        """The names the marker holds whose file is there. A name whose file is gone is said and
-        dropped (a file moved only halfway, its -wal first, gets its -wal back); a marker that
-        cannot be read, or a line that names no moved spool file, is said with the moved files
-        there and how to go on with one of them. The marker is written again without them."""
+        """The names the marker holds whose file is there. A name whose file is gone, or is not a
+        regular file, is said and dropped (a file moved only halfway, its -wal first, gets its
+        -wal back); a line that names no moved spool file (garbage: a bad block) is said with the
+        moved files there and how to go on with one of them, and the marker is written again
+        without them. A marker that cannot be read (its permissions, an I/O error) is said with
+        what to do and left as it is: nothing is copied until it can be read."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return []
         except OSError as exc:
-            names: List[str] = []
-            problem = f"it cannot be read: {exc.strerror or exc}"
-        else:
-            names, problem = self._parse(data)
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                todo = "make it readable and writable by the daemon (owner edgewise, e.g. `chown edgewise`)"
+            elif exc.errno == errno.EISDIR:
+                todo = "it is a folder: move it away (nothing in it is the daemon's)"
+            else:
+                todo = "check `dmesg` for I/O errors on its filesystem"
+            self.unreadable = f"its salvage marker {self.path} cannot be read ({exc.strerror or exc}): {todo}"
+            log.error("spool %s: %s. Until then no copy of a damaged spool file that an earlier run had not "
+                      "finished goes on, and a damaged spool is not salvaged; the marker is left as it is",
+                      self.spool, self.unreadable)
+            return []
+        names, problem = self._parse(data)
         keep: List[str] = []
         for name in names:
             moved = self.spool.with_name(name)
             if name in keep:
                 continue
-            if moved.exists():
+            if moved.is_file():
                 keep.append(name)
+            elif moved.exists() or moved.is_symlink():
+                log.warning("spool %s: its salvage marker %s names %s, which is not a regular file (a folder?): "
+                            "nothing is copied from it, and it is dropped from the marker", self.spool, self.path,
+                            moved)
             elif self._unmove(moved):
                 log.warning("spool %s: a salvage stopped while it moved the damaged file to %s; its -wal and -shm "
                             "are back beside it, and it is salvaged as a damaged file is", self.spool, moved)
@@ -430,8 +517,9 @@ class _Marker:
                      else "no other moved file is there")
             log.error("spool %s: its salvage marker %s is damaged (%s), so a copy of a damaged spool file into the "
                       "spool may not have finished; %s. To go on with one, stop the daemon, add the file's name as "
-                      "a line to %s and start it: what was copied already is not copied twice. Delete moved files "
-                      "you no longer need", self.spool, self.path, problem, there, self.path)
+                      "a line to %s and start it: what was copied already is not copied twice, and a file whose "
+                      "copy had finished copies nothing. Delete moved files you no longer need", self.spool,
+                      self.path, problem, there, self.path)
         if problem or keep != names:
             try:
                 self._write(keep)
@@ -460,22 +548,32 @@ class _Marker:
         return names, (f"{bad} line(s) that name no moved spool file" if bad else "")
 
     def _unmove(self, moved: Path) -> bool:
-        """``move_aside`` stopped after moving the -wal/-shm of the spool to ``moved`` but not the
-        file itself: put them back beside the file. False when that is not the case."""
-        sides = [(moved.with_name(moved.name + x), self.spool.with_name(self.spool.name + x)) for x in ("-wal", "-shm")]
-        if not self.spool.exists() or not any(a.exists() for a, _ in sides) or any(b.exists() for _, b in sides):
+        """``move_aside`` stopped after moving the -wal (and maybe the -shm) of the spool to
+        ``moved`` but not the file itself: put them back beside the file. The -wal decides (it
+        holds committed items); a -shm is only SQLite's index of it, rebuilt from the -wal, so
+        one already beside the file (a kill between the two renames) stays and the moved one is
+        removed. False when that is not the case (the spool's own -wal is there)."""
+        wal, wal_back = (moved.with_name(moved.name + "-wal"), self.spool.with_name(self.spool.name + "-wal"))
+        shm, shm_back = (moved.with_name(moved.name + "-shm"), self.spool.with_name(self.spool.name + "-shm"))
+        if not self.spool.exists() or not wal.exists() or wal_back.exists():
             return False
         try:
-            for at, back in sides:
-                if at.exists():
-                    os.replace(at, back)
+            os.replace(wal, wal_back)
+            if shm.exists():
+                if shm_back.exists():
+                    shm.unlink()
+                else:
+                    os.replace(shm, shm_back)
         except OSError as exc:
             log.warning("spool %s: could not move %s's -wal back (%s)", self.spool, moved, exc.strerror or exc)
             return False
         return True
 
     def _write(self, names: Sequence[str]) -> None:
-        """Replace the marker by one holding ``names`` (removed when none), durably."""
+        """Replace the marker by one holding ``names`` (removed when none), durably; never one
+        that could not be read (``_MarkerUnreadable``)."""
+        if self.unreadable:
+            raise _MarkerUnreadable(errno.EACCES, self.unreadable)
         if not names:
             try:
                 self.path.unlink()
@@ -522,12 +620,13 @@ class _Marker:
 
 
 def _copy(spool: Spool, marker: _Marker, name: str, should_stop: Optional[StopCheck],
-          resumed: bool) -> Salvage:
+          resumed: bool, inherited: Optional[Dict[str, int]] = None) -> Salvage:
     """Copy into ``spool`` what the moved file ``name`` (in the marker) holds past what an earlier
-    try copied; once the copy is over, drop the name from the marker."""
+    try copied (the spool's ``salvage_progress``, or ``inherited``: what another moved file, once
+    the spool, had recorded of it); once the copy is over, drop the name from the marker."""
     moved = spool.path.with_name(name)
     try:
-        after = spool.salvage_progress(name)
+        after = max(spool.salvage_progress(name), (inherited or {}).get(name, 0))
         result = salvage(moved, spool, stop_on=(SpoolError,), after=after, should_stop=should_stop)
     except SpoolError as exc:  # the new spool's own file failed: go on later
         result = Salvage(moved_to=moved, full=str(exc))
@@ -536,32 +635,44 @@ def _copy(spool: Spool, marker: _Marker, name: str, should_stop: Optional[StopCh
         if "malformed" in text or "not a database" in text or "corrupt" in text:
             result = Salvage(moved_to=moved, unreadable=str(err))  # never readable: nothing to go on with
         else:  # cannot be opened now (no room for its -shm, an I/O error): go on later
-            result = Salvage(moved_to=moved, full=f"{err}; delete {marker.path} to give it up")
+            result = Salvage(moved_to=moved, full=f"{err}; delete {marker.path} to give it up", source_failed=True)
     except (sqlite3.Error, OSError) as err:
-        result = Salvage(moved_to=moved, full=f"{err}; delete {marker.path} to give it up")
+        result = Salvage(moved_to=moved, full=f"{err}; delete {marker.path} to give it up", source_failed=True)
     result.resumed = resumed
-    spool.copy_pending = not result.finished
+    # pending while any copy the marker lists is unfinished, not only this one
+    spool.copy_pending = not result.finished or any(n != name for n in marker.names)
     if result.stopped:
         spool.busy_with = f"salvaging its damaged file; the next start copies the rest from {moved}"
     if result.finished:
+        try:
+            spool.salvage_finished(name)  # first: named again, it copies nothing
+        except SpoolError:
+            pass  # the marker still drops it; named again by hand, it is looked through once more
         try:
             marker.drop(name)
         except OSError as exc:
             log.warning("spool %s: the salvage from %s finished but its salvage marker %s could not be updated "
                         "(%s); the next start looks through that file again, which copies nothing twice",
                         spool.path, moved, marker.path, exc.strerror or exc)
-        else:
-            try:
-                spool.salvage_finished(name)
-            except SpoolError:
-                pass  # an id mark left in the file: harmless
+        spool.copy_pending = bool(marker.names)
     return result
+
+
+def _inherited(spool: Spool, names: Sequence[str]) -> Dict[str, int]:
+    """How far copies had got as the moved files ``names`` themselves recorded (each was once the
+    spool, copying from the files before it): the highest id per file."""
+    found: Dict[str, int] = {}
+    for name in names:
+        for source, last in _progress_of(spool.path.with_name(name)).items():
+            found[source] = max(found.get(source, 0), last)
+    return found
 
 
 def _continue(spool: Spool, marker: _Marker, should_stop: Optional[StopCheck], quiet: bool) -> List[Salvage]:
     results: List[Salvage] = []
+    inherited = _inherited(spool, marker.names)
     for name in list(marker.names):
-        result = _copy(spool, marker, name, should_stop, resumed=True)
+        result = _copy(spool, marker, name, should_stop, resumed=True, inherited=inherited)
         results.append(result)
         level = logging.WARNING
         if quiet and not result.finished:  # the daemon trying again and again: the end is what matters
@@ -569,7 +680,7 @@ def _continue(spool: Spool, marker: _Marker, should_stop: Optional[StopCheck], q
         log.log(level, "spool %s: went on with the salvage of the damaged file %s, which an earlier try had not "
                 "finished (a stop, a crash or a full disk cut it short): %s", spool.path, result.moved_to,
                 result.describe())
-        if not result.finished:
+        if result.blocks:
             break
     return results
 
@@ -578,8 +689,9 @@ def continue_salvages(spool: Spool, should_stop: Optional[StopCheck] = None, qui
     """Go on with every copy into ``spool`` that its salvage marker names (module doc), oldest
     first, each from the id after the last one it copied; one WARNING each (``quiet``, for the
     daemon's tries: a copy that does not finish yet is only INFO, or DEBUG when it copied
-    nothing). Returns what each did; empty when none was pending. Stops at the first that does
-    not finish (a full disk, ``should_stop``): the marker keeps it."""
+    nothing). Returns what each did; empty when none was pending. Stops at the first that the new
+    spool cannot finish (a full disk, ``should_stop``): the marker keeps it and those after it; a
+    moved file that cannot be read now is kept too, and the next one gone on with."""
     return _continue(spool, _Marker(spool.path), should_stop, quiet)
 
 
@@ -603,7 +715,7 @@ def open_spool(path: Union[str, Path], max_bytes: int, max_age_s: float) -> Spoo
             why = str(exc).split(";")[0]
         else:
             _remove(marker)  # a stale mark of a file that is gone or sound again
-            _guard_open(spool, lambda: _continue(spool, pending, None, quiet=False))
+            _guard_open(spool, lambda: _continue(spool, _forget_gone(spool, pending), None, quiet=False))
             return spool
     target = aside_name(path)
     try:
@@ -612,8 +724,12 @@ def open_spool(path: Union[str, Path], max_bytes: int, max_age_s: float) -> Spoo
     except OSError as err:  # a read-only folder: the refusal stands, with why it could not be salvaged
         if target.name in pending.names:
             pending.forget(target.name)
-        raise SpoolCorrupt(f"{why}; it could not be moved aside to salvage it ({err.strerror or err}): "
-                           f"{write_advice(path.parent, err)}") from None
+        if isinstance(err, _MarkerUnreadable):
+            raise SpoolCorrupt(f"{why}; it is not salvaged while {pending.unreadable}") from None
+        advice = write_advice(path.parent, err)
+        # a full disk: the daemon starts without the spool and tries again (a refusal would stop it)
+        kind = SpoolFull if err.errno in (errno.ENOSPC, errno.EDQUOT) else SpoolCorrupt
+        raise kind(f"{why}; it could not be moved aside to salvage it ({err.strerror or err}): {advice}") from None
     _fsync_dir(path.parent)
     _remove(marker)
     try:
@@ -627,11 +743,27 @@ def open_spool(path: Union[str, Path], max_bytes: int, max_age_s: float) -> Spoo
         result = _copy(spool, pending, target.name, None, resumed=False)
         log.error("%s; moved it to %s (kept for inspection) and started a new spool at %s: %s",
                   why, moved, path, result.describe())
-        if result.finished:
+        if not result.blocks:
             _continue(spool, pending, None, quiet=False)
 
     _guard_open(spool, copy)
     return spool
+
+
+def _forget_gone(spool: Spool, pending: _Marker) -> _Marker:
+    """Drop the spool's record of copies from moved files that the marker no longer names and
+    that are gone (deleted by hand): nothing can be copied from them again. A moved file still
+    there keeps its record, so that one named again by hand copies nothing twice. Best effort;
+    not while the marker cannot be read. Returns ``pending``."""
+    if pending.unreadable:
+        return pending
+    try:
+        gone = [s for s in spool.salvage_sources()
+                if s not in pending.names and _is_moved_name(spool.path, s) and not spool.path.with_name(s).exists()]
+        spool.forget_salvages(gone)
+    except SpoolError as exc:
+        log.debug("spool %s: its record of finished salvages was not tidied (%s)", spool.path, exc)
+    return pending
 
 
 def _guard_open(spool: Spool, copy: Callable[[], object]) -> None:
@@ -660,6 +792,8 @@ def salvage_in_use(spool: Spool, should_stop: Optional[StopCheck] = None) -> Sal
     it. A copy that stops early (a full disk, the new file failing too) is a ``Salvage`` with
     ``full`` set; the new spool is damaged again when that was the cause."""
     pending = _Marker(spool.path)
+    if pending.unreadable:  # a move now would write over the names it holds
+        raise SpoolError(f"spool {spool.path} is damaged and is not salvaged while {pending.unreadable}")
     planned: List[Path] = []
 
     def move(path: Path) -> Path:

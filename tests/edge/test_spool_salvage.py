@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -701,3 +703,242 @@ def test_a_new_file_the_full_disk_refuses_puts_the_damaged_file_back_and_unlists
     result = salvage_in_use(sp)
     assert result.finished and _held(sp) == before and not salvage_marker(path).exists()
     sp.close()
+
+
+def test_items_spooled_while_a_start_copy_waits_for_room_take_no_id_of_the_damaged_file(small_fs):
+    """A full disk stops the start's copy at id 30 of 200; frames spooled meanwhile are numbered
+    above the damaged file's highest id, not 31.., so the copy that goes on later as room comes
+    back loses none of the damaged file's items to a taken id (review of e4a778e: 5 lost)."""
+    from edge.spool_salvage import continue_salvages, salvage_marker
+
+    fs = small_fs(3 << 20)
+    path = fs.path / "spool.db"
+    before = _fill(path, 200, 9000)
+    damage_index(path)
+    delivered = []
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+        assert salvage_marker(path).exists() and 0 < len(sp) < 200
+        items = sp.peek(1000)
+        delivered += [it.key for it in items]
+        sp.ack_many([it.id for it in items])
+        for j in range(5):  # the cloud cannot take these meanwhile
+            assert sp.put(f"dev/cam/new/{j}", b"n" * 100, {})
+        assert min(it.id for it in sp.peek(1000)) > 200
+        rounds = 0
+        while salvage_marker(path).exists():
+            rounds += 1
+            assert rounds < 30
+            continue_salvages(sp)
+            items = [it for it in sp.peek(1000) if not it.key.startswith("dev/cam/new/")]
+            delivered += [it.key for it in items]
+            sp.ack_many([it.id for it in items])
+        assert len(sp) == 5
+    assert sorted(delivered) == sorted(before)
+
+
+def test_an_id_taken_by_another_key_gets_a_new_id_and_is_not_dropped(tmp_path, caplog):
+    """Should an item of the new spool hold an id of one still to be copied (a sequence that
+    could not be raised), the copied item gets a new id: said, never dropped."""
+    path = tmp_path / "spool.db"
+    with Spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+        assert sp.put("dev/cam/new", b"n", {})
+        (new,) = sp.peek(1)
+        from edge.spool import ITEM_COLUMNS
+
+        same = sp._db.execute(f"SELECT {ITEM_COLUMNS} FROM items").fetchone()  # as a copy reads it
+        row = (same[0], "dev/cam/old") + tuple(same[2:])
+        with caplog.at_level(logging.WARNING, logger="edge.spool"):
+            assert sp.adopt([row, same], "spool.db.damaged-20260101T000000Z") == (1, 0)
+        held = {it.key: it.id for it in sp.peek(10)}
+    assert held["dev/cam/new"] == new.id and held["dev/cam/old"] > new.id
+    assert "were given new ids; they are replayed after it, none is lost" in caplog.text
+
+
+def test_a_new_spool_damaged_before_its_copy_finished_brings_back_nothing_acknowledged(tmp_path):
+    """A stop cuts a copy short; its items are acknowledged; the new spool (holding how far the
+    copy got) is damaged in turn before the next start. That start moves it aside too and takes
+    over the progress it recorded: the first file's copy goes on from there (review of e4a778e:
+    the 44 acknowledged items came back)."""
+    from edge.spool_salvage import salvage_in_use, salvage_marker
+
+    path = tmp_path / "spool.db"
+    sp, before = _damaged_in_use(path, 200, 3000)
+    result = salvage_in_use(sp, should_stop=lambda: "the daemon is stopping")
+    copied = _held(sp)
+    assert 0 < len(copied) < 200 and sp.ack_many([v[0] for v in copied.values()]) == len(copied)
+    for j in range(3):
+        assert sp.put(f"dev/cam/new/{j}", b"n" * 100, {})
+    sp.close()
+    damage_index(path)  # the same failing card damages the new file before the next start
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
+        held = _held(again)
+    assert not set(held) & set(copied)
+    assert set(held) == (set(before) - set(copied)) | {f"dev/cam/new/{j}" for j in range(3)}
+    assert not salvage_marker(path).exists() and result.moved_to.exists()
+
+
+def test_inherited_progress_is_honoured_whatever_the_order_of_the_copies(tmp_path):
+    """``continue_salvages`` goes on with the older file first; how far its copy got is in the
+    newer moved file (once the spool) only: it is read from there before the older copy goes on."""
+    from edge.spool_salvage import continue_salvages, salvage_in_use, salvage_marker
+
+    path = tmp_path / "spool.db"
+    sp, before = _damaged_in_use(path, 200, 3000)
+    first = salvage_in_use(sp, should_stop=lambda: "the daemon is stopping")
+    copied = _held(sp)
+    assert sp.ack_many([v[0] for v in copied.values()]) == len(copied)
+    sp.close()
+    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
+    damage_index(path)
+    from tests.edge.spooldamage import nudge
+
+    nudge(path)
+    with pytest.raises(SpoolCorrupt):
+        sp.put("dev/cam/x", b"x", {})
+    second = salvage_in_use(sp, should_stop=lambda: "the daemon is stopping")
+    assert second.finished or second.stopped  # empty or nearly: nothing of the first file in it
+    assert salvage_marker(path).read_text().splitlines()[1:][0] == first.moved_to.name
+    continue_salvages(sp)
+    held = _held(sp)
+    sp.close()
+    assert not set(held) & set(copied) and set(held) == set(before) - set(copied)
+
+
+def test_a_damaged_spool_on_a_full_disk_lets_the_daemon_start_and_try_again(small_fs):
+    """No block free for the salvage marker: ``SpoolFull`` (the daemon starts without the spool
+    and opens it later), not ``SpoolCorrupt`` (exit 2, and systemd does not restart it); with
+    room again the salvage runs and keeps everything."""
+    from edge.spool import SpoolFull
+
+    fs = small_fs(2 << 20)
+    path = fs.path / "spool.db"
+    before = _fill(path, 50, 3000)
+    damage_index(path)
+    # a process killed with the spool open leaves its -wal and -shm: the next open then needs no
+    # new block to find the damage, only the marker does
+    subprocess.run([sys.executable, "-c", "import os, sqlite3, sys; db = sqlite3.connect(sys.argv[1]); "
+                    "db.execute('SELECT COUNT(*) FROM counters').fetchall(); os._exit(0)", str(path)], check=True)
+    filler = fs.fill(leave=0)
+    with pytest.raises(SpoolFull, match=r"could not be moved aside to salvage it \(No space left on device\): "
+                                        r"its filesystem is full; free space there"):
+        open_spool(path, max_bytes=CAP, max_age_s=3600)
+    assert not list(fs.path.glob("spool.db.damaged-*"))
+    filler.unlink()
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+        assert _held(sp) == before
+
+
+def test_a_move_killed_between_the_wal_and_the_shm_gets_its_wal_back(tmp_path, caplog):
+    """A kill after the -wal was moved but before the -shm: the -wal (committed items) goes back
+    although a -shm is still beside the file."""
+    from edge.spool_salvage import salvage_marker
+
+    path = tmp_path / "spool.db"
+    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
+    for i in range(5):
+        sp.put(f"dev/cam/{i}", b"x" * 100, {})
+    moved = tmp_path / "spool.db.damaged-20260101T000000Z"
+    copy = sqlite3.connect(str(path))  # holds the WAL in place while the spool closes, as a kill would
+    copy.execute("SELECT COUNT(*) FROM items").fetchone()
+    (tmp_path / "spool.db-wal").rename(moved.with_name(moved.name + "-wal"))
+    salvage_marker(path).write_text(moved.name + "\n")
+    with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
+        with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
+            assert len(again) == 5
+    copy.close()
+    sp._db.close()
+    assert "a salvage stopped while it moved the damaged file" in caplog.records[0].getMessage()
+    assert not list(tmp_path.glob("spool.db.damaged-*"))
+
+
+def test_a_salvage_marker_the_daemon_cannot_read_is_said_and_kept(tmp_path, caplog, monkeypatch):
+    """A marker left unreadable (root-owned, an I/O error) is not taken for a damaged one and
+    deleted: it is said with what to do, kept as it is, and the copy goes on once it can be read."""
+    import errno
+    from pathlib import Path
+
+    from edge.spool_salvage import salvage_in_use, salvage_marker
+
+    path = tmp_path / "spool.db"
+    sp, before = _damaged_in_use(path, 100, 3000)
+    result = salvage_in_use(sp, should_stop=lambda: "the daemon is stopping")
+    sp.close()
+    marker = salvage_marker(path)
+    text = marker.read_bytes()
+    real = Path.read_bytes
+
+    def refuse(self):
+        if self == marker:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with caplog.at_level(logging.ERROR, logger="edge.spool_salvage"):
+        with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
+            assert len(again) == result.salvaged
+    monkeypatch.undo()
+    assert marker.read_bytes() == text
+    assert "cannot be read (Permission denied): make it readable and writable by the daemon (owner edgewise" \
+        in caplog.text
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
+        assert _held(again) == before
+    assert not marker.exists()
+
+
+def test_a_marker_name_that_is_a_folder_is_dropped_and_holds_up_nothing(tmp_path, caplog):
+    """A name in the marker that is not a regular file is said and dropped; the copies after it
+    go on (review of e4a778e: a folder blocked them at every start)."""
+    from edge.spool_salvage import salvage_in_use, salvage_marker
+
+    path = tmp_path / "spool.db"
+    sp, before = _damaged_in_use(path, 200, 3000)
+    result = salvage_in_use(sp, should_stop=lambda: "the daemon is stopping")
+    sp.close()
+    (tmp_path / "spool.db.damaged-20200101T000000Z").mkdir()
+    salvage_marker(path).write_text("spool.db.damaged-20200101T000000Z\n" + result.moved_to.name + "\n")
+    with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
+        with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
+            assert _held(again) == before and not again.copy_pending
+    assert "which is not a regular file" in caplog.text and not salvage_marker(path).exists()
+
+
+def test_a_moved_file_that_cannot_be_opened_now_does_not_hold_up_the_next(tmp_path, monkeypatch):
+    """A moved file that cannot be opened now (an I/O error) stays in the marker; the next one is
+    gone on with, and the spool stays ``copy_pending`` while any copy is unfinished."""
+    import edge.spool_salvage as salvaging
+    from edge.spool_salvage import continue_salvages, salvage_in_use, salvage_marker
+
+    path = tmp_path / "spool.db"
+    sp, before = _damaged_in_use(path, 200, 3000)
+    result = salvage_in_use(sp, should_stop=lambda: "the daemon is stopping")
+    blocked = tmp_path / "spool.db.damaged-20200101T000000Z"
+    blocked.write_bytes(b"")
+    salvage_marker(path).write_text(f"{blocked.name}\n{result.moved_to.name}\n")
+    real = salvaging._Reader.__init__
+
+    def io_error(self, source):
+        if source == blocked:
+            raise sqlite3.OperationalError("disk I/O error")
+        real(self, source)
+
+    monkeypatch.setattr(salvaging._Reader, "__init__", io_error)
+    results = continue_salvages(sp)
+    assert [r.finished for r in results] == [False, True]
+    assert _held(sp) == before and sp.copy_pending
+    assert salvage_marker(path).read_text().splitlines()[1:] == [blocked.name]
+    sp.close()
+
+
+def test_the_record_of_a_copy_from_a_file_that_is_gone_is_dropped_at_open(tmp_path):
+    """A finished copy is recorded (named again by hand, it copies nothing); once its moved file
+    is deleted the record goes at the next open."""
+    path = tmp_path / "spool.db"
+    _fill(path, 20, 100)
+    damage_index(path)
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+        (moved,) = [p for p in tmp_path.glob("spool.db.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+        assert list(sp.salvage_sources()) == [moved.name]
+    for p in tmp_path.glob("spool.db.damaged-*"):
+        p.unlink()
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+        assert sp.salvage_sources() == {}
