@@ -135,6 +135,9 @@ _PROGRESS_TABLE = "CREATE TABLE IF NOT EXISTS salvaged_from (source TEXT PRIMARY
 
 #: ``salvaged_from.last_id`` of a copy that finished: named again, it copies nothing.
 SALVAGE_DONE = 1 << 62
+#: The highest item id taken from a damaged file's own sequence: above it the number is
+#: garbage (a flipped bit), and numbering new items after it would exhaust SQLite's ids.
+MAX_PLAUSIBLE_ID = 1 << 53
 
 #: Columns added after the first release, as (name, type); older spools get them by
 #: ALTER TABLE at open, NULL in their rows (aged as items of an earlier boot).
@@ -825,10 +828,15 @@ class Spool:
                 counters = old.execute("SELECT name, value FROM counters").fetchall()
                 progress = (old.execute("SELECT source, last_id FROM salvaged_from").fetchall()
                             if _has_progress(old) else [])
+            top = max(self._top_id, self._sequence())
             self._db = self._open()
             try:
                 with self._transaction() as db:
                     _insert_items(db, items)  # with their ids: a replay in flight acks the same item
+                    if top:  # new items keep being numbered above every id handed out
+                        if db.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'items'",
+                                      (top,)).rowcount == 0:
+                            db.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('items', ?)", (top,))
                     db.executemany("UPDATE counters SET value = ? WHERE name = ?", [(v, n) for n, v in counters])
                     if progress:
                         db.execute(_PROGRESS_TABLE)
@@ -902,7 +910,8 @@ class Spool:
             row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'items'").fetchone()
         except sqlite3.Error:  # damaged too, or closed by an earlier try
             return 0
-        return int(row[0]) if row and row[0] is not None else 0
+        seq = int(row[0]) if row and row[0] is not None else 0
+        return seq if 0 <= seq < MAX_PLAUSIBLE_ID else 0  # garbage: numbering after it would exhaust the ids
 
     def _discard_new_file(self) -> None:
         """Remove what a new file that could not be made left at ``path`` (its ``-wal`` would

@@ -68,6 +68,7 @@ from urllib.parse import quote
 from edge.spool import (
     DAMAGE_MARKER_SUFFIX,
     ITEM_COLUMNS,
+    MAX_PLAUSIBLE_ID,
     Spool,
     SpoolCorrupt,
     SpoolError,
@@ -188,13 +189,16 @@ def is_spool_file(path: Union[str, Path]) -> bool:
         db.close()
 
 
-def aside_name(path: Path, now: Optional[float] = None) -> Path:
+def aside_name(path: Path, now: Optional[float] = None, taken: Sequence[str] = ()) -> Path:
     """Where ``move_aside`` puts ``path``: ``<name>.damaged-<UTC time>``, ``-2``, ``-3`` ... added
-    when that is taken."""
+    when that is taken, as a file or as a name in ``taken`` (the moved files a spool has records
+    of copies from: a device without a clock that repeats its boot time must not give a new
+    damaged file the name of one whose copy is recorded as done)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
     target = path.with_name(f"{path.name}{MOVED_INFIX}{stamp}")
     n = 1
-    while any(target.with_name(target.name + suffix).exists() for suffix in ("", "-wal", "-shm")):
+    while (target.name in taken
+           or any(target.with_name(target.name + suffix).exists() for suffix in ("", "-wal", "-shm"))):
         n += 1
         target = path.with_name(f"{path.name}{MOVED_INFIX}{stamp}-{n}")
     return target
@@ -350,6 +354,22 @@ def _progress_of(path: Path) -> Dict[str, int]:
         db.close()
 
 
+def _recorded_names(path: Path) -> List[str]:
+    """The moved files the spool file at ``path`` records copies from, read without touching it
+    (``immutable``: no -wal or -shm made beside a damaged file, the WAL not read: best effort,
+    for ``aside_name``); empty when it cannot be read."""
+    try:
+        db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro&immutable=1", uri=True)
+    except sqlite3.Error:
+        return []
+    try:
+        return list(_progress_in(db))
+    except sqlite3.Error:
+        return []
+    finally:
+        db.close()
+
+
 def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool,
             stop_on: Tuple[Type[SpoolError], ...] = (SpoolFull,), after: int = 0,
             should_stop: Optional[StopCheck] = None) -> Salvage:
@@ -370,6 +390,7 @@ def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool,
     result = Salvage(moved_to=damaged if isinstance(damaged, Path) else None)
     source = damaged.name if isinstance(damaged, Path) else None
     inherited = reader.progress() if source is not None else {}
+    inherited.pop(source or "", None)  # a record under its own name is of an earlier file of that name
 
     def adopt(batch: List[Row]) -> None:
         try:
@@ -387,7 +408,7 @@ def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool,
         result.evicted += evicted
 
     try:
-        if reader.top:
+        if reader.top and reader.top < MAX_PLAUSIBLE_ID:  # a garbled sequence would exhaust the new spool's ids
             into.raise_ids(reader.top)
         if inherited:
             into.adopt([], None, progress=inherited)
@@ -664,7 +685,8 @@ def _inherited(spool: Spool, names: Sequence[str]) -> Dict[str, int]:
     found: Dict[str, int] = {}
     for name in names:
         for source, last in _progress_of(spool.path.with_name(name)).items():
-            found[source] = max(found.get(source, 0), last)
+            if source != name:  # a record under its own name is of an earlier file of that name
+                found[source] = max(found.get(source, 0), last)
     return found
 
 
@@ -717,7 +739,7 @@ def open_spool(path: Union[str, Path], max_bytes: int, max_age_s: float) -> Spoo
             _remove(marker)  # a stale mark of a file that is gone or sound again
             _guard_open(spool, lambda: _continue(spool, _forget_gone(spool, pending), None, quiet=False))
             return spool
-    target = aside_name(path)
+    target = aside_name(path, taken=[*_recorded_names(path), *pending.names])
     try:
         pending.add(target.name)  # before the move: a copy cut short goes on at the next start
         moved = move_aside(path, target=target)
@@ -797,7 +819,7 @@ def salvage_in_use(spool: Spool, should_stop: Optional[StopCheck] = None) -> Sal
     planned: List[Path] = []
 
     def move(path: Path) -> Path:
-        target = aside_name(path)
+        target = aside_name(path, taken=[*_recorded_names(path), *pending.names])
         pending.add(target.name)  # before the move: a copy cut short goes on at the next start
         planned.append(target)
         try:
