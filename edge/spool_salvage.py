@@ -47,7 +47,11 @@ copied item a new id rather than drop it. A moved file that was itself the spool
 earlier copy went on holds that copy's progress: it is taken over (``salvaged_from``, the
 higher id per file kept), so that when a new spool is damaged in turn nothing acknowledged is
 copied back. A finished copy stays recorded (``SALVAGE_DONE``) as long as its moved file is
-there: named again by hand, it copies nothing. The instance lock (``<spool file>.lock``) is
+there: named again by hand, it copies nothing. A moved file gets a name no record or marker
+holds (a device without a real-time clock repeats its boot second), and a file's record under
+its own name is never taken over (it is of an earlier file of that name). A damaged file's
+sequence at or above ``MAX_PLAUSIBLE_ID`` is garbage (a flipped bit) and ignored: numbering
+after it would exhaust the new spool's ids. The instance lock (``<spool file>.lock``) is
 never moved.
 """
 
