@@ -48,7 +48,7 @@ CALIBRATION_IMAGES = 64
 AMP_MODES = ("auto", "bf16", "off")
 #: batches in a row whose loss or gradient was not finite (each left out, or its step dropped,
 #: the weights and BatchNorm statistics kept) after which the run stops as diverged
-DIVERGED_STEPS = 50
+DIVERGED_BATCHES = 50
 
 
 class TrainingDiverged(ConfigError):
@@ -413,8 +413,8 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
                     log.warning("epoch %d it %d: the %s is not finite; %s (the weights and the BatchNorm "
                                 "statistics are kept); %d such batches in a row stop the run", epoch + 1, i,
                                 "loss" if not finite else "gradient",
-                                "the batch is left out" if not finite else "the step is dropped", DIVERGED_STEPS)
-                if skipped_run >= DIVERGED_STEPS:
+                                "the batch is left out" if not finite else "the step is dropped", DIVERGED_BATCHES)
+                if skipped_run >= DIVERGED_BATCHES:
                     raise TrainingDiverged(
                         f"training diverged at epoch {epoch + 1} it {i}: the loss or the gradients were not "
                         f"finite for {skipped_run} batches in a row ({skipped} left out in all); the last good "
@@ -436,7 +436,7 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
         losses = [float(v) for v in mloss] if counted else [None, None, None]  # no batch with a finite loss
         rec = {"epoch": epoch + 1, "box": losses[0], "obj": losses[1], "cls": losses[2],
                "map50": metrics["map50"], "map": metrics["map"], "images_seen": images_seen,
-               "elapsed_s": round(time.monotonic() - t_start, 1), "partial_epoch": stop, "skipped_steps": skipped}
+               "elapsed_s": round(time.monotonic() - t_start, 1), "partial_epoch": stop, "skipped_batches": skipped}
         history.append(rec)
         log.info("epoch %d: %s", epoch + 1, json.dumps(rec))
         if progress is not None:
@@ -455,7 +455,7 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
                 "elapsed_s": time.monotonic() - t_start})
     summary: Dict[str, Any] = {"best_map50": best, "epochs_run": len(history), "images_seen": images_seen,
                                "train_seconds": round(time.monotonic() - t_start, 1), "history": history,
-                               "arch": model.arch, "imgsz": cfg.imgsz, "names": names, "skipped_steps": skipped}
+                               "arch": model.arch, "imgsz": cfg.imgsz, "names": names, "skipped_batches": skipped}
     if cfg.export_onnx and (out / "best.pt").exists():
         from edgewise_tools.models.export import export_onnx
 

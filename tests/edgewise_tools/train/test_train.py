@@ -168,7 +168,7 @@ def test_a_step_whose_loss_is_not_finite_is_skipped_and_the_weights_stay_finite(
                       log_every=0, seed=0, threads=1, export_onnx=False)
     with caplog.at_level("WARNING", logger="edgewise_tools.train"):
         summary = train(cfg)
-    assert summary["skipped_steps"] == 3 and summary["epochs_run"] == 4
+    assert summary["skipped_batches"] == 3 and summary["epochs_run"] == 4
     assert len([r for r in caplog.records if "is not finite; the batch is left out" in r.getMessage()]) == 1
     assert all(np.isfinite([h["box"], h["obj"], h["cls"]]).all() for h in summary["history"])
     weights = load_checkpoint(out / "last.pt").state_dict()
@@ -193,7 +193,7 @@ def test_a_forward_that_goes_not_finite_leaves_no_nan_in_the_batchnorm_statistic
     out = tmp_path / "run"
     summary = train(TrainConfig(data=str(tiny_data), out=str(out), imgsz=128, epochs=2, batch=1, nbs=1,
                                 warmup_epochs=0.0, log_every=0, seed=0, threads=1, export_onnx=False))
-    assert summary["skipped_steps"] == 1
+    assert summary["skipped_batches"] == 1
     for name in ("last.pt", "best.pt"):
         state = load_checkpoint(out / name).state_dict()
         assert [k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())] == []
@@ -226,7 +226,7 @@ def test_with_gradient_accumulation_a_bad_batch_is_left_out_and_the_window_goes_
             summary = train(TrainConfig(data=str(tiny_data), out=str(tmp_path / f"run{len(at)}{id(bad)}"), imgsz=128,
                                         epochs=40, batch=1, nbs=4, optimizer="AdamW", warmup_epochs=0.0, log_every=0,
                                         seed=0, threads=1, export_onnx=False))
-        assert summary["skipped_steps"] == sum(1 for n in range(summary["images_seen"]) if bad(n))
+        assert summary["skipped_batches"] == sum(1 for n in range(summary["images_seen"]) if bad(n))
         return at
 
     clean = step_positions(lambda n: False)
@@ -238,7 +238,7 @@ def test_with_gradient_accumulation_a_bad_batch_is_left_out_and_the_window_goes_
 
 def test_a_run_whose_loss_stays_not_finite_stops_naming_what_to_change(tiny_data: Path, tmp_path: Path,
                                                                        monkeypatch) -> None:
-    from edgewise_tools.train.trainer import DIVERGED_STEPS, TrainingDiverged
+    from edgewise_tools.train.trainer import DIVERGED_BATCHES, TrainingDiverged
 
     _nan_loss_on(monkeypatch, lambda n: n >= 6)
     out = tmp_path / "run"
@@ -246,7 +246,7 @@ def test_a_run_whose_loss_stays_not_finite_stops_naming_what_to_change(tiny_data
                       log_every=0, seed=0, threads=1, lr0=0.002)
     with pytest.raises(TrainingDiverged, match=r"--lr0 \(now 0.002\).*--warmup-epochs") as ei:
         train(cfg)
-    assert f"for {DIVERGED_STEPS} batches in a row" in str(ei.value)
+    assert f"for {DIVERGED_BATCHES} batches in a row" in str(ei.value)
     assert not (out / "best.onnx").exists()  # nothing exported as if trained
     weights = load_checkpoint(out / "last.pt").state_dict()
     assert all(bool(torch.isfinite(t).all()) for t in weights.values() if t.is_floating_point())
