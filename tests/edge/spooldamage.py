@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Union
+from typing import Tuple, Union
 
 #: SQLite's name for the index of ``items.key UNIQUE`` (the one every put and ack updates)
 KEY_INDEX = "sqlite_autoindex_items_1"
@@ -44,10 +44,9 @@ def nudge(path: Union[str, Path]) -> None:
         db.close()
 
 
-def damage_page_holding(path: Union[str, Path], marker: bytes) -> int:
-    """Flip the page-type byte of the page whose bytes hold ``marker`` (an item's payload,
-    stored on a table leaf page), after folding the WAL into the file; returns the page's
-    number. The items on that page become unreadable, the others stay readable."""
+def _page_holding(path: Union[str, Path], marker: bytes) -> Tuple[int, int]:
+    """(page size, number of the page whose bytes hold ``marker``), after folding the WAL into
+    the file."""
     db = sqlite3.connect(str(path))
     try:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -59,6 +58,14 @@ def damage_page_holding(path: Union[str, Path], marker: bytes) -> int:
     assert at >= 0 and data.find(marker, at + 1) < 0, "the marker must be in the file once"
     number = at // page + 1
     assert number > 1
+    return page, number
+
+
+def damage_page_holding(path: Union[str, Path], marker: bytes) -> int:
+    """Flip the page-type byte of the page whose bytes hold ``marker`` (an item's payload,
+    stored on a table leaf page), after folding the WAL into the file; returns the page's
+    number. The items on that page become unreadable, the others stay readable."""
+    page, number = _page_holding(path, marker)
     with open(path, "r+b") as fh:
         fh.seek((number - 1) * page)
         byte = fh.read(1)[0]
@@ -73,17 +80,7 @@ def garble_page_holding(path: Union[str, Path], marker: bytes, seed: int = 7) ->
     returns the page's number. The items that start on that page become unreadable."""
     import random
 
-    db = sqlite3.connect(str(path))
-    try:
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        page = int(db.execute("PRAGMA page_size").fetchone()[0])
-    finally:
-        db.close()
-    data = Path(path).read_bytes()
-    at = data.find(marker)
-    assert at >= 0 and data.find(marker, at + 1) < 0, "the marker must be in the file once"
-    number = at // page + 1
-    assert number > 1
+    page, number = _page_holding(path, marker)
     rng = random.Random(seed)
     garbage = bytes(rng.getrandbits(8) for _ in range(page))
     assert garbage[0] not in (2, 5, 10, 13), "the garbage must not start like a b-tree page"

@@ -510,6 +510,18 @@ def _spool_requests(spool, seqs, policy):
                   Spooled(frame_record("cam", seq), policy.spec.merge, 3000, "grpc").to_meta())
 
 
+def _spool_with_a_damaged_index(path, policy):
+    """An open spool of three escalations whose key index is then damaged on disk (the chaos
+    probe's fault), found by the spool's next call that reads it."""
+    from tests.edge.spooldamage import KEY_INDEX, damage_index, nudge
+
+    spool = Spool(path, max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(3), policy)
+    damage_index(path, KEY_INDEX)
+    nudge(path)
+    return spool
+
+
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_replays_go_replay_concurrency_at_a_time_and_are_written_in_spool_order(tmp_path, real_cloud, concurrency):
     """A slow cloud (the real worker held busy): a round has spool.replay_concurrency
@@ -797,15 +809,11 @@ def test_a_spool_damaged_under_the_replay_is_salvaged_and_spooling_and_replay_go
     went and how many escalations were salvaged (it used to take a restart)."""
     import logging
 
-    from tests.edge.spooldamage import KEY_INDEX, damage_index, nudge
 
     caplog.set_level(logging.DEBUG, logger="edge")
     policy = parse_policy(policy_yaml("p", deadline_ms=3000))
     path = tmp_path / "spool.db"
-    spool = Spool(path, max_bytes=1 << 24, max_age_s=3600)
-    _spool_requests(spool, range(3), policy)
-    damage_index(path, KEY_INDEX)
-    nudge(path)
+    spool = _spool_with_a_damaged_index(path, policy)
     written = []
     metrics = EdgeMetrics()
 
@@ -1022,14 +1030,7 @@ def test_a_salvage_that_fails_keeps_the_spool_degraded_and_is_retried_after_a_ba
     _spool_requests(spool, range(5), policy)
     damage_index(path, AGE_INDEX)  # met by the replay's first read
     nudge(path)
-    filler = fs.path / "filler"
-    with open(filler, "wb") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
+    filler = fs.fill()  # every block of the filesystem
     written = []
     metrics = EdgeMetrics()
     events = metrics.spool_events
@@ -1086,10 +1087,7 @@ def test_damage_found_again_soon_after_a_salvage_waits_for_the_back_off(tmp_path
     caplog.set_level(logging.INFO, logger="edge")
     policy = parse_policy(policy_yaml("p", deadline_ms=3000))
     path = tmp_path / "spool.db"
-    spool = Spool(path, max_bytes=1 << 24, max_age_s=3600)
-    _spool_requests(spool, range(3), policy)
-    damage_index(path, KEY_INDEX)
-    nudge(path)
+    spool = _spool_with_a_damaged_index(path, policy)
     written = []
     metrics = EdgeMetrics()
     events = metrics.spool_events

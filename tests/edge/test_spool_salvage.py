@@ -364,14 +364,7 @@ def test_a_salvage_in_use_that_finds_the_disk_full_puts_the_damaged_file_back(sm
     with pytest.raises(SpoolCorrupt):
         sp.peek(8)
     damaged = path.read_bytes()
-    filler = fs.path / "filler"
-    with open(filler, "wb") as fh:  # every block of the filesystem
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
+    filler = fs.fill()  # every block of the filesystem
 
     with pytest.raises(SpoolError, match="its filesystem is full") as ei:
         salvage_in_use(sp)
@@ -542,9 +535,11 @@ def test_a_salvage_marker_naming_a_file_that_is_gone_is_said_and_dropped(tmp_pat
                            f"{tmp_path / 'spool.db.damaged-20260101T000000Z'}, which is not there (deleted, ")
 
 
-def test_a_move_cut_short_after_the_wal_gets_its_wal_back(tmp_path, caplog):
-    """A kill between the renames of a move aside (the -wal moved, the file not): the -wal goes
-    back beside its file, whose committed items would otherwise be lost."""
+@pytest.mark.parametrize("shm_moved", [True, False], ids=["after both", "between the wal and the shm"])
+def test_a_move_cut_short_after_the_wal_gets_its_wal_back(tmp_path, caplog, shm_moved):
+    """A kill between the renames of a move aside (the -wal moved, the file not; the -shm moved
+    too or still beside the file): the -wal goes back beside its file, whose committed items
+    would otherwise be lost."""
     from edge.spool_salvage import salvage_marker
 
     path = tmp_path / "spool.db"
@@ -557,7 +552,8 @@ def test_a_move_cut_short_after_the_wal_gets_its_wal_back(tmp_path, caplog):
     copy = sqlite3.connect(str(path))  # holds the WAL in place while the spool closes, as a kill would
     copy.execute("SELECT COUNT(*) FROM items").fetchone()
     wal.rename(moved.with_name(moved.name + "-wal"))
-    (tmp_path / "spool.db-shm").rename(moved.with_name(moved.name + "-shm"))
+    if shm_moved:
+        (tmp_path / "spool.db-shm").rename(moved.with_name(moved.name + "-shm"))
     salvage_marker(path).write_text(moved.name + "\n")
     with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
         with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
@@ -566,6 +562,7 @@ def test_a_move_cut_short_after_the_wal_gets_its_wal_back(tmp_path, caplog):
     sp._db.close()
     assert "a salvage stopped while it moved the damaged file" in caplog.records[0].getMessage()
     assert not salvage_marker(path).exists()
+    assert not list(tmp_path.glob("spool.db.damaged-*"))
 
 
 @pytest.mark.parametrize("damage,problem", [
@@ -826,29 +823,6 @@ def test_a_damaged_spool_on_a_full_disk_lets_the_daemon_start_and_try_again(smal
     filler.unlink()
     with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
         assert _held(sp) == before
-
-
-def test_a_move_killed_between_the_wal_and_the_shm_gets_its_wal_back(tmp_path, caplog):
-    """A kill after the -wal was moved but before the -shm: the -wal (committed items) goes back
-    although a -shm is still beside the file."""
-    from edge.spool_salvage import salvage_marker
-
-    path = tmp_path / "spool.db"
-    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
-    for i in range(5):
-        sp.put(f"dev/cam/{i}", b"x" * 100, {})
-    moved = tmp_path / "spool.db.damaged-20260101T000000Z"
-    copy = sqlite3.connect(str(path))  # holds the WAL in place while the spool closes, as a kill would
-    copy.execute("SELECT COUNT(*) FROM items").fetchone()
-    (tmp_path / "spool.db-wal").rename(moved.with_name(moved.name + "-wal"))
-    salvage_marker(path).write_text(moved.name + "\n")
-    with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
-        with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
-            assert len(again) == 5
-    copy.close()
-    sp._db.close()
-    assert "a salvage stopped while it moved the damaged file" in caplog.records[0].getMessage()
-    assert not list(tmp_path.glob("spool.db.damaged-*"))
 
 
 def test_a_salvage_marker_the_daemon_cannot_read_is_said_and_kept(tmp_path, caplog, monkeypatch):

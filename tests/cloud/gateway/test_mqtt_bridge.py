@@ -57,6 +57,17 @@ class Edge:
         self.c.loop_stop()
 
 
+async def bridged_gateway(broker, w: TestWorker, **settings: object) -> Gateway:
+    """A started gateway routing to ``w``, its MQTT bridge on ``broker`` (reconnecting within
+    0.5-1 s); ``settings`` add to or override those."""
+    gw = Gateway(settings_for([(w, 1)], **{
+        "mqtt.enabled": True, "mqtt.host": broker.host, "mqtt.port": broker.port,
+        "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1, **settings}))
+    await gw.start()
+    assert gw.bridge is not None
+    return gw
+
+
 def test_two_replicas_share_the_subscription(mosquitto):
     async def main():
         workers = [(TestWorker("a", 0.01, concurrency=4), 1), (TestWorker("b", 0.01, concurrency=4), 1)]

@@ -12,8 +12,8 @@ import logging
 
 from cloud.gateway.server import Gateway
 from edgewise import status
-from tests.cloud.gateway.test_gateway import run, settings_for
-from tests.cloud.gateway.test_mqtt_bridge import Edge
+from tests.cloud.gateway.test_gateway import run
+from tests.cloud.gateway.test_mqtt_bridge import Edge, bridged_gateway
 from tests.cloud.gateway.workers import TestWorker, request
 from tests.edge.transports.test_mqtt_refusals import configured_mosquitto
 from tests.waiting import async_wait_until as wait_until
@@ -34,11 +34,7 @@ async def _poisoned(broker, poison) -> tuple[Gateway, TestWorker]:
     stayed connected."""
     w = TestWorker("a", 0.005)
     await w.start()
-    gw = Gateway(settings_for([(w, 1)], **{
-        "mqtt.enabled": True, "mqtt.host": broker.host, "mqtt.port": broker.port,
-        "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1,
-        "auth.tokens": [{"device": "cam-1", "token": TOKEN}]}))
-    await gw.start()
+    gw = await bridged_gateway(broker, w, **{"auth.tokens": [{"device": "cam-1", "token": TOKEN}]})
     bridge = gw.bridge
     assert bridge is not None
     edge = None
@@ -110,10 +106,7 @@ def test_an_answer_over_the_brokers_message_size_limit_is_a_refusal_not_a_reconn
     async def main(broker):
         w = TestWorker("a", 0.005)
         await w.start()
-        gw = Gateway(settings_for([(w, 1)], **{
-            "mqtt.enabled": True, "mqtt.host": broker.host, "mqtt.port": broker.port,
-            "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1}))
-        await gw.start()
+        gw = await bridged_gateway(broker, w)
         bridge = gw.bridge
         assert bridge is not None
         edge = None

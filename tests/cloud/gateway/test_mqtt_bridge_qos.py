@@ -25,8 +25,8 @@ from paho.mqtt.properties import Properties
 from cloud.gateway.mqtt_bridge import MqttBridge
 from cloud.gateway.server import Gateway
 from edgewise.v1 import detect_pb2
-from tests.cloud.gateway.test_gateway import run, settings_for
-from tests.cloud.gateway.test_mqtt_bridge import Edge
+from tests.cloud.gateway.test_gateway import run
+from tests.cloud.gateway.test_mqtt_bridge import Edge, bridged_gateway
 from tests.cloud.gateway.workers import TestWorker, request
 from tests.conftest import Broker, configured_mosquitto
 from tests.waiting import async_wait_until as wait_until
@@ -93,14 +93,6 @@ class _QosZeroEdge:
         self.c.loop_stop()
 
 
-async def _gateway(broker: Broker, w: TestWorker) -> Gateway:
-    gw = Gateway(settings_for([(w, 1)], **{
-        "mqtt.enabled": True, "mqtt.host": broker.host, "mqtt.port": broker.port,
-        "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1}))
-    await gw.start()
-    return gw
-
-
 def test_a_broker_that_takes_qos_0_only_is_one_error_and_no_subscription(caplog):
     """From the first CONNACK: one ERROR naming ``max_qos`` and what to set, no subscription (a
     QoS 0 request is neither taken nor forwarded), the connection kept (no reconnect loop) and
@@ -110,7 +102,7 @@ def test_a_broker_that_takes_qos_0_only_is_one_error_and_no_subscription(caplog)
     async def main(broker: Broker) -> None:
         w = TestWorker("a", 0.005)
         await w.start()
-        gw = await _gateway(broker, w)
+        gw = await bridged_gateway(broker, w)
         bridge = gw.bridge
         assert bridge is not None
         sessions = _Sessions(bridge)
@@ -152,7 +144,7 @@ def test_answers_a_broker_restarted_with_qos_0_cannot_take_are_counted_not_resen
     async def main(broker: Broker) -> None:
         w = TestWorker("a", 1.0 if held else 4.0)  # 4 s: the bridge is back well before it answers
         await w.start()
-        gw = await _gateway(broker, w)
+        gw = await bridged_gateway(broker, w)
         bridge = gw.bridge
         assert bridge is not None
         try:
