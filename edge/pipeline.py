@@ -339,10 +339,7 @@ class Pipeline:
         self.ready.set()  # a batcher waiting for frames looks at the time again
 
     def _drop_queued(self) -> None:
-        dropped: Dict[str, int] = {}
-        for sid, q in self.queues.items():
-            while q.get_nowait() is not None:
-                dropped[sid] = dropped.get(sid, 0) + 1
+        dropped = {sid: n for sid, n in ((sid, q.purge()) for sid, q in self.queues.items()) if n}
         for sid, n in dropped.items():
             self.metrics.drops.labels(sid, "shutdown").inc(n)
         if dropped:

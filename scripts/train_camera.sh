@@ -55,6 +55,10 @@ CLOUD_DATA=${CLOUD_DATA:-crops}   # crops: native-scale 320x320 crops; frames: w
 CLOUD_IMGSZ=${CLOUD_IMGSZ:-320}
 BATCH=${BATCH:-8}
 PACKAGE=${PACKAGE:-1}
+case "$PACKAGE" in
+    0|1) ;;
+    *) echo "scripts/train_camera.sh: PACKAGE must be 1 (package and score) or 0 (stop after training), not '$PACKAGE'" >&2; exit 2 ;;
+esac
 case "$CLOUD_DATA" in
     crops) CLOUD_TRAIN=cam-train-crops; CLOUD_VAL=cam-val-crops ;;
     frames) CLOUD_TRAIN=cam-train; CLOUD_VAL=cam-val ;;
