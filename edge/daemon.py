@@ -130,6 +130,7 @@ class EdgeDaemon:
         self.spool: Optional[Spool] = None
         self.spool_problem = ""  # why the spool could not be opened at start (a full disk); retried
         self.mqtt: Any = None
+        self.outbox: Optional[Outbox] = None  # the MQTT sink's; opened before the connection (its client id)
         self.transports: Dict[str, Transport] = {}
         self.instance_lock = InstanceLock(settings.spool.path)
         self.sinks: Optional[Sinks] = None
@@ -195,21 +196,27 @@ class EdgeDaemon:
             out.append(StdoutSink())
         if s.mqtt and self.mqtt is not None:
             prefix = self.settings.cloud.mqtt.topic_prefix
+            assert self.outbox is not None
             out.append(MqttSink(self.mqtt, mqtt_topics.detections_topic(prefix, self.settings.device_id),
-                                Outbox(mqtt_outbox_path(self.settings), s.mqtt_outbox_max), self.metrics))
+                                self.outbox, self.metrics))
         return Sinks(out, on_error=lambda name: self.metrics.sink_errors.labels(name).inc())
 
     async def _build_transports(self) -> None:
         c = self.settings.cloud
         if c.mqtt.host:
-            from edge.transports.mqtt import MqttConnection, MqttTransport
+            from edge.transports.mqtt import SESSION_EXPIRY_S, MqttConnection, MqttTransport
 
+            device = self.settings.device_id
+            client_id = MqttConnection.unique_client_id(device)
+            if self.settings.sinks.mqtt:  # the sink's exchanges outlive a restart: one session, its id kept
+                self.outbox = Outbox(mqtt_outbox_path(self.settings), self.settings.sinks.mqtt_outbox_max)
+                client_id = self.outbox.client_id(f"{device}-", lambda: MqttConnection.unique_client_id(device))
             self.mqtt = MqttConnection(
-                c.mqtt.host, c.mqtt.port, client_id=MqttConnection.unique_client_id(self.settings.device_id), metrics=self.metrics,
+                c.mqtt.host, c.mqtt.port, client_id=client_id, metrics=self.metrics,
                 username=c.mqtt.username, password=c.mqtt.password, tls=c.mqtt.tls,
                 tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key, keepalive_s=c.mqtt.keepalive_s,
+                session_expiry_s=SESSION_EXPIRY_S if self.outbox is not None else 0,
             )
-            self.mqtt.start()
             t = MqttTransport(self.mqtt, self.settings.device_id, c.mqtt.topic_prefix, token=c.token)
             await t.start()
             self.transports["mqtt"] = MeteredTransport(t, self._count_uplink)
@@ -368,6 +375,8 @@ class EdgeDaemon:
             self.holder.subscribe(check_classes)
         await self._build_transports()
         self.sinks = self._build_sinks()
+        if self.mqtt is not None:  # after the MQTT sink resumed what the last process left in flight
+            self.mqtt.start()
         remembered = max(self.sinks.last_epoch(), self.spool.last_epoch() if self.spool is not None else -1)
         epoch = boot_epoch(s.spool.path, remembered + 1)
         decider = Decider(policy)

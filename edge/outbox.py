@@ -17,6 +17,13 @@ record: a replay repeated after a crash between "written to the sinks" and
 second time. The last ``late_keys_max`` keys are kept (a replay repeats only
 what the spool still holds, the newest items).
 
+Each record handed to the broker at QoS 2 keeps, next to it, its MQTT packet identifier
+(``hand``, written before the broker can see the message) and whether the broker's PUBREC
+came (``received``, written before the PUBREL goes out); ``in_flight`` gives them to the next
+process, which completes those exchanges in the same MQTT session instead of publishing the
+records anew, so the broker delivers each once (``edge.sinks.MqttSink``). The session's client
+id is kept here too (``client_id``): the outbox is what ties a device's restarts together.
+
 Not the escalation spool (``edge.spool``) on purpose: that one fsyncs every
 commit, caps bytes and ages, and forgets a key once delivered; here the writes
 are per frame, the cap is a record count, and late keys outlive delivery.
@@ -29,7 +36,7 @@ import logging
 import sqlite3
 import threading
 from pathlib import Path
-from typing import List, Optional, Tuple, Union
+from typing import Callable, Collection, List, Optional, Tuple, Union
 
 from edgewise.errors import EdgewiseError
 
@@ -46,7 +53,13 @@ CREATE TABLE IF NOT EXISTS records (
 CREATE TABLE IF NOT EXISTS late_keys (
     key   TEXT PRIMARY KEY
 );
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
+#: columns added to ``records`` after the first release (an older outbox gets them at open)
+_IN_FLIGHT_COLUMNS = (("mid", "INTEGER"), ("received", "INTEGER NOT NULL DEFAULT 0"))
 
 
 class OutboxError(EdgewiseError):
@@ -71,11 +84,46 @@ class Outbox:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            have = {r[1] for r in self._db.execute("PRAGMA table_info(records)")}
+            for column, decl in _IN_FLIGHT_COLUMNS:
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE records ADD COLUMN {column} {decl}")
             self._depth = int(self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0])
         except (OSError, sqlite3.Error) as exc:
             raise OutboxError(f"MQTT sink outbox {self.path}: cannot open it ({exc}); move it aside "
                               "or set sinks.mqtt_outbox to a writable file") from None
         self._writes = 0
+
+    def client_id(self, prefix: str, make: Callable[[], str]) -> str:
+        """The MQTT client id this outbox's records are published under: the one kept here if it
+        starts with ``prefix`` (the device id; a renamed device gets a new one), else ``make()``,
+        kept from now on."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'client_id'").fetchone()
+            if row is not None and str(row[0]).startswith(prefix):
+                return str(row[0])
+            made = make()
+            self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('client_id', ?)", (made,))
+            return made
+
+    def hand(self, rid: int, mid: Optional[int]) -> None:
+        """Record ``rid`` goes to the broker at QoS 2 with packet identifier ``mid`` (None: at
+        QoS 1, or not at all after a refusal; nothing to complete after a restart)."""
+        with self._lock:
+            self._db.execute("UPDATE records SET mid = ?, received = 0 WHERE id = ?", (mid, int(rid)))
+
+    def received(self, rid: int) -> None:
+        """The broker's PUBREC for record ``rid`` came: a restart sends its PUBREL, not the record."""
+        with self._lock:
+            self._db.execute("UPDATE records SET received = 1 WHERE id = ?", (int(rid),))
+
+    def in_flight(self) -> List[Tuple[int, int, bool, bytes]]:
+        """The records handed to the broker at QoS 2 and not acknowledged: (id, mid, received,
+        data), the received ones first (their exchanges are the further along), then by id."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, mid, received, data FROM records WHERE mid IS NOT NULL "
+                                    "ORDER BY received DESC, id").fetchall()
+        return [(int(r[0]), int(r[1]), bool(r[2]), bytes(r[3])) for r in rows]
 
     def late_keys(self) -> List[str]:
         """The late keys remembered (the newest ``late_keys_max``)."""
@@ -118,12 +166,12 @@ class Outbox:
             self._depth += 1 - max(0, over)
             return True
 
-    def peek(self, after_id: int, limit: int) -> List[Tuple[int, bytes]]:
-        """Up to ``limit`` oldest records with an id above ``after_id``: (id, data)."""
+    def peek(self, after_id: int, limit: int, skip: Collection[int] = ()) -> List[Tuple[int, bytes]]:
+        """Up to ``limit`` oldest records with an id above ``after_id`` and not in ``skip``: (id, data)."""
         with self._lock:
             rows = self._db.execute("SELECT id, data FROM records WHERE id > ? ORDER BY id LIMIT ?",
-                                    (int(after_id), int(limit))).fetchall()
-        return [(int(r[0]), bytes(r[1])) for r in rows]
+                                    (int(after_id), int(limit) + len(skip))).fetchall()
+        return [(int(r[0]), bytes(r[1])) for r in rows if int(r[0]) not in skip][:max(0, int(limit))]
 
     def ack(self, ids: List[int]) -> None:
         """Delete published records (ids already gone are ignored)."""

@@ -239,7 +239,14 @@ class MqttSink:
     arrive once it is fixed (late, after the records taken meanwhile, and not necessarily in
     order: each names its frame_seq); a record refused again goes behind the others (one
     that never fits cannot hold them up), and the outbox's bound drops the oldest records
-    as ever."""
+    as ever.
+
+    Where the connection keeps its MQTT session and the broker takes QoS 2
+    (``MqttConnection.exactly_once``) records go out at QoS 2, and the outbox keeps each one's
+    packet identifier and PUBREC (``Outbox.hand``, ``Outbox.received``): a daemon killed with
+    records in flight completes their exchanges after the restart (``Outbox.in_flight``,
+    ``MqttConnection.resume``; the sink must be made before the connection starts), so the
+    broker delivers each record once. At QoS 1 a record in flight at a kill may arrive twice."""
 
     name = "mqtt"
     durable = True
@@ -253,6 +260,7 @@ class MqttSink:
         self.close_timeout_s = close_timeout_s
         self.window = window  # records handed to paho and not yet acknowledged, at most
         self.retry_refused_s = retry_refused_s
+        self._after_refusal = f"the record stays in the MQTT outbox and is sent again in {retry_refused_s:g} s"
         self._pending: Set[int] = set()  # outbox ids handed to paho, not yet answered
         self._refused: Dict[int, None] = {}  # outbox ids the broker refused, oldest refusal first
         self._probe: Optional[int] = None  # the refused record sent again, while it waits for its answer
@@ -265,6 +273,10 @@ class MqttSink:
         self.last_epoch = max((epoch_of_key(k) for k in outbox.late_keys()), default=-1)
         if metrics is not None:
             conn.measure(metrics)
+        #: outbox ids the last process left in flight (resumed at start, never handed over anew:
+        #: their answers, or the refused records' retries, settle them)
+        self._resumed: Set[int] = set()
+        self._resume()
         self._show()
         self._thread = threading.Thread(target=self._publisher, name="mqtt-sink", daemon=True)
         self._thread.start()
@@ -285,9 +297,28 @@ class MqttSink:
             self.metrics.sink_dropped.labels(self.name).inc(dropped - self._reported_drops)
             self._reported_drops = dropped
 
+    def _resume(self) -> None:
+        """The QoS 2 exchanges the last process left open, handed to the connection before it
+        starts: the broker gets each one's PUBREL or PUBLISH again, same packet identifier."""
+        mids: Set[int] = set()
+        for rid, mid, received, data in self.outbox.in_flight():
+            if not self.conn.session_expiry_s or mid in mids or not 0 < mid <= _MAX_MID:
+                self.outbox.hand(rid, None)  # no session to complete it in, or not an id this sink gave: anew
+                continue
+            mids.add(mid)
+            self._pending.add(rid)
+            self._resumed.add(rid)
+            self.conn.resume(self.topic, data, mid, received, on_done=lambda refused, r=rid: self._answered(r, refused),
+                             on_received=lambda r=rid: self.outbox.received(r), after_refusal=self._after_refusal)
+        if mids:
+            log.info("MQTT sink: %d records were in flight when the daemon stopped; their QoS 2 exchanges "
+                     "are completed, not published anew", len(mids))
+
     def _answered(self, rid: int, refused: Any) -> None:
         """(paho's thread, or the publisher's) The broker's answer to record ``rid``: a
         delivery deletes it from the outbox now, a refusal keeps it for a later try."""
+        if refused is not None:
+            self.outbox.hand(rid, None)  # the exchange ended: nothing for a restart to complete
         with self._lock:
             self._pending.discard(rid)
             probe = self._probe == rid
@@ -335,17 +366,22 @@ class MqttSink:
         refused)."""
         from edge.transports.mqtt import PublishRefused  # paho only where the MQTT sink is used
 
+        mid = self.conn.reserve_mid() if self.conn.exactly_once else None
+        if mid is not None or again:
+            self.outbox.hand(rid, mid)  # on disk before the broker can see it
         with self._lock:  # noted first: its answer may come before publish() returns
             self._pending.add(rid)
         try:
             info = self.conn.publish(
                 self.topic, data, on_done=lambda refused: self._answered(rid, refused),
-                after_refusal=f"the record stays in the MQTT outbox and is sent again in "
-                              f"{self.retry_refused_s:g} s")
+                after_refusal=self._after_refusal, mid=mid,
+                on_received=None if mid is None else lambda: self.outbox.received(rid))
         except PublishRefused as exc:  # over the broker's size limit: logged and counted
             self._answered(rid, exc.refusal)
             return True
         if info.rc not in (0, _NO_CONN):  # not queued by paho: try again later
+            if mid is not None:
+                self.outbox.hand(rid, None)
             with self._lock:
                 self._pending.discard(rid)
                 if again:
@@ -376,7 +412,7 @@ class MqttSink:
                             self._refused.update((r, None) for r, _ in again[i + 1:])
                         break
                     n_pending += 1
-                for rid, data in self.outbox.peek(last, self.window - n_pending):
+                for rid, data in self.outbox.peek(last, self.window - n_pending, self._resumed):
                     if not self._send(rid, data):
                         break
                     last = rid
@@ -400,6 +436,7 @@ class MqttSink:
         self.outbox.close()
 
 
+_MAX_MID = 65535  # MQTT packet identifiers are 1..65535
 _NO_CONN = 4  # paho MQTT_ERR_NO_CONN: queued by paho, sent after the reconnect
 
 

@@ -38,7 +38,9 @@ The connection reports itself: a throttled WARNING with the cause while the brok
 cannot be reached, a clear one when another client takes the session over (the
 same client id used twice), and the metrics ``edgewise_edge_mqtt_connected`` and
 ``edgewise_edge_mqtt_refused_total`` (``measure``). The edge's client id is the
-device id plus a random suffix, new at every process start (``unique_client_id``).
+device id plus a random suffix (``unique_client_id``): new at every process start, or,
+with the MQTT sink, made once and kept in the sink's outbox, so that the broker's session
+(``session_expiry_s``) carries the sink's QoS 2 exchanges over a restart (``edge.sinks``).
 Callers: ``edge.escalating``, ``edge.daemon``, ``edge.sinks``.
 """
 
@@ -83,6 +85,14 @@ SESSION_TAKEN_OVER = 0x8E
 CLIENT_ID_NOT_VALID = 0x85
 #: Random hex digits after the device id in the edge's client id.
 CLIENT_ID_SUFFIX_HEX = 8
+#: How long the broker keeps the session of an edge with the MQTT sink while the daemon is
+#: away (MQTT 5.0 Session Expiry Interval): a restart within it completes the sink's QoS 2
+#: exchanges without a repeat (a reboot takes a minute; an hour costs the broker a few
+#: packet identifiers and what it queues for the device's response topic).
+SESSION_EXPIRY_S = 3600
+#: PUBCOMP "Packet identifier not found": the broker no longer knows a QoS 2 exchange this
+#: client resumed (it completed it before a restart, or lost the session)
+PACKET_ID_NOT_FOUND = 0x92
 #: A connection the broker closes, without a DISCONNECT, this soon after accepting it, this
 #: many times in a row, was most likely taken over by a client with the same id: Mosquitto
 #: 2.0 closes the older connection of a client id silently, where MQTT 5.0 says "Session
@@ -116,6 +126,10 @@ _HINTS: Dict[int, str] = {
     QOS_NOT_SUPPORTED: "the broker takes QoS 0 only (Mosquitto: max_qos 0) and edgewise publishes at QoS 1, "
                        "for it needs the broker's acknowledgement: set max_qos 1 (or remove it) on the broker",
 }
+
+
+_QOS2_HINT = ("the MQTT sink publishes at QoS 2 where the broker takes it, and sends the message again at "
+              "QoS 1 (at least once); let the broker take QoS 2 (Mosquitto: remove max_qos)")
 
 
 class Refusal(NamedTuple):
@@ -198,11 +212,15 @@ class MqttConnection:
         tls_key: str = "",
         keepalive_s: int = 30,
         metrics: Any = None,
+        session_expiry_s: int = 0,
     ) -> None:
         self.host = host
         self.port = port
         self.client_id = client_id or f"edgewise-edge-{uuid.uuid4().hex[:8]}"
         self.keepalive_s = keepalive_s
+        #: > 0: every connection continues one MQTT session (clean start off) that the broker keeps
+        #: this long while the client is away, which QoS 2 publishing (``exactly_once``) needs
+        self.session_expiry_s = int(session_expiry_s)
         self.client = Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
@@ -219,6 +237,7 @@ class MqttConnection:
         self.client.on_message = self._on_message
         self.client.on_publish = self._on_publish
         self.client.on_subscribe = self._on_subscribe
+        self.client.on_pubrec = self._on_pubrec
         self._subscribing: Dict[int, str] = {}  # SUBSCRIBE mid -> topic, until its SUBACK
         self.connected = threading.Event()
         self.subscriptions: Dict[str, Any] = {}  # topic -> handler(msg), resubscribed on reconnect
@@ -229,6 +248,7 @@ class MqttConnection:
         self.last_error = ""  # why the last connection attempt failed ("" once connected)
         self._waiting: Dict[int, Tuple[str, Optional[OnDone], str]] = {}  # mid -> (topic, on_done, after)
         self._early: Dict[int, Any] = {}  # mid -> reason code of a PUBACK that came before publish() returned
+        self._received: Dict[int, Callable[[], None]] = {}  # QoS 2 mid -> called at its PUBREC
         self._connected_at: Optional[float] = None  # time.monotonic() of the last CONNACK
         self._short_sessions = 0  # connections in a row the broker closed soon, without a reason
         self._connect_log = LogThrottle(60.0, burst=3)
@@ -259,8 +279,36 @@ class MqttConnection:
     def start(self) -> None:
         # connect_async + loop_start: the first connection and every reconnect
         # happen in paho's thread, so a broker that is down never blocks us.
-        self.client.connect_async(self.host, self.port, keepalive=self.keepalive_s)
+        if self.session_expiry_s > 0:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = self.session_expiry_s
+            self.client.connect_async(self.host, self.port, keepalive=self.keepalive_s, clean_start=False,
+                                      properties=props)
+        else:
+            self.client.connect_async(self.host, self.port, keepalive=self.keepalive_s)
         self.client.loop_start()
+
+    @property
+    def exactly_once(self) -> bool:
+        """Whether a publish can be QoS 2 with a packet identifier that outlives this process
+        (``reserve_mid``): the session is kept (``session_expiry_s``) and the broker's Maximum
+        QoS is 2."""
+        return self.session_expiry_s > 0 and self.max_qos >= 2
+
+    def reserve_mid(self) -> int:
+        """A packet identifier for ``publish(mid=...)``, to be noted on disk before the publish."""
+        return self.client.reserve_mid()
+
+    def resume(self, topic: str, payload: bytes, mid: int, received: bool, on_done: Optional[OnDone] = None,
+               on_received: Optional[Callable[[], None]] = None, after_refusal: str = "") -> None:
+        """Before ``start``: a QoS 2 message the last process published with ``mid`` and did not
+        see completed, sent again in the same session (``Client.resume``); ``on_done`` and
+        ``on_received`` as for ``publish``."""
+        with self.lock:
+            self._waiting[mid] = (topic, on_done, after_refusal)
+            if on_received is not None and not received:
+                self._received[mid] = on_received
+        self.client.resume(mid, topic, payload, received)
 
     def stop(self) -> None:
         self.stopping = True
@@ -295,16 +343,29 @@ class MqttConnection:
                           "username = device_id)", self.host, self.port, topic, rc)
 
     def publish(self, topic: str, payload: bytes, properties: Optional[Properties] = None,
-                on_done: Optional[OnDone] = None, after_refusal: str = "") -> Any:
-        """Hand one QoS 1 message to paho (sent now, or after the reconnect); its paho
+                on_done: Optional[OnDone] = None, after_refusal: str = "", mid: Optional[int] = None,
+                on_received: Optional[Callable[[], None]] = None) -> Any:
+        """Hand one QoS 1 message to paho (sent now, or after the reconnect), or a QoS 2 one with the
+        packet identifier ``mid`` (``reserve_mid``; ``on_received`` is called from paho's thread
+        when the broker's PUBREC came, before the PUBREL goes out); its paho
         ``MQTTMessageInfo``. ``on_done`` is called once, from paho's thread or this one, when the
         broker answered: with None for a delivery, with the ``Refusal`` otherwise (already
         logged, throttled, with ``after_refusal`` saying what happens next, and counted).
         Raises ``PublishRefused`` (nothing sent, logged and counted the same way) for a message
         over the broker's Maximum Packet Size; without one announced, over MQTT's own bound
         (which is also where paho's "Payload too large" check lies, so that one never fires)."""
-        if self.max_qos < 1:
-            self._refuse(self._qos_refusal(topic), after_refusal)
+        qos = 1 if mid is None else 2
+        try:
+            return self._publish(topic, payload, qos, properties, on_done, after_refusal, mid, on_received)
+        finally:
+            if mid is not None:
+                self.client.release_mid(mid)
+
+    def _publish(self, topic: str, payload: bytes, qos: int, properties: Optional[Properties],
+                 on_done: Optional[OnDone], after_refusal: str, mid: Optional[int],
+                 on_received: Optional[Callable[[], None]]) -> Any:
+        if self.max_qos < qos:
+            self._refuse(self._qos_refusal(topic, qos), after_refusal)
         size = publish_packet_size(topic, payload, properties)
         limit = self.max_packet_size
         if size > limit:
@@ -315,7 +376,16 @@ class MqttConnection:
                 f"MQTT message to {topic} is {size} bytes ({len(payload)} bytes of payload), over the "
                 f"Maximum Packet Size of {limit} bytes {whose}, so it is not sent; {_HINTS[PACKET_TOO_LARGE]}"),
                 after_refusal)
-        info = self.client.publish(topic, payload, qos=1, properties=properties)
+        if mid is None:
+            info = self.client.publish(topic, payload, qos=1, properties=properties)
+        else:
+            if on_received is not None:
+                with self.lock:  # noted first: the PUBREC may come before publish_as returns
+                    self._received[mid] = on_received
+            info = self.client.publish_as(mid, topic, payload, 2, properties)
+            if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+                with self.lock:
+                    self._received.pop(mid, None)
         if info.rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):  # queued: a PUBACK will come
             with self.lock:
                 early = self._early.pop(info.mid, None)
@@ -325,10 +395,12 @@ class MqttConnection:
                 self._settle(topic, on_done, after_refusal, early)
         return info
 
-    def _qos_refusal(self, topic: str) -> Refusal:
+    def _qos_refusal(self, topic: str, qos: Optional[int] = None) -> Refusal:
+        at = "over it" if qos is None else str(qos)
         return Refusal(topic, QOS_NOT_SUPPORTED, "QoS not supported",
-                       f"MQTT message to {topic} is not sent: the broker {self.host}:{self.port} announced a "
-                       f"Maximum QoS of {self.max_qos}; {_HINTS[QOS_NOT_SUPPORTED]}")
+                       f"MQTT message to {topic} at QoS {at} is not sent: the broker {self.host}:{self.port} "
+                       f"announced a Maximum QoS of {self.max_qos}; "
+                       + (_HINTS[QOS_NOT_SUPPORTED] if self.max_qos < 1 else _QOS2_HINT))
 
     def _refuse(self, refused: Refusal, after: str) -> NoReturn:
         self._report(refused, after)
@@ -345,6 +417,13 @@ class MqttConnection:
 
     def _settle(self, topic: str, on_done: Optional[OnDone], after: str, reason: Any) -> None:
         refused = refusal(topic, reason) if reason.is_failure else None
+        if (refused is not None and refused.code == PACKET_ID_NOT_FOUND
+                and getattr(reason, "packetType", None) == PacketTypes.PUBCOMP):
+            # a resumed PUBREL the broker no longer knows: it completed the exchange before the
+            # restart (the message went out), or lost the session (nothing can be known): done
+            log.info("MQTT broker %s:%d no longer knew a QoS 2 message to %s resumed after a restart: "
+                     "taken as delivered", self.host, self.port, topic)
+            refused = None
         if refused is not None:
             self._report(refused, after)
         if on_done is not None:
@@ -376,8 +455,7 @@ class MqttConnection:
         self.max_packet_size = broker_max_packet_size(properties)
         self.max_qos = broker_max_qos(properties)
         self.last_error = ""
-        if self.max_qos < 1:
-            self._drop_unsendable()
+        self._drop_unsendable()
         self._connected_at = time.monotonic()
         log.info("MQTT connected to %s:%d as %s%s", self.host, self.port, self.client_id,
                  f" (maximum packet size {self.max_packet_size} bytes)"
@@ -389,12 +467,13 @@ class MqttConnection:
         self._set_connected(True)
 
     def _drop_unsendable(self) -> None:
-        """(paho's thread, in CONNACK) The broker takes QoS 0 only: what paho holds at QoS 1
+        """(paho's thread, in CONNACK) What paho holds at a QoS over the broker's Maximum QoS
         would make it drop the connection again at once, after every reconnect. Drop it, and
         settle each as refused (an escalation fails and spools, a record stays in the outbox)."""
         for mid, topic in self.client.drop_queued_over(self.max_qos).items():
             with self.lock:
                 entry = self._waiting.pop(mid, None)
+                self._received.pop(mid, None)
             refused = self._qos_refusal(topic)
             if entry is None:
                 self._report(refused, "")
@@ -456,8 +535,19 @@ class MqttConnection:
                         "its own client id%s", self.host, self.port, what, self.client_id,
                         f" ({held} more takeovers not logged)" if held else "")
 
+    def _on_pubrec(self, mid: int) -> None:
+        """(paho's thread) The broker received QoS 2 message ``mid``; its PUBREL goes out next."""
+        with self.lock:
+            noted = self._received.pop(mid, None)
+        if noted is not None:
+            try:
+                noted()
+            except Exception:
+                log.exception("MQTT PUBREC callback for message %d failed", mid)
+
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
         with self.lock:
+            self._received.pop(mid, None)
             entry = self._waiting.pop(mid, None)
             if entry is None:  # publish() has not noted this mid yet: it settles it
                 self._early[mid] = reason_code

@@ -12,12 +12,13 @@ import threading
 import uuid
 
 import paho.mqtt.client as mqtt
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edge.metrics import EdgeMetrics
 from edge.outbox import Outbox
 from edge.sinks import MqttSink, Sinks
-from edge.transports.mqtt import MqttConnection
+from edge.transports.mqtt import SESSION_EXPIRY_S, MqttConnection
 from tests.conftest import configured_mosquitto
 from tests.edge.helpers import frame_record
 from tests.edge.transports.test_mqtt_refusals import refused_count, reload, warnings_with
@@ -54,13 +55,18 @@ class Reader:
         self.c.loop_stop()
 
 
-def test_records_the_acl_refuses_stay_in_the_outbox_and_go_out_once_it_allows_them(tmp_path, caplog):
+@pytest.mark.parametrize("session_expiry_s", [SESSION_EXPIRY_S, 0], ids=["qos2", "qos1"])
+def test_records_the_acl_refuses_stay_in_the_outbox_and_go_out_once_it_allows_them(tmp_path, caplog,
+                                                                                    session_expiry_s):
+    """At QoS 2 (the daemon's sink) the refusal comes in the PUBREC, which ends the exchange:
+    no PUBREL after it, and no packet identifier kept for a restart to complete."""
     caplog.set_level(logging.INFO, logger="edge.transports.mqtt")
     denied = READER_ACL + "pattern write edgewise/%u/escalate\n"
     with configured_mosquitto(users=USERS, acl=denied) as broker:
         reader = Reader(broker, "reader", "pw")
         metrics = EdgeMetrics()
-        conn = MqttConnection(broker.host, broker.port, client_id="cam-1-sink", username="cam-1", password="pw")
+        conn = MqttConnection(broker.host, broker.port, client_id="cam-1-sink", username="cam-1", password="pw",
+                              session_expiry_s=session_expiry_s)
         conn.start()
         wait_until(conn.connected.is_set, 10, "the sink's connection")
         sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 100), metrics, retry_refused_s=0.5)
@@ -74,6 +80,7 @@ def test_records_the_acl_refuses_stay_in_the_outbox_and_go_out_once_it_allows_th
             assert "check the broker's ACL" in refusal and "stays in the MQTT outbox" in refusal
             wait_until(lambda: refused_count(metrics, TOPIC, "not_authorized") >= 4, 10, "a retry, refused")
             assert len(sink.outbox) == 3 and reader.got == []
+            assert sink.outbox.in_flight() == []  # refused: no exchange left to complete
             (broker.conf.parent / "acl").write_text(denied + "pattern write edgewise/%u/detections\n")
             reload(broker)
             wait_until(lambda: len(sink.outbox) == 0, 20, "the kept records delivered once the ACL allows them")

@@ -13,7 +13,7 @@ import json
 from edge.metrics import EdgeMetrics
 from edge.outbox import Outbox
 from edge.sinks import JsonlSink, MqttSink, Sinks
-from edge.transports.mqtt import MqttConnection
+from edge.transports.mqtt import SESSION_EXPIRY_S, MqttConnection
 from tests.conftest import TopicRecorder
 from tests.edge.helpers import frame_record, read_jsonl
 from tests.waiting import wait_until
@@ -22,7 +22,8 @@ TOPIC = "edgewise/dev/detections"
 
 
 def connect(broker):
-    conn = MqttConnection(broker.host, broker.port, client_id="sink-test")
+    """The daemon's connection for the sink: a kept session, so records go out at QoS 2."""
+    conn = MqttConnection(broker.host, broker.port, client_id="sink-test", session_expiry_s=SESSION_EXPIRY_S)
     conn.start()
     wait_until(conn.connected.is_set, 10, "the sink's MQTT connection")
     return conn
@@ -84,7 +85,7 @@ def test_outbox_bound_drops_the_oldest_and_counts_them(tmp_path, mosquitto):
     rec_topic = TopicRecorder(mosquitto, TOPIC)  # a persistent session: the broker keeps its messages
     mosquitto.stop()  # the broker is down when the sink starts
     metrics = EdgeMetrics()
-    conn = MqttConnection(mosquitto.host, mosquitto.port, client_id="sink-bound")
+    conn = MqttConnection(mosquitto.host, mosquitto.port, client_id="sink-bound", session_expiry_s=SESSION_EXPIRY_S)
     conn.start()
     sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 5), metrics)
     try:
@@ -177,3 +178,25 @@ def test_live_records_a_full_disk_refuses_are_held_and_written_in_order_once_it_
     sink.close()  # what is held is written at exit
     seqs = [r["frame_seq"] for r in read_jsonl(path)]
     assert seqs == list(range(1, 13)) + list(range(19 - kept, 19))
+
+
+def test_a_broker_that_takes_qos_1_only_gets_the_records_at_qos_1(tmp_path):
+    """Mosquitto ``max_qos 1`` drops a client that publishes at QoS 2: the sink reads the
+    broker's Maximum QoS and sends at QoS 1 (at least once), keeping no packet identifier."""
+    from tests.conftest import configured_mosquitto
+
+    with configured_mosquitto("max_qos 1") as broker:
+        rec_topic = TopicRecorder(broker, TOPIC)
+        conn = connect(broker)
+        sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 100), EdgeMetrics())
+        try:
+            assert conn.max_qos == 1 and not conn.exactly_once
+            for seq in range(4):
+                write(Sinks([sink]), frame_record("cam", seq))
+            wait_until(lambda: len(rec_topic.messages) == 4 and len(sink.outbox) == 0, 10, "4 records delivered")
+            assert conn.connected.is_set()
+        finally:
+            sink.close()
+            conn.stop()
+            rec_topic.stop()
+        assert [r["frame_seq"] for r in rec_topic.json()] == [0, 1, 2, 3]

@@ -402,6 +402,7 @@ def test_the_daemons_client_id_is_unique_per_start_and_its_connection_is_measure
     async def build():
         d = EdgeDaemon(settings)
         await d._build_transports()
+        d.mqtt.start()  # the daemon starts it once the sinks are made
         return d
     daemons = [asyncio.run(build()) for _ in range(2)]
     try:
@@ -414,6 +415,35 @@ def test_the_daemons_client_id_is_unique_per_start_and_its_connection_is_measure
     finally:
         for d in daemons:
             d.mqtt.stop()
+
+
+def test_with_the_mqtt_sink_the_client_id_is_kept_in_its_outbox_and_the_session_outlives_a_restart(tmp_path):
+    """The MQTT sink completes its QoS 2 exchanges after a restart (``tests/edge/test_mqtt_sink_restart.py``):
+    that needs the same client id and a session the broker keeps. The id is made once per
+    outbox (another outbox, another id; a renamed device, a new one)."""
+    from edge.daemon import EdgeDaemon
+    from edge.settings import load_settings
+    from edge.transports.mqtt import SESSION_EXPIRY_S
+    from tests.edge.helpers import settings_yaml
+
+    def daemon(name: str, device: str = "cam-1"):
+        settings = load_settings(str(settings_yaml(
+            tmp_path / f"{name}.yaml", device_id=device, sinks={"mqtt": True},
+            cloud={"mqtt": {"host": "127.0.0.1", "port": 1}},
+            streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+            model={"path": str(tmp_path / "unused.onnx")}, spool={"path": str(tmp_path / name / "spool.db")},
+            metrics={"port": -1})), env={})
+        d = EdgeDaemon(settings)
+        asyncio.run(d._build_transports())
+        d.outbox.close()
+        return d.mqtt
+
+    first, again, other = daemon("a"), daemon("a"), daemon("b")
+    assert re.fullmatch(r"cam-1-[0-9a-f]{8}", first.client_id), first.client_id
+    assert again.client_id == first.client_id and other.client_id != first.client_id
+    assert first.session_expiry_s == SESSION_EXPIRY_S
+    renamed = daemon("a", device="cam-2")
+    assert re.fullmatch(r"cam-2-[0-9a-f]{8}", renamed.client_id), renamed.client_id
 
 
 def test_a_refused_subscription_to_the_answers_is_an_error_naming_the_topic(caplog):
