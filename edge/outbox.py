@@ -112,10 +112,11 @@ class Outbox:
         with self._lock:
             self._db.execute("UPDATE records SET mid = ?, received = 0 WHERE id = ?", (mid, int(rid)))
 
-    def received(self, rid: int) -> None:
-        """The broker's PUBREC for record ``rid`` came: a restart sends its PUBREL, not the record."""
+    def received(self, rid: int, got: bool = True) -> None:
+        """The broker's PUBREC for record ``rid`` came (``got``): a restart sends its PUBREL, not
+        the record; or the exchange started over (the broker lost the session): the record."""
         with self._lock:
-            self._db.execute("UPDATE records SET received = 1 WHERE id = ?", (int(rid),))
+            self._db.execute("UPDATE records SET received = ? WHERE id = ?", (int(got), int(rid)))
 
     def in_flight(self) -> List[Tuple[int, int, bool, bytes]]:
         """The records handed to the broker at QoS 2 and not acknowledged: (id, mid, received,
@@ -135,7 +136,8 @@ class Outbox:
 
     def put(self, data: bytes, late_key: Optional[str] = None) -> bool:
         """Append one record; False (nothing stored) when ``late_key`` was taken before.
-        Over ``max_records`` the oldest records are dropped (``dropped`` counts them)."""
+        Over ``max_records`` the oldest records are dropped (``dropped`` counts them), not those
+        in flight at QoS 2 (a few dozen at most: their exchanges are completed first)."""
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
@@ -147,9 +149,11 @@ class Outbox:
                         return False
                 db.execute("INSERT INTO records(data) VALUES (?)", (sqlite3.Binary(data),))
                 over = self._depth + 1 - self.max_records
-                if over > 0:
-                    db.execute("DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY id LIMIT ?)",
-                               (over,))
+                if over > 0:  # not a record in flight: the broker's session may hold its packet identifier
+                    before = db.total_changes
+                    db.execute("DELETE FROM records WHERE id IN "
+                               "(SELECT id FROM records WHERE mid IS NULL ORDER BY id LIMIT ?)", (over,))
+                    over = db.total_changes - before
                 self._writes += 1
                 if late_key is not None and self._writes % 1000 == 0:
                     db.execute("DELETE FROM late_keys WHERE rowid <= (SELECT MAX(rowid) FROM late_keys) - ?",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sqlite3
 import sys
 import threading
 import time
@@ -39,6 +40,7 @@ from edge import rotation
 from edge.outbox import LATE_KEYS_MAX, Outbox
 from edge.records import FrameRecord, epoch_of_key, idempotency_key
 from edgewise.errors import DeploymentError
+from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +262,7 @@ class MqttSink:
         self.close_timeout_s = close_timeout_s
         self.window = window  # records handed to paho and not yet acknowledged, at most
         self.retry_refused_s = retry_refused_s
+        self._send_log = LogThrottle(60.0, burst=3)
         self._after_refusal = f"the record stays in the MQTT outbox and is sent again in {retry_refused_s:g} s"
         self._pending: Set[int] = set()  # outbox ids handed to paho, not yet answered
         self._refused: Dict[int, None] = {}  # outbox ids the broker refused, oldest refusal first
@@ -309,7 +312,8 @@ class MqttSink:
             self._pending.add(rid)
             self._resumed.add(rid)
             self.conn.resume(self.topic, data, mid, received, on_done=lambda refused, r=rid: self._answered(r, refused),
-                             on_received=lambda r=rid: self.outbox.received(r), after_refusal=self._after_refusal)
+                             on_received=lambda got, r=rid: self.outbox.received(r, got),
+                             after_refusal=self._after_refusal)
         if mids:
             log.info("MQTT sink: %d records were in flight when the daemon stopped; their QoS 2 exchanges "
                      "are completed, not published anew", len(mids))
@@ -367,36 +371,46 @@ class MqttSink:
         from edge.transports.mqtt import PublishRefused  # paho only where the MQTT sink is used
 
         mid = self.conn.reserve_mid() if self.conn.exactly_once else None
-        if mid is not None or again:
-            self.outbox.hand(rid, mid)  # on disk before the broker can see it
+        try:
+            if mid is not None or again:
+                self.outbox.hand(rid, mid)  # on disk before the broker can see it
+        except (sqlite3.Error, OSError) as exc:  # its disk: not sent until it can be noted
+            if mid is not None:
+                self.conn.release_mid(mid)
+            return self._not_sent(rid, again, f"its packet identifier could not be noted in the outbox ({exc})")
         with self._lock:  # noted first: its answer may come before publish() returns
             self._pending.add(rid)
         try:
             info = self.conn.publish(
                 self.topic, data, on_done=lambda refused: self._answered(rid, refused),
                 after_refusal=self._after_refusal, mid=mid,
-                on_received=None if mid is None else lambda: self.outbox.received(rid))
+                on_received=None if mid is None else lambda got: self.outbox.received(rid, got))
         except PublishRefused as exc:  # over the broker's size limit: logged and counted
             self._answered(rid, exc.refusal)
             return True
         if info.rc not in (0, _NO_CONN):  # not queued by paho: try again later
-            if mid is not None:
-                self.outbox.hand(rid, None)
-            with self._lock:
-                self._pending.discard(rid)
-                if again:
-                    self._refused[rid] = None
-                if self._probe == rid:
-                    self._probe = None
-            log.warning("MQTT publish to %s failed (rc=%s); retrying", self.topic, info.rc)
-            return False
+            return self._not_sent(rid, again, f"rc={info.rc}")
         return True
+
+    def _not_sent(self, rid: int, again: bool, why: str) -> bool:
+        with self._lock:
+            self._pending.discard(rid)
+            if again:
+                self._refused[rid] = None
+            if self._probe == rid:
+                self._probe = None
+        held = self._send_log.allow()
+        if held is not None:
+            log.warning("MQTT publish to %s failed: %s; retrying%s", self.topic, why,
+                        f" ({held} more failures not logged)" if held else "")
+        return False
 
     def _publisher(self) -> None:
         """(thread) Hand outbox records to paho in order. A record handed over is never
         handed over again by this process while it waits for its answer: paho itself
         re-sends what was in flight when the connection dropped. Only a refused record is
-        sent again (``_due_refused``)."""
+        sent again (``_due_refused``). An outbox that cannot be read (its disk) is tried
+        again every half second, said once per minute."""
         last = 0
         while True:
             self._show()
@@ -405,19 +419,31 @@ class MqttSink:
             if self._stop.is_set() and (not n_pending or not self.conn.connected.is_set()):
                 return
             if self.conn.connected.is_set() and n_pending < self.window and not self._stop.is_set():
-                again = self._due_refused(self.window - n_pending)
-                for i, (rid, data) in enumerate(again):
-                    if not self._send(rid, data, again=True):
-                        with self._lock:  # not handed over: back with the refused
-                            self._refused.update((r, None) for r, _ in again[i + 1:])
-                        break
-                    n_pending += 1
-                for rid, data in self.outbox.peek(last, self.window - n_pending, self._resumed):
-                    if not self._send(rid, data):
-                        break
-                    last = rid
+                try:
+                    last = self._hand_over(last, n_pending)
+                except Exception as exc:
+                    held = self._send_log.allow()
+                    if held is not None:
+                        log.error("MQTT sink: the outbox %s cannot be read (%s); trying again", self.outbox.path,
+                                  exc, exc_info=not isinstance(exc, (sqlite3.Error, OSError)))
             self._wake.wait(0.5)
             self._wake.clear()
+
+    def _hand_over(self, last: int, n_pending: int) -> int:
+        """One round of the publisher: refused records due again, then new ones after ``last``
+        (the highest id handed over so far, returned)."""
+        again = self._due_refused(self.window - n_pending)
+        for i, (rid, data) in enumerate(again):
+            if not self._send(rid, data, again=True):
+                with self._lock:  # not handed over: back with the refused
+                    self._refused.update((r, None) for r, _ in again[i + 1:])
+                break
+            n_pending += 1
+        for rid, data in self.outbox.peek(last, self.window - n_pending, self._resumed):
+            if not self._send(rid, data):
+                break
+            last = rid
+        return last
 
     def close(self) -> None:
         """Publish what the outbox holds for up to ``close_timeout_s`` while connected;

@@ -19,14 +19,20 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   before paho sends the PUBREL); the next process, in the same session (same client id,
   clean start off), sends those messages again with the same identifiers (``resume``): the
   PUBLISH of one the broker holds unreleased, the PUBREL of one it already received. The
-  broker delivers each once.
+  broker delivers each once. Where the broker did not keep the session (its CONNACK says
+  so), ``reset_out`` starts those exchanges over with a PUBLISH: at least once, never lost.
+* paho's reconnect reset (``_messages_reconnect_reset_out``) turns a PUBREL still owed from
+  the last connection into a new PUBLISH when a connection attempt fails in between (a
+  second delivery), and marks every held message for sending at once, past the in-flight
+  bound and the broker's *Receive Maximum* (refused "Quota exceeded"). ``reset_out`` keeps
+  owed PUBRELs, puts them first, and queues what is over the bound.
 """
 
 from __future__ import annotations
 
 import struct
 import threading
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -35,6 +41,10 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 #: packet identifiers MQTT has (1..65535)
 MAX_MID = 65535
+#: QoS 1 and 2 messages in flight at once: paho's default, and Mosquitto's default Receive Maximum
+MAX_INFLIGHT = 20
+_OWES_PUBREL = (mqtt.mqtt_ms_wait_for_pubcomp, mqtt.mqtt_ms_resend_pubrel)
+_SENT = (mqtt.mqtt_ms_wait_for_puback, mqtt.mqtt_ms_wait_for_pubrec)
 
 
 class OffTableReason(ReasonCode):
@@ -139,8 +149,53 @@ class Client(mqtt.Client):
             with self._out_message_mutex:
                 ours = mid in self._out_messages and self._out_messages[mid].qos == 2
             if ours:
-                hook(mid)
+                try:
+                    hook(mid)
+                except Exception:  # not noted: no PUBREL; the reconnect sends the PUBLISH again
+                    return mqtt.MQTTErrorCode.MQTT_ERR_UNKNOWN
         return super()._handle_pubrec()
+
+    def _messages_reconnect_reset_out(self) -> None:
+        self.reset_out(session_kept=not self._check_clean_session())
+
+    def reset_out(self, session_kept: bool, receive_maximum: Optional[int] = None) -> List[int]:
+        """Before (re)sending what paho holds on a new connection: a QoS 2 message whose PUBREC
+        came gets its PUBREL (first, whatever the bound) where the broker kept the session, and
+        starts over with a PUBLISH where it did not (those mids are returned); the others are
+        sent (DUP set once sent before) up to ``_max_inflight_messages``, the rest queued. Paho
+        calls it before connecting; call it again from ``on_connect`` with the CONNACK's
+        Session Present and Receive Maximum (the bound becomes at most that)."""
+        restarted: List[int] = []
+        with self._out_message_mutex:
+            if receive_maximum is not None:  # paho's setter refuses on an open connection
+                self._max_inflight_messages = max(1, min(MAX_INFLIGHT, int(receive_maximum)))
+            owed = [mid for mid, m in self._out_messages.items() if m.qos == 2 and m.state in _OWES_PUBREL]
+            if session_kept:
+                for mid in reversed(owed):  # paho's CONNACK sends in order and stops at the first queued
+                    self._out_messages.move_to_end(mid, last=False)
+            bound = self._max_inflight_messages or MAX_MID
+            self._inflight_messages = 0
+            slots = 0
+            for m in self._out_messages.values():
+                m.timestamp = 0
+                if m.qos == 0:
+                    m.state = mqtt.mqtt_ms_publish
+                    continue
+                if m.qos == 2 and m.state in _OWES_PUBREL:
+                    if session_kept:
+                        m.state = mqtt.mqtt_ms_resend_pubrel
+                        slots += 1
+                        continue
+                    restarted.append(m.mid)
+                    m.dup = False  # a new message in the new session
+                elif m.state in _SENT:
+                    m.dup = True
+                if slots < bound:
+                    m.state = mqtt.mqtt_ms_publish
+                    slots += 1
+                else:
+                    m.state = mqtt.mqtt_ms_queued
+        return restarted
 
     def _refused(self, packet: Any, packet_type: int) -> Any:
         """The broker refused the message (a PUBACK or PUBREC reason code >= 0x80): the

@@ -45,3 +45,11 @@ def broker_max_qos(connack_properties: Any) -> int:
     None); 2 when it announced none (MQTT 5.0 section 3.2.2.3.4: the broker takes every QoS)."""
     max_qos = getattr(connack_properties, "MaximumQoS", None) if connack_properties is not None else None
     return int(max_qos) if max_qos is not None else 2
+
+
+def broker_receive_maximum(connack_properties: Any) -> int:
+    """The Receive Maximum a broker announced in its CONNACK properties (paho's ``Properties``,
+    or None): how many QoS 1 and 2 messages it takes in flight from a client at once; 65535
+    when it announced none (MQTT 5.0 section 3.2.2.3.3)."""
+    value = getattr(connack_properties, "ReceiveMaximum", None) if connack_properties is not None else None
+    return max(1, int(value)) if value is not None else 65535

@@ -54,7 +54,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Dict, NamedTuple, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Tuple
 
 import grpc
 import paho.mqtt.client as mqtt
@@ -70,6 +70,7 @@ from edgewise.mqtt_packets import (
     PROTOCOL_MAX_PACKET,
     broker_max_packet_size,
     broker_max_qos,
+    broker_receive_maximum,
     publish_packet_size,
 )
 from edgewise.observability import LogThrottle
@@ -248,7 +249,8 @@ class MqttConnection:
         self.last_error = ""  # why the last connection attempt failed ("" once connected)
         self._waiting: Dict[int, Tuple[str, Optional[OnDone], str]] = {}  # mid -> (topic, on_done, after)
         self._early: Dict[int, Any] = {}  # mid -> reason code of a PUBACK that came before publish() returned
-        self._received: Dict[int, Callable[[], None]] = {}  # QoS 2 mid -> called at its PUBREC
+        #: QoS 2 mid -> told True at its PUBREC, False when the exchange starts over (a lost session)
+        self._exchanges: Dict[int, Callable[[bool], None]] = {}
         self._connected_at: Optional[float] = None  # time.monotonic() of the last CONNACK
         self._short_sessions = 0  # connections in a row the broker closed soon, without a reason
         self._connect_log = LogThrottle(60.0, burst=3)
@@ -299,15 +301,19 @@ class MqttConnection:
         """A packet identifier for ``publish(mid=...)``, to be noted on disk before the publish."""
         return self.client.reserve_mid()
 
+    def release_mid(self, mid: int) -> None:
+        """A reserved packet identifier not published after all."""
+        self.client.release_mid(mid)
+
     def resume(self, topic: str, payload: bytes, mid: int, received: bool, on_done: Optional[OnDone] = None,
-               on_received: Optional[Callable[[], None]] = None, after_refusal: str = "") -> None:
+               on_received: Optional[Callable[[bool], None]] = None, after_refusal: str = "") -> None:
         """Before ``start``: a QoS 2 message the last process published with ``mid`` and did not
         see completed, sent again in the same session (``Client.resume``); ``on_done`` and
         ``on_received`` as for ``publish``."""
         with self.lock:
             self._waiting[mid] = (topic, on_done, after_refusal)
-            if on_received is not None and not received:
-                self._received[mid] = on_received
+            if on_received is not None:
+                self._exchanges[mid] = on_received
         self.client.resume(mid, topic, payload, received)
 
     def stop(self) -> None:
@@ -344,10 +350,12 @@ class MqttConnection:
 
     def publish(self, topic: str, payload: bytes, properties: Optional[Properties] = None,
                 on_done: Optional[OnDone] = None, after_refusal: str = "", mid: Optional[int] = None,
-                on_received: Optional[Callable[[], None]] = None) -> Any:
+                on_received: Optional[Callable[[bool], None]] = None) -> Any:
         """Hand one QoS 1 message to paho (sent now, or after the reconnect), or a QoS 2 one with the
         packet identifier ``mid`` (``reserve_mid``; ``on_received`` is called from paho's thread
-        when the broker's PUBREC came, before the PUBREL goes out); its paho
+        with True when the broker's PUBREC came, before the PUBREL goes out, and with False when
+        the exchange starts over, the broker having lost the session; if it raises, no PUBREL
+        goes out and the connection is dropped: the reconnect sends the PUBLISH again); its paho
         ``MQTTMessageInfo``. ``on_done`` is called once, from paho's thread or this one, when the
         broker answered: with None for a delivery, with the ``Refusal`` otherwise (already
         logged, throttled, with ``after_refusal`` saying what happens next, and counted).
@@ -363,7 +371,7 @@ class MqttConnection:
 
     def _publish(self, topic: str, payload: bytes, qos: int, properties: Optional[Properties],
                  on_done: Optional[OnDone], after_refusal: str, mid: Optional[int],
-                 on_received: Optional[Callable[[], None]]) -> Any:
+                 on_received: Optional[Callable[[bool], None]]) -> Any:
         if self.max_qos < qos:
             self._refuse(self._qos_refusal(topic, qos), after_refusal)
         size = publish_packet_size(topic, payload, properties)
@@ -381,11 +389,11 @@ class MqttConnection:
         else:
             if on_received is not None:
                 with self.lock:  # noted first: the PUBREC may come before publish_as returns
-                    self._received[mid] = on_received
+                    self._exchanges[mid] = on_received
             info = self.client.publish_as(mid, topic, payload, 2, properties)
             if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
                 with self.lock:
-                    self._received.pop(mid, None)
+                    self._exchanges.pop(mid, None)
         if info.rc in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):  # queued: a PUBACK will come
             with self.lock:
                 early = self._early.pop(info.mid, None)
@@ -456,6 +464,8 @@ class MqttConnection:
         self.max_qos = broker_max_qos(properties)
         self.last_error = ""
         self._drop_unsendable()
+        self._restarted(self.client.reset_out(session_kept=bool(getattr(flags, "session_present", False)),
+                                              receive_maximum=broker_receive_maximum(properties)))
         self._connected_at = time.monotonic()
         log.info("MQTT connected to %s:%d as %s%s", self.host, self.port, self.client_id,
                  f" (maximum packet size {self.max_packet_size} bytes)"
@@ -473,7 +483,7 @@ class MqttConnection:
         for mid, topic in self.client.drop_queued_over(self.max_qos).items():
             with self.lock:
                 entry = self._waiting.pop(mid, None)
-                self._received.pop(mid, None)
+                self._exchanges.pop(mid, None)
             refused = self._qos_refusal(topic)
             if entry is None:
                 self._report(refused, "")
@@ -536,18 +546,38 @@ class MqttConnection:
                         f" ({held} more takeovers not logged)" if held else "")
 
     def _on_pubrec(self, mid: int) -> None:
-        """(paho's thread) The broker received QoS 2 message ``mid``; its PUBREL goes out next."""
+        """(paho's thread) The broker received QoS 2 message ``mid``; its PUBREL goes out next,
+        unless noting it fails (raised: ``Client`` drops the connection, the PUBLISH goes again)."""
         with self.lock:
-            noted = self._received.pop(mid, None)
-        if noted is not None:
-            try:
-                noted()
-            except Exception:
-                log.exception("MQTT PUBREC callback for message %d failed", mid)
+            note = self._exchanges.get(mid)
+        if note is None:
+            return
+        try:
+            note(True)
+        except Exception:
+            log.exception("MQTT message %d: the broker's PUBREC could not be noted; the connection is dropped "
+                          "and the message sent again", mid)
+            raise
+
+    def _restarted(self, mids: List[int]) -> None:
+        """(paho's thread, in CONNACK) The broker did not keep the session: these QoS 2 exchanges
+        start over with a PUBLISH."""
+        if mids:
+            log.warning("MQTT broker %s:%d did not keep this client's session: %d QoS 2 messages whose PUBREL "
+                        "was owed are published again (a record may reach the topic twice)", self.host, self.port,
+                        len(mids))
+        for mid in mids:
+            with self.lock:
+                note = self._exchanges.get(mid)
+            if note is not None:
+                try:
+                    note(False)
+                except Exception:
+                    log.exception("MQTT message %d: its restart could not be noted", mid)
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
         with self.lock:
-            self._received.pop(mid, None)
+            self._exchanges.pop(mid, None)
             entry = self._waiting.pop(mid, None)
             if entry is None:  # publish() has not noted this mid yet: it settles it
                 self._early[mid] = reason_code
