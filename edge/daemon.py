@@ -32,7 +32,7 @@ from edge.escalating import Escalating
 from edge.framememory import FrameMemory
 from edge.instancelock import InstanceLock
 from edge.metrics import EdgeMetrics, MetricsServer
-from edge.outbox import Outbox
+from edge.outbox import Outbox, this_host
 from edge.pipeline import Pipeline
 from edge.preflight import preflight
 from edge.records import FrameRecord
@@ -210,7 +210,8 @@ class EdgeDaemon:
             client_id = MqttConnection.unique_client_id(device)
             if self.settings.sinks.mqtt:  # the sink's exchanges outlive a restart: one session, its id kept
                 self.outbox = Outbox(mqtt_outbox_path(self.settings), self.settings.sinks.mqtt_outbox_max)
-                client_id = self.outbox.client_id(f"{device}-", lambda: MqttConnection.unique_client_id(device))
+                client_id = self.outbox.client_id(f"{device}-", lambda: MqttConnection.unique_client_id(device),
+                                                  this_host())
             self.mqtt = MqttConnection(
                 c.mqtt.host, c.mqtt.port, client_id=client_id, metrics=self.metrics,
                 username=c.mqtt.username, password=c.mqtt.password, tls=c.mqtt.tls,

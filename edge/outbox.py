@@ -33,6 +33,7 @@ Thread-safe (one connection behind a lock). Callers: ``edge.sinks.MqttSink``.
 from __future__ import annotations
 
 import logging
+import socket
 import sqlite3
 import threading
 from pathlib import Path
@@ -60,6 +61,22 @@ CREATE TABLE IF NOT EXISTS meta (
 """
 #: columns added to ``records`` after the first release (an older outbox gets them at open)
 _IN_FLIGHT_COLUMNS = (("mid", "INTEGER"), ("received", "INTEGER NOT NULL DEFAULT 0"))
+
+
+def this_host() -> str:
+    """What tells this machine from a copy of its disk: the machine id systemd makes at first
+    boot (``/etc/machine-id``; a cloned image must be cleared of it, as systemd asks) and the
+    host name (a container's own)."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path) as f:
+                machine = f.read().strip()
+            break
+        except OSError:
+            continue
+    else:
+        machine = ""
+    return f"{machine}/{socket.gethostname()}"
 
 
 class OutboxError(EdgewiseError):
@@ -94,16 +111,28 @@ class Outbox:
                               "or set sinks.mqtt_outbox to a writable file") from None
         self._writes = 0
 
-    def client_id(self, prefix: str, make: Callable[[], str]) -> str:
+    def client_id(self, prefix: str, make: Callable[[], str], host: str = "") -> str:
         """The MQTT client id this outbox's records are published under: the one kept here if it
-        starts with ``prefix`` (the device id; a renamed device gets a new one), else ``make()``,
-        kept from now on."""
+        starts with ``prefix`` (the device id) and was made on ``host`` (``this_host()``), else
+        ``make()``, kept from now on. A new id is a new MQTT session: the exchanges the outbox
+        had in flight are another session's, and their records are published anew (an outbox
+        copied with a disk image to another machine must not share its session)."""
         with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'client_id'").fetchone()
-            if row is not None and str(row[0]).startswith(prefix):
-                return str(row[0])
+            kept = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN ('client_id', 'host')"))
+            if str(kept.get("client_id", "")).startswith(prefix) and kept.get("host", "") == host:
+                return str(kept["client_id"])
             made = make()
-            self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('client_id', ?)", (made,))
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                               [("client_id", made), ("host", host)])
+                db.execute("UPDATE records SET mid = NULL, received = 0 WHERE mid IS NOT NULL")
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
             return made
 
     def hand(self, rid: int, mid: Optional[int]) -> None:

@@ -321,8 +321,6 @@ class MqttSink:
     def _answered(self, rid: int, refused: Any) -> None:
         """(paho's thread, or the publisher's) The broker's answer to record ``rid``: a
         delivery deletes it from the outbox now, a refusal keeps it for a later try."""
-        if refused is not None:
-            self.outbox.hand(rid, None)  # the exchange ended: nothing for a restart to complete
         with self._lock:
             self._pending.discard(rid)
             probe = self._probe == rid
@@ -336,7 +334,17 @@ class MqttSink:
                 self._release = True  # taken now: the broker's mind changed, the others follow
         if refused is None:
             self.outbox.ack([rid])
+        else:
+            self._forget_mid(rid)  # the exchange ended: nothing for a restart to complete
         self._wake.set()
+
+    def _forget_mid(self, rid: int) -> None:
+        """Best effort: a restart would otherwise take record ``rid``'s ended exchange up again
+        (it then sends the record once more)."""
+        try:
+            self.outbox.hand(rid, None)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("MQTT sink: the outbox %s could not be written (%s)", self.outbox.path, exc)
 
     def _due_refused(self, limit: int) -> List[Tuple[int, bytes]]:
         """Refused records to send again now: the one refused longest ago (the probe) every
@@ -393,6 +401,8 @@ class MqttSink:
         return True
 
     def _not_sent(self, rid: int, again: bool, why: str) -> bool:
+        if self.conn.exactly_once:
+            self._forget_mid(rid)
         with self._lock:
             self._pending.discard(rid)
             if again:
@@ -447,7 +457,8 @@ class MqttSink:
 
     def close(self) -> None:
         """Publish what the outbox holds for up to ``close_timeout_s`` while connected;
-        the rest (refused records included) stays in the outbox for the next start."""
+        the rest (refused records included) stays in the outbox for the next start. Stops the
+        connection (the daemon closes its sinks last), then closes the outbox."""
         deadline = time.monotonic() + self.close_timeout_s
         while (len(self.outbox) > len(self._refused) and self.conn.connected.is_set()
                and time.monotonic() < deadline):
@@ -459,6 +470,7 @@ class MqttSink:
         if len(self.outbox):
             log.warning("%d MQTT records not yet acknowledged by the broker (%d of them refused); kept in %s "
                         "for the next start", len(self.outbox), len(self._refused), self.outbox.path)
+        self.conn.stop()  # no broker answer may come to a closed outbox: the sink is the connection's last user
         self.outbox.close()
 
 

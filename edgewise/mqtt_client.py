@@ -20,12 +20,13 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   clean start off), sends those messages again with the same identifiers (``resume``): the
   PUBLISH of one the broker holds unreleased, the PUBREL of one it already received. The
   broker delivers each once. Where the broker did not keep the session (its CONNACK says
-  so), ``reset_out`` starts those exchanges over with a PUBLISH: at least once, never lost.
+  so), ``on_connack`` starts those exchanges over with a PUBLISH: at least once, not lost.
 * paho's reconnect reset (``_messages_reconnect_reset_out``) turns a PUBREL still owed from
   the last connection into a new PUBLISH when a connection attempt fails in between (a
   second delivery), and marks every held message for sending at once, past the in-flight
-  bound and the broker's *Receive Maximum* (refused "Quota exceeded"). ``reset_out`` keeps
-  owed PUBRELs, puts them first, and queues what is over the bound.
+  bound and the broker's *Receive Maximum* (refused "Quota exceeded"). The override keeps
+  owed PUBRELs, puts them first, and queues what is over the bound; ``on_connack`` sends
+  what the connection owes within the broker's bound as soon as its CONNACK is read.
 """
 
 from __future__ import annotations
@@ -151,26 +152,20 @@ class Client(mqtt.Client):
             if ours:
                 try:
                     hook(mid)
-                except Exception:  # not noted: no PUBREL; the reconnect sends the PUBLISH again
-                    return mqtt.MQTTErrorCode.MQTT_ERR_UNKNOWN
+                except Exception:  # the hook reports its own failures; the exchange goes on
+                    pass
         return super()._handle_pubrec()
 
     def _messages_reconnect_reset_out(self) -> None:
-        self.reset_out(session_kept=not self._check_clean_session())
-
-    def reset_out(self, session_kept: bool, receive_maximum: Optional[int] = None) -> List[int]:
-        """Before (re)sending what paho holds on a new connection: a QoS 2 message whose PUBREC
-        came gets its PUBREL (first, whatever the bound) where the broker kept the session, and
-        starts over with a PUBLISH where it did not (those mids are returned); the others are
-        sent (DUP set once sent before) up to ``_max_inflight_messages``, the rest queued. Paho
-        calls it before connecting; call it again from ``on_connect`` with the CONNACK's
-        Session Present and Receive Maximum (the bound becomes at most that)."""
-        restarted: List[int] = []
+        """(paho, before each connection attempt) Paho's own reset, less its two faults (the
+        module docstring): a QoS 2 message whose PUBREC came keeps its PUBREL where the session
+        is to be kept, first in line; the others go (DUP set once sent before) up to the
+        in-flight bound, the rest are queued. ``on_connack`` then settles it with what the
+        broker said; a client that does not call it (the gateway's bridge) is sent this."""
+        session_kept = not self._check_clean_session()
         with self._out_message_mutex:
-            if receive_maximum is not None:  # paho's setter refuses on an open connection
-                self._max_inflight_messages = max(1, min(MAX_INFLIGHT, int(receive_maximum)))
-            owed = [mid for mid, m in self._out_messages.items() if m.qos == 2 and m.state in _OWES_PUBREL]
             if session_kept:
+                owed = [mid for mid, m in self._out_messages.items() if m.qos == 2 and m.state in _OWES_PUBREL]
                 for mid in reversed(owed):  # paho's CONNACK sends in order and stops at the first queued
                     self._out_messages.move_to_end(mid, last=False)
             bound = self._max_inflight_messages or MAX_MID
@@ -181,20 +176,50 @@ class Client(mqtt.Client):
                 if m.qos == 0:
                     m.state = mqtt.mqtt_ms_publish
                     continue
-                if m.qos == 2 and m.state in _OWES_PUBREL:
-                    if session_kept:
-                        m.state = mqtt.mqtt_ms_resend_pubrel
-                        slots += 1
+                if session_kept and m.qos == 2 and m.state in _OWES_PUBREL:
+                    m.state = mqtt.mqtt_ms_resend_pubrel
+                    slots += 1
+                    continue
+                if m.state in _SENT or m.state in _OWES_PUBREL:
+                    m.dup = True
+                m.state = mqtt.mqtt_ms_publish if slots < bound else mqtt.mqtt_ms_queued
+                slots += 1
+
+    def on_connack(self, session_present: bool, receive_maximum: int) -> List[int]:
+        """(``on_connect``, paho's thread, before paho's own CONNACK loop) Send now what this
+        connection owes the broker, within min(20, its Receive Maximum): the owed PUBRELs where
+        it kept the session; where it did not, those exchanges start over with a PUBLISH (their
+        mids are returned); then what waits, in order; the rest stays queued. Nothing is left
+        for paho's loop, so a publish from another thread from here on counts against the right
+        in-flight number. Messages sent on this connection before its CONNACK count as in flight."""
+        restarted: List[int] = []
+        with self._out_message_mutex:
+            self._max_inflight_messages = max(1, min(MAX_INFLIGHT, int(receive_maximum)))
+            owed = [mid for mid, m in self._out_messages.items()
+                    if m.qos == 2 and m.state == mqtt.mqtt_ms_resend_pubrel]
+            for mid in reversed(owed):
+                self._out_messages.move_to_end(mid, last=False)
+            inflight = sum(1 for m in self._out_messages.values()
+                           if m.qos > 0 and (m.state in _SENT or m.state == mqtt.mqtt_ms_wait_for_pubcomp))
+            for m in self._out_messages.values():
+                if m.qos == 2 and m.state == mqtt.mqtt_ms_resend_pubrel:
+                    if session_present:
+                        m.state = mqtt.mqtt_ms_wait_for_pubcomp
+                        inflight += 1
+                        self._send_pubrel(m.mid)
                         continue
                     restarted.append(m.mid)
-                    m.dup = False  # a new message in the new session
-                elif m.state in _SENT:
-                    m.dup = True
-                if slots < bound:
-                    m.state = mqtt.mqtt_ms_publish
-                    slots += 1
-                else:
+                    m.state, m.dup = mqtt.mqtt_ms_publish, False  # a new message in the new session
+                if m.qos == 0 or m.state not in (mqtt.mqtt_ms_publish, mqtt.mqtt_ms_queued):
+                    continue
+                if inflight >= self._max_inflight_messages:
                     m.state = mqtt.mqtt_ms_queued
+                    continue
+                m.state = mqtt.mqtt_ms_wait_for_puback if m.qos == 1 else mqtt.mqtt_ms_wait_for_pubrec
+                inflight += 1
+                self._send_publish(m.mid, m.topic.encode("utf-8"), m.payload, m.qos, m.retain, m.dup,
+                                   properties=m.properties)
+            self._inflight_messages = inflight
         return restarted
 
     def _refused(self, packet: Any, packet_type: int) -> Any:

@@ -39,7 +39,7 @@ cannot be reached, a clear one when another client takes the session over (the
 same client id used twice), and the metrics ``edgewise_edge_mqtt_connected`` and
 ``edgewise_edge_mqtt_refused_total`` (``measure``). The edge's client id is the
 device id plus a random suffix (``unique_client_id``): new at every process start, or,
-with the MQTT sink, made once and kept in the sink's outbox, so that the broker's session
+with the MQTT sink, made once per device and kept in the sink's outbox, so that the broker's session
 (``session_expiry_s``) carries the sink's QoS 2 exchanges over a restart (``edge.sinks``).
 Callers: ``edge.escalating``, ``edge.daemon``, ``edge.sinks``.
 """
@@ -257,6 +257,7 @@ class MqttConnection:
         self._disconnect_log = LogThrottle(60.0, burst=3)
         self._takeover_log = LogThrottle(60.0, burst=2)
         self._refusal_log = LogThrottle(10.0, burst=5)
+        self._note_log = LogThrottle(60.0, burst=3)
         self.metrics: Optional[MqttMetrics] = None
         if metrics is not None:
             self.measure(metrics)
@@ -317,6 +318,9 @@ class MqttConnection:
         self.client.resume(mid, topic, payload, received)
 
     def stop(self) -> None:
+        """Disconnect and end paho's thread; again: nothing."""
+        if self.stopping:
+            return
         self.stopping = True
         try:
             self.client.disconnect()
@@ -464,8 +468,12 @@ class MqttConnection:
         self.max_qos = broker_max_qos(properties)
         self.last_error = ""
         self._drop_unsendable()
-        self._restarted(self.client.reset_out(session_kept=bool(getattr(flags, "session_present", False)),
-                                              receive_maximum=broker_receive_maximum(properties)))
+        self._restarted(self.client.on_connack(bool(getattr(flags, "session_present", False)),
+                                               broker_receive_maximum(properties)))
+        if self.session_expiry_s > 0 and self.max_qos == 1:
+            log.warning("MQTT broker %s:%d takes QoS 1 at most: the MQTT sink publishes at QoS 1, so a record in "
+                        "flight when the daemon is killed may reach the topic twice; let the broker take QoS 2 "
+                        "(Mosquitto: remove max_qos)", self.host, self.port)
         self._connected_at = time.monotonic()
         log.info("MQTT connected to %s:%d as %s%s", self.host, self.port, self.client_id,
                  f" (maximum packet size {self.max_packet_size} bytes)"
@@ -546,18 +554,22 @@ class MqttConnection:
                         f" ({held} more takeovers not logged)" if held else "")
 
     def _on_pubrec(self, mid: int) -> None:
-        """(paho's thread) The broker received QoS 2 message ``mid``; its PUBREL goes out next,
-        unless noting it fails (raised: ``Client`` drops the connection, the PUBLISH goes again)."""
+        """(paho's thread) The broker received QoS 2 message ``mid``; its PUBREL goes out next.
+        Where that cannot be noted (the outbox's disk) it goes out all the same: holding it back
+        would hold up the connection the escalations share; a kill before its PUBCOMP may then
+        deliver the record twice."""
         with self.lock:
             note = self._exchanges.get(mid)
         if note is None:
             return
         try:
             note(True)
-        except Exception:
-            log.exception("MQTT message %d: the broker's PUBREC could not be noted; the connection is dropped "
-                          "and the message sent again", mid)
-            raise
+        except Exception as exc:
+            held = self._note_log.allow()
+            if held is not None:
+                log.warning("MQTT message %d: the broker's PUBREC could not be noted (%s); a kill before its "
+                            "exchange completes may deliver it twice%s", mid, exc,
+                            f" ({held} more not logged)" if held else "")
 
     def _restarted(self, mids: List[int]) -> None:
         """(paho's thread, in CONNACK) The broker did not keep the session: these QoS 2 exchanges

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from edge.outbox import Outbox
+from edge.outbox import Outbox, this_host
 from edge.sinks import MqttSink, Sinks
 from edge.transports.mqtt import SESSION_EXPIRY_S, MqttConnection
 from tests.edge.helpers import frame_record
@@ -19,7 +19,7 @@ from tests.edge.helpers import frame_record
 
 def main(host: str, port: str, outbox_path: str, topic: str, count: str) -> None:
     outbox = Outbox(outbox_path, 1000)
-    client_id = outbox.client_id("cam-", lambda: MqttConnection.unique_client_id("cam"))
+    client_id = outbox.client_id("cam-", lambda: MqttConnection.unique_client_id("cam"), this_host())
     conn = MqttConnection(host, int(port), client_id=client_id, session_expiry_s=SESSION_EXPIRY_S)
     sinks = Sinks([MqttSink(conn, topic, outbox)])
     conn.start()

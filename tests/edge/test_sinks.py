@@ -180,7 +180,7 @@ def test_live_records_a_full_disk_refuses_are_held_and_written_in_order_once_it_
     assert seqs == list(range(1, 13)) + list(range(19 - kept, 19))
 
 
-def test_a_broker_that_takes_qos_1_only_gets_the_records_at_qos_1(tmp_path):
+def test_a_broker_that_takes_qos_1_only_gets_the_records_at_qos_1(tmp_path, caplog):
     """Mosquitto ``max_qos 1`` drops a client that publishes at QoS 2: the sink reads the
     broker's Maximum QoS and sends at QoS 1 (at least once), keeping no packet identifier."""
     from tests.conftest import configured_mosquitto
@@ -191,6 +191,7 @@ def test_a_broker_that_takes_qos_1_only_gets_the_records_at_qos_1(tmp_path):
         sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 100), EdgeMetrics())
         try:
             assert conn.max_qos == 1 and not conn.exactly_once
+            assert "takes QoS 1 at most: the MQTT sink publishes at QoS 1" in caplog.text
             for seq in range(4):
                 write(Sinks([sink]), frame_record("cam", seq))
             wait_until(lambda: len(rec_topic.messages) == 4 and len(sink.outbox) == 0, 10, "4 records delivered")
