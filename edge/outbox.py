@@ -65,18 +65,17 @@ _IN_FLIGHT_COLUMNS = (("mid", "INTEGER"), ("received", "INTEGER NOT NULL DEFAULT
 
 def this_host() -> str:
     """What tells this machine from a copy of its disk: the machine id systemd makes at first
-    boot (``/etc/machine-id``; a cloned image must be cleared of it, as systemd asks) and the
-    host name (a container's own)."""
+    boot (``/etc/machine-id``; a golden image must be cleared of it, as systemd asks), else the
+    host name (a container without one: its own)."""
     for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
         try:
             with open(path) as f:
                 machine = f.read().strip()
-            break
         except OSError:
             continue
-    else:
-        machine = ""
-    return f"{machine}/{socket.gethostname()}"
+        if machine:
+            return machine
+    return socket.gethostname()
 
 
 class OutboxError(EdgewiseError):

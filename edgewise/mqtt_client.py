@@ -160,8 +160,8 @@ class Client(mqtt.Client):
         """(paho, before each connection attempt) Paho's own reset, less its two faults (the
         module docstring): a QoS 2 message whose PUBREC came keeps its PUBREL where the session
         is to be kept, first in line; the others go (DUP set once sent before) up to the
-        in-flight bound, the rest are queued. ``on_connack`` then settles it with what the
-        broker said; a client that does not call it (the gateway's bridge) is sent this."""
+        in-flight bound, the rest are queued; a publish before the CONNACK waits. ``on_connack``,
+        which ``on_connect`` must call, settles it with what the broker said and sends it."""
         session_kept = not self._check_clean_session()
         with self._out_message_mutex:
             if session_kept:
@@ -184,6 +184,8 @@ class Client(mqtt.Client):
                     m.dup = True
                 m.state = mqtt.mqtt_ms_publish if slots < bound else mqtt.mqtt_ms_queued
                 slots += 1
+            # until on_connack counts what is in flight, a publish from another thread waits (queued)
+            self._inflight_messages = self._max_inflight_messages
 
     def on_connack(self, session_present: bool, receive_maximum: int) -> List[int]:
         """(``on_connect``, paho's thread, before paho's own CONNACK loop) Send now what this

@@ -85,6 +85,7 @@ from edgewise.mqtt_packets import (
     PROTOCOL_MAX_PACKET,
     broker_max_packet_size,
     broker_max_qos,
+    broker_receive_maximum,
     publish_packet_size,
 )
 from edgewise.observability import LogThrottle
@@ -222,7 +223,10 @@ class MqttBridge:
                      "answers are not published", self.s.host, self.s.port, self.max_packet_size)
         self.max_qos = broker_max_qos(properties)
         if self.max_qos < BRIDGE_QOS:
-            self._qos_too_low()
+            self._qos_too_low()  # first: what paho holds at QoS 1 must not go out
+        # the answers paho holds go out now, within the broker's Receive Maximum
+        self.client.on_connack(bool(getattr(flags, "session_present", False)), broker_receive_maximum(properties))
+        if self.max_qos < BRIDGE_QOS:
             return
         if self._qos_reported:
             self._qos_reported = False
