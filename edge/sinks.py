@@ -306,7 +306,7 @@ class MqttSink:
         mids: Set[int] = set()
         for rid, mid, received, data in self.outbox.in_flight():
             if not self.conn.session_expiry_s or mid in mids or not 0 < mid <= _MAX_MID:
-                self.outbox.hand(rid, None)  # no session to complete it in, or not an id this sink gave: anew
+                self._forget_mid(rid)  # no session to complete it in, or not an id this sink gave: anew
                 continue
             mids.add(mid)
             self._pending.add(rid)

@@ -358,8 +358,8 @@ class MqttConnection:
         """Hand one QoS 1 message to paho (sent now, or after the reconnect), or a QoS 2 one with the
         packet identifier ``mid`` (``reserve_mid``; ``on_received`` is called from paho's thread
         with True when the broker's PUBREC came, before the PUBREL goes out, and with False when
-        the exchange starts over, the broker having lost the session; if it raises, no PUBREL
-        goes out and the connection is dropped: the reconnect sends the PUBLISH again); its paho
+        the exchange starts over, the broker having lost the session; a failure there is logged
+        and the exchange goes on); its paho
         ``MQTTMessageInfo``. ``on_done`` is called once, from paho's thread or this one, when the
         broker answered: with None for a delivery, with the ``Refusal`` otherwise (already
         logged, throttled, with ``after_refusal`` saying what happens next, and counted).
@@ -431,8 +431,8 @@ class MqttConnection:
         refused = refusal(topic, reason) if reason.is_failure else None
         if (refused is not None and refused.code == PACKET_ID_NOT_FOUND
                 and getattr(reason, "packetType", None) == PacketTypes.PUBCOMP):
-            # a resumed PUBREL the broker no longer knows: it completed the exchange before the
-            # restart (the message went out), or lost the session (nothing can be known): done
+            # a resumed PUBREL the broker no longer knows, in a session it kept: it completed the
+            # exchange before the restart (a lost session restarts it with a PUBLISH instead)
             log.info("MQTT broker %s:%d no longer knew a QoS 2 message to %s resumed after a restart: "
                      "taken as delivered", self.host, self.port, topic)
             refused = None
