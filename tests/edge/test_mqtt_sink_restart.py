@@ -37,6 +37,7 @@ from typing import List, Set
 import pytest
 
 from tests.conftest import TopicRecorder, configured_mosquitto
+from tests.listener import Listener
 from tests.processes import ROOT
 from tests.waiting import wait_until
 
@@ -46,7 +47,7 @@ RECORDS = 30  # more than the broker takes in flight at once (Mosquitto's Receiv
 IN_FLIGHT = 20
 
 
-class HoldingProxy:
+class HoldingProxy(Listener):
     """TCP proxy client <-> broker that drops the packets of the types in ``hold`` (the
     broker's PUBREC and PUBCOMP, the client's PUBREL), counted in ``held``, and refuses
     connections until ``refuse_until`` (time.monotonic)."""
@@ -56,24 +57,17 @@ class HoldingProxy:
         self.hold = hold
         self.held = 0
         self.refuse_until = 0.0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.socks: List[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if time.monotonic() < self.refuse_until:
-                client.close()
-                continue
-            upstream = socket.create_connection(("127.0.0.1", self.broker_port))
-            self.socks += [client, upstream]
-            threading.Thread(target=self._packets, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._packets, args=(upstream, client), daemon=True).start()
+    def on_connection(self, client: socket.socket) -> None:
+        if time.monotonic() < self.refuse_until:
+            client.close()
+            return
+        upstream = socket.create_connection(("127.0.0.1", self.broker_port))
+        self.socks += [client, upstream]
+        threading.Thread(target=self._packets, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=self._packets, args=(upstream, client), daemon=True).start()
 
     def _packets(self, src: socket.socket, dst: socket.socket) -> None:
         f = src.makefile("rb")
@@ -101,7 +95,7 @@ class HoldingProxy:
             s.close()
 
     def close(self) -> None:
-        self.listener.close()
+        super().close()
         for s in self.socks:
             s.close()
 
