@@ -25,8 +25,8 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   the last connection into a new PUBLISH when a connection attempt fails in between (a
   second delivery), and marks every held message for sending at once, past the in-flight
   bound and the broker's *Receive Maximum* (refused "Quota exceeded"). The override keeps
-  owed PUBRELs, puts them first, and queues what is over the bound; ``on_connack`` sends
-  what the connection owes within the broker's bound as soon as its CONNACK is read.
+  owed PUBRELs and holds everything back; ``on_connack`` sends what the connection owes,
+  owed PUBRELs first, within the broker's bound as soon as its CONNACK is read.
 """
 
 from __future__ import annotations
@@ -157,34 +157,19 @@ class Client(mqtt.Client):
         return super()._handle_pubrec()
 
     def _messages_reconnect_reset_out(self) -> None:
-        """(paho, before each connection attempt) Paho's own reset, less its two faults (the
-        module docstring): a QoS 2 message whose PUBREC came keeps its PUBREL where the session
-        is to be kept, first in line; the others go (DUP set once sent before) up to the
-        in-flight bound, the rest are queued; a publish before the CONNACK waits. ``on_connack``,
-        which ``on_connect`` must call, settles it with what the broker said and sends it."""
-        session_kept = not self._check_clean_session()
+        """(paho, before each connection attempt) In place of paho's reset (the module docstring):
+        everything waits for ``on_connack``, which ``on_connect`` must call, to send it as the
+        CONNACK allows. A PUBREL still owed stays owed, a message sent before gets DUP, and a
+        publish from another thread before the CONNACK waits too (the bound counts as taken)."""
         with self._out_message_mutex:
-            if session_kept:
-                owed = [mid for mid, m in self._out_messages.items() if m.qos == 2 and m.state in _OWES_PUBREL]
-                for mid in reversed(owed):  # paho's CONNACK sends in order and stops at the first queued
-                    self._out_messages.move_to_end(mid, last=False)
-            bound = self._max_inflight_messages or MAX_MID
-            self._inflight_messages = 0
-            slots = 0
             for m in self._out_messages.values():
                 m.timestamp = 0
-                if m.qos == 0:
-                    m.state = mqtt.mqtt_ms_publish
-                    continue
-                if session_kept and m.qos == 2 and m.state in _OWES_PUBREL:
+                if m.qos == 2 and m.state in _OWES_PUBREL:
                     m.state = mqtt.mqtt_ms_resend_pubrel
-                    slots += 1
                     continue
-                if m.state in _SENT or m.state in _OWES_PUBREL:
+                if m.state in _SENT:
                     m.dup = True
-                m.state = mqtt.mqtt_ms_publish if slots < bound else mqtt.mqtt_ms_queued
-                slots += 1
-            # until on_connack counts what is in flight, a publish from another thread waits (queued)
+                m.state = mqtt.mqtt_ms_queued
             self._inflight_messages = self._max_inflight_messages
 
     def on_connack(self, session_present: bool, receive_maximum: int) -> List[int]:
