@@ -287,10 +287,10 @@ class Escalating:
             self._salvaging = False
         if all(r.finished for r in results):
             self._rest_wanted = False
-            self._rest_pacing = SalvagePacing(self._salvage_pacing.first_s, self._salvage_pacing.max_s)
+            self._rest_pacing.reset()
             return
         if any(r.salvaged for r in results):  # room came back (acknowledged replays): the back-off starts over
-            self._rest_pacing = SalvagePacing(self._salvage_pacing.first_s, self._salvage_pacing.max_s)
+            self._rest_pacing.reset()
         if not any(r.stopped for r in results):
             self._rest_pacing.attempted(now, ok=False)
 

@@ -892,6 +892,10 @@ class SalvagePacing:
         self.tries = self._tries_at(now) + 1
         self.last, self.last_ok = now, ok
 
+    def reset(self) -> None:
+        """Back to no try yet: the next one may run at once."""
+        self.tries, self.last, self.last_ok = 0, None, False
+
 
 def _read_marker(marker: Path) -> str:
     try:

@@ -407,6 +407,8 @@ def test_salvage_pacing_backs_off_after_failures_and_repeated_damage_then_forget
     fresh.attempted(30.0, ok=True)
     assert fresh.wait_s(30.0) == 60.0
     assert fresh.due(30.0 + 1800.0)
+    fresh.reset()  # the escalator's pacing of a cut-short copy that made progress
+    assert fresh.due(31.0) and fresh.wait_s(31.0) == 0.0
 
 
 # --- a copy cut short (a kill, a stop, a full disk) goes on where it stopped ---------------
