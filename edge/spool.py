@@ -259,6 +259,12 @@ def _is_corrupt(exc: sqlite3.Error) -> bool:
     return "malformed" in text or "not a database" in text or "corrupt" in text
 
 
+def _raise_sequence(db: sqlite3.Connection, top: int) -> None:
+    """Number the items inserted from now on above ``top`` (SQLite's AUTOINCREMENT counter)."""
+    if db.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'items'", (top,)).rowcount == 0:
+        db.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('items', ?)", (top,))
+
+
 def _is_open(db: sqlite3.Connection) -> bool:
     """Whether ``db`` was not closed yet."""
     try:
@@ -834,9 +840,7 @@ class Spool:
                 with self._transaction() as db:
                     _insert_items(db, items)  # with their ids: a replay in flight acks the same item
                     if top:  # new items keep being numbered above every id handed out
-                        if db.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'items'",
-                                      (top,)).rowcount == 0:
-                            db.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('items', ?)", (top,))
+                        _raise_sequence(db, top)
                     db.executemany("UPDATE counters SET value = ? WHERE name = ?", [(v, n) for n, v in counters])
                     if progress:
                         db.execute(_PROGRESS_TABLE)
@@ -1010,9 +1014,7 @@ class Spool:
             if top <= self._sequence():
                 return
             with self._transaction() as db:
-                if db.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'items'",
-                              (top,)).rowcount == 0:
-                    db.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('items', ?)", (top,))
+                _raise_sequence(db, top)
 
     def salvage_progress(self, source: str) -> int:
         """The highest id of the moved file ``source`` that ``adopt`` copied into this spool; 0

@@ -66,7 +66,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
 from edge.spool import (
@@ -77,6 +77,7 @@ from edge.spool import (
     SpoolCorrupt,
     SpoolError,
     SpoolFull,
+    _is_corrupt,
     write_advice,
 )
 
@@ -374,13 +375,12 @@ def _recorded_names(path: Path) -> List[str]:
         db.close()
 
 
-def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool,
-            stop_on: Tuple[Type[SpoolError], ...] = (SpoolFull,), after: int = 0,
-            should_stop: Optional[StopCheck] = None) -> Salvage:
+def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool, after: int = 0,
+              should_stop: Optional[StopCheck] = None) -> Salvage:
     """Copy every readable item of the spool file ``damaged`` (a path, or a connection to a
     file deleted while open) with an id above ``after`` into ``into`` (ids kept; for a path,
     how far it got is recorded under the file's name, ``Spool.adopt``). Stops at a full
-    filesystem, or at any other of the errors ``stop_on`` of the new spool (``Salvage.full``),
+    filesystem, or at any other error of the new spool (``SpoolError``: ``Salvage.full``),
     or between two batches when ``should_stop`` gives a reason (``Salvage.stopped``): the
     rest stays in ``damaged``. A batch the filesystem's reserve refuses is tried in halves,
     so that a copy near a full disk stores what still fits.
@@ -429,7 +429,7 @@ def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool,
                     break
         if batch:
             adopt(batch)
-    except stop_on as exc:
+    except SpoolError as exc:
         result.full = str(exc)
     finally:
         reader.close()
@@ -652,20 +652,15 @@ def _copy(spool: Spool, marker: _Marker, name: str, should_stop: Optional[StopCh
     moved = spool.path.with_name(name)
     try:
         after = max(spool.salvage_progress(name), (inherited or {}).get(name, 0))
-        result = salvage(moved, spool, stop_on=(SpoolError,), after=after, should_stop=should_stop)
+        result = salvage(moved, spool, after=after, should_stop=should_stop)
     except SpoolError as exc:  # the new spool's own file failed: go on later
         result = Salvage(moved_to=moved, full=str(exc))
-    except sqlite3.DatabaseError as err:
-        text = str(err).lower()
-        if "malformed" in text or "not a database" in text or "corrupt" in text:
+    except (sqlite3.Error, OSError) as err:
+        if isinstance(err, sqlite3.DatabaseError) and _is_corrupt(err):
             result = Salvage(moved_to=moved, unreadable=str(err))  # never readable: nothing to go on with
         else:  # cannot be opened now (no room for its -shm, an I/O error): go on later
             result = Salvage(moved_to=moved, full=f"{err}; delete {marker.path} to give it up", source_failed=True)
-    except (sqlite3.Error, OSError) as err:
-        result = Salvage(moved_to=moved, full=f"{err}; delete {marker.path} to give it up", source_failed=True)
     result.resumed = resumed
-    # pending while any copy the marker lists is unfinished, not only this one
-    spool.copy_pending = not result.finished or any(n != name for n in marker.names)
     if result.stopped:
         spool.busy_with = f"salvaging its damaged file; the next start copies the rest from {moved}"
     if result.finished:
@@ -679,7 +674,8 @@ def _copy(spool: Spool, marker: _Marker, name: str, should_stop: Optional[StopCh
             log.warning("spool %s: the salvage from %s finished but its salvage marker %s could not be updated "
                         "(%s); the next start looks through that file again, which copies nothing twice",
                         spool.path, moved, marker.path, exc.strerror or exc)
-        spool.copy_pending = bool(marker.names)
+    # pending while any copy the marker lists is unfinished, not only this one
+    spool.copy_pending = not result.finished or bool(marker.names)
     return result
 
 
@@ -847,7 +843,7 @@ def salvage_in_use(spool: Spool, should_stop: Optional[StopCheck] = None) -> Sal
     try:
         if old is None:
             return Salvage(moved_to=None, unreadable="it had been deleted and closed")
-        return salvage(old, spool, stop_on=(SpoolError,))
+        return salvage(old, spool)
     except (sqlite3.Error, OSError) as err:  # the damaged file went worse still: the new spool goes on empty
         return Salvage(moved_to=None, unreadable=str(err))
     finally:
