@@ -77,6 +77,7 @@ from edge.spool import (
     SpoolCorrupt,
     SpoolError,
     SpoolFull,
+    _has_progress,
     _is_corrupt,
     write_advice,
 )
@@ -339,7 +340,7 @@ class _Reader:
 def _progress_in(db: sqlite3.Connection) -> Dict[str, int]:
     """The ``salvaged_from`` rows of a (moved, maybe damaged) spool file; best effort."""
     try:
-        if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'salvaged_from'").fetchone() is None:
+        if not _has_progress(db):
             return {}
         return {str(s): int(n) for s, n in db.execute("SELECT source, last_id FROM salvaged_from")
                 if isinstance(s, str) and isinstance(n, int)}
@@ -347,10 +348,11 @@ def _progress_in(db: sqlite3.Connection) -> Dict[str, int]:
         return {}
 
 
-def _progress_of(path: Path) -> Dict[str, int]:
-    """``_progress_in`` the moved file at ``path`` (read-only); empty when it cannot be opened."""
+def _progress_of(path: Path, untouched: bool = False) -> Dict[str, int]:
+    """``_progress_in`` the moved file at ``path`` (read-only; ``untouched``: ``immutable``, no
+    -wal or -shm made beside a damaged file and the WAL not read); empty when it cannot be opened."""
     try:
-        db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+        db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro{'&immutable=1' if untouched else ''}", uri=True)
     except sqlite3.Error:
         return {}
     try:
@@ -361,22 +363,12 @@ def _progress_of(path: Path) -> Dict[str, int]:
 
 def _recorded_names(path: Path) -> List[str]:
     """The moved files the spool file at ``path`` records copies from, read without touching it
-    (``immutable``: no -wal or -shm made beside a damaged file, the WAL not read: best effort,
-    for ``aside_name``); empty when it cannot be read."""
-    try:
-        db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro&immutable=1", uri=True)
-    except sqlite3.Error:
-        return []
-    try:
-        return list(_progress_in(db))
-    except sqlite3.Error:
-        return []
-    finally:
-        db.close()
+    (best effort, for ``aside_name``)."""
+    return list(_progress_of(path, untouched=True))
 
 
 def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool, after: int = 0,
-              should_stop: Optional[StopCheck] = None) -> Salvage:
+            should_stop: Optional[StopCheck] = None) -> Salvage:
     """Copy every readable item of the spool file ``damaged`` (a path, or a connection to a
     file deleted while open) with an id above ``after`` into ``into`` (ids kept; for a path,
     how far it got is recorded under the file's name, ``Spool.adopt``). Stops at a full
