@@ -61,6 +61,10 @@ class GatewayMetrics:
         r = self.registry
         self.requests = Counter("edgewise_gateway_requests", "Requests answered, by transport and status",
                                 ["transport", "status"], registry=r)
+        self.unanswered = Counter("edgewise_gateway_unanswered",
+                                  "Requests whose call ended before the gateway answered (the client cancelled, "
+                                  "its deadline passed first, or the gateway stopped past its grace)",
+                                  ["transport"], registry=r)
         self.worker_errors = Counter("edgewise_gateway_worker_errors",
                                      "Non-OK answers from workers, by gRPC status", ["worker", "status"],
                                      registry=r)

@@ -274,8 +274,14 @@ class Gateway:
         return Caller(metadata, tuple(n.decode("utf-8", "replace") for n in names), peer=context.peer())
 
     async def _one(self, body: bytes, transport: str, caller: Caller, remaining: float | None) -> Reply:
-        head = self.read(body, transport)
-        return head if isinstance(head, Reply) else await self.handle(head, transport, caller, remaining)
+        """One gRPC request, answered; a call that ends before its answer (the client gave up
+        first) is counted as unanswered, so every request arriving is in one counter or the other."""
+        try:
+            head = self.read(body, transport)
+            return head if isinstance(head, Reply) else await self.handle(head, transport, caller, remaining)
+        except asyncio.CancelledError:
+            self.metrics.unanswered.labels(transport).inc()
+            raise
 
     async def Detect(self, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
         reply = await self._one(body, "grpc", self._caller(context), context.time_remaining())

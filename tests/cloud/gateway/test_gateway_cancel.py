@@ -42,8 +42,12 @@ def _recording_calls(gw: server.Gateway) -> list[grpc.aio.UnaryUnaryCall]:
     return made
 
 
+def _sample(gw: server.Gateway, name: str, **labels: str) -> float:
+    return gw.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def _retries(gw: server.Gateway) -> float:
-    return gw.metrics.registry.get_sample_value("edgewise_gateway_retries_total", {"result": "sent"}) or 0.0
+    return _sample(gw, "edgewise_gateway_retries_total", result="sent")
 
 
 def test_a_cancelled_call_cancels_the_workers_call_frees_its_slot_and_is_not_retried(caplog):
@@ -71,6 +75,10 @@ def test_a_cancelled_call_cancels_the_workers_call_frees_its_slot_and_is_not_ret
                         if s.name == "edgewise_gateway_worker_errors_total"]  # the worker is not to blame
             snap = gw.pool.snapshot()
             assert all(w["state"] == "ready" for w in snap["workers"]) and snap["in_flight"] == 0
+            # never answered, so not in requests_total: counted as what it was
+            assert _sample(gw, "edgewise_gateway_unanswered_total", transport="grpc") == 1
+            assert not [s for m in gw.metrics.registry.collect() for s in m.samples
+                        if s.name == "edgewise_gateway_requests_total"]
         finally:
             await gw.stop(0)
             for w in ws:
