@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
                     "environment variables < --set KEY.PATH=VALUE < the named flags.",
     )
     add_settings_arguments(run, SCHEMA)
-    run.set_defaults(func=_run)
+    run.set_defaults(func=_run, reloads_on_sighup=True)
 
     cfg = subparsers.add_parser(
         "check-config", help="check the daemon's settings before starting it (exit 2 with what to fix)",

@@ -45,7 +45,7 @@ from edge.sources.making import make_source
 from edge.spool import Spool, SpoolError, SpoolFull
 from edge.spool_salvage import open_spool
 from edge.transports import MeteredTransport, Transport
-from edgewise import mqtt_topics
+from edgewise import hangup, mqtt_topics
 from edgewise.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -437,6 +437,8 @@ class EdgeDaemon:
                 loop.add_signal_handler(sig, fn)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass  # not the main thread (tests) or not POSIX
+        if hangup.take():  # one came while the daemon started (edgewise.hangup)
+            self.request_reload()
         try:
             tasks = await self._start()
         except BaseException:

@@ -16,7 +16,7 @@ def register(subparsers: Any) -> None:
                     "weighted least-connections. Settings, later wins: --config YAML < environment "
                     "EDGEWISE_GATEWAY__<KEY>__<SUBKEY> < --set KEY.PATH=VALUE < the named flags.")
     add_settings_arguments(gw, SCHEMA)
-    gw.set_defaults(func=_gateway)
+    gw.set_defaults(func=_gateway, reloads_on_sighup=True)
 
     up = subparsers.add_parser(
         "up", help="start N workers and a gateway on this machine",

@@ -44,7 +44,7 @@ from cloud.gateway.mqtt_bridge import MqttBridge
 from cloud.gateway.pool import WorkerPool
 from cloud.gateway.settings import GatewaySettings, quote_id
 from cloud.gateway.tlsfiles import load_server_files
-from edgewise import status
+from edgewise import hangup, status
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.observability import LogThrottle
 from edgewise.v1 import service_pb2
@@ -504,6 +504,9 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
         gw.reload_tokens(tokens)
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
+    if hangup.take():  # one came while the gateway started (edgewise.hangup)
+        log.info("SIGHUP during the start: reloading the workers and tokens")
+        on_hup()
     await stop.wait()
     log.info("shutting down: draining for up to %.1f s", settings.shutdown_grace_s)
     await gw.stop()

@@ -2,7 +2,10 @@
 
 Each command group lives next to the code it drives and exposes
 ``register(subparsers)``, which adds its subcommands with
-``set_defaults(func=handler)``; ``handler(args) -> int`` is the exit status.
+``set_defaults(func=handler)``; ``handler(args) -> int`` is the exit status. A
+daemon that reloads on SIGHUP also sets ``reloads_on_sighup=True`` and calls
+``edgewise.hangup.take()`` once its own handler is in place: a SIGHUP that comes while
+it starts is then a reload, not its end (``edgewise/hangup.py``).
 The table below names those modules as strings: the runtime core never imports
 ``edge``, ``cloud`` or ``edgewise_tools`` (a layering test checks it); the
 dispatcher imports each module when the parser is built and skips one that is
@@ -20,7 +23,7 @@ import platform
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from edgewise import __version__
+from edgewise import __version__, hangup
 from edgewise.errors import EdgewiseError
 from edgewise.observability import LOG_FORMATS, setup_logging
 
@@ -124,8 +127,18 @@ def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the process exit status."""
+    hangup.hold()  # before the command modules load: a daemon's reload must not kill its start
+    try:
+        return _run(argv)
+    finally:
+        hangup.release()  # a no-op once a daemon took SIGHUP over
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if not getattr(args, "reloads_on_sighup", False):
+        hangup.release()
     try:
         setup_logging(args.log_level, args.log_format)
     except ValueError as exc:

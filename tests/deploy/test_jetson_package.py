@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -154,11 +155,38 @@ def test_the_wrapper_runs_its_own_tree_and_writes_no_byte_code(tmp_path: Path) -
     shutil.copy(B.JETSON / "edgewise-edge.sh", root / "usr/bin/edgewise-edge")
     (root / "usr/bin/edgewise-edge").chmod(0o755)
     (venv_bin / "python3").write_text('#!/bin/sh\necho "python=$0"\necho "path=$PYTHONPATH"\n'
-                                      'echo "nobytecode=$PYTHONDONTWRITEBYTECODE"\necho "args=$*"\n')
+                                      'echo "nobytecode=$PYTHONDONTWRITEBYTECODE"\necho "args=$*"\n'
+                                      + _PRINT_HUP.split("\n", 1)[1])
     (venv_bin / "python3").chmod(0o755)
     (tmp_path / "elsewhere").symlink_to(root / "usr/bin/edgewise-edge")  # found through a link too
     for argv0 in (str(root / "usr/bin/edgewise-edge"), str(tmp_path / "elsewhere")):
         out = subprocess.run([argv0, "edge", "check-config"], capture_output=True, text=True,
-                             env={"PATH": "/usr/bin:/bin"}, check=True).stdout.splitlines()
+                             env={"PATH": "/usr/bin:/bin"}, check=True, preexec_fn=_default_hup).stdout.splitlines()
         assert out == [f"python={venv_bin}/python3", f"path={root}/usr/lib/edgewise-edge/python",
-                       "nobytecode=1", "args=-m edgewise edge check-config"], out
+                       "nobytecode=1", "args=-m edgewise edge check-config", "hup_ignored=0"], out
+
+
+def test_the_wrapper_starts_only_the_daemon_with_sighup_ignored(tmp_path: Path) -> None:
+    """A SIGHUP (a reload) before Python holds it (edgewise/hangup.py) must not end the daemon's
+    start; every other command keeps the default, so a closed terminal still ends it."""
+    root = tmp_path / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    venv_bin = root / "usr/lib/edgewise-edge/venv/bin"
+    venv_bin.mkdir(parents=True)
+    shutil.copy(B.JETSON / "edgewise-edge.sh", root / "usr/bin/edgewise-edge")
+    (root / "usr/bin/edgewise-edge").chmod(0o755)
+    (venv_bin / "python3").write_text(_PRINT_HUP)
+    (venv_bin / "python3").chmod(0o755)
+    for args, ignored in ((["edge", "run", "--config", "x"], "1"), (["edge", "check-config"], "0"),
+                          (["edge", "engine"], "0")):
+        out = subprocess.run([str(root / "usr/bin/edgewise-edge"), *args], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin"}, check=True, preexec_fn=_default_hup).stdout
+        assert out.strip() == f"hup_ignored={ignored}", (args, out)
+
+
+def _default_hup() -> None:  # as systemd starts a service (a test run under nohup ignores it)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+# the HUP bit of the shell's ignored-signal mask (Linux /proc), as the exec'd interpreter inherits it
+_PRINT_HUP = '#!/bin/sh\necho "hup_ignored=$(( 0x$(awk \'/^SigIgn/{print $2}\' /proc/$$/status) & 1 ))"\n'

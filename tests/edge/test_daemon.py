@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -309,3 +310,75 @@ def test_healthz_is_degraded_while_a_stream_is_down(tmp_path, tiny_model):
         await asyncio.wait_for(task, 30)
 
     asyncio.run(run())
+
+
+def _start_daemon(tmp_path, tiny_model) -> tuple[subprocess.Popen[bytes], Path]:
+    """A real `edgewise edge run` started as systemd starts it (SIGHUP at its default), its
+    policy reloaded only on SIGHUP."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("first", {"s": "never"}))
+    config = settings_yaml(tmp_path / "edge.yaml", device_id="dev",
+                           streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+                           model={"path": str(tiny_model)}, spool={"path": str(tmp_path / "spool.db")},
+                           metrics={"port": -1}, policy_file=str(policy), policy_poll_s=3600)
+    log = tmp_path / "edge.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(config)],
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1"),
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    deadline = time.monotonic() + 60
+    while not _catches_sighup(proc.pid):  # edgewise/hangup.py holds it, first thing
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.002)
+    return proc, log
+
+
+def _wait_for(proc: subprocess.Popen[bytes], log: Path, text: str) -> None:
+    deadline = time.monotonic() + 60
+    while text not in log.read_text():
+        assert proc.poll() is None, f"the daemon ended ({proc.returncode}): {log.read_text()}"
+        assert time.monotonic() < deadline, f"no {text!r} in: {log.read_text()}"
+        time.sleep(0.02)
+
+
+def test_sighups_from_the_first_moment_python_holds_them_never_end_the_start(tmp_path, tiny_model):
+    """One SIGHUP every 20 ms from the moment the process catches SIGHUP until the daemon says
+    it runs: none ends the start (the default action would have)."""
+    proc, log = _start_daemon(tmp_path, tiny_model)
+    try:
+        sent = 0
+        while " running: " not in log.read_text():
+            assert proc.poll() is None, f"ended by SIGHUP number {sent} ({proc.returncode}): {log.read_text()}"
+            proc.send_signal(signal.SIGHUP)
+            sent += 1
+            time.sleep(0.02)
+        assert sent >= 3
+        _wait_for(proc, log, "SIGHUP: reloading policy")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_sighup_while_the_daemon_starts_is_a_reload_once_it_runs(tmp_path, tiny_model):
+    """One SIGHUP, as early as the process catches it (long before the daemon's own handler):
+    noted, and the policy is reloaded once the daemon runs."""
+    proc, log = _start_daemon(tmp_path, tiny_model)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        _wait_for(proc, log, " running: ")
+        _wait_for(proc, log, "SIGHUP: reloading policy")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _catches_sighup(pid: int) -> bool:
+    """Whether the process has a handler for SIGHUP (its SigCgt mask in Linux /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (signal.SIGHUP - 1)))

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 import urllib.request
 from collections import Counter
+from pathlib import Path
 
 import grpc
 import pytest
@@ -623,3 +629,39 @@ def test_a_deadline_message_says_how_far_the_request_got():
 
     assert _attempts([]) == "before any worker was tried"  # was "after 0 attempt(s) ()"
     assert _attempts(["w1", "w2"]) == "after 2 attempt(s) (w1, w2)"
+
+
+def test_a_sighup_while_the_gateway_starts_is_a_reload_once_it_serves(tmp_path):
+    """A real `edgewise cloud gateway` process whose start got a SIGHUP (a config reloader
+    reacting to a Secret change, say) before its loop's handler existed: noted while it
+    started (edgewise/hangup.py), not its end, and the workers and tokens are re-read once
+    it serves (the file was edited meanwhile: the reload sees two workers)."""
+    root = Path(__file__).resolve().parents[3]
+    config = tmp_path / "gateway.yaml"
+    config.write_text("listen: 127.0.0.1:0\nmetrics_port: -1\ndiscovery: {static: ['127.0.0.1:9']}\n")
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from edgewise import hangup
+        from edgewise.cli import main
+        hangup.hold()  # as main() does first thing; the signal comes before the gateway's loop exists
+        os.kill(os.getpid(), signal.SIGHUP)
+        with open(sys.argv[1], "w") as f:
+            f.write("listen: 127.0.0.1:0\\nmetrics_port: -1\\n"
+                    "discovery: {static: ['127.0.0.1:9', '127.0.0.1:11']}\\n")
+        sys.exit(main(["cloud", "gateway", "--config", sys.argv[1]]))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script, str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("EDGEWISE_GATEWAY_LISTENING"), \
+            proc.communicate(timeout=30)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "SIGHUP during the start: reloading the workers and tokens" in err, err
+        assert "worker list reloaded: 2 workers" in err, err
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -1,0 +1,67 @@
+"""SIGHUP while a daemon starts: remembered and acted on once it runs, never fatal.
+
+The edge daemon and the gateway reload on SIGHUP, but their event loops install that handler
+only once started: imports, settings, the model, the spool (seconds on a Jetson). SIGHUP's
+default action ends a process, so a reload sent in that window (``kill -HUP``, a config
+reloader next to the gateway, a script that changed the policy) killed the daemon.
+
+The command dispatcher calls :func:`hold` first thing: a SIGHUP is then noted, not acted on.
+Once the command is known, a command that does not reload on SIGHUP gets its previous
+disposition back (:func:`release`), and a SIGHUP noted meanwhile acts as it would have (the
+default ends the process, as a closed terminal should). A daemon keeps the note until its
+loop's own handler is in place, then asks :func:`take` and reloads once if one came.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import FrameType
+from typing import Any, Optional
+
+_pending = False
+_held = False
+_previous: Any = None  # the disposition before hold() (None: one not installed from Python)
+
+
+def _note(_signum: int, _frame: Optional[FrameType]) -> None:
+    global _pending
+    _pending = True
+
+
+def hold() -> None:
+    """Note SIGHUP instead of acting on it (main thread of a POSIX process; else a no-op)."""
+    global _previous, _held
+    sig = getattr(signal, "SIGHUP", None)
+    if sig is None or _held:
+        return
+    try:
+        _previous = signal.signal(sig, _note)
+    except ValueError:  # not the main thread: whoever runs us owns the signals
+        return
+    _held = True
+
+
+def take() -> bool:
+    """Whether a SIGHUP was noted since :func:`hold` (and forget it). A daemon calls it once
+    its own SIGHUP handler is installed, and reloads if it says so."""
+    global _pending, _held
+    was, _pending = _pending, False
+    _held = False  # the daemon's own handler is in force from now on
+    return was
+
+
+def release() -> None:
+    """Give SIGHUP its disposition from before :func:`hold` back; a SIGHUP noted meanwhile is
+    delivered again, so it acts as it would have (SIG_DFL ends the process)."""
+    global _pending, _held
+    if not _held:
+        return
+    _held = False
+    came, _pending = _pending, False
+    signal.signal(signal.SIGHUP, signal.SIG_DFL if _previous is None else _previous)
+    if came and _previous is not signal.SIG_IGN:
+        os.kill(os.getpid(), signal.SIGHUP)
+
+
+__all__ = ["hold", "release", "take"]

@@ -1,0 +1,86 @@
+"""SIGHUP while a command starts (edgewise/hangup.py), in real child processes with real
+signals: a daemon notes it and reloads once running; every other command gets the default
+back, and a SIGHUP noted meanwhile then ends it as it would have."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from tests.processes import ROOT
+
+
+def _python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+
+
+def test_a_sighup_noted_while_held_ends_a_process_at_release_as_the_default_would():
+    p = _python("""
+        import os, signal
+        from edgewise import hangup
+        hangup.hold()
+        os.kill(os.getpid(), signal.SIGHUP)
+        print("survived the hold", flush=True)
+        hangup.release()
+        print("survived the release", flush=True)
+    """)
+    assert p.returncode == -signal.SIGHUP, p
+    assert p.stdout.splitlines() == ["survived the hold"]
+
+
+def test_release_keeps_an_ignored_sighup_ignored_and_take_hands_it_to_the_daemon():
+    p = _python("""
+        import os, signal
+        from edgewise import hangup
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup, or the Jetson wrapper's trap
+        hangup.hold()
+        os.kill(os.getpid(), signal.SIGHUP)
+        hangup.release()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        hangup.hold()
+        assert not hangup.take()
+        hangup.hold()
+        os.kill(os.getpid(), signal.SIGHUP)
+        print("taken", hangup.take(), hangup.take(), flush=True)
+        hangup.release()  # a daemon took it over: nothing to give back
+        print(signal.getsignal(signal.SIGHUP).__name__, flush=True)
+    """)
+    assert p.returncode == 0, p
+    assert p.stdout.splitlines() == ["taken True False", "_note"]
+
+
+def test_the_dispatcher_holds_sighup_while_commands_load_and_releases_it_for_a_one_shot_command(tmp_path):
+    """Held while the command modules import (seconds on a Jetson), given back before a
+    command that does not reload on SIGHUP runs; kept for `edge run` until the daemon takes it."""
+    p = _python("""
+        import argparse, signal, sys
+        from edgewise import cli
+        seen = []
+        build = cli.build_parser
+        def recording_build():
+            seen.append(("loading", signal.getsignal(signal.SIGHUP)))
+            return build()
+        cli.build_parser = recording_build
+        parse = argparse.ArgumentParser.parse_args
+        def recording_parse(self, *a, **k):
+            args = parse(self, *a, **k)
+            func = args.func
+            def run(ns):
+                seen.append((ns.func_name, signal.getsignal(signal.SIGHUP)))
+                return 0
+            args.func_name, args.func = getattr(func, "__name__", "?"), run
+            return args
+        argparse.ArgumentParser.parse_args = recording_parse
+        cli.main(["edge", "check-config", "--config", sys.argv[1]])
+        cli.main(["edge", "run", "--config", sys.argv[1]])
+        for what, handler in seen:
+            print(what, "default" if handler is signal.SIG_DFL else handler.__name__)
+    """, str(tmp_path / "edge.yaml"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["loading _note", "_check_config default",
+                                     "loading _note", "_run _note"]
