@@ -204,11 +204,16 @@ def read_only(folder: Union[str, Path]) -> bool:
         return False
 
 
+def disk_full(exc: OSError) -> bool:
+    """Whether a failed write means no room: the filesystem is full, or the daemon's quota."""
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def write_advice(folder: Union[str, Path], exc: OSError) -> str:
     """What the operator does about ``exc``, met writing in the spool's ``folder``: "its
     filesystem is full; ...", "its filesystem is mounted read-only; ..." or "make its folder
     writable by the daemon"."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if disk_full(exc):
         return "its filesystem is full; free space there or set spool.path to another filesystem"
     if exc.errno == errno.EROFS or read_only(folder):
         return ("its filesystem is mounted read-only (remounted so after I/O errors? `dmesg` says); remount it "
@@ -881,7 +886,7 @@ class Spool:
                     moved = move_aside(self.path)
                 except OSError as exc:
                     advice = write_advice(self.path.parent, exc)
-                    kind = SpoolFull if advice.startswith("its filesystem is full") else SpoolError
+                    kind = SpoolFull if disk_full(exc) else SpoolError
                     raise kind(f"spool {self.path} is damaged and cannot be moved aside to salvage it "
                                f"({exc.strerror or exc}): {advice}") from None
             elif _is_open(self._db):

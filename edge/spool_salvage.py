@@ -79,6 +79,7 @@ from edge.spool import (
     SpoolFull,
     _has_progress,
     _is_corrupt,
+    disk_full,
     write_advice,
 )
 
@@ -742,7 +743,7 @@ def open_spool(path: Union[str, Path], max_bytes: int, max_age_s: float) -> Spoo
             raise SpoolCorrupt(f"{why}; it is not salvaged while {pending.unreadable}") from None
         advice = write_advice(path.parent, err)
         # a full disk: the daemon starts without the spool and tries again (a refusal would stop it)
-        kind = SpoolFull if err.errno in (errno.ENOSPC, errno.EDQUOT) else SpoolCorrupt
+        kind = SpoolFull if disk_full(err) else SpoolCorrupt
         raise kind(f"{why}; it could not be moved aside to salvage it ({err.strerror or err}): {advice}") from None
     _fsync_dir(path.parent)
     _remove(marker)

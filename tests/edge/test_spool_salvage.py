@@ -4,7 +4,9 @@ still holds, ids, ages and attempts included; a file that is not a spool is not 
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import sqlite3
 import subprocess
 import sys
@@ -982,3 +984,29 @@ def test_a_clock_that_repeats_its_boot_time_gives_a_new_damaged_file_a_new_name(
         assert sorted(it.key for it in sp.peek(100)) == sorted(f"dev/cam/b-{i}" for i in range(20))
     (second,) = [p for p in tmp_path.iterdir() if ".damaged-" in p.name and not p.name.endswith(("-wal", "-shm"))]
     assert second.name != first.name
+
+
+@pytest.mark.parametrize("err, full", [(errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EACCES, False),
+                                       (errno.EROFS, False)])
+def test_a_damaged_spool_in_use_that_cannot_be_moved_aside_says_whether_its_disk_is_full(tmp_path, err, full):
+    """``SpoolFull`` (the salvage is retried with a back-off) for no room, by the error's
+    number (``edge.spool.disk_full``), a plain ``SpoolError`` otherwise; the file stays."""
+    from edge.spool import SpoolFull
+    from tests.edge.spooldamage import nudge
+
+    path = tmp_path / "spool.db"
+    _fill(path, 10, 100)
+    sp = Spool(path, max_bytes=CAP, max_age_s=3600)
+    damage_index(path, KEY_INDEX)
+    nudge(path)
+    with pytest.raises(SpoolCorrupt):
+        sp.ack_many([it.id for it in sp.peek(2)])
+
+    def refused(p):
+        raise OSError(err, os.strerror(err), str(p))
+
+    with pytest.raises(SpoolError, match="cannot be moved aside to salvage it") as info:
+        sp.replace_damaged_file(refused)
+    assert isinstance(info.value, SpoolFull) is full, info.value
+    assert ("its filesystem is full" in str(info.value)) is full
+    assert path.exists() and sp.damaged is not None
