@@ -44,23 +44,28 @@ def hold() -> None:
 
 def take() -> bool:
     """Whether a SIGHUP was noted since :func:`hold` (and forget it). A daemon calls it once
-    its own SIGHUP handler is installed, and reloads if it says so."""
+    its own SIGHUP handler is installed, and reloads if it says so. Where none was installed
+    (its loop could not), the disposition from before :func:`hold` comes back, so that later
+    SIGHUPs are not noted for nobody."""
     global _pending, _held
-    was, _pending = _pending, False
+    if _held and signal.getsignal(signal.SIGHUP) is _note:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL if _previous is None else _previous)
     _held = False  # the daemon's own handler is in force from now on
+    was, _pending = _pending, False
     return was
 
 
-def release() -> None:
-    """Give SIGHUP its disposition from before :func:`hold` back; a SIGHUP noted meanwhile is
-    delivered again, so it acts as it would have (SIG_DFL ends the process)."""
+def release(deliver: bool = True) -> None:
+    """Give SIGHUP its disposition from before :func:`hold` back. With ``deliver``, a SIGHUP
+    noted meanwhile is sent again, so it acts as it would have (SIG_DFL ends the process);
+    without, it is dropped: a daemon that ended before it ran has nothing to reload."""
     global _pending, _held
     if not _held:
         return
     _held = False
-    came, _pending = _pending, False
     signal.signal(signal.SIGHUP, signal.SIG_DFL if _previous is None else _previous)
-    if came and _previous is not signal.SIG_IGN:
+    came, _pending = _pending, False  # read after the restore: a later one acts by itself
+    if came and deliver and _previous is not signal.SIG_IGN:
         os.kill(os.getpid(), signal.SIGHUP)
 
 

@@ -9,5 +9,5 @@ export PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH="$LIB/python${PYTHONPATH:+:$PYTHONPATH}"
 # The daemon reloads on SIGHUP; until Python holds it (edgewise/hangup.py) one would end the
 # start, so it is ignored across the exec. Other commands keep the default: a closed terminal ends them.
-case "$1 $2" in "edge run") trap '' HUP ;; esac
+case " $* " in *" edge run "*) trap '' HUP ;; esac
 exec "$LIB/venv/bin/python3" -m edgewise "$@"

@@ -128,17 +128,21 @@ def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the process exit status."""
     hangup.hold()  # before the command modules load: a daemon's reload must not kill its start
+    reloads = False
     try:
-        return _run(argv)
+        parser = build_parser()
+        args = parser.parse_args(list(argv) if argv is not None else None)
+        reloads = bool(getattr(args, "reloads_on_sighup", False))
+        if not reloads:
+            hangup.release()
+        return _run(parser, args)
     finally:
-        hangup.release()  # a no-op once a daemon took SIGHUP over
+        # a no-op once a daemon took SIGHUP over; one that ended before (a settings error, exit
+        # 2) drops a noted reload rather than dying of it
+        hangup.release(deliver=not reloads)
 
 
-def _run(argv: Optional[Sequence[str]]) -> int:
-    parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    if not getattr(args, "reloads_on_sighup", False):
-        hangup.release()
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         setup_logging(args.log_level, args.log_format)
     except ValueError as exc:

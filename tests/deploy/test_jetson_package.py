@@ -177,8 +177,8 @@ def test_the_wrapper_starts_only_the_daemon_with_sighup_ignored(tmp_path: Path) 
     (root / "usr/bin/edgewise-edge").chmod(0o755)
     (venv_bin / "python3").write_text(_PRINT_HUP)
     (venv_bin / "python3").chmod(0o755)
-    for args, ignored in ((["edge", "run", "--config", "x"], "1"), (["edge", "check-config"], "0"),
-                          (["edge", "engine"], "0")):
+    for args, ignored in ((["edge", "run", "--config", "x"], "1"), (["--log-level", "debug", "edge", "run"], "1"),
+                          (["edge", "check-config"], "0"), (["edge", "engine"], "0")):
         out = subprocess.run([str(root / "usr/bin/edgewise-edge"), *args], capture_output=True, text=True,
                              env={"PATH": "/usr/bin:/bin"}, check=True, preexec_fn=_default_hup).stdout
         assert out.strip() == f"hup_ignored={ignored}", (args, out)

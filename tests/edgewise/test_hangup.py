@@ -46,12 +46,34 @@ def test_release_keeps_an_ignored_sighup_ignored_and_take_hands_it_to_the_daemon
         assert not hangup.take()
         hangup.hold()
         os.kill(os.getpid(), signal.SIGHUP)
+        def reload(*_):
+            print("the daemon's own handler", flush=True)
+        signal.signal(signal.SIGHUP, reload)  # as the daemon's loop installs its own
         print("taken", hangup.take(), hangup.take(), flush=True)
         hangup.release()  # a daemon took it over: nothing to give back
-        print(signal.getsignal(signal.SIGHUP).__name__, flush=True)
+        os.kill(os.getpid(), signal.SIGHUP)
+        hangup.hold()
+        print("taken", hangup.take(), flush=True)  # no handler of its own: the old disposition back
+        print("previous back", signal.getsignal(signal.SIGHUP) is reload, flush=True)
     """)
     assert p.returncode == 0, p
-    assert p.stdout.splitlines() == ["taken True False", "_note"]
+    assert p.stdout.splitlines() == ["taken True False", "the daemon's own handler", "taken False",
+                                     "previous back True"]
+
+
+def test_a_daemon_that_fails_to_start_after_a_noted_sighup_exits_with_its_error_not_the_signal(tmp_path):
+    """A reload asked for while `edge run` started, then a settings error: exit 2 with the
+    error (systemd's RestartPreventExitStatus=2 holds), not death by SIGHUP."""
+    p = _python("""
+        import os, signal, sys
+        from edgewise import hangup
+        from edgewise.cli import main
+        hangup.hold()
+        os.kill(os.getpid(), signal.SIGHUP)
+        print("exit", main(["edge", "run", "--config", sys.argv[1]]), flush=True)
+    """, str(tmp_path / "missing.yaml"))
+    assert p.returncode == 0 and p.stdout.splitlines() == ["exit 2"], p
+    assert "missing.yaml" in p.stderr
 
 
 def test_the_dispatcher_holds_sighup_while_commands_load_and_releases_it_for_a_one_shot_command(tmp_path):
