@@ -11,6 +11,7 @@ one request path (``Gateway.handle``) runs them for both transports, with the
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import time
 from collections import OrderedDict
@@ -88,6 +89,13 @@ class Caller:
     peer: str = ""
 
 
+MISSING_TOKEN = "missing 'authorization: Bearer <token>' (gRPC metadata, or MQTT v5 user property)"
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
 class TokenAuth:
     """Per-device bearer tokens: ``authorization: Bearer <token>`` must match the device's."""
 
@@ -95,8 +103,35 @@ class TokenAuth:
         self.tokens = dict(tokens)
 
     @property
+    def tokens(self) -> dict[str, str]:
+        return self._tokens
+
+    @tokens.setter
+    def tokens(self, tokens: dict[str, str]) -> None:
+        self._tokens = tokens
+        self._known = frozenset(_digest(t) for t in tokens.values())
+
+    @property
     def enabled(self) -> bool:
         return bool(self.tokens)
+
+    def screen(self, metadata: Mapping[str, str]) -> Rejection | None:
+        """The check a gRPC call gets from its metadata alone, before its request is read: its
+        bearer token must be some device's. Without it, a client that never sends its request
+        would hold one of ``limits.max_concurrent_rpcs`` for ever. Which device, and the
+        rest of :meth:`authenticate`, is checked once the request is there."""
+        if not self.enabled:
+            return None
+        scheme, _, token = metadata.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return Rejection(status.UNAUTHENTICATED, MISSING_TOKEN)
+        # digests of the tokens: one set lookup whatever the fleet's size, and its time tells nothing
+        if _digest(token.strip()) not in self._known:
+            return Rejection(status.UNAUTHENTICATED,
+                             "bad token: it is no device's; check the device's token (the gateway's auth.tokens / "
+                             "auth.tokens_file must list the device with it)",
+                             detail="no device in auth.tokens/auth.tokens_file has this token")
+        return None
 
     def authenticate(self, caller: Caller, device_id: str) -> Rejection | None:
         """The one identity check of both transports, for a request of ``device_id``: the
@@ -135,8 +170,7 @@ class TokenAuth:
         header = metadata.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            return None, Rejection(status.UNAUTHENTICATED, "missing 'authorization: Bearer <token>' (gRPC "
-                                                           "metadata, or MQTT v5 user property)")
+            return None, Rejection(status.UNAUTHENTICATED, MISSING_TOKEN)
         # one answer for both, so a client cannot tell which devices exist; the log has which
         if expected is None or not hmac.compare_digest(token.strip().encode(), expected.encode()):
             return None, Rejection(

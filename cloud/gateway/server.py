@@ -27,7 +27,7 @@ import functools
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -168,6 +168,34 @@ async def _abort(context: grpc.aio.ServicerContext, wire_status: int, message: s
     when the client already left)."""
     with _unless_client_gone(f"its {status.name(wire_status)} answer"):
         await context.abort(status.grpc_code(wire_status), message)
+
+
+class _Screen(grpc.aio.ServerInterceptor):
+    """Refuses a Detect call whose metadata has no known token at once, before its request is
+    read (``TokenAuth.screen``). gRPC holds one of ``limits.max_concurrent_rpcs`` for a call
+    from its headers on and calls a unary method only once its request arrived: without this,
+    a client with no token that never sent one froze every edge out of the gateway. The
+    refusal is a stream-unary handler, which gRPC calls without waiting for a message; a
+    DetectStream is refused at its start by its own handler already."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.method = f"/{SERVICE_NAME}/Detect"
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        if details.method == self.method:
+            metadata = {k.lower(): v for k, v in details.invocation_metadata or () if isinstance(v, str)}
+            bad = self.gateway.auth.screen(metadata)
+            if bad is not None:
+                return grpc.stream_unary_rpc_method_handler(functools.partial(self._refuse, bad=bad))
+        return await continuation(details)
+
+    async def _refuse(self, _requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
+                      bad: Rejection) -> bytes:
+        reply = self.gateway._reject(None, "grpc", bad, self.gateway._caller(context))
+        await _abort(context, reply.status, reply.error)
+        return b""
 
 
 #: ``tls.client_identity`` -> the gRPC auth-context property holding those certificate names
@@ -404,7 +432,8 @@ class Gateway:
         creds = self._credentials()  # bad TLS files fail here, before anything is bound
         m = s.limits.max_message_bytes
         self._server = grpc.aio.server(options=server_options(m, s.limits.max_streams_per_connection),
-                                       maximum_concurrent_rpcs=s.limits.max_concurrent_rpcs)
+                                       maximum_concurrent_rpcs=s.limits.max_concurrent_rpcs,
+                                       interceptors=(_Screen(self),))
         # no (de)serializers: the methods see the bytes on the wire (cloud.gateway.envelope)
         methods = {"Detect": grpc.unary_unary_rpc_method_handler(self.Detect),
                    "DetectStream": grpc.stream_stream_rpc_method_handler(self.DetectStream)}

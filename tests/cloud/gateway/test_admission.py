@@ -85,6 +85,21 @@ def test_token_auth():
     assert "x-edgewise-device" in auth.check({"authorization": "Bearer abc"}, "", stream=True)[1].message
 
 
+def test_the_header_screen_wants_some_devices_token_and_follows_a_rotation():
+    """``TokenAuth.screen`` (a Detect call's metadata, before its request): any device's
+    token passes, the device is checked later; a rotated-out token no longer passes."""
+    auth = TokenAuth({"cam-1": "one", "cam-2": "two"})
+    for header, problem in (("", "missing 'authorization"), ("Basic one", "missing 'authorization"),
+                            ("Bearer ", "missing 'authorization"), ("Bearer three", "bad token: it is no device's"),
+                            ("Bearer one", None), ("bearer  two ", None)):
+        bad = auth.screen({"authorization": header} if header else {})
+        assert (bad is None) if problem is None else (bad is not None and problem in bad.message), (header, bad)
+    auth.tokens = {"cam-1": "uno", "cam-2": "two"}  # as reload_tokens puts a rotation in force
+    assert auth.screen({"authorization": "Bearer one"}) is not None
+    assert auth.screen({"authorization": "Bearer uno"}) is None
+    assert TokenAuth({}).screen({}) is None  # authentication off: nothing to screen
+
+
 def test_authenticate_binds_topic_certificate_and_token_to_the_device():
     auth = TokenAuth({"cam-1": "abc", "cam-2": "xyz"})
     tok1 = {"authorization": "Bearer abc"}

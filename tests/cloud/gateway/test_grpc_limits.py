@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloud.gateway.server import CONCURRENT_RPC_LIMIT_MESSAGE
+from cloud.gateway.server import CONCURRENT_RPC_LIMIT_MESSAGE, SERVICE_NAME
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 from tests.cloud.gateway.test_gateway import http_get, run, started
 from tests.cloud.gateway.workers import TestWorker, request
@@ -174,6 +174,44 @@ def test_streams_per_device_are_capped():
                                                             {"reason": "too_many_streams"}) == 1
                 stop.set()
         finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_detect_calls_without_a_known_token_are_refused_before_their_request_and_free_their_slot():
+    """A client that opens Detect calls and never sends their request held one of
+    ``limits.max_concurrent_rpcs`` each, for ever: four of them froze a gateway allowing four
+    (every edge then got RESOURCE_EXHAUSTED). Without a token, or with one no device has, such
+    a call is now refused UNAUTHENTICATED from its headers alone (``TokenAuth.screen``), counted
+    like any refusal, and the slot is free at once; a device's call is served."""
+    async def main():
+        w = TestWorker("a", 0.001)
+        gw = await started([(w, 1)], **{"limits.max_concurrent_rpcs": 4,
+                                        "auth.tokens": [{"device": "cam-1", "token": "s3cret"}]})
+        never = asyncio.Event()
+
+        async def no_request() -> AsyncIterator[bytes]:  # the headers go out, no message ever
+            await never.wait()
+            yield b""
+
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as attacker, \
+                    grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}", options=OWN_CONNECTION) as edge:
+                detect = attacker.stream_unary(f"/{SERVICE_NAME}/Detect")
+                held = [detect(no_request(), metadata=md) for md in
+                        [()] * 2 + [(("authorization", "Bearer guessed"),), (("authorization", "Basic s3cret"),)]]
+                assert [await _code(c) for c in held] == ["UNAUTHENTICATED"] * 4
+                req = request(seq=1, device="cam-1")
+                answer = await service_pb2_grpc.EscalationStub(edge).Detect(
+                    req, timeout=5, metadata=(("authorization", "Bearer s3cret"),))
+                assert answer.status == detect_pb2.OK
+            count = gw.metrics.registry.get_sample_value
+            assert count("edgewise_gateway_rejected_total", {"reason": "unauthenticated"}) == 4
+            assert count("edgewise_gateway_requests_total", {"transport": "grpc", "status": "UNAUTHENTICATED"}) == 4
+            assert w.calls == 1
+        finally:
+            never.set()
             await gw.stop(0)
             await w.stop()
     run(main())
