@@ -948,8 +948,7 @@ class Spool:
                              f"({exc.strerror or exc}): what it holds is copied from there into the new "
                              "spool at the next try, or at the next start; leave it where it is") from None
 
-    def adopt(self, rows: Sequence[Tuple[Any, ...]], source: Optional[str] = None,
-              progress: Optional[Dict[str, int]] = None) -> Tuple[int, int]:
+    def adopt(self, rows: Sequence[Tuple[Any, ...]], source: Optional[str] = None) -> Tuple[int, int]:
         """Store items of another spool file as they were (``ITEM_COLUMNS``: id, age and attempts
         kept, so the replay order and ages go on; a key already here is skipped), then evict the
         oldest over ``max_bytes``. An id already taken by another key (an item spooled since,
@@ -959,9 +958,8 @@ class Spool:
         damaged file (``edge.spool_salvage``), whose name ``source`` is: the highest id of
         ``rows`` (read in id order) is then recorded in the same transaction as how far that copy
         got (``salvage_progress``), so that an item copied, replayed and acknowledged is not
-        copied again when a stopped copy goes on; ``progress`` (how far copies into that file
-        itself had got, read from it) is merged in the same transaction, the higher id kept.
-        Ids acknowledged before they were copied (``copy_pending``) are left out."""
+        copied again when a stopped copy goes on. Ids acknowledged before they were copied
+        (``copy_pending``) are left out."""
         with self._lock, self._guarded("write failed"):
             last = max((int(r[0]) for r in rows), default=0)
             if self._acked_absent:
@@ -974,9 +972,6 @@ class Spool:
                 if source is not None and last:
                     db.execute(_PROGRESS_TABLE)
                     _merge_progress(db, {source: last})
-                if progress:
-                    db.execute(_PROGRESS_TABLE)
-                    _merge_progress(db, progress)
                 size, depth = db.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM items").fetchone()
                 self._bytes, self._depth = int(size), int(depth)
                 stored = self._depth - before
@@ -988,6 +983,13 @@ class Spool:
                         "since (%s) and were given new ids; they are replayed after it, none is lost",
                         self.path, len(renumbered), ", ".join(f"{a} -> {b}" for a, b in renumbered[:5]))
         return stored, evicted
+
+    def record_progress(self, progress: Dict[str, int]) -> None:
+        """Merge how far copies from moved files had got (``salvage_progress``, read from a
+        damaged file being salvaged into this one), the higher id kept per file."""
+        with self._lock, self._guarded("write failed"), self._transaction() as db:
+            db.execute(_PROGRESS_TABLE)
+            _merge_progress(db, progress)
 
     def _insert_adopted(self, db: sqlite3.Connection, rows: Sequence[Tuple[Any, ...]]) -> List[Tuple[int, int]]:
         """Insert ``rows`` (inside ``adopt``'s transaction); a row whose id another key holds is

@@ -408,7 +408,7 @@ def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool, after: int = 
         if reader.top and reader.top < MAX_PLAUSIBLE_ID:  # a garbled sequence would exhaust the new spool's ids
             into.raise_ids(reader.top)
         if inherited:
-            into.adopt([], None, progress=inherited)
+            into.record_progress(inherited)
         batch: List[Row] = []
         size = 0
         for row in reader.rows(after + 1):
