@@ -226,6 +226,20 @@ class StdoutSink:
         pass
 
 
+#: records the MQTT sink hands to paho at once, at most (``sink_window`` bounds it further)
+SINK_WINDOW = 64
+
+
+def sink_window(bound: int, window: int) -> int:
+    """How many records the MQTT sink may have handed to paho at once: ``window``, but never
+    all of the connection's in-flight ``bound`` (``Client.in_flight_bound``): a quarter of it
+    (at least one slot) stays free for the escalations that share the connection. paho sends
+    what is beyond the bound first in, first out, so a backlog drained after an outage (a
+    window of 64) put every escalation behind up to 44 records queued in paho and 20 in flight,
+    each record two round trips at QoS 2: over a slow uplink, past the escalation's deadline."""
+    return max(1, min(window, bound - max(1, bound // 4)))
+
+
 class MqttSink:
     """Publishes each record (JSON, QoS 1) to ``<prefix>/<device>/detections`` through
     a paho connection owned elsewhere, store-and-forward: ``write`` appends the record
@@ -254,7 +268,7 @@ class MqttSink:
     durable = True
 
     def __init__(self, conn: Any, topic: str, outbox: Outbox, metrics: Any = None,
-                 close_timeout_s: float = 3.0, window: int = 64, retry_refused_s: float = 30.0) -> None:
+                 close_timeout_s: float = 3.0, window: int = SINK_WINDOW, retry_refused_s: float = 30.0) -> None:
         self.conn = conn
         self.topic = topic
         self.outbox = outbox
@@ -428,9 +442,10 @@ class MqttSink:
                 n_pending = len(self._pending)
             if self._stop.is_set() and (not n_pending or not self.conn.connected.is_set()):
                 return
-            if self.conn.connected.is_set() and n_pending < self.window and not self._stop.is_set():
+            limit = sink_window(self.conn.in_flight_bound, self.window)
+            if self.conn.connected.is_set() and n_pending < limit and not self._stop.is_set():
                 try:
-                    last = self._hand_over(last, n_pending)
+                    last = self._hand_over(last, limit - n_pending)
                 except Exception as exc:
                     held = self._send_log.allow()
                     if held is not None:
@@ -439,17 +454,17 @@ class MqttSink:
             self._wake.wait(0.5)
             self._wake.clear()
 
-    def _hand_over(self, last: int, n_pending: int) -> int:
-        """One round of the publisher: refused records due again, then new ones after ``last``
-        (the highest id handed over so far, returned)."""
-        again = self._due_refused(self.window - n_pending)
+    def _hand_over(self, last: int, room: int) -> int:
+        """One round of the publisher, ``room`` records at most: refused records due again,
+        then new ones after ``last`` (the highest id handed over so far, returned)."""
+        again = self._due_refused(room)
         for i, (rid, data) in enumerate(again):
             if not self._send(rid, data, again=True):
                 with self._lock:  # not handed over: back with the refused
                     self._refused.update((r, None) for r, _ in again[i + 1:])
                 break
-            n_pending += 1
-        for rid, data in self.outbox.peek(last, self.window - n_pending, self._resumed):
+            room -= 1
+        for rid, data in self.outbox.peek(last, room, self._resumed):
             if not self._send(rid, data):
                 break
             last = rid

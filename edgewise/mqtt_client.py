@@ -172,6 +172,12 @@ class Client(mqtt.Client):
                 m.state = mqtt.mqtt_ms_queued
             self._inflight_messages = self._max_inflight_messages
 
+    @property
+    def in_flight_bound(self) -> int:
+        """How many QoS 1/2 messages may be in flight at once: min(20, the broker's Receive
+        Maximum from the last CONNACK); paho queues the ones beyond it, first in, first out."""
+        return int(self._max_inflight_messages)
+
     def on_connack(self, session_present: bool, receive_maximum: int) -> List[int]:
         """(``on_connect``, paho's thread, before paho's own CONNACK loop) Send now what this
         connection owes the broker, within min(20, its Receive Maximum): the owed PUBRELs where

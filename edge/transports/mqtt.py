@@ -292,6 +292,11 @@ class MqttConnection:
         self.client.loop_start()
 
     @property
+    def in_flight_bound(self) -> int:
+        """QoS 1/2 messages in flight at once on this connection (``Client.in_flight_bound``)."""
+        return self.client.in_flight_bound
+
+    @property
     def exactly_once(self) -> bool:
         """Whether a publish can be QoS 2 with a packet identifier that outlives this process
         (``reserve_mid``): the session is kept (``session_expiry_s``) and the broker's Maximum

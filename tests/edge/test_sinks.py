@@ -201,3 +201,48 @@ def test_a_broker_that_takes_qos_1_only_gets_the_records_at_qos_1(tmp_path, capl
             conn.stop()
             rec_topic.stop()
         assert [r["frame_seq"] for r in rec_topic.json()] == [0, 1, 2, 3]
+
+
+def test_escalations_keep_slots_on_a_connection_whose_sink_records_are_stuck_in_flight(tmp_path):
+    """The sink and the escalations share one MQTT connection (20 messages in flight, paho
+    queueing the rest first in, first out). 60 records of a backlog, with the broker's
+    PUBRECs held back (a slow uplink, at its worst): the sink keeps a quarter of the slots
+    free (``sink_window``), so an escalation still goes out and is answered. Before, the sink
+    handed 64 records to paho and every escalation waited behind them until its deadline."""
+    import asyncio
+
+    from edge.sinks import sink_window
+    from edge.transports.mqtt import MqttTransport
+    from tests.conftest import configured_mosquitto
+    from tests.edge.test_mqtt_sink_restart import PUBREC, HoldingProxy
+    from tests.edge.transports.test_mqtt_refusals import Responder, request
+
+    with configured_mosquitto() as broker:
+        responder = Responder(broker)
+        proxy = HoldingProxy(broker.port, {PUBREC})
+        conn = MqttConnection("127.0.0.1", proxy.port, client_id="cam-1-shared", session_expiry_s=SESSION_EXPIRY_S)
+        sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 1000), EdgeMetrics())
+        conn.start()
+        try:
+            wait_until(conn.connected.is_set, 10, "the shared connection")
+            assert conn.exactly_once  # the sink's records go out at QoS 2, and their PUBRECs are held
+            for seq in range(60):
+                sink.write(frame_record("cam", seq), b"record %d" % seq)
+            stuck = min(sink_window(conn.in_flight_bound, sink.window), conn.in_flight_bound)
+            wait_until(lambda: proxy.held >= stuck, 10, f"{stuck} PUBRECs held")
+
+            async def escalate():
+                t = MqttTransport(conn, "cam-1")
+                await t.start()
+                try:
+                    for seq in range(6):  # more than the free slots, one after the other
+                        assert (await t.detect(request(seq), 5.0)).frame_seq == seq
+                finally:
+                    await t.close()
+            asyncio.run(escalate())
+            assert proxy.held == stuck and len(sink._pending) == stuck  # the sink took no more slots
+            assert (conn.in_flight_bound, stuck) == (20, 15)
+        finally:
+            sink.close()
+            responder.close()
+            proxy.close()
