@@ -31,6 +31,10 @@ KEEPALIVE_S = 60
 KEEPALIVE_TIMEOUT_S = 20
 
 
+#: the largest value a gRPC channel argument takes (a C int); a larger setting is refused
+GRPC_INT_MAX = 2**31 - 1
+
+
 def server_options(max_message_bytes: int, max_streams_per_connection: int | None = None) -> list[tuple[str, Any]]:
     """gRPC options of the gateway's and the workers' servers: message limits, the keepalive
     policy above, one process per port, and, for a server facing many clients (the gateway's

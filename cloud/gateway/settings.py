@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cloud.binding import GRPC_INT_MAX
 from cloud.gateway.balancing import BalancerConfig
 from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
@@ -72,7 +73,7 @@ class LimitSettings:
     """Input limits, deadlines and per-device rate limits."""
 
     max_message_bytes: int = setting("gRPC message limit, bytes, on both hops (edge to gateway, gateway to "
-                                     "worker).", 8 * 1024 * 1024, lo=1024)
+                                     "worker).", 8 * 1024 * 1024, lo=1024, hi=GRPC_INT_MAX)
     max_image_bytes: int = setting("Largest encoded image, bytes (at most `max_message_bytes`).",
                                    6 * 1024 * 1024, lo=1)
     max_image_pixels: int = setting("Largest image, width x height as its header declares (every encoding; "
@@ -97,11 +98,11 @@ class LimitSettings:
         "the chart's 1 GiB pod. With authentication on, a Detect call whose bearer token is no device's is "
         "refused from its headers, before its request arrives, so only holders of a device's token can "
         "hold calls open.",
-        2048, lo=1)
+        2048, lo=1, hi=GRPC_INT_MAX)
     max_streams_per_connection: int = setting(
         "Most calls open at once on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); a "
         "client's further calls wait on its side until one ends. The edge has at most `cloud.max_in_flight` "
-        "escalations (16 by default) and its replays in flight.", 100, lo=1)
+        "escalations (16 by default) and its replays in flight.", 100, lo=1, hi=GRPC_INT_MAX)
     max_streams_per_device: int = setting(
         "Most DetectStream calls one device (its `x-edgewise-device` metadata, which authentication "
         "requires) may hold open; one more is refused with RESOURCE_EXHAUSTED. Streams without that "

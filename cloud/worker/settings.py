@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from cloud.binding import GRPC_INT_MAX
 from cloud.worker.batching import BATCHING_MODES, BatchPolicy
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.settings import Flag, Invalid, Schema, check, setting
@@ -23,7 +24,8 @@ from edgewise.settings import Flag, Invalid, Schema, check, setting
 class BatchingSettings:
     """Dynamic batcher knobs (Triton's names, docs/design/batching.md#knobs)."""
 
-    max_batch_size: int = setting("Most images in one model call.", 8, lo=1)
+    max_batch_size: int = setting("Most images in one model call (the warm-up runs one batch this large: "
+                                  "its input tensor must fit in memory).", 8, lo=1, hi=1024)
     max_queue_delay_ms: float = setting("Longest a request waits for a fuller batch, milliseconds (0 = never "
                                         "wait).", 5.0, lo=0)
     preferred_batch_sizes: tuple[int, ...] = setting("Batch sizes sent as soon as they can be formed (e.g. "
@@ -85,7 +87,8 @@ class WorkerSettings:
         "waits in arrival order until its deadline, then RESOURCE_EXHAUSTED. One image larger than the budget "
         "decodes alone. Default: one 7680x4320 frame.", DEFAULT_MAX_PIXELS, lo=1)
     grace_s: float = setting("On SIGTERM: seconds to finish in-flight requests before exiting.", 10.0, lo=0)
-    max_message_bytes: int = setting("Largest gRPC request accepted, bytes.", 8 * 1024 * 1024, lo=1024)
+    max_message_bytes: int = setting("Largest gRPC request accepted, bytes.", 8 * 1024 * 1024, lo=1024,
+                                     hi=GRPC_INT_MAX)
     max_image_pixels: int = setting(
         "Largest image, width x height as its header declares, checked before decoding. Keep it at the "
         "gateway's `limits.max_image_pixels` (the chart passes that value here): the worker refuses what it "

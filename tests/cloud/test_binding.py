@@ -78,3 +78,21 @@ def test_server_options_cap_streams_per_connection_only_when_asked():
     for opts in (capped, dict(server_options(1024))):
         assert "grpc.max_connection_idle_ms" not in opts and "grpc.max_connection_age_ms" not in opts
         assert opts["grpc.keepalive_permit_without_calls"] == 1
+
+
+@pytest.mark.parametrize("key", ["limits.max_message_bytes", "limits.max_concurrent_rpcs",
+                                 "limits.max_streams_per_connection"])
+def test_grpc_bound_gateway_settings_stop_at_what_grpc_takes(key):
+    """gRPC takes its options as C ints: one more was an OverflowError traceback at start
+    (and a crash-looping pod from a chart value); now a settings error naming the key.
+    The largest allowed value starts a server."""
+    from cloud.binding import GRPC_INT_MAX
+
+    with pytest.raises(ConfigError, match=rf"{key}: '{GRPC_INT_MAX + 1}' is out of range"):
+        settings_for([], **{key: str(GRPC_INT_MAX + 1), "discovery.static": ["127.0.0.1:9"]})
+
+    async def main():
+        gw = Gateway(settings_for([], **{key: GRPC_INT_MAX, "discovery.static": ["127.0.0.1:9"]}))
+        await gw.start()
+        await gw.stop(0)
+    asyncio.run(main())
