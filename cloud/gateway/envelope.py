@@ -131,17 +131,31 @@ def reply_of(body: bytes, keys: RequestKeys, worker: str) -> Reply:
     return Reply(int(resp.status), resp.error, body, queue_ms)
 
 
-def read_request(body: bytes) -> RequestHead:
+#: top-level fields a request may have besides its edge detections: its own (one each, a few
+#: repeated by a sender that merges messages) and unknown ones of a newer sender
+OTHER_FIELDS = 64
+
+
+def read_request(body: bytes, max_edge_detections: int | None = None) -> RequestHead:
     """The head of a serialized ``DetectRequest``; ``InvalidInputError`` when the bytes are
-    not one (truncated, bad framing, ids that are not UTF-8)."""
+    not one (truncated, bad framing, ids that are not UTF-8) or, with ``max_edge_detections``,
+    when they hold more top-level fields than that many edge detections and ``OTHER_FIELDS``:
+    the walk is Python on the gateway's event loop, and 8 MB of two-byte fields took 1.5 s,
+    stalling every other client, before any check refused them."""
     head = RequestHead(body)
     images: list[tuple[int, int]] = []
     n = len(body)
     i = 0
+    left = n if max_edge_detections is None else max_edge_detections + OTHER_FIELDS
     try:
         # One pass over the top-level fields, inlined (a generator per field costs more than
         # the rest of admission): one-byte keys and one- or two-byte lengths take no call.
         while i < n:
+            left -= 1
+            if left < 0:
+                raise InvalidInputError(f"request has more than {max_edge_detections} edge detections and "
+                                        f"{OTHER_FIELDS} other fields (limits.max_edge_detections); send fewer "
+                                        "edge detections")
             at = i
             key = body[i]
             if key < 0x80:

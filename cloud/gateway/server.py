@@ -248,7 +248,7 @@ class Gateway:
                 f"request of {len(body)} bytes is larger than the gateway's limits.max_message_bytes "
                 f"({limit}); send a smaller image (lower the payload's resolution or JPEG quality)"))
         try:
-            return read_request(body)
+            return read_request(body, self.settings.limits.max_edge_detections)
         except InvalidInputError as exc:
             return self._reject(None, transport, Rejection(status.INVALID_ARGUMENT, str(exc)))
 
