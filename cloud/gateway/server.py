@@ -171,31 +171,51 @@ async def _abort(context: grpc.aio.ServicerContext, wire_status: int, message: s
 
 
 class _Screen(grpc.aio.ServerInterceptor):
-    """Refuses a Detect call whose metadata has no known token at once, before its request is
-    read (``TokenAuth.screen``). gRPC holds one of ``limits.max_concurrent_rpcs`` for a call
-    from its headers on and calls a unary method only once its request arrived: without this,
-    a client with no token that never sent one froze every edge out of the gateway. The
-    refusal is a stream-unary handler, which gRPC calls without waiting for a message; a
-    DetectStream is refused at its start by its own handler already."""
+    """With authentication on, refuses a call whose metadata has no device's token at once,
+    before its request is read (``TokenAuth.screen``): Detect and the gRPC health service
+    (Check and Watch). gRPC holds one of ``limits.max_concurrent_rpcs`` for a call from its
+    headers on and calls a unary method only once its request arrived: without this, a client
+    with no token that opened calls and never sent them (or held health Watch streams open)
+    froze every edge out of the gateway. The refusal takes a stream of requests, which gRPC
+    calls without waiting for a message. A DetectStream is refused at its start by its own
+    handler, which also wants the device's name. The chart's readiness probe asks the side
+    port's ``/healthz`` when tokens are set (the kubelet's gRPC probe sends none)."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.method = f"/{SERVICE_NAME}/Detect"
+        self.detect = f"/{SERVICE_NAME}/Detect"
+        self.stream = f"/{SERVICE_NAME}/DetectStream"
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
-        if details.method == self.method:
-            metadata = {k.lower(): v for k, v in details.invocation_metadata or () if isinstance(v, str)}
-            bad = self.gateway.auth.screen(metadata)
-            if bad is not None:
-                return grpc.stream_unary_rpc_method_handler(functools.partial(self._refuse, bad=bad))
-        return await continuation(details)
+        auth = self.gateway.auth
+        if not auth.enabled or details.method == self.stream:
+            return await continuation(details)
+        metadata = {k.lower(): v for k, v in details.invocation_metadata or () if isinstance(v, str)}
+        bad = auth.screen(metadata)
+        if bad is None:
+            return await continuation(details)
+        if details.method == self.detect:
+            return grpc.stream_unary_rpc_method_handler(functools.partial(self._refuse_request, bad=bad))
+        handler = await continuation(details)
+        refuse = functools.partial(self._refuse_call, bad=bad, method=details.method)
+        if handler is not None and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.stream_unary_rpc_method_handler(refuse)
 
-    async def _refuse(self, _requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
-                      bad: Rejection) -> bytes:
+    async def _refuse_request(self, _requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
+                              bad: Rejection) -> bytes:
+        """A Detect: counted like every refused request (``requests_total``, ``rejected_total``)."""
         reply = self.gateway._reject(None, "grpc", bad, self.gateway._caller(context))
         await _abort(context, reply.status, reply.error)
         return b""
+
+    async def _refuse_call(self, _requests: AsyncIterator[Any], context: grpc.aio.ServicerContext,
+                           bad: Rejection, method: str) -> None:
+        """Another method (a health check): not a request, counted in ``rejected_total`` only."""
+        self.gateway.metrics.rejected.labels(reason="unauthenticated").inc()
+        self.gateway._log_refused(method, bad, self.gateway._caller(context), "")
+        await _abort(context, bad.status, bad.message)
 
 
 #: ``tls.client_identity`` -> the gRPC auth-context property holding those certificate names

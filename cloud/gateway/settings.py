@@ -95,9 +95,9 @@ class LimitSettings:
         "once with RESOURCE_EXHAUSTED (the edge spools it; readiness probes by gRPC fail then too, while "
         "the chart's liveness probe asks the side port's `/healthz`, which it does not bound). Every open "
         "call holds memory, about 20 KB before its request arrives and its image after: the default suits "
-        "the chart's 1 GiB pod. With authentication on, a Detect call whose bearer token is no device's is "
-        "refused from its headers, before its request arrives, so only holders of a device's token can "
-        "hold calls open.",
+        "the chart's 1 GiB pod. With authentication on, a call whose bearer token is no device's (Detect, "
+        "gRPC health checks) is refused from its headers, before its request arrives, and a DetectStream "
+        "at its start.",
         2048, lo=1, hi=GRPC_INT_MAX)
     max_streams_per_connection: int = setting(
         "Most calls open at once on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); a "

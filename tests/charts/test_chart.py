@@ -650,6 +650,17 @@ def test_gateway_probes_work_with_tls(mode: str) -> None:
     assert plain["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
 
 
+def test_with_device_tokens_the_gateway_readiness_probe_asks_healthz() -> None:
+    """With tokens the gateway refuses every call without a device's token, gRPC health
+    checks included (cloud/gateway/server.py, _Screen: a client without a token could hold
+    limits.max_concurrent_rpcs with health Watch streams), and the kubelet's gRPC probe sends
+    none: readiness asks the side port's /healthz, the same serving state."""
+    c = _container(render("gateway.tokensSecret=edge-tokens", "helmTest.tokenSecret=probe-token"), "gateway")
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert "grpc" not in c["readinessProbe"]
+    assert "_Screen" in (ROOT / "cloud/gateway/server.py").read_text()
+
+
 def _peer_admits(peer: dict, labels: dict) -> bool:
     """A NetworkPolicy peer of this namespace (podSelector only) admitting a pod with ``labels``."""
     if "namespaceSelector" in peer or "ipBlock" in peer:

@@ -179,7 +179,7 @@ def test_streams_per_device_are_capped():
     run(main())
 
 
-def test_detect_calls_without_a_known_token_are_refused_before_their_request_and_free_their_slot():
+def test_calls_without_a_known_token_are_refused_before_their_request_and_free_their_slot():
     """A client that opens Detect calls and never sends their request held one of
     ``limits.max_concurrent_rpcs`` each, for ever: four of them froze a gateway allowing four
     (every edge then got RESOURCE_EXHAUSTED). Without a token, or with one no device has, such
@@ -202,12 +202,22 @@ def test_detect_calls_without_a_known_token_are_refused_before_their_request_and
                 held = [detect(no_request(), metadata=md) for md in
                         [()] * 2 + [(("authorization", "Bearer guessed"),), (("authorization", "Basic s3cret"),)]]
                 assert [await _code(c) for c in held] == ["UNAUTHENTICATED"] * 4
+                # the health service shares the bound: Watch streams (held open for ever) and a
+                # Check without a token are refused too; with a device's token a Check is answered
+                health = health_pb2_grpc.HealthStub(attacker)
+                watches = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(4)]
+                assert [await _code(w.read()) for w in watches] == ["UNAUTHENTICATED"] * 4
+                assert await _code(health.Check(health_pb2.HealthCheckRequest(), timeout=5)) == "UNAUTHENTICATED"
+                checked = await health_pb2_grpc.HealthStub(edge).Check(
+                    health_pb2.HealthCheckRequest(), timeout=5, metadata=(("authorization", "Bearer s3cret"),))
+                assert checked.status == health_pb2.HealthCheckResponse.SERVING
                 req = request(seq=1, device="cam-1")
                 answer = await service_pb2_grpc.EscalationStub(edge).Detect(
                     req, timeout=5, metadata=(("authorization", "Bearer s3cret"),))
                 assert answer.status == detect_pb2.OK
             count = gw.metrics.registry.get_sample_value
-            assert count("edgewise_gateway_rejected_total", {"reason": "unauthenticated"}) == 4
+            assert count("edgewise_gateway_rejected_total", {"reason": "unauthenticated"}) == 4 + 5
+            # health calls are not requests: only the 4 Detect calls are in requests_total
             assert count("edgewise_gateway_requests_total", {"transport": "grpc", "status": "UNAUTHENTICATED"}) == 4
             assert w.calls == 1
         finally:
