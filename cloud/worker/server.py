@@ -242,7 +242,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         prepared = await self._decode(request.image, deadline)
         loop = asyncio.get_running_loop()
         job = _Job(prepared, loop.create_future(), self.clock())
-        self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline)
+        h, w = prepared.meta.src_shape[:2]
+        self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline, pixels=h * w)
         self.metrics.queue_depth.set(self.batcher.depth)
         self._wake.set()
         try:

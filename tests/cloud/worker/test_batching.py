@@ -271,6 +271,28 @@ def test_deadline_rejected_at_submit_when_closer_than_a_batch():
     assert b.expired(wake) == []
 
 
+@pytest.mark.parametrize("pixel_cost", [True, False])
+def test_a_small_image_is_not_refused_for_the_time_large_ones_took(pixel_cost):
+    """A native-size worker (``pixel_cost``) that served 1920x1080 frames (670 ms each) takes a
+    640x360 one (about 75 ms at the measured pixel rate) with 448 ms to go, and keeps it
+    queued until then; a large frame with as little time left is still refused at once. A
+    fixed-size model's time does not follow pixels: there the smallest batch's time rules."""
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=1, max_queue_delay_s=0.0), pixel_cost=pixel_cost)
+    big, small = 1920 * 1080, 640 * 360
+    for _ in range(3):
+        b.observe(1, 0.670, big)
+    with pytest.raises(DeadlineExceededError, match="a batch takes about 670.0 ms"):
+        b.submit("big", 10.0, deadline=10.448, pixels=big)
+    if not pixel_cost:
+        with pytest.raises(DeadlineExceededError, match="a batch takes about 670.0 ms"):
+            b.submit("small", 10.0, deadline=10.448, pixels=small)
+        return
+    assert b.need_s(small) == pytest.approx(0.670 * small / big)
+    b.submit("small", 10.0, deadline=10.448, pixels=small)
+    assert b.expired(10.2) == [] and b.next_wakeup(10.0) == pytest.approx(10.0)  # no delay: goes now
+    assert b.expired(10.448 - b.need_s(small) + 1e-9) == ["small"]  # its own time, not 670 ms
+
+
 def test_cancel_removes_a_waiting_request():
     b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=0.0))
     b.submit("a", 0.0)
