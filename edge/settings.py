@@ -13,6 +13,7 @@ and ``edge.cli`` (``edgewise edge run``).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
@@ -29,7 +30,7 @@ from edge.sources.live import (
 from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
-from edgewise.ids import id_problem
+from edgewise.ids import bearer_token_problem, id_problem
 from edgewise.runtime.detector import BACKENDS
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings import describe as describe_schema
@@ -110,7 +111,7 @@ class ModelSettings:
         "chosen where the model was made), else 0.25.", None, lo=0, hi=1)
     iou_thres: float = setting("NMS IoU threshold.", 0.45, lo=0, hi=1)
     max_det: int = setting("Most boxes kept per frame.", 300, lo=1)
-    threads: int = setting("Intra-op threads of the runtime; 0 = runtime default.", 0, lo=0)
+    threads: int = setting("Intra-op threads of the runtime; 0 = runtime default.", 0, lo=0, hi=256)
     spin: bool = setting(
         "ONNX Runtime: let idle pool threads busy-wait for the next inference (its own default). Off: at "
         "camera pace a spinning pool burns every thread's idle time, several times the inference's own "
@@ -132,7 +133,7 @@ class MqttSettings:
     username: str = setting("Username (optional).", "")
     password: str = setting("Password (optional; prefer the environment variable "
                             "EDGEWISE_EDGE__CLOUD__MQTT__PASSWORD).", "", secret=True)
-    keepalive_s: int = setting("MQTT keepalive, seconds.", 30, lo=0, lo_open=True)
+    keepalive_s: int = setting("MQTT keepalive, seconds (MQTT carries it in two bytes).", 30, lo=1, hi=65535)
     topic_prefix: str = setting("Topics are `<prefix>/<device>/escalate|response/<client>|detections`.",
                                 "edgewise")
 
@@ -152,7 +153,7 @@ class CloudSettings:
                          "EDGEWISE_EDGE__CLOUD__TOKEN).", "", secret=True)
     keepalive_s: float = setting("gRPC keepalive ping interval, seconds (also between escalations; the gateway "
                                  f"accepts pings down to {MIN_PING_INTERVAL_S} s and disconnects a client that "
-                                 "pings more often).", 20.0, lo=MIN_PING_INTERVAL_S)
+                                 "pings more often).", 20.0, lo=MIN_PING_INTERVAL_S, hi=86400)
     max_in_flight: int = setting("Most escalations waiting for the cloud at once; more are spooled/dropped "
                                  "per policy.", 16, lo=1)
     mqtt: MqttSettings = setting("MQTT broker settings.", factory=MqttSettings)
@@ -169,7 +170,7 @@ class SpoolSettings:
                                lo=0, lo_open=True)
     replay_interval_s: float = setting("How often the replay task tries the cloud while the spool is "
                                        "non-empty, seconds.", 2.0, lo=0, lo_open=True)
-    replay_batch: int = setting("Entries taken from the spool per replay round.", 8, lo=1)
+    replay_batch: int = setting("Entries taken from the spool per replay round.", 8, lo=1, hi=10000)
     replay_concurrency: int = setting(
         "Replayed escalations in flight at once (at most `replay_batch`); their late records are still written "
         "in spool order. 1 (the default) sends them one by one, so a recovering cloud serves live escalations "
@@ -324,6 +325,9 @@ def _validate_streams(streams: List[StreamSettings]) -> None:
 
 
 def _check_live(p: str, st: StreamSettings) -> None:
+    if st.kind == "camera" and not (re.fullmatch(r"[0-9]{1,4}", st.uri) or st.uri.startswith("/")):
+        raise Invalid(f"{p}.uri", f"{st.uri[:80]!r} is neither a device index (0, 1, ...) nor a device path "
+                                  "(/dev/video0)")
     if st.kind == "gstreamer":
         try:
             latest_appsink(st.uri)
@@ -367,6 +371,9 @@ def _validate_cloud(c: CloudSettings) -> None:
         raise Invalid("cloud.mqtt.host", _placeholder(repr(c.mqtt.host)).replace("gateway", "broker"))
     if bool(c.tls_cert) != bool(c.tls_key):
         raise Invalid("cloud.tls_cert", "tls_cert and tls_key must be given together")
+    token_bad = bearer_token_problem(c.token) if c.token else None
+    if token_bad:
+        raise Invalid("cloud.token", token_bad)
     try:
         mqtt_topics.check_prefix(c.mqtt.topic_prefix, "value")
     except InvalidInputError as exc:

@@ -24,3 +24,16 @@ def id_problem(value: str, name: str, limit: int = DEFAULT_MAX_ID_LENGTH) -> Opt
     if value and not _ID_RE.match(value):
         return f"{name} {value[:40]!r} has characters outside [{ID_CHARS}]"
     return None
+
+
+def bearer_token_problem(token: str) -> Optional[str]:
+    """Why ``token`` cannot be a device's bearer token, or None. It travels as gRPC metadata
+    (``authorization: Bearer <token>``), whose values are printable ASCII: a control character
+    (a ``\r`` from a file edited on Windows) made gRPC refuse every call the edge sent. The one rule of the edge's
+    ``cloud.token`` and the gateway's device tokens."""
+    if not token:
+        return "is empty"
+    if not all("\x21" <= c <= "\x7e" for c in token):
+        return ("holds a blank, control or non-ASCII character; a bearer token is sent as gRPC metadata, so "
+                "use printable ASCII without spaces (e.g. `openssl rand -hex 32`)")
+    return None

@@ -21,7 +21,7 @@ from cloud.gateway.balancing import BalancerConfig
 from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
-from edgewise.ids import DEFAULT_MAX_ID_LENGTH
+from edgewise.ids import DEFAULT_MAX_ID_LENGTH, bearer_token_problem, id_problem
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings.building import load_file
@@ -238,14 +238,18 @@ def token_problem(t: DeviceToken, seen: dict[str, str]) -> str:
     read without surrounding blanks, so a token with them could never match."""
     if not t.device or not t.token.strip():
         return "both device and token must be non-empty"
-    if t.token != t.token.strip():
-        return f"the token of device {quote_id(t.device)} starts or ends with blanks; a presented token never does"
-    if not all("\x21" <= c <= "\x7e" for c in t.token):
-        return (f"the token of device {quote_id(t.device)} holds a blank, control or non-ASCII character; a "
-                f"bearer token is sent as gRPC metadata, so use printable ASCII without spaces (e.g. "
-                f"`openssl rand -hex 32`)")
+    bad = id_problem(t.device, "device")
+    if bad:
+        return f"{bad}: no request could name it"
+    bad = bearer_token_problem(t.token)
+    if bad:
+        return f"the token of device {quote_id(t.device)} {bad}"
     if t.device in seen:
         return f"device {quote_id(t.device)} is listed twice; give each device one token"
+    same = next((d for d, tok in seen.items() if tok == t.token), None)
+    if same is not None:
+        return (f"devices {quote_id(same)} and {quote_id(t.device)} have the same token, so either could "
+                "send as the other; give each device its own")
     return ""
 
 

@@ -85,6 +85,29 @@ def test_gateway_and_broker_addresses_that_cannot_work_are_refused(tmp_path, ove
                       overrides=[override], env={})
 
 
+@pytest.mark.parametrize("override, says", [
+    # a \r from a file edited on Windows: gRPC refused every escalation, and none was spooled
+    ("cloud.token=abc\r", r"cloud.token: holds a blank, control or non-ASCII character"),
+    ("cloud.token=two words", r"cloud.token: holds a blank"),
+    # values that passed and then crashed or stopped a part of the daemon
+    ("cloud.mqtt.keepalive_s=70000", r"cloud.mqtt.keepalive_s: '70000' is out of range; allowed: an integer in "
+                                     r"\[1, 65535\]"),
+    ("cloud.keepalive_s=3000000", r"cloud.keepalive_s: '3000000' is out of range"),
+    ("model.threads=100000", r"model.threads: '100000' is out of range"),
+    ("spool.replay_batch=99999999999999999999", r"spool.replay_batch: '99999999999999999999' is out of range"),
+    ("streams.0.uri=abc", r"streams.0.uri: 'abc' is neither a device index \(0, 1, ...\) nor a device path"),
+    ("streams.0.uri=99999999999999999999", r"streams.0.uri: '99999999999999999999' is neither"),
+])
+def test_settings_that_passed_and_then_failed_at_run_time_are_refused_at_start(tmp_path, override, says):
+    """Found by a probe: each was accepted, then failed every escalation (the token), killed
+    paho's thread for good (the MQTT keepalive), crashed or stalled the start (threads,
+    gRPC keepalive), failed every replay round (replay_batch) or retried a camera for ever."""
+    with pytest.raises(ConfigError, match=says) as info:
+        load_settings(write(tmp_path, "device_id: a\nstreams: [{id: s, kind: camera, uri: '0'}]\n"),
+                      overrides=[override], env={})
+    assert "abc" not in str(info.value) or "token" not in override  # a secret is never echoed
+
+
 def test_a_default_device_id_the_gateway_refuses_is_named(tmp_path):
     from edge.preflight import resolve_device_id
 

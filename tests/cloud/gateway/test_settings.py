@@ -42,7 +42,14 @@ def test_precedence_yaml_env_flags(tmp_path):
     ("auth:\n  tokens:\n    - {device: a, token: x}\n    - {device: a, token: y}\n",
      ":4: auth.tokens[1]: device 'a' is listed twice"),
     ("auth:\n  tokens:\n    - {device: a, token: '  '}\n", ":3: auth.tokens[0]: both device and token"),
-    ("auth:\n  tokens:\n    - {device: a, token: ' x'}\n", ":3: auth.tokens[0]: the token of device 'a' starts"),
+    ("auth:\n  tokens:\n    - {device: a, token: ' x'}\n", ":3: auth.tokens[0]: the token of device 'a' holds a blank"),
+    # the edge's cloud.token rule (edgewise.ids.bearer_token_problem): a \r from a Windows editor
+    ("auth:\n  tokens:\n    - {device: a, token: \"x\\r\"}\n", ":3: auth.tokens[0]: the token of device 'a' holds a blank, "
+                                                         "control or non-ASCII"),
+    ("auth:\n  tokens:\n    - {device: 'bad dev', token: x}\n", ":3: auth.tokens[0]: device 'bad dev' has characters "
+                                                             "outside"),
+    ("auth:\n  tokens:\n    - {device: a, token: x}\n    - {device: b, token: x}\n",
+     ":4: auth.tokens[1]: devices 'a' and 'b' have the same token"),
     ("mqtt:\n  reconnect_min_s: 50\n  reconnect_max_s: 1\n", ":2: mqtt.reconnect_min_s: must be at most"),
     ("listen: 0.0.0.0:9100\nmetrics_port: 9100\n", ":2: metrics_port: 9100 is also the port of listen"),
     # the edge's and the worker lists' host:port rule (it took 'a b:1' and '[a:1' before)
