@@ -24,6 +24,11 @@ def host_problem(host: str) -> str:
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
+            if "://" in host:
+                return "is a URL: give the host alone, without a scheme"
+            head, _, tail = host.rpartition(":")
+            if tail.isdigit() and ":" not in head:
+                return "holds a port: give the host alone (the port has a setting of its own)"
             return "is not an IPv6 address"
         return ""
     name = host[:-1] if host.endswith(".") else host
@@ -39,6 +44,9 @@ def parse_hostport(text: str, *, where: str = "endpoint", any_port: bool = False
     """Split ``host:port`` / ``[v6]:port`` into (host, port), validating both; ConfigError
     naming ``where`` otherwise. ``any_port``: port 0 (any free port) is allowed."""
     s = text.strip()
+    if "://" in s:
+        raise ConfigError(f"{where}: {text!r} is a URL: give host:port, without a scheme "
+                          f"(e.g. {s.split('://', 1)[1].rstrip('/')!r})")
     if s.startswith("["):
         close = s.find("]")
         if close < 0 or not s[close + 1:].startswith(":"):

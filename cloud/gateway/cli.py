@@ -52,6 +52,8 @@ def _up(args: argparse.Namespace) -> int:
     from cloud.local import LocalCloud
     from edgewise.errors import ConfigError
 
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: the pool needs at least one worker")
     weights = None
     if args.weights:
         try:

@@ -237,7 +237,7 @@ class Gateway:
         self.side = SidePort(self.metrics.registry, self.pool.snapshot, lambda: self.serving)
         self.serving = False
         self.port = 0
-        self.metrics_port = 0
+        self.metrics_port = -1  # the side port's, once bound (-1: off, as settings.metrics_port says)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.bridge: MqttBridge | None = None

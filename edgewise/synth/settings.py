@@ -21,7 +21,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from edgewise.errors import ConfigError
 from edgewise.settings.building import build_section
-from edgewise.settings.tree import Source, Val, read_yaml, set_override, to_val
+from edgewise.settings.tree import Source, Val, describe, read_yaml, set_override, to_val
 
 
 @dataclass(frozen=True)
@@ -307,10 +307,11 @@ def load_difficulty(spec: str = "reference", overrides: Sequence[str] = ()) -> D
                 f"difficulty '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a file")
         tree = read_yaml(path, "difficulty")  # JSON is YAML too
         preset = tree.data.pop("preset", None)
-        name = "reference" if preset is None else str(preset.data)
-        if name not in PRESETS:
+        name = "reference" if preset is None else preset.data
+        if not isinstance(name, str) or name not in PRESETS:
+            name = describe(name) if isinstance(name, (dict, list)) else repr(name)
             where = preset.key_src.label if preset is not None else str(path)
-            raise ConfigError(f"{where}: preset: {name!r} is not allowed; allowed: {' | '.join(PRESETS)}")
+            raise ConfigError(f"{where}: preset: {name} is not allowed; allowed: {' | '.join(PRESETS)}")
         diff = _build(tree, PRESETS[name], str(path))
     if not overrides:
         return diff.validate()

@@ -49,3 +49,15 @@ def test_a_failed_start_keeps_the_log_its_error_names(tiny_model: Path) -> None:
         assert cloud.workers == [None] and cloud.gateway is None  # every process was stopped
     finally:
         shutil.rmtree(log.parent, ignore_errors=True)
+
+
+def test_cloud_up_needs_a_worker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`edgewise cloud up --workers 0` passed LocalCloud's check (workers are added later in
+    local mode) and then failed in the gateway on `discovery.static` at a line of a temporary
+    file; the command now names its own flag."""
+    from edgewise.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"x")  # never loaded: nothing starts
+    assert main(["cloud", "up", "--model", str(model), "--workers", "0"]) == 2
+    assert "edgewise: error: --workers 0: the pool needs at least one worker" in capsys.readouterr().err

@@ -25,6 +25,7 @@ def test_addresses_that_work(text, parsed):
     ("gw:0", r"port 0 is outside 1..65535"), ("gw:x", r"port 'x' is not an integer"), ("gw", r"is not 'host:port'"),
     ("-gw:1", r"not a host name"), ("a..b:1", r"not a host name"), ("x" * 64 + ".lan:1", r"not a host name"),
     (":1", r"is not 'host:port'"), ("gw:+1", r"port '\+1' is not an integer"),
+    ("http://gw.lan:8080/", r"is a URL: give host:port, without a scheme \(e.g. 'gw.lan:8080'\)"),
 ])
 def test_addresses_that_cannot_work_are_named(text, says):
     with pytest.raises(ConfigError, match=r"^endpoint: .*" + says):
@@ -41,3 +42,7 @@ def test_an_address_to_listen_on_may_ask_for_any_port():
 def test_host_problem_is_empty_for_hosts_and_names_the_rule_otherwise():
     assert host_problem("broker.plant.lan") == host_problem("192.168.1.2") == host_problem("fe80::1") == ""
     assert "is not a host name" in host_problem("broker plant")
+    # the broker's host with its port, or as a URL: say so, not "not an IPv6 address"
+    assert host_problem("127.0.0.1:18831") == "holds a port: give the host alone (the port has a setting of its own)"
+    assert host_problem("mqtt://broker.lan") == "is a URL: give the host alone, without a scheme"
+    assert host_problem("fe80::1:2:x") == "is not an IPv6 address"

@@ -654,8 +654,10 @@ def test_a_sighup_while_the_gateway_starts_is_a_reload_once_it_serves(tmp_path):
                             stderr=subprocess.PIPE, text=True, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("EDGEWISE_GATEWAY_LISTENING"), \
-            proc.communicate(timeout=30)
+        line = proc.stdout.readline() if proc.stdout is not None else ""
+        # the side port is off (-1), as the worker's line says it too (it read 0, a port)
+        assert line.startswith("EDGEWISE_GATEWAY_LISTENING") and line.split()[-1] == "metrics_port=-1", \
+            (line, proc.communicate(timeout=30))
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)

@@ -158,6 +158,10 @@ def test_difficulty_validation_names_the_key(tmp_path: Path) -> None:
     f.write_text("preset: hard\nobjects_max: 3\n")
     d = load_difficulty(str(f), ["size_hard=8,12"])
     assert d.objects_max == 3 and d.size_hard == (8.0, 12.0) and d.occluder_prob == PRESETS["hard"].occluder_prob
+    for preset, shown in (("[1]", "a list"), ("nope", "'nope'"), ("7", "7")):  # a list showed as '[<Val object>]'
+        f.write_text(f"preset: {preset}\n")
+        with pytest.raises(ConfigError, match=rf"d.yaml:1: preset: {shown} is not allowed; allowed: easy"):
+            load_difficulty(str(f))
 
 
 def test_cli_writes_dataset(tmp_path: Path, capsys) -> None:
