@@ -77,13 +77,21 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     """Exit 0 with a summary, or raise the first problem as one line (exit 2)."""
-    from edge.preflight import check_backend, check_sources, preflight
+    from edge.preflight import (
+        check_backend,
+        check_metrics_host,
+        check_sources,
+        check_state_files,
+        preflight,
+    )
     from edgewise.errors import ModelError
     from edgewise.runtime.firstframe import first_frame_problem
     from edgewise.runtime.metadata import load_model_info
 
     s = settings_from_args(args, SCHEMA)
     lines = preflight(s, create=False)  # run by root (postinst): never make folders the daemon cannot use
+    check_state_files(s)
+    check_metrics_host(s)
     check_sources(s)
     info = load_model_info(s.model.path, s.model.imgsz or None)
     problem = first_frame_problem(info)  # what the daemon's first frame would refuse

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 from edge.settings import EdgeSettings, check_device_id, mqtt_outbox_path
 from edge.spool import read_only
@@ -156,6 +156,56 @@ def check_sources(s: EdgeSettings) -> None:
         problem = local_source_problem(st.kind, st.uri)
         if problem:
             raise ConfigError(f"streams[{i}] ({st.id}).uri: {problem}")
+
+
+def check_state_files(s: EdgeSettings) -> None:
+    """(``check-config``) What the daemon refuses at its start (exit 2) in the files it keeps,
+    found by reading them only: a spool or MQTT outbox file that is not an SQLite database,
+    or a spool that is another program's database. A spool that is ours but damaged is not
+    refused: the daemon salvages it (``edge.spool_salvage.open_spool``)."""
+    from edge.spool_salvage import is_spool_file
+
+    for setting, path in state_files(s):
+        if setting == "sinks.jsonl" or not os.path.isfile(path) or os.path.getsize(path) == 0:
+            continue
+        tables = _sqlite_tables(path)
+        if isinstance(tables, str):
+            raise ConfigError(f"{setting} {path} is not a database ({tables}); the daemon refuses it: move it "
+                              f"aside (a new one is made at the start) or set {setting}")
+        if setting == "spool.path" and tables and not is_spool_file(path):
+            raise ConfigError(f"spool.path {path} is another program's database (tables {', '.join(tables[:5])}), "
+                              "not a spool; set spool.path to a file of its own, or move this one aside")
+
+
+def _sqlite_tables(path: str) -> Union[List[str], str]:
+    """The tables of the SQLite file at ``path``, opened read-only, or why it cannot be read."""
+    import sqlite3
+    from urllib.parse import quote
+
+    try:
+        db = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
+        try:
+            return [str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        return str(exc)
+
+
+def check_metrics_host(s: EdgeSettings) -> None:
+    """(``check-config``) The metrics endpoint's host must be an address of this machine: the
+    daemon binds it at its start. Bound at port 0 and released, so a daemon already running
+    on the configured port does not fail the check."""
+    if s.metrics.port < 0:
+        return
+    try:
+        infos = socket.getaddrinfo(s.metrics.host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, addr = infos[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.bind(addr)
+    except OSError as exc:
+        raise ConfigError(f"metrics.host {s.metrics.host!r} cannot be bound on this machine ({exc.strerror or exc}); "
+                          "give one of its addresses, 0.0.0.0 for all, or 127.0.0.1") from None
 
 
 def preflight(s: EdgeSettings, create: bool = True) -> List[str]:

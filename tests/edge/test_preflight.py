@@ -227,3 +227,51 @@ def test_local_sources_that_cannot_open_are_named_by_check_config(tmp_path: Path
         assert main(["edge", "check-config", "--config", str(cfg)]) == 2
         err = capsys.readouterr().err.strip()
         assert re.search(r"^edgewise: error: streams\[0\] \(cam\)\.uri: " + needle, err), err
+
+
+def test_check_config_says_what_the_daemon_would_refuse_in_its_files_and_metrics_host(
+        tmp_path: Path, tiny_model: Path, capsys) -> None:
+    """check-config said "ok" where `edge run` then exited 2 (found by a probe): a spool or an
+    MQTT outbox that is not a database, a spool that is another program's database, a metrics
+    host that is not this machine's. A damaged spool of ours, an empty file and an empty
+    database pass: the daemon salvages or fills them."""
+    import sqlite3
+
+    from edge.spool import Spool
+    from edgewise.cli import main
+    from tests.edge.spooldamage import damage_index
+
+    spool, outbox = tmp_path / "spool.db", tmp_path / "outbox.db"
+    cfg = settings_yaml(tmp_path / "edge.yaml", device_id="d1", streams=[{"id": "s", "kind": "synthetic"}],
+                        model={"path": str(tiny_model), "backend": "onnxruntime"},
+                        cloud={"endpoints": ["10.1.2.3:50051"], "mqtt": {"host": "10.1.2.4"}},
+                        sinks={"mqtt": True, "mqtt_outbox": str(outbox)},
+                        spool={"path": str(spool)}, metrics={"port": 9464, "host": "127.0.0.1"})
+
+    def check(*sets: str) -> str:
+        args = ["edge", "check-config", "--config", str(cfg)]
+        for s in sets:
+            args += ["--set", s]
+        rc = main(args)
+        err = capsys.readouterr().err.strip()
+        return "ok" if rc == 0 else err
+
+    for empty in (spool, outbox):
+        empty.write_bytes(b"")
+    assert check() == "ok"
+    spool.write_bytes(b"garbage")
+    assert f"spool.path {spool} is not a database (file is not a database); the daemon refuses it" in check()
+    spool.unlink()
+    with sqlite3.connect(str(spool)) as db:
+        db.execute("CREATE TABLE photos (id INTEGER)")
+    assert f"spool.path {spool} is another program's database (tables photos), not a spool" in check()
+    spool.unlink()
+    with Spool(spool, max_bytes=1 << 20, max_age_s=3600) as sp:
+        for i in range(30):
+            sp.put(f"d1/s/{i}", b"x" * 200, {})
+    damage_index(spool)
+    assert check() == "ok"  # ours, damaged: salvaged at the start, not refused
+    outbox.write_bytes(b"garbage")
+    assert f"sinks.mqtt_outbox {outbox} is not a database" in check()
+    outbox.unlink()
+    assert "metrics.host '192.0.2.1' cannot be bound on this machine" in check("metrics.host=192.0.2.1")
