@@ -99,3 +99,30 @@ async def socket_port_async(bind: Callable[[], Awaitable[T]], address: str, sett
         return await bind()
     except OSError as exc:
         raise _error(setting, address, exc.strerror or exc) from None
+
+
+def add_health(servicer: Any, server: grpc.aio.Server) -> None:
+    """The gRPC health service (``grpc_health``'s servicer) on ``server``, its requests parsed
+    here: a request that is not a ``HealthCheckRequest`` is answered INVALID_ARGUMENT.
+    ``add_HealthServicer_to_server`` leaves the parsing to gRPC, which answered UNKNOWN and
+    logged a 7-line traceback at ERROR per request (1000 bad requests: 700 KB of log)."""
+    from google.protobuf.message import DecodeError
+    from grpc_health.v1 import health_pb2
+
+    async def parsed(body: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return health_pb2.HealthCheckRequest.FromString(body)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a grpc.health.v1.HealthCheckRequest: {exc}")
+
+    async def check(body: bytes, context: grpc.aio.ServicerContext) -> Any:
+        return await servicer.Check(await parsed(body, context), context)
+
+    async def watch(body: bytes, context: grpc.aio.ServicerContext) -> None:
+        await servicer.Watch(await parsed(body, context), context)
+
+    out = health_pb2.HealthCheckResponse.SerializeToString
+    handlers = {"Check": grpc.unary_unary_rpc_method_handler(check, response_serializer=out),
+                "Watch": grpc.unary_stream_rpc_method_handler(watch, response_serializer=out)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("grpc.health.v1.Health", handlers),))
+    server.add_registered_method_handlers("grpc.health.v1.Health", handlers)

@@ -31,11 +31,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import Gauge
 
-from cloud.binding import grpc_port, server_options, socket_port_async
+from cloud.binding import add_health, grpc_port, server_options, socket_port_async
 from cloud.discovery.base import Discovery, Endpoint, EndpointState
 from cloud.gateway.admission import Caller, RateLimiter, Rejection, TokenAuth, validate_request
 from cloud.gateway.envelope import Reply, RequestHead, error_reply, read_request
@@ -459,7 +459,7 @@ class Gateway:
                    "DetectStream": grpc.stream_stream_rpc_method_handler(self.DetectStream)}
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
         self._server.add_registered_method_handlers(SERVICE_NAME, methods)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        add_health(self.health, self._server)
         self.port = grpc_port(self._server, s.listen, "listen", creds)
         if s.metrics_port >= 0:
             self.metrics_port = await socket_port_async(

@@ -35,10 +35,10 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from cloud.binding import grpc_port, server_options, socket_port_async
+from cloud.binding import add_health, grpc_port, server_options, socket_port_async
 from cloud.worker.batching import Batch, Batcher, BatchingDecision, decide_batching
 from cloud.worker.budget import PixelBudget
 from cloud.worker.metrics import WorkerMetrics
@@ -467,7 +467,7 @@ def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
-    health_pb2_grpc.add_HealthServicer_to_server(service.health, server)
+    add_health(service.health, server)
     port = grpc_port(server, f"{settings.host}:{settings.port}", "host/port")
     return WorkerServer(server, service, port), port
 

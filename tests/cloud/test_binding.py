@@ -96,3 +96,35 @@ def test_grpc_bound_gateway_settings_stop_at_what_grpc_takes(key):
         await gw.start()
         await gw.stop(0)
     asyncio.run(main())
+
+
+def test_a_health_request_that_does_not_parse_is_invalid_argument_not_a_logged_traceback(caplog):
+    """A probe's b'\\xff' to Health/Check or Watch was UNKNOWN and 7 lines of traceback at ERROR
+    in the gateway's log per request; the health service (``add_health``, the gateway's and the
+    workers') now parses its requests itself."""
+    import logging
+
+    import grpc
+    from grpc_health.v1 import health_pb2
+
+    async def main():
+        gw = Gateway(settings_for([], **{"discovery.static": ["127.0.0.1:9"]}))
+        await gw.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                for method, call in (("Check", ch.unary_unary), ("Watch", ch.unary_stream)):
+                    rpc = call(f"/grpc.health.v1.Health/{method}")(b"\xff", timeout=5)
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await (rpc if method == "Check" else rpc.read())
+                    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    assert "not a grpc.health.v1.HealthCheckRequest" in (info.value.details() or "")
+                check = ch.unary_unary("/grpc.health.v1.Health/Check",
+                                       response_deserializer=health_pb2.HealthCheckResponse.FromString)
+                answer = await check(health_pb2.HealthCheckRequest().SerializeToString(), timeout=5)
+                assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        finally:
+            await gw.stop(0)
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
