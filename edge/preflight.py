@@ -193,16 +193,15 @@ def _sqlite_tables(path: str) -> Union[List[str], str]:
 
 
 def check_metrics_host(s: EdgeSettings) -> None:
-    """(``check-config``) The metrics endpoint's host must be an address of this machine: the
-    daemon binds it at its start. Bound at port 0 and released, so a daemon already running
-    on the configured port does not fail the check."""
+    """(``check-config``) The metrics endpoint's host must be an IPv4 address of this machine
+    (or a name for one): the daemon's HTTP server binds it, IPv4 only, at its start. Bound
+    here the same way at port 0 and released, so a daemon already running on the configured
+    port does not fail the check."""
     if s.metrics.port < 0:
         return
     try:
-        infos = socket.getaddrinfo(s.metrics.host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, kind, proto, _, addr = infos[0]
-        with socket.socket(family, kind, proto) as sock:
-            sock.bind(addr)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((s.metrics.host, 0))
     except OSError as exc:
         raise ConfigError(f"metrics.host {s.metrics.host!r} cannot be bound on this machine ({exc.strerror or exc}); "
                           "give one of its addresses, 0.0.0.0 for all, or 127.0.0.1") from None

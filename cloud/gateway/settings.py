@@ -92,8 +92,8 @@ class LimitSettings:
     max_concurrent_rpcs: int = setting(
         "Most gRPC calls the gateway serves at once, from all clients together (Detect, DetectStream and "
         "the gRPC health checks; also calls whose request has not arrived yet); gRPC refuses one more at "
-        "once with RESOURCE_EXHAUSTED (the edge spools it; readiness probes by gRPC fail then too, while "
-        "the chart's liveness probe asks the side port's `/healthz`, which it does not bound). Every open "
+        "once with RESOURCE_EXHAUSTED (the edge spools it; gRPC health checks fail then too, while "
+        "the chart's probes ask the side port's `/healthz`, which it does not bound). Every open "
         "call holds memory, about 20 KB before its request arrives and its image after: the default suits "
         "the chart's 1 GiB pod. With authentication on, a call whose bearer token is no device's (Detect, "
         "gRPC health checks) is refused from its headers, before its request arrives, and a DetectStream "
@@ -158,7 +158,7 @@ class MqttSettings:
     ca_file: str = setting("PEM CA bundle of the broker's certificate (needs `tls: true`).", "")
     cert_file: str = setting("PEM client certificate for mutual TLS (needs `tls: true`).", "")
     key_file: str = setting("PEM client key for mutual TLS (needs `tls: true`).", "")
-    keepalive_s: int = setting("MQTT keepalive, seconds.", 30, lo=1)
+    keepalive_s: int = setting("MQTT keepalive, seconds (MQTT carries it in two bytes).", 30, lo=1, hi=65535)
     max_in_flight: int = setting("Concurrent requests from MQTT in the balancer.", 64, lo=1)
     reconnect_min_s: float = setting("First reconnect delay, seconds (doubles up to `reconnect_max_s`).", 0.5,
                                      lo=0, lo_open=True)
@@ -212,7 +212,7 @@ class GatewaySettings:
         if self.auth.tokens_file:
             tokens: list[DeviceToken] = load_file(list[DeviceToken], self.auth.tokens_file, "tokens")
             for i, tok in enumerate(tokens):
-                bad = token_problem(tok, out)
+                bad = token_problem(tok, out, self.limits.max_id_length)
                 if bad:
                     raise ConfigError(f"{self.auth.tokens_file}: [{i}]: {bad} (in auth.tokens and this file)")
                 out[tok.device] = tok.token
@@ -232,13 +232,13 @@ def quote_id(value: str) -> str:
     return repr(value) if len(value) <= QUOTED_ID_CHARS else repr(value[:QUOTED_ID_CHARS]) + "…"
 
 
-def token_problem(t: DeviceToken, seen: dict[str, str]) -> str:
+def token_problem(t: DeviceToken, seen: dict[str, str], max_id_length: int = DEFAULT_MAX_ID_LENGTH) -> str:
     """What is wrong with one ``{device, token}`` entry given the devices before it ("" when
     nothing): a device listed twice would let one token silently win, and a presented token is
     read without surrounding blanks, so a token with them could never match."""
     if not t.device or not t.token.strip():
         return "both device and token must be non-empty"
-    bad = id_problem(t.device, "device")
+    bad = id_problem(t.device, "device", max_id_length)
     if bad:
         return f"{bad}: no request could name it"
     bad = bearer_token_problem(t.token)
@@ -287,7 +287,7 @@ def validate(s: GatewaySettings) -> None:
                                             "verify optional client certificates), or remove client_ca_file")
     seen: dict[str, str] = {}
     for i, t in enumerate(s.auth.tokens):
-        bad = token_problem(t, seen)
+        bad = token_problem(t, seen, s.limits.max_id_length)
         if bad:
             raise Invalid(f"auth.tokens[{i}]", bad)
         seen[t.device] = t.token

@@ -231,6 +231,9 @@ class Batcher(Generic[T]):
     _per_image_s: _Ewma = field(init=False, repr=False)
     _pixels: _Ewma = field(init=False, repr=False)
     _pixel_batch_s: _Ewma = field(init=False, repr=False)
+    #: pixels and seconds of batches of one (served or warm-up): ``need_s``'s pixel rate
+    _one_px: _Ewma = field(init=False, repr=False)
+    _one_s: _Ewma = field(init=False, repr=False)
     _size_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
     #: peak capacity keeps warm-up (dummy images) and served batches apart, per batch size
     _warm_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
@@ -244,6 +247,8 @@ class Batcher(Generic[T]):
         self._per_image_s = _Ewma(self.policy.ewma_alpha)
         self._pixels = _Ewma(self.policy.ewma_alpha)
         self._pixel_batch_s = _Ewma(self.policy.ewma_alpha)
+        self._one_px = _Ewma(self.policy.ewma_alpha)
+        self._one_s = _Ewma(self.policy.ewma_alpha)
         self._request_px = _Ewma(self.policy.ewma_alpha)
         self.set_policy(self.policy)
 
@@ -428,6 +433,9 @@ class Batcher(Generic[T]):
         if pixels:
             self._pixels.add(pixels)
             self._pixel_batch_s.add(seconds)
+            if batch_size == 1:
+                self._one_px.add(pixels)
+                self._one_s.add(seconds)
         if warmup:
             self._warm_s.setdefault(batch_size, _Ewma(alpha)).add(seconds)
             return
@@ -446,13 +454,18 @@ class Batcher(Generic[T]):
     def need_s(self, pixels: int = 0) -> float:
         """The least time a request of ``pixels`` needs from now (a batch of one): the
         smallest batch's measured time, or, where the model's time grows with pixels
-        (``pixel_cost``), the request's pixels at the measured pixel rate when that is less.
-        Large native-size frames raised the first for everyone: a worker that had served a
-        few 1920x1080 frames refused 640x360 ones (100 ms each) with 448 ms to go. Never more
-        than the first, so it refuses no request it refused no sooner before."""
+        (``pixel_cost``), the request's pixels at the pixel rate of batches of one when that
+        is less. Large native-size frames raised the first for everyone: a worker that had
+        served a few 1920x1080 frames refused 640x360 ones (100 ms each) with 448 ms to go.
+        Never more than the first, so it refuses no request it refused no sooner before. Only
+        batches of one give the rate (a larger batch's rate includes what batching saves);
+        it still leaves out the model call's fixed cost, so an image smaller than those
+        measured is judged a little quick."""
         least = self.min_batch_s
-        rate = self.pixel_rate if self.pixel_cost and pixels > 0 else 0.0
-        return min(least, pixels / rate) if rate else least
+        px, s = self._one_px.value, self._one_s.value
+        if not (self.pixel_cost and pixels > 0 and px and s):
+            return least
+        return min(least, pixels * s / px)
 
     @property
     def expected_batch_s(self) -> float:

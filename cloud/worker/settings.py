@@ -25,7 +25,7 @@ class BatchingSettings:
     """Dynamic batcher knobs (Triton's names, docs/design/batching.md#knobs)."""
 
     max_batch_size: int = setting("Most images in one model call (the warm-up runs one batch this large: "
-                                  "its input tensor must fit in memory).", 8, lo=1, hi=1024)
+                                  "its input tensor must fit in memory; the chart allows as much).", 8, lo=1, hi=256)
     max_queue_delay_ms: float = setting("Longest a request waits for a fuller batch, milliseconds (0 = never "
                                         "wait).", 5.0, lo=0)
     preferred_batch_sizes: tuple[int, ...] = setting("Batch sizes sent as soon as they can be formed (e.g. "

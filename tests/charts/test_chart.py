@@ -190,9 +190,9 @@ def test_headless_worker_service_and_grpc_probes() -> None:
     assert named(docs, "Service", "worker")["spec"]["clusterIP"] == "None"
     for suffix in ("gateway", "worker"):
         c = named(docs, "Deployment", suffix)["spec"]["template"]["spec"]["containers"][0]
-        assert "grpc" in c["readinessProbe"]
-        # the gateway's liveness asks /healthz: a gRPC check is refused at limits.max_concurrent_rpcs
-        assert ("httpGet" if suffix == "gateway" else "grpc") in c["livenessProbe"]
+        # the gateway's probes ask /healthz (test_gateway_probes_ask_healthz_however_configured)
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert ("httpGet" if suffix == "gateway" else "grpc") in c[probe]
 
 
 # --------------------------------------------------------------------------- disruption budgets
@@ -633,32 +633,23 @@ def _gateway_config(docs: list) -> dict:
     return yaml.safe_load(named(docs, "ConfigMap", "gateway")["data"]["gateway.yaml"])
 
 
-@pytest.mark.parametrize("mode", ["tls-public-ca", "tls-private-ca", "tls-on"])
-def test_gateway_probes_work_with_tls(mode: str) -> None:
-    """The kubelet's gRPC probe is plaintext: against a TLS port it never passes, so with TLS
-    the gateway's probes GET /healthz on the side port (always on: metricsPort >= 1), the
-    gateway's serving state (cloud/gateway/http.py)."""
-    c = _container(render(*MODES[mode]), "gateway")
+@pytest.mark.parametrize("mode", ["default", "tls-public-ca", "tls-private-ca", "tls-on", "tokens", "tokens-env"])
+def test_gateway_probes_ask_healthz_however_configured(mode: str) -> None:
+    """The kubelet's gRPC probe is plaintext and sends no token: against a TLS port it never
+    passes, and a gateway with device tokens refuses it (cloud/gateway/server.py, _Screen),
+    however the tokens are given (a Secret, or EDGEWISE_GATEWAY__AUTH__* variables through
+    envFrom: a review found pods that never became Ready that way). So the gateway's probes GET
+    /healthz on the side port (always on: metricsPort >= 1), the gateway's serving state
+    (cloud/gateway/http.py)."""
+    sets = {"tokens": ("gateway.tokensSecret=edge-tokens", "helmTest.tokenSecret=probe-token"),
+            "tokens-env": ("gateway.envFrom[0].secretRef.name=gateway-tokens",)}.get(mode) or MODES[mode]
+    c = _container(render(*sets), "gateway")
     assert "metrics" in {p["name"] for p in c["ports"]}
     for probe in ("readinessProbe", "livenessProbe"):
         assert "grpc" not in c[probe], probe
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
     assert _schema_node("gateway.metricsPort")["minimum"] >= 1  # the side port cannot be switched off
     assert '"/healthz"' in (ROOT / "cloud/gateway/http.py").read_text()
-    plain = _container(render(), "gateway")
-    assert plain["readinessProbe"]["grpc"] == {"port": 50051}
-    assert plain["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-
-
-def test_with_device_tokens_the_gateway_readiness_probe_asks_healthz() -> None:
-    """With tokens the gateway refuses every call without a device's token, gRPC health
-    checks included (cloud/gateway/server.py, _Screen: a client without a token could hold
-    limits.max_concurrent_rpcs with health Watch streams), and the kubelet's gRPC probe sends
-    none: readiness asks the side port's /healthz, the same serving state."""
-    c = _container(render("gateway.tokensSecret=edge-tokens", "helmTest.tokenSecret=probe-token"), "gateway")
-    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert "grpc" not in c["readinessProbe"]
-    assert "_Screen" in (ROOT / "cloud/gateway/server.py").read_text()
 
 
 def _peer_admits(peer: dict, labels: dict) -> bool:

@@ -19,7 +19,9 @@ in place, as in a cluster. The subset of the pod API the chart uses, mapped to f
 * ``resources.limits.memory`` → ``--memory`` (CPU limits are not applied: CI machines
   have fewer cores than the chart's limits), ``terminationGracePeriodSeconds`` → stop timeout,
   ``imagePullPolicy`` → ``--pull``;
-* probes of kind ``grpc`` (the standard health service), checked by :func:`probe_ok`.
+* probes of kind ``grpc`` (the standard health service, :func:`probe_ok`) and ``httpGet``
+  (a port number or a container port's name, plain HTTP; 200-399 passes), checked by
+  :func:`probe_passes`.
 
 Anything else in a container or pod spec raises :class:`Unsupported` naming the field, so a
 chart change the smoke test does not model fails loudly instead of being ignored.
@@ -217,14 +219,47 @@ def run_args(pod: Mapping[str, Any], container: Mapping[str, Any], ctx: PodConte
     return flags + [container["image"]] + [expand(a, env) for a in container.get("args") or []]
 
 
-def grpc_probe_port(container: Mapping[str, Any], kind: str) -> Optional[int]:
-    """The port of a ``grpc`` probe (``readinessProbe``, ...), None when there is none."""
+@dataclass(frozen=True)
+class Probe:
+    """What a probe asks: a gRPC health check on ``port``, or ``GET path`` on ``port``."""
+
+    port: int
+    path: Optional[str] = None  # None: gRPC
+
+
+def probe_of(container: Mapping[str, Any], kind: str) -> Optional[Probe]:
+    """The ``grpc`` or ``httpGet`` probe ``kind`` (``readinessProbe``, ...), None when there is none."""
     spec = container.get(kind)
     if not spec:
         return None
-    if set(spec) & {"httpGet", "tcpSocket", "exec"}:
-        raise Unsupported(f"{kind} of kind {sorted(set(spec) & {'httpGet', 'tcpSocket', 'exec'})}")
-    return int(spec["grpc"]["port"])
+    if set(spec) & {"tcpSocket", "exec"}:
+        raise Unsupported(f"{kind} of kind {sorted(set(spec) & {'tcpSocket', 'exec'})}")
+    if "httpGet" in spec:
+        http = spec["httpGet"]
+        if set(http) - {"path", "port"}:
+            raise Unsupported(f"{kind} httpGet fields {sorted(set(http) - {'path', 'port'})}")
+        port = http["port"]
+        if isinstance(port, str):
+            named = {p.get("name"): p["containerPort"] for p in container.get("ports") or []}
+            if port not in named:
+                raise Unsupported(f"{kind} httpGet port {port!r} names no container port")
+            port = named[port]
+        return Probe(int(port), http.get("path", "/"))
+    return Probe(int(spec["grpc"]["port"]))
+
+
+def probe_passes(ip: str, probe: Probe, timeout: float = 2.0) -> bool:
+    """One probe as the kubelet makes it."""
+    if probe.path is None:
+        return probe_ok(ip, probe.port, timeout=timeout)
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{probe.port}{probe.path}", timeout=timeout) as r:
+            return 200 <= r.status < 400
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def probe_ok(ip: str, port: int, service: str = "", timeout: float = 2.0) -> bool:

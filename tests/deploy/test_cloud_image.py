@@ -38,10 +38,12 @@ from tests.cloud.discovery.fakeapi import FakeKubeAPI, endpoint, slice_doc
 from tests.cloud.gateway.pki import Pki
 from tests.deploy.pods import (
     PodContext,
+    Probe,
     container_name,
-    grpc_probe_port,
     pod_args,
+    probe_of,
     probe_ok,
+    probe_passes,
     run_args,
 )
 
@@ -137,14 +139,14 @@ class Cluster:
     def wait_probes(self, name: str, ip: str, container: Mapping[str, Any], timeout: float = 240) -> None:
         """The startup and readiness probes pass (the kubelet's order), or the container died."""
         for kind in ("startupProbe", "readinessProbe"):
-            port = grpc_probe_port(container, kind)
-            if port is None:
+            probe = probe_of(container, kind)
+            if probe is None:
                 continue
-            def ok(port: int = port) -> bool:
+            def ok(probe: Probe = probe) -> bool:
                 if not self.running(name):
                     raise AssertionError(f"{name} exited; logs:\n{self.logs(name)}")
-                return probe_ok(ip, port)
-            _wait(f"{name}: {kind} on port {port} passes", ok, timeout, lambda: self.logs(name))
+                return probe_passes(ip, probe)
+            _wait(f"{name}: {kind} {probe} passes", ok, timeout, lambda: self.logs(name))
 
     def remove_all(self) -> None:
         ids = podman("pod", "ps", "-q", "--filter", f"label={self.label}", check=False).split()

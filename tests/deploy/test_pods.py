@@ -9,9 +9,10 @@ import pytest
 from tests.charts.helm import NAMESPACE, render
 from tests.deploy.pods import (
     PodContext,
+    Probe,
     Unsupported,
     expand,
-    grpc_probe_port,
+    probe_of,
     quantity_bytes,
     run_args,
 )
@@ -64,7 +65,7 @@ def test_worker_pod_maps_to_podman_flags(tmp_path: Path) -> None:
     assert "POD_NAME=rel-edgewise-worker-abc" in _flag_values(flags, "-e")
     assert _flag_values(flags, "--memory") == [str(8 * 2**30)]
     assert _flag_values(flags, "--pull") == ["missing"] and _flag_values(flags, "--stop-timeout") == ["30"]
-    assert grpc_probe_port(c, "startupProbe") == grpc_probe_port(c, "readinessProbe") == 50052
+    assert probe_of(c, "startupProbe") == probe_of(c, "readinessProbe") == Probe(50052)
 
 
 def test_gateway_gets_its_config_file_and_the_service_account(tmp_path: Path) -> None:
@@ -86,7 +87,8 @@ def test_gateway_gets_its_config_file_and_the_service_account(tmp_path: Path) ->
     (lambda pod, c: c.update(lifecycle={"preStop": {}}), "lifecycle"),
     (lambda pod, c: pod.update(hostNetwork=True), "hostNetwork"),
     (lambda pod, c: c["securityContext"].update(runAsUser=0), "would run as user '0'"),
-    (lambda pod, c: c.update(readinessProbe={"httpGet": {"port": 1}}), "httpGet"),
+    (lambda pod, c: c.update(readinessProbe={"tcpSocket": {"port": 1}}), "tcpSocket"),
+    (lambda pod, c: c.update(readinessProbe={"httpGet": {"port": "nope"}}), "names no container port"),
     (lambda pod, c: c["env"].append({"name": "X", "valueFrom": {"resourceFieldRef": {}}}), "resourceFieldRef"),
 ])
 def test_what_the_runner_does_not_model_is_refused(tmp_path: Path, change, message) -> None:
@@ -95,10 +97,16 @@ def test_what_the_runner_does_not_model_is_refused(tmp_path: Path, change, messa
     change(pod, c)
     with pytest.raises(Unsupported, match=message):
         run_args(pod, c, PodContext("w", NAMESPACE, tmp_path, configmaps=cms))
-        grpc_probe_port(c, "readinessProbe")
+        probe_of(c, "readinessProbe")
 
 
 def test_pvc_models_are_not_modelled(tmp_path: Path) -> None:
     pod, cms = _pod("worker", "model.source=pvc", "model.pvc.claimName=models")
     with pytest.raises(Unsupported, match="persistentVolumeClaim"):
         run_args(pod, pod["containers"][0], PodContext("w", NAMESPACE, tmp_path, configmaps=cms))
+
+
+def test_the_gateways_http_probes_are_modelled_by_port_name() -> None:
+    pod, _ = _pod("gateway")
+    c = pod["containers"][0]
+    assert probe_of(c, "readinessProbe") == probe_of(c, "livenessProbe") == Probe(9100, "/healthz")

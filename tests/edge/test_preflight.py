@@ -275,3 +275,5 @@ def test_check_config_says_what_the_daemon_would_refuse_in_its_files_and_metrics
     assert f"sinks.mqtt_outbox {outbox} is not a database" in check()
     outbox.unlink()
     assert "metrics.host '192.0.2.1' cannot be bound on this machine" in check("metrics.host=192.0.2.1")
+    # the daemon's HTTP server is IPv4 only: an IPv6 host is refused here as it is there
+    assert "metrics.host '::1' cannot be bound on this machine" in check("metrics.host=::1")

@@ -50,6 +50,9 @@ def test_precedence_yaml_env_flags(tmp_path):
                                                              "outside"),
     ("auth:\n  tokens:\n    - {device: a, token: x}\n    - {device: b, token: x}\n",
      ":4: auth.tokens[1]: devices 'a' and 'b' have the same token"),
+    ("auth:\n  tokens:\n    - {device: " + "d" * 150 + ", token: x}\n", ":3: auth.tokens[0]: device is 150 characters; "
+                                                                        "the limit is 128"),
+    ("mqtt:\n  keepalive_s: 70000\n", ":2: mqtt.keepalive_s: 70000 is out of range; allowed: an integer in [1, 65535]"),
     ("mqtt:\n  reconnect_min_s: 50\n  reconnect_max_s: 1\n", ":2: mqtt.reconnect_min_s: must be at most"),
     ("listen: 0.0.0.0:9100\nmetrics_port: 9100\n", ":2: metrics_port: 9100 is also the port of listen"),
     # the edge's and the worker lists' host:port rule (it took 'a b:1' and '[a:1' before)
@@ -177,3 +180,11 @@ def test_reloadable_static_discovery_drains_removed_workers_once():
         await d.close()
 
     asyncio.run(main())
+
+
+def test_a_token_device_id_follows_the_configured_id_length():
+    """The device ids of the tokens are checked against ``limits.max_id_length``, the limit the
+    requests are held to, not its default (a review found a raised limit refused at start)."""
+    s = load_settings(None, {"discovery.static": ["127.0.0.1:9"], "limits.max_id_length": 200,
+                             "auth.tokens": [{"device": "d" * 150, "token": "x"}]}, env={})
+    assert s.device_tokens() == {"d" * 150: "x"}
