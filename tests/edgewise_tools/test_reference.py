@@ -89,8 +89,9 @@ def test_edge_page_environment_names_are_the_loader_s(tmp_path: Path) -> None:
         value = "8123" if row.key.endswith("port") else samples[row.type]
         if " | " in row.allowed and row.type == "str":
             value = row.allowed.split(" | ")[-1]
-        if row.type == "float" and row.allowed.startswith("a number >= "):  # a floor above the sample
-            floor = float(row.allowed.split(">= ")[1].split()[0])
+        if row.type == "float" and row.allowed.startswith(("a number >= ", "a number in [")):  # a floor above
+            floor = float(row.allowed.split(">= ")[1].split()[0] if ">=" in row.allowed
+                          else row.allowed.split("[")[1].split(",")[0])
             value = str(max(float(value), floor + 0.5))
         got: object = es.load_settings(str(cfg), env={row.env: value})
         for part in row.key.split("."):
