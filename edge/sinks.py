@@ -234,10 +234,10 @@ def sink_window(bound: int, window: int) -> int:
     """How many records the MQTT sink may have handed to paho at once: ``window``, but never
     all of the connection's in-flight ``bound`` (``Client.in_flight_bound``): a quarter of it
     (at least one slot, unless the bound is 1: the sink must go on) stays free for the
-    escalations that share the connection. paho sends
-    what is beyond the bound first in, first out, so a backlog drained after an outage (a
-    window of 64) put every escalation behind up to 44 records queued in paho and 20 in flight,
-    each record two round trips at QoS 2: over a slow uplink, past the escalation's deadline."""
+    escalations that share the connection. paho sends what is beyond the bound first in,
+    first out, so a backlog drained after an outage (a window of 64) put every escalation
+    behind up to 44 records queued in paho and 20 in flight, each record two round trips at
+    QoS 2: over a slow uplink, past the escalation's deadline."""
     return max(1, min(window, bound - max(1, bound // 4)))
 
 

@@ -29,8 +29,8 @@ def id_problem(value: str, name: str, limit: int = DEFAULT_MAX_ID_LENGTH) -> Opt
 def bearer_token_problem(token: str) -> Optional[str]:
     """Why ``token`` cannot be a device's bearer token, or None. It travels as gRPC metadata
     (``authorization: Bearer <token>``), whose values are printable ASCII: a control character
-    (a ``\r`` from a file edited on Windows) made gRPC refuse every call the edge sent. The one rule of the edge's
-    ``cloud.token`` and the gateway's device tokens."""
+    (a carriage return from a file edited on Windows) made gRPC refuse every call the edge
+    sent. The one rule of the edge's ``cloud.token`` and the gateway's device tokens."""
     if not token:
         return "is empty"
     if not all("\x21" <= c <= "\x7e" for c in token):
