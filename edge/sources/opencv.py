@@ -115,6 +115,10 @@ def local_source_problem(kind: str, path: str, probe: bool = True) -> Optional[s
         if p.is_dir():
             return f"video file {name} is a folder (for a folder of images use kind: folder)"
         if not p.is_file():
+            if p.exists():  # a FIFO, a socket, a device: not a file OpenCV can seek in
+                return f"video file {name} is not a regular file (a pipe, socket or device); give a video file"
+            if p.is_symlink():
+                return f"video file {name} is a symbolic link to nothing (or to itself)"
             return f"video file {name} does not exist"
         if p.stat().st_size == 0:
             return f"video file {name} is empty"

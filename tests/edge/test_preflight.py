@@ -215,7 +215,12 @@ def test_local_sources_that_cannot_open_are_named_by_check_config(tmp_path: Path
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "zero.mp4").write_bytes(b"")
-    cases = [({"kind": "folder", "uri": str(tmp_path / "missing")}, "image folder .*missing does not exist"),
+    os.mkfifo(tmp_path / "pipe.mp4")
+    (tmp_path / "loop.mp4").symlink_to(tmp_path / "loop.mp4")
+    cases = [({"kind": "file", "uri": str(tmp_path / "pipe.mp4")}, "video file .*pipe.mp4 is not a regular file"),
+             ({"kind": "file", "uri": str(tmp_path / "loop.mp4")}, "video file .*loop.mp4 is a symbolic link to "
+                                                                  "nothing"),
+             ({"kind": "folder", "uri": str(tmp_path / "missing")}, "image folder .*missing does not exist"),
              ({"kind": "folder", "uri": str(tmp_path / "empty")}, "image folder .*empty has no images"),
              ({"kind": "file", "uri": str(tmp_path / "missing.mp4")}, "video file .*missing.mp4 does not exist"),
              ({"kind": "file", "uri": str(tmp_path / "empty")}, "video file .*empty is a folder"),
