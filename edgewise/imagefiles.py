@@ -7,7 +7,8 @@ PNG: IHDR, RFC 2083 section 4.1.1; BMP, PNM, WebP (RFC 9649 section 2.5-2.7), TI
 so a bomb costs nothing; ``check_pixels`` applies the limit. ``check_stream`` walks
 the whole file for structural damage a decoder would paper over: a JPEG must be one
 well-formed marker sequence ending in EOI (scan data may only contain stuffed
-``FF00`` and restart markers in sequence), a PNG's chunks must all pass their
+``FF00`` and restart markers in sequence) whose Huffman-coded scans hold at least a bit
+per 8x8 block of the size its header declares, a PNG's chunks must all pass their
 CRC-32 and end with IEND. JPEG has no checksum (T.81), so a bit flip inside the
 entropy-coded data that keeps that structure decodes to a damaged picture that no
 decoder can tell from a real one. ``read_image_file`` does all of it for a file, and
@@ -270,24 +271,46 @@ def check_stream(data: bytes, fmt: str, what: str = "image") -> None:
         _check_png(data, what)
 
 
+#: Huffman-coded frames (baseline, extended, progressive, lossless): every 8x8 block of a
+#: component gets at least one Huffman code (its DC difference) in some scan, one bit or more
+_HUFFMAN_SOF = {0xC0, 0xC1, 0xC2, 0xC3}
+
+
 def _check_jpeg(data: bytes, what: str) -> None:
-    i, frame = 2, False
+    i, frame, scanned = 2, (0, 0, 0), 0
     while True:
         last = None
         for marker, start, end in _jpeg_segments(data, i, what):
             if end > len(data):
                 raise InvalidInputError(f"{what}: truncated JPEG (segment at byte {start - 4} runs past the end)")
-            frame = frame or marker in _SOF
+            if marker in _SOF and not frame[0] and start + 5 <= len(data):
+                h, w = struct.unpack(">HH", data[start + 1 : start + 5])
+                frame = (marker, w, h)
             last, i = marker, end
         if last != 0xDA:  # no further scan: what follows must be EOI
             break
-        if not frame:
+        if not frame[0]:
             raise InvalidInputError(f"{what}: corrupt JPEG (scan before a frame header)")
-        i = _scan_data_end(data, i, what)
+        begin, i = i, _scan_data_end(data, i, what)
+        scanned += i - begin
         if data[i + 1] == 0xD9:
+            _check_jpeg_scans(frame, scanned, what)
             return
-    if not (frame and data[i:i + 2] == b"\xff\xd9"):
+    if not (frame[0] and data[i:i + 2] == b"\xff\xd9"):
         raise InvalidInputError(f"{what}: truncated or corrupt JPEG (no end-of-image marker FFD9 after the scans)")
+    _check_jpeg_scans(frame, scanned, what)
+
+
+def _check_jpeg_scans(frame: Tuple[int, int, int], scanned: int, what: str) -> None:
+    """A Huffman-coded frame's scans must hold at least one bit per 8x8 block of its size: a
+    JPEG whose header claims a larger frame than its data codes (a few KB declaring 5760x5760)
+    decoded for seconds, libjpeg filling in what was missing, and was answered with no boxes.
+    (Arithmetic coding can take less than a bit per block: not bounded here.)"""
+    marker, w, h = frame
+    need = -(-w // 8) * -(-h // 8) // 8
+    if marker in _HUFFMAN_SOF and scanned < need:
+        raise InvalidInputError(f"{what}: corrupt JPEG ({scanned} bytes of scan data cannot code the {w}x{h} its "
+                                f"header declares, which needs at least {need}); the header or the data is wrong")
 
 
 def _scan_data_end(data: bytes, i: int, what: str) -> int:

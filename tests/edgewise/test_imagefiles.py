@@ -162,3 +162,22 @@ def test_a_png_labelled_sixteen_bits_keeps_one_scale():
     dark = np.full((4, 4, 3), 1000, np.uint16)
     assert int(imagefiles.to_eight_bits(dark, 16)[0, 0, 0]) == 1000 >> 8
     assert int(imagefiles.to_eight_bits(dark)[0, 0, 0]) == 1000 >> 2  # unlabelled: its own depth
+
+
+def _resized_sof(jpeg: bytes, w: int, h: int) -> bytes:
+    """``jpeg`` with its frame header (SOF0) claiming ``w`` x ``h``."""
+    at = jpeg.index(b"\xff\xc0") + 5  # marker, length (2), precision (1): then height, width
+    return jpeg[:at] + struct.pack(">HH", h, w) + jpeg[at + 4:]
+
+
+def test_a_jpeg_whose_header_claims_more_than_its_scans_can_code_is_refused():
+    """A few KB declaring 5760x5760 decoded for seconds (libjpeg filling in what was missing)
+    and was answered with no boxes; a Huffman-coded scan needs at least a bit per 8x8 block.
+    The flattest real frame (one grey) passes at its own size, with room to spare."""
+    flat = cv2.imencode(".jpg", np.full((360, 640, 3), 128, np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 50])[1].tobytes()
+    imagefiles.check_stream(flat, "jpeg")  # 4.3 KB in all where the bound asks 450 bytes of scans
+    busy = cv2.imencode(".jpg", _scene(360, 640))[1].tobytes()
+    imagefiles.check_stream(busy, "jpeg")
+    with pytest.raises(InvalidInputError, match=r"image: corrupt JPEG \(\d+ bytes of scan data cannot code the "
+                                                r"5760x5760 its header declares, which needs at least 64800\)"):
+        imagefiles.check_stream(_resized_sof(busy, 5760, 5760), "jpeg")
