@@ -314,7 +314,9 @@ class EdgeDaemon:
             except asyncio.TimeoutError:
                 cur = _file_id(path)
                 if cur is None and last is not None:  # said once: the policy in force stays
-                    log.warning("policy file %s is gone; the policy in force stays until it is back", path)
+                    log.warning("policy file %s %s; the policy in force stays until it is back", path,
+                                "cannot be read (a symbolic link to nothing, or to itself)" if os.path.islink(path)
+                                else "is gone")
                 last, changed = cur, cur != last
                 if not changed or cur is None:
                     continue

@@ -382,3 +382,34 @@ def _catches_sighup(pid: int) -> bool:
     with open(f"/proc/{pid}/status") as f:
         caught = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
     return bool(int(caught, 16) & (1 << (signal.SIGHUP - 1)))
+
+
+def test_a_policy_replaced_by_a_dangling_or_looping_link_is_named_as_such(tmp_path, tiny_model, caplog):
+    """The watcher said "is gone" for a policy that became a symbolic link to itself (found by
+    a probe); the policy in force stays either way, and a real file is taken again."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="edge.daemon")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("first", {"s": "never"}))
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                policy_file=str(policy), policy_poll_s=0.05)
+
+    def said(text):
+        return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.pipeline is not None and d.pipeline.frames_done > 0, 60, "frames")
+        policy.unlink()
+        policy.symlink_to(policy)
+        await async_wait_until(lambda: said("cannot be read (a symbolic link to nothing, or to itself)"), 10,
+                               "the loop named")
+        assert not said("is gone") and d.holder.policy.metadata.name == "first"
+        policy.unlink()
+        policy.write_text(policy_yaml("second", {"s": "never"}))
+        await async_wait_until(lambda: d.holder.policy.metadata.name == "second", 10, "the file back")
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
