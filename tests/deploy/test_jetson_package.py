@@ -147,17 +147,24 @@ def test_maintainer_scripts_touch_only_dpkg_root(tmp_path: Path) -> None:
         assert not (root / gone).exists(), gone
 
 
-def test_the_wrapper_runs_its_own_tree_and_writes_no_byte_code(tmp_path: Path) -> None:
+def _wrapper_tree(tmp_path: Path, python3: str) -> tuple[Path, Path]:
+    """(root, venv bin) of the package's wrapper installed under ``tmp_path/root``, its
+    interpreter a shell script ``python3``."""
     root = tmp_path / "root"
     (root / "usr/bin").mkdir(parents=True)
     venv_bin = root / "usr/lib/edgewise-edge/venv/bin"
     venv_bin.mkdir(parents=True)
     shutil.copy(B.JETSON / "edgewise-edge.sh", root / "usr/bin/edgewise-edge")
     (root / "usr/bin/edgewise-edge").chmod(0o755)
-    (venv_bin / "python3").write_text('#!/bin/sh\necho "python=$0"\necho "path=$PYTHONPATH"\n'
-                                      'echo "nobytecode=$PYTHONDONTWRITEBYTECODE"\necho "args=$*"\n'
-                                      + _PRINT_HUP.split("\n", 1)[1])
+    (venv_bin / "python3").write_text(python3)
     (venv_bin / "python3").chmod(0o755)
+    return root, venv_bin
+
+
+def test_the_wrapper_runs_its_own_tree_and_writes_no_byte_code(tmp_path: Path) -> None:
+    root, venv_bin = _wrapper_tree(tmp_path, '#!/bin/sh\necho "python=$0"\necho "path=$PYTHONPATH"\n'
+                                             'echo "nobytecode=$PYTHONDONTWRITEBYTECODE"\necho "args=$*"\n'
+                                             + _PRINT_HUP.split("\n", 1)[1])
     (tmp_path / "elsewhere").symlink_to(root / "usr/bin/edgewise-edge")  # found through a link too
     for argv0 in (str(root / "usr/bin/edgewise-edge"), str(tmp_path / "elsewhere")):
         out = subprocess.run([argv0, "edge", "check-config"], capture_output=True, text=True,
@@ -169,14 +176,7 @@ def test_the_wrapper_runs_its_own_tree_and_writes_no_byte_code(tmp_path: Path) -
 def test_the_wrapper_starts_only_the_daemon_with_sighup_ignored(tmp_path: Path) -> None:
     """A SIGHUP (a reload) before Python holds it (edgewise/hangup.py) must not end the daemon's
     start; every other command keeps the default, so a closed terminal still ends it."""
-    root = tmp_path / "root"
-    (root / "usr/bin").mkdir(parents=True)
-    venv_bin = root / "usr/lib/edgewise-edge/venv/bin"
-    venv_bin.mkdir(parents=True)
-    shutil.copy(B.JETSON / "edgewise-edge.sh", root / "usr/bin/edgewise-edge")
-    (root / "usr/bin/edgewise-edge").chmod(0o755)
-    (venv_bin / "python3").write_text(_PRINT_HUP)
-    (venv_bin / "python3").chmod(0o755)
+    root, _ = _wrapper_tree(tmp_path, _PRINT_HUP)
     for args, ignored in ((["edge", "run", "--config", "x"], "1"), (["--log-level", "debug", "edge", "run"], "1"),
                           (["edge", "check-config"], "0"), (["edge", "engine"], "0")):
         out = subprocess.run([str(root / "usr/bin/edgewise-edge"), *args], capture_output=True, text=True,

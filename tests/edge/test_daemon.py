@@ -354,9 +354,7 @@ def test_sighups_from_the_first_moment_python_holds_them_never_end_the_start(tmp
             sent += 1
             time.sleep(0.02)
         assert sent >= 3
-        _wait_for(proc, log, "SIGHUP: reloading policy")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, log.read_text()
+        _reloaded_then_stopped(proc, log)
     finally:
         proc.kill()
         proc.wait(10)
@@ -369,12 +367,17 @@ def test_a_sighup_while_the_daemon_starts_is_a_reload_once_it_runs(tmp_path, tin
     try:
         proc.send_signal(signal.SIGHUP)
         _wait_for(proc, log, " running: ")
-        _wait_for(proc, log, "SIGHUP: reloading policy")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, log.read_text()
+        _reloaded_then_stopped(proc, log)
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def _reloaded_then_stopped(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """The daemon reloads its policy (a SIGHUP came), then ends with 0 on SIGTERM."""
+    _wait_for(proc, log, "SIGHUP: reloading policy")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, log.read_text()
 
 
 def _catches_sighup(pid: int) -> bool:
