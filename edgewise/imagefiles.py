@@ -7,8 +7,8 @@ PNG: IHDR, RFC 2083 section 4.1.1; BMP, PNM, WebP (RFC 9649 section 2.5-2.7), TI
 so a bomb costs nothing; ``check_pixels`` applies the limit. ``check_stream`` walks
 the whole file for structural damage a decoder would paper over: a JPEG must be one
 well-formed marker sequence ending in EOI (scan data may only contain stuffed
-``FF00`` and restart markers in sequence) whose Huffman-coded scans hold at least a bit
-per 8x8 block of the size its header declares, a PNG's chunks must all pass their
+``FF00`` and restart markers in sequence), Huffman-coded (arithmetic coding is refused),
+whose scans hold at least a bit per 8x8 block of the size its header declares, a PNG's chunks must all pass their
 CRC-32 and end with IEND. JPEG has no checksum (T.81), so a bit flip inside the
 entropy-coded data that keeps that structure decodes to a damaged picture that no
 decoder can tell from a real one. ``read_image_file`` does all of it for a file, and
@@ -274,6 +274,11 @@ def check_stream(data: bytes, fmt: str, what: str = "image") -> None:
 #: Huffman-coded frames (baseline, extended, progressive, lossless): every 8x8 block of a
 #: component gets at least one Huffman code (its DC difference) in some scan, one bit or more
 _HUFFMAN_SOF = {0xC0, 0xC1, 0xC2, 0xC3}
+#: Arithmetic-coded frames (T.81 table B.1: SOF9-11, SOF13-15). Their coder spends far less than
+#: a bit on a flat block, so no size of scan data bounds the frame they declare: 208 bytes of
+#: one grey decode to 7680x4320 (libjpeg-turbo decodes them, `cjpeg -arithmetic` writes them).
+#: Cameras, browsers and OpenCV write Huffman JPEGs only, so they are refused, not bounded.
+_ARITHMETIC_SOF = _SOF - _HUFFMAN_SOF - {0xC5, 0xC6, 0xC7}
 
 
 def _check_jpeg(data: bytes, what: str) -> None:
@@ -283,6 +288,10 @@ def _check_jpeg(data: bytes, what: str) -> None:
         for marker, start, end in _jpeg_segments(data, i, what):
             if end > len(data):
                 raise InvalidInputError(f"{what}: truncated JPEG (segment at byte {start - 4} runs past the end)")
+            if marker in _ARITHMETIC_SOF:
+                raise InvalidInputError(f"{what}: arithmetic-coded JPEG (SOF{marker - 0xC0}), which is not "
+                                        "accepted: its size cannot be bounded by its bytes; encode it as a "
+                                        "baseline or progressive (Huffman-coded) JPEG")
             if marker in _SOF and not frame[0] and start + 5 <= len(data):
                 h, w = struct.unpack(">HH", data[start + 1 : start + 5])
                 frame = (marker, w, h)
@@ -305,7 +314,7 @@ def _check_jpeg_scans(frame: Tuple[int, int, int], scanned: int, what: str) -> N
     """A Huffman-coded frame's scans must hold at least one bit per 8x8 block of its size: a
     JPEG whose header claims a larger frame than its data codes (a few KB declaring 5760x5760)
     decoded for seconds, libjpeg filling in what was missing, and was answered with no boxes.
-    (Arithmetic coding can take less than a bit per block: not bounded here.)"""
+    (Hierarchical frames, SOF5-7, are not bounded here: libjpeg refuses to decode them.)"""
     marker, w, h = frame
     need = -(-w // 8) * -(-h // 8) // 8
     if marker in _HUFFMAN_SOF and scanned < need:

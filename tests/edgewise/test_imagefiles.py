@@ -181,3 +181,28 @@ def test_a_jpeg_whose_header_claims_more_than_its_scans_can_code_is_refused():
     with pytest.raises(InvalidInputError, match=r"image: corrupt JPEG \(\d+ bytes of scan data cannot code the "
                                                 r"5760x5760 its header declares, which needs at least 64800\)"):
         imagefiles.check_stream(_resized_sof(busy, 5760, 5760), "jpeg")
+
+
+#: 208 bytes written by ``cjpeg -arithmetic -quality 50`` from one grey 7680x4320 picture
+_ARITHMETIC_GREY_8K = bytes.fromhex(
+    "ffd8ffe000104a46494600010100000100010000ffdb004300100b0c0e0c0a100e0d0e1211101318281a181616183123"
+    "251d283a333d3c3933383740485c4e404457453738506d51575f626768673e4d71797064785c656763ffdb004301111212"
+    "1815182f1a1a2f634238426363636363636363636363636363636363636363636363636363636363636363636363636363"
+    "636363636363636363636363ffc900110810e01e0003012200021101031101ffcc000a0010100501101105ffda000c0301"
+    "0002110311003f001eb780ffd9")
+
+
+def test_an_arithmetic_coded_jpeg_is_refused_since_its_bytes_cannot_bound_its_size(tmp_path):
+    """Arithmetic coding spends far less than a bit on a flat block: 208 bytes decode to 33
+    megapixels (OpenCV's libjpeg-turbo reads them), beyond any bound on scan bytes. No camera or
+    encoder people use writes them, so they are refused with what to send instead."""
+    assert len(_ARITHMETIC_GREY_8K) == 208
+    decoded = cv2.imdecode(np.frombuffer(_ARITHMETIC_GREY_8K, np.uint8), cv2.IMREAD_COLOR)
+    assert decoded is not None and decoded.shape == (4320, 7680, 3)  # a real file, not a made-up one
+    with pytest.raises(InvalidInputError, match=r"image: arithmetic-coded JPEG \(SOF9\), which is not accepted: "
+                                                r".*baseline or progressive \(Huffman-coded\) JPEG"):
+        imagefiles.check_stream(_ARITHMETIC_GREY_8K, "jpeg")
+    path = tmp_path / "grey.jpg"
+    path.write_bytes(_ARITHMETIC_GREY_8K)
+    with pytest.raises(InvalidInputError, match="arithmetic-coded JPEG"):
+        imagefiles.read_image_file(path)
