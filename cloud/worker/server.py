@@ -38,7 +38,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from cloud.binding import add_health, grpc_port, server_options, socket_port_async
+from cloud.binding import add_health, grpc_port, parsed, server_options, socket_port_async
 from cloud.worker.batching import Batch, Batcher, BatchingDecision, decide_batching
 from cloud.worker.budget import PixelBudget
 from cloud.worker.metrics import WorkerMetrics
@@ -290,9 +290,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             self.decode_budget.release(held)
             self.metrics.decode_pixels.set(self.decode_budget.in_use)
 
-    async def Load(
-        self, request: detect_pb2.LoadRequest, context: grpc.aio.ServicerContext
-    ) -> detect_pb2.WorkerLoad:
+    async def Load(self, body: bytes, context: grpc.aio.ServicerContext) -> detect_pb2.WorkerLoad:
+        await _parse_load(body, context)  # nothing in it is read: a LoadRequest has no fields yet
         return self.load()
 
     def load(self) -> detect_pb2.WorkerLoad:
@@ -448,6 +447,9 @@ class WorkerServer:
         self.service.runner.close()
 
 
+_parse_load = parsed(detect_pb2.LoadRequest, "edgewise.v1.LoadRequest")
+
+
 def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -> tuple[WorkerServer, int]:
     """Load the model and bind the gRPC port (0 = any free port); call inside a running loop.
 
@@ -461,9 +463,8 @@ def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -
     handlers = {
         "Infer": grpc.unary_unary_rpc_method_handler(  # parses the request itself: infer_bytes
             service.infer_bytes, response_serializer=detect_pb2.DetectResponse.SerializeToString),
-        "Load": grpc.unary_unary_rpc_method_handler(
-            service.Load, request_deserializer=detect_pb2.LoadRequest.FromString,
-            response_serializer=detect_pb2.WorkerLoad.SerializeToString),
+        "Load": grpc.unary_unary_rpc_method_handler(  # parses the request itself: cloud.binding.parsed
+            service.Load, response_serializer=detect_pb2.WorkerLoad.SerializeToString),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -168,6 +168,25 @@ def test_bytes_that_are_no_request_are_invalid_argument_not_a_worker_fault(tiny_
     assert ok.status == detect_pb2.OK and counted == 1
 
 
+def test_a_load_request_that_does_not_parse_is_invalid_argument_not_a_logged_traceback(tiny_model, caplog):
+    """Load left its parsing to gRPC, which answered UNKNOWN and logged a traceback at ERROR per
+    call; it now parses its request itself (``cloud.binding.parsed``), like Infer and Health."""
+    import logging
+
+    async def main():
+        async with running(make_settings(tiny_model)) as (_srv, stub, ch):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await ch.unary_unary("/edgewise.v1.Worker/Load")(b"\xff", timeout=10)
+            return err.value, await stub.Load(detect_pb2.LoadRequest(), timeout=10)
+
+    with caplog.at_level(logging.INFO):
+        err, load = asyncio.run(main())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.details() or "").startswith("request is not a serialized edgewise.v1.LoadRequest: ")
+    assert load.worker_id == "w-test"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
 class FailsOnBlackFrames(ModelRunner):
     """The real model, except that a batch containing an all-black frame raises
     (stands in for an input the model itself rejects)."""
