@@ -15,6 +15,12 @@ the highest objectness among head rows that were *not* kept and do not
 overlap any kept box with IoU >= 0.5 (see ``Detections``).
 
 Only the candidate subset is ever copied; no Python loop touches candidates.
+
+A head row whose box is not finite or has no positive width and height (a float16 engine
+that overflowed on one frame: the model check, ``metadata.check_output``, refuses a model
+that does it on the frames it is shown) is no candidate and no missed object; a score
+``obj * cls`` a little over 1 (each factor within the check's tolerance) is clipped to 1, so
+every detection decoded is one the wire accepts.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ def _missed_objectness(
     above = obj > p.missed_floor
     above[kept_rows] = False
     rows = np.flatnonzero(above)
+    rows = rows[_usable_boxes(pred[rows, :4])]
     if rows.size == 0:
         return 0.0
     vals = obj[rows].astype(np.float32)
@@ -110,6 +117,12 @@ def _missed_objectness(
         if found is not None:
             return found
     return 0.0
+
+
+def _usable_boxes(xywh: np.ndarray) -> np.ndarray:
+    """Which rows of ``xywh`` [M,4] hold a box: finite, with positive width and height."""
+    with np.errstate(invalid="ignore"):
+        return np.asarray(np.isfinite(xywh).all(axis=1) & (xywh[:, 2] > 0) & (xywh[:, 3] > 0))
 
 
 def _first_free(
@@ -169,8 +182,9 @@ def decode_one(
     # YOLOv5 non_max_suppression: xc = prediction[..., 4] > conf_thres (candidates).
     obj = np.ascontiguousarray(pred[:, 4])  # one strided pass over the head
     cand_rows = np.flatnonzero(obj > p.conf_thres)
+    cand_rows = cand_rows[_usable_boxes(pred[cand_rows, :4])]
     cand = pred[cand_rows].astype(np.float32, copy=False)
-    cls_scores = cand[:, 5:] * cand[:, 4:5]  # conf = obj_conf * cls_conf
+    cls_scores = np.minimum(cand[:, 5:] * cand[:, 4:5], np.float32(1.0))  # conf = obj_conf * cls_conf
     if p.multi_label:
         ii, jj = np.nonzero(cls_scores > p.conf_thres)
         conf = cls_scores[ii, jj]

@@ -29,6 +29,9 @@ from edgewise.runtime.onnxproto import EXTERNAL, FLOAT, FLOAT16, parse_model
 
 PathLike = Union[str, Path]
 ImgszLike = Union[int, Sequence[int]]
+#: ONNX element types the detection output may have: not stated (0), float32 (1), float16 (10),
+#: double (11); the backends hand the decoder float32
+_OUTPUT_TYPES = (0, FLOAT, FLOAT16, 11)
 #: the largest input side a model may declare (pixels): beyond it one image would need gigabytes
 MAX_INPUT_SIDE = 8192
 #: the size YOLOv5 assumes when nothing states it (export.py / detect.py ``--imgsz`` default)
@@ -342,6 +345,10 @@ def _info_from_graph(
     if not graph.output:
         raise ModelError(f"{p}: expected {expected}; the graph has no outputs")
     out = graph.output[0]
+    if out.type.tensor_type.elem_type not in _OUTPUT_TYPES:
+        raise ModelError(f"{p}: first output {out.name!r} has ONNX type {out.type.tensor_type.elem_type}, not "
+                         "floating-point boxes and scores (integer scores truncate to 0: nothing would ever be "
+                         "detected); export the YOLOv5 head as float32 or float16")
     oshape = _dims(out)
     if len(oshape) != 3:
         raise ModelError(
@@ -539,6 +546,8 @@ def check_output(info: ModelInfo, batch_shape: Sequence[int], raw: Any) -> None:
     (a symbolic output width is only known now), when the rows are not a YOLOv5 head's
     for this input size (``head_problem``), or when the scores are not probabilities.
     """
+    import numpy as np
+
     p = info.path
     shape = tuple(int(d) for d in getattr(raw, "shape", ()))
     if len(shape) != 3:
@@ -562,6 +571,11 @@ def check_output(info: ModelInfo, batch_shape: Sequence[int], raw: Any) -> None:
         if why:
             raise ModelError(f"{p}: the model's output {list(shape)}: {why}")
     if raw.size:
+        bad = int(np.count_nonzero(~np.isfinite(raw)))
+        if bad:
+            raise ModelError(f"{p}: the model's output holds {bad} NaN or infinite values (of {raw.size}) on a "
+                             "frame it was shown: broken weights, or a float16 export whose activations "
+                             "overflow; re-export the model (float32, or check its weights)")
         scores = raw[..., 4:]
         lo, hi = float(scores.min()), float(scores.max())
         if lo < -SCORE_TOLERANCE or hi > 1 + SCORE_TOLERANCE:

@@ -46,6 +46,27 @@ def test_known_answer():
     assert d.names == NAMES and d.source == "edge"
 
 
+@pytest.mark.parametrize("box", [[np.nan, 20, 8, 8], [20, 20, np.inf, 8], [20, 20, -8, 8], [20, 20, 8, 0]])
+def test_a_row_without_a_usable_box_is_neither_a_detection_nor_a_missed_object(box):
+    """One frame of a float16 engine can overflow: a NaN box reached records as invalid JSON and
+    region payloads as a traceback; a negative width became an inverted box."""
+    head = _head()
+    bad = np.array([box + [0.99, 0.99, 0.0, 0.0]], np.float32)
+    d = decode_one(np.vstack([head, bad]), _meta(), NAMES, DecodeParams(conf_thres=0.25, iou_thres=0.45))
+    ref = decode_one(head, _meta(), NAMES, DecodeParams(conf_thres=0.25, iou_thres=0.45))
+    np.testing.assert_array_equal(d.boxes, ref.boxes)
+    assert d.missed_objectness == ref.missed_objectness == pytest.approx(0.5)
+    assert np.isfinite(d.boxes).all()
+
+
+def test_a_score_a_little_over_one_is_clipped_to_one():
+    """Objectness and class score each within the model check's tolerance (1.008) made 1.016,
+    which the wire refuses: the cloud's whole answer was dropped."""
+    head = np.array([[10, 10, 10, 10, 1.008, 1.008, 0.0, 0.0]], np.float32)
+    d = decode_one(head, None, NAMES, DecodeParams(conf_thres=0.25))
+    assert d.scores.tolist() == [1.0] and d.class_scores.max() == 1.0
+
+
 def test_best_first_and_no_meta_keeps_input_pixels():
     d = decode_one(_head(), None, NAMES)
     assert d.scores.tolist() == sorted(d.scores.tolist(), reverse=True)

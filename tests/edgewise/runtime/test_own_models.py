@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgewise.errors import ModelError
 from edgewise.runtime.decoding import decode
 from edgewise.runtime.detector import Detector
+from edgewise.runtime.firstframe import first_frame_problem
 from edgewise.runtime.metadata import load_model_info, parse_names, yolov5_rows
 from edgewise.runtime.opsets import device_problems
 from tests.edgewise.runtime.graphs import fake_yolo
@@ -40,7 +41,8 @@ def head(rows: int, cols: int, obj: float = 0.9) -> np.ndarray:
 
 def const_model(path: Path, const: np.ndarray, in_shape: Sequence[Dim] = (1, 3, S, S),
                 out_shape: Optional[Sequence[Dim]] = None, meta: Optional[Dict[str, str]] = None,
-                ir_version: int = 8, opset: int = 17, space_to_depth: int = 0) -> Path:
+                ir_version: int = 8, opset: int = 17, space_to_depth: int = 0,
+                out_type: int = TensorProto.FLOAT) -> Path:
     nodes = []
     x = "images"
     if space_to_depth:  # needs H and W to be multiples of the block: a model whose true stride is that
@@ -48,12 +50,14 @@ def const_model(path: Path, const: np.ndarray, in_shape: Sequence[Dim] = (1, 3, 
         x = "sd"
     nodes += [helper.make_node("ReduceSum", [x], ["s"], keepdims=0),
               helper.make_node("Mul", ["s", "zero"], ["z"]),
-              helper.make_node("Add", ["C", "z"], ["output0"])]
+              helper.make_node("Add", ["C", "z"], ["output0" if out_type == TensorProto.FLOAT else "f"])]
+    if out_type != TensorProto.FLOAT:
+        nodes.append(helper.make_node("Cast", ["f"], ["output0"], to=out_type))
     inits = [numpy_helper.from_array(const.astype(np.float32), "C"),
              numpy_helper.from_array(np.array(0, np.float32), "zero")]
     graph = helper.make_graph(
         nodes, "probe", [helper.make_tensor_value_info("images", TensorProto.FLOAT, list(in_shape))],
-        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, list(out_shape or const.shape))], inits)
+        [helper.make_tensor_value_info("output0", out_type, list(out_shape or const.shape))], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="pytorch")
     model.ir_version = ir_version
     for k, v in {"stride": "32", **(meta or {})}.items():
@@ -185,6 +189,26 @@ def test_logits_fail_first_inference(tmp_path):
     with Detector.from_file(p, threads=1) as det, pytest.raises(ModelError) as e:
         det.detect([gray()])
     assert "logits.onnx" in one_line(e) and "not sigmoid probabilities" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_an_output_with_nan_or_inf_fails_first_inference(tmp_path, bad):
+    """Broken weights or a float16 overflow: NaN boxes went into the records (invalid JSON),
+    region payloads (a traceback) and the spool; an all-NaN head silently detected nothing."""
+    const = head(P5_ROWS, 8)
+    const[0, 0, 0] = bad
+    p = const_model(tmp_path / "nan.onnx", const, meta={"names": N3})
+    with Detector.from_file(p, threads=1) as det, pytest.raises(ModelError) as e:
+        det.detect([gray()])
+    assert "nan.onnx" in one_line(e) and "holds 1 NaN or infinite values (of 2016)" in str(e.value)
+    assert "first inference: the model's output holds 1 NaN" in (first_frame_problem(load_model_info(p)) or "")
+
+
+def test_an_integer_output_is_refused_at_load(tmp_path):
+    """Scores cast to integers are 0: the model loaded, ran and never detected anything."""
+    p = const_model(tmp_path / "int.onnx", head(P5_ROWS, 8), meta={"names": N3}, out_type=TensorProto.INT64)
+    with pytest.raises(ModelError, match=r"int\.onnx: first output 'output0' has ONNX type 7, not floating-point"):
+        load_model_info(p)
 
 
 def test_nms_output_whose_width_fits_one_class_fails_on_its_class_column(tmp_path):
