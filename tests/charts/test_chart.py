@@ -421,6 +421,55 @@ def test_rendered_gateway_config_loads_in_the_gateway(mode: str, tmp_path) -> No
     assert settings.listen == "0.0.0.0:50051" and settings.metrics_port == 9100
 
 
+def _text_ranges() -> list:
+    from edgewise_tools.reference import chart_ranges
+
+    text = chart_ranges()
+    assert text is not None
+    return json.loads(text.split("-}}\n", 1)[1].rsplit("\n{{- end", 1)[0])
+
+
+def _outside(r: dict) -> str:
+    if r["lo"] is not None:
+        return repr(float(r["lo"]) if r["loOpen"] else float(r["lo"]) - 0.5)
+    return repr(float(r["hi"]) if r["hiOpen"] else float(r["hi"]) + 0.5)
+
+
+def test_numbers_written_as_text_are_range_checked_like_the_gateway_does(tmp_path) -> None:
+    """``helm --set key=1.5`` passes text, whose range JSON Schema does not check: such values
+    passed ``helm install`` and the gateway refused them at its start (a crash-looping pod).
+    For every gateway.config number: a text value just outside its range is refused by the chart
+    with the gateway's own ``allowed:``, and the gateway refuses it too; one just inside renders
+    and loads."""
+    from cloud.gateway.settings import load_settings
+    from edgewise.errors import ConfigError
+
+    ranges = _text_ranges()
+    assert len(ranges) >= 20 and any(r["path"] == ["retry", "budget_ratio"] for r in ranges)
+    for r in ranges:
+        key = ".".join(r["path"])
+        bad = _outside(r)
+        out = subprocess.run([helm(), "template", "rel", str(CHART), "--set", f"gateway.config.{key}={bad}"],
+                             capture_output=True, text=True)
+        assert out.returncode != 0, f"{key}={bad} was accepted"
+        assert f'gateway.config.{key}: "{bad}" is out of range; allowed: {r["allowed"]}' in out.stderr, out.stderr
+        path = tmp_path / "gateway.yaml"
+        doc: dict = {"discovery": {"kind": "static", "static": ["127.0.0.1:9"]}}
+        node = doc
+        for part in r["path"][:-1]:
+            node = node.setdefault(part, {})
+        node[r["path"][-1]] = bad
+        path.write_text(yaml.safe_dump(doc))
+        with pytest.raises(ConfigError, match=re.escape(f"allowed: {r['allowed']}")):
+            load_settings(path, env={})
+    overflow = subprocess.run([helm(), "template", "rel", str(CHART), "--set", "gateway.config.retry.budget_ratio=1e999"],
+                              capture_output=True, text=True)
+    assert 'gateway.config.retry.budget_ratio: "1e999" is out of range' in overflow.stderr, overflow.stderr
+    ok = subprocess.run([helm(), "template", "rel", str(CHART), "--set", "gateway.config.retry.budget_ratio=0.5",
+                         "--set", "gateway.config.limits.default_deadline_s= 2.5 "], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+
+
 @pytest.mark.parametrize("mode", ["default", "cpu", "tls-on", "tls-public-ca", "tls-private-ca"])
 def test_container_args_parse_with_the_real_cli(mode: str) -> None:
     """Every edgewise container's args are accepted by the CLI they will run."""
