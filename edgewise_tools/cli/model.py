@@ -194,11 +194,16 @@ def _progress_printer(
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
+    from edgewise.errors import InvalidInputError
     from edgewise_tools.models.quantize import quantize
     from edgewise_tools.outputs import check_output_file
 
     if args.report:
         check_output_file(args.report, "--report")
+        for flag, other in (("the model", args.model), ("-o", args.output)):
+            if Path(args.report).resolve() == Path(other).resolve():
+                raise InvalidInputError(f"--report {args.report} is also {flag}: the report would overwrite it; "
+                                        "give the report its own file (e.g. quantize-report.json)")
     report = quantize(
         args.model,
         args.calib,

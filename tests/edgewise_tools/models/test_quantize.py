@@ -560,3 +560,21 @@ def test_a_float16_model_is_refused_with_what_to_quantize_instead(photos, tmp_pa
     onnx.save(model, str(path))
     with pytest.raises(InvalidInputError, match=r"half.onnx is a float16 model; quantize the float32 export"):
         quantize(path, photos, out_path=tmp_path / "q.onnx")
+
+
+@pytest.mark.parametrize("clash", ["model", "output"])
+def test_a_report_path_that_is_the_model_or_the_output_is_refused_before_anything_is_written(
+        tiny_model, photos, tmp_path, capsys, clash):
+    """``--report`` was written last, over whatever it named: the float model a user passed
+    (lost), or the INT8 model just made (a JSON file where the model should be)."""
+    from edgewise.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(tiny_model.read_bytes())
+    out = tmp_path / "q.onnx"
+    report = model if clash == "model" else out
+    rc = main(["model", "quantize", str(model), "--calib", str(photos), "--samples", "2", "--holdout", "2",
+               "-o", str(out), "--report", str(report)])
+    assert rc == 2
+    assert f"--report {report} is also {'the model' if clash == 'model' else '-o'}" in capsys.readouterr().err
+    assert model.read_bytes() == tiny_model.read_bytes() and not out.exists()
