@@ -187,7 +187,7 @@ def stage_tree(opts: BundleOptions, root: Path) -> None:
     _copy(Path(opts.policy), root / "etc/edgewise/policy.yaml", 0o644)
     _copy(Path(opts.model), root / SHARE / "models/edge.onnx", 0o644)
     for data in load_model_info(opts.model).external_data:  # dynamo exports: weights in <model>.data
-        _copy(data, root / SHARE / "models" / data.name, 0o644)
+        _copy(data, root / SHARE / "models" / data.relative_to(Path(opts.model).parent), 0o644)
     sidecar = find_sidecar(Path(opts.model))  # names / stride / input size kept beside the model
     if sidecar is not None:  # found by the device as <model>.yaml, like here
         _copy(sidecar, root / SHARE / "models/edge.yaml", 0o644)

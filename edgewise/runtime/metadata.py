@@ -305,15 +305,28 @@ def load_model_info(path: PathLike, imgsz: Optional[ImgszLike] = None) -> ModelI
 
 
 def _external_data_files(p: Path, model: Any) -> Tuple[Path, ...]:
-    """The distinct files a model's external tensors live in, in first-use order."""
+    """The distinct files a model's external tensors live in, in first-use order. A location
+    is a path relative to the model's folder (ONNX external data); one that leaves the folder
+    is refused (``edge bundle`` copied ``../../etc/hostname`` into a device image), and so is one
+    that is not a regular file (``/dev/zero`` or a FIFO was read for ever)."""
     files: List[Path] = []
     for t in model.graph.initializer:
         if t.data_location != EXTERNAL:
             continue
         loc = next((e.value for e in t.external_data if e.key == "location"), "")
+        if not loc:
+            continue
+        if Path(loc).is_absolute() or ".." in Path(loc).parts:
+            raise ModelError(f"{p}: tensor {t.name!r} keeps its weights at {loc!r}, outside the model's folder; "
+                             "external data must be a path inside it (re-export, or re-save the model with "
+                             "onnx.save(..., save_as_external_data=True))")
         f = p.parent / loc
-        if loc and f not in files:
-            files.append(f)
+        if f in files:
+            continue
+        if f.exists() and not f.is_file():
+            raise ModelError(f"{p}: its weights are stored in {f}, which is not a regular file; keep the "
+                             "external data file next to the model")
+        files.append(f)
     return tuple(files)
 
 

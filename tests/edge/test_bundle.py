@@ -323,17 +323,19 @@ def test_cli(tmp_path, tiny_model) -> None:
     assert main(["edge", "bundle", "--jetpack", "6.0", "-o", str(tmp_path), "--model", str(tiny_model)]) == 2
 
 
-def test_cli_from_another_directory_with_relative_paths(tmp_path, tiny_model, monkeypatch) -> None:
+@pytest.mark.parametrize("location", ["mine.onnx.data", "weights/mine.onnx.data"])
+def test_cli_from_another_directory_with_relative_paths(tmp_path, tiny_model, monkeypatch, location) -> None:
     """Every path on the command line is the caller's (issue 22); a model whose weights are
-    in an external ``.data`` file (torch's dynamo exporter) ships with that file."""
+    in an external ``.data`` file (torch's dynamo exporter) ships with that file, at the same
+    place beside it (a file in a subfolder was flattened, and the model then did not load)."""
     import onnx
 
     from edgewise.cli import main
 
-    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "weights").mkdir(parents=True)
     model = onnx.load(str(tiny_model))
     onnx.save_model(model, str(tmp_path / "cfg" / "mine.onnx"), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="mine.onnx.data", size_threshold=0)
+                    all_tensors_to_one_file=True, location=location, size_threshold=0)
     shutil.copy(ROOT / "deploy/jetson/edge.yaml", tmp_path / "cfg" / "edge.yaml")
     shutil.copy(ROOT / "examples/policy.yaml", tmp_path / "cfg" / "policy.yaml")
     monkeypatch.chdir(tmp_path)
@@ -343,7 +345,7 @@ def test_cli_from_another_directory_with_relative_paths(tmp_path, tiny_model, mo
     contents = subprocess.run([_need("dpkg-deb"), "--contents", str(deb)], capture_output=True, text=True,
                               check=True).stdout
     assert "./usr/share/edgewise-edge/models/edge.onnx" in contents
-    assert "./usr/share/edgewise-edge/models/mine.onnx.data" in contents
+    assert f"./usr/share/edgewise-edge/models/{location}" in contents
 
 
 def test_a_models_sidecar_yaml_goes_with_it(tmp_path, tiny_model) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +196,35 @@ def test_external_data_is_hashed_and_required(tmp_path: Path):
     assert load_model_info(tmp_path / "ext.onnx").sha256 != info.sha256  # new weights, new engine cache key
     data.unlink()
     with pytest.raises(ModelError, match=r"ext.onnx.data, which cannot be read .* keep the external data file"):
+        load_model_info(tmp_path / "ext.onnx")
+
+
+def _external_at(model: Path, location: str) -> None:
+    """``model``'s weights declared to be at ``location`` (as a hand-edited file could say)."""
+    m = onnx.load(str(model), load_external_data=False)
+    for t in m.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = location
+    onnx.save_model(m, str(model))
+
+
+@pytest.mark.parametrize("location, said", [
+    ("../../etc/hostname", "keeps its weights at '../../etc/hostname', outside the model's folder"),
+    ("/dev/zero", "keeps its weights at '/dev/zero', outside the model's folder"),
+    ("fifo", "which is not a regular file"),
+])
+def test_external_data_outside_the_models_folder_or_not_a_file_is_refused(tmp_path: Path, location, said):
+    """``edge bundle`` copied a location of ``../../etc/hostname`` into the device image; one of
+    ``/dev/zero`` or a FIFO was read for ever by every loader."""
+    fake_yolo(tmp_path / "inline.onnx")
+    m = onnx.load(str(tmp_path / "inline.onnx"))
+    onnx.save_model(m, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data",
+                    size_threshold=0)
+    os.mkfifo(tmp_path / "fifo")
+    _external_at(tmp_path / "ext.onnx", location)
+    with pytest.raises(ModelError, match=re.escape(said)):
         load_model_info(tmp_path / "ext.onnx")
 
 
