@@ -34,6 +34,8 @@ ImgszLike = Union[int, Sequence[int]]
 _OUTPUT_TYPES = (0, FLOAT, FLOAT16, 11)
 #: the largest input side a model may declare (pixels): beyond it one image would need gigabytes
 MAX_INPUT_SIDE = 8192
+#: the largest fixed batch a model may declare: every call runs that many images, padded
+MAX_FIXED_BATCH = 256
 #: the size YOLOv5 assumes when nothing states it (export.py / detect.py ``--imgsz`` default)
 DEFAULT_IMGSZ = (640, 640)
 #: metadata key of the score threshold a model's maker chose for it (the one maximising F1 on
@@ -450,6 +452,11 @@ def _info_from_graph(
     else:
         precision = "float32"
     batch = ishape[0]
+    if batch is not None and batch < 0:  # tf2onnx and paddle2onnx write -1 for "any": ONNX Runtime runs any batch
+        batch, ishape = None, (None,) + tuple(ishape[1:])
+    if batch is not None and not 0 < batch <= MAX_FIXED_BATCH:
+        raise ModelError(f"{p}: input {inp.name!r} {_shape_str(ishape)} has a fixed batch of {batch} (allowed: "
+                         f"1..{MAX_FIXED_BATCH}); export with batch 1, or a dynamic batch")
     return ModelInfo(
         path=p,
         names=names,

@@ -147,6 +147,27 @@ def test_fixed_batch_and_float16(tmp_path: Path):
     assert load_model_info(tmp_path / "h.onnx").precision == "float16"
 
 
+def test_a_batch_of_minus_one_is_dynamic_and_zero_or_huge_ones_are_refused(tmp_path: Path):
+    """tf2onnx and paddle2onnx write -1 for "any batch", which ONNX Runtime runs at any batch:
+    it was taken as a fixed batch of -1 (a numpy traceback at the first frame); 0 and 4096 were
+    tracebacks at the first frame and an allocation of gigabytes."""
+    from edgewise.runtime.detector import Detector
+
+    def with_batch(name: str, batch: int) -> Path:
+        m = onnx.load(str(fake_yolo(tmp_path / "b.onnx", batch=1)))
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+        onnx.save(m, str(tmp_path / name))
+        return tmp_path / name
+
+    info = load_model_info(with_batch("any.onnx", -1))
+    assert info.dynamic_batch and info.fixed_batch == 0 and info.input_shape[0] is None
+    with Detector.from_file(info.path, threads=1) as det:
+        assert len(det.detect([np.zeros((32, 32, 3), np.uint8)] * 3)) == 3
+    for batch in (0, 4096):
+        with pytest.raises(ModelError, match=rf"has a fixed batch of {batch} \(allowed: 1..256\)"):
+            load_model_info(with_batch(f"b{batch}.onnx", batch))
+
+
 def _dynamic_hw(path: Path, metadata=None) -> Path:
     """A fake detector whose input height/width are symbolic, as ``export.py --dynamic`` writes."""
     fake_yolo(path, metadata=metadata)
