@@ -94,7 +94,7 @@ def _check_config(args: argparse.Namespace) -> int:
     check_metrics_host(s)
     check_sources(s)
     info = load_model_info(s.model.path, s.model.imgsz or None)
-    problem = first_frame_problem(info)  # what the daemon's first frame would refuse
+    problem = first_frame_problem(info, s.model.max_batch)  # what the daemon's first frames would refuse
     if problem:
         raise ModelError(f"{info.path}: {problem}")
     lines.append(f"model {info.path} ({info.precision}, {info.imgsz[0]}x{info.imgsz[1]}) on {check_backend(s)}")

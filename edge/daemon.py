@@ -167,6 +167,7 @@ class EdgeDaemon:
         if self.detector is not None:
             return self.detector
         from edgewise.runtime.detector import Detector
+        from edgewise.runtime.firstframe import batch_failure
 
         m = self.settings.model
         kwargs: Dict[str, Any] = dict(backend=m.backend, conf_thres=m.conf_thres, iou_thres=m.iou_thres,
@@ -181,6 +182,11 @@ class EdgeDaemon:
             try:  # one dummy frame: a model whose output cannot be decoded fails here, at start
                 h, w = det.imgsz
                 det.detect([np.zeros((h, w, 3), np.uint8)])
+                if det.info.dynamic_batch and m.max_batch > 1:  # and the largest batch the pipeline forms
+                    try:
+                        det.detect([np.zeros((h, w, 3), np.uint8)] * m.max_batch)
+                    except Exception as exc:
+                        raise batch_failure(det.info, m.max_batch, exc, "model.max_batch") from None
             except BaseException:
                 det.close()
                 raise

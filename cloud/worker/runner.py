@@ -125,10 +125,14 @@ class ModelRunner:
                           "check it with `edgewise model info` and fix or re-export it")
 
     # -- inference thread -------------------------------------------------------
-    def run(self, items: Sequence[Prepared]) -> tuple[list[Detections | Exception], float]:
-        """Detections (or the error) per item, in order, and the compute seconds."""
+    def run(self, items: Sequence[Prepared], whole: bool = False) -> tuple[list[Detections | Exception], float]:
+        """Detections (or the error) per item, in order, and the compute seconds. A failed
+        batch is retried one item at a time, so that only the items that fail alone fail;
+        ``whole`` raises instead (the warm-up: a model that runs one image but not a batch
+        would otherwise serve one image per call, silently)."""
         t0 = time.perf_counter()
-        out = run_isolated(items, self._run_batch)
+        out: list[Detections | Exception] = list(self._run_batch(items)) if whole else \
+            run_isolated(items, self._run_batch)
         return out, time.perf_counter() - t0
 
     def call_sizes(self, items: Sequence[Prepared]) -> list[int]:

@@ -53,6 +53,7 @@ from edgewise.errors import (
     OverloadedError,
     UnavailableError,
 )
+from edgewise.runtime.firstframe import batch_failure
 from edgewise.v1 import detect_pb2, service_pb2, service_pb2_grpc
 from edgewise.wire import check_image, detections_to_proto
 
@@ -138,7 +139,13 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         fastest: dict[int, float] = {}
         for rnd in range(rounds):
             for size in sizes:
-                outs, secs = await self._in_pool(self._infer_pool, self.runner.run, [dummy] * size)
+                try:  # the first round as one call per size: a batch that fails fails the start
+                    outs, secs = await self._in_pool(self._infer_pool, self.runner.run, [dummy] * size, rnd == 0)
+                except Exception as exc:
+                    log.debug("warm-up failure", exc_info=exc)
+                    if size == 1:
+                        raise self.runner.warmup_error(exc) from None
+                    raise batch_failure(self.runner.detector.info, size, exc, "batching.max_batch_size") from None
                 bad = [o for o in outs if isinstance(o, Exception)]
                 if bad:  # one line naming the model and the cause, not the runtime's traceback
                     log.debug("warm-up failure", exc_info=bad[0])
@@ -429,9 +436,13 @@ class WorkerServer:
                 raise
 
     async def start(self) -> None:
-        """``bind``, warm up, then report SERVING."""
+        """``bind``, warm up, then report SERVING; a failed warm-up stops what was started."""
         await self.bind()
-        await self.service.start()
+        try:
+            await self.service.start()
+        except BaseException:
+            await self.stop(0)
+            raise
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain (NOT_SERVING, finish in-flight), then stop; all within ``grace`` s."""

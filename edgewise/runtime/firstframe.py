@@ -18,23 +18,40 @@ from edgewise.errors import ModelError
 from edgewise.runtime.metadata import ModelInfo, check_output
 
 
-def first_frame_problem(info: ModelInfo) -> Optional[str]:
+def batch_failure(info: ModelInfo, batch: int, exc: BaseException, setting: str) -> ModelError:
+    """The error for a model that runs one frame but not ``batch`` of them: a batch dimension
+    dynamic in name only (a reshape inside fixed at 1). It passed every check, and then the
+    edge dropped every batch it formed and the worker silently ran one image per call."""
+    why = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return ModelError(f"{info.path}: one frame runs but a batch of {batch} fails ({why}): its batch dimension is "
+                      f"dynamic in name only; re-export it with a truly dynamic batch, or set {setting} to 1")
+
+
+def first_frame_problem(info: ModelInfo, batch: int = 2, setting: str = "model.max_batch") -> Optional[str]:
     """None when one grey frame through the model (ONNX Runtime on the CPU, at its fixed
-    batch and input size) gives an output the runtime decodes, else the one-line reason every
-    runtime would refuse it with at its first frame."""
+    batch and input size), and for a dynamic batch ``batch`` of them, give an output the
+    runtime decodes, else the one-line reason every runtime would refuse it with
+    (``setting``: what limits the batch where the model runs)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = 1
     shape = (info.fixed_batch or 1, 3, info.imgsz[0], info.imgsz[1])
+    dtype = np.float16 if info.input_dtype == "float16" else np.float32
     try:
         sess = ort.InferenceSession(str(info.path), so, providers=["CPUExecutionProvider"])
-        frame = np.full(shape, 114 / 255, np.float16 if info.input_dtype == "float16" else np.float32)
-        raw = sess.run([info.output_name], {info.input_name: frame})[0]
+        raw = sess.run([info.output_name], {info.input_name: np.full(shape, 114 / 255, dtype)})[0]
         check_output(info, shape, np.asarray(raw, np.float32))
     except ModelError as e:
         return "first inference: " + str(e).replace(f"{info.path}: ", "", 1)
     except Exception as e:  # ONNX Runtime failing at run time (e.g. a shape the graph cannot take)
         return f"first inference ({shape[2]}x{shape[3]}): ONNX Runtime: " + " ".join(str(e).split())[:300]
+    if info.dynamic_batch and batch > 1:
+        many = (batch,) + shape[1:]
+        try:
+            raw = sess.run([info.output_name], {info.input_name: np.full(many, 114 / 255, dtype)})[0]
+            check_output(info, many, np.asarray(raw, np.float32))
+        except Exception as e:
+            return str(batch_failure(info, batch, e, setting)).replace(f"{info.path}: ", "", 1)
     return None

@@ -105,7 +105,8 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
     init_names = {t.name for t in model.graph.initializer}
     graph_error = check_graph(info.path)
     if graph_error is None:
-        graph_error = first_frame_problem(info)
+        graph_error = first_frame_problem(info, 2, "the batch size where it runs (edge model.max_batch, worker "
+                                                   "batching.max_batch_size)")
     return {
         "path": str(info.path),
         "file_bytes": info.file_bytes,

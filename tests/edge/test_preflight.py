@@ -156,6 +156,33 @@ def test_check_config_runs_one_frame_through_the_model(tmp_path: Path, capsys) -
     assert line.startswith(f"edgewise: error: {model}: first inference: objectness/class scores range over")
 
 
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_check_config_and_the_daemon_run_the_largest_batch_through_the_model(tmp_path: Path, capsys,
+                                                                             max_batch) -> None:
+    """A batch dynamic in name only: refused by `check-config` and by the daemon's start at the
+    `model.max_batch` the pipeline forms; served as it is with `model.max_batch: 1`."""
+    from edge.daemon import EdgeDaemon
+    from edgewise.cli import main
+    from edgewise.errors import ModelError
+    from tests.edgewise.runtime.test_own_models import batch_of_one_only
+
+    model = batch_of_one_only(tmp_path / "b1.onnx")
+    cfg = settings_yaml(tmp_path / "edge.yaml", device_id="d1", streams=[{"id": "s", "kind": "synthetic"}],
+                        model={"path": str(model), "backend": "onnxruntime", "max_batch": max_batch},
+                        spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})
+    said = f"{model}: one frame runs but a batch of 4 fails ("
+    daemon = EdgeDaemon(load_settings(cfg))
+    if max_batch == 1:
+        assert main(["edge", "check-config", "--config", str(cfg)]) == 0
+        daemon._load_detector().close()
+        return
+    assert main(["edge", "check-config", "--config", str(cfg)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"edgewise: error: {said}") and line.endswith("or set model.max_batch to 1")
+    with pytest.raises(ModelError, match=re.escape(said)):
+        daemon._load_detector()
+
+
 @pytest.mark.parametrize("transport, cloud, says", [
     ("mqtt", {"endpoints": ["10.1.2.3:50051"]}, "spec.transport is 'mqtt', but this device's settings configure only "
                                                 "grpc: set cloud.mqtt.host"),

@@ -187,6 +187,27 @@ def test_a_load_request_that_does_not_parse_is_invalid_argument_not_a_logged_tra
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_a_model_whose_batch_is_dynamic_in_name_only_fails_the_warm_up_where_it_would_batch(tmp_path, mode):
+    """The warm-up retried a failed batch one image at a time, so the worker started and then
+    served one image per call, silently; with batching off nothing is batched, so it serves."""
+    from edgewise.errors import ModelError
+    from tests.edgewise.runtime.test_own_models import batch_of_one_only
+
+    model = batch_of_one_only(tmp_path / "b1.onnx")
+
+    async def main():
+        async with running(make_settings(model, mode=mode)) as (srv, stub, _ch):
+            return await stub.Infer(jpeg_request(photo()), timeout=10)
+
+    if mode == "off":
+        assert asyncio.run(main()).status == detect_pb2.OK
+        return
+    with pytest.raises(ModelError, match=r"b1\.onnx: one frame runs but a batch of 4 fails \(.*set "
+                                         r"batching\.max_batch_size to 1$"):
+        asyncio.run(main())
+
+
 class FailsOnBlackFrames(ModelRunner):
     """The real model, except that a batch containing an all-black frame raises
     (stands in for an input the model itself rejects)."""

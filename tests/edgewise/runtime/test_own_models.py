@@ -211,6 +211,38 @@ def test_an_integer_output_is_refused_at_load(tmp_path):
         load_model_info(p)
 
 
+def batch_of_one_only(path: Path) -> Path:
+    """A model whose batch is symbolic but which a reshape inside fixes at 1 (an export that
+    traced batch 1): one frame runs, two do not."""
+    const = head(P5_ROWS, 8)
+    nodes = [helper.make_node("ReduceMean", ["images"], ["m"], keepdims=1, axes=[1, 2, 3]),
+             helper.make_node("Reshape", ["m", "one"], ["m3"]),
+             helper.make_node("Mul", ["m3", "zero"], ["z"]),
+             helper.make_node("Add", ["z", "C"], ["output0"])]
+    inits = [numpy_helper.from_array(np.array([1, 1, 1], np.int64), "one"),
+             numpy_helper.from_array(np.zeros((1, 1, 1), np.float32), "zero"),
+             numpy_helper.from_array(const, "C")]
+    graph = helper.make_graph(
+        nodes, "batch1", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, S, S])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["batch", P5_ROWS, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="pytorch")
+    model.ir_version = 8
+    for k, v in {"stride": "32", "names": N3}.items():
+        model.metadata_props.add(key=k, value=v)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_batch_dynamic_in_name_only_is_found_before_it_runs(tmp_path):
+    """It passed `model info`, `check-config` and the daemon's start; then the edge dropped every
+    batch it formed (a traceback each) and the worker ran one image per call, silently."""
+    info = load_model_info(batch_of_one_only(tmp_path / "b1.onnx"))
+    assert info.dynamic_batch
+    assert first_frame_problem(info, 1) is None
+    problem = first_frame_problem(info, 4) or ""
+    assert problem.startswith("one frame runs but a batch of 4 fails (") and "set model.max_batch to 1" in problem
+
+
 def test_nms_output_whose_width_fits_one_class_fails_on_its_class_column(tmp_path):
     nms = np.zeros((1, 100, 6), np.float32)
     nms[0, 0] = [20, 20, 40, 40, 0.9, 2]  # x1, y1, x2, y2, score, class id 2
