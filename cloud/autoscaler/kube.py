@@ -7,14 +7,24 @@ resourceVersion it read so a concurrent change by someone else fails with 409
 instead of being overwritten (the next tick re-reads). In dry-run mode the
 decision is printed and nothing is patched.
 
-The client is blocking; the loop calls these methods in a worker thread.
+The client is blocking; the loop calls these methods in a worker thread. Its timeout
+(``_request_timeout``) bounds each socket read, not the answer: an API server, or a proxy in
+front of it, that trickled its answer a byte every half second held a read for 76 s with a 2 s
+timeout, and the daemon's SIGTERM with it. So the client's connections are tracked per thread
+(``_track``), and a timer shuts the socket of a call still running after ``request_timeout_s``
+down, which ends any read in progress; the call is then unavailable, like a timeout. (Leaving
+the call to a daemon thread instead aborted the process at exit: a daemon thread that wakes
+while the interpreter finalizes calls ``pthread_exit``, which aborts on this CPython.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -73,11 +83,45 @@ class DeploymentScale:
         self.dry_run = dry_run
         self.timeout = request_timeout_s
         self.out = out or (lambda line: print(line, file=sys.stdout, flush=True))
+        self._calls: dict[int, Any] = {}  # thread ident -> the connection its call is using
+        _track(api_client, self._calls)
+
+    @property
+    def _what(self) -> str:
+        return f"deployment {self.namespace}/{self.name} scale"
+
+    def _bounded(self, verb: str, call: Callable[[], Any]) -> Any:
+        """``call()``'s result within ``timeout`` seconds in all, else UnavailableError; its
+        errors as ``_error`` says them (module doc)."""
+        me = threading.get_ident()
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            sock = getattr(self._calls.get(me), "sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            return call()
+        except Exception as exc:
+            if expired.is_set():
+                raise UnavailableError(f"{verb} {self._what}: no complete answer within kubernetes.request_timeout_s "
+                                       f"({self.timeout:g} s; the answer came too slowly); check the API server "
+                                       "and the network to it") from None
+            raise self._error(verb, exc) from exc
+        finally:
+            timer.cancel()
+            self._calls.pop(me, None)
 
     def _error(self, verb: str, exc: Exception) -> Exception:
         from kubernetes.client.exceptions import ApiException
 
-        what = f"deployment {self.namespace}/{self.name} scale"
+        what = self._what
         if isinstance(exc, ApiException):
             status = exc.status
             if status == 404:
@@ -93,22 +137,23 @@ class DeploymentScale:
                 return ConfigError(f"{verb} {what}: forbidden (403); the service account needs "
                                    "get/patch on deployments/scale in that namespace")
             return UnavailableError(f"{verb} {what}: API server answered {status} {exc.reason}")
-        from urllib3.exceptions import MaxRetryError
+        from urllib3.exceptions import MaxRetryError, NewConnectionError
         from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
         if isinstance(exc, MaxRetryError) and exc.reason is not None:  # one attempt: say what failed
             exc = exc.reason
+        if isinstance(exc, NewConnectionError):  # refused, unreachable, a name that does not resolve
+            # (urllib3 2 derives it from its connect timeout, so it is told apart first)
+            return UnavailableError(f"{verb} {what}: cannot connect to the API server ({exc}); check "
+                                    "kubernetes.api_server (or the kubeconfig) and the network to it")
         if isinstance(exc, Urllib3Timeout):
             return UnavailableError(f"{verb} {what}: no answer within kubernetes.request_timeout_s "
                                     f"({self.timeout:g} s); check the API server and the network to it")
         return UnavailableError(f"{verb} {what}: {type(exc).__name__}: {exc}")
 
     def read(self) -> ScaleState:
-        try:
-            scale = self.api.read_namespaced_deployment_scale(
-                self.name, self.namespace, _request_timeout=self.timeout)
-        except Exception as exc:
-            raise self._error("reading", exc) from exc
+        scale = self._bounded("reading", lambda: self.api.read_namespaced_deployment_scale(
+            self.name, self.namespace, _request_timeout=self.timeout))
         spec, status, meta = (_field(scale, "spec"), _field(scale, "status"), _field(scale, "metadata"))
         replicas = _field(spec, "replicas") if spec is not None else None
         return ScaleState(
@@ -125,11 +170,31 @@ class DeploymentScale:
             self.out(json.dumps({"dry_run": True, "namespace": self.namespace, "deployment": self.name,
                                  "from": state.spec_replicas, "to": replicas, "reason": reason}))
             return False
-        try:
-            self.api.patch_namespaced_deployment_scale(
-                self.name, self.namespace, body,
-                _content_type="application/merge-patch+json", _request_timeout=self.timeout)
-        except Exception as exc:
-            raise self._error("patching", exc) from exc
+        self._bounded("patching", lambda: self.api.patch_namespaced_deployment_scale(
+            self.name, self.namespace, body, _content_type="application/merge-patch+json",
+            _request_timeout=self.timeout))
         log.info("scaled %s/%s %d -> %d: %s", self.namespace, self.name, state.spec_replicas, replicas, reason)
         return True
+
+
+
+def _track(api_client: Any, calls: dict[int, Any]) -> None:
+    """Make ``api_client``'s connections note themselves in ``calls`` (by thread) as each
+    request starts, so that a deadline can shut the socket of the call it bounds."""
+    from urllib3.connection import HTTPConnection, HTTPSConnection
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+    def noted(base: Any) -> Any:
+        class Noted(base):  # type: ignore[misc,valid-type]
+            def request(self, *args: Any, **kwargs: Any) -> Any:
+                calls[threading.get_ident()] = self
+                return super().request(*args, **kwargs)
+        return Noted
+
+    class Pool(HTTPConnectionPool):
+        ConnectionCls = noted(HTTPConnection)
+
+    class TlsPool(HTTPSConnectionPool):
+        ConnectionCls = noted(HTTPSConnection)
+
+    api_client.rest_client.pool_manager.pool_classes_by_scheme = {"http": Pool, "https": TlsPool}

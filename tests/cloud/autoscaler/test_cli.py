@@ -161,6 +161,34 @@ def test_live_process_patches_and_exports_metrics(servers, tmp_path):
     assert 'edgewise_autoscaler_decisions_total{direction="up"} 1.0' in text
 
 
+def test_sigterm_ends_the_process_while_the_api_server_trickles_its_answer(tmp_path):
+    """A trickling API server held the scale read for 76 s with a 2 s request timeout, and the
+    process exited 73 s after its SIGTERM (Kubernetes kills it after 30). Now within the timeout."""
+    import time
+
+    from tests.cloud.autoscaler.test_loop import TricklingGateway
+
+    slow, gw = TricklingGateway("body", seconds=60.0), PoolServer(pool_doc(2, 28.0))
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    try:
+        p = _spawn(["--gateway-url", gw.url, "--namespace", "prod", "--deployment", "edgewise-worker", "--min", "1",
+                    "--max", "20", "--interval", "0.2", "--api-server", slow.url, "--token-file", str(token),
+                    "--set", "kubernetes.request_timeout_s=1"], tmp_path)
+        try:
+            wait_until(lambda: slow.connections > 0, 20, "the scale read to reach the trickling server")
+        finally:
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGTERM)
+            _out, err = p.communicate(timeout=15)
+        assert p.returncode == 0, err
+        assert time.monotonic() - t0 < 5.0, err
+        assert "no complete answer within kubernetes.request_timeout_s (1 s" in err
+    finally:
+        slow.close()
+        gw.close()
+
+
 def test_process_rejects_bad_flags_with_a_message(tmp_path):
     p = _spawn(["--gateway-url", "gw:9100", "--api-server", "http://127.0.0.1:9"], tmp_path)
     out, err = p.communicate(timeout=30)

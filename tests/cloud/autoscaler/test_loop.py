@@ -400,11 +400,13 @@ class TricklingGateway(Listener):
 
         self.where, self.seconds = where, seconds
         self.stopped = threading.Event()
+        self.connections = 0
         super().__init__()
 
     def on_connection(self, conn: Any) -> None:
         import threading
 
+        self.connections += 1
         threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: Any) -> None:
@@ -454,3 +456,44 @@ def test_a_trickling_gateway_costs_one_timeout_and_no_thread(api: ScaleAPI, wher
         assert threading.active_count() <= threads + 1, "no poll thread is left reading"
     finally:
         gw.close()
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_trickling_api_server_holds_a_call_no_longer_than_its_timeout(where: str) -> None:
+    """urllib3's timeout bounds each read: an API server (or a proxy) trickling its answer held a
+    read of the scale for 76 s with a 2 s timeout, and the autoscaler's SIGTERM with it. Now each
+    call ends at ``request_timeout_s``, its socket shut, and no thread is left reading."""
+    import threading
+    import time
+
+    from cloud.discovery.kubeclient import KubeAccess, build_api_client
+
+    slow = TricklingGateway(where, seconds=30.0)
+    try:
+        target = DeploymentScale(build_api_client(KubeAccess(api_server=slow.url, token="t")), "ns", "w",
+                                 request_timeout_s=0.5)
+        threads = threading.active_count()
+        for call in (target.read, lambda: target.apply(3, ScaleState(2, 2, "1"), "test")):
+            t0 = time.monotonic()
+            with pytest.raises(UnavailableError, match=r"deployment ns/w scale: no complete answer within "
+                                                       r"kubernetes.request_timeout_s \(0.5 s"):
+                call()
+            assert time.monotonic() - t0 < 1.5
+        assert slow.connections == 2 and not target._calls
+        time.sleep(0.2)
+        assert threading.active_count() <= threads, "no thread is left reading"
+    finally:
+        slow.close()
+
+
+def test_an_api_server_that_refuses_or_does_not_resolve_is_named_so_not_a_timeout() -> None:
+    """urllib3 2 derives its connection errors from its connect timeout: a refused connection or
+    a name that does not resolve read as 'no answer within request_timeout_s'."""
+    from cloud.discovery.kubeclient import KubeAccess, build_api_client
+
+    for url, said in (("http://127.0.0.1:9", "Connection refused"),
+                      ("http://no-such-host.invalid:6443", "no-such-host.invalid")):
+        target = DeploymentScale(build_api_client(KubeAccess(api_server=url, token="t")), "ns", "w",
+                                 request_timeout_s=5)
+        with pytest.raises(UnavailableError, match=rf"cannot connect to the API server \(.*{said}"):
+            target.read()
