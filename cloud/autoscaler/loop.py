@@ -104,10 +104,12 @@ def parse_pool(doc: Any, source: str) -> GatewayPool:
         where = f"{source}: workers[{i}]"
         if not isinstance(w, Mapping) or not isinstance(w.get("address"), str):
             raise InvalidInputError(f"{where}: needs a string address")
+        if not isinstance(w.get("ejected", False), bool):  # bool("false") is True: a worker wrongly counted out
+            raise InvalidInputError(f"{where}: ejected must be true or false, got {repr(w.get('ejected'))[:40]}")
         workers.append(WorkerView(
             address=w["address"], state=str(w.get("state", "ready")),
             in_flight=_num(w, "in_flight", where) or 0.0, capacity=_num(w, "capacity", where) or 0.0,
-            ejected=bool(w.get("ejected", False)),
+            ejected=w.get("ejected", False),
             peak_capacity=_num(w, "peak_capacity", where, optional=True) or 0.0))
     return GatewayPool(
         source=source, in_flight=_num(doc, "in_flight", source) or 0.0,

@@ -356,6 +356,8 @@ def test_load_target_scales_on_the_gateways_request_counters(api, gateways):
     ({"in_flight": 1, "capacity": 1, "requests_total": -5}, "requests_total"),
     ({"in_flight": 1, "capacity": 1, "requests_total": 10**400}, "requests_total"),  # past float range
     ({"in_flight": 1e300, "capacity": 1}, r"in_flight must be a number in \[0, 1e\+12\]"),
+    ({"in_flight": 1, "capacity": 1, "workers": [{"address": "w:1", "ejected": "false"}]},
+     r"workers\[0\]: ejected must be true or false, got 'false'"),
 ])
 def test_parse_pool_rejects_bad_documents(doc, msg):
     with pytest.raises(InvalidInputError, match=msg):
