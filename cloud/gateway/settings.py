@@ -191,7 +191,8 @@ class GatewaySettings:
                                 "0 = any free port, -1 = off.", 9100, lo=-1, hi=65535)
     load_poll_interval_s: float = setting("How often each worker's Load (capacity, queue, serving) is polled, "
                                           "seconds.", 1.0, lo=0, lo_open=True)
-    shutdown_grace_s: float = setting("On SIGTERM, how long in-flight requests may finish, seconds.", 10.0, lo=0)
+    shutdown_grace_s: float = setting("On SIGTERM, how long in-flight requests may finish, seconds (the chart gives "
+                                      "the pod this and 15 s to stop).", 10.0, lo=0, hi=3600)
     tls: TlsSettings = setting("Server TLS.", factory=TlsSettings)
     auth: AuthSettings = setting("Per-device bearer tokens.", factory=AuthSettings)
     limits: LimitSettings = setting("Input limits, deadlines, rate limits.", factory=LimitSettings)
