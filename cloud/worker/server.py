@@ -137,15 +137,23 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             rounds = max(rounds, AUTO_WARMUP_ROUNDS)
         dummy = await self._in_pool(self._decode_pool, self.runner.dummy)
         fastest: dict[int, float] = {}
+        unbatchable: BatchingDecision | None = None
         for rnd in range(rounds):
             for size in sizes:
-                try:  # the first round as one call per size: a batch that fails fails the start
+                try:  # the first round as one call per size: a batch that fails is not hidden
                     outs, secs = await self._in_pool(self._infer_pool, self.runner.run, [dummy] * size, rnd == 0)
                 except Exception as exc:
                     log.debug("warm-up failure", exc_info=exc)
                     if size == 1:
                         raise self.runner.warmup_error(exc) from None
-                    raise batch_failure(self.runner.detector.info, size, exc, "batching.max_batch_size") from None
+                    failure = batch_failure(self.runner.detector.info, size, exc, "batching.max_batch_size")
+                    if self.settings.batching.mode != "auto":  # `on` asked for batches it cannot have
+                        raise failure from None
+                    log.warning("%s; batching.mode auto serves one image per call", failure)
+                    unbatchable = BatchingDecision(False, 0.0, 0, f"batch 1, no queue delay: a batch of {size} "
+                                                                  "fails (batching.mode auto)")
+                    sizes = [1]
+                    break
                 bad = [o for o in outs if isinstance(o, Exception)]
                 if bad:  # one line naming the model and the cause, not the runtime's traceback
                     log.debug("warm-up failure", exc_info=bad[0])
@@ -161,7 +169,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
                 log.debug("warm-up failure", exc_info=outs[0])
                 raise self.runner.warmup_error(outs[0], probe) from None
         b = self.settings.batching
-        self.batching = decide_batching(b.mode, fastest, b.min_gain, b.max_batch_size)
+        self.batching = unbatchable or decide_batching(b.mode, fastest, b.min_gain, b.max_batch_size)
         if not self.batching.batch:
             self.batcher.set_policy(pol.unbatched())
         self.metrics.batching.set(1 if self.batching.batch else 0)

@@ -89,12 +89,15 @@ def _missed_objectness(
     above = obj > p.missed_floor
     above[kept_rows] = False
     rows = np.flatnonzero(above)
-    rows = rows[_usable_boxes(pred[rows, :4])]
     if rows.size == 0:
         return 0.0
     vals = obj[rows].astype(np.float32)
     if kept_xyxy.shape[0] == 0:
-        return float(vals.max())
+        best = int(vals.argmax())
+        if _usable_boxes(pred[rows[best : best + 1], :4])[0]:
+            return float(vals[best])
+        usable = _usable_boxes(pred[rows, :4])  # rare: the top row holds no box
+        return float(vals[usable].max()) if usable.any() else 0.0
     # Rows in descending objectness: most high-objectness rows sit on kept
     # boxes, so check the top FIRST_CHUNK rows (found by an O(R) partial sort)
     # in one [chunk x K] IoU pass; only if all overlap, walk the rest in order.
@@ -121,8 +124,7 @@ def _missed_objectness(
 
 def _usable_boxes(xywh: np.ndarray) -> np.ndarray:
     """Which rows of ``xywh`` [M,4] hold a box: finite, with positive width and height."""
-    with np.errstate(invalid="ignore"):
-        return np.asarray(np.isfinite(xywh).all(axis=1) & (xywh[:, 2] > 0) & (xywh[:, 3] > 0))
+    return np.asarray(np.isfinite(xywh).all(axis=1) & (xywh[:, 2] > 0) & (xywh[:, 3] > 0))
 
 
 def _first_free(
@@ -133,9 +135,10 @@ def _first_free(
     kept_xyxy: np.ndarray,
     missed_iou: float,
 ) -> Optional[float]:
-    """Objectness of the first row of ``sel`` (already sorted) not overlapping a kept box."""
-    boxes = xywh2xyxy(pred[rows[sel], :4].astype(np.float32))
-    free = np.flatnonzero(~_overlaps_any(boxes, kept_xyxy, missed_iou))
+    """Objectness of the first row of ``sel`` (already sorted) holding a box that overlaps no
+    kept box."""
+    xywh = pred[rows[sel], :4].astype(np.float32)
+    free = np.flatnonzero(_usable_boxes(xywh) & ~_overlaps_any(xywh2xyxy(xywh), kept_xyxy, missed_iou))
     return float(vals[sel[free[0]]]) if free.size else None
 
 
@@ -184,7 +187,8 @@ def decode_one(
     cand_rows = np.flatnonzero(obj > p.conf_thres)
     cand_rows = cand_rows[_usable_boxes(pred[cand_rows, :4])]
     cand = pred[cand_rows].astype(np.float32, copy=False)
-    cls_scores = np.minimum(cand[:, 5:] * cand[:, 4:5], np.float32(1.0))  # conf = obj_conf * cls_conf
+    cls_scores = cand[:, 5:] * cand[:, 4:5]  # conf = obj_conf * cls_conf
+    np.minimum(cls_scores, np.float32(1.0), out=cls_scores)
     if p.multi_label:
         ii, jj = np.nonzero(cls_scores > p.conf_thres)
         conf = cls_scores[ii, jj]

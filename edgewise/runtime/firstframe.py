@@ -19,12 +19,14 @@ from edgewise.runtime.metadata import ModelInfo, check_output
 
 
 def batch_failure(info: ModelInfo, batch: int, exc: BaseException, setting: str) -> ModelError:
-    """The error for a model that runs one frame but not ``batch`` of them: a batch dimension
-    dynamic in name only (a reshape inside fixed at 1). It passed every check, and then the
-    edge dropped every batch it formed and the worker silently ran one image per call."""
+    """The error for a model that runs one frame but not ``batch`` of them: most often a batch
+    dimension dynamic in name only (a reshape inside fixed at 1), or a batch that does not fit
+    the device. It passed every check, and then the edge dropped every batch it formed and the
+    worker ran one image per call."""
     why = " ".join(str(exc).split())[:300] or type(exc).__name__
-    return ModelError(f"{info.path}: one frame runs but a batch of {batch} fails ({why}): its batch dimension is "
-                      f"dynamic in name only; re-export it with a truly dynamic batch, or set {setting} to 1")
+    return ModelError(f"{info.path}: one frame runs but a batch of {batch} fails ({why}): the model's batch "
+                      "dimension may be dynamic in name only (a reshape fixed at 1), or the batch does not fit; "
+                      f"re-export it with a truly dynamic batch, or set {setting} to 1")
 
 
 def first_frame_problem(info: ModelInfo, batch: int = 2, setting: str = "model.max_batch") -> Optional[str]:

@@ -247,10 +247,12 @@ def _read_sidecar(path: Path) -> Dict[str, Any]:
 
 
 def _dims(value_info: Any) -> Tuple[Optional[int], ...]:
+    """A tensor's dims, None where symbolic; -1 too, which tf2onnx and paddle2onnx write for
+    "any" and ONNX Runtime runs at any size."""
     tt = value_info.type.tensor_type
     if not tt.HasField("shape"):
         return ()
-    return tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+    return tuple(d.dim_value if d.HasField("dim_value") and d.dim_value != -1 else None for d in tt.shape.dim)
 
 
 def parse_imgsz(value: Any, where: str) -> Tuple[int, int]:
@@ -452,9 +454,7 @@ def _info_from_graph(
     else:
         precision = "float32"
     batch = ishape[0]
-    if batch is not None and batch < 0:  # tf2onnx and paddle2onnx write -1 for "any": ONNX Runtime runs any batch
-        batch, ishape = None, (None,) + tuple(ishape[1:])
-    if batch is not None and not 0 < batch <= MAX_FIXED_BATCH:
+    if batch is not None and not 0 < batch <= MAX_FIXED_BATCH:  # (-1, "any", is None: ``_dims``)
         raise ModelError(f"{p}: input {inp.name!r} {_shape_str(ishape)} has a fixed batch of {batch} (allowed: "
                          f"1..{MAX_FIXED_BATCH}); export with batch 1, or a dynamic batch")
     return ModelInfo(
@@ -572,6 +572,10 @@ def check_output(info: ModelInfo, batch_shape: Sequence[int], raw: Any) -> None:
     shape = tuple(int(d) for d in getattr(raw, "shape", ()))
     if len(shape) != 3:
         raise ModelError(f"{p}: the model's output is {list(shape)}, not a YOLOv5 head [B,N,5+nc]; export YOLOv5")
+    if batch_shape and shape[0] != int(batch_shape[0]):
+        raise ModelError(f"{p}: the model's output {list(shape)} holds {shape[0]} image(s) for an input batch of "
+                         f"{int(batch_shape[0])}: its batch dimension is dynamic in name only (a reshape fixed at "
+                         "1); re-export it with a truly dynamic batch, or run it at batch 1")
     rows, cols = shape[1], shape[2]
     if cols != 5 + info.nc:
         if cols == 4 + info.nc and _one_row_per_cell(rows, tuple(batch_shape)):

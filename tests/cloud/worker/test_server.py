@@ -187,25 +187,40 @@ def test_a_load_request_that_does_not_parse_is_invalid_argument_not_a_logged_tra
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
-@pytest.mark.parametrize("mode", ["on", "off"])
-def test_a_model_whose_batch_is_dynamic_in_name_only_fails_the_warm_up_where_it_would_batch(tmp_path, mode):
-    """The warm-up retried a failed batch one image at a time, so the worker started and then
-    served one image per call, silently; with batching off nothing is batched, so it serves."""
+@pytest.mark.parametrize("mode", ["on", "auto", "off"])
+def test_a_model_whose_batch_is_dynamic_in_name_only_is_not_served_in_batches(tmp_path, mode, caplog):
+    """The warm-up retried a failed batch one image at a time, so a worker asked to batch
+    (`on`) started and served one image per call, silently. Now `on` fails its start (and stops
+    what it started: the port is closed), `auto` warns and serves batch 1, `off` never batches."""
+    import logging
+    import socket
+
     from edgewise.errors import ModelError
     from tests.edgewise.runtime.test_own_models import batch_of_one_only
 
     model = batch_of_one_only(tmp_path / "b1.onnx")
+    settings = make_settings(model, mode=mode)
 
-    async def main():
-        async with running(make_settings(model, mode=mode)) as (srv, stub, _ch):
-            return await stub.Infer(jpeg_request(photo()), timeout=10)
+    async def serve_one():
+        async with running(settings) as (srv, stub, _ch):
+            return await stub.Infer(jpeg_request(photo()), timeout=10), srv.service.batching
 
-    if mode == "off":
-        assert asyncio.run(main()).status == detect_pb2.OK
+    async def fail_start():
+        server, port = create_server(settings)
+        with pytest.raises(ModelError, match=r"b1\.onnx: one frame runs but a batch of 4 fails \(.*set "
+                                             r"batching\.max_batch_size to 1$"):
+            await server.start()
+        with pytest.raises(OSError):  # stopped, not left listening
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+    if mode == "on":
+        asyncio.run(fail_start())
         return
-    with pytest.raises(ModelError, match=r"b1\.onnx: one frame runs but a batch of 4 fails \(.*set "
-                                         r"batching\.max_batch_size to 1$"):
-        asyncio.run(main())
+    with caplog.at_level(logging.WARNING):
+        answer, batching = asyncio.run(serve_one())
+    assert answer.status == detect_pb2.OK and batching is not None and not batching.batch
+    warned = [r.getMessage() for r in caplog.records if "serves one image per call" in r.getMessage()]
+    assert len(warned) == (1 if mode == "auto" else 0), warned
 
 
 class FailsOnBlackFrames(ModelRunner):

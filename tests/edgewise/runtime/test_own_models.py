@@ -243,6 +243,16 @@ def test_a_batch_dynamic_in_name_only_is_found_before_it_runs(tmp_path):
     assert problem.startswith("one frame runs but a batch of 4 fails (") and "set model.max_batch to 1" in problem
 
 
+def test_an_output_with_fewer_images_than_the_batch_is_refused(tmp_path):
+    """A constant head answers one image whatever the batch: `check-config` passed it, then the
+    daemon's batches failed on 'got 4 letterbox metas for a batch of 1'."""
+    p = const_model(tmp_path / "one.onnx", head(P5_ROWS, 8), in_shape=("batch", 3, S, S),
+                    out_shape=("batch", P5_ROWS, 8), meta={"names": N3})
+    info = load_model_info(p)
+    assert first_frame_problem(info, 1) is None
+    assert "holds 1 image(s) for an input batch of 4" in (first_frame_problem(info, 4) or "")
+
+
 def test_nms_output_whose_width_fits_one_class_fails_on_its_class_column(tmp_path):
     nms = np.zeros((1, 100, 6), np.float32)
     nms[0, 0] = [20, 20, 40, 40, 0.9, 2]  # x1, y1, x2, y2, score, class id 2
