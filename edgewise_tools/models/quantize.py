@@ -44,8 +44,10 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import EdgewiseError, InvalidInputError, ModelError
 from edgewise.runtime.cpu import cpu_lacks_vnni
+from edgewise.runtime.firstframe import first_frame_problem
 from edgewise.runtime.metadata import (
     ModelInfo,
+    check_output,
     find_sidecar,
     imgsz_guess_warning,
     load_model_info,
@@ -273,6 +275,9 @@ def quantize(
     if info.precision == "float16":  # ONNX Runtime's calibration feeds float32 and fails deep inside
         raise InvalidInputError(f"{info.path} is a float16 model; quantize the float32 export (YOLOv5's "
                                 "export.py without --half)")
+    problem = first_frame_problem(info, 1)  # a float model no runtime takes (NaN, logits) makes no INT8 one
+    if problem:
+        raise ModelError(f"{info.path}: {problem}")
     src = Path(model_path)
     out = Path(out_path) if out_path is not None else src.with_name(f"{src.stem}-int8.onnx")
     if out.resolve() == src.resolve():
@@ -547,9 +552,8 @@ def _validate_staged(staged: Path, info: Any, batch: Any) -> None:
 
     with _as_model_error(info.path, "the INT8 model's validation (ONNX Runtime load + one frame)"):
         session = cpu_session(staged, 1)
-        raw = session.run(None, {info.input_name: batch[: max(1, info.fixed_batch)]})[0]
-        if raw.ndim != 3 or raw.shape[2] != 5 + info.nc or not np.isfinite(raw).all():
-            raise ValueError(f"output {raw.shape} is not [B, N, {5 + info.nc}] of finite numbers")
+        frame = batch[: max(1, info.fixed_batch)]
+        check_output(info, frame.shape, np.asarray(session.run(None, {info.input_name: frame})[0], np.float32))
 
 
 def _one_line(e: BaseException) -> str:

@@ -578,3 +578,22 @@ def test_a_report_path_that_is_the_model_or_the_output_is_refused_before_anythin
     assert rc == 2
     assert f"--report {report} is also {'the model' if clash == 'model' else '-o'}" in capsys.readouterr().err
     assert model.read_bytes() == tiny_model.read_bytes() and not out.exists()
+
+
+def test_a_float_model_no_runtime_takes_is_refused_before_calibration(photos, tmp_path):
+    """A model whose output is NaN failed deep in calibration ('scale issue'); one with logits
+    was quantized into an INT8 model every runtime then refused. Both are said at once now, by
+    the runtime's own first-inference check, before anything runs or is written."""
+    from tests.edgewise.runtime.test_own_models import N3, P5_ROWS, const_model, head
+
+    nan, logits = head(P5_ROWS, 8), head(P5_ROWS, 8)
+    nan[0, 0, 0] = np.nan
+    logits[0, 0, 4:] = [4.0, -3.0, -3.0, 5.0]
+    out = tmp_path / "q.onnx"
+    for name, const, said in (("nan.onnx", nan, "holds 1 NaN or infinite values"),
+                              ("logits.onnx", logits, "not sigmoid probabilities")):
+        model = const_model(tmp_path / name, const, meta={"names": N3})
+        progress: list = []
+        with pytest.raises(ModelError, match=rf"{name}: first inference: .*{said}"):
+            quantize(model, photos, samples=2, holdout=2, out_path=out, progress=lambda *a: progress.append(a))
+        assert progress == [] and not out.exists()
