@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -145,21 +146,44 @@ def parse_names(value: Any, where: str) -> Tuple[str, ...]:
             ) from None
     if isinstance(value, Mapping):
         try:
-            items = sorted((int(k), str(v)) for k, v in value.items())
+            items = sorted(((int(k), v) for k, v in value.items()), key=lambda kv: kv[0])
         except (TypeError, ValueError):
             raise ModelError(f"{where}: class names dict keys must be integers 0..nc-1") from None
         if [k for k, _ in items] != list(range(len(items))):
             raise ModelError(
                 f"{where}: class ids must be 0..{len(items) - 1} without gaps, got {[k for k, _ in items][:20]}"
             )
-        names = tuple(v for _, v in items)
+        raw = [v for _, v in items]
     elif isinstance(value, (list, tuple)):
-        names = tuple(str(v) for v in value)
+        raw = list(value)
     else:
         raise ModelError(f"{where}: class names must be a dict {{id: name}} or a list, got {type(value).__name__}")
-    if not names:
+    if not raw:
         raise ModelError(f"{where}: class names are empty")
+    names = tuple(_class_name(v, i, where) for i, v in enumerate(raw))
+    repeated = sorted(n for n, count in Counter(names).items() if count > 1)
+    if repeated:
+        raise ModelError(f"{where}: class names repeat ({', '.join(map(repr, repeated[:5]))}): the edge and the "
+                         "cloud model's classes are matched by name, so each must be unique")
     return names
+
+
+#: the longest class name accepted (COCO's longest is 14 characters)
+MAX_NAME_CHARS = 256
+
+
+def _class_name(value: Any, i: int, where: str) -> str:
+    """Class ``i``'s name: text (a number is taken as its digits) of printable characters.
+    Anything else was turned into text before, so a list, a null or a YAML alias bomb became a
+    name (the bomb: hundreds of MB of one)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        shown = f" {value!r}" if value is None or isinstance(value, (bool, float)) else ""  # never a container's repr
+        raise ModelError(f"{where}: class name {i} is a {type(value).__name__}{shown}, not text")
+    name = str(value)
+    if not name.strip() or len(name) > MAX_NAME_CHARS or not name.isprintable():
+        raise ModelError(f"{where}: class name {i} {name[:40]!r} must be 1..{MAX_NAME_CHARS} printable characters "
+                         "and not blank")
+    return name
 
 
 def _parse_conf(value: str, where: str) -> float:

@@ -269,6 +269,32 @@ def test_pathological_names_are_a_model_error(text):
     assert one_line(e).startswith("m.onnx (ONNX metadata): class names")
 
 
+@pytest.mark.parametrize("names, said", [
+    ("[[1, 2], 'dog', 'car']", "class name 0 is a list, not text"),
+    ("[None, 'dog', 'car']", "class name 0 is a NoneType None, not text"),
+    ("{0: 'cat', 1: {'k': 'v'}, 2: 'car'}", "class name 1 is a dict, not text"),
+    ("['cat', '', 'car']", "class name 1 '' must be 1..256 printable characters"),
+    ("['cat', 'do\\ng', 'car']", "class name 1 'do\\ng' must be 1..256 printable characters"),
+    ("['cat', 'cat', 'car']", "class names repeat ('cat'): the edge and the cloud model's classes are matched by name"),
+])
+def test_class_names_are_unique_printable_text(names, said):
+    """Anything was turned into text: a list or a null became a class name, a YAML alias bomb in
+    a sidecar one of hundreds of MB; repeated names made the name-matched merge ambiguous."""
+    with pytest.raises(ModelError) as e:
+        parse_names(names, "m.onnx (ONNX metadata)")
+    assert one_line(e).startswith("m.onnx (ONNX metadata): ") and said in str(e.value)
+    assert parse_names("{0: 'traffic light', 1: 7, 2: '自行车'}", "m") == ("traffic light", "7", "自行车")
+
+
+def test_a_yaml_alias_bomb_in_a_sidecar_is_refused_without_expanding_it(tmp_path):
+    p = const_model(tmp_path / "m.onnx", head(P5_ROWS, 8), meta={})
+    bomb = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    bomb += [f"{c}: &{c} [{', '.join(['*' + prev] * 9)}]" for prev, c in zip("abcdefgh", "bcdefghi")]
+    (tmp_path / "m.yaml").write_text("\n".join(bomb) + "\nnames: [*i, dog, car]\n")
+    with pytest.raises(ModelError, match=r"m\.yaml: class name 0 is a list, not text"):
+        load_model_info(p)
+
+
 def test_latin1_sidecar_is_a_model_error(tmp_path):
     p = const_model(tmp_path / "m.onnx", head(P5_ROWS, 8), meta={})
     (tmp_path / "m.yaml").write_bytes(b"names: [caf\xe9, dog, car]\n")
