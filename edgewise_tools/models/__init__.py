@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 from edgewise.errors import InvalidInputError
+from edgewise.runtime.metadata import MAX_INPUT_SIDE
+from edgewise_tools.outputs import check_output_file
 
+#: The newest opset torch's TorchScript exporter writes (``torch.onnx._constants``, torch 2.x)
+TORCHSCRIPT_MAX_OPSET = 20
+#: and its dynamo exporter (``ONNX_MAX_OPSET``)
+DYNAMO_MAX_OPSET = 23
 #: Architectures ``build_onnx`` knows (YOLOv5 v7.0 depth/width multiples).
 ARCHITECTURES = ("yolov5n", "yolov5s", "yolov5m", "yolov5l", "yolov5x")
 
@@ -40,9 +46,10 @@ def build_onnx(
         raise InvalidInputError(
             f"--arch {arch!r}: unknown architecture; use one of {', '.join(ARCHITECTURES)}"
         )
-    if int(imgsz) < 32 or int(imgsz) % 32:
+    if int(imgsz) < 32 or int(imgsz) % 32 or int(imgsz) > MAX_INPUT_SIDE:
         raise InvalidInputError(
-            f"--imgsz {imgsz}: must be a positive multiple of 32 (the largest stride)"
+            f"--imgsz {imgsz}: must be a multiple of 32 (the largest stride) in 32..{MAX_INPUT_SIDE} (what every "
+            "loader takes)"
         )
     if int(nc) < 1:
         raise InvalidInputError(f"--classes {nc}: need at least one class")
@@ -52,6 +59,12 @@ def build_onnx(
         raise InvalidInputError(
             f"--opset {opset}: the {'dynamo exporter needs 18' if dynamo else 'YOLOv5 graph needs 11'} or newer"
         )
+    newest = DYNAMO_MAX_OPSET if dynamo else TORCHSCRIPT_MAX_OPSET
+    if int(opset) > newest:  # (the dynamo exporter wrote opset 18 for 30, silently)
+        raise InvalidInputError(f"--opset {opset}: torch's {'dynamo' if dynamo else 'TorchScript'} exporter writes "
+                                f"at most opset {newest} (JetPack 5.1's TensorRT 8.5 takes up to 17)")
+    if path is not None:
+        check_output_file(path, "-o")
     if dynamic_hw and not dynamic_batch:
         raise InvalidInputError("--dynamic makes the batch axis dynamic too (as upstream); drop --static-batch")
     try:

@@ -87,11 +87,16 @@ def test_build_static_batch_and_default_names(tmp_path):
         ({"arch": "yolov5n", "imgsz": 100}, "multiple of 32"),
         ({"arch": "yolov5n", "nc": 0}, "at least one class"),
         ({"arch": "yolov5n", "nc": 2, "names": ["a"]}, "1 names given for 2 classes"),
+        # each was a traceback (an allocation, torch's RuntimeError), or opset 18 written for 30
+        ({"arch": "yolov5n", "imgsz": 32768}, r"--imgsz 32768: must be a multiple of 32 .* in 32..8192"),
+        ({"arch": "yolov5n", "opset": 99}, "TorchScript exporter writes at most opset 20"),
+        ({"arch": "yolov5n", "opset": 30, "dynamo": True}, "dynamo exporter writes at most opset 23"),
+        ({"arch": "yolov5n", "path": "."}, r"-o \.: is a folder; give the path of the file to write"),
     ],
 )
 def test_build_rejects_bad_arguments(tmp_path, kwargs, match):
     with pytest.raises(InvalidInputError, match=match):
-        build_onnx(path=tmp_path / "x.onnx", **kwargs)
+        build_onnx(**{"path": tmp_path / "x.onnx", **kwargs})
 
 
 def test_models_import_without_torch_and_build_says_what_to_install():
