@@ -226,19 +226,19 @@ def _parse_int(value: Any, key: str, where: str) -> int:
     return out
 
 
-def _parse_imgsz(value: Any, where: str) -> Tuple[int, int]:
+def _parse_imgsz(value: Any, where: str, shown: Any = None) -> Tuple[int, int]:
+    raw = value if shown is None else shown
     try:
         if isinstance(value, str):
             value = ast.literal_eval(value.strip())
-        if isinstance(value, bool):
-            raise TypeError(value)
-        vals = [value] if isinstance(value, int) else [int(v) for v in value]
-    except (ValueError, SyntaxError, TypeError):
-        raise ModelError(f"{where}: imgsz must be an int or [h, w], got {value!r}") from None
+        # each side an integer: 64.5 was cut to 64, and the text '64' read as the sides 6 and 4
+        vals = [_strict_int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise ModelError(f"{where}: imgsz must be an int or [h, w], got {raw!r}") from None
     if len(vals) == 1:
         vals = vals * 2
     if len(vals) != 2 or min(vals) <= 0:
-        raise ModelError(f"{where}: imgsz must be an int or [h, w] of positive ints, got {value!r}")
+        raise ModelError(f"{where}: imgsz must be an int or [h, w] of positive ints, got {raw!r}")
     return (vals[0], vals[1])
 
 
@@ -284,9 +284,10 @@ def parse_imgsz(value: Any, where: str) -> Tuple[int, int]:
 
     Raises ``ModelError`` naming ``where`` for anything else.
     """
+    shown = value
     if isinstance(value, str) and ("x" in value or "," in value) and "[" not in value:
-        value = [v for v in value.replace("x", ",").split(",") if v.strip()]
-    return _parse_imgsz(value, where)
+        value = [v.strip() for v in value.replace("x", ",").split(",")]  # "64x" is [64, ""]: refused
+    return _parse_imgsz(value, where, shown)
 
 
 def load_model_info(path: PathLike, imgsz: Optional[ImgszLike] = None) -> ModelInfo:

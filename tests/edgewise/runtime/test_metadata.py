@@ -262,3 +262,23 @@ def test_a_fixed_input_size_no_image_can_have_is_refused(tmp_path: Path, h: int,
     onnx.save(helper.make_model(graph), str(p))
     with pytest.raises(ModelError, match=rf"input size {h}x{w} is not a usable image size \(each side in 1..8192"):
         load_model_info(p)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (640, (640, 640)), ("640", (640, 640)), ("480x640", (480, 640)), ("480, 640", (480, 640)),
+    ([480, 640], (480, 640)), ("[480, 640]", (480, 640)), ("'64'", (64, 64)), (64.0, (64, 64)),
+])
+def test_imgsz_forms_that_are_read(value, expected):
+    from edgewise.runtime.metadata import parse_imgsz
+
+    assert parse_imgsz(value, "m.onnx") == expected
+
+
+@pytest.mark.parametrize("value", ["[64.5, 64]", "64x", "x", True, [64, 64, 64], "[0, 64]"])
+def test_imgsz_forms_that_are_refused_not_misread(value):
+    """'[64.5, 64]' was cut to 64, the text "'64'" read as the sides 6 and 4, '64x' taken as 64x64."""
+    from edgewise.runtime.metadata import parse_imgsz
+
+    with pytest.raises(ModelError, match=re.escape(f"m.onnx: imgsz must be an int or [h, w]") + r".*" +
+                       re.escape(repr(value))):
+        parse_imgsz(value, "m.onnx")
