@@ -279,6 +279,6 @@ def test_imgsz_forms_that_are_refused_not_misread(value):
     """'[64.5, 64]' was cut to 64, the text "'64'" read as the sides 6 and 4, '64x' taken as 64x64."""
     from edgewise.runtime.metadata import parse_imgsz
 
-    with pytest.raises(ModelError, match=re.escape(f"m.onnx: imgsz must be an int or [h, w]") + r".*" +
+    with pytest.raises(ModelError, match=re.escape("m.onnx: imgsz must be an int or [h, w]") + r".*" +
                        re.escape(repr(value))):
         parse_imgsz(value, "m.onnx")
