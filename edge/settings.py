@@ -30,7 +30,7 @@ from edge.sources.live import (
 from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
-from edgewise.ids import bearer_token_problem, id_problem
+from edgewise.ids import bearer_token_problem, credential_problem, id_problem
 from edgewise.runtime.detector import BACKENDS
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings import describe as describe_schema
@@ -374,6 +374,10 @@ def _validate_cloud(c: CloudSettings) -> None:
     token_bad = bearer_token_problem(c.token) if c.token else None
     if token_bad:
         raise Invalid("cloud.token", token_bad)
+    for key in ("username", "password"):
+        credential_bad = credential_problem(getattr(c.mqtt, key))
+        if credential_bad:
+            raise Invalid(f"cloud.mqtt.{key}", credential_bad)
     try:
         mqtt_topics.check_prefix(c.mqtt.topic_prefix, "value")
     except InvalidInputError as exc:

@@ -37,3 +37,15 @@ def bearer_token_problem(token: str) -> Optional[str]:
         return ("holds a blank, control or non-ASCII character; a bearer token is sent as gRPC metadata, so "
                 "use printable ASCII without spaces (e.g. `openssl rand -hex 32`)")
     return None
+
+
+def credential_problem(value: str) -> Optional[str]:
+    """Why ``value`` cannot be an MQTT username or password, or None: a control character, most
+    often the line break that ends a file (a Kubernetes Secret made with ``--from-file``, an
+    environment file edited on Windows). The broker's password file is written without it (the
+    chart's ``mosquitto_passwd`` takes ``$(cat file)``), so the login failed, quietly, for good.
+    The one rule of the edge's and the gateway's ``mqtt.username`` and ``mqtt.password``."""
+    if any(c < "\x20" or c == "\x7f" for c in value):
+        return ("holds a line break or another control character (a file's last newline?); remove it: the "
+                "broker compares it byte for byte")
+    return None

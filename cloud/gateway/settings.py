@@ -21,7 +21,7 @@ from cloud.gateway.balancing import BalancerConfig
 from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
-from edgewise.ids import DEFAULT_MAX_ID_LENGTH, bearer_token_problem, id_problem
+from edgewise.ids import DEFAULT_MAX_ID_LENGTH, bearer_token_problem, credential_problem, id_problem
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings.building import load_file
@@ -300,6 +300,10 @@ def validate(s: GatewaySettings) -> None:
     bad = host_problem(s.mqtt.host)
     if bad:
         raise Invalid("mqtt.host", f"{s.mqtt.host!r} {bad}")
+    for key in ("username", "password"):
+        credential_bad = credential_problem(getattr(s.mqtt, key))
+        if credential_bad:
+            raise Invalid(f"mqtt.{key}", credential_bad)
     _check_topic("mqtt.group", mqtt_topics.check_segment, s.mqtt.group)
     _check_topic("mqtt.topic_prefix", mqtt_topics.check_prefix, s.mqtt.topic_prefix)
     if s.mqtt.response_topic_pattern:

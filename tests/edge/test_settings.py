@@ -89,6 +89,9 @@ def test_gateway_and_broker_addresses_that_cannot_work_are_refused(tmp_path, ove
     # a \r from a file edited on Windows: gRPC refused every escalation, and none was spooled
     ("cloud.token=abc\r", r"cloud.token: holds a blank, control or non-ASCII character"),
     ("cloud.token=two words", r"cloud.token: holds a blank"),
+    # a password file's last newline: the broker refused the login, for good, quietly
+    ("cloud.mqtt.password=pw\n", r"cloud.mqtt.password: holds a line break or another control character"),
+    ("cloud.mqtt.username=edge\r", r"cloud.mqtt.username: holds a line break"),
     # values that passed and then crashed or stopped a part of the daemon
     ("cloud.mqtt.keepalive_s=70000", r"cloud.mqtt.keepalive_s: '70000' is out of range; allowed: an integer in "
                                      r"\[1, 65535\]"),

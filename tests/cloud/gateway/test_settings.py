@@ -188,3 +188,13 @@ def test_a_token_device_id_follows_the_configured_id_length():
     s = load_settings(None, {"discovery.static": ["127.0.0.1:9"], "limits.max_id_length": 200,
                              "auth.tokens": [{"device": "d" * 150, "token": "x"}]}, env={})
     assert s.device_tokens() == {"d" * 150: "x"}
+
+
+@pytest.mark.parametrize("key", ["USERNAME", "PASSWORD"])
+def test_broker_credentials_with_a_line_break_are_refused(key):
+    """A Secret made with --from-file keeps the file's last newline; the chart's broker writes
+    its password file from $(cat file), which drops it: the bridge's login failed for good."""
+    with pytest.raises(ConfigError, match=rf"EDGEWISE_GATEWAY__MQTT__{key}: holds a line break or another control "
+                                          r"character \(a file's last newline\?\)"):
+        load_settings(None, {"mqtt.enabled": True, "mqtt.host": "broker", "discovery.static": ["127.0.0.1:9"]},
+                      env={f"EDGEWISE_GATEWAY__MQTT__{key}": "secret\n"})
