@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any, Dict, Optional
 
 from edge.settings import SCHEMA, policy_fit
@@ -101,8 +102,11 @@ def _check_config(args: argparse.Namespace) -> int:
     if s.policy_file:
         from edgewise.policy.holding import PolicyHolder
 
-        PolicyHolder.from_file(s.policy_file, policy_fit(s))  # as the daemon loads it
+        policy = PolicyHolder.from_file(s.policy_file, policy_fit(s)).policy  # as the daemon loads it
         lines.append(f"policy {s.policy_file}")
+        warning = policy.unknown_classes_warning(info.names, s.model.path)
+        if warning:  # the daemon logs the same at its start: valid, but not what was meant
+            print(f"{args.config or 'settings'}: warning: {warning}", file=sys.stderr)
     lines.append(f"cloud {', '.join(s.cloud.endpoints) or '(no gRPC endpoint)'}"
                  + (f", MQTT {s.cloud.mqtt.host}:{s.cloud.mqtt.port}" if s.cloud.mqtt.host else ""))
     print(f"{args.config or 'settings'}: ok: " + "; ".join(lines))

@@ -374,12 +374,9 @@ class EdgeDaemon:
         names = tuple(detector.names)
         if self.holder is not None:
             def check_classes(p: Any) -> None:
-                unknown = p.unknown_classes(names)
-                if unknown:
-                    log.warning("policy %s: spec.classes %s are not classes of %s (%s): those overrides never "
-                                "apply; use the model's class names", p.source or p.metadata.name,
-                                ", ".join(unknown), s.model.path, ", ".join(names[:20]) +
-                                (", ..." if len(names) > 20 else ""))
+                warning = p.unknown_classes_warning(names, s.model.path)
+                if warning:
+                    log.warning("%s", warning)
             check_classes(self.holder.policy)
             self.holder.subscribe(check_classes)
         await self._build_transports()

@@ -452,6 +452,16 @@ class Policy:
         known = set(names)
         return sorted(k for k in self.spec.classes if k not in known)
 
+    def unknown_classes_warning(self, names: Sequence[str], model: str) -> Optional[str]:
+        """The one line the daemon logs (at start and each reload) and ``check-config`` prints
+        when ``unknown_classes`` finds any, else None."""
+        unknown = self.unknown_classes(names)
+        if not unknown:
+            return None
+        return (f"policy {self.source or self.metadata.name}: spec.classes {', '.join(unknown)} are not classes of "
+                f"{model} ({', '.join(names[:20])}{', ...' if len(names) > 20 else ''}): those overrides never "
+                "apply; use the model's class names")
+
     def cooldown_for(self, stream_id: str) -> float:
         """Cooldown seconds of a stream."""
         st = self.stream(stream_id)

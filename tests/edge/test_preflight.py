@@ -156,6 +156,24 @@ def test_check_config_runs_one_frame_through_the_model(tmp_path: Path, capsys) -
     assert line.startswith(f"edgewise: error: {model}: first inference: objectness/class scores range over")
 
 
+def test_check_config_warns_of_policy_classes_the_model_does_not_have(tmp_path: Path, tiny_model: Path,
+                                                                      capsys) -> None:
+    """The daemon warned at its start that a `person` override never applies to a digit model;
+    `check-config` said `ok` alone. It now prints the same line (and still passes)."""
+    from edgewise.cli import main
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\n"
+                      "spec: {classes: {person: {threshold: 0.3}}}\n")
+    cfg = settings_yaml(tmp_path / "edge.yaml", device_id="d1", streams=[{"id": "s", "kind": "synthetic"}],
+                        model={"path": str(tiny_model), "backend": "onnxruntime"}, policy_file=str(policy),
+                        spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})
+    assert main(["edge", "check-config", "--config", str(cfg)]) == 0
+    out, err = capsys.readouterr()
+    assert "ok:" in out
+    assert f"warning: policy {policy}: spec.classes person are not classes of {tiny_model}" in err
+
+
 @pytest.mark.parametrize("max_batch", [1, 4])
 def test_check_config_and_the_daemon_run_the_largest_batch_through_the_model(tmp_path: Path, capsys,
                                                                              max_batch) -> None:
