@@ -78,8 +78,8 @@ class WorkerSettings:
         "that asks for it (symbolic height/width and the metadata `input_size: native`, like the camera "
         "pair's cloud model), else `model`.", "auto", choices=("auto", "model", "native"))
     native_max_side: int = setting(
-        "With native input: an image whose longer side exceeds this is scaled down to it first (0 = never), "
-        "bounding the cost of one request.", 1920, lo=0)
+        "With native input: an image whose longer side exceeds this is scaled down to it first (0 = never; "
+        "else at least 64), bounding the cost of one request.", 1920, lo=0)
     decode_threads: int = setting("Threads decoding and letterboxing incoming images (off the event loop).", 2,
                                   lo=1)
     decode_pixel_budget: int = setting(
@@ -115,6 +115,10 @@ class WorkerSettings:
         return self
 
 
+#: the smallest ``native_max_side`` other than 0: one cell of a P6 model's coarsest layer
+NATIVE_MIN_SIDE = 64
+
+
 def validate(s: WorkerSettings) -> None:
     """The rules that span fields; raises :class:`Invalid` naming the key."""
     if not s.model:
@@ -125,6 +129,10 @@ def validate(s: WorkerSettings) -> None:
         raise Invalid("batching", str(exc)) from None
     if s.port and s.port == s.metrics_port:
         raise Invalid("metrics_port", f"{s.metrics_port} is also the gRPC port; give each its own port")
+    if 0 < s.native_max_side < NATIVE_MIN_SIDE:  # every image shrunk to a few pixels: answers, all empty
+        raise Invalid("native_max_side", f"{s.native_max_side} leaves nothing to detect; give 0 (never scale "
+                                         f"down) or at least {NATIVE_MIN_SIDE} (the largest stride of YOLOv5 P6 "
+                                         "models)")
 
 
 SCHEMA: Schema[WorkerSettings] = Schema(

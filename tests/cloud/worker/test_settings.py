@@ -47,6 +47,8 @@ def test_layers_defaults_file_env_flags(tmp_path):
          ":2: batching: preferred batch size 4"),
         ("port: 1\n", "model: a YOLOv5 ONNX file is required"),
         ("model: a.onnx\nport: 9101\n", "metrics_port: 9101 is also the gRPC port; give each its own port"),
+        # every image shrunk to 10 px: answered OK with no boxes, always
+        ("model: a.onnx\nnative_max_side: 10\n", "native_max_side: 10 leaves nothing to detect; give 0"),
         ("- a\n- b\n", "top level must be a mapping"),
         ("model: [unclosed\n", "not valid YAML"),
     ],
