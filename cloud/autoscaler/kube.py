@@ -93,28 +93,31 @@ class DeploymentScale:
     def _bounded(self, verb: str, call: Callable[[], Any]) -> Any:
         """``call()``'s result within ``timeout`` seconds in all, else UnavailableError; its
         errors as ``_error`` says them (module doc)."""
+        from kubernetes.client.exceptions import ApiException
+
         me = threading.get_ident()
-        expired = threading.Event()
+        lock = threading.Lock()
+        state = {"done": False, "expired": False}
 
         def expire() -> None:
-            expired.set()
-            sock = getattr(self._calls.get(me), "sock", None)
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            with lock:  # never after the call ended: its connection may serve the next one
+                if not state["done"]:
+                    state["expired"] = True
+                    _shut(self._calls.get(me))
 
-        timer = threading.Timer(self.timeout, expire)
-        timer.daemon = True
+        timer = threading.Timer(self.timeout, expire)  # not a daemon: cancelled, it ends at once
         timer.start()
         try:
             return call()
         except Exception as exc:
-            if expired.is_set():
+            if state["expired"] and not isinstance(exc, ApiException):  # an answer (a 409) is one
                 raise UnavailableError(f"{verb} {self._what}: no complete answer within kubernetes.request_timeout_s "
                                        f"({self.timeout:g} s; the answer came too slowly); check the API server "
                                        "and the network to it") from None
             raise self._error(verb, exc) from exc
         finally:
+            with lock:
+                state["done"] = True
             timer.cancel()
             self._calls.pop(me, None)
 
@@ -180,21 +183,32 @@ class DeploymentScale:
 
 def _track(api_client: Any, calls: dict[int, Any]) -> None:
     """Make ``api_client``'s connections note themselves in ``calls`` (by thread) as each
-    request starts, so that a deadline can shut the socket of the call it bounds."""
-    from urllib3.connection import HTTPConnection, HTTPSConnection
-    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-
+    connects (the TLS handshake included) and as each request starts, so that a deadline can
+    shut the socket of the call it bounds. The manager's own pool classes are extended, so a
+    proxy's (SOCKS: extra connection arguments) keep working."""
     def noted(base: Any) -> Any:
         class Noted(base):  # type: ignore[misc,valid-type]
+            def connect(self) -> Any:
+                calls[threading.get_ident()] = self
+                return super().connect()
+
             def request(self, *args: Any, **kwargs: Any) -> Any:
                 calls[threading.get_ident()] = self
                 return super().request(*args, **kwargs)
         return Noted
 
-    class Pool(HTTPConnectionPool):
-        ConnectionCls = noted(HTTPConnection)
+    manager = api_client.rest_client.pool_manager
+    manager.pool_classes_by_scheme = {
+        scheme: type(f"Noted{pool.__name__}", (pool,), {"ConnectionCls": noted(pool.ConnectionCls)})
+        for scheme, pool in manager.pool_classes_by_scheme.items()}
 
-    class TlsPool(HTTPSConnectionPool):
-        ConnectionCls = noted(HTTPSConnection)
 
-    api_client.rest_client.pool_manager.pool_classes_by_scheme = {"http": Pool, "https": TlsPool}
+def _shut(conn: Any) -> None:
+    """Shut down the socket of urllib3 connection ``conn``, ending any read or handshake on it.
+    Through an HTTPS proxy to an HTTPS server it is urllib3's TLS-in-TLS wrapper, whose
+    ``socket`` is the real one."""
+    sock = getattr(conn, "sock", None)
+    sock = getattr(sock, "socket", sock)
+    if sock is not None:
+        with contextlib.suppress(Exception):
+            sock.shutdown(socket.SHUT_RDWR)

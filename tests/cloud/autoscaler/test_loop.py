@@ -499,3 +499,39 @@ def test_an_api_server_that_refuses_or_does_not_resolve_is_named_so_not_a_timeou
                                  request_timeout_s=5)
         with pytest.raises(UnavailableError, match=rf"cannot connect to the API server \(.*{said}"):
             target.read()
+
+
+def test_the_deadline_keeps_a_proxy_managers_own_connection_classes() -> None:
+    """The tracking replaced the pool classes with plain ones, so a SOCKS proxy manager's
+    connections (which take extra arguments) failed every call with a TypeError; it now extends
+    whatever classes the manager has, and notes each connection as it connects and requests."""
+    import urllib3
+    from urllib3.connection import HTTPSConnection
+    from urllib3.connectionpool import HTTPSConnectionPool
+
+    from cloud.autoscaler.kube import _track
+
+    class ProxyConnection(HTTPSConnection):
+        def __init__(self, *args: Any, _socks_options: Any = None, **kwargs: Any) -> None:
+            self.socks_options = _socks_options
+            super().__init__(*args, **kwargs)
+
+    class ProxyPool(HTTPSConnectionPool):
+        ConnectionCls = ProxyConnection
+
+    class Client:
+        class rest_client:  # the kubernetes client's attribute name
+            pool_manager = urllib3.PoolManager(_socks_options={"via": "proxy"})
+
+    Client.rest_client.pool_manager.pool_classes_by_scheme = {"https": ProxyPool}
+    calls: dict = {}
+    _track(Client, calls)
+    pool = Client.rest_client.pool_manager.connection_from_url("https://127.0.0.1:9/")
+    assert isinstance(pool, ProxyPool)
+    conn = pool._new_conn()
+    assert isinstance(conn, ProxyConnection) and conn.socks_options == {"via": "proxy"}
+    from urllib3.exceptions import NewConnectionError
+
+    with pytest.raises(NewConnectionError):
+        conn.connect()  # nothing listens on port 9: it noted itself first
+    assert list(calls.values()) == [conn]
