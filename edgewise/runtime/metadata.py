@@ -20,6 +20,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import numbers
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,7 +148,7 @@ def parse_names(value: Any, where: str) -> Tuple[str, ...]:
             ) from None
     if isinstance(value, Mapping):
         try:
-            items = sorted(((int(k), v) for k, v in value.items()), key=lambda kv: kv[0])
+            items = sorted(((_strict_int(k), v) for k, v in value.items()), key=lambda kv: kv[0])
         except (TypeError, ValueError):
             raise ModelError(f"{where}: class names dict keys must be integers 0..nc-1") from None
         if [k for k, _ in items] != list(range(len(items))):
@@ -164,12 +166,16 @@ def parse_names(value: Any, where: str) -> Tuple[str, ...]:
     repeated = sorted(n for n, count in Counter(names).items() if count > 1)
     if repeated:
         raise ModelError(f"{where}: class names repeat ({', '.join(map(repr, repeated[:5]))}): the edge and the "
-                         "cloud model's classes are matched by name, so each must be unique")
+                         "cloud model's classes are matched by name, so each must be unique; rename one in the "
+                         "names metadata or in a sidecar <model>.yaml")
     return names
 
 
 #: the longest class name accepted (COCO's longest is 14 characters)
 MAX_NAME_CHARS = 256
+#: Unicode categories no class name may hold: control characters, line and paragraph separators,
+#: lone surrogates (a non-breaking space or a zero-width joiner is fine: real names use them)
+_NOT_IN_NAMES = frozenset({"Cc", "Zl", "Zp", "Cs"})
 
 
 def _class_name(value: Any, i: int, where: str) -> str:
@@ -178,11 +184,12 @@ def _class_name(value: Any, i: int, where: str) -> str:
     name (the bomb: hundreds of MB of one)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         shown = f" {value!r}" if value is None or isinstance(value, (bool, float)) else ""  # never a container's repr
-        raise ModelError(f"{where}: class name {i} is a {type(value).__name__}{shown}, not text")
+        hint = " (YAML reads yes/no/on/off unquoted as booleans: quote it)" if isinstance(value, bool) else ""
+        raise ModelError(f"{where}: class name {i} is a {type(value).__name__}{shown}, not text{hint}")
     name = str(value)
-    if not name.strip() or len(name) > MAX_NAME_CHARS or not name.isprintable():
-        raise ModelError(f"{where}: class name {i} {name[:40]!r} must be 1..{MAX_NAME_CHARS} printable characters "
-                         "and not blank")
+    if not name.strip() or len(name) > MAX_NAME_CHARS or any(unicodedata.category(c) in _NOT_IN_NAMES for c in name):
+        raise ModelError(f"{where}: class name {i} {name[:40]!r} must be 1..{MAX_NAME_CHARS} characters, not blank, "
+                         "without control characters or line breaks")
     return name
 
 
@@ -200,12 +207,13 @@ def _strict_int(value: Any) -> int:
     """``value`` as an int: ints and integral floats (``32.0``); bools, ``32.9``, text refused."""
     if isinstance(value, bool):
         raise TypeError(value)
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError(value)
+    if isinstance(value, numbers.Integral):  # numpy's too
         return int(value)
-    if isinstance(value, int):
-        return value
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        if not number.is_integer():
+            raise ValueError(value)
+        return int(number)
     if isinstance(value, str) and value.strip().isdigit():  # a quoted number
         return int(value)
     raise TypeError(value)
@@ -226,11 +234,15 @@ def _parse_int(value: Any, key: str, where: str) -> int:
     return out
 
 
-def _parse_imgsz(value: Any, where: str, shown: Any = None) -> Tuple[int, int]:
-    raw = value if shown is None else shown
+def _parse_imgsz(value: Any, where: str) -> Tuple[int, int]:
+    raw = value
     try:
         if isinstance(value, str):
-            value = ast.literal_eval(value.strip())
+            text = value.strip()
+            if ("x" in text or "," in text) and not text.startswith(("[", "(")):  # "480x640", "480,640"
+                value = [v.strip() for v in text.replace("x", ",").split(",")]  # "64x" is [64, ""]: refused
+            else:
+                value = ast.literal_eval(text)
         # each side an integer: 64.5 was cut to 64, and the text '64' read as the sides 6 and 4
         vals = [_strict_int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -257,7 +269,7 @@ def _read_sidecar(path: Path) -> Dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise ModelError(f"{path}: sidecar YAML is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
-    except (OSError, yaml.YAMLError, RecursionError, MemoryError) as e:
+    except (OSError, yaml.YAMLError, RecursionError, MemoryError, ValueError) as e:  # ValueError: a 5000-digit int
         why = " ".join(str(e).split())[:200] or type(e).__name__
         raise ModelError(f"{path}: cannot read sidecar YAML: {why}") from None
     if data is None:
@@ -280,14 +292,12 @@ def _dims(value_info: Any) -> Tuple[Optional[int], ...]:
 
 
 def parse_imgsz(value: Any, where: str) -> Tuple[int, int]:
-    """``640``, ``[480, 640]``, ``"640"``, ``"480,640"`` or ``"480x640"`` -> ``(h, w)``.
+    """``640``, ``[480, 640]``, ``"640"``, ``"[480, 640]"``, ``"480,640"`` or ``"480x640"`` ->
+    ``(h, w)``, from a setting, a flag, the metadata or a sidecar alike.
 
     Raises ``ModelError`` naming ``where`` for anything else.
     """
-    shown = value
-    if isinstance(value, str) and ("x" in value or "," in value) and "[" not in value:
-        value = [v.strip() for v in value.replace("x", ",").split(",")]  # "64x" is [64, ""]: refused
-    return _parse_imgsz(value, where, shown)
+    return _parse_imgsz(value, where)
 
 
 def load_model_info(path: PathLike, imgsz: Optional[ImgszLike] = None) -> ModelInfo:

@@ -267,6 +267,7 @@ def test_a_fixed_input_size_no_image_can_have_is_refused(tmp_path: Path, h: int,
 @pytest.mark.parametrize("value, expected", [
     (640, (640, 640)), ("640", (640, 640)), ("480x640", (480, 640)), ("480, 640", (480, 640)),
     ([480, 640], (480, 640)), ("[480, 640]", (480, 640)), ("'64'", (64, 64)), (64.0, (64, 64)),
+    ("(480, 640)", (480, 640)), (" 480 x 640 ", (480, 640)), ((np.int64(480), np.int64(640)), (480, 640)),
 ])
 def test_imgsz_forms_that_are_read(value, expected):
     from edgewise.runtime.metadata import parse_imgsz
@@ -274,7 +275,7 @@ def test_imgsz_forms_that_are_read(value, expected):
     assert parse_imgsz(value, "m.onnx") == expected
 
 
-@pytest.mark.parametrize("value", ["[64.5, 64]", "64x", "x", True, [64, 64, 64], "[0, 64]"])
+@pytest.mark.parametrize("value", ["[64.5, 64]", "64x", "640,", "x", True, [64, 64, 64], "[0, 64]"])
 def test_imgsz_forms_that_are_refused_not_misread(value):
     """'[64.5, 64]' was cut to 64, the text "'64'" read as the sides 6 and 4, '64x' taken as 64x64."""
     from edgewise.runtime.metadata import parse_imgsz

@@ -273,9 +273,11 @@ def test_pathological_names_are_a_model_error(text):
     ("[[1, 2], 'dog', 'car']", "class name 0 is a list, not text"),
     ("[None, 'dog', 'car']", "class name 0 is a NoneType None, not text"),
     ("{0: 'cat', 1: {'k': 'v'}, 2: 'car'}", "class name 1 is a dict, not text"),
-    ("['cat', '', 'car']", "class name 1 '' must be 1..256 printable characters"),
-    ("['cat', 'do\\ng', 'car']", "class name 1 'do\\ng' must be 1..256 printable characters"),
+    ("['cat', '', 'car']", "class name 1 '' must be 1..256 characters, not blank, without control"),
+    ("['cat', 'do\\ng', 'car']", "class name 1 'do\\ng' must be 1..256 characters, not blank, without control"),
     ("['cat', 'cat', 'car']", "class names repeat ('cat'): the edge and the cloud model's classes are matched by name"),
+    ("[True, 'dog', 'car']", "class name 0 is a bool True, not text (YAML reads yes/no/on/off unquoted as booleans"),
+    ("{0.5: 'cat', 1: 'dog', 2: 'car'}", "class names dict keys must be integers 0..nc-1"),
 ])
 def test_class_names_are_unique_printable_text(names, said):
     """Anything was turned into text: a list or a null became a class name, a YAML alias bomb in
@@ -284,6 +286,9 @@ def test_class_names_are_unique_printable_text(names, said):
         parse_names(names, "m.onnx (ONNX metadata)")
     assert one_line(e).startswith("m.onnx (ONNX metadata): ") and said in str(e.value)
     assert parse_names("{0: 'traffic light', 1: 7, 2: '自行车'}", "m") == ("traffic light", "7", "自行车")
+    # what real names hold: a non-breaking space, a CJK space, a zero-width non-joiner (Persian)
+    assert parse_names(["traffic\u00a0light", "a\u3000b", "\u0645\u06cc\u200c\u0634\u0648\u062f"], "m")[0] == \
+        "traffic\u00a0light"
 
 
 def test_a_yaml_alias_bomb_in_a_sidecar_is_refused_without_expanding_it(tmp_path):
@@ -292,6 +297,14 @@ def test_a_yaml_alias_bomb_in_a_sidecar_is_refused_without_expanding_it(tmp_path
     bomb += [f"{c}: &{c} [{', '.join(['*' + prev] * 9)}]" for prev, c in zip("abcdefgh", "bcdefghi")]
     (tmp_path / "m.yaml").write_text("\n".join(bomb) + "\nnames: [*i, dog, car]\n")
     with pytest.raises(ModelError, match=r"m\.yaml: class name 0 is a list, not text"):
+        load_model_info(p)
+
+
+def test_a_sidecar_with_a_5000_digit_number_is_a_model_error(tmp_path):
+    """Python 3.11 refuses to read ints of more than 4300 digits with a ValueError: a traceback."""
+    p = const_model(tmp_path / "m.onnx", head(P5_ROWS, 8), meta={})
+    (tmp_path / "m.yaml").write_text("stride: " + "9" * 5000 + "\nnames: [cat, dog, car]\n")
+    with pytest.raises(ModelError, match=r"m\.yaml: cannot read sidecar YAML"):
         load_model_info(p)
 
 
