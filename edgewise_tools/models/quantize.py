@@ -275,14 +275,14 @@ def quantize(
     if info.precision == "float16":  # ONNX Runtime's calibration feeds float32 and fails deep inside
         raise InvalidInputError(f"{info.path} is a float16 model; quantize the float32 export (YOLOv5's "
                                 "export.py without --half)")
-    problem = first_frame_problem(info, 1)  # a float model no runtime takes (NaN, logits) makes no INT8 one
-    if problem:
-        raise ModelError(f"{info.path}: {problem}")
     src = Path(model_path)
     out = Path(out_path) if out_path is not None else src.with_name(f"{src.stem}-int8.onnx")
     if out.resolve() == src.resolve():
         raise InvalidInputError(f"output {out} would overwrite the input model; choose another -o")
     check_output_file(out, "-o")  # before calibration, which takes minutes
+    problem = first_frame_problem(info, 1)  # a float model no runtime takes (NaN, logits) makes no INT8 one
+    if problem:
+        raise ModelError(f"{info.path}: {problem}")
     source = open_frames(calib, "calibration source")
     notes: List[str] = []
     if info.imgsz_source == "default":
@@ -553,7 +553,13 @@ def _validate_staged(staged: Path, info: Any, batch: Any) -> None:
     with _as_model_error(info.path, "the INT8 model's validation (ONNX Runtime load + one frame)"):
         session = cpu_session(staged, 1)
         frame = batch[: max(1, info.fixed_batch)]
-        check_output(info, frame.shape, np.asarray(session.run(None, {info.input_name: frame})[0], np.float32))
+        raw = np.asarray(session.run(None, {info.input_name: frame})[0], np.float32)
+        try:
+            check_output(info, frame.shape, raw)
+        except ModelError as exc:  # the float model passed this check: the quantization broke it
+            why = str(exc).replace(f"{info.path}: ", "", 1)
+            raise ModelError(f"{info.path}: the INT8 model fails the runtime's output check ({why}); keep the "
+                             "detect head in float (--keep-float head) or try another --method or --target") from None
 
 
 def _one_line(e: BaseException) -> str:

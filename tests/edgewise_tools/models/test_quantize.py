@@ -597,3 +597,20 @@ def test_a_float_model_no_runtime_takes_is_refused_before_calibration(photos, tm
         with pytest.raises(ModelError, match=rf"{name}: first inference: .*{said}"):
             quantize(model, photos, samples=2, holdout=2, out_path=out, progress=lambda *a: progress.append(a))
         assert progress == [] and not out.exists()
+
+
+def test_an_int8_model_that_fails_the_output_check_is_said_to_be_the_quantizations_fault(tmp_path):
+    """The INT8 model now passes the runtime's own output check before it is written; when it
+    fails, the float model (which passed it) is not told to be re-exported."""
+    from edgewise.runtime.metadata import load_model_info
+    from edgewise_tools.models.quantize import _validate_staged
+    from tests.edgewise.runtime.test_own_models import N3, P5_ROWS, S, const_model, head
+
+    good = load_model_info(const_model(tmp_path / "float.onnx", head(P5_ROWS, 8), meta={"names": N3}))
+    broken = head(P5_ROWS, 8)
+    broken[0, 0, 4:] = [4.0, -3.0, -3.0, 5.0]  # what a quantized head without its sigmoid's range gives
+    staged = const_model(tmp_path / "int8.onnx", broken, meta={"names": N3})
+    with pytest.raises(ModelError, match=r"float\.onnx: the INT8 model fails the runtime's output check \(.*not "
+                                         r"sigmoid probabilities.*\); keep the detect head in float"):
+        _validate_staged(staged, good, np.zeros((1, 3, S, S), np.float32))
+    _validate_staged(tmp_path / "float.onnx", good, np.zeros((1, 3, S, S), np.float32))  # a good one passes
