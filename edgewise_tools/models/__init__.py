@@ -14,9 +14,9 @@ from edgewise.errors import InvalidInputError
 from edgewise.runtime.metadata import MAX_INPUT_SIDE
 from edgewise_tools.outputs import check_output_file
 
-#: The newest opset torch's TorchScript exporter writes (``torch.onnx._constants``, torch 2.x)
+#: The newest opsets torch's TorchScript and dynamo exporters write, where the installed torch
+#: does not say (``torch.onnx._constants``; these are torch 2.13's)
 TORCHSCRIPT_MAX_OPSET = 20
-#: and its dynamo exporter (``ONNX_MAX_OPSET``)
 DYNAMO_MAX_OPSET = 23
 #: Architectures ``build_onnx`` knows (YOLOv5 v7.0 depth/width multiples).
 ARCHITECTURES = ("yolov5n", "yolov5s", "yolov5m", "yolov5l", "yolov5x")
@@ -59,12 +59,8 @@ def build_onnx(
         raise InvalidInputError(
             f"--opset {opset}: the {'dynamo exporter needs 18' if dynamo else 'YOLOv5 graph needs 11'} or newer"
         )
-    newest = DYNAMO_MAX_OPSET if dynamo else TORCHSCRIPT_MAX_OPSET
-    if int(opset) > newest:  # (the dynamo exporter wrote opset 18 for 30, silently)
-        raise InvalidInputError(f"--opset {opset}: torch's {'dynamo' if dynamo else 'TorchScript'} exporter writes "
-                                f"at most opset {newest} (JetPack 5.1's TensorRT 8.5 takes up to 17)")
-    if path is not None:
-        check_output_file(path, "-o")
+    out = Path(path) if path is not None else Path(f"{arch}.onnx")
+    check_output_file(out, "-o")
     if dynamic_hw and not dynamic_batch:
         raise InvalidInputError("--dynamic makes the batch axis dynamic too (as upstream); drop --static-batch")
     try:
@@ -74,7 +70,10 @@ def build_onnx(
         raise InvalidInputError(
             f"building a model needs PyTorch ({exc}); install the 'train' extra: pip install 'edgewise[train]'"
         ) from exc
-    out = Path(path) if path is not None else Path(f"{arch}.onnx")
+    newest = _newest_opset(dynamo)
+    if int(opset) > newest:  # (the dynamo exporter wrote opset 18 for 30, silently)
+        raise InvalidInputError(f"--opset {opset}: this torch's {'dynamo' if dynamo else 'TorchScript'} exporter "
+                                f"writes at most opset {newest} (JetPack 5.1's TensorRT 8.5 takes up to 17)")
     model = build_model(arch, nc=int(nc), seed=seed)
     return export_onnx(
         model,
@@ -88,6 +87,18 @@ def build_onnx(
         dynamic_hw=dynamic_hw,
         dynamo=dynamo,
     )
+
+
+def _newest_opset(dynamo: bool) -> int:
+    """The newest opset the installed torch's exporter writes (older releases write fewer)."""
+    try:
+        from torch.onnx import _constants
+    except ImportError:  # pragma: no cover - a torch without the module
+        return DYNAMO_MAX_OPSET if dynamo else TORCHSCRIPT_MAX_OPSET
+    if dynamo:
+        return int(getattr(_constants, "ONNX_MAX_OPSET", DYNAMO_MAX_OPSET))
+    return int(getattr(_constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET",
+                       getattr(_constants, "ONNX_MAX_OPSET", TORCHSCRIPT_MAX_OPSET)))
 
 
 __all__: List[str] = ["ARCHITECTURES", "build_onnx"]
