@@ -112,7 +112,7 @@ def test_bad_inputs_exit_2_with_message(tmp_path, capsys):
         )
         == 2
     )
-    assert "--imgsz 100: must be a positive multiple of 32" in capsys.readouterr().err
+    assert "--imgsz 100: must be a multiple of 32 (the largest stride) in 32..8192" in capsys.readouterr().err
 
 
 def test_engine_needs_tensorrt(tiny_model, capsys):
