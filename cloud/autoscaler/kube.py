@@ -111,15 +111,18 @@ class DeploymentScale:
             return call()
         except Exception as exc:
             if state["expired"] and not isinstance(exc, ApiException):  # an answer (a 409) is one
-                raise UnavailableError(f"{verb} {self._what}: no complete answer within kubernetes.request_timeout_s "
-                                       f"({self.timeout:g} s; the answer came too slowly); check the API server "
-                                       "and the network to it") from None
+                raise self._timed_out(verb) from None
             raise self._error(verb, exc) from exc
         finally:
             with lock:
                 state["done"] = True
             timer.cancel()
             self._calls.pop(me, None)
+
+    def _timed_out(self, verb: str) -> UnavailableError:
+        """No answer, or not all of it, within the time budget (a silent or a trickling server)."""
+        return UnavailableError(f"{verb} {self._what}: no answer within kubernetes.request_timeout_s "
+                                f"({self.timeout:g} s); check the API server and the network to it")
 
     def _error(self, verb: str, exc: Exception) -> Exception:
         from kubernetes.client.exceptions import ApiException
@@ -150,8 +153,7 @@ class DeploymentScale:
             return UnavailableError(f"{verb} {what}: cannot connect to the API server ({exc}); check "
                                     "kubernetes.api_server (or the kubeconfig) and the network to it")
         if isinstance(exc, Urllib3Timeout):
-            return UnavailableError(f"{verb} {what}: no answer within kubernetes.request_timeout_s "
-                                    f"({self.timeout:g} s); check the API server and the network to it")
+            return self._timed_out(verb)
         return UnavailableError(f"{verb} {what}: {type(exc).__name__}: {exc}")
 
     def read(self) -> ScaleState:

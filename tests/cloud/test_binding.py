@@ -15,6 +15,7 @@ from cloud.worker.server import create_server
 from edgewise.errors import ConfigError
 from tests.cloud.gateway.test_gateway import settings_for
 from tests.cloud.worker.test_server import make_settings
+from tests.logs import errors
 
 
 @contextlib.contextmanager
@@ -127,4 +128,4 @@ def test_a_health_request_that_does_not_parse_is_invalid_argument_not_a_logged_t
 
     with caplog.at_level(logging.INFO):
         asyncio.run(main())
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert not errors(caplog.records), caplog.text

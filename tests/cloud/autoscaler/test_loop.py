@@ -477,7 +477,7 @@ def test_a_trickling_api_server_holds_a_call_no_longer_than_its_timeout(where: s
         threads = threading.active_count()
         for call in (target.read, lambda: target.apply(3, ScaleState(2, 2, "1"), "test")):
             t0 = time.monotonic()
-            with pytest.raises(UnavailableError, match=r"deployment ns/w scale: no complete answer within "
+            with pytest.raises(UnavailableError, match=r"deployment ns/w scale: no answer within "
                                                        r"kubernetes.request_timeout_s \(0.5 s"):
                 call()
             assert time.monotonic() - t0 < 1.5

@@ -129,6 +129,8 @@ class FakeKubeAPI:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Transfer-Encoding", "chunked")
+                if api.watch_fault != "empty":  # this server closes the connection after a watch: say so,
+                    self.send_header("Connection", "close")  # else the client may reuse it and fail a watch
                 self.end_headers()
                 if api.watch_fault == "empty":  # a complete, empty stream; the connection stays open
                     self.wfile.write(b"0\r\n\r\n")

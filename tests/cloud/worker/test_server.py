@@ -27,6 +27,7 @@ from edgewise import wire
 from edgewise.errors import InvalidInputError
 from edgewise.runtime.detector import Detector
 from edgewise.v1 import detect_pb2, service_pb2_grpc
+from tests.logs import errors
 from tests.waiting import async_wait_until
 
 DATA = Path("/usr/share/doc/opencv-doc/examples/data")
@@ -184,7 +185,7 @@ def test_a_load_request_that_does_not_parse_is_invalid_argument_not_a_logged_tra
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (err.details() or "").startswith("request is not a serialized edgewise.v1.LoadRequest: ")
     assert load.worker_id == "w-test"
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert not errors(caplog.records), caplog.text
 
 
 @pytest.mark.parametrize("mode", ["on", "auto", "off"])
