@@ -190,9 +190,12 @@ def _track(api_client: Any, calls: dict[int, Any]) -> None:
     proxy's (SOCKS: extra connection arguments) keep working."""
     def noted(base: Any) -> Any:
         class Noted(base):  # type: ignore[misc,valid-type]
+            noted_sock: Any = None  # kept: an answer with "Connection: close" takes the socket from the connection
+
             def connect(self) -> Any:
                 calls[threading.get_ident()] = self
-                return super().connect()
+                super().connect()
+                self.noted_sock = self.sock
 
             def request(self, *args: Any, **kwargs: Any) -> Any:
                 calls[threading.get_ident()] = self
@@ -206,10 +209,12 @@ def _track(api_client: Any, calls: dict[int, Any]) -> None:
 
 
 def _shut(conn: Any) -> None:
-    """Shut down the socket of urllib3 connection ``conn``, ending any read or handshake on it.
-    Through an HTTPS proxy to an HTTPS server it is urllib3's TLS-in-TLS wrapper, whose
+    """Shut down the socket of urllib3 connection ``conn``, ending any read or handshake on it:
+    the one it holds, else the one its request went out on (http.client hands that to the
+    response of a "Connection: close" answer; closed in name, it is open until the answer is
+    read). Through an HTTPS proxy to an HTTPS server it is urllib3's TLS-in-TLS wrapper, whose
     ``socket`` is the real one."""
-    sock = getattr(conn, "sock", None)
+    sock = getattr(conn, "sock", None) or getattr(conn, "noted_sock", None)
     sock = getattr(sock, "socket", sock)
     if sock is not None:
         with contextlib.suppress(Exception):

@@ -397,10 +397,10 @@ class TricklingGateway(Listener):
     """Answers ``/pool`` a byte every 50 ms for ``seconds`` (a gateway or proxy that is alive but
     hardly sends): in the headers (``where="headers"``) or in the body."""
 
-    def __init__(self, where: str, seconds: float = 6.0) -> None:
+    def __init__(self, where: str, seconds: float = 6.0, close: bool = False) -> None:
         import threading
 
-        self.where, self.seconds = where, seconds
+        self.where, self.seconds, self.close_header = where, seconds, close
         self.stopped = threading.Event()
         self.connections = 0
         super().__init__()
@@ -418,6 +418,8 @@ class TricklingGateway(Listener):
             try:
                 conn.recv(65536)
                 head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                if self.close_header:
+                    head += b"Connection: close\r\n"
                 conn.sendall(head + (b"X-Slow: " if self.where == "headers" else b"Content-Length: 100000\r\n\r\n"))
                 end = time.monotonic() + self.seconds
                 while time.monotonic() < end and not self.stopped.is_set():
@@ -460,8 +462,8 @@ def test_a_trickling_gateway_costs_one_timeout_and_no_thread(api: ScaleAPI, wher
         gw.close()
 
 
-@pytest.mark.parametrize("where", ["headers", "body"])
-def test_a_trickling_api_server_holds_a_call_no_longer_than_its_timeout(where: str) -> None:
+@pytest.mark.parametrize("where, close", [("headers", False), ("body", False), ("body", True)])
+def test_a_trickling_api_server_holds_a_call_no_longer_than_its_timeout(where: str, close: bool) -> None:
     """urllib3's timeout bounds each read: an API server (or a proxy) trickling its answer held a
     read of the scale for 76 s with a 2 s timeout, and the autoscaler's SIGTERM with it. Now each
     call ends at ``request_timeout_s``, its socket shut, and no thread is left reading."""
@@ -470,7 +472,7 @@ def test_a_trickling_api_server_holds_a_call_no_longer_than_its_timeout(where: s
 
     from cloud.discovery.kubeclient import KubeAccess, build_api_client
 
-    slow = TricklingGateway(where, seconds=30.0)
+    slow = TricklingGateway(where, seconds=30.0, close=close)  # close: http.client hands the socket on
     try:
         target = DeploymentScale(build_api_client(KubeAccess(api_server=slow.url, token="t")), "ns", "w",
                                  request_timeout_s=0.5)

@@ -129,8 +129,6 @@ class FakeKubeAPI:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Transfer-Encoding", "chunked")
-                if api.watch_fault != "empty":  # this server closes the connection after a watch: say so,
-                    self.send_header("Connection", "close")  # else the client may reuse it and fail a watch
                 self.end_headers()
                 if api.watch_fault == "empty":  # a complete, empty stream; the connection stays open
                     self.wfile.write(b"0\r\n\r\n")
@@ -153,12 +151,11 @@ class FakeKubeAPI:
                                     sent = rv
                             api.cond.wait(timeout=0.1)
                 finally:
-                    try:
-                        self.wfile.write(b"0\r\n\r\n")
-                        self.wfile.flush()
+                    try:  # the stream ends; the connection stays open for the next request, as a real
+                        self.wfile.write(b"0\r\n\r\n")  # API server keeps it (closing it unannounced made the
+                        self.wfile.flush()  # client's next watch fail on the reused connection, and re-list)
                     except OSError:
-                        pass
-                    self.close_connection = True
+                        self.close_connection = True
 
         self.server = _Server((host, 0), Handler)
         if ssl_context is not None:
