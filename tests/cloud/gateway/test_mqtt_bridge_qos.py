@@ -166,7 +166,8 @@ def test_answers_a_broker_restarted_with_qos_0_cannot_take_are_counted_not_resen
             await asyncio.sleep(QUIET_S)
             assert sessions.events == [] and bridge.client.is_connected()  # no reconnect loop
             assert bridge.counts.get("answered") == 1 and _count(gw, "response_refused") == 1
-            assert ("publish_failed" in bridge.counts) == held  # handed to paho while the broker was down
+            if not held:  # finished after the CONNACK: never handed to paho. (Handed to it while the broker
+                assert "publish_failed" not in bridge.counts  # was down, it fails only once paho has noticed.)
             assert not bridge.connected.is_set()
 
             await asyncio.to_thread(broker.stop)  # the operator removes max_qos and restarts the broker
