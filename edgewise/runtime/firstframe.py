@@ -23,7 +23,7 @@ def batch_failure(info: ModelInfo, batch: int, exc: BaseException, setting: str)
     dimension dynamic in name only (a reshape inside fixed at 1), or a batch that does not fit
     the device. It passed every check, and then the edge dropped every batch it formed and the
     worker ran one image per call."""
-    why = " ".join(str(exc).split())[:300] or type(exc).__name__
+    why = " ".join(str(exc).replace(f"{info.path}: ", "", 1).split())[:300] or type(exc).__name__
     return ModelError(f"{info.path}: one frame runs but a batch of {batch} fails ({why}): the model's batch "
                       "dimension may be dynamic in name only (a reshape fixed at 1), or the batch does not fit; "
                       f"re-export it with a truly dynamic batch, or set {setting} to 1")

@@ -609,8 +609,7 @@ def check_output(info: ModelInfo, batch_shape: Sequence[int], raw: Any) -> None:
         raise ModelError(f"{p}: the model's output is {list(shape)}, not a YOLOv5 head [B,N,5+nc]; export YOLOv5")
     if batch_shape and shape[0] != int(batch_shape[0]):
         raise ModelError(f"{p}: the model's output {list(shape)} holds {shape[0]} image(s) for an input batch of "
-                         f"{int(batch_shape[0])}: its batch dimension is dynamic in name only (a reshape fixed at "
-                         "1); re-export it with a truly dynamic batch, or run it at batch 1")
+                         f"{int(batch_shape[0])} (its batch size is fixed inside the graph)")
     rows, cols = shape[1], shape[2]
     if cols != 5 + info.nc:
         if cols == 4 + info.nc and _one_row_per_cell(rows, tuple(batch_shape)):
