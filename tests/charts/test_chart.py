@@ -422,6 +422,7 @@ def test_rendered_gateway_config_loads_in_the_gateway(mode: str, tmp_path) -> No
 
 
 def _text_ranges() -> list:
+    """The generated table: every value that may be a number written as text, its path from .Values."""
     from edgewise_tools.reference import chart_ranges
 
     text = chart_ranges()
@@ -435,6 +436,14 @@ def _outside(r: dict) -> str:
     return repr(float(r["hi"]) if r["hiOpen"] else float(r["hi"]) + 0.5)
 
 
+def _inside(r: dict) -> float:
+    """A value inside the range, and unlike any default (so the render shows it is used)."""
+    lo, hi = r["lo"], r["hi"]
+    if lo is not None and hi is not None:
+        return round(float(lo) + 0.37 * (float(hi) - float(lo)), 6)
+    return float(lo) + 0.37 if lo is not None else float(hi) - 0.37
+
+
 def test_numbers_written_as_text_are_range_checked_like_the_gateway_does(tmp_path) -> None:
     """``helm --set key=1.5`` passes text, whose range JSON Schema does not check: such values
     passed ``helm install`` and the gateway refused them at its start (a crash-looping pod).
@@ -444,19 +453,20 @@ def test_numbers_written_as_text_are_range_checked_like_the_gateway_does(tmp_pat
     from cloud.gateway.settings import load_settings
     from edgewise.errors import ConfigError
 
-    ranges = _text_ranges()
-    assert len(ranges) >= 20 and any(r["path"] == ["retry", "budget_ratio"] for r in ranges)
+    ranges = [r for r in _text_ranges() if r["path"][:2] == ["gateway", "config"]]
+    assert len(ranges) >= 20 and any(r["path"][2:] == ["retry", "budget_ratio"] for r in ranges)
     for r in ranges:
         key = ".".join(r["path"])
         bad = _outside(r)
-        out = subprocess.run([helm(), "template", "rel", str(CHART), "--set", f"gateway.config.{key}={bad}"],
+        out = subprocess.run([helm(), "template", "rel", str(CHART), "--set", f"{key}={bad}"],
                              capture_output=True, text=True)
         assert out.returncode != 0, f"{key}={bad} was accepted"
-        assert f'gateway.config.{key}: "{bad}" is out of range; allowed: {r["allowed"]}' in out.stderr, out.stderr
+        assert f'{key}: "{bad}" is out of range; allowed: {r["allowed"]} (the gateway refuses' in out.stderr, \
+            out.stderr
         path = tmp_path / "gateway.yaml"
         doc: dict = {"discovery": {"kind": "static", "static": ["127.0.0.1:9"]}}
         node = doc
-        for part in r["path"][:-1]:
+        for part in r["path"][2:-1]:
             node = node.setdefault(part, {})
         node[r["path"][-1]] = bad
         path.write_text(yaml.safe_dump(doc))
@@ -468,6 +478,42 @@ def test_numbers_written_as_text_are_range_checked_like_the_gateway_does(tmp_pat
     ok = subprocess.run([helm(), "template", "rel", str(CHART), "--set", "gateway.config.retry.budget_ratio=0.5",
                          "--set", "gateway.config.limits.default_deadline_s= 2.5 "], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_the_charts_own_decimals_take_helm_set_text_and_render_as_the_number() -> None:
+    """``helm install --set autoscaling.targetLoad=0.7`` passes the text "0.7": the schema's
+    ``type: number`` refused it ("got string, want number"), so an operator had to know
+    ``--set-json``. Every chart value that may be such text renders exactly as the same number
+    given as a number (``--set-json``), even with spaces around it; just outside its range it is
+    refused with the schema's range; text that is no number is refused by the schema."""
+    ranges = [r for r in _text_ranges() if r["path"][:2] != ["gateway", "config"]]
+    keys = [".".join(r["path"]) for r in ranges]
+    assert {"worker.weight", "autoscaling.targetLoad", "prometheusRule.rejectionRatio"} <= set(keys)
+    used = set()
+    # between them every value is in use: the builtin autoscaler on utilization, the HPA, the alerts
+    for base in (("prometheusRule.enabled=true", "autoscaling.targetLoad=0", "autoscaling.queueWaitSloMs=0"),
+                 ("autoscaling.mode=hpa",)):
+        for key, r in zip(keys, ranges):
+            good = _inside(r)
+            others = [s for s in base if not s.startswith(f"{key}=")]  # helm applies --set after --set-json
+            default = render(*others)
+            as_text = render(*others, f"{key}= {good!r} ")
+            as_number = render_text(*others, extra=("--set-json", f"{key}={good!r}"))
+            assert as_text == [d for d in yaml.safe_load_all(as_number) if d], key
+            if as_text != default:
+                used.add(key)
+    assert used == set(keys)
+    for key, r in zip(keys, ranges):
+        bad = _outside(r)
+        out = subprocess.run([helm(), "template", "rel", str(CHART), "--set", f"{key}={bad}"],
+                             capture_output=True, text=True)
+        assert out.returncode != 0 and f'{key}: "{bad}" is out of range; allowed: {r["allowed"]}' in out.stderr, \
+            out.stderr
+        assert "gateway refuses" not in out.stderr
+        word = subprocess.run([helm(), "template", "rel", str(CHART), "--set", f"{key}=fast"],
+                              capture_output=True, text=True)
+        assert word.returncode != 0 and "does not match pattern" in word.stderr, word.stderr
+    assert render("autoscaling.targetLoad=0.0") == render("autoscaling.targetLoad=0")  # 0.0 is off too
 
 
 @pytest.mark.parametrize("mode", ["default", "cpu", "tls-on", "tls-public-ca", "tls-private-ca"])

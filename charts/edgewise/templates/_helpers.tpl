@@ -171,3 +171,10 @@ namespace="{{ .Release.Namespace }}",app_kubernetes_io_instance="{{ .Release.Nam
 {{- $grace := (hasKey $config "shutdown_grace_s") | ternary $config.shutdown_grace_s 10.0 | toString | trim | float64 -}}
 {{- max 30 (add (ceil $grace | int64) 15) | int64 -}}
 {{- end -}}
+
+{{/* A number value that may be written as text (helm --set passes 1.5 as text): the number
+     itself, written as Helm writes a number from a values file, so both spellings render alike.
+     The schema has checked the text's form and validate.yaml its range. */}}
+{{- define "edgewise.number" -}}
+{{- toString . | trim | float64 -}}
+{{- end -}}
