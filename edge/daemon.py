@@ -34,7 +34,7 @@ from edge.instancelock import InstanceLock
 from edge.metrics import EdgeMetrics, MetricsServer
 from edge.outbox import Outbox, this_host
 from edge.pipeline import Pipeline
-from edge.preflight import preflight
+from edge.preflight import opens_spool, preflight
 from edge.records import FrameRecord
 from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings, mqtt_outbox_path, policy_fit
@@ -364,7 +364,7 @@ class EdgeDaemon:
 
             self.holder = PolicyHolder.from_file(s.policy_file, policy_fit(s))  # as check-config does
             policy = self.holder.policy
-        self.spool = self._spool_or_later() if policy is not None else None
+        self.spool = self._spool_or_later() if opens_spool(s) else None
         if s.metrics.port >= 0:
             self.metrics_server = MetricsServer(self.metrics, self.health, s.metrics.host, s.metrics.port)
             self.metrics_server.start()

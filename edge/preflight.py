@@ -89,6 +89,12 @@ def state_files(s: EdgeSettings) -> List[Tuple[str, str]]:
     return out
 
 
+def opens_spool(s: EdgeSettings) -> bool:
+    """Whether the daemon opens ``spool.path``: only with a policy (without one it escalates
+    nothing). Its folder is used either way: the instance lock and the start count live there."""
+    return bool(s.policy_file)
+
+
 def check_writable(setting: str, path: str, create: bool = True) -> None:
     """Fail unless this user can write ``path`` (creating its folder when missing; with
     ``create=False`` only check that the nearest existing folder above it would allow it)."""
@@ -160,13 +166,21 @@ def check_sources(s: EdgeSettings) -> None:
 
 def check_state_files(s: EdgeSettings) -> None:
     """(``check-config``) What the daemon refuses at its start (exit 2) in the files it keeps,
-    found by reading them only: a spool or MQTT outbox file that is not an SQLite database,
+    found without changing them: a ``sinks.jsonl`` it cannot open to append, a spool or MQTT outbox file that is not an SQLite database,
     or a spool that is another program's database. A spool that is ours but damaged is not
-    refused: the daemon salvages it (``edge.spool_salvage.open_spool``)."""
+    refused: the daemon salvages it (``edge.spool_salvage.open_spool``); without a policy the
+    daemon never opens the spool, so its file is not read either."""
+    from edge.sinks import open_appending
     from edge.spool_salvage import is_spool_file
 
     for setting, path in state_files(s):
-        if setting == "sinks.jsonl" or not os.path.isfile(path) or os.path.getsize(path) == 0:
+        if setting == "sinks.jsonl":
+            if os.path.isfile(path):  # not a FIFO or a device: opening those may block or act
+                open_appending(path).close()
+            continue
+        if setting == "spool.path" and not opens_spool(s):
+            continue
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
             continue
         tables = _sqlite_tables(path)
         if isinstance(tables, str):

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, BinaryIO, Deque, Dict, List, Optional, Set, Tuple
 
 try:
     from typing import Protocol
@@ -74,6 +74,16 @@ def _remember(keys: Dict[str, None], key: str) -> None:
         del keys[next(iter(keys))]
 
 
+def open_appending(path: str) -> BinaryIO:
+    """``sinks.jsonl`` opened to append, unbuffered (a failed write leaves nothing behind to
+    flush later); one error for the daemon and ``check-config``."""
+    try:
+        return open(path, "ab", buffering=0)
+    except OSError as exc:
+        raise DeploymentError(f"sinks.jsonl {path}: cannot open it for appending ({exc.strerror or exc}); "
+                              "make it a writable file or set sinks.jsonl") from None
+
+
 class JsonlSink:
     """Appends one JSON object per line; flushed per record (fsync optional). With
     ``max_bytes`` the file rotates by size, ``keep`` rotated files stay, gzip'd with
@@ -88,12 +98,8 @@ class JsonlSink:
         self.fsync = fsync
         self.max_bytes = max_bytes
         self.keep = keep
-        try:  # unbuffered: a failed write leaves nothing behind to flush later
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self.f = open(path, "ab", buffering=0)
-        except OSError as exc:
-            raise DeploymentError(f"sinks.jsonl {path}: cannot open it for appending ({exc.strerror or exc}); "
-                                  "make it a writable file or set sinks.jsonl") from None
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.f = open_appending(path)
         self.last_epoch = -1  # the newest run (frame_seq >> 32) in the file's history
         #: late keys written, oldest first; the newest :data:`edge.outbox.LATE_KEYS_MAX` are kept
         #: (a replay repeats only recent results; a device whose cloud is often away would

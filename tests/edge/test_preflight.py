@@ -292,8 +292,10 @@ def test_check_config_says_what_the_daemon_would_refuse_in_its_files_and_metrics
     from tests.edge.spooldamage import damage_index
 
     spool, outbox = tmp_path / "spool.db", tmp_path / "outbox.db"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\nspec: {}\n")
     cfg = settings_yaml(tmp_path / "edge.yaml", device_id="d1", streams=[{"id": "s", "kind": "synthetic"}],
-                        model={"path": str(tiny_model), "backend": "onnxruntime"},
+                        model={"path": str(tiny_model), "backend": "onnxruntime"}, policy_file=str(policy),
                         cloud={"endpoints": ["10.1.2.3:50051"], "mqtt": {"host": "10.1.2.4"}},
                         sinks={"mqtt": True, "mqtt_outbox": str(outbox)},
                         spool={"path": str(spool)}, metrics={"port": 9464, "host": "127.0.0.1"})
@@ -311,6 +313,7 @@ def test_check_config_says_what_the_daemon_would_refuse_in_its_files_and_metrics
     assert check() == "ok"
     spool.write_bytes(b"garbage")
     assert f"spool.path {spool} is not a database (file is not a database); the daemon refuses it" in check()
+    assert check("policy_file=") == "ok"  # without a policy the daemon never opens the spool
     spool.unlink()
     with sqlite3.connect(str(spool)) as db:
         db.execute("CREATE TABLE photos (id INTEGER)")
@@ -324,6 +327,10 @@ def test_check_config_says_what_the_daemon_would_refuse_in_its_files_and_metrics
     outbox.write_bytes(b"garbage")
     assert f"sinks.mqtt_outbox {outbox} is not a database" in check()
     outbox.unlink()
+    # root may write any file by its mode; the kernel still refuses to append to /proc/version,
+    # and the daemon's sink exits 2 on it: check-config opens the file the same way
+    if os.geteuid() == 0:  # (another user is refused by the file's mode first)
+        assert "sinks.jsonl /proc/version: cannot open it for appending" in check("sinks.jsonl=/proc/version")
     assert "metrics.host '192.0.2.1' cannot be bound on this machine" in check("metrics.host=192.0.2.1")
     # the daemon's HTTP server is IPv4 only: an IPv6 host is refused here as it is there
     assert "metrics.host '::1' cannot be bound on this machine" in check("metrics.host=::1")
