@@ -10,7 +10,7 @@ shows these; ``edgewise.runtime.metadata.check_output`` is the one rule every ba
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -34,6 +34,14 @@ def first_frame_problem(info: ModelInfo, batch: int = 2, setting: str = "model.m
     batch and input size), and for a dynamic batch ``batch`` of them, give an output the
     runtime decodes, else the one-line reason every runtime would refuse it with
     (``setting``: what limits the batch where the model runs)."""
+    one, many = first_frame_problems(info, batch, setting)
+    return one or many
+
+
+def first_frame_problems(info: ModelInfo, batch: int = 2,
+                         setting: str = "model.max_batch") -> Tuple[Optional[str], Optional[str]]:
+    """``first_frame_problem`` in two parts: why one frame fails (the model is unusable), and
+    why, one frame running, a dynamic batch of ``batch`` fails (usable with ``setting`` 1)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -46,14 +54,16 @@ def first_frame_problem(info: ModelInfo, batch: int = 2, setting: str = "model.m
         raw = sess.run([info.output_name], {info.input_name: np.full(shape, 114 / 255, dtype)})[0]
         check_output(info, shape, np.asarray(raw, np.float32))
     except ModelError as e:
-        return "first inference: " + str(e).replace(f"{info.path}: ", "", 1)
+        return "first inference: " + str(e).replace(f"{info.path}: ", "", 1), None
     except Exception as e:  # ONNX Runtime failing at run time (e.g. a shape the graph cannot take)
-        return f"first inference ({shape[2]}x{shape[3]}): ONNX Runtime: " + " ".join(str(e).split())[:300]
+        return f"first inference ({shape[2]}x{shape[3]}): ONNX Runtime: " + " ".join(str(e).split())[:300], None
     if info.dynamic_batch and batch > 1:
         many = (batch,) + shape[1:]
         try:
-            raw = sess.run([info.output_name], {info.input_name: np.full(many, 114 / 255, dtype)})[0]
+            quiet = ort.RunOptions()
+            quiet.log_severity_level = 4  # the failure is reported here, in one line
+            raw = sess.run([info.output_name], {info.input_name: np.full(many, 114 / 255, dtype)}, quiet)[0]
             check_output(info, many, np.asarray(raw, np.float32))
         except Exception as e:
-            return str(batch_failure(info, batch, e, setting)).replace(f"{info.path}: ", "", 1)
-    return None
+            return None, str(batch_failure(info, batch, e, setting)).replace(f"{info.path}: ", "", 1)
+    return None, None

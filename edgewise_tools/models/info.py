@@ -80,13 +80,14 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
     """A JSON-ready description of a YOLOv5 ONNX model.
 
     ``imgsz``: input size of a model whose graph leaves it dynamic (``load_model_info``).
-    ``graph_error`` is None for a valid graph, else why it is broken; ``warnings`` lists
-    what the user should know (an assumed input size).
+    ``graph_error`` is None for a valid graph, else why it is broken; ``batch_error`` is None
+    unless a dynamic batch of 2 fails while one frame runs (the model is usable at batch 1);
+    ``warnings`` lists what the user should know (an assumed input size).
     Raises ``ModelError`` (naming the file) for a missing, corrupt or non-YOLOv5 model.
     """
     import onnx
 
-    from edgewise.runtime.firstframe import first_frame_problem
+    from edgewise.runtime.firstframe import first_frame_problems
     from edgewise.runtime.metadata import imgsz_guess_warning, load_model_info
     from edgewise.runtime.opsets import device_problems
 
@@ -103,10 +104,11 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
     )
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     init_names = {t.name for t in model.graph.initializer}
-    graph_error = check_graph(info.path)
-    if graph_error is None:
-        graph_error = first_frame_problem(info, 2, "the batch size where it runs (edge model.max_batch, worker "
-                                                   "batching.max_batch_size)")
+    graph_error, batch_error = check_graph(info.path), None
+    if graph_error is None:  # a batch that fails while one frame runs leaves a model usable at batch 1
+        graph_error, batch_error = first_frame_problems(
+            info, 2, "the batch size where it runs (edge model.max_batch, worker batching.max_batch_size)")
+    warnings = [imgsz_guess_warning(info)] if info.imgsz_source == "default" else []
     return {
         "path": str(info.path),
         "file_bytes": info.file_bytes,
@@ -137,7 +139,8 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
         "ops": dict(sorted(ops.items())),
         "metadata": dict(info.metadata),
         "graph_error": graph_error,
-        "warnings": [imgsz_guess_warning(info)] if info.imgsz_source == "default" else [],
+        "batch_error": batch_error,
+        "warnings": warnings,
     }
 
 
@@ -164,7 +167,9 @@ def format_description(d: Dict[str, Any]) -> str:
     prec = d["precision"]
     if prec == "int8":
         prec += f" ({d['int8_conv_nodes']}/{d['conv_nodes']} convolutions in INT8)"
-    batch = "dynamic" if d["dynamic_batch"] else "fixed"
+    batch = "dynamic batch" if d["dynamic_batch"] else "fixed batch"
+    if d.get("batch_error"):
+        batch = "dynamic batch (in name only: runs one frame at a time)"
     size = f"{d['imgsz'][0]}x{d['imgsz'][1]}"
     if d.get("dynamic_hw"):
         size += {"default": " (assumed: dynamic H/W, size not stated)", "override": " (as given)"}.get(
@@ -176,7 +181,7 @@ def format_description(d: Dict[str, Any]) -> str:
         f"params     {d['params']:,}",
         "input      " + "; ".join(f"{i['name']} {i['shape']} {i['dtype']}" for i in d["inputs"]),
         "output     " + "; ".join(f"{o['name']} {o['shape']} {o['dtype']}" for o in d["outputs"]),
-        f"imgsz      {size}, stride {d['stride']}, {batch} batch",
+        f"imgsz      {size}, stride {d['stride']}, {batch}",
         f"classes    {d['nc']}: {shown} (from {d['names_source']})",
         f"opset      {d['opset']} ({d['producer'] or 'unknown producer'})",
     ]
@@ -196,6 +201,6 @@ def format_description(d: Dict[str, Any]) -> str:
     lines.append(f"graph      {'BROKEN: ' + err if err else 'valid (ONNX checker; ONNX Runtime loads and runs it)'}")
     lines.append("jetson     " + ("; ".join(d["jetpack51"]) if d.get("jetpack51") else
                                   "its opsets load on JetPack 5.1 (TensorRT 8.5, ONNX Runtime 1.16.3)"))
-    for w in d.get("warnings", []):
+    for w in d.get("warnings", []) + ([d["batch_error"]] if d.get("batch_error") else []):
         lines.append(f"warning    {w}")
     return "\n".join(lines)

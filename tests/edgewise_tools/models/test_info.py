@@ -43,3 +43,21 @@ def test_a_decodable_model_is_valid(tmp_path: Path, batch: object, capsys: pytes
     assert describe(p)["graph_error"] is None
     assert main(["model", "info", str(p)]) == 0
     assert "graph      valid (ONNX checker; ONNX Runtime loads and runs it)" in capsys.readouterr().out
+
+
+def test_a_batch_dynamic_in_name_only_is_a_warning_not_a_broken_graph(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The model runs one frame at a time (model.max_batch 1, the worker's batch 1): `model info`
+    called it "BROKEN" and exited 1; it now says what works and what to set."""
+    from tests.edgewise.runtime.test_own_models import batch_of_one_only
+
+    p = batch_of_one_only(tmp_path / "b1.onnx")
+    d = describe(p)
+    assert d["graph_error"] is None and d["dynamic_batch"]
+    assert d["batch_error"].startswith("one frame runs but a batch of 2 fails (")
+    assert main(["model", "info", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "dynamic batch (in name only: runs one frame at a time)" in out
+    assert "graph      valid" in out and "warning    one frame runs but a batch of 2 fails" in out
+    assert describe(fake_yolo(tmp_path / "ok.onnx", imgsz=32, nc=2, batch=None,  # type: ignore[arg-type]
+                              metadata=names_meta(["a", "b"])))["batch_error"] is None
