@@ -27,6 +27,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import onnx
 import torch
 
+from edgewise.errors import ModelError
 from edgewise_tools.models.yolov5 import YOLOv5
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -119,6 +120,9 @@ def export_onnx(
                     dynamo=False,
                 )
         proto = onnx.load(str(part), load_external_data=False)
+        problem = written_opset_problem(proto, opset)
+        if problem:
+            raise ModelError(problem)
         if style == "edgewise" and not dynamic_hw:
             # Only the batch axis is dynamic: state N and 5+nc in the declared output shape.
             dims = proto.graph.output[0].type.tensor_type.shape.dim
@@ -148,6 +152,17 @@ def export_onnx(
             if leftover.exists():  # the export failed half way
                 leftover.unlink()
     return out
+
+
+def written_opset_problem(proto: onnx.ModelProto, opset: int) -> Optional[str]:
+    """Why an exported model is not at the opset asked for, or None: an exporter may write
+    another one without a word (torch's dynamo exporter wrote 18 for a newer opset it lacked),
+    and the opset decides which runtimes load the model (TensorRT 8.5 on JetPack 5.1: 17)."""
+    written = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if written == opset:
+        return None
+    return (f"torch {torch.__version__}'s exporter wrote opset {written} where --opset {opset} was asked; "
+            "ask for that opset, or export with the other exporter (with or without --dynamo)")
 
 
 def _export_dynamo(

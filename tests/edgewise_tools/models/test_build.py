@@ -116,3 +116,21 @@ def test_models_import_without_torch_and_build_says_what_to_install():
     )
     assert proc.returncode == 2, proc.stderr
     assert "needs PyTorch" in proc.stderr and "edgewise[train]" in proc.stderr
+
+
+def test_an_export_at_another_opset_than_asked_is_refused() -> None:
+    """The opset decides where the model loads (TensorRT 8.5: at most 17); an exporter that
+    writes another one than ``--opset`` (torch's dynamo exporter wrote 18 for an opset it lacked)
+    is refused by name rather than written. The check reads the written model's own opset."""
+    from onnx import TensorProto, helper
+
+    from edgewise_tools.models.export import written_opset_problem
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("com.microsoft", 1),
+                                                    helper.make_opsetid("", 18)])
+    assert written_opset_problem(proto, 18) is None
+    problem = written_opset_problem(proto, 17) or ""
+    assert "exporter wrote opset 18 where --opset 17 was asked" in problem
