@@ -31,7 +31,7 @@ from edgewise import status
 from edgewise.errors import InvalidInputError
 from edgewise.status import RequestKeys, error_response
 from edgewise.v1 import detect_pb2
-from edgewise.wire import answer_mismatch
+from edgewise.wire import MAX_TILES, answer_mismatch
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
@@ -202,15 +202,34 @@ def read_request(body: bytes, max_edge_detections: int | None = None) -> Request
     return head
 
 
+#: fields the request's ``image`` may have, over all its occurrences, counting each value of
+#: ``shape`` (three for RAW): its own scalars, a few repeated by a sender that merges messages,
+#: unknown ones of a newer sender, and its tiles (``edgewise.wire.MAX_TILES``)
+IMAGE_FIELDS = MAX_TILES + OTHER_FIELDS
+_TOO_MANY_IMAGE_FIELDS = (f"request.image has more than {IMAGE_FIELDS} fields (each shape value and tile counted; a "
+                          f"RAW shape has 3, at most {MAX_TILES} tiles): send one image")
+
+
 def _read_image(buf: memoryview, spans: list[tuple[int, int]]) -> ImageHead:
+    """The image's fields, at most ``IMAGE_FIELDS``: the walk is Python on the gateway's event
+    loop (or the MQTT network thread), and 8 MB of two-byte fields inside the image (8 KB
+    gzip'd) held it for over a second before any check refused them."""
     img = ImageHead()
+    left = IMAGE_FIELDS
     for start, end in spans:  # several occurrences of a message field merge
         for number, wire_type, a, b in _fields(buf, start, end):
+            left -= 1
+            if left < 0:
+                raise InvalidInputError(_TOO_MANY_IMAGE_FIELDS)
             if wire_type == _LEN:
                 if number == _DATA:
                     img.data = buf[a:b]
                 elif number == _SHAPE:  # packed
-                    img.shape.extend(v & _U32 for v in _packed(buf, a, b))
+                    for v in _packed(buf, a, b):
+                        left -= 1
+                        if left < 0:
+                            raise InvalidInputError(_TOO_MANY_IMAGE_FIELDS)
+                        img.shape.append(v & _U32)
                 elif number == _DTYPE:
                     img.dtype = _text(buf, a, b, "image.dtype")
             elif wire_type == _VARINT:
