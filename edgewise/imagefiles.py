@@ -179,17 +179,42 @@ def jpeg_size(data: Buffer, what: str = "image.data") -> Tuple[int, int]:
     raise InvalidInputError(f"{what}: corrupt or truncated JPEG (no frame header found)")
 
 
+#: The first byte that is not a fill byte (0xFF), found in C: a run of fill bytes, which may
+#: precede any marker (T.81 section B.1.1.2), was walked a byte at a time in Python.
+_NOT_FILL = re.compile(rb"[^\xff]")
+#: Fill bytes in a row before a header marker: T.81 sets no bound, encoders write a few at most.
+MAX_FILL_RUN = 1024
+#: Markers (segments and standalone ones) one header walk takes: a real JPEG has a few dozen
+#: before its frame (APPn, DQT, DHT, an ICC profile in up to 255 pieces); megabytes of empty
+#: segments held the gateway's event loop for half a second.
+MAX_JPEG_MARKERS = 1024
+#: Scans one JPEG may have: libjpeg writes 10 for a progressive colour image, and each scan is
+#: a walk here and a pass in the decoder (libjpeg-turbo advises a limit of 500 against
+#: files of many tiny scans, its security advisory of 2018 on progressive JPEGs).
+MAX_JPEG_SCANS = 500
+
+
 def _jpeg_segments(data: Buffer, i: int, what: str) -> Iterator[Tuple[int, int, int]]:
     """Yield ``(marker, payload_start, payload_end)`` of the header segments from byte ``i``
-    up to and including SOS (whose scan data is not walked)."""
+    up to and including SOS (whose scan data is not walked); at most ``MAX_JPEG_MARKERS``."""
     n = len(data)
+    markers = 0
     while i + 4 <= n:
         if data[i] != 0xFF:
             raise InvalidInputError(f"{what}: corrupt JPEG (bad marker at byte {i})")
         marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
+        if marker == 0xFF:  # fill bytes: to the last one before the marker
+            found = _NOT_FILL.search(data, i + 1, i + 1 + MAX_FILL_RUN)
+            if found is None:
+                if i + 1 + MAX_FILL_RUN < n:
+                    raise InvalidInputError(f"{what}: corrupt JPEG (more than {MAX_FILL_RUN} fill bytes at byte {i})")
+                return
+            i = found.start() - 1
             continue
+        markers += 1
+        if markers > MAX_JPEG_MARKERS:
+            raise InvalidInputError(f"{what}: corrupt JPEG (more than {MAX_JPEG_MARKERS} markers in a row from "
+                                    f"byte {i}; a real JPEG has a few dozen)")
         if marker in _STANDALONE:
             i += 2
             continue
@@ -282,7 +307,7 @@ _ARITHMETIC_SOF = _SOF - _HUFFMAN_SOF - {0xC5, 0xC6, 0xC7}
 
 
 def _check_jpeg(data: bytes, what: str) -> None:
-    i, frame, scanned = 2, (0, 0, 0), 0
+    i, frame, scanned, scans = 2, (0, 0, 0), 0, 0
     while True:
         last = None
         for marker, start, end in _jpeg_segments(data, i, what):
@@ -300,6 +325,10 @@ def _check_jpeg(data: bytes, what: str) -> None:
             break
         if not frame[0]:
             raise InvalidInputError(f"{what}: corrupt JPEG (scan before a frame header)")
+        scans += 1
+        if scans > MAX_JPEG_SCANS:
+            raise InvalidInputError(f"{what}: corrupt JPEG (more than {MAX_JPEG_SCANS} scans; a real JPEG has at "
+                                    "most a few dozen)")
         begin, i = i, _scan_data_end(data, i, what)
         scanned += i - begin
         if data[i + 1] == 0xD9:
@@ -322,25 +351,29 @@ def _check_jpeg_scans(frame: Tuple[int, int, int], scanned: int, what: str) -> N
                                 f"header declares, which needs at least {need}); the header or the data is wrong")
 
 
+#: The marker that ends entropy-coded data: 0xFF followed by neither a stuffed 0x00, a fill
+#: byte nor a restart marker (T.81 section B.1.1.5), found in C.
+_SCAN_END = re.compile(rb"\xff[^\x00\xff\xd0-\xd7]")
+
+
 def _scan_data_end(data: bytes, i: int, what: str) -> int:
-    """Index of the marker that ends entropy-coded data starting at ``i`` (T.81 section B.1.1.5)."""
-    rst = 0
-    while True:
-        j = data.find(b"\xff", i)
-        if j < 0 or j + 1 >= len(data):
-            raise InvalidInputError(f"{what}: truncated JPEG (scan data ends without a marker)")
-        nxt = data[j + 1]
-        if nxt == 0x00 or nxt == 0xFF:  # stuffed byte, fill byte
-            i = j + (2 if nxt == 0x00 else 1)
-            continue
-        if 0xD0 <= nxt <= 0xD7:
-            if nxt - 0xD0 != rst:
-                raise InvalidInputError(
-                    f"{what}: corrupt JPEG (restart marker RST{nxt - 0xD0} at byte {j}, expected RST{rst})")
-            rst = (rst + 1) % 8
-            i = j + 2
-            continue
-        return j
+    """Index of the marker that ends entropy-coded data starting at ``i``, its restart markers
+    checked to run RST0, RST1, ... RST7, RST0, ... Both in C or numpy: megabytes of stuffed or
+    fill bytes took a second a scan in a Python loop."""
+    found = _SCAN_END.search(data, i)
+    if found is None:
+        raise InvalidInputError(f"{what}: truncated JPEG (scan data ends without a marker)")
+    end = found.start()
+    scan = np.frombuffer(data, np.uint8, count=end - i + 1, offset=i)  # with the end's 0xFF
+    at = np.flatnonzero((scan[:-1] == 0xFF) & ((scan[1:] & 0xF8) == 0xD0))
+    if len(at):
+        got = scan[at + 1] - 0xD0
+        wrong = np.flatnonzero(got != np.arange(len(got)) % 8)
+        if len(wrong):
+            k = int(wrong[0])
+            raise InvalidInputError(f"{what}: corrupt JPEG (restart marker RST{int(got[k])} at byte "
+                                    f"{i + int(at[k])}, expected RST{k % 8})")
+    return end
 
 
 def _check_png(data: bytes, what: str) -> None:

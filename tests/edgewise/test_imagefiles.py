@@ -3,6 +3,7 @@ pixel limit, 16-bit images with 10/12-bit data, and file names escaped in messag
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -206,3 +207,70 @@ def test_an_arithmetic_coded_jpeg_is_refused_since_its_bytes_cannot_bound_its_si
     path.write_bytes(_ARITHMETIC_GREY_8K)
     with pytest.raises(InvalidInputError, match="arithmetic-coded JPEG"):
         imagefiles.read_image_file(path)
+
+
+def _with_restarts(h: int = 64, w: int = 64) -> bytes:
+    """A real JPEG with a restart marker after every MCU row (OpenCV's libjpeg writes them)."""
+    ok, buf = cv2.imencode(".jpg", _scene(h, w), [cv2.IMWRITE_JPEG_RST_INTERVAL, 1])
+    assert ok
+    data = buf.tobytes()
+    assert data.count(b"\xff\xd0") >= 2 and data.count(b"\xff\xd1") >= 1
+    return data
+
+
+def test_restart_markers_must_run_in_order() -> None:
+    """RST0, RST1, ... RST7, RST0 (T.81 B.1.1.5): a real file with them passes, decodes; one with
+    two swapped is refused naming the byte and the marker expected."""
+    good = _with_restarts()
+    imagefiles.check_stream(good, "jpeg")
+    assert cv2.imdecode(np.frombuffer(good, np.uint8), cv2.IMREAD_COLOR) is not None
+    first, second = good.index(b"\xff\xd0"), good.index(b"\xff\xd1")
+    bad = bytearray(good)
+    bad[first + 1], bad[second + 1] = 0xD1, 0xD0
+    with pytest.raises(InvalidInputError, match=rf"corrupt JPEG \(restart marker RST1 at byte {first}, "
+                                                r"expected RST0\)"):
+        imagefiles.check_stream(bytes(bad), "jpeg")
+
+
+def test_a_few_fill_bytes_pass_where_a_real_encoder_could_write_them() -> None:
+    """Fill bytes (0xFF) may precede any marker; a handful before the frame header and before
+    the end of the scans is a valid file and passes the header walk and the stream check."""
+    good = _with_restarts()
+    sof = good.index(b"\xff\xc0")
+    padded = good[:sof] + b"\xff" * 7 + good[sof:-2] + b"\xff" * 5 + b"\xff\xd9"
+    assert imagefiles.jpeg_size(padded) == (64, 64)
+    imagefiles.check_stream(padded, "jpeg")
+    assert cv2.imdecode(np.frombuffer(padded, np.uint8), cv2.IMREAD_COLOR).shape == (64, 64, 3)
+
+
+_SOF_320 = b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, 240, 320, 1) + b"\x01\x11\x00"
+
+
+@pytest.mark.parametrize("filler, message", [
+    (b"\xff" * 600_000, "more than 1024 fill bytes at byte 2"),
+    (b"\xff\xd0" * 300_000, "more than 1024 markers in a row from byte 2050"),  # standalone RSTs
+    (b"\xff\xfe\x00\x02" * 150_000, "more than 1024 markers in a row from byte 4098"),  # empty comments
+], ids=["fill", "restarts", "comments"])
+def test_megabytes_of_markers_before_the_frame_are_refused(filler: bytes, message: str) -> None:
+    """Fill bytes or empty segments before the frame header were walked in Python, a byte or a
+    marker at a time, on the gateway's and the worker's event loops: 6 MB (6 KB gzip'd on the
+    wire) held each for half a second per request (found by a probe). The walk now skips fill
+    runs in C and stops at a bound no real file comes near."""
+    data = b"\xff\xd8" + filler + _SOF_320 + b"\xff\xd9"
+    for check in (lambda: imagefiles.jpeg_size(data), lambda: imagefiles.check_stream(data, "jpeg")):
+        with pytest.raises(InvalidInputError, match=re.escape(f"corrupt JPEG ({message}")):
+            check()
+
+
+def test_a_jpeg_of_hundreds_of_scans_is_refused() -> None:
+    """Each scan is one more walk here and one more pass in the decoder; libjpeg writes 10 for a
+    progressive colour image."""
+    ok, buf = cv2.imencode(".jpg", _scene(64, 64), [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
+    data = buf.tobytes()
+    imagefiles.check_stream(data, "jpeg")
+    sos = data.index(b"\xff\xda")
+    seg = struct.unpack(">H", data[sos + 2:sos + 4])[0]
+    scan = data[sos:data.index(b"\xff", sos + 2 + seg)]  # one SOS header and its scan data
+    many = data[:sos] + scan * (imagefiles.MAX_JPEG_SCANS + 1) + b"\xff\xd9"
+    with pytest.raises(InvalidInputError, match=f"more than {imagefiles.MAX_JPEG_SCANS} scans"):
+        imagefiles.check_stream(many, "jpeg")
