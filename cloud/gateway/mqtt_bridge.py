@@ -33,6 +33,9 @@ and every answer's packet size (``edgewise.mqtt_packets``) is checked against th
 limit before it is published: one that would not fit is not published (``answer_too_large``,
 logged, throttled; its edge times out).
 
+A request the broker retained is never answered (``NO_RETAINED``): it would be answered again at
+every subscribe.
+
 The bridge's client is ``edgewise.mqtt_client.Client``, the edge's: Mosquitto's PUBACK
 "Packet too large" (0x95, an answer over its ``message_size_limit``) is a refusal like any
 other (``response_refused``), not a malformed packet that would drop the connection.
@@ -103,6 +106,10 @@ WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
 #: The QoS of the bridge's subscription and answers: QoS 1, for the broker's PUBACK is the only way
 #: to know that an answer was refused (its ACL), so that it is counted and logged, never lost unseen.
 BRIDGE_QOS = 1
+#: A retained request (published with the retain flag) would be answered again at every
+#: subscribe, its token kept by the broker: the subscription asks for none (MQTT v5 Retain
+#: Handling 2), and one delivered anyway (a broker that ignores it) is dropped (``retained``).
+NO_RETAINED = SubscribeOptions.RETAIN_DO_NOT_SEND
 #: What the operator does about a refused subscription, by SUBACK reason code ("{user}",
 #: "{prefix}" and "{subscription}" are filled in).
 _SUBACK_HINTS: dict[int, str] = {
@@ -233,7 +240,7 @@ class MqttBridge:
             log.info("MQTT broker %s:%d takes QoS %d now: the bridge subscribes", self.s.host, self.s.port,
                      self.max_qos)
         if not self._stopping:  # a reconnect while stop() drains takes no new requests
-            client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS))
+            client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS, retainHandling=NO_RETAINED))
 
     def _qos_too_low(self) -> None:
         """(paho's thread, in CONNACK, before paho sends again what it holds) The broker takes QoS 0
@@ -315,7 +322,7 @@ class MqttBridge:
             if self._stopping:
                 return
         if not self.connected.is_set() and self.max_qos >= BRIDGE_QOS and not self._stopping:
-            self.client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS))
+            self.client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS, retainHandling=NO_RETAINED))
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
         """The broker did not answer (refused, unreachable, name not found): paho retries with
@@ -418,6 +425,12 @@ class MqttBridge:
                          f"MQTT request on {msg.topic[:200]!r} carries {len(correlation)} bytes of Correlation "
                          f"Data, more than mqtt.max_correlation_bytes ({self.s.max_correlation_bytes}); dropped "
                          f"unanswered (the edge sends 16 bytes; raise the setting if a client needs more)")
+            return
+        if msg.retain:
+            self._refuse("retained",
+                         f"MQTT request on {msg.topic[:200]!r} is one the broker retained (published with the retain "
+                         "flag), delivered again at each subscribe; dropped unanswered: publish requests without "
+                         "retain, and clear it (an empty retained message on that topic)")
             return
         try:
             device = mqtt_topics.device_of_request(self.s.topic_prefix, msg.topic)

@@ -43,14 +43,15 @@ class Edge:
             self.responses.setdefault(corr, []).append(detect_pb2.DetectResponse.FromString(msg.payload))
 
     def send(self, payload: bytes, corr: bytes, device: str = "cam-1", reply: bool = True,
-             reply_topic: str = "", token: str = "") -> None:
+             reply_topic: str = "", token: str = "", retain: bool = False) -> None:
         props = Properties(PacketTypes.PUBLISH)
         if reply:
             props.ResponseTopic = reply_topic or self.reply_topic
         props.CorrelationData = corr
         if token:
             props.UserProperty = [("authorization", f"Bearer {token}")]
-        self.c.publish(f"edgewise/{device}/escalate", payload, qos=1, properties=props).wait_for_publish(5)
+        self.c.publish(f"edgewise/{device}/escalate", payload, qos=1, properties=props,
+                       retain=retain).wait_for_publish(5)
 
     def close(self):
         self.c.disconnect()
@@ -137,6 +138,44 @@ def test_bridge_survives_broker_restart(mosquitto):
                 edge.close()
         finally:
             await gw.stop(1)
+            await w.stop()
+    run(main())
+
+
+def test_a_retained_request_is_never_answered_again(mosquitto):
+    """A request published with the retain flag stays in the broker, token and all, and
+    Mosquitto delivers it to the bridge's shared subscription at every subscribe: each
+    reconnect answered it again (found by a probe). The bridge subscribes asking for no
+    retained messages, and drops one a broker delivers anyway."""
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+        gw = None
+        try:
+            await asyncio.to_thread(edge.send, request(seq=1).SerializeToString(), b"kept", retain=True)
+            for _ in range(2):  # two subscribes: a start, and a restart of the bridge
+                gw = await bridged_gateway(mosquitto, w)
+                await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
+                await asyncio.to_thread(edge.send, request(seq=2).SerializeToString(), b"live")
+                await wait_until(lambda: b"live" in edge.responses)
+                await asyncio.sleep(0.5)
+                assert b"kept" not in edge.responses and w.calls == 1
+                await gw.stop(1)
+                gw, w.calls = None, 0
+                edge.responses.clear()
+            gw = await bridged_gateway(mosquitto, w)
+            msg = mqtt.MQTTMessage(topic=b"edgewise/cam-1/escalate")
+            msg.payload, msg.retain = request(seq=3).SerializeToString(), True
+            msg.properties = Properties(PacketTypes.PUBLISH)
+            msg.properties.ResponseTopic, msg.properties.CorrelationData = edge.reply_topic, b"anyway"
+            gw.bridge._accept(msg)  # a broker that delivers it anyway
+            await asyncio.sleep(0.5)
+            assert gw.bridge.counts.get("retained") == 1 and w.calls == 0 and not edge.responses
+        finally:
+            if gw is not None:
+                await gw.stop(1)
+            await asyncio.to_thread(edge.close)
             await w.stop()
     run(main())
 
