@@ -110,6 +110,20 @@ BRIDGE_QOS = 1
 #: subscribe, its token kept by the broker: the subscription asks for none (MQTT v5 Retain
 #: Handling 2), and one delivered anyway (a broker that ignores it) is dropped (``retained``).
 NO_RETAINED = SubscribeOptions.RETAIN_DO_NOT_SEND
+#: Room for a request's topic and properties (response topic, correlation data, token) in the
+#: largest packet the bridge takes (``receive_limit``).
+HEADER_ROOM = 1 << 20
+
+
+def receive_limit(max_message_bytes: int) -> int:
+    """The Maximum Packet Size the bridge announces in its CONNECT: twice the gateway's message
+    limit, and room for the headers. A broker discards a larger packet instead of sending it
+    (MQTT 5.0 section 3.1.2.11.4), so no device can make the gateway hold hundreds of MB (the
+    payload, paho's buffer and a copy; Mosquitto forwards up to 256 MB by default), while a
+    request a little over the limit still gets its INVALID_ARGUMENT answer."""
+    return min(PROTOCOL_MAX_PACKET - 5, 2 * max_message_bytes + HEADER_ROOM)
+
+
 #: What the operator does about a refused subscription, by SUBACK reason code ("{user}",
 #: "{prefix}" and "{subscription}" are filled in).
 _SUBACK_HINTS: dict[int, str] = {
@@ -151,8 +165,10 @@ class MqttBridge:
     """One MQTT v5 client feeding the gateway's request path."""
 
     def __init__(self, settings: MqttSettings, handler: RequestHandler, counter: Counter,
-                 loop: asyncio.AbstractEventLoop | None = None, up: Gauge | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, up: Gauge | None = None,
+                 max_message_bytes: int = 8 * 1024 * 1024) -> None:
         self.s = settings
+        self.receive_limit = receive_limit(max_message_bytes)
         self.handler = handler
         self.counter = counter
         self.up = up  # 1 while connected and subscribed
@@ -198,8 +214,10 @@ class MqttBridge:
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         """Connect in the background (retrying with backoff until the broker answers)."""
+        props = Properties(PacketTypes.CONNECT)
+        props.MaximumPacketSize = self.receive_limit
         self.client.connect_async(self.s.host, self.s.port, keepalive=self.s.keepalive_s,
-                                  clean_start=True)
+                                  clean_start=True, properties=props)
         self.client.loop_start()
 
     async def stop(self, grace: float = 5.0) -> None:

@@ -472,7 +472,8 @@ class Gateway:
             self._tasks.append(task)
         await self._server.start()
         if s.mqtt.enabled:
-            self.bridge = MqttBridge(s.mqtt, self, self.metrics.mqtt, up=self.metrics.mqtt_connected)
+            self.bridge = MqttBridge(s.mqtt, self, self.metrics.mqtt, up=self.metrics.mqtt_connected,
+                                     max_message_bytes=s.limits.max_message_bytes)
             self.bridge.start()
         if not self.auth.enabled:
             log.warning("authentication is OFF (auth.tokens is empty): any client may call the gateway")

@@ -73,7 +73,10 @@ class LimitSettings:
     """Input limits, deadlines and per-device rate limits."""
 
     max_message_bytes: int = setting("gRPC message limit, bytes, on both hops (edge to gateway, gateway to "
-                                     "worker).", 8 * 1024 * 1024, lo=1024, hi=GRPC_INT_MAX)
+                                     "worker); MQTT requests too. The MQTT bridge takes packets of up to twice "
+                                     "this and 1 MiB from the broker (its CONNECT Maximum Packet Size): a larger "
+                                     "request is discarded by the broker and its edge times out.",
+                                     8 * 1024 * 1024, lo=1024, hi=GRPC_INT_MAX)
     max_image_bytes: int = setting("Largest encoded image, bytes (at most `max_message_bytes`).",
                                    6 * 1024 * 1024, lo=1)
     max_image_pixels: int = setting("Largest image, width x height as its header declares (every encoding; "

@@ -266,6 +266,20 @@ def test_tls_mounts_secrets_and_configures_gateway() -> None:
     assert "listener 1883" not in conf and "listener 8883" in conf
 
 
+@pytest.mark.parametrize("limit", [None, 7_000_000, 200_000_000])
+def test_the_charts_broker_takes_no_larger_packet_than_the_bridge(limit: int | None) -> None:
+    """Mosquitto forwards 256 MB by default: one device could run the 256 MiB broker (and the
+    gateway) out of memory. The chart's broker takes what the gateway's bridge announces it
+    takes (``receive_limit``), from the gateway's default or its configured message limit."""
+    from cloud.gateway.mqtt_bridge import receive_limit
+    from cloud.gateway.settings import LimitSettings
+
+    sets = MODES["broker-on"] + ((f"gateway.config.limits.max_message_bytes={limit}",) if limit else ())
+    conf = named(render(*sets), "ConfigMap", "mosquitto")["data"]["mosquitto.conf"]
+    want = receive_limit(limit or LimitSettings().max_message_bytes)
+    assert f"\n    max_packet_size {want}\n".replace("    ", "") in conf, conf
+
+
 # --------------------------------------------------------------------------- security, pass-throughs
 
 @pytest.mark.parametrize("mode", sorted(MODES))

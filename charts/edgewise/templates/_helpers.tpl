@@ -178,3 +178,13 @@ namespace="{{ .Release.Namespace }}",app_kubernetes_io_instance="{{ .Release.Nam
 {{- define "edgewise.number" -}}
 {{- toString . | trim | float64 -}}
 {{- end -}}
+
+{{/* The largest MQTT packet the gateway's bridge takes (cloud/gateway/mqtt_bridge.py
+     receive_limit): twice gateway.config.limits.max_message_bytes (the gateway's default
+     8 MiB when unset) and 1 MiB for topic and properties. The chart's broker takes no larger
+     packet: Mosquitto's default is 256 MB, which one device could send into a broker of 256 MiB. */}}
+{{- define "edgewise.mqttMaxPacket" -}}
+{{- $limits := dig "limits" (dict) (.Values.gateway.config | default dict) -}}
+{{- $messageBytes := (hasKey $limits "max_message_bytes") | ternary $limits.max_message_bytes 8388608 | int64 -}}
+{{- min 268435455 (add (mul 2 $messageBytes) 1048576) -}}
+{{- end -}}

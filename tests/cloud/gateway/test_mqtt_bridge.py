@@ -246,6 +246,41 @@ def test_a_payload_over_the_message_limit_is_refused_before_any_worker(mosquitto
     run(main())
 
 
+def test_the_broker_keeps_a_huge_request_from_the_bridge(mosquitto):
+    """Mosquitto forwards up to 256 MB by default, and the bridge held each such request three
+    times over (paho's buffer, the payload, a copy) before refusing it: one device could run the
+    gateway out of memory. The bridge's CONNECT announces a Maximum Packet Size of twice
+    ``limits.max_message_bytes`` and 1 MiB, so the broker discards a larger request (its edge
+    times out); one a little over the limit is still answered INVALID_ARGUMENT (above)."""
+    from cloud.gateway.mqtt_bridge import receive_limit
+    from tests.cloud.gateway.test_gateway import _padded
+
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = await bridged_gateway(mosquitto, w, **{"limits.max_message_bytes": 64 * 1024,
+                                                    "limits.max_image_bytes": 64 * 1024})
+        try:
+            assert gw.bridge.receive_limit == receive_limit(64 * 1024) == 2 * 64 * 1024 + (1 << 20)
+            await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
+            edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+            try:
+                await asyncio.to_thread(edge.send, _padded(request(seq=1), gw.bridge.receive_limit), b"huge")
+                await asyncio.to_thread(edge.send, _padded(request(seq=2), 100 * 1024), b"over")
+                await asyncio.to_thread(edge.send, request(seq=3).SerializeToString(), b"ok")
+                await wait_until(lambda: {b"over", b"ok"} <= set(edge.responses))
+                await asyncio.sleep(0.3)
+                assert b"huge" not in edge.responses and sum(gw.bridge.counts.values()) == 2
+                assert edge.responses[b"over"][0].status == detect_pb2.INVALID_ARGUMENT
+                assert edge.responses[b"ok"][0].status == detect_pb2.OK and w.calls == 1
+            finally:
+                edge.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
+
+
 def test_a_broker_that_does_not_answer_is_logged_and_exported(caplog):
     """No broker at mqtt.host:port: the gateway serves gRPC, says the bridge cannot connect
     (it retries with backoff) and exports edgewise_gateway_mqtt_connected 0."""
