@@ -184,37 +184,48 @@ def jpeg_size(data: Buffer, what: str = "image.data") -> Tuple[int, int]:
 _NOT_FILL = re.compile(rb"[^\xff]")
 #: Fill bytes in a row before a header marker: T.81 sets no bound, encoders write a few at most.
 MAX_FILL_RUN = 1024
-#: Markers (segments and standalone ones) one header walk takes: a real JPEG has a few dozen
-#: before its frame (APPn, DQT, DHT, an ICC profile in up to 255 pieces); megabytes of empty
-#: segments held the gateway's event loop for half a second.
-MAX_JPEG_MARKERS = 1024
+#: Markers (segments and standalone ones) in one JPEG's headers, all scans together: a real file
+#: has a few dozen (APPn, DQT, DHT, an ICC profile in up to 255 pieces, a few per progressive
+#: scan); megabytes of empty segments held the gateway's event loop half a second.
+MAX_JPEG_MARKERS = 4096
 #: Scans one JPEG may have: libjpeg writes 10 for a progressive colour image, and each scan is
 #: a walk here and a pass in the decoder (libjpeg-turbo advises a limit of 500 against
 #: files of many tiny scans, its security advisory of 2018 on progressive JPEGs).
 MAX_JPEG_SCANS = 500
 
 
-def _jpeg_segments(data: Buffer, i: int, what: str) -> Iterator[Tuple[int, int, int]]:
+class _MarkerBudget:
+    """What is left of ``MAX_JPEG_MARKERS`` for one file's walk, over all its scans."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_JPEG_MARKERS
+
+
+def _jpeg_segments(data: Buffer, i: int, what: str,
+                   budget: Optional[_MarkerBudget] = None) -> Iterator[Tuple[int, int, int]]:
     """Yield ``(marker, payload_start, payload_end)`` of the header segments from byte ``i``
-    up to and including SOS (whose scan data is not walked); at most ``MAX_JPEG_MARKERS``."""
+    up to and including SOS (whose scan data is not walked), spending ``budget`` (a new one
+    when None)."""
     n = len(data)
-    markers = 0
+    budget = budget or _MarkerBudget()
     while i + 4 <= n:
         if data[i] != 0xFF:
             raise InvalidInputError(f"{what}: corrupt JPEG (bad marker at byte {i})")
         marker = data[i + 1]
         if marker == 0xFF:  # fill bytes: to the last one before the marker
-            found = _NOT_FILL.search(data, i + 1, i + 1 + MAX_FILL_RUN)
+            found = _NOT_FILL.search(data, i + 1, i + 2 + MAX_FILL_RUN)
             if found is None:
-                if i + 1 + MAX_FILL_RUN < n:
+                if i + 2 + MAX_FILL_RUN < n:
                     raise InvalidInputError(f"{what}: corrupt JPEG (more than {MAX_FILL_RUN} fill bytes at byte {i})")
                 return
             i = found.start() - 1
             continue
-        markers += 1
-        if markers > MAX_JPEG_MARKERS:
-            raise InvalidInputError(f"{what}: corrupt JPEG (more than {MAX_JPEG_MARKERS} markers in a row from "
-                                    f"byte {i}; a real JPEG has a few dozen)")
+        budget.left -= 1
+        if budget.left < 0:
+            raise InvalidInputError(f"{what}: corrupt JPEG (more than {MAX_JPEG_MARKERS} markers, at byte {i}; a "
+                                    "real JPEG has a few dozen)")
         if marker in _STANDALONE:
             i += 2
             continue
@@ -308,9 +319,10 @@ _ARITHMETIC_SOF = _SOF - _HUFFMAN_SOF - {0xC5, 0xC6, 0xC7}
 
 def _check_jpeg(data: bytes, what: str) -> None:
     i, frame, scanned, scans = 2, (0, 0, 0), 0, 0
+    budget = _MarkerBudget()
     while True:
         last = None
-        for marker, start, end in _jpeg_segments(data, i, what):
+        for marker, start, end in _jpeg_segments(data, i, what, budget):
             if end > len(data):
                 raise InvalidInputError(f"{what}: truncated JPEG (segment at byte {start - 4} runs past the end)")
             if marker in _ARITHMETIC_SOF:
@@ -356,6 +368,10 @@ def _check_jpeg_scans(frame: Tuple[int, int, int], scanned: int, what: str) -> N
 _SCAN_END = re.compile(rb"\xff[^\x00\xff\xd0-\xd7]")
 
 
+#: Bytes of scan data checked for restart markers at a time: numpy's temporaries stay small.
+_RST_WINDOW = 1 << 20
+
+
 def _scan_data_end(data: bytes, i: int, what: str) -> int:
     """Index of the marker that ends entropy-coded data starting at ``i``, its restart markers
     checked to run RST0, RST1, ... RST7, RST0, ... Both in C or numpy: megabytes of stuffed or
@@ -364,44 +380,50 @@ def _scan_data_end(data: bytes, i: int, what: str) -> int:
     if found is None:
         raise InvalidInputError(f"{what}: truncated JPEG (scan data ends without a marker)")
     end = found.start()
-    scan = np.frombuffer(data, np.uint8, count=end - i + 1, offset=i)  # with the end's 0xFF
-    at = np.flatnonzero((scan[:-1] == 0xFF) & ((scan[1:] & 0xF8) == 0xD0))
-    if len(at):
-        got = scan[at + 1] - 0xD0
-        wrong = np.flatnonzero(got != np.arange(len(got)) % 8)
-        if len(wrong):
-            k = int(wrong[0])
-            raise InvalidInputError(f"{what}: corrupt JPEG (restart marker RST{int(got[k])} at byte "
-                                    f"{i + int(at[k])}, expected RST{k % 8})")
+    seen = 0  # restart markers so far in this scan
+    for start in range(i, end, _RST_WINDOW):  # each window and the byte after it (the end's 0xFF at most)
+        stop = min(start + _RST_WINDOW, end)
+        scan = np.frombuffer(data, np.uint8, count=stop - start + 1, offset=start)
+        at = np.flatnonzero(scan[:-1] == 0xFF)
+        at = at[(scan[at + 1] & 0xF8) == 0xD0]
+        if len(at):
+            got = scan[at + 1] - 0xD0
+            wrong = np.flatnonzero(got != (np.arange(len(got)) + seen) % 8)
+            if len(wrong):
+                k = int(wrong[0])
+                raise InvalidInputError(f"{what}: corrupt JPEG (restart marker RST{int(got[k])} at byte "
+                                        f"{start + int(at[k])}, expected RST{(seen + k) % 8})")
+            seen += len(got)
     return end
 
 
-#: Ancillary chunks (tEXt, pHYs, iCCP, ...: a lower-case first letter) a PNG may have: real
-#: files have a handful. 500,000 empty ones (6 MB) took 0.3 s to walk here and 0.9 s to decode,
-#: libpng printing a warning for each.
+#: Ancillary chunks (tEXt, pHYs, iCCP, ...: a lower-case first letter) a PNG may have, the
+#: frames of an animated PNG aside; and empty chunks (IEND aside): real files have a handful
+#: of the one and none of the other. 500,000 empty tEXt chunks (6 MB) took 0.3 s to walk here
+#: and 0.9 s to decode, libpng printing a warning for each.
 MAX_PNG_ANCILLARY = 256
-
-
-def _max_png_chunks(n: int) -> int:
-    """Chunks a PNG of ``n`` bytes may have: encoders cut the image data into chunks of 8 KB
-    (libpng) or more; an empty chunk is 12 bytes."""
-    return 4096 + n // 1024
+MAX_PNG_EMPTY = 256
+#: An animated PNG's chunks (APNG): a frame each, besides its image data.
+_APNG = {b"acTL", b"fcTL", b"fdAT"}
 
 
 def _check_png(data: bytes, what: str) -> None:
     i, n = 8, len(data)
-    chunks = ancillary = 0
+    ancillary = empty = 0
     while i + 12 <= n:
         length, kind = struct.unpack(">I4s", data[i:i + 8])
         end = i + 12 + length
         if end > n:
             break
-        chunks += 1
-        ancillary += kind[0] >= 0x61  # a lower-case first letter: ancillary (PNG spec 5.4)
-        if ancillary > MAX_PNG_ANCILLARY or chunks > _max_png_chunks(n):
-            raise InvalidInputError(f"{what}: corrupt PNG (more than {MAX_PNG_ANCILLARY} ancillary chunks or "
-                                    f"{_max_png_chunks(n)} chunks in all, at byte {i}; a real PNG has a few "
-                                    "and its image data in chunks of kilobytes)")
+        if kind[0] >= 0x61 and kind not in _APNG:  # a lower-case first letter: ancillary (PNG spec 5.4)
+            ancillary += 1
+            if ancillary > MAX_PNG_ANCILLARY:
+                raise InvalidInputError(f"{what}: corrupt PNG (more than {MAX_PNG_ANCILLARY} ancillary chunks, at "
+                                        f"byte {i}; a real PNG has a handful)")
+        if not length and kind != b"IEND":
+            empty += 1
+            if empty > MAX_PNG_EMPTY:
+                raise InvalidInputError(f"{what}: corrupt PNG (more than {MAX_PNG_EMPTY} empty chunks, at byte {i})")
         if zlib.crc32(data[i + 4:end - 4]) != struct.unpack(">I", data[end - 4:end])[0]:
             raise InvalidInputError(f"{what}: corrupt PNG (CRC mismatch in chunk {kind!r} at byte {i})")
         if kind == b"IEND":
