@@ -75,9 +75,10 @@ def _remember(keys: Dict[str, None], key: str) -> None:
 
 
 def open_appending(path: str) -> BinaryIO:
-    """``sinks.jsonl`` opened to append, unbuffered (a failed write leaves nothing behind to
-    flush later); one error for the daemon and ``check-config``."""
+    """``sinks.jsonl`` opened to append (its folder made when missing), unbuffered (a failed
+    write leaves nothing behind to flush later); one error for the daemon and ``check-config``."""
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         return open(path, "ab", buffering=0)
     except OSError as exc:
         raise DeploymentError(f"sinks.jsonl {path}: cannot open it for appending ({exc.strerror or exc}); "
@@ -98,7 +99,6 @@ class JsonlSink:
         self.fsync = fsync
         self.max_bytes = max_bytes
         self.keep = keep
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.f = open_appending(path)
         self.last_epoch = -1  # the newest run (frame_seq >> 32) in the file's history
         #: late keys written, oldest first; the newest :data:`edge.outbox.LATE_KEYS_MAX` are kept

@@ -9,6 +9,9 @@ daemon restarted after a crash between the sink write and the spool ack)."""
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from edge.metrics import EdgeMetrics
 from edge.outbox import Outbox
@@ -246,3 +249,19 @@ def test_escalations_keep_slots_on_a_connection_whose_sink_records_are_stuck_in_
             sink.close()
             responder.close()
             proxy.close()
+
+
+def test_a_jsonl_sink_that_cannot_be_opened_is_one_line_naming_the_setting(tmp_path):
+    """A folder that cannot be made (a file in its place) or a file that cannot be appended to
+    is the sink's one-line error naming ``sinks.jsonl``, not an OSError's traceback."""
+    from edge.sinks import JsonlSink
+    from edgewise.errors import DeploymentError
+
+    (tmp_path / "flat").write_text("")
+    for path in (tmp_path / "flat" / "x.jsonl", tmp_path):
+        with pytest.raises(DeploymentError, match=rf"sinks.jsonl {re.escape(str(path))}: cannot open it for "
+                                                  "appending"):
+            JsonlSink(str(path))
+    made = tmp_path / "new" / "deeper" / "d.jsonl"
+    JsonlSink(str(made)).close()
+    assert made.exists()
