@@ -110,6 +110,7 @@ BRIDGE_QOS = 1
 #: subscribe, its token kept by the broker: the subscription asks for none (MQTT v5 Retain
 #: Handling 2), and one delivered anyway (a broker that ignores it) is dropped (``retained``).
 NO_RETAINED = SubscribeOptions.RETAIN_DO_NOT_SEND
+SUBSCRIBE_OPTIONS = SubscribeOptions(qos=BRIDGE_QOS, retainHandling=NO_RETAINED)
 #: Room for a request's topic and properties (response topic, correlation data, token) in the
 #: largest packet the bridge takes (``receive_limit``).
 HEADER_ROOM = 1 << 20
@@ -258,7 +259,7 @@ class MqttBridge:
             log.info("MQTT broker %s:%d takes QoS %d now: the bridge subscribes", self.s.host, self.s.port,
                      self.max_qos)
         if not self._stopping:  # a reconnect while stop() drains takes no new requests
-            client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS, retainHandling=NO_RETAINED))
+            client.subscribe(self.subscription, options=SUBSCRIBE_OPTIONS)
 
     def _qos_too_low(self) -> None:
         """(paho's thread, in CONNACK, before paho sends again what it holds) The broker takes QoS 0
@@ -340,7 +341,7 @@ class MqttBridge:
             if self._stopping:
                 return
         if not self.connected.is_set() and self.max_qos >= BRIDGE_QOS and not self._stopping:
-            self.client.subscribe(self.subscription, options=SubscribeOptions(qos=BRIDGE_QOS, retainHandling=NO_RETAINED))
+            self.client.subscribe(self.subscription, options=SUBSCRIBE_OPTIONS)
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
         """The broker did not answer (refused, unreachable, name not found): paho retries with

@@ -82,7 +82,7 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
     ``imgsz``: input size of a model whose graph leaves it dynamic (``load_model_info``).
     ``graph_error`` is None for a valid graph, else why it is broken; ``batch_error`` is None
     unless a dynamic batch of 2 fails while one frame runs (the model is usable at batch 1);
-    ``warnings`` lists what the user should know (an assumed input size).
+    ``warnings`` lists what the user should know (an assumed input size, that batch failure).
     Raises ``ModelError`` (naming the file) for a missing, corrupt or non-YOLOv5 model.
     """
     import onnx
@@ -109,6 +109,8 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
         graph_error, batch_error = first_frame_problems(
             info, 2, "the batch size where it runs (edge model.max_batch, worker batching.max_batch_size)")
     warnings = [imgsz_guess_warning(info)] if info.imgsz_source == "default" else []
+    if batch_error:
+        warnings.append(batch_error)
     return {
         "path": str(info.path),
         "file_bytes": info.file_bytes,
@@ -201,6 +203,6 @@ def format_description(d: Dict[str, Any]) -> str:
     lines.append(f"graph      {'BROKEN: ' + err if err else 'valid (ONNX checker; ONNX Runtime loads and runs it)'}")
     lines.append("jetson     " + ("; ".join(d["jetpack51"]) if d.get("jetpack51") else
                                   "its opsets load on JetPack 5.1 (TensorRT 8.5, ONNX Runtime 1.16.3)"))
-    for w in d.get("warnings", []) + ([d["batch_error"]] if d.get("batch_error") else []):
+    for w in d.get("warnings", []):
         lines.append(f"warning    {w}")
     return "\n".join(lines)

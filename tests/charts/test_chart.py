@@ -494,6 +494,25 @@ def test_numbers_written_as_text_are_range_checked_like_the_gateway_does(tmp_pat
     assert ok.returncode == 0, ok.stderr
 
 
+def test_every_number_that_may_be_text_is_in_the_range_table() -> None:
+    """The table takes a value by its pattern: a copy of the pattern edited by hand would drop
+    its value out of the range checks, silently. Every number-or-text value of the schema
+    (resource quantities aside, which have their own grammar) is in it."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    found = []
+
+    def walk(node: dict, path: tuple) -> None:
+        for key, sub in node.get("properties", {}).items():
+            walk(sub, path + (key,))
+        kinds = node.get("type")
+        if isinstance(kinds, list) and {"number", "string"} <= set(kinds) and "pattern" in node \
+                and "Ki" not in node["pattern"]:
+            found.append(list(path))
+
+    walk(schema, ())
+    assert len(found) >= 25 and sorted(found) == sorted(r["path"] for r in _text_ranges())
+
+
 def test_the_charts_own_decimals_take_helm_set_text_and_render_as_the_number() -> None:
     """``helm install --set autoscaling.targetLoad=0.7`` passes the text "0.7": the schema's
     ``type: number`` refused it ("got string, want number"), so an operator had to know

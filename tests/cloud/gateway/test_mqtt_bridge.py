@@ -161,6 +161,7 @@ def test_a_retained_request_is_never_answered_again(mosquitto):
                 await wait_until(lambda: b"live" in edge.responses)
                 await asyncio.sleep(0.5)
                 assert b"kept" not in edge.responses and w.calls == 1
+                assert "retained" not in gw.bridge.counts  # the broker kept it back (Retain Handling 2)
                 await gw.stop(1)
                 gw, w.calls = None, 0
                 edge.responses.clear()

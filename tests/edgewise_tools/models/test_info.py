@@ -55,6 +55,7 @@ def test_a_batch_dynamic_in_name_only_is_a_warning_not_a_broken_graph(tmp_path: 
     d = describe(p)
     assert d["graph_error"] is None and d["dynamic_batch"]
     assert d["batch_error"].startswith("one frame runs but a batch of 2 fails (")
+    assert d["warnings"] == [d["batch_error"]]  # in the JSON too
     assert main(["model", "info", str(p)]) == 0
     out = capsys.readouterr().out
     assert "dynamic batch (in name only: runs one frame at a time)" in out
