@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import sys
 import threading
 import time
@@ -100,6 +101,7 @@ class JsonlSink:
         self.max_bytes = max_bytes
         self.keep = keep
         self.f = open_appending(path)
+        self._end_torn_line()
         self.last_epoch = -1  # the newest run (frame_seq >> 32) in the file's history
         #: late keys written, oldest first; the newest :data:`edge.outbox.LATE_KEYS_MAX` are kept
         #: (a replay repeats only recent results; a device whose cloud is often away would
@@ -156,7 +158,48 @@ class JsonlSink:
         if key is not None:
             _remember(self.late_keys, key)
 
+    def _end_torn_line(self) -> None:
+        """A file that ends in a line torn by a crash or a power cut (no newline) gets one, so
+        the next record starts a line of its own instead of making the torn one longer and
+        unreadable. The torn bytes stay: nothing a reader could use is cut away."""
+        st = os.fstat(self.f.fileno())
+        if not (stat.S_ISREG(st.st_mode) and st.st_size):
+            return
+        try:  # (the sink's own descriptor is write-only)
+            with open(self.path, "rb") as r:
+                r.seek(st.st_size - 1)
+                last = r.read(1)
+        except OSError:
+            return
+        if last != b"\n":
+            os.write(self.f.fileno(), b"\n")
+            log.warning("sinks.jsonl %s ended in a torn line (a crash or power cut mid-write); the next record "
+                        "starts on a line of its own", self.path)
+
+    def _follow_path(self) -> None:
+        """Keep writing the file that is at ``path`` now: one removed, moved away or replaced
+        while the daemon runs (an operator's ``rm``, a logrotate ``create``) is reopened, not
+        written into an unlinked file where every record is lost; a file truncated in place
+        (``copytruncate``) is measured again. Raises OSError when the new file cannot be made."""
+        mine = os.fstat(self.f.fileno())
+        try:
+            here: Optional[os.stat_result] = os.stat(self.path)
+        except FileNotFoundError:
+            here = None
+        if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
+            self.size = mine.st_size
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        f = open(self.path, "ab", buffering=0)
+        self.f.close()
+        self.f = f
+        self._end_torn_line()
+        self.size = os.fstat(f.fileno()).st_size
+        log.warning("sinks.jsonl %s was %s while the daemon wrote it; records go to the file now there",
+                    self.path, "removed or moved away" if here is None else "replaced")
+
     def _append(self, line: bytes) -> None:
+        self._follow_path()
         if self.max_bytes and self.size and self.size + len(line) > self.max_bytes:
             self._rotate()
         view = memoryview(line)

@@ -265,3 +265,50 @@ def test_a_jsonl_sink_that_cannot_be_opened_is_one_line_naming_the_setting(tmp_p
     made = tmp_path / "new" / "deeper" / "d.jsonl"
     JsonlSink(str(made)).close()
     assert made.exists()
+
+
+def test_a_jsonl_file_removed_moved_or_replaced_while_running_is_followed(tmp_path, caplog):
+    """An operator's ``rm`` of the file while the daemon ran sent every later record, late ones
+    included (their spool entries then acknowledged), into the unlinked file: all lost, no
+    log line (found by a fault probe); with rotation on, every write failed from then on. The
+    sink now writes the file that is at its path: made again when removed or moved away, the
+    new one when replaced, measured again when truncated in place."""
+    caplog.set_level("WARNING", logger="edge.sinks")
+    path = tmp_path / "out.jsonl"
+    sinks = Sinks([JsonlSink(str(path), max_bytes=10_000, keep=2)])
+    write(sinks, frame_record("cam", 1))
+    path.unlink()
+    write(sinks, frame_record("cam", 2))
+    write(sinks, late(2))
+    assert [(r["frame_seq"], r["late"]) for r in read_jsonl(path)] == [(2, False), (2, True)]
+    path.rename(tmp_path / "moved.jsonl")  # a rotation of someone else's ("create")
+    path.write_bytes(b'{"frame_seq": 99, "tor')  # and a new file there, ending mid-line
+    write(sinks, frame_record("cam", 3))
+    assert path.read_bytes().splitlines()[1].startswith(b'{"device"')  # its own line
+    assert [r["frame_seq"] for r in read_jsonl(path)] == [3]
+    with open(path, "r+b") as f:  # "copytruncate": the same file, emptied
+        f.truncate(0)
+    for seq in range(4, 8):
+        write(sinks, frame_record("cam", seq))
+    assert [r["frame_seq"] for r in read_jsonl(path)] == [4, 5, 6, 7]  # no rotation for bytes gone
+    assert not list(tmp_path.glob("out.jsonl.*"))
+    sinks.close()
+    said = [r.getMessage() for r in caplog.records if "while the daemon wrote it" in r.getMessage()]
+    assert len(said) == 2 and "removed or moved away" in said[0] and "replaced" in said[1]
+
+
+def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
+    """A power cut mid-write leaves a line without its end; the next run's first record was
+    appended to it, one unreadable line and that record lost to any line reader."""
+    path = tmp_path / "out.jsonl"
+    sinks = Sinks([JsonlSink(str(path))])
+    write(sinks, frame_record("cam", 1))
+    sinks.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole + whole[:40])  # the torn copy of a line
+    sinks = Sinks([JsonlSink(str(path))])
+    write(sinks, frame_record("cam", 2))
+    sinks.close()
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 3 and lines[1] == whole[:40]
+    assert [r["frame_seq"] for r in read_jsonl(path)] == [1, 2]
