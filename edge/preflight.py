@@ -182,6 +182,8 @@ def check_state_files(s: EdgeSettings) -> None:
             continue
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             continue
+        if setting == "spool.path" and is_spool_file(path):
+            continue  # ours: opened, or salvaged when damaged (a file cut short too)
         tables = _sqlite_tables(path)
         if isinstance(tables, str):
             raise ConfigError(f"{setting} {path} is not a database ({tables}); the daemon refuses it: move it "

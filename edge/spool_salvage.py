@@ -188,8 +188,17 @@ def is_spool_file(path: Union[str, Path]) -> bool:
     except sqlite3.Error:
         return False
     try:
-        columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
-        return SPOOL_COLUMNS <= columns
+        for schema_writable in ("OFF", "ON"):
+            # ON: a file cut short (a truncation, a copy that stopped) whose header counts more
+            # pages than it has is "malformed" to every query, its schema included; read that
+            # way its schema still shows whose file it is, and it is salvaged, not refused
+            db.execute(f"PRAGMA writable_schema = {schema_writable}")
+            try:
+                columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
+            except sqlite3.DatabaseError:
+                continue
+            return SPOOL_COLUMNS <= columns
+        return False
     except sqlite3.Error:
         return False
     finally:
@@ -251,6 +260,8 @@ class _Reader:
         self._own = not isinstance(source, sqlite3.Connection)
         self.db = (source if isinstance(source, sqlite3.Connection)
                    else sqlite3.connect(f"file:{quote(str(source))}?mode=ro", uri=True))
+        if self._own:  # a file cut short is "malformed" to every query but read so (is_spool_file)
+            self.db.execute("PRAGMA writable_schema = ON")
         self.damaged: List[Tuple[int, int]] = []
         self.invalid = 0
         have = {row[1] for row in self.db.execute("PRAGMA table_info(items)")}
