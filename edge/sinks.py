@@ -7,10 +7,12 @@ per-stage latency, cloud round trip, and ``late`` for results that arrived from
 the spool replay. ``Sinks`` serialises each record once; every sink gets the
 record and those bytes.
 
-A live record the JSON Lines file cannot take (its disk full, an I/O error) is held in a
-bounded in-memory backlog (:data:`BACKLOG_BYTES`, the oldest dropped and counted beyond it)
-and written, in order, before the next record once the disk takes lines again; a late record
-is not held: its answer stays in the spool, which replays it. The JSON Lines sink keeps the idempotency keys of late records it has written
+A live record the JSON Lines file or the MQTT sink's outbox cannot take (its disk full, an I/O
+error) is held in a bounded in-memory backlog (``HeldRecords``, :data:`BACKLOG_BYTES`, the
+oldest dropped and counted beyond it) and written, in order, before the next record once the
+disk takes it again; a late record is not held: its answer stays in the spool, which replays it.
+The JSON Lines sink writes the file that is at its path (one removed or replaced while the
+daemon runs is reopened) and gives a file that ends in a torn line its newline. The JSON Lines sink keeps the idempotency keys of late records it has written
 (the newest ``edge.outbox.LATE_KEYS_MAX``; reloaded from the file's tail on start), so a replay repeated after a crash
 between "written" and "acknowledged" never writes a late result twice. The MQTT
 sink keeps every record in a durable outbox (``edge.outbox``) until the broker
@@ -30,7 +32,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, BinaryIO, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, BinaryIO, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 try:
     from typing import Protocol
@@ -75,6 +77,44 @@ def _remember(keys: Dict[str, None], key: str) -> None:
         del keys[next(iter(keys))]
 
 
+class HeldRecords:
+    """Live records a durable sink could not take (its disk full, an I/O error), oldest first,
+    at most :data:`BACKLOG_BYTES` (the oldest dropped and counted beyond): a live record has no
+    other copy (the spool holds escalations only), so it waits here and goes in, in order,
+    before the sink's next record. ``where`` names the sink in the log."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.items: Deque[bytes] = deque()
+        self.bytes = 0
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def hold(self, data: bytes) -> None:
+        self.items.append(data)
+        self.bytes += len(data)
+        while self.bytes > BACKLOG_BYTES and len(self.items) > 1:
+            self.bytes -= len(self.items.popleft())
+            self.dropped += 1
+
+    def drain(self, put: Callable[[bytes], Any]) -> None:
+        """``put`` each held record, oldest first; raise at the first it does not take."""
+        while self.items:
+            put(self.items[0])
+            self.bytes -= len(self.items.popleft())
+        if self.dropped:
+            log.warning("%s takes records again; %d live records were lost while it could not (beyond the %d MiB "
+                        "held in memory)", self.where, self.dropped, BACKLOG_BYTES >> 20)
+            self.dropped = 0
+
+    def lost_at_exit(self, exc: BaseException) -> None:
+        if self.items or self.dropped:
+            log.error("%s: %d live records held in memory are lost at exit: %s", self.where,
+                      len(self.items) + self.dropped, exc)
+
+
 def open_appending(path: str) -> BinaryIO:
     """``sinks.jsonl`` opened to append (its folder made when missing), unbuffered (a failed
     write leaves nothing behind to flush later); one error for the daemon and ``check-config``."""
@@ -109,10 +149,8 @@ class JsonlSink:
         self.late_keys: Dict[str, None] = self._load_late_keys()
         self.size = self.f.tell()
         self.compressor = rotation.Compressor(path, keep) if max_bytes and compress else None
-        #: live lines not written yet (module doc), oldest first; ``dropped``: lost beyond the bound
-        self.backlog: Deque[bytes] = deque()
-        self.backlog_bytes = 0
-        self.dropped = 0
+        #: live lines not written yet (module doc)
+        self.held = HeldRecords(f"sinks.jsonl {path}")
 
     def _load_late_keys(self) -> Dict[str, None]:
         """Keys of the late records among the newest ``TAIL_BYTES`` of the file and, when it
@@ -149,11 +187,11 @@ class JsonlSink:
             return
         line = data + b"\n"
         try:
-            self._drain()
+            self.held.drain(self._append)
             self._append(line)
         except OSError:
             if key is None:
-                self._hold(line)
+                self.held.hold(line)
             raise
         if key is not None:
             _remember(self.late_keys, key)
@@ -218,23 +256,6 @@ class JsonlSink:
             raise
         self.size += len(view)
 
-    def _drain(self) -> None:
-        """Write the held lines, oldest first; raise (OSError) at the first that does not fit."""
-        while self.backlog:
-            self._append(self.backlog[0])
-            self.backlog_bytes -= len(self.backlog.popleft())
-        if self.dropped:
-            log.warning("sinks.jsonl %s takes lines again; %d live records were lost while it could not "
-                        "(beyond the %d MiB held in memory)", self.path, self.dropped, BACKLOG_BYTES >> 20)
-            self.dropped = 0
-
-    def _hold(self, line: bytes) -> None:
-        self.backlog.append(line)
-        self.backlog_bytes += len(line)
-        while self.backlog_bytes > BACKLOG_BYTES and len(self.backlog) > 1:
-            self.backlog_bytes -= len(self.backlog.popleft())
-            self.dropped += 1
-
     def _rotate(self) -> None:
         rotated = rotation.rotate(self.path)  # the open file moves with its name
         try:
@@ -252,10 +273,9 @@ class JsonlSink:
 
     def close(self) -> None:
         try:
-            self._drain()
+            self.held.drain(self._append)
         except OSError as exc:
-            log.error("sinks.jsonl %s: %d live records held in memory are lost at exit: %s", self.path,
-                      len(self.backlog) + self.dropped, exc)
+            self.held.lost_at_exit(exc)
         self.f.close()
         if self.compressor is not None:
             self.compressor.close()
@@ -337,6 +357,7 @@ class MqttSink:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._reported_drops = 0
+        self.held = HeldRecords("the MQTT sink's outbox")
         self.last_epoch = max((epoch_of_key(k) for k in outbox.late_keys()), default=-1)
         if metrics is not None:
             conn.measure(metrics)
@@ -349,11 +370,23 @@ class MqttSink:
         self._thread.start()
 
     def write(self, rec: FrameRecord, data: bytes) -> None:
-        if not self.outbox.put(data, rec.key if rec.late else None):
+        """Append the record to the outbox, after any held back; a live record the outbox
+        cannot take (its disk full: by default it shares the spool's, which fills in an
+        outage) is held (``HeldRecords``), a late one stays in the spool, which replays it."""
+        key = rec.key if rec.late else None
+        try:
+            self.held.drain(lambda d: self.outbox.put(d, None))
+            fresh = self.outbox.put(data, key)
+        except (sqlite3.Error, OSError):
+            if key is None:
+                self.held.hold(data)
+            raise
+        finally:
+            self._wake.set()
+        if not fresh:
             log.info("late result %s already published; duplicate replay ignored", rec.key)
             return
         self._show()
-        self._wake.set()
 
     def _show(self) -> None:
         if self.metrics is None:
@@ -524,6 +557,10 @@ class MqttSink:
         """Publish what the outbox holds for up to ``close_timeout_s`` while connected;
         the rest (refused records included) stays in the outbox for the next start. Stops the
         connection (the daemon closes its sinks last), then closes the outbox."""
+        try:
+            self.held.drain(lambda d: self.outbox.put(d, None))
+        except (sqlite3.Error, OSError) as exc:
+            self.held.lost_at_exit(exc)
         deadline = time.monotonic() + self.close_timeout_s
         while (len(self.outbox) > len(self._refused) and self.conn.connected.is_set()
                and time.monotonic() < deadline):
@@ -573,7 +610,7 @@ class Sinks:
         if now - last < LOG_EVERY_S:
             self._failing[sink.name] = (last, since + 1)
             return
-        held = getattr(sink, "backlog", None)
+        held = getattr(sink, "held", None)
         log.warning("sink %s failed to write the record of %s: %s%s%s", sink.name, rec.key, exc,
                     f" ({since} more failures since the last report)" if since else "",
                     f"; {len(held)} live records held in memory until it takes them" if held else "")

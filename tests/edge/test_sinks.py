@@ -162,12 +162,12 @@ def test_live_records_a_full_disk_refuses_are_held_and_written_in_order_once_it_
         big = frame_record("cam", seq)
         big.error = "x" * 4000  # does not fit once the disk is full
         assert sinks.write(big) is False
-    assert sinks.write(late(20)) is False and len(sink.backlog) == 10  # the late one is the spool's
+    assert sinks.write(late(20)) is False and len(sink.held) == 10  # the late one is the spool's
     assert len([r for r in caplog.records if "failed to write" in r.message]) == 1  # throttled
     filler.unlink()
     assert sinks.write(frame_record("cam", 12))
     assert [r["frame_seq"] for r in read_jsonl(path)] == list(range(1, 13))
-    assert not sink.backlog and sink.backlog_bytes == 0
+    assert not sink.held and sink.held.bytes == 0
 
     monkeypatch.setattr(sinks_mod, "BACKLOG_BYTES", 3 * 4200)  # room for 3 of those records
     filler = fs.fill()
@@ -175,9 +175,9 @@ def test_live_records_a_full_disk_refuses_are_held_and_written_in_order_once_it_
         big = frame_record("cam", seq)
         big.error = "x" * 4000
         sinks.write(big)
-    assert len(sink.backlog) <= 3 and sink.dropped == 6 - len(sink.backlog)
+    assert len(sink.held) <= 3 and sink.held.dropped == 6 - len(sink.held)
     filler.unlink()
-    kept = len(sink.backlog)
+    kept = len(sink.held)
     sink.close()  # what is held is written at exit
     seqs = [r["frame_seq"] for r in read_jsonl(path)]
     assert seqs == list(range(1, 13)) + list(range(19 - kept, 19))
@@ -312,3 +312,32 @@ def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
     lines = path.read_bytes().splitlines()
     assert len(lines) == 3 and lines[1] == whole[:40]
     assert [r["frame_seq"] for r in read_jsonl(path)] == [1, 2]
+
+
+def test_live_records_the_mqtt_outbox_cannot_take_are_held_and_published_in_order(small_fs, mosquitto):
+    """The outbox sits by default beside the spool, on the disk an outage fills: every live
+    record it refused was lost (counted as a sink error, nothing held), while the JSON Lines
+    file kept them (found by a fault probe). They now wait in memory like the file's and go
+    into the outbox, in order, before the next record; a late one stays the spool's."""
+    fs = small_fs(1024 * 1024)
+    rec_topic = TopicRecorder(mosquitto, TOPIC)
+    conn = connect(mosquitto)
+    sink = MqttSink(conn, TOPIC, Outbox(fs.path / "outbox.db", 1000), EdgeMetrics())
+    sinks = Sinks([sink])
+    try:
+        assert sinks.write(frame_record("cam", 1))
+        wait_until(lambda: len(rec_topic.messages) == 1, 10, "the first record")
+        filler = fs.fill()
+        for seq in range(2, 7):
+            big = frame_record("cam", seq)
+            big.error = "x" * 20_000  # does not fit once the disk is full
+            assert sinks.write(big) is False
+        assert sinks.write(late(30)) is False and len(sink.held) == 5  # the late one is the spool's
+        filler.unlink()
+        assert sinks.write(frame_record("cam", 7))
+        wait_until(lambda: len(rec_topic.messages) == 7, 30, "the held records and the next one")
+    finally:
+        sink.close()
+        conn.stop()
+        rec_topic.stop()
+    assert [r["frame_seq"] for r in rec_topic.json()] == list(range(1, 8))
