@@ -48,6 +48,13 @@ Invariants / rules (read these before changing anything below):
    measured at warm-up, a batch must serve at least ``min_gain`` times the
    images/s of batch 1; otherwise the worker serves batch 1 without queue delay
    (``BatchPolicy.unbatched``).
+8. One batch far slower than its size's estimate, or its pixels' at the measured pixel rate
+   when that is more (``OUTLIER_FACTOR`` times: the process
+   was stopped or paged out, a neighbour's burst) counts as that factor times the estimate:
+   one 20 s stall put a 0.1 s estimate at 4 s, the worker refused every request of a 2 s
+   deadline and the gateway weighed it at 1/50 of its peer, so it never ran the batches that
+   would have brought the estimate down. A real slowdown still raises the estimate by up
+   to ``(OUTLIER_FACTOR - 1) * ewma_alpha`` (60%) a batch: followed within a few batches.
 """
 
 from __future__ import annotations
@@ -196,6 +203,10 @@ class Batch(Generic[T]):
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+#: A served batch counts as at most this many times its size's estimate (rule 8).
+OUTLIER_FACTOR = 4.0
 
 
 @dataclass
@@ -426,6 +437,12 @@ class Batcher(Generic[T]):
         not served requests (see :attr:`peak_capacity`)."""
         if batch_size < 1 or seconds < 0 or pixels < 0:
             raise ValueError(f"bad batch observation: size={batch_size}, seconds={seconds}, pixels={pixels}")
+        known = self._size_s.get(batch_size)
+        if not warmup and known is not None and known.value:  # rule 8
+            expected = known.value
+            if pixels and self._pixels.value and self._pixel_batch_s.value:  # larger images take longer
+                expected = max(expected, pixels * self._pixel_batch_s.value / self._pixels.value)
+            seconds = min(seconds, OUTLIER_FACTOR * expected)
         alpha = self.policy.ewma_alpha
         self._batch_s.add(seconds)
         self._per_image_s.add(seconds / batch_size)

@@ -471,3 +471,29 @@ def test_unbatched_policy_sends_each_request_at_once():
     b.submit(2, 0.001)
     first, second = b.next_batch(0.001), b.next_batch(0.001)
     assert first is not None and second is not None and (first.items, second.items) == ((1,), (2,))
+
+
+def test_one_stalled_batch_does_not_become_the_estimate_but_a_real_slowdown_is_followed():
+    """A worker stopped for 20 s in the middle of a batch measured that batch at 20 s: its
+    estimate went from 0.1 s to 4 s, it refused every request of a 2 s deadline and the
+    gateway weighed it at 1/50 of its peer, so it never ran the batches that would have
+    brought it down (found by a fault probe). Rule 8: the stall counts as 4x the estimate;
+    a sustained 10x slowdown is still followed within a dozen batches."""
+    from cloud.worker.batching import OUTLIER_FACTOR
+
+    b: Batcher[int] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=0.0))
+    for _ in range(10):
+        b.observe(1, 0.1)
+    capacity = b.capacity
+    b.observe(1, 20.0)  # the stall
+    assert b.min_batch_s == pytest.approx(0.1 + 0.2 * (OUTLIER_FACTOR * 0.1 - 0.1))  # 0.16 s, not 4 s
+    for _ in range(5):
+        b.observe(1, 0.1)
+    assert b.min_batch_s < 0.13 and b.capacity > 0.75 * capacity
+    for n in range(1, 30):
+        b.observe(1, 1.0)  # the machine really got 10x slower
+        if b.min_batch_s > 0.9:
+            break
+    assert n <= 12, n
+    b.observe(2, 30.0, warmup=True)  # a first measurement of a size, warm-up or not, is taken as it is
+    assert b._size_s[2].value == 30.0
