@@ -346,6 +346,35 @@ def test_spool_backlog_is_bounded_and_what_overflows_keeps_its_edge_result(tmp_p
     spool.close()
 
 
+def test_escalations_a_full_spool_refuses_are_logged_a_few_at_a_time(tmp_path, caplog):
+    """Every escalation the spool refused was a WARNING of its own: about 20 lines a second on
+    a full disk (found by a fault probe). A few per interval, then one with the count."""
+    from edge.escalating import LOG_BURST
+
+    caplog.set_level("WARNING", logger="edge.escalating")
+    spool = Spool(tmp_path / "spool.db", max_bytes=1, max_age_s=3600)  # takes nothing
+    policy = parse_policy(policy_yaml("p", deadline_ms=300))
+    written: list = []
+    metrics = EdgeMetrics()
+
+    async def run():
+        t = GrpcTransport([f"127.0.0.1:{free_port()}"])
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool)
+        for seq in range(10):
+            esc.submit(Frame("cam", seq, np.zeros((48, 64, 3), np.uint8), 0, 0.0), dets([], []),
+                       Decision(True, "always", 0.0, {}), policy, frame_record("cam", seq))
+            await async_wait_until(lambda: len(written) == seq + 1, 30, f"the record of frame {seq}")
+        await esc.close()
+        await t.close()
+
+    asyncio.run(run())
+    assert [r.outcome for r in written] == ["edge_only"] * 10
+    assert metrics.spool_events.labels("refused")._value.get() == 10
+    said = [r for r in caplog.records if "not spooled" in r.getMessage()]
+    assert len(said) == LOG_BURST, [r.getMessage() for r in said]
+    spool.close()
+
+
 def test_request_is_built_off_the_loop_and_a_refused_crop_keeps_its_region(tmp_path, monkeypatch):
     """The JPEG encode runs in a worker thread; an escalation refused at submit
     (max_in_flight) and spooled still records its crop, which the replay's merge needs."""
