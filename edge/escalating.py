@@ -171,7 +171,9 @@ class Escalating:
         self._refused_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._replay_failed_log = LogThrottle(LOG_INTERVAL_S, burst=1)
         self._spooled_log = LogThrottle(SPOOLED_LOG_INTERVAL_S)
-        self._not_spooled_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)  # a full disk, a full spool
+        #: escalations not spooled, by why (one cause's lines never hide another's)
+        self._not_spooled_log = {kind: LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
+                                 for kind in ("disk_full", "write_failed", "refused")}
         self._ack_log = LogThrottle(LOG_INTERVAL_S, burst=1)  # acks that fail round after round
         self._spool_log = LogThrottle(LOG_INTERVAL_S, burst=1)  # replay rounds the spool fails
         self._damage_said = False  # the damage of a spool refused when reopened is logged once
@@ -497,16 +499,16 @@ class Escalating:
             elif problem is not None:  # full disk or a failed write: the edge result is kept
                 record.outcome = "edge_only"
                 record.error = f"{exc}; not spooled: {problem}"
-                self.metrics.spool_events.labels("disk_full" if isinstance(problem, SpoolFull)
-                                                 else "write_failed").inc()
-                held = self._not_spooled_log.allow()  # a full disk refuses every escalation: not a line each
+                kind = "disk_full" if isinstance(problem, SpoolFull) else "write_failed"
+                self.metrics.spool_events.labels(kind).inc()
+                held = self._not_spooled_log[kind].allow()  # a full disk refuses every escalation: not a line each
                 if held is not None:
                     log.warning("escalation %s not spooled, edge result kept: %s%s", key, problem,
                                 f" ({held} more not spooled since the last such line)" if held else "")
             else:
                 record.outcome = "edge_only"
                 self.metrics.spool_events.labels("refused").inc()
-                held = self._not_spooled_log.allow()
+                held = self._not_spooled_log["refused"].allow()
                 if held is not None:
                     log.warning("escalation %s not spooled (spool full: max_bytes); edge result kept%s", key,
                                 f" ({held} more not spooled since the last such line)" if held else "")

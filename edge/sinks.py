@@ -126,6 +126,10 @@ def open_appending(path: str) -> BinaryIO:
                               "make it a writable file or set sinks.jsonl") from None
 
 
+def _gone(here: Optional[os.stat_result]) -> str:
+    return "removed or moved away" if here is None else "replaced"
+
+
 class JsonlSink:
     """Appends one JSON object per line; flushed per record (fsync optional). With
     ``max_bytes`` the file rotates by size, ``keep`` rotated files stay, gzip'd with
@@ -141,6 +145,8 @@ class JsonlSink:
         self.max_bytes = max_bytes
         self.keep = keep
         self.f = open_appending(path)
+        self._newline_due = False  # the file ends in a torn line: the next write starts with a newline
+        self._path_log = LogThrottle(LOG_EVERY_S)
         self._end_torn_line()
         self.last_epoch = -1  # the newest run (frame_seq >> 32) in the file's history
         #: late keys written, oldest first; the newest :data:`edge.outbox.LATE_KEYS_MAX` are kept
@@ -197,49 +203,79 @@ class JsonlSink:
             _remember(self.late_keys, key)
 
     def _end_torn_line(self) -> None:
-        """A file that ends in a line torn by a crash or a power cut (no newline) gets one, so
-        the next record starts a line of its own instead of making the torn one longer and
-        unreadable. The torn bytes stay: nothing a reader could use is cut away."""
+        """A file that ends in a line torn by a crash or a power cut (no newline) gets one before
+        the next record, so that record starts a line of its own instead of making the torn one
+        longer and unreadable. The torn bytes stay: nothing a reader could use is cut away. (Only
+        noted here: the newline goes out with the next line, so a full disk fails that write,
+        which holds the record, rather than the daemon's start.)"""
         st = os.fstat(self.f.fileno())
         if not (stat.S_ISREG(st.st_mode) and st.st_size):
             return
         try:  # (the sink's own descriptor is write-only)
             with open(self.path, "rb") as r:
                 r.seek(st.st_size - 1)
-                last = r.read(1)
+                torn = r.read(1) != b"\n"
         except OSError:
-            return
-        if last != b"\n":
-            os.write(self.f.fileno(), b"\n")
+            torn = True  # unreadable: an empty line costs a reader nothing
+        if torn:
+            self._newline_due = True
             log.warning("sinks.jsonl %s ended in a torn line (a crash or power cut mid-write); the next record "
                         "starts on a line of its own", self.path)
 
-    def _follow_path(self) -> None:
-        """Keep writing the file that is at ``path`` now: one removed, moved away or replaced
+    def _follow_path(self) -> bool:
+        """Keep writing the file that is at ``path`` now (True), or the open one (False): one removed, moved away or replaced
         while the daemon runs (an operator's ``rm``, a logrotate ``create``) is reopened, not
         written into an unlinked file where every record is lost; a file truncated in place
-        (``copytruncate``) is measured again. Raises OSError when the new file cannot be made."""
+        (``copytruncate``) is measured again. Where the path cannot be looked at or a new file
+        cannot be made there (a folder without search permission, a rotation that made the new
+        file another user's), the open file goes on taking records as long as it is still
+        linked somewhere (a moved file), said in a throttled WARNING; an unlinked one raises
+        (OSError), and the record is held."""
         mine = os.fstat(self.f.fileno())
         try:
             here: Optional[os.stat_result] = os.stat(self.path)
         except FileNotFoundError:
             here = None
+        except OSError as exc:
+            self._keep_writing_here(mine, f"{self.path} cannot be looked at ({exc.strerror or exc})", exc)
+            return False
         if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
             self.size = mine.st_size
-            return
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        f = open(self.path, "ab", buffering=0)
-        self.f.close()
-        self.f = f
+            return True
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            f = open(self.path, "ab", buffering=0)
+        except OSError as exc:
+            self._keep_writing_here(mine, f"{self.path} was {_gone(here)} but cannot be opened anew "
+                                          f"({exc.strerror or exc})", exc)
+            return False
+        old, self.f = self.f, f
+        try:
+            old.close()
+        except OSError:  # (a deferred error of a network filesystem): the new file is the sink's now
+            pass
+        self._newline_due = False
         self._end_torn_line()
         self.size = os.fstat(f.fileno()).st_size
         log.warning("sinks.jsonl %s was %s while the daemon wrote it; records go to the file now there",
-                    self.path, "removed or moved away" if here is None else "replaced")
+                    self.path, _gone(here))
+        return True
+
+    def _keep_writing_here(self, mine: os.stat_result, why: str, exc: OSError) -> None:
+        """Go on with the open file (``mine``) when it still has a name, else raise ``exc``."""
+        if not mine.st_nlink:
+            raise exc
+        self.size = mine.st_size
+        if self._path_log.allow() is not None:
+            log.warning("sinks.jsonl %s; records go on into the file open before, under its new name or "
+                        "its old one, until the path can be used", why)
 
     def _append(self, line: bytes) -> None:
-        self._follow_path()
-        if self.max_bytes and self.size and self.size + len(line) > self.max_bytes:
-            self._rotate()
+        at_path = self._follow_path()
+        if at_path and self.max_bytes and self.size and self.size + len(line) > self.max_bytes:
+            self._rotate()  # (not a moved file the sink goes on with: the path holds something else)
+        if self._newline_due:
+            line = b"\n" + line
         view = memoryview(line)
         fd = self.f.fileno()
         try:
@@ -255,6 +291,9 @@ class JsonlSink:
                 pass
             raise
         self.size += len(view)
+        self._newline_due = False
+        if not os.fstat(fd).st_nlink:  # removed between the look at the path and the write
+            self._append(line.lstrip(b"\n"))
 
     def _rotate(self) -> None:
         rotated = rotation.rotate(self.path)  # the open file moves with its name
@@ -263,8 +302,11 @@ class JsonlSink:
         except OSError:  # no room for a new file: go on appending to the old one, under its name
             os.replace(rotated, self.path)
             raise
-        self.f.close()
-        self.f = f
+        old, self.f = self.f, f
+        try:
+            old.close()
+        except OSError:
+            pass
         self.size = 0
         if self.compressor is not None:
             self.compressor.submit(rotated)

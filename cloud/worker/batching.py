@@ -48,13 +48,14 @@ Invariants / rules (read these before changing anything below):
    measured at warm-up, a batch must serve at least ``min_gain`` times the
    images/s of batch 1; otherwise the worker serves batch 1 without queue delay
    (``BatchPolicy.unbatched``).
-8. One batch far slower than its size's estimate, or its pixels' at the measured pixel rate
-   when that is more (``OUTLIER_FACTOR`` times: the process
+8. One batch far slower than its size's estimate, or than its pixels' at the measured pixel
+   rate when that is more on a native-input worker (``OUTLIER_FACTOR`` times: the process
    was stopped or paged out, a neighbour's burst) counts as that factor times the estimate:
    one 20 s stall put a 0.1 s estimate at 4 s, the worker refused every request of a 2 s
    deadline and the gateway weighed it at 1/50 of its peer, so it never ran the batches that
-   would have brought the estimate down. A real slowdown still raises the estimate by up
-   to ``(OUTLIER_FACTOR - 1) * ewma_alpha`` (60%) a batch: followed within a few batches.
+   would have brought the estimate down. Only one in a row is cut: the next slow batch of
+   that size is taken as it is, so a real slowdown (a GPU lost to a CPU fallback) is followed
+   one batch later than without the rule.
 """
 
 from __future__ import annotations
@@ -246,6 +247,8 @@ class Batcher(Generic[T]):
     _one_px: _Ewma = field(init=False, repr=False)
     _one_s: _Ewma = field(init=False, repr=False)
     _size_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
+    #: batch sizes whose last served batch was cut to ``OUTLIER_FACTOR`` times its estimate (rule 8)
+    _outlier: set[int] = field(default_factory=set, init=False, repr=False)
     #: peak capacity keeps warm-up (dummy images) and served batches apart, per batch size
     _warm_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
     _served_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
@@ -440,9 +443,13 @@ class Batcher(Generic[T]):
         known = self._size_s.get(batch_size)
         if not warmup and known is not None and known.value:  # rule 8
             expected = known.value
-            if pixels and self._pixels.value and self._pixel_batch_s.value:  # larger images take longer
+            if self.pixel_cost and pixels and self._pixels.value and self._pixel_batch_s.value:
                 expected = max(expected, pixels * self._pixel_batch_s.value / self._pixels.value)
-            seconds = min(seconds, OUTLIER_FACTOR * expected)
+            if seconds > OUTLIER_FACTOR * expected and batch_size not in self._outlier:
+                seconds = OUTLIER_FACTOR * expected
+                self._outlier.add(batch_size)
+            else:  # the one after an outlier is taken as it is: a stall is one batch, a slowdown goes on
+                self._outlier.discard(batch_size)
         alpha = self.policy.ewma_alpha
         self._batch_s.add(seconds)
         self._per_image_s.add(seconds / batch_size)

@@ -272,29 +272,62 @@ def test_a_jsonl_file_removed_moved_or_replaced_while_running_is_followed(tmp_pa
     included (their spool entries then acknowledged), into the unlinked file: all lost, no
     log line (found by a fault probe); with rotation on, every write failed from then on. The
     sink now writes the file that is at its path: made again when removed or moved away, the
-    new one when replaced, measured again when truncated in place."""
+    new one when replaced, measured again when truncated in place; where no new file can be
+    made there, the moved one goes on taking records."""
     caplog.set_level("WARNING", logger="edge.sinks")
     path = tmp_path / "out.jsonl"
-    sinks = Sinks([JsonlSink(str(path), max_bytes=10_000, keep=2)])
+    size = len(frame_record("cam", 1).to_json()) + 1
+    sinks = Sinks([JsonlSink(str(path), max_bytes=4 * size + 20, keep=2)])  # four records, not five
     write(sinks, frame_record("cam", 1))
     path.unlink()
     write(sinks, frame_record("cam", 2))
     write(sinks, late(2))
     assert [(r["frame_seq"], r["late"]) for r in read_jsonl(path)] == [(2, False), (2, True)]
+    for seq in range(3, 7):  # past max_bytes: the new file rotates like the first
+        write(sinks, frame_record("cam", seq))
+    assert [r["frame_seq"] for r in read_jsonl(path)] == [5, 6]
+    assert len(list(tmp_path.glob("out.jsonl.*"))) == 1
     path.rename(tmp_path / "moved.jsonl")  # a rotation of someone else's ("create")
     path.write_bytes(b'{"frame_seq": 99, "tor')  # and a new file there, ending mid-line
-    write(sinks, frame_record("cam", 3))
+    write(sinks, frame_record("cam", 7))
     assert path.read_bytes().splitlines()[1].startswith(b'{"device"')  # its own line
-    assert [r["frame_seq"] for r in read_jsonl(path)] == [3]
+    assert [r["frame_seq"] for r in read_jsonl(path)] == [7]
     with open(path, "r+b") as f:  # "copytruncate": the same file, emptied
         f.truncate(0)
-    for seq in range(4, 8):
+    for seq in range(8, 12):  # four records fit: the bytes truncated away do not count
         write(sinks, frame_record("cam", seq))
-    assert [r["frame_seq"] for r in read_jsonl(path)] == [4, 5, 6, 7]  # no rotation for bytes gone
-    assert not list(tmp_path.glob("out.jsonl.*"))
+    assert [r["frame_seq"] for r in read_jsonl(path)] == [8, 9, 10, 11]
+    path.rename(tmp_path / "kept.jsonl")
+    path.mkdir()  # nothing can be opened at the path: the moved file goes on
+    write(sinks, frame_record("cam", 12))
+    path.rmdir()
+    write(sinks, frame_record("cam", 13))
+    assert [r["frame_seq"] for r in read_jsonl(tmp_path / "kept.jsonl")] == [8, 9, 10, 11, 12]
+    assert [r["frame_seq"] for r in read_jsonl(path)] == [13]
     sinks.close()
-    said = [r.getMessage() for r in caplog.records if "while the daemon wrote it" in r.getMessage()]
-    assert len(said) == 2 and "removed or moved away" in said[0] and "replaced" in said[1]
+    said = [r.getMessage().split(str(path), 1)[1] for r in caplog.records if "sinks.jsonl" in r.getMessage()]
+    assert [("removed" in m, "replaced" in m, "cannot be opened anew" in m) for m in said] == [
+        (True, False, False), (False, False, False), (False, True, False), (False, True, True), (True, False, False)
+    ], said  # removed; the torn line; replaced; nothing to open, the moved file goes on; made again
+
+
+def test_a_torn_last_line_on_a_full_disk_does_not_stop_the_start(small_fs):
+    """The torn line's newline is written with the next record: writing it at the start made a
+    full disk stop the daemon (an OSError out of the sink's constructor), found by a review."""
+    fs = small_fs(64 * 1024)
+    path = fs.path / "out.jsonl"
+    path.write_bytes(b'{"frame_seq": 1, "tor')
+    filler = fs.fill()
+    sink = JsonlSink(str(path))  # no write at the start
+    sinks = Sinks([sink])
+    big = frame_record("cam", 2)
+    big.error = "x" * 8000
+    assert sinks.write(big) is False and len(sink.held) == 1
+    filler.unlink()
+    assert sinks.write(frame_record("cam", 3))
+    sinks.close()
+    assert [r["frame_seq"] for r in read_jsonl(path)] == [2, 3]
+    assert path.read_bytes().splitlines()[0] == b'{"frame_seq": 1, "tor'
 
 
 def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
