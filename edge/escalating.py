@@ -182,6 +182,9 @@ class Escalating:
         self._salvage_pacing = salvage_pacing or SalvagePacing()
         self._damage_noted = -1  # the spool generation whose damage was counted and said
         self._salvage_problem = ""  # why the last salvage failed (shown by spool_health)
+        #: why the last escalation the spool should have taken was not stored (a full disk, a
+        #: write error), until one is stored again (shown by spool_health)
+        self._put_problem = ""
         self._stats_generation = 0  # the spool file the drop counters' baseline is of (event loop)
         self._salvaging = False  # the spool thread is copying a damaged file (said by drain)
         self._stop: Optional[asyncio.Event] = None  # the replay loop's stop (read by the spool thread)
@@ -305,13 +308,17 @@ class Escalating:
         """The spool as ``/healthz`` reports it: ``ok``; ``damaged`` (the file is malformed:
         nothing is spooled or replayed until it is salvaged, which the spool thread does by
         itself, at once or after a back-off; ``problem`` says which); ``unavailable`` (it could
-        not be opened, e.g. a full disk; opened again every replay interval)."""
+        not be opened, e.g. a full disk; opened again every replay interval); ``full`` (the
+        last escalation it should have taken was not stored: its disk is full or refused the
+        write; until one is stored again)."""
         if self.spool is not None and self.spool.damaged is not None:
             return {"state": "damaged", "problem": self._salvage_problem or self.spool.damaged}
         if self.spool is None:
             if self.reopen is None and not self.spool_problem:
                 return {"state": "off"}  # built without a spool (no policy file: nothing escalates)
             return {"state": "damaged" if self._reopen_damaged else "unavailable", "problem": self.spool_problem}
+        if self._put_problem:
+            return {"state": "full", "problem": self._put_problem}
         return {"state": "ok"}
 
     def submit(self, frame: Frame, dets: Detections, decision: Decision, policy: Policy,
@@ -485,6 +492,7 @@ class Escalating:
                 meta = Spooled(record, spec.merge, spec.deadline_ms, spec.transport).to_meta()
                 stored, stats, problem = await self._spool_call(self._put, key, req.SerializeToString(), meta)
             if stored:
+                self._put_problem = ""
                 record.outcome = "spooled"
                 self.metrics.spool_events.labels("put").inc()
                 held = self._spooled_log.allow()  # one line per SPOOLED_LOG_INTERVAL_S in an outage
@@ -501,6 +509,7 @@ class Escalating:
                 record.error = f"{exc}; not spooled: {problem}"
                 kind = "disk_full" if isinstance(problem, SpoolFull) else "write_failed"
                 self.metrics.spool_events.labels(kind).inc()
+                self._put_problem = str(problem)
                 held = self._not_spooled_log[kind].allow()  # a full disk refuses every escalation: not a line each
                 if held is not None:
                     log.warning("escalation %s not spooled, edge result kept: %s%s", key, problem,

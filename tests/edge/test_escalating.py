@@ -460,6 +460,8 @@ def test_full_spool_disk_keeps_every_record_and_replay_recovers_by_itself(tmp_pa
         refused = [r for r in written if r.outcome == "edge_only"]
         assert len(spooled) >= 20 and len(spool) == len(spooled) and len(refused) == 3
         assert all("not spooled" in r.error and "KiB free" in r.error for r in refused)
+        health = esc.spool_health()  # /healthz said ok while nothing could be stored (a fault probe)
+        assert health["state"] == "full" and "KiB free" in health["problem"]
         real_cloud.start_worker(0)
         await replay(esc, lambda: len(spool) == 0, "the spool is empty")
         assert sorted(late()) == sorted(spooled)
@@ -468,6 +470,7 @@ def test_full_spool_disk_keeps_every_record_and_replay_recovers_by_itself(tmp_pa
         for _ in range(6):
             await escalate(esc, seq)
             seq += 1
+        assert esc.spool_health() == {"state": "ok"}
         assert [r.outcome for r in written[-6:]] == ["spooled"] * 6
         # A reader pins the WAL and another process fills the disk; without the reserve
         # check, spooling goes on until SQLite itself finds the disk full.
