@@ -166,10 +166,11 @@ def check_sources(s: EdgeSettings) -> None:
 
 def check_state_files(s: EdgeSettings) -> None:
     """(``check-config``) What the daemon refuses at its start (exit 2) in the files it keeps,
-    found without changing them: a ``sinks.jsonl`` it cannot open to append, a spool or MQTT outbox file that is not an SQLite database,
-    or a spool that is another program's database. A spool that is ours but damaged is not
-    refused: the daemon salvages it (``edge.spool_salvage.open_spool``); without a policy the
-    daemon never opens the spool, so its file is not read either."""
+    found without changing them: a ``sinks.jsonl`` it cannot open to append, a spool or MQTT
+    outbox file that is not an SQLite database, or a spool that is another program's database.
+    A spool that is ours but damaged (cut short too) is not refused: the daemon salvages it
+    (``edge.spool_salvage.open_spool``); without a policy the daemon never opens the spool,
+    so its file is not read either."""
     from edge.sinks import open_appending
     from edge.spool_salvage import is_spool_file
 

@@ -12,9 +12,10 @@ error) is held in a bounded in-memory backlog (``HeldRecords``, :data:`BACKLOG_B
 oldest dropped and counted beyond it) and written, in order, before the next record once the
 disk takes it again; a late record is not held: its answer stays in the spool, which replays it.
 The JSON Lines sink writes the file that is at its path (one removed or replaced while the
-daemon runs is reopened) and gives a file that ends in a torn line its newline. The JSON Lines sink keeps the idempotency keys of late records it has written
-(the newest ``edge.outbox.LATE_KEYS_MAX``; reloaded from the file's tail on start), so a replay repeated after a crash
-between "written" and "acknowledged" never writes a late result twice. The MQTT
+daemon runs is reopened) and gives a file that ends in a torn line its newline. It keeps the
+idempotency keys of late records it has written (the newest ``edge.outbox.LATE_KEYS_MAX``;
+reloaded from the file's tail on start), so a replay repeated after a crash between "written"
+and "acknowledged" never writes a late result twice. The MQTT
 sink keeps every record in a durable outbox (``edge.outbox``) until the broker
 acknowledged it (a PUBACK refusing it is not an acknowledgement), so a broker outage loses nothing up to the outbox's bound, and
 the outbox remembers late keys the same way (docs/records.md).
@@ -223,9 +224,10 @@ class JsonlSink:
                         "starts on a line of its own", self.path)
 
     def _follow_path(self) -> bool:
-        """Keep writing the file that is at ``path`` now (True), or the open one (False): one removed, moved away or replaced
-        while the daemon runs (an operator's ``rm``, a logrotate ``create``) is reopened, not
-        written into an unlinked file where every record is lost; a file truncated in place
+        """Keep writing the file that is at ``path`` now (True), or the open one (False): one
+        removed, moved away or replaced while the daemon runs (an operator's ``rm``, a logrotate
+        ``create``) is reopened, not written into an unlinked file where every record is lost;
+        a file truncated in place
         (``copytruncate``) is measured again. Where the path cannot be looked at or a new file
         cannot be made there (a folder without search permission, a rotation that made the new
         file another user's), the open file goes on taking records as long as it is still
