@@ -80,7 +80,7 @@ from prometheus_client import Counter, Gauge
 from cloud.gateway.admission import Caller
 from cloud.gateway.envelope import Reply, RequestHead, error_reply
 from cloud.gateway.metrics import GatewayMetrics
-from cloud.gateway.settings import MqttSettings
+from cloud.gateway.settings import LimitSettings, MqttSettings
 from edgewise import mqtt_topics, status
 from edgewise.errors import InvalidInputError
 from edgewise.mqtt_client import Client
@@ -167,9 +167,10 @@ class MqttBridge:
 
     def __init__(self, settings: MqttSettings, handler: RequestHandler, counter: Counter,
                  loop: asyncio.AbstractEventLoop | None = None, up: Gauge | None = None,
-                 max_message_bytes: int = 8 * 1024 * 1024) -> None:
+                 max_message_bytes: int | None = None) -> None:
         self.s = settings
-        self.receive_limit = receive_limit(max_message_bytes)
+        # (None: the gateway's default limits.max_message_bytes)
+        self.receive_limit = receive_limit(max_message_bytes or LimitSettings().max_message_bytes)
         self.handler = handler
         self.counter = counter
         self.up = up  # 1 while connected and subscribed
