@@ -176,7 +176,7 @@ def check_state_files(s: EdgeSettings) -> None:
 
     for setting, path in state_files(s):
         if setting == "sinks.jsonl":
-            if os.path.isfile(path):  # not a FIFO or a device: opening those may block or act
+            if os.path.exists(path):  # (open_appending refuses a FIFO or a device before opening it)
                 open_appending(path).close()
             continue
         if setting == "spool.path" and not opens_spool(s):

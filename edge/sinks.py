@@ -44,6 +44,7 @@ from edge import rotation
 from edge.outbox import LATE_KEYS_MAX, Outbox
 from edge.records import FrameRecord, epoch_of_key, idempotency_key
 from edgewise.errors import DeploymentError
+from edgewise.filereads import kind_of
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,14 @@ class HeldRecords:
 def open_appending(path: str) -> BinaryIO:
     """``sinks.jsonl`` opened to append (its folder made when missing), unbuffered (a failed
     write leaves nothing behind to flush later); one error for the daemon and ``check-config``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        pass
+    else:  # a named pipe blocked the start until a reader came (and is no file to rotate or reread)
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            raise DeploymentError(f"sinks.jsonl {path}: is {kind_of(st.st_mode)}, not a file; set sinks.jsonl to a "
+                                  "file (to pipe records to a program, use sinks.stdout)")
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         return open(path, "ab", buffering=0)

@@ -23,7 +23,8 @@ def _open_nonblocking(path: str, flags: int) -> int:
     return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular one is, for a message ("a named pipe (FIFO)", ...)."""
     if stat.S_ISFIFO(mode):
         return "a named pipe (FIFO)"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -47,7 +48,7 @@ def read_capped(path: Union[str, Path], limit: int, what: str, regular_only: boo
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(p))
         if regular_only and not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{p}: is {_kind(st.st_mode)}, expected {what}")
+            raise ConfigError(f"{p}: is {kind_of(st.st_mode)}, expected {what}")
         data = f.read(limit + 1)
     size = len(data)
     if size > limit and stat.S_ISREG(st.st_mode):

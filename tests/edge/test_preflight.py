@@ -331,6 +331,8 @@ def test_check_config_says_what_the_daemon_would_refuse_in_its_files_and_metrics
     # and the daemon's sink exits 2 on it: check-config opens the file the same way
     if os.geteuid() == 0:  # (another user is refused by the file's mode first)
         assert "sinks.jsonl /proc/version: cannot open it for appending" in check("sinks.jsonl=/proc/version")
+    os.mkfifo(tmp_path / "records")  # the daemon's start waited on it; check-config said ok
+    assert "is a named pipe (FIFO), not a file" in check(f"sinks.jsonl={tmp_path / 'records'}")
     assert "metrics.host '192.0.2.1' cannot be bound on this machine" in check("metrics.host=192.0.2.1")
     # the daemon's HTTP server is IPv4 only: an IPv6 host is refused here as it is there
     assert "metrics.host '::1' cannot be bound on this machine" in check("metrics.host=::1")

@@ -9,6 +9,7 @@ daemon restarted after a crash between the sink write and the spool ack)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -374,3 +375,16 @@ def test_live_records_the_mqtt_outbox_cannot_take_are_held_and_published_in_orde
         conn.stop()
         rec_topic.stop()
     assert [r["frame_seq"] for r in rec_topic.json()] == list(range(1, 8))
+
+
+def test_a_named_pipe_as_the_jsonl_file_is_refused_not_waited_on(tmp_path):
+    """A FIFO at ``sinks.jsonl`` blocked the daemon's start until a reader came, then its
+    start read the pipe it held open for writing, for ever (found by a review); check-config
+    said ok. It is refused by name, with what to use instead."""
+    from edge.sinks import JsonlSink
+    from edgewise.errors import DeploymentError
+
+    fifo = tmp_path / "records"
+    os.mkfifo(fifo)
+    with pytest.raises(DeploymentError, match=r"is a named pipe \(FIFO\), not a file; .*use sinks.stdout"):
+        JsonlSink(str(fifo))
