@@ -190,7 +190,8 @@ class SpoolSettings:
 class SinkSettings:
     """Where per-frame records go."""
 
-    jsonl: str = setting("JSON Lines file (appended); empty = off.", "")
+    jsonl: str = setting("JSON Lines file (appended; a regular file: a pipe or a device is refused, see `stdout`); "
+                         "empty = off.", "")
     mqtt: bool = setting("Publish each record to `<prefix>/<device>/detections` (needs `cloud.mqtt.host`).",
                          False)
     stdout: bool = setting("Print each record as one JSON line on stdout.", False)
