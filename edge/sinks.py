@@ -24,6 +24,7 @@ Callers: ``edge.daemon`` builds them, ``edge.pipeline`` / ``edge.escalating`` wr
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -253,6 +254,10 @@ class JsonlSink:
         if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
             self.size = mine.st_size
             return True
+        if here is not None and not stat.S_ISREG(here.st_mode):  # opening a FIFO blocks until a reader comes
+            self._keep_writing_here(mine, f"{self.path} is {kind_of(here.st_mode)} now, not a file",
+                                    OSError(errno.EINVAL, "not a regular file", self.path))
+            return False
         try:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             f = open(self.path, "ab", buffering=0)

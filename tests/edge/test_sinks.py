@@ -388,3 +388,25 @@ def test_a_named_pipe_as_the_jsonl_file_is_refused_not_waited_on(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(DeploymentError, match=r"is a named pipe \(FIFO\), not a file; .*use sinks.stdout"):
         JsonlSink(str(fifo))
+
+
+def test_a_named_pipe_put_at_the_jsonl_path_while_running_is_not_opened(tmp_path, caplog):
+    """The same FIFO made at the path while the daemon runs (the file moved away first) would
+    block the sink's reopen, and with it every record, until a reader came. The moved file goes
+    on taking records, said in a WARNING; a removed one cannot, and the record is held."""
+    caplog.set_level("WARNING", logger="edge.sinks")
+    path = tmp_path / "out.jsonl"
+    sink = JsonlSink(str(path))
+    sinks = Sinks([sink])
+    try:
+        write(sinks, frame_record("cam", 1))
+        path.rename(tmp_path / "moved.jsonl")
+        os.mkfifo(path)
+        write(sinks, frame_record("cam", 2))  # returns: the pipe is looked at, not opened
+        assert [r["frame_seq"] for r in read_jsonl(tmp_path / "moved.jsonl")] == [1, 2]
+        assert any("is a named pipe (FIFO) now, not a file" in r.getMessage() for r in caplog.records)
+        (tmp_path / "moved.jsonl").unlink()  # its last name gone: nowhere to write
+        assert not sinks.write(frame_record("cam", 3))
+        assert len(sink.held) == 1
+    finally:
+        sink.close()
