@@ -105,7 +105,17 @@ def check_options(opts: BundleOptions) -> None:
         raise InvalidInputError(f"--power-mode {opts.power_mode}: nvpmodel modes on Xavier NX are 0..8")
     if not JETSON.is_dir():
         raise InvalidInputError(f"{JETSON} is missing: run `edgewise edge bundle` from a source checkout")
+    if not _NATIVE_VERSION.fullmatch(opts.version):
+        raise InvalidInputError(
+            f"--version {opts.version!r}: not a Debian version of a native package (a digit, then letters, "
+            "digits and . + ~; no epoch or '-' revision); for a rebuild of this release use "
+            f"{__version__}+<suffix>, e.g. {__version__}+site1, which dpkg installs over {__version__}")
     build_time()  # a malformed SOURCE_DATE_EPOCH is refused before anything is built
+
+
+#: Debian policy 5.6.12: the upstream version of a native package (no revision, so no '-';
+#: no epoch, which the file names would carry as ':'); at most 64 characters.
+_NATIVE_VERSION = re.compile(r"[0-9][A-Za-z0-9.+~]{0,63}")
 
 
 def _opsets(model: Path) -> Tuple[Mapping[str, int], Tuple[str, ...], int]:
@@ -422,6 +432,7 @@ def _handler(args: argparse.Namespace) -> int:
         wheels=Path(args.wheels) if args.wheels else None,
         power_mode=args.power_mode,
         jetson_clocks=args.jetson_clocks,
+        version=args.version,
     )
     result = bundle(opts)
     buf = io.StringIO()
@@ -446,5 +457,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--wheels", default=None, help="directory of aarch64 cp38 wheels to bundle for offline installs")
     p.add_argument("--power-mode", type=int, default=None, help="nvpmodel mode applied at boot (Xavier NX: 0..8)")
     p.add_argument("--jetson-clocks", action="store_true", help="run jetson_clocks at boot")
+    p.add_argument("--version", default=__version__,
+                   help=f"the package's version (default {__version__}); a rebuild with another model, "
+                        f"edge.yaml or policy needs a higher one, e.g. {__version__}+site1, or apt "
+                        "keeps the installed package")
     p.set_defaults(func=_handler)
 

@@ -9,5 +9,13 @@ export PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH="$LIB/python${PYTHONPATH:+:$PYTHONPATH}"
 # The daemon reloads on SIGHUP; until Python holds it (edgewise/hangup.py) one would end the
 # start, so it is ignored across the exec. Other commands keep the default: a closed terminal ends them.
-case " $* " in *" edge run "*) trap '' HUP ;; esac
+case " $* " in *" edge run "*)
+  if [ -e "$LIB/.setup-failed" ]; then  # setup.sh's last run failed (2: restarting cannot fix it)
+    echo "edgewise-edge: error: the Python environment does not hold this version's pins: the last" \
+         "$LIB/setup.sh failed (its output is in the journal, or dpkg's); run sudo $LIB/setup.sh," \
+         "then sudo systemctl start edgewise-edge" >&2
+    exit 2
+  fi
+  trap '' HUP ;;
+esac
 exec "$LIB/venv/bin/python3" -m edgewise "$@"

@@ -12,6 +12,9 @@
 # differ (an upgrade with new pins, a new python3) a new environment is built beside the
 # current one (venv.new) and swapped in only once complete: a failed build (no network, a
 # wheel missing) leaves the current environment as it was and exits 1.
+# $LIB/.setup-failed is there from a failed run until one succeeds: `edgewise-edge edge run`
+# refuses to start on it (a daemon running when an upgrade's build failed would otherwise run
+# the new sources on the old pins at its next restart).
 #   --force   rebuild the environment even if it matches
 set -eu
 LIB="${DPKG_ROOT:-}/usr/lib/edgewise-edge"
@@ -23,6 +26,7 @@ if command -v flock >/dev/null 2>&1; then
   exec 9>"$LIB/.setup.lock"
   flock 9
 fi
+trap 'if [ $? -eq 0 ]; then rm -f "$LIB/.setup-failed"; else : > "$LIB/.setup-failed"; fi' EXIT
 want=$(python3 - "$LIB/requirements.txt" "$LIB/constraints-jetpack51.txt" <<'PY'
 import hashlib, platform, sys
 h = hashlib.sha256()

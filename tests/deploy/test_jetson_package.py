@@ -100,8 +100,10 @@ def test_setup_rebuilds_the_venv_when_the_pins_change_and_keeps_it_when_a_build_
     failed = run()
     assert failed.returncode == 1 and "the current environment is left as it was" in failed.stderr
     assert _installed(lib) == "2.0" and not (lib / "venv.new").exists()
+    assert (lib / ".setup-failed").exists()  # the wrapper's `edge run` refuses the old pins from now on
     (lib / "constraints-jetpack51.txt").write_text("demo-pin==2.0\n")
     assert run().stdout == ""  # back to the pins the environment holds: current again
+    assert not (lib / ".setup-failed").exists()
 
 
 def test_the_setup_unit_leaves_the_decision_to_setup_sh() -> None:
@@ -141,9 +143,14 @@ def test_maintainer_scripts_touch_only_dpkg_root(tmp_path: Path) -> None:
     prerm = subprocess.run(["sh", str(B.JETSON / "debian/prerm"), "remove"], env=env, capture_output=True, text=True)
     assert prerm.returncode == 0, prerm.stderr
     assert not (root / "usr/lib/edgewise-edge/python/edge/__pycache__").exists()  # dpkg can remove the folders
+    (root / "etc/edgewise/tls").mkdir(parents=True)  # what `edge provision` wrote
+    (root / "etc/edgewise/tls/client.key").write_text("key")
+    (root / "etc/default").mkdir()
+    (root / "etc/default/edgewise-edge").write_text("EDGEWISE_EDGE__CLOUD__TOKEN=tok-1\n")
     purge = subprocess.run(["sh", str(B.JETSON / "debian/postrm"), "purge"], env=env, capture_output=True, text=True)
     assert purge.returncode == 0, purge.stderr
-    for gone in ("usr/lib/edgewise-edge/venv", "var/lib/edgewise", "var/cache/edgewise", "var/log/edgewise"):
+    for gone in ("usr/lib/edgewise-edge/venv", "var/lib/edgewise", "var/cache/edgewise", "var/log/edgewise",
+                 "etc/default/edgewise-edge", "etc/edgewise"):  # the token and the client key too
         assert not (root / gone).exists(), gone
 
 
@@ -182,6 +189,23 @@ def test_the_wrapper_starts_only_the_daemon_with_sighup_ignored(tmp_path: Path) 
         out = subprocess.run([str(root / "usr/bin/edgewise-edge"), *args], capture_output=True, text=True,
                              env={"PATH": "/usr/bin:/bin"}, check=True, preexec_fn=_default_hup).stdout
         assert out.strip() == f"hup_ignored={ignored}", (args, out)
+
+
+def test_the_wrapper_does_not_start_the_daemon_on_pins_setup_could_not_install(tmp_path: Path) -> None:
+    """An upgrade whose environment build failed left the daemon running; its next restart
+    (a crash, the watchdog) ran the new sources on the old pins (found by a probe of the
+    package's lifecycle). setup.sh's failure note stops ``edge run`` with exit status 2 (no
+    restarts) and what to do; other commands still run."""
+    root, _ = _wrapper_tree(tmp_path, '#!/bin/sh\necho ran\n')
+    wrapper = str(root / "usr/bin/edgewise-edge")
+    (root / "usr/lib/edgewise-edge/.setup-failed").write_text("")
+    refused = subprocess.run([wrapper, "edge", "run", "--config", "x"], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin"})
+    assert refused.returncode == 2 and refused.stdout == "", refused
+    assert "does not hold this version's pins" in refused.stderr and "sudo " in refused.stderr
+    other = subprocess.run([wrapper, "edge", "check-config"], capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin"})
+    assert other.returncode == 0 and other.stdout == "ran\n"
 
 
 def _default_hup() -> None:  # as systemd starts a service (a test run under nohup ignores it)

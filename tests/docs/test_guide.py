@@ -289,6 +289,7 @@ def test_edge_settings_named_in_docs_exist() -> None:
 def _corpus() -> str:
     parts = [p.read_text(encoding="utf-8") for d in SOURCE_DIRS for p in (ROOT / d).rglob("*.py")]
     parts += [p.read_text(encoding="utf-8") for p in (ROOT / "charts/edgewise").rglob("*") if p.is_file()]
+    parts += [p.read_text(encoding="utf-8") for p in (ROOT / "deploy/jetson").rglob("*") if p.is_file()]
     return "\n".join(parts)
 
 
@@ -313,7 +314,7 @@ def test_troubleshooting_quotes_real_messages() -> None:
     assert len(msgs) >= 50
     corpus = _corpus()
     missing = [m for m in msgs if m not in corpus and m not in EXTERNAL_MESSAGES]
-    assert not missing, f"messages not found in edgewise/, edge/, cloud/ or the chart: {missing}"
+    assert not missing, f"messages not found in edgewise/, edge/, cloud/, the chart or deploy/jetson: {missing}"
 
 
 def test_links_between_pages_resolve() -> None:

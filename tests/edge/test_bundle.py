@@ -193,6 +193,40 @@ def test_postinst_checks_with_the_units_environment_file_and_needs_a_ready_venv(
     assert "deb-systemd-invoke restart" not in log.read_text()
 
 
+def test_postinst_leaves_a_deleted_conffile_deleted(tmp_path) -> None:
+    """A conffile the operator deleted (the policy kept elsewhere) is not brought back by dpkg;
+    postinst's chown of it failed every configure, so the package stayed half-configured and
+    apt blocked (found by a probe of the package's lifecycle)."""
+    root, env, log = _postinst_root(tmp_path)
+    fake_chown = Path(env["PATH"].split(":")[0]) / "chown"
+    fake_chown.write_text(f'#!/bin/sh\necho "chown $*" >> {log}\n'
+                          'for a; do case $a in /*) [ -e "$a" ] || { echo "chown: $a: missing" >&2; exit 1; } ;; '
+                          'esac; done\n')
+    (root / "etc/edgewise/policy.yaml").unlink()
+    out = subprocess.run(["sh", str(ROOT / "deploy/jetson/debian/postinst"), "configure"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"chown root:edgewise {root}/etc/edgewise/edge.yaml" in log.read_text()
+    assert not (root / "etc/edgewise/policy.yaml").exists()
+
+
+def test_postinst_into_an_image_root_leaves_this_machine_alone(tmp_path) -> None:
+    """``dpkg --root=IMAGE --force-script-chrootless`` (no systemd runs there): the user went
+    into this machine's /etc/passwd, the folders into its /var, the files were given its
+    group's id, and the venv was built with its python3 and architecture (found by a probe).
+    Only systemd-sysusers runs, on the image; the rest is its first boot's."""
+    root, env, log = _postinst_root(tmp_path)
+    (root / "run/systemd/system").rmdir()
+    out = subprocess.run(["sh", str(ROOT / "deploy/jetson/debian/postinst"), "configure"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    calls = log.read_text().splitlines()
+    assert f"systemd-sysusers --root={root} edgewise-edge.conf" in calls
+    for tool in ("adduser", "systemd-tmpfiles", "chown", "chmod", "setup.sh", "runuser", "deb-systemd-invoke"):
+        assert not any(c.startswith(tool + " ") for c in calls), (tool, calls)
+    assert "built at its first boot" in out.stdout
+
+
 def test_overlay_paths_and_modes(built) -> None:
     with tarfile.open(built.overlay) as tar:
         members = {m.name: m for m in tar.getmembers()}
@@ -284,6 +318,9 @@ def test_shipped_configs_are_valid(built, tmp_path) -> None:
     ({"jetpack": "4.6"}, "--jetpack '4.6' is not supported"),
     ({"model": Path("/nonexistent.onnx")}, "--model /nonexistent.onnx: file not found"),
     ({"power_mode": 12}, "--power-mode 12"),
+    ({"version": "1:0.1.0"}, "--version '1:0.1.0': not a Debian version of a native package"),
+    ({"version": "0.1.0-2"}, "--version '0.1.0-2': not a Debian version"),
+    ({"version": "v2"}, "--version 'v2'"),
 ])
 def test_bad_options(tmp_path, tiny_model, kwargs, message) -> None:
     opts = B.BundleOptions(out_dir=tmp_path, model=tiny_model)
@@ -321,6 +358,13 @@ def test_cli(tmp_path, tiny_model) -> None:
                  "--model", str(tiny_model)]) == 0
     assert (tmp_path / "edgewise-edge_0.1.0_arm64.deb").exists()
     assert main(["edge", "bundle", "--jetpack", "6.0", "-o", str(tmp_path), "--model", str(tiny_model)]) == 2
+    # a rebuild (another model, edge.yaml or policy) under a version dpkg installs over the release
+    assert main(["edge", "bundle", "-o", str(tmp_path), "--model", str(tiny_model), "--version", "0.1.0+site1"]) == 0
+    deb = tmp_path / "edgewise-edge_0.1.0+site1_arm64.deb"
+    fields = subprocess.run(["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True)
+    assert fields.stdout.strip() == "0.1.0+site1"
+    newer = subprocess.run(["dpkg", "--compare-versions", "0.1.0+site1", "gt", "0.1.0"])
+    assert newer.returncode == 0
 
 
 @pytest.mark.parametrize("location", ["mine.onnx.data", "weights/mine.onnx.data"])
