@@ -102,6 +102,20 @@ def test_main_unit_settings() -> None:
     assert "RestartPreventExitStatus=2" in text and "EnvironmentFile=-/etc/default/edgewise-edge" in text
 
 
+def test_every_group_the_unit_names_is_made_by_sysusers() -> None:
+    """systemd refuses to start a unit whose User=, Group= or SupplementaryGroups= names a
+    group that does not exist (216/GROUP)."""
+    unit = (ROOT / "deploy/jetson/edgewise-edge.service").read_text()
+    named = set(re.search(r"^SupplementaryGroups=(.*)$", unit, re.M).group(1).split())
+    named |= {re.search(r"^Group=(\S+)$", unit, re.M).group(1)}
+    made = set()
+    for line in (ROOT / "deploy/jetson/sysusers.conf").read_text().splitlines():
+        fields = line.split()
+        if fields and fields[0] in ("u", "g"):
+            made.add(fields[1])
+    assert named <= made, named - made
+
+
 def test_main_unit_reaches_the_argus_socket_the_shipped_stream_needs() -> None:
     """The shipped edge.yaml's CSI camera (nvarguscamerasrc) talks to the host's nvargus-daemon
     through /tmp/argus_socket: a private /tmp would hide it (unless that socket is bound in)."""
