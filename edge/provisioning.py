@@ -66,6 +66,12 @@ def register(subparsers: Any) -> None:
                    help="set any other setting (repeatable), e.g. streams.0.fps=10")
     p.add_argument("--group", type=int, default=None,
                    help="numeric group of the daemon's readable files (default: ROOT's edgewise group)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--new-device", action="store_true",
+                       help="another device than the one ROOT holds: the identity not given is removed (device "
+                            "id: the serial number; no client certificate; no token)")
+    which.add_argument("--keep-identity", action="store_true",
+                       help="the device ROOT holds: its device id, client certificate and token stay unless given")
     p.set_defaults(func=_handler)
 
 
@@ -158,6 +164,32 @@ def _check(tree: Dict[str, Any], template: Path, overrides: List[str], token: Op
             raise ConfigError(str(exc).replace(str(probe), f"{template} (+ provision flags)")) from None
 
 
+def _token_line(root: Path) -> bool:
+    try:
+        return any(ln.startswith(TOKEN_VAR + "=") for ln in (root / ENV_FILE).read_text().splitlines())
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _client_files(root: Path) -> List[Path]:
+    return [p for p in (root / TLS_DIR / "client.pem", root / TLS_DIR / "client.key") if p.exists()]
+
+
+def stale_identity(args: argparse.Namespace, root: Path, tree: Dict[str, Any]) -> List[str]:
+    """What of a device's identity ``root`` (and the settings ``tree`` starts from) holds that
+    this run does not replace. Provisioning one rootfs per device in turn carried the previous
+    device's id, client key and token to the next (found by a probe)."""
+    stale = []
+    if args.device_id is None and tree.get("device_id"):
+        stale.append(f"device id {tree['device_id']!r} (--device-id)")
+    cloud: Dict[str, Any] = tree["cloud"] if isinstance(tree.get("cloud"), dict) else {}
+    if not args.cert and (_client_files(root) or cloud.get("tls_cert") or cloud.get("tls_key")):
+        stale.append("a client certificate and key (--cert/--key)")
+    if not args.token_file and _token_line(root):
+        stale.append(f"a token in {root / ENV_FILE} (--token-file)")
+    return stale
+
+
 def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) -> Tuple[Dict[str, Any], Path]:
     """The device's settings as a YAML tree, checked with the daemon's own loader."""
     template = Path(args.template) if args.template else root / CONFIG
@@ -171,6 +203,17 @@ def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) ->
     if not isinstance(tree, dict):
         raise ConfigError(f"{template}: the settings must be a YAML mapping (key: value), not "
                           f"{type(tree).__name__}")
+    stale = stale_identity(args, root, tree)
+    if stale and not (args.new_device or args.keep_identity):
+        raise InvalidInputError(
+            f"--root {root} already holds a device's identity that this run does not replace: {'; '.join(stale)}. "
+            "For another device add --new-device (what is not given is removed: the serial number as its id, "
+            "no client certificate, no token); to provision the same device again add --keep-identity")
+    if args.new_device:
+        tree.pop("device_id", None)
+        if not args.cert and isinstance(tree.get("cloud"), dict):
+            tree["cloud"].pop("tls_cert", None)
+            tree["cloud"].pop("tls_key", None)
     if args.device_id is not None:
         tree["device_id"] = args.device_id
     if args.endpoint:
@@ -197,10 +240,10 @@ def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) ->
     return tree, template
 
 
-def _write_all(root: Path, plan: List[Tuple[Path, bytes, int, int]]) -> None:
-    """Write every file of ``plan`` beside its target first, then move them all in place: a
-    target that cannot be written (not root, a read-only or immutable folder) stops the run
-    before any file changes, with one line naming it."""
+def _write_all(root: Path, plan: List[Tuple[Path, bytes, int, int]], remove: List[Path]) -> None:
+    """Write every file of ``plan`` beside its target first, then move them all in place and
+    delete ``remove``: a target that cannot be written (not root, a read-only or immutable
+    folder) stops the run before any file changes, with one line naming it."""
     staged: List[Tuple[str, Path]] = []
     current = plan[0][0] if plan else root
     try:
@@ -217,6 +260,9 @@ def _write_all(root: Path, plan: List[Tuple[Path, bytes, int, int]]) -> None:
         for tmp, path in staged:
             current = path
             os.replace(tmp, path)
+        for path in remove:
+            current = path
+            path.unlink()
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise InvalidInputError(f"--root {root}: {current} cannot be written ({why}); run as root (sudo), and "
@@ -227,14 +273,15 @@ def _write_all(root: Path, plan: List[Tuple[Path, bytes, int, int]]) -> None:
                 os.unlink(tmp)
 
 
-def _env_file(existing: Path, token: str) -> bytes:
-    """``existing``'s lines with the token line replaced."""
+def _env_file(existing: Path, token: Optional[str]) -> bytes:
+    """``existing``'s lines with the token line replaced (``None``: removed)."""
     lines: List[str] = []
     if existing.is_file():
         lines = [ln for ln in existing.read_text().splitlines() if not ln.startswith(TOKEN_VAR + "=")]
     if not lines:
         lines = ["# Environment of edgewise-edge.service (root only: systemd reads it before dropping privileges)."]
-    lines.append(f"{TOKEN_VAR}={token}")
+    if token is not None:
+        lines.append(f"{TOKEN_VAR}={token}")
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -263,9 +310,10 @@ def provision(args: argparse.Namespace) -> List[Tuple[Path, int, int]]:
     head = (f"# Written by `edgewise edge provision` from {template}.\n"
             "# Field reference: docs/settings/edge.md (`edgewise-edge edge run --describe-settings`).\n")
     plan.append((root / CONFIG, (head + yaml.safe_dump(tree, sort_keys=False)).encode(), 0o640, gid))
-    if token:
+    if token or (args.new_device and _token_line(root)):
         plan.append((root / ENV_FILE, _env_file(root / ENV_FILE, token), 0o600, 0))
-    _write_all(root, plan)
+    remove = _client_files(root) if args.new_device and not args.cert else []
+    _write_all(root, plan, remove)
     return [(path, mode, owner_gid) for path, _, mode, owner_gid in plan]
 
 
@@ -279,5 +327,6 @@ def _handler(args: argparse.Namespace) -> int:
     if Path(args.root).resolve() == Path("/"):
         print("next: sudo systemctl restart edgewise-edge")
     else:
-        print("next: flash this rootfs (deploy/jetson/README.md); provision the next device's files the same way")
+        print("next: flash this rootfs (deploy/jetson/README.md); provision the next device's files the same way, "
+              "with --new-device")
     return 0

@@ -153,3 +153,49 @@ def test_an_unwritable_target_is_one_line_and_changes_nothing(rootfs: Path, tmp_
     assert err.startswith(f"edgewise: error: --root {rootfs}: ") and "cannot be written" in err and "\n" not in err
     assert (rootfs / "etc/edgewise/edge.yaml").read_text() == before
     assert [p.name for p in (rootfs / "etc/edgewise").iterdir()] == ["edge.yaml"]  # no temporary file left
+
+
+def test_one_rootfs_provisioned_per_device_in_turn_never_carries_the_last_ones_identity(rootfs: Path,
+                                                                                       tmp_path: Path,
+                                                                                       capsys) -> None:
+    """The flash flow provisions one rootfs for each device in turn. Device 2, given only its
+    token, got device 1's id and client key; device 3, given no token, got device 2's (found by
+    a probe). A run that leaves another device's identity in place is refused, naming it;
+    ``--new-device`` removes what is not given, ``--keep-identity`` keeps it."""
+    pki = Pki(tmp_path)
+    pki.issue("c17", "cam-17")
+    for name in ("t17", "t18"):
+        (tmp_path / name).write_text(f"tok-{name}")
+    cfg, env, tls = rootfs / "etc/edgewise/edge.yaml", rootfs / "etc/default/edgewise-edge", rootfs / "etc/edgewise/tls"
+    base = ["edge", "provision", "--root", str(rootfs), "--endpoint", "gw.plant.lan:50051"]
+    assert main(base + ["--device-id", "cam-17", "--token-file", str(tmp_path / "t17"), "--ca",
+                        str(tmp_path / "ca.pem"), "--cert", str(tmp_path / "c17.pem"), "--key",
+                        str(tmp_path / "c17.key")]) == 0
+    first = (cfg.read_text(), env.read_text())
+    capsys.readouterr()
+
+    assert main(base + ["--token-file", str(tmp_path / "t18")]) == 2  # device 2: its token only
+    err = capsys.readouterr().err
+    assert "already holds a device's identity that this run does not replace: device id 'cam-17'" in err
+    assert "a client certificate and key (--cert/--key)" in err and "--new-device" in err and "\n" not in err.strip()
+    assert (cfg.read_text(), env.read_text()) == first and (tls / "client.key").exists()  # nothing written
+
+    assert main(base + ["--new-device", "--token-file", str(tmp_path / "t18")]) == 0
+    s = load_settings(str(cfg), env={"EDGEWISE_EDGE__CLOUD__TOKEN": "x"})
+    assert s.device_id == "" and (s.cloud.tls_cert, s.cloud.tls_key) == ("", "")  # the serial number, no mTLS
+    assert s.cloud.tls_ca == "/etc/edgewise/tls/ca.pem" and (tls / "ca.pem").exists()  # the fleet's CA stays
+    assert not (tls / "client.key").exists() and not (tls / "client.pem").exists()
+    assert env.read_text().splitlines()[-1] == "EDGEWISE_EDGE__CLOUD__TOKEN=tok-t18"
+
+    assert main(base + ["--device-id", "cam-19"]) == 2  # device 3 forgot its token
+    assert "a token in" in capsys.readouterr().err
+    assert main(base + ["--device-id", "cam-19", "--new-device"]) == 0
+    assert "EDGEWISE_EDGE__CLOUD__TOKEN" not in env.read_text()
+    assert _mode(env) == 0o600
+
+    # the same device again, a new endpoint only: its identity stays
+    assert main(base[:-1] + ["gw2.plant.lan:50051", "--keep-identity"]) == 0
+    s = load_settings(str(cfg), env={})
+    assert s.device_id == "cam-19" and s.cloud.endpoints == ["gw2.plant.lan:50051"]
+    with pytest.raises(SystemExit):  # one or the other (argparse's usage error)
+        main(base + ["--new-device", "--keep-identity"])
