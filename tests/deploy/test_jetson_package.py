@@ -109,6 +109,9 @@ def test_setup_rebuilds_the_venv_when_the_pins_change_and_keeps_it_when_a_build_
 def test_the_setup_unit_leaves_the_decision_to_setup_sh() -> None:
     unit = (B.JETSON / "edgewise-edge-setup.service").read_text()
     assert "ConditionPathExists" not in unit and "ExecStart=/usr/lib/edgewise-edge/setup.sh" in unit
+    # its own user and folders: systemd-sysusers.service skips a rootfs booted before (ConditionNeedsUpdate)
+    assert "ExecStartPre=-/bin/systemd-sysusers edgewise-edge.conf" in unit
+    assert "ExecStartPre=-/bin/systemd-tmpfiles --create edgewise-edge.conf" in unit
     postinst = (B.JETSON / "debian/postinst").read_text()
     assert '"$ROOT/usr/lib/edgewise-edge/setup.sh"' in postinst  # every configure, upgrades included
 

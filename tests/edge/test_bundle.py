@@ -68,7 +68,8 @@ def test_lintian_has_no_errors(built) -> None:
 
 
 def _extract_with_host_units(deb: Path, dest: Path) -> Path:
-    """Unpack the .deb into a root that also has the host's systemd targets and /usr/bin/kill."""
+    """Unpack the .deb into a root that also has the host's systemd targets and the system
+    tools the units run (kill, sh, systemd-sysusers, systemd-tmpfiles)."""
     subprocess.run([_need("dpkg-deb"), "-x", str(deb), str(dest)], check=True)
     units = dest / "lib/systemd/system"
     for host_unit in Path("/lib/systemd/system").glob("*.target"):
@@ -77,7 +78,7 @@ def _extract_with_host_units(deb: Path, dest: Path) -> Path:
         if (Path("/lib/systemd/system") / extra).exists():
             shutil.copy(Path("/lib/systemd/system") / extra, units / extra)
     (dest / "bin").symlink_to("usr/bin")
-    for tool in ("/usr/bin/kill", "/usr/bin/sh"):
+    for tool in ("/usr/bin/kill", "/usr/bin/sh", "/usr/bin/systemd-sysusers", "/usr/bin/systemd-tmpfiles"):
         shutil.copy(Path(tool).resolve(), dest / "usr/bin" / Path(tool).name)
     return dest
 
@@ -296,6 +297,26 @@ def test_container_context(built) -> None:
     assert "USER edgewise" in dockerfile
     for copied in ("root/usr/lib/edgewise-edge/python", "root/usr/bin/edgewise-edge", "root/etc/edgewise"):
         assert copied in dockerfile and (built.container / copied).exists()
+
+
+def test_container_entry_point_runs_the_daemon_or_the_command_given(built, tmp_path) -> None:
+    """Arguments after the image name were silently ignored (they became the shell's $0...):
+    ``docker run IMAGE edge check-config`` started the daemon (found by a probe)."""
+    import json
+
+    line = next(ln for ln in (built.container / "Dockerfile").read_text().splitlines() if ln.startswith("ENTRYPOINT"))
+    entry = json.loads(line[len("ENTRYPOINT"):])
+    log = tmp_path / "calls"
+    fake = tmp_path / "edgewise-edge"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    entry = [part.replace("/usr/bin/edgewise-edge", str(fake)) for part in entry]
+    subprocess.run(entry, check=True, timeout=30)
+    assert log.read_text().splitlines() == ["edge engine --config /etc/edgewise/edge.yaml",
+                                            "edge run --config /etc/edgewise/edge.yaml"]
+    log.unlink()
+    subprocess.run(entry + ["edge", "check-config", "--config", "/x y.yaml"], check=True, timeout=30)
+    assert log.read_text().splitlines() == ["edge check-config --config /x y.yaml"]
 
 
 def test_packaged_code_is_python38(built, tmp_path) -> None:
