@@ -254,7 +254,8 @@ class JsonlSink:
         if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
             self.size = mine.st_size
             return True
-        if here is not None and not stat.S_ISREG(here.st_mode):  # opening a FIFO blocks until a reader comes
+        if here is not None and not (stat.S_ISREG(here.st_mode) or stat.S_ISDIR(here.st_mode)):
+            # a FIFO (its open blocks until a reader comes) or a device
             self._keep_writing_here(mine, f"{self.path} is {kind_of(here.st_mode)} now, not a file",
                                     OSError(errno.EINVAL, "not a regular file", self.path))
             return False
