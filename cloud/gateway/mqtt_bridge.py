@@ -175,7 +175,7 @@ class MqttBridge:
         self.counter = counter
         self.up = up  # 1 while connected and subscribed
         self.loop = loop or asyncio.get_running_loop()
-        self.subscription = mqtt_topics.shared_subscription(settings.group, settings.topic_prefix)
+        self.subscription = mqtt_topics.shared_subscription(settings.share_group(), settings.topic_prefix)
         self.response_pattern = settings.response_pattern()
         self._refusal_log = LogThrottle(10.0, burst=5)
         self._connect_log = LogThrottle(60.0, burst=3)

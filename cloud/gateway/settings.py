@@ -11,6 +11,7 @@ refused at start with the file line, variable or flag that set them. See
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,10 @@ class DiscoverySettings:
                                          factory=dict)
 
 
+#: the shared-subscription group of a bridge with no broker credential
+UNPROTECTED_GROUP = "edgewise-gateway"
+
+
 @dataclass
 class MqttSettings:
     """MQTT v5 bridge: shared subscription to edgewise/+/escalate."""
@@ -151,7 +156,11 @@ class MqttSettings:
     host: str = setting("Broker host.", "127.0.0.1")
     port: int = setting("Broker port.", 1883, lo=1, hi=65535)
     group: str = setting("Shared-subscription group (`$share/<group>/<topic_prefix>/+/escalate`): "
-                         "replicas split the load.", "edgewise-gateway")
+                         "replicas split the load. Empty = one derived from the bridge's broker "
+                         "credential (`password`, else `key_file`), which devices cannot guess: a "
+                         "device that joins the group takes a share of every device's requests and, "
+                         "denied them by the broker's ACL, drops them (Mosquitto's acl_file does not "
+                         "check subscriptions). A name set here must be as secret as a password.", "")
     topic_prefix: str = setting("Topic prefix, as the edges' `cloud.mqtt.topic_prefix`.", "edgewise")
     client_id: str = setting("MQTT client id; empty = `gateway-<hostname>-<pid>`.", "")
     username: str = setting("Broker username (optional).", "")
@@ -181,6 +190,19 @@ class MqttSettings:
 
     def response_pattern(self) -> str:
         return self.response_topic_pattern or mqtt_topics.response_pattern(self.topic_prefix)
+
+    def share_group(self) -> str:
+        """``group``, or one derived from the broker credential every replica has and no
+        device has (a client key file is read here: ``OSError`` when it cannot be)."""
+        if self.group:
+            return self.group
+        secret = self.password.encode()
+        if not secret and self.key_file:
+            secret = Path(self.key_file).read_bytes()
+        if not secret:  # no credential: anyone may connect as anyone; nothing to hide behind
+            return UNPROTECTED_GROUP
+        digest = hashlib.sha256(b"edgewise mqtt share group\0" + self.username.encode() + b"\0" + secret)
+        return f"{UNPROTECTED_GROUP}-{digest.hexdigest()[:32]}"
 
 
 @dataclass
@@ -307,7 +329,8 @@ def validate(s: GatewaySettings) -> None:
         credential_bad = credential_problem(getattr(s.mqtt, key))
         if credential_bad:
             raise Invalid(f"mqtt.{key}", credential_bad)
-    _check_topic("mqtt.group", mqtt_topics.check_segment, s.mqtt.group)
+    if s.mqtt.group:
+        _check_topic("mqtt.group", mqtt_topics.check_segment, s.mqtt.group)
     _check_topic("mqtt.topic_prefix", mqtt_topics.check_prefix, s.mqtt.topic_prefix)
     if s.mqtt.response_topic_pattern:
         _check_topic("mqtt.response_topic_pattern", mqtt_topics.check_pattern, s.mqtt.response_topic_pattern)

@@ -1032,3 +1032,17 @@ def test_autoscaler_role_and_hpa_docs_match_what_is_rendered() -> None:
     metric = by_kind(render(*MODES["hpa"]), "HorizontalPodAutoscaler")[0]["spec"]["metrics"][0]["type"]
     row = [line for line in (ROOT / "docs/install-cloud.md").read_text().splitlines() if line.startswith("| `hpa` |")]
     assert len(row) == 1 and f"{metric} metric" in row[0] and "Object metric" not in row[0]
+
+
+def test_the_gateways_share_group_is_left_to_them_unless_set() -> None:
+    """A device that names the gateways' shared-subscription group joins it and drops a share
+    of every device's requests (acl_file does not check subscriptions); the chart's former
+    default, ``edgewise-gateways``, was public. Unset, the gateways derive it from their broker
+    credential; the chart's broker also ends never-expiring sessions."""
+    docs = render(*MODES["broker-on"])
+    cfg = yaml.safe_load(named(docs, "ConfigMap", "gateway")["data"]["gateway.yaml"])
+    assert cfg["mqtt"]["enabled"] is True and "group" not in cfg["mqtt"]
+    assert "persistent_client_expiration 1d" in named(docs, "ConfigMap", "mosquitto")["data"]["mosquitto.conf"]
+    cfg = yaml.safe_load(named(render(*MODES["broker-on"], "mqtt.bridge.group=s3cret-9f"), "ConfigMap",
+                               "gateway")["data"]["gateway.yaml"])
+    assert cfg["mqtt"]["group"] == "s3cret-9f"

@@ -198,3 +198,25 @@ def test_broker_credentials_with_a_line_break_are_refused(key):
                                           r"character \(a file's last newline\?\)"):
         load_settings(None, {"mqtt.enabled": True, "mqtt.host": "broker", "discovery.static": ["127.0.0.1:9"]},
                       env={f"EDGEWISE_GATEWAY__MQTT__{key}": "secret\n"})
+
+
+def test_the_mqtt_share_group_is_derived_from_the_bridges_credential(tmp_path):
+    """Devices can join any shared subscription they can name (Mosquitto's acl_file does not
+    check subscriptions), so the gateways' default group is derived from what every replica
+    has and no device has: their broker password, else their client key."""
+    from cloud.gateway.settings import UNPROTECTED_GROUP, MqttSettings
+
+    a = MqttSettings(username="edgewise-gateway", password="pw-1")
+    assert a.share_group() == MqttSettings(username="edgewise-gateway", password="pw-1").share_group()
+    assert a.share_group().startswith(UNPROTECTED_GROUP + "-") and len(a.share_group()) > 40
+    assert "pw-1" not in a.share_group()
+    assert a.share_group() != MqttSettings(username="edgewise-gateway", password="pw-2").share_group()
+    assert a.share_group() != MqttSettings(username="other", password="pw-1").share_group()
+    key = tmp_path / "client.key"
+    key.write_bytes(b"-----BEGIN PRIVATE KEY-----\nabc\n")
+    by_key = MqttSettings(tls=True, key_file=str(key), cert_file=str(key))
+    assert by_key.share_group().startswith(UNPROTECTED_GROUP + "-") and by_key.share_group() != a.share_group()
+    assert MqttSettings().share_group() == UNPROTECTED_GROUP  # no credential: nothing to keep secret
+    assert MqttSettings(group="mine", password="pw-1").share_group() == "mine"  # set: as set
+    s = load_settings(None, {"mqtt.enabled": True, "discovery.static": ["w:1"]}, env={})
+    assert s.mqtt.group == ""
