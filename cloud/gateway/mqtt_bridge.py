@@ -80,7 +80,7 @@ from prometheus_client import Counter, Gauge
 from cloud.gateway.admission import Caller
 from cloud.gateway.envelope import Reply, RequestHead, error_reply
 from cloud.gateway.metrics import GatewayMetrics
-from cloud.gateway.settings import LimitSettings, MqttSettings
+from cloud.gateway.settings import UNPROTECTED_GROUP, LimitSettings, MqttSettings
 from edgewise import mqtt_topics, status
 from edgewise.errors import InvalidInputError
 from edgewise.mqtt_client import Client
@@ -176,6 +176,12 @@ class MqttBridge:
         self.up = up  # 1 while connected and subscribed
         self.loop = loop or asyncio.get_running_loop()
         self.subscription = mqtt_topics.shared_subscription(settings.share_group(), settings.topic_prefix)
+        if settings.share_group() == UNPROTECTED_GROUP and (settings.username or settings.cert_file):
+            # (a broker without credentials confines nobody: nothing to keep secret there)
+            log.warning("MQTT bridge: its shared-subscription group is the public default %r (no mqtt.group and "
+                        "no mqtt.password to derive one from): a device that joins it takes a share of every "
+                        "device's requests and, if the broker's ACL denies it them, the broker drops them; set "
+                        "mqtt.group to a name only the gateways know", UNPROTECTED_GROUP)
         self.response_pattern = settings.response_pattern()
         self._refusal_log = LogThrottle(10.0, burst=5)
         self._connect_log = LogThrottle(60.0, burst=3)

@@ -157,7 +157,8 @@ class MqttSettings:
     port: int = setting("Broker port.", 1883, lo=1, hi=65535)
     group: str = setting("Shared-subscription group (`$share/<group>/<topic_prefix>/+/escalate`): "
                          "replicas split the load. Empty = one derived from the bridge's broker "
-                         "credential (`password`, else `key_file`), which devices cannot guess: a "
+                         "`password`, which devices cannot guess (without a password: "
+                         "`edgewise-gateway`, with a WARNING at start): a "
                          "device that joins the group takes a share of every device's requests and, "
                          "denied them by the broker's ACL, drops them (Mosquitto's acl_file does not "
                          "check subscriptions). A name set here must be as secret as a password.", "")
@@ -192,16 +193,15 @@ class MqttSettings:
         return self.response_topic_pattern or mqtt_topics.response_pattern(self.topic_prefix)
 
     def share_group(self) -> str:
-        """``group``, or one derived from the broker credential every replica has and no
-        device has (a client key file is read here: ``OSError`` when it cannot be)."""
+        """``group``, or one derived from the broker password every replica has and no device
+        has. (Not from a client key: replicas may each have their own, and would then each
+        get every request.) Without either, the public :data:`UNPROTECTED_GROUP`."""
         if self.group:
             return self.group
-        secret = self.password.encode()
-        if not secret and self.key_file:
-            secret = Path(self.key_file).read_bytes()
-        if not secret:  # no credential: anyone may connect as anyone; nothing to hide behind
+        if not self.password:
             return UNPROTECTED_GROUP
-        digest = hashlib.sha256(b"edgewise mqtt share group\0" + self.username.encode() + b"\0" + secret)
+        digest = hashlib.sha256(b"edgewise mqtt share group\0" + self.username.encode() + b"\0" +
+                                self.password.encode())
         return f"{UNPROTECTED_GROUP}-{digest.hexdigest()[:32]}"
 
 
