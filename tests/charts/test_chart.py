@@ -254,6 +254,12 @@ def test_tls_mounts_secrets_and_configures_gateway() -> None:
     vols = {v["name"]: v for v in gw["spec"]["template"]["spec"]["volumes"]}
     assert vols["grpc-tls"]["secret"]["secretName"] == "gw-tls"
     assert vols["mqtt-tls"]["secret"]["secretName"] == "mqtt-tls"
+    # the broker's Secret holds its private key: the gateway, which parses every device's
+    # request, mounts its CA only (found by a review); so does the helm test pod, pointed at the
+    # gateway's own Secret by the docs
+    assert vols["mqtt-tls"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    test_ca = {v["name"]: v for v in helm_test_pod(docs)["spec"]["volumes"]}["test-ca"]
+    assert test_ca["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
     cfg = yaml.safe_load(named(docs, "ConfigMap", "gateway")["data"]["gateway.yaml"])
     assert cfg["tls"]["client_ca_file"] == "/etc/edgewise/tls/ca.crt" and cfg["tls"]["require_client_cert"]
     # other tls settings of gateway.config survive the chart's own
@@ -1043,6 +1049,14 @@ def test_the_gateways_share_group_is_left_to_them_unless_set() -> None:
     cfg = yaml.safe_load(named(docs, "ConfigMap", "gateway")["data"]["gateway.yaml"])
     assert cfg["mqtt"]["enabled"] is True and "group" not in cfg["mqtt"]
     assert "persistent_client_expiration 1d" in named(docs, "ConfigMap", "mosquitto")["data"]["mosquitto.conf"]
+    # the broker's password reaches mosquitto_passwd through a pipe, not its arguments (the node's ps)
+    init = named(docs, "Deployment", "mosquitto")["spec"]["template"]["spec"]["initContainers"][0]["command"][-1]
+    assert "| mosquitto_passwd" in init and "-b" not in init.split("mosquitto_passwd", 1)[1]
+    # a new packet limit (from the gateway's message limit) restarts the broker
+    before = named(docs, "Deployment", "mosquitto")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    after = named(render(*MODES["broker-on"], "gateway.config.limits.max_message_bytes=6291456"), "Deployment",
+                  "mosquitto")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    assert before != after
     cfg = yaml.safe_load(named(render(*MODES["broker-on"], "mqtt.bridge.group=s3cret-9f"), "ConfigMap",
                                "gateway")["data"]["gateway.yaml"])
     assert cfg["mqtt"]["group"] == "s3cret-9f"
