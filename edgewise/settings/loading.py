@@ -145,11 +145,12 @@ class Schema(Generic[T]):
         for i, part in enumerate(ov.path):
             tp = optional(tp)[0]
             key: Part
+            secret = False
             if is_section(tp):
                 infos = fields_of(tp)
                 if part not in infos:
                     raise self._unknown(ov, done, part, list(infos))
-                key, tp = part, infos[part].type
+                key, tp, secret = part, infos[part].type, infos[part].spec.secret
                 dflt = getattr(dflt, part) if dflt is not None else infos[part].default()
             elif sequence(tp) is not None:
                 n = len(node.data)
@@ -166,7 +167,7 @@ class Schema(Generic[T]):
             if i == len(ov.path) - 1:
                 node.data[key] = Val(ov.value, ov.src, True) if ov.text else to_val(ov.value, ov.src)
                 return
-            node = _container(node, key, tp, dflt, ov.src, done)
+            node = _container(node, key, tp, dflt, ov.src, done, secret)
 
     def _unknown(self, ov: Override, done: List[Part], part: str, options: List[str]) -> ConfigError:
         hit = closest(part, options)
@@ -192,8 +193,10 @@ def _env_names(schema: Schema[Any]) -> Tuple[str, ...]:
     return tuple(schema.env_name(key) for key, _info in walk(schema.root))
 
 
-def _container(node: Val, key: Part, tp: Any, dflt: Any, src: Source, path: List[Part]) -> Val:
-    """The mapping or list at ``node[key]``, created (from the default) when absent."""
+def _container(node: Val, key: Part, tp: Any, dflt: Any, src: Source, path: List[Part],
+               secret: bool = False) -> Val:
+    """The mapping or list at ``node[key]``, created (from the default) when absent. (A
+    ``secret`` value found instead is not quoted: ``--set cloud.token.x=1`` printed the token.)"""
     inner = optional(tp)[0]
     want = list if sequence(inner) is not None else dict
     child = node.data[key] if isinstance(node.data, list) else node.data.get(key)  # type: ignore[index]
@@ -203,5 +206,5 @@ def _container(node: Val, key: Part, tp: Any, dflt: Any, src: Source, path: List
         return new
     if not isinstance(child.data, want):
         raise fail(child.key_src, path, f"expected {'a list' if want is list else 'a mapping'}, got "
-                                    f"{describe(child.data)}")
+                                    f"{'***' if secret else describe(child.data)}")
     return child

@@ -120,6 +120,11 @@ def test_secrets_never_appear(schema, yaml_file):
     with pytest.raises(ConfigError) as ei:
         schema.load(yaml_file("net:\n  token: [s3cret]\n"), env={})
     assert "s3cret" not in str(ei.value) and "net.token" in str(ei.value)
+    # a key set below a secret: the value found instead of a mapping was quoted (found by a probe)
+    for overrides, env in ((["net.token.x=1"], {}), ([], {"EDGEWISE_TEST__NET__TOKEN__X": "1"})):
+        with pytest.raises(ConfigError) as ei:
+            schema.load(yaml_file("net:\n  token: s3cret\n"), overrides, env)
+        assert "s3cret" not in str(ei.value) and "expected a mapping, got ***" in str(ei.value)
 
 
 def test_missing_and_empty_files(schema, tmp_path, yaml_file):
