@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Dict, Optional
 
@@ -71,8 +72,15 @@ def register(subparsers: Any) -> None:
     chk.set_defaults(func=_check_policy, accuracy=None)
 
 
+#: taken away from every file and folder the daemon makes: the spool holds camera frames, the
+#: records what they show; nothing of it is for other users (a umask of 000, say a container's
+#: or a shell's, made them world-readable). A stricter umask stays as it is.
+STATE_UMASK = 0o027
+
+
 def _run(args: argparse.Namespace) -> int:
     from edge.daemon import run_daemon
+    os.umask(os.umask(0) | STATE_UMASK)
     return run_daemon(settings_from_args(args, SCHEMA))
 
 

@@ -416,3 +416,28 @@ def test_a_policy_replaced_by_a_dangling_or_looping_link_is_named_as_such(tmp_pa
         assert await asyncio.wait_for(task, 30) == 0
 
     asyncio.run(run())
+
+
+def test_state_files_are_not_for_other_users_whatever_the_umask(tmp_path, tiny_model):
+    """The daemon set no umask and no modes: under a umask of 000 (a container's, a shell's) the
+    state folder was 0777 and the records 0666, the spool (camera frames) 0644 (found by a
+    probe). ``edge run`` takes 027 away from whatever umask it is given."""
+    import stat
+
+    state = tmp_path / "state"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("p"))
+    config = settings_yaml(tmp_path / "edge.yaml", device_id="dev", policy_file=str(policy),
+                           streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20, "max_frames": 4}],
+                           model={"path": str(tiny_model), "backend": "onnxruntime"},
+                           cloud={"endpoints": ["127.0.0.1:9"]},
+                           spool={"path": str(state / "spool.db")},
+                           sinks={"jsonl": str(state / "out.jsonl")}, metrics={"port": -1})
+    out = subprocess.run([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(config)],
+                         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         timeout=120, preexec_fn=lambda: os.umask(0))
+    assert out.returncode == 0, out.stderr[-2000:]
+    made = [state, *state.iterdir()]
+    assert (state / "spool.db").exists() and (state / "out.jsonl").exists()
+    loose = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in made if p.stat().st_mode & 0o007}
+    assert not loose, loose
