@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import stat
 from typing import List, Optional, Tuple, Union
 
 from edge.settings import EdgeSettings, check_device_id, mqtt_outbox_path
@@ -122,6 +123,27 @@ def check_writable(setting: str, path: str, create: bool = True) -> None:
             f"{setting} {path}: the folder {folder} cannot be written by uid {os.getuid()} ({err}); give "
             "the daemon's user that folder (Jetson: systemd-tmpfiles makes /var/lib/edgewise edgewise's; "
             "L4T container: chown the bind-mounted folder to uid 10001) or set " + setting)
+    if os.path.isdir(folder):
+        check_folder_owner(setting, path, folder)
+
+
+def check_folder_owner(setting: str, path: str, folder: str) -> None:
+    """Fail when another user could replace the daemon's files in ``folder`` with links: a
+    folder of another user (not root), or one every user may write without the sticky bit.
+    (A folder made in advance by someone else, ``/tmp/edgewise-dev``, had the daemon write its
+    lock, start count and records through planted links, found by a probe.)"""
+    st = os.stat(folder)
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        why = f"belongs to uid {st.st_uid}, not to the daemon's user (uid {me}) or root"
+    elif st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        why = f"may be written by every user (mode {stat.S_IMODE(st.st_mode):04o}, no sticky bit)"
+    else:
+        return
+    raise DeploymentError(
+        f"{setting} {path}: the folder {folder} {why}: "
+        "another user could replace the daemon's files there with links to other files; "
+        "give the daemon a folder of its own (Jetson: /var/lib/edgewise) or set " + setting)
 
 
 def check_state_dirs(s: EdgeSettings, create: bool = True) -> None:

@@ -21,6 +21,7 @@ a rotation that happened just before a restart.
 from __future__ import annotations
 
 import calendar
+import errno
 import gzip
 import io
 import logging
@@ -28,6 +29,7 @@ import os
 import queue
 import re
 import shutil
+import stat
 import struct
 import threading
 import time
@@ -107,11 +109,25 @@ def prune(path: str, keep: int) -> List[str]:
     return gone
 
 
+#: opened as a file, never through a link or as a FIFO: a link named like a rotated file had the
+#: daemon copy its target (a key it may read) into a world-readable .gz, and one at the .tmp
+#: name had it write over its target (found by a probe)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
 def compress(src: str) -> str:
-    """gzip ``src`` into ``src.gz`` (via a temporary file) and delete ``src``."""
+    """gzip ``src`` into ``src.gz`` (via a temporary file) and delete ``src``; ``OSError`` when
+    either is a link or ``src`` is not a regular file."""
     dst, tmp = src + ".gz", src + ".gz.tmp"
-    with open(src, "rb") as fin, gzip.open(tmp, "wb", compresslevel=6) as fout:
-        shutil.copyfileobj(fin, fout, 1 << 20)
+    with open(os.open(src, os.O_RDONLY | _NOFOLLOW), "rb") as fin:
+        if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", src)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)  # (a crash's leftover, or a link: made anew, never followed)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o640)
+        with open(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6,
+                                                  filename=os.path.basename(src)) as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
     os.replace(tmp, dst)
     os.unlink(src)
     return dst
@@ -186,7 +202,7 @@ class Compressor:
                 compress(src)
             except OSError as exc:  # disk full: the plain file stays, retried at the next start
                 log.warning("cannot gzip rotated file %s: %s", src, exc)
-                if os.path.exists(src + ".gz.tmp"):
+                if os.path.lexists(src + ".gz.tmp"):
                     os.unlink(src + ".gz.tmp")
             prune(self.path, self.keep)
 

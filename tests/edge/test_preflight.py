@@ -124,6 +124,27 @@ def test_unwritable_state_folder_is_one_line_naming_the_setting(tmp_path: Path) 
         assert "\n" not in msg and msg.endswith("or set spool.path")
 
 
+def test_a_state_folder_another_user_could_fill_with_links_is_refused(tmp_path: Path) -> None:
+    """A folder made in advance by another user (``/tmp/edgewise-dev``), or one every user may
+    write, let that user plant links at the daemon's file names: its lock, start count and
+    records were written through them into other files (found by a probe)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    s = _settings(tmp_path, device_id="d1", spool={"path": str(state / "spool.db")})
+    P.check_state_dirs(s)  # this user's own folder
+    state.chmod(0o777)
+    with pytest.raises(DeploymentError, match=r"may be written by every user \(mode 0777, no sticky bit\): another "
+                                              r"user could replace the daemon's files there with links"):
+        P.check_state_dirs(s)
+    state.chmod(0o1777)  # /tmp's mode: the kernel follows no other user's link there (protected_symlinks)
+    P.check_state_dirs(s)
+    state.chmod(0o755)
+    if os.geteuid() == 0:
+        os.chown(state, 65534, 65534)
+        with pytest.raises(DeploymentError, match=r"belongs to uid 65534, not to the daemon's user \(uid 0\) or root"):
+            P.check_state_dirs(s, create=False)
+
+
 def test_check_config_ok_and_placeholder(tmp_path: Path, tiny_model: Path, capsys) -> None:
     from edgewise.cli import main
 

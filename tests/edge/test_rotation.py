@@ -225,3 +225,29 @@ def test_names_continue_after_compressed_and_suffixed_files(tmp_path):
     assert new.endswith(".20250615T094140.000001Z")
     assert R.rotated_files(path)[0] == new
     assert R.next_stamp(100.0, None) == "19700101T000140.000000Z"
+
+
+def test_links_named_like_rotated_files_are_never_followed(tmp_path: Path) -> None:
+    """In a folder another user could write, a link named like a rotated file had the
+    compressor copy its target (a key the daemon may read) into a .gz that user could read,
+    and a link at the temporary name had it write over its target (found by a probe). Both
+    are refused; the targets are untouched, and nothing of them is written."""
+    secret = tmp_path / "client.key"
+    secret.write_bytes(b"-----BEGIN PRIVATE KEY-----\n")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    read_link = tmp_path / "out.jsonl.20200101T000000.000000Z"
+    read_link.symlink_to(secret)
+    plain = tmp_path / "out.jsonl.20200102T000000.000000Z"
+    plain.write_bytes(b'{"a": 1}\n')
+    (tmp_path / (plain.name + ".gz.tmp")).symlink_to(victim)
+    try:
+        R.compress(str(read_link))
+    except OSError:
+        pass
+    else:
+        raise AssertionError("a link was compressed")
+    assert R.compress(str(plain)) == str(plain) + ".gz"  # the link at its temporary name replaced, not followed
+    assert gzip.open(str(plain) + ".gz").read() == b'{"a": 1}\n'
+    assert victim.read_bytes() == b"keep me" and secret.read_bytes().startswith(b"-----BEGIN")
+    assert not (tmp_path / (read_link.name + ".gz")).exists()
