@@ -37,6 +37,10 @@ AGE_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24
 HTTP_TIMEOUT_S = 5.0
 #: Connections the kernel queues before ``accept`` (socketserver's default is 5).
 HTTP_BACKLOG = 256
+#: Connections served at once (a thread each); more are closed on arrival. Clients that send a
+#: byte every few seconds held a thread each without bound: about 500 of them used up the
+#: unit's ``TasksMax=512``, and then no camera could reconnect (found by a probe).
+HTTP_MAX_CONNECTIONS = 256
 
 
 class EdgeMetrics:
@@ -126,6 +130,28 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = HTTP_BACKLOG
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(HTTP_MAX_CONNECTIONS)
+        self.refused = 0  # connections closed on arrival, all slots taken
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the thread
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]

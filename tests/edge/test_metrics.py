@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import socket
 import struct
+import threading
 import time
 import urllib.request
 
@@ -14,6 +15,7 @@ import pytest
 
 from edge.metrics import EdgeMetrics, MetricsServer
 from edgewise.errors import ConfigError
+from tests.waiting import wait_until
 
 
 def serve():
@@ -76,3 +78,29 @@ def test_reconnects_are_counted_per_stream_from_the_source_states():
     value = m.registry.get_sample_value
     assert value("edgewise_edge_source_reconnects_total", {"stream": "a"}) == 2
     assert value("edgewise_edge_source_reconnects_total", {"stream": "b"}) is None
+
+
+def test_connections_beyond_the_cap_are_closed_and_take_no_thread(monkeypatch):
+    """A thread per connection, without bound: slow clients used up the unit's TasksMax and
+    then no camera could reconnect (found by a probe). Past the cap a connection is closed on
+    arrival; the slots come back when the held ones end."""
+    import edge.metrics as M
+
+    monkeypatch.setattr(M, "HTTP_MAX_CONNECTIONS", 8)
+    server = serve()
+    held = []
+    try:
+        before = threading.active_count()
+        for _ in range(20):
+            held.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        wait_until(lambda: server.httpd.refused == 12, 10, "the connections past the cap refused")
+        assert threading.active_count() - before <= 8
+        for s in held:
+            s.close()
+        wait_until(lambda: threading.active_count() <= before, 10, "the held connections' threads ended")
+        body = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read()
+        assert b"edgewise_" in body
+    finally:
+        for s in held:
+            s.close()
+        server.stop()
