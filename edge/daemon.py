@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 
 
 EPOCH_WIDTH = 20  # digits: the file keeps one size, so it can be rewritten in place
+#: the largest start count: frame_seq (a uint64 on the wire) is ``epoch << 32 | n``. A larger
+#: one, in the file or from a record, is not a count but damage (or a planted value): it made
+#: every escalation fail for good (found by a probe).
+MAX_EPOCH = (1 << 32) - 1
 
 
 def boot_epoch(spool_path: str, floor: int = 0) -> int:
@@ -71,6 +75,14 @@ def boot_epoch(spool_path: str, floor: int = 0) -> int:
             counted = int(f.read().strip()) + 1
     except (OSError, ValueError):
         counted = 0
+    if counted > MAX_EPOCH:
+        log.warning("start count in %s is %d, beyond the largest a frame_seq can carry (%d): not a count; "
+                    "counting anew", path, counted - 1, MAX_EPOCH)
+        counted = 0
+    if floor > MAX_EPOCH:
+        log.warning("the spool or sinks remember a run numbered %d, beyond the largest a frame_seq can carry; "
+                    "that value is ignored", floor - 1)
+        floor = 0
     epoch = max(counted, floor)
     if epoch > counted:
         log.warning("start count %d in %s is behind the runs the spool and sinks remember; this run counts "

@@ -183,7 +183,7 @@ class JsonlSink:
             if not isinstance(rec, dict):
                 continue
             seq = rec.get("frame_seq", -1)
-            if isinstance(seq, int) and seq >= 0:
+            if isinstance(seq, int) and 0 <= seq < 1 << 64:  # (a uint64 on the wire; larger: damage)
                 self.last_epoch = max(self.last_epoch, seq >> 32)
             if rec.get("late"):
                 by_file.setdefault(age, []).append(idempotency_key(rec.get("device", ""), rec.get("stream", ""), seq))

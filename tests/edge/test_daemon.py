@@ -200,6 +200,29 @@ def test_a_lost_start_count_does_not_reuse_the_keys_the_sinks_and_spool_remember
     assert boot_epoch(str(tmp_path / "other.db"), floor=0) == 9  # the count goes on from there
 
 
+def test_a_start_count_no_frame_seq_can_carry_is_damage_not_a_count(tmp_path, caplog):
+    """4294967296 in the count file, or a record's frame_seq of 2**64 or more, made every later
+    frame_seq overflow its uint64: every escalation failed, for good, since the records kept
+    raising the floor again (found by a probe). Such values are ignored, with a WARNING."""
+    from edge.daemon import MAX_EPOCH, boot_epoch
+    from edge.sinks import JsonlSink
+
+    caplog.set_level("WARNING", logger="edge.daemon")
+    spool = str(tmp_path / "spool.db")
+    (tmp_path / "spool.db.epoch").write_text(str(1 << 32))
+    assert boot_epoch(spool) == 0 and "not a count; counting anew" in caplog.text
+    assert boot_epoch(spool, floor=MAX_EPOCH + 2) == 1 and "that value is ignored" in caplog.text
+    assert boot_epoch(spool, floor=MAX_EPOCH) == MAX_EPOCH  # the largest one a frame_seq carries
+    records = tmp_path / "out.jsonl"
+    records.write_text('{"device": "d", "stream": "s", "frame_seq": %d}\n{"device": "d", "stream": "s", '
+                       '"frame_seq": %d}\n' % (1 << 64, (5 << 32) | 1))
+    sink = JsonlSink(str(records))
+    try:
+        assert sink.last_epoch == 5
+    finally:
+        sink.close()
+
+
 def test_policy_classes_the_model_does_not_have_are_warned_at_start_and_on_reload(tmp_path, tiny_model, caplog):
     """examples/policy.yaml lowers the threshold for `person`; on a model without that class
     the override never applies, silently: the daemon says so, naming the model's classes."""
