@@ -5,6 +5,7 @@ run`` with one ``edgewise: error:`` line and exit 2, no traceback."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -214,8 +215,8 @@ def test_a_start_count_no_frame_seq_can_carry_is_damage_not_a_count(tmp_path, ca
     assert boot_epoch(spool, floor=MAX_EPOCH + 2) == 1 and "that value is ignored" in caplog.text
     assert boot_epoch(spool, floor=MAX_EPOCH) == MAX_EPOCH  # the largest one a frame_seq carries
     records = tmp_path / "out.jsonl"
-    records.write_text('{"device": "d", "stream": "s", "frame_seq": %d}\n{"device": "d", "stream": "s", '
-                       '"frame_seq": %d}\n' % (1 << 64, (5 << 32) | 1))
+    records.write_text("".join(json.dumps({"device": "d", "stream": "s", "frame_seq": seq}) + "\n"
+                               for seq in (1 << 64, (5 << 32) | 1)))
     sink = JsonlSink(str(records))
     try:
         assert sink.last_epoch == 5
