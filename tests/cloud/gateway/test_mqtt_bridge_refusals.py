@@ -161,7 +161,11 @@ def test_a_refused_subscription_is_an_error_naming_it_and_is_retried(caplog):
     user and what to allow; once the operator allows it (at run time) the bridge subscribes
     again by itself and serves requests, without a restart."""
     caplog.set_level(logging.INFO, logger=LOGGER)
-    subscription = "$share/edgewise-gateway/edgewise/+/escalate"
+    from cloud.gateway.settings import MqttSettings
+
+    # the group the bridge derives from its password (no device can name it)
+    group = MqttSettings(username="edgewise-gateway", password=USERS["edgewise-gateway"]).share_group()
+    subscription = f"$share/{group}/edgewise/+/escalate"
 
     async def main(broker: Broker, ctrl: list[str]) -> None:
         def dynsec(*args: str) -> None:
