@@ -117,7 +117,7 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 def compress(src: str) -> str:
     """gzip ``src`` into ``src.gz`` (via a temporary file) and delete ``src``; ``OSError`` when
-    either is a link or ``src`` is not a regular file."""
+    ``src`` is a link or not a regular file (a link at the temporary name is replaced)."""
     dst, tmp = src + ".gz", src + ".gz.tmp"
     with open(os.open(src, os.O_RDONLY | _NOFOLLOW), "rb") as fin:
         if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
