@@ -34,7 +34,7 @@ def host_problem(host: str) -> str:
     name = host[:-1] if host.endswith(".") else host
     if not name or len(name) > 253:
         return "is not a host name (1..253 characters)"
-    if not all(_LABEL.match(label) for label in name.split(".")):
+    if not all(_LABEL.fullmatch(label) for label in name.split(".")):  # ($ let a last newline through)
         return ("is not a host name: letters, digits, '-' and '_' in dot-separated labels of at most 63 "
                 "characters (an internationalised name in its xn-- form)")
     return ""

@@ -12,7 +12,7 @@ from typing import Optional
 
 #: characters an id may hold
 ID_CHARS = "A-Za-z0-9._:/@+-"
-_ID_RE = re.compile(f"^[{ID_CHARS}]+$")
+_ID_RE = re.compile(f"[{ID_CHARS}]+")
 #: the gateway's default ``limits.max_id_length``
 DEFAULT_MAX_ID_LENGTH = 128
 
@@ -21,7 +21,7 @@ def id_problem(value: str, name: str, limit: int = DEFAULT_MAX_ID_LENGTH) -> Opt
     """Why ``value`` cannot be sent as ``name`` (an empty value is the caller's concern), or None."""
     if len(value) > limit:
         return f"{name} is {len(value)} characters; the limit is {limit}"
-    if value and not _ID_RE.match(value):
+    if value and not _ID_RE.fullmatch(value):  # (match: '$' let a last newline through)
         return f"{name} {value[:40]!r} has characters outside [{ID_CHARS}]"
     return None
 

@@ -346,6 +346,16 @@ class Gateway:
                 self._log_refused("grpc-stream", rej, caller, "")
                 await _abort(context, rej.status, rej.message)
         device = caller.metadata.get("x-edgewise-device", "")
+        if caller.cert_names is not None:
+            # the stream is counted under a name of its certificate: the label it claims must be
+            # one (one device's certificate filled another's stream slots, tokens off; found by a
+            # probe), and a stream without a label counts under the certificate's first name
+            device = device or (caller.cert_names[0] if caller.cert_names else "")
+            rej = self.auth.authenticate(caller, device) if device else None
+            if rej is not None:
+                self.metrics.rejected.labels(reason="unauthenticated").inc()
+                self._log_refused("grpc-stream", rej, caller, device)
+                await _abort(context, rej.status, rej.message)
         cap = self.settings.limits.max_streams_per_device
         if device and self.streams_of.get(device, 0) >= cap:
             self.metrics.rejected.labels(reason="too_many_streams").inc()

@@ -46,3 +46,15 @@ def test_host_problem_is_empty_for_hosts_and_names_the_rule_otherwise():
     assert host_problem("127.0.0.1:18831") == "holds a port: give the host alone (the port has a setting of its own)"
     assert host_problem("mqtt://broker.lan") == "is a URL: give the host alone, without a scheme"
     assert host_problem("fe80::1:2:x") == "is not an IPv6 address"
+    # a last newline (a YAML block scalar, a file read whole): '$' of re.match let it through
+    assert "is not a host name" in host_problem("broker.plant.lan\n")
+
+
+def test_an_id_ending_in_a_newline_is_refused():
+    """``cam-1\n`` passed the id rule (``re.match`` with ``$``), so a tokens file could list it
+    beside ``cam-1``, and it got a rate-limit bucket of its own (found by a probe)."""
+    from edgewise.ids import id_problem
+
+    assert id_problem("cam-1", "device_id") is None
+    for bad in ("cam-1\n", "cam-1\n\n", "\ncam-1"):
+        assert "has characters outside" in id_problem(bad, "device_id"), bad

@@ -369,6 +369,57 @@ def test_mtls_binds_the_certificate_to_the_device_and_token(tmp_path):
     run(main())
 
 
+def test_a_stream_counts_under_a_name_of_its_certificate(tmp_path):
+    """mTLS without tokens: cam-1's certificate opened DetectStreams labelled cam-2, filled
+    cam-2's limits.max_streams_per_device and kept them open with its own frames; cam-2 was
+    then refused every stream (found by a probe). The label must be a name of the stream's
+    certificate, and a stream without one counts under the certificate's name."""
+    pki = Pki(tmp_path)
+    pki.server()
+    pki.issue("cam1", "cam-1")
+    pki.issue("cam2", "cam-2")
+
+    async def open_stream(gw: Gateway, cert: str, label: str | None):
+        key, chain = pki.read(cert)
+        ch = grpc.aio.secure_channel(f"localhost:{gw.port}", grpc.ssl_channel_credentials(
+            (pki.d / "ca.pem").read_bytes(), key, chain))
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def frames():
+            while (m := await q.get()) is not None:
+                yield m
+        md = (("x-edgewise-device", label),) if label else None
+        call = service_pb2_grpc.EscalationStub(ch).DetectStream(frames(), metadata=md)
+        q.put_nowait(request(device=cert.replace("cam", "cam-")))
+        try:
+            first = await call.read()
+            return ch, call, q, ("OK" if first.status == detect_pb2.OK else str(first.status))
+        except grpc.aio.AioRpcError as exc:
+            return ch, call, q, exc.code().name
+
+    async def main():
+        w = TestWorker("w")
+        gw = await started([(w, 1)], **_tls(pki), **{"limits.max_streams_per_device": 1})
+        opened = []
+        try:
+            ch, call, q, got = await open_stream(gw, "cam1", "cam-2")  # another device's label
+            opened.append((ch, q))
+            assert got == "UNAUTHENTICATED", got
+            ch, call, q, got = await open_stream(gw, "cam1", None)  # no label: counted as cam-1
+            opened.append((ch, q))
+            assert got == "OK" and gw.streams_of == {"cam-1": 1}
+            ch, call, q, got = await open_stream(gw, "cam2", "cam-2")  # cam-2's own slot is free
+            opened.append((ch, q))
+            assert got == "OK" and gw.streams_of == {"cam-1": 1, "cam-2": 1}
+        finally:
+            for ch, q in opened:
+                q.put_nowait(None)
+                await ch.close()
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
 @pytest.mark.parametrize("identity, cert_device, device, expected", [
     ("san_dns", "cam-1", "cam-1", "OK"),
     ("san_dns", "cam-1", "cam-2", "UNAUTHENTICATED"),
