@@ -118,6 +118,12 @@ class HeldRecords:
                       len(self.items) + self.dropped, exc)
 
 
+def _not_a_file(mode: int) -> str:
+    """What a path the sink must not open is (a named pipe, whose open blocks until a reader
+    comes; a device), or "" (a file, or a folder, whose open fails with its own error)."""
+    return "" if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else kind_of(mode)
+
+
 def open_appending(path: str) -> BinaryIO:
     """``sinks.jsonl`` opened to append (its folder made when missing), unbuffered (a failed
     write leaves nothing behind to flush later); one error for the daemon and ``check-config``."""
@@ -125,9 +131,10 @@ def open_appending(path: str) -> BinaryIO:
         st = os.stat(path)
     except OSError:
         pass
-    else:  # a named pipe blocked the start until a reader came (and is no file to rotate or reread)
-        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
-            raise DeploymentError(f"sinks.jsonl {path}: is {kind_of(st.st_mode)}, not a file; set sinks.jsonl to a "
+    else:
+        kind = _not_a_file(st.st_mode)
+        if kind:
+            raise DeploymentError(f"sinks.jsonl {path}: is {kind}, not a file; set sinks.jsonl to a "
                                   "file (to pipe records to a program, use sinks.stdout)")
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -254,9 +261,9 @@ class JsonlSink:
         if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
             self.size = mine.st_size
             return True
-        if here is not None and not (stat.S_ISREG(here.st_mode) or stat.S_ISDIR(here.st_mode)):
-            # a FIFO (its open blocks until a reader comes) or a device
-            self._keep_writing_here(mine, f"{self.path} is {kind_of(here.st_mode)} now, not a file",
+        kind = _not_a_file(here.st_mode) if here is not None else ""
+        if kind:
+            self._keep_writing_here(mine, f"{self.path} is {kind} now, not a file",
                                     OSError(errno.EINVAL, "not a regular file", self.path))
             return False
         try:
