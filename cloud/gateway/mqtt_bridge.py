@@ -175,8 +175,9 @@ class MqttBridge:
         self.counter = counter
         self.up = up  # 1 while connected and subscribed
         self.loop = loop or asyncio.get_running_loop()
-        self.subscription = mqtt_topics.shared_subscription(settings.share_group(), settings.topic_prefix)
-        if settings.share_group() == UNPROTECTED_GROUP and (settings.username or settings.cert_file):
+        group = settings.share_group()
+        self.subscription = mqtt_topics.shared_subscription(group, settings.topic_prefix)
+        if group == UNPROTECTED_GROUP and (settings.username or settings.cert_file):
             # (a broker without credentials confines nobody: nothing to keep secret there)
             log.warning("MQTT bridge: its shared-subscription group is the public default %r (no mqtt.group and "
                         "no mqtt.password to derive one from): a device that joins it takes a share of every "
