@@ -4,6 +4,7 @@ port already in use is one clear error naming it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import struct
@@ -24,29 +25,47 @@ def serve():
     return server
 
 
-def test_200_half_open_connections_do_not_delay_a_scrape_and_resets_are_quiet(caplog):
-    caplog.set_level(logging.DEBUG, logger="edge.metrics")
+@contextlib.contextmanager
+def served():
     server = serve()
-    idle = []
     try:
-        t0 = time.monotonic()
-        for _ in range(200):  # connect and say nothing
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def idle_clients(server, n: int):
+    """``n`` connections to ``server`` that say nothing; all closed after."""
+    idle: list = []
+    try:
+        for _ in range(n):
             idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
-        connected_s = time.monotonic() - t0
-        t0 = time.monotonic()
-        body = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read()
-        scrape_s = time.monotonic() - t0
-        assert b"edgewise_edge_frames" in body or b"edgewise_build_info" in body
-        for s in idle[:50]:  # these reset mid-request
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            s.close()
-        health = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=10).read()
-        assert b'"ok"' in health
+        yield idle
     finally:
         for s in idle:
             s.close()
-        server.stop()
+
+
+def get(server, path: str) -> bytes:
+    return urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=10).read()
+
+
+def test_200_half_open_connections_do_not_delay_a_scrape_and_resets_are_quiet(caplog):
+    caplog.set_level(logging.DEBUG, logger="edge.metrics")
+    with served() as server:
+        t0 = time.monotonic()
+        with idle_clients(server, 200) as idle:  # connect and say nothing
+            connected_s = time.monotonic() - t0
+            t0 = time.monotonic()
+            body = get(server, "/metrics")
+            scrape_s = time.monotonic() - t0
+            assert b"edgewise_edge_frames" in body or b"edgewise_build_info" in body
+            for s in idle[:50]:  # these reset mid-request
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+            assert b'"ok"' in get(server, "/healthz")
     assert connected_s < 5 and scrape_s < 2, (connected_s, scrape_s)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
 
@@ -81,26 +100,19 @@ def test_reconnects_are_counted_per_stream_from_the_source_states():
 
 
 def test_connections_beyond_the_cap_are_closed_and_take_no_thread(monkeypatch):
-    """A thread per connection, without bound: slow clients used up the unit's TasksMax and
-    then no camera could reconnect (found by a probe). Past the cap a connection is closed on
-    arrival; the slots come back when the held ones end."""
+    """A thread per connection, without bound: slow clients held a thread each, and enough of
+    them would use up the unit's TasksMax, after which no camera could start its reader thread
+    (found by a probe). Past the cap a connection is closed on arrival; the slots come back
+    when the held ones end."""
     import edge.metrics as M
 
     monkeypatch.setattr(M, "HTTP_MAX_CONNECTIONS", 8)
-    server = serve()
-    held = []
-    try:
+    with served() as server:
         before = threading.active_count()
-        for _ in range(20):
-            held.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
-        wait_until(lambda: server.httpd.refused == 12, 10, "the connections past the cap refused")
-        assert threading.active_count() - before <= 8
-        for s in held:
-            s.close()
-        wait_until(lambda: threading.active_count() <= before, 10, "the held connections' threads ended")
-        body = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read()
-        assert b"edgewise_" in body
-    finally:
-        for s in held:
-            s.close()
-        server.stop()
+        with idle_clients(server, 20) as held:
+            wait_until(lambda: server.httpd.refused == 12, 10, "the connections past the cap refused")
+            assert threading.active_count() - before <= 8
+            for s in held:
+                s.close()
+            wait_until(lambda: threading.active_count() <= before, 10, "the held connections' threads ended")
+            assert b"edgewise_" in get(server, "/metrics")
