@@ -118,10 +118,18 @@ def outcome_of(wire_status: int, message: str = "") -> Outcome:
     its batch-of-one time (``message`` carries :data:`TOO_SHORT_MARK`) answered correctly for
     the client's deadline: ``CANCELLED``, nothing against the worker.
     """
-    st = status.row(wire_status).status
-    if st == status.DEADLINE_EXCEEDED and TOO_SHORT_MARK in message:
+    if refused_too_short(wire_status, message):
         return Outcome.CANCELLED
-    return _OUTCOMES.get(st, Outcome.OK)
+    return _OUTCOMES.get(status.row(wire_status).status, Outcome.OK)
+
+
+def refused_too_short(wire_status: int, message: str) -> bool:
+    """Whether a worker's answer is its up-front refusal of a deadline closer than its own batch
+    of one (``cloud.worker.batching.Batcher.submit``: DEADLINE_EXCEEDED whose message carries
+    :data:`TOO_SHORT_MARK`). It says the request is too urgent for *that* worker, nothing of
+    the worker's health (:func:`outcome_of`) and nothing of the others: a faster or less busy
+    worker may still make it (:func:`should_retry`)."""
+    return status.row(wire_status).status == status.DEADLINE_EXCEEDED and TOO_SHORT_MARK in message
 
 
 _OUTCOMES: dict[int, Outcome] = {
@@ -565,9 +573,10 @@ class Balancer:
         return 100.0 * healthy / len(live) < self.config.panic_threshold_percent
 
     # ---- pick ------------------------------------------------------------------------------
-    def candidates(self, now: float, exclude: Sequence[str] = (),
-                   deadline_s: float | None = None) -> tuple[list[EndpointStats], NoPick | None]:
-        """Pickable endpoints now, or why there are none."""
+    def candidates(self, now: float, exclude: Sequence[str] = (), deadline_s: float | None = None,
+                   pixels: int = 0, in_time: bool = False) -> tuple[list[EndpointStats], NoPick | None]:
+        """Pickable endpoints now, or why there are none. ``in_time`` (with ``deadline_s``): only
+        those that may answer a request of ``pixels`` within ``deadline_s`` (:meth:`_may_answer`)."""
         live = [ep for ep in self.endpoints.values()
                 if not ep.draining and not ep.paused and ep.address not in exclude]
         if not live:
@@ -577,11 +586,31 @@ class Balancer:
         if not healthy:
             return [], NoPick.NO_ENDPOINTS
         cands = [ep for ep in healthy if not self._full(ep, now, deadline_s)]
+        if in_time and deadline_s is not None:
+            cands = [ep for ep in cands if self._may_answer(ep, deadline_s, pixels)]
         if not cands:
             return [], NoPick.SATURATED
         return cands, None
 
-    def pick(self, exclude: Sequence[str] = (), deadline_s: float | None = None, pixels: int = 0) -> Ticket | NoPick:
+    def _may_answer(self, ep: EndpointStats, within_s: float, pixels: int) -> bool:
+        """Whether ``ep`` may answer a request of ``pixels`` within ``within_s``: the time it is
+        expected to take with the request added (:meth:`_expected_s`) is shorter, or not known
+        yet (nothing measured: it may)."""
+        expected = self._expected_s(ep, self.cost(ep, pixels))
+        return expected is None or expected < within_s
+
+    def may_answer_within(self, within_s: float, exclude: Sequence[str] = (), pixels: int = 0) -> bool:
+        """Whether a pick now, away from ``exclude``, would find an endpoint that may answer a
+        request of ``pixels`` within ``within_s`` (:meth:`_may_answer`): what a retry after a
+        worker's refusal of a too-short deadline needs (:func:`should_retry`,
+        docs/design/balancing.md#retries-and-the-retry-budget). A worker no faster and no less
+        busy than the one that refused would refuse too: not worth the retry budget."""
+        now = self.clock()
+        self._refresh(now)
+        return self.candidates(now, exclude, within_s, pixels, in_time=True)[1] is None
+
+    def pick(self, exclude: Sequence[str] = (), deadline_s: float | None = None, pixels: int = 0,
+             in_time: bool = False) -> Ticket | NoPick:
         """Choose an endpoint and count the request in flight at once (docs/design/balancing.md#per-endpoint-state).
 
         ``exclude``: addresses already tried (retry on another host, docs/design/balancing.md#retries-and-the-retry-budget).
@@ -589,10 +618,12 @@ class Balancer:
         it are treated as saturated (admission control).
         ``pixels``: the request image's declared pixels (0 = unknown), its cost on workers
         whose time grows with the image (docs/design/balancing.md#work-not-requests).
+        ``in_time``: only among endpoints that may answer within ``deadline_s``
+        (:meth:`may_answer_within`; the retry after a worker refused the deadline as too short).
         """
         now = self.clock()
         self._refresh(now)
-        cands, why = self.candidates(now, exclude, deadline_s)
+        cands, why = self.candidates(now, exclude, deadline_s, pixels, in_time)
         if why is not None:
             return why
         costs = {ep.address: self.cost(ep, pixels) for ep in cands}
@@ -608,13 +639,13 @@ class Balancer:
                                  else self._mean_pixels + alpha * (pixels - self._mean_pixels))
         return Ticket(chosen.address, self, cost, deadline_s, self._expected_s(chosen), now, idle)
 
-    def _expected_s(self, ep: EndpointStats) -> float | None:
-        """How long ``ep`` should take to answer a request just picked: its work in flight over
-        its measured rate, and never less than its measured batch-of-one round trip (a
-        rate says nothing of the hop, the decode or a batching worker's batch-of-one time);
-        None when neither is known."""
+    def _expected_s(self, ep: EndpointStats, adding: float = 0.0) -> float | None:
+        """How long ``ep`` should take to answer a request just picked (or, with ``adding``, one
+        of that cost if it were picked now): its work in flight over its measured rate, and
+        never less than its measured batch-of-one round trip (a rate says nothing of the hop,
+        the decode or a batching worker's batch-of-one time); None when neither is known."""
         rate = self._pixel_weight(ep) or ep.capacity
-        cands = [v for v in (ep.work / rate if rate else None, ep.idle_answer_s) if v is not None]
+        cands = [v for v in ((ep.work + adding) / rate if rate else None, ep.idle_answer_s) if v is not None]
         return max(cands) if cands else None
 
     def _choose(self, cands: list[EndpointStats], now: float, costs: dict[str, float]) -> EndpointStats:
@@ -775,11 +806,37 @@ class RetryBudget:
         return True
 
 
+#: Whether some worker not tried yet may answer within the given seconds
+#: (:meth:`Balancer.may_answer_within`, bound to the request's tried workers and pixels).
+Elsewhere = Callable[[float], bool]
+
+
+def wants_retry(wire_status: int, message: str = "", remaining_s: float | None = None,
+                elsewhere: Elsewhere | None = None) -> bool:
+    """Whether an answer is one to send again to another worker, before the attempts, the time
+    left and the budget are counted (:func:`should_retry`,
+    docs/design/balancing.md#retries-and-the-retry-budget):
+
+    * a retryable status (``edgewise.status.RETRYABLE``: UNAVAILABLE);
+    * a worker's refusal of a deadline closer than its own batch of one
+      (:func:`refused_too_short`), when ``elsewhere`` says another worker may answer in the
+      time the retry would have (``hop_timeout(remaining_s)``): a faster one, or one with less
+      in flight. Without a worker that may do better it is the client's answer: the next worker
+      would only refuse too, after decoding the image.
+    """
+    if status.is_retryable(wire_status):
+        return True
+    if not refused_too_short(wire_status, message) or elsewhere is None:
+        return False
+    return elsewhere(math.inf if remaining_s is None else hop_timeout(remaining_s))
+
+
 def should_retry(wire_status: int, attempts: int, remaining_s: float | None, min_attempt_s: float,
-                 budget: RetryBudget) -> bool:
-    """At most one retry, only for a retryable status (``edgewise.status.RETRYABLE``:
-    UNAVAILABLE), only with time left, only within the budget."""
-    if not status.is_retryable(wire_status) or attempts >= 2:
+                 budget: RetryBudget, message: str = "", elsewhere: Elsewhere | None = None) -> bool:
+    """At most one retry, only for an answer :func:`wants_retry` (UNAVAILABLE, or a worker's
+    refusal of a too-short deadline when another worker may answer in time), only with at
+    least ``min_attempt_s`` left, only within the budget."""
+    if attempts >= 2 or not wants_retry(wire_status, message, remaining_s, elsewhere):
         return False
     if remaining_s is not None and remaining_s < min_attempt_s:
         return False

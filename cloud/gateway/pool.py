@@ -10,8 +10,10 @@ itself; the worker takes the earlier of it and the request's ``deadline_unix_ns`
 docs/design/balancing.md#a-lean-hop), classifies the
 answer once (``balancing.outcome_of`` of its wire status, a gRPC error being turned
 into the same kind of reply first), and retries once on
-another worker for a retryable status (``edgewise.status``: UNAVAILABLE) within
-the deadline and the retry budget (docs/design/balancing.md#retries-and-the-retry-budget). When the
+another worker for a retryable status (``edgewise.status``: UNAVAILABLE), or after a worker's
+refusal of a deadline closer than its batch of one when another worker may answer in time
+(``balancing.wants_retry``), within the deadline and the retry budget
+(docs/design/balancing.md#retries-and-the-retry-budget). When the
 client gives up (the edge cancels, a stream ends), the call to the worker is cancelled in gRPC
 Core rather than through the task awaiting it (that leaks native memory per call in grpc.aio,
 grpc/grpc#43360), its worker slot is released at once and nothing is retried. A poller reads
@@ -43,7 +45,9 @@ from cloud.gateway.balancing import (
     Ticket,
     hop_timeout,
     outcome_of,
+    refused_too_short,
     should_retry,
+    wants_retry,
 )
 from cloud.gateway.envelope import Reply, RequestHead, error_reply, reply_of
 from cloud.gateway.metrics import GatewayMetrics
@@ -161,8 +165,9 @@ class WorkerPool:
 
     # ---- forwarding -----------------------------------------------------------------------
     async def forward(self, req: RequestHead, timeout_s: float, transport: str = "grpc", pixels: int = 0) -> Reply:
-        """Send one request to a worker (retrying once for UNAVAILABLE); always returns a reply.
-        ``pixels``: the image's declared pixels, what it costs on workers whose time grows with it."""
+        """Send one request to a worker (retrying once on another, ``_retry``); always returns a
+        reply. ``pixels``: the image's declared pixels, what it costs on workers whose time grows
+        with it."""
         t_start = time.perf_counter()
         deadline = t_start + timeout_s
         self.budget.record_request()
@@ -170,6 +175,7 @@ class WorkerPool:
         tried: list[str] = []
         waited = 0.0
         reply: Reply | None = None
+        in_time = False  # the retry of a refused too-short deadline: only a worker that may make it
         while True:
             remaining = deadline - time.perf_counter()
             hop = hop_timeout(remaining)  # expires first: the timeout is ours to see, count and answer
@@ -180,7 +186,7 @@ class WorkerPool:
                 if not tried:  # refused before forwarding, like the gateway's other refusals
                     self.metrics.rejected.labels(reason="deadline_exceeded").inc()
                 break
-            pick = self.balancer.pick(exclude=tried, deadline_s=hop, pixels=pixels)
+            pick = self.balancer.pick(exclude=tried, deadline_s=hop, pixels=pixels, in_time=in_time)
             if not isinstance(pick, Ticket):
                 if reply is None:  # else no other worker to retry on: answer with the first failure
                     reply = self._no_pick_reply(req, pick, remaining)
@@ -189,8 +195,9 @@ class WorkerPool:
             reply = await self._attempt(pick, req, hop)
             waited += time.perf_counter() - t0
             tried.append(pick.address)
-            if not self._retry(reply.status, len(tried), deadline - time.perf_counter()):
+            if not self._retry(reply, tried, deadline - time.perf_counter(), pixels):
                 break
+            in_time = refused_too_short(reply.status, reply.error)
         total = time.perf_counter() - t_start
         self.metrics.answered(transport, status.name(reply.status), total)
         if waited > 0:
@@ -223,15 +230,23 @@ class WorkerPool:
             self._queue_ms.append((time.monotonic(), reply.queue_ms))
         return reply
 
-    def _retry(self, wire_status: int, attempts: int, left: float) -> bool:
-        """Whether to send the request again to another worker (counted in the metrics)."""
-        if not self.settings.retry.enabled or not status.is_retryable(wire_status):
+    def _retry(self, reply: Reply, tried: list[str], left: float, pixels: int) -> bool:
+        """Whether to send the request again to another worker than ``tried``, with ``left``
+        seconds to go (``balancing.should_retry``; counted in the metrics: ``denied`` is a
+        retry wanted but refused by the time left or the budget)."""
+        if not self.settings.retry.enabled:
             return False
-        if should_retry(wire_status, attempts, left, self.settings.retry.min_attempt_ms / 1000.0,
-                        self.budget):
+
+        def elsewhere(within_s: float) -> bool:
+            return self.balancer.may_answer_within(within_s, tried, pixels)
+
+        if not wants_retry(reply.status, reply.error, left, elsewhere):
+            return False
+        if should_retry(reply.status, len(tried), left, self.settings.retry.min_attempt_ms / 1000.0,
+                        self.budget, reply.error, elsewhere):
             self.metrics.retries.labels(result="sent").inc()
             return True
-        if attempts == 1:
+        if len(tried) == 1:
             self.metrics.retries.labels(result="denied").inc()
         return False
 

@@ -1,5 +1,5 @@
 """Balancer core under worker faults, on an injected clock: the hop margin, a worker's up-front
-refusal, the batch-of-one estimate, hung Load polls, slow start under light load and after an
+refusal (and its retry where another worker may make it), the batch-of-one estimate, hung Load polls, slow start under light load and after an
 ejection, and the workers a gateway starts with (docs/design/balancing.md)."""
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ from cloud.gateway.balancing import (
     STARTUP_S,
     Balancer,
     BalancerConfig,
+    NoPick,
     Outcome,
+    RetryBudget,
     hop_timeout,
     outcome_of,
+    should_retry,
 )
 from edgewise import status
 from tests.cloud.gateway.test_balancing import FakeClock, make, must
@@ -37,6 +40,51 @@ def test_a_workers_refusal_of_a_too_short_deadline_is_not_its_fault():
     assert outcome_of(status.DEADLINE_EXCEEDED, refusal) is Outcome.CANCELLED
     assert outcome_of(status.DEADLINE_EXCEEDED, "worker w: DEADLINE_EXCEEDED: Deadline Exceeded") is Outcome.TIMED_OUT
     assert outcome_of(status.DEADLINE_EXCEEDED) is Outcome.TIMED_OUT
+
+
+REFUSAL = "worker w0: DEADLINE_EXCEEDED: deadline is 180.0 ms away but a batch takes about 400.0 ms; send a later deadline"
+
+
+def test_a_too_short_refusal_is_retried_only_on_a_worker_that_may_answer_in_time():
+    """A worker's refusal of a deadline closer than its batch of one says nothing of the others:
+    the request goes again to one that may make it (never measured, or expected to answer
+    sooner), and to none when every other one is known to be slower than the time left."""
+    b, clock = make([1, 1, 1])
+    t = must(b.pick(exclude=["w0", "w2"]))  # w1: an idle pick answered in 500 ms, its batch of one
+    clock.t += 0.5
+    t.release(Outcome.OK)
+    assert b.may_answer_within(0.2, exclude=["w0"])  # w2: nothing measured, it may
+    for _ in range(3):  # the pick of a retry: never w1
+        t = must(b.pick(exclude=["w0"], deadline_s=0.2, in_time=True))
+        assert t.address == "w2"
+        t.release(Outcome.CANCELLED)
+    t = must(b.pick(exclude=["w0", "w2"], deadline_s=0.2))  # other picks: as before
+    assert t.address == "w1"
+    t.release(Outcome.CANCELLED)
+    assert b.may_answer_within(0.6, exclude=["w0", "w2"])  # w1 makes 600 ms
+    b.report_load("w2", capacity=2.0)  # w2: idle, but 500 ms an image
+    assert not b.may_answer_within(0.2, exclude=["w0"])
+    assert b.pick(exclude=["w0"], deadline_s=0.2, in_time=True) is NoPick.SATURATED
+
+    budget = RetryBudget(ratio=0.0, min_per_s=100.0, window_s=1.0, clock=clock)
+    asked: list[float] = []
+
+    def elsewhere(yes: bool):
+        def ask(within_s: float) -> bool:
+            asked.append(within_s)
+            return yes
+        return ask
+
+    assert should_retry(status.DEADLINE_EXCEEDED, 1, 0.2, 0.005, budget, REFUSAL, elsewhere(True))
+    assert asked == [pytest.approx(hop_timeout(0.2))]  # the time the retry's hop would have
+    assert not should_retry(status.DEADLINE_EXCEEDED, 1, 0.2, 0.005, budget, REFUSAL, elsewhere(False))
+    assert not should_retry(status.DEADLINE_EXCEEDED, 1, 0.2, 0.005, budget, REFUSAL)  # no pool to ask
+    assert not should_retry(status.DEADLINE_EXCEEDED, 2, 0.2, 0.005, budget, REFUSAL, elsewhere(True))  # one retry
+    assert not should_retry(status.DEADLINE_EXCEEDED, 1, 0.004, 0.005, budget, REFUSAL, elsewhere(True))
+    # a hop that ran out (the worker took the request and did not make it) is not retried
+    expired = "worker w0: DEADLINE_EXCEEDED: deadline could not be met: removed from the queue before inference"
+    assert not should_retry(status.DEADLINE_EXCEEDED, 1, 0.2, 0.005, budget, expired, elsewhere(True))
+    assert should_retry(status.UNAVAILABLE, 1, 0.2, 0.005, budget, "", elsewhere(False))  # as before
 
 
 def test_hopeless_uses_the_measured_batch_of_one_round_trip():

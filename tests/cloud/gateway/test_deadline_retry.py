@@ -1,0 +1,87 @@
+"""A worker's refusal of a deadline closer than its batch of one, between real workers: the
+gateway sends the request on to a worker that may make it, and holds nothing against the one
+that refused (docs/design/balancing.md#retries-and-the-retry-budget).
+
+Real in-process workers (the worker's own server, batcher and refusal; YOLOv5n at 160 px on ONNX
+Runtime) behind a real gateway, every one on port 0, a real gRPC client. One worker is made slow
+by sleeping in its inference thread, as a CPU worker is slow beside a GPU one: its warm-up
+measures the sleep, so it refuses every deadline closer than that, as a slow worker does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import grpc
+
+from cloud.gateway.server import Gateway
+from cloud.gateway.settings import load_settings
+from cloud.worker.runner import ModelRunner
+from cloud.worker.server import create_server
+from cloud.worker.settings import BatchingSettings, WorkerSettings
+from edgewise.runtime.detector import Detector
+from edgewise.v1 import service_pb2_grpc
+from tests.cloud.gateway.workers import request
+from tests.waiting import async_wait_until
+
+SLOW_S = 1.0  # the slow worker's batch of one
+DEADLINE_S = 0.6  # shorter than that, far longer than the fast worker's
+
+
+class SlowRunner(ModelRunner):
+    """The real model, SLOW_S slower per batch."""
+
+    def _run_batch(self, items):
+        time.sleep(SLOW_S)
+        return super()._run_batch(items)
+
+
+def worker_settings(model: Path, worker_id: str) -> WorkerSettings:
+    return WorkerSettings(model=str(model), host="127.0.0.1", port=0, metrics_port=-1, worker_id=worker_id,
+                          threads=1, warmup_rounds=1, grace_s=2,
+                          batching=BatchingSettings(max_batch_size=1, mode="off"))
+
+
+def test_a_refused_too_short_deadline_is_answered_by_a_worker_that_makes_it(tiny_model):
+    """Worker `slow` refuses a 600 ms deadline up front (its batch takes 1 s); worker `fast` has
+    time enough. The gateway picks `slow` first (weight 50 to 1) and used to answer the client
+    with `slow`'s refusal: now every request is answered by `fast`, `slow` is not counted as
+    failing (no ejection), and each retry is counted as sent."""
+
+    async def main():
+        slow, slow_port = create_server(worker_settings(tiny_model, "slow"),
+                                        SlowRunner(Detector.from_file(tiny_model, threads=1)))
+        fast, fast_port = create_server(worker_settings(tiny_model, "fast"))
+        await asyncio.gather(slow.start(), fast.start())
+        slow_addr, fast_addr = f"127.0.0.1:{slow_port}", f"127.0.0.1:{fast_port}"
+        gw = Gateway(load_settings(None, {
+            "listen": "127.0.0.1:0", "metrics_port": -1, "load_poll_interval_s": 0.2,
+            "balancer.slow_start_window_s": 0, "balancer.use_reported_capacity": False,
+            "discovery.static": [f"{slow_addr}=50", f"{fast_addr}=1"]}, env={}))
+        await gw.start()
+        try:
+            eps = gw.pool.balancer.endpoints
+            await async_wait_until(lambda: all(ep.capacity for ep in eps.values()), 10, "both workers' load")
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                answers = []
+                for seq in range(3):
+                    try:
+                        answers.append((await stub.Detect(request(seq=seq), timeout=DEADLINE_S)).worker_id)
+                    except grpc.aio.AioRpcError as exc:
+                        answers.append(f"{exc.code().name}: {exc.details()}")
+            refused = slow.service.metrics.registry.get_sample_value(
+                "edgewise_worker_requests_total", {"status": grpc.StatusCode.DEADLINE_EXCEEDED.name})
+            retried = gw.metrics.registry.get_sample_value("edgewise_gateway_retries_total", {"result": "sent"})
+            return answers, refused, retried, eps[slow_addr].consecutive_failures, eps[slow_addr].ejections
+        finally:
+            await gw.stop(0)
+            await asyncio.gather(slow.stop(1), fast.stop(1))
+
+    answers, refused, retried, failures, ejections = asyncio.run(asyncio.wait_for(main(), 120))
+    assert answers == ["fast"] * 3, answers
+    assert refused == 3  # each went to `slow` first, which refused it
+    assert retried == 3
+    assert (failures, ejections) == (0, 0)  # the refusal is not held against `slow`
