@@ -47,6 +47,7 @@ from edge.spool_salvage import open_spool
 from edge.transports import MeteredTransport, Transport
 from edgewise import hangup, mqtt_topics
 from edgewise.errors import ConfigError
+from edgewise.filereads import file_identity
 
 log = logging.getLogger(__name__)
 
@@ -109,18 +110,6 @@ def boot_epoch(spool_path: str, floor: int = 0) -> int:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     return epoch
-
-
-def _file_id(path: str) -> Optional[Tuple[int, int, int, int]]:
-    """What the policy watcher compares between two polls (the target of a symlink, as
-    ConfigMaps mount it). The change time is part of it: a ``chmod``/``chown`` that makes a
-    refused, unreadable file readable changes neither its contents' time nor its size,
-    nor does ``cp -p`` of a same-size file over it."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)
 
 
 class EdgeDaemon:
@@ -322,15 +311,15 @@ class EdgeDaemon:
     async def _watch_policy(self) -> None:
         assert self.stop_event is not None and self.reload_event is not None
         path = self.settings.policy_file
-        last = _file_id(path)
+        last = file_identity(path)
         while not self.stop_event.is_set():
             try:
                 await asyncio.wait_for(self.reload_event.wait(), timeout=self.settings.policy_poll_s)
                 self.reload_event.clear()
                 log.info("SIGHUP: reloading policy %s", path)
-                last = _file_id(path)
+                last = file_identity(path)
             except asyncio.TimeoutError:
-                cur = _file_id(path)
+                cur = file_identity(path)
                 if cur is None and last is not None:  # said once: the policy in force stays
                     log.warning("policy file %s %s; the policy in force stays until it is back", path,
                                 "cannot be read (a symbolic link to nothing, or to itself)" if os.path.islink(path)

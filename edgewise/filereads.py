@@ -5,6 +5,10 @@ A file's size from ``stat`` says nothing for a device or a named pipe (0), so a 
 before reading lets ``/dev/zero`` through and a read without a cap fills memory; a named
 pipe without a writer blocks the reader, which in the daemon stops hot reload and its
 shutdown. Both are refused here, in one place.
+
+A file a daemon re-reads when it changes (the edge's policy, the gateway's device tokens, the
+Kubernetes client's service-account token) is told from its previous version by
+:func:`file_identity`, the one rule of what "changed" means.
 """
 
 from __future__ import annotations
@@ -13,9 +17,35 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import Tuple, Union
+from typing import Optional, Tuple, Union
 
 from edgewise.errors import ConfigError
+
+#: What tells one version of a watched file from another (:func:`file_identity`): its resolved
+#: path, device, inode, size, modification and change times (ns).
+FileIdentity = Tuple[str, int, int, int, int, int]
+
+
+def file_identity(path: str) -> Optional[FileIdentity]:
+    """The identity of the file at ``path``, through symbolic links; None when there is no path
+    or nothing can be looked at there (gone, a link to nothing, no permission to search its
+    folder). A watcher reads the file again when this changed:
+
+    * kubelet updates a mounted ConfigMap or Secret (and a projected token) by writing a new
+      timestamped folder and swapping the ``..data`` link: the resolved path changes even when
+      the old folder's inode is reused and the new file has the same times and size;
+    * an edit in place or a ``mv`` over it changes the times, the size or the inode;
+    * a ``chmod``/``chown`` that makes a refused, unreadable file readable changes only its
+      change time, and so does ``cp -p`` of a file of the same size over it.
+    """
+    if not path:
+        return None
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return None
+    return (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _open_nonblocking(path: str, flags: int) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgewise.errors import ConfigError
+from edgewise.filereads import FileIdentity, file_identity
 
 log = logging.getLogger(__name__)
 
@@ -90,30 +91,23 @@ def _set_token(cfg: Any, token: str) -> None:
 
 class _TokenFile:
     """``Configuration.refresh_api_key_hook`` (called before every request) that re-reads the token
-    file when its identity, size or mtime changed: kubelet replaces a projected token by swapping a
+    file when it changed (``edgewise.filereads.file_identity``): kubelet replaces a projected token by swapping a
     symlink, so the new token is used from the next request. An unreadable or empty file keeps the
     token in use (logged once per change)."""
 
     def __init__(self, path: str, token: str | None) -> None:
         self.path = path
         self._token = token
-        self._seen: tuple[int, int, int, int] | None = None if token is None else self._stat()
+        self._seen: FileIdentity | None = None if token is None else file_identity(path)
         self._lock = threading.Lock()
         self._failed: str | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _TokenFile:  # Configuration copies: share the file's state
         return self
 
-    def _stat(self) -> tuple[int, int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
     def __call__(self, cfg: Any) -> None:
         with self._lock:
-            seen = self._stat()
+            seen = file_identity(self.path)
             if seen is not None and seen == self._seen:
                 if self._token is not None:
                     _set_token(cfg, self._token)

@@ -16,6 +16,10 @@ refuses one more with RESOURCE_EXHAUSTED before reading it), ``limits.max_stream
 per connection (HTTP/2: the client's further calls wait), ``limits.max_streams_per_device``
 DetectStreams per device (RESOURCE_EXHAUSTED), and a DetectStream that sends no frame for
 ``limits.stream_idle_timeout_s`` is ended with UNAVAILABLE.
+
+The device tokens are re-read on SIGHUP and, without a signal, when ``auth.tokens_file``
+changes (looked at every ``auth.tokens_poll_s``: a Kubernetes Secret updated by kubelet;
+``cloud.gateway.tokensfile``); both go through ``Gateway.reload_tokens``.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ from cloud.gateway.mqtt_bridge import MqttBridge
 from cloud.gateway.pool import WorkerPool
 from cloud.gateway.settings import GatewaySettings, quote_id
 from cloud.gateway.tlsfiles import load_server_files
+from cloud.gateway.tokensfile import Change, FileWatch
 from edgewise import hangup, status
 from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.filereads import FileIdentity, file_identity
 from edgewise.observability import LogThrottle
 from edgewise.v1 import service_pb2
 
@@ -229,6 +235,10 @@ class Gateway:
         self.settings = settings
         self.pool = WorkerPool(settings)
         self.metrics = self.pool.metrics
+        #: the settings whose auth.tokens / auth.tokens_file are in force (SIGHUP may bring others),
+        #: and the tokens file as last read (looked at before it is read)
+        self._tokens_from = settings
+        self._tokens_watch = FileWatch(file_identity(settings.auth.tokens_file))
         self.auth = TokenAuth(settings.device_tokens())
         lim = settings.limits
         self.limiter = RateLimiter(lim.rate_per_device, lim.burst_per_device)
@@ -475,10 +485,16 @@ class Gateway:
             self.metrics_port = await socket_port_async(
                 lambda: self.side.start(s.metrics_host, s.metrics_port),
                 f"{s.metrics_host}:{s.metrics_port}", "metrics_host/metrics_port")
-        for coro, what in ((self.pool.follow(self.discovery.watch()), "discovery"),
-                           (self.pool.poll_loads(), "load polling")):
+        frozen = "the worker set is frozen until restart"
+        loops: list[tuple[Awaitable[None], str, str]] = [
+            (self.pool.follow(self.discovery.watch()), "discovery", frozen),
+            (self.pool.poll_loads(), "load polling", frozen)]
+        if s.auth.tokens_poll_s > 0:
+            loops.append((self.watch_tokens_file(), "the device tokens file watch",
+                          "the device tokens are re-read on SIGHUP only"))
+        for coro, what, then in loops:
             task: asyncio.Task[Any] = asyncio.ensure_future(coro)
-            task.add_done_callback(functools.partial(self._task_ended, what=what))
+            task.add_done_callback(functools.partial(self._task_ended, what=what, then=then))
             self._tasks.append(task)
         await self._server.start()
         if s.mqtt.enabled:
@@ -495,12 +511,12 @@ class Gateway:
         log.info("gateway serving on port %d (metrics %d)", self.port, self.metrics_port)
         return self.port
 
-    def _task_ended(self, task: asyncio.Task[Any], what: str) -> None:
+    def _task_ended(self, task: asyncio.Task[Any], what: str, then: str) -> None:
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None:  # the pool keeps its last known workers; say loudly that updates stopped
-            log.error("%s stopped: %r; the worker set is frozen until restart", what, exc)
+        if exc is not None:  # e.g. the pool keeps its last known workers; say loudly that updates stopped
+            log.error("%s stopped: %r; %s", what, exc, then)
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.settings.shutdown_grace_s if grace is None else grace
@@ -522,26 +538,71 @@ class Gateway:
             self.discovery.replace(specs)
             log.info("worker list reloaded: %d workers", len(specs))
 
-    def reload_tokens(self, tokens: dict[str, str]) -> None:
+    def reload_tokens(self, tokens: dict[str, str], source: GatewaySettings | None = None,
+                      seen: FileIdentity | None = None) -> bool:
         """Put a new device -> token table in force (a rotated token, a device added or
-        removed). An empty table while authentication is on is refused: an emptied or
-        half-written tokens file must not switch authentication off."""
+        removed): the one path of SIGHUP and of a changed tokens file. ``tokens`` comes from
+        ``source.device_tokens()`` (which refuses a malformed file, or one listing no device);
+        ``seen`` is the identity of ``source``'s tokens file looked at before that read, the
+        file watched from now on. An empty table while authentication is on is refused: an
+        emptied or half-written tokens file must not switch authentication off. Returns whether
+        the table is in force."""
         if self.auth.enabled and not tokens:
             log.error("token reload ignored: auth.tokens and auth.tokens_file now list no device, which would "
                       "turn authentication off; restart the gateway to run without authentication")
-            return
+            return False
+        if source is not None:
+            self._tokens_from = source
+            self._tokens_watch.acted(seen)
         added = sorted(tokens.keys() - self.auth.tokens.keys())
         removed = sorted(self.auth.tokens.keys() - tokens.keys())
         changed = sorted(d for d in tokens.keys() & self.auth.tokens.keys() if tokens[d] != self.auth.tokens[d])
         self.auth.tokens = dict(tokens)
         log.info("device tokens reloaded: %d devices (%d added, %d removed, %d changed)",
                  len(tokens), len(added), len(removed), len(changed))
+        return True
+
+    def check_tokens_file(self) -> None:
+        """One look at ``auth.tokens_file`` (every ``auth.tokens_poll_s``; ``FileWatch`` decides):
+        when it changed, the tokens are read again as on SIGHUP (``GatewaySettings.device_tokens``,
+        the same checks) and put in force by :meth:`reload_tokens`. A file that cannot be used
+        (half-written, malformed, listing no device, gone) leaves the tokens in force and is
+        logged once per change, not at every look."""
+        path = self._tokens_from.auth.tokens_file
+        if not path:
+            return
+        seen = file_identity(path)  # before the read: a file written meanwhile differs at the next look
+        change = self._tokens_watch.look(seen)
+        if change is Change.GONE:
+            log.warning("device tokens file %s cannot be read (gone, or a link to nothing); the tokens in force "
+                        "stay until it is back", path)
+        if change is not Change.CHANGED:
+            return
+        log.info("device tokens file %s changed; reloading the device tokens", path)
+        try:
+            tokens = self._tokens_from.device_tokens()
+        except ConfigError as exc:
+            log.error("device tokens file %s changed: reload ignored, the tokens in force stay: %s", path, exc)
+            return
+        self.reload_tokens(tokens, self._tokens_from, seen)
+
+    async def watch_tokens_file(self) -> None:
+        """:meth:`check_tokens_file` every ``auth.tokens_poll_s`` until cancelled; an unexpected
+        error is logged with its traceback and the next look tried again."""
+        interval = self.settings.auth.tokens_poll_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.check_tokens_file()
+            except Exception:
+                log.exception("looking at the device tokens file failed; trying again in %g s", interval)
 
 
 async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings] | None = None,
                 announce: bool = True) -> None:
     """Run a gateway until SIGTERM/SIGINT; SIGHUP re-reads the static worker list and the
-    device tokens (``auth.tokens``, ``auth.tokens_file``)."""
+    device tokens (``auth.tokens``, ``auth.tokens_file``; the file is also re-read by itself
+    when it changes, ``Gateway.check_tokens_file``)."""
     gw = Gateway(settings)
     port = await gw.start()
     if announce:
@@ -556,12 +617,13 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
             return
         try:
             fresh = reload()
+            seen = file_identity(fresh.auth.tokens_file)  # before the read, as the file watch does
             tokens = fresh.device_tokens()
         except ConfigError as exc:
             log.error("reload ignored, the workers and tokens in force stay: %s", exc)
             return
         gw.reload_workers(fresh.discovery.static)
-        gw.reload_tokens(tokens)
+        gw.reload_tokens(tokens, fresh, seen)
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     if hangup.take():  # one came while the gateway started (edgewise.hangup)

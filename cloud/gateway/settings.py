@@ -64,9 +64,17 @@ class AuthSettings:
 
     tokens: list[DeviceToken] = setting("Devices allowed to call, with their tokens; none here and no "
                                         "`tokens_file` = authentication off (logged).", factory=list)
-    tokens_file: str = setting("YAML file holding a list of `{device, token}`; merged with `tokens`; SIGHUP "
-                               "re-reads both. A result listing no device is refused, at start and on SIGHUP "
-                               "(remove this key to run without authentication).", "")
+    tokens_file: str = setting("YAML file holding a list of `{device, token}`; merged with `tokens`. Re-read "
+                               "when it changes (`tokens_poll_s`) and on SIGHUP (with `tokens`): a token revoked "
+                               "or added is in force without a restart. A result listing no device, or a file "
+                               "that is invalid, is refused, at start and at a reload (the tokens in force stay; "
+                               "remove this key to run without authentication).", "")
+    tokens_poll_s: float = setting(
+        "How often `tokens_file` is looked at, seconds: its resolved path, inode, times and size (one `stat`), "
+        "so an edit, a file moved over it and a Kubernetes Secret update (kubelet swaps the mounted folder's "
+        "`..data` link; the chart mounts the Secret as a folder) are all seen, and the tokens are re-read as "
+        "on SIGHUP. A file that is half-written or invalid is refused, logged once per change, and the tokens "
+        "in force stay. 0 = only on SIGHUP.", 5.0, lo=0, hi=3600)
 
 
 @dataclass

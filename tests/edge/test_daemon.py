@@ -298,26 +298,6 @@ def test_reload_sees_a_same_size_rewrite_with_its_old_mtime_and_refuses_a_fifo_w
     assert reloads.labels("ok")._value.get() == 2 and reloads.labels("error")._value.get() == 0
 
 
-def test_the_policy_watcher_sees_a_chmod():
-    """An unreadable new policy is refused; the ``chmod`` that fixes it changes neither the
-    mtime nor the size nor the inode, only the change time (root reads any file, so the
-    daemon-level refusal cannot be shown here)."""
-    import tempfile
-
-    from edge.daemon import _file_id
-
-    with tempfile.NamedTemporaryFile(suffix=".yaml") as f:
-        f.write(b"x")
-        f.flush()
-        os.chmod(f.name, 0o000)
-        before = _file_id(f.name)
-        st = os.stat(f.name)
-        os.chmod(f.name, 0o644)
-        os.utime(f.name, ns=(st.st_atime_ns, st.st_mtime_ns))
-        assert _file_id(f.name) != before
-
-
-
 def test_healthz_is_degraded_while_a_stream_is_down(tmp_path, tiny_model):
     """A dead camera (nothing listens at its address) next to a working stream: the daemon
     serves (200) but says degraded and names the stream, as a probe on status alone must see."""

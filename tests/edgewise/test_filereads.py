@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgewise.errors import ConfigError
-from edgewise.filereads import read_capped
+from edgewise.filereads import file_identity, read_capped
 
 
 def _in_thread(fn, timeout: float = 10.0):
@@ -64,3 +64,33 @@ def test_asked_to_read_pipes_it_reads_one_up_to_its_cap(tmp_path: Path) -> None:
 def test_a_folder_is_the_callers_to_word(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError):
         read_capped(tmp_path, 100, "x")
+
+
+def test_a_chmod_changes_the_identity(tmp_path):
+    """An unreadable new policy (or tokens file) is refused; the ``chmod`` that fixes it changes
+    neither the mtime nor the size nor the inode, only the change time, which the identity
+    holds, so the watcher reads the file again (root reads any file, so the daemon-level refusal
+    cannot be shown here)."""
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(b"x")
+    os.chmod(path, 0o000)
+    before = file_identity(str(path))
+    st = os.stat(path)
+    os.chmod(path, 0o644)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert file_identity(str(path)) != before
+
+
+def test_the_identity_follows_links_and_says_when_nothing_is_there(tmp_path):
+    """A link is looked at through (a ConfigMap's key); a link to nothing, a missing file and no
+    path at all have no identity (not the working folder's)."""
+    target = tmp_path / "a.yaml"
+    target.write_text("a")
+    link = tmp_path / "policy.yaml"
+    link.symlink_to(target.name)
+    ident = file_identity(str(link))
+    assert ident is not None and ident[0] == str(target.resolve())
+    target.unlink()
+    assert file_identity(str(link)) is None
+    assert file_identity(str(tmp_path / "missing.yaml")) is None
+    assert file_identity("") is None

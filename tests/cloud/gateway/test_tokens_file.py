@@ -1,0 +1,141 @@
+"""The device tokens file re-read by itself when it changes (``auth.tokens_poll_s``), as kubelet
+updates a mounted Secret: a revoked token is refused and a new one accepted without SIGHUP or a
+restart; a half-written or invalid file leaves the tokens in force, logged once per change.
+
+Real files laid out and swapped the way kubelet does it, a real gateway on port 0 in front of a
+real gRPC worker server, a real gRPC client; no signal anywhere (the gateway runs in-process,
+without ``serve``'s signal handlers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import grpc
+
+from cloud.gateway.server import Gateway
+from cloud.gateway.settings import load_settings
+from cloud.gateway.tokensfile import Change, FileWatch
+from edgewise.filereads import file_identity
+from edgewise.v1 import service_pb2_grpc
+from tests.cloud.gateway.workers import TestWorker, request
+from tests.waiting import async_wait_until
+
+
+class SecretVolume:
+    """A folder as kubelet mounts a Secret (``atomic_writer.go``): each key is a link
+    ``<key> -> ..data/<key>``, ``..data`` a link to a timestamped folder holding the files. An
+    update writes the new files into a new timestamped folder, points a new link ``..data_tmp``
+    at it and renames that over ``..data`` (one atomic step), then removes the old folder."""
+
+    def __init__(self, root: Path, files: dict[str, str]) -> None:
+        self.root = root
+        self.version = 0
+        root.mkdir()
+        self.update(files)
+
+    def update(self, files: dict[str, str]) -> None:
+        data = self.root / "..data"
+        old = os.readlink(data) if data.is_symlink() else None
+        self.version += 1
+        new = self.root / f"..2025_06_01_12_00_{self.version:02d}.000000001"
+        new.mkdir()
+        for key, text in files.items():
+            (new / key).write_text(text)
+        tmp = self.root / "..data_tmp"
+        os.symlink(new.name, tmp)
+        os.rename(tmp, data)
+        for key in files:
+            if not (self.root / key).is_symlink():
+                os.symlink(f"..data/{key}", self.root / key)
+        if old is not None:
+            shutil.rmtree(self.root / old)
+
+
+def test_a_kubelet_swap_is_a_change_even_with_the_same_times_and_size(tmp_path):
+    vol = SecretVolume(tmp_path / "auth", {"tokens.yaml": "- {device: cam-1, token: aaaa}\n"})
+    path = str(vol.root / "tokens.yaml")
+    first = file_identity(path)
+    assert first is not None
+    watch = FileWatch(first)
+    assert watch.look(file_identity(path)) is Change.NONE
+    before = os.stat(path)
+    vol.update({"tokens.yaml": "- {device: cam-1, token: bbbb}\n"})  # same size
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same modification time
+    assert watch.look(file_identity(path)) is Change.CHANGED
+    assert watch.look(file_identity(path)) is Change.NONE  # said once
+    os.unlink(path)
+    assert watch.look(file_identity(path)) is Change.GONE
+    assert watch.look(file_identity(path)) is Change.NONE
+    os.symlink("..data/tokens.yaml", path)  # back
+    assert watch.look(file_identity(path)) is Change.CHANGED
+    assert file_identity("") is None  # no tokens file: nothing to look at (not the working folder)
+
+
+def test_a_token_revoked_in_a_mounted_secret_is_refused_without_a_signal(tmp_path, caplog):
+    vol = SecretVolume(tmp_path / "auth", {
+        "tokens.yaml": "- {device: cam-1, token: old-token}\n- {device: cam-2, token: two-token}\n"})
+    caplog.set_level(logging.INFO, logger="edgewise.gateway")
+
+    def lines(text: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        gw = Gateway(load_settings(None, {
+            "listen": "127.0.0.1:0", "metrics_port": -1, "discovery.static": [w.address],
+            "auth.tokens_file": str(vol.root / "tokens.yaml"), "auth.tokens_poll_s": 0.05}, env={}))
+        await gw.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+
+                async def code(device: str, token: str) -> str:
+                    try:
+                        await stub.Detect(request(device=device), timeout=5,
+                                          metadata=(("authorization", f"Bearer {token}"),))
+                        return "OK"
+                    except grpc.aio.AioRpcError as exc:
+                        return exc.code().name
+
+                assert (await code("cam-1", "old-token"), await code("cam-3", "new-token")) == \
+                    ("OK", "UNAUTHENTICATED")
+                # the operator revokes cam-1's token and adds cam-3 in the Secret; kubelet swaps the files
+                vol.update({"tokens.yaml": "- {device: cam-2, token: two-token}\n"
+                                           "- {device: cam-3, token: new-token}\n"})
+                await async_wait_until(lambda: "cam-3" in gw.auth.tokens, 10, "the new tokens in force")
+                assert (await code("cam-1", "old-token"), await code("cam-3", "new-token"),
+                        await code("cam-2", "two-token")) == ("UNAUTHENTICATED", "OK", "OK")
+                assert lines("device tokens reloaded: 2 devices (1 added, 1 removed, 0 changed)")
+
+                # a half-written file: refused once, the tokens in force stay
+                vol.update({"tokens.yaml": "- {device: cam-2, token: two-token}\n- {device: cam-4, tok"})
+                await async_wait_until(lambda: lines("reload ignored"), 10, "the half-written file refused")
+                await asyncio.sleep(0.5)  # about ten more looks at the same file
+                assert len(lines("reload ignored, the tokens in force stay")) == 1, lines("reload ignored")
+                assert (await code("cam-3", "new-token"), await code("cam-1", "old-token")) == \
+                    ("OK", "UNAUTHENTICATED")
+
+                # emptied: never turns authentication off
+                vol.update({"tokens.yaml": "[]\n"})
+                await async_wait_until(lambda: lines("lists no device"), 10, "the empty file refused")
+                await asyncio.sleep(0.5)
+                assert len(lines("reload ignored, the tokens in force stay")) == 2
+                assert (await code("cam-3", "new-token"), await code("cam-9", "anything")) == \
+                    ("OK", "UNAUTHENTICATED")
+
+                # fixed: in force again
+                vol.update({"tokens.yaml": "- {device: cam-4, token: four-token}\n"})
+                await async_wait_until(lambda: gw.auth.tokens == {"cam-4": "four-token"}, 10, "the fixed file")
+                assert (await code("cam-4", "four-token"), await code("cam-3", "new-token")) == \
+                    ("OK", "UNAUTHENTICATED")
+        finally:
+            await gw.stop(0)
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
