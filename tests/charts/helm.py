@@ -95,6 +95,10 @@ MODES: Dict[str, Tuple[str, ...]] = {
     # a private registry: a pinned tag and pull secrets on every pod, the broker's and the test's included
     "private-registry": ("image.tag=0.2.0", "imagePullSecrets[0].name=regcred", "mqtt.bridge.enabled=true",
                          "mqtt.broker.enabled=true"),
+    # every image pinned by digest (image.digest, image.cudaDigest, the broker's and a model image's)
+    "digest-pinned": ("@digest-pinned",),
+    # a workload identity per ServiceAccount (serviceAccount.gateway/autoscaler.annotations)
+    "service-accounts": ("@service-accounts",),
 }
 
 

@@ -148,6 +148,43 @@ def test_autoscaling_queries_are_scoped_to_the_release(release: str, namespace: 
     assert monitor["spec"]["podTargetLabels"] == ["app.kubernetes.io/instance"]
 
 
+KEDA_QUERY_TEMPLATES = (
+    '{{ lookup "v1" "Secret" "kube-system" "" }}',       # every Secret, with the installer's rights
+    '{{ (lookup "v1" "Secret" "ml" "db").data.password | b64dec }}',
+    '{{ include "edgewise.fullname" . }}',
+    '{{ .Values.image.repository }}',
+    '{{- .Release.Name -}}',                           # a placeholder in another spelling
+    '{{ env "HOME" }}',
+)
+
+
+def test_keda_query_is_never_rendered_as_a_template(tmp_path: Path) -> None:
+    """autoscaling.keda.query is plain PromQL: a values file cannot run template functions
+    (lookup would read the cluster's Secrets with the installer's rights at install time).
+    Its two placeholders are replaced as text, in either spelling; any other {{ is refused
+    with a sentence quoting it, and nothing of it is evaluated."""
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(yaml.safe_dump({"autoscaling": {"mode": "keda", "keda": {
+        "query": 'sum(x{namespace="{{.Release.Namespace}}",app_kubernetes_io_instance="{{  .Release.Name  }}"})'}}}))
+    keda = by_kind(render(values=ok, release="edgewise", namespace="vision"), "ScaledObject")[0]
+    assert keda["spec"]["triggers"][0]["metadata"]["query"] == \
+        'sum(x{namespace="vision",app_kubernetes_io_instance="edgewise"})'
+    for piece in KEDA_QUERY_TEMPLATES:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(yaml.safe_dump({"autoscaling": {"mode": "keda", "keda": {"query": f"sum(x{{a=\"{piece}\"}})"}}}))
+        out = subprocess.run([helm(), "template", "rel", str(CHART), "-n", "ml", "-f", str(bad)],
+                             capture_output=True, text=True)
+        assert out.returncode != 0, f"{piece} was accepted:\n{out.stdout[-2000:]}"
+        assert f"autoscaling.keda.query contains '{piece}', which the chart does not render" in out.stderr, \
+            out.stderr
+        assert "map[" not in out.stderr and "rel-edgewise" not in out.stderr  # nothing was evaluated
+    # the chart does not call tpl at all (a values string reaches no template engine)
+    for template in (CHART / "templates").rglob("*"):
+        if template.is_file():
+            code = re.sub(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", "", template.read_text(), flags=re.S)  # comments
+            assert not re.search(r"\btpl\b", code), template.name
+
+
 # --------------------------------------------------------------------------- workers
 
 def test_gpu_default_and_cpu_profile() -> None:
@@ -652,6 +689,10 @@ def _schema_node(path: str) -> dict:
     ("tls.grpc.secretName", ["", "gw-tls", "2024", "my.secret-1", "a" * 253], ["A", "a_b", "-a", "a-", "a..b", "a" * 254]),
     ("image.tag", ["", "0.1.0-cuda", "v1.2_3", "_x", "a" * 128], ["bad tag", "a:b", ".x", "-x", "a" * 129, "a/b"]),
     ("helmTest.caKey", ["ca.crt", "CA_bundle-1"], ["", "ca/crt", "a b"]),
+    ("image.digest", ["", "sha256:" + "0123456789abcdef" * 4],
+     ["sha256:abc", "sha256:" + "A" * 64, "a" * 64, "sha256:" + "a" * 65, "@sha256:" + "a" * 64,
+      "sha512:" + "a" * 128, "sha256:" + "g" * 64, " sha256:" + "a" * 64]),
+    ("image.cudaDigest", ["", "sha256:" + "f" * 64], ["sha256:", "sha256:" + "a" * 63, "0.1.0-cuda"]),
     ("image.repository", ["ghcr.io/edgewise/edgewise", "edgewise", "localhost:5000/a/b_c", "registry.example.com/x--y"],
      ["", "ghcr.io/Edgewise/x", "edgewise:1.0", "a b", "a//b", "/a", "a/", "ghcr.io:port/a", "a@sha256:00"]),
     ("model.initContainer.image", ["", "ghcr.io/acme/models:v3", "acme/models@sha256:" + "a" * 64, "localhost:5000/m:1"],
@@ -825,6 +866,39 @@ def test_existing_service_account_gets_the_gateway_role(mode: str) -> None:
         (BAD / "service-account-without-name.yaml").read_text()
 
 
+def test_each_service_account_gets_its_own_annotations() -> None:
+    """A workload identity belongs to one account: serviceAccount.gateway.annotations and
+    serviceAccount.autoscaler.annotations reach only their own ServiceAccount, on top of the
+    shared serviceAccount.annotations (the account's own win on a key both set)."""
+    docs = render(*MODES["service-accounts"])
+    gateway = named(docs, "ServiceAccount", "gateway")["metadata"]["annotations"]
+    autoscaler = named(docs, "ServiceAccount", "autoscaler")["metadata"]["annotations"]
+    assert gateway == {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/edgewise-gateway",
+                       "example.com/owner": "gateway-team", "team": "vision"}
+    assert autoscaler == {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/edgewise-autoscaler",
+                          "example.com/owner": "platform", "team": "vision"}
+    # the pods run as the account their annotations were meant for
+    assert named(docs, "Deployment", "gateway")["spec"]["template"]["spec"]["serviceAccountName"] == \
+        named(docs, "ServiceAccount", "gateway")["metadata"]["name"]
+    assert named(docs, "Deployment", "autoscaler")["spec"]["template"]["spec"]["serviceAccountName"] == \
+        named(docs, "ServiceAccount", "autoscaler")["metadata"]["name"]
+    # none set: no annotations key at all; the gateway's own only: not on the autoscaler
+    assert all("annotations" not in sa["metadata"] for sa in by_kind(render(), "ServiceAccount"))
+    docs = render("serviceAccount.gateway.annotations.team=gw")
+    assert named(docs, "ServiceAccount", "gateway")["metadata"]["annotations"] == {"team": "gw"}
+    assert "annotations" not in named(docs, "ServiceAccount", "autoscaler")["metadata"]
+    # the shared key still reaches both (values written for earlier charts), and NOTES.txt says
+    # when that hands one cloud identity to both accounts
+    out = subprocess.run([helm(), "install", "rel", str(CHART), "--dry-run=client", "-n", "ml",
+                          *helm_args(*MODES["passthroughs"])], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    notes = out.stdout.split("NOTES:", 1)[1]
+    assert "serviceAccount.annotations sets eks.amazonaws.com/role-arn on both ServiceAccounts" in notes
+    out = subprocess.run([helm(), "install", "rel", str(CHART), "--dry-run=client", "-n", "ml",
+                          *helm_args(*MODES["service-accounts"])], capture_output=True, text=True)
+    assert "on both ServiceAccounts" not in out.stdout.split("NOTES:", 1)[1]
+
+
 def test_every_pod_gets_the_image_pull_secrets() -> None:
     docs = render(*MODES["private-registry"])
     pods = dict(pod_specs(docs))
@@ -840,6 +914,42 @@ def test_every_pod_gets_the_image_pull_secrets() -> None:
     (("image.tag=0.2.0", "worker.profile=cpu"), "0.2.0", "0.2.0"),
 ])
 def test_gpu_workers_keep_the_cuda_image_with_a_pinned_tag(sets: tuple, worker: str, gateway: str) -> None:
+    docs = render(*sets)
+    repo = "ghcr.io/edgewise-ai/edgewise:"
+    assert _container(docs, "worker")["image"] == repo + worker
+    assert _container(docs, "gateway")["image"] == repo + gateway
+    assert helm_test_pod(docs)["spec"]["containers"][0]["image"] == repo + gateway
+
+
+DIGEST_A, DIGEST_C = "sha256:" + "a" * 64, "sha256:" + "c" * 64
+
+
+def test_every_image_pinned_by_digest() -> None:
+    """image.digest / image.cudaDigest render <repository>:<tag>@sha256:..., on the gateway,
+    the autoscaler, the helm test and the workers (GPU workers: the -cuda image's digest), and
+    with the broker's and the model image's own digests no container is left pulled by tag."""
+    docs = render(*MODES["digest-pinned"])
+    repo = "ghcr.io/edgewise-ai/edgewise:"
+    assert _container(docs, "gateway")["image"] == f"{repo}0.2.0@{DIGEST_A}"
+    assert _container(docs, "autoscaler")["image"] == f"{repo}0.2.0@{DIGEST_A}"
+    assert helm_test_pod(docs)["spec"]["containers"][0]["image"] == f"{repo}0.2.0@{DIGEST_A}"
+    assert _container(docs, "worker")["image"] == f"{repo}0.2.0-cuda@{DIGEST_C}"
+    images = {name: [c["image"] for c in spec.get("initContainers", []) + spec["containers"]]
+              for name, spec in pod_specs(docs)}
+    assert {"rel-edgewise-mosquitto", "rel-edgewise-test-detect", "rel-edgewise-worker"} <= set(images)
+    unpinned = {n: i for n, i in images.items() if not all(re.search(r"@sha256:[a-f0-9]{64}$", x) for x in i)}
+    assert not unpinned, unpinned
+
+
+@pytest.mark.parametrize("sets, worker, gateway", [
+    (("worker.profile=cpu", f"image.digest={DIGEST_A}"), f"0.1.0@{DIGEST_A}", f"0.1.0@{DIGEST_A}"),
+    # a tag already ending in -cuda is one image everywhere: one digest
+    (("image.tag=0.2.0-cuda", f"image.digest={DIGEST_A}"), f"0.2.0-cuda@{DIGEST_A}", f"0.2.0-cuda@{DIGEST_A}"),
+    # only the GPU workers pinned
+    ((f"image.cudaDigest={DIGEST_C}",), f"0.1.0-cuda@{DIGEST_C}", "0.1.0"),
+    ((f"image.cudaDigest={DIGEST_C}", "worker.profile=cpu"), "0.1.0", "0.1.0"),
+], ids=["cpu", "tag-already-cuda", "gpu-workers-only", "cuda-digest-unused-on-cpu"])
+def test_image_digest_follows_the_image_each_pod_runs(sets: tuple, worker: str, gateway: str) -> None:
     docs = render(*sets)
     repo = "ghcr.io/edgewise-ai/edgewise:"
     assert _container(docs, "worker")["image"] == repo + worker

@@ -27,11 +27,27 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* Image reference: image.tag (default appVersion); GPU workers run the CUDA build of the
      same release, "<tag>-cuda", a pinned image.tag included (a tag that already ends in
-     -cuda is kept as it is). */}}
+     -cuda is kept as it is). With a digest the reference is <repository>:<tag>@sha256:...,
+     which the runtime pulls by digest (the tag is only for people): image.digest for the
+     image itself, image.cudaDigest for the "<tag>-cuda" image the chart derives for GPU
+     workers (another image, so another digest; validate.yaml asks for it when image.digest
+     is set). */}}
 {{- define "edgewise.image" -}}
 {{- $tag := .root.Values.image.tag | default .root.Chart.AppVersion -}}
-{{- if and .gpu (not (hasSuffix "-cuda" $tag)) -}}{{- $tag = printf "%s-cuda" $tag -}}{{- end -}}
+{{- $digest := .root.Values.image.digest -}}
+{{- if and .gpu (not (hasSuffix "-cuda" $tag)) -}}
+{{- $tag = printf "%s-cuda" $tag -}}
+{{- $digest = .root.Values.image.cudaDigest -}}
+{{- end -}}
 {{- printf "%s:%s" .root.Values.image.repository $tag -}}
+{{- with $digest -}}@{{ . }}{{- end -}}
+{{- end -}}
+
+{{/* "true" when GPU workers run the "<tag>-cuda" image the chart derives (worker.profile=gpu
+     and an image.tag not already ending in -cuda): an image other than the gateway's. */}}
+{{- define "edgewise.derivedCudaImage" -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{- if and (eq .Values.worker.profile "gpu") (not (hasSuffix "-cuda" $tag)) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Service accounts: the gateway watches EndpointSlices, the autoscaler patches the worker scale.
@@ -51,6 +67,28 @@ app.kubernetes.io/component: {{ .component }}
 {{- else -}}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
+{{- end -}}
+
+{{/* ServiceAccount annotations (workload identity): serviceAccount.annotations on every
+     account the chart creates, under the account's own (serviceAccount.gateway.annotations or
+     serviceAccount.autoscaler.annotations), which win on a key both set; empty when there are
+     none. Args: root, account. */}}
+{{- define "edgewise.serviceAccountAnnotations" -}}
+{{- $own := dig .account "annotations" (dict) .root.Values.serviceAccount -}}
+{{- $annotations := merge (dict) ($own | default dict) (.root.Values.serviceAccount.annotations | default dict) -}}
+{{- with $annotations }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* autoscaling.keda.query as the ScaledObject gets it. It is never rendered as a template:
+     tpl would let a values file call lookup (read Secrets with the installer's rights),
+     include, env and the rest. Its two placeholders, {{ .Release.Namespace }} and
+     {{ .Release.Name }} (spaces inside the braces optional), are replaced as plain text;
+     validate.yaml refuses a query with any other {{ left. */}}
+{{- define "edgewise.kedaQuery" -}}
+{{- $q := .Values.autoscaling.keda.query -}}
+{{- $q = regexReplaceAllLiteral "\\{\\{\\s*\\.Release\\.Namespace\\s*\\}\\}" $q .Release.Namespace -}}
+{{- $q = regexReplaceAllLiteral "\\{\\{\\s*\\.Release\\.Name\\s*\\}\\}" $q .Release.Name -}}
+{{- $q -}}
 {{- end -}}
 
 {{/* Container security: non-root, read-only root FS, no capabilities, RuntimeDefault seccomp. */}}
