@@ -6,7 +6,7 @@ flashing one device, or ``/`` on a running device. Written there, each file atom
 | file | mode | owner | holds |
 |---|---|---|---|
 | ``etc/edgewise/edge.yaml`` | 0640 | root:edgewise | settings: device id, endpoints, certificate paths (no secret) |
-| ``etc/default/edgewise-edge`` | 0600 | root:root | ``EDGEWISE_EDGE__CLOUD__TOKEN=...``: systemd reads it as root (``EnvironmentFile=``) and hands it to the daemon only |
+| ``etc/default/edgewise-edge`` | 0600 | root:root | ``EDGEWISE_EDGE__CLOUD__TOKEN=...``: systemd reads it as root (``EnvironmentFile=``) and hands it to the daemon only (``env_value`` writes it) |
 | ``etc/edgewise/tls/ca.pem``, ``client.pem`` | 0644 | root:root | CA bundle, client certificate |
 | ``etc/edgewise/tls/client.key`` | 0640 | root:edgewise | client key, readable by the daemon's group |
 
@@ -35,14 +35,19 @@ import yaml
 from edge.settings import SCHEMA
 from edge.tlsfiles import certificate_warnings, check_ca, check_pair
 from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.ids import bearer_token_problem
 
 CONFIG = "etc/edgewise/edge.yaml"
 ENV_FILE = "etc/default/edgewise-edge"
 TLS_DIR = "etc/edgewise/tls"
 TOKEN_VAR = "EDGEWISE_EDGE__CLOUD__TOKEN"
 GROUP = "edgewise"
-#: what an EnvironmentFile= value may hold without quoting (systemd.exec(5))
-_TOKEN_RE = re.compile(r"[A-Za-z0-9._~+/=:-]+")
+#: A value of the environment file that means the same, unquoted, to each of its readers:
+#: systemd (``EnvironmentFile=``, systemd.exec(5)), a POSIX shell that sources it (the package's
+#: postinst) and ``docker run --env-file`` (the L4T container), which takes the line literally,
+#: quotes and backslashes included. ``~`` is not one: a shell expands it at the start of a value
+#: or after a ``:``.
+_LITERAL_VALUE = re.compile(r"[A-Za-z0-9._+/=:-]+")
 
 
 def register(subparsers: Any) -> None:
@@ -85,13 +90,30 @@ def _read(path: str, what: str) -> bytes:
 
 
 def read_token(path: str) -> str:
+    """The token in ``path`` without surrounding blanks (a file's last newline), checked by the
+    rule of the gateway's device tokens and the daemon's ``cloud.token``
+    (``edgewise.ids.bearer_token_problem``): every token the gateway takes can be provisioned."""
     token = _read(path, "--token-file").decode("utf-8", "replace").strip()
     if not token:
         raise InvalidInputError(f"--token-file {path}: is empty")
-    if not _TOKEN_RE.fullmatch(token):
-        raise InvalidInputError(f"--token-file {path}: the token may hold only letters, digits and ._~+/=:- "
-                                "(one line, no spaces or quotes)")
+    bad = bearer_token_problem(token)
+    if bad:
+        raise InvalidInputError(f"--token-file {path}: the token {bad}")
     return token
+
+
+def env_value(value: str) -> str:
+    """``value`` (one line) as the right side of a line of the environment file, read back as
+    ``value`` by systemd (``EnvironmentFile=``) and by a POSIX shell that sources the file: as
+    it is where it has only ``_LITERAL_VALUE`` characters (so ``docker run --env-file``, which
+    takes it literally, reads it too), else in single quotes, each ``'`` in it written ``"'"``
+    between two quoted runs (``'it'"'"'s'``). Within single quotes every character is itself to
+    both, and both join quoted runs into one value. Double quotes alone would not do: systemd
+    245 (JetPack 5.1) keeps the backslash of ``\\\\``, ``\\$`` and ``\\` `` in them, where a shell
+    and systemd from 247 drop it."""
+    if _LITERAL_VALUE.fullmatch(value):
+        return value
+    return "\"'\"".join(f"'{run}'" if run else "" for run in value.split("'"))
 
 
 def group_id(root: Path, name: str = GROUP) -> Optional[int]:
@@ -281,7 +303,7 @@ def _env_file(existing: Path, token: Optional[str]) -> bytes:
     if not lines:
         lines = ["# Environment of edgewise-edge.service (root only: systemd reads it before dropping privileges)."]
     if token is not None:
-        lines.append(f"{TOKEN_VAR}={token}")
+        lines.append(f"{TOKEN_VAR}={env_value(token)}")
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -312,6 +334,11 @@ def provision(args: argparse.Namespace) -> List[Tuple[Path, int, int]]:
     plan.append((root / CONFIG, (head + yaml.safe_dump(tree, sort_keys=False)).encode(), 0o640, gid))
     if token or (args.new_device and _token_line(root)):
         plan.append((root / ENV_FILE, _env_file(root / ENV_FILE, token), 0o600, 0))
+        if token and env_value(token) != token:
+            print(f"note: the token is written in quotes in {root / ENV_FILE}, as systemd and sh read it; "
+                  "`docker run --env-file` would pass the quotes on as part of the token, so for the L4T "
+                  f"container pass it with `-e {TOKEN_VAR}` from a shell that sourced the file "
+                  "(deploy/jetson/README.md, \"L4T container\")", file=sys.stderr)
     remove = _client_files(root) if args.new_device and not args.cert else []
     _write_all(root, plan, remove)
     return [(path, mode, owner_gid) for path, _, mode, owner_gid in plan]

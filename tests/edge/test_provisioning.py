@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ import yaml
 from edge import provisioning as PV
 from edge.settings import load_settings
 from edgewise.cli import main
+from edgewise.ids import bearer_token_problem
 from tests.cloud.gateway.pki import Pki
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +42,8 @@ def test_writes_config_token_and_certificates_with_their_modes(rootfs: Path, tmp
                  "--token-file", str(tmp_path / "token"), "--ca", str(tmp_path / "ca.pem"),
                  "--cert", str(tmp_path / "dev.pem"), "--key", str(tmp_path / "dev.key"),
                  "--set", "streams.0.fps=10", "--set", "metrics.tegrastats=off"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "--env-file" not in err  # unquoted, so docker run --env-file reads it too
     cfg = rootfs / "etc/edgewise/edge.yaml"
     env = rootfs / "etc/default/edgewise-edge"
     assert _mode(cfg) == 0o640 and _mode(env) == 0o600
@@ -80,7 +85,7 @@ def test_the_edgewise_group_of_a_running_device_and_a_second_run_keeps_other_env
     (["--endpoint", "gw:1", "--token-file", "/nonexistent"], "--token-file /nonexistent: cannot be read"),
     (["--endpoint", "gw:1", "--ca", "__EMPTY__"], "cannot be used as a CA bundle"),
     (["--endpoint", "gw:1", "--cert", "__CERT__", "--key", "__OTHER_KEY__"], "is not the key of --cert"),
-    (["--endpoint", "gw:1", "--token-file", "__SPACES__"], "the token may hold only"),
+    (["--endpoint", "gw:1", "--token-file", "__SPACES__"], "the token holds a blank, control or non-ASCII"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(rootfs: Path, tmp_path: Path, capsys, extra, needle) -> None:
     (tmp_path / "empty").write_text("")
@@ -199,3 +204,78 @@ def test_one_rootfs_provisioned_per_device_in_turn_never_carries_the_last_ones_i
     assert s.device_id == "cam-19" and s.cloud.endpoints == ["gw2.plant.lan:50051"]
     with pytest.raises(SystemExit):  # one or the other (argparse's usage error)
         main(base + ["--new-device", "--keep-identity"])
+
+
+
+def _need(tool: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        pytest.fail(f"{tool} is not installed; `make test` installs it with apt-get")
+    return path
+
+
+def systemd_reads(env_file: Path, tmp: Path) -> str:
+    """The token as systemd reads ``env_file``. systemd reads an ``EnvironmentFile=`` and an
+    os-release file with one parser (src/basic/env-file.c, ``parse_env_file_internal``), and no
+    service manager runs here: so the file, its token line named ``ID``, is a root's os-release,
+    and systemd-tmpfiles writes that ID (its ``%o`` specifier) into a file."""
+    root = tmp / "systemd-root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/os-release").write_text(env_file.read_text().replace(PV.TOKEN_VAR + "=", "ID=", 1))
+    (tmp / "read.conf").write_text("f /token 0600 - - - %o\n")
+    subprocess.run([_need("systemd-tmpfiles"), f"--root={root}", "--create", str(tmp / "read.conf")], check=True,
+                   capture_output=True)
+    return (root / "token").read_text()
+
+
+def sh_reads(env_file: Path) -> str:
+    """The token as the package's postinst reads ``env_file``: sourced by /bin/sh with ``set -a``."""
+    proc = subprocess.run(["/bin/sh", "-c", f'set -a; . "$1"; set +a; printf %s "${PV.TOKEN_VAR}"', "sh",
+                           str(env_file)], capture_output=True, text=True, env={"HOME": "/home-of-sh"}, check=True)
+    return proc.stdout
+
+
+ALL_PRINTABLE = "".join(chr(c) for c in range(0x21, 0x7F))
+
+
+@pytest.mark.parametrize("token", [
+    "!", "~", ALL_PRINTABLE, ALL_PRINTABLE[::-1],  # the ends of the gateway's set, all of it
+    '"', "'", "\\", "$", "`", "abc\\", "\\n", 'a"b\'c', "$HOME", "${HOME}", "$(id)", "`id`",  # quotes, escapes, expansions
+    "~root", "a:~/b", "#not-a-comment", ";x", "%h%n%%",  # a tilde prefix, a comment, a separator, specifiers
+])
+def test_every_token_the_gateway_takes_is_provisioned_and_read_back_as_it_is(rootfs: Path, tmp_path: Path, capsys,
+                                                                            token: str) -> None:
+    """The gateway takes any printable ASCII token without blanks (``bearer_token_problem``);
+    provisioning took letters, digits and ``._~+/=:-`` only, and wrote them unquoted, so a
+    shell sourcing the file (the postinst) expanded ``~root`` and ``a:~/b``. A token with other
+    characters is written in single quotes (a ``'`` between quoted runs, in double quotes):
+    systemd (its own parser) and /bin/sh read back the very token, and the daemon's loader takes
+    it. No backslash is written: in double quotes systemd 241-246 (JetPack 5.1 has 245) keeps
+    the one before ``\\``, ``$`` and a backquote, where the shell and this systemd (252) drop it.
+    Docker's ``--env-file`` would keep the quotes: provisioning says what to do instead."""
+    assert bearer_token_problem(token) is None  # the gateway would take it
+    (tmp_path / "token").write_text(token + "\n")
+    assert main(["edge", "provision", "--root", str(rootfs), "--endpoint", "gw:1", "--token-file",
+                 str(tmp_path / "token")]) == 0
+    env = rootfs / "etc/default/edgewise-edge"
+    line = env.read_text().splitlines()[-1]
+    assert re.fullmatch(PV.TOKEN_VAR + r"""=(?:'[^']*'|"'")+""", line), line  # single quotes, "'" between
+    assert systemd_reads(env, tmp_path) == token
+    assert sh_reads(env) == token
+    s = load_settings(str(rootfs / "etc/edgewise/edge.yaml"), env={PV.TOKEN_VAR: sh_reads(env)})
+    assert s.cloud.token == token
+    err = capsys.readouterr().err
+    assert "`docker run --env-file` would pass the quotes on" in err and f"-e {PV.TOKEN_VAR}" in err
+
+
+@pytest.mark.parametrize("token", ["a b", "tab\there", "caf\u00e9", "del\x7f", "ctl\x01x", "cr\rlf"])
+def test_a_token_the_gateway_refuses_is_refused_with_the_gateways_reason(rootfs: Path, tmp_path: Path, capsys,
+                                                                        token: str) -> None:
+    """Provisioning refuses what the gateway refuses (one rule, ``edgewise.ids``), and says why."""
+    assert bearer_token_problem(token) is not None
+    (tmp_path / "token").write_bytes(token.encode())
+    assert main(["edge", "provision", "--root", str(rootfs), "--endpoint", "gw:1", "--token-file",
+                 str(tmp_path / "token")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"edgewise: error: --token-file {tmp_path / 'token'}: the token {bearer_token_problem(token)}"
+    assert not (rootfs / "etc/default").exists()
