@@ -71,7 +71,9 @@ class MeteredTransport:
 
 
 #: The largest answer the edge takes from the cloud, bytes, over either transport (gRPC's
-#: receive limit; the MQTT transport refuses a larger response the same way).
+#: receive limit; the MQTT transport refuses a larger response the same way, and announces
+#: this and room for the headers as its Maximum Packet Size, ``edge.transports.mqtt.receive_limit``,
+#: so the broker does not send it a larger packet at all).
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
 #: The most characters of the cloud's ``error`` text (or a gRPC status's details) that reach
 #: a record or a log line; control characters are escaped (``printable``).

@@ -22,6 +22,13 @@ is where the broker's answers are read:
   with a PUBACK "Packet too large" (0x95), a code MQTT 5.0 lists for CONNACK and
   DISCONNECT only; paho would call that a malformed packet and reconnect, and send
   the message again, forever: ``edgewise.mqtt_client.Client`` takes it as the refusal it is;
+* the edge announces the largest packet it takes in its CONNECT (*Maximum Packet Size*,
+  ``receive_limit``): the largest answer, ``MAX_ANSWER_BYTES`` (the gRPC transport's receive
+  limit), and room for its topic and properties. The broker discards a larger packet instead
+  of sending it (MQTT 5.0 section 3.1.2.11.4; Mosquitto does), so no one who can publish to
+  this device's response topic can make the edge read and hold hundreds of MB (MQTT allows
+  256 MiB); the escalation it answers times out and spools. An answer over
+  ``MAX_ANSWER_BYTES`` that fits the packet still comes, and is refused with its reason;
 * a broker that takes QoS 0 only (its CONNACK's *Maximum QoS*, Mosquitto ``max_qos 0``)
   drops a client that publishes at QoS 1 ("QoS not supported"), and paho would send the
   message again after every reconnect, once a second, for good: every publish is then a
@@ -84,6 +91,18 @@ PACKET_TOO_LARGE = 0x95
 QOS_NOT_SUPPORTED = 0x9B
 SESSION_TAKEN_OVER = 0x8E
 CLIENT_ID_NOT_VALID = 0x85
+#: Room for an answer's topic and properties (its topic, correlation data and content type:
+#: at most 64 KiB each in MQTT) on top of its payload, in the largest packet the edge takes.
+ANSWER_HEADER_ROOM = 256 * 1024
+
+
+def receive_limit() -> int:
+    """The Maximum Packet Size the edge announces in its CONNECT: the largest answer it reads
+    (``MAX_ANSWER_BYTES``, the one rule of an answer's size) and room for its headers. Nothing
+    else comes to the edge over MQTT: its only subscription is its response topic."""
+    return MAX_ANSWER_BYTES + ANSWER_HEADER_ROOM
+
+
 #: Random hex digits after the device id in the edge's client id.
 CLIENT_ID_SUFFIX_HEX = 8
 #: How long the broker keeps the session of an edge with the MQTT sink while the daemon is
@@ -245,6 +264,8 @@ class MqttConnection:
         self.lock = threading.Lock()
         self.stopping = False
         self.max_packet_size = PROTOCOL_MAX_PACKET  # the broker's, from its last CONNACK
+        #: the largest packet the broker may send us, announced in CONNECT (``receive_limit``)
+        self.receive_limit = receive_limit()
         self.max_qos = 2  # the broker's Maximum QoS, from its last CONNACK
         self.last_error = ""  # why the last connection attempt failed ("" once connected)
         self._waiting: Dict[int, Tuple[str, Optional[OnDone], str]] = {}  # mid -> (topic, on_done, after)
@@ -282,13 +303,15 @@ class MqttConnection:
     def start(self) -> None:
         # connect_async + loop_start: the first connection and every reconnect
         # happen in paho's thread, so a broker that is down never blocks us.
+        # paho sends the same CONNECT properties at every reconnect.
+        props = Properties(PacketTypes.CONNECT)
+        props.MaximumPacketSize = self.receive_limit
         if self.session_expiry_s > 0:
-            props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = self.session_expiry_s
             self.client.connect_async(self.host, self.port, keepalive=self.keepalive_s, clean_start=False,
                                       properties=props)
         else:
-            self.client.connect_async(self.host, self.port, keepalive=self.keepalive_s)
+            self.client.connect_async(self.host, self.port, keepalive=self.keepalive_s, properties=props)
         self.client.loop_start()
 
     @property

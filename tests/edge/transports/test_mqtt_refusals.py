@@ -20,7 +20,7 @@ import re
 import threading
 import time
 import uuid
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import paho.mqtt.client as mqtt
@@ -463,3 +463,75 @@ def test_a_refused_subscription_to_the_answers_is_an_error_naming_the_topic(capl
     assert line.startswith("MQTT broker broker.example:1883 refused the subscription to edgewise/cam-1/response/# "
                            "(Not authorized)") and "ACL must let this device's user read it" in line
     assert conn._subscribing == {}
+
+
+class SizedResponder(Responder):
+    """A responder that answers request ``seq`` with ``payloads[seq]`` (raw bytes), and the
+    others with an OK ``DetectResponse``."""
+
+    def __init__(self, broker: Broker, payloads: Dict[int, bytes]) -> None:
+        self.payloads = payloads
+        super().__init__(broker)
+
+    def _answer(self, c, u, msg):
+        req = detect_pb2.DetectRequest.FromString(msg.payload)
+        if req.frame_seq not in self.payloads:
+            return super()._answer(c, u, msg)
+        props = Properties(PacketTypes.PUBLISH)
+        props.CorrelationData = msg.properties.CorrelationData
+        c.publish(msg.properties.ResponseTopic, self.payloads[req.frame_seq], qos=1, properties=props)
+
+
+def test_the_edge_announces_the_largest_answer_it_takes_and_the_broker_sends_it_nothing_larger(monkeypatch, caplog):
+    """The edge announced no Maximum Packet Size in its CONNECT, so a broker sent it packets of
+    any size MQTT allows (256 MiB: whoever may publish to its response topic could make it read
+    and hold that much). It announces ``receive_limit()``: the largest answer
+    (``MAX_ANSWER_BYTES``, made small here so the test sends little) and room for the headers.
+    Mosquitto keeps a larger packet from it: that escalation times out (a spoolable failure),
+    the connection stays up and the next answers come. A packet of exactly the limit is
+    delivered, and refused for its size with its reason, as before."""
+    import edge.transports.mqtt as M
+
+    monkeypatch.setattr(M, "MAX_ANSWER_BYTES", 4096)
+    limit = M.receive_limit()
+    assert limit == 4096 + M.ANSWER_HEADER_ROOM
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with configured_mosquitto() as broker:  # no limits of its own: 256 MiB
+        conn = connected(broker, "cam-1-rx")
+        assert conn.receive_limit == limit
+        topic = mqtt_topics.response_topic("edgewise", "cam-1", conn.client_id)
+
+        def payload_of_packet(size: int) -> bytes:
+            """Bytes whose answer is a PUBLISH packet of ``size`` bytes (16 bytes of correlation data)."""
+            props = Properties(PacketTypes.PUBLISH)
+            props.CorrelationData = b"c" * 16
+            data = b"\0" * (size - publish_packet_size(topic, b"", props))
+            while publish_packet_size(topic, data, props) > size:  # the length field grew
+                data = data[:-1]
+            assert publish_packet_size(topic, data, props) == size
+            return data
+
+        # limit + 2: Mosquitto 2.0 measures a packet without its first byte (packet__check_oversize),
+        # so it still sends one of limit + 1
+        responder = SizedResponder(broker, {1: payload_of_packet(limit), 2: payload_of_packet(limit + 2)})
+        try:
+            async def run():
+                t = MqttTransport(conn, "cam-1")
+                await t.start()
+                await first_answer(t)
+                with pytest.raises(TransportError) as at_limit:  # delivered, refused for its size
+                    await t.detect(request(1), 5.0)
+                with pytest.raises(TransportError) as over:  # not delivered at all
+                    await t.detect(request(2), 2.0)
+                after = await t.detect(request(3), 5.0)
+                await t.close()
+                return at_limit.value, over.value, after
+            at_limit, over, after = asyncio.run(run())
+        finally:
+            conn.stop()
+            responder.close()
+    assert at_limit.status == detect_pb2.INVALID_ARGUMENT, at_limit
+    assert "over the 4096 bytes an answer may have" in at_limit.message
+    assert over.status == detect_pb2.DEADLINE_EXCEEDED and over.spoolable, over
+    assert after.frame_seq == 3
+    assert not warnings_with(caplog, "disconnected")
