@@ -15,18 +15,27 @@ timeout, and the daemon's SIGTERM with it. So the client's connections are track
 down, which ends any read in progress; the call is then unavailable, like a timeout. (Leaving
 the call to a daemon thread instead aborted the process at exit: a daemon thread that wakes
 while the interpreter finalizes calls ``pthread_exit``, which aborts on this CPython.)
+
+An API server that sheds load (429 Too Many Requests from its max-in-flight limit or API
+Priority and Fairness, a 5xx while it starts or stops) says in ``Retry-After`` when to come
+back: the call fails with :class:`ThrottledError`, whose ``wait_s`` (``retry_after_s``, at most
+``RETRY_AFTER_MAX_S``) the loop waits before its next tick, as client-go does (429 and 5xx).
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import json
 import logging
+import re
 import socket
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timezone
 from typing import Any, Protocol
 
 from edgewise.errors import ConfigError, UnavailableError
@@ -39,6 +48,72 @@ class ScaleConflictError(UnavailableError):
 
     An expected outcome of optimistic concurrency, not a fault: nothing was overwritten, and the
     next tick re-reads and decides again."""
+
+
+#: The longest the API server's ``Retry-After`` holds the autoscaler's next call back, seconds.
+#: An API server asks for a second or a few; a larger value (a proxy's, a clock that is off
+#: for an HTTP date) would stop scaling for as long, so one call a minute goes out at most:
+#: no load on a server that sheds it.
+RETRY_AFTER_MAX_S = 60.0
+_DELAY_SECONDS = re.compile(r"[0-9]+")
+
+
+def retry_after_s(value: str | None, now: float) -> float | None:
+    """The seconds a ``Retry-After`` header ``value`` asks to wait (RFC 9110 section 10.2.3:
+    delay-seconds, or an HTTP date, counted from the wall clock ``now``, ``time.time()``; a date
+    past is 0); None when there is none, or it is neither."""
+    if value is None:
+        return None
+    text = value.strip()
+    if _DELAY_SECONDS.fullmatch(text):
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, as an HTTP date always is
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, when.timestamp() - now)
+
+
+class ThrottledError(UnavailableError):
+    """The API server shed the call (429, or a 5xx with ``Retry-After``); the next call waits
+    ``wait_s`` seconds (0: at the next tick as usual)."""
+
+    def __init__(self, message: str, wait_s: float) -> None:
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
+def _header(headers: Any, name: str) -> str | None:
+    """Header ``name`` of an ``ApiException`` (urllib3's case-insensitive dict, or a plain one)."""
+    if not isinstance(headers, Mapping):
+        return None
+    value = headers.get(name)
+    if value is None:
+        value = next((v for k, v in headers.items() if str(k).lower() == name.lower()), None)
+    return None if value is None else str(value)
+
+
+def throttled(where: str, status: int, reason: str, retry_after: str | None,
+              now: float) -> ThrottledError | None:
+    """The :class:`ThrottledError` of an answer ``status`` whose ``Retry-After`` header is
+    ``retry_after`` (``where``: the call, for the message), or None: not one that sheds load
+    (429, or a 5xx that says when to come back)."""
+    asked = retry_after_s(retry_after, now)
+    if status != 429 and not (status >= 500 and asked is not None):
+        return None
+    said = f"{where}: API server answered {status} {reason}"
+    if asked is None:
+        unread = f" (its Retry-After {retry_after[:40]!r} is neither seconds nor an HTTP date: ignored)" \
+            if retry_after is not None else " without a Retry-After"
+        return ThrottledError(f"{said}{unread}; the next tick tries again. If it lasts, the API server sheds "
+                              "load: check its flow control (apiserver_flowcontrol_rejected_requests_total)", 0.0)
+    wait = min(asked, RETRY_AFTER_MAX_S)
+    capped = f", more than the {RETRY_AFTER_MAX_S:g} s the autoscaler waits at most" if asked > wait else ""
+    return ThrottledError(f"{said} and asks to retry after {asked:g} s (Retry-After){capped}: the next call waits "
+                          f"{wait:g} s. If it lasts, the API server sheds load: check its flow control "
+                          "(apiserver_flowcontrol_rejected_requests_total)", wait)
 
 
 @dataclass(frozen=True)
@@ -142,6 +217,9 @@ class DeploymentScale:
             if status == 403:
                 return ConfigError(f"{verb} {what}: forbidden (403); the service account needs "
                                    "get/patch on deployments/scale in that namespace")
+            shed = throttled(f"{verb} {what}", status, exc.reason, _header(exc.headers, "Retry-After"), time.time())
+            if shed is not None:
+                return shed
             return UnavailableError(f"{verb} {what}: API server answered {status} {exc.reason}")
         from urllib3.exceptions import MaxRetryError, NewConnectionError
         from urllib3.exceptions import TimeoutError as Urllib3Timeout

@@ -17,7 +17,9 @@ Each tick (every ``interval_s``, like HPA's 15 s sync period):
 3. Read the Deployment's scale, :meth:`Scaler.decide`, patch if it changed.
 
 Nothing here crashes the daemon: a failed poll, read or patch is logged,
-counted and retried on the next tick.
+counted and retried on the next tick; one the API server shed with a
+``Retry-After`` (``ThrottledError``) at the next tick that comes after it
+(:func:`next_tick_in`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from cloud.autoscaler.kube import ScaleConflictError, ScaleTarget
+from cloud.autoscaler.kube import ScaleConflictError, ScaleTarget, ThrottledError
 from cloud.autoscaler.scaling import Decision, PoolSample, Scaler
 from edgewise.errors import EdgewiseError, InvalidInputError
 from edgewise.observability import process_registry
@@ -315,6 +317,13 @@ class GatewayPoller:
         return aggregate(pools, expected, now, self.arrivals.observe(pools, now))
 
 
+def next_tick_in(interval_s: float, elapsed_s: float, retry_after_s: float = 0.0) -> float:
+    """Seconds from the end of a tick that took ``elapsed_s`` to the next one: the rest of the
+    interval, or, when the API server shed a call of the tick, the wait it asked for
+    (``ThrottledError.wait_s``, already bounded), whichever is longer."""
+    return max(0.0, interval_s - elapsed_s, retry_after_s)
+
+
 class AutoscalerLoop:
     """One decision per tick; ``tick`` is the unit tests drive."""
 
@@ -329,19 +338,33 @@ class AutoscalerLoop:
         self.interval_s = interval_s
         self.clock = clock
         self.decisions: list[Decision] = []  # last few, for tests and debugging
+        #: what the API server asked the last tick to wait before the next call (its Retry-After)
+        self.retry_after_s = 0.0
         self._stop = asyncio.Event()
+
+    def _api_failed(self, op: str, exc: EdgewiseError) -> None:
+        """Count and log a failed read or patch of the scale. A conflict (someone else scaled)
+        and a call the API server shed are expected: warnings; a shed one's ``Retry-After``
+        holds the next tick back."""
+        self.metrics.apply_errors.labels(op).inc()
+        if isinstance(exc, ThrottledError):
+            self.retry_after_s = max(self.retry_after_s, exc.wait_s)
+        if isinstance(exc, (ScaleConflictError, ThrottledError)):
+            log.warning("autoscaler: %s", exc)
+        else:
+            log.error("autoscaler: %s", exc)
 
     async def tick(self) -> Decision | None:
         # The sample is stamped with the moment the gateways were asked (the oldest its numbers
         # can be) and the decision takes a fresh reading after the poll and the scale read, so
         # a slow poll or a hung API server ages the sample and stale_after_s holds the decision.
+        self.retry_after_s = 0.0
         asked = self.clock()
         sample = await self.poller.poll(asked)
         try:
             state = await asyncio.to_thread(self.target.read)
         except EdgewiseError as exc:
-            log.error("autoscaler: %s", exc)
-            self.metrics.apply_errors.labels("read").inc()
+            self._api_failed("read", exc)
             return None
         now = self.clock()
         d = self.scaler.decide(now, state.spec_replicas, sample)
@@ -363,13 +386,8 @@ class AutoscalerLoop:
         if d.desired != d.current:
             try:
                 applied = await asyncio.to_thread(self.target.apply, d.desired, state, d.reason)
-            except ScaleConflictError as exc:  # a concurrent change: expected, retried next tick
-                log.warning("autoscaler: %s", exc)
-                m.apply_errors.labels("patch").inc()
-                return d
-            except EdgewiseError as exc:
-                log.error("autoscaler: %s", exc)
-                m.apply_errors.labels("patch").inc()
+            except EdgewiseError as exc:  # a concurrent change (409) among them: retried next tick
+                self._api_failed("patch", exc)
                 return d
             if applied:
                 self.scaler.record_scale(now, d.current, d.desired)
@@ -383,7 +401,7 @@ class AutoscalerLoop:
                 await self.tick()
             except Exception:  # a bug in one tick must not stop scaling for good
                 log.exception("autoscaler: tick failed")
-            delay = max(0.0, self.interval_s - (self.clock() - started))
+            delay = next_tick_in(self.interval_s, self.clock() - started, self.retry_after_s)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
 

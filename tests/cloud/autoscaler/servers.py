@@ -3,13 +3,17 @@
 The scale server is the one fake allowed here (no cluster runs on these machines):
 it speaks ``GET``/``PATCH /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale``
 as the API server does (autoscaling/v1 Scale, JSON merge patch, resourceVersion
-precondition -> 409, bearer token -> 401) and records every request.
+precondition -> 409, bearer token -> 401) and records every request. ``shed`` queues
+answers that shed load, as an API server under its max-in-flight limit or API Priority and
+Fairness gives them: ``(status, Retry-After or None[, method])``, each the answer to the next
+request (of that method), before it serves again.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tests.cloud.k8s_http import KubeJsonHandler
@@ -26,6 +30,8 @@ class ScaleAPI:
         self.replicas = replicas
         self.rv = 1
         self.requests = []   # (method, path, headers, body-or-None)
+        self.times = []      # time.monotonic() of each request, as it came
+        self.shed = []       # (status, Retry-After or None[, method]): the next requests' answers
         self.patches = []    # parsed PATCH bodies that were accepted
         self.lock = threading.Lock()
         api = self
@@ -36,6 +42,11 @@ class ScaleAPI:
                 raw = self.rfile.read(n) if n else None
                 with api.lock:
                     api.requests.append((method, self.path, {k.lower(): v for k, v in self.headers.items()}, raw))
+                    api.times.append(time.monotonic())
+                    i = next((i for i, e in enumerate(api.shed) if e[2:] in ((), (method,))), None)
+                    shed = api.shed.pop(i) if i is not None else None
+                if shed is not None:
+                    return self._shed(*shed[:2])
                 if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
                     return self._status(401, "Unauthorized", "Unauthorized")
                 want = f"/apis/apps/v1/namespaces/{api.namespace}/deployments/{api.name}/scale"
@@ -53,6 +64,19 @@ class ScaleAPI:
                         api.rv += 1
                         api.patches.append(body)
                     return self._json(200, api.scale_doc())
+
+            def _shed(self, code, retry_after):
+                # kube-apiserver's answer when it sheds a request (staging/src/k8s.io/apiserver, filters)
+                body = json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                   "reason": "TooManyRequests" if code == 429 else "ServiceUnavailable",
+                                   "message": "too many requests, please try again later", "code": code}).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                if retry_after is not None:
+                    self.send_header("Retry-After", retry_after)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def do_GET(self):
                 self._handle("GET")

@@ -256,6 +256,45 @@ def test_conflict_is_counted_and_retried_next_tick(api, gateways, caplog):
     assert api.replicas == 4
 
 
+@pytest.mark.parametrize("op", ["read", "patch"])
+def test_the_next_call_waits_for_the_retry_after_of_a_shed_one(api, gateways, caplog, op):
+    """The API server shed a read or a patch of the scale (429, Retry-After: 1) and the loop
+    called it again one ``interval_s`` later (0.1 s here), whatever it asked. The next tick now
+    comes no sooner than the Retry-After (the tick's own time is counted in the interval, not in
+    the wait), the shed call is a warning, counted, and the one after it scales."""
+    import time
+
+    from cloud.autoscaler.loop import next_tick_in
+
+    assert next_tick_in(15.0, 2.0) == 13.0 and next_tick_in(15.0, 2.0, 20.0) == 20.0
+    assert next_tick_in(0.1, 0.5) == 0.0
+    caplog.set_level(logging.INFO, logger="cloud.autoscaler")
+    client = build_api_client(KubeAccess(api_server=api.url, token="t0k3n"))
+    cfg = ScalerConfig(min_replicas=1, max_replicas=20, target_utilization=0.7,
+                       scale_down=ScalingRules(60.0, (ScalingPolicy("Percent", 100, 15),)))
+    loop = AutoscalerLoop(Scaler(cfg), DeploymentScale(client, "ns", "edgewise-worker"),
+                          GatewayPoller([g.url for g in gateways], timeout_s=2.0), interval_s=0.1)
+    set_load(gateways, 2, 20, 8)  # 4 replicas wanted
+    method = "GET" if op == "read" else "PATCH"
+    api.shed = [(429, "1", method)]
+
+    async def run():
+        task = asyncio.create_task(loop.run())
+        t0 = time.monotonic()
+        while api.replicas != 4 and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.02)
+        loop.stop()
+        await task
+    asyncio.run(run())
+    assert api.replicas == 4
+    shed_at = next(i for i, r in enumerate(api.requests) if r[0] == method)
+    gap = api.times[shed_at + 1] - api.times[shed_at]
+    assert gap >= 1.0, f"the call after the shed one came {gap:.2f} s later; Retry-After asked for 1 s"
+    assert loop.metrics.apply_errors.labels(op)._value.get() == 1
+    (shed,) = [r for r in caplog.records if "429" in r.getMessage()]
+    assert shed.levelno == logging.WARNING and "the next call waits 1 s" in shed.getMessage()
+
+
 def test_aggregate_sums_load_dedupes_capacity():
     a = parse_pool(pool_doc(3, 12.0, qw=20.0), "gw-a")
     b = parse_pool(pool_doc(3, 6.0, qw=35.0), "gw-b")   # the same 3 workers seen by another replica
