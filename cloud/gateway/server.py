@@ -19,14 +19,16 @@ DetectStreams per device (RESOURCE_EXHAUSTED), and a DetectStream that sends no 
 
 The device tokens are re-read on SIGHUP and, without a signal, when ``auth.tokens_file``
 changes (looked at every ``auth.tokens_poll_s``: a Kubernetes Secret updated by kubelet;
-``cloud.gateway.tokensfile``); both go through ``Gateway.reload_tokens``.
+``cloud.gateway.tokensfile``); both go through ``Gateway.reload_tokens``. The TLS files
+(``tls.cert_file``, ``tls.key_file``, ``tls.client_ca_file``) are looked at on new connections
+(at most once a second) and a renewed certificate or client CA is served to new connections
+without a signal or a restart (``cloud.gateway.tlsreload``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import functools
 import logging
 import signal
@@ -47,7 +49,7 @@ from cloud.gateway.http import SidePort
 from cloud.gateway.mqtt_bridge import MqttBridge
 from cloud.gateway.pool import WorkerPool
 from cloud.gateway.settings import GatewaySettings, quote_id
-from cloud.gateway.tlsfiles import load_server_files
+from cloud.gateway.tlsreload import ServedTlsFiles
 from cloud.gateway.tokensfile import Change, FileWatch
 from edgewise import hangup, status
 from edgewise.errors import ConfigError, InvalidInputError
@@ -251,6 +253,7 @@ class Gateway:
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.bridge: MqttBridge | None = None
+        self.tls_files: ServedTlsFiles | None = None  # with TLS, once started
         # refused authentications are logged, a few per interval (a client can repeat them at will)
         self._auth_log = LogThrottle(10.0, burst=5)
         self._stream_log = LogThrottle(10.0, burst=5)
@@ -456,15 +459,14 @@ class Gateway:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def _credentials(self) -> grpc.ServerCredentials | None:
+        """The TLS files checked (a ConfigError naming them otherwise), and credentials that
+        follow them: a renewed certificate or client CA is served to new connections without a
+        restart (``cloud.gateway.tlsreload``)."""
         tls = self.settings.tls
         if not tls.cert_file:
             return None
-        files = load_server_files(tls.cert_file, tls.key_file, tls.client_ca_file)
-        problem = files.validity_problem(dt.datetime.now(dt.timezone.utc))
-        if problem:
-            log.warning("tls.cert_file %s %s", tls.cert_file, problem)
-        return grpc.ssl_server_credentials([(files.key, files.cert)], root_certificates=files.client_ca,
-                                           require_client_auth=tls.require_client_cert)
+        self.tls_files = ServedTlsFiles(tls.cert_file, tls.key_file, tls.client_ca_file, tls.require_client_cert)
+        return self.tls_files.credentials
 
     async def start(self) -> int:
         """Bind, start serving; returns the bound gRPC port."""

@@ -36,10 +36,14 @@ class TlsSettings:
     """Server TLS. Empty cert_file = plaintext (only for local runs / inside a mesh)."""
 
     cert_file: str = setting("PEM server certificate chain; empty = plaintext (local runs or inside a mesh "
-                             "only).", "")
+                             "only). Followed with `key_file` and `client_ca_file`: looked at on new "
+                             "connections, at most once a second, and a renewed certificate (cert-manager, "
+                             "certbot) is served to new connections without a restart; files that do not "
+                             "pass the start's checks are logged once and the current certificate stays.", "")
     key_file: str = setting("PEM private key of `cert_file`.", "")
     client_ca_file: str = setting("PEM CA bundle that signs client certificates (mTLS; needs `cert_file` and "
-                                  "`key_file`).", "")
+                                  "`key_file`). A rotated bundle is in force for new connections without a "
+                                  "restart, like `cert_file`.", "")
     require_client_cert: bool = setting("mTLS: refuse clients without a valid certificate (needs "
                                         "`client_ca_file`).", False)
     client_identity: str = setting(

@@ -7,7 +7,8 @@ reads the server certificate's validity (RFC 5280 section 4.1.2.5, from the DER 
 minimal walk: no extra dependency) so the gateway can warn about an expired or
 not-yet-valid certificate; clients enforce validity themselves, so the gateway
 warns and serves rather than refusing to start (a fresh certificate and a node
-whose clock is a little behind would otherwise crash-loop).
+whose clock is a little behind would otherwise crash-loop). The same checks decide whether
+files that changed while the gateway runs are served (``cloud.gateway.tlsreload``).
 """
 
 from __future__ import annotations

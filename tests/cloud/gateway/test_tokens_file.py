@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
-from pathlib import Path
 
 import grpc
 
@@ -22,38 +20,9 @@ from cloud.gateway.settings import load_settings
 from cloud.gateway.tokensfile import Change, FileWatch
 from edgewise.filereads import file_identity
 from edgewise.v1 import service_pb2_grpc
+from tests.cloud.gateway.secretvolume import SecretVolume
 from tests.cloud.gateway.workers import TestWorker, request
 from tests.waiting import async_wait_until
-
-
-class SecretVolume:
-    """A folder as kubelet mounts a Secret (``atomic_writer.go``): each key is a link
-    ``<key> -> ..data/<key>``, ``..data`` a link to a timestamped folder holding the files. An
-    update writes the new files into a new timestamped folder, points a new link ``..data_tmp``
-    at it and renames that over ``..data`` (one atomic step), then removes the old folder."""
-
-    def __init__(self, root: Path, files: dict[str, str]) -> None:
-        self.root = root
-        self.version = 0
-        root.mkdir()
-        self.update(files)
-
-    def update(self, files: dict[str, str]) -> None:
-        data = self.root / "..data"
-        old = os.readlink(data) if data.is_symlink() else None
-        self.version += 1
-        new = self.root / f"..2025_06_01_12_00_{self.version:02d}.000000001"
-        new.mkdir()
-        for key, text in files.items():
-            (new / key).write_text(text)
-        tmp = self.root / "..data_tmp"
-        os.symlink(new.name, tmp)
-        os.rename(tmp, data)
-        for key in files:
-            if not (self.root / key).is_symlink():
-                os.symlink(f"..data/{key}", self.root / key)
-        if old is not None:
-            shutil.rmtree(self.root / old)
 
 
 def test_a_kubelet_swap_is_a_change_even_with_the_same_times_and_size(tmp_path):
