@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from cloud.worker.batching import TOO_SHORT_MARK  # a worker's refusal of a too-short deadline
+from cloud.worker.batching import BUSY_MARK, TOO_SHORT_MARK  # a worker's refusals of its own
 from edgewise import status
 from edgewise.settings import Invalid, check, setting
 from edgewise.v1 import detect_pb2
@@ -130,6 +130,21 @@ def refused_too_short(wire_status: int, message: str) -> bool:
     the worker's health (:func:`outcome_of`) and nothing of the others: a faster or less busy
     worker may still make it (:func:`should_retry`)."""
     return status.row(wire_status).status == status.DEADLINE_EXCEEDED and TOO_SHORT_MARK in message
+
+
+def refused_busy(wire_status: int, message: str) -> bool:
+    """Whether a worker's answer is its refusal for its own load (its queue full, its decode
+    budget spent: RESOURCE_EXHAUSTED whose message carries :data:`BUSY_MARK`). With several
+    gateways, each sees only its own share of a worker's load, so a worker may be full while
+    another has room: the request may go there (:func:`should_retry`). A RESOURCE_EXHAUSTED
+    without the mark (gRPC's own, for a message over the size limit) would fail anywhere."""
+    return status.row(wire_status).status == status.RESOURCE_EXHAUSTED and BUSY_MARK in message
+
+
+def refused_here(wire_status: int, message: str) -> bool:
+    """A worker's refusal that is about that worker (:func:`refused_too_short`,
+    :func:`refused_busy`): another may answer, if one may in the time left."""
+    return refused_too_short(wire_status, message) or refused_busy(wire_status, message)
 
 
 _OUTCOMES: dict[int, Outcome] = {
@@ -819,14 +834,15 @@ def wants_retry(wire_status: int, message: str = "", remaining_s: float | None =
 
     * a retryable status (``edgewise.status.RETRYABLE``: UNAVAILABLE);
     * a worker's refusal of a deadline closer than its own batch of one
-      (:func:`refused_too_short`), when ``elsewhere`` says another worker may answer in the
-      time the retry would have (``hop_timeout(remaining_s)``): a faster one, or one with less
-      in flight. Without a worker that may do better it is the client's answer: the next worker
-      would only refuse too, after decoding the image.
+      (:func:`refused_too_short`), or for its own load (:func:`refused_busy`), when
+      ``elsewhere`` says another worker may answer in the time the retry would have
+      (``hop_timeout(remaining_s)``): a faster one, or one with less in flight. Without a
+      worker that may do better it is the client's answer: the next worker would only refuse
+      too.
     """
     if status.is_retryable(wire_status):
         return True
-    if not refused_too_short(wire_status, message) or elsewhere is None:
+    if not refused_here(wire_status, message) or elsewhere is None:
         return False
     return elsewhere(math.inf if remaining_s is None else hop_timeout(remaining_s))
 

@@ -11,8 +11,8 @@ docs/design/balancing.md#a-lean-hop), classifies the
 answer once (``balancing.outcome_of`` of its wire status, a gRPC error being turned
 into the same kind of reply first), and retries once on
 another worker for a retryable status (``edgewise.status``: UNAVAILABLE), or after a worker's
-refusal of a deadline closer than its batch of one when another worker may answer in time
-(``balancing.wants_retry``), within the deadline and the retry budget
+refusal of a deadline closer than its batch of one or for its own load when another worker may
+answer in time (``balancing.wants_retry``), within the deadline and the retry budget
 (docs/design/balancing.md#retries-and-the-retry-budget). When the
 client gives up (the edge cancels, a stream ends), the call to the worker is cancelled in gRPC
 Core rather than through the task awaiting it (that leaks native memory per call in grpc.aio,
@@ -45,7 +45,7 @@ from cloud.gateway.balancing import (
     Ticket,
     hop_timeout,
     outcome_of,
-    refused_too_short,
+    refused_here,
     should_retry,
     wants_retry,
 )
@@ -175,7 +175,7 @@ class WorkerPool:
         tried: list[str] = []
         waited = 0.0
         reply: Reply | None = None
-        in_time = False  # the retry of a refused too-short deadline: only a worker that may make it
+        in_time = False  # the retry after a worker's own refusal: only a worker that may make it
         while True:
             remaining = deadline - time.perf_counter()
             hop = hop_timeout(remaining)  # expires first: the timeout is ours to see, count and answer
@@ -197,7 +197,7 @@ class WorkerPool:
             tried.append(pick.address)
             if not self._retry(reply, tried, deadline - time.perf_counter(), pixels):
                 break
-            in_time = refused_too_short(reply.status, reply.error)
+            in_time = refused_here(reply.status, reply.error)
         total = time.perf_counter() - t_start
         self.metrics.answered(transport, status.name(reply.status), total)
         if waited > 0:

@@ -131,12 +131,12 @@ class LimitSettings:
 @dataclass
 class RetrySettings:
     """One retry on another worker for UNAVAILABLE, or for a worker's refusal of a deadline too
-    short for it when another may make it, bounded by a budget
+    short for it or for its own load when another may make it, bounded by a budget
     (docs/design/balancing.md#retries-and-the-retry-budget)."""
 
     enabled: bool = setting("Retry a request once on another worker after UNAVAILABLE, or after a worker refused "
-                            "its deadline as closer than its batch of one when another worker may answer in the "
-                            "time left (one faster, or less busy).", True)
+                            "its deadline as closer than its batch of one, or refused it for its own load (queue "
+                            "full, decode budget spent), when another worker may answer in the time left.", True)
     budget_ratio: float = setting("Retries at most this fraction of the requests over `window_s`.", 0.2,
                                   lo=0, hi=1)
     min_per_s: float = setting("...but always allow this many retries per second.", 3.0, lo=0)

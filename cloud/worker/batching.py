@@ -73,6 +73,11 @@ from edgewise.errors import DeadlineExceededError, OverloadedError
 #: deadline, not a fault of the worker (cloud.gateway.balancing.outcome_of), so keep it.
 TOO_SHORT_MARK = "send a later deadline"
 
+#: Ends a refusal for this worker's load alone (its queue full, its decode budget spent): the
+#: gateway sends the request on to another worker with room (cloud.gateway.balancing.refused_busy),
+#: so keep it; a RESOURCE_EXHAUSTED without it (a message over the size limit) is not retried.
+BUSY_MARK = "retry on another worker or later"
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -285,8 +290,7 @@ class Batcher(Generic[T]):
         """
         if self._size >= self.policy.max_queue_size:
             raise OverloadedError(
-                f"worker queue full ({self._size}/{self.policy.max_queue_size} requests waiting); "
-                "retry on another worker or later"
+                f"worker queue full ({self._size}/{self.policy.max_queue_size} requests waiting); {BUSY_MARK}"
             )
         need = self.need_s(pixels)
         if deadline is not None and deadline - need <= now:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 
+from cloud.worker.batching import BUSY_MARK
 from edgewise.errors import OverloadedError
 
 
@@ -75,4 +76,4 @@ class PixelBudget:
 
     def _busy(self, pixels: int, why: str) -> str:
         return (f"decode budget full: {self.in_use} of {self.limit} pixels being decoded, this image needs "
-                f"{pixels} ({why}); retry on another worker or later")
+                f"{pixels} ({why}); {BUSY_MARK}")

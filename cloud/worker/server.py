@@ -39,7 +39,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from cloud.binding import add_health, grpc_port, parsed, server_options, socket_port_async
-from cloud.worker.batching import Batch, Batcher, BatchingDecision, decide_batching
+from cloud.worker.batching import BUSY_MARK, Batch, Batcher, BatchingDecision, decide_batching
 from cloud.worker.budget import PixelBudget
 from cloud.worker.metrics import WorkerMetrics
 from cloud.worker.runner import ModelRunner, Prepared
@@ -396,8 +396,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
 
     def _full_message(self) -> str:
         pol = self.batcher.policy
-        return (f"worker queue full ({self.batcher.depth}/{pol.max_queue_size} requests waiting); "
-                "retry on another worker or later")
+        return f"worker queue full ({self.batcher.depth}/{pol.max_queue_size} requests waiting); {BUSY_MARK}"
 
     def _fail(self, job: _Job, failure: EdgewiseError) -> None:
         if not job.future.done():

@@ -87,6 +87,23 @@ def test_a_too_short_refusal_is_retried_only_on_a_worker_that_may_answer_in_time
     assert should_retry(status.UNAVAILABLE, 1, 0.2, 0.005, budget, "", elsewhere(False))  # as before
 
 
+def test_a_workers_refusal_for_its_own_load_is_retried_where_another_has_room():
+    """A worker's queue full or decode budget spent (its mark) goes on to a worker that may
+    answer in time; gRPC's own RESOURCE_EXHAUSTED (a message over the size limit) would fail
+    anywhere and is not retried; the refusal is load on the worker, never a failure."""
+    _, clock = make([1, 1])
+    budget = RetryBudget(ratio=0.0, min_per_s=100.0, window_s=1.0, clock=clock)
+    full = "worker w0: RESOURCE_EXHAUSTED: worker queue full (64/64 requests waiting); retry on another worker or later"
+    spent = ("worker w0: RESOURCE_EXHAUSTED: decode budget full: 9000000 of 9000000 pixels being decoded, this "
+             "image needs 921600 (waited 10 ms); retry on another worker or later")
+    too_big = "worker w0: RESOURCE_EXHAUSTED: Received message larger than max (40000000 vs. 33554432)"
+    for busy in (full, spent):
+        assert should_retry(status.RESOURCE_EXHAUSTED, 1, 0.5, 0.005, budget, busy, lambda within_s: True)
+        assert not should_retry(status.RESOURCE_EXHAUSTED, 1, 0.5, 0.005, budget, busy, lambda within_s: False)
+        assert outcome_of(status.RESOURCE_EXHAUSTED, busy) is Outcome.OVERLOADED
+    assert not should_retry(status.RESOURCE_EXHAUSTED, 1, 0.5, 0.005, budget, too_big, lambda within_s: True)
+
+
 def test_hopeless_uses_the_measured_batch_of_one_round_trip():
     """The reported capacity of a batching worker is its images/s at its batch sizes (1/capacity
     = 2 ms here), far less than the 8 ms a batch of one takes through the hop: deadlines under
