@@ -42,12 +42,13 @@ Speed (a day of one 15 fps camera is 1.3 million records): the parts of a record
 a replay does not read are cut out of the line before it is decoded (:func:`parse`;
 decoding is most of a replay's time); a line the cut does not fit is decoded
 whole. What cannot be used is counted in :class:`Reading`, never silently lost:
-lines that are not JSON objects (a line torn by a crash), records without
+lines that are not JSON objects (a line torn by a crash), lines longer than any record
+(:data:`MAX_LINE`: read on in pieces, so memory never grows with a line), records without
 ``stream``/``frame_seq``/``signals``, records with a field a replay reads of
 another type than docs/records.md gives it (:data:`FIELD_TYPES`), records with a
-number a replay cannot compute with (NaN, an infinity, or beyond +-2**53: :func:`bad_value`)
-or a capture time outside :data:`CAPTURE_MIN_NS`..:data:`CAPTURE_MAX_NS` (a clock not
-yet set), late records (a spooled frame's second record: its decision is in the
+number a replay cannot compute with (NaN, an infinity, or beyond +-2**53, a size or count
+below its least, no frame size, a frame_seq outside 0..2**63 - 1: :func:`bad_value`) or a capture time outside
+:data:`CAPTURE_MIN_NS`..:data:`CAPTURE_MAX_NS` (a clock not yet set), late records (a spooled frame's second record: its decision is in the
 first), duplicates, and records that arrived beyond the reorder window (decided
 where they arrived, best effort).
 """
@@ -95,6 +96,14 @@ REORDER_BUDGET = 65_536
 GZIP_MAGIC = b"\x1f\x8b"
 #: Lines read from the start of a file to find its first capture time (the order of the files).
 HEAD_LINES = 100
+#: The longest line read as a record, in characters. A record is a few KB (a frame's boxes and
+#: signals); a longer line is no record (a file that is not the sink's, a run of NUL bytes a crash
+#: left, ``/dev/zero``): it is read on and dropped in pieces of this size and counted
+#: (:attr:`Reading.too_long`), so a replay's memory does not grow with a line (a 64 MB one took
+#: 260 MB, an endless one all of it, then a MemoryError traceback).
+MAX_LINE = 1 << 20
+#: What :func:`_lines` gives for a line longer than :data:`MAX_LINE`: no JSON, told by identity.
+TOO_LONG = "\0"
 #: Errors of a read that fails part way: a gzip file cut short (EOFError), gzip's magic
 #: followed by junk (``gzip.BadGzipFile``, an OSError) or a corrupt deflate stream
 #: (``zlib.error``), a disk error.
@@ -150,6 +159,14 @@ FIELD_TYPES: Tuple[Tuple[str, FrozenSet[type]], ...] = (
 #: must be finite and at most :data:`MAX_NUMBER` in size (:func:`bad_value`).
 BOUNDED_FIELDS: Tuple[str, ...] = (
     "hardness", "decided_s", "edge_max_score", "width", "height", "edge_boxes", "payload_bytes")
+#: The least value of the sizes and counts of :data:`BOUNDED_FIELDS` (the others may be as low
+#: as ``-MAX_NUMBER``): a negative width or ``payload_bytes`` made the uplink negative, and a
+#: frame of width 0 (or none: every daemon has written its size) sent nothing, so either passed
+#: any ``--max-bytes-per-day`` gate.
+LEAST: Dict[str, int] = {"width": 1, "height": 1, "edge_boxes": 0, "payload_bytes": 0}
+#: One past the largest ``frame_seq``: the daemon's are ``epoch << 32`` plus the frame's number,
+#: never negative, and each stream's are kept as 64-bit integers (:class:`_Released`).
+FRAME_SEQ_END = 1 << 63
 
 
 def wrong_field(doc: Record) -> Optional[str]:
@@ -169,28 +186,43 @@ def wrong_field(doc: Record) -> Optional[str]:
 
 def bad_value(doc: Record) -> Optional[str]:
     """The first field of a record of the documented type (:func:`wrong_field` found none)
-    whose value a replay cannot use; None when all can be used. ``capture_unix_ns`` must be
-    there (taken as 1970, it stretched the stream's span over decades) and lie in
-    [:data:`CAPTURE_MIN_NS`, :data:`CAPTURE_MAX_NS`); each of :data:`BOUNDED_FIELDS` must be
-    a finite number of at most :data:`MAX_NUMBER` in size (JSON ``NaN``, ``Infinity``, ``1e400``
-    and a 400-digit integer are not; a comparison with NaN is false). Runs on every record, so
-    the common case is one expression, and :data:`BOUNDED_FIELDS` are looked at one by one
-    only to name the one that is not."""
+    whose value a replay cannot use; None when all can be used (what each must be:
+    :func:`value_rule`). ``frame_seq`` must lie in [0, :data:`FRAME_SEQ_END`) (a larger one
+    crashed the replay). ``capture_unix_ns`` must be there (taken as 1970, it stretched the
+    stream's span over decades) and lie in [:data:`CAPTURE_MIN_NS`, :data:`CAPTURE_MAX_NS`);
+    each of :data:`BOUNDED_FIELDS` must be a finite number of at most :data:`MAX_NUMBER` in size
+    (JSON ``NaN``, ``Infinity``, ``1e400`` and a 400-digit integer are not; a comparison with
+    NaN is false), and those of :data:`LEAST` not below their least value (``width`` and
+    ``height`` must be there). Runs on every record, so the common case is one expression, and
+    :data:`BOUNDED_FIELDS` are looked at one by one only to name the one that is not."""
     get = doc.get
+    if not 0 <= doc["frame_seq"] < FRAME_SEQ_END:  # an int: frames() skipped the others
+        return "frame_seq"
     cap = get("capture_unix_ns")  # every daemon has written it: a record without it is damaged
     if cap is None or not CAPTURE_MIN_NS <= cap < CAPTURE_MAX_NS:
         return "capture_unix_ns"
     hi = MAX_NUMBER
     lo = -hi
     if (lo <= (get("hardness") or 0) <= hi and lo <= (get("decided_s") or 0) <= hi
-            and lo <= (get("edge_max_score") or 0) <= hi and lo <= (get("width") or 0) <= hi
-            and lo <= (get("height") or 0) <= hi and lo <= (get("edge_boxes") or 0) <= hi
-            and lo <= (get("payload_bytes") or 0) <= hi):
+            and lo <= (get("edge_max_score") or 0) <= hi and 1 <= (get("width") or 0) <= hi
+            and 1 <= (get("height") or 0) <= hi and 0 <= (get("edge_boxes") or 0) <= hi
+            and 0 <= (get("payload_bytes") or 0) <= hi):
         return None
     for name in BOUNDED_FIELDS:
-        if not lo <= (get(name) or 0) <= hi:
+        if not LEAST.get(name, lo) <= (get(name) or 0) <= hi:
             return name
     return None  # pragma: no cover (the expression above is BOUNDED_FIELDS)
+
+
+def value_rule(name: str) -> str:
+    """What a value of the field ``name`` (not ``capture_unix_ns``, which has its own note) must
+    be for :func:`bad_value` to take it, in words: the replay's note on the records it skipped."""
+    if name == "frame_seq":
+        return "an integer from 0 to 2**63 - 1 (the daemon's are epoch << 32 plus the frame's number)"
+    if name in LEAST:
+        return (f"a finite number of at least {LEAST[name]} (NaN, Infinity, too large for a float, "
+                + ("below 1, or missing: every daemon records the frame's size)" if LEAST[name] else "or negative)"))
+    return "a finite number (NaN, Infinity, or too large for a float)"
 
 
 @dataclass
@@ -200,6 +232,7 @@ class Reading:
     files: List[str] = field(default_factory=list)
     lines: int = 0
     not_json: int = 0
+    too_long: int = 0  # lines longer than MAX_LINE: skipped
     not_records: int = 0
     late: int = 0
     duplicates: int = 0
@@ -212,6 +245,22 @@ class Reading:
     bad_values: Dict[str, int] = field(default_factory=dict)   # field -> records skipped for its value
     empty_files: List[str] = field(default_factory=list)
     cut_short: List[str] = field(default_factory=list)  # a note per file whose reading failed part way
+
+
+def _lines(text: IO[str]) -> Iterator[str]:
+    """The lines of ``text``, each at most :data:`MAX_LINE` characters: a longer one is read on
+    to its end in pieces that are dropped, and given as :data:`TOO_LONG`."""
+    readline = text.readline
+    while True:
+        line = readline(MAX_LINE)
+        if len(line) < MAX_LINE or line[-1] == "\n":
+            if not line:
+                return
+            yield line
+            continue
+        while line and line[-1] != "\n":  # the rest of the line, a piece at a time
+            line = readline(MAX_LINE)
+        yield TOO_LONG
 
 
 class _Rejoined(io.RawIOBase):
@@ -300,7 +349,7 @@ class _Source:
         f = self._text()
         lines: List[str] = []
         try:
-            for line in f:
+            for line in _lines(f):
                 lines.append(line)
                 doc = parse(line)
                 if doc.__class__ is dict:
@@ -323,10 +372,10 @@ class _Source:
     def open_lines(self) -> Iterable[str]:
         """The file's lines from its first (a read error may end them: :data:`READ_ERRORS`)."""
         if self.regular:
-            return self._text()
+            return _lines(self._text())
         if self.error is not None or not self._open:
             return self.ahead
-        rest = self._open[0]
+        rest = _lines(self._open[0])
         return chain(self.ahead, rest) if self.ahead else rest
 
     def close(self) -> None:
@@ -504,7 +553,10 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES,
                     n += 1
                     doc = parse(line)
                     if doc.__class__ is not dict:
-                        reading.not_json += 1
+                        if line is TOO_LONG:
+                            reading.too_long += 1
+                        else:
+                            reading.not_json += 1
                         continue
                     sid = doc.get("stream")
                     if (sid.__class__ is not str or doc.get("frame_seq").__class__ is not int

@@ -71,12 +71,14 @@ from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy.deciding import Decision, Escalator, FrameFacts
 from edgewise.policy.digest import policy_digest
 from edgewise.policy.recorded import (
+    MAX_LINE,
     MAX_NUMBER,
     REORDER_BUDGET,
     REORDER_FRAMES,
     Reading,
     Record,
     frames,
+    value_rule,
 )
 from edgewise.policy.schema import Payload, Policy, WholeFrames
 
@@ -652,7 +654,8 @@ def _nothing_usable(r: Replay) -> str:
         why = "; ".join(rd.cut_short) or "the files are empty"
         return f"{files}: no records ({why}); give the edge daemon's JSON Lines sink files (docs/records.md)"
     found = [f"{n} {what}" for n, what in (
-        (rd.not_json, "not JSON objects"), (rd.not_records, "without stream, frame_seq or signals"),
+        (rd.not_json, "not JSON objects"), (rd.too_long, f"longer than {MAX_LINE:,} characters"),
+        (rd.not_records, "without stream, frame_seq or signals"),
         (sum(rd.wrong_types.values()), "with a field of the wrong type: "
          + ", ".join(f"{k} {n}" for k, n in sorted(rd.wrong_types.items()))),
         (sum(rd.bad_values.values()), "with a value that cannot be used: "
@@ -678,6 +681,9 @@ def _notes(r: Replay) -> List[str]:
                      "extrapolated from it")
     if rd.not_json:
         notes.append(f"{rd.not_json} line(s) are not JSON objects (a line torn by a crash?): skipped")
+    if rd.too_long:
+        notes.append(f"{rd.too_long} line(s) are longer than {MAX_LINE:,} characters, which no record is (a file "
+                     "that is not the sink's, or a run of NUL bytes a crash left?): skipped")
     if rd.not_records:
         notes.append(f"{rd.not_records} JSON line(s) lack stream, frame_seq or signals: not frame records, skipped")
     for name, n in sorted(rd.wrong_types.items()):
@@ -687,8 +693,7 @@ def _notes(r: Replay) -> List[str]:
             notes.append(f"{n} record(s) have no capture time, or one before 2000 or after 2200 (a clock not yet "
                          "set, such as a device that starts at 1970 until NTP syncs): skipped")
         else:
-            notes.append(f"{n} record(s) have {name} that is not a finite number (NaN, Infinity, or too large "
-                         "for a float): skipped")
+            notes.append(f"{n} record(s) have {name} that is not {value_rule(name)}: skipped")
     if rd.late:
         notes.append(f"{rd.late} late record(s) (a spooled frame's cloud answer) skipped: "
                      "the frame's decision is in its first record")

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -20,9 +21,9 @@ import pytest
 
 import edgewise
 from edgewise.errors import InvalidInputError
-from edgewise.policy.recorded import BOUNDED_FIELDS, Reading, bad_value, frames
+from edgewise.policy.recorded import BOUNDED_FIELDS, MAX_LINE, Reading, bad_value, frames
 from edgewise.policy.replay import replay
-from edgewise.policy.whatif import table
+from edgewise.policy.whatif import gate_failures, table
 from tests.edgewise.policy.test_replay import (
     BUSY,
     HEAD,
@@ -291,3 +292,71 @@ def test_check_policy_on_a_400_digit_signal_exits_0_with_a_note(tmp_path: Path) 
     rep = report_of(check_policy(tmp_path, [path], spec=LAX_SPEC, name="lax"))
     assert rep["records"]["frames"] == 200 - 10 and rep["sides"][0]["reproduction"]["share"] == 1.0
     assert any("signals or edge facts that are not numbers" in n for n in rep["notes"])
+
+
+# --------------------------------------------------------------------------- frame_seq, sizes and counts
+
+
+@pytest.mark.parametrize("seq", [2**63, 10**30, -1, -(2**40)])
+def test_a_frame_seq_no_daemon_writes_is_skipped_and_said_never_a_crash(tmp_path: Path, seq: int) -> None:
+    """A frame_seq of 2**63 or more crashed the replay (OverflowError: the stream's frame_seqs are
+    64-bit integers); a negative one was decided as a frame of an epoch before the first."""
+    recs = daemon_records(BUSY, WAVE[:20])
+    recs[5]["frame_seq"] = seq
+    path = write(tmp_path / "records.jsonl", recs)
+    reading = Reading()
+    assert len(list(frames([path], reading))) == 19 and reading.bad_values == {"frame_seq": 1}
+    rep = replay([path], BUSY)
+    assert rep["records"]["frames"] == 19
+    assert "1 record(s) have frame_seq that is not an integer from 0 to 2**63 - 1" in "\n".join(rep["notes"])
+    proc = check_policy(tmp_path, [path])  # the CLI: a note and exit 1 (a skipped frame changes the budget)
+    assert proc.returncode in (0, 1) and b"Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("field, value", [("payload_bytes", -50_000), ("width", -640), ("height", 0),
+                                          ("width", None), ("edge_boxes", -3)])
+def test_a_negative_or_missing_size_is_skipped_never_an_uplink_under_any_gate(tmp_path: Path, field: str,
+                                                                              value: Optional[int]) -> None:
+    """A negative payload_bytes or frame width made the uplink per day negative, and a frame of
+    width 0 (or none) sent 0 bytes: either passed any --max-bytes-per-day gate."""
+    recs = daemon_records(LAX, WAVE[:30])
+    bad = [i for i, r in enumerate(recs) if field != "payload_bytes" or r.get("payload_bytes")][::2]
+    for i in bad:
+        if value is None:
+            del recs[i][field]
+        else:
+            recs[i][field] = value
+    path = write(tmp_path / "records.jsonl", recs)
+    reading = Reading()
+    assert len(list(frames([path], reading))) == 30 - len(bad) and reading.bad_values == {field: len(bad)}
+    for against in (None, LAX):
+        rep = replay([path], LAX, against)
+        assert f"{len(bad)} record(s) have {field} that is not a finite number of at least" in "\n".join(rep["notes"])
+        for side in rep["sides"]:
+            assert side["overall"]["uplink_bytes_per_day"] > 10**9  # 640x480 frames at 10 fps, 2 in 3 escalated
+        assert gate_failures(rep, [], None, 1000.0, False)
+
+
+def test_a_line_longer_than_any_record_is_skipped_in_pieces_and_said(tmp_path: Path) -> None:
+    """A run of NUL bytes a crash left (or a file that is not the sink's) made one line of all of
+    it: the replay held it whole (a 64 MB line took 260 MB; /dev/zero all memory, then a
+    MemoryError traceback). It is read on in pieces of MAX_LINE, and counted."""
+    recs = daemon_records(LAX, WAVE[:20])
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(lines_of(recs[:10]) + b"\0" * (16 * MAX_LINE) + b"\n" + lines_of(recs[10:]))
+    reading = Reading()
+    tracemalloc.start()
+    try:
+        got = list(frames([str(path)], reading))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got) == 20 and reading.too_long == 1 and reading.not_json == 0
+    assert peak < 8 * MAX_LINE  # pieces of MAX_LINE characters, never the 16 MAX_LINE line
+    rep = replay([str(path)], LAX)
+    assert rep["records"]["frames"] == 20
+    assert f"1 line(s) are longer than {MAX_LINE:,} characters" in "\n".join(rep["notes"])
+    junk = tmp_path / "junk.bin"  # one line, longer than any record: nothing to replay, and why
+    junk.write_bytes(b"x" * (MAX_LINE + 1))
+    with pytest.raises(InvalidInputError, match=rf"none of the 1 line\(s\) is a usable frame record \(1 longer than {MAX_LINE:,} characters\)"):
+        replay([str(junk)], LAX)
