@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Union
+from typing import Sequence, Union
 
 from edgewise.errors import ConfigError
 
@@ -47,10 +47,20 @@ def check_output_file(path: PathLike, flag: str) -> Path:
     return p
 
 
-def check_output_folder(path: PathLike, flag: str) -> Path:
-    """The folder ``path`` named by ``flag`` exists or can be made, and files can be written in it."""
+def check_output_folder(path: PathLike, flag: str, files: Sequence[str] = ()) -> Path:
+    """The folder ``path`` named by ``flag`` exists or can be made, and files can be written in it,
+    among them ``files`` (the names the tool writes there): none may be a folder, or a file that
+    cannot be written (a run that found it so only after its work lost the work, with a traceback)."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{flag} {p}: is a file; give a folder")
     _writable_folder(p, flag, p)
+    for name in files:
+        f = p / name
+        if f.is_dir():
+            raise ConfigError(f"{flag} {p}: {f} is a folder, where this command writes its {name}; move it away "
+                              "or choose another folder")
+        if f.exists() and not os.access(f, os.W_OK):
+            raise ConfigError(f"{flag} {p}: {f} exists and is not writable, and this command writes its {name} "
+                              "there; make it writable or choose another folder")
     return p

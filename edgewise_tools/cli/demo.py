@@ -21,9 +21,10 @@ def _fps(text: str) -> float:
 
 def _handler(args: argparse.Namespace) -> int:
     from edgewise_tools.demo import DemoConfig, run_demo
+    from edgewise_tools.demo.report import INDEX, SUMMARY
     from edgewise_tools.outputs import check_output_folder
 
-    check_output_folder(args.out, "--out")
+    check_output_folder(args.out, "--out", (INDEX, SUMMARY))
 
     kw: Dict[str, Any] = dict(transport=args.transport, out=Path(args.out), workers=args.workers, fps=args.fps,
                               streams=args.streams, keep_workdir=args.keep, frames=args.frames or (60 if args.short else 0))

@@ -10,6 +10,7 @@ from typing import Callable, Dict, List, Optional
 from edgewise.errors import ConfigError
 from edgewise.regions import COMPARED_MODES, MODES
 from edgewise.runtime.detector import INPUT_SIZES
+from edgewise_tools.evaluation.bootstrap import MIN_SAMPLES
 from edgewise_tools.outputs import check_output_folder
 
 #: What a numeric option may be, by the words its error says it in (:func:`check_option`).
@@ -17,6 +18,7 @@ RULES: Dict[str, Callable[[float], bool]] = {
     "> 0": lambda v: v > 0,
     ">= 0": lambda v: v >= 0,
     ">= 1": lambda v: v >= 1,
+    f">= {MIN_SAMPLES}": lambda v: v >= MIN_SAMPLES,
     "in (0, 1]": lambda v: 0 < v <= 1,
     "in [0, 1]": lambda v: 0 <= v <= 1,
 }
@@ -33,7 +35,9 @@ def check_option(flag: str, value: Optional[float], rule: str, meaning: str = ""
 
 def _check_options(args: argparse.Namespace) -> None:
     check_option("--fps", args.fps, "> 0", "the streams' frame rate")
-    check_option("--samples", args.samples, ">= 1", "bootstrap samples per interval")
+    check_option("--samples", args.samples, f">= {MIN_SAMPLES}",
+                 "bootstrap samples per interval: its ends are their 2.5th and 97.5th percentiles, which fewer "
+                 f"than {MIN_SAMPLES} cannot place")
     check_option("--limit", args.limit, ">= 1", "the number of frames to evaluate; leave it out for all")
     check_option("--carry-lag", args.carry_lag, ">= 0", "frames after an escalation; 0 carries nothing")
     check_option("--target-rate", args.target_rate, "in (0, 1]", "a share of the frames")
@@ -64,6 +68,10 @@ def _modes(text: str) -> List[str]:
     return modes
 
 
+#: the learned policy's file in the report folder (with --train-data)
+GAIN_MODEL = "gain-model.json"
+
+
 def _handler(args: argparse.Namespace) -> int:
     from edgewise_tools.evaluation import report
     from edgewise_tools.evaluation.evaluating import EvalConfig, run_eval
@@ -72,12 +80,12 @@ def _handler(args: argparse.Namespace) -> int:
     for flag, p in (("--edge", args.edge), ("--cloud", args.cloud), ("--policy", args.policy)):
         if not Path(p).is_file():
             raise ConfigError(f"{flag} {p}: file not found")
-    check_output_folder(args.out, "--out")
+    check_output_folder(args.out, "--out", report.FILES + ((GAIN_MODEL,) if args.train_data else ()))
     cfg = EvalConfig(
         edge=Path(args.edge), cloud=Path(args.cloud), policy=Path(args.policy), data=Path(args.data),
         train_data=Path(args.train_data) if args.train_data else None, rates=args.rates,
         fps=args.fps, limit=args.limit, threads=args.threads, edge_imgsz=args.edge_imgsz or None,
-        cloud_imgsz=args.cloud_imgsz or None, model_out=Path(args.out) / "gain-model.json",
+        cloud_imgsz=args.cloud_imgsz or None, model_out=Path(args.out) / GAIN_MODEL,
         payloads=args.payloads, payload=args.payload, cloud_input=args.cloud_input, samples=args.samples,
         target_rate=args.target_rate, target_fraction=args.target_fraction, target_gap=args.target_gap,
         target_uplink=args.target_uplink, target_margin=args.target_margin, target_edge_ratio=args.target_edge_ratio,
@@ -111,7 +119,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--cloud-input", choices=INPUT_SIZES, default="auto",
                    help="cloud model input size: auto = native for a model that asks for it (metadata "
                         "input_size: native, as the camera pair's cloud model)")
-    p.add_argument("--samples", type=int, default=1000, help="bootstrap samples (streams resampled) per interval")
+    p.add_argument("--samples", type=int, default=1000,
+                   help=f"bootstrap samples (streams resampled) per interval, at least {MIN_SAMPLES} (1000)")
     p.add_argument("--target-rate", type=float, default=0.15, help="most frames escalated (0.15)")
     p.add_argument("--target-fraction", type=float, default=0.95, help="least share of cloud-only F1 kept (0.95)")
     p.add_argument("--target-gap", type=float, default=0.70, help="least share of the edge-to-cloud gap closed (0.7)")

@@ -11,7 +11,8 @@ tools installed, ``check-policy`` simply has no ``--data``.
 models run once over the dataset (``evaluation.frames.collect``, whole frames and the
 policy's payload mode; the outputs are cached, keyed by the models' and the dataset's
 bytes and by what of the policy the collection depends on, :func:`collection`, so trying
-another threshold or budget does not run them again), each policy's signals are
+another threshold or budget does not run them again; each file carries a checksum, and a damaged
+one runs them again, :func:`_read_cache`), each policy's signals are
 computed again under its own parameters (``evaluation.frames.set_signals``), and each
 policy is scored as the daemon runs it (``evaluation.hybrid.policy_run``: the real
 Escalator on the stream timeline with its budget, its payload mode and whole-frame
@@ -35,8 +36,10 @@ from edgewise.policy.schema import Policy
 log = logging.getLogger(__name__)
 
 #: Bump when what the cache holds changes shape, or what collecting it checks (4: the models' and
-#: labels' classes, unreadable label files and sets without objects are refused).
-CACHE_VERSION = 4
+#: labels' classes, unreadable label files and sets without objects are refused; 5: a checksum).
+CACHE_VERSION = 5
+#: What a cache file opens with: this, the SHA-256 of the pickle after it (hex) and a newline.
+CACHE_MAGIC = b"edgewise-check-policy-cache\n"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -107,26 +110,45 @@ def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
 
     data, edge, cloud = Path(args.data), Path(args.edge), Path(args.cloud)
     cache = _cache_dir(args.cache) / f"{_cache_key(data, edge, cloud, policy, args.limit)}.pkl"
-    try:
-        with open(cache, "rb") as f:
-            doc = pickle.load(f)
-        if isinstance(doc, dict) and doc.get("version") == CACHE_VERSION:
-            log.info("models' outputs on %s read from %s", data, cache)
-            return doc["records"], doc["classes"]
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
-        pass
+    cached = _read_cache(cache)
+    if cached is not None:
+        log.info("models' outputs on %s read from %s", data, cache)
+        return cached
     det_edge = Detector.from_file(edge, threads=args.threads, source="edge")
     det_cloud = Detector.from_file(cloud, threads=args.threads, source="cloud", input_size="auto")  # as eval's
     records = collect(data, det_edge, det_cloud, policy, modes(policy), args.limit)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump({"version": CACHE_VERSION, "records": records, "classes": len(det_edge.names)}, f)
+        body = pickle.dumps({"version": CACHE_VERSION, "records": records, "classes": len(det_edge.names)})
+        tmp.write_bytes(CACHE_MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
         tmp.replace(cache)
     except OSError as exc:
         log.warning("cannot cache the models' outputs in %s: %s", cache.parent, exc)
     return records, len(det_edge.names)
+
+
+def _read_cache(cache: Path) -> Optional[Tuple[List[Any], int]]:
+    """(records, classes) of a cache file :func:`_collect` wrote; None when there is none, or it
+    is of another version or damaged (a flipped byte, a cut): its checksum must match, else the
+    models run again. Unchecked, a damaged file crashed check-policy (any exception unpickling
+    may raise) or, worse, changed the figures it printed."""
+    try:
+        raw = cache.read_bytes()
+    except OSError:
+        return None
+    head, _, body = raw[len(CACHE_MAGIC):].partition(b"\n")
+    if not raw.startswith(CACHE_MAGIC) or head != hashlib.sha256(body).hexdigest().encode():
+        log.warning("cache file %s is damaged or of an older version: running the models again", cache)
+        return None
+    try:
+        doc = pickle.loads(body)
+        if doc["version"] == CACHE_VERSION:
+            return list(doc["records"]), int(doc["classes"])
+    except Exception as exc:  # whatever unpickling the classes of another edgewise version raises
+        log.warning("cache file %s cannot be used (%s: %s): running the models again", cache,
+                    exc.__class__.__name__, exc)
+    return None
 
 
 def accuracy(args: argparse.Namespace, policy: Policy, other: Optional[Policy]) -> Tuple[Dict[str, Any], str]:

@@ -17,6 +17,9 @@ from edgewise_tools.demo import records as R
 from edgewise_tools.evaluation.frames import list_frames, read_labels
 from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap
 
+#: the report's files in ``--out``: the page and the machine-readable summary beside it
+INDEX, SUMMARY = "index.html", "summary.json"
+
 Boxes = Tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
@@ -188,10 +191,10 @@ def build_report(cfg: Any, data: Path, recs: List[R.Record], events: List[Dict[s
         "models": {"edge": str(cfg.edge_model), "cloud": str(cfg.cloud_model)},
         "provenance": provenance({"edge": cfg.edge_model, "cloud": cfg.cloud_model}, cfg.policy_file, {"demo": data},
                                  cloud_input=cloud.input_size),
-        "report": str((out / "index.html").resolve()),
+        "report": str((out / INDEX).resolve()),
     }
     plots = _plots(final, events, policy.spec.threshold, acc, uplink) if vals else {}
-    (out / "index.html").write_text(_html(summary, plots))
+    (out / INDEX).write_text(_html(summary, plots))
     return summary
 
 

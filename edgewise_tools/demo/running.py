@@ -286,7 +286,7 @@ class _Progress:
 def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
     """Run the demo; returns the JSON summary (also written to ``<out>/summary.json``)."""
     from cloud.local import LocalCloud  # app wiring: the demo drives both tiers
-    from edgewise_tools.demo.report import build_report
+    from edgewise_tools.demo.report import INDEX, SUMMARY, build_report
 
     cfg.validate()
     t_start = time.monotonic()
@@ -381,7 +381,7 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
             broker.terminate()
     summary = build_report(cfg, data, recs, events, run_wall, Path(cfg.out), policy, cloud_cpu_s=cpu.seconds)
     summary["wall_seconds"] = round(time.monotonic() - t_start, 1)
-    (Path(cfg.out) / "summary.json").write_text(json.dumps(summary, indent=1))
+    (Path(cfg.out) / SUMMARY).write_text(json.dumps(summary, indent=1))
     if not cfg.keep_workdir:
         shutil.rmtree(work, ignore_errors=True)
     acc = summary["accounting"]
@@ -393,6 +393,6 @@ def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
         f"hybrid {a['hybrid']['f1']:.3f}, cloud only {a['cloud_only']['f1']:.3f}; uplink saved "
         f"{100 * summary['uplink']['saved']:.1f}%; cloud CPU per escalation "
         f"{summary['cloud_cpu']['ms_per_escalation']} ms")
-    say(f"report: {Path(cfg.out).resolve() / 'index.html'}  (summary.json beside it); "
+    say(f"report: {Path(cfg.out).resolve() / INDEX}  ({SUMMARY} beside it); "
         f"total {summary['wall_seconds']:.0f} s")
     return summary

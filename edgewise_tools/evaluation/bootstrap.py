@@ -25,6 +25,11 @@ import numpy as np
 #: default number of bootstrap samples and their seed
 SAMPLES = 1000
 SEED = 0
+#: the fewest bootstrap samples of an interval: its ends are the 2.5th and 97.5th percentiles of
+#: the samples, and fewer than 1 / 0.025 = 40 leave no sample beyond them (one sample made a
+#: zero-width "interval" that did not even hold the point estimate, and judged every positive
+#: draw a lead that is not noise)
+MIN_SAMPLES = 40
 #: fewer streams than this and no lead is judged: resampling one stream always draws it, so
 #: every interval has zero width and any lead would look certain (the report's
 #: ``MIN_STREAMS`` is the larger count below which it warns that intervals are a floor)
@@ -45,7 +50,10 @@ def per_stream(frame_counts: np.ndarray, index: np.ndarray, n_streams: int) -> n
 
 
 def weights(n_streams: int, samples: int = SAMPLES, seed: int = SEED) -> np.ndarray:
-    """[samples, S]: how often each stream is drawn in each bootstrap sample."""
+    """[samples, S]: how often each stream is drawn in each bootstrap sample; ValueError for
+    fewer than :data:`MIN_SAMPLES` samples (``edgewise eval --samples`` refuses them first)."""
+    if samples < MIN_SAMPLES:
+        raise ValueError(f"{samples} bootstrap samples: a 95% interval needs at least {MIN_SAMPLES}")
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, n_streams, size=(samples, n_streams))
     w = np.zeros((samples, n_streams), np.float64)

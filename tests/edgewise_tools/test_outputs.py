@@ -57,3 +57,12 @@ def test_quantize_names_a_bad_output_before_it_reads_the_calibration_source(tmp_
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert f"-o {tmp_path}: is a folder" in r.stderr and "missing" not in r.stderr
+
+
+def test_the_files_a_tool_writes_in_its_folder_are_checked_too(tmp_path):
+    (tmp_path / "eval.json").mkdir()
+    (tmp_path / "eval.md").write_text("an earlier report: replaced")
+    assert check_output_folder(tmp_path, "--out", ("eval.md",)) == tmp_path
+    with pytest.raises(ConfigError, match=r"^--out .*: .*/eval.json is a folder, where this command writes its "
+                                          r"eval.json; move it away or choose another folder$"):
+        check_output_folder(tmp_path, "--out", ("eval.md", "eval.json"))

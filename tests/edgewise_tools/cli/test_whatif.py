@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Dict, List
 
 import pytest
 
@@ -113,3 +114,28 @@ def test_models_of_other_classes_and_a_set_without_objects_are_refused(labelled,
     assert main([*args, "--data", str(empty), "--cloud", str(tiny_model)]) == 2
     assert f"edgewise: error: no labelled objects in {empty}: the 12 label files" in capsys.readouterr().err
     assert not list((tmp_path / "cache").glob("*.pkl"))
+
+
+def test_a_damaged_cache_runs_the_models_again_never_a_crash_or_other_figures(labelled, tiny_model, small_model,
+                                                                             tmp_path, capsys) -> None:
+    """A cache file with a changed byte (a disk error, a crash while the disk wrote it) crashed
+    check-policy with whatever unpickling raised, or was read as other figures without a word."""
+    cache = tmp_path / "cache"
+    args = ["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(labelled),
+            "--edge", str(tiny_model), "--cloud", str(small_model), "--threads", "1", "--cache", str(cache), "--json"]
+
+    def figures() -> List[Dict[str, Any]]:  # the cloud's time per escalation is measured again: not compared
+        rows = json.loads(capsys.readouterr().out)["accuracy"]["rows"]
+        return [{k: v for k, v in r.items() if k != "cloud_ms_per_escalation"} for r in rows]
+
+    assert main(args) == 0
+    want = figures()
+    (path,) = cache.glob("*.pkl")
+    good = path.read_bytes()
+    for k in range(1, 24):
+        damaged = bytearray(good)
+        damaged[len(good) * k // 24] ^= 0x5A
+        path.write_bytes(bytes(damaged))
+        assert main(args) == 0, k
+        assert figures() == want, k
+        assert path.read_bytes() != damaged, k  # the models ran again and wrote the cache again

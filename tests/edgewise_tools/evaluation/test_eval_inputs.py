@@ -31,13 +31,17 @@ def dataset(tmp_path_factory) -> Path:
 
 def _eval(model: Path, data: Path, out: Path, *extra: str) -> List[str]:
     return ["eval", "--edge", str(model), "--cloud", str(model), "--policy", str(ROOT / "examples" / "policy.yaml"),
-            "--data", str(data), "--out", str(out), "--payloads", "full", "--samples", "10", "--threads", "1", *extra]
+            "--data", str(data), "--out", str(out), "--payloads", "full", "--samples", "40", "--threads", "1", *extra]
 
 
 @pytest.mark.parametrize("flag, value, said", [
-    ("--samples", "0", "--samples 0: must be >= 1"),
-    ("--samples", "-5", "--samples -5: must be >= 1"),
-    ("--samples", "-1000000", "--samples -1000000: must be >= 1"),
+    ("--samples", "0", "--samples 0: must be >= 40"),
+    ("--samples", "-5", "--samples -5: must be >= 40"),
+    ("--samples", "-1000000", "--samples -1000000: must be >= 40"),
+    # one sample made a zero-width "interval" and judged any positive draw a lead that is not noise
+    ("--samples", "1", "--samples 1: must be >= 40 (bootstrap samples per interval: its ends are their 2.5th and "
+                       "97.5th percentiles, which fewer than 40 cannot place)"),
+    ("--samples", "39", "--samples 39: must be >= 40"),
     ("--fps", "0", "--fps 0: must be > 0"),
     ("--fps", "-1", "--fps -1: must be > 0"),
     ("--fps", "nan", "--fps nan: must be > 0"),
@@ -202,3 +206,18 @@ def test_one_stream_judges_no_lead_end_to_end(tiny_model, dataset, tmp_path) -> 
     md = (out / "eval.md").read_text()
     assert "(2 frames, 1 stream)" in md and "Only 1 stream:" in md and "**+" not in md and "CI above 0" not in md
     assert "NaN" not in (out / "eval.json").read_text()
+
+
+@pytest.mark.parametrize("name, train", [("eval.json", False), ("eval.md", False), ("eval.png", False),
+                                         ("gain-model.json", True)])
+def test_a_report_file_that_cannot_be_written_is_refused_before_any_model_runs(tiny_model, dataset, tmp_path,
+                                                                               capsys, name, train) -> None:
+    """A folder where eval writes one of its files was found only once every model had run and
+    every interval was drawn: a traceback (IsADirectoryError), and the work lost."""
+    out = tmp_path / "out"
+    (out / name).mkdir(parents=True)
+    extra = ("--train-data", str(tmp_path / "train")) if train else ()
+    assert main(_eval(tiny_model, dataset, out, *extra)) == 2
+    assert capsys.readouterr().err == (f"edgewise: error: --out {out}: {out / name} is a folder, where this command "
+                                       f"writes its {name}; move it away or choose another folder\n")
+    assert [p.name for p in out.iterdir()] == [name]

@@ -8,7 +8,7 @@ import pytest
 from edgewise.detections import Detections
 from edgewise.hardness.learned import FEATURE_NAMES
 from edgewise.policy.schema import Merge
-from edgewise_tools.evaluation import hybrid, scoring
+from edgewise_tools.evaluation import bootstrap, hybrid, scoring
 from edgewise_tools.evaluation.frames import FrameRecord, read_labels
 
 
@@ -174,8 +174,6 @@ def test_target_verdict_hand_computed() -> None:
 
 
 def test_bootstrap_resamples_streams_and_pairs_differences() -> None:
-    from edgewise_tools.evaluation import bootstrap
-
     idx, n = bootstrap.stream_ids([5, 5, 9, 2, 9])
     assert n == 3 and idx.tolist() == [1, 1, 2, 0, 2]
     per = bootstrap.per_stream(np.array([[1, 0, 0], [1, 1, 0], [0, 0, 2], [3, 0, 0], [1, 0, 1]]), idx, n)
@@ -405,3 +403,12 @@ def test_the_target_is_never_judged_above_its_rate() -> None:
     rates = {"combined": [{"rate": 0.2, "f1": 0.78}, {"rate": 0.3, "f1": 0.8}]}
     with pytest.raises(ValueError, match=r"no compared rate \(0.2, 0.3\) is <= the target rate 0.15"):
         judge_target(base, rates, [0.2, 0.3], 0.15, 0.95)
+
+
+def test_an_interval_needs_enough_bootstrap_samples_to_have_ends() -> None:
+    """With fewer than 40 samples no sample lies beyond the 2.5th or 97.5th percentile: one
+    sample gave a zero-width "interval" that judged any positive draw a lead (eval --samples 1)."""
+    assert bootstrap.weights(3, bootstrap.MIN_SAMPLES).shape == (bootstrap.MIN_SAMPLES, 3)
+    for samples in (0, 1, bootstrap.MIN_SAMPLES - 1):
+        with pytest.raises(ValueError, match=f"at least {bootstrap.MIN_SAMPLES}"):
+            bootstrap.weights(3, samples)

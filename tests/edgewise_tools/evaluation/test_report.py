@@ -64,3 +64,13 @@ def test_no_share_of_a_cloud_f1_of_0() -> None:
     assert "minus each baseline (F1; cloud-only F1 is 0, so not in points of it" in md
     assert "| **+0.110 [+0.050, +0.150]** |" in md and "(100.0%)" not in md
     assert "random sampling +0.080 (CI above 0) -> not judged: cloud-only F1 is 0" in md
+
+
+def test_the_policies_intervals_are_said_to_be_of_their_f1_not_of_its_share() -> None:
+    """The table's header said "[95% CI of % of cloud F1]", an interval of the ratio; it is the
+    interval of the policy's F1 drawn in points of the cloud's (point) F1, and a paired interval
+    of the ratio would be far narrower (the streams' difficulty cancels in it)."""
+    md = markdown(_result())
+    assert "## Policies at equal escalation rates (F1 against ground truth, % of cloud-only F1, [95% CI of the F1, " \
+           "in % of cloud-only F1])" in md and "CI of % of" not in md
+    assert "% of cloud-only F1, [95% CI of the F1])" in markdown(_result(cloud_f1=0.0))  # plain F1: no share of 0
