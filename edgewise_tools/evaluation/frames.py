@@ -101,11 +101,20 @@ def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
     When ``dataset.json`` declares the dataset's ``streams`` and ``frames`` (as ``edgewise
     synth`` writes it), ``images/`` must hold exactly those frames, ``s<stream>_f<frame>``
     for every stream and frame from 0: else the evaluation would score other frames than
-    the dataset says it has (InvalidInputError naming what is missing or extra)."""
+    the dataset says it has (InvalidInputError naming what is missing or extra). Its
+    ``stride`` must be 1: the frames are replayed as streams, and the motion detector, the
+    tracker and the policy's budget timeline take them as consecutive (a strided set, written
+    to decorrelate training frames, has gaps of ``stride - 1`` frames)."""
     images = data / "images"
     if not images.is_dir():
         raise InvalidInputError(f"{data}: no images/ folder (expected a dataset written by `edgewise synth`)")
     meta = dataset_meta(data)
+    stride = meta.get("stride", 1)
+    if stride != 1 or stride.__class__ is not int:
+        raise InvalidInputError(
+            f"{data / 'dataset.json'}: stride {stride!r}: the set keeps one frame in {stride!r} of its streams, but "
+            "its frames are replayed as streams (motion, the tracker and the policy's budget take them as "
+            "consecutive frames); generate it with `edgewise synth --stride 1` (a strided set is for training)")
     out = []
     for img in images.iterdir():
         m = _NAME.match(img.stem)

@@ -105,6 +105,21 @@ def test_a_malformed_dataset_is_refused_with_where_and_what(tiny_model, dataset,
     assert not out.exists()
 
 
+def test_a_strided_set_is_not_replayed_as_streams(tiny_model, dataset, tmp_path, capsys) -> None:
+    """A set that keeps one frame in k (training data) has gaps that motion, the tracker and the
+    budget's timeline would take as consecutive frames: refused, naming the stride and the fix."""
+    out = tmp_path / "out"
+    data = _broken(dataset, tmp_path)
+    meta = json.loads((dataset / "dataset.json").read_text())
+    for stride in (3, "1", 1.5):
+        (data / "dataset.json").write_text(json.dumps({**meta, "stride": stride}))
+        assert main(_eval(tiny_model, data, out)) == 2
+        err = capsys.readouterr().err
+        assert f"{data / 'dataset.json'}: stride {stride!r}: the set keeps one frame in" in err
+        assert "edgewise synth --stride 1" in err
+    assert not out.exists()
+
+
 def test_dataset_json_in_the_provenance(tmp_path) -> None:
     assert dataset_meta(tmp_path) == {} and dataset_id(tmp_path) == {"path": str(tmp_path)}
     (tmp_path / "dataset.json").write_text(json.dumps({"split": "test", "streams": 2, "other": 1}))
