@@ -57,6 +57,10 @@ def _rates(text: str) -> List[float]:
         raise argparse.ArgumentTypeError(f"--rates {text!r}: comma-separated fractions like 0.05,0.1") from None
     if not rates or not all(RULES["in (0, 1]"](r) for r in rates):
         raise argparse.ArgumentTypeError(f"--rates {text!r}: each rate must be in (0, 1]")
+    twice = sorted({r for r in rates if rates.count(r) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"--rates {text!r}: {', '.join(f'{r:g}' for r in twice)} given twice "
+                                         "(each rate is a column of the tables): give each once")
     return rates
 
 

@@ -236,3 +236,16 @@ def test_a_report_file_that_cannot_be_written_is_refused_before_any_model_runs(t
     assert capsys.readouterr().err == (f"edgewise: error: --out {out}: {out / name} is a folder, where this command "
                                        f"writes its {name}; move it away or choose another folder\n")
     assert [p.name for p in out.iterdir()] == [name]
+
+
+@pytest.mark.parametrize("value, said", [
+    ("0.1,0.15,0.1", "--rates '0.1,0.15,0.1': 0.1 given twice (each rate is a column of the tables): give each once"),
+    ("0.1,1.5", "--rates '0.1,1.5': each rate must be in (0, 1]"),
+    ("a,b", "--rates 'a,b': comma-separated fractions like 0.05,0.1"),
+])
+def test_rates_are_distinct_fractions(value, said, capsys) -> None:
+    """A rate given twice printed the same column twice in every table."""
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", "--edge", "e.onnx", "--cloud", "c.onnx", "--data", "d", "--rates", value])
+    assert exc.value.code == 2
+    assert f"error: argument --rates: {said}" in capsys.readouterr().err
