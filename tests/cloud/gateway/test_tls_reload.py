@@ -29,7 +29,7 @@ from cloud.gateway.tlsreload import NOTHING, ReloadDecision, ServedTlsFiles
 from edgewise.errors import ConfigError
 from edgewise.v1 import service_pb2_grpc
 from tests.cloud.gateway.pki import Pki
-from tests.cloud.gateway.secretvolume import SecretVolume
+from tests.secretvolume import SecretVolume
 from tests.cloud.gateway.workers import TestWorker, request
 from tests.waiting import async_wait_until
 

@@ -1,5 +1,6 @@
 """A folder laid out and updated the way kubelet mounts a Secret or ConfigMap, for the tests of
-files the gateway follows by itself (device tokens, TLS certificates)."""
+files followed without a restart (the gateway's device tokens and TLS certificates, the chart
+broker's TLS files)."""
 
 from __future__ import annotations
 
