@@ -27,6 +27,8 @@ import hashlib
 import logging
 import os
 import pickle
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -119,13 +121,47 @@ def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
     records = collect(data, det_edge, det_cloud, policy, modes(policy), args.limit)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
         body = pickle.dumps({"version": CACHE_VERSION, "records": records, "classes": len(det_edge.names)})
-        tmp.write_bytes(CACHE_MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
-        tmp.replace(cache)
+        # a new file of this user's, mode 0600 whatever the umask (_own_file_bytes reads no other)
+        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=cache.stem, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(CACHE_MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+            os.replace(tmp, cache)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     except OSError as exc:
         log.warning("cannot cache the models' outputs in %s: %s", cache.parent, exc)
     return records, len(det_edge.names)
+
+
+def _own_file_bytes(cache: Path) -> Optional[bytes]:
+    """The bytes of the cache file when only this user can have written them: a regular file of
+    this user's (or root's), which no one else may write, opened without following a link.
+    Unpickling runs code, and a checksum proves nothing against someone who can write the
+    file: with ``--cache`` in a shared folder, another user could plant one under the name
+    check-policy computes (the key depends only on the inputs). None, logged, otherwise."""
+    try:
+        fd = os.open(cache, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("cache file %s cannot be read (%s): running the models again", cache, exc.strerror or exc)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            why = "is not a regular file"
+        elif st.st_uid not in (os.geteuid(), 0):
+            why = f"belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            why = f"may be written by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+        else:
+            return f.read()
+    log.warning("cache file %s %s: not read (a cache is unpickled, which runs code); running the models again",
+                cache, why)
+    return None
 
 
 def _read_cache(cache: Path) -> Optional[Tuple[List[Any], int]]:
@@ -133,9 +169,8 @@ def _read_cache(cache: Path) -> Optional[Tuple[List[Any], int]]:
     is of another version or damaged (a flipped byte, a cut): its checksum must match, else the
     models run again. Unchecked, a damaged file crashed check-policy (any exception unpickling
     may raise) or, worse, changed the figures it printed."""
-    try:
-        raw = cache.read_bytes()
-    except OSError:
+    raw = _own_file_bytes(cache)
+    if raw is None:
         return None
     head, _, body = raw[len(CACHE_MAGIC):].partition(b"\n")
     if not raw.startswith(CACHE_MAGIC) or head != hashlib.sha256(body).hexdigest().encode():

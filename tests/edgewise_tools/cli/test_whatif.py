@@ -4,13 +4,18 @@ outputs are cached, so a second policy is tried without running them again."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import pickle
+import stat
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 
 from edgewise.cli import main
+from edgewise_tools.cli import whatif
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -139,3 +144,60 @@ def test_a_damaged_cache_runs_the_models_again_never_a_crash_or_other_figures(la
         assert main(args) == 0, k
         assert figures() == want, k
         assert path.read_bytes() != damaged, k  # the models ran again and wrote the cache again
+
+
+class _Planted:
+    """A pickle that leaves a mark when it is loaded: what another user could plant."""
+
+    def __init__(self, mark: Path) -> None:
+        self.mark = mark
+
+    def __reduce__(self):
+        return (Path.touch, (self.mark,))
+
+
+def test_a_cache_file_another_user_could_have_written_is_never_unpickled(labelled, tiny_model, small_model,
+                                                                          tmp_path, capsys, caplog) -> None:
+    """Unpickling runs code, and a checksum proves nothing against someone who can write the
+    file: a cache file of another user's, one others may write, or a link, is not read (the
+    models run again and the figures are the same); check-policy's own file is mode 0600."""
+    cache = tmp_path / "cache"
+    args = ["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(labelled),
+            "--edge", str(tiny_model), "--cloud", str(small_model), "--threads", "1", "--cache", str(cache), "--json"]
+    old = os.umask(0o002)  # a umask that lets the group write
+    try:
+        assert main(args) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    (path,) = cache.glob("*.pkl")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    mark = tmp_path / "planted-code-ran"
+    body = pickle.dumps(_Planted(mark))
+    planted = whatif.CACHE_MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+    def plant(how: str) -> None:
+        path.unlink()
+        if how == "link":
+            (tmp_path / "elsewhere.pkl").write_bytes(planted)
+            path.symlink_to(tmp_path / "elsewhere.pkl")
+            return
+        path.write_bytes(planted)
+        if how == "others may write":
+            path.chmod(0o666)
+        elif how == "another user's":
+            os.chown(path, 65534, 65534)
+
+    hows = ["others may write", "link"] + (["another user's"] if os.geteuid() == 0 else [])
+    for how in hows:
+        plant(how)
+        caplog.clear()
+        assert main(args) == 0, how
+        assert not mark.exists(), how
+        assert json.loads(capsys.readouterr().out)["accuracy"]["rows"], how
+        assert "not read (a cache is unpickled, which runs code)" in caplog.text or \
+            "cannot be read" in caplog.text, (how, caplog.text)
+    path.unlink()
+    path.write_bytes(planted)  # the same file as this user's own, mode 0644: read, as any cache is
+    path.chmod(0o644)
+    assert main(args) == 0 and mark.exists()
