@@ -53,6 +53,17 @@ does; Mosquitto's ``acl_file`` grants it and delivers nothing) is an ERROR namin
 subscription, the reason and what to fix, and the bridge subscribes again every
 ``mqtt.reconnect_max_s``.
 
+With ``mqtt.tls``, the bridge's TLS files (``mqtt.ca_file``, ``mqtt.cert_file``,
+``mqtt.key_file``) are followed without a restart (``cloud.gateway.mqtt_tls.BridgeTls``): before each connection
+attempt (paho's ``on_pre_connect``) they are looked at with the rule of the gateway's own TLS
+files (``cloud.gateway.tlsreload.ReloadDecision``: ``edgewise.filereads.file_identity``, a
+kubelet ``..data`` swap or a file rewritten in place), and when they changed they are loaded
+into a new context that wraps the connections from then on: a renewed client certificate (a
+cert-manager renewal) and a rotated broker CA bundle, a removed CA included, are in force at the
+next connection; the connection already open keeps what its handshake used. Files that cannot be
+loaded (a key that does not belong to the certificate, a file that does not parse or is gone)
+are one ERROR per change naming them, and the files in force stay.
+
 paho-mqtt 2.x (CallbackAPIVersion.VERSION2) runs its network loop in a thread and
 reconnects with backoff; work is handed to the gateway's event loop with
 ``run_coroutine_threadsafe``.
@@ -80,6 +91,7 @@ from prometheus_client import Counter, Gauge
 from cloud.gateway.admission import Caller
 from cloud.gateway.envelope import Reply, RequestHead, error_reply
 from cloud.gateway.metrics import GatewayMetrics
+from cloud.gateway.mqtt_tls import BridgeTls
 from cloud.gateway.settings import UNPROTECTED_GROUP, LimitSettings, MqttSettings
 from edgewise import mqtt_topics, status
 from edgewise.errors import InvalidInputError
@@ -203,9 +215,11 @@ class MqttBridge:
         self.client = Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
         if settings.username:
             self.client.username_pw_set(settings.username, settings.password or None)
-        if settings.tls:
-            self.client.tls_set(ca_certs=settings.ca_file or None, certfile=settings.cert_file or None,
-                                keyfile=settings.key_file or None)
+        self.tls: BridgeTls | None = None
+        if settings.tls:  # followed: read again before a connection attempt when they changed
+            self.tls = BridgeTls(settings.ca_file, settings.cert_file, settings.key_file)
+            self.client.tls_set_context(self.tls.context)
+            self.client.on_pre_connect = self._on_pre_connect
         self.client.reconnect_delay_set(_paho_seconds(settings.reconnect_min_s), _paho_seconds(settings.reconnect_max_s))
         self.client.on_connect = self._on_connect
         self.client.on_connect_fail = self._on_connect_fail
@@ -245,6 +259,11 @@ class MqttBridge:
         await asyncio.to_thread(self.client.loop_stop)
 
     # ---- paho callbacks (network thread) ---------------------------------------------------
+    def _on_pre_connect(self, client: mqtt.Client, userdata: Any) -> None:
+        """Before each connection attempt, the first included: the TLS files, if they changed."""
+        if self.tls is not None:
+            self.tls.look()
+
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
                     properties: Any) -> None:
         if reason_code.is_failure:

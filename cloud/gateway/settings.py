@@ -183,8 +183,13 @@ class MqttSettings:
     password: str = setting("Broker password (optional; prefer EDGEWISE_GATEWAY__MQTT__PASSWORD).", "",
                             secret=True)
     tls: bool = setting("Connect to the broker with TLS.", False)
-    ca_file: str = setting("PEM CA bundle of the broker's certificate (needs `tls: true`).", "")
-    cert_file: str = setting("PEM client certificate for mutual TLS (needs `tls: true`).", "")
+    ca_file: str = setting("PEM CA bundle of the broker's certificate (needs `tls: true`; empty = the system's "
+                           "CAs). Followed with `cert_file` and `key_file`: looked at before each connection "
+                           "attempt, and a rotated bundle (a CA taken out is no longer trusted) or a renewed client "
+                           "certificate is used from the next connection without a restart; files that do not "
+                           "load are logged once and the ones in force stay.", "")
+    cert_file: str = setting("PEM client certificate for mutual TLS (needs `tls: true`); followed like `ca_file`.",
+                             "")
     key_file: str = setting("PEM client key for mutual TLS (needs `tls: true`).", "")
     keepalive_s: int = setting("MQTT keepalive, seconds (MQTT carries it in two bytes).", 30, lo=1, hi=65535)
     max_in_flight: int = setting("Concurrent requests from MQTT in the balancer.", 64, lo=1)

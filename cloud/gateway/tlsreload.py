@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -62,25 +63,37 @@ RECHECK_S = 1.0
 #: The identities of the watched files, in a fixed order (:func:`file_identity`; None: no file).
 Identities = tuple[FileIdentity | None, ...]
 
+#: What the files are loaded into: the server's :class:`ServerFiles` here, the MQTT bridge's
+#: client context in ``cloud.gateway.mqtt_tls``.
+Loaded = TypeVar("Loaded")
+
+
+def identities_of(paths: tuple[str, ...]) -> Identities:
+    """The identities of ``paths``, in their order (an empty path: None)."""
+    return tuple(file_identity(p) for p in paths)
+
 
 @dataclass(frozen=True)
-class Outcome:
+class Outcome(Generic[Loaded]):
     """What one look decided: ``files`` to serve from now on, or the ``problem`` of files that
     changed and cannot be served (once per change), or neither (no look was due, nothing
     changed, or the files changed while they were read). ``changed``: the positions of the
     identities that differ from those of the files in force."""
 
-    files: ServerFiles | None = None
+    files: Loaded | None = None
     problem: str | None = None
     changed: tuple[int, ...] = ()
 
 
-NOTHING = Outcome()
+NOTHING: Outcome[Any] = Outcome()
 
 
-class ReloadDecision:
+class ReloadDecision(Generic[Loaded]):
     """The identities of the files in force and of the last refused ones, and what a look
-    means. Pure: :class:`ServedTlsFiles` passes the clock reading, the looking and the loading."""
+    means. Pure: the shell passes the clock reading, the looking and the loading (a
+    ``ConfigError`` naming the files when they cannot be put in force). Shared by the gRPC
+    server's files (:class:`ServedTlsFiles`) and the MQTT bridge's client files
+    (``cloud.gateway.mqtt_tls.BridgeTls``)."""
 
     def __init__(self, served: Identities, now: float, interval_s: float = RECHECK_S) -> None:
         self.served = served
@@ -89,7 +102,7 @@ class ReloadDecision:
         self.last_look = now  # the start has just looked
 
     def look(self, now: float, identities: Callable[[], Identities],
-             load: Callable[[], ServerFiles]) -> Outcome:
+             load: Callable[[], Loaded]) -> Outcome[Loaded]:
         """At most one look per ``interval_s``: the files are loaded only when their identities
         differ from those in force and from the last refused ones (so a refusal is reported
         once per change), and taken only when they did not change while loaded."""
@@ -101,7 +114,7 @@ class ReloadDecision:
             return NOTHING
         changed = tuple(i for i, (a, b) in enumerate(zip(before, self.served)) if a != b)
         try:
-            files: ServerFiles | None = load()
+            files: Loaded | None = load()
             problem = None
         except ConfigError as exc:
             files, problem = None, str(exc)
@@ -136,12 +149,12 @@ class ServedTlsFiles:
         files = self.load()
         self._warn_validity(files)
         self.not_after = files.not_after  # of the certificate in force
-        self.decision = ReloadDecision(seen, clock(), RECHECK_S)
+        self.decision: ReloadDecision[ServerFiles] = ReloadDecision(seen, clock(), RECHECK_S)
         self.credentials = grpc.dynamic_ssl_server_credentials(
             _config(files), self.fetch, require_client_authentication=require_client_cert)
 
     def identities(self) -> Identities:
-        return tuple(file_identity(p) for p in self.paths)
+        return identities_of(self.paths)
 
     def load(self) -> ServerFiles:
         return load_server_files(*self.paths)

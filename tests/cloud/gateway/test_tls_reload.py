@@ -29,8 +29,8 @@ from cloud.gateway.tlsreload import NOTHING, ReloadDecision, ServedTlsFiles
 from edgewise.errors import ConfigError
 from edgewise.v1 import service_pb2_grpc
 from tests.cloud.gateway.pki import Pki
-from tests.secretvolume import SecretVolume
 from tests.cloud.gateway.workers import TestWorker, request
+from tests.secretvolume import SecretVolume
 from tests.waiting import async_wait_until
 
 SERVER_SAN = "DNS:localhost,IP:127.0.0.1"

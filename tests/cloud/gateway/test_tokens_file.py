@@ -20,8 +20,8 @@ from cloud.gateway.settings import load_settings
 from cloud.gateway.tokensfile import Change, FileWatch
 from edgewise.filereads import file_identity
 from edgewise.v1 import service_pb2_grpc
-from tests.secretvolume import SecretVolume
 from tests.cloud.gateway.workers import TestWorker, request
+from tests.secretvolume import SecretVolume
 from tests.waiting import async_wait_until
 
 
