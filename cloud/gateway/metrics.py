@@ -8,7 +8,8 @@ histograms (a worker's error series are removed when it leaves the pool). Histog
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+import datetime as dt
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -85,6 +86,15 @@ class GatewayMetrics:
                                     "(at most limits.max_stream_in_flight per stream)", registry=r)
         self._answered: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self._worker_error_statuses: dict[str, set[str]] = {}  # the worker_errors series, by worker
+
+    def follow_certificate(self, not_after: Callable[[], dt.datetime]) -> None:
+        """With TLS: export the end of validity of the certificate served to new connections,
+        read at each scrape (``not_after``: ``ServedTlsFiles.not_after``, which a renewal moves at
+        the first connection after it), so an alert can say that a renewal did not reach the
+        gateway before the certificate expires (the chart's ``EdgewiseGatewayCertificateExpiresSoon``)."""
+        Gauge("edgewise_gateway_tls_certificate_expiry_timestamp_seconds",
+              "End of validity (Unix time) of the TLS certificate the gateway serves to new connections "
+              "(absent without TLS)", registry=self.registry).set_function(lambda: not_after().timestamp())
 
     def answered(self, transport: str, status_name: str, seconds: float | None = None) -> None:
         """Count one answer by transport and status and, for a forwarded request, observe its

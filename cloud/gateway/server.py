@@ -465,8 +465,9 @@ class Gateway:
         tls = self.settings.tls
         if not tls.cert_file:
             return None
-        self.tls_files = ServedTlsFiles(tls.cert_file, tls.key_file, tls.client_ca_file, tls.require_client_cert)
-        return self.tls_files.credentials
+        files = self.tls_files = ServedTlsFiles(tls.cert_file, tls.key_file, tls.client_ca_file, tls.require_client_cert)
+        self.metrics.follow_certificate(lambda: files.not_after)
+        return files.credentials
 
     async def start(self) -> int:
         """Bind, start serving; returns the bound gRPC port."""

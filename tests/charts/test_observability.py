@@ -181,6 +181,11 @@ def test_alerts_fire_for_this_release_only(tmp_path: Path) -> None:
         _series("up", edge + ',instance="a"', "0x20"),
         _series("up", edge + ',instance="b"', "1x20"),
         _series("up", other_job + ',instance="n"', "0x20"),
+        # at 18 min: gw-0's certificate ends in 3 days, gw-1's in 30, another release's in 1
+        _series("edgewise_gateway_tls_certificate_expiry_timestamp_seconds", f'{OURS},pod="gw-0"', f"{1080 + 3 * 86400}x20"),
+        _series("edgewise_gateway_tls_certificate_expiry_timestamp_seconds", f'{OURS},pod="gw-1"', f"{1080 + 30 * 86400}x20"),
+        _series("edgewise_gateway_tls_certificate_expiry_timestamp_seconds", f'{OTHER_RELEASE},pod="gw-9"',
+                f"{1080 + 86400}x20"),
         *[_series("edgewise_worker_in_flight", f'{OURS},pod="w{i}"', "1x20") for i in range(2)],
         *[_series("edgewise_worker_capacity_images_per_second", f'{OURS},pod="w{i}"', "4x20") for i in range(2)],
         _series("edgewise_worker_in_flight", OTHER_RELEASE + ',pod="x"', "50x20"),
@@ -190,6 +195,7 @@ def test_alerts_fire_for_this_release_only(tmp_path: Path) -> None:
         "EdgewiseEscalatedP99OverSLO": ["{}"],
         "EdgewiseRejectionRatioHigh": ["{}"],
         "EdgewiseAllWorkersEjected": [f'{{namespace="{NAMESPACE}",pod="gw-0"}}'],
+        "EdgewiseGatewayCertificateExpiresSoon": [f'{{namespace="{NAMESPACE}",pod="gw-0"}}'],
         "EdgewiseEdgeCloudP99OverSLO": ['{transport="grpc"}'],
         "EdgewiseSpoolBacklogGrowing": ['{instance="a",job="edgewise-edge"}'],
         "EdgewiseEdgeOffline": ['{instance="a",job="edgewise-edge"}'],
@@ -300,8 +306,13 @@ def _sample_names(exported: Dict[str, Dict[str, Set[str]]]) -> Set[str]:
     return set().union(*(names for fams in exported.values() for names in fams.values()))
 
 
+#: Exported by a gateway that serves TLS only (the scraped one does not): its own test reads it
+#: (tests/cloud/gateway/test_tls_reload.py).
+TLS_ONLY = {"edgewise_gateway_tls_certificate_expiry_timestamp_seconds"}
+
+
 def test_every_metric_the_dashboard_and_rules_read_is_exported(exported: Dict[str, Dict[str, Set[str]]]) -> None:
-    valid = _sample_names(exported) | PROMETHEUS_OWN
+    valid = _sample_names(exported) | PROMETHEUS_OWN | TLS_ONLY
     used: Dict[str, Set[str]] = {
         "dashboard": set().union(*(metric_names(q) for q in _dashboard_queries())),
         "dashboard variables": set(re.findall(r"label_values\((\w+)", json.dumps(_dashboard()["templating"]))),

@@ -95,7 +95,7 @@ def messages(caplog, text: str, level: int = logging.INFO) -> list[str]:
 def test_a_renewed_certificate_is_served_without_a_restart(tmp_path, caplog, how):
     pki = _pki(tmp_path / "pki")
     pki.issue("old", "gateway-old", SERVER_SAN)
-    pki.issue("new", "gateway-new", SERVER_SAN)
+    pki.issue("new", "gateway-new", SERVER_SAN, end="20991231235959Z")  # its own end of validity
     ca = pki.d / "ca.pem"
     old_key, old_cert = pki.read("old")
     new_key, new_cert = pki.read("new")
@@ -119,8 +119,11 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path, caplog, how
         w = TestWorker("w")
         await w.start()
         gw = await gateway(w, **{"tls.cert_file": str(cert), "tls.key_file": str(key)})
+        expiry = "edgewise_gateway_tls_certificate_expiry_timestamp_seconds"
         try:
             assert await asyncio.to_thread(served_cn, gw.port, ca) == "gateway-old"
+            day_ahead = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)).timestamp()
+            assert abs(gw.metrics.registry.get_sample_value(expiry) - day_ahead) < 600  # the old one's, a day
             async with grpc.aio.secure_channel(f"localhost:{gw.port}", grpc.ssl_channel_credentials(
                     ca.read_bytes())) as open_before:
                 stub = service_pb2_grpc.EscalationStub(open_before)
@@ -131,6 +134,9 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path, caplog, how
                 assert await detect(gw.port, ca.read_bytes()) == "OK"  # a new gRPC connection end to end
                 await stub.Detect(request(device="cam-1"), timeout=5)  # the connection opened before goes on
             assert gw.tls_files is not None and gw.tls_files.not_after > dt.datetime.now(dt.timezone.utc)
+            # the exported end of validity follows the renewal (what an expiry alert reads)
+            assert gw.metrics.registry.get_sample_value(expiry) == dt.datetime(
+                2099, 12, 31, 23, 59, 59, tzinfo=dt.timezone.utc).timestamp()
         finally:
             await gw.stop(0)
             await w.stop()
@@ -338,3 +344,19 @@ def test_fetch_never_raises(tmp_path, caplog):
             assert served.fetch() is None
     failed = [r for r in caplog.records if "looking at the TLS files failed" in r.getMessage()]
     assert len(failed) == 1 and failed[0].exc_info is not None  # with its traceback, a few per minute
+
+
+def test_a_gateway_without_tls_exports_no_certificate_expiry():
+    """The expiry series exists only where a certificate is served (a 0 would read as expired)."""
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        gw = await gateway(w)
+        try:
+            return gw.metrics.registry.get_sample_value("edgewise_gateway_tls_certificate_expiry_timestamp_seconds")
+        finally:
+            await gw.stop(0)
+            await w.stop()
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) is None
