@@ -108,20 +108,28 @@ def test_a_renewed_certificate_is_served_once_the_sidecar_signals_the_broker(sha
     sh, env = _shell()
     script = shared_dir / "tls-reload.sh"
     script.write_text(_broker(*MODES["tls-on"])[0]["tls-reload.sh"])  # as the pod runs it
+    said = shared_dir / "tls-reload.log"
+    watch_log = open(said, "wb")
     watcher = subprocess.Popen([*sh, str(script)], env={**env, "TLS_DIR": str(vol.root), "INTERVAL": "1",
                                                          "PID_FILE": str(shared_dir / "mosquitto.pid")},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=watch_log, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: _served_cn(port, tmp_path / "ca.pem") == "broker-old", 15, "the broker's certificate")
+        # its first look signals too (it cannot know what the broker read at start)
+        wait_until(lambda: "first look at the TLS files" in said.read_text(), 15, "the sidecar's first look")
         vol.update(files("new"))  # cert-manager renewed it; kubelet swaps ..data
         readable()
         wait_until(lambda: _served_cn(port, tmp_path / "ca.pem") == "broker-new", 15,
                    "the renewed certificate served without a restart")
         assert broker.poll() is None  # the same broker, reloaded
+        wait_until(lambda: "TLS files changed in" in said.read_text(), 10, "the sidecar's line")  # said after the signal
     finally:
         watcher.terminate()
-        out = watcher.communicate(timeout=10)[0]
+        watcher.wait(10)
+        watch_log.close()
         broker.terminate()
         broker.wait(10)
         log.close()
+    out = said.read_text()
     assert "TLS files changed in" in out and "sent SIGHUP to mosquitto" in out, out
+    assert (shared_dir / "broker.log").read_text().count("Reloading config") == 2  # the first look, the renewal
