@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from edgewise.errors import ConfigError
+from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.policy.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,12 @@ def _cache_key(data: Path, edge: Path, cloud: Path, policy: Policy, limit: Optio
 def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
     """(frames with both models' outputs, number of classes): from the cache or by running the models."""
     from edgewise.runtime import Detector
-    from edgewise_tools.evaluation.frames import collect
+    from edgewise_tools.evaluation.frames import collect, stride_problem
 
     data, edge, cloud = Path(args.data), Path(args.edge), Path(args.cloud)
+    strided = stride_problem(data)
+    if strided:
+        raise InvalidInputError(f"--data {data}: {strided}; give a set written with `edgewise synth --stride 1`")
     cache = _cache_dir(args.cache) / f"{_cache_key(data, edge, cloud, policy, args.limit)}.pkl"
     cached = _read_cache(cache)
     if cached is not None:

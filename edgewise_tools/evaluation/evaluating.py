@@ -10,12 +10,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edgewise.errors import ConfigError
+from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.policy import Policy, load_policy
 from edgewise.regions import COMPARED_MODES
 from edgewise.runtime import Detector
 from edgewise_tools.evaluation import bootstrap, hybrid, scoring
-from edgewise_tools.evaluation.frames import FrameRecord, collect
+from edgewise_tools.evaluation.frames import FrameRecord, collect, stride_problem
 from edgewise_tools.provenance import dataset_meta, provenance
 
 log = logging.getLogger(__name__)
@@ -113,8 +113,17 @@ def check_config(cfg: EvalConfig) -> None:
         raise ConfigError(f"--rates {shown}: none is <= --target-rate {cfg.target_rate:g}, so the target (at most "
                           f"{cfg.target_rate:.1%} of frames escalated) cannot be judged; add {cfg.target_rate:g} "
                           "to --rates or raise --target-rate")
+    strided = stride_problem(Path(cfg.data))
+    if strided:
+        raise InvalidInputError(f"--data {cfg.data}: {strided}; evaluate a set written with "
+                                "`edgewise synth --stride 1`")
     if cfg.train_data is not None:
         check_train_data(Path(cfg.data), Path(cfg.train_data))
+        strided = stride_problem(Path(cfg.train_data))
+        if strided:
+            log.warning("--train-data %s: %s; the learned policy is fitted on them anyway, but it decides on "
+                        "consecutive frames: a set written with `edgewise synth --stride 1` fits it to them",
+                        cfg.train_data, strided)
 
 
 def check_train_data(data: Path, train: Path) -> None:

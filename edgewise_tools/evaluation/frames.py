@@ -101,20 +101,12 @@ def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
     When ``dataset.json`` declares the dataset's ``streams`` and ``frames`` (as ``edgewise
     synth`` writes it), ``images/`` must hold exactly those frames, ``s<stream>_f<frame>``
     for every stream and frame from 0: else the evaluation would score other frames than
-    the dataset says it has (InvalidInputError naming what is missing or extra). Its
-    ``stride`` must be 1: the frames are replayed as streams, and the motion detector, the
-    tracker and the policy's budget timeline take them as consecutive (a strided set, written
-    to decorrelate training frames, has gaps of ``stride - 1`` frames)."""
+    the dataset says it has (InvalidInputError naming what is missing or extra). Whether they
+    are consecutive frames of their streams is :func:`stride_problem`'s question."""
     images = data / "images"
     if not images.is_dir():
         raise InvalidInputError(f"{data}: no images/ folder (expected a dataset written by `edgewise synth`)")
     meta = dataset_meta(data)
-    stride = meta.get("stride", 1)
-    if stride != 1 or stride.__class__ is not int:
-        raise InvalidInputError(
-            f"{data / 'dataset.json'}: stride {stride!r}: the set keeps one frame in {stride!r} of its streams, but "
-            "its frames are replayed as streams (motion, the tracker and the policy's budget take them as "
-            "consecutive frames); generate it with `edgewise synth --stride 1` (a strided set is for training)")
     out = []
     for img in images.iterdir():
         m = _NAME.match(img.stem)
@@ -132,6 +124,21 @@ def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
         seen[(stream, fno)] = img
     _check_declared(data, meta, set(seen))
     return out
+
+
+def stride_problem(data: Path) -> Optional[str]:
+    """Why the frames of ``data`` are not consecutive frames of their streams (its
+    ``dataset.json`` says ``stride`` k > 1: one frame kept in k, as ``edgewise synth --stride``
+    writes a training set), or None. Frames are replayed as streams: the motion detector, the
+    tracker and the policy's budget timeline take each next frame as the next one the camera
+    gave, so a gap of k - 1 frames looks like one frame's motion and one frame's time. The
+    evaluated set must be consecutive (``eval --data``, ``check-policy --data``); a strided
+    training set (``eval --train-data``) is fitted with a warning."""
+    stride = dataset_meta(data).get("stride", 1)
+    if stride == 1 and stride.__class__ is int:
+        return None
+    return (f"its dataset.json says stride {stride!r}: it keeps one frame in {stride!r} of its streams, whose frames "
+            "are replayed as consecutive ones (motion, the tracker and the policy's budget see a gap as one frame)")
 
 
 def _check_declared(data: Path, meta: Dict[str, Any], found: Set[Tuple[int, int]]) -> None:

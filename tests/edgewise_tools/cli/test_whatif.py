@@ -201,3 +201,19 @@ def test_a_cache_file_another_user_could_have_written_is_never_unpickled(labelle
     path.write_bytes(planted)  # the same file as this user's own, mode 0644: read, as any cache is
     path.chmod(0o644)
     assert main(args) == 0 and mark.exists()
+
+
+def test_a_strided_set_is_refused_before_a_model_runs(labelled, tiny_model, tmp_path, capsys) -> None:
+    """check-policy replays the set as streams, as eval does: a strided one is refused by the same
+    rule (``evaluation.frames.stride_problem``), before any model runs or anything is cached."""
+    import shutil
+
+    strided = tmp_path / "strided"
+    shutil.copytree(labelled, strided)
+    meta = json.loads((strided / "dataset.json").read_text())
+    (strided / "dataset.json").write_text(json.dumps({**meta, "stride": 2}))
+    assert main(["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(strided),
+                 "--edge", str(tiny_model), "--cloud", str(tiny_model), "--cache", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert f"--data {strided}: its dataset.json says stride 2" in err and "edgewise synth --stride 1" in err
+    assert not (tmp_path / "cache").exists()

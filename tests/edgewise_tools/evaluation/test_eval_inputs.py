@@ -115,9 +115,20 @@ def test_a_strided_set_is_not_replayed_as_streams(tiny_model, dataset, tmp_path,
         (data / "dataset.json").write_text(json.dumps({**meta, "stride": stride}))
         assert main(_eval(tiny_model, data, out)) == 2
         err = capsys.readouterr().err
-        assert f"{data / 'dataset.json'}: stride {stride!r}: the set keeps one frame in" in err
+        assert f"--data {data}: its dataset.json says stride {stride!r}: it keeps one frame in" in err
         assert "edgewise synth --stride 1" in err
     assert not out.exists()
+
+
+def test_a_strided_training_set_is_fitted_with_a_warning(tiny_model, dataset, tmp_path, caplog) -> None:
+    """A strided training set (the older reference recipe's) is still fitted, with a warning: the
+    refusal is for the evaluated set, whose figures it would change."""
+    train = _broken(dataset, tmp_path)
+    meta = json.loads((dataset / "dataset.json").read_text())
+    (train / "dataset.json").write_text(json.dumps({**meta, "stride": 3, "seed": meta["seed"] + 1}))
+    assert main(_eval(tiny_model, dataset, tmp_path / "out", "--train-data", str(train), "--rates", "0.5",
+                      "--target-rate", "0.5")) == 0
+    assert f"--train-data {train}: its dataset.json says stride 3" in caplog.text
 
 
 def test_dataset_json_in_the_provenance(tmp_path) -> None:
