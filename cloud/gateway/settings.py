@@ -12,6 +12,8 @@ refused at start with the file line, variable or flag that set them. See
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from cloud.gateway.balancing import BalancerConfig
 from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.filereads import kind_of
 from edgewise.ids import DEFAULT_MAX_ID_LENGTH, bearer_token_problem, credential_problem, id_problem
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.settings import Flag, Invalid, Schema, setting
@@ -256,6 +259,7 @@ class GatewaySettings:
         """
         out = {t.device: t.token for t in self.auth.tokens}
         if self.auth.tokens_file:
+            _regular_file(self.auth.tokens_file, "the device tokens file (YAML)")
             tokens: list[DeviceToken] = load_file(list[DeviceToken], self.auth.tokens_file, "tokens")
             for i, tok in enumerate(tokens):
                 bad = token_problem(tok, out, self.limits.max_id_length)
@@ -267,6 +271,19 @@ class GatewaySettings:
                                   "would accept any client; list the devices, or remove auth.tokens_file to run "
                                   "without authentication")
         return out
+
+
+def _regular_file(path: str, what: str) -> None:
+    """A named pipe, a device or a socket at ``path`` is a ``ConfigError`` found without opening
+    it: reading a FIFO without a writer blocks, and the tokens file is read again by itself when
+    it changes (``auth.tokens_poll_s``), on the gateway's event loop. A missing file is left to
+    the read, which names it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ConfigError(f"{path}: is {kind_of(mode)}, expected {what}")
 
 
 #: how much of an id an error message quotes (a client may send a huge one)

@@ -98,6 +98,17 @@ def test_a_token_revoked_in_a_mounted_secret_is_refused_without_a_signal(tmp_pat
                 assert (await code("cam-3", "new-token"), await code("cam-9", "anything")) == \
                     ("OK", "UNAUTHENTICATED")
 
+                # a named pipe put there: refused without opening it (a read would block the event loop)
+                path = vol.root / "tokens.yaml"
+                path.unlink()
+                os.mkfifo(path)
+                await async_wait_until(lambda: lines("is a named pipe (FIFO), expected the device tokens file"), 10,
+                                       "the FIFO refused")
+                assert (await code("cam-3", "new-token"), await code("cam-9", "anything")) == \
+                    ("OK", "UNAUTHENTICATED")  # the gateway still answers, with the tokens in force
+                path.unlink()
+                path.symlink_to("..data/tokens.yaml")
+
                 # fixed: in force again
                 vol.update({"tokens.yaml": "- {device: cam-4, token: four-token}\n"})
                 await async_wait_until(lambda: gw.auth.tokens == {"cam-4": "four-token"}, 10, "the fixed file")
