@@ -38,8 +38,9 @@ from edgewise.policy.schema import Policy
 log = logging.getLogger(__name__)
 
 #: Bump when what the cache holds changes shape, or what collecting it checks (4: the models' and
-#: labels' classes, unreadable label files and sets without objects are refused; 5: a checksum).
-CACHE_VERSION = 5
+#: labels' classes, unreadable label files and sets without objects are refused; 5: a checksum;
+#: 6: the key of the inputs, inside).
+CACHE_VERSION = 6
 #: What a cache file opens with: this, the SHA-256 of the pickle after it (hex) and a newline.
 CACHE_MAGIC = b"edgewise-check-policy-cache\n"
 
@@ -124,7 +125,8 @@ def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
     records = collect(data, det_edge, det_cloud, policy, modes(policy), args.limit)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        body = pickle.dumps({"version": CACHE_VERSION, "records": records, "classes": len(det_edge.names)})
+        body = pickle.dumps({"version": CACHE_VERSION, "key": cache.stem, "records": records,
+                             "classes": len(det_edge.names)})
         # a new file of this user's, mode 0600 whatever the umask (_own_file_bytes reads no other)
         fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=cache.stem, suffix=".tmp")
         try:
@@ -181,8 +183,12 @@ def _read_cache(cache: Path) -> Optional[Tuple[List[Any], int]]:
         return None
     try:
         doc = pickle.loads(body)
-        if doc["version"] == CACHE_VERSION:
+        if doc["version"] != CACHE_VERSION:
+            return None
+        if doc["key"] == cache.stem:  # the inputs it was made from, not a file copied under another name
             return list(doc["records"]), int(doc["classes"])
+        log.warning("cache file %s holds the models' outputs of other inputs (key %s; copied or renamed?): "
+                    "running the models again", cache, str(doc["key"])[:40])
     except Exception as exc:  # whatever unpickling the classes of another edgewise version raises
         log.warning("cache file %s cannot be used (%s: %s): running the models again", cache,
                     exc.__class__.__name__, exc)

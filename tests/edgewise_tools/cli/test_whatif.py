@@ -217,3 +217,23 @@ def test_a_strided_set_is_refused_before_a_model_runs(labelled, tiny_model, tmp_
     err = capsys.readouterr().err
     assert f"--data {strided}: its dataset.json says stride 2" in err and "edgewise synth --stride 1" in err
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_cache_file_of_other_inputs_is_not_read(labelled, tiny_model, small_model, tmp_path, capsys,
+                                                  caplog) -> None:
+    """The key of the inputs (models, data, what of the policy the collection depends on) is in
+    the file, not only in its name: a valid cache file copied or renamed under another key's name
+    is not read as the outputs of these inputs."""
+    cache = tmp_path / "cache"
+    base = ["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(labelled),
+            "--edge", str(tiny_model), "--threads", "1", "--cache", str(cache), "--json"]
+    assert main([*base, "--cloud", str(small_model)]) == 0
+    (small,) = cache.glob("*.pkl")
+    assert main([*base, "--cloud", str(tiny_model)]) == 0
+    capsys.readouterr()
+    (tiny,) = [p for p in cache.glob("*.pkl") if p != small]
+    tiny.write_bytes(small.read_bytes())  # the small cloud model's outputs under the tiny one's name
+    caplog.clear()
+    assert main([*base, "--cloud", str(tiny_model)]) == 0
+    assert "holds the models' outputs of other inputs" in caplog.text
+    assert tiny.read_bytes() != small.read_bytes()  # the models ran again and wrote their own
