@@ -237,8 +237,12 @@ class WorkerPool:
         if not self.settings.retry.enabled:
             return False
 
+        asked: dict[float, bool] = {}  # wants_retry and should_retry ask the same: one scan of the pool
+
         def elsewhere(within_s: float) -> bool:
-            return self.balancer.may_answer_within(within_s, tried, pixels)
+            if within_s not in asked:
+                asked[within_s] = self.balancer.may_answer_within(within_s, tried, pixels)
+            return asked[within_s]
 
         if not wants_retry(reply.status, reply.error, left, elsewhere):
             return False

@@ -178,6 +178,11 @@ def test_keda_query_is_never_rendered_as_a_template(tmp_path: Path) -> None:
         assert f"autoscaling.keda.query contains '{piece}', which the chart does not render" in out.stderr, \
             out.stderr
         assert "map[" not in out.stderr and "rel-edgewise" not in out.stderr  # nothing was evaluated
+    # in another mode the query is not used: an earlier chart's query left in the values does not
+    # block an upgrade, and it still reaches no template engine (no ScaledObject renders it)
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"autoscaling": {"mode": "builtin", "keda": {"query": '{{ include "x" . }}'}}}))
+    assert not by_kind(render(values=other), "ScaledObject")
     # the chart does not call tpl at all (a values string reaches no template engine)
     for template in (CHART / "templates").rglob("*"):
         if template.is_file():

@@ -35,7 +35,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "edgewise.image" -}}
 {{- $tag := .root.Values.image.tag | default .root.Chart.AppVersion -}}
 {{- $digest := .root.Values.image.digest -}}
-{{- if and .gpu (not (hasSuffix "-cuda" $tag)) -}}
+{{- if and .gpu (include "edgewise.derivedCudaImage" .root) -}}
 {{- $tag = printf "%s-cuda" $tag -}}
 {{- $digest = .root.Values.image.cudaDigest -}}
 {{- end -}}
@@ -44,7 +44,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* "true" when GPU workers run the "<tag>-cuda" image the chart derives (worker.profile=gpu
-     and an image.tag not already ending in -cuda): an image other than the gateway's. */}}
+     and an image.tag not already ending in -cuda): an image other than the gateway's. The one
+     rule of that derivation: edgewise.image and validate.yaml ask it. */}}
 {{- define "edgewise.derivedCudaImage" -}}
 {{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
 {{- if and (eq .Values.worker.profile "gpu") (not (hasSuffix "-cuda" $tag)) -}}true{{- end -}}
