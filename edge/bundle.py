@@ -400,6 +400,9 @@ def build_container(tree: Path, out_dir: Path) -> Path:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     shutil.copytree(tree, out_dir / "root", symlinks=True)
+    # the Dockerfile copies the wheelhouse before the venv build, and the model after it (a new
+    # model reuses the venv layer): a bundle without --wheels has an empty one
+    (out_dir / "root" / SHARE / "wheels").mkdir(parents=True, exist_ok=True)
     _copy(JETSON / "Dockerfile.l4t", out_dir / "Dockerfile", 0o644)
     return out_dir
 

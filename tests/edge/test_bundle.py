@@ -297,6 +297,16 @@ def test_container_context(built) -> None:
     assert "USER edgewise" in dockerfile
     for copied in ("root/usr/lib/edgewise-edge/python", "root/usr/bin/edgewise-edge", "root/etc/edgewise"):
         assert copied in dockerfile and (built.container / copied).exists()
+    # the venv layer depends on the pins and the wheels only: the model is copied after it, so a
+    # bundle rebuilt with another model reuses it; every shared file is in one of the two
+    copies = re.findall(r"^COPY (\S+)", dockerfile, flags=re.M)
+    setup = dockerfile.index("RUN /usr/lib/edgewise-edge/setup.sh")
+    wheels, models = "root/usr/share/edgewise-edge/wheels", "root/usr/share/edgewise-edge/models"
+    assert dockerfile.index(f"COPY {wheels} ") < setup < dockerfile.index(f"COPY {models} ")
+    assert (built.container / wheels).is_dir() and (built.container / models / "edge.onnx").is_file()
+    shared = [p.relative_to(built.container).as_posix() for p in (built.container / "root/usr/share/edgewise-edge")
+              .rglob("*") if p.is_file()]
+    assert shared and all(any(f.startswith(c + "/") for c in copies) for f in shared), (shared, copies)
 
 
 def test_container_entry_point_runs_the_daemon_or_the_command_given(built, tmp_path) -> None:
