@@ -56,7 +56,7 @@ subscription, the reason and what to fix, and the bridge subscribes again every
 With ``mqtt.tls``, the bridge's TLS files (``mqtt.ca_file``, ``mqtt.cert_file``,
 ``mqtt.key_file``) are followed without a restart (``cloud.gateway.mqtt_tls.BridgeTls``): before each connection
 attempt (paho's ``on_pre_connect``) they are looked at with the rule of the gateway's own TLS
-files (``cloud.gateway.tlsreload.ReloadDecision``: ``edgewise.filereads.file_identity``, a
+files (``edgewise.filewatch.ReloadDecision``: ``edgewise.filereads.file_identity``, a
 kubelet ``..data`` swap or a file rewritten in place), and when they changed they are loaded
 into a new context that wraps the connections from then on: a renewed client certificate (a
 cert-manager renewal) and a rotated broker CA bundle, a removed CA included, are in force at the

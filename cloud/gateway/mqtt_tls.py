@@ -7,17 +7,17 @@ client certificate expired the broker refused the bridge and MQTT escalations st
 
 :class:`BridgeTls` looks at the files before each connection attempt (paho's
 ``on_pre_connect``, called by ``cloud.gateway.mqtt_bridge.MqttBridge``) with the rule of the
-gateway's own TLS files (``cloud.gateway.tlsreload.ReloadDecision`` over
+gateway's own TLS files (``edgewise.filewatch.ReloadDecision`` over
 ``edgewise.filereads.file_identity``), and when they changed loads them into a new context that
-wraps the connections from then on (:class:`FollowedContext`). Files that cannot be loaded are
-one ERROR per change naming them; the files in force stay.
+wraps the connections from then on (``edgewise.clienttls.FollowedContext``). Files that cannot be
+loaded are one ERROR per change naming them; the files in force stay. The context and the
+followed one are built by the code the edge's MQTT transport uses (``edgewise.clienttls``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -25,17 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloud.gateway.tlsfiles import validity
-from cloud.gateway.tlsreload import Identities, ReloadDecision, identities_of
+from edgewise.clienttls import FollowedContext, client_context
 from edgewise.errors import ConfigError
+from edgewise.filewatch import Identities, ReloadDecision, identities_of
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger("edgewise.gateway.mqtt")
-
-
-def _no_passphrase() -> bytes:
-    """An encrypted client key is refused (there is no passphrase setting), never prompted for on
-    a terminal: OpenSSL's prompt would hold paho's network thread."""
-    return b""
 
 
 @dataclass(frozen=True)
@@ -49,35 +44,19 @@ class ClientTls:
 
 
 def load_client_tls(ca_file: str, cert_file: str, key_file: str) -> ClientTls:
-    """A client context as paho's ``tls_set(ca_certs, certfile, keyfile)`` builds it: TLS client
-    (``PROTOCOL_TLS_CLIENT``), the broker's certificate verified (``CERT_REQUIRED``) against
-    ``ca_file`` (empty: the system's CAs) and its name checked against ``mqtt.host``
-    (``check_hostname``); the client certificate of ``cert_file`` and ``key_file`` (empty: the key
-    is in ``cert_file``) for mutual TLS. A ``ConfigError`` naming the files otherwise."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.check_hostname = True
-    not_before = not_after = None
-    if cert_file:
-        pair = f"mqtt.cert_file {cert_file}" + (f" and mqtt.key_file {key_file}" if key_file else "")
-        try:
-            ctx.load_cert_chain(cert_file, key_file or None, password=_no_passphrase)
-            not_before, not_after = _validity(Path(cert_file).read_bytes())
-        except ssl.SSLError as exc:
-            why = ("the key does not belong to the certificate" if "KEY_VALUES_MISMATCH" in str(exc)
-                   else f"not a PEM certificate and unencrypted private key ({exc.reason or exc})")
-            raise ConfigError(f"mqtt: {pair}: {why}") from None
-        except OSError as exc:
-            raise ConfigError(f"mqtt: {pair}: cannot be read ({exc.strerror or exc})") from None
+    """A client context as paho's ``tls_set(ca_certs, certfile, keyfile)`` builds it
+    (``edgewise.clienttls.client_context``: the broker's certificate verified against ``ca_file``,
+    empty: the system's CAs, and its name checked against ``mqtt.host``; the client certificate of
+    ``cert_file`` and ``key_file``, empty: the key is in ``cert_file``, for mutual TLS), and the
+    client certificate's validity. A ``ConfigError`` naming the files otherwise."""
     try:
-        if ca_file:
-            ctx.load_verify_locations(ca_file)
-        else:
-            ctx.load_default_certs()
-    except ssl.SSLError as exc:
-        raise ConfigError(f"mqtt: mqtt.ca_file {ca_file}: not a PEM CA bundle ({exc.reason or exc})") from None
+        ctx = client_context(ca_file, cert_file, key_file, BridgeTls.SETTINGS)
+        not_before, not_after = _validity(Path(cert_file).read_bytes()) if cert_file else (None, None)
+    except ConfigError as exc:
+        raise ConfigError(f"mqtt: {exc}") from None
     except OSError as exc:
-        raise ConfigError(f"mqtt: mqtt.ca_file {ca_file}: cannot be read ({exc.strerror or exc})") from None
+        pair = f"mqtt.cert_file {cert_file}" + (f" and mqtt.key_file {key_file}" if key_file else "")
+        raise ConfigError(f"mqtt: {pair}: cannot be read ({exc.strerror or exc})") from None
     return ClientTls(ctx, not_before, not_after)
 
 
@@ -91,28 +70,6 @@ def _validity(pem: bytes) -> tuple[dt.datetime | None, dt.datetime | None]:
         return validity(ssl.PEM_cert_to_DER_cert(block))
     except (ValueError, IndexError, UnicodeDecodeError):
         return None, None
-
-
-class FollowedContext(ssl.SSLContext):
-    """The one context paho is given (``tls_set_context`` takes one for the client's life, and paho
-    wraps each new connection with it): it hands each connection to the context of the files in
-    force, ``current``, which :class:`BridgeTls` replaces when they change. A new context, not
-    files loaded into this one: ``load_verify_locations`` only adds, so a CA removed from the
-    bundle would stay trusted, and a pair that does not match, loaded into a context, leaves it
-    with no client certificate at all (OpenSSL 3.0: the next handshake sent none). Its own
-    ``check_hostname`` and ``verify_mode`` are those of every ``current`` (paho reads
-    ``check_hostname`` to know that the context checks the broker's name)."""
-
-    current: ssl.SSLContext
-
-    def wrap_socket(self, sock: socket.socket, server_side: bool = False,
-                    do_handshake_on_connect: bool = True, suppress_ragged_eofs: bool = True,
-                    server_hostname: str | bytes | None = None,
-                    session: ssl.SSLSession | None = None) -> ssl.SSLSocket:
-        return self.current.wrap_socket(sock, server_side=server_side,
-                                        do_handshake_on_connect=do_handshake_on_connect,
-                                        suppress_ragged_eofs=suppress_ragged_eofs,
-                                        server_hostname=server_hostname, session=session)
 
 
 class BridgeTls:
@@ -132,10 +89,7 @@ class BridgeTls:
         seen = self.identities()  # before the read: files written meanwhile differ at the first look
         loaded = self.load()
         self._warn_validity(loaded)
-        self.context = FollowedContext(ssl.PROTOCOL_TLS_CLIENT)
-        self.context.verify_mode = ssl.CERT_REQUIRED
-        self.context.check_hostname = True
-        self.context.current = loaded.context
+        self.context = FollowedContext.following(loaded.context)
         # every connection attempt looks (paho's backoff spaces them at least a second apart)
         self.decision: ReloadDecision[ClientTls] = ReloadDecision(seen, clock(), interval_s=0.0)
 

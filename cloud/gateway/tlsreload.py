@@ -30,11 +30,12 @@ Mutual TLS stays on across reloads (``require_client_authentication`` belongs to
 credentials, not to a configuration), and a client CA bundle rotated into place is the one new
 connections' certificates are checked against.
 
-:class:`ReloadDecision` is the decision, pure (a clock reading, a function giving the files'
-identities and a loader are passed in); :class:`ServedTlsFiles` is the shell: the lock (gRPC
-calls ``fetch`` from its own threads; a connection arriving while another looks keeps the
-current configuration rather than wait), the logging, and the guarantee that ``fetch`` never
-raises.
+``edgewise.filewatch.ReloadDecision`` is the decision, pure (a clock reading, a function giving
+the files' identities and a loader are passed in), shared with the gateway's MQTT bridge
+(``cloud.gateway.mqtt_tls``) and the edge's transports; :class:`ServedTlsFiles` is the shell:
+the lock (gRPC calls ``fetch`` from its own threads; a connection arriving while another looks
+keeps the current configuration rather than wait), the logging, and the guarantee that
+``fetch`` never raises.
 """
 
 from __future__ import annotations
@@ -44,14 +45,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
 
 import grpc
 
 from cloud.gateway.tlsfiles import ServerFiles, load_server_files
-from edgewise.errors import ConfigError
-from edgewise.filereads import FileIdentity, file_identity
+from edgewise.filewatch import Identities, ReloadDecision, identities_of
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger("edgewise.gateway")
@@ -59,72 +57,6 @@ log = logging.getLogger("edgewise.gateway")
 #: The TLS files are looked at, on a new connection, at most once per this many seconds: a
 #: renewal is in force for new connections about a second after kubelet or certbot wrote it.
 RECHECK_S = 1.0
-
-#: The identities of the watched files, in a fixed order (:func:`file_identity`; None: no file).
-Identities = tuple[FileIdentity | None, ...]
-
-#: What the files are loaded into: the server's :class:`ServerFiles` here, the MQTT bridge's
-#: client context in ``cloud.gateway.mqtt_tls``.
-Loaded = TypeVar("Loaded")
-
-
-def identities_of(paths: tuple[str, ...]) -> Identities:
-    """The identities of ``paths``, in their order (an empty path: None)."""
-    return tuple(file_identity(p) for p in paths)
-
-
-@dataclass(frozen=True)
-class Outcome(Generic[Loaded]):
-    """What one look decided: ``files`` to serve from now on, or the ``problem`` of files that
-    changed and cannot be served (once per change), or neither (no look was due, nothing
-    changed, or the files changed while they were read). ``changed``: the positions of the
-    identities that differ from those of the files in force."""
-
-    files: Loaded | None = None
-    problem: str | None = None
-    changed: tuple[int, ...] = ()
-
-
-NOTHING: Outcome[Any] = Outcome()
-
-
-class ReloadDecision(Generic[Loaded]):
-    """The identities of the files in force and of the last refused ones, and what a look
-    means. Pure: the shell passes the clock reading, the looking and the loading (a
-    ``ConfigError`` naming the files when they cannot be put in force). Shared by the gRPC
-    server's files (:class:`ServedTlsFiles`) and the MQTT bridge's client files
-    (``cloud.gateway.mqtt_tls.BridgeTls``)."""
-
-    def __init__(self, served: Identities, now: float, interval_s: float = RECHECK_S) -> None:
-        self.served = served
-        self.refused: Identities | None = None
-        self.interval_s = interval_s
-        self.last_look = now  # the start has just looked
-
-    def look(self, now: float, identities: Callable[[], Identities],
-             load: Callable[[], Loaded]) -> Outcome[Loaded]:
-        """At most one look per ``interval_s``: the files are loaded only when their identities
-        differ from those in force and from the last refused ones (so a refusal is reported
-        once per change), and taken only when they did not change while loaded."""
-        if now - self.last_look < self.interval_s:
-            return NOTHING
-        self.last_look = now
-        before = identities()
-        if before == self.served or before == self.refused:
-            return NOTHING
-        changed = tuple(i for i, (a, b) in enumerate(zip(before, self.served)) if a != b)
-        try:
-            files: Loaded | None = load()
-            problem = None
-        except ConfigError as exc:
-            files, problem = None, str(exc)
-        if identities() != before:  # written while read: perhaps half old, half new; again next look
-            return NOTHING
-        if files is None:
-            self.refused = before
-            return Outcome(problem=problem, changed=changed)
-        self.served, self.refused = before, None
-        return Outcome(files=files, changed=changed)
 
 
 def _config(files: ServerFiles) -> grpc.ServerCertificateConfiguration:

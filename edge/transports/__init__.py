@@ -78,6 +78,9 @@ MAX_ANSWER_BYTES = 32 * 1024 * 1024
 #: The most characters of the cloud's ``error`` text (or a gRPC status's details) that reach
 #: a record or a log line; control characters are escaped (``printable``).
 MAX_ERROR_CHARS = 500
+#: The settings of the TLS files both transports use and follow without a restart (CA bundle,
+#: client certificate, key), as the messages name them.
+TLS_SETTINGS = ("cloud.tls_ca", "cloud.tls_cert", "cloud.tls_key")
 #: Why an answer that is not a ``DetectResponse`` is refused (gRPC and MQTT alike).
 NOT_A_RESPONSE = "the cloud's answer is not a DetectResponse"
 

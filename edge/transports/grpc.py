@@ -1,6 +1,18 @@
 """gRPC escalation transport (grpc.aio): keepalive, per-request deadline, retry on
 UNAVAILABLE as channel service-config policy, TLS / mutual TLS and a bearer token.
 
+The TLS files (``cloud.tls_ca``, ``cloud.tls_cert``, ``cloud.tls_key``) are followed without a
+restart: a client certificate renewed on the device (short-lived certificates renewed by an agent
+such as ``step ca renew --daemon``, or ``edgewise edge provision`` writing new files) or a rotated
+CA bundle is used from the next call on. Before a call, at most once a second
+(``edgewise.filewatch``), the files are looked at; when they changed they are read and checked
+as at start (``edge.tlsfiles``: the CA bundle parses, the key belongs to the certificate), new
+channels are opened to the endpoints for the calls from then on, and the old ones are closed in
+the background once the calls still on them end (their deadlines bound the wait). Files that cannot be used
+are one ERROR per change naming the setting and the problem; the channels in force stay. Before,
+the files were read once at start: the gRPC channel reconnected with the old certificate until
+the daemon restarted, and once it expired every escalation was refused and spooled.
+
 Retries follow gRPC's ``examples/python/retry/retry_client.py`` (service config,
 not a hand-written loop; docs/design/conventions.md#grpc-idioms). Several endpoints are tried in
 order when one is UNAVAILABLE. Unlike Sedna's client (docs/design/escalation.md#sedna-baselines:
@@ -10,25 +22,35 @@ JSON pixels, no timeout), every call has a deadline. Callers:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from typing import Any, List, Optional, Sequence, Tuple
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import grpc
 from grpc import aio
 
+from edge.tlsfiles import check_files
 from edge.transports import (
     MAX_ANSWER_BYTES,
+    TLS_SETTINGS,
     TransportError,
     check_response,
     not_a_response,
     printable,
 )
 from edgewise import status
+from edgewise.errors import ConfigError
+from edgewise.filewatch import RECHECK_S, FollowedFiles
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = MAX_ANSWER_BYTES
+#: Channels replaced by renewed TLS files are closed once the calls still on them end, at the
+#: latest this many seconds after the last of their deadlines (each call has one): a renewal
+#: cuts no call short, and a retired channel does not stay open for long.
+RETIRE_SLACK_S = 1.0
 
 def detect_method() -> str:
     """The method every escalation calls, from the generated service descriptor. Its answer
@@ -62,6 +84,29 @@ def _read(path: str) -> Optional[bytes]:
         return f.read()
 
 
+class ChannelTls(NamedTuple):
+    """The TLS files, read and checked: the channels' credentials, and what may be wrong with
+    the certificate (expired, not yet valid: ``edge.tlsfiles.certificate_warnings``)."""
+
+    credentials: Any  # grpc.ChannelCredentials
+    warnings: List[str]
+
+
+def load_channel_tls(ca: str, cert: str, key: str) -> ChannelTls:
+    """The channel credentials of the TLS files, checked first as at start (``edge.tlsfiles``:
+    the CA bundle parses, the key belongs to the certificate): a ``ConfigError`` naming the
+    setting and the problem when they cannot be used."""
+    warnings = check_files(ca, cert, key, "")
+    data: List[Optional[bytes]] = []
+    for path, setting in zip((ca, cert, key), TLS_SETTINGS):
+        try:
+            data.append(_read(path))
+        except OSError as exc:  # gone since the check
+            raise ConfigError(f"{setting} {path}: cannot be read ({exc.strerror or exc})") from None
+    creds = grpc.ssl_channel_credentials(root_certificates=data[0], certificate_chain=data[1], private_key=data[2])
+    return ChannelTls(creds, warnings)
+
+
 def _decode(raw: Any) -> Any:
     """The ``DetectResponse`` in an answer's bytes; TransportError (INTERNAL) when they are
     not one."""
@@ -90,6 +135,7 @@ class GrpcTransport:
         tls_key: str = "",
         token: str = "",
         keepalive_s: float = 20.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not endpoints:
             raise ValueError("gRPC transport needs at least one endpoint (cloud.endpoints)")
@@ -106,37 +152,100 @@ class GrpcTransport:
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.max_receive_message_length", MAX_MESSAGE),
         ]
-        self.channels: List[Any] = []
-        self.stubs: List[Any] = []
         self.preferred = 0
+        self._clock = clock
+        self._in_force = _Channels([], [])
+        #: the TLS files, followed (None: plaintext); built by ``start``
+        self.tls_files: Optional[FollowedFiles[ChannelTls]] = None
+        #: old channels, closed by their task once the calls still on them end
+        self._retiring: Dict[asyncio.Task[None], _Channels] = {}
+
+    @property
+    def channels(self) -> List[Any]:
+        """The channels new calls go to, one per endpoint."""
+        return self._in_force.channels
+
+    @property
+    def stubs(self) -> List[Any]:
+        return self._in_force.stubs
 
     async def start(self) -> None:
+        """Open the channels. With TLS, the files are read and checked first: a ``ConfigError``
+        naming the setting when they cannot be used (``edgewise edge run`` checked them already)."""
+        creds = None
+        if self.tls[0] or self.tls[1]:
+            if self.tls_files is None:
+                self.tls_files = FollowedFiles(self.tls, TLS_SETTINGS, lambda: load_channel_tls(*self.tls),
+                                               "the gRPC transport", log, self._clock, RECHECK_S)
+            creds = self.tls_files.loaded.credentials
+        self._in_force = self._open(creds)
+
+    def _open(self, creds: Any) -> _Channels:
+        """A channel and a Detect stub per endpoint (``creds`` None: plaintext)."""
         from edgewise.v1 import detect_pb2
 
-        ca, cert, key = self.tls
-        creds = None
-        if ca or cert:
-            creds = grpc.ssl_channel_credentials(
-                root_certificates=_read(ca), private_key=_read(key), certificate_chain=_read(cert)
-            )
+        opened = _Channels([], [])
         for ep in self.endpoints:
             ch = aio.secure_channel(ep, creds, options=self.options) if creds else aio.insecure_channel(
                 ep, options=self.options
             )
-            self.channels.append(ch)
-            self.stubs.append(ch.unary_unary(
+            opened.channels.append(ch)
+            opened.stubs.append(ch.unary_unary(
                 detect_method(), request_serializer=detect_pb2.DetectRequest.SerializeToString,
                 response_deserializer=None))  # raw bytes: decoded by _decode
+        return opened
+
+    def _follow_tls(self) -> None:
+        """Before a call: when the TLS files changed and can be used, new channels take the calls
+        from now on, and the old ones close in the background once their calls end. Never raises
+        (``FollowedFiles.look`` logs what goes wrong and keeps the files in force)."""
+        if self.tls_files is None:
+            return
+        new = self.tls_files.look()
+        if new is None:
+            return
+        for warning in new.warnings:
+            log.warning("%s", warning)
+        old, self._in_force = self._in_force, self._open(new.credentials)
+        task = asyncio.ensure_future(self._retire(old))
+        self._retiring[task] = old
+        task.add_done_callback(lambda done: self._retiring.pop(done, None))
+
+    async def _retire(self, old: _Channels) -> None:
+        """Close ``old`` once the calls on it end (a grace: their deadlines, and ``RETIRE_SLACK_S``),
+        or at once when the transport closes (this task cancelled): what is still in flight is
+        cancelled then."""
+        grace = max(0.0, old.until - asyncio.get_running_loop().time()) + RETIRE_SLACK_S
+        try:
+            await asyncio.wait_for(old.idle(), grace)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            for ch in old.channels:
+                await ch.close()
 
     async def detect(self, request: Any, timeout_s: float) -> Any:
         if not self.stubs:
             await self.start()
-        n = len(self.stubs)
+        self._follow_tls()
+        used = self._in_force  # this call's retries stay on it, and it stays open until they end
+        used.calls += 1
+        # each endpoint tried gets the whole timeout: the latest this call can end
+        used.until = max(used.until, asyncio.get_running_loop().time() + len(used.stubs) * max(timeout_s, 0.001))
+        try:
+            return await self._detect(used.stubs, request, timeout_s)
+        finally:
+            used.calls -= 1
+            if not used.calls and used.done is not None:
+                used.done.set()
+
+    async def _detect(self, stubs: List[Any], request: Any, timeout_s: float) -> Any:
+        n = len(stubs)
         last: Optional[TransportError] = None
         for k in range(n):
             i = (self.preferred + k) % n
             try:
-                raw = await self.stubs[i](
+                raw = await stubs[i](
                     request, timeout=max(timeout_s, 0.001), metadata=self.metadata or None
                 )
             except aio.AioRpcError as exc:
@@ -153,7 +262,31 @@ class GrpcTransport:
         raise last
 
     async def close(self) -> None:
-        for ch in self.channels:
-            await ch.close()
-        self.channels = []
-        self.stubs = []
+        """Close the channels, those being retired too (the calls still on them cancelled)."""
+        tasks = list(self._retiring)
+        sets = [self._in_force, *self._retiring.values()]
+        self._in_force = _Channels([], [])
+        for task in tasks:  # one not started yet never runs: its channels are closed here
+            task.cancel()
+        for opened in sets:
+            for ch in opened.channels:
+                await ch.close()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _Channels:
+    """One set of channels (one per endpoint) opened with one set of TLS files, and the calls on it."""
+
+    def __init__(self, channels: List[Any], stubs: List[Any]) -> None:
+        self.channels = channels
+        self.stubs = stubs
+        self.calls = 0
+        self.until = 0.0  # the event loop's time by which every call on these channels has ended
+        self.done: Optional[asyncio.Event] = None  # set when the last call ends, once retired
+
+    async def idle(self) -> None:
+        """Return when no call is on these channels."""
+        if self.calls:
+            self.done = asyncio.Event()
+            await self.done.wait()

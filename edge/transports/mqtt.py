@@ -7,7 +7,16 @@ as the User Property ``authorization: Bearer <token>`` (topics and property name
 ``edgewise.mqtt_topics``); the cloud bridge answers there with the
 ``DetectResponse`` bytes and the same correlation data.
 TLS, username/password or client certificates; paho's loop thread reconnects
-with exponential backoff (``reconnect_delay_set``). ``MqttConnection`` is shared
+with exponential backoff (``reconnect_delay_set``). The TLS files (``cloud.tls_ca``,
+``cloud.tls_cert``, ``cloud.tls_key``) are followed without a restart, as the gateway's bridge
+follows its own: paho is given an ``edgewise.clienttls.FollowedContext``, and before each
+connection attempt (paho's ``on_pre_connect``) the files are looked at
+(``edgewise.filewatch``); when they changed they are checked as at start (``edge.tlsfiles``)
+and loaded into a new context that wraps the connections from then on. A client certificate
+renewed on the device or a rotated CA bundle is used at the next reconnect; files that cannot
+be used are one ERROR per change naming the setting, and the files in force stay. (paho's
+``tls_set`` read them once: after a renewal the edge reconnected with the old certificate
+until the daemon restarted.) ``MqttConnection`` is shared
 with the MQTT sink; every publish goes through ``MqttConnection.publish``, which
 is where the broker's answers are read:
 
@@ -56,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import ssl
 import sys
 import threading
 import time
@@ -70,8 +80,17 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import Counter, Gauge
 
-from edge.transports import MAX_ANSWER_BYTES, TransportError, check_response, not_a_response
+from edge.tlsfiles import check_files
+from edge.transports import (
+    MAX_ANSWER_BYTES,
+    TLS_SETTINGS,
+    TransportError,
+    check_response,
+    not_a_response,
+)
 from edgewise import mqtt_topics, status
+from edgewise.clienttls import FollowedContext, client_context
+from edgewise.filewatch import FollowedFiles
 from edgewise.mqtt_client import Client
 from edgewise.mqtt_packets import (
     PROTOCOL_MAX_PACKET,
@@ -216,6 +235,16 @@ def _metrics_of(registry: Any) -> MqttMetrics:
 OnDone = Callable[[Optional[Refusal]], None]
 
 
+def load_tls_context(ca: str, cert: str, key: str) -> Tuple[ssl.SSLContext, List[str]]:
+    """The context of the edge's TLS files, checked first as at start (``edge.tlsfiles``: the CA
+    bundle parses, the key belongs to the certificate), built as paho's ``tls_set`` builds it
+    (``edgewise.clienttls.client_context``, the code of the gateway's bridge), and what may be wrong
+    with the certificate (expired, not yet valid): a ``ConfigError`` naming the setting and the
+    problem when they cannot be used."""
+    warnings = check_files(ca, cert, key, "")
+    return client_context(ca, cert, key, TLS_SETTINGS), warnings
+
+
 class MqttConnection:
     """One paho client with its own network thread, reconnecting with backoff."""
 
@@ -248,8 +277,17 @@ class MqttConnection:
         )
         if username:
             self.client.username_pw_set(username, password or None)
+        #: the TLS files, followed (None: no TLS); ``tls_context`` is what paho wraps connections with
+        self.tls_files: Optional[FollowedFiles[Tuple[ssl.SSLContext, List[str]]]] = None
+        self.tls_context: Optional[FollowedContext] = None
         if tls:
-            self.client.tls_set(ca_certs=tls_ca or None, certfile=tls_cert or None, keyfile=tls_key or None)
+            paths = (tls_ca, tls_cert, tls_key)
+            # every connection attempt looks (paho's backoff spaces them at least a second apart)
+            self.tls_files = FollowedFiles(paths, TLS_SETTINGS, lambda: load_tls_context(*paths),
+                                           "the MQTT connection", log, interval_s=0.0)
+            self.tls_context = FollowedContext.following(self.tls_files.loaded[0])
+            self.client.tls_set_context(self.tls_context)
+            self.client.on_pre_connect = self._on_pre_connect
         self.client.reconnect_delay_set(min_delay=RECONNECT_DELAY_S[0], max_delay=RECONNECT_DELAY_S[1])
         self.client.on_connect = self._on_connect
         self.client.on_connect_fail = self._on_connect_fail
@@ -479,6 +517,17 @@ class MqttConnection:
             self.connected.clear()
         if self.metrics is not None:
             self.metrics.connected.set(1 if up else 0)
+
+    def _on_pre_connect(self, client: Any, userdata: Any) -> None:
+        """(paho's thread, before each connection attempt) When the TLS files changed and can be
+        used, this attempt and the next ones use them. Never raises (``FollowedFiles.look``)."""
+        if self.tls_files is None or self.tls_context is None:
+            return
+        new = self.tls_files.look()
+        if new is not None:
+            self.tls_context.current = new[0]
+            for warning in new[1]:
+                log.warning("%s", warning)
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         if reason_code.is_failure:

@@ -25,8 +25,9 @@ from cloud.gateway import tlsreload
 from cloud.gateway.server import Gateway
 from cloud.gateway.settings import load_settings
 from cloud.gateway.tlsfiles import ServerFiles
-from cloud.gateway.tlsreload import NOTHING, ReloadDecision, ServedTlsFiles
+from cloud.gateway.tlsreload import ServedTlsFiles
 from edgewise.errors import ConfigError
+from edgewise.filewatch import NOTHING, ReloadDecision
 from edgewise.v1 import service_pb2_grpc
 from tests.cloud.gateway.pki import Pki
 from tests.cloud.gateway.workers import TestWorker, request
