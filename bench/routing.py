@@ -196,8 +196,8 @@ def worker_main(args: argparse.Namespace) -> int:
     slow = {"on": False}
 
     class PaddedRunner(ModelRunner):
-        def run(self, items):  # type: ignore[no-untyped-def]
-            out, secs = super().run(items)
+        def run(self, items, whole=False):  # type: ignore[no-untyped-def]
+            out, secs = super().run(items, whole)
             mult = args.slow_factor if slow["on"] else 1.0
             # --pixel-unit: a native-input worker, whose time grows with each image's pixels
             units = (sum(it.meta.src_shape[0] * it.meta.src_shape[1] for it in items) / args.pixel_unit
