@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -26,6 +27,22 @@ from tests.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_CACHE = ROOT / ".cache" / "test-models"
 DIGIT_NAMES = tuple(str(i) for i in range(10))
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs a CLI gets ``edgewise.observability.setup_logging``'s root level (INFO)
+    and its stderr handler (on that test's captured stream, closed after it); both are undone
+    after the test. Left in place, every later test's ``caplog`` took INFO lines of whatever an
+    earlier test left running (a CI run failed on a balancer's "readmitted" line in a spool
+    test), and the handler wrote to a closed stream ("I/O operation on closed file")."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in list(root.handlers):
+        if handler.get_name() == "edgewise":  # edgewise.observability's own (pytest's stay)
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 def free_port() -> int:

@@ -11,6 +11,7 @@ import numpy as np
 
 from edge import framememory
 from edge.framememory import FrameMemory, mem_total_bytes, worst_case_bytes
+from tests.logs import said as logged
 
 EIGHT_K = (4320, 7680, 3)
 GIB = 2**30
@@ -34,7 +35,7 @@ def test_warned_once_when_the_worst_case_passes_half_the_device(caplog):
         assert m.seen("a", EIGHT_K) is None  # said once
     assert said is not None and said.startswith("frames may hold 4.0 GiB at once, 57% of this device's 7.0 GiB")
     assert "a 1920x1080, b 7680x4320" in said and "cloud.max_in_flight 16" in said
-    assert [r.getMessage() for r in caplog.records] == [said]
+    assert logged(caplog.records, "edge.framememory") == [said]
     quiet = FrameMemory({"a": 2}, max_batch=4, max_in_flight=0, total=7 * GIB)
     assert quiet.seen("a", EIGHT_K) is None  # no cloud: 3 + 8 frames, 1.0 GiB
 

@@ -16,6 +16,7 @@ import pytest
 from edge.spool import Spool, SpoolCorrupt, SpoolError
 from edge.spool_salvage import is_spool_file, open_spool
 from tests.edge.spooldamage import AGE_INDEX, KEY_INDEX, damage_index, damage_page_holding
+from tests.logs import said
 
 CAP = 1 << 30
 
@@ -79,7 +80,7 @@ def test_a_damaged_index_loses_nothing(tmp_path, caplog, index):
     moved = [p for p in tmp_path.iterdir() if p.name.startswith("spool.db.damaged-")
              and not p.name.endswith(("-wal", "-shm"))]
     assert len(moved) == 1 and is_spool_file(moved[0])
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = said(caplog.records, "edge.spool_salvage")
     assert line.startswith(f"spool {path} is not a readable spool (damaged: ")
     assert f"moved it to {moved[0]}" in line and line.endswith(": 110 escalation(s) salvaged")
 
@@ -100,7 +101,7 @@ def test_a_damaged_table_page_loses_only_the_items_on_it(tmp_path, caplog):
     assert all(before[k] == v for k, v in held.items())  # what was kept is intact
     lost_ids = sorted(before[k][0] for k in lost)
     assert lost_ids == list(range(lost_ids[0], lost_ids[-1] + 1))  # one page: a run of ids
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = said(caplog.records, "edge.spool_salvage")
     assert f"{len(held)} escalation(s) salvaged, ids {lost_ids[0]}-{lost_ids[-1]} unreadable" in line
 
 
@@ -132,7 +133,7 @@ def test_a_spool_file_cut_short_is_salvaged_not_refused(tmp_path, caplog, capsys
         held = _held(sp)
     assert 0 < len(held) < len(before) and all(before[k] == v for k, v in held.items())
     assert "dev/cam/0" in held
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = said(caplog.records, "edge.spool_salvage")
     assert "is not a readable spool (database disk image is malformed); moved it to" in line
     assert f"{len(held)} escalation(s) salvaged" in line
 
@@ -225,7 +226,7 @@ def test_damage_found_in_use_is_salvaged_at_the_next_start_even_if_quick_check_p
         with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
             assert _held(again) == before
     assert not damage_marker(path).exists()
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = said(caplog.records, "edge.spool_salvage")
     assert line.startswith(f"spool {path} was found damaged while the daemon ran (database disk image is malformed)")
     with open_spool(path, max_bytes=CAP, max_age_s=3600) as third:  # sound now: opened as it is
         assert len(third) == 20
@@ -242,7 +243,7 @@ def test_a_salvage_that_fills_the_disk_stops_at_the_reserve_and_says_so(small_fs
             kept = len(sp)
             assert sp.ack_many([it.id for it in sp.peek(5)]) == 5  # the reserve left room to acknowledge
             assert len(sp) == kept - 5
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = said(caplog.records, "edge.spool_salvage")
     assert 0 < kept < 200 and f": {kept} escalation(s) salvaged; stopped early, the rest is still in " in line
     assert "KiB stay free" in line
 
@@ -506,7 +507,7 @@ def test_a_salvage_killed_mid_copy_is_finished_at_the_next_start(tmp_path, caplo
         with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
             assert len(sp) == 300 and _held(sp) == before
     assert not marker.exists() and not (tmp_path / "spool.db.damaged").exists()
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = said(caplog.records, "edge.spool_salvage")
     assert line.startswith(f"spool {path}: went on with the salvage of the damaged file {moved}, which an earlier "
                            "try had not finished (a stop, a crash or a full disk cut it short): ")
     assert line.endswith(f": {300 - 34} more escalation(s) salvaged")
@@ -567,7 +568,7 @@ def test_a_salvage_marker_naming_a_file_that_is_gone_is_said_and_dropped(tmp_pat
         with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
             assert len(sp) == 5
     assert not salvage_marker(path).exists()
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = said(caplog.records, "edge.spool_salvage")
     assert line.startswith(f"spool {path}: its salvage marker {salvage_marker(path)} names "
                            f"{tmp_path / 'spool.db.damaged-20260101T000000Z'}, which is not there (deleted, ")
 
@@ -622,7 +623,7 @@ def test_a_damaged_salvage_marker_is_said_with_the_moved_files_and_how_to_go_on(
     with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
         with open_spool(path, max_bytes=CAP, max_age_s=3600) as again:
             assert len(again) == result.salvaged
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = said(caplog.records, "edge.spool_salvage")
     assert line.startswith(f"spool {path}: its salvage marker {marker} is damaged ({problem}), so a copy of a "
                            f"damaged spool file into the spool may not have finished; the moved files there are "
                            f"{result.moved_to.name}. To go on with one, stop the daemon, add the file's name as a "
@@ -704,7 +705,7 @@ def test_a_damaged_spool_whose_filesystem_went_read_only_is_said_so(small_fs, mo
     monkeypatch.undo()
     with caplog.at_level(logging.WARNING, logger="edge.spool_salvage"):
         result = salvage_in_use(sp)
-    assert result.finished and _held(sp) == before and not caplog.records
+    assert result.finished and _held(sp) == before and not said(caplog.records, "edge.spool_salvage")
     sp.close()
 
 

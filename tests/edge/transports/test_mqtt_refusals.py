@@ -49,6 +49,7 @@ from edgewise.policy.loading import parse_policy
 from edgewise.v1 import detect_pb2
 from tests.conftest import Broker, configured_mosquitto, free_port
 from tests.edge.helpers import frame_record, policy_yaml
+from tests.logs import said
 from tests.waiting import async_wait_until, wait_until
 
 LOGGER = "edge.transports.mqtt"
@@ -459,7 +460,7 @@ def test_a_refused_subscription_to_the_answers_is_an_error_naming_the_topic(capl
     with caplog.at_level("ERROR", logger="edge.transports.mqtt"):
         conn._on_subscribe(None, None, 7, [ReasonCode(PacketTypes.SUBACK, identifier=0x87)], None)
         conn._on_subscribe(None, None, 8, [ReasonCode(PacketTypes.SUBACK, identifier=1)], None)  # granted QoS 1
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = said(caplog.records, "edge.transports.mqtt")
     assert line.startswith("MQTT broker broker.example:1883 refused the subscription to edgewise/cam-1/response/# "
                            "(Not authorized)") and "ACL must let this device's user read it" in line
     assert conn._subscribing == {}
