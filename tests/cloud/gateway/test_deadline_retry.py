@@ -12,15 +12,17 @@ measures the sleep, so it refuses every deadline closer than that, as a slow wor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
+from typing import AsyncIterator, Tuple
 
 import grpc
 
 from cloud.gateway.server import Gateway
 from cloud.gateway.settings import load_settings
 from cloud.worker.runner import ModelRunner
-from cloud.worker.server import create_server
+from cloud.worker.server import WorkerServer, create_server
 from cloud.worker.settings import BatchingSettings, WorkerSettings
 from edgewise.runtime.detector import Detector
 from edgewise.v1 import service_pb2_grpc
@@ -53,6 +55,30 @@ def worker_settings(model: Path, worker_id: str, max_queue_size: int = 64) -> Wo
                           batching=BatchingSettings(max_batch_size=1, mode="off", max_queue_size=max_queue_size))
 
 
+@contextlib.asynccontextmanager
+async def preferred_and_other(model: Path, first: WorkerSettings, runner: ModelRunner,
+                              other_id: str) -> AsyncIterator[Tuple[WorkerServer, str, Gateway]]:
+    """A worker the gateway picks first (``first`` with ``runner``, weight 50), a plain one
+    (``other_id``, weight 1), and a real gateway in front of both, once it has both workers'
+    load: (the preferred worker, its address, the gateway)."""
+    preferred, first_port = create_server(first, runner)
+    other, other_port = create_server(worker_settings(model, other_id))
+    await asyncio.gather(preferred.start(), other.start())
+    first_addr = f"127.0.0.1:{first_port}"
+    gw = Gateway(load_settings(None, {
+        "listen": "127.0.0.1:0", "metrics_port": -1, "load_poll_interval_s": 0.2,
+        "balancer.slow_start_window_s": 0, "balancer.use_reported_capacity": False,
+        "discovery.static": [f"{first_addr}=50", f"127.0.0.1:{other_port}=1"]}, env={}))
+    await gw.start()
+    try:
+        eps = gw.pool.balancer.endpoints
+        await async_wait_until(lambda: all(ep.capacity for ep in eps.values()), 10, "both workers' load")
+        yield preferred, first_addr, gw
+    finally:
+        await gw.stop(0)
+        await asyncio.gather(preferred.stop(1), other.stop(1))
+
+
 def test_a_refused_too_short_deadline_is_answered_by_a_worker_that_makes_it(tiny_model):
     """Worker `slow` refuses a 600 ms deadline up front (its batch takes 1 s); worker `fast` has
     time enough. The gateway picks `slow` first (weight 50 to 1) and used to answer the client
@@ -60,19 +86,9 @@ def test_a_refused_too_short_deadline_is_answered_by_a_worker_that_makes_it(tiny
     failing (no ejection), and each retry is counted as sent."""
 
     async def main():
-        slow, slow_port = create_server(worker_settings(tiny_model, "slow"),
-                                        SlowRunner(Detector.from_file(tiny_model, threads=1)))
-        fast, fast_port = create_server(worker_settings(tiny_model, "fast"))
-        await asyncio.gather(slow.start(), fast.start())
-        slow_addr, fast_addr = f"127.0.0.1:{slow_port}", f"127.0.0.1:{fast_port}"
-        gw = Gateway(load_settings(None, {
-            "listen": "127.0.0.1:0", "metrics_port": -1, "load_poll_interval_s": 0.2,
-            "balancer.slow_start_window_s": 0, "balancer.use_reported_capacity": False,
-            "discovery.static": [f"{slow_addr}=50", f"{fast_addr}=1"]}, env={}))
-        await gw.start()
-        try:
+        async with preferred_and_other(tiny_model, worker_settings(tiny_model, "slow"),
+                                       SlowRunner(Detector.from_file(tiny_model, threads=1)), "fast") as (slow, slow_addr, gw):
             eps = gw.pool.balancer.endpoints
-            await async_wait_until(lambda: all(ep.capacity for ep in eps.values()), 10, "both workers' load")
             async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
                 stub = service_pb2_grpc.EscalationStub(ch)
                 answers = []
@@ -85,9 +101,6 @@ def test_a_refused_too_short_deadline_is_answered_by_a_worker_that_makes_it(tiny
                 "edgewise_worker_requests_total", {"status": grpc.StatusCode.DEADLINE_EXCEEDED.name})
             retried = gw.metrics.registry.get_sample_value("edgewise_gateway_retries_total", {"result": "sent"})
             return answers, refused, retried, eps[slow_addr].consecutive_failures, eps[slow_addr].ejections
-        finally:
-            await gw.stop(0)
-            await asyncio.gather(slow.stop(1), fast.stop(1))
 
     answers, refused, retried, failures, ejections = asyncio.run(asyncio.wait_for(main(), 120))
     assert answers == ["fast"] * 3, answers
@@ -104,19 +117,9 @@ def test_a_full_worker_queue_is_answered_by_a_worker_with_room(tiny_model):
     RESOURCE_EXHAUSTED without the worker's mark is not retried (balancing.refused_busy)."""
 
     async def main():
-        busy, busy_port = create_server(worker_settings(tiny_model, "busy", max_queue_size=1),
-                                        BusyRunner(Detector.from_file(tiny_model, threads=1)))
-        idle, idle_port = create_server(worker_settings(tiny_model, "idle"))
-        await asyncio.gather(busy.start(), idle.start())
-        busy_addr, idle_addr = f"127.0.0.1:{busy_port}", f"127.0.0.1:{idle_port}"
-        gw = Gateway(load_settings(None, {
-            "listen": "127.0.0.1:0", "metrics_port": -1, "load_poll_interval_s": 0.2,
-            "balancer.slow_start_window_s": 0, "balancer.use_reported_capacity": False,
-            "discovery.static": [f"{busy_addr}=50", f"{idle_addr}=1"]}, env={}))
-        await gw.start()
-        try:
+        async with preferred_and_other(tiny_model, worker_settings(tiny_model, "busy", max_queue_size=1),
+                                       BusyRunner(Detector.from_file(tiny_model, threads=1)), "idle") as (busy, busy_addr, gw):
             eps = gw.pool.balancer.endpoints
-            await async_wait_until(lambda: all(ep.capacity for ep in eps.values()), 10, "both workers' load")
             async with grpc.aio.insecure_channel(busy_addr) as other, \
                     grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
                 other_gateway = service_pb2_grpc.WorkerStub(other)
@@ -137,9 +140,6 @@ def test_a_full_worker_queue_is_answered_by_a_worker_with_room(tiny_model):
                 "edgewise_worker_requests_total", {"status": grpc.StatusCode.RESOURCE_EXHAUSTED.name})
             retried = gw.metrics.registry.get_sample_value("edgewise_gateway_retries_total", {"result": "sent"})
             return answer, refused, retried, eps[busy_addr].consecutive_failures, eps[busy_addr].ejections
-        finally:
-            await gw.stop(0)
-            await asyncio.gather(busy.stop(1), idle.stop(1))
 
     answer, refused, retried, failures, ejections = asyncio.run(asyncio.wait_for(main(), 120))
     assert answer == "idle", answer

@@ -15,16 +15,19 @@ certificate its handshake used).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import shutil
 import ssl
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 
+from cloud.gateway.mqtt_bridge import MqttBridge
 from cloud.gateway.mqtt_tls import BridgeTls, load_client_tls
 from cloud.gateway.server import Gateway
 from edgewise.errors import ConfigError
@@ -75,37 +78,49 @@ class TlsBroker:
         await asyncio.to_thread(self.broker.start)
 
 
-@pytest.fixture
-def tls_broker_of() -> Iterator:
-    """``tls_broker_of(server, clients_ca)``: a started ``TlsBroker``."""
-    stack: list = []
-
-    def start(server: Pki, clients_ca: Pki) -> TlsBroker:
-        files = Path(tempfile.mkdtemp(prefix="ew-mosq-tls-"))
-        files.chmod(0o755)
-        TlsBroker.lay_out(files, server, clients_ca)
-        tls_port = free_port()
-        cm = configured_mosquitto(f"listener {tls_port} 127.0.0.1\ncafile {files}/clients-ca.pem\n"
+@contextlib.contextmanager
+def running_tls_broker(server: Pki, clients_ca: Pki) -> Iterator[TlsBroker]:
+    """A real Mosquitto with a plain listener (the test's edge or responder) and a TLS listener
+    serving ``server``'s certificate and requiring client certificates of ``clients_ca``."""
+    files = Path(tempfile.mkdtemp(prefix="ew-mosq-tls-"))
+    files.chmod(0o755)
+    TlsBroker.lay_out(files, server, clients_ca)
+    tls_port = free_port()
+    try:
+        with configured_mosquitto(f"listener {tls_port} 127.0.0.1\ncafile {files}/clients-ca.pem\n"
                                   f"certfile {files}/server.pem\nkeyfile {files}/server.key\n"
-                                  "require_certificate true\n")
-        stack.append((cm, files))
-        return TlsBroker(cm.__enter__(), files, tls_port)
-
-    yield start
-    for cm, files in stack:
-        cm.__exit__(None, None, None)
+                                  "require_certificate true\n") as broker:
+            yield TlsBroker(broker, files, tls_port)
+    finally:
         shutil.rmtree(files, ignore_errors=True)
 
 
-async def tls_bridged_gateway(tb: TlsBroker, w: TestWorker, vol: SecretVolume) -> Gateway:
+@pytest.fixture
+def tls_broker_of() -> Iterator:
+    """``tls_broker_of(server, clients_ca)``: a started ``TlsBroker`` (``running_tls_broker``),
+    stopped at the end of the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda server, clients_ca: stack.enter_context(running_tls_broker(server, clients_ca))
+
+
+@contextlib.asynccontextmanager
+async def tls_bridged_gateway(tb: TlsBroker, vol: SecretVolume) -> AsyncIterator[Tuple[Gateway, MqttBridge]]:
+    """A real worker and gateway whose bridge reaches ``tb``'s TLS listener with the files in
+    ``vol``: (the gateway, its bridge), both stopped at the end."""
+    w = TestWorker("a", 0.005)
+    await w.start()
     gw = Gateway(settings_for([(w, 1)], **{
         "mqtt.enabled": True, "mqtt.host": "127.0.0.1", "mqtt.port": tb.tls_port,
         "mqtt.reconnect_min_s": 0.5, "mqtt.reconnect_max_s": 1, "mqtt.tls": True,
         "mqtt.ca_file": str(vol.root / "ca.crt"), "mqtt.cert_file": str(vol.root / "tls.crt"),
         "mqtt.key_file": str(vol.root / "tls.key")}))
     await gw.start()
-    assert gw.bridge is not None
-    return gw
+    try:
+        assert gw.bridge is not None and gw.bridge.tls is not None
+        yield gw, gw.bridge
+    finally:
+        await gw.stop(1)
+        await w.stop()
 
 
 async def answered(tb: TlsBroker, seq: int) -> None:
@@ -145,12 +160,8 @@ def test_a_renewed_client_certificate_and_a_rotated_ca_are_used_without_a_restar
     tb = tls_broker_of(one, one)
 
     async def main() -> None:
-        w = TestWorker("a", 0.005)
-        await w.start()
-        gw = await tls_bridged_gateway(tb, w, vol)
-        bridge = gw.bridge
-        assert bridge is not None and bridge.tls is not None
-        try:
+        async with tls_bridged_gateway(tb, vol) as (_, bridge):
+            assert bridge.tls is not None
             await wait_until(bridge.connected.is_set, 15, "the bridge subscribed with certificate A")
             await answered(tb, 1)
             vol.update(secret(two, two if ca_rotated else one, "bridge-b"))  # cert-manager renews, kubelet swaps
@@ -161,9 +172,6 @@ def test_a_renewed_client_certificate_and_a_rotated_ca_are_used_without_a_restar
             trusted = bridge.tls.context.current.get_ca_certs()
             assert trusted == ssl.create_default_context(cafile=str((two if ca_rotated else one).d / "ca.pem")
                                                          ).get_ca_certs()
-        finally:
-            await gw.stop(1)
-            await w.stop()
 
     run(main())
     (info,) = records(caplog, logging.INFO, "MQTT bridge TLS files changed")
@@ -185,12 +193,8 @@ def test_a_pair_that_does_not_match_leaves_the_files_in_force_logged_once(tmp_pa
     tb = tls_broker_of(pki, pki)
 
     async def main() -> None:
-        w = TestWorker("a", 0.005)
-        await w.start()
-        gw = await tls_bridged_gateway(tb, w, vol)
-        bridge = gw.bridge
-        assert bridge is not None and bridge.tls is not None
-        try:
+        async with tls_bridged_gateway(tb, vol) as (_, bridge):
+            assert bridge.tls is not None
             await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
             in_force = bridge.tls.context.current
             vol.update(secret(pki, pki, "bridge-b", key_of="bridge-a"))
@@ -211,9 +215,6 @@ def test_a_pair_that_does_not_match_leaves_the_files_in_force_logged_once(tmp_pa
             await wait_until(bridge.connected.is_set, 15, "the bridge subscribed with B")
             await answered(tb, 2)
             assert bridge.tls.context.current is not in_force
-        finally:
-            await gw.stop(1)
-            await w.stop()
 
     run(main())
     (error,) = records(caplog, logging.ERROR, "were not put in force")

@@ -16,13 +16,12 @@ presents the old certificate is refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import shutil
 import ssl
 import sys
-import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Tuple
 
 import grpc
 import pytest
@@ -37,9 +36,9 @@ from edge.transports import TransportError
 from edge.transports.grpc import GrpcTransport
 from edge.transports.mqtt import MqttConnection, MqttTransport
 from tests.cloud.gateway.pki import Pki, openssl
-from tests.cloud.gateway.test_mqtt_tls import TlsBroker
+from tests.cloud.gateway.test_mqtt_tls import TlsBroker, running_tls_broker
 from tests.cloud.gateway.workers import TestWorker, request
-from tests.conftest import configured_mosquitto, free_port
+from tests.conftest import free_port
 from tests.edge.transports.test_mqtt_refusals import Responder
 from tests.secretvolume import SecretVolume
 from tests.waiting import async_wait_until
@@ -62,6 +61,17 @@ class NamedPki(Pki):
 def _pki(d: Path) -> Pki:
     d.mkdir()
     return NamedPki(d)
+
+
+def two_cas(tmp_path: Path, server: str, cn: str) -> Tuple[Pki, Pki]:
+    """CA 1 and CA 2, each with a server certificate ``server`` (CN ``cn``); the edge's
+    certificate A of CA 1 and B of CA 2."""
+    one, two = _pki(tmp_path / "ca1"), _pki(tmp_path / "ca2")
+    for pki in (one, two):
+        pki.issue(server, cn, SAN)
+    one.issue("edge-a", "cam-1")
+    two.issue("edge-b", "cam-1")
+    return one, two
 
 
 class Clock:
@@ -103,11 +113,7 @@ def test_grpc_a_renewed_certificate_is_used_after_a_rollout_without_a_restart(tm
     starts on the same port trusting only CA 2; the transport's next call succeeds. Before, the
     channel reconnected presenting A: UNAVAILABLE, until the daemon restarted."""
     caplog.set_level(logging.INFO, logger=GRPC_LOG)
-    one, two = _pki(tmp_path / "ca1"), _pki(tmp_path / "ca2")
-    for pki in (one, two):
-        pki.issue("server", "gateway", SAN)
-    one.issue("edge-a", "cam-1")
-    two.issue("edge-b", "cam-1")
+    one, two = two_cas(tmp_path, "server", "gateway")
     ca1, ca2 = (one.d / "ca.pem").read_bytes(), (two.d / "ca.pem").read_bytes()
     both = tmp_path / "both-cas.pem"
     both.write_bytes(ca1 + ca2)
@@ -235,24 +241,10 @@ def test_grpc_files_that_cannot_be_used_keep_the_channels_logged_once_per_change
 @pytest.fixture
 def tls_broker() -> Iterator:
     """``tls_broker(server, clients_ca)``: a started ``TlsBroker`` (a plain listener for the test's
-    responder, a TLS listener requiring client certificates of ``clients_ca`` for the edge)."""
-    stack: list = []
-
-    def start(server: Pki, clients_ca: Pki) -> TlsBroker:
-        files = Path(tempfile.mkdtemp(prefix="ew-mosq-tls-"))
-        files.chmod(0o755)
-        TlsBroker.lay_out(files, server, clients_ca)
-        tls_port = free_port()
-        cm = configured_mosquitto(f"listener {tls_port} 127.0.0.1\ncafile {files}/clients-ca.pem\n"
-                                  f"certfile {files}/server.pem\nkeyfile {files}/server.key\n"
-                                  "require_certificate true\n")
-        stack.append((cm, files))
-        return TlsBroker(cm.__enter__(), files, tls_port)
-
-    yield start
-    for cm, files in stack:
-        cm.__exit__(None, None, None)
-        shutil.rmtree(files, ignore_errors=True)
+    responder, a TLS listener requiring client certificates of ``clients_ca`` for the edge),
+    stopped at the end of the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda server, clients_ca: stack.enter_context(running_tls_broker(server, clients_ca))
 
 
 def edge_secret(ca: bytes, pki: Pki, name: str, key_of: str = "") -> dict[str, bytes]:
@@ -276,11 +268,7 @@ def test_mqtt_reconnects_with_a_renewed_certificate_and_rotated_ca_without_a_res
     reconnects with the new files and its escalations are answered, without a restart. Before,
     paho reconnected with what ``tls_set`` had read at start, refused for good."""
     caplog.set_level(logging.INFO, logger=MQTT_LOG)
-    one, two = _pki(tmp_path / "ca1"), _pki(tmp_path / "ca2")
-    for pki in (one, two):
-        pki.issue("broker", "broker", SAN)
-    one.issue("edge-a", "cam-1")
-    two.issue("edge-b", "cam-1")
+    one, two = two_cas(tmp_path, "broker", "broker")
     vol = SecretVolume(tmp_path / "edge-tls", edge_secret((one.d / "ca.pem").read_bytes(), one, "edge-a"))
     tb = tls_broker(one, one)
     conn = tls_connection(tb, vol)
