@@ -307,8 +307,24 @@ def _env_file(existing: Path, token: Optional[str]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def provision(args: argparse.Namespace) -> List[Tuple[Path, int, int]]:
-    """Write the files; returns ``(path, mode, gid)`` of each."""
+def _needs_restart(root: Path, plan: List[Tuple[Path, bytes, int, int]]) -> bool:
+    """Whether writing ``plan`` changes what a running daemon reads only at start: its settings
+    or its token. The files under ``TLS_DIR`` it follows while it runs (a renewed certificate or
+    CA bundle is used from its next connection)."""
+    for path, data, _, _ in plan:
+        if path.parent == root / TLS_DIR:
+            continue
+        try:
+            if path.read_bytes() != data:
+                return True
+        except OSError:
+            return True
+    return False
+
+
+def provision(args: argparse.Namespace) -> Tuple[List[Tuple[Path, int, int]], bool]:
+    """Write the files; returns ``(path, mode, gid)`` of each, and whether a running daemon must
+    be restarted to read them (the settings or the token changed, not only TLS files)."""
     root = Path(args.root)
     if not root.is_dir():
         raise InvalidInputError(f"--root {root}: not a directory")
@@ -340,20 +356,28 @@ def provision(args: argparse.Namespace) -> List[Tuple[Path, int, int]]:
                   f"container pass it with `-e {TOKEN_VAR}` from a shell that sourced the file "
                   "(deploy/jetson/README.md, \"L4T container\")", file=sys.stderr)
     remove = _client_files(root) if args.new_device and not args.cert else []
+    restart = _needs_restart(root, plan)
     _write_all(root, plan, remove)
-    return [(path, mode, owner_gid) for path, _, mode, owner_gid in plan]
+    return [(path, mode, owner_gid) for path, _, mode, owner_gid in plan], restart
+
+
+def next_step(root: Path, restart: bool) -> str:
+    """What the operator does after files were written into ``root``."""
+    if root.resolve() != Path("/"):
+        return ("next: flash this rootfs (deploy/jetson/README.md); provision the next device's files the same way, "
+                "with --new-device")
+    if restart:
+        return "next: sudo systemctl restart edgewise-edge (it reads its settings and token at start)"
+    return ("next: nothing: only TLS files changed, and a running daemon uses them from its next connection "
+            "(no restart)")
 
 
 def _handler(args: argparse.Namespace) -> int:
-    written = provision(args)
+    written, restart = provision(args)
     for path, mode, gid in written:
         later = " (root's until first boot: systemd-tmpfiles gives it to edgewise)" if mode == 0o640 and not gid else ""
         print(f"wrote {path} (mode {mode:04o}, group {gid}){later}")
     if os.geteuid() != 0:
         print(f"note: not root: the files belong to uid {os.geteuid()}; run with sudo so they are root's")
-    if Path(args.root).resolve() == Path("/"):
-        print("next: sudo systemctl restart edgewise-edge")
-    else:
-        print("next: flash this rootfs (deploy/jetson/README.md); provision the next device's files the same way, "
-              "with --new-device")
+    print(next_step(Path(args.root), restart))
     return 0

@@ -279,3 +279,37 @@ def test_a_token_the_gateway_refuses_is_refused_with_the_gateways_reason(rootfs:
     err = capsys.readouterr().err.strip()
     assert err == f"edgewise: error: --token-file {tmp_path / 'token'}: the token {bearer_token_problem(token)}"
     assert not (rootfs / "etc/default").exists()
+
+
+def test_a_running_device_is_told_to_restart_only_when_its_settings_or_token_changed(rootfs: Path, tmp_path: Path,
+                                                                                       capsys, monkeypatch) -> None:
+    """The daemon follows its TLS files (a renewed certificate is used from its next connection)
+    but reads its settings and token at start: ``--root /`` said "restart" after every run."""
+    said = []
+
+    def spy(root: Path, restart: bool) -> str:
+        said.append(restart)
+        return real(root, restart)
+
+    real = PV.next_step
+    monkeypatch.setattr(PV, "next_step", spy)
+    pki = Pki(tmp_path)
+    pki.issue("c17", "cam-17")
+    (tmp_path / "t17").write_text("tok-17")
+    base = ["edge", "provision", "--root", str(rootfs), "--endpoint", "gw.plant.lan:50051", "--ca",
+            str(tmp_path / "ca.pem"), "--keep-identity"]
+    first = base + ["--device-id", "cam-17", "--token-file", str(tmp_path / "t17")]
+    assert main(first + ["--cert", str(tmp_path / "c17.pem"), "--key", str(tmp_path / "c17.key")]) == 0
+    assert said == [True]  # a fresh rootfs
+    pki.issue("c17b", "cam-17")  # the certificate renewed
+    assert main(first + ["--cert", str(tmp_path / "c17b.pem"), "--key", str(tmp_path / "c17b.key")]) == 0
+    assert said == [True, False]
+    assert (rootfs / "etc/edgewise/tls/client.pem").read_bytes() == (tmp_path / "c17b.pem").read_bytes()
+    (tmp_path / "t17").write_text("tok-17-new")  # a new token
+    assert main(first + ["--cert", str(tmp_path / "c17b.pem"), "--key", str(tmp_path / "c17b.key")]) == 0
+    assert said == [True, False, True]
+    assert main(base[:5] + ["gw2.plant.lan:50051"] + base[6:]) == 0  # a new endpoint
+    assert said == [True, False, True, True]
+    assert "systemctl restart" in real(Path("/"), True)
+    assert "no restart" in real(Path("/"), False) and "systemctl" not in real(Path("/"), False)
+    assert "flash this rootfs" in real(rootfs, False)
