@@ -55,6 +55,7 @@ from edgewise import hangup, status
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.filereads import FileIdentity, file_identity
 from edgewise.observability import LogThrottle
+from edgewise.settings.fields import changed_keys
 from edgewise.v1 import service_pb2
 
 log = logging.getLogger("edgewise.gateway")
@@ -241,6 +242,7 @@ class Gateway:
         #: and the tokens file as last read (looked at before it is read)
         self._tokens_from = settings
         self._tokens_watch = FileWatch(file_identity(settings.auth.tokens_file))
+        self._tokens_poll_changed = asyncio.Event()  # SIGHUP brought another auth.tokens_poll_s
         self.auth = TokenAuth(settings.device_tokens())
         lim = settings.limits
         self.limiter = RateLimiter(lim.rate_per_device, lim.burst_per_device)
@@ -491,10 +493,8 @@ class Gateway:
         frozen = "the worker set is frozen until restart"
         loops: list[tuple[Awaitable[None], str, str]] = [
             (self.pool.follow(self.discovery.watch()), "discovery", frozen),
-            (self.pool.poll_loads(), "load polling", frozen)]
-        if s.auth.tokens_poll_s > 0:
-            loops.append((self.watch_tokens_file(), "the device tokens file watch",
-                          "the device tokens are re-read on SIGHUP only"))
+            (self.pool.poll_loads(), "load polling", frozen),
+            (self.watch_tokens_file(), "the device tokens file watch", "the device tokens are re-read on SIGHUP only")]
         for coro, what, then in loops:
             task: asyncio.Task[Any] = asyncio.ensure_future(coro)
             task.add_done_callback(functools.partial(self._task_ended, what=what, then=then))
@@ -555,6 +555,8 @@ class Gateway:
                       "turn authentication off; restart the gateway to run without authentication")
             return False
         if source is not None:
+            if source.auth.tokens_poll_s != self._tokens_from.auth.tokens_poll_s:
+                self._tokens_poll_changed.set()
             self._tokens_from = source
             self._tokens_watch.acted(seen)
         added = sorted(tokens.keys() - self.auth.tokens.keys())
@@ -590,15 +592,28 @@ class Gateway:
         self.reload_tokens(tokens, self._tokens_from, seen)
 
     async def watch_tokens_file(self) -> None:
-        """:meth:`check_tokens_file` every ``auth.tokens_poll_s`` until cancelled; an unexpected
-        error is logged with its traceback and the next look tried again."""
-        interval = self.settings.auth.tokens_poll_s
+        """:meth:`check_tokens_file` every ``auth.tokens_poll_s`` of the settings in force (a
+        SIGHUP may bring another interval; 0 = no look) until cancelled; an unexpected error is
+        logged with its traceback and the next look tried again."""
         while True:
-            await asyncio.sleep(interval)
+            interval = self._tokens_from.auth.tokens_poll_s
+            self._tokens_poll_changed.clear()
+            try:
+                await asyncio.wait_for(self._tokens_poll_changed.wait(), interval if interval > 0 else None)
+            except asyncio.TimeoutError:
+                pass
+            else:
+                log.info("device tokens file: looked at %s from now on", f"every {self._tokens_from.auth.tokens_poll_s:g} s"
+                         if self._tokens_from.auth.tokens_poll_s > 0 else "on SIGHUP only (auth.tokens_poll_s: 0)")
+                continue
             try:
                 self.check_tokens_file()
             except Exception:
                 log.exception("looking at the device tokens file failed; trying again in %g s", interval)
+
+
+#: the settings a SIGHUP puts in force; any other change waits for a restart (and is logged)
+RELOADED_ON_SIGHUP = ("discovery.static", "auth.tokens", "auth.tokens_file", "auth.tokens_poll_s")
 
 
 async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings] | None = None,
@@ -625,6 +640,10 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
         except ConfigError as exc:
             log.error("reload ignored, the workers and tokens in force stay: %s", exc)
             return
+        later = [k for k in changed_keys(settings, fresh) if k not in RELOADED_ON_SIGHUP]
+        if later:
+            log.warning("SIGHUP: %s changed, which a reload does not apply (it applies %s); the values the gateway "
+                        "started with stay until a restart", ", ".join(later), ", ".join(RELOADED_ON_SIGHUP))
         gw.reload_workers(fresh.discovery.static)
         gw.reload_tokens(tokens, fresh, seen)
 

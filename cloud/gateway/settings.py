@@ -81,7 +81,7 @@ class AuthSettings:
         "so an edit, a file moved over it and a Kubernetes Secret update (kubelet swaps the mounted folder's "
         "`..data` link; the chart mounts the Secret as a folder) are all seen, and the tokens are re-read as "
         "on SIGHUP. A file that is half-written or invalid is refused, logged once per change, and the tokens "
-        "in force stay. 0 = only on SIGHUP.", 5.0, lo=0, hi=3600)
+        "in force stay. 0 = only on SIGHUP. A SIGHUP puts a changed value in force.", 5.0, lo=0, hi=3600)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import MISSING, dataclass, field
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from edgewise.errors import ConfigError
 from edgewise.fieldrules import allowed_text, in_range, show, suggest
@@ -117,6 +117,20 @@ def walk(cls: type, prefix: str = "") -> Iterator[Tuple[str, FieldInfo]]:
             yield from walk(seq[0], key + "[].")
         else:
             yield key, info
+
+
+def changed_keys(old: Any, new: Any, prefix: str = "") -> List[str]:
+    """Key paths whose values differ between two settings objects of one class, in declaration
+    order: sections are entered, a list is compared whole (a process that re-reads its settings
+    on SIGHUP names what it does not apply)."""
+    keys: List[str] = []
+    for info in fields_of(type(old)).values():
+        a, b = getattr(old, info.name), getattr(new, info.name)
+        if dataclasses.is_dataclass(a) and type(a) is type(b):
+            keys += changed_keys(a, b, prefix + info.name + ".")
+        elif a != b:
+            keys.append(prefix + info.name)
+    return keys
 
 
 def value_problem(spec: Spec, tp: Any, value: Any, shown: str = "") -> Optional[Tuple[str, str]]:

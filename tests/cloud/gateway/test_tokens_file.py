@@ -119,3 +119,67 @@ def test_a_token_revoked_in_a_mounted_secret_is_refused_without_a_signal(tmp_pat
             await w.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_sighup_puts_a_new_poll_interval_in_force_and_names_what_it_does_not_apply(tmp_path, caplog):
+    """``auth.tokens_poll_s`` was read once at start: a gateway started with 0 never looked at the
+    file by itself even after its config said 0.2 and it got SIGHUP. And a SIGHUP re-reads the
+    whole settings but applies only the workers and tokens; other keys changed silently did
+    nothing. Now the interval follows, and the keys left for a restart are named."""
+    import signal
+
+    from cloud.gateway import server
+
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("- {device: cam-1, token: one}\n")
+    caplog.set_level(logging.INFO, logger="edgewise.gateway")
+    said = lambda text: [r.getMessage() for r in caplog.records if text in r.getMessage()]  # noqa: E731
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        over = {"listen": "127.0.0.1:0", "metrics_port": -1, "discovery.static": [w.address],
+                "auth.tokens_file": str(tokens), "auth.tokens_poll_s": 0}
+        now = dict(over)
+        gws = []
+        real_gateway = server.Gateway
+
+        def keep(settings):
+            gws.append(real_gateway(settings))
+            return gws[-1]
+
+        server.Gateway = keep
+        try:
+            task = asyncio.ensure_future(server.serve(load_settings(None, over, env={}),
+                                                      reload=lambda: load_settings(None, now, env={}), announce=False))
+            await async_wait_until(lambda: gws and gws[0].serving, 10, "the gateway serving")
+            gw = gws[0]
+            os.kill(os.getpid(), signal.SIGHUP)  # nothing changed: nothing to name
+            await async_wait_until(lambda: said("device tokens reloaded"), 10, "the reload")
+            tokens.write_text("- {device: cam-1, token: two}\n")
+            await asyncio.sleep(0.6)
+            assert gw.auth.tokens == {"cam-1": "one"}  # 0: looked at on SIGHUP only
+
+            now.update({"auth.tokens_poll_s": 0.1, "limits.rate_per_device": 3.0, "shutdown_grace_s": 1.0})
+            os.kill(os.getpid(), signal.SIGHUP)
+            await async_wait_until(lambda: gw.auth.tokens == {"cam-1": "two"}, 10, "the SIGHUP's reload")
+            await async_wait_until(lambda: said("looked at every 0.1 s from now on"), 10, "the new interval")
+            tokens.write_text("- {device: cam-1, token: three}\n")  # no signal
+            await async_wait_until(lambda: gw.auth.tokens == {"cam-1": "three"}, 10, "the file watched by itself")
+            assert said("SIGHUP: shutdown_grace_s, limits.rate_per_device changed, which a reload does not apply")
+            assert len(said("which a reload does not apply")) == 1  # not at the first, unchanged SIGHUP
+            assert gw.limiter.rate == gw.settings.limits.rate_per_device != 3.0  # as the line says: not applied
+
+            now["auth.tokens_poll_s"] = 0  # back to SIGHUP only
+            os.kill(os.getpid(), signal.SIGHUP)
+            await async_wait_until(lambda: said("on SIGHUP only (auth.tokens_poll_s: 0)"), 10, "the watch stopped")
+            tokens.write_text("- {device: cam-1, token: four}\n")
+            await asyncio.sleep(0.6)
+            assert gw.auth.tokens == {"cam-1": "three"}
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(task, 30)
+        finally:
+            server.Gateway = real_gateway
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
