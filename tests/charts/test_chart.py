@@ -902,6 +902,17 @@ def test_each_service_account_gets_its_own_annotations() -> None:
     out = subprocess.run([helm(), "install", "rel", str(CHART), "--dry-run=client", "-n", "ml",
                           *helm_args(*MODES["service-accounts"])], capture_output=True, text=True)
     assert "on both ServiceAccounts" not in out.stdout.split("NOTES:", 1)[1]
+    # create=false: the shared annotations are on no account (refusing them would break upgrades
+    # of installs that set them before; the per-account keys, new, are refused), and NOTES says so
+    sets = ("serviceAccount.create=false", "serviceAccount.name=edgewise-sa", "autoscaling.mode=hpa",
+            "serviceAccount.annotations.team=vision", "serviceAccount.annotations.example\\.com/owner=ops")
+    out = subprocess.run([helm(), "install", "rel", str(CHART), "--dry-run=client", "-n", "ml", *helm_args(*sets)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "serviceAccount.annotations is set but serviceAccount.create=false: the chart creates no ServiceAccount, " \
+        "so these annotations (example.com/owner, team) are on no account. Annotate the existing ServiceAccount " \
+        "edgewise-sa yourself" in out.stdout.split("NOTES:", 1)[1]
+    assert not by_kind(render(*sets), "ServiceAccount")
 
 
 def test_every_pod_gets_the_image_pull_secrets() -> None:
