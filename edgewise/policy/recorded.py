@@ -339,7 +339,8 @@ class _Source:
     def _text(self) -> IO[str]:
         binary, under, regular = _open_binary(self.path)
         self.regular = regular
-        text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
+        # utf-8-sig: a byte order mark an editor put at the start is not part of the first record
+        text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace")
         self._open = [text, under]
         return text
 

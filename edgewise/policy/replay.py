@@ -64,6 +64,7 @@ import math
 import time
 from bisect import insort
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from edgewise.errors import InvalidInputError
@@ -105,6 +106,9 @@ PART_MODES = ("crops", "regions")
 #: Payload modes whose image is not the frame's pixels at full resolution: their recorded
 #: sizes do not calibrate the bytes per pixel.
 SCALED_MODES = ("downscaled", "low+regions")
+#: ``isinstance``'s second argument for every signal of a record (a record whose signal is
+#: JSON ``true`` is counted a bad value; the daemon writes numbers only)
+_BOOL = repeat(bool)
 
 
 def jpeg_bytes_per_pixel(quality: int) -> float:
@@ -440,8 +444,8 @@ def _take(r: Replay, doc: Record) -> None:
         # every signal, weighted or not, a finite number within +-MAX_NUMBER: NaN or an infinity
         # makes the sum fail the comparison, a string, null or list raises TypeError, and a
         # 400-digit integer (no float holds it) OverflowError, or fails the comparison alone
-        if not sum(map(abs, signals.values())) <= MAX_NUMBER:
-            raise ValueError("a signal is not a finite number")
+        if not sum(map(abs, signals.values())) <= MAX_NUMBER or any(map(isinstance, signals.values(), _BOOL)):
+            raise ValueError("a signal is not a finite number")  # JSON true is no number (abs(True) is 1)
         if classes.__class__ is list:
             facts = FrameFacts(tuple(classes), doc.get("edge_boxes", 0), doc.get("edge_max_score", 0.0))
         else:

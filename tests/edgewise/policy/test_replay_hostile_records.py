@@ -252,6 +252,7 @@ def numbers_records(pol: Any = BUSY) -> List[Dict[str, Any]]:
     recs[8]["edge_max_score"] = float("inf")
     recs[9]["width"] = 10**400
     recs[esc[-1]]["payload_bytes"] = 10**400
+    recs[10]["signals"]["uncertain_count"] = True  # JSON true: abs(True) is 1, so it counted as 1.0
     return recs
 
 
@@ -269,9 +270,9 @@ def test_numbers_that_are_not_finite_or_too_large_are_skipped_and_counted(tmp_pa
     assert reading.wrong_types == {}
     for against in (None, BUSY):
         rep = replay([str(path)], BUSY, against)
-        assert rep["records"]["frames"] == 200 - 6 - 4
+        assert rep["records"]["frames"] == 200 - 6 - 5
         notes = "\n".join(rep["notes"])
-        assert "4 record(s) have signals or edge facts that are not numbers: skipped" in notes
+        assert "5 record(s) have signals or edge facts that are not numbers: skipped" in notes
         assert "2 record(s) have decided_s that is not a finite number (NaN, Infinity, or too large" in notes
         for name in ("hardness", "edge_max_score", "width", "payload_bytes"):
             assert f"1 record(s) have {name} that is not a finite number" in notes
@@ -290,8 +291,20 @@ def test_each_number_a_replay_computes_with_must_be_finite_and_not_too_large(val
 def test_check_policy_on_a_400_digit_signal_exits_0_with_a_note(tmp_path: Path) -> None:
     path = write(tmp_path / "records.jsonl", numbers_records(LAX))
     rep = report_of(check_policy(tmp_path, [path], spec=LAX_SPEC, name="lax"))
-    assert rep["records"]["frames"] == 200 - 10 and rep["sides"][0]["reproduction"]["share"] == 1.0
+    assert rep["records"]["frames"] == 200 - 11 and rep["sides"][0]["reproduction"]["share"] == 1.0
     assert any("signals or edge facts that are not numbers" in n for n in rep["notes"])
+
+
+def test_a_byte_order_mark_an_editor_put_first_does_not_cost_the_first_record(tmp_path: Path) -> None:
+    """A records file saved by an editor that writes a UTF-8 byte order mark (Windows Notepad)
+    lost its first record, counted as a torn line. Plain and gzip'd."""
+    recs = daemon_records(BUSY, WAVE[:20])
+    for path, opener in ((tmp_path / "records.jsonl", open), (tmp_path / "records.jsonl.gz", gzip.open)):
+        with opener(path, "wb") as f:
+            f.write(b"\xef\xbb\xbf" + lines_of(recs))
+        reading = Reading()
+        assert [r["frame_seq"] for r in frames([str(path)], reading)] == [r["frame_seq"] for r in recs]
+        assert reading.not_json == 0
 
 
 # --------------------------------------------------------------------------- frame_seq, sizes and counts
