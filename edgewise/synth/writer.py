@@ -69,6 +69,11 @@ class SynthJob:
             raise ConfigError(f"--seed {self.seed}: must be 0..{MAX_SEED} (2**64 - 1)")
         if not (32 <= self.width <= 4096 and 32 <= self.height <= 4096):
             raise ConfigError(f"image size {self.width}x{self.height} must be within 32..4096")
+        if self.video and (self.width % 2 or self.height % 2):
+            even = f"{self.width + self.width % 2}x{self.height + self.height % 2}"
+            raise ConfigError(f"--video needs an even frame size: the MJPG video stores colour at half the width and "
+                              f"height, so {self.width}x{self.height} would decode one pixel smaller than its labels "
+                              f"({self.width - self.width % 2}x{self.height - self.height % 2}); use --imgsz {even}")
         if self.image_format not in ("jpg", "png"):
             raise ConfigError("--format must be jpg or png")
         if not 1 <= self.jpeg_quality <= 100:

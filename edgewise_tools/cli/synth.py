@@ -52,7 +52,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--format", dest="image_format", choices=("jpg", "png"), default="jpg")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
     p.add_argument("--stride", type=int, default=1, help="keep every k-th frame (default 1)")
-    p.add_argument("--video", action="store_true", help="also write one MJPG .avi per stream")
+    p.add_argument("--video", action="store_true", help="also write one MJPG .avi per stream (needs an even frame size)")
     p.add_argument("--overwrite", action="store_true",
                    help="--out may hold an earlier synth dataset: remove the files synth writes there (images/, "
                         "labels/, videos/, annotations.json, dataset.json) first; other files stay. Without it "

@@ -206,3 +206,22 @@ def test_large_flat_frames_decode_the_background_video_at_a_bounded_width() -> N
         assert g.video[0].shape[1] <= _FLAT_VIDEO_MAX_WIDTH
         img, _ = g.next_frame()
         assert img.shape == (2304, 4096, 3)
+
+
+def test_a_video_decodes_at_the_size_of_its_labels_and_an_odd_size_is_refused(tmp_path: Path) -> None:
+    """The MJPG video stores colour at half the width and height: at 97x65 it decoded as 96x64,
+    one pixel off the labels (found by a probe). Even sizes decode whole; odd ones are refused
+    before anything is written, naming the even size to use."""
+    import cv2
+
+    generate(_job(tmp_path / "even", width=98, height=66, video=True))
+    cap = cv2.VideoCapture(str(tmp_path / "even" / "videos" / "s000.avi"))
+    ok, frame = cap.read()
+    cap.release()
+    assert ok and frame.shape[:2] == (66, 98)
+    for w, h in ((97, 66), (98, 65)):
+        with pytest.raises(ConfigError, match=r"--video needs an even frame size: .* would decode one pixel smaller "
+                                              r"than its labels .*; use --imgsz 98x66"):
+            generate(_job(tmp_path / "odd", width=w, height=h, video=True))
+        assert not (tmp_path / "odd").exists()
+    generate(_job(tmp_path / "odd", width=97, height=65))  # without --video an odd size is fine
