@@ -257,7 +257,7 @@ def _is_full(exc: sqlite3.Error) -> bool:
     return "full" in str(exc).lower()
 
 
-def _is_corrupt(exc: sqlite3.Error) -> bool:
+def is_corrupt(exc: sqlite3.Error) -> bool:
     """SQLITE_CORRUPT ("database disk image is malformed") or SQLITE_NOTADB ("file is not a
     database"), by message as in ``_is_full``; not a full disk or an I/O error."""
     text = str(exc).lower()
@@ -279,7 +279,7 @@ def _is_open(db: sqlite3.Connection) -> bool:
     return True
 
 
-def _quick_check(db: sqlite3.Connection) -> List[str]:
+def quick_check(db: sqlite3.Connection) -> List[str]:
     """What ``PRAGMA quick_check`` finds wrong with the file, first problems first (one
     line each); empty when it is sound. Costs one read of the whole file (module doc)."""
     rows = db.execute("PRAGMA quick_check(3)").fetchall()
@@ -468,7 +468,7 @@ class Spool:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
-            problems = _quick_check(db)  # before anything is written into a damaged file
+            problems = quick_check(db)  # before anything is written into a damaged file
             if problems:
                 held = _count_items(db)
                 db.close()
@@ -488,7 +488,7 @@ class Spool:
         if "no such column" in text or "no such table" in text:  # a database, not ours (schema differs)
             return SpoolError(f"spool {self.path} is another program's database ({exc}), not a spool; set "
                               "spool.path to a file of its own, or move this one aside")
-        if _is_corrupt(exc):
+        if is_corrupt(exc):
             return self._unreadable(text, None)
         free = _free_bytes(self.path.parent)
         if _is_full(exc) or (free is not None and free < self.reserve_bytes):
@@ -512,7 +512,7 @@ class Spool:
     def _error(self, exc: sqlite3.Error, what: str) -> SpoolError:
         """The ``SpoolError`` for SQLite's ``exc`` in a call (``what`` failed): a damaged file
         (from now on every call raises it at once), a full disk, or another failure."""
-        if _is_corrupt(exc):
+        if is_corrupt(exc):
             if self.damaged is None:
                 self.damaged = (f"spool {self.path} is damaged ({exc}); nothing more is spooled into it or "
                                 "replayed from it until it is moved aside (kept for inspection) and the escalations "

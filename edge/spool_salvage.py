@@ -78,8 +78,8 @@ from edge.spool import (
     SpoolError,
     SpoolFull,
     _has_progress,
-    _is_corrupt,
     disk_full,
+    is_corrupt,
     write_advice,
 )
 
@@ -252,29 +252,34 @@ def _valid(row: Tuple[object, ...]) -> bool:
         return False
 
 
-class _Reader:
-    """The items of a damaged spool file in id order, around the pages that cannot be read:
-    the file at a path (opened read-only), or an open connection to it (not closed here)."""
+class DamagedTable:
+    """The rows of one table of a damaged SQLite file in id order, around the pages that cannot
+    be read: the file at a path (opened read-only), or an open connection to it (not closed
+    here). By default the spool's ``items``; ``table``, ``columns`` (those the file lacks read
+    as NULL), ``valid`` (a row worth copying) and ``id_column`` (the integer key the table's
+    rows are stored by, ``rowid`` for any) read another table (the MQTT outbox's)."""
 
-    def __init__(self, source: Union[Path, sqlite3.Connection]) -> None:
+    def __init__(self, source: Union[Path, sqlite3.Connection], table: str = "items", columns: str = ITEM_COLUMNS,
+                 valid: Callable[[Tuple[object, ...]], bool] = _valid, id_column: str = "id") -> None:
         self._own = not isinstance(source, sqlite3.Connection)
         self.db = (source if isinstance(source, sqlite3.Connection)
                    else sqlite3.connect(f"file:{quote(str(source))}?mode=ro", uri=True))
         if self._own:  # a file cut short is "malformed" to every query but read so (is_spool_file)
             self.db.execute("PRAGMA writable_schema = ON")
+        self.table, self.id_column, self.valid = table, id_column, valid
         self.damaged: List[Tuple[int, int]] = []
         self.invalid = 0
-        have = {row[1] for row in self.db.execute("PRAGMA table_info(items)")}
+        have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")} | {"rowid"}
         # a spool of the first release has no mono/boot: its items age as an earlier boot's
-        self.columns = ", ".join(c if c in have else f"NULL AS {c}" for c in ITEM_COLUMNS.split(", "))
+        self.columns = ", ".join(c if c in have else f"NULL AS {c}" for c in columns.split(", "))
         try:
-            row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'items'").fetchone()
+            row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
             self.top = int(row[0]) if row else None
         except sqlite3.Error:
             self.top = None
         if self.top is None:
             try:  # the rowid b-tree's last entry: no sqlite_sequence (damaged), the highest id all the same
-                row = self.db.execute("SELECT MAX(id) FROM items").fetchone()
+                row = self.db.execute(f"SELECT MAX({id_column}) FROM {table}").fetchone()
                 self.top = int(row[0]) if row and row[0] is not None else None
             except sqlite3.Error:
                 pass
@@ -286,8 +291,9 @@ class _Reader:
 
     def _from(self, first: int, limit: int) -> List[Tuple[object, ...]]:
         # >=, not >: "id > n" with n the last id of a damaged page seeks into that page
-        return self.db.execute(f"SELECT {self.columns} FROM items NOT INDEXED WHERE id >= ? ORDER BY id LIMIT ?",
-                               (first, limit)).fetchall()
+        key = self.id_column
+        return self.db.execute(f"SELECT {self.columns} FROM {self.table} NOT INDEXED WHERE {key} >= ? "
+                               f"ORDER BY {key} LIMIT ?", (first, limit)).fetchall()
 
     def _readable_from(self, first: int) -> bool:
         try:
@@ -320,7 +326,8 @@ class _Reader:
         return hi
 
     def rows(self, first: int = 1) -> Iterator[Row]:
-        """The readable items with an id from ``first`` on."""
+        """The readable rows (``valid``) with an id from ``first`` on; the others are counted
+        (``invalid``), and the id ranges that could not be read are in ``damaged``."""
         limit = READ_CHUNK
         while True:
             try:
@@ -338,7 +345,7 @@ class _Reader:
             if not chunk:
                 return
             for row in chunk:
-                if _valid(row):
+                if self.valid(row):
                     yield row  # type: ignore[misc]
                 else:
                     self.invalid += 1
@@ -394,7 +401,7 @@ def salvage(damaged: Union[Path, sqlite3.Connection], into: Spool, after: int = 
     and takes over how far copies into the damaged file itself had got (its own
     ``salvaged_from``, when it was a spool a salvage was copying into): those copies then go
     on from there, and bring back nothing acknowledged."""
-    reader = _Reader(damaged)
+    reader = DamagedTable(damaged)
     result = Salvage(moved_to=damaged if isinstance(damaged, Path) else None)
     source = damaged.name if isinstance(damaged, Path) else None
     inherited = reader.progress() if source is not None else {}
@@ -660,7 +667,7 @@ def _copy(spool: Spool, marker: _Marker, name: str, should_stop: Optional[StopCh
     except SpoolError as exc:  # the new spool's own file failed: go on later
         result = Salvage(moved_to=moved, full=str(exc))
     except (sqlite3.Error, OSError) as err:
-        if isinstance(err, sqlite3.DatabaseError) and _is_corrupt(err):
+        if isinstance(err, sqlite3.DatabaseError) and is_corrupt(err):
             result = Salvage(moved_to=moved, unreadable=str(err))  # never readable: nothing to go on with
         else:  # cannot be opened now (no room for its -shm, an I/O error): go on later
             result = Salvage(moved_to=moved, full=f"{err}; delete {marker.path} to give it up", source_failed=True)

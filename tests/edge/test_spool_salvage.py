@@ -926,14 +926,14 @@ def test_a_moved_file_that_cannot_be_opened_now_does_not_hold_up_the_next(tmp_pa
     blocked = tmp_path / "spool.db.damaged-20200101T000000Z"
     blocked.write_bytes(b"")
     salvage_marker(path).write_text(f"{blocked.name}\n{result.moved_to.name}\n")
-    real = salvaging._Reader.__init__
+    real = salvaging.DamagedTable.__init__
 
     def io_error(self, source):
         if source == blocked:
             raise sqlite3.OperationalError("disk I/O error")
         real(self, source)
 
-    monkeypatch.setattr(salvaging._Reader, "__init__", io_error)
+    monkeypatch.setattr(salvaging.DamagedTable, "__init__", io_error)
     results = continue_salvages(sp)
     assert [r.finished for r in results] == [False, True]
     assert _held(sp) == before and sp.copy_pending
