@@ -33,6 +33,7 @@ from edge.framememory import FrameMemory
 from edge.instancelock import InstanceLock
 from edge.metrics import EdgeMetrics, MetricsServer
 from edge.outbox import Outbox, this_host
+from edge.outbox_salvage import open_outbox
 from edge.pipeline import Pipeline
 from edge.preflight import opens_spool, preflight
 from edge.records import FrameRecord
@@ -216,7 +217,7 @@ class EdgeDaemon:
             device = self.settings.device_id
             client_id = MqttConnection.unique_client_id(device)
             if self.settings.sinks.mqtt:  # the sink's exchanges outlive a restart: one session, its id kept
-                self.outbox = Outbox(mqtt_outbox_path(self.settings), self.settings.sinks.mqtt_outbox_max)
+                self.outbox = open_outbox(mqtt_outbox_path(self.settings), self.settings.sinks.mqtt_outbox_max)
                 client_id = self.outbox.client_id(f"{device}-", lambda: MqttConnection.unique_client_id(device),
                                                   this_host())
             self.mqtt = MqttConnection(

@@ -24,6 +24,10 @@ process, which completes those exchanges in the same MQTT session instead of pub
 records anew, so the broker delivers each once (``edge.sinks.MqttSink``). The session's client
 id is kept here too (``client_id``): the outbox is what ties a device's restarts together.
 
+Every open runs SQLite's ``quick_check`` first: a damaged file is ``OutboxDamaged``, which
+``edge.outbox_salvage.open_outbox`` (the daemon's way in) answers by copying what it still
+holds into a new outbox; another program's database is refused before anything is written.
+
 Not the escalation spool (``edge.spool``) on purpose: that one fsyncs every
 commit, caps bytes and ages, and forgets a key once delivered; here the writes
 are per frame, the cap is a record count, and late keys outlive delivery.
@@ -32,13 +36,15 @@ Thread-safe (one connection behind a lock). Callers: ``edge.sinks.MqttSink``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Callable, Collection, List, Optional, Tuple, Union
+from typing import Callable, Collection, Iterable, List, Optional, Tuple, Union
 
+from edge.spool import is_corrupt, quick_check
 from edgewise.errors import EdgewiseError
 
 #: how many late keys a sink remembers (the newest; a replay repeats only recent results)
@@ -82,6 +88,11 @@ class OutboxError(EdgewiseError):
     """The outbox file cannot be opened; the message names the path."""
 
 
+class OutboxDamaged(OutboxError):
+    """The outbox file is damaged (SQLite's ``quick_check``, or a query that found it malformed):
+    ``edge.outbox_salvage.open_outbox`` copies what it still holds into a new one."""
+
+
 class Outbox:
     """Durable FIFO of serialized records, with a memory of late keys."""
 
@@ -97,8 +108,17 @@ class Outbox:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None,
                                        check_same_thread=False)
+            tables = [r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            if tables and "records" not in tables:  # before anything is written into it
+                self._db.close()
+                raise OutboxError(f"MQTT sink outbox {self.path} is another program's database (tables "
+                                  f"{', '.join(tables[:5])}), not an outbox; set sinks.mqtt_outbox to a file of its "
+                                  "own, or move this one aside")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
+            problems = quick_check(self._db)  # before anything is written into a damaged file
+            if problems:
+                raise sqlite3.DatabaseError(f"damaged: {problems[0]}{' and more' if len(problems) > 1 else ''}")
             self._db.executescript(_SCHEMA)
             have = {r[1] for r in self._db.execute("PRAGMA table_info(records)")}
             for column, decl in _IN_FLIGHT_COLUMNS:
@@ -106,6 +126,11 @@ class Outbox:
                     self._db.execute(f"ALTER TABLE records ADD COLUMN {column} {decl}")
             self._depth = int(self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0])
         except (OSError, sqlite3.Error) as exc:
+            with contextlib.suppress(AttributeError, sqlite3.Error):
+                self._db.close()
+            if isinstance(exc, sqlite3.DatabaseError) and (str(exc).startswith("damaged: ") or is_corrupt(exc)):
+                raise OutboxDamaged(f"MQTT sink outbox {self.path} is damaged ({str(exc).replace('damaged: ', '')})"
+                                    ) from None
             raise OutboxError(f"MQTT sink outbox {self.path}: cannot open it ({exc}); move it aside "
                               "or set sinks.mqtt_outbox to a writable file") from None
         self._writes = 0
@@ -197,6 +222,29 @@ class Outbox:
                             self.max_records, over)
             self._depth += 1 - max(0, over)
             return True
+
+    def restore(self, records: Iterable[bytes], late_keys: Iterable[str]) -> int:
+        """Append ``records`` (oldest first) and remember ``late_keys``, in one transaction: what
+        a salvage read from a damaged outbox. Over ``max_records`` the oldest are dropped, as
+        :meth:`put` drops them; returns how many were dropped."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany("INSERT OR IGNORE INTO late_keys(key) VALUES (?)", ((k,) for k in late_keys))
+                db.executemany("INSERT INTO records(data) VALUES (?)", ((sqlite3.Binary(d),) for d in records))
+                depth = int(db.execute("SELECT COUNT(*) FROM records").fetchone()[0])
+                over = max(0, depth - self.max_records)
+                db.execute("DELETE FROM records WHERE id IN (SELECT id FROM records WHERE mid IS NULL ORDER BY id "
+                           "LIMIT ?)", (over,))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            self._depth = depth - over
+            self.dropped += over
+            return over
 
     def peek(self, after_id: int, limit: int, skip: Collection[int] = ()) -> List[Tuple[int, bytes]]:
         """Up to ``limit`` oldest records with an id above ``after_id`` and not in ``skip``: (id, data)."""

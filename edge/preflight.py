@@ -189,10 +189,11 @@ def check_sources(s: EdgeSettings) -> None:
 def check_state_files(s: EdgeSettings) -> None:
     """(``check-config``) What the daemon refuses at its start (exit 2) in the files it keeps,
     found without changing them: a ``sinks.jsonl`` it cannot open to append, a spool or MQTT
-    outbox file that is not an SQLite database, or a spool that is another program's database.
-    A spool that is ours but damaged (cut short too) is not refused: the daemon salvages it
-    (``edge.spool_salvage.open_spool``); without a policy the daemon never opens the spool,
-    so its file is not read either."""
+    outbox file that is not an SQLite database, or one that is another program's database.
+    A spool or outbox that is ours but damaged (cut short too) is not refused: the daemon
+    salvages it (``edge.spool_salvage.open_spool``, ``edge.outbox_salvage.open_outbox``);
+    without a policy the daemon never opens the spool, so its file is not read either."""
+    from edge.outbox_salvage import is_outbox_file
     from edge.sinks import open_appending
     from edge.spool_salvage import is_spool_file
 
@@ -205,15 +206,16 @@ def check_state_files(s: EdgeSettings) -> None:
             continue
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             continue
-        if setting == "spool.path" and is_spool_file(path):
+        if is_spool_file(path) if setting == "spool.path" else is_outbox_file(path):
             continue  # ours: opened, or salvaged when damaged (a file cut short too)
         tables = _sqlite_tables(path)
         if isinstance(tables, str):
             raise ConfigError(f"{setting} {path} is not a database ({tables}); the daemon refuses it: move it "
                               f"aside (a new one is made at the start) or set {setting}")
-        if setting == "spool.path" and tables and not is_spool_file(path):
-            raise ConfigError(f"spool.path {path} is another program's database (tables {', '.join(tables[:5])}), "
-                              "not a spool; set spool.path to a file of its own, or move this one aside")
+        if tables:
+            what = "a spool" if setting == "spool.path" else "an MQTT sink outbox"
+            raise ConfigError(f"{setting} {path} is another program's database (tables {', '.join(tables[:5])}), "
+                              f"not {what}; set {setting} to a file of its own, or move this one aside")
 
 
 def _sqlite_tables(path: str) -> Union[List[str], str]:

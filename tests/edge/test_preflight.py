@@ -348,6 +348,16 @@ def test_check_config_says_what_the_daemon_would_refuse_in_its_files_and_metrics
     outbox.write_bytes(b"garbage")
     assert f"sinks.mqtt_outbox {outbox} is not a database" in check()
     outbox.unlink()
+    with sqlite3.connect(str(outbox)) as db:  # the daemon wrote its tables into it; now it refuses it
+        db.execute("CREATE TABLE photos (id INTEGER)")
+    db.close()
+    assert f"sinks.mqtt_outbox {outbox} is another program's database (tables photos), not an MQTT sink outbox" \
+        in check()
+    outbox.unlink()
+    from tests.edge.test_outbox_salvage import damaged_outbox
+    damaged_outbox(outbox, count=300)
+    assert check() == "ok"  # ours, damaged: salvaged at the start, not refused
+    outbox.unlink()
     # root may write any file by its mode; the kernel still refuses to append to /proc/version,
     # and the daemon's sink exits 2 on it: check-config opens the file the same way
     if os.geteuid() == 0:  # (another user is refused by the file's mode first)

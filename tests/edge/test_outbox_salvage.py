@@ -1,0 +1,204 @@
+"""A damaged MQTT sink outbox at the daemon's start (``edge.outbox_salvage``): it was refused
+(exit 2, which systemd does not restart); now what it holds is copied into a new outbox and
+published. Real SQLite files with a page overwritten as a bad flash block leaves it, a real
+Mosquitto and the sink in a real process (``tests.edge.mqtt_sink_process``, which opens the
+outbox as the daemon does), salvages killed with SIGKILL, and a real full tmpfs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from edge.outbox import Outbox, OutboxDamaged, OutboxError
+from edge.outbox_salvage import COPY_SUFFIX, open_outbox
+from tests.conftest import TopicRecorder
+from tests.processes import ROOT
+from tests.waiting import wait_until
+
+TOPIC = "edgewise/cam/detections"
+PAGE = 4096
+
+
+def damaged_outbox(path: Path, count: int = 900, size: int = 600, late_every: int = 3) -> None:
+    """An outbox holding ``count`` records ``{"n": i}`` (padded to ``size`` bytes, a late key for
+    every ``late_every``-th), some handed to the broker at QoS 2, a client id; then a page in the
+    middle of its records overwritten, as a bad flash block leaves it."""
+    ob = Outbox(path, 100_000)
+    ob.client_id("cam-", lambda: "cam-0ld5e55", "host")
+    for i in range(count):
+        data = json.dumps({"n": i, "pad": "x" * size}).encode()
+        assert ob.put(data, late_key=f"late-{i}" if i % late_every == 0 else None)
+    for rid, _ in ob.peek(0, 5):
+        ob.hand(rid, rid)  # in flight at QoS 2 in the old session
+    ob.close()
+    pages = path.stat().st_size // PAGE
+    with open(path, "r+b") as f:
+        f.seek(PAGE * (pages // 2))
+        f.write(os.urandom(PAGE))
+
+
+def numbers(ob: Outbox) -> List[int]:
+    return [json.loads(d)["n"] for _, d in ob.peek(0, 10**6)]
+
+
+def test_a_damaged_outbox_no_longer_stops_the_start_and_what_it_holds_reaches_the_broker(tmp_path, mosquitto):
+    path = tmp_path / "mqtt-outbox.db"
+    damaged_outbox(path)
+    with pytest.raises(OutboxDamaged, match=r"MQTT sink outbox .* is damaged"):
+        Outbox(path, 1000)  # what refused the daemon's start
+    recorder = TopicRecorder(mosquitto, TOPIC)
+    log = tmp_path / "sink.log"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.edge.mqtt_sink_process", mosquitto.host,
+                                 str(mosquitto.port), str(path), TOPIC, "0"], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until(lambda: "record(s) and" in log.read_text(), 30, "the salvage's line")
+        line = log.read_text()
+        said = re.search(r"is damaged \(.*\); moved it to (\S+) \(kept for inspection\) and started a new outbox "
+                         r"at \S+: (\d+) record\(s\) and (\d+) late key\(s\) copied; records with ids ([\d, -]+) "
+                         r"could not be read; a new MQTT session starts", line)
+        assert said, line
+        copied = int(said.group(2))
+        assert 800 <= copied < 900 and Path(said.group(1)).exists()  # one page lost, the file kept
+        wait_until(lambda: len(recorder.messages) >= copied, 60, f"{copied} records published")
+        got = [json.loads(m[1])["n"] for m in recorder.messages]
+        assert got == sorted(set(got)) and len(got) == copied  # in order, each once
+        lost = sorted(set(range(900)) - set(got))
+        assert lost == list(range(lost[0], lost[-1] + 1))  # the rows of the damaged page, nothing else
+        assert proc.poll() is None  # the sink runs on
+    finally:
+        proc.kill()
+        proc.wait(10)
+        recorder.client.loop_stop()
+        recorder.client.disconnect()
+    with sqlite3.connect(str(path)) as db:  # a new session: the old one's packet ids are not reused
+        meta = dict(db.execute("SELECT key, value FROM meta"))
+        assert meta["client_id"] != "cam-0ld5e55" and meta["client_id"].startswith("cam-")
+
+
+def test_the_late_keys_are_kept_so_a_replayed_result_is_not_published_twice(tmp_path, caplog):
+    path = tmp_path / "mqtt-outbox.db"
+    damaged_outbox(path, count=300, late_every=1)
+    ob = open_outbox(path, 1000)
+    try:
+        kept = numbers(ob)
+        assert 250 <= len(kept) < 300 and len(ob.late_keys()) == 300  # the keys' table was not hit
+        for n in (0, 150, 299):
+            assert ob.put(b"again", late_key=f"late-{n}") is False
+        assert ob.put(b"new", late_key="late-300") is True
+        assert ob.in_flight() == []
+    finally:
+        ob.close()
+    assert sum("is damaged" in r.getMessage() for r in caplog.records) == 1
+    ob = open_outbox(path, 1000)  # sound now: opened as it is
+    assert len(ob) == len(kept) + 1
+    ob.close()
+    assert len(list(tmp_path.glob("mqtt-outbox.db.damaged-*"))) == 3  # the file, its -wal and -shm
+
+
+def test_the_oldest_salvaged_records_over_the_bound_are_dropped_and_said(tmp_path, caplog):
+    path = tmp_path / "mqtt-outbox.db"
+    damaged_outbox(path, count=900)
+    ob = open_outbox(path, 100)
+    assert len(ob) == 100 and numbers(ob)[-1] == 899
+    ob.close()
+    assert re.search(r"\d+ oldest dropped over sinks.mqtt_outbox_max", caplog.text)
+
+
+_SALVAGE = "import sys; from edge.outbox_salvage import open_outbox; open_outbox(sys.argv[1], 100000).close()"
+
+
+def test_a_salvage_killed_at_any_point_loses_nothing_at_the_next_start(tmp_path):
+    """SIGKILL while the copy is written, between the renames or after them: the next start
+    finds every record the damaged file could give, each once."""
+    template = tmp_path / "template.db"
+    damaged_outbox(template, count=6000, size=300)
+    reference = tmp_path / "reference" / "o.db"
+    reference.parent.mkdir()
+    shutil.copy(template, reference)
+    ob = open_outbox(reference, 100_000)
+    expected = numbers(ob)
+    ob.close()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", _SALVAGE, str(reference.parent / "timed.db")], cwd=ROOT, env=env,
+                   check=True)  # an empty outbox: the interpreter's start alone
+    startup = time.monotonic() - start
+    for i, delay in enumerate([0.0, 0.3, 0.6, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0]):
+        folder = tmp_path / f"run{i}"
+        folder.mkdir()
+        path = folder / "o.db"
+        shutil.copy(template, path)
+        proc = subprocess.Popen([sys.executable, "-c", _SALVAGE, str(path)], cwd=ROOT, env=env)
+        time.sleep(startup * delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        ob = open_outbox(path, 100_000)
+        assert numbers(ob) == expected, (delay, proc.returncode)
+        ob.close()
+        assert not (folder / ("o.db" + COPY_SUFFIX)).exists()
+    # the one step no kill above is likely to hit: between moving the damaged file aside and
+    # renaming the complete copy into its place
+    done = tmp_path / "run0" / "o.db"
+    os.rename(done, done.with_name("o.db" + COPY_SUFFIX))
+    ob = open_outbox(done, 100_000)
+    assert numbers(ob) == expected
+    ob.close()
+
+
+@pytest.mark.parametrize("make", ["random bytes", "another program's database", "another program's, damaged"])
+def test_a_file_that_is_not_an_outbox_is_refused_and_left_alone(tmp_path, make):
+    """Not ours to rename, nor to write into: the outbox's tables were added to another
+    program's sound database, and its journal mode changed to WAL."""
+    path = tmp_path / "mqtt-outbox.db"
+    if make == "random bytes":
+        path.write_bytes(os.urandom(8 * PAGE))
+    else:
+        with sqlite3.connect(str(path)) as db:
+            db.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY, jpeg BLOB)")
+            db.executemany("INSERT INTO photos(jpeg) VALUES (?)", [(os.urandom(3000),) for _ in range(60)])
+        db.close()
+        if make.endswith("damaged"):
+            with open(path, "r+b") as f:
+                f.seek(PAGE * 20)
+                f.write(os.urandom(PAGE))
+    before = path.read_bytes()
+    with pytest.raises(OutboxError, match="MQTT sink outbox") as err:
+        open_outbox(path, 1000)
+    assert "salvaged" not in str(err.value)
+    if make == "another program's database":
+        assert "is another program's database (tables photos), not an outbox" in str(err.value)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["mqtt-outbox.db"]
+
+
+def test_a_full_disk_refuses_the_salvage_naming_it_and_leaves_the_file_for_the_next_start(tmp_path, small_fs):
+    fs = small_fs(4 * 1024 * 1024)
+    path = fs.path / "mqtt-outbox.db"
+    damaged_outbox(tmp_path / "made.db", count=900)  # made where its WAL has room
+    shutil.copy(tmp_path / "made.db", path)
+    before = path.read_bytes()
+    filler = fs.path / "filler"
+    st = os.statvfs(fs.path)
+    filler.write_bytes(b"\0" * (st.f_bavail * st.f_frsize - 200 * 1024))  # less room than the copy needs
+    with pytest.raises(OutboxError, match=r"is damaged .*, and it could not be salvaged \(.*full.*\): free space "
+                                          r"there, or move the file aside"):
+        open_outbox(path, 1000)
+    assert path.read_bytes() == before and not (fs.path / ("mqtt-outbox.db" + COPY_SUFFIX)).exists()
+    assert not list(fs.path.glob("*.damaged-*"))
+    filler.unlink()
+    ob = open_outbox(path, 1000)
+    assert 800 <= len(ob) < 900
+    ob.close()
