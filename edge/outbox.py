@@ -65,6 +65,8 @@ CREATE TABLE IF NOT EXISTS meta (
     value TEXT NOT NULL
 );
 """
+#: the columns of ``records`` that make a file an outbox (the first release's)
+OUTBOX_COLUMNS = frozenset(("id", "data"))
 #: columns added to ``records`` after the first release (an older outbox gets them at open)
 _IN_FLIGHT_COLUMNS = (("mid", "INTEGER"), ("received", "INTEGER NOT NULL DEFAULT 0"))
 
@@ -89,8 +91,13 @@ class OutboxError(EdgewiseError):
 
 
 class OutboxDamaged(OutboxError):
-    """The outbox file is damaged (SQLite's ``quick_check``, or a query that found it malformed):
-    ``edge.outbox_salvage.open_outbox`` copies what it still holds into a new one."""
+    """The outbox file is damaged (SQLite's ``quick_check``, or a query that found it malformed
+    or not a database at all): ``edge.outbox_salvage.open_outbox`` copies what it still holds
+    into a new one when it is an outbox. ``reason``: SQLite's words."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"MQTT sink outbox {path} is damaged ({reason})")
+        self.reason = reason
 
 
 class Outbox:
@@ -109,7 +116,8 @@ class Outbox:
             self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None,
                                        check_same_thread=False)
             tables = [r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-            if tables and "records" not in tables:  # before anything is written into it
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(records)")}
+            if tables and not OUTBOX_COLUMNS <= columns:  # before anything is written into it
                 self._db.close()
                 raise OutboxError(f"MQTT sink outbox {self.path} is another program's database (tables "
                                   f"{', '.join(tables[:5])}), not an outbox; set sinks.mqtt_outbox to a file of its "
@@ -129,8 +137,7 @@ class Outbox:
             with contextlib.suppress(AttributeError, sqlite3.Error):
                 self._db.close()
             if isinstance(exc, sqlite3.DatabaseError) and (str(exc).startswith("damaged: ") or is_corrupt(exc)):
-                raise OutboxDamaged(f"MQTT sink outbox {self.path} is damaged ({str(exc).replace('damaged: ', '')})"
-                                    ) from None
+                raise OutboxDamaged(self.path, str(exc).replace("damaged: ", "", 1)) from None
             raise OutboxError(f"MQTT sink outbox {self.path}: cannot open it ({exc}); move it aside "
                               "or set sinks.mqtt_outbox to a writable file") from None
         self._writes = 0

@@ -368,8 +368,9 @@ def next_step(root: Path, restart: bool) -> str:
                 "with --new-device")
     if restart:
         return "next: sudo systemctl restart edgewise-edge (it reads its settings and token at start)"
-    return ("next: nothing: only TLS files changed, and a running daemon uses them from its next connection "
-            "(no restart)")
+    return ("next: nothing for this run: it changed only TLS files, which a running daemon uses from its next "
+            "connection (no restart); a settings or token change of an earlier run still needs "
+            "`sudo systemctl restart edgewise-edge`")
 
 
 def _handler(args: argparse.Namespace) -> int:

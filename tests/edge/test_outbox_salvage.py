@@ -119,47 +119,71 @@ def test_the_oldest_salvaged_records_over_the_bound_are_dropped_and_said(tmp_pat
 
 
 _SALVAGE = "import sys; from edge.outbox_salvage import open_outbox; open_outbox(sys.argv[1], 100000).close()"
+#: The salvage, killed with SIGKILL at its Nth rename (``os.replace``: the complete copy marked
+#: done, the damaged file's WAL, its -shm and itself moved aside, the copy put in place)
+_KILLED_AT_RENAME = """
+import os, signal, sys
+from edge.outbox_salvage import open_outbox
+n, calls, real = int(sys.argv[2]), [0], os.replace
+def replace(a, b):
+    calls[0] += 1
+    if calls[0] == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(a, b)
+os.replace = replace
+open_outbox(sys.argv[1], 100000).close()
+"""
 
 
 def test_a_salvage_killed_at_any_point_loses_nothing_at_the_next_start(tmp_path):
-    """SIGKILL while the copy is written, between the renames or after them: the next start
-    finds every record the damaged file could give, each once."""
+    """SIGKILL while the copy is written (by time), and at each of its renames (by count): the
+    next start finds every record the damaged file could give, each once, and no copy left."""
     template = tmp_path / "template.db"
     damaged_outbox(template, count=6000, size=300)
-    reference = tmp_path / "reference" / "o.db"
-    reference.parent.mkdir()
-    shutil.copy(template, reference)
-    ob = open_outbox(reference, 100_000)
+    with sqlite3.connect(str(template)) as db:  # the damaged file's last records in its WAL, as in use
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        db.execute("INSERT INTO records(data) VALUES (?)", (json.dumps({"n": 6000}).encode(),))
+        db.commit()
+        shutil.copy(template, tmp_path / "with-wal.db")
+        shutil.copy(str(template) + "-wal", str(tmp_path / "with-wal.db") + "-wal")
+    db.close()
+    template = tmp_path / "with-wal.db"
+
+    def fresh(folder: Path) -> Path:
+        folder.mkdir()
+        shutil.copy(template, folder / "o.db")
+        shutil.copy(str(template) + "-wal", str(folder / "o.db") + "-wal")
+        return folder / "o.db"
+
+    ob = open_outbox(fresh(tmp_path / "reference"), 100_000)
     expected = numbers(ob)
     ob.close()
+    assert expected[-1] == 6000  # the WAL's record was copied
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.monotonic()
-    subprocess.run([sys.executable, "-c", _SALVAGE, str(reference.parent / "timed.db")], cwd=ROOT, env=env,
+    subprocess.run([sys.executable, "-c", _SALVAGE, str(tmp_path / "timed.db")], cwd=ROOT, env=env,
                    check=True)  # an empty outbox: the interpreter's start alone
     startup = time.monotonic() - start
-    for i, delay in enumerate([0.0, 0.3, 0.6, 0.8, 1.0, 1.2, 1.5, 2.0, 3.0]):
-        folder = tmp_path / f"run{i}"
-        folder.mkdir()
-        path = folder / "o.db"
-        shutil.copy(template, path)
-        proc = subprocess.Popen([sys.executable, "-c", _SALVAGE, str(path)], cwd=ROOT, env=env)
-        time.sleep(startup * delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+    runs = [("time", d) for d in (0.8, 1.0, 1.2)] + [("rename", n) for n in range(1, 7)]
+    for i, (kind, at) in enumerate(runs):
+        path = fresh(tmp_path / f"run{i}")
+        if kind == "time":
+            proc = subprocess.Popen([sys.executable, "-c", _SALVAGE, str(path)], cwd=ROOT, env=env)
+            time.sleep(startup * at)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        else:
+            proc = subprocess.run([sys.executable, "-c", _KILLED_AT_RENAME, str(path), str(at)], cwd=ROOT, env=env)
+            assert proc.returncode == (-signal.SIGKILL if at <= 5 else 0), (at, proc.returncode)
         ob = open_outbox(path, 100_000)
-        assert numbers(ob) == expected, (delay, proc.returncode)
+        assert numbers(ob) == expected, (kind, at)
         ob.close()
-        assert not (folder / ("o.db" + COPY_SUFFIX)).exists()
-    # the one step no kill above is likely to hit: between moving the damaged file aside and
-    # renaming the complete copy into its place
-    done = tmp_path / "run0" / "o.db"
-    os.rename(done, done.with_name("o.db" + COPY_SUFFIX))
-    ob = open_outbox(done, 100_000)
-    assert numbers(ob) == expected
-    ob.close()
+        assert sorted(p.name for p in path.parent.iterdir() if "salvage" in p.name) == [], (kind, at)
 
 
-@pytest.mark.parametrize("make", ["random bytes", "another program's database", "another program's, damaged"])
+@pytest.mark.parametrize("make", ["random bytes", "another program's database", "another program's, damaged",
+                                  "another program's records"])
 def test_a_file_that_is_not_an_outbox_is_refused_and_left_alone(tmp_path, make):
     """Not ours to rename, nor to write into: the outbox's tables were added to another
     program's sound database, and its journal mode changed to WAL."""
@@ -168,8 +192,11 @@ def test_a_file_that_is_not_an_outbox_is_refused_and_left_alone(tmp_path, make):
         path.write_bytes(os.urandom(8 * PAGE))
     else:
         with sqlite3.connect(str(path)) as db:
-            db.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY, jpeg BLOB)")
-            db.executemany("INSERT INTO photos(jpeg) VALUES (?)", [(os.urandom(3000),) for _ in range(60)])
+            if make.endswith("records"):  # a table of that name, not the outbox's columns
+                db.execute("CREATE TABLE records (name TEXT, score REAL)")
+            else:
+                db.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY, jpeg BLOB)")
+                db.executemany("INSERT INTO photos(jpeg) VALUES (?)", [(os.urandom(3000),) for _ in range(60)])
         db.close()
         if make.endswith("damaged"):
             with open(path, "r+b") as f:
@@ -178,9 +205,13 @@ def test_a_file_that_is_not_an_outbox_is_refused_and_left_alone(tmp_path, make):
     before = path.read_bytes()
     with pytest.raises(OutboxError, match="MQTT sink outbox") as err:
         open_outbox(path, 1000)
-    assert "salvaged" not in str(err.value)
-    if make == "another program's database":
+    assert "salvaged" not in str(err.value) and "aside" in str(err.value)
+    if make.startswith("another program's") and not make.endswith("records"):
         assert "is another program's database (tables photos), not an outbox" in str(err.value)
+    elif make == "another program's records":
+        assert "is another program's database (tables records), not an outbox" in str(err.value)
+    else:
+        assert "is not a readable outbox (" in str(err.value) and "set sinks.mqtt_outbox" in str(err.value)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["mqtt-outbox.db"]
 
 
