@@ -151,12 +151,15 @@ class EdgeDaemon:
         # a stream that failed and has not delivered a frame since (a dead or frozen camera):
         # restarting the daemon would not bring it back, so it is degraded, not unhealthy
         down = sorted(c.stream_id for c in self.capturers if c.down)
-        whole = spool["state"] in ("ok", "off") and not down
+        # a sink whose last record did not get in (a full disk, a damaged outbox): records wait in memory
+        failing = sorted(self.sinks.failing) if self.sinks else []
+        whole = spool["state"] in ("ok", "off") and not down and not failing
         status = ("ok" if whole else "degraded") if ok else ("stopping" if self.stopping else "starting")
         return ok, {
             "status": status,
             "spool": spool,
             "streams_down": down,
+            "sinks_failing": failing,
             "device": self.settings.device_id,
             "streams": states,
             "frames": self.pipeline.frames_done if self.pipeline else 0,

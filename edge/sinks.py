@@ -42,8 +42,9 @@ except ImportError:  # pragma: no cover
     from typing_extensions import Protocol  # type: ignore[assignment]
 
 from edge import rotation
-from edge.outbox import LATE_KEYS_MAX, Outbox
+from edge.outbox import LATE_KEYS_MAX, Outbox, OutboxDamaged
 from edge.records import FrameRecord, epoch_of_key, idempotency_key
+from edge.spool import is_corrupt
 from edgewise.errors import DeploymentError
 from edgewise.filereads import kind_of
 from edgewise.observability import LogThrottle
@@ -443,9 +444,12 @@ class MqttSink:
         try:
             self.held.drain(lambda d: self.outbox.put(d, None))
             fresh = self.outbox.put(data, key)
-        except (sqlite3.Error, OSError):
+        except (sqlite3.Error, OSError) as exc:
             if key is None:
                 self.held.hold(data)
+            if isinstance(exc, sqlite3.DatabaseError) and is_corrupt(exc):
+                raise OutboxDamaged(self.outbox.path, f"{exc}; restart the daemon: its start copies what the outbox "
+                                                      "still holds into a new one") from None
             raise
         finally:
             self._wake.set()
@@ -598,8 +602,11 @@ class MqttSink:
                 except Exception as exc:
                     held = self._send_log.allow()
                     if held is not None:
-                        log.error("MQTT sink: the outbox %s cannot be read (%s); trying again", self.outbox.path,
-                                  exc, exc_info=not isinstance(exc, (sqlite3.Error, OSError)))
+                        damaged = isinstance(exc, sqlite3.DatabaseError) and is_corrupt(exc)
+                        log.error("MQTT sink: the outbox %s cannot be read (%s); trying again%s", self.outbox.path,
+                                  exc, "; it is damaged: restart the daemon, whose start copies what the outbox "
+                                  "still holds into a new one" if damaged else "",
+                                  exc_info=not isinstance(exc, (sqlite3.Error, OSError)))
             self._wake.wait(0.5)
             self._wake.clear()
 
@@ -653,6 +660,8 @@ class Sinks:
         self.sinks = sinks
         self.on_error = on_error
         self._failing: Dict[str, Tuple[float, int]] = {}  # sink -> (last logged, failures since)
+        #: sinks whose last write failed (a full disk, a damaged outbox): the daemon is degraded
+        self.failing: Set[str] = set()
 
     def write(self, rec: FrameRecord) -> bool:
         """Give the record to every sink; whether every durable sink took it (a replay keeps
@@ -662,7 +671,9 @@ class Sinks:
         for s in self.sinks:
             try:
                 s.write(rec, data)
+                self.failing.discard(s.name)
             except Exception as exc:
+                self.failing.add(s.name)
                 self._log_failure(s, rec, exc)
                 kept = kept and not s.durable
                 if self.on_error is not None:

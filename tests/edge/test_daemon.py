@@ -445,3 +445,31 @@ def test_state_files_are_not_for_other_users_whatever_the_umask(tmp_path, tiny_m
     assert (state / "spool.db").exists() and (state / "out.jsonl").exists()
     loose = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in made if p.stat().st_mode & 0o007}
     assert not loose, loose
+
+
+def test_healthz_is_degraded_while_a_sink_cannot_take_records(tmp_path, tiny_model, small_fs):
+    """A durable sink that fails (its disk full: the records wait in memory, and are lost beyond
+    16 MiB or at exit) left /healthz "ok". Now it is degraded and names the sink until the sink
+    takes records again."""
+    fs = small_fs(1024 * 1024)
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                sinks={"jsonl": str(fs.path / "records.jsonl")})
+    filler = fs.path / "filler"
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.started and d.pipeline is not None and d.pipeline.frames_done > 3, 60,
+                               "frames")
+        assert d.health()[1]["status"] == "ok" and d.health()[1]["sinks_failing"] == []
+        st = os.statvfs(fs.path)
+        filler.write_bytes(b"\0" * (st.f_bavail * st.f_frsize))  # the disk is full
+        await async_wait_until(lambda: d.health()[1]["sinks_failing"] == ["jsonl"], 30, "the sink failing")
+        ok, doc = d.health()
+        assert ok and doc["status"] == "degraded"
+        filler.unlink()
+        await async_wait_until(lambda: d.health()[1]["sinks_failing"] == [], 30, "the sink taking records again")
+        assert d.health()[1]["status"] == "ok"
+        d.request_stop()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(run())

@@ -233,3 +233,43 @@ def test_a_full_disk_refuses_the_salvage_naming_it_and_leaves_the_file_for_the_n
     ob = open_outbox(path, 1000)
     assert 800 <= len(ob) < 900
     ob.close()
+
+
+def test_an_outbox_damaged_while_in_use_says_to_restart_and_the_restart_salvages_it(tmp_path, caplog):
+    """Damage found while the daemon runs: each record the outbox refuses waits in memory, the
+    sink's error says what to do (the start salvages), and that start does."""
+    from edge.sinks import MqttSink, Sinks
+    from edge.transports.mqtt import MqttConnection
+    from tests.edge.helpers import frame_record
+
+    path = tmp_path / "mqtt-outbox.db"
+    ob = Outbox(path, 10_000)
+    conn = MqttConnection("127.0.0.1", 1, client_id="cam-test")  # never started: the records stay in the outbox
+    sink = MqttSink(conn, TOPIC, ob)
+    sinks = Sinks([sink])
+    try:
+        for seq in range(300):
+            assert sinks.write(frame_record("cam", seq))
+        ob._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        root = ob._db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'records'").fetchone()[0]
+        with open(path, "r+b") as f:  # the records table's root page, as a bad block leaves it
+            f.seek(PAGE * (root - 1))
+            f.write(os.urandom(PAGE))
+        other = sqlite3.connect(str(path))  # another connection's write: the sink's cache is read again
+        other.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('touched', '1')")
+        other.commit()
+        other.close()
+        with pytest.raises(OutboxDamaged, match=r"is damaged \(database disk image is malformed; restart the "
+                                                 r"daemon: its start copies what the outbox still holds"):
+            sink.write(frame_record("cam", 300), frame_record("cam", 300).to_json())
+        assert len(sink.held) == 1  # the live record waits in memory
+        assert not sinks.write(frame_record("cam", 301)) and sinks.failing == {"mqtt"}
+    finally:
+        sink.close()
+    ob = open_outbox(path, 10_000)  # the table's root page is lost: none of its records can be read,
+    try:                             # but the daemon starts, with the late keys, and says so
+        assert len(ob) == 0
+    finally:
+        ob.close()
+    assert re.search(r"0 record\(s\) and \d+ late key\(s\) copied; records with ids 1-30\d could not be read",
+                     caplog.text), caplog.text
