@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# first, also when ROOT is on sys.path already (PYTHONPATH) but after this folder: the `edge`
+# package, not bench/edge.py, must be what `import edge` finds
+sys.path.insert(0, str(ROOT))
 
 from bench import _fleet_report as R  # noqa: E402
 from bench._fleet_model import Scenario  # noqa: E402

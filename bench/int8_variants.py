@@ -31,8 +31,9 @@ from typing import Dict, List
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# first, also when ROOT is on sys.path already (PYTHONPATH) but after this folder: the `edge`
+# package, not bench/edge.py, must be what `import edge` finds
+sys.path.insert(0, str(ROOT))
 
 from bench.runtime import VIDEO, read_frames  # noqa: E402
 from edgewise.runtime.cpu import cpu_int8_support  # noqa: E402

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# first, also when ROOT is on sys.path already (PYTHONPATH) but after this folder: the `edge`
+# package, not bench/edge.py, must be what `import edge` finds
+sys.path.insert(0, str(ROOT))
 
 from edge.outbox import Outbox  # noqa: E402  (after the sys.path line above)
 

@@ -37,9 +37,11 @@ import cv2
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# first, also when ROOT is on sys.path already (PYTHONPATH) but after this folder: the `edge`
+# package, not bench/edge.py, must be what `import edge` finds
+sys.path.insert(0, str(ROOT))
 
+from edge.bundle import DEFAULT_MODEL  # noqa: E402  (the package, not bench/edge.py: see above)
 from edgewise.runtime import DecodeParams, Detector, decode  # noqa: E402
 
 VIDEO = Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi")
@@ -200,11 +202,11 @@ def shipped_pair_agreement(frames: int, threads: int) -> str:
     frames of its world (1280x720 camera scenes, as its quantization report was checked)."""
     import tempfile
 
-    from edge.bundle import DEFAULT_MODEL as i8
     from edgewise.synth import SynthJob, generate, load_difficulty
     from edgewise_tools.models.calibration import open_frames
     from edgewise_tools.models.heldout import check_agreement
 
+    i8 = DEFAULT_MODEL
     f32 = i8.with_name("edge.onnx")
     if not (f32.exists() and i8.exists()):
         return f"agreement: {f32} or {i8} missing"

@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# first, also when ROOT is on sys.path already (PYTHONPATH) but after this folder: the `edge`
+# package, not bench/edge.py, must be what `import edge` finds
+sys.path.insert(0, str(ROOT))
 
 from edge.spool import AGE_INDEX, Spool  # noqa: E402  (after the sys.path line above)
 from edge.spool_salvage import open_spool  # noqa: E402
