@@ -1,13 +1,14 @@
-"""Files a process keeps following while it runs (TLS certificates, keys, CA bundles): the one
-rule of when they are read again, and a small shell that says what happened.
+"""Files a process keeps following while it runs (TLS certificates, keys, CA bundles, the
+gateway's device tokens): the one rule of when they are read again, and a small shell that says
+what happened.
 
 A certificate renewed in place by an agent (``step ca renew --daemon``, certbot, ``edgewise edge
 provision``), a Secret that kubelet swaps (``..data``), a CA bundle rotated by an operator: a
 process that read its files once keeps the old ones until a restart, and once the old
 certificate expires its next connection fails. The gateway's server certificate
-(``cloud.gateway.tlsreload``), its MQTT bridge (``cloud.gateway.mqtt_tls``) and the edge's
-transports (``edge.transports.grpc``, ``edge.transports.mqtt``) follow their files with
-:class:`ReloadDecision`:
+(``cloud.gateway.tlsreload``), its MQTT bridge (``cloud.gateway.mqtt_tls``), its device tokens
+file (``Gateway.check_tokens_file``) and the edge's transports (``edge.transports.grpc``,
+``edge.transports.mqtt``) follow their files with :class:`ReloadDecision`:
 
 * the files are looked at (:func:`edgewise.filereads.file_identity`: resolved path, inode, size,
   times) at most once per ``interval_s``, and read only when they differ from those in force;
@@ -103,6 +104,11 @@ class ReloadDecision(Generic[Loaded]):
             return Outcome(problem=problem, changed=changed)
         self.served, self.refused = before, None
         return Outcome(files=files, changed=changed)
+
+    def acted(self, served: Identities) -> None:
+        """Files with identities ``served`` were read and put in force by another path (the
+        gateway's SIGHUP reads its tokens file): a look compares with those from now on."""
+        self.served, self.refused = served, None
 
 
 class FollowedFiles(Generic[Loaded]):

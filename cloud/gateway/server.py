@@ -19,7 +19,7 @@ DetectStreams per device (RESOURCE_EXHAUSTED), and a DetectStream that sends no 
 
 The device tokens are re-read on SIGHUP and, without a signal, when ``auth.tokens_file``
 changes (looked at every ``auth.tokens_poll_s``: a Kubernetes Secret updated by kubelet;
-``cloud.gateway.tokensfile``); both go through ``Gateway.reload_tokens``. The TLS files
+``edgewise.filewatch``, the TLS files' rule); both go through ``Gateway.reload_tokens``. The TLS files
 (``tls.cert_file``, ``tls.key_file``, ``tls.client_ca_file``) are looked at on new connections
 (at most once a second) and a renewed certificate or client CA is served to new connections
 without a signal or a restart (``cloud.gateway.tlsreload``).
@@ -50,10 +50,10 @@ from cloud.gateway.mqtt_bridge import MqttBridge
 from cloud.gateway.pool import WorkerPool
 from cloud.gateway.settings import GatewaySettings, quote_id
 from cloud.gateway.tlsreload import ServedTlsFiles
-from cloud.gateway.tokensfile import Change, FileWatch
 from edgewise import hangup, status
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.filereads import FileIdentity, file_identity
+from edgewise.filewatch import ReloadDecision, identities_of
 from edgewise.observability import LogThrottle
 from edgewise.settings.fields import changed_keys
 from edgewise.v1 import service_pb2
@@ -241,7 +241,8 @@ class Gateway:
         #: the settings whose auth.tokens / auth.tokens_file are in force (SIGHUP may bring others),
         #: and the tokens file as last read (looked at before it is read)
         self._tokens_from = settings
-        self._tokens_watch = FileWatch(file_identity(settings.auth.tokens_file))
+        self._tokens_watch: ReloadDecision[dict[str, str]] = ReloadDecision(
+            identities_of((settings.auth.tokens_file,)), time.monotonic(), interval_s=0.0)
         self._tokens_poll_changed = asyncio.Event()  # SIGHUP brought another auth.tokens_poll_s
         self.auth = TokenAuth(settings.device_tokens())
         lim = settings.limits
@@ -558,7 +559,7 @@ class Gateway:
             if source.auth.tokens_poll_s != self._tokens_from.auth.tokens_poll_s:
                 self._tokens_poll_changed.set()
             self._tokens_from = source
-            self._tokens_watch.acted(seen)
+            self._tokens_watch.acted((seen,))
         added = sorted(tokens.keys() - self.auth.tokens.keys())
         removed = sorted(self.auth.tokens.keys() - tokens.keys())
         changed = sorted(d for d in tokens.keys() & self.auth.tokens.keys() if tokens[d] != self.auth.tokens[d])
@@ -568,28 +569,28 @@ class Gateway:
         return True
 
     def check_tokens_file(self) -> None:
-        """One look at ``auth.tokens_file`` (every ``auth.tokens_poll_s``; ``FileWatch`` decides):
-        when it changed, the tokens are read again as on SIGHUP (``GatewaySettings.device_tokens``,
-        the same checks) and put in force by :meth:`reload_tokens`. A file that cannot be used
-        (half-written, malformed, listing no device, gone) leaves the tokens in force and is
-        logged once per change, not at every look."""
-        path = self._tokens_from.auth.tokens_file
+        """One look at ``auth.tokens_file`` (every ``auth.tokens_poll_s``), decided as the TLS
+        files are (``edgewise.filewatch.ReloadDecision``): when it changed, the tokens are read
+        again as on SIGHUP (``GatewaySettings.device_tokens``, the same checks) and put in force
+        by :meth:`reload_tokens`. A file that cannot be used (half-written, malformed, listing
+        no device, gone) leaves the tokens in force and is logged once per change, not at every
+        look; one that changed while it was read is not used, and read again at the next look."""
+        source = self._tokens_from
+        path = source.auth.tokens_file
         if not path:
             return
-        seen = file_identity(path)  # before the read: a file written meanwhile differs at the next look
-        change = self._tokens_watch.look(seen)
-        if change is Change.GONE:
-            log.warning("device tokens file %s cannot be read (gone, or a link to nothing); the tokens in force "
-                        "stay until it is back", path)
-        if change is not Change.CHANGED:
+        out = self._tokens_watch.look(time.monotonic(), lambda: identities_of((path,)), source.device_tokens)
+        if out.problem is not None:
+            if file_identity(path) is None:
+                log.warning("device tokens file %s cannot be read (gone, or a link to nothing); the tokens in force "
+                            "stay until it is back", path)
+            else:
+                log.error("device tokens file %s changed: reload ignored, the tokens in force stay: %s", path,
+                          out.problem)
             return
-        log.info("device tokens file %s changed; reloading the device tokens", path)
-        try:
-            tokens = self._tokens_from.device_tokens()
-        except ConfigError as exc:
-            log.error("device tokens file %s changed: reload ignored, the tokens in force stay: %s", path, exc)
-            return
-        self.reload_tokens(tokens, self._tokens_from, seen)
+        if out.files is not None:
+            log.info("device tokens file %s changed; reloading the device tokens", path)
+            self.reload_tokens(out.files)
 
     async def watch_tokens_file(self) -> None:
         """:meth:`check_tokens_file` every ``auth.tokens_poll_s`` of the settings in force (a

@@ -17,8 +17,9 @@ import grpc
 
 from cloud.gateway.server import Gateway
 from cloud.gateway.settings import load_settings
-from cloud.gateway.tokensfile import Change, FileWatch
+from edgewise.errors import ConfigError
 from edgewise.filereads import file_identity
+from edgewise.filewatch import ReloadDecision, identities_of
 from edgewise.v1 import service_pb2_grpc
 from tests.cloud.gateway.workers import TestWorker, request
 from tests.secretvolume import SecretVolume
@@ -26,22 +27,39 @@ from tests.waiting import async_wait_until
 
 
 def test_a_kubelet_swap_is_a_change_even_with_the_same_times_and_size(tmp_path):
+    """The tokens file follows the TLS files' rule (``ReloadDecision``): each change is read once,
+    one whose read fails (the file gone) is reported once, and a kubelet swap to a file of the
+    same size and times is a change."""
     vol = SecretVolume(tmp_path / "auth", {"tokens.yaml": "- {device: cam-1, token: aaaa}\n"})
     path = str(vol.root / "tokens.yaml")
-    first = file_identity(path)
-    assert first is not None
-    watch = FileWatch(first)
-    assert watch.look(file_identity(path)) is Change.NONE
+    watch: ReloadDecision[str] = ReloadDecision(identities_of((path,)), 0.0, interval_s=0.0)
+    reads = []
+
+    def read() -> str:
+        try:
+            with open(path) as f:
+                reads.append(f.read())
+        except OSError as exc:
+            raise ConfigError(f"{path}: {exc.strerror}") from None
+        return reads[-1]
+
+    def look() -> tuple:
+        out = watch.look(1.0, lambda: identities_of((path,)), read)
+        return out.files, out.problem
+
+    assert look() == (None, None) and reads == []
     before = os.stat(path)
     vol.update({"tokens.yaml": "- {device: cam-1, token: bbbb}\n"})  # same size
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same modification time
-    assert watch.look(file_identity(path)) is Change.CHANGED
-    assert watch.look(file_identity(path)) is Change.NONE  # said once
+    assert look() == ("- {device: cam-1, token: bbbb}\n", None)
+    assert look() == (None, None) and len(reads) == 1  # read once
     os.unlink(path)
-    assert watch.look(file_identity(path)) is Change.GONE
-    assert watch.look(file_identity(path)) is Change.NONE
-    os.symlink("..data/tokens.yaml", path)  # back
-    assert watch.look(file_identity(path)) is Change.CHANGED
+    assert look()[1].endswith("No such file or directory")
+    assert look() == (None, None)  # said once
+    os.symlink("..data/tokens.yaml", path)  # back: the file in force, nothing to read
+    assert look() == (None, None) and len(reads) == 1
+    vol.update({"tokens.yaml": "- {device: cam-2, token: cccc}\n"})
+    assert look()[0] == "- {device: cam-2, token: cccc}\n"
     assert file_identity("") is None  # no tokens file: nothing to look at (not the working folder)
 
 
