@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, BinaryIO, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, BinaryIO, Callable, Deque, Dict, FrozenSet, List, Optional, Set, Tuple
 
 try:
     from typing import Protocol
@@ -660,8 +660,9 @@ class Sinks:
         self.sinks = sinks
         self.on_error = on_error
         self._failing: Dict[str, Tuple[float, int]] = {}  # sink -> (last logged, failures since)
-        #: sinks whose last write failed (a full disk, a damaged outbox): the daemon is degraded
-        self.failing: Set[str] = set()
+        #: sinks whose last write failed (a full disk, a damaged outbox): the daemon is degraded.
+        #: Replaced, never changed in place: ``/healthz`` reads it from another thread
+        self.failing: FrozenSet[str] = frozenset()
 
     def write(self, rec: FrameRecord) -> bool:
         """Give the record to every sink; whether every durable sink took it (a replay keeps
@@ -671,9 +672,11 @@ class Sinks:
         for s in self.sinks:
             try:
                 s.write(rec, data)
-                self.failing.discard(s.name)
+                if s.name in self.failing:
+                    self.failing = self.failing - {s.name}
             except Exception as exc:
-                self.failing.add(s.name)
+                if s.name not in self.failing:
+                    self.failing = self.failing | {s.name}
                 self._log_failure(s, rec, exc)
                 kept = kept and not s.durable
                 if self.on_error is not None:
