@@ -410,3 +410,21 @@ def test_a_named_pipe_put_at_the_jsonl_path_while_running_is_not_opened(tmp_path
         assert len(sink.held) == 1
     finally:
         sink.close()
+
+
+@pytest.mark.parametrize("broker_inflight, bound, window", [(None, 20, 15), (100, 100, 64), (500, 100, 64)])
+def test_the_in_flight_slots_follow_the_brokers_receive_maximum(tmp_path, broker_inflight, bound, window):
+    """A QoS 2 record holds a slot for two round trips: the edge kept to 20 slots whatever the
+    broker announced, which held the sink to about 55 records/s over a 100 ms uplink
+    (bench/mqtt_sink.py). It now takes what the broker's Receive Maximum allows, up to 100."""
+    from edge.sinks import SINK_WINDOW, sink_window
+    from tests.conftest import configured_mosquitto
+
+    extra = f"max_inflight_messages {broker_inflight}" if broker_inflight else ""
+    with configured_mosquitto(extra) as broker:
+        conn = connect(broker)
+        try:
+            assert conn.in_flight_bound == bound
+            assert sink_window(conn.in_flight_bound, SINK_WINDOW) == window
+        finally:
+            conn.stop()
