@@ -119,21 +119,38 @@ def rows(outbox: Path) -> List[tuple]:
 @pytest.mark.parametrize("hold", [PUBREC, PUBREL, PUBCOMP],
                          ids=["kill-before-pubrec", "kill-before-pubrel", "kill-before-pubcomp"])
 def test_records_in_flight_at_a_kill_are_delivered_after_the_restart(tmp_path, hold, broker):
+    killed_and_restarted(tmp_path, hold, broker, IN_FLIGHT, RECORDS, "")
+
+
+@pytest.mark.parametrize("hold", [PUBREC, PUBREL, PUBCOMP],
+                         ids=["kill-before-pubrec", "kill-before-pubrel", "kill-before-pubcomp"])
+def test_a_broker_announcing_100_in_flight_gets_64_records_in_flight_and_all_after_a_kill(tmp_path, hold):
+    """The chart's broker announces a Receive Maximum of 100 (``max_inflight_messages``): the sink
+    has 64 records in flight (``SINK_WINDOW``), each kept in the outbox with its packet id."""
+    window = sink_window(100, SINK_WINDOW)
+    assert window == SINK_WINDOW == 64
+    killed_and_restarted(tmp_path, hold, "session-kept", window, window + 16, "max_inflight_messages 100")
+
+
+def killed_and_restarted(tmp_path: Path, hold: int, broker: str, in_flight: int, records: int, extra: str) -> None:
+    """The sink killed with ``in_flight`` of ``records`` records held at step ``hold``, then
+    started again against ``broker``: every record on the topic, each once (but where the
+    broker lost the session after delivering)."""
     outbox, log = tmp_path / "mqtt-outbox.db", tmp_path / "sink.log"
-    with configured_mosquitto(persistence=broker != "session-lost") as mosquitto:
+    with configured_mosquitto(extra, persistence=broker != "session-lost") as mosquitto:
         recorder = TopicRecorder(mosquitto, TOPIC)
         proxy = HoldingProxy(mosquitto.port, {hold})
-        sink = start_sink(proxy.port, outbox, RECORDS, log)
+        sink = start_sink(proxy.port, outbox, records, log)
         try:
-            released = IN_FLIGHT if hold == PUBCOMP else 0  # what the broker delivered before the kill
-            wait_until(lambda: sink.poll() is None and proxy.held >= IN_FLIGHT
-                       and len(recorder.messages) >= released, 30, f"{IN_FLIGHT} {hold} packets held")
+            released = in_flight if hold == PUBCOMP else 0  # what the broker delivered before the kill
+            wait_until(lambda: sink.poll() is None and proxy.held >= in_flight
+                       and len(recorder.messages) >= released, 30, f"{in_flight} {hold} packets held")
             sink.send_signal(signal.SIGKILL)
             sink.wait(10)
             left = rows(outbox)
             # the sink's window handed over, each with its packet identifier; the rest wait in the outbox
-            assert len(left) == RECORDS and sum(1 for mid, _ in left if mid) == IN_FLIGHT, left
-            assert sum(r for _, r in left) == (0 if hold == PUBREC else IN_FLIGHT), left
+            assert len(left) == records and sum(1 for mid, _ in left if mid) == in_flight, left
+            assert sum(r for _, r in left) == (0 if hold == PUBREC else in_flight), left
             assert len(recorder.messages) == released
             if broker == "session-lost":
                 recorder.subscribed.clear()
@@ -145,17 +162,17 @@ def test_records_in_flight_at_a_kill_are_delivered_after_the_restart(tmp_path, h
             proxy.hold = set()
             sink = start_sink(proxy.port, outbox, 0, log)
             wait_until(lambda: sink.poll() is None and not rows(outbox), 30, "the outbox emptied")
-            wait_until(lambda: len(recorder.messages) >= RECORDS, 10, "every record on the topic")
+            wait_until(lambda: len(recorder.messages) >= records, 10, "every record on the topic")
         finally:
             sink.kill()
             sink.wait(10)
             proxy.close()
             recorder.stop()
     seqs = Counter(r["frame_seq"] for r in recorder.json())
-    assert set(seqs) == set(range(RECORDS)), seqs  # nothing lost
+    assert set(seqs) == set(range(records)), seqs  # nothing lost
     twice = {s for s, n in seqs.items() if n > 1}
     if broker == "session-lost" and hold == PUBCOMP:  # delivered, then the session was lost: at least once
-        assert max(seqs.values()) <= 2 and len(twice) <= IN_FLIGHT, seqs
+        assert max(seqs.values()) <= 2 and len(twice) <= in_flight, seqs
     else:
         assert not twice, seqs
     text = log.read_text()
