@@ -328,6 +328,30 @@ def test_the_charts_broker_takes_no_larger_packet_than_the_bridge(limit: int | N
     assert f"\n    max_packet_size {want}\n".replace("    ", "") in conf, conf
 
 
+def test_the_charts_broker_announces_100_in_flight_without_nagle_and_mosquitto_loads_its_config(tmp_path) -> None:
+    """A QoS 2 record holds one of a device's in-flight slots for two round trips: Mosquitto's
+    default of 20 held an edge's MQTT sink to 25 records/s over a 300 ms uplink
+    (bench/mqtt_sink.py). The rendered configuration is loaded by a real Mosquitto 2.0."""
+    import time
+
+    from tests.conftest import free_port, mosquitto_binary
+
+    conf = named(render("mqtt.bridge.enabled=true", "mqtt.broker.enabled=true"), "ConfigMap",
+                 "mosquitto")["data"]["mosquitto.conf"]
+    assert "\nmax_inflight_messages 100\n" in conf and "\nset_tcp_nodelay true\n" in conf
+    port = free_port()
+    (tmp_path / "mosquitto.conf").write_text(conf.replace("listener 1883", f"listener {port} 127.0.0.1"))
+    proc = subprocess.Popen([mosquitto_binary(), "-c", str(tmp_path / "mosquitto.conf")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(1.0)
+        assert proc.poll() is None, proc.communicate()[0]
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=10)[0]
+    assert "running" in out and "Error" not in out, out
+
+
 # --------------------------------------------------------------------------- security, pass-throughs
 
 @pytest.mark.parametrize("mode", sorted(MODES))

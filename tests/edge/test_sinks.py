@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 
 import pytest
 
@@ -426,5 +427,7 @@ def test_the_in_flight_slots_follow_the_brokers_receive_maximum(tmp_path, broker
         try:
             assert conn.in_flight_bound == bound
             assert sink_window(conn.in_flight_bound, SINK_WINDOW) == window
+            sock = conn.client.socket()  # small packets that each wait for an answer: no Nagle delay
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         finally:
             conn.stop()
