@@ -34,11 +34,10 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Tuple, Union, cast
-from urllib.parse import quote
 
 from edge.outbox import LATE_KEYS_MAX, OUTBOX_COLUMNS, Outbox, OutboxDamaged, OutboxError
 from edge.spool import disk_full, read_only
-from edge.spool_salvage import DamagedTable, aside_name
+from edge.spool_salvage import DamagedTable, aside_name, fsync_dir, has_table
 
 log = logging.getLogger(__name__)
 
@@ -73,23 +72,7 @@ class OutboxSalvage:
 
 def is_outbox_file(path: Union[str, Path]) -> bool:
     """Whether ``path`` is an SQLite file with the outbox's ``records`` table (read-only)."""
-    try:
-        db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return False
-    try:
-        for schema_writable in ("OFF", "ON"):  # ON: a file cut short, as edge.spool_salvage.is_spool_file
-            db.execute(f"PRAGMA writable_schema = {schema_writable}")
-            try:
-                columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
-            except sqlite3.DatabaseError:
-                continue
-            return OUTBOX_COLUMNS <= columns
-        return False
-    except sqlite3.Error:
-        return False
-    finally:
-        db.close()
+    return has_table(path, "records", OUTBOX_COLUMNS)
 
 
 def _records(row: Tuple[object, ...]) -> bool:
@@ -142,14 +125,6 @@ def _copy(damaged: Path, copy: Path, max_records: int, late_keys_max: int, moved
     return result
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(str(folder), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _remove(path: Path) -> None:
     for suffix in ("", "-wal", "-shm"):
         try:
@@ -182,7 +157,7 @@ def _put_in_place(done: Path, path: Path, target: Optional[Path] = None) -> None
             if side.exists():
                 os.replace(side, target.with_name(target.name + suffix))
     os.replace(done, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def open_outbox(path: Union[str, Path], max_records: int, late_keys_max: int = LATE_KEYS_MAX) -> Outbox:
@@ -213,7 +188,7 @@ def open_outbox(path: Union[str, Path], max_records: int, late_keys_max: int = L
     try:
         result = _copy(path, copy, max_records, late_keys_max, target)
         os.replace(copy, done)  # complete and durable: from here a start finishes the moves
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         _put_in_place(done, path, target)
     except (OSError, sqlite3.Error, OutboxError) as err:
         if not done.exists():

@@ -66,7 +66,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
 from edge.spool import (
@@ -180,9 +180,9 @@ class Salvage:
         return f"{self.salvaged}{more} escalation(s) salvaged{lost}{bad}{cap}{stopped}"
 
 
-def is_spool_file(path: Union[str, Path]) -> bool:
-    """Whether ``path`` is an SQLite file whose schema has the spool's ``items`` table, with
-    its columns (read-only: nothing is written to it)."""
+def has_table(path: Union[str, Path], table: str, columns: Iterable[str]) -> bool:
+    """Whether ``path`` is an SQLite file whose schema has ``table`` with (at least) ``columns``
+    (read-only: nothing is written to it): whose file it is, the spool's or the MQTT outbox's."""
     try:
         db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
     except sqlite3.Error:
@@ -194,15 +194,20 @@ def is_spool_file(path: Union[str, Path]) -> bool:
             # way its schema still shows whose file it is, and it is salvaged, not refused
             db.execute(f"PRAGMA writable_schema = {schema_writable}")
             try:
-                columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
+                have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
             except sqlite3.DatabaseError:
                 continue
-            return SPOOL_COLUMNS <= columns
+            return set(columns) <= have
         return False
     except sqlite3.Error:
         return False
     finally:
         db.close()
+
+
+def is_spool_file(path: Union[str, Path]) -> bool:
+    """Whether ``path`` is an SQLite file with the spool's ``items`` table and its columns."""
+    return has_table(path, "items", SPOOL_COLUMNS)
 
 
 def aside_name(path: Path, now: Optional[float] = None, taken: Sequence[str] = ()) -> Path:
@@ -474,7 +479,7 @@ def _moved_files(path: Path) -> List[Path]:
     return sorted(p for p in found if _is_moved_name(path, p.name))
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     """Make the renames and removals in ``folder`` durable (best effort: not every filesystem
     can sync a folder)."""
     try:
@@ -615,7 +620,7 @@ class _Marker:
                 self.path.unlink()
             except FileNotFoundError:
                 return
-            _fsync_dir(self.spool.parent)
+            fsync_dir(self.spool.parent)
             return
         tmp = self.path.with_name(self.path.name + ".tmp")
         data = (MARKER_HEADER.format(spool=self.spool.name) + "".join(f"{n}\n" for n in names)).encode("utf-8")
@@ -635,7 +640,7 @@ class _Marker:
             except OSError:
                 pass
             raise
-        _fsync_dir(self.spool.parent)
+        fsync_dir(self.spool.parent)
 
     def add(self, name: str) -> None:
         self._write(self.names + [name])
@@ -763,7 +768,7 @@ def open_spool(path: Union[str, Path], max_bytes: int, max_age_s: float) -> Spoo
         # a full disk: the daemon starts without the spool and tries again (a refusal would stop it)
         kind = SpoolFull if disk_full(err) else SpoolCorrupt
         raise kind(f"{why}; it could not be moved aside to salvage it ({err.strerror or err}): {advice}") from None
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     _remove(marker)
     try:
         spool = Spool(path, max_bytes=max_bytes, max_age_s=max_age_s)
@@ -838,7 +843,7 @@ def salvage_in_use(spool: Spool, should_stop: Optional[StopCheck] = None) -> Sal
         except OSError:
             pending.forget(target.name)
             raise
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return moved
 
     try:
