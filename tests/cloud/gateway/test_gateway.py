@@ -26,7 +26,7 @@ from cloud.gateway.settings import load_settings
 from edgewise.errors import ConfigError
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 from tests.cloud.gateway.pki import Pki
-from tests.cloud.gateway.workers import TestWorker, request
+from tests.cloud.gateway.workers import TestWorker, request, serving
 from tests.waiting import async_wait_until
 
 
@@ -622,8 +622,6 @@ def test_sighup_puts_rotated_tokens_in_force_and_never_turns_authentication_off(
     import os
     import signal
 
-    from cloud.gateway import server
-
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text("- {device: cam-1, token: old-token}\n")
 
@@ -631,19 +629,9 @@ def test_sighup_puts_rotated_tokens_in_force_and_never_turns_authentication_off(
         w = TestWorker("w")
         await w.start()
         over = {"auth.tokens_file": str(tokens), "listen": "127.0.0.1:0"}
-        gws = []
-        real_gateway = server.Gateway
-
-        def keep(settings):
-            gws.append(real_gateway(settings))
-            return gws[-1]
-
-        server.Gateway = keep
         try:
-            task = asyncio.ensure_future(server.serve(settings_for([(w, 1)], **over),
-                                                      reload=lambda: settings_for([(w, 1)], **over), announce=False))
-            await async_wait_until(lambda: gws and gws[0].serving, 10, "the gateway serving")
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{gws[0].port}") as ch:
+            task, gw = await serving(settings_for([(w, 1)], **over), lambda: settings_for([(w, 1)], **over))
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
                 stub = service_pb2_grpc.EscalationStub(ch)
 
                 async def code(token):
@@ -652,7 +640,7 @@ def test_sighup_puts_rotated_tokens_in_force_and_never_turns_authentication_off(
                 assert await code("old-token") == "OK"
                 tokens.write_text("- {device: cam-1, token: new-token}\n")
                 os.kill(os.getpid(), signal.SIGHUP)
-                await async_wait_until(lambda: gws[0].auth.tokens == {"cam-1": "new-token"}, 10, "the reload")
+                await async_wait_until(lambda: gw.auth.tokens == {"cam-1": "new-token"}, 10, "the reload")
                 assert (await code("new-token"), await code("old-token")) == ("OK", "UNAUTHENTICATED")
                 tokens.write_text("[]\n")  # emptied: must not open the gateway to anyone
                 os.kill(os.getpid(), signal.SIGHUP)
@@ -668,7 +656,6 @@ def test_sighup_puts_rotated_tokens_in_force_and_never_turns_authentication_off(
             os.kill(os.getpid(), signal.SIGTERM)
             await asyncio.wait_for(task, 30)
         finally:
-            server.Gateway = real_gateway
             await w.stop()
 
     with caplog.at_level(logging.INFO, logger="cloud.gateway.server"):

@@ -21,7 +21,7 @@ from edgewise.errors import ConfigError
 from edgewise.filereads import file_identity
 from edgewise.filewatch import ReloadDecision, identities_of
 from edgewise.v1 import service_pb2_grpc
-from tests.cloud.gateway.workers import TestWorker, request
+from tests.cloud.gateway.workers import TestWorker, request, serving
 from tests.secretvolume import SecretVolume
 from tests.waiting import async_wait_until
 
@@ -146,8 +146,6 @@ def test_a_sighup_puts_a_new_poll_interval_in_force_and_names_what_it_does_not_a
     nothing. Now the interval follows, and the keys left for a restart are named."""
     import signal
 
-    from cloud.gateway import server
-
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text("- {device: cam-1, token: one}\n")
     caplog.set_level(logging.INFO, logger="edgewise.gateway")
@@ -159,19 +157,8 @@ def test_a_sighup_puts_a_new_poll_interval_in_force_and_names_what_it_does_not_a
         over = {"listen": "127.0.0.1:0", "metrics_port": -1, "discovery.static": [w.address],
                 "auth.tokens_file": str(tokens), "auth.tokens_poll_s": 0}
         now = dict(over)
-        gws = []
-        real_gateway = server.Gateway
-
-        def keep(settings):
-            gws.append(real_gateway(settings))
-            return gws[-1]
-
-        server.Gateway = keep
         try:
-            task = asyncio.ensure_future(server.serve(load_settings(None, over, env={}),
-                                                      reload=lambda: load_settings(None, now, env={}), announce=False))
-            await async_wait_until(lambda: gws and gws[0].serving, 10, "the gateway serving")
-            gw = gws[0]
+            task, gw = await serving(load_settings(None, over, env={}), lambda: load_settings(None, now, env={}))
             os.kill(os.getpid(), signal.SIGHUP)  # nothing changed: nothing to name
             await async_wait_until(lambda: said("device tokens reloaded"), 10, "the reload")
             tokens.write_text("- {device: cam-1, token: two}\n")
@@ -197,7 +184,6 @@ def test_a_sighup_puts_a_new_poll_interval_in_force_and_names_what_it_does_not_a
             os.kill(os.getpid(), signal.SIGTERM)
             await asyncio.wait_for(task, 30)
         finally:
-            server.Gateway = real_gateway
             await w.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))

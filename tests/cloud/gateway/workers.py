@@ -113,3 +113,28 @@ def request(device: str = "cam-1", seq: int = 0, data: bytes | None = None,
     return detect_pb2.DetectRequest(
         device_id=device, stream_id="s0", frame_seq=seq, trace_id=f"t{seq}",
         image=detect_pb2.Image(encoding=encoding, data=jpeg_bytes() if data is None else data))
+
+
+async def serving(settings, reload):  # type: ignore[no-untyped-def]
+    """``cloud.gateway.server.serve`` (its signal handlers: SIGHUP reloads with ``reload``,
+    SIGTERM stops) running on this loop: its task, and its gateway once it serves."""
+    from cloud.gateway import server
+    from tests.waiting import async_wait_until
+
+    made = []
+    real = server.Gateway
+
+    def keep(s):  # type: ignore[no-untyped-def]
+        made.append(real(s))
+        return made[-1]
+
+    server.Gateway = keep
+    task = asyncio.ensure_future(server.serve(settings, reload=reload, announce=False))
+    try:
+        await async_wait_until(lambda: made and made[0].serving, 10, "the gateway serving")
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        server.Gateway = real
+    return task, made[0]
