@@ -17,6 +17,7 @@ show the bound the in-flight slots set.
 
     python bench/mqtt_sink.py                       # round trips 0, 100 and 300 ms, about 1 min
     python bench/mqtt_sink.py --rtt-ms 600 --records 200
+    python bench/mqtt_sink.py --rtt-ms 100 --nagle   # beside rows with Nagle's algorithm on
 """
 
 from __future__ import annotations
@@ -39,10 +40,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # package, not bench/edge.py, must be what `import edge` finds
 sys.path.insert(0, str(ROOT))
 
+import paho.mqtt.client as paho  # noqa: E402  (for the rows with Nagle's algorithm on)
+
 from edge.outbox import Outbox  # noqa: E402  (after the sys.path line above)
 from edge.records import FrameRecord  # noqa: E402
 from edge.sinks import SINK_WINDOW, MqttSink, sink_window  # noqa: E402
 from edge.transports.mqtt import SESSION_EXPIRY_S, MqttConnection  # noqa: E402
+from edgewise.mqtt_client import Client  # noqa: E402
+
+NODELAY_SOCKET = Client._create_socket_connection
 
 TOPIC = "edgewise/cam/detections"
 
@@ -109,12 +115,12 @@ class DelayProxy:
         self.thread.join(5)
 
 
-def mosquitto(folder: Path, max_qos: int, inflight: int) -> Tuple[subprocess.Popen[bytes], int]:
+def mosquitto(folder: Path, max_qos: int, inflight: int, nodelay: bool = True) -> Tuple[subprocess.Popen[bytes], int]:
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     port = free_port()
     conf = folder / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages {inflight}\n"
-                    "set_tcp_nodelay true\n" + (f"max_qos {max_qos}\n" if max_qos < 2 else ""))
+                    + ("set_tcp_nodelay true\n" if nodelay else "") + (f"max_qos {max_qos}\n" if max_qos < 2 else ""))
     proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -132,11 +138,13 @@ def record(seq: int) -> FrameRecord:
                        height=720, detections=[box] * 5, escalated=False, reason="", hardness=0.1, outcome="edge")
 
 
-def one(rtt_ms: float, max_qos: int, records: int, inflight: int) -> Tuple[float, int, int]:
+def one(rtt_ms: float, max_qos: int, records: int, inflight: int, nodelay: bool = True) -> Tuple[float, int, int]:
     """(records per second through the sink, record bytes, the sink's window) over a link of
     ``rtt_ms`` to a broker whose Receive Maximum is ``inflight``."""
     with tempfile.TemporaryDirectory(prefix="edgewise-bench-") as tmp:
-        proc, port = mosquitto(Path(tmp), max_qos, inflight)
+        proc, port = mosquitto(Path(tmp), max_qos, inflight, nodelay)
+        if not nodelay:  # the edge's socket as paho makes it: Nagle's algorithm on
+            Client._create_socket_connection = paho.Client._create_socket_connection  # type: ignore[method-assign]
         proxy = DelayProxy(port, rtt_ms / 2000.0)
         conn = MqttConnection("127.0.0.1", proxy.port, client_id=f"bench-{os.getpid()}",
                               session_expiry_s=SESSION_EXPIRY_S)
@@ -158,6 +166,7 @@ def one(rtt_ms: float, max_qos: int, records: int, inflight: int) -> Tuple[float
             return (records / (time.monotonic() - start), len(data[0][1]),
                     sink_window(conn.in_flight_bound, SINK_WINDOW))
         finally:
+            Client._create_socket_connection = NODELAY_SOCKET  # type: ignore[method-assign]
             sink.close()
             proxy.close()
             proc.terminate()
@@ -168,6 +177,9 @@ def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rtt-ms", default="0,100,300", help="round trips to add, ms, comma-separated")
     ap.add_argument("--records", type=int, default=300, help="records written per cell")
+    ap.add_argument("--nagle", action="store_true",
+                    help="also rows with Nagle's algorithm on (paho's socket as it makes it, the broker without "
+                         "set_tcp_nodelay): what TCP_NODELAY is worth")
     ap.add_argument("--inflight", default="20,100",
                     help="the broker's max_inflight_messages (its Receive Maximum), comma-separated: 20 is "
                          "Mosquitto's default, 100 the chart's broker")
@@ -177,15 +189,18 @@ def main(argv: List[str]) -> int:
     for inflight in (int(x) for x in args.inflight.split(",")):
         for rtt in (float(x) for x in args.rtt_ms.split(",")):
             for qos in (2, 1):
-                rate, size, window = one(rtt, qos, args.records, inflight)
-                bound = f"{window / (qos * rtt / 1000.0):.1f}" if rtt else "-"
-                rows.append(f"| {inflight} | {window} | {rtt:g} | {qos} | {rate:.1f} | {bound} | {rate * size / 1024:.0f} |")
-                print(f"  receive maximum {inflight}, rtt {rtt:g} ms, QoS {qos}: {rate:.1f} records/s", file=sys.stderr)
+                for nodelay in (True, False) if args.nagle else (True,):
+                    rate, size, window = one(rtt, qos, args.records, inflight, nodelay)
+                    bound = f"{window / (qos * rtt / 1000.0):.1f}" if rtt else "-"
+                    rows.append(f"| {inflight} | {window} | {rtt:g} | {qos} | {'off' if nodelay else 'on'} | "
+                                f"{rate:.1f} | {bound} | {rate * size / 1024:.0f} |")
+                    print(f"  receive maximum {inflight}, rtt {rtt:g} ms, QoS {qos}, Nagle {'off' if nodelay else 'on'}: "
+                          f"{rate:.1f} records/s", file=sys.stderr)
     print(f"MQTT sink over a delayed link: {args.records} records of {size} bytes each per cell, load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
-    print("| broker Receive Maximum | sink window | added round trip ms | QoS | records/s | window / (QoS x round trip) "
-          "| KiB/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| broker Receive Maximum | sink window | added round trip ms | QoS | Nagle | records/s "
+          "| window / (QoS x round trip) | KiB/s |")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0
 
