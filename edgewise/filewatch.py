@@ -7,14 +7,19 @@ provision``), a Secret that kubelet swaps (``..data``), a CA bundle rotated by a
 process that read its files once keeps the old ones until a restart, and once the old
 certificate expires its next connection fails. The gateway's server certificate
 (``cloud.gateway.tlsreload``), its MQTT bridge (``cloud.gateway.mqtt_tls``), its device tokens
-file (``Gateway.check_tokens_file``) and the edge's transports (``edge.transports.grpc``,
+file (``Gateway.check_tokens_file``), the Kubernetes client's projected token
+(``cloud.discovery.kubeclient``) and the edge's transports (``edge.transports.grpc``,
 ``edge.transports.mqtt``) follow their files with :class:`ReloadDecision`:
 
 * the files are looked at (:func:`edgewise.filereads.file_identity`: resolved path, inode, size,
   times) at most once per ``interval_s``, and read only when they differ from those in force;
 * files that cannot be put in force (a certificate written before its key, a file that does not
-  parse or is gone) are refused once per change: the same files are not read, nor reported,
-  again until they change again;
+  parse or is gone) are refused and reported once per change: the same files are read again only
+  every ``retry_s`` (:data:`RETRY_REFUSED_S`, a minute), and reported again only when the problem
+  differs. A read that failed for a passing reason (``EIO`` from a network volume, ``EMFILE``
+  when the process was out of descriptors) is refused like a malformed file, and the files did
+  not change, so without that retry a renewal that met such a moment would wait for the next
+  renewal, after the files in force had expired;
 * files that changed while they were read (the identities after the read differ from before)
   may be half old, half new: nothing is put in force, they are read again at the next look.
 
@@ -39,6 +44,11 @@ from edgewise.observability import LogThrottle
 #: Looks at the files at most once per this many seconds, by default: a renewal is in force
 #: about a second after it was written, and a storm of calls costs one ``stat`` per file per second.
 RECHECK_S = 1.0
+
+#: Files refused are read again, unchanged, at most once per this many seconds by default (and
+#: reported again only when the problem differs): a read error that passes does not hold a
+#: renewal back until the files change again, and a file that stays bad costs one read a minute.
+RETRY_REFUSED_S = 60.0
 
 #: The identities of the watched files, in a fixed order (:func:`file_identity`; None: no file).
 Identities = Tuple[Optional[FileIdentity], ...]
@@ -73,22 +83,27 @@ class ReloadDecision(Generic[Loaded]):
     means. Pure: the shell passes the clock reading, the looking and the loading (a
     ``ConfigError`` naming the files when they cannot be put in force)."""
 
-    def __init__(self, served: Identities, now: float, interval_s: float = RECHECK_S) -> None:
+    def __init__(self, served: Identities, now: float, interval_s: float = RECHECK_S,
+                 retry_s: Optional[float] = None) -> None:
         self.served = served
         self.refused: Optional[Identities] = None
         self.interval_s = interval_s
+        self.retry_s = RETRY_REFUSED_S if retry_s is None else retry_s
         self.last_look = now  # the start has just looked
+        self._refused_at = now  # when the refused files were last read
+        self._problem: Optional[str] = None  # why they were refused, as last reported
 
     def look(self, now: float, identities: Callable[[], Identities],
              load: Callable[[], Loaded]) -> Outcome[Loaded]:
         """At most one look per ``interval_s``: the files are loaded only when their identities
-        differ from those in force and from the last refused ones (so a refusal is reported
-        once per change), and taken only when they did not change while loaded."""
+        differ from those in force and from the last refused ones (those are read again every
+        ``retry_s``, and a refusal is reported once per change and problem), and taken only when
+        they did not change while loaded."""
         if now - self.last_look < self.interval_s:
             return NOTHING
         self.last_look = now
         before = identities()
-        if before == self.served or before == self.refused:
+        if before == self.served or (before == self.refused and now - self._refused_at < self.retry_s):
             return NOTHING
         changed = tuple(i for i, (a, b) in enumerate(zip(before, self.served)) if a != b)
         files: Optional[Loaded]
@@ -100,15 +115,21 @@ class ReloadDecision(Generic[Loaded]):
         if identities() != before:  # written while read: perhaps half old, half new; again next look
             return NOTHING
         if files is None:
-            self.refused = before
-            return Outcome(problem=problem, changed=changed)
-        self.served, self.refused = before, None
+            again = before == self.refused and problem == self._problem
+            self.refused, self._refused_at, self._problem = before, now, problem
+            return NOTHING if again else Outcome(problem=problem, changed=changed)
+        self.served, self.refused, self._problem = before, None, None
         return Outcome(files=files, changed=changed)
+
+    @property
+    def when_again(self) -> str:
+        """When refused files are read again, for the shells' messages."""
+        return f"they are read again when they change, and tried again every {self.retry_s:g} s"
 
     def acted(self, served: Identities) -> None:
         """Files with identities ``served`` were read and put in force by another path (the
         gateway's SIGHUP reads its tokens file): a look compares with those from now on."""
-        self.served, self.refused = served, None
+        self.served, self.refused, self._problem = served, None, None
 
 
 class FollowedFiles(Generic[Loaded]):
@@ -150,8 +171,8 @@ class FollowedFiles(Generic[Loaded]):
             named = ", ".join(f"{self.settings[i]} {self.paths[i]}" for i in out.changed if self.paths[i])
             if out.problem is not None:
                 self._log.error("TLS files changed (%s) but were not put in force: %s "
-                                "connects with the files it had; they are read again when they change: %s",
-                                named, self.user, out.problem)
+                                "connects with the files it had; %s: %s",
+                                named, self.user, self.decision.when_again, out.problem)
             if out.files is None:
                 return None
             self.loaded = out.files

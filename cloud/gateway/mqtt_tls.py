@@ -107,7 +107,7 @@ class BridgeTls:
             named = ", ".join(f"{self.SETTINGS[i]} {self.paths[i]}" for i in out.changed if self.paths[i])
             if out.problem is not None:
                 log.error("MQTT bridge TLS files changed (%s) but were not put in force: the bridge connects "
-                          "with the files it had; they are read again when they change: %s", named, out.problem)
+                          "with the files it had; %s: %s", named, self.decision.when_again, out.problem)
             if out.files is None:
                 return
             self._warn_validity(out.files)

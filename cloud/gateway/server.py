@@ -574,7 +574,9 @@ class Gateway:
         again as on SIGHUP (``GatewaySettings.device_tokens``, the same checks) and put in force
         by :meth:`reload_tokens`. A file that cannot be used (half-written, malformed, listing
         no device, gone) leaves the tokens in force and is logged once per change, not at every
-        look; one that changed while it was read is not used, and read again at the next look."""
+        look (it is read again, unchanged, once a minute: a read error that passes does not hold
+        a new device's token back); one that changed while it was read is not used, and read
+        again at the next look."""
         source = self._tokens_from
         path = source.auth.tokens_file
         if not path:
@@ -585,8 +587,8 @@ class Gateway:
                 log.warning("device tokens file %s cannot be read (gone, or a link to nothing); the tokens in force "
                             "stay until it is back", path)
             else:
-                log.error("device tokens file %s changed: reload ignored, the tokens in force stay: %s", path,
-                          out.problem)
+                log.error("device tokens file %s changed: reload ignored, the tokens in force stay (%s): %s", path,
+                          self._tokens_watch.when_again, out.problem)
             return
         if out.files is not None:
             log.info("device tokens file %s changed; reloading the device tokens", path)

@@ -21,7 +21,8 @@ the checks of the start (the key belongs to the certificate, each file parses), 
   as a restart would serve it;
 * they do not (a certificate written before its key, as certbot-style in-place writes do;
   a file that does not parse or is gone): one ERROR per change naming the files and the
-  problem, the current certificate stays, and they are read again when they change again;
+  problem, the current certificate stays, and they are read again when they change again
+  (and, unchanged, once a minute: a read error that passes does not hold a renewal back);
 * they changed while they were read (the identities after the read differ from before): what
   was read may be half old, half new, so nothing is put in force and they are read again at
   the next look.
@@ -102,7 +103,7 @@ class ServedTlsFiles:
             if out.problem is not None:
                 log.error("TLS files changed (%s) "
                           "but were not put in force, the current certificate is still served; "
-                          "they are read again when they change: %s", named, out.problem)
+                          "%s: %s", named, self.decision.when_again, out.problem)
             if out.files is None:
                 return None
             self._warn_validity(out.files)

@@ -48,7 +48,7 @@ def test_followed_files_hand_out_new_files_once_and_report_a_refusal_once_per_ch
         assert f.look() is None
     (error,) = messages(caplog, logging.ERROR)
     assert error == (f"TLS files changed (x.key {b}) but were not put in force: the client connects with the "
-                     f"files it had; they are read again when they change: {b}: bad")
+                     f"files it had; they are read again when they change, and tried again every 60 s: {b}: bad")
     assert f.loaded == ("a1", "b1")
 
     a.write_text("a2")

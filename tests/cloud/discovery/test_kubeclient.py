@@ -115,8 +115,10 @@ def test_a_rotated_token_file_is_used_from_the_next_call(tmp_path: Path,
         (tmp_path / "..2" / "token").unlink()  # mid-swap or gone: the token in use is kept
         assert target.read().spec_replicas == 2
         assert "cannot read it" in caplog.text
+        assert target.read().spec_replicas == 2
+        assert caplog.text.count("cannot read it") == 1  # once per change, not at every call
         auths = [r[2]["authorization"] for r in api.requests]
-        assert auths == ["Bearer first", "Bearer second", "Bearer second"]
+        assert auths == ["Bearer first", "Bearer second", "Bearer second", "Bearer second"]
         # a token that is refused names the token, not the Role
         api.token = "third"
         with pytest.raises(ConfigError, match=r"unauthorized \(401\): the API server rejected the token"):

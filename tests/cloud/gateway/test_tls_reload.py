@@ -316,6 +316,29 @@ def test_the_decision_reports_a_refusal_once_per_change():
     assert d.refused is None and d.served == disk.ids
 
 
+def test_refused_files_are_tried_again_once_a_minute_and_a_problem_is_reported_once():
+    """A read error that passes (EIO on a network volume, EMFILE) refuses files that did not change:
+    without the retry, a renewal that met it would wait for the next renewal."""
+    disk = Disk()
+    d = ReloadDecision(disk.ids, now=0.0, interval_s=1.0)
+    assert d.retry_s == 60.0
+    disk.ids = (("c", 2), ("k", 2), None)  # renewed
+    disk.result = ConfigError("tls.cert_file c: cannot be read (Input/output error)")
+    out = d.look(1.0, disk.identities, disk.load)
+    assert out.problem == "tls.cert_file c: cannot be read (Input/output error)" and out.changed == (0, 1)
+    for t in (2.0, 30.0, 60.9):
+        assert d.look(t, disk.identities, disk.load) is NOTHING
+    assert disk.loads == 1
+    assert d.look(62.0, disk.identities, disk.load) is NOTHING and disk.loads == 2  # the same problem: not again
+    disk.result = ConfigError("tls: the key does not belong to the certificate")
+    assert d.look(122.0, disk.identities, disk.load).problem == "tls: the key does not belong to the certificate"
+    assert d.look(150.0, disk.identities, disk.load) is NOTHING and disk.loads == 3
+    disk.result = _files("v2")  # the error has passed: the renewal, unchanged on disk, goes in force
+    out = d.look(182.0, disk.identities, disk.load)
+    assert out.files == _files("v2") and out.changed == (0, 1) and d.served == disk.ids and d.refused is None
+    assert d.look(300.0, disk.identities, disk.load) is NOTHING and disk.loads == 4
+
+
 def test_files_written_while_read_are_read_again_at_the_next_look():
     disk = Disk()
     d = ReloadDecision(disk.ids, now=0.0, interval_s=1.0)

@@ -10,6 +10,8 @@ without ``serve``'s signal handlers).
 from __future__ import annotations
 
 import asyncio
+import builtins
+import errno
 import logging
 import os
 
@@ -17,9 +19,11 @@ import grpc
 
 from cloud.gateway.server import Gateway
 from cloud.gateway.settings import load_settings
+from edgewise import filewatch
 from edgewise.errors import ConfigError
 from edgewise.filereads import file_identity
 from edgewise.filewatch import ReloadDecision, identities_of
+from edgewise.settings import tree
 from edgewise.v1 import service_pb2_grpc
 from tests.cloud.gateway.workers import TestWorker, request, serving
 from tests.secretvolume import SecretVolume
@@ -63,6 +67,9 @@ def test_a_kubelet_swap_is_a_change_even_with_the_same_times_and_size(tmp_path):
     assert file_identity("") is None  # no tokens file: nothing to look at (not the working folder)
 
 
+IGNORED = "reload ignored, the tokens in force stay (they are read again when they change, and tried again every 60 s)"
+
+
 def test_a_token_revoked_in_a_mounted_secret_is_refused_without_a_signal(tmp_path, caplog):
     vol = SecretVolume(tmp_path / "auth", {
         "tokens.yaml": "- {device: cam-1, token: old-token}\n- {device: cam-2, token: two-token}\n"})
@@ -104,7 +111,7 @@ def test_a_token_revoked_in_a_mounted_secret_is_refused_without_a_signal(tmp_pat
                 vol.update({"tokens.yaml": "- {device: cam-2, token: two-token}\n- {device: cam-4, tok"})
                 await async_wait_until(lambda: lines("reload ignored"), 10, "the half-written file refused")
                 await asyncio.sleep(0.5)  # about ten more looks at the same file
-                assert len(lines("reload ignored, the tokens in force stay")) == 1, lines("reload ignored")
+                assert len(lines(IGNORED)) == 1, lines("reload ignored")
                 assert (await code("cam-3", "new-token"), await code("cam-1", "old-token")) == \
                     ("OK", "UNAUTHENTICATED")
 
@@ -112,7 +119,7 @@ def test_a_token_revoked_in_a_mounted_secret_is_refused_without_a_signal(tmp_pat
                 vol.update({"tokens.yaml": "[]\n"})
                 await async_wait_until(lambda: lines("lists no device"), 10, "the empty file refused")
                 await asyncio.sleep(0.5)
-                assert len(lines("reload ignored, the tokens in force stay")) == 2
+                assert len(lines(IGNORED)) == 2
                 assert (await code("cam-3", "new-token"), await code("cam-9", "anything")) == \
                     ("OK", "UNAUTHENTICATED")
 
@@ -187,3 +194,47 @@ def test_a_sighup_puts_a_new_poll_interval_in_force_and_names_what_it_does_not_a
             await w.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_new_token_met_by_a_read_error_that_passes_is_in_force_without_another_change(tmp_path, caplog,
+                                                                                        monkeypatch):
+    """The first read of a changed tokens file fails with EIO (a network volume's hiccup): refused
+    once, logged once, and read again, unchanged, at the retry (a minute; 0.3 s here), where the
+    new device's token goes in force. Before, it waited for the file's next change."""
+    monkeypatch.setattr(filewatch, "RETRY_REFUSED_S", 0.3)
+    vol = SecretVolume(tmp_path / "auth", {"tokens.yaml": "- {device: cam-1, token: one-token}\n"})
+    path = str(vol.root / "tokens.yaml")
+    failing = [0]
+
+    def flaky_open(file, *args, **kwargs):
+        if failing[0] and os.path.realpath(file) == os.path.realpath(path):
+            failing[0] -= 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO), file)
+        return builtins.open(file, *args, **kwargs)
+
+    monkeypatch.setattr(tree, "open", flaky_open, raising=False)
+    caplog.set_level(logging.INFO, logger="edgewise.gateway")
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        gw = Gateway(load_settings(None, {
+            "listen": "127.0.0.1:0", "metrics_port": -1, "discovery.static": [w.address],
+            "auth.tokens_file": path, "auth.tokens_poll_s": 0.05}, env={}))
+        await gw.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                failing[0] = 3  # the new file's first three reads fail
+                vol.update({"tokens.yaml": "- {device: cam-1, token: one-token}\n- {device: cam-2, token: two-token}\n"})
+                await async_wait_until(lambda: gw.auth.tokens.get("cam-2") == "two-token", 10, "the new token in force")
+                assert failing[0] == 0
+                await stub.Detect(request(device="cam-2"), timeout=5,
+                                  metadata=(("authorization", "Bearer two-token"),))
+        finally:
+            await gw.stop(0)
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    refused = [r.getMessage() for r in caplog.records if "reload ignored" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].endswith("cannot read the tokens file: Input/output error"), refused

@@ -230,7 +230,8 @@ def test_grpc_files_that_cannot_be_used_keep_the_channels_logged_once_per_change
     asyncio.run(asyncio.wait_for(main(), 60))
     first, second = errors()
     assert first.startswith(f"TLS files changed (cloud.tls_cert {cert}) but were not put in force: the gRPC "
-                            "transport connects with the files it had; they are read again when they change: ")
+                            "transport connects with the files it had; they are read again when they change, "
+                            "and tried again every 60 s: ")
     assert f"cloud.tls_key {key}: is not the key of cloud.tls_cert {cert}" in first, first
     assert f"cloud.tls_ca {ca}: cannot be used as a CA bundle" in second, second
     assert len(records(caplog, GRPC_LOG, logging.INFO, "TLS files changed")) == 1
