@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from edgewise.errors import ConfigError
-from edgewise.filereads import FileIdentity, file_identity
+from edgewise.filewatch import Identities, ReloadDecision, identities_of
 
 log = logging.getLogger(__name__)
 
@@ -85,48 +86,55 @@ def build_api_client(access: KubeAccess) -> Any:
     return client.ApiClient(cfg)
 
 
+#: a token file that could not be used is read again, unchanged, at most this often (the old code
+#: read it at every call; a call costs a round trip to the API server anyway)
+TOKEN_RETRY_S = 1.0
+
+
 def _set_token(cfg: Any, token: str) -> None:
     cfg.api_key = {"BearerToken": token, "authorization": token}
 
 
 class _TokenFile:
     """``Configuration.refresh_api_key_hook`` (called before every request) that re-reads the token
-    file when it changed (``edgewise.filereads.file_identity``): kubelet replaces a projected token by swapping a
-    symlink, so the new token is used from the next request. An unreadable or empty file keeps the
-    token in use (logged once per change)."""
+    file when it changed, by the rule every followed file has (``edgewise.filewatch.ReloadDecision``):
+    kubelet replaces a projected token by swapping a symlink, so the new token is used from the
+    next request. An unreadable or empty file keeps the token in use (logged once per change
+    and problem) and is read again, unchanged, at most every :data:`TOKEN_RETRY_S`: a read error
+    that passes (``EIO``, too many open files) at the moment kubelet rotates the token does not
+    hold the new one back until the next rotation (about 48 min, past the old one's expiry)."""
 
     def __init__(self, path: str, token: str | None) -> None:
         self.path = path
         self._token = token
-        self._seen: FileIdentity | None = None if token is None else file_identity(path)
+        # with a token given, the file as it is now is what it came from; without, it is read first
+        served: Identities = identities_of((path,)) if token is not None else ()
+        self._watch: ReloadDecision[str] = ReloadDecision(served, time.monotonic(), interval_s=0.0,
+                                                          retry_s=TOKEN_RETRY_S)
         self._lock = threading.Lock()
-        self._failed: str | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _TokenFile:  # Configuration copies: share the file's state
         return self
 
+    def _read(self) -> str:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                token = f.read(1 << 20).strip()
+        except OSError as exc:
+            raise ConfigError(str(exc.strerror or exc)) from None
+        if not token:
+            raise ConfigError("it is empty")
+        return token
+
     def __call__(self, cfg: Any) -> None:
         with self._lock:
-            seen = file_identity(self.path)
-            if seen is not None and seen == self._seen:
-                if self._token is not None:
-                    _set_token(cfg, self._token)
-                return
-            try:
-                with open(self.path, encoding="utf-8") as f:
-                    token = f.read(1 << 20).strip()
-                if not token:
-                    raise ValueError("it is empty")
-            except (OSError, ValueError) as exc:
-                problem = str(getattr(exc, "strerror", None) or exc)
-                if problem != self._failed:
-                    log.warning("kubernetes token_file %s: cannot read it (%s); keeping the token read before",
-                                self.path, problem)
-                    self._failed = problem
-            else:
-                if self._token is not None and token != self._token:
+            out = self._watch.look(time.monotonic(), lambda: identities_of((self.path,)), self._read)
+            if out.problem is not None:
+                log.warning("kubernetes token_file %s: cannot read it (%s); keeping the token read before",
+                            self.path, out.problem)
+            elif out.files is not None:
+                if self._token is not None and out.files != self._token:
                     log.info("kubernetes token_file %s changed: using the new token", self.path)
-                self._token, self._failed = token, None
-                self._seen = seen
+                self._token = out.files
             if self._token is not None:
                 _set_token(cfg, self._token)

@@ -7,7 +7,10 @@ that accepts and never answers plays the hung API server; the real client talks 
 
 from __future__ import annotations
 
+import builtins
+import errno
 import logging
+import os
 import socket
 import time
 from pathlib import Path
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cloud.autoscaler.kube import DeploymentScale, ScaleState
+from cloud.discovery import kubeclient
 from cloud.discovery.kubeclient import KubeAccess, build_api_client
 from edgewise.errors import ConfigError, UnavailableError
 from tests.listener import Listener
@@ -94,8 +98,8 @@ def _project_token(directory: Path, token: str, n: int) -> None:
         (directory / "token").symlink_to("..data/token")
 
 
-def test_a_rotated_token_file_is_used_from_the_next_call(tmp_path: Path,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_a_rotated_token_file_is_used_from_the_next_call(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The token was read from ``token_file`` once at start: when kubelet rotated the projected
     token, every call got 401 until a restart (and the autoscaler said the Role was missing)."""
     from tests.cloud.autoscaler.servers import ScaleAPI
@@ -119,6 +123,30 @@ def test_a_rotated_token_file_is_used_from_the_next_call(tmp_path: Path,
         assert caplog.text.count("cannot read it") == 1  # once per change, not at every call
         auths = [r[2]["authorization"] for r in api.requests]
         assert auths == ["Bearer first", "Bearer second", "Bearer second", "Bearer second"]
+        # rotated while the file cannot be read for a moment (EIO, EMFILE): the same, unchanged
+        # file is read again a second later, and the new token used (it was held until the next
+        # rotation, about 48 min, while the old token expires at 60)
+        api.token = "fourth"
+        failing = [2]
+        real_open = builtins.open
+
+        def flaky_open(file, *args, **kwargs):
+            if failing[0] and os.path.realpath(file) == os.path.realpath(path):
+                failing[0] -= 1
+                raise OSError(errno.EIO, os.strerror(errno.EIO), file)
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(kubeclient, "open", flaky_open, raising=False)
+        _project_token(tmp_path, "fourth", 3)
+        with pytest.raises(ConfigError, match=r"unauthorized \(401\)"):
+            target.read()  # the read failed: the token in use is sent, and refused
+        time.sleep(kubeclient.TOKEN_RETRY_S + 0.1)
+        with pytest.raises(ConfigError, match=r"unauthorized \(401\)"):
+            target.read()  # failed again, the same problem: not logged again
+        time.sleep(kubeclient.TOKEN_RETRY_S + 0.1)
+        assert target.read().spec_replicas == 2 and failing[0] == 0
+        assert caplog.text.count("Input/output error") == 1
+        assert [r[2]["authorization"] for r in api.requests][-1] == "Bearer fourth"
         # a token that is refused names the token, not the Role
         api.token = "third"
         with pytest.raises(ConfigError, match=r"unauthorized \(401\): the API server rejected the token"):
