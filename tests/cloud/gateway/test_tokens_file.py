@@ -238,3 +238,29 @@ def test_a_new_token_met_by_a_read_error_that_passes_is_in_force_without_another
     asyncio.run(asyncio.wait_for(main(), 60))
     refused = [r.getMessage() for r in caplog.records if "reload ignored" in r.getMessage()]
     assert len(refused) == 1 and refused[0].endswith("cannot read the tokens file: Input/output error"), refused
+
+
+def test_a_tokens_file_rewritten_while_it_is_read_is_read_again_at_the_next_look(tmp_path, monkeypatch):
+    """``check_tokens_file`` on a file replaced while the gateway reads it: what was read may be
+    half old, half new, so nothing is put in force (nor logged as refused) and the next look
+    reads the file as it is now."""
+    vol = SecretVolume(tmp_path / "auth", {"tokens.yaml": "- {device: cam-1, token: one-token}\n"})
+    path = str(vol.root / "tokens.yaml")
+    gw = Gateway(load_settings(None, {"listen": "127.0.0.1:0", "metrics_port": -1,
+                                      "discovery.static": ["127.0.0.1:1"], "auth.tokens_file": path, "auth.tokens_poll_s": 1}, env={}))
+    real_open = builtins.open
+    during_read = []
+
+    def racing_open(file, *args, **kwargs):
+        f = real_open(file, *args, **kwargs)
+        if during_read and os.path.realpath(file) == os.path.realpath(path):
+            vol.update({"tokens.yaml": during_read.pop()})  # kubelet swaps the folder meanwhile
+        return f
+
+    monkeypatch.setattr(tree, "open", racing_open, raising=False)
+    vol.update({"tokens.yaml": "- {device: cam-2, token: two-token}\n"})
+    during_read.append("- {device: cam-3, token: three-token}\n")
+    gw.check_tokens_file()
+    assert gw.auth.tokens == {"cam-1": "one-token"} and not during_read  # read while replaced: not taken
+    gw.check_tokens_file()
+    assert gw.auth.tokens == {"cam-3": "three-token"}
