@@ -187,7 +187,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         self._wake.set()  # queued requests go now, without waiting for their delay
         try:
             await asyncio.wait_for(self._idle.wait(), max(0.0, end - self.clock()))
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             log.warning("grace period over with %d requests in flight", self._in_flight)
 
     async def close(self) -> None:
@@ -294,16 +294,31 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             self.metrics.decode_refused.inc()
             raise
         self.metrics.decode_pixels.set(self.decode_budget.in_use)
+        decoding = self._start_in_pool(self._decode_pool, self.runner.prepare, image,
+                                       self.settings.max_image_pixels)
         try:
-            return await self._in_pool(self._decode_pool, self.runner.prepare, image,
-                                      self.settings.max_image_pixels)
+            return await asyncio.shield(decoding)
+        except asyncio.CancelledError:
+            # The client gave up, but a decode in its thread cannot be stopped: its pixels stay
+            # counted until it ends, or the budget would let more decode at once than it allows.
+            decoding.add_done_callback(functools.partial(self._decode_ended, held))
+            held = 0
+            raise
         except EdgewiseError:
             raise
         except Exception as exc:
             raise InvalidInputError(f"image could not be decoded: {exc}") from exc
         finally:
-            self.decode_budget.release(held)
-            self.metrics.decode_pixels.set(self.decode_budget.in_use)
+            if held:
+                self._decode_ended(held)
+
+    def _decode_ended(self, held: int, done: asyncio.Future[Any] | None = None) -> None:
+        """A decode's pixels back to the budget; ``done``: the decode of a call given up on,
+        whose outcome nobody reads (retrieved here so that asyncio does not log it)."""
+        if done is not None and not done.cancelled():
+            done.exception()
+        self.decode_budget.release(held)
+        self.metrics.decode_pixels.set(self.decode_budget.in_use)
 
     async def Load(self, body: bytes, context: grpc.aio.ServicerContext) -> detect_pb2.WorkerLoad:
         await _parse_load(body, context)  # nothing in it is read: a LoadRequest has no fields yet
@@ -414,10 +429,11 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         self.metrics.in_flight.set(self._in_flight)
 
     async def _in_pool(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+        return await self._start_in_pool(pool, fn, *args)
+
+    def _start_in_pool(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         ctx = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(
-            pool, functools.partial(ctx.run, fn, *args)
-        )
+        return asyncio.get_running_loop().run_in_executor(pool, functools.partial(ctx.run, fn, *args))
 
 
 @dataclass

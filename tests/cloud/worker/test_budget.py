@@ -68,14 +68,24 @@ class GatedRunner(ModelRunner):
         self.entered = threading.Event()
         self.in_use: list[int] = []
         self.budget: PixelBudget | None = None
+        self._lock = threading.Lock()
+        self.decoding = 0
+        self.most_at_once = 0  # decodes running at the same time, at most
 
     def prepare(self, image: detect_pb2.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> Prepared:
-        if self.budget is not None:
-            self.in_use.append(self.budget.in_use)
-        if not self.entered.is_set():
-            self.entered.set()
-            assert self.gate.wait(20)
-        return super().prepare(image, max_pixels)
+        with self._lock:
+            self.decoding += 1
+            self.most_at_once = max(self.most_at_once, self.decoding)
+        try:
+            if self.budget is not None:
+                self.in_use.append(self.budget.in_use)
+            if not self.entered.is_set():
+                self.entered.set()
+                assert self.gate.wait(20)
+            return super().prepare(image, max_pixels)
+        finally:
+            with self._lock:
+                self.decoding -= 1
 
 
 def test_worker_holds_decodes_within_the_budget(tiny_model):
@@ -102,4 +112,30 @@ def test_worker_holds_decodes_within_the_budget(tiny_model):
             refused = server.service.metrics.registry.get_sample_value("edgewise_worker_decode_budget_refused_total")
             assert refused == 1.0
             assert server.service.decode_budget.in_use == 0
+    asyncio.run(main())
+
+
+def test_a_decode_whose_client_gave_up_holds_the_budget_until_it_ends(tiny_model):
+    """A decode runs on in its thread after its client gives up (deadline, cancel): its pixels
+    were handed back at once, so the next image decoded beside it, past the budget (two 8K
+    decodes at once on a budget of one, found by a probe)."""
+    im = photo()[:400, :500]  # 200,000 pixels
+    settings = make_settings(tiny_model)
+    settings.decode_pixel_budget = 300_000  # one such image at a time
+
+    async def main():
+        runner = GatedRunner(tiny_model)
+        async with running(settings, runner) as (server, stub, _):
+            budget = runner.budget = server.service.decode_budget
+            code, _ = await call(stub, jpeg_request(im, 0), timeout=0.5)  # the client gives up mid-decode
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED and runner.entered.is_set()
+            await asyncio.sleep(0.2)
+            assert budget.in_use == 200_000  # still decoding: still counted
+            second = asyncio.ensure_future(call(stub, jpeg_request(im, 1)))
+            await async_wait_until(lambda: budget.waiting == 1, 10, "the next decode waiting for the budget")
+            runner.gate.set()
+            assert (await second)[0] == grpc.StatusCode.OK
+            assert runner.most_at_once == 1
+            await async_wait_until(lambda: budget.in_use == 0, 10, "the budget handed back")
+            assert server.service.metrics.registry.get_sample_value("edgewise_worker_decode_pixels") == 0
     asyncio.run(main())
