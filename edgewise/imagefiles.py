@@ -8,15 +8,18 @@ so a bomb costs nothing; ``check_pixels`` applies the limit. ``check_stream`` wa
 the whole file for structural damage a decoder would paper over: a JPEG must be one
 well-formed marker sequence ending in EOI (scan data may only contain stuffed
 ``FF00`` and restart markers in sequence), Huffman-coded (arithmetic coding is refused),
-whose scans hold at least a bit per 8x8 block of the size its header declares, a PNG's chunks must all pass their
+whose scans hold at least a bit per 8x8 block of the size its header declares and pass over
+those blocks at most ``MAX_BLOCK_PASSES`` times, a PNG's chunks must all pass their
 CRC-32 and end with IEND. JPEG has no checksum (T.81), so a bit flip inside the
 entropy-coded data that keeps that structure decodes to a damaged picture that no
-decoder can tell from a real one. ``read_image_file`` does all of it for a file, and
+decoder can tell from a real one (and libjpeg's warning for scan data that ends early, "premature
+end of data segment", does not reach OpenCV's caller: such a file is decoded, the missing part
+filled in). ``read_image_file`` does all of it for a file, and
 then turns the picture upright as its EXIF orientation says (a phone photo of
 orientation 6 is stored sideways): files on disk are shown as their viewers show them,
 while payloads on the wire (``decode_checked``) keep their stored pixels. A 16-bit
-PNG or TIFF is scaled to 8 bits by the bit depth it really uses (a 12-bit sensor's
-data is not divided by 256). The byte limit of a file follows from the pixel limit
+PNG or TIFF, on disk or on the wire, is scaled to 8 bits by the bit depth it really uses
+(a 12-bit sensor's data is not divided by 256). The byte limit of a file follows from the pixel limit
 (``file_byte_limit``); a file refused by a limit raises ``ImageLimitError``, which
 says which limit and what to do, never that the file is corrupt. ``shown`` escapes a
 path for a message (a newline in a file name cannot forge a log line).
@@ -192,6 +195,12 @@ MAX_JPEG_MARKERS = 4096
 #: a walk here and a pass in the decoder (libjpeg-turbo advises a limit of 500 against
 #: files of many tiny scans, its security advisory of 2018 on progressive JPEGs).
 MAX_JPEG_SCANS = 500
+#: Passes one JPEG's scans may make over the 8x8 blocks of its frame (each scan passes over the
+#: blocks of the components it codes): libjpeg's progressive scripts make 4 to 6, a sequential
+#: JPEG 1. The decoder spends time on every block of every scan, coded or not, so 486 scans of
+#: one 7680x4320 grey image (155 KB, each scan a repeated refinement) took 10 s to decode where
+#: the same image in its own 6 scans took 0.2 s, and the scan count alone did not bound it.
+MAX_BLOCK_PASSES = 16
 
 
 class _MarkerBudget:
@@ -317,8 +326,25 @@ _HUFFMAN_SOF = {0xC0, 0xC1, 0xC2, 0xC3}
 _ARITHMETIC_SOF = _SOF - _HUFFMAN_SOF - {0xC5, 0xC6, 0xC7}
 
 
+def _component_blocks(data: bytes, start: int, end: int, w: int, h: int) -> Dict[int, int]:
+    """Component id -> its 8x8 blocks, from a frame header's payload ``data[start:end]`` and the
+    frame's size (T.81 section A.1.1: a component is the frame scaled by its sampling factors
+    over the largest ones); empty when the header is too short to say."""
+    count = data[start + 5] if start + 6 <= end else 0
+    comps = [(data[k], data[k + 1] >> 4, data[k + 1] & 15) for k in range(start + 6, start + 6 + 3 * count, 3)]
+    if not comps or start + 6 + 3 * count > end:
+        return {}
+    hmax, vmax = max(max(c[1] for c in comps), 1), max(max(c[2] for c in comps), 1)
+
+    def ceil(a: int, b: int) -> int:
+        return -(-a // b)
+    return {cid: ceil(ceil(w * hs, hmax), 8) * ceil(ceil(h * vs, vmax), 8) for cid, hs, vs in comps}
+
+
 def _check_jpeg(data: bytes, what: str) -> None:
     i, frame, scanned, scans = 2, (0, 0, 0), 0, 0
+    blocks: Dict[int, int] = {}  # of the frame's components
+    passed = 0  # blocks the scans so far pass over
     budget = _MarkerBudget()
     while True:
         last = None
@@ -332,6 +358,9 @@ def _check_jpeg(data: bytes, what: str) -> None:
             if marker in _SOF and not frame[0] and start + 5 <= len(data):
                 h, w = struct.unpack(">HH", data[start + 1 : start + 5])
                 frame = (marker, w, h)
+                blocks = _component_blocks(data, start, end, w, h)
+            if marker == 0xDA and start < end:
+                passed += sum(blocks.get(data[k], 0) for k in range(start + 1, min(end, start + 1 + 2 * data[start]), 2))
             last, i = marker, end
         if last != 0xDA:  # no further scan: what follows must be EOI
             break
@@ -341,6 +370,11 @@ def _check_jpeg(data: bytes, what: str) -> None:
         if scans > MAX_JPEG_SCANS:
             raise InvalidInputError(f"{what}: corrupt JPEG (more than {MAX_JPEG_SCANS} scans; a real JPEG has at "
                                     "most a few dozen)")
+        if passed > MAX_BLOCK_PASSES * sum(blocks.values()):
+            raise InvalidInputError(f"{what}: corrupt JPEG (its first {scans} scans pass over the {frame[1]}x"
+                                    f"{frame[2]} frame's blocks {passed / sum(blocks.values()):.1f} times, more than "
+                                    f"{MAX_BLOCK_PASSES}: a real JPEG's scans pass over them 1 to 6 times, and each "
+                                    "pass costs decoding time); re-encode it")
         begin, i = i, _scan_data_end(data, i, what)
         scanned += i - begin
         if data[i + 1] == 0xD9:
@@ -439,11 +473,25 @@ def decode_checked(data: Buffer, header: ImageHeader, what: str = "image") -> np
     crop offsets, tiles and the boxes of an answer count them (OpenCV would rotate a
     portrait photo, which then no longer matched its header, and turn boxes of orientation
     3 upside down, silently).
+
+    A 16-bit PNG or TIFF is scaled to 8 bits by the depth it uses (``to_eight_bits``): OpenCV
+    divides by 256, which left a 12-bit camera's frame sent on the wire nearly black.
     """
-    out = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-    if out is None or out.ndim != 3 or out.shape[:2] != (header.height, header.width):
+    sixteen = _sixteen_bit(data, header.encoding)
+    flags = (cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR if sixteen else cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION
+    out = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    if out is None or out.shape[:2] != (header.height, header.width) or (out.ndim != 3 and not sixteen):
         raise InvalidInputError(f"{what}: corrupt {header.encoding.upper()} (it does not decode to the "
                                 f"{header.width}x{header.height} its header declares)")
+    if sixteen:
+        if out.dtype == np.uint16:
+            out = to_eight_bits(out, _png_sbit(data) if header.encoding == "png" else 0)
+        if out.ndim == 3 and out.shape[2] == 2:
+            out = out[:, :, 0]
+        if out.ndim == 2:
+            out = cv2.cvtColor(out, cv2.COLOR_GRAY2BGR)
+        elif out.shape[2] == 4:
+            out = cv2.cvtColor(out, cv2.COLOR_BGRA2BGR)
     return out
 
 
@@ -583,23 +631,7 @@ def _decode_file(data: Buffer, header: ImageHeader, what: str) -> np.ndarray:
         patched = bytearray(data)  # one copy of the file (the caller still holds the original)
         patched[at:at + 2] = struct.pack(end + "H", 1)
         data = patched
-    if _sixteen_bit(data, header.encoding):
-        flags = cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR | cv2.IMREAD_IGNORE_ORIENTATION
-        out = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
-        if out is None or out.shape[:2] != (header.height, header.width):
-            raise InvalidInputError(f"{what}: corrupt {header.encoding.upper()} (it does not decode to the "
-                                    f"{header.width}x{header.height} its header declares)")
-        if out.dtype == np.uint16:
-            out = to_eight_bits(out, _png_sbit(data) if header.encoding == "png" else 0)
-        if out.ndim == 3 and out.shape[2] == 2:
-            out = out[:, :, 0]
-        if out.ndim == 2:
-            out = cv2.cvtColor(out, cv2.COLOR_GRAY2BGR)
-        elif out.shape[2] == 4:
-            out = cv2.cvtColor(out, cv2.COLOR_BGRA2BGR)
-    else:
-        out = decode_checked(data, header, what)
-    return orient(out, orientation)
+    return orient(decode_checked(data, header, what), orientation)
 
 
 def read_image_file(path: Union[str, os.PathLike[str]], max_pixels: int = DEFAULT_MAX_PIXELS,

@@ -12,8 +12,9 @@ import cv2
 import numpy as np
 import pytest
 
-from edgewise import imagefiles
+from edgewise import imagefiles, wire
 from edgewise.errors import InvalidInputError
+from edgewise.v1 import detect_pb2
 from tests.edgewise.test_wire import _with_exif_orientation
 
 
@@ -113,6 +114,19 @@ def test_sixteen_bit_images_are_scaled_by_the_depth_they_use(scale, sbit, tmp_pa
     out = imagefiles.read_image_file(path)
     assert out.dtype == np.uint8 and out.shape == img.shape
     assert abs(float(out.mean()) - float(img.mean())) < 3.0, (out.mean(), img.mean())
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_a_sixteen_bit_png_on_the_wire_is_scaled_as_a_file_is(channels):
+    """A 12-bit camera's frame sent as a 16-bit PNG reached the worker divided by 256 (mean 7
+    for a frame of mean 126, answered OK with what a black frame gives, found by a probe): the
+    wire and the files decode with one rule."""
+    img = _scene() if channels == 3 else _scene()[:, :, 1]
+    data = cv2.imencode(".png", img.astype(np.uint16) * 16)[1].tobytes()
+    out = wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.PNG, data=data))
+    assert out.dtype == np.uint8 and out.shape == _scene().shape
+    expected = img if channels == 3 else cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
+    assert np.abs(out.astype(int) - expected).max() <= 1
 
 
 def test_a_sixteen_bit_gray_image_is_bgr(tmp_path):
@@ -285,9 +299,52 @@ def test_a_jpeg_of_hundreds_of_scans_is_refused() -> None:
     sos = data.index(b"\xff\xda")
     seg = struct.unpack(">H", data[sos + 2:sos + 4])[0]
     scan = data[sos:data.index(b"\xff", sos + 2 + seg)]  # one SOS header and its scan data
-    many = data[:sos] + scan * (imagefiles.MAX_JPEG_SCANS + 1) + b"\xff\xd9"
+    nobody = bytearray(scan)
+    for k in range(scan[4]):  # its components are none of the frame's: it passes over no block
+        nobody[5 + 2 * k] = 100 + k
+    nobody = bytes(nobody)
+    many = data[:sos] + nobody * (imagefiles.MAX_JPEG_SCANS + 1) + b"\xff\xd9"
     with pytest.raises(InvalidInputError, match=f"more than {imagefiles.MAX_JPEG_SCANS} scans"):
         imagefiles.check_stream(many, "jpeg")
+
+
+def _sos_spans(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each scan: its SOS segment and its entropy-coded data."""
+    spans, i = [], 2
+    while data[i + 1] != 0xD9:
+        seg = struct.unpack(">H", data[i + 2:i + 4])[0]
+        end = i + 2 + seg
+        if data[i + 1] == 0xDA:
+            end = data.index(b"\xff", end) if b"\xff" in data[end:] else len(data)
+            while data[end + 1] in (0x00, 0xFF) or 0xD0 <= data[end + 1] <= 0xD7:
+                end = data.index(b"\xff", end + 2)
+            spans.append((i, end))
+        i = end
+    return spans
+
+
+def test_a_progressive_jpeg_whose_scans_pass_over_its_blocks_too_often_is_refused() -> None:
+    """A refinement scan repeated: 486 scans of a 7680x4320 grey image (155 KB, under the scan
+    limit) took 10 s of a worker's decode thread, the same image in its own 6 scans 0.2 s (found by
+    a probe). The decoder's time goes with the blocks each scan passes over; real encoders pass
+    over them 1 to 6 times."""
+    y, x = np.mgrid[0:256, 0:384]
+    scene = np.stack([(x // 3) % 256, (y // 2) % 256, (x + y) % 256], -1).astype(np.uint8)
+    variants = [[cv2.IMWRITE_JPEG_PROGRESSIVE, 1], []]
+    if hasattr(cv2, "IMWRITE_JPEG_SAMPLING_FACTOR"):  # OpenCV 4.5.5 and later (not the Jetson lane's)
+        variants.append([cv2.IMWRITE_JPEG_PROGRESSIVE, 1, cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
+                         cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444])
+    for flags in variants:
+        for image in (scene, scene[:, :, 0]):
+            ok, buf = cv2.imencode(".jpg", image, flags)
+            imagefiles.check_stream(buf.tobytes(), "jpeg")  # real files, grey and colour: 1 to 6 passes
+    ok, buf = cv2.imencode(".jpg", scene[:, :, 0], [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
+    data = buf.tobytes()
+    start, end = _sos_spans(data)[-1]  # the last refinement scan
+    bomb = data[:end] + data[start:end] * 30 + b"\xff\xd9"
+    with pytest.raises(InvalidInputError, match=re.escape(
+            "corrupt JPEG (its first 17 scans pass over the 384x256 frame's blocks 17.0 times, more than 16: ")):
+        imagefiles.check_stream(bomb, "jpeg")
 
 
 def _png_chunk(kind: bytes, data: bytes = b"") -> bytes:
