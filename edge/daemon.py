@@ -38,7 +38,7 @@ from edge.pipeline import Pipeline
 from edge.preflight import opens_spool, preflight
 from edge.records import FrameRecord
 from edge.sdnotify import Notifier
-from edge.settings import EdgeSettings, mqtt_outbox_path, policy_fit
+from edge.settings import EdgeSettings, default_transport, mqtt_outbox_path, policy_fit
 from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
@@ -394,7 +394,7 @@ class EdgeDaemon:
         if self.transports:
             self.escalating = Escalating(
                 s.device_id, self.transports, self.sinks.write, self.metrics, spool=self.spool,
-                default_transport=s.cloud.transport, max_in_flight=s.cloud.max_in_flight,
+                default_transport=default_transport(s), max_in_flight=s.cloud.max_in_flight,
                 replay_interval_s=s.spool.replay_interval_s, replay_batch=s.spool.replay_batch, names=names,
                 replay_deadline_s=s.spool.replay_deadline_s, replay_concurrency=s.spool.replay_concurrency,
                 reopen=self._open_spool if self.spool_problem else None, spool_problem=self.spool_problem,

@@ -419,7 +419,7 @@ class Escalating:
         me = asyncio.current_task()
         self.on_the_wire.add(me)
         try:
-            transport = self._transport(policy.spec.transport)
+            transport = self._transport(policy.spec.transport or self.default_transport)
             resp = await transport.detect(req, policy.spec.deadline_ms / 1000.0)
         except TransportError as exc:
             failure: Optional[TransportError] = exc
@@ -489,7 +489,8 @@ class Escalating:
                 why = SpoolCorrupt if self._reopen_damaged else SpoolFull
                 stored, stats, problem = False, None, why(self.spool_problem)
             else:
-                meta = Spooled(record, spec.merge, spec.deadline_ms, spec.transport).to_meta()
+                meta = Spooled(record, spec.merge, spec.deadline_ms,
+                               spec.transport or self.default_transport).to_meta()
                 stored, stats, problem = await self._spool_call(self._put, key, req.SerializeToString(), meta)
             if stored:
                 self._put_problem = ""
@@ -747,7 +748,12 @@ class Escalating:
             return False
         req.replay = True
         transport = self.transports.get(spooled.transport) or self.transports.get(self.default_transport)
-        if transport is None:
+        if transport is None:  # no cloud configured at all (edge-only now): kept, and said
+            held = self._replay_failed_log.allow()
+            if held is not None:
+                log.warning("spooled escalations wait: %s was sent over %s, and this device configures no cloud "
+                            "transport now (cloud.endpoints, cloud.mqtt.host); they are replayed once one is",
+                            e.key, spooled.transport)
             return None
         t0 = time.monotonic()
         try:

@@ -144,7 +144,12 @@ class CloudSettings:
 
     endpoints: List[str] = setting("gRPC gateway addresses `host:port`, tried in order (fail-over on "
                                    "UNAVAILABLE).", factory=list)
-    transport: str = setting("Default transport when the policy does not choose one.", "grpc", choices=TRANSPORTS)
+    transport: str = setting(
+        "Transport of the escalations of a policy that leaves `spec.transport` unset, and of spooled "
+        "escalations whose own transport these settings no longer configure (a device moved from gRPC to "
+        "MQTT replays its spool over MQTT). Empty: the one these settings configure (gRPC when both "
+        "`endpoints` and `mqtt.host` are set). A transport these settings do not configure is refused.",
+        "", choices=("",) + TRANSPORTS)
     tls_ca: str = setting("PEM CA bundle; set to use TLS for gRPC (and MQTT when `mqtt.tls`).", "")
     tls_cert: str = setting("PEM client certificate for mutual TLS (with `tls_key`).", "")
     tls_key: str = setting("PEM client key for mutual TLS.", "")
@@ -164,8 +169,9 @@ class SpoolSettings:
     """Durable on-disk queue of escalations that could not be delivered."""
 
     path: str = setting("SQLite file of the spool.", "/var/lib/edgewise/spool.db")
-    max_bytes: int = setting("Byte cap of the spooled payloads; beyond it new entries are refused and "
-                             "counted.", 256 * 1024 * 1024, lo=1)
+    max_bytes: int = setting("Byte cap of the spooled payloads and their metadata; a new entry that would "
+                             "pass it evicts the oldest ones (counted, logged), and an entry larger than the "
+                             "whole cap is refused (counted).", 256 * 1024 * 1024, lo=1)
     max_age_s: float = setting("Entries older than this are expired (counted, logged).", 24 * 3600.0,
                                lo=0, lo_open=True)
     replay_interval_s: float = setting("How often the replay task tries the cloud while the spool is "
@@ -258,15 +264,27 @@ TRANSPORT_SETTINGS = {"grpc": "cloud.endpoints", "mqtt": "cloud.mqtt.host"}
 
 def configured_transports(s: EdgeSettings) -> List[str]:
     """The transports these settings configure (none: the device runs edge-only)."""
-    return [t for t, on in (("grpc", bool(s.cloud.endpoints)), ("mqtt", bool(s.cloud.mqtt.host))) if on]
+    return _configured(s.cloud)
 
 
-def transport_problem(s: EdgeSettings, transport: str) -> str:
+def _configured(c: CloudSettings) -> List[str]:
+    return [t for t, on in (("grpc", bool(c.endpoints)), ("mqtt", bool(c.mqtt.host))) if on]
+
+
+def default_transport(s: EdgeSettings) -> str:
+    """The transport of a policy that names none (``spec.transport`` unset): ``cloud.transport``,
+    else the one these settings configure (gRPC when both are, or none)."""
+    configured = configured_transports(s)
+    return s.cloud.transport or (configured[0] if configured else TRANSPORTS[0])
+
+
+def transport_problem(s: EdgeSettings, transport: Optional[str]) -> str:
     """Why a policy's ``spec.transport`` cannot be used on this device ("" when it can): a
     device with a cloud configured must have the one its policy sends escalations over, or
-    every escalation is spooled as "not configured" forever."""
+    every escalation is spooled as "not configured" forever. Unset: the device's own
+    (:func:`default_transport`), which its settings' checks keep to a configured one."""
     configured = configured_transports(s)
-    if not configured or transport in configured:
+    if not configured or transport is None or transport in configured:
         return ""
     return (f"spec.transport is {transport!r}, but this device's settings configure only "
             f"{', '.join(configured)}: set {TRANSPORT_SETTINGS.get(transport, 'cloud.*')} in the edge settings, "
@@ -368,6 +386,11 @@ def _validate_cloud(c: CloudSettings) -> None:
     bad = host_problem(c.mqtt.host) if c.mqtt.host else ""
     if bad:
         raise Invalid("cloud.mqtt.host", f"{c.mqtt.host!r} {bad}")
+    configured = _configured(c)
+    if c.transport and configured and c.transport not in configured:
+        raise Invalid("cloud.transport", f"is {c.transport!r}, but these settings configure only "
+                                         f"{', '.join(configured)}: set {TRANSPORT_SETTINGS[c.transport]}, or leave "
+                                         "cloud.transport empty (the transport configured)")
     if c.mqtt.host and is_placeholder(c.mqtt.host):
         raise Invalid("cloud.mqtt.host", _placeholder(repr(c.mqtt.host)).replace("gateway", "broker"))
     if bool(c.tls_cert) != bool(c.tls_key):

@@ -142,8 +142,9 @@ def explain(policy: Policy) -> str:
     if pl.refreshes:
         payload += (f"; the whole frame instead when the stream's last went {pl.whole_frame_every_s:g}s ago or "
                     "more (its first escalation too),")
+    over = s.transport or "the device's own transport (its cloud.transport)"
     lines.append(
-        f"Escalation: {s.transport} with a {s.deadline_ms} ms deadline, sending {payload} "
+        f"Escalation: {over} with a {s.deadline_ms} ms deadline, sending {payload} "
         f"as JPEG quality {s.payload.jpeg_quality}."
     )
     unavailable = {

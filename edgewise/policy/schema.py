@@ -392,7 +392,10 @@ class Spec:
         "and frame number, so reproducible); budget still applies.",
         0.0, lo=0, hi=1,
     )
-    transport: str = opt("transport", "str", "How escalations travel to the cloud.", "grpc", choices=TRANSPORTS)
+    transport: Optional[str] = opt(
+        "transport", "str", "How escalations travel to the cloud.", None, choices=TRANSPORTS,
+        nullable=True, null_means="the device's `cloud.transport`",
+    )
     deadline_ms: int = opt(
         "deadlineMs", "int", "Deadline of one escalation round trip, milliseconds.", 500, lo=1, hi=600000,
     )

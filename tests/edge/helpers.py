@@ -11,10 +11,11 @@ import yaml
 from edge.records import FrameRecord
 
 
-def policy_yaml(name: str, stream_modes: Optional[Dict[str, str]] = None, transport: str = "grpc",
+def policy_yaml(name: str, stream_modes: Optional[Dict[str, str]] = None, transport: Optional[str] = "grpc",
                 on_unavailable: str = "spool", deadline_ms: int = 2000, mode: str = "full",
                 threshold: float = 0.5) -> str:
-    """An escalation policy; ``stream_modes`` maps stream id -> auto|always|never."""
+    """An escalation policy; ``stream_modes`` maps stream id -> auto|always|never; ``transport``
+    None: unset (the device's ``cloud.transport``)."""
     doc: Dict[str, Any] = {
         "apiVersion": "edgewise/v1",
         "kind": "EscalationPolicy",
@@ -30,6 +31,8 @@ def policy_yaml(name: str, stream_modes: Optional[Dict[str, str]] = None, transp
             "streams": {sid: {"mode": m} for sid, m in (stream_modes or {}).items()},
         },
     }
+    if transport is None:
+        del doc["spec"]["transport"]
     return yaml.safe_dump(doc, sort_keys=False)
 
 

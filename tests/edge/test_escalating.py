@@ -175,6 +175,57 @@ def test_spool_calls_run_off_the_loop_in_order_and_a_replayed_batch_is_acked_onc
     spool.close()
 
 
+def test_escalations_spooled_over_a_transport_no_longer_configured_replay_over_the_device_s(tmp_path, real_cloud):
+    """A device moved from gRPC to MQTT (its settings now name only a broker): the escalations it
+    spooled over gRPC were kept back for ever, each round stopping at its head, since the
+    fallback was ``cloud.transport``, "grpc" by default and never checked. They now replay over
+    the transport the device's settings configure (here the real gateway's gRPC client registered
+    under the name ``mqtt``, the only one configured), and a policy that names no transport sends
+    its live escalations over it too."""
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    written = []
+    d, decision = dets([[10, 10, 30, 30]], [0.4]), Decision(True, "hard", 0.8, {})
+    real_cloud.stop_worker(0)
+
+    async def run():
+        before = GrpcTransport([real_cloud.address])
+        esc = Escalating("dev", {"grpc": before}, written.append, EdgeMetrics(), spool=spool)
+        policy = parse_policy(policy_yaml("p", transport="grpc", deadline_ms=2000))
+        for seq in range(3):
+            frame = Frame("cam", seq, np.full((48, 64, 3), 40 * seq, np.uint8), 0, 0.0)
+            esc.submit(frame, d, decision, policy, frame_record("cam", seq))
+        await async_wait_until(lambda: len(written) == 3, 30, "3 spooled records")
+        await esc.drain(0.1)
+        await esc.close()
+        await before.close()
+        real_cloud.start_worker(0)
+        await asyncio.to_thread(real_cloud.wait_answering)
+
+        after = GrpcTransport([real_cloud.address])
+        names = tuple(str(i) for i in range(10))  # the worker's model's 10 classes (an answer naming others is refused)
+        esc = Escalating("dev", {"mqtt": after}, written.append, EdgeMetrics(), spool=spool,
+                         default_transport="mqtt", names=names)
+        unset = parse_policy(policy_yaml("p", transport=None, deadline_ms=5000))
+        assert unset.spec.transport is None
+        frame = Frame("cam", 3, np.full((48, 64, 3), 40, np.uint8), 0, 0.0)
+        live = Detections(boxes=np.array([[10, 10, 30, 30]], np.float32), scores=np.array([0.4], np.float32),
+                          class_ids=np.zeros(1, np.int32), names=names, source="edge")
+        esc.submit(frame, live, decision, unset, frame_record("cam", 3))
+        await async_wait_until(lambda: len(written) == 4, 30, "the live record")
+        settled = await async_wait_until(esc.replay_once, 30, "a replay round that settles")
+        assert settled == 3, [(r.key, r.outcome, r.late, r.error) for r in written]
+        await esc.drain(0.1)
+        await esc.close()
+        await after.close()
+
+    asyncio.run(run())
+    assert [r.outcome for r in written[:3]] == ["spooled"] * 3
+    assert written[3].outcome == "cloud" and not written[3].late, (written[3].error, written[3].reason)
+    assert sorted((r.key, r.outcome, r.late) for r in written[4:]) == [(f"dev/cam/{i}", "cloud", True) for i in range(3)]
+    assert len(spool) == 0
+    spool.close()
+
+
 def test_a_replay_gets_longer_than_the_live_deadline(tmp_path, real_cloud):
     """A cloud slower than the policy's deadline (a backlog, a heavy payload): the live
     escalation times out and is spooled; its replay waits up to spool.replay_deadline_s

@@ -216,3 +216,29 @@ def test_describe_documents_every_key():
         assert block.count("\n") == 3 and block.splitlines()[3].strip(), f"undocumented setting: {block}"
     # What backend: auto means here (the PyPI OpenCV has FFmpeg and no GStreamer).
     assert re.match(r"  streams\[\]\.backend auto: (ffmpeg|gstreamer) for kind rtsp \(", machine)
+
+
+@pytest.mark.parametrize("cloud, expected", [
+    ({"mqtt.host": "broker.local"}, "mqtt"),  # was "grpc", unconfigured: spooled escalations never replayed
+    ({"endpoints": ["gw.local:50051"]}, "grpc"),
+    ({"endpoints": ["gw.local:50051"], "mqtt.host": "broker.local"}, "grpc"),
+    ({"endpoints": ["gw.local:50051"], "mqtt.host": "broker.local", "transport": "mqtt"}, "mqtt"),
+    ({}, "grpc"),  # edge-only: nothing is sent
+])
+def test_the_device_transport_is_cloud_transport_else_the_one_configured(tmp_path, cloud, expected):
+    """What a policy that leaves ``spec.transport`` unset sends over, and what spooled escalations
+    replay over when theirs is no longer configured (``default_transport``): ``cloud.transport``
+    was "grpc" by default on a device configuring only MQTT, and was read by the replay only."""
+    from edge.settings import default_transport, transport_problem
+
+    overrides = [f"cloud.{k}={v if isinstance(v, str) else '[' + ','.join(v) + ']'}" for k, v in cloud.items()]
+    s = load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\n"), overrides=overrides, env={})
+    assert default_transport(s) == expected
+    assert transport_problem(s, None) == ""
+
+
+def test_a_cloud_transport_the_settings_do_not_configure_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"cloud.transport: is 'grpc', but these settings configure only mqtt: set "
+                                          r"cloud.endpoints, or leave cloud.transport empty"):
+        load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\ncloud: {transport: grpc, mqtt: "
+                                      "{host: broker.local}}\n"), env={})
