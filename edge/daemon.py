@@ -48,7 +48,7 @@ from edge.spool_salvage import open_spool
 from edge.transports import MeteredTransport, Transport
 from edgewise import hangup, mqtt_topics
 from edgewise.errors import ConfigError
-from edgewise.filereads import file_identity
+from edgewise.filereads import FileIdentity, file_identity
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,7 @@ class EdgeDaemon:
         self.stop_by: Optional[float] = None
         self.started = False
         self.holder: Any = None
+        self._policy_seen: Optional[FileIdentity] = None  # the policy file's identity before the start read it
         self.pipeline: Optional[Pipeline] = None
         self.escalating: Optional[Escalating] = None
         self.metrics_server: Optional[MetricsServer] = None
@@ -315,7 +316,7 @@ class EdgeDaemon:
     async def _watch_policy(self) -> None:
         assert self.stop_event is not None and self.reload_event is not None
         path = self.settings.policy_file
-        last = file_identity(path)
+        last = self._policy_seen  # as it was when the start read it
         while not self.stop_event.is_set():
             try:
                 await asyncio.wait_for(self.reload_event.wait(), timeout=self.settings.policy_poll_s)
@@ -367,6 +368,9 @@ class EdgeDaemon:
         if s.policy_file:
             from edgewise.policy.holding import PolicyHolder
 
+            # looked at before it is read: a change from now on (while the model loads, which can take
+            # minutes with a TensorRT build) is one for the watcher, not its starting point
+            self._policy_seen = file_identity(s.policy_file)
             self.holder = PolicyHolder.from_file(s.policy_file, policy_fit(s))  # as check-config does
             policy = self.holder.policy
         self.spool = self._spool_or_later() if opens_spool(s) else None

@@ -473,3 +473,33 @@ def test_healthz_is_degraded_while_a_sink_cannot_take_records(tmp_path, tiny_mod
         await asyncio.wait_for(task, 30)
 
     asyncio.run(run())
+
+
+def test_a_policy_changed_while_the_daemon_starts_is_put_in_force(tmp_path, tiny_model, monkeypatch):
+    """The watcher took its first look after the model loaded (minutes with a TensorRT build): a
+    policy edited in between was its starting point, never reloaded, and every record said the
+    old policy until the next edit (found by a probe). It now starts from the file as the start
+    read it."""
+    from edgewise.runtime.detector import Detector
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("first", {"s": "never"}))
+    load = Detector.from_file.__func__
+
+    def slow_load(cls, *args, **kwargs):
+        policy.write_text(policy_yaml("second", {"s": "never"}))  # the operator's edit during the load
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Detector, "from_file", classmethod(slow_load))
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                policy_file=str(policy), policy_poll_s=0.05)
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.pipeline is not None and d.pipeline.frames_done > 0, 60, "frames")
+        await async_wait_until(lambda: d.holder.policy.metadata.name == "second", 10, "the edit made during the start")
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
+    assert d.metrics.reloads.labels("ok")._value.get() == 1
