@@ -112,8 +112,8 @@ def _check_config(args: argparse.Namespace) -> int:
 
         policy = PolicyHolder.from_file(s.policy_file, policy_fit(s)).policy  # as the daemon loads it
         lines.append(f"policy {s.policy_file}")
-        warning = policy.unknown_classes_warning(info.names, s.model.path)
-        if warning:  # the daemon logs the same at its start: valid, but not what was meant
+        # the daemon logs the same at its start: valid, but not what was meant
+        for warning in policy.fit_warnings(info.names, s.model.path, [st.id for st in s.streams]):
             print(f"{args.config or 'settings'}: warning: {warning}", file=sys.stderr)
     lines.append(f"cloud {', '.join(s.cloud.endpoints) or '(no gRPC endpoint)'}"
                  + (f", MQTT {s.cloud.mqtt.host}:{s.cloud.mqtt.port}" if s.cloud.mqtt.host else ""))

@@ -382,12 +382,11 @@ class EdgeDaemon:
         detector = await asyncio.get_running_loop().run_in_executor(None, self._load_detector)
         names = tuple(detector.names)
         if self.holder is not None:
-            def check_classes(p: Any) -> None:
-                warning = p.unknown_classes_warning(names, s.model.path)
-                if warning:
+            def check_fit(p: Any) -> None:
+                for warning in p.fit_warnings(names, s.model.path, [st.id for st in s.streams]):
                     log.warning("%s", warning)
-            check_classes(self.holder.policy)
-            self.holder.subscribe(check_classes)
+            check_fit(self.holder.policy)
+            self.holder.subscribe(check_fit)
         await self._build_transports()
         self.sinks = self._build_sinks()
         if self.mqtt is not None:  # after the MQTT sink resumed what the last process left in flight

@@ -465,6 +465,23 @@ class Policy:
                 f"{model} ({', '.join(names[:20])}{', ...' if len(names) > 20 else ''}): those overrides never "
                 "apply; use the model's class names")
 
+    def unknown_streams_warning(self, stream_ids: Sequence[str]) -> Optional[str]:
+        """The line said when ``spec.streams`` names streams this device does not have, else None:
+        a misspelt id (``Cam`` for ``cam``) leaves that stream on the policy's defaults, so a
+        stream meant to be ``mode: never`` (a private area) was escalated, silently."""
+        unknown = sorted(k for k in self.spec.streams if k not in set(stream_ids))
+        if not unknown:
+            return None
+        return (f"policy {self.source or self.metadata.name}: spec.streams {', '.join(unknown)} are not streams of "
+                f"this device ({', '.join(stream_ids[:20])}{', ...' if len(stream_ids) > 20 else ''}): those "
+                "overrides apply to no stream here, its streams follow the policy's defaults; use the stream ids "
+                "of the settings (a policy shared by several devices may name other devices' streams)")
+
+    def fit_warnings(self, names: Sequence[str], model: str, stream_ids: Sequence[str]) -> List[str]:
+        """What the daemon logs (at start and each reload) and ``check-config`` prints of a valid
+        policy that names classes its model does not have or streams its device does not have."""
+        return [w for w in (self.unknown_classes_warning(names, model), self.unknown_streams_warning(stream_ids)) if w]
+
     def cooldown_for(self, stream_id: str) -> float:
         """Cooldown seconds of a stream."""
         st = self.stream(stream_id)

@@ -185,7 +185,7 @@ def test_check_config_warns_of_policy_classes_the_model_does_not_have(tmp_path: 
 
     policy = tmp_path / "policy.yaml"
     policy.write_text("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\n"
-                      "spec: {classes: {person: {threshold: 0.3}}}\n")
+                      "spec: {classes: {person: {threshold: 0.3}}, streams: {S: {mode: never}, s: {mode: auto}}}\n")
     cfg = settings_yaml(tmp_path / "edge.yaml", device_id="d1", streams=[{"id": "s", "kind": "synthetic"}],
                         model={"path": str(tiny_model), "backend": "onnxruntime"}, policy_file=str(policy),
                         spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})
@@ -193,6 +193,9 @@ def test_check_config_warns_of_policy_classes_the_model_does_not_have(tmp_path: 
     out, err = capsys.readouterr()
     assert "ok:" in out
     assert f"warning: policy {policy}: spec.classes person are not classes of {tiny_model}" in err
+    # a misspelt stream id: its `mode: never` (a private area) applied to no stream, silently
+    assert f"warning: policy {policy}: spec.streams S are not streams of this device (s): those overrides apply " \
+           "to no stream here" in err
 
 
 @pytest.mark.parametrize("max_batch", [1, 4])
