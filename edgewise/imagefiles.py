@@ -147,15 +147,28 @@ def image_header(data: Buffer, what: str = "image") -> ImageHeader:
     return ImageHeader(fmt, int(w), int(h))
 
 
+#: The longest side each format's decoder takes (libpng's default user limit, libjpeg's
+#: JPEG_MAX_DIMENSION, WebP's 14-bit sizes, OpenCV's CV_IO_MAX_IMAGE_WIDTH for the others): a
+#: 1000001x1 PNG within the pixel limit failed to decode and was called corrupt.
+MAX_SIDE = {"png": 1_000_000, "jpeg": 65_500, "webp": 16_383}
+MAX_SIDE_OTHER = 1 << 20
+
+
 def check_pixels(header: ImageHeader, max_pixels: int, what: str = "image") -> ImageHeader:
-    """Refuse an empty declared size or one over ``max_pixels`` (before any decoding)."""
+    """Refuse an empty declared size, one over ``max_pixels``, or a side longer than the format's
+    decoder takes (:data:`MAX_SIDE`), before any decoding."""
     w, h = header.width, header.height
+    fmt = header.encoding.upper()
     if w <= 0 or h <= 0:
-        raise InvalidInputError(f"{what}: {header.encoding.upper()} declares an empty size {w}x{h}")
+        raise InvalidInputError(f"{what}: {fmt} declares an empty size {w}x{h}")
     if w * h > max_pixels:
         raise ImageLimitError(
-            f"{what}: {header.encoding.upper()} declares {w}x{h} = {w * h} pixels, over the limit "
+            f"{what}: {fmt} declares {w}x{h} = {w * h} pixels, over the limit "
             f"of {max_pixels}; send a smaller frame or a crop")
+    side = MAX_SIDE.get(header.encoding, MAX_SIDE_OTHER)
+    if max(w, h) > side:
+        raise ImageLimitError(f"{what}: {fmt} declares {w}x{h}, a side longer than the {side} pixels its "
+                              "decoder takes; send a smaller frame or a crop")
     return header
 
 

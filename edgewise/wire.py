@@ -110,7 +110,8 @@ def check_image(
             raise InvalidInputError(f"image.data is not a {want.upper()} (its magic bytes say "
                                     f"{(found or 'unknown').upper()}); check image.encoding")
         if want == "jpeg" and _last_two(data) != b"\xff\xd9":
-            raise InvalidInputError("image.data: truncated JPEG (no end-of-image marker FFD9)")
+            raise InvalidInputError("image.data: truncated JPEG, or bytes after its end (image.data must end with "
+                                    "the end-of-image marker FFD9)")
         header = imagefiles.image_header(data, "image.data")
     else:
         raise InvalidInputError(
@@ -142,6 +143,9 @@ def check_image(
 
 #: most tiles one packed image may carry
 MAX_TILES = 64
+#: a tile's scale (source pixels per image pixel): up to 64 times down, or up (0 means 1)
+MAX_TILE_SCALE = 64.0
+MIN_TILE_SCALE = 1.0 / MAX_TILE_SCALE
 
 
 def _check_tiles(img: detect_pb2.Image, header: ImageHeader) -> None:
@@ -155,8 +159,9 @@ def _check_tiles(img: detect_pb2.Image, header: ImageHeader) -> None:
         if t.width == 0 or t.height == 0 or t.x + t.width > header.width or t.y + t.height > header.height:
             raise InvalidInputError(f"{where}: {t.width}x{t.height} at ({t.x},{t.y}) is empty or outside the "
                                     f"{header.width}x{header.height} image")
-        if not (math.isfinite(t.scale) and 0.0 <= t.scale <= 64.0):
-            raise InvalidInputError(f"{where}.scale {t.scale}: source pixels per image pixel, within [0, 64]")
+        if not (math.isfinite(t.scale) and (t.scale == 0.0 or MIN_TILE_SCALE <= t.scale <= MAX_TILE_SCALE)):
+            raise InvalidInputError(f"{where}.scale {t.scale:g}: source pixels per image pixel, within "
+                                    f"[1/{MAX_TILE_SCALE:g}, {MAX_TILE_SCALE:g}] (0: 1)")
         if t.source_x >= img.source_width or t.source_y >= img.source_height:
             raise InvalidInputError(f"{where}: source corner ({t.source_x},{t.source_y}) lies outside the "
                                     f"{img.source_width}x{img.source_height} source frame")
@@ -170,6 +175,13 @@ def _check_tiles(img: detect_pb2.Image, header: ImageHeader) -> None:
                 f"{where}: {t.width}x{t.height} at scale {s:g} from source ({t.source_x},{t.source_y}) reaches "
                 f"({t.source_x + t.width * s:g},{t.source_y + t.height * s:g}), past the "
                 f"{img.source_width}x{img.source_height} source frame")
+        # A box is mapped back by the tile it lies in: where tiles overlap in the image, the
+        # same pixels would belong to two places of the frame.
+        for j, o in enumerate(img.tiles[:i]):
+            if t.x < o.x + o.width and o.x < t.x + t.width and t.y < o.y + o.height and o.y < t.y + t.height:
+                raise InvalidInputError(f"{where}: {t.width}x{t.height} at ({t.x},{t.y}) overlaps image.tiles[{j}] "
+                                        f"({o.width}x{o.height} at ({o.x},{o.y})) in the image: each image pixel "
+                                        "belongs to one tile")
 
 
 def tiles_to_proto(tiles: Sequence[Tile]) -> List[detect_pb2.Tile]:

@@ -412,3 +412,22 @@ def test_the_marker_budget_holds_over_all_scans_and_the_fill_bound_is_exact() ->
     assert imagefiles.jpeg_size(good[:at] + b"\xff" * 1024 + good[at:]) == (64, 64)
     with pytest.raises(InvalidInputError, match="more than 1024 fill bytes"):
         imagefiles.jpeg_size(good[:at] + b"\xff" * 1025 + good[at:])
+
+
+def test_a_side_longer_than_the_decoder_takes_is_a_limit_not_corruption() -> None:
+    """A 1000001x1 PNG is within the pixel limit, but libpng refuses a side over 1,000,000: it
+    was called "corrupt PNG (it does not decode to ...)" (found by a probe). A RAW payload has no
+    decoder, and keeps to the pixel limit."""
+    def grey_png(w: int) -> bytes:  # by hand: OpenCV does not write such a PNG
+        ihdr = struct.pack(">IIBBBBB", w, 1, 8, 0, 0, 0, 0)
+        return (imagefiles.PNG_MAGIC + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", zlib.compress(bytes(w + 1)))
+                + _png_chunk(b"IEND"))
+
+    data = grey_png(1_000_001)
+    header = imagefiles.image_header(data, "wide.png")
+    with pytest.raises(imagefiles.ImageLimitError,
+                       match=r"wide: PNG declares 1000001x1, a side longer than the 1000000 pixels its decoder takes"):
+        imagefiles.check_pixels(header, imagefiles.DEFAULT_MAX_PIXELS, "wide")
+    ok = grey_png(1_000_000)
+    assert imagefiles.decode_checked(ok, imagefiles.check_pixels(imagefiles.image_header(ok), 1 << 25)).shape == \
+        (1, 1_000_000, 3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -310,10 +312,29 @@ def test_a_tile_reaching_past_its_source_frame_is_invalid(tile: dict, says: str)
     im.tiles.add(**tile)
     with pytest.raises(InvalidInputError, match=r"image.tiles\[0\]: .*" + says):
         wire.check_image(im)
-    fits = _packed()
-    fits.tiles.add(x=0, y=0, width=64, height=48, source_x=576, source_y=432)  # the bottom-right corner
-    fits.tiles.add(x=0, y=0, width=64, height=48, source_x=512, source_y=384, scale=2.0)
-    assert wire.check_image(fits).width == 64
+    for corner in (dict(source_x=576, source_y=432), dict(source_x=512, source_y=384, scale=2.0)):
+        fits = _packed()
+        fits.tiles.add(x=0, y=0, width=64, height=48, **corner)  # at the bottom-right corner
+        assert wire.check_image(fits).width == 64
+
+
+def test_tiles_that_overlap_in_the_image_or_scale_by_next_to_nothing_are_invalid() -> None:
+    """Overlapping tiles were taken, each box mapped back by whichever was listed first; a scale
+    of 1e-30 mapped 24 boxes to specks at a tile's corner, answered OK (found by a probe)."""
+    im = _packed()
+    im.tiles.add(x=0, y=0, width=32, height=48, source_x=0, source_y=0)
+    im.tiles.add(x=31, y=0, width=33, height=48, source_x=100, source_y=0)
+    with pytest.raises(InvalidInputError, match=re.escape(
+            "image.tiles[1]: 33x48 at (31,0) overlaps image.tiles[0] (32x48 at (0,0)) in the image")):
+        wire.check_image(im)
+    im.tiles[1].x, im.tiles[1].width = 32, 32  # side by side
+    assert wire.check_image(im).width == 64
+    im.tiles[1].scale = 1e-30
+    with pytest.raises(InvalidInputError, match=re.escape("image.tiles[1].scale 1e-30: source pixels per image "
+                                                          "pixel, within [1/64, 64] (0: 1)")):
+        wire.check_image(im)
+    im.tiles[1].scale = 1 / 64
+    assert wire.check_image(im).width == 64
 
 
 @pytest.mark.parametrize("w, h", [(640, 480), (1282, 1082), (1000, 721), (333, 1001), (1920, 1082), (97, 61)])
@@ -344,3 +365,12 @@ def test_boxes_with_no_area_left_in_the_frame_are_dropped() -> None:
     np.testing.assert_array_equal(out.boxes, [[0, 0, 50, 50]])
     assert out.scores.tolist() == pytest.approx([0.9])
     assert len(wire.map_to_source(found, (0.0, 0.0), None, [Tile(0, 0, 64, 48, 0, 0, 5.0)])) == 2
+
+
+def test_a_jpeg_with_bytes_after_its_end_is_not_called_truncated() -> None:
+    """Bytes after the end-of-image marker were refused as "truncated JPEG", which it is not."""
+    im = wire.encode_image(np.zeros((16, 16, 3), np.uint8), "jpeg")
+    im.data += b"junk"
+    with pytest.raises(InvalidInputError, match=re.escape("image.data: truncated JPEG, or bytes after its end "
+                                                          "(image.data must end with the end-of-image marker FFD9)")):
+        wire.check_image(im)
