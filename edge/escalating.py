@@ -91,6 +91,8 @@ T = TypeVar("T")
 #: interval are logged, the rest counted in the next line.
 LOG_INTERVAL_S = 30.0
 LOG_BURST = 3
+#: answers to replays held while no durable sink takes their records (``Escalating._held``)
+MAX_HELD_ANSWERS = 256
 
 
 class _Answer(NamedTuple):
@@ -170,6 +172,12 @@ class Escalating:
         self._unusable_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._refused_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._replay_failed_log = LogThrottle(LOG_INTERVAL_S, burst=1)
+        self._unwritten_log = LogThrottle(LOG_INTERVAL_S, burst=1)
+        # Answers to replays whose records no durable sink took (a full disk), by idempotency key:
+        # the entry stays spooled, and its next round writes this answer instead of asking the
+        # cloud again (rounds are kicked by every live answer: the cloud recomputed the same
+        # frame several times a second). At most MAX_HELD_ANSWERS; lost at exit (asked again).
+        self._held: Dict[str, Union[Tuple[Any, float], str]] = {}
         self._spooled_log = LogThrottle(SPOOLED_LOG_INTERVAL_S)
         #: escalations not spooled, by why (one cause's lines never hide another's)
         self._not_spooled_log = {kind: LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
@@ -747,10 +755,14 @@ class Escalating:
             log.error("spooled %s is unreadable (%s); dropped from the spool", e.key, exc)
             return False
         req.replay = True
+        answered = self._held.get(e.key)
+        if answered is not None:  # answered in an earlier round, its record not written then: not asked again
+            if isinstance(answered, str):
+                return _Refused(spooled, answered)
+            return _Answer(spooled, edge, answered[0], answered[1])
         transport = self.transports.get(spooled.transport) or self.transports.get(self.default_transport)
         if transport is None:  # no cloud configured at all (edge-only now): kept, and said
-            held = self._replay_failed_log.allow()
-            if held is not None:
+            if self._replay_failed_log.allow() is not None:
                 log.warning("spooled escalations wait: %s was sent over %s, and this device configures no cloud "
                             "transport now (cloud.endpoints, cloud.mqtt.host); they are replayed once one is",
                             e.key, spooled.transport)
@@ -792,8 +804,9 @@ class Escalating:
                                                   f"{printable(repr(exc))}")
             else:
                 if kept is False:
-                    self._unwritten(e)
+                    self._unwritten(e, (answer.resp, answer.rtt))
                     return None
+                self._held.pop(e.key, None)
                 self.metrics.escalations.labels(record.reason, "late").inc()
                 self.metrics.spool_events.labels("replayed").inc()
                 return True
@@ -804,8 +817,9 @@ class Escalating:
         record.late = True
         record.emit_unix_ns = time.time_ns()
         if self.write(record) is False:
-            self._unwritten(e)
+            self._unwritten(e, answer.error)
             return None
+        self._held.pop(e.key, None)
         self.metrics.escalations.labels(record.reason, "edge_only").inc()
         self.metrics.spool_events.labels("rejected").inc()
         held = self._refused_log.allow()
@@ -823,12 +837,17 @@ class Escalating:
                       f" ({held} more such failures not logged)" if held else "",
                       exc_info=(type(exc), exc, exc.__traceback__))
 
-    def _unwritten(self, e: SpoolItem) -> None:
-        """Count and say why a replayed entry stays spooled though the cloud answered."""
+    def _unwritten(self, e: SpoolItem, answer: Union[Tuple[Any, float], str]) -> None:
+        """Count and say (a few times a minute) why a replayed entry stays spooled though the
+        cloud answered, and hold the ``answer`` for its next round."""
         self.metrics.spool_events.labels("sink_failed").inc()
-        log.warning("the record of replayed %s could not be written to every durable sink; it stays "
-                    "spooled and is replayed again later", e.key)
-        return None
+        if e.key in self._held or len(self._held) < MAX_HELD_ANSWERS:
+            self._held[e.key] = answer
+        held = self._unwritten_log.allow()
+        if held is not None:
+            log.warning("the record of replayed %s could not be written to every durable sink; it stays "
+                        "spooled, and its answer is written when a sink takes records again%s", e.key,
+                        f" ({held} more such records since the last such line)" if held else "")
 
     async def update_spool_metrics(self) -> Optional[SpoolStats]:
         """Refresh the spool gauges (depth, bytes, oldest age); the stats they came from."""

@@ -5,6 +5,7 @@ spool seen from the event loop: a real spool, the real gateway and worker
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 
@@ -715,7 +716,7 @@ class _Refusing(_Counting):
         return await super().detect(req, timeout_s)
 
 
-def test_a_replayed_answer_no_durable_sink_took_stays_spooled_until_one_does(tmp_path):
+def test_a_replayed_answer_no_durable_sink_took_stays_spooled_until_one_does(tmp_path, caplog):
     """A durable sink that cannot take frame 1's late record (its disk full): frame 0's is
     written and acknowledged, frame 1 stays at the head of the spool (counted sink_failed)
     and the round stops there, in order; once the sink takes records again, the next round
@@ -732,20 +733,37 @@ def test_a_replayed_answer_no_durable_sink_took_stays_spooled_until_one_does(tmp
         written.append(rec)
         return True
 
+    cloud = _Counting(None)
+    asked = []
+    answer = cloud.detect
+
+    async def counted(req, timeout_s):
+        asked.append(req.frame_seq)
+        return await answer(req, timeout_s)
+
+    cloud.detect = counted
+
     async def run():
-        esc = Escalating("dev", {"grpc": _Counting(None)}, write, metrics, spool=spool)
+        esc = Escalating("dev", {"grpc": cloud}, write, metrics, spool=spool)
         first = await esc.replay_once()
+        for _ in range(5):  # more rounds while the disk is still full (every live answer kicks one)
+            assert await esc.replay_once() == 0
         depth = len(spool)
         refuse.clear()
         second = await esc.replay_once()
         await esc.close()
         return first, depth, second
 
-    first, depth, second = asyncio.run(run())
+    with caplog.at_level(logging.WARNING, logger="edge.escalating"):
+        first, depth, second = asyncio.run(run())
     assert (first, depth, second) == (1, 2, 2)
     assert [(r.frame_seq, r.outcome, r.late) for r in written] == [(0, "cloud", True), (1, "cloud", True),
                                                                     (2, "cloud", True)]
-    assert metrics.spool_events.labels("sink_failed")._value.get() == 1
+    # frame 1's answer was held: the cloud was asked once per frame, not once per round
+    assert sorted(asked) == [0, 1, 2], asked
+    assert metrics.spool_events.labels("sink_failed")._value.get() == 6
+    said = [r.getMessage() for r in caplog.records if "could not be written to every durable sink" in r.getMessage()]
+    assert len(said) == 1, said  # a few times a minute, not per round (364 lines in 73 s, found by a probe)
     assert metrics.spool_events.labels("replayed")._value.get() == 3
     assert len(spool) == 0
     spool.close()
