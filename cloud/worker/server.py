@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -294,15 +294,19 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             self.metrics.decode_refused.inc()
             raise
         self.metrics.decode_pixels.set(self.decode_budget.in_use)
-        decoding = self._start_in_pool(self._decode_pool, self.runner.prepare, image,
-                                       self.settings.max_image_pixels)
+        job: Future[Prepared] | None = None
         try:
+            job = self._decode_pool.submit(contextvars.copy_context().run, self.runner.prepare, image,
+                                           self.settings.max_image_pixels)
+            decoding = asyncio.wrap_future(job)
             return await asyncio.shield(decoding)
         except asyncio.CancelledError:
-            # The client gave up, but a decode in its thread cannot be stopped: its pixels stay
-            # counted until it ends, or the budget would let more decode at once than it allows.
-            decoding.add_done_callback(functools.partial(self._decode_ended, held))
-            held = 0
+            # The client gave up. A decode still queued is not run; one running in its thread
+            # cannot be stopped: its pixels stay counted until it ends, or the budget would let
+            # more decode at once than it allows.
+            if job is not None and not job.cancel():
+                decoding.add_done_callback(functools.partial(self._decode_ended, held))
+                held = 0
             raise
         except EdgewiseError:
             raise
@@ -429,11 +433,10 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         self.metrics.in_flight.set(self._in_flight)
 
     async def _in_pool(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
-        return await self._start_in_pool(pool, fn, *args)
-
-    def _start_in_pool(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         ctx = contextvars.copy_context()
-        return asyncio.get_running_loop().run_in_executor(pool, functools.partial(ctx.run, fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(
+            pool, functools.partial(ctx.run, fn, *args)
+        )
 
 
 @dataclass

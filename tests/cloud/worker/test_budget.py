@@ -139,3 +139,26 @@ def test_a_decode_whose_client_gave_up_holds_the_budget_until_it_ends(tiny_model
             await async_wait_until(lambda: budget.in_use == 0, 10, "the budget handed back")
             assert server.service.metrics.registry.get_sample_value("edgewise_worker_decode_pixels") == 0
     asyncio.run(main())
+
+
+def test_a_queued_decode_whose_client_gave_up_is_not_run(tiny_model):
+    """With the decode threads busy, a request waits in the pool's queue; its client giving up
+    takes it out of the queue (found by a review: the shield above let it run anyway)."""
+    im = photo()[:100, :100]
+    settings = make_settings(tiny_model)
+    settings.decode_threads = 1  # one decode at a time: the second waits in the pool's queue
+
+    async def main():
+        runner = GatedRunner(tiny_model)
+        async with running(settings, runner) as (server, stub, _):
+            budget = runner.budget = server.service.decode_budget
+            first = asyncio.ensure_future(call(stub, jpeg_request(im, 0)))
+            assert await asyncio.to_thread(runner.entered.wait, 10)
+            code, _ = await call(stub, jpeg_request(im, 1), timeout=0.5)  # queued behind it, gives up
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert budget.in_use == 10_000  # the first's pixels only: the second's went back with its call
+            runner.gate.set()
+            assert (await first)[0] == grpc.StatusCode.OK
+            await async_wait_until(lambda: budget.in_use == 0, 10, "the budget handed back")
+            assert len(runner.in_use) == 1  # prepare ran once: the abandoned one never
+    asyncio.run(main())
