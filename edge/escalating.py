@@ -176,8 +176,9 @@ class Escalating:
         # Answers to replays whose records no durable sink took (a full disk), by idempotency key:
         # the entry stays spooled, and its next round writes this answer instead of asking the
         # cloud again (rounds are kicked by every live answer: the cloud recomputed the same
-        # frame several times a second). At most MAX_HELD_ANSWERS; lost at exit (asked again).
-        self._held: Dict[str, Union[Tuple[Any, float], str]] = {}
+        # frame several times a second). At most MAX_HELD_ANSWERS; lost at exit (asked again);
+        # with the entry's spool id, to forget those that left the spool otherwise (expired, evicted).
+        self._held: Dict[str, Tuple[int, Union[Tuple[Any, float], str]]] = {}
         self._spooled_log = LogThrottle(SPOOLED_LOG_INTERVAL_S)
         #: escalations not spooled, by why (one cause's lines never hide another's)
         self._not_spooled_log = {kind: LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
@@ -693,6 +694,9 @@ class Escalating:
         except SpoolError as exc:
             self._spool_failed(exc)
             return 0
+        if self._held and not after:  # the spool is first in, first out: what is before its head has left it
+            head = entries[0].id if entries else None
+            self._held = {k: v for k, v in self._held.items() if head is not None and v[0] >= head}
         settled: List[int] = []
         step = max(1, self.replay_concurrency)
         try:
@@ -755,7 +759,7 @@ class Escalating:
             log.error("spooled %s is unreadable (%s); dropped from the spool", e.key, exc)
             return False
         req.replay = True
-        answered = self._held.get(e.key)
+        answered = self._held[e.key][1] if e.key in self._held else None
         if answered is not None:  # answered in an earlier round, its record not written then: not asked again
             if isinstance(answered, str):
                 return _Refused(spooled, answered)
@@ -842,7 +846,7 @@ class Escalating:
         cloud answered, and hold the ``answer`` for its next round."""
         self.metrics.spool_events.labels("sink_failed").inc()
         if e.key in self._held or len(self._held) < MAX_HELD_ANSWERS:
-            self._held[e.key] = answer
+            self._held[e.key] = (e.id, answer)
         held = self._unwritten_log.allow()
         if held is not None:
             log.warning("the record of replayed %s could not be written to every durable sink; it stays "

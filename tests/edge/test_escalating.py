@@ -769,6 +769,31 @@ def test_a_replayed_answer_no_durable_sink_took_stays_spooled_until_one_does(tmp
     spool.close()
 
 
+def test_held_answers_of_entries_that_left_the_spool_otherwise_are_forgotten(tmp_path):
+    """An entry whose answer is held (no sink took its record) may leave the spool by its age or
+    the byte cap instead: its answer was kept for the process's life, and 256 of them stopped any
+    new one being held (found by the review)."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    now = [1000.0]
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=60, clock=lambda: now[0])
+    _spool_requests(spool, range(2), policy)
+
+    async def run():
+        esc = Escalating("dev", {"grpc": _Counting(None)}, lambda rec: False, EdgeMetrics(), spool=spool)
+        assert await esc.replay_once() == 0
+        assert sorted(esc._held) == ["dev/cam/0"]  # the round stops at the first unwritten one
+        now[0] += 61  # both expire
+        _spool_requests(spool, [5], policy)
+        assert await esc.replay_once() == 0
+        assert sorted(esc._held) == ["dev/cam/5"]  # the expired entry's answer is gone
+        now[0] += 61
+        assert await esc.replay_once() == 0 and esc._held == {}  # an empty spool holds nothing
+        await esc.close()
+
+    asyncio.run(run())
+    spool.close()
+
+
 def test_a_replay_the_cloud_refuses_for_good_ends_its_frame_with_the_edge_result(tmp_path):
     """UNAUTHENTICATED on replay (the gateway's token was rotated): a resend would fail the
     same way, so the entry leaves the spool, but never silently: the frame's late record is
