@@ -20,7 +20,7 @@ import socket
 import stat
 from typing import List, Optional, Tuple, Union
 
-from edge.settings import EdgeSettings, check_device_id, mqtt_outbox_path
+from edge.settings import EdgeSettings, check_device_id, mqtt_outbox_path, transport_warning
 from edge.spool import read_only
 from edge.tlsfiles import check_files
 from edgewise.errors import ConfigError, DeploymentError
@@ -255,5 +255,8 @@ def preflight(s: EdgeSettings, create: bool = True) -> List[str]:
     dev = resolve_device_id(s)
     for warning in check_files(s.cloud.tls_ca, s.cloud.tls_cert, s.cloud.tls_key, dev):
         log.warning("%s", warning)
+    unused = transport_warning(s)
+    if unused:
+        log.warning("%s", unused)
     check_state_dirs(s, create)
     return [f"device id {dev}" + ("" if had_id else " (default: serial number, else host name)")]

@@ -148,7 +148,8 @@ class CloudSettings:
         "Transport of the escalations of a policy that leaves `spec.transport` unset, and of spooled "
         "escalations whose own transport these settings no longer configure (a device moved from gRPC to "
         "MQTT replays its spool over MQTT). Empty: the one these settings configure (gRPC when both "
-        "`endpoints` and `mqtt.host` are set). A transport these settings do not configure is refused.",
+        "`endpoints` and `mqtt.host` are set). A transport these settings do not configure is not used "
+        "(a warning at start says so).",
         "", choices=("",) + TRANSPORTS)
     tls_ca: str = setting("PEM CA bundle; set to use TLS for gRPC (and MQTT when `mqtt.tls`).", "")
     tls_cert: str = setting("PEM client certificate for mutual TLS (with `tls_key`).", "")
@@ -272,10 +273,24 @@ def _configured(c: CloudSettings) -> List[str]:
 
 
 def default_transport(s: EdgeSettings) -> str:
-    """The transport of a policy that names none (``spec.transport`` unset): ``cloud.transport``,
-    else the one these settings configure (gRPC when both are, or none)."""
+    """The transport of a policy that names none (``spec.transport`` unset): ``cloud.transport``
+    when these settings configure it, else the one they configure (gRPC when both are, or none)."""
     configured = configured_transports(s)
-    return s.cloud.transport or (configured[0] if configured else TRANSPORTS[0])
+    if s.cloud.transport and (s.cloud.transport in configured or not configured):
+        return s.cloud.transport
+    return configured[0] if configured else TRANSPORTS[0]
+
+
+def transport_warning(s: EdgeSettings) -> Optional[str]:
+    """The line said at start (and by ``check-config``) when ``cloud.transport`` names a transport
+    these settings do not configure: it is not used (:func:`default_transport`), else None.
+    Not refused: such settings ran before ``cloud.transport`` was used (with ``spec.transport``
+    naming the configured one)."""
+    configured = configured_transports(s)
+    if not s.cloud.transport or not configured or s.cloud.transport in configured:
+        return None
+    return (f"cloud.transport is {s.cloud.transport!r}, but these settings configure only {', '.join(configured)}: "
+            f"{default_transport(s)} is used; set {TRANSPORT_SETTINGS[s.cloud.transport]}, or remove cloud.transport")
 
 
 def transport_problem(s: EdgeSettings, transport: Optional[str]) -> str:
@@ -386,11 +401,7 @@ def _validate_cloud(c: CloudSettings) -> None:
     bad = host_problem(c.mqtt.host) if c.mqtt.host else ""
     if bad:
         raise Invalid("cloud.mqtt.host", f"{c.mqtt.host!r} {bad}")
-    configured = _configured(c)
-    if c.transport and configured and c.transport not in configured:
-        raise Invalid("cloud.transport", f"is {c.transport!r}, but these settings configure only "
-                                         f"{', '.join(configured)}: set {TRANSPORT_SETTINGS[c.transport]}, or leave "
-                                         "cloud.transport empty (the transport configured)")
+
     if c.mqtt.host and is_placeholder(c.mqtt.host):
         raise Invalid("cloud.mqtt.host", _placeholder(repr(c.mqtt.host)).replace("gateway", "broker"))
     if bool(c.tls_cert) != bool(c.tls_key):

@@ -394,7 +394,7 @@ class Spec:
     )
     transport: Optional[str] = opt(
         "transport", "str", "How escalations travel to the cloud.", None, choices=TRANSPORTS,
-        nullable=True, null_means="the device's `cloud.transport`",
+        nullable=True, null_means="the device's cloud.transport",
     )
     deadline_ms: int = opt(
         "deadlineMs", "int", "Deadline of one escalation round trip, milliseconds.", 500, lo=1, hi=600000,

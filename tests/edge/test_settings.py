@@ -223,6 +223,7 @@ def test_describe_documents_every_key():
     ({"endpoints": ["gw.local:50051"]}, "grpc"),
     ({"endpoints": ["gw.local:50051"], "mqtt.host": "broker.local"}, "grpc"),
     ({"endpoints": ["gw.local:50051"], "mqtt.host": "broker.local", "transport": "mqtt"}, "mqtt"),
+    ({"mqtt.host": "broker.local", "transport": "grpc"}, "mqtt"),  # not configured: not used (and said)
     ({}, "grpc"),  # edge-only: nothing is sent
 ])
 def test_the_device_transport_is_cloud_transport_else_the_one_configured(tmp_path, cloud, expected):
@@ -237,8 +238,18 @@ def test_the_device_transport_is_cloud_transport_else_the_one_configured(tmp_pat
     assert transport_problem(s, None) == ""
 
 
-def test_a_cloud_transport_the_settings_do_not_configure_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"cloud.transport: is 'grpc', but these settings configure only mqtt: set "
-                                          r"cloud.endpoints, or leave cloud.transport empty"):
-        load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\ncloud: {transport: grpc, mqtt: "
-                                      "{host: broker.local}}\n"), env={})
+def test_a_cloud_transport_the_settings_do_not_configure_is_not_used_and_said(tmp_path, caplog):
+    """Such settings ran before cloud.transport was used (the shipped files said `grpc`, and a
+    device moved to MQTT set `spec.transport: mqtt`): not refused, not used, and said."""
+    import logging
+
+    from edge.preflight import preflight
+    from edge.settings import default_transport
+
+    s = load_settings(write(tmp_path, "device_id: d1\nstreams: [{id: s, kind: synthetic}]\ncloud: {transport: grpc, "
+                                      f"mqtt: {{host: broker.local}}}}\nspool: {{path: {tmp_path}/spool.db}}\n"), env={})
+    assert default_transport(s) == "mqtt"
+    with caplog.at_level(logging.WARNING):
+        preflight(s)
+    assert "cloud.transport is 'grpc', but these settings configure only mqtt: mqtt is used; set cloud.endpoints, " \
+           "or remove cloud.transport" in caplog.text

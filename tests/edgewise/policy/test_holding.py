@@ -84,7 +84,7 @@ def test_a_policy_this_deployment_cannot_run_is_refused_at_start_and_on_reload(t
     from edgewise.errors import ConfigError
 
     def fit(policy):
-        return "" if policy.spec.transport == "grpc" else f"spec.transport {policy.spec.transport!r} is not set up"
+        return "" if policy.spec.transport in (None, "grpc") else f"spec.transport {policy.spec.transport!r} is not set up"
 
     path = tmp_path / "policy.yaml"
     path.write_text(text("v1", 0.5) + "  transport: mqtt\n")

@@ -22,7 +22,8 @@ EXPECTED = {
     "missing-spec.yaml": ":1: spec: required key is missing; allowed: a mapping",
     "unknown-key.yaml": ":7: spec.budget.maxFracton: unknown key (did you mean 'maxFraction'?); allowed: maxFraction | windowFrames | maxPerSecond | burst | priority",
     "out-of-range.yaml": ":8: spec.budget.maxFraction: 1.5 is out of range; allowed: a number in [0, 1]",
-    "bad-transport.yaml": ":6: spec.transport: 'http' is not allowed; allowed: grpc | mqtt",
+    "bad-transport.yaml": ":6: spec.transport: 'http' is not allowed; allowed: grpc | mqtt, or null (the device's "
+                          "cloud.transport)",
     "jpeg-quality-range.yaml": ":7: spec.payload.jpegQuality: 0 is out of range; allowed: an integer in [1, 100]",
     "jpeg-quality-type.yaml": ":7: spec.payload.jpegQuality: 85.5 is not an integer; allowed: an integer in [1, 100]",
     "band-inverted.yaml": ":7: spec.band.low: 0.7 is above high (0.3); allowed: low <= high",
@@ -80,7 +81,7 @@ def test_minimal_policy_takes_documented_defaults():
     p = parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: m}\nspec: {}\n")
     assert p == Policy(metadata=p.metadata, source="<policy>")
     assert dict(p.spec.signals.weights) == DEFAULT_WEIGHTS
-    assert p.spec.transport == "grpc" and p.spec.on_cloud_unavailable == "spool"
+    assert p.spec.transport is None and p.spec.on_cloud_unavailable == "spool"  # None: the device's own
 
 
 def test_null_inherits_and_weights_replace_defaults():
@@ -114,7 +115,7 @@ def test_describe_schema_rows_are_complete_and_match_the_loader():
         assert allowed and doc, path
     by_path = {r[0]: r for r in rows}
     assert by_path["spec.budget.maxFraction"][1:4] == ("number", "0.2", "a number in [0, 1]")
-    assert by_path["spec.transport"][3] == "grpc | mqtt"
+    assert by_path["spec.transport"][3] == "grpc | mqtt, or null (the device's cloud.transport)"
     assert by_path["spec.streams.<stream>.burst"][3].startswith("an integer in [1, 10000]")
     assert "spec.classes.<name>.band.low" in by_path
     # every documented leaf key is accepted by the loader with its default value
@@ -142,7 +143,8 @@ def test_schema_markdown_has_one_row_per_key():
 
     md = schema_markdown().splitlines()
     assert len(md) == 2 + len(describe_schema())
-    assert any(line.startswith("| spec.transport | string | grpc | grpc \\| mqtt |") for line in md)
+    assert any(line.startswith("| spec.transport | string | null | grpc \\| mqtt, or null (the device's cloud.transport) |")
+               for line in md), [line for line in md if "transport" in line]
 
 
 def test_exponent_without_dot_is_a_number_but_quoted_is_not():
