@@ -18,8 +18,9 @@ filled in). ``read_image_file`` does all of it for a file, and
 then turns the picture upright as its EXIF orientation says (a phone photo of
 orientation 6 is stored sideways): files on disk are shown as their viewers show them,
 while payloads on the wire (``decode_checked``) keep their stored pixels. A 16-bit
-PNG or TIFF, on disk or on the wire, is scaled to 8 bits by the bit depth it really uses
-(a 12-bit sensor's data is not divided by 256). The byte limit of a file follows from the pixel limit
+PNG is scaled to 8 bits by the depth its sBIT chunk gives (a 12-bit sensor's data is not
+divided by 256); without one, a file (and a TIFF) by the depth it uses, a frame on the wire as
+full range. The byte limit of a file follows from the pixel limit
 (``file_byte_limit``); a file refused by a limit raises ``ImageLimitError``, which
 says which limit and what to do, never that the file is corrupt. ``shown`` escapes a
 path for a message (a newline in a file name cannot forge a log line).
@@ -479,7 +480,7 @@ def _check_png(data: bytes, what: str) -> None:
     raise InvalidInputError(f"{what}: truncated PNG (no IEND chunk)")
 
 
-def decode_checked(data: Buffer, header: ImageHeader, what: str = "image") -> np.ndarray:
+def decode_checked(data: Buffer, header: ImageHeader, what: str = "image", judge_depth: bool = False) -> np.ndarray:
     """Decode to BGR uint8 HxWx3 once the header passed; the result must have the declared size.
 
     A JPEG's EXIF orientation is ignored: the pixels are the stored ones, as the header,
@@ -487,8 +488,10 @@ def decode_checked(data: Buffer, header: ImageHeader, what: str = "image") -> np
     portrait photo, which then no longer matched its header, and turn boxes of orientation
     3 upside down, silently).
 
-    A 16-bit PNG or TIFF is scaled to 8 bits by the depth it uses (``to_eight_bits``): OpenCV
-    divides by 256, which left a 12-bit camera's frame sent on the wire nearly black.
+    A 16-bit PNG or TIFF is scaled to 8 bits by its sBIT chunk (``to_eight_bits``; OpenCV
+    divided by 256 whatever it said, which left a 12-bit camera's frame sent on the wire nearly
+    black), and without one as full range, or with ``judge_depth`` (files) by the depth the
+    image uses.
     """
     sixteen = _sixteen_bit(data, header.encoding)
     flags = (cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR if sixteen else cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION
@@ -498,7 +501,7 @@ def decode_checked(data: Buffer, header: ImageHeader, what: str = "image") -> np
                                 f"{header.width}x{header.height} its header declares)")
     if sixteen:
         if out.dtype == np.uint16:
-            out = to_eight_bits(out, _png_sbit(data) if header.encoding == "png" else 0)
+            out = to_eight_bits(out, _png_sbit(data) if header.encoding == "png" else 0, judge_depth)
         if out.ndim == 3 and out.shape[2] == 2:
             out = out[:, :, 0]
         if out.ndim == 2:
@@ -621,17 +624,21 @@ def _png_sbit(data: Buffer) -> int:
     return 0
 
 
-def to_eight_bits(img: np.ndarray, sbit: int = 0) -> np.ndarray:
+def to_eight_bits(img: np.ndarray, sbit: int = 0, judge: bool = True) -> np.ndarray:
     """16-bit samples to 8 by the depth they use: the PNG ``sbit`` when the values fit in it
-    (a 12-bit sensor's data stored as is; 16: full range, divide by 256), else the bit length
-    of the largest value (at least 8), so that unlabelled 10- or 12-bit data is not nearly
-    black. Without ``sbit`` the depth is judged per image: a 16-bit image darker than half
-    its range is brightened; label such files with sBIT for one scale over a stream.
-    Values over ``sbit`` are left-aligned as the PNG spec says (divide by 256)."""
-    bits = max(8, int(img.max()).bit_length()) if img.size else 8
-    if 8 <= sbit <= 16 and bits <= sbit:
+    (a 12-bit sensor's data stored as is; 16: full range, divide by 256), else, with ``judge``,
+    the bit length of the largest value (at least 8), so that unlabelled 10- or 12-bit data is
+    not nearly black: the depth is judged per image, and a 16-bit image darker than half its
+    range is brightened (files; label them with sBIT for one scale over a stream). Without
+    ``judge`` (frames on the wire, where one hot pixel must not halve the next frame's
+    brightness) unlabelled samples are full range, as the PNG spec says. Values over ``sbit``
+    are left-aligned as the PNG spec says (divide by 256). ``img`` is shifted in place."""
+    top = int(img.max()) if img.size else 0
+    bits = max(8, top.bit_length()) if judge else 16
+    if 8 <= sbit <= 16 and top.bit_length() <= sbit:
         bits = sbit
-    return np.minimum(img >> (bits - 8), 255).astype(np.uint8)
+    np.right_shift(img, bits - 8, out=img)
+    return np.minimum(img, 255, out=img).astype(np.uint8)
 
 
 def _decode_file(data: Buffer, header: ImageHeader, what: str) -> np.ndarray:
@@ -644,7 +651,7 @@ def _decode_file(data: Buffer, header: ImageHeader, what: str) -> np.ndarray:
         patched = bytearray(data)  # one copy of the file (the caller still holds the original)
         patched[at:at + 2] = struct.pack(end + "H", 1)
         data = patched
-    return orient(decode_checked(data, header, what), orientation)
+    return orient(decode_checked(data, header, what, judge_depth=True), orientation)
 
 
 def read_image_file(path: Union[str, os.PathLike[str]], max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -680,7 +687,7 @@ def read_image_file(path: Union[str, os.PathLike[str]], max_pixels: int = DEFAUL
     header = check_pixels(image_header(data, what), max_pixels, what)
     check_stream(data, header.encoding, what)
     if not upright:
-        return decode_checked(data, header, what)
+        return decode_checked(data, header, what, judge_depth=True)
     return _decode_file(data, header, what)
 
 

@@ -117,16 +117,26 @@ def test_sixteen_bit_images_are_scaled_by_the_depth_they_use(scale, sbit, tmp_pa
 
 
 @pytest.mark.parametrize("channels", [3, 1])
-def test_a_sixteen_bit_png_on_the_wire_is_scaled_as_a_file_is(channels):
-    """A 12-bit camera's frame sent as a 16-bit PNG reached the worker divided by 256 (mean 7
-    for a frame of mean 126, answered OK with what a black frame gives, found by a probe): the
-    wire and the files decode with one rule."""
+def test_a_sixteen_bit_png_on_the_wire_is_scaled_by_its_sbit_else_as_full_range(channels):
+    """A 12-bit camera's frame sent as a 16-bit PNG labelled sBIT 12 reached the worker divided
+    by 256 (mean 7 for a frame of mean 126, answered OK with what a black frame gives, found by a
+    probe). Unlabelled, it is full range (the PNG spec), not judged per frame as files are: one
+    hot pixel would halve a stream's next frame (found by the review)."""
     img = _scene() if channels == 3 else _scene()[:, :, 1]
-    data = cv2.imencode(".png", img.astype(np.uint16) * 16)[1].tobytes()
-    out = wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.PNG, data=data))
-    assert out.dtype == np.uint8 and out.shape == _scene().shape
     expected = img if channels == 3 else cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
-    assert np.abs(out.astype(int) - expected).max() <= 1
+    data = cv2.imencode(".png", img.astype(np.uint16) * 16)[1].tobytes()  # 12-bit samples
+
+    def wired(png: bytes) -> np.ndarray:
+        out = wire.decode_image(detect_pb2.Image(encoding=detect_pb2.Image.PNG, data=png))
+        assert out.dtype == np.uint8 and out.shape == _scene().shape
+        return out
+
+    assert np.abs(wired(_with_sbit(data, 12, channels)).astype(int) - expected).max() <= 1
+    assert np.array_equal(wired(data), expected >> 4)  # unlabelled: 16-bit range
+    hot = img.astype(np.uint16) * 16
+    hot.flat[0] = 65535
+    hot_out = wired(cv2.imencode(".png", hot)[1].tobytes())
+    assert np.array_equal(hot_out.reshape(-1)[3:], (expected >> 4).reshape(-1)[3:])  # the rest of the frame kept
 
 
 def test_a_sixteen_bit_gray_image_is_bgr(tmp_path):
@@ -175,8 +185,9 @@ def test_a_png_labelled_sixteen_bits_keeps_one_scale():
     """sBIT 16 says full range: a dark frame stays dark (divided by 256) rather than being
     brightened by its own maximum, so frames of one stream share a scale."""
     dark = np.full((4, 4, 3), 1000, np.uint16)
-    assert int(imagefiles.to_eight_bits(dark, 16)[0, 0, 0]) == 1000 >> 8
-    assert int(imagefiles.to_eight_bits(dark)[0, 0, 0]) == 1000 >> 2  # unlabelled: its own depth
+    assert int(imagefiles.to_eight_bits(dark.copy(), 16)[0, 0, 0]) == 1000 >> 8
+    assert int(imagefiles.to_eight_bits(dark.copy())[0, 0, 0]) == 1000 >> 2  # unlabelled: its own depth
+    assert int(imagefiles.to_eight_bits(dark.copy(), judge=False)[0, 0, 0]) == 1000 >> 8  # the wire's: full range
 
 
 def _resized_sof(jpeg: bytes, w: int, h: int) -> bytes:
