@@ -439,6 +439,8 @@ def test_a_side_longer_than_the_decoder_takes_is_a_limit_not_corruption() -> Non
     with pytest.raises(imagefiles.ImageLimitError,
                        match=r"wide: PNG declares 1000001x1, a side longer than the 1000000 pixels its decoder takes"):
         imagefiles.check_pixels(header, imagefiles.DEFAULT_MAX_PIXELS, "wide")
+    raw = imagefiles.ImageHeader("raw", 1_048_577, 1)
+    assert imagefiles.check_pixels(raw, imagefiles.DEFAULT_MAX_PIXELS) is raw  # no decoder, no side limit
     ok = grey_png(1_000_000)
     assert imagefiles.decode_checked(ok, imagefiles.check_pixels(imagefiles.image_header(ok), 1 << 25)).shape == \
         (1, 1_000_000, 3)
