@@ -503,3 +503,22 @@ def test_a_policy_changed_while_the_daemon_starts_is_put_in_force(tmp_path, tiny
 
     asyncio.run(run())
     assert d.metrics.reloads.labels("ok")._value.get() == 1
+
+
+def test_a_device_configuring_only_mqtt_escalates_and_replays_over_mqtt(tmp_path, tiny_model):
+    """The daemon hands its escalations the transport its settings configure (default_transport):
+    with `cloud.transport` unset and only a broker set, MQTT, where the replay's fallback was
+    `grpc`, not configured (found by a probe)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("p", {"s": "never"}, transport=None))
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                policy_file=str(policy), cloud={"mqtt": {"host": "127.0.0.1", "port": 1}})
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.escalating is not None, 60, "the daemon running")
+        assert list(d.escalating.transports) == ["mqtt"] and d.escalating.default_transport == "mqtt"
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
