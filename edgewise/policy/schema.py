@@ -472,8 +472,8 @@ class Policy:
         unknown = sorted(k for k in self.spec.streams if k not in set(stream_ids))
         if not unknown:
             return None
-        return (f"policy {self.source or self.metadata.name}: spec.streams {', '.join(unknown)} are not streams of "
-                f"this device ({', '.join(stream_ids[:20])}{', ...' if len(stream_ids) > 20 else ''}): those "
+        return (f"policy {self.source or self.metadata.name}: spec.streams {', '.join(unknown)} "
+                f"are not streams of this device ({', '.join(stream_ids[:20])}{', ...' if len(stream_ids) > 20 else ''}): those "
                 "overrides apply to no stream here, its streams follow the policy's defaults; use the stream ids "
                 "of the settings (a policy shared by several devices may name other devices' streams)")
 
