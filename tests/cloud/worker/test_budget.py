@@ -156,7 +156,8 @@ def test_a_queued_decode_whose_client_gave_up_is_not_run(tiny_model):
             assert await asyncio.to_thread(runner.entered.wait, 10)
             code, _ = await call(stub, jpeg_request(im, 1), timeout=0.5)  # queued behind it, gives up
             assert code == grpc.StatusCode.DEADLINE_EXCEEDED
-            assert budget.in_use == 10_000  # the first's pixels only: the second's went back with its call
+            # the first's pixels only: the second's go back once the worker sees its call cancelled
+            await async_wait_until(lambda: budget.in_use == 10_000, 10, "the abandoned request's pixels back")
             runner.gate.set()
             assert (await first)[0] == grpc.StatusCode.OK
             await async_wait_until(lambda: budget.in_use == 0, 10, "the budget handed back")
