@@ -265,11 +265,7 @@ TRANSPORT_SETTINGS = {"grpc": "cloud.endpoints", "mqtt": "cloud.mqtt.host"}
 
 def configured_transports(s: EdgeSettings) -> List[str]:
     """The transports these settings configure (none: the device runs edge-only)."""
-    return _configured(s.cloud)
-
-
-def _configured(c: CloudSettings) -> List[str]:
-    return [t for t, on in (("grpc", bool(c.endpoints)), ("mqtt", bool(c.mqtt.host))) if on]
+    return [t for t, on in (("grpc", bool(s.cloud.endpoints)), ("mqtt", bool(s.cloud.mqtt.host))) if on]
 
 
 def default_transport(s: EdgeSettings) -> str:
