@@ -43,7 +43,7 @@ from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.making import make_source
-from edge.spool import Spool, SpoolError, SpoolFull
+from edge.spool import RESERVE_BYTES, Spool, SpoolError, SpoolFull
 from edge.spool_salvage import open_spool
 from edge.transports import MeteredTransport, Transport
 from edgewise import hangup, mqtt_topics
@@ -198,12 +198,24 @@ class EdgeDaemon:
                 raise
             return det
 
+    def _beside_the_spool(self, path: str) -> bool:
+        """Whether a sink's file shares the spool's filesystem (by default both are in
+        /var/lib/edgewise): its live lines then leave the spool's reserve free."""
+        if not opens_spool(self.settings):
+            return False
+        try:
+            return (os.stat(os.path.dirname(os.path.abspath(path))).st_dev
+                    == os.stat(os.path.dirname(os.path.abspath(self.settings.spool.path))).st_dev)
+        except OSError:
+            return False
+
     def _build_sinks(self) -> Sinks:
         s = self.settings.sinks
         out: List[Sink] = []
         if s.jsonl:
             out.append(JsonlSink(s.jsonl, fsync=s.fsync, max_bytes=s.jsonl_max_bytes, keep=s.jsonl_keep,
-                                 compress=s.jsonl_compress))
+                                 compress=s.jsonl_compress,
+                                 reserve_bytes=RESERVE_BYTES if self._beside_the_spool(s.jsonl) else 0))
         if s.stdout:
             out.append(StdoutSink())
         if s.mqtt and self.mqtt is not None:

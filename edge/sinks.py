@@ -11,6 +11,8 @@ A live record the JSON Lines file or the MQTT sink's outbox cannot take (its dis
 error) is held in a bounded in-memory backlog (``HeldRecords``, :data:`BACKLOG_BYTES`, the
 oldest dropped and counted beyond it) and written, in order, before the next record once the
 disk takes it again; a late record is not held: its answer stays in the spool, which replays it.
+On the spool's filesystem the JSON Lines sink's live lines leave the spool's reserve free
+(``reserve_bytes``): late lines and the spool's acknowledgements may use it.
 The JSON Lines sink writes the file that is at its path (one removed or replaced while the
 daemon runs is reopened) and gives a file that ends in a torn line its newline. It keeps the
 idempotency keys of late records it has written (the newest ``edge.outbox.LATE_KEYS_MAX``;
@@ -158,9 +160,12 @@ class JsonlSink:
     durable = True
 
     def __init__(self, path: str, fsync: bool = False, max_bytes: int = 0, keep: int = 0,
-                 compress: bool = False) -> None:
+                 compress: bool = False, reserve_bytes: int = 0) -> None:
         self.path = path
         self.fsync = fsync
+        #: bytes of its filesystem a live line leaves free (the spool's reserve, where the spool
+        #: shares it): late lines and the spool's acknowledgements may still use them
+        self.reserve_bytes = reserve_bytes
         self.max_bytes = max_bytes
         self.keep = keep
         self.f = open_appending(path)
@@ -212,7 +217,12 @@ class JsonlSink:
             return
         line = data + b"\n"
         try:
-            self.held.drain(self._append)
+            room = self._room_for(self.held.bytes + (len(line) if key is None else 0))
+            if key is None and not room:  # the held live lines and this one stay out of the reserve
+                raise OSError(errno.ENOSPC, f"fewer than {self.reserve_bytes // 1024} KiB would be left free on "
+                                            "its filesystem, kept for the spool's acknowledgements and late records")
+            if room:  # (a late line may use the reserve; the held live lines it would follow may not)
+                self.held.drain(self._append)
             self._append(line)
         except OSError:
             if key is None:
@@ -220,6 +230,19 @@ class JsonlSink:
             raise
         if key is not None:
             _remember(self.late_keys, key)
+
+    def _room_for(self, size: int) -> bool:
+        """Whether ``size`` more bytes of live lines leave ``reserve_bytes`` free on the file's
+        filesystem: on a disk shared with the spool, live lines that took the last bytes left
+        the spool unable to acknowledge what it replayed, so it replayed the same entries again
+        and again while the disk stayed full (found by a probe)."""
+        if not self.reserve_bytes:
+            return True
+        try:
+            st = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
+        except OSError:
+            return True  # cannot tell: the write will say
+        return st.f_bavail * st.f_frsize - size >= self.reserve_bytes
 
     def _end_torn_line(self) -> None:
         """A file that ends in a line torn by a crash or a power cut (no newline) gets one before

@@ -431,3 +431,28 @@ def test_the_in_flight_slots_follow_the_brokers_receive_maximum(tmp_path, broker
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         finally:
             conn.stop()
+
+
+def test_live_lines_leave_the_spools_reserve_free_and_late_ones_may_use_it(small_fs):
+    """On a disk shared with the spool, live lines took its last bytes: the spool could not
+    acknowledge what it replayed, replayed it again and again, and every late record failed
+    (found by a probe, a 2 MB tmpfs). With ``reserve_bytes`` a live line that would eat into
+    the reserve is held in memory (as on a full disk), while a late line, whose
+    acknowledgement frees the spool, still goes in."""
+    reserve = 64 * 1024
+    fs = small_fs(256 * 1024)
+    path = fs.path / "out.jsonl"
+    sink = JsonlSink(str(path), reserve_bytes=reserve)
+    sinks = Sinks([sink])
+    filler = fs.fill(leave=reserve + 8 * 1024)  # room for a few lines above the reserve
+    seq = 0
+    while sinks.write(frame_record("cam", seq)):
+        seq += 1
+    assert 0 < seq < 40 and len(sink.held) == 1
+    assert fs.free() >= reserve - 4096  # the reserve is left (less one block's rounding)
+    assert sinks.write(late(1000)) is True  # a late line may use it
+    assert sinks.write(frame_record("cam", seq + 1)) is False and len(sink.held) == 2, [x[:40] for x in sink.held.items]
+    filler.unlink()
+    assert sinks.write(frame_record("cam", seq + 2))
+    assert [r["frame_seq"] for r in read_jsonl(path)] == list(range(seq)) + [1000, seq, seq + 1, seq + 2]
+    sink.close()
