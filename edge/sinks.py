@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover
 from edge import rotation
 from edge.outbox import LATE_KEYS_MAX, Outbox, OutboxDamaged
 from edge.records import FrameRecord, epoch_of_key, idempotency_key
-from edge.spool import is_corrupt
+from edge.spool import free_bytes, is_corrupt
 from edgewise.errors import DeploymentError
 from edgewise.filereads import kind_of
 from edgewise.observability import LogThrottle
@@ -238,11 +238,8 @@ class JsonlSink:
         and again while the disk stayed full (found by a probe)."""
         if not self.reserve_bytes:
             return True
-        try:
-            st = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
-        except OSError:
-            return True  # cannot tell: the write will say
-        return st.f_bavail * st.f_frsize - size >= self.reserve_bytes
+        free = free_bytes(os.path.dirname(os.path.abspath(self.path)))
+        return free is None or free - size >= self.reserve_bytes  # (None: cannot tell, the write will say)
 
     def _end_torn_line(self) -> None:
         """A file that ends in a line torn by a crash or a power cut (no newline) gets one before

@@ -187,7 +187,7 @@ class SpoolCorrupt(SpoolError):
 SPOOL_BUSY_TIMEOUT_S = 30.0
 
 
-def _free_bytes(folder: Path) -> Optional[int]:
+def free_bytes(folder: Union[str, Path]) -> Optional[int]:
     """Bytes this user may still write on ``folder``'s filesystem; None when unknown."""
     try:
         st = os.statvfs(folder)
@@ -490,7 +490,7 @@ class Spool:
                               "spool.path to a file of its own, or move this one aside")
         if is_corrupt(exc):
             return self._unreadable(text, None)
-        free = _free_bytes(self.path.parent)
+        free = free_bytes(self.path.parent)
         if _is_full(exc) or (free is not None and free < self.reserve_bytes):
             # SQLite says "disk I/O error" when its -wal/-shm files find no room
             room = "" if free is None else f", {free // 1024} KiB free"
@@ -579,7 +579,7 @@ class Spool:
 
     def _check_room(self, size: int) -> None:
         """Raise SpoolFull when storing ``size`` more bytes would eat into the reserve."""
-        on_disk = _free_bytes(self.path.parent)
+        on_disk = free_bytes(self.path.parent)
         if on_disk is None:  # pragma: no cover - not POSIX or gone: SQLite will say
             return
         page = int(self._db.execute("PRAGMA page_size").fetchone()[0])
