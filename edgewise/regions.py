@@ -84,7 +84,8 @@ def _pad(box: np.ndarray, padding: float, min_side: int, size: Tuple[int, int]) 
     return (int(np.floor(x1)), int(np.floor(y1)), int(min(w, np.ceil(x1 + side_w))), int(min(h, np.ceil(y1 + side_h))))
 
 
-def _overlap(a: Rect, b: Rect) -> bool:
+def overlap(a: Rect, b: Rect) -> bool:
+    """Whether two rectangles ``(x1, y1, x2, y2)`` share any pixel."""
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
@@ -119,7 +120,7 @@ def merge_rects(rects: Sequence[Rect]) -> List[Rect]:
         for i in range(len(out)):
             for j in range(i + 1, len(out)):
                 a, b = out[i], out[j]
-                if _overlap(a, b):
+                if overlap(a, b):
                     out[i] = (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
                     del out[j]
                     changed = True

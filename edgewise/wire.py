@@ -23,7 +23,7 @@ from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
 from edgewise.imagefiles import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, Buffer, ImageHeader
 from edgewise.images import check_bgr
-from edgewise.regions import Tile, tiles_to_frame
+from edgewise.regions import Tile, overlap, tiles_to_frame
 from edgewise.v1 import detect_pb2
 
 FORMATS = ("jpeg", "png", "raw")
@@ -154,6 +154,7 @@ def _check_tiles(img: detect_pb2.Image, header: ImageHeader) -> None:
     if img.tiles and not (img.source_width and img.source_height):
         raise InvalidInputError("image.tiles: a packed image must say the frame its tiles come from "
                                 "(image.source_width and image.source_height)")
+    rects: List[Tuple[int, int, int, int]] = []  # the tiles' places in the image, (x1, y1, x2, y2)
     for i, t in enumerate(img.tiles):
         where = f"image.tiles[{i}]"
         if t.width == 0 or t.height == 0 or t.x + t.width > header.width or t.y + t.height > header.height:
@@ -177,8 +178,10 @@ def _check_tiles(img: detect_pb2.Image, header: ImageHeader) -> None:
                 f"{img.source_width}x{img.source_height} source frame")
         # A box is mapped back by the tile it lies in: where tiles overlap in the image, the
         # same pixels would belong to two places of the frame.
-        for j, o in enumerate(img.tiles[:i]):
-            if t.x < o.x + o.width and o.x < t.x + t.width and t.y < o.y + o.height and o.y < t.y + t.height:
+        rects.append((t.x, t.y, t.x + t.width, t.y + t.height))
+        for j in range(i):
+            if overlap(rects[j], rects[i]):
+                o = img.tiles[j]
                 raise InvalidInputError(f"{where}: {t.width}x{t.height} at ({t.x},{t.y}) overlaps image.tiles[{j}] "
                                         f"({o.width}x{o.height} at ({o.x},{o.y})) in the image: each image pixel "
                                         "belongs to one tile")
