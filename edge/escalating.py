@@ -759,8 +759,9 @@ class Escalating:
             log.error("spooled %s is unreadable (%s); dropped from the spool", e.key, exc)
             return False
         req.replay = True
-        answered = self._held[e.key][1] if e.key in self._held else None
-        if answered is not None:  # answered in an earlier round, its record not written then: not asked again
+        held = self._held.get(e.key)
+        if held is not None:  # answered in an earlier round, its record not written then: not asked again
+            answered = held[1]
             if isinstance(answered, str):
                 return _Refused(spooled, answered)
             return _Answer(spooled, edge, answered[0], answered[1])
