@@ -200,7 +200,7 @@ class EdgeDaemon:
 
     def _beside_the_spool(self, path: str) -> bool:
         """Whether a sink's file shares the spool's filesystem (by default both are in
-        /var/lib/edgewise): its live lines then leave the spool's reserve free."""
+        /var/lib/edgewise): its live records then leave the spool's reserve free."""
         if not opens_spool(self.settings):
             return False
         try:
@@ -222,7 +222,8 @@ class EdgeDaemon:
             prefix = self.settings.cloud.mqtt.topic_prefix
             assert self.outbox is not None
             out.append(MqttSink(self.mqtt, mqtt_topics.detections_topic(prefix, self.settings.device_id),
-                                self.outbox, self.metrics))
+                                self.outbox, self.metrics,
+                                reserve_bytes=RESERVE_BYTES if self._beside_the_spool(str(self.outbox.path)) else 0))
         return Sinks(out, on_error=lambda name: self.metrics.sink_errors.labels(name).inc())
 
     async def _build_transports(self) -> None:

@@ -44,7 +44,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Collection, Iterable, List, Optional, Tuple, Union
 
-from edge.spool import is_corrupt, quick_check
+from edge.spool import is_corrupt, quick_check, reusable_bytes, short_of_room
 from edgewise.errors import EdgewiseError
 
 #: how many late keys a sink remembers (the newest; a replay repeats only recent results)
@@ -193,6 +193,14 @@ class Outbox:
 
     def __len__(self) -> int:
         return self._depth
+
+    def room_for(self, size: int, reserve_bytes: int) -> bool:
+        """Whether ``size`` more bytes of records leave ``reserve_bytes`` free on the outbox's
+        filesystem, its free pages counted (``edge.spool.short_of_room``)."""
+        if not reserve_bytes:
+            return True
+        with self._lock:
+            return short_of_room(self.path.parent, size, reserve_bytes, reusable_bytes(self._db)) is None
 
     def put(self, data: bytes, late_key: Optional[str] = None) -> bool:
         """Append one record; False (nothing stored) when ``late_key`` was taken before.

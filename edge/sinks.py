@@ -11,8 +11,9 @@ A live record the JSON Lines file or the MQTT sink's outbox cannot take (its dis
 error) is held in a bounded in-memory backlog (``HeldRecords``, :data:`BACKLOG_BYTES`, the
 oldest dropped and counted beyond it) and written, in order, before the next record once the
 disk takes it again; a late record is not held: its answer stays in the spool, which replays it.
-On the spool's filesystem the JSON Lines sink's live lines leave the spool's reserve free
-(``reserve_bytes``): late lines and the spool's acknowledgements may use it.
+On the spool's filesystem the JSON Lines sink's live lines and the MQTT outbox's live records
+leave the spool's reserve free (``reserve_bytes``): late records and the spool's
+acknowledgements may use it.
 The JSON Lines sink writes the file that is at its path (one removed or replaced while the
 daemon runs is reopened) and gives a file that ends in a torn line its newline. It keeps the
 idempotency keys of late records it has written (the newest ``edge.outbox.LATE_KEYS_MAX``;
@@ -46,7 +47,7 @@ except ImportError:  # pragma: no cover
 from edge import rotation
 from edge.outbox import LATE_KEYS_MAX, Outbox, OutboxDamaged
 from edge.records import FrameRecord, epoch_of_key, idempotency_key
-from edge.spool import free_bytes, is_corrupt
+from edge.spool import is_corrupt, short_of_room
 from edgewise.errors import DeploymentError
 from edgewise.filereads import kind_of
 from edgewise.observability import LogThrottle
@@ -119,6 +120,15 @@ class HeldRecords:
         if self.items or self.dropped:
             log.error("%s: %d live records held in memory are lost at exit: %s", self.where,
                       len(self.items) + self.dropped, exc)
+
+
+def reserve_refusal(reserve_bytes: int) -> OSError:
+    """Why a durable sink holds a live record in memory on the spool's filesystem: it would eat
+    into the spool's reserve (``edge.spool.RESERVE_BYTES``), which the spool's acknowledgements and
+    late records need (on a full disk the replay otherwise asks the cloud for the same frames
+    again and again)."""
+    return OSError(errno.ENOSPC, f"fewer than {reserve_bytes // 1024} KiB would be left free on its filesystem, "
+                                 "kept for the spool's acknowledgements and late records")
 
 
 def _not_a_file(mode: int) -> str:
@@ -219,8 +229,7 @@ class JsonlSink:
         try:
             room = self._room_for(self.held.bytes + (len(line) if key is None else 0))
             if key is None and not room:  # the held live lines and this one stay out of the reserve
-                raise OSError(errno.ENOSPC, f"fewer than {self.reserve_bytes // 1024} KiB would be left free on "
-                                            "its filesystem, kept for the spool's acknowledgements and late records")
+                raise reserve_refusal(self.reserve_bytes)
             if room:  # (a late line may use the reserve; the held live lines it would follow may not)
                 self.held.drain(self._append)
             self._append(line)
@@ -236,10 +245,8 @@ class JsonlSink:
         filesystem: on a disk shared with the spool, live lines that took the last bytes left
         the spool unable to acknowledge what it replayed, so it replayed the same entries again
         and again while the disk stayed full (found by a probe)."""
-        if not self.reserve_bytes:
-            return True
-        free = free_bytes(os.path.dirname(os.path.abspath(self.path)))
-        return free is None or free - size >= self.reserve_bytes  # (None: cannot tell, the write will say)
+        return not self.reserve_bytes or short_of_room(
+            os.path.dirname(os.path.abspath(self.path)), size, self.reserve_bytes) is None
 
     def _end_torn_line(self) -> None:
         """A file that ends in a line torn by a crash or a power cut (no newline) gets one before
@@ -425,7 +432,8 @@ class MqttSink:
     durable = True
 
     def __init__(self, conn: Any, topic: str, outbox: Outbox, metrics: Any = None,
-                 close_timeout_s: float = 3.0, window: int = SINK_WINDOW, retry_refused_s: float = 30.0) -> None:
+                 close_timeout_s: float = 3.0, window: int = SINK_WINDOW, retry_refused_s: float = 30.0,
+                 reserve_bytes: int = 0) -> None:
         self.conn = conn
         self.topic = topic
         self.outbox = outbox
@@ -433,6 +441,9 @@ class MqttSink:
         self.close_timeout_s = close_timeout_s
         self.window = window  # records handed to paho and not yet acknowledged, at most
         self.retry_refused_s = retry_refused_s
+        #: bytes of its filesystem a live record leaves free (the spool's reserve, where the outbox
+        #: shares the spool's filesystem; late records may use it), as the JSON Lines sink
+        self.reserve_bytes = reserve_bytes
         self._send_log = LogThrottle(60.0, burst=3)
         self._after_refusal = f"the record stays in the MQTT outbox and is sent again in {retry_refused_s:g} s"
         self._pending: Set[int] = set()  # outbox ids handed to paho, not yet answered
@@ -462,7 +473,11 @@ class MqttSink:
         outage) is held (``HeldRecords``), a late one stays in the spool, which replays it."""
         key = rec.key if rec.late else None
         try:
-            self.held.drain(lambda d: self.outbox.put(d, None))
+            room = self.outbox.room_for(self.held.bytes + (len(data) if key is None else 0), self.reserve_bytes)
+            if key is None and not room:  # as the JSON Lines sink's: live records stay out of the reserve
+                raise reserve_refusal(self.reserve_bytes)
+            if room:
+                self.held.drain(lambda d: self.outbox.put(d, None))
             fresh = self.outbox.put(data, key)
         except (sqlite3.Error, OSError) as exc:
             if key is None:

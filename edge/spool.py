@@ -196,6 +196,25 @@ def free_bytes(folder: Union[str, Path]) -> Optional[int]:
     return st.f_bavail * st.f_frsize
 
 
+def short_of_room(folder: Union[str, Path], size: int, reserve_bytes: int, reusable: int = 0) -> Optional[int]:
+    """The bytes free on ``folder``'s filesystem (counting ``reusable``: free pages a SQLite
+    file already holds) when storing ``size`` more bytes there would leave fewer than
+    ``reserve_bytes`` free; None when it would not, or when that cannot be told (the write will
+    say). The one rule by which the spool and the durable sinks beside it keep the spool's reserve."""
+    on_disk = free_bytes(folder)
+    if on_disk is None:
+        return None
+    free = on_disk + reusable
+    return free if free - size < reserve_bytes else None
+
+
+def reusable_bytes(db: sqlite3.Connection) -> int:
+    """Bytes of free pages inside a SQLite file (``PRAGMA freelist_count``): space a write reuses
+    before the file grows."""
+    page = int(db.execute("PRAGMA page_size").fetchone()[0])
+    return int(db.execute("PRAGMA freelist_count").fetchone()[0]) * page
+
+
 def read_only(folder: Union[str, Path]) -> bool:
     """``folder`` lies on a filesystem mounted read-only."""
     try:
@@ -579,13 +598,8 @@ class Spool:
 
     def _check_room(self, size: int) -> None:
         """Raise SpoolFull when storing ``size`` more bytes would eat into the reserve."""
-        on_disk = free_bytes(self.path.parent)
-        if on_disk is None:  # pragma: no cover - not POSIX or gone: SQLite will say
-            return
-        page = int(self._db.execute("PRAGMA page_size").fetchone()[0])
-        reusable = int(self._db.execute("PRAGMA freelist_count").fetchone()[0]) * page
-        free = on_disk + reusable
-        if free - size < self.reserve_bytes:
+        free = short_of_room(self.path.parent, size, self.reserve_bytes, reusable_bytes(self._db))
+        if free is not None:
             raise SpoolFull(
                 f"spool {self.path}: {free // 1024} KiB free on its filesystem, and "
                 f"{self.reserve_bytes // 1024} KiB stay free so that spooled items can still be "

@@ -522,3 +522,28 @@ def test_a_device_configuring_only_mqtt_escalates_and_replays_over_mqtt(tmp_path
         assert await asyncio.wait_for(task, 30) == 0
 
     asyncio.run(run())
+
+
+def test_the_sinks_beside_the_spool_keep_its_reserve_and_those_elsewhere_do_not(tmp_path, tiny_model, small_fs,
+                                                                                mosquitto):
+    """The JSON Lines file and the MQTT outbox on the spool's filesystem (the default) leave its
+    reserve free; the outbox did not (found by a review). On another filesystem they may fill it."""
+    from edge.spool import RESERVE_BYTES
+
+    elsewhere = small_fs(256 * 1024).path
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("p", {"s": "never"}, transport=None))
+    for where, reserve in ((tmp_path, RESERVE_BYTES), (elsewhere, 0)):
+        d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                    policy_file=str(policy), cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}},
+                    sinks={"jsonl": str(where / "out.jsonl"), "mqtt": True,
+                           "mqtt_outbox": str(where / "outbox.db")})
+
+        async def run():
+            task = asyncio.ensure_future(d.run())
+            await async_wait_until(lambda: d.sinks is not None, 60, "the sinks")
+            assert {s.name: s.reserve_bytes for s in d.sinks.sinks} == {"jsonl": reserve, "mqtt": reserve}
+            d.request_stop()
+            assert await asyncio.wait_for(task, 30) == 0
+
+        asyncio.run(run())

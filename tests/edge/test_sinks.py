@@ -378,6 +378,39 @@ def test_live_records_the_mqtt_outbox_cannot_take_are_held_and_published_in_orde
     assert [r["frame_seq"] for r in rec_topic.json()] == list(range(1, 8))
 
 
+def test_live_records_leave_the_spools_reserve_free_in_the_mqtt_outbox_too(small_fs, mosquitto):
+    """The JSON Lines file kept the spool's reserve, but the MQTT outbox beside the spool (the
+    default) could still take its last bytes, and the spool could then acknowledge nothing. With
+    ``reserve_bytes`` a live record that would eat into it is held in memory; a late one, which
+    lets the spool acknowledge, goes in; everything is published, in order, once space is back."""
+    reserve = 96 * 1024
+    fs = small_fs(768 * 1024)
+    rec_topic = TopicRecorder(mosquitto, TOPIC)
+    conn = connect(mosquitto)
+    sink = MqttSink(conn, TOPIC, Outbox(fs.path / "outbox.db", 1000), EdgeMetrics(), reserve_bytes=reserve)
+    sinks = Sinks([sink])
+    try:
+        assert sinks.write(frame_record("cam", 0))
+        wait_until(lambda: len(rec_topic.messages) == 1, 10, "the first record")
+        filler = fs.fill(leave=reserve + 48 * 1024)  # room for a few records above the reserve
+        seq = 1
+        while sinks.write(frame_record("cam", seq)):
+            seq += 1
+            assert seq < 200, "live records went on into the reserve"
+        assert seq > 1 and len(sink.held) == 1
+        assert fs.free() >= reserve - 16 * 1024  # the reserve is left (less one commit's pages)
+        assert sinks.write(late(1000)) is True  # a late record may use it
+        assert sinks.write(frame_record("cam", seq + 1)) is False and len(sink.held) == 2
+        filler.unlink()
+        assert sinks.write(frame_record("cam", seq + 2))
+        wait_until(lambda: len(rec_topic.messages) == seq + 4, 30, "the held records and the next one")
+    finally:
+        sink.close()
+        conn.stop()
+        rec_topic.stop()
+    assert [r["frame_seq"] for r in rec_topic.json()] == list(range(seq)) + [1000, seq, seq + 1, seq + 2]
+
+
 def test_a_named_pipe_as_the_jsonl_file_is_refused_not_waited_on(tmp_path):
     """A FIFO at ``sinks.jsonl`` blocked the daemon's start until a reader came, then its
     start read the pipe it held open for writing, for ever (found by a review); check-config
