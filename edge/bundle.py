@@ -31,12 +31,15 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Mapping, Optional, Tuple
+from typing import List, Optional, Tuple
 
+import yaml
+
+from edge.settings import ModelSettings
 from edgewise import __version__
 from edgewise.errors import InvalidInputError, ModelError
-from edgewise.runtime.metadata import find_sidecar, load_model_info
-from edgewise.runtime.opsets import device_problems
+from edgewise.runtime.metadata import ModelInfo, find_sidecar, load_model_info
+from edgewise.runtime.opsets import model_problems
 
 REPO = Path(__file__).resolve().parents[1]
 JETSON = REPO / "deploy" / "jetson"
@@ -50,7 +53,7 @@ UNITS = ("edgewise-edge.service", "edgewise-edge-setup.service", "edgewise-edge-
 OWNED_DIRS = ("etc/edgewise", LIB, SHARE, f"usr/share/doc/{PKG}")
 #: Targets and the JetPack releases they are built for (all L4T R35: Python 3.8, TensorRT 8.5).
 TARGETS = {"xavier-nx": ("5.1", "5.1.1", "5.1.2"), "agx-xavier": ("5.1", "5.1.1", "5.1.2")}
-DEFAULT_MODEL = REPO / "models" / "camera" / "edge-int8.onnx"
+DEFAULT_MODEL = REPO / "models" / "camera" / "edge-int8-trt.onnx"
 DEFAULT_POLICY = REPO / "examples" / "policy.yaml"
 #: ``pip download`` arguments for JetPack 5.1's Python (CPython 3.8 on aarch64, glibc 2.31): both
 #: names of the manylinux2014 platform, since pip matches wheel tags literally for a foreign
@@ -96,9 +99,11 @@ def check_options(opts: BundleOptions) -> None:
     for flag, path in (("--model", opts.model), ("--edge-config", opts.edge_config), ("--policy", opts.policy)):
         if not Path(path).is_file():
             raise InvalidInputError(f"{flag} {path}: file not found")
-    problems = device_problems(*_opsets(Path(opts.model)))
+    backend = shipped_backend(Path(opts.edge_config))
+    problems = model_problems(_model_info(Path(opts.model)), tensorrt=backend != "onnxruntime")
     if problems:
-        raise InvalidInputError(f"--model {opts.model}: " + "; ".join(problems))
+        raise InvalidInputError(f"--model {opts.model} (model.backend {backend} in {opts.edge_config}): "
+                                + "; ".join(problems))
     if opts.wheels is not None:
         check_wheelhouse(Path(opts.wheels))
     if opts.power_mode is not None and not 0 <= opts.power_mode <= 8:
@@ -118,12 +123,23 @@ def check_options(opts: BundleOptions) -> None:
 _NATIVE_VERSION = re.compile(r"[0-9][A-Za-z0-9.+~]{0,63}")
 
 
-def _opsets(model: Path) -> Tuple[Mapping[str, int], Tuple[str, ...], int]:
+def _model_info(model: Path) -> ModelInfo:
     try:
-        info = load_model_info(model)
+        return load_model_info(model)
     except ModelError as exc:
         raise InvalidInputError(f"--model: {exc}") from None
-    return info.opsets, info.node_domains, info.ir_version
+
+
+def shipped_backend(edge_config: Path) -> str:
+    """The ``model.backend`` the shipped settings name (``auto``, the default, runs TensorRT on the
+    device), read without the rest of the settings (they name the device's paths, not this
+    machine's); a file the device cannot read is the daemon's error, not the bundle's."""
+    try:
+        model = (yaml.safe_load(edge_config.read_text(encoding="utf-8")) or {}).get("model") or {}
+        backend = model.get("backend", ModelSettings.backend) if isinstance(model, dict) else ModelSettings.backend
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        return ModelSettings.backend
+    return backend if isinstance(backend, str) else ModelSettings.backend
 
 
 def device_pins() -> List[Tuple[str, str]]:
@@ -454,7 +470,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--target", default="xavier-nx", help=f"device ({', '.join(sorted(TARGETS))})")
     p.add_argument("--jetpack", default="5.1", help="JetPack release (5.1, 5.1.1, 5.1.2)")
     p.add_argument("-o", "--out", default="dist", help="output directory (default dist/)")
-    p.add_argument("--model", default=str(DEFAULT_MODEL), help="edge model ONNX (INT8 QDQ) to ship")
+    p.add_argument("--model", default=str(DEFAULT_MODEL),
+                   help="edge model ONNX to ship (INT8 in TensorRT's Q/DQ layout: `edgewise model quantize --target "
+                        "tensorrt`, unless the shipped edge.yaml sets model.backend: onnxruntime)")
     p.add_argument("--edge-config", default=str(JETSON / "edge.yaml"), help="edge.yaml to ship as /etc/edgewise/edge.yaml")
     p.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy to ship as /etc/edgewise/policy.yaml")
     p.add_argument("--wheels", default=None, help="directory of aarch64 cp38 wheels to bundle for offline installs")

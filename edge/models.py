@@ -23,7 +23,7 @@ from typing import Any, Dict
 
 from edge.settings import SCHEMA, ModelSettings
 from edgewise.runtime.metadata import load_model_info
-from edgewise.runtime.opsets import device_problems
+from edgewise.runtime.opsets import model_problems
 from edgewise.settings import add_settings_arguments, settings_from_args
 from edgewise.settings.cli import positive_int
 
@@ -86,7 +86,7 @@ def describe(model: str, imgsz: int = 0, max_batch: int = ModelSettings().max_ba
         "output": {"name": info.output_name, "shape": list(info.output_shape)},
         "batch": "dynamic" if info.dynamic_batch else info.fixed_batch,
         "opsets": {d or "ai.onnx": v for d, v in sorted(info.opsets.items())},
-        "jetpack51": device_problems(info.opsets, info.node_domains, info.ir_version) or "loads",
+        "jetpack51": model_problems(info) or "loads",
     }
     why_not = tensorrt_unusable_reason()
     if why_not:

@@ -37,6 +37,7 @@ from edgewise.runtime.metadata import (
     imgsz_guess_warning,
     load_model_info,
 )
+from edgewise.runtime.opsets import tensorrt_problems
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,8 @@ class Detector:
     ) -> Detector:
         """Load and validate ``path`` and open it on ``backend``.
 
-        ``auto`` picks native TensorRT when it is importable and a GPU is there,
-        else ONNX Runtime (whose own provider list prefers TensorRT -> CUDA -> CPU).
+        ``auto`` picks native TensorRT when it is importable, a GPU is there and TensorRT can
+        build the model (``opsets.tensorrt_problems``; a warning says why not), else ONNX Runtime (whose own provider list prefers TensorRT -> CUDA -> CPU).
         ``cache_dir`` / ``precision`` / ``max_batch`` (the largest batch an engine takes; part
         of its cache key) apply to TensorRT engines, ``spinning`` (busy-waiting pool threads; None
         = the runtime's default) to ONNX Runtime. ``imgsz`` is the input
@@ -149,6 +150,10 @@ class Detector:
         why_not_trt = ""
         if backend == "auto":
             why_not_trt = tensorrt_unusable_reason()
+            refusals = [] if why_not_trt else tensorrt_problems(info.ops, info.qdq)
+            if refusals:
+                why_not_trt = f"TensorRT cannot build {info.path}: {'; '.join(refusals)}"
+                log.warning("backend auto: %s; running it on ONNX Runtime", why_not_trt)
             # a TensorRT engine is built for one input shape; native sizes vary per image
             backend = "onnxruntime" if why_not_trt or input_size == "native" else "tensorrt"
         if backend == "tensorrt" and input_size == "native":

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import ModelError
-from edgewise.runtime.onnxproto import EXTERNAL, FLOAT, FLOAT16, parse_model
+from edgewise.runtime.onnxproto import EXTERNAL, FLOAT, FLOAT16, INTEGER_TYPES, parse_model
 
 PathLike = Union[str, Path]
 ImgszLike = Union[int, Sequence[int]]
@@ -93,6 +93,11 @@ class ModelInfo:
         opsets: ``opset_import``, domain -> version (``""`` is the default domain).
         node_domains: the operator domains the nodes use.
         ir_version: the file's ONNX IR version (``ModelProto.ir_version``).
+        ops: the distinct ``(domain, op_type)`` of the nodes.
+        qdq: the distinct forms of the model's QuantizeLinear/DequantizeLinear nodes, as
+            ``(op_type, integer type, a zero point is not 0)``: the type of the zero point, or
+            of a DequantizeLinear's constant input (an int32 bias), or ``uint8`` for a
+            QuantizeLinear without one (ONNX's default); ``?`` where it is not a constant.
     """
 
     path: Path
@@ -118,6 +123,8 @@ class ModelInfo:
     opsets: Mapping[str, int] = field(default_factory=dict)
     node_domains: Tuple[str, ...] = ()
     ir_version: int = 0
+    ops: Tuple[Tuple[str, str], ...] = ()
+    qdq: Tuple[Tuple[str, str, bool], ...] = ()
 
     @property
     def file_bytes(self) -> int:
@@ -515,7 +522,29 @@ def _info_from_graph(
         opsets={o.domain: int(o.version) for o in model.opset_import},
         node_domains=tuple(sorted({n.domain for n in graph.node})),
         ir_version=int(model.ir_version),
+        ops=tuple(sorted({(n.domain, n.op_type) for n in graph.node})),
+        qdq=_qdq_forms(graph),
     )
+
+
+def _qdq_forms(graph: Any) -> Tuple[Tuple[str, str, bool], ...]:
+    """``ModelInfo.qdq``: what TensorRT's explicit quantization is judged by
+    (``edgewise.runtime.opsets.tensorrt_problems``)."""
+    consts = {t.name: t for t in graph.initializer}
+    forms = set()
+    for n in graph.node:
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear") or n.domain not in ("", "ai.onnx"):
+            continue
+        zp = consts.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+        if zp is not None:
+            nonzero = any(zp.int32_data) or any(zp.raw_data)
+            forms.add((n.op_type, INTEGER_TYPES.get(zp.data_type, str(zp.data_type)), bool(nonzero)))
+        elif n.op_type == "QuantizeLinear":
+            forms.add((n.op_type, "uint8", False))
+        else:
+            x = consts.get(n.input[0]) if n.input else None
+            forms.add((n.op_type, INTEGER_TYPES.get(x.data_type, str(x.data_type)) if x is not None else "?", False))
+    return tuple(sorted(forms))
 
 
 #: head strides of YOLOv5 P5 models (P6 models add 64)

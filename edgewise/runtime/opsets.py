@@ -14,11 +14,26 @@ quantizer writes into every model it saves. So the rule, kept here only:
   bundle refuses such a model (``edge.bundle``), ``edge model-info`` shows it.
 * :func:`unused_domains`: imports no node uses; ``edgewise model quantize`` drops them
   (``edgewise_tools.models.quantize``), which changes nothing a runtime computes.
+* :func:`tensorrt_problems`: what TensorRT 8.5's ONNX parser has no importer for, though ONNX
+  Runtime runs it: operators outside the ONNX domain, ONNX Runtime's dynamic and QOperator
+  quantization, and Q/DQ nodes that are not symmetric int8. TensorRT's explicit quantization
+  takes int8 with zero point 0 only (TensorRT developer guide, "Working with INT8", Q/DQ
+  layers; onnx-tensorrt's QuantizeLinear/DequantizeLinear importers), and its
+  DequantizeLinear does not take int32, which ONNX Runtime's quantizer writes for convolution
+  biases unless told not to (``QuantizeBias``). ONNX Runtime's CPU layout (uint8
+  activations with zero points, what ``edgewise model quantize --target cpu`` writes) fails
+  the engine build on the device.
+* :func:`model_problems`: both, for a model the device runs on TensorRT (``model.backend``
+  ``auto`` or ``tensorrt``); the Jetson bundle, ``edge model-info``, ``model info`` and
+  ``model quantize`` say them, and the TensorRT backend refuses such a model before it builds.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, List, Mapping, Optional
+from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from edgewise.runtime.metadata import ModelInfo
 
 #: the device's runtimes, as the messages name them
 DEVICE_RUNTIMES = "JetPack 5.1's TensorRT 8.5 and the bundle's ONNX Runtime 1.16.3"
@@ -27,6 +42,14 @@ DEVICE_OPSETS: Mapping[str, int] = {"": 17, "ai.onnx.ml": 3}
 #: newest ONNX IR version ONNX Runtime 1.16.3 loads (its load error: "Unsupported model IR
 #: version: 10, max supported IR version: 9"); IR 10 is what onnx >= 1.16 writes
 DEVICE_IR_VERSION = 9
+#: operators of the ONNX domain TensorRT 8.5's parser has no importer for, that quantizers
+#: write: ONNX Runtime's dynamic quantization (ConvInteger, MatMulInteger,
+#: DynamicQuantizeLinear) and its QOperator format (QLinearConv, QLinearMatMul)
+TENSORRT_NO_IMPORTER = frozenset({"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "QLinearConv",
+                                  "QLinearMatMul"})
+#: what to do about a quantized model TensorRT cannot build
+TENSORRT_FIX = ("quantize the float model with `edgewise model quantize --target tensorrt` (symmetric int8, "
+                "float biases), or run this one on ONNX Runtime (model.backend: onnxruntime, on the CPU)")
 
 
 def _domain(name: str) -> str:
@@ -69,6 +92,44 @@ def device_problems(
                    f"opset_version={limit}, dynamo=False)"
                    if not _domain(name) else f"its nodes need {label} opset {version}; a device cannot run them")
         else:
-            fix = "no node uses it: re-quantize with `edgewise model quantize`, which drops unused imports"
+            fix = ("no node uses it: drop the import (`edgewise model quantize` drops unused imports of the models "
+                   "it writes; for a float model: m = onnx.load(path); keep = [o for o in m.opset_import if o.domain "
+                   f"!= {name!r}]; del m.opset_import[:]; m.opset_import.extend(keep); onnx.save(m, path))")
         out.append(f"imports {label} opset {version}, newer than {DEVICE_RUNTIMES} load ({limit}); {fix}")
+    return out
+
+
+def tensorrt_problems(ops: Iterable[Tuple[str, str]], qdq: Iterable[Tuple[str, str, bool]]) -> List[str]:
+    """One line per part of a model TensorRT 8.5 cannot build, saying what to do; [] when none.
+    ``ops`` and ``qdq`` are ``ModelInfo.ops`` and ``ModelInfo.qdq``."""
+    ops = list(ops)
+    out = []
+    foreign = sorted(f"{d}:{op}" for d, op in ops if _domain(d))
+    if foreign:
+        out.append(f"uses operators outside the ONNX domain ({', '.join(foreign[:4])}"
+                   f"{', ...' if len(foreign) > 4 else ''}), which TensorRT 8.5 has no importer for; "
+                   "re-export the model without them, or run it on ONNX Runtime (model.backend: onnxruntime)")
+    unknown = sorted(op for d, op in ops if not _domain(d) and op in TENSORRT_NO_IMPORTER)
+    if unknown:
+        out.append(f"uses {', '.join(unknown)} (ONNX Runtime's dynamic or QOperator quantization), which "
+                   f"TensorRT 8.5 has no importer for; {TENSORRT_FIX}")
+    forms = set(qdq)
+    types = {t for _, t, _ in forms}
+    wrong = [f"{t} (TensorRT takes int8)" for t in sorted(types - {"int8", "int32", "?"})]
+    if "int32" in types:
+        wrong.append("int32 (quantized biases)")
+    if any(t == "int8" and nonzero for _, t, nonzero in forms):
+        wrong.append("int8 with zero points other than 0 (asymmetric)")
+    if wrong:
+        out.append(f"its QuantizeLinear/DequantizeLinear nodes use {', '.join(wrong)}: TensorRT 8.5 builds "
+                   f"symmetric int8 only (zero point 0); {TENSORRT_FIX}")
+    return out
+
+
+def model_problems(info: ModelInfo, tensorrt: bool = True) -> List[str]:
+    """What keeps a JetPack 5.1 device from running ``info``'s model: the imports both runtimes
+    load (:func:`device_problems`) and, where it runs on TensorRT, :func:`tensorrt_problems`."""
+    out = device_problems(info.opsets, info.node_domains, info.ir_version)
+    if tensorrt:
+        out.extend(tensorrt_problems(info.ops, info.qdq))
     return out

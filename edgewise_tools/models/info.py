@@ -89,7 +89,7 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
 
     from edgewise.runtime.firstframe import first_frame_problems
     from edgewise.runtime.metadata import imgsz_guess_warning, load_model_info
-    from edgewise.runtime.opsets import device_problems
+    from edgewise.runtime.opsets import model_problems
 
     info = load_model_info(Path(model_path), imgsz)
     model = onnx.load(str(info.path), load_external_data=False)
@@ -134,7 +134,7 @@ def describe(model_path: PathLike, imgsz: Union[int, Sequence[int], None] = None
         "dynamic_hw": info.dynamic_hw,
         "params": count_params(model),
         "opset": opset,
-        "jetpack51": device_problems(info.opsets, info.node_domains, info.ir_version),
+        "jetpack51": model_problems(info),
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
         "conv_nodes": len(convs),
         "int8_conv_nodes": int8_convs,
@@ -202,7 +202,7 @@ def format_description(d: Dict[str, Any]) -> str:
     err = d.get("graph_error")
     lines.append(f"graph      {'BROKEN: ' + err if err else 'valid (ONNX checker; ONNX Runtime loads and runs it)'}")
     lines.append("jetson     " + ("; ".join(d["jetpack51"]) if d.get("jetpack51") else
-                                  "its opsets load on JetPack 5.1 (TensorRT 8.5, ONNX Runtime 1.16.3)"))
+                                  "its opsets and operators load on JetPack 5.1 (TensorRT 8.5, ONNX Runtime 1.16.3)"))
     for w in d.get("warnings", []):
         lines.append(f"warning    {w}")
     return "\n".join(lines)

@@ -10,7 +10,8 @@ exactly as the runtime does (``edgewise.runtime.letterbox.preprocess_batch``), a
 streamed so memory stays bounded and progress can be shown; quantize with
 ``quantize_static`` in QDQ format, per-channel symmetric QInt8 weights and QUInt8
 activations (U8S8, ``reduce_range=False``: ORT's recommendation for x86 CPUs with VNNI;
-``target="tensorrt"`` makes activations symmetric QInt8, the only QDQ form TensorRT takes);
+``target="tensorrt"`` makes activations symmetric QInt8 and leaves biases float, the only
+QDQ form TensorRT takes: ``edgewise.runtime.opsets.tensorrt_problems``);
 copy the float model's metadata; load the result with ONNX Runtime and run one frame
 before it is moved into place; then compare INT8 against float detections on held-out
 frames (``edgewise_tools.models.agreement``) and time both (``edgewise_tools.models.heldout``).
@@ -53,7 +54,7 @@ from edgewise.runtime.metadata import (
     load_model_info,
     names_to_metadata,
 )
-from edgewise.runtime.opsets import device_problems, unused_domains
+from edgewise.runtime.opsets import model_problems, unused_domains
 from edgewise_tools.models.agreement import Agreement
 from edgewise_tools.models.calibration import (
     CalibrationReader,
@@ -373,6 +374,9 @@ def quantize(
         calib_seconds = time.perf_counter() - t_cal
         del pre_model
         if "detect_head" not in groups:
+                    # TensorRT's DequantizeLinear takes int8 only: its biases stay float (it
+                    # folds them into the INT8 convolution itself); opsets.tensorrt_problems
+                    "QuantizeBias": target != "tensorrt",
             _clip_head_ranges(staged, head_outputs)
         quant_meta = {"method": method, "frames": reader.frames_used, "target": target}
         extra = {"edgewise_quant": json.dumps(quant_meta)}
@@ -399,9 +403,8 @@ def quantize(
             "if agreement is poor, try --reduce-range"
         )
     out_info = load_model_info(out)
-    notes.extend(f"not loadable on a Jetson: {line}" for line in device_problems(out_info.opsets,
-                                                                              out_info.node_domains,
-                                                                              out_info.ir_version))
+    notes.extend(f"not loadable on a Jetson{' (TensorRT)' if target == 'cpu' else ''}: {line}"
+                 for line in model_problems(out_info))
     report = QuantReport(
         model_path=info.path,
         out_path=out,

@@ -10,7 +10,9 @@ load (fixed names in ``models/``):
   training size of 416 letterboxes to 416x234, exported as 256x416 instead of 416x416,
   the same pixels the square training size saw at 60% of the compute);
   ``edge-int8.onnx``: its static INT8 build (calibrated on training frames, agreement
-  measured on validation frames, ``edgewise_tools.models.quantize``);
+  measured on validation frames, ``edgewise_tools.models.quantize``) in ONNX Runtime's CPU
+  layout, and ``edge-int8-trt.onnx`` in TensorRT's (symmetric int8, float biases: the Jetson
+  bundle's model, ``edgewise.runtime.opsets.tensorrt_problems``);
 * ``cloud.onnx``: ``RUN/cloud/best.pt`` exported with a symbolic height/width and the
   metadata ``input_size: native``, so worker and evaluator run it at each image's
   native size (input size ``auto``: a whole frame as 1280x736, a region at its own size);
@@ -98,18 +100,26 @@ def export_pair(run: Path, models: Path, edge_stage: str, shape: Optional[Tuple[
     return out
 
 
-def quantize_edge(run: Path, edge: Path, samples: int, threads: int) -> Path:
-    """``edge-int8.onnx`` next to ``edge`` (kept when newer); the report goes to ``RUN/quantize.json``."""
+#: quantize target -> (the INT8 file's suffix next to ``edge.onnx``, its report in the run folder)
+INT8_FILES = {"cpu": ("-int8.onnx", "quantize.json"), "tensorrt": ("-int8-trt.onnx", "quantize-trt.json")}
+
+
+def quantize_edge(run: Path, edge: Path, samples: int, threads: int, target: str = "cpu") -> Path:
+    """``edge-int8.onnx`` (ONNX Runtime's CPU layout: the demo, the evaluations) or, for
+    ``target="tensorrt"``, ``edge-int8-trt.onnx`` (symmetric int8, what a Jetson's TensorRT
+    builds: the bundle's model) next to ``edge``, kept when newer; the report goes to
+    ``RUN/quantize.json`` / ``RUN/quantize-trt.json``."""
     from edgewise_tools.models.quantize import quantize
 
-    int8 = edge.with_name(edge.stem + "-int8.onnx")
+    suffix, report_name = INT8_FILES[target]
+    int8 = edge.with_name(edge.stem + suffix)
     if _newer(int8, edge):
         return int8
     t0 = time.monotonic()
     report = quantize(edge, run / "data" / DATA["train"] / "images", samples=samples, out_path=int8, holdout=50,
-                      holdout_source=run / "data" / DATA["val"] / "images", threads=threads)
-    (run / "quantize.json").write_text(json.dumps({"seconds": round(time.monotonic() - t0, 1),
-                                                   "report": report.as_dict()}, indent=1, default=str))
+                      holdout_source=run / "data" / DATA["val"] / "images", threads=threads, target=target)
+    (run / report_name).write_text(json.dumps({"seconds": round(time.monotonic() - t0, 1),
+                                               "report": report.as_dict()}, indent=1, default=str))
     return int8
 
 
@@ -147,7 +157,8 @@ def package(run: Path, models: Path, edge_stage: Optional[str] = None, shape: Op
         edge_stage = steps[-1]
     files = export_pair(run, models, edge_stage, shape)
     int8 = quantize_edge(run, files["edge"], calib_samples, threads)
-    conf = operating_points(run, [files["edge"], files["cloud"], int8], max(threads, 2))
+    int8_trt = quantize_edge(run, files["edge"], calib_samples, threads, target="tensorrt")
+    conf = operating_points(run, [files["edge"], files["cloud"], int8, int8_trt], max(threads, 2))
     todo = [("edge_float", files["edge"]), ("edge_int8", int8), ("cloud_float", files["cloud"])]
     tests = {mix: run / "data" / folder for mix, folder in TESTS.items() if (run / "data" / folder).is_dir()}
     by_test: Dict[str, Dict[str, Any]] = {mix: {} for mix in tests}
@@ -169,8 +180,9 @@ def package(run: Path, models: Path, edge_stage: Optional[str] = None, shape: Op
                            for k in (*steps, "cloud") if (run / k / "summary.json").exists()}
     for k in summary["training"].values():
         k.pop("history", None)
-    if (run / "quantize.json").exists():
-        summary["quantize"] = json.loads((run / "quantize.json").read_text())
+    for key, (_, report_name) in (("quantize", INT8_FILES["cpu"]), ("quantize_tensorrt", INT8_FILES["tensorrt"])):
+        if (run / report_name).exists():
+            summary[key] = json.loads((run / report_name).read_text())
     cam = by_test.get("camera", {})
     if "edge_int8" in cam and "cloud_float" in cam:
         e, c = cam["edge_int8"], cam["cloud_float"]

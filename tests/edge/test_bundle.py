@@ -381,19 +381,40 @@ def test_a_model_the_device_cannot_load_is_refused(tmp_path, tiny_model) -> None
     model = onnx.load(str(tiny_model))
     model.opset_import.add(domain="ai.onnx.ml", version=5)  # what ONNX Runtime's newer quantizer writes
     onnx.save(model, str(tmp_path / "newer.onnx"))
-    with pytest.raises(InvalidInputError, match=r"--model .*newer.onnx: imports ai.onnx.ml opset 5, newer than "
-                                                r"JetPack 5.1's .* re-quantize with `edgewise model quantize`"):
+    with pytest.raises(InvalidInputError, match=r"--model .*newer.onnx \(model.backend tensorrt in .*\): imports ai.onnx.ml opset 5, newer than "
+                                                r"JetPack 5.1's .* drop the import \(`edgewise model quantize` drops"):
         B.bundle(B.BundleOptions(out_dir=tmp_path / "dist", model=tmp_path / "newer.onnx"))
     assert not (tmp_path / "dist").exists() or not any((tmp_path / "dist").iterdir())
 
 
 def test_the_shipped_models_load_on_the_device() -> None:
+    """The bundle's default model builds on TensorRT; the INT8 models in ONNX Runtime's CPU layout
+    (the demo's, the evaluations') load on the device's ONNX Runtime only."""
     from edgewise.runtime.metadata import load_model_info
-    from edgewise.runtime.opsets import device_problems
+    from edgewise.runtime.opsets import model_problems
 
-    for path in (B.DEFAULT_MODEL, ROOT / "models" / "edge-int8.onnx"):
+    assert B.DEFAULT_MODEL.name == "edge-int8-trt.onnx"
+    assert model_problems(load_model_info(B.DEFAULT_MODEL)) == []
+    for path in (ROOT / "models" / "camera" / "edge-int8.onnx", ROOT / "models" / "edge-int8.onnx"):
         info = load_model_info(path)
-        assert device_problems(info.opsets, info.node_domains) == [], path
+        assert model_problems(info, tensorrt=False) == [], path
+        assert model_problems(info) != [], path
+
+
+def test_a_model_tensorrt_cannot_build_is_refused_unless_the_shipped_settings_run_onnx_runtime(tmp_path) -> None:
+    """The bundle shipped `models/camera/edge-int8.onnx` (uint8 activations, int32 biases) with
+    `model.backend: tensorrt`: the device's engine build failed (found by a probe). Such a model
+    is refused, saying what to do, unless the edge.yaml shipped with it runs ONNX Runtime."""
+    cpu_layout = ROOT / "models" / "camera" / "edge-int8.onnx"
+    with pytest.raises(InvalidInputError, match=r"--model .*edge-int8.onnx \(model.backend tensorrt in .*edge.yaml\): "
+                                                r"its QuantizeLinear/DequantizeLinear nodes use uint8 .*--target tensorrt"):
+        B.check_options(B.BundleOptions(out_dir=tmp_path / "dist", model=cpu_layout))
+    on_cpu = tmp_path / "edge.yaml"
+    on_cpu.write_text((B.JETSON / "edge.yaml").read_text().replace("backend: tensorrt", "backend: onnxruntime"))
+    assert B.shipped_backend(on_cpu) == "onnxruntime"
+    B.check_options(B.BundleOptions(out_dir=tmp_path / "dist", model=cpu_layout, edge_config=on_cpu))
+    on_cpu.write_text("model: {path: /m.onnx}\n")
+    assert B.shipped_backend(on_cpu) == "auto"  # the default runs TensorRT where it can
 
 
 def test_cli(tmp_path, tiny_model) -> None:

@@ -45,6 +45,7 @@ from edgewise.imagefiles import IMAGE_SUFFIXES, read_image_file
 from edgewise.runtime.backends.cudart import CudaRuntime, device_name
 from edgewise.runtime.letterbox import preprocess_batch
 from edgewise.runtime.metadata import ModelInfo
+from edgewise.runtime.opsets import tensorrt_problems
 
 log = logging.getLogger(__name__)
 
@@ -288,11 +289,14 @@ def build_engine(
         config.max_workspace_size = workspace_mb << 20
     h, w = info.imgsz
     profile = None
-    if info.dynamic_batch:
-        opt = calibration.batch_size if calibration is not None else 1
-        opt = max(1, min(opt, max_batch))
+    if info.dynamic_batch or info.dynamic_hw:  # any dynamic input dimension needs a profile
+        if info.dynamic_batch:
+            opt = max(1, min(calibration.batch_size if calibration is not None else 1, max_batch))
+            least, most = 1, max_batch
+        else:  # a fixed batch with a symbolic height/width: the engine is built for info.imgsz
+            least = opt = most = max(1, info.fixed_batch)
         profile = builder.create_optimization_profile()
-        profile.set_shape(info.input_name, (1, 3, h, w), (opt, 3, h, w), (max_batch, 3, h, w))
+        profile.set_shape(info.input_name, (least, 3, h, w), (opt, 3, h, w), (most, 3, h, w))
         config.add_optimization_profile(profile)
     if precision in ("fp16", "int8") and getattr(builder, "platform_has_fast_fp16", True):
         config.set_flag(trt.BuilderFlag.FP16)
@@ -354,6 +358,12 @@ class TensorRTBackend:
         self.stream: Any = self.cuda.stream()
         self._dev: dict = {}
         self._in_dtype = np.float16 if self._io_dtype(info.input_name) == np.float16 else np.float32
+        #: outputs besides the detections (older YOLOv5 exports add the three raw head maps):
+        #: TensorRT runs only with an address for every I/O tensor, so each gets a buffer, unread
+        eng = self.engine
+        names = ([eng.get_tensor_name(i) for i in range(eng.num_io_tensors)] if self.tensor_api
+                 else [eng.get_binding_name(i) for i in range(eng.num_bindings)])
+        self._extra = [n for n in names if n not in (info.input_name, info.output_name)]
         self.name = f"tensorrt[{trt.__version__}]"
 
     @classmethod
@@ -365,7 +375,12 @@ class TensorRTBackend:
         max_batch: int = 8,
         calibration: Optional[CalibrationBatches] = None,
     ) -> TensorRTBackend:
-        """Load the cached engine for this model/GPU/TensorRT, building it on a miss."""
+        """Load the cached engine for this model/GPU/TensorRT, building it on a miss; a model
+        TensorRT cannot build is refused first, in words (``opsets.tensorrt_problems``), rather
+        than by the ONNX parser's first error on the device."""
+        problems = tensorrt_problems(info.ops, info.qdq)
+        if problems:
+            raise ModelError(f"{info.path}: TensorRT cannot build this model: {'; '.join(problems)}")
         path, prec, mb = engine_file(info, cache_dir, precision, max_batch)
         cdir = path.parent
         if path.is_file():
@@ -409,16 +424,24 @@ class TensorRTBackend:
         if self.tensor_api:
             ctx.set_tensor_address(inp, int(d_in))
             ctx.set_tensor_address(outn, int(d_out))
+            for name in self._extra:
+                ctx.set_tensor_address(name, int(self._extra_buffer(name, ctx.get_tensor_shape(name))))
             ok = ctx.execute_async_v3(h)
         else:
             bindings = [0] * eng.num_bindings
             bindings[i_in], bindings[i_out] = int(d_in), int(d_out)
+            for name in self._extra:
+                i = eng.get_binding_index(name)
+                bindings[i] = int(self._extra_buffer(name, ctx.get_binding_shape(i)))
             ok = ctx.execute_async_v2(bindings, h)
         if not ok:
             raise ModelError(f"{self.info.path}: TensorRT execution failed")
         self.cuda.dtoh(out, d_out, self.stream)
         self.cuda.sync(self.stream)
         return out
+
+    def _extra_buffer(self, name: str, shape: Any) -> Any:
+        return self._buffer(name, int(np.prod(tuple(shape))) * np.dtype(self._io_dtype(name)).itemsize)
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(batch, dtype=self._in_dtype)

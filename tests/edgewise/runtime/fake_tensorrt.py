@@ -10,7 +10,7 @@ exists (see test_tensorrt.py).
 from __future__ import annotations
 
 import types
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
@@ -31,8 +31,11 @@ def onnx_model_fn(model: Any, cuda: HostCuda) -> Any:
     return model_fn, sess
 
 
-def make(version: str, tensor_api: bool, model_fn: Any) -> types.SimpleNamespace:
+def make(version: str, tensor_api: bool, model_fn: Any, extra_outputs: Sequence[str] = ()) -> types.SimpleNamespace:
+    """``extra_outputs``: output tensors besides ``output0`` (older YOLOv5 exports add the three
+    raw head maps); like TensorRT, execution fails unless every I/O tensor has an address."""
     calls: List[Any] = []
+    io_names = ["images", "output0", *extra_outputs]
     major = int(version.split(".")[0])
 
     class Logger:
@@ -142,13 +145,15 @@ def make(version: str, tensor_api: bool, model_fn: Any) -> types.SimpleNamespace
             return True
 
         def get_tensor_shape(self, name: str) -> Any:
-            return self._out()
+            return self._out() if name == "output0" else (self.shape["images"][0], 3, 4, 4, 7)
 
         def set_tensor_address(self, name: str, ptr: int) -> None:
             self.addr[name] = ptr
 
         def execute_async_v3(self, stream: int) -> bool:
             calls.append(("execute_async_v3",))
+            if set(self.addr) != set(io_names) or not all(self.addr.values()):
+                return False  # TensorRT: "Address is not set for output tensor ..."
             model_fn(self.addr["images"], self.addr["output0"], self.shape["images"])
             return True
 
@@ -158,15 +163,24 @@ def make(version: str, tensor_api: bool, model_fn: Any) -> types.SimpleNamespace
             return True
 
         def get_binding_shape(self, idx: int) -> Any:
-            return self._out()
+            return self._out() if idx == 1 else (self.shape["images"][0], 3, 4, 4, 7)
 
         def execute_async_v2(self, bindings: List[int], stream: int) -> bool:
             calls.append(("execute_async_v2",))
+            if len(bindings) != len(io_names) or not all(bindings):
+                return False
             model_fn(bindings[0], bindings[1], self.shape["images"])
             return True
 
     class Engine:
-        num_bindings = 2
+        num_bindings = len(io_names)
+        num_io_tensors = len(io_names)
+
+        def get_tensor_name(self, i: int) -> str:
+            return io_names[i]
+
+        def get_binding_name(self, i: int) -> str:
+            return io_names[i]
 
         def create_execution_context(self) -> Context:
             return TensorContext(self) if tensor_api else BindingContext(self)
@@ -175,7 +189,7 @@ def make(version: str, tensor_api: bool, model_fn: Any) -> types.SimpleNamespace
             return DataType.FLOAT
 
         def get_binding_index(self, name: str) -> int:
-            return 0 if name == "images" else 1
+            return io_names.index(name)
 
         def get_binding_dtype(self, idx: int) -> Any:
             return DataType.FLOAT

@@ -19,7 +19,7 @@ def test_unused_domains_never_names_the_default_one() -> None:
 def test_an_unused_import_newer_than_the_device_says_to_requantize() -> None:
     (line,) = device_problems(QUANTIZER_IMPORTS, [""])
     assert line.startswith("imports ai.onnx.ml opset 5, newer than JetPack 5.1's TensorRT 8.5")
-    assert "(3); no node uses it: re-quantize with `edgewise model quantize`" in line
+    assert "(3); no node uses it: drop the import (`edgewise model quantize` drops unused imports" in line
 
 
 def test_a_used_domain_beyond_the_device_cannot_be_dropped() -> None:
@@ -33,3 +33,26 @@ def test_a_used_domain_beyond_the_device_cannot_be_dropped() -> None:
 def test_what_the_device_loads_passes() -> None:
     assert device_problems({"": DEVICE_OPSETS[""]}, [""]) == []
     assert device_problems({"ai.onnx": 12, "ai.onnx.ml": 3, "com.microsoft": 1}, ["", "com.microsoft"]) == []
+
+
+def test_tensorrt_takes_symmetric_int8_qdq_and_the_onnx_domain_only() -> None:
+    """ONNX Runtime's CPU layout (uint8 activations with zero points, int32 biases), asymmetric
+    int8, dynamic and QOperator quantization and contrib operators are each named with what to do;
+    symmetric int8 Q/DQ (what `--target tensorrt` writes) and plain operators pass."""
+    from edgewise.runtime.opsets import tensorrt_problems
+
+    plain = [("", "Conv"), ("", "Sigmoid")]
+    assert tensorrt_problems(plain, []) == []
+    assert tensorrt_problems(plain + [("", "QuantizeLinear"), ("", "DequantizeLinear")],
+                             [("QuantizeLinear", "int8", False), ("DequantizeLinear", "int8", False),
+                              ("DequantizeLinear", "?", False)]) == []
+    (line,) = tensorrt_problems(plain, [("QuantizeLinear", "uint8", True), ("DequantizeLinear", "int32", False),
+                                        ("DequantizeLinear", "int8", False)])
+    assert "uint8 (TensorRT takes int8), int32 (quantized biases): TensorRT 8.5 builds symmetric int8 only" in line
+    assert "`edgewise model quantize --target tensorrt`" in line and "model.backend: onnxruntime" in line
+    (line,) = tensorrt_problems(plain, [("QuantizeLinear", "int8", True)])
+    assert "int8 with zero points other than 0 (asymmetric)" in line
+    (line,) = tensorrt_problems(plain + [("", "DynamicQuantizeLinear"), ("", "ConvInteger")], [])
+    assert line.startswith("uses ConvInteger, DynamicQuantizeLinear (ONNX Runtime's dynamic or QOperator")
+    (line,) = tensorrt_problems(plain + [("com.microsoft", "QLinearSigmoid")], [])
+    assert "outside the ONNX domain (com.microsoft:QLinearSigmoid)" in line

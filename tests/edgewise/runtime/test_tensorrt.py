@@ -13,6 +13,7 @@ from edgewise.errors import ConfigError, DeploymentError, InvalidInputError
 from edgewise.runtime.backends import tensorrt as trtb
 from edgewise.runtime.letterbox import preprocess_batch
 from edgewise.runtime.metadata import load_model_info
+from tests.conftest import ROOT
 
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None
 
@@ -234,4 +235,77 @@ def test_engine_cache_and_run_on_both_apis(fake_trt, tmp_path: Path, version, te
     builds = sum(1 for c in mod.calls if c[0] == "build")
     trtb.TensorRTBackend.from_onnx(info, cache_dir=tmp_path / "eng", precision="fp16", max_batch=2)
     assert sum(1 for c in mod.calls if c[0] == "build") == builds  # second open hits the cache
+    be.close()
+
+
+def test_a_model_in_onnx_runtimes_cpu_layout_is_refused_before_the_build(fake_trt, tmp_path: Path):
+    """The Jetson bundle shipped the CPU layout of the INT8 model (uint8 activations with zero
+    points, int32 biases), which TensorRT's parser refuses (found by a probe): the engine build
+    failed on the device with the parser's first error. It is refused before the build, saying
+    what to do; the TensorRT layout builds."""
+    from edgewise.errors import ModelError
+
+    install, _, _ = fake_trt
+    mod = install("8.5.2.2", True)
+    cpu_layout = load_model_info(ROOT / "models" / "camera" / "edge-int8.onnx")
+    with pytest.raises(ModelError, match=r"edge-int8.onnx: TensorRT cannot build this model: its QuantizeLinear/"
+                                         r"DequantizeLinear nodes use uint8 .*--target tensorrt"):
+        trtb.TensorRTBackend.from_onnx(cpu_layout, cache_dir=tmp_path / "eng", precision="int8")
+    assert not any(c[0] in ("parse", "build") for c in mod.calls)
+    trt_layout = load_model_info(ROOT / "models" / "camera" / "edge-int8-trt.onnx")
+    assert trtb.build_engine(trt_layout, "int8") == b"ENGINE"
+
+
+def test_backend_auto_runs_what_tensorrt_cannot_build_on_onnx_runtime(monkeypatch, caplog):
+    """Where TensorRT is usable, ``auto`` chose it for any model, so a CPU-layout INT8 model failed
+    to build; it now runs on ONNX Runtime with a warning that says why and what to do, and an
+    explicit ``tensorrt`` backend is refused."""
+    from edgewise.errors import ModelError
+    from edgewise.runtime import detector as det
+
+    monkeypatch.setattr(det, "tensorrt_unusable_reason", lambda: "")
+    model = ROOT / "models" / "camera" / "edge-int8.onnx"
+    d = det.Detector.from_file(model, backend="auto", threads=1)
+    assert type(d.backend).__name__ == "OnnxRuntimeBackend"
+    assert "backend auto: TensorRT cannot build" in caplog.text and "--target tensorrt" in caplog.text
+    monkeypatch.setattr(trtb, "import_tensorrt", lambda: (_ for _ in ()).throw(AssertionError("no build")))
+    with pytest.raises(ModelError, match="TensorRT cannot build this model"):
+        det.Detector.from_file(model, backend="tensorrt")
+
+
+def test_a_fixed_batch_with_a_symbolic_height_and_width_gets_a_profile(fake_trt):
+    """A profile was made for a dynamic batch only: a fixed-batch export with a symbolic
+    height/width (accepted by `model info` and ONNX Runtime) had none, which TensorRT refuses
+    for a network with dynamic inputs (found by a probe). It gets one, for the model's size."""
+    import dataclasses
+
+    install, model, _ = fake_trt
+    mod = install("8.5.2.2", True)
+    info = dataclasses.replace(load_model_info(model), dynamic_batch=False, fixed_batch=2, dynamic_hw=True)
+    trtb.build_engine(info, "fp16", max_batch=8)
+    assert ("profile.set_shape", "images", (2, 3, 32, 32), (2, 3, 32, 32), (2, 3, 32, 32)) in mod.calls
+    mod.calls.clear()
+    trtb.build_engine(dataclasses.replace(info, dynamic_hw=False), "fp16")
+    assert not any(c[0] == "profile.set_shape" for c in mod.calls)  # static: no profile needed
+
+
+@pytest.mark.parametrize("version, tensor_api", [("10.3.0", True), ("8.4.3", False)])
+def test_every_output_of_a_model_with_extra_outputs_gets_a_buffer(fake_trt, monkeypatch, tmp_path: Path, version,
+                                                                   tensor_api):
+    """Only the detections' output got an address: a model that also outputs the raw head maps
+    (older YOLOv5 exports) failed TensorRT's execution, which needs one for every I/O tensor
+    (found by a probe). Each extra output gets a buffer, and the detections are read as before."""
+    from tests.edgewise.runtime import fake_tensorrt
+
+    _, model, sess = fake_trt
+    cuda = fake_tensorrt.HostCuda()
+    model_fn, _ = fake_tensorrt.onnx_model_fn(model, cuda)
+    mod = fake_tensorrt.make(version, tensor_api, model_fn, extra_outputs=("345", "403", "461"))
+    monkeypatch.setattr(trtb, "import_tensorrt", lambda: mod)
+    monkeypatch.setattr(trtb, "_Cuda", lambda: cuda)
+    monkeypatch.setattr(trtb, "cuda_device_name", lambda: "Fake GPU")
+    info = load_model_info(model)
+    be = trtb.TensorRTBackend.from_onnx(info, cache_dir=tmp_path / "eng", precision="fp16", max_batch=2)
+    x = np.random.default_rng(0).random((2, 3, 32, 32), dtype=np.float32)
+    np.testing.assert_allclose(be.run(x), sess.run(None, {"images": x})[0], rtol=1e-6)
     be.close()
