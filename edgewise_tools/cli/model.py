@@ -98,7 +98,9 @@ def register(subparsers: Any) -> None:
         "--holdout-source", default=None, help="take held-out frames from this folder/video instead"
     )
     p.add_argument(
-        "--conf", type=float, default=0.25, help="confidence threshold of the agreement check"
+        "--conf", type=float, default=None,
+        help="confidence threshold of the agreement check (default: the model's own, metadata "
+             "edgewise_conf_thres, else 0.25)"
     )
     p.add_argument(
         "--threads", type=int, default=0, help="ONNX Runtime threads for the check (0 = all)"

@@ -47,6 +47,7 @@ from edgewise.errors import EdgewiseError, InvalidInputError, ModelError
 from edgewise.runtime.cpu import cpu_lacks_vnni
 from edgewise.runtime.firstframe import first_frame_problem
 from edgewise.runtime.metadata import (
+    DEFAULT_CONF,
     ModelInfo,
     check_output,
     find_sidecar,
@@ -224,7 +225,7 @@ def quantize(
     keep_float: Union[str, Sequence[str], None] = DEFAULT_KEEP_FLOAT,
     holdout: int = 50,
     holdout_source: Optional[PathLike] = None,
-    conf_thres: float = 0.25,
+    conf_thres: Optional[float] = None,
     iou_thres: float = 0.45,
     threads: int = 0,
     progress: Optional[Progress] = None,
@@ -245,7 +246,8 @@ def quantize(
             given, else from ``calib`` disjoint from the calibration frames; 0 skips it.
             The same frames time both models (``QuantReport.speed``).
         conf_thres, iou_thres: decode thresholds of the agreement check, in [0, 1] (checked
-            before anything runs).
+            before anything runs); ``conf_thres`` None is the model's own threshold (metadata
+            ``edgewise_conf_thres``, what the edge, the worker and ``eval`` run it at), else 0.25.
         threads: intra-op threads of the agreement sessions (0 = ORT default).
         progress: ``progress(stage, done, total)`` callback.
         op_types: operator types to quantize (default: per ``target``, see ``TARGETS``).
@@ -271,6 +273,8 @@ def quantize(
     ops = list(op_types) if op_types is not None else (list(default_ops) if default_ops else None)
     groups = parse_keep_float(keep_float)
     info = load_model_info(Path(model_path), imgsz)
+    if conf_thres is None:  # the agreement is measured where the runtime runs the model
+        conf_thres = info.conf_thres if info.conf_thres is not None else DEFAULT_CONF
     if info.precision == "int8":
         raise InvalidInputError(f"{info.path} is already quantized (int8); pass the float model")
     if info.precision == "float16":  # ONNX Runtime's calibration feeds float32 and fails deep inside
@@ -369,14 +373,14 @@ def quantize(
                     "WeightSymmetric": True,
                     "ActivationSymmetric": act_name == "QInt8",
                     "CalibPercentile": 99.999,
+                    # TensorRT's DequantizeLinear takes int8 only: its biases stay float (it
+                    # folds them into the INT8 convolution itself); opsets.tensorrt_problems
+                    "QuantizeBias": target != "tensorrt",
                 },
             )
         calib_seconds = time.perf_counter() - t_cal
         del pre_model
         if "detect_head" not in groups:
-                    # TensorRT's DequantizeLinear takes int8 only: its biases stay float (it
-                    # folds them into the INT8 convolution itself); opsets.tensorrt_problems
-                    "QuantizeBias": target != "tensorrt",
             _clip_head_ranges(staged, head_outputs)
         quant_meta = {"method": method, "frames": reader.frames_used, "target": target}
         extra = {"edgewise_quant": json.dumps(quant_meta)}
@@ -451,12 +455,12 @@ def quantize(
     return report
 
 
-def _check_numbers(conf_thres: float, iou_thres: float, threads: int) -> None:
+def _check_numbers(conf_thres: Optional[float], iou_thres: float, threads: int) -> None:
     """The agreement check's options, refused before anything runs (calibration takes
     minutes): one line naming the flag, as ``edgewise eval``'s option checks do."""
     for flag, value, meaning in (("--conf", conf_thres, "the agreement check's confidence threshold"),
                                  ("iou_thres", iou_thres, "the agreement check's NMS IoU threshold")):
-        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
             raise InvalidInputError(f"{flag} {value:g}: must be in [0, 1] ({meaning})")
     if threads < 0:
         raise InvalidInputError(f"--threads {threads}: must be >= 0 (ONNX Runtime threads; 0 = its default)")

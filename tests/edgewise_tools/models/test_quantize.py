@@ -619,3 +619,20 @@ def test_an_int8_model_that_fails_the_output_check_is_said_to_be_the_quantizatio
                                          r"sigmoid probabilities.*\); keep the detect head in float"):
         _validate_staged(staged, good, np.zeros((1, 3, S, S), np.float32))
     _validate_staged(tmp_path / "float.onnx", good, np.zeros((1, 3, S, S), np.float32))  # a good one passes
+
+
+def test_the_agreement_is_measured_at_the_models_own_threshold(tiny_model, photos, tmp_path):
+    """The report said "at conf 0.25" for a model whose metadata states 0.6, the threshold the
+    edge, the worker and `eval` run it at (found by a probe); --conf still overrides it."""
+    import shutil
+
+    from edgewise.runtime.metadata import CONF_KEY
+    from edgewise_tools.models.quantize import set_metadata
+
+    model = tmp_path / "own.onnx"
+    shutil.copy(tiny_model, model)
+    set_metadata(model, {CONF_KEY: "0.6"})
+    report = quantize(model, photos, samples=4, holdout=2, out_path=tmp_path / "q.onnx")
+    assert report.conf_thres == 0.6 and "at conf 0.6" in report.summary()
+    assert quantize(model, photos, samples=4, holdout=2, conf_thres=0.3,
+                    out_path=tmp_path / "q2.onnx").conf_thres == 0.3
