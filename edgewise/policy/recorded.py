@@ -103,7 +103,9 @@ HEAD_LINES = 100
 #: 260 MB, an endless one all of it, then a MemoryError traceback).
 MAX_LINE = 1 << 20
 #: What :func:`_lines` gives for a line longer than :data:`MAX_LINE`: no JSON, told by identity.
-TOO_LONG = "\0"
+#: Not one character: CPython shares one object per one-character string, so a last line of
+#: just a NUL was counted as too long (found by a probe).
+TOO_LONG = "\0(a line longer than MAX_LINE)\0"
 #: Errors of a read that fails part way: a gzip file cut short (EOFError), gzip's magic
 #: followed by junk (``gzip.BadGzipFile``, an OSError) or a corrupt deflate stream
 #: (``zlib.error``), a disk error.

@@ -350,6 +350,17 @@ def test_a_negative_or_missing_size_is_skipped_never_an_uplink_under_any_gate(tm
         assert gate_failures(rep, [], None, 1000.0, False)
 
 
+def test_a_last_line_of_one_nul_byte_is_not_json_not_too_long(tmp_path: Path) -> None:
+    """A file that ends in one NUL byte (a crash) was said to have a line longer than 1 MB: the
+    marker of a too-long line was the one-character string "\\0", which CPython shares with the
+    line read (found by a probe)."""
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(lines_of(daemon_records(LAX, WAVE[:5])) + b"\0")
+    reading = Reading()
+    assert len(list(frames([str(path)], reading))) == 5
+    assert (reading.too_long, reading.not_json) == (0, 1)
+
+
 def test_a_line_longer_than_any_record_is_skipped_in_pieces_and_said(tmp_path: Path) -> None:
     """A run of NUL bytes a crash left (or a file that is not the sink's) made one line of all of
     it: the replay held it whole (a 64 MB line took 260 MB; /dev/zero all memory, then a
