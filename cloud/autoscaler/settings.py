@@ -22,6 +22,7 @@ from cloud.autoscaler.scaling import (
     default_scale_down,
     default_scale_up,
 )
+from cloud.discovery.kubeclient import read_token_file
 from edgewise.errors import ConfigError
 from edgewise.settings import Flag, Invalid, Schema, setting
 
@@ -186,7 +187,7 @@ def with_token(settings: AutoscalerSettings) -> AutoscalerSettings:
     k = settings.kubernetes
     if k.token_file and k.token is None:
         try:
-            k.token = Path(k.token_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"kubernetes.token_file {k.token_file}: cannot read it ({exc.strerror})") from None
+            k.token = read_token_file(k.token_file)
+        except ConfigError as exc:
+            raise ConfigError(f"kubernetes.token_file {k.token_file}: cannot read it ({exc})") from None
     return settings

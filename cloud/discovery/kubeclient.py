@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgewise.errors import ConfigError
+from edgewise.filereads import read_capped
 from edgewise.filewatch import Identities, ReloadDecision, identities_of
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,24 @@ def _set_token(cfg: Any, token: str) -> None:
     cfg.api_key = {"BearerToken": token, "authorization": token}
 
 
+def read_token_file(path: str) -> str:
+    """The bearer token in the file at ``path`` (a projected service account token), stripped;
+    ConfigError saying what is wrong (unreadable, not a regular file: a named pipe would block,
+    not UTF-8, empty). The one rule of the gateway's discovery and the autoscaler, at start and
+    at every rotation (``_TokenFile``): the start took an empty file as the token ``''`` and
+    a non-UTF-8 one was a traceback (found by a probe)."""
+    try:
+        data, _ = read_capped(path, 1 << 20, "a token file")
+        token = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError("it is not UTF-8 text (a bearer token is)") from None
+    except OSError as exc:
+        raise ConfigError(str(exc.strerror or exc)) from None
+    if not token:
+        raise ConfigError("it is empty")
+    return token
+
+
 class _TokenFile:
     """``Configuration.refresh_api_key_hook`` (called before every request) that re-reads the token
     file when it changed, by the rule every followed file has (``edgewise.filewatch.ReloadDecision``):
@@ -117,14 +136,7 @@ class _TokenFile:
         return self
 
     def _read(self) -> str:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                token = f.read(1 << 20).strip()
-        except OSError as exc:
-            raise ConfigError(str(exc.strerror or exc)) from None
-        if not token:
-            raise ConfigError("it is empty")
-        return token
+        return read_token_file(self.path)
 
     def __call__(self, cfg: Any) -> None:
         with self._lock:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.discovery.base import Endpoint, EndpointState
-from cloud.discovery.kubeclient import KubeAccess, build_api_client
+from cloud.discovery.kubeclient import KubeAccess, build_api_client, read_token_file
 from cloud.discovery.static import format_address
 from edgewise.errors import ConfigError
 
@@ -199,9 +199,9 @@ class KubernetesDiscovery:
         if access is None and api_client is None:
             if token_file and not token:
                 try:
-                    token = Path(token_file).read_text(encoding="utf-8").strip()
-                except OSError as exc:
-                    raise ConfigError(f"kubernetes discovery: token_file {token_file}: {exc.strerror}") from None
+                    token = read_token_file(token_file)
+                except ConfigError as exc:
+                    raise ConfigError(f"kubernetes discovery: token_file {token_file}: {exc}") from None
             access = KubeAccess(api_server=api_server, token=token, token_file=token_file, ca_file=ca_file,
                                 verify_tls=verify_tls,
                                 kubeconfig=kubeconfig, context=context)

@@ -202,3 +202,21 @@ def test_example_config_loads_with_hpa_defaults():
     assert s.scale_up == default_scale_up() and s.scale_down == default_scale_down()
     sc = s.scaler_config()
     assert sc.target_load == DEFAULT_TARGET_LOAD and sc.target_utilization is None and s.max_replicas == 20
+
+
+def test_a_token_file_the_rotation_would_refuse_is_refused_at_the_start_too(tmp_path):
+    """The start took an empty token file as the token '' and a non-UTF-8 one was a traceback,
+    while the rotation refused both (found by a probe): one rule, ``kubeclient.read_token_file``."""
+    token = tmp_path / "token"
+    flags = {"gateway_urls": ["http://g:1"], "kubernetes.token_file": str(token)}
+    for data, why in ((b"", "it is empty"), (b"\xff\xfe tok", "not UTF-8"), (None, "named pipe")):
+        if data is None:
+            token.unlink()
+            os.mkfifo(token)
+        else:
+            token.write_bytes(data)
+        with pytest.raises(ConfigError, match=rf"kubernetes.token_file {token}: cannot read it \(.*{why}"):
+            load_settings(None, flags, environ={})
+    token.unlink()
+    token.write_text(" secret\n")
+    assert load_settings(None, flags, environ={}).kubernetes.token == "secret"

@@ -20,6 +20,7 @@ import pytest
 from cloud.autoscaler.kube import DeploymentScale, ScaleState
 from cloud.discovery import kubeclient
 from cloud.discovery.kubeclient import KubeAccess, build_api_client
+from edgewise import filereads
 from edgewise.errors import ConfigError, UnavailableError
 from tests.listener import Listener
 
@@ -136,7 +137,7 @@ def test_a_rotated_token_file_is_used_from_the_next_call(tmp_path: Path, caplog:
                 raise OSError(errno.EIO, os.strerror(errno.EIO), file)
             return real_open(file, *args, **kwargs)
 
-        monkeypatch.setattr(kubeclient, "open", flaky_open, raising=False)
+        monkeypatch.setattr(filereads, "open", flaky_open, raising=False)
         _project_token(tmp_path, "fourth", 3)
         with pytest.raises(ConfigError, match=r"unauthorized \(401\)"):
             target.read()  # the read failed: the token in use is sent, and refused
