@@ -43,8 +43,9 @@ def allowed_text(kind: str, choices: Sequence[str] = (), lo: Optional[float] = N
 
 def in_range(v: float, lo: Optional[float] = None, hi: Optional[float] = None,
              lo_open: bool = False, hi_open: bool = False) -> bool:
-    """Whether number ``v`` is finite and within [lo, hi] (open ends respected)."""
-    if not math.isfinite(v):
+    """Whether number ``v`` is finite and within [lo, hi] (open ends respected). An int of any
+    size is compared exactly (no float conversion, which overflows past 1.8e308)."""
+    if isinstance(v, float) and not math.isfinite(v):
         return False
     if lo is not None and (v <= lo if lo_open else v < lo):
         return False

@@ -13,16 +13,25 @@ wrong while reading hostile or broken text is handled here, once, as a
 
 YAML merge keys (``<<: *defaults``) are resolved as YAML defines them: the mapping's own
 keys win over merged ones; a key written twice in the same mapping is an error.
+
+Numbers are read as YAML 1.2's core schema reads them (:class:`Loader`), not by PyYAML's
+YAML 1.1 rules: ``010`` is ten (YAML 1.1: eight, octal), ``1:30`` is text (YAML 1.1: ninety,
+base 60), ``1_000`` is text; ``0o17`` and ``0x1f`` are octal and hex. So a number in a file
+reads as the same text does in an environment variable or ``--set`` (``metrics.port: 010``
+was port 8 in the file and 10 in the environment, found by a probe).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+import re
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import yaml
 
 from edgewise.errors import ConfigError
+from edgewise.filereads import read_capped
 
 #: Files larger than this are refused (settings and policies are a few KB).
 MAX_BYTES = 1 << 20
@@ -30,6 +39,29 @@ MAX_BYTES = 1 << 20
 MAX_NODES = 100_000
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+
+
+class Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2 core-schema numbers (module doc)."""
+
+
+def _int_1_2(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node))
+    return int(text, 8 if text[:2] == "0o" else 16 if text[:2] == "0x" else 10)
+
+
+Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+Loader.add_implicit_resolver(_INT_TAG, re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                             list("-+0123456789"))
+Loader.add_implicit_resolver(
+    _FLOAT_TAG, re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                           r"|\.(?:nan|NaN|NAN))$"), list("-+.0123456789"))
+Loader.add_constructor(_INT_TAG, _int_1_2)
 
 
 @contextlib.contextmanager
@@ -40,7 +72,7 @@ def guarded(name: str, what: str) -> Iterator[None]:
     except ConfigError:
         raise
     except RecursionError:
-        raise ConfigError(f"{name}: nested too deeply to read; a {what} file is a few levels deep, "
+        raise ConfigError(f"{name}: nested too deeply to read; {what} files are a few levels deep, "
                           "is this the right file?") from None
     except MemoryError:
         raise ConfigError(f"{name}: too large to read into memory; is this the right file?") from None
@@ -60,6 +92,39 @@ def guarded(name: str, what: str) -> Iterator[None]:
         raise ConfigError(f"{name}: cannot read the {what}: {type(exc).__name__}: {exc}") from None
 
 
+def read_bytes(path: Union[str, Path], what: str, regular_only: bool = True, expected: str = "") -> bytes:
+    """The bytes of the ``what`` file (``policy``, ``edge settings``) at ``path``, at most
+    :data:`MAX_BYTES`; a ConfigError saying why it cannot be read.
+
+    ``regular_only``: refuse anything but a regular file (after symlinks) without waiting on it:
+    a named pipe would block the reader until a writer comes (a daemon's start, its reload, a
+    gateway's SIGHUP, which froze its event loop: found by a probe). Off only for ``check-policy``,
+    which reads pipes (``check-policy <(kubectl get configmap ...)``). ``expected`` words what
+    the file should be (default: a ``what`` YAML file)."""
+    p = Path(path)
+    expected = expected or f"a {what} YAML file"
+    try:
+        data, size = read_capped(p, MAX_BYTES, expected, regular_only)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: {what} file not found; check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, expected {expected}") from None
+    except PermissionError:
+        raise ConfigError(f"{p}: permission denied reading the {what} file") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the {what} file: {exc.strerror or exc}") from None
+    check_size(size, str(p), what)
+    return data
+
+
+def decode(data: bytes, name: str, what: str) -> str:
+    """UTF-8 ``data`` as text; a ConfigError saying to save the ``what`` file as UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{name}: not UTF-8 text ({exc}); save the {what} file as UTF-8") from None
+
+
 def check_size(size: int, name: str, what: str) -> None:
     """Refuse a file of ``size`` bytes over :data:`MAX_BYTES`."""
     if size > MAX_BYTES:
@@ -77,7 +142,7 @@ def compose(text: str, name: str) -> Tuple[Optional[yaml.Node], yaml.SafeLoader]
     """
     loader: Optional[yaml.SafeLoader] = None
     try:
-        loader = yaml.SafeLoader(text)  # reads every character: a NUL is refused here
+        loader = Loader(text)  # reads every character: a NUL is refused here
         root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         if loader is not None:

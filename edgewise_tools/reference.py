@@ -45,7 +45,7 @@ from edgewise.fieldrules import allowed_text
 from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy.deciding import REASONS, SUPPRESSORS
 from edgewise.policy.fields import FieldSpec, field_specs
-from edgewise.policy.loading import EXPONENT_NUMBER, parse_policy
+from edgewise.policy.loading import parse_policy
 from edgewise.policy.schema import DEFAULT_WEIGHTS, Policy, describe_schema
 from edgewise.settings import VALUE_RULES, Row, Schema, Spec
 from edgewise.settings import rows as rows_of
@@ -402,9 +402,6 @@ def _policy_field_schema(spec: FieldSpec) -> Dict[str, Any]:
             out["enum"] = list(spec.choices)
         elif spec.required:
             out["pattern"] = r"\S"
-    if spec.kind == "float":  # 1e-3 without a dot: a string to PyYAML, a number to the loader
-        out = {"description": out.pop("description"),
-               "anyOf": [out, {"type": "string", "pattern": EXPONENT_NUMBER.pattern}]}
     if spec.nullable:
         body = {k: v for k, v in out.items() if k != "description"}
         out = {"description": spec.doc, "anyOf": [body, {"type": "null"}]}

@@ -643,6 +643,9 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
         except ConfigError as exc:
             log.error("reload ignored, the workers and tokens in force stay: %s", exc)
             return
+        except Exception:  # a reader's bug must not end the handler without a word (nor the gateway)
+            log.exception("reload ignored, the workers and tokens in force stay: reading the settings failed")
+            return
         later = [k for k in changed_keys(settings, fresh) if k not in RELOADED_ON_SIGHUP]
         if later:
             log.warning("SIGHUP: %s changed, which a reload does not apply (it applies %s); the values the gateway "

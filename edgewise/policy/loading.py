@@ -13,7 +13,7 @@ Validation is driven by the field metadata of :mod:`edgewise.policy.schema`.
 
 from __future__ import annotations
 
-import re
+import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -22,13 +22,10 @@ import yaml
 from edgewise import yamlnodes
 from edgewise.errors import ConfigError
 from edgewise.fieldrules import show, suggest
-from edgewise.filereads import read_capped
 from edgewise.hardness.learned import GainModel
 from edgewise.policy.fields import FieldSpec, field_specs
 from edgewise.policy.schema import Policy
 
-#: A number in exponent form without a dot (``1e-3``), which YAML 1.1 (PyYAML) reads as a string.
-EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 class _Ctx:
     def __init__(self, source: str, loader: yaml.SafeLoader) -> None:
@@ -102,16 +99,13 @@ def _value(spec: FieldSpec, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
         return weights
     if not isinstance(node, yaml.ScalarNode):
         raise ctx.fail(node, path, f"expected a scalar, got {_node_desc(node, ctx)}", spec.allowed())
-    v = ctx.scalar(node)
-    if spec.kind == "float" and isinstance(v, str) and node.style is None and EXPONENT_NUMBER.match(v):
-        # YAML 1.1 (PyYAML) reads 1e-3 (no dot) as a string; operators mean a number.
-        v = float(v)
+    v = ctx.scalar(node)  # numbers as YAML 1.2 reads them (yamlnodes.Loader): 1e-3 is one, 010 is ten
     if spec.kind in ("float", "int"):
         ok_type = isinstance(v, int) if spec.kind == "int" else isinstance(v, (int, float))
         if isinstance(v, bool) or not ok_type:
             what = "an integer" if spec.kind == "int" else "a number"
             raise ctx.fail(node, path, f"{show(v)} is not {what}", spec.allowed())
-        if not spec.in_range(float(v)):
+        if not spec.in_range(v) or (spec.kind == "float" and abs(v) > sys.float_info.max):
             raise ctx.fail(node, path, f"{show(v)} is out of range", spec.allowed())
         return int(v) if spec.kind == "int" else float(v)
     if spec.kind == "bool":
@@ -173,10 +167,7 @@ def parse_policy(text: Union[str, bytes], source_name: str = "<policy>") -> Poli
 
 def _parse_policy(text: Union[str, bytes], source_name: str) -> Policy:
     if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{source_name}: not UTF-8 text ({exc}); save the policy as UTF-8") from None
+        text = yamlnodes.decode(text, source_name, "policy")
     root, loader = yamlnodes.compose(text, source_name)
     ctx = _Ctx(source_name, loader)
     try:
@@ -211,20 +202,8 @@ def read_policy_bytes(path: Union[str, Path], regular_only: bool = False) -> byt
     where the policy was would otherwise block the reader until a writer comes, which
     stops hot reload and the daemon's shutdown. ``check-policy`` reads pipes
     (``check-policy <(kubectl get configmap ...)``)."""
-    p = Path(path)
-    try:
-        data, size = read_capped(p, yamlnodes.MAX_BYTES, "a policy YAML file (the daemon re-reads it on every "
-                                 "change)", regular_only)
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: policy file not found; check the path") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{p}: is a directory, expected a policy YAML file") from None
-    except PermissionError:
-        raise ConfigError(f"{p}: permission denied reading the policy file") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the policy file: {exc.strerror or exc}") from None
-    yamlnodes.check_size(size, str(p), "policy")
-    return data
+    return yamlnodes.read_bytes(path, "policy", regular_only,
+                                "a policy YAML file (the daemon re-reads it on every change)")
 
 
 def load_policy(path: Union[str, Path]) -> Policy:

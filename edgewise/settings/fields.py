@@ -152,7 +152,7 @@ def value_problem(spec: Spec, tp: Any, value: Any, shown: str = "") -> Optional[
     shown = shown or spec.shown(value)
     if allowed and value not in allowed:
         return f"{shown} is not allowed{suggest(str(value), [str(c) for c in allowed])}", spec.allowed(inner, nullable)
-    if spec.kind(inner) in ("int", "float") and not in_range(float(value), spec.lo, spec.hi, spec.lo_open,
+    if spec.kind(inner) in ("int", "float") and not in_range(value, spec.lo, spec.hi, spec.lo_open,
                                                               spec.hi_open):
         return f"{shown} is out of range", spec.allowed(inner, nullable)
     return None

@@ -94,14 +94,7 @@ def read_yaml(path: Union[str, os.PathLike[str]], what: str, mapping: bool = Tru
         ConfigError: unreadable or oversized file, invalid YAML (with its line), a top level
             that is not a mapping, a duplicate or non-string key (see :mod:`edgewise.yamlnodes`).
     """
-    try:
-        with open(path, "rb") as f:
-            data = f.read(yamlnodes.MAX_BYTES + 1)
-        yamlnodes.check_size(len(data), str(path), what)
-        text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise ConfigError(f"{path}: cannot read the {what} file: {why}") from None
+    text = yamlnodes.decode(yamlnodes.read_bytes(os.fspath(path), what), str(path), what)
     return parse_yaml(text, str(path), what, mapping)
 
 

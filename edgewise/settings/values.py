@@ -148,7 +148,9 @@ def _bool(value: Any) -> bool:
 
 def _int(value: Any) -> int:
     num = _number(value)
-    if num is None or not float(num).is_integer():
+    if isinstance(num, int):  # any size: a range check says what is too large, float() would overflow
+        return num
+    if num is None or not num.is_integer():
         raise Problem("an integer")
     return int(num)
 
@@ -157,7 +159,10 @@ def _float(value: Any) -> float:
     num = _number(value)
     if num is None:
         raise Problem("a number")
-    return float(num)
+    try:
+        return float(num)
+    except OverflowError:  # an int past the largest float
+        raise Problem("a number of at most 1.8e308") from None
 
 
 def _str(value: Any) -> str:

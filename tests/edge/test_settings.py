@@ -165,7 +165,7 @@ def test_layering_file_env_flags(tmp_path):
     ("streams: [{id: s\n", "not valid YAML"),
     ("streams: [{id: s, kind: synthetic}]\nmodel: {imgsz: -1}\n", "model.imgsz: -1 is out of range"),
     # a watcher polling every microsecond took a whole core
-    ("streams: [{id: s, kind: synthetic}]\npolicy_poll_s: 1e-06\n", "policy_poll_s: '1e-06' is out of range; allowed: a number >= 0.05"),
+    ("streams: [{id: s, kind: synthetic}]\npolicy_poll_s: 1e-06\n", "policy_poll_s: 1e-06 is out of range; allowed: a number >= 0.05"),
 ])
 def test_invalid_settings_name_file_and_key(tmp_path, text, needle):
     path = write(tmp_path, text)

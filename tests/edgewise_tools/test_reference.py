@@ -190,7 +190,7 @@ def test_policy_schema_rejects_a_misspelt_key_and_what_the_loader_rejects() -> N
 def test_policy_schema_numbers_as_the_loader_reads_them() -> None:
     validator = _policy_validator()
     base = {"apiVersion": "edgewise/v1", "kind": "EscalationPolicy", "metadata": {"name": "n"}}
-    for spec, ok in (({"threshold": 0.5}, True), ({"threshold": 1}, True), ({"cooldownSeconds": "1e-3"}, True),
+    for spec, ok in (({"threshold": 0.5}, True), ({"threshold": 1}, True), ({"cooldownSeconds": 1e-3}, True),
                      ({"threshold": "0.5"}, False), ({"payload": {"jpegQuality": 85.5}}, False),
                      ({"streams": {"cam": {"threshold": None}}}, True), ({"threshold": None}, False),
                      ({"signals": {"weights": {"entropy": 1.5}}}, False)):
@@ -202,3 +202,7 @@ def test_policy_schema_numbers_as_the_loader_reads_them() -> None:
         except ConfigError:
             loaded = False
         assert loaded is ok, spec
+    # numbers as YAML 1.2 reads them: 1e-3 without a dot is a number, quoted it is text, refused by both
+    assert parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: n}\n"
+                        "spec: {threshold: 1e-1}\n", "p.yaml").spec.threshold == 0.1
+    assert not validator.is_valid(dict(base, spec={"cooldownSeconds": "1e-3"}))

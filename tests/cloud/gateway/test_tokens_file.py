@@ -19,11 +19,10 @@ import grpc
 
 from cloud.gateway.server import Gateway
 from cloud.gateway.settings import load_settings
-from edgewise import filewatch
+from edgewise import filereads, filewatch
 from edgewise.errors import ConfigError
 from edgewise.filereads import file_identity
 from edgewise.filewatch import ReloadDecision, identities_of
-from edgewise.settings import tree
 from edgewise.v1 import service_pb2_grpc
 from tests.cloud.gateway.workers import TestWorker, request, serving
 from tests.secretvolume import SecretVolume
@@ -212,7 +211,7 @@ def test_a_new_token_met_by_a_read_error_that_passes_is_in_force_without_another
             raise OSError(errno.EIO, os.strerror(errno.EIO), file)
         return builtins.open(file, *args, **kwargs)
 
-    monkeypatch.setattr(tree, "open", flaky_open, raising=False)
+    monkeypatch.setattr(filereads, "open", flaky_open, raising=False)
     caplog.set_level(logging.INFO, logger="edgewise.gateway")
 
     async def main():
@@ -257,7 +256,7 @@ def test_a_tokens_file_rewritten_while_it_is_read_is_read_again_at_the_next_look
             vol.update({"tokens.yaml": during_read.pop()})  # kubelet swaps the folder meanwhile
         return f
 
-    monkeypatch.setattr(tree, "open", racing_open, raising=False)
+    monkeypatch.setattr(filereads, "open", racing_open, raising=False)
     vol.update({"tokens.yaml": "- {device: cam-2, token: two-token}\n"})
     during_read.append("- {device: cam-3, token: three-token}\n")
     gw.check_tokens_file()

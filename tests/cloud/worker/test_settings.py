@@ -68,7 +68,7 @@ def test_bad_env_names_the_variable(tmp_path):
         load_settings(None, env={"EDGEWISE_WORKER__MODEL": "m.onnx", "EDGEWISE_WORKER__THREADS": "many"})
     with pytest.raises(ConfigError, match="^EDGEWISE_WORKER_THREADS: not a settings variable"):
         load_settings(None, env={"EDGEWISE_WORKER__MODEL": "m.onnx", "EDGEWISE_WORKER_THREADS": "2"})
-    with pytest.raises(ConfigError, match="missing.yaml: cannot read"):
+    with pytest.raises(ConfigError, match="missing.yaml: worker settings file not found; check the path"):
         load_settings(tmp_path / "missing.yaml", env={})
 
 

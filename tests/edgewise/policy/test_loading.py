@@ -239,3 +239,21 @@ def test_a_file_over_the_limit_is_refused_with_its_own_size(tmp_path):
     big.write_bytes(b"#" * 3_000_000)
     with pytest.raises(ConfigError, match=r"big\.yaml: policy file is 3000000 bytes, over the 1048576-byte limit"):
         load_policy(big)
+
+
+HEAD = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: n}\nspec:\n"
+
+
+def test_numbers_read_as_yaml_1_2_and_past_any_float_are_out_of_range_with_their_line():
+    """`windowFrames: 0300` was 192 (YAML 1.1 octal) and the explanation said "any 192 frames";
+    `cooldownSeconds: 1:30` was 90 (base 60); a 400-digit number was "cannot read the policy:
+    OverflowError" with no line (found by a probe)."""
+    p = parse_policy(HEAD + "  budget: {windowFrames: 0300}\n", "p.yaml")
+    assert p.spec.budget.window_frames == 300 and "any 300 frames" in explain(p)
+    with pytest.raises(ConfigError, match=r"^p.yaml:5: spec.cooldownSeconds: '1:30' is not a number"):
+        parse_policy(HEAD + "  cooldownSeconds: 1:30\n", "p.yaml")
+    huge = "1" + "0" * 400
+    for key in ("threshold", "budget: {windowFrames", "budget: {maxPerSecond"):
+        text = HEAD + f"  {key}: {huge}" + ("}" if "{" in key else "") + "\n"
+        with pytest.raises(ConfigError, match=r"^p.yaml:5: spec\..* is out of range"):
+            parse_policy(text, "p.yaml")

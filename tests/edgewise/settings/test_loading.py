@@ -128,7 +128,7 @@ def test_secrets_never_appear(schema, yaml_file):
 
 
 def test_missing_and_empty_files(schema, tmp_path, yaml_file):
-    with pytest.raises(ConfigError, match=r"nope.yaml: cannot read the test settings file: No such file"):
+    with pytest.raises(ConfigError, match=r"nope.yaml: test settings file not found; check the path"):
         schema.load(tmp_path / "nope.yaml", env={})
     assert schema.load(yaml_file(""), env={}).name == "n"
 
@@ -153,9 +153,9 @@ def test_load_file_reads_a_typed_list(tmp_path):
 
 
 def test_a_text_field_takes_a_yaml_number_as_written(schema, yaml_file, tmp_path):
-    # YAML 1.1 reads 012 as octal 10 and 1.10 as 1.1: a token or name must not change on the way in
+    # YAML reads 1.10 as 1.1 (and YAML 1.1 read 012 as octal 10): a token or name must not change on the way in
     r = schema.load(yaml_file("name: 1.10\nnet: {token: 012, port: 012}\n"), env={})
-    assert (r.name, r.net.token, r.net.port) == ("1.10", "012", 10)  # a number field still reads the number
+    assert (r.name, r.net.token, r.net.port) == ("1.10", "012", 12)  # a number field reads the number (YAML 1.2)
     from typing import List
 
     p = tmp_path / "items.yaml"
@@ -164,3 +164,42 @@ def test_a_text_field_takes_a_yaml_number_as_written(schema, yaml_file, tmp_path
     p.write_text("- {name: on}\n")  # a YAML boolean in a text field stays an error: quote 'on'
     with pytest.raises(ConfigError, match="is not a string"):
         load_file(List[Item], p, "items")
+
+
+def test_numbers_read_as_yaml_1_2_so_a_file_and_the_environment_agree(schema, yaml_file):
+    """PyYAML's YAML 1.1 read `port: 010` as 8 (octal) and `1:30` as 90 (base 60), while the same
+    text in the environment or --set was 10 and refused (found by a probe). A file now reads
+    numbers as YAML 1.2 does, as the text rules do."""
+    for written, port in (("010", 10), ("0755", 755), ("08080", 8080), ("0x1f", 31), ("0o17", 15)):
+        from_file = schema.load(yaml_file(f"net: {{port: {written}}}\n"), env={}).net.port
+        assert from_file == port, written
+        if not written.startswith(("0x", "0o")):
+            assert schema.load(None, env={"EDGEWISE_TEST__NET__PORT": written}).net.port == port
+    with pytest.raises(ConfigError, match=r":1: net.port: '1:30' is not an integer"):
+        schema.load(yaml_file("net: {port: 1:30}\n"), env={})
+    assert schema.load(yaml_file("name: 010\n"), env={}).name == "010"  # text keeps what is written
+
+
+def test_a_number_past_any_float_is_a_range_error_with_its_line_not_a_traceback(schema, yaml_file):
+    """A 400-digit integer raised OverflowError (int too large to convert to float) out of every
+    settings loader, and the gateway's SIGHUP logged a traceback (found by a probe)."""
+    huge = "1" + "0" * 400
+    with pytest.raises(ConfigError, match=r":2: net.port: .* is out of range"):
+        schema.load(yaml_file(f"net:\n  port: {huge}\n"), env={})
+    with pytest.raises(ConfigError, match=r"ratio: .*a number of at most 1.8e308"):
+        schema.load(yaml_file(f"ratio: {huge}\n"), env={})
+
+
+def test_a_named_pipe_as_the_settings_file_is_refused_without_waiting(schema, tmp_path):
+    """A FIFO at the settings path blocked the start (and a gateway's SIGHUP froze its event loop
+    until SIGKILL; found by a probe). It is refused at once, as the policy file is."""
+    import os
+
+    fifo = tmp_path / "settings.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"settings.yaml: is a named pipe \(FIFO\), expected a test settings YAML file"):
+        schema.load(str(fifo), env={})
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text .*save the test settings file as UTF-8"):
+        schema.load(str(bad), env={})
