@@ -37,7 +37,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 #: (type, what is accepted): the rules above as the reference pages print them.
 VALUE_RULES: Tuple[Tuple[str, str], ...] = (
     ("bool", "`true`/`false`; the strings true/false, yes/no, on/off, 1/0 (any case); the integers 1 and 0"),
-    ("int", "an integer, a float without a fractional part (`3.0`), or a string holding either (`'3'`)"),
+    ("int", "an integer, a float without a fractional part (`3.0`), or a string holding either (`'3'`); in a file "
+            "numbers read as YAML 1.2 reads them (`010` is ten, not octal eight; `0o17` and `0x1f` are octal and hex; "
+            "`1:30` is text)"),
     ("float", "a finite number, or a string holding one (`'0.5'`, `'1e-3'`)"),
     ("str", "a string, or a number as written in YAML (`012` is `\"012\"`, `1.10` is `\"1.10\"`); quote `'yes'` to "
             "mean the word"),
