@@ -11,6 +11,7 @@ The fitted trees serialise to plain JSON (:meth:`BoostedTrees.to_dict`) for the 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
@@ -147,8 +148,8 @@ class BoostedTrees:
             return ConfigError(f"{where}: {what}; write the file again with `edgewise eval --train-data`")
 
         def number(v: Any, what: str) -> float:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-                raise bad(f"{what} must be a finite number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(_float_or_inf(v)):
+                raise bad(f"{what} must be a finite number, got {str(v)[:40]}")
             return float(v)
 
         if not isinstance(d, dict) or not {"learningRate", "base", "edges", "trees"} <= set(d):
@@ -183,3 +184,12 @@ class BoostedTrees:
         model.rounds = len(model.trees)
         model.split_gain = np.zeros(len(edges))
         return model
+
+
+def _float_or_inf(v: Union[int, float]) -> float:
+    """``v`` as a float; an int past the largest float is infinite (``float()`` raises, and
+    numpy's isfinite refuses a Python int that large: found by a probe)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf

@@ -140,7 +140,9 @@ class GainModel:
         except FileNotFoundError:
             raise ConfigError(f"{p}: gain model file not found; run `edgewise eval --train-data` to write it, "
                               "or fix signals.learnedModel") from None
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        except ConfigError:  # (a ValueError too)
+            raise
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # (ValueError: also a number of 5000 digits)
             raise ConfigError(f"{p}: not JSON ({type(exc).__name__}: {str(exc)[:100]})") from None
         except OSError as exc:
             raise ConfigError(f"{p}: cannot read the gain model file: {exc.strerror or exc}") from None

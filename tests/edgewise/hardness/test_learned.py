@@ -69,6 +69,8 @@ def test_json_round_trip(model, tmp_path) -> None:
     (lambda d: d.update(quantiles=[1.0, 0.0]), "quantiles must be a non-decreasing"),
     (lambda d: d.update(trees=[]), "trees must be a non-empty list"),
     (lambda d: d["edges"].__setitem__(0, [2.0, 1.0]), r"edges\[0\] must be strictly increasing"),
+    # an integer past any float: numpy's isfinite refused it with a TypeError, blamed on the policy (a probe)
+    (lambda d: d["edges"].__setitem__(0, [10 ** 400]), r"edges\[0\] must be a finite number, got 1000"),
 ])
 def test_invalid_model_files_name_the_problem(model, tmp_path, edit, message) -> None:
     d = model.to_dict()
@@ -89,6 +91,9 @@ def test_not_json_and_missing_file(tmp_path) -> None:
     (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)  # nesting beyond the parser's recursion
     with pytest.raises(ConfigError, match="deep.json: not JSON"):
         GainModel.load(tmp_path / "deep.json")
+    (tmp_path / "digits.json").write_text('{"format": 1' + "0" * 5000 + "}")  # past int()'s digit limit
+    with pytest.raises(ConfigError, match=r"digits.json: not JSON \(ValueError: Exceeds the limit"):
+        GainModel.load(tmp_path / "digits.json")
 
 
 POLICY = """apiVersion: edgewise/v1
