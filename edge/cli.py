@@ -22,9 +22,9 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
-from edge.settings import SCHEMA, policy_fit
+from edge.settings import SCHEMA, load_settings, policy_fit
 from edgewise.settings import add_settings_arguments, settings_from_args
 
 #: ``check-policy`` exit statuses (docs/policies.md#use-it-in-ci); an invalid policy or unusable
@@ -69,6 +69,10 @@ def register(subparsers: Any) -> None:
     chk.add_argument("--max-bytes-per-day", type=float, metavar="BYTES",
                      help="gate: exit 1 when the policy's estimated uplink exceeds this many bytes per day")
     chk.add_argument("--strict", action="store_true", help="gate: exit 1 when the policy has warnings")
+    chk.add_argument("--config", metavar="EDGE_YAML",
+                     help="also check it as this device's daemon does at a reload: refused when it names a transport "
+                          "the settings do not configure, warned about classes the model lacks and streams the "
+                          "device does not have (the environment's EDGEWISE_EDGE__* apply, as for the daemon)")
     chk.set_defaults(func=_check_policy, accuracy=None)
 
 
@@ -121,6 +125,19 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_fit(policy: Any, source: str, config: str) -> List[str]:
+    """What the daemon of the device ``config`` configures refuses of ``policy`` at a reload
+    (ConfigError, as ``PolicyHolder`` words it) and warns about (``Policy.fit_warnings``): a
+    policy that passed ``check-policy`` alone could be refused on the device (found by a probe)."""
+    from edgewise.policy.holding import PolicyHolder
+    from edgewise.runtime.metadata import load_model_info
+
+    s = load_settings(config)
+    PolicyHolder(policy, fit=policy_fit(s))  # raises as the daemon's reload refuses
+    names = load_model_info(s.model.path, s.model.imgsz or None).names
+    return policy.fit_warnings(names, s.model.path, [st.id for st in s.streams])
+
+
 def _describe(policy: Any) -> Dict[str, Any]:
     from edgewise.policy import explain, warnings
     from edgewise.policy.digest import policy_digest
@@ -137,6 +154,7 @@ def _check_policy(args: argparse.Namespace) -> int:
     from edgewise.policy.whatif import gate_failures, table
 
     policy = load_policy(args.file)
+    fit_warnings = _device_fit(policy, args.file, args.config) if args.config else []
     other = load_policy(args.against) if args.against else None
     data = getattr(args, "data", None)
     if other is not None and not args.replay and not data:
@@ -150,6 +168,7 @@ def _check_policy(args: argparse.Namespace) -> int:
     if (args.max_share is not None or args.max_bytes_per_day is not None) and not args.replay:
         raise ConfigError("--max-share and --max-bytes-per-day gate the replay's figures: give --replay RECORDS")
     doc: Dict[str, Any] = {"policy": _describe(policy), "against": _describe(other) if other is not None else None}
+    doc["policy"]["warnings"] += fit_warnings
     report: Optional[Dict[str, Any]] = None
     if args.replay:
         from edgewise.policy.replay import replay

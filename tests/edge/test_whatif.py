@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -172,3 +173,29 @@ def test_unusable_records_and_bad_gates_exit_2_with_one_line(recorded, tmp_path,
         r = subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 2, r.stderr
         assert r.stderr.startswith("edgewise: error: ") and expected in r.stderr and "Traceback" not in r.stderr
+
+
+def test_check_policy_with_the_devices_settings_refuses_and_warns_as_its_daemon_does(tmp_path, tiny_model,
+                                                                                     capsys, monkeypatch) -> None:
+    """`check-policy new.yaml && mv` (docs/policies.md) passed a policy naming MQTT on a gRPC-only
+    device, which its daemon then refused at the reload (found by a probe). With --config the
+    device's own checks run: the refusal, exit 2; the warnings, a --strict gate."""
+    from tests.edge.helpers import policy_yaml, settings_yaml
+
+    for key in [k for k in os.environ if k.startswith("EDGEWISE_EDGE__")]:
+        monkeypatch.delenv(key)
+    config = settings_yaml(tmp_path / "edge.yaml", device_id="dev", model={"path": str(tiny_model)},
+                           streams=[{"id": "cam", "kind": "synthetic", "uri": "160x120"}],
+                           cloud={"endpoints": ["127.0.0.1:50051"]}, spool={"path": str(tmp_path / "s.db")})
+    mqtt = tmp_path / "mqtt.yaml"
+    mqtt.write_text(policy_yaml("p", transport="mqtt"))
+    rc, out = _check([str(mqtt)], capsys)
+    assert rc == 0  # alone it is a valid policy
+    rc, out = _check([str(mqtt), "--config", str(config)], capsys)
+    assert rc == 2 and "mqtt.yaml: spec.transport is 'mqtt', but this device's settings configure only grpc" in out.err
+    other = tmp_path / "other.yaml"
+    other.write_text(policy_yaml("p", {"Cam": "never"}))
+    rc, out = _check([str(other), "--config", str(config)], capsys)
+    assert rc == 0 and "warning: policy " in out.out and "spec.streams Cam are not streams of this device (cam)" in out.out
+    rc, out = _check([str(other), "--config", str(config), "--strict"], capsys)
+    assert rc == 1
