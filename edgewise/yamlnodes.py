@@ -149,7 +149,10 @@ def compose(text: str, name: str) -> Tuple[Optional[yaml.Node], yaml.SafeLoader]
             loader.dispose()
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{name}{line}: not valid YAML: {exc.problem or exc.context}") from None
+        problem = exc.problem or exc.context
+        if exc.context and str(problem).startswith("but "):  # the half that says what was expected
+            problem = f"{exc.context}, {problem}"  # ("expected a single document in the stream, but found ...")
+        raise ConfigError(f"{name}{line}: not valid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         if loader is not None:
             loader.dispose()

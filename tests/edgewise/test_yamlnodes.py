@@ -109,3 +109,12 @@ def test_check_config_refuses_a_settings_alias_bomb_in_seconds(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "expands to more than 100000 values" in r.stderr and "Traceback" not in r.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_two_documents_say_that_one_is_expected() -> None:
+    """The message kept only "but found another document" (found by a probe)."""
+    from edgewise import yamlnodes
+
+    with pytest.raises(ConfigError, match=r"^x.yaml:2: not valid YAML: expected a single document in the stream, "
+                                          r"but found another document$"):
+        yamlnodes.compose("a: 1\n---\nb: 2\n", "x.yaml")
