@@ -550,6 +550,10 @@ def _qdq_forms(graph: Any) -> Tuple[Tuple[str, str, bool], ...]:
 #: head strides of YOLOv5 P5 models (P6 models add 64)
 P5_STRIDES = (8, 16, 32)
 P6_STRIDES = (8, 16, 32, 64)
+#: every head a YOLOv5 model config makes (yolov5-p2, P5, P6, yolov5-p7): a head's rows are a
+#: whole number of anchors (at most :data:`MAX_ANCHORS_PER_CELL`) per grid cell of one of them
+HEAD_STRIDES = ((4, 8, 16, 32), P5_STRIDES, P6_STRIDES, (8, 16, 32, 64, 128))
+MAX_ANCHORS_PER_CELL = 9
 #: anchors per grid cell of every YOLOv5 model
 ANCHORS_PER_CELL = 3
 
@@ -583,8 +587,13 @@ def head_problem(rows: int, cols: int, hw: Tuple[int, int], names_known: bool) -
     if rows < cols:
         return (f"{cols} columns by {rows} rows is YOLOv8's transposed [B,4+nc,N] layout: "
                 "YOLOv8 anchor-free output is not supported; export YOLOv5")
-    if names_known:  # the columns agree with the names: trust the rest (custom anchors)
-        return ""
+    if names_known:  # the columns agree with the names: trust custom anchors and heads, not any count
+        if any(rows % grid_cells(h, w, strides) == 0 and rows // grid_cells(h, w, strides) <= MAX_ANCHORS_PER_CELL
+               for strides in HEAD_STRIDES):
+            return ""
+        return (f"{rows} rows is no YOLOv5 head's anchors x grid cells at {h}x{w} ({p5} for P5 models with 3 "
+                f"anchors, {p6} for P6): an output after NMS ([B,max_det,6]: boxes, score, class id)? a one-class "
+                "model would then decode to nothing; export the raw YOLOv5 head (no --nms, no end-to-end export)")
     if rows in (grid_cells(h, w, P5_STRIDES), grid_cells(h, w, P6_STRIDES)):
         return (f"{rows} rows is one per grid cell at {h}x{w}, YOLOv8's anchor-free [B,N,4+nc] layout: "
                 "YOLOv8 anchor-free output is not supported; export YOLOv5")
@@ -618,6 +627,9 @@ def _check_head_layout(p: Path, out_name: str, oshape: Tuple[Optional[int], ...]
         raise ModelError(f"{p}: output {out_name!r} {_shape_str(oshape)}: {why}")
 
 
+#: box centres all within this of 0 at an input of 64 px or more: normalized, not pixels (a
+#: YOLOv5 head's centres cover its grid whatever the frame shows; found by a probe)
+NORMALIZED_REACH = 2.0
 #: how far a score may stray outside [0, 1] (rounding of float16 / int8 outputs)
 SCORE_TOLERANCE = 0.01
 
@@ -663,6 +675,13 @@ def check_output(info: ModelInfo, batch_shape: Sequence[int], raw: Any) -> None:
             raise ModelError(f"{p}: the model's output holds {bad} NaN or infinite values (of {raw.size}) on a "
                              "frame it was shown: broken weights, or a float16 export whose activations "
                              "overflow; re-export the model (float32, or check its weights)")
+        if rows >= 64 and len(batch_shape) == 4 and min(int(batch_shape[2]), int(batch_shape[3])) >= 64:
+            # a head's box centres span its grid, in input pixels, whatever the frame shows
+            reach = float(np.abs(raw[..., :2]).max())
+            if reach <= NORMALIZED_REACH:
+                raise ModelError(f"{p}: every box centre of the model's output is within {reach:.2f} of 0 at a "
+                                 f"{int(batch_shape[2])}x{int(batch_shape[3])} input: boxes in normalized [0, 1] "
+                                 "coordinates? YOLOv5's head gives them in input pixels; export the raw YOLOv5 head")
         scores = raw[..., 4:]
         lo, hi = float(scores.min()), float(scores.max())
         if lo < -SCORE_TOLERANCE or hi > 1 + SCORE_TOLERANCE:

@@ -46,8 +46,9 @@ def test_warmup_runtime_failure_is_a_one_line_model_error(tmp_path):
 def test_native_model_whose_true_stride_is_larger_fails_warmup(tmp_path):
     # warm-up at 128x128 works; a native frame of 160x160 (a multiple of 32, not of 64) cannot (the
     # constant head serves one image per call: batching off, else the warm-up's batch of 2 fails first)
-    p = const_model(tmp_path / "p6_native.onnx", head(100, 8), in_shape=("batch", 3, "height", "width"),
-                    out_shape=(1, 100, 8), meta={"names": N3, "imgsz": "[128, 128]", "input_size": "native"},
+    rows = 3 * (16 * 16 + 8 * 8 + 4 * 4 + 2 * 2)  # a P6 head's at the 128x128 warm-up
+    p = const_model(tmp_path / "p6_native.onnx", head(rows, 8), in_shape=("batch", 3, "height", "width"),
+                    out_shape=(1, rows, 8), meta={"names": N3, "imgsz": "[128, 128]", "input_size": "native"},
                     space_to_depth=64)
     msg = serve_fails(settings(p, mode="off", input_size="auto"))
     assert "native size 160x160" in msg and "stride metadata" in msg

@@ -254,12 +254,17 @@ def test_an_output_with_fewer_images_than_the_batch_is_refused(tmp_path):
     assert "holds 1 image(s) for an input batch of 4" in (first_frame_problem(info, 4) or "")
 
 
-def test_nms_output_whose_width_fits_one_class_fails_on_its_class_column(tmp_path):
+@pytest.mark.parametrize("class_id", [2, 0])
+def test_nms_output_whose_width_fits_one_class_is_refused_by_its_row_count(tmp_path, class_id):
+    """[B,max_det,6] (boxes, score, class id: a YOLOv8/v10 export with nms=True) has 5 + 1 columns.
+    With class id 2 the class column failed as a probability at the first frame; with class id 0,
+    all a one-class model outputs, it passed and every box decoded to score 0 (found by a probe).
+    Its 100 rows are no whole number of anchors per grid cell: refused at load."""
     nms = np.zeros((1, 100, 6), np.float32)
-    nms[0, 0] = [20, 20, 40, 40, 0.9, 2]  # x1, y1, x2, y2, score, class id 2
+    nms[0, 0] = [20, 20, 40, 40, 0.9, class_id]  # x1, y1, x2, y2, score, class id
     p = const_model(tmp_path / "nms1.onnx", nms, meta={"names": "{0: 'person'}"})
-    with Detector.from_file(p, threads=1) as det, pytest.raises(ModelError, match="not sigmoid probabilities"):
-        det.detect([gray()])
+    with pytest.raises(ModelError, match=r"100 rows is no YOLOv5 head's anchors x grid cells at .*an output after NMS"):
+        Detector.from_file(p, threads=1)
 
 
 # -- 6. metadata parser -------------------------------------------------------------------
@@ -356,3 +361,15 @@ def test_dynamic_yolov8_transposed_output_is_named_at_first_inference(tmp_path):
     assert "v8dyn.onnx" in msg and "[1, 7, 84]" in msg
     assert "YOLOv8's transposed [B,4+nc,N] layout" in msg and "export YOLOv5" in msg
     assert "fix the names metadata" not in msg  # the names are right: the model is not a YOLOv5
+
+
+def test_a_head_with_normalized_boxes_is_refused_at_its_first_frame(tmp_path):
+    """An export whose boxes are in [0, 1] (normalized) passed every check and its boxes came back
+    as specks at the top-left corner with their scores (found by a probe)."""
+    a = np.zeros((1, P5_ROWS, 8), np.float32)
+    a[0, :, :4] = [0.5, 0.5, 0.2, 0.2]
+    a[0, 0, 4:] = [0.9, 0.9, 0.1, 0.1]
+    p = const_model(tmp_path / "normalized.onnx", a, meta={"names": N3})
+    with Detector.from_file(p, threads=1) as det, pytest.raises(
+            ModelError, match=r"every box centre .* is within 0.50 of 0 at a 64x64 input: boxes in normalized"):
+        det.detect([gray()])
