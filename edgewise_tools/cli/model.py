@@ -123,6 +123,7 @@ def register(subparsers: Any) -> None:
         "--cache-dir", default=None, help="engine cache folder (default ~/.cache/edgewise/engines)"
     )
     p.add_argument("--max-batch", type=positive_int, default=8, help="largest batch the engine accepts (8)")
+    _add_imgsz(p)
     p.set_defaults(func=cmd_engine)
 
 
@@ -242,9 +243,11 @@ def cmd_engine(args: argparse.Namespace) -> int:
         return 2
     import shutil
 
-    from edgewise.runtime.metadata import load_model_info
+    from edgewise.runtime.metadata import imgsz_guess_warning, load_model_info
 
-    info = load_model_info(Path(args.model))
+    info = load_model_info(Path(args.model), args.imgsz)  # the engine is built for one input size
+    if info.imgsz_source == "default":
+        print(f"warning: {imgsz_guess_warning(info)}", file=sys.stderr)
     cache_dir = Path(args.cache_dir) if args.cache_dir else trt_backend.default_cache_dir()
     if args.calib_cache:
         src = Path(args.calib_cache)

@@ -169,3 +169,26 @@ def test_info_says_whether_a_jetson_loads_the_opsets(tiny_model, tmp_path, capsy
     assert main(["model", "info", str(newer), "--json"]) == 0
     (line,) = json.loads(capsys.readouterr().out)["jetpack51"]
     assert line.startswith("imports ai.onnx.ml opset 5") and "edgewise model quantize" in line
+
+
+def test_engine_builds_at_the_size_asked_for_and_warns_when_it_guesses(tmp_path, capsys, monkeypatch):
+    """`model engine` had no --imgsz and no warning: a --dynamic export without imgsz metadata
+    silently got (and cached) a 640x640 engine (found by a probe). Driven through the recording
+    TensorRT stand-in, the engine is built at --imgsz, and a guess is said."""
+    from edgewise.runtime.backends import tensorrt as trtb
+    from tests.edgewise.runtime import fake_tensorrt
+    pytest.importorskip("torch")
+    model = tmp_path / "dyn.onnx"
+    assert main(["model", "build", "--arch", "yolov5n", "--imgsz", "64", "--classes", "2", "--dynamic",
+                 "--metadata", "yolov5-v7.0", "-o", str(model)]) == 0
+    cuda = fake_tensorrt.HostCuda()
+    mod = fake_tensorrt.make("8.5.2.2", True, lambda *a: None)
+    monkeypatch.setattr(trtb, "import_tensorrt", lambda: mod)
+    monkeypatch.setattr(trtb, "_Cuda", lambda: cuda)
+    monkeypatch.setattr(trtb, "cuda_device_name", lambda: "Fake GPU")
+    capsys.readouterr()
+    assert main(["model", "engine", str(model), "--imgsz", "96,128", "--cache-dir", str(tmp_path / "e")]) == 0
+    assert ("profile.set_shape", "images", (1, 3, 96, 128), (1, 3, 96, 128), (8, 3, 96, 128)) in mod.calls
+    assert "warning" not in capsys.readouterr().err
+    assert main(["model", "engine", str(model), "--cache-dir", str(tmp_path / "e")]) == 0
+    assert "640x640" in capsys.readouterr().err
