@@ -194,12 +194,20 @@ def mapping_pairs(node: yaml.MappingNode, loader: yaml.SafeLoader,
     for knode, vnode in node.value:
         key = loader.construct_object(knode) if isinstance(knode, yaml.ScalarNode) else None
         if not isinstance(key, str):
-            raise fail(knode, f"keys must be strings, got {_desc(knode, loader)}")
+            raise fail(knode, f"keys must be strings, got {_desc(knode, loader)}{quote_hint(knode)}")
         earlier = out.get(key)
         if earlier is not None and id(knode) in own and id(earlier[0]) in own:
             raise fail(knode, f"duplicate key (first defined on line {earlier[0].start_mark.line + 1})")
         out[key] = (knode, vnode)  # flatten_mapping ordered the entries so that the last one wins
     return out
+
+
+def quote_hint(node: yaml.Node) -> str:
+    """For a scalar YAML read as something else than text (``101``, ``yes``, ``null``): how to
+    write it as text."""
+    if isinstance(node, yaml.ScalarNode) and node.style is None:
+        return f"; quote it to mean the text: '{node.value}'"
+    return ""
 
 
 def _desc(node: yaml.Node, loader: yaml.SafeLoader) -> str:

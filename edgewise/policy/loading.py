@@ -60,7 +60,8 @@ def _mapping_items(
         key = ctx.scalar(knode) if isinstance(knode, yaml.ScalarNode) else None
         if isinstance(key, str):
             return ctx.fail(knode, _join(path, key), problem, "each key once per mapping")
-        return ctx.fail(knode, path or "(top level)", f"keys must be strings, got {_node_desc(knode, ctx)}")
+        return ctx.fail(knode, path or "(top level)",
+                        f"keys must be strings, got {_node_desc(knode, ctx)}{yamlnodes.quote_hint(knode)}")
 
     return yamlnodes.mapping_pairs(node, ctx.loader, key_error)
 
@@ -100,6 +101,8 @@ def _value(spec: FieldSpec, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
     if not isinstance(node, yaml.ScalarNode):
         raise ctx.fail(node, path, f"expected a scalar, got {_node_desc(node, ctx)}", spec.allowed())
     v = ctx.scalar(node)  # numbers as YAML 1.2 reads them (yamlnodes.Loader): 1e-3 is one, 010 is ten
+    if spec.kind == "int" and isinstance(v, float) and v.is_integer():
+        v = int(v)  # 4.0: an integer to JSON Schema and to the settings loader, so to the policy's too
     if spec.kind in ("float", "int"):
         ok_type = isinstance(v, int) if spec.kind == "int" else isinstance(v, (int, float))
         if isinstance(v, bool) or not ok_type:
@@ -113,7 +116,7 @@ def _value(spec: FieldSpec, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
             raise ctx.fail(node, path, f"{show(v)} is not a boolean", spec.allowed())
         return v
     if not isinstance(v, str):
-        raise ctx.fail(node, path, f"{show(v)} is not a string", spec.allowed())
+        raise ctx.fail(node, path, f"{show(v)} is not a string{yamlnodes.quote_hint(node)}", spec.allowed())
     if spec.choices and v not in spec.choices:
         raise ctx.fail(node, path, f"{show(v)} is not allowed{suggest(v, spec.choices)}", spec.allowed())
     if spec.required and not v.strip():

@@ -257,3 +257,12 @@ def test_numbers_read_as_yaml_1_2_and_past_any_float_are_out_of_range_with_their
         text = HEAD + f"  {key}: {huge}" + ("}" if "{" in key else "") + "\n"
         with pytest.raises(ConfigError, match=r"^p.yaml:5: spec\..* is out of range"):
             parse_policy(text, "p.yaml")
+
+
+def test_an_integer_written_with_a_point_zero_and_a_number_key_read_as_the_other_loaders_do():
+    """`burst: 4.0` passed the JSON schema and the settings loader's rule and was refused here;
+    `streams: {101: ...}` said "keys must be strings" with no word of quoting (found by a probe)."""
+    p = parse_policy(HEAD + "  budget: {burst: 4.0}\n", "p.yaml")
+    assert p.spec.budget.burst == 4 and isinstance(p.spec.budget.burst, int)
+    with pytest.raises(ConfigError, match=r"keys must be strings, got 101; quote it to mean the text: '101'"):
+        parse_policy(HEAD + "  streams: {101: {mode: never}}\n", "p.yaml")
