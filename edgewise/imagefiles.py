@@ -155,9 +155,17 @@ MAX_SIDE = {"png": 1_000_000, "jpeg": 65_500, "webp": 16_383}
 MAX_SIDE_OTHER = 1 << 20
 
 
-def check_pixels(header: ImageHeader, max_pixels: int, what: str = "image") -> ImageHeader:
+#: What to do about an image over a limit: a sender's (the gateway's, a worker's) default,
+#: and the advice for an image file on disk (a folder source, a calibration set).
+FRAME_ADVICE = "send a smaller frame or a crop"
+FILE_ADVICE = "shrink or crop the image file"
+
+
+def check_pixels(header: ImageHeader, max_pixels: int, what: str = "image",
+                 advice: str = FRAME_ADVICE) -> ImageHeader:
     """Refuse an empty declared size, one over ``max_pixels``, or a side longer than the format's
-    decoder takes (:data:`MAX_SIDE`), before any decoding."""
+    decoder takes (:data:`MAX_SIDE`), before any decoding; ``advice`` ends the message of a
+    refusal by a limit (``FRAME_ADVICE`` for a sender, ``FILE_ADVICE`` for a file on disk)."""
     w, h = header.width, header.height
     fmt = header.encoding.upper()
     if w <= 0 or h <= 0:
@@ -165,11 +173,11 @@ def check_pixels(header: ImageHeader, max_pixels: int, what: str = "image") -> I
     if w * h > max_pixels:
         raise ImageLimitError(
             f"{what}: {fmt} declares {w}x{h} = {w * h} pixels, over the limit "
-            f"of {max_pixels}; send a smaller frame or a crop")
+            f"of {max_pixels}; {advice}")
     side = MAX_SIDE.get(header.encoding, MAX_SIDE_OTHER)
     if max(w, h) > side and header.encoding != "raw":  # RAW has no decoder: the pixel limit alone
         raise ImageLimitError(f"{what}: {fmt} declares {w}x{h}, a side longer than the {side} pixels its "
-                              "decoder takes; send a smaller frame or a crop")
+                              f"decoder takes; {advice}")
     return header
 
 
@@ -678,13 +686,13 @@ def read_image_file(path: Union[str, os.PathLike[str]], max_pixels: int = DEFAUL
             if st.st_size > limit:
                 raise ImageLimitError(
                     f"{what}: {st.st_size} bytes, over the file size limit of {limit} bytes (which follows "
-                    f"from the pixel limit of {max_pixels}); shrink or crop the image")
+                    f"from the pixel limit of {max_pixels}); {FILE_ADVICE}")
             data = fh.read(limit + 1)
     except OSError as exc:
         raise InvalidInputError(f"{what}: cannot read: {exc.strerror or exc}") from None
     if not data:
         raise InvalidInputError(f"{what}: empty file")
-    header = check_pixels(image_header(data, what), max_pixels, what)
+    header = check_pixels(image_header(data, what), max_pixels, what, FILE_ADVICE)
     check_stream(data, header.encoding, what)
     if not upright:
         return decode_checked(data, header, what, judge_depth=True)
@@ -714,4 +722,4 @@ def read_image_header(path: Union[str, os.PathLike[str]], max_pixels: int = DEFA
                 header = image_header(data + fh.read(file_byte_limit(max_pixels) - len(data)), what)
     except OSError as exc:
         raise InvalidInputError(f"{what}: cannot read: {exc.strerror or exc}") from None
-    return check_pixels(header, max_pixels, what)
+    return check_pixels(header, max_pixels, what, FILE_ADVICE)

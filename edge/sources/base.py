@@ -32,6 +32,12 @@ class SourceError(Exception):
     """The source is gone (stream dropped, device lost); a live source reconnects."""
 
 
+class SourceAwayError(SourceError):
+    """A looping file or folder source is away for a moment (its file missing, its folder
+    empty or unreadable at a new pass: a sync job replacing it): not the stream's end. The
+    capture shell backs off as for a reconnect (the stream is down meanwhile) and reads again."""
+
+
 class CorruptFrameError(Exception):
     """One frame could not be decoded; it is skipped and counted, the stream goes on."""
 

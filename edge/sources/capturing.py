@@ -1,10 +1,13 @@
 """Async capture shell: runs a blocking ``FrameSource`` in its own thread, paces it,
 reconnects live streams with exponential backoff and feeds a bounded queue.
+A looping file or folder that is away for a moment (``SourceAwayError``: a sync job
+re-copying it) backs off the same way and is read again; it does not end.
 
 States (connecting / streaming / backoff / ended) are logged on every change and
 reported through ``on_state``; corrupt frames and drops are counted, never fatal.
 Corrupt frames are logged at most 5 times per 10 s per stream (then with the
-count held back). A finite source (folder, video file) skips them and reads straight on;
+count held back). A finite source (folder, video file) skips them and reads straight on
+(a skipped frame does not use up the ``fps`` period: the next read takes it);
 if it loops, only a whole pass (``pass_length`` frames, when the source knows it) without one good
 frame backs off like a reconnect, so a looping folder of bad files cannot spin a CPU
 core on warnings while a folder that starts with bad files is not held up. A live
@@ -32,7 +35,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Deque, Optional, Tuple
 
-from edge.sources.base import CorruptFrameError, Frame, FrameSource, SourceError, SourceState
+from edge.sources.base import (
+    CorruptFrameError,
+    Frame,
+    FrameSource,
+    SourceAwayError,
+    SourceError,
+    SourceState,
+)
 from edge.sources.clock import SourceClock
 from edgewise.observability import LogThrottle
 
@@ -154,14 +164,16 @@ class Capturer:
         self.corrupt = 0
         self.corrupt_run = 0  # corrupt frames since the last good one
         self._corrupt_delay = reconnect_min_s
+        self._away_delay = reconnect_min_s
         self._run_at_backoff = 0  # corrupt_run when the stream last backed off for it
         self._shape_log = LogThrottle(SHAPE_LOG_INTERVAL_S)
         self._corrupt_log = LogThrottle(CORRUPT_LOG_INTERVAL_S, CORRUPT_LOG_BURST)
         self._source_corrupt = 0  # the source's own corrupt count, as last seen
         self._slow_logged = False
         self.reconnects = 0
-        #: the stream failed (open, read or stall) and has not delivered a frame since:
-        #: ``/healthz`` says degraded while any stream is down
+        #: the stream backed off (an open, read or stall failure, a looping file or folder away
+        #: for a moment, corrupt frames in a row) and has not delivered a frame since:
+        #: ``/healthz`` says degraded while any stream is down. Set in ``_set_state``, the one rule.
         self.down = False
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"capture-{stream_id}")
 
@@ -169,6 +181,8 @@ class Capturer:
         return f"<Capturer {self.stream_id} state={self.state and self.state.value} frames={self.frames}>"
 
     def _set_state(self, state: SourceState, why: str = "") -> None:
+        if state is SourceState.BACKOFF:
+            self.down = True  # cleared by the next frame delivered, not by leaving the back-off
         if state is self.state:
             return
         self.state = state
@@ -227,7 +241,6 @@ class Capturer:
 
     async def _backoff(self, stop: asyncio.Event, delay: float, why: str) -> float:
         self.reconnects += 1
-        self.down = True
         self._set_state(SourceState.BACKOFF, f"{why}; retrying in {delay:.1f} s")
         try:
             await asyncio.wait_for(stop.wait(), timeout=delay)
@@ -344,6 +357,7 @@ class Capturer:
                         return None
                     except asyncio.TimeoutError:
                         pass
+                slot = next_t
                 next_t = max(next_t + period, time.monotonic() - period)
             t0 = time.monotonic()
             try:
@@ -351,6 +365,14 @@ class Capturer:
             except CorruptFrameError as exc:
                 if await self._corrupt_frame(stop, str(exc), bool(getattr(exc, "refused", False))):
                     return None
+                if period:  # a skipped frame delivered nothing: the next read may take its period
+                    next_t = slot
+                continue
+            except SourceAwayError as exc:  # a looping file or folder away for a moment
+                self._away_delay = await self._backoff(stop, self._away_delay, str(exc))
+                if stop.is_set():
+                    return None
+                self._set_state(SourceState.CONNECTING)  # read again: streaming at the next frame
                 continue
             except SourceError as exc:
                 if stop.is_set():  # interrupted by the stop, not a failure
@@ -379,8 +401,9 @@ class Capturer:
                 return None
             self._streamed_ok = True
             self.down = False
+            self._set_state(SourceState.STREAMING)
             self.corrupt_run = self._run_at_backoff = 0
-            self._corrupt_delay = self.reconnect_min_s
+            self._corrupt_delay = self._away_delay = self.reconnect_min_s
             mono_ns = time.monotonic_ns()
             now_mono = mono_ns / 1e9
             read_ns = time.time_ns()

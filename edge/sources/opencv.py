@@ -23,7 +23,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import cv2
 import numpy as np
 
-from edge.sources.base import CorruptFrameError, SourceError
+from edge.sources.base import CorruptFrameError, SourceAwayError, SourceError
 from edge.sources.latest import LatestFrameReader
 from edge.sources.live import (
     REACH_TIMEOUT_S,
@@ -240,7 +240,10 @@ class VideoFileSource:
     after ``VIDEO_FAIL_RUN_LIMIT`` failed reads in a row or at its last frame. One shorter
     than its header says is reported as truncated (``truncated`` counts each pass; the
     warning is logged once per source). A video that yields no frame at all is a
-    ``SourceError`` naming it."""
+    ``SourceError`` naming it. A looping video that delivered frames and then cannot be
+    opened again at a new pass, or yields none in it (a sync job re-copying the file), is
+    away for a moment (``SourceAwayError``): the capture shell backs off and the next
+    ``read`` opens it again, as for a looping folder."""
 
     live = False
     skipped = 0
@@ -259,6 +262,7 @@ class VideoFileSource:
         self.truncated = 0
         self.corrupt = 0  # undecodable frames skipped, all passes
         self.pass_corrupt = 0
+        self.total_read = 0  # frames read, all passes
         self._tail_logged = False
 
     @property
@@ -277,9 +281,27 @@ class VideoFileSource:
         self.expected = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
         self.read_count = self.position = self.pass_corrupt = 0
 
+    def _away(self) -> bool:
+        """Whether a failure to open or read a pass means the file is away for a moment (a
+        looping video that delivered frames before) rather than unusable."""
+        return self.loop and self.total_read > 0
+
+    def _reopen(self) -> None:
+        """Open the video for a new pass of the loop; see ``_away``."""
+        try:
+            self.open()
+        except SourceError as exc:
+            if not self._away():
+                raise
+            raise SourceAwayError(f"{exc}; opened again after a back-off") from None
+
     def _end(self) -> bool:
         """Handle end of file; True when the source should go on (looping)."""
         if self.read_count == 0:
+            if self._away():
+                self.close()  # the next read opens it again
+                raise SourceAwayError(f"video {self.shown} yielded no frames in this pass (being copied?); "
+                                      "opened again after a back-off")
             bad = f" ({self.pass_corrupt} undecodable)" if self.pass_corrupt else ""
             hint = " (for images use kind: folder)" if Path(self.path).suffix.lower() in IMAGE_SUFFIXES else ""
             raise SourceError(f"video {self.shown} yielded no frames{bad} (empty, or not decodable){hint}")
@@ -295,12 +317,12 @@ class VideoFileSource:
         if not self.loop:
             return False
         self.close()
-        self.open()
+        self._reopen()
         return True
 
     def read(self) -> Optional[np.ndarray]:
         if self.cap is None:
-            self.open()
+            self._reopen()
         for _ in range(2):
             run = 0
             while True:
@@ -311,6 +333,7 @@ class VideoFileSource:
                     raise CorruptFrameError(f"decode error in {self.shown}: {exc}") from None
                 if ok:
                     self.read_count += 1
+                    self.total_read += 1
                     self.last_index = self.position
                     self.position += 1
                     self.corrupt += run
@@ -343,8 +366,10 @@ class ImageFolderSource:
     (``RefusedFrameError``), never decoded partially. Without ``loop`` the listing is
     taken at the start; with it the folder is listed again at each pass, so files added
     since are read and deleted ones are no longer tried, and a folder found empty or
-    unreadable then (a sync job replacing its files, a network share's hiccup) is a
-    corrupt frame, listed again after the capture shell's back-off, not the stream's end."""
+    unreadable then (a sync job replacing its files, a network share's hiccup) is away for
+    a moment (``SourceAwayError``), listed again after the capture shell's back-off, not
+    the stream's end. A file deleted or renamed between the listing and its read is no
+    frame at all: skipped (logged at debug), not counted as corrupt."""
 
     live = False
     skipped = 0
@@ -387,25 +412,35 @@ class ImageFolderSource:
     def read(self) -> Optional[np.ndarray]:
         if not self.opened:
             self.open()
-        if self.pos >= len(self.files):
-            if not self.loop:
-                return None
-            try:  # each pass sees the folder as it is now
-                self._list()
-            except SourceError as exc:  # for a moment, maybe: the shell backs off and reads again
-                raise CorruptFrameError(f"{exc}; listed again after a pause") from None
-        p = self.files[self.pos]
-        self.pos += 1
-        self.last_file = str(p)
-        try:  # header first: a decompression bomb or a damaged file is refused before decoding
-            img = read_image_file(p, self.max_pixels)
-        except ImageLimitError as exc:
-            raise RefusedFrameError(str(exc)) from None
-        except InvalidInputError as exc:
-            raise CorruptFrameError(str(exc)) from None
-        except cv2.error as exc:
-            raise CorruptFrameError(f"{shown(p)}: {exc}") from None
-        return _to_bgr(img)
+        listed = False
+        while True:
+            if self.pos >= len(self.files):
+                if not self.loop:
+                    return None
+                if listed:  # every file of a fresh listing was gone before it was read
+                    self.files, self.pos = [], 0
+                    raise SourceAwayError(f"image folder {self.shown}: its images were gone before they "
+                                          "could be read; listed again after a back-off")
+                try:  # each pass sees the folder as it is now
+                    self._list()
+                except SourceError as exc:  # for a moment, maybe: the shell backs off and reads again
+                    raise SourceAwayError(f"{exc}; listed again after a back-off") from None
+                listed = True
+            p = self.files[self.pos]
+            self.pos += 1
+            try:  # header first: a decompression bomb or a damaged file is refused before decoding
+                img = read_image_file(p, self.max_pixels)
+            except ImageLimitError as exc:
+                raise RefusedFrameError(str(exc)) from None
+            except InvalidInputError as exc:
+                if not os.path.lexists(p):  # deleted or renamed since the listing: no frame, not a bad one
+                    log.debug("image folder %s: %s went away after the listing; skipped", self.shown, shown(p))
+                    continue
+                raise CorruptFrameError(str(exc)) from None
+            except cv2.error as exc:
+                raise CorruptFrameError(f"{shown(p)}: {exc}") from None
+            self.last_file = str(p)
+            return _to_bgr(img)
 
     def interrupt(self) -> None:
         """Nothing to wake: a read of a file returns within its decode time."""

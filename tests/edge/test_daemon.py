@@ -316,6 +316,28 @@ def test_healthz_is_degraded_while_a_stream_is_down(tmp_path, tiny_model):
     asyncio.run(run())
 
 
+def test_healthz_names_a_stream_backing_off_for_corrupt_frames(tmp_path, tiny_model):
+    """A looping folder whose files are all bad sits in backoff delivering nothing: /healthz said
+    "ok" with streams_down [] (only open/read/stall failures counted); it is down like them."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for i in range(3):
+        (bad / f"{i}.jpg").write_bytes(b"")
+    d = _daemon(tmp_path, tiny_model, [{"id": "ok", "kind": "synthetic", "uri": "160x120", "fps": 10},
+                                       {"id": "bad", "kind": "folder", "uri": str(bad), "loop": True,
+                                        "reconnect_min_s": 0.05, "reconnect_max_s": 0.2}])
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.started and d.health()[1]["streams_down"] == ["bad"], 60, "bad stream")
+        ok, doc = d.health()
+        assert ok and doc["status"] == "degraded" and doc["streams"]["ok"] == "streaming"
+        d.request_stop()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(run())
+
+
 def _start_daemon(tmp_path, tiny_model) -> tuple[subprocess.Popen[bytes], Path]:
     """A real `edgewise edge run` started as systemd starts it (SIGHUP at its default), its
     policy reloaded only on SIGHUP."""

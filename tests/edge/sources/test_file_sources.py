@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import List
 
@@ -18,6 +19,7 @@ from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.opencv import local_source_problem
 from tests.edge.sources.test_sources import bomb_jpeg, make_video, read_all
+from tests.waiting import async_wait_until
 
 
 def _png(path: Path, value: int, size=(30, 20)) -> Path:
@@ -157,6 +159,7 @@ def test_a_file_over_the_pixel_limit_is_refused_not_corrupt(tmp_path, caplog):
     assert len(q) == 1
     [line] = [r.getMessage() for r in caplog.records if "a-bomb.jpg" in r.getMessage()]
     assert "refused by a limit" in line and "corrupt frame" not in line
+    assert "shrink or crop the image file" in line and "send a smaller frame" not in line  # the gateway's words
 
 
 def test_check_config_opens_what_the_daemon_would_open(tmp_path):
@@ -250,4 +253,82 @@ def test_a_looping_folder_emptied_for_a_moment_goes_on(tmp_path):
     t.join()
     values = [int(f.image[0, 0, 0]) for f in _queued(q)]
     assert values[0] == 1 and values[-1] == 2 and len(values) == 3, values
-    assert SourceState.BACKOFF in states and cap.corrupt >= 1
+    assert SourceState.BACKOFF in states and cap.corrupt == 0  # away for a moment: no frame was corrupt
+
+
+def test_a_looping_video_missing_when_a_pass_wraps_backs_off_and_goes_on(tmp_path):
+    """A sync job re-copying a looping video removed it just as a pass ended: the reopen
+    failed, the stream ended for good with /healthz still "ok" (and the daemon, with no other
+    stream, exited). Now it backs off like a looping folder, is down meanwhile, and reads the
+    file again once it is back."""
+    video = make_video(tmp_path / "v.avi", 5)
+    data = video.read_bytes()
+    src = VideoFileSource(str(video), loop=True)
+
+    async def run():
+        q = FrameQueue(1000, "wait", asyncio.Event())
+        states: List[SourceState] = []
+        cap = Capturer("s", src, q, fps=20, max_frames=8, reconnect_min_s=0.05, reconnect_max_s=0.2,
+                       on_state=lambda _s, st: states.append(st))
+        task = asyncio.ensure_future(cap.run(asyncio.Event()))
+        await async_wait_until(lambda: cap.frames >= 1, 10, "the first frame")
+        video.unlink()  # the open capture reads the pass on; the reopen at its end fails
+        await async_wait_until(lambda: cap.down or task.done(), 10, "the stream down while its file is away")
+        assert not task.done() and cap.state is SourceState.BACKOFF, states
+        video.write_bytes(data)
+        await asyncio.wait_for(task, 10)
+        return cap, states
+
+    cap, states = asyncio.run(run())
+    assert cap.frames == 8 and cap.corrupt == 0 and not cap.down
+    assert SourceState.BACKOFF in states and states[-1] is SourceState.ENDED
+
+
+def test_a_stream_backing_off_for_corrupt_frames_is_down_until_a_good_frame(tmp_path):
+    """A looping folder of bad files sat in backoff delivering nothing while /healthz said "ok":
+    a back-off for corrupt frames is down like one for a failed open or read (one rule)."""
+    for i in range(3):
+        (tmp_path / f"{i}.jpg").write_bytes(b"")
+
+    async def run():
+        q = FrameQueue(4, "wait", asyncio.Event())
+        cap = Capturer("bad", ImageFolderSource(str(tmp_path), loop=True), q, max_frames=1,
+                       reconnect_min_s=0.01, reconnect_max_s=0.05)
+        task = asyncio.ensure_future(cap.run(asyncio.Event()))
+        await async_wait_until(lambda: cap.down, 10, "the stream down in its corrupt-frame back-off")
+        _png(tmp_path / "9.png", 9)
+        await asyncio.wait_for(task, 10)
+        return cap
+
+    cap = asyncio.run(run())
+    assert cap.frames == 1 and not cap.down
+
+
+def test_bad_files_in_a_paced_folder_do_not_use_up_the_frame_period(tmp_path):
+    """With fps 2, one good and four bad files gave 0.4 good frames/s: each bad file waited a
+    period. Skipped files are read at once, so two good frames take one period, not five."""
+    _png(tmp_path / "a.png", 1)
+    for name in "bcde":
+        (tmp_path / f"{name}.jpg").write_bytes(b"junk")
+    t0 = time.monotonic()
+    cap, q, _ = _capture(ImageFolderSource(str(tmp_path), loop=True), fps=2, max_frames=2)
+    elapsed = time.monotonic() - t0
+    assert len(q) == 2 and cap.corrupt == 4
+    assert elapsed < 2.0, f"{elapsed:.2f} s: the bad files were paced (5 periods = 2.5 s)"
+
+
+def test_a_file_gone_between_listing_and_reading_is_not_a_corrupt_frame(tmp_path, caplog):
+    """A file deleted or renamed after the folder was listed was logged and counted as a
+    corrupt frame (edgewise_edge_corrupt_frames_total); it is no frame at all."""
+    for i in range(3):
+        _png(tmp_path / f"{i}.png", i + 1)
+
+    class Churned(ImageFolderSource):
+        def open(self) -> None:
+            super().open()
+            (tmp_path / "1.png").unlink()  # a sync job, right after the listing
+
+    with caplog.at_level("WARNING"):
+        cap, q, _ = _capture(Churned(str(tmp_path)))
+    assert [int(f.image[0, 0, 0]) for f in _queued(q)] == [1, 3] and cap.corrupt == 0
+    assert not [r for r in caplog.records if "1.png" in r.getMessage()]
