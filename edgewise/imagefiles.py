@@ -64,9 +64,24 @@ class ImageLimitError(InvalidInputError):
 
 #: File name endings read as images (folder sources, calibration folders); case-insensitive.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
-#: Failed reads in a row that end a video before the frame count its header states (a
-#: bad frame before that is skipped): the edge daemon's and the calibration reader's rule.
-VIDEO_FAIL_RUN_LIMIT = 5
+#: Failed reads in a row that end a video before the frame count its header states (see
+#: ``video_ended``): the edge daemon's and the calibration reader's rule.
+VIDEO_FAIL_RUN_LIMIT = 1000
+
+
+def video_ended(count: int, pos: int, run: int) -> bool:
+    """Whether a video has ended after ``run`` failed reads in a row, ``pos`` frames read or
+    failed so far, when its header states ``count`` frames (0: unknown).
+
+    Before the stated count a failed read is one unreadable frame and reading goes on: a
+    corrupt stretch in the middle is read past (its frames are counted as corrupt once a
+    later one decodes). OpenCV's position (``CAP_PROP_POS_FRAMES``) counts decoded frames
+    only, so whether a failed read moved on shows only when a later frame decodes; the run
+    is bounded instead by the count and by ``VIDEO_FAIL_RUN_LIMIT``: a read at the real end
+    of a file fails in microseconds, so a count far past it (a cut copy, a wrong header)
+    costs at most that many quick reads per pass. Past the count, or without one, the
+    first failed read ends the video."""
+    return not (count > 0 and pos < count and run < VIDEO_FAIL_RUN_LIMIT)
 
 
 def file_byte_limit(max_pixels: int) -> int:

@@ -41,13 +41,13 @@ from edgewise.errors import InvalidInputError
 from edgewise.imagefiles import (
     DEFAULT_MAX_PIXELS,
     IMAGE_SUFFIXES,
-    VIDEO_FAIL_RUN_LIMIT,
     ImageLimitError,
     hidden,
     natural_key,
     read_image_file,
     read_image_header,
     shown,
+    video_ended,
 )
 
 log = logging.getLogger(__name__)
@@ -236,8 +236,9 @@ def _to_bgr(img: Any) -> np.ndarray:
 
 class VideoFileSource:
     """A video file, optionally looped. A frame that does not decode before the end the
-    header states is skipped and counted (``corrupt``) and reading goes on; the video ends
-    after ``VIDEO_FAIL_RUN_LIMIT`` failed reads in a row or at its last frame. One shorter
+    header states is skipped and counted (``corrupt``) and reading goes on, past a corrupt
+    stretch too; the video ends when the reads fail to that end (or ``VIDEO_FAIL_RUN_LIMIT``
+    in a row) or at its last frame (``edgewise.imagefiles.video_ended``). One shorter
     than its header says is reported as truncated (``truncated`` counts each pass; the
     warning is logged once per source). A video that yields no frame at all is a
     ``SourceError`` naming it. A looping video that delivered frames and then cannot be
@@ -342,7 +343,7 @@ class VideoFileSource:
                 run += 1
                 self.position += 1
                 # before the end the header states a failed read is one bad frame: read on
-                if not (self.expected and self.position < self.expected and run < VIDEO_FAIL_RUN_LIMIT):
+                if video_ended(self.expected, self.position, run):
                     break
             if not self._end():
                 return None

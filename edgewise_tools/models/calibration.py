@@ -12,8 +12,8 @@ Images are read as the edge daemon's folder source reads them
 (``edgewise.imagefiles.read_image_file``: header check, pixel limit, no partial decode
 of a damaged file, EXIF orientation applied, 16-bit scaled by its depth), in natural name
 order without hidden files; a video by the daemon's rule (a frame that does not decode
-before the stated end is skipped, ``VIDEO_FAIL_RUN_LIMIT`` failed reads in a row end
-it), and a short read is logged and noted in ``skipped``.
+before the stated end is skipped: ``edgewise.imagefiles.video_ended``), and a short read
+is logged and noted in ``skipped``.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import numpy as np
 from edgewise.errors import InvalidInputError
 from edgewise.imagefiles import (
     IMAGE_SUFFIXES,
-    VIDEO_FAIL_RUN_LIMIT,
     hidden,
     natural_key,
     read_image_file,
     shown,
+    video_ended,
 )
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class FrameSource:
             """One more failed read at ``pos``; True when the video has ended (the daemon's rule)."""
             nonlocal run
             run += 1
-            return not (count and pos < count and run < VIDEO_FAIL_RUN_LIMIT)
+            return video_ended(count, pos, run)
 
         def short() -> None:
             if got < len(wanted):  # the video ended (or had bad frames) before the last one wanted

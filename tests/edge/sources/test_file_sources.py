@@ -40,8 +40,9 @@ def _capture(src, **kw):
     return asyncio.run(run())
 
 
-def midcorrupt_video(path: Path, n: int = 30, bad: int = 10) -> Path:
-    """An MJPG AVI of ``n`` frames whose frame ``bad`` has its JPEG bytes zeroed (sizes kept)."""
+def midcorrupt_video(path: Path, n: int = 30, bad: int = 10, run: int = 1) -> Path:
+    """An MJPG AVI of ``n`` frames whose frames ``bad`` .. ``bad + run - 1`` have their JPEG
+    bytes zeroed (sizes kept)."""
     data = bytearray(make_video(path.with_suffix(".src.avi"), n).read_bytes())
     chunks, i = [], 0
     while True:
@@ -50,9 +51,10 @@ def midcorrupt_video(path: Path, n: int = 30, bad: int = 10) -> Path:
             break
         chunks.append(j)
         i = j + 4
-    j = chunks[bad + 1]  # the stream header's tag, then one chunk per frame, then the index
-    size = int.from_bytes(data[j + 4:j + 8], "little")
-    data[j + 8:j + 8 + size] = bytes(size)
+    for k in range(bad, bad + run):
+        j = chunks[k + 1]  # the stream header's tag, then one chunk per frame, then the index
+        size = int.from_bytes(data[j + 4:j + 8], "little")
+        data[j + 8:j + 8 + size] = bytes(size)
     path.write_bytes(bytes(data))
     return path
 
@@ -332,3 +334,21 @@ def test_a_file_gone_between_listing_and_reading_is_not_a_corrupt_frame(tmp_path
         cap, q, _ = _capture(Churned(str(tmp_path)))
     assert [int(f.image[0, 0, 0]) for f in _queued(q)] == [1, 3] and cap.corrupt == 0
     assert not [r for r in caplog.records if "1.png" in r.getMessage()]
+
+
+def test_a_corrupt_stretch_in_the_middle_of_a_video_is_read_past_and_counted(tmp_path, caplog):
+    """Ten undecodable frames in a row (more than the old limit of 5 failed reads) ended the
+    video there, logged as a "truncated or corrupt tail" although the frames after them decode;
+    they were not counted as corrupt either. A true truncated tail still ends the video."""
+    video = midcorrupt_video(tmp_path / "mid.avi", 30, 10, run=10)
+    src = VideoFileSource(str(video))
+    with caplog.at_level("WARNING", logger="edge.sources.opencv"):
+        frames = read_all(src)
+    assert len(frames) == 20 and src.corrupt == 10 and src.truncated == 0
+    assert not [r for r in caplog.records if "corrupt tail" in r.getMessage()]
+    cap, q, _ = _capture(VideoFileSource(str(video)))
+    assert [f.source_index for f in _queued(q)] == [i for i in range(30) if not 10 <= i < 20]
+    assert cap.corrupt == 10
+    tail = midcorrupt_video(tmp_path / "tail.avi", 30, 20, run=10)  # the last ten frames undecodable
+    src = VideoFileSource(str(tail))
+    assert len(read_all(src)) == 20 and src.truncated == 1 and src.corrupt == 0
