@@ -71,7 +71,8 @@ class StreamSettings:
         "Live kinds: a stream that delivers no new frame for this long is declared down, the frames "
         "queued from before are discarded and it reconnects with the backoff above; 0 = five frame "
         "periods of the source's nominal rate, at least 1 s and at most 60 s (2 s when the source "
-        "reports no rate).",
+        "reports no rate, or only an invented one: FFmpeg's 25 fps for MJPEG over HTTP; set it for a "
+        "camera slower than one frame every 2 s).",
         0.0, lo=0)
     backend: str = setting(
         "rtsp: how the stream is decoded. `ffmpeg` (OpenCV's FFmpeg, CPU decode), `gstreamer` (an "

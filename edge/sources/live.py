@@ -155,8 +155,8 @@ def latest_appsink(pipeline: str) -> Tuple[str, Optional[str]]:
 def stall_timeout(setting: float, nominal_fps: float) -> float:
     """Seconds without a new frame after which a live stream is down: ``setting``, or
     when 0 five frame periods of the source's nominal rate, at least 1 s and at most
-    ``SLOW_STALL_MAX_S`` (2 s when the rate is unknown or above 1000 fps: a backend's
-    time base, not a rate). A slow camera (one frame every 5 s) gets its five periods:
+    ``SLOW_STALL_MAX_S`` (2 s when the rate is unknown, invented (pass 0: FFmpeg's 25 fps
+    for MJPEG over HTTP), or above 1000 fps: a backend's time base, not a rate). A slow camera (one frame every 5 s) gets its five periods:
     with 2 s it would be declared down before each of its frames."""
     if setting > 0:
         return setting
@@ -200,12 +200,19 @@ def host_port(uri: str) -> Optional[Tuple[str, int]]:
         return None
 
 
-def why_unopened(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> str:
+#: An open that took at least this share of its time limit ran into the limit: nothing answered.
+OPEN_LIMIT_SHARE = 0.9
+
+
+def why_unopened(uri: str, timeout_s: float = REACH_TIMEOUT_S, waited_s: float = 0.0,
+                 limit_s: float = 0.0) -> str:
     """Why a network camera at ``uri`` may not have opened, from one TCP connect to it: its
-    host does not resolve, nothing listens, nothing answers, or it answers (then the path or
-    the credentials are the likely cause). FFmpeg says none of this through OpenCV, so a dead
-    camera, a wrong port and a wrong password all read ``cannot open``. Empty when the URL
-    names no host."""
+    host does not resolve, nothing listens, nothing answers, or it accepts the connection.
+    Then, when the failed open took about its whole time limit (``waited_s`` of ``limit_s``,
+    the smaller of ``open_timeout_s`` and ``io_timeout_s``), the camera did not answer (hung);
+    else it answered and refused, so the path or the credentials are the likely cause.
+    FFmpeg says none of this through OpenCV, so a dead camera, a wrong port and a wrong
+    password all read ``cannot open``. Empty when the URL names no host."""
     where = host_port(uri)
     if where is None:
         return ""
@@ -222,5 +229,9 @@ def why_unopened(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> str:
         return f"no answer from {shown} within {timeout_s:g} s; is the camera on the network (or a firewall)?"
     except OSError as exc:
         return f"{shown}: {exc.strerror or exc}"
+    if limit_s > 0 and waited_s >= OPEN_LIMIT_SHARE * limit_s:
+        return (f"{shown} accepts connections, but the stream did not answer within {waited_s:.1f} s "
+                "(open_timeout_s / io_timeout_s): the camera may be hung; restart it, or raise the "
+                "timeouts for a slow one")
     return (f"{shown} answers, but the stream did not open: check the path and the credentials "
             "(`ffprobe` on the URL prints FFmpeg's reason)")

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -495,6 +496,7 @@ class CaptureSource:
         """Whether the stream's own timestamps are real (False: MJPEG over HTTP, see above)."""
         self._said_timestamps = False
         self._closing: List[LatestFrameReader] = []  # earlier readers still inside a grab()
+        self._open_took_s = 0.0  # how long the last FFmpeg open took (why_unopened: did it time out?)
 
     @property
     def skipped(self) -> int:
@@ -530,9 +532,13 @@ class CaptureSource:
         options = ffmpeg_options(self.kind, self.transport, self.io_timeout_s, self.avformat_major)
         params = self._timeouts()
         with _OPTIONS_GATE.holding(options):
-            if not params:  # OpenCV < 4.5.2: no open/read timeouts, no parameter list
-                return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG)
-            return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG, params)
+            t0 = time.monotonic()  # the open itself, not the wait for the gate
+            try:
+                if not params:  # OpenCV < 4.5.2: no open/read timeouts, no parameter list
+                    return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG)
+                return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG, params)
+            finally:
+                self._open_took_s = time.monotonic() - t0
 
     def open(self) -> None:
         if self.reader is not None:
@@ -553,7 +559,8 @@ class CaptureSource:
             raise SourceError(f"{self.kind} {self.shown}: {redact_uri(str(exc))}") from None
         if not cap.isOpened():
             cap.release()
-            why = why_unopened(self.uri, min(REACH_TIMEOUT_S, self.io_timeout_s)) if self.live else ""
+            why = why_unopened(self.uri, min(REACH_TIMEOUT_S, self.io_timeout_s), self._open_took_s,
+                               min(self.open_timeout_s, self.io_timeout_s)) if self.live else ""
             raise SourceError(f"cannot open {self.kind} source {self.shown}" + (f": {why}" if why else ""))
         fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
         self.timestamps = not _invented_timestamps(self.kind, self.backend, _fourcc(cap))
@@ -561,7 +568,9 @@ class CaptureSource:
             self._said_timestamps = True
             log.info("%s %s: MJPEG over HTTP carries no timestamps (FFmpeg's are a nominal %g fps); "
                      "frames are stamped with their read time (capture_clock: read)", self.kind, self.shown, fps)
-        self.stall_timeout_s = stall_timeout(self.stall_timeout_setting, fps)
+        # MJPEG over HTTP: FFmpeg's 25 fps is invented, so the rate is unknown (a 0.5 fps camera
+        # was declared down after 1 s, before each of its frames)
+        self.stall_timeout_s = stall_timeout(self.stall_timeout_setting, fps if self.timestamps else 0.0)
         self.reader = LatestFrameReader(cap, self.shown, self.stall_timeout_s,
                                         lambda: _position_ms(cap))
         self.reader.start()

@@ -187,3 +187,13 @@ def test_a_good_source_clock_is_kept():
         t = i * 100_000_000 + (i % 7) * 3_000_000
         _, which = clock.stamp(i * 100.0 * 1.0002, mono + t, mono + t)
     assert which == STREAM and clock.slow is None
+
+
+def test_a_camera_slower_than_ffmpegs_invented_rate_does_not_flap():
+    """A 0.67 fps MJPEG camera with stall_timeout_s 0: its timeout came from FFmpeg's invented
+    25 fps (1 s), so it was declared down before each frame. The invented rate is unknown:
+    the documented 2 s."""
+    with MjpegServer(fps=0.67) as srv:
+        cap, frames, _ = capture(srv.url, 4.0)
+    assert cap.source.stall_timeout_s == 2.0  # type: ignore[attr-defined]
+    assert cap.reconnects == 0 and len(frames) >= 2

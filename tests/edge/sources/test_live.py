@@ -285,3 +285,32 @@ def test_a_failed_open_says_whether_anything_answers() -> None:
     said = str(err.value)
     assert said.startswith("cannot open rtsp source rtsp://u:***@127.0.0.1") and "connection refused" in said
     assert "secret" not in said
+
+
+def test_a_hung_camera_is_not_blamed_on_the_path_or_the_credentials() -> None:
+    """A camera that worked and then hung (TCP accepts, nothing answers) read "answers, but
+    the stream did not open: check the path and the credentials". An open that took its whole
+    time limit now says the camera did not answer within it."""
+    from edge.sources.base import SourceError
+    from edge.sources.live import why_unopened
+    from tests.listener import Listener
+
+    class Hung(Listener):
+        held: list = []
+
+        def on_connection(self, conn) -> None:
+            self.held.append(conn)  # accepted, never answered
+
+    srv = Hung()
+    try:
+        src = CaptureSource("rtsp", f"rtsp://127.0.0.1:{srv.port}/cam", open_timeout_s=1.0, io_timeout_s=1.0)
+        with pytest.raises(SourceError) as err:
+            src.open()
+        said = str(err.value)
+        assert "did not answer within" in said and "check the path" not in said, said
+        # an open refused at once (a wrong path, a 401) still points at the path and the credentials
+        assert "check the path" in why_unopened(f"rtsp://127.0.0.1:{srv.port}/cam", 1.0, 0.05, 1.0)
+    finally:
+        for conn in Hung.held:
+            conn.close()
+        srv.close()
