@@ -26,6 +26,7 @@ from edge.sources.live import (
     hardware_decoder,
     latest_appsink,
     opencv_video_io,
+    url_problem,
 )
 from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
@@ -39,6 +40,9 @@ from edgewise.wire import MIN_PING_INTERVAL_S
 SOURCE_KINDS = ("file", "folder", "rtsp", "http", "camera", "gstreamer", "synthetic")
 LIVE_KINDS = ("rtsp", "http", "camera", "gstreamer")
 DROP_POLICIES = ("drop_oldest", "wait")
+#: The lowest frame-rate cap, frames/s (one frame a day): below it the frame period is
+#: no longer a finite wait (``fps: 1e-320`` gave one frame, then nothing, while healthy).
+MIN_FPS = 1.0 / 86400
 TRANSPORTS = ("grpc", "mqtt")
 
 
@@ -55,7 +59,8 @@ class StreamSettings:
         "`edgewise.synth` camera scenes (DIFFICULTY: easy | medium | hard | reference | episodes, "
         "or a difficulty YAML/JSON file).", "")
     loop: bool = setting("file/folder/synthetic: start again at the end instead of ending the stream.", False)
-    fps: float = setting("Frame-rate cap in frames/s; 0 = as fast as the source and pipeline allow.", 0.0, lo=0)
+    fps: float = setting("Frame-rate cap in frames/s; 0 = as fast as the source and pipeline allow; "
+                         "otherwise at least one frame a day (1/86400).", 0.0, lo=0)
     queue_size: int = setting("Frames buffered between capture and inference; 0 = per-kind default "
                               "(live: 2, file/folder/synthetic: 8).", 0, lo=0)
     drop_policy: str = setting(
@@ -349,6 +354,9 @@ def _validate_streams(streams: List[StreamSettings]) -> None:
             raise Invalid(f"{p}.uri", f"is required for kind {st.kind!r}")
         if st.kind == "synthetic":
             _check_synthetic_uri(f"{p}.uri", st.uri)
+        if 0 < st.fps < MIN_FPS:
+            raise Invalid(f"{p}.fps", f"{st.fps:g} frames/s is less than one frame a day ({MIN_FPS:.3g}); "
+                                      "give 0 for no cap")
         if st.reconnect_min_s > st.reconnect_max_s:
             raise Invalid(f"{p}.reconnect_min_s", "must be <= reconnect_max_s")
         if st.kind in LIVE_KINDS:
@@ -356,6 +364,9 @@ def _validate_streams(streams: List[StreamSettings]) -> None:
 
 
 def _check_live(p: str, st: StreamSettings) -> None:
+    bad_url = url_problem(st.kind, st.uri)
+    if bad_url:
+        raise Invalid(f"{p}.uri", f"stream {st.id!r}: {bad_url}")
     if st.kind == "camera" and not (re.fullmatch(r"[0-9]{1,4}", st.uri) or st.uri.startswith("/")):
         raise Invalid(f"{p}.uri", f"{st.uri[:80]!r} is neither a device index (0, 1, ...) nor a device path "
                                   "(/dev/video0)")

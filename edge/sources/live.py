@@ -178,6 +178,24 @@ def describe_backend() -> str:
 
 #: Ports a camera URL means when it names none.
 DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322, "http": 80, "https": 443}
+#: The URL schemes each network kind is opened with.
+URL_SCHEMES = {"rtsp": ("rtsp", "rtsps"), "http": ("http", "https")}
+
+
+def url_problem(kind: str, uri: str) -> Optional[str]:
+    """What keeps ``uri`` from being a URL a ``kind`` stream (``rtsp``, ``http``) can open: no
+    scheme (``192.168.1.20:554/stream1``), a local path, another scheme; None when nothing
+    does, or for other kinds. FFmpeg refuses such a URL at every open without a
+    reason, so the stream backed off forever."""
+    schemes = URL_SCHEMES.get(kind)
+    if schemes is None:
+        return None
+    m = re.match(r"([a-zA-Z][a-zA-Z0-9+.-]*)://", uri)
+    forms = " or ".join(f"{s}://" for s in schemes)
+    example = f"{schemes[0]}://host[:port]/path"
+    if m is None or m.group(1).lower() not in schemes:
+        return f"{redact_uri(uri)[:80]!r} is not an {kind.upper()} URL: give {example} ({forms})"
+    return None
 #: Longest wait of the reachability check that explains a failed open.
 REACH_TIMEOUT_S = 2.0
 

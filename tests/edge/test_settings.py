@@ -253,3 +253,33 @@ def test_a_cloud_transport_the_settings_do_not_configure_is_not_used_and_said(tm
         preflight(s)
     assert "cloud.transport is 'grpc', but these settings configure only mqtt: mqtt is used; set cloud.endpoints, " \
            "or remove cloud.transport" in caplog.text
+
+
+@pytest.mark.parametrize("kind, uri, says", [
+    ("rtsp", "192.168.1.20:554/stream1", r"streams.0.uri: stream 'gate': '192.168.1.20:554/stream1' is not an RTSP "
+                                         r"URL: give rtsp://host\[:port\]/path \(rtsp:// or rtsps://\)"),
+    ("rtsp", "/videos/gate.mp4", r"streams.0.uri: stream 'gate': '/videos/gate.mp4' is not an RTSP URL"),
+    ("rtsp", "http://u:secret@cam/x", r"'http://u:\*\*\*@cam/x' is not an RTSP URL"),
+    ("http", "cam.local/mjpg", r"is not an HTTP URL: give http://host\[:port\]/path \(http:// or https://\)"),
+])
+def test_a_network_stream_without_its_url_scheme_is_refused(tmp_path, kind, uri, says):
+    """`kind: rtsp` with `uri: 192.168.1.20:554/stream1` passed check-config, and the daemon
+    backed off forever without a reason (FFmpeg refuses it at every open)."""
+    with pytest.raises(ConfigError, match=says):
+        load_settings(write(tmp_path, "device_id: a\nstreams: [{id: gate, kind: synthetic}]\n"),
+                      overrides=[f"streams.0.kind={kind}", f"streams.0.uri={uri}"], env={})
+    for ok in ("rtsp://u:p@192.168.1.20:554/stream1", "RTSPS://cam/x") if kind == "rtsp" else ("https://cam/x",):
+        load_settings(write(tmp_path, "device_id: a\nstreams: [{id: gate, kind: synthetic}]\n"),
+                      overrides=[f"streams.0.kind={kind}", f"streams.0.uri={ok}"], env={})
+
+
+@pytest.mark.parametrize("fps", ["1e-320", "0.00001"])
+def test_an_fps_cap_below_one_frame_a_day_is_refused(tmp_path, fps):
+    """`fps: 1e-320` passed (lo=0) and made the frame period infinite: one frame, then nothing,
+    while /healthz said streaming."""
+    with pytest.raises(ConfigError, match=r"streams.0.fps: .* frames/s is less than one frame a day .*give 0 for no cap"):
+        load_settings(write(tmp_path, "device_id: a\nstreams: [{id: s, kind: synthetic}]\n"),
+                      overrides=[f"streams.0.fps={fps}"], env={})
+    for ok in ("0", str(1 / 86400), "0.5"):
+        load_settings(write(tmp_path, "device_id: a\nstreams: [{id: s, kind: synthetic}]\n"),
+                      overrides=[f"streams.0.fps={ok}"], env={})
