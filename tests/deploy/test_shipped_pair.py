@@ -16,7 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bundle_images_chart_and_demo_ship_one_pair() -> None:
-    assert bundle.DEFAULT_MODEL == DEMO_EDGE_MODEL and bundle.DEFAULT_POLICY == WORLDS["camera"].policy
+    # the bundle ships the TensorRT layout of the demo's INT8 model: both quantized from one edge.onnx
+    from edgewise.runtime.metadata import load_model_info
+
+    assert bundle.DEFAULT_MODEL == DEMO_EDGE_MODEL.with_name("edge-int8-trt.onnx")
+    ours, demo = load_model_info(bundle.DEFAULT_MODEL), load_model_info(DEMO_EDGE_MODEL)
+    assert (ours.names, ours.imgsz, ours.metadata.get("arch")) == (demo.names, demo.imgsz, demo.metadata.get("arch"))
+    assert model_world(bundle.DEFAULT_MODEL) == "camera" and bundle.DEFAULT_POLICY == WORLDS["camera"].policy
     values = yaml.safe_load((ROOT / "charts" / "edgewise" / "values.yaml").read_text())
     for dockerfile in (DOCKERFILE, DOCKERFILE.with_name("Dockerfile.cuda")):
         baked = image_files(dockerfile)
