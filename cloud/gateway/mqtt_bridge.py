@@ -72,6 +72,7 @@ reconnects with backoff; work is handed to the gateway's event loop with
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import socket
@@ -170,6 +171,8 @@ class RequestHandler(Protocol):
 
     def read(self, body: bytes, transport: str) -> RequestHead | Reply: ...
 
+    def screen(self, req: RequestHead, transport: str, caller: Caller) -> Reply | None: ...
+
     async def handle(self, req: RequestHead, transport: str, caller: Caller,
                      call_remaining: float | None = None) -> Reply: ...
 
@@ -228,6 +231,8 @@ class MqttBridge:
         self.client.on_subscribe = self._on_subscribe
         self.client.on_publish = self._on_publish
         self._pending: set[Future[None]] = set()
+        self._per_device: collections.Counter[str] = collections.Counter()  # requests in flight, by device
+        self._device_of: dict[Future[None], str] = {}
         self._unacked: dict[int, str] = {}  # mid -> response topic, of answers handed to paho
         self._early: dict[int, Any] = {}  # mid -> reason code of a PUBACK that came before publish() returned
         self._lock = threading.Lock()
@@ -497,23 +502,44 @@ class MqttBridge:
             self._count("malformed")
             self._publish(response_topic, correlation, req)
             return
-        with self._lock:
-            busy = len(self._pending) >= self.s.max_in_flight
-        if busy:
+        caller = Caller(_metadata(props, device), topic_device=device, peer=f"MQTT topic {msg.topic[:200]!r}")
+        full = self._full(device)
+        if full:
+            # a caller the gateway refuses is told so (not to retry), and learns nothing of its load
+            refused = self.handler.screen(req, "mqtt", caller)
+            if refused is not None:
+                self._publish(response_topic, correlation, refused)
+                return
             self._count("overloaded")
             # an answered request like any other: requests_total{transport=mqtt} and
             # rejected_total{reason=mqtt_overloaded} (docs/metrics.md)
             self.handler.metrics.rejected.labels(reason="mqtt_overloaded").inc()
             self.handler.metrics.answered("mqtt", status.name(status.RESOURCE_EXHAUSTED))
-            self._publish(response_topic, correlation, error_reply(
-                req, status.RESOURCE_EXHAUSTED,
-                f"gateway MQTT bridge has {self.s.max_in_flight} requests in flight; retry later"))
+            self._publish(response_topic, correlation, error_reply(req, status.RESOURCE_EXHAUSTED,
+                                                                   f"{full}; retry later"))
             return
-        caller = Caller(_metadata(props, device), topic_device=device, peer=f"MQTT topic {msg.topic[:200]!r}")
-        fut = asyncio.run_coroutine_threadsafe(self._serve(req, caller, response_topic, correlation), self.loop)
+        # the edge's deadline: the Message Expiry Interval it set (whole seconds, rounded up), less
+        # what the broker held it (MQTT 5.0 section 3.3.2.3.3); else the gateway's default
+        expiry = getattr(props, "MessageExpiryInterval", None) if props is not None else None
+        remaining = float(expiry) if isinstance(expiry, int) and expiry > 0 else None
+        fut = asyncio.run_coroutine_threadsafe(self._serve(req, caller, response_topic, correlation, remaining),
+                                               self.loop)
         with self._lock:
             self._pending.add(fut)
+            self._per_device[device] += 1
+            self._device_of[fut] = device
         fut.add_done_callback(self._done)
+
+    def _full(self, device: str) -> str:
+        """Why a request of ``device`` cannot be taken now ("" when it can): the bridge's slots are
+        all taken, or that device's share of them (one device must not starve the others)."""
+        with self._lock:
+            if len(self._pending) >= self.s.max_in_flight:
+                return f"gateway MQTT bridge has {self.s.max_in_flight} requests in flight"
+            if self._per_device[device] >= self.s.max_in_flight_per_device:
+                return (f"device {device!r} has {self.s.max_in_flight_per_device} requests in flight over MQTT "
+                        "(mqtt.max_in_flight_per_device)")
+        return ""
 
     def _refuse(self, what: str, message: str) -> None:
         """Count a request nothing can be answered to; log a few per interval (a flood of
@@ -526,14 +552,19 @@ class MqttBridge:
     def _done(self, fut: Future[None]) -> None:
         with self._lock:
             self._pending.discard(fut)
+            device = self._device_of.pop(fut, None)
+            if device is not None:
+                self._per_device[device] -= 1
+                if self._per_device[device] <= 0:
+                    del self._per_device[device]
         if not fut.cancelled() and fut.exception() is not None:
             log.error("MQTT request failed: %r", fut.exception())
             self._count("internal_error")
 
     # ---- event-loop side ------------------------------------------------------------------
     async def _serve(self, req: RequestHead, caller: Caller, response_topic: str,
-                     correlation: bytes | None) -> None:
-        reply = await self.handler.handle(req, "mqtt", caller)
+                     correlation: bytes | None, remaining: float | None = None) -> None:
+        reply = await self.handler.handle(req, "mqtt", caller, remaining)
         self._count("answered" if status.is_ok(reply.status) else "error_answered")
         self._publish(response_topic, correlation, reply)
 
@@ -560,12 +591,13 @@ class MqttBridge:
                             limit, whose, f" ({held} more not published)" if held else "")
             return
         info = self.client.publish(topic, reply.body, qos=BRIDGE_QOS, properties=props)
-        if info.rc != mqtt.MQTT_ERR_SUCCESS:
+        if info.rc == mqtt.MQTT_ERR_NO_CONN:  # queued: paho sends it after the reconnect (not a failure)
+            log.debug("answer to %s queued until the broker connection is back", topic[:200])
+        elif info.rc != mqtt.MQTT_ERR_SUCCESS:
             self._count("publish_failed")
             log.warning("could not publish the answer to %s (rc %s); the edge will time out and replay",
                         topic, info.rc)
-            if info.rc != mqtt.MQTT_ERR_NO_CONN:
-                return  # not queued: no PUBACK comes
+            return  # not queued: no PUBACK comes
         with self._lock:  # queued (NO_CONN: paho sends it after the reconnect): a PUBACK comes
             early = self._early.pop(info.mid, None)
             if early is None:

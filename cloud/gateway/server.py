@@ -288,6 +288,12 @@ class Gateway:
         except InvalidInputError as exc:
             return self._reject(None, transport, Rejection(status.INVALID_ARGUMENT, str(exc)))
 
+    def screen(self, req: RequestHead, transport: str, caller: Caller) -> Reply | None:
+        """The reply of a request whose caller ``handle`` would refuse (its authentication), else
+        None: a transport too busy to take a request tells a refused caller so, not to retry."""
+        bad = self.auth.authenticate(caller, req.device_id)
+        return self._reject(req, transport, bad, caller) if bad is not None else None
+
     async def handle(self, req: RequestHead, transport: str, caller: Caller,
                      call_remaining: float | None = None) -> Reply:
         """The one request path of both transports: authenticate ``caller`` (token, client

@@ -196,6 +196,10 @@ class MqttSettings:
     key_file: str = setting("PEM client key for mutual TLS (needs `tls: true`).", "")
     keepalive_s: int = setting("MQTT keepalive, seconds (MQTT carries it in two bytes).", 30, lo=1, hi=65535)
     max_in_flight: int = setting("Concurrent requests from MQTT in the balancer.", 64, lo=1)
+    max_in_flight_per_device: int = setting(
+        "Concurrent requests from MQTT of one device (the topic's), at most: one more is answered "
+        "RESOURCE_EXHAUSTED, so one device cannot take every slot of `max_in_flight` from the others (an edge "
+        "has at most `cloud.max_in_flight`, 16 by default, plus its replays).", 32, lo=1)
     reconnect_min_s: float = setting("First reconnect delay, seconds (doubles up to `reconnect_max_s`).", 0.5,
                                      lo=0, lo_open=True)
     reconnect_max_s: float = setting("Largest reconnect delay, seconds.", 30.0, lo=0, lo_open=True)

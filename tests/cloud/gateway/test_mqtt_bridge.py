@@ -43,11 +43,13 @@ class Edge:
             self.responses.setdefault(corr, []).append(detect_pb2.DetectResponse.FromString(msg.payload))
 
     def send(self, payload: bytes, corr: bytes, device: str = "cam-1", reply: bool = True,
-             reply_topic: str = "", token: str = "", retain: bool = False) -> None:
+             reply_topic: str = "", token: str = "", retain: bool = False, expiry_s: int = 0) -> None:
         props = Properties(PacketTypes.PUBLISH)
         if reply:
             props.ResponseTopic = reply_topic or self.reply_topic
         props.CorrelationData = corr
+        if expiry_s:
+            props.MessageExpiryInterval = expiry_s
         if token:
             props.UserProperty = [("authorization", f"Bearer {token}")]
         self.c.publish(f"edgewise/{device}/escalate", payload, qos=1, properties=props,
@@ -326,6 +328,58 @@ def test_the_connected_gauge_follows_the_broker(mosquitto):
             await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
             text = (await http_get(f"http://127.0.0.1:{gw.metrics_port}/metrics")).decode()
             assert "edgewise_gateway_mqtt_connected 1.0" in text
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
+
+
+def test_one_device_cannot_take_every_slot_a_refused_caller_is_told_so_and_the_edges_deadline_holds(mosquitto):
+    """Found by a probe of the MQTT path:
+    - one device flooding the bridge took all of `mqtt.max_in_flight`, and every other device
+      was answered RESOURCE_EXHAUSTED (over gRPC it was served);
+    - while the bridge was full, a request with no valid token was told RESOURCE_EXHAUSTED
+      (spooled, replayed) where gRPC says UNAUTHENTICATED;
+    - the edge's deadline (its Message Expiry Interval) was ignored: every request got the
+      gateway's 5 s default."""
+    import time
+
+    async def main():
+        w = TestWorker("slow", 3.0, concurrency=16)
+        await w.start()
+        gw = await bridged_gateway(mosquitto, w, **{
+            "mqtt.max_in_flight": 4, "mqtt.max_in_flight_per_device": 2,
+            "auth.tokens": [{"device": "cam-1", "token": "t1"}, {"device": "cam-2", "token": "t2"}]})
+        try:
+            await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
+            one = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+            two = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port, "edgewise/cam-2/response/r")
+            try:
+                for i in range(3):
+                    await asyncio.to_thread(one.send, request("cam-1", i).SerializeToString(), b"one%d" % i,
+                                            token="t1")
+                await wait_until(lambda: b"one2" in one.responses, 10, "the third request of cam-1 answered")
+                third = one.responses[b"one2"][0]
+                assert third.status == detect_pb2.RESOURCE_EXHAUSTED
+                assert "device 'cam-1' has 2 requests in flight over MQTT" in third.error
+                for i in range(2):  # cam-2 still gets its share: the bridge is now full (4 of 4)
+                    await asyncio.to_thread(two.send, request("cam-2", i).SerializeToString(), b"two%d" % i,
+                                            device="cam-2", token="t2")
+                await wait_until(lambda: w.calls == 4, 10, "both devices' requests at the worker")
+                await asyncio.to_thread(two.send, request("cam-2", 9).SerializeToString(), b"stranger",
+                                        device="cam-2", token="wrong")
+                await wait_until(lambda: b"stranger" in two.responses, 10, "the refused caller answered")
+                assert two.responses[b"stranger"][0].status == detect_pb2.UNAUTHENTICATED
+                await wait_until(lambda: w.calls == 4 and not gw.bridge._pending, 15, "the slow requests done")
+                t0 = time.monotonic()  # a request whose edge waits 1 s is given up at the gateway after 1 s
+                await asyncio.to_thread(one.send, request("cam-1", 7).SerializeToString(), b"short", token="t1",
+                                        expiry_s=1)
+                await wait_until(lambda: b"short" in one.responses, 10, "the expiring request answered")
+                assert one.responses[b"short"][0].status == detect_pb2.DEADLINE_EXCEEDED
+                assert time.monotonic() - t0 < 2.5
+            finally:
+                one.close()
+                two.close()
         finally:
             await gw.stop(1)
             await w.stop()
