@@ -94,7 +94,7 @@ from cloud.gateway.envelope import Reply, RequestHead, error_reply
 from cloud.gateway.metrics import GatewayMetrics
 from cloud.gateway.mqtt_tls import BridgeTls
 from cloud.gateway.settings import UNPROTECTED_GROUP, LimitSettings, MqttSettings
-from edgewise import mqtt_topics, status
+from edgewise import mqtt_properties, mqtt_topics, status
 from edgewise.errors import InvalidInputError
 from edgewise.mqtt_client import Client
 from edgewise.mqtt_packets import (
@@ -468,6 +468,11 @@ class MqttBridge:
 
     def _accept(self, msg: mqtt.MQTTMessage) -> None:
         props = msg.properties
+        if mqtt_properties.cut(props):  # read no further than MAX_PROPERTIES (edgewise.mqtt_properties)
+            self._refuse("too_many_properties",
+                         f"MQTT request on {msg.topic[:200]!r} carries more than {mqtt_properties.MAX_PROPERTIES} "
+                         "properties (an edge sends a few); dropped unanswered")
+            return
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
         if correlation is not None and len(correlation) > self.s.max_correlation_bytes:

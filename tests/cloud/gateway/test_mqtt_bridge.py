@@ -384,3 +384,44 @@ def test_one_device_cannot_take_every_slot_a_refused_caller_is_told_so_and_the_e
             await gw.stop(1)
             await w.stop()
     run(main())
+
+
+def test_a_request_of_100000_user_properties_does_not_hold_up_the_others(mosquitto):
+    """paho read them in time growing with the square of their number: one such request, from a
+    device without a valid token, held the bridge's network thread for 18 s before any check,
+    and every other device waited (found by a probe). It is read no further than 64 properties
+    and dropped, counted, and the next request is answered at once."""
+    import time
+
+    from paho.mqtt.properties import VariableByteIntegers
+
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = await bridged_gateway(mosquitto, w)
+        try:
+            await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
+            edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+            try:
+                def text(t: str) -> bytes:
+                    return len(t).to_bytes(2, "big") + t.encode()
+
+                body = (b"\x08" + text(edge.reply_topic) + b"\x09" + text("flood")
+                        + b"".join(b"\x26" + text(f"k{i}") + text("v") for i in range(100_000)))
+                packet = (b"\x32" + VariableByteIntegers.encode(len(text("edgewise/cam-1/escalate")) + 2 + len(
+                    VariableByteIntegers.encode(len(body))) + len(body) + 4) + text("edgewise/cam-1/escalate")
+                    + b"\x00\x07" + VariableByteIntegers.encode(len(body)) + body + b"\x00" * 4)
+                sock = edge.c.socket()  # the raw PUBLISH (QoS 1, mid 7): paho would take minutes to pack it
+                await asyncio.to_thread(sock.sendall, packet)
+                t0 = time.monotonic()
+                await asyncio.to_thread(edge.send, request(seq=1).SerializeToString(), b"next")
+                await wait_until(lambda: b"next" in edge.responses, 10, "the next request answered")
+                assert time.monotonic() - t0 < 3.0
+                await wait_until(lambda: gw.bridge.counts.get("too_many_properties") == 1, 10, "the flood dropped")
+                assert b"flood" not in edge.responses
+            finally:
+                edge.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
