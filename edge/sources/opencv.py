@@ -217,8 +217,10 @@ def _fourcc(cap: Any) -> str:
 def _invented_timestamps(kind: str, backend: str, fourcc: str) -> bool:
     """Whether a live stream's ``CAP_PROP_POS_MSEC`` is made up rather than the source's:
     MJPEG over HTTP through FFmpeg (the multipart demuxer has no timestamps; FFmpeg numbers
-    the parts at a nominal 25 fps)."""
-    return kind == "http" and backend == "ffmpeg" and fourcc.upper() in ("MJPG", "MJPEG", "JPEG")
+    the parts at a nominal 25 fps). OpenCV 4.5.4 (JetPack 5.1's) names the codec ``mjpe`` where
+    5.x says ``MJPG``: with only the latter, the device took FFmpeg's numbers for the camera's
+    (found by the Jetson lane)."""
+    return kind == "http" and backend == "ffmpeg" and fourcc.upper() in ("MJPG", "MJPE", "MJPEG", "JPEG")
 
 
 def _to_bgr(img: Any) -> np.ndarray:

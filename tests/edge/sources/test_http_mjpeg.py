@@ -197,3 +197,12 @@ def test_a_camera_slower_than_ffmpegs_invented_rate_does_not_flap():
         cap, frames, _ = capture(srv.url, 4.0)
     assert cap.source.stall_timeout_s == 2.0  # type: ignore[attr-defined]
     assert cap.reconnects == 0 and len(frames) >= 2
+
+
+def test_mjpeg_is_told_by_either_opencvs_codec_name() -> None:
+    """OpenCV 4.5.4 (JetPack 5.1's) names the codec ``mjpe`` where 5.x says ``MJPG``: the device
+    took FFmpeg's invented 25 fps for the camera's (found by the Jetson lane)."""
+    from edge.sources.opencv import _invented_timestamps
+
+    assert _invented_timestamps("http", "ffmpeg", "mjpe") and _invented_timestamps("http", "ffmpeg", "MJPG")
+    assert not _invented_timestamps("rtsp", "ffmpeg", "mjpe") and not _invented_timestamps("http", "ffmpeg", "h264")

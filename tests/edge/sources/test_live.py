@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -296,7 +297,9 @@ def test_a_hung_camera_is_not_blamed_on_the_path_or_the_credentials() -> None:
     from tests.listener import Listener
 
     class Hung(Listener):
-        held: list = []
+        def __init__(self) -> None:
+            self.held: list = []
+            super().__init__()
 
         def on_connection(self, conn) -> None:
             self.held.append(conn)  # accepted, never answered
@@ -311,6 +314,7 @@ def test_a_hung_camera_is_not_blamed_on_the_path_or_the_credentials() -> None:
         # an open refused at once (a wrong path, a 401) still points at the path and the credentials
         assert "check the path" in why_unopened(f"rtsp://127.0.0.1:{srv.port}/cam", 1.0, 0.05, 1.0)
     finally:
-        for conn in Hung.held:
+        srv.close()  # first: no connection is accepted after the ones closed here
+        time.sleep(0.1)  # (one accepted as it closed is handed over meanwhile)
+        for conn in srv.held:
             conn.close()
-        srv.close()
