@@ -125,7 +125,7 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _device_fit(policy: Any, source: str, config: str) -> List[str]:
+def _device_fit(policy: Any, config: str) -> List[str]:
     """What the daemon of the device ``config`` configures refuses of ``policy`` at a reload
     (ConfigError, as ``PolicyHolder`` words it) and warns about (``Policy.fit_warnings``): a
     policy that passed ``check-policy`` alone could be refused on the device (found by a probe)."""
@@ -154,7 +154,7 @@ def _check_policy(args: argparse.Namespace) -> int:
     from edgewise.policy.whatif import gate_failures, table
 
     policy = load_policy(args.file)
-    fit_warnings = _device_fit(policy, args.file, args.config) if args.config else []
+    fit_warnings = _device_fit(policy, args.config) if args.config else []
     other = load_policy(args.against) if args.against else None
     data = getattr(args, "data", None)
     if other is not None and not args.replay and not data:

@@ -54,6 +54,8 @@ def in_range(v: float, lo: Optional[float] = None, hi: Optional[float] = None,
 
 def show(value: Any) -> str:
     """A value as an error message quotes it: YAML spelling, strings quoted, cut at 60 characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 10_000:
+        return f"an integer of {value.bit_length()} bits"  # (str() refuses past 4300 digits)
     text = repr(value) if isinstance(value, str) else str(value)
     if value is None:
         text = "null"

@@ -10,8 +10,10 @@ reads its answers the same way.
 
 :func:`install` puts :func:`unpack` in paho's place (both ends import it through
 ``edgewise.mqtt_client``). It reads the same properties into the same attributes, with the same
-checks (MQTT 5.0 section 2.2.2: a length that reaches past the properties, a string that is
-not UTF-8 or holds U+0000, a property that may not repeat), in one pass over the bytes. Past
+checks (MQTT 5.0 sections 1.5 and 2.2.2: a length that reaches past the properties, a string
+that is not UTF-8 or holds U+0000 or U+FEFF, a property that may not repeat, a Subscription
+Identifier of 0), in one pass over the bytes; each refusal is paho's ``MalformedPacket``, which
+paho's loop answers by dropping the connection (paho raised ``MQTTException`` for some). Past
 :data:`MAX_PROPERTIES` it stops reading and marks the properties as cut (:func:`cut`): the
 packet is still read whole (its length says where the properties end), and the bridge drops
 such a request, counted; an edgewise client sends a few.
@@ -60,6 +62,8 @@ def _text(data: bytes, pos: int, end: int) -> Tuple[str, int]:
         raise MalformedPacket("Invalid UTF-8 string") from None
     if "\x00" in text:
         raise MalformedPacket("[MQTT-1.5.4-2] Null found in UTF-8 data")
+    if "\ufeff" in text:
+        raise MalformedPacket("[MQTT-1.5.4-3] U+FEFF found in UTF-8 data")
     return text, pos
 
 
@@ -114,7 +118,10 @@ def unpack(self: Properties, buffer: Any) -> Tuple[Properties, int]:
         else:
             setattr(self, name, value)
     for name, values in repeated.items():
-        setattr(self, name, values)  # once: paho's setter copies the list on every addition
+        if name == "SubscriptionIdentifier" and not all(1 <= v <= 268_435_455 for v in values):
+            raise MalformedPacket("Subscription Identifier must be in the range 1-268435455")
+        setattr(self, name, values)  # once (paho's setter copies the list on every addition; it checks
+        # single values only, so the range check of the one repeated number is made above)
     return self, end
 
 

@@ -49,7 +49,12 @@ class Loader(yaml.SafeLoader):
 
 def _int_1_2(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     text = str(loader.construct_scalar(node))
-    return int(text, 8 if text[:2] == "0o" else 16 if text[:2] == "0x" else 10)
+    if text[:2] in ("0o", "0x"):
+        return int(text, 8 if text[:2] == "0o" else 16)
+    try:
+        return int(text, 10)
+    except ValueError:  # an explicit !!int tag: 0b11, +0x1f
+        return int(text.replace("_", ""), 0)
 
 
 Loader.yaml_implicit_resolvers = {
@@ -102,7 +107,7 @@ def read_bytes(path: Union[str, Path], what: str, regular_only: bool = True, exp
     which reads pipes (``check-policy <(kubectl get configmap ...)``). ``expected`` words what
     the file should be (default: a ``what`` YAML file)."""
     p = Path(path)
-    expected = expected or f"a {what} YAML file"
+    expected = expected or f"{'an' if what[:1] in 'aeiou' else 'a'} {what} YAML file"
     try:
         data, size = read_capped(p, MAX_BYTES, expected, regular_only)
     except FileNotFoundError:

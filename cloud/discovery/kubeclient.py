@@ -105,6 +105,8 @@ def read_token_file(path: str) -> str:
     try:
         data, _ = read_capped(path, 1 << 20, "a token file")
         token = data.decode("utf-8").strip()
+    except ConfigError as exc:  # not a regular file: said without the path, which callers name
+        raise ConfigError(str(exc).replace(f"{path}: ", "", 1)) from None
     except UnicodeDecodeError:
         raise ConfigError("it is not UTF-8 text (a bearer token is)") from None
     except OSError as exc:

@@ -93,7 +93,7 @@ from cloud.gateway.admission import Caller
 from cloud.gateway.envelope import Reply, RequestHead, error_reply
 from cloud.gateway.metrics import GatewayMetrics
 from cloud.gateway.mqtt_tls import BridgeTls
-from cloud.gateway.settings import UNPROTECTED_GROUP, LimitSettings, MqttSettings
+from cloud.gateway.settings import UNPROTECTED_GROUP, LimitSettings, MqttSettings, quote_id
 from edgewise import mqtt_properties, mqtt_topics, status
 from edgewise.errors import InvalidInputError
 from edgewise.mqtt_client import Client
@@ -511,6 +511,8 @@ class MqttBridge:
         full = self._full(device)
         if full:
             # a caller the gateway refuses is told so (not to retry), and learns nothing of its load
+            # (on paho's thread, as the overload's own counting: the metrics are thread-safe, and
+            # the refusals' log throttle at worst lets one more line through)
             refused = self.handler.screen(req, "mqtt", caller)
             if refused is not None:
                 self._publish(response_topic, correlation, refused)
@@ -542,7 +544,7 @@ class MqttBridge:
             if len(self._pending) >= self.s.max_in_flight:
                 return f"gateway MQTT bridge has {self.s.max_in_flight} requests in flight"
             if self._per_device[device] >= self.s.max_in_flight_per_device:
-                return (f"device {device!r} has {self.s.max_in_flight_per_device} requests in flight over MQTT "
+                return (f"device {quote_id(device)} has {self.s.max_in_flight_per_device} requests in flight over MQTT "
                         "(mqtt.max_in_flight_per_device)")
         return ""
 

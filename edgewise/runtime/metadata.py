@@ -535,10 +535,13 @@ def _qdq_forms(graph: Any) -> Tuple[Tuple[str, str, bool], ...]:
     for n in graph.node:
         if n.op_type not in ("QuantizeLinear", "DequantizeLinear") or n.domain not in ("", "ai.onnx"):
             continue
-        zp = consts.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+        given = len(n.input) > 2 and bool(n.input[2])
+        zp = consts.get(n.input[2]) if given else None
         if zp is not None:
             nonzero = any(zp.int32_data) or any(zp.raw_data)
             forms.add((n.op_type, INTEGER_TYPES.get(zp.data_type, str(zp.data_type)), bool(nonzero)))
+        elif given:  # a zero point computed or from a Constant node (torch exports): not read here
+            forms.add((n.op_type, "?", False))
         elif n.op_type == "QuantizeLinear":
             forms.add((n.op_type, "uint8", False))
         else:
@@ -550,10 +553,13 @@ def _qdq_forms(graph: Any) -> Tuple[Tuple[str, str, bool], ...]:
 #: head strides of YOLOv5 P5 models (P6 models add 64)
 P5_STRIDES = (8, 16, 32)
 P6_STRIDES = (8, 16, 32, 64)
-#: every head a YOLOv5 model config makes (yolov5-p2, P5, P6, yolov5-p7): a head's rows are a
-#: whole number of anchors (at most :data:`MAX_ANCHORS_PER_CELL`) per grid cell of one of them
-HEAD_STRIDES = ((4, 8, 16, 32), P5_STRIDES, P6_STRIDES, (8, 16, 32, 64, 128))
-MAX_ANCHORS_PER_CELL = 9
+#: the strides a YOLOv5 head can have; a head detects on two or more consecutive ones starting at
+#: 4, 8 or 16 (yolov5-p2 4-32, P5 8-32, P6 8-64, yolov5-p7 8-128, yolov5-p34 8-16, yolov3-tiny
+#: 16-32): its rows are a whole number of anchors (at most :data:`MAX_ANCHORS_PER_CELL`) per grid
+#: cell of one of these runs
+_ALL_STRIDES = (4, 8, 16, 32, 64, 128)
+HEAD_STRIDES = tuple(_ALL_STRIDES[i:j] for i in range(3) for j in range(i + 2, len(_ALL_STRIDES) + 1))
+MAX_ANCHORS_PER_CELL = 4  # YOLOv5 has 3; one more for custom anchors, no more (max_det would pass)
 #: anchors per grid cell of every YOLOv5 model
 ANCHORS_PER_CELL = 3
 
@@ -592,7 +598,7 @@ def head_problem(rows: int, cols: int, hw: Tuple[int, int], names_known: bool) -
                for strides in HEAD_STRIDES):
             return ""
         return (f"{rows} rows is no YOLOv5 head's anchors x grid cells at {h}x{w} ({p5} for P5 models with 3 "
-                f"anchors, {p6} for P6): an output after NMS ([B,max_det,6]: boxes, score, class id)? a one-class "
+                f"anchors, {p6} for P6; strides 4 to 128): an output after NMS ([B,max_det,6]: boxes, score, class id)? a one-class "
                 "model would then decode to nothing; export the raw YOLOv5 head (no --nms, no end-to-end export)")
     if rows in (grid_cells(h, w, P5_STRIDES), grid_cells(h, w, P6_STRIDES)):
         return (f"{rows} rows is one per grid cell at {h}x{w}, YOLOv8's anchor-free [B,N,4+nc] layout: "

@@ -195,7 +195,7 @@ def plain(val: Val) -> Any:
         return [plain(v) for v in val.data]
     if val.text and isinstance(val.data, str):
         try:
-            return yaml.safe_load(val.data)
+            return yaml.load(val.data, Loader=yamlnodes.Loader)  # numbers as a file reads them
         except yaml.YAMLError:
             return val.data
     return val.data

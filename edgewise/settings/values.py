@@ -182,7 +182,7 @@ def _number(value: Any) -> Optional[Union[int, float]]:
     if isinstance(value, str):
         text = value.strip()
         try:
-            return int(text)
+            return int(text, 0) if text.lstrip("+-")[:2].lower() in ("0x", "0o") else int(text)
         except ValueError:
             try:
                 value = float(text)

@@ -55,7 +55,7 @@ from edgewise.runtime.metadata import (
     load_model_info,
     names_to_metadata,
 )
-from edgewise.runtime.opsets import model_problems, unused_domains
+from edgewise.runtime.opsets import model_problems, tensorrt_problems, unused_domains
 from edgewise_tools.models.agreement import Agreement
 from edgewise_tools.models.calibration import (
     CalibrationReader,
@@ -407,8 +407,9 @@ def quantize(
             "if agreement is poor, try --reduce-range"
         )
     out_info = load_model_info(out)
-    notes.extend(f"not loadable on a Jetson{' (TensorRT)' if target == 'cpu' else ''}: {line}"
-                 for line in model_problems(out_info))
+    notes.extend(f"not loadable on a Jetson: {line}" for line in model_problems(out_info, tensorrt=False))
+    notes.extend(f"not loadable by a Jetson's TensorRT: {line}"
+                 for line in tensorrt_problems(out_info.ops, out_info.qdq))
     report = QuantReport(
         model_path=info.path,
         out_path=out,

@@ -55,6 +55,8 @@ def test_reads_what_paho_reads(seed: int) -> None:
     b"\x06\x08\x00\x03\xed\xa0\x80",  # an encoded surrogate (D800)
     b"\x04\x01\x01\x01\x00",  # Payload Format Indicator twice
     b"\xff\xff\xff\xff\x7f",  # a five-byte length
+    b"\x06\x08\x00\x03\xef\xbb\xbf",  # U+FEFF in a string
+    b"\x02\x0b\x00",  # a Subscription Identifier of 0
 ])
 def test_refuses_what_paho_refuses(bad: bytes) -> None:
     with pytest.raises(MalformedPacket):

@@ -345,7 +345,7 @@ def test_one_device_cannot_take_every_slot_a_refused_caller_is_told_so_and_the_e
     import time
 
     async def main():
-        w = TestWorker("slow", 3.0, concurrency=16)
+        w = TestWorker("slow", 4.0, concurrency=16)
         await w.start()
         gw = await bridged_gateway(mosquitto, w, **{
             "mqtt.max_in_flight": 4, "mqtt.max_in_flight_per_device": 2,
@@ -366,6 +366,7 @@ def test_one_device_cannot_take_every_slot_a_refused_caller_is_told_so_and_the_e
                     await asyncio.to_thread(two.send, request("cam-2", i).SerializeToString(), b"two%d" % i,
                                             device="cam-2", token="t2")
                 await wait_until(lambda: w.calls == 4, 10, "both devices' requests at the worker")
+                assert len(gw.bridge._pending) == 4  # full: the stranger meets the overload check
                 await asyncio.to_thread(two.send, request("cam-2", 9).SerializeToString(), b"stranger",
                                         device="cam-2", token="wrong")
                 await wait_until(lambda: b"stranger" in two.responses, 10, "the refused caller answered")

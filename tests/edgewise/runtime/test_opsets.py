@@ -56,3 +56,33 @@ def test_tensorrt_takes_symmetric_int8_qdq_and_the_onnx_domain_only() -> None:
     assert line.startswith("uses ConvInteger, DynamicQuantizeLinear (ONNX Runtime's dynamic or QOperator")
     (line,) = tensorrt_problems(plain + [("com.microsoft", "QLinearSigmoid")], [])
     assert "outside the ONNX domain (com.microsoft:QLinearSigmoid)" in line
+
+
+def test_a_zero_point_from_a_constant_node_is_not_read_as_onnxs_default() -> None:
+    """A QuantizeLinear whose zero point comes from a Constant node (torch exports) was read as
+    having none, ONNX's default uint8, and a symmetric int8 model refused for TensorRT (found by
+    a review). A zero point given but not an initializer is not judged."""
+    from types import SimpleNamespace as N
+
+    from edgewise.runtime.metadata import _qdq_forms
+    from edgewise.runtime.opsets import tensorrt_problems
+
+    graph = N(initializer=[], node=[N(op_type="Constant", domain="", input=[]),
+                                     N(op_type="QuantizeLinear", domain="", input=["x", "s", "zp"]),
+                                     N(op_type="DequantizeLinear", domain="", input=["q", "s", "zp"])])
+    forms = _qdq_forms(graph)
+    assert forms == (("DequantizeLinear", "?", False), ("QuantizeLinear", "?", False))
+    assert tensorrt_problems([("", "QuantizeLinear")], forms) == []
+    graph.node[1].input = ["x", "s"]  # none given: ONNX's default, uint8
+    assert ("QuantizeLinear", "uint8", False) in _qdq_forms(graph)
+
+
+def test_every_yolov5_head_is_one_and_an_output_after_nms_is_none() -> None:
+    """yolov5-p34 (strides 8, 16) and yolov3-tiny (16, 32) were refused as outputs after NMS once
+    models with class names were held to a head's row count (found by a review)."""
+    from edgewise.runtime.metadata import grid_cells, head_problem
+
+    for strides in ((8, 16), (16, 32), (8, 16, 32), (4, 8, 16, 32), (8, 16, 32, 64), (8, 16, 32, 64, 128)):
+        assert head_problem(3 * grid_cells(640, 640, strides), 85, (640, 640), True) == "", strides
+    for max_det in (100, 300, 1000):
+        assert "an output after NMS" in head_problem(max_det, 6, (640, 640), True)
