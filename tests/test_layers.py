@@ -45,9 +45,12 @@ DEVICE_THIRD_PARTY = {
     # gateway's bridge, whose extras (edge, cloud) install paho-mqtt, as the bundle does
     # (test_only_the_mqtt_ends_import_the_shared_paho_client)
     "edgewise.mqtt_client": _CORE_THIRD_PARTY | {"paho"},
+    # its reader of MQTT properties, installed by it; the bridge reads its verdict
+    "edgewise.mqtt_properties": _CORE_THIRD_PARTY | {"paho"},
 }
-#: the only modules that may import edgewise.mqtt_client
+#: the only modules that may import edgewise.mqtt_client, and edgewise.mqtt_properties
 MQTT_CLIENT_USERS = {"edge.transports.mqtt", "cloud.gateway.mqtt_bridge"}
+MQTT_PROPERTIES_USERS = {"edgewise.mqtt_client", "cloud.gateway.mqtt_bridge"}
 
 Import = Tuple[str, int, str]  # (file, line, imported module name)
 
@@ -151,6 +154,8 @@ def test_only_the_mqtt_ends_import_the_shared_paho_client() -> None:
     _, edges, _ = _graph()
     users = {mod for mod, deps in edges.items() for _, target in deps if target == "edgewise.mqtt_client"}
     assert users == MQTT_CLIENT_USERS
+    users = {mod for mod, deps in edges.items() for _, target in deps if target == "edgewise.mqtt_properties"}
+    assert users == MQTT_PROPERTIES_USERS
 
 
 def _cycles(edges: Dict[str, List[Tuple[int, str]]]) -> List[List[str]]:
