@@ -72,7 +72,6 @@ reconnects with backoff; work is handed to the gateway's event loop with
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import socket
@@ -230,9 +229,7 @@ class MqttBridge:
         self.client.on_message = self._on_message
         self.client.on_subscribe = self._on_subscribe
         self.client.on_publish = self._on_publish
-        self._pending: set[Future[None]] = set()
-        self._per_device: collections.Counter[str] = collections.Counter()  # requests in flight, by device
-        self._device_of: dict[Future[None], str] = {}
+        self._pending: dict[Future[None], str] = {}  # requests in flight -> their device
         self._unacked: dict[int, str] = {}  # mid -> response topic, of answers handed to paho
         self._early: dict[int, Any] = {}  # mid -> reason code of a PUBACK that came before publish() returned
         self._lock = threading.Lock()
@@ -532,9 +529,7 @@ class MqttBridge:
         fut = asyncio.run_coroutine_threadsafe(self._serve(req, caller, response_topic, correlation, remaining),
                                                self.loop)
         with self._lock:
-            self._pending.add(fut)
-            self._per_device[device] += 1
-            self._device_of[fut] = device
+            self._pending[fut] = device
         fut.add_done_callback(self._done)
 
     def _full(self, device: str) -> str:
@@ -543,7 +538,7 @@ class MqttBridge:
         with self._lock:
             if len(self._pending) >= self.s.max_in_flight:
                 return f"gateway MQTT bridge has {self.s.max_in_flight} requests in flight"
-            if self._per_device[device] >= self.s.max_in_flight_per_device:
+            if sum(d == device for d in self._pending.values()) >= self.s.max_in_flight_per_device:
                 return (f"device {quote_id(device)} has {self.s.max_in_flight_per_device} requests in flight over MQTT "
                         "(mqtt.max_in_flight_per_device)")
         return ""
@@ -558,12 +553,7 @@ class MqttBridge:
 
     def _done(self, fut: Future[None]) -> None:
         with self._lock:
-            self._pending.discard(fut)
-            device = self._device_of.pop(fut, None)
-            if device is not None:
-                self._per_device[device] -= 1
-                if self._per_device[device] <= 0:
-                    del self._per_device[device]
+            self._pending.pop(fut, None)
         if not fut.cancelled() and fut.exception() is not None:
             log.error("MQTT request failed: %r", fut.exception())
             self._count("internal_error")

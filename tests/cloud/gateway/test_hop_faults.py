@@ -180,7 +180,7 @@ def test_an_mqtt_overload_answer_is_counted_like_every_answered_request():
         published = []
         bridge.client.publish = lambda topic, body, qos, properties: (  # type: ignore[method-assign]
             published.append(detect_pb2.DetectResponse.FromString(body)) or SimpleNamespace(rc=0, mid=1))
-        bridge._pending.add(concurrent.futures.Future())  # one request in flight: the bridge is full
+        bridge._pending[concurrent.futures.Future()] = "cam-2"  # one request in flight: the bridge is full
         msg = SimpleNamespace(topic="edgewise/cam-1/escalate", payload=request().SerializeToString(), retain=False,
                               properties=SimpleNamespace(ResponseTopic="edgewise/cam-1/response/x",
                                                          CorrelationData=b"c1"))
