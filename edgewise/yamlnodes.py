@@ -192,7 +192,13 @@ def mapping_pairs(node: yaml.MappingNode, loader: yaml.SafeLoader,
                   fail: Callable[[yaml.Node, str], ConfigError]) -> Dict[str, Tuple[yaml.Node, yaml.Node]]:
     """The mapping's entries by key, YAML merge keys resolved (own keys win over merged
     ones, of ``<<: [*a, *b]`` the first); ``fail(key_node, problem)`` makes the error for a
-    key that is not a string or is written twice in this mapping."""
+    key that is not a string or is written twice in this mapping, merge keys included."""
+    merges = [k for k, _ in node.value if k.tag == _MERGE_TAG]
+    if len(merges) > 1:  # YAML allows one merge key per mapping; PyYAML let the last one win
+        second = yaml.ScalarNode("tag:yaml.org,2002:str", "<<", merges[1].start_mark, merges[1].end_mark)
+        raise fail(second, f"a second merge key '<<' in one mapping (the first is on line "
+                              f"{merges[0].start_mark.line + 1}); merge several with one key: "
+                              "'<<: [*first, *second]'")
     own = {id(k) for k, _ in node.value if k.tag != _MERGE_TAG}
     loader.flatten_mapping(node)  # merged entries first, then the mapping's own
     out: Dict[str, Tuple[yaml.Node, yaml.Node]] = {}

@@ -90,6 +90,17 @@ def test_of_several_merged_mappings_the_first_wins_and_own_duplicates_are_refuse
         parse_policy(POLICY_HEAD + "spec:\n  threshold: 0.3\n  threshold: 0.4\n", "p.yaml")
 
 
+def test_two_merge_keys_in_one_mapping_are_refused_not_the_last_taken():
+    # PyYAML let the second '<<' win silently, so 'c.x' read 2 where one merge list reads 1
+    says = r"a second merge key '<<' in one mapping \(the first is on line (\d+)\); .*'<<: \[\*first, \*second\]'"
+    with pytest.raises(ConfigError, match=r"^s.yaml:5: c\.<<: " + says) as settings:
+        parse_yaml("a: &a {x: 1}\nb: &b {x: 2, z: 0}\nc:\n  <<: *a\n  <<: *b\n", "s.yaml", "settings")
+    with pytest.raises(ConfigError, match=r"^p.yaml:10: spec.streams.b.<<: " + says) as policy:
+        parse_policy(POLICY_HEAD + "spec:\n  streams:\n    a: &s {threshold: 0.3}\n    c: &t {threshold: 0.5}\n"
+                     "    b:\n      <<: *s\n      <<: *t\n", "p.yaml")
+    assert "line 4)" in str(settings.value) and "line 9)" in str(policy.value)
+
+
 def test_an_oversized_settings_file_is_refused_before_it_is_parsed(tmp_path):
     from edgewise.settings import read_yaml
 
