@@ -213,6 +213,10 @@ def mapping_pairs(node: yaml.MappingNode, loader: yaml.SafeLoader,
     return out
 
 
+#: why a text field got a boolean: the one wording of the settings, tokens files and model metadata
+UNQUOTED_BOOLEAN = "YAML reads yes/no/on/off/true/false unquoted as a boolean: quote the value to mean the text"
+
+
 def quote_hint(node: yaml.Node) -> str:
     """For a scalar YAML read as something else than text (``101``, ``yes``, ``null``): how to
     write it as text."""

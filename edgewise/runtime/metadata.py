@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import ModelError
 from edgewise.runtime.onnxproto import EXTERNAL, FLOAT, FLOAT16, INTEGER_TYPES, parse_model
+from edgewise.yamlnodes import UNQUOTED_BOOLEAN
 
 PathLike = Union[str, Path]
 ImgszLike = Union[int, Sequence[int]]
@@ -191,7 +192,7 @@ def _class_name(value: Any, i: int, where: str) -> str:
     name (the bomb: hundreds of MB of one)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         shown = f" {value!r}" if value is None or isinstance(value, (bool, float)) else ""  # never a container's repr
-        hint = " (YAML reads yes/no/on/off unquoted as booleans: quote it)" if isinstance(value, bool) else ""
+        hint = f" ({UNQUOTED_BOOLEAN})" if isinstance(value, bool) else ""
         raise ModelError(f"{where}: class name {i} is a {type(value).__name__}{shown}, not text{hint}")
     name = str(value)
     if not name.strip() or len(name) > MAX_NAME_CHARS or any(unicodedata.category(c) in _NOT_IN_NAMES for c in name):

@@ -29,6 +29,7 @@ from edgewise.settings.values import (
     sequence,
     split_text,
 )
+from edgewise.yamlnodes import UNQUOTED_BOOLEAN
 
 
 def build_value(tp: Any, val: Val, path: Tuple[Part, ...], spec: Spec, dflt: Any) -> Any:
@@ -65,7 +66,8 @@ def build_value(tp: Any, val: Val, path: Tuple[Part, ...], spec: Spec, dflt: Any
     try:
         value = coerce(inner, data)
     except Problem as exc:
-        raise fail(val.key_src, path, f"{spec.shown(data)} is not {exc.what}", allowed) from None
+        quote = f"; {UNQUOTED_BOOLEAN}" if isinstance(data, bool) and is_text(inner) else ""
+        raise fail(val.key_src, path, f"{spec.shown(data)} is not {exc.what}{quote}", allowed) from None
     bad = value_problem(spec, tp, value, spec.shown(data))
     if bad:
         raise fail(val.key_src, path, *bad)

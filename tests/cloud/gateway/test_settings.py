@@ -108,6 +108,10 @@ def test_tokens_file(tmp_path):
     t.write_text("- {device: cam-1, tok: abc}\n")
     with pytest.raises(ConfigError, match=r"tokens.yaml:1: \[0\].tok: unknown key \(did you mean 'token'\?\)"):
         s.device_tokens()
+    t.write_text("- {device: cam-1, token: yes}\n")  # a YAML boolean: the secret is not shown, the fix is said
+    with pytest.raises(ConfigError, match=r"tokens.yaml:1: \[0\].token: \*\*\* is not a string; YAML reads "
+                                          r"yes/no/on/off/true/false unquoted as a boolean: quote the value"):
+        s.device_tokens()
     t.write_text("- {device: cam-1}\n")
     with pytest.raises(ConfigError, match=r"tokens.yaml: \[0\]: both device and token must be non-empty"):
         s.device_tokens()

@@ -282,7 +282,7 @@ def test_pathological_names_are_a_model_error(text):
     ("['cat', '', 'car']", "class name 1 '' must be 1..256 characters, not blank, without control"),
     ("['cat', 'do\\ng', 'car']", "class name 1 'do\\ng' must be 1..256 characters, not blank, without control"),
     ("['cat', 'cat', 'car']", "class names repeat ('cat'): the edge and the cloud model's classes are matched by name"),
-    ("[True, 'dog', 'car']", "class name 0 is a bool True, not text (YAML reads yes/no/on/off unquoted as booleans"),
+    ("[True, 'dog', 'car']", "class name 0 is a bool True, not text (YAML reads yes/no/on/off/true/false unquoted as a boolean"),
     ("{0.5: 'cat', 1: 'dog', 2: 'car'}", "class names dict keys must be integers 0..nc-1"),
 ])
 def test_class_names_are_unique_printable_text(names, said):

@@ -162,7 +162,8 @@ def test_a_text_field_takes_a_yaml_number_as_written(schema, yaml_file, tmp_path
     p.write_text("- {name: 0x1F}\n- {name: 1e3}\n")
     assert [i.name for i in load_file(List[Item], p, "items")] == ["0x1F", "1e3"]
     p.write_text("- {name: on}\n")  # a YAML boolean in a text field stays an error: quote 'on'
-    with pytest.raises(ConfigError, match="is not a string"):
+    with pytest.raises(ConfigError, match="is not a string; YAML reads yes/no/on/off/true/false unquoted as a "
+                                          "boolean: quote the value to mean the text"):
         load_file(List[Item], p, "items")
 
 
