@@ -526,10 +526,20 @@ class MqttBridge:
         # what the broker held it (MQTT 5.0 section 3.3.2.3.3); else the gateway's default
         expiry = getattr(props, "MessageExpiryInterval", None) if props is not None else None
         remaining = float(expiry) if isinstance(expiry, int) and expiry > 0 else None
-        fut = asyncio.run_coroutine_threadsafe(self._serve(req, caller, response_topic, correlation, remaining),
-                                               self.loop)
-        with self._lock:
-            self._pending[fut] = device
+        with self._lock:  # one step with stop()'s look at what is in flight: it waits for all it admits
+            stopping = self._stopping
+            if not stopping:
+                fut = asyncio.run_coroutine_threadsafe(
+                    self._serve(req, caller, response_topic, correlation, remaining), self.loop)
+                self._pending[fut] = device
+        if stopping:
+            # sent to us before the broker took stop()'s UNSUBSCRIBE: served now, its answer would
+            # come after the disconnect and be lost; told at once, the edge spools it and replays
+            self._count("error_answered")
+            self.handler.metrics.answered("mqtt", status.name(status.UNAVAILABLE))
+            self._publish(response_topic, correlation, error_reply(
+                req, status.UNAVAILABLE, "gateway is shutting down; retry on another gateway or after its restart"))
+            return
         fut.add_done_callback(self._done)
 
     def _full(self, device: str) -> str:

@@ -426,3 +426,49 @@ def test_a_request_of_100000_user_properties_does_not_hold_up_the_others(mosquit
             await gw.stop(1)
             await w.stop()
     run(main())
+
+
+def test_a_request_delivered_during_stop_is_answered_unavailable_not_served_after_the_disconnect(mosquitto):
+    """stop() unsubscribes, then waits for the requests in flight. A request the broker sent
+    before it took the UNSUBSCRIBE reached paho after stop() had looked: it was served with
+    nothing waiting for it, and its answer went out only if it was ready before the disconnect
+    (else lost: the edge learnt nothing until its own deadline). It is now answered UNAVAILABLE at once (the edge spools it), and stop() leaves
+    nothing running. The late delivery is the bridge's own callback, called as paho's network
+    thread would, right after the real UNSUBSCRIBE went out."""
+    async def main():
+        w = TestWorker("slow", 1.0, concurrency=4)
+        await w.start()
+        gw = await bridged_gateway(mosquitto, w)
+        bridge = gw.bridge
+        edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+        try:
+            await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
+            await asyncio.to_thread(edge.send, request(seq=1).SerializeToString(), b"early")
+            await wait_until(lambda: w.calls == 1, 10, "the first request at the worker")
+            real_unsubscribe = bridge.client.unsubscribe
+
+            def unsubscribe_then_a_late_delivery(topic, *args, **kwargs):
+                out = real_unsubscribe(topic, *args, **kwargs)
+                msg = mqtt.MQTTMessage(topic=b"edgewise/cam-1/escalate")
+                msg.payload = request(seq=2).SerializeToString()
+                msg.properties = Properties(PacketTypes.PUBLISH)
+                msg.properties.ResponseTopic = edge.reply_topic
+                msg.properties.CorrelationData = b"late"
+                bridge._on_message(bridge.client, None, msg)
+                return out
+
+            bridge.client.unsubscribe = unsubscribe_then_a_late_delivery
+            await bridge.stop(5)
+            assert not bridge._pending  # nothing left running after stop()
+            await wait_until(lambda: b"early" in edge.responses and b"late" in edge.responses, 10,
+                             "both requests answered")
+            assert edge.responses[b"early"][0].status == detect_pb2.OK  # in flight before stop: finished
+            late = edge.responses[b"late"][0]
+            assert late.status == detect_pb2.UNAVAILABLE and "gateway is shutting down" in late.error
+            assert w.calls == 1
+            assert bridge.counts.get("error_answered") == 1 and bridge.counts.get("answered") == 1
+        finally:
+            edge.close()
+            await gw.stop(1)
+            await w.stop()
+    run(main())
