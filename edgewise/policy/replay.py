@@ -11,7 +11,10 @@ stream's frames go through in the daemon's decision order
 epoch) resets the stream's budget as it did in the daemon. So replaying records
 with the policy that decided them reproduces every decision, budget and cooldown
 included (checked frame by frame whenever the records' ``policy_digest`` is the
-replayed policy's: :func:`edgewise.policy.digest.policy_digest`).
+replayed policy's: :func:`edgewise.policy.digest.policy_digest`), except the frames a
+policy decided after a live reload from another version in the same daemon run: the
+daemon's budget then came from the other version's decisions, which the records do not
+hold, so those are compared and counted apart (:meth:`Side.check`).
 
 Two *sides* are compared: the policy, and either another policy file or the
 decisions the records carry. For each, per stream and overall: frames, escalated
@@ -191,6 +194,10 @@ class Side:
         self.checked = 0
         self.agreed = 0
         self.mismatches: List[Dict[str, Any]] = []
+        # frames this side's policy decided after a live reload from another version in the same daemon
+        # run: their budget started from that version's decisions (see Side.check), compared, not checked
+        self.after_reload = 0
+        self.agreed_after_reload = 0
 
     def escalator(self, device: str) -> Optional[Escalator]:
         """The policy's decision core for the streams of ``device`` (None: the recorded decisions)."""
@@ -235,10 +242,18 @@ class Side:
             entry = (-hardness, cap_ns, sid, seq, by)
         insort(h, entry)
 
-    def check(self, doc: Record, d: Decision, recorded: bool) -> None:
+    def check(self, doc: Record, d: Decision, recorded: bool, reloaded: bool = False) -> None:
         """This side's policy decided the recorded frame: the replay must agree with it. The
         mismatches kept are the first :data:`MAX_MISMATCHES` by (device, stream, frame_seq),
-        whatever the order the streams interleave in."""
+        whatever the order the streams interleave in. ``reloaded``: the daemon put this policy
+        in force by a live reload from another version earlier in the same run, so its budget
+        state (tokens, window, cooldown, ranking) came from that version's decisions, which the
+        records do not hold: such a frame is compared and counted apart, not checked (a token
+        bucket out of phase can differ for the rest of the run, not only right after the reload)."""
+        if reloaded:
+            self.after_reload += 1
+            self.agreed_after_reload += d.escalate == recorded
+            return
         self.checked += 1
         if d.escalate == recorded:
             self.agreed += 1
@@ -265,7 +280,7 @@ class Stream:
     """One stream's capture-time stretches, daemon runs, oddities and figures per side."""
 
     __slots__ = ("first_s", "last_s", "stretches", "jumps", "largest_jump_s", "epoch", "runs", "backwards",
-                 "largest_back_s", "figs", "version", "run_frames", "escalators")
+                 "largest_back_s", "figs", "version", "run_frames", "escalators", "run_digests")
 
     def __init__(self, t: float, epoch: int, n_sides: int, escalators: Sequence[Optional[Escalator]] = ()) -> None:
         self.first_s = t  # the current stretch of capture time: earliest and latest frame
@@ -281,6 +296,7 @@ class Stream:
         self.version: Tuple[Any, ...] = ()  # (policy, digest, generation) of the current frames
         self.run_frames = 0                 # frames of that version so far
         self.escalators = list(escalators)  # each side's decision core for the stream's device
+        self.run_digests: Set[str] = set()  # the policy digests that decided frames of the current daemon run
 
     def jump(self, t: float) -> None:
         """Capture time jumped to ``t`` by more than :data:`GAP_S`: the current stretch ends
@@ -354,6 +370,7 @@ class Replay:
         """The daemon restarted (a new frame_seq epoch): budgets start afresh, as they did."""
         st.epoch = epoch
         st.runs += 1
+        st.run_digests.clear()
         for esc, fig in zip(st.escalators, st.figs):
             if esc is not None:
                 esc.forget(sid)
@@ -461,6 +478,9 @@ def _take(r: Replay, doc: Record) -> None:
     if version != st.version:
         r.count_version(st)
         st.version = version
+    run_digests = st.run_digests
+    if digest not in run_digests:
+        run_digests.add(digest)
     st.run_frames += 1
     recorded = doc.get("escalated") is True
     up0 = d0.escalate
@@ -488,12 +508,12 @@ def _take(r: Replay, doc: Record) -> None:
             r.crop_pixels += crop
             r.crop_frames_pixels += pixels
     if digest == side0.digest:
-        side0.check(doc, d0, recorded)
+        side0.check(doc, d0, recorded, len(run_digests) > 1)
     fig0, fig1 = st.figs
     _account(side0, fig0, up0, d0.suppressed_by, d0.hardness, t, cap_ns, key, seq, pb, crop, pixels, width, now)
     if d1 is not None:
         if digest == side1.digest:
-            side1.check(doc, d1, recorded)
+            side1.check(doc, d1, recorded, len(run_digests) > 1)
         _account(side1, fig1, up1, d1.suppressed_by, d1.hardness, t, cap_ns, key, seq, pb, crop, pixels, width,
                  now)
     else:
@@ -750,15 +770,18 @@ def _notes(r: Replay) -> List[str]:
         notes.append("the records do not carry policy_digest (written by an older daemon): whether a policy "
                      "decided them cannot be checked, so nothing is checked for reproduction")
     for side in r.sides:
-        if side.policy is None or not side.checked:
+        if side.policy is None or not (side.checked or side.after_reload):
             continue
         others = sum(v["frames"] for v in versions if v["digest"] != side.digest)
         if others:
             notes.append(f"{others} of the frames were decided by another policy version than {side.label}: "
-                         "those are a what-if, the others are checked for reproduction")
-    if len(versions) > 1 and any(s.checked for s in r.sides):
-        notes.append("the records span a policy change: after a reload the daemon's budget state came from "
-                     "the other version's decisions, so frames right after it may not reproduce")
+                         "those are a what-if" + ("" if side.after_reload else ", the others are checked for reproduction"))
+        if side.after_reload:
+            notes.append(f"{side.after_reload} frame(s) were decided by {side.label} after a live reload from another "
+                         "version in the same daemon run: the daemon's budget (tokens, window, cooldown, ranking) "
+                         "then came from the other version's decisions, which the records do not hold, so they "
+                         f"are compared ({side.agreed_after_reload} agree) but not checked for reproduction (the "
+                         "frames of a daemon run that started with this policy are)")
     return notes
 
 
@@ -789,11 +812,13 @@ def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:
                  "suppressed_by": by}
                 for h, ns, sid, seq, by in side.hardest],
         }
-        if side.policy is not None and side.checked:
+        if side.policy is not None and (side.checked or side.after_reload):
             doc["reproduction"] = {"checked": side.checked, "agreed": side.agreed,
-                                   "share": side.agreed / side.checked,
+                                   "share": side.agreed / side.checked if side.checked else 1.0,
                                    "mismatches": [dict(m, stream=r.name((m["device"], m["stream"])))
-                                                  for m in sorted(side.mismatches, key=_mismatch_order)]}
+                                                  for m in sorted(side.mismatches, key=_mismatch_order)],
+                                   "after_reload": {"compared": side.after_reload,
+                                                    "agreed": side.agreed_after_reload}}
         sides.append(doc)
     newly = sum(c[0] for c in r.changes.values())
     no_longer = sum(c[1] for c in r.changes.values())

@@ -94,10 +94,15 @@ def table(report: Dict[str, Any]) -> str:
                   f"{ch['no_longer_escalated']:,} no longer escalated (against {labels[1]})."]
     for s in sides:
         r = s.get("reproduction")
-        if r:
+        if r and r["checked"]:
             verdict = "reproduced exactly" if r["agreed"] == r["checked"] else "NOT reproduced"
             lines.append(f"{s['label']} decided {r['checked']:,} of these frames (same digest {s['policy']['digest']}): "
                          f"{r['agreed']:,} decisions agree ({r['share']:.2%}), {verdict}.")
+        reloaded = r.get("after_reload", {}) if r else {}
+        if reloaded.get("compared"):
+            lines.append(f"{s['label']} decided {reloaded['compared']:,} more after a live reload from another version "
+                         f"(not checked, see the notes): {reloaded['agreed']:,} decisions agree.")
+        if r:
             for m in r["mismatches"][:5]:
                 lines.append(f"  {m['stream']}/{m['frame_seq']}: recorded {m['recorded']} ({m['recorded_reason']}"
                              f"{', ' + m['recorded_suppressed_by'] if m['recorded_suppressed_by'] else ''}), replayed "
