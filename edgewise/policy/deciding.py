@@ -29,7 +29,8 @@ at the old rate and clipped to the new burst; the escalation window keeps its
 history (a shrunken window drops what falls out of it); the time of the last
 escalation is kept so the *new* cooldown is measured from it; the recent
 candidate hardness used by the hardest-first gate is kept unless the
-``signals`` section changed (hardness values are then on a different scale).
+``signals`` section or the gain model it names changed (hardness values are then on a
+different scale).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from edgewise.detections import Detections
 from edgewise.hardness.signals import combine
 from edgewise.policy.budget import Limits, StreamBudget
+from edgewise.policy.digest import learned_digest
 from edgewise.policy.schema import Policy
 
 Clock = Callable[[], float]
@@ -244,7 +246,9 @@ class Escalator:
         """Put ``policy`` in force from the next frame on (budget state kept; see module doc)."""
         t = self._clock() if now is None else now
         with self._lock:
-            keep = policy.spec.signals == self._policy.spec.signals
+            # a new gain model at the same learnedModel path is a new hardness scale too
+            keep = (policy.spec.signals == self._policy.spec.signals
+                    and learned_digest(policy) == learned_digest(self._policy))
             for sid, st in self._streams.items():
                 st.relimit(_limits(policy, sid), t, keep_candidates=keep)
             self._policy = policy

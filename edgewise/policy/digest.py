@@ -32,11 +32,19 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+def learned_digest(policy: Policy) -> str:
+    """The SHA-256 of the gain model's trees and quantiles ("" without one): which model a
+    ``signals.learnedModel`` path held when the policy was loaded (the path alone does not say)."""
+    if policy.learned is None:
+        return ""
+    model = dict(policy.learned.trees.to_dict(), quantiles=policy.learned.quantiles.tolist())
+    return hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()
+
+
 def policy_digest(policy: Policy) -> str:
     """The first :data:`DIGEST_CHARS` hex digits of the SHA-256 of the policy's content."""
     doc = _canonical(policy.spec)
     if policy.learned is not None:
-        model = dict(policy.learned.trees.to_dict(), quantiles=policy.learned.quantiles.tolist())
-        doc["learned"] = hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()
+        doc["learned"] = learned_digest(policy)
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_CHARS]

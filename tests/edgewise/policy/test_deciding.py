@@ -269,3 +269,32 @@ def test_signal_config_band_precedence():
     c2 = p.signal_config("s2", frame_size=(640, 480))
     assert (c2.band_low, c2.band_high, dict(c2.class_bands), c2.frame_size) == (0.1, 0.2, {}, (640, 480))
     assert isinstance(c2, SignalConfig)
+
+
+def test_a_new_gain_model_at_the_same_path_restarts_the_hardest_first_ranking(tmp_path):
+    """docs/policies.md: after writing a new gain model, change the policy file so the daemon
+    re-reads both. The path in ``signals.learnedModel`` is unchanged, so the section compared
+    equal and the ranking kept the old model's percentiles, another scale than the new one's;
+    reloading the same model keeps it."""
+    from pathlib import Path
+
+    from edgewise.policy import parse_policy as parse
+
+    root = Path(__file__).resolve().parents[3] / "models"
+    first, second = root / "eval" / "gain-model.json", root / "camera" / "eval" / "gain-model.json"
+    assert first.read_bytes() != second.read_bytes()
+    model = tmp_path / "gain-model.json"
+    text = HEAD % "learned" + ("spec:\n  threshold: 0.0\n  signals: {learnedModel: gain-model.json}\n"
+                               "  budget: {maxFraction: 0.5, windowFrames: 20, maxPerSecond: null}\n")
+    src = str(tmp_path / "policy.yaml")
+    model.write_bytes(first.read_bytes())
+    old, same = parse(text, src), parse(text, src)
+    model.write_bytes(second.read_bytes())
+    new = parse(text, src)
+    for swapped, kept in ((same, 5), (new, 0)):
+        esc = Escalator(old)
+        for i in range(5):
+            esc.decide("s", i, dets("car"), {"uncertain_count": i / 5}, now=float(i))
+        assert esc.budget_state("s")["candidates_in_window"] == 5
+        esc.swap(swapped, now=5.0)
+        assert esc.budget_state("s")["candidates_in_window"] == kept
