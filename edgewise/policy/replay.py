@@ -776,6 +776,12 @@ def _notes(r: Replay) -> List[str]:
         if others:
             notes.append(f"{others} of the frames were decided by another policy version than {side.label}: "
                          "those are a what-if" + ("" if side.after_reload else ", the others are checked for reproduction"))
+        if side.agreed < side.checked and side.policy.spec.on_cloud_unavailable == "drop":
+            notes.append(f"{side.label} drops the escalations the cloud could not take (onCloudUnavailable: drop), "
+                         "and a dropped frame has no record (docs/records.md): the replay does not see the budget "
+                         "those frames spent, so the decisions after them may not reproduce, and the recorded "
+                         "decisions count none of them as escalated; edgewise_edge_escalations_total"
+                         "{outcome=\"dropped\"} counts them on the device")
         if side.after_reload:
             notes.append(f"{side.after_reload} frame(s) were decided by {side.label} after a live reload from another "
                          "version in the same daemon run: the daemon's budget (tokens, window, cooldown, ranking) "

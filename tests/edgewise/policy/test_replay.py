@@ -202,6 +202,22 @@ def test_a_live_reload_is_no_failed_reproduction_of_the_policy_it_put_in_force(t
     assert gate_failures(rep, [], None, None, False) == []
 
 
+def test_escalations_dropped_by_the_policy_are_said_to_be_missing_from_the_records(tmp_path: Path) -> None:
+    """onCloudUnavailable: drop writes no record of an escalation the cloud could not take
+    (tests/edge/test_pipeline.py), so the replay cannot see the budget it spent: the records of
+    a real daemon with its cloud away were 'NOT reproduced' and the recorded decisions counted
+    no escalation, with no word of why. The note says why."""
+    dropping = policy("  threshold: 0.5\n  onCloudUnavailable: drop\n"
+                      "  budget: {maxFraction: 1.0, maxPerSecond: 1, burst: 1}\n", "dropping")
+    recs = [r for r in daemon_records(dropping, [0.9] * 50) if not r["escalated"]]  # the cloud was away
+    rep = replay([write(tmp_path / "r.jsonl", recs)], dropping)
+    r = rep["sides"][0]["reproduction"]
+    assert r["agreed"] < r["checked"]  # what the replay cannot know
+    assert any("onCloudUnavailable: drop" in n and "has no record" in n for n in rep["notes"])
+    kept = replay([write(tmp_path / "all.jsonl", daemon_records(dropping, [0.9] * 50))], dropping)
+    assert not any("onCloudUnavailable: drop" in n for n in kept["notes"])  # reproduced: nothing to say
+
+
 def test_devices_naming_a_stream_alike_are_two_streams_each_reproduced(tmp_path: Path) -> None:
     """frame_seqs and budgets are a device's: two devices' stream ``cam`` (same frame_seqs, one
     file interleaved as a fleet collector writes it, or a file each) are two streams, not one
