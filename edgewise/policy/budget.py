@@ -9,6 +9,9 @@ limits, all per stream:
   ``windowFrames`` consecutive frames at most ``floor(maxFraction *
   windowFrames)`` are escalated. The window counts frames seen by ``decide``
   (not sequence numbers, so gaps in ``frame_seq`` do not open the budget).
+  Escalations that left the window are remembered up to :data:`MAX_WINDOW_FRAMES`
+  frames back, so after a reload to a larger window its cap holds over the frames
+  before the reload too.
 * **Hardest first** (``priority: hardest``): the hard caps alone would spend the
   budget on whichever hard frames come first. So we also keep the hardness of
   recent *candidates* (frames over the threshold) in the window and the
@@ -28,6 +31,10 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Deque, List, Optional, Tuple
+
+#: The largest ``budget.windowFrames`` (the schema's bound): how many frames back escalations
+#: are remembered, whatever the window in force, for a reload to a larger one.
+MAX_WINDOW_FRAMES = 100000
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,8 @@ class StreamBudget:
         self.refilled_at = now
         self.frame = -1  # index of the current frame (frames seen - 1)
         self.escalated: Deque[int] = deque()  # frame indices of escalations in window
+        # frame indices of the escalations before the window, up to MAX_WINDOW_FRAMES back
+        self.older: Deque[int] = deque()
         self.cands: Deque[Tuple[int, float]] = deque()  # (frame index, hardness)
         self.sorted_h: List[float] = []  # hardness of cands, sorted
         self.last_escalation: Optional[float] = None
@@ -62,8 +71,7 @@ class StreamBudget:
         """Count one frame at ``now``: advance the window and refill the bucket."""
         self.frame += 1
         w = self.limits.window_frames
-        while self.escalated and self.escalated[0] <= self.frame - w:
-            self.escalated.popleft()
+        self._window_escalations(w)
         while self.cands and self.cands[0][0] <= self.frame - w:
             _, h = self.cands.popleft()
             del self.sorted_h[bisect.bisect_left(self.sorted_h, h)]
@@ -73,6 +81,17 @@ class StreamBudget:
             self.frame_interval = dt if fi is None else 0.9 * fi + 0.1 * dt
         self.last_frame_at = now if self.last_frame_at is None else max(now, self.last_frame_at)
         self.refill(now)
+
+    def _window_escalations(self, w: int) -> None:
+        """Put the escalations of the last ``w`` frames in ``escalated`` and the earlier ones,
+        up to :data:`MAX_WINDOW_FRAMES` back, in ``older`` (both in frame order)."""
+        start = self.frame - w
+        while self.older and self.older[-1] > start:  # a larger window after a reload
+            self.escalated.appendleft(self.older.pop())
+        while self.escalated and self.escalated[0] <= start:
+            self.older.append(self.escalated.popleft())
+        while self.older and self.older[0] <= self.frame - MAX_WINDOW_FRAMES:
+            self.older.popleft()
 
     def refill(self, now: float) -> None:
         """Add tokens for the time since the last refill (a clock going back adds none)."""
@@ -144,8 +163,7 @@ class StreamBudget:
         self.limits = limits
         self.tokens = min(self.tokens, float(limits.burst))
         w = limits.window_frames
-        while self.escalated and self.escalated[0] <= self.frame - w:
-            self.escalated.popleft()
+        self._window_escalations(w)
         if not keep_candidates:
             self.cands.clear()
             self.sorted_h.clear()

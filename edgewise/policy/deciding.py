@@ -26,7 +26,8 @@ Order of checks for one frame of a stream:
 lock ``decide`` holds, so a frame sees either the old or the new policy, never
 a mix. Budget state survives the swap: tokens are refilled up to the swap time
 at the old rate and clipped to the new burst; the escalation window keeps its
-history (a shrunken window drops what falls out of it); the time of the last
+history (a shrunken window drops what falls out of it, a larger one counts the escalations
+before the swap it covers); the time of the last
 escalation is kept so the *new* cooldown is measured from it; the recent
 candidate hardness used by the hardest-first gate is kept unless the
 ``signals`` section or the gain model it names changed (hardness values are then on a

@@ -22,6 +22,7 @@ from edgewise.hardness.learned import GainModel
 from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
 from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
 from edgewise.merging import STRATEGIES, merge
+from edgewise.policy.budget import MAX_WINDOW_FRAMES
 from edgewise.policy.fields import FieldSpec, field_default, opt
 from edgewise.regions import MODES, PayloadPlan, plan_payload
 
@@ -215,7 +216,7 @@ class Budget:
     )
     window_frames: int = opt(
         "windowFrames", "int", "Sliding window (frames) of maxFraction and of the priority ranking.",
-        300, lo=1, hi=100000,
+        300, lo=1, hi=MAX_WINDOW_FRAMES,
     )
     max_per_second: Optional[float] = opt(
         "maxPerSecond", "float", "Token-bucket refill rate: escalations per second per stream.",

@@ -298,3 +298,28 @@ def test_a_new_gain_model_at_the_same_path_restarts_the_hardest_first_ranking(tm
         assert esc.budget_state("s")["candidates_in_window"] == 5
         esc.swap(swapped, now=5.0)
         assert esc.budget_state("s")["candidates_in_window"] == kept
+
+
+def test_a_reload_to_a_larger_window_holds_its_cap_over_the_frames_before_it():
+    """maxFraction 0.5 of 20 frames, then of 200: the daemon (2 streams, a real reload) let 140
+    of 200 consecutive frames through, as the escalations that had left the small window were
+    forgotten; the new cap, 100 of any 200, holds across the reload now. A shrunken window
+    forgets what falls out of it, and a reload back to a larger one finds it again."""
+    fifo = "  threshold: 0.0\n  budget: {maxFraction: 0.5, windowFrames: %d, maxPerSecond: null, priority: fifo}\n"
+    small, large = policy(LINEAR + fifo % 20, "small"), policy(LINEAR + fifo % 200, "large")
+    esc = Escalator(small)
+    out = []
+    for i in range(400):
+        if i == 140:
+            esc.swap(large, now=float(i))
+        out.append(esc.decide("s", i, dets(), sig(0.9), now=float(i)).escalate)
+    assert sum(out[:140]) == 70
+    assert max(sum(out[i:i + 200]) for i in range(201)) == 100
+    assert sum(out[140:280]) == 100 - sum(out[80:140]) == 70  # the frames before the reload count
+    back = Escalator(large)
+    for i in range(100):
+        back.decide("s", i, dets(), sig(0.9), now=float(i))
+    back.swap(small, now=100.0)
+    assert back.budget_state("s")["escalated_in_window"] == 20  # all 100 went: the last 20 frames
+    back.swap(large, now=100.0)
+    assert back.budget_state("s")["escalated_in_window"] == 100
