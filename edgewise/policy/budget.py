@@ -37,6 +37,11 @@ from typing import Deque, List, Optional, Tuple
 MAX_WINDOW_FRAMES = 100000
 
 
+def fraction_cap(max_fraction: float, window_frames: int) -> int:
+    """Escalations ``maxFraction`` allows in any ``window_frames`` frames (0: never)."""
+    return int(math.floor(max_fraction * window_frames + 1e-9))
+
+
 @dataclass(frozen=True)
 class Limits:
     """The effective budget of one stream (resolved from the policy)."""
@@ -112,7 +117,7 @@ class StreamBudget:
 
     def fraction_cap(self) -> int:
         """Escalations allowed in any window of ``window_frames`` frames."""
-        return int(math.floor(self.limits.max_fraction * self.limits.window_frames + 1e-9))
+        return fraction_cap(self.limits.max_fraction, self.limits.window_frames)
 
     def allowance(self) -> float:
         """Escalations the caps allow over one window (for the hardest-first gate)."""

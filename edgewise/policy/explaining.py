@@ -7,9 +7,9 @@ that can never admit a frame, a band outside the detector's score range...).
 
 from __future__ import annotations
 
-import math
 from typing import List
 
+from edgewise.policy.budget import fraction_cap
 from edgewise.policy.schema import Policy
 from edgewise.regions import REGION_MODES
 
@@ -19,14 +19,13 @@ def warnings(policy: Policy) -> List[str]:
     out: List[str] = []
     s = policy.spec
     b = s.budget
-    cap = math.floor(b.max_fraction * b.window_frames + 1e-9)
-    if cap < 1:
+    if fraction_cap(b.max_fraction, b.window_frames) < 1:
         out.append(
             f"budget.maxFraction {b.max_fraction:g} x windowFrames {b.window_frames} < 1: "
             "no frame can ever be escalated; raise one of them"
         )
     for sid, st in s.streams.items():
-        if st.max_fraction is not None and math.floor(st.max_fraction * b.window_frames + 1e-9) < 1:
+        if st.max_fraction is not None and fraction_cap(st.max_fraction, b.window_frames) < 1:
             out.append(f"streams.{sid}.maxFraction x windowFrames < 1: stream {sid} never escalates")
     if s.threshold == 0:
         out.append("threshold 0: every frame is hard; only the budget limits escalations")
@@ -112,14 +111,16 @@ def explain(policy: Policy) -> str:
         if st.max_per_second is not None or st.burst is not None:
             parts.append(f"rate {rate:g}/s burst {burst}" if rate else f"burst {burst}")
         if st.max_fraction is not None:
-            parts.append(f"maxFraction {st.max_fraction:g}")
+            parts.append(f"maxFraction {st.max_fraction:g} (at most {fraction_cap(st.max_fraction, b.window_frames)} "
+                         f"of any {b.window_frames} frames)")
         lines.append(f"  stream {sid}: " + (", ".join(parts) or "no change"))
     if s.audit_fraction > 0:
         lines.append(f"Also {s.audit_fraction:.1%} of easy frames are escalated as random audits.")
     rate_text = (f"{b.max_per_second:g}/s with bursts of {b.burst}" if b.max_per_second
                  else "no rate limit")
     lines.append(
-        f"Budget per stream: at most {b.max_fraction:.0%} of any {b.window_frames} frames, "
+        f"Budget per stream: at most {fraction_cap(b.max_fraction, b.window_frames)} of any {b.window_frames} "
+        f"frames (maxFraction {b.max_fraction:g}), "
         f"{rate_text}; "
         + ("when over budget the hardest recent frames go first." if b.priority == "hardest"
            else "first come, first served.")

@@ -66,6 +66,18 @@ def test_examples_load_and_explain(path):
     assert "Budget per stream" in text
 
 
+def test_explain_says_how_many_frames_the_fraction_allows():
+    """maxFraction 0.004 of 1000 frames allows 4, and check-policy said 'at most 0% of any 1000
+    frames' (the share rounded to a whole percent); it says the count the budget allows now,
+    by the budget's own rule, per stream too."""
+    text = explain(parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: f}\nspec:\n"
+                                "  budget: {maxFraction: 0.004, windowFrames: 1000}\n"
+                                "  streams: {gate: {maxFraction: 0.025}}\n"))
+    assert "at most 4 of any 1000 frames (maxFraction 0.004)" in text
+    assert "stream gate: maxFraction 0.025 (at most 25 of any 1000 frames)" in text
+    assert "0%" not in text
+
+
 def test_example_values_round_trip():
     p = load_policy(ROOT / "examples" / "policy.yaml")
     assert p.spec.budget.max_fraction == 0.1 and p.spec.budget.burst == 4
