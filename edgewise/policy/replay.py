@@ -479,8 +479,7 @@ def _take(r: Replay, doc: Record) -> None:
         r.count_version(st)
         st.version = version
     run_digests = st.run_digests
-    if digest not in run_digests:
-        run_digests.add(digest)
+    run_digests.add(digest)
     st.run_frames += 1
     recorded = doc.get("escalated") is True
     up0 = d0.escalate
