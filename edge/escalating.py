@@ -73,7 +73,7 @@ from edge.spool import (
     SpoolStats,
 )
 from edge.spool_salvage import SalvagePacing, continue_salvages, salvage_in_use
-from edge.transports import Transport, TransportError, printable
+from edge.transports import MAX_MODEL_NAME_CHARS, Transport, TransportError, printable
 from edgewise import status
 from edgewise.detections import Detections
 from edgewise.observability import LogThrottle
@@ -476,7 +476,7 @@ class Escalating:
         record.detections = detections_json(merged)
         record.outcome = "cloud"
         record.cloud_rtt_ms = round(rtt * 1000.0, 2)
-        record.cloud_model = resp.model_name
+        record.cloud_model = printable(resp.model_name, MAX_MODEL_NAME_CHARS)  # the cloud's words: untrusted
         record.late = late
         record.emit_unix_ns = time.time_ns()
         kept = self.write(record)

@@ -78,6 +78,10 @@ MAX_ANSWER_BYTES = 32 * 1024 * 1024
 #: The most characters of the cloud's ``error`` text (or a gRPC status's details) that reach
 #: a record or a log line; control characters are escaped (``printable``).
 MAX_ERROR_CHARS = 500
+#: The most characters of the model name a cloud answer gives (``model_name``) that reach a
+#: record's ``cloud_model``; escaped and cut like the error text (``printable``). A real
+#: model's name is a few dozen characters; a hostile one of megabytes went into every record.
+MAX_MODEL_NAME_CHARS = 200
 #: The settings of the TLS files both transports use and follow without a restart (CA bundle,
 #: client certificate, key), as the messages name them.
 TLS_SETTINGS = ("cloud.tls_ca", "cloud.tls_cert", "cloud.tls_key")

@@ -21,7 +21,13 @@ from edge.metrics import EdgeMetrics
 from edge.payloads import Spooled, build_request
 from edge.sources.base import Frame
 from edge.spool import Spool
-from edge.transports import MAX_ERROR_CHARS, TransportError, check_response, printable
+from edge.transports import (
+    MAX_ERROR_CHARS,
+    MAX_MODEL_NAME_CHARS,
+    TransportError,
+    check_response,
+    printable,
+)
 from edge.transports.grpc import GrpcTransport
 from edgewise.detections import Detections
 from edgewise.merging import merge
@@ -315,6 +321,22 @@ def test_the_clouds_error_text_is_cut_and_made_printable_where_it_enters():
         assert "\n" not in text and "\x1b" not in text, text[:80]
     assert "E\\n\\x1b[31mINJECT xxx" in written[0].error and "3000014 characters in all" in written[0].error
     assert printable("a\tb\u202e") == "a\\tb\\u202e"
+
+
+def test_the_clouds_model_name_is_cut_and_made_printable_before_it_reaches_the_record():
+    """A cloud answering with a 4 MB model_name full of ANSI escapes and newlines: every
+    escalated frame's record carried all of it (6 MB JSON lines; the daemon wrote 3 records in
+    15 s instead of 43), unlike the error text, which was already cut."""
+    resp = _resp(_det())
+    resp.model_name = "\x1b[31mEVIL\n" * 400_000
+    rec = _write(resp)
+    assert rec.outcome == "cloud"
+    assert len(rec.cloud_model) < MAX_MODEL_NAME_CHARS + 50, len(rec.cloud_model)
+    assert "\n" not in rec.cloud_model and "\x1b" not in rec.cloud_model
+    assert rec.cloud_model.startswith("\\x1b[31mEVIL\\n") and "4000000 characters in all" in rec.cloud_model
+    plain = _resp(_det())
+    plain.model_name = "yolov5x-coco"
+    assert _write(plain).cloud_model == "yolov5x-coco"
 
 
 # ---------------------------------------------------------------- 7: log spam
