@@ -19,7 +19,10 @@ Classes are matched by *name* when both sides carry names (the edge and cloud
 models may order their classes differently); output names are the cloud's
 names followed by edge-only names. When a crop payload was sent, pass the crop
 ``regions``: edge boxes whose centre lies outside every region were never seen
-by the cloud and are kept as they are, whatever the strategy.
+by the cloud and are kept as they are, whatever the strategy. An edge box a region cuts
+(centre inside, part outside) is matched by the part the cloud saw, for the cloud's box of
+that object is cut at the region's border too; the fused box keeps the edge's sides that lie
+beyond the region.
 """
 
 from __future__ import annotations
@@ -71,6 +74,22 @@ def outside_regions(boxes: np.ndarray, regions: Optional[np.ndarray]) -> np.ndar
     return out
 
 
+def seen_parts(boxes: np.ndarray, regions: Optional[np.ndarray]) -> np.ndarray:
+    """Each box cut to the first region holding its centre: the part of it the cloud saw, as a
+    worker clips a box found in a region to that region (:func:`edgewise.regions.tiles_to_frame`).
+    A box no region holds, or every box without regions (the whole frame), is left whole."""
+    out = np.array(boxes, np.float64).reshape(-1, 4)
+    if regions is None or len(out) == 0:
+        return out
+    r = np.asarray(regions, np.float64).reshape(-1, 4)
+    cx = (out[:, 0] + out[:, 2]) / 2.0
+    cy = (out[:, 1] + out[:, 3]) / 2.0
+    for x1, y1, x2, y2 in r[::-1]:  # the first region holding a centre is applied last
+        m = (cx >= x1) & (cx <= x2) & (cy >= y1) & (cy <= y2)
+        out[m] = np.clip(out[m], [x1, y1, x1, y1], [x2, y2, x2, y2])
+    return out
+
+
 def merge(
     edge: Detections,
     cloud: Detections,
@@ -109,7 +128,11 @@ def merge(
     matched_e = np.zeros(len(eb), bool)
     matched_c = np.zeros(len(cb), bool)
     if strategy == "fuse" and len(eb) and len(cb):
-        ious = iou_matrix(eb, cb)
+        # a cloud box of an object a region cuts is cut there too: it is matched with the part of
+        # the edge box the cloud saw, and the fused box keeps the edge's extent beyond the region
+        seen = seen_parts(eb, regions)
+        cut = seen != eb
+        ious = iou_matrix(seen, cb)
         ious[e_ids[:, None] != c_ids[None, :]] = 0.0  # same class only
         ious[unseen] = 0.0
         for ei, ci in greedy_match(ious, iou):
@@ -118,7 +141,8 @@ def merge(
             we = max(es[ei], 0.0) * max(edge_weight, 0.0)
             wc = max(cs[ci], 0.0) * max(cloud_weight, 0.0)
             tot = we + wc
-            box = (eb[ei] * we + cb[ci] * wc) / tot if tot > 0 else (eb[ei] + cb[ci]) / 2.0
+            box = (seen[ei] * we + cb[ci] * wc) / tot if tot > 0 else (seen[ei] + cb[ci]) / 2.0
+            box = np.where(cut[ei], eb[ei], box)
             score = (es[ei] * edge_weight + cs[ci] * cloud_weight) / (edge_weight + cloud_weight)
             emit(box, float(score), int(c_ids[ci]), "fused")
             matched_e[ei] = True

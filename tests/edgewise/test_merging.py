@@ -108,3 +108,26 @@ def test_model_weights_shift_the_fused_box():
     out = merge(edge, cloud, "fuse", iou=0.5, edge_weight=1.0, cloud_weight=3.0)
     assert out.boxes[0].tolist() == pytest.approx([1.5, 0, 11.5, 10])
     assert float(out.scores[0]) == pytest.approx(0.5)
+
+
+def test_an_edge_box_a_region_cuts_fuses_with_the_clouds_box_cut_there_too():
+    """A real daemon's record (camera world, regions payload): the region [630, 462, 754, 720]
+    cut through a digit the edge had boxed [622, 429, 678, 518]; the worker clipped the cloud's
+    box of it to the region, [631, 462, 666, 513]. Matched whole, their IoU was 0.36, so the
+    record held the digit twice: the edge box and the cloud's cut one."""
+    edge = D([[622.15, 429.11, 678.36, 518.3, 0.8, 1], [640, 600, 700, 700, 0.9, 0]])
+    cloud = D([[630.9, 462.0, 666.04, 513.44, 0.7, 1], [642, 602, 701, 702, 0.9, 0]], source="cloud")
+    regions = np.array([[630, 462, 754, 720]], np.float32)
+    out = merge(edge, cloud, "fuse", iou=0.55, edge_floor=0.5, regions=regions)
+    assert out.box_sources() == ("fused", "fused")
+    box = [round(float(v), 2) for v in out.boxes[out.class_ids == 1][0]]
+    # left and top lie beyond the region: the edge's; right and bottom weighted as in WBF
+    assert box[:2] == [622.15, 429.11]
+    assert box[2] == pytest.approx((678.36 * 0.8 + 666.04 * 0.7) / 1.5, abs=0.01)
+    assert box[3] == pytest.approx((518.3 * 0.8 + 513.44 * 0.7) / 1.5, abs=0.01)
+    # a box wholly inside the region fuses as before
+    assert [round(float(v), 4) for v in out.boxes[out.class_ids == 0][0]] == [
+        round((640 * 0.9 + 642 * 0.9) / 1.8, 4), 601.0, 700.5, 701.0]
+    # without regions (the whole frame seen) nothing is cut: the pair stays unmatched
+    whole = merge(edge, cloud, "fuse", iou=0.55, edge_floor=0.5)
+    assert sorted(whole.box_sources()) == ["cloud", "edge", "fused"]
