@@ -20,9 +20,9 @@ models may order their classes differently); output names are the cloud's
 names followed by edge-only names. When a crop payload was sent, pass the crop
 ``regions``: edge boxes whose centre lies outside every region were never seen
 by the cloud and are kept as they are, whatever the strategy. An edge box a region cuts
-(centre inside, part outside) is matched by the part the cloud saw, for the cloud's box of
-that object is cut at the region's border too; the fused box keeps the edge's sides that lie
-beyond the region.
+(centre inside, part outside) is matched by the part the cloud saw with a cloud box cut at the
+region's border where the edge box crosses it (the worker clips the cloud's box of that
+object to the region); the fused box keeps the edge's sides that lie beyond the region.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ from edgewise.detections import Detections
 from edgewise.hardness.tracking import greedy_match, iou_matrix
 
 STRATEGIES = ("replace", "fuse")
+#: How near a region's border (pixels) a cloud box's side must lie to be taken as cut there,
+#: as the worker clips a box found in a region to it (a model's box of a cut object may also
+#: stop a pixel or two short of the border)
+CUT_TOLERANCE_PX = 4.0
 
 
 def unify_names(edge: Detections, cloud: Detections) -> Tuple[Tuple[str, ...], np.ndarray, np.ndarray]:
@@ -128,11 +132,14 @@ def merge(
     matched_e = np.zeros(len(eb), bool)
     matched_c = np.zeros(len(cb), bool)
     if strategy == "fuse" and len(eb) and len(cb):
-        # a cloud box of an object a region cuts is cut there too: it is matched with the part of
-        # the edge box the cloud saw, and the fused box keeps the edge's extent beyond the region
+        # a cloud box of an object a region cuts is cut there too (it lies on the region's border
+        # wherever the edge box crosses it): such a pair is matched by the part of the edge box
+        # the cloud saw, and the fused box keeps the edge's extent beyond the region
         seen = seen_parts(eb, regions)
         cut = seen != eb
-        ious = iou_matrix(seen, cb)
+        on_border = (~cut[:, None, :] | (np.abs(seen[:, None, :] - cb[None, :, :]) <= CUT_TOLERANCE_PX)).all(axis=2)
+        by_part = on_border & cut.any(axis=1)[:, None]
+        ious = np.where(by_part, iou_matrix(seen, cb), iou_matrix(eb, cb))
         ious[e_ids[:, None] != c_ids[None, :]] = 0.0  # same class only
         ious[unseen] = 0.0
         for ei, ci in greedy_match(ious, iou):
@@ -141,8 +148,9 @@ def merge(
             we = max(es[ei], 0.0) * max(edge_weight, 0.0)
             wc = max(cs[ci], 0.0) * max(cloud_weight, 0.0)
             tot = we + wc
-            box = (seen[ei] * we + cb[ci] * wc) / tot if tot > 0 else (seen[ei] + cb[ci]) / 2.0
-            box = np.where(cut[ei], eb[ei], box)
+            e = seen[ei] if by_part[ei, ci] else eb[ei]
+            box = (e * we + cb[ci] * wc) / tot if tot > 0 else (e + cb[ci]) / 2.0
+            box = np.where(cut[ei] & by_part[ei, ci], eb[ei], box)
             score = (es[ei] * edge_weight + cs[ci] * cloud_weight) / (edge_weight + cloud_weight)
             emit(box, float(score), int(c_ids[ci]), "fused")
             matched_e[ei] = True

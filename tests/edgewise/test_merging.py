@@ -131,3 +131,14 @@ def test_an_edge_box_a_region_cuts_fuses_with_the_clouds_box_cut_there_too():
     # without regions (the whole frame seen) nothing is cut: the pair stays unmatched
     whole = merge(edge, cloud, "fuse", iou=0.55, edge_floor=0.5)
     assert sorted(whole.box_sources()) == ["cloud", "edge", "fused"]
+
+
+def test_a_cloud_box_inside_a_region_is_not_matched_with_a_cut_edge_box_it_does_not_reach_the_border_of():
+    """Only a cloud box cut where the edge box crosses the region's border is the cut part of
+    that object: a smaller object of the same class inside a region that a large edge box
+    surrounds keeps its own box."""
+    edge = D([[0, 0, 400, 400, 0.9, 0]])
+    cloud = D([[160, 160, 240, 240, 0.8, 0]], source="cloud")  # fills 64% of the region
+    regions = np.array([[150, 150, 250, 250]], np.float32)
+    out = merge(edge, cloud, "fuse", iou=0.55, edge_floor=0.5, regions=regions)
+    assert sorted(as_rows(out)) == [((0, 0, 400, 400), 0.9, "car", "edge"), ((160, 160, 240, 240), 0.8, "car", "cloud")]
