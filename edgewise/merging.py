@@ -59,6 +59,17 @@ def unify_names(edge: Detections, cloud: Detections) -> Tuple[Tuple[str, ...], n
     return tuple(names), edge_ids, cloud.class_ids.astype(np.int32)
 
 
+def _centres_in(boxes: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """[N, M] whether box i's centre lies in region j (borders included)."""
+    cx = (boxes[:, 0] + boxes[:, 2]) / 2.0
+    cy = (boxes[:, 1] + boxes[:, 3]) / 2.0
+    inside: np.ndarray = (
+        (cx[:, None] >= r[None, :, 0]) & (cx[:, None] <= r[None, :, 2])
+        & (cy[:, None] >= r[None, :, 1]) & (cy[:, None] <= r[None, :, 3])
+    )
+    return inside
+
+
 def outside_regions(boxes: np.ndarray, regions: Optional[np.ndarray]) -> np.ndarray:
     """Mask of boxes whose centre is outside every region (all False without regions: the
     whole frame was seen). The one test of "the cloud did not look there", for the merge and
@@ -68,13 +79,7 @@ def outside_regions(boxes: np.ndarray, regions: Optional[np.ndarray]) -> np.ndar
     r = np.asarray(regions, np.float64).reshape(-1, 4)
     if len(r) == 0:
         return np.ones(len(boxes), bool)
-    cx = (boxes[:, 0] + boxes[:, 2]) / 2.0
-    cy = (boxes[:, 1] + boxes[:, 3]) / 2.0
-    inside = (
-        (cx[:, None] >= r[None, :, 0]) & (cx[:, None] <= r[None, :, 2])
-        & (cy[:, None] >= r[None, :, 1]) & (cy[:, None] <= r[None, :, 3])
-    )
-    out: np.ndarray = ~inside.any(axis=1)
+    out: np.ndarray = ~np.any(_centres_in(boxes, r), axis=1)
     return out
 
 
@@ -83,14 +88,13 @@ def seen_parts(boxes: np.ndarray, regions: Optional[np.ndarray]) -> np.ndarray:
     worker clips a box found in a region to that region (:func:`edgewise.regions.tiles_to_frame`).
     A box no region holds, or every box without regions (the whole frame), is left whole."""
     out = np.array(boxes, np.float64).reshape(-1, 4)
-    if regions is None or len(out) == 0:
+    r = np.asarray(regions if regions is not None else (), np.float64).reshape(-1, 4)
+    if len(out) == 0 or len(r) == 0:
         return out
-    r = np.asarray(regions, np.float64).reshape(-1, 4)
-    cx = (out[:, 0] + out[:, 2]) / 2.0
-    cy = (out[:, 1] + out[:, 3]) / 2.0
-    for x1, y1, x2, y2 in r[::-1]:  # the first region holding a centre is applied last
-        m = (cx >= x1) & (cx <= x2) & (cy >= y1) & (cy <= y2)
-        out[m] = np.clip(out[m], [x1, y1, x1, y1], [x2, y2, x2, y2])
+    inside = _centres_in(out, r)
+    held = inside.any(axis=1)
+    reg = r[inside.argmax(axis=1)[held]]  # the first region holding each centre
+    out[held] = np.clip(out[held], reg[:, [0, 1, 0, 1]], reg[:, [2, 3, 2, 3]])
     return out
 
 
