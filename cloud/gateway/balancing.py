@@ -614,15 +614,18 @@ class Balancer:
         expected = self._expected_s(ep, self.cost(ep, pixels))
         return expected is None or expected < within_s
 
-    def may_answer_within(self, within_s: float, exclude: Sequence[str] = (), pixels: int = 0) -> bool:
+    def may_answer_within(self, within_s: float, exclude: Sequence[str] = (), pixels: int = 0,
+                          in_time: bool = True) -> bool:
         """Whether a pick now, away from ``exclude``, would find an endpoint that may answer a
         request of ``pixels`` within ``within_s`` (:meth:`_may_answer`): what a retry after a
         worker's refusal of a too-short deadline needs (:func:`should_retry`,
         docs/design/balancing.md#retries-and-the-retry-budget). A worker no faster and no less
-        busy than the one that refused would refuse too: not worth the retry budget."""
+        busy than the one that refused would refuse too: not worth the retry budget. With
+        ``in_time=False``, whether a pick with ``within_s`` left would find an endpoint at all
+        (what a retry after UNAVAILABLE needs: with no other worker there is no retry to send)."""
         now = self.clock()
         self._refresh(now)
-        return self.candidates(now, exclude, within_s, pixels, in_time=True)[1] is None
+        return self.candidates(now, exclude, within_s, pixels, in_time=in_time)[1] is None
 
     def pick(self, exclude: Sequence[str] = (), deadline_s: float | None = None, pixels: int = 0,
              in_time: bool = False) -> Ticket | NoPick:
@@ -827,12 +830,16 @@ Elsewhere = Callable[[float], bool]
 
 
 def wants_retry(wire_status: int, message: str = "", remaining_s: float | None = None,
-                elsewhere: Elsewhere | None = None) -> bool:
+                elsewhere: Elsewhere | None = None, anywhere: Elsewhere | None = None) -> bool:
     """Whether an answer is one to send again to another worker, before the attempts, the time
     left and the budget are counted (:func:`should_retry`,
     docs/design/balancing.md#retries-and-the-retry-budget):
 
-    * a retryable status (``edgewise.status.RETRYABLE``: UNAVAILABLE);
+    * a retryable status (``edgewise.status.RETRYABLE``: UNAVAILABLE) when ``anywhere`` says
+      a pick away from the workers tried would find one in the time the retry would have (no
+      ``anywhere``: assumed). With every other worker down, paused or full the retry could
+      go nowhere: it was counted as sent (``retries_total{result="sent"}``) and took from the
+      retry budget although no second worker was ever called;
     * a worker's refusal of a deadline closer than its own batch of one
       (:func:`refused_too_short`), or for its own load (:func:`refused_busy`), when
       ``elsewhere`` says another worker may answer in the time the retry would have
@@ -840,19 +847,21 @@ def wants_retry(wire_status: int, message: str = "", remaining_s: float | None =
       worker that may do better it is the client's answer: the next worker would only refuse
       too.
     """
+    within_s = math.inf if remaining_s is None else hop_timeout(remaining_s)
     if status.is_retryable(wire_status):
-        return True
+        return anywhere is None or anywhere(within_s)
     if not refused_here(wire_status, message) or elsewhere is None:
         return False
-    return elsewhere(math.inf if remaining_s is None else hop_timeout(remaining_s))
+    return elsewhere(within_s)
 
 
 def should_retry(wire_status: int, attempts: int, remaining_s: float | None, min_attempt_s: float,
-                 budget: RetryBudget, message: str = "", elsewhere: Elsewhere | None = None) -> bool:
-    """At most one retry, only for an answer :func:`wants_retry` (UNAVAILABLE, or a worker's
-    refusal of a too-short deadline when another worker may answer in time), only with at
-    least ``min_attempt_s`` left, only within the budget."""
-    if attempts >= 2 or not wants_retry(wire_status, message, remaining_s, elsewhere):
+                 budget: RetryBudget, message: str = "", elsewhere: Elsewhere | None = None,
+                 anywhere: Elsewhere | None = None) -> bool:
+    """At most one retry, only for an answer :func:`wants_retry` (UNAVAILABLE when another
+    worker may be picked, or a worker's refusal of a too-short deadline when another worker
+    may answer in time), only with at least ``min_attempt_s`` left, only within the budget."""
+    if attempts >= 2 or not wants_retry(wire_status, message, remaining_s, elsewhere, anywhere):
         return False
     if remaining_s is not None and remaining_s < min_attempt_s:
         return False

@@ -237,17 +237,23 @@ class WorkerPool:
         if not self.settings.retry.enabled:
             return False
 
-        asked: dict[float, bool] = {}  # wants_retry and should_retry ask the same: one scan of the pool
+        asked: dict[tuple[float, bool], bool] = {}  # wants_retry and should_retry ask the same: one scan
 
-        def elsewhere(within_s: float) -> bool:
-            if within_s not in asked:
-                asked[within_s] = self.balancer.may_answer_within(within_s, tried, pixels)
-            return asked[within_s]
+        def may_pick(within_s: float, in_time: bool) -> bool:
+            if (within_s, in_time) not in asked:
+                asked[within_s, in_time] = self.balancer.may_answer_within(within_s, tried, pixels, in_time)
+            return asked[within_s, in_time]
 
-        if not wants_retry(reply.status, reply.error, left, elsewhere):
+        def elsewhere(within_s: float) -> bool:  # a worker that may answer in time
+            return may_pick(within_s, True)
+
+        def anywhere(within_s: float) -> bool:  # any worker a pick would find
+            return may_pick(within_s, False)
+
+        if not wants_retry(reply.status, reply.error, left, elsewhere, anywhere):
             return False
         if should_retry(reply.status, len(tried), left, self.settings.retry.min_attempt_ms / 1000.0,
-                        self.budget, reply.error, elsewhere):
+                        self.budget, reply.error, elsewhere, anywhere):
             self.metrics.retries.labels(result="sent").inc()
             return True
         if len(tried) == 1:

@@ -140,6 +140,35 @@ def test_retry_budget_exhausted_returns_clear_unavailable():
     run(main())
 
 
+def test_no_retry_is_counted_or_budgeted_when_no_other_worker_can_be_picked():
+    """A worker answers UNAVAILABLE and the only other one reports not serving (all workers
+    killed but one, a pool of one): there is nowhere to retry. Such a retry was counted as
+    sent and taken from the retry budget although no second worker was ever called (after
+    every worker of three was SIGKILLed: 130 retries "sent", 2 picks more than requests)."""
+    async def main():
+        bad = TestWorker("bad", fail=grpc.StatusCode.UNAVAILABLE)
+        down = TestWorker("down", serving=False)
+        gw = await started([(bad, 1), (down, 1)], **{"balancer.consecutive_failures": 100,
+                                                      "retry.min_per_s": 0.5})  # 5 retries per 10 s
+        try:
+            b = gw.pool.balancer
+            while not b.endpoints[down.address].paused:
+                await asyncio.sleep(0.02)
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                results = [await _detect(stub, request(seq=i)) for i in range(8)]
+            assert all(r[0] == "UNAVAILABLE" and "configured to fail" in r[1] for r in results), results
+            assert bad.calls == 8 and down.calls == 0
+            text = (await http_get(f"http://127.0.0.1:{gw.metrics_port}/metrics")).decode()
+            assert "edgewise_gateway_retries_total{" not in text, text  # neither sent nor denied
+            assert gw.pool.budget.try_acquire()  # the budget's 5 retries are all left
+        finally:
+            await gw.stop(0)
+            await bad.stop()
+            await down.stop()
+    run(main())
+
+
 def test_saturated_pool_answers_resource_exhausted_at_once():
     async def main():
         w = TestWorker("w", 1.0, concurrency=2)
