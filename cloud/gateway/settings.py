@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.binding import GRPC_INT_MAX
+from cloud.discovery.static import parse_endpoints
 from cloud.gateway.balancing import BalancerConfig
 from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
@@ -338,6 +339,14 @@ def validate(s: GatewaySettings) -> None:
         raise Invalid("limits.default_deadline_s", "must be at most limits.max_deadline_s")
     if s.discovery.kind == "static" and not s.discovery.static:
         raise Invalid("discovery.static", "list at least one worker 'host:port[=weight]' (or use --worker)")
+    if s.discovery.kind == "static":
+        # the static discovery's own rule, checked here so that a SIGHUP reload refuses a bad list
+        # as it refuses any bad setting (the workers and tokens in force stay, one ERROR line):
+        # found only when applied, it raised in the signal handler, a traceback and no reload
+        try:
+            parse_endpoints(s.discovery.static, where="")
+        except ConfigError as e:
+            raise Invalid("discovery.static", str(e)) from None
     if bool(s.tls.cert_file) != bool(s.tls.key_file):
         raise Invalid("tls", "set both cert_file and key_file, or neither")
     if (s.tls.client_ca_file or s.tls.require_client_cert) and not s.tls.cert_file:

@@ -691,6 +691,43 @@ def test_sighup_puts_rotated_tokens_in_force_and_never_turns_authentication_off(
         run(main())
 
 
+@pytest.mark.parametrize("bad", ["127.0.0.1:5=inf", "127.0.0.1:5=abc", "127.0.0.1", "127.0.0.1:70000"])
+def test_a_sighup_with_a_bad_worker_list_keeps_the_workers_and_says_so(tmp_path, caplog, bad):
+    """A SIGHUP whose static worker list has a bad entry (a weight of inf or 0, no port, a port
+    out of range, a worker listed twice) passed the settings' checks and failed in the signal
+    handler: asyncio logged "Exception in callback" with a traceback, the tokens of the same
+    reload were not applied either, and nothing said the reload was ignored."""
+    import logging
+    import os
+    import signal
+
+    config = tmp_path / "gateway.yaml"
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        config.write_text(f"listen: 127.0.0.1:0\nmetrics_port: -1\ndiscovery:\n  static: ['{w.address}']\n")
+        try:
+            task, gw = await serving(load_settings(config, {}, env={}), lambda: load_settings(config, {}, env={}))
+            config.write_text(f"listen: 127.0.0.1:0\nmetrics_port: -1\ndiscovery:\n  static: ['{w.address}', '{bad}']\n")
+            os.kill(os.getpid(), signal.SIGHUP)
+            await async_wait_until(lambda: "reload ignored" in caplog.text or "Exception in callback" in caplog.text,
+                                   10, "the reload refused")
+            assert "Exception in callback" not in caplog.text, caplog.text
+            assert "reload ignored, the workers and tokens in force stay" in caplog.text
+            assert "discovery.static: [1]" in caplog.text, caplog.text
+            assert set(gw.pool.balancer.endpoints) == {w.address}
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                assert (await _detect(service_pb2_grpc.EscalationStub(ch), request()))[0] == "OK"
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(task, 30)
+        finally:
+            await w.stop()
+
+    with caplog.at_level(logging.INFO):
+        run(main())
+
+
 def test_a_deadline_message_says_how_far_the_request_got():
     from cloud.gateway.pool import _attempts
 
