@@ -227,7 +227,11 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         try:
             return await self._infer(request, context)
         except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
+            # gRPC cancels the handler when the caller gives up and when the call's deadline
+            # passes (the gateway's hop expiring while the request was decoded or computed, a
+            # worker that was stopped): the caller sees DEADLINE_EXCEEDED then, counted as such
+            left = context.time_remaining()
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if left is not None and left <= 0 else grpc.StatusCode.CANCELLED
             raise
         except Exception as exc:  # nothing crashes the daemon: every failure is answered
             st = status.status_of(exc)

@@ -464,6 +464,34 @@ def test_deadlines_expired_requests_never_reach_the_model(tiny_model):
     assert metrics.batch_size._sum.get() == 1
 
 
+def test_a_call_whose_deadline_passes_in_the_model_counts_as_deadline_exceeded_not_cancelled(tiny_model):
+    """A call whose gRPC deadline passes after the model took it (the gateway's hop expiring
+    while the batch ran, a worker frozen by SIGSTOP) ends DEADLINE_EXCEEDED for its caller,
+    but edgewise_worker_requests_total counted it as CANCELLED, the status of a caller that
+    gave up: a worker's deadline misses were invisible on its own dashboard."""
+    settings = make_settings(tiny_model, max_batch_size=1, max_queue_delay_ms=0)
+
+    def sample(srv: WorkerServer, code: str) -> float:
+        return srv.service.metrics.registry.get_sample_value("edgewise_worker_requests_total", {"status": code}) or 0.0
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            before = sample(srv, "DEADLINE_EXCEEDED"), sample(srv, "CANCELLED")  # the registry is the process's
+            release = block_inference(srv)
+            expiring = await call(stub, jpeg_request(photo()), timeout=0.5)  # taken by the held model
+            await async_wait_until(lambda: srv.service.load().in_flight == 0, 10, "the expired call to end")
+            given_up = stub.Infer(jpeg_request(photo()), timeout=60)
+            await async_wait_until(lambda: srv.service.load().in_flight == 1, 10, "the second call taken")
+            given_up.cancel()
+            await async_wait_until(lambda: srv.service.load().in_flight == 0, 10, "the cancelled call to end")
+            release.set()
+            return expiring, sample(srv, "DEADLINE_EXCEEDED") - before[0], sample(srv, "CANCELLED") - before[1]
+
+    expiring, deadline_exceeded, cancelled = asyncio.run(main())
+    assert expiring[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert (deadline_exceeded, cancelled) == (1.0, 1.0)
+
+
 def test_bad_settings_are_rejected_before_binding(tiny_model, tmp_path):
     from edgewise.errors import ConfigError
 
