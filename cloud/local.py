@@ -175,6 +175,7 @@ class LocalCloud:
         self.gateway: _Proc | None = None
         self.gateway_port = 0
         self.metrics_port = 0
+        self._gateway_ports: tuple[str, int] | None = None  # listen and metrics_port in the gateway's config
         self.exit_codes: dict[str, int | None] = {}  # process name -> exit status after stop()
 
     # ---- addresses -----------------------------------------------------------------------
@@ -243,11 +244,17 @@ class LocalCloud:
             node[parts[-1]] = value
         return tree
 
-    def _write_gateway_config(self) -> Path:
+    def _write_gateway_config(self, reload: bool = False) -> Path:
+        """The gateway's config file: its settings, this cloud's workers and its ports (the ones
+        it has when it is started again; with ``reload``, for a SIGHUP to the running gateway, the
+        ones it was started with: a bound port in place of 0 was a change the gateway warned
+        about, a setting a reload does not apply)."""
         tree = self._gateway_tree()
-        tree["listen"] = f"127.0.0.1:{self.gateway_port or self.port}"
+        if not (reload and self._gateway_ports):
+            self._gateway_ports = (f"127.0.0.1:{self.gateway_port or self.port}",
+                                   self.metrics_port or self.requested_metrics_port)
+        tree["listen"], tree["metrics_port"] = self._gateway_ports
         tree["metrics_host"] = "127.0.0.1"
-        tree["metrics_port"] = self.metrics_port or self.requested_metrics_port
         disc = tree.setdefault("discovery", {})
         disc["kind"] = "static"
         disc["static"] = [f"{a}={w:g}" for a, w, p in zip(self.worker_addresses, self.weights, self.workers)
@@ -332,7 +339,7 @@ class LocalCloud:
         self.weights.append(float(weight))
         self._start_worker_slot(i, extra_args)
         self._wait_worker(i)
-        self._write_gateway_config()
+        self._write_gateway_config(reload=True)
         if self.gateway is not None:
             self.gateway.signal(signal.SIGHUP)
         return i

@@ -283,6 +283,19 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
 
 
+def test_a_worker_added_at_run_time_reloads_the_workers_without_a_warning(tiny_model):
+    """add_worker rewrote the gateway's config with the ports it had bound in place of the 0
+    it was started with, so the SIGHUP that brought the new worker also logged "listen,
+    metrics_port changed, which a reload does not apply" although nothing but the workers had
+    changed."""
+    with LocalCloud(tiny_model, workers=1, gateway_settings=FAST) as cloud:
+        cloud.add_worker()
+        log = cloud.dir / "gateway.log"
+        wait_until(lambda: "worker list reloaded: 2 workers" in log.read_text(), 30, "the SIGHUP reload")
+        assert {w["address"] for w in cloud.pool()["workers"]} == set(cloud.worker_addresses)
+        assert "which a reload does not apply" not in log.read_text(), log.read_text()
+
+
 def test_a_raised_gateway_image_limit_reaches_the_workers(tiny_model):
     """limits.max_image_pixels raised on the gateway: a frame past the built-in 7680x4320
     (33,177,600 pixels) is answered, not admitted by the gateway and refused by a worker."""
