@@ -40,8 +40,9 @@ def server_options(max_message_bytes: int, max_streams_per_connection: int | Non
     policy above, one process per port, and, for a server facing many clients (the gateway's
     ``limits.max_streams_per_connection``), the calls one connection may hold open: HTTP/2's
     SETTINGS_MAX_CONCURRENT_STREAMS, so a client's further calls wait on its side instead of
-    holding the server's memory. The workers leave it unset: each gateway sends all its
-    requests to a worker over one connection.
+    holding the server's memory (of calls a client starts together past the limit, gRPC may
+    refuse some at once: RST_STREAM REFUSED_STREAM, UNAVAILABLE for the caller). The workers
+    leave it unset: each gateway sends all its requests to a worker over one connection.
 
     No ``grpc.max_connection_idle_ms``: an edge keeps one connection open between escalations
     (its keepalive pings, accepted above, keep it alive), and closing it would make the next

@@ -13,7 +13,7 @@ NOT_SERVING, new calls are refused, in-flight calls finish within ``shutdown_gra
 
 What clients can hold open is bounded: ``limits.max_concurrent_rpcs`` calls in all (gRPC
 refuses one more with RESOURCE_EXHAUSTED before reading it), ``limits.max_streams_per_connection``
-per connection (HTTP/2: the client's further calls wait), ``limits.max_streams_per_device``
+per connection (HTTP/2: the client's further calls wait, or in a burst are refused UNAVAILABLE), ``limits.max_streams_per_device``
 DetectStreams per device (RESOURCE_EXHAUSTED), and a DetectStream that sends no frame for
 ``limits.stream_idle_timeout_s`` is ended with UNAVAILABLE.
 

@@ -120,9 +120,12 @@ class LimitSettings:
         "at its start.",
         2048, lo=1, hi=GRPC_INT_MAX)
     max_streams_per_connection: int = setting(
-        "Most calls open at once on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); a "
-        "client's further calls wait on its side until one ends. The edge has at most `cloud.max_in_flight` "
-        "escalations (16 by default) and its replays in flight.", 100, lo=1, hi=GRPC_INT_MAX)
+        "Most calls open at once on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): a "
+        "client's further calls wait on its side until one ends, but of calls a client starts together past "
+        "the limit gRPC may refuse some at once (UNAVAILABLE, \"Received RST_STREAM with error code 7\"; not "
+        "counted in the gateway's metrics; the edge spools them). The edge has at most `cloud.max_in_flight` "
+        "escalations (16 by default) and `spool.replay_concurrency` replays (1) in flight.",
+        100, lo=1, hi=GRPC_INT_MAX)
     max_streams_per_device: int = setting(
         "Most DetectStream calls one device (its `x-edgewise-device` metadata, which authentication "
         "requires) may hold open; one more is refused with RESOURCE_EXHAUSTED. Streams without that "
