@@ -66,7 +66,8 @@ TABLE: List[Tuple[str, str, Outcome, Optional[str], Outcome]] = [
     ("float", "fast", "!'fast' is not a number", "fast", "!'fast' is not a number"),
     ("str", "5", "5", "5", "5"),
     ("str", "edge-7", "edge-7", "edge-7", "edge-7"),
-    ("str", "yes", "!true is not a string", "yes", "yes"),
+    ("str", "yes", "!true is not a string; YAML reads yes/no/on/off/true/false unquoted as a boolean: quote the "
+                   "value to mean the text", "yes", "yes"),
     ("str", "[a]", "!expected a single value, got a list", None, None),
     ("str", "null", "!null is not allowed", None, None),
 ]
