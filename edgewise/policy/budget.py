@@ -99,12 +99,15 @@ class StreamBudget:
             self.older.popleft()
 
     def refill(self, now: float) -> None:
-        """Add tokens for the time since the last refill (a clock going back adds none)."""
+        """Add tokens for the time since the last refill (a clock going back adds none). Without
+        a rate the bucket is full: a reload that sets one again starts from ``burst``, not from
+        what was left when an earlier reload took the rate away."""
         rate = self.limits.max_per_second
-        if now > self.refilled_at:
-            if rate is not None:
-                self.tokens = min(float(self.limits.burst), self.tokens + (now - self.refilled_at) * rate)
-            self.refilled_at = now
+        if rate is None:
+            self.tokens = float(self.limits.burst)
+        elif now > self.refilled_at:
+            self.tokens = min(float(self.limits.burst), self.tokens + (now - self.refilled_at) * rate)
+        self.refilled_at = max(now, self.refilled_at)
 
     def add_candidate(self, hardness: float) -> int:
         """Record a candidate's hardness; return its percentile rank 0..100 in the window."""

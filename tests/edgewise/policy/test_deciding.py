@@ -323,3 +323,19 @@ def test_a_reload_to_a_larger_window_holds_its_cap_over_the_frames_before_it():
     assert back.budget_state("s")["escalated_in_window"] == 20  # all 100 went: the last 20 frames
     back.swap(large, now=100.0)
     assert back.budget_state("s")["escalated_in_window"] == 100
+
+
+def test_a_rate_taken_away_and_set_again_starts_from_a_full_bucket():
+    """maxPerSecond removed by one reload and set again by a later one: without a rate nothing
+    refilled the bucket, so the stream came back to what was left at the first reload (empty
+    here) and escalated nothing until it refilled, an hour after its last escalation."""
+    spec = "  threshold: 0.0\n  budget: {maxFraction: 1.0, windowFrames: 10, maxPerSecond: %s, burst: 3}\n"
+    rated, free = policy(LINEAR + spec % "0.001", "rated"), policy(LINEAR + spec % "null", "free")
+    esc = Escalator(rated)
+    spent = [esc.decide("s", i, dets(), sig(0.9), now=float(i)).escalate for i in range(3)]
+    assert spent == [True, True, True] and esc.budget_state("s")["tokens"] < 1
+    esc.swap(free, now=3.0)
+    assert esc.decide("s", 3, dets(), sig(0.9), now=3.0).escalate
+    esc.swap(rated, now=3600.0)
+    assert esc.budget_state("s")["tokens"] == 3.0
+    assert [esc.decide("s", i, dets(), sig(0.9), now=3600.0 + i).escalate for i in range(4, 8)] == [True] * 3 + [False]
