@@ -39,6 +39,8 @@ MAX_BYTES = 1 << 20
 MAX_NODES = 100_000
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_VALUE_TAG = "tag:yaml.org,2002:value"
+_STR_TAG = "tag:yaml.org,2002:str"
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 
@@ -192,25 +194,67 @@ def mapping_pairs(node: yaml.MappingNode, loader: yaml.SafeLoader,
                   fail: Callable[[yaml.Node, str], ConfigError]) -> Dict[str, Tuple[yaml.Node, yaml.Node]]:
     """The mapping's entries by key, YAML merge keys resolved (own keys win over merged
     ones, of ``<<: [*a, *b]`` the first); ``fail(key_node, problem)`` makes the error for a
-    key that is not a string or is written twice in this mapping, merge keys included."""
-    merges = [k for k, _ in node.value if k.tag == _MERGE_TAG]
-    if len(merges) > 1:  # YAML allows one merge key per mapping; PyYAML let the last one win
-        second = yaml.ScalarNode("tag:yaml.org,2002:str", "<<", merges[1].start_mark, merges[1].end_mark)
-        raise fail(second, f"a second merge key '<<' in one mapping (the first is on line "
-                              f"{merges[0].start_mark.line + 1}); merge several with one key: "
-                              "'<<: [*first, *second]'")
-    own = {id(k) for k, _ in node.value if k.tag != _MERGE_TAG}
-    loader.flatten_mapping(node)  # merged entries first, then the mapping's own
+    key that is not a string or is written twice in this mapping, merge keys included (also
+    in a mapping that is itself merged in)."""
+    own: List[Tuple[yaml.Node, yaml.Node]] = []
+    merged: List[Tuple[yaml.Node, yaml.Node]] = []
+    _flatten(node, loader, fail, own, merged)
     out: Dict[str, Tuple[yaml.Node, yaml.Node]] = {}
-    for knode, vnode in node.value:
-        key = loader.construct_object(knode) if isinstance(knode, yaml.ScalarNode) else None
-        if not isinstance(key, str):
-            raise fail(knode, f"keys must be strings, got {_desc(knode, loader)}{quote_hint(knode)}")
-        earlier = out.get(key)
-        if earlier is not None and id(knode) in own and id(earlier[0]) in own:
-            raise fail(knode, f"duplicate key (first defined on line {earlier[0].start_mark.line + 1})")
-        out[key] = (knode, vnode)  # flatten_mapping ordered the entries so that the last one wins
+    for knode, vnode in merged:  # merged entries first (error order as before), the first one kept
+        key = _key(knode, loader, fail)
+        if key not in out:
+            out[key] = (knode, vnode)
+    own_keys: Dict[str, yaml.Node] = {}
+    for knode, vnode in own:
+        key = _key(knode, loader, fail)
+        earlier = own_keys.get(key)
+        if earlier is not None:
+            raise fail(knode, f"duplicate key (first defined on line {earlier.start_mark.line + 1})")
+        own_keys[key] = knode
+        out[key] = (knode, vnode)  # an own key wins over a merged one
     return out
+
+
+def _key(knode: yaml.Node, loader: yaml.SafeLoader, fail: Callable[[yaml.Node, str], ConfigError]) -> str:
+    key = loader.construct_object(knode) if isinstance(knode, yaml.ScalarNode) else None
+    if not isinstance(key, str):
+        raise fail(knode, f"keys must be strings, got {_desc(knode, loader)}{quote_hint(knode)}")
+    return key
+
+
+def _flatten(node: yaml.MappingNode, loader: yaml.SafeLoader, fail: Callable[[yaml.Node, str], ConfigError],
+             own: List[Tuple[yaml.Node, yaml.Node]], merged: List[Tuple[yaml.Node, yaml.Node]]) -> None:
+    """``node``'s own entries into ``own`` and the entries its merge key brings, in precedence
+    order (of ``<<: [*a, *b]`` all of a's before b's, a merged mapping's own before what it
+    merges), into ``merged``. Not PyYAML's ``flatten_mapping``: which merged entry wins there
+    changed between releases (6.0.4 drops a repeated key only when the two key strings are the
+    same object, so ``<<: [*a, *b]`` read b's ``threshold`` and a's ``x``); nor are nodes changed."""
+    merges = [(k, v) for k, v in node.value if k.tag == _MERGE_TAG]
+    if len(merges) > 1:  # YAML allows one merge key per mapping; PyYAML let one of them win silently
+        raise fail(_merge_key(merges[1][0]), f"a second merge key '<<' in one mapping (the first is on line "
+                              f"{merges[0][0].start_mark.line + 1}); merge several with one key: "
+                              "'<<: [*first, *second]'")
+    for k, v in node.value:
+        if k.tag == _VALUE_TAG:  # the key '=', text as PyYAML's flatten_mapping made it
+            k.tag = _STR_TAG
+        if k.tag != _MERGE_TAG:
+            own.append((k, v))
+    if not merges:
+        return
+    knode, value = merges[0]
+    sources = value.value if isinstance(value, yaml.SequenceNode) else [value]
+    for src in sources:
+        if not isinstance(src, yaml.MappingNode):
+            loader.flatten_mapping(node)  # PyYAML's own error: "expected a mapping ... for merging"
+            raise fail(_merge_key(knode), "a merge key '<<' takes a mapping or a list of mappings")
+        inner: List[Tuple[yaml.Node, yaml.Node]] = []
+        _flatten(src, loader, fail, inner, inner)  # its own entries first, then what it merges
+        merged.extend(inner)
+
+
+def _merge_key(knode: yaml.Node) -> yaml.Node:
+    """A merge key as a text key, for an error's key path (its tag has no constructor)."""
+    return yaml.ScalarNode(_STR_TAG, "<<", knode.start_mark, knode.end_mark)
 
 
 #: why a text field got a boolean: the one wording of the settings, tokens files and model metadata

@@ -129,3 +129,29 @@ def test_two_documents_say_that_one_is_expected() -> None:
     with pytest.raises(ConfigError, match=r"^x.yaml:2: not valid YAML: expected a single document in the stream, "
                                           r"but found another document$"):
         yamlnodes.compose("a: 1\n---\nb: 2\n", "x.yaml")
+
+
+def test_of_a_merge_list_the_first_wins_whatever_the_key_and_the_pyyaml_release():
+    # PyYAML 6.0.4's flatten_mapping drops a repeated merged key only when the two key strings are
+    # one object: a one-letter key ('x', interned) kept the first mapping's value, a real setting
+    # name ('threshold') the last one's, though the error above tells to write this form for the first
+    tree = parse_yaml("a: &a {threshold: 1, x: 1}\nb: &b {threshold: 2, x: 2, z: 0}\nc:\n  <<: [*a, *b]\n",
+                      "s.yaml", "settings")
+    assert {k: v.data for k, v in tree.data["c"].data.items()} == {"threshold": 1, "x": 1, "z": 0}
+    pol = parse_policy(POLICY_HEAD + "spec:\n  streams:\n    a: &s {threshold: 0.3}\n    c: &t {threshold: 0.5}\n"
+                       "    b:\n      <<: [*s, *t]\n", "p.yaml")
+    assert pol.spec.streams["b"].threshold == 0.3
+    # a merged mapping's own keys win over what it merges, the mapping's own over all merged
+    tree = parse_yaml("a: &a {threshold: 1}\nb: &b {<<: *a, threshold: 2}\nc:\n  <<: *b\nd:\n  <<: *b\n  threshold: 3\n",
+                      "s.yaml", "settings")
+    assert tree.data["c"].data["threshold"].data == 2 and tree.data["d"].data["threshold"].data == 3
+
+
+@pytest.mark.parametrize("merged", ["{<<: *a, <<: *b}", "&m {<<: *a, <<: *b}", "[{<<: *a, <<: *b}]"])
+def test_two_merge_keys_in_a_mapping_that_is_merged_in_are_refused_too(merged):
+    # such a mapping was flattened by PyYAML inside the one that merged it, never read by
+    # mapping_pairs: one of the two silently won
+    with pytest.raises(ConfigError, match=r"a second merge key '<<' in one mapping"):
+        parse_yaml(f"a: &a {{threshold: 1}}\nb: &b {{threshold: 2}}\nc:\n  <<: {merged}\n", "s.yaml", "settings")
+    with pytest.raises(ConfigError, match=r"^s.yaml:3: cannot read a value: .*expected a mapping for merging"):
+        parse_yaml("a: &a {x: 1}\nb:\n  <<: [*a, 3]\n", "s.yaml", "settings")
