@@ -472,3 +472,44 @@ def test_a_request_delivered_during_stop_is_answered_unavailable_not_served_afte
             await gw.stop(1)
             await w.stop()
     run(main())
+
+
+def test_a_request_delivered_after_stop_took_the_requests_in_flight_is_answered_not_lost(mosquitto):
+    """The race itself (the test above delivers before stop() looks at what is in flight,
+    which the old code waited for too): a request paho hands over while stop() already waits
+    for the requests it took. The old code served it with nothing waiting for it and
+    disconnected when the first one was done: its answer never went out, and the edge learnt
+    nothing until its own deadline. It is answered UNAVAILABLE at once now."""
+    async def main():
+        w = TestWorker("slow", 1.0, concurrency=4)
+        await w.start()
+        gw = await bridged_gateway(mosquitto, w)
+        bridge = gw.bridge
+        edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+        try:
+            await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
+            await asyncio.to_thread(edge.send, request(seq=1).SerializeToString(), b"early")
+            await wait_until(lambda: w.calls == 1, 10, "the first request at the worker")
+
+            def late_delivery() -> None:  # on another thread, as paho's network thread
+                msg = mqtt.MQTTMessage(topic=b"edgewise/cam-1/escalate")
+                msg.payload = request(seq=2).SerializeToString()
+                msg.properties = Properties(PacketTypes.PUBLISH)
+                msg.properties.ResponseTopic = edge.reply_topic
+                msg.properties.CorrelationData = b"late"
+                bridge._on_message(bridge.client, None, msg)
+
+            stopping = asyncio.ensure_future(bridge.stop(5))
+            await asyncio.sleep(0.3)  # stop() has taken the requests in flight and waits for the early one
+            assert not stopping.done()
+            await asyncio.to_thread(late_delivery)
+            await stopping
+            await wait_until(lambda: b"early" in edge.responses and b"late" in edge.responses, 10,
+                             "both requests answered")
+            assert edge.responses[b"early"][0].status == detect_pb2.OK
+            assert edge.responses[b"late"][0].status == detect_pb2.UNAVAILABLE
+        finally:
+            edge.close()
+            await gw.stop(1)
+            await w.stop()
+    run(main())
