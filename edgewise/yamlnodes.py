@@ -204,14 +204,20 @@ def mapping_pairs(node: yaml.MappingNode, loader: yaml.SafeLoader,
         key = _key(knode, loader, fail)
         if key not in out:
             out[key] = (knode, vnode)
-    own_keys: Dict[str, yaml.Node] = {}
-    for knode, vnode in own:
+    out.update(_once(own, loader, fail))  # an own key wins over a merged one
+    return out
+
+
+def _once(entries: List[Tuple[yaml.Node, yaml.Node]], loader: yaml.SafeLoader,
+          fail: Callable[[yaml.Node, str], ConfigError]) -> Dict[str, Tuple[yaml.Node, yaml.Node]]:
+    """One mapping's own entries by key; a key written twice is the error."""
+    out: Dict[str, Tuple[yaml.Node, yaml.Node]] = {}
+    for knode, vnode in entries:
         key = _key(knode, loader, fail)
-        earlier = own_keys.get(key)
+        earlier = out.get(key)
         if earlier is not None:
-            raise fail(knode, f"duplicate key (first defined on line {earlier.start_mark.line + 1})")
-        own_keys[key] = knode
-        out[key] = (knode, vnode)  # an own key wins over a merged one
+            raise fail(knode, f"duplicate key (first defined on line {earlier[0].start_mark.line + 1})")
+        out[key] = (knode, vnode)
     return out
 
 
@@ -247,9 +253,12 @@ def _flatten(node: yaml.MappingNode, loader: yaml.SafeLoader, fail: Callable[[ya
         if not isinstance(src, yaml.MappingNode):
             loader.flatten_mapping(node)  # PyYAML's own error: "expected a mapping ... for merging"
             raise fail(_merge_key(knode), "a merge key '<<' takes a mapping or a list of mappings")
-        inner: List[Tuple[yaml.Node, yaml.Node]] = []
-        _flatten(src, loader, fail, inner, inner)  # its own entries first, then what it merges
-        merged.extend(inner)
+        src_own: List[Tuple[yaml.Node, yaml.Node]] = []
+        src_merged: List[Tuple[yaml.Node, yaml.Node]] = []
+        _flatten(src, loader, fail, src_own, src_merged)
+        _once(src_own, loader, fail)  # a mapping merged in has each key once too
+        merged.extend(src_own)  # its own entries first, then what it merges
+        merged.extend(src_merged)
 
 
 def _merge_key(knode: yaml.Node) -> yaml.Node:

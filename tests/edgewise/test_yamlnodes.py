@@ -155,3 +155,11 @@ def test_two_merge_keys_in_a_mapping_that_is_merged_in_are_refused_too(merged):
         parse_yaml(f"a: &a {{threshold: 1}}\nb: &b {{threshold: 2}}\nc:\n  <<: {merged}\n", "s.yaml", "settings")
     with pytest.raises(ConfigError, match=r"^s.yaml:3: cannot read a value: .*expected a mapping for merging"):
         parse_yaml("a: &a {x: 1}\nb:\n  <<: [*a, 3]\n", "s.yaml", "settings")
+
+
+def test_a_mapping_merged_in_has_each_key_once_too():
+    # written inline as a merge value it was never read as a mapping of its own: the first 'x' won
+    with pytest.raises(ConfigError, match=r"^s.yaml:1: b.x: duplicate key \(first defined on line 1\)"):
+        parse_yaml("b: {<<: {x: 1, x: 2}}\n", "s.yaml", "settings")
+    with pytest.raises(ConfigError, match=r"^s.yaml:3: b.x: duplicate key \(first defined on line 2\)"):
+        parse_yaml("b:\n  <<: [{y: 0}, {x: 1,\n    x: 2}]\n", "s.yaml", "settings")
