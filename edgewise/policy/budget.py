@@ -9,9 +9,9 @@ limits, all per stream:
   ``windowFrames`` consecutive frames at most ``floor(maxFraction *
   windowFrames)`` are escalated. The window counts frames seen by ``decide``
   (not sequence numbers, so gaps in ``frame_seq`` do not open the budget).
-  Escalations that left the window are remembered up to :data:`MAX_WINDOW_FRAMES`
-  frames back, so after a reload to a larger window its cap holds over the frames
-  before the reload too.
+  Which of the last :data:`MAX_WINDOW_FRAMES` frames escalated is kept too (a bit
+  each), so after a reload to a larger window its cap holds over the frames before
+  the reload.
 * **Hardest first** (``priority: hardest``): the hard caps alone would spend the
   budget on whichever hard frames come first. So we also keep the hardness of
   recent *candidates* (frames over the threshold) in the window and the
@@ -62,8 +62,9 @@ class StreamBudget:
         self.refilled_at = now
         self.frame = -1  # index of the current frame (frames seen - 1)
         self.escalated: Deque[int] = deque()  # frame indices of escalations in window
-        # frame indices of the escalations before the window, up to MAX_WINDOW_FRAMES back
-        self.older: Deque[int] = deque()
+        # which of the last MAX_WINDOW_FRAMES frames escalated, one bit each in a ring (12.5 KB,
+        # made at the first escalation): a reload to a larger window finds the earlier ones there
+        self._marks: Optional[bytearray] = None
         self.cands: Deque[Tuple[int, float]] = deque()  # (frame index, hardness)
         self.sorted_h: List[float] = []  # hardness of cands, sorted
         self.last_escalation: Optional[float] = None
@@ -76,6 +77,9 @@ class StreamBudget:
         """Count one frame at ``now``: advance the window and refill the bucket."""
         self.frame += 1
         w = self.limits.window_frames
+        if self._marks is not None:  # the ring's slot now holds this frame, not one MAX_WINDOW_FRAMES back
+            slot = self.frame % MAX_WINDOW_FRAMES
+            self._marks[slot >> 3] &= ~(1 << (slot & 7)) & 0xFF
         self._window_escalations(w)
         while self.cands and self.cands[0][0] <= self.frame - w:
             _, h = self.cands.popleft()
@@ -88,15 +92,23 @@ class StreamBudget:
         self.refill(now)
 
     def _window_escalations(self, w: int) -> None:
-        """Put the escalations of the last ``w`` frames in ``escalated`` and the earlier ones,
-        up to :data:`MAX_WINDOW_FRAMES` back, in ``older`` (both in frame order)."""
+        """Keep in ``escalated`` only the escalations of the last ``w`` frames."""
         start = self.frame - w
-        while self.older and self.older[-1] > start:  # a larger window after a reload
-            self.escalated.appendleft(self.older.pop())
         while self.escalated and self.escalated[0] <= start:
-            self.older.append(self.escalated.popleft())
-        while self.older and self.older[0] <= self.frame - MAX_WINDOW_FRAMES:
-            self.older.popleft()
+            self.escalated.popleft()
+
+    def _widen(self, old_w: int, w: int) -> None:
+        """A reload widened the window from ``old_w`` to ``w`` frames: the escalations of the
+        frames the old one no longer covered come back from the ring."""
+        marks = self._marks
+        if marks is None or w <= old_w:
+            return
+        earlier = []
+        for f in range(max(self.frame - w + 1, 0), max(self.frame - old_w + 1, 0)):
+            slot = f % MAX_WINDOW_FRAMES
+            if marks[slot >> 3] >> (slot & 7) & 1:
+                earlier.append(f)
+        self.escalated.extendleft(reversed(earlier))
 
     def refill(self, now: float) -> None:
         """Add tokens for the time since the last refill (a clock going back adds none). Without
@@ -161,6 +173,10 @@ class StreamBudget:
         if self.limits.max_per_second is not None:
             self.tokens -= 1.0
         self.escalated.append(self.frame)
+        if self._marks is None:
+            self._marks = bytearray((MAX_WINDOW_FRAMES + 7) // 8)
+        slot = self.frame % MAX_WINDOW_FRAMES
+        self._marks[slot >> 3] |= 1 << (slot & 7)
         self.last_escalation = now
 
     # --- reload -------------------------------------------------------------
@@ -168,10 +184,12 @@ class StreamBudget:
     def relimit(self, limits: Limits, now: float, keep_candidates: bool) -> None:
         """Apply new limits at ``now`` keeping history (tokens clipped to the new burst)."""
         self.refill(now)
+        old_w = self.limits.window_frames
         self.limits = limits
         self.tokens = min(self.tokens, float(limits.burst))
         w = limits.window_frames
         self._window_escalations(w)
+        self._widen(old_w, w)
         if not keep_candidates:
             self.cands.clear()
             self.sorted_h.clear()

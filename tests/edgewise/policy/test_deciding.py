@@ -339,3 +339,30 @@ def test_a_rate_taken_away_and_set_again_starts_from_a_full_bucket():
     esc.swap(rated, now=3600.0)
     assert esc.budget_state("s")["tokens"] == 3.0
     assert [esc.decide("s", i, dets(), sig(0.9), now=3600.0 + i).escalate for i in range(4, 8)] == [True] * 3 + [False]
+
+
+def test_the_history_kept_for_a_wider_window_is_a_few_kilobytes_per_stream():
+    """Remembering the escalations of the last 100,000 frames for a reload to a larger window
+    held one Python int per escalation: 9,990 of them (about 405 KB) for a saturated stream at
+    maxFraction 0.1, per stream and per side of a fleet's check-policy --replay. A bit per frame
+    is 12.5 KB, and the cap still holds across the widening reload."""
+    import tracemalloc
+
+    spec = "  threshold: 0.0\n  budget: {maxFraction: 0.1, windowFrames: %d, maxPerSecond: null, priority: fifo}\n"
+    small, large = policy(LINEAR + spec % 300, "small"), policy(LINEAR + spec % 3000, "large")
+    esc = Escalator(small)
+    esc.decide("s", 0, dets(), sig(0.9), now=0.0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        out = [esc.decide("s", i, dets(), sig(0.9), now=float(i)).escalate for i in range(1, 50_001)]
+        grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename")
+                    if s.traceback[0].filename.endswith("budget.py"))
+    finally:
+        tracemalloc.stop()
+    assert sum(out) >= 4_990
+    assert grown < 40_000, grown
+    esc.swap(large, now=50_001.0)
+    assert esc.budget_state("s")["escalated_in_window"] == 300  # 10% of the last 3,000 frames
+    more = [esc.decide("s", i, dets(), sig(0.9), now=float(i)).escalate for i in range(50_001, 50_301)]
+    assert sum(more) == 30  # as many as left the 3,000 frames: the new cap holds over the frames before
