@@ -481,7 +481,8 @@ class Escalating:
         record.emit_unix_ns = time.time_ns()
         kept = self.write(record)
         if not late:
-            self.carrier.answered(record.stream, record.frame_seq, cloud, merge.carry(), regions)
+            self.carrier.answered(record.stream, record.frame_seq, merge.carried(dets, cloud, regions), merge.carry(),
+                                  regions)
         return kept
 
     async def _fail(self, req: Any, policy: Policy, record: FrameRecord, exc: TransportError) -> None:

@@ -27,6 +27,7 @@ object to the region); the fused box keeps the edge's sides that lie beyond the 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -98,6 +99,48 @@ def seen_parts(boxes: np.ndarray, regions: Optional[np.ndarray]) -> np.ndarray:
     return out
 
 
+def _fused_pairs(eb: np.ndarray, e_ids: np.ndarray, cb: np.ndarray, c_ids: np.ndarray, unseen: np.ndarray,
+                 regions: Optional[np.ndarray], iou: float
+                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[Tuple[int, int]]]:
+    """The (edge, cloud) pairs ``fuse`` fuses: same class, IoU >= ``iou``, greedily, edge boxes
+    the cloud did not see (``unseen``) left out. A cloud box of an object a region cuts is cut
+    there too (the worker clips it to the region): it lies on the region's border wherever the
+    edge box crosses it, and such a pair is matched by the part of the edge box the cloud saw.
+    Also returned: that part (``seen``), which of its sides the region cut (``cut`` [N, 4]) and
+    which pairs are matched by it (``by_part`` [N, M])."""
+    seen = seen_parts(eb, regions)
+    cut = seen != eb
+    on_border = (~cut[:, None, :] | (np.abs(seen[:, None, :] - cb[None, :, :]) <= CUT_TOLERANCE_PX)).all(axis=2)
+    by_part = on_border & cut.any(axis=1)[:, None]
+    if not len(eb) or not len(cb):
+        return seen, cut, by_part, []
+    ious = np.where(by_part, iou_matrix(seen, cb), iou_matrix(eb, cb))
+    ious[e_ids[:, None] != c_ids[None, :]] = 0.0  # same class only
+    ious[unseen] = 0.0
+    return seen, cut, by_part, [(int(e), int(c)) for e, c in greedy_match(ious, iou)]
+
+
+def carried_boxes(edge: Detections, cloud: Detections, strategy: str, iou: float = 0.55,
+                  regions: Optional[np.ndarray] = None) -> Detections:
+    """The cloud's boxes as the edge carries them into the stream's next frames
+    (:mod:`edgewise.carrying`). Under ``fuse``, a box a region cut is given back the sides of
+    the edge box it is fused with, where the region cut it: the fused box of the escalated frame
+    keeps them, and a carried box cut at the border overlapped the edge's box of the same object
+    too little to be taken for it, so the next frames showed that object twice. Under ``replace``
+    the cloud's boxes are the result, cut or not."""
+    if strategy != "fuse" or not len(edge) or not len(cloud) or regions is None:
+        return cloud
+    _, e_ids, c_ids = unify_names(edge, cloud)
+    eb = edge.boxes.astype(np.float64).reshape(-1, 4)
+    cb = cloud.boxes.astype(np.float64).reshape(-1, 4)
+    _, cut, by_part, pairs = _fused_pairs(eb, e_ids, cb, c_ids, outside_regions(eb, regions), regions, iou)
+    boxes = cb.copy()
+    for ei, ci in pairs:
+        if by_part[ei, ci]:
+            boxes[ci] = np.where(cut[ei], eb[ei], cb[ci])
+    return dataclasses.replace(cloud, boxes=boxes.astype(np.float32))
+
+
 def merge(
     edge: Detections,
     cloud: Detections,
@@ -135,18 +178,9 @@ def merge(
 
     matched_e = np.zeros(len(eb), bool)
     matched_c = np.zeros(len(cb), bool)
-    if strategy == "fuse" and len(eb) and len(cb):
-        # a cloud box of an object a region cuts is cut there too (it lies on the region's border
-        # wherever the edge box crosses it): such a pair is matched by the part of the edge box
-        # the cloud saw, and the fused box keeps the edge's extent beyond the region
-        seen = seen_parts(eb, regions)
-        cut = seen != eb
-        on_border = (~cut[:, None, :] | (np.abs(seen[:, None, :] - cb[None, :, :]) <= CUT_TOLERANCE_PX)).all(axis=2)
-        by_part = on_border & cut.any(axis=1)[:, None]
-        ious = np.where(by_part, iou_matrix(seen, cb), iou_matrix(eb, cb))
-        ious[e_ids[:, None] != c_ids[None, :]] = 0.0  # same class only
-        ious[unseen] = 0.0
-        for ei, ci in greedy_match(ious, iou):
+    if strategy == "fuse":
+        seen, cut, by_part, pairs = _fused_pairs(eb, e_ids, cb, c_ids, unseen, regions, iou)
+        for ei, ci in pairs:
             # weights are never negative, whatever the inputs: a negative score would make the
             # "average" an extrapolation (a box outside both, or inverted)
             we = max(es[ei], 0.0) * max(edge_weight, 0.0)

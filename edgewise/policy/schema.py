@@ -21,7 +21,7 @@ from edgewise.detections import Detections
 from edgewise.hardness.learned import GainModel
 from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
 from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
-from edgewise.merging import STRATEGIES, merge
+from edgewise.merging import STRATEGIES, carried_boxes, merge
 from edgewise.policy.budget import MAX_WINDOW_FRAMES
 from edgewise.policy.fields import FieldSpec, field_default, opt
 from edgewise.regions import MODES, PayloadPlan, plan_payload
@@ -364,6 +364,12 @@ class Merge:
         one place the daemon, ``edgewise eval`` and ``check-policy --data`` merge.
         ``regions`` [M, 4] are the crops the cloud saw (None: the whole frame)."""
         return merge(edge, cloud, self.strategy, self.iou, edge_floor=self.edge_floor, regions=regions)
+
+    def carried(self, edge: Detections, cloud: Detections, regions: Optional[np.ndarray] = None) -> Detections:
+        """The cloud's boxes the edge carries into the stream's next frames under these settings
+        (:func:`edgewise.merging.carried_boxes`); the one place the daemon and ``edgewise eval``
+        take them from."""
+        return carried_boxes(edge, cloud, self.strategy, self.iou, regions)
 
 
 @dataclass(frozen=True)

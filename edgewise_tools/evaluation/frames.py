@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set,
 import cv2
 import numpy as np
 
-from edgewise.carrying import CarryConfig, CarryState, seed, step
+from edgewise.carrying import CarryState, seed, step
 from edgewise.detections import Detections
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.hardness import (
@@ -35,6 +35,7 @@ from edgewise.hardness import (
 )
 from edgewise.hardness.signals import score_bands
 from edgewise.policy import Policy
+from edgewise.policy.schema import Merge
 from edgewise.regions import MODES, tiles_to_frame
 from edgewise.runtime import DecodeParams, Detector, decode
 from edgewise.wire import shift_detections
@@ -423,7 +424,7 @@ def collect(
                 m_op, m_all = (shift(d, plan.offset, (w, h)) for d in (m_op, m_all))
             rec.modes[mode] = ModeResult(m_op, m_all, nbytes, plan.regions, m_ms)
         if carry_cfg.enabled:
-            carrying[stream] = _carry(carrying.get(stream, []), rec, img, modes, carry_cfg)
+            carrying[stream] = _carry(carrying.get(stream, []), rec, img, modes, policy.spec.merge)
         records.append(rec)
         if progress is not None:
             progress(i + 1, total)
@@ -431,9 +432,11 @@ def collect(
 
 
 def _carry(active: List[Tuple[FrameRecord, str, CarryState]], rec: FrameRecord, img: np.ndarray,
-           modes: Sequence[str], cfg: CarryConfig) -> List[Tuple[FrameRecord, str, CarryState]]:
+           modes: Sequence[str], merge: Merge) -> List[Tuple[FrameRecord, str, CarryState]]:
     """Step the stream's earlier answers onto this frame (noting what each still carries) and
-    seed this frame's answers: the daemon's tracking, for every possible escalation."""
+    seed this frame's answers (the boxes ``merge`` carries): the daemon's tracking, for every
+    possible escalation."""
+    cfg = merge.carry()
     kept = []
     for earlier, mode, state in active:
         state = step(state, img, cfg)
@@ -443,7 +446,8 @@ def _carry(active: List[Tuple[FrameRecord, str, CarryState]], rec: FrameRecord, 
     for mode in modes:
         if mode == "full" and not rec.has_full:
             continue
-        state = seed(img, rec.sent(mode).cloud, cfg)
+        sent = rec.sent(mode)
+        state = seed(img, merge.carried(rec.edge, sent.cloud, sent.regions), cfg)
         rec.carried[mode] = []
         if len(state):
             kept.append((rec, mode, state))

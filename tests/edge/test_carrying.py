@@ -121,3 +121,30 @@ def test_every_carried_answer_expires_after_its_own_frames():
     assert out.boxes.shape == (1, 4) and np.allclose(out.boxes, [[100, 80, 114, 100]], atol=1)
     assert [layer.seq for layer in c._layers["cam"]] == [2]
     assert c.apply("cam", 6, frame(100, 6, second=200), NONE, cfg) is NONE and "cam" not in c._layers
+
+
+def test_an_object_a_region_cut_is_carried_once_not_beside_the_edges_box():
+    """The region of a region payload cut the object (its centre inside, right and bottom sides
+    outside); the worker clipped the cloud's box to it. The escalated frame's record held one
+    fused box, but the carrier was given the cut box: on the next frames it overlapped the edge's
+    box of the object by 0.31 and was published beside it. It is now given the box with the sides
+    the region cut taken from the edge's (the policy's merge.carried, as the daemon calls it)."""
+    from edgewise.policy import parse_policy
+
+    merge = parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: m}\n"
+                         "spec:\n  merge: {strategy: fuse, carryFrames: 30}\n").spec.merge
+    cfg = merge.carry()
+    regions = np.array([[0, 0, 108, 91]], np.float32)
+    edge0 = D([[100, 80, 114, 100, 0.8, 1]])
+    cut = D([[100, 80, 108, 91, 0.9, 1]], source="cloud")
+    assert merge.apply(edge0, cut, regions).box_sources() == ("fused",)
+    c = Carrier()
+    c.sent("cam", 10, frame(100), cfg)
+    c.answered("cam", 10, merge.carried(edge0, cut, regions), cfg, regions)
+    out = c.apply("cam", 11, frame(102, 11), D([[102, 80, 116, 100, 0.8, 1]]), cfg)
+    assert sources(out) == ["fused"] and np.allclose(out.boxes[0], [102, 80, 116, 100])
+    old = Carrier()  # the cut box as it came: the object twice
+    old.sent("cam", 10, frame(100), cfg)
+    old.answered("cam", 10, cut, cfg, regions)
+    assert sorted(sources(old.apply("cam", 11, frame(102, 11), D([[102, 80, 116, 100, 0.8, 1]]), cfg))) == [
+        CARRIED, "edge"]

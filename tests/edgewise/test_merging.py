@@ -142,3 +142,21 @@ def test_a_cloud_box_inside_a_region_is_not_matched_with_a_cut_edge_box_it_does_
     regions = np.array([[150, 150, 250, 250]], np.float32)
     out = merge(edge, cloud, "fuse", iou=0.55, edge_floor=0.5, regions=regions)
     assert sorted(as_rows(out)) == [((0, 0, 400, 400), 0.9, "car", "edge"), ((160, 160, 240, 240), 0.8, "car", "cloud")]
+
+
+def test_a_cut_cloud_box_is_carried_with_the_sides_the_region_cut_taken_from_the_edge():
+    """The fused box of the escalated frame keeps the edge's sides beyond the region, but the
+    carrying was seeded from the cloud's cut box, which overlaps the edge's box of the same
+    object too little to be taken for it: the next frames showed the object twice."""
+    from edgewise.merging import carried_boxes
+
+    edge = D([[622.15, 429.11, 678.36, 518.3, 0.8, 1]])
+    cloud = D([[630.9, 462.0, 666.04, 513.44, 0.7, 1], [700, 600, 740, 660, 0.9, 0]], source="cloud")
+    regions = np.array([[630, 462, 754, 720]], np.float32)
+    out = carried_boxes(edge, cloud, "fuse", 0.55, regions)
+    # left and top were cut by the region: the edge's; right and bottom are the cloud's own
+    assert [round(float(v), 2) for v in out.boxes[0]] == [622.15, 429.11, 666.04, 513.44]
+    assert out.boxes[1].tolist() == [700, 600, 740, 660]  # matched with nothing: as it came
+    assert (out.scores == cloud.scores).all() and out.names == cloud.names and out.source == "cloud"
+    for same in (carried_boxes(edge, cloud, "replace", 0.55, regions), carried_boxes(edge, cloud, "fuse", 0.55)):
+        assert same is cloud  # replace: the cloud's boxes are the result; no regions: nothing was cut
