@@ -78,7 +78,9 @@ class Decider:
         self.tracker: Dict[str, TrackerState] = {}
         self.motion: Dict[str, MotionDetector] = {}
         self._motion_cfg = _motion_config(policy)
-        self._cfg: Dict[Tuple[str, Tuple[int, int]], SignalConfig] = {}
+        #: per stream, the frame size its last signal config was made for, and that config: one
+        #: entry per stream, whatever the number of distinct frame sizes it brings over time
+        self._cfg: Dict[str, Tuple[Tuple[int, int], SignalConfig]] = {}
 
     def swap(self, policy: Policy) -> int:
         """Put ``policy`` in force from the next frame on; returns its generation."""
@@ -94,10 +96,11 @@ class Decider:
         return self.generation
 
     def _signal_config(self, stream_id: str, size: Tuple[int, int]) -> SignalConfig:
-        key = (stream_id, size)
-        cfg = self._cfg.get(key)
-        if cfg is None:
-            cfg = self._cfg[key] = (self.policy or NO_POLICY).signal_config(stream_id, size)
+        held = self._cfg.get(stream_id)
+        if held is not None and held[0] == size:
+            return held[1]
+        cfg = (self.policy or NO_POLICY).signal_config(stream_id, size)
+        self._cfg[stream_id] = (size, cfg)
         return cfg
 
     def _motion(self, stream_id: str) -> Optional[MotionDetector]:
