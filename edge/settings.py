@@ -221,7 +221,7 @@ class SinkSettings:
         "SQLite file where the MQTT sink keeps each record until the broker acknowledged it (survives "
         "broker outages and daemon restarts); empty = `mqtt-outbox.db` next to `spool.path`.", "")
     mqtt_outbox_max: int = setting(
-        "Most records the MQTT sink keeps while the broker is unreachable (about 1 KB each); beyond it the "
+        "Most records the MQTT sink keeps while the broker is unreachable (about 1 KB each, plus about 100 bytes per box: 2 KB at 9 boxes a frame); beyond it the "
         "oldest are dropped, counted in `edgewise_edge_sink_dropped_total`.", 50000, lo=1)
 
 
