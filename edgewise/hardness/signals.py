@@ -24,7 +24,7 @@ objectness, so they need not sum to 1); boxes without ``class_scores`` give 0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -234,9 +234,11 @@ def compute_signals(
     pixels, which only the caller has. ``tracker_disagreement`` is
     (appeared + vanished) / (detections + vanished): 0 on the first frame and
     until the tracker has seen ``track_min_hits`` frames (warm-up), so a stream
-    start is not "hard".
+    start is not "hard". A frame of another size than ``prev``'s starts the tracker
+    afresh (warm-up included): boxes in the old frame's pixels say nothing about the new
+    frame's, so a stream that changes resolution is not "hard" for it.
     """
-    state = prev if prev is not None else TrackerState()
+    state = prev if prev is not None and (frame_size is None or prev.size in (None, frame_size)) else TrackerState()
     unc_count, unc_frac = uncertain_signals(dets, cfg)
     mean_c, min_c = confidence_signals(dets)
     dist = class_distribution(dets)
@@ -263,7 +265,7 @@ def compute_signals(
     }
     for name in MOTION_SIGNALS:
         signals[name] = float(motion.get(name, 0.0)) if motion is not None else 0.0
-    return signals, upd.state
+    return signals, replace(upd.state, size=frame_size) if frame_size is not None else upd.state
 
 
 def combine(

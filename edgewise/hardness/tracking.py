@@ -22,7 +22,7 @@ Rules (all pure; the state is an immutable value returned to the caller):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -41,13 +41,15 @@ class TrackerState:
 
     Treated as an immutable value: every step builds new arrays. ``boxes``
     [T,4] xyxy of the live tracks, ``hits`` matched frames, ``misses``
-    consecutive unmatched frames, ``frames`` frames seen.
+    consecutive unmatched frames, ``frames`` frames seen, ``size`` the (width, height)
+    of the frames its boxes are in (None: not known).
     """
 
     boxes: np.ndarray = field(default_factory=_empty_boxes)
     hits: np.ndarray = field(default_factory=_empty_ints)
     misses: np.ndarray = field(default_factory=_empty_ints)
     frames: int = 0
+    size: Optional[Tuple[int, int]] = None
 
     def __len__(self) -> int:
         return int(self.hits.shape[0])

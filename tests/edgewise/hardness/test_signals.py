@@ -196,3 +196,25 @@ def test_measure_cost_with_motion_at_camera_resolution():
     assert r["motion_us"] > 0
     assert r["total_us"] == pytest.approx(r["signals_us"] + r["motion_us"] + r["policy_us"])
     assert measure_cost(n_frames=20)["motion_us"] == 0.0
+
+
+def test_a_frame_of_another_size_starts_the_tracker_afresh():
+    # a stream that changes resolution (a camera reconfigured, a folder of mixed sizes): the
+    # tracker's boxes are in the old frame's pixels, so the same objects at the new scale must
+    # not "vanish" and make the frame hard (they did: tracker_disagreement 1.0, one spurious
+    # escalation per size change under the shipped policy)
+    small = make(boxes=[[100, 100, 140, 160], [400, 300, 440, 360]], scores=[0.9, 0.9])
+    big = make(boxes=[[150, 150, 210, 240], [600, 450, 660, 540]], scores=[0.9, 0.9])
+    cfg = SignalConfig()
+    state = None
+    for _ in range(4):
+        s, state = compute_signals(small, state, cfg, frame_size=(1280, 720))
+    assert s["tracker_disagreement"] == 0.0
+    s, state = compute_signals(big, state, cfg, frame_size=(1920, 1080))
+    assert s["tracker_disagreement"] == 0.0
+    assert state.frames == 1 and state.size == (1920, 1080)
+    for _ in range(3):  # the new size's tracks are followed as before
+        s, state = compute_signals(big, state, cfg, frame_size=(1920, 1080))
+    assert s["tracker_disagreement"] == 0.0
+    s, state = compute_signals(make(boxes=[[150, 150, 210, 240]], scores=[0.9]), state, cfg, frame_size=(1920, 1080))
+    assert s["tracker_disagreement"] > 0.0  # an object that vanishes at one size still counts
