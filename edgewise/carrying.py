@@ -102,11 +102,13 @@ class _Track:
 
 @dataclass(frozen=True)
 class CarryState:
-    """The boxes carried from one cloud answer, ``age`` frames after it."""
+    """The boxes carried from one cloud answer, ``age`` frames after it, in the pixels of
+    frames of ``size`` (height, width; None: not known)."""
 
     tracks: Tuple[_Track, ...] = ()
     names: Tuple[str, ...] = ()
     age: int = 0
+    size: Optional[Tuple[int, int]] = None
 
     def __len__(self) -> int:
         return len(self.tracks)
@@ -151,7 +153,7 @@ def seed(image: np.ndarray, cloud: Detections, cfg: CarryConfig) -> CarryState:
         if tpl.shape[0] < 3 or tpl.shape[1] < 3 or float(tpl.std()) < 1e-3:
             continue  # a flat patch matches anywhere
         tracks.append(_Track((float(x0), float(y0), float(x1), float(y1)), tpl, factor, int(cid), float(score)))
-    return CarryState(tuple(tracks), cloud.names, 0)
+    return CarryState(tuple(tracks), cloud.names, 0, (h, w))
 
 
 def _follow(t: _Track, image: np.ndarray, cfg: CarryConfig, frames: int) -> Optional[_Track]:
@@ -181,14 +183,16 @@ def _follow(t: _Track, image: np.ndarray, cfg: CarryConfig, frames: int) -> Opti
 
 def step(state: CarryState, image: np.ndarray, cfg: CarryConfig, frames: int = 1) -> CarryState:
     """The state ``frames`` frames later, on ``image``: each box found again or dropped; all
-    of them dropped once the answer is older than ``cfg.frames``."""
+    of them dropped once the answer is older than ``cfg.frames``, or when ``image`` is of
+    another size than the frame the answer was for (a stream that changed resolution: its
+    boxes are in the old frame's pixels, its templates at the old scale)."""
     if frames < 1:
         raise ValueError(f"frames must be >= 1, got {frames}")
     age = state.age + frames
-    if age > cfg.frames or not state.tracks:
-        return CarryState((), state.names, age)
+    if age > cfg.frames or not state.tracks or state.size not in (None, image.shape[:2]):
+        return CarryState((), state.names, age, state.size)
     kept = tuple(k for k in (_follow(t, image, cfg, frames) for t in state.tracks) if k is not None)
-    return CarryState(kept, state.names, age)
+    return CarryState(kept, state.names, age, state.size)
 
 
 def combine(edge: Detections, carried: Detections, iou: float = 0.5) -> Detections:

@@ -176,3 +176,18 @@ def test_stacked_keeps_older_answers_only_under_scope_regions_and_after_a_partia
     assert stacked(list(range(MAX_LAYERS, 0, -1)), 99, part, regions) == [99, *range(MAX_LAYERS, 1, -1)]
     with pytest.raises(ValueError, match="carry scope 'tiles'"):
         CarryConfig(frames=30, min_match=0.5, scope="tiles")
+
+
+def test_boxes_are_not_carried_onto_a_frame_of_another_size():
+    # a stream that changes resolution: the answer's boxes are in the old frame's pixels and its
+    # templates at the old scale; carried onto the new frame they land where nothing is (the daemon
+    # carried a 1280x720 answer onto 1920x1080 frames). Here the same pattern sits at the same
+    # pixels of a larger frame, so only the size tells the answer is stale.
+    cfg = CarryConfig(frames=30, min_match=0.5)
+    far = digit()
+    state = seed(scene([(100, 80, far)]), D([[100, 80, 114, 100, 0.8, 1]], source="cloud"), cfg)
+    assert len(step(state, scene([(100, 80, far)], seed_=1), cfg)) == 1
+    moved = step(state, scene([(100, 80, far)], size=(720, 1280), seed_=1), cfg)
+    assert len(moved) == 0 and moved.age == 1
+    assert state.size == moved.size == (480, 640)
+    assert len(step(moved, scene([(100, 80, far)], seed_=2), cfg)) == 0  # and not back when the size returns
