@@ -34,6 +34,7 @@ from edgewise.hardness import (
     compute_signals,
 )
 from edgewise.hardness.signals import score_bands
+from edgewise.imagefiles import read_image_file
 from edgewise.policy import Policy
 from edgewise.policy.schema import Merge
 from edgewise.regions import MODES, tiles_to_frame
@@ -337,9 +338,9 @@ def edge_pass(data: Path, edge: Detector, policy: Policy, limit: Optional[int] =
     motion_cfg = policy.spec.signals.motion.config()
     motion: Dict[int, MotionDetector] = {}
     for stream, fno, img_path, label_path in frames:
-        img = cv2.imread(str(img_path), cv2.IMREAD_COLOR)
-        if img is None:
-            raise InvalidInputError(f"{img_path}: not a readable image")
+        # the edge daemon's folder source's read (EXIF orientation, 16-bit depth, limits): the
+        # same file must be the same frame here (cv2.imread left a 12-bit PNG nearly black)
+        img = read_image_file(img_path)
         h, w = img.shape[:2]
         e_op, e_all, _ = _run(edge, img, low)
         mot = motion.setdefault(stream, MotionDetector(motion_cfg)).update(img, e_op)

@@ -15,6 +15,7 @@ from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
 from edgewise.hardness import MOTION_SIGNALS
 from edgewise.policy import parse_policy
+from edgewise.runtime import DecodeParams
 from edgewise_tools.evaluation.frames import (
     FrameRecord,
     collect,
@@ -165,3 +166,29 @@ def test_a_label_file_that_is_not_text_or_is_a_folder_is_one_clear_error(tmp_pat
     p.mkdir()
     with pytest.raises(InvalidInputError, match="s000_f000000.txt: a folder where the frame's label file should be"):
         read_labels(p, 100, 50)
+
+
+def test_the_edge_pass_reads_a_frame_as_the_edge_daemon_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a 12-bit camera's frame stored as a 16-bit PNG without sBIT: the daemon's folder source
+    # scales it by the depth it uses; the evaluation read it with cv2.imread (divided by 256:
+    # nearly black), so it measured the edge model on other pixels than the daemon runs it on
+    import cv2
+
+    from edge.sources.opencv import ImageFolderSource
+    from edgewise_tools.evaluation import frames as frames_mod
+
+    data = _dataset(tmp_path / "d", frames=1)
+    path = data / "images" / "s000_f000000.png"
+    (data / "images" / "s000_f000000.jpg").unlink()
+    grey = np.tile(np.arange(0, 4096, 16, dtype=np.uint16), (24, 1))  # 0..4080: 12 bits
+    assert cv2.imwrite(str(path), grey)
+    empty = Detections(boxes=np.zeros((0, 4), np.float32), scores=np.zeros((0,), np.float32),
+                       class_ids=np.zeros((0,), np.int32), names=("a",), source="edge")
+    monkeypatch.setattr(frames_mod, "_run", lambda det, img, low: (empty, empty, 0.0))
+    edge = type("E", (), {"params": DecodeParams()})()
+    seen = next(edge_pass(data, edge, parse_policy(POLICY % 0.25))).image  # type: ignore[arg-type]
+    src = ImageFolderSource(str(data / "images"))
+    src.open()
+    daemon = src.read()
+    assert daemon is not None
+    assert seen.max() == 255 and np.array_equal(seen, daemon)
