@@ -183,6 +183,8 @@ class Escalating:
         #: escalations not spooled, by why (one cause's lines never hide another's)
         self._not_spooled_log = {kind: LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
                                  for kind in ("disk_full", "write_failed", "refused")}
+        #: escalations the cloud refused for good (not spooled: a resend would fail the same way)
+        self._refused_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._ack_log = LogThrottle(LOG_INTERVAL_S, burst=1)  # acks that fail round after round
         self._spool_log = LogThrottle(LOG_INTERVAL_S, burst=1)  # replay rounds the spool fails
         self._damage_said = False  # the damage of a spool refused when reopened is logged once
@@ -552,6 +554,18 @@ class Escalating:
             return
         record.outcome = "edge_only"
         self.metrics.escalations.labels(reason, "edge_only").inc()
+        if not exc.spoolable:
+            # the cloud refused it for good (a payload over the gateway's limits, a bad token):
+            # every such escalation fails the same way, so it is said, not only recorded
+            held = self._refused_log.allow()
+            if held is not None:
+                advice = (f"its payload was {record.payload_bytes} bytes (spec.payload.mode {record.payload}): "
+                          "lower spec.payload.jpegQuality, send regions or a downscaled frame "
+                          "(spec.payload.mode), or raise the gateway's limits.max_message_bytes and "
+                          "limits.max_image_bytes" if exc.status == status.INVALID_ARGUMENT
+                          else "read the status in the message")
+                log.warning("escalation %s refused by the cloud, edge result kept: %s; %s%s", record.key, exc,
+                            advice, f" ({held} more refused since the last such line)" if held else "")
         self.write(record)
 
     def _put(self, key: str, payload: bytes, meta: Dict[str, Any]

@@ -1356,3 +1356,35 @@ def test_without_a_spool_health_says_off_not_degraded():
         return health
 
     assert asyncio.run(run()) == ({"state": "off"}, {"state": "unavailable", "problem": "disk full"})
+
+
+def test_escalations_the_cloud_refuses_for_good_are_said_with_what_to_do(tmp_path, caplog):
+    """A payload over the gateway's limits (an 8K frame sent whole: 'Received message larger
+    than max') was refused, its frame kept its edge result, and nothing was logged: a camera
+    whose every escalation failed showed only edge_only outcomes. Now a few WARNINGs per
+    interval say it, with the payload's bytes and the settings that fix it."""
+    from edge.escalating import LOG_BURST
+
+    class TooLarge(_Counting):
+        async def detect(self, req, timeout_s):
+            raise TransportError(detect_pb2.INVALID_ARGUMENT, "127.0.0.1:1: SERVER: Received message larger than "
+                                 "max (22959961 vs. 8388608)")
+
+    caplog.set_level("WARNING", logger="edge.escalating")
+    policy = parse_policy(policy_yaml("p", deadline_ms=300))
+    written: list = []
+
+    async def run():
+        esc = Escalating("dev", {"grpc": TooLarge(None)}, written.append, EdgeMetrics())
+        for seq in range(6):
+            esc.submit(Frame("cam", seq, np.zeros((48, 64, 3), np.uint8), 0, 0.0), dets([], []),
+                       Decision(True, "always", 0.0, {}), policy, frame_record("cam", seq))
+            await async_wait_until(lambda: len(written) == seq + 1, 30, f"the record of frame {seq}")
+        await esc.close()
+
+    asyncio.run(run())
+    assert [r.outcome for r in written] == ["edge_only"] * 6
+    said = [r.getMessage() for r in caplog.records if "refused by the cloud" in r.getMessage()]
+    assert len(said) == LOG_BURST, said
+    assert "larger than max" in said[0] and f"its payload was {written[0].payload_bytes} bytes" in said[0]
+    assert "spec.payload.jpegQuality" in said[0] and "limits.max_message_bytes" in said[0]
