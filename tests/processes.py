@@ -13,6 +13,14 @@ from typing import Optional, Set
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: Put before a command to start it with SIGHUP's default disposition: under ``nohup`` the
+#: tests run with it ignored, and an ignored signal stays ignored across exec. Not a
+#: ``preexec_fn``: Python code between fork and exec, in a test process whose gRPC threads are
+#: live, ran gRPC's fork handlers, and a child died of SIGABRT before exec ("epoll_wait error:
+#: Bad file descriptor"). This resets it in the new program, then execs the command.
+DEFAULT_HUP = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+               "os.execvp(sys.argv[1], sys.argv[1:])"]
+
 
 class EdgeProcess:
     """``edgewise edge run --config`` as a child process (log appended across restarts)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import shutil
-import signal
 import subprocess
 import sys
 import zipfile
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from edge import bundle as B
+from tests.processes import DEFAULT_HUP
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -177,8 +177,8 @@ def test_the_wrapper_runs_its_own_tree_and_writes_no_byte_code(tmp_path: Path) -
                                              + _PRINT_HUP.split("\n", 1)[1])
     (tmp_path / "elsewhere").symlink_to(root / "usr/bin/edgewise-edge")  # found through a link too
     for argv0 in (str(root / "usr/bin/edgewise-edge"), str(tmp_path / "elsewhere")):
-        out = subprocess.run([argv0, "edge", "check-config"], capture_output=True, text=True,
-                             env={"PATH": "/usr/bin:/bin"}, check=True, preexec_fn=_default_hup).stdout.splitlines()
+        out = subprocess.run([*DEFAULT_HUP, argv0, "edge", "check-config"], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin"}, check=True).stdout.splitlines()
         assert out == [f"python={venv_bin}/python3", f"path={root}/usr/lib/edgewise-edge/python",
                        "nobytecode=1", "args=-m edgewise edge check-config", "hup_ignored=0"], out
 
@@ -189,8 +189,8 @@ def test_the_wrapper_starts_only_the_daemon_with_sighup_ignored(tmp_path: Path) 
     root, _ = _wrapper_tree(tmp_path, _PRINT_HUP)
     for args, ignored in ((["edge", "run", "--config", "x"], "1"), (["--log-level", "debug", "edge", "run"], "1"),
                           (["edge", "check-config"], "0"), (["edge", "engine"], "0")):
-        out = subprocess.run([str(root / "usr/bin/edgewise-edge"), *args], capture_output=True, text=True,
-                             env={"PATH": "/usr/bin:/bin"}, check=True, preexec_fn=_default_hup).stdout
+        out = subprocess.run([*DEFAULT_HUP, str(root / "usr/bin/edgewise-edge"), *args], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin"}, check=True).stdout
         assert out.strip() == f"hup_ignored={ignored}", (args, out)
 
 
@@ -209,10 +209,6 @@ def test_the_wrapper_does_not_start_the_daemon_on_pins_setup_could_not_install(t
     other = subprocess.run([wrapper, "edge", "check-config"], capture_output=True, text=True,
                            env={"PATH": "/usr/bin:/bin"})
     assert other.returncode == 0 and other.stdout == "ran\n"
-
-
-def _default_hup() -> None:  # as systemd starts a service (a test run under nohup ignores it)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 # the HUP bit of the shell's ignored-signal mask (Linux /proc), as the exec'd interpreter inherits it

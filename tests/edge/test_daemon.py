@@ -19,6 +19,7 @@ import pytest
 from edge.daemon import EdgeDaemon
 from edge.settings import load_settings
 from tests.edge.helpers import policy_yaml, read_jsonl, settings_yaml
+from tests.processes import DEFAULT_HUP
 from tests.waiting import async_wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -349,10 +350,9 @@ def _start_daemon(tmp_path, tiny_model) -> tuple[subprocess.Popen[bytes], Path]:
                            metrics={"port": -1}, policy_file=str(policy), policy_poll_s=3600)
     log = tmp_path / "edge.log"
     with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(config)],
-                                stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
-                                env=dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1"),
-                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+        proc = subprocess.Popen([*DEFAULT_HUP, sys.executable, "-m", "edgewise.cli", "edge", "run", "--config",
+                                 str(config)], stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1"))
     deadline = time.monotonic() + 60
     while not _catches_sighup(proc.pid):  # edgewise/hangup.py holds it, first thing
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()

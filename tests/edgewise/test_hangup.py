@@ -10,13 +10,12 @@ import subprocess
 import sys
 import textwrap
 
-from tests.processes import ROOT
+from tests.processes import DEFAULT_HUP, ROOT
 
 
 def _python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    return subprocess.run([*DEFAULT_HUP, sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
 def test_a_sighup_noted_while_held_ends_a_process_at_release_as_the_default_would():

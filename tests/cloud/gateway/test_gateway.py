@@ -27,6 +27,7 @@ from edgewise.errors import ConfigError
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 from tests.cloud.gateway.pki import Pki
 from tests.cloud.gateway.workers import TestWorker, request, serving
+from tests.processes import DEFAULT_HUP
 from tests.waiting import async_wait_until
 
 
@@ -754,9 +755,8 @@ def test_a_sighup_while_the_gateway_starts_is_a_reload_once_it_serves(tmp_path):
                     "discovery: {static: ['127.0.0.1:9', '127.0.0.1:11']}\\n")
         sys.exit(main(["cloud", "gateway", "--config", sys.argv[1]]))
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script, str(config)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    proc = subprocess.Popen([*DEFAULT_HUP, sys.executable, "-c", script, str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)))
     try:
         line = proc.stdout.readline() if proc.stdout is not None else ""
         # the side port is off (-1), as the worker's line says it too (it read 0, a port)
