@@ -459,9 +459,11 @@ def test_state_files_are_not_for_other_users_whatever_the_umask(tmp_path, tiny_m
                            cloud={"endpoints": ["127.0.0.1:9"]},
                            spool={"path": str(state / "spool.db")},
                            sinks={"jsonl": str(state / "out.jsonl")}, metrics={"port": -1})
-    out = subprocess.run([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(config)],
+    # umask 0 set in the new program, not in a preexec_fn (tests.processes.DEFAULT_HUP says why)
+    out = subprocess.run([sys.executable, "-c", "import os, sys; os.umask(0); os.execvp(sys.argv[1], sys.argv[1:])",
+                          sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(config)],
                          capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                         timeout=120, preexec_fn=lambda: os.umask(0))
+                         timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     made = [state, *state.iterdir()]
     assert (state / "spool.db").exists() and (state / "out.jsonl").exists()
