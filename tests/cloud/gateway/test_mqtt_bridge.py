@@ -428,13 +428,23 @@ def test_a_request_of_100000_user_properties_does_not_hold_up_the_others(mosquit
     run(main())
 
 
-def test_a_request_delivered_during_stop_is_answered_unavailable_not_served_after_the_disconnect(mosquitto):
-    """stop() unsubscribes, then waits for the requests in flight. A request the broker sent
-    before it took the UNSUBSCRIBE reached paho after stop() had looked: it was served with
-    nothing waiting for it, and its answer went out only if it was ready before the disconnect
-    (else lost: the edge learnt nothing until its own deadline). It is now answered UNAVAILABLE at once (the edge spools it), and stop() leaves
-    nothing running. The late delivery is the bridge's own callback, called as paho's network
-    thread would, right after the real UNSUBSCRIBE went out."""
+def _deliver(bridge, reply_topic: str, seq: int, corr: bytes) -> None:
+    """A request handed to the bridge as paho's network thread hands one over."""
+    msg = mqtt.MQTTMessage(topic=b"edgewise/cam-1/escalate")
+    msg.payload = request(seq=seq).SerializeToString()
+    msg.properties = Properties(PacketTypes.PUBLISH)
+    msg.properties.ResponseTopic = reply_topic
+    msg.properties.CorrelationData = corr
+    bridge._on_message(bridge.client, None, msg)
+
+
+def test_a_request_delivered_while_the_bridge_stops_is_answered_unavailable_not_lost(mosquitto):
+    """stop() unsubscribes, then waits for the requests in flight. A request the broker had sent
+    before it took the UNSUBSCRIBE can reach paho after that: the old code served it with nothing
+    waiting for it and disconnected when the others were done, so its answer never went out and
+    the edge learnt nothing until its own deadline. Delivered right after the UNSUBSCRIBE or while
+    stop() already waits, it is answered UNAVAILABLE at once now (the edge spools it), and stop()
+    leaves nothing running."""
     async def main():
         w = TestWorker("slow", 1.0, concurrency=4)
         await w.start()
@@ -449,65 +459,25 @@ def test_a_request_delivered_during_stop_is_answered_unavailable_not_served_afte
 
             def unsubscribe_then_a_late_delivery(topic, *args, **kwargs):
                 out = real_unsubscribe(topic, *args, **kwargs)
-                msg = mqtt.MQTTMessage(topic=b"edgewise/cam-1/escalate")
-                msg.payload = request(seq=2).SerializeToString()
-                msg.properties = Properties(PacketTypes.PUBLISH)
-                msg.properties.ResponseTopic = edge.reply_topic
-                msg.properties.CorrelationData = b"late"
-                bridge._on_message(bridge.client, None, msg)
+                _deliver(bridge, edge.reply_topic, 2, b"after-unsubscribe")
                 return out
 
             bridge.client.unsubscribe = unsubscribe_then_a_late_delivery
-            await bridge.stop(5)
-            assert not bridge._pending  # nothing left running after stop()
-            await wait_until(lambda: b"early" in edge.responses and b"late" in edge.responses, 10,
-                             "both requests answered")
-            assert edge.responses[b"early"][0].status == detect_pb2.OK  # in flight before stop: finished
-            late = edge.responses[b"late"][0]
-            assert late.status == detect_pb2.UNAVAILABLE and "gateway is shutting down" in late.error
-            assert w.calls == 1
-            assert bridge.counts.get("error_answered") == 1 and bridge.counts.get("answered") == 1
-        finally:
-            edge.close()
-            await gw.stop(1)
-            await w.stop()
-    run(main())
-
-
-def test_a_request_delivered_after_stop_took_the_requests_in_flight_is_answered_not_lost(mosquitto):
-    """The race itself (the test above delivers before stop() looks at what is in flight,
-    which the old code waited for too): a request paho hands over while stop() already waits
-    for the requests it took. The old code served it with nothing waiting for it and
-    disconnected when the first one was done: its answer never went out, and the edge learnt
-    nothing until its own deadline. It is answered UNAVAILABLE at once now."""
-    async def main():
-        w = TestWorker("slow", 1.0, concurrency=4)
-        await w.start()
-        gw = await bridged_gateway(mosquitto, w)
-        bridge = gw.bridge
-        edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
-        try:
-            await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
-            await asyncio.to_thread(edge.send, request(seq=1).SerializeToString(), b"early")
-            await wait_until(lambda: w.calls == 1, 10, "the first request at the worker")
-
-            def late_delivery() -> None:  # on another thread, as paho's network thread
-                msg = mqtt.MQTTMessage(topic=b"edgewise/cam-1/escalate")
-                msg.payload = request(seq=2).SerializeToString()
-                msg.properties = Properties(PacketTypes.PUBLISH)
-                msg.properties.ResponseTopic = edge.reply_topic
-                msg.properties.CorrelationData = b"late"
-                bridge._on_message(bridge.client, None, msg)
-
             stopping = asyncio.ensure_future(bridge.stop(5))
             await asyncio.sleep(0.3)  # stop() has taken the requests in flight and waits for the early one
             assert not stopping.done()
-            await asyncio.to_thread(late_delivery)
+            await asyncio.to_thread(_deliver, bridge, edge.reply_topic, 3, b"while-waiting")
             await stopping
-            await wait_until(lambda: b"early" in edge.responses and b"late" in edge.responses, 10,
-                             "both requests answered")
-            assert edge.responses[b"early"][0].status == detect_pb2.OK
-            assert edge.responses[b"late"][0].status == detect_pb2.UNAVAILABLE
+            assert not bridge._pending  # nothing left running after stop()
+            late = (b"after-unsubscribe", b"while-waiting")
+            await wait_until(lambda: all(c in edge.responses for c in (b"early", *late)), 10,
+                             "every request answered")
+            assert edge.responses[b"early"][0].status == detect_pb2.OK  # in flight before stop: finished
+            for corr in late:
+                answer = edge.responses[corr][0]
+                assert answer.status == detect_pb2.UNAVAILABLE and "gateway is shutting down" in answer.error
+            assert w.calls == 1
+            assert bridge.counts.get("error_answered") == 2 and bridge.counts.get("answered") == 1
         finally:
             edge.close()
             await gw.stop(1)
