@@ -558,14 +558,13 @@ class Escalating:
             # the cloud refused it for good (a payload over the gateway's limits, a bad token):
             # every such escalation fails the same way, so it is said, not only recorded
             held = self._refused_log.allow()
-            if held is not None:
-                advice = (f"its payload was {record.payload_bytes} bytes (spec.payload.mode {record.payload}): "
-                          "lower spec.payload.jpegQuality, send regions or a downscaled frame "
-                          "(spec.payload.mode), or raise the gateway's limits.max_message_bytes and "
-                          "limits.max_image_bytes" if exc.status == status.INVALID_ARGUMENT
-                          else "read the status in the message")
-                log.warning("escalation %s refused by the cloud, edge result kept: %s; %s%s", record.key, exc,
-                            advice, f" ({held} more refused since the last such line)" if held else "")
+            if held is not None:  # INVALID_ARGUMENT has other causes than size: the advice says when it applies
+                log.warning("escalation %s refused by the cloud, edge result kept: %s; its payload was %s bytes "
+                            "(spec.payload.mode %s): where the message names a size limit, lower "
+                            "spec.payload.jpegQuality, send regions or a downscaled frame (spec.payload.mode), or "
+                            "raise the gateway's limits.max_message_bytes and limits.max_image_bytes%s", record.key,
+                            exc, record.payload_bytes, record.payload,
+                            f" ({held} more refused since the last such line)" if held else "")
         self.write(record)
 
     def _put(self, key: str, payload: bytes, meta: Dict[str, Any]
