@@ -72,6 +72,7 @@ reconnects with backoff; work is handed to the gateway's event loop with
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import socket
@@ -230,6 +231,9 @@ class MqttBridge:
         self.client.on_subscribe = self._on_subscribe
         self.client.on_publish = self._on_publish
         self._pending: dict[Future[None], str] = {}  # requests in flight -> their device
+        # of those, how many each device has (kept with _pending under the lock: read per request,
+        # where a scan of _pending costs mqtt.max_in_flight steps, a setting without a ceiling)
+        self._per_device: collections.Counter[str] = collections.Counter()
         self._unacked: dict[int, str] = {}  # mid -> response topic, of answers handed to paho
         self._early: dict[int, Any] = {}  # mid -> reason code of a PUBACK that came before publish() returned
         self._lock = threading.Lock()
@@ -532,6 +536,7 @@ class MqttBridge:
                 fut = asyncio.run_coroutine_threadsafe(
                     self._serve(req, caller, response_topic, correlation, remaining), self.loop)
                 self._pending[fut] = device
+                self._per_device[device] += 1
         if stopping:
             # sent to us before the broker took stop()'s UNSUBSCRIBE: served now, its answer would
             # come after the disconnect and be lost; told at once, the edge spools it and replays
@@ -548,7 +553,7 @@ class MqttBridge:
         with self._lock:
             if len(self._pending) >= self.s.max_in_flight:
                 return f"gateway MQTT bridge has {self.s.max_in_flight} requests in flight"
-            if sum(d == device for d in self._pending.values()) >= self.s.max_in_flight_per_device:
+            if self._per_device[device] >= self.s.max_in_flight_per_device:
                 return (f"device {quote_id(device)} has {self.s.max_in_flight_per_device} requests in flight over MQTT "
                         "(mqtt.max_in_flight_per_device)")
         return ""
@@ -563,7 +568,11 @@ class MqttBridge:
 
     def _done(self, fut: Future[None]) -> None:
         with self._lock:
-            self._pending.pop(fut, None)
+            device = self._pending.pop(fut, None)
+            if device is not None:
+                self._per_device[device] -= 1
+                if not self._per_device[device]:
+                    del self._per_device[device]
         if not fut.cancelled() and fut.exception() is not None:
             log.error("MQTT request failed: %r", fut.exception())
             self._count("internal_error")
