@@ -234,7 +234,8 @@ def _flatten(node: yaml.MappingNode, loader: yaml.SafeLoader, fail: Callable[[ya
     order (of ``<<: [*a, *b]`` all of a's before b's, a merged mapping's own before what it
     merges), into ``merged``. Not PyYAML's ``flatten_mapping``: which merged entry wins there
     changed between releases (6.0.4 drops a repeated key only when the two key strings are the
-    same object, so ``<<: [*a, *b]`` read b's ``threshold`` and a's ``x``); nor are nodes changed."""
+    same object, so ``<<: [*a, *b]`` read b's ``threshold`` and a's ``x``); nor are merged entries
+    written into the node (only the key '=' is retagged as text, as PyYAML does)."""
     merges = [(k, v) for k, v in node.value if k.tag == _MERGE_TAG]
     if len(merges) > 1:  # YAML allows one merge key per mapping; PyYAML let one of them win silently
         raise fail(_merge_key(merges[1][0]), f"a second merge key '<<' in one mapping (the first is on line "
