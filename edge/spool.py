@@ -28,8 +28,13 @@ Caps (what exceeds them is counted in ``stats()`` and logged, never silent):
   An item of the current boot ages by the monotonic clock. An item of an earlier boot
   (or of a spool written before these columns existed) is at least as old as this boot,
   and older by its wall stamp only when both that stamp and the wall clock now are
-  plausible (after ``PLAUSIBLE_WALL_S``); on a bogus clock it is not expired early, and
-  the byte cap still bounds the spool. ``stats().oldest_age_s`` uses the same rule.
+  plausible: after ``PLAUSIBLE_WALL_S``, and taken while the kernel said the clock was
+  synchronized (``clock_synchronized``; an item put while it was not gets no wall stamp,
+  ``created`` 0). A clock that looks plausible can still be days behind: systemd starts an
+  RTC-less board at the time timesyncd saved at its last sync, or at its own build date,
+  and an item spooled then, before NTP, read as days old after a reboot and expired at
+  once. On a bogus clock an item is not expired early, and the byte cap still bounds the
+  spool. ``stats().oldest_age_s`` uses the same rule.
 
 The drop counters are persisted in the same database, so they survive
 restarts. All methods are thread-safe (one connection behind a lock).
@@ -76,6 +81,8 @@ to an id. Every other SQLite error of any call is a ``SpoolError`` naming the pa
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import json
 import logging
@@ -249,15 +256,45 @@ def read_boot_id(path: str = BOOT_ID_PATH) -> Optional[str]:
         return None
 
 
+#: what ``adjtimex`` returns while the kernel's clock is not synchronized (``STA_UNSYNC``:
+#: never set by NTP since boot, stepped by hand, or drifted past its error bound)
+_TIME_ERROR = 5
+#: bytes given to ``adjtimex`` (its ``struct timex`` is 208 on 64-bit Linux); all zero, so
+#: ``modes`` is 0: a read, allowed without CAP_SYS_TIME
+_TIMEX_BYTES = 512
+_adjtimex: Optional[Callable[..., int]] = None
+
+
+def clock_synchronized() -> Optional[bool]:
+    """Whether the kernel says the wall clock is synchronized (what ``timedatectl`` shows as
+    "System clock synchronized": set by systemd-timesyncd, or chrony with ``rtcsync``); None
+    where that cannot be asked (not Linux)."""
+    global _adjtimex
+    try:
+        if _adjtimex is None:
+            _adjtimex = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).adjtimex
+        state = int(_adjtimex(ctypes.create_string_buffer(_TIMEX_BYTES)))
+    except (OSError, AttributeError):
+        return None
+    return None if state < 0 else state != _TIME_ERROR
+
+
 @dataclass(frozen=True)
 class _Now:
-    """The clocks at one call: wall time, monotonic time, and this boot's id and start
-    (in monotonic time)."""
+    """The clocks at one call: wall time (``synced``: the kernel said it was synchronized),
+    monotonic time, and this boot's id and start (in monotonic time)."""
 
     wall: float
     mono: float
     boot: str
     boot_start: float
+    synced: bool
+
+    @property
+    def stamp(self) -> float:
+        """The wall stamp an item put now keeps: the wall time, or 0 (below
+        ``PLAUSIBLE_WALL_S``: no stamp) when the kernel did not say it was synchronized."""
+        return self.wall if self.synced else 0.0
 
     def params(self, max_age_s: float) -> Dict[str, Any]:
         """Bind values for ``_EXPIRED`` and ``_SAME_BOOT``."""
@@ -265,7 +302,7 @@ class _Now:
             "boot": self.boot,
             "mono_cut": self.mono - max_age_s,
             "uptime_over": int(self.mono - self.boot_start > max_age_s),
-            "wall_ok": int(self.wall >= PLAUSIBLE_WALL_S),
+            "wall_ok": int(self.synced and self.wall >= PLAUSIBLE_WALL_S),
             "floor": PLAUSIBLE_WALL_S,
             "wall_cut": self.wall - max_age_s,
         }
@@ -416,10 +453,13 @@ class Spool:
         reserve_bytes: int = RESERVE_BYTES,
         monotonic: Optional[Callable[[], float]] = None,
         boot_id: Optional[str] = None,
+        synchronized: Optional[Callable[[], Optional[bool]]] = None,
     ) -> None:
         """``clock`` is the wall clock and ``monotonic`` the clock items age by within a boot
         (``time.monotonic``; when only ``clock`` is injected, as tests do, it drives both and
-        an explicit ``now`` stands for both). ``boot_id`` defaults to the kernel's; where that
+        an explicit ``now`` stands for both). ``synchronized`` says whether the wall clock is
+        synchronized (``clock_synchronized``, None: cannot be known, taken as not; with an
+        injected ``clock``, always). ``boot_id`` defaults to the kernel's; where that
         cannot be read a random id per spool stands in, so items of an earlier process count
         as an earlier boot's. This boot started at monotonic 0 for the kernel's id and
         ``time.monotonic`` (Linux counts it from the boot), otherwise when the spool opened."""
@@ -435,6 +475,9 @@ class Spool:
         if monotonic is None:
             monotonic = time.monotonic if clock is time.time else clock
         self._mono = monotonic
+        if synchronized is None:
+            synchronized = clock_synchronized if clock is time.time else (lambda: True)
+        self._synchronized = synchronized
         kernel_boot = read_boot_id() if boot_id is None else None
         self._boot = boot_id or kernel_boot or f"process-{uuid.uuid4().hex}"
         self._boot_start = 0.0 if kernel_boot is not None and monotonic is time.monotonic else monotonic()
@@ -641,7 +684,7 @@ class Spool:
                 evicted, evicted_bytes = self._evict_for(size)
                 db.execute(
                     "INSERT INTO items(key, payload, meta, created, size, mono, boot) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (key, sqlite3.Binary(payload), meta_text, now.wall, size, now.mono, now.boot),
+                    (key, sqlite3.Binary(payload), meta_text, now.stamp, size, now.mono, now.boot),
                 )
             self._bytes += size - evicted_bytes
             self._depth += 1 - evicted
@@ -766,7 +809,8 @@ class Spool:
         if wall is None:
             wall = self._clock()
         mono = wall if self._mono is self._clock else self._mono()
-        return _Now(wall=wall, mono=mono, boot=self._boot, boot_start=self._boot_start)
+        return _Now(wall=wall, mono=mono, boot=self._boot, boot_start=self._boot_start,
+                    synced=self._synchronized() is True)
 
     def expire(self, now: Optional[float] = None) -> int:
         """Delete items older than ``max_age_s`` (see the module doc) at wall time ``now``;

@@ -3,8 +3,14 @@ steps it by decades; items age by the monotonic clock of the boot that spooled t
 
 from __future__ import annotations
 
+import calendar
 import sqlite3
+import sys
+import time
 
+import pytest
+
+import edge.spool
 from edge.spool import Spool
 
 DAY = 86400.0
@@ -78,6 +84,67 @@ def test_reboot_onto_a_bogus_clock_ages_earlier_items_from_this_boot(tmp_path):
     wall.t = T2025 + 3 * DAY  # NTP at last: this boot's items still age by the monotonic clock
     assert sp.expire() == 0 and len(sp) == 2
     sp.close()
+
+
+def test_reboot_keeps_items_spooled_on_a_stale_but_plausible_clock_before_ntp(tmp_path):
+    """systemd starts an RTC-less board at the time timesyncd saved at its last sync (here a
+    week ago: the board was off) or at its build date, a clock after 2020 but days behind.
+    Items spooled then, before NTP and with the link down, used to read as a week old after
+    a reboot onto a synced clock and all expired at once; the kernel said the clock was not
+    synchronized when they were put, so they age by this boot's uptime."""
+    path = tmp_path / "s.db"
+    stale = calendar.timegm((2026, 11, 28, 0, 0, 0))
+    sp = Spool(path, max_bytes=1 << 24, max_age_s=DAY, clock=Clock(stale + 100), monotonic=Clock(100.0),
+               boot_id="boot-a", synchronized=lambda: False)
+    for i in range(5):
+        sp.put(f"k{i}", b"x" * 10, {"i": i})
+    sp.close()
+
+    wall, mono = Clock(calendar.timegm((2026, 12, 5, 0, 10, 0))), Clock(30.0)
+    sp = Spool(path, max_bytes=1 << 24, max_age_s=DAY, clock=wall, monotonic=mono, boot_id="boot-b",
+               synchronized=lambda: True)
+    assert sp.expire() == 0 and len(sp) == 5
+    assert sp.stats().oldest_age_s == 0.0  # this boot's age (it started, at the latest, now): not a week
+    mono.t += DAY / 2
+    assert sp.expire() == 0 and sp.stats().oldest_age_s == DAY / 2
+    mono.t += DAY / 2 + 1  # still bounded: expired once this boot is older than the cap
+    assert sp.expire() == 5
+    sp.close()
+
+
+def test_an_unsynchronized_clock_now_does_not_age_earlier_items_by_wall_time(tmp_path):
+    """A stamp of a synchronized clock, read against a clock now stepped by hand (``date -s``
+    marks it unsynchronized) or not yet synced: the wall difference means nothing."""
+    path = tmp_path / "s.db"
+    _spool(path, Clock(T2025), Clock(5000.0), "boot-a").put("k", b"x", {})
+    synced = [False]
+    wall, mono = Clock(T2025 + 30 * DAY), Clock(5.0)
+    sp = Spool(path, max_bytes=1 << 24, max_age_s=DAY, clock=wall, monotonic=mono, boot_id="boot-b",
+               synchronized=lambda: synced[0])
+    assert sp.expire() == 0 and sp.stats().oldest_age_s == 0.0
+    synced[0] = True  # NTP says the clock is right: the item is 30 days old
+    assert sp.stats().oldest_age_s == 30 * DAY and sp.expire() == 1
+    sp.close()
+
+
+def test_the_kernels_sync_state_decides_the_stamp_of_a_spool_on_the_real_clocks(tmp_path, monkeypatch):
+    """With the real clocks, an item keeps its wall stamp only while the kernel says the clock is
+    synchronized (``edge.spool.clock_synchronized``, adjtimex); an unknown state counts as not."""
+    for state, kept in ((False, False), (None, False), (True, True)):
+        monkeypatch.setattr(edge.spool, "clock_synchronized", lambda state=state: state)
+        path = tmp_path / f"{state}.db"
+        sp = Spool(path, max_bytes=1 << 20, max_age_s=DAY)
+        sp.put("k", b"x", {})
+        before = time.time()
+        created = sp.peek(1)[0].created
+        sp.close()
+        assert (created > 0.0) is kept and (not kept or before - 60 < created <= before), (state, created)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="adjtimex is Linux's")
+def test_clock_synchronized_reads_the_kernel():
+    """On Linux adjtimex answers (a read, no privilege needed): True or False, never None."""
+    assert edge.spool.clock_synchronized() in (True, False)
 
 
 def test_earlier_boot_ages_by_wall_time_when_both_stamps_are_plausible(tmp_path):
