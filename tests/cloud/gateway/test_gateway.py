@@ -21,7 +21,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cloud.gateway.server import Gateway
+from cloud.gateway.envelope import read_request
+from cloud.gateway.server import Gateway, passed_deadline
 from cloud.gateway.settings import load_settings
 from edgewise.errors import ConfigError
 from edgewise.v1 import detect_pb2, service_pb2_grpc
@@ -212,6 +213,39 @@ def test_deadline_propagates_to_worker_and_expires():
             await gw.stop(0)
             await w.stop()
     run(main())
+
+
+def test_a_client_clock_behind_the_gateways_is_named_with_how_far():
+    """deadline_unix_ns is wall time read on the gateway's clock: a client 5 minutes behind (a
+    device not yet synced by NTP) had every request refused with "the request's deadline had
+    already passed at the gateway" and nothing more, as if the link were slow."""
+    async def main():
+        w = TestWorker("w")
+        gw = await started([(w, 1)])
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                behind = request()
+                behind.deadline_unix_ns = time.time_ns() - 300 * 10**9 + 2 * 10**9  # 2 s ahead on its clock
+                code, msg = await _detect(stub, behind, timeout=5)
+                assert code == "DEADLINE_EXCEEDED" and "the request's deadline had already passed at the gateway" in msg
+                late = float(msg.split("deadline_unix_ns was ")[1].split(" s before")[0])
+                assert 297.0 < late < 299.0, msg
+                assert "client's clock" in msg and "deadline_unix_ns 0" in msg
+                assert w.calls == 0
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_a_call_whose_own_deadline_passed_is_not_blamed_on_clocks():
+    head = read_request(request().SerializeToString(), 100)
+    msg = passed_deadline(head, 0.0, time.time_ns())
+    assert "the call's own deadline had passed" in msg and "clock" not in msg
+    head.deadline_unix_ns = time.time_ns() - 10**9  # both passed: the call's is the one the client set
+    assert "the call's own deadline had passed" in passed_deadline(head, -0.5, time.time_ns())
+    assert "1.000 s before the gateway's clock" in passed_deadline(head, None, head.deadline_unix_ns + 10**9)
 
 
 def test_bad_input_gets_clear_status():
