@@ -41,7 +41,10 @@ _SUFFIX = re.compile(r"\.(\d{8}T\d{6}\.\d{6}Z)(?:-(\d+))?(\.gz)?$")
 
 
 def rotated_files(path: str) -> List[str]:
-    """The rotated files of ``path``, newest first."""
+    """The rotated files of ``path``, newest first: the names ``rotate`` writes, whose time is a
+    real one. Another file named like them (``<path>.20261399T...``, a hand-made copy) is not
+    ours: never pruned nor read, and no new name continues after it (a time that does not parse
+    made every rotation raise, and the sink lost each record from then on)."""
     folder, base = os.path.split(os.path.abspath(path))
     found = []
     try:
@@ -51,9 +54,17 @@ def rotated_files(path: str) -> List[str]:
     for name in names:
         if name.startswith(base + "."):
             m = _SUFFIX.match(name[len(base):])
-            if m:
+            if m and _is_time(m.group(1)):
                 found.append((m.group(1), int(m.group(2) or 0), os.path.join(folder, name)))
     return [f for _, _, f in sorted(found, reverse=True)]
+
+
+def _is_time(stamp: str) -> bool:
+    try:
+        _stamp_us(stamp)
+    except ValueError:
+        return False
+    return True
 
 
 def _stamp_us(stamp: str) -> int:

@@ -251,3 +251,22 @@ def test_links_named_like_rotated_files_are_never_followed(tmp_path: Path) -> No
     assert gzip.open(str(plain) + ".gz").read() == b'{"a": 1}\n'
     assert victim.read_bytes() == b"keep me" and secret.read_bytes().startswith(b"-----BEGIN")
     assert not (tmp_path / (read_link.name + ".gz")).exists()
+
+
+def test_a_file_named_like_a_rotated_one_with_no_real_time_is_left_alone(tmp_path: Path) -> None:
+    """``<path>.20261399T000000.000000Z`` (month 13, day 99: a hand-made name) matched the pattern
+    of rotated names, and reading its time raised ValueError at every rotation: the sink lost
+    each record past ``jsonl_max_bytes`` (not even held, as a full disk's are)."""
+    path = tmp_path / "det.jsonl"
+    stray = tmp_path / "det.jsonl.20261399T000000.000000Z"
+    stray.write_text("kept by hand\n")
+    size = record_size(tmp_path)
+    sinks = Sinks([JsonlSink(str(path), max_bytes=3 * size, keep=2)])
+    assert all(sinks.write(frame_record("cam", seq)) for seq in range(10))
+    sinks.close()
+    assert not sinks.failing
+    rotated = R.rotated_files(str(path))
+    assert str(stray) not in rotated and len(rotated) == 2
+    assert stray.read_text() == "kept by hand\n"  # not ours: never pruned
+    kept = [r["frame_seq"] for r in all_records(path)]
+    assert kept == list(range(kept[0], 10)) and kept[0] > 0
