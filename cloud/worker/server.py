@@ -39,7 +39,14 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from cloud.binding import add_health, grpc_port, parsed, server_options, socket_port_async
-from cloud.worker.batching import BUSY_MARK, Batch, Batcher, BatchingDecision, decide_batching
+from cloud.worker.batching import (
+    BUSY_MARK,
+    TOO_SHORT_MARK,
+    Batch,
+    Batcher,
+    BatchingDecision,
+    decide_batching,
+)
 from cloud.worker.budget import PixelBudget
 from cloud.worker.metrics import WorkerMetrics
 from cloud.worker.runner import ModelRunner, Prepared
@@ -407,14 +414,24 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
 
     # -- helpers -------------------------------------------------------------------
     def _deadline(self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext) -> float | None:
-        """The earlier of the request's own deadline and the gRPC deadline, on our clock."""
+        """The earlier of the request's own deadline and the gRPC deadline, on our clock.
+        ``DeadlineExceededError`` naming the clocks when the request's ``deadline_unix_ns`` (wall
+        time) has passed on this worker's clock while the call (a relative timeout, which the
+        gateway derives from that same deadline on its clock) still has time: the clocks
+        disagree, and "send a later deadline" alone sent the client after a deadline that was right."""
         now = self.clock()
         cands: list[float] = []
         remaining = context.time_remaining()
         if remaining is not None:
             cands.append(now + remaining)
         if request.deadline_unix_ns > 0:
-            cands.append(now + (request.deadline_unix_ns - time.time_ns()) / 1e9)
+            left = (request.deadline_unix_ns - time.time_ns()) / 1e9
+            if left <= 0 and remaining is not None and remaining > 0:
+                raise DeadlineExceededError(
+                    f"the request's deadline_unix_ns is {-left:.3f} s before this worker's clock while its call has "
+                    f"{remaining * 1000:.0f} ms left: a clock is off, this worker's or the client's (deadline_unix_ns "
+                    f"is wall time; sync them with NTP), or until then {TOO_SHORT_MARK}")
+            cands.append(now + left)
         return min(cands) if cands else None
 
     def _full_message(self) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cloud.worker.batching import TOO_SHORT_MARK
 from cloud.worker.runner import ModelRunner
 from cloud.worker.server import SERVICE_NAME, WorkerServer, create_server
 from cloud.worker.settings import BatchingSettings, WorkerSettings
@@ -462,6 +463,28 @@ def test_deadlines_expired_requests_never_reach_the_model(tiny_model):
     assert late[0] == grpc.StatusCode.DEADLINE_EXCEEDED and "before inference" in late[1]
     # only the one request that could make it was computed after warm-up
     assert metrics.batch_size._sum.get() == 1
+
+
+def test_a_request_deadline_behind_this_workers_clock_names_the_clocks(tiny_model):
+    """The gateway forwards ``deadline_unix_ns`` as the client sent it and gives the hop a relative
+    timeout within it. A worker whose clock is 60 s ahead read every such request as already late
+    and answered "deadline is -58109.0 ms away but a batch takes about 3.8 ms; send a later
+    deadline" (measured), sending the client after a deadline that was right. What this worker
+    sees: the request's deadline 60 s past on its clock, the call with seconds left."""
+    settings = make_settings(tiny_model, max_batch_size=1, max_queue_delay_ms=0)
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            skewed = jpeg_request(photo(), deadline_unix_ns=time.time_ns() - 60 * 10**9)
+            return await call(stub, skewed, timeout=5.0), srv.service.metrics
+
+    (code, msg), metrics = asyncio.run(main())
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    late = float(msg.split("deadline_unix_ns is ")[1].split(" s before")[0])
+    assert 59.0 < late < 62.0, msg
+    assert "this worker's clock" in msg and "NTP" in msg
+    assert TOO_SHORT_MARK in msg  # the gateway's mark: not the worker's fault, another worker may serve it
+    assert metrics.batch_size._sum.get() == 0  # never reached the model
 
 
 def test_a_call_whose_deadline_passes_in_the_model_counts_as_deadline_exceeded_not_cancelled(tiny_model):
