@@ -96,6 +96,12 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def _bearer(metadata: Mapping[str, str]) -> str:
+    """The token of ``authorization: Bearer <token>`` without surrounding blanks ("" when none)."""
+    scheme, _, token = metadata.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 class TokenAuth:
     """Per-device bearer tokens: ``authorization: Bearer <token>`` must match the device's."""
 
@@ -109,7 +115,8 @@ class TokenAuth:
     @tokens.setter
     def tokens(self, tokens: dict[str, str]) -> None:
         self._tokens = tokens
-        self._known = frozenset(_digest(t) for t in tokens.values())
+        # the digest of each token -> its device (a token is one device's: settings.token_problem)
+        self._known = {_digest(t): device for device, t in tokens.items()}
 
     @property
     def enabled(self) -> bool:
@@ -122,16 +129,22 @@ class TokenAuth:
         rest of :meth:`authenticate`, is checked once the request is there."""
         if not self.enabled:
             return None
-        scheme, _, token = metadata.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
+        token = _bearer(metadata)
+        if not token:
             return Rejection(status.UNAUTHENTICATED, MISSING_TOKEN)
-        # digests of the tokens: one set lookup whatever the fleet's size, and its time tells nothing
-        if _digest(token.strip()) not in self._known:
+        # digests of the tokens: one lookup whatever the fleet's size, and its time tells nothing
+        if _digest(token) not in self._known:
             return Rejection(status.UNAUTHENTICATED,
                              "bad token: it is no device's; check the device's token (the gateway's auth.tokens / "
                              "auth.tokens_file must list the device with it)",
                              detail="no device in auth.tokens/auth.tokens_file has this token")
         return None
+
+    def holder(self, metadata: Mapping[str, str]) -> str:
+        """The device whose bearer token ``metadata`` carries ("" when none, or with authentication
+        off): who holds a call before its request says anything (``limits.max_calls_per_device``)."""
+        token = _bearer(metadata)
+        return self._known.get(_digest(token), "") if token else ""
 
     def authenticate(self, caller: Caller, device_id: str) -> Rejection | None:
         """The one identity check of both transports, for a request of ``device_id``: the
@@ -167,12 +180,11 @@ class TokenAuth:
                                    f"device_id {quote_id(device_id)} does not match x-edgewise-device "
                                    f"{quote_id(claimed)}")
         expected = self.tokens.get(claimed)
-        header = metadata.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
+        token = _bearer(metadata)
+        if not token:
             return None, Rejection(status.UNAUTHENTICATED, MISSING_TOKEN)
         # one answer for both, so a client cannot tell which devices exist; the log has which
-        if expected is None or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        if expected is None or not hmac.compare_digest(token.encode(), expected.encode()):
             return None, Rejection(
                 status.UNAUTHENTICATED,
                 f"unknown device or bad token for device {quote_id(claimed)}; check the device's token (the "

@@ -12,7 +12,8 @@ answer back likewise (docs/design/balancing.md#a-lean-hop). SIGTERM: health goes
 NOT_SERVING, new calls are refused, in-flight calls finish within ``shutdown_grace_s``.
 
 What clients can hold open is bounded: ``limits.max_concurrent_rpcs`` calls in all (gRPC
-refuses one more with RESOURCE_EXHAUSTED before reading it), ``limits.max_streams_per_connection``
+refuses one more with RESOURCE_EXHAUSTED before reading it), with authentication on
+``limits.max_calls_per_device`` per device of a token (``cloud.gateway.callslots``), ``limits.max_streams_per_connection``
 per connection (HTTP/2: the client's further calls wait, or in a burst are refused UNAVAILABLE), ``limits.max_streams_per_device``
 DetectStreams per device (RESOURCE_EXHAUSTED), and a DetectStream that sends no frame for
 ``limits.stream_idle_timeout_s`` is ended with UNAVAILABLE.
@@ -44,6 +45,7 @@ from prometheus_client import Gauge
 from cloud.binding import add_health, grpc_port, server_options, socket_port_async
 from cloud.discovery.base import Discovery, Endpoint, EndpointState
 from cloud.gateway.admission import Caller, RateLimiter, Rejection, TokenAuth, validate_request
+from cloud.gateway.callslots import CallSlots
 from cloud.gateway.envelope import Reply, RequestHead, error_reply, read_request
 from cloud.gateway.http import SidePort
 from cloud.gateway.mqtt_bridge import MqttBridge
@@ -188,19 +190,30 @@ class _Screen(grpc.aio.ServerInterceptor):
     froze every edge out of the gateway. The refusal takes a stream of requests, which gRPC
     calls without waiting for a message. A DetectStream is refused at its start by its own
     handler, which also wants the device's name. The chart's readiness probe asks the side
-    port's ``/healthz`` when tokens are set (the kubelet's gRPC probe sends none)."""
+    port's ``/healthz`` when tokens are set (the kubelet's gRPC probe sends none). A call with a
+    device's token holds one of that device's ``limits.max_calls_per_device`` slots from its
+    headers to its end (``cloud.gateway.callslots``): a device with a valid token held them all."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.detect = f"/{SERVICE_NAME}/Detect"
         self.stream = f"/{SERVICE_NAME}/DetectStream"
+        self.slots = CallSlots(gateway.settings.limits.max_calls_per_device)
+        self._slot_log = LogThrottle(10.0, burst=5)
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
         auth = self.gateway.auth
-        if not auth.enabled or details.method == self.stream:
+        if not auth.enabled:
             return await continuation(details)
         metadata = {k.lower(): v for k, v in details.invocation_metadata or () if isinstance(v, str)}
+        device = auth.holder(metadata)
+        if device:  # a device's token: its call holds one of the device's slots (limits.max_calls_per_device)
+            handler = await continuation(details)
+            refuse = functools.partial(self._refuse_slot, device=device, request=details.method == self.detect)
+            return self.slots.counted(handler, device, refuse) if handler is not None else None
+        if details.method == self.stream:
+            return await continuation(details)
         bad = auth.screen(metadata)
         if bad is None:
             return await continuation(details)
@@ -218,6 +231,25 @@ class _Screen(grpc.aio.ServerInterceptor):
         reply = self.gateway._reject(None, "grpc", bad, self.gateway._caller(context))
         await _abort(context, reply.status, reply.error)
         return b""
+
+    async def _refuse_slot(self, context: grpc.aio.ServicerContext, device: str, request: bool) -> None:
+        """A call of a device that holds ``limits.max_calls_per_device`` calls already: a Detect
+        (``request``) is counted as an answered request, any call in
+        ``rejected_total{reason="too_many_calls"}``."""
+        gw = self.gateway
+        cap = gw.settings.limits.max_calls_per_device
+        gw.metrics.rejected.labels(reason="too_many_calls").inc()
+        if request:
+            gw.metrics.answered("grpc", status.name(status.RESOURCE_EXHAUSTED))
+        held = self._slot_log.allow()
+        if held is not None:
+            log.warning("refused a gRPC call from %s for device %s: it holds %d calls open, "
+                        "limits.max_calls_per_device%s", context.peer() or "unknown peer", quote_id(device), cap,
+                        f" ({held} more refusals not logged)" if held else "")
+        await _abort(context, status.RESOURCE_EXHAUSTED,
+                     f"device {quote_id(device)} already holds {cap} "
+                     "gRPC calls open at the gateway, its limits.max_calls_per_device; wait for its calls to end before opening more (an edge "
+                     "holds at most cloud.max_in_flight escalations and spool.replay_concurrency replays)")
 
     async def _refuse_call(self, _requests: AsyncIterator[Any], context: grpc.aio.ServicerContext,
                            bad: Rejection, method: str) -> None:
@@ -270,6 +302,7 @@ class Gateway:
         self.port = 0
         self.metrics_port = -1  # the side port's, once bound (-1: off, as settings.metrics_port says)
         self._server: grpc.aio.Server | None = None
+        self.interceptor = _Screen(self)  # the interceptor: unknown tokens, the calls each device holds
         self._tasks: list[asyncio.Task[Any]] = []
         self.bridge: MqttBridge | None = None
         self.tls_files: ServedTlsFiles | None = None  # with TLS, once started
@@ -501,7 +534,7 @@ class Gateway:
         m = s.limits.max_message_bytes
         self._server = grpc.aio.server(options=server_options(m, s.limits.max_streams_per_connection),
                                        maximum_concurrent_rpcs=s.limits.max_concurrent_rpcs,
-                                       interceptors=(_Screen(self),))
+                                       interceptors=(self.interceptor,))
         # no (de)serializers: the methods see the bytes on the wire (cloud.gateway.envelope)
         methods = {"Detect": grpc.unary_unary_rpc_method_handler(self.Detect),
                    "DetectStream": grpc.stream_stream_rpc_method_handler(self.DetectStream)}

@@ -13,12 +13,14 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cloud.gateway.server import CONCURRENT_RPC_LIMIT_MESSAGE, SERVICE_NAME
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 from tests.cloud.gateway.test_gateway import http_get, run, started
 from tests.cloud.gateway.workers import TestWorker, request
+from tests.waiting import async_wait_until
 
 #: a channel whose connection is its own (channels with the same target and options share one)
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
@@ -220,6 +222,75 @@ def test_calls_without_a_known_token_are_refused_before_their_request_and_free_t
             # health calls are not requests: only the 4 Detect calls are in requests_total
             assert count("edgewise_gateway_requests_total", {"transport": "grpc", "status": "UNAUTHENTICATED"}) == 4
             assert w.calls == 1
+        finally:
+            never.set()
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
+def test_one_device_cannot_hold_every_call_slot():
+    """A device with a valid token that opened Detect calls and never sent their requests held
+    every one of ``limits.max_concurrent_rpcs`` (200 of 200 in a probe), and every other device
+    was refused RESOURCE_EXHAUSTED. Its calls now hold at most ``limits.max_calls_per_device``:
+    one more (a Detect, a health Watch) is refused, counted and logged, while another device's
+    calls of every kind are served; a slot comes back when a call ends however it ends, and no
+    count is left behind."""
+    async def main():
+        w = TestWorker("a", 0.001)
+        gw = await started([(w, 1)], **{"limits.max_concurrent_rpcs": 8, "limits.max_calls_per_device": 3,
+                                        "auth.tokens": [{"device": "cam-1", "token": "tok1"},
+                                                        {"device": "cam-2", "token": "tok2"}]})
+        never, stop = asyncio.Event(), asyncio.Event()
+        cam1, cam2 = (("authorization", "Bearer tok1"),), (("authorization", "Bearer tok2"),)
+
+        async def no_request() -> AsyncIterator[bytes]:  # the headers go out, no message ever
+            await never.wait()
+            yield b""
+
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as attacker, \
+                    grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}", options=OWN_CONNECTION) as edge:
+                held = [attacker.stream_unary(f"/{SERVICE_NAME}/Detect")(no_request(), metadata=cam1)
+                        for _ in range(3)]
+                await async_wait_until(lambda: gw.interceptor.slots.open.get("cam-1") == 3, 10, "the calls counted")
+                stub = service_pb2_grpc.EscalationStub(attacker)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Detect(request(seq=1, device="cam-1"), timeout=5, metadata=cam1)
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "device 'cam-1' already holds 3 gRPC calls" in (refused.value.details() or "")
+                assert "limits.max_calls_per_device" in (refused.value.details() or "")
+                watch = health_pb2_grpc.HealthStub(attacker).Watch(health_pb2.HealthCheckRequest(), metadata=cam1)
+                assert await _code(watch.read()) == "RESOURCE_EXHAUSTED"
+                # another device: Detect, a health Check and Watch, a DetectStream, all through its slots
+                other = service_pb2_grpc.EscalationStub(edge)
+                answer = await other.Detect(request(seq=2, device="cam-2"), timeout=5, metadata=cam2)
+                assert answer.status == detect_pb2.OK and answer.frame_seq == 2
+                health = health_pb2_grpc.HealthStub(edge)
+                checked = await health.Check(health_pb2.HealthCheckRequest(), timeout=5, metadata=cam2)
+                assert checked.status == health_pb2.HealthCheckResponse.SERVING
+                watching = health.Watch(health_pb2.HealthCheckRequest(), metadata=cam2)
+                assert (await asyncio.wait_for(watching.read(), 5)).status == health_pb2.HealthCheckResponse.SERVING
+                stream = other.DetectStream(_frames(stop, request(seq=3, device="cam-2")),
+                                            metadata=cam2 + (("x-edgewise-device", "cam-2"),))
+                assert (await asyncio.wait_for(stream.read(), 5)).frame_seq == 3
+                assert gw.interceptor.slots.open == {"cam-1": 3, "cam-2": 2}
+                held[0].cancel()  # a call ended before its request came: its slot comes back
+                await async_wait_until(lambda: gw.interceptor.slots.open.get("cam-1") == 2, 10, "the calls counted")
+                answer = await stub.Detect(request(seq=4, device="cam-1"), timeout=5, metadata=cam1)
+                assert answer.status == detect_pb2.OK and answer.frame_seq == 4
+                watching.cancel()
+                stop.set()
+                assert await asyncio.wait_for(stream.code(), 5) == grpc.StatusCode.OK
+                for c in held[1:]:
+                    c.cancel()
+                await async_wait_until(lambda: gw.interceptor.slots.open == {}, 10, "the calls counted")
+            count = gw.metrics.registry.get_sample_value
+            assert count("edgewise_gateway_rejected_total", {"reason": "too_many_calls"}) == 2
+            # the refused Detect is an answered request; the refused Watch is not a request
+            assert count("edgewise_gateway_requests_total",
+                         {"transport": "grpc", "status": "RESOURCE_EXHAUSTED"}) == 1
+            assert w.calls == 3
         finally:
             never.set()
             await gw.stop(0)
