@@ -35,7 +35,8 @@ KEEPALIVE_TIMEOUT_S = 20
 GRPC_INT_MAX = 2**31 - 1
 
 
-def server_options(max_message_bytes: int, max_streams_per_connection: int | None = None) -> list[tuple[str, Any]]:
+def server_options(max_message_bytes: int, max_streams_per_connection: int | None = None,
+                   max_connections: int | None = None) -> list[tuple[str, Any]]:
     """gRPC options of the gateway's and the workers' servers: message limits, the keepalive
     policy above, one process per port, and, for a server facing many clients (the gateway's
     ``limits.max_streams_per_connection``), the calls one connection may hold open: HTTP/2's
@@ -43,6 +44,12 @@ def server_options(max_message_bytes: int, max_streams_per_connection: int | Non
     holding the server's memory (of calls a client starts together past the limit, gRPC may
     refuse some at once: RST_STREAM REFUSED_STREAM, UNAVAILABLE for the caller). The workers
     leave it unset: each gateway sends all its requests to a worker over one connection.
+
+    ``max_connections`` (the gateway's ``limits.max_connections``): the connections the server
+    holds at once; one more is closed as it arrives. Each idle connection holds about 15 KB
+    (43 KB with TLS, measured): without a bound, anyone who reaches the port (no token needed
+    to connect) could open connections, answer their keepalive pings and never call, until
+    the pod ran out of memory (24,000 TLS connections fill the chart's 1 GiB).
 
     No ``grpc.max_connection_idle_ms``: an edge keeps one connection open between escalations
     (its keepalive pings, accepted above, keep it alive), and closing it would make the next
@@ -64,6 +71,8 @@ def server_options(max_message_bytes: int, max_streams_per_connection: int | Non
     ]
     if max_streams_per_connection is not None:
         options.append(("grpc.max_concurrent_streams", max_streams_per_connection))
+    if max_connections is not None:
+        options.append(("grpc.max_allowed_incoming_connections", max_connections))
     return options
 
 _WHAT_TO_DO = ("is the port in use by another process, or the host not an address of this machine? "

@@ -119,6 +119,14 @@ class LimitSettings:
         "gRPC health checks) is refused from its headers, before its request arrives, and a DetectStream "
         "at its start.",
         2048, lo=1, hi=GRPC_INT_MAX)
+    max_connections: int = setting(
+        "Most client connections the gateway's gRPC port holds at once; one more is closed as it arrives (the "
+        "edge sees UNAVAILABLE \"Socket closed\" and spools; not counted in the gateway's metrics). An edge "
+        "keeps one connection open. Each idle connection holds about 15 KB, 43 KB with TLS (measured): "
+        "without a bound, anyone who reaches the port could hold connections that never call (no token is "
+        "needed to connect) until the pod ran out of memory. The connections open when the bound is reached "
+        "keep being served; raise it with the pods' memory limit, or scale the gateways out.",
+        4096, lo=1, hi=GRPC_INT_MAX)
     max_streams_per_connection: int = setting(
         "Most calls open at once on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): a "
         "client's further calls wait on its side until one ends, but of calls a client starts together past "
