@@ -30,10 +30,16 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   bound and the broker's *Receive Maximum* (refused "Quota exceeded"). The override keeps
   owed PUBRELs and holds everything back; ``on_connack`` sends what the connection owes,
   owed PUBRELs first, within the broker's bound as soon as its CONNACK is read.
+* A message whose topic is not UTF-8 (MQTT 5.0, 1.5.4: a broker must not send one; a hostile
+  broker, or a man in the middle without TLS, can) made ``message.topic`` raise in the
+  ``on_message`` of both ends, and paho let that end its network thread: the edge took no
+  answer again, did not reconnect, and still said it was connected (found by a probe).
+  ``Client`` drops such a message before ``on_message``, acknowledged, with a throttled WARNING.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import threading
@@ -45,7 +51,9 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edgewise import mqtt_properties
+from edgewise.observability import LogThrottle
 
+log = logging.getLogger("edgewise.mqtt")
 mqtt_properties.install()  # paho's property reader takes time in the square of their number
 
 #: packet identifiers MQTT has (1..65535)
@@ -88,6 +96,21 @@ class Client(mqtt.Client):
         self.on_pubrec: Optional[Callable[[int], None]] = None
         self._reserved: Set[int] = set()  # mids handed out by reserve_mid, not yet in _out_messages
         self._forced = threading.local()  # publish_as: the mid this thread's next publish takes
+        self._bad_topic_log = LogThrottle(60.0, burst=3)
+
+    def _handle_on_message(self, message: Any) -> None:
+        """Hand a message to ``on_message``, unless its topic is not UTF-8 (the module docstring)."""
+        raw: bytes = message._topic  # (paho decodes it at each read of message.topic)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            held = self._bad_topic_log.allow()
+            if held is not None:
+                log.warning("MQTT message dropped: its topic %r is not UTF-8 (%s), which no MQTT broker may send; "
+                            "check what answers at the broker's address%s", raw[:200], exc.reason,
+                            f" ({held} more not logged)" if held else "")
+            return
+        super()._handle_on_message(message)
 
     def _create_socket_connection(self) -> Any:
         """paho's TCP connection, with Nagle's algorithm off (``TCP_NODELAY``): MQTT's packets are

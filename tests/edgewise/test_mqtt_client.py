@@ -1,0 +1,105 @@
+"""The shared MQTT client (``edgewise.mqtt_client.Client``) against a hostile broker: a real
+socket speaking MQTT v5 as a broker that no Mosquitto is (Mosquitto refuses a topic that is not
+UTF-8 from its publishers, so only a hostile broker or a man in the middle sends one), with the
+edge's real connection (``edge.transports.mqtt.MqttConnection``) on the other end."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import List, Optional, Tuple
+
+from edge.transports.mqtt import MqttConnection
+from tests.waiting import wait_until
+
+RESPONSES = "edgewise/cam-1/response/x"
+
+
+def _vbi(n: int) -> bytes:
+    """A Variable Byte Integer (MQTT 5.0, 1.5.5)."""
+    out = b""
+    while True:
+        n, digit = divmod(n, 128)
+        out += bytes([digit | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def _packet(first: int, body: bytes) -> bytes:
+    return bytes([first]) + _vbi(len(body)) + body
+
+
+def _read_packet(conn: socket.socket) -> Tuple[Optional[int], bytes]:
+    """(the first byte, the rest) of the next packet; (None, b"") once the client is gone."""
+    head = conn.recv(1)
+    if not head:
+        return None, b""
+    n, shift = 0, 0
+    while True:
+        digit = conn.recv(1)[0]
+        n += (digit & 0x7F) << shift
+        shift += 7
+        if not digit & 0x80:
+            break
+    body = b""
+    while len(body) < n:
+        body += conn.recv(n - len(body))
+    return head[0], body
+
+
+def _publish(topic: bytes, payload: bytes) -> bytes:
+    """A QoS 0 PUBLISH without properties."""
+    return _packet(0x30, len(topic).to_bytes(2, "big") + topic + b"\x00" + payload)
+
+
+class HostileBroker:
+    """Accepts one client; at its SUBSCRIBE, answers SUBACK and sends ``messages``."""
+
+    def __init__(self, messages: List[bytes]) -> None:
+        self.messages = messages
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.conn: Optional[socket.socket] = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.server.accept()
+        self.conn = conn
+        with conn:
+            _read_packet(conn)  # CONNECT
+            conn.sendall(_packet(0x20, b"\x00\x00\x00"))  # CONNACK: accepted, no properties
+            while True:
+                kind, body = _read_packet(conn)
+                if kind is None:
+                    return
+                if kind >> 4 == 8:  # SUBSCRIBE: SUBACK granted QoS 0, then the messages
+                    conn.sendall(_packet(0x90, body[:2] + b"\x00\x00") + b"".join(self.messages))
+                elif kind >> 4 == 12:  # PINGREQ
+                    conn.sendall(_packet(0xD0, b""))
+
+    def close(self) -> None:
+        self.server.close()
+        self.thread.join(5)
+
+
+def test_a_message_whose_topic_is_not_utf8_is_dropped_and_the_connection_lives_on(caplog) -> None:
+    """A broker's PUBLISH on a topic that is not UTF-8 made ``message.topic`` raise in the
+    edge's ``on_message``, and paho let that end its network thread: the next answer (on the
+    right topic) never came, nothing reconnected, and the connection still said it was
+    connected. It is now dropped with a WARNING, and the next message is delivered."""
+    broker = HostileBroker([_publish(RESPONSES.encode() + b"\xff", b"forged"), _publish(RESPONSES.encode(), b"ok")])
+    conn = MqttConnection("127.0.0.1", broker.port, client_id="x")
+    got: List[Tuple[str, bytes]] = []
+    try:
+        conn.start()
+        wait_until(conn.connected.is_set, 10, "the connection")
+        conn.subscribe(RESPONSES, lambda msg: got.append((msg.topic, bytes(msg.payload))))
+        wait_until(lambda: got, 10, "the message on the right topic")
+        assert got == [(RESPONSES, b"ok")]
+        assert conn.client._thread is not None and conn.client._thread.is_alive()
+        assert any("topic b'edgewise/cam-1/response/x\\xff' is not UTF-8" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+    finally:
+        conn.stop()
+        broker.close()
