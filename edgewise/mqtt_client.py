@@ -35,6 +35,11 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   ``on_message`` of both ends, and paho let that end its network thread: the edge took no
   answer again, did not reconnect, and still said it was connected (found by a probe).
   ``Client`` drops such a message before ``on_message``, acknowledged, with a throttled WARNING.
+* Any other exception out of a callback, or out of paho itself, ended paho's network thread
+  the same way, silently but for a traceback on stderr: nothing was received, sent or
+  reconnected again until the process restarted. ``Client``'s network thread logs it, ends
+  the connection as lost (``on_disconnect``: what waits on it learns so) and goes on, paho
+  reconnecting with its own backoff, until ``loop_stop``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import logging
 import socket
 import struct
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Set
 
 import paho.mqtt.client as mqtt
@@ -97,6 +103,7 @@ class Client(mqtt.Client):
         self._reserved: Set[int] = set()  # mids handed out by reserve_mid, not yet in _out_messages
         self._forced = threading.local()  # publish_as: the mid this thread's next publish takes
         self._bad_topic_log = LogThrottle(60.0, burst=3)
+        self._loop_log = LogThrottle(60.0, burst=3)
 
     def _handle_on_message(self, message: Any) -> None:
         """Hand a message to ``on_message``, unless its topic is not UTF-8 (the module docstring)."""
@@ -111,6 +118,35 @@ class Client(mqtt.Client):
                             f" ({held} more not logged)" if held else "")
             return
         super()._handle_on_message(message)
+
+    def _thread_main(self) -> None:
+        """paho's network thread (``loop_start``), kept running through an exception (the module
+        docstring): logged, the connection ended as lost, and the loop resumed."""
+        try:
+            while not self._thread_terminate:
+                try:
+                    self.loop_forever(retry_first_connection=True)
+                    return
+                except Exception:  # a callback's or paho's: the thread must not end with it
+                    held = self._loop_log.allow()
+                    if held is not None:
+                        log.error("MQTT network loop failed; the connection is dropped and made again%s",
+                                  f" ({held} more not logged)" if held else "", exc_info=True)
+                    self._lost()
+        finally:
+            self._thread = None
+
+    def _lost(self) -> None:
+        """End the connection a failed network loop leaves in an unknown state (a packet may be
+        half read) as paho ends a lost one, then pause a second: the loop reconnects with paho's
+        backoff, and an exception that comes back at once does not spin."""
+        try:
+            self._loop_rc_handle(mqtt.MQTTErrorCode.MQTT_ERR_CONN_LOST)
+        except Exception:  # on_disconnect's own: the socket is closed first, the state below
+            log.error("MQTT on_disconnect failed after a failed network loop", exc_info=True)
+            self._sock_close()
+            self._state = mqtt._ConnectionState.MQTT_CS_CONNECTION_LOST
+        time.sleep(1.0)
 
     def _create_socket_connection(self) -> Any:
         """paho's TCP connection, with Nagle's algorithm off (``TCP_NODELAY``): MQTT's packets are

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import List, Optional, Tuple
+import time
+from typing import Any, List, Optional, Tuple
 
 from edge.transports.mqtt import MqttConnection
 from tests.waiting import wait_until
@@ -103,3 +104,56 @@ def test_a_message_whose_topic_is_not_utf8_is_dropped_and_the_connection_lives_o
     finally:
         conn.stop()
         broker.close()
+
+
+def test_an_exception_out_of_a_callback_ends_the_connection_not_the_network_thread(mosquitto, caplog) -> None:
+    """An exception out of ``on_message`` (any callback's, or paho's own) ended paho's network
+    thread: nothing was received or reconnected again until the process restarted. It is now
+    logged, the connection is ended as lost (``on_disconnect`` says so) and made again, and
+    the next message arrives, on a real Mosquitto."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from edgewise.mqtt_client import Client
+
+    got: List[bytes] = []
+    connects: List[int] = []
+    disconnects: List[Any] = []
+    client = Client(CallbackAPIVersion.VERSION2, client_id="raises-once", protocol=mqtt.MQTTv5)
+    client.reconnect_delay_set(0.1, 0.5)
+
+    def on_connect(c: Any, _u: Any, _f: Any, _rc: Any, _p: Any = None) -> None:
+        connects.append(1)
+        c.subscribe("t/#", qos=1)
+
+    def on_message(_c: Any, _u: Any, msg: Any) -> None:
+        if msg.payload == b"boom":
+            raise RuntimeError("a bug in a callback")
+        got.append(bytes(msg.payload))
+
+    client.on_connect = on_connect
+    client.on_message = on_message
+    client.on_disconnect = lambda _c, _u, _f, rc, _p=None: disconnects.append(rc)
+    sender = Client(CallbackAPIVersion.VERSION2, client_id="sender", protocol=mqtt.MQTTv5)
+    try:
+        client.connect("127.0.0.1", mosquitto.port)
+        client.loop_start()
+        wait_until(lambda: connects, 10, "the first connection")
+        time.sleep(0.3)  # the SUBACK
+        sender.connect("127.0.0.1", mosquitto.port)
+        sender.loop_start()
+        sender.publish("t/a", b"boom", qos=0).wait_for_publish(5)
+        wait_until(lambda: len(connects) >= 2, 15, "the connection made again")
+        time.sleep(0.3)
+        sender.publish("t/a", b"after", qos=0).wait_for_publish(5)
+        wait_until(lambda: got, 10, "the message after the failure")
+        assert got == [b"after"]
+        assert disconnects, "on_disconnect was not called for the dropped connection"
+        assert client._thread is not None and client._thread.is_alive()
+        assert any("MQTT network loop failed" in r.getMessage() for r in caplog.records)
+    finally:
+        sender.loop_stop()
+        sender.disconnect()
+        client.disconnect()
+        client.loop_stop()
+    assert client._thread is None  # loop_stop still ends it
