@@ -27,7 +27,8 @@ RULES: Dict[str, Callable[[float], bool]] = {
 def check_option(flag: str, value: Optional[float], rule: str, meaning: str = "") -> None:
     """Refuse a numeric option that breaks ``rule`` (a key of :data:`RULES`) as one line,
     ``--fps 0: must be > 0``; a value not given (None) passes. The one place the numeric
-    options of ``edgewise eval`` and ``edgewise edge check-policy --data`` are checked."""
+    options of ``edgewise eval``, ``edgewise edge check-policy --data`` and ``edgewise train``
+    (``TrainConfig.validate``) are checked."""
     if value is not None and not (math.isfinite(value) and RULES[rule](value)):
         shown = f"{value:g}" if isinstance(value, float) else str(value)
         raise ConfigError(f"{flag} {shown}: must be {rule}" + (f" ({meaning})" if meaning else ""))

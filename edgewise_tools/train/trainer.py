@@ -25,6 +25,7 @@ import copy
 import json
 import logging
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from edgewise.errors import ConfigError
+from edgewise_tools.cli.eval import check_option
 from edgewise_tools.models.yolov5 import ARCHS, YOLOv5, build_model
 from edgewise_tools.outputs import check_output_folder
 from edgewise_tools.train.data import NO_AUGMENT, Augment, YoloDataset, batches, prefetched
@@ -53,6 +55,22 @@ DIVERGED_BATCHES = 50
 
 class TrainingDiverged(ConfigError):
     """The loss or the gradients stayed NaN or infinite: the settings make this run diverge."""
+
+
+def _check_device(device: str) -> None:
+    """Refuse a ``--device`` torch cannot train on here, before anything is written or loaded
+    (torch itself fails later with a traceback: an AssertionError for CUDA it was not built with)."""
+    if device in ("cpu", "auto"):
+        return
+    m = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if m is None:
+        raise ConfigError(f"--device {device!r}: use cpu, cuda, cuda:N or auto")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(m.group(1) or 0)
+    if index >= count:
+        have = f"{count} CUDA device(s)" if count else "no CUDA device torch can use"
+        raise ConfigError(f"--device {device}: this machine has {have} (torch {torch.__version__}); "
+                          "use --device cpu, auto, or a cuda:N that exists")
 
 
 def _amp_dtype(mode: str, device: torch.device) -> Optional[torch.dtype]:
@@ -126,6 +144,16 @@ class TrainConfig:
             raise ConfigError("--width must be within [0.05, 2]")
         if self.amp not in AMP_MODES:
             raise ConfigError(f"--amp {self.amp!r}: use one of {', '.join(AMP_MODES)}")
+        for flag, value, rule, meaning in (
+                ("--warmup-epochs", self.warmup_epochs, ">= 0", "epochs of learning-rate warm-up"),
+                ("--warmup-bias-lr", self.warmup_bias_lr, "in [0, 1]", "the biases' learning rate as warm-up starts"),
+                ("--time-budget", self.time_budget_s, ">= 0", "seconds of training; 0: no limit"),
+                ("--threads", self.threads, ">= 0", "torch threads; 0: torch's default"),
+                ("--seed", self.seed, ">= 0", "the seed of the weights and the shuffling"),
+                ("--limit", self.limit, ">= 1", "the number of training images; leave it out for all"),
+                ("--val-limit", self.val_limit, ">= 1", "the number of validation images; leave it out for all")):
+            check_option(flag, value, rule, meaning)
+        _check_device(self.device)
         if self.init is not None and not Path(self.init).is_file():
             raise ConfigError(f"--init {self.init}: no such file (a backbone of python -m edgewise_tools.train.pretrain, "
                               "a trainer checkpoint such as best.pt, or an ONNX model exported by edgewise)")

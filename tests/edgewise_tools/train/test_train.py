@@ -274,3 +274,29 @@ def test_amp_bf16_needs_a_device_that_has_it(tiny_data: Path, tmp_path: Path) ->
         TrainConfig(data=str(tiny_data), out="x", amp="fp8").validate()
     with pytest.raises(ConfigError, match="bfloat16"):
         train(TrainConfig(data=str(tiny_data), out=str(tmp_path / "r"), imgsz=128, epochs=1, amp="bf16"))
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--warmup-epochs", "nan"),  # was a traceback: cannot convert float NaN to integer
+    ("--warmup-bias-lr", "-1"),  # was accepted: it trained with a negative learning rate
+    ("--time-budget", "-1"),  # was accepted and ignored
+    ("--time-budget", "nan"),
+    ("--threads", "-1"),  # was a traceback from torch.set_num_threads
+    ("--seed", "-1"),
+    ("--limit", "0"),  # was "DATA/images: no images", which it has
+    ("--val-limit", "0"),
+    ("--device", "cuda:99"),  # was an AssertionError traceback (or a CUDA error) once the data had loaded
+    ("--device", "gpu"),
+])
+def test_cli_refuses_a_bad_number_or_device_before_writing(tiny_data: Path, tmp_path: Path, capsys,
+                                                          flag: str, value: str) -> None:
+    """`edgewise train` answers a bad option in one line naming it, exit 2, and leaves no run folder."""
+    from edgewise.cli import main
+
+    out = tmp_path / "run"
+    rc = main(["train", "--data", str(tiny_data), "--out", str(out), "--imgsz", "128", "--epochs", "1",
+               flag, value])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith(f"edgewise train: error: {flag} ") and err.count("\n") == 1, err
+    assert not out.exists()
