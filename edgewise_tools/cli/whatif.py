@@ -109,9 +109,10 @@ def _cache_key(data: Path, edge: Path, cloud: Path, policy: Policy, limit: Optio
 def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
     """(frames with both models' outputs, number of classes): from the cache or by running the models."""
     from edgewise.runtime import Detector
-    from edgewise_tools.evaluation.frames import collect, stride_problem
+    from edgewise_tools.evaluation.frames import collect, list_frames, stride_problem
 
     data, edge, cloud = Path(args.data), Path(args.edge), Path(args.cloud)
+    list_frames(data)  # a folder without its frames is refused before the models load
     strided = stride_problem(data)
     if strided:
         raise InvalidInputError(f"--data {data}: {strided}; give a set written with `edgewise synth --stride 1`")

@@ -15,7 +15,7 @@ from edgewise.policy import Policy, load_policy
 from edgewise.regions import COMPARED_MODES
 from edgewise.runtime import Detector
 from edgewise_tools.evaluation import bootstrap, hybrid, scoring
-from edgewise_tools.evaluation.frames import FrameRecord, collect, stride_problem
+from edgewise_tools.evaluation.frames import FrameRecord, collect, list_frames, stride_problem
 from edgewise_tools.provenance import dataset_meta, provenance
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,10 @@ def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, polic
 def check_config(cfg: EvalConfig) -> None:
     """What :func:`run_eval` refuses before a model runs (ConfigError naming the options): an
     undeclarable ``--ours``, a target rate below every compared rate (it would be judged at a
-    higher rate than it allows), and training data that is the evaluated set itself."""
+    higher rate than it allows), a ``--data`` or ``--train-data`` folder without its frames
+    (:func:`~edgewise_tools.evaluation.frames.list_frames`: else the evaluated set's models ran
+    for minutes before a mistyped training folder was noticed), and training data that is the
+    evaluated set itself."""
     if cfg.ours is not None and (cfg.ours not in OURS or (cfg.ours == "learned" and cfg.train_data is None)):
         raise ConfigError(f"--ours {cfg.ours}: declare one of {', '.join(OURS)} (learned needs --train-data)")
     if not any(r <= cfg.target_rate + 1e-9 for r in cfg.rates):
@@ -113,6 +116,9 @@ def check_config(cfg: EvalConfig) -> None:
         raise ConfigError(f"--rates {shown}: none is <= --target-rate {cfg.target_rate:g}, so the target (at most "
                           f"{cfg.target_rate:.1%} of frames escalated) cannot be judged; add {cfg.target_rate:g} "
                           "to --rates or raise --target-rate")
+    for folder in (cfg.data, cfg.train_data):
+        if folder is not None:
+            list_frames(Path(folder))
     strided = stride_problem(Path(cfg.data))
     if strided:
         raise InvalidInputError(f"--data {cfg.data}: {strided}; evaluate a set written with "

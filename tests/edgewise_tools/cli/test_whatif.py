@@ -237,3 +237,19 @@ def test_a_cache_file_of_other_inputs_is_not_read(labelled, tiny_model, small_mo
     assert main([*base, "--cloud", str(tiny_model)]) == 0
     assert "holds the models' outputs of other inputs" in caplog.text
     assert tiny.read_bytes() != small.read_bytes()  # the models ran again and wrote their own
+
+
+def test_a_data_folder_without_frames_is_refused_before_the_models_load(tiny_model, tmp_path, capsys,
+                                                                       monkeypatch) -> None:
+    from edgewise.runtime import Detector
+
+    def loaded(*_a: object, **_k: object) -> None:
+        raise AssertionError("a model was loaded before --data was checked")
+
+    monkeypatch.setattr(Detector, "from_file", loaded)
+    missing = tmp_path / "nope"
+    rc = main(["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(missing),
+               "--edge", str(tiny_model), "--cloud", str(tiny_model), "--cache", str(tmp_path / "cache")])
+    assert rc == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (f"edgewise: error: {missing}: no images/ folder (expected "
+                                                         "a dataset written by `edgewise synth`)")

@@ -260,3 +260,22 @@ def test_rates_are_distinct_fractions(value, said, capsys) -> None:
         main(["eval", "--edge", "e.onnx", "--cloud", "c.onnx", "--data", "d", "--rates", value])
     assert exc.value.code == 2
     assert f"error: argument --rates: {said}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("which", ["--data", "--train-data"])
+def test_a_folder_without_frames_is_refused_before_any_model_runs(tiny_model, dataset, tmp_path, capsys,
+                                                                 monkeypatch, which) -> None:
+    """A mistyped --train-data was found only after the evaluated set's models had all run (minutes
+    on a real test split), and a mistyped --data only after both models had loaded."""
+    from edgewise.runtime import Detector
+
+    def loaded(*_a: object, **_k: object) -> None:
+        raise AssertionError("a model was loaded before the folders were checked")
+
+    monkeypatch.setattr(Detector, "from_file", loaded)
+    missing = tmp_path / "tarin"
+    data = missing if which == "--data" else dataset
+    extra = ("--train-data", str(missing)) if which == "--train-data" else ()
+    assert main(_eval(tiny_model, data, tmp_path / "out", *extra)) == 2
+    assert capsys.readouterr().err == (f"edgewise: error: {missing}: no images/ folder (expected a dataset "
+                                       "written by `edgewise synth`)\n")
