@@ -34,6 +34,7 @@ import yaml
 
 from edge.settings import SCHEMA
 from edge.tlsfiles import certificate_warnings, check_ca, check_pair
+from edgewise import yamlnodes
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.ids import bearer_token_problem
 
@@ -219,7 +220,9 @@ def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) ->
         raise InvalidInputError(f"{template}: no settings to start from; unpack the bundle's overlay into "
                                 "--root first (or install the .deb), or pass --template")
     try:
-        tree = yaml.safe_load(template.read_text()) or {}
+        # the daemon's reader of settings files: UTF-8 checked, size capped (a binary template was a traceback)
+        text = yamlnodes.decode(yamlnodes.read_bytes(template, "edge settings"), str(template), "edge settings")
+        tree = yaml.safe_load(text) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{template}: cannot be read as YAML: {exc}") from None
     if not isinstance(tree, dict):

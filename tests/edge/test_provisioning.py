@@ -110,6 +110,18 @@ def test_a_template_that_is_not_a_mapping_is_a_clear_error(rootfs: Path, tmp_pat
     assert "must be a YAML mapping (key: value), not list" in capsys.readouterr().err
 
 
+def test_a_template_that_is_not_text_is_a_clear_error(rootfs: Path, tmp_path: Path, capsys) -> None:
+    """A binary --template was a UnicodeDecodeError traceback; now the settings files' own rule."""
+    bad = tmp_path / "edge.yaml"
+    bad.write_bytes(b"\x00\x01\xff\xfe garbage\n")
+    before = (rootfs / "etc/edgewise/edge.yaml").read_text()
+    assert main(["edge", "provision", "--root", str(rootfs), "--endpoint", "gw:1", "--template", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"edgewise: error: {bad}: not UTF-8 text (") and err.endswith(
+        "save the edge settings file as UTF-8\n")
+    assert (rootfs / "etc/edgewise/edge.yaml").read_text() == before
+
+
 def test_a_root_without_the_bundle_says_what_to_do(tmp_path: Path, capsys) -> None:
     assert main(["edge", "provision", "--root", str(tmp_path), "--endpoint", "gw:1"]) == 2
     assert "unpack the bundle's overlay into --root first" in capsys.readouterr().err
