@@ -117,6 +117,10 @@ def env_value(value: str) -> str:
     return "\"'\"".join(f"'{run}'" if run else "" for run in value.split("'"))
 
 
+#: the largest group id (``chown`` reads 2**32 - 1 as "leave the group as it is")
+MAX_GID = 2 ** 32 - 2
+
+
 def group_id(root: Path, name: str = GROUP) -> Optional[int]:
     """The gid of ``name`` in ``root``'s ``/etc/group``, or None."""
     try:
@@ -331,6 +335,10 @@ def provision(args: argparse.Namespace) -> Tuple[List[Tuple[Path, int, int]], bo
     root = Path(args.root)
     if not root.is_dir():
         raise InvalidInputError(f"--root {root}: not a directory")
+    if args.group is not None and not 0 <= args.group <= MAX_GID:
+        # chown takes -1 (and 2**32 - 1) as "leave the group", and fails on what exceeds 32 bits
+        raise InvalidInputError(f"--group {args.group}: not a group id; give the number 0..{MAX_GID} of the "
+                                "daemon's group (leave it out for ROOT's edgewise group)")
     token = read_token(args.token_file) if args.token_file else None
     tree, template = settings_tree(args, root, token)
     gid = args.group if args.group is not None else (group_id(root) or 0)

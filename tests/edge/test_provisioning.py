@@ -86,6 +86,9 @@ def test_the_edgewise_group_of_a_running_device_and_a_second_run_keeps_other_env
     (["--endpoint", "gw:1", "--ca", "__EMPTY__"], "cannot be used as a CA bundle"),
     (["--endpoint", "gw:1", "--cert", "__CERT__", "--key", "__OTHER_KEY__"], "is not the key of --cert"),
     (["--endpoint", "gw:1", "--token-file", "__SPACES__"], "the token holds a blank, control or non-ASCII"),
+    # -1 was written as "group -1" (chown left root's group); a gid over 32 bits was an OverflowError traceback
+    (["--endpoint", "gw:1", "--group", "-1"], "--group -1: not a group id; give the number 0..4294967294"),
+    (["--endpoint", "gw:1", "--group", "99999999999"], "--group 99999999999: not a group id"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(rootfs: Path, tmp_path: Path, capsys, extra, needle) -> None:
     (tmp_path / "empty").write_text("")
