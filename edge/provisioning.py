@@ -121,10 +121,17 @@ def env_value(value: str) -> str:
 MAX_GID = 2 ** 32 - 2
 
 
+def _root_text(path: Path) -> str:
+    """A text file of the target root as it is: bytes that are not UTF-8 (a Latin-1 comment,
+    a group name) read as surrogates that :func:`_env_file` writes back unchanged, instead of a
+    UnicodeDecodeError traceback."""
+    return path.read_bytes().decode("utf-8", "surrogateescape")
+
+
 def group_id(root: Path, name: str = GROUP) -> Optional[int]:
     """The gid of ``name`` in ``root``'s ``/etc/group``, or None."""
     try:
-        for line in (root / "etc/group").read_text().splitlines():
+        for line in _root_text(root / "etc/group").splitlines():
             parts = line.split(":")
             if len(parts) >= 3 and parts[0] == name and parts[2].isdigit():
                 return int(parts[2])
@@ -193,8 +200,8 @@ def _check(tree: Dict[str, Any], template: Path, overrides: List[str], token: Op
 
 def _token_line(root: Path) -> bool:
     try:
-        return any(ln.startswith(TOKEN_VAR + "=") for ln in (root / ENV_FILE).read_text().splitlines())
-    except (OSError, UnicodeDecodeError):
+        return any(ln.startswith(TOKEN_VAR + "=") for ln in _root_text(root / ENV_FILE).splitlines())
+    except OSError:
         return False
 
 
@@ -306,12 +313,12 @@ def _env_file(existing: Path, token: Optional[str]) -> bytes:
     """``existing``'s lines with the token line replaced (``None``: removed)."""
     lines: List[str] = []
     if existing.is_file():
-        lines = [ln for ln in existing.read_text().splitlines() if not ln.startswith(TOKEN_VAR + "=")]
+        lines = [ln for ln in _root_text(existing).splitlines() if not ln.startswith(TOKEN_VAR + "=")]
     if not lines:
         lines = ["# Environment of edgewise-edge.service (root only: systemd reads it before dropping privileges)."]
     if token is not None:
         lines.append(f"{TOKEN_VAR}={env_value(token)}")
-    return ("\n".join(lines) + "\n").encode()
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
 
 
 def _needs_restart(root: Path, plan: List[Tuple[Path, bytes, int, int]]) -> bool:

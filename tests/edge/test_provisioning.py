@@ -78,6 +78,20 @@ def test_the_edgewise_group_of_a_running_device_and_a_second_run_keeps_other_env
     assert main(argv + ["--group", "10001"]) == 0  # the L4T container's uid/gid
 
 
+def test_target_files_that_are_not_utf8_are_kept_as_they_are(rootfs: Path, tmp_path: Path, capsys) -> None:
+    """A Latin-1 line in the root's /etc/group or in the daemon's environment file was a
+    UnicodeDecodeError traceback; the other lines of the environment file stay byte for byte."""
+    (rootfs / "etc/group").write_bytes(b"root:x:0:\nop\xe9rateurs:x:1001:\nedgewise:x:998:\n")
+    env = rootfs / "etc/default/edgewise-edge"
+    env.parent.mkdir(parents=True)
+    env.write_bytes(b"# r\xe9glages du site\nEDGEWISE_EDGE__CLOUD__TOKEN=old\n")
+    (tmp_path / "t").write_text("new-token")
+    assert main(["edge", "provision", "--root", str(rootfs), "--endpoint", "10.0.0.2:50051", "--keep-identity",
+                 "--token-file", str(tmp_path / "t")]) == 0
+    assert env.read_bytes() == b"# r\xe9glages du site\nEDGEWISE_EDGE__CLOUD__TOKEN=new-token\n"
+    assert "(mode 0640, group 998)" in capsys.readouterr().out  # the edgewise group of the Latin-1 /etc/group
+
+
 @pytest.mark.parametrize("extra, needle", [
     ([], "cloud.endpoints[0]: 'edgewise-gateway.example.com:50051' is a placeholder"),
     (["--endpoint", "gw:1", "--device-id", "a/b"], "device_id: must be usable as an MQTT topic level"),
