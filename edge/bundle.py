@@ -38,6 +38,7 @@ import yaml
 from edge.settings import ModelSettings
 from edgewise import __version__
 from edgewise.errors import InvalidInputError, ModelError
+from edgewise.outputs import check_output_folder
 from edgewise.runtime.metadata import ModelInfo, find_sidecar, load_model_info
 from edgewise.runtime.opsets import model_problems
 
@@ -88,7 +89,7 @@ class BundleResult:
 
 
 def check_options(opts: BundleOptions) -> None:
-    """Raise InvalidInputError naming the option that cannot work."""
+    """Raise InvalidInputError (ConfigError for ``-o``) naming the option that cannot work."""
     if opts.target not in TARGETS:
         raise InvalidInputError(f"--target {opts.target!r} is not supported; use one of {sorted(TARGETS)}")
     if opts.jetpack not in TARGETS[opts.target]:
@@ -116,6 +117,7 @@ def check_options(opts: BundleOptions) -> None:
             "digits and . + ~; no epoch or '-' revision); for a rebuild of this release use "
             f"{__version__}+<suffix>, e.g. {__version__}+site1, which dpkg installs over {__version__}")
     build_time()  # a malformed SOURCE_DATE_EPOCH is refused before anything is built
+    check_output_folder(opts.out_dir, "-o")
 
 
 #: Debian policy 5.6.12: the upstream version of a native package (no revision, so no '-';

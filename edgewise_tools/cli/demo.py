@@ -20,9 +20,9 @@ def _fps(text: str) -> float:
 
 
 def _handler(args: argparse.Namespace) -> int:
+    from edgewise.outputs import check_output_folder
     from edgewise_tools.demo import DemoConfig, run_demo
     from edgewise_tools.demo.report import INDEX, SUMMARY
-    from edgewise_tools.outputs import check_output_folder
 
     check_output_folder(args.out, "--out", (INDEX, SUMMARY))
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from edgewise.errors import ConfigError
+from edgewise.outputs import check_output_folder
 from edgewise.regions import COMPARED_MODES, MODES
 from edgewise.runtime.detector import INPUT_SIZES
 from edgewise_tools.evaluation.bootstrap import MIN_SAMPLES
-from edgewise_tools.outputs import check_output_folder
 
 #: What a numeric option may be, by the words its error says it in (:func:`check_option`).
 RULES: Dict[str, Callable[[float], bool]] = {

@@ -198,8 +198,8 @@ def _progress_printer(
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from edgewise.errors import InvalidInputError
+    from edgewise.outputs import check_output_file
     from edgewise_tools.models.quantize import quantize
-    from edgewise_tools.outputs import check_output_file
 
     if args.report:
         check_output_file(args.report, "--report")

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 from edgewise.errors import InvalidInputError
+from edgewise.outputs import check_output_file
 from edgewise.runtime.metadata import MAX_INPUT_SIDE
-from edgewise_tools.outputs import check_output_file
 
 #: The newest opsets torch's TorchScript and dynamo exporters write, where the installed torch
 #: does not say (``torch.onnx._constants``; these are torch 2.13's)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import EdgewiseError, InvalidInputError, ModelError
+from edgewise.outputs import check_output_file
 from edgewise.runtime.cpu import cpu_lacks_vnni
 from edgewise.runtime.firstframe import first_frame_problem
 from edgewise.runtime.metadata import (
@@ -65,7 +66,6 @@ from edgewise_tools.models.calibration import (
     split_indices,
 )
 from edgewise_tools.models.heldout import Speed, check_agreement, cpu_session
-from edgewise_tools.outputs import check_output_file
 
 log = logging.getLogger(__name__)
 

@@ -375,6 +375,17 @@ def test_bad_options(tmp_path, tiny_model, kwargs, message) -> None:
         B.bundle(opts)
 
 
+def test_an_output_that_is_a_file_is_refused_before_anything_is_built(tmp_path, tiny_model, capsys) -> None:
+    """-o naming a file was a FileExistsError traceback from mkdir (after the options were checked)."""
+    from edgewise.cli import main
+
+    out = tmp_path / "dist"
+    out.write_text("not a folder")
+    assert main(["edge", "bundle", "-o", str(out), "--model", str(tiny_model)]) == 2
+    assert capsys.readouterr().err == f"edgewise: error: -o {out}: is a file; give a folder\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"] and out.read_text() == "not a folder"
+
+
 def test_a_model_the_device_cannot_load_is_refused(tmp_path, tiny_model) -> None:
     import onnx
 

@@ -3,7 +3,8 @@
 ``edgewise model quantize``, ``eval``, ``demo`` and ``train`` run for minutes to hours and
 write their result last; an output path that cannot be written (a folder where a file is
 meant, a file where a folder is meant, a read-only or full filesystem) must fail at once,
-naming the flag, not after the work is done.
+naming the flag, not after the work is done. ``edgewise edge bundle`` checks its ``-o`` here
+too, which is why the rule lives in the core and not in the tools (``edge`` may not import them).
 """
 
 from __future__ import annotations

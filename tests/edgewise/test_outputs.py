@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from edgewise.errors import ConfigError
-from edgewise_tools.outputs import check_output_file, check_output_folder
+from edgewise.outputs import check_output_file, check_output_folder
 
 
 def test_a_file_output_that_can_be_made_passes_and_nothing_is_made(tmp_path):
