@@ -4,8 +4,9 @@ The Helm chart's ``helm test`` hook runs it inside the cluster; operators run it
 after an install or from an edge site to check reachability, TLS and tokens.
 The frame is rendered locally (digits drawn on a textured background) so the
 probe needs no files; exit status 0 only when the gateway answers OK from a
-worker within the timeout, 1 when it does not, 2 when a TLS file given on the
-command line cannot be used (one line naming the flag and the file).
+worker within the timeout, 1 when it does not, 2 when an argument cannot be used
+(one line naming the flag: a TLS file, a ``--target`` that is not ``host:port``, a
+``--timeout`` that is not a number of seconds in (0, 3600]).
 
 TLS is on with any TLS flag: ``--tls-ca`` verifies the gateway with that CA bundle,
 ``--tls`` alone with gRPC's default roots (a certificate from a public CA);
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 import uuid
@@ -27,6 +29,7 @@ import grpc
 import numpy as np
 
 from edgewise import status
+from edgewise.addresses import parse_hostport
 from edgewise.errors import ConfigError
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 from edgewise.wire import encode_image
@@ -120,8 +123,26 @@ def probe(
         return stub.Detect(req, timeout=timeout, metadata=metadata)
 
 
+#: the longest --timeout, seconds: a probe answers in seconds; far larger values (inf, 1e300)
+#: overflowed the wait with a traceback, and NaN waited forever
+MAX_TIMEOUT_S = 3600.0
+
+
+def check_args(target: str, timeout: float) -> None:
+    """ConfigError naming ``--target`` (not ``host:port``: the probe waited out its timeout to say it
+    could not connect) or ``--timeout`` (not a number of seconds in (0, :data:`MAX_TIMEOUT_S`])."""
+    parse_hostport(target, where="--target")
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+        raise ConfigError(f"--timeout {timeout:g}: must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]")
+
+
 def _handler(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    try:
+        check_args(args.target, args.timeout)
+    except ConfigError as exc:
+        print(f"probe: {exc}")
+        return 2
     try:
         resp = probe(args.target, args.timeout, args.tls_ca, args.token, args.device_id, args.tls_cert, args.tls_key,
                      args.tls, args.tls_server_name)

@@ -88,6 +88,25 @@ def test_probe_unusable_tls_file_is_one_line(pki: Pki, args: tuple, message: str
     assert len(out.stdout.strip().splitlines()) == 1 and "Traceback" not in out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    # each waited out its 10 s, then said it could not connect
+    (("--target", "gateway"), "probe: --target: 'gateway' is not 'host:port'"),
+    (("--target", "127.0.0.1:99999"), "probe: --target: '127.0.0.1:99999': port 99999 is outside 1..65535"),
+    # NaN waited forever; inf and 1e300 were an OverflowError traceback; 0 and -1 never connected
+    (("--target", "127.0.0.1:50051", "--timeout", "nan"), "probe: --timeout nan: must be a number of seconds in (0, 3600]"),
+    (("--target", "127.0.0.1:50051", "--timeout", "inf"), "probe: --timeout inf: must be"),
+    (("--target", "127.0.0.1:50051", "--timeout", "1e300"), "probe: --timeout 1e+300: must be"),
+    (("--target", "127.0.0.1:50051", "--timeout", "0"), "probe: --timeout 0: must be"),
+    (("--target", "127.0.0.1:50051", "--timeout", "-1"), "probe: --timeout -1: must be"),
+])
+@pytest.mark.timeout(60)
+def test_probe_unusable_target_or_timeout_is_one_line_at_once(args: tuple, message: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "edgewise.cli", "cloud", "probe", *args], capture_output=True,
+                         text=True, timeout=40)
+    assert (out.returncode, out.stderr) == (2, ""), out.stdout + out.stderr
+    assert out.stdout.startswith(message) and out.stdout.count("\n") == 1, out.stdout
+
+
 def test_probe_sends_no_wall_clock_deadline(monkeypatch) -> None:
     """A probe host whose clock is behind the gateway's must not always get DEADLINE_EXCEEDED:
     the request carries no deadline_unix_ns; the call's timeout bounds it."""
