@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from edgewise.errors import ConfigError, UnavailableError
+from edgewise.settings.tree import plain, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 _CLI = "import sys; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -235,7 +236,8 @@ class LocalCloud:
         """The gateway's settings as given: its config file with ``gateway_settings`` over it."""
         tree: dict[str, Any] = {}
         if self.gateway_config:
-            tree = dict(yaml.safe_load(Path(self.gateway_config).read_text()) or {})
+            # the settings files' reader: UTF-8, YAML and a mapping checked, each a line naming the file
+            tree = plain(read_yaml(self.gateway_config, "gateway settings"))
         for key, value in self.gateway_settings.items():
             node = tree
             parts = key.split(".")

@@ -61,3 +61,21 @@ def test_cloud_up_needs_a_worker(tmp_path: Path, capsys: pytest.CaptureFixture[s
     model.write_bytes(b"x")  # never loaded: nothing starts
     assert main(["cloud", "up", "--model", str(model), "--workers", "0"]) == 2
     assert "edgewise: error: --workers 0: the pool needs at least one worker" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"\xff\xfe limits: {}\n", "not UTF-8 text ("),  # was a UnicodeDecodeError traceback
+    (b"limits: [\n", ":2: not valid YAML"),  # was a yaml ScannerError traceback
+    (b"- limits\n", ":1: the top level must be a mapping of gateway settings"),  # was a ValueError from dict()
+])
+def test_a_gateway_config_that_is_not_settings_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           content: bytes, says: str) -> None:
+    from edgewise.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"x")  # never loaded: nothing starts
+    config = tmp_path / "gateway.yaml"
+    config.write_bytes(content)
+    assert main(["cloud", "up", "--model", str(model), "--port", "0", "--gateway-config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"edgewise: error: {config}") and says in err and err.count("\n") == 1, err
