@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from edgewise.errors import ConfigError
 from edgewise.filereads import read_capped
 from edgewise.filewatch import Identities, ReloadDecision, identities_of
@@ -79,9 +81,12 @@ def build_api_client(access: KubeAccess) -> Any:
         cfg = client.Configuration()
         config.load_kube_config(config_file=access.kubeconfig, context=access.context,
                                 client_configuration=cfg)
-    except (config.ConfigException, OSError) as exc:
+    except (config.ConfigException, OSError, ValueError, TypeError, AttributeError, yaml.YAMLError) as exc:
+        # beyond its own ConfigException, the client lets through what its YAML reading of a file that
+        # is no kubeconfig raises: UnicodeDecodeError (binary), a YAMLError, TypeError (a list at the top)
         where = access.kubeconfig or os.environ.get("KUBECONFIG", "~/.kube/config")
-        raise ConfigError(f"no Kubernetes access: not in a cluster and kubeconfig {where} failed ({exc}); "
+        why = " ".join(str(exc).split())  # a YAMLError spans lines
+        raise ConfigError(f"no Kubernetes access: not in a cluster and kubeconfig {where} failed ({why}); "
                           "pass --kubeconfig, --api-server URL with a token, or run in-cluster") from None
     cfg.retries = API_RETRIES
     return client.ApiClient(cfg)

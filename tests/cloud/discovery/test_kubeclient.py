@@ -154,3 +154,21 @@ def test_a_rotated_token_file_is_used_from_the_next_call(tmp_path: Path, caplog:
             target.read()
     finally:
         api.close()
+
+
+@pytest.mark.parametrize("content", [
+    b"\xff\xfe\x00 binary\n",  # was a UnicodeDecodeError traceback
+    b"clusters: [\n",  # was a yaml ScannerError traceback
+    b"- a\n- b\n",  # was a TypeError traceback (list indices must be integers)
+])
+def test_a_kubeconfig_that_is_not_one_is_one_line(tmp_path: Path, monkeypatch, capsys, content: bytes) -> None:
+    from edgewise.cli import main
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"not in a cluster and kubeconfig {path} failed"):
+        build_api_client(KubeAccess(kubeconfig=str(path)))
+    assert main(["cloud", "autoscaler", "--gateway-url", "http://127.0.0.1:1", "--kubeconfig", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edgewise: error: no Kubernetes access: ") and err.count("\n") == 1, err
