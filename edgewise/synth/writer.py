@@ -17,6 +17,12 @@ than deleted; ``annotations.json`` and ``dataset.json`` are removed only when th
 content shows synth wrote them (another tool's COCO file of that name is refused too).
 Both are written atomically, so an interrupted run never leaves half of one.
 
+While it writes, ``out`` holds ``.synth-incomplete`` (:data:`INCOMPLETE`), removed once
+``dataset.json`` is in place: a run that was interrupted (Ctrl-C, a full disk, a kill) leaves
+it, and the readers of the layout (``edgewise train``, ``eval``, ``check-policy --data``) refuse
+such a folder (:func:`incomplete_problem`) instead of training or scoring on part of the frames,
+the last perhaps without its labels. ``--overwrite`` removes it with the rest.
+
 COCO ``category_id`` equals the YOLO class index (0..9, category names "0".."9").
 COCO images carry ``stream`` and ``frame`` (0-based) so streams can be replayed
 in order; annotations carry ``visible``, ``contrast``, ``size_px``, ``hardness``,
@@ -93,6 +99,8 @@ _OWN_FOLDERS = {
     "videos": re.compile(r"s\d{3,}\.avi"),
 }
 _OWN_FILES = ("annotations.json", "dataset.json")
+#: the marker of a dataset being written (or a run that never finished writing it)
+INCOMPLETE = ".synth-incomplete"
 #: what the COCO file's ``info.description`` says (how ``--overwrite`` knows synth wrote it)
 _COCO_DESCRIPTION = "edgewise synthetic digits"
 #: keys every dataset.json synth writes has (how ``--overwrite`` knows synth wrote it)
@@ -173,6 +181,9 @@ def _remove_dataset(out: Path) -> None:
         tmp = out / _tmp_name(name)
         if tmp.is_symlink() or tmp.is_file():
             doomed.append(tmp)  # left by a run killed while it wrote ``name``
+    marker = out / INCOMPLETE
+    if marker.is_symlink() or marker.is_file():
+        doomed.append(marker)
     if foreign:
         raise InvalidInputError(
             f"output folder {out}: --overwrite removes only the files synth writes, but {_listing(foreign)} "
@@ -210,6 +221,16 @@ def _prepare_out(out: Path, overwrite: bool, folders: Sequence[str]) -> None:
             f"(no part of its path may be a file)") from None
 
 
+def incomplete_problem(root: Path) -> Optional[str]:
+    """Why the dataset folder ``root`` cannot be read: an ``edgewise synth`` run that was writing
+    it did not finish (:data:`INCOMPLETE` is there); None otherwise. The one check every reader
+    of the layout makes."""
+    if (Path(root) / INCOMPLETE).exists():
+        return (f"{root}: an `edgewise synth` run that wrote this dataset did not finish ({INCOMPLETE} is "
+                "there): it holds only part of the frames; run the same synth again with --overwrite")
+    return None
+
+
 def yolo_lines(labels: List[ObjectLabel], width: int, height: int) -> List[str]:
     """YOLO txt lines for the labelled objects of one frame."""
     out = []
@@ -234,7 +255,10 @@ def generate(job: SynthJob, progress: Optional[Any] = None) -> Dict[str, Any]:
     out = Path(job.out)
     _prepare_out(out, job.overwrite, ("images", "labels", "videos") if job.video else ("images", "labels"))
     try:
-        return _write(job, out, progress)
+        _put(out / INCOMPLETE, b"edgewise synth is writing this dataset, or was interrupted while it did\n")
+        summary = _write(job, out, progress)
+        (out / INCOMPLETE).unlink()
+        return summary
     except OSError as exc:  # the disk filled up, the folder went away or read-only, ...
         what = f" {exc.filename}" if exc.filename is not None else ""
         raise InvalidInputError(

@@ -39,6 +39,7 @@ from edgewise.policy import Policy
 from edgewise.policy.schema import Merge
 from edgewise.regions import MODES, tiles_to_frame
 from edgewise.runtime import DecodeParams, Detector, decode
+from edgewise.synth.writer import incomplete_problem
 from edgewise.wire import shift_detections
 from edgewise_tools.provenance import dataset_meta
 
@@ -108,6 +109,9 @@ def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
     images = data / "images"
     if not images.is_dir():
         raise InvalidInputError(f"{data}: no images/ folder (expected a dataset written by `edgewise synth`)")
+    unfinished = incomplete_problem(data)
+    if unfinished:
+        raise InvalidInputError(unfinished)
     meta = dataset_meta(data)
     out = []
     for img in images.iterdir():

@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 
 from edgewise.errors import ConfigError
+from edgewise.synth.writer import incomplete_problem
 from edgewise_tools.train.data import IMG_EXT, dataset_names, read_yolo_labels
 
 Box = Tuple[int, int, int, int]
@@ -78,6 +79,9 @@ def make_crops(data: Path, out: Path, size: int = 320, per_frame: int = 2, seed:
     img_dir = Path(data) / "images"
     if not img_dir.is_dir():
         raise ConfigError(f"{data}: no images/ folder (expected the edgewise synth layout)")
+    unfinished = incomplete_problem(Path(data))
+    if unfinished:
+        raise ConfigError(unfinished)
     files = sorted(p for p in img_dir.iterdir() if p.suffix.lower() in IMG_EXT)[:limit]
     if not files:
         raise ConfigError(f"{img_dir}: no images")

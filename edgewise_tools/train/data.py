@@ -22,6 +22,7 @@ import numpy as np
 
 from edgewise.errors import ConfigError
 from edgewise.runtime.letterbox import letterbox
+from edgewise.synth.writer import incomplete_problem
 
 IMG_EXT = (".jpg", ".jpeg", ".png", ".bmp")
 
@@ -75,6 +76,9 @@ class YoloDataset:
         img_dir = root / "images"
         if not img_dir.is_dir():
             raise ConfigError(f"{root}: no images/ folder (expected the edgewise synth layout)")
+        unfinished = incomplete_problem(root)
+        if unfinished:
+            raise ConfigError(unfinished)
         files = sorted(p for p in img_dir.iterdir() if p.suffix.lower() in IMG_EXT)
         if limit is not None:
             files = files[:limit]

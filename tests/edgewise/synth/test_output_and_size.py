@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -225,3 +226,38 @@ def test_a_video_decodes_at_the_size_of_its_labels_and_an_odd_size_is_refused(tm
             generate(_job(tmp_path / "odd", width=w, height=h, video=True))
         assert not (tmp_path / "odd").exists()
     generate(_job(tmp_path / "odd", width=97, height=65))  # without --video an odd size is fine
+
+
+def test_an_interrupted_dataset_is_refused_by_its_readers_until_overwritten(tmp_path: Path) -> None:
+    """Ctrl-C in `edgewise synth` left images/ and labels/ with part of the frames (the last image
+    perhaps without its labels), and `edgewise train` and `eval` took them for the dataset."""
+    from edgewise_tools.evaluation.frames import list_frames
+
+    out = tmp_path / "set"
+
+    def stop(n: int) -> None:
+        if n == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        generate(_job(out), stop)
+    assert len(list((out / "images").iterdir())) == 2 and not (out / "dataset.json").exists()
+    said = f"{out}: an `edgewise synth` run that wrote this dataset did not finish"
+    with pytest.raises(InvalidInputError, match=re.escape(said)):
+        list_frames(out)
+    trains = importlib.util.find_spec("torch") is not None  # the train extra: its reader too
+    if trains:
+        from edgewise_tools.train.data import YoloDataset
+
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            YoloDataset(out, 64)
+    generate(_job(out, overwrite=True))  # the same run again, as the message says
+    assert len(list_frames(out)) == 6
+    if trains:
+        assert len(YoloDataset(out, 64).files) == 6
+    assert _files(out) == _files(_fresh(tmp_path / "fresh"))
+
+
+def _fresh(out: Path) -> Path:
+    generate(_job(out))
+    return out
