@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 from pathlib import Path
 from typing import Any, Dict
 
@@ -17,6 +18,10 @@ def _fps(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number above 0 (got {text!r})")
     return value
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -35,7 +40,14 @@ def _handler(args: argparse.Namespace) -> int:
         if value:
             kw[name] = Path(value)
     cfg = DemoConfig(**kw)  # what is left out follows the world of the cloud model
-    summary = run_demo(cfg)
+    # SIGTERM (a `timeout`, a CI job's cancel) and SIGHUP (a closed terminal) stop it as Ctrl-C does: they
+    # ended the process at once, and the gateway and workers it had started ran on, orphaned
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        summary = run_demo(cfg)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     stages = summary["edge_stage_median_ms"]
     print("\nedge per-stage medians (ms): " + ", ".join(f"{k} {v}" for k, v in stages.items()))
     return 0 if summary["accounting"]["lost"] == 0 and summary["accounting"]["frames"] > 0 else 1

@@ -9,9 +9,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
@@ -178,12 +179,21 @@ def _mosquitto(work: Path) -> tuple[subprocess.Popen[bytes], int]:
     raise ConfigError("mosquitto did not start within 10 s")
 
 
-def _generate(cfg: DemoConfig, data: Path) -> Dict[str, Any]:
+class _Cancelled(Exception):
+    """The demo was stopped while its frames were being generated."""
+
+
+def _generate(cfg: DemoConfig, data: Path, cancel: Optional[threading.Event] = None) -> Dict[str, Any]:
     from edgewise.synth import SynthJob, generate, load_difficulty
+
+    def progress(_n: int) -> None:  # a stopped demo's thread stops writing into the work dir it removes
+        if cancel is not None and cancel.is_set():
+            raise _Cancelled
 
     w, h = cfg.frame_size
     return generate(SynthJob(out=data, frames=cfg.frames, streams=cfg.streams, seed=cfg.seed, split="test",
-                             width=int(w), height=int(h), difficulty=load_difficulty(cfg.preset), preset=cfg.preset))
+                             width=int(w), height=int(h), difficulty=load_difficulty(cfg.preset), preset=cfg.preset),
+                    progress)
 
 
 def _stream_folders(data: Path, streams: int) -> List[Path]:
@@ -284,26 +294,41 @@ class _Progress:
 
 
 def run_demo(cfg: DemoConfig, stream: TextIO = sys.stdout) -> Dict[str, Any]:
-    """Run the demo; returns the JSON summary (also written to ``<out>/summary.json``)."""
-    from cloud.local import LocalCloud  # app wiring: the demo drives both tiers
-    from edgewise_tools.demo.report import INDEX, SUMMARY, build_report
-
+    """Run the demo; returns the JSON summary (also written to ``<out>/summary.json``). Interrupted
+    (KeyboardInterrupt), it stops what it started and removes its work dir (unless ``keep_workdir``)."""
     cfg.validate()
     t_start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="edgewise-demo-"))
+    w, h = cfg.frame_size
+    stream.write(f"edgewise demo: {cfg.streams} {cfg.preset} streams of {w}x{h} x {cfg.frames} frames at "
+                 f"{cfg.fps:g} fps, {cfg.workers} cloud workers, transport {cfg.transport} (work dir {work})\n")
+    stream.flush()
+    data = work / "data"
+    # the cameras' frames are generated while the cloud processes start (they do not share a core's work)
+    gen = ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo-synth")
+    cancel = threading.Event()
+    generated = gen.submit(_generate, cfg, data, cancel)
+    gen.shutdown(wait=False)
+    try:
+        return _run(cfg, work, data, generated, stream, t_start)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (edgewise_tools.cli.demo): the processes are stopped
+        cancel.set()
+        gen.shutdown(wait=True)
+        if not cfg.keep_workdir:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _run(cfg: DemoConfig, work: Path, data: Path, generated: Future[Dict[str, Any]], stream: TextIO,
+         t_start: float) -> Dict[str, Any]:
+    """The demo once its work dir is made and its frames are being generated (:func:`run_demo`)."""
+    from cloud.local import LocalCloud  # app wiring: the demo drives both tiers
+    from edgewise_tools.demo.report import INDEX, SUMMARY, build_report
 
     def say(text: str) -> None:
         stream.write(text + "\n")
         stream.flush()
 
-    w, h = cfg.frame_size
-    say(f"edgewise demo: {cfg.streams} {cfg.preset} streams of {w}x{h} x {cfg.frames} frames at {cfg.fps:g} fps, "
-        f"{cfg.workers} cloud workers, transport {cfg.transport} (work dir {work})")
-    data = work / "data"
-    # the cameras' frames are generated while the cloud processes start (they do not share a core's work)
-    gen = ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo-synth")
-    generated = gen.submit(_generate, cfg, data)
-    gen.shutdown(wait=False)
     broker = None
     mqtt_port: Optional[int] = None
     if cfg.transport == "mqtt":

@@ -33,3 +33,67 @@ def test_a_report_file_that_cannot_be_written_is_refused_before_anything_starts(
     assert main(["demo", "--short", "--out", str(tmp_path)]) == 2
     assert (f"edgewise: error: --out {tmp_path}: {tmp_path / name} is a folder, where this command writes its "
             f"{name}; move it away or choose another folder") in capsys.readouterr().err
+
+
+def _children(pid: int) -> list:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+@pytest.mark.timeout(240)
+def test_sigterm_or_sighup_stops_the_cloud_it_started_and_removes_its_work_dir(
+        sig: str, tmp_path: Path, tiny_model: Path, small_model: Path) -> None:
+    """SIGTERM (`timeout`, a CI cancel) or SIGHUP (a closed terminal) ended the demo at once: its
+    gateway and workers ran on, orphaned, and its work dir (tens of MB) stayed in /tmp."""
+    import os
+    import re
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.processes import DEFAULT_HUP, ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([*DEFAULT_HUP, sys.executable, "-m", "edgewise.cli", "demo", "--edge-model", str(tiny_model),
+                             "--cloud-model", str(small_model), "--frames", "10", "--streams", "1", "--workers", "1",
+                             "--out", str(tmp_path / "report")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, text=True)
+    assert proc.stdout is not None
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("cloud up:"):  # the gateway and the worker run
+                break
+        work = Path(re.search(r"\(work dir (\S+)\)", "".join(lines)).group(1))  # type: ignore[union-attr]
+        started = _children(proc.pid)
+        assert len(started) >= 2, lines  # the worker and the gateway
+        proc.send_signal(getattr(signal, sig))
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [pid for pid in started if Path(f"/proc/{pid}").exists()]
+    for pid in alive:  # cleaned up before the asserts, which would leave them running
+        os.kill(pid, signal.SIGKILL)
+    left = work.exists()
+    shutil.rmtree(work, ignore_errors=True)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "Traceback" not in rest, rest
+    assert not alive, "processes of the demo outlived it"
+    assert not left, "the demo's work dir was left behind"
