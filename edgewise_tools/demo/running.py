@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 import yaml
 
-from edgewise.errors import ConfigError
+from edgewise.errors import ConfigError, ModelError
 from edgewise_tools.cpu import CpuMeter
 from edgewise_tools.demo import records as R
 
@@ -141,6 +141,17 @@ class DemoConfig:
             if not p.is_file():
                 hint = " (the reference models ship in models/; see models/MODEL_CARD.md)" if "model" in name else ""
                 raise ConfigError(f"demo {name.replace('_', '-')}: {p} not found{hint}")
+        # read now, not by the processes after the frames are made and the cloud is warm (a policy that
+        # is not UTF-8 was a traceback; a damaged edge model failed only in the started daemon)
+        from edgewise.policy import load_policy
+        from edgewise.runtime.metadata import load_model_info
+
+        for flag, model in (("--edge-model", self.edge_model), ("--cloud-model", self.cloud_model)):
+            try:
+                load_model_info(Path(model))
+            except ModelError as exc:
+                raise ConfigError(f"demo {flag}: {exc}") from None
+        load_policy(self.policy_file)
         if self.transport not in ("grpc", "mqtt"):
             raise ConfigError(f"--transport {self.transport!r}: use grpc or mqtt")
         if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1 or self.score_frames < 0:

@@ -94,6 +94,28 @@ def test_demo_config_rejects_missing_models(tmp_path) -> None:
         DemoConfig(edge_model=tmp_path / "nope.onnx").validate()
 
 
+def test_a_policy_or_model_that_cannot_be_read_is_refused_before_anything_starts(
+        tmp_path, tiny_model, capsys, monkeypatch) -> None:
+    """A policy that is not UTF-8 was a traceback (the demo's own copy of it); a damaged edge model
+    failed only in the edge daemon, after the frames were generated and the cloud was warm."""
+    import tempfile
+
+    from edgewise.cli import main
+
+    made = []
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: made.append(1) or str(tmp_path / "work"))
+    policy = tmp_path / "policy.yaml"
+    policy.write_bytes(b"\xff\xfe spec: {}\n")
+    broken = tmp_path / "edge.onnx"
+    broken.write_bytes(b"\x08\x07garbage" * 50)
+    for extra, said in ((["--policy", str(policy)], f"{policy}: not UTF-8 text ("),
+                        (["--edge-model", str(broken)], f"demo --edge-model: {broken} is not a valid ONNX model")):
+        assert main(["demo", "--cloud-model", str(tiny_model), "--out", str(tmp_path / "report"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"edgewise: error: {said}") and err.count("\n") == 1, err
+    assert not made  # no work dir: nothing was started
+
+
 def test_make_demo_defaults_point_at_shipped_files() -> None:
     cfg = DemoConfig()  # the camera pair: its cloud model sees what the edge model cannot
     assert cfg.preset == "camera" and cfg.frame_size == (1280, 720)
