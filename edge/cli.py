@@ -167,6 +167,10 @@ def _check_policy(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-bytes-per-day {args.max_bytes_per_day:g}: must be >= 0")
     if (args.max_share is not None or args.max_bytes_per_day is not None) and not args.replay:
         raise ConfigError("--max-share and --max-bytes-per-day gate the replay's figures: give --replay RECORDS")
+    unused = getattr(args, "accuracy_without_data", None)  # set with the options, where the tools are installed
+    problem = unused(args) if unused is not None else None
+    if problem:
+        raise ConfigError(problem)
     doc: Dict[str, Any] = {"policy": _describe(policy), "against": _describe(other) if other is not None else None}
     doc["policy"]["warnings"] += fit_warnings
     report: Optional[Dict[str, Any]] = None

@@ -45,6 +45,11 @@ CACHE_VERSION = 6
 CACHE_MAGIC = b"edgewise-check-policy-cache\n"
 
 
+#: the accuracy options' defaults (given without --data, an option is refused: :func:`without_data`)
+_ACCURACY_DEFAULTS: Dict[str, Any] = {"edge": None, "cloud": None, "fps": 10.0, "limit": None, "threads": None,
+                                      "cache": None}
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the accuracy options to ``edge check-policy`` (when ``edge.cli`` registered it)."""
     chk = subparsers.choices.get("check-policy")
@@ -54,12 +59,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     g.add_argument("--data", metavar="DIR", help="labelled frames: `edgewise synth` output or a folder in that format")
     g.add_argument("--edge", metavar="MODEL", help="edge model ONNX (required with --data)")
     g.add_argument("--cloud", metavar="MODEL", help="cloud model ONNX (required with --data)")
-    g.add_argument("--fps", type=float, default=10.0, help="frame rate of the streams, for the budget (default 10)")
+    g.add_argument("--fps", type=float, default=_ACCURACY_DEFAULTS["fps"],
+                   help="frame rate of the streams, for the budget (default 10)")
     g.add_argument("--limit", type=int, default=None, help="use only the first N frames")
     g.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model")
     g.add_argument("--cache", metavar="DIR", default=None,
                    help="where the models' outputs are cached (default $XDG_CACHE_HOME/edgewise/check-policy)")
-    chk.set_defaults(accuracy=accuracy)
+    chk.set_defaults(accuracy=accuracy, accuracy_without_data=without_data)
+
+
+
+def without_data(args: argparse.Namespace) -> Optional[str]:
+    """What ``check-policy`` says of accuracy options given without ``--data`` (they were ignored
+    in silence: an operator who wrote ``--edge M --cloud C`` and forgot ``--data`` saw no accuracy
+    and no reason); None when there are none, or ``--data`` is given."""
+    if args.data:
+        return None
+    given = [f"--{dest}" for dest, default in _ACCURACY_DEFAULTS.items() if getattr(args, dest) != default]
+    if not given:
+        return None
+    return (f"{', '.join(given)} {'sets' if len(given) == 1 else 'set'} how the accuracy on labelled frames is "
+            "measured: give --data DIR (with --edge and --cloud), or leave "
+            f"{'it' if len(given) == 1 else 'them'} out")
 
 
 def _cache_dir(arg: Optional[str]) -> Path:

@@ -253,3 +253,15 @@ def test_a_data_folder_without_frames_is_refused_before_the_models_load(tiny_mod
     assert rc == 2
     assert capsys.readouterr().err.splitlines()[-1] == (f"edgewise: error: {missing}: no images/ folder (expected "
                                                          "a dataset written by `edgewise synth`)")
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--edge", "edge.onnx", "--cloud", "cloud.onnx"], "--edge, --cloud set"),  # --data forgotten: ignored in silence
+    (["--fps", "5"], "--fps sets"),
+    (["--limit", "3", "--cache", "c"], "--limit, --cache set"),
+])
+def test_accuracy_options_without_data_are_refused(capsys, extra: List[str], named: str) -> None:
+    assert main(["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"edgewise: error: {named} how the accuracy on labelled frames is measured: give --data DIR")
+    assert err.count("\n") == 1
