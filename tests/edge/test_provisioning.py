@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import stat
@@ -76,6 +77,23 @@ def test_the_edgewise_group_of_a_running_device_and_a_second_run_keeps_other_env
     tree = yaml.safe_load((rootfs / "etc/edgewise/edge.yaml").read_text())
     assert "device_id" not in tree  # left empty: the Jetson's serial number
     assert main(argv + ["--group", "10001"]) == 0  # the L4T container's uid/gid
+
+
+@pytest.mark.parametrize("source", ["/dev/zero", "-"])  # a file, or stdin that never ends
+def test_an_endless_token_file_is_refused_at_its_size_cap(rootfs: Path, source: str) -> None:
+    """--token-file /dev/zero read without a cap until the kernel killed the command (24 GB resident
+    measured). The command runs under a 2 GiB address-space limit here, so the old read fails fast."""
+    import sys
+
+    limited = [sys.executable, "-c", "import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, "
+               "(2 << 30, 2 << 30)); os.execvp(sys.argv[1], sys.argv[1:])"]
+    with open("/dev/zero", "rb") as zeros:
+        out = subprocess.run([*limited, sys.executable, "-m", "edgewise.cli", "edge", "provision", "--root",
+                              str(rootfs), "--endpoint", "gw:1", "--token-file", source], stdin=zeros,
+                             capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr == f"edgewise: error: --token-file {source}: holds more than 1048576 bytes; is this the right file?\n"
+    assert not (rootfs / "etc/default").exists() and not (rootfs / "etc/edgewise/tls").exists()
 
 
 def test_target_files_that_are_not_utf8_are_kept_as_they_are(rootfs: Path, tmp_path: Path, capsys) -> None:
