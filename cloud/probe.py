@@ -31,6 +31,7 @@ import numpy as np
 from edgewise import status
 from edgewise.addresses import parse_hostport
 from edgewise.errors import ConfigError
+from edgewise.filereads import read_small
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 from edgewise.wire import encode_image
 
@@ -54,10 +55,11 @@ def _read(path: str, flag: str) -> bytes | None:
     if not path:
         return None
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        data = read_small(path, f"{flag} {path}")  # capped: /dev/zero was read until the memory ran out
     except OSError as exc:
         raise ProbeFileError(f"{flag} {path}: {exc.strerror or exc}") from None
+    except ConfigError as exc:
+        raise ProbeFileError(str(exc)) from None
     if b"-----BEGIN " not in data:
         raise ProbeFileError(f"{flag} {path}: not a PEM file (no -----BEGIN line)")
     return data

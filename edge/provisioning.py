@@ -36,7 +36,7 @@ from edge.settings import SCHEMA
 from edge.tlsfiles import certificate_warnings, check_ca, check_pair
 from edgewise import yamlnodes
 from edgewise.errors import ConfigError, InvalidInputError
-from edgewise.filereads import read_capped
+from edgewise.filereads import read_small
 from edgewise.ids import bearer_token_problem
 
 CONFIG = "etc/edgewise/edge.yaml"
@@ -82,23 +82,11 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_handler)
 
 
-#: the most bytes read of a token or PEM file (a CA bundle is a few hundred KB): ``--token-file
-#: /dev/zero`` (or a pipe that never ends) read without a cap filled the memory until the kernel
-#: killed the command (24 GB measured)
-MAX_FILE_BYTES = 1 << 20
-
-
 def _read(path: str, what: str) -> bytes:
     try:
-        if path == "-":
-            data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
-        else:
-            data = read_capped(path, MAX_FILE_BYTES, "a file", regular_only=False)[0]
+        return read_small(path, f"{what} {path}")  # capped: --token-file /dev/zero filled the memory
     except OSError as exc:
         raise InvalidInputError(f"{what} {path}: cannot be read ({exc.strerror})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise InvalidInputError(f"{what} {path}: holds more than {MAX_FILE_BYTES} bytes; is this the right file?")
-    return data
 
 
 def read_token(path: str) -> str:

@@ -16,10 +16,16 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Optional, Tuple, Union
 
 from edgewise.errors import ConfigError
+
+#: the most bytes read of a small file an operator names on a command line (a bearer token, a PEM
+#: certificate, key or CA bundle: a CA bundle is a few hundred KB); ``/dev/zero`` or an endless pipe
+#: read without a cap filled the memory until the kernel killed the command
+SMALL_FILE_BYTES = 1 << 20
 
 #: What tells one version of a watched file from another (:func:`file_identity`): its resolved
 #: path, device, inode, size, modification and change times (ns).
@@ -62,6 +68,19 @@ def kind_of(mode: int) -> str:
     if stat.S_ISSOCK(mode):
         return "a socket"
     return "not a regular file"
+
+
+def read_small(path: str, label: str) -> bytes:
+    """The bytes of the small file at ``path`` (``-``: standard input), at most
+    :data:`SMALL_FILE_BYTES`; more is a ConfigError starting with ``label`` (the flag and the
+    path). ``OSError`` (not found, a folder, permission) is the caller's to word."""
+    if path == "-":
+        data = sys.stdin.buffer.read(SMALL_FILE_BYTES + 1)
+    else:
+        data = read_capped(path, SMALL_FILE_BYTES, "a file", regular_only=False)[0]
+    if len(data) > SMALL_FILE_BYTES:
+        raise ConfigError(f"{label}: holds more than {SMALL_FILE_BYTES} bytes; is this the right file?")
+    return data
 
 
 def read_capped(path: Union[str, Path], limit: int, what: str, regular_only: bool = True) -> Tuple[bytes, int]:

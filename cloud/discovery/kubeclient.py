@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from edgewise.errors import ConfigError
-from edgewise.filereads import read_capped
+from edgewise.filereads import SMALL_FILE_BYTES, read_capped
 from edgewise.filewatch import Identities, ReloadDecision, identities_of
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def read_token_file(path: str) -> str:
     at every rotation (``_TokenFile``): the start took an empty file as the token ``''`` and
     a non-UTF-8 one was a traceback (found by a probe)."""
     try:
-        data, _ = read_capped(path, 1 << 20, "a token file")
+        data, _ = read_capped(path, SMALL_FILE_BYTES, "a token file")
         token = data.decode("utf-8").strip()
     except ConfigError as exc:  # not a regular file: said without the path, which callers name
         raise ConfigError(str(exc).replace(f"{path}: ", "", 1)) from None

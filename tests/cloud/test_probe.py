@@ -131,3 +131,16 @@ def test_probe_sends_no_wall_clock_deadline(monkeypatch) -> None:
     assert probe(f"127.0.0.1:{free_port()}", timeout=7).status == detect_pb2.OK
     ((req, timeout),) = sent
     assert req.deadline_unix_ns == 0 and timeout == 7
+
+
+@pytest.mark.timeout(120)
+def test_probe_endless_tls_file_is_refused_at_its_size_cap() -> None:
+    """--tls-ca /dev/zero was read until the memory ran out (a MemoryError traceback under a limit,
+    the kernel's kill without one). The probe runs under a 2 GiB address-space limit here."""
+    limited = [sys.executable, "-c", "import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, "
+               "(2 << 30, 2 << 30)); os.execvp(sys.argv[1], sys.argv[1:])"]
+    out = subprocess.run([*limited, sys.executable, "-m", "edgewise.cli", "cloud", "probe", "--target",
+                          f"127.0.0.1:{free_port()}", "--timeout", "2", "--tls-ca", "/dev/zero"],
+                         capture_output=True, text=True, timeout=100)
+    assert (out.returncode, out.stderr) == (2, ""), out.stdout + out.stderr[-2000:]
+    assert out.stdout == "probe: --tls-ca /dev/zero: holds more than 1048576 bytes; is this the right file?\n"
