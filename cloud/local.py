@@ -17,6 +17,7 @@ mean what they mean to ``edgewise cloud gateway`` / ``worker`` run there by hand
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -37,6 +38,7 @@ import yaml
 from edgewise.errors import ConfigError, UnavailableError
 from edgewise.settings.tree import plain, read_yaml
 
+log = logging.getLogger("edgewise.local")
 ROOT = Path(__file__).resolve().parents[1]
 _CLI = "import sys; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"
 _WORKER_RE = re.compile(r"EDGEWISE_WORKER_SERVING port=(\d+)")  # printed after warm-up
@@ -88,14 +90,7 @@ class _Proc:
             self.popen.send_signal(sig)
 
     def stop(self, grace: float) -> int | None:
-        self.signal(signal.SIGTERM)
-        try:
-            self.popen.wait(grace)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            self.popen.wait(5)
-        self._log.close()
-        return self.popen.returncode
+        return stop_all([self], grace)[0]
 
     def reaped(self, timeout: float) -> int:
         """Wait for the process to end (after a signal), close its log, return its status."""
@@ -104,6 +99,43 @@ class _Proc:
         finally:
             if self.popen.poll() is not None:
                 self._log.close()
+
+
+#: most worker processes a local cloud starts (``--workers 100000`` started hundreds, each loading the
+#: model, until the machine stalled)
+MAX_WORKERS = 64
+#: seconds a process killed by SIGKILL is given to be reaped before ``stop_all`` names it and goes on
+KILL_REAP_S = 5.0
+
+
+def _wait_until(proc: _Proc, deadline: float) -> None:
+    try:
+        proc.popen.wait(max(0.01, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def stop_all(procs: Sequence[_Proc], grace: float) -> list[int | None]:
+    """Stop ``procs`` together: SIGTERM to each, ``grace`` seconds for all of them, SIGKILL to
+    what is left; their exit statuses, None for one that even SIGKILL did not end within
+    ``KILL_REAP_S`` (named in a warning). One by one, N workers took N graces, and the first
+    that outlived its SIGKILL by 5 s (a loaded machine) raised, leaving every later one running."""
+    for p in procs:
+        p.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        _wait_until(p, deadline)
+    for p in procs:
+        p.signal(signal.SIGKILL)
+    deadline = time.monotonic() + KILL_REAP_S
+    for p in procs:
+        _wait_until(p, deadline)
+    for p in procs:
+        p._log.close()  # (the process writes to its own copy of the descriptor)
+        if p.popen.poll() is None:
+            log.warning("%s (pid %d) did not end within %.0f s of SIGKILL; left to the system",
+                        p.name, p.popen.pid, KILL_REAP_S)
+    return [p.popen.returncode for p in procs]
 
 
 class LocalCloud:
@@ -127,8 +159,9 @@ class LocalCloud:
         stop_grace: float = 15.0,
         log_dir: str | Path | None = None,
     ) -> None:
-        if workers < 0:
-            raise ConfigError(f"workers: {workers} must be >= 0")
+        if not 0 <= workers <= MAX_WORKERS:
+            raise ConfigError(f"workers: {workers} must be within 0..{MAX_WORKERS} (processes on this one machine, "
+                              "each with its own copy of the model; a larger pool is the Helm chart's)")
         if weights is not None and len(weights) != workers:
             raise ConfigError(f"weights: {len(weights)} given for {workers} workers")
         if per_worker_args is not None and len(per_worker_args) != workers:
@@ -277,10 +310,10 @@ class LocalCloud:
         if self.gateway is not None:
             self.exit_codes["gateway"] = self.gateway.stop(self.stop_grace)
             self.gateway = None
-        for i, proc in enumerate(self.workers):
-            if proc is not None:
-                self.exit_codes[f"worker {i}"] = proc.stop(self.stop_grace)
-                self.workers[i] = None
+        running = [(i, proc) for i, proc in enumerate(self.workers) if proc is not None]
+        for (i, _), code in zip(running, stop_all([proc for _, proc in running], self.stop_grace)):
+            self.exit_codes[f"worker {i}"] = code
+            self.workers[i] = None
         if self._own_dir and not self._keep_logs and os.environ.get("EDGEWISE_KEEP_LOGS") != "1":
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -79,3 +79,61 @@ def test_a_gateway_config_that_is_not_settings_is_one_line(tmp_path: Path, capsy
     assert main(["cloud", "up", "--model", str(model), "--port", "0", "--gateway-config", str(config)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"edgewise: error: {config}") and says in err and err.count("\n") == 1, err
+
+
+def test_more_workers_than_one_machine_takes_are_refused_up_front(tmp_path: Path) -> None:
+    """`edgewise cloud up --workers 100000` started hundreds of workers, each loading the model,
+    until the machine stalled; and its stop then left most of them running."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"workers: 65 must be within 0..64 \(processes on this one machine"):
+        LocalCloud(model, workers=65, log_dir=tmp_path / "logs")
+    assert not (tmp_path / "logs").exists()
+
+
+_IGNORES_SIGTERM = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                    "print('EDGEWISE_WORKER_SERVING port=1', flush=True); time.sleep(120)")
+
+
+class _NeverEnds:
+    """A process handle that no signal ends (a process the kernel cannot reap in time)."""
+
+    pid = 4242
+    returncode = None
+
+    def poll(self) -> None:
+        return None
+
+    def wait(self, timeout: float) -> int:
+        import subprocess
+
+        raise subprocess.TimeoutExpired("stuck", timeout)
+
+    def send_signal(self, _sig: int) -> None:
+        pass
+
+
+def test_stop_all_stops_every_process_together_and_past_one_that_will_not_end(tmp_path: Path) -> None:
+    """A local cloud stopped its workers one by one, each given the whole grace after SIGTERM, and
+    the first that outlived its SIGKILL by 5 s (a loaded machine) raised out of ``stop``: every
+    later worker was left running, orphaned. Now all get SIGTERM at once and one grace, then
+    SIGKILL, and one that does not end is named and passed over."""
+    import os
+    import sys
+    import time
+
+    from cloud.local import _WORKER_RE, _Proc, stop_all
+
+    procs = [_Proc(f"worker {i}", [sys.executable, "-c", _IGNORES_SIGTERM], tmp_path / f"w{i}.log",
+                   os.environ, tmp_path) for i in range(4)]
+    for p in procs:
+        p.wait_line(_WORKER_RE, 30)  # its SIGTERM handler is in place
+    stuck = _Proc("worker stuck", [sys.executable, "-c", "pass"], tmp_path / "stuck.log", os.environ, tmp_path)
+    stuck.popen.wait(10)
+    stuck.popen = _NeverEnds()  # type: ignore[assignment]
+    t0 = time.monotonic()
+    codes = stop_all([procs[0], stuck, *procs[1:]], grace=2.0)
+    took = time.monotonic() - t0
+    assert codes == [-9, None, -9, -9, -9]
+    assert all(p.popen.poll() == -9 for p in procs)
+    assert took < 4 * 2.0, f"took {took:.1f} s: the processes were not given one grace together"
