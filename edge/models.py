@@ -22,7 +22,8 @@ import time
 from typing import Any, Dict
 
 from edge.settings import SCHEMA, ModelSettings
-from edgewise.runtime.metadata import load_model_info
+from edgewise.errors import ConfigError
+from edgewise.runtime.metadata import MAX_FIXED_BATCH, load_model_info
 from edgewise.runtime.opsets import model_problems
 from edgewise.settings import add_settings_arguments, settings_from_args
 from edgewise.settings.cli import positive_int
@@ -100,6 +101,8 @@ def describe(model: str, imgsz: int = 0, max_batch: int = ModelSettings().max_ba
 
 
 def _model_info(args: argparse.Namespace) -> int:
+    if args.max_batch > MAX_FIXED_BATCH:  # model.max_batch's own range
+        raise ConfigError(f"--max-batch {args.max_batch}: must be within 1..{MAX_FIXED_BATCH} (model.max_batch's range)")
     d = describe(args.model, args.imgsz, args.max_batch)
     if args.json:
         print(json.dumps(d, indent=2))

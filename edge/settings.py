@@ -33,6 +33,7 @@ from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.ids import bearer_token_problem, credential_problem, id_problem
 from edgewise.runtime.detector import BACKENDS
+from edgewise.runtime.metadata import MAX_FIXED_BATCH
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings import describe as describe_schema
 from edgewise.wire import MIN_PING_INTERVAL_S
@@ -122,7 +123,8 @@ class ModelSettings:
         "ONNX Runtime: let idle pool threads busy-wait for the next inference (its own default). Off: at "
         "camera pace a spinning pool burns every thread's idle time, several times the inference's own "
         "CPU (docs/design/edge-runtime.md#cpu-per-frame); on only for back-to-back inference.", False)
-    max_batch: int = setting("Most frames (from all streams) run in one inference call.", 4, lo=1)
+    max_batch: int = setting("Most frames (from all streams) run in one inference call (with a model of dynamic "
+                             "batch the daemon runs one batch this large as it starts).", 4, lo=1, hi=MAX_FIXED_BATCH)
     imgsz: int = setting("Square input size for a model that does not state it (dynamic height/width and no "
                          "`imgsz` metadata, e.g. YOLOv5 v7.0 `--dynamic` exports); 0 = the model's own (else "
                          "640, with a warning). A fixed-size model must match it; the stride is checked when "

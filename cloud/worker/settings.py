@@ -17,6 +17,7 @@ from typing import Any, Optional
 from cloud.binding import GRPC_INT_MAX
 from cloud.worker.batching import BATCHING_MODES, BatchPolicy
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
+from edgewise.runtime.metadata import MAX_FIXED_BATCH
 from edgewise.settings import Flag, Invalid, Schema, check, setting
 
 
@@ -25,7 +26,7 @@ class BatchingSettings:
     """Dynamic batcher knobs (Triton's names, docs/design/batching.md#knobs)."""
 
     max_batch_size: int = setting("Most images in one model call (the warm-up runs one batch this large: "
-                                  "its input tensor must fit in memory; the chart allows as much).", 8, lo=1, hi=256)
+                                  "its input tensor must fit in memory; the chart allows as much).", 8, lo=1, hi=MAX_FIXED_BATCH)
     max_queue_delay_ms: float = setting("Longest a request waits for a fuller batch, milliseconds (0 = never "
                                         "wait).", 5.0, lo=0)
     preferred_batch_sizes: tuple[int, ...] = setting("Batch sizes sent as soon as they can be formed (e.g. "

@@ -67,6 +67,13 @@ def test_model_info_refuses_a_batch_below_one(tiny_model: Path, capsys) -> None:
         assert f"argument --max-batch: invalid whole number >= 1 value: '{bad}'" in capsys.readouterr().err
 
 
+
+def test_model_info_refuses_a_batch_the_daemon_refuses(tiny_model: Path, capsys) -> None:
+    """``--max-batch 99999999`` was accepted, and named an engine no daemon can load."""
+    assert main(["edge", "model-info", str(tiny_model), "--max-batch", "257"]) == 2
+    assert "--max-batch 257: must be within 1..256 (model.max_batch's range)" in capsys.readouterr().err
+
+
 def test_engine_with_onnxruntime_has_nothing_to_build(tmp_path: Path, tiny_model: Path, capsys) -> None:
     assert main(["edge", "engine", "--config", str(_config(tmp_path, tiny_model, "onnxruntime"))]) == 0
     assert "no TensorRT engine to build" in capsys.readouterr().out

@@ -97,6 +97,8 @@ def test_gateway_and_broker_addresses_that_cannot_work_are_refused(tmp_path, ove
                                      r"\[1, 65535\]"),
     ("cloud.keepalive_s=3000000", r"cloud.keepalive_s: '3000000' is out of range"),
     ("model.threads=100000", r"model.threads: '100000' is out of range"),
+    # the daemon runs a batch this large at start: 100000 frames of a 640 model are 123 GB
+    ("model.max_batch=257", r"model.max_batch: '257' is out of range; allowed: an integer in \[1, 256\]"),
     ("spool.replay_batch=99999999999999999999", r"spool.replay_batch: '99999999999999999999' is out of range"),
     ("streams.0.uri=abc", r"streams.0.uri: 'abc' is neither a device index \(0, 1, ...\) nor a device path"),
     ("streams.0.uri=99999999999999999999", r"streams.0.uri: '99999999999999999999' is neither"),
