@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 from typing import Any, Dict
 
+from edgewise.errors import ConfigError
+
 
 def _fps(text: str) -> float:
     """A frame rate: a finite number above 0 (``nan`` and ``inf`` are floats, not frame rates)."""
@@ -31,8 +33,11 @@ def _handler(args: argparse.Namespace) -> int:
 
     check_output_folder(args.out, "--out", (INDEX, SUMMARY))
 
+    if args.frames is not None and args.frames < 10:  # (0 was taken for "the world's default" in silence)
+        raise ConfigError(f"--frames {args.frames}: must be >= 10 (frames per stream; leave it out for the world's)")
+    frames = args.frames if args.frames is not None else (60 if args.short else 0)  # 0: the world's
     kw: Dict[str, Any] = dict(transport=args.transport, out=Path(args.out), workers=args.workers, fps=args.fps,
-                              streams=args.streams, keep_workdir=args.keep, frames=args.frames or (60 if args.short else 0))
+                              streams=args.streams, keep_workdir=args.keep, frames=frames)
     if args.short:
         kw["kill_seconds"] = 2.0
     for name in ("edge_model", "cloud_model", "policy"):
@@ -59,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--transport", choices=("grpc", "mqtt"), default="grpc",
                    help="escalation transport (mqtt needs a local mosquitto)")
     p.add_argument("--short", action="store_true", help="a short run (60 frames per stream), as the tests use")
-    p.add_argument("--frames", type=int, default=0, help="frames per stream (default: the world's, 150 in the camera world)")
+    p.add_argument("--frames", type=int, default=None, help="frames per stream (default: the world's, 150 in the camera world)")
     p.add_argument("--streams", type=int, default=2, help="generated camera streams")
     p.add_argument("--fps", type=_fps, default=10.0, help="camera frame rate")
     p.add_argument("--workers", type=int, default=2, help="cloud workers")

@@ -19,6 +19,20 @@ def test_fps_must_be_a_finite_number_above_zero(fps: str, capsys: pytest.Capture
     assert "argument --fps: must be a" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("frames", ["0", "9", "-5"])
+def test_too_few_frames_are_refused_not_taken_for_the_default(
+        frames: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--frames 0`` ran the world's 150 frames in silence, while the demo's own rule says >= 10."""
+    import edgewise_tools.demo
+
+    def started(*_args: Any, **_kw: Any) -> Any:
+        raise AssertionError("the demo started")
+
+    monkeypatch.setattr(edgewise_tools.demo, "run_demo", started)
+    assert main(["demo", "--frames", frames, "--out", str(tmp_path)]) == 2
+    assert f"--frames {frames}: must be >= 10" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["index.html", "summary.json"])
 def test_a_report_file_that_cannot_be_written_is_refused_before_anything_starts(
         name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
