@@ -107,6 +107,9 @@ def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
     the dataset says it has (InvalidInputError naming what is missing or extra). Whether they
     are consecutive frames of their streams is :func:`stride_problem`'s question."""
     images = data / "images"
+    if not data.is_dir():
+        raise InvalidInputError(f"{data}: {'not a folder' if data.exists() else 'does not exist'} (expected a "
+                                "dataset folder written by `edgewise synth`)")
     if not images.is_dir():
         raise InvalidInputError(f"{data}: no images/ folder (expected a dataset written by `edgewise synth`)")
     unfinished = incomplete_problem(data)

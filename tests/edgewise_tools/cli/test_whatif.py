@@ -251,8 +251,8 @@ def test_a_data_folder_without_frames_is_refused_before_the_models_load(tiny_mod
     rc = main(["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(missing),
                "--edge", str(tiny_model), "--cloud", str(tiny_model), "--cache", str(tmp_path / "cache")])
     assert rc == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (f"edgewise: error: {missing}: no images/ folder (expected "
-                                                         "a dataset written by `edgewise synth`)")
+    assert capsys.readouterr().err.splitlines()[-1] == (f"edgewise: error: {missing}: does not exist (expected "
+                                                         "a dataset folder written by `edgewise synth`)")
 
 
 @pytest.mark.parametrize("extra, named", [

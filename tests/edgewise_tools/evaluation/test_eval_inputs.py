@@ -277,5 +277,5 @@ def test_a_folder_without_frames_is_refused_before_any_model_runs(tiny_model, da
     data = missing if which == "--data" else dataset
     extra = ("--train-data", str(missing)) if which == "--train-data" else ()
     assert main(_eval(tiny_model, data, tmp_path / "out", *extra)) == 2
-    assert capsys.readouterr().err == (f"edgewise: error: {missing}: no images/ folder (expected a dataset "
-                                       "written by `edgewise synth`)\n")
+    assert capsys.readouterr().err == (f"edgewise: error: {missing}: does not exist (expected a dataset "
+                                       "folder written by `edgewise synth`)\n")
