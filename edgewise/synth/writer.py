@@ -19,9 +19,9 @@ Both are written atomically, so an interrupted run never leaves half of one.
 
 While it writes, ``out`` holds ``.synth-incomplete`` (:data:`INCOMPLETE`), removed once
 ``dataset.json`` is in place: a run that was interrupted (Ctrl-C, a full disk, a kill) leaves
-it, and the readers of the layout (``edgewise train``, ``eval``, ``check-policy --data``) refuse
-such a folder (:func:`incomplete_problem`) instead of training or scoring on part of the frames,
-the last perhaps without its labels. ``--overwrite`` removes it with the rest.
+it, and the readers of the layout (``edgewise train`` and its backbone pre-training, ``eval``,
+``check-policy --data``) refuse such a folder (:func:`incomplete_problem`) instead of training
+or scoring on part of the frames, the last perhaps without its labels. ``--overwrite`` removes it with the rest.
 
 COCO ``category_id`` equals the YOLO class index (0..9, category names "0".."9").
 COCO images carry ``stream`` and ``frame`` (0-based) so streams can be replayed

@@ -35,6 +35,7 @@ from torch import nn
 
 from edgewise.errors import ConfigError
 from edgewise.runtime.letterbox import to_chw_rgb
+from edgewise.synth.writer import incomplete_problem
 from edgewise_tools.models.yolov5 import YOLOv5, build_model
 from edgewise_tools.train.data import IMG_EXT, augment_hsv, read_yolo_labels
 
@@ -50,6 +51,9 @@ def object_crops(root: Path, crop: int, views: int, rng: np.random.Generator,
     img_dir = Path(root) / "images"
     if not img_dir.is_dir():
         raise ConfigError(f"{root}: no images/ folder (expected the edgewise synth layout)")
+    unfinished = incomplete_problem(Path(root))
+    if unfinished:
+        raise ConfigError(unfinished)
     files = sorted(p for p in img_dir.iterdir() if p.suffix.lower() in IMG_EXT)[:limit]
     crops: List[np.ndarray] = []
     classes: List[int] = []

@@ -64,6 +64,21 @@ def test_empty_or_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
         object_crops(tmp_path, 48, 1, np.random.default_rng(0))
 
 
+def test_a_dataset_synth_did_not_finish_writing_is_refused(tmp_path: Path) -> None:
+    """Pre-training reads the synth layout as `train` does: a folder an interrupted `edgewise
+    synth` left (its marker still there, part of the frames, the last perhaps without its labels)
+    was taken for the dataset, while train, eval and check-policy refuse it."""
+    from edgewise.synth.writer import INCOMPLETE
+
+    (tmp_path / "images").mkdir()
+    (tmp_path / "labels").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "f.png"), np.full((80, 100, 3), 100, np.uint8))
+    (tmp_path / "labels" / "f.txt").write_text("7 0.5 0.5 0.2 0.25\n")
+    (tmp_path / INCOMPLETE).write_text("")
+    with pytest.raises(ConfigError, match="an `edgewise synth` run that wrote this dataset did not finish"):
+        object_crops(tmp_path, 48, 1, np.random.default_rng(0))
+
+
 def test_classifier_loss_falls_and_backbone_loads_into_detector(tiny_data: Path, tmp_path: Path) -> None:
     crops, classes = object_crops(tiny_data, 48, 2, np.random.default_rng(1))
     torch.manual_seed(0)
