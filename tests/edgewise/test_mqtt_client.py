@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from typing import Any, List, Optional, Tuple
 
 from edge.transports.mqtt import MqttConnection
@@ -118,6 +117,7 @@ def test_an_exception_out_of_a_callback_ends_the_connection_not_the_network_thre
 
     got: List[bytes] = []
     connects: List[int] = []
+    subscribed: List[int] = []
     disconnects: List[Any] = []
     client = Client(CallbackAPIVersion.VERSION2, client_id="raises-once", protocol=mqtt.MQTTv5)
     client.reconnect_delay_set(0.1, 0.5)
@@ -132,19 +132,18 @@ def test_an_exception_out_of_a_callback_ends_the_connection_not_the_network_thre
         got.append(bytes(msg.payload))
 
     client.on_connect = on_connect
+    client.on_subscribe = lambda *_args: subscribed.append(1)  # the broker's SUBACK: it delivers from now on
     client.on_message = on_message
     client.on_disconnect = lambda _c, _u, _f, rc, _p=None: disconnects.append(rc)
     sender = Client(CallbackAPIVersion.VERSION2, client_id="sender", protocol=mqtt.MQTTv5)
     try:
         client.connect("127.0.0.1", mosquitto.port)
         client.loop_start()
-        wait_until(lambda: connects, 10, "the first connection")
-        time.sleep(0.3)  # the SUBACK
+        wait_until(lambda: subscribed, 10, "the first subscription")
         sender.connect("127.0.0.1", mosquitto.port)
         sender.loop_start()
         sender.publish("t/a", b"boom", qos=0).wait_for_publish(5)
-        wait_until(lambda: len(connects) >= 2, 15, "the connection made again")
-        time.sleep(0.3)
+        wait_until(lambda: len(subscribed) >= 2, 15, "the connection and its subscription made again")
         sender.publish("t/a", b"after", qos=0).wait_for_publish(5)
         wait_until(lambda: got, 10, "the message after the failure")
         assert got == [b"after"]
