@@ -39,7 +39,7 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   the same way, silently but for a traceback on stderr: nothing was received, sent or
   reconnected again until the process restarted. ``Client``'s network thread logs it, ends
   the connection as lost (``on_disconnect``: what waits on it learns so) and goes on, paho
-  reconnecting with its own backoff, until ``loop_stop``.
+  reconnecting with its own backoff, until ``loop_stop`` or a ``disconnect()``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ MAX_MID = 65535
 MAX_INFLIGHT = 100
 _OWES_PUBREL = (mqtt.mqtt_ms_wait_for_pubcomp, mqtt.mqtt_ms_resend_pubrel)
 _SENT = (mqtt.mqtt_ms_wait_for_puback, mqtt.mqtt_ms_wait_for_pubrec)
+#: paho's states after a ``disconnect()`` the program asked for (its loop ends, never reconnects)
+_ASKED_TO_DISCONNECT = (mqtt._ConnectionState.MQTT_CS_DISCONNECTING, mqtt._ConnectionState.MQTT_CS_DISCONNECTED)
 
 
 class OffTableReason(ReasonCode):
@@ -139,13 +141,15 @@ class Client(mqtt.Client):
     def _lost(self) -> None:
         """End the connection a failed network loop leaves in an unknown state (a packet may be
         half read) as paho ends a lost one, then pause a second: the loop reconnects with paho's
-        backoff, and an exception that comes back at once does not spin."""
+        backoff, and an exception that comes back at once does not spin. A ``disconnect()`` the
+        program asked for stays one (paho's state says so): the loop then ends, not reconnects."""
         try:
             self._loop_rc_handle(mqtt.MQTTErrorCode.MQTT_ERR_CONN_LOST)
         except Exception:  # on_disconnect's own: the socket is closed first, the state below
             log.error("MQTT on_disconnect failed after a failed network loop", exc_info=True)
             self._sock_close()
-            self._state = mqtt._ConnectionState.MQTT_CS_CONNECTION_LOST
+            if self._state not in _ASKED_TO_DISCONNECT:
+                self._state = mqtt._ConnectionState.MQTT_CS_CONNECTION_LOST
         time.sleep(1.0)
 
     def _create_socket_connection(self) -> Any:

@@ -156,3 +156,36 @@ def test_an_exception_out_of_a_callback_ends_the_connection_not_the_network_thre
         client.disconnect()
         client.loop_stop()
     assert client._thread is None  # loop_stop still ends it
+
+
+def test_a_disconnect_stays_one_when_on_disconnect_raises(mosquitto, caplog) -> None:
+    """The network loop that survives an exception ended the connection as lost when
+    ``on_disconnect`` itself raised, even for a ``disconnect()`` the program asked for: paho then
+    connected again (and went on until ``loop_stop``). A disconnect asked for stays one: the
+    network thread ends, as paho's own does, and no new connection is made."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from edgewise.mqtt_client import Client
+
+    connects: List[int] = []
+    client = Client(CallbackAPIVersion.VERSION2, client_id="raises-at-disconnect", protocol=mqtt.MQTTv5)
+    client.reconnect_delay_set(0.1, 0.5)
+    client.on_connect = lambda *_args: connects.append(1)
+
+    def on_disconnect(*_args: Any) -> None:
+        raise RuntimeError("a bug in on_disconnect")
+
+    client.on_disconnect = on_disconnect
+    try:
+        client.connect("127.0.0.1", mosquitto.port)
+        client.loop_start()
+        wait_until(lambda: connects, 10, "the connection")
+        thread = client._thread
+        assert thread is not None
+        client.disconnect()
+        thread.join(10)
+        assert not thread.is_alive(), "the network thread went on after disconnect()"
+        assert connects == [1]
+    finally:
+        client.loop_stop()
