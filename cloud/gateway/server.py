@@ -265,16 +265,18 @@ _CERT_NAME_PROPERTY = {"cn": "x509_common_name", "san_dns": "peer_dns", "san_uri
 
 def passed_deadline(req: RequestHead, call_remaining: float | None, now_ns: int) -> str:
     """Why a request whose deadline had passed on arrival (``now_ns``, the gateway's wall clock) is
-    refused: its ``deadline_unix_ns`` (wall time, read on the gateway's clock: a client clock behind
-    the gateway's makes every request late by the same amount), else the call's own deadline
-    (relative, so no clock is involved: the call took that long to begin)."""
+    refused: its ``deadline_unix_ns`` (wall time, read on the gateway's clock: a slow trip, or a
+    client clock behind the gateway's, which makes every request late by the same amount; the
+    gateway cannot tell which), else the call's own deadline (relative, so no clock is involved:
+    the call took that long to begin)."""
     head = "the request's deadline had already passed at the gateway"
     late_s = (now_ns - req.deadline_unix_ns) / 1e9
     if req.deadline_unix_ns > 0 and late_s >= 0 and (call_remaining is None or call_remaining > 0):
         return (f"{head}: its deadline_unix_ns was {late_s:.3f} s before the gateway's clock when it arrived. "
-                "deadline_unix_ns is wall time, so a client whose clock is behind the gateway's has every "
-                "request late by as much: sync the client's clock (NTP), or send deadline_unix_ns 0 and give "
-                "the call a timeout instead (relative: no clocks to agree)")
+                "deadline_unix_ns is wall time: either the request took longer to arrive than its deadline "
+                "allowed (a slow link: give it a later deadline), or the client's clock is behind the gateway's, "
+                "which makes every request late by as much: sync the client's clock (NTP), or send "
+                "deadline_unix_ns 0 and give the call a timeout instead (relative: no clocks to agree)")
     return (f"{head}: the call's own deadline had passed before the gateway began it (a slow link or a "
             "busy gateway); give the call a longer timeout")
 

@@ -248,6 +248,19 @@ def test_a_call_whose_own_deadline_passed_is_not_blamed_on_clocks():
     assert "1.000 s before the gateway's clock" in passed_deadline(head, None, head.deadline_unix_ns + 10**9)
 
 
+def test_a_request_deadline_passed_by_a_little_is_not_blamed_on_the_clocks_alone():
+    """A deadline_unix_ns passed by 50 ms when the request arrived is as likely a trip longer
+    than the deadline (clocks that agree) as a client clock behind: the message said only the
+    latter ("a client whose clock is behind ... sync the client's clock"), sending an operator
+    whose clocks agree after NTP."""
+    head = read_request(request().SerializeToString(), 100)
+    head.deadline_unix_ns = time.time_ns()
+    msg = passed_deadline(head, 2.0, head.deadline_unix_ns + 50 * 10**6)
+    assert "0.050 s before the gateway's clock" in msg
+    assert "the request took longer to arrive than its deadline allowed" in msg and "a later deadline" in msg
+    assert "client's clock is behind" in msg  # the other cause, still named
+
+
 def test_bad_input_gets_clear_status():
     async def main():
         w = TestWorker("w")
