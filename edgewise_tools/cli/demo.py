@@ -30,11 +30,13 @@ def _handler(args: argparse.Namespace) -> int:
     from edgewise.outputs import check_output_folder
     from edgewise_tools.demo import DemoConfig, run_demo
     from edgewise_tools.demo.report import INDEX, SUMMARY
+    from edgewise_tools.demo.running import frames_problem
 
     check_output_folder(args.out, "--out", (INDEX, SUMMARY))
 
-    if args.frames is not None and args.frames < 10:  # (0 was taken for "the world's default" in silence)
-        raise ConfigError(f"--frames {args.frames}: must be >= 10 (frames per stream; leave it out for the world's)")
+    few = frames_problem(args.frames) if args.frames is not None else None  # (0 was the world's in silence)
+    if few:
+        raise ConfigError(few)
     frames = args.frames if args.frames is not None else (60 if args.short else 0)  # 0: the world's
     kw: Dict[str, Any] = dict(transport=args.transport, out=Path(args.out), workers=args.workers, fps=args.fps,
                               streams=args.streams, keep_workdir=args.keep, frames=frames)

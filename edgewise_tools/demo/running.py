@@ -154,8 +154,23 @@ class DemoConfig:
         load_policy(self.policy_file)
         if self.transport not in ("grpc", "mqtt"):
             raise ConfigError(f"--transport {self.transport!r}: use grpc or mqtt")
-        if self.streams < 1 or self.frames < 10 or self.fps <= 0 or self.workers < 1 or self.score_frames < 0:
-            raise ConfigError("demo needs >= 1 stream, >= 10 frames, fps > 0, >= 1 worker and >= 0 scored frames")
+        few = frames_problem(self.frames)
+        if few:
+            raise ConfigError(few)
+        if self.streams < 1 or self.fps <= 0 or self.workers < 1 or self.score_frames < 0:
+            raise ConfigError("demo needs >= 1 stream, fps > 0, >= 1 worker and >= 0 scored frames")
+
+
+#: fewest frames per stream a demo runs (fewer leave nothing to escalate, answer and report)
+MIN_FRAMES = 10
+
+
+def frames_problem(frames: int) -> Optional[str]:
+    """Why ``frames`` per stream cannot be a demo's (the one rule of ``--frames`` and
+    ``DemoConfig.frames`` once its world's default is in), or None."""
+    if frames >= MIN_FRAMES:
+        return None
+    return f"--frames {frames}: must be >= {MIN_FRAMES} (frames per stream; leave it out for the world's)"
 
 
 def _free_port() -> int:

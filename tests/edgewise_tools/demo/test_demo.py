@@ -94,6 +94,15 @@ def test_demo_config_rejects_missing_models(tmp_path) -> None:
         DemoConfig(edge_model=tmp_path / "nope.onnx").validate()
 
 
+def test_too_few_frames_are_one_rule_with_one_message(tiny_model, small_model) -> None:
+    """``--frames`` (edgewise_tools.cli.demo) and ``DemoConfig.frames`` are one rule: the config said
+    only "demo needs >= 1 stream, >= 10 frames, ..." of what the flag names itself."""
+    from edgewise.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--frames 9: must be >= 10 \(frames per stream"):
+        DemoConfig(edge_model=tiny_model, cloud_model=small_model, frames=9).validate()
+
+
 def test_a_policy_or_model_that_cannot_be_read_is_refused_before_anything_starts(
         tmp_path, tiny_model, capsys, monkeypatch) -> None:
     """A policy that is not UTF-8 was a traceback (the demo's own copy of it); a damaged edge model
