@@ -169,7 +169,9 @@ class CloudSettings:
                                  f"accepts pings down to {MIN_PING_INTERVAL_S} s and disconnects a client that "
                                  "pings more often).", 20.0, lo=MIN_PING_INTERVAL_S, hi=86400)
     max_in_flight: int = setting("Most escalations waiting for the cloud at once; more are spooled/dropped "
-                                 "per policy.", 16, lo=1)
+                                 "per policy. Over gRPC each is one call: with device tokens the gateway lets "
+                                 "one device hold `limits.max_calls_per_device` (64 by default) calls, replays "
+                                 "(`spool.replay_concurrency`) included.", 16, lo=1)
     mqtt: MqttSettings = setting("MQTT broker settings.", factory=MqttSettings)
 
 

@@ -135,12 +135,13 @@ class LimitSettings:
         "escalations (16 by default) and `spool.replay_concurrency` replays (1) in flight.",
         100, lo=1, hi=GRPC_INT_MAX)
     max_calls_per_device: int = setting(
-        "With authentication on, most gRPC calls one device (the device of the bearer token) may hold open at "
-        "once: Detect (from its headers on, before its request arrives), DetectStream and the gRPC health "
-        "checks; one more is refused with RESOURCE_EXHAUSTED, so one device cannot hold all of "
-        "`max_concurrent_rpcs` and freeze the others out. The edge holds at most `cloud.max_in_flight` "
-        "escalations (16 by default), `spool.replay_concurrency` replays and a health check at once. "
-        "Without authentication the device is not known before the request: `max_concurrent_rpcs` only.",
+        "With device tokens (`auth.tokens`), most gRPC calls one device (the device of the bearer token) may "
+        "hold open at once: Detect (from its headers on, before its request arrives), DetectStream and the gRPC "
+        "health checks; one more is refused with RESOURCE_EXHAUSTED, so one device cannot hold all of "
+        "`max_concurrent_rpcs` and freeze the others out. An edgewise edge holds one Detect call per "
+        "escalation in flight: at most `cloud.max_in_flight` (16 by default) plus `spool.replay_concurrency` "
+        "replays (1); raise this above their sum if you raised those. Without tokens (none, or client "
+        "certificates only) the device is not known before the request: `max_concurrent_rpcs` only.",
         64, lo=1, hi=GRPC_INT_MAX)
     max_streams_per_device: int = setting(
         "Most DetectStream calls one device (its `x-edgewise-device` metadata, which authentication "
