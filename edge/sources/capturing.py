@@ -204,6 +204,9 @@ class Capturer:
                 try:
                     await self._call(self.source.open)
                 except SourceError as exc:
+                    if stop.is_set():  # an open the stop waited for: not an outage, no retry
+                        log.debug("stream %s: open ended by the stop: %s", self.stream_id, exc)
+                        break
                     if not self.source.live:
                         log.error("stream %s: %s", self.stream_id, exc)
                         break

@@ -499,6 +499,7 @@ class CaptureSource:
         self._said_timestamps = False
         self._closing: List[LatestFrameReader] = []  # earlier readers still inside a grab()
         self._open_took_s = 0.0  # how long the last FFmpeg open took (why_unopened: did it time out?)
+        self._stopping = False  # set by ``interrupt``: the stream stops, no open may start any more
 
     @property
     def skipped(self) -> int:
@@ -534,6 +535,7 @@ class CaptureSource:
         options = ffmpeg_options(self.kind, self.transport, self.io_timeout_s, self.avformat_major)
         params = self._timeouts()
         with _OPTIONS_GATE.holding(options):
+            self._refuse_when_stopping()  # the stop may have come while this open waited at the gate
             t0 = time.monotonic()  # the open itself, not the wait for the gate
             try:
                 if not params:  # OpenCV < 4.5.2: no open/read timeouts, no parameter list
@@ -541,6 +543,12 @@ class CaptureSource:
                 return cv2.VideoCapture(self.uri, cv2.CAP_FFMPEG, params)
             finally:
                 self._open_took_s = time.monotonic() - t0
+
+    def _refuse_when_stopping(self) -> None:
+        """No open starts once the stream is stopping: a hung camera would hold the stop for
+        another ``open_timeout_s``."""
+        if self._stopping:
+            raise SourceError(f"{self.kind} {self.shown}: not opened, the stream is stopping")
 
     def open(self) -> None:
         if self.reader is not None:
@@ -555,14 +563,16 @@ class CaptureSource:
         if len(self._closing) > 1:
             raise SourceError(f"{self.kind} {self.shown}: earlier connections are still closing "
                               f"(io_timeout_s {self.io_timeout_s:g})")
+        self._refuse_when_stopping()
         try:
             cap = self._capture()
         except cv2.error as exc:
             raise SourceError(f"{self.kind} {self.shown}: {redact_uri(str(exc))}") from None
         if not cap.isOpened():
             cap.release()
+            # no reachability check (up to REACH_TIMEOUT_S more) for an open the stop waits for
             why = why_unopened(self.uri, min(REACH_TIMEOUT_S, self.io_timeout_s), self._open_took_s,
-                               min(self.open_timeout_s, self.io_timeout_s)) if self.live else ""
+                               min(self.open_timeout_s, self.io_timeout_s)) if not self._stopping else ""
             raise SourceError(f"cannot open {self.kind} source {self.shown}" + (f": {why}" if why else ""))
         fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
         self.timestamps = not _invented_timestamps(self.kind, self.backend, _fourcc(cap))
@@ -585,8 +595,11 @@ class CaptureSource:
         return _to_bgr(img)
 
     def interrupt(self) -> None:
-        """Wake a ``read`` waiting for the next frame (a frozen camera holds it up to the read
-        or stall timeout); the connection is closed by ``close`` afterwards, in the capture thread."""
+        """The stream stops: wake a ``read`` waiting for the next frame (a frozen camera holds it
+        up to the read or stall timeout) and start no open from now on (one in progress ends
+        within ``open_timeout_s``, without the reachability check that would explain it); the
+        connection is closed by ``close`` afterwards, in the capture thread."""
+        self._stopping = True
         reader = self.reader
         if reader is not None:
             reader.interrupt()

@@ -4,7 +4,9 @@ image, a live stream that stops (reconnect with backoff), drop policies."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
+import socket
 import time
 import zlib
 from pathlib import Path
@@ -244,6 +246,50 @@ def test_unreachable_stream_backs_off_exponentially():
     assert delays[:4] == [0.01, 0.02, 0.04, 0.04]
     assert cap.state is SourceState.ENDED and cap.frames == 0
 
+
+
+def _hung_listener(stack: contextlib.ExitStack) -> int:
+    """A port whose accept queue is full: a TCP connect to it hangs (a camera off the network)."""
+    ls = stack.enter_context(socket.socket())
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(0)
+    port = ls.getsockname()[1]
+    for _ in range(3):
+        c = stack.enter_context(socket.socket())
+        c.setblocking(False)
+        c.connect_ex(("127.0.0.1", port))
+    return port
+
+
+def test_a_stop_waits_for_one_hung_open_at_most(caplog):
+    """Two cameras off the network, with other RTSP transports (so their opens take turns at
+    the FFmpeg options gate), stopped while the first open hangs. The stop took 7.5 s with
+    open_timeout_s 3: after the open the reachability check that explains it hung 2 s more,
+    then the second camera's open, which had waited at the gate, started and hung too; and
+    each said the stream backs off and retries. Now no open starts once the stop came, and
+    none is explained: the stop waits for the open in progress only."""
+    open_timeout_s = 2.0
+    took = {}
+
+    async def run(stack: contextlib.ExitStack) -> None:
+        stop = asyncio.Event()
+        caps = [Capturer(t, CaptureSource("rtsp", f"rtsp://127.0.0.1:{_hung_listener(stack)}/cam", transport=t,
+                                          open_timeout_s=open_timeout_s, io_timeout_s=open_timeout_s),
+                         FrameQueue(2, "drop_oldest", asyncio.Event())) for t in ("tcp", "udp")]
+        tasks = [asyncio.ensure_future(c.run(stop)) for c in caps]
+        await async_wait_until(lambda: all(c.state is SourceState.CONNECTING for c in caps), 10, "both connecting")
+        await asyncio.sleep(0.3)  # the first open is under way, the second waits at the gate
+        t0 = time.monotonic()
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        took["stop"] = time.monotonic() - t0
+        took["reconnects"] = sum(c.reconnects for c in caps)
+        assert all(c.state is SourceState.ENDED for c in caps)
+
+    with caplog.at_level("INFO"), contextlib.ExitStack() as stack:
+        asyncio.run(run(stack))
+    assert took["stop"] < open_timeout_s + 1.0 and took["reconnects"] == 0, took
+    assert "retrying" not in caplog.text and "no answer from" not in caplog.text
 
 def test_wait_policy_blocks_capture_without_loss():
     async def run():
