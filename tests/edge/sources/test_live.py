@@ -9,9 +9,12 @@ so the pipeline cannot be opened through ``cv2`` here).
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -318,3 +321,73 @@ def test_a_hung_camera_is_not_blamed_on_the_path_or_the_credentials() -> None:
         time.sleep(0.1)  # (one accepted as it closed is handed over meanwhile)
         for conn in srv.held:
             conn.close()
+
+
+class _Camera(BaseHTTPRequestHandler):
+    """An HTTP camera that answers each path with what its name says (``/404``, ``/302``,
+    ``/page``); only ``admin:p@ss`` (HTTP Basic) may see ``/auth``."""
+
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        path = self.path.strip("/")
+        if path == "auth":
+            good = "Basic " + base64.b64encode(b"admin:p@ss").decode()
+            status = 200 if self.headers.get("Authorization") == good else 401
+        else:
+            status = int(path) if path.isdigit() else 200
+        self.send_response(status)
+        if status == 401:
+            self.send_header("WWW-Authenticate", 'Basic realm="cam"')
+        if status == 302:
+            self.send_header("Location", "http://u:secret@127.0.0.1:1/elsewhere")
+        self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=f" if path == "auth" and status == 200
+                         else "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html>login</html>")
+
+
+@pytest.mark.parametrize("path, said", [
+    ("404", "has no stream at that path (HTTP 404 Not Found): check the path"),
+    ("500", "failed to serve the stream (HTTP 500 Internal Server Error): restart the camera"),
+    ("403", "refuses access (HTTP 403 Forbidden): check the user's rights on the camera"),
+    ("302", "redirects (HTTP 302 Found) to http://u:***@127.0.0.1:1/elsewhere, where the stream did not open"),
+    ("page", "answers with a web page (text/html), not a video stream: give the camera's MJPEG stream URL"),
+    ("auth", "asks for credentials (HTTP 401 Unauthorized): give them in the URL"),
+])
+def test_a_failed_http_open_says_what_the_camera_answered(path: str, said: str) -> None:
+    """An HTTP camera that answered 401, 403, 404, 500, a redirect or a web page all read
+    `answers, but the stream did not open: check the path and the credentials` (FFmpeg tells
+    its HTTP error to stderr only); the answer's status now names the cause (a real server)."""
+    from edge.sources.base import SourceError
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Camera)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(SourceError) as err:
+            CaptureSource("http", f"http://127.0.0.1:{httpd.server_address[1]}/{path}", io_timeout_s=2.0).open()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert said in str(err.value) and "secret" not in str(err.value), err.value
+
+
+def test_http_credentials_are_checked_as_ffmpeg_reads_them() -> None:
+    """The user info ends at the last '@' (FFmpeg's rule), percent-escapes are undone, and a
+    wrong password is named as such; the right one is not blamed."""
+    from edge.sources.live import http_answer
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Camera)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    try:
+        assert http_answer(f"http://admin:p@ss@127.0.0.1:{port}/auth") is None
+        assert http_answer(f"http://admin:p%40ss@127.0.0.1:{port}/auth") is None
+        assert http_answer(f"http://admin:wrong@127.0.0.1:{port}/auth") == (
+            "refuses the credentials (HTTP 401 Unauthorized): check the user and the password")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
