@@ -280,8 +280,10 @@ def _http_hint(status: int, reason: str, headers: http.client.HTTPMessage, with_
         return f"failed to serve the stream ({said}): restart the camera or check its stream settings"
     if status >= 400:
         return f"refused the request ({said}): check the URL"
-    if headers.get_content_type() == "text/html":
-        return ("answers with a web page (text/html), not a video stream: give the camera's MJPEG stream "
+    ctype = headers.get_content_type()
+    if ctype == "text/html" or headers.get_content_maintype() == "image":
+        what = "a web page" if ctype == "text/html" else "one image, a snapshot"
+        return (f"answers with {what} ({ctype}), not a video stream: give the camera's MJPEG stream "
                 "URL (multipart/x-mixed-replace)")
     return None
 

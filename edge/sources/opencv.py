@@ -31,6 +31,7 @@ from edge.sources.live import (
     choose_backend,
     ffmpeg_options,
     hardware_decoder,
+    http_answer,
     latest_appsink,
     opencv_video_io,
     redact_uri,
@@ -590,7 +591,16 @@ class CaptureSource:
     def read(self) -> Optional[np.ndarray]:
         if self.reader is None:
             raise SourceError(f"{self.kind} source {self.shown} is not open")
-        img, pos = self.reader.read()
+        try:
+            img, pos = self.reader.read()
+        except SourceError as exc:
+            # A connection that ended after at most one frame: an http URL of one image (a snapshot)
+            # opens and fails every grab after its image; the answer says so.
+            once = self.reader.grabbed <= 1
+            why = http_answer(self.uri) if self.kind == "http" and once and not self._stopping else None
+            if why is None:
+                raise
+            raise SourceError(f"{exc}: the URL {why}") from None
         self.last_source_ms = pos if self.timestamps else None
         return _to_bgr(img)
 

@@ -16,9 +16,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import cv2
 import numpy as np
+import pytest
 
 from edge.sources import CaptureSource
-from edge.sources.base import Frame, SourceState
+from edge.sources.base import Frame, SourceError, SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.clock import READ, SLOW_WINDOW_S, STREAM, SourceClock
 
@@ -206,3 +207,35 @@ def test_mjpeg_is_told_by_either_opencvs_codec_name() -> None:
 
     assert _invented_timestamps("http", "ffmpeg", "mjpe") and _invented_timestamps("http", "ffmpeg", "MJPG")
     assert not _invented_timestamps("rtsp", "ffmpeg", "mjpe") and not _invented_timestamps("http", "ffmpeg", "h264")
+
+
+def test_a_snapshot_url_is_named_as_one_image_not_a_stream():
+    """A camera's snapshot URL (one ``image/jpeg`` per request) opens fine, its image taken
+    by the open, then fails every grab: it read 'stopped delivering frames' at every
+    reconnect with no hint why. The answer's type now says it is one image, not a stream."""
+    class Snapshot(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            data = _jpeg(0)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/jpeg")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Snapshot)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    src = CaptureSource("http", f"http://127.0.0.1:{httpd.server_address[1]}/snapshot.jpg", io_timeout_s=2.0)
+    try:
+        src.open()
+        with pytest.raises(SourceError) as err:
+            for _ in range(3):  # the one image may be handed on before the stream ends
+                src.read()
+    finally:
+        src.close()
+        httpd.shutdown()
+        httpd.server_close()
+    assert "answers with one image, a snapshot (image/jpeg), not a video stream: give the camera's MJPEG " \
+           "stream URL" in str(err.value), err.value
