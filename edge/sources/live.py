@@ -24,6 +24,7 @@ import http.client
 import os
 import re
 import socket
+import stat
 import urllib.parse
 from typing import Optional, Tuple
 
@@ -313,3 +314,23 @@ def http_answer(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> Optional[str]:
         return None
     finally:
         conn.close()
+
+
+def why_camera_unopened(uri: str) -> str:
+    """Why a V4L2 camera (``kind: camera``: an index ``N`` for ``/dev/videoN``, or a device path)
+    may not have opened: the device is missing, not a device, or not ours to open; else it
+    exists and refused (held by another process, or not a capture node). OpenCV says none of
+    this: every case read ``cannot open camera source 0``."""
+    path = f"/dev/video{int(uri)}" if uri.isdigit() else uri
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"{path} does not exist; is the camera plugged in? (`v4l2-ctl --list-devices` lists them)"
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    if not stat.S_ISCHR(mode):
+        return f"{path} is not a device; give a V4L2 device (/dev/videoN) or its index"
+    if not os.access(path, os.R_OK | os.W_OK):
+        return f"no permission to open {path}; add the daemon's user to the video group"
+    return (f"{path} exists but did not open: another process may hold it, or it is not a capture "
+            "node (`v4l2-ctl -d DEVICE --all`)")

@@ -37,6 +37,7 @@ from edge.sources.live import (
     redact_uri,
     rtsp_pipeline,
     stall_timeout,
+    why_camera_unopened,
     why_unopened,
 )
 from edgewise.errors import InvalidInputError
@@ -572,8 +573,13 @@ class CaptureSource:
         if not cap.isOpened():
             cap.release()
             # no reachability check (up to REACH_TIMEOUT_S more) for an open the stop waits for
-            why = why_unopened(self.uri, min(REACH_TIMEOUT_S, self.io_timeout_s), self._open_took_s,
-                               min(self.open_timeout_s, self.io_timeout_s)) if not self._stopping else ""
+            if self._stopping:
+                why = ""
+            elif self.kind == "camera":
+                why = why_camera_unopened(self.uri)
+            else:
+                why = why_unopened(self.uri, min(REACH_TIMEOUT_S, self.io_timeout_s), self._open_took_s,
+                                   min(self.open_timeout_s, self.io_timeout_s))
             raise SourceError(f"cannot open {self.kind} source {self.shown}" + (f": {why}" if why else ""))
         fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
         self.timestamps = not _invented_timestamps(self.kind, self.backend, _fourcc(cap))

@@ -391,3 +391,20 @@ def test_http_credentials_are_checked_as_ffmpeg_reads_them() -> None:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_camera_that_does_not_open_says_why(tmp_path) -> None:
+    """`cannot open camera source 0` read the same for a camera unplugged, a path that is no
+    device and a device that refused (held by another process); each is named now. Real
+    paths: a missing one, a regular file, /dev/null (a device, not a capture node)."""
+    from edge.sources.base import SourceError
+
+    not_a_device = tmp_path / "video0"
+    not_a_device.write_bytes(b"")
+    cases = [(str(tmp_path / "video7"), "video7 does not exist; is the camera plugged in?"),
+             (str(not_a_device), "video0 is not a device; give a V4L2 device (/dev/videoN) or its index"),
+             ("/dev/null", "/dev/null exists but did not open: another process may hold it, or it is not a capture")]
+    for uri, said in cases:
+        with pytest.raises(SourceError) as err:
+            CaptureSource("camera", uri).open()
+        assert said in str(err.value), err.value
