@@ -18,14 +18,11 @@ Pure functions (docs/design/edge-runtime.md#live-sources), used by
 
 from __future__ import annotations
 
-import base64
 import functools
-import http.client
 import os
 import re
 import socket
 import stat
-import urllib.parse
 from typing import Optional, Tuple
 
 from edgewise.addresses import format_address, parse_hostport
@@ -255,65 +252,13 @@ def why_unopened(uri: str, timeout_s: float = REACH_TIMEOUT_S, waited_s: float =
         return (f"{shown} accepts connections, but the stream did not answer within {waited_s:.1f} s "
                 "(open_timeout_s / io_timeout_s): the camera may be hung; restart it, or raise the "
                 "timeouts for a slow one")
-    answer = http_answer(uri, timeout_s)
+    from edge.sources.answers import stream_answer  # it reads host_port from here
+
+    answer = stream_answer(uri, timeout_s)
     if answer:
         return f"{shown} {answer}"
     return (f"{shown} answers, but the stream did not open: check the path and the credentials "
             "(`ffprobe` on the URL prints FFmpeg's reason)")
-
-
-def _http_hint(status: int, reason: str, headers: http.client.HTTPMessage, with_credentials: bool) -> Optional[str]:
-    said = f"HTTP {status} {reason}".rstrip()
-    if status == 401:
-        if not with_credentials:
-            return f"asks for credentials ({said}): give them in the URL, http://user:password@host/path"
-        if not headers.get("WWW-Authenticate", "Basic").lower().startswith("basic"):
-            return None  # FFmpeg also speaks Digest, this check does not: it cannot judge them
-        return f"refuses the credentials ({said}): check the user and the password"
-    if status == 403:
-        return f"refuses access ({said}): check the user's rights on the camera"
-    if status == 404:
-        return f"has no stream at that path ({said}): check the path"
-    if 300 <= status < 400:
-        where = redact_uri(headers.get("Location", "") or "?")[:120]
-        return f"redirects ({said}) to {where}, where the stream did not open: check that URL"
-    if status >= 500:
-        return f"failed to serve the stream ({said}): restart the camera or check its stream settings"
-    if status >= 400:
-        return f"refused the request ({said}): check the URL"
-    ctype = headers.get_content_type()
-    if ctype == "text/html" or headers.get_content_maintype() == "image":
-        what = "a web page" if ctype == "text/html" else "one image, a snapshot"
-        return (f"answers with {what} ({ctype}), not a video stream: give the camera's MJPEG stream "
-                "URL (multipart/x-mixed-replace)")
-    return None
-
-
-def http_answer(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> Optional[str]:
-    """What an ``http://`` camera's answer to a GET of ``uri`` says is wrong (``has no stream at
-    that path (HTTP 404 Not Found): check the path``), from the head of the answer only; None
-    when it says nothing clear, for other schemes, or when it cannot be asked. FFmpeg logs its
-    HTTP error to stderr only, so a 401, a 404 and a 500 all read ``cannot open``.
-    Credentials in the URL are sent as HTTP Basic (a Digest camera's 401 is not judged)."""
-    parts = urllib.parse.urlsplit(uri)
-    where = host_port(uri)
-    if parts.scheme.lower() != "http" or where is None:
-        return None
-    headers = {"Connection": "close"}
-    if parts.password is not None or parts.username:
-        # FFmpeg's rule: the user info ends at the last '@' before the path
-        user, _, password = parts.netloc[:parts.netloc.rfind("@")].partition(":")
-        creds = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(creds).decode()
-    conn = http.client.HTTPConnection(where[0], where[1], timeout=timeout_s)
-    try:
-        conn.request("GET", urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")), headers=headers)
-        resp = conn.getresponse()
-        return _http_hint(resp.status, resp.reason, resp.headers, "Authorization" in headers)
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
 
 
 def why_camera_unopened(uri: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import cv2
 import numpy as np
 
+from edge.sources.answers import stream_answer
 from edge.sources.base import CorruptFrameError, SourceAwayError, SourceError
 from edge.sources.latest import LatestFrameReader
 from edge.sources.live import (
@@ -31,7 +32,6 @@ from edge.sources.live import (
     choose_backend,
     ffmpeg_options,
     hardware_decoder,
-    http_answer,
     latest_appsink,
     opencv_video_io,
     redact_uri,
@@ -603,7 +603,7 @@ class CaptureSource:
             # A connection that ended after at most one frame: an http URL of one image (a snapshot)
             # opens and fails every grab after its image; the answer says so.
             once = self.reader.grabbed <= 1
-            why = http_answer(self.uri) if self.kind == "http" and once and not self._stopping else None
+            why = stream_answer(self.uri) if self.kind == "http" and once and not self._stopping else None
             if why is None:
                 raise
             raise SourceError(f"{exc}: the URL {why}") from None

@@ -378,15 +378,15 @@ def test_a_failed_http_open_says_what_the_camera_answered(path: str, said: str) 
 def test_http_credentials_are_checked_as_ffmpeg_reads_them() -> None:
     """The user info ends at the last '@' (FFmpeg's rule), percent-escapes are undone, and a
     wrong password is named as such; the right one is not blamed."""
-    from edge.sources.live import http_answer
+    from edge.sources.answers import stream_answer
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Camera)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     port = httpd.server_address[1]
     try:
-        assert http_answer(f"http://admin:p@ss@127.0.0.1:{port}/auth") is None
-        assert http_answer(f"http://admin:p%40ss@127.0.0.1:{port}/auth") is None
-        assert http_answer(f"http://admin:wrong@127.0.0.1:{port}/auth") == (
+        assert stream_answer(f"http://admin:p@ss@127.0.0.1:{port}/auth") is None
+        assert stream_answer(f"http://admin:p%40ss@127.0.0.1:{port}/auth") is None
+        assert stream_answer(f"http://admin:wrong@127.0.0.1:{port}/auth") == (
             "refuses the credentials (HTTP 401 Unauthorized): check the user and the password")
     finally:
         httpd.shutdown()
@@ -408,3 +408,23 @@ def test_a_camera_that_does_not_open_says_why(tmp_path) -> None:
         with pytest.raises(SourceError) as err:
             CaptureSource("camera", uri).open()
         assert said in str(err.value), err.value
+
+
+@pytest.mark.skipif(bool(missing()), reason=missing() or "")
+def test_a_failed_rtsp_open_says_what_the_camera_answered() -> None:
+    """An RTSP camera asking for credentials, refusing them, or with no stream at the path
+    read alike: `answers, but the stream did not open: check the path and the credentials`.
+    Its answer to a DESCRIBE now names which (a real gst-rtsp-server with Basic auth)."""
+    from edge.sources.base import SourceError
+
+    cam = RtspCamera(user="admin", password="p@ss").start()
+    try:
+        cases = [("", "/cam", "asks for credentials (RTSP 401 Unauthorized): give them in the URL, rtsp://"),
+                 ("admin:wrong@", "/cam", "refuses the credentials (RTSP 401 Unauthorized): check the user"),
+                 ("admin:p@ss@", "/nope", "has no stream at that path (RTSP 404 Not Found): check the path")]
+        for creds, path, said in cases:
+            with pytest.raises(SourceError) as err:
+                CaptureSource("rtsp", f"rtsp://{creds}127.0.0.1:{cam.port}{path}", io_timeout_s=2.0).open()
+            assert said in str(err.value) and "wrong" not in str(err.value), err.value
+    finally:
+        cam.stop()
