@@ -290,8 +290,16 @@ class EdgeDaemon:
             self.stop_event.set()
 
     def request_reload(self) -> None:
-        if self.reload_event is not None:
-            self.reload_event.set()
+        """SIGHUP: reload the policy, the one thing a running daemon re-reads (edge.yaml is read
+        at start only). Without a ``policy_file`` it says so rather than doing nothing in silence:
+        an operator who changed a camera's URL and reloaded was left waiting for it."""
+        if self.reload_event is None:
+            return
+        if not self.settings.policy_file:
+            log.warning("SIGHUP: nothing to reload (no policy_file); edge.yaml is read at start only: "
+                        "restart the daemon to apply a change to it")
+            return
+        self.reload_event.set()
 
     async def reload_policy(self) -> bool:
         """Re-read the policy file now: read and validated in a worker thread (a hostile file
@@ -334,7 +342,7 @@ class EdgeDaemon:
             try:
                 await asyncio.wait_for(self.reload_event.wait(), timeout=self.settings.policy_poll_s)
                 self.reload_event.clear()
-                log.info("SIGHUP: reloading policy %s", path)
+                log.info("SIGHUP: reloading policy %s (edge.yaml is read at start only)", path)
                 last = file_identity(path)
             except asyncio.TimeoutError:
                 cur = file_identity(path)

@@ -571,3 +571,26 @@ def test_the_sinks_beside_the_spool_keep_its_reserve_and_those_elsewhere_do_not(
             assert await asyncio.wait_for(task, 30) == 0
 
         asyncio.run(run())
+
+
+def test_a_sighup_without_a_policy_says_it_reloads_nothing(tmp_path, tiny_model, caplog):
+    """A SIGHUP reloads the policy only; without one it did nothing and said nothing, so an
+    operator who changed a camera's URL in edge.yaml and reloaded waited for a change that
+    needs a restart. It is said now (a real SIGHUP to this process)."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}])
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.pipeline is not None and d.pipeline.frames_done > 2, 60, "frames")
+        os.kill(os.getpid(), signal.SIGHUP)
+        await async_wait_until(lambda: "SIGHUP: nothing to reload" in caplog.text, 10, "the SIGHUP said")
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
+    said = [r for r in caplog.records if "SIGHUP" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "restart the daemon to apply a change to it" in said[0].getMessage()
