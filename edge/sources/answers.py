@@ -4,9 +4,10 @@ FFmpeg tells an HTTP or RTSP error (401, 404, 503...) to stderr only, so through
 wrong path, wrong credentials and a camera out of sessions all read ``cannot open``.
 ``stream_answer`` asks the camera once, as FFmpeg's open would (``GET`` for ``http://``,
 ``DESCRIBE`` for ``rtsp://``), reads the head of the answer only, and says what its status
-means; credentials in the URL (read as FFmpeg reads them: the user info ends at the last
-``@``) go as Basic authentication, and a 401 challenging for Digest is not judged (FFmpeg
-speaks Digest, this check does not). Used by ``edge.sources.live.why_unopened`` and, for
+means. Credentials in the URL (read as FFmpeg reads them: the user info ends at the last
+``@``) are sent only as FFmpeg sends them, after the camera's 401 asks for Basic
+authentication; a camera that asks for Digest is not judged (FFmpeg speaks Digest, this check
+does not, and a password sent as Basic would cross the network readable). Used by ``edge.sources.live.why_unopened`` and, for
 an ``http`` URL that gave at most one frame (a snapshot), by ``edge.sources.opencv``.
 """
 
@@ -16,7 +17,7 @@ import base64
 import http.client
 import socket
 import urllib.parse
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from edge.sources.live import REACH_TIMEOUT_S, host_port, redact_uri
 
@@ -24,14 +25,26 @@ from edge.sources.live import REACH_TIMEOUT_S, host_port, redact_uri
 MAX_LINE = 4096
 
 
-def _hint(proto: str, scheme: str, status: int, reason: str, headers: http.client.HTTPMessage,
-          with_credentials: bool) -> Optional[str]:
+class _Answer(NamedTuple):
+    """The head of a camera's answer."""
+
+    proto: str  # HTTP or RTSP
+    status: int
+    reason: str
+    headers: http.client.HTTPMessage
+
+    @property
+    def wants_basic(self) -> bool:
+        """A 401 that asks for Basic authentication (or names no scheme)."""
+        return self.status == 401 and self.headers.get("WWW-Authenticate", "Basic").lower().startswith("basic")
+
+
+def _hint(answer: _Answer, scheme: str, sent_credentials: bool) -> Optional[str]:
+    proto, status, reason, headers = answer
     said = f"{proto} {status} {reason}".rstrip()
     if status == 401:
-        if not with_credentials:
+        if not sent_credentials:
             return f"asks for credentials ({said}): give them in the URL, {scheme}://user:password@host/path"
-        if not headers.get("WWW-Authenticate", "Basic").lower().startswith("basic"):
-            return None
         return f"refuses the credentials ({said}): check the user and the password"
     if status == 403:
         return f"refuses access ({said}): check the user's rights on the camera"
@@ -62,7 +75,7 @@ def _basic_auth(parts: urllib.parse.SplitResult) -> Optional[str]:
 
 
 def _ask_http(parts: urllib.parse.SplitResult, host: str, port: int, auth: Optional[str],
-              timeout_s: float) -> Optional[str]:
+              timeout_s: float) -> Optional[_Answer]:
     headers = {"Connection": "close"}
     if auth:
         headers["Authorization"] = auth
@@ -70,13 +83,13 @@ def _ask_http(parts: urllib.parse.SplitResult, host: str, port: int, auth: Optio
     try:
         conn.request("GET", urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")), headers=headers)
         resp = conn.getresponse()
-        return _hint("HTTP", "http", resp.status, resp.reason, resp.headers, auth is not None)
+        return _Answer("HTTP", resp.status, resp.reason, resp.headers)
     finally:
         conn.close()
 
 
 def _ask_rtsp(parts: urllib.parse.SplitResult, host: str, port: int, auth: Optional[str],
-              timeout_s: float) -> Optional[str]:
+              timeout_s: float) -> Optional[_Answer]:
     netloc = parts.netloc[parts.netloc.rfind("@") + 1:]
     url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
     request = f"DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n"
@@ -88,7 +101,7 @@ def _ask_rtsp(parts: urllib.parse.SplitResult, host: str, port: int, auth: Optio
             if not version.startswith("RTSP/") or not status.isdigit():
                 return None
             headers = http.client.parse_headers(f)
-    return _hint("RTSP", "rtsp", int(status), reason.strip(), headers, auth is not None)
+    return _Answer("RTSP", int(status), reason.strip(), headers)
 
 
 def stream_answer(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> Optional[str]:
@@ -100,7 +113,13 @@ def stream_answer(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> Optional[str]
     ask = {"http": _ask_http, "rtsp": _ask_rtsp}.get(parts.scheme.lower())
     if ask is None or where is None:
         return None
+    creds = _basic_auth(parts)
     try:
-        return ask(parts, where[0], where[1], _basic_auth(parts), timeout_s)
+        answer = ask(parts, where[0], where[1], None, timeout_s)
+        if answer is not None and answer.status == 401 and creds is not None:
+            if not answer.wants_basic:
+                return None  # Digest: not judged, and the password not sent readable
+            answer = ask(parts, where[0], where[1], creds, timeout_s)
     except (OSError, ValueError, http.client.HTTPException):
         return None
+    return None if answer is None else _hint(answer, parts.scheme.lower(), answer.status == 401 and creds is not None)

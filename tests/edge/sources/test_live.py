@@ -332,8 +332,17 @@ class _Camera(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
+    #: (path, the Authorization header or None) of every request, in order
+    seen: list = []
+
     def do_GET(self) -> None:
         path = self.path.strip("/")
+        _Camera.seen.append((path, self.headers.get("Authorization")))
+        if path == "digest":
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Digest realm="cam", nonce="abc", qop="auth"')
+            self.end_headers()
+            return
         if path == "auth":
             good = "Basic " + base64.b64encode(b"admin:p@ss").decode()
             status = 200 if self.headers.get("Authorization") == good else 401
@@ -388,6 +397,30 @@ def test_http_credentials_are_checked_as_ffmpeg_reads_them() -> None:
         assert stream_answer(f"http://admin:p%40ss@127.0.0.1:{port}/auth") is None
         assert stream_answer(f"http://admin:wrong@127.0.0.1:{port}/auth") == (
             "refuses the credentials (HTTP 401 Unauthorized): check the user and the password")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_password_is_sent_only_after_the_camera_asks_for_basic_authentication() -> None:
+    """The check sent the URL's password as Basic authentication with its first request, so a
+    camera that speaks Digest had it cross the network readable; it is now sent only after a
+    401 asking for Basic, as FFmpeg does, and never to a camera asking for Digest."""
+    from edge.sources.answers import stream_answer
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Camera)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    _Camera.seen.clear()
+    try:
+        assert stream_answer(f"http://admin:p%40ss@127.0.0.1:{port}/digest") is None  # not judged
+        assert _Camera.seen == [("digest", None)]
+        _Camera.seen.clear()
+        assert stream_answer(f"http://admin:p%40ss@127.0.0.1:{port}/404") is not None
+        assert _Camera.seen == [("404", None)]
+        _Camera.seen.clear()
+        assert stream_answer(f"http://admin:p%40ss@127.0.0.1:{port}/auth") is None
+        assert [a is None for _, a in _Camera.seen] == [True, False]  # asked, then sent
     finally:
         httpd.shutdown()
         httpd.server_close()
