@@ -221,9 +221,9 @@ def accuracy(args: argparse.Namespace, policy: Policy, other: Optional[Policy]) 
     """The accuracy section of ``check-policy``: (JSON document, text table)."""
     import numpy as np
 
-    from edgewise_tools.cli.eval import check_option
     from edgewise_tools.evaluation import hybrid
     from edgewise_tools.evaluation.frames import set_signals
+    from edgewise_tools.options import check_option
 
     for flag, value in (("--edge", args.edge), ("--cloud", args.cloud)):
         if not value:

@@ -37,8 +37,8 @@ from torch import nn
 
 from edgewise.errors import ConfigError
 from edgewise.outputs import check_output_folder
-from edgewise_tools.cli.eval import check_option
 from edgewise_tools.models.yolov5 import ARCHS, YOLOv5, build_model
+from edgewise_tools.options import check_option
 from edgewise_tools.train.data import NO_AUGMENT, Augment, YoloDataset, batches, prefetched
 from edgewise_tools.train.loss import ComputeLoss, LossGains, scaled_gains
 from edgewise_tools.train.metrics import evaluate, postprocess

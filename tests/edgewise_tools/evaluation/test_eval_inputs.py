@@ -13,7 +13,7 @@ import pytest
 
 from edgewise.cli import main
 from edgewise.errors import ConfigError, InvalidInputError
-from edgewise_tools.cli.eval import check_option
+from edgewise_tools.options import check_option
 from edgewise_tools.provenance import dataset_id, dataset_meta
 
 ROOT = Path(__file__).resolve().parents[3]
