@@ -1,4 +1,7 @@
-"""What a network camera's own answer says is wrong, asked after a failed open.
+"""Why a network camera did not open, asked of the network after the open failed.
+
+``why_unopened`` connects once (the host does not resolve, nothing listens, nothing answers,
+or the connection is taken) and then asks the camera itself with ``stream_answer``.
 
 FFmpeg tells an HTTP or RTSP error (401, 404, 503...) to stderr only, so through OpenCV a
 wrong path, wrong credentials and a camera out of sessions all read ``cannot open``.
@@ -7,8 +10,9 @@ wrong path, wrong credentials and a camera out of sessions all read ``cannot ope
 means. Credentials in the URL (read as FFmpeg reads them: the user info ends at the last
 ``@``) are sent only as FFmpeg sends them, after the camera's 401 asks for Basic
 authentication; a camera that asks for Digest is not judged (FFmpeg speaks Digest, this check
-does not, and a password sent as Basic would cross the network readable). Used by ``edge.sources.live.why_unopened`` and, for
-an ``http`` URL that gave at most one frame (a snapshot), by ``edge.sources.opencv``.
+does not, and a password sent as Basic would cross the network readable). Used by
+``edge.sources.opencv`` after a failed open, and for an ``http`` URL that gave at most one
+frame (a snapshot). The pure rules of a live source stay in ``edge.sources.live``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import socket
 import urllib.parse
 from typing import NamedTuple, Optional
 
-from edge.sources.live import REACH_TIMEOUT_S, host_port, redact_uri
+from edge.sources.live import OPEN_LIMIT_SHARE, REACH_TIMEOUT_S, host_port, redact_uri
+from edgewise.addresses import format_address
 
 #: The longest status line or header line read from an RTSP answer.
 MAX_LINE = 4096
@@ -123,3 +128,39 @@ def stream_answer(uri: str, timeout_s: float = REACH_TIMEOUT_S) -> Optional[str]
     except (OSError, ValueError, http.client.HTTPException):
         return None
     return None if answer is None else _hint(answer, parts.scheme.lower(), answer.status == 401 and creds is not None)
+
+
+def why_unopened(uri: str, timeout_s: float = REACH_TIMEOUT_S, waited_s: float = 0.0,
+                 limit_s: float = 0.0) -> str:
+    """Why a network camera at ``uri`` may not have opened, from one TCP connect to it: its
+    host does not resolve, nothing listens, nothing answers, or it accepts the connection.
+    Then, when the failed open took about its whole time limit (``waited_s`` of ``limit_s``,
+    the smaller of ``open_timeout_s`` and ``io_timeout_s``), the camera did not answer (hung);
+    else it answered and refused, so the path or the credentials are the likely cause.
+    FFmpeg says none of this through OpenCV, so a dead camera, a wrong port and a wrong
+    password all read ``cannot open``. Empty when the URL names no host."""
+    where = host_port(uri)
+    if where is None:
+        return ""
+    host, port = where
+    shown = format_address(host, port)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except socket.gaierror:
+        return f"its host {host} does not resolve (DNS); check the address"
+    except ConnectionRefusedError:
+        return f"nothing listens at {shown} (connection refused); is the camera on, and the port right?"
+    except socket.timeout:
+        return f"no answer from {shown} within {timeout_s:g} s; is the camera on the network (or a firewall)?"
+    except OSError as exc:
+        return f"{shown}: {exc.strerror or exc}"
+    if limit_s > 0 and waited_s >= OPEN_LIMIT_SHARE * limit_s:
+        return (f"{shown} accepts connections, but the stream did not answer within {waited_s:.1f} s "
+                "(open_timeout_s / io_timeout_s): the camera may be hung; restart it, or raise the "
+                "timeouts for a slow one")
+    answer = stream_answer(uri, timeout_s)
+    if answer:
+        return f"{shown} {answer}"
+    return (f"{shown} answers, but the stream did not open: check the path and the credentials "
+            "(`ffprobe` on the URL prints FFmpeg's reason)")

@@ -21,11 +21,10 @@ from __future__ import annotations
 import functools
 import os
 import re
-import socket
 import stat
 from typing import Optional, Tuple
 
-from edgewise.addresses import format_address, parse_hostport
+from edgewise.addresses import parse_hostport
 from edgewise.errors import ConfigError
 
 BACKENDS = ("auto", "ffmpeg", "gstreamer")
@@ -221,44 +220,6 @@ def host_port(uri: str) -> Optional[Tuple[str, int]]:
 
 #: An open that took at least this share of its time limit ran into the limit: nothing answered.
 OPEN_LIMIT_SHARE = 0.9
-
-
-def why_unopened(uri: str, timeout_s: float = REACH_TIMEOUT_S, waited_s: float = 0.0,
-                 limit_s: float = 0.0) -> str:
-    """Why a network camera at ``uri`` may not have opened, from one TCP connect to it: its
-    host does not resolve, nothing listens, nothing answers, or it accepts the connection.
-    Then, when the failed open took about its whole time limit (``waited_s`` of ``limit_s``,
-    the smaller of ``open_timeout_s`` and ``io_timeout_s``), the camera did not answer (hung);
-    else it answered and refused, so the path or the credentials are the likely cause.
-    FFmpeg says none of this through OpenCV, so a dead camera, a wrong port and a wrong
-    password all read ``cannot open``. Empty when the URL names no host."""
-    where = host_port(uri)
-    if where is None:
-        return ""
-    host, port = where
-    shown = format_address(host, port)
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
-    except socket.gaierror:
-        return f"its host {host} does not resolve (DNS); check the address"
-    except ConnectionRefusedError:
-        return f"nothing listens at {shown} (connection refused); is the camera on, and the port right?"
-    except socket.timeout:
-        return f"no answer from {shown} within {timeout_s:g} s; is the camera on the network (or a firewall)?"
-    except OSError as exc:
-        return f"{shown}: {exc.strerror or exc}"
-    if limit_s > 0 and waited_s >= OPEN_LIMIT_SHARE * limit_s:
-        return (f"{shown} accepts connections, but the stream did not answer within {waited_s:.1f} s "
-                "(open_timeout_s / io_timeout_s): the camera may be hung; restart it, or raise the "
-                "timeouts for a slow one")
-    from edge.sources.answers import stream_answer  # it reads host_port from here
-
-    answer = stream_answer(uri, timeout_s)
-    if answer:
-        return f"{shown} {answer}"
-    return (f"{shown} answers, but the stream did not open: check the path and the credentials "
-            "(`ffprobe` on the URL prints FFmpeg's reason)")
 
 
 def why_camera_unopened(uri: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import cv2
 import numpy as np
 
-from edge.sources.answers import stream_answer
+from edge.sources.answers import stream_answer, why_unopened
 from edge.sources.base import CorruptFrameError, SourceAwayError, SourceError
 from edge.sources.latest import LatestFrameReader
 from edge.sources.live import (
@@ -38,7 +38,6 @@ from edge.sources.live import (
     rtsp_pipeline,
     stall_timeout,
     why_camera_unopened,
-    why_unopened,
 )
 from edgewise.errors import InvalidInputError
 from edgewise.imagefiles import (
