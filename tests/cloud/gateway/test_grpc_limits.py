@@ -182,6 +182,12 @@ def test_streams_per_device_are_capped():
     run(main())
 
 
+async def _no_request(never: asyncio.Event) -> AsyncIterator[bytes]:
+    """A call's requests that never come: its headers go out, no message until ``never`` is set."""
+    await never.wait()
+    yield b""
+
+
 def test_calls_without_a_known_token_are_refused_before_their_request_and_free_their_slot():
     """A client that opens Detect calls and never sends their request held one of
     ``limits.max_concurrent_rpcs`` each, for ever: four of them froze a gateway allowing four
@@ -194,15 +200,11 @@ def test_calls_without_a_known_token_are_refused_before_their_request_and_free_t
                                         "auth.tokens": [{"device": "cam-1", "token": "s3cret"}]})
         never = asyncio.Event()
 
-        async def no_request() -> AsyncIterator[bytes]:  # the headers go out, no message ever
-            await never.wait()
-            yield b""
-
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as attacker, \
                     grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}", options=OWN_CONNECTION) as edge:
                 detect = attacker.stream_unary(f"/{SERVICE_NAME}/Detect")
-                held = [detect(no_request(), metadata=md) for md in
+                held = [detect(_no_request(never), metadata=md) for md in
                         [()] * 2 + [(("authorization", "Bearer guessed"),), (("authorization", "Basic s3cret"),)]]
                 assert [await _code(c) for c in held] == ["UNAUTHENTICATED"] * 4
                 # the health service shares the bound: Watch streams (held open for ever) and a
@@ -245,14 +247,10 @@ def test_one_device_cannot_hold_every_call_slot():
         never, stop = asyncio.Event(), asyncio.Event()
         cam1, cam2 = (("authorization", "Bearer tok1"),), (("authorization", "Bearer tok2"),)
 
-        async def no_request() -> AsyncIterator[bytes]:  # the headers go out, no message ever
-            await never.wait()
-            yield b""
-
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as attacker, \
                     grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}", options=OWN_CONNECTION) as edge:
-                held = [attacker.stream_unary(f"/{SERVICE_NAME}/Detect")(no_request(), metadata=cam1)
+                held = [attacker.stream_unary(f"/{SERVICE_NAME}/Detect")(_no_request(never), metadata=cam1)
                         for _ in range(3)]
                 await async_wait_until(lambda: gw.interceptor.slots.open.get("cam-1") == 3, 10, "the calls counted")
                 stub = service_pb2_grpc.EscalationStub(attacker)
