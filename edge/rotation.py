@@ -37,7 +37,10 @@ from typing import Iterator, List, Optional, Tuple
 
 log = logging.getLogger(__name__)
 
-_SUFFIX = re.compile(r"\.(\d{8}T\d{6}\.\d{6}Z)(?:-(\d+))?(\.gz)?$")
+#: ``.<YYYYmmddTHHMMSS.ffffffZ>[-N][.gz]``; the fraction is optional: daemons before
+#: 2026-12-01 named rotated files to the second (``.20261130T120000Z``), and after an upgrade
+#: those are still this sink's files, pruned by ``jsonl_keep`` and read for late keys
+_SUFFIX = re.compile(r"\.(\d{8}T\d{6}(?:\.\d{6})?Z)(?:-(\d+))?(\.gz)?$")
 
 
 def rotated_files(path: str) -> List[str]:
@@ -55,7 +58,7 @@ def rotated_files(path: str) -> List[str]:
         if name.startswith(base + "."):
             m = _SUFFIX.match(name[len(base):])
             if m and _is_time(m.group(1)):
-                found.append((m.group(1), int(m.group(2) or 0), os.path.join(folder, name)))
+                found.append((_stamp_us(m.group(1)), int(m.group(2) or 0), os.path.join(folder, name)))
     return [f for _, _, f in sorted(found, reverse=True)]
 
 
@@ -68,8 +71,9 @@ def _is_time(stamp: str) -> bool:
 
 
 def _stamp_us(stamp: str) -> int:
-    """Microseconds since the epoch of a rotated name's ``YYYYmmddTHHMMSS.ffffffZ``."""
-    return calendar.timegm(time.strptime(stamp[:15], "%Y%m%dT%H%M%S")) * 1_000_000 + int(stamp[16:22])
+    """Microseconds since the epoch of a rotated name's ``YYYYmmddTHHMMSS.ffffffZ`` (or an older
+    daemon's ``YYYYmmddTHHMMSSZ``: at the second's start)."""
+    return calendar.timegm(time.strptime(stamp[:15], "%Y%m%dT%H%M%S")) * 1_000_000 + int(stamp[16:22] or 0)
 
 
 def _format_us(us: int) -> str:

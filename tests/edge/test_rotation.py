@@ -270,3 +270,30 @@ def test_a_file_named_like_a_rotated_one_with_no_real_time_is_left_alone(tmp_pat
     assert stray.read_text() == "kept by hand\n"  # not ours: never pruned
     kept = [r["frame_seq"] for r in all_records(path)]
     assert kept == list(range(kept[0], 10)) and kept[0] > 0
+
+
+def test_files_rotated_by_a_daemon_before_microsecond_names_are_still_pruned_and_read(tmp_path: Path) -> None:
+    """Daemons before 2026-12-01 named rotated files to the second (``<path>.20261130T120000Z``,
+    gzip'd ``.gz``, ``-N`` on a collision). After an upgrade the sink did not know them: never
+    pruned (a device kept up to ``jsonl_keep`` old files beside as many new ones, for good) and not
+    read for late keys, so a replay's late record already written before the upgrade was written again."""
+    path = tmp_path / "det.jsonl"
+    old = [tmp_path / "det.jsonl.20261130T120000Z.gz", tmp_path / "det.jsonl.20261130T120000Z-1.gz",
+           tmp_path / "det.jsonl.20261130T120005Z"]
+    with gzip.open(old[0], "wb") as f:
+        f.write(late(1).to_json() + b"\n")
+    with gzip.open(old[1], "wb") as f:
+        f.write(late(2).to_json() + b"\n")
+    old[2].write_bytes(late(3).to_json() + b"\n")
+    size = record_size(tmp_path)
+    sinks = Sinks([JsonlSink(str(path), max_bytes=3 * size, keep=3)])
+    assert {"dev/cam/1", "dev/cam/2", "dev/cam/3"} <= set(sinks.sinks[0].late_keys)
+    sinks.write(late(3))  # written before the upgrade: a repeat, dropped
+    for seq in range(10, 16):  # two rotations: the two oldest (old) files go
+        assert sinks.write(frame_record("cam", seq))
+    sinks.close()
+    rotated = R.rotated_files(str(path))
+    assert len(rotated) == 3 and rotated[-1] == str(old[2])
+    assert not old[0].exists() and not old[1].exists()
+    lates = [r["frame_seq"] for r in all_records(path) if r["late"]]
+    assert lates == [3]
