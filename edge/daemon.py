@@ -494,7 +494,10 @@ class EdgeDaemon:
                 # Sources ended by themselves (files): let the last escalations settle and
                 # what the spool holds be answered, within spool.replay_at_end_s.
                 left = await self.escalating.replay_rest(s.spool.replay_at_end_s, self.stop_event)
-                if left:
+                if left and self.stopping:  # a SIGTERM cut the wait short: not the setting's doing
+                    log.warning("sources ended; stopped while waiting for the cloud to answer the spool, %d "
+                                "escalations still spooled: they are replayed at the next start", left)
+                elif left:
                     log.warning("sources ended; %d escalations still spooled after spool.replay_at_end_s "
                                 "(%g s): they are replayed at the next start", left, s.spool.replay_at_end_s)
                 await self.escalating.drain(self._grace_left())

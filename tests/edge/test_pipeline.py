@@ -320,6 +320,26 @@ def test_a_source_that_ends_keeps_what_the_cloud_did_not_answer_in_time(tmp_path
     assert any("6 escalations still spooled after spool.replay_at_end_s" in r.getMessage() for r in caplog.records)
 
 
+def test_a_stop_while_the_spool_waits_at_the_end_is_not_blamed_on_replay_at_end_s(tmp_path, tiny_model, real_cloud,
+                                                                                   caplog):
+    """SIGTERM 1 s into spool.replay_at_end_s (60 s) said the escalations were "still spooled after
+    spool.replay_at_end_s (60 s)": an operator raised a setting that had not run out."""
+    d = _file_like_run(tmp_path, tiny_model, real_cloud, replay_at_end_s=60.0)
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: _spooled(tmp_path) == 6, 60, "six escalations spooled")
+        await asyncio.sleep(0.5)
+        assert not task.done()  # waiting for the cloud at the end of the source
+        d.request_stop()
+        return await asyncio.wait_for(task, 30)
+
+    assert asyncio.run(run()) == 0
+    said = [r.getMessage() for r in caplog.records if "still spooled" in r.getMessage()]
+    assert said == ["sources ended; stopped while waiting for the cloud to answer the spool, 6 escalations still "
+                    "spooled: they are replayed at the next start"], said
+
+
 def test_sighup_reloads_policy(tmp_path, tiny_model):
     """A real SIGHUP (file polling effectively off) puts the new policy in force."""
     import os
