@@ -35,7 +35,7 @@ from edge.metrics import EdgeMetrics, MetricsServer
 from edge.outbox import Outbox, this_host
 from edge.outbox_salvage import open_outbox
 from edge.pipeline import Pipeline
-from edge.preflight import opens_spool, preflight
+from edge.preflight import identity_warning, opens_spool, preflight
 from edge.records import FrameRecord
 from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings, default_transport, mqtt_outbox_path, policy_fit
@@ -382,6 +382,7 @@ class EdgeDaemon:
         bad setting (policy, spool, metrics port) come first."""
         s = self.settings
         assert self.stop_event is not None
+        id_defaulted = not s.device_id  # (preflight fills it)
         for line in preflight(s):  # device id, writable state folders: one-line errors
             log.info("%s", line)
         self.instance_lock.acquire()  # before anything of the state folder is touched
@@ -413,6 +414,11 @@ class EdgeDaemon:
         if self.mqtt is not None:  # after the MQTT sink resumed what the last process left in flight
             self.mqtt.start()
         remembered = max(self.sinks.last_epoch(), self.spool.last_epoch() if self.spool is not None else -1)
+        if id_defaulted:
+            renamed = identity_warning(s.device_id, self.sinks.devices() |
+                                       (self.spool.devices() if self.spool is not None else set()))
+            if renamed:
+                log.warning("%s", renamed)
         epoch = boot_epoch(s.spool.path, remembered + 1)
         decider = Decider(policy)
         if self.transports:

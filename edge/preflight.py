@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 import stat
-from typing import List, Optional, Tuple, Union
+from typing import Iterable, List, Optional, Tuple, Union
 
 from edge.settings import EdgeSettings, check_device_id, mqtt_outbox_path, transport_warning
 from edge.spool import read_only
@@ -74,6 +74,22 @@ def resolve_device_id(s: EdgeSettings, serial_path: str = SERIAL_FILE, hostname:
                           "set device_id") from None
     s.device_id = dev
     return dev
+
+
+def identity_warning(dev: str, held: Iterable[str]) -> Optional[str]:
+    """What to say when ``device_id`` is not set and the state the daemon found (``held``: the
+    devices of the spool's escalations and of the records) is another device's: daemons before
+    2026-12-01 defaulted to ``edge-0``, so an upgrade without ``device_id`` in edge.yaml renamed
+    the device (its MQTT topics, idempotency keys and gateway token) without a word; None when
+    nothing differs."""
+    others = sorted(set(held) - {dev})
+    if not others:
+        return None
+    names = ", ".join(repr(o) for o in others[:3]) + (" and more" if len(others) > 3 else "")
+    return (f"device_id is not set, so this device is {dev!r} (its serial number, else its host name), but its "
+            f"spool or records are of device {names} (an older daemon's default device_id was 'edge-0'): its "
+            f"MQTT topics, frame keys and gateway token now follow {dev!r}; to keep the old identity set "
+            f"device_id: {others[0]} in edge.yaml, or set device_id: {dev} to confirm the new one")
 
 
 #: a file name to suggest when a state setting names a folder

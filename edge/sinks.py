@@ -183,6 +183,7 @@ class JsonlSink:
         self._path_log = LogThrottle(LOG_EVERY_S)
         self._end_torn_line()
         self.last_epoch = -1  # the newest run (frame_seq >> 32) in the file's history
+        self.devices: Set[str] = set()  # the devices of the records in the file's history
         #: late keys written, oldest first; the newest :data:`edge.outbox.LATE_KEYS_MAX` are kept
         #: (a replay repeats only recent results; a device whose cloud is often away would
         #: otherwise hold every late key of its life in memory)
@@ -205,6 +206,8 @@ class JsonlSink:
                 continue  # a line torn by a crash
             if not isinstance(rec, dict):
                 continue
+            if isinstance(rec.get("device"), str):
+                self.devices.add(rec["device"])
             seq = rec.get("frame_seq", -1)
             if isinstance(seq, int) and 0 <= seq < 1 << 64:  # (a uint64 on the wire; larger: damage)
                 self.last_epoch = max(self.last_epoch, seq >> 32)
@@ -735,6 +738,10 @@ class Sinks:
         """The newest run whose keys a sink remembers (-1: none): the next run must count
         from above it, or the sink would drop that run's late answers as repeats."""
         return max([s.last_epoch for s in self.sinks if isinstance(s, (JsonlSink, MqttSink))], default=-1)
+
+    def devices(self) -> Set[str]:
+        """The devices of the records the JSON Lines sink's history holds."""
+        return set().union(*[s.devices for s in self.sinks if isinstance(s, JsonlSink)])
 
     def close(self) -> None:
         for s in self.sinks:

@@ -1123,6 +1123,12 @@ class Spool:
             keys = [r[0] for r in self._db.execute("SELECT key FROM items")]
         return max((epoch_of_key(k) for k in keys), default=-1)
 
+    def devices(self) -> Set[str]:
+        """The devices whose escalations the spool holds (the first part of each key, ``device/stream/seq``)."""
+        with self._lock, self._guarded("read failed"):
+            keys = [r[0] for r in self._db.execute("SELECT key FROM items")]
+        return {str(k).split("/", 1)[0] for k in keys}
+
     def __len__(self) -> int:
         return self._depth
 

@@ -594,3 +594,37 @@ def test_a_sighup_without_a_policy_says_it_reloads_nothing(tmp_path, tiny_model,
     said = [r for r in caplog.records if "SIGHUP" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
     assert "restart the daemon to apply a change to it" in said[0].getMessage()
+
+
+def test_a_device_renamed_by_the_default_device_id_is_warned_about(tmp_path, tiny_model, caplog, monkeypatch):
+    """Daemons before 2026-12-01 defaulted device_id to ``edge-0``; since then an empty one is the
+    serial number. An upgraded device whose edge.yaml never set it came back under another id
+    (its MQTT topics, frame keys and gateway token) while its spool and records were edge-0's,
+    and the start said only "device id <serial> (default: ...)" at INFO."""
+    import logging
+
+    import edge.preflight
+    from edge.records import idempotency_key
+    from edge.spool import Spool
+    from tests.edge.helpers import frame_record
+
+    monkeypatch.setattr(edge.preflight, "default_device_id", lambda *a, **k: ("nx-0423", "serial number"))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("p", {"s": "never"}))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 20, max_age_s=3600)  # as the old daemon left them
+    spool.put(idempotency_key("edge-0", "s", 7), b"x", {})
+    spool.close()
+    (tmp_path / "out.jsonl").write_bytes(frame_record("s", 6, device="edge-0").to_json() + b"\n")
+    tree = dict(policy_file=str(policy), sinks={"jsonl": str(tmp_path / "out.jsonl")})
+    streams = [{"id": "s", "kind": "synthetic", "uri": "160x120", "max_frames": 2}]
+
+    def warned(device_id: str):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="edge.daemon"):
+            assert asyncio.run(_daemon(tmp_path, tiny_model, streams, device_id=device_id, **tree).run()) == 0
+        return [r.getMessage() for r in caplog.records if "device_id is not set" in r.getMessage()]
+
+    said = warned("")
+    assert len(said) == 1 and "'nx-0423'" in said[0] and "'edge-0'" in said[0], said
+    assert "set device_id: edge-0 in edge.yaml" in said[0]
+    assert warned("nx-0423") == []  # an id set is the operator's choice: nothing to say
