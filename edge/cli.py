@@ -76,14 +76,9 @@ def register(subparsers: Any) -> None:
     chk.set_defaults(func=_check_policy, accuracy=None)
 
 
-#: taken away from every file and folder the daemon makes: the spool holds camera frames, the
-#: records what they show; nothing of it is for other users (a umask of 000, say a container's
-#: or a shell's, made them world-readable). A stricter umask stays as it is.
-STATE_UMASK = 0o027
-
-
 def _run(args: argparse.Namespace) -> int:
     from edge.daemon import run_daemon
+    from edge.preflight import STATE_UMASK
     os.umask(os.umask(0) | STATE_UMASK)
     return run_daemon(settings_from_args(args, SCHEMA))
 

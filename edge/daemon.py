@@ -35,7 +35,7 @@ from edge.metrics import EdgeMetrics, MetricsServer
 from edge.outbox import Outbox, this_host
 from edge.outbox_salvage import open_outbox
 from edge.pipeline import Pipeline
-from edge.preflight import identity_warning, opens_spool, preflight
+from edge.preflight import identity_warning, opens_spool, preflight, tighten_state_files
 from edge.records import FrameRecord
 from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings, default_transport, mqtt_outbox_path, policy_fit
@@ -386,6 +386,8 @@ class EdgeDaemon:
         for line in preflight(s):  # device id, writable state folders: one-line errors
             log.info("%s", line)
         self.instance_lock.acquire()  # before anything of the state folder is touched
+        for line in tighten_state_files(s):
+            log.warning("%s", line)
         policy = None
         if s.policy_file:
             from edgewise.policy.holding import PolicyHolder

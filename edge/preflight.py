@@ -162,6 +162,51 @@ def check_folder_owner(setting: str, path: str, folder: str) -> None:
         "give the daemon a folder of its own (Jetson: /var/lib/edgewise) or set " + setting)
 
 
+#: taken away from every file and folder the daemon makes (``edge run`` sets its umask with it):
+#: the spool holds camera frames, the records what they show; nothing of it is for other users
+#: (a umask of 000, say a container's or a shell's, made them world-readable). A stricter umask
+#: stays as it is.
+STATE_UMASK = 0o027
+
+
+def tighten_state_files(s: EdgeSettings) -> List[str]:
+    """Take ``STATE_UMASK`` away from the modes of the state files this user owns (the spool and
+    the outbox with their ``-wal``/``-shm``, the start count, the lock, the records and their
+    rotated files), as a file the daemon makes now gets. Daemons before 2026-12-05 did not: an
+    upgraded device went on spooling camera frames into a 0644 spool. The lines to log."""
+    from edge.instancelock import SUFFIX as LOCK_SUFFIX
+    from edge.rotation import rotated_files
+
+    paths = [s.spool.path + ".epoch", s.spool.path + LOCK_SUFFIX]
+    for setting, path in state_files(s):
+        if setting == "sinks.jsonl":
+            paths += [path] + rotated_files(path)
+        else:
+            paths += [path, path + "-wal", path + "-shm"]
+    done, failed = [], []
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or not mode & STATE_UMASK:
+            continue
+        try:
+            os.chmod(path, mode & ~STATE_UMASK)
+            done.append(f"{path} {mode:04o}")
+        except OSError as exc:
+            failed.append(f"{path} ({exc.strerror or exc})")
+    lines = []
+    if done:
+        lines.append(f"state files other users could read or write, made by an older edgewise or under a looser umask, "
+                     f"lose those rights now (at most 0640, as new ones): {', '.join(done)}")
+    if failed:
+        lines.append(f"state files other users can read or write, and their mode cannot be changed: "
+                     f"{', '.join(failed)}; run chmod o-rwx,g-w on them")
+    return lines
+
+
 def check_state_dirs(s: EdgeSettings, create: bool = True) -> None:
     for setting, path in state_files(s):
         check_writable(setting, path, create)

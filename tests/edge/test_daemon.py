@@ -628,3 +628,32 @@ def test_a_device_renamed_by_the_default_device_id_is_warned_about(tmp_path, tin
     assert len(said) == 1 and "'nx-0423'" in said[0] and "'edge-0'" in said[0], said
     assert "set device_id: edge-0 in edge.yaml" in said[0]
     assert warned("nx-0423") == []  # an id set is the operator's choice: nothing to say
+
+
+def test_state_files_an_older_daemon_left_readable_by_others_lose_those_rights(tmp_path, tiny_model, caplog):
+    """Daemons before 2026-12-05 did not take 027 away from their umask: their spool (camera
+    frames) was 0644, their records 0644 or 0666. An upgraded daemon went on writing into those
+    files as they were, while a fresh install's are 0640."""
+    import logging
+    import stat
+
+    from edge.spool import Spool
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("p", {"s": "never"}))
+    Spool(tmp_path / "spool.db", max_bytes=1 << 20, max_age_s=3600).close()
+    records = tmp_path / "out.jsonl"
+    records.write_text("")
+    rotated = tmp_path / "out.jsonl.20261130T120000Z.gz"  # rotated by an older daemon
+    rotated.write_bytes(b"")
+    mine = [tmp_path / "spool.db", records, rotated]  # (the start count is written anew at each start)
+    for f, mode in zip(mine, (0o644, 0o666, 0o644)):
+        os.chmod(f, mode)
+    streams = [{"id": "s", "kind": "synthetic", "uri": "160x120", "max_frames": 2}]
+    with caplog.at_level(logging.WARNING, logger="edge.daemon"):
+        d = _daemon(tmp_path, tiny_model, streams, policy_file=str(policy), sinks={"jsonl": str(records)})
+        assert asyncio.run(d.run()) == 0
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in mine}
+    assert modes == {"spool.db": 0o640, "out.jsonl": 0o640, rotated.name: 0o640}, modes
+    said = [r.getMessage() for r in caplog.records if "lose those rights" in r.getMessage()]
+    assert len(said) == 1 and f"{records} 0666" in said[0], said
