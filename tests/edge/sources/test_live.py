@@ -269,8 +269,8 @@ def test_host_port_of_a_camera_url(uri, want) -> None:
 def test_a_failed_open_says_whether_anything_answers() -> None:
     """`cannot open rtsp source` read the same for a dead camera, a wrong port and a wrong
     path; one TCP connect now tells them apart (real sockets: a closed port, a listener)."""
-    from edge.sources.base import SourceError
     from edge.sources.answers import why_unopened
+    from edge.sources.base import SourceError
     from tests.conftest import free_port
     from tests.listener import Listener
 
@@ -295,8 +295,8 @@ def test_a_hung_camera_is_not_blamed_on_the_path_or_the_credentials() -> None:
     """A camera that worked and then hung (TCP accepts, nothing answers) read "answers, but
     the stream did not open: check the path and the credentials". An open that took its whole
     time limit now says the camera did not answer within it."""
-    from edge.sources.base import SourceError
     from edge.sources.answers import why_unopened
+    from edge.sources.base import SourceError
     from tests.listener import Listener
 
     class Hung(Listener):
