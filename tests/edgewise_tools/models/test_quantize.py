@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -636,3 +638,13 @@ def test_the_agreement_is_measured_at_the_models_own_threshold(tiny_model, photo
     assert report.conf_thres == 0.6 and "at conf 0.6" in report.summary()
     assert quantize(model, photos, samples=4, holdout=2, conf_thres=0.3,
                     out_path=tmp_path / "q2.onnx").conf_thres == 0.3
+
+
+def test_quantize_names_a_bad_output_before_it_reads_the_calibration_source(tmp_path):
+    """Calibration takes minutes; `-o` naming a folder must fail first (the source here does not
+    even exist, so an error about it would mean the order is wrong)."""
+    r = subprocess.run([sys.executable, "-m", "edgewise", "model", "quantize", "models/camera/edge.onnx",
+                        "--calib", str(tmp_path / "missing"), "-o", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert f"-o {tmp_path}: is a folder" in r.stderr and "missing" not in r.stderr
