@@ -43,7 +43,8 @@ a replay does not read are cut out of the line before it is decoded (:func:`pars
 decoding is most of a replay's time); a line the cut does not fit is decoded
 whole. What cannot be used is counted in :class:`Reading`, never silently lost:
 lines that are not JSON objects (a line torn by a crash), lines longer than any record
-(:data:`MAX_LINE`: read on in pieces, so memory never grows with a line), records without
+(:data:`MAX_LINE`: read on in pieces, so memory never grows with a line; past
+:data:`MAX_LINE_RUN` the file is given up), records without
 ``stream``/``frame_seq``/``signals``, records with a field a replay reads of
 another type than docs/records.md gives it (:data:`FIELD_TYPES`), records with a
 number a replay cannot compute with (NaN, an infinity, or beyond +-2**53, a size or count
@@ -102,6 +103,14 @@ HEAD_LINES = 100
 #: (:attr:`Reading.too_long`), so a replay's memory does not grow with a line (a 64 MB one took
 #: 260 MB, an endless one all of it, then a MemoryError traceback).
 MAX_LINE = 1 << 20
+#: The longest line read on past :data:`MAX_LINE` before the file is given up: a records file
+#: has no line of 64 MiB, and an endless one (``/dev/zero``, a device) would hold the replay
+#: for ever. The records before it are used, and the note names the file (:class:`NoLineEnd`).
+MAX_LINE_RUN = 64 * MAX_LINE
+
+
+class NoLineEnd(OSError):
+    """A line runs past :data:`MAX_LINE_RUN` without a line end: the file is not read on."""
 #: What :func:`_lines` gives for a line longer than :data:`MAX_LINE`: no JSON, told by identity.
 #: Not one character: CPython shares one object per one-character string, so a last line of
 #: just a NUL was counted as too long (found by a probe).
@@ -251,7 +260,8 @@ class Reading:
 
 def _lines(text: IO[str]) -> Iterator[str]:
     """The lines of ``text``, each at most :data:`MAX_LINE` characters: a longer one is read on
-    to its end in pieces that are dropped, and given as :data:`TOO_LONG`."""
+    to its end in pieces that are dropped, and given as :data:`TOO_LONG`; one longer than
+    :data:`MAX_LINE_RUN` raises :class:`NoLineEnd`."""
     readline = text.readline
     while True:
         line = readline(MAX_LINE)
@@ -260,8 +270,13 @@ def _lines(text: IO[str]) -> Iterator[str]:
                 return
             yield line
             continue
+        run = len(line)
         while line and line[-1] != "\n":  # the rest of the line, a piece at a time
+            if run >= MAX_LINE_RUN:
+                raise NoLineEnd(f"a line of over {MAX_LINE_RUN >> 20} MiB without a line end: not a records "
+                                "file")
             line = readline(MAX_LINE)
+            run += len(line)
         yield TOO_LONG
 
 

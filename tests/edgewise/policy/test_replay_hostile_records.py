@@ -21,7 +21,14 @@ import pytest
 
 import edgewise
 from edgewise.errors import InvalidInputError
-from edgewise.policy.recorded import BOUNDED_FIELDS, MAX_LINE, Reading, bad_value, frames
+from edgewise.policy.recorded import (
+    BOUNDED_FIELDS,
+    MAX_LINE,
+    MAX_LINE_RUN,
+    Reading,
+    bad_value,
+    frames,
+)
 from edgewise.policy.replay import replay
 from edgewise.policy.whatif import gate_failures, table
 from tests.edgewise.policy.test_replay import (
@@ -384,3 +391,19 @@ def test_a_line_longer_than_any_record_is_skipped_in_pieces_and_said(tmp_path: P
     junk.write_bytes(b"x" * (MAX_LINE + 1))
     with pytest.raises(InvalidInputError, match=rf"none of the 1 line\(s\) is a usable frame record \(1 longer than {MAX_LINE:,} characters\)"):
         replay([str(junk)], LAX)
+
+
+def test_a_line_without_end_gives_the_file_up_after_the_records_before_it(tmp_path: Path) -> None:
+    """``--replay /dev/zero`` read for ever (one endless line, read on in pieces): a line past
+    MAX_LINE_RUN gives its file up, the records before it are used and the note says why."""
+    recs = daemon_records(LAX, WAVE[:20])
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(lines_of(recs[:10]) + b"\0" * (MAX_LINE_RUN + MAX_LINE) + b"\n" + lines_of(recs[10:]))
+    reading = Reading()
+    assert len(list(frames([str(path)], reading))) == 10
+    assert reading.cut_short == [f"{path}: cannot read past line 10 (a line of over 64 MiB without a line end: not a "
+                                 "records file); the records before it are used"]
+    proc = check_policy(tmp_path, ["/dev/zero"], timeout=60.0)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "Traceback" not in err
+    assert "/dev/zero: no records (/dev/zero: cannot be read (NoLineEnd: a line of over 64 MiB without a line end" in err
