@@ -20,6 +20,9 @@ TORCHSCRIPT_MAX_OPSET = 20
 DYNAMO_MAX_OPSET = 23
 #: Architectures ``build_onnx`` knows (YOLOv5 v7.0 depth/width multiples).
 ARCHITECTURES = ("yolov5n", "yolov5s", "yolov5m", "yolov5l", "yolov5x")
+#: The most classes ``build`` takes: more than any detection dataset has (LVIS: 1,203), and the
+#: head grows with them (a class adds 3 x (320 + 640 + 1280) weights to a YOLOv5x head).
+MAX_CLASSES = 10_000
 
 
 def build_onnx(
@@ -51,8 +54,9 @@ def build_onnx(
             f"--imgsz {imgsz}: must be a multiple of 32 (the largest stride) in 32..{MAX_INPUT_SIDE} (what every "
             "loader takes)"
         )
-    if int(nc) < 1:
-        raise InvalidInputError(f"--classes {nc}: need at least one class")
+    if not 1 <= int(nc) <= MAX_CLASSES:
+        raise InvalidInputError(f"--classes {nc}: need 1..{MAX_CLASSES} classes (the head grows with them: "
+                                f"{MAX_CLASSES} make a YOLOv5x head of about 270 MB)")
     if names is not None and len(names) != nc:
         raise InvalidInputError(f"--names: {len(names)} names given for {nc} classes")
     if int(opset) < (18 if dynamo else 11):

@@ -113,6 +113,10 @@ def test_bad_inputs_exit_2_with_message(tmp_path, capsys):
         == 2
     )
     assert "--imgsz 100: must be a multiple of 32 (the largest stride) in 32..8192" in capsys.readouterr().err
+    for classes in ("0", "10001", "100000000"):  # 100 million was a traceback allocating 77 GB
+        out = tmp_path / f"c{classes}.onnx"
+        assert main(["model", "build", "--arch", "yolov5n", "--imgsz", "64", "--classes", classes, "-o", str(out)]) == 2
+        assert f"--classes {classes}: need 1..10000 classes" in capsys.readouterr().err and not out.exists()
 
 
 def test_engine_needs_tensorrt(tiny_model, capsys):
