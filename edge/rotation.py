@@ -62,12 +62,17 @@ def rotated_files(path: str) -> List[str]:
     return [f for _, _, f in sorted(found, reverse=True)]
 
 
+#: Rotated names stay before year 9999: a name continues one microsecond after the newest, and
+#: one after ``99991231T235959.999999Z`` would need a fifth year digit, which ``_SUFFIX`` and
+#: ``strptime`` do not read (those files were never pruned).
+_LAST_US = calendar.timegm((9999, 1, 1, 0, 0, 0)) * 1_000_000
+
+
 def _is_time(stamp: str) -> bool:
     try:
-        _stamp_us(stamp)
+        return _stamp_us(stamp) < _LAST_US
     except ValueError:
         return False
-    return True
 
 
 def _stamp_us(stamp: str) -> int:

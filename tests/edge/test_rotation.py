@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from edge import rotation as R
 from edge.sinks import JsonlSink, Sinks
 from tests.edge.helpers import frame_record
@@ -253,12 +255,14 @@ def test_links_named_like_rotated_files_are_never_followed(tmp_path: Path) -> No
     assert not (tmp_path / (read_link.name + ".gz")).exists()
 
 
-def test_a_file_named_like_a_rotated_one_with_no_real_time_is_left_alone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stamp", ["20261399T000000.000000Z", "99991231T235959.999999Z"])
+def test_a_file_named_like_a_rotated_one_with_no_real_time_is_left_alone(tmp_path: Path, stamp: str) -> None:
     """``<path>.20261399T000000.000000Z`` (month 13, day 99: a hand-made name) matched the pattern
     of rotated names, and reading its time raised ValueError at every rotation: the sink lost
-    each record past ``jsonl_max_bytes`` (not even held, as a full disk's are)."""
+    each record past ``jsonl_max_bytes`` (not even held, as a full disk's are). One at the last
+    microsecond of year 9999 made the next names' year 10000, which are never read or pruned."""
     path = tmp_path / "det.jsonl"
-    stray = tmp_path / "det.jsonl.20261399T000000.000000Z"
+    stray = tmp_path / f"det.jsonl.{stamp}"
     stray.write_text("kept by hand\n")
     size = record_size(tmp_path)
     sinks = Sinks([JsonlSink(str(path), max_bytes=3 * size, keep=2)])
