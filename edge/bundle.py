@@ -39,6 +39,7 @@ from edge.settings import ModelSettings
 from edgewise import __version__
 from edgewise.errors import InvalidInputError, ModelError
 from edgewise.outputs import check_output_folder
+from edgewise.policy.loading import parse_policy, read_policy_bytes
 from edgewise.runtime.metadata import ModelInfo, find_sidecar, load_model_info
 from edgewise.runtime.opsets import model_problems
 
@@ -89,7 +90,8 @@ class BundleResult:
 
 
 def check_options(opts: BundleOptions) -> None:
-    """Raise InvalidInputError (ConfigError for ``-o``) naming the option that cannot work."""
+    """Raise InvalidInputError (ConfigError for ``-o`` and a policy the daemon would refuse) naming
+    the option that cannot work."""
     if opts.target not in TARGETS:
         raise InvalidInputError(f"--target {opts.target!r} is not supported; use one of {sorted(TARGETS)}")
     if opts.jetpack not in TARGETS[opts.target]:
@@ -100,6 +102,7 @@ def check_options(opts: BundleOptions) -> None:
     for flag, path in (("--model", opts.model), ("--edge-config", opts.edge_config), ("--policy", opts.policy)):
         if not Path(path).is_file():
             raise InvalidInputError(f"{flag} {path}: file not found")
+    parse_policy(read_policy_bytes(opts.policy, regular_only=True), str(opts.policy), learned_model=False)
     backend = shipped_backend(Path(opts.edge_config))
     problems = model_problems(_model_info(Path(opts.model)), tensorrt=backend != "onnxruntime")
     if problems:

@@ -155,8 +155,10 @@ def _check(obj: Any, items: Dict[str, Tuple[yaml.Node, yaml.Node]], path: str, c
         )
 
 
-def parse_policy(text: Union[str, bytes], source_name: str = "<policy>") -> Policy:
+def parse_policy(text: Union[str, bytes], source_name: str = "<policy>", learned_model: bool = True) -> Policy:
     """Validate policy YAML ``text``; ``source_name`` is used in error messages.
+    ``learned_model=False`` leaves ``spec.signals.learnedModel`` unread (a file that may exist
+    on the device only: ``edgewise edge bundle`` checks a policy it ships on another machine).
 
     Raises :class:`~edgewise.errors.ConfigError` naming file, line, key path,
     the bad value and the allowed values, and nothing else: whatever else goes
@@ -165,10 +167,10 @@ def parse_policy(text: Union[str, bytes], source_name: str = "<policy>") -> Poli
     so a hot reload can refuse the file and keep the old policy.
     """
     with yamlnodes.guarded(source_name, "policy"):
-        return _parse_policy(text, source_name)
+        return _parse_policy(text, source_name, learned_model)
 
 
-def _parse_policy(text: Union[str, bytes], source_name: str) -> Policy:
+def _parse_policy(text: Union[str, bytes], source_name: str, learned_model: bool) -> Policy:
     if isinstance(text, bytes):
         text = yamlnodes.decode(text, source_name, "policy")
     root, loader = yamlnodes.compose(text, source_name)
@@ -183,7 +185,7 @@ def _parse_policy(text: Union[str, bytes], source_name: str) -> Policy:
     finally:
         loader.dispose()
     learned = None
-    if policy.spec.signals.learned_model:
+    if policy.spec.signals.learned_model and learned_model:
         # relative to the policy file's folder (the working directory for text without a file)
         model = Path(policy.spec.signals.learned_model)
         if not model.is_absolute() and not source_name.startswith("<"):

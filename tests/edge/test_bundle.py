@@ -375,6 +375,22 @@ def test_bad_options(tmp_path, tiny_model, kwargs, message) -> None:
         B.bundle(opts)
 
 
+def test_a_policy_the_daemon_would_refuse_is_not_shipped(tmp_path, tiny_model) -> None:
+    """``--policy`` shipped any file (a README, a policy of another kind) as the device's
+    /etc/edgewise/policy.yaml, which its daemon then refused at the first start. A learnedModel
+    is not read: it may exist on the device only."""
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(B.DEFAULT_POLICY.read_text().replace("kind: EscalationPolicy", "kind: Nope"))
+    with pytest.raises(InvalidInputError, match=rf"{wrong}:\d+: kind: 'Nope' is not allowed"):
+        B.check_options(B.BundleOptions(out_dir=tmp_path / "dist", model=tiny_model, policy=wrong))
+    assert not (tmp_path / "dist").exists()
+    on_device = tmp_path / "on-device.yaml"
+    text = B.DEFAULT_POLICY.read_text()
+    assert "  signals:\n" in text
+    on_device.write_text(text.replace("  signals:\n", "  signals:\n    learnedModel: /var/lib/edgewise/gain.json\n", 1))
+    B.check_options(B.BundleOptions(out_dir=tmp_path / "dist", model=tiny_model, policy=on_device))
+
+
 def test_an_output_that_is_a_file_is_refused_before_anything_is_built(tmp_path, tiny_model, capsys) -> None:
     """-o naming a file was a FileExistsError traceback from mkdir (after the options were checked)."""
     from edgewise.cli import main
