@@ -54,7 +54,10 @@ def load_server_files(cert_file: str, key_file: str, client_ca_file: str = "") -
         raise ConfigError(f"tls: tls.cert_file {cert_file} and tls.key_file {key_file}: {why}") from None
     if ca is not None:
         try:
-            ssl.create_default_context(cadata=ca.decode("ascii", "replace"))
+            # not create_default_context(cadata=...): an empty file (one an in-place write has just
+            # emptied, an empty Secret key) is falsy there, loads the system's CAs instead and
+            # passes, and gRPC then served mutual TLS trusting no device at all
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=ca.decode("ascii", "replace"))
         except (ssl.SSLError, ValueError) as exc:
             raise ConfigError(f"tls: tls.client_ca_file {client_ca_file}: not a PEM CA bundle ({exc})") from None
     try:

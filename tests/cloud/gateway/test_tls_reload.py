@@ -252,6 +252,51 @@ def test_a_rotated_client_ca_is_honored_for_new_connections(tmp_path, caplog):
     assert len(served) == 1 and f"tls.client_ca_file {vol.root / 'ca.crt'}" in served[0], served
 
 
+def test_an_emptied_client_ca_bundle_is_refused_at_start_and_at_a_reload(tmp_path, caplog, fast_looks):
+    """An editor writing the devices' CA bundle in place empties it first: ``ssl`` took the empty
+    file (it then loads the system's CAs instead), and gRPC served mutual TLS trusting no device,
+    every device refused until the file was written again (or, at start, for ever, without a word)."""
+    pki = _pki(tmp_path / "pki")
+    pki.issue("server", "gateway", SERVER_SAN)
+    pki.issue("cam", "cam-1")
+    server_ca = (pki.d / "ca.pem").read_bytes()
+    client_ca = tmp_path / "ca.crt"
+    client_ca.write_bytes(b"")
+    tls = {"tls.cert_file": pki.path("server.pem"), "tls.key_file": pki.path("server.key"),
+           "tls.client_ca_file": str(client_ca), "tls.require_client_cert": True}
+    caplog.set_level(logging.INFO, logger="edgewise.gateway")
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        try:
+            try:
+                await (await gateway(w, **tls)).stop(0)
+                problem = "the gateway started"
+            except ConfigError as exc:
+                problem = str(exc)
+            assert f"tls.client_ca_file {client_ca}: not a PEM CA bundle" in problem, problem
+            client_ca.write_bytes(server_ca)
+            gw = await gateway(w, **tls)
+            try:
+                assert await detect(gw.port, server_ca, pki.read("cam")) == "OK"
+                client_ca.write_bytes(b"")  # the truncation of an in-place write
+                async def refused() -> bool:
+                    await detect(gw.port, server_ca, pki.read("cam"))  # a new connection: gRPC asks for the files
+                    return bool(messages(caplog, "but were not put in force", logging.ERROR))
+                await async_wait_until(refused, 10, "the emptied bundle refused")
+                assert [await detect(gw.port, server_ca, pki.read("cam")) for _ in range(3)] == ["OK"] * 3
+            finally:
+                await gw.stop(0)
+        finally:
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert not messages(caplog, "TLS files changed: serving the new certificate")
+    refusals = messages(caplog, "but were not put in force", logging.ERROR)
+    assert len(refusals) == 1 and f"tls.client_ca_file {client_ca}: not a PEM CA bundle" in refusals[0], refusals
+
+
 # --------------------------------------------------------------------------- the decision, pure
 
 def _files(name: str) -> ServerFiles:
