@@ -708,7 +708,11 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
         if later:
             log.warning("SIGHUP: %s changed, which a reload does not apply (it applies %s); the values the gateway "
                         "started with stay until a restart", ", ".join(later), ", ".join(RELOADED_ON_SIGHUP))
-        gw.reload_workers(fresh.discovery.static)
+        if fresh.discovery.kind == settings.discovery.kind:
+            gw.reload_workers(fresh.discovery.static)
+        else:  # the static list of a settings file moved to dns or kubernetes is empty: it emptied the pool
+            log.warning("SIGHUP: discovery.kind is now %s but stays %s until a restart, so the workers in force "
+                        "stay too (discovery.static is not applied)", fresh.discovery.kind, settings.discovery.kind)
         gw.reload_tokens(tokens, fresh, seen)
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)

@@ -776,6 +776,41 @@ def test_a_sighup_with_a_bad_worker_list_keeps_the_workers_and_says_so(tmp_path,
         run(main())
 
 
+def test_a_sighup_after_discovery_moved_to_dns_keeps_the_static_workers_in_force(tmp_path, caplog):
+    """The settings file of a static gateway switched to DNS discovery for the next restart (its
+    static list removed), then a SIGHUP, to rotate a token say: the WARNING said the change of
+    discovery.kind waits for a restart, but the static discovery in force took the now empty
+    list, "worker list reloaded: 0 workers", and every escalation was UNAVAILABLE until a restart."""
+    import logging
+    import os
+    import signal
+
+    config = tmp_path / "gateway.yaml"
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        config.write_text(f"listen: 127.0.0.1:0\nmetrics_port: -1\ndiscovery:\n  static: ['{w.address}']\n")
+        try:
+            task, gw = await serving(load_settings(config, {}, env={}), lambda: load_settings(config, {}, env={}))
+            config.write_text("listen: 127.0.0.1:0\nmetrics_port: -1\n"
+                              "discovery:\n  kind: dns\n  dns: {name: workers.example, port: 50052}\n")
+            os.kill(os.getpid(), signal.SIGHUP)
+            await async_wait_until(lambda: "device tokens reloaded" in caplog.text, 10, "the reload")
+            assert "discovery.kind is now dns but stays static until a restart" in caplog.text, caplog.text
+            assert "worker list reloaded" not in caplog.text, caplog.text
+            assert set(gw.pool.balancer.endpoints) == {w.address}
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                assert (await _detect(service_pb2_grpc.EscalationStub(ch), request()))[0] == "OK"
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(task, 30)
+        finally:
+            await w.stop()
+
+    with caplog.at_level(logging.INFO):
+        run(main())
+
+
 def test_a_deadline_message_says_how_far_the_request_got():
     from cloud.gateway.pool import _attempts
 
