@@ -9,7 +9,7 @@ and, before each connection attempt (paho's ``on_pre_connect``, paho 2.0 and lat
 its files with ``edgewise.filewatch.ReloadDecision``; when they changed it loads them into a new
 context (:func:`client_context`) that the followed one hands the connections to from then on.
 
-Only the standard ``ssl`` module: no paho import here (paho is installed only with the MQTT ends).
+Only the standard ``ssl`` module (the gateway's server files use :class:`NoPassphrase` too): no paho import here (paho is installed only with the MQTT ends).
 """
 
 from __future__ import annotations
@@ -21,10 +21,19 @@ from typing import Optional, Tuple, Union
 from edgewise.errors import ConfigError
 
 
-def _no_passphrase() -> bytes:
-    """An encrypted client key is refused (there is no passphrase setting), never prompted for on
-    a terminal: OpenSSL's prompt would hold paho's network thread."""
-    return b""
+class NoPassphrase:
+    """The ``password`` of a ``load_cert_chain``: an encrypted key is refused (there is no
+    passphrase setting), never prompted for. Without it OpenSSL asks the terminal ("Enter PEM pass
+    phrase:") and holds the thread that loads (paho's network thread, the gRPC thread asking the
+    gateway for its certificate) until someone types; without a terminal the load fails with
+    ``OSError: [Errno 22]``, not an ``ssl.SSLError``. ``asked``: the key was encrypted."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def __call__(self) -> bytes:
+        self.asked = True
+        return b""
 
 
 def client_context(ca_file: str, cert_file: str, key_file: str,
@@ -42,7 +51,7 @@ def client_context(ca_file: str, cert_file: str, key_file: str,
     if cert_file:
         pair = f"{cert_setting} {cert_file}" + (f" and {key_setting} {key_file}" if key_file else "")
         try:
-            ctx.load_cert_chain(cert_file, key_file or None, password=_no_passphrase)
+            ctx.load_cert_chain(cert_file, key_file or None, password=NoPassphrase())
         except ssl.SSLError as exc:
             why = ("the key does not belong to the certificate" if "KEY_VALUES_MISMATCH" in str(exc)
                    else f"not a PEM certificate and unencrypted private key ({exc.reason or exc})")

@@ -18,6 +18,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgewise.clienttls import NoPassphrase
 from edgewise.errors import ConfigError
 
 
@@ -46,11 +47,14 @@ def load_server_files(cert_file: str, key_file: str, client_ca_file: str = "") -
         ca = Path(client_ca_file).read_bytes() if client_ca_file else None
     except OSError as exc:
         raise ConfigError(f"tls: cannot read a certificate/key file: {exc}") from None
+    asked = NoPassphrase()  # an encrypted key: never a prompt on the terminal, in gRPC's thread at a reload
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file, password=asked)
     except ssl.SSLError as exc:
-        why = "the key does not belong to the certificate" if "KEY_VALUES_MISMATCH" in str(exc) \
-            else f"not a PEM certificate and private key ({exc.reason or exc})"
+        why = ("the key is encrypted; the gateway has no passphrase setting: give it the key unencrypted, "
+               "readable only by the gateway" if asked.asked
+               else "the key does not belong to the certificate" if "KEY_VALUES_MISMATCH" in str(exc)
+               else f"not a PEM certificate and private key ({exc.reason or exc})")
         raise ConfigError(f"tls: tls.cert_file {cert_file} and tls.key_file {key_file}: {why}") from None
     if ca is not None:
         try:

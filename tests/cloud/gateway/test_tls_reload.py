@@ -29,7 +29,7 @@ from cloud.gateway.tlsreload import ServedTlsFiles
 from edgewise.errors import ConfigError
 from edgewise.filewatch import NOTHING, ReloadDecision
 from edgewise.v1 import service_pb2_grpc
-from tests.cloud.gateway.pki import Pki
+from tests.cloud.gateway.pki import Pki, openssl
 from tests.cloud.gateway.workers import TestWorker, request
 from tests.secretvolume import SecretVolume
 from tests.waiting import async_wait_until
@@ -295,6 +295,50 @@ def test_an_emptied_client_ca_bundle_is_refused_at_start_and_at_a_reload(tmp_pat
     assert not messages(caplog, "TLS files changed: serving the new certificate")
     refusals = messages(caplog, "but were not put in force", logging.ERROR)
     assert len(refusals) == 1 and f"tls.client_ca_file {client_ca}: not a PEM CA bundle" in refusals[0], refusals
+
+
+def test_an_encrypted_key_is_refused_at_start_and_at_a_reload_never_prompted_for(tmp_path, caplog, fast_looks):
+    """An encrypted key (there is no passphrase setting): OpenSSL asked the terminal for its
+    passphrase, holding the start, or at a reload the gRPC thread asking for the certificate,
+    until someone typed; without a terminal the load ended in ``OSError: [Errno 22]``, no
+    ConfigError: a traceback at start, and a traceback and a new try every second at a reload."""
+    pki = _pki(tmp_path / "pki")
+    pki.issue("server", "gateway", SERVER_SAN)
+    openssl(pki.d, "ec", "-in", "server.key", "-aes256", "-passout", "pass:secret", "-out", "encrypted.key")
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    cert.write_bytes(pki.read("server")[1])
+    key.write_bytes((pki.d / "encrypted.key").read_bytes())
+    caplog.set_level(logging.INFO, logger="edgewise.gateway")
+    encrypted = f"tls.cert_file {cert} and tls.key_file {key}: the key is encrypted"
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        try:
+            try:
+                await (await gateway(w, **{"tls.cert_file": str(cert), "tls.key_file": str(key)})).stop(0)
+                problem = "the gateway started"
+            except ConfigError as exc:
+                problem = str(exc)
+            assert encrypted in problem, problem
+            key.write_bytes(pki.read("server")[0])
+            gw = await gateway(w, **{"tls.cert_file": str(cert), "tls.key_file": str(key)})
+            try:
+                key.write_bytes((pki.d / "encrypted.key").read_bytes())
+                async def refused() -> bool:
+                    await detect(gw.port, (pki.d / "ca.pem").read_bytes())  # a new connection: gRPC asks
+                    return bool(messages(caplog, "but were not put in force", logging.ERROR))
+                await async_wait_until(refused, 10, "the encrypted key refused")
+                assert [await detect(gw.port, (pki.d / "ca.pem").read_bytes()) for _ in range(3)] == ["OK"] * 3
+            finally:
+                await gw.stop(0)
+        finally:
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    refusals = messages(caplog, "but were not put in force", logging.ERROR)
+    assert len(refusals) == 1 and encrypted in refusals[0], refusals
+    assert not messages(caplog, "looking at the TLS files failed", logging.ERROR)
 
 
 # --------------------------------------------------------------------------- the decision, pure
