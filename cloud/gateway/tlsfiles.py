@@ -16,10 +16,10 @@ from __future__ import annotations
 import datetime as dt
 import ssl
 from dataclasses import dataclass
-from pathlib import Path
 
 from edgewise.clienttls import NoPassphrase
 from edgewise.errors import ConfigError
+from edgewise.filereads import SMALL_FILE_BYTES, read_capped
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,9 @@ class ServerFiles:
 def load_server_files(cert_file: str, key_file: str, client_ca_file: str = "") -> ServerFiles:
     """Read and cross-check the server's PEM files; ConfigError naming the files otherwise."""
     try:
-        cert = Path(cert_file).read_bytes()
-        key = Path(key_file).read_bytes()
-        ca = Path(client_ca_file).read_bytes() if client_ca_file else None
+        cert = _read(cert_file, "tls.cert_file")
+        key = _read(key_file, "tls.key_file")
+        ca = _read(client_ca_file, "tls.client_ca_file") if client_ca_file else None
     except OSError as exc:
         raise ConfigError(f"tls: cannot read a certificate/key file: {exc}") from None
     asked = NoPassphrase()  # an encrypted key: never a prompt on the terminal, in gRPC's thread at a reload
@@ -71,6 +71,20 @@ def load_server_files(cert_file: str, key_file: str, client_ca_file: str = "") -
     except (ValueError, IndexError, UnicodeDecodeError) as exc:
         raise ConfigError(f"tls: tls.cert_file {cert_file}: cannot read its validity ({exc})") from None
     return ServerFiles(cert, key, ca, not_before, not_after)
+
+
+def _read(path: str, setting: str) -> bytes:
+    """The bytes of one PEM file: a regular file of at most ``SMALL_FILE_BYTES``. A named pipe put
+    in its place blocked the read (and OpenSSL's after it) for ever: at a reload, in the gRPC
+    thread asking for the certificate, and no new connection was served again, nor did the
+    gateway stop; ``/dev/zero`` filled the memory."""
+    try:
+        data, size = read_capped(path, SMALL_FILE_BYTES, "a PEM file")
+    except ConfigError as exc:
+        raise ConfigError(f"tls: {setting} {exc}") from None
+    if size > SMALL_FILE_BYTES:
+        raise ConfigError(f"tls: {setting} {path}: holds more than {SMALL_FILE_BYTES} bytes; is this the right file?")
+    return data
 
 
 def validity(der: bytes) -> tuple[dt.datetime, dt.datetime]:

@@ -341,6 +341,45 @@ def test_an_encrypted_key_is_refused_at_start_and_at_a_reload_never_prompted_for
     assert not messages(caplog, "looking at the TLS files failed", logging.ERROR)
 
 
+def test_a_named_pipe_put_where_the_certificate_was_is_refused_without_waiting_on_it(tmp_path, caplog, fast_looks):
+    """A named pipe in place of tls.cert_file: the look read it, in the gRPC thread asking for the
+    certificate, and waited for a writer for ever; no new connection was served again (each
+    Detect ended in DEADLINE_EXCEEDED) and the gateway's stop never ended."""
+    import os
+
+    pki = _pki(tmp_path / "pki")
+    pki.issue("server", "gateway", SERVER_SAN)
+    ca = (pki.d / "ca.pem").read_bytes()
+    cert = tmp_path / "server.pem"
+    cert.write_bytes(pki.read("server")[1])
+    caplog.set_level(logging.INFO, logger="edgewise.gateway")
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        gw = await gateway(w, **{"tls.cert_file": str(cert), "tls.key_file": pki.path("server.key")})
+        try:
+            assert await detect(gw.port, ca) == "OK"
+            cert.unlink()
+            os.mkfifo(cert)
+            async def refused() -> bool:
+                await detect(gw.port, ca)  # a new connection: gRPC asks for the files
+                return bool(messages(caplog, "but were not put in force", logging.ERROR))
+            await async_wait_until(refused, 20, "the named pipe refused")
+            assert [await detect(gw.port, ca) for _ in range(3)] == ["OK"] * 3
+        finally:
+            try:  # a reader still waiting on the pipe (the old code) gets its end of file
+                os.close(os.open(cert, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+            await asyncio.wait_for(gw.stop(0), 20)
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 90))
+    refusals = messages(caplog, "but were not put in force", logging.ERROR)
+    assert len(refusals) == 1 and f"tls.cert_file {cert}: is a named pipe (FIFO)" in refusals[0], refusals
+
+
 # --------------------------------------------------------------------------- the decision, pure
 
 def _files(name: str) -> ServerFiles:
