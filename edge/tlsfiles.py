@@ -18,6 +18,7 @@ import ssl
 import time
 from typing import Any, Dict, List, Optional
 
+from edgewise.clienttls import regular_pem
 from edgewise.errors import ConfigError
 
 
@@ -42,9 +43,10 @@ def _why(exc: BaseException) -> str:
 def check_ca(path: str, setting: str) -> None:
     """``path`` holds at least one PEM certificate; ConfigError naming ``setting`` otherwise."""
     try:
-        with open(path, "rb"):
-            pass
+        regular_pem(path, setting)
         _context().load_verify_locations(cafile=path)
+    except ConfigError:  # not a regular file: said as such
+        raise
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{setting} {path}: cannot be used as a CA bundle ({_why(exc)}); give the PEM file "
                           "of the CA that signed the gateway's certificate") from None
@@ -58,8 +60,7 @@ def check_pair(cert: str, key: str, cert_setting: str, key_setting: str) -> None
     """The certificate and key load and belong together; ConfigError naming the settings."""
     for path, setting in ((cert, cert_setting), (key, key_setting)):
         try:
-            with open(path, "rb"):
-                pass
+            regular_pem(path, setting)
         except OSError as exc:
             raise ConfigError(f"{setting} {path}: {_why(exc)}") from None
     try:

@@ -19,6 +19,7 @@ import ssl
 from typing import Optional, Tuple, Union
 
 from edgewise.errors import ConfigError
+from edgewise.filereads import read_capped
 
 
 class NoPassphrase:
@@ -36,6 +37,19 @@ class NoPassphrase:
         return b""
 
 
+def regular_pem(path: str, setting: str) -> None:
+    """``path`` (named by ``setting``) opens, without waiting, as a regular file
+    (``edgewise.filereads``), else a ``ConfigError`` saying what it is. OpenSSL opens the PEM files
+    it loads by their path and reads them to the end: a named pipe put in a file's place blocked
+    that read for ever (paho's network thread, the edge's event loop, the gRPC thread of a
+    gateway's handshake), ``/dev/zero`` filled the memory. ``OSError`` (not found, a folder,
+    permission) is the caller's to word."""
+    try:
+        read_capped(path, 0, "a PEM file")
+    except ConfigError as exc:
+        raise ConfigError(f"{setting} {exc}") from None
+
+
 def client_context(ca_file: str, cert_file: str, key_file: str,
                    settings: Tuple[str, str, str] = ("ca_file", "cert_file", "key_file")) -> ssl.SSLContext:
     """A client context as paho's ``tls_set(ca_certs, certfile, keyfile)`` builds it: TLS client
@@ -51,6 +65,9 @@ def client_context(ca_file: str, cert_file: str, key_file: str,
     if cert_file:
         pair = f"{cert_setting} {cert_file}" + (f" and {key_setting} {key_file}" if key_file else "")
         try:
+            regular_pem(cert_file, cert_setting)
+            if key_file:
+                regular_pem(key_file, key_setting)
             ctx.load_cert_chain(cert_file, key_file or None, password=NoPassphrase())
         except ssl.SSLError as exc:
             why = ("the key does not belong to the certificate" if "KEY_VALUES_MISMATCH" in str(exc)
@@ -60,6 +77,7 @@ def client_context(ca_file: str, cert_file: str, key_file: str,
             raise ConfigError(f"{pair}: cannot be read ({exc.strerror or exc})") from None
     try:
         if ca_file:
+            regular_pem(ca_file, ca_setting)
             ctx.load_verify_locations(ca_file)
         else:
             ctx.load_default_certs()

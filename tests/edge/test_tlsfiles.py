@@ -13,6 +13,7 @@ from edge.settings import load_settings
 from edge.tlsfiles import certificate_warnings, check_ca, check_files, check_pair
 from edgewise.errors import ConfigError
 from tests.cloud.gateway.pki import Pki, openssl
+from tests.namedpipes import pipe_in_place
 
 
 @pytest.fixture
@@ -35,6 +36,20 @@ def test_a_usable_set_passes_without_warnings(pki: Pki):
 def test_a_ca_bundle_that_is_not_one_is_named(pki: Pki, ca, says):
     with pytest.raises(ConfigError, match=says):
         check_ca(pki.path(ca), "cloud.tls_ca")
+
+
+def test_a_named_pipe_or_a_device_is_refused_without_waiting_on_it(pki: Pki):
+    """A named pipe put where a TLS file was: the check opened it and waited for a writer for ever
+    (on the daemon's event loop at a reload); ``/dev/zero`` was read until the memory ran out."""
+    with pipe_in_place(pki.d / "renewing.pem") as fifo:
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=r"cloud.tls_ca .*renewing.pem: is a named pipe \(FIFO\)"):
+            check_ca(str(fifo), "cloud.tls_ca")
+        with pytest.raises(ConfigError, match=r"cloud.tls_key .*renewing.pem: is a named pipe \(FIFO\)"):
+            check_pair(pki.path("cam.pem"), str(fifo), "cloud.tls_cert", "cloud.tls_key")
+        with pytest.raises(ConfigError, match=r"cloud.tls_cert /dev/zero: is a device"):
+            check_pair("/dev/zero", pki.path("cam.key"), "cloud.tls_cert", "cloud.tls_key")
+        assert time.monotonic() - started < 1.5, "a check waited on the named pipe"
 
 
 def test_a_key_of_another_certificate_and_a_missing_key_are_named(pki: Pki):

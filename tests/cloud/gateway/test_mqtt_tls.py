@@ -37,6 +37,7 @@ from tests.cloud.gateway.test_gateway import run, settings_for
 from tests.cloud.gateway.test_mqtt_bridge import Edge
 from tests.cloud.gateway.workers import TestWorker, request
 from tests.conftest import Broker, configured_mosquitto, free_port
+from tests.namedpipes import pipe_in_place
 from tests.secretvolume import SecretVolume
 from tests.waiting import async_wait_until as wait_until
 
@@ -238,6 +239,16 @@ def test_files_that_cannot_be_loaded_at_start_are_one_line_naming_them(tmp_path)
         load_client_tls(str(junk), pki.path("a.pem"), pki.path("a.key"))
     with pytest.raises(ConfigError, match=r"mqtt.cert_file .*/gone.pem and mqtt.key_file .*/a.key: cannot be read"):
         load_client_tls(ca, str(tmp_path / "gone.pem"), pki.path("a.key"))
+
+
+def test_a_named_pipe_in_place_of_a_file_is_refused_without_waiting_on_it(tmp_path):
+    """OpenSSL opened a named pipe put where mqtt.ca_file was and waited for a writer for ever (at
+    a reconnect, in paho's network thread: the bridge never connected again)."""
+    pki = _pki(tmp_path / "ca")
+    pki.issue("a", "a")
+    with pipe_in_place(tmp_path / "ca.pem") as fifo:
+        with pytest.raises(ConfigError, match=r"mqtt.ca_file .*/ca.pem: is a named pipe \(FIFO\), expected a PEM file"):
+            load_client_tls(str(fifo), pki.path("a.pem"), pki.path("a.key"))
 
 
 def test_a_look_never_raises(tmp_path, caplog, monkeypatch):

@@ -31,6 +31,7 @@ from edgewise.filewatch import NOTHING, ReloadDecision
 from edgewise.v1 import service_pb2_grpc
 from tests.cloud.gateway.pki import Pki, openssl
 from tests.cloud.gateway.workers import TestWorker, request
+from tests.namedpipes import pipe_in_place
 from tests.secretvolume import SecretVolume
 from tests.waiting import async_wait_until
 
@@ -345,8 +346,6 @@ def test_a_named_pipe_put_where_the_certificate_was_is_refused_without_waiting_o
     """A named pipe in place of tls.cert_file: the look read it, in the gRPC thread asking for the
     certificate, and waited for a writer for ever; no new connection was served again (each
     Detect ended in DEADLINE_EXCEEDED) and the gateway's stop never ended."""
-    import os
-
     pki = _pki(tmp_path / "pki")
     pki.issue("server", "gateway", SERVER_SAN)
     ca = (pki.d / "ca.pem").read_bytes()
@@ -360,18 +359,13 @@ def test_a_named_pipe_put_where_the_certificate_was_is_refused_without_waiting_o
         gw = await gateway(w, **{"tls.cert_file": str(cert), "tls.key_file": pki.path("server.key")})
         try:
             assert await detect(gw.port, ca) == "OK"
-            cert.unlink()
-            os.mkfifo(cert)
-            async def refused() -> bool:
-                await detect(gw.port, ca)  # a new connection: gRPC asks for the files
-                return bool(messages(caplog, "but were not put in force", logging.ERROR))
-            await async_wait_until(refused, 20, "the named pipe refused")
-            assert [await detect(gw.port, ca) for _ in range(3)] == ["OK"] * 3
+            with pipe_in_place(cert):
+                async def refused() -> bool:
+                    await detect(gw.port, ca)  # a new connection: gRPC asks for the files
+                    return bool(messages(caplog, "but were not put in force", logging.ERROR))
+                await async_wait_until(refused, 20, "the named pipe refused")
+                assert [await detect(gw.port, ca) for _ in range(3)] == ["OK"] * 3
         finally:
-            try:  # a reader still waiting on the pipe (the old code) gets its end of file
-                os.close(os.open(cert, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
             await asyncio.wait_for(gw.stop(0), 20)
             await w.stop()
 

@@ -40,6 +40,7 @@ from tests.cloud.gateway.test_mqtt_tls import TlsBroker, running_tls_broker
 from tests.cloud.gateway.workers import TestWorker, request
 from tests.conftest import free_port
 from tests.edge.transports.test_mqtt_refusals import Responder
+from tests.namedpipes import pipe_in_place
 from tests.secretvolume import SecretVolume
 from tests.waiting import async_wait_until
 
@@ -235,6 +236,44 @@ def test_grpc_files_that_cannot_be_used_keep_the_channels_logged_once_per_change
     assert f"cloud.tls_key {key}: is not the key of cloud.tls_cert {cert}" in first, first
     assert f"cloud.tls_ca {ca}: cannot be used as a CA bundle" in second, second
     assert len(records(caplog, GRPC_LOG, logging.INFO, "TLS files changed")) == 1
+
+
+def test_grpc_a_named_pipe_put_where_the_ca_bundle_was_is_refused_without_blocking_the_loop(tmp_path, caplog):
+    """A named pipe in place of cloud.tls_ca: the look before a call opened it to check it, on the
+    daemon's event loop, and waited for a writer for ever: no escalation, no frame went on. Now
+    it is refused by name (one ERROR) and the calls go on over the channels in force."""
+    caplog.set_level(logging.INFO, logger=GRPC_LOG)
+    pki = _pki(tmp_path / "ca")
+    pki.issue("server", "gateway", SAN)
+    pki.issue("edge-a", "cam-1")
+    ca, cert, key = tmp_path / "ca.pem", tmp_path / "edge.pem", tmp_path / "edge.key"
+    ca.write_bytes((pki.d / "ca.pem").read_bytes())
+    key.write_bytes(pki.read("edge-a")[0])
+    cert.write_bytes(pki.read("edge-a")[1])
+    clock = Clock()
+
+    async def main() -> None:
+        w = TestWorker("w")
+        await w.start()
+        gw = await mtls_gateway(w, pki, pki.d / "ca.pem")
+        t = GrpcTransport([f"localhost:{gw.port}"], str(ca), str(cert), str(key), clock=clock)
+        try:
+            await t.start()
+            with pipe_in_place(ca):
+                loop = asyncio.get_running_loop()
+                for seq in range(1, 4):
+                    clock.advance()
+                    started = loop.time()
+                    assert (await t.detect(request(seq=seq), 5.0)).frame_seq == seq
+                    assert loop.time() - started < 1.5, "the call waited on the named pipe"
+        finally:
+            await t.close()
+            await gw.stop(0)
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    errors = records(caplog, GRPC_LOG, logging.ERROR, "TLS files changed")
+    assert len(errors) == 1 and f"cloud.tls_ca {ca}: is a named pipe (FIFO), expected a PEM file" in errors[0], errors
 
 
 # --------------------------------------------------------------------------- MQTT
