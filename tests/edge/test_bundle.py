@@ -242,6 +242,23 @@ def test_postinst_into_an_image_root_leaves_this_machine_alone(tmp_path) -> None
     assert "built at its first boot" in out.stdout
 
 
+
+def test_postinst_into_an_image_root_enables_the_units_without_a_dpkg_root_aware_helper(tmp_path) -> None:
+    """deb-systemd-helper reads DPKG_ROOT from init-system-helpers 1.63 on; Ubuntu 20.04 (1.57)
+    and 22.04 (1.62), the hosts L4T R35 images are built on, enable nothing in the image, and a
+    device flashed from it never started the daemon (found by a probe with dpkg --root). The
+    fake helper here logs only, as those do for the image; the links are the overlay's."""
+    root, env, log = _postinst_root(tmp_path)
+    (root / "run/systemd/system").rmdir()
+    for _ in range(2):  # configure twice: the links are made again, not doubled or broken
+        out = subprocess.run(["sh", str(ROOT / "deploy/jetson/debian/postinst"), "configure"], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    assert sorted(p.name for p in wants.iterdir()) == sorted(B.UNITS)
+    for unit in B.UNITS:
+        assert os.readlink(wants / unit) == f"/lib/systemd/system/{unit}", unit
+
 def test_overlay_paths_and_modes(built) -> None:
     with tarfile.open(built.overlay) as tar:
         members = {m.name: m for m in tar.getmembers()}
