@@ -12,7 +12,8 @@
 # differ (an upgrade with new pins, a new python3) a new environment is built beside the
 # current one (venv.new) and swapped in only once complete: a failed build (no network, a
 # wheel missing) leaves the current environment as it was and exits 1.
-# $LIB/.setup-failed is there from a failed run until one succeeds: `edgewise-edge edge run`
+# $LIB/.setup-failed is there from a failed run that leaves the environment without these pins
+# (not a failed --force rebuild of a current one) until one succeeds: `edgewise-edge edge run`
 # refuses to start on it (a daemon running when an upgrade's build failed would otherwise run
 # the new sources on the old pins at its next restart).
 #   --force   rebuild the environment even if it matches
@@ -26,7 +27,9 @@ if command -v flock >/dev/null 2>&1; then
   exec 9>"$LIB/.setup.lock"
   flock 9
 fi
-trap 'if [ $? -eq 0 ]; then rm -f "$LIB/.setup-failed"; else : > "$LIB/.setup-failed"; fi' EXIT
+# A failed --force rebuild leaves an environment that holds these pins: no note for that one.
+current=
+trap 'if [ $? -eq 0 ] || [ -n "$current" ]; then rm -f "$LIB/.setup-failed"; else : > "$LIB/.setup-failed"; fi' EXIT
 want=$(python3 - "$LIB/requirements.txt" "$LIB/constraints-jetpack51.txt" <<'PY'
 import hashlib, platform, sys
 h = hashlib.sha256()
@@ -38,8 +41,9 @@ print(h.hexdigest())
 PY
 )
 have=$(head -n 1 "$VENV/.complete" 2>/dev/null || true)
-if [ "${1:-}" != "--force" ] && [ "$have" = "$want" ] && [ -x "$VENV/bin/python3" ]; then
-  exit 0
+if [ "$have" = "$want" ] && [ -x "$VENV/bin/python3" ]; then
+  current=yes
+  [ "${1:-}" = "--force" ] || exit 0
 fi
 if [ -d "$VENV" ] && [ "${1:-}" != "--force" ]; then
   echo "edgewise-edge: the Python environment was built from other pins or another python3; building a new one"
@@ -63,6 +67,7 @@ if ! pip install -q "$@" -c "$LIB/constraints-jetpack51.txt" pip \
   rm -rf "$NEW"
   kept="there is no environment yet"
   [ -d "$VENV" ] && kept="the current environment is left as it was (the previous pins)"
+  [ -n "$current" ] && kept="the current environment, which holds these pins, is left as it was and the daemon still starts on it"
   echo "edgewise-edge: could not install the Python packages from $from (pip's error above);" \
        "$kept. Without network, build the bundle with --wheels (deploy/jetson/README.md), then run" \
        "sudo /usr/lib/edgewise-edge/setup.sh" >&2
@@ -82,6 +87,7 @@ PY
 echo "$want" > "$NEW/.complete"
 # Swap: the daemon runs `venv/bin/python3 -m edgewise`, which does not care where the
 # environment was built; the scripts pip wrote (bin/pip...) name venv.new, so fix them.
+current=  # from here the current environment is being replaced
 rm -rf "$VENV.old"
 if [ -d "$VENV" ]; then mv "$VENV" "$VENV.old"; fi
 mv "$NEW" "$VENV"

@@ -106,6 +106,23 @@ def test_setup_rebuilds_the_venv_when_the_pins_change_and_keeps_it_when_a_build_
     assert not (lib / ".setup-failed").exists()
 
 
+def test_a_failed_forced_rebuild_keeps_the_current_environment_usable(setup_root) -> None:
+    """``setup.sh --force`` (what a model whose ONNX Runtime is missing says to run) that fails
+    (no network, a wheel gone) left the failure note beside an environment holding exactly
+    these pins, so the wrapper's ``edge run`` refused to start (exit 2, no restarts) at the
+    daemon's next restart, until the next boot (found by a probe in a real chroot install)."""
+    root, lib, run = setup_root
+    assert run().returncode == 0 and _installed(lib) == "1.0"
+    (root / B.SHARE / "wheels/demo_pin-1.0-py3-none-any.whl").unlink()
+    failed = run("--force")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "which holds these pins, is left as it was" in failed.stderr, failed.stderr
+    assert "the previous pins" not in failed.stderr
+    assert not (lib / ".setup-failed").exists()  # edge run still starts on it
+    assert _installed(lib) == "1.0" and not (lib / "venv.new").exists()
+    assert run().stdout == "" and not (lib / ".setup-failed").exists()
+
+
 def test_the_setup_unit_leaves_the_decision_to_setup_sh() -> None:
     unit = (B.JETSON / "edgewise-edge-setup.service").read_text()
     assert "ConditionPathExists" not in unit and "ExecStart=/usr/lib/edgewise-edge/setup.sh" in unit
