@@ -222,14 +222,15 @@ def stage_tree(opts: BundleOptions, root: Path) -> None:
     sidecar = find_sidecar(Path(opts.model))  # names / stride / input size kept beside the model
     if sidecar is not None:  # found by the device as <model>.yaml, like here
         _copy(sidecar, root / SHARE / "models/edge.yaml", 0o644)
-    if opts.power_mode is not None or opts.jetson_clocks:
-        text = "# Read by edgewise-edge-power.service at boot.\n"
-        text += f"NVPMODEL_MODE={'' if opts.power_mode is None else opts.power_mode}\n"
-        text += f"JETSON_CLOCKS={1 if opts.jetson_clocks else 0}\n"
-        dest = root / "etc/default/edgewise-edge-power"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text)
-        os.chmod(dest, 0o644)
+    # Shipped by every build, empty without --power-mode / --jetson-clocks: a conffile a later
+    # build drops stays on the device (dpkg keeps it as obsolete) and the unit went on applying it.
+    text = "# Read by edgewise-edge-power.service at boot (empty: the device's own power mode and clocks).\n"
+    text += f"NVPMODEL_MODE={'' if opts.power_mode is None else opts.power_mode}\n"
+    text += f"JETSON_CLOCKS={1 if opts.jetson_clocks else 0}\n"
+    dest = root / "etc/default/edgewise-edge-power"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text)
+    os.chmod(dest, 0o644)
     if opts.wheels is not None:
         for whl in sorted(Path(opts.wheels).glob("*.whl")):
             _copy(whl, root / SHARE / "wheels" / whl.name, 0o644)

@@ -523,3 +523,33 @@ def test_a_models_sidecar_yaml_goes_with_it(tmp_path, tiny_model) -> None:
     assert (root / B.SHARE / "models/edge.yaml").read_text() == (src / "detector.yaml").read_text()
     info = load_model_info(shipped)
     assert list(info.names) == names and info.names_source != "default"
+
+
+def test_a_rebuild_without_power_settings_takes_them_off_the_device(tmp_path, tiny_model) -> None:
+    """A bundle built with --power-mode/--jetson-clocks, then one without: the power file was
+    shipped by the first only, so dpkg kept it on the device as an obsolete conffile and
+    edgewise-edge-power.service went on applying mode 2 and jetson_clocks at every boot (found
+    by a probe upgrading a scratch root with dpkg). Every build ships it; without the options
+    it sets nothing."""
+    root, fake = tmp_path / "root", tmp_path / "fakebin"
+    (root / "var/lib/dpkg/updates").mkdir(parents=True)
+    (root / "var/lib/dpkg/info").mkdir()
+    (root / "var/lib/dpkg/status").write_text("")
+    fake.mkdir()
+    for tool in ("systemd-sysusers", "deb-systemd-helper"):  # the image's user and units: not this test's
+        (fake / tool).write_text("#!/bin/sh\nexit 0\n")
+        (fake / tool).chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:/usr/sbin:/usr/bin:/sbin:/bin")
+    power = root / "etc/default/edgewise-edge-power"
+    for version, kwargs in (("0.1.0+p1", {"power_mode": 2, "jetson_clocks": True}), ("0.1.0+p2", {})):
+        built = B.bundle(B.BundleOptions(out_dir=tmp_path / version, model=tiny_model, version=version, **kwargs))
+        subprocess.run([_need("dpkg"), f"--root={root}", "--force-script-chrootless", "--force-architecture",
+                        "--force-depends", "--log=/dev/null", "-i", str(built.deb)], env=env, check=True,
+                       capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
+        if kwargs:
+            assert "NVPMODEL_MODE=2" in power.read_text() and "JETSON_CLOCKS=1" in power.read_text()
+    status = (root / "var/lib/dpkg/status").read_text()
+    assert "edgewise-edge-power" in status and " obsolete" not in status, status
+    values = subprocess.run(["sh", "-c", '. "$1"; echo "mode=$NVPMODEL_MODE clocks=$JETSON_CLOCKS"', "sh", str(power)],
+                            capture_output=True, text=True, check=True).stdout
+    assert values.strip() == "mode= clocks=0"  # the unit's ExecStart then runs neither nvpmodel nor jetson_clocks
