@@ -6,6 +6,12 @@
 self=$(readlink -f "$0" 2>/dev/null || echo "$0")
 LIB="${self%/bin/*}/lib/edgewise-edge"
 export PYTHONDONTWRITEBYTECODE=1
+if [ ! -x "$LIB/venv/bin/python3" ]; then  # an install whose setup.sh failed (the shell's "not found" said nothing)
+  echo "edgewise-edge: error: $LIB/venv, the package's Python environment, is not built: $LIB/setup.sh" \
+       "builds it (at install, or at boot by edgewise-edge-setup.service) and needs network or a bundle" \
+       "built with --wheels; run sudo $LIB/setup.sh (it says what is missing), then this command again" >&2
+  exit 2
+fi
 export PYTHONPATH="$LIB/python${PYTHONPATH:+:$PYTHONPATH}"
 # The daemon reloads on SIGHUP; until Python holds it (edgewise/hangup.py) one would end the
 # start, so it is ignored across the exec. Other commands keep the default: a closed terminal ends them.

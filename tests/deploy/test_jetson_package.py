@@ -228,5 +228,21 @@ def test_the_wrapper_does_not_start_the_daemon_on_pins_setup_could_not_install(t
     assert other.returncode == 0 and other.stdout == "ran\n"
 
 
+def test_the_wrapper_says_the_environment_is_not_built(tmp_path: Path) -> None:
+    """A fresh install whose setup.sh failed (no network, no bundled wheels) has no venv: the
+    next steps the package prints (``edge provision``, ``edge check-config``) ended in the
+    shell's ``exec: .../venv/bin/python3: not found``, exit 127 (found by a probe installing
+    the .deb into a chroot without the wheels)."""
+    root, venv_bin = _wrapper_tree(tmp_path, '#!/bin/sh\necho ran\n')
+    (venv_bin / "python3").unlink()
+    lib = root / "usr/lib/edgewise-edge"
+    for args in (["edge", "provision", "--root", "/"], ["edge", "check-config"], ["edge", "run"]):
+        out = subprocess.run([str(root / "usr/bin/edgewise-edge"), *args], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin"})
+        assert out.returncode == 2 and out.stdout == "", (args, out)
+        assert f"{lib}/venv, the package's Python environment, is not built" in out.stderr, out.stderr
+        assert f"run sudo {lib}/setup.sh" in out.stderr and "not found" not in out.stderr, out.stderr
+
+
 # the HUP bit of the shell's ignored-signal mask (Linux /proc), as the exec'd interpreter inherits it
 _PRINT_HUP = '#!/bin/sh\necho "hup_ignored=$(( 0x$(awk \'/^SigIgn/{print $2}\' /proc/$$/status) & 1 ))"\n'
