@@ -247,17 +247,21 @@ def test_postinst_into_an_image_root_enables_the_units_without_a_dpkg_root_aware
     """deb-systemd-helper reads DPKG_ROOT from init-system-helpers 1.63 on; Ubuntu 20.04 (1.57)
     and 22.04 (1.62), the hosts L4T R35 images are built on, enable nothing in the image, and a
     device flashed from it never started the daemon (found by a probe with dpkg --root). The
-    fake helper here logs only, as those do for the image; the links are the overlay's."""
+    fake helper here logs only, as those do for the image; the links are the overlay's. An
+    upgrade (configure with the old version) leaves a unit the image's maker disabled alone."""
     root, env, log = _postinst_root(tmp_path)
     (root / "run/systemd/system").rmdir()
-    for _ in range(2):  # configure twice: the links are made again, not doubled or broken
-        out = subprocess.run(["sh", str(ROOT / "deploy/jetson/debian/postinst"), "configure"], env=env,
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
+    postinst = str(ROOT / "deploy/jetson/debian/postinst")
+    out = subprocess.run(["sh", postinst, "configure"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
     wants = root / "etc/systemd/system/multi-user.target.wants"
     assert sorted(p.name for p in wants.iterdir()) == sorted(B.UNITS)
     for unit in B.UNITS:
         assert os.readlink(wants / unit) == f"/lib/systemd/system/{unit}", unit
+    (wants / "edgewise-edge-power.service").unlink()  # systemctl --root=IMAGE disable edgewise-edge-power
+    out = subprocess.run(["sh", postinst, "configure", "0.1.0"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in wants.iterdir()) == sorted(set(B.UNITS) - {"edgewise-edge-power.service"})
 
 def test_overlay_paths_and_modes(built) -> None:
     with tarfile.open(built.overlay) as tar:
