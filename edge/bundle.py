@@ -55,6 +55,9 @@ UNITS = ("edgewise-edge.service", "edgewise-edge-setup.service", "edgewise-edge-
 OWNED_DIRS = ("etc/edgewise", LIB, SHARE, f"usr/share/doc/{PKG}")
 #: Targets and the JetPack releases they are built for (all L4T R35: Python 3.8, TensorRT 8.5).
 TARGETS = {"xavier-nx": ("5.1", "5.1.1", "5.1.2"), "agx-xavier": ("5.1", "5.1.1", "5.1.2")}
+#: What the .deb depends on that a flashed L4T rootfs may lack (apply_binaries.sh installs the BSP,
+#: not JetPack's SDK components): the rootfs overlay, which has no Depends, needs them there already.
+DEVICE_DEPENDS = ("python3-venv", "python3-libnvinfer (>= 8.5)", "libopencv-python | python3-opencv")
 DEFAULT_MODEL = REPO / "models" / "camera" / "edge-int8-trt.onnx"
 DEFAULT_POLICY = REPO / "examples" / "policy.yaml"
 #: ``pip download`` arguments for JetPack 5.1's Python (CPython 3.8 on aarch64, glibc 2.31): both
@@ -329,8 +332,7 @@ def _control(opts: BundleOptions, root: Path) -> str:
         "Architecture: arm64\n"
         f"Maintainer: {opts.maintainer}\n"
         f"Installed-Size: {_installed_size_kib(root)}\n"
-        "Depends: python3 (>= 3.8), python3-venv, python3-libnvinfer (>= 8.5), libopencv-python | python3-opencv, "
-        "adduser, systemd\n"
+        f"Depends: python3 (>= 3.8), {', '.join(DEVICE_DEPENDS)}, adduser, systemd\n"
         "Recommends: nvidia-l4t-core\n"
         "Section: video\n"
         "Priority: optional\n"

@@ -557,3 +557,18 @@ def test_a_rebuild_without_power_settings_takes_them_off_the_device(tmp_path, ti
     values = subprocess.run(["sh", "-c", '. "$1"; echo "mode=$NVPMODEL_MODE clocks=$JETSON_CLOCKS"', "sh", str(power)],
                             capture_output=True, text=True, check=True).stdout
     assert values.strip() == "mode= clocks=0"  # the unit's ExecStart then runs neither nvpmodel nor jetson_clocks
+
+
+def test_the_flash_guide_names_what_the_overlay_cannot_depend_on() -> None:
+    """The rootfs overlay has no Depends: a device flashed from it without python3-venv or
+    JetPack's TensorRT and OpenCV (apply_binaries.sh installs neither) never started the daemon,
+    and the guide said only that the wheels needed network (found by a probe comparing the
+    .deb's control file with the flash guide). Every such Depends of the .deb is named there."""
+    text = (B.JETSON / "README.md").read_text()
+    flash = text[text.index("## Flash devices that boot into the daemon"):]
+    flash = flash[:flash.index("\n## ", 1)]
+    control = B._control(B.BundleOptions(out_dir=Path("unused")), B.JETSON)
+    for dep in B.DEVICE_DEPENDS:
+        assert dep in control
+        name = dep.split()[0]
+        assert f"`{name}`" in flash, name
