@@ -9,7 +9,8 @@ and, before each connection attempt (paho's ``on_pre_connect``, paho 2.0 and lat
 its files with ``edgewise.filewatch.ReloadDecision``; when they changed it loads them into a new
 context (:func:`client_context`) that the followed one hands the connections to from then on.
 
-Only the standard ``ssl`` module (the gateway's server files use :class:`NoPassphrase` too): no paho import here (paho is installed only with the MQTT ends).
+Only the standard ``ssl`` module (the gateway's server files use :class:`NoPassphrase` too): no
+paho import here (paho is installed only with the MQTT ends).
 """
 
 from __future__ import annotations
