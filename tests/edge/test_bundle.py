@@ -368,6 +368,7 @@ def test_packaged_code_is_python38(built, tmp_path) -> None:
 def test_shipped_configs_are_valid(built, tmp_path) -> None:
     from edge.settings import load_settings
     from edgewise.policy import load_policy
+    from edgewise.runtime.metadata import load_model_info
 
     with pytest.raises(ConfigError, match=r"edge\.yaml:\d+: cloud\.endpoints\[0\]: .* is a placeholder"):
         load_settings(str(ROOT / "deploy/jetson/edge.yaml"), env={})
@@ -376,7 +377,11 @@ def test_shipped_configs_are_valid(built, tmp_path) -> None:
     assert settings.device_id == ""  # this Jetson's serial number, never one id for every device
     assert settings.model.backend == "tensorrt"
     assert settings.policy_file == "/etc/edgewise/policy.yaml"
-    load_policy(str(B.DEFAULT_POLICY))
+    policy = load_policy(str(B.DEFAULT_POLICY))
+    # check-config of a fresh install warned that the shipped policy's stream override (gate-cam)
+    # is no stream of the shipped edge.yaml (csi0): a warning every operator learned to ignore
+    names = load_model_info(str(B.DEFAULT_MODEL)).names
+    assert policy.fit_warnings(names, str(B.DEFAULT_MODEL), [st.id for st in settings.streams]) == []
 
 
 @pytest.mark.parametrize("kwargs,message", [
