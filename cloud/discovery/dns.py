@@ -30,9 +30,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from cloud.discovery.base import Endpoint, EndpointState
+from cloud.discovery.base import Endpoint, EndpointState, number_option
 from cloud.discovery.static import format_address
 from edgewise.errors import ConfigError
+from edgewise.fieldrules import show
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +111,20 @@ class DnsDiscovery:
         resolver: Resolver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not name or any(c.isspace() for c in name):
-            raise ConfigError(f"dns discovery: name {name!r} is empty or has spaces")
-        if not 1 <= port <= 65535:
-            raise ConfigError(f"dns discovery: port {port} is outside 1..65535")
-        if interval_s <= 0:
-            raise ConfigError(f"dns discovery: interval_s must be > 0, got {interval_s}")
-        if weight <= 0:
-            raise ConfigError(f"dns discovery: weight must be > 0, got {weight}")
+        where = "discovery.dns"
+        if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+            raise ConfigError(f"{where}.name: {show(name)} is not allowed (not text, empty or with spaces); allowed: the headless "
+                              "Service's DNS name (workers.ns.svc.cluster.local)")
+        try:  # what the resolver does first: a bad name failed there, at every poll, and ended the watch
+            name.encode("idna")
+        except UnicodeError as exc:
+            raise ConfigError(f"{where}.name: {show(name)} is not a DNS name ({exc.__cause__ or exc}); allowed: "
+                              "labels of 1 to 63 characters between dots (workers.ns.svc.cluster.local)") from None
+        number_option(where, "port", port, lo=1, hi=65535, integer=True)
+        number_option(where, "interval_s", interval_s, lo=0, lo_open=True, hi=3600)
+        if drain_s is not None:
+            number_option(where, "drain_s", drain_s, lo=0, hi=3600)
+        number_option(where, "weight", weight, lo=0, lo_open=True)
         self.name = name
         self.port = port
         self.interval_s = interval_s

@@ -40,10 +40,11 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cloud.discovery.base import Endpoint, EndpointState
+from cloud.discovery.base import Endpoint, EndpointState, number_option
 from cloud.discovery.kubeclient import KubeAccess, build_api_client, read_token_file
 from cloud.discovery.static import format_address
 from edgewise.errors import ConfigError
+from edgewise.fieldrules import show
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ MIN_WATCH_S = 1.0
 #: after a pod read (for its weight annotation) fails, no pod is read for this long
 WEIGHT_RETRY_S = 30.0
 
+
+#: where the gateway's config holds this source's options (its errors name the key there)
+_WHERE = "discovery.kubernetes"
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -192,10 +196,19 @@ class KubernetesDiscovery:
         namespace = namespace or _own_namespace()
         if not service or not isinstance(service, str):
             raise ConfigError("kubernetes discovery needs the worker Service name (service: ...)")
-        if port is not None and (not isinstance(port, int) or not 1 <= port <= 65535):
-            raise ConfigError(f"kubernetes discovery: port {port!r} is outside 1..65535")
-        if not (isinstance(default_weight, (int, float)) and default_weight > 0):
-            raise ConfigError(f"kubernetes discovery: default_weight must be > 0, got {default_weight!r}")
+        if port_name is not None and (not isinstance(port_name, str) or not port_name):
+            raise ConfigError(f"{_WHERE}.port_name: {show(port_name)} is not allowed; allowed: the name of "
+                              "the worker Service's port, a non-empty string (a port number goes in port)")
+        if port is not None:
+            number_option(_WHERE, "port", port, lo=1, hi=65535, integer=True)
+        number_option(_WHERE, "default_weight", default_weight, lo=0, lo_open=True)
+        number_option(_WHERE, "watch_timeout_s", watch_timeout_s, lo=1, integer=True)
+        number_option(_WHERE, "request_timeout_s", request_timeout_s, lo=0, lo_open=True, hi=600)
+        number_option(_WHERE, "backoff_initial_s", backoff_initial_s, lo=0, lo_open=True, hi=3600)
+        number_option(_WHERE, "backoff_max_s", backoff_max_s, lo=0, lo_open=True, hi=3600)
+        if backoff_max_s < backoff_initial_s:
+            raise ConfigError(f"{_WHERE}.backoff_max_s: {show(backoff_max_s)} is below backoff_initial_s "
+                              f"({show(backoff_initial_s)}); allowed: a number >= backoff_initial_s")
         if access is None and api_client is None:
             if token_file and not token:
                 try:

@@ -89,8 +89,17 @@ def test_discovery_follows_records_and_survives_failures():
 
 @pytest.mark.parametrize("kw, msg", [
     (dict(name="", port=1), "empty"), (dict(name="a b", port=1), "spaces"),
-    (dict(name="a", port=0), "1..65535"), (dict(name="a", port=1, interval_s=0), "interval_s"),
+    (dict(name="a", port=0), r"discovery.dns.port: 0 is not allowed; allowed: an integer in \[1, 65535\]"),
+    (dict(name="a", port=1, interval_s=0), "interval_s"),
     (dict(name="a", port=1, weight=0), "weight"),
+    # the gateway's discovery.dns mapping is untyped YAML: these reached the poll loop, where the
+    # first ended the watch (the worker set frozen) and the others failed at every poll or drain
+    (dict(name="workers..svc", port=1), r"discovery.dns.name: 'workers..svc' is not a DNS name"),
+    (dict(name="w" * 64 + ".svc", port=1), "is not a DNS name"),
+    (dict(name=5, port=1), "discovery.dns.name: 5 is not allowed"),
+    (dict(name="a", port="50051"), r"discovery.dns.port: '50051' is not allowed"),
+    (dict(name="a", port=1, drain_s="3"), r"discovery.dns.drain_s: '3' is not allowed"),
+    (dict(name="a", port=1, interval_s="5"), r"discovery.dns.interval_s: '5' is not allowed"),
 ])
 def test_dns_config_validated(kw, msg):
     with pytest.raises(ConfigError, match=msg):

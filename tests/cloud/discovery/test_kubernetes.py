@@ -264,8 +264,16 @@ def test_built_from_plain_config_keys(kube, tmp_path):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    (dict(service=""), "Service name"), (dict(service="w", port=0), "1..65535"),
+    (dict(service=""), "Service name"),
+    (dict(service="w", port=0), r"discovery.kubernetes.port: 0 is not allowed; allowed: an integer in \[1, 65535\]"),
     (dict(service="w", default_weight=0), "default_weight"),
+    # the gateway's discovery.kubernetes mapping is untyped YAML: each of these reached the watch
+    (dict(service="w", backoff_initial_s="0.5"), r"discovery.kubernetes.backoff_initial_s: '0.5' is not allowed"),
+    (dict(service="w", backoff_initial_s=0), r"backoff_initial_s: 0 is not allowed; allowed: a number in \(0"),
+    (dict(service="w", backoff_max_s=0.1), r"backoff_max_s: 0.1 is below backoff_initial_s \(0.5\)"),
+    (dict(service="w", request_timeout_s="10"), r"request_timeout_s: '10' is not allowed"),
+    (dict(service="w", watch_timeout_s=True), r"watch_timeout_s: true is not allowed; allowed: an integer >= 1"),
+    (dict(service="w", port_name=50051), r"port_name: 50051 is not allowed.*a port number goes in port"),
     (dict(service="w", api_server="http://127.0.0.1:9", token_file="/nonexistent/token"), "token_file"),
 ])
 def test_config_errors(kw, msg):
@@ -362,3 +370,14 @@ def test_failing_pod_reads_do_not_hold_endpoint_changes_back(kube: FakeKubeAPI, 
     assert len(warnings) == 1
     if fault == "forbidden":
         assert "needs get on pods" in warnings[0].getMessage()
+
+
+def test_a_zero_back_off_is_refused_not_a_relist_loop(kube: FakeKubeAPI) -> None:
+    """``backoff_initial_s: 0`` was taken: against an API server answering 500 the watch re-listed
+    as fast as it answered (28 lists in 2 s here, unbounded against a real one); a quoted number
+    (``"0.5"``) killed the watch thread at its first failure, leaving the gateway serving with its
+    worker set frozen. Both are refused where the options are read, naming the key."""
+    kube.fail_next = 10**9
+    with pytest.raises(ConfigError, match="discovery.kubernetes.backoff_initial_s: 0 is not allowed"):
+        make(kube, backoff_initial_s=0, backoff_max_s=0.2)
+    assert kube.requests == []  # refused before any call

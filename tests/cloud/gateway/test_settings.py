@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from cloud.gateway.settings import load_settings
 from edgewise.errors import ConfigError
+from tests.processes import DEFAULT_HUP, ROOT
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "cloud" / "gateway" / "gateway.example.yaml"
 
@@ -156,6 +160,26 @@ def test_discovery_kinds_built_lazily():
     s = load_settings(None, {"discovery.kind": "dns", "discovery.dns": {"host": "x"}}, env={})
     with pytest.raises(ConfigError, match="discovery.dns"):
         make_discovery(s)
+
+
+def test_a_discovery_option_of_the_wrong_type_stops_the_gateway_at_start(tmp_path: Path) -> None:
+    """``discovery.kubernetes`` is passed to the watch as it is written: a quoted back-off
+    (``backoff_initial_s: "0.5"``) started a gateway that said it was serving while its watch
+    thread had died of a TypeError at the first API failure, its worker set empty for good."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text("listen: 127.0.0.1:0\nmetrics_port: -1\ndiscovery:\n  kind: kubernetes\n  kubernetes:\n"
+                      "    service: edgewise-worker\n    namespace: ns\n    api_server: http://127.0.0.1:9\n"
+                      "    port_name: grpc\n    backoff_initial_s: '0.5'\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        out = subprocess.run([*DEFAULT_HUP, sys.executable, "-m", "edgewise.cli", "cloud", "gateway", "--config",
+                              str(config)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=30)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the gateway kept running: {exc.stderr!r}"[:2000])
+    assert out.returncode == 2, out.stderr
+    assert "discovery.kubernetes.backoff_initial_s: '0.5' is not allowed; allowed: a number in (0, 3600]" \
+        in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_reloadable_static_discovery_drains_removed_workers_once():
