@@ -754,6 +754,30 @@ def test_every_resources_map_is_checked_as_quantities() -> None:
             assert node["additionalProperties"] == _schema_node("worker.resources.requests")["additionalProperties"]
 
 
+@pytest.mark.parametrize("removed, container, left", [
+    ("worker.resources", "worker", {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}),
+    ("worker.resources.limits", "worker", {"requests": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": 1},
+                                           "limits": {"nvidia.com/gpu": 1}}),
+    ("worker.resources.requests", "worker", {"requests": {"nvidia.com/gpu": 1},
+                                             "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": 1}}),
+    ("gateway.resources", "gateway", {}),
+    ("mqtt.broker.resources", "mosquitto", {}),
+])
+def test_a_resources_map_removed_with_null_renders_none(removed: str, container: str, left: dict) -> None:
+    """null is how Helm drops a default (--set worker.resources=null, to leave sizing to a
+    LimitRange): the chart failed with "nil pointer evaluating interface {}.requests" (gateway,
+    broker, worker) or "mapping values are not allowed in this context" (worker requests or
+    limits), naming no value. It renders the container without them (a GPU worker keeps its GPU)."""
+    docs = render(*MODES["broker-on"], f"{removed}=null")
+    for doc in docs:
+        for version in K8S_VERSIONS:
+            validate_manifest(doc, version)
+    pods = {name: spec for name, spec in pod_specs(docs)}
+    c = next(c for name, spec in pods.items() if name.endswith(f"-{container}") for c in spec["containers"]
+             if c["name"] == container)
+    assert c["resources"] == left
+
+
 @pytest.mark.parametrize("sets", [
     ("gateway.resources.requests.memory=1024Mi", "gateway.resources.limits.memory=1Gi"),
     ("gateway.resources.requests.cpu=1000m", "gateway.resources.limits.cpu=1"),

@@ -227,3 +227,19 @@ namespace="{{ .Release.Namespace }}",app_kubernetes_io_instance="{{ .Release.Nam
 {{- $messageBytes := (hasKey $limits "max_message_bytes") | ternary $limits.max_message_bytes 8388608 | int64 -}}
 {{- min 268435455 (add (mul 2 $messageBytes) 1048576) -}}
 {{- end -}}
+
+{{/* A container's resources from a values map (dict "resources" .Values.x.resources "extra"
+     (dict NAME COUNT)): its requests and limits, each with the extra keys added (the GPU a
+     worker of profile gpu asks for), an empty one left out. A map the operator removed with
+     null (`--set worker.resources=null`, Helm's way to drop a default) renders as none, where
+     it was a nil-pointer error of the template (gateway, broker) or YAML that did not parse
+     (worker). */}}
+{{- define "edgewise.resources" -}}
+{{- $resources := .resources | default dict -}}
+{{- $out := dict -}}
+{{- range $kind := list "requests" "limits" -}}
+{{- $m := merge (dict) ($.extra | default dict) (get $resources $kind | default dict) -}}
+{{- if $m }}{{ $_ := set $out $kind $m }}{{ end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
