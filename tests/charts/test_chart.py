@@ -778,6 +778,22 @@ def test_a_resources_map_removed_with_null_renders_none(removed: str, container:
     assert c["resources"] == left
 
 
+@pytest.mark.parametrize("removed, key, left", [
+    ("worker.gpu.tolerations", "tolerations", None),  # GPU nodes without the nvidia.com/gpu taint
+    ("worker.tolerations", "tolerations", [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]),
+    ("worker.gpu.nodeSelector", "nodeSelector", None),
+    ("worker.nodeSelector", "nodeSelector", {"nvidia.com/gpu.present": "true"}),
+])
+def test_a_worker_placement_default_removed_with_null_is_empty(removed: str, key: str, left: object) -> None:
+    """A default list dropped with null (worker.gpu.tolerations=null) failed the worker template
+    in concat ("error calling concat"), a default map (worker.nodeSelector=null) with "wrong type
+    for value; expected map": neither named the value. Dropped, it is empty."""
+    docs = render(f"{removed}=null")
+    for doc in docs:
+        validate_manifest(doc, K8S_VERSIONS[-1])
+    assert named(docs, "Deployment", "worker")["spec"]["template"]["spec"].get(key) == left
+
+
 @pytest.mark.parametrize("sets", [
     ("gateway.resources.requests.memory=1024Mi", "gateway.resources.limits.memory=1Gi"),
     ("gateway.resources.requests.cpu=1000m", "gateway.resources.limits.cpu=1"),
