@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from typing import Any
 
 
 class Listener:
@@ -33,3 +34,44 @@ class Listener:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class TricklingGateway(Listener):
+    """Answers any request (a gateway's ``/pool``, an API server's list) a byte every 50 ms for
+    ``seconds`` (a gateway, API server or proxy that is alive but hardly sends): in the headers
+    (``where="headers"``) or in the body."""
+
+    def __init__(self, where: str, seconds: float = 6.0, close: bool = False) -> None:
+        import threading
+
+        self.where, self.seconds, self.close_header = where, seconds, close
+        self.stopped = threading.Event()
+        self.connections = 0
+        super().__init__()
+
+    def on_connection(self, conn: Any) -> None:
+        import threading
+
+        self.connections += 1
+        threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: Any) -> None:
+        import time
+
+        with conn:
+            try:
+                conn.recv(65536)
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                if self.close_header:
+                    head += b"Connection: close\r\n"
+                conn.sendall(head + (b"X-Slow: " if self.where == "headers" else b"Content-Length: 100000\r\n\r\n"))
+                end = time.monotonic() + self.seconds
+                while time.monotonic() < end and not self.stopped.is_set():
+                    conn.sendall(b"a" if self.where == "headers" else b" ")
+                    time.sleep(0.05)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stopped.set()
+        super().close()

@@ -7,14 +7,10 @@ resourceVersion it read so a concurrent change by someone else fails with 409
 instead of being overwritten (the next tick re-reads). In dry-run mode the
 decision is printed and nothing is patched.
 
-The client is blocking; the loop calls these methods in a worker thread. Its timeout
-(``_request_timeout``) bounds each socket read, not the answer: an API server, or a proxy in
-front of it, that trickled its answer a byte every half second held a read for 76 s with a 2 s
-timeout, and the daemon's SIGTERM with it. So the client's connections are tracked per thread
-(``_track``), and a timer shuts the socket of a call still running after ``request_timeout_s``
-down, which ends any read in progress; the call is then unavailable, like a timeout. (Leaving
-the call to a daemon thread instead aborted the process at exit: a daemon thread that wakes
-while the interpreter finalizes calls ``pthread_exit``, which aborts on this CPython.)
+The client is blocking; the loop calls these methods in a worker thread, each bounded to
+``request_timeout_s`` in all by :func:`cloud.discovery.kubeclient.deadline` (a trickling API
+server held a read for 76 s with a 2 s timeout, and the daemon's SIGTERM with it); a call cut
+off there is unavailable, like a timeout.
 
 An API server that sheds load (429 Too Many Requests from its max-in-flight limit or API
 Priority and Fairness, a 5xx while it starts or stops) says in ``Retry-After`` when to come
@@ -24,20 +20,18 @@ back: the call fails with :class:`ThrottledError`, whose ``wait_s`` (``retry_aft
 
 from __future__ import annotations
 
-import contextlib
 import email.utils
 import json
 import logging
 import re
-import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timezone
 from typing import Any, Protocol
 
+from cloud.discovery.kubeclient import deadline, track_calls
 from edgewise.errors import ConfigError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -159,7 +153,7 @@ class DeploymentScale:
         self.timeout = request_timeout_s
         self.out = out or (lambda line: print(line, file=sys.stdout, flush=True))
         self._calls: dict[int, Any] = {}  # thread ident -> the connection its call is using
-        _track(api_client, self._calls)
+        track_calls(api_client, self._calls)
 
     @property
     def _what(self) -> str:
@@ -170,29 +164,13 @@ class DeploymentScale:
         errors as ``_error`` says them (module doc)."""
         from kubernetes.client.exceptions import ApiException
 
-        me = threading.get_ident()
-        lock = threading.Lock()
-        state = {"done": False, "expired": False}
-
-        def expire() -> None:
-            with lock:  # never after the call ended: its connection may serve the next one
-                if not state["done"]:
-                    state["expired"] = True
-                    _shut(self._calls.get(me))
-
-        timer = threading.Timer(self.timeout, expire)  # not a daemon: cancelled, it ends at once
-        timer.start()
-        try:
-            return call()
-        except Exception as exc:
-            if state["expired"] and not isinstance(exc, ApiException):  # an answer (a 409) is one
-                raise self._timed_out(verb) from None
-            raise self._error(verb, exc) from exc
-        finally:
-            with lock:
-                state["done"] = True
-            timer.cancel()
-            self._calls.pop(me, None)
+        with deadline(self._calls, self.timeout) as expired:
+            try:
+                return call()
+            except Exception as exc:
+                if expired() and not isinstance(exc, ApiException):  # an answer (a 409) is one
+                    raise self._timed_out(verb) from None
+                raise self._error(verb, exc) from exc
 
     def _timed_out(self, verb: str) -> UnavailableError:
         """No answer, or not all of it, within the time budget (a silent or a trickling server)."""
@@ -258,42 +236,3 @@ class DeploymentScale:
             _request_timeout=self.timeout))
         log.info("scaled %s/%s %d -> %d: %s", self.namespace, self.name, state.spec_replicas, replicas, reason)
         return True
-
-
-
-def _track(api_client: Any, calls: dict[int, Any]) -> None:
-    """Make ``api_client``'s connections note themselves in ``calls`` (by thread) as each
-    connects (the TLS handshake included) and as each request starts, so that a deadline can
-    shut the socket of the call it bounds. The manager's own pool classes are extended, so a
-    proxy's (SOCKS: extra connection arguments) keep working."""
-    def noted(base: Any) -> Any:
-        class Noted(base):  # type: ignore[misc,valid-type]
-            noted_sock: Any = None  # kept: an answer with "Connection: close" takes the socket from the connection
-
-            def connect(self) -> Any:
-                calls[threading.get_ident()] = self
-                super().connect()
-                self.noted_sock = self.sock
-
-            def request(self, *args: Any, **kwargs: Any) -> Any:
-                calls[threading.get_ident()] = self
-                return super().request(*args, **kwargs)
-        return Noted
-
-    manager = api_client.rest_client.pool_manager
-    manager.pool_classes_by_scheme = {
-        scheme: type(f"Noted{pool.__name__}", (pool,), {"ConnectionCls": noted(pool.ConnectionCls)})
-        for scheme, pool in manager.pool_classes_by_scheme.items()}
-
-
-def _shut(conn: Any) -> None:
-    """Shut down the socket of urllib3 connection ``conn``, ending any read or handshake on it:
-    the one it holds, else the one its request went out on (http.client hands that to the
-    response of a "Connection: close" answer; closed in name, it is open until the answer is
-    read). Through an HTTPS proxy to an HTTPS server it is urllib3's TLS-in-TLS wrapper, whose
-    ``socket`` is the real one."""
-    sock = getattr(conn, "sock", None) or getattr(conn, "noted_sock", None)
-    sock = getattr(sock, "socket", sock)
-    if sock is not None:
-        with contextlib.suppress(Exception):
-            sock.shutdown(socket.SHUT_RDWR)

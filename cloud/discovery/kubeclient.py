@@ -10,14 +10,25 @@ Every client makes one attempt per call (no urllib3 retries): the callers pass a
 retry (the next autoscaler tick, the discovery watch's back-off). The client's
 default of 3 retries made one read of a hung API server take 4x the timeout, and
 a SIGTERM wait that long.
+
+That timeout bounds each socket read, not the answer: an API server, or a proxy in front of
+it, that trickled its answer a byte every half second held a read for as long as it
+trickled (76 s with a 2 s timeout), and a stop with it. So a client's connections are noted
+per thread (:func:`track_calls`) and :func:`deadline` shuts the socket of a call still running
+at its time budget down, which ends any read in progress. (Leaving the call to a daemon thread
+instead aborted the process at exit: a daemon thread that wakes while the interpreter finalizes
+calls ``pthread_exit``, which aborts on this CPython.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,3 +168,68 @@ class _TokenFile:
                 self._token = out.files
             if self._token is not None:
                 _set_token(cfg, self._token)
+
+
+def track_calls(api_client: Any, calls: dict[int, Any]) -> None:
+    """Make ``api_client``'s connections note themselves in ``calls`` (by thread) as each
+    connects (the TLS handshake included) and as each request starts, so that a deadline can
+    shut the socket of the call it bounds. The manager's own pool classes are extended, so a
+    proxy's (SOCKS: extra connection arguments) keep working."""
+    def noted(base: Any) -> Any:
+        class Noted(base):  # type: ignore[misc,valid-type]
+            noted_sock: Any = None  # kept: an answer with "Connection: close" takes the socket from the connection
+
+            def connect(self) -> Any:
+                calls[threading.get_ident()] = self
+                super().connect()
+                self.noted_sock = self.sock
+
+            def request(self, *args: Any, **kwargs: Any) -> Any:
+                calls[threading.get_ident()] = self
+                return super().request(*args, **kwargs)
+        return Noted
+
+    manager = api_client.rest_client.pool_manager
+    manager.pool_classes_by_scheme = {
+        scheme: type(f"Noted{pool.__name__}", (pool,), {"ConnectionCls": noted(pool.ConnectionCls)})
+        for scheme, pool in manager.pool_classes_by_scheme.items()}
+
+
+def shut_call(conn: Any) -> None:
+    """Shut down the socket of urllib3 connection ``conn``, ending any read or handshake on it:
+    the one it holds, else the one its request went out on (http.client hands that to the
+    response of a "Connection: close" answer; closed in name, it is open until the answer is
+    read). Through an HTTPS proxy to an HTTPS server it is urllib3's TLS-in-TLS wrapper, whose
+    ``socket`` is the real one."""
+    sock = getattr(conn, "sock", None) or getattr(conn, "noted_sock", None)
+    sock = getattr(sock, "socket", sock)
+    if sock is not None:
+        with contextlib.suppress(Exception):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def deadline(calls: dict[int, Any], timeout_s: float) -> Iterator[Callable[[], bool]]:
+    """Bound the API call this thread makes inside the block (on a client :func:`track_calls`
+    notes into ``calls``) to ``timeout_s`` in all: at the deadline its socket is shut down, so
+    the call fails at once. Yields whether that happened: a failure then is the deadline's (an
+    answer that came, a 409, is still one)."""
+    me = threading.get_ident()
+    lock = threading.Lock()
+    state = {"done": False, "expired": False}
+
+    def expire() -> None:
+        with lock:  # never after the call ended: its connection may serve the next one
+            if not state["done"]:
+                state["expired"] = True
+                shut_call(calls.get(me))
+
+    timer = threading.Timer(timeout_s, expire)  # not a daemon: cancelled, it ends at once
+    timer.start()
+    try:
+        yield lambda: state["expired"]
+    finally:
+        with lock:
+            state["done"] = True
+        timer.cancel()
+        calls.pop(me, None)

@@ -31,17 +31,25 @@ worthless once a newer exists); replaced snapshots are counted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from cloud.discovery.base import Endpoint, EndpointState, number_option
-from cloud.discovery.kubeclient import KubeAccess, build_api_client, read_token_file
+from cloud.discovery.kubeclient import (
+    KubeAccess,
+    build_api_client,
+    deadline,
+    read_token_file,
+    shut_call,
+    track_calls,
+)
 from cloud.discovery.static import format_address
 from edgewise.errors import ConfigError
 from edgewise.fieldrules import show
@@ -224,6 +232,8 @@ class KubernetesDiscovery:
         self.watch_timeout_s, self.request_timeout_s = watch_timeout_s, request_timeout_s
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self._api_client = api_client if api_client is not None else build_api_client(access or KubeAccess())
+        self._calls: dict[int, Any] = {}  # thread ident -> the connection its list or pod read is using
+        track_calls(self._api_client, self._calls)
         self._slices: dict[str, Any] = {}
         self._weights: dict[tuple[str, str], float | None] = {}  # (pod, uid) -> weight
         self._last: frozenset[Endpoint] | None = None
@@ -277,6 +287,8 @@ class KubernetesDiscovery:
             w = self._watch
             if w is not None:
                 w.stop()
+            for conn in list(self._calls.values()):  # a list or pod read in progress ends too
+                shut_call(conn)
             await asyncio.to_thread(thread.join, 0.05)
         if thread.is_alive():
             log.warning("EndpointSlice watch thread did not stop within %.0f s; leaving it (daemon)", timeout_s)
@@ -359,14 +371,31 @@ class KubernetesDiscovery:
     def _selector(self) -> str:
         return f"{SERVICE_LABEL}={self.service}"
 
+    def _bounded(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()`` within ``request_timeout_s`` in all (``kubeclient.deadline``): the client's
+        timeout bounds each read, so an API server or proxy trickling a list held it, and the
+        worker set, for as long as it trickled, and a gateway stopping meanwhile left the thread
+        reading and aborted at exit (SIGABRT)."""
+        from kubernetes.client.exceptions import ApiException
+
+        with deadline(self._calls, self.request_timeout_s) as expired:
+            try:
+                return call()
+            except Exception as exc:
+                if expired() and not isinstance(exc, ApiException) and not self._stop.is_set():
+                    raise TimeoutError(f"{what}: no complete answer within request_timeout_s "
+                                       f"({self.request_timeout_s:g} s); check the API server and the "
+                                       "network to it") from None
+                raise
+
     def _list(self) -> str:
         disc, _ = self._apis()
         slices: dict[str, Any] = {}
         cont: str | None = None
         while True:
-            res = disc.list_namespaced_endpoint_slice(
-                self.namespace, label_selector=self._selector(), limit=500, _continue=cont,
-                _request_timeout=self.request_timeout_s)
+            res = self._bounded("listing EndpointSlices", functools.partial(
+                disc.list_namespaced_endpoint_slice, self.namespace, label_selector=self._selector(), limit=500,
+                _continue=cont, _request_timeout=self.request_timeout_s))
             for s in res.items or []:
                 slices[s.metadata.name] = s
             cont = res.metadata._continue if res.metadata else None
@@ -433,7 +462,8 @@ class KubernetesDiscovery:
                 if now < self._weights_retry_at:  # reads failed lately: default weight, read later
                     continue
                 try:
-                    pod = core.read_namespaced_pod(key[0], ns, _request_timeout=self.request_timeout_s)
+                    pod = self._bounded("reading a pod", functools.partial(
+                        core.read_namespaced_pod, key[0], ns, _request_timeout=self.request_timeout_s))
                     self._weights[key] = weight_from_pod(pod, self.annotation)
                 except ApiException as exc:
                     if exc.status == 404:  # gone already; the slice will follow

@@ -166,7 +166,7 @@ def test_sigterm_ends_the_process_while_the_api_server_trickles_its_answer(tmp_p
     process exited 73 s after its SIGTERM (Kubernetes kills it after 30). Now within the timeout."""
     import time
 
-    from tests.cloud.autoscaler.test_loop import TricklingGateway
+    from tests.listener import TricklingGateway
 
     slow, gw = TricklingGateway("body", seconds=60.0), PoolServer(pool_doc(2, 28.0))
     token = tmp_path / "token"

@@ -25,7 +25,7 @@ from cloud.autoscaler.scaling import Scaler, ScalerConfig, ScalingPolicy, Scalin
 from cloud.discovery.kubeclient import KubeAccess, build_api_client
 from edgewise.errors import ConfigError, InvalidInputError, UnavailableError
 from tests.cloud.autoscaler.servers import PoolServer, ScaleAPI, pool_doc
-from tests.listener import Listener
+from tests.listener import TricklingGateway
 
 
 @pytest.fixture
@@ -432,46 +432,6 @@ def test_polls_the_real_gateway_side_port():
     assert (s.in_flight, s.capacity, s.ready_workers, s.queue_wait_ms_p90, s.complete) == (12.0, 30.0, 3, 7.0, True)
 
 
-class TricklingGateway(Listener):
-    """Answers ``/pool`` a byte every 50 ms for ``seconds`` (a gateway or proxy that is alive but
-    hardly sends): in the headers (``where="headers"``) or in the body."""
-
-    def __init__(self, where: str, seconds: float = 6.0, close: bool = False) -> None:
-        import threading
-
-        self.where, self.seconds, self.close_header = where, seconds, close
-        self.stopped = threading.Event()
-        self.connections = 0
-        super().__init__()
-
-    def on_connection(self, conn: Any) -> None:
-        import threading
-
-        self.connections += 1
-        threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: Any) -> None:
-        import time
-
-        with conn:
-            try:
-                conn.recv(65536)
-                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                if self.close_header:
-                    head += b"Connection: close\r\n"
-                conn.sendall(head + (b"X-Slow: " if self.where == "headers" else b"Content-Length: 100000\r\n\r\n"))
-                end = time.monotonic() + self.seconds
-                while time.monotonic() < end and not self.stopped.is_set():
-                    conn.sendall(b"a" if self.where == "headers" else b" ")
-                    time.sleep(0.05)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.stopped.set()
-        super().close()
-
-
 @pytest.mark.parametrize("where", ["headers", "body"])
 def test_a_trickling_gateway_costs_one_timeout_and_no_thread(api: ScaleAPI, where: str) -> None:
     """Each read waited at most the timeout, but the answer as a whole had no bound: the poll's
@@ -550,7 +510,7 @@ def test_the_deadline_keeps_a_proxy_managers_own_connection_classes() -> None:
     from urllib3.connection import HTTPSConnection
     from urllib3.connectionpool import HTTPSConnectionPool
 
-    from cloud.autoscaler.kube import _track
+    from cloud.discovery.kubeclient import track_calls
 
     class ProxyConnection(HTTPSConnection):
         def __init__(self, *args: Any, _socks_options: Any = None, **kwargs: Any) -> None:
@@ -566,7 +526,7 @@ def test_the_deadline_keeps_a_proxy_managers_own_connection_classes() -> None:
 
     Client.rest_client.pool_manager.pool_classes_by_scheme = {"https": ProxyPool}
     calls: dict = {}
-    _track(Client, calls)
+    track_calls(Client, calls)
     pool = Client.rest_client.pool_manager.connection_from_url("https://127.0.0.1:9/")
     assert isinstance(pool, ProxyPool)
     conn = pool._new_conn()

@@ -19,6 +19,7 @@ from cloud.discovery.kubernetes import (
 )
 from edgewise.errors import ConfigError
 from tests.cloud.discovery.fakeapi import FakeKubeAPI, endpoint, slice_doc
+from tests.listener import TricklingGateway
 from tests.waiting import async_wait_until
 
 R, D = EndpointState.READY, EndpointState.DRAINING
@@ -381,3 +382,29 @@ def test_a_zero_back_off_is_refused_not_a_relist_loop(kube: FakeKubeAPI) -> None
     with pytest.raises(ConfigError, match="discovery.kubernetes.backoff_initial_s: 0 is not allowed"):
         make(kube, backoff_initial_s=0, backoff_max_s=0.2)
     assert kube.requests == []  # refused before any call
+
+
+def test_a_trickling_list_ends_at_its_timeout_and_does_not_hold_a_stop(caplog: pytest.LogCaptureFixture) -> None:
+    """The client's timeout bounds each read: an API server (or a proxy) trickling its list a byte
+    every 50 ms held the list, and the worker set, for as long as it trickled, and a gateway
+    stopping meanwhile waited 5 s for the thread, left it reading and aborted at exit (SIGABRT,
+    exit 134). Each list now ends at request_timeout_s and a close ends one in progress."""
+    slow = TricklingGateway("body", seconds=30.0)
+    try:
+        async def scenario() -> tuple[KubernetesDiscovery, float]:
+            d = KubernetesDiscovery("edgewise-worker", "ns", port_name="grpc", api_server=slow.url, token="t",
+                                    request_timeout_s=0.5, backoff_initial_s=0.05, backoff_max_s=0.1)
+            agen = d.watch()
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(agen.__anext__(), 3.0)
+            await async_wait_until(lambda: slow.connections >= 1, 10, "a list in progress")
+            t0 = time.monotonic()
+            await d.close()
+            return d, time.monotonic() - t0
+
+        d, took = asyncio.run(scenario())
+        assert d.errors >= 2, d.errors  # 3 s of lists of at most 0.5 s each, where one list ran all along
+        assert took < 2.0 and d._thread is not None and not d._thread.is_alive(), took
+        assert "listing EndpointSlices: no complete answer within request_timeout_s (0.5 s)" in caplog.text
+    finally:
+        slow.close()
