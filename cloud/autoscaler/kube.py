@@ -210,17 +210,27 @@ class DeploymentScale:
                                     "kubernetes.api_server (or the kubeconfig) and the network to it")
         if isinstance(exc, Urllib3Timeout):
             return self._timed_out(verb)
-        return UnavailableError(f"{verb} {what}: {type(exc).__name__}: {exc}")
+        said = " ".join(str(exc).split())  # one line: a validation error of the client's models spans several
+        return UnavailableError(f"{verb} {what}: {type(exc).__name__}: {said}")
 
     def read(self) -> ScaleState:
         scale = self._bounded("reading", lambda: self.api.read_namespaced_deployment_scale(
             self.name, self.namespace, _request_timeout=self.timeout))
         spec, status, meta = (_field(scale, "spec"), _field(scale, "status"), _field(scale, "metadata"))
-        replicas = _field(spec, "replicas") if spec is not None else None
+        replicas = _field(spec, "replicas") if spec is not None else None  # absent: 0 (omitempty)
+        version = _field(meta, "resource_version", "resourceVersion") if meta is not None else None
+        # A 200 that is no Scale (`{}`, `null`: another service at kubernetes.api_server, a proxy's
+        # own answer) read as 0 replicas: "autoscaling inactive, scale it to >= 1" at every tick,
+        # whatever the Deployment had; a negative count was scaled "up" to min_replicas.
+        if not version or (replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int)
+                                                     or replicas < 0)):
+            said = "it has no metadata.resourceVersion" if not version else f"spec.replicas is {replicas!r}"
+            raise UnavailableError(f"reading {self._what}: the answer is not a Scale ({said}); check that "
+                                   "kubernetes.api_server (or the kubeconfig) is the Kubernetes API server")
         return ScaleState(
             spec_replicas=int(replicas or 0),
             status_replicas=int((_field(status, "replicas") if status is not None else 0) or 0),
-            resource_version=_field(meta, "resource_version", "resourceVersion") if meta is not None else None,
+            resource_version=str(version),
         )
 
     def apply(self, replicas: int, state: ScaleState, reason: str) -> bool:

@@ -6,7 +6,8 @@ as the API server does (autoscaling/v1 Scale, JSON merge patch, resourceVersion
 precondition -> 409, bearer token -> 401) and records every request. ``shed`` queues
 answers that shed load, as an API server under its max-in-flight limit or API Priority and
 Fairness gives them: ``(status, Retry-After or None[, method])``, each the answer to the next
-request (of that method), before it serves again.
+request (of that method), before it serves again. ``answer`` replaces the Scale in every 200 (another
+service, or a proxy's own answer, where the API server should be).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class ScaleAPI:
         self.times = []      # time.monotonic() of each request, as it came
         self.shed = []       # (status, Retry-After or None[, method]): the next requests' answers
         self.patches = []    # parsed PATCH bodies that were accepted
+        self.answer = None   # bytes: the body of every 200 instead of the Scale (something else answering)
         self.lock = threading.Lock()
         api = self
 
@@ -63,7 +65,16 @@ class ScaleAPI:
                         api.replicas = int(body["spec"]["replicas"])
                         api.rv += 1
                         api.patches.append(body)
+                    if api.answer is not None:
+                        return self._raw(200, api.answer)
                     return self._json(200, api.scale_doc())
+
+            def _raw(self, code, body):
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def _shed(self, code, retry_after):
                 # kube-apiserver's answer when it sheds a request (staging/src/k8s.io/apiserver, filters)

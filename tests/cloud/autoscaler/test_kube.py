@@ -74,3 +74,44 @@ def test_a_call_the_api_server_sheds_says_how_long_the_next_one_waits(api: Scale
         target.read()
     assert not isinstance(ei.value, ThrottledError) and "API server answered 500" in str(ei.value)
     assert target.read().spec_replicas == 2  # served again
+
+
+@pytest.mark.parametrize("answer, said", [
+    (b"{}", "the answer is not a Scale (it has no metadata.resourceVersion)"),
+    (b"null", "the answer is not a Scale (it has no metadata.resourceVersion)"),
+    (b'{"kind": "Scale", "metadata": {"name": "w", "resourceVersion": "7"}, "spec": {"replicas": -4}}',
+     "the answer is not a Scale (spec.replicas is -4)"),
+    (b'{"kind": "Scale", "metadata": {"name": "w", "resourceVersion": "7"}, "spec": {"replicas": "3"}}',
+     "ValidationError: 1 validation error for V1ScaleSpec replicas Input should be a valid integer"),
+])
+def test_an_answer_that_is_no_scale_is_unavailable_said_in_one_line(api: ScaleAPI, answer: bytes,
+                                                                    said: str) -> None:
+    """A 200 that is no Scale (another service at kubernetes.api_server, a proxy's own ``{}``)
+    read as 0 replicas: the autoscaler logged "target has 0 replicas: autoscaling inactive ...
+    scale it to >= 1 to resume" at every tick whatever the Deployment had, and a negative count
+    was "scaled up" to min_replicas with a patch. It is an unavailable read, said on one line."""
+    api.answer = answer
+    with pytest.raises(UnavailableError) as ei:
+        _target(api).read()
+    assert str(ei.value).startswith("reading deployment ns/edgewise-worker scale: ") and said in str(ei.value)
+    assert "\n" not in str(ei.value)
+
+
+def test_a_negative_count_in_the_answer_is_not_scaled_to_min_replicas(api: ScaleAPI) -> None:
+    """The whole tick: a Scale saying -4 replicas was "below min_replicas" and patched to 1."""
+    import asyncio
+
+    from cloud.autoscaler.loop import AutoscalerLoop, GatewayPoller
+    from cloud.autoscaler.scaling import Scaler, ScalerConfig
+    from tests.cloud.autoscaler.servers import PoolServer, pool_doc
+
+    gw = PoolServer(pool_doc(2, 1.4))
+    try:
+        api.answer = b'{"kind": "Scale", "metadata": {"name": "w", "resourceVersion": "7"}, "spec": {"replicas": -4}}'
+        loop = AutoscalerLoop(Scaler(ScalerConfig(min_replicas=1, max_replicas=20, target_utilization=0.07)),
+                              _target(api), GatewayPoller([gw.url]))
+        assert asyncio.run(loop.tick()) is None  # no decision: the read failed
+        assert loop.metrics.apply_errors.labels("read")._value.get() == 1
+        assert not [r for r in api.requests if r[0] == "PATCH"]
+    finally:
+        gw.close()
