@@ -73,6 +73,7 @@ class GatewayPool:
     queue_wait_ms_p90: float | None
     workers: tuple[WorkerView, ...]
     requests_total: float | None = None  # requests the gateway was offered since it started
+    instance: str | None = None  # the gateway process that answered (None: a gateway that does not say)
 
 
 #: no pool value is this large (requests in flight, images/s, ms, a request counter): beyond it
@@ -113,11 +114,16 @@ def parse_pool(doc: Any, source: str) -> GatewayPool:
             in_flight=_num(w, "in_flight", where) or 0.0, capacity=_num(w, "capacity", where) or 0.0,
             ejected=w.get("ejected", False),
             peak_capacity=_num(w, "peak_capacity", where, optional=True) or 0.0))
+    instance = doc.get("instance")
+    if instance is not None and not (isinstance(instance, str) and 0 < len(instance) <= 64):
+        raise InvalidInputError(f"{source}: instance must be a string of 1 to 64 characters, got "
+                                f"{repr(instance)[:40]}")
     return GatewayPool(
         source=source, in_flight=_num(doc, "in_flight", source) or 0.0,
         capacity=_num(doc, "capacity", source) or 0.0,
         queue_wait_ms_p90=_num(doc, "queue_wait_ms_p90", source, optional=True),
-        workers=tuple(workers), requests_total=_num(doc, "requests_total", source, optional=True))
+        workers=tuple(workers), requests_total=_num(doc, "requests_total", source, optional=True),
+        instance=instance)
 
 
 class ArrivalRate:
@@ -127,11 +133,16 @@ class ArrivalRate:
     Prometheus ``rate()`` over one interval). The sum is known only when every gateway that
     answered has a previous value and its counter did not go back (a restarted gateway
     starts at 0): otherwise None for this poll, and the load metric waits for the next.
+
+    A gateway is its URL and the ``instance`` its ``/pool`` names: a URL that reaches a different
+    replica at each poll (a ClusterIP Service, an https URL, ``resolve_gateways`` off) differenced
+    one gateway's counter against another's, and two gateways offered 10 requests/s each read
+    as 543/s whenever the poll changed replica, which the load target scaled up on.
     """
 
     def __init__(self, forget_after_s: float = 600.0) -> None:
         self.forget_after_s = forget_after_s
-        self._last: dict[str, tuple[float, float]] = {}
+        self._last: dict[tuple[str, str | None], tuple[float, float]] = {}
 
     def observe(self, pools: Sequence[GatewayPool], now: float) -> float | None:
         for source, (_, at) in list(self._last.items()):
@@ -142,8 +153,9 @@ class ArrivalRate:
             if p.requests_total is None:
                 total = None
                 continue
-            prev = self._last.get(p.source)
-            self._last[p.source] = (p.requests_total, now)
+            key = (p.source, p.instance)
+            prev = self._last.get(key)
+            self._last[key] = (p.requests_total, now)
             if prev is None or p.requests_total < prev[0] or now <= prev[1]:
                 total = None
             elif total is not None:

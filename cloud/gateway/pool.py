@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
@@ -82,6 +83,9 @@ class WorkerPool:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.ready = asyncio.Event()  # set once discovery delivered a first set
         self.requests_total = 0  # requests offered to the pool (the autoscaler's arrival rate)
+        #: this process's name in ``/pool``: whose ``requests_total`` it is, so the autoscaler never
+        #: differences two gateways' counters (a URL that reaches a different replica each poll)
+        self.instance = secrets.token_hex(8)
 
     # ---- membership -----------------------------------------------------------------------
     def _channel_options(self) -> list[tuple[str, Any]]:
@@ -304,7 +308,8 @@ class WorkerPool:
             if state == "ready":
                 capacity += ep.capacity or 0.0
         return {"workers": workers, "in_flight": b.total_in_flight(), "capacity": capacity,
-                "queue_wait_ms_p90": self.queue_wait_p90_ms(), "requests_total": self.requests_total}
+                "queue_wait_ms_p90": self.queue_wait_p90_ms(), "requests_total": self.requests_total,
+                "instance": self.instance}
 
     async def close(self) -> None:
         for address in list(self._channels):

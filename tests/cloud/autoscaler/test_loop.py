@@ -324,11 +324,50 @@ def test_arrival_rate_differences_each_gateways_counter():
     assert r.observe([gw("a", 160), gw("c", None)], 75.0) is None       # a gateway without the counter
     assert r.observe([], 80.0) is None
     assert r.observe([gw("b", 900)], 200.0) is None                     # b forgotten after 100 s: starts again
+    assert parse_pool({**pool_doc(1, 0.0), "instance": "0f3a"}, "a").instance == "0f3a"
+    with pytest.raises(InvalidInputError, match="instance must be a string of 1 to 64 characters"):
+        parse_pool({**pool_doc(1, 0.0), "instance": 7}, "a")
     s = aggregate([gw("a", 1)], expected=1, now=0.0, arrivals_per_s=12.5)
     assert s.arrivals_per_s == 12.5 and s.peak_capacity == s.capacity == 20.0  # no peak reported: capacity
     doc = pool_doc(2, 0.0)
     doc["workers"][0]["peak_capacity"] = 35.0
     assert aggregate([parse_pool(doc, "a")], expected=1, now=0.0).peak_capacity == 45.0
+
+
+def test_a_url_that_reaches_another_gateway_each_poll_never_differences_their_counters():
+    """A ClusterIP Service (or an https URL, or resolve_gateways off) sends each poll to any
+    replica: one gateway's requests_total was differenced against another's, and two gateways
+    offered 10 requests/s each read as 543/s when the poll changed replica (the load target
+    scaled up on it). Each counter is differenced only against the same gateway process's
+    (``instance`` in /pool): one gateway's rate, the undercount the setting's doc says, never
+    a made-up one."""
+    first = {"A": 10_000, "B": 2_000}  # requests each gateway was offered before the first poll
+    clock = [0.0]
+    order = iter("AABABBBAAB")
+    seen = []
+
+    def answer() -> None:  # the Service picks a replica for this connection
+        gw = next(order)
+        seen.append(gw)
+        doc = pool_doc(2, 0.0)
+        doc.update(requests_total=first[gw] + 10.0 * clock[0], instance=f"gateway-{gw}")
+        server.doc = doc
+
+    server = PoolServer()
+    server.on_get = answer
+    try:
+        poller = GatewayPoller([server.url], resolve=False)
+        rates = []
+        for i in range(10):
+            clock[0] = 15.0 * i
+            sample = asyncio.run(poller.poll(clock[0]))
+            assert sample is not None
+            rates.append(sample.arrivals_per_s)
+    finally:
+        server.close()
+    assert seen == list("AABABBBAAB")
+    assert {r for r in rates if r is not None} == {10.0}, rates  # each gateway's own rate, never another's
+    assert rates[:3] == [None, 10.0, None]  # A seen twice, then B for the first time
 
 
 def test_load_sample_from_a_real_gateway_and_worker(tiny_model):

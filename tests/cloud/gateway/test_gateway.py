@@ -587,8 +587,10 @@ def test_pool_document_and_reported_capacity():
             await async_wait_until(lambda: gw.pool.snapshot()["capacity"] == pytest.approx(40.0), 10,
                                    "the Load polls to report both capacities")
             doc = json.loads(await http_get(f"http://127.0.0.1:{gw.metrics_port}/pool"))
-            assert set(doc) == {"workers", "in_flight", "capacity", "queue_wait_ms_p90", "requests_total"}
+            assert set(doc) == {"workers", "in_flight", "capacity", "queue_wait_ms_p90", "requests_total",
+                                "instance"}
             assert doc["capacity"] == pytest.approx(40.0) and doc["requests_total"] == 0
+            assert doc["instance"] == gw.pool.snapshot()["instance"] != ""  # this process, the same every poll
             by = {w["address"]: w for w in doc["workers"]}
             a = by[ws[0][0].address]
             assert set(a) == {"name", "address", "state", "in_flight", "queue_depth", "capacity", "peak_capacity",
