@@ -12,7 +12,8 @@ Each tick (every ``interval_s``, like HPA's 15 s sync period):
    at their best batch size, the load target's denominator); the p90 queue wait is the *max* over
    gateways (percentiles cannot be added); the arrival rate is each gateway's
    ``requests_total`` counter differenced since its previous poll
-   (:class:`ArrivalRate`), summed. A gateway that did not answer makes
+   (:class:`ArrivalRate`), summed. A gateway answering at several addresses (the ``instance``
+   its ``/pool`` names) counts once (:func:`one_per_gateway`). A gateway that did not answer makes
    the sample partial (no scale-down); none answering means no sample (hold).
 3. Read the Deployment's scale, :meth:`Scaler.decide`, patch if it changed.
 
@@ -134,15 +135,16 @@ class ArrivalRate:
     answered has a previous value and its counter did not go back (a restarted gateway
     starts at 0): otherwise None for this poll, and the load metric waits for the next.
 
-    A gateway is its URL and the ``instance`` its ``/pool`` names: a URL that reaches a different
-    replica at each poll (a ClusterIP Service, an https URL, ``resolve_gateways`` off) differenced
-    one gateway's counter against another's, and two gateways offered 10 requests/s each read
-    as 543/s whenever the poll changed replica, which the load target scaled up on.
+    A gateway is the ``instance`` its ``/pool`` names (its URL when it names none): a URL that
+    reaches a different replica at each poll (a ClusterIP Service, an https URL,
+    ``resolve_gateways`` off) differenced one gateway's counter against another's, and two
+    gateways offered 10 requests/s each read as 543/s whenever the poll changed replica, which
+    the load target scaled up on.
     """
 
     def __init__(self, forget_after_s: float = 600.0) -> None:
         self.forget_after_s = forget_after_s
-        self._last: dict[tuple[str, str | None], tuple[float, float]] = {}
+        self._last: dict[str, tuple[float, float]] = {}  # gateway (instance, else URL) -> (counter, when)
 
     def observe(self, pools: Sequence[GatewayPool], now: float) -> float | None:
         for source, (_, at) in list(self._last.items()):
@@ -153,7 +155,7 @@ class ArrivalRate:
             if p.requests_total is None:
                 total = None
                 continue
-            key = (p.source, p.instance)
+            key = p.source if p.instance is None else p.instance
             prev = self._last.get(key)
             self._last[key] = (p.requests_total, now)
             if prev is None or p.requests_total < prev[0] or now <= prev[1]:
@@ -161,6 +163,21 @@ class ArrivalRate:
             elif total is not None:
                 total += (p.requests_total - prev[0]) / (now - prev[1])
         return total if pools else None
+
+
+def one_per_gateway(pools: Sequence[GatewayPool]) -> list[GatewayPool]:
+    """``pools`` with each gateway once: a gateway polled at several addresses (a dual-stack headless
+    Service lists every replica's IPv4 and IPv6 address; two URLs naming one gateway) answers with
+    the same ``instance`` at each, and its in-flight and its requests were counted as many times."""
+    seen: set[str] = set()
+    out = []
+    for p in pools:
+        if p.instance is not None:
+            if p.instance in seen:
+                continue
+            seen.add(p.instance)
+        out.append(p)
+    return out
 
 
 def aggregate(pools: Sequence[GatewayPool], expected: int, now: float,
@@ -325,7 +342,9 @@ class GatewayPoller:
             return None
 
         results = await asyncio.gather(*(one(u, h) for u, h in targets))
-        pools = [p for p in results if p is not None]
+        answered = [p for p in results if p is not None]
+        pools = one_per_gateway(answered)
+        expected -= len(answered) - len(pools)  # a second address of a gateway that answered is no other gateway
         return aggregate(pools, expected, now, self.arrivals.observe(pools, now))
 
 

@@ -13,6 +13,7 @@ service, or a proxy's own answer, where the API server should be).
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -115,10 +116,15 @@ class ScaleAPI:
         self.server.server_close()
 
 
-class PoolServer:
-    """Serves a mutable ``/pool`` document like the gateway's side port."""
+class _Server6(_Server):
+    address_family = socket.AF_INET6  # on "::", IPv4 too (as ::ffff:a.b.c.d): a dual-stack pod's port
 
-    def __init__(self, doc=None):
+
+class PoolServer:
+    """Serves a mutable ``/pool`` document like the gateway's side port (``host="::"``: on IPv6 and
+    IPv4 at one port, as a gateway on a dual-stack pod)."""
+
+    def __init__(self, doc=None, host="127.0.0.1"):
         self.doc = doc or pool_doc(0, 0.0)
         self.status = 200
         self.hits = 0
@@ -140,8 +146,9 @@ class PoolServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = (_Server6 if ":" in host else _Server)((host, 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):

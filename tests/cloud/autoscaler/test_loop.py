@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import math
+import socket
 from typing import Any
 
 import pytest
@@ -368,6 +369,35 @@ def test_a_url_that_reaches_another_gateway_each_poll_never_differences_their_co
     assert seen == list("AABABBBAAB")
     assert {r for r in rates if r is not None} == {10.0}, rates  # each gateway's own rate, never another's
     assert rates[:3] == [None, 10.0, None]  # A seen twice, then B for the first time
+
+
+def test_a_gateway_answering_at_two_addresses_counts_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dual-stack headless Service lists each gateway's IPv4 and IPv6 address: the gateway was
+    polled at both and counted twice (in flight 8 for its 4, arrivals 20/s for its 10), and one
+    address that did not answer kept every sample partial (no scale-down, ever). Answers naming
+    one ``instance`` are one gateway."""
+    server = PoolServer(host="::")
+    real = asyncio.AbstractEventLoop.getaddrinfo
+
+    async def dual_stack(self, host, port, *args, **kwargs):  # the cluster DNS's A and AAAA records
+        if host != "gateways.test":
+            return await real(self, host, port, *args, **kwargs)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+                (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0))]
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "getaddrinfo", dual_stack)
+    try:
+        poller = GatewayPoller([f"http://gateways.test:{server.port}"])
+        samples = []
+        for i, total in enumerate((100, 250)):
+            server.doc = dict(pool_doc(2, 4.0), requests_total=total, instance="gw-1")
+            samples.append(asyncio.run(poller.poll(15.0 * i)))
+    finally:
+        server.close()
+    assert server.hits == 4  # both addresses asked, each poll
+    last = samples[-1]
+    assert (last.in_flight, last.capacity, last.ready_workers, last.complete) == (4.0, 20.0, 2, True)
+    assert last.arrivals_per_s == 10.0
 
 
 def test_load_sample_from_a_real_gateway_and_worker(tiny_model):
