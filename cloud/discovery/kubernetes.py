@@ -342,7 +342,8 @@ class KubernetesDiscovery:
                     backoff = self.backoff_initial_s
                 self.errors += 1
                 log.warning("EndpointSlice list/watch of %s/%s failed: %s: %s; retrying in %.1f s",
-                            self.namespace, self.service, type(exc).__name__, exc, backoff)
+                            self.namespace, self.service, type(exc).__name__,
+                            " ".join(str(exc).split()), backoff)  # one line: a model's validation error spans several
             self._stop.wait(backoff * random.uniform(0.8, 1.2))
             backoff = min(self.backoff_max_s, backoff * 2)
 
@@ -396,15 +397,23 @@ class KubernetesDiscovery:
             res = self._bounded("listing EndpointSlices", functools.partial(
                 disc.list_namespaced_endpoint_slice, self.namespace, label_selector=self._selector(), limit=500,
                 _continue=cont, _request_timeout=self.request_timeout_s))
-            for s in res.items or []:
+            # A 200 that is no EndpointSliceList (another service at api_server, a proxy's own {} or
+            # {"items": []}) failed with "'NoneType' object has no attribute 'items'", or, with no
+            # items, replaced every worker with none before its missing resourceVersion failed.
+            version = _get(_get(res, "metadata"), "resourceVersion", "resource_version")
+            if not version or not isinstance(_get(res, "items"), list):
+                raise ValueError("the answer to listing EndpointSlices is not an EndpointSliceList (no "
+                                 f"{'metadata.resourceVersion' if not version else 'items'}); check that "
+                                 "api_server (or the kubeconfig) is the Kubernetes API server")
+            for s in res.items:
                 slices[s.metadata.name] = s
-            cont = res.metadata._continue if res.metadata else None
+            cont = res.metadata._continue
             if not cont:
                 break
         self.lists += 1
         self._slices = slices
         self._emit()
-        return str(res.metadata.resource_version)
+        return str(version)
 
     def _watch_from(self, rv: str) -> str:
         from kubernetes import watch

@@ -66,6 +66,7 @@ class FakeKubeAPI:
         self.history = []  # (rv, type, obj)
         self.requests = []
         self.fail_next = 0
+        self.list_answer = None  # bytes every list gets instead (something else answering at the URL)
         self.watch_fault = None  # "empty": every watch ends at once with no event; "gone": every watch gets 410
         self.pod_status = None   # answer every pod read with this Status code (403: the Role lacks get pods)
         self.pod_delay_s = 0.0   # answer every pod read this late (a slow API server)
@@ -106,6 +107,8 @@ class FakeKubeAPI:
                     if api.fail_next > 0:
                         api.fail_next -= 1
                         return self._status(500, "InternalError", "etcd is sad")
+                    if api.list_answer is not None:
+                        return self._raw(200, api.list_answer)
                     items = [copy.deepcopy(s) for _, s in sorted(api.slices.items())]
                     rv = api.rv
                 limit = int(q.get("limit", 0) or 0)
@@ -117,6 +120,13 @@ class FakeKubeAPI:
                     items = items[start:start + limit]
                 self._json(200, {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
                                  "metadata": meta, "items": items})
+
+            def _raw(self, code, body):
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def _chunk(self, doc):
                 data = (json.dumps(doc) + "\n").encode()

@@ -408,3 +408,40 @@ def test_a_trickling_list_ends_at_its_timeout_and_does_not_hold_a_stop(caplog: p
         assert "listing EndpointSlices: no complete answer within request_timeout_s (0.5 s)" in caplog.text
     finally:
         slow.close()
+
+
+
+NOT_A_LIST = "the answer to listing EndpointSlices is not an EndpointSliceList (no metadata.resourceVersion)"
+
+
+@pytest.mark.parametrize("answer, said", [
+    (b'{"kind": "EndpointSliceList", "items": []}', NOT_A_LIST),
+    (b"null", NOT_A_LIST),
+    (b"{}", "ValidationError: 1 validation error for V1EndpointSliceList items "),
+    (b'{"kind": "Status", "apiVersion": "v1", "status": "Success"}', "ValidationError: "),
+])
+def test_a_list_answer_that_is_no_list_keeps_the_workers(kube: FakeKubeAPI, answer: bytes, said: str,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A 200 that is no EndpointSliceList (a proxy's own answer, another service at api_server):
+    one without metadata but with empty items replaced every worker with none (the pool emptied)
+    before failing; the others failed as "'NoneType' object has no attribute 'items'" or a
+    validation error over four lines. The workers are kept and the failure is said on one line."""
+    kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint("10.0.0.1", "p1")]))
+
+    async def scenario() -> tuple[KubernetesDiscovery, list]:
+        d = make(kube)
+        agen = d.watch()
+        snaps = [await until(agen, lambda s: True)]
+        kube.list_answer = answer
+        kube.expire()  # the watch gets 410: the discovery lists again, and again while it fails
+        await async_wait_until(lambda: d.errors >= 2, 10, "two failed lists")
+        with pytest.raises(asyncio.TimeoutError):
+            snaps.append(await asyncio.wait_for(agen.__anext__(), 0.5))
+        await d.close()
+        return d, snaps
+
+    d, snaps = asyncio.run(scenario())
+    assert [{e.address for e in s} for s in snaps] == [{"10.0.0.1:50051"}]
+    failed = [r.getMessage() for r in caplog.records if "EndpointSlice list/watch" in r.getMessage()]
+    assert failed and all("\n" not in m for m in failed)
+    assert said in failed[-1]
