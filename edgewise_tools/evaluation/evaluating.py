@@ -193,8 +193,9 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     index, n_streams = bootstrap.stream_ids(streams)
     w = bootstrap.weights(n_streams, cfg.samples)
     base: Dict[str, Dict[str, Any]] = {}
-    for k, mask in (("edge_only", np.zeros(n, bool)), ("cloud_only", np.ones(n, bool))):
-        base[k], per_frame = hybrid.evaluate_frames(records, mask, nc, merge)
+    for k, (metrics, per_frame) in (("edge_only", hybrid.evaluate_frames(records, np.zeros(n, bool), nc, merge)),
+                                    ("cloud_only", hybrid.cloud_only(records, nc))):
+        base[k] = metrics
         base[k]["f1_ci"] = bootstrap.f1_interval(bootstrap.per_stream(per_frame, index, n_streams), w)
     rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, merge, sending, cfg.samples, lag, gaps)
     ours = cfg.ours or ("learned" if "learned" in scores else "combined")
@@ -203,12 +204,12 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, merge, sending, lag)
     at = _judged_index(cfg.rates, cfg.target_rate)
     our_mask = hybrid.top_fraction(scores[ours][0], cfg.rates[at], streams=streams, gap=gaps.get(ours, 0))
-    payloads = {m: {"cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, merge, m),
+    payloads = {m: {"cloud_only": hybrid.cloud_only(records, nc, m)[0],
                     "at_target_rate": hybrid.evaluate(records, our_mask, nc, merge, m, lag)}
                 for m in modes}
     if isinstance(sending, hybrid.Sending):  # the policy's mode with its refresh, beside the pure modes
         payloads[f"{mode}+whole"] = {
-            "cloud_only": hybrid.evaluate(records, np.ones(n, bool), nc, merge, sending),
+            "cloud_only": hybrid.cloud_only(records, nc, sending)[0],
             "at_target_rate": hybrid.evaluate(records, our_mask, nc, merge, sending, lag)}
     carrying = {"frames": carry.frames, "min_match": carry.min_match, "scope": carry.scope, "lag_frames": lag,
                 "cooldown_frames": gap,

@@ -1,0 +1,77 @@
+"""The cloud-only reference of `edgewise eval` and `check-policy --data` is the cloud model alone.
+
+Every frame escalated and merged under a ``fuse`` policy keeps the edge's boxes the cloud did not
+confirm (above ``edgeFloor``): a hybrid, not the cloud. It was the denominator of every "% of
+cloud-only F1", the gap closed and the edge's mAP ratio, and its "F1 vs cloud" was below 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, List
+
+import numpy as np
+import pytest
+
+from edgewise.detections import Detections
+from edgewise.policy.schema import Merge
+from edgewise_tools.evaluation import evaluating, hybrid
+from edgewise_tools.evaluation.evaluating import EvalConfig, run_eval
+from edgewise_tools.evaluation.frames import FrameRecord
+
+ROOT = Path(__file__).resolve().parents[3]
+FUSE = Merge(strategy="fuse", iou=0.55, edge_floor=0.5)
+OBJ, GHOST = [10, 10, 30, 30], [60, 60, 80, 80]
+
+
+def _d(boxes: List[List[float]], scores: List[float], source: str) -> Detections:
+    return Detections(boxes=np.asarray(boxes, np.float32).reshape(-1, 4), scores=np.asarray(scores, np.float32),
+                      class_ids=np.zeros(len(scores), np.int32), names=("a", "b"), source=source)
+
+
+def _records(streams: int = 1, frames: int = 2) -> List[FrameRecord]:
+    """The cloud finds the one object; the edge finds it too and, confidently, a ghost."""
+    out = []
+    for s in range(streams):
+        for f in range(frames):
+            edge = _d([OBJ, GHOST], [0.9, 0.8], "edge")
+            cloud = _d([OBJ], [0.9], "cloud")
+            out.append(FrameRecord(stream=s, frame=f, width=100, height=100,
+                                   gt_boxes=np.asarray([OBJ], np.float32), gt_cls=np.zeros(1, np.int32),
+                                   edge=edge, cloud=cloud, edge_all=edge, cloud_all=cloud, jpeg_bytes=100))
+    return out
+
+
+def test_cloud_only_is_the_cloud_model_not_every_frame_fused() -> None:
+    records = _records()
+    fused = hybrid.evaluate(records, np.ones(len(records), bool), 2, FUSE)
+    assert fused["f1"] == pytest.approx(2 / 3) and fused["f1_vs_cloud"] < 1.0  # the ghost stays
+    alone, per_frame = hybrid.cloud_only(records, 2)
+    assert alone["f1"] == 1.0 and alone["f1_vs_cloud"] == 1.0 and alone["map50"] == 1.0
+    assert per_frame.tolist() == [[1, 0, 0]] * len(records)
+    assert alone["uplink_saved"] == 0.0 and alone["escalated"] == 1.0
+
+
+def test_run_eval_scores_cloud_only_as_the_cloud_under_a_fuse_policy(tmp_path, monkeypatch) -> None:
+    from edgewise.synth import PRESETS, SynthJob, generate
+
+    data = tmp_path / "test"
+    generate(SynthJob(out=data, frames=2, streams=2, seed=5, split="test", width=96, height=64,
+                      difficulty=PRESETS["easy"]))
+    records = _records(streams=2)
+
+    def loaded(*_a: Any, **_k: Any) -> Any:
+        return SimpleNamespace(names=("a", "b"), input_size="model")
+
+    monkeypatch.setattr(evaluating.Detector, "from_file", loaded)
+    monkeypatch.setattr(evaluating, "_collect", lambda *_a, **_k: records)
+    policy = tmp_path / "policy.yaml"  # the camera example policy (merge fuse, edgeFloor 0.5), whole frames
+    text = (ROOT / "examples" / "policy.yaml").read_text()
+    assert "strategy: fuse" in text and "mode: regions " in text
+    policy.write_text(text.replace("mode: regions ", "mode: full "))
+    result = run_eval(EvalConfig(edge=tmp_path / "e.onnx", cloud=tmp_path / "c.onnx", policy=policy, data=data,
+                                 rates=(0.5,), target_rate=0.5, samples=40, payloads=("full",)))
+    cloud = result["baselines"]["cloud_only"]
+    assert cloud["f1"] == 1.0 and cloud["f1_vs_cloud"] == 1.0 and cloud["f1_ci"] == [1.0, 1.0]
+    assert result["payloads"]["full"]["cloud_only"]["f1"] == 1.0
+    assert result["target"]["edge_f1_ratio"] == pytest.approx(2 / 3)
