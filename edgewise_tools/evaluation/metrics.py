@@ -4,7 +4,9 @@ Matching follows the PASCAL VOC / COCO protocol (Everingham et al. 2010): predic
 in descending score order each take the unmatched ground-truth box of the same class
 with the highest IoU, if that IoU >= the threshold; everything else is a false
 positive, unmatched ground truth is a false negative. AP is the area under the
-monotone precision envelope over all recall points (VOC 2010+, COCO "all points").
+monotone precision envelope over all recall points (VOC 2010+). COCO (pycocotools) and
+YOLOv5 (``edgewise_tools.train.metrics``, the model card's figures) sample the envelope at
+101 recall points instead, which reads slightly higher where recall steps are coarse.
 """
 
 from __future__ import annotations
