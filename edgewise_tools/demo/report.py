@@ -15,7 +15,7 @@ from edgewise.policy import load_policy
 from edgewise.runtime import Detector
 from edgewise_tools.demo import records as R
 from edgewise_tools.evaluation.frames import list_frames, read_labels
-from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap
+from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap, share_of
 
 #: the report's files in ``--out``: the page and the machine-readable summary beside it
 INDEX, SUMMARY = "index.html", "summary.json"
@@ -41,6 +41,23 @@ def _score(preds: List[Boxes], gts: List[Tuple[np.ndarray, np.ndarray]], nc: int
     m, _ = mean_ap(preds, gts, nc)
     return {"f1": round(c.f1, 4), "precision": round(c.precision, 4), "recall": round(c.recall, 4),
             "map50_at_operating_threshold": round(m, 4)}
+
+
+def accuracy(p_edge: List[Boxes], p_hybrid: List[Boxes], p_cloud: List[Boxes],
+             gts: List[Tuple[np.ndarray, np.ndarray]], nc: int, step: int) -> Dict[str, Any]:
+    """Edge only, hybrid and cloud only against the ground truth of the scored frames, and the
+    first two as shares of cloud-only F1 (None when that is 0: a share of nothing, which a
+    floor of 1e-9 under it had printed as billions of percent)."""
+    acc: Dict[str, Any] = {"edge_only": _score(p_edge, gts, nc), "hybrid": _score(p_hybrid, gts, nc),
+                           "cloud_only": _score(p_cloud, gts, nc), "scored_frames": len(gts), "scored_every": step}
+    for run, key in (("hybrid", "hybrid_fraction_of_cloud_f1"), ("edge_only", "edge_fraction_of_cloud_f1")):
+        share = share_of(acc[run]["f1"], acc["cloud_only"]["f1"])
+        acc[key] = None if share is None else round(share, 4)
+    return acc
+
+
+def _share_text(x: Optional[float], digits: int) -> str:
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
 
 
 def _png(fig: Any) -> str:
@@ -150,11 +167,7 @@ def build_report(cfg: Any, data: Path, recs: List[R.Record], events: List[Dict[s
             d = det.detect([img])[0]
             bucket.append((d.boxes, d.class_ids, d.scores))
         p_hybrid.append(_from_json(rec["detections"]) if rec else p_edge[-1])
-    acc: Dict[str, Any] = {"edge_only": _score(p_edge, gts, nc), "hybrid": _score(p_hybrid, gts, nc),
-                           "cloud_only": _score(p_cloud, gts, nc), "scored_frames": len(gts),
-                           "scored_every": step}
-    acc["hybrid_fraction_of_cloud_f1"] = round(acc["hybrid"]["f1"] / max(acc["cloud_only"]["f1"], 1e-9), 4)
-    acc["edge_fraction_of_cloud_f1"] = round(acc["edge_only"]["f1"] / max(acc["cloud_only"]["f1"], 1e-9), 4)
+    acc = accuracy(p_edge, p_hybrid, p_cloud, gts, nc, step)
     uplink = {"all_frames_bytes": all_bytes, "escalated_bytes": esc_bytes,
               "saved": round(1 - esc_bytes / all_bytes, 4) if all_bytes else 0.0, "jpeg_quality": quality,
               "payload": policy.spec.payload.mode}
@@ -213,7 +226,7 @@ def _html(s: Dict[str, Any], plots: Dict[str, str]) -> str:
             (f"F1 edge only / hybrid / cloud only ({a['scored_frames']} frames, every {a['scored_every']})",
              f"{a['edge_only']['f1']:.3f} / {a['hybrid']['f1']:.3f} / {a['cloud_only']['f1']:.3f}"),
             ("edge only and hybrid as % of cloud-only F1",
-             f"{100 * a['edge_fraction_of_cloud_f1']:.1f}% and {100 * a['hybrid_fraction_of_cloud_f1']:.1f}%"),
+             f"{_share_text(a['edge_fraction_of_cloud_f1'], 1)} and {_share_text(a['hybrid_fraction_of_cloud_f1'], 1)}"),
             (f"uplink saved vs sending every frame whole (payload {s['uplink']['payload']})",
              f"{100 * s['uplink']['saved']:.1f}%"),
             ("cloud CPU per answered escalation (worker processes, ms)", "n/a" if cpu is None else cpu),
@@ -234,8 +247,8 @@ def _html(s: Dict[str, Any], plots: Dict[str, str]) -> str:
         f"(seed {world['seed']}), scored on {a['scored_frames']} of its frames, with the policy file deciding live "
         f"under its budget, cooldown and deadline. The README's headline is <code>edgewise eval</code> on {headline}. "
         "The escalation rate here is the policy's, not a chosen one, and a few streams make a wide interval: on "
-        f"this run edge only kept {100 * a['edge_fraction_of_cloud_f1']:.0f}% of cloud-only F1 and the hybrid "
-        f"{100 * a['hybrid_fraction_of_cloud_f1']:.0f}% (on 30 held-out streams the hybrid keeps 90-96% and the "
+        f"this run edge only kept {_share_text(a['edge_fraction_of_cloud_f1'], 0)} of cloud-only F1 and the hybrid "
+        f"{_share_text(a['hybrid_fraction_of_cloud_f1'], 0)} (on 30 held-out streams the hybrid keeps 90-96% and the "
         "95% intervals span about 15 points; two streams can put the cloud below the edge or the hybrid well "
         "above the cloud, where the fused edge boxes find objects the cloud model missed on these frames). "
         "Read this run for what the system does live (escalations, answers, the worker kill, latency, uplink); "

@@ -12,7 +12,7 @@ YOLOv5 (``edgewise_tools.train.metrics``, the model card's figures) sample the e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,6 +46,11 @@ class Counts:
         """2TP / (2TP + FP + FN); 1.0 when there is nothing to find and nothing found."""
         den = 2 * self.tp + self.fp + self.fn
         return 2 * self.tp / den if den else 1.0
+
+
+def share_of(f1: float, cloud_f1: float) -> Optional[float]:
+    """``f1`` as a share of cloud-only F1; None when cloud-only F1 is 0 (nothing to be a share of)."""
+    return f1 / cloud_f1 if cloud_f1 > 0 else None
 
 
 def match(

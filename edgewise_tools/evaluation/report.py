@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional
 
 from edgewise_tools import provenance
 from edgewise_tools.evaluation import bootstrap, scoring
+from edgewise_tools.evaluation.metrics import share_of
 
 POLICY_LABELS = {
     "random": "random sampling",
@@ -44,7 +45,7 @@ def _pct(x: Optional[float]) -> str:
 
 def _share(f1: float, cloud_f1: float) -> str:
     """``f1`` as a share of cloud-only F1; "n/a" when that is 0 (nothing to be a share of)."""
-    return _pct(f1 / cloud_f1) if cloud_f1 > 0 else "n/a"
+    return _pct(share_of(f1, cloud_f1))
 
 
 def _ci(row: Dict[str, Any], scale: float = 1.0) -> str:
