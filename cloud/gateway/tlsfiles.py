@@ -60,8 +60,11 @@ def load_server_files(cert_file: str, key_file: str, client_ca_file: str = "") -
         try:
             # not create_default_context(cadata=...): an empty file (one an in-place write has just
             # emptied, an empty Secret key) is falsy there, loads the system's CAs instead and
-            # passes, and gRPC then served mutual TLS trusting no device at all
-            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=ca.decode("ascii", "replace"))
+            # passes, and gRPC then served mutual TLS trusting no device at all. A str, for PEM
+            # (bytes are DER); ssl takes ASCII only (a TypeError else), and OpenSSL reads only the
+            # PEM blocks: a non-ASCII byte becomes "?", ignored in a comment, refused in a block
+            text = ca.decode("ascii", "replace").replace("\ufffd", "?")
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
         except (ssl.SSLError, ValueError) as exc:
             raise ConfigError(f"tls: tls.client_ca_file {client_ca_file}: not a PEM CA bundle ({exc})") from None
     try:

@@ -298,6 +298,35 @@ def test_an_emptied_client_ca_bundle_is_refused_at_start_and_at_a_reload(tmp_pat
     assert len(refusals) == 1 and f"tls.client_ca_file {client_ca}: not a PEM CA bundle" in refusals[0], refusals
 
 
+def test_a_client_ca_bundle_with_non_ascii_comments_is_served(tmp_path):
+    """A bundle whose comment lines are UTF-8 (``# Issuer: CN=...Főtanúsítvány``, as certifi's and
+    other generated bundles have; OpenSSL and gRPC read only the PEM blocks): the check decoded
+    it with U+FFFD for each such byte, and ``ssl`` refuses a str that is not ASCII with a
+    TypeError, so the gateway ended in a traceback at start (at a reload, a traceback a minute)."""
+    pki = _pki(tmp_path / "pki")
+    pki.issue("server", "gateway", SERVER_SAN)
+    pki.issue("cam", "cam-1")
+    server_ca = (pki.d / "ca.pem").read_bytes()
+    client_ca = tmp_path / "ca.crt"
+    client_ca.write_bytes("# Issuer: CN=NetLock Arany (Class Gold) Főtanúsítvány\n".encode() + server_ca)
+    tls = {"tls.cert_file": pki.path("server.pem"), "tls.key_file": pki.path("server.key"),
+           "tls.client_ca_file": str(client_ca), "tls.require_client_cert": True}
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        try:
+            gw = await gateway(w, **tls)
+            try:
+                assert await detect(gw.port, server_ca, pki.read("cam")) == "OK"
+            finally:
+                await gw.stop(0)
+        finally:
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def test_an_encrypted_key_is_refused_at_start_and_at_a_reload_never_prompted_for(tmp_path, caplog, fast_looks):
     """An encrypted key (there is no passphrase setting): OpenSSL asked the terminal for its
     passphrase, holding the start, or at a reload the gRPC thread asking for the certificate,
