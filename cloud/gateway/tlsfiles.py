@@ -68,7 +68,11 @@ def load_server_files(cert_file: str, key_file: str, client_ca_file: str = "") -
         except (ssl.SSLError, ValueError) as exc:
             raise ConfigError(f"tls: tls.client_ca_file {client_ca_file}: not a PEM CA bundle ({exc})") from None
     try:
-        der = ssl.PEM_cert_to_DER_cert(cert.decode("ascii").split("-----END CERTIFICATE-----")[0]
+        # the first block, wherever it starts: OpenSSL and gRPC skip the text before it (the "Bag
+        # Attributes", "subject=" lines of `openssl pkcs12 -nokeys`)
+        text = cert.decode("ascii", "replace")
+        begin = text.find("-----BEGIN CERTIFICATE-----")
+        der = ssl.PEM_cert_to_DER_cert(text[max(begin, 0):].split("-----END CERTIFICATE-----")[0]
                                        + "-----END CERTIFICATE-----\n")
         not_before, not_after = validity(der)
     except (ValueError, IndexError, UnicodeDecodeError) as exc:

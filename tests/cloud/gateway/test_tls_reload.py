@@ -327,6 +327,33 @@ def test_a_client_ca_bundle_with_non_ascii_comments_is_served(tmp_path):
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_certificate_file_with_text_before_its_block_is_served(tmp_path):
+    """``openssl pkcs12 -nokeys`` (a .pfx converted to PEM) writes ``Bag Attributes``, ``subject=``
+    and ``issuer=`` lines before each block, which OpenSSL and gRPC skip: the gateway read the
+    certificate's validity from the file's start and refused to start ("cannot read its
+    validity (Invalid PEM encoding; must start with -----BEGIN CERTIFICATE-----)")."""
+    pki = _pki(tmp_path / "pki")
+    pki.issue("server", "gateway", SERVER_SAN)
+    server_ca = (pki.d / "ca.pem").read_bytes()
+    cert = tmp_path / "server.pem"
+    cert.write_bytes(b"Bag Attributes\n    localKeyID: 01 00 00 00\nsubject=CN = gateway\nissuer=CN = ca\n"
+                     + pki.read("server")[1])
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        try:
+            gw = await gateway(w, **{"tls.cert_file": str(cert), "tls.key_file": pki.path("server.key")})
+            try:
+                assert await detect(gw.port, server_ca) == "OK"
+            finally:
+                await gw.stop(0)
+        finally:
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def test_an_encrypted_key_is_refused_at_start_and_at_a_reload_never_prompted_for(tmp_path, caplog, fast_looks):
     """An encrypted key (there is no passphrase setting): OpenSSL asked the terminal for its
     passphrase, holding the start, or at a reload the gRPC thread asking for the certificate,
