@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cloud.gateway.tlsfiles import validity
+from cloud.gateway.tlsfiles import pem_validity
 from edgewise.clienttls import FollowedContext, client_context
 from edgewise.errors import ConfigError
 from edgewise.filewatch import Identities, ReloadDecision, identities_of
@@ -63,12 +63,9 @@ def load_client_tls(ca_file: str, cert_file: str, key_file: str) -> ClientTls:
 def _validity(pem: bytes) -> tuple[dt.datetime | None, dt.datetime | None]:
     """(notBefore, notAfter) of the first certificate of a PEM file, for the log; (None, None) when
     it cannot be read (the context took the file: this is no check)."""
-    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
     try:
-        text = pem.decode("ascii")
-        block = text[text.index(begin):text.index(end) + len(end)] + "\n"
-        return validity(ssl.PEM_cert_to_DER_cert(block))
-    except (ValueError, IndexError, UnicodeDecodeError):
+        return pem_validity(pem)
+    except ValueError:
         return None, None
 
 

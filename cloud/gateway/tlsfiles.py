@@ -68,16 +68,26 @@ def load_server_files(cert_file: str, key_file: str, client_ca_file: str = "") -
         except (ssl.SSLError, ValueError) as exc:
             raise ConfigError(f"tls: tls.client_ca_file {client_ca_file}: not a PEM CA bundle ({exc})") from None
     try:
-        # the first block, wherever it starts: OpenSSL and gRPC skip the text before it (the "Bag
-        # Attributes", "subject=" lines of `openssl pkcs12 -nokeys`)
-        text = cert.decode("ascii", "replace")
-        begin = text.find("-----BEGIN CERTIFICATE-----")
-        der = ssl.PEM_cert_to_DER_cert(text[max(begin, 0):].split("-----END CERTIFICATE-----")[0]
-                                       + "-----END CERTIFICATE-----\n")
-        not_before, not_after = validity(der)
-    except (ValueError, IndexError, UnicodeDecodeError) as exc:
+        not_before, not_after = pem_validity(cert)
+    except ValueError as exc:
         raise ConfigError(f"tls: tls.cert_file {cert_file}: cannot read its validity ({exc})") from None
     return ServerFiles(cert, key, ca, not_before, not_after)
+
+
+def pem_validity(pem: bytes) -> tuple[dt.datetime, dt.datetime]:
+    """(notBefore, notAfter) of the first certificate of a PEM file, wherever its block starts:
+    OpenSSL and gRPC skip the text before it (the "Bag Attributes", "subject=" lines of
+    ``openssl pkcs12 -nokeys``); ValueError when there is none to read."""
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    text = pem.decode("ascii", "replace")
+    start = text.find(begin)
+    stop = text.find(end, start) if start >= 0 else -1
+    if stop < 0:
+        raise ValueError(f"no {begin} ... {end} block")
+    try:
+        return validity(ssl.PEM_cert_to_DER_cert(text[start:stop + len(end)] + "\n"))
+    except IndexError as exc:  # a block whose DER ends early
+        raise ValueError(f"not a DER certificate ({exc})") from None
 
 
 def _read(path: str, setting: str) -> bytes:
