@@ -107,10 +107,6 @@ MAX_LINE = 1 << 20
 #: has no line of 64 MiB, and an endless one (``/dev/zero``, a device) would hold the replay
 #: for ever. The records before it are used, and the note names the file (:class:`NoLineEnd`).
 MAX_LINE_RUN = 64 * MAX_LINE
-
-
-class NoLineEnd(OSError):
-    """A line runs past :data:`MAX_LINE_RUN` without a line end: the file is not read on."""
 #: What :func:`_lines` gives for a line longer than :data:`MAX_LINE`: no JSON, told by identity.
 #: Not one character: CPython shares one object per one-character string, so a last line of
 #: just a NUL was counted as too long (found by a probe).
@@ -119,6 +115,12 @@ TOO_LONG = "\0(a line longer than MAX_LINE)\0"
 #: followed by junk (``gzip.BadGzipFile``, an OSError) or a corrupt deflate stream
 #: (``zlib.error``), a disk error.
 READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+class NoLineEnd(OSError):
+    """A line runs past :data:`MAX_LINE_RUN` without a line end: the file is not read on."""
+
+
 #: The capture times a replay accepts, [2000-01-01, 2200-01-01) UTC in Unix ns. A record
 #: outside them was taken by a clock that was not set (a Jetson without an RTC battery starts
 #: at 1970 until NTP syncs) or is corrupt: its hour and span would be meaningless, and one
@@ -406,6 +408,8 @@ class _Source:
 
     def unreadable(self, exc: BaseException, line: int) -> str:
         """The note on a read that failed after ``line`` lines."""
+        if isinstance(exc, NoLineEnd) and line == 0:
+            return f"{self.path}: {exc}: skipped"
         if line == 0:
             return (f"{self.path}: cannot be read ({exc.__class__.__name__}: {exc}): skipped; a gzip file still "
                     "being written (.gz.tmp) or cut short in its first record, or not a records file")
