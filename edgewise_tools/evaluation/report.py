@@ -148,7 +148,7 @@ def markdown(result: Dict[str, Any]) -> str:
         ours = result.get("ours", t.get("ours"))
         unit = "points of cloud-only F1" if cloud_f1 > 0 else "F1; cloud-only F1 is 0, so not in points of it"
         lines += ["", f"## {_label(ours)} minus each baseline ({unit}, [95% CI]; "
-                      "**bold**: the interval excludes 0, a lead that is not noise)", "",
+                      "**bold**: the interval lies above 0, a lead that is not noise)", "",
                   "| baseline | " + " | ".join(_pct(r) for r in rates) + " |", "|---|" + "---|" * len(rates)]
         for b, rows_ in result["differences"].items():
             cells = []
