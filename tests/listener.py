@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Any
 
 
@@ -42,22 +43,16 @@ class TricklingGateway(Listener):
     (``where="headers"``) or in the body."""
 
     def __init__(self, where: str, seconds: float = 6.0, close: bool = False) -> None:
-        import threading
-
         self.where, self.seconds, self.close_header = where, seconds, close
         self.stopped = threading.Event()
         self.connections = 0
         super().__init__()
 
     def on_connection(self, conn: Any) -> None:
-        import threading
-
         self.connections += 1
         threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: Any) -> None:
-        import time
-
         with conn:
             try:
                 conn.recv(65536)
