@@ -242,7 +242,6 @@ def test_postinst_into_an_image_root_leaves_this_machine_alone(tmp_path) -> None
     assert "built at its first boot" in out.stdout
 
 
-
 def test_postinst_into_an_image_root_enables_the_units_without_a_dpkg_root_aware_helper(tmp_path) -> None:
     """deb-systemd-helper reads DPKG_ROOT from init-system-helpers 1.63 on; Ubuntu 20.04 (1.57)
     and 22.04 (1.62), the hosts L4T R35 images are built on, enable nothing in the image, and a
@@ -262,6 +261,7 @@ def test_postinst_into_an_image_root_enables_the_units_without_a_dpkg_root_aware
     out = subprocess.run(["sh", postinst, "configure", "0.1.0"], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in wants.iterdir()) == sorted(set(B.UNITS) - {"edgewise-edge-power.service"})
+
 
 def test_overlay_paths_and_modes(built) -> None:
     with tarfile.open(built.overlay) as tar:
