@@ -248,7 +248,7 @@ def _html(s: Dict[str, Any], plots: Dict[str, str]) -> str:
         f"under its budget, cooldown and deadline. The README's headline is <code>edgewise eval</code> on {headline}. "
         "The escalation rate here is the policy's, not a chosen one, and a few streams make a wide interval: on "
         f"this run edge only kept {_share_text(a['edge_fraction_of_cloud_f1'], 0)} of cloud-only F1 and the hybrid "
-        f"{_share_text(a['hybrid_fraction_of_cloud_f1'], 0)} (on 30 held-out streams the hybrid keeps 90-96% and the "
+        f"{_share_text(a['hybrid_fraction_of_cloud_f1'], 0)} (on 30 held-out streams the hybrid keeps about 90-95% and the "
         "95% intervals span about 15 points; two streams can put the cloud below the edge or the hybrid well "
         "above the cloud, where the fused edge boxes find objects the cloud model missed on these frames). "
         "Read this run for what the system does live (escalations, answers, the worker kill, latency, uplink); "
