@@ -22,7 +22,16 @@ def _fps(text: str) -> float:
     return value
 
 
+#: the signals that stop the demo as Ctrl-C does (a `timeout`, a CI job's cancel; a closed terminal)
+_STOPPING = (signal.SIGTERM, signal.SIGHUP)
+
+
 def _interrupt(signum: int, _frame: object) -> None:
+    """Stop as Ctrl-C does, once: a second SIGTERM while the demo stops what it started (a cancel
+    sent twice) raised in the middle of that clean-up and could leave the cloud's processes
+    running; later ones are ignored until the command's handlers are put back."""
+    for sig in _STOPPING:
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -49,7 +58,7 @@ def _handler(args: argparse.Namespace) -> int:
     cfg = DemoConfig(**kw)  # what is left out follows the world of the cloud model
     # SIGTERM (a `timeout`, a CI job's cancel) and SIGHUP (a closed terminal) stop it as Ctrl-C does: they
     # ended the process at once, and the gateway and workers it had started ran on, orphaned
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, _interrupt) for sig in _STOPPING}
     try:
         summary = run_demo(cfg)
     finally:

@@ -111,3 +111,26 @@ def test_sigterm_or_sighup_stops_the_cloud_it_started_and_removes_its_work_dir(
     assert "Traceback" not in rest, rest
     assert not alive, "processes of the demo outlived it"
     assert not left, "the demo's work dir was left behind"
+
+
+def test_a_second_stop_signal_does_not_cut_the_clean_up_short() -> None:
+    """The first SIGTERM or SIGHUP stops the demo as Ctrl-C does; a second one (a cancel sent
+    twice) raised again inside the clean-up that stops the gateway and workers, and could leave
+    them running. Later ones are ignored until the command puts its handlers back."""
+    import os
+    import signal
+
+    from edgewise_tools.cli import demo as D
+
+    previous = {sig: signal.getsignal(sig) for sig in D._STOPPING}
+    try:
+        for sig in D._STOPPING:
+            signal.signal(sig, D._interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler before the next line
+        os.kill(os.getpid(), signal.SIGTERM)  # during the clean-up: nothing raised
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in D._STOPPING)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
