@@ -794,6 +794,30 @@ def test_a_worker_placement_default_removed_with_null_is_empty(removed: str, key
     assert named(docs, "Deployment", "worker")["spec"]["template"]["spec"].get(key) == left
 
 
+def _object_sections(node: dict, path: str = "") -> list:
+    out = []
+    for key, sub in node.get("properties", {}).items():
+        if sub.get("type") == "object" and "properties" in sub:
+            out.append(f"{path}{key}")
+            out += _object_sections(sub, f"{path}{key}.")
+    return out
+
+
+def test_a_section_removed_with_null_renders_or_is_refused_by_name() -> None:
+    """``--set model=null`` (or ``gateway.service``, ``worker.batching``, ``tls``: 29 sections)
+    failed in a template with "nil pointer evaluating interface {}.source", naming no value.
+    Each section the templates read is required by the schema now, so Helm says
+    "missing property 'model'"; the rest (resources, placement maps) render without it."""
+    for section in _object_sections(json.loads((CHART / "values.schema.json").read_text())):
+        out = subprocess.run([helm(), "template", "rel", str(CHART), "--set", f"{section}=null"],
+                             capture_output=True, text=True)
+        parent, _, key = section.rpartition(".")
+        where = "/" + parent.replace(".", "/") if parent else ""
+        refused = (f"at '{where}': missing property '{key}'",
+                   f"at '/{section.replace('.', '/')}': got null, want object")
+        assert out.returncode == 0 or any(r in out.stderr for r in refused), (section, out.stderr)
+
+
 @pytest.mark.parametrize("sets", [
     ("gateway.resources.requests.memory=1024Mi", "gateway.resources.limits.memory=1Gi"),
     ("gateway.resources.requests.cpu=1000m", "gateway.resources.limits.cpu=1"),
