@@ -124,22 +124,22 @@ def pods_of(slices: Iterable[Any]) -> set[str]:
 
 def endpoints_from_slices(
     slices: Iterable[Any], *, port_name: str | None = None, port: int | None = None,
-    weights: Mapping[str, float] | None = None, default_weight: float = 1.0,
+    weights: Mapping[str, float] | None = None, default_weight: float = 1.0, portless: set[str] | None = None,
 ) -> frozenset[Endpoint]:
     """Merge EndpointSlices (dicts or ``V1EndpointSlice``) into one endpoint set: one endpoint
     per pod. A dual-stack Service has an IPv4 and an IPv6 slice listing every pod: counted as
     two workers, each pod got two channels and twice its share of requests, and the autoscaler
     saw half the load per worker. A pod's READY copy wins, then its IPv4 address (the same
-    choice whichever slice comes first)."""
+    choice whichever slice comes first). A slice without the port is skipped; its name goes
+    into ``portless``."""
     weights = weights or {}
     merged: dict[str, tuple[Endpoint, bool]] = {}  # pod (or address) -> endpoint, whether it is IPv6
     for slc in slices:
         v6 = str(_get(slc, "addressType", "address_type") or "") == "IPv6"
         p = _slice_port(slc, port_name, port)
         if p is None:
-            name = _get(_get(slc, "metadata"), "name")
-            log.warning("EndpointSlice %s has no port %s; skipped (set the port name in discovery)",
-                        name, repr(port_name) if port_name else "(none listed)")
+            if portless is not None:
+                portless.add(str(_get(_get(slc, "metadata"), "name")))
             continue
         for ep in _get(slc, "endpoints") or []:
             addrs = _get(ep, "addresses") or []
@@ -237,6 +237,7 @@ class KubernetesDiscovery:
         self._slices: dict[str, Any] = {}
         self._weights: dict[tuple[str, str], float | None] = {}  # (pod, uid) -> weight
         self._last: frozenset[Endpoint] | None = None
+        self._portless: set[str] = set()  # slices skipped for want of the port, said once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch: Any = None
@@ -501,8 +502,15 @@ class KubernetesDiscovery:
                     ns, pod, self.annotation, what, hint, self.default_weight, WEIGHT_RETRY_S)
 
     def _emit(self) -> None:
+        portless: set[str] = set()
         eps = endpoints_from_slices(self._slices.values(), port_name=self.port_name, port=self.port,
-                                    weights=self._pod_weights(), default_weight=self.default_weight)
+                                    weights=self._pod_weights(), default_weight=self.default_weight,
+                                    portless=portless)
+        if portless - self._portless:  # once per slice, not at each of its watch events
+            log.warning("EndpointSlice %s has no port %s; skipped (set the port name in discovery)",
+                        ", ".join(sorted(portless - self._portless)),
+                        repr(self.port_name) if self.port_name else "(none listed)")
+        self._portless = portless
         if eps != self._last:
             self._last = eps
             if self._loop is not None:

@@ -445,3 +445,30 @@ def test_a_list_answer_that_is_no_list_keeps_the_workers(kube: FakeKubeAPI, answ
     failed = [r.getMessage() for r in caplog.records if "EndpointSlice list/watch" in r.getMessage()]
     assert failed and all("\n" not in m for m in failed)
     assert said in failed[-1]
+
+
+def test_a_slice_without_the_port_is_said_once_not_at_each_event(kube: FakeKubeAPI,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A slice without the configured port was warned about at each watch event of any slice
+    (a pool whose pods change often logged it on every change); it is said when a slice
+    first lacks the port, and again only after the port came back and went again."""
+    kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint("10.0.0.1", "p1")]))
+    kube.put_slice(slice_doc("w-http", "edgewise-worker", [endpoint("10.0.0.9", "p9")], ports=(("http", 8080),)))
+
+    async def scenario() -> None:
+        d = make(kube)
+        agen = d.watch()
+        await until(agen, lambda s: len(s) == 1)
+        for n in range(2, 5):  # three changes of the good slice
+            kube.put_slice(slice_doc("w-a", "edgewise-worker", [endpoint(f"10.0.0.{i}", f"p{i}")
+                                                                for i in range(1, n + 1)]))
+            await until(agen, lambda s, n=n: len(s) == n)
+        kube.put_slice(slice_doc("w-http", "edgewise-worker", [endpoint("10.0.0.9", "p9")]))
+        await until(agen, lambda s: len(s) == 5)
+        kube.put_slice(slice_doc("w-http", "edgewise-worker", [endpoint("10.0.0.9", "p9")], ports=(("http", 8080),)))
+        await until(agen, lambda s: len(s) == 4)
+        await d.close()
+
+    asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records if "has no port" in r.getMessage()]
+    assert said == ["EndpointSlice w-http has no port 'grpc'; skipped (set the port name in discovery)"] * 2
