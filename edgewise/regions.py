@@ -280,6 +280,9 @@ def plan_payload(frame: np.ndarray, dets: Detections, motion_blobs: Optional[np.
       else the frame;
     * ``low+regions``: the frame scaled to ``low_width`` plus the regions, else just the
       scaled frame (DDS's low-quality stream is always sent).
+
+    A frame no wider than ``low_width`` goes whole in ``downscaled`` and ``low+regions``: it is
+    never enlarged, so its "low" frame is the frame at full resolution.
     """
     if mode not in MODES:
         raise ValueError(f"payload mode must be one of {MODES}, got {mode!r}")
@@ -290,6 +293,11 @@ def plan_payload(frame: np.ndarray, dets: Detections, motion_blobs: Optional[np.
             return PayloadPlan(frame, [])
         x1, y1, x2, y2 = r
         return PayloadPlan(np.ascontiguousarray(frame[y1:y2, x1:x2]), [], np.array([r], np.float32), (x1, y1))
+    if mode in ("downscaled", "low+regions") and low_width >= w:
+        # never enlarged: the "low" frame would be the frame itself at full resolution, and a
+        # region next to it the same pixels twice (each object found twice, at the same scale,
+        # so no tile wins in tiles_to_frame): the whole frame says it all
+        return PayloadPlan(frame, [])
     if mode == "downscaled":
         img, tiles = pack(frame, [], low_width)
         return PayloadPlan(img, tiles)

@@ -252,7 +252,8 @@ class Payload:
         0.2, lo=0, hi=2,
     )
     downscale_width: int = opt(
-        "downscaleWidth", "int", "Width of the frame in downscaled and low+regions payloads (never enlarged).",
+        "downscaleWidth", "int", "Width of the frame in downscaled and low+regions payloads (never enlarged: "
+        "a frame no wider goes whole).",
         640, lo=32, hi=8192,
     )
     region_min: int = opt(

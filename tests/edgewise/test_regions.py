@@ -101,3 +101,26 @@ def test_payloads_and_signals_agree_on_uncertain_boxes() -> None:
     assert uncertain_signals(two, per_class)[0] == pytest.approx(1 / per_class.uncertain_saturation)
     (r,) = propose_regions(two, None, SIZE, score_bands(two, per_class), min_side=96)
     assert r[0] <= 600 and r[2] >= 700 and r[0] > 150  # around the class-b box only
+
+
+def test_a_frame_no_wider_than_the_low_width_goes_whole_not_twice() -> None:
+    """A 640x480 camera under low+regions (downscaleWidth 640): the "low" frame was the frame
+    itself at scale 1, next to each region at scale 1, so no tile won in tiles_to_frame and
+    every object in a region came back twice (32 duplicate pairs in 30 frames through a real
+    gateway), for more bytes than the whole frame."""
+    from edgewise.regions import plan_payload
+
+    rng = np.random.default_rng(1)
+    d = dets([[100, 100, 150, 160], [400, 300, 450, 360]], [0.4, 0.4])
+    for w, h in ((640, 480), (64, 48), (320, 640)):
+        frame = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+        for mode in ("downscaled", "low+regions"):
+            plan = plan_payload(frame, d, None, mode, BAND, low_width=640)
+            assert plan.image is frame and plan.tiles == [] and plan.regions is None, (w, h, mode)
+    wider = rng.integers(0, 255, (480, 641, 3), dtype=np.uint8)  # one pixel wider: scaled down, regions win
+    plan = plan_payload(wider, d, None, "low+regions", BAND, low_width=640)
+    assert plan.tiles[0].scale > 1.0 and len(plan.tiles) == 3
+    both = np.array([[t.x + t.width / 2 - 1, t.y + t.height / 2 - 1, t.x + t.width / 2 + 1, t.y + t.height / 2 + 1]
+                     for t in plan.tiles[1:2]] + [[k / plan.tiles[0].scale for k in (124, 129, 126, 131)]],
+                    np.float32)
+    assert len(tiles_to_frame(dets(both, [0.9, 0.9]), plan.tiles, (641, 480))) == 1  # one object, once
