@@ -46,6 +46,10 @@ GUTTER_VALUE = 114
 
 Rect = Tuple[int, int, int, int]
 
+#: most tiles one packed image may carry (the worker refuses more, ``edgewise.wire``): a
+#: ``low+regions`` payload's low frame takes one of them, so it packs at most one region fewer
+MAX_TILES = 64
+
 
 @dataclass(frozen=True)
 class Tile:
@@ -302,8 +306,9 @@ def plan_payload(frame: np.ndarray, dets: Detections, motion_blobs: Optional[np.
         img, tiles = pack(frame, [], low_width)
         return PayloadPlan(img, tiles)
     if mode in ("regions", "low+regions"):
-        rs = propose_regions(dets, motion_blobs, (w, h), band, padding, min_side, max_regions, max_area)
         low = low_width if mode == "low+regions" else 0
+        most = min(max_regions, MAX_TILES - (1 if low else 0))  # one image, at most MAX_TILES parts
+        rs = propose_regions(dets, motion_blobs, (w, h), band, padding, min_side, most, max_area)
         if rs is None:
             return PayloadPlan(frame, []) if not low else PayloadPlan(*pack(frame, [], low))
         img, tiles = pack(frame, rs, low)

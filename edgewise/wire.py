@@ -23,7 +23,7 @@ from edgewise.detections import Detections
 from edgewise.errors import InvalidInputError
 from edgewise.imagefiles import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, Buffer, ImageHeader
 from edgewise.images import check_bgr
-from edgewise.regions import Tile, overlap, tiles_to_frame
+from edgewise.regions import MAX_TILES, Tile, overlap, tiles_to_frame
 from edgewise.v1 import detect_pb2
 
 FORMATS = ("jpeg", "png", "raw")
@@ -141,8 +141,6 @@ def check_image(
     return header
 
 
-#: most tiles one packed image may carry
-MAX_TILES = 64
 #: a tile's scale (source pixels per image pixel): up to 64 times down, or up (0 means 1)
 MAX_TILE_SCALE = 64.0
 MIN_TILE_SCALE = 1.0 / MAX_TILE_SCALE

@@ -29,9 +29,10 @@ from google.protobuf.message import DecodeError
 
 from edgewise import status
 from edgewise.errors import InvalidInputError
+from edgewise.regions import MAX_TILES
 from edgewise.status import RequestKeys, error_response
 from edgewise.v1 import detect_pb2
-from edgewise.wire import MAX_TILES, answer_mismatch
+from edgewise.wire import answer_mismatch
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
@@ -204,7 +205,7 @@ def read_request(body: bytes, max_edge_detections: int | None = None) -> Request
 
 #: fields the request's ``image`` may have, over all its occurrences, counting each value of
 #: ``shape`` (three for RAW): its own scalars, a few repeated by a sender that merges messages,
-#: unknown ones of a newer sender, and its tiles (``edgewise.wire.MAX_TILES``)
+#: unknown ones of a newer sender, and its tiles (``edgewise.regions.MAX_TILES``)
 IMAGE_FIELDS = MAX_TILES + OTHER_FIELDS
 _TOO_MANY_IMAGE_FIELDS = (f"request.image has more than {IMAGE_FIELDS} fields (each shape value and tile counted; a "
                           f"RAW shape has 3, at most {MAX_TILES} tiles): send one image")

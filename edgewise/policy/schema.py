@@ -24,7 +24,7 @@ from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
 from edgewise.merging import STRATEGIES, carried_boxes, merge
 from edgewise.policy.budget import MAX_WINDOW_FRAMES
 from edgewise.policy.fields import FieldSpec, field_default, opt
-from edgewise.regions import MODES, PayloadPlan, plan_payload
+from edgewise.regions import MAX_TILES, MODES, PayloadPlan, plan_payload
 
 API_VERSION = "edgewise/v1"
 KIND = "EscalationPolicy"
@@ -260,8 +260,9 @@ class Payload:
         "regionMin", "int", "Smallest region side in pixels: a small box is sent with this much context.", 96,
         lo=8, hi=8192,
     )
-    max_regions: int = opt("maxRegions", "int", "Most regions per escalation (the most uncertain first).", 8,
-                           lo=1, hi=64)
+    max_regions: int = opt("maxRegions", "int", "Most regions per escalation (the most uncertain first); "
+                           f"low+regions packs at most {MAX_TILES - 1}, for its image holds at most {MAX_TILES} "
+                           "parts.", 8, lo=1, hi=MAX_TILES)
     max_region_area: float = opt(
         "maxRegionArea", "float",
         "Most of the frame the regions may cover together; beyond it the whole frame is sent.", 0.4,

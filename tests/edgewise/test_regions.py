@@ -124,3 +124,24 @@ def test_a_frame_no_wider_than_the_low_width_goes_whole_not_twice() -> None:
                      for t in plan.tiles[1:2]] + [[k / plan.tiles[0].scale for k in (124, 129, 126, 131)]],
                     np.float32)
     assert len(tiles_to_frame(dets(both, [0.9, 0.9]), plan.tiles, (641, 480))) == 1  # one object, once
+
+
+def test_low_plus_regions_never_packs_more_tiles_than_a_worker_takes() -> None:
+    """maxRegions may be 64, the most tiles a worker takes; low+regions added its low frame as
+    a 65th tile, and a 4K frame with 64 far motion blobs was refused by every worker
+    (INVALID_ARGUMENT "image.tiles: 65 tiles, at most 64"): the frame never got an answer."""
+    from edgewise.regions import MAX_TILES, plan_payload
+    from edgewise.v1 import detect_pb2
+    from edgewise.wire import check_image, encode_image, tiles_to_proto
+
+    frame = np.zeros((2160, 3840, 3), np.uint8)
+    blobs = np.array([[x, y, x + 20, y + 20] for x in range(100, 3800, 380) for y in range(100, 2100, 250)],
+                     np.float32)
+    assert len(blobs) > MAX_TILES
+    for mode in ("regions", "low+regions"):
+        plan = plan_payload(frame, dets([], []), blobs, mode, BAND, max_regions=MAX_TILES)
+        assert len(plan.tiles) == MAX_TILES, mode
+        img = encode_image(plan.image, "png")
+        img.source_width, img.source_height = 3840, 2160
+        img.tiles.extend(tiles_to_proto(plan.tiles))
+        check_image(detect_pb2.Image.FromString(img.SerializeToString()))  # what the worker checks
