@@ -254,6 +254,14 @@ REGION_MODES = ("crops", "regions")
 COMPARED_MODES = ("full", "downscaled", "regions", "low+regions")
 
 
+def low_is_frame(width: int, low_width: int) -> bool:
+    """Whether a frame ``width`` pixels wide, scaled to ``low_width`` (never enlarged), is the
+    frame itself: then ``downscaled`` and ``low+regions`` send the whole frame (as ``full``), for
+    a region next to it would be the same pixels twice (each object found twice at the same
+    scale, so no tile wins in :func:`tiles_to_frame`)."""
+    return low_width >= width
+
+
 @dataclass
 class PayloadPlan:
     """What one escalation sends, before encoding.
@@ -297,10 +305,7 @@ def plan_payload(frame: np.ndarray, dets: Detections, motion_blobs: Optional[np.
             return PayloadPlan(frame, [])
         x1, y1, x2, y2 = r
         return PayloadPlan(np.ascontiguousarray(frame[y1:y2, x1:x2]), [], np.array([r], np.float32), (x1, y1))
-    if mode in ("downscaled", "low+regions") and low_width >= w:
-        # never enlarged: the "low" frame would be the frame itself at full resolution, and a
-        # region next to it the same pixels twice (each object found twice, at the same scale,
-        # so no tile wins in tiles_to_frame): the whole frame says it all
+    if mode in ("downscaled", "low+regions") and low_is_frame(w, low_width):
         return PayloadPlan(frame, [])
     if mode == "downscaled":
         img, tiles = pack(frame, [], low_width)

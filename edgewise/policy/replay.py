@@ -85,6 +85,7 @@ from edgewise.policy.recorded import (
     value_rule,
 )
 from edgewise.policy.schema import Payload, Policy, WholeFrames
+from edgewise.regions import low_is_frame
 
 #: A stream of the records: (device, stream id); frame_seqs and budgets are a device's.
 Key = Tuple[str, str]
@@ -220,7 +221,7 @@ class Side:
         mode = self.whole_frames.mode(pl, sid, t)  # full when the refresh is due
         if mode in PART_MODES:
             return (part, 0.0) if part is not None else (0.0, pixels)
-        if mode == "full":
+        if mode == "full" or (mode in SCALED_MODES and width > 0 and low_is_frame(width, pl.downscale_width)):
             return pixels, 0.0
         low = pixels * min(1.0, pl.downscale_width / width) ** 2 if width > 0 else pixels
         if mode == "downscaled":

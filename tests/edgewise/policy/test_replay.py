@@ -360,6 +360,14 @@ def test_region_payloads_calibrate_on_their_area_and_each_side_sends_its_mode(tm
     down = policy(budget + "  payload: {mode: downscaled, downscaleWidth: 320}\n", "down")
     assert replay([path], down, regions)["sides"][0]["overall"]["uplink_bytes"] == pytest.approx(
         20 * 320 * 240 * 0.2, rel=1e-6)
+    # a 640-wide frame under low+regions at downscaleWidth 640 goes whole, as the daemon sends it
+    # (edgewise.regions.low_is_frame): not the frame plus its regions again
+    low = policy(budget + "  payload: {mode: low+regions, downscaleWidth: 640}\n", "low")
+    assert replay([path], low, regions)["sides"][0]["overall"]["uplink_bytes"] == pytest.approx(
+        20 * 640 * 480 * 0.2, rel=1e-6)
+    low = policy(budget + "  payload: {mode: low+regions, downscaleWidth: 320}\n", "low")
+    assert replay([path], low, regions)["sides"][0]["overall"]["uplink_bytes"] == pytest.approx(
+        20 * (320 * 240 + 30_000) * 0.2, rel=1e-6)
     for r in recs:
         del r["regions"]
         r["payload"] = "downscaled"
