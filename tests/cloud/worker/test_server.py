@@ -515,6 +515,40 @@ def test_a_call_whose_deadline_passes_in_the_model_counts_as_deadline_exceeded_n
     assert (deadline_exceeded, cancelled) == (1.0, 1.0)
 
 
+def test_a_call_whose_callers_deadline_passes_first_counts_as_deadline_exceeded(tiny_model):
+    """The caller's copy of a call's deadline runs out before the worker's (which began when the
+    headers arrived), and its cancellation can beat the worker's own timer: in a real burst 10 of
+    38 calls whose 0.5 s deadline passed in the queue were counted CANCELLED, 0.2 to 3.7 ms early,
+    although each caller got DEADLINE_EXCEEDED. Here the caller gives up 5 ms before the worker's deadline."""
+    settings = make_settings(tiny_model, max_batch_size=1, max_queue_delay_ms=0)
+
+    def sample(srv: WorkerServer, code: str) -> float:
+        return srv.service.metrics.registry.get_sample_value("edgewise_worker_requests_total", {"status": code}) or 0.0
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            before = sample(srv, "DEADLINE_EXCEEDED"), sample(srv, "CANCELLED")
+            release = block_inference(srv)
+            contexts = []
+            infer = srv.service._infer
+
+            async def spy(request, context):  # the worker's view of the call's deadline
+                contexts.append(context)
+                return await infer(request, context)
+
+            srv.service._infer = spy
+            late = stub.Infer(jpeg_request(photo()), timeout=1.0)
+            await async_wait_until(lambda: srv.service.load().in_flight == 1, 10, "the call taken")
+            while contexts[0].time_remaining() > 0.005:
+                await asyncio.sleep(0.001)
+            late.cancel()  # as the caller's deadline does, a moment before the worker's
+            await async_wait_until(lambda: srv.service.load().in_flight == 0, 10, "the call to end")
+            release.set()
+            return sample(srv, "DEADLINE_EXCEEDED") - before[0], sample(srv, "CANCELLED") - before[1]
+
+    assert asyncio.run(main()) == (1.0, 0.0)
+
+
 def test_bad_settings_are_rejected_before_binding(tiny_model, tmp_path):
     from edgewise.errors import ConfigError
 
