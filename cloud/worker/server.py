@@ -272,11 +272,23 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         deadline = self._deadline(request, context)
         if self.batcher.depth >= self.batcher.policy.max_queue_size:  # shed before decoding
             raise OverloadedError(self._full_message())
+        arrived = self.clock()
         prepared = await self._decode(request.image, deadline)
         loop = asyncio.get_running_loop()
         job = _Job(prepared, loop.create_future(), self.clock())
         h, w = prepared.meta.src_shape[:2]
-        self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline, pixels=h * w)
+        try:
+            self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline, pixels=h * w)
+        except DeadlineExceededError:
+            need = self.batcher.need_s(h * w)
+            if deadline is None or deadline - need <= arrived:
+                raise  # too close already when it came: the client's deadline (TOO_SHORT_MARK)
+            # it came with time enough and spent it waiting for this worker's decoding: load,
+            # like a decode budget that stays full (PixelBudget), not a deadline to send later
+            raise OverloadedError(
+                f"this worker took {1e3 * (job.accepted - arrived):.0f} ms to decode the image (its decode backlog): "
+                f"{1e3 * (deadline - job.accepted):.1f} ms were left of the deadline, a batch takes about "
+                f"{1e3 * need:.1f} ms; {BUSY_MARK}") from None
         self.metrics.queue_depth.set(self.batcher.depth)
         self._wake.set()
         try:

@@ -465,6 +465,37 @@ def test_deadlines_expired_requests_never_reach_the_model(tiny_model):
     assert metrics.batch_size._sum.get() == 1
 
 
+def test_a_deadline_spent_waiting_to_decode_is_this_workers_load_not_the_callers(tiny_model):
+    """A request that came with time enough but spent it waiting for this worker's decoding (its
+    decode pool busy with a backlog) was refused with "deadline is -… ms away but a batch takes
+    about … ms; send a later deadline": the gateway read that as the client's too-urgent deadline
+    (no load counted) and the client was told to send later deadlines. It is this worker's load:
+    RESOURCE_EXHAUSTED, "retry on another worker or later", like a decode budget that stays full."""
+    settings = make_settings(tiny_model, max_batch_size=1, max_queue_delay_ms=0)
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            release, started = threading.Event(), threading.Event()
+
+            def hold() -> None:  # the decode pool busy, as with a backlog of large images
+                started.set()
+                release.wait(60)
+
+            for _ in range(srv.service._decode_pool._max_workers):
+                srv.service._decode_pool.submit(hold)
+            assert started.wait(5)
+            req = jpeg_request(photo(), deadline_unix_ns=time.time_ns() + 300_000_000)  # ample for one batch
+            answer = asyncio.create_task(call(stub, req))
+            await async_wait_until(lambda: time.time_ns() > req.deadline_unix_ns, 10, "the deadline to pass")
+            release.set()
+            return await answer
+
+    code, details = asyncio.run(main())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
+    assert "retry on another worker or later" in details and "later deadline" not in details
+    assert "decod" in details
+
+
 def test_a_request_deadline_behind_this_workers_clock_names_the_clocks(tiny_model):
     """The gateway forwards ``deadline_unix_ns`` as the client sent it and gives the hop a relative
     timeout within it. A worker whose clock is 60 s ahead read every such request as already late
