@@ -186,7 +186,10 @@ def _plain(value: Any) -> Any:
 
 def _check(tree: Dict[str, Any], template: Path, overrides: List[str], token: Optional[str]) -> Any:
     """``tree`` (and ``overrides``) through the daemon's own loader; its error names the
-    template (or the ``--set`` flag) instead of the scratch file."""
+    template (or the ``--set`` flag) instead of the scratch file, without the scratch file's
+    line: ``tree`` is re-dumped without the template's comments and with the flags' values,
+    so that line is no line of the template (``--endpoint gw`` was blamed on a line 16 that
+    held something else)."""
     with tempfile.TemporaryDirectory() as tmp:
         probe = Path(tmp) / "edge.yaml"
         probe.write_text(yaml.safe_dump(tree, sort_keys=False))
@@ -194,7 +197,8 @@ def _check(tree: Dict[str, Any], template: Path, overrides: List[str], token: Op
         try:
             return SCHEMA.load(str(probe), overrides, env=env)
         except ConfigError as exc:
-            raise ConfigError(str(exc).replace(str(probe), f"{template} (+ provision flags)")) from None
+            where = f"{template} (+ provision flags)"
+            raise ConfigError(re.sub(re.escape(str(probe)) + r"(:\d+)?", lambda _m: where, str(exc))) from None
 
 
 def _token_line(root: Path) -> bool:

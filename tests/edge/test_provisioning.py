@@ -178,6 +178,19 @@ def test_a_bad_set_path_is_one_line_naming_the_flag(rootfs: Path, capsys, item: 
     assert (rootfs / "etc/edgewise/edge.yaml").read_text() == before
 
 
+@pytest.mark.parametrize("extra, needle", [
+    (["--endpoint", "gw.plant.lan"], "cloud.endpoints[0]: the gateway address: 'gw.plant.lan' is not 'host:port'"),
+    ([], "cloud.endpoints[0]: 'edgewise-gateway.example.com:50051' is a placeholder"),
+])
+def test_an_invalid_value_names_the_template_without_a_line_of_the_scratch_copy(rootfs: Path, capsys, extra,
+                                                                                needle) -> None:
+    # The values are checked in a re-dump of the template without its comments: a line number of
+    # that copy ("edge.yaml (+ provision flags):16:") pointed at an unrelated line of the template.
+    assert main(["edge", "provision", "--root", str(rootfs), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{rootfs / 'etc/edgewise/edge.yaml'} (+ provision flags): {needle}" in err, err
+
+
 def test_set_values_are_written_as_the_loader_reads_them(rootfs: Path) -> None:
     assert main(["edge", "provision", "--root", str(rootfs), "--endpoint", "gw:1", "--set", "metrics.port=9200",
                  "--set", "streams.0.fps=7.5", "--set", "metrics.tegrastats=off",
