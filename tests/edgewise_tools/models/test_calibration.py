@@ -36,6 +36,13 @@ def test_empty_folder_named(tmp_path):
         open_frames(tmp_path)
 
 
+def test_a_dataset_folder_points_at_its_images(tmp_path):
+    # `edgewise synth --out frames` then `model quantize --calib frames/`: the images are in frames/images
+    _photos(tmp_path / "images", 1)
+    with pytest.raises(InvalidInputError, match=rf"has no images .*; it looks like a dataset folder: pass {tmp_path / 'images'}"):
+        open_frames(tmp_path)
+
+
 def test_not_a_video_named(tmp_path):
     bogus = tmp_path / "clip.mp4"
     bogus.write_bytes(b"\x00" * 1000)
