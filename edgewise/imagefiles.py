@@ -64,6 +64,22 @@ class ImageLimitError(InvalidInputError):
 
 #: File name endings read as images (folder sources, calibration folders); case-insensitive.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
+
+
+def dataset_hint(folder: Union[str, os.PathLike[str]]) -> str:
+    """For a folder without images: ``"; it looks like a dataset folder: its images are in
+    FOLDER/images"`` when that subfolder holds images (an ``edgewise synth`` dataset, YOLO's
+    layout), else ``""``. The folder a user passes is often the dataset's, not its images'."""
+    sub = os.path.join(os.fspath(folder), "images")
+    try:
+        names = os.listdir(sub)
+    except OSError:
+        return ""
+    if any(n.lower().endswith(IMAGE_SUFFIXES) for n in names):
+        return f"; it looks like a dataset folder: its images are in {sub}"
+    return ""
+
+
 #: Failed reads in a row that end a video before the frame count its header states (see
 #: ``video_ended``): the edge daemon's and the calibration reader's rule.
 VIDEO_FAIL_RUN_LIMIT = 1000

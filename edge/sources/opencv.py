@@ -44,6 +44,7 @@ from edgewise.imagefiles import (
     DEFAULT_MAX_PIXELS,
     IMAGE_SUFFIXES,
     ImageLimitError,
+    dataset_hint,
     hidden,
     natural_key,
     read_image_file,
@@ -78,7 +79,8 @@ def list_images(folder: str) -> List[Path]:
 def _probe_folder(path: str) -> Optional[str]:
     files = list_images(path)
     if not files:
-        return f"image folder {shown(path)} has no images ({', '.join(IMAGE_SUFFIXES)}; hidden files are skipped)"
+        return (f"image folder {shown(path)} has no images ({', '.join(IMAGE_SUFFIXES)}; hidden files are "
+                f"skipped){dataset_hint(path)}")
     why = ""
     for f in files[:FOLDER_PROBE_FILES]:
         try:
@@ -132,7 +134,8 @@ def local_source_problem(kind: str, path: str, probe: bool = True) -> Optional[s
             if probe:
                 return _probe_folder(path)
             if not list_images(path):
-                return f"image folder {name} has no images ({', '.join(IMAGE_SUFFIXES)}; hidden files are skipped)"
+                return (f"image folder {name} has no images ({', '.join(IMAGE_SUFFIXES)}; hidden files are "
+                        f"skipped){dataset_hint(path)}")
         except OSError as exc:
             return f"image folder {name} cannot be read: {exc.strerror or exc}"
     return None

@@ -29,6 +29,7 @@ import numpy as np
 from edgewise.errors import InvalidInputError
 from edgewise.imagefiles import (
     IMAGE_SUFFIXES,
+    dataset_hint,
     hidden,
     natural_key,
     read_image_file,
@@ -136,11 +137,8 @@ def open_frames(path: PathLike, what: str = "calibration source") -> FrameSource
             ) from None
         files = [p / n for n in entries if n.lower().endswith(IMAGE_SUFFIXES) and (p / n).is_file()]
         if not files:
-            sub = p / "images"  # an `edgewise synth` dataset keeps its frames there
-            if sub.is_dir() and any(n.lower().endswith(IMAGE_SUFFIXES) for n in os.listdir(sub)):
-                hint = f"it looks like a dataset folder: pass {sub}"
             raise InvalidInputError(
-                f"{what} folder {p} has no images ({', '.join(IMAGE_SUFFIXES)}); {hint}"
+                f"{what} folder {p} has no images ({', '.join(IMAGE_SUFFIXES)}){dataset_hint(p) or '; ' + hint}"
             )
         unreadable = [f for f in files if not os.access(f, os.R_OK)]
         if len(unreadable) == len(files):

@@ -13,6 +13,7 @@ from typing import List
 
 import cv2
 import numpy as np
+import pytest
 
 from edge.sources import ImageFolderSource, VideoFileSource
 from edge.sources.base import SourceState
@@ -183,6 +184,16 @@ def test_check_config_opens_what_the_daemon_would_open(tmp_path):
     hidden_only.mkdir()
     _png(hidden_only / "._x.png", 1)
     assert "has no images" in (local_source_problem("folder", str(hidden_only)) or "")
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_a_dataset_folder_given_as_a_folder_stream_points_at_its_images(tmp_path, probe):
+    # `edgewise synth --out data` keeps the frames in data/images; uri: data was only "has no images"
+    (tmp_path / "images").mkdir()
+    _png(tmp_path / "images" / "s000_f000000.png", 1)
+    problem = local_source_problem("folder", str(tmp_path), probe=probe) or ""
+    assert problem.endswith(f"has no images (.jpg, .jpeg, .png, .bmp, .webp, .tif, .tiff, .pgm, .ppm; hidden files "
+                            f"are skipped); it looks like a dataset folder: its images are in {tmp_path / 'images'}")
 
 
 def test_a_looping_folder_of_bad_files_backs_off_once_per_pass(tmp_path, caplog):

@@ -39,7 +39,7 @@ def test_empty_folder_named(tmp_path):
 def test_a_dataset_folder_points_at_its_images(tmp_path):
     # `edgewise synth --out frames` then `model quantize --calib frames/`: the images are in frames/images
     _photos(tmp_path / "images", 1)
-    with pytest.raises(InvalidInputError, match=rf"has no images .*; it looks like a dataset folder: pass {tmp_path / 'images'}"):
+    with pytest.raises(InvalidInputError, match=rf"has no images .*; it looks like a dataset folder: its images are in {tmp_path / 'images'}$"):
         open_frames(tmp_path)
 
 
