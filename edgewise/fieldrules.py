@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Collection, Optional, Sequence
 
 #: What each scalar kind is called in "allowed:" texts.
 KIND_WORDS = {"float": "a number", "int": "an integer", "bool": "true | false", "str": "a string"}
@@ -78,3 +78,20 @@ def suggest(key: str, options: Sequence[str]) -> str:
     """`` (did you mean 'x'?)`` for the :func:`closest` option, else ``""``."""
     hit = closest(key, options)
     return f" (did you mean {hit!r}?)" if hit else ""
+
+
+#: ``kind`` of an escalation policy file (:mod:`edgewise.policy.schema`).
+POLICY_KIND = "EscalationPolicy"
+
+
+def other_file_hint(top_keys: Collection[str], kind: object, read_as_policy: bool) -> str:
+    """For an unknown key at the top of a file: ``"; ..."`` saying it is the other kind of file
+    (a policy given as ``--config``, or a settings file given as the policy), else ``""``.
+    The loaders' own "unknown key; allowed: ..." named the first key and nothing else."""
+    if not read_as_policy and kind == POLICY_KIND:
+        return (f"; this file is an escalation policy (kind: {POLICY_KIND}), not settings: the edge daemon "
+                "reads it from policy_file (--policy)")
+    if read_as_policy and "kind" not in top_keys and "spec" not in top_keys:
+        return (f"; this file is no escalation policy (a policy has apiVersion, kind: {POLICY_KIND}, metadata "
+                "and spec at its top): settings go to --config, the policy is the file policy_file names")
+    return ""

@@ -21,7 +21,7 @@ import yaml
 
 from edgewise import yamlnodes
 from edgewise.errors import ConfigError
-from edgewise.fieldrules import show, suggest
+from edgewise.fieldrules import other_file_hint, show, suggest
 from edgewise.hardness.learned import GainModel
 from edgewise.policy.fields import FieldSpec, field_specs
 from edgewise.policy.schema import Policy
@@ -130,8 +130,12 @@ def _build(cls: Any, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
     kwargs: Dict[str, Any] = {}
     for key, (knode, vnode) in items.items():
         if key not in specs:
+            hint = ""
+            if not path:
+                kind = items["kind"][1] if "kind" in items else None
+                hint = other_file_hint(items, kind.value if isinstance(kind, yaml.ScalarNode) else None, True)
             raise ctx.fail(
-                knode, _join(path, key), f"unknown key{suggest(key, list(specs))}",
+                knode, _join(path, key), f"unknown key{suggest(key, list(specs))}{hint}",
                 " | ".join(specs),
             )
         attr, spec = specs[key]

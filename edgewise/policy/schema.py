@@ -18,6 +18,7 @@ import numpy as np
 from edgewise.carrying import SCOPES as CARRY_SCOPES
 from edgewise.carrying import CarryConfig
 from edgewise.detections import Detections
+from edgewise.fieldrules import POLICY_KIND
 from edgewise.hardness.learned import GainModel
 from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
 from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
@@ -27,7 +28,7 @@ from edgewise.policy.fields import FieldSpec, field_default, opt
 from edgewise.regions import MAX_TILES, MODES, PayloadPlan, plan_payload
 
 API_VERSION = "edgewise/v1"
-KIND = "EscalationPolicy"
+KIND = POLICY_KIND
 TRANSPORTS = ("grpc", "mqtt")
 PAYLOAD_MODES = MODES
 UNAVAILABLE_ACTIONS = ("spool", "edge_only", "drop")

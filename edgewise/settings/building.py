@@ -15,7 +15,7 @@ import os
 from dataclasses import replace
 from typing import Any, Dict, Tuple, Union
 
-from edgewise.fieldrules import suggest
+from edgewise.fieldrules import other_file_hint, suggest
 from edgewise.settings.fields import Invalid, Spec, fields_of, value_problem
 from edgewise.settings.tree import Part, Val, describe, fail, plain, read_yaml
 from edgewise.settings.values import (
@@ -95,7 +95,9 @@ def build_section(cls: Any, val: Val, dflt: Any = None, path: Tuple[Part, ...] =
     for key, child in data.items():
         info = infos.get(key)
         if info is None:
-            raise fail(child.key_src, path + (key,), f"unknown key{suggest(key, list(infos))}", " | ".join(infos))
+            hint = "" if path else other_file_hint(data, data["kind"].data if "kind" in data else None, False)
+            raise fail(child.key_src, path + (key,), f"unknown key{suggest(key, list(infos))}{hint}",
+                       " | ".join(infos))
         sub = getattr(dflt, key) if dflt is not None else info.default()
         kwargs[key] = build_value(info.type, child, path + (key,), info.spec, sub)
     if dflt is None:

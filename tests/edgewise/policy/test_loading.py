@@ -279,3 +279,14 @@ def test_an_integer_written_with_a_point_zero_and_a_number_key_read_as_the_other
     assert p.spec.budget.burst == 4 and isinstance(p.spec.budget.burst, int)
     with pytest.raises(ConfigError, match=r"keys must be strings, got 101; quote it to mean the text: '101'"):
         parse_policy(HEAD + "  streams: {101: {mode: never}}\n", "p.yaml")
+
+
+def test_a_settings_file_given_as_the_policy_is_named_as_not_one():
+    # `check-policy edge.yaml` / `--policy edge.yaml` said only "device_id: unknown key; allowed: ..."
+    with pytest.raises(ConfigError, match=r"^edge.yaml:1: device_id: unknown key; this file is no escalation policy "
+                                          r"\(a policy has apiVersion, kind: EscalationPolicy, metadata and spec at "
+                                          r"its top\): settings go to --config, the policy is the file policy_file "
+                                          r"names; allowed: apiVersion \| kind \| metadata \| spec$"):
+        parse_policy("device_id: cam-1\nmodel: {path: m.onnx}\n", "edge.yaml")
+    with pytest.raises(ConfigError, match=r"^p.yaml:3: specs: unknown key \(did you mean 'spec'\?\); allowed: "):
+        parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nspecs: {}\n", "p.yaml")  # a policy's typo

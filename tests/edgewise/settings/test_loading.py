@@ -80,6 +80,17 @@ def test_file_errors_name_the_line_and_key(schema, yaml_file, text, message):
     assert str(ei.value).startswith(str(path.parent) + "/" + message)
 
 
+def test_a_policy_given_as_settings_is_named_as_one(schema, yaml_file):
+    # `edge run --config policy.yaml` said only "apiVersion: unknown key; allowed: ..."
+    path = yaml_file("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: a}\nspec: {}\n")
+    with pytest.raises(ConfigError, match=r"s.yaml:1: apiVersion: unknown key; this file is an escalation policy "
+                                          r"\(kind: EscalationPolicy\), not settings: the edge daemon reads it from "
+                                          r"policy_file \(--policy\); allowed: "):
+        schema.load(path, env={})
+    with pytest.raises(ConfigError, match=r"s.yaml:2: net.kind: unknown key; allowed: "):  # only at the top
+        schema.load(yaml_file("net:\n  kind: EscalationPolicy\n"), env={})
+
+
 def test_yaml_anchors_and_merge_keys(schema, yaml_file):
     r = schema.load(yaml_file("extra: &h {host: h}\nnet: {port: 81, <<: *h}\n"), env={})
     assert (r.net.port, r.net.host) == (81, "h")
