@@ -69,12 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-level",
-        default=os.environ.get("EDGEWISE_LOG_LEVEL", "INFO"),
         help="logging level (env EDGEWISE_LOG_LEVEL; default INFO)",
     )
     parser.add_argument(
         "--log-format", choices=LOG_FORMATS,
-        default=os.environ.get("EDGEWISE_LOG_FORMAT", "text"),
         help="text, or json: one JSON object per line for log shippers (env EDGEWISE_LOG_FORMAT)",
     )
     top = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -142,11 +140,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         hangup.release(deliver=not reloads)
 
 
+def _flag_or_env(flag_value: Optional[str], flag: str, var: str, default: str) -> Tuple[str, str]:
+    """The value of ``flag`` when given, else of the environment variable ``var``, else
+    ``default``; with the name of where it came from."""
+    if flag_value is not None:
+        return flag_value, flag
+    if var in os.environ:
+        return os.environ[var], var
+    return default, flag
+
+
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    # the flag, else the variable (EDGEWISE_LOG_LEVEL=debg in /etc/default/edgewise-edge was
+    # refused as "log level 'debg'", naming neither), else the default
+    level, level_src = _flag_or_env(args.log_level, "--log-level", "EDGEWISE_LOG_LEVEL", "INFO")
+    fmt, fmt_src = _flag_or_env(args.log_format, "--log-format", "EDGEWISE_LOG_FORMAT", "text")
     try:
-        setup_logging(args.log_level, args.log_format)
-    except ValueError as exc:
-        parser.error(str(exc))
+        setup_logging(level, fmt)
+    except ValueError as exc:  # its message starts "log level" or "log format"
+        parser.error(f"{level_src if str(exc).startswith('log level') else fmt_src}: {exc}")
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

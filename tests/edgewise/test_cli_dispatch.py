@@ -42,3 +42,27 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     finally:
         os.close(w)
     assert (p.returncode, p.stderr) == (141, "")
+
+
+@pytest.mark.parametrize("argv, env, source", [
+    (["--log-level", "debg"], {}, "--log-level: log level 'debg'"),
+    ([], {"EDGEWISE_LOG_LEVEL": "debg"}, "EDGEWISE_LOG_LEVEL: log level 'debg'"),
+    ([], {"EDGEWISE_LOG_FORMAT": "jsn"}, "EDGEWISE_LOG_FORMAT: log format 'jsn'"),
+])
+def test_a_bad_log_setting_names_the_flag_or_variable_it_came_from(monkeypatch, capsys, argv, env, source):
+    # EDGEWISE_LOG_LEVEL=debg in /etc/default/edgewise-edge was refused as "log level 'debg'", naming no source
+    for var in ("EDGEWISE_LOG_LEVEL", "EDGEWISE_LOG_FORMAT"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as ei:
+        cli.main([*argv, "edge"])
+    assert ei.value.code == 2
+    assert f"edgewise: error: {source}" in capsys.readouterr().err
+
+
+def test_the_log_flags_win_over_the_variables(monkeypatch, capsys):
+    monkeypatch.setenv("EDGEWISE_LOG_LEVEL", "bogus")
+    monkeypatch.setenv("EDGEWISE_LOG_FORMAT", "bogus")
+    assert cli.main(["--log-level", "info", "--log-format", "text", "edge"]) == 2  # the group's help
+    assert "check-policy" in capsys.readouterr().out
