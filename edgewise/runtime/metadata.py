@@ -486,7 +486,9 @@ def _info_from_graph(
         raise ModelError(f"{p}: {which} {imgsz[0]}x{imgsz[1]} is not a usable image size (each side in 1.."
                          f"{MAX_INPUT_SIDE} pixels); export the model at the size it runs at")
     if imgsz[0] % stride or imgsz[1] % stride:
-        raise ModelError(f"{p}: {which} {imgsz} is not a multiple of the stride {stride}")
+        up = [-(-side // stride) * stride for side in imgsz]
+        raise ModelError(f"{p}: {which} {imgsz[0]}x{imgsz[1]} is not a multiple of the stride {stride}; use "
+                         f"multiples of {stride}, e.g. {up[0]}x{up[1]}")
     if hw_static:
         _check_head_layout(p, out.name, oshape, ishape, names_known)
     ops = {n.op_type for n in graph.node}

@@ -200,7 +200,7 @@ def test_input_size_precedence(tmp_path: Path):
     assert load_model_info(stated).imgsz == (96, 96)
     assert load_model_info(stated).imgsz_source == "onnx-metadata"
     assert load_model_info(stated, 128).imgsz == (128, 128)  # the caller knows best
-    with pytest.raises(ModelError, match=r"imgsz \(100, 100\) is not a multiple of the stride 32"):
+    with pytest.raises(ModelError, match=r"imgsz 100x100 is not a multiple of the stride 32; use multiples of 32, e.g. 128x128$"):
         load_model_info(bare, 100)
     with pytest.raises(ModelError, match="imgsz must be an int or"):
         load_model_info(bare, "big")
