@@ -109,8 +109,9 @@ class StreamSettings:
 class ModelSettings:
     """The edge detector."""
 
-    path: str = setting("YOLOv5 ONNX (Ultralytics export layout) or TensorRT engine file.",
-                        "models/yolov5s-int8.onnx")
+    path: str = setting("YOLOv5 ONNX (Ultralytics export layout) or TensorRT engine file; the default is "
+                        "the shipped edge model, relative to a checkout's root.",
+                        "models/camera/edge-int8.onnx")
     backend: str = setting("Runtime backend: auto (TensorRT when usable, else ONNX Runtime), onnxruntime "
                            "or tensorrt.", "auto", choices=BACKENDS)
     conf_thres: Optional[float] = setting(

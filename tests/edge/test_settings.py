@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.settings import describe, load_settings
+from edge.settings import ModelSettings, describe, load_settings
 from edgewise.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -285,3 +285,9 @@ def test_an_fps_cap_below_one_frame_a_day_is_refused(tmp_path, fps):
     for ok in ("0", str(1 / 86400), "0.5"):
         load_settings(write(tmp_path, "device_id: a\nstreams: [{id: s, kind: synthetic}]\n"),
                       overrides=[f"streams.0.fps={ok}"], env={})
+
+
+def test_the_default_model_is_the_shipped_edge_model():
+    # the default was models/yolov5s-int8.onnx, which nothing ships: a config without model.path
+    # failed with "model file models/yolov5s-int8.onnx does not exist" naming a file the user never wrote
+    assert (ROOT / ModelSettings().path).is_file()
