@@ -53,10 +53,11 @@ async def serve(settings: Any) -> int:
                                       verify_tls=k.verify_tls, kubeconfig=k.kubeconfig, context=k.context))
     metrics = AutoscalerMetrics()
     server = None
-    if settings.metrics_port is not None:
+    listen = settings.metrics_listen_port()
+    if listen is not None:
         server = SidePort(metrics.registry)
-        port = await socket_port_async(lambda: server.start(settings.metrics_host, settings.metrics_port),
-                                       f"{settings.metrics_host}:{settings.metrics_port}",
+        port = await socket_port_async(lambda: server.start(settings.metrics_host, listen),
+                                       f"{settings.metrics_host}:{listen}",
                                        "metrics_host/metrics_port")
         log.info("autoscaler: metrics on %s:%d", settings.metrics_host, port)
     target = DeploymentScale(api, k.namespace, k.deployment, dry_run=settings.dry_run,

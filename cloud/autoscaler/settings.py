@@ -88,9 +88,13 @@ class AutoscalerSettings:
                                        factory=default_scale_down)
     dry_run: bool = setting("Print decisions instead of patching the Deployment.", False)
     metrics_host: str = setting("Address of the Prometheus metrics listener.", "0.0.0.0")
-    metrics_port: int | None = setting("Port of the Prometheus metrics listener (0: any free port; null: no "
-                                       "listener).", 9102, lo=0, hi=65535)
+    metrics_port: int | None = setting("Port of the Prometheus metrics listener (0: any free port; -1, as for "
+                                       "the other processes, or null: no listener).", 9102, lo=-1, hi=65535)
     kubernetes: KubeSettings = setting("The scale target and API access.", factory=KubeSettings)
+
+    def metrics_listen_port(self) -> int | None:
+        """The metrics listener's port, or None for none (``metrics_port`` -1 or null)."""
+        return None if self.metrics_port is None or self.metrics_port < 0 else self.metrics_port
 
     def scaler_config(self) -> ScalerConfig:
         load = self.target_load

@@ -47,6 +47,17 @@ def test_precedence_defaults_yaml_env_flags(tmp_path):
         .target_load is None
 
 
+def test_metrics_port_minus_one_is_no_listener_as_for_the_other_processes():
+    # `--metrics-port -1` turns the edge's, gateway's and worker's listener off; here it was refused
+    # ("allowed: an integer in [0, 65535], or null"), and null cannot be written as a flag
+    urls = {"gateway_urls": ["http://g:1"]}
+    assert load_settings(None, ["metrics_port=-1"], {"EDGEWISE_AUTOSCALER__GATEWAY_URLS": "http://g:1"}) \
+        .metrics_listen_port() is None
+    assert load_settings(None, {**urls, "metrics_port": None}, {}).metrics_listen_port() is None
+    assert load_settings(None, urls, {}).metrics_listen_port() == 9102
+    assert load_settings(None, {**urls, "metrics_port": 0}, {}).metrics_listen_port() == 0
+
+
 @pytest.mark.parametrize("text, msg", [
     ("gateway_urls: [http://g:1]\nmin_replica: 2\n",
      r"autoscaler.yaml:2: min_replica: unknown key \(did you mean 'min_replicas'\?\)"),
