@@ -40,6 +40,7 @@ from edge.sources.live import (
     why_camera_unopened,
 )
 from edgewise.errors import InvalidInputError
+from edgewise.filereads import FileIdentity, file_identity
 from edgewise.imagefiles import (
     DEFAULT_MAX_PIXELS,
     IMAGE_SUFFIXES,
@@ -251,7 +252,8 @@ class VideoFileSource:
     ``SourceError`` naming it. A looping video that delivered frames and then cannot be
     opened again at a new pass, or yields none in it (a sync job re-copying the file), is
     away for a moment (``SourceAwayError``): the capture shell backs off and the next
-    ``read`` opens it again, as for a looping folder."""
+    ``read`` opens it again, as for a looping folder. A new pass of a file that has not changed
+    since it was opened rewinds the open capture instead (``_rewind``)."""
 
     live = False
     skipped = 0
@@ -272,6 +274,7 @@ class VideoFileSource:
         self.pass_corrupt = 0
         self.total_read = 0  # frames read, all passes
         self._tail_logged = False
+        self.identity: Optional[FileIdentity] = None  # the file's, as it was opened
 
     @property
     def pass_length(self) -> int:
@@ -282,6 +285,7 @@ class VideoFileSource:
         problem = local_source_problem("file", self.path, probe=False)
         if problem:
             raise SourceError(problem)
+        self.identity = file_identity(self.path)  # before the open: a change meanwhile shows at the next pass
         cap = cv2.VideoCapture(self.path)
         if not cap.isOpened():
             raise SourceError(f"cannot open video {self.shown} (not a video, or no decoder)")
@@ -324,8 +328,27 @@ class VideoFileSource:
             self._tail_logged = True
         if not self.loop:
             return False
+        if self._rewind():
+            return True
         self.close()
         self._reopen()
+        return True
+
+    def _rewind(self) -> bool:
+        """Start the next pass on the open capture, when the file is still the one opened
+        (``file_identity``; a replaced or rewritten file is opened again). OpenCV's FFmpeg
+        backend opens one capture at a time in a process (a global lock around the open), so a
+        reopen at every pass waited behind any camera being opened, a hung one for its whole
+        ``open_timeout_s``: a looping video fell to a fraction of its rate while an RTSP camera
+        of the same daemon reconnected to a host that did not answer (found by a probe)."""
+        if self.cap is None or self.identity is None or file_identity(self.path) != self.identity:
+            return False
+        try:
+            if not self.cap.set(cv2.CAP_PROP_POS_FRAMES, 0):
+                return False
+        except cv2.error:
+            return False
+        self.read_count = self.position = self.pass_corrupt = 0
         return True
 
     def read(self) -> Optional[np.ndarray]:

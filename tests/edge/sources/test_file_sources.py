@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import threading
 import time
 from pathlib import Path
 from typing import List
@@ -20,7 +22,7 @@ from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.opencv import local_source_problem
 from tests.edge.sources.test_sources import bomb_jpeg, make_video, read_all
-from tests.waiting import async_wait_until
+from tests.waiting import async_wait_until, wait_until
 
 
 def _png(path: Path, value: int, size=(30, 20)) -> Path:
@@ -363,3 +365,39 @@ def test_a_corrupt_stretch_in_the_middle_of_a_video_is_read_past_and_counted(tmp
     tail = midcorrupt_video(tmp_path / "tail.avi", 30, 20, run=10)  # the last ten frames undecodable
     src = VideoFileSource(str(tail))
     assert len(read_all(src)) == 20 and src.truncated == 1 and src.corrupt == 0
+
+
+def test_a_looping_video_goes_on_while_a_hung_camera_is_being_opened(tmp_path):
+    """OpenCV's FFmpeg backend opens one capture at a time per process. A looping video was
+    opened again at every pass, so each pass waited behind an RTSP camera being opened at a
+    host that accepts the connection and never answers (a hung camera), for that open's whole
+    timeout: beside such a camera a 15 fps loop fell to 5 fps. An unchanged file is rewound
+    instead; a file changed since it was opened is still opened again."""
+    video = make_video(tmp_path / "v.avi", 3)
+    src = VideoFileSource(str(video), loop=True)
+    src.open()
+    first = [src.read() for _ in range(3)]
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(1)
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(hung.accept()), daemon=True).start()
+    url = f"rtsp://127.0.0.1:{hung.getsockname()[1]}/cam"
+    opener = threading.Thread(target=lambda: cv2.VideoCapture(
+        url, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, 2000, cv2.CAP_PROP_READ_TIMEOUT_MSEC, 2000]))
+    opener.start()
+    try:
+        wait_until(lambda: accepted, 5, "the camera's open to reach the hung host")
+        t0 = time.monotonic()
+        again = [src.read() for _ in range(3)]  # the next pass
+        took = time.monotonic() - t0
+        assert took < 1.0, f"the next pass waited {took:.1f} s for the camera's open"
+        assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    finally:
+        opener.join(10)
+        hung.close()
+        for conn, _ in accepted:
+            conn.close()
+    make_video(video, 2)  # rewritten: the next pass reads the new file
+    assert src.read() is not None and src.expected == 2
+    src.close()
