@@ -144,12 +144,13 @@ def local_source_problem(kind: str, path: str, probe: bool = True) -> Optional[s
 class _OptionsGate:
     """OpenCV's FFmpeg backend reads ``OPENCV_FFMPEG_CAPTURE_OPTIONS`` from the
     environment at every open, so per-stream options mean setting the variable around
-    the open. Opens that need the same value (cameras with the same settings) run
-    together; one that needs another value waits until they are done (at most
-    ``open_timeout_s``). Opens are let in in arrival order: one with the holders' value
-    joins them only if no open with another value is waiting ahead of it (otherwise two
-    dead cameras retrying with one value kept a healthy camera with another waiting for
-    good)."""
+    the open. OpenCV also opens one FFmpeg capture at a time per process (a global lock
+    around its ``open``), so opens pass this gate one at a time, in arrival order: the wait
+    happens here, where an open of a stream that has stopped meanwhile is refused
+    (``_refuse_when_stopping``), not inside OpenCV, where each open waiting behind a hung
+    camera then ran its own ``open_timeout_s`` (a stop with three hung cameras took three
+    opens' timeouts, found by a probe). In arrival order: two dead cameras retrying kept a
+    healthy camera with other options waiting for good when same-value opens could join."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
@@ -158,32 +159,21 @@ class _OptionsGate:
         self.saved: Optional[str] = None
         self.line: List[Tuple[object, str]] = []  # waiting opens, in arrival order
 
-    def _may_enter(self, ticket: object, value: str) -> bool:
-        if not self.count:
-            return self.line[0][0] is ticket  # the gate is free: the first in line takes it
-        if value != self.value:
-            return False
-        for t, v in self.line:  # the holders' value: join unless another value is ahead
-            if t is ticket:
-                return True
-            if v != value:
-                return False
-        return True
+    def _may_enter(self, ticket: object) -> bool:
+        return not self.count and self.line[0][0] is ticket  # free: the first in line takes it
 
     @contextlib.contextmanager
     def holding(self, value: str) -> Iterator[None]:
         ticket = object()
         with self.cond:
             self.line.append((ticket, value))
-            while not self._may_enter(ticket, value):
+            while not self._may_enter(ticket):
                 self.cond.wait()
             self.line.remove((ticket, value))
-            if not self.count:
-                self.saved = os.environ.get(FFMPEG_OPTIONS_ENV)
-                os.environ[FFMPEG_OPTIONS_ENV] = value
-                self.value = value
+            self.saved = os.environ.get(FFMPEG_OPTIONS_ENV)
+            os.environ[FFMPEG_OPTIONS_ENV] = value
+            self.value = value
             self.count += 1
-            self.cond.notify_all()  # opens with the same value next in line may join
         try:
             yield
         finally:

@@ -384,7 +384,53 @@ def test_the_ffmpeg_options_gate_lets_opens_in_in_arrival_order():
     for t in (a1, b, a2):
         t.join(5)
     assert entered == ["dead-1", "healthy", "dead-2"]
-    with gate.holding("x"):  # same-value opens still run together
-        done = started(open_with, "x", "together")
-        done.join(5)
-        assert entered[-1] == "together"
+    with gate.holding("x"):  # one open at a time, as OpenCV opens them, whatever the value
+        later = started(open_with, "x", "later")
+        later.join(0.2)
+        assert entered[-1] == "dead-2"
+    later.join(5)
+    assert entered[-1] == "later"
+
+
+def test_a_stop_waits_for_one_hung_open_not_one_per_camera():
+    """OpenCV opens one FFmpeg capture at a time per process. Cameras with the same options
+    passed the options gate together and queued inside OpenCV instead, where a stop cannot
+    refuse them: each ran its whole open timeout after the one before, and a daemon with three
+    cameras on a hung host took three timeouts to stop. Now they wait at the gate, and the
+    stop refuses those that had not started."""
+    import socket
+    import threading
+    import time
+
+    from edge.sources.base import SourceError
+    from edge.sources.opencv import CaptureSource
+
+    hung = socket.socket()  # accepts connections and never answers: a hung camera
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)
+    url = f"rtsp://127.0.0.1:{hung.getsockname()[1]}/cam"
+    sources = [CaptureSource("rtsp", url, backend="ffmpeg", open_timeout_s=1.0, io_timeout_s=1.0) for _ in range(3)]
+    failed = []
+
+    def open_(src):
+        try:
+            src.open()
+        except SourceError as exc:
+            failed.append(str(exc))
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=open_, args=(src,), daemon=True) for src in sources]
+    for t in threads:
+        t.start()
+    try:
+        conn, _ = hung.accept()  # the first open is under way
+        for src in sources:
+            src.interrupt()
+        for t in threads:
+            t.join(10)
+        took = time.monotonic() - t0
+        conn.close()
+    finally:
+        hung.close()
+    assert len(failed) == 3, failed
+    assert took < 1.8, f"the stop waited {took:.1f} s for the opens"
