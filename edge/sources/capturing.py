@@ -172,8 +172,9 @@ class Capturer:
         self._slow_logged = False
         self.reconnects = 0
         #: the stream backed off (an open, read or stall failure, a looping file or folder away
-        #: for a moment, corrupt frames in a row) and has not delivered a frame since:
-        #: ``/healthz`` says degraded while any stream is down. Set in ``_set_state``, the one rule.
+        #: for a moment, corrupt frames in a row) or ended failing (``_failed``) and has not
+        #: delivered a frame since: ``/healthz`` says degraded while any stream is down. Set in
+        #: ``_set_state`` and ``_failed``, cleared by a frame.
         self.down = False
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"capture-{stream_id}")
 
@@ -190,6 +191,13 @@ class Capturer:
         log.log(level, "stream %s: %s%s", self.stream_id, state.value, f" ({why})" if why else "")
         if self.on_state is not None:
             self.on_state(self.stream_id, state)
+
+    def _failed(self, why: str) -> None:
+        """A finite source that cannot go on (a video that cannot be opened or read, none of its
+        frames good) ends down: a restart would not bring it back either, and ``/healthz``
+        said "ok" beside the streams that work while this one never delivered a frame."""
+        log.error("stream %s: %s", self.stream_id, why)
+        self.down = True
 
     async def _call(self, fn: Callable[[], object]) -> object:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
@@ -208,7 +216,7 @@ class Capturer:
                         log.debug("stream %s: open ended by the stop: %s", self.stream_id, exc)
                         break
                     if not self.source.live:
-                        log.error("stream %s: %s", self.stream_id, exc)
+                        self._failed(str(exc))
                         break
                     backoff = await self._backoff(stop, backoff, str(exc))
                     continue
@@ -384,7 +392,7 @@ class Capturer:
                     self._check_skipped()
                     self._check_source_corrupt()
                     return self._went_down(str(exc))
-                log.error("stream %s: %s", self.stream_id, exc)
+                self._failed(str(exc))
                 return None
             except Exception as exc:  # a decoder bug must not kill the daemon
                 log.exception("stream %s: read failed: %s", self.stream_id, exc)
@@ -399,8 +407,7 @@ class Capturer:
             self._check_source_corrupt()
             if img is None:
                 if not self.source.live and self.frames == 0 and self.corrupt:
-                    log.error("stream %s: ended without one good frame (%d corrupt or refused)",
-                              self.stream_id, self.corrupt)
+                    self._failed(f"ended without one good frame ({self.corrupt} corrupt or refused)")
                 return None
             self._streamed_ok = True
             self.down = False

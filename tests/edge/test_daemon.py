@@ -339,6 +339,30 @@ def test_healthz_names_a_stream_backing_off_for_corrupt_frames(tmp_path, tiny_mo
     asyncio.run(run())
 
 
+def test_healthz_names_a_file_stream_that_could_not_be_opened(tmp_path, tiny_model):
+    """A looping video whose path is wrong, and one that is not a video, next to a working
+    stream: both ended at once with an error, and /healthz said "ok" with streams_down []
+    while two of the three streams never delivered a frame (found by a probe). They failed to
+    open and deliver nothing since: down, like a dead camera."""
+    notvideo = tmp_path / "notvideo.avi"
+    notvideo.write_text("not a video")
+    d = _daemon(tmp_path, tiny_model, [{"id": "ok", "kind": "synthetic", "uri": "160x120", "fps": 10},
+                                       {"id": "gone", "kind": "file", "uri": str(tmp_path / "gone.avi"),
+                                        "loop": True},
+                                       {"id": "bad", "kind": "file", "uri": str(notvideo)}])
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.started and d.health()[1]["streams"].get("bad") == "ended"
+                               and d.health()[1]["streams"].get("gone") == "ended", 60, "the bad streams ended")
+        ok, doc = d.health()
+        assert ok and doc["status"] == "degraded" and doc["streams_down"] == ["bad", "gone"], doc
+        d.request_stop()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(run())
+
+
 def _start_daemon(tmp_path, tiny_model) -> tuple[subprocess.Popen[bytes], Path]:
     """A real `edgewise edge run` started as systemd starts it (SIGHUP at its default), its
     policy reloaded only on SIGHUP."""
