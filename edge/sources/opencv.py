@@ -265,6 +265,8 @@ class VideoFileSource:
         self.total_read = 0  # frames read, all passes
         self._tail_logged = False
         self.identity: Optional[FileIdentity] = None  # the file's, as it was opened
+        self.rewound = False  # this pass began by rewinding the open capture
+        self.seekable = True  # False once a rewind read nothing: each pass opens the file again
 
     @property
     def pass_length(self) -> int:
@@ -282,6 +284,7 @@ class VideoFileSource:
         self.cap = cap
         self.expected = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
         self.read_count = self.position = self.pass_corrupt = 0
+        self.rewound = False
 
     def _away(self) -> bool:
         """Whether a failure to open or read a pass means the file is away for a moment (a
@@ -300,6 +303,11 @@ class VideoFileSource:
     def _end(self) -> bool:
         """Handle end of file; True when the source should go on (looping)."""
         if self.read_count == 0:
+            if self.rewound:  # the seek said yes and read nothing (a format that does not seek back)
+                self.seekable = self.rewound = False
+                self.close()
+                self._reopen()
+                return True
             if self._away():
                 self.close()  # the next read opens it again
                 raise SourceAwayError(f"video {self.shown} yielded no frames in this pass (being copied?); "
@@ -331,7 +339,9 @@ class VideoFileSource:
         reopen at every pass waited behind any camera being opened, a hung one for its whole
         ``open_timeout_s``: a looping video fell to a fraction of its rate while an RTSP camera
         of the same daemon reconnected to a host that did not answer (found by a probe)."""
-        if self.cap is None or self.identity is None or file_identity(self.path) != self.identity:
+        self.rewound = False
+        if (not self.seekable or self.cap is None or self.identity is None
+                or file_identity(self.path) != self.identity):
             return False
         try:
             if not self.cap.set(cv2.CAP_PROP_POS_FRAMES, 0):
@@ -339,12 +349,13 @@ class VideoFileSource:
         except cv2.error:
             return False
         self.read_count = self.position = self.pass_corrupt = 0
+        self.rewound = True
         return True
 
     def read(self) -> Optional[np.ndarray]:
         if self.cap is None:
             self._reopen()
-        for _ in range(2):
+        for _ in range(3):  # this pass, a rewound one that read nothing, a reopened one
             run = 0
             while True:
                 try:

@@ -401,3 +401,28 @@ def test_a_looping_video_goes_on_while_a_hung_camera_is_being_opened(tmp_path):
     make_video(video, 2)  # rewritten: the next pass reads the new file
     assert src.read() is not None and src.expected == 2
     src.close()
+
+
+def test_a_looping_video_that_does_not_seek_back_is_opened_again_at_each_pass(tmp_path):
+    """A format whose seek says yes and moves nothing reads no frame after a rewind: the pass
+    is opened again at once (no back-off, not "away"), and later passes open it again too."""
+    video = make_video(tmp_path / "v.avi", 3)
+    src = VideoFileSource(str(video), loop=True)
+    src.open()
+
+    class NoSeek:
+        def __init__(self, cap):
+            self.cap = cap
+
+        def set(self, *_):
+            return True  # and stays where it is
+
+        def __getattr__(self, name):
+            return getattr(self.cap, name)
+
+    src.cap = NoSeek(src.cap)
+    frames = [src.read() for _ in range(7)]
+    assert all(f is not None for f in frames) and not src.seekable
+    values = [int(f[5, 5, 0]) for f in frames]
+    assert values == values[:3] * 2 + values[:1] and len(set(values[:3])) == 3
+    src.close()
