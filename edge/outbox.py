@@ -44,7 +44,14 @@ import threading
 from pathlib import Path
 from typing import Callable, Collection, Iterable, List, Optional, Tuple, Union
 
-from edge.spool import is_corrupt, quick_check, reusable_bytes, short_of_room
+from edge.spool import (
+    is_corrupt,
+    quick_check,
+    reusable_bytes,
+    short_of_room,
+    use_wal,
+    wal_working_bytes,
+)
 from edgewise.errors import EdgewiseError
 
 #: how many late keys a sink remembers (the newest; a replay repeats only recent results)
@@ -122,8 +129,7 @@ class Outbox:
                 raise OutboxError(f"MQTT sink outbox {self.path} is another program's database (tables "
                                   f"{', '.join(tables[:5])}), not an outbox; set sinks.mqtt_outbox to a file of its "
                                   "own, or move this one aside")
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
+            use_wal(self._db, "NORMAL")
             problems = quick_check(self._db)  # before anything is written into a damaged file
             if problems:
                 raise sqlite3.DatabaseError(f"damaged: {problems[0]}{' and more' if len(problems) > 1 else ''}")
@@ -196,11 +202,13 @@ class Outbox:
 
     def room_for(self, size: int, reserve_bytes: int) -> bool:
         """Whether ``size`` more bytes of records leave ``reserve_bytes`` free on the outbox's
-        filesystem, its free pages counted (``edge.spool.short_of_room``)."""
+        filesystem, its free pages counted (``edge.spool.short_of_room``), once its WAL has taken
+        what it may still take (``edge.spool.wal_working_bytes``)."""
         if not reserve_bytes:
             return True
         with self._lock:
-            return short_of_room(self.path.parent, size, reserve_bytes, reusable_bytes(self._db)) is None
+            return short_of_room(self.path.parent, size + wal_working_bytes(self._db), reserve_bytes,
+                                 reusable_bytes(self._db)) is None
 
     def put(self, data: bytes, late_key: Optional[str] = None) -> bool:
         """Append one record; False (nothing stored) when ``late_key`` was taken before.
