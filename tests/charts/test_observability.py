@@ -57,15 +57,19 @@ def _dashboard() -> Dict[str, Any]:
     return dict(json.loads(cm["data"]["edgewise.json"]))
 
 
-def _dashboard_queries() -> Iterator[str]:
+def _dashboard_targets() -> Iterator[Dict[str, Any]]:
     def panels(items: List[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
         for p in items:
             yield p
             yield from panels(p.get("panels", []))
 
     for p in panels(_dashboard()["panels"]):
-        for t in p.get("targets", []):
-            yield str(t["expr"])
+        yield from p.get("targets", [])
+
+
+def _dashboard_queries() -> Iterator[str]:
+    for t in _dashboard_targets():
+        yield str(t["expr"])
 
 
 def _grafana(expr: str) -> str:
@@ -206,12 +210,38 @@ def test_alerts_fire_for_this_release_only(tmp_path: Path) -> None:
     # in-flight per capacity of this release: (1 + 1) / (4 + 4), not (2 + 50) / (8 + 10)
     for query in (_keda_query(), _adapter_query()):
         tests.append({"expr": query, "eval_time": "18m", "exp_samples": [{"labels": "{}", "value": 0.25}]})
-    rules = _write_rules(tmp_path, groups)
+    _promtool_test(tmp_path, series, tests, groups)
+
+
+def _dashboard_query(legend: str) -> str:
+    """The query of the dashboard target drawn as ``legend``, with the Grafana variables filled in."""
+    exprs = [str(t["expr"]) for t in _dashboard_targets() if t.get("legendFormat") == legend]
+    assert len(exprs) == 1, f"one dashboard target drawn as {legend!r}: {exprs}"
+    return _grafana(exprs[0])
+
+
+def _promtool_test(tmp_path: Path, series: List[Dict[str, str]], tests: List[Dict[str, Any]],
+                   groups: Sequence[Dict[str, Any]] = ()) -> None:
+    rules = _write_rules(tmp_path, list(groups))
     spec = tmp_path / "tests.yaml"
     spec.write_text(yaml.safe_dump({"rule_files": [rules.name], "evaluation_interval": "1m", "tests": [
         {"interval": "1m", "input_series": series, "promql_expr_test": tests}]}, sort_keys=False))
     out = subprocess.run([promtool(), "test", "rules", spec.name], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_escalated_share_counts_a_replayed_escalation_once(tmp_path: Path) -> None:
+    # 100 frames a minute, 20 escalations answered at once and 10 spooled, whose replays are
+    # answered (late) as the spool drains: 30 of 100 frames were escalated, not 40.
+    edge = 'job="edgewise-edge",instance="a"'
+    series = [
+        _series("edgewise_edge_frames_total", edge + ',stream="cam"', "0+100x20"),
+        _series("edgewise_edge_escalations_total", edge + ',reason="hard",outcome="ok"', "0+20x20"),
+        _series("edgewise_edge_escalations_total", edge + ',reason="hard",outcome="spooled"', "0+10x20"),
+        _series("edgewise_edge_escalations_total", edge + ',reason="hard",outcome="late"', "0+10x20"),
+    ]
+    _promtool_test(tmp_path, series, [{"expr": _dashboard_query("escalated share"), "eval_time": "18m",
+                                       "exp_samples": [{"labels": "{}", "value": 0.3}]}])
 
 
 # --------------------------------------------------------------------------- against the processes
