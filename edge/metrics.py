@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 RTT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 AGE_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48)
+#: Label values of the counters that alerts read with ``increase()``, exported at 0 from the start:
+#: a series that first appears at 1 has no increase in Prometheus, so the one refused reload of a
+#: bad policy (``increase(edgewise_edge_policy_reloads_total{result="refused"}[15m]) > 0``) or the
+#: first escalations a full spool evicted went unseen.
+RELOAD_RESULTS = ("ok", "refused", "error")
+SPOOL_EVENTS = ("put", "refused", "disk_full", "write_failed", "ack_failed", "corrupt", "salvaged", "salvage_failed",
+                "recreated", "replayed", "rejected", "expired", "evicted", "nack", "sink_failed")
 #: Seconds a metrics connection may stay silent before it is closed.
 HTTP_TIMEOUT_S = 5.0
 #: Connections the kernel queues before ``accept`` (socketserver's default is 5).
@@ -73,11 +80,13 @@ class EdgeMetrics:
         self.spool_oldest = Gauge("edgewise_edge_spool_oldest_age_seconds", "Age of the oldest spooled entry", registry=r)
         self.spool_events = Counter(
             "edgewise_edge_spool_events",
-            "Spool events (put, refused, disk_full, write_failed, ack_failed, corrupt, salvaged, salvage_failed, "
-            "recreated, replayed, rejected, expired, evicted, nack, sink_failed)",
-            ["event"], registry=r,
+            f"Spool events ({', '.join(SPOOL_EVENTS)})", ["event"], registry=r,
         )
         self.reloads = Counter("edgewise_edge_policy_reloads", "Policy reloads by result", ["result"], registry=r)
+        for event in SPOOL_EVENTS:
+            self.spool_events.labels(event)
+        for result in RELOAD_RESULTS:
+            self.reloads.labels(result)
         self.drops = Counter("edgewise_edge_dropped", "Dropped frames by stream and reason", ["stream", "reason"], registry=r)
         self.truncated = Counter(
             "edgewise_edge_truncated_videos", "Video files that ended before their header's frame count",

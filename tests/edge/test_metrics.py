@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import socket
 import struct
 import threading
@@ -116,3 +117,25 @@ def test_connections_beyond_the_cap_are_closed_and_take_no_thread(monkeypatch):
                 s.close()
             wait_until(lambda: threading.active_count() <= before, 10, "the held connections' threads ended")
             assert b"edgewise_" in get(server, "/metrics")
+
+
+def test_counters_alerts_read_with_increase_start_at_zero():
+    # A series that first appears at 1 has no increase() in Prometheus: a daemon's first refused
+    # policy reload never fired increase(...{result="refused"}[15m]) > 0 on a real Prometheus.
+    from pathlib import Path
+
+    from prometheus_client import generate_latest
+
+    from edge.metrics import RELOAD_RESULTS, SPOOL_EVENTS
+
+    text = generate_latest(EdgeMetrics().registry).decode()
+    for result in ("ok", "refused", "error"):
+        assert f'edgewise_edge_policy_reloads_total{{result="{result}"}} 0.0' in text
+    for event in ("put", "refused", "evicted", "expired", "rejected", "disk_full", "write_failed", "corrupt"):
+        assert f'edgewise_edge_spool_events_total{{event="{event}"}} 0.0' in text
+    # every label value the daemon counts is one exported from the start
+    source = "".join(p.read_text() for p in Path(__file__).resolve().parents[2].joinpath("edge").rglob("*.py"))
+    used = set(re.findall(r'spool_events\.labels\("(\w+)"\)', source))
+    assert used and used <= set(SPOOL_EVENTS), used - set(SPOOL_EVENTS)
+    used = set(re.findall(r'reloads\.labels\("(\w+)"\)', source))
+    assert used and used <= set(RELOAD_RESULTS), used - set(RELOAD_RESULTS)
