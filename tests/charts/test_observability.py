@@ -181,6 +181,10 @@ def test_alerts_fire_for_this_release_only(tmp_path: Path) -> None:
         _series("edgewise_edge_spool_depth", edge + ',instance="a"', "0+5x20"),
         _series("edgewise_edge_spool_depth", edge + ',instance="b"', "10x20"),
         _series("edgewise_edge_spool_depth", edge + ',instance="c"', "0x20"),
+        # at its cap (spool.max_bytes): flat, dropping the oldest, still cut off from the cloud
+        _series("edgewise_edge_spool_depth", edge + ',instance="d"', "90x20"),
+        _series("edgewise_edge_spool_events_total", edge + ',instance="d",event="evicted"', "0+120x20"),
+        _series("edgewise_edge_spool_events_total", edge + ',instance="b",event="evicted"', "7x20"),  # long ago
         _series("edgewise_edge_spool_depth", other_job + ',instance="n"', "0+5x20"),
         _series("up", edge + ',instance="a"', "0x20"),
         _series("up", edge + ',instance="b"', "1x20"),
@@ -201,7 +205,7 @@ def test_alerts_fire_for_this_release_only(tmp_path: Path) -> None:
         "EdgewiseAllWorkersEjected": [f'{{namespace="{NAMESPACE}",pod="gw-0"}}'],
         "EdgewiseGatewayCertificateExpiresSoon": [f'{{namespace="{NAMESPACE}",pod="gw-0"}}'],
         "EdgewiseEdgeCloudP99OverSLO": ['{transport="grpc"}'],
-        "EdgewiseSpoolBacklogGrowing": ['{instance="a",job="edgewise-edge"}'],
+        "EdgewiseSpoolBacklogGrowing": ['{instance="a",job="edgewise-edge"}', '{instance="d",job="edgewise-edge"}'],
         "EdgewiseEdgeOffline": ['{instance="a",job="edgewise-edge"}'],
     }
     tests = [{"expr": f"({_alert_expr(groups, alert)}) * 0 + 1", "eval_time": "18m",
