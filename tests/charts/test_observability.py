@@ -248,6 +248,26 @@ def test_escalated_share_counts_a_replayed_escalation_once(tmp_path: Path) -> No
                                        "exp_samples": [{"labels": "{}", "value": 0.3}]}])
 
 
+def _doc_alert(name: str) -> str:
+    """The expression of one row of docs/metrics.md's "What to alert on" table."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    rows = re.findall(rf"^\| {re.escape(name)} \| `([^`]+)`", text, re.M)
+    assert len(rows) == 1, f"docs/metrics.md: one alert row named {name!r}"
+    return str(rows[0])
+
+
+def test_no_serving_worker_fires_when_the_workers_are_gone(tmp_path: Path) -> None:
+    # serving for 5 minutes, not serving for 5, then killed: no series at all (a SIGKILLed
+    # worker on a real Prometheus left sum(edgewise_worker_serving) == 0 empty, never firing)
+    series = [_series("edgewise_worker_serving", OURS + ',pod="w0"', "1x5 0x5 _x10")]
+    expr = _doc_alert("No serving worker")
+    _promtool_test(tmp_path, series, [
+        {"expr": expr, "eval_time": "3m", "exp_samples": []},
+        {"expr": expr, "eval_time": "8m", "exp_samples": [{"labels": "{}", "value": 1}]},
+        {"expr": expr, "eval_time": "18m", "exp_samples": [{"labels": "{}", "value": 1}]},
+    ])
+
+
 # --------------------------------------------------------------------------- against the processes
 
 def _get(url: str) -> str:
