@@ -447,7 +447,7 @@ def test_dashboard_and_rules_are_optional_objects() -> None:
     assert dashboard["uid"] == "edgewise-overview" and dashboard["panels"]
     groups = by_kind(docs, "PrometheusRule")[0]["spec"]["groups"]
     assert {r["alert"] for g in groups for r in g["rules"]} >= {
-        "EdgewiseEscalatedP99OverSLO", "EdgewiseRejectionRatioHigh", "EdgewiseAllWorkersEjected",
+        "EdgewiseEscalatedP99OverSLO", "EdgewiseRejectionRatioHigh", "EdgewiseAllWorkersEjected", "EdgewiseWorkersFailing",
         "EdgewiseSpoolBacklogGrowing", "EdgewiseEdgeOffline"}
     no_edge = by_kind(render(*MODES["observability"], "prometheusRule.edgeAlerts=false"), "PrometheusRule")[0]
     assert [g["name"] for g in no_edge["spec"]["groups"]] == ["edgewise-cloud"]

@@ -175,6 +175,17 @@ def test_alerts_fire_for_this_release_only(tmp_path: Path) -> None:
         _series("edgewise_gateway_worker_ejected", f'{OURS},pod="gw-1",worker="a"', "1x20"),
         _series("edgewise_gateway_worker_ejected", f'{OURS},pod="gw-1",worker="b"', "0x20"),
         _series("edgewise_gateway_worker_ejected", f'{OTHER_RELEASE},pod="gw-9",worker="a"', "1x20"),
+        # every answer of gw-0's two workers is INTERNAL, while only one of them is ejected at a time
+        # (max_ejection_percent); gw-1's workers answer OK but for a client's own mistakes
+        *[_series("edgewise_gateway_worker_picks_total", f'{OURS},pod="gw-{g}",worker="{w}"', "0+30x20")
+          for g in "01" for w in "ab"],
+        *[_series("edgewise_gateway_worker_errors_total", f'{OURS},pod="gw-0",worker="{w}",status="INTERNAL"',
+                  "0+30x20") for w in "ab"],
+        _series("edgewise_gateway_worker_errors_total", f'{OURS},pod="gw-1",worker="a",status="INVALID_ARGUMENT"',
+                "0+30x20"),
+        _series("edgewise_gateway_worker_picks_total", f'{OTHER_RELEASE},pod="gw-9",worker="a"', "0+30x20"),
+        _series("edgewise_gateway_worker_errors_total", f'{OTHER_RELEASE},pod="gw-9",worker="a",status="INTERNAL"',
+                "0+30x20"),
         *_hist("edgewise_edge_cloud_rtt_seconds", edge + ',instance="a",transport="grpc"', SLOW),
         *_hist("edgewise_edge_cloud_rtt_seconds", edge + ',instance="a",transport="mqtt"', FAST),
         *_hist("edgewise_edge_cloud_rtt_seconds", other_job + ',instance="n",transport="grpc"', SLOW),
@@ -203,6 +214,7 @@ def test_alerts_fire_for_this_release_only(tmp_path: Path) -> None:
         "EdgewiseEscalatedP99OverSLO": ["{}"],
         "EdgewiseRejectionRatioHigh": ["{}"],
         "EdgewiseAllWorkersEjected": [f'{{namespace="{NAMESPACE}",pod="gw-0"}}'],
+        "EdgewiseWorkersFailing": [f'{{namespace="{NAMESPACE}",pod="gw-0"}}'],
         "EdgewiseGatewayCertificateExpiresSoon": [f'{{namespace="{NAMESPACE}",pod="gw-0"}}'],
         "EdgewiseEdgeCloudP99OverSLO": ['{transport="grpc"}'],
         "EdgewiseSpoolBacklogGrowing": ['{instance="a",job="edgewise-edge"}', '{instance="d",job="edgewise-edge"}'],
