@@ -145,10 +145,16 @@ class ArrivalRate:
     def __init__(self, forget_after_s: float = 600.0) -> None:
         self.forget_after_s = forget_after_s
         self._last: dict[str, tuple[float, float]] = {}  # gateway (instance, else URL) -> (counter, when)
+        self._polled_at: float | None = None  # the previous observe
 
     def observe(self, pools: Sequence[GatewayPool], now: float) -> float | None:
+        previous, self._polled_at = self._polled_at, now
         for source, (_, at) in list(self._last.items()):
-            if at < now - self.forget_after_s:  # a gateway gone this long starts afresh
+            # A gateway gone this long starts afresh; one that answered the previous poll is kept
+            # however long ago that was: with an interval_s over forget_after_s (it may be up to an
+            # hour) every counter was forgotten before it could be differenced, the rate was never
+            # known and the load target held the pool at its size for good.
+            if at < now - self.forget_after_s and (previous is None or at < previous):
                 del self._last[source]
         total: float | None = 0.0
         for p in pools:

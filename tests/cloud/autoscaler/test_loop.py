@@ -335,6 +335,34 @@ def test_arrival_rate_differences_each_gateways_counter():
     assert aggregate([parse_pool(doc, "a")], expected=1, now=0.0).peak_capacity == 45.0
 
 
+def test_the_load_target_is_known_with_an_interval_longer_than_forget_after_s(api):
+    """interval_s may be up to an hour, but each gateway's previous counter was forgotten 600 s
+    after it was read: with ``--interval 900`` every poll found none, the arrival rate was never
+    known and the autoscaler held the pool at its size for good ("arrival rate not reported").
+    A gateway that answered the previous poll is remembered however long ago that was."""
+    gw = PoolServer()
+    try:
+        client = build_api_client(KubeAccess(api_server=api.url, token="t0k3n"))
+        cfg = ScalerConfig(min_replicas=1, max_replicas=20, target_utilization=None, target_load=0.8,
+                           scale_down=ScalingRules(0.0, (ScalingPolicy("Percent", 100, 15),)))
+        clock = [0.0]
+        loop = AutoscalerLoop(Scaler(cfg), DeploymentScale(client, "ns", "edgewise-worker"),
+                              GatewayPoller([gw.url], timeout_s=2.0), interval_s=900.0, clock=lambda: clock[0])
+        for t, total in ((0.0, 0), (900.0, 900), (1800.0, 1800)):  # 1 request/s on 2 workers of 10/s
+            clock[0] = t
+            gw.doc = {**pool_doc(2, 0.0), "requests_total": total, "instance": "gw-1"}
+            d = asyncio.run(loop.tick())
+        assert d is not None and d.metrics["load"] == pytest.approx(0.05)
+        assert api.replicas == 1
+        r = ArrivalRate(forget_after_s=100.0)  # one absent from the previous poll is still forgotten
+        doc = {**pool_doc(2, 0.0), "instance": "gw-1"}
+        assert r.observe([parse_pool({**doc, "requests_total": 0}, "a")], 0.0) is None
+        assert r.observe([], 50.0) is None
+        assert r.observe([parse_pool({**doc, "requests_total": 500}, "a")], 500.0) is None
+    finally:
+        gw.close()
+
+
 def test_a_url_that_reaches_another_gateway_each_poll_never_differences_their_counters():
     """A ClusterIP Service (or an https URL, or resolve_gateways off) sends each poll to any
     replica: one gateway's requests_total was differenced against another's, and two gateways
