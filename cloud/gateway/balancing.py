@@ -56,7 +56,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from cloud.worker.batching import BUSY_MARK, TOO_SHORT_MARK  # a worker's refusals of its own
+from cloud.worker.batching import (  # a worker's refusals of its own
+    BUSY_MARK,
+    NOT_SERVING_MARK,
+    TOO_SHORT_MARK,
+)
 from edgewise import status
 from edgewise.settings import Invalid, check, setting
 from edgewise.v1 import detect_pb2
@@ -106,6 +110,7 @@ class Outcome(enum.Enum):
     TIMED_OUT = "timed_out"  # the hop's deadline passed: a failure, unless the deadline was too short
     #                          for the worker to answer (see Balancer._release)
     CANCELLED = "cancelled"  # the client gave up: says nothing about the worker
+    NOT_SERVING = "not_serving"  # the worker refused for it does not serve (yet): paused, not a failure
 
 
 def outcome_of(wire_status: int, message: str = "") -> Outcome:
@@ -116,11 +121,23 @@ def outcome_of(wire_status: int, message: str = "") -> Outcome:
     worker time enough (``TIMED_OUT``); per-request errors (INVALID_ARGUMENT,
     UNAUTHENTICATED) and OK say it works. A worker refusing up front a deadline closer than
     its batch-of-one time (``message`` carries :data:`TOO_SHORT_MARK`) answered correctly for
-    the client's deadline: ``CANCELLED``, nothing against the worker.
+    the client's deadline: ``CANCELLED``, nothing against the worker. One refusing because it
+    does not serve (:data:`NOT_SERVING_MARK`) is ``NOT_SERVING``: paused, not failed.
     """
     if refused_too_short(wire_status, message):
         return Outcome.CANCELLED
+    if refused_not_serving(wire_status, message):
+        return Outcome.NOT_SERVING
     return _OUTCOMES.get(status.row(wire_status).status, Outcome.OK)
+
+
+def refused_not_serving(wire_status: int, message: str) -> bool:
+    """Whether a worker's answer is its refusal while it does not serve (UNAVAILABLE whose message
+    carries :data:`NOT_SERVING_MARK`: warming up, shutting down). What a Load poll reporting
+    ``serving=False`` says, learnt sooner: a worker added to the pool is picked before its
+    first poll, and one still warming up was ejected for 30 s by its first refusals, though it
+    served a second later. It is paused instead (:meth:`Balancer.report_load` readmits it)."""
+    return status.row(wire_status).status == status.UNAVAILABLE and NOT_SERVING_MARK in message
 
 
 def refused_too_short(wire_status: int, message: str) -> bool:
@@ -740,6 +757,11 @@ class Balancer:
             # At capacity: hold it at what it could take (docs/design/balancing.md#overload-is-load-not-failure).
             ep.overload_cap = max(1, in_flight_before - 1)
             ep.overload_until = now + c.overload_hold_s
+        elif outcome is Outcome.NOT_SERVING:
+            if not ep.paused:
+                log.warning("worker %s paused: it answered that it is not serving (warming up or shutting down)",
+                            ep.name)
+            ep.paused = True
         elif outcome is Outcome.FAILURE or outcome is Outcome.TIMED_OUT:
             ep.consecutive_failures += 1
             if ep.consecutive_failures >= c.consecutive_failures and not ep.ejected(now):

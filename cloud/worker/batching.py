@@ -73,6 +73,12 @@ from edgewise.errors import DeadlineExceededError, OverloadedError
 #: deadline, not a fault of the worker (cloud.gateway.balancing.outcome_of), so keep it.
 TOO_SHORT_MARK = "send a later deadline"
 
+#: In a refusal while this worker is not serving (warming up, shutting down): the gateway pauses
+#: it until a Load poll says it serves (cloud.gateway.balancing.refused_not_serving) and sends the
+#: request on, not counting a failure: a worker added while it warmed up was ejected for 30 s
+#: by its first refusals, so keep it.
+NOT_SERVING_MARK = "not serving"
+
 #: Ends a refusal for this worker's load alone (its queue full, its decode budget spent): the
 #: gateway sends the request on to another worker with room (cloud.gateway.balancing.refused_busy),
 #: so keep it; a RESOURCE_EXHAUSTED without it (a message over the size limit) is not retried.

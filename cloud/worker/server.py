@@ -41,6 +41,7 @@ from grpc_health.v1.health import aio as health_aio
 from cloud.binding import add_health, grpc_port, parsed, server_options, socket_port_async
 from cloud.worker.batching import (
     BUSY_MARK,
+    NOT_SERVING_MARK,
     TOO_SHORT_MARK,
     Batch,
     Batcher,
@@ -76,6 +77,9 @@ AUTO_WARMUP_ROUNDS = 3  # batching.mode auto: one cold round, then two timed rou
 #: its cancellation can beat this worker's own timer. On loopback, 10 of 38 calls whose 0.5 s
 #: deadline passed in the queue arrived so, 0.2 to 3.7 ms early, and were counted CANCELLED.
 DEADLINE_LAG_S = 0.02
+#: The refusals while this worker does not serve (the gateway pauses it: NOT_SERVING_MARK).
+SHUTTING_DOWN = f"worker is shutting down, {NOT_SERVING_MARK}; retry on another worker"
+WARMING_UP = f"worker is warming up, {NOT_SERVING_MARK} yet; retry on another worker"
 T = TypeVar("T")
 Clock = Callable[[], float]
 
@@ -264,9 +268,9 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         self, request: detect_pb2.DetectRequest, context: grpc.aio.ServicerContext
     ) -> detect_pb2.DetectResponse:
         if self._draining:
-            raise UnavailableError("worker is shutting down; retry on another worker")
+            raise UnavailableError(SHUTTING_DOWN)
         if not self._serving:
-            raise UnavailableError("worker is warming up; retry on another worker")
+            raise UnavailableError(WARMING_UP)
         if not request.HasField("image"):
             raise InvalidInputError("request.image is missing")
         deadline = self._deadline(request, context)

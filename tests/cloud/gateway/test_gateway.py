@@ -669,6 +669,37 @@ def test_not_serving_worker_gets_no_traffic():
     run(main())
 
 
+def test_a_worker_added_while_it_warms_up_is_paused_not_ejected():
+    """A worker added to the pool is picked before its first Load poll; one still warming up
+    refused its first requests ("warming up ... retry on another worker", UNAVAILABLE), which
+    counted as failures: it was ejected for 30 s although it served a second later (found by
+    a probe in every saturated scale-up of a static pool). It is paused by its refusal, the
+    requests go on to another worker, and the Load poll that sees it serving readmits it."""
+    async def main():
+        a, b = TestWorker("a", 0.005, concurrency=8, serving=False), TestWorker("b", 0.005, concurrency=8)
+        await a.start()
+        gw = await started([(b, 1)], load_poll_interval_s=1.0)
+        try:
+            gw.reload_workers([f"{b.address}=1", f"{a.address}=1"])  # before a's first Load poll
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                first = await asyncio.gather(*(_detect(stub, request(seq=i)) for i in range(12)))
+                ep = gw.pool.balancer.endpoints[a.address]
+                assert a.calls >= 1 and ep.paused and ep.ejections == 0, (a.calls, ep)
+                a.serving = True
+                await async_wait_until(lambda: not ep.paused, 10, "worker a readmitted by a Load poll")
+                later = [await _detect(stub, request(seq=100 + i)) for i in range(10)]
+            return first, later
+        finally:
+            await gw.stop(0)
+            await a.stop()
+            await b.stop()
+
+    first, later = run(main())
+    assert [r[0] for r in first] == ["OK"] * 12, first
+    assert all(r[0] == "OK" for r in later) and "a" in {r[1].worker_id for r in later}, later
+
+
 def test_removed_worker_drains_then_channel_closes():
     async def main():
         a, b = TestWorker("a", 0.4, concurrency=8), TestWorker("b", 0.01, concurrency=8)

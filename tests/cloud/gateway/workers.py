@@ -14,6 +14,7 @@ import time
 import grpc
 import numpy as np
 
+from cloud.worker.server import WARMING_UP
 from edgewise.v1 import detect_pb2, service_pb2_grpc
 
 
@@ -75,6 +76,8 @@ class TestWorker(service_pb2_grpc.WorkerServicer):
         self.deadlines.append(min(cands) if cands else 0)
         if self.fail is not None:
             await context.abort(self.fail, f"{self.name} configured to fail")
+        if not self.serving:  # as a real worker warming up answers
+            await context.abort(grpc.StatusCode.UNAVAILABLE, WARMING_UP)
         if self.max_queue and self.in_flight >= self.max_queue:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.name} queue full")
         self.in_flight += 1
