@@ -78,8 +78,9 @@ AUTO_WARMUP_ROUNDS = 3  # batching.mode auto: one cold round, then two timed rou
 #: deadline passed in the queue arrived so, 0.2 to 3.7 ms early, and were counted CANCELLED.
 DEADLINE_LAG_S = 0.02
 #: The refusals while this worker does not serve (the gateway pauses it: NOT_SERVING_MARK).
-SHUTTING_DOWN = f"worker is shutting down, {NOT_SERVING_MARK}; retry on another worker"
-WARMING_UP = f"worker is warming up, {NOT_SERVING_MARK} yet; retry on another worker"
+SHUTTING_DOWN = "worker is shutting down, not serving; retry on another worker"
+WARMING_UP = "worker is warming up, not serving yet; retry on another worker"
+assert NOT_SERVING_MARK in SHUTTING_DOWN and NOT_SERVING_MARK in WARMING_UP
 T = TypeVar("T")
 Clock = Callable[[], float]
 
