@@ -41,7 +41,6 @@ from grpc_health.v1.health import aio as health_aio
 from cloud.binding import add_health, grpc_port, parsed, server_options, socket_port_async
 from cloud.worker.batching import (
     BUSY_MARK,
-    NOT_SERVING_MARK,
     TOO_SHORT_MARK,
     Batch,
     Batcher,
@@ -77,10 +76,10 @@ AUTO_WARMUP_ROUNDS = 3  # batching.mode auto: one cold round, then two timed rou
 #: its cancellation can beat this worker's own timer. On loopback, 10 of 38 calls whose 0.5 s
 #: deadline passed in the queue arrived so, 0.2 to 3.7 ms early, and were counted CANCELLED.
 DEADLINE_LAG_S = 0.02
-#: The refusals while this worker does not serve (the gateway pauses it: NOT_SERVING_MARK).
+#: The refusals while this worker does not serve: each carries cloud.worker.batching.NOT_SERVING_MARK,
+#: on which the gateway pauses it (tested).
 SHUTTING_DOWN = "worker is shutting down, not serving; retry on another worker"
 WARMING_UP = "worker is warming up, not serving yet; retry on another worker"
-assert NOT_SERVING_MARK in SHUTTING_DOWN and NOT_SERVING_MARK in WARMING_UP
 T = TypeVar("T")
 Clock = Callable[[], float]
 

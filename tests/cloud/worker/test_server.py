@@ -603,3 +603,11 @@ def test_oversize_request_is_rejected_with_a_clear_status(tiny_model):
     big, small = asyncio.run(main())
     assert big[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and "4096" in big[1]
     assert small[0] == grpc.StatusCode.OK
+
+
+def test_the_not_serving_refusals_carry_the_mark_the_gateway_pauses_on():
+    from cloud.gateway.balancing import Outcome, outcome_of
+    from cloud.worker.server import SHUTTING_DOWN, WARMING_UP
+    from edgewise import status
+
+    assert {outcome_of(status.UNAVAILABLE, m) for m in (SHUTTING_DOWN, WARMING_UP)} == {Outcome.NOT_SERVING}
