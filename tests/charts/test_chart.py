@@ -808,9 +808,18 @@ def test_a_section_removed_with_null_renders_or_is_refused_by_name() -> None:
     failed in a template with "nil pointer evaluating interface {}.source", naming no value.
     Each section the templates read is required by the schema now, so Helm says
     "missing property 'model'"; the rest (resources, placement maps) render without it."""
+    # the sections a template reads only in another mode, rendered in that mode: with the
+    # defaults alone, autoscaling.hpa=null (mode hpa), model.pvc=null (source pvc) and four more
+    # rendered, and failed with "nil pointer evaluating interface {}.metricName" when read
+    reads = {"autoscaling.hpa": ("autoscaling.mode=hpa",),
+             "mqtt.external": ("mqtt.bridge.enabled=true", "mqtt.external.host=broker.example"),
+             "model.pvc": ("model.source=pvc",),
+             "model.initContainer": ("model.source=initContainer",),
+             "worker.engineCache.pvc": ("worker.engineCache.type=pvc",),
+             "worker.engineCache.hostPath": ("worker.engineCache.type=hostPath",)}
     for section in _object_sections(json.loads((CHART / "values.schema.json").read_text())):
-        out = subprocess.run([helm(), "template", "rel", str(CHART), "--set", f"{section}=null"],
-                             capture_output=True, text=True)
+        out = subprocess.run([helm(), "template", "rel", str(CHART), *helm_args(*reads.get(section, ())),
+                              "--set", f"{section}=null"], capture_output=True, text=True)
         parent, _, key = section.rpartition(".")
         where = "/" + parent.replace(".", "/") if parent else ""
         refused = (f"at '{where}': missing property '{key}'",
