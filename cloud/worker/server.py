@@ -277,22 +277,28 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         if self.batcher.depth >= self.batcher.policy.max_queue_size:  # shed before decoding
             raise OverloadedError(self._full_message())
         arrived = self.clock()
-        prepared = await self._decode(request.image, deadline)
+        prepared, decode_s = await self._decode(request.image, deadline)
         loop = asyncio.get_running_loop()
         job = _Job(prepared, loop.create_future(), self.clock())
         h, w = prepared.meta.src_shape[:2]
         try:
             self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline, pixels=h * w)
-        except DeadlineExceededError:
+        except DeadlineExceededError as exc:
             need = self.batcher.need_s(h * w)
             if deadline is None or deadline - need <= arrived:
                 raise  # too close already when it came: the client's deadline (TOO_SHORT_MARK)
+            if deadline - need - decode_s <= arrived:
+                # too close for this image's own decoding (no wait for it): still the client's deadline
+                raise DeadlineExceededError(
+                    f"decoding the image took {1e3 * decode_s:.0f} ms: {1e3 * (deadline - job.accepted):.1f} ms "
+                    f"were left of the deadline, a batch takes about {1e3 * need:.1f} ms; {TOO_SHORT_MARK}"
+                ) from exc
             # it came with time enough and spent it waiting for this worker's decoding: load,
             # like a decode budget that stays full (PixelBudget), not a deadline to send later
             raise OverloadedError(
-                f"this worker took {1e3 * (job.accepted - arrived):.0f} ms to decode the image (its decode backlog): "
-                f"{1e3 * (deadline - job.accepted):.1f} ms were left of the deadline, a batch takes about "
-                f"{1e3 * need:.1f} ms; {BUSY_MARK}") from None
+                f"this worker took {1e3 * (job.accepted - arrived):.0f} ms to decode the image (its decode backlog; "
+                f"the decode itself {1e3 * decode_s:.0f} ms): {1e3 * (deadline - job.accepted):.1f} ms were left of "
+                f"the deadline, a batch takes about {1e3 * need:.1f} ms; {BUSY_MARK}") from None
         self.metrics.queue_depth.set(self.batcher.depth)
         self._wake.set()
         try:
@@ -316,9 +322,10 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             ),
         )
 
-    async def _decode(self, image: detect_pb2.Image, deadline: float | None) -> Prepared:
+    async def _decode(self, image: detect_pb2.Image, deadline: float | None) -> tuple[Prepared, float]:
         """Check the image's header (no decoding), wait for room in the decode budget for the
-        pixels it declares, then decode and letterbox it in the decode pool."""
+        pixels it declares, then decode and letterbox it in the decode pool. Returns the image
+        and the seconds its decoding itself took (not the wait for the budget or the pool)."""
         header = check_image(image, self.settings.max_image_pixels)
         pixels = 0 if header.encoding == "raw" else header.pixels  # RAW: nothing to inflate
         timeout = None if deadline is None else max(0.0, deadline - self.clock())
@@ -329,11 +336,17 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             raise
         self.metrics.decode_pixels.set(self.decode_budget.in_use)
         job: Future[Prepared] | None = None
+        started: list[float] = []  # when a decode thread took the image up
+
+        def prepare() -> Prepared:
+            started.append(self.clock())
+            return self.runner.prepare(image, self.settings.max_image_pixels)
+
         try:
-            job = self._decode_pool.submit(contextvars.copy_context().run, self.runner.prepare, image,
-                                           self.settings.max_image_pixels)
+            job = self._decode_pool.submit(contextvars.copy_context().run, prepare)
             decoding = asyncio.wrap_future(job)
-            return await asyncio.shield(decoding)
+            prepared = await asyncio.shield(decoding)
+            return prepared, self.clock() - started[0]
         except asyncio.CancelledError:
             # The client gave up. A decode still queued is not run; one running in its thread
             # cannot be stopped: its pixels stay counted until it ends, or the budget would let

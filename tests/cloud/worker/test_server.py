@@ -496,6 +496,31 @@ def test_a_deadline_spent_waiting_to_decode_is_this_workers_load_not_the_callers
     assert "decod" in details
 
 
+def test_a_deadline_too_close_for_the_images_own_decoding_is_the_callers_not_load(tiny_model):
+    """An idle worker whose decoding of this one image took longer than the deadline left: no
+    backlog, nothing for another worker to do better. It was refused RESOURCE_EXHAUSTED "this
+    worker took 400 ms to decode the image (its decode backlog)", which the gateway counts as
+    this worker's load and retries elsewhere; it is the client's deadline, "send a later deadline"."""
+    settings = make_settings(tiny_model, max_batch_size=1, max_queue_delay_ms=0)
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            prepare = srv.service.runner.prepare
+
+            def slow(*args, **kw):  # a large image's decode, on a decode pool with nothing else to do
+                time.sleep(0.4)
+                return prepare(*args, **kw)
+
+            srv.service.runner.prepare = slow
+            req = jpeg_request(photo(), deadline_unix_ns=time.time_ns() + 300_000_000)  # ample for one batch
+            return await call(stub, req)
+
+    code, details = asyncio.run(main())
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED, (code, details)
+    assert "send a later deadline" in details and "decoding the image took" in details
+    assert "backlog" not in details
+
+
 def test_a_request_deadline_behind_this_workers_clock_names_the_clocks(tiny_model):
     """The gateway forwards ``deadline_unix_ns`` as the client sent it and gives the hop a relative
     timeout within it. A worker whose clock is 60 s ahead read every such request as already late
