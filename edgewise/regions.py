@@ -254,6 +254,12 @@ REGION_MODES = ("crops", "regions")
 COMPARED_MODES = ("full", "downscaled", "regions", "low+regions")
 
 
+def regions_most(mode: str, max_regions: int) -> int:
+    """The most regions a ``mode`` payload packs under ``maxRegions``: one image holds at most
+    :data:`MAX_TILES` parts, and ``low+regions``'s downscaled frame is one of them."""
+    return min(max_regions, MAX_TILES - (1 if mode == "low+regions" else 0))
+
+
 def low_is_frame(width: int, low_width: int) -> bool:
     """Whether a frame ``width`` pixels wide, scaled to ``low_width`` (never enlarged), is the
     frame itself: then ``downscaled`` and ``low+regions`` send the whole frame (as ``full``), for
@@ -312,8 +318,8 @@ def plan_payload(frame: np.ndarray, dets: Detections, motion_blobs: Optional[np.
         return PayloadPlan(img, tiles)
     if mode in ("regions", "low+regions"):
         low = low_width if mode == "low+regions" else 0
-        most = min(max_regions, MAX_TILES - (1 if low else 0))  # one image, at most MAX_TILES parts
-        rs = propose_regions(dets, motion_blobs, (w, h), band, padding, min_side, most, max_area)
+        rs = propose_regions(dets, motion_blobs, (w, h), band, padding, min_side, regions_most(mode, max_regions),
+                             max_area)
         if rs is None:
             return PayloadPlan(frame, []) if not low else PayloadPlan(*pack(frame, [], low))
         img, tiles = pack(frame, rs, low)

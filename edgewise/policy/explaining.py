@@ -11,7 +11,7 @@ from typing import List
 
 from edgewise.policy.budget import fraction_cap
 from edgewise.policy.schema import Policy
-from edgewise.regions import REGION_MODES
+from edgewise.regions import REGION_MODES, regions_most
 
 
 def warnings(policy: Policy) -> List[str]:
@@ -130,7 +130,7 @@ def explain(policy: Policy) -> str:
                         if s.cooldown_seconds > 0 else "none.")
     )
     pl = s.payload
-    regions = (f"up to {pl.max_regions} full-resolution regions (padding {pl.crop_padding:g} x box size, "
+    regions = (f"up to {regions_most(pl.mode, pl.max_regions)} full-resolution regions (padding {pl.crop_padding:g} x box size, "
                f"at least {pl.region_min} px, together at most {pl.max_region_area:.0%} of the frame) around the "
                "uncertain boxes and the motion no detection explains")
     payload = {

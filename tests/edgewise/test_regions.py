@@ -145,3 +145,16 @@ def test_low_plus_regions_never_packs_more_tiles_than_a_worker_takes() -> None:
         img.source_width, img.source_height = 3840, 2160
         img.tiles.extend(tiles_to_proto(plan.tiles))
         check_image(detect_pb2.Image.FromString(img.SerializeToString()))  # what the worker checks
+
+
+def test_explain_says_how_many_regions_the_mode_packs() -> None:
+    """`check-policy` explained low+regions with maxRegions 64 as "up to 64 full-resolution
+    regions" while plan_payload packs at most 63 (its low frame is the 64th tile): the rule is
+    edgewise.regions.regions_most, for both."""
+    from edgewise.policy import explain, parse_policy
+    from edgewise.regions import MAX_TILES
+
+    head = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: r}\nspec:\n  payload: "
+    for mode, most in (("low+regions", MAX_TILES - 1), ("regions", MAX_TILES)):
+        text = explain(parse_policy(head + f"{{mode: {mode}, maxRegions: {MAX_TILES}}}\n"))
+        assert f"up to {most} full-resolution regions" in text, (mode, text)
