@@ -94,7 +94,8 @@ def _probe_folder(path: str) -> Optional[str]:
 
 
 def _probe_video(path: str) -> Optional[str]:
-    cap = cv2.VideoCapture(path)
+    with _OPTIONS_GATE.holding(None):
+        cap = cv2.VideoCapture(path)
     try:
         if not cap.isOpened():
             return f"cannot open video {shown(path)} (not a video, or no decoder)"
@@ -157,13 +158,16 @@ class _OptionsGate:
         self.value: Optional[str] = None
         self.count = 0
         self.saved: Optional[str] = None
-        self.line: List[Tuple[object, str]] = []  # waiting opens, in arrival order
+        self.line: List[Tuple[object, Optional[str]]] = []  # waiting opens, in arrival order
 
     def _may_enter(self, ticket: object) -> bool:
         return not self.count and self.line[0][0] is ticket  # free: the first in line takes it
 
     @contextlib.contextmanager
-    def holding(self, value: str) -> Iterator[None]:
+    def holding(self, value: Optional[str]) -> Iterator[None]:
+        """Hold the gate for one open with ``value`` in the environment (None: as the process
+        has it, for a video file: an open outside the gate waited inside OpenCV behind a hung
+        camera and could read that camera's options)."""
         ticket = object()
         with self.cond:
             self.line.append((ticket, value))
@@ -171,7 +175,8 @@ class _OptionsGate:
                 self.cond.wait()
             self.line.remove((ticket, value))
             self.saved = os.environ.get(FFMPEG_OPTIONS_ENV)
-            os.environ[FFMPEG_OPTIONS_ENV] = value
+            if value is not None:
+                os.environ[FFMPEG_OPTIONS_ENV] = value
             self.value = value
             self.count += 1
         try:
@@ -278,7 +283,8 @@ class VideoFileSource:
         if problem:
             raise SourceError(problem)
         self.identity = file_identity(self.path)  # before the open: a change meanwhile shows at the next pass
-        cap = cv2.VideoCapture(self.path)
+        with _OPTIONS_GATE.holding(None):  # OpenCV opens one FFmpeg capture at a time (_OptionsGate)
+            cap = cv2.VideoCapture(self.path)
         if not cap.isOpened():
             raise SourceError(f"cannot open video {self.shown} (not a video, or no decoder)")
         self.cap = cap

@@ -434,3 +434,45 @@ def test_a_stop_waits_for_one_hung_open_not_one_per_camera():
         hung.close()
     assert len(failed) == 3, failed
     assert took < 1.8, f"the stop waited {took:.1f} s for the opens"
+
+
+def test_a_video_file_opens_at_the_options_gate_with_the_processs_own_options(tmp_path, monkeypatch):
+    """A video file was opened outside the options gate: it waited inside OpenCV behind a
+    camera's open (one FFmpeg open at a time per process) and could read that camera's
+    OPENCV_FFMPEG_CAPTURE_OPTIONS, set around its open. It waits at the gate now and opens with
+    the environment as the process has it."""
+    import os
+    import threading
+
+    from edge.sources import opencv
+
+    video = make_video(tmp_path / "v.avi")
+    seen = []
+    real = cv2.VideoCapture
+
+    def spy(*args, **kw):
+        seen.append(os.environ.get(opencv.FFMPEG_OPTIONS_ENV))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(opencv.cv2, "VideoCapture", spy)
+    monkeypatch.delenv(opencv.FFMPEG_OPTIONS_ENV, raising=False)
+    release, entered = threading.Event(), threading.Event()
+
+    def camera_open() -> None:  # a camera's open, under way with its options
+        with opencv._OPTIONS_GATE.holding("rtsp_transport;tcp|stimeout;5000000"):
+            entered.set()
+            release.wait(10)
+
+    cam = threading.Thread(target=camera_open, daemon=True)
+    cam.start()
+    assert entered.wait(5)
+    src = VideoFileSource(str(video))
+    opener = threading.Thread(target=src.open, daemon=True)
+    opener.start()
+    opener.join(0.3)
+    assert opener.is_alive() and not seen, "the file opened beside the camera's open"
+    release.set()
+    opener.join(10)
+    cam.join(10)
+    src.close()
+    assert seen == [None]
