@@ -206,8 +206,9 @@ def use_wal(db: sqlite3.Connection, synchronous: str) -> None:
 
 def wal_working_bytes(db: sqlite3.Connection) -> int:
     """What a SQLite file set up by :func:`use_wal` may still take on its filesystem without
-    storing anything more: its WAL up to the checkpoint, plus the transaction that crosses it
-    (16 pages), and the database growing as the checkpoint copies those pages in. A file
+    storing anything more: the WAL's growth up to the checkpoint (plus the transaction that
+    crosses it, 16 pages) and the database's as the checkpoint copies in what the WAL holds,
+    together at most the WAL's bound, since a page the WAL already holds is no growth of it. A file
     beside the spool counts it before storing a live record: the deletes its acknowledgements
     write are not checked against the reserve (they free space, later), and took up to 36 KiB
     of a 96 KiB reserve in a test (its WAL, at SQLite's default checkpoint, up to 4 MB)."""
