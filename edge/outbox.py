@@ -130,6 +130,7 @@ class Outbox:
                                   f"{', '.join(tables[:5])}), not an outbox; set sinks.mqtt_outbox to a file of its "
                                   "own, or move this one aside")
             use_wal(self._db, "NORMAL")
+            self._wal_working = wal_working_bytes(self._db)  # the page size is the file's for good
             problems = quick_check(self._db)  # before anything is written into a damaged file
             if problems:
                 raise sqlite3.DatabaseError(f"damaged: {problems[0]}{' and more' if len(problems) > 1 else ''}")
@@ -207,7 +208,7 @@ class Outbox:
         if not reserve_bytes:
             return True
         with self._lock:
-            return short_of_room(self.path.parent, size + wal_working_bytes(self._db), reserve_bytes,
+            return short_of_room(self.path.parent, size + self._wal_working, reserve_bytes,
                                  reusable_bytes(self._db)) is None
 
     def put(self, data: bytes, late_key: Optional[str] = None) -> bool:
