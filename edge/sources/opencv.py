@@ -77,11 +77,16 @@ def list_images(folder: str) -> List[Path]:
     return sorted(files, key=lambda p: natural_key(p.name))
 
 
+def _no_images(path: str) -> str:
+    """What a folder stream without images is told (the probe's and the quick check's words)."""
+    return (f"image folder {shown(path)} has no images ({', '.join(IMAGE_SUFFIXES)}; hidden files are "
+            f"skipped){dataset_hint(path)}")
+
+
 def _probe_folder(path: str) -> Optional[str]:
     files = list_images(path)
     if not files:
-        return (f"image folder {shown(path)} has no images ({', '.join(IMAGE_SUFFIXES)}; hidden files are "
-                f"skipped){dataset_hint(path)}")
+        return _no_images(path)
     why = ""
     for f in files[:FOLDER_PROBE_FILES]:
         try:
@@ -136,8 +141,7 @@ def local_source_problem(kind: str, path: str, probe: bool = True) -> Optional[s
             if probe:
                 return _probe_folder(path)
             if not list_images(path):
-                return (f"image folder {name} has no images ({', '.join(IMAGE_SUFFIXES)}; hidden files are "
-                        f"skipped){dataset_hint(path)}")
+                return _no_images(path)
         except OSError as exc:
             return f"image folder {name} cannot be read: {exc.strerror or exc}"
     return None
