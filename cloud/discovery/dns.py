@@ -17,7 +17,10 @@ Lifecycle of an address (pure, in :class:`DnsTracker`):
 Failures: "no such name" (``EAI_NONAME``/``EAI_NODATA``: a headless Service with
 no ready pods) means an empty set; any other resolver error (timeouts,
 ``EAI_AGAIN``) keeps the last known set, is logged and counted, so a DNS blip
-never empties the pool.
+never empties the pool. A lookup still unanswered after one interval (a resolver
+that does not answer: glibc gives up only after its own timeouts and attempts
+per server) counts as such an error too; it is awaited again at the next poll,
+not started a second time, and draining addresses still leave on time meanwhile.
 """
 
 from __future__ import annotations
@@ -133,10 +136,24 @@ class DnsDiscovery:
         self._clock = clock
         self._closed = asyncio.Event()
         self.resolve_errors = 0  # transient failures (last set kept)
+        self._lookup: asyncio.Future[list[str]] | None = None  # a lookup not answered yet
 
     async def _resolve_once(self) -> list[str] | None:
+        if self._lookup is None:
+            self._lookup = asyncio.ensure_future(self._resolve(self.name, self.port))
+        lookup = self._lookup
+        await asyncio.wait({lookup}, timeout=self.interval_s)
+        if not lookup.done():
+            self.resolve_errors += 1
+            log.warning("dns discovery: resolving %s has not answered for %g s or more; keeping the last %d "
+                        "endpoints (check the resolver in /etc/resolv.conf)", self.name, self.interval_s,
+                        len(self.tracker._ready))
+            return None
+        self._lookup = None
+        if lookup.cancelled():  # closed
+            return None
         try:
-            return await self._resolve(self.name, self.port)
+            return lookup.result()
         except LookupError as exc:
             log.info("dns discovery: %s; pool is empty", exc)
             return []
@@ -160,3 +177,5 @@ class DnsDiscovery:
 
     async def close(self) -> None:
         self._closed.set()
+        if self._lookup is not None:
+            self._lookup.cancel()

@@ -4,6 +4,7 @@ with an injected resolver (changing records cannot be made in /etc/hosts here)."
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -85,6 +86,38 @@ def test_discovery_follows_records_and_survives_failures():
         set(),                                             # t=9
     ]
     assert d.resolve_errors == 1
+
+
+def test_a_resolver_that_never_answers_keeps_the_set_and_lets_drains_end(caplog):
+    # getaddrinfo has no timeout of its own: with a resolver that did not answer, the watch waited
+    # in the lookup, unlogged and uncounted, and an address already draining was never removed
+    calls = []
+
+    async def resolver(host, port):
+        calls.append(host)
+        if len(calls) == 1:
+            return ["10.0.0.1", "10.0.0.2"]
+        if len(calls) == 2:
+            return ["10.0.0.1"]
+        await asyncio.Event().wait()  # hangs
+        return []
+
+    async def scenario():
+        d = DnsDiscovery("workers.ns.svc.cluster.local", 50051, interval_s=0.05, drain_s=0.2, resolver=resolver)
+        agen = d.watch()
+        snaps = [{(e.address, e.state) for e in await asyncio.wait_for(agen.__anext__(), 5)} for _ in range(3)]
+        await asyncio.sleep(0.3)
+        await d.close()
+        return d, snaps
+
+    with caplog.at_level(logging.WARNING, logger="cloud.discovery.dns"):
+        d, snaps = asyncio.run(scenario())
+    assert snaps == [{("10.0.0.1:50051", R), ("10.0.0.2:50051", R)},
+                     {("10.0.0.1:50051", R), ("10.0.0.2:50051", D)},
+                     {("10.0.0.1:50051", R)}]  # drained on time while the third lookup hung
+    assert len(calls) == 3  # the hung lookup was awaited again, not started at every poll
+    assert d.resolve_errors >= 1
+    assert "has not answered for 0.05 s or more; keeping the last 1 endpoints" in caplog.text
 
 
 @pytest.mark.parametrize("kw, msg", [
