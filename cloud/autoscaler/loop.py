@@ -52,6 +52,10 @@ from edgewise.observability import process_registry
 log = logging.getLogger(__name__)
 
 MAX_POOL_BYTES = 4 << 20
+#: Why a gateway's ``/pool`` poll failed (``edgewise_autoscaler_gateway_poll_errors_total{reason}``).
+POLL_ERRORS = ("resolve", "timeout", "connect", "invalid")
+#: The scale subresource calls that can fail (``edgewise_autoscaler_scale_errors_total{op}``).
+SCALE_OPS = ("read", "patch")
 
 
 @dataclass(frozen=True)
@@ -276,8 +280,13 @@ class AutoscalerMetrics:
         self.ready = Gauge("edgewise_autoscaler_ready_workers", "Distinct ready workers with capacity", registry=r)
         self.poll_errors = Counter("edgewise_autoscaler_gateway_poll_errors_total", "Failed /pool polls", ["reason"], registry=r)
         self.apply_errors = Counter("edgewise_autoscaler_scale_errors_total", "Failed reads/patches of the scale subresource", ["op"], registry=r)
+        # every label value at 0 from the start: a series first seen at 1 has no increase() in Prometheus
         for d in ("up", "down", "none"):
             self.decisions.labels(d)
+        for reason in POLL_ERRORS:
+            self.poll_errors.labels(reason)
+        for op in SCALE_OPS:
+            self.apply_errors.labels(op)
 
 
 class GatewayPoller:

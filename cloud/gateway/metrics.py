@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from edgewise import status
 from edgewise.observability import process_registry
 
 if TYPE_CHECKING:
@@ -25,6 +26,15 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.
                    0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01,
                     0.025, 0.05)
+#: Label values of the counters exported at 0 from the start (docs/metrics.md lists each): a series
+#: that first appears at 1 has no increase() or rate() in Prometheus, so the first refusal of a
+#: gateway's life never showed in the rejection ratio, the error ratio or an MQTT refusal alert.
+REJECT_REASONS = ("invalid_argument", "resource_exhausted", "deadline_exceeded", "unauthenticated", "saturated",
+                  "no_endpoints", "too_many_streams", "too_many_calls")
+RETRY_RESULTS = ("sent", "denied")
+MQTT_RESULTS = ("answered", "error_answered", "malformed", "overloaded", "no_response_topic",
+                "foreign_response_topic", "bad_topic", "correlation_too_large", "too_many_properties", "retained",
+                "answer_too_large", "publish_failed", "internal_error", "response_refused", "connect_failed")
 
 
 class _PoolCollector(Collector):
@@ -86,6 +96,23 @@ class GatewayMetrics:
                                     "(at most limits.max_stream_in_flight per stream)", registry=r)
         self._answered: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self._worker_error_statuses: dict[str, set[str]] = {}  # the worker_errors series, by worker
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason=reason)
+        for result in RETRY_RESULTS:
+            self.retries.labels(result=result)
+        self._answer_statuses("grpc", "grpc-stream")
+
+    def _answer_statuses(self, *transports: str) -> None:
+        for transport in transports:
+            for row in status.TABLE:
+                self.requests.labels(transport, status.name(row.status))
+
+    def follow_mqtt(self) -> None:
+        """With the MQTT bridge: export its series at 0 too (a gateway without it shows none)."""
+        self._answer_statuses("mqtt")
+        self.rejected.labels(reason="mqtt_overloaded")
+        for result in MQTT_RESULTS:
+            self.mqtt.labels(result=result)
 
     def follow_certificate(self, not_after: Callable[[], dt.datetime]) -> None:
         """With TLS: export the end of validity of the certificate served to new connections,

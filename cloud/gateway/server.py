@@ -560,6 +560,7 @@ class Gateway:
             self._tasks.append(task)
         await self._server.start()
         if s.mqtt.enabled:
+            self.metrics.follow_mqtt()
             self.bridge = MqttBridge(s.mqtt, self, self.metrics.mqtt, up=self.metrics.mqtt_connected,
                                      max_message_bytes=s.limits.max_message_bytes)
             self.bridge.start()

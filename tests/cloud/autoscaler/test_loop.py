@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import socket
 from typing import Any
 
@@ -15,8 +16,11 @@ import pytest
 
 from cloud.autoscaler.kube import DeploymentScale, ScaleState
 from cloud.autoscaler.loop import (
+    POLL_ERRORS,
+    SCALE_OPS,
     ArrivalRate,
     AutoscalerLoop,
+    AutoscalerMetrics,
     GatewayPoller,
     _http_get_json,
     aggregate,
@@ -633,3 +637,20 @@ def test_the_deadline_keeps_a_proxy_managers_own_connection_classes() -> None:
     with pytest.raises(NewConnectionError):
         conn.connect()  # nothing listens on port 9: it noted itself first
     assert list(calls.values()) == [conn]
+
+
+def test_error_counters_start_at_zero_with_every_reason_the_loop_counts() -> None:
+    """A series that first appears at 1 has no increase() in Prometheus: the first failed poll
+    or scale call never fired the documented "autoscaler blind" query."""
+    import inspect
+
+    from cloud.autoscaler import loop as loop_module
+
+    registry = AutoscalerMetrics().registry
+    for reason in POLL_ERRORS:
+        assert registry.get_sample_value("edgewise_autoscaler_gateway_poll_errors_total", {"reason": reason}) == 0
+    for op in SCALE_OPS:
+        assert registry.get_sample_value("edgewise_autoscaler_scale_errors_total", {"op": op}) == 0
+    source = inspect.getsource(loop_module)
+    assert set(re.findall(r'_error\("([a-z_]+)"', source)) == set(POLL_ERRORS)
+    assert set(re.findall(r'_api_failed\("([a-z_]+)"', source)) == set(SCALE_OPS)
