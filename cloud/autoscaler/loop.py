@@ -313,7 +313,9 @@ class GatewayPoller:
         if not self.resolve or literal or parts.scheme == "https":
             return [(pool_url, None)]
         port = parts.port or 80
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        # getaddrinfo has no timeout of its own: a resolver that does not answer held the whole tick
+        infos = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), self.timeout)
         ips = sorted({str(i[4][0]) for i in infos})
         out: list[tuple[str, str | None]] = []
         for ip in ips:
@@ -332,8 +334,8 @@ class GatewayPoller:
         for url in self.urls:
             try:
                 ts = await self._targets(url)
-            except (OSError, ValueError) as exc:  # not resolvable; a bad port or host (UnicodeError is one)
-                self._error("resolve", url, exc)
+            except (OSError, ValueError, asyncio.TimeoutError) as exc:  # not resolvable (in time); a bad port
+                self._error("resolve", url, exc)                         # or host (UnicodeError is one)
                 expected += 1
                 continue
             expected += len(ts)

@@ -639,6 +639,36 @@ def test_the_deadline_keeps_a_proxy_managers_own_connection_classes() -> None:
     assert list(calls.values()) == [conn]
 
 
+def test_a_gateway_name_the_resolver_does_not_answer_fails_its_poll_in_time(monkeypatch, gateways) -> None:
+    """getaddrinfo has no timeout of its own: a resolver that did not answer held the poll, and
+    with it every gateway's sample and the scaling, for as long as the lookup took."""
+    import threading
+
+    real = socket.getaddrinfo
+    release = threading.Event()
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host == "gateway.hung.example":
+            release.wait(30)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    metrics = AutoscalerMetrics()
+    poller = GatewayPoller(["http://gateway.hung.example:9100", gateways[0].url], timeout_s=0.5, metrics=metrics)
+
+    async def poll():
+        try:
+            return await asyncio.wait_for(poller.poll(0.0), 5)
+        finally:
+            release.set()
+
+    sample = asyncio.run(poll())
+    assert sample is not None and not sample.complete  # the other gateway's sample is taken
+    assert metrics.registry.get_sample_value(
+        "edgewise_autoscaler_gateway_poll_errors_total", {"reason": "resolve"}) == 1.0
+
+
 def test_error_counters_start_at_zero_with_every_reason_the_loop_counts() -> None:
     """A series that first appears at 1 has no increase() in Prometheus: the first failed poll
     or scale call never fired the documented "autoscaler blind" query."""
