@@ -224,6 +224,9 @@ class EdgeDaemon:
             out.append(MqttSink(self.mqtt, mqtt_topics.detections_topic(prefix, self.settings.device_id),
                                 self.outbox, self.metrics,
                                 reserve_bytes=RESERVE_BYTES if self._beside_the_spool(str(self.outbox.path)) else 0))
+        for sink in out:  # at 0 from the start: a series first seen at 1 has no increase() in Prometheus
+            self.metrics.sink_errors.labels(sink.name)
+            self.metrics.sink_dropped.labels(sink.name)
         return Sinks(out, on_error=lambda name: self.metrics.sink_errors.labels(name).inc())
 
     async def _build_transports(self) -> None:

@@ -681,3 +681,21 @@ def test_state_files_an_older_daemon_left_readable_by_others_lose_those_rights(t
     assert modes == {"spool.db": 0o640, "out.jsonl": 0o640, rotated.name: 0o640}, modes
     said = [r.getMessage() for r in caplog.records if "lose those rights" in r.getMessage()]
     assert len(said) == 1 and f"{records} 0666" in said[0], said
+
+
+def test_the_sinks_error_and_drop_counters_exist_at_zero_from_the_start(tmp_path, tiny_model):
+    # a series first seen at 1 has no increase() in Prometheus: the first records an MQTT sink
+    # dropped never fired the documented increase(edgewise_edge_sink_dropped_total[1h]) > 0
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                sinks={"jsonl": str(tmp_path / "out.jsonl")})
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.sinks is not None, 60, "the sinks")
+        registry = d.metrics.registry
+        for counter in ("edgewise_edge_sink_errors_total", "edgewise_edge_sink_dropped_total"):
+            assert registry.get_sample_value(counter, {"sink": "jsonl"}) == 0.0
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
