@@ -49,6 +49,9 @@ class _PoolCollector(Collector):
         weight = GaugeMetricFamily("edgewise_gateway_worker_effective_weight",
                                    "Effective weight (configured x capacity x slow start)", labels=["worker"])
         ejected = GaugeMetricFamily("edgewise_gateway_worker_ejected", "1 while ejected", labels=["worker"])
+        paused = GaugeMetricFamily("edgewise_gateway_worker_paused",
+                                   "1 while paused: the worker reports not serving, or its Load polls fail",
+                                   labels=["worker"])
         picks = CounterMetricFamily("edgewise_gateway_worker_picks", "Requests sent to the worker",
                                     labels=["worker"])
         ejections = CounterMetricFamily("edgewise_gateway_worker_ejections",
@@ -58,9 +61,10 @@ class _PoolCollector(Collector):
             inflight.add_metric([name], ep.in_flight)
             weight.add_metric([name], b.effective_weight(ep, now))
             ejected.add_metric([name], 1.0 if ep.ejected(now) else 0.0)
+            paused.add_metric([name], 1.0 if ep.paused else 0.0)
             picks.add_metric([name], ep.picks)
             ejections.add_metric([name], ep.ejections)
-        yield from (inflight, weight, ejected, picks, ejections)
+        yield from (inflight, weight, ejected, paused, picks, ejections)
 
 
 class GatewayMetrics:

@@ -58,3 +58,14 @@ def test_the_lists_name_every_value_the_code_counts_and_the_docs_explain_each():
         assert f"`{reason}`" in rows["edgewise_gateway_rejected_total"], reason
     for result in MQTT_RESULTS:
         assert f"`{result}`" in rows["edgewise_gateway_mqtt_messages_total"], result
+
+
+def test_a_paused_worker_shows_as_paused():
+    # a worker the gateway sends nothing (it reports not serving, or its Load polls fail) kept
+    # its effective weight and showed nowhere in /metrics, only in /pool
+    b = Balancer(BalancerConfig())
+    b.set_endpoints([("w0:1", 1.0, "w0", False), ("w1:1", 1.0, "w1", False)])
+    b.report_load("w1:1", capacity=None, serving=False)
+    m = GatewayMetrics(b)
+    assert m.registry.get_sample_value("edgewise_gateway_worker_paused", {"worker": "w1"}) == 1.0
+    assert m.registry.get_sample_value("edgewise_gateway_worker_paused", {"worker": "w0"}) == 0.0
