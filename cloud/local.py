@@ -158,28 +158,32 @@ class LocalCloud:
         start_timeout: float = 90.0,
         stop_grace: float = 15.0,
         log_dir: str | Path | None = None,
+        flags: bool = False,
     ) -> None:
+        def arg(name: str) -> str:  # as the caller named it: ``cloud up`` names its options
+            return "--" + name.replace("_", "-") if flags else name
+
         if not 0 <= workers <= MAX_WORKERS:
-            raise ConfigError(f"workers: {workers} must be within 0..{MAX_WORKERS} (processes on this one machine, "
-                              "each with its own copy of the model; a larger pool is the Helm chart's)")
+            raise ConfigError(f"{arg('workers')}: {workers} must be within 0..{MAX_WORKERS} (processes on this one "
+                              "machine, each with its own copy of the model; a larger pool is the Helm chart's)")
         if weights is not None and len(weights) != workers:
-            raise ConfigError(f"weights: {len(weights)} given for {workers} workers")
+            raise ConfigError(f"{arg('weights')}: {len(weights)} given for {workers} workers")
         if per_worker_args is not None and len(per_worker_args) != workers:
             raise ConfigError(f"per_worker_args: {len(per_worker_args)} given for {workers} workers")
         # Checked here, before any worker warms up, rather than by a child process after it.
         for name, value in (("port", port), ("metrics_port", metrics_port)):
             if not 0 <= value <= 65535:
-                raise ConfigError(f"{name}: {value} must be within 0..65535 (0 picks a free one)")
+                raise ConfigError(f"{arg(name)}: {value} must be within 0..65535 (0 picks a free one)")
         if worker_threads < 0:
-            raise ConfigError(f"worker_threads: {worker_threads} must be >= 0 (0: ONNX Runtime's default)")
+            raise ConfigError(f"{arg('worker_threads')}: {worker_threads} must be >= 0 (0: ONNX Runtime's default)")
         for w in weights or ():
             if not (math.isfinite(w) and w > 0):
-                raise ConfigError(f"weights: {w:g} must be a positive finite number")
+                raise ConfigError(f"{arg('weights')}: {w:g} must be a positive finite number")
         self.cwd = Path.cwd()
         if not Path(model).is_file():
-            raise ConfigError(f"model {model}: file not found (relative paths start in {self.cwd})")
+            raise ConfigError(f"{arg('model')} {model}: file not found (relative paths start in {self.cwd})")
         if gateway_config is not None and not Path(gateway_config).is_file():
-            raise ConfigError(f"gateway config {gateway_config}: file not found "
+            raise ConfigError(f"{arg('gateway_config') if flags else 'gateway config'} {gateway_config}: file not found "
                               f"(relative paths start in {self.cwd})")
         self.model = str(Path(model).resolve())
         self.n_workers = workers

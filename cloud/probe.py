@@ -173,7 +173,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``cloud probe``."""
     p = subparsers.add_parser("probe", help="send one real frame through a gateway and check the answer")
     p.add_argument("--target", required=True, help="gateway host:port")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds for connect and answer")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds for connect and answer (default %(default)s)")
     p.add_argument("--tls", action="store_true",
                    help="TLS with gRPC's default roots (a gateway certificate from a public CA)")
     p.add_argument("--tls-ca", default="", help="CA bundle to verify the gateway's certificate (enables TLS)")
@@ -183,5 +183,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--tls-key", default="", help="client private key (PEM) for mTLS")
     p.add_argument("--token", default=os.environ.get("EDGEWISE_PROBE_TOKEN", ""),
                    help="bearer token of --device-id when the gateway checks tokens (env EDGEWISE_PROBE_TOKEN)")
-    p.add_argument("--device-id", default="probe", help="device id sent with the request")
+    p.add_argument("--device-id", default="probe", help="device id sent with the request (default %(default)s)")
     p.set_defaults(func=_handler)

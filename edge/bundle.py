@@ -475,14 +475,14 @@ def _handler(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``edge bundle`` to the ``edge`` command group."""
     p = subparsers.add_parser("bundle", help="build the Jetson .deb, rootfs overlay and L4T container")
-    p.add_argument("--target", default="xavier-nx", help=f"device ({', '.join(sorted(TARGETS))})")
-    p.add_argument("--jetpack", default="5.1", help="JetPack release (5.1, 5.1.1, 5.1.2)")
+    p.add_argument("--target", default="xavier-nx", help=f"device ({', '.join(sorted(TARGETS))}; default %(default)s)")
+    p.add_argument("--jetpack", default="5.1", help="JetPack release (5.1, 5.1.1, 5.1.2; default %(default)s)")
     p.add_argument("-o", "--out", default="dist", help="output directory (default dist/)")
     p.add_argument("--model", default=str(DEFAULT_MODEL),
                    help="edge model ONNX to ship (INT8 in TensorRT's Q/DQ layout: `edgewise model quantize --target "
-                        "tensorrt`, unless the shipped edge.yaml sets model.backend: onnxruntime)")
-    p.add_argument("--edge-config", default=str(JETSON / "edge.yaml"), help="edge.yaml to ship as /etc/edgewise/edge.yaml")
-    p.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy to ship as /etc/edgewise/policy.yaml")
+                        "tensorrt`, unless the shipped edge.yaml sets model.backend: onnxruntime; default %(default)s)")
+    p.add_argument("--edge-config", default=str(JETSON / "edge.yaml"), help="edge.yaml to ship as /etc/edgewise/edge.yaml (default %(default)s)")
+    p.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy to ship as /etc/edgewise/policy.yaml (default %(default)s)")
     p.add_argument("--wheels", default=None, help="directory of aarch64 cp38 wheels to bundle for offline installs")
     p.add_argument("--power-mode", type=int, default=None, help="nvpmodel mode applied at boot (Xavier NX: 0..8)")
     p.add_argument("--jetson-clocks", action="store_true", help="run jetson_clocks at boot")

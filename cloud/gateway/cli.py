@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
     up.add_argument("--model", required=True, help="YOLOv5 ONNX model for the workers")
     up.add_argument("--port", type=int, default=50051, help="gateway gRPC port (0 = any; default 50051)")
     up.add_argument("--metrics-port", type=int, default=0, help="gateway HTTP side port (0 = any)")
-    up.add_argument("--worker-threads", type=int, default=1, help="intra-op threads per worker")
+    up.add_argument("--worker-threads", type=int, default=1, help="intra-op threads per worker (default %(default)s)")
     up.add_argument("--weights", help="comma-separated worker weights, e.g. 4,2,1")
     up.add_argument("--gateway-config", help="extra gateway YAML (workers are filled in)")
     up.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
@@ -73,7 +73,7 @@ def _up(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
     with LocalCloud(args.model, workers=args.workers, port=args.port, metrics_port=args.metrics_port,
                     worker_threads=args.worker_threads, weights=weights,
-                    gateway_config=args.gateway_config, worker_args=args.worker_arg) as cloud:
+                    gateway_config=args.gateway_config, worker_args=args.worker_arg, flags=True) as cloud:
         started.set()
         print(f"gateway: {cloud.address}  (metrics http://127.0.0.1:{cloud.metrics_port}/metrics, "
               f"pool http://127.0.0.1:{cloud.metrics_port}/pool)", flush=True)

@@ -73,13 +73,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the top-level ``demo`` command."""
     p = subparsers.add_parser("demo", help="run the whole hybrid locally and write demo-report/index.html")
     p.add_argument("--transport", choices=("grpc", "mqtt"), default="grpc",
-                   help="escalation transport (mqtt needs a local mosquitto)")
+                   help="escalation transport (default %(default)s; mqtt needs a local mosquitto)")
     p.add_argument("--short", action="store_true", help="a short run (60 frames per stream), as the tests use")
     p.add_argument("--frames", type=int, default=None, help="frames per stream (default: the world's, 150 in the camera world)")
-    p.add_argument("--streams", type=int, default=2, help="generated camera streams")
-    p.add_argument("--fps", type=_fps, default=10.0, help="camera frame rate")
-    p.add_argument("--workers", type=int, default=2, help="cloud workers")
-    p.add_argument("--out", default="demo-report", help="report folder")
+    p.add_argument("--streams", type=int, default=2, help="generated camera streams (default %(default)s)")
+    p.add_argument("--fps", type=_fps, default=10.0, help="camera frame rate (default %(default)s)")
+    p.add_argument("--workers", type=int, default=2, help="cloud workers (default %(default)s)")
+    p.add_argument("--out", default="demo-report", help="report folder (default %(default)s)")
     p.add_argument("--edge-model", default="", help="edge model (default models/camera/edge-int8.onnx)")
     p.add_argument("--cloud-model", default="", help="cloud model (default models/camera/cloud.onnx; the episodes pair: --edge-model models/edge-int8.onnx --cloud-model models/cloud.onnx)")
     p.add_argument("--policy", default="", help="escalation policy (default: the world's, examples/policy.yaml in the camera world)")

@@ -92,10 +92,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--data", required=True, help="held-out dataset folder (edgewise synth --split test)")
     p.add_argument("--train-data", default=None, help="labelled training-split folder: fits the learned policy and writes it to "
                    "OUT/gain-model.json (a policy uses it with signals.learnedModel)")
-    p.add_argument("--out", default="eval-report", help="output folder for eval.json/.md/.png")
+    p.add_argument("--out", default="eval-report", help="output folder for eval.json/.md/.png (default %(default)s)")
     p.add_argument("--rates", type=_rates, default=[0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5],
-                   help="escalation rates to compare policies at")
-    p.add_argument("--fps", type=float, default=10.0, help="stream frame rate for the policy's budget timeline")
+                   help="escalation rates to compare policies at, comma-separated (default %(default)s)")
+    p.add_argument("--fps", type=float, default=10.0, help="stream frame rate for the policy's budget timeline (default %(default)s)")
     p.add_argument("--payloads", type=_modes, default=list(COMPARED_MODES),
                    help=f"payload modes measured side by side (default {','.join(COMPARED_MODES)}; "
                         f"any of {', '.join(MODES)}); each costs one cloud pass per frame")
@@ -103,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="payload mode the policies are compared in (default: the policy file's)")
     p.add_argument("--cloud-input", choices=INPUT_SIZES, default="auto",
                    help="cloud model input size: auto = native for a model that asks for it (metadata "
-                        "input_size: native, as the camera pair's cloud model)")
+                        "input_size: native, as the camera pair's cloud model; default %(default)s)")
     p.add_argument("--samples", type=int, default=1000,
                    help=f"bootstrap samples (streams resampled) per interval, at least {MIN_SAMPLES} (1000)")
     p.add_argument("--target-rate", type=float, default=0.15, help="most frames escalated (0.15)")
@@ -120,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "--train-data fits it, else combined)")
     p.add_argument("--carry-lag", type=int, default=1,
                    help="frames after an escalated frame from which the edge carries its answer (the policy's "
-                        "merge.carryFrames): 1, back before the next frame; 0: carry nothing")
+                        "merge.carryFrames, default %(default)s): 1, back before the next frame; 0: carry nothing")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N frames")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model")
     p.add_argument("--edge-imgsz", type=int, default=0, metavar="N",

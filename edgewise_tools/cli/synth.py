@@ -46,7 +46,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--imgsz", type=_imgsz, default=None,
                    help="frame size N, W,H or WxH (default: the preset's, 1280,720 for camera, else 320,240)")
     p.add_argument("--difficulty", default="reference",
-                   help="preset (easy, medium, hard, reference, episodes, camera) or a JSON/YAML file of knobs")
+                   help="preset (easy, medium, hard, reference, episodes, camera) or a JSON/YAML file of knobs "
+                        "(default %(default)s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one difficulty knob (repeatable), e.g. --set objects_max=3")
     p.add_argument("--format", dest="image_format", choices=("jpg", "png"), default="jpg")

@@ -33,7 +33,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imgsz", type=int, default=256)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--nbs", type=int, default=64, help="nominal batch size (accumulation target)")
+    p.add_argument("--nbs", type=int, default=64, help="nominal batch size (accumulation target; default %(default)s)")
     p.add_argument("--optimizer", choices=("SGD", "AdamW"), default="SGD")
     p.add_argument("--lr0", type=float, default=None, help="initial LR (default 0.01 SGD, 0.001 AdamW)")
     p.add_argument("--lrf", type=float, default=0.01)
@@ -46,7 +46,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--amp", default="auto", choices=("auto", "bf16", "off"),
                    help="mixed precision: auto (bfloat16 autocast on a CUDA device that has it, float32 "
-                        "elsewhere), bf16, or off (float32 throughout)")
+                        "elsewhere), bf16, or off (float32 throughout); default %(default)s")
     p.add_argument("--time-budget", type=float, default=0.0,
                    help="wall-clock seconds; the LR schedule follows time and training stops there")
     p.add_argument("--limit", type=int, default=None, help="use only the first N training images")

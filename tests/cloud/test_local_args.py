@@ -63,6 +63,21 @@ def test_cloud_up_needs_a_worker(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "edgewise: error: --workers 0: the pool needs at least one worker" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--workers", "2", "--weights", "4,2,1"], "--weights: 3 given for 2 workers"),  # was "weights: 3 given..."
+    (["--workers", "1", "--weights", "nan"], "--weights: nan must be a positive finite number"),
+    (["--worker-threads", "-1"], "--worker-threads: -1 must be >= 0"),
+    (["--workers", "65"], "--workers: 65 must be within 0..64"),
+])
+def test_cloud_up_names_its_own_options(tmp_path: Path, capsys: pytest.CaptureFixture[str], args, says) -> None:
+    from edgewise.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"x")  # never loaded: nothing starts
+    assert main(["cloud", "up", "--model", str(model), "--port", "0", *args]) == 2
+    assert f"edgewise: error: {says}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("content, says", [
     (b"\xff\xfe limits: {}\n", "not UTF-8 text ("),  # was a UnicodeDecodeError traceback
     (b"limits: [\n", ":2: not valid YAML"),  # was a yaml ScannerError traceback
