@@ -268,17 +268,17 @@ class Scaler:
             util = s.in_flight / s.capacity
             metrics["utilization"] = util
             n, why = metric_replicas(util / cfg.target_utilization, s.ready_workers, current, cfg.tolerance)
-            recs.append((n, f"utilization {util:.3f} vs target {cfg.target_utilization:g}: {why}"))
+            recs.append((n, f"utilization {util:.4g} vs target {cfg.target_utilization:g}: {why}"))
         load = s.load
         if cfg.target_load is not None and load is not None:
             metrics["load"] = load
             n, why = metric_replicas(load / cfg.target_load, s.ready_workers, current, cfg.tolerance)
-            recs.append((n, f"load {load:.3f} vs target {cfg.target_load:g}: {why}"))
+            recs.append((n, f"load {load:.4g} vs target {cfg.target_load:g}: {why}"))
         if cfg.queue_wait_slo_ms is not None and s.queue_wait_ms_p90 is not None:
             qw = s.queue_wait_ms_p90
             metrics["queue_wait_ms_p90"] = qw
             n, why = metric_replicas(qw / cfg.queue_wait_slo_ms, s.ready_workers, current, cfg.tolerance)
-            recs.append((n, f"queue wait p90 {qw:.1f} ms vs SLO {cfg.queue_wait_slo_ms:g} ms: {why}"))
+            recs.append((n, f"queue wait p90 {qw:.4g} ms vs SLO {cfg.queue_wait_slo_ms:g} ms: {why}"))
         missing = [name for name, target, value in (("arrival rate", cfg.target_load, s.arrivals_per_s),
                                                     ("queue wait p90", cfg.queue_wait_slo_ms, s.queue_wait_ms_p90))
                    if target is not None and value is None]

@@ -260,12 +260,20 @@ def test_scale_up_stabilization_window_needs_sustained_load():
     assert [d.desired for d in ds] == [4, 4, 4, 4, 8, 8]  # t=60: the t=0 seed left the window
 
 
+def test_a_huge_reading_is_one_short_number_in_the_decision_reason():
+    # a gateway that reported a tiny capacity made a load of 1e300, logged as a 301-digit number
+    cfg = ScalerConfig(min_replicas=1, max_replicas=50, target_utilization=None, target_load=0.5)
+    d = Scaler(cfg).decide(0.0, 4, PoolSample(0.0, in_flight=0.0, capacity=1e-290, ready_workers=4,
+                                              arrivals_per_s=1e10))
+    assert "load 1e+300 vs target 0.5" in d.reason and len(d.reason) < 200, d.reason
+
+
 def test_load_mode_scales_with_the_arrival_rate():
     cfg = ScalerConfig(min_replicas=1, max_replicas=50, target_utilization=None, target_load=0.5)
     s = Scaler(cfg)
     # 4 workers of 10 req/s each offered 30 req/s: load 0.75 vs 0.5 -> ceil(4 * 1.5) = 6
     d = s.decide(0.0, 4, PoolSample(0.0, in_flight=0.0, capacity=40.0, ready_workers=4, arrivals_per_s=30.0))
-    assert d.recommendation == 6 and d.metrics["load"] == 0.75 and "load 0.750 vs target 0.5" in d.reason
+    assert d.recommendation == 6 and d.metrics["load"] == 0.75 and "load 0.75 vs target 0.5" in d.reason
     # the in-flight count plays no part in load mode
     d = s.decide(1.0, 6, PoolSample(1.0, in_flight=500.0, capacity=60.0, ready_workers=6, arrivals_per_s=30.0))
     assert d.recommendation == 6
