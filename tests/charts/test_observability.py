@@ -171,6 +171,9 @@ def test_alerts_fire_for_this_release_only(tmp_path: Path) -> None:
         _series("edgewise_gateway_requests_total", OURS, "0+100x20"),
         _series("edgewise_gateway_rejected_total", OURS + ',reason="saturated"', "0+10x20"),
         _series("edgewise_gateway_requests_total", OTHER_RELEASE, "0+10000x20"),
+        # of our 100 + 30 requests a minute, 30 expired (answered DEADLINE_EXCEEDED): 23%
+        _series("edgewise_gateway_requests_total", OURS + ',status="DEADLINE_EXCEEDED"', "0+30x20"),
+        _series("edgewise_gateway_requests_total", OTHER_RELEASE + ',status="DEADLINE_EXCEEDED"', "0x20"),
         *[_series("edgewise_gateway_worker_ejected", f'{OURS},pod="gw-0",worker="{w}"', "1x20") for w in "ab"],
         _series("edgewise_gateway_worker_ejected", f'{OURS},pod="gw-1",worker="a"', "1x20"),
         _series("edgewise_gateway_worker_ejected", f'{OURS},pod="gw-1",worker="b"', "0x20"),
@@ -213,6 +216,7 @@ def test_alerts_fire_for_this_release_only(tmp_path: Path) -> None:
     fires = {  # alert -> the series it must fire for (labels after aggregation)
         "EdgewiseEscalatedP99OverSLO": ["{}"],
         "EdgewiseRejectionRatioHigh": ["{}"],
+        "EdgewiseDeadlinesMissed": ["{}"],
         "EdgewiseAllWorkersEjected": [f'{{namespace="{NAMESPACE}",pod="gw-0"}}'],
         "EdgewiseWorkersFailing": [f'{{namespace="{NAMESPACE}",pod="gw-0"}}'],
         "EdgewiseGatewayCertificateExpiresSoon": [f'{{namespace="{NAMESPACE}",pod="gw-0"}}'],
