@@ -73,3 +73,63 @@ def test_the_up_front_refusal_says_what_the_gateway_reads_as_not_the_workers_fau
         assert TOO_SHORT_MARK in str(exc)
     else:
         raise AssertionError("a deadline closer than a batch of one was accepted")
+
+
+# -- rule 3f: a batch is no slower than its members' deadlines ---------------------------------
+
+def cpu_batcher() -> Batcher[str]:
+    """The probe's CPU worker with batching on: batch 1 about 40 ms, batch 4 about 160 ms."""
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=0.005))
+    b.observe(1, 0.040, warmup=True)
+    b.observe(4, 0.160, warmup=True)
+    return b
+
+
+def serve_busy(b: Batcher[str], deadlines: dict[str, float]) -> tuple[list[tuple[str, ...]], list[str], list[str]]:
+    """The shell with a model whose batches take exactly their estimates: batches formed, members
+    answered after their deadline (computed for nothing), members expired in the queue."""
+    batches, late, expired = [], [], []
+    now = 0.0
+    while b.depth:
+        batch = b.next_batch(now)
+        expired += b.expired(now)
+        if batch is None:
+            wake = b.next_wakeup(now)
+            now = wake if wake is not None and wake > now else now + 1e-4
+            continue
+        batches.append(batch.items)
+        now += b._batch_time(len(batch))
+        late += [r for r in batch.items if now > deadlines[r]]
+    return batches, late, expired
+
+
+def test_a_burst_is_batched_only_as_large_as_its_members_deadlines_allow():
+    b = cpu_batcher()
+    deadlines = {f"r{i}": 0.150 for i in range(12)}
+    for r, d in deadlines.items():
+        b.submit(r, 0.0, deadline=d)  # each admitted: a batch of one (40 ms) makes 150 ms
+    batches, late, expired = serve_busy(b, deadlines)
+    # before: a batch of 4 (160 ms) ran and all four were answered after their deadline
+    assert late == []
+    assert [len(x) for x in batches] == [3]  # 120 ms by the line from t(1) to t(4); then 30 ms are left
+    assert len(expired) == 9  # answered DEADLINE_EXCEEDED without reaching the model
+
+
+def test_the_cut_keeps_priority_order_and_follows_the_earliest_deadline_taken():
+    b = cpu_batcher()
+    deadlines = {"loose0": 9.0, "loose1": 9.0, "urgent": 0.090, "loose2": 9.0}
+    for r in ("loose0", "loose1", "loose2"):
+        b.submit(r, 0.0, deadline=deadlines[r])
+    b.submit("urgent", 0.0, priority=5, deadline=deadlines["urgent"])
+    batches, late, expired = serve_busy(b, deadlines)
+    assert batches[0] == ("urgent", "loose0") and late == [] and expired == []  # 80 ms < 90 ms
+    assert batches[1] == ("loose1", "loose2")
+
+
+def test_loose_deadlines_keep_full_batches():
+    b = cpu_batcher()
+    deadlines = {f"r{i}": 2.0 for i in range(12)}
+    for r, d in deadlines.items():
+        b.submit(r, 0.0, deadline=d)
+    batches, late, expired = serve_busy(b, deadlines)
+    assert [len(x) for x in batches] == [4, 4, 4] and late == [] and expired == []
