@@ -32,6 +32,11 @@ injected clock, so tests drive it instantly:
   ``base × ejection_count`` capped at ``max``, never more than
   ``max(1, max_ejection_percent)`` of the pool, count decays each healthy
   interval, slow start restarts on return; panic rule (docs/design/balancing.md#panic-threshold) below 50% healthy;
+* admission (docs/design/balancing.md#admission-control, #priority): a worker whose predicted
+  queue wait for the request, the work in flight it serves first (the request's priority or
+  higher, and at most one lower request) over its measured rate, exceeds the time left is
+  full; a queued request's expiry is not held against the worker when a higher-priority one
+  was sent there after it;
 * RESOURCE_EXHAUSTED counts as load (docs/design/balancing.md#overload-is-load-not-failure): the endpoint is
   capped at its current in-flight for ``overload_hold_s``; it is neither a
   success nor an ejection failure;
@@ -250,6 +255,17 @@ def _rate_or_none(v: float | None) -> float | None:
 
 
 @dataclass
+class _Level:
+    """The requests of one priority in flight on one endpoint."""
+
+    requests: int = 0
+    work: float = 0.0
+    #: the pick number (``EndpointStats.picks``) of the last request of a higher priority sent
+    #: while these were in flight: the worker serves it before them
+    overtaken_at: int = -1
+
+
+@dataclass
 class EndpointStats:
     """Mutable per-endpoint state (docs/design/balancing.md#per-endpoint-state). Owned by the Balancer; read it, don't write it."""
 
@@ -280,6 +296,9 @@ class EndpointStats:
     #: latency as the gateway sees it (hop, decode, compute); None before the first
     idle_answer_s: float | None = None
     starting: bool = False             # one the gateway started with that has not served yet
+    #: the work in flight by request priority; a level with nothing in flight is dropped
+    #: (docs/design/balancing.md#priority)
+    levels: dict[int, _Level] = field(default_factory=dict)
 
     def ejected(self, now: float) -> bool:
         return self.ejected_until is not None and now < self.ejected_until
@@ -301,6 +320,8 @@ class Ticket:
     #: round trip of an idle pick answered OK is the endpoint's batch-of-one latency
     picked_at: float = 0.0
     idle: bool = False
+    priority: int = 0  # the request's (higher = sooner)
+    seq: int = 0       # the endpoint's pick number of this request
     _released: bool = field(default=False, repr=False)
 
     def release(self, outcome: Outcome) -> bool:
@@ -582,16 +603,25 @@ class Balancer:
         caps = [c for c in (self.config.max_in_flight or None, ep.limit or None, ep.overload_cap) if c]
         return min(caps) if caps else None
 
-    def _full(self, ep: EndpointStats, now: float, deadline_s: float | None) -> bool:
+    def _full(self, ep: EndpointStats, now: float, deadline_s: float | None, priority: int = 0) -> bool:
         cap = self._cap(ep)
         if cap is not None and ep.in_flight >= cap:
             return True
-        # Admission: predicted queue wait (work ahead / measured rate) past the deadline.
+        # Admission: predicted queue wait (work ahead of this priority / measured rate) past the deadline.
         rate = self._pixel_weight(ep) or ep.capacity
         if deadline_s is not None and rate:
-            if ep.work / rate > deadline_s:
+            if self._ahead(ep, priority) / rate > deadline_s:
                 return True
         return False
+
+    @staticmethod
+    def _ahead(ep: EndpointStats, priority: int) -> float:
+        """The work in flight on ``ep`` that the worker serves before a request of ``priority``
+        (docs/design/balancing.md#priority): that of the same or a higher priority (its queue
+        is served highest first, in arrival order within one), and of the lower ones at most
+        one request's (one may be running: a batch is not interrupted)."""
+        lower = sum(level.work for p, level in ep.levels.items() if p < priority)
+        return max(0.0, ep.work - lower) + min(lower, 1.0)
 
     def in_panic(self, now: float | None = None) -> bool:
         """Envoy panic (docs/design/balancing.md#panic-threshold): fewer than panic_threshold% of the live endpoints are healthy."""
@@ -606,9 +636,11 @@ class Balancer:
 
     # ---- pick ------------------------------------------------------------------------------
     def candidates(self, now: float, exclude: Sequence[str] = (), deadline_s: float | None = None,
-                   pixels: int = 0, in_time: bool = False) -> tuple[list[EndpointStats], NoPick | None]:
-        """Pickable endpoints now, or why there are none. ``in_time`` (with ``deadline_s``): only
-        those that may answer a request of ``pixels`` within ``deadline_s`` (:meth:`_may_answer`)."""
+                   pixels: int = 0, in_time: bool = False,
+                   priority: int = 0) -> tuple[list[EndpointStats], NoPick | None]:
+        """Pickable endpoints now, or why there are none, for a request of ``pixels`` and
+        ``priority``. ``in_time`` (with ``deadline_s``): only those that may answer it within
+        ``deadline_s`` (:meth:`_may_answer`)."""
         live = [ep for ep in self.endpoints.values()
                 if not ep.draining and not ep.paused and ep.address not in exclude]
         if not live:
@@ -617,22 +649,22 @@ class Balancer:
         healthy = live if panic else [ep for ep in live if not ep.ejected(now)]
         if not healthy:
             return [], NoPick.NO_ENDPOINTS
-        cands = [ep for ep in healthy if not self._full(ep, now, deadline_s)]
+        cands = [ep for ep in healthy if not self._full(ep, now, deadline_s, priority)]
         if in_time and deadline_s is not None:
-            cands = [ep for ep in cands if self._may_answer(ep, deadline_s, pixels)]
+            cands = [ep for ep in cands if self._may_answer(ep, deadline_s, pixels, priority)]
         if not cands:
             return [], NoPick.SATURATED
         return cands, None
 
-    def _may_answer(self, ep: EndpointStats, within_s: float, pixels: int) -> bool:
-        """Whether ``ep`` may answer a request of ``pixels`` within ``within_s``: the time it is
-        expected to take with the request added (:meth:`_expected_s`) is shorter, or not known
-        yet (nothing measured: it may)."""
-        expected = self._expected_s(ep, self.cost(ep, pixels))
+    def _may_answer(self, ep: EndpointStats, within_s: float, pixels: int, priority: int = 0) -> bool:
+        """Whether ``ep`` may answer a request of ``pixels`` and ``priority`` within ``within_s``:
+        the time it is expected to take with the request added (:meth:`_expected_s`) is
+        shorter, or not known yet (nothing measured: it may)."""
+        expected = self._expected_s(ep, self.cost(ep, pixels), priority)
         return expected is None or expected < within_s
 
     def may_answer_within(self, within_s: float, exclude: Sequence[str] = (), pixels: int = 0,
-                          in_time: bool = True) -> bool:
+                          in_time: bool = True, priority: int = 0) -> bool:
         """Whether a pick now, away from ``exclude``, would find an endpoint that may answer a
         request of ``pixels`` within ``within_s`` (:meth:`_may_answer`): what a retry after a
         worker's refusal of a too-short deadline needs (:func:`should_retry`,
@@ -642,10 +674,10 @@ class Balancer:
         (what a retry after UNAVAILABLE needs: with no other worker there is no retry to send)."""
         now = self.clock()
         self._refresh(now)
-        return self.candidates(now, exclude, within_s, pixels, in_time=in_time)[1] is None
+        return self.candidates(now, exclude, within_s, pixels, in_time, priority)[1] is None
 
     def pick(self, exclude: Sequence[str] = (), deadline_s: float | None = None, pixels: int = 0,
-             in_time: bool = False) -> Ticket | NoPick:
+             in_time: bool = False, priority: int = 0) -> Ticket | NoPick:
         """Choose an endpoint and count the request in flight at once (docs/design/balancing.md#per-endpoint-state).
 
         ``exclude``: addresses already tried (retry on another host, docs/design/balancing.md#retries-and-the-retry-budget).
@@ -655,10 +687,12 @@ class Balancer:
         whose time grows with the image (docs/design/balancing.md#work-not-requests).
         ``in_time``: only among endpoints that may answer within ``deadline_s``
         (:meth:`may_answer_within`; the retry after a worker refused the deadline as too short).
+        ``priority``: the request's (higher = sooner); the predicted wait counts only the work
+        the worker serves before it (docs/design/balancing.md#priority).
         """
         now = self.clock()
         self._refresh(now)
-        cands, why = self.candidates(now, exclude, deadline_s, pixels, in_time)
+        cands, why = self.candidates(now, exclude, deadline_s, pixels, in_time, priority)
         if why is not None:
             return why
         costs = {ep.address: self.cost(ep, pixels) for ep in cands}
@@ -668,19 +702,28 @@ class Balancer:
         chosen.in_flight += 1
         chosen.work += cost
         chosen.picks += 1
+        for p, level in chosen.levels.items():
+            if p < priority:  # the worker serves this one before those
+                level.overtaken_at = chosen.picks
+        level = chosen.levels.setdefault(priority, _Level())
+        level.requests += 1
+        level.work += cost
         if pixels > 0 and not exclude:  # once per request, not again for its retry
             alpha = 1.0 / self.config.cost_window
             self._mean_pixels = (float(pixels) if self._mean_pixels is None
                                  else self._mean_pixels + alpha * (pixels - self._mean_pixels))
-        return Ticket(chosen.address, self, cost, deadline_s, self._expected_s(chosen), now, idle)
+        return Ticket(chosen.address, self, cost, deadline_s, self._expected_s(chosen, priority=priority), now, idle,
+                      priority, chosen.picks)
 
-    def _expected_s(self, ep: EndpointStats, adding: float = 0.0) -> float | None:
-        """How long ``ep`` should take to answer a request just picked (or, with ``adding``, one
-        of that cost if it were picked now): its work in flight over its measured rate, and
-        never less than its measured batch-of-one round trip (a rate says nothing of the hop,
-        the decode or a batching worker's batch-of-one time); None when neither is known."""
+    def _expected_s(self, ep: EndpointStats, adding: float = 0.0, priority: int = 0) -> float | None:
+        """How long ``ep`` should take to answer a request of ``priority`` just picked (or, with
+        ``adding``, one of that cost if it were picked now): the work in flight it serves first
+        (:meth:`_ahead`) over its measured rate, and never less than its measured batch-of-one
+        round trip (a rate says nothing of the hop, the decode or a batching worker's
+        batch-of-one time); None when neither is known."""
         rate = self._pixel_weight(ep) or ep.capacity
-        cands = [v for v in ((ep.work + adding) / rate if rate else None, ep.idle_answer_s) if v is not None]
+        cands = [v for v in ((self._ahead(ep, priority) + adding) / rate if rate else None, ep.idle_answer_s)
+                 if v is not None]
         return max(cands) if cands else None
 
     def _choose(self, cands: list[EndpointStats], now: float, costs: dict[str, float]) -> EndpointStats:
@@ -746,9 +789,19 @@ class Balancer:
         if outcome is Outcome.OK and ticket is not None and ticket.idle:
             took = max(0.0, now - ticket.picked_at)
             ep.idle_answer_s = took if ep.idle_answer_s is None else ep.idle_answer_s + 0.2 * (took - ep.idle_answer_s)
+        level = ep.levels.get(ticket.priority) if ticket is not None else None
+        if level is not None and ticket is not None:
+            if outcome is Outcome.TIMED_OUT and level.overtaken_at > ticket.seq:
+                outcome = Outcome.CANCELLED  # higher priority sent after it went first: not the worker's fault
+            level.requests -= 1
+            level.work = max(0.0, level.work - cost)
+            if level.requests <= 0:
+                del ep.levels[ticket.priority]
         in_flight_before = ep.in_flight
         ep.in_flight = max(0, ep.in_flight - 1)
         ep.work = max(0.0, ep.work - cost) if ep.in_flight else 0.0  # no float drift past idle
+        if not ep.in_flight:
+            ep.levels.clear()
         c = self.config
         if outcome is Outcome.OK:
             ep.consecutive_failures = 0

@@ -190,7 +190,8 @@ class WorkerPool:
                 if not tried:  # refused before forwarding, like the gateway's other refusals
                     self.metrics.rejected.labels(reason="deadline_exceeded").inc()
                 break
-            pick = self.balancer.pick(exclude=tried, deadline_s=hop, pixels=pixels, in_time=in_time)
+            pick = self.balancer.pick(exclude=tried, deadline_s=hop, pixels=pixels, in_time=in_time,
+                                      priority=req.priority)
             if not isinstance(pick, Ticket):
                 if reply is None:  # else no other worker to retry on: answer with the first failure
                     reply = self._no_pick_reply(req, pick, remaining)
@@ -199,7 +200,7 @@ class WorkerPool:
             reply = await self._attempt(pick, req, hop)
             waited += time.perf_counter() - t0
             tried.append(pick.address)
-            if not self._retry(reply, tried, deadline - time.perf_counter(), pixels):
+            if not self._retry(reply, tried, deadline - time.perf_counter(), pixels, req.priority):
                 break
             in_time = refused_here(reply.status, reply.error)
         total = time.perf_counter() - t_start
@@ -234,7 +235,7 @@ class WorkerPool:
             self._queue_ms.append((time.monotonic(), reply.queue_ms))
         return reply
 
-    def _retry(self, reply: Reply, tried: list[str], left: float, pixels: int) -> bool:
+    def _retry(self, reply: Reply, tried: list[str], left: float, pixels: int, priority: int = 0) -> bool:
         """Whether to send the request again to another worker than ``tried``, with ``left``
         seconds to go (``balancing.should_retry``; counted in the metrics: ``denied`` is a
         retry wanted but refused by the time left or the budget)."""
@@ -245,7 +246,8 @@ class WorkerPool:
 
         def may_pick(within_s: float, in_time: bool) -> bool:
             if (within_s, in_time) not in asked:
-                asked[within_s, in_time] = self.balancer.may_answer_within(within_s, tried, pixels, in_time)
+                asked[within_s, in_time] = self.balancer.may_answer_within(within_s, tried, pixels, in_time,
+                                                                           priority)
             return asked[within_s, in_time]
 
         def elsewhere(within_s: float) -> bool:  # a worker that may answer in time

@@ -126,16 +126,16 @@ def test_pick_is_argmin_of_key(states, idle_first):
 
 
 # 4. No leaks whatever the outcome.
-@given(st.lists(st.tuples(st.booleans(), st.sampled_from(list(Outcome))), max_size=300),
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(list(Outcome)), st.integers(0, 3)), max_size=300),
        st.lists(st.integers(1, 4), min_size=1, max_size=4))
 def test_no_leaks(ops, weights):
     b, clock = make(weights, consecutive_failures=2, base_ejection_s=1.0, max_ejection_s=2.0,
                     max_ejection_percent=100.0)
     live: list[Ticket] = []
-    for start, outcome in ops:
+    for start, outcome, priority in ops:
         clock.t += 0.1
         if start:
-            t = b.pick()
+            t = b.pick(priority=priority)
             if isinstance(t, Ticket):
                 live.append(t)
         elif live:
@@ -145,7 +145,7 @@ def test_no_leaks(ops, weights):
     for t in live:
         t.release(Outcome.CANCELLED)
     assert b.total_in_flight() == 0
-    assert all(ep.in_flight == 0 for ep in b.endpoints.values())
+    assert all(ep.in_flight == 0 and not ep.levels for ep in b.endpoints.values())
 
 
 # 5. Caps: never above max_in_flight; all full -> SATURATED.
@@ -184,6 +184,34 @@ def test_deadline_admission_treats_slow_queue_as_full():
         must(b.pick())
     assert b.pick(deadline_s=0.3) is NoPick.SATURATED
     assert isinstance(b.pick(deadline_s=1.0), Ticket)
+
+
+def test_admission_counts_only_the_work_a_worker_serves_before_the_requests_priority():
+    """docs/design/balancing.md#priority: the worker serves higher priority first, so a
+    high-priority request waits behind its equals and at most one running lower request; on the
+    real gateway a burst of 100 priority-0 requests among 10 of priority 90 saw 28 of 30 of
+    those refused while the priority-0 ones took the workers."""
+    b, _ = make([1])
+    b.report_load("w0", capacity=10.0)  # 0.1 s per request ahead
+    for _ in range(5):
+        must(b.pick(priority=0))
+    assert b.pick(deadline_s=0.3, priority=0) is NoPick.SATURATED  # 0.5 s ahead: shed
+    for _ in range(3):  # 1 running priority-0 request, then 0, 1, 2 of its own level ahead
+        must(b.pick(deadline_s=0.3, priority=90))
+    assert b.pick(deadline_s=0.3, priority=90) is NoPick.SATURATED  # 3 of its level + 1: 0.4 s
+    assert isinstance(b.pick(deadline_s=0.3, priority=95), Ticket)
+    assert b.pick(deadline_s=0.8, priority=0) is NoPick.SATURATED  # all 9 ahead of a priority-0 one
+
+
+def test_a_request_overtaken_by_higher_priority_expiring_is_not_the_workers_fault():
+    b, clock = make([1], consecutive_failures=1, max_ejection_percent=100.0)
+    low = must(b.pick(priority=0))
+    must(b.pick(priority=90))  # the worker serves this one first
+    low.release(Outcome.TIMED_OUT)
+    assert not b.endpoints["w0"].ejected(clock()) and b.endpoints["w0"].consecutive_failures == 0
+    after = must(b.pick(priority=0))  # sent after the priority-90 one: nothing overtook it
+    after.release(Outcome.TIMED_OUT)
+    assert b.endpoints["w0"].ejected(clock())
 
 
 # 6. Ejection, its growth, the cap and panic.

@@ -39,8 +39,8 @@ def assert_same(body: bytes) -> None:
     want = detect_pb2.DetectRequest.FromString(body)
     got = read_request(body)
     assert got.body is body
-    assert (got.device_id, got.stream_id, got.frame_seq, got.trace_id, got.deadline_unix_ns) == (
-        want.device_id, want.stream_id, want.frame_seq, want.trace_id, want.deadline_unix_ns)
+    assert (got.device_id, got.stream_id, got.frame_seq, got.trace_id, got.deadline_unix_ns, got.priority) == (
+        want.device_id, want.stream_id, want.frame_seq, want.trace_id, want.deadline_unix_ns, want.priority)
     assert got.edge_detections == len(want.edge_detections)
     assert (got.image is not None) == want.HasField("image")
     if got.image is not None:

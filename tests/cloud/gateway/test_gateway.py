@@ -193,6 +193,33 @@ def test_saturated_pool_answers_resource_exhausted_at_once():
     run(main())
 
 
+def test_a_high_priority_request_is_admitted_past_the_lower_priority_work_a_worker_holds():
+    """The request's priority reaches admission (docs/design/balancing.md#priority): behind five
+    priority-0 requests at 10/s, a priority-0 request with 0.4 s to go is refused at once, a
+    priority-90 one is sent (the worker serves it first)."""
+    async def main():
+        w = TestWorker("w", 1.0, concurrency=16, capacity=10.0)
+        gw = await started([(w, 1)])
+        try:
+            ep = gw.pool.balancer.endpoints[w.address]
+            await async_wait_until(lambda: ep.capacity == 10.0, 10, "the capacity reported")
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                held = [asyncio.ensure_future(_detect(stub, request(seq=i))) for i in range(5)]
+                await async_wait_until(lambda: w.calls == 5, 10, "5 requests at the worker")
+                code, msg = await _detect(stub, request(seq=10), timeout=0.4)
+                assert code == "RESOURCE_EXHAUSTED" and "saturated" in msg
+                urgent = request(seq=11)
+                urgent.priority = 90
+                code, msg = await _detect(stub, urgent, timeout=0.4)
+                assert w.calls == 6, (code, msg)  # sent: this test worker holds it 1 s, past its deadline
+                await asyncio.gather(*held)
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
 def test_deadline_propagates_to_worker_and_expires():
     async def main():
         w = TestWorker("w", 0.5)
