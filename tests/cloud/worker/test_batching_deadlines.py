@@ -6,6 +6,9 @@ Pure core on an injected (fake) clock: every call takes ``now``.
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cloud.gateway.balancing import TOO_SHORT_MARK
 from cloud.worker.batching import Batcher, BatchPolicy
 from edgewise.errors import DeadlineExceededError
@@ -133,3 +136,28 @@ def test_loose_deadlines_keep_full_batches():
         b.submit(r, 0.0, deadline=d)
     batches, late, expired = serve_busy(b, deadlines)
     assert [len(x) for x in batches] == [4, 4, 4] and late == [] and expired == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.one_of(st.none(), st.floats(0.05, 0.5))), min_size=1, max_size=12),
+       st.floats(0.0, 0.01))
+def test_every_batch_of_more_than_one_is_expected_to_meet_all_its_members_deadlines(reqs, now):
+    b = cpu_batcher()
+    deadline = {}
+    for i, (prio, d) in enumerate(reqs):
+        try:
+            b.submit(i, 0.0, priority=prio, deadline=d)
+            deadline[i] = d
+        except DeadlineExceededError:
+            pass
+    batch = b.next_batch(now, flush=True)
+    if batch is None or len(batch) == 1:
+        return
+    earliest = min((deadline[i] for i in batch.items if deadline[i] is not None), default=float("inf"))
+    assert now + b._batch_time(len(batch)) < earliest
+    # the largest that fits: one more, the next in priority order, would not have
+    purged = set(b.expired(now))
+    waiting = sorted((-reqs[i][0], i) for i in deadline if i not in batch.items and i not in purged)
+    if waiting and len(batch) < 4:
+        nxt = deadline[waiting[0][1]]
+        assert now + b._batch_time(len(batch) + 1) >= min(earliest, float("inf") if nxt is None else nxt)
