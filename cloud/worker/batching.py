@@ -28,8 +28,8 @@ Invariants / rules (read these before changing anything below):
       now, still ends before the deadline of every request in it, taken in the order of rule 2
       (``_fitting``); the rest stay queued for the next batch. Requests admitted on the time of a
       batch of one and then run four at a time missed their deadlines together: bursts of 12
-      with 150 ms to go on a CPU (batch 1 40 ms, batch 4 160+ ms) had 56 of 60 expire, most
-      after being computed (docs/design/batching.md#batch-formation).
+      with 150 ms to go on a CPU (batch 1 40 ms, batch 4 160+ ms) had 97 of 120 expire in or
+      after the model (docs/design/batching.md#batch-formation).
    With ``max_queue_delay_s == 0`` nothing is ever held (Triton's default).
    Rule (a) before (c) is deliberate: Triton's doc order lets a small preferred
    size starve throughput under backlog (the "batches come out small" reports in
