@@ -211,18 +211,22 @@ class Capturer:
                 self._set_state(SourceState.CONNECTING)
                 try:
                     await self._call(self.source.open)
-                except SourceError as exc:
+                except Exception as exc:
+                    why = str(exc) if isinstance(exc, SourceError) else self._unexpected("open", exc)
                     if stop.is_set():  # an open the stop waited for: not an outage, no retry
-                        log.debug("stream %s: open ended by the stop: %s", self.stream_id, exc)
+                        log.debug("stream %s: open ended by the stop: %s", self.stream_id, why)
                         break
                     if not self.source.live:
-                        self._failed(str(exc))
+                        self._failed(why)
                         break
-                    backoff = await self._backoff(stop, backoff, str(exc))
+                    backoff = await self._backoff(stop, backoff, why)
                     continue
                 self._set_state(SourceState.STREAMING)
                 reason = await self._stream(stop)
-                await self._call(self.source.close)
+                try:
+                    await self._call(self.source.close)
+                except Exception as exc:  # the next open makes a new connection all the same
+                    self._unexpected("close", exc)
                 if reason is None:  # ended or stopped
                     break
                 backoff = self.reconnect_min_s if self._streamed_ok else backoff
@@ -239,6 +243,19 @@ class Capturer:
             except Exception:  # pragma: no cover - best effort on shutdown
                 log.exception("stream %s: close failed", self.stream_id)
             self.executor.shutdown(wait=False)
+
+    def _unexpected(self, call: str, exc: Exception) -> str:
+        """A source's ``open`` or ``close`` raised what is not a ``SourceError`` (a bug in a backend,
+        a synthetic scene's difficulty file gone since the settings were read): said now, with
+        its traceback, and handled as that call's failure. It ended the capture task instead, the
+        stream "ended" with ``/healthz`` saying ok, said only once the daemon stopped (found by
+        a review). Returns why, for the state change."""
+        why = f"{call} failed: {exc!r}"
+        if call == "close":
+            log.error("stream %s: %s", self.stream_id, why, exc_info=exc)
+        else:  # the state change or ``_failed`` says why; the traceback is said here
+            log.error("stream %s: unexpected error from the source's %s", self.stream_id, call, exc_info=exc)
+        return why
 
     async def _interrupt_on(self, stop: asyncio.Event) -> None:
         """On stop, wake a read blocked in the capture thread (a frozen camera would hold it

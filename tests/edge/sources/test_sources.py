@@ -347,6 +347,28 @@ def test_synthetic_digits_falls_back_to_the_pattern_without_edgewise_synth(monke
     assert "using the built-in pattern" in caplog.text
 
 
+def test_a_source_whose_open_raises_something_else_ends_down_at_once(tmp_path, caplog):
+    """A synthetic scene's difficulty file deleted after the settings read it: its open raises a
+    ConfigError, not a SourceError. It ended the capture task, the stream "ended" as if done,
+    not down (``/healthz`` ok), and nothing was said until the daemon stopped."""
+    pytest.importorskip("edgewise.synth")
+    knobs = tmp_path / "knobs.yaml"
+    knobs.write_text("preset: easy\n")
+    src = SyntheticSource("demo", f"digits:{knobs}:160x120")
+    knobs.unlink()
+
+    async def run():
+        q = FrameQueue(2, "wait", asyncio.Event())
+        cap = Capturer("demo", src, q)
+        await asyncio.wait_for(cap.run(asyncio.Event()), 10)  # returns: the task does not crash
+        return cap
+
+    cap = asyncio.run(run())
+    assert cap.down and cap.state is SourceState.ENDED
+    assert "stream demo: open failed: ConfigError" in caplog.text and "Traceback" in caplog.text
+    assert caplog.text.count("open failed") == 1
+
+
 def test_the_ffmpeg_options_gate_lets_opens_in_in_arrival_order():
     """Two dead cameras retrying with one options value kept the gate held, and a healthy
     camera with other options waited for good (a UDP camera got no frame in 40 s): an open
