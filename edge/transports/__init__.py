@@ -18,6 +18,11 @@ try:
 except ImportError:  # pragma: no cover
     from typing_extensions import Protocol  # type: ignore[assignment]
 
+#: How the edge reconnects to its cloud, either transport: the first wait and the largest, in
+#: seconds, doubling in between (paho's reconnect delay; gRPC's reconnect backoff, whose own
+#: largest, 120 s, kept escalations failing for up to two minutes after a long outage ended).
+RECONNECT_DELAY_S = (1, 30)
+
 
 class TransportError(Exception):
     """An escalation failed; ``status`` is its wire status (``detect_pb2.Status``)."""

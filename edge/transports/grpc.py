@@ -34,6 +34,7 @@ from grpc import aio
 from edge.tlsfiles import check_files
 from edge.transports import (
     MAX_ANSWER_BYTES,
+    RECONNECT_DELAY_S,
     TLS_SETTINGS,
     TransportError,
     check_response,
@@ -151,6 +152,12 @@ class GrpcTransport:
             ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.max_receive_message_length", MAX_MESSAGE),
+            # gRPC's own backoff grows to 120 s: after a cloud outage of a few minutes the channel
+            # tried again only every minute or two, and every escalation meanwhile was spooled.
+            # (Not grpc.min_reconnect_backoff_ms: gRPC takes it as the least time a connection
+            # attempt is given, 20 s, which a slow uplink's TLS handshake needs.)
+            ("grpc.initial_reconnect_backoff_ms", int(RECONNECT_DELAY_S[0] * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(RECONNECT_DELAY_S[1] * 1000)),
         ]
         self.preferred = 0
         self._clock = clock

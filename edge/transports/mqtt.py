@@ -83,6 +83,7 @@ from prometheus_client import Counter, Gauge
 from edge.tlsfiles import check_files
 from edge.transports import (
     MAX_ANSWER_BYTES,
+    RECONNECT_DELAY_S,
     TLS_SETTINGS,
     TransportError,
     check_response,
@@ -103,8 +104,6 @@ from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
 
-#: Reconnect backoff of paho's loop thread, seconds (first, largest).
-RECONNECT_DELAY_S = (1, 30)
 #: MQTT v5 reason codes this module acts on by number.
 PACKET_TOO_LARGE = 0x95
 QOS_NOT_SUPPORTED = 0x9B
