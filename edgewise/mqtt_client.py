@@ -30,6 +30,9 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   bound and the broker's *Receive Maximum* (refused "Quota exceeded"). The override keeps
   owed PUBRELs and holds everything back; ``on_connack`` sends what the connection owes,
   owed PUBRELs first, within the broker's bound as soon as its CONNACK is read.
+* paho cannot take back a message: one given up (an escalation past its deadline, spooled for
+  a replay) still went out once the broker read again, so a stalled broker's backlog of given-up
+  requests reached the cloud all at once. ``Client.withdraw`` forgets one never written yet.
 * A message whose topic is not UTF-8 (MQTT 5.0, 1.5.4: a broker must not send one; a hostile
   broker, or a man in the middle without TLS, can) made ``message.topic`` raise in the
   ``on_message`` of both ends, and paho let that end its network thread: the edge took no
@@ -71,6 +74,8 @@ MAX_MID = 65535
 MAX_INFLIGHT = 100
 _OWES_PUBREL = (mqtt.mqtt_ms_wait_for_pubcomp, mqtt.mqtt_ms_resend_pubrel)
 _SENT = (mqtt.mqtt_ms_wait_for_puback, mqtt.mqtt_ms_wait_for_pubrec)
+#: states of a message paho holds back: beyond the in-flight bound, or published while disconnected
+_UNSENT = (mqtt.mqtt_ms_queued, mqtt.mqtt_ms_publish)
 #: paho's states after a ``disconnect()`` the program asked for (its loop ends, never reconnects)
 _ASKED_TO_DISCONNECT = (mqtt._ConnectionState.MQTT_CS_DISCONNECTING, mqtt._ConnectionState.MQTT_CS_DISCONNECTED)
 
@@ -309,6 +314,20 @@ class Client(mqtt.Client):
             if mid in self._out_messages:
                 return self._do_on_publish(mid, _reason(packet_type, packet[2]), Properties(packet_type))
         return mqtt.MQTT_ERR_SUCCESS
+
+    def withdraw(self, info: mqtt.MQTTMessageInfo) -> bool:
+        """Forget the message ``publish`` returned ``info`` for when it was never written to a
+        connection: paho holds what is beyond the in-flight bound until the broker acknowledges
+        earlier messages, and what was published while disconnected. True when it was forgotten;
+        one written already (waiting for its answer, or ``dup``: sent on an earlier connection)
+        stays, for the broker may have it, and so does another message that took its packet
+        identifier since."""
+        with self._out_message_mutex:
+            m = self._out_messages.get(info.mid)
+            if m is None or m.info is not info or m.state not in _UNSENT or m.dup:
+                return False
+            del self._out_messages[info.mid]
+            return True
 
     def drop_queued_over(self, max_qos: int) -> Dict[int, str]:
         """Forget the messages paho holds to send (again) at a QoS over ``max_qos``: called from

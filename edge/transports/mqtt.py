@@ -382,6 +382,15 @@ class MqttConnection:
                 self._exchanges[mid] = on_received
         self.client.resume(mid, topic, payload, received)
 
+    def withdraw(self, info: Any) -> None:
+        """The message ``publish`` returned ``info`` for is no longer wanted (an escalation given up
+        at its deadline, spooled): not sent when paho still holds it (``Client.withdraw``); its
+        ``on_done`` is never called then."""
+        if self.client.withdraw(info):
+            with self.lock:
+                self._waiting.pop(info.mid, None)
+                self._early.pop(info.mid, None)
+
     def stop(self) -> None:
         """Disconnect and end paho's thread; again: nothing."""
         if self.stopping:
@@ -776,6 +785,7 @@ class MqttTransport:
             if r is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(_fail, fut, TransportError(r.status, r.message))
 
+        info = None
         try:
             try:
                 info = self.conn.publish(self.request_topic, request.SerializeToString(), props, refused,
@@ -792,6 +802,11 @@ class MqttTransport:
                 raise TransportError(status.DEADLINE_EXCEEDED, f"no MQTT response within {timeout_s:.2f} s") from None
         finally:
             self.pending.pop(corr, None)
+            if info is not None and (fut.cancelled() or not fut.done()):
+                # given up (its deadline, a stop): a broker that stopped reading left it in paho's
+                # hands, and once it read again every escalation given up meanwhile (spooled, to be
+                # replayed) reached the cloud, all at once
+                self.conn.withdraw(info)
         resp = detect_pb2.DetectResponse()
         try:
             resp.ParseFromString(payload)

@@ -189,3 +189,20 @@ def test_a_disconnect_stays_one_when_on_disconnect_raises(mosquitto, caplog) -> 
         assert connects == [1]
     finally:
         client.loop_stop()
+
+
+def test_withdraw_forgets_only_the_message_it_was_given_and_only_before_it_was_written() -> None:
+    import paho.mqtt.client as mqtt
+
+    from edgewise.mqtt_client import Client
+
+    c = Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id="w", protocol=mqtt.MQTTv5)
+    held = c.publish("t", b"x", qos=1)  # not connected: paho holds it for the connection
+    assert held.rc == mqtt.MQTT_ERR_NO_CONN and held.mid in c._out_messages
+    other = mqtt.MQTTMessageInfo(held.mid)  # another message that took the same packet identifier
+    assert not c.withdraw(other) and held.mid in c._out_messages
+    c._out_messages[held.mid].dup = True  # written on an earlier connection: the broker may have it
+    assert not c.withdraw(held) and held.mid in c._out_messages
+    c._out_messages[held.mid].dup = False
+    assert c.withdraw(held) and held.mid not in c._out_messages
+    assert not c.withdraw(held)  # gone already

@@ -8,6 +8,7 @@ a refused TLS handshake."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import cv2
@@ -20,7 +21,7 @@ from edge.transports.grpc import GrpcTransport
 from edge.transports.mqtt import MqttConnection, MqttTransport
 from edgewise.v1 import detect_pb2
 from tests.cloud.gateway.pki import Pki
-from tests.conftest import free_port, in_process_cloud_class
+from tests.conftest import configured_mosquitto, free_port, in_process_cloud_class
 from tests.waiting import async_wait_until
 
 TOKENS = [{"device": "d", "token": "s3cret"}]
@@ -110,6 +111,49 @@ def test_grpc_reconnects_to_a_cloud_back_from_an_outage_as_mqtt_does():
     assert options["grpc.max_reconnect_backoff_ms"] == RECONNECT_DELAY_S[1] * 1000
     conn = MqttConnection("127.0.0.1", 1)
     assert (conn.client._reconnect_min_delay, conn.client._reconnect_max_delay) == RECONNECT_DELAY_S
+
+
+def test_an_mqtt_escalation_given_up_is_not_sent_later_when_it_never_left():
+    """A broker that stops reading (SIGSTOP: the connection stays up): paho writes what the
+    broker's Receive Maximum lets in flight and holds the rest. Escalations given up at their
+    deadline (spooled, replayed later) went out once the broker read again, all of them: a real
+    daemon with the gateway's bridge stalled 20 s had its 60 spooled escalations all reach the
+    gateway after the stall, which refused 39 of them as overloaded beside the live ones. Those
+    paho still held are withdrawn; only those already written can still arrive."""
+    from paho.mqtt.client import CallbackAPIVersion, Client
+
+    with configured_mosquitto("max_inflight_messages 4") as broker:
+        got = []
+        sub = Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="count", protocol=5)
+        sub.on_message = lambda c, u, m: got.append(m.mid)
+        sub.connect(broker.host, broker.port)
+        sub.subscribe("edgewise/d/escalate", qos=1)
+        sub.loop_start()
+
+        async def run():
+            conn = MqttConnection(broker.host, broker.port, client_id="edge-stall")
+            conn.start()
+            t = MqttTransport(conn, "d")
+            await t.start()
+            await async_wait_until(lambda: conn.connected.is_set() and conn.in_flight_bound == 4, 10, "connected")
+            broker.proc.send_signal(signal.SIGSTOP)
+            try:
+                for i in range(12):
+                    with pytest.raises(TransportError) as ei:
+                        await t.detect(request(i), 0.05)
+                    assert ei.value.status == detect_pb2.DEADLINE_EXCEEDED
+            finally:
+                broker.proc.send_signal(signal.SIGCONT)
+            await asyncio.sleep(1.5)  # what was in flight is acknowledged, what paho held goes out
+            assert not conn._waiting and not conn.client._out_messages  # nothing left waiting either
+            conn.stop()
+
+        try:
+            asyncio.run(run())
+        finally:
+            sub.loop_stop()
+            sub.disconnect()
+    assert 1 <= len(got) <= 4  # the four written before the deadlines; not the eight held back
 
 
 def test_mqtt_request_response_with_correlation_through_the_gateway_bridge(tiny_model, mosquitto):
