@@ -148,7 +148,7 @@ class BoostedTrees:
             return ConfigError(f"{where}: {what}; write the file again with `edgewise eval --train-data`")
 
         def number(v: Any, what: str) -> float:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(_float_or_inf(v)):
+            if not finite_number(v):
                 raise bad(f"{what} must be a finite number, got {str(v)[:40]}")
             return float(v)
 
@@ -184,6 +184,12 @@ class BoostedTrees:
         model.rounds = len(model.trees)
         model.split_gain = np.zeros(len(edges))
         return model
+
+
+def finite_number(v: Any) -> bool:
+    """Whether a value read from JSON is a finite number (not a bool, not NaN or an infinity,
+    not an integer past the largest float): the rule for every number of a model file."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(_float_or_inf(v))
 
 
 def _float_or_inf(v: Union[int, float]) -> float:

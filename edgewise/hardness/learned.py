@@ -24,7 +24,7 @@ import numpy as np
 from edgewise.detections import Detections
 from edgewise.errors import ConfigError
 from edgewise.filereads import read_capped
-from edgewise.hardness.boosting import BoostedTrees
+from edgewise.hardness.boosting import BoostedTrees, finite_number
 from edgewise.hardness.signals import RECORD_DECIMALS, SIGNAL_NAMES
 
 FORMAT = "edgewise-gain-model/v1"
@@ -158,7 +158,7 @@ class GainModel:
             raise ConfigError(f"{p}: edges has {len(trees.edges)} features, expected {len(feats)}")
         q = d.get("quantiles")
         if (not isinstance(q, list) or len(q) < 2
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in q)
+                or not all(finite_number(v) for v in q)
                 or any(b < a for a, b in zip(q, q[1:]))):
             raise ConfigError(f"{p}: quantiles must be a non-decreasing list of at least 2 finite numbers")
         info = d.get("info", {})

@@ -71,6 +71,9 @@ def test_json_round_trip(model, tmp_path) -> None:
     (lambda d: d["edges"].__setitem__(0, [2.0, 1.0]), r"edges\[0\] must be strictly increasing"),
     # an integer past any float: numpy's isfinite refused it with a TypeError, blamed on the policy (a probe)
     (lambda d: d["edges"].__setitem__(0, [10 ** 400]), r"edges\[0\] must be a finite number, got 1000"),
+    # the same in the quantiles: math.isfinite raised OverflowError, which the policy loader reported as
+    # "cannot read the policy: OverflowError" without naming the model file or the field (a probe)
+    (lambda d: d.update(quantiles=[0.0, 10 ** 400]), "quantiles must be a non-decreasing list of at least 2 finite"),
 ])
 def test_invalid_model_files_name_the_problem(model, tmp_path, edit, message) -> None:
     d = model.to_dict()
