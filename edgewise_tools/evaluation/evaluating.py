@@ -270,7 +270,8 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
     when none is). ``ours_escalated`` is the share our policy really escalated there.
     When the cloud model is not more accurate than the edge model, escalation has nothing to
     add and the target is reported as not met (``cloud_better: false``), never as trivially met.
-    ``ours_minus_baselines`` gives, per baseline, our F1 minus the baseline's at that rate;
+    ``ours_minus_baselines`` gives, per baseline, our F1 minus the baseline's at that rate (the
+    ``diff`` of ``diffs``, the lead its interval is of, when given);
     ``ours_beat_baselines`` whether every lead is positive (and its interval above 0 when
     intervals were given). Leads are not judged (``margins_met`` and ``ours_beat_baselines``
     None, ``margins_why`` says why) where our row or a baseline's is ``short`` (unequal
@@ -290,7 +291,10 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
     gap_f1 = cloud_f1 - edge_f1
     frac = our["f1"] / cloud_f1 if cloud_f1 > 0 else None
     closed = (our["f1"] - edge_f1) / gap_f1 if gap_f1 > 0 else None
-    margins = {b: our["f1"] - rates[b][at]["f1"] for b in BASELINES if b in rates and b != ours}
+    # with intervals, each lead is the difference table's (the estimate its interval is of: for random, averaged
+    # over seeds, the F1 of the seeds' mean counts, not the mean of their F1s that its row shows)
+    margins = {b: (diffs[b][at]["diff"] if diffs and b in diffs and "diff" in diffs[b][at]
+                   else our["f1"] - rates[b][at]["f1"]) for b in BASELINES if b in rates and b != ours}
     beats: Dict[str, Optional[bool]] = {
         b: (None if diffs[b][at]["beats"] is None else bool(diffs[b][at]["beats"]))
         for b in margins if diffs and b in diffs}
