@@ -59,6 +59,30 @@ def _points(x: float, cloud_f1: float) -> str:
     return f"{100 * x / cloud_f1:+.1f}" if cloud_f1 > 0 else f"{x:+.3f}"
 
 
+def _bootstrap(result: Dict[str, Any]) -> str:
+    """How the intervals were drawn: samples, and the seed that draws them again."""
+    b = result.get("bootstrap", {})
+    seed = f" (seed {b['seed']})" if "seed" in b else ""
+    return f"{b.get('samples', 0)} bootstrap samples of the streams{seed}"
+
+
+def plot_title(result: Dict[str, Any]) -> str:
+    """What produced the plot, above its panels: the code, the models, the data (preset, split
+    and seed, which generate it again), the policy and the intervals' draw. A PNG travels
+    without its eval.md; its title named neither the models nor the data's seed."""
+    prov = result.get("provenance") or {}
+    if not prov:
+        return ""
+    models = ", ".join(f"{k} {v['path']} ({v['sha256']})" for k, v in prov.get("models", {}).items())
+    data = "; ".join(f"{k} data {d['path']}"
+                     + (" (" + ", ".join(f"{f} {d[f]}" for f in ("preset", "split", "seed") if f in d) + ")"
+                        if any(f in d for f in ("preset", "split", "seed")) else "")
+                     for k, d in prov.get("data", {}).items()) or f"data {result['data']}"
+    return (f"edgewise {prov['edgewise']}, commit {prov['commit']}, {prov['date']}; models: {models}\n{data}; "
+            f"policy {result['policy']}; payload {result.get('payload', 'full')}; 95% intervals from "
+            f"{_bootstrap(result)}")
+
+
 def _label(name: str) -> str:
     return POLICY_LABELS.get(name, name)
 
@@ -92,7 +116,7 @@ def markdown(result: Dict[str, Any]) -> str:
         f"Merge `{result['merge']}`; policies compared with payload `{result.get('payload', 'full')}`"
         + (f" (the whole frame when a stream's last went {result['whole_frame_every_s']:g} s ago or more)"
            if result.get("whole_frame_every_s") else "") + "; "
-        f"95% intervals from {result.get('bootstrap', {}).get('samples', 0)} bootstrap samples of the streams."
+        f"95% intervals from {_bootstrap(result)}."
         + (f" **Only {streams} stream{'' if streams == 1 else 's'}: resampling so few understates the "
            "uncertainty; read the intervals as a floor"
            + (" (one stream: they have no width, and no lead is judged)" if streams < bootstrap.MIN_STREAMS else "")
@@ -263,11 +287,9 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
         ax3.set(xlabel="bytes per escalation (kB)", ylabel=f"hybrid F1 at {rate} escalated ({share_of})",
                 title="Payload modes: accuracy vs bytes")
         ax3.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
-    prov = result.get("provenance")
-    if prov:  # what produced it, above the panels
-        fig.suptitle(f"edgewise {prov['edgewise']}, commit {prov['commit']}, {prov['date']}; data {result['data']}; "
-                     f"policy {result['policy']}; payload {result.get('payload', 'full')}", fontsize=8, color="grey",
-                     y=1.02)
+    title = plot_title(result)
+    if title:  # what produced it, above the panels
+        fig.suptitle(title, fontsize=8, color="grey", y=1.04)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True

@@ -74,3 +74,28 @@ def test_the_policies_intervals_are_said_to_be_of_their_f1_not_of_its_share() ->
     assert "## Policies at equal escalation rates (F1 against ground truth, % of cloud-only F1, [95% CI of the F1, " \
            "in % of cloud-only F1])" in md and "CI of % of" not in md
     assert "% of cloud-only F1, [95% CI of the F1])" in markdown(_result(cloud_f1=0.0))  # plain F1: no share of 0
+
+
+def test_the_report_and_its_plot_name_what_produced_them(tmp_path) -> None:
+    """The intervals' seed in eval.md, and in the plot's title (a PNG travels without its
+    eval.md) the models and the data's preset, split and seed besides the code and the policy:
+    the title named neither the models nor the seed that generates the data again."""
+    import json
+
+    from edgewise_tools.evaluation.report import plot_title
+    from edgewise_tools.provenance import provenance
+
+    edge, cloud, policy = (tmp_path / n for n in ("edge.onnx", "cloud.onnx", "p.yaml"))
+    for f in (edge, cloud, policy):
+        f.write_bytes(b"x")
+    data = tmp_path / "cam-test"
+    data.mkdir()
+    (data / "dataset.json").write_text(json.dumps({"preset": "camera", "split": "test", "seed": 23}))
+    result = dict(_result(), bootstrap={"samples": 100, "seed": 0, "unit": "stream"},
+                  provenance=provenance({"edge": edge, "cloud": cloud}, policy, {"test": data}))
+    assert "95% intervals from 100 bootstrap samples of the streams (seed 0)." in markdown(result)
+    title = plot_title(result)
+    assert f"edge {edge} (" in title and f"cloud {cloud} (" in title
+    assert f"test data {data} (preset camera, split test, seed 23)" in title
+    assert "commit " in title and "policy p.yaml" in title and "(seed 0)" in title
+    assert plot_title(_result()) == ""  # no provenance block: no title
