@@ -142,12 +142,22 @@ def stride_problem(data: Path) -> Optional[str]:
     tracker and the policy's budget timeline take each next frame as the next one the camera
     gave, so a gap of k - 1 frames looks like one frame's motion and one frame's time. The
     evaluated set must be consecutive (``eval --data``, ``check-policy --data``); a strided
-    training set (``eval --train-data``) is fitted with a warning."""
+    training set (``eval --train-data``) is fitted with a warning. A set whose ``dataset.json``
+    declares no frames (:func:`list_frames` then checks none) has the same problem where a
+    stream's frame numbers skip one: the frames missing there."""
     stride = dataset_meta(data).get("stride", 1)
-    if stride == 1 and stride.__class__ is int:
-        return None
-    return (f"its dataset.json says stride {stride!r}: it keeps one frame in {stride!r} of its streams, whose frames "
-            "are replayed as consecutive ones (motion, the tracker and the policy's budget see a gap as one frame)")
+    if stride != 1 or stride.__class__ is not int:
+        return (f"its dataset.json says stride {stride!r}: it keeps one frame in {stride!r} of its streams, whose "
+                "frames are replayed as consecutive ones (motion, the tracker and the policy's budget see a gap as "
+                "one frame)")
+    last: Dict[int, int] = {}
+    for stream, fno, _, _ in list_frames(data):  # in stream and frame order
+        if stream in last and fno != last[stream] + 1:
+            return (f"stream {stream} goes from frame {last[stream]} to frame {fno} (s{stream:03d}_f{last[stream] + 1:06d}"
+                    f"{'' if fno == last[stream] + 2 else ' and more'} missing in images/), and its frames are replayed "
+                    "as consecutive ones (motion, the tracker and the policy's budget see a gap as one frame)")
+        last[stream] = fno
+    return None
 
 
 def _check_declared(data: Path, meta: Dict[str, Any], found: Set[Tuple[int, int]]) -> None:

@@ -120,6 +120,22 @@ def test_a_strided_set_is_not_replayed_as_streams(tiny_model, dataset, tmp_path,
     assert not out.exists()
 
 
+def test_a_stream_missing_a_frame_is_not_replayed_as_consecutive(tiny_model, dataset, tmp_path, capsys) -> None:
+    """Without a dataset.json declaring the frames nothing said one was missing: a stream going
+    from frame 0 to frame 2 was evaluated as if they were consecutive (found by a probe: a
+    15-frame camera set without s001_f000003 ran through, motion, carrying and cooldown taking
+    the jump for one frame). Refused like a strided set, naming the stream and the frame."""
+    out = tmp_path / "out"
+    data = _broken(dataset, tmp_path)
+    (data / "dataset.json").unlink()
+    for folder, ext in (("images", "jpg"), ("labels", "txt")):
+        (data / folder / f"s000_f000001.{ext}").rename(data / folder / f"s000_f000002.{ext}")
+    assert main(_eval(tiny_model, data, out)) == 2
+    err = capsys.readouterr().err
+    assert f"--data {data}: stream 0 goes from frame 0 to frame 2 (s000_f000001 missing in images/)" in err
+    assert not out.exists()
+
+
 def test_a_strided_training_set_is_fitted_with_a_warning(tiny_model, dataset, tmp_path, caplog) -> None:
     """A strided training set (the older reference recipe's) is still fitted, with a warning: the
     refusal is for the evaluated set, whose figures it would change."""
