@@ -130,13 +130,15 @@ def _cache_key(data: Path, edge: Path, cloud: Path, policy: Policy, limit: Optio
 def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
     """(frames with both models' outputs, number of classes): from the cache or by running the models."""
     from edgewise.runtime import Detector
-    from edgewise_tools.evaluation.frames import collect, list_frames, stride_problem
+    from edgewise_tools.evaluation.frames import collect, fit_warnings, list_frames, stride_problem
 
     data, edge, cloud = Path(args.data), Path(args.edge), Path(args.cloud)
     list_frames(data)  # a folder without its frames is refused before the models load
     strided = stride_problem(data)
     if strided:
         raise InvalidInputError(f"--data {data}: {strided}; give a set written with `edgewise synth --stride 1`")
+    for warning in fit_warnings(policy, data):
+        log.warning("%s", warning)
     cache = _cache_dir(args.cache) / f"{_cache_key(data, edge, cloud, policy, args.limit)}.pkl"
     cached = _read_cache(cache)
     if cached is not None:

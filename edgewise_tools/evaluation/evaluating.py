@@ -15,7 +15,13 @@ from edgewise.policy import Policy, load_policy
 from edgewise.regions import COMPARED_MODES
 from edgewise.runtime import Detector
 from edgewise_tools.evaluation import bootstrap, hybrid, scoring
-from edgewise_tools.evaluation.frames import FrameRecord, collect, list_frames, stride_problem
+from edgewise_tools.evaluation.frames import (
+    FrameRecord,
+    collect,
+    fit_warnings,
+    list_frames,
+    stride_problem,
+)
 from edgewise_tools.provenance import dataset_meta, provenance
 
 log = logging.getLogger(__name__)
@@ -158,6 +164,8 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     cloud = Detector.from_file(cfg.cloud, threads=cfg.threads, source="cloud", input_size=cfg.cloud_input,
                                imgsz=cfg.cloud_imgsz)
     nc = len(edge.names)
+    for warning in fit_warnings(policy, Path(cfg.data), edge.names, str(cfg.edge)):
+        log.warning("%s", warning)
     records = _collect(cfg, Path(cfg.data), edge, cloud, policy, modes)
     n = len(records)
     merge = policy.spec.merge

@@ -135,6 +135,24 @@ def list_frames(data: Path) -> List[Tuple[int, int, Path, Path]]:
     return out
 
 
+def stream_id(stream: int) -> str:
+    """The id a set's stream has for a policy (``spec.streams``, its budget and cooldown): ``s<stream>``."""
+    return f"s{stream}"
+
+
+def fit_warnings(policy: Policy, data: Path, names: Optional[Sequence[str]] = None, model: str = "") -> List[str]:
+    """What the daemon warns of a policy that does not fit its device (:meth:`Policy.fit_warnings`:
+    ``spec.streams`` the device lacks and, given the model's class ``names``, ``spec.classes`` it
+    lacks), for ``data``'s streams as a replay names them (:func:`stream_id`): overrides no frame
+    of the set gets, so the policy's figures on it are not what it does where they apply (a
+    ``mode: never`` for ``cam0`` left every stream escalating, silently)."""
+    ids = [stream_id(s) for s in sorted({s for s, _, _, _ in list_frames(data)})]
+    found = (policy.fit_warnings([str(n) for n in names], model, ids) if names is not None
+             else [w for w in (policy.unknown_streams_warning(ids),) if w])
+    return [f"--data {data} (its streams replayed as {', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''}): {w}"
+            for w in found]
+
+
 def stride_problem(data: Path) -> Optional[str]:
     """Why the frames of ``data`` are not consecutive frames of their streams (its
     ``dataset.json`` says ``stride`` k > 1: one frame kept in k, as ``edgewise synth --stride``
@@ -361,7 +379,7 @@ def edge_pass(data: Path, edge: Detector, policy: Policy, limit: Optional[int] =
         h, w = img.shape[:2]
         e_op, e_all, _ = _run(edge, img, low)
         mot = motion.setdefault(stream, MotionDetector(motion_cfg)).update(img, e_op)
-        yield EdgeView(stream, fno, img, label_path, e_op, e_all, mot, policy.signal_config(f"s{stream}", (w, h)))
+        yield EdgeView(stream, fno, img, label_path, e_op, e_all, mot, policy.signal_config(stream_id(stream), (w, h)))
 
 
 def collect(
@@ -484,7 +502,7 @@ def set_signals(records: Sequence[FrameRecord], policy: Policy) -> None:
         size = (r.width, r.height)
         cfg = configs.get((r.stream, size))
         if cfg is None:
-            cfg = configs[(r.stream, size)] = policy.signal_config(f"s{r.stream}", size)
+            cfg = configs[(r.stream, size)] = policy.signal_config(stream_id(r.stream), size)
         motion = {k: r.signals.get(k, 0.0) for k in MOTION_SIGNALS}
         r.signals, trackers[r.stream] = compute_signals(r.edge, trackers.get(r.stream), cfg, size, motion)
 

@@ -27,7 +27,7 @@ from edgewise.detections import Detections
 from edgewise.policy import Escalator, Policy
 from edgewise.policy.schema import Merge, Payload, WholeFrames
 from edgewise_tools.evaluation import bootstrap
-from edgewise_tools.evaluation.frames import FrameRecord
+from edgewise_tools.evaluation.frames import FrameRecord, stream_id
 from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap
 
 
@@ -301,7 +301,7 @@ def run_policy(records: Sequence[FrameRecord], policy: Policy, fps: float) -> np
     esc = Escalator(policy, clock=lambda: 0.0)
     mask = np.zeros(len(records), dtype=bool)
     for i, r in enumerate(records):
-        d = esc.decide(f"s{r.stream}", r.frame, r.edge, r.signals, now=r.frame / fps)
+        d = esc.decide(stream_id(r.stream), r.frame, r.edge, r.signals, now=r.frame / fps)
         mask[i] = d.escalate
     return mask
 
