@@ -7,7 +7,7 @@ import math
 from typing import Callable, Dict, Optional
 
 from edgewise.errors import ConfigError
-from edgewise_tools.evaluation.bootstrap import MIN_SAMPLES
+from edgewise_tools.evaluation.bootstrap import MAX_SAMPLES, MIN_SAMPLES
 
 #: What a numeric option may be, by the words its error says it in (:func:`check_option`).
 RULES: Dict[str, Callable[[float], bool]] = {
@@ -15,6 +15,7 @@ RULES: Dict[str, Callable[[float], bool]] = {
     ">= 0": lambda v: v >= 0,
     ">= 1": lambda v: v >= 1,
     f">= {MIN_SAMPLES}": lambda v: v >= MIN_SAMPLES,
+    f"<= {MAX_SAMPLES}": lambda v: v <= MAX_SAMPLES,
     "in (0, 1]": lambda v: 0 < v <= 1,
     "in [0, 1]": lambda v: 0 <= v <= 1,
 }

@@ -10,7 +10,7 @@ from edgewise.errors import ConfigError
 from edgewise.outputs import check_output_folder
 from edgewise.regions import COMPARED_MODES, MODES
 from edgewise.runtime.detector import INPUT_SIZES
-from edgewise_tools.evaluation.bootstrap import MIN_SAMPLES
+from edgewise_tools.evaluation.bootstrap import MAX_SAMPLES, MIN_SAMPLES
 from edgewise_tools.options import RULES, check_option
 
 
@@ -19,6 +19,9 @@ def _check_options(args: argparse.Namespace) -> None:
     check_option("--samples", args.samples, f">= {MIN_SAMPLES}",
                  "bootstrap samples per interval: its ends are their 2.5th and 97.5th percentiles, which fewer "
                  f"than {MIN_SAMPLES} cannot place")
+    check_option("--samples", args.samples, f"<= {MAX_SAMPLES}",
+                 "bootstrap samples per interval: their draws take samples x streams numbers in memory, and more "
+                 "than that moves no interval's ends")
     check_option("--limit", args.limit, ">= 1", "the number of frames to evaluate; leave it out for all")
     check_option("--carry-lag", args.carry_lag, ">= 0", "frames after an escalation; 0 carries nothing")
     check_option("--target-rate", args.target_rate, "in (0, 1]", "a share of the frames")
@@ -105,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="cloud model input size: auto = native for a model that asks for it (metadata "
                         "input_size: native, as the camera pair's cloud model; default %(default)s)")
     p.add_argument("--samples", type=int, default=1000,
-                   help=f"bootstrap samples (streams resampled) per interval, at least {MIN_SAMPLES} (1000)")
+                   help=f"bootstrap samples (streams resampled) per interval, {MIN_SAMPLES} to {MAX_SAMPLES} (1000)")
     p.add_argument("--target-rate", type=float, default=0.15, help="most frames escalated (0.15)")
     p.add_argument("--target-fraction", type=float, default=0.95, help="least share of cloud-only F1 kept (0.95)")
     p.add_argument("--target-gap", type=float, default=0.70, help="least share of the edge-to-cloud gap closed (0.7)")

@@ -30,6 +30,10 @@ SEED = 0
 #: zero-width "interval" that did not even hold the point estimate, and judged every positive
 #: draw a lead that is not noise)
 MIN_SAMPLES = 40
+#: the most: the draws take samples x streams numbers twice over (``--samples 100000000`` of 30
+#: streams asked for 24 GB after the models had run, and ended in a traceback); 100000 samples
+#: place the 2.5th percentile to within a tenth of what 1000 do and cost 50 MB for 30 streams
+MAX_SAMPLES = 100_000
 #: fewer streams than this and no lead is judged: resampling one stream always draws it, so
 #: every interval has zero width and any lead would look certain (the report's
 #: ``MIN_STREAMS`` is the larger count below which it warns that intervals are a floor)
@@ -51,9 +55,13 @@ def per_stream(frame_counts: np.ndarray, index: np.ndarray, n_streams: int) -> n
 
 def weights(n_streams: int, samples: int = SAMPLES, seed: int = SEED) -> np.ndarray:
     """[samples, S]: how often each stream is drawn in each bootstrap sample; ValueError for
-    fewer than :data:`MIN_SAMPLES` samples (``edgewise eval --samples`` refuses them first)."""
+    fewer than :data:`MIN_SAMPLES` samples or more than :data:`MAX_SAMPLES` (``edgewise eval
+    --samples`` refuses them first)."""
     if samples < MIN_SAMPLES:
         raise ValueError(f"{samples} bootstrap samples: a 95% interval needs at least {MIN_SAMPLES}")
+    if samples > MAX_SAMPLES:
+        raise ValueError(f"{samples} bootstrap samples: at most {MAX_SAMPLES} (their draws take samples x streams "
+                         "numbers in memory)")
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, n_streams, size=(samples, n_streams))
     w = np.zeros((samples, n_streams), np.float64)

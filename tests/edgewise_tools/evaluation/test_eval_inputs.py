@@ -42,6 +42,9 @@ def _eval(model: Path, data: Path, out: Path, *extra: str) -> List[str]:
     ("--samples", "1", "--samples 1: must be >= 40 (bootstrap samples per interval: its ends are their 2.5th and "
                        "97.5th percentiles, which fewer than 40 cannot place)"),
     ("--samples", "39", "--samples 39: must be >= 40"),
+    # 24 GB of draws asked for after the models had run: a traceback (found by a probe)
+    ("--samples", "100000000", "--samples 100000000: must be <= 100000 (bootstrap samples per interval: their "
+                               "draws take samples x streams numbers in memory"),
     ("--fps", "0", "--fps 0: must be > 0"),
     ("--fps", "-1", "--fps -1: must be > 0"),
     ("--fps", "nan", "--fps nan: must be > 0"),

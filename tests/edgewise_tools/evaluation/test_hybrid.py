@@ -413,6 +413,8 @@ def test_an_interval_needs_enough_bootstrap_samples_to_have_ends() -> None:
     for samples in (0, 1, bootstrap.MIN_SAMPLES - 1):
         with pytest.raises(ValueError, match=f"at least {bootstrap.MIN_SAMPLES}"):
             bootstrap.weights(3, samples)
+    with pytest.raises(ValueError, match=f"at most {bootstrap.MAX_SAMPLES}"):
+        bootstrap.weights(3, bootstrap.MAX_SAMPLES + 1)
 
 
 def test_the_verdicts_lead_is_the_one_its_interval_belongs_to() -> None:
