@@ -316,8 +316,8 @@ def judge_target(base: Dict[str, Any], rates: Dict[str, List[Dict[str, Any]]], c
     elif cloud_f1 <= 0:
         why = "not judged: cloud-only F1 is 0, so a lead has no points of it"
     elif any(v is None for v in beats.values()):
-        why = (f"not judged: fewer than {bootstrap.MIN_STREAMS} streams, so the interval of a lead has no width "
-               "(resampling one stream always draws it)")
+        why = (f"not judged: fewer than {bootstrap.MIN_STREAMS} streams, whose resampling understates the "
+               "uncertainty of a lead (its interval would lie above 0 by chance far more often than 2.5%)")
     edge_f1_ratio = edge_f1 / cloud_f1 if cloud_f1 > 0 else None
     edge_map_ratio = (base["edge_only"]["map50"] / base["cloud_only"]["map50"]
                       if "map50" in base["edge_only"] and base["cloud_only"].get("map50") else None)

@@ -274,8 +274,8 @@ def differences(counts: Mapping[str, List[np.ndarray]], ours: str, baselines: Se
                 rows: Optional[Mapping[str, List[Dict[str, Any]]]] = None) -> Dict[str, List[Dict[str, Any]]]:
     """Per baseline and rate: F1 of ``ours`` minus the baseline's, with its paired 95% interval
     (same resampled streams) and ``beats`` (the interval lies above 0). ``beats`` is None, not
-    judged, with fewer than :data:`bootstrap.MIN_STREAMS` streams (the interval of one stream
-    has no width) and where either side's row of :func:`at_rates` (``rows``) is ``short``:
+    judged, with fewer than :data:`bootstrap.MIN_STREAMS` streams (so few understate the
+    uncertainty of a lead) and where either side's row of :func:`at_rates` (``rows``) is ``short``:
     ``comparable`` False, the two escalated different shares."""
     if ours not in counts:
         return {}

@@ -18,8 +18,6 @@ POLICY_LABELS = {
     "learned": "edgewise learned gain",
     "oracle": "oracle (knows what escalating gains)",
 }
-#: fewer streams than this and the report says its intervals understate the uncertainty
-MIN_STREAMS = 10
 #: the files :func:`write` writes into the report folder (eval.png only with matplotlib)
 FILES = ("eval.json", "eval.md", "eval.png")
 PAYLOAD_LABELS = {
@@ -105,7 +103,7 @@ def _carry_lines(carry: Optional[Dict[str, Any]], cloud_f1: float) -> List[str]:
 def markdown(result: Dict[str, Any]) -> str:
     base = result["baselines"]
     cloud_f1 = base["cloud_only"]["f1"]
-    streams = result.get("streams", MIN_STREAMS)
+    streams = result.get("streams", bootstrap.MIN_STREAMS)
     lines = [
         f"# edgewise eval: {result['data']} ({result['frames']} frames, {result.get('streams', '?')} "
         f"stream{'' if result.get('streams') == 1 else 's'})",
@@ -119,8 +117,9 @@ def markdown(result: Dict[str, Any]) -> str:
         f"95% intervals from {_bootstrap(result)}."
         + (f" **Only {streams} stream{'' if streams == 1 else 's'}: resampling so few understates the "
            "uncertainty; read the intervals as a floor"
-           + (" (one stream: they have no width, and no lead is judged)" if streams < bootstrap.MIN_STREAMS else "")
-           + ".**" if streams < MIN_STREAMS else ""),
+           + (" (one stream: they have no width)" if streams == 1 else "")
+           + f", and no lead is judged (fewer than {bootstrap.MIN_STREAMS} streams).**"
+           if streams < bootstrap.MIN_STREAMS else ""),
         "",
         *_carry_lines(result.get("carry"), cloud_f1),
         "| run | escalated | F1 (GT) [95% CI] | % of cloud F1 | mAP@0.5 | F1 vs cloud | uplink saved |",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from edgewise_tools.evaluation import bootstrap
 from edgewise_tools.evaluation.evaluating import judge_target
 from edgewise_tools.evaluation.report import markdown
 
@@ -15,13 +16,13 @@ def _row(rate: float, f1: float, escalated: Optional[float] = None) -> Dict[str,
             "map50": 0.5, "f1_vs_cloud": 0.8, "uplink_saved": 0.9}
 
 
-def _result(cloud_f1: float = 0.8, streams: int = 3, ours_at_30: float = 0.3) -> Dict[str, Any]:
+def _result(cloud_f1: float = 0.8, streams: int = 30, ours_at_30: float = 0.3) -> Dict[str, Any]:
     """100 frames; ours (combined) escalates ``ours_at_30`` at the 30% column."""
     base = {"edge_only": {"f1": 0.6, "escalated": 0.0, "map50": 0.5, "f1_vs_cloud": 0.7, "uplink_saved": 1.0},
             "cloud_only": {"f1": cloud_f1, "escalated": 1.0, "map50": 0.6, "f1_vs_cloud": 1.0, "uplink_saved": 0.0}}
     rates = {"random": [_row(0.15, 0.65), _row(0.3, 0.70)],
              "combined": [_row(0.15, 0.76), _row(0.3, 0.78, ours_at_30)]}
-    beats: Optional[bool] = True if streams >= 2 else None
+    beats: Optional[bool] = True if streams >= bootstrap.MIN_STREAMS else None
     short = rates["combined"][1]["short"]
     diffs = {"random": [{"rate": 0.15, "diff": 0.11, "ci": [0.05, 0.15], "beats": beats, "comparable": True},
                         {"rate": 0.3, "diff": 0.08, "ci": [0.02, 0.12], "beats": None if short else beats,
@@ -50,9 +51,9 @@ def test_a_cell_short_of_its_rate_shows_its_share_and_is_not_compared() -> None:
 def test_one_stream_is_said_in_the_singular_and_no_lead_is_bold() -> None:
     md = markdown(_result(streams=1))
     assert "(100 frames, 1 stream)" in md and "**Only 1 stream: resampling so few" in md
-    assert "(one stream: they have no width, and no lead is judged)" in md
+    assert "(one stream: they have no width), and no lead is judged (fewer than 10 streams).**" in md
     assert "**+" not in md and "CI above 0" not in md
-    assert "-> not judged: fewer than 2 streams" in md
+    assert "-> not judged: fewer than 10 streams" in md
     assert "Only 3 streams:" in markdown(_result(streams=3))
 
 
