@@ -154,13 +154,16 @@ class EdgeDaemon:
         down = sorted(c.stream_id for c in self.capturers if c.down)
         # a sink whose last record did not get in (a full disk, a damaged outbox): records wait in memory
         failing = sorted(self.sinks.failing) if self.sinks else []
-        whole = spool["state"] in ("ok", "off") and not down and not failing
+        # the last batch of frames failed in the model (frames dropped, counted inference_error:<type>)
+        infer_failing = self.pipeline is not None and self.pipeline.inference_failing
+        whole = spool["state"] in ("ok", "off") and not down and not failing and not infer_failing
         status = ("ok" if whole else "degraded") if ok else ("stopping" if self.stopping else "starting")
         return ok, {
             "status": status,
             "spool": spool,
             "streams_down": down,
             "sinks_failing": failing,
+            "inference_failing": infer_failing,
             "device": self.settings.device_id,
             "streams": states,
             "frames": self.pipeline.frames_done if self.pipeline else 0,

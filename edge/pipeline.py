@@ -33,6 +33,7 @@ from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edge.sources.capturing import Capturer, FrameQueue
 from edgewise.hardness.signals import RECORD_DECIMALS
+from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,10 @@ class FrameRate:
         return (n - 1) / span
 
 
+def _held_back(held: int) -> str:
+    return f" ({held} more such failures in the last minute not logged)" if held else ""
+
+
 class Pipeline:
     """Runs capturers, the batcher and the decider/emitter until stopped or all sources end."""
 
@@ -143,6 +148,12 @@ class Pipeline:
         #: after ``stop``: the monotonic time from which frames still queued are dropped, not inferred
         self.drop_queued_at: Optional[float] = None
         self._rr = 0
+        #: the last inference call failed (``/healthz`` is degraded until one succeeds): a model that
+        #: fails on every batch processed nothing while the daemon said ``ok``
+        self.inference_failing = False
+        # a failure that repeats on every batch (or frame) is a traceback each time: a few a minute
+        self._infer_log = LogThrottle(60.0, burst=3)
+        self._emit_log = LogThrottle(60.0, burst=3)
 
     # ------------------------------------------------------------------ batching
     def _take_batch(self) -> List[Frame]:
@@ -192,10 +203,15 @@ class Pipeline:
                 try:
                     dets, stage_ms = await loop.run_in_executor(self.executor, run_detector, self.detector, frames)
                 except Exception as exc:
-                    log.exception("inference failed on a batch of %d frames; frames dropped", len(frames))
+                    self.inference_failing = True
+                    held = self._infer_log.allow()
+                    if held is not None:
+                        log.exception("inference failed on a batch of %d frames; frames dropped%s", len(frames),
+                                      _held_back(held))
                     for f in frames:
                         self.metrics.drops.labels(f.stream_id, f"inference_error:{type(exc).__name__}").inc()
                     continue
+                self.inference_failing = False
                 self.metrics.batch_size.observe(len(frames))
                 await out.put((frames, dets, dict(stage_ms, dequeued=dequeued)))
         finally:
@@ -213,7 +229,10 @@ class Pipeline:
                 try:
                     self._emit(frame, dets, stage_ms, dequeued)
                 except Exception:
-                    log.exception("frame %s/%d failed after inference; skipped", frame.stream_id, frame.seq)
+                    held = self._emit_log.allow()
+                    if held is not None:
+                        log.exception("frame %s/%d failed after inference; skipped%s", frame.stream_id, frame.seq,
+                                      _held_back(held))
                     self.metrics.drops.labels(frame.stream_id, "emit_error").inc()
             await asyncio.sleep(0)  # let escalation tasks and captures run between batches
 

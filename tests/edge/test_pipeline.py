@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import urllib.request
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from edge.daemon import EdgeDaemon
 from edge.settings import load_settings
+from edgewise.errors import ConfigError
 from tests.edge.helpers import policy_yaml, read_jsonl, settings_yaml
 from tests.waiting import async_wait_until
 
@@ -379,3 +381,53 @@ def test_digits_scene_stream_through_the_daemon(tmp_path, tiny_model):
     assert sorted(r["frame_seq"] for r in recs) == list(range(6))
     assert {(r["width"], r["height"]) for r in recs} == {(160, 120)}
     assert d.capturers[0].source.scene is not None
+
+
+def _fails_on_bright_frames(path: Path) -> Path:
+    """A YOLOv5-shaped model that ONNX Runtime runs on the daemon's black start-up frame but fails
+    on any brighter one (a Gather whose index grows with the brightest pixel)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.edgewise.runtime.graphs import fake_yolo, names_meta
+
+    fake_yolo(path, imgsz=32, nc=2, metadata=names_meta(["a", "b"]))
+    model = onnx.load(str(path))
+    g = model.graph
+    for node in g.node:
+        if "output0" in node.output:
+            node.output[0] = "head"
+    g.initializer.extend([numpy_helper.from_array(np.array([0.0], np.float32), "one_value"),
+                          numpy_helper.from_array(np.array(10.0, np.float32), "ten")])
+    g.node.extend([
+        helper.make_node("ReduceMax", ["images"], ["brightest"], keepdims=0),
+        helper.make_node("Mul", ["brightest", "ten"], ["scaled"]),
+        helper.make_node("Cast", ["scaled"], ["index"], to=TensorProto.INT64),
+        helper.make_node("Gather", ["one_value", "index"], ["zero"]),  # out of bounds past 0
+        helper.make_node("Add", ["head", "zero"], ["output0"]),
+    ])
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_model_failing_on_every_batch_logs_a_few_tracebacks_and_health_says_so(tmp_path, caplog):
+    # every failed batch was a full traceback in the log, and /healthz said ok while the daemon
+    # processed nothing
+    import cv2
+    import numpy as np
+
+    model = _fails_on_bright_frames(tmp_path / "bright.onnx")
+    folder = tmp_path / "shots"
+    folder.mkdir()
+    for i in range(12):
+        assert cv2.imwrite(str(folder / f"{i:02d}.png"), np.full((32, 32, 3), 255, np.uint8))
+    d = EdgeDaemon(base_settings(tmp_path, model, [{"id": "f", "kind": "folder", "uri": str(folder)}]))
+    with caplog.at_level(logging.ERROR, logger="edge.pipeline"), pytest.raises(ConfigError, match="no frame was processed"):
+        asyncio.run(asyncio.wait_for(d.run(), 60))
+    failed = [r for r in caplog.records if r.getMessage().startswith("inference failed")]
+    assert 1 <= len(failed) <= 3 and all(r.exc_info for r in failed), [r.getMessage() for r in failed]
+    assert d.metrics.registry.get_sample_value(
+        "edgewise_edge_dropped_total", {"stream": "f", "reason": "inference_error:InvalidArgument"}) == 12
+    health = d.health()[1]
+    assert health["inference_failing"] is True and d.pipeline is not None and d.pipeline.frames_done == 0
