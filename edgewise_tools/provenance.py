@@ -11,7 +11,7 @@ import hashlib
 import json
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import edgewise
 from edgewise.errors import InvalidInputError
@@ -87,15 +87,22 @@ def provenance(models: Mapping[str, PathLike], policy: Optional[PathLike] = None
     }
 
 
+def data_text(name: str, d: Mapping[str, Any], fields: Sequence[str] = ("preset", "split", "seed", "streams", "frames"),
+              quote: str = "`") -> str:
+    """``test data `PATH` (preset camera, split test, seed 21, ...)``: a data set of a provenance
+    block, with those of ``fields`` it has (nothing in brackets when it has none: a folder
+    without ``dataset.json``)."""
+    desc = ", ".join(f"{f} {d[f]}" for f in fields if f in d)
+    return f"{name} data {quote}{d['path']}{quote}" + (f" ({desc})" if desc else "")
+
+
 def markdown(prov: Mapping[str, Any]) -> str:
     """One paragraph naming everything in the block."""
     models = ", ".join(f"{k} `{v['path']}` (sha256 {v['sha256']})" for k, v in prov["models"].items())
     parts = [f"edgewise {prov['edgewise']}, commit {prov['commit']}, {prov['date']}", f"models: {models}"]
     if prov.get("policy"):
         parts.append(f"policy `{prov['policy']['path']}` (sha256 {prov['policy']['sha256']})")
-    for k, d in prov.get("data", {}).items():
-        desc = ", ".join(f"{f} {d[f]}" for f in ("preset", "split", "seed", "streams", "frames") if f in d)
-        parts.append(f"{k} data `{d['path']}` ({desc})")
+    parts += [data_text(k, d) for k, d in prov.get("data", {}).items()]
     extra = {k: v for k, v in prov.items() if k not in ("edgewise", "commit", "date", "models", "policy", "data")}
     parts += [f"{k}: {v}" for k, v in extra.items()]
     return "Produced by " + "; ".join(parts) + "."

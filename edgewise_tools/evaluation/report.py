@@ -72,9 +72,7 @@ def plot_title(result: Dict[str, Any]) -> str:
     if not prov:
         return ""
     models = ", ".join(f"{k} {v['path']} ({v['sha256']})" for k, v in prov.get("models", {}).items())
-    data = "; ".join(f"{k} data {d['path']}"
-                     + (" (" + ", ".join(f"{f} {d[f]}" for f in ("preset", "split", "seed") if f in d) + ")"
-                        if any(f in d for f in ("preset", "split", "seed")) else "")
+    data = "; ".join(provenance.data_text(k, d, ("preset", "split", "seed"), quote="")
                      for k, d in prov.get("data", {}).items()) or f"data {result['data']}"
     return (f"edgewise {prov['edgewise']}, commit {prov['commit']}, {prov['date']}; models: {models}\n{data}; "
             f"policy {result['policy']}; payload {result.get('payload', 'full')}; 95% intervals from "

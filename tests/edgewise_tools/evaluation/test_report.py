@@ -100,3 +100,19 @@ def test_the_report_and_its_plot_name_what_produced_them(tmp_path) -> None:
     assert f"test data {data} (preset camera, split test, seed 23)" in title
     assert "commit " in title and "policy p.yaml" in title and "(seed 0)" in title
     assert plot_title(_result()) == ""  # no provenance block: no title
+
+
+def test_a_data_folder_without_its_dataset_json_is_named_without_empty_brackets(tmp_path) -> None:
+    # the report's provenance paragraph wrote "test data `PATH` ()" for such a folder
+    from edgewise_tools.evaluation.report import plot_title
+    from edgewise_tools.provenance import markdown as provenance_markdown
+    from edgewise_tools.provenance import provenance
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"x")
+    data = tmp_path / "shots"
+    data.mkdir()
+    prov = provenance({"edge": model}, None, {"test": data})
+    text = provenance_markdown(prov)
+    assert f"test data `{data}`" in text and "()" not in text, text
+    assert f"test data {data};" in plot_title(dict(_result(), provenance=prov))
