@@ -33,6 +33,14 @@ Things paho does not do, each of which would otherwise keep a connection down fo
 * paho cannot take back a message: one given up (an escalation past its deadline, spooled for
   a replay) still went out once the broker read again, so a stalled broker's backlog of given-up
   requests reached the cloud all at once. ``Client.withdraw`` forgets one never written yet.
+* A message with a *Message Expiry Interval* (the edge's escalation: its deadline) that paho
+  still held when its connection was lost went out again after the reconnect, with the whole
+  interval: the broker counts it from the message's arrival (MQTT 5.0, 3.3.2.3.3), so it
+  handed the gateway requests the edge had given up on (spooled) long before, in one burst
+  after a hung broker's outage (hundreds; their workers' queues then timed out the live
+  escalations behind them; found by a probe). ``Client`` notes when each such message was
+  published; ``drop_expired``, from ``on_connect`` before ``on_connack``, forgets those whose
+  interval has passed since.
 * A message whose topic is not UTF-8 (MQTT 5.0, 1.5.4: a broker must not send one; a hostile
   broker, or a man in the middle without TLS, can) made ``message.topic`` raise in the
   ``on_message`` of both ends, and paho let that end its network thread: the edge took no
@@ -111,6 +119,8 @@ class Client(mqtt.Client):
         self._forced = threading.local()  # publish_as: the mid this thread's next publish takes
         self._bad_topic_log = LogThrottle(60.0, burst=3)
         self._loop_log = LogThrottle(60.0, burst=3)
+        #: mid -> time.monotonic() its Message Expiry Interval ends, of a message paho holds
+        self._expires_at: Dict[int, float] = {}
 
     def _handle_on_message(self, message: Any) -> None:
         """Hand a message to ``on_message``, unless its topic is not UTF-8 (the module docstring)."""
@@ -196,6 +206,41 @@ class Client(mqtt.Client):
     def release_mid(self, mid: int) -> None:
         with self._mid_generate_mutex:
             self._reserved.discard(mid)
+
+    def publish(self, topic: str, payload: Any = None, qos: int = 0, retain: bool = False,
+                properties: Optional[Properties] = None) -> mqtt.MQTTMessageInfo:
+        """paho's ``publish``; a QoS 1 or 2 message with a Message Expiry Interval is noted for
+        ``drop_expired``."""
+        expiry = getattr(properties, "MessageExpiryInterval", None) if properties is not None else None
+        info = super().publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        with self._out_message_mutex:
+            if qos > 0 and isinstance(expiry, int) and expiry > 0 and info.mid in self._out_messages:
+                self._expires_at[info.mid] = time.monotonic() + expiry  # (its PUBACK may have come already)
+            else:  # (no entry may outlive its message: a mid is used again)
+                self._expires_at.pop(info.mid, None)
+        return info
+
+    def _do_on_publish(self, mid: int, reason_code: Any, properties: Any) -> Any:
+        """(paho, under ``_out_message_mutex``) A message's exchange ended (PUBACK, PUBCOMP)."""
+        self._expires_at.pop(mid, None)
+        return super()._do_on_publish(mid, reason_code, properties)
+
+    def drop_expired(self) -> Dict[int, str]:
+        """Forget the messages paho holds whose Message Expiry Interval has passed since they were
+        published (the module docstring): called from ``on_connect``, before ``on_connack`` sends
+        them again; their mids and topics. Their publisher gave up on them: the broker would take
+        each as new, with its whole interval."""
+        now = time.monotonic()
+        dropped: Dict[int, str] = {}
+        with self._out_message_mutex:
+            for mid, ends in list(self._expires_at.items()):
+                m = self._out_messages.get(mid)
+                if m is None or ends <= now:
+                    del self._expires_at[mid]
+                if m is not None and ends <= now:
+                    del self._out_messages[mid]
+                    dropped[mid] = m.topic
+        return dropped
 
     def publish_as(self, mid: int, topic: str, payload: bytes, qos: int,
                    properties: Optional[Properties] = None) -> mqtt.MQTTMessageInfo:
@@ -327,6 +372,7 @@ class Client(mqtt.Client):
             if m is None or m.info is not info or m.state not in _UNSENT or m.dup:
                 return False
             del self._out_messages[info.mid]
+            self._expires_at.pop(info.mid, None)
             return True
 
     def drop_queued_over(self, max_qos: int) -> Dict[int, str]:
@@ -337,5 +383,6 @@ class Client(mqtt.Client):
             for mid, m in list(self._out_messages.items()):
                 if m.qos > max_qos:
                     del self._out_messages[mid]
+                    self._expires_at.pop(mid, None)
                     dropped[mid] = m.topic
         return dropped

@@ -572,7 +572,18 @@ class MqttConnection:
     def _drop_unsendable(self) -> None:
         """(paho's thread, in CONNACK) What paho holds at a QoS over the broker's Maximum QoS
         would make it drop the connection again at once, after every reconnect. Drop it, and
-        settle each as refused (an escalation fails and spools, a record stays in the outbox)."""
+        settle each as refused (an escalation fails and spools, a record stays in the outbox).
+        An escalation request past its deadline (its Message Expiry Interval) is dropped too,
+        unsettled: its escalation gave up at the deadline (spooled, or kept its edge result),
+        and sent again the broker would hand it to the gateway as new (``Client.drop_expired``)."""
+        expired = self.client.drop_expired()
+        with self.lock:
+            for mid in expired:
+                self._waiting.pop(mid, None)
+                self._exchanges.pop(mid, None)
+        if expired:
+            log.info("MQTT reconnected to %s:%d: %d escalation requests past their deadline are not sent again "
+                     "(their escalations were spooled or kept their edge result)", self.host, self.port, len(expired))
         for mid, topic in self.client.drop_queued_over(self.max_qos).items():
             with self.lock:
                 entry = self._waiting.pop(mid, None)

@@ -8,6 +8,7 @@ a refused TLS handshake."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 
@@ -15,13 +16,15 @@ import cv2
 import grpc
 import numpy as np
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from edge.transports import RECONNECT_DELAY_S, MeteredTransport, TransportError
 from edge.transports.grpc import GrpcTransport
 from edge.transports.mqtt import MqttConnection, MqttTransport
 from edgewise.v1 import detect_pb2
 from tests.cloud.gateway.pki import Pki
-from tests.conftest import configured_mosquitto, free_port, in_process_cloud_class
+from tests.conftest import TopicRecorder, configured_mosquitto, free_port, in_process_cloud_class
 from tests.waiting import async_wait_until
 
 TOKENS = [{"device": "d", "token": "s3cret"}]
@@ -191,6 +194,48 @@ def test_mqtt_request_response_with_correlation_through_the_gateway_bridge(tiny_
             await t.close()
             conn.stop()
         asyncio.run(run())
+
+
+def test_requests_past_their_deadline_are_not_sent_again_after_the_broker_comes_back(mosquitto):
+    """A hung broker (SIGSTOP: the connection stays open, nothing is answered): the escalations
+    time out and the edge gives up on them, but paho held their requests and sent them all again
+    after the reconnect, each with its whole Message Expiry Interval, so the broker handed the
+    gateway requests the edge had spooled long before (hundreds after a minute's hang)."""
+    conn = MqttConnection(mosquitto.host, mosquitto.port, client_id="edge-stale", keepalive_s=60)
+    conn.start()
+    t = MqttTransport(conn, "d")
+    recorder = None
+
+    async def run():
+        nonlocal recorder
+        await t.start()
+        await async_wait_until(lambda: conn.connected.is_set(), 10, "the edge connected")
+        os.kill(mosquitto.proc.pid, signal.SIGSTOP)
+        try:
+            for i in range(3):
+                with pytest.raises(TransportError) as ei:
+                    await t.detect(request(i), 0.3)  # 1 s of Message Expiry Interval
+                assert ei.value.status == detect_pb2.DEADLINE_EXCEEDED
+            props = Properties(PacketTypes.PUBLISH)
+            props.MessageExpiryInterval = 60
+            conn.publish(t.request_topic, b"fresh", props)  # held by paho too, within its interval
+            await asyncio.sleep(1.0)  # past the escalations' interval
+        finally:
+            mosquitto.proc.kill()  # (a stopped process dies of SIGKILL)
+            mosquitto.stop()
+        mosquitto.start()
+        recorder = TopicRecorder(mosquitto, t.request_topic, client_id="stale-requests")  # before paho's 1 s
+        await async_wait_until(lambda: conn.connected.is_set(), 10, "the reconnect")
+        await async_wait_until(lambda: recorder.messages, 5, "the request still within its interval")
+        await asyncio.sleep(0.3)
+        assert [payload for _, payload in recorder.messages] == [b"fresh"]  # the expired ones: not sent
+        assert conn._waiting == {}
+    try:
+        asyncio.run(run())
+    finally:
+        conn.stop()
+        if recorder is not None:
+            recorder.stop()
 
 
 def test_grpc_mutual_tls_and_bearer_token(tmp_path, tiny_model):
