@@ -41,6 +41,13 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   escalations behind them; found by a probe). ``Client`` notes when each such message was
   published; ``drop_expired``, from ``on_connect`` before ``on_connack``, forgets those whose
   interval has passed since.
+* paho's ``loop_stop`` ends its network thread only once every QoS 1 and 2 message is
+  acknowledged, or the connection dies: after a ``disconnect()`` whose DISCONNECT cannot be
+  written (a broker that hangs, or a link that went dead, with the socket's buffers full of
+  unacknowledged escalations) that was the keepalive, 30 s and more: the edge's stop took 39 s
+  with a hung broker, past systemd's ``TimeoutStopSec=30`` (found by a probe). ``loop_stop``
+  gives the broker ``STOP_FLUSH_S`` to answer, then shuts the socket down: what is
+  unacknowledged is the outbox's and the spool's to send again, never lost with the thread.
 * A message whose topic is not UTF-8 (MQTT 5.0, 1.5.4: a broker must not send one; a hostile
   broker, or a man in the middle without TLS, can) made ``message.topic`` raise in the
   ``on_message`` of both ends, and paho let that end its network thread: the edge took no
@@ -80,6 +87,9 @@ MAX_MID = 65535
 #: Over a link of round trip r the MQTT sink carries about (its share of this) / (2 r) records
 #: a second at QoS 2 (``bench/mqtt_sink.py``): 20 held a device to 75 records/s at 100 ms, 25 at 300
 MAX_INFLIGHT = 100
+#: seconds ``Client.loop_stop`` waits for the broker to acknowledge what is in flight before it
+#: shuts the connection down (a broker that answers takes milliseconds)
+STOP_FLUSH_S = 2.0
 _OWES_PUBREL = (mqtt.mqtt_ms_wait_for_pubcomp, mqtt.mqtt_ms_resend_pubrel)
 _SENT = (mqtt.mqtt_ms_wait_for_puback, mqtt.mqtt_ms_wait_for_pubrec)
 #: states of a message paho holds back: beyond the in-flight bound, or published while disconnected
@@ -152,6 +162,21 @@ class Client(mqtt.Client):
                     self._lost()
         finally:
             self._thread = None
+
+    def loop_stop(self) -> Any:
+        """paho's, bounded (the module docstring): the network thread ends within about
+        ``STOP_FLUSH_S`` whatever the broker does."""
+        thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            self._thread_terminate = True
+            thread.join(STOP_FLUSH_S)
+            shutdown = getattr(self._sock, "shutdown", None)  # (a TCP or TLS socket)
+            if thread.is_alive() and shutdown is not None:
+                try:  # the loop reads the end of the connection, and ends as after a lost one
+                    shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        return super().loop_stop()
 
     def _lost(self) -> None:
         """End the connection a failed network loop leaves in an unknown state (a packet may be

@@ -206,3 +206,29 @@ def test_withdraw_forgets_only_the_message_it_was_given_and_only_before_it_was_w
     c._out_messages[held.mid].dup = False
     assert c.withdraw(held) and held.mid not in c._out_messages
     assert not c.withdraw(held)  # gone already
+def test_a_stop_does_not_wait_for_a_hung_broker_to_acknowledge(mosquitto) -> None:
+    """A hung broker (SIGSTOP: the connection stays open, nothing is read or answered) and the
+    socket's buffers full of unacknowledged QoS 1 messages (escalations of full frames): paho's
+    ``loop_stop`` after ``disconnect()`` waited for their PUBACKs until the keepalive ended the
+    connection, and the edge's stop took 39 s, past systemd's TimeoutStopSec=30. The connection
+    is now shut down after ``STOP_FLUSH_S`` (2 s)."""
+    import os
+    import signal
+    import time
+
+    conn = MqttConnection("127.0.0.1", mosquitto.port, client_id="stops-on-time", keepalive_s=60)
+    conn.start()
+    wait_until(conn.connected.is_set, 10, "the connection")
+    os.kill(mosquitto.proc.pid, signal.SIGSTOP)
+    try:
+        payload = b"x" * (1 << 20)
+        for _ in range(40):  # more than the socket buffers of both ends take
+            conn.publish("edgewise/cam-1/escalate", payload)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        conn.stop()
+        took = time.monotonic() - t0
+    finally:
+        os.kill(mosquitto.proc.pid, signal.SIGCONT)
+    assert took < 5, took  # STOP_FLUSH_S and the loop's last turn
+    assert conn.client._thread is None
