@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 
 from cloud.worker.batching import (  # a worker's refusals of its own
     BUSY_MARK,
+    EXPIRED_MARK,
     NOT_SERVING_MARK,
     TOO_SHORT_MARK,
 )
@@ -114,6 +115,10 @@ class Outcome(enum.Enum):
     FAILURE = "failure"      # the worker looks bad: UNAVAILABLE, INTERNAL, reset
     TIMED_OUT = "timed_out"  # the hop's deadline passed: a failure, unless the deadline was too short
     #                          for the worker to answer (see Balancer._release)
+    #: the worker answered that it queued the request and removed it, its deadline out of reach
+    #: (:data:`EXPIRED_MARK`): a failure like ``TIMED_OUT``, unless the gateway sent that worker a
+    #: higher-priority request after it, which went first (see Balancer._release)
+    EXPIRED = "expired"
     CANCELLED = "cancelled"  # the client gave up: says nothing about the worker
     NOT_SERVING = "not_serving"  # the worker refused for it does not serve (yet): paused, not a failure
 
@@ -127,10 +132,14 @@ def outcome_of(wire_status: int, message: str = "") -> Outcome:
     UNAUTHENTICATED) and OK say it works. A worker refusing up front a deadline closer than
     its batch-of-one time (``message`` carries :data:`TOO_SHORT_MARK`) answered correctly for
     the client's deadline: ``CANCELLED``, nothing against the worker. One refusing because it
-    does not serve (:data:`NOT_SERVING_MARK`) is ``NOT_SERVING``: paused, not failed.
+    does not serve (:data:`NOT_SERVING_MARK`) is ``NOT_SERVING``: paused, not failed. One that
+    queued the request and expired it (:data:`EXPIRED_MARK`) is ``EXPIRED``, told from a hop that
+    ran out on a worker answering nothing (``TIMED_OUT``).
     """
     if refused_too_short(wire_status, message):
         return Outcome.CANCELLED
+    if status.row(wire_status).status == status.DEADLINE_EXCEEDED and EXPIRED_MARK in message:
+        return Outcome.EXPIRED
     if refused_not_serving(wire_status, message):
         return Outcome.NOT_SERVING
     return _OUTCOMES.get(status.row(wire_status).status, Outcome.OK)
@@ -329,7 +338,7 @@ class Ticket:
         if self._released:
             return False
         self._released = True
-        if outcome is Outcome.TIMED_OUT and self.hopeless():
+        if outcome in (Outcome.TIMED_OUT, Outcome.EXPIRED) and self.hopeless():
             outcome = Outcome.CANCELLED  # the client asked for less time than any answer takes
         return self._balancer._release(self.address, outcome, self.cost, self)
 
@@ -791,8 +800,11 @@ class Balancer:
             ep.idle_answer_s = took if ep.idle_answer_s is None else ep.idle_answer_s + 0.2 * (took - ep.idle_answer_s)
         level = ep.levels.get(ticket.priority) if ticket is not None else None
         if level is not None and ticket is not None:
-            if outcome is Outcome.TIMED_OUT and level.overtaken_at > ticket.seq:
-                outcome = Outcome.CANCELLED  # higher priority sent after it went first: not the worker's fault
+            if outcome is Outcome.EXPIRED and level.overtaken_at > ticket.seq:
+                # the worker served a higher priority sent after it first: not its fault; a hop that
+                # ran out (TIMED_OUT) still counts, or a hung worker holding requests of rising
+                # priority (the edge's hardness percentiles) kept its picks
+                outcome = Outcome.CANCELLED
             level.requests -= 1
             level.work = max(0.0, level.work - cost)
             if level.requests <= 0:
@@ -815,7 +827,7 @@ class Balancer:
                 log.warning("worker %s paused: it answered that it is not serving (warming up or shutting down)",
                             ep.name)
             ep.paused = True
-        elif outcome is Outcome.FAILURE or outcome is Outcome.TIMED_OUT:
+        elif outcome in (Outcome.FAILURE, Outcome.TIMED_OUT, Outcome.EXPIRED):
             ep.consecutive_failures += 1
             if ep.consecutive_failures >= c.consecutive_failures and not ep.ejected(now):
                 self._maybe_eject(ep, now)

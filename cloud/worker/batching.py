@@ -85,6 +85,12 @@ TOO_SHORT_MARK = "send a later deadline"
 #: by its first refusals, so keep it.
 NOT_SERVING_MARK = "not serving"
 
+#: Ends the answer to a request this worker queued and then removed, its deadline no longer in
+#: reach: the gateway tells it from a hop that ran out on a worker answering nothing, and does
+#: not hold it against the worker when it sent it a higher-priority request meanwhile
+#: (cloud.gateway.balancing.outcome_of), so keep it.
+EXPIRED_MARK = "removed from the queue before inference"
+
 #: Ends a refusal for this worker's load alone (its queue full, its decode budget spent): the
 #: gateway sends the request on to another worker with room (cloud.gateway.balancing.refused_busy),
 #: so keep it; a RESOURCE_EXHAUSTED without it (a message over the size limit) is not retried.

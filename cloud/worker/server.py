@@ -41,6 +41,7 @@ from grpc_health.v1.health import aio as health_aio
 from cloud.binding import add_health, grpc_port, parsed, server_options, socket_port_async
 from cloud.worker.batching import (
     BUSY_MARK,
+    EXPIRED_MARK,
     TOO_SHORT_MARK,
     Batch,
     Batcher,
@@ -412,7 +413,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             batch = self.batcher.next_batch(now, flush=self._draining)
             for job in self.batcher.expired(now):
                 self._fail(job, DeadlineExceededError(
-                    "deadline could not be met: removed from the queue before inference"))
+                    f"deadline could not be met: {EXPIRED_MARK}"))
             self.metrics.queue_depth.set(self.batcher.depth)
             if batch is not None:
                 await self._run(batch)

@@ -19,6 +19,8 @@ from cloud.gateway.balancing import (
     outcome_of,
     should_retry,
 )
+from cloud.worker.batching import EXPIRED_MARK
+from edgewise import status
 from edgewise.v1 import detect_pb2
 
 
@@ -205,12 +207,25 @@ def test_admission_counts_only_the_work_a_worker_serves_before_the_requests_prio
 
 def test_a_request_overtaken_by_higher_priority_expiring_is_not_the_workers_fault():
     b, clock = make([1], consecutive_failures=1, max_ejection_percent=100.0)
+    expired = outcome_of(status.DEADLINE_EXCEEDED, f"worker w0: DEADLINE_EXCEEDED: deadline could not be met: "
+                                                   f"{EXPIRED_MARK}")
+    assert expired is Outcome.EXPIRED
     low = must(b.pick(priority=0))
     must(b.pick(priority=90))  # the worker serves this one first
-    low.release(Outcome.TIMED_OUT)
+    low.release(expired)
     assert not b.endpoints["w0"].ejected(clock()) and b.endpoints["w0"].consecutive_failures == 0
     after = must(b.pick(priority=0))  # sent after the priority-90 one: nothing overtook it
-    after.release(Outcome.TIMED_OUT)
+    after.release(expired)
+    assert b.endpoints["w0"].ejected(clock())
+
+
+def test_a_hop_that_ran_out_counts_though_a_higher_priority_overtook_it():
+    """The worker answered nothing (hung): being overtaken does not explain that, and with the
+    edge's priorities (hardness percentiles) nearly every request is overtaken."""
+    b, clock = make([1], consecutive_failures=1, max_ejection_percent=100.0)
+    low = must(b.pick(priority=0))
+    must(b.pick(priority=90))
+    low.release(outcome_of(status.DEADLINE_EXCEEDED, "worker w0: DEADLINE_EXCEEDED: Deadline Exceeded"))
     assert b.endpoints["w0"].ejected(clock())
 
 

@@ -91,6 +91,36 @@ def test_a_hung_worker_is_ejected_and_every_request_it_loses_is_counted():
     run(main())
 
 
+def test_a_hung_worker_is_ejected_though_each_request_it_holds_was_overtaken_by_a_higher_priority():
+    """The edge sends each frame's hardness percentile as its priority, so requests in flight on
+    a worker are overtaken by higher ones all the time. A queued request the worker itself
+    expired is not held against it when one was (docs/design/balancing.md#priority), but a hop
+    that ran out on a worker that answers nothing is: five requests of rising priority, all held
+    by a hung worker whose model thread is wedged (Load still answers), eject it. Before, only
+    the last, never overtaken, counted and the worker kept its picks."""
+    async def main():
+        hung = HungWorker("hung")
+        gw = await started([(hung, 1)])
+        b = gw.pool.balancer
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                calls = []
+                for i in range(5):
+                    req = request(seq=i)
+                    req.priority = 10 * i
+                    calls.append(asyncio.ensure_future(_detect(stub, req, timeout=0.6)))
+                    while hung.calls <= i:  # picked in this order
+                        await asyncio.sleep(0.005)
+                results = await asyncio.gather(*calls)
+            assert [r[0] for r in results] == ["DEADLINE_EXCEEDED"] * 5, results
+            assert b.endpoints[hung.address].ejections == 1
+        finally:
+            await gw.stop(0)
+            await hung.stop(0)
+    run(main())
+
+
 def test_a_worker_whose_load_polls_time_out_is_paused_until_one_answers():
     """Load polls every 0.2 s time out after 0.2 s: after three in a row the worker is paused
     (no picks, not_serving in /pool); a poll that answers brings it back."""
