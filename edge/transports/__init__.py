@@ -19,8 +19,9 @@ except ImportError:  # pragma: no cover
     from typing_extensions import Protocol  # type: ignore[assignment]
 
 #: How the edge reconnects to its cloud, either transport: the first wait and the largest, in
-#: seconds, doubling in between (paho's reconnect delay; gRPC's reconnect backoff, whose own
-#: largest, 120 s, kept escalations failing for up to two minutes after a long outage ended).
+#: seconds (paho's reconnect delay, doubling in between; gRPC's reconnect backoff, growing 1.6
+#: times with +-20% jitter, whose own largest, 120 s, kept escalations failing for up to two
+#: minutes after a long outage ended).
 RECONNECT_DELAY_S = (1, 30)
 
 
