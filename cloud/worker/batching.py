@@ -421,9 +421,9 @@ class Batcher(Generic[T]):
     def _batch_time(self, size: int) -> float:
         """Measured compute time of a batch of ``size``: its own estimate, else the line between
         the nearest sizes measured below and above it (warm-up measures 1 and the maximum; a
-        batch's time is about a fixed cost plus a cost per image, and where it grows less than
-        linearly, as on a GPU, the line errs long), else the next larger size measured, else the
-        largest measured scaled up linearly; 0 before any."""
+        batch's time is about a fixed cost plus a cost per image, for which the line is exact,
+        and where the curve is concave the line errs short until the size is measured), else the
+        next larger size measured, else the largest measured scaled up linearly; 0 before any."""
         measured = sorted(k for k, e in self._size_s.items() if e.value)
         if not measured:
             return 0.0
