@@ -388,8 +388,13 @@ class MqttConnection:
         ``on_done`` is never called then."""
         if self.client.withdraw(info):
             with self.lock:
-                self._waiting.pop(info.mid, None)
-                self._early.pop(info.mid, None)
+                self._forget(info.mid)
+
+    def _forget(self, mid: int) -> Optional[Tuple[str, Optional[OnDone], str]]:
+        """(under ``lock``) Everything kept for a message paho no longer holds; its waiting entry."""
+        self._exchanges.pop(mid, None)
+        self._early.pop(mid, None)
+        return self._waiting.pop(mid, None)
 
     def stop(self) -> None:
         """Disconnect and end paho's thread; again: nothing."""
@@ -579,15 +584,13 @@ class MqttConnection:
         expired = self.client.drop_expired()
         with self.lock:
             for mid in expired:
-                self._waiting.pop(mid, None)
-                self._exchanges.pop(mid, None)
+                self._forget(mid)
         if expired:
             log.info("MQTT reconnected to %s:%d: %d escalation requests past their deadline are not sent again "
                      "(their escalations were spooled or kept their edge result)", self.host, self.port, len(expired))
         for mid, topic in self.client.drop_queued_over(self.max_qos).items():
             with self.lock:
-                entry = self._waiting.pop(mid, None)
-                self._exchanges.pop(mid, None)
+                entry = self._forget(mid)
             refused = self._qos_refusal(topic)
             if entry is None:
                 self._report(refused, "")
