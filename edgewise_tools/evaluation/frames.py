@@ -153,6 +153,10 @@ def fit_warnings(policy: Policy, data: Path, names: Optional[Sequence[str]] = No
             for w in found]
 
 
+#: why frames missing from a stream matter to a replay
+_AS_CONSECUTIVE = "are replayed as consecutive ones (motion, the tracker and the policy's budget see a gap as one frame)"
+
+
 def stride_problem(data: Path) -> Optional[str]:
     """Why the frames of ``data`` are not consecutive frames of their streams (its
     ``dataset.json`` says ``stride`` k > 1: one frame kept in k, as ``edgewise synth --stride``
@@ -166,14 +170,13 @@ def stride_problem(data: Path) -> Optional[str]:
     stride = dataset_meta(data).get("stride", 1)
     if stride != 1 or stride.__class__ is not int:
         return (f"its dataset.json says stride {stride!r}: it keeps one frame in {stride!r} of its streams, whose "
-                "frames are replayed as consecutive ones (motion, the tracker and the policy's budget see a gap as "
-                "one frame)")
+                f"frames {_AS_CONSECUTIVE}")
     last: Dict[int, int] = {}
     for stream, fno, _, _ in list_frames(data):  # in stream and frame order
         if stream in last and fno != last[stream] + 1:
             return (f"stream {stream} goes from frame {last[stream]} to frame {fno} (s{stream:03d}_f{last[stream] + 1:06d}"
-                    f"{'' if fno == last[stream] + 2 else ' and more'} missing in images/), and its frames are replayed "
-                    "as consecutive ones (motion, the tracker and the policy's budget see a gap as one frame)")
+                    f"{'' if fno == last[stream] + 2 else ' and more'} missing in images/), and its frames "
+                    f"{_AS_CONSECUTIVE}")
         last[stream] = fno
     return None
 
