@@ -103,11 +103,15 @@ class HoldingProxy(Listener):
 
 
 def start_sink(port: int, outbox: Path, count: int, log: Path) -> subprocess.Popen[bytes]:
+    """The sink process; it prints ``written`` to ``log``.out once all ``count`` records are in its outbox."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with open(log, "ab") as err:
+    with open(log, "ab") as err, open(written_log(log), "wb") as out:
         return subprocess.Popen([sys.executable, "-m", "tests.edge.mqtt_sink_process", "127.0.0.1", str(port),
-                                 str(outbox), TOPIC, str(count)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                stderr=err)
+                                 str(outbox), TOPIC, str(count)], cwd=ROOT, env=env, stdout=out, stderr=err)
+
+
+def written_log(log: Path) -> Path:
+    return log.with_suffix(".out")
 
 
 def rows(outbox: Path) -> List[tuple]:
@@ -143,8 +147,9 @@ def killed_and_restarted(tmp_path: Path, hold: int, broker: str, in_flight: int,
         sink = start_sink(proxy.port, outbox, records, log)
         try:
             released = in_flight if hold == PUBCOMP else 0  # what the broker delivered before the kill
-            wait_until(lambda: sink.poll() is None and proxy.held >= in_flight
-                       and len(recorder.messages) >= released, 30, f"{in_flight} {hold} packets held")
+            # every record in the outbox (on a slow machine the window is held before the last is written)
+            wait_until(lambda: sink.poll() is None and proxy.held >= in_flight and len(recorder.messages) >= released
+                       and "written" in written_log(log).read_text(), 30, f"{in_flight} {hold} packets held")
             sink.send_signal(signal.SIGKILL)
             sink.wait(10)
             left = rows(outbox)
