@@ -173,21 +173,22 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     hardness = scoring.combined_scores(records, sig.weights, sig.combine)
     scores: Dict[str, List[np.ndarray]] = {
         "random": [scoring.random_scores(records, seed) for seed in range(RANDOM_SEEDS)],
-        "sedna_threshold": [scoring.sedna_threshold_scores(records)],
-        "sedna_ibt": [scoring.sedna_ibt_scores(records)],
-        "combined": [hardness],
+        # a policy whose scores tie is averaged over as many tie-break draws as random over seeds
+        "sedna_threshold": scoring.tie_draws(scoring.sedna_threshold_scores(records), RANDOM_SEEDS),
+        "sedna_ibt": scoring.tie_draws(scoring.sedna_ibt_scores(records), RANDOM_SEEDS),
+        "combined": scoring.tie_draws(hardness, RANDOM_SEEDS),
     }
     learned: Dict[str, Any] = {"trained": False}
     if cfg.train_data is not None:
         train = _collect(cfg, Path(cfg.train_data), edge, cloud, policy, [mode])
         model = scoring.fit_gain_model(train, merge, info={"trainData": str(cfg.train_data)}, mode=mode)
-        scores["learned"] = [model.predict(scoring.features(records))]
+        scores["learned"] = scoring.tie_draws(model.predict(scoring.features(records)), RANDOM_SEEDS)
         learned = {"trained": True, "train_frames": len(train), "importance": model.importance()}
         if cfg.model_out is not None:
             learned["file"] = str(model.save(cfg.model_out))
     else:
         learned["why"] = "no --train-data given"
-    scores[scoring.ORACLE] = [scoring.f1_gain(records, merge, mode)]
+    scores[scoring.ORACLE] = scoring.tie_draws(scoring.f1_gain(records, merge, mode), RANDOM_SEEDS)
     # the policy's whole-frame refresh goes with its own payload mode
     pl = policy.spec.payload
     sending = hybrid.own_sending(policy, cfg.fps) if mode == pl.mode else mode
@@ -211,18 +212,20 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     thresholds = [round(float(t), 3) for t in np.linspace(0.0, 1.0, 21)]
     sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, merge, sending, lag)
     at = _judged_index(cfg.rates, cfg.target_rate)
-    our_mask = hybrid.top_fraction(scores[ours][0], cfg.rates[at], streams=streams, gap=gaps.get(ours, 0))
+    # the same draws as its row of at_rates
+    our_masks = [hybrid.top_fraction(v, cfg.rates[at], seed=i, streams=streams, gap=gaps.get(ours, 0))
+                 for i, v in enumerate(scores[ours])]
     payloads = {m: {"cloud_only": hybrid.cloud_only(records, nc, m)[0],
-                    "at_target_rate": hybrid.evaluate(records, our_mask, nc, merge, m, lag)}
+                    "at_target_rate": hybrid.evaluate_draws(records, our_masks, nc, merge, m, lag)}
                 for m in modes}
     if isinstance(sending, hybrid.Sending):  # the policy's mode with its refresh, beside the pure modes
         payloads[f"{mode}+whole"] = {
             "cloud_only": hybrid.cloud_only(records, nc, sending)[0],
-            "at_target_rate": hybrid.evaluate(records, our_mask, nc, merge, sending, lag)}
+            "at_target_rate": hybrid.evaluate_draws(records, our_masks, nc, merge, sending, lag)}
     carrying = {"frames": carry.frames, "min_match": carry.min_match, "scope": carry.scope, "lag_frames": lag,
                 "cooldown_frames": gap,
-                "ours_at_target_rate": hybrid.evaluate(records, our_mask, nc, merge, sending, lag),
-                "ours_without_carry": hybrid.evaluate(records, our_mask, nc, merge, sending)}
+                "ours_at_target_rate": hybrid.evaluate_draws(records, our_masks, nc, merge, sending, lag),
+                "ours_without_carry": hybrid.evaluate_draws(records, our_masks, nc, merge, sending)}
     data_meta = {"test": cfg.data, **({"policy_fit": cfg.train_data} if cfg.train_data else {})}
     return {
         "provenance": provenance({"edge": cfg.edge, "cloud": cfg.cloud}, cfg.policy, data_meta,

@@ -169,6 +169,13 @@ def evaluate_frames(
     }, per_frame
 
 
+def evaluate_draws(records: Sequence[FrameRecord], masks: Sequence[np.ndarray], nc: int, merge: Merge = REPLACE,
+                   mode: Mode = "full", carry_lag: Optional[int] = None) -> Dict[str, float]:
+    """:func:`evaluate`'s metrics averaged over selections (a policy's tie-break draws, random's seeds)."""
+    runs = [evaluate(records, m, nc, merge, mode, carry_lag) for m in masks]
+    return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+
+
 def cloud_only(records: Sequence[FrameRecord], nc: int, mode: Mode = "full") -> Tuple[Dict[str, float], np.ndarray]:
     """:func:`evaluate_frames` of the cloud model alone: every frame sent in ``mode``, the
     cloud's boxes its answer (``replace``; with a crop payload the edge's boxes outside every

@@ -24,7 +24,7 @@ is escalated), so the comparison is about *which* frames each policy picks:
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -38,6 +38,17 @@ from edgewise_tools.evaluation.metrics import Counts, match_counts
 
 NEVER = -1.0  # score of frames a filter can never call hard
 ORACLE = "oracle"
+
+
+def tie_draws(scores: np.ndarray, draws: int) -> List[np.ndarray]:
+    """A policy's scores as the vectors :func:`~edgewise_tools.evaluation.hybrid.at_rates`
+    averages: ``draws`` copies when frames tie (each copy's ties broken by another seeded
+    shuffle, :func:`~edgewise_tools.evaluation.hybrid.top_fraction`), else the one vector. The
+    combined hardness saturates at 1.0 on 17-22% of a camera set's frames, so below that rate its
+    selection is a draw among them: one draw moved its F1 at 15% by up to 3.6 points over 10
+    seeds, as much as the leads it was judged on, while random sampling was averaged over 5."""
+    v = np.asarray(scores, np.float64)
+    return [v] * draws if len(np.unique(v)) < len(v) else [v]
 
 
 def random_scores(records: Sequence[FrameRecord], seed: int = 0) -> np.ndarray:

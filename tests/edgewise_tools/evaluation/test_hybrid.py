@@ -457,3 +457,15 @@ def test_a_lead_on_fewer_than_ten_streams_is_not_judged() -> None:
         d = run(n)
         assert d["ci"][0] > 0 and d["beats"] is None
     assert run(10)["beats"] is True
+
+
+def test_a_policy_whose_scores_tie_is_averaged_over_tie_break_draws() -> None:
+    """Frames that tie at the rate's cut are a seeded draw (top_fraction): a policy that ties (the
+    combined hardness saturates at 1.0) is averaged over draws, as random is over seeds; one with
+    no ties needs one."""
+    tied = np.array([1.0, 1.0, 1.0, 0.2])
+    draws = scoring.tie_draws(tied, 5)
+    assert len(draws) == 5 and all((d == tied).all() for d in draws)
+    assert len(scoring.tie_draws(np.array([0.3, 0.1, 0.2]), 5)) == 1
+    masks = [hybrid.top_fraction(d, 0.25, seed=i) for i, d in enumerate(draws)]
+    assert len({tuple(m) for m in masks}) > 1 and all(not m[3] for m in masks)  # different draws, never the lowest
