@@ -33,7 +33,7 @@ from edgewise.hardness import (
     TrackerState,
     compute_signals,
 )
-from edgewise.hardness.signals import score_bands
+from edgewise.hardness.signals import as_recorded, score_bands
 from edgewise.imagefiles import read_image_file
 from edgewise.policy import Policy
 from edgewise.policy.schema import Merge
@@ -433,6 +433,7 @@ def collect(
         h, w = img.shape[:2]
         gt_boxes, gt_cls = to_pixels(labels[v.label_path], w, h)
         signals, trackers[stream] = compute_signals(e_op, trackers.get(stream), cfg, (w, h), mot.signals)
+        signals = as_recorded(signals)  # the precision the daemon decides on (edge.deciding)
         full, full_bytes = _roundtrip(img, pl.jpeg_quality)
         if "full" in modes:
             c_op, c_all, c_ms = _run(cloud, full, low_c)
@@ -507,7 +508,8 @@ def set_signals(records: Sequence[FrameRecord], policy: Policy) -> None:
         if cfg is None:
             cfg = configs[(r.stream, size)] = policy.signal_config(stream_id(r.stream), size)
         motion = {k: r.signals.get(k, 0.0) for k in MOTION_SIGNALS}
-        r.signals, trackers[r.stream] = compute_signals(r.edge, trackers.get(r.stream), cfg, size, motion)
+        signals, trackers[r.stream] = compute_signals(r.edge, trackers.get(r.stream), cfg, size, motion)
+        r.signals = as_recorded(signals)  # the precision the daemon decides on (edge.deciding)
 
 
 def shift(d: Detections, offset: Tuple[int, int], size: Tuple[int, int]) -> Detections:

@@ -47,12 +47,24 @@ def test_box_signals_follow_the_policy_motion_signals_stay_as_collected() -> Non
     records = [_record(i, 0.3, 0.1 * i) for i in range(4)]
     set_signals(records, parse_policy(POLICY % 0.25))
     assert all(r.signals["uncertain_count"] > 0 for r in records)  # 0.3 is inside [0.25, 0.6]
-    assert [r.signals["motion"] for r in records] == [0.1 * i for i in range(4)]
-    assert [r.signals["motion_blobs"] for r in records] == [0.05 * i for i in range(4)]
+    assert [r.signals["motion"] for r in records] == [round(0.1 * i, 4) for i in range(4)]
+    assert [r.signals["motion_blobs"] for r in records] == [round(0.05 * i, 4) for i in range(4)]
     set_signals(records, parse_policy(POLICY % 0.4))
     assert all(r.signals["uncertain_count"] == 0 for r in records)  # now below the band
-    assert [r.signals["motion"] for r in records] == [0.1 * i for i in range(4)]
+    assert [r.signals["motion"] for r in records] == [round(0.1 * i, 4) for i in range(4)]
     assert set(MOTION_SIGNALS) <= set(records[0].signals)
+
+
+def test_signals_are_kept_at_the_precision_the_daemon_decides_on() -> None:
+    """The daemon decides on its signals rounded to the record's precision (edge.deciding,
+    ``as_recorded``); the evaluation decided on the unrounded ones, so a frame on the threshold
+    could go one way in the daemon and the other in ``eval`` and ``check-policy --data``."""
+    from edgewise.hardness.signals import as_recorded
+
+    records = [_record(i, 0.3 + 0.0123456 * i, 0.1 * i + 1e-6) for i in range(4)]
+    set_signals(records, parse_policy(POLICY % 0.25))
+    assert all(r.signals == as_recorded(r.signals) for r in records)
+    assert any(v != round(v, 3) for r in records for v in r.signals.values())  # not rounded more than that
 
 
 # --------------------------------------------------------------------------- a malformed dataset
