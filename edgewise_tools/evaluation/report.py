@@ -93,7 +93,7 @@ def _carry_lines(carry: Optional[Dict[str, Any]], cloud_f1: float) -> List[str]:
             f"(template match >= {carry['min_match']:g}; a newer answer replaces them"
             f"{' only inside the regions it saw' if carry.get('scope') == 'regions' else ''}), "
             f"from {carry['lag_frames']} frame(s) after the "
-            f"escalated frame; our policies keep the policy's cooldown ({carry['cooldown_frames']} frames). "
+            f"escalated frame; every policy keeps the policy's cooldown ({carry['cooldown_frames']} frames). "
             f"Our policy at the target rate: {_share(on['f1'], cloud_f1)} of cloud F1 carrying, "
             f"{_share(off['f1'], cloud_f1)} with the same frames escalated and nothing carried.", ""]
 
@@ -161,7 +161,7 @@ def markdown(result: Dict[str, Any]) -> str:
     if short:
         cooldown = (result.get("carry") or {}).get("cooldown_frames")
         lines += ["", "† escalated less than the column's rate by more than one frame"
-                  + (f": our policies keep the policy's cooldown ({cooldown} frames apart in a stream), which "
+                  + (f": the policies keep the policy's cooldown ({cooldown} frames apart in a stream), which "
                      "allows at most the share shown" if cooldown else "")
                   + "; not compared with the other policies at that rate (no lead, best policy or verdict "
                   "is drawn from it)."]

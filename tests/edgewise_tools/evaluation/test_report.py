@@ -38,7 +38,7 @@ def test_a_cell_short_of_its_rate_shows_its_share_and_is_not_compared() -> None:
     md = markdown(_result(ours_at_30=0.27))
     # 27 of 100 frames at the 30% column: 3 frames short
     assert "| 0.780 (97.5%) [96.2, 98.8] at 27.0%† |" in md
-    assert "† escalated less than the column's rate by more than one frame: our policies keep the policy's " \
+    assert "† escalated less than the column's rate by more than one frame: the policies keep the policy's " \
            "cooldown (3 frames apart in a stream)" in md
     assert "| **+13.8 [+6.2, +18.8]** | not comparable†: +10.0 [+2.5, +15.0] |" in md  # 15%: bold; 30%: not judged
     assert "-> not comparable: the cooldown allows at most 27.0% of frames escalated, not 30.0%" in md
