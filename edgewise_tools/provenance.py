@@ -11,25 +11,40 @@ import hashlib
 import json
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import edgewise
 from edgewise.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 PathLike = Union[str, Path]
+NAMED = 8  # uncommitted files a provenance block names
 
 
-def git_commit(root: Path = ROOT) -> str:
-    """``<sha>`` of HEAD (``+dirty`` with uncommitted changes to tracked files), or "unknown"."""
+def git_state(root: Path = ROOT) -> Tuple[str, List[str]]:
+    """``<sha>`` of HEAD (``+dirty`` with uncommitted changes to tracked files, "unknown" when git
+    cannot say) and the tracked files so changed. A run takes it before it writes anything: a
+    report folder in the tree (``models/camera/eval``) would otherwise call its own run dirty."""
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-z", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return sha + ("+dirty" if dirty else "") if sha else "unknown"
+        return "unknown", []
+    changed: List[str] = []
+    entries = iter(status.split("\0"))
+    for e in entries:  # "XY path", NUL-terminated; a rename's or copy's source follows as an entry of its own
+        if len(e) > 3:
+            changed.append(e[3:])
+            if "R" in e[:2] or "C" in e[:2]:
+                next(entries, None)
+    return (sha + ("+dirty" if changed else "") if sha else "unknown"), changed
+
+
+def git_commit(root: Path = ROOT) -> str:
+    """:func:`git_state`'s commit."""
+    return git_state(root)[0]
 
 
 def file_id(path: PathLike) -> Dict[str, Any]:
@@ -74,11 +89,16 @@ def dataset_id(data: PathLike) -> Dict[str, Any]:
 
 
 def provenance(models: Mapping[str, PathLike], policy: Optional[PathLike] = None,
-               data: Optional[Mapping[str, PathLike]] = None, **extra: Any) -> Dict[str, Any]:
-    """The provenance block of a report."""
+               data: Optional[Mapping[str, PathLike]] = None, state: Optional[Tuple[str, List[str]]] = None,
+               **extra: Any) -> Dict[str, Any]:
+    """The provenance block of a report; ``state`` is :func:`git_state` as the run began (taken
+    now when not given). A dirty tree's changed files are named (the first :data:`NAMED`)."""
+    commit, changed = git_state() if state is None else state
     return {
         "edgewise": edgewise.__version__,
-        "commit": git_commit(),
+        "commit": commit,
+        **({"uncommitted": changed[:NAMED] + ([f"{len(changed) - NAMED} more"] if len(changed) > NAMED else [])}
+           if changed else {}),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "models": {k: file_id(v) for k, v in models.items()},
         "policy": file_id(policy) if policy is not None else None,
@@ -99,10 +119,12 @@ def data_text(name: str, d: Mapping[str, Any], fields: Sequence[str] = ("preset"
 def markdown(prov: Mapping[str, Any]) -> str:
     """One paragraph naming everything in the block."""
     models = ", ".join(f"{k} `{v['path']}` (sha256 {v['sha256']})" for k, v in prov["models"].items())
-    parts = [f"edgewise {prov['edgewise']}, commit {prov['commit']}, {prov['date']}", f"models: {models}"]
+    commit = f"commit {prov['commit']}" + (f" (uncommitted: {', '.join(prov['uncommitted'])})"
+                                           if prov.get("uncommitted") else "")
+    parts = [f"edgewise {prov['edgewise']}, {commit}, {prov['date']}", f"models: {models}"]
     if prov.get("policy"):
         parts.append(f"policy `{prov['policy']['path']}` (sha256 {prov['policy']['sha256']})")
     parts += [data_text(k, d) for k, d in prov.get("data", {}).items()]
-    extra = {k: v for k, v in prov.items() if k not in ("edgewise", "commit", "date", "models", "policy", "data")}
+    extra = {k: v for k, v in prov.items() if k not in ("edgewise", "commit", "uncommitted", "date", "models", "policy", "data")}
     parts += [f"{k}: {v}" for k, v in extra.items()]
     return "Produced by " + "; ".join(parts) + "."

@@ -22,7 +22,7 @@ from edgewise_tools.evaluation.frames import (
     list_frames,
     stride_problem,
 )
-from edgewise_tools.provenance import dataset_meta, provenance
+from edgewise_tools.provenance import dataset_meta, git_state, provenance
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,7 @@ def check_train_data(data: Path, train: Path) -> None:
 
 def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     check_config(cfg)
+    state = git_state()  # before the run writes its gain model (into the tree, for the shipped pair)
     policy = load_policy(cfg.policy)
     mode = cfg.payload or policy.spec.payload.mode
     modes = list(dict.fromkeys(["full", *cfg.payloads, mode, policy.spec.payload.mode]))
@@ -229,7 +230,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
                 "ours_without_carry": hybrid.evaluate_draws(records, our_masks, nc, merge, sending)}
     data_meta = {"test": cfg.data, **({"policy_fit": cfg.train_data} if cfg.train_data else {})}
     return {
-        "provenance": provenance({"edge": cfg.edge, "cloud": cfg.cloud}, cfg.policy, data_meta,
+        "provenance": provenance({"edge": cfg.edge, "cloud": cfg.cloud}, cfg.policy, data_meta, state,
                                  cloud_input=cloud.input_size),
         "data": str(cfg.data), "frames": n, "streams": n_streams, "edge_model": str(cfg.edge),
         "cloud_model": str(cfg.cloud), "policy": str(cfg.policy), "merge": merge.strategy, "payload": mode,

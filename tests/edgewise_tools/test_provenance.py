@@ -1,0 +1,44 @@
+"""The provenance block's commit: a tree's uncommitted changes are named, and a run that
+writes its reports into the tree takes the state before it writes."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from edgewise_tools.provenance import NAMED, git_state, markdown, provenance
+
+
+def _repo(tmp_path: Path) -> Path:
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    for name in ("a.py", "b.py", "old.md", *(f"r{i}.json" for i in range(NAMED + 2))):
+        (tmp_path / name).write_text("x\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    return tmp_path
+
+
+def test_a_clean_tree_is_its_commit_and_a_changed_one_names_its_files(tmp_path) -> None:
+    root = _repo(tmp_path)
+    commit, changed = git_state(root)
+    assert len(commit) == 12 and "+" not in commit and changed == []
+    (root / "a.py").write_text("y\n")
+    subprocess.run(["git", "-C", str(root), "mv", "old.md", "new.md"], check=True)
+    (root / "untracked.txt").write_text("not part of the tree\n")
+    commit2, changed = git_state(root)
+    assert commit2 == commit + "+dirty"
+    assert sorted(changed) == ["a.py", "new.md"]  # a rename once, by its new name; untracked files are not changes
+
+
+def test_the_block_names_at_most_a_few_changed_files(tmp_path) -> None:
+    root = _repo(tmp_path)
+    for i in range(NAMED + 2):
+        (root / f"r{i}.json").write_text("y\n")
+    block = provenance({}, state=git_state(root))
+    assert block["commit"].endswith("+dirty")
+    assert len(block["uncommitted"]) == NAMED + 1 and block["uncommitted"][-1] == "2 more"
+    assert "(uncommitted: r" in markdown(block)
+    assert "uncommitted" not in provenance({}, state=("0123456789ab", []))
