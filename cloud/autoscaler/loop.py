@@ -4,7 +4,9 @@ Each tick (every ``interval_s``, like HPA's 15 s sync period):
 
 1. ``GET /pool`` from every gateway replica, in parallel, each with a timeout.
    A gateway URL whose host resolves to several addresses (a headless Service)
-   is polled at every address, so all replicas are counted.
+   is polled at every address, so all replicas are counted. A lookup the resolver has not
+   answered within the timeout fails that URL's poll and is awaited again at the next tick,
+   never started a second time (``cloud.discovery.dns.OneLookup``, as the gateway's discovery).
 2. Aggregate (pure, :func:`aggregate`): in-flight is *summed* over gateways
    (each gateway's requests are separate load); capacity is summed over
    *distinct* ready workers (every gateway sees the same workers, so summing the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http.client
 import ipaddress
 import json
@@ -46,6 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from cloud.autoscaler.kube import ScaleConflictError, ScaleTarget, ThrottledError
 from cloud.autoscaler.scaling import Decision, PoolSample, Scaler
+from cloud.discovery.dns import OneLookup, Resolver, getaddrinfo_resolver
 from edgewise.errors import EdgewiseError, InvalidInputError
 from edgewise.observability import process_registry
 
@@ -293,12 +297,14 @@ class GatewayPoller:
     """Polls every gateway replica's ``/pool``."""
 
     def __init__(self, urls: Sequence[str], *, timeout_s: float = 2.0, resolve: bool = True,
-                 metrics: AutoscalerMetrics | None = None) -> None:
+                 metrics: AutoscalerMetrics | None = None, resolver: Resolver | None = None) -> None:
         self.urls = list(urls)
         self.timeout = timeout_s
         self.resolve = resolve
         self.metrics = metrics
         self.arrivals = ArrivalRate()
+        self._resolver: Resolver = resolver or getaddrinfo_resolver
+        self._lookups: dict[tuple[str, int], OneLookup[list[str]]] = {}  # (host, port) -> its lookup
 
     async def _targets(self, url: str) -> list[tuple[str, str | None]]:
         """(url to fetch, Host header) per address of the URL's host."""
@@ -313,10 +319,12 @@ class GatewayPoller:
         if not self.resolve or literal or parts.scheme == "https":
             return [(pool_url, None)]
         port = parts.port or 80
-        # getaddrinfo has no timeout of its own: a resolver that does not answer held the whole tick
-        infos = await asyncio.wait_for(
-            asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), self.timeout)
-        ips = sorted({str(i[4][0]) for i in infos})
+        # getaddrinfo has no timeout of its own: a resolver that does not answer held the whole tick,
+        # and a lookup started anew at every tick left one more thread hung in it each time
+        lookup = self._lookups.get((host, port))
+        if lookup is None:
+            lookup = self._lookups[(host, port)] = OneLookup(functools.partial(self._resolver, host, port))
+        ips = sorted(await lookup.result(self.timeout))
         out: list[tuple[str, str | None]] = []
         for ip in ips:
             netloc = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
@@ -334,8 +342,8 @@ class GatewayPoller:
         for url in self.urls:
             try:
                 ts = await self._targets(url)
-            except (OSError, ValueError, asyncio.TimeoutError) as exc:  # not resolvable (in time); a bad port
-                self._error("resolve", url, exc)                         # or host (UnicodeError is one)
+            except (OSError, LookupError, ValueError) as exc:  # not resolvable (in time); a bad port
+                self._error("resolve", url, exc)               # or host (UnicodeError is one)
                 expected += 1
                 continue
             expected += len(ts)

@@ -21,6 +21,7 @@ never empties the pool. A lookup still unanswered after one interval (a resolver
 that does not answer: glibc gives up only after its own timeouts and attempts
 per server) counts as such an error too; it is awaited again at the next poll,
 not started a second time, and draining addresses still leave on time meanwhile.
+That rule is :class:`OneLookup`, which the autoscaler's gateway poll uses too.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from cloud.discovery.base import Endpoint, EndpointState, number_option
 from cloud.discovery.static import format_address
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 #: ``resolver(host, port) -> addresses``; raises :class:`LookupError` for "no such
 #: name" and :class:`OSError` for transient failures.
 Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+T = TypeVar("T")
 
 _NO_SUCH_NAME = {
     getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, n)
@@ -65,6 +69,46 @@ async def getaddrinfo_resolver(host: str, port: int, family: int = socket.AF_UNS
             if ip not in out:
                 out.append(ip)
     return out
+
+
+class LookupUnanswered(TimeoutError):
+    """A lookup gave no answer within the caller's timeout (it goes on), or was cancelled."""
+
+
+class OneLookup(Generic[T]):
+    """At most one lookup at a time: one still unanswered after a caller's ``timeout`` goes on,
+    and the next call awaits it instead of starting another.
+
+    ``getaddrinfo`` has no timeout of its own and runs in an executor thread that cannot be
+    stopped: a poll that gave up on it (``wait_for``) and started a new lookup at every interval
+    left one more thread hung in the resolver each time, until they filled the default executor
+    that the poll's other calls need too. An answer that comes after a caller gave up is what
+    the next call returns."""
+
+    def __init__(self, start: Callable[[], Awaitable[T]]) -> None:
+        self._start = start
+        self._pending: asyncio.Future[T] | None = None
+
+    async def result(self, timeout: float) -> T:
+        """The lookup's answer, or what it raised; :class:`LookupUnanswered` when it has not
+        answered within ``timeout`` seconds (it is kept for the next call) or was cancelled."""
+        loop = asyncio.get_running_loop()
+        lookup = self._pending
+        if lookup is None or lookup.get_loop() is not loop:  # another loop's cannot be awaited here
+            lookup = self._pending = asyncio.ensure_future(self._start())
+        if not lookup.done():
+            await asyncio.wait({lookup}, timeout=timeout)
+            if not lookup.done():
+                raise LookupUnanswered(f"no answer for {timeout:g} s or more")
+        self._pending = None
+        if lookup.cancelled():
+            raise LookupUnanswered("cancelled")
+        return lookup.result()
+
+    def cancel(self) -> None:
+        """Stop waiting for the lookup in progress (the thread of a ``getaddrinfo`` runs on)."""
+        if self._pending is not None:
+            self._pending.cancel()
 
 
 @dataclass
@@ -132,28 +176,23 @@ class DnsDiscovery:
         self.port = port
         self.interval_s = interval_s
         self.tracker = DnsTracker(port=port, weight=weight, drain_s=interval_s if drain_s is None else drain_s)
-        self._resolve: Resolver = resolver or getaddrinfo_resolver
+        resolve: Resolver = resolver or getaddrinfo_resolver
         self._clock = clock
         self._closed = asyncio.Event()
         self.resolve_errors = 0  # transient failures (last set kept)
-        self._lookup: asyncio.Future[list[str]] | None = None  # a lookup not answered yet
+        self._lookup: OneLookup[list[str]] = OneLookup(lambda: resolve(self.name, self.port))
 
     async def _resolve_once(self) -> list[str] | None:
-        if self._lookup is None:
-            self._lookup = asyncio.ensure_future(self._resolve(self.name, self.port))
-        lookup = self._lookup
-        await asyncio.wait({lookup}, timeout=self.interval_s)
-        if not lookup.done():
+        try:
+            return await self._lookup.result(self.interval_s)
+        except LookupUnanswered:
+            if self._closed.is_set():
+                return None
             self.resolve_errors += 1
             log.warning("dns discovery: resolving %s has not answered for %g s or more; keeping the last %d "
                         "endpoints (check the resolver in /etc/resolv.conf)", self.name, self.interval_s,
                         len(self.tracker._ready))
             return None
-        self._lookup = None
-        if lookup.cancelled():  # closed
-            return None
-        try:
-            return lookup.result()
         except LookupError as exc:
             log.info("dns discovery: %s; pool is empty", exc)
             return []
@@ -177,5 +216,4 @@ class DnsDiscovery:
 
     async def close(self) -> None:
         self._closed.set()
-        if self._lookup is not None:
-            self._lookup.cancel()
+        self._lookup.cancel()

@@ -669,6 +669,49 @@ def test_a_gateway_name_the_resolver_does_not_answer_fails_its_poll_in_time(monk
         "edgewise_autoscaler_gateway_poll_errors_total", {"reason": "resolve"}) == 1.0
 
 
+def test_a_hung_lookup_is_awaited_again_not_started_at_every_poll(monkeypatch, gateways) -> None:
+    """A lookup given up on at the poll's timeout went on in its executor thread, and the next poll
+    started another: one more thread hung in the resolver per tick, until they filled the default
+    executor that the /pool fetches and the scale read need. As the gateway's DNS discovery does,
+    the lookup still unanswered is awaited again (``OneLookup``), and its late answer is used."""
+    import threading
+
+    real = socket.getaddrinfo
+    release = threading.Event()
+    calls: list[str] = []
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host == "gateway.hung.example":
+            calls.append(host)
+            release.wait(30)
+            return real("127.0.0.1", *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    metrics = AutoscalerMetrics()
+    port = gateways[0].port
+    poller = GatewayPoller([f"http://gateway.hung.example:{port}", gateways[1].url], timeout_s=0.1, metrics=metrics)
+
+    async def polls():
+        try:
+            samples = [await asyncio.wait_for(poller.poll(float(i)), 5) for i in range(5)]
+            release.set()
+            await asyncio.sleep(0.2)  # the lookup answers after the fifth poll gave up on it
+            samples.append(await asyncio.wait_for(poller.poll(5.0), 5))
+            return samples
+        finally:
+            release.set()
+
+    samples = asyncio.run(polls())
+    # each lookup is an executor thread held in the resolver until the release
+    assert len(calls) == 1, f"{len(calls)} lookups (threads hung in the resolver) for 5 polls"
+    assert all(s is not None and not s.complete for s in samples[:5])  # the other gateway's sample is taken
+    assert metrics.registry.get_sample_value(
+        "edgewise_autoscaler_gateway_poll_errors_total", {"reason": "resolve"}) == 5.0
+    assert samples[5] is not None and samples[5].complete  # the late answer: both gateways polled
+    assert gateways[0].hits == 1
+
+
 def test_error_counters_start_at_zero_with_every_reason_the_loop_counts() -> None:
     """A series that first appears at 1 has no increase() in Prometheus: the first failed poll
     or scale call never fired the documented "autoscaler blind" query."""
