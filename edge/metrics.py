@@ -27,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from edge.sources.base import SourceState
 from edgewise.errors import ConfigError
 from edgewise.observability import process_registry
+from edgewise.policy.deciding import ESCALATING_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ AGE_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24
 #: bad policy (``increase(edgewise_edge_policy_reloads_total{result="refused"}[15m]) > 0``) or the
 #: first escalations a full spool evicted went unseen.
 RELOAD_RESULTS = ("ok", "refused", "error")
+#: ``outcome`` of ``edgewise_edge_escalations_total``, each with every reason of
+#: ``ESCALATING_REASONS``: the first escalations a dead cloud spooled or dropped showed in no
+#: ``rate()`` (docs/metrics.md's outcome queries, the spool alert's description).
+ESCALATION_OUTCOMES = ("ok", "spooled", "late", "edge_only", "dropped", "error")
 SPOOL_EVENTS = ("put", "refused", "disk_full", "write_failed", "ack_failed", "corrupt", "salvaged", "salvage_failed",
                 "recreated", "replayed", "rejected", "expired", "evicted", "nack", "sink_failed")
 #: Seconds a metrics connection may stay silent before it is closed.
@@ -87,6 +92,9 @@ class EdgeMetrics:
             self.spool_events.labels(event)
         for result in RELOAD_RESULTS:
             self.reloads.labels(result)
+        for reason in ESCALATING_REASONS:
+            for outcome in ESCALATION_OUTCOMES:
+                self.escalations.labels(reason, outcome)
         self.drops = Counter("edgewise_edge_dropped", "Dropped frames by stream and reason", ["stream", "reason"], registry=r)
         self.truncated = Counter(
             "edgewise_edge_truncated_videos", "Video files that ended before their header's frame count",

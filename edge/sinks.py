@@ -460,6 +460,7 @@ class MqttSink:
         self._reported_drops = 0
         self.held = HeldRecords("the MQTT sink's outbox")
         self.last_epoch = max((epoch_of_key(k) for k in outbox.late_keys()), default=-1)
+        conn.publishes_to(topic)
         if metrics is not None:
             conn.measure(metrics)
         #: outbox ids the last process left in flight (resumed at start, never handed over anew:

@@ -92,7 +92,7 @@ from edge.transports import (
 from edgewise import mqtt_topics, status
 from edgewise.clienttls import FollowedContext, client_context
 from edgewise.filewatch import FollowedFiles
-from edgewise.mqtt_client import Client
+from edgewise.mqtt_client import Client, OffTableReason
 from edgewise.mqtt_packets import (
     PROTOCOL_MAX_PACKET,
     broker_max_packet_size,
@@ -166,6 +166,16 @@ _HINTS: Dict[int, str] = {
 }
 
 
+#: Every failure reason code a publish can be refused with: those of PUBACK and PUBREC (MQTT 5.0
+#: sections 3.4.2.1, 3.5.2.1), Mosquitto's Packet too large, the edge's own QoS refusal.
+REFUSAL_CODES = (0x80, 0x83, 0x87, 0x90, 0x91, PACKET_TOO_LARGE, 0x97, 0x99, QOS_NOT_SUPPORTED)
+
+
+def reason_label(reason: str) -> str:
+    """A reason code's name as a metric label: ``not_authorized``, ``packet_too_large``."""
+    return reason.lower().replace(" ", "_")
+
+
 _QOS2_HINT = ("the MQTT sink publishes at QoS 2 where the broker takes it, and sends the message again at "
               "QoS 1 (at least once); let the broker take QoS 2 (Mosquitto: remove max_qos)")
 
@@ -188,7 +198,7 @@ class Refusal(NamedTuple):
     @property
     def label(self) -> str:
         """The reason as a metric label: ``not_authorized``, ``packet_too_large``."""
-        return self.reason.lower().replace(" ", "_")
+        return reason_label(self.reason)
 
 
 def refusal(topic: str, reason: Any) -> Refusal:
@@ -217,6 +227,13 @@ class MqttMetrics:
         self.refused = Counter(
             "edgewise_edge_mqtt_refused", "Publishes the MQTT broker refused (PUBACK reason code >= 0x80) or "
             "that were over its maximum packet size, by topic and reason", ["topic", "reason"], registry=registry)
+
+    def publishing_to(self, topic: str) -> None:
+        """Export ``topic``'s refusals at 0 with every reason (``REFUSAL_CODES``): a series that first
+        appears at 1 has no increase() in Prometheus, so the first refusal on a topic (a broker ACL
+        that denies the device: every escalation refused) never fired the MQTT refusal alert."""
+        for code in REFUSAL_CODES:
+            self.refused.labels(topic, reason_label(OffTableReason(code).getName()))
 
 
 _METRICS: weakref.WeakKeyDictionary[Any, MqttMetrics] = weakref.WeakKeyDictionary()
@@ -317,6 +334,7 @@ class MqttConnection:
         self._refusal_log = LogThrottle(10.0, burst=5)
         self._note_log = LogThrottle(60.0, burst=3)
         self.metrics: Optional[MqttMetrics] = None
+        self.topics: List[str] = []  # what is published through this connection (``publishes_to``)
         if metrics is not None:
             self.measure(metrics)
 
@@ -336,6 +354,15 @@ class MqttConnection:
         if self.metrics is None:
             self.metrics = _metrics_of(metrics.registry)
             self.metrics.connected.set(1 if self.connected.is_set() else 0)
+            for topic in self.topics:
+                self.metrics.publishing_to(topic)
+
+    def publishes_to(self, topic: str) -> None:
+        """Note a topic the caller publishes to: its refusal counts are exported from the start."""
+        if topic not in self.topics:
+            self.topics.append(topic)
+            if self.metrics is not None:
+                self.metrics.publishing_to(topic)
 
     def start(self) -> None:
         # connect_async + loop_start: the first connection and every reconnect
@@ -729,6 +756,7 @@ class MqttTransport:
         self.request_topic = mqtt_topics.escalate_topic(topic_prefix, device_id)
         self.response_topic = mqtt_topics.response_topic(
             topic_prefix, device_id, mqtt_topics.check_segment(conn.client_id, "MQTT client id"))
+        conn.publishes_to(self.request_topic)
         self.token = token
         self.pending: Dict[bytes, asyncio.Future[bytes]] = {}
         self.loop: Optional[asyncio.AbstractEventLoop] = None

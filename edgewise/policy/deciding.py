@@ -52,6 +52,8 @@ Clock = Callable[[], float]
 
 #: ``Decision.reason`` values (stable: used as metric labels).
 REASONS = ("hard", "always", "audit", "below_threshold", "stream_never")
+#: The reasons an escalated frame carries (label ``reason`` of ``edgewise_edge_escalations_total``).
+ESCALATING_REASONS = ("hard", "always", "audit")
 #: ``Decision.suppressed_by`` values.
 SUPPRESSORS = ("cooldown", "priority", "budget_fraction", "budget_rate")
 

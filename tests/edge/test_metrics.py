@@ -139,3 +139,25 @@ def test_counters_alerts_read_with_increase_start_at_zero():
     assert used and used <= set(SPOOL_EVENTS), used - set(SPOOL_EVENTS)
     used = set(re.findall(r'reloads\.labels\("(\w+)"\)', source))
     assert used and used <= set(RELOAD_RESULTS), used - set(RELOAD_RESULTS)
+
+
+def test_escalations_start_at_zero_with_every_reason_and_outcome():
+    """Their series appeared at the first escalation of each reason and outcome, at 1, which has
+    no increase() or rate() in Prometheus: the first escalations a dead cloud made the daemon
+    spool or drop showed nowhere in ``sum by (outcome) (rate(edgewise_edge_escalations_total[5m]))``."""
+    from pathlib import Path
+
+    from prometheus_client import generate_latest
+
+    text = generate_latest(EdgeMetrics().registry).decode()
+    outcomes = ("ok", "spooled", "late", "edge_only", "dropped", "error")
+    for reason in ("hard", "always", "audit"):
+        for outcome in outcomes:
+            assert f'edgewise_edge_escalations_total{{outcome="{outcome}",reason="{reason}"}} 0.0' in text \
+                or f'edgewise_edge_escalations_total{{reason="{reason}",outcome="{outcome}"}} 0.0' in text, \
+                (reason, outcome)
+    # every outcome the daemon counts is one exported from the start (the spool's: record.outcome)
+    source = Path(__file__).resolve().parents[2].joinpath("edge", "escalating.py").read_text()
+    used = set(re.findall(r'escalations\.labels\([^,()]+, "(\w+)"\)', source))
+    used |= set(re.findall(r'record\.outcome = "(\w+)"', source)) - {"cloud"}  # "cloud" is counted as "ok"
+    assert used and used <= set(outcomes), used - set(outcomes)

@@ -536,3 +536,47 @@ def test_the_edge_announces_the_largest_answer_it_takes_and_the_broker_sends_it_
     assert over.status == detect_pb2.DEADLINE_EXCEEDED and over.spoolable, over
     assert after.frame_seq == 3
     assert not warnings_with(caplog, "disconnected")
+
+
+#: ``edgewise_edge_mqtt_refused_total``'s reasons: every PUBACK/PUBREC failure code, Mosquitto's
+#: Packet too large, the edge's own QoS refusal
+REFUSAL_REASONS = ("unspecified_error", "implementation_specific_error", "not_authorized", "topic_name_invalid",
+                   "packet_identifier_in_use", "packet_too_large", "quota_exceeded", "payload_format_invalid",
+                   "qos_not_supported")
+
+
+def test_refusals_start_at_zero_for_every_topic_the_edge_publishes_to(tmp_path):
+    """Its series appeared at the first refusal, at 1, which has no increase() in Prometheus: the
+    first escalation or record a broker's ACL refused never fired ``increase(...[15m]) > 0``."""
+    from edge.outbox import Outbox
+    from edge.sinks import MqttSink
+
+    metrics = EdgeMetrics()
+    conn = MqttConnection("127.0.0.1", 1, client_id="cam-1-abc", metrics=metrics)  # never started
+    MqttTransport(conn, "cam-1")
+    sink = MqttSink(conn, mqtt_topics.detections_topic("edgewise", "cam-1"), Outbox(tmp_path / "outbox.db", 10),
+                    metrics)
+    try:
+        for topic in ("edgewise/cam-1/escalate", "edgewise/cam-1/detections"):
+            for reason in REFUSAL_REASONS:
+                assert metrics.registry.get_sample_value(
+                    "edgewise_edge_mqtt_refused_total", {"topic": topic, "reason": reason}) == 0, (topic, reason)
+        # a connection measured after its publishers noted their topics (the sink's order) exports them too
+        later = EdgeMetrics()
+        conn2 = MqttConnection("127.0.0.1", 1, client_id="cam-2-abc")
+        MqttTransport(conn2, "cam-2")
+        conn2.measure(later)
+        assert later.registry.get_sample_value(
+            "edgewise_edge_mqtt_refused_total", {"topic": "edgewise/cam-2/escalate", "reason": "not_authorized"}) == 0
+    finally:
+        sink.close()
+    # the labels exported are the ones a refusal counts under, for each code the edge acts on
+    from edge.transports.mqtt import REFUSAL_CODES, refusal
+    from edgewise.mqtt_client import _reason
+
+    for code in REFUSAL_CODES:
+        for packet in (PacketTypes.PUBACK, PacketTypes.PUBREC):
+            assert refusal("t", _reason(packet, code)).label in REFUSAL_REASONS
+    assert len(REFUSAL_CODES) == len(REFUSAL_REASONS)
+    from edge.transports import mqtt as mqtt_module
+    assert set(mqtt_module._GRPC_OF_REASON) | set(mqtt_module._HINTS) <= set(REFUSAL_CODES)
