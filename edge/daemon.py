@@ -418,6 +418,8 @@ class EdgeDaemon:
             check_fit(self.holder.policy)
             self.holder.subscribe(check_fit)
         await self._build_transports()
+        for t in self.transports.values():  # at 0 from the start: a series first seen at 1 has no rate()
+            self.metrics.follow_transport(t.name)
         self.sinks = self._build_sinks()
         if self.mqtt is not None:  # after the MQTT sink resumed what the last process left in flight
             self.mqtt.start()
@@ -440,6 +442,7 @@ class EdgeDaemon:
         ready = asyncio.Event()
         queues: Dict[str, FrameQueue] = {}
         for st in s.streams:
+            self.metrics.follow_stream(st.id)
             q = FrameQueue(st.resolved_queue_size(), st.resolved_drop_policy(), ready)
             queues[st.id] = q
             self.capturers.append(Capturer(

@@ -43,6 +43,10 @@ RELOAD_RESULTS = ("ok", "refused", "error")
 #: ``ESCALATING_REASONS``: the first escalations a dead cloud spooled or dropped showed in no
 #: ``rate()`` (docs/metrics.md's outcome queries, the spool alert's description).
 ESCALATION_OUTCOMES = ("ok", "spooled", "late", "edge_only", "dropped", "error")
+#: ``reason`` of ``edgewise_edge_dropped_total`` a stream can have from the start
+#: (``inference_error:<type>`` is named by the failure): ``rate(...{reason="queue_full"}[5m]) > 0``
+#: missed a stream's first drops.
+DROP_REASONS = ("queue_full", "stale", "cloud_unavailable", "emit_error", "shutdown")
 SPOOL_EVENTS = ("put", "refused", "disk_full", "write_failed", "ack_failed", "corrupt", "salvaged", "salvage_failed",
                 "recreated", "replayed", "rejected", "expired", "evicted", "nack", "sink_failed")
 #: Seconds a metrics connection may stay silent before it is closed.
@@ -133,6 +137,19 @@ class EdgeMetrics:
             "edgewise_edge_uplink_bytes", "Escalation payload bytes sent to the cloud by transport (replays too)",
             ["transport"], registry=r,
         )
+
+    def follow_stream(self, stream: str) -> None:
+        """Export a configured stream's counters (and its frame age) at 0 from the start."""
+        for counter in (self.frames, self.truncated, self.corrupt, self.skipped, self.reconnects):
+            counter.labels(stream)
+        for reason in DROP_REASONS:
+            self.drops.labels(stream, reason)
+        self.frame_age.labels(stream)
+
+    def follow_transport(self, transport: str) -> None:
+        """Export a configured transport's round trips (an alert's p99) and uplink bytes at 0."""
+        self.cloud_rtt.labels(transport)
+        self.uplink_bytes.labels(transport)
 
     def set_source_state(self, stream: str, state: SourceState) -> None:
         """Export a stream's state; a ``connecting`` after any earlier state is a reconnect."""

@@ -32,6 +32,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 log = logging.getLogger(__name__)
 
+#: ``result`` of ``edgewise_edge_jetson_tegrastats_lines_total``.
+LINE_RESULTS = ("ok", "unreadable")
+
 _RAM = re.compile(r"\bRAM (\d+)/(\d+)MB")
 _LOAD = re.compile(r"\b(GR3D_FREQ|EMC_FREQ) (\d+)%(?:@\[?([\d,]+)\]?)?")
 _TEMP = re.compile(r"\b([A-Za-z][\w]*)@(-?\d+(?:\.\d+)?)C\b")
@@ -95,6 +98,8 @@ class JetsonGauges:
                            registry=r)
         self.lines = Counter("edgewise_edge_jetson_tegrastats_lines", "tegrastats lines read, by result",
                              ["result"], registry=r)
+        for result in LINE_RESULTS:  # at 0 from the start: a series first seen at 1 has no increase()
+            self.lines.labels(result)
 
     def update(self, s: Sample) -> None:
         for gauge, value, scale in ((self.gpu_load, s.gpu_load, 1.0), (self.gpu_freq, s.gpu_mhz, 1e6),

@@ -699,3 +699,35 @@ def test_the_sinks_error_and_drop_counters_exist_at_zero_from_the_start(tmp_path
         assert await asyncio.wait_for(task, 30) == 0
 
     asyncio.run(run())
+
+
+def test_the_series_alerts_read_exist_from_the_start_for_every_stream_and_transport(tmp_path, tiny_model):
+    """A series first seen at 1 has no increase() or rate() in Prometheus: a stream's first drops
+    (``rate(edgewise_edge_dropped_total{reason="queue_full"}[5m])``), a transport's first round
+    trip (the chart's EdgewiseEdgeCloudP99OverSLO), the first escalations a dead cloud spooled,
+    the first publish a broker refused went unseen."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("p", {"s": "never"}, transport=None))
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                policy_file=str(policy), cloud={"mqtt": {"host": "127.0.0.1", "port": 1}})
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.pipeline is not None, 60, "the daemon running")
+        registry = d.metrics.registry
+        expected = [
+            ("edgewise_edge_frames_total", {"stream": "s"}),
+            ("edgewise_edge_dropped_total", {"stream": "s", "reason": "queue_full"}),
+            ("edgewise_edge_dropped_total", {"stream": "s", "reason": "cloud_unavailable"}),
+            ("edgewise_edge_corrupt_frames_total", {"stream": "s"}),
+            ("edgewise_edge_cloud_rtt_seconds_count", {"transport": "mqtt"}),
+            ("edgewise_edge_uplink_bytes_total", {"transport": "mqtt"}),
+            ("edgewise_edge_escalations_total", {"reason": "hard", "outcome": "spooled"}),
+            ("edgewise_edge_mqtt_refused_total", {"topic": "edgewise/dev/escalate", "reason": "not_authorized"}),
+        ]
+        missing = [(name, labels) for name, labels in expected if registry.get_sample_value(name, labels) is None]
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+        assert not missing, missing
+
+    asyncio.run(run())

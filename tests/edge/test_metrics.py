@@ -161,3 +161,26 @@ def test_escalations_start_at_zero_with_every_reason_and_outcome():
     used = set(re.findall(r'escalations\.labels\([^,()]+, "(\w+)"\)', source))
     used |= set(re.findall(r'record\.outcome = "(\w+)"', source)) - {"cloud"}  # "cloud" is counted as "ok"
     assert used and used <= set(outcomes), used - set(outcomes)
+
+
+def test_a_followed_stream_has_every_drop_reason_the_daemon_counts_at_zero():
+    """``rate(edgewise_edge_dropped_total{reason="queue_full"}[5m]) > 0`` missed a stream's first
+    drops: its series appeared at 1. Every reason the code names is one exported from the start."""
+    from pathlib import Path
+
+    from edge.metrics import DROP_REASONS
+
+    m = EdgeMetrics()
+    m.follow_stream("cam")
+    m.follow_transport("grpc")
+    value = m.registry.get_sample_value
+    for reason in DROP_REASONS:
+        assert value("edgewise_edge_dropped_total", {"stream": "cam", "reason": reason}) == 0, reason
+    for name in ("frames", "corrupt_frames", "truncated_videos", "source_skipped_frames", "source_reconnects"):
+        assert value(f"edgewise_edge_{name}_total", {"stream": "cam"}) == 0, name
+    assert value("edgewise_edge_frame_age_seconds_count", {"stream": "cam"}) == 0
+    assert value("edgewise_edge_cloud_rtt_seconds_count", {"transport": "grpc"}) == 0
+    assert value("edgewise_edge_uplink_bytes_total", {"transport": "grpc"}) == 0
+    source = "".join(p.read_text() for p in Path(__file__).resolve().parents[2].joinpath("edge").rglob("*.py"))
+    used = set(re.findall(r'drops\.labels\([^,()]+, "(\w+)"\)', source))
+    assert used and used <= set(DROP_REASONS), used - set(DROP_REASONS)

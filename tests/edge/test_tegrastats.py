@@ -59,6 +59,8 @@ def test_gauges_in_prometheus_units() -> None:
                  'edgewise_edge_jetson_power_watts{rail="VDD_IN"} 6.94'):
         assert line in text, line
     assert reg.get_sample_value("edgewise_edge_jetson_ram_used_bytes") == 3011 * 2**20
+    for result in ("ok", "unreadable"):  # at 0 from the start: a series first seen at 1 has no increase()
+        assert reg.get_sample_value("edgewise_edge_jetson_tegrastats_lines_total", {"result": result}) == 0
 
 
 @pytest.fixture

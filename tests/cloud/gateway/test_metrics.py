@@ -30,6 +30,9 @@ def test_counters_start_at_zero_and_mqtt_ones_only_with_the_bridge():
     for transport in ("grpc", "grpc-stream"):
         for name in ("OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT"):
             assert f'edgewise_gateway_requests_total{{status="{name}",transport="{transport}"}} 0.0' in text
+    for transport in ("grpc", "grpc-stream"):
+        assert f'edgewise_gateway_unanswered_total{{transport="{transport}"}} 0.0' in text
+    assert 'edgewise_gateway_request_seconds_bucket{le="+Inf",outcome="OK"} 0.0' in text  # the p99 alert's
     assert 'transport="mqtt"' not in text and "edgewise_gateway_mqtt_messages_total{" not in text
     m.follow_mqtt()
     text = _text(m)

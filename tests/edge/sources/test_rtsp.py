@@ -162,7 +162,7 @@ def test_frame_age_at_inference_stays_below_three_camera_periods(tmp_path, tiny_
     skipped = float(next(x.split()[-1] for x in m.splitlines()
                          if x.startswith('edgewise_edge_source_skipped_frames_total{stream="cam"}')))
     assert skipped > 3 * 140  # 25 fps drained, 5 fps used
-    assert 'edgewise_edge_dropped_total{reason="queue_full"' not in m
+    assert 'edgewise_edge_dropped_total{reason="queue_full",stream="cam"} 0.0' in m  # exported at 0, none counted
 
 
 def test_killed_camera_is_down_at_once_and_resumes_with_a_new_resolution(tmp_path, tiny_model, camera, caplog):
