@@ -76,7 +76,7 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     for rows in result["differences"].values():
         for d in rows:
             assert set(d) == {"rate", "diff", "ci", "beats", "comparable"}
-            # at 50% ours escalated 33% (its cooldown's most) against the baselines' 50%: not comparable;
+            # at 50% every policy escalated at most 33% (the cooldown's most): not comparable;
             # and 2 streams judge no lead at all (bootstrap.MIN_STREAMS)
             assert d["comparable"] == (d["rate"] == 0.25)
             assert d["ci"][0] <= d["ci"][1] and d["beats"] is None
