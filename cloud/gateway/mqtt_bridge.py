@@ -8,7 +8,11 @@ messages (MQTT v5 shared subscription). Each payload is a serialized
 ``TokenAuth`` check, validation, rate limit, balancer and retries as a gRPC call, the
 payload's bytes forwarded as they came) with the ``Caller`` extracted here: the
 device of the request topic and the token of the request's User Property
-``authorization: Bearer <token>``. The serialized ``DetectResponse`` is
+``authorization: Bearer <token>``. That token is checked first (``RequestHandler.screen``),
+before the payload is read or the request counted against its topic's device
+(``mqtt.max_in_flight_per_device``) or the bridge's ``mqtt.max_in_flight``: a request that
+fails it is answered UNAUTHENTICATED (``error_answered``) and takes no slot of the device whose
+topic it came on. The serialized ``DetectResponse`` is
 published at QoS 1 to the request's MQTT v5 Response Topic with its Correlation
 Data, but only when that topic lies in the requesting device's own subtree
 (``<prefix>/<device>/response/...``) or matches ``mqtt.response_topic_pattern``:
@@ -171,7 +175,7 @@ class RequestHandler(Protocol):
 
     def read(self, body: bytes, transport: str) -> RequestHead | Reply: ...
 
-    def screen(self, req: RequestHead, transport: str, caller: Caller) -> Reply | None: ...
+    def screen(self, req: RequestHead | None, transport: str, caller: Caller) -> Reply | None: ...
 
     async def handle(self, req: RequestHead, transport: str, caller: Caller,
                      call_remaining: float | None = None) -> Reply: ...
@@ -503,19 +507,29 @@ class MqttBridge:
                          f"MQTT request on {msg.topic} asks for its answer on {response_topic[:200]!r}, outside "
                          f"{self.response_pattern.replace('{device}', device)!r}; refused, nothing published")
             return
+        caller = Caller(_metadata(props, device), topic_device=device, peer=f"MQTT topic {msg.topic[:200]!r}")
+        # authentication first, before the request is read or counted against its topic's device
+        # (as gRPC screens a call's headers): a client that may publish on another device's topic
+        # must not use up that device's mqtt.max_in_flight_per_device, nor the bridge's slots, with
+        # requests that fail it (on paho's thread, as the overload's own counting: the metrics are
+        # thread-safe, and the refusals' log throttle at worst lets one more line through)
+        refused = self.handler.screen(None, "mqtt", caller)
+        if refused is not None:
+            self._count("error_answered")
+            self._publish(response_topic, correlation, refused)
+            return
         req = self.handler.read(bytes(msg.payload), "mqtt")
         if isinstance(req, Reply):
             self._count("malformed")
             self._publish(response_topic, correlation, req)
             return
-        caller = Caller(_metadata(props, device), topic_device=device, peer=f"MQTT topic {msg.topic[:200]!r}")
         full = self._full(device)
         if full:
-            # a caller the gateway refuses is told so (not to retry), and learns nothing of its load
-            # (on paho's thread, as the overload's own counting: the metrics are thread-safe, and
-            # the refusals' log throttle at worst lets one more line through)
+            # a caller the gateway refuses is told so (not to retry), and learns nothing of its load:
+            # the rest of its authentication, the request's device_id against the topic's
             refused = self.handler.screen(req, "mqtt", caller)
             if refused is not None:
+                self._count("error_answered")
                 self._publish(response_topic, correlation, refused)
                 return
             self._count("overloaded")

@@ -339,10 +339,13 @@ class Gateway:
         except InvalidInputError as exc:
             return self._reject(None, transport, Rejection(status.INVALID_ARGUMENT, str(exc)))
 
-    def screen(self, req: RequestHead, transport: str, caller: Caller) -> Reply | None:
+    def screen(self, req: RequestHead | None, transport: str, caller: Caller) -> Reply | None:
         """The reply of a request whose caller ``handle`` would refuse (its authentication), else
-        None: a transport too busy to take a request tells a refused caller so, not to retry."""
-        bad = self.auth.authenticate(caller, req.device_id)
+        None. Without ``req`` (not read yet), what the caller alone shows: its token must be that of
+        the device it claims (MQTT: the request topic's). The MQTT bridge asks before it reads a
+        request or counts it against its device (as gRPC's interceptor screens a call's headers),
+        and a transport too busy to take a request tells a refused caller so, not to retry."""
+        bad = self.auth.authenticate(caller, req.device_id if req is not None else "")
         return self._reject(req, transport, bad, caller) if bad is not None else None
 
     async def handle(self, req: RequestHead, transport: str, caller: Caller,

@@ -387,6 +387,70 @@ def test_one_device_cannot_take_every_slot_a_refused_caller_is_told_so_and_the_e
     run(main())
 
 
+def test_requests_that_fail_authentication_on_a_devices_topic_take_none_of_its_slots(mosquitto):
+    """A client that may publish on cam-1's request topic (a broker that does not confine devices
+    to their own topics) floods it with requests whose token is wrong or missing. Each took one of
+    cam-1's ``mqtt.max_in_flight_per_device`` slots until the gateway's event loop refused it, so
+    while the loop was behind the flood cam-1's own request was answered RESOURCE_EXHAUSTED, and
+    the refusals met at the full bridge were not counted by the bridge at all (found by a probe).
+    The token is checked before any slot is taken: cam-1 is served, each refusal is answered
+    UNAUTHENTICATED and counted as one. The gateway's loop is held while the bridge takes the
+    flood (a loop behind a flood, made certain), and let go once all of it reached the bridge."""
+    import time
+
+    from tests.cloud.gateway.test_gateway import http_get
+
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = await bridged_gateway(mosquitto, w, **{
+            "mqtt.max_in_flight_per_device": 2, "auth.tokens": [{"device": "cam-1", "token": "t1"}]})
+        bridge = gw.bridge
+        seen: list[str] = []
+
+        def counting(client, userdata, msg):
+            bridge._on_message(client, userdata, msg)
+            seen.append(msg.topic)
+
+        bridge.client.on_message = counting
+        try:
+            await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
+            cam = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+            liar = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port, "edgewise/cam-1/response/liar")
+            try:
+                def flood_then_the_device() -> None:  # (on the gateway's loop, which it holds)
+                    for i in range(6):
+                        liar.send(request(seq=100 + i).SerializeToString(), b"liar%d" % i,
+                                  token="wrong" if i % 3 else "")
+                    cam.send(request(seq=1).SerializeToString(), b"cam", token="t1")
+                    deadline = time.monotonic() + 10
+                    while len(seen) < 7 and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    assert len(seen) == 7, seen
+
+                flood_then_the_device()
+                await wait_until(lambda: b"cam" in cam.responses and len(liar.responses) == 6, 10, "all answered")
+                answer = cam.responses[b"cam"][0]
+                assert answer.status == detect_pb2.OK, answer.error
+                for i in range(6):
+                    refused = liar.responses[b"liar%d" % i][0]
+                    assert refused.status == detect_pb2.UNAUTHENTICATED, (i, refused.error)
+                assert w.calls == 1
+                assert bridge.counts.get("error_answered") == 6 and bridge.counts.get("answered") == 1, bridge.counts
+                assert "overloaded" not in bridge.counts
+                await wait_until(lambda: not bridge._per_device, 5, "no slot held")
+                text = (await http_get(f"http://127.0.0.1:{gw.metrics_port}/metrics")).decode()
+                assert 'edgewise_gateway_rejected_total{reason="unauthenticated"} 6.0' in text
+                assert 'edgewise_gateway_requests_total{status="UNAUTHENTICATED",transport="mqtt"} 6.0' in text
+            finally:
+                cam.close()
+                liar.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
+
+
 def test_a_request_of_100000_user_properties_does_not_hold_up_the_others(mosquitto):
     """paho read them in time growing with the square of their number: one such request, from a
     device without a valid token, held the bridge's network thread for 18 s before any check,
