@@ -44,6 +44,21 @@ def _check_id(value: str, name: str, limit: int, required: bool = True) -> Rejec
     return Rejection(status.INVALID_ARGUMENT, problem) if problem else None
 
 
+def oversize(size: int, limit: int) -> Rejection | None:
+    """The one verdict on a request's size, ``size`` bytes against the gateway's
+    ``limits.max_message_bytes`` (``limit``), on every path (``Gateway.read``): INVALID_ARGUMENT,
+    since the request never passes (RESOURCE_EXHAUSTED would have it spooled and replayed). Worded
+    as gRPC core words its own refusal of a gRPC message over the same limit, which reaches a
+    client before the gateway reads the call ("Received message larger than max (N vs. M)", sent
+    RESOURCE_EXHAUSTED, which the edge reads as INVALID_ARGUMENT: ``edgewise.status.TOO_LARGE``),
+    so one phrase names the refusal on both transports."""
+    if size <= limit:
+        return None
+    return Rejection(status.INVALID_ARGUMENT,
+                     f"request {status.TOO_LARGE} ({size} vs. {limit} bytes, the gateway's limits.max_message_bytes); "
+                     "send a smaller image (lower the payload's resolution or JPEG quality, or send regions)")
+
+
 def validate_request(req: RequestHead, limits: LimitSettings) -> Rejection | ImageHeader:
     """Cheap structural checks of a request: ids, and the image's header through the same
     ``edgewise.wire.check_image`` the worker runs before decoding (no decode here).
@@ -90,6 +105,20 @@ class Caller:
 
 
 MISSING_TOKEN = "missing 'authorization: Bearer <token>' (gRPC metadata, or MQTT v5 user property)"
+#: the start of every answer to a token that is not the device's (quoted in docs/troubleshooting.md)
+BAD_TOKEN = "unknown device or bad token"
+
+
+def bad_token(device: str, detail: str) -> Rejection:
+    """The one answer to a bearer token that is not ``device``'s, on every path (gRPC's screen of a
+    call's headers, the check of a request, the MQTT bridge's): the same words whether the device
+    is unknown or its token wrong, so a client cannot tell which devices exist (``detail``, for the
+    gateway's log, says which). ``device`` is named where the gateway knows it ("" before a gRPC
+    call's request is read, unless it sent x-edgewise-device)."""
+    whose = f" for device {quote_id(device)}" if device else ""
+    return Rejection(status.UNAUTHENTICATED,
+                     f"{BAD_TOKEN}{whose}; check the device's token (the gateway's auth.tokens / auth.tokens_file "
+                     "must list the device with it)", detail=detail)
 
 
 def _digest(token: str) -> bytes:
@@ -134,10 +163,8 @@ class TokenAuth:
             return Rejection(status.UNAUTHENTICATED, MISSING_TOKEN)
         # digests of the tokens: one lookup whatever the fleet's size, and its time tells nothing
         if _digest(token) not in self._known:
-            return Rejection(status.UNAUTHENTICATED,
-                             "bad token: it is no device's; check the device's token (the gateway's auth.tokens / "
-                             "auth.tokens_file must list the device with it)",
-                             detail="no device in auth.tokens/auth.tokens_file has this token")
+            return bad_token(metadata.get("x-edgewise-device", ""),
+                             "no device in auth.tokens/auth.tokens_file has this token")
         return None
 
     def holder(self, metadata: Mapping[str, str]) -> str:
@@ -185,11 +212,8 @@ class TokenAuth:
             return None, Rejection(status.UNAUTHENTICATED, MISSING_TOKEN)
         # one answer for both, so a client cannot tell which devices exist; the log has which
         if expected is None or not hmac.compare_digest(token.encode(), expected.encode()):
-            return None, Rejection(
-                status.UNAUTHENTICATED,
-                f"unknown device or bad token for device {quote_id(claimed)}; check the device's token (the "
-                f"gateway's auth.tokens / auth.tokens_file must list this device with it)",
-                detail="device not in auth.tokens/auth.tokens_file" if expected is None else "token does not match")
+            return None, bad_token(claimed, "device not in auth.tokens/auth.tokens_file" if expected is None
+                                   else "token does not match")
         return claimed, None
 
 

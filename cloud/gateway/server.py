@@ -44,7 +44,14 @@ from prometheus_client import Gauge
 
 from cloud.binding import add_health, grpc_port, server_options, socket_port_async
 from cloud.discovery.base import Discovery, Endpoint, EndpointState
-from cloud.gateway.admission import Caller, RateLimiter, Rejection, TokenAuth, validate_request
+from cloud.gateway.admission import (
+    Caller,
+    RateLimiter,
+    Rejection,
+    TokenAuth,
+    oversize,
+    validate_request,
+)
 from cloud.gateway.callslots import CallSlots
 from cloud.gateway.envelope import Reply, RequestHead, error_reply, read_request
 from cloud.gateway.http import SidePort
@@ -325,15 +332,13 @@ class Gateway:
 
     def read(self, body: bytes, transport: str) -> RequestHead | Reply:
         """The head of a serialized request, or the INVALID_ARGUMENT reply when the bytes are
-        not a ``DetectRequest`` or larger than ``limits.max_message_bytes`` (counted like every
-        rejection). gRPC refuses a larger message itself; MQTT brings any size to here, and the
-        bytes would go on to a worker whose channel has the same limit."""
-        limit = self.settings.limits.max_message_bytes
-        if len(body) > limit:
-            return self._reject(None, transport, Rejection(
-                status.INVALID_ARGUMENT,
-                f"request of {len(body)} bytes is larger than the gateway's limits.max_message_bytes "
-                f"({limit}); send a smaller image (lower the payload's resolution or JPEG quality)"))
+        not a ``DetectRequest`` or larger than ``limits.max_message_bytes`` (``admission.oversize``;
+        counted like every rejection). gRPC refuses a larger message itself, in the same words;
+        MQTT brings any size to here, and the bytes would go on to a worker whose channel has the
+        same limit."""
+        too_large = oversize(len(body), self.settings.limits.max_message_bytes)
+        if too_large is not None:
+            return self._reject(None, transport, too_large)
         try:
             return read_request(body, self.settings.limits.max_edge_detections)
         except InvalidInputError as exc:

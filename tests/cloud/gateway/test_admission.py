@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cloud.gateway.admission import Caller, RateLimiter, TokenAuth
+from cloud.gateway.admission import BAD_TOKEN, Caller, RateLimiter, TokenAuth, oversize
 from cloud.gateway.admission import validate_request as validate_head
 from cloud.gateway.envelope import read_request
 from cloud.gateway.settings import LimitSettings
@@ -90,10 +90,14 @@ def test_the_header_screen_wants_some_devices_token_and_follows_a_rotation():
     token passes, the device is checked later; a rotated-out token no longer passes."""
     auth = TokenAuth({"cam-1": "one", "cam-2": "two"})
     for header, problem in (("", "missing 'authorization"), ("Basic one", "missing 'authorization"),
-                            ("Bearer ", "missing 'authorization"), ("Bearer three", "bad token: it is no device's"),
+                            ("Bearer ", "missing 'authorization"), ("Bearer three", "unknown device or bad token; "),
                             ("Bearer one", None), ("bearer  two ", None)):
         bad = auth.screen({"authorization": header} if header else {})
         assert (bad is None) if problem is None else (bad is not None and problem in bad.message), (header, bad)
+    # the words of every bad token, the device named where the caller claims one (bad_token)
+    claimed = auth.screen({"authorization": "Bearer three", "x-edgewise-device": "cam-1"})
+    assert claimed is not None and claimed.message == auth.check({"authorization": "Bearer three"}, "cam-1")[1].message
+    assert claimed.message.startswith(BAD_TOKEN + " for device 'cam-1'; ") and claimed.detail
     auth.tokens = {"cam-1": "uno", "cam-2": "two"}  # as reload_tokens puts a rotation in force
     assert auth.screen({"authorization": "Bearer one"}) is not None
     assert auth.screen({"authorization": "Bearer uno"}) is None
@@ -135,3 +139,13 @@ def test_rate_limiter_buckets():
     rl.allow("c")
     assert len(rl._buckets) == 2  # bounded memory
     assert RateLimiter(0, 1).allow("x") is None
+
+
+def test_the_size_rule_is_worded_as_grpc_words_its_own():
+    """``oversize``: the MQTT bridge's refusal of a request over ``limits.max_message_bytes`` (gRPC
+    core refuses a gRPC message over the same limit before the gateway sees it) carries gRPC's
+    phrase, which the edge and docs/troubleshooting.md know, with the sizes as gRPC gives them."""
+    assert oversize(1000, 1000) is None
+    rej = oversize(1001, 1000)
+    assert rej is not None and rej.status == detect_pb2.INVALID_ARGUMENT
+    assert "message larger than max (1001 vs. 1000 bytes" in rej.message and "limits.max_message_bytes" in rej.message

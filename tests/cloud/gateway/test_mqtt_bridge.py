@@ -451,6 +451,63 @@ def test_requests_that_fail_authentication_on_a_devices_topic_take_none_of_its_s
     run(main())
 
 
+def test_both_transports_word_a_bad_token_and_an_oversize_request_alike(mosquitto):
+    """The same input over gRPC and over MQTT: a token that is no device's was "bad token: it is
+    no device's" over gRPC and "unknown device or bad token for device 'cam-1'" over MQTT; a
+    request over ``limits.max_message_bytes`` was gRPC's "Received message larger than max (N vs.
+    M)" and the bridge's "request of N bytes is larger than ...". One rule each now
+    (``admission.bad_token``, ``admission.oversize``): the same words, the device named where the
+    gateway knows it, and the same status as the edge reads it."""
+    import grpc
+
+    from edgewise import status
+    from tests.cloud.gateway.test_gateway import _padded
+
+    limit = 64 * 1024
+
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = await bridged_gateway(mosquitto, w, **{
+            "auth.tokens": [{"device": "cam-1", "token": "t1"}],
+            "limits.max_message_bytes": limit, "limits.max_image_bytes": limit})
+        try:
+            await wait_until(gw.bridge.connected.is_set, 15, "the bridge subscribed")
+            edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+            big = _padded(request(seq=2), 100 * 1024)
+            try:
+                await asyncio.to_thread(edge.send, request(seq=1).SerializeToString(), b"bad", token="wrong")
+                await asyncio.to_thread(edge.send, big, b"big", token="t1")
+                await wait_until(lambda: {b"bad", b"big"} <= set(edge.responses), 10, "both answered")
+            finally:
+                edge.close()
+            over_mqtt = {k: edge.responses[k][0] for k in (b"bad", b"big")}
+            over_grpc = {}
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                detect = ch.unary_unary("/edgewise.v1.Escalation/Detect")
+                for key, body, md in ((b"bad", request(seq=1).SerializeToString(), (("authorization", "Bearer wrong"),)),
+                                      (b"bad-named", request(seq=1).SerializeToString(),
+                                       (("authorization", "Bearer wrong"), ("x-edgewise-device", "cam-1"))),
+                                      (b"big", big, (("authorization", "Bearer t1"),))):
+                    try:
+                        await detect(body, metadata=md, timeout=5)
+                    except grpc.aio.AioRpcError as exc:
+                        over_grpc[key] = (exc.code(), exc.details())
+            bad = over_mqtt[b"bad"]
+            assert bad.status == detect_pb2.UNAUTHENTICATED
+            assert over_grpc[b"bad-named"] == (grpc.StatusCode.UNAUTHENTICATED, bad.error)
+            assert over_grpc[b"bad"] == (grpc.StatusCode.UNAUTHENTICATED, bad.error.replace(" for device 'cam-1'", ""))
+            code, details = over_grpc[b"big"]
+            size = f"message larger than max ({len(big)} vs. {limit}"
+            assert size in details and size in over_mqtt[b"big"].error, (details, over_mqtt[b"big"].error)
+            assert status.from_grpc(code, details) == over_mqtt[b"big"].status == detect_pb2.INVALID_ARGUMENT
+            assert w.calls == 0
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
+
+
 def test_a_request_of_100000_user_properties_does_not_hold_up_the_others(mosquitto):
     """paho read them in time growing with the square of their number: one such request, from a
     device without a valid token, held the bridge's network thread for 18 s before any check,
