@@ -55,7 +55,6 @@ def test_reads_what_paho_reads(seed: int) -> None:
     b"\x06\x08\x00\x03\xed\xa0\x80",  # an encoded surrogate (D800)
     b"\x04\x01\x01\x01\x00",  # Payload Format Indicator twice
     b"\xff\xff\xff\xff\x7f",  # a five-byte length
-    b"\x06\x08\x00\x03\xef\xbb\xbf",  # U+FEFF in a string
     b"\x02\x0b\x00",  # a Subscription Identifier of 0
 ])
 def test_refuses_what_paho_refuses(bad: bytes) -> None:
@@ -63,6 +62,16 @@ def test_refuses_what_paho_refuses(bad: bytes) -> None:
         unpack(Properties(PacketTypes.PUBLISH), bad)
     with pytest.raises(Exception):  # (paho: MalformedPacket or its MQTTException)
         PAHO_UNPACK(Properties(PacketTypes.PUBLISH), bad)
+
+
+def test_a_zero_width_no_break_space_is_read_as_it_is() -> None:
+    """MQTT 5.0 1.5.4-3: U+FEFF must not be skipped or stripped, so a broker forwards it; paho
+    refuses it, which dropped the gateway bridge's connection at every request carrying one."""
+    props = Properties(PacketTypes.PUBLISH)
+    _, n = unpack(props, b"\x0d\x08\x00\x03\xef\xbb\xbf\x26\x00\x01k\x00\x01v")
+    assert n == 14 and props.ResponseTopic == "\ufeff" and props.UserProperty == [("k", "v")]
+    with pytest.raises(Exception):
+        PAHO_UNPACK(Properties(PacketTypes.PUBLISH), b"\x06\x08\x00\x03\xef\xbb\xbf")
 
 
 def test_a_flood_of_user_properties_is_read_in_one_pass_and_cut() -> None:

@@ -604,3 +604,60 @@ def test_a_request_delivered_while_the_bridge_stops_is_answered_unavailable_not_
             await gw.stop(1)
             await w.stop()
     run(main())
+
+
+def test_odd_properties_are_answered_and_never_take_the_bridge_down(mosquitto, caplog):
+    """Properties a broker forwards, however odd, are each answered (or dropped) on their own:
+    a U+FEFF in a string (valid MQTT 5.0: 1.5.4 says a receiver must not strip it), a token that
+    is no device's, a 60,000-character token, a token that is not UTF-8 (the broker refuses that
+    PUBLISH itself); the bridge's connection stays up, and the device's next request is served."""
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = await bridged_gateway(mosquitto, w, **{"auth.tokens": [{"device": "cam-1", "token": "t1"}]})
+        bridge = gw.bridge
+        drops: list[object] = []
+
+        def on_disconnect(*args):
+            drops.append(args[3])
+            bridge._on_disconnect(*args)
+
+        bridge.client.on_disconnect = on_disconnect
+        try:
+            await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
+            edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+            odd = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port, "edgewise/cam-1/response/odd")
+            raw = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port, "edgewise/cam-1/response/raw")
+            try:
+                def send(client: Edge, corr: bytes, token: str | bytes, **more: object) -> None:
+                    props = Properties(PacketTypes.PUBLISH)
+                    props.ResponseTopic, props.CorrelationData = client.reply_topic, corr
+                    props.UserProperty = [("authorization", token if isinstance(token, bytes) else f"Bearer {token}")]
+                    for name, value in more.items():
+                        setattr(props, name, value)
+                    client.c.publish("edgewise/cam-1/escalate", request(seq=len(corr)).SerializeToString(), qos=1,
+                                     properties=props)
+
+                await asyncio.to_thread(send, odd, b"feff-type", "t1", ContentType="\ufeffapplication/x-protobuf")
+                await asyncio.to_thread(send, odd, b"feff-token", "\ufeffwrong")
+                await asyncio.to_thread(send, odd, b"long-token", "x" * 60_000)
+                await wait_until(lambda: len(odd.responses) >= 3, 10, "the odd requests answered")
+                await asyncio.to_thread(send, raw, b"not-utf8", b"Bearer \xff\xfe")  # the broker drops the sender
+                await asyncio.to_thread(edge.send, request(seq=1).SerializeToString(), b"next", token="t1")
+                await wait_until(lambda: b"next" in edge.responses, 10, "the next request answered")
+                assert edge.responses[b"next"][0].status == detect_pb2.OK
+                assert odd.responses[b"feff-type"][0].status == detect_pb2.OK
+                for corr in (b"feff-token", b"long-token"):
+                    answer = odd.responses[corr][0]
+                    assert answer.status == detect_pb2.UNAUTHENTICATED and len(answer.error) < 300, corr
+                assert not raw.responses
+                assert drops == [] and "internal_error" not in bridge.counts, (drops, bridge.counts)
+                assert all(len(r.getMessage()) < 1000 for r in caplog.records)
+            finally:
+                edge.close()
+                odd.close()
+                raw.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
