@@ -17,8 +17,9 @@ published at QoS 1 to the request's MQTT v5 Response Topic with its Correlation
 Data, but only when that topic lies in the requesting device's own subtree
 (``<prefix>/<device>/response/...``) or matches ``mqtt.response_topic_pattern``:
 a foreign response topic is refused, counted, logged, and nothing is published.
-Malformed payloads and overload are answered with an error response, counted,
-and never crash the bridge. Each request is counted under its result when it is
+Malformed payloads, requests of more than ``edgewise.mqtt_properties.MAX_PROPERTIES`` properties
+(their response topic among the first of them) and overload are answered with an error response,
+counted, and never crash the bridge. Each request is counted under its result when it is
 handled (``answered``, ``error_answered``, ``malformed``, ``overloaded``); an answer
 the broker then refuses (a PUBACK reason code >= 0x80, e.g. Not authorized when the
 ACL does not let the gateway write ``<prefix>/+/response/#``) is also counted as
@@ -31,11 +32,12 @@ disconnect a throttled warning with the reason.
 No answer may take the bridge's connection down: a broker drops a client that publishes a
 packet over the Maximum Packet Size it announced in CONNACK (Mosquitto: ``max_packet_size``),
 and paho would send that unacknowledged QoS 1 answer again after every reconnect, so no
-request would be served again. So a request whose Correlation Data (echoed in the answer) is
-longer than ``mqtt.max_correlation_bytes`` is dropped unanswered (``correlation_too_large``),
-and every answer's packet size (``edgewise.mqtt_packets``) is checked against the broker's
-limit before it is published: one that would not fit is not published (``answer_too_large``,
-logged, throttled; its edge times out).
+request would be served again. So every answer's packet size (``edgewise.mqtt_packets``) is
+checked against the broker's limit before it is published: one that would not fit is not
+published (``answer_too_large``, logged, throttled; its edge times out). A request whose
+Correlation Data (echoed in the answer) is longer than ``mqtt.max_correlation_bytes`` is not
+served: it is answered INVALID_ARGUMENT (``correlation_too_large``; that answer too only if it
+fits).
 
 A request the broker retained is never answered (``NO_RETAINED``): it would be answered again at
 every subscribe.
@@ -473,20 +475,9 @@ class MqttBridge:
 
     def _accept(self, msg: mqtt.MQTTMessage) -> None:
         props = msg.properties
-        if mqtt_properties.cut(props):  # read no further than MAX_PROPERTIES (edgewise.mqtt_properties)
-            self._refuse("too_many_properties",
-                         f"MQTT request on {msg.topic[:200]!r} carries more than {mqtt_properties.MAX_PROPERTIES} "
-                         "properties (an edge sends a few); dropped unanswered")
-            return
+        cut = mqtt_properties.cut(props)  # read no further than MAX_PROPERTIES (edgewise.mqtt_properties)
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
-        if correlation is not None and len(correlation) > self.s.max_correlation_bytes:
-            # echoed in the answer, it could make the answer too large for the broker: no answer
-            self._refuse("correlation_too_large",
-                         f"MQTT request on {msg.topic[:200]!r} carries {len(correlation)} bytes of Correlation "
-                         f"Data, more than mqtt.max_correlation_bytes ({self.s.max_correlation_bytes}); dropped "
-                         f"unanswered (the edge sends 16 bytes; raise the setting if a client needs more)")
-            return
         if msg.retain:
             self._refuse("retained",
                          f"MQTT request on {msg.topic[:200]!r} is one the broker retained (published with the retain "
@@ -498,14 +489,36 @@ class MqttBridge:
         except InvalidInputError as exc:
             self._refuse("bad_topic", f"MQTT request dropped: {exc}")
             return
+        too_many = (f"MQTT request on {msg.topic[:200]!r} carries more than {mqtt_properties.MAX_PROPERTIES} "
+                    "properties (an edge sends a few)")
         if not response_topic:
-            self._refuse("no_response_topic", f"MQTT request on {msg.topic} has no response topic; dropped "
-                                              f"(set the MQTT v5 Response Topic property)")
+            self._refuse("too_many_properties" if cut else "no_response_topic",
+                         f"{too_many}; dropped unanswered (no response topic among the first of them)" if cut else
+                         f"MQTT request on {msg.topic[:200]!r} has no response topic; dropped (set the MQTT v5 "
+                         "Response Topic property)")
             return
         if not mqtt_topics.response_topic_allowed(self.response_pattern, device, response_topic):
             self._refuse("foreign_response_topic",
-                         f"MQTT request on {msg.topic} asks for its answer on {response_topic[:200]!r}, outside "
-                         f"{self.response_pattern.replace('{device}', device)!r}; refused, nothing published")
+                         f"MQTT request on {msg.topic[:200]!r} asks for its answer on {response_topic[:200]!r}, "
+                         f"outside {self.response_pattern.replace('{device}', device)!r}; refused, nothing published")
+            return
+        limit = self.s.max_correlation_bytes
+        if correlation is not None and len(correlation) > limit:
+            # told why, with its Correlation Data (so the client can match the answer): published only
+            # if the answer fits the broker's Maximum Packet Size, as every answer (_publish)
+            self._refuse("correlation_too_large",
+                         f"MQTT request on {msg.topic[:200]!r} carries {len(correlation)} bytes of Correlation "
+                         f"Data, more than mqtt.max_correlation_bytes ({limit}); answered INVALID_ARGUMENT (the "
+                         "edge sends 16 bytes; raise the setting if a client needs more)")
+            self._invalid(response_topic, correlation,
+                          f"MQTT request with {len(correlation)} bytes of Correlation Data, more than the gateway's "
+                          f"mqtt.max_correlation_bytes ({limit}); send at most {limit} bytes (the edge sends 16)")
+            return
+        if cut:  # told why, on the response topic it gave among the properties read
+            self._refuse("too_many_properties", f"{too_many}; answered INVALID_ARGUMENT")
+            self._invalid(response_topic, correlation,
+                          f"MQTT request with more than {mqtt_properties.MAX_PROPERTIES} properties: the gateway "
+                          "reads no further; send the response topic, correlation data, token and a few more at most")
             return
         caller = Caller(_metadata(props, device), topic_device=device, peer=f"MQTT topic {msg.topic[:200]!r}")
         # authentication first, before the request is read or counted against its topic's device
@@ -571,6 +584,13 @@ class MqttBridge:
                 return (f"device {quote_id(device)} has {self.s.max_in_flight_per_device} requests in flight over MQTT "
                         "(mqtt.max_in_flight_per_device)")
         return ""
+
+    def _invalid(self, topic: str, correlation: bytes | None, message: str) -> None:
+        """Answer INVALID_ARGUMENT a request refused before it was read (its properties), counted
+        in the gateway's metrics as such an answer of the request path is."""
+        self.handler.metrics.rejected.labels(reason="invalid_argument").inc()
+        self.handler.metrics.answered("mqtt", status.name(status.INVALID_ARGUMENT))
+        self._publish(topic, correlation, error_reply(None, status.INVALID_ARGUMENT, message))
 
     def _refuse(self, what: str, message: str) -> None:
         """Count a request nothing can be answered to; log a few per interval (a flood of

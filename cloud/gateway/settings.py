@@ -227,7 +227,8 @@ class MqttSettings:
     max_correlation_bytes: int = setting(
         "Longest MQTT v5 Correlation Data a request may carry, bytes (the edge sends 16). The answer "
         "echoes it, so a longer one could make the answer larger than the broker's Maximum Packet Size; "
-        "such a request is dropped unanswered: counted "
+        "such a request is not served but answered INVALID_ARGUMENT (when that answer fits the broker's "
+        "Maximum Packet Size), counted "
         "(`edgewise_gateway_mqtt_messages_total{result=\"correlation_too_large\"}`) and logged.",
         256, lo=1, hi=65535)
     response_topic_pattern: str = setting(

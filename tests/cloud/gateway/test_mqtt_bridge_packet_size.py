@@ -59,21 +59,31 @@ async def _poisoned(broker, poison) -> tuple[Gateway, TestWorker]:
     return gw, w
 
 
-def test_long_correlation_data_is_dropped_not_echoed(caplog):
+def test_long_correlation_data_is_refused_and_its_answer_published_only_if_it_fits(caplog):
     """A malformed, unauthenticated request with ~8 KB of Correlation Data (the answer would echo
-    it, ~100 bytes more than the request): dropped unanswered, counted, logged; the bridge stays
-    up and answers the next valid request."""
+    it, ~100 bytes more than the request): not read, counted, logged, and its INVALID_ARGUMENT
+    answer not published (over the broker's limit); the bridge stays up and answers the next valid
+    request. One with 300 bytes (over ``mqtt.max_correlation_bytes``, 256) is told why, with its
+    Correlation Data, as every request refused on a response topic it may use (it went unanswered)."""
     caplog.set_level(logging.INFO, logger=LOGGER)
+    edges: list[Edge] = []
 
     def poison(edge: Edge) -> None:
         edge.send(b"\xff\xff\xff", b"A" * (LIMIT - 110), device="cam-1")
+        edge.send(b"\xff\xff\xff", b"B" * 300, device="cam-1")
+        edges.append(edge)  # (its answers are read once the valid request after these is answered)
 
     with configured_mosquitto(f"max_packet_size {LIMIT}") as broker:
         gw, _ = run(_poisoned(broker, poison))
-    assert _mqtt_count(gw, "correlation_too_large") == 1
-    assert _mqtt_count(gw, "malformed") == 0  # never read, never answered
+    assert _mqtt_count(gw, "correlation_too_large") == 2
+    assert _mqtt_count(gw, "answer_too_large") == 1
+    assert _mqtt_count(gw, "malformed") == 0  # never read
     logged = [r.getMessage() for r in caplog.records if "mqtt.max_correlation_bytes" in r.getMessage()]
     assert logged and f"{LIMIT - 110} bytes of Correlation Data" in logged[0]
+    told = edges[0].responses
+    assert b"A" * (LIMIT - 110) not in told
+    answer = told[b"B" * 300][0]
+    assert answer.status == status.INVALID_ARGUMENT and "300 bytes of Correlation Data" in answer.error
 
 
 def test_answer_over_the_brokers_packet_size_is_not_published(caplog):
