@@ -554,14 +554,16 @@ class MqttBridge:
                                                                    f"{full}; retry later"))
             return
         # the edge's deadline: the Message Expiry Interval it set (whole seconds, rounded up), less
-        # what the broker held it (MQTT 5.0 section 3.3.2.3.3); else the gateway's default
+        # what the broker held it (MQTT 5.0 section 3.3.2.3.3); else the gateway's default. Kept as
+        # the moment it passes, as a gRPC call's deadline is: what the request then waits for the
+        # gateway's event loop counts against it (_serve)
         expiry = getattr(props, "MessageExpiryInterval", None) if props is not None else None
-        remaining = float(expiry) if isinstance(expiry, int) and expiry > 0 else None
+        expires = time.monotonic() + expiry if isinstance(expiry, int) and expiry > 0 else None
         with self._lock:  # one step with stop()'s look at what is in flight: it waits for all it admits
             stopping = self._stopping
             if not stopping:
                 fut = asyncio.run_coroutine_threadsafe(
-                    self._serve(req, caller, response_topic, correlation, remaining), self.loop)
+                    self._serve(req, caller, response_topic, correlation, expires), self.loop)
                 self._pending[fut] = device
                 self._per_device[device] += 1
         if stopping:
@@ -613,7 +615,9 @@ class MqttBridge:
 
     # ---- event-loop side ------------------------------------------------------------------
     async def _serve(self, req: RequestHead, caller: Caller, response_topic: str,
-                     correlation: bytes | None, remaining: float | None = None) -> None:
+                     correlation: bytes | None, expires: float | None = None) -> None:
+        """Serve one request; ``expires``: the ``time.monotonic()`` its edge's deadline passes."""
+        remaining = expires - time.monotonic() if expires is not None else None
         reply = await self.handler.handle(req, "mqtt", caller, remaining)
         self._count("answered" if status.is_ok(reply.status) else "error_answered")
         self._publish(response_topic, correlation, reply)

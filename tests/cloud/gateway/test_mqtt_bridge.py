@@ -665,3 +665,51 @@ def test_odd_properties_are_answered_and_never_take_the_bridge_down(mosquitto, c
             await gw.stop(1)
             await w.stop()
     run(main())
+
+
+def test_an_mqtt_requests_deadline_counts_its_wait_for_the_gateway(mosquitto):
+    """The edge's deadline (its Message Expiry Interval) was read when paho's thread took the
+    request and handed to the gateway's event loop as a duration: the time the request then
+    waited for the loop (behind a burst) was not counted, so a request its edge had given up on
+    still went to a worker with its whole interval (a gRPC call's deadline is a moment, and the
+    wait counts against it). Held 1.5 s before the loop takes it, a request of 1 s is answered
+    DEADLINE_EXCEEDED without reaching a worker; one that does not wait is served."""
+    import time
+
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = await bridged_gateway(mosquitto, w)
+        bridge = gw.bridge
+        seen: list[str] = []
+
+        def counting(client, userdata, msg):
+            bridge._on_message(client, userdata, msg)
+            seen.append(msg.topic)
+
+        bridge.client.on_message = counting
+        try:
+            await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
+            edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
+            try:
+                def send_then_hold_the_loop() -> None:  # (on the gateway's loop)
+                    edge.send(request(seq=1).SerializeToString(), b"late", expiry_s=1)
+                    deadline = time.monotonic() + 10
+                    while not seen and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    assert seen
+                    time.sleep(1.5)
+
+                send_then_hold_the_loop()
+                await wait_until(lambda: b"late" in edge.responses, 10, "the late request answered")
+                late = edge.responses[b"late"][0]
+                assert late.status == detect_pb2.DEADLINE_EXCEEDED and w.calls == 0, (late.status, late.error)
+                await asyncio.to_thread(edge.send, request(seq=2).SerializeToString(), b"fresh", expiry_s=1)
+                await wait_until(lambda: b"fresh" in edge.responses, 10, "the fresh request answered")
+                assert edge.responses[b"fresh"][0].status == detect_pb2.OK and w.calls == 1
+            finally:
+                edge.close()
+        finally:
+            await gw.stop(1)
+            await w.stop()
+    run(main())
