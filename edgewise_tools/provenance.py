@@ -28,8 +28,9 @@ def git_state(root: Path = ROOT) -> Tuple[str, List[str]]:
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
+        # -z writes paths as they are, not quoted: a name that is not UTF-8 is shown with U+FFFD, not a crash
         status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-z", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10, check=True).stdout
+                                capture_output=True, text=True, errors="replace", timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown", []
     changed: List[str] = []

@@ -42,3 +42,19 @@ def test_the_block_names_at_most_a_few_changed_files(tmp_path) -> None:
     assert len(block["uncommitted"]) == NAMED + 1 and block["uncommitted"][-1] == "2 more"
     assert "(uncommitted: r" in markdown(block)
     assert "uncommitted" not in provenance({}, state=("0123456789ab", []))
+
+
+def test_a_changed_file_whose_name_is_not_utf8_is_named_not_a_crash(tmp_path) -> None:
+    """``status -z`` writes paths unquoted: a tracked file named in Latin-1 ended the run that
+    took the state (UnicodeDecodeError) before a model ran."""
+    root = _repo(tmp_path)
+    name = b"caf\xe9 old.md"
+    with open(bytes(root) + b"/" + name, "w") as f:
+        f.write("x\n")
+    subprocess.run(["git", "-C", str(root), "add", "."], check=True, capture_output=True)
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "l1"],
+                   check=True, capture_output=True)
+    with open(bytes(root) + b"/" + name, "w") as f:
+        f.write("y\n")
+    commit, changed = git_state(root)
+    assert commit.endswith("+dirty") and changed == ["caf\ufffd old.md"]
