@@ -100,7 +100,8 @@ class OneLookup(Generic[T]):
             await asyncio.wait({lookup}, timeout=timeout)
             if not lookup.done():
                 raise LookupUnanswered(f"no answer for {timeout:g} s or more")
-        self._pending = None
+        if self._pending is lookup:  # a caller woken before this one may have started the next one
+            self._pending = None
         if lookup.cancelled():
             raise LookupUnanswered("cancelled")
         return lookup.result()

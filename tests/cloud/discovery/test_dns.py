@@ -139,3 +139,39 @@ def test_dns_config_validated(kw, msg):
         DnsDiscovery(**kw)
 
 
+
+
+def test_one_lookup_stays_one_when_two_callers_awaited_it():
+    """Two callers await the same lookup; the first, woken by its answer, starts the next one at
+    once; the second, woken after it, must not forget that new lookup (it did: the next call
+    started a third while the second was still in the resolver)."""
+    from cloud.discovery.dns import OneLookup
+
+    async def scenario():
+        answers: list[asyncio.Future[int]] = []
+
+        async def start() -> int:
+            answers.append(asyncio.get_running_loop().create_future())
+            return await answers[-1]
+
+        one = OneLookup(start)
+
+        async def first() -> None:
+            assert await one.result(5) == 1
+            with pytest.raises(TimeoutError):  # the next one, started at once: still unanswered
+                await one.result(0.05)
+
+        a = asyncio.ensure_future(first())
+        b = asyncio.ensure_future(one.result(5))
+        await asyncio.sleep(0.01)
+        assert len(answers) == 1
+        answers[0].set_result(1)
+        await a
+        assert await b == 1
+        with pytest.raises(TimeoutError):
+            await one.result(0.05)
+        assert len(answers) == 2, f"{len(answers)} lookups at once"
+        answers[-1].set_result(2)
+        assert await one.result(1) == 2
+
+    asyncio.run(scenario())
