@@ -137,7 +137,10 @@ def _collect(args: argparse.Namespace, policy: Policy) -> Tuple[List[Any], int]:
     strided = stride_problem(data)
     if strided:
         raise InvalidInputError(f"--data {data}: {strided}; give a set written with `edgewise synth --stride 1`")
-    for warning in fit_warnings(policy, data):
+    from edgewise.runtime.metadata import load_model_info
+
+    # the edge model's classes as the daemon checks them (its metadata, no session): also from the cache
+    for warning in fit_warnings(policy, data, load_model_info(edge).names, str(edge)):
         log.warning("%s", warning)
     cache = _cache_dir(args.cache) / f"{_cache_key(data, edge, cloud, policy, args.limit)}.pkl"
     cached = _read_cache(cache)

@@ -265,3 +265,20 @@ def test_accuracy_options_without_data_are_refused(capsys, extra: List[str], nam
     err = capsys.readouterr().err
     assert err.startswith(f"edgewise: error: {named} how the accuracy on labelled frames is measured: give --data DIR")
     assert err.count("\n") == 1
+
+
+def test_class_overrides_the_edge_model_lacks_are_warned_about(labelled, tiny_model, small_model, tmp_path,
+                                                               caplog) -> None:
+    """``check-policy --data`` warned of overrides for streams the set lacks, not of classes the edge
+    model lacks (it had no class names there): a ``classes: {person: ...}`` override against a digits
+    model changed no decision, silently. Warned about as the daemon and ``eval`` warn, also when the
+    models' outputs come from the cache."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text((ROOT / "examples" / "policy.yaml").read_text().replace(
+        "  auditFraction: 0.0\n", "  auditFraction: 0.0\n  classes: {person: {threshold: 0.1}}\n"))
+    args = ["edge", "check-policy", str(policy), "--data", str(labelled), "--edge", str(tiny_model),
+            "--cloud", str(small_model), "--threads", "1", "--cache", str(tmp_path / "cache")]
+    for _ in range(2):  # models run, then the cache
+        caplog.clear()
+        assert main(args) == 0
+        assert "spec.classes person" in caplog.text and str(tiny_model) in caplog.text, caplog.text
