@@ -551,12 +551,14 @@ class MqttConnection:
                 log.exception("MQTT publish callback for %s failed", topic)
 
     def _set_connected(self, up: bool) -> None:
+        """The gauge first, then the event: whoever sees the event (a caller waiting for the
+        connection, or for its loss) reads the gauge already in step with it."""
+        if self.metrics is not None:
+            self.metrics.connected.set(1 if up else 0)
         if up:
             self.connected.set()
         else:
             self.connected.clear()
-        if self.metrics is not None:
-            self.metrics.connected.set(1 if up else 0)
 
     def _on_pre_connect(self, client: Any, userdata: Any) -> None:
         """(paho's thread, before each connection attempt) When the TLS files changed and can be

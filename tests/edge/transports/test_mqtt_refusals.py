@@ -360,6 +360,27 @@ def test_an_unreachable_broker_is_a_warning_with_its_cause_and_a_gauge(caplog):
     assert gauge() == 0
 
 
+def test_the_connected_gauge_is_in_step_before_the_connected_event_changes():
+    """A test waiting for ``connected`` read the gauge still 0 now and then (the event was set
+    first, the gauge a moment later, on paho's thread): the gauge goes first, both ways, so
+    whoever sees the event sees the gauge agree."""
+    metrics = EdgeMetrics()
+    conn = MqttConnection("127.0.0.1", 1, client_id="cam-1-gauge", metrics=metrics)
+    seen: List[tuple] = []
+    gauge = conn.metrics.connected
+
+    class Spy:
+        def set(self, value: float) -> None:
+            seen.append((value, conn.connected.is_set()))
+            gauge.set(value)
+
+    conn.metrics.connected = Spy()
+    conn._set_connected(True)
+    conn._set_connected(False)
+    assert seen == [(1, False), (0, True)]  # each written while the event still said the old state
+    assert metrics.registry.get_sample_value("edgewise_edge_mqtt_connected") == 0
+
+
 def test_a_session_taken_over_by_the_same_client_id_is_a_clear_warning(caplog):
     """Two edges with one client id knock each other off on every reconnect (Mosquitto 2.0
     closes the older connection without a reason; MQTT 5.0 brokers may say "Session taken
