@@ -602,6 +602,13 @@ class MqttConnection:
         for t in topics:
             self._subscribe(client, t)
         self._set_connected(True)
+        # a topic ``subscribe`` added from another thread meanwhile found no connection yet and left it
+        # to this: without this look it waited for the next reconnect (an MqttTransport started just
+        # after ``start`` got no answers, every escalation timing out)
+        with self.lock:
+            late = [t for t in self.subscriptions if t not in topics]
+        for t in late:
+            self._subscribe(client, t)
 
     def _drop_unsendable(self) -> None:
         """(paho's thread, in CONNACK) What paho holds at a QoS over the broker's Maximum QoS

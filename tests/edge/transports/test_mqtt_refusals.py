@@ -381,6 +381,31 @@ def test_the_connected_gauge_is_in_step_before_the_connected_event_changes():
     assert metrics.registry.get_sample_value("edgewise_edge_mqtt_connected") == 0
 
 
+def test_a_subscription_made_while_the_connection_comes_up_is_not_left_for_the_next_reconnect():
+    """``subscribe`` from another thread after the CONNACK handler took its list of topics but
+    before it said connected: neither sent the SUBSCRIBE, and the topic (an MqttTransport's
+    responses, started just after the connection) waited for a reconnect, every escalation
+    timing out meanwhile. The handler looks again once connected."""
+    from types import SimpleNamespace
+
+    conn = MqttConnection("127.0.0.1", 1, client_id="cam-1-late-topic")
+    sent: List[str] = []
+    conn.subscribe("edgewise/cam-1/early", lambda msg: None)  # before the connection: sent in CONNACK
+
+    def subscribe(client, topic: str) -> None:
+        sent.append(topic)
+        if len(sent) == 1:  # the other thread, at the worst moment
+            conn.subscribe("edgewise/cam-1/response/late", lambda msg: None)
+
+    conn._subscribe = subscribe
+    conn._on_connect(conn.client, None, SimpleNamespace(session_present=False),
+                     SimpleNamespace(is_failure=False), None)
+    assert conn.connected.is_set()
+    assert sent == ["edgewise/cam-1/early", "edgewise/cam-1/response/late"]
+    conn.subscribe("edgewise/cam-1/after", lambda msg: None)  # once connected: subscribe sends it itself
+    assert sent[-1] == "edgewise/cam-1/after" and len(sent) == 3
+
+
 def test_a_session_taken_over_by_the_same_client_id_is_a_clear_warning(caplog):
     """Two edges with one client id knock each other off on every reconnect (Mosquitto 2.0
     closes the older connection without a reason; MQTT 5.0 brokers may say "Session taken
