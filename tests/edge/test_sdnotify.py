@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import socket
-import time
+import threading
 
 from edge.sdnotify import Notifier
+from tests.waiting import wait_until
 
 
 def test_messages_reach_the_socket(tmp_path, monkeypatch) -> None:
@@ -57,10 +58,15 @@ def _drain(srv):
 
 def test_busy_extends_the_start_timeout_while_a_long_step_runs(tmp_path) -> None:
     srv, path = _listen(tmp_path)
+    got = []
     with Notifier(path).busy("building the engine", every_s=0.05, extend_s=60):
-        time.sleep(0.3)
-    got = _drain(srv)
-    assert len(got) >= 3  # one at the start, then every 0.05 s
+        # the step runs until three have come (in a fixed 0.3 s a loaded machine may send fewer)
+        srv.settimeout(10)
+        while len(got) < 3:  # one at the start, then every 0.05 s
+            got.append(srv.recv(1024).decode())
+        srv.settimeout(0.5)
+    got += _drain(srv)
+    assert len(got) >= 3
     assert all(m.startswith("EXTEND_TIMEOUT_USEC=60000000\nWATCHDOG=1\nSTATUS=building the engine (") for m in got)
     assert _drain(srv) == []  # nothing after the step
     srv.close()
@@ -68,16 +74,17 @@ def test_busy_extends_the_start_timeout_while_a_long_step_runs(tmp_path) -> None
 
 def test_busy_stops_extending_at_its_cap(tmp_path) -> None:
     srv, path = _listen(tmp_path)
-    with Notifier(path).busy("stuck", every_s=0.05, limit_s=0.12):
-        time.sleep(0.5)
+    with Notifier(path).busy("stuck", every_s=0.05, limit_s=0.5):
+        # the heartbeat ends by itself while the step still runs (a cap of 0.12 s and a fixed 0.5 s
+        # step: on a loaded machine the thread could start past the cap and send nothing)
+        wait_until(lambda: not any(t.name == "sd-notify-busy" for t in threading.enumerate()), 10,
+                   "the heartbeat stopped at its cap")
     got = _drain(srv)
-    assert 2 <= len(got) <= 4  # a step stuck past the cap meets the unit's own timeout
+    assert 2 <= len(got) <= 0.5 / 0.05 + 1  # a step stuck past the cap meets the unit's own timeout
     srv.close()
 
 
 def test_busy_is_a_no_op_outside_systemd(monkeypatch) -> None:
-    import threading
-
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     with Notifier().busy("x"):
         assert not any(t.name == "sd-notify-busy" for t in threading.enumerate())  # no heartbeat thread
