@@ -12,7 +12,6 @@ import json
 import os
 import re
 import socket
-import time
 
 import pytest
 
@@ -404,7 +403,9 @@ def test_live_records_leave_the_spools_reserve_free_in_the_mqtt_outbox_too(small
         # the publisher's acknowledgements (deletes in the WAL) go on meanwhile: under load they
         # took 36 KiB of the reserve when the WAL's growth was not counted before a live record
         wait_until(lambda: len(rec_topic.messages) == seq, 30, "the records stored published")
-        time.sleep(0.3)  # their acknowledgements written
+        # their acknowledgements written (each deleted from the outbox once the broker's PUBACK is
+        # read, which may come after the subscriber got the record)
+        wait_until(lambda: len(sink.outbox) == 0, 30, "the records' acknowledgements written")
         assert fs.free() >= reserve - 16 * 1024  # the reserve is left (less one commit's pages)
         assert sinks.write(late(1000)) is True  # a late record may use it
         assert sinks.write(frame_record("cam", seq + 1)) is False and len(sink.held) == 2
