@@ -308,7 +308,9 @@ def test_healthz_is_degraded_while_a_stream_is_down(tmp_path, tiny_model):
 
     async def run():
         task = asyncio.ensure_future(d.run())
-        await async_wait_until(lambda: d.started and d.health()[1]["streams_down"] == ["dead"], 60, "dead stream")
+        # the dead stream down, and the working one streaming (its open, in a thread too, may come after)
+        await async_wait_until(lambda: d.started and d.health()[1]["streams_down"] == ["dead"]
+                               and d.health()[1]["streams"]["ok"] == "streaming", 60, "dead stream")
         ok, doc = d.health()
         assert ok and doc["status"] == "degraded" and doc["streams"]["ok"] == "streaming"
         d.request_stop()
@@ -330,7 +332,8 @@ def test_healthz_names_a_stream_backing_off_for_corrupt_frames(tmp_path, tiny_mo
 
     async def run():
         task = asyncio.ensure_future(d.run())
-        await async_wait_until(lambda: d.started and d.health()[1]["streams_down"] == ["bad"], 60, "bad stream")
+        await async_wait_until(lambda: d.started and d.health()[1]["streams_down"] == ["bad"]
+                               and d.health()[1]["streams"]["ok"] == "streaming", 60, "bad stream")
         ok, doc = d.health()
         assert ok and doc["status"] == "degraded" and doc["streams"]["ok"] == "streaming"
         d.request_stop()
@@ -354,7 +357,8 @@ def test_healthz_names_a_file_stream_that_could_not_be_opened(tmp_path, tiny_mod
     async def run():
         task = asyncio.ensure_future(d.run())
         await async_wait_until(lambda: d.started and d.health()[1]["streams"].get("bad") == "ended"
-                               and d.health()[1]["streams"].get("gone") == "ended", 60, "the bad streams ended")
+                               and d.health()[1]["streams"].get("gone") == "ended"
+                               and d.health()[1]["streams"]["ok"] == "streaming", 60, "the bad streams ended")
         ok, doc = d.health()
         assert ok and doc["status"] == "degraded" and doc["streams_down"] == ["bad", "gone"], doc
         d.request_stop()
