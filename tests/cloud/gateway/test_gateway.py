@@ -905,9 +905,16 @@ def test_a_sighup_while_the_gateway_starts_is_a_reload_once_it_serves(tmp_path):
         # the side port is off (-1), as the worker's line says it too (it read 0, a port)
         assert line.startswith("EDGEWISE_GATEWAY_LISTENING") and line.split()[-1] == "metrics_port=-1", \
             (line, proc.communicate(timeout=30))
-        time.sleep(0.5)
+        # until the reload is said (the gateway's SIGTERM handler is in place by then): after a fixed
+        # 0.5 s a loaded machine may not have run the start that far, and SIGTERM ended it (-15)
+        said = []
+        for text in proc.stderr if proc.stderr is not None else ():
+            said.append(text)
+            if "worker list reloaded" in text:
+                break
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
+        err = "".join(said) + err
         assert proc.returncode == 0, err
         assert "SIGHUP during the start: reloading the workers and tokens" in err, err
         assert "worker list reloaded: 2 workers" in err, err
