@@ -68,8 +68,10 @@ def test_calls_beyond_max_concurrent_rpcs_are_refused():
                 assert await _code(health) == "RESOURCE_EXHAUSTED"
                 assert await http_get(f"http://127.0.0.1:{gw.metrics_port}/healthz") == b"ok\n"
                 calls[0].cancel()
-                await asyncio.sleep(0.3)
-                assert await _code(stub.Detect(request(seq=10), timeout=5)) == "OK"
+
+                async def served() -> bool:  # gRPC frees the slot once the cancel reached the gateway:
+                    return await _code(stub.Detect(request(seq=10), timeout=5)) == "OK"  # not a fixed 0.3 s
+                await async_wait_until(served, 10, "a call served once one ended")
                 stop.set()
         finally:
             await gw.stop(0)
@@ -170,7 +172,9 @@ def test_streams_per_device_are_capped():
                                           metadata=(("x-edgewise-device", "cam-2"),))
                 assert (await asyncio.wait_for(other.read(), 5)).frame_seq == 6
                 open_[0].cancel()
-                await asyncio.sleep(0.3)
+                # the cancel reached the gateway and its stream ended there (a fixed 0.3 s: not on a
+                # loaded machine, and the next one was refused, counted a second time)
+                await async_wait_until(lambda: gw.streams_of.get("cam-1", 0) < 2, 10, "the cancelled stream closed")
                 again = stub.DetectStream(_frames(stop, request(seq=7)), metadata=cam1)
                 assert (await asyncio.wait_for(again.read(), 5)).frame_seq == 7
                 assert gw.metrics.registry.get_sample_value("edgewise_gateway_rejected_total",
