@@ -332,9 +332,10 @@ def test_the_charts_broker_announces_100_in_flight_without_nagle_and_mosquitto_l
     """A QoS 2 record holds one of a device's in-flight slots for two round trips: Mosquitto's
     default of 20 held an edge's MQTT sink to 25 records/s over a 300 ms uplink
     (bench/mqtt_sink.py). The rendered configuration is loaded by a real Mosquitto 2.0."""
-    import time
+    import socket
 
     from tests.conftest import free_port, mosquitto_binary
+    from tests.waiting import wait_until
 
     conf = named(render("mqtt.bridge.enabled=true", "mqtt.broker.enabled=true"), "ConfigMap",
                  "mosquitto")["data"]["mosquitto.conf"]
@@ -343,9 +344,19 @@ def test_the_charts_broker_announces_100_in_flight_without_nagle_and_mosquitto_l
     (tmp_path / "mosquitto.conf").write_text(conf.replace("listener 1883", f"listener {port} 127.0.0.1"))
     proc = subprocess.Popen([mosquitto_binary(), "-c", str(tmp_path / "mosquitto.conf")], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    try:
-        time.sleep(1.0)
+    def answers() -> bool:
+        """A CONNACK to an MQTT 3.1.1 CONNECT: its main loop runs (it printed "running" before;
+        a fixed 1 s could end before that on a loaded machine, its buffered log then lost)."""
         assert proc.poll() is None, proc.communicate()[0]
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                s.sendall(b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00")
+                return s.recv(4)[:1] == b"\x20"
+        except OSError:
+            return False
+
+    try:
+        wait_until(answers, 30, "mosquitto answering with the chart's configuration")
     finally:
         proc.terminate()
         out = proc.communicate(timeout=10)[0]
