@@ -340,9 +340,9 @@ class MqttBridge:
         if refused:
             self._subscription_refused(refused[0])
             return
-        self.connected.set()  # requests published from now on reach this gateway
-        if self.up is not None:
+        if self.up is not None:  # the gauge first: who waits on the event may read it next
             self.up.set(1)
+        self.connected.set()  # requests published from now on reach this gateway
         log.info("MQTT bridge connected to %s:%d, subscribed %s", self.s.host, self.s.port, self.subscription)
 
     def _subscription_refused(self, reason_code: Any) -> None:
@@ -399,9 +399,9 @@ class MqttBridge:
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
                        properties: Any) -> None:
-        self.connected.clear()
         if self.up is not None:
             self.up.set(0)
+        self.connected.clear()
         lasted = time.monotonic() - self._connected_at if self._connected_at is not None else None
         self._connected_at = None
         if lasted is not None and lasted < SHORT_SESSION_S and not flags.is_disconnect_packet_from_server:
