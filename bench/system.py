@@ -132,7 +132,8 @@ def rerender(a: argparse.Namespace) -> int:
     a.size = tuple(c["size"]) if c.get("size") else None
     m = doc["models"]
     out = report(a, doc["curve"], doc["failures"], int(c["cores"]), m["note"], Path(m["edge"]),
-                 Path(m["cloud"]), float(doc.get("wall_seconds", 0.0)), float(c.get("audit_fraction", 0.0)))
+                 Path(m["cloud"]), float(doc.get("wall_seconds", 0.0)), float(c.get("audit_fraction", 0.0)),
+                 doc.get("provenance"))
     out["skipped"] = doc.get("skipped", {})
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
@@ -160,6 +161,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not Path(m).is_file():
             print(f"system bench: {m} not found", file=sys.stderr)
             return 2
+    from edgewise_tools.provenance import provenance
+
+    prov = provenance({"edge": edge_model, "cloud": cloud_model}, a.policy)  # the tree as the run starts
     work = Path(tempfile.mkdtemp(prefix="edgewise-sysbench-"))
     distinct = min(4, max(a.n + ([a.fail_n] if a.failures else [])))
     folders = run.camera_folders(world.preset, distinct, 24, a.size, a.seed)
@@ -245,7 +249,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if broker is not None:
             broker.stop()
     out = report(a, points, failures, cores, models_note, edge_model, cloud_model,
-                 time.monotonic() - t_start, audit)
+                 time.monotonic() - t_start, audit, prov)
     out["skipped"] = skipped
     for name, why in skipped.items():
         print(f"{name} run skipped: {why}.")
@@ -285,8 +289,11 @@ def pooled_baseline(a: argparse.Namespace, first: Dict[str, Any], measure: Any) 
 
 def report(a: argparse.Namespace, points: List[Dict[str, Any]], failures: Dict[str, Dict[str, Any]],
            cores: int, models_note: str, edge_model: Path, cloud_model: Path, wall: float,
-           audit: float) -> Dict[str, Any]:
-    """Print the Markdown report; return the JSON summary."""
+           audit: float, prov: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Print the Markdown report; return the JSON summary. ``prov``: what produced the run
+    (``edgewise_tools.provenance``, taken as it started; None for a run recorded before it)."""
+    from edgewise_tools.provenance import markdown as provenance_text
+
     kn = stats.knee(points, FPS_FLOOR, P99_GROWTH)
     base = min(points, key=lambda p: p["n"]) if points else None
     sized = stats.sized_for(points, a.workers, cores)
@@ -316,6 +323,7 @@ def report(a: argparse.Namespace, points: List[Dict[str, Any]], failures: Dict[s
         f"'+others' = cores busy with other processes on this shared machine during the window "
         f"(1-min load average {', '.join(str(p.get('loadavg_1m')) for p in points)}).",
         "",
+        *([provenance_text(prov), ""] if prov else []),
         stats.curve_table(points, a.target_ms, FPS_FLOOR, P99_GROWTH),
         "CPU path = edge CPU ms per frame + cloud CPU ms per escalation: the serial work on an "
         "escalated frame, what its latency approaches without queueing or CPU contention (an estimate).",
@@ -357,6 +365,7 @@ def report(a: argparse.Namespace, points: List[Dict[str, Any]], failures: Dict[s
         "failures": failures,
         "table": text,
         "wall_seconds": round(wall, 1),
+        **({"provenance": prov} if prov else {}),
     }
 
 

@@ -57,6 +57,9 @@ def test_quick_run_reports_curve_and_loses_nothing_when_a_worker_dies(tiny_model
     assert "Knee criterion" in proc.stdout and "| worker_kill |" in proc.stdout
     assert doc["knee"]["criterion"].startswith("every stream keeps >= 90%")
     assert doc["target"]["met"] in (True, False, None)
+    # it says what produced it, as every report does: the code, the models, the policy
+    assert doc["provenance"]["models"]["edge"]["sha256"] and doc["provenance"]["policy"]["sha256"]
+    assert f"commit {doc['provenance']['commit']}" in proc.stdout and "Produced by edgewise" in proc.stdout
     # The report can be printed again from the JSON alone, identically.
     again = subprocess.run([sys.executable, str(ROOT / "bench" / "system.py"), "--report-from", str(out)],
                            capture_output=True, text=True, timeout=60, cwd=str(ROOT))
