@@ -71,6 +71,19 @@ async def bridged_gateway(broker, w: TestWorker, **settings: object) -> Gateway:
     return gw
 
 
+
+def topics_handled(bridge) -> list[str]:
+    """The topics of the messages the bridge has handled so far (on paho's thread), in order."""
+    seen: list[str] = []
+    handle = bridge._on_message
+
+    def counting(client, userdata, msg):
+        handle(client, userdata, msg)
+        seen.append(msg.topic)
+
+    bridge.client.on_message = counting
+    return seen
+
 def test_two_replicas_share_the_subscription(mosquitto):
     async def main():
         workers = [(TestWorker("a", 0.01, concurrency=4), 1), (TestWorker("b", 0.01, concurrency=4), 1)]
@@ -406,13 +419,7 @@ def test_requests_that_fail_authentication_on_a_devices_topic_take_none_of_its_s
         gw = await bridged_gateway(mosquitto, w, **{
             "mqtt.max_in_flight_per_device": 2, "auth.tokens": [{"device": "cam-1", "token": "t1"}]})
         bridge = gw.bridge
-        seen: list[str] = []
-
-        def counting(client, userdata, msg):
-            bridge._on_message(client, userdata, msg)
-            seen.append(msg.topic)
-
-        bridge.client.on_message = counting
+        seen = topics_handled(bridge)
         try:
             await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
             cam = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
@@ -681,13 +688,7 @@ def test_an_mqtt_requests_deadline_counts_its_wait_for_the_gateway(mosquitto):
         await w.start()
         gw = await bridged_gateway(mosquitto, w)
         bridge = gw.bridge
-        seen: list[str] = []
-
-        def counting(client, userdata, msg):
-            bridge._on_message(client, userdata, msg)
-            seen.append(msg.topic)
-
-        bridge.client.on_message = counting
+        seen = topics_handled(bridge)
         try:
             await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
             edge = await asyncio.to_thread(Edge, mosquitto.host, mosquitto.port)
