@@ -5,7 +5,7 @@
 # lacks them. Every run uses the policy file's payload, merge and carrying (--carry-lag 1), and
 # judges the combined hardness the camera policy ships (--ours combined) against the baselines
 # at equal rates, with 95% intervals from resampled streams.
-#   SPLIT test (default), 15 min on 2 cores in the 2026-12-06 rerun, generating the splits included:
+#   SPLIT test (default), 17 min on 2 cores in the second 2026-12-06 rerun, generating the splits included:
 #   1. the headline: the held-out camera test split (900 frames, 30 streams), every payload
 #      mode side by side, the learned policy fitted on cam-policy -> $MODELS/eval/ (eval.json,
 #      eval.md, eval.png, gain-model.json; examples/policies/learned.yaml uses the episodes
@@ -13,7 +13,7 @@
 #   2. continuity: the same pair on the episodes test split (1200 frames of 224x224; whole
 #      frames only) -> $MODELS/eval-episodes/; the previous pair's own evaluation stays in
 #      models/eval/
-#   SPLIT holdout, 19 min in the 2026-12-06 rerun, generating the split (about 3.5 min) included: a second look on data no
+#   SPLIT holdout, 25 min in the second 2026-12-06 rerun (the bootstrap over every policy's tie draws is about 8 min of it), generating the split (about 3.5 min) included: a second look on data no
 #   setting was ever judged on, `cam-holdout` (seed 25, 90 streams x 30 frames, the test split's
 #   held-out handwriting and backgrounds), three times the streams of `cam-test`, so the
 #   intervals are about 1.7 times narrower; the policy's payload beside whole frames, no learned
