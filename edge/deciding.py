@@ -1,6 +1,6 @@
 """Per-frame decision of the edge daemon: hardness signals, then the escalation policy.
 
-Thin stateful wrapper around the pure cores ``edgewise.hardness.compute_signals``
+Thin stateful wrapper around the pure cores ``edgewise.hardness.signals.recorded_signals``
 and ``edgewise.policy.Escalator``: keeps each stream's tracker state and the
 policy in force. ``swap`` replaces the policy atomically; the pipeline calls
 ``decide`` and ``swap`` from the event-loop thread only, so a new policy always
@@ -28,7 +28,7 @@ import numpy as np
 
 from edgewise.detections import Detections
 from edgewise.hardness.motion import MotionConfig, MotionDetector
-from edgewise.hardness.signals import SignalConfig, as_recorded, combine, compute_signals
+from edgewise.hardness.signals import SignalConfig, combine, recorded_signals
 from edgewise.hardness.tracking import TrackerState
 from edgewise.policy.deciding import Decision, Escalator, FrameFacts, frame_facts
 from edgewise.policy.digest import policy_digest
@@ -124,10 +124,8 @@ class Decider:
         cfg = self._signal_config(stream_id, frame_size)
         motion = self._motion(stream_id) if frame is not None else None
         found = motion.update(frame, dets) if motion is not None and frame is not None else None
-        raw, state = compute_signals(dets, self.tracker.get(stream_id), cfg, frame_size,
-                                     found.signals if found is not None else None)
-        self.tracker[stream_id] = state
-        signals = as_recorded(raw)
+        signals, self.tracker[stream_id] = recorded_signals(dets, self.tracker.get(stream_id), cfg, frame_size,
+                                                            found.signals if found is not None else None)
         facts = frame_facts(dets)
         if self.escalator is None:
             sig = NO_POLICY.spec.signals

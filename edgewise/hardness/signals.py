@@ -304,3 +304,18 @@ def combine(
 def as_recorded(signals: Mapping[str, float]) -> Dict[str, float]:
     """The signals at the precision the frame record keeps (:data:`RECORD_DECIMALS`)."""
     return {k: round(float(v), RECORD_DECIMALS) for k, v in signals.items()}
+
+
+def recorded_signals(
+    dets: Detections,
+    prev: Optional[TrackerState],
+    cfg: SignalConfig,
+    frame_size: Optional[Tuple[int, int]] = None,
+    motion: Optional[Mapping[str, float]] = None,
+) -> Tuple[Dict[str, float], TrackerState]:
+    """:func:`compute_signals` at the precision the frame record keeps (:func:`as_recorded`):
+    what a policy decides on, in the daemon (``edge.deciding``) and in every replay of its
+    records (``edgewise eval``, ``check-policy --data``), so a frame on the threshold goes the
+    same way in each."""
+    raw, state = compute_signals(dets, prev, cfg, frame_size, motion)
+    return as_recorded(raw), state

@@ -31,9 +31,8 @@ from edgewise.hardness import (
     MotionResult,
     SignalConfig,
     TrackerState,
-    compute_signals,
 )
-from edgewise.hardness.signals import as_recorded, score_bands
+from edgewise.hardness.signals import recorded_signals, score_bands
 from edgewise.imagefiles import read_image_file
 from edgewise.policy import Policy
 from edgewise.policy.schema import Merge
@@ -432,8 +431,7 @@ def collect(
         stream, fno, img, e_op, e_all, mot, cfg = v.stream, v.frame, v.image, v.edge, v.edge_all, v.motion, v.config
         h, w = img.shape[:2]
         gt_boxes, gt_cls = to_pixels(labels[v.label_path], w, h)
-        signals, trackers[stream] = compute_signals(e_op, trackers.get(stream), cfg, (w, h), mot.signals)
-        signals = as_recorded(signals)  # the precision the daemon decides on (edge.deciding)
+        signals, trackers[stream] = recorded_signals(e_op, trackers.get(stream), cfg, (w, h), mot.signals)
         full, full_bytes = _roundtrip(img, pl.jpeg_quality)
         if "full" in modes:
             c_op, c_all, c_ms = _run(cloud, full, low_c)
@@ -508,8 +506,7 @@ def set_signals(records: Sequence[FrameRecord], policy: Policy) -> None:
         if cfg is None:
             cfg = configs[(r.stream, size)] = policy.signal_config(stream_id(r.stream), size)
         motion = {k: r.signals.get(k, 0.0) for k in MOTION_SIGNALS}
-        signals, trackers[r.stream] = compute_signals(r.edge, trackers.get(r.stream), cfg, size, motion)
-        r.signals = as_recorded(signals)  # the precision the daemon decides on (edge.deciding)
+        r.signals, trackers[r.stream] = recorded_signals(r.edge, trackers.get(r.stream), cfg, size, motion)
 
 
 def shift(d: Detections, offset: Tuple[int, int], size: Tuple[int, int]) -> Detections:
