@@ -245,8 +245,9 @@ def at_rates(
     carry_lag: Optional[int] = None,
     gaps: Optional[Mapping[str, int]] = None,
 ) -> Tuple[Dict[str, List[Dict[str, Any]]], Dict[str, List[np.ndarray]]]:
-    """Each policy at each rate (a policy with several score vectors, random seeds, is
-    averaged), each row with ``f1_ci``: the 95% interval of its F1 by resampling streams,
+    """Each policy at each rate (a policy with several score vectors, random seeds or
+    :func:`~edgewise_tools.evaluation.scoring.tie_draws`, is averaged over them: ``draws``),
+    each row with ``f1_ci``: the 95% interval of its F1 by resampling streams,
     the nominal ``rate`` and the share really ``escalated``, and ``short`` when that falls
     more than one frame short of the rate (:func:`is_short`: not comparable at that rate).
     ``gaps`` names the policies that keep a cooldown (frames, :func:`top_fraction`);
@@ -267,6 +268,7 @@ def at_rates(
             row: Dict[str, Any] = {k: float(np.mean([r[k] for r, _ in runs])) for k in runs[0][0]}
             c = np.mean([bootstrap.per_stream(f, index, n_streams) for _, f in runs], axis=0)
             row["rate"] = rate
+            row["draws"] = len(vectors)
             row["short"] = is_short(rate, row["escalated"], len(records))
             row["f1_ci"] = bootstrap.f1_interval(c, w)
             rows.append(row)

@@ -93,7 +93,8 @@ def _carry_lines(carry: Optional[Dict[str, Any]], cloud_f1: float) -> List[str]:
             f"(template match >= {carry['min_match']:g}; a newer answer replaces them"
             f"{' only inside the regions it saw' if carry.get('scope') == 'regions' else ''}), "
             f"from {carry['lag_frames']} frame(s) after the "
-            f"escalated frame; every policy keeps the policy's cooldown ({carry['cooldown_frames']} frames). "
+            f"escalated frame; every policy, and the oracle, keeps the policy's cooldown "
+            f"({carry['cooldown_frames']} frames). "
             f"Our policy at the target rate: {_share(on['f1'], cloud_f1)} of cloud F1 carrying, "
             f"{_share(off['f1'], cloud_f1)} with the same frames escalated and nothing carried.", ""]
 
@@ -158,6 +159,12 @@ def markdown(result: Dict[str, Any]) -> str:
                          + (f" at {_pct(row['escalated'])}†" if row.get("short") else ""))
             short = short or bool(row.get("short"))
         lines.append(f"| {_label(name)} | " + " | ".join(cells) + " |")
+    tied = [_label(n) for n, rows_ in result["at_rates"].items() if n != "random" and rows_[0].get("draws", 1) > 1]
+    if tied:
+        draws = max(rows_[0].get("draws", 1) for rows_ in result["at_rates"].values())
+        lines += ["", f"Random sampling is averaged over {draws} seeds; " + ", ".join(tied)
+                  + f" rank some frames equal, and each such row is averaged over {draws} draws of the order "
+                  "among them."]
     if short:
         cooldown = (result.get("carry") or {}).get("cooldown_frames")
         lines += ["", "† escalated less than the column's rate by more than one frame"
@@ -224,7 +231,8 @@ def verdict(result: Dict[str, Any]) -> List[str]:
                f"{_label(t['best_policy'])}, {_pct(t['best_f1_fraction'])} of cloud F1.")
     if t.get("oracle_f1_fraction") is not None:
         carried = bool((result.get("carry") or {}).get("lag_frames"))
-        out.append(f"An oracle that ranks frames by what escalating each one alone truly gains keeps "
+        out.append(f"An oracle that ranks frames by what escalating each one alone truly gains (with the same "
+                   f"cooldown) keeps "
                    f"{_pct(t['oracle_f1_fraction'])} at {at}: "
                    + ("a reference, not a ceiling, once answers are carried (a frame's gain then depends on "
                       "the frames escalated before it)." if carried else
