@@ -358,7 +358,7 @@ def build_deb(opts: BundleOptions, tree: Path, out: Path) -> Path:
     # Every file under /etc is the operator's to edit: all are conffiles.
     etc = sorted(p.relative_to(tree).as_posix() for p in (tree / "etc").rglob("*") if p.is_file())
     (debian / "conffiles").write_text("".join(f"/{c}\n" for c in etc))
-    for script in ("postinst", "prerm", "postrm"):
+    for script in ("preinst", "postinst", "prerm", "postrm"):
         _copy(JETSON / "debian" / script, debian / script, 0o755)
     sums = []
     for path in sorted(p for p in pkgroot.rglob("*") if p.is_file() and "DEBIAN" not in p.parts):
