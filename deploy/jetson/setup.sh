@@ -74,15 +74,23 @@ if ! pip install -q "$@" -c "$LIB/constraints-jetpack51.txt" pip \
   exit 1
 fi
 # JetPack's cv2 and tensorrt were built against its numpy 1.17; they must import under the
-# venv's numpy (constraints-jetpack51.txt says why they can).
-"$NEW/bin/python" - <<'PY' || true
-import importlib
+# venv's numpy (constraints-jetpack51.txt says why they can). One JetPack does not have
+# installed is named with what installs it (edgewise/systemdeps.py, as every command does).
+"$NEW/bin/python" - "$LIB/python" <<'PY' || true
+import importlib, sys
+sys.path.insert(0, sys.argv[1])
+try:
+    from edgewise.systemdeps import missing_module_error
+except ImportError:  # the package's modules are not there (a bare setup.sh)
+    def missing_module_error(exc):
+        return None
 for name in ("numpy", "onnxruntime", "cv2", "tensorrt"):
     try:
         mod = importlib.import_module(name)
         print("edgewise-edge: %s %s" % (name, getattr(mod, "__version__", "?")))
     except Exception as exc:
-        print("edgewise-edge: %s not importable (%s)" % (name, exc))
+        hint = missing_module_error(exc)
+        print("edgewise-edge: %s" % hint if hint else "edgewise-edge: %s not importable (%s)" % (name, exc))
 PY
 echo "$want" > "$NEW/.complete"
 # Swap: the daemon runs `venv/bin/python3 -m edgewise`, which does not care where the

@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 from edgewise import __version__, hangup
 from edgewise.errors import EdgewiseError
 from edgewise.observability import LOG_FORMATS, setup_logging
+from edgewise.systemdeps import missing_module_error
 
 #: (group, module) pairs; a group may be filled by several modules.
 #: Group "" means top-level subcommands.
@@ -94,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
             # install); a missing dependency inside it is a real error.
             if exc.name is not None and module_name.startswith(exc.name):
                 continue
+            missing = missing_module_error(exc)  # one the platform provides (cv2): what installs it
+            if missing is not None:
+                raise missing from None
             raise
         if group:
             if group not in groups:
@@ -128,7 +132,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     hangup.hold()  # before the command modules load: a daemon's reload must not kill its start
     reloads = False
     try:
-        parser = build_parser()
+        try:
+            parser = build_parser()
+        except EdgewiseError as exc:  # a module the platform provides is missing (cv2): one line
+            print(f"edgewise: error: {exc}", file=sys.stderr)
+            return 2
         args = parser.parse_args(list(argv) if argv is not None else None)
         reloads = bool(getattr(args, "reloads_on_sighup", False))
         if not reloads:

@@ -123,6 +123,21 @@ def test_a_failed_forced_rebuild_keeps_the_current_environment_usable(setup_root
     assert run().stdout == "" and not (lib / ".setup-failed").exists()
 
 
+def test_setup_names_what_installs_a_missing_opencv(setup_root) -> None:
+    """setup.sh's check of JetPack's modules in the new venv said ``cv2 not importable (No module
+    named 'cv2')``, naming no package (found with a CPython 3.8 venv of the device's pins)."""
+    base = getattr(sys, "_base_executable", sys.executable)  # what the venv's system site-packages are
+    if subprocess.run([base, "-c", "import cv2"], capture_output=True).returncode == 0:
+        pytest.skip(f"{base} has cv2: nothing is missing")
+    root, lib, run = setup_root
+    shutil.copytree(B.REPO / "edgewise", lib / "python/edgewise")
+    out = run()
+    assert out.returncode == 0, out.stderr  # the venv is right: the daemon then says the same and stops
+    assert "edgewise-edge: OpenCV's Python module (cv2) is not installed: on a Jetson it comes with JetPack: " \
+           "sudo apt-get install libopencv-python" in out.stdout, out.stdout
+    assert "cv2 not importable" not in out.stdout
+
+
 def test_the_setup_unit_leaves_the_decision_to_setup_sh() -> None:
     unit = (B.JETSON / "edgewise-edge-setup.service").read_text()
     assert "ConditionPathExists" not in unit and "ExecStart=/usr/lib/edgewise-edge/setup.sh" in unit

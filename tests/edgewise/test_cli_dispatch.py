@@ -66,3 +66,24 @@ def test_the_log_flags_win_over_the_variables(monkeypatch, capsys):
     monkeypatch.setenv("EDGEWISE_LOG_FORMAT", "bogus")
     assert cli.main(["--log-level", "info", "--log-format", "text", "edge"]) == 2  # the group's help
     assert "check-policy" in capsys.readouterr().out
+
+
+def test_a_missing_opencv_is_one_line_naming_what_installs_it(tmp_path):
+    """A Jetson without JetPack's OpenCV (``libopencv-python``; a rootfs flashed from the overlay
+    without it): every command, ``edge run`` under systemd and postinst's ``edge check-config``
+    included, ended in a 30-line traceback at ``import cv2`` with exit status 1, which the unit
+    restarted every 3 s (found with a CPython 3.8 venv of the device's pins, no cv2). Now one
+    line says what to install, with exit status 2 (the unit's RestartPreventExitStatus)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = "import sys; sys.modules['cv2'] = None; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"
+    for argv in (["edge", "check-config", "--config", str(root / "deploy/jetson/edge.yaml")], ["edge", "run"]):
+        p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                           env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+        assert p.returncode == 2 and p.stdout == "", (argv, p)
+        lines = p.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("edgewise: error: OpenCV's Python module (cv2) is not "
+                                                       "installed"), p.stderr
+        assert "sudo apt-get install libopencv-python" in lines[0] and "python3-opencv" in lines[0]

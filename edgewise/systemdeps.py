@@ -1,0 +1,29 @@
+"""Python modules the platform provides, not pip: on a Jetson they are JetPack's builds (the
+bundle's venv sees them through ``--system-site-packages``), so a device without them fails
+at the first import. Each has the one line that says what installs it, shown in place of the
+import's traceback by the command dispatcher (any ``edgewise`` command) and by the Jetson
+package's ``setup.sh``. Imports nothing (``setup.sh`` runs it before the venv is complete).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from edgewise.errors import DeploymentError
+
+#: top-level module name -> what installs it
+INSTALL_HINTS: Dict[str, str] = {
+    "cv2": "OpenCV's Python module (cv2) is not installed: on a Jetson it comes with JetPack: "
+           "sudo apt-get install libopencv-python (or Ubuntu's python3-opencv, which lacks NVIDIA's "
+           "GStreamer elements for CSI cameras and hardware decoding); elsewhere: "
+           "pip install opencv-python-headless",
+}
+
+
+def missing_module_error(exc: ImportError) -> Optional[DeploymentError]:
+    """The one-line error for ``exc`` when it is a platform module that is not installed
+    (:data:`INSTALL_HINTS`), else None (a real error, whose traceback is wanted)."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    hint = INSTALL_HINTS.get(exc.name.split(".")[0])
+    return DeploymentError(f"{hint} ({exc})") if hint else None
