@@ -1,10 +1,11 @@
 """The Jetson package's maintainer scripts run by the real ``dpkg`` as on a running device:
 ``DPKG_ROOT`` empty, ``/run/systemd/system`` present, every path the real one.
 
-That is this machine's ``/`` seen copy-on-write: an overlay of it (lowest layer) with an
-optional scratch tree on top, in a private mount namespace, chrooted into. Whatever a script
-writes lands in ``<tmp_path>/upper`` and nothing of this machine changes; ``tmp_path`` itself
-is the same folder inside and out (the log the stand-ins write, the .debs). systemd is
+That is this machine's ``/`` seen copy-on-write (an overlay of it, in a private mount
+namespace, chrooted into), with the files of an optional scratch tree put over it. Whatever a script
+writes lands in ``<tmp_path>/upper`` and nothing of this machine changes, but for the
+folders of :func:`_shared`, the same inside and out (``tmp_path``: the log the stand-ins
+write, the .debs). systemd is
 a recording stand-in (:func:`fake_systemd`): a unit it starts records the package version
 installed at that moment, the code the daemon then runs.
 
@@ -17,8 +18,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -51,22 +53,34 @@ def fake_systemd(tmp_path: Path) -> Path:
     return fake
 
 
+def _shared(tmp_path: Path) -> List[str]:
+    """Folders the chroot sees as they are, also where they are not on ``/``'s filesystem (a
+    tmpfs ``/tmp``): ``tmp_path``, this checkout (the tests' stand-ins run its code) and this
+    interpreter's installation."""
+    dirs = [str(tmp_path), str(Path(__file__).resolve().parents[2]), os.path.realpath(sys.prefix),
+            os.path.realpath(getattr(sys, "base_prefix", sys.prefix))]
+    return sorted(set(dirs))
+
+
 def run_live(tmp_path: Path, script: str, *, top: Optional[Path] = None, fake: Optional[Path] = None,
              env: Optional[Dict[str, str]] = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``sh -c script`` chrooted into this machine's ``/`` (with ``top`` over it), as
-    described above. The overlay's upper layer persists across calls (one device's life)."""
+    """Run ``sh -c script`` chrooted into this machine's ``/`` as described above, with the
+    files of ``top`` copied over it first. The overlay's upper layer persists across calls
+    (one device's life)."""
     _skip_unless_possible()
     upper, work, merged = tmp_path / "upper", tmp_path / "work", tmp_path / "merged"
     for d in (upper, work, merged):
         d.mkdir(exist_ok=True)
-    lower = f"{top}:/" if top else "/"
+    if top is not None:  # its files over the device's (as a layer of its own: overlapping layers, ELOOP)
+        shutil.copytree(top, upper, symlinks=True, dirs_exist_ok=True)
     fake = fake or fake_systemd(tmp_path)
     path = f"{fake}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     inner = {"PATH": path, "HOME": "/root", "LC_ALL": "C.UTF-8", **(env or {})}
     setup = (
-        f"set -e; mount -t overlay overlay -o lowerdir={lower},upperdir={upper},workdir={work} {merged}\n"
+        f"set -e; mount -t overlay overlay -o lowerdir=/,upperdir={upper},workdir={work} {merged}\n"
         f"mount --rbind /dev {merged}/dev; mount -t proc proc {merged}/proc\n"
-        f"mkdir -p {merged}{tmp_path} {merged}/run/systemd/system; mount --bind {tmp_path} {merged}{tmp_path}\n"
+        f"mkdir -p {merged}/run/systemd/system\n"
+        + "".join(f"mkdir -p {merged}{d}; mount --bind {d} {merged}{d}\n" for d in _shared(tmp_path)) +
         f'exec chroot {merged} env -i {" ".join(f"{k}={v}" for k, v in inner.items())} sh -c "$0"\n'
     )
     return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", setup, script],

@@ -145,7 +145,7 @@ def test_the_setup_unit_leaves_the_decision_to_setup_sh() -> None:
     assert "ExecStartPre=-/bin/systemd-sysusers edgewise-edge.conf" in unit
     assert "ExecStartPre=-/bin/systemd-tmpfiles --create edgewise-edge.conf" in unit
     postinst = (B.JETSON / "debian/postinst").read_text()
-    assert '"$ROOT/usr/lib/edgewise-edge/setup.sh"' in postinst  # every configure, upgrades included
+    assert "if ! /usr/lib/edgewise-edge/setup.sh; then" in postinst  # every configure, upgrades included
 
 
 FAKES = ("deb-systemd-helper", "deb-systemd-invoke", "systemctl")

@@ -141,8 +141,10 @@ FAKES = ("systemd-sysusers", "adduser", "systemd-tmpfiles", "chown", "chmod", "d
 
 
 def _postinst_root(tmp_path: Path) -> tuple:
-    """A scratch root for postinst (DPKG_ROOT) whose system tools only log their arguments;
-    ``edgewise-edge`` there is this checkout's CLI and ``runuser`` runs it as is."""
+    """A scratch root for postinst whose system tools only log their arguments; ``edgewise-edge``
+    there is this checkout's CLI and ``runuser`` runs it as is. ``env`` installs into it as an
+    image (DPKG_ROOT, dpkg --root); :func:`_on_device` runs postinst with it as the device's
+    own root. Its ``run/systemd/system`` is there, as where an image's /run is bind-mounted."""
     root, fake, log = tmp_path / "root", tmp_path / "fakebin", tmp_path / "calls.log"
     for d in ("etc/edgewise", "usr/bin", "usr/lib/edgewise-edge", "run/systemd/system", "var/lib/edgewise"):
         (root / d).mkdir(parents=True)
@@ -161,19 +163,27 @@ def _postinst_root(tmp_path: Path) -> tuple:
     return root, env, log
 
 
+def _on_device(tmp_path: Path, root: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    """postinst ``args`` as dpkg runs it on a running device whose files are ``root``'s
+    (tests/deploy/livesystem.py: DPKG_ROOT empty, /run/systemd/system there)."""
+    from tests.deploy.livesystem import run_live
+
+    return run_live(tmp_path, " ".join(["sh", str(ROOT / "deploy/jetson/debian/postinst"), *args]), top=root,
+                    fake=Path(env["PATH"].split(":")[0]), timeout=120)
+
+
 def test_postinst_installs_but_starts_only_a_configured_daemon(tmp_path, tiny_model) -> None:
     import yaml
 
     root, env, log = _postinst_root(tmp_path)
-    postinst = str(ROOT / "deploy/jetson/debian/postinst")
-    first = subprocess.run(["sh", postinst, "configure"], env=env, capture_output=True, text=True, timeout=120)
+    first = _on_device(tmp_path, root, env, "configure")
     calls = log.read_text()
     assert first.returncode == 0, first.stderr
     for unit in B.UNITS:
         assert f"deb-systemd-helper enable {unit}" in calls
     assert "setup.sh" in calls and "runuser -u edgewise --" in calls
     assert "deb-systemd-invoke restart" not in calls  # the shipped file names a placeholder gateway
-    conf = f"{root}/etc/edgewise/edge.yaml"
+    conf = "/etc/edgewise/edge.yaml"
     assert re.search(rf"installed, not started: {re.escape(conf)}:\d+: cloud\.endpoints\[0\]: "
                      r"'edgewise-gateway\.example\.com:50051' is a placeholder", first.stderr), first.stderr
     assert "then: sudo systemctl start edgewise-edge" in first.stderr
@@ -181,29 +191,25 @@ def test_postinst_installs_but_starts_only_a_configured_daemon(tmp_path, tiny_mo
     tree = yaml.safe_load((root / "etc/edgewise/edge.yaml").read_text())  # the operator's edit
     tree["cloud"]["endpoints"] = ["gw.plant.lan:50051"]
     tree["model"].update(path=str(tiny_model), backend="onnxruntime")
-    tree["spool"]["path"] = str(root / "var/lib/edgewise/spool.db")
-    tree["sinks"]["jsonl"] = str(root / "var/lib/edgewise/detections.jsonl")
-    tree["policy_file"] = str(root / "etc/edgewise/policy.yaml")
     (root / "etc/edgewise/edge.yaml").write_text(yaml.safe_dump(tree))
-    again = subprocess.run(["sh", postinst, "configure"], env=env, capture_output=True, text=True, timeout=120)
+    again = _on_device(tmp_path, root, env, "configure")
     assert again.returncode == 0 and "not started" not in again.stderr, again.stderr
     assert "deb-systemd-invoke restart edgewise-edge.service" in log.read_text()
 
 
 def test_postinst_checks_with_the_units_environment_file_and_needs_a_ready_venv(tmp_path) -> None:
     root, env, log = _postinst_root(tmp_path)
-    postinst = str(ROOT / "deploy/jetson/debian/postinst")
     (root / "etc/default").mkdir()
     (root / "etc/default/edgewise-edge").write_text("# token\nEDGEWISE_EDGE__CLOUD__TOKEN=tok-1\n")
     (root / "usr/bin/edgewise-edge").write_text(
         '#!/bin/sh\necho "edgewise: error: token=$EDGEWISE_EDGE__CLOUD__TOKEN" >&2\nexit 2\n')
-    out = subprocess.run(["sh", postinst, "configure"], env=env, capture_output=True, text=True, timeout=60)
+    out = _on_device(tmp_path, root, env, "configure")
     assert out.returncode == 0 and "installed, not started: token=tok-1" in out.stderr, out.stderr
 
     # setup.sh could not give the environment this version's pins: no check, no (re)start
     (root / "usr/lib/edgewise-edge/setup.sh").write_text("#!/bin/sh\nexit 1\n")
     (root / "usr/bin/edgewise-edge").write_text("#!/bin/sh\nexit 0\n")
-    out = subprocess.run(["sh", postinst, "configure"], env=env, capture_output=True, text=True, timeout=60)
+    out = _on_device(tmp_path, root, env, "configure")
     assert out.returncode == 0 and "installed, not started: its Python environment" in out.stderr, out.stderr
     assert "deb-systemd-invoke restart" not in log.read_text()
 
@@ -218,10 +224,9 @@ def test_postinst_leaves_a_deleted_conffile_deleted(tmp_path) -> None:
                           'for a; do case $a in /*) [ -e "$a" ] || { echo "chown: $a: missing" >&2; exit 1; } ;; '
                           'esac; done\n')
     (root / "etc/edgewise/policy.yaml").unlink()
-    out = subprocess.run(["sh", str(ROOT / "deploy/jetson/debian/postinst"), "configure"], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = _on_device(tmp_path, root, env, "configure")
     assert out.returncode == 0, out.stderr
-    assert f"chown root:edgewise {root}/etc/edgewise/edge.yaml" in log.read_text()
+    assert "chown root:edgewise /etc/edgewise/edge.yaml" in log.read_text()
     assert not (root / "etc/edgewise/policy.yaml").exists()
 
 
@@ -229,15 +234,18 @@ def test_postinst_into_an_image_root_leaves_this_machine_alone(tmp_path) -> None
     """``dpkg --root=IMAGE --force-script-chrootless`` (no systemd runs there): the user went
     into this machine's /etc/passwd, the folders into its /var, the files were given its
     group's id, and the venv was built with its python3 and architecture (found by a probe).
-    Only systemd-sysusers runs, on the image; the rest is its first boot's."""
+    Only systemd-sysusers runs, on the image; the rest is its first boot's. Also where the
+    image's /run holds systemd's folder (a bind-mounted /run, as mmdebstrap and chroot setups
+    make): that took the running-system path, on this machine's systemd (found by a probe)."""
     root, env, log = _postinst_root(tmp_path)
-    (root / "run/systemd/system").rmdir()
+    assert (root / "run/systemd/system").is_dir()
     out = subprocess.run(["sh", str(ROOT / "deploy/jetson/debian/postinst"), "configure"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     calls = log.read_text().splitlines()
     assert f"systemd-sysusers --root={root} edgewise-edge.conf" in calls
-    for tool in ("adduser", "systemd-tmpfiles", "chown", "chmod", "setup.sh", "runuser", "deb-systemd-invoke"):
+    for tool in ("adduser", "systemd-tmpfiles", "chown", "chmod", "setup.sh", "runuser", "deb-systemd-invoke",
+                 "systemctl"):
         assert not any(c.startswith(tool + " ") for c in calls), (tool, calls)
     assert "built at its first boot" in out.stdout
 
@@ -249,7 +257,6 @@ def test_postinst_into_an_image_root_enables_the_units_without_a_dpkg_root_aware
     fake helper here logs only, as those do for the image; the links are the overlay's. An
     upgrade (configure with the old version) leaves a unit the image's maker disabled alone."""
     root, env, log = _postinst_root(tmp_path)
-    (root / "run/systemd/system").rmdir()
     postinst = str(ROOT / "deploy/jetson/debian/postinst")
     out = subprocess.run(["sh", postinst, "configure"], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -261,6 +268,36 @@ def test_postinst_into_an_image_root_enables_the_units_without_a_dpkg_root_aware
     out = subprocess.run(["sh", postinst, "configure", "0.1.0"], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in wants.iterdir()) == sorted(set(B.UNITS) - {"edgewise-edge-power.service"})
+
+
+def test_dpkg_root_with_systemds_folder_leaves_this_machine_alone(built, tmp_path) -> None:
+    """``dpkg --root=IMAGE --force-script-chrootless`` where ``IMAGE/run/systemd/system`` exists
+    (its /run bind-mounted from this machine, as chroot and image builders do): the scripts
+    took that for a running device and ran this machine's systemctl daemon-reload,
+    deb-systemd-invoke restart/stop, adduser, systemd-tmpfiles and runuser (found by a probe).
+    DPKG_ROOT is decided on first: install, reinstall (an upgrade), remove and purge by the
+    real dpkg call none of them; systemd-sysusers only with --root."""
+    root, fake, log = tmp_path / "root", tmp_path / "fakebin", tmp_path / "calls.log"
+    for d in ("var/lib/dpkg/updates", "var/lib/dpkg/info", "run/systemd/system"):
+        (root / d).mkdir(parents=True)
+    (root / "var/lib/dpkg/status").write_text("")
+    fake.mkdir()
+    host_tools = ("systemctl", "deb-systemd-invoke", "runuser", "adduser", "systemd-tmpfiles", "chown", "python3")
+    for tool in host_tools + ("systemd-sysusers", "deb-systemd-helper"):
+        (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {log}\n')
+        (fake / tool).chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:/usr/sbin:/usr/bin:/sbin:/bin")
+    dpkg = [_need("dpkg"), f"--root={root}", "--force-script-chrootless", "--force-architecture",
+            "--force-depends", "--log=/dev/null"]
+    for action in (["-i", str(built.deb)], ["-i", str(built.deb)], ["-r", "edgewise-edge"], ["-P", "edgewise-edge"]):
+        out = subprocess.run(dpkg + action, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                             timeout=120)
+        assert out.returncode == 0, (action, out.stderr)
+    calls = log.read_text().splitlines()
+    assert f"systemd-sysusers --root={root} edgewise-edge.conf" in calls
+    touched = [c for c in calls if c.split()[0] in host_tools or c == "systemd-sysusers" or
+               (c.startswith("systemd-sysusers ") and "--root=" not in c)]
+    assert touched == [], touched
 
 
 def test_overlay_paths_and_modes(built) -> None:
