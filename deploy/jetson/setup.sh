@@ -11,7 +11,8 @@
 # version the environment was built from. While they match, this does nothing. When they
 # differ (an upgrade with new pins, a new python3) a new environment is built beside the
 # current one (venv.new) and swapped in only once complete: a failed build (no network, a
-# wheel missing) leaves the current environment as it was and exits 1.
+# wheel missing) leaves the current environment as it was and exits 1, and a swap cut short
+# (a power loss) is finished by the next run.
 # $LIB/.setup-failed is there from a failed run that leaves the environment without these pins
 # (not a failed --force rebuild of a current one) until one succeeds: `edgewise-edge edge run`
 # refuses to start on it (a daemon running when an upgrade's build failed would otherwise run
@@ -27,6 +28,20 @@ if command -v flock >/dev/null 2>&1; then
   exec 9>"$LIB/.setup.lock"
   flock 9
 fi
+# A swap cut short (a power loss between its two renames, at the end) left no venv: the new
+# environment (venv.new, complete once stamped) or else the one it replaced (venv.old) takes
+# its place again, and the stamp check below decides as on any run; the daemon's unit starts
+# only after this one's run at boot.
+if [ ! -d "$VENV" ]; then
+  for kept in "$NEW" "$VENV.old"; do
+    if [ -x "$kept/bin/python3" ] && { [ "$kept" != "$NEW" ] || [ -f "$NEW/.complete" ]; }; then
+      mv "$kept" "$VENV"
+      echo "edgewise-edge: $VENV was missing (a swap cut short): put $kept back in its place"
+      break
+    fi
+  done
+fi
+if [ -d "$VENV" ]; then rm -rf "$VENV.old"; fi  # what a swap cut short after its renames left (190 MB)
 # A failed --force rebuild leaves an environment that holds these pins: no note for that one.
 current=
 trap 'if [ $? -eq 0 ] || [ -n "$current" ]; then rm -f "$LIB/.setup-failed"; else : > "$LIB/.setup-failed"; fi' EXIT
@@ -92,14 +107,15 @@ for name in ("numpy", "onnxruntime", "cv2", "tensorrt"):
         hint = missing_module_error(exc)
         print("edgewise-edge: %s" % hint if hint else "edgewise-edge: %s not importable (%s)" % (name, exc))
 PY
-echo "$want" > "$NEW/.complete"
-# Swap: the daemon runs `venv/bin/python3 -m edgewise`, which does not care where the
-# environment was built; the scripts pip wrote (bin/pip...) name venv.new, so fix them.
+# The daemon runs `venv/bin/python3 -m edgewise`, which does not care where the environment
+# was built; the scripts pip wrote (bin/pip...) name venv.new: they name venv before the swap.
+for f in "$NEW"/bin/*; do
+  if [ -f "$f" ] && [ ! -L "$f" ] && grep -qF "$NEW" "$f"; then sed -i "s|$NEW|$VENV|g" "$f"; fi
+done
+echo "$want" > "$NEW/.complete"  # complete: what the start of a run puts back after a cut-short swap
+# Swap (two renames: between them there is no venv, which the start of the next run repairs)
 current=  # from here the current environment is being replaced
 rm -rf "$VENV.old"
 if [ -d "$VENV" ]; then mv "$VENV" "$VENV.old"; fi
 mv "$NEW" "$VENV"
 rm -rf "$VENV.old"
-for f in "$VENV"/bin/*; do
-  if [ -f "$f" ] && [ ! -L "$f" ] && grep -qF "$NEW" "$f"; then sed -i "s|$NEW|$VENV|g" "$f"; fi
-done

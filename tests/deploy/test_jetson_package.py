@@ -123,6 +123,36 @@ def test_a_failed_forced_rebuild_keeps_the_current_environment_usable(setup_root
     assert run().stdout == "" and not (lib / ".setup-failed").exists()
 
 
+def test_a_swap_cut_short_is_finished_by_the_next_run(setup_root) -> None:
+    """A power loss between the swap's two renames (the old venv moved to venv.old, the new not
+    yet at venv) left no venv: the next run, the setup unit's at boot, saw no stamp, deleted
+    the complete venv.new and rebuilt, which without network failed with "there is no
+    environment yet" while both environments lay on disk, so the daemon never started again
+    (found by a probe). setup.sh is killed (SIGKILL) there by a stand-in ``mv``; the next run
+    puts the new environment in place, offline."""
+    root, lib, run = setup_root
+    assert run().returncode == 0 and _installed(lib) == "1.0"
+    (lib / "constraints-jetpack51.txt").write_text("demo-pin==2.0\n")  # an upgrade with new pins
+    fake_mv = root.parent / "bin" / "mv"  # on setup.sh's PATH, before /usr/bin
+    fake_mv.write_text('#!/bin/sh\ncase "$1 $2" in *venv.new\\ *venv) kill -KILL $PPID; exit 1 ;; esac\n'
+                       'exec /bin/mv "$@"\n')
+    fake_mv.chmod(0o755)
+    killed = run()
+    assert killed.returncode == -9, killed
+    assert not (lib / "venv").exists() and (lib / "venv.old").is_dir() and (lib / "venv.new/.complete").is_file()
+    fake_mv.unlink()
+    shutil.rmtree(root / B.SHARE / "wheels")  # no wheels, no network: nothing could be rebuilt
+    again = run()
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "(a swap cut short): put " in again.stdout and "building" not in again.stdout, again.stdout
+    assert _installed(lib) == "2.0"
+    assert not (lib / "venv.new").exists() and not (lib / "venv.old").exists()  # 190 MB on a device
+    assert not (lib / ".setup-failed").exists()
+    scripts = [p for p in (lib / "venv/bin").iterdir() if p.is_file() and not p.is_symlink()]
+    assert scripts and not any("venv.new" in p.read_text(errors="replace") for p in scripts)
+    assert run().stdout == ""  # current: nothing more to do
+
+
 def test_setup_names_what_installs_a_missing_opencv(setup_root) -> None:
     """setup.sh's check of JetPack's modules in the new venv said ``cv2 not importable (No module
     named 'cv2')``, naming no package (found with a CPython 3.8 venv of the device's pins)."""
