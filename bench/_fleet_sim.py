@@ -368,6 +368,7 @@ class CellSim:
         pod.batch = ()
         pod.busy = False
         pod.batcher.observe(len(items), secs)
+        pod.batcher.finished()
         res = self.res
         lat, tk = res.latency_ms, res.latency_tick
         start = now - secs

@@ -101,6 +101,7 @@ def simulate(rule: str, profile: str, rate: float, deadline: float, n: int, seed
             i += 1
         wake = None
         if now >= free_at:
+            b.finished()  # the batch before (if any) ended, as the worker's shell says
             batch = b.next_batch(now)
             out["expired"] += len(b.expired(now))
             if batch is not None:

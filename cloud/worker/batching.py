@@ -46,7 +46,10 @@ Invariants / rules (read these before changing anything below):
    runs the largest batches too, and an average that big would reject every
    short-deadline request on a slow CPU, so no batch would ever run to bring the
    estimate down again. Removed requests are handed
-   back by ``expired(now)`` so the shell answers them DEADLINE_EXCEEDED.
+   back by ``expired(now)`` so the shell answers them DEADLINE_EXCEEDED. A request that would make its deadline alone but not behind the requests
+   queued ahead of it and the batch running (``wait_s``) is refused at ``submit`` too, as load
+   (``OverloadedError``, :data:`BUSY_MARK`): another worker may still make it, where queued
+   here it would only expire.
 6. One result or error per request: ``run_isolated`` runs a batch and, if the
    batch call fails, retries each request alone so one bad input never fails
    its neighbours (``docs/design/conventions.md#one-result-per-request``).
@@ -278,6 +281,8 @@ class Batcher(Generic[T]):
     _served_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
     _served_px: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
     _request_px: _Ewma = field(init=False, repr=False)
+    #: the batch handed out by ``next_batch`` and not yet ``finished``: (formed at, expected seconds)
+    _running: tuple[float, float] | None = field(default=None, init=False, repr=False)
     _preferred_desc: tuple[int, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -303,7 +308,9 @@ class Batcher(Generic[T]):
         what cannot be served.
 
         Raises:
-            OverloadedError: the queue holds ``max_queue_size`` requests.
+            OverloadedError: the queue holds ``max_queue_size`` requests, or the requests
+                ahead of it and the batch running would have it answered after ``deadline``
+                (``wait_s``: this worker's load; another worker may make it, rule 5).
             DeadlineExceededError: ``deadline`` (same clock as ``now``) is
                 already closer than one expected batch time (``need_s``).
         """
@@ -317,6 +324,15 @@ class Batcher(Generic[T]):
                 f"deadline is {1e3 * (deadline - now):.1f} ms away but a batch takes about "
                 f"{1e3 * need:.1f} ms; {TOO_SHORT_MARK}"
             )
+        if deadline is not None:
+            wait = self.wait_s(now, priority, pixels)
+            if deadline - wait <= now:
+                ahead = self.ahead(priority)
+                running = " and the rest of the batch running" if self._running is not None else ""
+                raise OverloadedError(
+                    f"{ahead} requests queued ahead of it{running} would have it answered in about "
+                    f"{1e3 * wait:.1f} ms, its deadline is {1e3 * (deadline - now):.1f} ms away; {BUSY_MARK}"
+                )
         level = self._levels.get(priority)
         if level is None:
             level = self._levels[priority] = deque()
@@ -360,12 +376,38 @@ class Batcher(Generic[T]):
                 break
         self._size -= len(taken)
         self._prune()
+        self._running = (now, self._expected_s(len(taken), sum(p.pixels for p in taken)))
         return Batch(
             items=tuple(p.item for p in taken),
             queue_waits=tuple(now - p.enqueued for p in taken),
             formed_at=now,
             reason=reason,
         )
+
+    def finished(self) -> None:
+        """The batch last handed out by ``next_batch`` ended (answered, failed or dropped)."""
+        self._running = None
+
+    def ahead(self, priority: int) -> int:
+        """Requests queued that leave before one of ``priority`` submitted now (rule 2)."""
+        return sum(len(self._levels[p]) for p in self._order if p >= priority)
+
+    def wait_s(self, now: float, priority: int = 0, pixels: int = 0) -> float:
+        """Predicted seconds from ``now`` until a request of ``priority`` and ``pixels`` submitted
+        now is answered (rule 5): the rest of the batch running, the batches of the requests
+        queued ahead of it (rule 2), then its own; at least ``need_s(pixels)``. Batch 1: each at
+        its own ``need_s``; larger batches: full ones at their measured time, then the rest. It
+        cannot know of higher priorities still to come, nor of a cut by rule 3f, so it errs short:
+        what it accepts may still expire in the queue, what it refuses could not make it here."""
+        left = 0.0 if self._running is None else max(0.0, self._running[0] + self._running[1] - now)
+        need = self.need_s(pixels)
+        size = self.policy.max_batch_size
+        if size == 1:
+            queued = sum(self.need_s(p.pixels) for prio in self._order if prio >= priority
+                         for p in self._levels[prio])
+            return left + queued + need
+        full, rest = divmod(self.ahead(priority) + 1, size)
+        return left + max(need, full * self._batch_time(size) + (self._batch_time(rest) if rest else 0.0))
 
     def _decide(self, n: int, now: float) -> tuple[int, str]:
         pol = self.policy
@@ -500,9 +542,7 @@ class Batcher(Generic[T]):
             raise ValueError(f"bad batch observation: size={batch_size}, seconds={seconds}, pixels={pixels}")
         known = self._size_s.get(batch_size)
         if not warmup and known is not None and known.value:  # rule 8
-            expected = known.value
-            if self.pixel_cost and pixels and self._pixels.value and self._pixel_batch_s.value:
-                expected = max(expected, pixels * self._pixel_batch_s.value / self._pixels.value)
+            expected = self._expected_s(batch_size, pixels)
             if seconds > OUTLIER_FACTOR * expected and batch_size not in self._outlier:
                 seconds = OUTLIER_FACTOR * expected
                 self._outlier.add(batch_size)
@@ -525,6 +565,15 @@ class Batcher(Generic[T]):
         if pixels:
             self._served_px.setdefault(batch_size, _Ewma(alpha)).add(pixels)
             self._request_px.add(pixels / batch_size)
+
+    def _expected_s(self, batch_size: int, pixels: int = 0) -> float:
+        """The expected compute time of a batch of ``batch_size`` images, ``pixels`` in all (rule 8):
+        its size's estimate (``_batch_time``), or its pixels' at the measured pixel rate when that
+        is more on a native-input worker."""
+        expected = self._batch_time(batch_size)
+        if self.pixel_cost and pixels and self._pixels.value and self._pixel_batch_s.value:
+            expected = max(expected, pixels * self._pixel_batch_s.value / self._pixels.value)
+        return expected
 
     @property
     def min_batch_s(self) -> float:

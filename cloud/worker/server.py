@@ -425,6 +425,12 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
                 timer.cancel()
 
     async def _run(self, batch: Batch[_Job]) -> None:
+        try:
+            await self._compute(batch)
+        finally:
+            self.batcher.finished()
+
+    async def _compute(self, batch: Batch[_Job]) -> None:
         live = [(j, w) for j, w in zip(batch.items, batch.queue_waits, strict=True) if not j.future.done()]
         if not live:
             return

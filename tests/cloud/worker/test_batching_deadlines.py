@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud.gateway.balancing import TOO_SHORT_MARK
-from cloud.worker.batching import Batcher, BatchPolicy
-from edgewise.errors import DeadlineExceededError
+from cloud.worker.batching import BUSY_MARK, Batcher, BatchPolicy
+from edgewise.errors import DeadlineExceededError, OverloadedError
 
 BATCH1_S = 0.0073  # the probe's measured batch-of-one time
 
@@ -109,13 +109,19 @@ def serve_busy(b: Batcher[str], deadlines: dict[str, float]) -> tuple[list[tuple
 def test_a_burst_is_batched_only_as_large_as_its_members_deadlines_allow():
     b = cpu_batcher()
     deadlines = {f"r{i}": 0.150 for i in range(12)}
+    refused = []
     for r, d in deadlines.items():
-        b.submit(r, 0.0, deadline=d)  # each admitted: a batch of one (40 ms) makes 150 ms
+        try:
+            b.submit(r, 0.0, deadline=d)  # a batch of one (40 ms) makes 150 ms, not behind 3 others
+        except OverloadedError as exc:
+            assert BUSY_MARK in str(exc)
+            refused.append(r)
     batches, late, expired = serve_busy(b, deadlines)
-    # before: a batch of 4 (160 ms) ran and all four were answered after their deadline
+    # before: a batch of 4 (160 ms) ran and all four were answered after their deadline; then
+    # 9 were admitted to expire in the queue (the gateway counted each against the worker)
     assert late == []
     assert [len(x) for x in batches] == [3]  # 120 ms by the line from t(1) to t(4); then 30 ms are left
-    assert len(expired) == 9  # answered DEADLINE_EXCEEDED without reaching the model
+    assert expired == [] and len(refused) == 9  # refused at once, as load: another worker may make it
 
 
 def test_the_cut_keeps_priority_order_and_follows_the_earliest_deadline_taken():
@@ -177,7 +183,7 @@ def test_each_batch_is_the_size_that_answers_the_most_that_need_it(reqs, now):
         try:
             b.submit(i, 0.0, priority=prio, deadline=d)
             queued.append((i, prio, d))
-        except DeadlineExceededError:
+        except (DeadlineExceededError, OverloadedError):  # too close alone, or behind those queued
             pass
     waiting = [(i, p, d) for i, p, d in queued if d is None or d - b.need_s() > now]  # what a purge keeps
     batch = b.next_batch(now, flush=True)
@@ -185,3 +191,26 @@ def test_each_batch_is_the_size_that_answers_the_most_that_need_it(reqs, now):
         assert not waiting
         return
     assert len(batch) == _reference_size(b, waiting, 4, now)
+
+
+# -- rule 5: what the queue ahead and the batch running leave ----------------------------------
+
+def test_the_wait_counts_the_batch_running_and_only_the_requests_that_leave_first():
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=1, max_queue_delay_s=0.0))
+    b.observe(1, 0.040, warmup=True)
+    b.submit("running", 0.0, deadline=9.0)
+    assert b.next_batch(0.0) is not None  # 40 ms in the model from 0
+    for i in range(3):
+        b.submit(f"low{i}", 0.010, deadline=9.0)
+    assert abs(b.wait_s(0.010) - (0.030 + 4 * 0.040)) < 1e-9  # 30 ms left, 3 queued, its own
+    assert abs(b.wait_s(0.010, priority=5) - (0.030 + 0.040)) < 1e-9  # it leaves before those
+    b.submit("urgent", 0.010, priority=5, deadline=0.100)  # makes 70 ms: not refused for the queue
+    try:
+        b.submit("late", 0.010, deadline=0.150)  # alone 40 ms, behind them 230 ms
+    except OverloadedError as exc:
+        assert BUSY_MARK in str(exc) and "4 requests queued ahead" in str(exc)
+    else:
+        raise AssertionError("a request that cannot make its deadline behind the queue was accepted")
+    b.finished()
+    assert abs(b.wait_s(0.010, priority=5) - 2 * 0.040) < 1e-9  # nothing running: urgent, then it
+

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloud.worker.batching import TOO_SHORT_MARK
+from cloud.worker.batching import BUSY_MARK, TOO_SHORT_MARK
 from cloud.worker.runner import ModelRunner
 from cloud.worker.server import SERVICE_NAME, WorkerServer, create_server
 from cloud.worker.settings import BatchingSettings, WorkerSettings
@@ -541,6 +541,49 @@ def test_a_request_deadline_behind_this_workers_clock_names_the_clocks(tiny_mode
     assert "this worker's clock" in msg and "NTP" in msg
     assert TOO_SHORT_MARK in msg  # the gateway's mark: not the worker's fault, another worker may serve it
     assert metrics.batch_size._sum.get() == 0  # never reached the model
+
+
+class PacedRunner(ModelRunner):
+    """The real model, each batch taking at least ``pace`` seconds (warm-up too, so the worker's
+    estimates say so); while ``gate`` is set to an unset event, batches wait for it too."""
+
+    def __init__(self, model: Path, pace: float) -> None:
+        super().__init__(Detector.from_file(model, conf_thres=CONF, threads=1))
+        self.pace = pace
+        self.gate: threading.Event | None = None
+
+    def _run_batch(self, items):
+        time.sleep(self.pace)
+        if self.gate is not None:
+            self.gate.wait(30)
+        return super()._run_batch(items)
+
+
+def test_a_request_that_cannot_make_its_deadline_behind_the_queue_is_refused_at_once_as_load(tiny_model):
+    """A batch takes 0.2 s: a 0.5 s deadline makes it alone but not behind the batch running and
+    two queued (0.6 s at least). It was queued, expired there, and the gateway counted its hop's
+    timeout against this worker (a healthy worker ejected in a burst); it is refused at once as
+    this worker's load, which the gateway sends on to another worker with room."""
+    settings = make_settings(tiny_model, max_batch_size=1, max_queue_delay_ms=0)
+    runner = PacedRunner(tiny_model, 0.2)
+
+    async def main():
+        async with running(settings, runner) as (srv, stub, _ch):
+            runner.gate = threading.Event()
+            queued = [asyncio.create_task(call(stub, jpeg_request(photo(), seq=i), timeout=30)) for i in range(3)]
+            await async_wait_until(lambda: srv.service.batcher.depth == 2 and srv.service.load().in_flight == 3,
+                                   10, "one request in the model, two queued")
+            t0 = time.monotonic()
+            refused = await call(stub, jpeg_request(photo(), seq=9), timeout=0.5)
+            took = time.monotonic() - t0
+            runner.gate.set()
+            return refused, took, await asyncio.gather(*queued)
+
+    (code, details), took, queued = asyncio.run(main())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
+    assert BUSY_MARK in details and "2 requests queued ahead" in details
+    assert took < 0.4  # at once, not at its deadline
+    assert [c for c, _ in queued] == [grpc.StatusCode.OK] * 3
 
 
 def test_a_call_whose_deadline_passes_in_the_model_counts_as_deadline_exceeded_not_cancelled(tiny_model):
