@@ -50,7 +50,7 @@ from cloud.gateway.balancing import (
     outcome_of,
     should_retry,
 )
-from cloud.worker.batching import Batcher, BatchPolicy, decide_batching
+from cloud.worker.batching import EXPIRED_MARK, Batcher, BatchPolicy, decide_batching
 from cloud.worker.settings import BatchingSettings
 from edgewise import status
 from edgewise.errors import DeadlineExceededError, OverloadedError
@@ -326,8 +326,8 @@ class CellSim:
         now = self.now
         bt = pod.batcher
         batch = bt.next_batch(now)
-        for req in bt.expired(now):
-            self._settle(req, outcome_of(status.DEADLINE_EXCEEDED))
+        for req in bt.expired(now):  # the worker's answer carries the mark, as the shell's does
+            self._settle(req, outcome_of(status.DEADLINE_EXCEEDED, EXPIRED_MARK))
             self._end(req, "shed_deadline")
         if batch is not None:
             n = len(batch)

@@ -35,8 +35,8 @@ injected clock, so tests drive it instantly:
 * admission (docs/design/balancing.md#admission-control, #priority): a worker whose predicted
   queue wait for the request, the work in flight it serves first (the request's priority or
   higher, and at most one lower request) over its measured rate, exceeds the time left is
-  full; a queued request's expiry is not held against the worker when a higher-priority one
-  was sent there after it;
+  full; a queued request the worker itself expired is not held against it (only a hop that
+  runs out is);
 * RESOURCE_EXHAUSTED counts as load (docs/design/balancing.md#overload-is-load-not-failure): the endpoint is
   capped at its current in-flight for ``overload_hold_s``; it is neither a
   success nor an ejection failure;
@@ -116,8 +116,9 @@ class Outcome(enum.Enum):
     TIMED_OUT = "timed_out"  # the hop's deadline passed: a failure, unless the deadline was too short
     #                          for the worker to answer (see Balancer._release)
     #: the worker answered that it queued the request and removed it, its deadline out of reach
-    #: (:data:`EXPIRED_MARK`): a failure like ``TIMED_OUT``, unless the gateway sent that worker a
-    #: higher-priority request after it, which went first (see Balancer._release)
+    #: (:data:`EXPIRED_MARK`): the worker is alive and answering, the request was overtaken (a
+    #: burst, a higher priority sent after it) or mispredicted; load, not failure: nothing counted
+    #: (a worker whose model stalls does not answer so, its hops run out: ``TIMED_OUT``)
     EXPIRED = "expired"
     CANCELLED = "cancelled"  # the client gave up: says nothing about the worker
     NOT_SERVING = "not_serving"  # the worker refused for it does not serve (yet): paused, not a failure
@@ -133,8 +134,8 @@ def outcome_of(wire_status: int, message: str = "") -> Outcome:
     its batch-of-one time (``message`` carries :data:`TOO_SHORT_MARK`) answered correctly for
     the client's deadline: ``CANCELLED``, nothing against the worker. One refusing because it
     does not serve (:data:`NOT_SERVING_MARK`) is ``NOT_SERVING``: paused, not failed. One that
-    queued the request and expired it (:data:`EXPIRED_MARK`) is ``EXPIRED``, told from a hop that
-    ran out on a worker answering nothing (``TIMED_OUT``).
+    queued the request and expired it (:data:`EXPIRED_MARK`) is ``EXPIRED``, nothing against the
+    worker, told from a hop that ran out on a worker answering nothing (``TIMED_OUT``).
     """
     if refused_too_short(wire_status, message):
         return Outcome.CANCELLED
@@ -269,9 +270,6 @@ class _Level:
 
     requests: int = 0
     work: float = 0.0
-    #: the pick number (``EndpointStats.picks``) of the last request of a higher priority sent
-    #: while these were in flight: the worker serves it before them
-    overtaken_at: int = -1
 
 
 @dataclass
@@ -330,7 +328,6 @@ class Ticket:
     picked_at: float = 0.0
     idle: bool = False
     priority: int = 0  # the request's (higher = sooner)
-    seq: int = 0       # the endpoint's pick number of this request
     _released: bool = field(default=False, repr=False)
 
     def release(self, outcome: Outcome) -> bool:
@@ -338,7 +335,7 @@ class Ticket:
         if self._released:
             return False
         self._released = True
-        if outcome in (Outcome.TIMED_OUT, Outcome.EXPIRED) and self.hopeless():
+        if outcome is Outcome.TIMED_OUT and self.hopeless():
             outcome = Outcome.CANCELLED  # the client asked for less time than any answer takes
         return self._balancer._release(self.address, outcome, self.cost, self)
 
@@ -713,9 +710,6 @@ class Balancer:
         chosen.in_flight += 1
         chosen.work += cost
         chosen.picks += 1
-        for p, level in chosen.levels.items():
-            if p < priority:  # the worker serves this one before those
-                level.overtaken_at = chosen.picks
         level = chosen.levels.setdefault(priority, _Level())
         level.requests += 1
         level.work += cost
@@ -724,7 +718,7 @@ class Balancer:
             self._mean_pixels = (float(pixels) if self._mean_pixels is None
                                  else self._mean_pixels + alpha * (pixels - self._mean_pixels))
         return Ticket(chosen.address, self, cost, deadline_s, self._expected_s(chosen, priority=priority), now, idle,
-                      priority, chosen.picks)
+                      priority)
 
     def _expected_s(self, ep: EndpointStats, adding: float = 0.0, priority: int = 0) -> float | None:
         """How long ``ep`` should take to answer a request of ``priority`` just picked (or, with
@@ -802,11 +796,6 @@ class Balancer:
             ep.idle_answer_s = took if ep.idle_answer_s is None else ep.idle_answer_s + 0.2 * (took - ep.idle_answer_s)
         level = ep.levels.get(ticket.priority) if ticket is not None else None
         if level is not None and ticket is not None:
-            if outcome is Outcome.EXPIRED and level.overtaken_at > ticket.seq:
-                # the worker served a higher priority sent after it first: not its fault; a hop that
-                # ran out (TIMED_OUT) still counts, or a hung worker holding requests of rising
-                # priority (the edge's hardness percentiles) kept its picks
-                outcome = Outcome.CANCELLED
             level.requests -= 1
             level.work = max(0.0, level.work - cost)
             if level.requests <= 0:
@@ -829,7 +818,7 @@ class Balancer:
                 log.warning("worker %s paused: it answered that it is not serving (warming up or shutting down)",
                             ep.name)
             ep.paused = True
-        elif outcome in (Outcome.FAILURE, Outcome.TIMED_OUT, Outcome.EXPIRED):
+        elif outcome in (Outcome.FAILURE, Outcome.TIMED_OUT):
             ep.consecutive_failures += 1
             if ep.consecutive_failures >= c.consecutive_failures and not ep.ejected(now):
                 self._maybe_eject(ep, now)

@@ -46,7 +46,10 @@ Invariants / rules (read these before changing anything below):
    runs the largest batches too, and an average that big would reject every
    short-deadline request on a slow CPU, so no batch would ever run to bring the
    estimate down again. Removed requests are handed
-   back by ``expired(now)`` so the shell answers them DEADLINE_EXCEEDED. A request that would make its deadline alone but not behind the requests
+   back by ``expired(now)`` so the shell answers them DEADLINE_EXCEEDED; it asks when they
+   are due (``next_expiry``) while a batch runs too, unless that batch has stalled
+   (``stalled``: far past its expected time, rule 8), so that they are answered before their
+   hop runs out. A request that would make its deadline alone but not behind the requests
    queued ahead of it and the batch running (``wait_s``) is refused at ``submit`` too, as load
    (``OverloadedError``, :data:`BUSY_MARK`): another worker may still make it, where queued
    here it would only expire.
@@ -90,9 +93,8 @@ TOO_SHORT_MARK = "send a later deadline"
 NOT_SERVING_MARK = "not serving"
 
 #: Ends the answer to a request this worker queued and then removed, its deadline no longer in
-#: reach: the gateway tells it from a hop that ran out on a worker answering nothing, and does
-#: not hold it against the worker when it sent it a higher-priority request meanwhile
-#: (cloud.gateway.balancing.outcome_of), so keep it.
+#: reach: the gateway tells it from a hop that ran out on a worker answering nothing and does
+#: not hold it against the worker (cloud.gateway.balancing.outcome_of), so keep it.
 EXPIRED_MARK = "removed from the queue before inference"
 
 #: Ends a refusal for this worker's load alone (its queue full, its decode budget spent): the
@@ -388,6 +390,12 @@ class Batcher(Generic[T]):
         """The batch last handed out by ``next_batch`` ended (answered, failed or dropped)."""
         self._running = None
 
+    def stalled(self, now: float) -> bool:
+        """Whether the batch running has taken more than ``OUTLIER_FACTOR`` times its expected
+        time (rule 8: a stopped process, a wedged model): the requests queued behind it are then
+        not removed while it runs, so that their hops run out and count against this worker."""
+        return self._running is not None and 0 < OUTLIER_FACTOR * self._running[1] < now - self._running[0]
+
     def ahead(self, priority: int) -> int:
         """Requests queued that leave before one of ``priority`` submitted now (rule 2)."""
         return sum(len(self._levels[p]) for p in self._order if p >= priority)
@@ -493,11 +501,17 @@ class Batcher(Generic[T]):
         due = self._dispatch_by(min(self._size, self.policy.max_batch_size))
         if due is not None:
             t = min(t, due)
-        for level in self._levels.values():
-            for p in level:
-                if p.deadline is not None:
-                    t = min(t, p.deadline - self.need_s(p.pixels))
+        expiry = self.next_expiry()
+        if expiry is not None:
+            t = min(t, expiry)
         return max(t, now)
+
+    def next_expiry(self) -> float | None:
+        """When (same clock) the earliest queued deadline becomes unmeetable, so that ``expired``
+        removes it: the shell asks this while a batch runs too (the request is answered then,
+        not after the batch, when the hop had run out). None when nothing queued has a deadline."""
+        return min((p.deadline - self.need_s(p.pixels) for level in self._levels.values() for p in level
+                    if p.deadline is not None), default=None)
 
     def expired(self, now: float) -> list[T]:
         """Requests removed because their deadline cannot be met (drained)."""

@@ -7,7 +7,8 @@ service on one grpc.aio server. Division of labour:
   decode pool, ``submit`` to the ``Batcher`` and await a future;
 * one scheduling task asks the batcher for a batch whenever the model is free
   (on every submit, on the batcher's ``next_wakeup`` and after each batch) and
-  answers requests it expired with DEADLINE_EXCEEDED;
+  answers requests it expired with DEADLINE_EXCEEDED, while a batch runs too
+  (``Batcher.next_expiry``, unless the batch stalled);
 * the model runs in a dedicated single-thread executor (ONNX Runtime releases
   the GIL), so one batch runs at a time, as one Triton model instance.
 
@@ -411,18 +412,47 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             self._wake.clear()
             now = self.clock()
             batch = self.batcher.next_batch(now, flush=self._draining)
-            for job in self.batcher.expired(now):
-                self._fail(job, DeadlineExceededError(
-                    f"deadline could not be met: {EXPIRED_MARK}"))
-            self.metrics.queue_depth.set(self.batcher.depth)
+            self._answer_expired(now)
             if batch is not None:
-                await self._run(batch)
+                await self._run_answering_expired(batch)
                 continue
             wake = self.batcher.next_wakeup(now)
             timer = None if wake is None else loop.call_later(max(0.0, wake - now), self._wake.set)
             await self._wake.wait()
             if timer is not None:
                 timer.cancel()
+
+    def _answer_expired(self, now: float) -> None:
+        for job in self.batcher.expired(now):
+            self._fail(job, DeadlineExceededError(f"deadline could not be met: {EXPIRED_MARK}"))
+        self.metrics.queue_depth.set(self.batcher.depth)
+
+    async def _run_answering_expired(self, batch: Batch[_Job]) -> None:
+        """Run ``batch``; meanwhile answer each queued request as its deadline goes out of reach
+        (``Batcher.next_expiry``), unless the batch has stalled (``Batcher.stalled``). Between
+        batches only, a request whose deadline passed during a batch was answered by the hop
+        running out, which the gateway counts against this worker: a healthy worker overtaken
+        by a burst was ejected. A stalled batch (a wedged model) leaves them to their hops, so
+        that such a worker is still ejected."""
+        loop = asyncio.get_running_loop()
+        run = asyncio.ensure_future(self._run(batch))
+        run.add_done_callback(lambda _: self._wake.set())
+        try:
+            while not run.done():
+                self._wake.clear()
+                now = self.clock()
+                timer = None
+                if not self.batcher.stalled(now):
+                    self._answer_expired(now)
+                    due = self.batcher.next_expiry()
+                    if due is not None:
+                        timer = loop.call_later(max(0.0, due - now), self._wake.set)
+                await self._wake.wait()
+                if timer is not None:
+                    timer.cancel()
+            await run
+        finally:
+            run.cancel()  # the scheduler was cancelled (close): the batch goes with it
 
     async def _run(self, batch: Batch[_Job]) -> None:
         try:

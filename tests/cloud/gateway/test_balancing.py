@@ -205,7 +205,10 @@ def test_admission_counts_only_the_work_a_worker_serves_before_the_requests_prio
     assert b.pick(deadline_s=0.8, priority=0) is NoPick.SATURATED  # all 9 ahead of a priority-0 one
 
 
-def test_a_request_overtaken_by_higher_priority_expiring_is_not_the_workers_fault():
+def test_a_request_the_worker_expired_in_its_queue_is_never_held_against_it():
+    """The worker answered, alive: its queue was overtaken (a burst, a higher priority sent after
+    it) or its estimate erred short. Counted as failures, 5 such expiries in a burst on busy
+    cores ejected a healthy worker for 30 s (2-3 ejections with 500 ms deadlines)."""
     b, clock = make([1], consecutive_failures=1, max_ejection_percent=100.0)
     expired = outcome_of(status.DEADLINE_EXCEEDED, f"worker w0: DEADLINE_EXCEEDED: deadline could not be met: "
                                                    f"{EXPIRED_MARK}")
@@ -213,10 +216,10 @@ def test_a_request_overtaken_by_higher_priority_expiring_is_not_the_workers_faul
     low = must(b.pick(priority=0))
     must(b.pick(priority=90))  # the worker serves this one first
     low.release(expired)
-    assert not b.endpoints["w0"].ejected(clock()) and b.endpoints["w0"].consecutive_failures == 0
     after = must(b.pick(priority=0))  # sent after the priority-90 one: nothing overtook it
     after.release(expired)
-    assert b.endpoints["w0"].ejected(clock())
+    ep = b.endpoints["w0"]
+    assert not ep.ejected(clock()) and ep.consecutive_failures == 0 and ep.ejections == 0
 
 
 def test_a_hop_that_ran_out_counts_though_a_higher_priority_overtook_it():

@@ -94,7 +94,7 @@ def test_a_hung_worker_is_ejected_and_every_request_it_loses_is_counted():
 def test_a_hung_worker_is_ejected_though_each_request_it_holds_was_overtaken_by_a_higher_priority():
     """The edge sends each frame's hardness percentile as its priority, so requests in flight on
     a worker are overtaken by higher ones all the time. A queued request the worker itself
-    expired is not held against it when one was (docs/design/balancing.md#priority), but a hop
+    expired is not held against it (docs/design/balancing.md#priority), but a hop
     that ran out on a worker that answers nothing is: five requests of rising priority, all held
     by a hung worker whose model thread is wedged (Load still answers), eject it. Before, only
     the last, never overtaken, counted and the worker kept its picks."""

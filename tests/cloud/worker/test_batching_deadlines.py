@@ -214,3 +214,15 @@ def test_the_wait_counts_the_batch_running_and_only_the_requests_that_leave_firs
     b.finished()
     assert abs(b.wait_s(0.010, priority=5) - 2 * 0.040) < 1e-9  # nothing running: urgent, then it
 
+
+def test_expiry_is_due_while_a_batch_runs_unless_that_batch_stalled():
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=1, max_queue_delay_s=0.0))
+    b.observe(1, 0.040, warmup=True)
+    b.submit("running", 0.0, deadline=9.0)
+    assert b.next_batch(0.0) is not None
+    b.submit("queued", 0.0, deadline=0.150)
+    assert abs(b.next_expiry() - 0.110) < 1e-9  # out of reach 40 ms before its deadline
+    assert b.expired(0.111) == ["queued"] and b.next_expiry() is None
+    assert not b.stalled(0.160) and b.stalled(0.161)  # 4 times the 40 ms it was expected to take
+    b.finished()
+    assert not b.stalled(10.0)
