@@ -221,3 +221,38 @@ def test_an_mqtt_overload_answer_is_counted_like_every_answered_request():
         assert bridge.counts == {"overloaded": 1}
         await w.stop()
     run(main())
+
+
+def test_a_healthy_worker_two_gateways_overfill_is_not_ejected(tiny_model):
+    """Two gateways each admit what the worker serves in the deadline, as each sees only its own
+    share of its load (docs/design/balancing.md#admission-control): the real worker (its batches
+    paced to 40 ms) gets twice that. It queued the excess to expire there, and each gateway
+    counted the expiries against it and ejected it for 30 s, though it served all it could. It
+    refuses the excess at once as load, answers what it can, and stays in."""
+    from cloud.worker.server import create_server
+    from tests.cloud.worker.test_server import PacedRunner, make_settings
+
+    async def main():
+        worker, port = create_server(make_settings(tiny_model, max_batch_size=1, max_queue_delay_ms=0,
+                                                   max_queue_size=64), PacedRunner(tiny_model, 0.04))
+        await worker.start()
+        w = SimpleNamespace(address=f"127.0.0.1:{port}")
+        gws = [Gateway(settings_for([(w, 1)])) for _ in range(2)]
+        for gw in gws:
+            await gw.start()
+        try:
+            await asyncio.sleep(0.5)  # a Load poll: each gateway knows the worker's rate
+            chans = [grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") for gw in gws]
+            stubs = [service_pb2_grpc.EscalationStub(ch) for ch in chans]
+            results = await asyncio.gather(*[_detect(stubs[i % 2], request(seq=i), timeout=0.8) for i in range(60)])
+            for ch in chans:
+                await ch.close()
+            got = Counter(r[0] for r in results)
+            assert got["OK"] >= 5, results
+            ejections = [gw.pool.balancer.endpoints[w.address].ejections for gw in gws]
+            assert ejections == [0, 0], (ejections, got, [r for r in results if r[0] != "OK"])
+        finally:
+            for gw in gws:
+                await gw.stop(0)
+            await worker.stop(0)
+    run(main())
