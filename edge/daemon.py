@@ -249,7 +249,8 @@ class EdgeDaemon:
                 tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key, keepalive_s=c.mqtt.keepalive_s,
                 session_expiry_s=SESSION_EXPIRY_S if self.outbox is not None else 0,
             )
-            t = MqttTransport(self.mqtt, self.settings.device_id, c.mqtt.topic_prefix, token=c.token)
+            t = MqttTransport(self.mqtt, self.settings.device_id, c.mqtt.topic_prefix, token=c.token,
+                              max_in_flight_bytes=c.mqtt.max_in_flight_bytes)
             await t.start()
             self.transports["mqtt"] = MeteredTransport(t, self._count_uplink)
         if c.endpoints:

@@ -28,6 +28,7 @@ from edge.sources.live import (
     opencv_video_io,
     url_problem,
 )
+from edge.transports.uplink import DEFAULT_MAX_BYTES as UPLINK_MAX_BYTES
 from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
@@ -145,6 +146,13 @@ class MqttSettings:
     keepalive_s: int = setting("MQTT keepalive, seconds (MQTT carries it in two bytes).", 30, lo=1, hi=65535)
     topic_prefix: str = setting("Topics are `<prefix>/<device>/escalate|response/<client>|detections`.",
                                 "edgewise")
+    max_in_flight_bytes: int = setting(
+        "Most bytes of escalation requests the broker has not acknowledged yet (paho holds each until then, "
+        "past its deadline too). An escalation that would pass it, or that the uplink would carry only after "
+        "its deadline at the rate the broker has been acknowledging, or that would wait behind a request "
+        "unacknowledged for longer than its deadline (a hung broker), fails at once and takes the policy's "
+        "`onCloudUnavailable`, as a gRPC call past its deadline. With nothing unacknowledged any one "
+        "request is sent, whatever its size.", UPLINK_MAX_BYTES, lo=1)
 
 
 @dataclass

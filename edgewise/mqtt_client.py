@@ -400,6 +400,13 @@ class Client(mqtt.Client):
             self._expires_at.pop(info.mid, None)
             return True
 
+    def holds(self, info: mqtt.MQTTMessageInfo) -> bool:
+        """Whether paho still holds the message ``publish`` returned ``info`` for: not acknowledged,
+        withdrawn or dropped (a message that took its packet identifier since is another)."""
+        with self._out_message_mutex:
+            m = self._out_messages.get(info.mid)
+            return m is not None and m.info is info
+
     def drop_queued_over(self, max_qos: int) -> Dict[int, str]:
         """Forget the messages paho holds to send (again) at a QoS over ``max_qos``: called from
         ``on_connect``, before paho sends them again; their mids and topics."""

@@ -50,6 +50,13 @@ authorized is PERMISSION_DENIED, so UNAUTHENTICATED (a configuration problem, no
 spooled); too large is INVALID_ARGUMENT like gRPC's "message larger than max"
 (the frame keeps its edge result); a quota is RESOURCE_EXHAUSTED (spooled).
 
+An escalation is handed to paho only while the uplink can carry it in time: paho holds a
+request until the broker's PUBACK, past its deadline too, and cannot take one back once it is
+written. ``MqttTransport.window`` (``edge.transports.uplink``) refuses it at once when the
+requests the broker has not acknowledged would pass ``cloud.mqtt.max_in_flight_bytes`` with it,
+or would reach the broker only after its deadline (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED: the
+policy's ``onCloudUnavailable``, as for a gRPC call past its deadline).
+
 The connection reports itself: a throttled WARNING with the cause while the broker
 cannot be reached, a clear one when another client takes the session over (the
 same client id used twice), and the metrics ``edgewise_edge_mqtt_connected`` and
@@ -89,6 +96,7 @@ from edge.transports import (
     check_response,
     not_a_response,
 )
+from edge.transports.uplink import DEFAULT_MAX_BYTES, UplinkWindow
 from edgewise import mqtt_topics, status
 from edgewise.clienttls import FollowedContext, client_context
 from edgewise.filewatch import FollowedFiles
@@ -416,6 +424,10 @@ class MqttConnection:
         if self.client.withdraw(info):
             with self.lock:
                 self._forget(info.mid)
+
+    def holds(self, info: Any) -> bool:
+        """Whether the message ``publish`` returned ``info`` for is still paho's (``Client.holds``)."""
+        return self.client.holds(info)
 
     def _forget(self, mid: int) -> Optional[Tuple[str, Optional[OnDone], str]]:
         """(under ``lock``) Everything kept for a message paho no longer holds; its waiting entry."""
@@ -760,8 +772,10 @@ class MqttTransport:
     name = "mqtt"
 
     def __init__(self, conn: MqttConnection, device_id: str, topic_prefix: str = "edgewise",
-                 token: str = "") -> None:
+                 token: str = "", max_in_flight_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.conn = conn
+        #: the requests the broker has not acknowledged: what is refused before it reaches paho
+        self.window = UplinkWindow(max_in_flight_bytes)
         self.request_topic = mqtt_topics.escalate_topic(topic_prefix, device_id)
         self.response_topic = mqtt_topics.response_topic(
             topic_prefix, device_id, mqtt_topics.check_segment(conn.client_id, "MQTT client id"))
@@ -821,6 +835,11 @@ class MqttTransport:
             why = f" ({self.conn.last_error})" if self.conn.last_error else ""
             raise TransportError(status.UNAVAILABLE, f"MQTT broker {self.conn.host}:{self.conn.port} not "
                                                      f"connected{why}")
+        body = request.SerializeToString()
+        self.window.keep_only(self.conn.holds)  # withdrawn, or dropped at a reconnect
+        held = self.window.refusal(len(body), timeout_s)
+        if held is not None:
+            raise TransportError(held.status, held.message)
         corr = uuid.uuid4().bytes
         props = Properties(PacketTypes.PUBLISH)
         props.ResponseTopic = self.response_topic
@@ -831,18 +850,24 @@ class MqttTransport:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bytes] = loop.create_future()
         self.pending[corr] = fut
+        sent: List[Any] = []  # its MQTTMessageInfo, once paho has it
 
         def refused(r: Optional[Refusal]) -> None:  # the broker's PUBACK (paho's thread)
-            if r is not None and not loop.is_closed():
+            if loop.is_closed():
+                return
+            if sent:
+                loop.call_soon_threadsafe(self.window.acknowledged, sent[0], time.monotonic())
+            if r is not None:
                 loop.call_soon_threadsafe(_fail, fut, TransportError(r.status, r.message))
 
         info = None
         try:
             try:
-                info = self.conn.publish(self.request_topic, request.SerializeToString(), props, refused,
-                                         "the escalation fails")
+                info = self.conn.publish(self.request_topic, body, props, refused, "the escalation fails")
             except PublishRefused as exc:
                 raise TransportError(exc.refusal.status, exc.refusal.message) from None
+            self.window.sent(info, len(body))  # (paho may hold it whatever its rc: ``keep_only`` looks)
+            sent.append(info)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 raise TransportError(status.UNAVAILABLE, f"MQTT publish failed: {mqtt.error_string(info.rc)}")
             try:

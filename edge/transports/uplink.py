@@ -1,0 +1,125 @@
+"""The MQTT transport's window on the uplink: the escalation requests the broker has not
+acknowledged yet, in bytes, and whether one more can reach it before its deadline.
+
+A gRPC call is cancelled at its deadline and its request freed with it. An MQTT request, once
+handed to paho, is paho's until the broker's PUBACK: over an uplink slower than the escalations
+paho kept up to 100 of them in flight (about 49 MB of 1080p frames), and each new one waited
+behind them all, so nearly every one reached the cloud after its deadline (7 of 120 answered in
+time through a 1 MB/s link, ``tests/edge/transports/test_mqtt_uplink.py``); a hung broker was
+handed requests until the keepalive noticed it. ``UplinkWindow`` decides, before a request is
+handed to paho, whether it is refused at once instead (the caller raises the ``Refused`` status,
+which the escalation takes as it takes a gRPC call's: the policy's ``onCloudUnavailable``):
+
+* **bytes**: the requests not acknowledged, with this one, would pass ``max_bytes``
+  (``cloud.mqtt.max_in_flight_bytes``): RESOURCE_EXHAUSTED, as ``cloud.max_in_flight`` refuses;
+* **stall**: the oldest request not acknowledged was sent longer ago than this one's deadline
+  (a hung broker, a link that stopped): DEADLINE_EXCEEDED, it would wait behind that one;
+* **rate**: the bytes not acknowledged, with this one, take longer than its deadline at the rate
+  the broker has been acknowledging them: DEADLINE_EXCEEDED. The rate is the bytes acknowledged
+  over the time the uplink was busy with them, over the last ``SAMPLES`` acknowledgements of
+  requests that were sent while an earlier one was still unacknowledged (queued behind it, so
+  the time between the two acknowledgements is the link's; a request sent to an idle uplink
+  would count the round trip as transmission time), taken in the last ``RATE_MEMORY_S``. A rate
+  is forgotten that soon: the acknowledgements that end a stall (a hung broker that resumes, the
+  requests paho sends again after a reconnect) measure the stall, not the link, and until
+  requests were queued behind one another again every escalation sent while another was
+  unacknowledged was refused.
+
+An idle uplink (nothing unacknowledged) takes any one request, whatever its size or the rate:
+that is also how a rate measured before a stall is measured again. Pure: the clock is injected,
+the caller says when a request was sent and acknowledged, and calls it from one thread.
+Callers: ``edge.transports.mqtt``.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Callable, Deque, Dict, Hashable, NamedTuple, Optional, Tuple
+
+from edgewise import status
+
+#: acknowledgements the rate is measured over, at most, and the seconds they are kept
+SAMPLES = 8
+RATE_MEMORY_S = 10.0
+#: ``cloud.mqtt.max_in_flight_bytes``' default: 16 1080p frames, 200 crops of 40 kB
+DEFAULT_MAX_BYTES = 8 * 1024 * 1024
+
+
+class Refused(NamedTuple):
+    """A request the window does not let through: its wire status and why."""
+
+    status: int
+    message: str
+
+
+class UplinkWindow:
+    """The escalation requests sent and not acknowledged (module docstring)."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_bytes = int(max_bytes)
+        self.clock = clock
+        self._held: Dict[Hashable, Tuple[float, int]] = {}  # key -> (sent at, bytes), oldest first
+        self.held_bytes = 0
+        self._last_ack: Optional[float] = None
+        #: (acknowledged at, bytes, busy seconds)
+        self._samples: Deque[Tuple[float, int, float]] = collections.deque(maxlen=SAMPLES)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def rate(self) -> Optional[float]:
+        """Bytes a second the broker acknowledged while the uplink was busy, lately; None without
+        such acknowledgements in the last ``RATE_MEMORY_S``."""
+        since = self.clock() - RATE_MEMORY_S
+        recent = [(b, s) for at, b, s in self._samples if at >= since]
+        seconds = sum(s for _, s in recent)
+        return sum(b for b, _ in recent) / seconds if seconds > 0 else None
+
+    def refusal(self, size: int, timeout_s: float) -> Optional[Refused]:
+        """Why a request of ``size`` bytes with ``timeout_s`` to its deadline is refused now, or None."""
+        if not self._held:
+            return None
+        if self.held_bytes + size > self.max_bytes:
+            return Refused(status.RESOURCE_EXHAUSTED, (
+                f"{self.held_bytes} bytes of {len(self._held)} escalation requests are not acknowledged by the "
+                f"MQTT broker yet; this one's {size} would pass cloud.mqtt.max_in_flight_bytes ({self.max_bytes}): "
+                "the uplink is slower than the escalations, or the broker stopped answering"))
+        waited = self.clock() - next(iter(self._held.values()))[0]
+        if waited > timeout_s:
+            return Refused(status.DEADLINE_EXCEEDED, (
+                f"the MQTT broker has not acknowledged a request sent {waited:.1f} s ago, past this escalation's "
+                f"{timeout_s:.2f} s deadline, which would wait behind it: the uplink or the broker is stalled"))
+        rate = self.rate()
+        if rate is not None:
+            due = (self.held_bytes + size) / rate
+            if due > timeout_s:
+                return Refused(status.DEADLINE_EXCEEDED, (
+                    f"the uplink would carry this {size}-byte request after its {timeout_s:.2f} s deadline: "
+                    f"{self.held_bytes} bytes are ahead of it and the MQTT broker acknowledges "
+                    f"{rate / 1000.0:.0f} kB/s ({due:.1f} s)"))
+        return None
+
+    def sent(self, key: Hashable, size: int) -> None:
+        """A request of ``size`` bytes was handed over (``key``: anything that names it)."""
+        if key in self._held:
+            return
+        self._held[key] = (self.clock(), int(size))
+        self.held_bytes += int(size)
+
+    def acknowledged(self, key: Hashable, at: Optional[float] = None) -> None:
+        """The broker acknowledged (or refused) ``key`` at ``at`` (the clock's time; now by default)."""
+        at = self.clock() if at is None else at
+        entry = self._held.pop(key, None)
+        if entry is not None:
+            self.held_bytes -= entry[1]
+            if self._last_ack is not None and entry[0] < self._last_ack:  # queued behind the last one
+                self._samples.append((at, entry[1], max(0.0, at - self._last_ack)))
+        if self._last_ack is None or at > self._last_ack:
+            self._last_ack = at
+
+    def keep_only(self, held: Callable[[Hashable], bool]) -> None:
+        """Forget the requests ``held`` says are gone without an acknowledgement (withdrawn at
+        their deadline, dropped at a reconnect past their expiry)."""
+        for key in [k for k in self._held if not held(k)]:
+            self.held_bytes -= self._held.pop(key)[1]
