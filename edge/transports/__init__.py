@@ -26,12 +26,14 @@ RECONNECT_DELAY_S = (1, 30)
 
 
 class TransportError(Exception):
-    """An escalation failed; ``status`` is its wire status (``detect_pb2.Status``)."""
+    """An escalation failed; ``status`` is its wire status (``detect_pb2.Status``). ``sent``:
+    whether the request may have left the edge (False: refused before it was sent)."""
 
-    def __init__(self, status_value: int, message: str) -> None:
+    def __init__(self, status_value: int, message: str, sent: bool = True) -> None:
         super().__init__(f"{status.name(status_value)}: {message}")
         self.status = status.row(status_value).status
         self.message = message
+        self.sent = sent
 
     @property
     def spoolable(self) -> bool:
@@ -56,9 +58,11 @@ class Transport(Protocol):
 
 
 class MeteredTransport:
-    """A ``Transport`` that reports the serialized size of every request it is given
-    (``on_send(transport name, bytes)``) before sending it: the uplink an escalation costs,
-    first sends and spool replays alike."""
+    """A ``Transport`` that reports the serialized size of every request it sends
+    (``on_send(transport name, bytes)``, once the call ended): the uplink an escalation costs,
+    first sends and spool replays alike, answered or not. A request the transport refused before
+    it left (``TransportError.sent`` False: the MQTT broker not connected, the MQTT uplink window)
+    cost none: counted, the refusals of a slow uplink doubled what it was said to carry."""
 
     def __init__(self, inner: Transport, on_send: Callable[[str, int], None]) -> None:
         self.inner = inner
@@ -69,8 +73,16 @@ class MeteredTransport:
         await self.inner.start()
 
     async def detect(self, request: Any, timeout_s: float) -> Any:
-        self.on_send(self.name, request.ByteSize())
-        return await self.inner.detect(request, timeout_s)
+        size = request.ByteSize()
+        sent = True
+        try:
+            return await self.inner.detect(request, timeout_s)
+        except TransportError as exc:
+            sent = exc.sent
+            raise
+        finally:
+            if sent:
+                self.on_send(self.name, size)
 
     async def close(self) -> None:
         await self.inner.close()

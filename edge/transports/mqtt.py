@@ -834,12 +834,12 @@ class MqttTransport:
         if not self.conn.connected.is_set():
             why = f" ({self.conn.last_error})" if self.conn.last_error else ""
             raise TransportError(status.UNAVAILABLE, f"MQTT broker {self.conn.host}:{self.conn.port} not "
-                                                     f"connected{why}")
+                                                     f"connected{why}", sent=False)
         body = request.SerializeToString()
         self.window.keep_only(self.conn.holds)  # withdrawn, or dropped at a reconnect
         held = self.window.refusal(len(body), timeout_s)
         if held is not None:
-            raise TransportError(held.status, held.message)
+            raise TransportError(held.status, held.message, sent=False)
         corr = uuid.uuid4().bytes
         props = Properties(PacketTypes.PUBLISH)
         props.ResponseTopic = self.response_topic
@@ -865,7 +865,7 @@ class MqttTransport:
             try:
                 info = self.conn.publish(self.request_topic, body, props, refused, "the escalation fails")
             except PublishRefused as exc:
-                raise TransportError(exc.refusal.status, exc.refusal.message) from None
+                raise TransportError(exc.refusal.status, exc.refusal.message, sent=False) from None
             self.window.sent(info, len(body))  # (paho may hold it whatever its rc: ``keep_only`` looks)
             sent.append(info)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:

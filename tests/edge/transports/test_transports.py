@@ -86,6 +86,31 @@ def test_metered_transport_counts_every_request_sent_failed_or_not(real_cloud):
     assert sent[0][1] > 100  # the JPEG is most of it
 
 
+def test_metered_transport_does_not_count_a_request_refused_before_it_left():
+    """The MQTT transport refuses a request at once when its uplink window is full, or the broker is
+    not connected: nothing went up. Counted, a slow uplink's refusals (56 of 120 escalations in
+    test_mqtt_uplink's measurement) read as bytes it carried."""
+    sent = []
+    with configured_mosquitto() as broker:
+        async def run():
+            conn = MqttConnection(broker.host, broker.port, client_id="edge-metered")
+            conn.start()
+            t = MeteredTransport(MqttTransport(conn, "d", max_in_flight_bytes=200),
+                                 lambda name, n: sent.append((name, n)))
+            await t.start()
+            await async_wait_until(conn.connected.is_set, 10, "connected")
+            # the first goes (an idle uplink takes one); the others would pass the 200 bytes: refused
+            got = await asyncio.gather(*(t.detect(request(i), 0.3) for i in range(3)), return_exceptions=True)
+            assert [e.status for e in got] == [detect_pb2.DEADLINE_EXCEEDED] + [detect_pb2.RESOURCE_EXHAUSTED] * 2
+            conn.stop()
+            with pytest.raises(TransportError) as ei:  # not connected
+                await t.detect(request(3), 0.3)
+            assert ei.value.status == detect_pb2.UNAVAILABLE
+            await t.close()
+        asyncio.run(run())
+    assert sent == [("mqtt", request(0).ByteSize())]
+
+
 def test_grpc_unavailable_fails_fast_and_fails_over(real_cloud):
     dead = f"127.0.0.1:{free_port()}"
 
