@@ -148,8 +148,8 @@ class MqttSettings:
                                 "edgewise")
     max_in_flight_bytes: int = setting(
         "Most bytes of escalation requests the broker has not acknowledged yet (paho holds each until then, "
-        "past its deadline too). An escalation that would pass it, or that the uplink would carry only after "
-        "its deadline at the rate the broker has been acknowledging, or that would wait behind a request "
+        "past its deadline too). An escalation that would pass it, or that a queueing uplink would carry too "
+        "late for its deadline at the rate the broker has been acknowledging, or that would wait behind a request "
         "unacknowledged for longer than its deadline (a hung broker), fails at once and takes the policy's "
         "`onCloudUnavailable`, as a gRPC call past its deadline. With nothing unacknowledged any one "
         "request is sent, whatever its size.", UPLINK_MAX_BYTES, lo=1)

@@ -14,16 +14,26 @@ which the escalation takes as it takes a gRPC call's: the policy's ``onCloudUnav
   (``cloud.mqtt.max_in_flight_bytes``): RESOURCE_EXHAUSTED, as ``cloud.max_in_flight`` refuses;
 * **stall**: the oldest request not acknowledged was sent longer ago than this one's deadline
   (a hung broker, a link that stopped): DEADLINE_EXCEEDED, it would wait behind that one;
-* **rate**: the bytes not acknowledged, with this one, take longer than its deadline at the rate
-  the broker has been acknowledging them: DEADLINE_EXCEEDED. The rate is the bytes acknowledged
-  over the time the uplink was busy with them, over the last ``SAMPLES`` acknowledgements of
-  requests that were sent while an earlier one was still unacknowledged (queued behind it, so
-  the time between the two acknowledgements is the link's; a request sent to an idle uplink
-  would count the round trip as transmission time), taken in the last ``RATE_MEMORY_S``. A rate
-  is forgotten that soon: the acknowledgements that end a stall (a hung broker that resumes, the
-  requests paho sends again after a reconnect) measure the stall, not the link, and until
-  requests were queued behind one another again every escalation sent while another was
-  unacknowledged was refused.
+* **rate**: requests are queueing on the uplink, and the bytes not acknowledged, with this one,
+  would take longer than ``UPLOAD_SHARE`` of its deadline (the rest is the cloud's, to answer)
+  at the rate the broker has been acknowledging them: DEADLINE_EXCEEDED.
+
+  The rate is the bytes acknowledged over the time the uplink was busy with them, over the last
+  ``SAMPLES`` acknowledgements of requests sent while an earlier one was still unacknowledged
+  (queued behind it, so the time between the two acknowledgements is the link's; a request sent
+  to an idle uplink would count the round trip as transmission time), taken in the last
+  ``RATE_MEMORY_S``: the acknowledgements that end a stall (a hung broker that resumes, what
+  paho sends again after a reconnect) measure the stall, not the link.
+
+  Queueing: the oldest request not acknowledged has waited, or the last one acknowledged took,
+  more than ``QUEUE_FACTOR`` times the shortest time one of the last ``FLOOR_SAMPLES`` requests
+  sent to an idle uplink took (the round trip and a request's own transmission, no queue).
+  Without this, on a link the escalations do not fill, the rate was theirs, not the link's
+  (acknowledgements come as the requests went), and was read as the link's: 20 escalations a
+  second and 8 more at once each second over a fast link with a 300 ms round trip had 44 of 270
+  refused, all answered in time without the window. Only requests sent to an idle uplink give
+  that shortest time: on a link that stays busy, the shortest recent time is itself queued, and
+  the queue read as none let a backlog in.
 
 An idle uplink (nothing unacknowledged) takes any one request, whatever its size or the rate:
 that is also how a rate measured before a stall is measured again. Pure: the clock is injected,
@@ -42,6 +52,12 @@ from edgewise import status
 #: acknowledgements the rate is measured over, at most, and the seconds they are kept
 SAMPLES = 8
 RATE_MEMORY_S = 10.0
+#: how many times longer than the shortest of the ``FLOOR_SAMPLES`` a request must wait to be queueing
+QUEUE_FACTOR = 1.5
+#: the share of a deadline the upload may take by the rate: the rest is the cloud's, to answer
+UPLOAD_SHARE = 0.75
+#: requests sent to an idle uplink whose times give the time without a queue
+FLOOR_SAMPLES = 4
 #: ``cloud.mqtt.max_in_flight_bytes``' default: 16 1080p frames, 200 crops of 40 kB
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 
@@ -59,11 +75,16 @@ class UplinkWindow:
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_bytes = int(max_bytes)
         self.clock = clock
-        self._held: Dict[Hashable, Tuple[float, int]] = {}  # key -> (sent at, bytes), oldest first
+        #: key -> (sent at, bytes, sent to an idle uplink), oldest first
+        self._held: Dict[Hashable, Tuple[float, int, bool]] = {}
         self.held_bytes = 0
         self._last_ack: Optional[float] = None
         #: (acknowledged at, bytes, busy seconds)
         self._samples: Deque[Tuple[float, int, float]] = collections.deque(maxlen=SAMPLES)
+        #: (acknowledged at, seconds from sent to acknowledged) of the last request acknowledged
+        self._last_sojourn: Optional[Tuple[float, float]] = None
+        #: seconds from sent to acknowledged of the last requests sent to an idle uplink
+        self._floor: Deque[float] = collections.deque(maxlen=FLOOR_SAMPLES)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -75,6 +96,17 @@ class UplinkWindow:
         recent = [(b, s) for at, b, s in self._samples if at >= since]
         seconds = sum(s for _, s in recent)
         return sum(b for b, _ in recent) / seconds if seconds > 0 else None
+
+    def queueing(self) -> bool:
+        """Whether requests wait on the uplink now (the module docstring); True before a request
+        sent to an idle uplink was acknowledged, to compare with."""
+        if not self._floor:
+            return True
+        now = self.clock()
+        waited = now - next(iter(self._held.values()))[0] if self._held else 0.0
+        last = self._last_sojourn
+        took = last[1] if last is not None and last[0] >= now - RATE_MEMORY_S else 0.0
+        return max(waited, took) > QUEUE_FACTOR * min(self._floor)
 
     def refusal(self, size: int, timeout_s: float) -> Optional[Refused]:
         """Why a request of ``size`` bytes with ``timeout_s`` to its deadline is refused now, or None."""
@@ -91,11 +123,11 @@ class UplinkWindow:
                 f"the MQTT broker has not acknowledged a request sent {waited:.1f} s ago, past this escalation's "
                 f"{timeout_s:.2f} s deadline, which would wait behind it: the uplink or the broker is stalled"))
         rate = self.rate()
-        if rate is not None:
+        if rate is not None and self.queueing():
             due = (self.held_bytes + size) / rate
-            if due > timeout_s:
+            if due > UPLOAD_SHARE * timeout_s:
                 return Refused(status.DEADLINE_EXCEEDED, (
-                    f"the uplink would carry this {size}-byte request after its {timeout_s:.2f} s deadline: "
+                    f"the uplink would carry this {size}-byte request too late for its {timeout_s:.2f} s deadline: "
                     f"{self.held_bytes} bytes are ahead of it and the MQTT broker acknowledges "
                     f"{rate / 1000.0:.0f} kB/s ({due:.1f} s)"))
         return None
@@ -104,7 +136,7 @@ class UplinkWindow:
         """A request of ``size`` bytes was handed over (``key``: anything that names it)."""
         if key in self._held:
             return
-        self._held[key] = (self.clock(), int(size))
+        self._held[key] = (self.clock(), int(size), not self._held)
         self.held_bytes += int(size)
 
     def acknowledged(self, key: Hashable, at: Optional[float] = None) -> None:
@@ -113,6 +145,10 @@ class UplinkWindow:
         entry = self._held.pop(key, None)
         if entry is not None:
             self.held_bytes -= entry[1]
+            took = max(0.0, at - entry[0])
+            self._last_sojourn = (at, took)
+            if entry[2]:
+                self._floor.append(took)
             if self._last_ack is not None and entry[0] < self._last_ack:  # queued behind the last one
                 self._samples.append((at, entry[1], max(0.0, at - self._last_ack)))
         if self._last_ack is None or at > self._last_ack:

@@ -63,9 +63,9 @@ def test_the_rate_is_measured_on_requests_queued_behind_another():
     clock.t += 0.5
     w.acknowledged("b")
     assert w.rate() == pytest.approx(1_000_000)  # 500 kB in the 0.5 s since a's acknowledgement
-    # c is 500 kB ahead of a new one: 1 MB in 1 s at 1 MB/s
-    assert w.refusal(500_000, 1.2) is None
-    refused = w.refusal(500_000, 0.8)
+    # c is 500 kB ahead of a new one: 1 MB in 1 s at 1 MB/s, within 3/4 of 1.4 s, not of 1.2 s
+    assert w.refusal(500_000, 1.4) is None
+    refused = w.refusal(500_000, 1.2)
     assert refused is not None and refused.status == status.DEADLINE_EXCEEDED and "1000 kB/s" in refused.message
 
 
@@ -110,9 +110,42 @@ def test_a_rate_measured_across_a_stall_is_forgotten():
     w.acknowledged("b")
     assert w.rate() == pytest.approx(500_000 / 60)
     w.sent("c", 500_000)  # one at a time: no new measurement
-    assert w.refusal(500_000, 2.0) is not None
     clock.t += 0.5
     w.acknowledged("c")
     clock.t += 9.6
     w.sent("d", 500_000)
     assert w.rate() is None and w.refusal(500_000, 2.0) is None
+
+
+def test_a_link_the_escalations_do_not_fill_is_not_judged_by_their_rate():
+    """20 requests a second over a fast link with a 300 ms round trip: each is acknowledged 300 ms
+    after it was sent, so the acknowledgements come 50 ms apart, as the requests went, and read as
+    a rate of 400 kB/s. Eight more at once were then refused (8 x 20 kB ahead at 400 kB/s: 0.5 s),
+    where the link carried them in 16 ms."""
+    w, clock = window()
+    start = clock.t
+    sends = [start + 0.05 * i for i in range(40)]
+    acks = [(t + 0.3, i) for i, t in enumerate(sends)]
+    for i, t in enumerate(sends):
+        while acks and acks[0][0] <= t:
+            clock.t = acks[0][0]
+            w.acknowledged(acks.pop(0)[1])
+        clock.t = t
+        w.sent(i, 20_000)
+    assert w.rate() == pytest.approx(400_000)
+    for k in range(8):  # a burst, beside the 6 in flight
+        assert w.refusal(20_000, 0.5) is None
+        w.sent(("burst", k), 20_000)
+    assert not w.queueing()
+
+
+def test_requests_waiting_longer_than_the_round_trip_are_queueing():
+    w, clock = window()
+    w.sent("a", 1000)
+    clock.t += 0.2
+    w.acknowledged("a")  # 0.2 s: the shortest lately
+    w.sent("b", 1000)
+    clock.t += 0.25
+    assert not w.queueing()
+    clock.t += 0.1  # b has waited 0.35 s, over 1.5 x 0.2
+    assert w.queueing()
