@@ -24,10 +24,25 @@ from typing import Dict, List, Optional
 
 import pytest
 
+_CAN_OVERLAY: Optional[str] = None  # "" when an overlay of / mounts here, else why not
 
-def _skip_unless_possible() -> None:
+
+def _skip_unless_possible(tmp_path: Path) -> None:
+    global _CAN_OVERLAY
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("chroot"):
         pytest.skip("needs root, unshare and chroot (make test runs as root)")
+    if _CAN_OVERLAY is None:  # a container's root (itself an overlay, no CAP_SYS_ADMIN) may refuse it
+        probe = tmp_path / "overlay-probe"
+        dirs = [probe / d for d in ("upper", "work", "merged")]
+        for d in dirs:
+            d.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(["unshare", "-m", "--propagation", "private", "mount", "-t", "overlay", "overlay", "-o",
+                            f"lowerdir=/,upperdir={dirs[0]},workdir={dirs[1]}", str(dirs[2])],
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        _CAN_OVERLAY = "" if r.returncode == 0 else (r.stderr.strip() or f"exit status {r.returncode}")
+        shutil.rmtree(probe, ignore_errors=True)
+    if _CAN_OVERLAY:
+        pytest.skip(f"this machine cannot mount an overlay of / in a mount namespace: {_CAN_OVERLAY}")
 
 
 def fake_systemd(tmp_path: Path) -> Path:
@@ -67,7 +82,7 @@ def run_live(tmp_path: Path, script: str, *, top: Optional[Path] = None, fake: O
     """Run ``sh -c script`` chrooted into this machine's ``/`` as described above, with the
     files of ``top`` copied over it first. The overlay's upper layer persists across calls
     (one device's life)."""
-    _skip_unless_possible()
+    _skip_unless_possible(tmp_path)
     upper, work, merged = tmp_path / "upper", tmp_path / "work", tmp_path / "merged"
     for d in (upper, work, merged):
         d.mkdir(exist_ok=True)
