@@ -5,7 +5,7 @@
 # lacks them. Every run uses the policy file's payload, merge and carrying (--carry-lag 1), and
 # judges the combined hardness the camera policy ships (--ours combined) against the baselines
 # at equal rates, with 95% intervals from resampled streams.
-#   SPLIT test (default), 17 min on 2 cores in the second 2026-12-06 rerun, generating the splits included:
+#   SPLIT test (default), 15 min on 2 cores in the third 2026-12-06 rerun, generating the splits included:
 #   1. the headline: the held-out camera test split (900 frames, 30 streams), every payload
 #      mode side by side, the learned policy fitted on cam-policy -> $MODELS/eval/ (eval.json,
 #      eval.md, eval.png, gain-model.json; examples/policies/learned.yaml uses the episodes
