@@ -403,19 +403,32 @@ class Batcher(Generic[T]):
     def wait_s(self, now: float, priority: int = 0, pixels: int = 0) -> float:
         """Predicted seconds from ``now`` until a request of ``priority`` and ``pixels`` submitted
         now is answered (rule 5): the rest of the batch running, the batches of the requests
-        queued ahead of it (rule 2), then its own; at least ``need_s(pixels)``. Batch 1: each at
-        its own ``need_s``; larger batches: full ones at their measured time, then the rest. It
+        queued ahead of it (rule 2), then its own; at least ``need_s(pixels)``. They go in batches
+        of ``max_batch_size`` in the order of rule 2, each at its least time (``_least_s``: one
+        alone at its own ``need_s``, a larger one at its measured time or its pixels'). It
         cannot know of higher priorities still to come, nor of a cut by rule 3f, so it errs short:
         what it accepts may still expire in the queue, what it refuses could not make it here."""
         left = 0.0 if self._running is None else max(0.0, self._running[0] + self._running[1] - now)
-        need = self.need_s(pixels)
         size = self.policy.max_batch_size
-        if size == 1:
-            queued = sum(self.need_s(p.pixels) for prio in self._order if prio >= priority
-                         for p in self._levels[prio])
-            return left + queued + need
-        full, rest = divmod(self.ahead(priority) + 1, size)
-        return left + max(need, full * self._batch_time(size) + (self._batch_time(rest) if rest else 0.0))
+        queue = [p.pixels for prio in reversed(self._order) if prio >= priority for p in self._levels[prio]]
+        queue.append(pixels)
+        return left + max(self.need_s(pixels),
+                          sum(self._least_s(queue[i:i + size]) for i in range(0, len(queue), size)))
+
+    def _least_s(self, pixels: Sequence[int]) -> float:
+        """The least time a batch of images of ``pixels`` (0: not counted) takes, for ``wait_s``:
+        one alone takes its ``need_s``; a larger batch its size's measured time, or on a
+        native-input worker (``pixel_cost``) its pixels at the rate of batches of one when that is
+        less, as ``need_s`` judges one image. Without that, a worker that batches and had served
+        1920x1080 frames refused an idle queue's 640x360 one for the large frames' time, the
+        refusal ``need_s`` was made pixel-aware to end."""
+        if len(pixels) == 1:
+            return self.need_s(pixels[0])
+        t = self._batch_time(len(pixels))
+        px, s = self._one_px.value, self._one_s.value
+        if self.pixel_cost and px and s and all(pixels):
+            t = min(t, sum(pixels) * s / px)
+        return t
 
     def _decide(self, n: int, now: float) -> tuple[int, str]:
         pol = self.policy

@@ -6,6 +6,7 @@ Pure core on an injected (fake) clock: every call takes ``now``.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -226,3 +227,30 @@ def test_expiry_is_due_while_a_batch_runs_unless_that_batch_stalled():
     assert not b.stalled(0.160) and b.stalled(0.161)  # 4 times the 40 ms it was expected to take
     b.finished()
     assert not b.stalled(10.0)
+
+
+def test_a_batching_native_worker_waits_a_small_image_by_its_pixels_not_the_large_frames_time():
+    """A native-input worker that batches (max_batch_size 4) and served 1920x1080 frames (670 ms
+    each alone) takes a 640x360 one with 448 ms to go on an idle queue, as ``need_s`` judges it
+    (test_batching's batch-1 case): ``wait_s`` took a batch of one at the large frames' 670 ms and
+    refused it as load. Behind large frames queued ahead it is still refused, and a large frame
+    with as little time is refused as too close, as before."""
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=0.0), pixel_cost=True)
+    big, small = 1920 * 1080, 640 * 360
+    for _ in range(3):
+        b.observe(1, 0.670, big)
+    b.observe(4, 1.0, 4 * big)
+    assert b.wait_s(10.0, pixels=small) == pytest.approx(b.need_s(small))  # about 75 ms, not 670
+    b.submit("small", 10.0, deadline=10.448, pixels=small)
+    assert b.wait_s(10.0, pixels=small) == pytest.approx(2 * b.need_s(small))  # a batch of two small ones
+    with pytest.raises(DeadlineExceededError, match="a batch takes about 670.0 ms"):
+        b.submit("big", 10.0, deadline=10.448, pixels=big)
+    for i in range(4):
+        b.submit(f"big{i}", 10.0, deadline=20.0, pixels=big)
+    with pytest.raises(OverloadedError, match=BUSY_MARK):  # behind a full batch of large frames
+        b.submit("small2", 10.0, deadline=10.448, pixels=small)
+    # a fixed-size model's time does not follow pixels: the batch-of-one time rules
+    fixed: Batcher[str] = Batcher(BatchPolicy(max_batch_size=4, max_queue_delay_s=0.0))
+    for _ in range(3):
+        fixed.observe(1, 0.670, big)
+    assert fixed.wait_s(10.0, pixels=small) == pytest.approx(0.670)
