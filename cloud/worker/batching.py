@@ -283,8 +283,9 @@ class Batcher(Generic[T]):
     _served_s: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
     _served_px: dict[int, _Ewma] = field(default_factory=dict, init=False, repr=False)
     _request_px: _Ewma = field(init=False, repr=False)
-    #: the batch handed out by ``next_batch`` and not yet ``finished``: (formed at, expected seconds)
-    _running: tuple[float, float] | None = field(default=None, init=False, repr=False)
+    #: the batch handed out by ``next_batch`` and not yet ``finished``: (formed at, expected seconds
+    #: (rule 8, ``stalled``), least seconds (``wait_s``))
+    _running: tuple[float, float, float] | None = field(default=None, init=False, repr=False)
     _preferred_desc: tuple[int, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -378,7 +379,8 @@ class Batcher(Generic[T]):
                 break
         self._size -= len(taken)
         self._prune()
-        self._running = (now, self._expected_s(len(taken), sum(p.pixels for p in taken)))
+        self._running = (now, self._expected_s(len(taken), sum(p.pixels for p in taken)),
+                         self._least_s([p.pixels for p in taken]))
         return Batch(
             items=tuple(p.item for p in taken),
             queue_waits=tuple(now - p.enqueued for p in taken),
@@ -408,7 +410,7 @@ class Batcher(Generic[T]):
         alone at its own ``need_s``, a larger one at its measured time or its pixels'). It
         cannot know of higher priorities still to come, nor of a cut by rule 3f, so it errs short:
         what it accepts may still expire in the queue, what it refuses could not make it here."""
-        left = 0.0 if self._running is None else max(0.0, self._running[0] + self._running[1] - now)
+        left = 0.0 if self._running is None else max(0.0, self._running[0] + self._running[2] - now)
         size = self.policy.max_batch_size
         queue = [p.pixels for prio in reversed(self._order) if prio >= priority for p in self._levels[prio]]
         queue.append(pixels)
