@@ -78,7 +78,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Set, Tuple
 
 import grpc
 import paho.mqtt.client as mqtt
@@ -776,6 +776,9 @@ class MqttTransport:
         self.conn = conn
         #: the requests the broker has not acknowledged: what is refused before it reaches paho
         self.window = UplinkWindow(max_in_flight_bytes)
+        #: requests the broker acknowledged whose ``window.acknowledged`` has not run yet (added in
+        #: paho's thread, under its lock, where paho stops holding them): ``keep_only`` keeps them
+        self._acking: Set[Any] = set()
         self.request_topic = mqtt_topics.escalate_topic(topic_prefix, device_id)
         self.response_topic = mqtt_topics.response_topic(
             topic_prefix, device_id, mqtt_topics.check_segment(conn.client_id, "MQTT client id"))
@@ -787,6 +790,10 @@ class MqttTransport:
         #: (not an escalation waiting: a late answer after its deadline, a repeat, another's).
         self.dropped: Dict[str, int] = {"no_correlation": 0, "unknown_correlation": 0}
         self._dropped_log = LogThrottle(60.0)
+
+    def _acknowledged(self, info: Any, at: float) -> None:
+        self._acking.discard(info)
+        self.window.acknowledged(info, at)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -836,7 +843,9 @@ class MqttTransport:
             raise TransportError(status.UNAVAILABLE, f"MQTT broker {self.conn.host}:{self.conn.port} not "
                                                      f"connected{why}", sent=False)
         body = request.SerializeToString()
-        self.window.keep_only(self.conn.holds)  # withdrawn, or dropped at a reconnect
+        # withdrawn, or dropped at a reconnect; not one acknowledged whose ``acknowledged`` is still
+        # to run (paho stops holding it first: dropped here, its rate and round trip went unmeasured)
+        self.window.keep_only(lambda info: self.conn.holds(info) or info in self._acking)
         held = self.window.refusal(len(body), timeout_s)
         if held is not None:
             raise TransportError(held.status, held.message, sent=False)
@@ -851,23 +860,29 @@ class MqttTransport:
         fut: asyncio.Future[bytes] = loop.create_future()
         self.pending[corr] = fut
         sent: List[Any] = []  # its MQTTMessageInfo, once paho has it
+        acked: List[float] = []  # when the broker's PUBACK came
 
-        def refused(r: Optional[Refusal]) -> None:  # the broker's PUBACK (paho's thread)
+        def refused(r: Optional[Refusal]) -> None:  # the broker's PUBACK (paho's thread, or this one)
             if loop.is_closed():
                 return
-            if sent:
-                loop.call_soon_threadsafe(self.window.acknowledged, sent[0], time.monotonic())
+            acked.append(time.monotonic())
+            if sent:  # else it came before publish returned: acknowledged below, once sent
+                self._acking.add(sent[0])
+                loop.call_soon_threadsafe(self._acknowledged, sent[0], acked[0])
             if r is not None:
                 loop.call_soon_threadsafe(_fail, fut, TransportError(r.status, r.message))
 
         info = None
+        handed = self.window.clock()  # before publish: its PUBACK may come before publish returns
         try:
             try:
                 info = self.conn.publish(self.request_topic, body, props, refused, "the escalation fails")
             except PublishRefused as exc:
                 raise TransportError(exc.refusal.status, exc.refusal.message, sent=False) from None
-            self.window.sent(info, len(body))  # (paho may hold it whatever its rc: ``keep_only`` looks)
+            self.window.sent(info, len(body), handed)  # (paho may hold it whatever its rc: ``keep_only`` looks)
             sent.append(info)
+            if acked:  # its PUBACK came before publish returned (settled then, in this thread)
+                self.window.acknowledged(info, acked[0])
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 raise TransportError(status.UNAVAILABLE, f"MQTT publish failed: {mqtt.error_string(info.rc)}")
             try:

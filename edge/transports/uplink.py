@@ -132,11 +132,12 @@ class UplinkWindow:
                     f"{rate / 1000.0:.0f} kB/s ({due:.1f} s)"))
         return None
 
-    def sent(self, key: Hashable, size: int) -> None:
-        """A request of ``size`` bytes was handed over (``key``: anything that names it)."""
+    def sent(self, key: Hashable, size: int, at: Optional[float] = None) -> None:
+        """A request of ``size`` bytes was handed over (``key``: anything that names it) at ``at``
+        (the clock's time, before it was handed over; now by default)."""
         if key in self._held:
             return
-        self._held[key] = (self.clock(), int(size), not self._held)
+        self._held[key] = (self.clock() if at is None else at, int(size), not self._held)
         self.held_bytes += int(size)
 
     def acknowledged(self, key: Hashable, at: Optional[float] = None) -> None:

@@ -338,6 +338,85 @@ def test_a_hung_broker_fills_the_window_and_the_escalations_after_it_fail_at_onc
     assert got["peak_held_bytes"] <= 5_000_000, got
 
 
+
+def _connected_transport(broker: Broker, client_id: str) -> Tuple[MqttConnection, MqttTransport]:
+    conn = MqttConnection(broker.host, broker.port, client_id=client_id)
+    conn.start()
+    return conn, MqttTransport(conn, "d")
+
+
+def test_a_puback_read_before_publish_returned_is_counted_by_the_window():
+    """paho's thread can read a request's PUBACK before ``publish`` returns in the event loop's
+    (that thread preempted): MqttConnection then settles it once ``publish`` returns, and the
+    transport's callback found no request to acknowledge yet. The window never heard of the
+    acknowledgement: it held the request until the next escalation's look at paho, and the request
+    sent to an idle uplink gave no time without a queue, so the window took the uplink for
+    queueing (and judged by the rate) though nothing waited."""
+    with configured_mosquitto() as broker:
+        conn, t = _connected_transport(broker, "edge-early-ack")
+
+        async def run() -> None:
+            await t.start()
+            await async_wait_until(conn.connected.is_set, 10, "connected")
+            publish = conn.client.publish
+
+            def preempted(*args: Any, **kwargs: Any) -> Any:
+                info = publish(*args, **kwargs)
+                end = time.monotonic() + 10
+                while info.mid not in conn._early and time.monotonic() < end:  # paho's thread reads the PUBACK
+                    time.sleep(0.001)
+                assert info.mid in conn._early, "the PUBACK did not come"
+                return info
+
+            conn.client.publish = preempted
+            try:
+                await t.detect(frame_request(0, 1000), 0.3)  # nobody answers: DEADLINE_EXCEEDED
+            except TransportError as exc:
+                assert exc.status == detect_pb2.DEADLINE_EXCEEDED
+            assert len(t.window) == 0 and t.window.held_bytes == 0
+            assert not t.window.queueing()
+            # its time from handed to paho to acknowledged: not 0 (sent noted after the PUBACK), which
+            # took any request held at all for a queue
+            assert list(t.window._floor) and min(t.window._floor) > 0
+            await t.close()
+
+        try:
+            asyncio.run(run())
+        finally:
+            conn.stop()
+
+
+def test_a_puback_not_yet_handled_when_the_next_escalation_looks_is_counted_by_the_window():
+    """The PUBACK comes in paho's thread, which stops holding the request there and hands the window
+    its acknowledgement through the event loop; an escalation already due in the loop ran first and
+    its look at paho (``keep_only``) dropped the request as withdrawn, so the acknowledgement found
+    nothing: the request sent to an idle uplink gave no time without a queue, and the window took
+    the uplink for queueing though nothing waited."""
+    with configured_mosquitto() as broker:
+        conn, t = _connected_transport(broker, "edge-late-ack")
+
+        async def run() -> None:
+            await t.start()
+            await async_wait_until(conn.connected.is_set, 10, "connected")
+            first = asyncio.ensure_future(t.detect(frame_request(0, 1000), 0.5))
+            await asyncio.sleep(0)  # it is handed to paho
+            (info,) = list(t.window._held)
+            second = asyncio.ensure_future(t.detect(frame_request(1, 1000), 0.5))  # due in the loop
+            end = time.monotonic() + 10
+            while conn.client.holds(info) and time.monotonic() < end:  # the loop busy; paho reads the PUBACK
+                time.sleep(0.001)
+            assert not conn.client.holds(info), "the PUBACK did not come"
+            await asyncio.sleep(0)  # the second escalation's look at paho, then the acknowledgement
+            assert not t.window.queueing()
+            await asyncio.gather(first, second, return_exceptions=True)  # nobody answers
+            await t.close()
+
+        try:
+            asyncio.run(run())
+        finally:
+            conn.stop()
+
+
 if __name__ == "__main__":  # the measurements (module docstring): uplink|hang key=value...
     what = run_hang if sys.argv[1:2] == ["hang"] else run_uplink
     args = dict(a.split("=") for a in sys.argv[1:] if "=" in a)
