@@ -25,15 +25,16 @@ which the escalation takes as it takes a gRPC call's: the policy's ``onCloudUnav
   ``RATE_MEMORY_S``: the acknowledgements that end a stall (a hung broker that resumes, what
   paho sends again after a reconnect) measure the stall, not the link.
 
-  Queueing: the oldest request not acknowledged has waited, or the last one acknowledged took,
-  more than ``QUEUE_FACTOR`` times the shortest time one of the last ``FLOOR_SAMPLES`` requests
+  Queueing: the oldest request not acknowledged has waited more than ``QUEUE_FACTOR`` times the shortest time one of the last ``FLOOR_SAMPLES`` requests
   sent to an idle uplink took (the round trip and a request's own transmission, no queue).
   Without this, on a link the escalations do not fill, the rate was theirs, not the link's
   (acknowledgements come as the requests went), and was read as the link's: 20 escalations a
   second and 8 more at once each second over a fast link with a 300 ms round trip had 44 of 270
   refused, all answered in time without the window. Only requests sent to an idle uplink give
   that shortest time: on a link that stays busy, the shortest recent time is itself queued, and
-  the queue read as none let a backlog in.
+  the queue read as none let a backlog in. Only the requests waiting now count: a single late
+  acknowledgement (a jittery cellular link) also counted once, and refused the burst that followed
+  it on a link the escalations do not fill.
 
 An idle uplink (nothing unacknowledged) takes any one request, whatever its size or the rate:
 that is also how a rate measured before a stall is measured again. Pure: the clock is injected,
@@ -81,8 +82,6 @@ class UplinkWindow:
         self._last_ack: Optional[float] = None
         #: (acknowledged at, bytes, busy seconds)
         self._samples: Deque[Tuple[float, int, float]] = collections.deque(maxlen=SAMPLES)
-        #: (acknowledged at, seconds from sent to acknowledged) of the last request acknowledged
-        self._last_sojourn: Optional[Tuple[float, float]] = None
         #: seconds from sent to acknowledged of the last requests sent to an idle uplink
         self._floor: Deque[float] = collections.deque(maxlen=FLOOR_SAMPLES)
 
@@ -102,11 +101,10 @@ class UplinkWindow:
         sent to an idle uplink was acknowledged, to compare with."""
         if not self._floor:
             return True
-        now = self.clock()
-        waited = now - next(iter(self._held.values()))[0] if self._held else 0.0
-        last = self._last_sojourn
-        took = last[1] if last is not None and last[0] >= now - RATE_MEMORY_S else 0.0
-        return max(waited, took) > QUEUE_FACTOR * min(self._floor)
+        if not self._held:
+            return False
+        waited = self.clock() - next(iter(self._held.values()))[0]
+        return waited > QUEUE_FACTOR * min(self._floor)
 
     def refusal(self, size: int, timeout_s: float) -> Optional[Refused]:
         """Why a request of ``size`` bytes with ``timeout_s`` to its deadline is refused now, or None."""
@@ -147,7 +145,6 @@ class UplinkWindow:
         if entry is not None:
             self.held_bytes -= entry[1]
             took = max(0.0, at - entry[0])
-            self._last_sojourn = (at, took)
             if entry[2]:
                 self._floor.append(took)
             if self._last_ack is not None and entry[0] < self._last_ack:  # queued behind the last one

@@ -63,6 +63,9 @@ def test_the_rate_is_measured_on_requests_queued_behind_another():
     clock.t += 0.5
     w.acknowledged("b")
     assert w.rate() == pytest.approx(1_000_000)  # 500 kB in the 0.5 s since a's acknowledgement
+    assert not w.queueing()  # c has waited 0.5 s, less than 1.5 x a's 0.6 s on the idle link
+    assert w.refusal(500_000, 0.5) is None
+    clock.t += 0.45  # c has waited 0.95 s: it is queued
     # c is 500 kB ahead of a new one: 1 MB in 1 s at 1 MB/s, within 3/4 of 1.4 s, not of 1.2 s
     assert w.refusal(500_000, 1.4) is None
     refused = w.refusal(500_000, 1.2)
@@ -149,3 +152,27 @@ def test_requests_waiting_longer_than_the_round_trip_are_queueing():
     assert not w.queueing()
     clock.t += 0.1  # b has waited 0.35 s, over 1.5 x 0.2
     assert w.queueing()
+
+
+def test_one_late_acknowledgement_does_not_make_a_link_the_escalations_do_not_fill_queueing():
+    """The link of the test above, where one acknowledgement comes late (a jittery cellular
+    link): the requests waiting now are not queued, so the burst after it is not refused by the
+    escalations' own rate (counting the last acknowledgement's time too refused it)."""
+    w, clock = window()
+    start = clock.t
+    sends = [start + 0.05 * i for i in range(40)]
+    acks = sorted((t + (0.9 if i == 35 else 0.3), i) for i, t in enumerate(sends))
+    for i, t in enumerate(sends):
+        while acks and acks[0][0] <= t:
+            clock.t = acks[0][0]
+            w.acknowledged(acks.pop(0)[1])
+        clock.t = t
+        w.sent(i, 20_000)
+    while acks:  # every request acknowledged, the late one last (0.9 s, three times the floor)
+        clock.t = acks[0][0]
+        w.acknowledged(acks.pop(0)[1])
+    for k in range(8):  # a burst onto the idle link, then more while those are in flight
+        assert w.refusal(20_000, 0.5) is None
+        w.sent(("burst", k), 20_000)
+    clock.t += 0.1
+    assert not w.queueing() and w.refusal(20_000, 0.5) is None
