@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any, Tuple
 
 import cv2
 import grpc
@@ -586,28 +587,35 @@ def test_a_request_that_cannot_make_its_deadline_behind_the_queue_is_refused_at_
     assert [c for c, _ in queued] == [grpc.StatusCode.OK] * 3
 
 
-def test_a_deadline_that_passes_while_a_batch_runs_is_answered_then_as_expired(tiny_model):
-    """A batch takes 0.5 s (this one is held longer, but less than 4 times that); a request with
-    1.5 s to go is queued behind it and its deadline goes out of reach while the batch still runs.
-    It was answered only between batches, after its call's deadline: the caller got its own
-    timeout, which the gateway counts against the worker. It is answered when it goes out of
-    reach, as removed from the queue, which the gateway does not."""
-    settings = make_settings(tiny_model, max_batch_size=1, max_queue_delay_ms=0)
-    runner = PacedRunner(tiny_model, 0.5)
+def _behind_a_held_batch(model: Any, batch_s: float, timeout: float) -> Tuple[Any, float, Any]:
+    """A worker whose batches take ``batch_s`` (batch 1, no delay) holds its first request in the
+    model; a second with ``timeout`` queues behind it. Its answer, the seconds it took, and the
+    first's answer once the model is let go."""
+    settings = make_settings(model, max_batch_size=1, max_queue_delay_ms=0)
+    runner = PacedRunner(model, batch_s)
 
-    async def main():
+    async def main() -> Tuple[Any, float, Any]:
         async with running(settings, runner) as (srv, stub, _ch):
             runner.gate = threading.Event()
             first = asyncio.create_task(call(stub, jpeg_request(photo()), timeout=30))
             await async_wait_until(lambda: srv.service.load().in_flight == 1 and srv.service.batcher.depth == 0,
                                    10, "the first request taken by the (held) model")
             t0 = time.monotonic()
-            expired = await call(stub, jpeg_request(photo(), seq=1), timeout=1.5)
+            behind = await call(stub, jpeg_request(photo(), seq=1), timeout=timeout)
             took = time.monotonic() - t0
             runner.gate.set()
-            return expired, took, await first
+            return behind, took, await first
 
-    (code, details), took, first = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_deadline_that_passes_while_a_batch_runs_is_answered_then_as_expired(tiny_model):
+    """A batch takes 0.5 s (this one is held longer, but less than 4 times that); a request with
+    1.5 s to go is queued behind it and its deadline goes out of reach while the batch still runs.
+    It was answered only between batches, after its call's deadline: the caller got its own
+    timeout, which the gateway counts against the worker. It is answered when it goes out of
+    reach, as removed from the queue, which the gateway does not."""
+    (code, details), took, first = _behind_a_held_batch(tiny_model, batch_s=0.5, timeout=1.5)
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED and EXPIRED_MARK in details, (code, details)
     assert took < 1.4  # when out of reach (1.5 s less a batch), before the call's own deadline
     assert first[0] == grpc.StatusCode.OK
@@ -617,20 +625,7 @@ def test_a_stalled_batch_leaves_the_requests_behind_it_to_their_deadlines(tiny_m
     """A batch held far past its expected time (4 times: a wedged model) is no load a gateway
     should forgive: the requests queued behind it are not answered as removed from the queue
     while it runs, so their hops run out and count against this worker (it gets ejected)."""
-    settings = make_settings(tiny_model, max_batch_size=1, max_queue_delay_ms=0)
-    runner = PacedRunner(tiny_model, 0.05)
-
-    async def main():
-        async with running(settings, runner) as (srv, stub, _ch):
-            runner.gate = threading.Event()
-            first = asyncio.create_task(call(stub, jpeg_request(photo()), timeout=30))
-            await async_wait_until(lambda: srv.service.load().in_flight == 1 and srv.service.batcher.depth == 0,
-                                   10, "the first request taken by the (held) model")
-            behind = await call(stub, jpeg_request(photo(), seq=1), timeout=0.6)
-            runner.gate.set()
-            return behind, await first
-
-    (code, details), first = asyncio.run(main())
+    (code, details), _took, first = _behind_a_held_batch(tiny_model, batch_s=0.05, timeout=0.6)
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED and EXPIRED_MARK not in details, (code, details)
     assert first[0] == grpc.StatusCode.OK
 

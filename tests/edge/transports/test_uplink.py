@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import List, Optional, Tuple
 
 import pytest
 
@@ -120,21 +120,28 @@ def test_a_rate_measured_across_a_stall_is_forgotten():
     assert w.rate() is None and w.refusal(500_000, 2.0) is None
 
 
-def test_a_link_the_escalations_do_not_fill_is_not_judged_by_their_rate():
-    """20 requests a second over a fast link with a 300 ms round trip: each is acknowledged 300 ms
-    after it was sent, so the acknowledgements come 50 ms apart, as the requests went, and read as
-    a rate of 400 kB/s. Eight more at once were then refused (8 x 20 kB ahead at 400 kB/s: 0.5 s),
-    where the link carried them in 16 ms."""
-    w, clock = window()
-    start = clock.t
-    sends = [start + 0.05 * i for i in range(40)]
-    acks = [(t + 0.3, i) for i, t in enumerate(sends)]
+def _twenty_a_second_over_300_ms(w: UplinkWindow, clock: Clock, late: Optional[int]) -> List[Tuple[float, int]]:
+    """40 requests of 20 kB, 50 ms apart, each acknowledged 300 ms after it was sent (request
+    ``late`` 900 ms after), the acknowledgements due by each send taken first; returns those still
+    to come, (due, request) in order."""
+    sends = [clock.t + 0.05 * i for i in range(40)]
+    acks = sorted((t + (0.9 if i == late else 0.3), i) for i, t in enumerate(sends))
     for i, t in enumerate(sends):
         while acks and acks[0][0] <= t:
             clock.t = acks[0][0]
             w.acknowledged(acks.pop(0)[1])
         clock.t = t
         w.sent(i, 20_000)
+    return acks
+
+
+def test_a_link_the_escalations_do_not_fill_is_not_judged_by_their_rate():
+    """20 requests a second over a fast link with a 300 ms round trip: each is acknowledged 300 ms
+    after it was sent, so the acknowledgements come 50 ms apart, as the requests went, and read as
+    a rate of 400 kB/s. Eight more at once were then refused (8 x 20 kB ahead at 400 kB/s: 0.5 s),
+    where the link carried them in 16 ms."""
+    w, clock = window()
+    _twenty_a_second_over_300_ms(w, clock, late=None)
     assert w.rate() == pytest.approx(400_000)
     for k in range(8):  # a burst, beside the 6 in flight
         assert w.refusal(20_000, 0.5) is None
@@ -159,15 +166,7 @@ def test_one_late_acknowledgement_does_not_make_a_link_the_escalations_do_not_fi
     link): the requests waiting now are not queued, so the burst after it is not refused by the
     escalations' own rate (counting the last acknowledgement's time too refused it)."""
     w, clock = window()
-    start = clock.t
-    sends = [start + 0.05 * i for i in range(40)]
-    acks = sorted((t + (0.9 if i == 35 else 0.3), i) for i, t in enumerate(sends))
-    for i, t in enumerate(sends):
-        while acks and acks[0][0] <= t:
-            clock.t = acks[0][0]
-            w.acknowledged(acks.pop(0)[1])
-        clock.t = t
-        w.sent(i, 20_000)
+    acks = _twenty_a_second_over_300_ms(w, clock, late=35)
     while acks:  # every request acknowledged, the late one last (0.9 s, three times the floor)
         clock.t = acks[0][0]
         w.acknowledged(acks.pop(0)[1])
