@@ -17,7 +17,9 @@ DPKG = "dpkg --force-architecture --force-depends --force-confdef --force-confol
 UNIT = "edgewise-edge.service"
 
 # The Python environment setup.sh would build, as current: its stamp (the pins and python3's
-# version, computed as setup.sh does) and this interpreter, which has the daemon's packages.
+# version, by setup.sh's own program, its ``python3 - ... <<'PY'``) and this interpreter, which has
+# the daemon's packages.
+PIN_STAMP = (B.JETSON / "setup.sh").read_text().split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
 SEED_VENV = f"""set -e
 LIB=/usr/lib/edgewise-edge
 mkdir -p $LIB/venv/bin
@@ -26,13 +28,7 @@ chmod 0755 $LIB/venv/bin/python3
 for d in $(python3 -c 'import os, sys; p = os.path.realpath(sys.argv[1])
 while p != "/": p = os.path.dirname(p); print(p)' {sys.executable}); do chmod o+x "$d"; done  # runuser -u edgewise
 python3 - {B.JETSON}/requirements.txt {B.JETSON}/constraints-jetpack51.txt > $LIB/venv/.complete <<'PY'
-import hashlib, platform, sys
-h = hashlib.sha256()
-for path in sys.argv[1:]:
-    with open(path, "rb") as f:
-        h.update(f.read())
-h.update(("python " + platform.python_version()).encode())
-print(h.hexdigest())
+{PIN_STAMP}
 PY
 """
 
