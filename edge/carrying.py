@@ -20,11 +20,26 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from edgewise.carrying import CarryConfig, CarryState, combine, grey, layered, seed, stacked, step
+from edgewise.carrying import (
+    CARRIED,
+    CarryConfig,
+    CarryState,
+    combine,
+    grey,
+    layered,
+    seed,
+    stacked,
+    step,
+)
 from edgewise.detections import Detections
 
 #: escalated frames per stream whose pixels are kept for their answer (the oldest go first)
 MAX_WAITING = 8
+
+
+def publish(dets: Detections, carried: Detections) -> Detections:
+    """The boxes a frame that was not escalated publishes: the edge's with the carried ones."""
+    return combine(dets, carried) if len(carried) else dets
 
 
 class _Layer:
@@ -64,11 +79,13 @@ class Carrier:
             return
         self._layers[stream] = stacked(layers, _Layer(seq, seed(image, cloud, cfg), regions), regions, cfg)
 
-    def apply(self, stream: str, seq: int, image: np.ndarray, dets: Detections, cfg: CarryConfig) -> Detections:
-        """Frame ``seq``'s boxes to publish: the edge's with the carried ones, found on ``image``."""
+    def carried(self, stream: str, seq: int, image: np.ndarray, cfg: CarryConfig) -> Detections:
+        """The boxes ``stream`` carries onto frame ``seq``, found on ``image`` (empty: none).
+        Called once per frame, escalated or not, so the trackers follow every frame; what
+        the policy reads before deciding (the carry state) and what :meth:`apply` publishes."""
         layers = self._layers.get(stream)
         if not layers:
-            return dets
+            return Detections.empty(source=CARRIED)
         stepped = []
         for layer in layers:
             if seq > layer.at:  # each frame once, and never back in time
@@ -81,8 +98,11 @@ class Carrier:
             self._layers[stream] = alive
         else:
             del self._layers[stream]
-        carried = layered([(layer.state.detections(), layer.regions) for layer in stepped if layer in alive])
-        return combine(dets, carried) if len(carried) else dets
+        return layered([(layer.state.detections(), layer.regions) for layer in stepped if layer in alive])
+
+    def apply(self, stream: str, seq: int, image: np.ndarray, dets: Detections, cfg: CarryConfig) -> Detections:
+        """Frame ``seq``'s boxes to publish: the edge's with the carried ones, found on ``image``."""
+        return publish(dets, self.carried(stream, seq, image, cfg))
 
     def carrying(self, stream: str) -> int:
         """Boxes carried on ``stream`` now (every answer's, before the regions rule)."""

@@ -10,7 +10,11 @@ detail, threshold and origin reach the frame record), next to the generation and
 what deciding cost. When the policy uses motion (a motion weight, a gain model fitted
 on it, or a region payload, ``Policy.uses_motion``) each stream also keeps a
 ``MotionDetector`` fed with the frame's pixels: its signals join the others and its
-unexplained blobs go with the verdict, for the region payload. The policy decides on
+unexplained blobs go with the verdict, for the region payload. When the policy's gain model
+reads the carry state (``Policy.uses_carry``), the stream's carried boxes (``carried``, from
+``edge.carrying``), the frames since its last escalation and the regions that escalation
+proposed give the carry-state features (:mod:`edgewise.hardness.carrystate`), which join the
+signals. The policy decides on
 the signals (motion ones included) at the record's precision, and the verdict carries
 everything else it read (the clock value, the facts of the edge boxes, the policy's
 digest), so the frame record holds the whole input of the decision and
@@ -27,8 +31,15 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 
 from edgewise.detections import Detections
+from edgewise.hardness.carrystate import carry_features
 from edgewise.hardness.motion import MotionConfig, MotionDetector
-from edgewise.hardness.signals import SignalConfig, combine, recorded_signals
+from edgewise.hardness.signals import (
+    SignalConfig,
+    as_recorded,
+    combine,
+    recorded_signals,
+    score_bands,
+)
 from edgewise.hardness.tracking import TrackerState
 from edgewise.policy.deciding import Decision, Escalator, FrameFacts, frame_facts
 from edgewise.policy.digest import policy_digest
@@ -81,6 +92,9 @@ class Decider:
         #: per stream, the frame size its last signal config was made for, and that config: one
         #: entry per stream, whatever the number of distinct frame sizes it brings over time
         self._cfg: Dict[str, Tuple[Tuple[int, int], SignalConfig]] = {}
+        #: per stream, the frame number of its last escalation and the regions it proposed (None:
+        #: it would have gone whole), for the carry-state features
+        self.escalated: Dict[str, Tuple[int, Optional[np.ndarray]]] = {}
 
     def swap(self, policy: Policy) -> int:
         """Put ``policy`` in force from the next frame on; returns its generation."""
@@ -116,9 +130,11 @@ class Decider:
         return det
 
     def decide(self, stream_id: str, seq: int, dets: Detections, frame_size: Tuple[int, int],
-               now: Optional[float] = None, frame: Optional[np.ndarray] = None) -> Verdict:
+               now: Optional[float] = None, frame: Optional[np.ndarray] = None,
+               carried: Optional[Detections] = None) -> Verdict:
         """Signals and decision for one frame (``frame_size`` is (width, height); ``frame``,
-        its pixels, feeds the motion detector when the policy uses motion)."""
+        its pixels, feeds the motion detector when the policy uses motion; ``carried``, the
+        boxes the stream carries onto it, the carry-state features when the policy reads them)."""
         t0 = time.perf_counter()
         now = self.clock() if now is None else now
         cfg = self._signal_config(stream_id, frame_size)
@@ -126,6 +142,15 @@ class Decider:
         found = motion.update(frame, dets) if motion is not None and frame is not None else None
         signals, self.tracker[stream_id] = recorded_signals(dets, self.tracker.get(stream_id), cfg, frame_size,
                                                             found.signals if found is not None else None)
+        proposed = None
+        if self.policy is not None and self.policy.uses_carry():
+            band = score_bands(dets, cfg)
+            blobs = found.blobs if found is not None else None
+            proposed = self.policy.spec.payload.proposals(dets, blobs, frame_size, band)
+            last = self.escalated.get(stream_id)
+            signals.update(as_recorded(carry_features(
+                dets, dets.scored_within(*band), carried, None if last is None else seq - last[0], blobs, proposed,
+                None if last is None else last[1])))
         facts = frame_facts(dets)
         if self.escalator is None:
             sig = NO_POLICY.spec.signals
@@ -134,5 +159,7 @@ class Decider:
                          frame_seq=seq)
         else:
             d = self.escalator.decide_facts(stream_id, seq, facts, signals, now)
+            if d.escalate:
+                self.escalated[stream_id] = (seq, proposed)
         return Verdict(d, self.generation, (time.perf_counter() - t0) * 1000.0, now, facts, self.digest,
                        found.blobs if found is not None else None)

@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
+from edge.carrying import publish
 from edge.deciding import Decider, Verdict
 from edge.escalating import Escalating
 from edge.framememory import FrameMemory
@@ -249,14 +250,17 @@ class Pipeline:
             self.metrics.drops.labels(frame.stream_id, "stale").inc()
             return
         h, w = frame.image.shape[:2]
-        verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h), frame=frame.image)
-        d = verdict.decision
         policy = self.decider.policy
-        published = dets
-        if self.escalating is not None and policy is not None and not d.escalate:
-            # The latest cloud answer's boxes, found again on this frame (edge.carrying).
-            published = self.escalating.carrier.apply(frame.stream_id, frame.seq, frame.image, dets,
+        carried = None
+        if self.escalating is not None and policy is not None:
+            # The latest cloud answers' boxes, found again on this frame (edge.carrying): the
+            # carry state the policy may read, and what a frame not escalated publishes.
+            carried = self.escalating.carrier.carried(frame.stream_id, frame.seq, frame.image,
                                                       policy.spec.merge.carry())
+        verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h), frame=frame.image,
+                                               carried=carried)
+        d = verdict.decision
+        published = dets if carried is None or d.escalate else publish(dets, carried)
         self.hardness_policy_ms.append(verdict.cost_ms)
         if len(self.hardness_policy_ms) > 100000:
             del self.hardness_policy_ms[:50000]

@@ -9,6 +9,12 @@ on the training frames. A policy naming that file (``signals.learnedModel``) use
 instead of the weighted signals, **hardness = the percentile of the frame's predicted
 gain among the training frames**: threshold 0.85 escalates what the model ranks in its
 top 15%, so the threshold reads as an escalation rate on traffic like the training set.
+
+A model fitted with the carry-state features (:mod:`edgewise.hardness.carrystate`, what the
+stream's carried answers already explain) predicts the *marginal* gain: what escalating the
+frame adds to what is in force (``edgewise eval``'s ``learned_carry`` policy). The daemon then
+computes those features before deciding (``edge.deciding``); they reach the model through the
+signals mapping, under their own names.
 """
 
 from __future__ import annotations
@@ -25,13 +31,19 @@ from edgewise.detections import Detections
 from edgewise.errors import ConfigError
 from edgewise.filereads import read_capped
 from edgewise.hardness.boosting import BoostedTrees, finite_number
+from edgewise.hardness.carrystate import CARRY_FEATURES
 from edgewise.hardness.signals import RECORD_DECIMALS, SIGNAL_NAMES
 
 FORMAT = "edgewise-gain-model/v1"
-#: the inputs this version computes, in column order: every signal, then three facts about
-#: the boxes. A model file names the features it was fitted on, which may be a subset (a
-#: model fitted before the motion signals existed uses the others).
-FEATURE_NAMES: Tuple[str, ...] = tuple(SIGNAL_NAMES) + ("log_n_boxes", "empty", "max_score")
+#: the facts about the boxes among the features
+BOX_FACTS: Tuple[str, ...] = ("log_n_boxes", "empty", "max_score")
+#: what a per-frame model reads: every signal and three facts about the boxes
+FRAME_FEATURES: Tuple[str, ...] = tuple(SIGNAL_NAMES) + BOX_FACTS
+#: the inputs this version computes, in column order: the frame's, then the carry-state
+#: features (0 where the signals mapping lacks them). A model file names the features it was
+#: fitted on, a subset (a model fitted before the motion signals existed uses the others; a
+#: per-frame model, :data:`FRAME_FEATURES`, leaves the carry state out).
+FEATURE_NAMES: Tuple[str, ...] = FRAME_FEATURES + CARRY_FEATURES
 MAX_MODEL_BYTES = 4 << 20
 
 
@@ -46,9 +58,10 @@ def features_of(signals: Mapping[str, float], boxes: int, max_score: float) -> L
     """The feature row from the signals, the number of boxes and the highest box score.
     The score is taken at the frame record's precision (:data:`RECORD_DECIMALS`), so a
     replay of the records (``edgewise.policy.replay``) gets the daemon's features."""
-    row = [float(signals.get(s, 0.0)) for s in SIGNAL_NAMES]
-    row = [v if math.isfinite(v) else 0.0 for v in row]
-    return row + [math.log1p(boxes), float(boxes == 0), round(max_score, RECORD_DECIMALS) if boxes else 0.0]
+    sig = [float(signals.get(s, 0.0)) for s in SIGNAL_NAMES]
+    carry = [float(signals.get(s, 0.0)) for s in CARRY_FEATURES]
+    facts = [math.log1p(boxes), float(boxes == 0), round(max_score, RECORD_DECIMALS) if boxes else 0.0]
+    return [v if math.isfinite(v) else 0.0 for v in sig] + facts + [v if math.isfinite(v) else 0.0 for v in carry]
 
 
 @dataclass
@@ -67,23 +80,27 @@ class GainModel:
     quantiles: np.ndarray
     info: Dict[str, Any] = field(default_factory=dict)
     source: str = ""
-    features: Tuple[str, ...] = FEATURE_NAMES
+    features: Tuple[str, ...] = FRAME_FEATURES
     #: positions of ``features`` in a :data:`FEATURE_NAMES` row (None: all of them, in order),
     #: worked out once: ``hardness_of`` runs per frame
     _columns: Optional[List[int]] = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.features != FEATURE_NAMES:
+        if self.features != FEATURE_NAMES:  # a model's features are in FEATURE_NAMES' order
             self._columns = [FEATURE_NAMES.index(n) for n in self.features]
 
     @classmethod
-    def fit(cls, x: np.ndarray, gain: np.ndarray, info: Mapping[str, Any], **params: Any) -> GainModel:
-        """Fit on feature rows ``x`` and each frame's gain (any scale: it is normalised)."""
+    def fit(cls, x: np.ndarray, gain: np.ndarray, info: Mapping[str, Any],
+            features: Tuple[str, ...] = FRAME_FEATURES, **params: Any) -> GainModel:
+        """Fit on the ``features`` of :data:`FEATURE_NAMES` rows ``x`` and each frame's gain
+        (any scale: it is normalised)."""
         y = np.asarray(gain, np.float64)
         y = y / max(float(np.abs(y).max()) if len(y) else 0.0, 1e-12)
-        trees = BoostedTrees(**params).fit(x, y)
-        quantiles = np.quantile(trees.predict(x), np.linspace(0.0, 1.0, 101))
-        return cls(trees=trees, quantiles=quantiles, info=dict(info))
+        cols = [FEATURE_NAMES.index(n) for n in features]
+        rows = np.asarray(x, np.float64).reshape(-1, len(FEATURE_NAMES))[:, cols]
+        trees = BoostedTrees(**params).fit(rows, y)
+        quantiles = np.quantile(trees.predict(rows), np.linspace(0.0, 1.0, 101))
+        return cls(trees=trees, quantiles=quantiles, info=dict(info), features=tuple(features))
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Predicted relative gain of each :data:`FEATURE_NAMES` row (higher: escalate first)."""
@@ -102,12 +119,20 @@ class GainModel:
         n = len(dets)
         return self.hardness_of(signals, n, float(dets.scores.max()) if n else 0.0)
 
+    def predicted_of(self, signals: Mapping[str, float], boxes: int, max_score: float) -> float:
+        """The predicted gain from what the policy knows of a frame (see :func:`features_of`),
+        over the model's own features, in plain Python (the per-frame path)."""
+        row = features_of(signals, boxes, max_score)
+        return self.trees.predict_one(row if self._columns is None else [row[i] for i in self._columns])
+
     def hardness_of(self, signals: Mapping[str, float], boxes: int, max_score: float) -> float:
         """The learned hardness from what the policy knows of a frame (the daemon's and the
-        replay's per-frame path; see :func:`features_of`), over the model's own features."""
-        row = features_of(signals, boxes, max_score)
-        p = self.trees.predict_one(row if self._columns is None else [row[i] for i in self._columns])
-        return float(self.percentile(np.array([p]))[0])
+        replay's per-frame path): :meth:`predicted_of` as a training percentile."""
+        return float(self.percentile(np.array([self.predicted_of(signals, boxes, max_score)]))[0])
+
+    def uses_carry(self) -> bool:
+        """Whether the model reads the carry-state features (the daemon must compute them)."""
+        return any(n in CARRY_FEATURES for n in self.features)
 
     def importance(self) -> Dict[str, float]:
         """Each feature's share of the trees' split gain (0 after loading: not stored)."""

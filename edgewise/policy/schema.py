@@ -19,13 +19,21 @@ from edgewise.carrying import SCOPES as CARRY_SCOPES
 from edgewise.carrying import CarryConfig
 from edgewise.detections import Detections
 from edgewise.fieldrules import POLICY_KIND
+from edgewise.hardness.carrystate import CARRY_MOTION
 from edgewise.hardness.learned import GainModel
 from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
 from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
 from edgewise.merging import STRATEGIES, carried_boxes, merge
 from edgewise.policy.budget import MAX_WINDOW_FRAMES
 from edgewise.policy.fields import FieldSpec, field_default, opt
-from edgewise.regions import MAX_TILES, MODES, PayloadPlan, plan_payload
+from edgewise.regions import (
+    MAX_TILES,
+    MODES,
+    PayloadPlan,
+    plan_payload,
+    propose_regions,
+    regions_most,
+)
 
 API_VERSION = "edgewise/v1"
 KIND = POLICY_KIND
@@ -293,6 +301,14 @@ class Payload:
             return False
         return last_whole_s is None or not 0 <= now_s - last_whole_s < self.whole_frame_every_s
 
+    def proposals(self, dets: Any, motion_blobs: Any, size: Tuple[int, int], band: Any) -> Optional[np.ndarray]:
+        """The regions a ``regions`` payload of a frame of ``size`` (width, height) would send
+        under these settings ([k, 4]; None: the whole frame would go), whatever this payload's
+        mode: what the carry-state feature ``new_regions`` compares (:mod:`edgewise.hardness.carrystate`)."""
+        rs = propose_regions(dets, motion_blobs, size, band, self.crop_padding, self.region_min,
+                             regions_most("regions", self.max_regions), self.max_region_area)
+        return None if rs is None else np.asarray(rs, np.float64).reshape(-1, 4)
+
     def plan(self, frame: Any, dets: Any, motion_blobs: Any, band: Any,
              mode: Optional[str] = None) -> PayloadPlan:
         """What an escalation of ``frame`` sends under these settings, in ``mode`` (default: this
@@ -514,10 +530,15 @@ class Policy:
         was fitted on a motion signal, or region payloads propose motion regions."""
         sig = self.spec.signals
         if self.learned is not None:
-            weighted = any(n in self.learned.features for n in MOTION_SIGNALS)
+            weighted = any(n in self.learned.features for n in MOTION_SIGNALS + CARRY_MOTION)
         else:
             weighted = any(sig.weights.get(n, 0.0) > 0 for n in MOTION_SIGNALS)
         return weighted or self.spec.payload.mode in ("regions", "low+regions")
+
+    def uses_carry(self) -> bool:
+        """Whether the policy's gain model reads the carry-state features
+        (:mod:`edgewise.hardness.carrystate`): the daemon then computes them before deciding."""
+        return self.learned is not None and self.learned.uses_carry()
 
     def signal_config(
         self, stream_id: Optional[str] = None, frame_size: Optional[Tuple[int, int]] = None

@@ -62,13 +62,13 @@ GAIN_MODEL = "gain-model.json"
 
 def _handler(args: argparse.Namespace) -> int:
     from edgewise_tools.evaluation import report
-    from edgewise_tools.evaluation.evaluating import EvalConfig, run_eval
+    from edgewise_tools.evaluation.evaluating import CARRY_MODEL, EvalConfig, run_eval
 
     _check_options(args)
     for flag, p in (("--edge", args.edge), ("--cloud", args.cloud), ("--policy", args.policy)):
         if not Path(p).is_file():
             raise ConfigError(f"{flag} {p}: file not found")
-    check_output_folder(args.out, "--out", report.FILES + ((GAIN_MODEL,) if args.train_data else ()))
+    check_output_folder(args.out, "--out", report.FILES + ((GAIN_MODEL, CARRY_MODEL) if args.train_data else ()))
     cfg = EvalConfig(
         edge=Path(args.edge), cloud=Path(args.cloud), policy=Path(args.policy), data=Path(args.data),
         train_data=Path(args.train_data) if args.train_data else None, rates=args.rates,
@@ -118,7 +118,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the set must have a real gap: edge-only F1 and mAP at most this share of cloud-only's (0.85)")
     p.add_argument("--target-margin", type=float, default=0.03,
                    help="least lead over each baseline, as a share of cloud-only F1, with its interval above 0 (0.03)")
-    p.add_argument("--ours", choices=("combined", "learned"), default=None,
+    p.add_argument("--ours", choices=("combined", "learned", "learned_carry"), default=None,
                    help="the policy declared ours, judged against the target (default: learned when "
                         "--train-data fits it, else combined)")
     p.add_argument("--carry-lag", type=int, default=1,

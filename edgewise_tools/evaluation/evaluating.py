@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.hardness.learned import GainModel
 from edgewise.policy import Policy, load_policy
 from edgewise.regions import COMPARED_MODES
 from edgewise.runtime import Detector
@@ -22,15 +23,19 @@ from edgewise_tools.evaluation.frames import (
     list_frames,
     stride_problem,
 )
+from edgewise_tools.evaluation.marginal import fit_carry_model
+from edgewise_tools.evaluation.sequential import CarryScores, select
 from edgewise_tools.provenance import dataset_meta, git_state, provenance
 
 log = logging.getLogger(__name__)
 
 #: our policies and the baselines they must beat at equal rate
-OURS = ("combined", "learned")
+OURS = ("combined", "learned", "learned_carry")
 BASELINES = ("random", "sedna_threshold", "sedna_ibt")
 DEFAULT_RATES = (0.02, 0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
 RANDOM_SEEDS = 5
+#: the carry-aware gain model's file, beside the learned one's (``model_out``)
+CARRY_MODEL = "gain-model-carry.json"
 
 
 @dataclass
@@ -115,8 +120,8 @@ def check_config(cfg: EvalConfig) -> None:
     (:func:`~edgewise_tools.evaluation.frames.list_frames`: else the evaluated set's models ran
     for minutes before a mistyped training folder was noticed), and training data that is the
     evaluated set itself."""
-    if cfg.ours is not None and (cfg.ours not in OURS or (cfg.ours == "learned" and cfg.train_data is None)):
-        raise ConfigError(f"--ours {cfg.ours}: declare one of {', '.join(OURS)} (learned needs --train-data)")
+    if cfg.ours is not None and (cfg.ours not in OURS or (cfg.ours != "combined" and cfg.train_data is None)):
+        raise ConfigError(f"--ours {cfg.ours}: declare one of {', '.join(OURS)} (the learned ones need --train-data)")
     if not any(r <= cfg.target_rate + 1e-9 for r in cfg.rates):
         shown = ",".join(f"{r:g}" for r in cfg.rates)
         raise ConfigError(f"--rates {shown}: none is <= --target-rate {cfg.target_rate:g}, so the target (at most "
@@ -179,17 +184,6 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
         "sedna_ibt": scoring.tie_draws(scoring.sedna_ibt_scores(records), RANDOM_SEEDS),
         "combined": scoring.tie_draws(hardness, RANDOM_SEEDS),
     }
-    learned: Dict[str, Any] = {"trained": False}
-    if cfg.train_data is not None:
-        train = _collect(cfg, Path(cfg.train_data), edge, cloud, policy, [mode])
-        model = scoring.fit_gain_model(train, merge, info={"trainData": str(cfg.train_data)}, mode=mode)
-        scores["learned"] = scoring.tie_draws(model.predict(scoring.features(records)), RANDOM_SEEDS)
-        learned = {"trained": True, "train_frames": len(train), "importance": model.importance()}
-        if cfg.model_out is not None:
-            learned["file"] = str(model.save(cfg.model_out))
-    else:
-        learned["why"] = "no --train-data given"
-    scores[scoring.ORACLE] = scoring.tie_draws(scoring.f1_gain(records, merge, mode), RANDOM_SEEDS)
     # the policy's whole-frame refresh goes with its own payload mode
     pl = policy.spec.payload
     sending = hybrid.own_sending(policy, cfg.fps) if mode == pl.mode else mode
@@ -200,6 +194,26 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     # baseline without it was compared with one chance less, and an oracle without it understated
     # what a better score could reach (it spent its budget on neighbouring frames).
     gap = int(math.ceil(policy.spec.cooldown_seconds * cfg.fps - 1e-9))
+    learned: Dict[str, Any] = {"trained": False}
+    selections: Dict[str, Dict[float, List[np.ndarray]]] = {}
+    if cfg.train_data is not None:
+        train = _collect(cfg, Path(cfg.train_data), edge, cloud, policy, [mode])
+        model = scoring.fit_gain_model(train, merge, info={"trainData": str(cfg.train_data)}, mode=mode)
+        scores["learned"] = scoring.tie_draws(model.predict(scoring.features(records)), RANDOM_SEEDS)
+        learned = {"trained": True, "train_frames": len(train), "importance": model.importance()}
+        if cfg.model_out is not None:
+            learned["file"] = str(model.save(cfg.model_out))
+        # fitted on the payload mode alone, like the learned one: the training frames are collected
+        # in that mode only (the whole-frame refresh would need the whole frames too)
+        carry_model = fit_carry_model(train, policy, mode, lag, cfg.target_rate, gap,
+                                      info={"trainData": str(cfg.train_data)})
+        selections["learned_carry"] = _carry_selections(records, policy, carry_model, cfg.rates, gap, lag, sending)
+        learned["carry"] = {"importance": carry_model.importance(), "rounds": carry_model.info.get("rounds")}
+        if cfg.model_out is not None:
+            learned["carry"]["file"] = str(carry_model.save(Path(cfg.model_out).with_name(CARRY_MODEL)))
+    else:
+        learned["why"] = "no --train-data given"
+    scores[scoring.ORACLE] = scoring.tie_draws(scoring.f1_gain(records, merge, mode), RANDOM_SEEDS)
     gaps = {k: gap for k in scores}
     streams = [r.stream for r in records]
     index, n_streams = bootstrap.stream_ids(streams)
@@ -209,15 +223,17 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
                                     ("cloud_only", hybrid.cloud_only(records, nc))):
         base[k] = metrics
         base[k]["f1_ci"] = bootstrap.f1_interval(bootstrap.per_stream(per_frame, index, n_streams), w)
-    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, merge, sending, cfg.samples, lag, gaps)
+    rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, merge, sending, cfg.samples, lag, gaps,
+                                    selections)
     ours = cfg.ours or ("learned" if "learned" in scores else "combined")
     diffs = hybrid.differences(counts, ours, BASELINES, cfg.rates, cfg.samples, rows=rates)
     thresholds = [round(float(t), 3) for t in np.linspace(0.0, 1.0, 21)]
     sweep = hybrid.threshold_sweep(records, hardness, thresholds, nc, merge, sending, lag)
     at = _judged_index(cfg.rates, cfg.target_rate)
     # the same draws as its row of at_rates
-    our_masks = [hybrid.top_fraction(v, cfg.rates[at], seed=i, streams=streams, gap=gaps.get(ours, 0))
-                 for i, v in enumerate(scores[ours])]
+    our_masks = (selections[ours][cfg.rates[at]] if ours in selections else
+                 [hybrid.top_fraction(v, cfg.rates[at], seed=i, streams=streams, gap=gaps.get(ours, 0))
+                  for i, v in enumerate(scores[ours])])
     payloads = {m: {"cloud_only": hybrid.cloud_only(records, nc, m)[0],
                     "at_target_rate": hybrid.evaluate_draws(records, our_masks, nc, merge, m, lag)}
                 for m in modes}
@@ -250,6 +266,16 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
                                ours=ours, gap=cfg.target_gap, uplink=cfg.target_uplink, margin=cfg.target_margin,
                                edge_ratio=cfg.target_edge_ratio),
     }
+
+
+def _carry_selections(records: Sequence[FrameRecord], policy: Policy, model: GainModel, rates: Sequence[float],
+                      gap: int, lag: Optional[int], sending: hybrid.Mode) -> Dict[float, List[np.ndarray]]:
+    """The carry-aware model's selections at each rate, one per draw, replayed frame by frame
+    (:func:`.sequential.select`: it decides on the state its earlier decisions left)."""
+    score = CarryScores(records, policy, model)
+    cfg = policy.spec.merge.carry() if lag is not None else replace(policy.spec.merge.carry(), frames=0)
+    return {rate: [select(records, score, hybrid.budget(rate, len(records)), gap, lag or 1, cfg,
+                          hybrid.mode_of(sending), seed=i) for i in range(RANDOM_SEEDS)] for rate in rates}
 
 
 def _judged_index(compared: Sequence[float], max_rate: float) -> int:

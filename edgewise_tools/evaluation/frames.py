@@ -85,6 +85,9 @@ class FrameRecord:
     #: per payload mode, the boxes of this frame's cloud answer as the edge carries them into
     #: the stream's next frames (entry j-1: j frames later; missing entries: nothing left)
     carried: Dict[str, List[Detections]] = field(default_factory=dict)
+    #: the moving blobs no edge box explains ([k, 4] frame pixels, the motion detector's): what
+    #: the carry-state features (:mod:`edgewise.hardness.carrystate`) and region proposals read
+    blobs: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.float32))
 
     def sent(self, mode: str = "full") -> ModeResult:
         """What escalating this frame in ``mode`` gives (``full`` when that mode was not run)."""
@@ -441,7 +444,7 @@ def collect(
         rec = FrameRecord(
             stream=stream, frame=fno, width=w, height=h, gt_boxes=gt_boxes, gt_cls=gt_cls,
             edge=e_op, cloud=c_op, edge_all=e_all, cloud_all=c_all, jpeg_bytes=full_bytes, signals=signals,
-            cloud_ms=c_ms, has_full="full" in modes,
+            cloud_ms=c_ms, has_full="full" in modes, blobs=np.asarray(mot.blobs, np.float32).reshape(-1, 4),
         )
         for mode in modes:
             if mode == "full":

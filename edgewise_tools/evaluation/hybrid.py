@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgewise.carrying import CARRIED, CarryConfig, combine, layered, stacked
+from edgewise.carrying import CarryConfig, combine
 from edgewise.detections import Detections
 from edgewise.policy import Escalator, Policy
 from edgewise.policy.schema import Merge, Payload, WholeFrames
 from edgewise_tools.evaluation import bootstrap
+from edgewise_tools.evaluation.carryreplay import CarryReplay
 from edgewise_tools.evaluation.frames import FrameRecord, stream_id
 from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap
 
@@ -46,13 +47,17 @@ class Sending:
         out = [self.mode] * len(records)
         whole = WholeFrames()
         for i, r in enumerate(records):
-            if not mask[i]:
-                continue
-            now = r.frame / self.fps
-            out[i] = whole.mode(self.payload, r.stream, now)
-            if out[i] != "full" and r.sent(out[i]).whole:
-                whole.sent_whole(r.stream, now)
+            if mask[i]:
+                out[i] = self.mode_of(whole, r)
         return out
+
+    def mode_of(self, whole: WholeFrames, r: FrameRecord) -> str:
+        """The payload mode of an escalation of ``r``, noting a whole frame in ``whole``."""
+        now = r.frame / self.fps
+        mode = whole.mode(self.payload, r.stream, now)
+        if mode != "full" and r.sent(mode).whole:
+            whole.sent_whole(r.stream, now)
+        return mode
 
 
 #: a payload mode, or a mode with the policy's whole-frame refresh
@@ -61,12 +66,21 @@ Mode = Union[str, Sending]
 REPLACE = Merge(strategy="replace", iou=0.5)
 
 
+def mode_of(mode: Mode) -> Callable[[WholeFrames, FrameRecord], str]:
+    """Each escalation's payload mode under ``mode`` (:meth:`Sending.mode_of`), for a selection
+    made frame by frame (:mod:`.sequential`)."""
+    return mode.mode_of if isinstance(mode, Sending) else (lambda whole, r: mode)
+
+
 def _modes(records: Sequence[FrameRecord], mask: np.ndarray, mode: Mode) -> List[str]:
     return mode.per_frame(records, mask) if isinstance(mode, Sending) else [mode] * len(records)
 
 
-def _final(r: FrameRecord, up: bool, merge: Merge, low: bool, mode: str = "full",
-           carried: Optional[Detections] = None) -> Detections:
+def final_boxes(r: FrameRecord, up: bool, merge: Merge, low: bool, mode: str = "full",
+                carried: Optional[Detections] = None) -> Detections:
+    """What frame ``r`` publishes: the answer to its escalation (``up``) sent in ``mode``
+    merged with the edge's boxes, or the edge's boxes with the ``carried`` ones; ``low``: at
+    the low threshold, for mAP."""
     if not up:
         edge = r.edge_all if low else r.edge
         return edge if carried is None else combine(edge, carried)
@@ -77,42 +91,21 @@ def _final(r: FrameRecord, up: bool, merge: Merge, low: bool, mode: str = "full"
 
 def _carried(records: Sequence[FrameRecord], mask: np.ndarray, modes: Sequence[str], lag: Optional[int],
              cfg: CarryConfig) -> List[Optional[Detections]]:
-    """Per frame, the boxes the edge carries from its stream's answers (None: none). The
-    answer to frame t is there from frame t + ``lag`` on (1: before the next frame); until
-    then the ones before it are carried. A newer answer replaces the older ones, or under
-    ``cfg.scope`` ``regions`` only inside the regions it saw, until ``cfg.frames`` run out
-    (:func:`edgewise.carrying.stacked` and :func:`~edgewise.carrying.layered`, the daemon's
-    rule). ``lag`` None: nothing is carried."""
+    """Per frame, the boxes the edge carries from its stream's answers (None: none, and on
+    the escalated frames, which publish their own answer). The answer to frame t is there from
+    frame t + ``lag`` on (1: before the next frame); until then the ones before it are carried
+    (:class:`~edgewise_tools.evaluation.carryreplay.CarryReplay`, the daemon's rule). ``lag``
+    None: nothing is carried."""
     out: List[Optional[Detections]] = [None] * len(records)
     if lag is None:
         return out
-    if lag < 1:
-        raise ValueError(f"carry lag must be >= 1 frame (the escalated frame gets the answer itself), got {lag}")
-    stream: Optional[int] = None
-    pos = 0
-    waiting: List[Tuple[int, int]] = []  # this stream's escalations not answered yet: (position, record)
-    # the answers carried, newest first: (position, record, the regions its request covered)
-    active: List[Tuple[int, int, Optional[np.ndarray]]] = []
-    for i, r in enumerate(records):
-        if r.stream != stream:
-            stream, pos, waiting, active = r.stream, 0, [], []
-        else:
-            pos += 1
-        while waiting and pos - waiting[0][0] >= lag:
-            p, k = waiting.pop(0)
-            regions = records[k].sent(modes[k]).regions
-            active = stacked(active, (p, k, regions), regions, cfg)
-        active = [a for a in active if pos - a[0] <= cfg.frames]
-        if active and not mask[i]:
-            layers = []
-            for p, k, regions in active:  # an answer with nothing left still hides the older ones in its regions
-                lst = records[k].carried.get(modes[k], [])
-                dets = lst[pos - p - 1] if pos - p - 1 < len(lst) else Detections.empty(source=CARRIED)
-                layers.append((dets, regions))
-            carried = layered(layers)
-            out[i] = carried if len(carried) else None
+    replay = CarryReplay(records, lag, cfg)
+    for i in range(len(records)):
+        carried = replay.at(i)
         if mask[i]:
-            waiting.append((pos, i))
+            replay.escalate(i, modes[i])
+        else:
+            out[i] = carried
     return out
 
 
@@ -144,12 +137,12 @@ def evaluate_frames(
     modes = _modes(records, mask, mode)
     carried = _carried(records, mask, modes, carry_lag, merge.carry())
     for i, (r, up) in enumerate(zip(records, mask)):
-        d = _final(r, bool(up), merge, low=False, mode=modes[i], carried=carried[i])
+        d = final_boxes(r, bool(up), merge, low=False, mode=modes[i], carried=carried[i])
         c = match_counts(d.boxes, d.class_ids, d.scores, r.gt_boxes, r.gt_cls)
         vs_gt += c
         per_frame[i] = (c.tp, c.fp, c.fn)
         vs_cloud += match_counts(d.boxes, d.class_ids, d.scores, r.cloud.boxes, r.cloud.class_ids)
-        lo = _final(r, bool(up), merge, low=True, mode=modes[i], carried=carried[i])
+        lo = final_boxes(r, bool(up), merge, low=True, mode=modes[i], carried=carried[i])
         preds.append((lo.boxes, lo.class_ids, lo.scores))
         gts.append((r.gt_boxes, r.gt_cls))
         if up:
@@ -244,6 +237,7 @@ def at_rates(
     samples: int = bootstrap.SAMPLES,
     carry_lag: Optional[int] = None,
     gaps: Optional[Mapping[str, int]] = None,
+    selections: Optional[Mapping[str, Mapping[float, Sequence[np.ndarray]]]] = None,
 ) -> Tuple[Dict[str, List[Dict[str, Any]]], Dict[str, List[np.ndarray]]]:
     """Each policy at each rate (a policy with several score vectors, random seeds or
     :func:`~edgewise_tools.evaluation.scoring.tie_draws`, is averaged over them: ``draws``),
@@ -251,24 +245,28 @@ def at_rates(
     the nominal ``rate`` and the share really ``escalated``, and ``short`` when that falls
     more than one frame short of the rate (:func:`is_short`: not comparable at that rate).
     ``gaps`` names the policies that keep a cooldown (frames, :func:`top_fraction`);
-    ``carry_lag`` carries answers under ``merge`` (:func:`evaluate_frames`).
+    ``carry_lag`` carries answers under ``merge`` (:func:`evaluate_frames`). ``selections``
+    gives the policies whose decisions depend on earlier ones by their masks at each rate
+    (one per draw, :func:`edgewise_tools.evaluation.sequential.select`), not by scores.
     Also returns each policy's per-stream counts [S, 3] per rate, for :func:`differences`."""
     streams = [r.stream for r in records]
     index, n_streams = bootstrap.stream_ids(streams)
     w = bootstrap.weights(n_streams, samples)
     out: Dict[str, List[Dict[str, Any]]] = {}
     counts: Dict[str, List[np.ndarray]] = {}
-    for name, vectors in scores.items():
+    names = list(scores) + [k for k in (selections or {}) if k not in scores]
+    for name in names:
         rows: List[Dict[str, Any]] = []
         per: List[np.ndarray] = []
         for rate in rates:
             gap = (gaps or {}).get(name, 0)
-            masks = [top_fraction(v, rate, seed=i, streams=streams, gap=gap) for i, v in enumerate(vectors)]
+            masks = (list(selections[name][rate]) if selections and name in selections else
+                     [top_fraction(v, rate, seed=i, streams=streams, gap=gap) for i, v in enumerate(scores[name])])
             runs = [evaluate_frames(records, m, nc, merge, mode, carry_lag) for m in masks]
             row: Dict[str, Any] = {k: float(np.mean([r[k] for r, _ in runs])) for k in runs[0][0]}
             c = np.mean([bootstrap.per_stream(f, index, n_streams) for _, f in runs], axis=0)
             row["rate"] = rate
-            row["draws"] = len(vectors)
+            row["draws"] = len(masks)
             row["short"] = is_short(rate, row["escalated"], len(records))
             row["f1_ci"] = bootstrap.f1_interval(c, w)
             rows.append(row)

@@ -16,6 +16,7 @@ POLICY_LABELS = {
     "sedna_ibt": "Sedna IBT",
     "combined": "edgewise combined hardness",
     "learned": "edgewise learned gain",
+    "learned_carry": "edgewise carry-aware gain",
     "oracle": "oracle (knows what escalating gains)",
 }
 #: the files :func:`write` writes into the report folder (eval.png only with matplotlib)

@@ -92,7 +92,14 @@ def f1_gain(records: Sequence[FrameRecord], merge: Merge = REPLACE, mode: str = 
     hybrid = [counts(merge.apply(r.edge, r.sent(mode).cloud, r.sent(mode).regions), r) for r in records]
     tp, fp = sum(c.tp for c in edge), sum(c.fp for c in edge)
     n = sum(len(r.gt_cls) for r in records)
-    return np.array([(h.tp - e.tp) * (fp + n) - (h.fp - e.fp) * tp for e, h in zip(edge, hybrid)], np.float64)
+    return np.array([linear_gain(h.tp - e.tp, h.fp - e.fp, tp, fp, n) for e, h in zip(edge, hybrid)], np.float64)
+
+
+def linear_gain(dtp: float, dfp: float, tp: float, fp: float, n: float) -> float:
+    """The F1 change of (``dtp``, ``dfp``) more true and false positives, linearised around
+    ``tp`` and ``fp`` over ``n`` ground-truth objects (up to a positive factor: F1 = 2TP /
+    (TP + FP + N) moves in proportion to dTP (FP + N) - dFP TP)."""
+    return dtp * (fp + n) - dfp * tp
 
 
 def fit_gain_model(records: Sequence[FrameRecord], merge: Merge = REPLACE,

@@ -102,3 +102,50 @@ def test_under_scope_regions_the_daemon_keeps_older_answers_under_region_answers
         assert regions == (None if sent is None else [[float(v) for v in box] for box in sent]), k
     assert any(r is not None for r in seen.values()), "the moving digits must give region payloads"
     assert max(layers) >= 2, "a region answer within 30 frames of an older one keeps it underneath"
+
+
+def test_a_carry_aware_policy_decides_on_the_carried_state_and_its_records_replay_exactly(
+        tmp_path: Path, tiny_model: Path, native_model: Path, capsys: pytest.CaptureFixture) -> None:
+    """The daemon computes the carry-state features from its carrier before deciding (a gain
+    model fitted on them: the longer since the stream's last escalation, the higher; threshold 0.6:
+    a stream's first frame, then about 18 frames after each escalation), records
+    them with the signals, and `check-policy --replay` decides every frame as it did."""
+    import json
+
+    import numpy as np
+
+    from edgewise.cli import main
+    from edgewise.hardness.carrystate import CARRY_FEATURES
+    from edgewise.hardness.learned import FEATURE_NAMES, GainModel
+
+    rows = np.random.default_rng(0).random((400, len(FEATURE_NAMES)))
+    GainModel.fit(rows, rows[:, FEATURE_NAMES.index("answer_age")], {}, features=FEATURE_NAMES).save(
+        tmp_path / "carry.json")
+    data = tmp_path / "cam"
+    generate(SynthJob(out=data, frames=FRAMES, streams=1, seed=5, split="test", width=640, height=360,
+                      difficulty=PRESETS["camera"]))
+    doc = yaml.safe_load(policy_yaml("carry-aware", threshold=0.6, deadline_ms=60000))
+    doc["spec"]["signals"] = {"learnedModel": "carry.json"}
+    doc["spec"]["cooldownSeconds"] = 0.1
+    doc["spec"]["merge"]["carryFrames"] = 30
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "run"
+    out.mkdir()
+    with in_process_cloud_class()(native_model) as cloud:
+        s = base_settings(out, tiny_model, [{"id": "cam", "kind": "folder", "uri": str(data / "images"), "fps": 20}],
+                          policy_file=str(policy), cloud={"endpoints": [cloud.address], "max_in_flight": 64},
+                          shutdown_grace_s=120)
+        assert asyncio.run(EdgeDaemon(s).run()) == 0
+    recs = read_jsonl(out / "out.jsonl")
+    assert all(set(CARRY_FEATURES) <= set(r["signals"]) for r in recs)
+    first = min(recs, key=lambda r: r["frame_seq"])
+    assert first["signals"]["answer_age"] == 1.0  # nothing escalated before the first frame
+    escalated = sorted({r["frame_seq"] for r in recs if r["escalated"]})
+    assert 1 < len(escalated) < FRAMES, "the state must make some frames worth escalating and others not"
+    after = [r for r in recs if r["frame_seq"] == escalated[0] + 1]
+    assert after and after[0]["signals"]["answer_age"] == round(1 / 30, 4)  # one frame after the escalation
+    assert main(["edge", "check-policy", str(policy), "--replay", str(out / "out.jsonl"), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)["replay"]
+    mine = rep["sides"][0]["reproduction"]
+    assert mine["checked"] == FRAMES and mine["agreed"] == mine["checked"], mine["mismatches"]

@@ -10,7 +10,7 @@ import pytest
 
 from edgewise.detections import Detections
 from edgewise.errors import ConfigError
-from edgewise.hardness.learned import FEATURE_NAMES, GainModel, frame_features
+from edgewise.hardness.learned import FEATURE_NAMES, FRAME_FEATURES, GainModel, frame_features
 from edgewise.policy import Escalator, PolicyHolder, load_policy
 from edgewise.policy.explaining import explain
 
@@ -27,9 +27,10 @@ def empty() -> Detections:
 def model() -> GainModel:
     # the gain is high exactly where the edge saw a strong missed object
     rng = np.random.default_rng(0)
-    x = rng.random((600, len(FEATURE_NAMES)))
+    x = rng.random((600, len(FRAME_FEATURES)))  # a per-frame model: no carry state
     gain = (x[:, MISSED] > 0.9).astype(float) * 5.0 + rng.normal(0, 0.1, 600)
-    return GainModel.fit(x, gain, {"trainData": "unit", "frames": 600, "merge": "fuse"})
+    rows = np.hstack([x, np.zeros((600, len(FEATURE_NAMES) - len(FRAME_FEATURES)))])
+    return GainModel.fit(rows, gain, {"trainData": "unit", "frames": 600, "merge": "fuse"})
 
 
 def test_fit_ranks_the_gain_and_hardness_is_a_training_percentile(model) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from edgewise.cli import main
+from edgewise.hardness.carrystate import CARRY_FEATURES
+from edgewise.hardness.learned import GainModel
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -36,7 +38,8 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     assert rc == 0
     result = json.loads((out / "eval.json").read_text())
     assert result["frames"] == 12
-    assert set(result["at_rates"]) == {"random", "sedna_threshold", "sedna_ibt", "combined", "learned", "oracle"}
+    assert set(result["at_rates"]) == {"random", "sedna_threshold", "sedna_ibt", "combined", "learned", "learned_carry",
+                                       "oracle"}
     assert result["target"]["best_policy"] != "oracle" and "oracle_f1_fraction" in result["target"]
     for name, rows in result["at_rates"].items():
         assert [r["rate"] for r in rows] == [0.25, 0.5]
@@ -83,6 +86,10 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
     # the learned policy is written for deployment; a policy file can replay it
     assert result["learned"]["file"] == str(out / "gain-model.json")
+    # and the carry-aware one beside it, fitted on the carry state (two rounds: its own selection the second)
+    carry_model = GainModel.load(result["learned"]["carry"]["file"])
+    assert result["learned"]["carry"]["file"] == str(out / "gain-model-carry.json") and carry_model.uses_carry()
+    assert carry_model.info["rounds"] == 2 and set(CARRY_FEATURES) <= set(carry_model.features)
     (out / "learned.yaml").write_text(
         "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: learned}\n"
         "spec:\n  threshold: 0.5\n  signals: {learnedModel: gain-model.json}\n"

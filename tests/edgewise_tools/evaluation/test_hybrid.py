@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edgewise.detections import Detections
-from edgewise.hardness.learned import FEATURE_NAMES
+from edgewise.hardness.learned import FRAME_FEATURES
 from edgewise.policy.schema import Merge
 from edgewise_tools.evaluation import bootstrap, hybrid, scoring
 from edgewise_tools.evaluation.frames import FrameRecord, read_labels
@@ -112,7 +112,7 @@ def test_learned_predictor_learns_the_gain(records) -> None:
     p = model.predict(scoring.features(records))
     assert min(p[1], p[2]) > max(p[0], p[3])
     share = model.importance()
-    assert set(share) == set(FEATURE_NAMES) and sum(share.values()) == pytest.approx(1.0, abs=1e-3)
+    assert set(share) == set(FRAME_FEATURES) and sum(share.values()) == pytest.approx(1.0, abs=1e-3)
     # only mean_conf and missed_object (or what they imply: box count, max score) tell the frames apart
     assert share["entropy"] == share["tracker_disagreement"] == 0.0
 

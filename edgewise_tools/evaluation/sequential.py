@@ -1,0 +1,135 @@
+"""Selections that depend on earlier decisions, replayed as the daemon makes them.
+
+A policy that reads the carry state (:mod:`edgewise.hardness.carrystate`) scores a frame by
+what the stream's earlier escalations left in force, so its scores cannot be ranked once
+for the whole set (``hybrid.top_fraction``). :func:`select` replays it as the daemon runs it:
+per stream in frame order, a frame is escalated when its score reaches one threshold and
+the cooldown allows, and the carry state then follows (:class:`.carryreplay.CarryReplay`);
+the threshold is bisected so the set escalates ``floor(rate * N)`` frames or the closest
+number below, the same budget every static policy gets at that rate. Ties are broken by a
+seeded jitter far below any score difference, one draw per seed.
+
+:class:`CarryScores` is such a score: a gain model over the frame's signals joined by its
+carry-state features, computed by :func:`edgewise.hardness.carrystate.carry_features`, the
+daemon's function (``edge.deciding``), from the replayed state.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edgewise.carrying import CarryConfig
+from edgewise.detections import Detections
+from edgewise.hardness.carrystate import carry_features
+from edgewise.hardness.learned import GainModel
+from edgewise.hardness.signals import as_recorded, score_bands
+from edgewise.policy import Policy
+from edgewise.policy.schema import WholeFrames
+from edgewise_tools.evaluation.carryreplay import CarryReplay
+from edgewise_tools.evaluation.frames import FrameRecord, stream_id
+
+#: a state-dependent score: (record, the replay moved to it, the boxes carried onto it) -> score
+StateScore = Callable[[int, CarryReplay, Optional[Detections]], float]
+#: the payload mode of an escalation: (the stream's whole-frame refresh state, its record) -> mode
+ModeOf = Callable[[WholeFrames, FrameRecord], str]
+#: bisection steps of the threshold (the scores' range halves each time)
+STEPS = 48
+
+
+class FrameViews:
+    """Per record, what the carry-state features read besides the state: the uncertain boxes
+    (the policy's band for the stream) and the regions a region payload would send."""
+
+    def __init__(self, records: Sequence[FrameRecord], policy: Policy) -> None:
+        self.uncertain: List[np.ndarray] = []
+        self.proposed: List[Optional[np.ndarray]] = []
+        for r in records:
+            size = (r.width, r.height)
+            band = score_bands(r.edge, policy.signal_config(stream_id(r.stream), size))
+            self.uncertain.append(r.edge.scored_within(*band))
+            self.proposed.append(policy.spec.payload.proposals(r.edge, r.blobs, size, band))
+
+    def features(self, records: Sequence[FrameRecord], i: int, replay: CarryReplay,
+                 carried: Optional[Detections]) -> Dict[str, float]:
+        """Record ``i``'s signals joined by its carry-state features at the replay's state (at
+        the record's precision, as the daemon records them)."""
+        r = records[i]
+        last = replay.last_record
+        out = dict(r.signals)
+        out.update(as_recorded(carry_features(r.edge, self.uncertain[i], carried, replay.age(), r.blobs,
+                                              self.proposed[i], None if last is None else self.proposed[last])))
+        return out
+
+
+class CarryScores:
+    """A gain model's predicted gain of each record at the replayed carry state, memoised by
+    (record, state): the bisection of :func:`select` meets the same states many times."""
+
+    def __init__(self, records: Sequence[FrameRecord], policy: Policy, model: GainModel) -> None:
+        self.records, self.model = records, model
+        self.views = FrameViews(records, policy)
+        self.memo: Dict[Tuple[int, Hashable], float] = {}
+
+    def __call__(self, i: int, replay: CarryReplay, carried: Optional[Detections]) -> float:
+        key = (i, replay.key())
+        got = self.memo.get(key)
+        if got is None:
+            r = self.records[i]
+            n = len(r.edge)
+            got = self.memo[key] = self.model.predicted_of(self.views.features(self.records, i, replay, carried), n,
+                                                           float(r.edge.scores.max()) if n else 0.0)
+        return got
+
+
+def _run(records: Sequence[FrameRecord], score: StateScore, t: float, gap: int, lag: int, cfg: CarryConfig,
+         mode_of: ModeOf, jitter: np.ndarray) -> Tuple[np.ndarray, float, float]:
+    """The selection under threshold ``t``, and the lowest and highest score it met."""
+    mask = np.zeros(len(records), bool)
+    low, high = np.inf, -np.inf
+    replay = CarryReplay(records, lag, cfg)
+    whole = WholeFrames()
+    for i, r in enumerate(records):
+        carried = replay.at(i)
+        age = replay.age()
+        if age is not None and age < gap:
+            continue
+        s = score(i, replay, carried) + jitter[i]
+        low, high = min(low, s), max(high, s)
+        if s >= t:
+            mask[i] = True
+            replay.escalate(i, mode_of(whole, r))
+    return mask, low, high
+
+
+def select(records: Sequence[FrameRecord], score: StateScore, budget: int, gap: int, lag: int, cfg: CarryConfig,
+           mode_of: ModeOf, seed: int = 0) -> np.ndarray:
+    """The daemon's selection under one threshold, bisected so that it escalates ``budget``
+    frames or the closest number below (a cooldown of ``gap`` frames per stream; answers
+    carried ``lag`` frames after each escalation under ``cfg``; ``mode_of`` gives each
+    escalation's payload mode, the policy's whole-frame refresh included)."""
+    n = len(records)
+    best = np.zeros(n, bool)
+    if budget <= 0:
+        return best
+    jitter = np.random.default_rng(seed).random(n) * 1e-9
+    everything, low, high = _run(records, score, -np.inf, gap, lag, cfg, mode_of, jitter)
+    if int(everything.sum()) <= budget:
+        return everything
+    # a state the first pass did not meet may score outside its range: then the bisection
+    # ends at the closest count it can reach below the budget
+    lo, hi = low - 1e-6, high + 1e-6
+    for _ in range(STEPS):
+        mid = (lo + hi) / 2.0
+        mask = _run(records, score, mid, gap, lag, cfg, mode_of, jitter)[0]
+        count = int(mask.sum())
+        if count > budget:
+            lo = mid
+        else:
+            hi = mid
+            if count > int(best.sum()):
+                best = mask
+            if count == budget:
+                break
+    return best

@@ -1,0 +1,95 @@
+"""Selections replayed frame by frame: a score that reads the carry state, at an equal budget."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge.deciding import Decider
+from edgewise.carrying import CarryConfig
+from edgewise.hardness.carrystate import CARRY_FEATURES
+from edgewise.hardness.learned import FEATURE_NAMES, GainModel
+from edgewise.policy.loading import parse_policy
+from edgewise_tools.evaluation import hybrid
+from edgewise_tools.evaluation.carryreplay import CarryReplay
+from edgewise_tools.evaluation.sequential import FrameViews, select
+from tests.edgewise_tools.evaluation.test_hybrid import D, rec
+
+CFG = CarryConfig(frames=1000, min_match=0.5)
+
+
+def _streams(n_streams: int, n: int):
+    box = [10, 10, 30, 30]
+    out = []
+    for s in range(n_streams):
+        for i in range(n):
+            r = rec(i, D([box], [0], [0.4], "edge"), D([box], [0], [0.9], "cloud"), [box], [0])
+            r.stream = s
+            r.carried = {"full": [D([box], [0], [0.9], "carried")] * 3}
+            out.append(r)
+    return out
+
+
+def _staleness(i, replay, carried) -> float:
+    """Prefers frames long after their stream's last escalation (a stream's first frame most)."""
+    age = replay.age()
+    return 1.0 if age is None else min(age, 10) / 10.0
+
+
+def test_a_state_dependent_score_is_replayed_to_the_budget() -> None:
+    recs = _streams(2, 10)
+    mask = select(recs, _staleness, 4, 0, 1, CFG, hybrid.mode_of("full"))
+    assert int(mask.sum()) == 4
+    for s in (0, 1):
+        picked = [r.frame for r, m in zip(recs, mask) if m and r.stream == s]
+        # each stream's first frame, then one far enough from it that a third would not fit
+        assert len(picked) == 2 and picked[0] == 0 and picked[1] >= 5
+    # a static ranking of the same first-pass scores could not spread them: every frame after the
+    # first scores as if nothing had been escalated since (age counted from the stream's start)
+    assert select(recs, _staleness, 0, 0, 1, CFG, hybrid.mode_of("full")).sum() == 0
+
+
+def test_the_cooldown_holds_and_a_budget_it_cannot_reach_ends_short() -> None:
+    recs = _streams(1, 10)
+    mask = select(recs, lambda i, replay, carried: 1.0, 9, 3, 1, CFG, hybrid.mode_of("full"))
+    assert np.flatnonzero(mask).tolist() == [0, 3, 6, 9]  # 4 of the 9 asked: the cooldown's most
+
+
+def test_the_replay_forks_and_keys_its_state() -> None:
+    recs = _streams(1, 6)
+    replay = CarryReplay(recs, 1, CFG)
+    assert replay.at(0) is None and replay.age() is None
+    replay.escalate(0, "full")
+    twin = replay.copy()
+    assert replay.at(1) is not None and replay.age() == 1 and replay.key() == (0, ((0, "full"),))
+    assert twin.at(1) is not None  # the fork moved on its own
+    twin.escalate(1, "full")
+    assert replay.at(2) is not None and replay.key() == (0, ((0, "full"),)) and twin.at(2) is not None
+    assert twin.key() == (1, ((1, "full"),))
+
+
+def test_the_evaluations_carry_features_are_the_daemons(tmp_path) -> None:
+    # one rule: the daemon's Decider, given the same carried boxes, computes the features the
+    # evaluation's replay gives a gain model, escalation after escalation
+    rows = np.random.default_rng(0).random((200, len(FEATURE_NAMES)))
+    GainModel.fit(rows, rows[:, FEATURE_NAMES.index("answer_age")], {}, features=FEATURE_NAMES).save(
+        tmp_path / "carry.json")
+    policy = parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\n"
+                          "spec:\n  threshold: 0.5\n  signals: {learnedModel: carry.json}\n"
+                          "  payload: {mode: regions, regionMin: 8}\n  cooldownSeconds: 0\n"
+                          "  budget: {maxFraction: 1.0, maxPerSecond: 1000, burst: 1000}\n", str(tmp_path / "p.yaml"))
+    assert policy.uses_carry()
+    recs = _streams(1, 12)
+    recs[2].edge = D([[10, 10, 30, 30], [60, 60, 80, 80]], [0, 0], [0.4, 0.3], "edge")
+    views = FrameViews(recs, policy)
+    decider = Decider(policy, clock=lambda: 0.0)
+    replay = CarryReplay(recs, 1, CFG)
+    escalated = 0
+    for i, r in enumerate(recs):
+        carried = replay.at(i)
+        ours = views.features(recs, i, replay, carried)
+        d = decider.decide("s0", r.frame, r.edge, (r.width, r.height), now=float(i), carried=carried).decision
+        assert {k: ours[k] for k in CARRY_FEATURES} == {k: d.signals[k] for k in CARRY_FEATURES}, i
+        if d.escalate:
+            replay.escalate(i, "full")
+            escalated += 1
+    assert 0 < escalated < len(recs)  # the model (older answers score higher) escalated some, not all
