@@ -17,7 +17,7 @@ the combined hardness threshold.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -30,6 +30,7 @@ from edgewise_tools.evaluation import bootstrap
 from edgewise_tools.evaluation.carryreplay import CarryReplay
 from edgewise_tools.evaluation.frames import FrameRecord, stream_id
 from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap
+from edgewise_tools.evaluation.sequential import FrameViews
 
 
 @dataclass(frozen=True)
@@ -302,14 +303,28 @@ def differences(counts: Mapping[str, List[np.ndarray]], ours: str, baselines: Se
     return out
 
 
-def run_policy(records: Sequence[FrameRecord], policy: Policy, fps: float) -> np.ndarray:
+def run_policy(records: Sequence[FrameRecord], policy: Policy, fps: float, carry_lag: Optional[int] = 1) -> np.ndarray:
     """Replay the policy file on the stream timeline (frame / fps seconds): thresholds,
-    cooldown, budget and priority all apply, exactly as in the daemon."""
+    cooldown, budget and priority all apply, exactly as in the daemon. A policy whose gain
+    model reads the carry state gets it as the daemon computes it, from the answers its own
+    escalations carry ``carry_lag`` frames later (:class:`CarryReplay`)."""
     esc = Escalator(policy, clock=lambda: 0.0)
     mask = np.zeros(len(records), dtype=bool)
+    replay = views = None
+    if policy.uses_carry():
+        lag = carried_from(policy.spec.merge, carry_lag)
+        cfg = policy.spec.merge.carry() if lag is not None else replace(policy.spec.merge.carry(), frames=0)
+        replay, views = CarryReplay(records, lag or 1, cfg), FrameViews(records, policy)
+    pick = mode_of(own_sending(policy, fps))
+    whole = WholeFrames()
     for i, r in enumerate(records):
-        d = esc.decide(stream_id(r.stream), r.frame, r.edge, r.signals, now=r.frame / fps)
+        signals = r.signals
+        if replay is not None and views is not None:
+            signals = views.features(records, i, replay, replay.at(i))
+        d = esc.decide(stream_id(r.stream), r.frame, r.edge, signals, now=r.frame / fps)
         mask[i] = d.escalate
+        if d.escalate and replay is not None:
+            replay.escalate(i, pick(whole, r))
     return mask
 
 
@@ -332,7 +347,7 @@ def policy_run(records: Sequence[FrameRecord], policy: Policy, nc: int, fps: flo
     from ``carry_lag`` frames after each escalation (None: nothing carried). ``records`` must hold the policy's
     payload mode (and ``full`` when it refreshes with whole frames)."""
     merge = policy.spec.merge
-    return evaluate(records, run_policy(records, policy, fps), nc, merge, own_sending(policy, fps),
+    return evaluate(records, run_policy(records, policy, fps, carry_lag), nc, merge, own_sending(policy, fps),
                     carried_from(merge, carry_lag))
 
 

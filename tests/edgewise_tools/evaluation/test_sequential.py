@@ -76,20 +76,23 @@ def test_the_evaluations_carry_features_are_the_daemons(tmp_path) -> None:
     policy = parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\n"
                           "spec:\n  threshold: 0.5\n  signals: {learnedModel: carry.json}\n"
                           "  payload: {mode: regions, regionMin: 8}\n  cooldownSeconds: 0\n"
+                          "  merge: {strategy: replace, carryFrames: 30}\n"
                           "  budget: {maxFraction: 1.0, maxPerSecond: 1000, burst: 1000}\n", str(tmp_path / "p.yaml"))
     assert policy.uses_carry()
     recs = _streams(1, 12)
     recs[2].edge = D([[10, 10, 30, 30], [60, 60, 80, 80]], [0, 0], [0.4, 0.3], "edge")
     views = FrameViews(recs, policy)
     decider = Decider(policy, clock=lambda: 0.0)
-    replay = CarryReplay(recs, 1, CFG)
-    escalated = 0
+    replay = CarryReplay(recs, 1, policy.spec.merge.carry())
+    escalated = []
     for i, r in enumerate(recs):
         carried = replay.at(i)
         ours = views.features(recs, i, replay, carried)
         d = decider.decide("s0", r.frame, r.edge, (r.width, r.height), now=float(i), carried=carried).decision
         assert {k: ours[k] for k in CARRY_FEATURES} == {k: d.signals[k] for k in CARRY_FEATURES}, i
         if d.escalate:
-            replay.escalate(i, "full")
-            escalated += 1
-    assert 0 < escalated < len(recs)  # the model (older answers score higher) escalated some, not all
+            replay.escalate(i, "regions")
+            escalated.append(i)
+    assert 0 < len(escalated) < len(recs)  # the model (older answers score higher) escalated some, not all
+    # and the evaluation's replay of the policy file (its policy row, check-policy --data) decides the same
+    assert np.flatnonzero(hybrid.run_policy(recs, policy, fps=1.0)).tolist() == escalated
