@@ -244,7 +244,14 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     carrying = {"frames": carry.frames, "min_match": carry.min_match, "scope": carry.scope, "lag_frames": lag,
                 "cooldown_frames": gap,
                 "ours_at_target_rate": hybrid.evaluate_draws(records, our_masks, nc, merge, sending, lag),
-                "ours_without_carry": hybrid.evaluate_draws(records, our_masks, nc, merge, sending)}
+                "ours_without_carry": hybrid.evaluate_draws(records, our_masks, nc, merge, sending),
+                # a 30-frame evaluation stream starts with nothing carried every 3 s, a live feed rarely:
+                # the share of each selection spent on a stream's first frame says how much a lead owes it
+                "first_frame_share": {
+                    "ours": _first_frame_share(records, our_masks),
+                    "random": _first_frame_share(records, [
+                        hybrid.top_fraction(v, cfg.rates[at], seed=i, streams=streams, gap=gap)
+                        for i, v in enumerate(scores["random"])])}}
     data_meta = {"test": cfg.data, **({"policy_fit": cfg.train_data} if cfg.train_data else {})}
     return {
         "provenance": provenance({"edge": cfg.edge, "cloud": cfg.cloud}, cfg.policy, data_meta, state,
@@ -266,6 +273,13 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
                                ours=ours, gap=cfg.target_gap, uplink=cfg.target_uplink, margin=cfg.target_margin,
                                edge_ratio=cfg.target_edge_ratio),
     }
+
+
+def _first_frame_share(records: Sequence[FrameRecord], masks: Sequence[np.ndarray]) -> float:
+    """The share of the escalations of ``masks`` (averaged over draws) that are a stream's first frame."""
+    first = np.array([i == 0 or r.stream != records[i - 1].stream for i, r in enumerate(records)])
+    shares = [float((m & first).sum()) / max(int(m.sum()), 1) for m in masks]
+    return float(np.mean(shares)) if shares else 0.0
 
 
 def _carry_selections(records: Sequence[FrameRecord], policy: Policy, model: GainModel, rates: Sequence[float],

@@ -97,7 +97,10 @@ def _carry_lines(carry: Optional[Dict[str, Any]], cloud_f1: float) -> List[str]:
             f"escalated frame; every policy, and the oracle, keeps the policy's cooldown "
             f"({carry['cooldown_frames']} frames). "
             f"Our policy at the target rate: {_share(on['f1'], cloud_f1)} of cloud F1 carrying, "
-            f"{_share(off['f1'], cloud_f1)} with the same frames escalated and nothing carried.", ""]
+            f"{_share(off['f1'], cloud_f1)} with the same frames escalated and nothing carried."
+            + (f" {ff['ours']:.1%} of its escalations are a stream's first frame, where nothing is carried yet "
+               f"(random sampling's: {ff['random']:.1%}; a live feed starts once)."
+               if (ff := carry.get("first_frame_share")) else ""), ""]
 
 
 def markdown(result: Dict[str, Any]) -> str:

@@ -52,6 +52,8 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
     carry = result["carry"]
     assert carry["frames"] == 30 and carry["lag_frames"] == 1 and carry["cooldown_frames"] == 3
     assert carry["ours_at_target_rate"]["escalated"] == carry["ours_without_carry"]["escalated"]
+    assert set(carry["first_frame_share"]) == {"ours", "random"}
+    assert all(0.0 <= v <= 1.0 for v in carry["first_frame_share"].values())
     assert result["baselines"]["cloud_only"]["f1_vs_cloud"] == pytest.approx(1.0)
     assert result["baselines"]["edge_only"]["uplink_saved"] == 1.0
     assert len(result["threshold_sweep"]) == 21 and result["learned"]["trained"]
