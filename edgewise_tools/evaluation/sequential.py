@@ -117,10 +117,21 @@ def select(records: Sequence[FrameRecord], score: StateScore, budget: int, gap: 
     everything, low, high = _run(records, score, -np.inf, gap, lag, cfg, mode_of, jitter)
     if int(everything.sum()) <= budget:
         return everything
-    # a state the first pass did not meet may score outside its range: then the bisection
-    # ends at the closest count it can reach below the budget
+    # a state the first pass did not meet may score outside its range: above it, the threshold
+    # just above the first pass's highest score still escalates more than the budget (frames long
+    # after an escalation the first pass never let happen). Raise the upper end past the highest
+    # score each such run met until it escalates at most the budget; below the range, the
+    # bisection ends at the closest count it can reach below the budget.
     lo, hi = low - 1e-6, high + 1e-6
     for _ in range(STEPS):
+        mask, _, top = _run(records, score, hi, gap, lag, cfg, mode_of, jitter)
+        if int(mask.sum()) <= budget:
+            best = mask
+            break
+        lo, hi = hi, top + 1e-6
+    for _ in range(STEPS):
+        if int(best.sum()) == budget:
+            break
         mid = (lo + hi) / 2.0
         mask = _run(records, score, mid, gap, lag, cfg, mode_of, jitter)[0]
         count = int(mask.sum())
@@ -130,6 +141,4 @@ def select(records: Sequence[FrameRecord], score: StateScore, budget: int, gap: 
             hi = mid
             if count > int(best.sum()):
                 best = mask
-            if count == budget:
-                break
     return best

@@ -96,3 +96,18 @@ def test_the_evaluations_carry_features_are_the_daemons(tmp_path) -> None:
     assert 0 < len(escalated) < len(recs)  # the model (older answers score higher) escalated some, not all
     # and the evaluation's replay of the policy file (its policy row, check-policy --data) decides the same
     assert np.flatnonzero(hybrid.run_policy(recs, policy, fps=1.0)).tolist() == escalated
+
+
+def test_a_state_the_first_pass_never_met_cannot_empty_the_selection() -> None:
+    # the first pass (escalate whatever the cooldown allows) meets only ages 0 and the cooldown's,
+    # so every score it meets is <= 0.2; a threshold above that still escalates every third frame
+    # (ages 3 and a stream's third frame never met), more than the budget: the upper end of the
+    # bisection was no bound, and the selection came back empty with 3 frames reachable
+    recs = _streams(1, 20)
+
+    def aging(i, replay, carried) -> float:
+        age = replay.age()
+        return replay.pos / 10 if age is None else age / 10
+
+    mask = select(recs, aging, 3, 2, 1, CFG, hybrid.mode_of("full"))
+    assert np.flatnonzero(mask).tolist() == [5, 10, 15]
