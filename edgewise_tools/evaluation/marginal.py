@@ -7,8 +7,10 @@ exactly that on labelled frames, under a reference selection that fixes the othe
 escalations: per frame, its carry-state features at that selection's state
 (:class:`.sequential.FrameViews`) and the F1 gain, linearised
 (:func:`.scoring.linear_gain`), of escalating it on top of the selection's earlier
-escalations, summed over the frame and the frames it would carry into until the reference's
-next escalation of the stream (or ``carryFrames`` run out).
+escalations, summed over the frame and the frames it would carry into, the reference's later
+escalations going on, until the stream carries the same either way (usually once the
+reference's next escalation is answered; under ``carryScope: regions`` not outside its
+regions) or ``carryFrames`` run out.
 
 :func:`fit_carry_model` fits the gain model on those gains. The reference is first the
 combined hardness at the target rate (with the cooldown), then the model's own selection
@@ -44,16 +46,14 @@ def _counts(d: Detections, r: FrameRecord) -> np.ndarray:
     return np.array([c.tp, c.fp], np.float64)
 
 
-def _next_escalations(records: Sequence[FrameRecord], ref: np.ndarray) -> np.ndarray:
-    """Per record, the next record of its stream that ``ref`` escalates (else the stream's end)."""
+def _stream_ends(records: Sequence[FrameRecord]) -> np.ndarray:
+    """Per record, the position after its stream's last record."""
     out = np.zeros(len(records), int)
-    nxt = len(records)
+    end = len(records)
     for i in range(len(records) - 1, -1, -1):
         if i + 1 < len(records) and records[i + 1].stream != records[i].stream:
-            nxt = i + 1
-        out[i] = nxt
-        if ref[i]:
-            nxt = i
+            end = i + 1
+        out[i] = end
     return out
 
 
@@ -69,7 +69,11 @@ def marginal_gains(records: Sequence[FrameRecord], ref: np.ndarray, merge: Merge
         d = _counts(a, r) - _counts(b, r)
         return scoring.linear_gain(d[0], d[1], tp, fp, n)
 
-    nxt = _next_escalations(records, ref)
+    ends = _stream_ends(records)
+    sent, ahead = WholeFrames(), [""] * len(records)  # the payload mode of each reference escalation
+    for i, r in enumerate(records):
+        if ref[i]:
+            ahead[i] = mode_of(sent, r)
     replay = CarryReplay(records, lag, cfg)
     whole = WholeFrames()
     rows, y = [], []
@@ -85,10 +89,19 @@ def marginal_gains(records: Sequence[FrameRecord], ref: np.ndarray, merge: Merge
                                                                                     carried=carried), r)
         without, with_i = replay.copy(), replay.copy()
         with_i.escalate(i, mode)
-        for k in range(i + 1, min(int(nxt[i]), i + 1 + cfg.frames)):
+        # the reference's later escalations go on in both: a newer answer still on its way (lag
+        # > 1) or covering only its regions (carryScope regions) leaves this one carried
+        for k in range(i + 1, min(int(ends[i]), i + 1 + cfg.frames)):
             rk = records[k]
-            g += gain(hybrid.final_boxes(rk, False, merge, False, carried=with_i.at(k)),
-                      hybrid.final_boxes(rk, False, merge, False, carried=without.at(k)), rk)
+            a, b = with_i.at(k), without.at(k)
+            if with_i.key() == without.key() and with_i.waiting == without.waiting:
+                break  # this escalation changes nothing from here on
+            if ref[k]:  # publishes its own answer either way
+                with_i.escalate(k, ahead[k])
+                without.escalate(k, ahead[k])
+                continue
+            g += gain(hybrid.final_boxes(rk, False, merge, False, carried=a),
+                      hybrid.final_boxes(rk, False, merge, False, carried=b), rk)
         y.append(g)
         if ref[i]:
             replay.escalate(i, mode_of(whole, r))

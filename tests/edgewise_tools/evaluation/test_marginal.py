@@ -9,6 +9,7 @@ from edgewise.hardness.learned import FEATURE_NAMES
 from edgewise.policy.loading import parse_policy
 from edgewise.policy.schema import Merge
 from edgewise_tools.evaluation import hybrid
+from edgewise_tools.evaluation.frames import ModeResult
 from edgewise_tools.evaluation.marginal import fit_carry_model, marginal_gains
 from edgewise_tools.evaluation.sequential import FrameViews
 from tests.edgewise_tools.evaluation.test_hybrid import D, rec
@@ -59,3 +60,35 @@ def test_the_fitted_model_reads_the_carry_state() -> None:
     fresh.update(answer_age=1.0)
     carried = dict(fresh, answer_age=1 / 30, carried_boxes=1 / 20)
     assert model.predicted_of(fresh, 0, 0.0) > model.predicted_of(carried, 0, 0.0)
+
+
+def test_an_answer_still_on_its_way_keeps_the_earlier_one_carried() -> None:
+    # answers come 2 frames after their escalation: the reference's escalation of frame 2 is
+    # answered at frame 4, so frame 3 still carries frame 0's answer, and escalating frame 0 is
+    # worth its own frame and frame 3 (frame 1 comes before its answer, frame 2 has its own); the
+    # target stopped at the reference's next escalation and missed frame 3
+    recs = _stream(carries=5)
+    ref = np.array([False, False, True, False, False, False])
+    _, y = marginal_gains(recs, ref, MERGE, hybrid.mode_of("full"), 2, CFG, FrameViews(recs, POLICY))
+    assert y[0] == 12.0
+
+
+def test_under_carry_scope_regions_an_answer_outlives_a_newer_one_outside_its_regions() -> None:
+    # frame 0's whole answer (objects A and B) stays carried outside the regions the reference's
+    # escalation of frame 2 sent (A's only), so escalating frame 0 is also worth B on frames 3-5
+    a, b = [10, 10, 30, 30], [60, 60, 80, 80]
+    recs = [rec(i, D([], [], [], "edge"), D([a, b], [0, 0], [0.9, 0.9], "cloud"), [a, b], [0, 0]) for i in range(6)]
+    for r in recs:
+        r.carried = {"full": [D([a, b], [0, 0], [0.9, 0.9], "carried")] * 5}
+    recs[2].modes["regions"] = ModeResult(D([a], [0], [0.9], "cloud"), D([a], [0], [0.9], "cloud"), 50,
+                                          np.array([[0, 0, 40, 40]], np.float32))
+    recs[2].carried["regions"] = [D([a], [0], [0.9], "carried")] * 5
+    cfg = CarryConfig(frames=30, min_match=0.5, scope="regions")
+    ref = np.array([False, False, True, False, False, False])
+
+    def sending(whole, r) -> str:
+        return "regions" if r.frame == 2 else "full"
+
+    _, y = marginal_gains(recs, ref, MERGE, sending, 1, cfg, FrameViews(recs, POLICY))
+    # N = 12 objects, nothing found at the edge: each object found is worth 12
+    assert y[0] == 2 * 12 + 2 * 12 + 3 * 12
