@@ -54,8 +54,9 @@ CARRY_FEATURES: Tuple[str, ...] = (
     "unexplained_blobs",
     "new_regions",
 )
-#: the features that read the motion detector's blobs
-CARRY_MOTION: Tuple[str, ...] = ("blobs", "unexplained_blobs")
+#: the features that read the motion detector's blobs (``new_regions`` through the region
+#: proposals, which include them: the daemon must run the detector for any of these)
+CARRY_MOTION: Tuple[str, ...] = ("blobs", "unexplained_blobs", "new_regions")
 #: frames since the last escalation at which ``answer_age`` saturates (3 s at 10 fps: the
 #: carried answers' usual horizon)
 AGE_FRAMES = 30

@@ -61,3 +61,22 @@ def test_new_regions_is_the_share_outside_what_the_last_escalation_proposed() ->
     assert new_regions(proposed, np.zeros((0, 4)), 2) == 1.0  # it proposed no region
     assert new_regions(None, None, 1) == 1.0  # this one would go whole
     assert new_regions(np.zeros((0, 4)), None, None) == 0.0  # nothing worth a region
+
+
+def test_a_model_reading_new_regions_runs_the_motion_detector(tmp_path) -> None:
+    # new_regions compares the regions a region payload would send, motion blobs included
+    # (Payload.proposals): the evaluation reads the recorded blobs for them, so the daemon must
+    # run its motion detector for such a model even under a whole-frame payload, or it proposes
+    # from the edge boxes alone and decides on another new_regions than the evaluation's
+    from edgewise.hardness.learned import FEATURE_NAMES, FRAME_FEATURES, GainModel
+    from edgewise.hardness.motion import MOTION_SIGNALS
+    from edgewise.policy.loading import parse_policy
+
+    rows = np.random.default_rng(0).random((50, len(FEATURE_NAMES)))
+    features = tuple(n for n in FRAME_FEATURES if n not in MOTION_SIGNALS) + ("new_regions",)
+    GainModel.fit(rows, rows[:, FEATURE_NAMES.index("new_regions")], {}, features=features).save(
+        tmp_path / "m.json")
+    policy = parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\n"
+                          "spec:\n  signals: {learnedModel: m.json}\n  payload: {mode: full}\n",
+                          str(tmp_path / "p.yaml"))
+    assert policy.uses_carry() and policy.uses_motion()
