@@ -71,6 +71,7 @@ from itertools import repeat
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from edgewise.errors import InvalidInputError
+from edgewise.hardness.carrystate import CARRY_FEATURES
 from edgewise.hardness.signals import SIGNAL_NAMES
 from edgewise.policy.deciding import Decision, Escalator, FrameFacts
 from edgewise.policy.digest import policy_digest
@@ -395,8 +396,8 @@ def _facts_from_boxes(doc: Record) -> FrameFacts:
 
 
 def _needed(policy: Policy) -> Set[str]:
-    if policy.learned is not None:  # the signals the model was fitted on
-        return set(SIGNAL_NAMES).intersection(policy.learned.features)
+    if policy.learned is not None:  # the signals the model was fitted on, the carry state's included
+        return set(SIGNAL_NAMES + CARRY_FEATURES).intersection(policy.learned.features)
     return {k for k, w in policy.spec.signals.weights.items() if w > 0}
 
 

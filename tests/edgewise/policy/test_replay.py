@@ -423,6 +423,21 @@ def test_a_learned_policys_digest_covers_its_model(tmp_path: Path) -> None:
     assert digests[0] != digests[1]
 
 
+def test_a_carry_aware_policy_on_records_without_the_carry_state_says_so(tmp_path: Path) -> None:
+    # records of a daemon whose policy did not read the carry state hold no carry-state features:
+    # a carry-aware policy replayed on them reads 0 for each, as if an answer had just come back
+    # with nothing in it, and the report has to say so as it does for any missing signal
+    import numpy as np
+
+    from edgewise.hardness.learned import FEATURE_NAMES, GainModel
+
+    x = np.random.default_rng(0).random((200, len(FEATURE_NAMES)))
+    GainModel.fit(x, x[:, FEATURE_NAMES.index("answer_age")], {}, features=FEATURE_NAMES).save(tmp_path / "g.json")
+    carry = parse_policy(HEAD % "c" + "  signals: {learnedModel: g.json}\n", str(tmp_path / "p.yaml"))
+    rep = replay([write(tmp_path / "r.jsonl", daemon_records(BUSY, WAVE[:20]))], carry)
+    assert "20 record(s) lack signal answer_age" in "\n".join(rep["notes"])
+
+
 # --------------------------------------------------------------------------- unusable records
 
 def test_a_record_with_a_field_of_the_wrong_type_is_skipped_and_counted_never_a_crash(tmp_path: Path) -> None:
