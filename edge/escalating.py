@@ -942,7 +942,7 @@ class Escalating:
             if late and self.spool is not None:
                 # The spool is stuck (its lock held elsewhere, or a salvage's batch on a slow card):
                 # the writes still queued refuse at once and their frames keep the edge result; the
-                # one in SQLite's hands ends within its busy timeout, a salvage at its next batch.
+                # one waiting for the lock ends within edge.spool.BUSY_SLICE_S, a salvage at its next batch.
                 held = (" (the spool thread is salvaging its damaged file: the copy stops after its current batch, "
                         "and the next start goes on with it)" if self._salvaging else "")
                 log.warning("%d escalations still waiting for the spool at shutdown%s; the rest keep "
@@ -951,6 +951,10 @@ class Escalating:
                 _, late = await asyncio.wait(list(late), timeout=SPOOL_BUSY_TIMEOUT_S + 5.0)
             if late:
                 log.error("%d escalations not settled at shutdown", len(late))
+        if self.spool is not None and self.spool.stop_by is None:
+            # From here a spool write never waits for a lock another process holds (the replay's
+            # last acknowledgement, the calls close() lets finish): it is tried once
+            self.spool.stop_by = time.monotonic()
 
     async def close(self) -> None:
         """After ``drain``: let queued spool calls finish, stop the spool thread, and give the

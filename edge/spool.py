@@ -192,6 +192,9 @@ class SpoolCorrupt(SpoolError):
 
 #: seconds a spool call waits for a lock another connection holds (SQLite's busy timeout)
 SPOOL_BUSY_TIMEOUT_S = 30.0
+#: a write waits for that lock in slices this long, so that a stop (``Spool.stop_by``) ends the
+#: wait within one slice instead of SQLite's whole busy timeout
+BUSY_SLICE_S = 0.1
 
 
 def use_wal(db: sqlite3.Connection, synchronous: str) -> None:
@@ -333,6 +336,12 @@ class _Now:
 def _is_full(exc: sqlite3.Error) -> bool:
     """SQLITE_FULL (Python 3.8 has no ``sqlite_errorcode``: match SQLite's message)."""
     return "full" in str(exc).lower()
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock (by message, as ``_is_full``)."""
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
 
 
 def is_corrupt(exc: sqlite3.Error) -> bool:
@@ -606,7 +615,7 @@ class Spool:
         if _is_full(exc):
             return SpoolFull(f"spool {self.path}: its filesystem is full ({exc})")
         text = str(exc).lower()
-        if "locked" in text or "busy" in text:
+        if _is_busy(exc):
             hint = "; another process holds its lock (stop it)"
         elif "i/o" in text:
             hint = "; check its disk (`dmesg` shows I/O errors)"
@@ -640,7 +649,7 @@ class Spool:
         rolled back by itself, as it does on SQLITE_FULL) and raise ``SpoolError``."""
         db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")
+            self._begin(db)
             yield db
             db.execute("COMMIT")
         except BaseException as exc:
@@ -652,6 +661,30 @@ class Spool:
             if isinstance(exc, sqlite3.Error):
                 raise self._error(exc, "write failed") from None
             raise
+
+    def _begin(self, db: sqlite3.Connection) -> None:
+        """BEGIN IMMEDIATE: take the write lock, waiting up to ``SPOOL_BUSY_TIMEOUT_S`` while
+        another connection holds it, in ``BUSY_SLICE_S`` slices. Past ``stop_by`` (the daemon
+        stops) it is tried once without waiting, and a lock held elsewhere ends the call with
+        the stop's ``SpoolError``: the acknowledgements and attempts written at shutdown, each
+        waiting out SQLite's whole busy timeout in turn, kept a SIGTERM'd daemon past systemd's
+        TimeoutStopSec. Every other statement keeps SQLite's busy timeout."""
+        give_up = time.monotonic() + SPOOL_BUSY_TIMEOUT_S
+        while True:
+            now = time.monotonic()
+            stopping = self.stop_by is not None and now >= self.stop_by
+            wait = 0.0 if stopping else max(0.0, min(BUSY_SLICE_S, give_up - now))
+            db.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() >= give_up:
+                    raise
+                if stopping:
+                    self._check_stopping()
+            finally:
+                db.execute(f"PRAGMA busy_timeout = {int(SPOOL_BUSY_TIMEOUT_S * 1000)}")
 
     def _check_stopping(self) -> None:
         if self.stop_by is not None and time.monotonic() >= self.stop_by:
@@ -1153,9 +1186,12 @@ class Spool:
         return self._depth
 
     def close(self) -> None:
-        """Close the database (a checkpoint folds the WAL into the main file)."""
+        """Close the database (a checkpoint folds the WAL into the main file; past ``stop_by``
+        it does not wait for a connection elsewhere, whose lock it needs: the next open folds it)."""
         with self._lock:
             try:
+                if self.stop_by is not None and time.monotonic() >= self.stop_by:
+                    self._db.execute("PRAGMA busy_timeout = 0")
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error:  # pragma: no cover - best effort
                 pass

@@ -18,8 +18,9 @@ import pytest
 
 from edge.daemon import EdgeDaemon
 from edge.settings import load_settings
+from tests.conftest import free_port
 from tests.edge.helpers import policy_yaml, read_jsonl, settings_yaml
-from tests.processes import DEFAULT_HUP
+from tests.processes import DEFAULT_HUP, EdgeProcess
 from tests.waiting import async_wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -735,3 +736,44 @@ def test_the_series_alerts_read_exist_from_the_start_for_every_stream_and_transp
         assert not missing, missing
 
     asyncio.run(run())
+
+
+def test_a_sigterm_while_another_process_holds_the_spool_lock_exits_well_within_timeoutstopsec(tmp_path, tiny_model):
+    """The cloud is unreachable (escalations spool) and another process holds the spool's write
+    lock when SIGTERM comes: the real daemon exits 0 within its grace, the 5 s floor for
+    escalations waiting for the spool and a margin, and every frame it processed has its
+    record (those the spool could not take keep their edge result). Its spool writes and its
+    close's checkpoint each waited out SQLite's 30 s busy timeout in turn: 88 s, and systemd
+    (TimeoutStopSec=30 in deploy/jetson) would have killed it."""
+    import sqlite3
+
+    out = tmp_path / "out.jsonl"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("all", {"cam": "always"}, deadline_ms=300))
+    config = settings_yaml(tmp_path / "edge.yaml", device_id="jet",
+                           streams=[{"id": "cam", "kind": "synthetic", "uri": "160x120", "fps": 10}],
+                           model={"path": str(tiny_model), "max_batch": 1}, policy_file=str(policy),
+                           cloud={"endpoints": [f"127.0.0.1:{free_port()}"]},  # nobody there: UNAVAILABLE
+                           spool={"path": str(tmp_path / "spool.db")}, sinks={"jsonl": str(out)},
+                           metrics={"port": -1}, shutdown_grace_s=1.0)
+    daemon = EdgeProcess(config, tmp_path / "edge.log")
+    lock = sqlite3.connect(str(tmp_path / "spool.db"), isolation_level=None)
+    try:
+        deadline = time.monotonic() + 60
+        while not [r for r in read_jsonl(out) if r.get("outcome") == "spooled"]:
+            assert daemon.check() and time.monotonic() < deadline, (tmp_path / "edge.log").read_text()
+            time.sleep(0.1)
+        lock.execute("BEGIN IMMEDIATE")  # an operator's sqlite3 shell, a backup tool
+        time.sleep(1.0)  # escalations pile up behind the spool write waiting for the lock
+        t0 = time.monotonic()
+        rc = daemon.stop(45)
+        took = time.monotonic() - t0
+    finally:
+        lock.close()
+        daemon.close()
+    log = (tmp_path / "edge.log").read_text()
+    assert rc == 0 and took < 1.0 + 5.0 + 3.0, (rc, took, log)
+    frames = int(log.rsplit("edge daemon stopped after ", 1)[1].split()[0])
+    records = read_jsonl(out)
+    assert len({r["frame_seq"] for r in records}) == len(records) == frames, (len(records), frames)
+    assert "stayed busy past the shutdown grace" in log

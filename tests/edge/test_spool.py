@@ -488,3 +488,48 @@ def test_evictions_at_the_cap_are_logged_once_per_interval_and_all_counted(tmp_p
     assert len(lines) == 2, lines
     assert "(20 more puts evicted since the last such line" in lines[1]
     assert sp.stats().dropped_bytes_cap == 22
+
+
+def test_a_write_waiting_for_a_lock_held_elsewhere_ends_within_a_slice_of_a_stop(tmp_path):
+    """Another connection holds the spool's write lock when the daemon stops: an acknowledgement
+    waiting for it ends with the stop's error within ``BUSY_SLICE_S`` of ``stop_by``, writes
+    after it are tried once, and close does not wait for its checkpoint. Each used to wait
+    SQLite's whole busy timeout (30 s): a real SIGTERM'd daemon took 88 s to exit, past systemd's
+    TimeoutStopSec=30. Nothing is lost: the item is still spooled for the next start."""
+    import sqlite3
+    import time
+
+    path = tmp_path / "spool.db"
+    sp = Spool(path, max_bytes=1 << 20, max_age_s=3600)
+    assert sp.put("dev/cam/1", b"x" * 100, {"seq": 1})
+    (item,) = sp.peek(1)
+    other = sqlite3.connect(str(path), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    errors = []
+
+    def in_thread(fn):
+        def run():
+            try:
+                fn()
+            except SpoolError as exc:
+                errors.append(str(exc))
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+    acking = in_thread(lambda: sp.ack_many([item.id]))
+    time.sleep(0.5)
+    assert acking.is_alive()  # before a stop, a write waits for the lock as it always did
+    sp.stop_by = t0 = time.monotonic()
+    acking.join(3.0)
+    assert not acking.is_alive() and time.monotonic() - t0 < 1.0
+    assert errors == [f"spool {path}: the daemon is stopping and the spool stayed busy past the shutdown grace "
+                      "(another process holding its lock?)"]
+    t0 = time.monotonic()
+    later = in_thread(lambda: (sp.nack(item.id), sp.ack_many([item.id]), sp.close()))
+    later.join(3.0)
+    assert not later.is_alive() and time.monotonic() - t0 < 1.0 and len(errors) == 2
+    other.execute("ROLLBACK")
+    other.close()
+    with Spool(path, max_bytes=1 << 20, max_age_s=3600) as again:
+        assert [it.key for it in again.peek(5)] == ["dev/cam/1"]
