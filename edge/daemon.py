@@ -5,7 +5,8 @@ watchdog: an error is logged and the task restarts, it never ends silently);
 SIGTERM/SIGINT start a drain bounded by ``shutdown_grace_s`` from the signal
 (capture stops and a read blocked on a frozen camera is woken, queued frames are
 inferred until then and dropped after, in-flight escalations finish until then and
-are spooled otherwise; health goes 503), SIGHUP reloads the policy. The policy file is also
+are spooled otherwise, the spool's replay sends no new entry and the one in flight may
+finish until then, its entry staying spooled otherwise; health goes 503), SIGHUP reloads the policy. The policy file is also
 polled (mtime / ctime / inode / size); an invalid new file is refused with a logged
 reason and the old policy stays. Start-up problems (spool, metrics port) end
 the process with one ``EdgewiseError`` line, after what was started is closed.
@@ -123,6 +124,7 @@ class EdgeDaemon:
         self.stopping = False
         #: monotonic time by which a requested stop is done with frames and escalations
         self.stop_by: Optional[float] = None
+        self.replaying: Optional[asyncio.Future[None]] = None  # the spool's replay loop
         self.started = False
         self.holder: Any = None
         self._policy_seen: Optional[FileIdentity] = None  # the policy file's identity before the start read it
@@ -471,7 +473,8 @@ class EdgeDaemon:
         if escalating is not None and (self.spool is not None or escalating.reopen is not None):
             await escalating.update_spool_metrics()
             stop = self.stop_event
-            tasks.append(asyncio.ensure_future(self._guarded("spool replay", lambda: escalating.replay_loop(stop))))
+            self.replaying = asyncio.ensure_future(self._guarded("spool replay", lambda: escalating.replay_loop(stop)))
+            tasks.append(self.replaying)
         if self.notifier.watchdog_interval:
             interval = self.notifier.watchdog_interval
             tasks.append(asyncio.ensure_future(self._guarded("watchdog", lambda: self._pet_watchdog(interval))))
@@ -524,6 +527,8 @@ class EdgeDaemon:
             self.stop_event.set()
             if self.escalating is not None:
                 await self.escalating.drain(self._grace_left())
+            if self.replaying is not None:  # sends no new replay now; the one the cloud computes may finish
+                await asyncio.wait([self.replaying], timeout=self._grace_left())
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -690,7 +690,9 @@ class Escalating:
 
         Answers are written in spool order whatever order they arrive in. When an entry cannot
         be delivered, the entries sent beside it that were answered are written (their answer
-        is not thrown away) and the round stops: the rest waits, in order.
+        is not thrown away) and the round stops: the rest waits, in order. Once the replay
+        loop's stop is set no new entries are sent; a round cancelled at the end of the stop's
+        grace writes the answers already in, like a blocked round.
 
         When the acknowledgement cannot be written (full disk) the settled ids are kept
         and acknowledged in a later round; they are never sent again meanwhile (the
@@ -715,8 +717,16 @@ class Escalating:
         step = max(1, self.replay_concurrency)
         try:
             for start in range(0, len(entries), step):
+                if start and self._stop is not None and self._stop.is_set():
+                    break  # a stop: no new replay (the rest stays spooled), the one sent may finish
                 window = entries[start:start + step]
-                answers = await asyncio.gather(*(self._send_replay(e) for e in window))
+                sent = [asyncio.ensure_future(self._send_replay(e)) for e in window]
+                try:
+                    answers = await asyncio.gather(*sent)
+                except asyncio.CancelledError:  # the stop's grace is over: what the cloud answered is written
+                    settled.extend(e.id for e, t in zip(window, sent) if t.done() and not t.cancelled()
+                                   and t.exception() is None and self._settle_replay(e, t.result()) is not None)
+                    raise
                 blocked = False
                 for e, answer in zip(window, answers):
                     done = self._settle_replay(e, answer)

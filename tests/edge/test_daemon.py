@@ -777,3 +777,72 @@ def test_a_sigterm_while_another_process_holds_the_spool_lock_exits_well_within_
     records = read_jsonl(out)
     assert len({r["frame_seq"] for r in records}) == len(records) == frames, (len(records), frames)
     assert "stayed busy past the shutdown grace" in log
+
+
+def test_a_replay_the_cloud_answers_within_the_grace_of_a_sigterm_is_written_and_no_new_one_is_sent(
+        tmp_path, tiny_model):
+    """A real daemon replays its spool to a real cloud whose worker is stopped (SIGSTOP: a
+    slow answer) and gets SIGTERM; the worker goes on 1 s later, within the grace. The replay
+    in flight is answered and its late record written before the exit, its entry acknowledged;
+    no other entry is sent, and the rest stays spooled for the next start. The daemon used to
+    cancel the replay at once (no live escalation to wait for): the answer the cloud computed
+    was thrown away, and the entry asked again at the next start."""
+    import sqlite3
+
+    from cloud.local import LocalCloud
+
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "edge.log"
+
+    def config(mode: str, endpoint: str) -> Path:
+        policy = tmp_path / f"policy-{mode}.yaml"
+        policy.write_text(policy_yaml("p", {"cam": mode}, deadline_ms=800))
+        return settings_yaml(tmp_path / f"edge-{mode}.yaml", device_id="jet",
+                             streams=[{"id": "cam", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+                             model={"path": str(tiny_model), "max_batch": 1}, policy_file=str(policy),
+                             cloud={"endpoints": [endpoint]}, sinks={"jsonl": str(out)}, metrics={"port": -1},
+                             spool={"path": str(tmp_path / "spool.db"), "replay_interval_s": 0.3},
+                             shutdown_grace_s=4.0)
+
+    def spooled() -> list:
+        db = sqlite3.connect(str(tmp_path / "spool.db"))
+        try:
+            return [k for (k,) in db.execute("SELECT key FROM items ORDER BY id")]
+        finally:
+            db.close()
+
+    daemon = EdgeProcess(config("always", f"127.0.0.1:{free_port()}"), log)  # nobody there: it spools
+    try:
+        deadline = time.monotonic() + 60
+        while len([r for r in read_jsonl(out) if r.get("outcome") == "spooled"]) < 3:
+            assert daemon.check() and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert daemon.stop(30) == 0
+    finally:
+        daemon.close()
+    backlog = spooled()
+    assert len(backlog) >= 3
+    with LocalCloud(tiny_model, workers=1, log_dir=tmp_path / "cloud") as cloud:
+        worker = cloud.worker_pid(0)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            daemon = EdgeProcess(config("never", cloud.address), log)
+            try:
+                _wait_for(daemon.proc, log, "edge daemon jet running")
+                time.sleep(1.5)  # the first entry's replay waits for the stopped worker
+                assert spooled() == backlog
+                daemon.proc.send_signal(signal.SIGTERM)
+                t0 = time.monotonic()
+                time.sleep(1.0)
+                os.kill(worker, signal.SIGCONT)
+                rc = daemon.proc.wait(30)
+                took = time.monotonic() - t0
+            finally:
+                daemon.close()
+        finally:
+            os.kill(worker, signal.SIGCONT)
+    late = [r for r in read_jsonl(out) if r.get("late")]
+    assert rc == 0 and took < 4.0 + 2.0, (rc, took, log.read_text())
+    assert [f"jet/cam/{r['frame_seq']}" for r in late] == backlog[:1], (late, log.read_text())
+    assert late[0]["outcome"] == "cloud" and late[0]["cloud_rtt_ms"] > 1000
+    assert spooled() == backlog[1:]

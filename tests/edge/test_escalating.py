@@ -594,6 +594,36 @@ def _spool_requests(spool, seqs, policy):
                   Spooled(frame_record("cam", seq), policy.spec.merge, 3000, "grpc").to_meta())
 
 
+
+def test_a_replay_round_cancelled_at_the_end_of_a_stop_writes_the_answers_already_in(tmp_path):
+    """replay_concurrency 2: frame 1's answer is in, frame 0's (ahead of it in the spool) is
+    not when the stop's grace ends and the daemon cancels the replay. Frame 1's late record is
+    written and its entry acknowledged, frame 0 and the rest stay spooled, and nothing is sent
+    after the stop. Frame 1's answer, waiting for frame 0's in spool order, used to be thrown
+    away, and the cloud asked again at the next start."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(4), policy)
+    written = []
+    t = _Counting(None, answer_delay={0: 30.0})
+
+    async def run():
+        esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), spool=spool, replay_concurrency=2)
+        stop = asyncio.Event()
+        loop = asyncio.ensure_future(esc.replay_loop(stop))
+        await async_wait_until(lambda: t.now == 1, 10, "frame 1 answered, frame 0 not yet")
+        stop.set()  # SIGTERM
+        await asyncio.sleep(0.2)
+        loop.cancel()  # the grace is over
+        await asyncio.gather(loop, return_exceptions=True)
+        await esc.close()
+
+    asyncio.run(run())
+    assert [(r.frame_seq, r.late, r.outcome) for r in written] == [(1, True, "cloud")]
+    assert [it.key for it in spool.peek(10)] == ["dev/cam/0", "dev/cam/2", "dev/cam/3"]
+    assert t.most == 2
+    spool.close()
+
 def _spool_with_a_damaged_index(path, policy):
     """An open spool of three escalations whose key index is then damaged on disk (the chaos
     probe's fault), found by the spool's next call that reads it."""
