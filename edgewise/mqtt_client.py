@@ -32,7 +32,12 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   owed PUBRELs first, within the broker's bound as soon as its CONNACK is read.
 * paho cannot take back a message: one given up (an escalation past its deadline, spooled for
   a replay) still went out once the broker read again, so a stalled broker's backlog of given-up
-  requests reached the cloud all at once. ``Client.withdraw`` forgets one never written yet.
+  requests reached the cloud all at once. ``Client.withdraw`` forgets one never written yet, or
+  written on an earlier connection only; one written on the last connection is dropped at the
+  next reconnect (``drop_expired``) instead of being sent again: its Message Expiry Interval,
+  whole seconds, outlived the escalation's deadline, and a request given up (and spooled) when
+  its connection dropped went out again after the reconnect, for the gateway to compute twice
+  (found by a probe).
 * A message with a *Message Expiry Interval* (the edge's escalation: its deadline) that paho
   still held when its connection was lost went out again after the reconnect, with the whole
   interval: the broker counts it from the message's arrival (MQTT 5.0, 3.3.2.3.3), so it
@@ -67,7 +72,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -96,6 +101,15 @@ _SENT = (mqtt.mqtt_ms_wait_for_puback, mqtt.mqtt_ms_wait_for_pubrec)
 _UNSENT = (mqtt.mqtt_ms_queued, mqtt.mqtt_ms_publish)
 #: paho's states after a ``disconnect()`` the program asked for (its loop ends, never reconnects)
 _ASKED_TO_DISCONNECT = (mqtt._ConnectionState.MQTT_CS_DISCONNECTING, mqtt._ConnectionState.MQTT_CS_DISCONNECTED)
+
+
+class Withdrawn(NamedTuple):
+    """What ``Client.withdraw`` did with a message: ``forgotten``, it made paho forget it (nothing
+    of it is sent, and no answer to it is handed on); ``written``, it went out on a connection, so
+    the broker may have it (False: it never left this client)."""
+
+    forgotten: bool
+    written: bool
 
 
 class OffTableReason(ReasonCode):
@@ -129,7 +143,8 @@ class Client(mqtt.Client):
         self._forced = threading.local()  # publish_as: the mid this thread's next publish takes
         self._bad_topic_log = LogThrottle(60.0, burst=3)
         self._loop_log = LogThrottle(60.0, burst=3)
-        #: mid -> time.monotonic() its Message Expiry Interval ends, of a message paho holds
+        #: mid -> time.monotonic() from which a message paho holds is not to be sent again after a
+        #: reconnect: its Message Expiry Interval ends, or its publisher gave it up (``withdraw``)
         self._expires_at: Dict[int, float] = {}
 
     def _handle_on_message(self, message: Any) -> None:
@@ -252,9 +267,9 @@ class Client(mqtt.Client):
 
     def drop_expired(self) -> Dict[int, str]:
         """Forget the messages paho holds whose Message Expiry Interval has passed since they were
-        published (the module docstring): called from ``on_connect``, before ``on_connack`` sends
-        them again; their mids and topics. Their publisher gave up on them: the broker would take
-        each as new, with its whole interval."""
+        published, or that were given up written (``withdraw``; the module docstring): called from
+        ``on_connect``, before ``on_connack`` sends them again; their mids and topics. Their
+        publisher gave up on them: the broker would take each as new, with its whole interval."""
         now = time.monotonic()
         dropped: Dict[int, str] = {}
         with self._out_message_mutex:
@@ -385,20 +400,25 @@ class Client(mqtt.Client):
                 return self._do_on_publish(mid, _reason(packet_type, packet[2]), Properties(packet_type))
         return mqtt.MQTT_ERR_SUCCESS
 
-    def withdraw(self, info: mqtt.MQTTMessageInfo) -> bool:
-        """Forget the message ``publish`` returned ``info`` for when it was never written to a
-        connection: paho holds what is beyond the in-flight bound until the broker acknowledges
-        earlier messages, and what was published while disconnected. True when it was forgotten;
-        one written already (waiting for its answer, or ``dup``: sent on an earlier connection)
-        stays, for the broker may have it, and so does another message that took its packet
-        identifier since."""
+    def withdraw(self, info: mqtt.MQTTMessageInfo) -> Withdrawn:
+        """Give up the QoS 1 message ``publish`` returned ``info`` for: it is not sent again from here
+        on. One never written (held beyond the in-flight bound, published while disconnected), or
+        written on an earlier connection only, is forgotten. One written on this connection stays
+        while its PUBACK may come (paho counts it in flight), marked so that a reconnect drops it
+        (``drop_expired``) instead of sending it again. A message that took its packet identifier
+        since is another's, and a QoS 2 one the broker may hold unreleased (written, ``dup``) must
+        end its exchange: both are left alone."""
         with self._out_message_mutex:
             m = self._out_messages.get(info.mid)
-            if m is None or m.info is not info or m.state not in _UNSENT or m.dup:
-                return False
-            del self._out_messages[info.mid]
-            self._expires_at.pop(info.mid, None)
-            return True
+            if m is None or m.info is not info:
+                return Withdrawn(forgotten=False, written=True)  # answered or dropped: it may have gone
+            if m.state in _UNSENT and (m.qos == 1 or not m.dup):
+                del self._out_messages[info.mid]
+                self._expires_at.pop(info.mid, None)
+                return Withdrawn(forgotten=True, written=bool(m.dup))
+            if m.qos == 1:
+                self._expires_at[info.mid] = time.monotonic()  # written on this connection: never again
+            return Withdrawn(forgotten=False, written=True)
 
     def holds(self, info: mqtt.MQTTMessageInfo) -> bool:
         """Whether paho still holds the message ``publish`` returned ``info`` for: not acknowledged,

@@ -417,13 +417,15 @@ class MqttConnection:
                 self._exchanges[mid] = on_received
         self.client.resume(mid, topic, payload, received)
 
-    def withdraw(self, info: Any) -> None:
+    def withdraw(self, info: Any) -> bool:
         """The message ``publish`` returned ``info`` for is no longer wanted (an escalation given up
-        at its deadline, spooled): not sent when paho still holds it (``Client.withdraw``); its
-        ``on_done`` is never called then."""
-        if self.client.withdraw(info):
+        at its deadline, spooled): not sent, nor sent again after a reconnect (``Client.withdraw``);
+        its ``on_done`` is never called once paho forgot it. True when it never left the edge."""
+        withdrawn = self.client.withdraw(info)
+        if withdrawn.forgotten:
             with self.lock:
                 self._forget(info.mid)
+        return not withdrawn.written
 
     def holds(self, info: Any) -> bool:
         """Whether the message ``publish`` returned ``info`` for is still paho's (``Client.holds``)."""

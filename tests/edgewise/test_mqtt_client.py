@@ -191,21 +191,31 @@ def test_a_disconnect_stays_one_when_on_disconnect_raises(mosquitto, caplog) -> 
         client.loop_stop()
 
 
-def test_withdraw_forgets_only_the_message_it_was_given_and_only_before_it_was_written() -> None:
+def test_withdraw_forgets_only_the_message_it_was_given_and_never_sends_it_again() -> None:
     import paho.mqtt.client as mqtt
 
-    from edgewise.mqtt_client import Client
+    from edgewise.mqtt_client import Client, Withdrawn
 
     c = Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id="w", protocol=mqtt.MQTTv5)
     held = c.publish("t", b"x", qos=1)  # not connected: paho holds it for the connection
     assert held.rc == mqtt.MQTT_ERR_NO_CONN and held.mid in c._out_messages
     other = mqtt.MQTTMessageInfo(held.mid)  # another message that took the same packet identifier
-    assert not c.withdraw(other) and held.mid in c._out_messages
-    c._out_messages[held.mid].dup = True  # written on an earlier connection: the broker may have it
-    assert not c.withdraw(held) and held.mid in c._out_messages
-    c._out_messages[held.mid].dup = False
-    assert c.withdraw(held) and held.mid not in c._out_messages
-    assert not c.withdraw(held)  # gone already
+    assert c.withdraw(other) == Withdrawn(forgotten=False, written=True) and held.mid in c._out_messages
+    assert c.withdraw(held) == Withdrawn(forgotten=True, written=False) and held.mid not in c._out_messages
+    assert c.withdraw(held) == Withdrawn(forgotten=False, written=True)  # gone already (maybe acknowledged)
+    earlier = c.publish("t", b"y", qos=1)
+    c._out_messages[earlier.mid].dup = True  # written on an earlier connection only: not sent again
+    assert c.withdraw(earlier) == Withdrawn(forgotten=True, written=True) and earlier.mid not in c._out_messages
+    live = c.publish("t", b"z", qos=1)
+    c._out_messages[live.mid].state = mqtt.mqtt_ms_wait_for_puback  # written on this connection: its PUBACK
+    assert c.withdraw(live) == Withdrawn(forgotten=False, written=True) and live.mid in c._out_messages
+    assert c.drop_expired() == {live.mid: "t"}  # at the reconnect: dropped, not sent again
+    exchange = c.publish("t", b"q2", qos=2)
+    c._out_messages[exchange.mid].dup = True  # QoS 2 the broker may hold unreleased: its exchange must end
+    assert c.withdraw(exchange) == Withdrawn(forgotten=False, written=True)
+    assert c.drop_expired() == {} and exchange.mid in c._out_messages
+
+
 def test_a_stop_does_not_wait_for_a_hung_broker_to_acknowledge(mosquitto) -> None:
     """A hung broker (SIGSTOP: the connection stays open, nothing is read or answered) and the
     socket's buffers full of unacknowledged QoS 1 messages (escalations of full frames): paho's

@@ -274,6 +274,49 @@ def test_requests_past_their_deadline_are_not_sent_again_after_the_broker_comes_
             recorder.stop()
 
 
+def test_a_request_given_up_when_its_connection_dropped_is_not_sent_again_after_the_reconnect(mosquitto):
+    """A request written to a broker that then goes away (SIGSTOP, then SIGKILL and a restart): the
+    escalation fails UNAVAILABLE at its deadline (1.05 s) and is spooled, but paho still held the
+    written request and sent it again at the reconnect, 1 s after the loss, within its Message
+    Expiry Interval (whole seconds: 2 s), so the gateway got it to compute, and the replay of the
+    spooled escalation made it compute the frame twice. Given up, it is dropped at the reconnect."""
+    conn = MqttConnection(mosquitto.host, mosquitto.port, client_id="edge-dropped", keepalive_s=60)
+    conn.start()
+    t = MqttTransport(conn, "d")
+    recorder = None
+
+    async def run():
+        nonlocal recorder
+        await t.start()
+        await async_wait_until(lambda: conn.connected.is_set(), 10, "the edge connected")
+        recorder = TopicRecorder(mosquitto, t.request_topic, client_id="dropped-requests")
+        os.kill(mosquitto.proc.pid, signal.SIGUSR1)  # the recorder's session outlives the restart
+        await async_wait_until((mosquitto.conf.parent / "mosquitto.db").exists, 10, "the broker's sessions saved")
+        os.kill(mosquitto.proc.pid, signal.SIGSTOP)
+        escalation = asyncio.ensure_future(t.detect(request(1), 1.05))
+        await asyncio.sleep(0.3)  # written, not acknowledged
+        mosquitto.proc.kill()
+        mosquitto.stop()
+        mosquitto.start()
+        with pytest.raises(TransportError) as ei:
+            await escalation
+        assert ei.value.status == detect_pb2.UNAVAILABLE  # given up before the reconnect: spooled
+        await async_wait_until(lambda: conn.connected.is_set(), 30, "the reconnect")
+        props = Properties(PacketTypes.PUBLISH)
+        props.MessageExpiryInterval = 60
+        conn.publish(t.request_topic, b"fresh", props)
+        await async_wait_until(lambda: recorder.messages, 30, "a request sent after the reconnect")
+        await asyncio.sleep(0.3)
+        assert [payload for _, payload in recorder.messages] == [b"fresh"]  # not the one given up
+        assert conn._waiting == {} and not conn.client._out_messages
+    try:
+        asyncio.run(run())
+    finally:
+        conn.stop()
+        if recorder is not None:
+            recorder.stop()
+
+
 def test_grpc_mutual_tls_and_bearer_token(tmp_path, tiny_model):
     """The gateway with mTLS (the client certificate names the device) and tokens."""
     pki = Pki(tmp_path)
