@@ -27,7 +27,8 @@ RECONNECT_DELAY_S = (1, 30)
 
 class TransportError(Exception):
     """An escalation failed; ``status`` is its wire status (``detect_pb2.Status``). ``sent``:
-    whether the request may have left the edge (False: refused before it was sent)."""
+    whether the request may have left the edge (False: refused before it was sent, or given up
+    before paho wrote it)."""
 
     def __init__(self, status_value: int, message: str, sent: bool = True) -> None:
         super().__init__(f"{status.name(status_value)}: {message}")
@@ -60,9 +61,10 @@ class Transport(Protocol):
 class MeteredTransport:
     """A ``Transport`` that reports the serialized size of every request it sends
     (``on_send(transport name, bytes)``, once the call ended): the uplink an escalation costs,
-    first sends and spool replays alike, answered or not. A request the transport refused before
-    it left (``TransportError.sent`` False: the MQTT broker not connected, the MQTT uplink window)
-    cost none: counted, the refusals of a slow uplink doubled what it was said to carry."""
+    first sends and spool replays alike, answered or not. A request that never left
+    (``TransportError.sent`` False: the MQTT broker not connected, the MQTT uplink window, a
+    request paho held back and gave up unsent) cost none: counted, the refusals of a slow uplink
+    doubled what it was said to carry."""
 
     def __init__(self, inner: Transport, on_send: Callable[[str, int], None]) -> None:
         self.inner = inner

@@ -875,6 +875,7 @@ class MqttTransport:
                 loop.call_soon_threadsafe(_fail, fut, TransportError(r.status, r.message))
 
         info = None
+        failed: Optional[TransportError] = None
         handed = self.window.clock()  # before publish: its PUBACK may come before publish returns
         try:
             try:
@@ -893,13 +894,17 @@ class MqttTransport:
                 if not self.conn.connected.is_set():
                     raise TransportError(status.UNAVAILABLE, "MQTT broker connection lost") from None
                 raise TransportError(status.DEADLINE_EXCEEDED, f"no MQTT response within {timeout_s:.2f} s") from None
+        except TransportError as exc:
+            failed = exc
+            raise
         finally:
             self.pending.pop(corr, None)
             if info is not None and (fut.cancelled() or not fut.done()):
                 # given up (its deadline, a stop): a broker that stopped reading left it in paho's
                 # hands, and once it read again every escalation given up meanwhile (spooled, to be
                 # replayed) reached the cloud, all at once
-                self.conn.withdraw(info)
+                if self.conn.withdraw(info) and failed is not None:
+                    failed.sent = False  # it never left: published while disconnected, or held back
         resp = detect_pb2.DetectResponse()
         try:
             resp.ParseFromString(payload)

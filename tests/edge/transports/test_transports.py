@@ -111,6 +111,68 @@ def test_metered_transport_does_not_count_a_request_refused_before_it_left():
     assert sent == [("mqtt", request(0).ByteSize())]
 
 
+def test_metered_transport_does_not_count_a_request_given_up_before_paho_wrote_it():
+    """A broker that stops reading (SIGSTOP) with a Receive Maximum of 4: paho writes 4 of 12
+    escalations at once and holds the other 8 until their deadline withdraws them; all 12 were
+    counted as sent, three times the bytes that went up."""
+    sent = []
+    with configured_mosquitto("max_inflight_messages 4") as broker:
+        async def run():
+            conn = MqttConnection(broker.host, broker.port, client_id="edge-metered-held")
+            conn.start()
+            t = MeteredTransport(MqttTransport(conn, "d"), lambda name, n: sent.append(n))
+            await t.start()
+            await async_wait_until(lambda: conn.connected.is_set() and conn.in_flight_bound == 4, 10, "connected")
+            broker.proc.send_signal(signal.SIGSTOP)
+            try:
+                got = await asyncio.gather(*(t.detect(request(i), 0.05) for i in range(12)), return_exceptions=True)
+            finally:
+                broker.proc.send_signal(signal.SIGCONT)
+            assert [e.sent for e in got].count(False) == 8, got
+            conn.stop()
+            await t.close()
+        asyncio.run(run())
+    assert len(sent) == 4  # the requests written
+
+
+def test_metered_transport_does_not_count_a_request_published_after_the_connection_dropped():
+    """The broker goes away and paho closes the socket, but has not yet told the edge (its thread,
+    held up here, runs ``on_disconnect`` late): an escalation then is published while disconnected
+    (paho: "not currently connected"), fails UNAVAILABLE and is withdrawn, and was counted as sent."""
+    import threading
+
+    sent = []
+    with configured_mosquitto() as broker:
+        async def run():
+            conn = MqttConnection(broker.host, broker.port, client_id="edge-metered-dropped")
+            conn.start()
+            t = MeteredTransport(MqttTransport(conn, "d"), lambda name, n: sent.append(n))
+            await t.start()
+            await async_wait_until(conn.connected.is_set, 10, "connected")
+            told, go_on = threading.Event(), threading.Event()
+            on_disconnect = conn.client.on_disconnect
+
+            def late(*args):
+                told.set()
+                go_on.wait(10)
+                on_disconnect(*args)
+            conn.client.on_disconnect = late
+            broker.stop()
+            try:
+                await async_wait_until(told.is_set, 10, "paho's socket closed")
+                assert conn.connected.is_set()  # the edge does not know yet
+                with pytest.raises(TransportError) as ei:
+                    await t.detect(request(1), 0.5)
+                assert ei.value.status == detect_pb2.UNAVAILABLE and "not currently connected" in ei.value.message
+                assert not ei.value.sent and not conn.client._out_messages and not conn._waiting
+            finally:
+                go_on.set()
+            conn.stop()
+            await t.close()
+        asyncio.run(run())
+    assert sent == []
+
+
 def test_grpc_unavailable_fails_fast_and_fails_over(real_cloud):
     dead = f"127.0.0.1:{free_port()}"
 
