@@ -875,6 +875,7 @@ class MqttTransport:
                 loop.call_soon_threadsafe(_fail, fut, TransportError(r.status, r.message))
 
         info = None
+        answered = False
         failed: Optional[TransportError] = None
         handed = self.window.clock()  # before publish: its PUBACK may come before publish returns
         try:
@@ -890,6 +891,7 @@ class MqttTransport:
                 raise TransportError(status.UNAVAILABLE, f"MQTT publish failed: {mqtt.error_string(info.rc)}")
             try:
                 payload = await asyncio.wait_for(fut, timeout=timeout_s)
+                answered = True
             except asyncio.TimeoutError:
                 if not self.conn.connected.is_set():
                     raise TransportError(status.UNAVAILABLE, "MQTT broker connection lost") from None
@@ -899,10 +901,11 @@ class MqttTransport:
             raise
         finally:
             self.pending.pop(corr, None)
-            if info is not None and (fut.cancelled() or not fut.done()):
-                # given up (its deadline, a stop): a broker that stopped reading left it in paho's
-                # hands, and once it read again every escalation given up meanwhile (spooled, to be
-                # replayed) reached the cloud, all at once
+            if info is not None and not answered:
+                # given up (its deadline, the transport closed, a stop): a broker that stopped reading
+                # left it in paho's hands, and once it read again every escalation given up meanwhile
+                # (spooled, to be replayed) reached the cloud, all at once (a refused one: paho
+                # forgot it already)
                 if self.conn.withdraw(info) and failed is not None:
                     failed.sent = False  # it never left: published while disconnected, or held back
         resp = detect_pb2.DetectResponse()

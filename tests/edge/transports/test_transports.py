@@ -251,6 +251,56 @@ def test_an_mqtt_escalation_given_up_is_not_sent_later_when_it_never_left():
     assert 1 <= len(got) <= 4  # the four written before the deadlines; not the eight held back
 
 
+def test_mqtt_escalations_failed_by_a_close_are_withdrawn_too():
+    """A broker that stops reading (SIGSTOP) with a Receive Maximum of 4, and the transport closed
+    (a stop past its grace) while 12 escalations wait: each failed UNAVAILABLE ("transport closed",
+    spooled), but only an escalation given up at its deadline, or cancelled, was withdrawn: all 12
+    reached the broker's topic once it read again, 8 of them from paho's queue (spooled, they were
+    replayed: computed twice), and all 12 were counted as sent."""
+    import threading
+
+    from paho.mqtt.client import CallbackAPIVersion, Client
+
+    sent = []
+    with configured_mosquitto("max_inflight_messages 4") as broker:
+        got = []
+        sub = Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="count-closed", protocol=5)
+        sub.on_message = lambda c, u, m: got.append(m.mid)
+        subscribed = threading.Event()
+        sub.on_subscribe = lambda c, u, mid, rcs, p: subscribed.set()
+        sub.connect(broker.host, broker.port)
+        sub.subscribe("edgewise/d/escalate", qos=1)
+        sub.loop_start()
+
+        async def run():
+            await async_wait_until(subscribed.is_set, 10, "subscribed")
+            conn = MqttConnection(broker.host, broker.port, client_id="edge-closed")
+            conn.start()
+            t = MeteredTransport(MqttTransport(conn, "d"), lambda name, n: sent.append(n))
+            await t.start()
+            await async_wait_until(lambda: conn.connected.is_set() and conn.in_flight_bound == 4, 10, "connected")
+            broker.proc.send_signal(signal.SIGSTOP)
+            try:
+                waiting = [asyncio.ensure_future(t.detect(request(i), 5.0)) for i in range(12)]
+                await async_wait_until(lambda: len(conn.client._out_messages) == 12, 5, "12 requests in paho")
+                await t.close()
+                failed = await asyncio.gather(*waiting, return_exceptions=True)
+                assert {str(e) for e in failed} == {"UNAVAILABLE: transport closed"}
+            finally:
+                broker.proc.send_signal(signal.SIGCONT)
+            await async_wait_until(lambda: not conn.client._out_messages and len(got) >= 4, 30,
+                                   "the written ones acknowledged and on the topic")
+            await asyncio.sleep(0.3)  # room for a held request wrongly sent to reach the subscriber too
+            conn.stop()
+
+        try:
+            asyncio.run(run())
+        finally:
+            sub.loop_stop()
+            sub.disconnect()
+    assert len(got) == 4 and len(sent) == 4  # the four written before the close
+
+
 def test_mqtt_request_response_with_correlation_through_the_gateway_bridge(tiny_model, mosquitto):
     bridge = {"mqtt.enabled": True, "mqtt.host": mosquitto.host, "mqtt.port": mosquitto.port,
               "mqtt.reconnect_min_s": 0.2, "mqtt.reconnect_max_s": 1.0}
