@@ -601,6 +601,13 @@ class MqttConnection:
         self.max_qos = broker_max_qos(properties)
         self.last_error = ""
         self._drop_unsendable()
+        # subscribed first: the requests paho sends again next are answered at once, and an answer
+        # the broker routed before it read the SUBSCRIBE (behind them, on a slow uplink) was lost
+        # (a new session has none): its escalation timed out and was spooled, to be computed again
+        with self.lock:
+            topics = list(self.subscriptions)
+        for t in topics:
+            self._subscribe(client, t)
         self._restarted(self.client.on_connack(bool(getattr(flags, "session_present", False)),
                                                broker_receive_maximum(properties)))
         if self.session_expiry_s > 0 and self.max_qos == 1:
@@ -611,10 +618,6 @@ class MqttConnection:
         log.info("MQTT connected to %s:%d as %s%s", self.host, self.port, self.client_id,
                  f" (maximum packet size {self.max_packet_size} bytes)"
                  if self.max_packet_size < PROTOCOL_MAX_PACKET else "")
-        with self.lock:
-            topics = list(self.subscriptions)
-        for t in topics:
-            self._subscribe(client, t)
         self._set_connected(True)
         # a topic ``subscribe`` added from another thread meanwhile found no connection yet and left it
         # to this: without this look it waited for the next reconnect (an MqttTransport started just

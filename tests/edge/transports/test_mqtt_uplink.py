@@ -339,6 +339,49 @@ def test_a_hung_broker_fills_the_window_and_the_escalations_after_it_fail_at_onc
 
 
 
+def test_requests_sent_again_at_a_reconnect_are_answered_on_the_subscription_made_before_them():
+    """Three 200 kB escalations in flight over a 1 MB/s uplink when the connection drops (another
+    client takes the session over for a moment): paho sends them again at the reconnect, 1 s later.
+    The SUBSCRIBE to the answers went out behind them, so the broker routed the cloud's answers to
+    the first two before it knew the new session's subscription and dropped them: both escalations
+    timed out (spooled, to be computed again) though the cloud had answered in time."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from tests.edge.transports.test_mqtt_refusals import Responder as AnyDeviceResponder
+
+    with configured_mosquitto("max_inflight_messages 100") as broker:
+        proxy = ThrottleProxy(broker.port, 1_000_000)
+        responder = AnyDeviceResponder(broker)
+        conn = MqttConnection("127.0.0.1", proxy.port, client_id="edge-resubscribed")
+        conn.start()
+        t = MqttTransport(conn, "d")
+
+        async def run() -> List[Any]:
+            await t.start()
+
+            async def answered() -> bool:
+                try:
+                    return bool(await t.detect(frame_request(0, 100), 2.0))
+                except TransportError:
+                    return False  # the response subscription may still be settling
+            await async_wait_until(answered, 10, "a first answer")
+            waiting = [asyncio.ensure_future(t.detect(frame_request(seq, 200_000), 3.0)) for seq in (1, 2, 3)]
+            await asyncio.sleep(0.1)
+            thief = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="edge-resubscribed",
+                                protocol=mqtt.MQTTv5)
+            thief.connect(broker.host, broker.port)
+            thief.disconnect()
+            return await asyncio.gather(*waiting, return_exceptions=True)
+        try:
+            got = asyncio.run(run())
+        finally:
+            conn.stop()
+            responder.close()
+            proxy.close()
+    assert [getattr(r, "frame_seq", r) for r in got] == [1, 2, 3]
+
+
 def _connected_transport(broker: Broker, client_id: str) -> Tuple[MqttConnection, MqttTransport]:
     conn = MqttConnection(broker.host, broker.port, client_id=client_id)
     conn.start()
