@@ -8,7 +8,7 @@ the spool replay. ``Sinks`` serialises each record once; every sink gets the
 record and those bytes.
 
 A live record the JSON Lines file or the MQTT sink's outbox cannot take (its disk full, an I/O
-error) is held in a bounded in-memory backlog (``HeldRecords``, :data:`BACKLOG_BYTES`, the
+error, the outbox locked by another process) is held in a bounded in-memory backlog (``HeldRecords``, :data:`BACKLOG_BYTES`, the
 oldest dropped and counted beyond it) and written, in order, before the next record once the
 disk takes it again; a late record is not held: its answer stays in the spool, which replays it.
 On the spool's filesystem the JSON Lines sink's live lines and the MQTT outbox's live records
@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover
     from typing_extensions import Protocol  # type: ignore[assignment]
 
 from edge import rotation
-from edge.outbox import LATE_KEYS_MAX, Outbox, OutboxDamaged
+from edge.outbox import BUSY_TIMEOUT_S, LATE_KEYS_MAX, Outbox, OutboxBusy, OutboxDamaged
 from edge.records import FrameRecord, epoch_of_key, idempotency_key
 from edge.spool import is_corrupt, short_of_room
 from edgewise.errors import DeploymentError
@@ -474,7 +474,9 @@ class MqttSink:
     def write(self, rec: FrameRecord, data: bytes) -> None:
         """Append the record to the outbox, after any held back; a live record the outbox
         cannot take (its disk full: by default it shares the spool's, which fills in an
-        outage) is held (``HeldRecords``), a late one stays in the spool, which replays it."""
+        outage; its lock held by another process: ``OutboxBusy``, the lock is not waited for
+        on the event loop) is held (``HeldRecords``), a late one stays in the spool, which
+        replays it."""
         key = rec.key if rec.late else None
         try:
             room = self.outbox.room_for(self.held.bytes + (len(data) if key is None else 0), self.reserve_bytes)
@@ -483,7 +485,7 @@ class MqttSink:
             if room:
                 self.held.drain(lambda d: self.outbox.put(d, None))
             fresh = self.outbox.put(data, key)
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, OutboxBusy) as exc:
             if key is None:
                 self.held.hold(data)
             if isinstance(exc, sqlite3.DatabaseError) and is_corrupt(exc):
@@ -549,7 +551,7 @@ class MqttSink:
         (it then sends the record once more)."""
         try:
             self.outbox.hand(rid, None)
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, OutboxBusy) as exc:
             log.warning("MQTT sink: the outbox %s could not be written (%s)", self.outbox.path, exc)
 
     def _due_refused(self, limit: int) -> List[Tuple[int, bytes]]:
@@ -588,7 +590,7 @@ class MqttSink:
         try:
             if mid is not None or again:
                 self.outbox.hand(rid, mid)  # on disk before the broker can see it
-        except (sqlite3.Error, OSError) as exc:  # its disk: not sent until it can be noted
+        except (sqlite3.Error, OSError, OutboxBusy) as exc:  # its disk: not sent until it can be noted
             if mid is not None:
                 self.conn.release_mid(mid)
             return self._not_sent(rid, again, f"its packet identifier could not be noted in the outbox ({exc})")
@@ -645,7 +647,7 @@ class MqttSink:
                         log.error("MQTT sink: the outbox %s cannot be read (%s); trying again%s", self.outbox.path,
                                   exc, "; it is damaged: restart the daemon, whose start copies what the outbox "
                                   "still holds into a new one" if damaged else "",
-                                  exc_info=not isinstance(exc, (sqlite3.Error, OSError)))
+                                  exc_info=not isinstance(exc, (sqlite3.Error, OSError, OutboxBusy)))
             self._wake.wait(0.5)
             self._wake.clear()
 
@@ -668,12 +670,16 @@ class MqttSink:
     def close(self) -> None:
         """Publish what the outbox holds for up to ``close_timeout_s`` while connected;
         the rest (refused records included) stays in the outbox for the next start. Stops the
-        connection (the daemon closes its sinks last), then closes the outbox."""
-        try:
-            self.held.drain(lambda d: self.outbox.put(d, None))
-        except (sqlite3.Error, OSError) as exc:
-            self.held.lost_at_exit(exc)
+        connection (the daemon closes its sinks last), then closes the outbox. A lock another
+        process holds on the outbox is waited for until then (``Outbox.stop_by``), no longer:
+        records held in memory that did not get in are lost, said in an ERROR with their count
+        (the JSON Lines file, when configured, has them)."""
         deadline = time.monotonic() + self.close_timeout_s
+        self.outbox.stop_by = deadline
+        try:
+            self.held.drain(lambda d: self.outbox.put(d, None, wait_s=BUSY_TIMEOUT_S))
+        except (sqlite3.Error, OSError, OutboxBusy) as exc:
+            self.held.lost_at_exit(exc)
         while (len(self.outbox) > len(self._refused) and self.conn.connected.is_set()
                and time.monotonic() < deadline):
             self._wake.set()

@@ -192,8 +192,9 @@ class SpoolCorrupt(SpoolError):
 
 #: seconds a spool call waits for a lock another connection holds (SQLite's busy timeout)
 SPOOL_BUSY_TIMEOUT_S = 30.0
-#: a write waits for that lock in slices this long, so that a stop (``Spool.stop_by``) ends the
-#: wait within one slice instead of SQLite's whole busy timeout
+#: a write waits for a lock another process holds in slices this long, so that a stop
+#: (``Spool.stop_by``, ``edge.outbox.Outbox.stop_by``) ends the wait within one slice instead of
+#: SQLite's whole busy timeout
 BUSY_SLICE_S = 0.1
 
 
@@ -338,7 +339,7 @@ def _is_full(exc: sqlite3.Error) -> bool:
     return "full" in str(exc).lower()
 
 
-def _is_busy(exc: sqlite3.Error) -> bool:
+def is_busy(exc: sqlite3.Error) -> bool:
     """SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock (by message, as ``_is_full``)."""
     text = str(exc).lower()
     return "locked" in text or "busy" in text
@@ -615,7 +616,7 @@ class Spool:
         if _is_full(exc):
             return SpoolFull(f"spool {self.path}: its filesystem is full ({exc})")
         text = str(exc).lower()
-        if _is_busy(exc):
+        if is_busy(exc):
             hint = "; another process holds its lock (stop it)"
         elif "i/o" in text:
             hint = "; check its disk (`dmesg` shows I/O errors)"
@@ -679,7 +680,7 @@ class Spool:
                 db.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() >= give_up:
+                if not is_busy(exc) or time.monotonic() >= give_up:
                     raise
                 if stopping:
                     self._check_stopping()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -58,3 +60,25 @@ def frame_record(stream: str, seq: int, device: str = "dev", reason: str = "hard
     return FrameRecord(device=device, stream=stream, frame_seq=seq, capture_unix_ns=0, emit_unix_ns=0,
                        width=64, height=48, detections=[], escalated=True, reason=reason, hardness=0.8,
                        outcome="pending")
+
+
+def hold_write_lock(path: Path) -> subprocess.Popen[str]:
+    """Another process (an operator's ``sqlite3`` shell left in a transaction) holding the
+    SQLite file's write lock until ``let_go``."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys\n"
+        f"db = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+        "db.execute('BEGIN IMMEDIATE')\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def let_go(holder: subprocess.Popen[str]) -> None:
+    """End a ``hold_write_lock`` process (its transaction rolled back)."""
+    assert holder.stdin is not None and holder.stdout is not None
+    if not holder.stdin.closed:
+        holder.stdin.close()
+    holder.wait(10)
+    holder.stdout.close()

@@ -602,6 +602,74 @@ def test_the_sinks_beside_the_spool_keep_its_reserve_and_those_elsewhere_do_not(
         asyncio.run(run())
 
 
+def test_a_lock_another_process_holds_on_the_mqtt_outbox_freezes_neither_frames_nor_the_stop(tmp_path, tiny_model,
+                                                                                              mosquitto):
+    """A real daemon at 10 fps with the MQTT sink; another process holds the outbox's write lock
+    (an operator's sqlite3 shell left in a transaction). Frames go on at their rate, the
+    records wait in memory and reach the broker, in order, once the lock is let go. Held again,
+    a SIGTERM exits within the grace and the sink's close_timeout_s, and the records that never
+    got into the outbox are counted in an ERROR (the JSON Lines file has them). Each outbox
+    write used to wait for the lock on the event loop for SQLite's 30 s busy timeout: one frame
+    per 30 s (0.2 fps measured), and 114 s to exit after SIGTERM, past TimeoutStopSec=30."""
+    import re
+    import sqlite3
+
+    from tests.conftest import TopicRecorder
+    from tests.edge.helpers import hold_write_lock, let_go
+    from tests.processes import EdgeProcess
+
+    topic = TopicRecorder(mosquitto, "edgewise/jet/detections")
+    out, log = tmp_path / "out.jsonl", tmp_path / "edge.log"
+    outbox = tmp_path / "state" / "mqtt-outbox.db"
+    config = settings_yaml(tmp_path / "edge.yaml", device_id="jet",
+                           streams=[{"id": "cam", "kind": "synthetic", "uri": "160x120", "fps": 10}],
+                           model={"path": str(tiny_model), "max_batch": 1},
+                           cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}},
+                           spool={"path": str(tmp_path / "state" / "spool.db")},
+                           sinks={"jsonl": str(out), "mqtt": True}, metrics={"port": -1}, shutdown_grace_s=1.0)
+    daemon = EdgeProcess(config, log)
+    holder = None
+    try:
+        deadline = time.monotonic() + 60
+        while len(topic.messages) < 5:
+            assert daemon.check() and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        holder = hold_write_lock(outbox)
+        before, t0 = len(read_jsonl(out)), time.monotonic()
+        time.sleep(3.0)
+        during = (len(read_jsonl(out)) - before) / (time.monotonic() - t0)
+        let_go(holder)
+        assert during > 6, during  # 10 fps; it was 0.2
+        written = [r["frame_seq"] for r in read_jsonl(out)]
+        deadline = time.monotonic() + 20
+        while not set(written) <= {r["frame_seq"] for r in topic.json()}:
+            assert daemon.check() and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert [r["frame_seq"] for r in topic.json()][:len(written)] == written  # in order, none lost
+        holder = hold_write_lock(outbox)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        rc = daemon.stop(60)
+        took = time.monotonic() - t0
+    finally:
+        if holder is not None:
+            let_go(holder)
+        daemon.close()
+        topic.stop()
+    text = log.read_text()
+    assert rc == 0 and took < 1.0 + 3.0 + 3.0, (rc, took, text)
+    lost = re.search(r"ERROR edge.sinks: the MQTT sink's outbox: (\d+) live records held in memory are lost at exit: "
+                     r"MQTT sink outbox \S+ is locked by another process", text)
+    assert lost is not None, text
+    db = sqlite3.connect(str(outbox))
+    kept = [json.loads(d)["frame_seq"] for (d,) in db.execute("SELECT data FROM records ORDER BY id")]
+    db.close()
+    records = [r["frame_seq"] for r in read_jsonl(out)]
+    published = {r["frame_seq"] for r in topic.json()}
+    assert len(records) == int(text.rsplit("edge daemon stopped after ", 1)[1].split()[0])
+    assert len(set(records) - published - set(kept)) == int(lost.group(1)) > 0
+
+
 def test_a_sighup_without_a_policy_says_it_reloads_nothing(tmp_path, tiny_model, caplog):
     """A SIGHUP reloads the policy only; without one it did nothing and said nothing, so an
     operator who changed a camera's URL in edge.yaml and reloaded waited for a change that

@@ -1,8 +1,16 @@
-"""The MQTT sink's outbox: the session it ties a device's restarts to, and its bound."""
+"""The MQTT sink's outbox: the session it ties a device's restarts to, its bound, and a lock
+another process holds."""
 
 from __future__ import annotations
 
-from edge.outbox import Outbox, this_host
+import threading
+import time
+
+import pytest
+
+from edge.outbox import Outbox, OutboxBusy, this_host
+from edge.spool import BUSY_SLICE_S
+from tests.edge.helpers import hold_write_lock, let_go
 
 
 def test_the_client_id_is_kept_for_the_device_on_this_host_and_made_anew_elsewhere(tmp_path):
@@ -32,4 +40,71 @@ def test_the_bound_drops_the_oldest_records_not_those_in_flight(tmp_path):
     box.hand(1, 5)  # r0 in flight: the broker's session may hold its packet identifier
     box.put(b"r3")
     assert [d for _, d in box.peek(0, 10)] == [b"r0", b"r2", b"r3"] and box.dropped == 1
+    box.close()
+
+
+def test_a_lock_another_process_holds_never_holds_up_put_and_a_stop_ends_the_other_writes_waits(tmp_path):
+    """``put`` runs on the daemon's event loop: with another process holding the write lock
+    it raises ``OutboxBusy`` at once, also while the publisher's acknowledgement waits for
+    that lock in another thread. That wait ends within a slice of ``stop_by``, and close does not
+    wait. Each used to wait SQLite's 30 s busy timeout holding the connection: a real daemon
+    wrote one frame per 30 s and took 114 s to exit after SIGTERM."""
+    path = tmp_path / "mqtt-outbox.db"
+    box = Outbox(path, 100)
+    box.put(b"r0")
+    holder = hold_write_lock(path)
+    try:
+        failed = []
+
+        def ack() -> None:
+            try:
+                box.ack([1])
+            except OutboxBusy as exc:
+                failed.append(exc)
+
+        acking = threading.Thread(target=ack, daemon=True)
+        acking.start()
+        for _ in range(5):
+            t0 = time.monotonic()
+            with pytest.raises(OutboxBusy, match=r"mqtt-outbox.db is locked by another process .*end that "
+                                                 r"process's transaction"):
+                box.put(b"r1")
+            assert time.monotonic() - t0 < BUSY_SLICE_S
+        assert acking.is_alive() and len(box) == 1  # the acknowledgement waits for the lock
+        box.stop_by = t0 = time.monotonic()
+        acking.join(5)
+        assert not acking.is_alive() and time.monotonic() - t0 < 2 * BUSY_SLICE_S + 0.3 and len(failed) == 1
+        t0 = time.monotonic()
+        box.close()
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        let_go(holder)
+    box = Outbox(path, 100)
+    assert [d for _, d in box.peek(0, 10)] == [b"r0"]  # nothing half-written, the unacknowledged record kept
+    box.put(b"r1")
+    box.ack([1])
+    assert [d for _, d in box.peek(0, 10)] == [b"r1"]
+    box.close()
+
+
+def test_a_write_waits_for_a_lock_another_process_lets_go_of(tmp_path):
+    """Before a stop the publisher's writes wait for the lock (up to ``BUSY_TIMEOUT_S``) and
+    go through once it is released; ``put`` given ``wait_s`` (the sink's close) too."""
+    path = tmp_path / "mqtt-outbox.db"
+    box = Outbox(path, 100)
+    box.put(b"r0")
+    holder = hold_write_lock(path)
+    done = []
+    try:
+        threads = [threading.Thread(target=lambda: done.append(box.hand(1, 9)), daemon=True),
+                   threading.Thread(target=lambda: done.append(box.put(b"r1", wait_s=10)), daemon=True)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        assert not done
+    finally:
+        let_go(holder)
+    for t in threads:
+        t.join(5)
+    assert sorted(map(repr, done)) == ["None", "True"] and box.in_flight() == [(1, 9, False, b"r0")] and len(box) == 2
     box.close()
