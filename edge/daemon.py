@@ -137,7 +137,9 @@ class EdgeDaemon:
         self.mqtt: Any = None
         self.outbox: Optional[Outbox] = None  # the MQTT sink's; opened before the connection (its client id)
         self.transports: Dict[str, Transport] = {}
-        self.instance_lock = InstanceLock(settings.spool.path)
+        # (and the MQTT outbox's: beside the spool by default, but named by a setting of its own)
+        self.instance_lock = InstanceLock(settings.spool.path,
+                                          mqtt_outbox_path(settings) if settings.sinks.mqtt else None)
         self.sinks: Optional[Sinks] = None
         self.stop_event: Optional[asyncio.Event] = None
         self.reload_event: Optional[asyncio.Event] = None

@@ -1,4 +1,5 @@
-"""One daemon per state folder: a lock beside the spool, held for the daemon's life.
+"""One daemon per state folder: a lock beside the spool, and one beside the MQTT outbox, held
+for the daemon's life.
 
 The spool, its start count (``<spool>.epoch``) and the MQTT outbox belong to one daemon. A
 second one on the same ``spool.path`` (started by hand while the service runs, or a copied
@@ -6,6 +7,12 @@ config) would replay the same escalations twice, keep wrong byte counts for the 
 could move a live spool aside to salvage it. ``flock`` on ``<spool>.lock`` makes the second
 start fail at once with the first one's pid; the kernel releases the lock when its process
 ends, ``kill -9`` included, so a crash never leaves a stale lock behind.
+
+The outbox has a lock of its own (``<outbox>.lock``): it is ``mqtt-outbox.db`` beside the spool
+unless ``sinks.mqtt_outbox`` says otherwise, so a second daemon in the same folder under
+another spool name shared it. Both ran: they took the MQTT session (its client id is kept in
+the outbox) from each other at every reconnect, and each deleted the other's records, until
+the outbox's count went below zero and its records were no longer written.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from typing import Optional
+from typing import List, Optional, Tuple
 
 from edgewise.errors import ConfigError
 
@@ -25,24 +32,44 @@ except ImportError:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 SUFFIX = ".lock"
+#: what a refused start says, by the setting that names the file the lock guards
+_IN_USE = {
+    "spool.path": "uses this spool.path; stop it first (`systemctl stop edgewise-edge`), or give this daemon "
+                  "its own spool.path",
+    "sinks.mqtt_outbox": "uses this sinks.mqtt_outbox; stop it first (`systemctl stop edgewise-edge`), or give "
+                         "this daemon its own sinks.mqtt_outbox",
+}
 
 
 class InstanceLock:
-    """``acquire`` takes the lock of ``spool_path`` or raises ``ConfigError`` naming the
-    daemon that holds it; ``release`` (or the process's end) gives it back."""
+    """``acquire`` takes the lock of ``spool_path``, then the one of ``outbox_path`` (the MQTT
+    sink's outbox, when the daemon opens one), or raises ``ConfigError`` naming the daemon that
+    holds it (and keeps none); ``release`` (or the process's end) gives them back."""
 
-    def __init__(self, spool_path: str) -> None:
+    def __init__(self, spool_path: str, outbox_path: Optional[str] = None) -> None:
         self.path = spool_path + SUFFIX
-        self._fd: Optional[int] = None
+        #: (lock file, the setting that names the file it guards)
+        self.locks: List[Tuple[str, str]] = [(self.path, "spool.path")]
+        if outbox_path:
+            self.locks.append((outbox_path + SUFFIX, "sinks.mqtt_outbox"))
+        self._fds: List[int] = []
 
     def acquire(self) -> None:
         if fcntl is None:
             return
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            for path, setting in self.locks:
+                self._take(path, setting)
+        except BaseException:
+            self.release()
+            raise
+
+    def _take(self, path: str, setting: str) -> None:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:  # a read-only or full folder: the spool says so; do not stop for the lock
-            log.warning("cannot create the instance lock %s (%s); a second daemon on this spool.path would "
-                        "not be refused", self.path, exc.strerror or exc)
+            log.warning("cannot create the instance lock %s (%s); a second daemon on this %s would "
+                        "not be refused", path, exc.strerror or exc, setting)
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -50,13 +77,12 @@ class InstanceLock:
             holder = _read_pid(fd)
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
-                log.warning("cannot lock %s (%s); a second daemon on this spool.path would not be refused",
-                            self.path, exc.strerror or exc)
+                log.warning("cannot lock %s (%s); a second daemon on this %s would not be refused",
+                            path, exc.strerror or exc, setting)
                 return
             who = f"pid {holder}" if holder else "another process"
-            raise ConfigError(f"{self.path}: another edgewise daemon ({who}) uses this spool.path; stop it first "
-                              "(`systemctl stop edgewise-edge`), or give this daemon its own spool.path") from None
-        self._fd = fd
+            raise ConfigError(f"{path}: another edgewise daemon ({who}) {_IN_USE[setting]}") from None
+        self._fds.append(fd)
         try:  # the pid is for the message a second daemon gives; a full disk may refuse it
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -64,9 +90,8 @@ class InstanceLock:
             pass
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
+        while self._fds:
+            os.close(self._fds.pop())  # closing the descriptor drops the flock
 
 
 def _read_pid(fd: int) -> str:

@@ -183,6 +183,8 @@ def tighten_state_files(s: EdgeSettings) -> List[str]:
             paths += [path] + rotated_files(path)
         else:
             paths += [path, path + "-wal", path + "-shm"]
+            if setting == "sinks.mqtt_outbox":
+                paths.append(path + LOCK_SUFFIX)
     done, failed = [], []
     for path in paths:
         try:

@@ -79,3 +79,47 @@ def test_a_second_daemon_on_the_same_spool_path_is_refused_at_start(tmp_path, ti
         assert first.stop() == 0
     finally:
         first.close()
+
+
+def test_the_mqtt_outbox_has_its_own_lock_and_a_refusal_keeps_no_lock(tmp_path):
+    outbox = str(tmp_path / "mqtt-outbox.db")
+    first = InstanceLock(str(tmp_path / "spool.db"), outbox)
+    first.acquire()
+    second = InstanceLock(str(tmp_path / "spool-b.db"), outbox)
+    with pytest.raises(ConfigError, match=rf"mqtt-outbox.db.lock: another edgewise daemon \(pid {os.getpid()}\) uses "
+                                          r"this sinks.mqtt_outbox; stop it first .*its own sinks.mqtt_outbox"):
+        second.acquire()
+    alone = InstanceLock(str(tmp_path / "spool-b.db"))
+    alone.acquire()  # the refused one let go of the spool's lock it took
+    alone.release()
+    first.release()
+    second.acquire()
+    second.release()
+
+
+def test_a_second_daemon_in_the_same_state_folder_under_another_spool_name_is_refused_for_the_outbox(
+        tmp_path, tiny_model, mosquitto):
+    """A copied config whose spool.path got another name, in the same folder: both daemons
+    took ``mqtt-outbox.db`` there (the default beside the spool) and ran, taking the MQTT session
+    from each other at every reconnect and deleting each other's records until the first
+    one's outbox count went below zero ("__len__() should return >= 0": no record written)."""
+    def config(name: str):
+        return settings_yaml(
+            tmp_path / f"{name}.yaml", device_id="dev",
+            streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+            model={"path": str(tiny_model)}, spool={"path": str(tmp_path / "state" / f"{name}.db")},
+            cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}},
+            sinks={"jsonl": str(tmp_path / f"{name}.jsonl"), "mqtt": True}, metrics={"port": -1})
+
+    first = EdgeProcess(config("spool"), tmp_path / "first.log")
+    try:
+        wait_until(lambda: first.check() and "running" in (tmp_path / "first.log").read_text(), 60, "first daemon")
+        second = subprocess.run([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config",
+                                 str(config("spool-copy"))], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert second.returncode == 2, second.stderr
+        assert (f"mqtt-outbox.db.lock: another edgewise daemon (pid {first.proc.pid}) uses this sinks.mqtt_outbox"
+                in second.stderr)
+        assert first.check() and first.stop() == 0
+    finally:
+        first.close()
