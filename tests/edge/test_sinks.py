@@ -379,6 +379,48 @@ def test_live_records_the_mqtt_outbox_cannot_take_are_held_and_published_in_orde
     assert [r["frame_seq"] for r in rec_topic.json()] == list(range(1, 8))
 
 
+def test_records_held_while_another_process_locked_the_outbox_go_in_a_slice_per_write_in_order(
+        tmp_path, mosquitto):
+    """Another process holds the outbox's write lock (an sqlite3 shell left in a transaction):
+    each write returns at once and its record is held. Once the lock is let go, a write puts
+    held records in for at most DRAIN_SLICE_S, the record itself held behind those left; the
+    next writes go on, and every record reaches the topic in order. The first write used to put
+    the whole backlog in at once on the event loop: 16 MiB of records held it up 8.9 s."""
+    import time
+
+    from edge.sinks import DRAIN_SLICE_S
+    from tests.edge.helpers import hold_write_lock, let_go
+
+    rec_topic = TopicRecorder(mosquitto, TOPIC)
+    conn = connect(mosquitto)
+    sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 50_000), EdgeMetrics())
+    sinks = Sinks([sink])
+    n = 5000
+    try:
+        holder = hold_write_lock(tmp_path / "outbox.db")
+        try:
+            for seq in range(n):
+                assert sinks.write(frame_record("cam", seq)) is False
+        finally:
+            let_go(holder)
+        assert len(sink.held) == n and sinks.failing == {"mqtt"}
+        t0 = time.monotonic()
+        assert sinks.write(frame_record("cam", n))  # taken: in memory behind the held ones
+        took = time.monotonic() - t0
+        assert 0 < len(sink.held) < n and took < DRAIN_SLICE_S + 0.5, (len(sink.held), took)
+        seq = n + 1
+        while sink.held:
+            assert sinks.write(frame_record("cam", seq)) and seq < 3 * n
+            seq += 1
+        assert not sinks.failing
+        wait_until(lambda: len(rec_topic.messages) == seq, 60, "every record on the topic")
+    finally:
+        sink.close()
+        conn.stop()
+        rec_topic.stop()
+    assert [r["frame_seq"] for r in rec_topic.json()] == list(range(seq))
+
+
 def test_live_records_leave_the_spools_reserve_free_in_the_mqtt_outbox_too(small_fs, mosquitto):
     """The JSON Lines file kept the spool's reserve, but the MQTT outbox beside the spool (the
     default) could still take its last bytes, and the spool could then acknowledge nothing. With
