@@ -32,7 +32,8 @@ Another process holding the file's write lock (an operator's ``sqlite3`` shell l
 transaction, a backup tool, a second daemon) never holds the event loop up: ``put`` (called
 there, once per frame) tries the lock once and raises ``OutboxBusy`` (the MQTT sink keeps the
 record in memory meanwhile), and every other write waits for it in ``edge.spool.BUSY_SLICE_S``
-slices with the connection free in between, up to ``BUSY_TIMEOUT_S`` and not past ``stop_by``.
+slices with the connection free in between, up to ``BUSY_TIMEOUT_S`` and not past ``stop_by``
+(paho's thread tries once as well: ``edge.sinks.MqttSink``).
 Before, each write waited in SQLite, holding the connection, for its 30 s busy timeout: the
 daemon handled one frame per 30 s and took 114 s to exit after SIGTERM.
 
@@ -194,15 +195,17 @@ class Outbox:
         self._write(keep)
         return made
 
-    def hand(self, rid: int, mid: Optional[int]) -> None:
+    def hand(self, rid: int, mid: Optional[int], wait_s: float = BUSY_TIMEOUT_S) -> None:
         """Record ``rid`` goes to the broker at QoS 2 with packet identifier ``mid`` (None: at
         QoS 1, or not at all after a refusal; nothing to complete after a restart)."""
-        self._write(lambda db: db.execute("UPDATE records SET mid = ?, received = 0 WHERE id = ?", (mid, int(rid))))
+        self._write(lambda db: db.execute("UPDATE records SET mid = ?, received = 0 WHERE id = ?", (mid, int(rid))),
+                    wait_s)
 
-    def received(self, rid: int, got: bool = True) -> None:
+    def received(self, rid: int, got: bool = True, wait_s: float = BUSY_TIMEOUT_S) -> None:
         """The broker's PUBREC for record ``rid`` came (``got``): a restart sends its PUBREL, not
         the record; or the exchange started over (the broker lost the session): the record."""
-        self._write(lambda db: db.execute("UPDATE records SET received = ? WHERE id = ?", (int(got), int(rid))))
+        self._write(lambda db: db.execute("UPDATE records SET received = ? WHERE id = ?", (int(got), int(rid))),
+                    wait_s)
 
     def in_flight(self) -> List[Tuple[int, int, bool, bytes]]:
         """The records handed to the broker at QoS 2 and not acknowledged: (id, mid, received,
@@ -292,7 +295,7 @@ class Outbox:
                                     (int(after_id), int(limit) + len(skip))).fetchall()
         return [(int(r[0]), bytes(r[1])) for r in rows if int(r[0]) not in skip][:max(0, int(limit))]
 
-    def ack(self, ids: List[int]) -> None:
+    def ack(self, ids: List[int], wait_s: float = BUSY_TIMEOUT_S) -> None:
         """Delete published records (ids already gone are ignored)."""
         if not ids:
             return
@@ -305,7 +308,7 @@ class Outbox:
         def deleted(n: int) -> None:
             self._depth -= n
 
-        self._write(delete, then=deleted)
+        self._write(delete, wait_s, deleted)
 
     def _write(self, body: Callable[[sqlite3.Connection], T], wait_s: float = BUSY_TIMEOUT_S,
                then: Optional[Callable[[T], None]] = None) -> T:

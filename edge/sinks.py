@@ -469,6 +469,9 @@ class MqttSink:
         self._probe: Optional[int] = None  # the refused record sent again, while it waits for its answer
         self._probe_at = 0.0  # when the next refused record may be sent again (time.monotonic)
         self._release = False  # a probe was taken: send every refused record again, oldest first
+        #: outbox ids the broker took whose delete found the outbox locked (paho's thread does not
+        #: wait for that lock): the publisher thread deletes them
+        self._delivered: List[int] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -536,7 +539,7 @@ class MqttSink:
             self._pending.add(rid)
             self._resumed.add(rid)
             self.conn.resume(self.topic, data, mid, received, on_done=lambda refused, r=rid: self._answered(r, refused),
-                             on_received=lambda got, r=rid: self.outbox.received(r, got),
+                             on_received=lambda got, r=rid: self.outbox.received(r, got, wait_s=0),
                              after_refusal=self._after_refusal)
         if mids:
             log.info("MQTT sink: %d records were in flight when the daemon stopped; their QoS 2 exchanges "
@@ -544,7 +547,10 @@ class MqttSink:
 
     def _answered(self, rid: int, refused: Any) -> None:
         """(paho's thread, or the publisher's) The broker's answer to record ``rid``: a
-        delivery deletes it from the outbox now, a refusal keeps it for a later try."""
+        delivery deletes it from the outbox now, a refusal keeps it for a later try. Neither
+        waits for a lock another process holds on the outbox: paho's thread also takes the
+        escalations' answers (each record's delete held them up 30 s); a delete that found it
+        locked is the publisher thread's (``_delete_delivered``)."""
         with self._lock:
             self._pending.discard(rid)
             probe = self._probe == rid
@@ -557,16 +563,33 @@ class MqttSink:
             elif probe:
                 self._release = True  # taken now: the broker's mind changed, the others follow
         if refused is None:
-            self.outbox.ack([rid])
+            try:
+                self.outbox.ack([rid], wait_s=0)
+            except OutboxBusy:
+                with self._lock:
+                    self._delivered.append(rid)
         else:
-            self._forget_mid(rid)  # the exchange ended: nothing for a restart to complete
+            self._forget_mid(rid, wait_s=0)  # the exchange ended: nothing for a restart to complete
         self._wake.set()
 
-    def _forget_mid(self, rid: int) -> None:
+    def _delete_delivered(self) -> None:
+        """(the publisher's thread, and close) Delete the records the broker took whose delete
+        found the outbox locked, waiting for the lock (``Outbox.ack``); kept for the next try
+        when it is still held."""
+        with self._lock:
+            rids, self._delivered = self._delivered, []
+        try:
+            self.outbox.ack(rids)
+        except BaseException:
+            with self._lock:
+                self._delivered[:0] = rids
+            raise
+
+    def _forget_mid(self, rid: int, wait_s: float = BUSY_TIMEOUT_S) -> None:
         """Best effort: a restart would otherwise take record ``rid``'s ended exchange up again
         (it then sends the record once more)."""
         try:
-            self.outbox.hand(rid, None)
+            self.outbox.hand(rid, None, wait_s)
         except (sqlite3.Error, OSError, OutboxBusy) as exc:
             log.warning("MQTT sink: the outbox %s could not be written (%s)", self.outbox.path, exc)
 
@@ -616,7 +639,7 @@ class MqttSink:
             info = self.conn.publish(
                 self.topic, data, on_done=lambda refused: self._answered(rid, refused),
                 after_refusal=self._after_refusal, mid=mid,
-                on_received=None if mid is None else lambda got: self.outbox.received(rid, got))
+                on_received=None if mid is None else lambda got: self.outbox.received(rid, got, wait_s=0))
         except PublishRefused as exc:  # over the broker's size limit: logged and counted
             self._answered(rid, exc.refusal)
             return True
@@ -647,6 +670,15 @@ class MqttSink:
         again every half second, said once per minute."""
         last = 0
         while True:
+            if self._delivered:
+                try:
+                    self._delete_delivered()
+                except Exception as exc:
+                    held = self._send_log.allow()
+                    if held is not None:
+                        log.warning("MQTT sink: records the broker took could not be deleted from the outbox %s "
+                                    "(%s); trying again", self.outbox.path, exc,
+                                    exc_info=not isinstance(exc, (sqlite3.Error, OSError, OutboxBusy)))
             self._show()
             with self._lock:
                 n_pending = len(self._pending)
@@ -703,6 +735,12 @@ class MqttSink:
         self._stop.set()
         self._wake.set()
         self._thread.join(max(0.1, deadline - time.monotonic()) + 1.0)
+        if self._delivered and not self._thread.is_alive():
+            try:
+                self._delete_delivered()
+            except (sqlite3.Error, OSError, OutboxBusy) as exc:
+                log.warning("%d MQTT records the broker took could not be deleted from the outbox (%s): they are "
+                            "published again at the next start", len(self._delivered), exc)
         if len(self.outbox):
             log.warning("%d MQTT records not yet acknowledged by the broker (%d of them refused); kept in %s "
                         "for the next start", len(self.outbox), len(self._refused), self.outbox.path)

@@ -421,6 +421,54 @@ def test_records_held_while_another_process_locked_the_outbox_go_in_a_slice_per_
     assert [r["frame_seq"] for r in rec_topic.json()] == list(range(seq))
 
 
+def test_a_lock_another_process_holds_on_the_outbox_never_holds_up_pahos_thread(tmp_path):
+    """A broker whose Maximum QoS is 1 (AWS IoT Core's; Mosquitto's ``max_qos 1``): each PUBACK
+    deletes its record from the outbox on paho's thread, the thread that also takes the
+    escalations' answers, shared connection. With another process holding the outbox's lock,
+    that delete waited SQLite's 30 s busy timeout per record there, and the answers with it. Now
+    paho's thread never waits for the lock: the delete is left to the publisher thread, done
+    once the lock is let go; nothing is published twice."""
+    import time
+
+    import paho.mqtt.publish as mqtt_publish
+
+    from tests.conftest import configured_mosquitto
+    from tests.edge.helpers import hold_write_lock, let_go
+
+    path = tmp_path / "outbox.db"
+    with configured_mosquitto("max_qos 1", persistence=True) as broker:
+        rec_topic = TopicRecorder(broker, TOPIC)
+        conn = connect(broker)
+        answers = []
+        conn.subscribe("edgewise/dev/answers", lambda msg: answers.append(time.monotonic()))
+        sink = MqttSink(conn, TOPIC, Outbox(path, 1000), EdgeMetrics())
+        sinks = Sinks([sink])
+        holder = None
+        try:
+            broker.stop()
+            wait_until(lambda: not conn.connected.is_set(), 10, "the broker gone")
+            for seq in range(10):  # kept in the outbox until the broker is back
+                assert sinks.write(frame_record("cam", seq))
+            holder = hold_write_lock(path)
+            broker.start()
+            wait_until(lambda: len(rec_topic.messages) == 10, 30, "the records published, their PUBACKs in")
+            assert not conn.exactly_once and len(sink.outbox) == 10  # not deleted: the lock is held
+            t0 = time.monotonic()
+            mqtt_publish.single("edgewise/dev/answers", b"answer", qos=1, hostname=broker.host, port=broker.port)
+            wait_until(lambda: answers, 20, "the answer on the sink's connection")
+            assert answers[0] - t0 < 2.0, answers[0] - t0
+            let_go(holder)
+            holder = None
+            wait_until(lambda: len(sink.outbox) == 0, 10, "the records deleted once the lock is let go")
+        finally:
+            if holder is not None:
+                let_go(holder)
+            sink.close()
+            conn.stop()
+            rec_topic.stop()
+    assert [r["frame_seq"] for r in rec_topic.json()] == list(range(10))
+
+
 def test_live_records_leave_the_spools_reserve_free_in_the_mqtt_outbox_too(small_fs, mosquitto):
     """The JSON Lines file kept the spool's reserve, but the MQTT outbox beside the spool (the
     default) could still take its last bytes, and the spool could then acknowledge nothing. With
