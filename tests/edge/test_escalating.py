@@ -1159,7 +1159,9 @@ def test_a_salvage_a_full_disk_cut_short_goes_on_as_the_replay_frees_room(small_
     assert sorted(r.frame_seq for r in written) == list(range(200)), sorted(r.frame_seq for r in written)
     assert all(r.outcome == "cloud" and r.late for r in written)
     assert len(spool) == 0 and spool.damaged is None
-    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    # the spool's own warnings (a gateway another test left running logs under load too)
+    messages = [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and r.name.startswith(("edge.spool", "edge.escalating"))]
     assert "; stopped early, the rest is still in " in messages[0] and "KiB stay free" in messages[0], messages
     assert any("went on with the salvage of the damaged file" in m for m in messages), messages
     assert metrics.spool_events.labels("salvaged")._value.get() == 1
