@@ -80,6 +80,9 @@ def explain(policy: Policy) -> str:
             f"{info.get('frames', '?')} training frames of the gain model {policy.learned.source or sig.learned_model}"
             f" (fitted on {info.get('trainData', '?')}); threshold {s.threshold:g} escalates about "
             f"{1 - s.threshold:.0%} of traffic like those frames. Signal weights are unused."
+            + (" The model reads the carry state (what the stream's carried answers already explain), which "
+               "its own escalations change: the share it escalates differs, and `check-policy --data` "
+               "measures it." if policy.learned.uses_carry() else "")
         )
     else:
         weights = ", ".join(f"{k}={v:g}" for k, v in sig.weights.items() if v > 0)

@@ -5,8 +5,8 @@ what the stream's earlier escalations left in force, so its scores cannot be ran
 for the whole set (``hybrid.top_fraction``). :func:`select` replays it as the daemon runs it:
 per stream in frame order, a frame is escalated when its score reaches one threshold and
 the cooldown allows, and the carry state then follows (:class:`.carryreplay.CarryReplay`);
-the threshold is bisected so the set escalates ``floor(rate * N)`` frames or the closest
-number below, the same budget every static policy gets at that rate. Ties are broken by a
+the threshold is bisected so the set escalates ``floor(rate * N)`` frames (or fewer, :func:`select`),
+the same budget every static policy gets at that rate. Ties are broken by a
 seeded jitter far below any score difference, one draw per seed.
 
 :class:`CarryScores` is such a score: a gain model over the frame's signals joined by its
@@ -106,7 +106,9 @@ def _run(records: Sequence[FrameRecord], score: StateScore, t: float, gap: int, 
 def select(records: Sequence[FrameRecord], score: StateScore, budget: int, gap: int, lag: int, cfg: CarryConfig,
            mode_of: ModeOf, seed: int = 0) -> np.ndarray:
     """The daemon's selection under one threshold, bisected so that it escalates ``budget``
-    frames or the closest number below (a cooldown of ``gap`` frames per stream; answers
+    frames, or the most below it the bisection met: the count is not monotone in the threshold
+    (fewer early escalations leave more stale states later), so a reachable count can be missed,
+    and ``hybrid.is_short`` marks a row that fell short (a cooldown of ``gap`` frames per stream; answers
     carried ``lag`` frames after each escalation under ``cfg``; ``mode_of`` gives each
     escalation's payload mode, the policy's whole-frame refresh included)."""
     n = len(records)

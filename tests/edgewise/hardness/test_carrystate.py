@@ -80,3 +80,16 @@ def test_a_model_reading_new_regions_runs_the_motion_detector(tmp_path) -> None:
                           "spec:\n  signals: {learnedModel: m.json}\n  payload: {mode: full}\n",
                           str(tmp_path / "p.yaml"))
     assert policy.uses_carry() and policy.uses_motion()
+
+
+def test_explain_says_a_carry_aware_threshold_is_no_rate(tmp_path) -> None:
+    from edgewise.hardness.learned import FEATURE_NAMES, FRAME_FEATURES, GainModel
+    from edgewise.policy.explaining import explain
+    from edgewise.policy.loading import parse_policy
+
+    rows = np.random.default_rng(0).random((100, len(FEATURE_NAMES)))
+    head = "apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\nspec:\n  threshold: 0.8\n"
+    for name, features in (("carry", FEATURE_NAMES), ("frame", FRAME_FEATURES)):
+        GainModel.fit(rows, rows[:, 0], {}, features=features).save(tmp_path / f"{name}.json")
+        text = explain(parse_policy(head + f"  signals: {{learnedModel: {name}.json}}\n", str(tmp_path / "p.yaml")))
+        assert ("reads the carry state" in text) == (name == "carry"), text
