@@ -89,6 +89,7 @@ class Decider:
         self.tracker: Dict[str, TrackerState] = {}
         self.motion: Dict[str, MotionDetector] = {}
         self._motion_cfg = _motion_config(policy)
+        self._carry = policy is not None and policy.uses_carry()  # read once per policy, not per frame
         #: per stream, the frame size its last signal config was made for, and that config: one
         #: entry per stream, whatever the number of distinct frame sizes it brings over time
         self._cfg: Dict[str, Tuple[Tuple[int, int], SignalConfig]] = {}
@@ -105,6 +106,7 @@ class Decider:
         self.policy = policy
         self.digest = policy_digest(policy)
         self._motion_cfg = _motion_config(policy)
+        self._carry = policy.uses_carry()
         self._cfg.clear()
         self.generation += 1
         return self.generation
@@ -143,7 +145,7 @@ class Decider:
         signals, self.tracker[stream_id] = recorded_signals(dets, self.tracker.get(stream_id), cfg, frame_size,
                                                             found.signals if found is not None else None)
         proposed = None
-        if self.policy is not None and self.policy.uses_carry():
+        if self._carry and self.policy is not None:
             band = score_bands(dets, cfg)
             blobs = found.blobs if found is not None else None
             proposed = self.policy.spec.payload.proposals(dets, blobs, frame_size, band)
