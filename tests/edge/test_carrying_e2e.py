@@ -24,12 +24,27 @@ pytestmark = pytest.mark.skipif(sys.version_info < (3, 10), reason="the in-proce
 FRAMES = 30
 
 
-def _run(tmp_path: Path, tiny_model: Path, native_model: Path, carry_frames: int,
-         regions_scope: bool = False) -> List[Dict[str, Any]]:
+def _daemon(tmp_path: Path, tiny_model: Path, native_model: Path, doc: Dict[str, Any], tag: str) -> Path:
+    """Run the daemon over the camera stream under the policy ``doc`` (written to
+    ``policy-<tag>.yaml``) against an in-process cloud; its output folder."""
     data = tmp_path / "cam"
     if not data.exists():
         generate(SynthJob(out=data, frames=FRAMES, streams=1, seed=5, split="test", width=640, height=360,
                           difficulty=PRESETS["camera"]))
+    policy = tmp_path / f"policy-{tag}.yaml"
+    policy.write_text(yaml.safe_dump(doc))
+    out = tmp_path / f"run-{tag}"
+    out.mkdir()
+    with in_process_cloud_class()(native_model) as cloud:
+        s = base_settings(out, tiny_model, [{"id": "cam", "kind": "folder", "uri": str(data / "images"), "fps": 20}],
+                          policy_file=str(policy), cloud={"endpoints": [cloud.address], "max_in_flight": 64},
+                          shutdown_grace_s=120)
+        assert asyncio.run(EdgeDaemon(s).run()) == 0
+    return out
+
+
+def _run(tmp_path: Path, tiny_model: Path, native_model: Path, carry_frames: int,
+         regions_scope: bool = False) -> List[Dict[str, Any]]:
     doc = yaml.safe_load(policy_yaml("carry", threshold=0.0, deadline_ms=60000))
     # every frame is hard; the cooldown (0.25 s at 20 fps: 5 frames) spaces the escalations
     doc["spec"]["cooldownSeconds"] = 0.25
@@ -40,15 +55,7 @@ def _run(tmp_path: Path, tiny_model: Path, native_model: Path, carry_frames: int
         doc["spec"]["payload"].update(mode="regions", regionMin=48)
         doc["spec"]["signals"] = {"weights": {"missed_object": 1.0, "motion_blobs": 1.0, "motion": 1.0},
                                   "motion": {"warmupFrames": 2}}
-    policy = tmp_path / f"policy-{tag}.yaml"
-    policy.write_text(yaml.safe_dump(doc))
-    out = tmp_path / f"run-{tag}"
-    out.mkdir()
-    with in_process_cloud_class()(native_model) as cloud:
-        s = base_settings(out, tiny_model, [{"id": "cam", "kind": "folder", "uri": str(data / "images"), "fps": 20}],
-                          policy_file=str(policy), cloud={"endpoints": [cloud.address], "max_in_flight": 64},
-                          shutdown_grace_s=120)
-        assert asyncio.run(EdgeDaemon(s).run()) == 0
+    out = _daemon(tmp_path, tiny_model, native_model, doc, tag)
     final: Dict[int, Dict[str, Any]] = {}
     for r in read_jsonl(out / "out.jsonl"):  # the last record of a frame is its result
         final[r["frame_seq"]] = r
@@ -121,22 +128,12 @@ def test_a_carry_aware_policy_decides_on_the_carried_state_and_its_records_repla
     rows = np.random.default_rng(0).random((400, len(FEATURE_NAMES)))
     GainModel.fit(rows, rows[:, FEATURE_NAMES.index("answer_age")], {}, features=FEATURE_NAMES).save(
         tmp_path / "carry.json")
-    data = tmp_path / "cam"
-    generate(SynthJob(out=data, frames=FRAMES, streams=1, seed=5, split="test", width=640, height=360,
-                      difficulty=PRESETS["camera"]))
     doc = yaml.safe_load(policy_yaml("carry-aware", threshold=0.6, deadline_ms=60000))
     doc["spec"]["signals"] = {"learnedModel": "carry.json"}
     doc["spec"]["cooldownSeconds"] = 0.1
     doc["spec"]["merge"]["carryFrames"] = 30
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(doc))
-    out = tmp_path / "run"
-    out.mkdir()
-    with in_process_cloud_class()(native_model) as cloud:
-        s = base_settings(out, tiny_model, [{"id": "cam", "kind": "folder", "uri": str(data / "images"), "fps": 20}],
-                          policy_file=str(policy), cloud={"endpoints": [cloud.address], "max_in_flight": 64},
-                          shutdown_grace_s=120)
-        assert asyncio.run(EdgeDaemon(s).run()) == 0
+    out = _daemon(tmp_path, tiny_model, native_model, doc, "carry-aware")
+    policy = tmp_path / "policy-carry-aware.yaml"
     recs = read_jsonl(out / "out.jsonl")
     assert all(set(CARRY_FEATURES) <= set(r["signals"]) for r in recs)
     first = min(recs, key=lambda r: r["frame_seq"])
