@@ -71,6 +71,21 @@ class Verdict:
     motion_blobs: Optional[np.ndarray] = None
 
 
+class LastEscalation:
+    """A stream's last escalation, kept whatever the policy in force: its frame number, what
+    the region proposals read (the edge's boxes, the motion blobs found then: None when the
+    policy then in force ran no motion detector, and the frame size), and the regions the
+    policy of generation ``generation`` proposes on it (computed when a carry-aware policy
+    first reads them; generation 0: not yet)."""
+
+    __slots__ = ("seq", "dets", "blobs", "size", "generation", "regions")
+
+    def __init__(self, seq: int, dets: Detections, blobs: Optional[np.ndarray], size: Tuple[int, int],
+                 generation: int = 0, regions: Optional[np.ndarray] = None) -> None:
+        self.seq, self.dets, self.blobs, self.size = seq, dets, blobs, size
+        self.generation, self.regions = generation, regions
+
+
 def _motion_config(policy: Optional[Policy]) -> Optional[MotionConfig]:
     """The motion detector's settings under ``policy`` (None: it does not use motion)."""
     return policy.spec.signals.motion.config() if policy is not None and policy.uses_motion() else None
@@ -93,9 +108,8 @@ class Decider:
         #: per stream, the frame size its last signal config was made for, and that config: one
         #: entry per stream, whatever the number of distinct frame sizes it brings over time
         self._cfg: Dict[str, Tuple[Tuple[int, int], SignalConfig]] = {}
-        #: per stream, the frame number of its last escalation and the regions it proposed (None:
-        #: it would have gone whole), for the carry-state features
-        self.escalated: Dict[str, Tuple[int, Optional[np.ndarray]]] = {}
+        #: per stream, its last escalation under any policy, for the carry-state features
+        self.escalated: Dict[str, LastEscalation] = {}
 
     def swap(self, policy: Policy) -> int:
         """Put ``policy`` in force from the next frame on; returns its generation."""
@@ -118,6 +132,19 @@ class Decider:
         cfg = (self.policy or NO_POLICY).signal_config(stream_id, size)
         self._cfg[stream_id] = (size, cfg)
         return cfg
+
+    def _last_regions(self, stream_id: str, last: LastEscalation, size: Tuple[int, int],
+                      cfg: SignalConfig) -> Optional[np.ndarray]:
+        """The regions the policy in force proposes on the stream's last escalation (None: it
+        would go whole), once per escalation and policy generation; ``cfg`` is the stream's
+        signal config for frames of ``size``."""
+        if last.generation != self.generation and self.policy is not None:
+            if last.size != size:
+                cfg = self.policy.signal_config(stream_id, last.size)
+            last.regions = self.policy.spec.payload.proposals(last.dets, last.blobs, last.size,
+                                                              score_bands(last.dets, cfg))
+            last.generation = self.generation
+        return last.regions
 
     def _motion(self, stream_id: str) -> Optional[MotionDetector]:
         """The stream's motion detector when the policy uses motion (a new one when the
@@ -145,14 +172,14 @@ class Decider:
         signals, self.tracker[stream_id] = recorded_signals(dets, self.tracker.get(stream_id), cfg, frame_size,
                                                             found.signals if found is not None else None)
         proposed = None
+        blobs = found.blobs if found is not None else None
         if self._carry and self.policy is not None:
             band = score_bands(dets, cfg)
-            blobs = found.blobs if found is not None else None
             proposed = self.policy.spec.payload.proposals(dets, blobs, frame_size, band)
             last = self.escalated.get(stream_id)
             signals.update(as_recorded(carry_features(
-                dets, dets.scored_within(*band), carried, None if last is None else seq - last[0], blobs, proposed,
-                None if last is None else last[1])))
+                dets, dets.scored_within(*band), carried, None if last is None else seq - last.seq, blobs, proposed,
+                None if last is None else self._last_regions(stream_id, last, frame_size, cfg))))
         facts = frame_facts(dets)
         if self.escalator is None:
             sig = NO_POLICY.spec.signals
@@ -161,7 +188,8 @@ class Decider:
                          frame_seq=seq)
         else:
             d = self.escalator.decide_facts(stream_id, seq, facts, signals, now)
-            if d.escalate:
-                self.escalated[stream_id] = (seq, proposed)
+            if d.escalate:  # under any policy: a carry-aware one may be put in force later
+                self.escalated[stream_id] = LastEscalation(seq, dets, blobs, frame_size,
+                                                           self.generation if self._carry else 0, proposed)
         return Verdict(d, self.generation, (time.perf_counter() - t0) * 1000.0, now, facts, self.digest,
                        found.blobs if found is not None else None)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import List
+
 import numpy as np
 
 from edge.deciding import Decider
 from edgewise.carrying import CarryConfig
 from edgewise.hardness.carrystate import CARRY_FEATURES
 from edgewise.hardness.learned import FEATURE_NAMES, GainModel
+from edgewise.policy import Policy
 from edgewise.policy.loading import parse_policy
 from edgewise_tools.evaluation import hybrid
 from edgewise_tools.evaluation.carryreplay import CarryReplay
@@ -67,35 +70,79 @@ def test_the_replay_forks_and_keys_its_state() -> None:
     assert twin.key() == (1, ((1, "full"),))
 
 
-def test_the_evaluations_carry_features_are_the_daemons(tmp_path) -> None:
-    # one rule: the daemon's Decider, given the same carried boxes, computes the features the
-    # evaluation's replay gives a gain model, escalation after escalation
-    rows = np.random.default_rng(0).random((200, len(FEATURE_NAMES)))
-    GainModel.fit(rows, rows[:, FEATURE_NAMES.index("answer_age")], {}, features=FEATURE_NAMES).save(
-        tmp_path / "carry.json")
-    policy = parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {name: p}\n"
-                          "spec:\n  threshold: 0.5\n  signals: {learnedModel: carry.json}\n"
-                          "  payload: {mode: regions, regionMin: 8}\n  cooldownSeconds: 0\n"
+def _policy(tmp_path, name: str, carry: bool = True, region_min: int = 8, cooldown_s: float = 0.0) -> Policy:
+    """A regions policy: carry-aware (a gain model fitted on the carry features, older answers
+    scoring higher) or the combined hardness at threshold 0 (escalates whatever the cooldown allows)."""
+    model = tmp_path / "carry.json"
+    if carry and not model.exists():
+        rows = np.random.default_rng(0).random((200, len(FEATURE_NAMES)))
+        GainModel.fit(rows, rows[:, FEATURE_NAMES.index("answer_age")], {}, features=FEATURE_NAMES).save(model)
+    policy = parse_policy(f"apiVersion: edgewise/v1\nkind: EscalationPolicy\nmetadata: {{name: {name}}}\n"
+                          f"spec:\n  threshold: {0.5 if carry else 0.0}\n"
+                          + ("  signals: {learnedModel: carry.json}\n" if carry else "")
+                          + f"  payload: {{mode: regions, regionMin: {region_min}}}\n  cooldownSeconds: {cooldown_s}\n"
                           "  merge: {strategy: replace, carryFrames: 30}\n"
-                          "  budget: {maxFraction: 1.0, maxPerSecond: 1000, burst: 1000}\n", str(tmp_path / "p.yaml"))
-    assert policy.uses_carry()
-    recs = _streams(1, 12)
-    recs[2].edge = D([[10, 10, 30, 30], [60, 60, 80, 80]], [0, 0], [0.4, 0.3], "edge")
+                          "  budget: {maxFraction: 1.0, maxPerSecond: 1000, burst: 1000}\n", str(tmp_path / f"{name}.yaml"))
+    assert policy.uses_carry() == carry
+    return policy
+
+
+def _alongside(recs, decider: Decider, policy: Policy, frames, replay: CarryReplay) -> List[int]:
+    """Decide ``frames`` with the daemon's Decider and check, frame by frame, that its carry
+    features are the evaluation's replay's under ``policy`` (the one in force); the escalated."""
     views = FrameViews(recs, policy)
-    decider = Decider(policy, clock=lambda: 0.0)
-    replay = CarryReplay(recs, 1, policy.spec.merge.carry())
     escalated = []
-    for i, r in enumerate(recs):
+    for i in frames:
+        r = recs[i]
         carried = replay.at(i)
         ours = views.features(recs, i, replay, carried)
         d = decider.decide("s0", r.frame, r.edge, (r.width, r.height), now=float(i), carried=carried).decision
-        assert {k: ours[k] for k in CARRY_FEATURES} == {k: d.signals[k] for k in CARRY_FEATURES}, i
+        if policy.uses_carry():
+            assert {k: ours[k] for k in CARRY_FEATURES} == {k: d.signals[k] for k in CARRY_FEATURES}, i
         if d.escalate:
             replay.escalate(i, "regions")
             escalated.append(i)
+    return escalated
+
+
+def test_the_evaluations_carry_features_are_the_daemons(tmp_path) -> None:
+    # one rule: the daemon's Decider, given the same carried boxes, computes the features the
+    # evaluation's replay gives a gain model, escalation after escalation
+    policy = _policy(tmp_path, "p")
+    recs = _streams(1, 12)
+    recs[2].edge = D([[10, 10, 30, 30], [60, 60, 80, 80]], [0, 0], [0.4, 0.3], "edge")
+    decider = Decider(policy, clock=lambda: 0.0)
+    escalated = _alongside(recs, decider, policy, range(len(recs)), CarryReplay(recs, 1, policy.spec.merge.carry()))
     assert 0 < len(escalated) < len(recs)  # the model (older answers score higher) escalated some, not all
     # and the evaluation's replay of the policy file (its policy row, check-policy --data) decides the same
     assert np.flatnonzero(hybrid.run_policy(recs, policy, fps=1.0)).tolist() == escalated
+
+
+def test_the_carry_features_stay_the_replays_across_policy_swaps(tmp_path) -> None:
+    # the last escalation's regions are the ones the policy in force proposes on that frame,
+    # whichever policy escalated it, as the replay of the policy in force reads them: escalations
+    # under a policy that does not read the carry state (their regions were not kept: a whole
+    # frame, covering nothing after 5 frames) and under a carry-aware one with another payload
+    # (its regions were kept, not the new policy's) read otherwise
+    static, carry, wide = (_policy(tmp_path, "static", carry=False), _policy(tmp_path, "carry"),
+                           _policy(tmp_path, "wide", region_min=60))
+    recs = _streams(1, 40)
+    for i in (*range(8, 12), *range(21, 27), *range(33, 37)):
+        # a box whose centre the wide payload's region of [10, 10, 30, 30] covers, the narrow one's not
+        recs[i].edge = D([[40, 40, 50, 50]], [0], [0.4], "edge")
+    replay = CarryReplay(recs, 1, carry.spec.merge.carry())
+    decider = Decider(static, clock=lambda: 0.0)
+    # carry-blind -> carry-aware: frames 6-16 come 6-16 frames after the static policy's escalation
+    assert _alongside(recs, decider, static, [0], replay) == [0]
+    decider.swap(carry)
+    assert _alongside(recs, decider, carry, range(1, 21), replay) == [17]
+    decider.swap(wide)  # another payload: frame 17's regions are the wide payload's
+    assert _alongside(recs, decider, wide, range(21, 27), replay) == []
+    # carry-aware -> carry-blind -> carry-aware: the static policy escalates frame 27
+    decider.swap(static)
+    assert _alongside(recs, decider, static, [27], replay) == [27]
+    decider.swap(carry)
+    assert _alongside(recs, decider, carry, range(28, 40), replay) == []
 
 
 def test_a_state_the_first_pass_never_met_cannot_empty_the_selection() -> None:
