@@ -5,8 +5,10 @@ what the stream's earlier escalations left in force, so its scores cannot be ran
 for the whole set (``hybrid.top_fraction``). :func:`select` replays it as the daemon runs it:
 per stream in frame order, a frame is escalated when its score reaches one threshold and
 the cooldown allows, and the carry state then follows (:class:`.carryreplay.CarryReplay`);
-the threshold is bisected so the set escalates ``floor(rate * N)`` frames (or fewer, :func:`select`),
-the same budget every static policy gets at that rate. Ties are broken by a
+the threshold is bisected so the set escalates ``floor(rate * N)`` frames, the same budget every
+static policy gets at that rate; the count is not monotone in the threshold, so the thresholds
+next to the bisection's bracket are then scanned one distinct selection at a time
+(:func:`select`), and a set no threshold brings to the budget gets the closest count below. Ties are broken by a
 seeded jitter far below any score difference, one draw per seed.
 
 :class:`CarryScores` is such a score: a gain model over the frame's signals joined by its
@@ -16,7 +18,7 @@ daemon's function (``edge.deciding``), from the replayed state.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -36,6 +38,9 @@ StateScore = Callable[[int, CarryReplay, Optional[Detections]], float]
 ModeOf = Callable[[WholeFrames, FrameRecord], str]
 #: bisection steps of the threshold (the scores' range halves each time)
 STEPS = 48
+#: runs of the scan after the bisection, half above its bracket and half below: each run is
+#: one more distinct selection (:func:`select`)
+SCAN = 24
 
 
 class FrameViews:
@@ -83,11 +88,29 @@ class CarryScores:
         return got
 
 
+class Pass(NamedTuple):
+    """One replay under threshold ``t``: its selection, the lowest and highest score it met, and
+    the met scores closest to ``t`` on either side (``below`` < t <= ``above``; -inf / inf: none).
+    Any threshold in (``below``, ``above``] makes every decision of the pass the same way, so it
+    selects the same frames: the thresholds fall into intervals of equal selections."""
+
+    mask: np.ndarray
+    low: float
+    high: float
+    below: float
+    above: float
+
+    @property
+    def escalated(self) -> int:
+        """Frames it escalates."""
+        return int(self.mask.sum())
+
+
 def _run(records: Sequence[FrameRecord], score: StateScore, t: float, gap: int, lag: int, cfg: CarryConfig,
-         mode_of: ModeOf, jitter: np.ndarray) -> Tuple[np.ndarray, float, float]:
-    """The selection under threshold ``t``, and the lowest and highest score it met."""
+         mode_of: ModeOf, jitter: np.ndarray) -> Pass:
+    """The selection under threshold ``t``."""
     mask = np.zeros(len(records), bool)
-    low, high = np.inf, -np.inf
+    low, high, below, above = np.inf, -np.inf, -np.inf, np.inf
     replay = CarryReplay(records, lag, cfg)
     whole = WholeFrames()
     for i, r in enumerate(records):
@@ -98,49 +121,82 @@ def _run(records: Sequence[FrameRecord], score: StateScore, t: float, gap: int, 
         s = score(i, replay, carried) + jitter[i]
         low, high = min(low, s), max(high, s)
         if s >= t:
+            above = min(above, s)
             mask[i] = True
             replay.escalate(i, mode_of(whole, r))
-    return mask, low, high
+        else:
+            below = max(below, s)
+    return Pass(mask, low, high, below, above)
+
+
+def _scan(run: Callable[[float], Pass], budget: int, lo: Pass, hi: Pass, best: np.ndarray) -> np.ndarray:
+    """After the bisection (``lo``: a pass above the budget, ``hi``: at or below it, next to each
+    other), walk the intervals of thresholds outwards from them, one pass per interval, at most
+    :data:`SCAN` passes, alternating up and down: a non-monotone count may come back to the budget
+    there. Returns the first selection of exactly ``budget`` frames, else the largest below it
+    (``best`` included)."""
+    ends = [hi, lo]
+    for k in range(SCAN):
+        end = ends[k % 2]
+        t = float(np.nextafter(end.above, np.inf)) if k % 2 == 0 else end.below  # the next interval
+        if not np.isfinite(t):
+            continue
+        ends[k % 2] = p = run(t)
+        if p.escalated <= budget and p.escalated > int(best.sum()):
+            best = p.mask
+            if p.escalated == budget:
+                break
+    return best
 
 
 def select(records: Sequence[FrameRecord], score: StateScore, budget: int, gap: int, lag: int, cfg: CarryConfig,
            mode_of: ModeOf, seed: int = 0) -> np.ndarray:
     """The daemon's selection under one threshold, bisected so that it escalates ``budget``
-    frames, or the most below it the bisection met: the count is not monotone in the threshold
-    (fewer early escalations leave more stale states later), so a reachable count can be missed,
-    and ``hybrid.is_short`` marks a row that fell short (a cooldown of ``gap`` frames per stream; answers
-    carried ``lag`` frames after each escalation under ``cfg``; ``mode_of`` gives each
-    escalation's payload mode, the policy's whole-frame refresh included)."""
+    frames. The count is not monotone in the threshold (fewer early escalations leave more stale
+    states later), so when the bisection's two closest passes straddle the budget, the thresholds
+    next to them are scanned interval by interval (:func:`_scan`); a set that reaches none
+    returns the most below the budget any pass met, and ``hybrid.is_short`` marks a row that fell
+    short (a cooldown of ``gap`` frames per stream; answers carried ``lag`` frames after each
+    escalation under ``cfg``; ``mode_of`` gives each escalation's payload mode, the policy's
+    whole-frame refresh included)."""
     n = len(records)
     best = np.zeros(n, bool)
     if budget <= 0:
         return best
     jitter = np.random.default_rng(seed).random(n) * 1e-9
-    everything, low, high = _run(records, score, -np.inf, gap, lag, cfg, mode_of, jitter)
-    if int(everything.sum()) <= budget:
-        return everything
+
+    def run(t: float) -> Pass:
+        return _run(records, score, t, gap, lag, cfg, mode_of, jitter)
+
+    first = run(-np.inf)
+    if first.escalated <= budget:
+        return first.mask
     # a state the first pass did not meet may score outside its range: above it, the threshold
     # just above the first pass's highest score still escalates more than the budget (frames long
     # after an escalation the first pass never let happen). Raise the upper end past the highest
     # score each such run met until it escalates at most the budget; below the range, the
     # bisection ends at the closest count it can reach below the budget.
-    lo, hi = low - 1e-6, high + 1e-6
+    lo, hi = first, None
+    t_lo, t_hi = first.low - 1e-6, first.high + 1e-6
     for _ in range(STEPS):
-        mask, _, top = _run(records, score, hi, gap, lag, cfg, mode_of, jitter)
-        if int(mask.sum()) <= budget:
-            best = mask
+        p = run(t_hi)
+        if p.escalated <= budget:
+            best, hi = p.mask, p
             break
-        lo, hi = hi, top + 1e-6
+        lo, t_lo, t_hi = p, t_hi, p.high + 1e-6
+    if hi is None:
+        return best
     for _ in range(STEPS):
         if int(best.sum()) == budget:
+            return best
+        mid = (t_lo + t_hi) / 2.0
+        if not t_lo < mid < t_hi:  # the bracket is one float wide
             break
-        mid = (lo + hi) / 2.0
-        mask = _run(records, score, mid, gap, lag, cfg, mode_of, jitter)[0]
-        count = int(mask.sum())
-        if count > budget:
-            lo = mid
+        p = run(mid)
+        if p.escalated > budget:
+            lo, t_lo = p, mid
         else:
-            hi = mid
-            if count > int(best.sum()):
-                best = mask
-    return best
+            hi, t_hi = p, mid
+            if p.escalated > int(best.sum()):
+                best = p.mask
+    return best if int(best.sum()) == budget else _scan(run, budget, lo, hi, best)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from edgewise.policy import Policy
 from edgewise.policy.loading import parse_policy
 from edgewise_tools.evaluation import hybrid
 from edgewise_tools.evaluation.carryreplay import CarryReplay
-from edgewise_tools.evaluation.sequential import FrameViews, select
+from edgewise_tools.evaluation.sequential import FrameViews, _run, select
 from tests.edgewise_tools.evaluation.test_hybrid import D, rec
 
 CFG = CarryConfig(frames=1000, min_match=0.5)
@@ -158,3 +158,39 @@ def test_a_state_the_first_pass_never_met_cannot_empty_the_selection() -> None:
 
     mask = select(recs, aging, 3, 2, 1, CFG, hybrid.mode_of("full"))
     assert np.flatnonzero(mask).tolist() == [5, 10, 15]
+
+
+#: (frame, frames since the stream's last escalation: None when none yet) -> score; frames 1-2 score
+#: high while nothing has been escalated (stale), so escalating frame 0 takes both away
+_NON_MONOTONE = {(0, None): 0.5, (1, None): 0.7, (1, 1): 0.3, (2, None): 0.9, (2, 1): 0.7, (2, 2): 0.25,
+                 (3, None): 0.0, (3, 1): 0.1, (3, 2): 0.2, (3, 3): 0.2}
+
+
+def _counts(recs, table) -> Dict[float, int]:
+    """Frames escalated at every threshold that matters (each distinct score, and above them all)."""
+    return {t: int(_run(recs, lambda i, replay, carried: table[i, replay.age()], t, 0, 1, CFG, hybrid.mode_of("full"),
+                        np.zeros(len(recs)))[0].sum()) for t in sorted(set(table.values())) + [1.0]}
+
+
+def test_a_count_the_bisection_steps_over_is_found_next_to_it() -> None:
+    # escalated frames by threshold: above 0.9 none; (0.7, 0.9] frame 2; (0.5, 0.7] frames 1 and 2;
+    # (0.3, 0.5] frame 0, which leaves frames 1-3 too fresh; (0.1, 0.3] 0, 1, 2; below, all 4. The
+    # bisection closes in on 0.3, where the count jumps from 3 to 1, and stopped at 1 of the 2 asked
+    recs = _streams(1, 4)
+    assert list(_counts(recs, _NON_MONOTONE).values()) == [4, 4, 3, 3, 3, 1, 2, 1, 0]
+    for seed in (0, 1, 2):
+        mask = select(recs, lambda i, replay, carried: _NON_MONOTONE[i, replay.age()], 2, 0, 1, CFG,
+                      hybrid.mode_of("full"), seed=seed)
+        assert np.flatnonzero(mask).tolist() == [1, 2], seed
+
+
+def test_a_count_no_threshold_gives_ends_at_the_closest_below() -> None:
+    # frame 3 right after frame 2's escalation scores 0.4: 4 frames up to 0.3, then 1, 2, 1, 0; 3 is
+    # reachable by no threshold, and the bisection's bracket (4 | 1) is not the closest below it (2)
+    table = dict(_NON_MONOTONE)
+    table[3, 1] = 0.4
+    recs = _streams(1, 4)
+    counts = _counts(recs, table)
+    assert 3 not in counts.values() and max(c for c in counts.values() if c < 3) == 2
+    mask = select(recs, lambda i, replay, carried: table[i, replay.age()], 3, 0, 1, CFG, hybrid.mode_of("full"))
+    assert np.flatnonzero(mask).tolist() == [1, 2]
