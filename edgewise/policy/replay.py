@@ -282,7 +282,7 @@ class Stream:
     """One stream's capture-time stretches, daemon runs, oddities and figures per side."""
 
     __slots__ = ("first_s", "last_s", "stretches", "jumps", "largest_jump_s", "epoch", "runs", "backwards",
-                 "largest_back_s", "figs", "version", "run_frames", "escalators", "run_digests")
+                 "largest_back_s", "figs", "version", "run_frames", "escalators", "run_digests", "run_carry")
 
     def __init__(self, t: float, epoch: int, n_sides: int, escalators: Sequence[Optional[Escalator]] = ()) -> None:
         self.first_s = t  # the current stretch of capture time: earliest and latest frame
@@ -297,6 +297,7 @@ class Stream:
         self.figs = [Figures() for _ in range(n_sides)]
         self.version: Tuple[Any, ...] = ()  # (policy, digest, generation) of the current frames
         self.run_frames = 0                 # frames of that version so far
+        self.run_carry: Set[str] = set()    # the carry-state features a side reads that its records hold
         self.escalators = list(escalators)  # each side's decision core for the stream's device
         self.run_digests: Set[str] = set()  # the policy digests that decided frames of the current daemon run
 
@@ -354,6 +355,7 @@ class Replay:
     crop_pixels: float = 0.0
     crop_frames_pixels: float = 0.0
     needed: Set[str] = field(default_factory=set)
+    carry_read: Set[str] = field(default_factory=set)  # the carry-state features a side's gain model reads
     reorder_window: int = REORDER_FRAMES  # the records of a stream it may hold (the budget may leave fewer)
 
     def count_version(self, st: Stream) -> None:
@@ -366,7 +368,9 @@ class Replay:
                                                      "generations": set()}
             v["frames"] += st.run_frames
             v["generations"].add(gen)
+            v.setdefault("carry", set()).update(st.run_carry)
         st.run_frames = 0
+        st.run_carry = set()
 
     def restart(self, sid: str, st: Stream, epoch: int) -> None:
         """The daemon restarted (a new frame_seq epoch): budgets start afresh, as they did."""
@@ -399,6 +403,11 @@ def _needed(policy: Policy) -> Set[str]:
     if policy.learned is not None:  # the signals the model was fitted on, the carry state's included
         return set(SIGNAL_NAMES + CARRY_FEATURES).intersection(policy.learned.features)
     return {k for k, w in policy.spec.signals.weights.items() if w > 0}
+
+
+def _carry_read(policy: Policy) -> Set[str]:
+    """The carry-state features ``policy``'s gain model reads (none when it reads no carry state)."""
+    return _needed(policy).intersection(CARRY_FEATURES) if policy.uses_carry() else set()
 
 
 def _crop_area(crop: Any) -> Optional[float]:
@@ -483,6 +492,8 @@ def _take(r: Replay, doc: Record) -> None:
     run_digests = st.run_digests
     run_digests.add(digest)
     st.run_frames += 1
+    if r.carry_read:
+        st.run_carry.update(r.carry_read.intersection(signals))
     recorded = doc.get("escalated") is True
     up0 = d0.escalate
     up1 = d1.escalate if d1 is not None else recorded
@@ -572,6 +583,7 @@ def replay(paths: Sequence[str], policy: Policy, against: Optional[Policy] = Non
     for side in sides:
         if side.policy is not None:
             r.needed |= _needed(side.policy)
+            r.carry_read |= _carry_read(side.policy)
     t0, c0 = time.perf_counter(), time.process_time()
     collecting = gc.isenabled()
     gc.disable()  # millions of short-lived dicts, no cycles: the collector would cost a third of the time
@@ -770,6 +782,7 @@ def _notes(r: Replay) -> List[str]:
     if versions and not any(v["digest"] for v in versions):
         notes.append("the records do not carry policy_digest (written by an older daemon): whether a policy "
                      "decided them cannot be checked, so nothing is checked for reproduction")
+    notes.extend(filter(None, (_carry_note(side, versions) for side in r.sides)))
     for side in r.sides:
         if side.policy is None or not (side.checked or side.after_reload):
             continue
@@ -790,6 +803,22 @@ def _notes(r: Replay) -> List[str]:
                          f"are compared ({side.agreed_after_reload} agree) but not checked for reproduction (the "
                          "frames of a daemon run that started with this policy are)")
     return notes
+
+
+def _carry_note(side: Side, versions: Sequence[Dict[str, Any]]) -> str:
+    """The line saying that ``side``'s carry-aware policy reads the carry-state features another
+    policy's daemon recorded ("" when it reads none of those)."""
+    if side.policy is None:
+        return ""
+    reads = _carry_read(side.policy)
+    under = [f"{', '.join(sorted(v['carry'] & reads))} under {v['name'] or 'an unnamed policy'!r} "
+             f"({v['digest'][:12] or 'no digest'})"
+             for v in versions if v["digest"] != side.digest and v.get("carry", set()) & reads]
+    if not under:
+        return ""
+    return (f"{side.label} reads the carry-state features as recorded, {'; '.join(under)}: the pixels are not "
+            "in the records, so the carrier cannot be re-run and they follow that policy's escalations, not "
+            f"{side.label}'s own")
 
 
 def _report(r: Replay, elapsed: float, cpu: float) -> Dict[str, Any]:

@@ -438,6 +438,32 @@ def test_a_carry_aware_policy_on_records_without_the_carry_state_says_so(tmp_pat
     assert "20 record(s) lack signal answer_age" in "\n".join(rep["notes"])
 
 
+def test_another_carry_aware_policy_is_told_it_reads_the_recorded_carry_state(tmp_path: Path) -> None:
+    # records of a daemon under one carry-aware policy hold the carry-state features its escalations
+    # left; another carry-aware policy replayed on them reads those (the pixels are not recorded, so
+    # the carrier cannot be re-run), and the report says which features, recorded under which policy
+    import numpy as np
+
+    from edgewise.hardness.learned import FEATURE_NAMES, GainModel
+
+    x = np.random.default_rng(0).random((200, len(FEATURE_NAMES)))
+    for name, target in (("a.json", "answer_age"), ("b.json", "new_regions")):
+        GainModel.fit(x, x[:, FEATURE_NAMES.index(target)], {}, features=FEATURE_NAMES).save(tmp_path / name)
+    recorder = parse_policy(HEAD % "ours" + "  signals: {learnedModel: a.json}\n", str(tmp_path / "a.yaml"))
+    other = parse_policy(HEAD % "theirs" + "  signals: {learnedModel: b.json}\n", str(tmp_path / "b.yaml"))
+    recs = daemon_records(BUSY, WAVE[:20])
+    for i, rec in enumerate(recs):  # as a daemon under the carry-aware policy records them
+        rec["signals"].update(answer_age=round(i % 5 / 30, 4), new_regions=0.5)
+        rec.update(policy="ours", policy_digest=policy_digest(recorder))
+    path = write(tmp_path / "r.jsonl", recs)
+    said = [n for n in replay([path], other)["notes"] if "carry-state features" in n]
+    assert len(said) == 1 and f"answer_age, new_regions under 'ours' ({policy_digest(recorder)[:12]})" in said[0]
+    assert "carrier cannot be re-run" in said[0] and str(tmp_path / "b.yaml") in said[0]
+    # the policy that recorded them, or one that reads no carry state, is told nothing of the kind
+    assert not any("carry-state features" in n for n in replay([path], recorder)["notes"])
+    assert not any("carry-state features" in n for n in replay([path], BUSY)["notes"])
+
+
 # --------------------------------------------------------------------------- unusable records
 
 def test_a_record_with_a_field_of_the_wrong_type_is_skipped_and_counted_never_a_crash(tmp_path: Path) -> None:
