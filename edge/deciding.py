@@ -192,4 +192,4 @@ class Decider:
                 self.escalated[stream_id] = LastEscalation(seq, dets, blobs, frame_size,
                                                            self.generation if self._carry else 0, proposed)
         return Verdict(d, self.generation, (time.perf_counter() - t0) * 1000.0, now, facts, self.digest,
-                       found.blobs if found is not None else None)
+                       blobs)
