@@ -222,7 +222,8 @@ class EdgeDaemon:
         if s.jsonl:
             out.append(JsonlSink(s.jsonl, fsync=s.fsync, max_bytes=s.jsonl_max_bytes, keep=s.jsonl_keep,
                                  compress=s.jsonl_compress,
-                                 reserve_bytes=RESERVE_BYTES if self._beside_the_spool(s.jsonl) else 0))
+                                 reserve_bytes=RESERVE_BYTES if self._beside_the_spool(s.jsonl) else 0,
+                                 metrics=self.metrics))
         if s.stdout:
             out.append(StdoutSink())
         if s.mqtt and self.mqtt is not None:

@@ -131,7 +131,8 @@ class EdgeMetrics:
             "edgewise_edge_sink_backlog", "Records a sink keeps until its destination acknowledged them",
             ["sink"], registry=r)
         self.sink_dropped = Counter(
-            "edgewise_edge_sink_dropped", "Records a sink dropped because its backlog was full", ["sink"],
+            "edgewise_edge_sink_dropped", "Records a sink lost: beyond its backlog's bound, or held in memory at exit",
+            ["sink"],
             registry=r)
         self.uplink_bytes = Counter(
             "edgewise_edge_uplink_bytes", "Escalation payload bytes sent to the cloud by transport (replays too)",

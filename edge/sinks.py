@@ -11,6 +11,8 @@ A live record the JSON Lines file or the MQTT sink's outbox cannot take (its dis
 error, the outbox locked by another process) is held in a bounded in-memory backlog (``HeldRecords``, :data:`BACKLOG_BYTES`, the
 oldest dropped and counted beyond it) and written, in order, before the next record once the
 disk takes it again; a late record is not held: its answer stays in the spool, which replays it.
+At the sink's close what is held goes in for :data:`CLOSE_TIMEOUT_S` at most; every record lost
+(beyond the bound, or at exit) is counted in ``edgewise_edge_sink_dropped_total``.
 On the spool's filesystem the JSON Lines sink's live lines and the MQTT outbox's live records
 leave the spool's reserve free (``reserve_bytes``): late records and the spool's
 acknowledgements may use it.
@@ -37,7 +39,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, BinaryIO, Callable, Deque, Dict, FrozenSet, List, Optional, Set, Tuple
+from typing import Any, BinaryIO, Callable, Deque, Dict, FrozenSet, List, Optional, Set, Tuple, Type
 
 try:
     from typing import Protocol
@@ -64,6 +66,12 @@ BACKLOG_BYTES = 16 * 1024 * 1024
 DRAIN_SLICE_S = 0.05
 #: a failing sink is logged at most once per this many seconds (with the count since)
 LOG_EVERY_S = 10.0
+#: how long a durable sink's close takes at most: records held in memory go in until then (the
+#: rest are lost, logged and counted; 16 MiB of them took 8.9 s into the outbox, and a lock
+#: another process holds or a slow disk has no end), and the MQTT sink publishes what its
+#: outbox holds in what is left. The daemon closes its sinks one after the other once
+#: ``shutdown_grace_s`` is over: 5 s + 2 x 3 s is well inside systemd's TimeoutStopSec=30
+CLOSE_TIMEOUT_S = 3.0
 
 
 class Sink(Protocol):
@@ -93,23 +101,33 @@ class HeldRecords:
     at most :data:`BACKLOG_BYTES` (the oldest dropped and counted beyond): a live record has no
     other copy (the spool holds escalations only), so it waits here and goes in, in order,
     before the sink's next records (:data:`DRAIN_SLICE_S` of them per record, the record
-    itself held behind them while some are left). ``where`` names the sink in the log."""
+    itself held behind them while some are left). ``where`` names the sink in the log.
+    This is where a held record is decided lost (beyond the bound, or at exit): ``on_lost(n)``
+    is called there, and only there (the daemon counts it in ``edgewise_edge_sink_dropped_total``)."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, on_lost: Optional[Callable[[int], None]] = None) -> None:
         self.where = where
+        self.on_lost = on_lost
         self.items: Deque[bytes] = deque()
         self.bytes = 0
-        self.dropped = 0
+        self.dropped = 0  # lost beyond the bound since the last report in the log (each counted when lost)
 
     def __len__(self) -> int:
         return len(self.items)
 
+    def _lose(self, n: int) -> None:
+        if n and self.on_lost is not None:
+            self.on_lost(n)
+
     def hold(self, data: bytes) -> None:
         self.items.append(data)
         self.bytes += len(data)
+        lost = 0
         while self.bytes > BACKLOG_BYTES and len(self.items) > 1:
             self.bytes -= len(self.items.popleft())
-            self.dropped += 1
+            lost += 1
+        self.dropped += lost
+        self._lose(lost)
 
     def drain(self, put: Callable[[bytes], Any], budget_s: Optional[float] = None) -> bool:
         """``put`` held records, oldest first, for up to ``budget_s`` (None: all; two at least,
@@ -129,10 +147,34 @@ class HeldRecords:
             self.dropped = 0
         return True
 
-    def lost_at_exit(self, exc: BaseException) -> None:
-        if self.items or self.dropped:
-            log.error("%s: %d live records held in memory are lost at exit: %s", self.where,
-                      len(self.items) + self.dropped, exc)
+    def flush_at_exit(self, put: Callable[[bytes], Any], budget_s: float,
+                      errors: Tuple[Type[BaseException], ...]) -> None:
+        """The sink's close: ``put`` what is held, oldest first, for up to ``budget_s``
+        (:data:`CLOSE_TIMEOUT_S`: the stop must end within systemd's TimeoutStopSec); what did
+        not get in by then, or when ``put`` raised one of ``errors``, is lost: said in an ERROR
+        with its count, and counted (``on_lost``)."""
+        try:
+            if self.drain(put, budget_s):
+                return
+            why: str = f"not put in within the sink's close time of {budget_s:g} s"
+        except errors as exc:
+            why = str(exc)
+        n = len(self.items)
+        earlier = (f"; {self.dropped} more were lost before, beyond the {BACKLOG_BYTES >> 20} MiB held"
+                   if self.dropped else "")
+        log.error("%s: %d live records held in memory are lost at exit: %s%s", self.where, n, why, earlier)
+        self.items.clear()
+        self.bytes = 0
+        self.dropped = 0
+        self._lose(n)
+
+
+def counter(metrics: Any, sink: str) -> Optional[Callable[[int], None]]:
+    """``HeldRecords.on_lost`` of sink ``sink``: its records lost, counted in
+    ``edgewise_edge_sink_dropped_total{sink}`` (``metrics``: ``EdgeMetrics``, or None: not counted)."""
+    if metrics is None:
+        return None
+    return lambda n: metrics.sink_dropped.labels(sink).inc(n)
 
 
 def reserve_refusal(reserve_bytes: int) -> OSError:
@@ -177,14 +219,17 @@ def _gone(here: Optional[os.stat_result]) -> str:
 class JsonlSink:
     """Appends one JSON object per line; flushed per record (fsync optional). With
     ``max_bytes`` the file rotates by size, ``keep`` rotated files stay, gzip'd with
-    ``compress`` (``edge.rotation``)."""
+    ``compress`` (``edge.rotation``). Live lines it loses (``HeldRecords``) are counted in
+    ``metrics.sink_dropped`` (``EdgeMetrics``) when given; its close takes ``close_timeout_s`` at most."""
 
     name = "jsonl"
     durable = True
 
     def __init__(self, path: str, fsync: bool = False, max_bytes: int = 0, keep: int = 0,
-                 compress: bool = False, reserve_bytes: int = 0) -> None:
+                 compress: bool = False, reserve_bytes: int = 0, metrics: Any = None,
+                 close_timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         self.path = path
+        self.close_timeout_s = close_timeout_s
         self.fsync = fsync
         #: bytes of its filesystem a live line leaves free (the spool's reserve, where the spool
         #: shares it): late lines and the spool's acknowledgements may still use them
@@ -204,7 +249,7 @@ class JsonlSink:
         self.size = self.f.tell()
         self.compressor = rotation.Compressor(path, keep) if max_bytes and compress else None
         #: live lines not written yet (module doc)
-        self.held = HeldRecords(f"sinks.jsonl {path}")
+        self.held = HeldRecords(f"sinks.jsonl {path}", counter(metrics, self.name))
 
     def _load_late_keys(self) -> Dict[str, None]:
         """Keys of the late records among the newest ``TAIL_BYTES`` of the file and, when it
@@ -384,10 +429,8 @@ class JsonlSink:
             rotation.prune(self.path, self.keep)
 
     def close(self) -> None:
-        try:
-            self.held.drain(self._append)
-        except OSError as exc:
-            self.held.lost_at_exit(exc)
+        """Write the lines held in memory, for up to ``close_timeout_s`` (``HeldRecords.flush_at_exit``)."""
+        self.held.flush_at_exit(self._append, self.close_timeout_s, (OSError,))
         self.f.close()
         if self.compressor is not None:
             self.compressor.close()
@@ -450,7 +493,7 @@ class MqttSink:
     durable = True
 
     def __init__(self, conn: Any, topic: str, outbox: Outbox, metrics: Any = None,
-                 close_timeout_s: float = 3.0, window: int = SINK_WINDOW, retry_refused_s: float = 30.0,
+                 close_timeout_s: float = CLOSE_TIMEOUT_S, window: int = SINK_WINDOW, retry_refused_s: float = 30.0,
                  reserve_bytes: int = 0) -> None:
         self.conn = conn
         self.topic = topic
@@ -476,7 +519,7 @@ class MqttSink:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._reported_drops = 0
-        self.held = HeldRecords("the MQTT sink's outbox")
+        self.held = HeldRecords("the MQTT sink's outbox", counter(metrics, self.name))
         self.last_epoch = max((epoch_of_key(k) for k in outbox.late_keys()), default=-1)
         conn.publishes_to(topic)
         if metrics is not None:
@@ -720,14 +763,12 @@ class MqttSink:
         the rest (refused records included) stays in the outbox for the next start. Stops the
         connection (the daemon closes its sinks last), then closes the outbox. A lock another
         process holds on the outbox is waited for until then (``Outbox.stop_by``), no longer:
-        records held in memory that did not get in are lost, said in an ERROR with their count
-        (the JSON Lines file, when configured, has them)."""
+        records held in memory that did not get in by then are lost, said in an ERROR with their
+        count and counted (the JSON Lines file, when configured, has them)."""
         deadline = time.monotonic() + self.close_timeout_s
         self.outbox.stop_by = deadline
-        try:
-            self.held.drain(lambda d: self.outbox.put(d, None, wait_s=BUSY_TIMEOUT_S))
-        except (sqlite3.Error, OSError, OutboxBusy) as exc:
-            self.held.lost_at_exit(exc)
+        self.held.flush_at_exit(lambda d: self.outbox.put(d, None, wait_s=BUSY_TIMEOUT_S), self.close_timeout_s,
+                                (sqlite3.Error, OSError, OutboxBusy))
         while (len(self.outbox) > len(self._refused) and self.conn.connected.is_set()
                and time.monotonic() < deadline):
             self._wake.set()
@@ -744,6 +785,8 @@ class MqttSink:
         if len(self.outbox):
             log.warning("%d MQTT records not yet acknowledged by the broker (%d of them refused); kept in %s "
                         "for the next start", len(self.outbox), len(self._refused), self.outbox.path)
+        if not self._thread.is_alive():  # (else its own last round counts them)
+            self._show()  # what the outbox's bound dropped while the held records went in
         self.conn.stop()  # no broker answer may come to a closed outbox: the sink is the connection's last user
         self.outbox.close()
 

@@ -1,0 +1,161 @@
+"""Every live record a durable sink loses is counted in ``edgewise_edge_sink_dropped_total``,
+and a sink's close puts its held records in for a bounded time (``edge.sinks.CLOSE_TIMEOUT_S``).
+
+Real components: a real tmpfs filled by another file (the JSON Lines sink's full disk), a
+real process holding the MQTT outbox's SQLite write lock, an MQTT connection to a port where
+no broker listens (an outage). Records are lost beyond the 16 MiB held in memory
+(``edge.sinks.BACKLOG_BYTES``) and at exit; both used to be logged only."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from edge.metrics import EdgeMetrics
+from edge.outbox import Outbox
+from edge.sinks import BACKLOG_BYTES, JsonlSink, MqttSink, Sinks
+from edge.transports.mqtt import SESSION_EXPIRY_S, MqttConnection
+from tests.conftest import free_port
+from tests.edge.helpers import frame_record, hold_write_lock, let_go, read_jsonl
+
+TOPIC = "edgewise/dev/detections"
+PAD = 4000  # bytes of ``error`` that make a record about 4.3 KB
+
+
+def _big(seq: int):
+    rec = frame_record("cam", seq)
+    rec.error = "x" * PAD
+    return rec
+
+
+def _over_the_hold() -> int:
+    """More records of :func:`_big` size than :data:`BACKLOG_BYTES` holds (by about 60)."""
+    return BACKLOG_BYTES // len(_big(0).to_json()) + 60
+
+
+def _dropped(metrics: EdgeMetrics, sink: str) -> float:
+    return metrics.sink_dropped.labels(sink)._value.get()
+
+
+def _unreachable_broker() -> MqttConnection:
+    conn = MqttConnection("127.0.0.1", free_port(), client_id="sink-losses", session_expiry_s=SESSION_EXPIRY_S)
+    conn.start()
+    return conn
+
+
+def test_live_lines_the_jsonl_sink_loses_beyond_the_hold_and_at_exit_are_counted(small_fs, caplog):
+    """The JSON Lines file's disk is full: live lines wait in memory; beyond 16 MiB the oldest
+    are dropped and counted as they are dropped, and at the close, the disk still full, the
+    ones held are lost and counted too: every record written and not in the file is counted,
+    once."""
+    fs = small_fs(64 * 1024)
+    path = fs.path / "out.jsonl"
+    metrics = EdgeMetrics()
+    sink = JsonlSink(str(path), metrics=metrics)
+    sinks = Sinks([sink])
+    assert sinks.write(frame_record("cam", 0))
+    fs.fill()
+    n = _over_the_hold()
+    for seq in range(1, n + 1):
+        assert sinks.write(_big(seq)) is False
+    beyond = _dropped(metrics, "jsonl")
+    assert beyond == sink.held.dropped > 0 and beyond + len(sink.held) == n, (beyond, len(sink.held), n)
+    caplog.set_level(logging.ERROR)
+    sink.close()
+    assert [r["frame_seq"] for r in read_jsonl(path)] == [0]
+    assert _dropped(metrics, "jsonl") == n
+    assert any("live records held in memory are lost at exit" in r.message for r in caplog.records)
+
+
+def test_live_records_the_mqtt_sink_loses_under_a_foreign_lock_are_counted(tmp_path, caplog):
+    """The broker is unreachable and another process holds the outbox's write lock for good:
+    live records wait in memory, the oldest beyond 16 MiB dropped and counted; the close waits
+    for the lock its close time, no longer, and counts the records still held as lost."""
+    metrics = EdgeMetrics()
+    conn = _unreachable_broker()
+    sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 50_000), metrics, close_timeout_s=1.0)
+    sinks = Sinks([sink])
+    n = _over_the_hold()
+    holder = hold_write_lock(tmp_path / "outbox.db")
+    try:
+        for seq in range(n):
+            assert sinks.write(_big(seq)) is False
+        beyond = _dropped(metrics, "mqtt")
+        assert beyond == sink.held.dropped > 0 and beyond + len(sink.held) == n, (beyond, len(sink.held), n)
+        caplog.set_level(logging.ERROR)
+        t0 = time.monotonic()
+        sink.close()
+        took = time.monotonic() - t0
+    finally:
+        let_go(holder)
+        conn.stop()
+    assert _dropped(metrics, "mqtt") == n and took < 1.0 + 3.0, (_dropped(metrics, "mqtt"), took)
+    assert any("live records held in memory are lost at exit" in r.message for r in caplog.records)
+    left = Outbox(tmp_path / "outbox.db", 50_000)
+    try:
+        assert len(left) == 0
+    finally:
+        left.close()
+
+
+def test_the_mqtt_sinks_close_puts_held_records_in_for_its_close_time_and_counts_the_rest(tmp_path, caplog):
+    """10,000 live records were held while another process locked the outbox; the lock is let
+    go just before the stop. The close puts them in for its close time (0.5 s here), in order,
+    and counts the rest as lost, where it used to put every one in first with no limit (16 MiB
+    of them took 8.9 s, past what systemd's TimeoutStopSec leaves after the grace). What the
+    outbox kept plus what was counted is every record, and the kept ones are the oldest."""
+    metrics = EdgeMetrics()
+    conn = _unreachable_broker()
+    sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 50_000), metrics, close_timeout_s=0.5)
+    sinks = Sinks([sink])
+    n = 10_000
+    holder = hold_write_lock(tmp_path / "outbox.db")
+    try:
+        for seq in range(n):
+            assert sinks.write(frame_record("cam", seq)) is False
+    finally:
+        let_go(holder)
+    assert len(sink.held) == n and _dropped(metrics, "mqtt") == 0
+    caplog.set_level(logging.ERROR)
+    try:
+        t0 = time.monotonic()
+        sink.close()
+        took = time.monotonic() - t0
+    finally:
+        conn.stop()
+    lost = _dropped(metrics, "mqtt")
+    left = Outbox(tmp_path / "outbox.db", 50_000)
+    try:
+        kept = [int(json.loads(data)["frame_seq"]) for _, data in left.peek(0, n)]
+    finally:
+        left.close()
+    assert took < 0.5 + 1.5, took
+    assert 0 < lost < n and len(kept) + lost == n, (len(kept), lost)
+    assert kept == list(range(len(kept)))
+    assert any("not put in within the sink's close time" in r.message for r in caplog.records)
+
+
+def test_nothing_is_counted_when_the_held_records_go_in_at_the_close(tmp_path: Path):
+    """The counter moves for losses only: records held while the outbox was locked, all put in
+    at the close within its time, count nothing."""
+    metrics = EdgeMetrics()
+    conn = _unreachable_broker()
+    sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 50_000), metrics)
+    holder = hold_write_lock(tmp_path / "outbox.db")
+    try:
+        for seq in range(20):
+            assert Sinks([sink]).write(frame_record("cam", seq)) is False
+    finally:
+        let_go(holder)
+    try:
+        sink.close()
+    finally:
+        conn.stop()
+    assert _dropped(metrics, "mqtt") == 0
+    left = Outbox(tmp_path / "outbox.db", 50_000)
+    try:
+        assert len(left) == 20
+    finally:
+        left.close()
