@@ -6,7 +6,8 @@ SIGTERM/SIGINT start a drain bounded by ``shutdown_grace_s`` from the signal
 (capture stops and a read blocked on a frozen camera is woken, queued frames are
 inferred until then and dropped after, in-flight escalations finish until then and
 are spooled otherwise, the spool's replay sends no new entry and the one in flight may
-finish until then, its entry staying spooled otherwise; health goes 503), SIGHUP reloads the policy. The policy file is also
+finish until then, its entry staying spooled otherwise; health goes 503; a model still
+loading is not waited for: ``edge.loading``), SIGHUP reloads the policy. The policy file is also
 polled (mtime / ctime / inode / size); an invalid new file is refused with a logged
 reason and the old policy stays. Start-up problems (spool, metrics port) end
 the process with one ``EdgewiseError`` line, after what was started is closed.
@@ -22,6 +23,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
@@ -32,6 +34,7 @@ from edge.deciding import Decider
 from edge.escalating import Escalating
 from edge.framememory import FrameMemory
 from edge.instancelock import InstanceLock
+from edge.loading import Loading
 from edge.metrics import EdgeMetrics, MetricsServer
 from edge.outbox import Outbox, this_host
 from edge.outbox_salvage import open_outbox
@@ -145,6 +148,8 @@ class EdgeDaemon:
         self.reload_event: Optional[asyncio.Event] = None
         self.capturers: List[Capturer] = []
         self.notifier = Notifier()
+        #: the detector's load (``edge.loading``): a stop does not wait for it
+        self.loading: Optional[Loading[Any]] = None
 
     # ------------------------------------------------------------------ health
     def health(self) -> Tuple[bool, Dict[str, Any]]:
@@ -183,6 +188,8 @@ class EdgeDaemon:
         from edgewise.runtime.firstframe import batch_failure
 
         m = self.settings.model
+        log.info("loading model %s (model.max_batch %d); a stop signal does not wait for the load", m.path,
+                 m.max_batch)
         kwargs: Dict[str, Any] = dict(backend=m.backend, conf_thres=m.conf_thres, iou_thres=m.iou_thres,
                                       max_det=m.max_det, source="edge")
         if m.threads:
@@ -388,9 +395,15 @@ class EdgeDaemon:
                 await asyncio.wait_for(self.stop_event.wait(), timeout=1.0)
 
     # ------------------------------------------------------------------ running
-    async def _start(self) -> List[asyncio.Future[None]]:
+    def _drop_detector(self, det: Any) -> None:
+        """Close a detector this daemon loaded and no longer needs (a load given up at a stop)."""
+        if det is not self.detector:
+            det.close()
+
+    async def _start(self) -> Optional[List[asyncio.Future[None]]]:
         """Open the spool, the metrics port, the model, transports and sinks, and build
-        the pipeline; returns the long-lived tasks. Cheap checks that can fail on a
+        the pipeline; returns the long-lived tasks, or None when a stop came before the
+        model was loaded (nothing is built after it). Cheap checks that can fail on a
         bad setting (policy, spool, metrics port) come first."""
         s = self.settings
         assert self.stop_event is not None
@@ -415,7 +428,12 @@ class EdgeDaemon:
             self.metrics_server.start()
             self.telemetry = tegrastats.start(self.metrics.registry, s.metrics.tegrastats,
                                               s.metrics.tegrastats_interval_s)
-        detector = await asyncio.get_running_loop().run_in_executor(None, self._load_detector)
+        if self.stopping:  # a stop before the load: none begins
+            return None
+        self.loading = Loading(self._load_detector, self._drop_detector)
+        detector = await self.loading.wait(self.stop_event)
+        if detector is None:  # a stop during the load: not waited for (edge.loading)
+            return None
         names = tuple(detector.names)
         if self.holder is not None:
             def check_fit(p: Any) -> None:
@@ -502,6 +520,10 @@ class EdgeDaemon:
         except BaseException:
             await self._close()  # what was opened before the failure
             raise
+        if tasks is None:
+            await self._close()
+            log.info("edge daemon stopped after 0 frames: the stop came before the model was loaded")
+            return 0
         assert self.pipeline is not None
         self.started = True
         self.notifier.ready(f"{len(s.streams)} stream(s)")
@@ -578,6 +600,16 @@ class EdgeDaemon:
 def run_daemon(settings: EdgeSettings) -> int:
     """Blocking entry point (``edgewise edge run``)."""
     start = time.monotonic()
-    code = asyncio.run(EdgeDaemon(settings).run())
+    daemon = EdgeDaemon(settings)
+    code = asyncio.run(daemon.run())
     log.debug("daemon ran %.1f s", time.monotonic() - start)
+    if daemon.loading is not None and daemon.loading.running():
+        # a load given up at a stop (edge.loading): everything else is closed; the interpreter's
+        # exit would wait for, or tear down under, the runtime that still builds the model
+        log.info("exiting without waiting for the model load the stop gave up")
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
     return code
