@@ -269,7 +269,9 @@ class EdgeSettings:
     shutdown_grace_s: float = setting("On SIGTERM, how long queued frames and in-flight escalations may "
                                       "take to finish, seconds from the signal; then frames still queued are "
                                       "dropped (counted as `shutdown` drops) and escalations still in flight "
-                                      "are spooled. Keep it well under systemd's TimeoutStopSec (30 s).",
+                                      "are spooled. Keep it well under systemd's TimeoutStopSec (30 s): the "
+                                      "sinks' close comes after it (up to 3 s per durable sink, "
+                                      "`edge.sinks.CLOSE_TIMEOUT_S`).",
                                       5.0, lo=0)
 
 

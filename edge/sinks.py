@@ -70,7 +70,8 @@ LOG_EVERY_S = 10.0
 #: rest are lost, logged and counted; 16 MiB of them took 8.9 s into the outbox, and a lock
 #: another process holds or a slow disk has no end), and the MQTT sink publishes what its
 #: outbox holds in what is left. The daemon closes its sinks one after the other once
-#: ``shutdown_grace_s`` is over: 5 s + 2 x 3 s is well inside systemd's TimeoutStopSec=30
+#: ``shutdown_grace_s`` (5 s) and the escalations' wait for the spool are over: two durable sinks add
+#: 6 s at most, which keeps a stop with the default grace inside systemd's TimeoutStopSec=30
 CLOSE_TIMEOUT_S = 3.0
 
 
