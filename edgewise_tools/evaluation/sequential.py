@@ -130,18 +130,27 @@ def _run(records: Sequence[FrameRecord], score: StateScore, t: float, gap: int, 
 
 
 def _scan(run: Callable[[float], Pass], budget: int, lo: Pass, hi: Pass, best: np.ndarray) -> np.ndarray:
-    """After the bisection (``lo``: a pass above the budget, ``hi``: at or below it, next to each
-    other), walk the intervals of thresholds outwards from them, one pass per interval, at most
-    :data:`SCAN` passes, alternating up and down: a non-monotone count may come back to the budget
-    there. Returns the first selection of exactly ``budget`` frames, else the largest below it
-    (``best`` included)."""
-    ends = [hi, lo]
-    for k in range(SCAN):
+    """After the bisection (``lo``: a pass above the budget, ``hi``: at or below it), walk the
+    intervals of thresholds one pass per interval, at most :data:`SCAN` passes, alternating up
+    (from ``lo``) and down (from ``hi``): a non-monotone count may come back to the budget there.
+    When the bisection ran out of steps before its bracket was one float wide, intervals lie
+    between the two, and each walk crosses them before it steps over the other end (no pass: its
+    selection is known) and goes on away from the bracket. Returns the first selection of exactly
+    ``budget`` frames, else the largest below it (``best`` included)."""
+    ends = [lo, hi]
+    k = 0
+    while k < SCAN:
         end = ends[k % 2]
         t = float(np.nextafter(end.above, np.inf)) if k % 2 == 0 else end.below  # the next interval
         if not np.isfinite(t):
+            k += 1
+            continue
+        known = next((q for q in (lo, hi) if q.below < t <= q.above), None)
+        if known is not None:  # the bracket's other end: step over it
+            ends[k % 2] = known
             continue
         ends[k % 2] = p = run(t)
+        k += 1
         if p.escalated <= budget and p.escalated > int(best.sum()):
             best = p.mask
             if p.escalated == budget:

@@ -194,3 +194,18 @@ def test_a_count_no_threshold_gives_ends_at_the_closest_below() -> None:
     assert 3 not in counts.values() and max(c for c in counts.values() if c < 3) == 2
     mask = select(recs, lambda i, replay, carried: table[i, replay.age()], 3, 0, 1, CFG, hybrid.mode_of("full"))
     assert np.flatnonzero(mask).tolist() == [1, 2]
+
+
+def test_a_tie_finer_than_the_bisection_is_split_by_the_scan() -> None:
+    # frames 1 and 2 tie at 0.5, told apart only by the jitter (< 1e-9); with scores spread over
+    # 2e6, 48 halvings leave a bracket ~7e-9 wide, so the bisection ends on two passes that are not
+    # next to each other (3 frames | 1), the interval between them (2 frames) unvisited: the scan
+    # must walk it before walking away from the bracket
+    table = [1e6, 0.5, 0.5, -1e6]
+    recs = _streams(1, 4)
+    for seed in (0, 1, 2):
+        mask = select(recs, lambda i, replay, carried: table[i], 2, 0, 1, CFG, hybrid.mode_of("full"), seed=seed)
+        picked = np.flatnonzero(mask).tolist()
+        assert len(picked) == 2 and picked[0] == 0 and picked[1] in (1, 2), (seed, picked)
+        assert np.array_equal(mask, select(recs, lambda i, replay, carried: table[i], 2, 0, 1, CFG,
+                                           hybrid.mode_of("full"), seed=seed))  # one draw per seed
