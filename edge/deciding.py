@@ -12,9 +12,9 @@ on it, or a region payload, ``Policy.uses_motion``) each stream also keeps a
 ``MotionDetector`` fed with the frame's pixels: its signals join the others and its
 unexplained blobs go with the verdict, for the region payload. When the policy's gain model
 reads the carry state (``Policy.uses_carry``), the stream's carried boxes (``carried``, from
-``edge.carrying``), the frames since its last escalation and the regions that escalation
-proposed give the carry-state features (:mod:`edgewise.hardness.carrystate`), which join the
-signals. The policy decides on
+``edge.carrying``), the frames since its last escalation (under whichever policy) and the
+regions the policy in force proposes on that escalation's frame give the carry-state features
+(:mod:`edgewise.hardness.carrystate`), which join the signals. The policy decides on
 the signals (motion ones included) at the record's precision, and the verdict carries
 everything else it read (the clock value, the facts of the edge boxes, the policy's
 digest), so the frame record holds the whole input of the decision and
