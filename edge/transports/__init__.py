@@ -27,8 +27,11 @@ RECONNECT_DELAY_S = (1, 30)
 
 class TransportError(Exception):
     """An escalation failed; ``status`` is its wire status (``detect_pb2.Status``). ``sent``:
-    whether the request may have left the edge (False: refused before it was sent, or given up
-    before paho wrote it)."""
+    whether the request may have left the edge, one rule for both transports: a connection to
+    the cloud (the MQTT broker, a gRPC server) was up when it was written. False: refused before
+    it was sent, the MQTT broker not connected, given up before paho wrote it, or a gRPC channel
+    that had no connection before the call nor after it ("failed to connect", still connecting
+    at the deadline: ``edge.transports.grpc.connected``)."""
 
     def __init__(self, status_value: int, message: str, sent: bool = True) -> None:
         super().__init__(f"{status.name(status_value)}: {message}")
@@ -63,8 +66,9 @@ class MeteredTransport:
     (``on_send(transport name, bytes)``, once the call ended): the uplink an escalation costs,
     first sends and spool replays alike, answered or not. A request that never left
     (``TransportError.sent`` False: the MQTT broker not connected, the MQTT uplink window, a
-    request paho held back and gave up unsent) cost none: counted, the refusals of a slow uplink
-    doubled what it was said to carry."""
+    request paho held back and gave up unsent, a gRPC call that never had a connection) cost
+    none: counted, the refusals of a slow uplink doubled what it was said to carry, and every
+    escalation to an unreachable gRPC cloud counted as sent."""
 
     def __init__(self, inner: Transport, on_send: Callable[[str, int], None]) -> None:
         self.inner = inner

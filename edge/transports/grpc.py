@@ -108,6 +108,15 @@ def load_channel_tls(ca: str, cert: str, key: str) -> ChannelTls:
     return ChannelTls(creds, warnings)
 
 
+def connected(channel: Any) -> bool:
+    """Whether ``channel`` has a connection to its server now (READY; not looked for: no connection
+    attempt is started). A failed call counts as sent (``TransportError.sent``) when its channel
+    had one before or after the call: a request refused with "failed to connect" (nothing
+    listening, a host unreachable) or still waiting for a connection at its deadline never left.
+    Counted, 5 of 5 requests to an unreachable cloud were uplink bytes it never carried."""
+    return bool(channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY)
+
+
 def _decode(raw: Any) -> Any:
     """The ``DetectResponse`` in an answer's bytes; TransportError (INTERNAL) when they are
     not one."""
@@ -240,25 +249,28 @@ class GrpcTransport:
         # each endpoint tried gets the whole timeout: the latest this call can end
         used.until = max(used.until, asyncio.get_running_loop().time() + len(used.stubs) * max(timeout_s, 0.001))
         try:
-            return await self._detect(used.stubs, request, timeout_s)
+            return await self._detect(used, request, timeout_s)
         finally:
             used.calls -= 1
             if not used.calls and used.done is not None:
                 used.done.set()
 
-    async def _detect(self, stubs: List[Any], request: Any, timeout_s: float) -> Any:
-        n = len(stubs)
+    async def _detect(self, used: _Channels, request: Any, timeout_s: float) -> Any:
+        n = len(used.stubs)
         last: Optional[TransportError] = None
+        reached = False  # whether an endpoint tried had a connection: the request may have left
         for k in range(n):
             i = (self.preferred + k) % n
+            was_up = connected(used.channels[i])
             try:
-                raw = await stubs[i](
+                raw = await used.stubs[i](
                     request, timeout=max(timeout_s, 0.001), metadata=self.metadata or None
                 )
             except aio.AioRpcError as exc:
+                reached = reached or was_up or connected(used.channels[i])
                 st = status.from_grpc(exc.code(), exc.details())
                 details = printable(exc.details()) if exc.details() else status.name(st)
-                last = TransportError(st, f"{self.endpoints[i]}: {details}")
+                last = TransportError(st, f"{self.endpoints[i]}: {details}", sent=reached)
                 if status.is_retryable(st) and k + 1 < n:
                     log.info("endpoint %s unavailable, trying the next one", self.endpoints[i])
                     continue

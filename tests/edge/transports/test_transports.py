@@ -480,3 +480,43 @@ def test_an_idle_edge_keeps_its_connection_to_the_real_gateway(real_cloud):
         assert (await t.detect(request(2), 5.0)).status == detect_pb2.OK
         await t.close()
     asyncio.run(run())
+
+
+def test_a_grpc_request_that_never_connected_is_not_counted_as_sent():
+    """The cloud unreachable (nothing listens on the port): 5 requests fail with "failed to
+    connect" and none counts as sent; all 5 did. A real server answering the same status
+    (UNAVAILABLE, overloaded) got them: each counts, and so does a call that tried the
+    unreachable endpoint first and then that server."""
+    sent = []
+
+    async def unavailable(req: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "overloaded, try later")
+        return b""
+
+    async def run():
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "edgewise.v1.Escalation", {"Detect": grpc.unary_unary_rpc_method_handler(unavailable)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        nowhere, there = f"127.0.0.1:{free_port()}", f"127.0.0.1:{port}"
+        transports = {name: MeteredTransport(GrpcTransport(endpoints), lambda _, n, name=name: sent.append(name))
+                      for name, endpoints in (("nowhere", [nowhere]), ("there", [there]),
+                                              ("both", [nowhere, there]))}
+        try:
+            for name, t in transports.items():
+                await t.start()
+                for i in range(5):
+                    with pytest.raises(TransportError) as ei:
+                        await t.detect(request(i), 5.0)
+                    assert ei.value.status == detect_pb2.UNAVAILABLE, ei.value
+                    assert ei.value.sent == (name != "nowhere"), ei.value
+                    if name == "nowhere":
+                        assert "failed to connect" in ei.value.message.lower(), ei.value
+        finally:
+            for t in transports.values():
+                await t.close()
+            await server.stop(None)
+
+    asyncio.run(run())
+    assert sent.count("nowhere") == 0 and sent.count("there") == 5 and sent.count("both") == 5, sent
