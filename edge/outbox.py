@@ -288,12 +288,28 @@ class Outbox:
 
         return self._write(append, then=appended)[1]
 
-    def peek(self, after_id: int, limit: int, skip: Collection[int] = ()) -> List[Tuple[int, bytes]]:
-        """Up to ``limit`` oldest records with an id above ``after_id`` and not in ``skip``: (id, data)."""
+    def peek(self, after_id: int, limit: int, skip: Collection[int] = (),
+             fits: Optional[Callable[[int, int], bool]] = None) -> List[Tuple[int, bytes]]:
+        """Up to ``limit`` oldest records with an id above ``after_id`` and not in ``skip``: (id, data).
+        ``fits(bytes taken so far, size)``: whether the next record (of ``size`` bytes) is taken
+        too; the first it refuses ends the list, and only the records taken are read (a record
+        can be megabytes)."""
+        n = max(0, int(limit))
         with self._lock:
-            rows = self._db.execute("SELECT id, data FROM records WHERE id > ? ORDER BY id LIMIT ?",
-                                    (int(after_id), int(limit) + len(skip))).fetchall()
-        return [(int(r[0]), bytes(r[1])) for r in rows if int(r[0]) not in skip][:max(0, int(limit))]
+            rows = self._db.execute("SELECT id, length(data) FROM records WHERE id > ? ORDER BY id LIMIT ?",
+                                    (int(after_id), n + len(skip))).fetchall()
+            ids: List[int] = []
+            taken = 0
+            for rid, size in ((int(r[0]), int(r[1] or 0)) for r in rows if int(r[0]) not in skip):
+                if len(ids) >= n or (fits is not None and not fits(taken, size)):
+                    break
+                ids.append(rid)
+                taken += size
+            if not ids:
+                return []
+            got = self._db.execute(f"SELECT id, data FROM records WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id",
+                                   ids).fetchall()
+        return [(int(r[0]), bytes(r[1])) for r in got]
 
     def ack(self, ids: List[int], wait_s: float = BUSY_TIMEOUT_S) -> None:
         """Delete published records (ids already gone are ignored)."""

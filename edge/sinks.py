@@ -453,6 +453,17 @@ class StdoutSink:
 
 #: records the MQTT sink hands to paho at once, at most (``sink_window`` bounds it further)
 SINK_WINDOW = 64
+#: bytes of records the MQTT sink hands to paho at once, at most (``within``): a record larger
+#: than this goes alone. 64 records of a frame with 10,000 boxes (about 800 KB each) put 50 MB in
+#: paho's memory at once, on a Jetson whose memory the model shares
+SINK_WINDOW_BYTES = 4 * 1024 * 1024
+
+
+def within(held: int, size: int, bound: int) -> bool:
+    """Whether a record of ``size`` bytes may join the ``held`` bytes of records paho holds for
+    the MQTT sink: they stay within ``bound`` bytes, or paho holds none (a record larger than the
+    bound goes, alone)."""
+    return not held or held + size <= bound
 
 
 def sink_window(bound: int, window: int) -> int:
@@ -488,27 +499,34 @@ class MqttSink:
     packet identifier and PUBREC (``Outbox.hand``, ``Outbox.received``): a daemon killed with
     records in flight completes their exchanges after the restart (``Outbox.in_flight``,
     ``MqttConnection.resume``; the sink must be made before the connection starts), so the
-    broker delivers each record once. At QoS 1 a record in flight at a kill may arrive twice."""
+    broker delivers each record once. At QoS 1 a record in flight at a kill may arrive twice.
+
+    Paho holds at most ``window`` records of the sink (``sink_window``) and ``window_bytes`` of
+    them (``within``: a larger record goes alone) until the broker answers them."""
 
     name = "mqtt"
     durable = True
 
     def __init__(self, conn: Any, topic: str, outbox: Outbox, metrics: Any = None,
                  close_timeout_s: float = CLOSE_TIMEOUT_S, window: int = SINK_WINDOW, retry_refused_s: float = 30.0,
-                 reserve_bytes: int = 0) -> None:
+                 reserve_bytes: int = 0, window_bytes: int = SINK_WINDOW_BYTES) -> None:
+        if window < 1 or window_bytes < 1:
+            raise ValueError(f"MqttSink window ({window} records) and window_bytes ({window_bytes}) must be at "
+                             "least 1: the sink hands paho nothing otherwise")
         self.conn = conn
         self.topic = topic
         self.outbox = outbox
         self.metrics = metrics
         self.close_timeout_s = close_timeout_s
         self.window = window  # records handed to paho and not yet acknowledged, at most
+        self.window_bytes = window_bytes  # and their bytes, at most (``within``)
         self.retry_refused_s = retry_refused_s
         #: bytes of its filesystem a live record leaves free (the spool's reserve, where the outbox
         #: shares the spool's filesystem; late records may use it), as the JSON Lines sink
         self.reserve_bytes = reserve_bytes
         self._send_log = LogThrottle(60.0, burst=3)
         self._after_refusal = f"the record stays in the MQTT outbox and is sent again in {retry_refused_s:g} s"
-        self._pending: Set[int] = set()  # outbox ids handed to paho, not yet answered
+        self._pending: Dict[int, int] = {}  # outbox ids handed to paho, not yet answered: their sizes
         self._refused: Dict[int, None] = {}  # outbox ids the broker refused, oldest refusal first
         self._probe: Optional[int] = None  # the refused record sent again, while it waits for its answer
         self._probe_at = 0.0  # when the next refused record may be sent again (time.monotonic)
@@ -580,7 +598,7 @@ class MqttSink:
                 self._forget_mid(rid)  # no session to complete it in, or not an id this sink gave: anew
                 continue
             mids.add(mid)
-            self._pending.add(rid)
+            self._pending[rid] = len(data)
             self._resumed.add(rid)
             self.conn.resume(self.topic, data, mid, received, on_done=lambda refused, r=rid: self._answered(r, refused),
                              on_received=lambda got, r=rid: self.outbox.received(r, got, wait_s=0),
@@ -596,7 +614,7 @@ class MqttSink:
         escalations' answers (each record's delete held them up 30 s); a delete that found it
         locked is the publisher thread's (``_delete_delivered``)."""
         with self._lock:
-            self._pending.discard(rid)
+            self._pending.pop(rid, None)
             probe = self._probe == rid
             if probe:
                 self._probe = None
@@ -678,7 +696,7 @@ class MqttSink:
                 self.conn.release_mid(mid)
             return self._not_sent(rid, again, f"its packet identifier could not be noted in the outbox ({exc})")
         with self._lock:  # noted first: its answer may come before publish() returns
-            self._pending.add(rid)
+            self._pending[rid] = len(data)
         try:
             info = self.conn.publish(
                 self.topic, data, on_done=lambda refused: self._answered(rid, refused),
@@ -695,7 +713,7 @@ class MqttSink:
         if self.conn.exactly_once:
             self._forget_mid(rid)
         with self._lock:
-            self._pending.discard(rid)
+            self._pending.pop(rid, None)
             if again:
                 self._refused[rid] = None
             if self._probe == rid:
@@ -743,17 +761,31 @@ class MqttSink:
             self._wake.wait(0.5)
             self._wake.clear()
 
+    def _held_bytes(self) -> int:
+        """Bytes of the records handed to paho and not yet answered."""
+        with self._lock:
+            return sum(self._pending.values())
+
     def _hand_over(self, last: int, room: int) -> int:
-        """One round of the publisher, ``room`` records at most: refused records due again,
-        then new ones after ``last`` (the highest id handed over so far, returned)."""
+        """One round of the publisher, ``room`` records at most and as many bytes as ``within``
+        lets paho hold: refused records due again, then new ones after ``last`` (the highest id
+        handed over so far, returned)."""
         again = self._due_refused(room)
         for i, (rid, data) in enumerate(again):
+            if not within(self._held_bytes(), len(data), self.window_bytes):
+                with self._lock:  # not handed over: back with the refused, before any new record goes
+                    self._refused.update((r, None) for r, _ in again[i:])
+                    if self._probe == rid:
+                        self._probe = None
+                return last
             if not self._send(rid, data, again=True):
                 with self._lock:  # not handed over: back with the refused
                     self._refused.update((r, None) for r, _ in again[i + 1:])
                 break
             room -= 1
-        for rid, data in self.outbox.peek(last, room, self._resumed):
+        held = self._held_bytes()
+        for rid, data in self.outbox.peek(last, room, self._resumed,
+                                          lambda taken, size: within(held + taken, size, self.window_bytes)):
             if not self._send(rid, data):
                 break
             last = rid

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import socket
+import time
 
 import pytest
 
@@ -587,3 +588,57 @@ def test_live_lines_leave_the_spools_reserve_free_and_late_ones_may_use_it(small
     assert sinks.write(frame_record("cam", seq + 2))
     assert [r["frame_seq"] for r in read_jsonl(path)] == list(range(seq)) + [1000, seq, seq + 1, seq + 2]
     sink.close()
+
+
+def test_paho_holds_at_most_the_byte_window_of_large_records_and_a_larger_one_goes_alone(tmp_path, mosquitto):
+    """Records of 2,000 boxes (about 210 KB each) with a byte window of 600,000: a broker that
+    stops answering (SIGSTOP) leaves paho holding 2 of them, not the 13 the record window (15
+    of Mosquitto's 20) let through: at 10,000 boxes a frame that was 64 records, about 50 MB in
+    paho's memory. A record of 8,000 boxes, larger than the window, still goes, alone, and
+    every record arrives, in order, once the broker answers again."""
+    import signal
+
+    window = 600_000
+    box = {"box": [101.5, 202.25, 303.75, 404.5], "score": 0.87654, "class_id": 2, "class_name": "car",
+           "source": "edge"}
+    records = []
+    for seq in range(13):
+        rec = frame_record("cam", seq)
+        rec.detections = [dict(box) for _ in range(8000 if seq == 6 else 2000)]
+        records.append(rec)
+    sizes = [len(r.to_json()) for r in records]
+    assert 2 * sizes[0] <= window < 3 * sizes[0] and sizes[6] > window, sizes
+    recorder = TopicRecorder(mosquitto, TOPIC)
+    conn = connect(mosquitto)
+    held_at_publish = []  # bytes of records paho holds once it has the one published, and whether it is alone
+    publish = conn.publish
+
+    def measured(topic, payload, *args, **kwargs):
+        held = sum(len(m.payload) for m in list(conn.client._out_messages.values()) if m.topic == TOPIC)
+        held_at_publish.append((held + len(payload), held == 0, len(payload)))
+        return publish(topic, payload, *args, **kwargs)
+
+    conn.publish = measured
+    outbox = Outbox(tmp_path / "outbox.db", 1000)
+    with pytest.raises(ValueError, match="window_bytes"):
+        MqttSink(conn, TOPIC, outbox, window_bytes=0)
+    sink = MqttSink(conn, TOPIC, outbox, window_bytes=window)
+    sinks = Sinks([sink])
+    try:
+        mosquitto.proc.send_signal(signal.SIGSTOP)
+        try:
+            for rec in records:
+                assert sinks.write(rec)
+            wait_until(lambda: len(held_at_publish) >= 2, 30, "the first records handed to paho")
+            time.sleep(1.0)  # a stopped broker answers nothing, so the sink hands nothing more (it handed all 13)
+            assert len(held_at_publish) == 2, held_at_publish
+        finally:
+            mosquitto.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: len(recorder.messages) == 13, 60, "all 13 records on the topic")
+        assert [r["frame_seq"] for r in recorder.json()] == list(range(13))
+        assert max(held for held, _, _ in held_at_publish) <= sizes[6]
+        assert all(held <= window for held, _, size in held_at_publish if size != sizes[6]), held_at_publish
+        assert [alone for _, alone, size in held_at_publish if size == sizes[6]] == [True]
+    finally:
+        sink.close()
+        recorder.stop()
