@@ -36,7 +36,7 @@ from edge.framememory import FrameMemory
 from edge.instancelock import InstanceLock
 from edge.loading import Loading
 from edge.metrics import EdgeMetrics, MetricsServer
-from edge.outbox import Outbox, this_host
+from edge.outbox import Outbox, OutboxBusy, this_host
 from edge.outbox_salvage import open_outbox
 from edge.pipeline import Pipeline
 from edge.preflight import identity_warning, opens_spool, preflight, tighten_state_files
@@ -47,7 +47,7 @@ from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.making import make_source
-from edge.spool import RESERVE_BYTES, Spool, SpoolError, SpoolFull
+from edge.spool import BUSY_SLICE_S, RESERVE_BYTES, Spool, SpoolError, SpoolFull
 from edge.spool_salvage import open_spool
 from edge.transports import MeteredTransport, Transport
 from edgewise import hangup, mqtt_topics
@@ -139,6 +139,10 @@ class EdgeDaemon:
         self.spool_problem = ""  # why the spool could not be opened at start (a full disk); retried
         self.mqtt: Any = None
         self.outbox: Optional[Outbox] = None  # the MQTT sink's; opened before the connection (its client id)
+        self.mqtt_sink: Optional[MqttSink] = None
+        #: a new client id (and this host) the outbox is still to keep before the connection starts
+        self._new_client_id: Optional[Tuple[str, str]] = None
+        self._starting_mqtt: Optional[asyncio.Future[None]] = None  # ``_start_mqtt``
         self.transports: Dict[str, Transport] = {}
         # (and the MQTT outbox's: beside the spool by default, but named by a setting of its own)
         self.instance_lock = InstanceLock(settings.spool.path,
@@ -236,9 +240,10 @@ class EdgeDaemon:
         if s.mqtt and self.mqtt is not None:
             prefix = self.settings.cloud.mqtt.topic_prefix
             assert self.outbox is not None
-            out.append(MqttSink(self.mqtt, mqtt_topics.detections_topic(prefix, self.settings.device_id),
-                                self.outbox, self.metrics,
-                                reserve_bytes=RESERVE_BYTES if self._beside_the_spool(str(self.outbox.path)) else 0))
+            self.mqtt_sink = MqttSink(self.mqtt, mqtt_topics.detections_topic(prefix, self.settings.device_id),
+                                      self.outbox, self.metrics, start=False,  # by _start_mqtt
+                                      reserve_bytes=RESERVE_BYTES if self._beside_the_spool(str(self.outbox.path)) else 0)
+            out.append(self.mqtt_sink)
         for sink in out:  # at 0 from the start: a series first seen at 1 has no increase() in Prometheus
             self.metrics.sink_errors.labels(sink.name)
             self.metrics.sink_dropped.labels(sink.name)
@@ -253,8 +258,11 @@ class EdgeDaemon:
             client_id = MqttConnection.unique_client_id(device)
             if self.settings.sinks.mqtt:  # the sink's exchanges outlive a restart: one session, its id kept
                 self.outbox = open_outbox(mqtt_outbox_path(self.settings), self.settings.sinks.mqtt_outbox_max)
-                client_id = self.outbox.client_id(f"{device}-", lambda: MqttConnection.unique_client_id(device),
-                                                  this_host())
+                host = this_host()
+                kept = self.outbox.kept_client_id(f"{device}-", host)  # a read: no lock to wait for
+                if kept is None:  # kept by _start_mqtt, before the connection starts
+                    self._new_client_id = (client_id, host)
+                client_id = kept or client_id
             self.mqtt = MqttConnection(
                 c.mqtt.host, c.mqtt.port, client_id=client_id, metrics=self.metrics,
                 username=c.mqtt.username, password=c.mqtt.password, tls=c.mqtt.tls,
@@ -445,8 +453,9 @@ class EdgeDaemon:
         for t in self.transports.values():  # at 0 from the start: a series first seen at 1 has no rate()
             self.metrics.follow_transport(t.name)
         self.sinks = self._build_sinks()
-        if self.mqtt is not None:  # after the MQTT sink resumed what the last process left in flight
-            self.mqtt.start()
+        # after the outbox keeps the client id and the MQTT sink resumed what the last process left in flight
+        if self.mqtt is not None:
+            self._starting_mqtt = asyncio.ensure_future(self._start_mqtt())
         remembered = max(self.sinks.last_epoch(), self.spool.last_epoch() if self.spool is not None else -1)
         if id_defaulted:
             renamed = identity_warning(s.device_id, self.sinks.devices() |
@@ -487,7 +496,7 @@ class EdgeDaemon:
             self.holder.subscribe(self.pipeline.apply_policy)
         if self.stopping:
             self.pipeline.stop(self.stop_by)
-        tasks: List[asyncio.Future[None]] = []
+        tasks: List[asyncio.Future[None]] = [] if self._starting_mqtt is None else [self._starting_mqtt]
         if s.policy_file:
             tasks.append(asyncio.ensure_future(self._guarded("policy watcher", self._watch_policy)))
         escalating = self.escalating
@@ -500,6 +509,46 @@ class EdgeDaemon:
             interval = self.notifier.watchdog_interval
             tasks.append(asyncio.ensure_future(self._guarded("watchdog", lambda: self._pet_watchdog(interval))))
         return tasks
+
+    async def _start_mqtt(self) -> None:
+        """Start the MQTT sink's publishing, then the connection, once the outbox keeps the
+        connection's client id. A new one is written first (the old session's exchanges
+        forgotten); a lock another process holds on the outbox (an sqlite3 shell left in a
+        transaction) is tried every ``BUSY_SLICE_S`` here, never waited for on the event loop:
+        frames go on, their records held in memory (``HeldRecords``) as whenever the outbox is
+        busy, escalations over MQTT fail as with the broker down (spooled), and a stop ends the
+        wait. Before, the start waited for it in SQLite for 30 s, signals unanswered, and then
+        ended with ``OutboxBusy``."""
+        assert self.mqtt is not None and self.stop_event is not None
+        if self._new_client_id is not None:
+            assert self.outbox is not None
+            client_id, host = self._new_client_id
+            waited = False
+            while True:
+                try:
+                    self.outbox.keep_client_id(client_id, host, wait_s=0)
+                    break
+                except OutboxBusy as exc:
+                    if not waited:
+                        log.warning("%s; the MQTT connection starts once the outbox keeps its new client id %s: "
+                                    "records wait in memory meanwhile, escalations over MQTT are spooled", exc,
+                                    client_id)
+                    waited = True
+                except Exception as exc:  # as a start-up problem: the daemon cannot go on without its outbox
+                    log.error("MQTT sink outbox %s: cannot keep the client id (%s); the daemon stops: move the "
+                              "outbox aside or set sinks.mqtt_outbox to a writable file", self.outbox.path, exc)
+                    self.request_stop()
+                    return
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.stop_event.wait(), BUSY_SLICE_S)
+                if self.stop_event.is_set():
+                    return
+            if waited:
+                log.info("MQTT sink outbox %s was let go: client id %s kept, connecting", self.outbox.path, client_id)
+            self._new_client_id = None
+        if self.mqtt_sink is not None:
+            self.mqtt_sink.start()
+        self.mqtt.start()
 
     async def run(self) -> int:
         """Run until the sources end or a stop is requested; returns an exit status."""
@@ -576,6 +625,8 @@ class EdgeDaemon:
         self.metrics.set_source_state(stream, state)
 
     async def _close(self) -> None:
+        if self._starting_mqtt is not None:  # (a start that failed after it began): nothing starts now
+            self._starting_mqtt.cancel()
         for t in self.transports.values():
             try:
                 await t.close()

@@ -177,23 +177,37 @@ class Outbox:
                               "or set sinks.mqtt_outbox to a writable file") from None
         self._writes = 0
 
-    def client_id(self, prefix: str, make: Callable[[], str], host: str = "") -> str:
+    def client_id(self, prefix: str, make: Callable[[], str], host: str = "", wait_s: float = BUSY_TIMEOUT_S) -> str:
         """The MQTT client id this outbox's records are published under: the one kept here if it
         starts with ``prefix`` (the device id) and was made on ``host`` (``this_host()``), else
-        ``make()``, kept from now on. A new id is a new MQTT session: the exchanges the outbox
+        ``make()``, kept from now on (``keep_client_id``, waiting ``wait_s`` for a lock another
+        process holds). A new id is a new MQTT session: the exchanges the outbox
         had in flight are another session's, and their records are published anew (an outbox
         copied with a disk image to another machine must not share its session)."""
+        kept = self.kept_client_id(prefix, host)
+        if kept is not None:
+            return kept
+        made = make()
+        self.keep_client_id(made, host, wait_s)
+        return made
+
+    def kept_client_id(self, prefix: str, host: str = "") -> Optional[str]:
+        """The client id kept here when it starts with ``prefix`` and was made on ``host``; None
+        when a new one is needed. A read: never waits for a lock another process holds."""
         with self._lock:
             kept = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN ('client_id', 'host')"))
-            if str(kept.get("client_id", "")).startswith(prefix) and kept.get("host", "") == host:
-                return str(kept["client_id"])
-        made = make()
+        if str(kept.get("client_id", "")).startswith(prefix) and kept.get("host", "") == host:
+            return str(kept["client_id"])
+        return None
 
+    def keep_client_id(self, made: str, host: str = "", wait_s: float = BUSY_TIMEOUT_S) -> None:
+        """Keep ``made`` as the client id (of ``host``), and forget the exchanges the outbox had in
+        flight in the old session (their records are published anew). ``OutboxBusy`` when another
+        process holds the write lock for ``wait_s`` (0: tried once, as on the event loop)."""
         def keep(db: sqlite3.Connection) -> None:
             db.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", [("client_id", made), ("host", host)])
             db.execute("UPDATE records SET mid = NULL, received = 0 WHERE mid IS NOT NULL")
-        self._write(keep)
-        return made
+        self._write(keep, wait_s)
 
     def hand(self, rid: int, mid: Optional[int], wait_s: float = BUSY_TIMEOUT_S) -> None:
         """Record ``rid`` goes to the broker at QoS 2 with packet identifier ``mid`` (None: at

@@ -509,7 +509,7 @@ class MqttSink:
 
     def __init__(self, conn: Any, topic: str, outbox: Outbox, metrics: Any = None,
                  close_timeout_s: float = CLOSE_TIMEOUT_S, window: int = SINK_WINDOW, retry_refused_s: float = 30.0,
-                 reserve_bytes: int = 0, window_bytes: int = SINK_WINDOW_BYTES) -> None:
+                 reserve_bytes: int = 0, window_bytes: int = SINK_WINDOW_BYTES, start: bool = True) -> None:
         if window < 1 or window_bytes < 1:
             raise ValueError(f"MqttSink window ({window} records) and window_bytes ({window_bytes}) must be at "
                              "least 1: the sink hands paho nothing otherwise")
@@ -546,9 +546,16 @@ class MqttSink:
         #: outbox ids the last process left in flight (resumed at start, never handed over anew:
         #: their answers, or the refused records' retries, settle them)
         self._resumed: Set[int] = set()
+        self._thread = threading.Thread(target=self._publisher, name="mqtt-sink", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Resume the exchanges the last process left in flight and start publishing: before the
+        connection starts, once the outbox keeps its client id (``start=False`` until then, while
+        the daemon waits for a lock another process holds: ``write`` takes records meanwhile)."""
         self._resume()
         self._show()
-        self._thread = threading.Thread(target=self._publisher, name="mqtt-sink", daemon=True)
         self._thread.start()
 
     def write(self, rec: FrameRecord, data: bytes) -> None:
@@ -808,7 +815,8 @@ class MqttSink:
             time.sleep(0.02)
         self._stop.set()
         self._wake.set()
-        self._thread.join(max(0.1, deadline - time.monotonic()) + 1.0)
+        if self._thread.ident is not None:  # (never started: the outbox never kept its client id)
+            self._thread.join(max(0.1, deadline - time.monotonic()) + 1.0)
         if self._delivered and not self._thread.is_alive():
             try:
                 self._delete_delivered()

@@ -670,6 +670,73 @@ def test_a_lock_another_process_holds_on_the_mqtt_outbox_freezes_neither_frames_
     assert len(set(records) - published - set(kept)) == int(lost.group(1)) > 0
 
 
+@pytest.mark.parametrize("then", ["let go", "SIGTERM"])
+def test_a_lock_held_on_the_outbox_when_it_is_to_keep_a_new_client_id_holds_up_neither_frames_nor_signals(
+        tmp_path, tiny_model, mosquitto, then):
+    """The MQTT outbox has no client id yet (a new one is to be kept before the connection
+    starts) and another process holds its write lock when the real daemon starts. Frames go on
+    at 10 fps, their records held in memory; once the lock is let go the outbox keeps the new id,
+    the connection starts under it and every record reaches the broker, in order; or a SIGTERM
+    while it is still held ends the daemon with 0 within its grace and the sink's
+    close_timeout_s. Before, the start waited for the lock on the event loop for SQLite's 30 s
+    (no frame, SIGTERM unanswered), then ended with OutboxBusy (exit 2)."""
+    import re
+    import sqlite3
+
+    from edge.outbox import Outbox
+    from tests.conftest import TopicRecorder
+    from tests.edge.helpers import hold_write_lock, let_go
+
+    topic = TopicRecorder(mosquitto, "edgewise/jet/detections")
+    out, log = tmp_path / "out.jsonl", tmp_path / "edge.log"
+    outbox = tmp_path / "state" / "mqtt-outbox.db"
+    Outbox(outbox, 100).close()  # an outbox without a client id
+    config = settings_yaml(tmp_path / "edge.yaml", device_id="jet",
+                           streams=[{"id": "cam", "kind": "synthetic", "uri": "160x120", "fps": 10}],
+                           model={"path": str(tiny_model), "max_batch": 1},
+                           cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}},
+                           spool={"path": str(tmp_path / "state" / "spool.db")},
+                           sinks={"jsonl": str(out), "mqtt": True}, metrics={"port": -1}, shutdown_grace_s=1.0)
+    holder = hold_write_lock(outbox)
+    daemon = EdgeProcess(config, log)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out.exists() and len(read_jsonl(out)) >= 5):
+            assert daemon.check() and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        before, t0 = len(read_jsonl(out)), time.monotonic()
+        time.sleep(2.0)  # the rate measured while the lock is held
+        during = (len(read_jsonl(out)) - before) / (time.monotonic() - t0)
+        assert during > 6, during  # 10 fps; none before
+        assert not topic.messages  # not connected yet: the client id is not kept
+        if then == "SIGTERM":
+            t0 = time.monotonic()
+            rc = daemon.stop(60)
+            took = time.monotonic() - t0
+            assert rc == 0 and took < 1.0 + 3.0 + 3.0, (rc, took, log.read_text())
+            return
+        let_go(holder)
+        holder = None
+        written = [r["frame_seq"] for r in read_jsonl(out)]
+        deadline = time.monotonic() + 30
+        while not set(written) <= {r["frame_seq"] for r in topic.json()}:
+            assert daemon.check() and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert [r["frame_seq"] for r in topic.json()][:len(written)] == written  # in order, none lost
+        assert daemon.stop(60) == 0
+    finally:
+        if holder is not None:
+            let_go(holder)
+        daemon.close()
+        topic.stop()
+    connected_as = re.search(r"MQTT connected to \S+ as (\S+)", log.read_text())
+    assert connected_as is not None, log.read_text()
+    db = sqlite3.connect(str(outbox))
+    kept = dict(db.execute("SELECT key, value FROM meta"))
+    db.close()
+    assert kept["client_id"] == connected_as.group(1).rstrip(",;") and kept["client_id"].startswith("jet-")
+
+
 def test_a_sighup_without_a_policy_says_it_reloads_nothing(tmp_path, tiny_model, caplog):
     """A SIGHUP reloads the policy only; without one it did nothing and said nothing, so an
     operator who changed a camera's URL in edge.yaml and reloaded waited for a change that
