@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -159,3 +160,25 @@ def test_nothing_is_counted_when_the_held_records_go_in_at_the_close(tmp_path: P
         assert len(left) == 20
     finally:
         left.close()
+
+
+def test_records_the_mqtt_outbox_drops_are_counted_once_though_two_threads_report_them(tmp_path: Path):
+    """The broker is unreachable and the outbox is at its bound: each record written drops the
+    oldest. The event loop (``write``) and the publisher thread, woken by each write, both
+    report the outbox's drops; with threads switching often (a loaded device) both used to count
+    the same drops (1,046 counted for 990 dropped). The counter is the outbox's count, exactly."""
+    metrics = EdgeMetrics()
+    conn = _unreachable_broker()
+    sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 10), metrics)
+    sinks = Sinks([sink])
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for seq in range(1000):
+            assert sinks.write(frame_record("cam", seq))
+    finally:
+        sys.setswitchinterval(before)
+        sink.close()
+        conn.stop()
+    assert sink.outbox.dropped == 990
+    assert _dropped(metrics, "mqtt") == 990
