@@ -226,6 +226,10 @@ class Compressor:
                     os.unlink(src + ".gz.tmp")
             prune(self.path, self.keep)
 
-    def close(self, timeout: float = 20.0) -> None:
+    def close(self, timeout: float = 20.0) -> bool:
+        """Let the queued files be gzip'd for up to ``timeout``; whether they were. The thread
+        goes on with the rest until the process ends: a file not finished stays plain (its
+        ``.gz.tmp`` is made anew), and the next start gzips it."""
         self.jobs.put(None)
         self.thread.join(timeout)
+        return not self.thread.is_alive()
