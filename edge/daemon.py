@@ -640,6 +640,8 @@ class EdgeDaemon:
             await asyncio.get_running_loop().run_in_executor(None, self.mqtt.stop)
         spool = self.escalating.spool if self.escalating is not None else self.spool  # maybe opened later
         if spool is not None:
+            if spool.stop_by is None:  # no escalation drain set it (a stop during the model load, a failed start)
+                spool.stop_by = time.monotonic()  # the close's checkpoint does not wait for a lock held elsewhere
             spool.close()
         if self.telemetry is not None:
             self.telemetry.stop()

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import List
 
-from tests.edge.helpers import settings_yaml
+from tests.edge.helpers import hold_write_lock, let_go, policy_yaml, settings_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,3 +93,47 @@ def test_a_sigterm_while_the_model_loads_stops_the_daemon_at_once_through_its_us
         if again.poll() is None:
             again.kill()
             again.wait(10)
+
+
+def test_a_sigterm_while_the_model_loads_does_not_wait_for_a_lock_another_process_holds_on_the_spool(
+        tmp_path, native_model):
+    """With a policy the daemon opens its spool before the model; once the load has begun,
+    another process (an operator's ``sqlite3`` shell, a backup tool) takes the spool's write
+    lock, then SIGTERM. No escalation was built, so nothing had told the spool the daemon
+    stops: its close's checkpoint waited SQLite's 30 s busy timeout for the lock (30.3 s to
+    exit, past systemd's TimeoutStopSec=30: SIGKILL). It exits at once, the load given up."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("p", transport=None))
+    log = tmp_path / "edge.log"
+    config = settings_yaml(tmp_path / "edge.yaml", device_id="dev",
+                           streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+                           model={"path": str(native_model), "imgsz": 640, "max_batch": 64, "threads": 1},
+                           spool={"path": str(tmp_path / "spool.db")}, policy_file=str(policy),
+                           metrics={"port": -1})
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", NOTIFY_SOCKET="")
+    cmd = [sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(config)]
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT, env=env)
+    holder = None
+    try:
+        deadline = time.monotonic() + 60
+        while "loading model" not in log.read_text():  # (the spool is open before the load)
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        holder = hold_write_lock(tmp_path / "spool.db")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(15)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if holder is not None:
+            let_go(holder)
+    text = log.read_text()
+    assert rc == 0 and took < 3.0, (rc, took, text)
+    assert "exiting without waiting for the model load the stop gave up" in text, text
