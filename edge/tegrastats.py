@@ -125,6 +125,10 @@ class Tegrastats:
         self.max_backoff_s = max_backoff_s
         self.proc: Optional[subprocess.Popen[str]] = None
         self.stopped = threading.Event()
+        #: ``stop`` and a process just started: one of them ends it (a stop right after the start,
+        #: a SIGTERM before the model load, found no process yet, waited 10 s for the thread and
+        #: left tegrastats running after the daemon)
+        self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="tegrastats", daemon=True)
 
     def start(self) -> None:
@@ -146,7 +150,10 @@ class Tegrastats:
         good = False
         try:
             with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
-                self.proc = proc
+                with self._lock:
+                    self.proc = proc
+                    if self.stopped.is_set():  # stopped while it started: stop() did not see it
+                        proc.terminate()
                 assert proc.stdout is not None
                 for line in proc.stdout:
                     try:
@@ -164,8 +171,9 @@ class Tegrastats:
         return good
 
     def stop(self) -> None:
-        self.stopped.set()
-        proc = self.proc
+        with self._lock:
+            self.stopped.set()
+            proc = self.proc
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:

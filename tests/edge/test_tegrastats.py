@@ -149,3 +149,24 @@ def test_daemon_exports_the_gauges(fake_tegrastats: Path, tmp_path: Path, tiny_m
         d.request_stop()
         th.join(30)
     assert d.telemetry is not None and d.telemetry.proc.poll() is not None
+
+
+def test_a_stop_right_after_the_start_ends_tegrastats_at_once(fake_tegrastats: Path) -> None:
+    """The daemon starts the telemetry just before the model load, and a SIGTERM that came
+    meanwhile stops it a moment later, before its thread has started tegrastats: the stop found
+    no process, waited 10 s for the thread (which then read tegrastats for good) and left
+    tegrastats running after the daemon. Now the process started after the stop is ended."""
+    for _ in range(3):  # (the thread starts tegrastats within milliseconds: each try is a race)
+        t = T.start(CollectorRegistry(), "auto", 0.1)
+        assert t is not None
+        t0 = time.monotonic()
+        t.stop()
+        took = time.monotonic() - t0
+        proc = t.proc
+        try:
+            assert took < 5.0 and not t.thread.is_alive(), (took, t.thread.is_alive())
+            assert proc is None or proc.poll() is not None
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
