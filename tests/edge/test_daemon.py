@@ -959,6 +959,9 @@ def test_a_replay_the_cloud_answers_within_the_grace_of_a_sigterm_is_written_and
         daemon.close()
     backlog = spooled()
     assert len(backlog) >= 3
+    # a log of its own: EdgeProcess appends, and the first run's "running" line would let the
+    # SIGTERM below reach this daemon before it handles signals (killed, -15, under load)
+    log = tmp_path / "edge-replay.log"
     with LocalCloud(tiny_model, workers=1, log_dir=tmp_path / "cloud") as cloud:
         worker = cloud.worker_pid(0)
         os.kill(worker, signal.SIGSTOP)
