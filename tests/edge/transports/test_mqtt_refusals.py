@@ -481,7 +481,13 @@ def test_with_the_mqtt_sink_the_client_id_is_kept_in_its_outbox_and_the_session_
             model={"path": str(tmp_path / "unused.onnx")}, spool={"path": str(tmp_path / name / "spool.db")},
             metrics={"port": -1})), env={})
         d = EdgeDaemon(settings)
-        asyncio.run(d._build_transports())
+
+        async def start() -> None:  # the daemon's own start: the outbox keeps a new id before connecting
+            d.stop_event = asyncio.Event()
+            await d._build_transports()
+            await d._start_mqtt()
+        asyncio.run(start())
+        d.mqtt.stop()
         d.outbox.close()
         return d.mqtt
 
