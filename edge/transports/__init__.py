@@ -30,7 +30,7 @@ class TransportError(Exception):
     whether the request may have left the edge, one rule for both transports: a connection to
     the cloud (the MQTT broker, a gRPC server) was up when it was written. False: refused before
     it was sent, the MQTT broker not connected, given up before paho wrote it, or a gRPC channel
-    that had no connection before the call nor after it ("failed to connect", still connecting
+    that had no connection at any time during the call ("failed to connect", still connecting
     at the deadline: ``edge.transports.grpc.connected``)."""
 
     def __init__(self, status_value: int, message: str, sent: bool = True) -> None:

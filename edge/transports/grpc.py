@@ -111,10 +111,28 @@ def load_channel_tls(ca: str, cert: str, key: str) -> ChannelTls:
 def connected(channel: Any) -> bool:
     """Whether ``channel`` has a connection to its server now (READY; not looked for: no connection
     attempt is started). A failed call counts as sent (``TransportError.sent``) when its channel
-    had one before or after the call: a request refused with "failed to connect" (nothing
-    listening, a host unreachable) or still waiting for a connection at its deadline never left.
-    Counted, 5 of 5 requests to an unreachable cloud were uplink bytes it never carried."""
+    had one at any time from the call's start to its end (``came_up``, and this after the call): a
+    request refused with "failed to connect" (nothing listening, a host unreachable) or still
+    waiting for a connection at its deadline never left. Counted, 5 of 5 requests to an
+    unreachable cloud were uplink bytes it never carried."""
     return bool(channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY)
+
+
+#: seconds between two looks at a channel that was not READY when a call on it began (``came_up``)
+READY_POLL_S = 0.02
+
+
+async def came_up(channel: Any) -> bool:
+    """Looks at ``channel`` every ``READY_POLL_S`` until it is READY (True), for as long as the
+    call it was started for runs (the caller cancels it). Looked at before and after a failed call
+    only, a server that took the request on a fresh channel and then went away (a restart, a
+    crash) looked unreached: IDLE before the call, TRANSIENT_FAILURE after its retries failed to
+    connect, and the request it received was not counted as sent. (Polled, not gRPC's
+    ``wait_for_state_change``: a connectivity watch left pending when the call ends completes
+    later in gRPC's core, after the event loop may have closed.)"""
+    while not connected(channel):
+        await asyncio.sleep(READY_POLL_S)
+    return True
 
 
 def _decode(raw: Any) -> Any:
@@ -261,13 +279,13 @@ class GrpcTransport:
         reached = False  # whether an endpoint tried had a connection: the request may have left
         for k in range(n):
             i = (self.preferred + k) % n
-            was_up = connected(used.channels[i])
+            up = asyncio.ensure_future(came_up(used.channels[i]))  # READY at any time during the call
             try:
                 raw = await used.stubs[i](
                     request, timeout=max(timeout_s, 0.001), metadata=self.metadata or None
                 )
             except aio.AioRpcError as exc:
-                reached = reached or was_up or connected(used.channels[i])
+                reached = reached or up.done() or connected(used.channels[i])
                 st = status.from_grpc(exc.code(), exc.details())
                 details = printable(exc.details()) if exc.details() else status.name(st)
                 last = TransportError(st, f"{self.endpoints[i]}: {details}", sent=reached)
@@ -275,6 +293,8 @@ class GrpcTransport:
                     log.info("endpoint %s unavailable, trying the next one", self.endpoints[i])
                     continue
                 raise last from None
+            finally:
+                up.cancel()
             self.preferred = i
             return check_response(_decode(raw))
         assert last is not None

@@ -520,3 +520,41 @@ def test_a_grpc_request_that_never_connected_is_not_counted_as_sent():
 
     asyncio.run(run())
     assert sent.count("nowhere") == 0 and sent.count("there") == 5 and sent.count("both") == 5, sent
+
+
+def test_a_grpc_request_the_server_took_before_it_went_away_is_counted_as_sent():
+    """A fresh channel (IDLE before the call), a real server that takes the request, works on it
+    and then stops (a cloud restart) mid-call: gRPC's retries then fail to connect, the channel is
+    in TRANSIENT_FAILURE after the call, and the request the server received was not counted as
+    sent (looked at before and after the call only)."""
+    sent = []
+
+    async def run():
+        received = asyncio.Event()
+
+        async def slow(req: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            received.set()
+            await asyncio.sleep(60)
+            return b""
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "edgewise.v1.Escalation", {"Detect": grpc.unary_unary_rpc_method_handler(slow)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        t = MeteredTransport(GrpcTransport([f"127.0.0.1:{port}"]), lambda _, n: sent.append(n))
+        await t.start()
+        try:
+            call = asyncio.ensure_future(t.detect(request(1), 20.0))
+            await asyncio.wait_for(received.wait(), 15.0)
+            await asyncio.sleep(0.3)  # the cloud works on it
+            await server.stop(None)
+            with pytest.raises(TransportError) as ei:
+                await asyncio.wait_for(call, 20.0)
+            assert ei.value.sent, ei.value
+        finally:
+            await t.close()
+            await server.stop(None)
+
+    asyncio.run(run())
+    assert len(sent) == 1 and sent[0] > 0, sent
