@@ -124,15 +124,19 @@ READY_POLL_S = 0.02
 
 async def came_up(channel: Any) -> bool:
     """Looks at ``channel`` every ``READY_POLL_S`` until it is READY (True), for as long as the
-    call it was started for runs (the caller cancels it). Looked at before and after a failed call
-    only, a server that took the request on a fresh channel and then went away (a restart, a
-    crash) looked unreached: IDLE before the call, TRANSIENT_FAILURE after its retries failed to
+    call it was started for runs (the caller cancels it); False when the channel closed first.
+    Looked at before and after a failed call only, a server that took the request on a fresh
+    channel and then went away (a restart, a crash) looked unreached: IDLE before the call, TRANSIENT_FAILURE after its retries failed to
     connect, and the request it received was not counted as sent. (Polled, not gRPC's
     ``wait_for_state_change``: a connectivity watch left pending when the call ends completes
     later in gRPC's core, after the event loop may have closed.)"""
-    while not connected(channel):
+    while True:
+        state = channel.get_state(try_to_connect=False)
+        if state == grpc.ChannelConnectivity.READY:
+            return True
+        if state == grpc.ChannelConnectivity.SHUTDOWN:  # the transport's close, under the call
+            return False
         await asyncio.sleep(READY_POLL_S)
-    return True
 
 
 def _decode(raw: Any) -> Any:
@@ -285,7 +289,7 @@ class GrpcTransport:
                     request, timeout=max(timeout_s, 0.001), metadata=self.metadata or None
                 )
             except aio.AioRpcError as exc:
-                reached = reached or up.done() or connected(used.channels[i])
+                reached = reached or (up.done() and up.result()) or connected(used.channels[i])
                 st = status.from_grpc(exc.code(), exc.details())
                 details = printable(exc.details()) if exc.details() else status.name(st)
                 last = TransportError(st, f"{self.endpoints[i]}: {details}", sent=reached)
