@@ -9,6 +9,9 @@
 #   cam-policy  seed 24, 1200 frames: fits the learned policy only
 #   cam-holdout seed 25, 90 x 30 = 2700 frames: a second, larger held-out split on which no
 #               setting was ever chosen (scripts/eval_camera.sh RUN holdout); not in the default set
+#   cam-dev     seed 26, 120 x 30 = 3600 frames: the development set a candidate policy is judged on
+#               before either held-out split is spent on it (docs/design/escalation.md, "The
+#               development set"); the val pool's handwriting and backgrounds, as cam-policy; not in the default set
 #   tune-test   the episodes test split of scripts/train_reference.sh (the previous headline)
 #   cam-train-crops / cam-val-crops: native-scale 320x320 crops for the cloud model
 # Usage: scripts/camera_data.sh RUN_DIR [SPLIT...]   (no SPLIT: all of them)
@@ -38,11 +41,12 @@ split() {  # NAME: generate it (and what it is cut from)
         cam-test) gen cam-test test 23 30 30 1 camera ;;
         cam-policy) gen cam-policy val 24 40 30 1 camera ;;
         cam-holdout) gen cam-holdout test 25 90 30 1 camera ;;
+        cam-dev) gen cam-dev val 26 120 30 1 camera ;;
         tune-test) gen tune-test test 13 24 50 1 episodes --imgsz 224 ;;
         cam-train-crops) split cam-train; crops cam-train-crops cam-train 2 ;;
         cam-val-crops) split cam-val; crops cam-val-crops cam-val 1 ;;
         *) echo "scripts/camera_data.sh: unknown split '$1' (known: cam-train cam-val cam-test" \
-               "cam-policy cam-holdout tune-test cam-train-crops cam-val-crops)" >&2; exit 2 ;;
+               "cam-policy cam-holdout cam-dev tune-test cam-train-crops cam-val-crops)" >&2; exit 2 ;;
     esac
 }
 [ $# -gt 0 ] || set -- cam-train cam-val cam-test cam-policy tune-test cam-train-crops cam-val-crops
