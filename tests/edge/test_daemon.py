@@ -602,6 +602,27 @@ def test_the_sinks_beside_the_spool_keep_its_reserve_and_those_elsewhere_do_not(
         asyncio.run(run())
 
 
+def _mqtt_sink_config(tmp_path: Path, tiny_model: Path, mosquitto, out: Path) -> Path:
+    """edge.yaml of a real daemon at 10 fps writing its records to ``out`` and, through the MQTT
+    sink (its outbox in ``tmp_path/state``), to ``mosquitto``."""
+    return settings_yaml(tmp_path / "edge.yaml", device_id="jet",
+                         streams=[{"id": "cam", "kind": "synthetic", "uri": "160x120", "fps": 10}],
+                         model={"path": str(tiny_model), "max_batch": 1},
+                         cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}},
+                         spool={"path": str(tmp_path / "state" / "spool.db")},
+                         sinks={"jsonl": str(out), "mqtt": True}, metrics={"port": -1}, shutdown_grace_s=1.0)
+
+
+def _all_published_in_order(daemon: EdgeProcess, log: Path, out: Path, topic, timeout_s: float) -> None:
+    """Every record the JSON Lines file has so far reaches the broker's ``topic``, in order."""
+    written = [r["frame_seq"] for r in read_jsonl(out)]
+    deadline = time.monotonic() + timeout_s
+    while not set(written) <= {r["frame_seq"] for r in topic.json()}:
+        assert daemon.check() and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    assert [r["frame_seq"] for r in topic.json()][:len(written)] == written  # in order, none lost
+
+
 def test_a_lock_another_process_holds_on_the_mqtt_outbox_freezes_neither_frames_nor_the_stop(tmp_path, tiny_model,
                                                                                               mosquitto):
     """A real daemon at 10 fps with the MQTT sink; another process holds the outbox's write lock
@@ -616,17 +637,11 @@ def test_a_lock_another_process_holds_on_the_mqtt_outbox_freezes_neither_frames_
 
     from tests.conftest import TopicRecorder
     from tests.edge.helpers import hold_write_lock, let_go
-    from tests.processes import EdgeProcess
 
     topic = TopicRecorder(mosquitto, "edgewise/jet/detections")
     out, log = tmp_path / "out.jsonl", tmp_path / "edge.log"
     outbox = tmp_path / "state" / "mqtt-outbox.db"
-    config = settings_yaml(tmp_path / "edge.yaml", device_id="jet",
-                           streams=[{"id": "cam", "kind": "synthetic", "uri": "160x120", "fps": 10}],
-                           model={"path": str(tiny_model), "max_batch": 1},
-                           cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}},
-                           spool={"path": str(tmp_path / "state" / "spool.db")},
-                           sinks={"jsonl": str(out), "mqtt": True}, metrics={"port": -1}, shutdown_grace_s=1.0)
+    config = _mqtt_sink_config(tmp_path, tiny_model, mosquitto, out)
     daemon = EdgeProcess(config, log)
     holder = None
     try:
@@ -640,12 +655,7 @@ def test_a_lock_another_process_holds_on_the_mqtt_outbox_freezes_neither_frames_
         during = (len(read_jsonl(out)) - before) / (time.monotonic() - t0)
         let_go(holder)
         assert during > 6, during  # 10 fps; it was 0.2
-        written = [r["frame_seq"] for r in read_jsonl(out)]
-        deadline = time.monotonic() + 20
-        while not set(written) <= {r["frame_seq"] for r in topic.json()}:
-            assert daemon.check() and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-        assert [r["frame_seq"] for r in topic.json()][:len(written)] == written  # in order, none lost
+        _all_published_in_order(daemon, log, out, topic, 20)
         holder = hold_write_lock(outbox)
         time.sleep(1.0)
         t0 = time.monotonic()
@@ -691,12 +701,7 @@ def test_a_lock_held_on_the_outbox_when_it_is_to_keep_a_new_client_id_holds_up_n
     out, log = tmp_path / "out.jsonl", tmp_path / "edge.log"
     outbox = tmp_path / "state" / "mqtt-outbox.db"
     Outbox(outbox, 100).close()  # an outbox without a client id
-    config = settings_yaml(tmp_path / "edge.yaml", device_id="jet",
-                           streams=[{"id": "cam", "kind": "synthetic", "uri": "160x120", "fps": 10}],
-                           model={"path": str(tiny_model), "max_batch": 1},
-                           cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}},
-                           spool={"path": str(tmp_path / "state" / "spool.db")},
-                           sinks={"jsonl": str(out), "mqtt": True}, metrics={"port": -1}, shutdown_grace_s=1.0)
+    config = _mqtt_sink_config(tmp_path, tiny_model, mosquitto, out)
     holder = hold_write_lock(outbox)
     daemon = EdgeProcess(config, log)
     try:
@@ -717,12 +722,7 @@ def test_a_lock_held_on_the_outbox_when_it_is_to_keep_a_new_client_id_holds_up_n
             return
         let_go(holder)
         holder = None
-        written = [r["frame_seq"] for r in read_jsonl(out)]
-        deadline = time.monotonic() + 30
-        while not set(written) <= {r["frame_seq"] for r in topic.json()}:
-            assert daemon.check() and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-        assert [r["frame_seq"] for r in topic.json()][:len(written)] == written  # in order, none lost
+        _all_published_in_order(daemon, log, out, topic, 30)
         assert daemon.stop(60) == 0
     finally:
         if holder is not None:
