@@ -75,6 +75,17 @@ def hold_write_lock(path: Path) -> subprocess.Popen[str]:
     return holder
 
 
+def held_behind_a_lock(sinks: Any, outbox: Path, n: int) -> None:
+    """Write ``n`` records (``frame_record("cam", 0..n-1)``) while another process holds
+    ``outbox``'s write lock: the MQTT sink refuses each one (held in memory), then the lock is let go."""
+    holder = hold_write_lock(outbox)
+    try:
+        for seq in range(n):
+            assert sinks.write(frame_record("cam", seq)) is False
+    finally:
+        let_go(holder)
+
+
 def let_go(holder: subprocess.Popen[str]) -> None:
     """End a ``hold_write_lock`` process (its transaction rolled back)."""
     assert holder.stdin is not None and holder.stdout is not None

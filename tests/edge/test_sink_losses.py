@@ -20,7 +20,7 @@ from edge.outbox import Outbox
 from edge.sinks import BACKLOG_BYTES, JsonlSink, MqttSink, Sinks
 from edge.transports.mqtt import SESSION_EXPIRY_S, MqttConnection
 from tests.conftest import free_port
-from tests.edge.helpers import frame_record, hold_write_lock, let_go, read_jsonl
+from tests.edge.helpers import frame_record, held_behind_a_lock, hold_write_lock, let_go, read_jsonl
 
 TOPIC = "edgewise/dev/detections"
 PAD = 4000  # bytes of ``error`` that make a record about 4.3 KB
@@ -113,12 +113,7 @@ def test_the_mqtt_sinks_close_puts_held_records_in_for_its_close_time_and_counts
     sink = MqttSink(conn, TOPIC, Outbox(tmp_path / "outbox.db", 50_000), metrics, close_timeout_s=0.5)
     sinks = Sinks([sink])
     n = 10_000
-    holder = hold_write_lock(tmp_path / "outbox.db")
-    try:
-        for seq in range(n):
-            assert sinks.write(frame_record("cam", seq)) is False
-    finally:
-        let_go(holder)
+    held_behind_a_lock(sinks, tmp_path / "outbox.db", n)
     assert len(sink.held) == n and _dropped(metrics, "mqtt") == 0
     caplog.set_level(logging.ERROR)
     try:

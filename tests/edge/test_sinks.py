@@ -390,7 +390,7 @@ def test_records_held_while_another_process_locked_the_outbox_go_in_a_slice_per_
     import time
 
     from edge.sinks import DRAIN_SLICE_S
-    from tests.edge.helpers import hold_write_lock, let_go
+    from tests.edge.helpers import held_behind_a_lock
 
     rec_topic = TopicRecorder(mosquitto, TOPIC)
     conn = connect(mosquitto)
@@ -398,12 +398,7 @@ def test_records_held_while_another_process_locked_the_outbox_go_in_a_slice_per_
     sinks = Sinks([sink])
     n = 5000
     try:
-        holder = hold_write_lock(tmp_path / "outbox.db")
-        try:
-            for seq in range(n):
-                assert sinks.write(frame_record("cam", seq)) is False
-        finally:
-            let_go(holder)
+        held_behind_a_lock(sinks, tmp_path / "outbox.db", n)
         assert len(sink.held) == n and sinks.failing == {"mqtt"}
         t0 = time.monotonic()
         assert sinks.write(frame_record("cam", n))  # taken: in memory behind the held ones
