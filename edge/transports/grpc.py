@@ -283,13 +283,14 @@ class GrpcTransport:
         reached = False  # whether an endpoint tried had a connection: the request may have left
         for k in range(n):
             i = (self.preferred + k) % n
-            up = asyncio.ensure_future(came_up(used.channels[i]))  # READY at any time during the call
+            # READY at any time during the call; the steady state (READY already) needs no watch
+            up = None if connected(used.channels[i]) else asyncio.ensure_future(came_up(used.channels[i]))
             try:
                 raw = await used.stubs[i](
                     request, timeout=max(timeout_s, 0.001), metadata=self.metadata or None
                 )
             except aio.AioRpcError as exc:
-                reached = reached or (up.done() and up.result()) or connected(used.channels[i])
+                reached = reached or up is None or (up.done() and up.result()) or connected(used.channels[i])
                 st = status.from_grpc(exc.code(), exc.details())
                 details = printable(exc.details()) if exc.details() else status.name(st)
                 last = TransportError(st, f"{self.endpoints[i]}: {details}", sent=reached)
@@ -298,7 +299,8 @@ class GrpcTransport:
                     continue
                 raise last from None
             finally:
-                up.cancel()
+                if up is not None:
+                    up.cancel()
             self.preferred = i
             return check_response(_decode(raw))
         assert last is not None
