@@ -100,7 +100,9 @@ def test_metered_transport_does_not_count_a_request_refused_before_it_left():
             await t.start()
             await async_wait_until(conn.connected.is_set, 10, "connected")
             # the first goes (an idle uplink takes one); the others would pass the 200 bytes: refused
-            got = await asyncio.gather(*(t.detect(request(i), 0.3) for i in range(3)), return_exceptions=True)
+            # (a deadline long enough that the first still fills the window when a loaded machine
+            # gets to the others: at 0.3 s it could expire first and let the second go up)
+            got = await asyncio.gather(*(t.detect(request(i), 2.0) for i in range(3)), return_exceptions=True)
             assert [e.status for e in got] == [detect_pb2.DEADLINE_EXCEEDED] + [detect_pb2.RESOURCE_EXHAUSTED] * 2
             conn.stop()
             with pytest.raises(TransportError) as ei:  # not connected
