@@ -77,7 +77,7 @@ def _handler(args: argparse.Namespace) -> int:
         payloads=args.payloads, payload=args.payload, cloud_input=args.cloud_input, samples=args.samples,
         target_rate=args.target_rate, target_fraction=args.target_fraction, target_gap=args.target_gap,
         target_uplink=args.target_uplink, target_margin=args.target_margin, target_edge_ratio=args.target_edge_ratio,
-        carry_lag=args.carry_lag or None, ours=args.ours,
+        carry_lag=args.carry_lag or None, ours=args.ours, reference_quality=args.reference_quality,
     )
     result = run_eval(cfg)
     paths = report.write(result, Path(args.out))
@@ -124,6 +124,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--carry-lag", type=int, default=1,
                    help="frames after an escalated frame from which the edge carries its answer (the policy's "
                         "merge.carryFrames, default %(default)s): 1, back before the next frame; 0: carry nothing")
+    p.add_argument("--reference-quality", type=int, default=None, metavar="Q",
+                   help="JPEG quality of the reference, every frame whole at full resolution, that cloud-only F1 "
+                        "and the uplink saved are taken against (default: the policy's jpegQuality); name the "
+                        "quality of the setting a lower-quality policy replaces to compare the two")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N frames")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model")
     p.add_argument("--edge-imgsz", type=int, default=0, metavar="N",

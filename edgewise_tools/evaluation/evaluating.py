@@ -17,6 +17,7 @@ from edgewise.regions import COMPARED_MODES
 from edgewise.runtime import Detector
 from edgewise_tools.evaluation import bootstrap, hybrid, scoring
 from edgewise_tools.evaluation.frames import (
+    REFERENCE,
     FrameRecord,
     collect,
     fit_warnings,
@@ -76,6 +77,10 @@ class EvalConfig:
             carried (:mod:`edgewise.carrying`) from this many frames after it: 1, it is back
             before the next frame (at ``fps`` 10, within 100 ms); each more frame is one more
             frame interval of cloud round trip. None: no answer is carried.
+        reference_quality: the JPEG quality of the reference, every frame whole at full
+            resolution, which cloud-only F1 and the uplink saved are taken against; None: the
+            policy's ``jpegQuality`` (a policy at a lower quality then shrinks its own
+            reference; name the quality of the setting it replaces to compare the two).
     """
 
     edge: Path
@@ -102,6 +107,7 @@ class EvalConfig:
     model_out: Optional[Path] = None
     carry_lag: Optional[int] = 1
     ours: Optional[str] = None
+    reference_quality: Optional[int] = None
 
 
 def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, policy: Policy,
@@ -110,7 +116,7 @@ def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, polic
         if i % 50 == 0 or i == n:
             log.info("%s: %d/%d frames", data, i, n)
 
-    return collect(data, edge, cloud, policy, modes, cfg.limit, progress)
+    return collect(data, edge, cloud, policy, modes, cfg.limit, progress, cfg.reference_quality)
 
 
 def check_config(cfg: EvalConfig) -> None:
@@ -122,6 +128,8 @@ def check_config(cfg: EvalConfig) -> None:
     evaluated set itself."""
     if cfg.ours is not None and (cfg.ours not in OURS or (cfg.ours != "combined" and cfg.train_data is None)):
         raise ConfigError(f"--ours {cfg.ours}: declare one of {', '.join(OURS)} (the learned ones need --train-data)")
+    if cfg.reference_quality is not None and not 1 <= cfg.reference_quality <= 100:
+        raise ConfigError(f"--reference-quality {cfg.reference_quality}: a JPEG quality is 1..100")
     if not any(r <= cfg.target_rate + 1e-9 for r in cfg.rates):
         shown = ",".join(f"{r:g}" for r in cfg.rates)
         raise ConfigError(f"--rates {shown}: none is <= --target-rate {cfg.target_rate:g}, so the target (at most "
@@ -220,7 +228,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     w = bootstrap.weights(n_streams, cfg.samples)
     base: Dict[str, Dict[str, Any]] = {}
     for k, (metrics, per_frame) in (("edge_only", hybrid.evaluate_frames(records, np.zeros(n, bool), nc, merge)),
-                                    ("cloud_only", hybrid.cloud_only(records, nc))):
+                                    ("cloud_only", hybrid.cloud_only(records, nc, REFERENCE))):
         base[k] = metrics
         base[k]["f1_ci"] = bootstrap.f1_interval(bootstrap.per_stream(per_frame, index, n_streams), w)
     rates, counts = hybrid.at_rates(records, scores, cfg.rates, nc, merge, sending, cfg.samples, lag, gaps,
@@ -261,6 +269,10 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
         "whole_frame_every_s": pl.whole_frame_every_s if isinstance(sending, hybrid.Sending) else 0.0,
         "ours": ours, "bootstrap": {"samples": cfg.samples, "seed": bootstrap.SEED, "unit": "stream"},
         "uplink_all_frames_bytes": int(sum(r.jpeg_bytes for r in records)),
+        "reference_quality": pl.jpeg_quality if cfg.reference_quality is None else cfg.reference_quality,
+        "payload_quality": pl.jpeg_quality,
+        # every frame whole at the payload's own quality (the reference's bytes when they are one quality)
+        "uplink_all_frames_bytes_at_payload_quality": int(sum(r.sent("full").nbytes for r in records)),
         "baselines": base,
         "payloads": payloads,
         "policy_run": hybrid.policy_run(records, policy, nc, cfg.fps, cfg.carry_lag),

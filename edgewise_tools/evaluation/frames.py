@@ -8,7 +8,11 @@ sees, hence the hardness signals) and, for mAP, at a low threshold decoded from 
 raw head output. The cloud model runs once per payload mode on what that mode would send
 (:func:`edgewise.regions.plan_payload`, JPEG-encoded at the policy's quality and decoded
 again, as the worker would receive it), and its boxes are mapped back into frame pixels:
-so each mode's accuracy, uplink bytes and cloud time are measured, not assumed.
+so each mode's accuracy, uplink bytes and cloud time are measured, not assumed. The
+reference every share is taken against, the cloud on every frame whole at full resolution,
+is encoded at the policy's quality too unless the evaluation names a quality of its own
+(``edgewise eval --reference-quality``: a policy at a lower quality is then judged against
+the same reference as the one it replaces).
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ from edgewise_tools.provenance import dataset_meta
 _NAME = re.compile(r"^s(\d+)_f(\d+)$")
 #: Threshold for the detections that feed mAP (YOLOv5 val.py uses 0.001).
 MAP_CONF = 0.001
+#: :meth:`FrameRecord.sent`'s name for the reference: the cloud on the whole frame at the
+#: reference's JPEG quality (the cloud-only row, and the uplink every share is taken against)
+REFERENCE = "reference"
 
 
 @dataclass
@@ -63,9 +70,11 @@ class ModeResult:
 class FrameRecord:
     """One frame: ground truth, both models' outputs, the edge signals and payload size.
 
-    ``cloud``/``cloud_all``/``jpeg_bytes`` are the whole frame at full resolution (payload
-    mode ``full``; empty when ``full`` was not among the collected modes, ``has_full``
-    False); ``modes`` holds the other payload modes that were evaluated."""
+    ``cloud``/``cloud_all``/``jpeg_bytes`` are the reference, the whole frame at full
+    resolution at the reference quality (empty when ``full`` was not among the collected
+    modes, ``has_full`` False); it is also what payload mode ``full`` sends unless the
+    policy's quality differs from the reference's, when ``modes["full"]`` holds that answer;
+    ``modes`` holds the other payload modes that were evaluated."""
 
     stream: int
     frame: int
@@ -77,7 +86,7 @@ class FrameRecord:
     cloud: Detections          # operating threshold
     edge_all: Detections       # low threshold, for mAP
     cloud_all: Detections      # low threshold, for mAP
-    jpeg_bytes: int            # full frame at the policy's JPEG quality
+    jpeg_bytes: int            # full frame at the reference JPEG quality
     signals: Dict[str, float] = field(default_factory=dict)
     modes: Dict[str, ModeResult] = field(default_factory=dict)
     cloud_ms: float = 0.0      # the cloud model's time on the full frame
@@ -90,8 +99,10 @@ class FrameRecord:
     blobs: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.float32))
 
     def sent(self, mode: str = "full") -> ModeResult:
-        """What escalating this frame in ``mode`` gives (``full`` when that mode was not run)."""
-        got = self.modes.get(mode)
+        """What escalating this frame in ``mode`` gives (``full`` when that mode was not run;
+        :data:`REFERENCE`: the reference, what ``full`` sends unless the policy's JPEG quality
+        differs from the reference's)."""
+        got = self.modes.get(mode) if mode != REFERENCE else None
         if got is not None:
             return got
         if not self.has_full:
@@ -356,6 +367,18 @@ def _roundtrip(img: np.ndarray, quality: int) -> Tuple[np.ndarray, int]:
     return out, len(buf)
 
 
+def _whole(rec: FrameRecord, img: np.ndarray, ref: Optional[Tuple[np.ndarray, int]], quality: int,
+           cloud: Detector, low: DecodeParams) -> ModeResult:
+    """The cloud's answer to ``img`` sent whole at ``quality``: the reference's when it ran at
+    that quality, else a cloud pass on the frame decoded from ``ref`` (its JPEG at ``quality``:
+    ``rec``'s reference image, or None to encode it here)."""
+    if ref is not None and rec.has_full:
+        return rec.sent("full")
+    sent, nbytes = ref if ref is not None else _roundtrip(img, quality)
+    op, lo, ms = _run(cloud, sent, low)
+    return ModeResult(op, lo, nbytes, None, ms, whole=True)
+
+
 @dataclass
 class EdgeView:
     """What the edge has of one frame: its pixels, its detections and its motion evidence."""
@@ -395,11 +418,15 @@ def collect(
     modes: Sequence[str] = ("full",),
     limit: Optional[int] = None,
     progress: Optional[Callable[[int, int], None]] = None,
+    reference_quality: Optional[int] = None,
 ) -> List[FrameRecord]:
     """Run the edge model, the edge's signals (motion included) and, per payload mode, the
     cloud model over ``data``, frame by frame in stream order. Without ``full`` among
     ``modes`` the cloud does not see whole frames (it is the slowest payload at camera
-    resolution) and the records' ``cloud`` is empty. Each answer is also carried through the
+    resolution) and the records' ``cloud`` is empty. The reference (``FrameRecord.cloud``,
+    ``jpeg_bytes``) is encoded at ``reference_quality`` (None: the policy's ``jpegQuality``);
+    when the two differ the whole frame is also sent at the policy's quality, once per frame,
+    for ``full`` and for every mode that falls back to the whole frame. Each answer is also carried through the
     stream's next frames under the policy's ``merge.carry*`` (:mod:`edgewise.carrying`), so
     a replay can keep it alive between escalations (``FrameRecord.carried``).
 
@@ -426,6 +453,9 @@ def collect(
             "written by `edgewise synth`")
     low_c = DecodeParams(conf_thres=MAP_CONF, iou_thres=cloud.params.iou_thres, max_det=cloud.params.max_det)
     pl = policy.spec.payload
+    ref_q = pl.jpeg_quality if reference_quality is None else reference_quality
+    if not 1 <= ref_q <= 100:
+        raise InvalidInputError(f"reference JPEG quality {ref_q}: must be 1..100")
     records: List[FrameRecord] = []
     trackers: Dict[int, Optional[TrackerState]] = {}
     carrying: Dict[int, List[Tuple[FrameRecord, str, CarryState]]] = {}
@@ -435,27 +465,27 @@ def collect(
         h, w = img.shape[:2]
         gt_boxes, gt_cls = to_pixels(labels[v.label_path], w, h)
         signals, trackers[stream] = recorded_signals(e_op, trackers.get(stream), cfg, (w, h), mot.signals)
-        full, full_bytes = _roundtrip(img, pl.jpeg_quality)
+        ref, ref_bytes = _roundtrip(img, ref_q)
         if "full" in modes:
-            c_op, c_all, c_ms = _run(cloud, full, low_c)
+            c_op, c_all, c_ms = _run(cloud, ref, low_c)
         else:
             c_op = c_all = Detections.empty(cloud.names, "cloud")
             c_ms = 0.0
         rec = FrameRecord(
             stream=stream, frame=fno, width=w, height=h, gt_boxes=gt_boxes, gt_cls=gt_cls,
-            edge=e_op, cloud=c_op, edge_all=e_all, cloud_all=c_all, jpeg_bytes=full_bytes, signals=signals,
+            edge=e_op, cloud=c_op, edge_all=e_all, cloud_all=c_all, jpeg_bytes=ref_bytes, signals=signals,
             cloud_ms=c_ms, has_full="full" in modes, blobs=np.asarray(mot.blobs, np.float32).reshape(-1, 4),
         )
+        whole: Optional[ModeResult] = None  # the whole frame at the policy's quality, sent once
         for mode in modes:
-            if mode == "full":
-                continue
+            if mode == "full" and ref_q == pl.jpeg_quality:
+                continue  # the reference is what it sends
             plan = pl.plan(img, e_op, mot.blobs, score_bands(e_op, cfg), mode)
             if plan.image is img:  # this mode sends the whole frame here
-                if not rec.has_full:
-                    c_op, c_all, c_ms = _run(cloud, full, low_c)
-                    rec.modes[mode] = ModeResult(c_op, c_all, full_bytes, None, c_ms, whole=True)
-                else:
-                    rec.modes[mode] = rec.sent("full")
+                if whole is None:
+                    whole = _whole(rec, img, (ref, ref_bytes) if ref_q == pl.jpeg_quality else None, pl.jpeg_quality,
+                                   cloud, low_c)
+                rec.modes[mode] = whole
                 continue
             sent, nbytes = _roundtrip(plan.image, pl.jpeg_quality)
             m_op, m_all, m_ms = _run(cloud, sent, low_c)

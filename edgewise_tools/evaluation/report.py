@@ -103,6 +103,23 @@ def _carry_lines(carry: Optional[Dict[str, Any]], cloud_f1: float) -> List[str]:
                if (ff := carry.get("first_frame_share")) else ""), ""]
 
 
+def _at_quality(result: Dict[str, Any]) -> str:
+    """" at JPEG quality Q" when the result names its reference's quality."""
+    q = result.get("reference_quality")
+    return f" at JPEG quality {q}" if q is not None else ""
+
+
+def _own_quality_saving(result: Dict[str, Any], saved: float) -> str:
+    """What the same escalations save against every frame whole at the payload's own quality,
+    when the reference was encoded at another: a policy's lower quality is a saving a
+    cloud-only deployment could make too."""
+    ref, own = result.get("uplink_all_frames_bytes"), result.get("uplink_all_frames_bytes_at_payload_quality")
+    if not ref or not own or result.get("reference_quality") == result.get("payload_quality"):
+        return ""
+    return (f" (against every frame whole at the payload's own JPEG quality {result.get('payload_quality')}, "
+            f"which a cloud-only deployment could send too: {_pct(1 - (1 - saved) * ref / own)})")
+
+
 def markdown(result: Dict[str, Any]) -> str:
     base = result["baselines"]
     cloud_f1 = base["cloud_only"]["f1"]
@@ -116,7 +133,11 @@ def markdown(result: Dict[str, Any]) -> str:
         "",
         f"Merge `{result['merge']}`; policies compared with payload `{result.get('payload', 'full')}`"
         + (f" (the whole frame when a stream's last went {result['whole_frame_every_s']:g} s ago or more)"
-           if result.get("whole_frame_every_s") else "") + "; "
+           if result.get("whole_frame_every_s") else "")
+        + (f" at JPEG quality {result['payload_quality']}, against a reference of every frame whole at quality "
+           f"{result['reference_quality']} (cloud-only F1 and the uplink saved are taken against it)"
+           if result.get("reference_quality", result.get("payload_quality")) != result.get("payload_quality") else "")
+        + "; "
         f"95% intervals from {_bootstrap(result)}."
         + (f" **Only {streams} stream{'' if streams == 1 else 's'}: resampling so few understates the "
            "uncertainty; read the intervals as a floor"
@@ -223,7 +244,8 @@ def verdict(result: Dict[str, Any]) -> List[str]:
                    f"{mark(t.get('gap_met'))}")
     if t.get("ours_uplink_saved") is not None:
         out.append(f"- uplink saved >= {_pct(t['uplink_target'] or 0)} against every frame whole at full "
-                   f"resolution: {_pct(t['ours_uplink_saved'])} -> {mark(t.get('uplink_met'))}")
+                   f"resolution{_at_quality(result)}: {_pct(t['ours_uplink_saved'])} -> {mark(t.get('uplink_met'))}"
+                   + _own_quality_saving(result, t["ours_uplink_saved"]))
     if t.get("ours_minus_baselines"):
         ci = t.get("ours_beat_baselines_ci", {})
         margins = ", ".join(f"{_label(b)} {_points(m, cloud_f1)}"

@@ -75,3 +75,42 @@ def test_run_eval_scores_cloud_only_as_the_cloud_under_a_fuse_policy(tmp_path, m
     assert cloud["f1"] == 1.0 and cloud["f1_vs_cloud"] == 1.0 and cloud["f1_ci"] == [1.0, 1.0]
     assert result["payloads"]["full"]["cloud_only"]["f1"] == 1.0
     assert result["target"]["edge_f1_ratio"] == pytest.approx(2 / 3)
+
+
+def test_with_a_reference_quality_of_its_own_cloud_only_is_the_reference_not_the_policys_whole_frame(
+        tmp_path, monkeypatch) -> None:
+    """`--reference-quality`: cloud only (the denominator of every share) and the uplink are the
+    reference's; the policy's whole frame at its own quality is a payload row, and the verdict
+    also says what the same escalations save against every frame at the policy's quality."""
+    from edgewise.synth import PRESETS, SynthJob, generate
+    from edgewise_tools.evaluation import report
+    from edgewise_tools.evaluation.frames import ModeResult
+
+    data = tmp_path / "test"
+    generate(SynthJob(out=data, frames=2, streams=2, seed=5, split="test", width=96, height=64,
+                      difficulty=PRESETS["easy"]))
+    records = _records(streams=2)
+    for r in records:  # at the policy's lower quality the cloud misses the object, in half the bytes
+        r.modes["full"] = ModeResult(_d([], [], "cloud"), _d([], [], "cloud"), 50, None, whole=True)
+    monkeypatch.setattr(evaluating.Detector, "from_file",
+                        lambda *_a, **_k: SimpleNamespace(names=("a", "b"), input_size="model"))
+    monkeypatch.setattr(evaluating, "_collect", lambda *_a, **_k: records)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((ROOT / "examples" / "policies" / "whole-frames.yaml").read_text())
+    result = run_eval(EvalConfig(edge=tmp_path / "e.onnx", cloud=tmp_path / "c.onnx", policy=policy, data=data,
+                                 rates=(0.5,), target_rate=0.5, samples=40, payloads=("full",),
+                                 reference_quality=85))
+    assert result["baselines"]["cloud_only"]["f1"] == 1.0 and result["baselines"]["cloud_only"]["uplink_saved"] == 0
+    full = result["payloads"]["full"]["cloud_only"]
+    assert full["f1"] < 1.0 and full["uplink_saved"] == 0.5 and full["bytes_per_escalation"] == 50
+    assert (result["reference_quality"], result["payload_quality"]) == (85, 60)
+    assert result["uplink_all_frames_bytes"] == 400 and result["uplink_all_frames_bytes_at_payload_quality"] == 200
+    assert result["target"]["ours_uplink_saved"] == pytest.approx(0.75)  # 2 of 4 frames, 50 of 100 bytes each
+    text = report.markdown(result)
+    assert "payload `full` at JPEG quality 60, against a reference of every frame whole at quality 85" in text
+    assert ("against every frame whole at full resolution at JPEG quality 85: 75.0% -> NOT met (against every "
+            "frame whole at the payload's own JPEG quality 60, which a cloud-only deployment could send too: "
+            "50.0%)") in text
+    with pytest.raises(evaluating.ConfigError, match="--reference-quality 101: a JPEG quality is 1..100"):
+        run_eval(EvalConfig(edge=tmp_path / "e.onnx", cloud=tmp_path / "c.onnx", policy=policy, data=data,
+                            reference_quality=101))

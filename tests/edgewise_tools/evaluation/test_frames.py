@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import pytest
@@ -204,3 +204,48 @@ def test_the_edge_pass_reads_a_frame_as_the_edge_daemon_does(tmp_path: Path, mon
     daemon = src.read()
     assert daemon is not None
     assert seen.max() == 255 and np.array_equal(seen, daemon)
+
+
+def test_a_reference_quality_of_its_own_is_the_cloud_only_row_and_whole_frames_go_at_the_policys(
+        tiny_model: Path, tmp_path: Path) -> None:
+    """`edgewise eval --reference-quality`: a policy sending whole frames at JPEG quality 60 is
+    judged against every frame whole at the reference's quality (the setting it replaces), so
+    the reference's bytes and cloud answer are the reference's, what ``full`` (and a mode's
+    whole-frame fallback) sends is the frame at 60, encoded and run once per frame."""
+    import cv2
+
+    from edgewise.imagefiles import read_image_file
+    from edgewise.runtime import Detector
+    from edgewise.synth import PRESETS, SynthJob, generate
+    from edgewise_tools.evaluation.frames import REFERENCE
+
+    data = tmp_path / "test"
+    generate(SynthJob(out=data, frames=3, streams=2, seed=5, split="test", width=96, height=64,
+                      difficulty=PRESETS["easy"]))
+    policy = parse_policy(POLICY % 0.25 + "  payload: {mode: full, jpegQuality: 60}\n")
+    edge, cloud = Detector.from_file(tiny_model, threads=1), Detector.from_file(tiny_model, threads=1)
+    runs: List[int] = []
+    infer = cloud.infer
+    cloud.infer = lambda batch: (runs.append(1), infer(batch))[1]  # type: ignore[method-assign]
+    images = [read_image_file(img) for _, _, img, _ in list_frames(data)]
+
+    def size(img: np.ndarray, q: int) -> int:
+        return len(cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, q])[1])
+
+    records = collect(data, edge, cloud, policy, ("full", "regions"), reference_quality=95)
+    for r, img in zip(records, images):
+        assert r.jpeg_bytes == size(img, 95) and r.sent(REFERENCE).nbytes == r.jpeg_bytes
+        assert r.sent(REFERENCE).cloud is r.cloud
+        whole = r.sent("full")
+        assert whole.whole and whole.nbytes == size(img, 60) < r.jpeg_bytes
+        if r.modes["regions"].whole:  # no region proposed: the whole frame, the same answer
+            assert r.modes["regions"] is whole
+    partial = sum(not r.modes["regions"].whole for r in records)
+    assert len(runs) == 2 * len(records) + partial  # the reference, the frame at 60, each region payload
+    runs.clear()
+    same = collect(data, edge, cloud, policy, ("full", "regions"))  # the reference at the policy's quality
+    for r, img in zip(same, images):
+        assert "full" not in r.modes and r.sent("full").nbytes == r.jpeg_bytes == size(img, 60)
+    assert len(runs) == len(same) + sum(not r.modes["regions"].whole for r in same)
+    with pytest.raises(InvalidInputError, match="reference JPEG quality 0: must be 1..100"):
+        collect(data, edge, cloud, policy, ("full",), reference_quality=0)
