@@ -454,8 +454,8 @@ class EdgeDaemon:
             self.metrics.follow_transport(t.name)
         self.sinks = self._build_sinks()
         # after the outbox keeps the client id and the MQTT sink resumed what the last process left in flight
-        if self.mqtt is not None:
-            self._starting_mqtt = asyncio.ensure_future(self._start_mqtt())
+        if self.mqtt is not None:  # guarded as the other tasks: an error in it is logged, never lost
+            self._starting_mqtt = asyncio.ensure_future(self._guarded("MQTT start", self._start_mqtt))
         remembered = max(self.sinks.last_epoch(), self.spool.last_epoch() if self.spool is not None else -1)
         if id_defaulted:
             renamed = identity_warning(s.device_id, self.sinks.devices() |
@@ -518,7 +518,10 @@ class EdgeDaemon:
         frames go on, their records held in memory (``HeldRecords``) as whenever the outbox is
         busy, escalations over MQTT fail as with the broker down (spooled), and a stop ends the
         wait. Before, the start waited for it in SQLite for 30 s, signals unanswered, and then
-        ended with ``OutboxBusy``."""
+        ended with ``OutboxBusy``. Run under ``_guarded``: an unexpected error is logged and the
+        start tried again in 1 s, from where it failed (an id kept is not kept anew, a sink
+        publishing is not started twice); it used to end the task unlogged, the connection never
+        started."""
         assert self.mqtt is not None and self.stop_event is not None
         if self._new_client_id is not None:
             assert self.outbox is not None

@@ -558,7 +558,11 @@ class MqttSink:
     def start(self) -> None:
         """Resume the exchanges the last process left in flight and start publishing: before the
         connection starts, once the outbox keeps its client id (``start=False`` until then, while
-        the daemon waits for a lock another process holds: ``write`` takes records meanwhile)."""
+        the daemon waits for a lock another process holds: ``write`` takes records meanwhile).
+        Called again after it failed (the daemon's ``_guarded`` start), it goes on from there: the
+        exchanges already handed over are not handed again, publishing does not start twice."""
+        if self._thread.ident is not None:
+            return
         self._resume()
         self._show()
         self._thread.start()
@@ -613,15 +617,18 @@ class MqttSink:
         starts: the broker gets each one's PUBREL or PUBLISH again, same packet identifier."""
         mids: Set[int] = set()
         for rid, mid, received, data in self.outbox.in_flight():
+            if rid in self._resumed:  # by a call that failed after it (``start``)
+                mids.add(mid)
+                continue
             if not self.conn.session_expiry_s or mid in mids or not 0 < mid <= _MAX_MID:
                 self._forget_mid(rid)  # no session to complete it in, or not an id this sink gave: anew
                 continue
             mids.add(mid)
-            self._pending[rid] = len(data)
-            self._resumed.add(rid)
             self.conn.resume(self.topic, data, mid, received, on_done=lambda refused, r=rid: self._answered(r, refused),
                              on_received=lambda got, r=rid: self.outbox.received(r, got, wait_s=0),
                              after_refusal=self._after_refusal)
+            self._pending[rid] = len(data)  # (no answer comes before the connection starts)
+            self._resumed.add(rid)
         if mids:
             log.info("MQTT sink: %d records were in flight when the daemon stopped; their QoS 2 exchanges "
                      "are completed, not published anew", len(mids))

@@ -737,6 +737,52 @@ def test_a_lock_held_on_the_outbox_when_it_is_to_keep_a_new_client_id_holds_up_n
     assert kept["client_id"] == connected_as.group(1).rstrip(",;") and kept["client_id"].startswith("jet-")
 
 
+def test_an_error_in_the_mqtt_start_after_the_client_id_is_kept_is_logged_and_the_start_tried_again(
+        tmp_path, tiny_model, mosquitto, monkeypatch, caplog):
+    """The MQTT start (the task that keeps a new client id in the outbox, then starts the sink
+    and the connection) runs guarded as the daemon's other tasks: an unexpected error after the
+    id is kept (here the sink's resume, once) is logged with its traceback and the rest of the
+    start tried again, so the records reach the broker. It used to end the task unlogged (its
+    exception read only by the gather at the stop), the connection never started."""
+    import logging
+
+    from edge.outbox import this_host
+    from edge.sinks import MqttSink
+    from tests.conftest import TopicRecorder
+
+    caplog.set_level(logging.INFO)
+    resume = MqttSink._resume
+    failed = []
+
+    def resume_failing_once(sink):
+        if not failed:
+            failed.append(sink.outbox.kept_client_id("dev-", this_host()))
+            raise RuntimeError("an unexpected error")
+        resume(sink)
+
+    monkeypatch.setattr(MqttSink, "_resume", resume_failing_once)
+    topic = TopicRecorder(mosquitto, "edgewise/dev/detections")
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}}, sinks={"mqtt": True})
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        try:
+            await async_wait_until(lambda: len(topic.messages) >= 3, 60, "records on the broker")
+        finally:
+            d.request_stop()
+            assert await asyncio.wait_for(task, 30) == 0
+
+    try:
+        asyncio.run(run())
+    finally:
+        topic.stop()
+    assert failed and failed[0] is not None and failed[0].startswith("dev-")  # it failed after the id was kept
+    said = [r for r in caplog.records if r.getMessage().startswith("MQTT start failed")]
+    assert len(said) == 1 and said[0].levelno == logging.ERROR, caplog.text
+    assert said[0].exc_info is not None and "an unexpected error" in str(said[0].exc_info[1])
+
+
 def test_a_sighup_without_a_policy_says_it_reloads_nothing(tmp_path, tiny_model, caplog):
     """A SIGHUP reloads the policy only; without one it did nothing and said nothing, so an
     operator who changed a camera's URL in edge.yaml and reloaded waited for a change that
