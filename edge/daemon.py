@@ -10,7 +10,8 @@ finish until then, its entry staying spooled otherwise; health goes 503; a model
 loading is not waited for: ``edge.loading``), SIGHUP reloads the policy. The policy file is also
 polled (mtime / ctime / inode / size); an invalid new file is refused with a logged
 reason and the old policy stays. Start-up problems (spool, metrics port) end
-the process with one ``EdgewiseError`` line, after what was started is closed.
+the process with one ``EdgewiseError`` line (exit 2), after what was started is closed;
+so does one found once the daemon runs (the MQTT outbox cannot keep its client id).
 Style: docs/design/conventions.md#graceful-shutdown (kopf's
 ``running.py`` signal handling, gRPC's graceful-shutdown example).
 Callers: ``edge.cli`` (``edgewise edge run``), tests, ``bench/edge.py``.
@@ -36,7 +37,7 @@ from edge.framememory import FrameMemory
 from edge.instancelock import InstanceLock
 from edge.loading import Loading
 from edge.metrics import EdgeMetrics, MetricsServer
-from edge.outbox import Outbox, OutboxBusy, this_host
+from edge.outbox import Outbox, OutboxBusy, OutboxError, this_host
 from edge.outbox_salvage import open_outbox
 from edge.pipeline import Pipeline
 from edge.preflight import identity_warning, opens_spool, preflight, tighten_state_files
@@ -143,6 +144,8 @@ class EdgeDaemon:
         #: a new client id (and this host) the outbox is still to keep before the connection starts
         self._new_client_id: Optional[Tuple[str, str]] = None
         self._starting_mqtt: Optional[asyncio.Future[None]] = None  # ``_start_mqtt``
+        #: a start-up problem found once the daemon ran (``_start_mqtt``): ``run`` raises it after the stop
+        self.failure: Optional[OutboxError] = None
         self.transports: Dict[str, Transport] = {}
         # (and the MQTT outbox's: beside the spool by default, but named by a setting of its own)
         self.instance_lock = InstanceLock(settings.spool.path,
@@ -537,9 +540,12 @@ class EdgeDaemon:
                                     "records wait in memory meanwhile, escalations over MQTT are spooled", exc,
                                     client_id)
                     waited = True
-                except Exception as exc:  # as a start-up problem: the daemon cannot go on without its outbox
-                    log.error("MQTT sink outbox %s: cannot keep the client id (%s); the daemon stops: move the "
-                              "outbox aside or set sinks.mqtt_outbox to a writable file", self.outbox.path, exc)
+                except Exception as exc:  # a start-up problem: the daemon cannot go on without its outbox
+                    # (it used to exit 0: a clean stop to the caller, which the unit's Restart=always starts again)
+                    self.failure = OutboxError(f"MQTT sink outbox {self.outbox.path}: cannot keep the client id "
+                                               f"({exc}); move the outbox aside (a new one is made at the start) or "
+                                               "set sinks.mqtt_outbox to a writable file, then start the daemon again")
+                    log.error("%s; the daemon stops", self.failure)
                     self.request_stop()
                     return
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -611,6 +617,8 @@ class EdgeDaemon:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._close()
         log.info("edge daemon stopped after %d frames", self.pipeline.frames_done if self.pipeline else 0)
+        if self.failure is not None:  # exit 2, as a start-up problem found before the daemon ran
+            raise self.failure
         return 0
 
     def _grace_left(self) -> float:

@@ -737,6 +737,35 @@ def test_a_lock_held_on_the_outbox_when_it_is_to_keep_a_new_client_id_holds_up_n
     assert kept["client_id"] == connected_as.group(1).rstrip(",;") and kept["client_id"].startswith("jet-")
 
 
+def test_an_outbox_that_cannot_keep_the_client_id_ends_the_real_daemon_with_exit_2_and_what_to_do(
+        tmp_path, tiny_model, mosquitto):
+    """The MQTT outbox refuses to keep the new client id for a reason other than a lock another
+    process holds (here SQLite refuses the write: a trigger planted in the file, as a read-only
+    or damaged store would): the real daemon stops, closing what it started, and exits 2 with
+    one line saying what to do, as for any start-up problem (the unit does not restart it).
+    It used to exit 0, a clean stop to the caller, which the unit's Restart=always restarted."""
+    import sqlite3
+
+    from edge.outbox import Outbox
+
+    outbox = tmp_path / "state" / "mqtt-outbox.db"
+    Outbox(outbox, 100).close()  # an outbox without a client id: a new one is to be kept
+    db = sqlite3.connect(str(outbox))
+    db.execute("CREATE TRIGGER refuse BEFORE INSERT ON meta BEGIN SELECT RAISE(ABORT, 'refused by the test'); END")
+    db.commit()
+    db.close()
+    config = _mqtt_sink_config(tmp_path, tiny_model, mosquitto, tmp_path / "out.jsonl")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config", str(config)],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("edgewise: error:")]
+    assert len(errors) == 1, r.stderr
+    assert f"MQTT sink outbox {outbox}: cannot keep the client id (refused by the test); move the outbox aside" \
+        in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and "edge daemon stopped after" in r.stderr
+
+
 def test_an_error_in_the_mqtt_start_after_the_client_id_is_kept_is_logged_and_the_start_tried_again(
         tmp_path, tiny_model, mosquitto, monkeypatch, caplog):
     """The MQTT start (the task that keeps a new client id in the outbox, then starts the sink
