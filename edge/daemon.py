@@ -647,6 +647,8 @@ class EdgeDaemon:
             await self.escalating.close()  # queued spool writes finish, and their records are written
         if self.sinks is not None:  # last: every settled escalation writes its record first
             await asyncio.get_running_loop().run_in_executor(None, self.sinks.close)
+        elif self.outbox is not None:  # (a start that failed before the sinks were built): the MQTT sink closes it
+            await asyncio.get_running_loop().run_in_executor(None, self.outbox.close)
         if self.mqtt is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.mqtt.stop)
         spool = self.escalating.spool if self.escalating is not None else self.spool  # maybe opened later

@@ -5,6 +5,7 @@ run`` with one ``edgewise: error:`` line and exit 2, no traceback."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -810,6 +811,32 @@ def test_an_error_in_the_mqtt_start_after_the_client_id_is_kept_is_logged_and_th
     said = [r for r in caplog.records if r.getMessage().startswith("MQTT start failed")]
     assert len(said) == 1 and said[0].levelno == logging.ERROR, caplog.text
     assert said[0].exc_info is not None and "an unexpected error" in str(said[0].exc_info[1])
+
+
+def test_a_start_that_fails_after_the_mqtt_outbox_is_opened_closes_it(tmp_path, tiny_model, mosquitto):
+    """The start opens the MQTT outbox with the transports, before the sinks; a start that fails
+    in between (here sinks.jsonl is a FIFO, refused when the sinks are built) closes it, as
+    the sink's close does once built. It was left open (its file, WAL and shared memory held by
+    the process that went on: a test, bench/edge.py)."""
+    from edgewise.errors import DeploymentError
+
+    os.mkfifo(tmp_path / "out.jsonl")
+    outbox = tmp_path / "mqtt-outbox.db"
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}},
+                sinks={"jsonl": str(tmp_path / "out.jsonl"), "mqtt": True, "mqtt_outbox": str(outbox)})
+    with pytest.raises(DeploymentError, match="is a named pipe"):
+        asyncio.run(d.run())
+    assert d.outbox is not None and d.sinks is None  # it failed between the two
+
+    def held() -> list:
+        out = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return [p for p in out if p.startswith(str(outbox))]
+
+    assert held() == []
 
 
 def test_a_sighup_without_a_policy_says_it_reloads_nothing(tmp_path, tiny_model, caplog):
