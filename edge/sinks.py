@@ -621,7 +621,10 @@ class MqttSink:
                 mids.add(mid)
                 continue
             if not self.conn.session_expiry_s or mid in mids or not 0 < mid <= _MAX_MID:
-                self._forget_mid(rid)  # no session to complete it in, or not an id this sink gave: anew
+                # no session to complete it in, or not an id this sink gave: anew. Not waiting for a lock
+                # another process holds (this runs on the daemon's event loop: 30 s a record, frames and
+                # signals stalled): the record's next hand-over writes its new id over the stale one
+                self._forget_mid(rid, wait_s=0)
                 continue
             mids.add(mid)
             self.conn.resume(self.topic, data, mid, received, on_done=lambda refused, r=rid: self._answered(r, refused),

@@ -839,6 +839,46 @@ def test_a_start_that_fails_after_the_mqtt_outbox_is_opened_closes_it(tmp_path, 
     assert held() == []
 
 
+def test_a_lock_held_on_the_outbox_when_the_sink_resumes_a_stale_exchange_holds_up_neither_frames_nor_signals(
+        tmp_path, tiny_model, mosquitto):
+    """The outbox keeps this host's client id (no new one to keep) and a record whose packet
+    identifier no exchange of this sink can have (0, as a damaged or stale row), which the
+    sink's resume forgets (the record is published anew); another process holds the outbox's
+    write lock when the real daemon starts. Frames go on at 10 fps and a SIGTERM ends the
+    daemon within its grace and the sink's close_timeout_s. Before, the resume waited for the
+    lock on the event loop for SQLite's 30 s: no frame and no signal answered meanwhile."""
+    from edge.outbox import Outbox, this_host
+    from tests.edge.helpers import hold_write_lock, let_go
+
+    out, log = tmp_path / "out.jsonl", tmp_path / "edge.log"
+    outbox = tmp_path / "state" / "mqtt-outbox.db"
+    ob = Outbox(outbox, 100)
+    ob.keep_client_id("jet-0123abcd", this_host())
+    ob.put(b'{"device": "jet", "stream": "cam", "frame_seq": 1}')
+    ob.hand(1, 0)  # in flight with an identifier no MQTT exchange has
+    ob.close()
+    config = _mqtt_sink_config(tmp_path, tiny_model, mosquitto, out)
+    holder = hold_write_lock(outbox)
+    daemon = EdgeProcess(config, log)
+    try:
+        deadline = time.monotonic() + 60
+        while "edge daemon jet running" not in log.read_text():
+            assert daemon.check() and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        time.sleep(3.0)
+        frames = len(read_jsonl(out)) if out.exists() else 0
+        t0 = time.monotonic()
+        rc = daemon.stop(60)
+        took = time.monotonic() - t0
+    finally:
+        let_go(holder)
+        daemon.close()
+    text = log.read_text()
+    assert frames >= 15, (frames, text)  # 10 fps for 3 s; none before
+    assert rc == 0 and took < 1.0 + 3.0 + 3.0, (rc, took, text)
+    assert f"MQTT sink: the outbox {outbox} could not be written (MQTT sink outbox {outbox} is locked" in text
+
+
 def test_a_sighup_without_a_policy_says_it_reloads_nothing(tmp_path, tiny_model, caplog):
     """A SIGHUP reloads the policy only; without one it did nothing and said nothing, so an
     operator who changed a camera's URL in edge.yaml and reloaded waited for a change that
