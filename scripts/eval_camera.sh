@@ -20,7 +20,12 @@
 #   held-out handwriting and backgrounds), three times the streams of `cam-test`, so the
 #   intervals are about 1.7 times narrower; the policy's payload beside whole frames, the learned
 #   policies fitted on cam-policy again (the same fit as the test run's) -> $MODELS/eval-holdout/
-# Usage: scripts/eval_camera.sh [RUN_DIR [test|holdout]]   (default runs/camera test);
+#   SPLIT whole: examples/policies/whole-frames.yaml (whole frames at JPEG quality 60) on cam-test,
+#   judged against the same reference as the shipped policy, every frame whole at quality 85
+#   (--reference-quality 85), the combined hardness declared (chosen on cam-dev; the learned
+#   policies fitted on cam-policy in whole frames beside it) -> $MODELS/eval-whole-frames/
+#   (docs/design/escalation.md#whole-frames-at-jpeg-quality-60)
+# Usage: scripts/eval_camera.sh [RUN_DIR [test|holdout|whole]]   (default runs/camera test);
 #        env POLICY (default examples/policy.yaml), MODELS, PY, THREADS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,8 +53,14 @@ case "$SPLIT" in
         eval_on cam-holdout eval-holdout eval-holdout.log --payloads full,regions \
             --train-data "$RUN/data/cam-policy" --ours learned_carry
         ;;
+    whole)
+        PY="$PY" scripts/camera_data.sh "$RUN" cam-test cam-policy
+        POLICY=examples/policies/whole-frames.yaml
+        eval_on cam-test eval-whole-frames eval-whole-frames.log --payloads full --reference-quality 85 \
+            --train-data "$RUN/data/cam-policy" --ours combined
+        ;;
     *)
-        echo "scripts/eval_camera.sh: SPLIT must be test or holdout, got '$SPLIT'" >&2
+        echo "scripts/eval_camera.sh: SPLIT must be test, holdout or whole, got '$SPLIT'" >&2
         exit 2
         ;;
 esac
