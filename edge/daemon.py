@@ -542,9 +542,10 @@ class EdgeDaemon:
                     waited = True
                 except Exception as exc:  # a start-up problem: the daemon cannot go on without its outbox
                     # (it used to exit 0: a clean stop to the caller, which the unit's Restart=always starts again)
-                    self.failure = OutboxError(f"MQTT sink outbox {self.outbox.path}: cannot keep the client id "
-                                               f"({exc}); move the outbox aside (a new one is made at the start) or "
-                                               "set sinks.mqtt_outbox to a writable file, then start the daemon again")
+                    # (the message's words on one line: docs/troubleshooting.md quotes them, tests/docs checks it)
+                    self.failure = OutboxError(f"MQTT sink outbox {self.outbox.path}: cannot keep the client id ({exc}); "
+                                               "move the outbox aside (a new one is made at the start) or set "
+                                               "sinks.mqtt_outbox to a writable file, then start the daemon again")
                     log.error("%s; the daemon stops", self.failure)
                     self.request_stop()
                     return
