@@ -11,7 +11,8 @@ loading is not waited for: ``edge.loading``), SIGHUP reloads the policy. The pol
 polled (mtime / ctime / inode / size); an invalid new file is refused with a logged
 reason and the old policy stays. Start-up problems (spool, metrics port) end
 the process with one ``EdgewiseError`` line (exit 2), after what was started is closed;
-so does one found once the daemon runs (the MQTT outbox cannot keep its client id).
+so does one found once the daemon runs (the MQTT outbox cannot keep its client id, the MQTT
+start fails ``MQTT_START_TRIES`` times in a row).
 Style: docs/design/conventions.md#graceful-shutdown (kopf's
 ``running.py`` signal handling, gRPC's graceful-shutdown example).
 Callers: ``edge.cli`` (``edgewise edge run``), tests, ``bench/edge.py``.
@@ -52,7 +53,7 @@ from edge.spool import BUSY_SLICE_S, RESERVE_BYTES, Spool, SpoolError, SpoolFull
 from edge.spool_salvage import open_spool
 from edge.transports import MeteredTransport, Transport
 from edgewise import hangup, mqtt_topics
-from edgewise.errors import ConfigError
+from edgewise.errors import ConfigError, DeploymentError, EdgewiseError
 from edgewise.filereads import FileIdentity, file_identity
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ EPOCH_WIDTH = 20  # digits: the file keeps one size, so it can be rewritten in p
 #: one, in the file or from a record, is not a count but damage (or a planted value): it made
 #: every escalation fail for good (found by a probe).
 MAX_EPOCH = (1 << 32) - 1
+#: tries of the MQTT start (``_start_mqtt``, 1 s apart) that fail in a row before the daemon stops
+#: (exit 2): what fails there (the outbox's reads, the connection's start) does not heal by itself
+MQTT_START_TRIES = 5
 
 
 def boot_epoch(spool_path: str, floor: int = 0) -> int:
@@ -145,7 +149,7 @@ class EdgeDaemon:
         self._new_client_id: Optional[Tuple[str, str]] = None
         self._starting_mqtt: Optional[asyncio.Future[None]] = None  # ``_start_mqtt``
         #: a start-up problem found once the daemon ran (``_start_mqtt``): ``run`` raises it after the stop
-        self.failure: Optional[OutboxError] = None
+        self.failure: Optional[EdgewiseError] = None
         self.transports: Dict[str, Transport] = {}
         # (and the MQTT outbox's: beside the spool by default, but named by a setting of its own)
         self.instance_lock = InstanceLock(settings.spool.path,
@@ -390,17 +394,29 @@ class EdgeDaemon:
                 self.metrics.reloads.labels("error").inc()
                 log.exception("policy reload of %s failed; the old policy stays in force", path)
 
-    async def _guarded(self, name: str, task: Callable[[], Awaitable[None]]) -> None:
+    async def _guarded(self, name: str, task: Callable[[], Awaitable[None]], tries: int = 0) -> None:
         """Run a long-lived task until stop; if it fails it is logged and restarted after
-        a second, so it never ends silently."""
+        a second, so it never ends silently. With ``tries``, a task that failed that many times
+        in a row stops the daemon, as a start-up problem (exit 2: ``failure``), instead of
+        logging a traceback every second for as long as the daemon runs."""
         assert self.stop_event is not None
+        failed = 0
         while not self.stop_event.is_set():
             try:
                 await task()
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
+                failed += 1
+                if tries and failed >= tries:
+                    self.failure = DeploymentError(
+                        f"{name} failed {failed} times in a row, 1 s apart (last: {type(exc).__name__}: {exc}); "
+                        "the errors logged above say where; fix that (for the MQTT outbox's storage: dmesg, "
+                        "free space, or move the outbox aside), then start the daemon again")
+                    log.error("%s; the daemon stops", self.failure)
+                    self.request_stop()
+                    return
                 log.exception("%s failed; restarting it in 1 s", name)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stop_event.wait(), timeout=1.0)
@@ -458,7 +474,8 @@ class EdgeDaemon:
         self.sinks = self._build_sinks()
         # after the outbox keeps the client id and the MQTT sink resumed what the last process left in flight
         if self.mqtt is not None:  # guarded as the other tasks: an error in it is logged, never lost
-            self._starting_mqtt = asyncio.ensure_future(self._guarded("MQTT start", self._start_mqtt))
+            self._starting_mqtt = asyncio.ensure_future(self._guarded("MQTT start", self._start_mqtt,
+                                                                      tries=MQTT_START_TRIES))
         remembered = max(self.sinks.last_epoch(), self.spool.last_epoch() if self.spool is not None else -1)
         if id_defaulted:
             renamed = identity_warning(s.device_id, self.sinks.devices() |
@@ -523,8 +540,9 @@ class EdgeDaemon:
         wait. Before, the start waited for it in SQLite for 30 s, signals unanswered, and then
         ended with ``OutboxBusy``. Run under ``_guarded``: an unexpected error is logged and the
         start tried again in 1 s, from where it failed (an id kept is not kept anew, a sink
-        publishing is not started twice); it used to end the task unlogged, the connection never
-        started."""
+        publishing is not started twice), ``MQTT_START_TRIES`` times in a row at most: then the
+        daemon stops with exit 2 (``failure``), as when the id cannot be kept. It used to end the
+        task unlogged, the connection never started."""
         assert self.mqtt is not None and self.stop_event is not None
         if self._new_client_id is not None:
             assert self.outbox is not None

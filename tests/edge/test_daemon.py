@@ -813,6 +813,46 @@ def test_an_error_in_the_mqtt_start_after_the_client_id_is_kept_is_logged_and_th
     assert said[0].exc_info is not None and "an unexpected error" in str(said[0].exc_info[1])
 
 
+def test_an_mqtt_start_that_keeps_failing_stops_the_daemon_with_exit_2_instead_of_a_traceback_a_second(
+        tmp_path, tiny_model, mosquitto, monkeypatch, caplog):
+    """An error in the MQTT start that comes back at every try (here the sink's resume, as an
+    outbox whose storage cannot be read) is tried ``MQTT_START_TRIES`` times, 1 s apart, then
+    stops the daemon: run() raises one EdgewiseError (exit 2) saying what failed. It used to be
+    logged with its traceback every second for as long as the daemon ran, the MQTT connection
+    never started."""
+    import logging
+
+    from edge.daemon import MQTT_START_TRIES
+    from edge.sinks import MqttSink
+    from edgewise.errors import EdgewiseError
+
+    caplog.set_level(logging.INFO)
+
+    def resume_failing(sink):
+        raise RuntimeError("an error that comes back")
+
+    monkeypatch.setattr(MqttSink, "_resume", resume_failing)
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                cloud={"mqtt": {"host": mosquitto.host, "port": mosquitto.port}}, sinks={"mqtt": True})
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        done, _ = await asyncio.wait([task], timeout=MQTT_START_TRIES + 60)
+        if not done:  # (before the fix) it went on: stop it, then fail
+            d.request_stop()
+            await asyncio.wait([task], timeout=30)
+            pytest.fail(f"the daemon still ran after {MQTT_START_TRIES + 60} s of a failing MQTT start")
+        return task.result()
+
+    with pytest.raises(EdgewiseError, match=f"MQTT start failed {MQTT_START_TRIES} times in a row, 1 s apart "
+                                            r"\(last: RuntimeError: an error that comes back\)"):
+        asyncio.run(run())
+    said = [r for r in caplog.records if r.getMessage().startswith("MQTT start failed")]
+    assert len(said) == MQTT_START_TRIES, caplog.text  # the tracebacks, then the line that stops the daemon
+    assert all(r.exc_info is not None for r in said[:-1]) and said[-1].exc_info is None, caplog.text
+    assert "edge daemon stopped after" in caplog.text
+
+
 def test_a_start_that_fails_after_the_mqtt_outbox_is_opened_closes_it(tmp_path, tiny_model, mosquitto):
     """The start opens the MQTT outbox with the transports, before the sinks; a start that fails
     in between (here sinks.jsonl is a FIFO, refused when the sinks are built) closes it, as
