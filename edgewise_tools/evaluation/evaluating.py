@@ -111,12 +111,16 @@ class EvalConfig:
 
 
 def _collect(cfg: EvalConfig, data: Path, edge: Detector, cloud: Detector, policy: Policy,
-             modes: Sequence[str]) -> List[FrameRecord]:
+             modes: Sequence[str], reference: bool = True) -> List[FrameRecord]:
+    """:func:`collect` over ``data``; ``reference`` False: at the policy's quality alone (the
+    training frames: the learned policies are fitted on what escalating sends, never on the
+    reference, which at a quality of its own would cost a cloud pass per frame for nothing)."""
     def progress(i: int, n: int) -> None:
         if i % 50 == 0 or i == n:
             log.info("%s: %d/%d frames", data, i, n)
 
-    return collect(data, edge, cloud, policy, modes, cfg.limit, progress, cfg.reference_quality)
+    return collect(data, edge, cloud, policy, modes, cfg.limit, progress,
+                   cfg.reference_quality if reference else None)
 
 
 def check_config(cfg: EvalConfig) -> None:
@@ -205,7 +209,7 @@ def run_eval(cfg: EvalConfig) -> Dict[str, Any]:
     learned: Dict[str, Any] = {"trained": False}
     selections: Dict[str, Dict[float, List[np.ndarray]]] = {}
     if cfg.train_data is not None:
-        train = _collect(cfg, Path(cfg.train_data), edge, cloud, policy, [mode])
+        train = _collect(cfg, Path(cfg.train_data), edge, cloud, policy, [mode], reference=False)
         model = scoring.fit_gain_model(train, merge, info={"trainData": str(cfg.train_data)}, mode=mode)
         scores["learned"] = scoring.tie_draws(model.predict(scoring.features(records)), RANDOM_SEEDS)
         learned = {"trained": True, "train_frames": len(train), "importance": model.importance()}

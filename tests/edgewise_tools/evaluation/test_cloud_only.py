@@ -114,3 +114,34 @@ def test_with_a_reference_quality_of_its_own_cloud_only_is_the_reference_not_the
     with pytest.raises(evaluating.ConfigError, match="--reference-quality 101: a JPEG quality is 1..100"):
         run_eval(EvalConfig(edge=tmp_path / "e.onnx", cloud=tmp_path / "c.onnx", policy=policy, data=data,
                             reference_quality=101))
+
+
+def test_the_training_frames_are_not_sent_at_the_reference_quality_too(tmp_path, monkeypatch) -> None:
+    """The learned policies are fitted on what escalating sends (``sent(mode)``), never on the
+    reference: with a reference quality of its own, collecting the training set at it ran the
+    cloud a second time on every training frame, the whole frame at the reference quality, for
+    nothing (about 6 of the 33 minutes of the camera run's cloud time)."""
+    from edgewise.synth import PRESETS, SynthJob, generate
+
+    data, train = tmp_path / "test", tmp_path / "train"
+    for out, seed in ((data, 5), (train, 6)):
+        generate(SynthJob(out=out, frames=2, streams=2, seed=seed, split="test", width=96, height=64,
+                          difficulty=PRESETS["easy"]))
+    asked = {}
+
+    def collect(folder, edge, cloud, policy, modes, limit=None, progress=None, reference_quality=None):
+        asked[Path(folder).name] = reference_quality
+        records = _records(streams=2)
+        for r in records:
+            r.modes["full"] = r.sent("full")
+        return records
+
+    monkeypatch.setattr(evaluating.Detector, "from_file",
+                        lambda *_a, **_k: SimpleNamespace(names=("a", "b"), input_size="model"))
+    monkeypatch.setattr(evaluating, "collect", collect)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((ROOT / "examples" / "policies" / "whole-frames.yaml").read_text())
+    run_eval(EvalConfig(edge=tmp_path / "e.onnx", cloud=tmp_path / "c.onnx", policy=policy, data=data,
+                        train_data=train, rates=(0.5,), target_rate=0.5, samples=40, payloads=("full",),
+                        reference_quality=85))
+    assert asked == {"test": 85, "train": None}
