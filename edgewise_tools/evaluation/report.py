@@ -104,9 +104,10 @@ def _carry_lines(carry: Optional[Dict[str, Any]], cloud_f1: float) -> List[str]:
 
 
 def _at_quality(result: Dict[str, Any]) -> str:
-    """" at JPEG quality Q" when the result names its reference's quality."""
+    """" at JPEG quality Q" when the result's reference has a quality of its own, not the
+    payload's (a report without ``--reference-quality`` reads as it did before the option)."""
     q = result.get("reference_quality")
-    return f" at JPEG quality {q}" if q is not None else ""
+    return f" at JPEG quality {q}" if q is not None and q != result.get("payload_quality") else ""
 
 
 def _own_quality_saving(result: Dict[str, Any], saved: float) -> str:

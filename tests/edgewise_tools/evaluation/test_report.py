@@ -116,3 +116,18 @@ def test_a_data_folder_without_its_dataset_json_is_named_without_empty_brackets(
     text = provenance_markdown(prov)
     assert f"test data `{data}`" in text and "()" not in text, text
     assert f"test data {data};" in plot_title(dict(_result(), provenance=prov))
+
+
+def test_a_reference_at_the_payloads_own_quality_leaves_the_report_as_it_was() -> None:
+    """`edgewise eval` without --reference-quality (the reference at the policy's jpegQuality)
+    writes the report it wrote before the option: the keys naming the two qualities add no
+    word to it (escalation.md: "every other report is unchanged"). Only a reference of its own
+    is said, in the header and the uplink verdict."""
+    before = _result()
+    before["target"]["ours_uplink_saved"], before["target"]["uplink_target"] = 0.9, 0.9
+    after = dict(before, reference_quality=85, payload_quality=85, uplink_all_frames_bytes=1000,
+                 uplink_all_frames_bytes_at_payload_quality=1000)
+    assert markdown(after) == markdown(before)
+    own = markdown(dict(after, payload_quality=60, uplink_all_frames_bytes_at_payload_quality=500))
+    assert "against every frame whole at full resolution at JPEG quality 85: 90.0%" in own
+    assert "at the payload's own JPEG quality 60, which a cloud-only deployment could send too: 80.0%)" in own
