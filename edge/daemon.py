@@ -394,6 +394,13 @@ class EdgeDaemon:
                 self.metrics.reloads.labels("error").inc()
                 log.exception("policy reload of %s failed; the old policy stays in force", path)
 
+    def _stop_failed(self, failure: EdgewiseError) -> None:
+        """Stop the daemon for a start-up problem found once it runs: logged now, raised by
+        ``run`` after the stop (exit 2)."""
+        self.failure = failure
+        log.error("%s; the daemon stops", failure)
+        self.request_stop()
+
     async def _guarded(self, name: str, task: Callable[[], Awaitable[None]], tries: int = 0) -> None:
         """Run a long-lived task until stop; if it fails it is logged and restarted after
         a second, so it never ends silently. With ``tries``, a task that failed that many times
@@ -410,12 +417,10 @@ class EdgeDaemon:
             except Exception as exc:
                 failed += 1
                 if tries and failed >= tries:
-                    self.failure = DeploymentError(
+                    self._stop_failed(DeploymentError(
                         f"{name} failed {failed} times in a row, 1 s apart (last: {type(exc).__name__}: {exc}); "
                         "the errors logged above say where; fix that (for the MQTT outbox's storage: dmesg, "
-                        "free space, or move the outbox aside), then start the daemon again")
-                    log.error("%s; the daemon stops", self.failure)
-                    self.request_stop()
+                        "free space, or move the outbox aside), then start the daemon again"))
                     return
                 log.exception("%s failed; restarting it in 1 s", name)
             with contextlib.suppress(asyncio.TimeoutError):
@@ -561,11 +566,9 @@ class EdgeDaemon:
                 except Exception as exc:  # a start-up problem: the daemon cannot go on without its outbox
                     # (it used to exit 0: a clean stop to the caller, which the unit's Restart=always starts again)
                     # (the message's words on one line: docs/troubleshooting.md quotes them, tests/docs checks it)
-                    self.failure = OutboxError(f"MQTT sink outbox {self.outbox.path}: cannot keep the client id ({exc}); "
-                                               "move the outbox aside (a new one is made at the start) or set "
-                                               "sinks.mqtt_outbox to a writable file, then start the daemon again")
-                    log.error("%s; the daemon stops", self.failure)
-                    self.request_stop()
+                    self._stop_failed(OutboxError(f"MQTT sink outbox {self.outbox.path}: cannot keep the client id ({exc}); "
+                                                  "move the outbox aside (a new one is made at the start) or set "
+                                                  "sinks.mqtt_outbox to a writable file, then start the daemon again"))
                     return
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.stop_event.wait(), BUSY_SLICE_S)
