@@ -104,9 +104,21 @@ class ThrottleProxy:
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        await asyncio.gather(self._throttled(reader, up_writer), self._plain(up_reader, writer),
-                             return_exceptions=True)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except BaseException:
+            writer.close()
+            raise
+        try:
+            await asyncio.gather(self._throttled(reader, up_writer), self._plain(up_reader, writer),
+                                 return_exceptions=True)
+        except asyncio.CancelledError:
+            pass  # close(): ends as a finished task (3.11's streams log a cancelled one as an error)
+        finally:
+            # also when close() cancels this: an unclosed transport is a ResourceWarning when
+            # the garbage collector meets it, which fails whichever later test it lands in
+            writer.close()
+            up_writer.close()
 
     def close(self) -> None:
         async def stop() -> None:
@@ -114,6 +126,7 @@ class ThrottleProxy:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.sleep(0)  # the closed transports' connection_lost callbacks run
             self.loop.stop()
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop)
