@@ -167,6 +167,7 @@ class Outbox:
             for column, decl in _IN_FLIGHT_COLUMNS:
                 if column not in have:
                     self._db.execute(f"ALTER TABLE records ADD COLUMN {column} {decl}")
+            self._db.execute("CREATE INDEX IF NOT EXISTS records_by_mid ON records(mid) WHERE mid IS NOT NULL")
             self._depth = int(self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0])
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(AttributeError, sqlite3.Error):
@@ -211,9 +212,19 @@ class Outbox:
 
     def hand(self, rid: int, mid: Optional[int], wait_s: float = BUSY_TIMEOUT_S) -> None:
         """Record ``rid`` goes to the broker at QoS 2 with packet identifier ``mid`` (None: at
-        QoS 1, or not at all after a refusal; nothing to complete after a restart)."""
-        self._write(lambda db: db.execute("UPDATE records SET mid = ?, received = 0 WHERE id = ?", (mid, int(rid))),
-                    wait_s)
+        QoS 1, or not at all after a refusal; nothing to complete after a restart).
+
+        A packet identifier names one exchange: another record still noted with ``mid`` (its
+        exchange ended, and clearing it found the outbox locked: the sink does not wait for that
+        on paho's thread or the event loop) lets go of it in the same transaction. Otherwise a
+        restart could resume the old record under the new one's identifier: the broker takes it
+        as the new exchange's, one record is lost and the other sent twice."""
+        def write(db: sqlite3.Connection) -> None:
+            if mid is not None:
+                db.execute("UPDATE records SET mid = NULL, received = 0 WHERE mid = ? AND id != ?", (mid, int(rid)))
+            db.execute("UPDATE records SET mid = ?, received = 0 WHERE id = ?", (mid, int(rid)))
+
+        self._write(write, wait_s)
 
     def received(self, rid: int, got: bool = True, wait_s: float = BUSY_TIMEOUT_S) -> None:
         """The broker's PUBREC for record ``rid`` came (``got``): a restart sends its PUBREL, not

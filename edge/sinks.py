@@ -621,7 +621,8 @@ class MqttSink:
                 mids.add(mid)
                 continue
             if not self.conn.session_expiry_s or mid in mids or not 0 < mid <= _MAX_MID:
-                # no session to complete it in, or not an id this sink gave: anew. Not waiting for a lock
+                # no session to complete it in, or not an id this sink gave (a second record with one id: only
+                # from an outbox written before ``Outbox.hand`` kept ids unique): anew. Not waiting for a lock
                 # another process holds (this runs on the daemon's event loop: 30 s a record, frames and
                 # signals stalled): the record's next hand-over writes its new id over the stale one
                 self._forget_mid(rid, wait_s=0)
@@ -678,7 +679,8 @@ class MqttSink:
 
     def _forget_mid(self, rid: int, wait_s: float = BUSY_TIMEOUT_S) -> None:
         """Best effort: a restart would otherwise take record ``rid``'s ended exchange up again
-        (it then sends the record once more)."""
+        (it then sends the record once more). Left on disk, its identifier is cleared when paho
+        gives it to another record (``Outbox.hand``)."""
         try:
             self.outbox.hand(rid, None, wait_s)
         except (sqlite3.Error, OSError, OutboxBusy) as exc:

@@ -43,6 +43,34 @@ def test_the_bound_drops_the_oldest_records_not_those_in_flight(tmp_path):
     box.close()
 
 
+def test_a_packet_identifier_handed_again_is_let_go_by_the_record_that_kept_it(tmp_path):
+    """Record 1's exchange ended (a refusal, or a resume that found no session for it) while
+    another process held the outbox: the sink does not wait for that lock on paho's thread or
+    the event loop, so record 1 kept its identifier 5 on disk. Paho then gave 5 to record 2.
+    A restart resumed record 1 under 5 (the lowest id of the two): the broker took its PUBLISH
+    or PUBREL as record 2's exchange; record 2 was lost and record 1 sent twice. The hand-over
+    of 5 to record 2 now clears it from record 1 in the same transaction, found by an index
+    (an outbox of thousands of 60 kB records is not read through at every publish)."""
+    path = tmp_path / "mqtt-outbox.db"
+    box = Outbox(path, 10)
+    for i in range(3):
+        box.put(f"r{i}".encode())
+    box.hand(1, 5)
+    box.received(1)
+    box.hand(3, 6)
+    box.hand(2, 5)  # the stale 5 on record 1 was never cleared
+    assert box.in_flight() == [(2, 5, False, b"r1"), (3, 6, False, b"r2")]
+    box.hand(2, None)  # QoS 1, or a refusal: clears its own only
+    assert box.in_flight() == [(3, 6, False, b"r2")]
+    plan = " ".join(str(r) for r in box._db.execute(
+        "EXPLAIN QUERY PLAN UPDATE records SET mid = NULL WHERE mid = 6 AND id != 3"))
+    assert "records_by_mid" in plan, plan
+    box.close()
+    box = Outbox(path, 10)  # what a restart resumes
+    assert box.in_flight() == [(3, 6, False, b"r2")] and len(box) == 3
+    box.close()
+
+
 def test_a_lock_another_process_holds_never_holds_up_put_and_a_stop_ends_the_other_writes_waits(tmp_path):
     """``put`` runs on the daemon's event loop: with another process holding the write lock
     it raises ``OutboxBusy`` at once, also while the publisher's acknowledgement waits for
