@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import glob
 import json
 import logging
 import os
@@ -193,6 +194,29 @@ def configured_mosquitto(extra: str = "", users: Optional[Dict[str, str]] = None
         yield broker
     finally:
         broker.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def dynsec_mosquitto() -> Iterator[Tuple[Broker, List[str]]]:
+    """A real Mosquitto with the dynamic security plugin (its ACL is checked on SUBSCRIBE: a
+    denied subscription's SUBACK says Not authorized, where ``acl_file`` grants it and delivers
+    nothing; and changed while it runs); yields the broker and the ``mosquitto_ctrl`` command
+    that changes it (as its admin)."""
+    plugins = glob.glob("/usr/lib/*/mosquitto_dynamic_security.so") + glob.glob("/usr/lib/mosquitto_dynamic_security.so")
+    if not plugins or shutil.which("mosquitto_ctrl") is None:
+        pytest.skip("Mosquitto's dynamic security plugin or mosquitto_ctrl is not installed")
+    d = tempfile.mkdtemp(prefix="ew-dynsec-")
+    try:
+        os.chmod(d, 0o777)  # mosquitto, dropped to its own user, saves its changes here
+        path = os.path.join(d, "dynsec.json")
+        subprocess.run(["mosquitto_ctrl", "dynsec", "init", path, "admin", "admin-pass"], check=True,
+                       capture_output=True)
+        os.chmod(path, 0o666)
+        with configured_mosquitto(f"plugin {plugins[0]}\nplugin_opt_config_file {path}") as broker:
+            yield broker, ["mosquitto_ctrl", "-h", broker.host, "-p", str(broker.port), "-u", "admin",
+                           "-P", "admin-pass", "dynsec"]
+    finally:
         shutil.rmtree(d, ignore_errors=True)
 
 

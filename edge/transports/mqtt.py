@@ -341,6 +341,12 @@ class MqttConnection:
         self._takeover_log = LogThrottle(60.0, burst=2)
         self._refusal_log = LogThrottle(10.0, burst=5)
         self._note_log = LogThrottle(60.0, burst=3)
+        self._subscribe_log = LogThrottle(300.0, burst=1)  # a few times an hour, as the bridge
+        #: topic -> the broker's reason, while its last SUBACK refused the subscription
+        self.refused: Dict[str, str] = {}
+        #: seconds between subscriptions after a refusal (paho's longest reconnect delay)
+        self.resubscribe_s = float(RECONNECT_DELAY_S[1])
+        self._resubscribe: Optional[threading.Timer] = None
         self.metrics: Optional[MqttMetrics] = None
         self.topics: List[str] = []  # what is published through this connection (``publishes_to``)
         if metrics is not None:
@@ -442,6 +448,10 @@ class MqttConnection:
         if self.stopping:
             return
         self.stopping = True
+        with self.lock:
+            timer, self._resubscribe = self._resubscribe, None
+        if timer is not None:
+            timer.cancel()
         try:
             self.client.disconnect()
         finally:
@@ -463,14 +473,42 @@ class MqttConnection:
     def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
         """(paho's thread) A SUBACK: a refused subscription is the broker's ACL (or its limits).
         Without it this device's answers never come: every escalation would time out and spool,
-        and every replay the same, with nothing saying why."""
+        and every replay the same, with nothing saying why.
+
+        The subscription is tried again every ``resubscribe_s`` while connected (an ACL changed at
+        run time, as Mosquitto's dynamic security does, takes effect without a restart), and
+        ``refused`` names it meanwhile: ``MqttTransport`` then fails an escalation at once (spooled)
+        instead of sending a frame whose answer cannot arrive."""
         with self.lock:
             topic = self._subscribing.pop(mid, "?")
-        for rc in reason_codes or ():
-            if getattr(rc, "is_failure", False):
-                log.error("MQTT broker %s:%d refused the subscription to %s (%s): this device's answers cannot "
-                          "arrive; the broker's ACL must let this device's user read it (the shipped ACL: "
-                          "username = device_id)", self.host, self.port, topic, rc)
+            refusal = next((rc for rc in reason_codes or () if getattr(rc, "is_failure", False)), None)
+            if refusal is None:
+                self.refused.pop(topic, None)
+                return
+            if topic in self.subscriptions:
+                self.refused[topic] = str(refusal)
+            retry = self._resubscribe is None and not self.stopping
+            if retry:
+                self._resubscribe = threading.Timer(self.resubscribe_s, self._subscribe_again)
+                self._resubscribe.daemon = True
+                self._resubscribe.start()
+        held = self._subscribe_log.allow()
+        if held is not None:
+            log.error("MQTT broker %s:%d refused the subscription to %s (%s): this device's answers cannot "
+                      "arrive, so escalations are spooled until it is granted; the broker's ACL must let this "
+                      "device's user read it (the shipped ACL: username = device_id); subscribing again every "
+                      "%g s%s", self.host, self.port, topic, refusal, self.resubscribe_s,
+                      f" ({held} more refusals not logged)" if held else "")
+
+    def _subscribe_again(self) -> None:
+        """(a timer's thread) Subscribe again to the refused topics; not connected, ``_on_connect``
+        subscribes to every topic when the connection comes back."""
+        with self.lock:
+            self._resubscribe = None
+            topics = [] if self.stopping else list(self.refused)
+        if topics and self.connected.is_set():
+            for t in topics:
+                self._subscribe(self.client, t)
 
     def publish(self, topic: str, payload: bytes, properties: Optional[Properties] = None,
                 on_done: Optional[OnDone] = None, after_refusal: str = "", mid: Optional[int] = None,
@@ -847,6 +885,11 @@ class MqttTransport:
             why = f" ({self.conn.last_error})" if self.conn.last_error else ""
             raise TransportError(status.UNAVAILABLE, f"MQTT broker {self.conn.host}:{self.conn.port} not "
                                                      f"connected{why}", sent=False)
+        refusal = self.conn.refused.get(self.response_topic)
+        if refusal is not None:
+            raise TransportError(status.UNAVAILABLE, f"MQTT broker {self.conn.host}:{self.conn.port} refused the "
+                                                     f"subscription to {self.response_topic} ({refusal}): no answer "
+                                                     "can arrive; not sent", sent=False)
         body = request.SerializeToString()
         # withdrawn, or dropped at a reconnect; not one acknowledged whose ``acknowledged`` is still
         # to run (paho stops holding it first: dropped here, its rate and round trip went unmeasured)

@@ -7,19 +7,12 @@ and delivers nothing), and two gateways sharing one ``mqtt.client_id`` (reported
 from __future__ import annotations
 
 import asyncio
-import glob
 import logging
-import os
-import shutil
 import subprocess
-import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import paho.mqtt.client as mqtt
-import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from cloud.gateway.server import Gateway
@@ -27,7 +20,7 @@ from edgewise.v1 import detect_pb2
 from tests.cloud.gateway.test_gateway import run, settings_for
 from tests.cloud.gateway.test_mqtt_bridge import Edge
 from tests.cloud.gateway.workers import TestWorker, request
-from tests.conftest import Broker
+from tests.conftest import Broker, dynsec_mosquitto
 from tests.edge.transports.test_mqtt_refusals import configured_mosquitto
 from tests.waiting import async_wait_until as wait_until
 
@@ -131,28 +124,6 @@ def test_two_gateways_with_one_client_id_are_reported(caplog):
     takeovers = warnings_with(caplog, "same client id")
     assert "client id 'gw-same'" in takeovers[0] and "mqtt.client_id" in takeovers[0]
     assert len(takeovers) <= 4, takeovers
-
-
-@contextmanager
-def dynsec_mosquitto() -> Iterator[tuple[Broker, list[str]]]:
-    """A real Mosquitto with the dynamic security plugin (its ACL is checked on SUBSCRIBE, and
-    changed while it runs); yields the broker and the ``mosquitto_ctrl`` command that changes it
-    (as its admin)."""
-    plugins = glob.glob("/usr/lib/*/mosquitto_dynamic_security.so") + glob.glob("/usr/lib/mosquitto_dynamic_security.so")
-    if not plugins or shutil.which("mosquitto_ctrl") is None:
-        pytest.skip("Mosquitto's dynamic security plugin or mosquitto_ctrl is not installed")
-    d = tempfile.mkdtemp(prefix="ew-dynsec-")
-    try:
-        os.chmod(d, 0o777)  # mosquitto, dropped to its own user, saves its changes here
-        path = os.path.join(d, "dynsec.json")
-        subprocess.run(["mosquitto_ctrl", "dynsec", "init", path, "admin", "admin-pass"], check=True,
-                       capture_output=True)
-        os.chmod(path, 0o666)
-        with configured_mosquitto(f"plugin {plugins[0]}\nplugin_opt_config_file {path}") as broker:
-            yield broker, ["mosquitto_ctrl", "-h", broker.host, "-p", str(broker.port), "-u", "admin",
-                           "-P", "admin-pass", "dynsec"]
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_refused_subscription_is_an_error_naming_it_and_is_retried(caplog):

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import re
+import subprocess
 import threading
 import time
 import uuid
@@ -499,23 +500,60 @@ def test_with_the_mqtt_sink_the_client_id_is_kept_in_its_outbox_and_the_session_
     assert re.fullmatch(r"cam-2-[0-9a-f]{8}", renamed.client_id), renamed.client_id
 
 
-def test_a_refused_subscription_to_the_answers_is_an_error_naming_the_topic(caplog):
-    """A SUBACK with a failure code (a broker that enforces its ACL on subscribe: dynamic
-    security, EMQX) went unnoticed: every escalation timed out and spooled, and every replay
-    the same. Pure logic: Mosquitto 2.0 grants such a subscription and delivers nothing (the
-    troubleshooting row says so), so no broker here sends this SUBACK."""
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.reasoncodes import ReasonCode
+def test_a_refused_subscription_to_the_answers_fails_escalations_at_once_and_is_tried_again(caplog):
+    """The broker's ACL (Mosquitto's dynamic security) does not let the device read its
+    answers: the SUBACK says Not authorized. The edge logged an ERROR and went on sending every
+    escalation, each timing out and spooled, its replay the same, until a reconnect: also after
+    the operator allowed it at run time. Now one ERROR names the topic, the reason and the
+    retry; an escalation meanwhile fails UNAVAILABLE at once, not sent (spooled, no uplink
+    spent on it); and once allowed the edge subscribes again by itself and gets its answers."""
+    from tests.conftest import dynsec_mosquitto
 
-    conn = MqttConnection("broker.example", 1883, client_id="cam-1-sub")
-    conn._subscribing[7] = "edgewise/cam-1/response/#"
-    with caplog.at_level("ERROR", logger="edge.transports.mqtt"):
-        conn._on_subscribe(None, None, 7, [ReasonCode(PacketTypes.SUBACK, identifier=0x87)], None)
-        conn._on_subscribe(None, None, 8, [ReasonCode(PacketTypes.SUBACK, identifier=1)], None)  # granted QoS 1
-    (line,) = said(caplog.records, "edge.transports.mqtt")
-    assert line.startswith("MQTT broker broker.example:1883 refused the subscription to edgewise/cam-1/response/# "
-                           "(Not authorized)") and "ACL must let this device's user read it" in line
-    assert conn._subscribing == {}
+    def dynsec(ctrl: List[str], *args: str) -> None:
+        subprocess.run([*ctrl, *args], check=True, capture_output=True, timeout=10)
+
+    caplog.set_level(logging.INFO, logger="edge.transports.mqtt")
+    with dynsec_mosquitto() as (broker, ctrl):
+        for args in (("createClient", "cam-1", "-p", "pass-1"), ("createRole", "device"),
+                     ("addRoleACL", "device", "publishClientSend", "edgewise/cam-1/escalate", "allow"),
+                     ("addClientRole", "cam-1", "device"),
+                     ("createClient", "cloud", "-p", "cloud-pass"), ("createRole", "cloud"),
+                     ("addRoleACL", "cloud", "subscribePattern", "edgewise/+/escalate", "allow"),
+                     ("addRoleACL", "cloud", "publishClientSend", "edgewise/+/response/#", "allow"),
+                     ("addClientRole", "cloud", "cloud")):
+            dynsec(ctrl, *args)
+        responder = Responder(broker, "cloud", "cloud-pass")
+        conn = MqttConnection(broker.host, broker.port, client_id="cam-1-0a1b2c3d", username="cam-1",
+                              password="pass-1")
+        conn.resubscribe_s = 0.5
+
+        async def run() -> None:
+            t = MqttTransport(conn, "cam-1")
+            await t.start()
+            conn.start()
+            await async_wait_until(lambda: t.response_topic in conn.refused, 10, "the refused SUBACK")
+            await asyncio.sleep(1.2)  # subscribed again twice meanwhile, refused each time
+            with pytest.raises(TransportError) as ei:
+                await t.detect(request(1), 5.0)
+            assert ei.value.status == detect_pb2.UNAVAILABLE and not ei.value.sent and ei.value.spoolable
+            assert f"refused the subscription to {t.response_topic} (Not authorized)" in ei.value.message
+            await asyncio.get_running_loop().run_in_executor(None, lambda: dynsec(
+                ctrl, "addRoleACL", "device", "subscribePattern", "edgewise/cam-1/response/#", "allow"))
+            await async_wait_until(lambda: not conn.refused, 10, "subscribed once allowed, without a restart")
+            assert (await t.detect(request(2), 5.0)).frame_seq == 2
+            await t.close()
+
+        try:
+            asyncio.run(run())
+        finally:
+            conn.stop()
+            responder.close()
+    (line,) = [m for m in said(caplog.records, "edge.transports.mqtt") if "refused the subscription" in m]
+    assert line.startswith("MQTT broker 127.0.0.1:%d refused the subscription to edgewise/cam-1/response/cam-1-0a1b2c3d "
+                           "(Not authorized)" % broker.port), line
+    assert "escalations are spooled until it is granted" in line and "subscribing again every 0.5 s" in line
+    assert "ACL must let this device's user read it" in line
+    assert conn._subscribing == {} and conn._resubscribe is None
 
 
 class SizedResponder(Responder):
