@@ -88,6 +88,8 @@ CREATE TABLE IF NOT EXISTS meta (
     value TEXT NOT NULL
 );
 """
+#: finds the record holding a packet identifier (``Outbox.hand``) without reading the records through
+_MID_INDEX = "CREATE INDEX IF NOT EXISTS records_by_mid ON records(mid) WHERE mid IS NOT NULL"
 #: the columns of ``records`` that make a file an outbox (the first release's)
 OUTBOX_COLUMNS = frozenset(("id", "data"))
 #: columns added to ``records`` after the first release (an older outbox gets them at open)
@@ -167,7 +169,8 @@ class Outbox:
             for column, decl in _IN_FLIGHT_COLUMNS:
                 if column not in have:
                     self._db.execute(f"ALTER TABLE records ADD COLUMN {column} {decl}")
-            self._db.execute("CREATE INDEX IF NOT EXISTS records_by_mid ON records(mid) WHERE mid IS NOT NULL")
+            # not waited for: an outbox of the last release opens while another process holds its lock
+            self._mid_index = _made_mid_index(self._db)
             self._depth = int(self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0])
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(AttributeError, sqlite3.Error):
@@ -221,10 +224,16 @@ class Outbox:
         as the new exchange's, one record is lost and the other sent twice."""
         def write(db: sqlite3.Connection) -> None:
             if mid is not None:
+                if not self._mid_index:  # the open found the outbox locked (``_made_mid_index``)
+                    db.execute(_MID_INDEX)
                 db.execute("UPDATE records SET mid = NULL, received = 0 WHERE mid = ? AND id != ?", (mid, int(rid)))
             db.execute("UPDATE records SET mid = ?, received = 0 WHERE id = ?", (mid, int(rid)))
 
-        self._write(write, wait_s)
+        def written(_: None) -> None:
+            if mid is not None:
+                self._mid_index = True
+
+        self._write(write, wait_s, written)
 
     def received(self, rid: int, got: bool = True, wait_s: float = BUSY_TIMEOUT_S) -> None:
         """The broker's PUBREC for record ``rid`` came (``got``): a restart sends its PUBREL, not
@@ -389,6 +398,24 @@ class Outbox:
             except sqlite3.Error:  # pragma: no cover - best effort
                 pass
             self._db.close()
+
+
+def _made_mid_index(db: sqlite3.Connection) -> bool:
+    """``records_by_mid`` made (or there already), without waiting: False when another process
+    holds the write lock (an outbox of the last release, which lacks it). The open must not wait
+    for that lock: it runs on the daemon's event loop, and an outbox with its tables opened
+    while another process held the lock before the index came (SQLite's 30 s busy timeout, then
+    "cannot open it"); ``Outbox.hand`` makes it then, in its own transaction."""
+    db.execute("PRAGMA busy_timeout = 0")
+    try:
+        db.execute(_MID_INDEX)
+        return True
+    except sqlite3.OperationalError as exc:
+        if is_busy(exc):
+            return False
+        raise
+    finally:
+        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
 
 
 def _try_begin(db: sqlite3.Connection) -> bool:

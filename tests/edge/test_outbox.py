@@ -71,6 +71,41 @@ def test_a_packet_identifier_handed_again_is_let_go_by_the_record_that_kept_it(t
     box.close()
 
 
+def test_an_outbox_of_the_last_release_opens_at_once_while_another_process_holds_its_lock(tmp_path):
+    """An outbox the last release wrote (its in-flight columns, no ``records_by_mid``) opened
+    at once with another process holding its write lock (an operator's sqlite3 shell, a backup
+    tool): nothing at the open writes to an outbox that has its tables. The index's creation
+    waited there for SQLite's 30 s busy timeout, on the daemon's event loop, then refused the
+    outbox ("cannot open it ... move it aside"): the daemon's first start after the upgrade
+    failed. It is made by the first hand-over of an identifier instead (which waits for the
+    lock as every such write does), and keeps identifiers unique from there."""
+    import sqlite3
+
+    path = tmp_path / "mqtt-outbox.db"
+    box = Outbox(path, 10)
+    for i in range(3):
+        box.put(f"r{i}".encode())
+    box.hand(1, 5)
+    box.close()
+    db = sqlite3.connect(str(path))
+    db.execute("DROP INDEX records_by_mid")  # as the last release left it
+    db.close()
+    holder = hold_write_lock(path)
+    try:
+        t0 = time.monotonic()
+        box = Outbox(path, 10)
+        assert time.monotonic() - t0 < 1.0
+        assert box.in_flight() == [(1, 5, False, b"r0")] and len(box) == 3
+    finally:
+        let_go(holder)
+    box.hand(2, 5)  # paho gives 5 to record 2: record 1 lets go of it
+    assert box.in_flight() == [(2, 5, False, b"r1")]
+    plan = " ".join(str(r) for r in box._db.execute(
+        "EXPLAIN QUERY PLAN UPDATE records SET mid = NULL WHERE mid = 6 AND id != 3"))
+    assert "records_by_mid" in plan, plan
+    box.close()
+
+
 def test_a_lock_another_process_holds_never_holds_up_put_and_a_stop_ends_the_other_writes_waits(tmp_path):
     """``put`` runs on the daemon's event loop: with another process holding the write lock
     it raises ``OutboxBusy`` at once, also while the publisher's acknowledgement waits for
