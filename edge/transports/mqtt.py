@@ -321,6 +321,8 @@ class MqttConnection:
         self.client.on_subscribe = self._on_subscribe
         self.client.on_pubrec = self._on_pubrec
         self._subscribing: Dict[int, str] = {}  # SUBSCRIBE mid -> topic, until its SUBACK
+        #: SUBSCRIBE mid -> the reason codes of a SUBACK that came before subscribe() returned
+        self._early_subacks: Dict[int, Any] = {}
         self.connected = threading.Event()
         self.subscriptions: Dict[str, Any] = {}  # topic -> handler(msg), resubscribed on reconnect
         self.lock = threading.Lock()
@@ -466,9 +468,14 @@ class MqttConnection:
 
     def _subscribe(self, client: Any, topic: str) -> None:
         _, mid = client.subscribe(topic, qos=1)
-        if mid is not None:
-            with self.lock:
+        if mid is None:
+            return
+        with self.lock:
+            early = self._early_subacks.pop(mid, None)
+            if early is None:
                 self._subscribing[mid] = topic
+        if early is not None:  # paho's thread read the SUBACK before subscribe() returned
+            self._subacked(topic, early)
 
     def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
         """(paho's thread) A SUBACK: a refused subscription is the broker's ACL (or its limits).
@@ -480,7 +487,16 @@ class MqttConnection:
         ``refused`` names it meanwhile: ``MqttTransport`` then fails an escalation at once (spooled)
         instead of sending a frame whose answer cannot arrive."""
         with self.lock:
-            topic = self._subscribing.pop(mid, "?")
+            topic = self._subscribing.pop(mid, None)
+            if topic is None:  # ``_subscribe`` (another thread) has not noted this mid yet: it settles it
+                self._early_subacks[mid] = reason_codes or ()
+                return
+        self._subacked(topic, reason_codes)
+
+    def _subacked(self, topic: str, reason_codes: Any) -> None:
+        """The SUBACK to the subscription to ``topic``: a refusal is noted (``refused``), the
+        retry timer started and the refusal logged; a grant ends the refusal."""
+        with self.lock:
             refusal = next((rc for rc in reason_codes or () if getattr(rc, "is_failure", False)), None)
             if refusal is None:
                 self.refused.pop(topic, None)

@@ -556,6 +556,60 @@ def test_a_refused_subscription_to_the_answers_fails_escalations_at_once_and_is_
     assert conn._subscribing == {} and conn._resubscribe is None
 
 
+class SubackFirst:
+    """paho, as its network thread may handle a SUBACK: before ``subscribe`` has returned the
+    packet identifier to the thread that subscribed (a timer's, or the event loop's; paho's
+    thread sends the SUBSCRIBE and reads the broker's answer meanwhile)."""
+
+    def __init__(self, conn: MqttConnection, code: int) -> None:
+        self.conn, self.code, self.mid = conn, code, 6
+
+    def subscribe(self, topic: str, qos: int = 0) -> tuple:
+        from paho.mqtt.reasoncodes import ReasonCode
+
+        self.mid += 1
+        paho = threading.Thread(target=self.conn._on_subscribe, args=(
+            self, None, self.mid, [ReasonCode(PacketTypes.SUBACK, identifier=self.code)], None))
+        paho.start()
+        paho.join(5)
+        return mqtt.MQTT_ERR_SUCCESS, self.mid
+
+    def disconnect(self) -> None:
+        pass
+
+    def loop_stop(self) -> None:
+        pass
+
+
+def test_a_suback_handled_before_subscribe_returned_is_the_subscriptions(caplog):
+    """The subscription to the answers was refused; the retry (a timer's thread) is granted,
+    and paho's thread handles that SUBACK before ``subscribe`` returned its packet identifier.
+    The SUBACK went to topic "?": the refusal stayed noted with nothing left to retry it, and
+    every escalation failed at once, not sent, until a reconnect, though the broker granted the
+    subscription. A refusal that came that early (``subscribe`` from the event loop) was not
+    noted at all, and said of "?"."""
+    topic = "edgewise/cam-1/response/cam-1-0a1b2c3d"
+    conn = MqttConnection("broker.example", 1883, client_id="cam-1-0a1b2c3d")
+    conn.resubscribe_s = 3600.0
+    conn.client = SubackFirst(conn, 1)  # granted QoS 1
+    conn.subscriptions[topic] = lambda msg: None
+    conn.refused[topic] = "Not authorized"
+    conn.connected.set()
+    try:
+        conn._subscribe_again()
+        assert conn.refused == {} and conn._subscribing == {}
+        conn.client.code = 0x87  # Not authorized
+        other = "edgewise/cam-1/response/other"
+        with caplog.at_level("ERROR", logger="edge.transports.mqtt"):
+            conn.subscribe(other, lambda msg: None)
+        assert conn.refused == {other: "Not authorized"} and conn._subscribing == {}
+        (line,) = said(caplog.records, "edge.transports.mqtt")
+        assert f"refused the subscription to {other} (Not authorized)" in line, line
+    finally:
+        conn.stop()
+    assert conn._resubscribe is None
+
+
 class SizedResponder(Responder):
     """A responder that answers request ``seq`` with ``payloads[seq]`` (raw bytes), and the
     others with an OK ``DetectResponse``."""
