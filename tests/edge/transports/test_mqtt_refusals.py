@@ -549,8 +549,8 @@ def test_a_refused_subscription_to_the_answers_fails_escalations_at_once_and_is_
             conn.stop()
             responder.close()
     (line,) = [m for m in said(caplog.records, "edge.transports.mqtt") if "refused the subscription" in m]
-    assert line.startswith("MQTT broker 127.0.0.1:%d refused the subscription to edgewise/cam-1/response/cam-1-0a1b2c3d "
-                           "(Not authorized)" % broker.port), line
+    assert line.startswith(f"MQTT broker 127.0.0.1:{broker.port} refused the subscription to "
+                           "edgewise/cam-1/response/cam-1-0a1b2c3d (Not authorized)"), line
     assert "escalations are spooled until it is granted" in line and "subscribing again every 0.5 s" in line
     assert "ACL must let this device's user read it" in line
     assert conn._subscribing == {} and conn._resubscribe is None
