@@ -54,6 +54,7 @@ from cloud.worker.metrics import WorkerMetrics
 from cloud.worker.runner import ModelRunner, Prepared
 from cloud.worker.settings import WorkerSettings
 from edgewise import status
+from edgewise.addresses import format_address
 from edgewise.detections import Detections
 from edgewise.errors import (
     DeadlineExceededError,
@@ -550,7 +551,7 @@ class WorkerServer:
             try:
                 self.metrics_port = await socket_port_async(
                     lambda: self.service.metrics.serve_http(st.metrics_host, st.metrics_port),
-                    f"{st.metrics_host}:{st.metrics_port}", "metrics_host/metrics_port")
+                    format_address(st.metrics_host, st.metrics_port), "metrics_host/metrics_port")
             except BaseException:
                 await self.grpc_server.stop(0)  # nothing served yet: close before the error leaves the loop
                 raise
@@ -600,7 +601,8 @@ def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
     add_health(service.health, server)
-    port = grpc_port(server, f"{settings.host}:{settings.port}", "host/port")
+    # an IPv6 host in brackets (``[::1]:port``): ``::1:0`` is no address gRPC can bind
+    port = grpc_port(server, format_address(settings.host.strip("[]"), settings.port), "host/port")
     return WorkerServer(server, service, port), port
 
 

@@ -723,3 +723,26 @@ def test_the_not_serving_refusals_carry_the_mark_the_gateway_pauses_on():
     from edgewise import status
 
     assert {outcome_of(status.UNAVAILABLE, m) for m in (SHUTTING_DOWN, WARMING_UP)} == {Outcome.NOT_SERVING}
+
+
+def test_a_worker_bound_to_an_ipv6_host_answers_there(tiny_model):
+    """``host: "::1"`` (an IPv6-only pod or host) is bound as ``[::1]:port``: ``::1:0`` is no
+    address gRPC can bind, and the worker refused to start."""
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    settings = make_settings(tiny_model)
+    settings.host = "::1"
+
+    async def go() -> None:
+        server, port = create_server(settings)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"[::1]:{port}") as channel:
+                code, resp = await call(service_pb2_grpc.WorkerStub(channel), jpeg_request(photo()))
+                assert code == grpc.StatusCode.OK, resp
+        finally:
+            await server.stop(2)
+
+    asyncio.run(go())
