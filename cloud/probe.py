@@ -152,7 +152,7 @@ def _handler(args: argparse.Namespace) -> int:
         print(f"probe: {exc}")
         return 2
     except grpc.FutureTimeoutError:
-        name = args.tls_server_name or args.target.rsplit(":", 1)[0]
+        name = args.tls_server_name or parse_hostport(args.target)[0]  # [::1]:port: the certificate holds ::1
         hint = (f"TLS: is the certificate valid for {name!r} and signed by the CA?"
                 if _tls_on(args.tls, args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name) else "TLS?")
         print(f"probe: cannot connect to {args.target} within {args.timeout:.0f} s (address, port, {hint})")

@@ -40,6 +40,21 @@ def test_probe_fails_clearly_without_gateway() -> None:
     assert f"cannot connect to 127.0.0.1:{port}" in out.stdout
 
 
+@pytest.mark.timeout(60)
+def test_probe_names_an_ipv6_target_as_its_certificate_carries_it() -> None:
+    """The TLS hint names the address a certificate's IP SAN holds (::1), not the bracketed form of
+    the target ([::1]), which no certificate carries."""
+    import socket
+
+    with socket.socket(socket.AF_INET6) as s:  # a port nothing listens on
+        s.bind(("::1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "edgewise.cli", "cloud", "probe", "--target", f"[::1]:{port}",
+                          "--timeout", "2", "--tls"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "is the certificate valid for '::1'" in out.stdout, out.stdout
+
+
 def _probe_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "edgewise.cli", "cloud", "probe", *args],
                           capture_output=True, text=True, timeout=120)
