@@ -12,8 +12,10 @@ own ``start_http_server`` holds a thread and a descriptor per connection, with n
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +31,30 @@ READ_TIMEOUT_S = 5.0
 MAX_HEADERS = 100
 
 
+def _dual_stack(port: int) -> socket.socket | None:
+    """A socket bound to ``[::]:port`` that takes IPv4 connections too, as gRPC's wildcard does
+    (asyncio binds ``::`` IPv6-only); None where this host has no IPv6 (``::`` is then
+    ``0.0.0.0``). A port in use is an OSError, as for any host."""
+    if not socket.has_ipv6:
+        return None
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError as exc:
+        if exc.errno in (errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT):
+            return None
+        raise
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's own sockets
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("::", port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):  # IPv6 disabled on this host
+            return None
+        raise
+    return sock
+
+
 class SidePort:
     """Serves metrics, the pool document and liveness on one TCP port."""
 
@@ -42,7 +68,11 @@ class SidePort:
         self._error_log = LogThrottle(60.0, burst=3)
 
     async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._handle, host, port)
+        sock = _dual_stack(port) if host == "::" else None
+        if sock is not None:
+            self._server = await asyncio.start_server(self._handle, sock=sock)
+        else:
+            self._server = await asyncio.start_server(self._handle, "0.0.0.0" if host == "::" else host, port)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 

@@ -516,6 +516,9 @@ def test_rendered_gateway_config_loads_in_the_gateway(mode: str, tmp_path) -> No
     assert settings.discovery.kind == "kubernetes"
     inspect.signature(KubernetesDiscovery).bind(**settings.discovery.kubernetes)
     assert settings.listen == "0.0.0.0:50051" and settings.metrics_port == 9100
+    # the kubelet's /healthz probe goes to the pod's IP: IPv6 in an IPv6-only cluster, which a side
+    # port on 0.0.0.0 refused (the gateway never became ready); "::" answers both families
+    assert settings.metrics_host == "::"
 
 
 def _text_ranges() -> list:

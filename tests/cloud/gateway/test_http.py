@@ -53,3 +53,30 @@ def test_malformed_and_slow_requests(monkeypatch, caplog):
             await side.stop()
     asyncio.run(main())
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+
+
+def test_the_ipv6_wildcard_answers_on_both_families():
+    """``"::"`` (the chart's side-port host) listens on every address of both families, as the gRPC
+    port's wildcard does: asyncio binds an IPv6 socket IPv6-only, so a side port on ``0.0.0.0``
+    was unreachable in an IPv6-only cluster (the kubelet's /healthz probe to the pod's IPv6 address
+    was refused: the gateway never became ready) and one on ``::`` in an IPv4 one."""
+    import socket
+
+    import pytest
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+
+    async def main():
+        side = SidePort(CollectorRegistry(), lambda: {"workers": []}, lambda: True)
+        port = await side.start("::", 0)
+        try:
+            for host in ("127.0.0.1", "::1"):
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(b"GET /healthz HTTP/1.1\r\n\r\n")
+                answer = await asyncio.wait_for(reader.read(), 10)
+                writer.close()
+                assert answer.startswith(b"HTTP/1.1 200 OK"), host
+        finally:
+            await side.stop()
+    asyncio.run(main())
