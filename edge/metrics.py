@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from edge.sources.base import SourceState
+from edgewise.addresses import format_address
 from edgewise.errors import ConfigError
 from edgewise.observability import process_registry
 from edgewise.policy.deciding import ESCALATING_REASONS
@@ -197,6 +198,12 @@ class _Server(ThreadingHTTPServer):
             log.exception("metrics http: request from %s failed", client_address)
 
 
+class _Server6(_Server):
+    """:class:`_Server` on an IPv6 address (``"::"``: every address, IPv4 ones too)."""
+
+    address_family = socket.AF_INET6
+
+
 class MetricsServer:
     """``/metrics`` (Prometheus text) and ``/healthz`` (JSON from ``health()``) over HTTP."""
 
@@ -234,7 +241,7 @@ class MetricsServer:
                 log.debug("metrics http: " + format, *args)
 
         try:
-            self.httpd = _Server((host, port), Handler)
+            self.httpd = (_Server6 if ":" in host else _Server)((host, port), Handler)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigError(
@@ -246,7 +253,8 @@ class MetricsServer:
 
     def start(self) -> None:
         self.thread.start()
-        log.info("metrics and health on http://%s:%d/metrics /healthz", self.httpd.server_address[0], self.port)
+        log.info("metrics and health on http://%s/metrics /healthz",
+                 format_address(str(self.httpd.server_address[0]), self.port))
 
     def stop(self) -> None:
         self.httpd.shutdown()

@@ -297,14 +297,15 @@ def _sqlite_tables(path: str) -> Union[List[str], str]:
 
 
 def check_metrics_host(s: EdgeSettings) -> None:
-    """(``check-config``) The metrics endpoint's host must be an IPv4 address of this machine
-    (or a name for one): the daemon's HTTP server binds it, IPv4 only, at its start. Bound
-    here the same way at port 0 and released, so a daemon already running on the configured
-    port does not fail the check."""
+    """(``check-config``) The metrics endpoint's host must be an address of this machine (or a
+    name for an IPv4 one): the daemon's HTTP server binds it at its start, IPv6 for an IPv6
+    address. Bound here the same way at port 0 and released, so a daemon already running on
+    the configured port does not fail the check."""
     if s.metrics.port < 0:
         return
+    family = socket.AF_INET6 if ":" in s.metrics.host else socket.AF_INET  # as edge.metrics.MetricsServer
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.bind((s.metrics.host, 0))
     except OSError as exc:
         raise ConfigError(f"metrics.host {s.metrics.host!r} cannot be bound on this machine ({exc.strerror or exc}); "

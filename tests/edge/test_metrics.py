@@ -184,3 +184,17 @@ def test_a_followed_stream_has_every_drop_reason_the_daemon_counts_at_zero():
     source = "".join(p.read_text() for p in Path(__file__).resolve().parents[2].joinpath("edge").rglob("*.py"))
     used = set(re.findall(r'drops\.labels\([^,()]+, "(\w+)"\)', source))
     assert used and used <= set(DROP_REASONS), used - set(DROP_REASONS)
+
+
+def test_an_ipv6_host_is_served_on_ipv6():
+    """``metrics.host: "::1"`` (an IPv6-only network) was refused at the start: the server was
+    IPv4 only ("cannot listen (Address family for hostname not supported)")."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    server = MetricsServer(EdgeMetrics(), lambda: (True, {"status": "ok"}), "::1", 0)
+    server.start()
+    try:
+        body = urllib.request.urlopen(f"http://[::1]:{server.port}/healthz", timeout=10).read()
+        assert b'"status": "ok"' in body
+    finally:
+        server.stop()

@@ -368,5 +368,6 @@ def test_check_config_says_what_the_daemon_would_refuse_in_its_files_and_metrics
     os.mkfifo(tmp_path / "records")  # the daemon's start waited on it; check-config said ok
     assert "is a named pipe (FIFO), not a file" in check(f"sinks.jsonl={tmp_path / 'records'}")
     assert "metrics.host '192.0.2.1' cannot be bound on this machine" in check("metrics.host=192.0.2.1")
-    # the daemon's HTTP server is IPv4 only: an IPv6 host is refused here as it is there
-    assert "metrics.host '::1' cannot be bound on this machine" in check("metrics.host=::1")
+    # an IPv6 host is bound as the daemon's HTTP server binds it (IPv6), and judged the same way
+    assert check("metrics.host=::1") == "ok"
+    assert "metrics.host '2001:db8::1' cannot be bound on this machine" in check("metrics.host=2001:db8::1")
