@@ -46,6 +46,7 @@ async def serve(settings: Any) -> int:
     from cloud.binding import socket_port_async
     from cloud.discovery.kubeclient import KubeAccess, build_api_client
     from cloud.gateway.http import SidePort
+    from edgewise.addresses import format_address
 
     k = settings.kubernetes
     api = build_api_client(KubeAccess(api_server=k.api_server, token=k.token, token_file=k.token_file,
@@ -57,9 +58,9 @@ async def serve(settings: Any) -> int:
     if listen is not None:
         server = SidePort(metrics.registry)
         port = await socket_port_async(lambda: server.start(settings.metrics_host, listen),
-                                       f"{settings.metrics_host}:{listen}",
+                                       format_address(settings.metrics_host, listen),
                                        "metrics_host/metrics_port")
-        log.info("autoscaler: metrics on %s:%d", settings.metrics_host, port)
+        log.info("autoscaler: metrics on %s", format_address(settings.metrics_host, port))
     target = DeploymentScale(api, k.namespace, k.deployment, dry_run=settings.dry_run,
                              request_timeout_s=k.request_timeout_s)
     poller = GatewayPoller(settings.gateway_urls, timeout_s=settings.gateway_timeout_s,

@@ -60,6 +60,7 @@ from cloud.gateway.pool import WorkerPool
 from cloud.gateway.settings import GatewaySettings, quote_id
 from cloud.gateway.tlsreload import ServedTlsFiles
 from edgewise import hangup, status
+from edgewise.addresses import format_address
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.filereads import FileIdentity, file_identity
 from edgewise.filewatch import ReloadDecision, identities_of
@@ -556,7 +557,7 @@ class Gateway:
         if s.metrics_port >= 0:
             self.metrics_port = await socket_port_async(
                 lambda: self.side.start(s.metrics_host, s.metrics_port),
-                f"{s.metrics_host}:{s.metrics_port}", "metrics_host/metrics_port")
+                format_address(s.metrics_host, s.metrics_port), "metrics_host/metrics_port")
         frozen = "the worker set is frozen until restart"
         loops: list[tuple[Awaitable[None], str, str]] = [
             (self.pool.follow(self.discovery.watch()), "discovery", frozen),

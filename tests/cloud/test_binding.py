@@ -51,6 +51,28 @@ def test_gateway_ports_in_use_name_their_setting():
         _gateway_start(metrics_host="no-such-host.invalid")
 
 
+def test_an_ipv6_side_port_in_use_is_named_in_brackets(tiny_model):
+    """The address in the message is one a user can read back: ``[::1]:9100``, not ``::1:9100``."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    s = socket.socket(socket.AF_INET6)
+    s.bind(("::1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        with pytest.raises(ConfigError, match=rf"^metrics_host/metrics_port: cannot bind \[::1\]:{port}: "):
+            _gateway_start(metrics_host="::1", metrics_port=port)
+
+        async def worker() -> None:
+            server, _ = create_server(dataclasses.replace(make_settings(tiny_model), metrics_host="::1",
+                                                          metrics_port=port))
+            with pytest.raises(ConfigError, match=rf"^metrics_host/metrics_port: cannot bind \[::1\]:{port}"):
+                await server.bind()
+        asyncio.run(worker())
+    finally:
+        s.close()
+
+
 def test_gateway_listen_port_out_of_range_is_a_settings_error():
     with pytest.raises(ConfigError, match=r"listen: 'nohost:99999': port 99999 is outside 0..65535"):
         settings_for([], **{"discovery.static": ["127.0.0.1:1"], "listen": "nohost:99999"})
