@@ -924,6 +924,23 @@ def _gateway_config(docs: list) -> dict:
     return yaml.safe_load(named(docs, "ConfigMap", "gateway")["data"]["gateway.yaml"])
 
 
+def test_every_metrics_port_listens_on_both_families() -> None:
+    """Prometheus scrapes the pods' IPs, IPv6 ones in an IPv6-only cluster: a side port on the
+    settings' default 0.0.0.0 is IPv4 only, and the worker's and the autoscaler's metrics went
+    unscraped there; "::" answers both families (cloud/gateway/http.py)."""
+    from cloud.autoscaler import settings as autoscaler
+    from cloud.worker import settings as worker
+    from edgewise.cli import build_parser
+    from edgewise.settings import settings_from_args
+
+    docs = render()
+    env = {e["name"]: e["value"] for e in _container(docs, "worker").get("env", []) if "value" in e}
+    assert worker.load_settings(None, {"model": "m.onnx"}, env=env).metrics_host == "::", env
+    ns = build_parser().parse_args(_container(docs, "autoscaler")["args"])
+    assert settings_from_args(ns, autoscaler.SCHEMA, env={}).metrics_host == "::"
+    assert _gateway_config(docs)["metrics_host"] == "::"
+
+
 @pytest.mark.parametrize("mode", ["default", "tls-public-ca", "tls-private-ca", "tls-on", "tokens", "tokens-env"])
 def test_gateway_probes_ask_healthz_however_configured(mode: str) -> None:
     """The kubelet's gRPC probe is plaintext and sends no token: against a TLS port it never
