@@ -203,6 +203,12 @@ class _Server6(_Server):
 
     address_family = socket.AF_INET6
 
+    def server_bind(self) -> None:
+        # "::" answers IPv4 too only where IPV6_V6ONLY is off: the kernel's default for it is
+        # net.ipv6.bindv6only, 1 on some hosts (as cloud/gateway/http.py _dual_stack)
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
 
 class MetricsServer:
     """``/metrics`` (Prometheus text) and ``/healthz`` (JSON from ``health()``) over HTTP."""

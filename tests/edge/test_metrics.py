@@ -198,3 +198,26 @@ def test_an_ipv6_host_is_served_on_ipv6():
         assert b'"status": "ok"' in body
     finally:
         server.stop()
+
+
+def test_the_ipv6_wildcard_serves_ipv4_too_where_the_kernel_binds_ipv6_only(monkeypatch):
+    """``metrics.host: "::"`` answers both families (docs/metrics.md), but only by the kernel's
+    default: with ``net.ipv6.bindv6only=1`` an AF_INET6 socket starts IPv6-only, and IPv4
+    scrapers were refused. Simulated here: every new AF_INET6 socket starts IPv6-only."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+
+    class V6OnlySocket(socket.socket):
+        def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
+            super().__init__(family, type, proto, fileno)
+            if fileno is None and self.family == socket.AF_INET6:
+                self.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+
+    monkeypatch.setattr(socket, "socket", V6OnlySocket)
+    server = MetricsServer(EdgeMetrics(), lambda: (True, {"status": "ok"}), "::", 0)
+    server.start()
+    try:
+        for url in (f"http://127.0.0.1:{server.port}/healthz", f"http://[::1]:{server.port}/healthz"):
+            assert b'"status": "ok"' in urllib.request.urlopen(url, timeout=10).read(), url
+    finally:
+        server.stop()
