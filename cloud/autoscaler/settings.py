@@ -87,7 +87,7 @@ class AutoscalerSettings:
     scale_down: ScalingRules = setting("HPA `behavior.scaleDown` (default: 300 s window, -100 % per 15 s).",
                                        factory=default_scale_down)
     dry_run: bool = setting("Print decisions instead of patching the Deployment.", False)
-    metrics_host: str = setting("Address of the Prometheus metrics listener.", "0.0.0.0")
+    metrics_host: str = setting("Address of the Prometheus metrics listener (`::`: every IPv6 and IPv4 address).", "0.0.0.0")
     metrics_port: int | None = setting("Port of the Prometheus metrics listener (0: any free port; -1, as for "
                                        "the other processes, or null: no listener).", 9102, lo=-1, hi=65535)
     kubernetes: KubeSettings = setting("The scale target and API access.", factory=KubeSettings)

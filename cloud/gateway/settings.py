@@ -260,7 +260,7 @@ class GatewaySettings:
 
     listen: str = setting("Edge-facing gRPC address `host:port` (Escalation service and gRPC health); "
                           "port 0 = any free port.", "0.0.0.0:50051")
-    metrics_host: str = setting("Address of the HTTP side port.", "0.0.0.0")
+    metrics_host: str = setting("Address of the HTTP side port (`::`: every IPv6 and IPv4 address).", "0.0.0.0")
     metrics_port: int = setting("HTTP side port: `/metrics`, `/pool` (JSON for the autoscaler), `/healthz`; "
                                 "0 = any free port, -1 = off.", 9100, lo=-1, hi=65535)
     load_poll_interval_s: float = setting("How often each worker's Load (capacity, queue, serving) is polled, "

@@ -70,7 +70,7 @@ class WorkerSettings:
                         lo=0, hi=65535)
     metrics_port: int = setting("Prometheus `/metrics` HTTP port; 0 picks a free one, -1 disables it.", 9101,
                                 lo=-1, hi=65535)
-    metrics_host: str = setting("Address the metrics server binds.", "0.0.0.0")
+    metrics_host: str = setting("Address the metrics server binds (`::`: every IPv6 and IPv4 address).", "0.0.0.0")
     worker_id: str = setting("Name reported in responses and load; default `<hostname>-<pid>`.", "")
     threads: int = setting("ONNX Runtime intra-op threads; 0 lets ONNX Runtime decide.", 0, lo=0)
     input_size: str = setting(
