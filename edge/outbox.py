@@ -170,7 +170,7 @@ class Outbox:
                 if column not in have:
                     self._db.execute(f"ALTER TABLE records ADD COLUMN {column} {decl}")
             # not waited for: an outbox of the last release opens while another process holds its lock
-            self._mid_index = _made_mid_index(self._db)
+            self._mid_index = _try_now(self._db, _MID_INDEX)
             self._depth = int(self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0])
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(AttributeError, sqlite3.Error):
@@ -224,7 +224,7 @@ class Outbox:
         as the new exchange's, one record is lost and the other sent twice."""
         def write(db: sqlite3.Connection) -> None:
             if mid is not None:
-                if not self._mid_index:  # the open found the outbox locked (``_made_mid_index``)
+                if not self._mid_index:  # the open found the outbox locked (``_try_now``)
                     db.execute(_MID_INDEX)
                 db.execute("UPDATE records SET mid = NULL, received = 0 WHERE mid = ? AND id != ?", (mid, int(rid)))
             db.execute("UPDATE records SET mid = ?, received = 0 WHERE id = ?", (mid, int(rid)))
@@ -371,7 +371,7 @@ class Outbox:
         while True:
             with self._lock:
                 db = self._db
-                if _try_begin(db):
+                if _try_now(db, "BEGIN IMMEDIATE"):
                     try:
                         out = body(db)
                         db.execute("COMMIT")
@@ -400,29 +400,14 @@ class Outbox:
             self._db.close()
 
 
-def _made_mid_index(db: sqlite3.Connection) -> bool:
-    """``records_by_mid`` made (or there already), without waiting: False when another process
-    holds the write lock (an outbox of the last release, which lacks it). The open must not wait
-    for that lock: it runs on the daemon's event loop, and an outbox with its tables opened
-    while another process held the lock before the index came (SQLite's 30 s busy timeout, then
-    "cannot open it"); ``Outbox.hand`` makes it then, in its own transaction."""
+def _try_now(db: sqlite3.Connection, statement: str) -> bool:
+    """``statement`` without SQLite's busy wait: False when another connection holds the write
+    lock. ``BEGIN IMMEDIATE`` (``_write``), and ``records_by_mid`` at the open: an outbox of the
+    last release lacks it, and the open runs on the daemon's event loop, so it must not wait for
+    another process's lock (30 s, then "cannot open it"); ``Outbox.hand`` makes it then."""
     db.execute("PRAGMA busy_timeout = 0")
     try:
-        db.execute(_MID_INDEX)
-        return True
-    except sqlite3.OperationalError as exc:
-        if is_busy(exc):
-            return False
-        raise
-    finally:
-        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-
-
-def _try_begin(db: sqlite3.Connection) -> bool:
-    """BEGIN IMMEDIATE without waiting: False when another connection holds the write lock."""
-    db.execute("PRAGMA busy_timeout = 0")
-    try:
-        db.execute("BEGIN IMMEDIATE")
+        db.execute(statement)
         return True
     except sqlite3.OperationalError as exc:
         if is_busy(exc):
