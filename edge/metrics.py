@@ -210,6 +210,11 @@ class _Server6(_Server):
         super().server_bind()
 
 
+def metrics_family(host: str) -> int:
+    """The socket family the metrics server binds ``host`` with (``check-config`` binds the same)."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 class MetricsServer:
     """``/metrics`` (Prometheus text) and ``/healthz`` (JSON from ``health()``) over HTTP."""
 
@@ -247,7 +252,7 @@ class MetricsServer:
                 log.debug("metrics http: " + format, *args)
 
         try:
-            self.httpd = (_Server6 if ":" in host else _Server)((host, port), Handler)
+            self.httpd = (_Server6 if metrics_family(host) == socket.AF_INET6 else _Server)((host, port), Handler)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigError(

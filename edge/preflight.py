@@ -303,9 +303,12 @@ def check_metrics_host(s: EdgeSettings) -> None:
     the configured port does not fail the check."""
     if s.metrics.port < 0:
         return
-    family = socket.AF_INET6 if ":" in s.metrics.host else socket.AF_INET  # as edge.metrics.MetricsServer
+    from edge.metrics import (
+        metrics_family,  # (prometheus_client: only where check-config runs this)
+    )
+
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
+        with socket.socket(metrics_family(s.metrics.host), socket.SOCK_STREAM) as sock:
             sock.bind((s.metrics.host, 0))
     except OSError as exc:
         raise ConfigError(f"metrics.host {s.metrics.host!r} cannot be bound on this machine ({exc.strerror or exc}); "
