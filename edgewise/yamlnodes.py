@@ -159,7 +159,8 @@ def compose(text: str, name: str) -> Tuple[Optional[yaml.Node], yaml.SafeLoader]
         problem = exc.problem or exc.context
         if exc.context and str(problem).startswith("but "):  # the half that says what was expected
             problem = f"{exc.context}, {problem}"  # ("expected a single document in the stream, but found ...")
-        raise ConfigError(f"{name}{line}: not valid YAML: {problem}") from None
+        hint = _bracket_hint(text, mark.line) if mark is not None else ""
+        raise ConfigError(f"{name}{line}: not valid YAML: {problem}{hint}") from None
     except yaml.YAMLError as exc:
         if loader is not None:
             loader.dispose()
@@ -169,6 +170,20 @@ def compose(text: str, name: str) -> Tuple[Optional[yaml.Node], yaml.SafeLoader]
     if root is not None:
         _check_expanded_size(root, name)
     return root, loader
+
+
+#: an IPv6 literal with a port written unquoted: ``[::1]:50051``, which YAML reads as a list
+_BRACKETED_ADDRESS = re.compile(r"(?<![\"'\w])(\[[0-9A-Za-z:.%]*:[0-9A-Za-z:.%]*\]:[0-9]+)")
+
+
+def _bracket_hint(text: str, line: int) -> str:
+    """How to write an IPv6 address with a port that line ``line`` (from 0) of ``text`` holds
+    unquoted: YAML reads ``[`` as the start of a list, so ``- [::1]:50051`` is not valid YAML."""
+    lines = text.splitlines()
+    found = _BRACKETED_ADDRESS.search(lines[line]) if 0 <= line < len(lines) else None
+    if found is None:
+        return ""
+    return f"; quote an IPv6 address with a port, YAML reads '[' as a list: '{found.group(1)}'"
 
 
 def _check_expanded_size(root: yaml.Node, name: str) -> None:

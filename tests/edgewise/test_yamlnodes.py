@@ -163,3 +163,26 @@ def test_a_mapping_merged_in_has_each_key_once_too():
         parse_yaml("b: {<<: {x: 1, x: 2}}\n", "s.yaml", "settings")
     with pytest.raises(ConfigError, match=r"^s.yaml:3: b.x: duplicate key \(first defined on line 2\)"):
         parse_yaml("b:\n  <<: [{y: 0}, {x: 1,\n    x: 2}]\n", "s.yaml", "settings")
+
+
+@pytest.mark.parametrize("text, address", [
+    ("transport:\n  endpoints:\n    - [::1]:50051\n", "[::1]:50051"),
+    ("cloud:\n  endpoints:\n  - grpc.example.com:443\n  - [fd00::7]:443 # the spare\n", "[fd00::7]:443"),
+])
+def test_an_unquoted_ipv6_address_with_a_port_says_to_quote_it(text: str, address: str) -> None:
+    """YAML reads ``[`` as a list: the error named the line, not what to write (review)."""
+    from edgewise import yamlnodes
+
+    with pytest.raises(ConfigError, match=r"^e.yaml:\d: not valid YAML: .*; quote an IPv6 address with a port, "
+                                          rf"YAML reads '\[' as a list: '{re.escape(address)}'$"):
+        yamlnodes.compose(text, "e.yaml")
+    quoted = text.replace(address, f"'{address}'")
+    assert yamlnodes.compose(quoted, "e.yaml")[0] is not None
+
+
+def test_a_yaml_error_without_an_address_gets_no_quoting_hint() -> None:
+    from edgewise import yamlnodes
+
+    with pytest.raises(ConfigError) as err:
+        yamlnodes.compose("a: [1, 2\nb: 3\n", "e.yaml")
+    assert "IPv6" not in str(err.value)
