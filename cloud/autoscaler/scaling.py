@@ -253,9 +253,21 @@ class Scaler:
         return Decision(now, current, desired, rec, stabilized, reason, metrics)
 
     def record_scale(self, now: float, before: int, after: int) -> None:
-        """Tell the scaler a change was applied (feeds the rate-limit periods)."""
+        """Tell the scaler a change was applied (feeds the rate-limit periods). Events older than
+        the longest period are forgotten here too, not only when a decision reaches the rate
+        limits: a target that another controller keeps moving outside [min_replicas,
+        max_replicas] is brought back at every tick by a decision that never gets there, and its
+        history grew by one event a tick for as long as that went on."""
         if after != before:
             self._events.append(_Event(now, after - before))
+        self._forget_events(now)
+
+    def _forget_events(self, now: float) -> None:
+        """Drop the scale events no rate-limit period reaches back to any more."""
+        cfg = self.config
+        longest = max((p.period_s for r in (cfg.scale_up, cfg.scale_down) for p in r.policies), default=0.0)
+        while self._events and self._events[0].at <= now - longest:
+            self._events.popleft()
 
     # --- steps ------------------------------------------------------------------
     def _recommend(self, current: int, s: PoolSample) -> tuple[int | None, str, dict[str, float]]:
@@ -314,9 +326,7 @@ class Scaler:
 
     def _limit(self, now: float, current: int, desired: int) -> tuple[int, str]:
         cfg = self.config
-        longest = max((p.period_s for r in (cfg.scale_up, cfg.scale_down) for p in r.policies), default=0.0)
-        while self._events and self._events[0].at <= now - longest:
-            self._events.popleft()
+        self._forget_events(now)
         if desired > current:
             limit = self._up_limit(now, current, cfg.scale_up)
             limit = max(limit, current)

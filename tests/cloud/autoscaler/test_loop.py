@@ -262,6 +262,25 @@ def test_conflict_is_counted_and_retried_next_tick(api, gateways, caplog):
     assert api.replicas == 4
 
 
+def test_a_controller_holding_the_target_out_of_bounds_does_not_grow_the_scale_history(api, gateways):
+    """Another controller (a GitOps sync, a second HPA) that keeps setting the replicas above
+    max_replicas: each tick brings the target back down without reaching the rate limits, and
+    each of those scales was kept for good (one event per tick, for as long as it went on)."""
+    loop, clock = make_loop(api, [g.url for g in gateways])
+    set_load(gateways, 4, 14, 14)
+    for i in range(200):  # 50 minutes of ticks
+        clock[0] = 15.0 * i
+        api.bump(25)
+        d = asyncio.run(loop.tick())
+        assert d is not None and d.desired == 20 and api.replicas == 20
+    # only the events the rate-limit periods (15 s here) still reach back to are kept
+    assert len(loop.scaler._events) <= 2, len(loop.scaler._events)
+    # and the rate limits still see the changes within their period
+    clock[0] += 15.0
+    set_load(gateways, 20, 140, 140)  # at target: holds at 20
+    assert asyncio.run(loop.tick()).desired == 20
+
+
 @pytest.mark.parametrize("op", ["read", "patch"])
 def test_the_next_call_waits_for_the_retry_after_of_a_shed_one(api, gateways, caplog, op):
     """The API server shed a read or a patch of the scale (429, Retry-After: 1) and the loop
