@@ -449,7 +449,8 @@ def _info_from_graph(
 
     cols = oshape[2]
     names_known = names is not None
-    _check_head_layout(p, out.name, oshape, None, names_known)  # [B,4+nc,N] before "cannot tell nc"
+    if not _exact_yolov5_head(oshape, ishape, names):  # (checked with the input size below)
+        _check_head_layout(p, out.name, oshape, None, names_known)  # [B,4+nc,N] before "cannot tell nc"
     if names is None:
         if cols is None or cols < 6:
             raise ModelError(
@@ -617,6 +618,17 @@ def _one_row_per_cell(rows: Optional[int], ishape: Optional[Sequence[Optional[in
         return False
     h, w = int(ishape[2]), int(ishape[3])
     return rows in (grid_cells(h, w, P5_STRIDES), grid_cells(h, w, P6_STRIDES))
+
+
+def _exact_yolov5_head(oshape: Sequence[Optional[int]], ishape: Sequence[Optional[int]],
+                       names: Optional[Sequence[str]]) -> bool:
+    """The output is a YOLOv5 head beyond doubt: a fixed input size, YOLOv5's exact row count for
+    it and 5 + the class names' columns. Such a head may have more columns than rows (365 classes
+    at 64x64: ``[1,252,370]``), which is no YOLOv8 ``[B,4+nc,N]``: that one's rows are 4 + nc."""
+    rows, cols = oshape[1], oshape[2]
+    if names is None or cols != 5 + len(names) or len(ishape) != 4 or ishape[2] is None or ishape[3] is None:
+        return False
+    return rows in yolov5_rows(int(ishape[2]), int(ishape[3]))
 
 
 def _check_head_layout(p: Path, out_name: str, oshape: Tuple[Optional[int], ...],

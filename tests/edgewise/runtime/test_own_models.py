@@ -373,3 +373,25 @@ def test_a_head_with_normalized_boxes_is_refused_at_its_first_frame(tmp_path):
     with Detector.from_file(p, threads=1) as det, pytest.raises(
             ModelError, match=r"every box centre .* is within 0.50 of 0 at a 64x64 input: boxes in normalized"):
         det.detect([gray()])
+
+
+def test_a_fixed_size_yolov5_with_more_classes_than_rows_loads_and_detects(tmp_path):
+    """A YOLOv5 head at a small fixed input with many classes (365 at 64x64: [1,252,370], the rows
+    exactly YOLOv5's, the columns 5 + the names) has more columns than rows, and was refused at
+    load as YOLOv8's transposed layout; ``edgewise model build --imgsz 64 --classes 365`` made one
+    that ``model info`` refused (found by a probe)."""
+    nc = 365
+    a = np.zeros((1, P5_ROWS, 5 + nc), np.float32)
+    a[0, 0, :5] = [S / 2, S / 2, 10, 10, 0.9]
+    a[0, 0, 5 + nc - 1] = 0.9
+    names = repr({i: f"k{i}" for i in range(nc)})
+    p = const_model(tmp_path / "many.onnx", a, meta={"names": names})
+    assert load_model_info(p).nc == nc
+    with Detector.from_file(p, threads=1) as det:
+        d = det.detect([gray(S, S)])[0]
+    assert d.class_ids.tolist() == [nc - 1] and np.allclose(d.boxes, [[27, 27, 37, 37]])
+    # a YOLOv8 output with as many classes is still refused: its rows are 4 + nc, not YOLOv5's count
+    v8 = const_model(tmp_path / "v8.onnx", np.zeros((1, GRID_CELLS, 4 + nc), np.float32).transpose(0, 2, 1),
+                     meta={"names": names})
+    with pytest.raises(ModelError):
+        load_model_info(v8)
