@@ -449,6 +449,8 @@ def _info_from_graph(
 
     cols = oshape[2]
     names_known = names is not None
+    if names is not None and oshape[1] == 5 + len(names) and oshape[2] not in (None, oshape[1]):
+        raise ModelError(f"{p}: output {out.name!r} {_shape_str(oshape)}: {transposed_yolov5(len(names))}")
     if not _exact_yolov5_head(oshape, ishape, names):  # (checked with the input size below)
         _check_head_layout(p, out.name, oshape, None, names_known)  # [B,4+nc,N] before "cannot tell nc"
     if names is None:
@@ -620,6 +622,13 @@ def _one_row_per_cell(rows: Optional[int], ishape: Optional[Sequence[Optional[in
     return rows in (grid_cells(h, w, P5_STRIDES), grid_cells(h, w, P6_STRIDES))
 
 
+def transposed_yolov5(nc: int) -> str:
+    """Why an output ``[B,5+nc,N]`` is refused: a YOLOv5 head transposed, whose columns are not
+    the class names' fault (its rows are 5 + nc)."""
+    return (f"its rows are 5 + {nc} class names = {5 + nc}, so it is a YOLOv5 head transposed ([B,5+nc,N]); "
+            "export the head as [B,N,5+nc], as YOLOv5's export.py does (or drop the final Transpose/Permute)")
+
+
 def _exact_yolov5_head(oshape: Sequence[Optional[int]], ishape: Sequence[Optional[int]],
                        names: Optional[Sequence[str]]) -> bool:
     """The output is a YOLOv5 head beyond doubt: a fixed input size, YOLOv5's exact row count for
@@ -681,6 +690,8 @@ def check_output(info: ModelInfo, batch_shape: Sequence[int], raw: Any) -> None:
             raise ModelError(f"{p}: the model's output {list(shape)} is YOLOv8's transposed [B,4+nc,N] layout "
                              f"(4 + {info.nc} class names = {rows} rows, one column per grid cell): YOLOv8 "
                              "anchor-free output is not supported; export YOLOv5")
+        elif rows == 5 + info.nc:  # a symbolic [B,5+nc,N]: only the run shows it
+            raise ModelError(f"{p}: the model's output {list(shape)}: {transposed_yolov5(info.nc)}")
         else:
             hint = "; fix the names metadata or re-export the model"
         raise ModelError(f"{p}: the model's output has {cols} columns but there are {info.nc} class names "

@@ -395,3 +395,17 @@ def test_a_fixed_size_yolov5_with_more_classes_than_rows_loads_and_detects(tmp_p
                      meta={"names": names})
     with pytest.raises(ModelError):
         load_model_info(v8)
+
+
+@pytest.mark.parametrize("out_shape", [None, (1, "c", "n")])
+def test_a_transposed_yolov5_head_is_named_as_one(tmp_path, out_shape):
+    """``[B,5+nc,N]`` was refused as YOLOv8's layout ("export YOLOv5") when its shape is fixed, and,
+    symbolic, with "fix the names metadata" (the names were right) (found by a probe)."""
+    const = head(P5_ROWS, 8).transpose(0, 2, 1).copy()
+    p = const_model(tmp_path / "t.onnx", const, out_shape=out_shape, meta={"names": N3})
+    with pytest.raises(ModelError) as e:
+        with Detector.from_file(p, threads=1) as det:
+            det.detect([gray()])
+    msg = one_line(e)
+    assert "t.onnx" in msg and "YOLOv5 head transposed ([B,5+nc,N])" in msg and "[B,N,5+nc]" in msg
+    assert "fix the names metadata" not in msg and "YOLOv8" not in msg
