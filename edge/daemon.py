@@ -196,7 +196,7 @@ class EdgeDaemon:
         if self.detector is not None:
             return self.detector
         from edgewise.runtime.detector import Detector
-        from edgewise.runtime.firstframe import batch_failure
+        from edgewise.runtime.firstframe import batch_failure, run_failure
 
         m = self.settings.model
         log.info("loading model %s (model.max_batch %d); a stop signal does not wait for the load", m.path,
@@ -212,7 +212,12 @@ class EdgeDaemon:
             det = Detector.from_file(m.path, max_batch=m.max_batch, spinning=m.spin, **kwargs)
             try:  # one dummy frame: a model whose output cannot be decoded fails here, at start
                 h, w = det.imgsz
-                det.detect([np.zeros((h, w, 3), np.uint8)])
+                try:
+                    det.detect([np.zeros((h, w, 3), np.uint8)])
+                except EdgewiseError:  # ours: one line naming the model
+                    raise
+                except Exception as exc:  # the runtime's, several lines: was a traceback and exit 1
+                    raise run_failure(det.info, (h, w), exc) from None
                 if det.info.dynamic_batch and m.max_batch > 1:  # and the largest batch the pipeline forms
                     try:
                         det.detect([np.zeros((h, w, 3), np.uint8)] * m.max_batch)

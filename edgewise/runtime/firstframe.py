@@ -29,6 +29,14 @@ def batch_failure(info: ModelInfo, batch: int, exc: BaseException, setting: str)
                       f"re-export it with a truly dynamic batch, or set {setting} to 1")
 
 
+def run_failure(info: ModelInfo, hw: Tuple[int, int], exc: BaseException) -> ModelError:
+    """The one-line error for a model that loaded but whose first frame failed in the runtime (a
+    shape the graph cannot take, no memory left for it): the runtime's own error is several lines."""
+    why = " ".join(str(exc).replace(f"{info.path}: ", "", 1).split())[:300].rstrip(".") or type(exc).__name__
+    return ModelError(f"{info.path}: first inference ({hw[0]}x{hw[1]}) failed: {why}; check the model with "
+                      "`edgewise model info` and fix or re-export it")
+
+
 def first_frame_problem(info: ModelInfo, batch: int = 2, setting: str = "model.max_batch") -> Optional[str]:
     """None when one grey frame through the model (ONNX Runtime on the CPU, at its fixed
     batch and input size), and for a dynamic batch ``batch`` of them, give an output the

@@ -96,7 +96,8 @@ def edge_run(tmp_path, **tree):
 
 
 @pytest.mark.parametrize("case", ["spool_folder", "spool_corrupt", "metrics_port_in_use",
-                                  "jsonl_folder", "no_source_opens", "policy_transport", "model_output"])
+                                  "jsonl_folder", "no_source_opens", "policy_transport", "model_output",
+                                  "model_run"])
 def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_model):
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("p"))
@@ -125,6 +126,13 @@ def test_start_up_problems_are_one_error_line_and_exit_2(tmp_path, case, tiny_mo
                           meta={"names": "{0: 'a', 1: 'b'}"})
         tree["model"] = {"path": str(bad)}
         expected = "dyncols.onnx: the model's output has 8 columns but there are 2 class names"
+    elif case == "model_run":  # loads, then fails in ONNX Runtime at the first frame: was a traceback, exit 1
+        from tests.edgewise.runtime.test_own_models import P5_ROWS, const_model, head
+
+        bad = const_model(tmp_path / "s2d.onnx", head(P5_ROWS, 8), in_shape=(1, 3, "height", "width"),
+                          space_to_depth=3, meta={"names": "{0: 'a', 1: 'b', 2: 'c'}", "imgsz": "[64, 64]"})
+        tree["model"] = {"path": str(bad), "backend": "onnxruntime"}
+        expected = "s2d.onnx: first inference (64x64) failed: "
     elif case == "spool_corrupt":
         spool.write_bytes(b"\x00garbage" * 1000)
         expected = f"spool {spool} is not a readable spool"
