@@ -81,9 +81,11 @@ class Detector:
             raise ConfigError(f"input size {input_size!r}: use one of {', '.join(INPUT_SIZES)}")
         if input_size == "auto":
             input_size = auto_input_size(info)
-        if input_size == "native" and not info.dynamic_hw:
+        if input_size == "native" and any(side is not None for side in info.input_shape[2:4]):
+            fixed = (f"is fixed at {info.imgsz[0]}x{info.imgsz[1]}" if not info.dynamic_hw else
+                     f"has one side fixed ({info.input_shape[2] or '?'}x{info.input_shape[3] or '?'})")
             raise ConfigError(f"{info.path}: input size 'native' needs a model exported with a dynamic height and "
-                              f"width; this one is fixed at {info.imgsz[0]}x{info.imgsz[1]} (use 'model')")
+                              f"width; this one {fixed} (use 'model')")
         if max_side < 0:
             raise ConfigError(f"max_side must be >= 0 (0 = no cap), got {max_side}")
         self.info = info

@@ -484,6 +484,8 @@ def _info_from_graph(
         imgsz, imgsz_source = override, "override"
     elif imgsz is None:
         imgsz = DEFAULT_IMGSZ
+    if not hw_static:
+        imgsz = _with_fixed_side(p, inp.name, ishape, imgsz, imgsz_source)
     which = "imgsz" if imgsz_source == "override" else "input size"
     if not all(0 < side <= MAX_INPUT_SIDE for side in imgsz):
         raise ModelError(f"{p}: {which} {imgsz[0]}x{imgsz[1]} is not a usable image size (each side in 1.."
@@ -531,6 +533,24 @@ def _info_from_graph(
         ops=tuple(sorted({(n.domain, n.op_type) for n in graph.node})),
         qdq=_qdq_forms(graph),
     )
+
+
+def _with_fixed_side(p: Path, name: str, ishape: Tuple[Optional[int], ...], imgsz: Tuple[int, int],
+                     source: str) -> Tuple[int, int]:
+    """``imgsz`` for an input with one side fixed and the other symbolic (``[B,3,384,'width']``): the
+    fixed side is the graph's. An assumed size (``default``) takes it; a size that was asked for or
+    stated and differs is an error (ONNX Runtime refused every frame of it, at the first one)."""
+    fixed = [(i, "height" if i == 0 else "width", ishape[2 + i]) for i in (0, 1) if ishape[2 + i] is not None]
+    out = list(imgsz)
+    for i, side, size in fixed:
+        if size == out[i]:
+            continue
+        if source != "default":
+            asked = "was asked for" if source == "override" else f"is stated ({source})"
+            raise ModelError(f"{p}: input size {imgsz[0]}x{imgsz[1]} {asked} but input {name!r} "
+                             f"{_shape_str(ishape)} has its {side} fixed at {size}; give a size with that {side}")
+        out[i] = int(size or 0)
+    return (out[0], out[1])
 
 
 def _qdq_forms(graph: Any) -> Tuple[Tuple[str, str, bool], ...]:

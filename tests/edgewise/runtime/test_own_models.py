@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgewise.errors import InvalidInputError, ModelError
+from edgewise.errors import ConfigError, InvalidInputError, ModelError
 from edgewise.runtime.decoding import decode
 from edgewise.runtime.detector import Detector
 from edgewise.runtime.firstframe import first_frame_problem
@@ -409,3 +409,34 @@ def test_a_transposed_yolov5_head_is_named_as_one(tmp_path, out_shape):
     msg = one_line(e)
     assert "t.onnx" in msg and "YOLOv5 head transposed ([B,5+nc,N])" in msg and "[B,N,5+nc]" in msg
     assert "fix the names metadata" not in msg and "YOLOv8" not in msg
+
+
+def test_an_input_with_one_fixed_side_runs_at_that_side(tmp_path):
+    """``[1,3,48,'width']``: the size was assumed 640x640 (or taken from imgsz) whatever the fixed
+    height, and ONNX Runtime refused the first frame ("Got: 640 Expected: 48"): the edge daemon died
+    with a traceback (found by a probe). The fixed side is the graph's; a size asked for that
+    differs is refused at load, and so is 'native' (each image its own height)."""
+    h, w = 32, 64
+    rows = yolov5_rows(h, w)[0]
+    a = np.zeros((1, rows, 8), np.float32)
+    a[0, 0, :5] = [w / 2, h / 2, 10, 10, 0.9]
+    a[0, 0, 5:] = 0.9
+    p = const_model(tmp_path / "h32.onnx", a, in_shape=(1, 3, h, "width"), out_shape=(1, "n", 8),
+                    meta={"names": N3, "imgsz": f"[{h}, {w}]"})
+    assert load_model_info(p).imgsz == (h, w)
+    assumed = const_model(tmp_path / "assumed.onnx", a, in_shape=(1, 3, h, "width"), out_shape=(1, "n", 8),
+                          meta={"names": N3})
+    info = load_model_info(assumed)
+    assert (info.imgsz, info.imgsz_source) == ((h, 640), "default")  # still warned about: the width is a guess
+    with Detector.from_file(p, threads=1, imgsz=(h, w)) as det:
+        d = det.detect([gray(h * 2, w * 2)])[0]
+    assert np.allclose(d.boxes, [[54, 22, 74, 42]])  # the middle of the 64x128 frame, 20x20
+    with pytest.raises(ModelError, match=r"input size 64x64 was asked for but input 'images' \[1,3,32,\?\] has its "
+                                         r"height fixed at 32; give a size with that height") as e:
+        load_model_info(p, 64)
+    assert "h32.onnx" in one_line(e)
+    stated = const_model(tmp_path / "stated.onnx", a, in_shape=(1, 3, h, "width"), meta={"names": N3, "imgsz": "64"})
+    with pytest.raises(ModelError, match=r"input size 64x64 is stated \(onnx-metadata\) but input"):
+        load_model_info(stated)
+    with pytest.raises(ConfigError, match="has one side fixed"):
+        Detector.from_file(p, threads=1, input_size="native")
