@@ -388,6 +388,9 @@ def _info_from_graph(
         raise ModelError(f"{p}: expected {expected}; found {len(inputs)} graph inputs")
     inp = inputs[0]
     ishape = _dims(inp)
+    if not inp.type.tensor_type.HasField("shape"):
+        raise ModelError(f"{p}: input {inp.name!r} declares no shape (its rank is unknown, not 0); re-export the "
+                         "model stating it, [B,3,H,W] (torch.onnx.export and YOLOv5's export.py do)")
     if len(ishape) != 4:
         raise ModelError(f"{p}: expected {expected}; input {inp.name!r} has rank {len(ishape)} {ishape}")
     if ishape[3] == 3 and ishape[1] != 3:
@@ -410,6 +413,10 @@ def _info_from_graph(
                          "floating-point boxes and scores (integer scores truncate to 0: nothing would ever be "
                          "detected); export the YOLOv5 head as float32 or float16")
     oshape = _dims(out)
+    if not out.type.tensor_type.HasField("shape"):
+        raise ModelError(f"{p}: first output {out.name!r} declares no shape (its rank is unknown, not 0); state it "
+                         "with ONNX's shape inference: m = onnx.load(p); onnx.save(onnx.shape_inference.infer_shapes(m), "
+                         "p), or re-export the model")
     if len(oshape) != 3:
         raise ModelError(
             f"{p}: expected {expected}; first output {out.name!r} has rank {len(oshape)} {oshape}"

@@ -440,3 +440,20 @@ def test_an_input_with_one_fixed_side_runs_at_that_side(tmp_path):
         load_model_info(stated)
     with pytest.raises(ConfigError, match="has one side fixed"):
         Detector.from_file(p, threads=1, input_size="native")
+
+
+@pytest.mark.parametrize("which", ["input", "output"])
+def test_a_tensor_without_a_declared_shape_is_named_as_such(tmp_path, which):
+    """A graph input or output may declare no shape (an edited graph): it was refused as of
+    "rank 0 ()", which it is not (found by a probe)."""
+    p = const_model(tmp_path / "noshape.onnx", head(P5_ROWS, 8), meta={"names": N3})
+    m = onnx.load(str(p))
+    getattr(m.graph, which)[0].type.tensor_type.ClearField("shape")
+    onnx.save(m, str(p))
+    with pytest.raises(ModelError, match="declares no shape") as e:
+        load_model_info(p)
+    assert "noshape.onnx" in one_line(e) and "has rank 0" not in one_line(e)
+    if which == "output":  # what the message advises loads and runs
+        onnx.save(onnx.shape_inference.infer_shapes(onnx.load(str(p))), str(p))
+        with Detector.from_file(p, threads=1) as det:
+            assert det.detect([gray()])[0].class_ids.tolist() == [0]
