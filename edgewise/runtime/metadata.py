@@ -404,7 +404,9 @@ def _info_from_graph(
     elif elem == FLOAT16:
         input_dtype = "float16"
     else:
-        raise ModelError(f"{p}: expected a float32/float16 image input, {inp.name!r} has ONNX type {elem}")
+        kind = INTEGER_TYPES.get(elem, f"ONNX type {elem}")
+        raise ModelError(f"{p}: expected a float32/float16 image input, {inp.name!r} is {kind}; export the model with "
+                         "a float input taking RGB in 0..1 (YOLOv5's export.py does: edgewise scales the pixels)")
     if not graph.output:
         raise ModelError(f"{p}: expected {expected}; the graph has no outputs")
     out = graph.output[0]

@@ -457,3 +457,14 @@ def test_a_tensor_without_a_declared_shape_is_named_as_such(tmp_path, which):
         onnx.save(onnx.shape_inference.infer_shapes(onnx.load(str(p))), str(p))
         with Detector.from_file(p, threads=1) as det:
             assert det.detect([gray()])[0].class_ids.tolist() == [0]
+
+
+def test_a_uint8_image_input_is_named_and_the_fix_given(tmp_path):
+    """Exports for other runtimes take uint8 pixels: the refusal said "has ONNX type 2" (found by a probe)."""
+    p = const_model(tmp_path / "u8.onnx", head(P5_ROWS, 8), meta={"names": N3})
+    m = onnx.load(str(p))
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.UINT8
+    onnx.save(m, str(p))
+    with pytest.raises(ModelError, match=r"u8\.onnx: expected a float32/float16 image input, 'images' is uint8; "
+                                         r"export the model with a float input taking RGB in 0\.\.1"):
+        load_model_info(p)
