@@ -1,8 +1,10 @@
 """Worker memory under "small file, huge image" JPEGs: RSS with and without the decode budget.
 
-A real 8x8 JPEG (about 630 bytes) whose frame header is edited to declare 7600x4300
-passes every size limit (under 7680x4320) yet makes the decoder allocate the full
-frame. This starts a real ``edgewise cloud worker`` process, sends it one such image
+A real JPEG of one flat grey 7600x4300 frame (about 500 kB: a few bits per 8x8 block) passes
+every size limit (under 7680x4320) and every check of its header and scans, yet makes the
+decoder allocate the full frame (98 MB). (An 8x8 JPEG whose frame header was edited to declare
+that size, which this sent before, is refused before decoding since the worker checks that the
+scans hold at least a bit per declared block.) This starts a real ``edgewise cloud worker`` process, sends it one such image
 and then ``--concurrency`` at once (``Worker.Infer``, straight to the worker), and
 prints the worker's resident memory (``VmRSS``) and peak (``VmHWM``, reset between
 phases through ``/proc/<pid>/clear_refs``) after each phase, plus how the requests
@@ -42,10 +44,9 @@ _CLI = "import sys; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def declared_jpeg(width: int, height: int) -> bytes:
-    data = bytearray(cv2.imencode(".jpg", np.full((8, 8, 3), 128, np.uint8))[1].tobytes())
-    sof = data.index(b"\xff\xc0")
-    data[sof + 5:sof + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
-    return bytes(data)
+    """A valid JPEG of a flat grey ``width`` x ``height`` frame: small for its pixels, and
+    nothing in it the worker refuses before decoding."""
+    return bytes(cv2.imencode(".jpg", np.full((height, width, 3), 128, np.uint8))[1].tobytes())
 
 
 def reset_peak(pid: int) -> None:
