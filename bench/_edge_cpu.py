@@ -4,9 +4,10 @@ model's own inference time.
 A Jetson Xavier NX has six Carmel cores; what the daemon spends around the model is taken
 from the cameras' decode and everything else on the device. This runs the real daemon
 (``edgewise edge run``, a process of its own) on ``--streams`` file streams of opencv-doc's
-``vtest.avi`` (768x576) looped at ``--paced-fps`` each, not saturated, with the shipped
-INT8 model (the Jetson bundle's default: the camera pair's YOLOv5n at 256x416), and measures over
-``--paced-seconds`` after a warm-up:
+``vtest.avi`` (768x576) looped at ``--paced-fps`` each, not saturated, with the daemon's
+default model (``model.path``: the camera pair's INT8 YOLOv5n at 256x416 in ONNX Runtime's CPU
+layout; the Jetson bundle ships another INT8 file, laid out for TensorRT, which ONNX Runtime runs
+slower than float), and measures over ``--paced-seconds`` after a warm-up:
 
 * CPU milliseconds per frame: the process's user + system time (``/proc/<pid>/stat``, all
   threads) over the frames it emitted;
@@ -15,7 +16,8 @@ INT8 model (the Jetson bundle's default: the camera pair's YOLOv5n at 256x416), 
   process, with the same backend options, one frame at a time at the same pace (median wall
   and CPU time, so ONNX Runtime's thread pool shows when it burns more CPU than wall time);
 
-once per variant of the settings that decide the overhead (``--paced-variants``), with the
+once per variant of the settings that decide the overhead (``--paced-variants``; the first is
+the shipped defaults of ``model.threads``, ``spin`` and ``max_batch``), with the
 CPU flags and the load average before and after each (other work on a shared machine takes
 CPU from the daemon but is not counted in its CPU time). Target: CPU per frame <= 1.5x the
 model's inference time (docs/design/edge-runtime.md, "CPU per frame").
@@ -31,16 +33,21 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from edge.bundle import DEFAULT_MODEL
+from edge.settings import ModelSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 VTEST = Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi")
-SHIPPED = DEFAULT_MODEL  # the Jetson bundle's
+_DEFAULTS = ModelSettings()
+#: the daemon's default model: this mode runs ONNX Runtime on the CPU, so not the Jetson bundle's
+#: default (``edge.bundle.DEFAULT_MODEL``, TensorRT's Q/DQ layout since 1455341, which ONNX Runtime
+#: runs at 0.6x float speed: its Q/DQ pairs are TensorRT's to fuse)
+SHIPPED = ROOT / _DEFAULTS.path
 #: name -> model settings; "before" is what the daemon did before this measurement existed
 VARIANTS: Dict[str, Dict[str, Any]] = {
-    "spinning (before)": {"threads": 0, "spin": True},
-    "no spinning 1 thread": {"threads": 1, "spin": False},
-    "no spinning 2 threads": {"threads": 2, "spin": False},
+    "shipped defaults": {"threads": _DEFAULTS.threads, "spin": _DEFAULTS.spin, "max_batch": _DEFAULTS.max_batch},
+    "spinning (before)": {"threads": 0, "spin": True, "max_batch": 1},
+    "no spinning 1 thread": {"threads": 1, "spin": False, "max_batch": 1},
+    "no spinning 2 threads": {"threads": 2, "spin": False, "max_batch": 1},
 }
 
 
@@ -92,7 +99,7 @@ def run_variant(name: str, opts: Dict[str, Any], args: Any, model: Path, tmp: Pa
         streams=[{"id": f"cam{i}", "kind": "file", "uri": str(VTEST), "loop": True, "fps": args.paced_fps}
                  for i in range(args.streams)],
         model={"path": str(model), "backend": "onnxruntime", "threads": opts["threads"],
-               "spin": opts["spin"], "max_batch": 1},
+               "spin": opts["spin"], "max_batch": opts["max_batch"]},
         sinks={"jsonl": str(out)}, spool={"path": str(tmp / f"{tag}-spool.db")}, metrics={"port": -1})
     load0 = os.getloadavg()[0]
     enough = lambda recs: len(recs) >= 2 * args.streams  # noqa: E731

@@ -12,9 +12,9 @@ per-image medians plus the ratios the foundation issue asks for:
 * decode + NMS of a full 640x640 head (25,200 x 85) shaped like a trained
   model's output (a few hundred candidates around 20 objects; target < 3 ms),
 * what this CPU offers INT8 kernels (VNNI or not: it decides the speed-up), and the
-  INT8-vs-float detection agreement of the shipped edge pair (``models/edge.onnx`` ->
-  ``models/edge-int8.onnx``) on generated held-out scenes (the random-weight YOLOv5s
-  has no detections worth comparing).
+  INT8-vs-float detection agreement of the shipped edge pair (the daemon's default model,
+  ``models/camera/edge-int8.onnx``, against ``models/camera/edge.onnx``) on generated held-out
+  scenes (the random-weight YOLOv5s has no detections worth comparing).
 
 Usage::
 
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # package, not bench/edge.py, must be what `import edge` finds
 sys.path.insert(0, str(ROOT))
 
-from edge.bundle import DEFAULT_MODEL  # noqa: E402  (the package, not bench/edge.py: see above)
+from edge.settings import ModelSettings  # noqa: E402  (the package, not bench/edge.py: see above)
 from edgewise.runtime import DecodeParams, Detector, decode  # noqa: E402
 
 VIDEO = Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi")
@@ -197,16 +197,17 @@ def run(args: argparse.Namespace) -> str:
 
 
 def shipped_pair_agreement(frames: int, threads: int) -> str:
-    """INT8-vs-float agreement of the shipped edge model (the Jetson bundle's default, the camera
-    pair's ``edge-int8.onnx``) against its float model, on ``frames`` generated validation
-    frames of its world (1280x720 camera scenes, as its quantization report was checked)."""
+    """INT8-vs-float agreement of the shipped edge model (the daemon's default ``model.path``, the
+    camera pair's ``edge-int8.onnx`` in ONNX Runtime's CPU layout; not the Jetson bundle's default,
+    laid out for TensorRT) against its float model, on ``frames`` generated validation frames of its
+    world (1280x720 camera scenes, as its quantization report was checked)."""
     import tempfile
 
     from edgewise.synth import SynthJob, generate, load_difficulty
     from edgewise_tools.models.calibration import open_frames
     from edgewise_tools.models.heldout import check_agreement
 
-    i8 = DEFAULT_MODEL
+    i8 = ROOT / ModelSettings().path
     f32 = i8.with_name("edge.onnx")
     if not (f32.exists() and i8.exists()):
         return f"agreement: {f32} or {i8} missing"
