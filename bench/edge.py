@@ -5,7 +5,8 @@ postprocess in a loop, same detector settings and batch), daemon frames/s,
 per-stage medians, p99 capture→sink frame latency, pipeline efficiency (daemon
 ÷ bare, target >= 0.9) and hardness + policy cost per frame (target <= 1 ms), also
 with the motion signal on 1280x720 frames (``edgewise.hardness.measure_cost``).
-Prints a Markdown table.
+Prints a Markdown table, under a line with the CPU's flags (its INT8 kernels' speed depends on
+them) and the load average.
 
     .venv/bin/python bench/edge.py --streams 2 --frames 60
     .venv/bin/python bench/edge.py --streams 2 --frames 24 --size 1280x720   # the camera world's frames
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -95,6 +97,7 @@ def main() -> int:
     from edge.sources.synthetic import SyntheticSource
     from edgewise.hardness import measure_cost
     from edgewise.runtime.detector import Detector
+    from edgewise_tools.cpu import simd_summary
     from tests.edge.helpers import read_jsonl, settings_yaml
 
     model = Path(args.model) if args.model else int8_model(args.imgsz)
@@ -149,8 +152,9 @@ def main() -> int:
     hp = [r["latency_ms"]["hardness_policy"] for r in warm]
     eff = daemon_fps / bare_fps
 
-    print(f"\n### Edge daemon: {args.streams} synthetic stream(s) {args.size}, {model.name} @ {args.imgsz}, "
-          f"batch {args.batch}, {args.threads} threads\n")
+    print(f"\n### Edge daemon: {args.streams} synthetic stream(s) {args.size}, {model.name} @ {det.info.imgsz[0]}, "
+          f"batch {args.batch}, {args.threads} threads; CPU {simd_summary()}, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
     print("| metric | value | target |")
     print("|---|---|---|")
     print(f"| bare model frames/s (pre+infer+post; before / after the daemon) | {bare_fps:.2f} "

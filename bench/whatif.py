@@ -7,7 +7,8 @@ clock, written out of order the way the daemon writes them (an escalated frame's
 record after a few later frames) and rotated into 24 hourly files, gzip'd except
 the last, named as the edge's own rotation names them (``edge.rotation``). Traffic
 follows a day: busy hours have more hard frames. Then replays them with the CLI, as an operator would, and prints
-the replay's rate and wall time (target: <= 60 s for the day), the what-if table
+the load average and the CPU's flags, the replay's rate and wall time (target: <= 60 s for the
+day), the what-if table
 against a stricter policy, and checks that the replay reproduced every recorded decision.
 
     .venv/bin/python bench/whatif.py                 # one day (about 3 minutes on 2 cores)
@@ -39,6 +40,7 @@ from edgewise.hardness import SIGNAL_NAMES  # noqa: E402
 from edgewise.policy import Escalator, load_policy  # noqa: E402
 from edgewise.policy.deciding import FrameFacts  # noqa: E402
 from edgewise.policy.digest import policy_digest  # noqa: E402
+from edgewise_tools.cpu import simd_summary  # noqa: E402
 
 FPS = 15
 T0_NS = 1_767_571_200 * 10**9  # 2026-01-05 00:00:00 UTC
@@ -146,7 +148,7 @@ def main_() -> int:
         load = os.getloadavg()
     except OSError:
         load = (0.0, 0.0, 0.0)
-    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {os.cpu_count()} CPUs")
+    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {os.cpu_count()} CPUs ({simd_summary()})")
     stricter = work / "stricter.yaml"
     stricter.write_text(policy.read_text().replace("threshold: 0.5", "threshold: 0.6")
                         .replace("name: default", "name: stricter"))
