@@ -67,7 +67,7 @@ def main() -> int:
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
 
-    from edgewise_tools.models.quantize import quantize
+    from edgewise_tools.models.quantize import DEFAULT_KEEP_FLOAT, parse_keep_float, quantize
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -146,12 +146,17 @@ def main() -> int:
         lo, hi = r[f"{key}_p25_p75"]  # type: ignore[misc]
         return f"{r[key]:.2f} ({lo:.2f}-{hi:.2f})"
 
+    def measured(a: Dict[str, object], key: str) -> str:
+        """An agreement figure; "-" where it is undefined (no boxes at ``--conf``: NaN, None in JSON)."""
+        return "" if not a else "-" if a.get(key) is None else str(a[key])
+
     for name in paths:
         r = results[name]
         a = r.get("agreement") or {}
-        print(f"| {name} | {r['keep_float']} | {r.get('ms', '')} | {spread(r, 'speedup')} "
-              f"| {spread(r, 'cpu_speedup')} | {a.get('f1', '')} | {a.get('precision', '')} "
-              f"| {a.get('recall', '')} |")
+        shipped = " (shipped default)" if parse_keep_float(VARIANTS[name]) == DEFAULT_KEEP_FLOAT else ""
+        print(f"| {name}{shipped} | {r['keep_float']} | {r.get('ms', '')} | {spread(r, 'speedup')} "
+              f"| {spread(r, 'cpu_speedup')} | {measured(a, 'f1')} | {measured(a, 'precision')} "
+              f"| {measured(a, 'recall')} |")
     if "_machine" in results:
         print(f"\nCPU: {results['_machine']['cpu']}; {args.threads} threads; "
               f"load average (1 min) {results['_machine']['load1_min_max']}")
