@@ -26,6 +26,7 @@ model's inference time (docs/design/edge-runtime.md, "CPU per frame").
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -142,6 +143,7 @@ def paced_main(args: Any) -> int:
         rows.append(run_variant(name, VARIANTS[name], args, model, tmp))
         print(f"{name}: {rows[-1]}", file=sys.stderr)
     after = model_time(model, 1, False, args.paced_fps)
+    shutil.rmtree(tmp, ignore_errors=True)  # the variants' settings, spools and records
     work_wall, work_cpu = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
     print(f"\n### Edge daemon CPU per frame at camera pace: {args.streams} x {args.paced_fps:g} fps of "
           f"vtest.avi (768x576), {model.name}; CPU {simd_summary()}; {os.cpu_count()} CPUs\n")

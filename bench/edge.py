@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -142,6 +143,7 @@ def main() -> int:
     det.close()
     bare_fps = (bare_before + bare_after) / 2.0
     recs = read_jsonl(tmp / "out.jsonl")
+    shutil.rmtree(tmp, ignore_errors=True)  # settings, spool and records of this run only
     assert len(recs) == args.streams * args.frames, f"{len(recs)} records"
     warm = sorted(recs, key=lambda r: r["emit_unix_ns"])[max(2, args.batch):]
     span = (warm[-1]["emit_unix_ns"] - warm[0]["emit_unix_ns"]) / 1e9
