@@ -159,7 +159,7 @@ def compose(text: str, name: str) -> Tuple[Optional[yaml.Node], yaml.SafeLoader]
         problem = exc.problem or exc.context
         if exc.context and str(problem).startswith("but "):  # the half that says what was expected
             problem = f"{exc.context}, {problem}"  # ("expected a single document in the stream, but found ...")
-        hint = _bracket_hint(text, mark.line) if mark is not None else ""
+        hint = _bracket_hint(text, mark.line, mark.column) if mark is not None else ""
         raise ConfigError(f"{name}{line}: not valid YAML: {problem}{hint}") from None
     except yaml.YAMLError as exc:
         if loader is not None:
@@ -176,14 +176,19 @@ def compose(text: str, name: str) -> Tuple[Optional[yaml.Node], yaml.SafeLoader]
 _BRACKETED_ADDRESS = re.compile(r"(?<![\"'\w])(\[[0-9A-Za-z:.%]*:[0-9A-Za-z:.%]*\]:[0-9]+)")
 
 
-def _bracket_hint(text: str, line: int) -> str:
+def _bracket_hint(text: str, line: int, column: int) -> str:
     """How to write an IPv6 address with a port that line ``line`` (from 0) of ``text`` holds
-    unquoted: YAML reads ``[`` as the start of a list, so ``- [::1]:50051`` is not valid YAML."""
+    unquoted: YAML reads ``[`` as the start of a list, so ``- [::1]:50051`` is not valid YAML.
+    Only for the address the error is in (its ``column``, from 0, falls within it): YAML stops
+    inside ``[::1]:50051`` (at its first ``:``, or at the ``:port`` after ``]``), and an address
+    elsewhere on the line (in a comment, in a quoted string) has nothing to do with the error."""
     lines = text.splitlines()
-    found = _BRACKETED_ADDRESS.search(lines[line]) if 0 <= line < len(lines) else None
-    if found is None:
+    if not 0 <= line < len(lines):
         return ""
-    return f"; quote an IPv6 address with a port, YAML reads '[' as a list: '{found.group(1)}'"
+    for found in _BRACKETED_ADDRESS.finditer(lines[line]):
+        if found.start(1) <= column < found.end(1):
+            return f"; quote an IPv6 address with a port, YAML reads '[' as a list: '{found.group(1)}'"
+    return ""
 
 
 def _check_expanded_size(root: yaml.Node, name: str) -> None:

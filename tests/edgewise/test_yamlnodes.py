@@ -186,3 +186,18 @@ def test_a_yaml_error_without_an_address_gets_no_quoting_hint() -> None:
     with pytest.raises(ConfigError) as err:
         yamlnodes.compose("a: [1, 2\nb: 3\n", "e.yaml")
     assert "IPv6" not in str(err.value)
+
+
+@pytest.mark.parametrize("text", [
+    "a: b: c  # was [::1]:50051\n",            # the address is in a comment
+    'a: "host [::1]:50051" b: c\n',            # and here quoted already, in a string
+    "a: [1, 2\nb: 3  # [::1]:50051\n",          # the error is elsewhere on the line
+])
+def test_an_address_beside_an_unrelated_yaml_error_gets_no_quoting_hint(text: str) -> None:
+    """The hint is for the address YAML stumbled on: one in a comment or in a quoted string on
+    the error's line had nothing to do with the error, and 'quote it' misled (review)."""
+    from edgewise import yamlnodes
+
+    with pytest.raises(ConfigError) as err:
+        yamlnodes.compose(text, "e.yaml")
+    assert "IPv6" not in str(err.value), str(err.value)
