@@ -229,8 +229,11 @@ class Detector:
 
 def auto_input_size(info: ModelInfo) -> str:
     """``native`` for a model that asks for it (symbolic height/width and the metadata
-    ``input_size: native``), else ``model``."""
-    return "native" if info.dynamic_hw and info.metadata.get(NATIVE_KEY) == "native" else "model"
+    ``input_size: native``), else ``model``. Both sides must be symbolic: ``dynamic_hw`` is
+    also true of an input with one side fixed (``[B,3,384,'width']``), which 'native' cannot
+    feed (each image its own height)."""
+    free = info.dynamic_hw and all(side is None for side in info.input_shape[2:4])
+    return "native" if free and info.metadata.get(NATIVE_KEY) == "native" else "model"
 
 
 def tensorrt_unusable_reason() -> str:

@@ -468,3 +468,21 @@ def test_a_uint8_image_input_is_named_and_the_fix_given(tmp_path):
     with pytest.raises(ModelError, match=r"u8\.onnx: expected a float32/float16 image input, 'images' is uint8; "
                                          r"export the model with a float input taking RGB in 0\.\.1"):
         load_model_info(p)
+
+
+def test_auto_input_size_of_a_model_with_one_fixed_side_that_asks_for_native_is_model(tmp_path):
+    """'auto' is 'native' for a model whose metadata asks for it and whose height and width are
+    both symbolic; with one side fixed it picked 'native' all the same, which the detector then
+    refused ("has one side fixed ... (use 'model')"): 'auto', the cloud worker's default, failed
+    to load a model 'model' runs (review)."""
+    from edgewise.runtime.detector import NATIVE_KEY
+
+    h, w = 32, 64
+    a = np.zeros((1, yolov5_rows(h, w)[0], 8), np.float32)
+    a[0, 0, :5] = [w / 2, h / 2, 10, 10, 0.9]
+    a[0, 0, 5:] = 0.9
+    p = const_model(tmp_path / "h32n.onnx", a, in_shape=(1, 3, h, "width"), out_shape=(1, "n", 8),
+                    meta={"names": N3, "imgsz": f"[{h}, {w}]", NATIVE_KEY: "native"})
+    with Detector.from_file(p, threads=1, input_size="auto") as det:
+        assert det.input_size == "model"
+        assert det.detect([gray(h, w)])[0].class_ids.tolist() == [0]
