@@ -196,7 +196,7 @@ class EdgeDaemon:
         if self.detector is not None:
             return self.detector
         from edgewise.runtime.detector import Detector
-        from edgewise.runtime.firstframe import batch_failure, run_failure
+        from edgewise.runtime.firstframe import batch_failure, run_failure, short_of_memory
 
         m = self.settings.model
         log.info("loading model %s (model.max_batch %d); a stop signal does not wait for the load", m.path,
@@ -217,6 +217,10 @@ class EdgeDaemon:
                 except EdgewiseError:  # ours: one line naming the model
                     raise
                 except Exception as exc:  # the runtime's, several lines: was a traceback and exit 1
+                    if short_of_memory(exc):  # not the model's fault: exit 1, which the unit restarts
+                        log.error("%s: first inference (%dx%d) found no memory for it; exiting for a restart",
+                                  m.path, h, w)
+                        raise
                     raise run_failure(det.info, (h, w), exc) from None
                 if det.info.dynamic_batch and m.max_batch > 1:  # and the largest batch the pipeline forms
                     try:

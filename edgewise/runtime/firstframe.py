@@ -10,6 +10,7 @@ shows these; ``edgewise.runtime.metadata.check_output`` is the one rule every ba
 
 from __future__ import annotations
 
+import re
 from typing import Optional, Tuple
 
 import numpy as np
@@ -31,10 +32,23 @@ def batch_failure(info: ModelInfo, batch: int, exc: BaseException, setting: str)
 
 def run_failure(info: ModelInfo, hw: Tuple[int, int], exc: BaseException) -> ModelError:
     """The one-line error for a model that loaded but whose first frame failed in the runtime (a
-    shape the graph cannot take, no memory left for it): the runtime's own error is several lines."""
+    shape the graph cannot take): the runtime's own error is several lines. A run that found no
+    memory (``short_of_memory``) is no fault of the model and is not made one of these."""
     why = " ".join(str(exc).replace(f"{info.path}: ", "", 1).split())[:300].rstrip(".") or type(exc).__name__
     return ModelError(f"{info.path}: first inference ({hw[0]}x{hw[1]}) failed: {why}; check the model with "
                       "`edgewise model info` and fix or re-export it")
+
+
+#: how ONNX Runtime, CUDA and TensorRT say a run found no memory ("CUDA failure 2: out of memory",
+#: "BFCArena ... Failed to allocate memory", "std::bad_alloc", "OutOfMemory")
+_NO_MEMORY = re.compile(r"out of memory|outofmemory|failed to allocate|bad_alloc", re.IGNORECASE)
+
+
+def short_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says the run found no memory for it: a shortage (another process holding
+    the GPU's memory, or on a Jetson the memory it shares with the CPU) that a later start may not
+    meet, where the model is not at fault."""
+    return isinstance(exc, MemoryError) or bool(_NO_MEMORY.search(str(exc)))
 
 
 def first_frame_problem(info: ModelInfo, batch: int = 2, setting: str = "model.max_batch") -> Optional[str]:

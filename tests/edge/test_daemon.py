@@ -1176,3 +1176,33 @@ def test_a_replay_the_cloud_answers_within_the_grace_of_a_sigterm_is_written_and
     assert [f"jet/cam/{r['frame_seq']}" for r in late] == backlog[:1], (late, log.read_text())
     assert late[0]["outcome"] == "cloud" and late[0]["cloud_rtt_ms"] > 1000
     assert spooled() == backlog[1:]
+
+
+@pytest.mark.parametrize("why", ["[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : CUDA failure 2: out of memory",
+                                 "BFCArena::AllocateRawInternal Failed to allocate memory for requested buffer"])
+def test_a_first_frame_out_of_memory_is_not_a_model_error(tmp_path, tiny_model, monkeypatch, why):
+    """A first frame that fails for want of memory (another process holding the GPU's, on a
+    Jetson the memory it shares with the CPU) is no fault of the model: as a ModelError it exited
+    2, which the unit's RestartPreventExitStatus=2 does not restart ("restarting cannot fix that"),
+    and told the operator to re-export a good model. It is raised as the runtime's error, which
+    the unit restarts (exit 1), as before the first frame's failure became one line (review)."""
+    from edgewise.errors import EdgewiseError
+    from edgewise.runtime.detector import Detector
+
+    load = Detector.from_file.__func__
+
+    def short_of_memory(cls, *args, **kwargs):
+        det = load(cls, *args, **kwargs)
+
+        def fail(images):
+            raise RuntimeError(why)
+
+        det.detect = fail
+        return det
+
+    monkeypatch.setattr(Detector, "from_file", classmethod(short_of_memory))
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}])
+    with pytest.raises(Exception) as e:
+        d._load_detector()
+    assert not isinstance(e.value, EdgewiseError), str(e.value)
+    assert why in str(e.value)
