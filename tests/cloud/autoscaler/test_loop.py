@@ -275,7 +275,7 @@ def test_a_controller_holding_the_target_out_of_bounds_does_not_grow_the_scale_h
         assert d is not None and d.desired == 20 and api.replicas == 20
     # only the events the rate-limit periods (15 s here) still reach back to are kept
     assert len(loop.scaler._events) <= 2, len(loop.scaler._events)
-    # and the rate limits still see the changes within their period
+    # and once the other controller stops, the loop decides from the load again
     clock[0] += 15.0
     set_load(gateways, 20, 140, 140)  # at target: holds at 20
     assert asyncio.run(loop.tick()).desired == 20
