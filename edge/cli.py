@@ -94,14 +94,14 @@ def _check_config(args: argparse.Namespace) -> int:
     )
     from edgewise.errors import ModelError
     from edgewise.runtime.firstframe import first_frame_problem
-    from edgewise.runtime.metadata import load_model_info
+    from edgewise.runtime.metadata import load_model_info, setting_imgsz
 
     s = settings_from_args(args, SCHEMA)
     lines = preflight(s, create=False)  # run by root (postinst): never make folders the daemon cannot use
     check_state_files(s)
     check_metrics_host(s)
     check_sources(s)
-    info = load_model_info(s.model.path, s.model.imgsz or None)
+    info = load_model_info(s.model.path, setting_imgsz(s.model.imgsz))
     problem = first_frame_problem(info, s.model.max_batch)  # what the daemon's first frames would refuse
     if problem:
         raise ModelError(f"{info.path}: {problem}")
@@ -125,11 +125,11 @@ def _device_fit(policy: Any, config: str) -> List[str]:
     (ConfigError, as ``PolicyHolder`` words it) and warns about (``Policy.fit_warnings``): a
     policy that passed ``check-policy`` alone could be refused on the device (found by a probe)."""
     from edgewise.policy.holding import PolicyHolder
-    from edgewise.runtime.metadata import load_model_info
+    from edgewise.runtime.metadata import load_model_info, setting_imgsz
 
     s = load_settings(config)
     PolicyHolder(policy, fit=policy_fit(s))  # raises as the daemon's reload refuses
-    names = load_model_info(s.model.path, s.model.imgsz or None).names
+    names = load_model_info(s.model.path, setting_imgsz(s.model.imgsz)).names
     return policy.fit_warnings(names, s.model.path, [st.id for st in s.streams])
 
 

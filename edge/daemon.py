@@ -197,6 +197,7 @@ class EdgeDaemon:
             return self.detector
         from edgewise.runtime.detector import Detector
         from edgewise.runtime.firstframe import batch_failure, run_failure, short_of_memory
+        from edgewise.runtime.metadata import setting_imgsz
 
         m = self.settings.model
         log.info("loading model %s (model.max_batch %d); a stop signal does not wait for the load", m.path,
@@ -205,8 +206,9 @@ class EdgeDaemon:
                                       max_det=m.max_det, source="edge")
         if m.threads:
             kwargs["threads"] = m.threads
-        if m.imgsz:
-            kwargs["imgsz"] = m.imgsz
+        size = setting_imgsz(m.imgsz)
+        if size is not None:
+            kwargs["imgsz"] = size
         # a TensorRT engine missing from the cache is built here (minutes): keep systemd waiting
         with self.notifier.busy(f"loading {m.path} (a TensorRT engine build takes minutes)"):
             det = Detector.from_file(m.path, max_batch=m.max_batch, spinning=m.spin, **kwargs)

@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Union
 
 from edge.settings import SCHEMA, ModelSettings
 from edgewise.errors import ConfigError
-from edgewise.runtime.metadata import MAX_FIXED_BATCH, load_model_info
+from edgewise.runtime.metadata import MAX_FIXED_BATCH, load_model_info, setting_imgsz
 from edgewise.runtime.opsets import model_problems
 from edgewise.settings import add_settings_arguments, settings_from_args
 from edgewise.settings.cli import positive_int
@@ -40,7 +40,8 @@ def register(subparsers: Any) -> None:
 
     info = subparsers.add_parser("model-info", help="describe a YOLOv5 ONNX model (classes, size, precision)")
     info.add_argument("model", help="path of the .onnx file")
-    info.add_argument("--imgsz", type=int, default=0, help="input size of a model that does not state it")
+    info.add_argument("--imgsz", default="0", metavar="N|H,W",
+                      help="input size of a model that does not state it (model.imgsz: 640 or 384,640)")
     info.add_argument("--max-batch", type=positive_int, default=ModelSettings().max_batch,
                       help="the daemon's model.max_batch, part of the engine's cache key (default: the "
                            "daemon's default)")
@@ -54,7 +55,7 @@ def _engine(args: argparse.Namespace) -> int:
     from edgewise.runtime.backends import tensorrt as trtb
 
     s = settings_from_args(args, SCHEMA)
-    info = load_model_info(s.model.path, s.model.imgsz or None)
+    info = load_model_info(s.model.path, setting_imgsz(s.model.imgsz))
     backend = check_backend(s)
     if backend != "tensorrt":
         print(f"model.backend {s.model.backend}: the daemon runs {info.path} on {backend}; "
@@ -73,12 +74,12 @@ def _engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe(model: str, imgsz: int = 0, max_batch: int = ModelSettings().max_batch) -> Dict[str, Any]:
+def describe(model: str, imgsz: Union[str, int] = 0, max_batch: int = ModelSettings().max_batch) -> Dict[str, Any]:
     """What ``model-info`` prints, as a dict (the engine entry is the one ``edge engine`` and
     ``edge run`` use with ``model.max_batch`` = ``max_batch``)."""
     from edgewise.runtime.detector import tensorrt_unusable_reason
 
-    info = load_model_info(model, imgsz or None)
+    info = load_model_info(model, setting_imgsz(imgsz))
     out: Dict[str, Any] = {
         "path": str(info.path), "sha256": info.sha256, "bytes": info.file_bytes, "precision": info.precision,
         "classes": info.nc, "names": list(info.names), "imgsz": list(info.imgsz),

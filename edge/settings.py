@@ -34,7 +34,7 @@ from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.ids import bearer_token_problem, credential_problem, id_problem
 from edgewise.runtime.detector import BACKENDS
-from edgewise.runtime.metadata import MAX_FIXED_BATCH
+from edgewise.runtime.metadata import IMGSZ_SETTING_DOC, MAX_FIXED_BATCH, imgsz_problem
 from edgewise.settings import Flag, Invalid, Schema, setting
 from edgewise.settings import describe as describe_schema
 from edgewise.wire import MIN_PING_INTERVAL_S
@@ -127,10 +127,7 @@ class ModelSettings:
         "CPU (docs/design/edge-runtime.md#cpu-per-frame); on only for back-to-back inference.", False)
     max_batch: int = setting("Most frames (from all streams) run in one inference call (with a model of dynamic "
                              "batch the daemon runs one batch this large as it starts).", 4, lo=1, hi=MAX_FIXED_BATCH)
-    imgsz: int = setting("Square input size for a model that does not state it (dynamic height/width and no "
-                         "`imgsz` metadata, e.g. YOLOv5 v7.0 `--dynamic` exports); 0 = the model's own (else "
-                         "640, with a warning). A fixed-size model must match it; the stride is checked when "
-                         "the model loads.", 0, lo=0)
+    imgsz: str = setting(IMGSZ_SETTING_DOC, "0")
 
 
 @dataclass
@@ -346,6 +343,9 @@ def validate(s: EdgeSettings) -> None:
     _validate_streams(s.streams)
     if not s.model.path:
         raise Invalid("model.path", "is required")
+    bad = imgsz_problem(s.model.imgsz)
+    if bad:
+        raise Invalid("model.imgsz", bad)
     _validate_cloud(s.cloud)
     if s.sinks.mqtt and not s.cloud.mqtt.host:
         raise Invalid("sinks.mqtt", "needs cloud.mqtt.host")

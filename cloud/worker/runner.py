@@ -30,6 +30,7 @@ from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.regions import Tile
 from edgewise.runtime.detector import Detector
 from edgewise.runtime.letterbox import LetterboxMeta
+from edgewise.runtime.metadata import setting_imgsz
 from edgewise.v1 import detect_pb2
 
 
@@ -71,7 +72,7 @@ class ModelRunner:
             threads=settings.threads or None,
             input_size=settings.input_size,
             max_side=settings.native_max_side,
-            imgsz=settings.imgsz or None,
+            imgsz=setting_imgsz(settings.imgsz),
         )
         return cls(det)
 

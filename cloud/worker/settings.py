@@ -17,7 +17,7 @@ from typing import Any, Optional
 from cloud.binding import GRPC_INT_MAX
 from cloud.worker.batching import BATCHING_MODES, BatchPolicy
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
-from edgewise.runtime.metadata import MAX_FIXED_BATCH
+from edgewise.runtime.metadata import IMGSZ_SETTING_DOC, MAX_FIXED_BATCH, imgsz_problem
 from edgewise.settings import Flag, Invalid, Schema, check, setting
 
 
@@ -59,10 +59,7 @@ class WorkerSettings:
     """Everything one worker process needs; built by ``load_settings``."""
 
     model: str = setting("Path of the YOLOv5 ONNX model (required).", "")
-    imgsz: int = setting("Square input size for a model that does not state it (dynamic height/width and no "
-                         "`imgsz` metadata, e.g. YOLOv5 v7.0 `--dynamic` exports); 0 = the model's own (else "
-                         "640, with a warning). A fixed-size model must match it; the stride is checked when "
-                         "the model loads.", 0, lo=0)
+    imgsz: str = setting(IMGSZ_SETTING_DOC, "0")
     host: str = setting("Address the gRPC server binds. The worker port has no authentication and no TLS: "
                         "only the gateway may reach it (the chart's NetworkPolicy admits gateway pods only); "
                         "bind an address the edge devices cannot reach.", "0.0.0.0")
@@ -125,6 +122,9 @@ def validate(s: WorkerSettings) -> None:
     """The rules that span fields; raises :class:`Invalid` naming the key."""
     if not s.model:
         raise Invalid("model", "a YOLOv5 ONNX file is required (--model or model: in the YAML)")
+    bad = imgsz_problem(s.imgsz)
+    if bad:
+        raise Invalid("imgsz", bad)
     try:
         s.batching.policy()
     except ValueError as exc:
@@ -150,7 +150,7 @@ SCHEMA: Schema[WorkerSettings] = Schema(
     "worker", WorkerSettings, command="edgewise cloud worker", validate=validate,
     flags=(
         Flag("--model", "model", metavar="FILE"),
-        Flag("--imgsz", "imgsz", metavar="N"),
+        Flag("--imgsz", "imgsz", metavar="N|H,W"),
         Flag("--host", "host"),
         Flag("--port", "port"),
         Flag("--metrics-port", "metrics_port", metavar="PORT"),

@@ -308,6 +308,32 @@ def parse_imgsz(value: Any, where: str) -> Tuple[int, int]:
     return _parse_imgsz(value, where)
 
 
+#: the ``imgsz`` setting of the edge daemon (``model.imgsz``) and of the worker, one text for both
+IMGSZ_SETTING_DOC = ("Input size for a model that does not state it (dynamic height/width and no `imgsz` "
+                     "metadata, e.g. YOLOv5 v7.0 `--dynamic` exports): `640` (square) or `384,640` (height, "
+                     "width; `384x640` too); 0 = the model's own (else 640, with a warning). A fixed-size model "
+                     "must match it; the stride is checked when the model loads.")
+
+
+def setting_imgsz(value: Union[str, int]) -> Optional[Tuple[int, int]]:
+    """The ``imgsz`` setting (:data:`IMGSZ_SETTING_DOC`) as ``(h, w)``; None for 0, the model's
+    own. Raises ``ModelError`` for anything else that is not a size."""
+    if str(value).strip() in ("0", ""):
+        return None
+    return parse_imgsz(value, "imgsz")
+
+
+def imgsz_problem(value: Union[str, int]) -> str:
+    """What is wrong with an ``imgsz`` setting ("" if nothing), for the settings' validation."""
+    try:
+        size = setting_imgsz(value)
+    except ModelError:
+        return f"{str(value)!r} is not a size; write 640 (square) or 384,640 (height, width), or 0 for the model's own"
+    if size is not None and max(size) > MAX_INPUT_SIDE:
+        return f"{str(value)!r}: each side at most {MAX_INPUT_SIDE}"
+    return ""
+
+
 def load_model_info(path: PathLike, imgsz: Optional[ImgszLike] = None) -> ModelInfo:
     """Read, hash and validate a YOLOv5 ONNX model; see the module docstring.
 

@@ -165,7 +165,10 @@ def test_layering_file_env_flags(tmp_path):
                                           reason="edgewise.synth checks difficulties")),
     ("- a\n- b\n", "top level must be a mapping"),
     ("streams: [{id: s\n", "not valid YAML"),
-    ("streams: [{id: s, kind: synthetic}]\nmodel: {imgsz: -1}\n", "model.imgsz: -1 is out of range"),
+    ("streams: [{id: s, kind: synthetic}]\nmodel: {imgsz: -1}\n", "model.imgsz: '-1' is not a size; write 640 (square) "
+                                                                  "or 384,640 (height, width), or 0 for the model's own"),
+    ("streams: [{id: s, kind: synthetic}]\nmodel: {imgsz: 384x}\n", "model.imgsz: '384x' is not a size"),
+    ("streams: [{id: s, kind: synthetic}]\nmodel: {imgsz: '9000'}\n", "model.imgsz: '9000': each side at most 8192"),
     # a watcher polling every microsecond took a whole core
     ("streams: [{id: s, kind: synthetic}]\npolicy_poll_s: 1e-06\n", "policy_poll_s: 1e-06 is out of range; allowed: a number >= 0.05"),
 ])
@@ -291,3 +294,18 @@ def test_the_default_model_is_the_shipped_edge_model():
     # the default was models/yolov5s-int8.onnx, which nothing ships: a config without model.path
     # failed with "model file models/yolov5s-int8.onnx does not exist" naming a file the user never wrote
     assert (ROOT / ModelSettings().path).is_file()
+
+
+@pytest.mark.parametrize("written, size", [
+    ("640", (640, 640)), ("384,640", (384, 640)), ("384x640", (384, 640)), ("'[384, 640]'", (384, 640)), ("0", None),
+])
+def test_model_imgsz_takes_a_height_and_a_width(tmp_path, written, size):
+    """A non-square dynamic export (``[B,3,H,W]`` without imgsz metadata) could be given only a
+    square size: ``model.imgsz`` was an int, where ``edgewise model info`` took ``384,640``."""
+    from edgewise.runtime.metadata import setting_imgsz
+
+    s = load_settings(write(tmp_path, f"streams: [{{id: s, kind: synthetic}}]\nmodel:\n  imgsz: {written}\n"), env={})
+    assert setting_imgsz(s.model.imgsz) == size
+    env = load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\n"),
+                        env={"EDGEWISE_EDGE__MODEL__IMGSZ": "384,640"})
+    assert setting_imgsz(env.model.imgsz) == (384, 640)

@@ -71,3 +71,20 @@ def test_fixed_batch_export_serves_any_batch(tmp_path):
         assert not isinstance(a, Exception) and not isinstance(b, Exception)
         assert len(a.boxes) > 0 and np.allclose(a.boxes, b.boxes) and np.allclose(a.scores, b.scores)
     runner.close()
+
+
+def test_a_non_square_dynamic_export_runs_at_the_size_the_imgsz_setting_gives(tmp_path):
+    """``imgsz: 32,64`` for a ``[B,3,H,W]`` export without size metadata: the worker took a square
+    size only (``--imgsz 384,640`` was "not an integer"), so such a model ran at a guess."""
+    from edgewise.runtime.metadata import yolov5_rows
+
+    h, w = 32, 64
+    a = np.zeros((1, yolov5_rows(h, w)[0], 8), np.float32)
+    a[0, 0, :5] = [w / 2, h / 2, 10, 10, 0.9]
+    a[0, 0, 5:] = 0.9
+    p = const_model(tmp_path / "dyn.onnx", a, in_shape=("batch", 3, "height", "width"), out_shape=(1, "n", 8),
+                    meta={"names": N3})
+    runner = ModelRunner.from_settings(settings(p, imgsz="32,64", input_size="model"))
+    assert runner.imgsz == (h, w)
+    boxes = runner.run([runner.prepare_array(np.full((64, 128, 3), 114, np.uint8))])[0][0].boxes
+    assert np.allclose(boxes, [[54, 22, 74, 42]])  # the middle of the 64x128 image, 20x20

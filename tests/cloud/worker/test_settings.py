@@ -7,6 +7,7 @@ import pytest
 from cloud.worker.settings import WorkerSettings, load_settings
 from edgewise.cli import build_parser
 from edgewise.errors import ConfigError
+from edgewise.runtime.metadata import setting_imgsz
 
 
 def write(tmp_path, text: str):
@@ -42,7 +43,7 @@ def test_layers_defaults_file_env_flags(tmp_path):
         ("model: a.onnx\nbatching:\n  preferred_batch_sizes: [4, x]\n",
          r":3: batching.preferred_batch_sizes\[1\]: 'x' is not an integer"),
         ("model: a.onnx\nport: 70000\n", r":2: port: 70000 is out of range; allowed: an integer in \[0, 65535\]"),
-        ("model: a.onnx\nimgsz: -32\n", r":2: imgsz: -32 is out of range"),
+        ("model: a.onnx\nimgsz: -32\n", r":2: imgsz: '-32' is not a size; write 640 \(square\) or 384,640"),
         ("model: a.onnx\nbatching:\n  max_batch_size: 2\n  preferred_batch_sizes: [4]\n",
          ":2: batching: preferred batch size 4"),
         # a batch is taken from the queue: with 8 and 1 none grew past 1 and the gateway, sending up
@@ -83,7 +84,7 @@ def test_cli_flags_map_onto_settings_and_absent_flags_do_not_override(tmp_path, 
     cfg = write(tmp_path, "model: from-file.onnx\nthreads: 3\nbatching:\n  max_queue_size: 9\n")
     args = build_parser().parse_args(
         ["cloud", "worker", "--config", str(cfg), "--port", "0", "--max-batch", "8", "--max-delay-ms", "5",
-         "--preferred-batch", "4,8", "--queue-size", "64", "--metrics-port", "0", "--imgsz", "480"])
+         "--preferred-batch", "4,8", "--queue-size", "64", "--metrics-port", "0", "--imgsz", "384,640"])
     seen = {}
 
     async def fake_serve(settings):  # stands in for the server: only the parsing is under test
@@ -95,7 +96,7 @@ def test_cli_flags_map_onto_settings_and_absent_flags_do_not_override(tmp_path, 
     assert args.func is cli.handle and args.func(args) == 0
     s: WorkerSettings = seen["s"]
     assert s.model == "from-file.onnx" and s.threads == 3 and s.port == 0 and s.metrics_port == 0
-    assert s.imgsz == 480
+    assert setting_imgsz(s.imgsz) == (384, 640)
     assert s.batching.max_batch_size == 8 and s.batching.preferred_batch_sizes == (4, 8)
     assert s.batching.max_queue_size == 64 and s.batching.max_queue_delay_ms == 5.0
     args = build_parser().parse_args(["cloud", "worker", "--model", "m.onnx", "--preferred-batch", "4,x"])
