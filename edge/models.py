@@ -79,7 +79,7 @@ def describe(model: str, imgsz: Union[str, int] = 0, max_batch: int = ModelSetti
     ``edge run`` use with ``model.max_batch`` = ``max_batch``)."""
     from edgewise.runtime.detector import tensorrt_unusable_reason
 
-    info = load_model_info(model, setting_imgsz(imgsz))
+    info = load_model_info(model, setting_imgsz(imgsz, "--imgsz"))
     out: Dict[str, Any] = {
         "path": str(info.path), "sha256": info.sha256, "bytes": info.file_bytes, "precision": info.precision,
         "classes": info.nc, "names": list(info.names), "imgsz": list(info.imgsz),

@@ -315,12 +315,12 @@ IMGSZ_SETTING_DOC = ("Input size for a model that does not state it (dynamic hei
                      "must match it; the stride is checked when the model loads.")
 
 
-def setting_imgsz(value: Union[str, int]) -> Optional[Tuple[int, int]]:
+def setting_imgsz(value: Union[str, int], where: str = "imgsz") -> Optional[Tuple[int, int]]:
     """The ``imgsz`` setting (:data:`IMGSZ_SETTING_DOC`) as ``(h, w)``; None for 0, the model's
-    own. Raises ``ModelError`` for anything else that is not a size."""
+    own. Raises ``ModelError`` naming ``where`` for anything else that is not a size."""
     if str(value).strip() in ("0", ""):
         return None
-    return parse_imgsz(value, "imgsz")
+    return parse_imgsz(value, where)
 
 
 def imgsz_problem(value: Union[str, int]) -> str:
