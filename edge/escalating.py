@@ -82,7 +82,8 @@ from edgewise.policy.schema import Merge, Policy, WholeFrames
 from edgewise.wire import answer_mismatch
 
 log = logging.getLogger(__name__)
-#: "escalation ... spooled" is logged at most once per this many seconds, with how many were not.
+#: "escalation ... spooled" (and "... dropped", by onCloudUnavailable: drop) is logged at most once
+#: per this many seconds, with how many were not.
 SPOOLED_LOG_INTERVAL_S = 15.0
 
 T = TypeVar("T")
@@ -180,6 +181,9 @@ class Escalating:
         # with the entry's spool id, to forget those that left the spool otherwise (expired, evicted).
         self._held: Dict[str, Tuple[int, Union[Tuple[Any, float], str]]] = {}
         self._spooled_log = LogThrottle(SPOOLED_LOG_INTERVAL_S)
+        #: escalations dropped by onCloudUnavailable: drop, said as spooled ones are (an outage
+        #: drops one per escalated frame)
+        self._dropped_log = LogThrottle(SPOOLED_LOG_INTERVAL_S)
         #: escalations not spooled, by why (one cause's lines never hide another's)
         self._not_spooled_log = {kind: LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
                                  for kind in ("disk_full", "write_failed", "refused")}
@@ -550,7 +554,10 @@ class Escalating:
             self.metrics.escalations.labels(reason, "dropped").inc()
             self.metrics.drops.labels(record.stream, "cloud_unavailable").inc()
             record.outcome = "dropped"  # settled: no record is written
-            log.info("escalation %s dropped (policy onCloudUnavailable=drop): %s", record.key, exc)
+            held = self._dropped_log.allow()  # one line per SPOOLED_LOG_INTERVAL_S in an outage
+            if held is not None:
+                more = f" ({held} more dropped since the last such line)" if held else ""
+                log.info("escalation %s dropped (policy onCloudUnavailable=drop): %s%s", record.key, exc, more)
             return
         record.outcome = "edge_only"
         self.metrics.escalations.labels(reason, "edge_only").inc()

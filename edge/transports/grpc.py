@@ -44,6 +44,7 @@ from edge.transports import (
 from edgewise import status
 from edgewise.errors import ConfigError
 from edgewise.filewatch import RECHECK_S, FollowedFiles
+from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,10 @@ MAX_MESSAGE = MAX_ANSWER_BYTES
 #: latest this many seconds after the last of their deadlines (each call has one): a renewal
 #: cuts no call short, and a retired channel does not stay open for long.
 RETIRE_SLACK_S = 1.0
+#: "endpoint ... unavailable, trying the next one" at most this many times per
+#: ``FAILOVER_LOG_INTERVAL_S``: with every endpoint down each escalation fails over again
+FAILOVER_LOG_BURST = 3
+FAILOVER_LOG_INTERVAL_S = 60.0
 
 def detect_method() -> str:
     """The method every escalation calls, from the generated service descriptor. Its answer
@@ -192,6 +197,9 @@ class GrpcTransport:
         ]
         self.preferred = 0
         self._clock = clock
+        #: failovers are said a few per interval, with the count held back (a cloud that is
+        #: away fails every escalation over, a line each for the whole outage)
+        self._failover_log = LogThrottle(FAILOVER_LOG_INTERVAL_S, burst=FAILOVER_LOG_BURST)
         self._in_force = _Channels([], [])
         #: the TLS files, followed (None: plaintext); built by ``start``
         self.tls_files: Optional[FollowedFiles[ChannelTls]] = None
@@ -295,7 +303,10 @@ class GrpcTransport:
                 details = printable(exc.details()) if exc.details() else status.name(st)
                 last = TransportError(st, f"{self.endpoints[i]}: {details}", sent=reached)
                 if status.is_retryable(st) and k + 1 < n:
-                    log.info("endpoint %s unavailable, trying the next one", self.endpoints[i])
+                    held = self._failover_log.allow()
+                    if held is not None:
+                        log.info("endpoint %s unavailable, trying the next one%s", self.endpoints[i],
+                                 f" ({held} more failovers since the last such line)" if held else "")
                     continue
                 raise last from None
             finally:

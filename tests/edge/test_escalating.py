@@ -427,6 +427,33 @@ def test_escalations_a_full_spool_refuses_are_logged_a_few_at_a_time(tmp_path, c
     spool.close()
 
 
+def test_escalations_dropped_while_the_cloud_is_away_are_logged_once_per_interval(caplog):
+    """A policy with onCloudUnavailable: drop logged an INFO line for every escalation it
+    dropped while the cloud could not be reached: about 10 lines a second from one 10 fps
+    stream for as long as the outage lasted (found by a log-flood probe), where a spooled one
+    is said once per interval. Now dropped ones are said as spooled ones are, with the count."""
+    caplog.set_level("INFO", logger="edge.escalating")
+    policy = parse_policy(policy_yaml("p", on_unavailable="drop", deadline_ms=300))
+    written: list = []
+    metrics = EdgeMetrics()
+
+    async def run():
+        t = GrpcTransport([f"127.0.0.1:{free_port()}"])
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics)
+        for seq in range(10):
+            esc.submit(Frame("cam", seq, np.zeros((48, 64, 3), np.uint8), 0, 0.0), dets([], []),
+                       Decision(True, "always", 0.0, {}), policy, frame_record("cam", seq))
+            await async_wait_until(lambda: not esc.tasks and not esc.settling, 30, f"frame {seq} settled")
+        await esc.close()
+        await t.close()
+
+    asyncio.run(run())
+    assert written == []  # dropped: no record
+    assert metrics.drops.labels("cam", "cloud_unavailable")._value.get() == 10
+    said = [r.getMessage() for r in caplog.records if "dropped (policy onCloudUnavailable=drop)" in r.getMessage()]
+    assert len(said) == 1, said
+
+
 def test_request_is_built_off_the_loop_and_a_refused_crop_keeps_its_region(tmp_path, monkeypatch):
     """The JPEG encode runs in a worker thread; an escalation refused at submit
     (max_in_flight) and spooled still records its crop, which the replay's merge needs."""

@@ -193,6 +193,23 @@ def test_grpc_unavailable_fails_fast_and_fails_over(real_cloud):
     asyncio.run(run())
 
 
+def test_grpc_failover_of_every_request_to_a_dead_cloud_is_said_a_few_times_not_each_time(caplog):
+    """With every endpoint down, each escalation logged "endpoint ... unavailable, trying the
+    next one" again (the preferred endpoint stays the first): a line per escalated frame for
+    the whole outage (found by a log-flood probe). A few per interval now."""
+    caplog.set_level("INFO", logger="edge.transports.grpc")
+
+    async def run():
+        t = GrpcTransport([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"])
+        for seq in range(8):
+            with pytest.raises(TransportError):
+                await t.detect(request(seq), 2.0)
+        await t.close()
+    asyncio.run(run())
+    said = [r.getMessage() for r in caplog.records if "trying the next one" in r.getMessage()]
+    assert 1 <= len(said) <= 3, said
+
+
 def test_grpc_reconnects_to_a_cloud_back_from_an_outage_as_mqtt_does():
     # gRPC's own reconnect backoff grows to 120 s: measured against a real server stopped for
     # 330 s, the first escalation answered came 89.5 s after the server was back, and every
