@@ -40,6 +40,11 @@ _APPSINK = re.compile(r"(?:^|!)\s*appsink\b([^!]*)$")
 _SECRET_PARAM = re.compile(
     r"(?i)((?:pass(?:word|wd)?|pwd?|user-pw|(?:access_|auth_?)?token|api_?key|secret)=)([^&\s\"']+)")
 _URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s\"']+)")
+#: a password with a blank (or tab) written unescaped: ``_URL`` stops at the blank, FFmpeg does
+#: not (it logs in with ``my secret`` from ``rtsp://admin:my secret@cam/``). The password runs
+#: from the user's ``:`` to the last ``@`` before the host (no ``/`` or line break in between).
+_SPACED_PASSWORD = re.compile(
+    r"([a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'/?#@:]*:)([^\"'/@\r\n]*[ \t][^\"'/\r\n]*?)(@[^\s\"'@/]*)(?=[/\s\"']|$)")
 
 
 def _redact_userinfo(m: re.Match[str]) -> str:
@@ -68,8 +73,8 @@ def redact_uri(uri: str) -> str:
     """``uri`` with the password (and any ``password=``/``passwd=``/``pw=``/``token=``...
     query value) replaced by ``***``. The user info ends at the last ``@`` before the path,
     as FFmpeg reads it, so an unescaped ``@`` (or ``/``, ``?``, ``#``) in a password is
-    hidden with the rest of it."""
-    return _URL.sub(_redact_userinfo, _SECRET_PARAM.sub(r"\1***", uri))
+    hidden with the rest of it, and so is a blank."""
+    return _URL.sub(_redact_userinfo, _SPACED_PASSWORD.sub(r"\1***\3", _SECRET_PARAM.sub(r"\1***", uri)))
 
 
 @functools.lru_cache(maxsize=1)

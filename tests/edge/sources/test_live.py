@@ -133,6 +133,16 @@ def test_redact_uri():
     ("rtsp://admin:secret@10.0.0.5:554/cam?a=b@c", "rtsp://admin:***@10.0.0.5:554/cam?a=b@c"),
     ("rtsp://[fd00::5]:554/cam@x", "rtsp://[fd00::5]:554/cam@x"),
     ("cannot open rtsp source rtsp://u:s@cr@t@h/s; retrying", "cannot open rtsp source rtsp://u:***@h/s; retrying"),
+    # a blank written unescaped in a password: FFmpeg logs in with 'my secret' (a probe's HTTP
+    # camera got 'Authorization: Basic admin:pw 2'), and the whole of it was logged in clear
+    ("rtsp://admin:my secret@10.0.0.5/cam", "rtsp://admin:***@10.0.0.5/cam"),
+    ("cannot open http source http://admin:pw 2@10.0.0.5:80/x.mjpg: nothing listens at 10.0.0.5:80",
+     "cannot open http source http://admin:***@10.0.0.5:80/x.mjpg: nothing listens at 10.0.0.5:80"),
+    ("rtsp://admin:a b@c@10.0.0.5/cam", "rtsp://admin:***@10.0.0.5/cam"),
+    ("rtsp://admin:tab\there@10.0.0.5:554", "rtsp://admin:***@10.0.0.5:554"),
+    # blanks after a host:port are not a password
+    ("stream a: rtsp rtsp://10.0.0.5:554/cam via ffmpeg, latest-frame capture",
+     "stream a: rtsp rtsp://10.0.0.5:554/cam via ffmpeg, latest-frame capture"),
 ])
 def test_redact_uri_hides_passwords_ffmpeg_accepts(uri, shown):
     assert redact_uri(uri) == shown
