@@ -135,7 +135,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             parser = build_parser()
         except EdgewiseError as exc:  # a module the platform provides is missing (cv2): one line
-            print(f"edgewise: error: {exc}", file=sys.stderr)
+            _say_error(exc)
             return 2
         args = parser.parse_args(list(argv) if argv is not None else None)
         reloads = bool(getattr(args, "reloads_on_sighup", False))
@@ -146,6 +146,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # a no-op once a daemon took SIGHUP over; one that ended before (a settings error, exit
         # 2) drops a noted reload rather than dying of it
         hangup.release(deliver=not reloads)
+        _settle_stderr()
+
+
+def _say_error(exc: BaseException) -> None:
+    """``edgewise: error: ...`` on stderr; a stderr that cannot take it (a full disk, a reader
+    gone) does not turn the exit status 2 into a traceback's 1."""
+    try:
+        print(f"edgewise: error: {exc}", file=sys.stderr)
+    except OSError:
+        pass
+
+
+def _settle_stderr() -> None:
+    """Flush stderr now; when it cannot be written (its file's disk is full, its pipe's
+    reader is gone), point it at the null device, so that the interpreter's own last flush
+    does not fail and turn the command's exit status into 120 (RestartPreventExitStatus=2
+    must see the 2 of a settings error)."""
+    try:
+        sys.stderr.flush()
+    except OSError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # a replaced sys.stderr without a file (a test's capture)
+            pass
 
 
 def _flag_or_env(flag_value: Optional[str], flag: str, var: str, default: str) -> Tuple[str, str]:
@@ -177,7 +203,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return rc
     except EdgewiseError as exc:
         # Errors we raise already say what to do; no traceback for the operator.
-        print(f"edgewise: error: {exc}", file=sys.stderr)
+        _say_error(exc)
         return 2
     except KeyboardInterrupt:
         return 130

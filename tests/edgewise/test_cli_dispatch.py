@@ -44,6 +44,34 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     assert (p.returncode, p.stderr) == (141, "")
 
 
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+@pytest.mark.parametrize("into", ["a full disk", "a closed pipe"])
+def test_the_exit_status_survives_a_stderr_that_cannot_be_written(tmp_path, into, unbuffered):
+    """Exit 2 means "the settings are wrong, a restart cannot fix it" (the unit's
+    RestartPreventExitStatus=2). With stderr on a full disk (/dev/full) or a pipe whose reader
+    is gone, the interpreter's last flush of stderr failed and turned every status into 120: a
+    settings error was restarted, and a daemon whose files ended normally exited 120. With
+    PYTHONUNBUFFERED (the images set it) the error line's print raised: exit 1."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        err = open(os.devnull if into == "a closed pipe" else "/dev/full", "w")
+        with err:
+            p = subprocess.run([sys.executable, "-m", "edgewise", "edge", "check-config", "--config",
+                                str(tmp_path / "missing.yaml")], stdout=subprocess.DEVNULL, timeout=60,
+                               stderr=w if into == "a closed pipe" else err, env=env)
+    finally:
+        os.close(w)
+    assert p.returncode == 2
+
+
 @pytest.mark.parametrize("argv, env, source", [
     (["--log-level", "debg"], {}, "--log-level: log level 'debg'"),
     ([], {"EDGEWISE_LOG_LEVEL": "debg"}, "EDGEWISE_LOG_LEVEL: log level 'debg'"),
