@@ -347,6 +347,10 @@ def validate(s: EdgeSettings) -> None:
     if bad:
         raise Invalid("model.imgsz", bad)
     _validate_cloud(s.cloud)
+    if "\n" in s.spool.path or "\r" in s.spool.path:
+        # edge.spool_salvage's marker (<spool>.salvaging) lists the moved files one a line
+        raise Invalid("spool.path", "holds a line break: a damaged spool is salvaged through a list of its "
+                                    "moved files, one a line, which cannot name such a file; remove it")
     if s.sinks.mqtt and not s.cloud.mqtt.host:
         raise Invalid("sinks.mqtt", "needs cloud.mqtt.host")
 

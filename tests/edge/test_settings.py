@@ -151,6 +151,11 @@ def test_layering_file_env_flags(tmp_path):
     ("streams: [{id: s, kind: synthetic}]\ncloud: {mqtt: {topic_prefix: 'a/+'}}\n", "cloud.mqtt.topic_prefix: must be"),
     ("streams: [{id: s, kind: synthetic}]\ncloud: {keepalive_s: 0}\n", "cloud.keepalive_s: 0 is out of range"),
     ("streams: [{id: s, kind: synthetic}]\nspool: {replay_batch: 0}\n", "spool.replay_batch: 0 is out of range"),
+    # the salvage marker names a damaged spool's moved files one a line: a name with a line break
+    # in it cannot be listed, and the copy of a salvage cut short was not finished (a probe lost
+    # 156 of 200 escalations at the next start)
+    ("streams: [{id: s, kind: synthetic}]\nspool: {path: \"/var/lib/edgewise/sp\\nool.db\"}\n",
+     "spool.path: holds a line break"),
     ("streams: [{id: s, kind: synthetic}]\nspool: {replay_interval_s: -1}\n", "allowed: a number > 0"),
     ("streams: [{id: s, kind: synthetic}]\nsinks: {mqtt: true}\n", ":2: sinks.mqtt: needs cloud.mqtt.host"),
     ("streams: [{id: s, kind: synthetic, uri: big}]\n", "streams[0].uri: is not a synthetic scene"),
