@@ -29,13 +29,22 @@ DEVICE_PLACEHOLDER = "{device}"
 _FORBIDDEN = ("+", "#", "\x00")
 
 
+def _control(value: str) -> bool:
+    """Whether ``value`` holds a control character (U+0001..U+001F, U+007F..U+009F): MQTT 5.0
+    section 1.5.4 lets a broker close the connection of a client that sends one in a topic, and
+    Mosquitto does ("malformed packet")."""
+    return any(c < "\x20" or "\x7f" <= c <= "\x9f" for c in value)
+
+
 def check_segment(value: str, what: str) -> str:
-    """One topic level (device id, client id, group): non-empty, no ``/``, wildcard or
-    NUL, not starting with ``$`` (reserved for the broker, MQTT 5.0 section 4.7.2)."""
-    if not value or "/" in value or any(c in value for c in _FORBIDDEN) or value.startswith("$"):
+    """One topic level (device id, client id, group): non-empty, no ``/``, wildcard, NUL
+    or other control character (a line break), not starting with ``$`` (reserved for the
+    broker, MQTT 5.0 section 4.7.2)."""
+    if (not value or "/" in value or any(c in value for c in _FORBIDDEN) or _control(value)
+            or value.startswith("$")):
         raise InvalidInputError(
             f"{what} {value!r} cannot be an MQTT topic level: it must be non-empty, without "
-            f"'/', '+', '#', NUL, and not start with '$'")
+            f"'/', '+', '#', NUL or another control character (a line break), and not start with '$'")
     return value
 
 

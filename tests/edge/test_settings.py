@@ -101,6 +101,9 @@ def test_gateway_and_broker_addresses_that_cannot_work_are_refused(tmp_path, ove
     ("model.max_batch=257", r"model.max_batch: '257' is out of range; allowed: an integer in \[1, 256\]"),
     ("spool.replay_batch=99999999999999999999", r"spool.replay_batch: '99999999999999999999' is out of range"),
     ("streams.0.uri=abc", r"streams.0.uri: 'abc' is neither a device index \(0, 1, ...\) nor a device path"),
+    # a \r from an environment file edited on Windows: Mosquitto dropped the connection at each
+    # subscribe and publish ('malformed packet'), and no record or escalation got through
+    ("cloud.mqtt.topic_prefix=edgewise\r", r"cloud.mqtt.topic_prefix: must be a valid MQTT topic prefix"),
     ("streams.0.uri=99999999999999999999", r"streams.0.uri: '99999999999999999999' is neither"),
 ])
 def test_settings_that_passed_and_then_failed_at_run_time_are_refused_at_start(tmp_path, override, says):

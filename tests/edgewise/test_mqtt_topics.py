@@ -21,7 +21,10 @@ def test_layout_round_trips():
             mt.device_of_request("edgewise", bad)
 
 
-@pytest.mark.parametrize("value", ["", "a/b", "a+", "#", "$sys", "a\x00"])
+# a control character (a trailing \r from an environment file edited on Windows): Mosquitto
+# drops the connection of a client that subscribes or publishes to such a topic ("malformed
+# packet", MQTT 5.0 section 1.5.4), so every record and escalation waited for ever
+@pytest.mark.parametrize("value", ["", "a/b", "a+", "#", "$sys", "a\x00", "edgewise\r", "a\tb", "a\x7f", "a\x85"])
 def test_segments_and_prefixes_are_checked(value):
     with pytest.raises(InvalidInputError, match="cannot be an MQTT topic level"):
         mt.check_segment(value, "device_id")
