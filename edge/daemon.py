@@ -45,7 +45,7 @@ from edge.preflight import identity_warning, opens_spool, preflight, tighten_sta
 from edge.records import FrameRecord
 from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings, default_transport, mqtt_outbox_path, policy_fit
-from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink
+from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink, counter
 from edge.sources.base import SourceState
 from edge.sources.capturing import Capturer, FrameQueue
 from edge.sources.making import make_source
@@ -254,7 +254,7 @@ class EdgeDaemon:
                                  reserve_bytes=RESERVE_BYTES if self._beside_the_spool(s.jsonl) else 0,
                                  metrics=self.metrics))
         if s.stdout:
-            out.append(StdoutSink())
+            out.append(StdoutSink(on_lost=counter(self.metrics, "stdout")))
         if s.mqtt and self.mqtt is not None:
             prefix = self.settings.cloud.mqtt.topic_prefix
             assert self.outbox is not None

@@ -217,7 +217,10 @@ class SinkSettings:
                          "empty = off.", "")
     mqtt: bool = setting("Publish each record to `<prefix>/<device>/detections` (needs `cloud.mqtt.host`).",
                          False)
-    stdout: bool = setting("Print each record as one JSON line on stdout.", False)
+    stdout: bool = setting("Print each record as one JSON line on stdout (to pipe records to a program). "
+                           "A reader that falls behind holds up only this sink: up to 16 MiB of records "
+                           "wait for it, the oldest dropped beyond (counted in "
+                           "`edgewise_edge_sink_dropped_total{sink=\"stdout\"}`).", False)
     fsync: bool = setting("fsync the JSON Lines file after each record (slower; survives power loss).", False)
     jsonl_max_bytes: int = setting(
         "Rotate the JSON Lines file when the next record would make it larger than this (renamed "

@@ -73,6 +73,8 @@ LOG_EVERY_S = 10.0
 #: ``shutdown_grace_s`` (5 s) and the escalations' wait for the spool are over: two durable sinks add
 #: 6 s at most, which keeps a stop with the default grace inside systemd's TimeoutStopSec=30
 CLOSE_TIMEOUT_S = 3.0
+#: records waiting for stdout's reader (``StdoutSink``), at most: beyond it the oldest are dropped
+STDOUT_BACKLOG_BYTES = 16 * 1024 * 1024
 
 
 class Sink(Protocol):
@@ -443,17 +445,101 @@ class JsonlSink:
 
 
 class StdoutSink:
-    """One JSON line per record on stdout."""
+    """One JSON line per record on stdout, written by a thread of its own: a reader that falls
+    behind or stops reading (a pipe nobody reads) holds up this sink only. Written on the event
+    loop, a write into a full pipe stopped the whole daemon: frames, the other sinks,
+    escalations, and the stop. Records wait for the reader in memory, at most
+    :data:`STDOUT_BACKLOG_BYTES` (beyond it the oldest are dropped, counted by ``on_lost``, and
+    the write says so: the sink is failing meanwhile). A write that fails (the reader gone:
+    EPIPE) fails the records after it. The close gives what waits :data:`CLOSE_TIMEOUT_S`."""
 
     name = "stdout"
     durable = False
 
+    def __init__(self, on_lost: Optional[Callable[[int], None]] = None) -> None:
+        self.on_lost = on_lost
+        self._cond = threading.Condition()
+        self._items: Deque[bytes] = deque()
+        self._bytes = 0
+        self._writing = False  # a record is being written (taken off ``_items``)
+        self._error: Optional[OSError] = None
+        self._closing = False
+        self._thread: Optional[threading.Thread] = None
+        self._fd = -1
+
+    def _lose(self, n: int) -> None:
+        if n and self.on_lost is not None:
+            self.on_lost(n)
+
     def write(self, rec: FrameRecord, data: bytes) -> None:
-        sys.stdout.buffer.write(data + b"\n")
-        sys.stdout.flush()
+        lost = 0
+        with self._cond:
+            if self._error is not None:
+                raise OSError(self._error.errno, f"stdout: {self._error.strerror or self._error}")
+            if self._thread is None:
+                sys.stdout.flush()  # what was printed before goes first
+                self._fd = sys.stdout.fileno()
+                self._thread = threading.Thread(target=self._run, name="stdout-sink", daemon=True)
+                self._thread.start()
+            self._items.append(data + b"\n")
+            self._bytes += len(data) + 1
+            while self._bytes > STDOUT_BACKLOG_BYTES and len(self._items) > 1:
+                self._bytes -= len(self._items.popleft())
+                lost += 1
+            self._cond.notify_all()
+        if lost:
+            self._lose(lost)
+            raise OSError(errno.EAGAIN, f"stdout's reader does not keep up (stopped reading?): {lost} older "
+                                        f"record(s) dropped beyond the {STDOUT_BACKLOG_BYTES >> 20} MiB held for it")
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items and not self._closing:
+                    self._cond.wait()
+                if not self._items:
+                    return
+                data = self._items.popleft()
+                self._bytes -= len(data)
+                self._writing = True
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view):]
+            except OSError as exc:
+                with self._cond:
+                    self._error = exc
+                    n = len(self._items) + (0 if self._closing else 1)  # a close counted what it gave up on
+                    self._items.clear()
+                    self._bytes = 0
+                    self._writing = False
+                    self._cond.notify_all()
+                self._lose(n)
+                return
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
 
     def close(self) -> None:
-        pass
+        """Give what waits for the reader :data:`CLOSE_TIMEOUT_S`; what is left then is lost
+        (said and counted). A write blocked on a reader that never comes back stays behind in
+        its (daemon) thread: the stop does not wait for it."""
+        end = time.monotonic() + CLOSE_TIMEOUT_S
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            while (self._items or self._writing) and self._error is None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            n = len(self._items) + (1 if self._writing and self._error is None else 0)
+            self._items.clear()
+            self._bytes = 0
+        if n:
+            log.error("sinks.stdout: %d records not taken by stdout's reader within the sink's close time of %g s "
+                      "are lost", n, CLOSE_TIMEOUT_S)
+            self._lose(n)
 
 
 #: records the MQTT sink hands to paho at once, at most (``sink_window`` bounds it further)

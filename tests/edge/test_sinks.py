@@ -637,3 +637,102 @@ def test_paho_holds_at_most_the_byte_window_of_large_records_and_a_larger_one_go
     finally:
         sink.close()
         recorder.stop()
+
+
+def _stdout_into_a_pipe(monkeypatch):
+    """``sys.stdout`` writing into a pipe of its own; (read end, the stdout object)."""
+    import io
+    import sys
+
+    r, w = os.pipe()
+    out = io.TextIOWrapper(io.BufferedWriter(io.FileIO(w, "w")), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", out)
+    return r, out
+
+
+def _read_lines(fd: int, n: int, timeout_s: float = 30.0) -> list:
+    """``n`` lines read from ``fd`` (fewer if it ends or ``timeout_s`` passes)."""
+    import select
+
+    buf = b""
+    end = time.monotonic() + timeout_s
+    while buf.count(b"\n") < n and time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            buf += chunk
+    return buf.splitlines()
+
+
+def test_a_stdout_reader_that_stops_reading_holds_up_no_other_sink(tmp_path, monkeypatch):
+    """sinks.stdout is how records are piped to a program. The record was written and flushed
+    on the event loop: once the program stopped reading (or fell behind by a pipe's 64 KiB) the
+    write blocked, and with it the whole daemon: a probe's real daemon stopped after 48 frames,
+    the JSON Lines file with it, /healthz still said ok, and SIGTERM could not stop it. Now the
+    records wait for the reader in memory, and the other sinks go on."""
+    import threading
+
+    from edge.sinks import StdoutSink
+
+    r, out = _stdout_into_a_pipe(monkeypatch)
+    stdout = StdoutSink()
+    sinks = Sinks([stdout, JsonlSink(str(tmp_path / "d.jsonl"))])
+    n = 2000  # about 700 KB of records: ten times what a pipe holds
+    done = threading.Thread(target=lambda: [sinks.write(frame_record("cam", i)) for i in range(n)], daemon=True)
+    done.start()
+    done.join(30)
+    try:
+        assert not done.is_alive(), "the records were held up by stdout's reader"
+        assert [rec["frame_seq"] for rec in read_jsonl(tmp_path / "d.jsonl")] == list(range(n))
+        assert sinks.failing == frozenset()
+        lines = _read_lines(r, n)  # the reader comes back: every record, in order
+        assert [json.loads(line)["frame_seq"] for line in lines] == list(range(n))
+    finally:
+        os.close(r)  # a writer still blocked (before: the loop's thread) gets EPIPE and ends
+        done.join(10)
+        sinks.close()
+        out.close()
+
+
+def test_records_a_stuck_stdout_cannot_take_are_dropped_beyond_the_bound_counted_and_said(tmp_path, monkeypatch):
+    """What waits for stdout's reader is bounded (the oldest dropped beyond it, counted in
+    edgewise_edge_sink_dropped_total{sink="stdout"}); the sink is failing meanwhile; a reader
+    gone (EPIPE) fails the records after it, and a close does not wait on a stuck reader for
+    longer than the sinks' close time."""
+    import edge.sinks as sinks_mod
+    from edge.sinks import StdoutSink, counter
+
+    monkeypatch.setattr(sinks_mod, "STDOUT_BACKLOG_BYTES", 64 * 1024)
+    monkeypatch.setattr(sinks_mod, "CLOSE_TIMEOUT_S", 0.5)
+    r, out = _stdout_into_a_pipe(monkeypatch)
+    metrics = EdgeMetrics()
+    stdout = StdoutSink(on_lost=counter(metrics, "stdout"))
+    sinks = Sinks([stdout, JsonlSink(str(tmp_path / "d.jsonl"))])
+    try:
+        for i in range(2000):
+            sinks.write(frame_record("cam", i))
+        assert sinks.failing == {"stdout"}
+        dropped = metrics.sink_dropped.labels("stdout")._value.get()
+        assert dropped > 1000, dropped
+        assert len(read_jsonl(tmp_path / "d.jsonl")) == 2000
+        t0 = time.monotonic()
+        stdout.close()  # the reader never comes back
+        assert time.monotonic() - t0 < 3
+        assert metrics.sink_dropped.labels("stdout")._value.get() > dropped  # what it still held
+        os.close(r)  # the reader is gone: the records after fail
+        r = -1
+
+        def broken() -> bool:
+            try:
+                stdout.write(frame_record("cam", 9999), b"{}")
+            except OSError as exc:
+                return "Broken pipe" in str(exc)
+            return False
+        wait_until(broken, 10, "a write failing once the reader is gone")
+    finally:
+        if r >= 0:
+            os.close(r)
+        sinks.close()
+        out.close()
