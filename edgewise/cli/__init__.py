@@ -17,6 +17,7 @@ inside its handler.
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib
 import os
 import platform
@@ -130,6 +131,7 @@ def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the process exit status."""
     hangup.hold()  # before the command modules load: a daemon's reload must not kill its start
+    _escape_what_stdout_cannot_encode()
     reloads = False
     try:
         try:
@@ -147,6 +149,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # 2) drops a noted reload rather than dying of it
         hangup.release(deliver=not reloads)
         _settle_stderr()
+
+
+def _escape_what_stdout_cannot_encode() -> None:
+    """Under a locale without UTF-8 (ISO-8859-1, or C with PYTHONUTF8=0) a character of an
+    operator's text that the locale cannot encode (an em dash in a policy's description) made
+    the print of it raise: a traceback, exit 1. It is escaped (``\\u2014``) as on stderr. A
+    UTF-8 stdout is left as it is (it encodes every character; surrogateescape gives back the
+    bytes of a file name that is not UTF-8)."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)  # a test's capture may have none
+    try:
+        if reconfigure is not None and codecs.lookup(sys.stdout.encoding or "utf-8").name != "utf-8":
+            reconfigure(errors="backslashreplace")
+    except (AttributeError, LookupError, ValueError, OSError):
+        pass
 
 
 def _say_error(exc: BaseException) -> None:

@@ -115,3 +115,23 @@ def test_a_missing_opencv_is_one_line_naming_what_installs_it(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("edgewise: error: OpenCV's Python module (cv2) is not "
                                                        "installed"), p.stderr
         assert "sudo apt-get install libopencv-python" in lines[0] and "python3-opencv" in lines[0]
+
+
+def test_output_a_locale_cannot_encode_is_escaped_not_a_crash(tmp_path):
+    """Under a locale without UTF-8 (ISO-8859-1, or C with PYTHONUTF8=0) `edge check-policy`
+    on a policy whose description held an em dash died printing it: a UnicodeEncodeError
+    traceback, exit 1. The characters the locale cannot show are escaped now, as on stderr."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "policy.yaml").read_text(encoding="utf-8")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("# Einfahrt \u2014 Kamera 1\n" + text.replace("description: Full", "description: Gate \u2014 Full"),
+                      encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIOENCODING"))}
+    env.update(LC_ALL="C", PYTHONUTF8="0")
+    p = subprocess.run([sys.executable, "-m", "edgewise", "edge", "check-policy", str(policy)], capture_output=True,
+                       timeout=60, env=env)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-600:]
+    assert b"Gate \\u2014 Full" in p.stdout
