@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
@@ -350,12 +351,31 @@ def validate(s: EdgeSettings) -> None:
     if bad:
         raise Invalid("model.imgsz", bad)
     _validate_cloud(s.cloud)
+    _check_file_names(s)
     if "\n" in s.spool.path or "\r" in s.spool.path:
         # edge.spool_salvage's marker (<spool>.salvaging) lists the moved files one a line
         raise Invalid("spool.path", "holds a line break: a damaged spool is salvaged through a list of its "
                                     "moved files, one a line, which cannot name such a file; remove it")
     if s.sinks.mqtt and not s.cloud.mqtt.host:
         raise Invalid("sinks.mqtt", "needs cloud.mqtt.host")
+
+
+def _check_file_names(s: EdgeSettings) -> None:
+    """Each file the settings name can be named in this system's file name encoding: under a
+    locale without UTF-8 (C with PYTHONUTF8=0, ISO-8859-1) a character beyond it passed here and
+    the daemon died at the file's open (a UnicodeEncodeError traceback, exit 1, restarted)."""
+    paths = [("model.path", s.model.path), ("policy_file", s.policy_file), ("spool.path", s.spool.path),
+             ("sinks.jsonl", s.sinks.jsonl), ("sinks.mqtt_outbox", s.sinks.mqtt_outbox),
+             ("cloud.tls_ca", s.cloud.tls_ca), ("cloud.tls_cert", s.cloud.tls_cert),
+             ("cloud.tls_key", s.cloud.tls_key)]
+    paths += [(f"streams[{i}].uri", st.uri) for i, st in enumerate(s.streams) if st.kind in ("file", "folder")]
+    for key, path in paths:
+        try:
+            os.fsencode(path)
+        except UnicodeEncodeError as exc:
+            raise Invalid(key, f"{path!r}: {path[exc.start:exc.end]!r} cannot be part of a file name in this "
+                               f"system's encoding ({sys.getfilesystemencoding()}, from the locale); start "
+                               "edgewise under a UTF-8 locale (LANG=C.UTF-8) or with PYTHONUTF8=1") from None
 
 
 def _validate_streams(streams: List[StreamSettings]) -> None:

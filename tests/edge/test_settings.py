@@ -317,3 +317,34 @@ def test_model_imgsz_takes_a_height_and_a_width(tmp_path, written, size):
     env = load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\n"),
                         env={"EDGEWISE_EDGE__MODEL__IMGSZ": "384,640"})
     assert setting_imgsz(env.model.imgsz) == (384, 640)
+
+
+@pytest.mark.parametrize("key, yaml_text", [
+    ("spool.path", "spool: {path: '/var/lib/edgewise/\u76e3\u8996.db'}\n"),
+    ("sinks.jsonl", "sinks: {jsonl: '/data/caf\u00e9.jsonl'}\n"),
+    ("streams[0].uri", ""),
+])
+def test_a_path_the_locale_cannot_name_is_refused_at_start_not_a_crash(tmp_path, key, yaml_text):
+    """Under a locale without UTF-8 (LC_ALL=C with PYTHONUTF8=0, or ISO-8859-1 for characters
+    beyond it) a path written in edge.yaml that the file system encoding cannot hold passed
+    `check-config`, and the daemon died at the file's open with a UnicodeEncodeError traceback
+    (exit 1: restarted every RestartSec). Now the settings refuse it in one line, with what to do."""
+    import os
+    import subprocess
+    import sys
+
+    uri = "/data/\u00e9t\u00e9.mp4" if key.startswith("streams") else "/data/a.mp4"
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text(f"device_id: a\nstreams: [{{id: s, kind: file, uri: '{uri}'}}]\nmodel: {{path: m.onnx}}\n"
+                   + yaml_text, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIOENCODING"))}
+    env.update(LC_ALL="C", PYTHONUTF8="0")
+    code = ("import sys\nfrom edge.settings import load_settings\nfrom edgewise.errors import ConfigError\n"
+            "try:\n    load_settings(sys.argv[1], env={})\n"
+            "except ConfigError as exc:\n    sys.stdout.reconfigure(errors='backslashreplace')\n    print(exc)\n"
+            "    sys.exit(2)\n")
+    p = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, timeout=60,
+                       env=env, cwd=str(Path(__file__).resolve().parents[2]))
+    said = p.stdout.decode("ascii", "backslashreplace")
+    assert p.returncode == 2, p.stderr.decode(errors="replace")[-600:]
+    assert f"{key}: " in said and "UTF-8 locale" in said, said
