@@ -67,6 +67,12 @@ MAX_EPOCH = (1 << 32) - 1
 #: tries of the MQTT start (``_start_mqtt``, 1 s apart) that fail in a row before the daemon stops
 #: (exit 2): what fails there (the outbox's reads, the connection's start) does not heal by itself
 MQTT_START_TRIES = 5
+#: seconds without a turn of the event loop after which ``/healthz`` (served from its own thread)
+#: says the daemon is stalled (503): the unit's WatchdogSec, for a supervisor without systemd's
+#: watchdog (a container's health check, a Kubernetes liveness probe)
+LOOP_STALL_S = 30.0
+#: how often the event loop marks that it turns
+LOOP_BEAT_S = 1.0
 
 
 def boot_epoch(spool_path: str, floor: int = 0) -> int:
@@ -159,6 +165,8 @@ class EdgeDaemon:
         self.reload_event: Optional[asyncio.Event] = None
         self.capturers: List[Capturer] = []
         self.notifier = Notifier()
+        #: when the event loop last turned (``_beat``; ``health`` runs on the metrics server's thread)
+        self.loop_beat = time.monotonic()
         #: the detector's load (``edge.loading``): a stop does not wait for it
         self.loading: Optional[Loading[Any]] = None
 
@@ -166,6 +174,9 @@ class EdgeDaemon:
     def health(self) -> Tuple[bool, Dict[str, Any]]:
         states = {c.stream_id: (c.state.value if c.state else "new") for c in self.capturers}
         ok = self.started and not self.stopping
+        # frozen: a write blocked on a pipe nobody reads (stdout, stderr), a stuck call on the loop
+        stalled = ok and time.monotonic() - self.loop_beat > LOOP_STALL_S
+        ok = ok and not stalled
         # "off" until escalation is built (or without a cloud); a spool that cannot take
         # escalations leaves the daemon working (200), but not whole
         spool = self.escalating.spool_health() if self.escalating else {"state": "off"}
@@ -177,7 +188,8 @@ class EdgeDaemon:
         # the last batch of frames failed in the model (frames dropped, counted inference_error:<type>)
         infer_failing = self.pipeline is not None and self.pipeline.inference_failing
         whole = spool["state"] in ("ok", "off") and not down and not failing and not infer_failing
-        status = ("ok" if whole else "degraded") if ok else ("stopping" if self.stopping else "starting")
+        status = (("ok" if whole else "degraded") if ok else "stalled" if stalled
+                  else "stopping" if self.stopping else "starting")
         return ok, {
             "status": status,
             "spool": spool,
@@ -363,6 +375,16 @@ class EdgeDaemon:
             return True
         return False
 
+    async def _beat(self) -> None:
+        """Mark every ``LOOP_BEAT_S`` that the event loop turns, for ``health``."""
+        assert self.stop_event is not None
+        while not self.stop_event.is_set():
+            self.loop_beat = time.monotonic()
+            try:
+                await asyncio.wait_for(self.stop_event.wait(), timeout=LOOP_BEAT_S)
+            except asyncio.TimeoutError:
+                pass
+
     async def _pet_watchdog(self, interval: float) -> None:
         # Pet only while frames progress or no source is streaming, so a wedged
         # pipeline (not just a dead process) gets restarted by systemd.
@@ -541,6 +563,7 @@ class EdgeDaemon:
             stop = self.stop_event
             self.replaying = asyncio.ensure_future(self._guarded("spool replay", lambda: escalating.replay_loop(stop)))
             tasks.append(self.replaying)
+        tasks.append(asyncio.ensure_future(self._guarded("loop beat", self._beat)))
         if self.notifier.watchdog_interval:
             interval = self.notifier.watchdog_interval
             tasks.append(asyncio.ensure_future(self._guarded("watchdog", lambda: self._pet_watchdog(interval))))
@@ -616,6 +639,7 @@ class EdgeDaemon:
             log.info("edge daemon stopped after 0 frames: the stop came before the model was loaded")
             return 0
         assert self.pipeline is not None
+        self.loop_beat = time.monotonic()  # the start took its time (a TensorRT build: minutes)
         self.started = True
         self.notifier.ready(f"{len(s.streams)} stream(s)")
         log.info("edge daemon %s running: %d stream(s), model %s, policy %s, transports %s",

@@ -1206,3 +1206,51 @@ def test_a_first_frame_out_of_memory_is_not_a_model_error(tmp_path, tiny_model, 
         d._load_detector()
     assert not isinstance(e.value, EdgewiseError), str(e.value)
     assert why in str(e.value)
+
+
+def test_healthz_says_stalled_while_the_event_loop_is_stuck(tmp_path, tiny_model, monkeypatch):
+    """``/healthz`` is served from its own thread: with the event loop stuck (a write blocked on
+    a stderr pipe nobody reads, found by a probe) it answered 200 "ok", frames frozen, so a
+    container's health check or a liveness probe never restarted the daemon. It now says
+    "stalled" (503) once the loop has not turned for ``LOOP_STALL_S``, and "ok" again after."""
+    import json
+    import socket
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    import edge.daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "LOOP_STALL_S", 0.6)
+    monkeypatch.setattr(daemon_module, "LOOP_BEAT_S", 0.05)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 10}],
+                metrics={"port": port, "host": "127.0.0.1"})
+
+    def healthz() -> tuple:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                return r.status, json.loads(r.read())["status"]
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())["status"]
+
+    seen = []
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.started and d.pipeline.frames_done > 0, 60, "frames")
+        assert healthz() == (200, "ok")
+        asker = threading.Thread(target=lambda: (time.sleep(1.2), seen.append(healthz())))
+        asker.start()
+        time.sleep(2.0)  # the loop stuck, as behind a blocked write
+        asker.join()
+        await asyncio.sleep(0.2)
+        seen.append(healthz())
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
+    assert seen == [(503, "stalled"), (200, "ok")]
