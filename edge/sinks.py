@@ -509,7 +509,8 @@ class StdoutSink:
             except OSError as exc:
                 with self._cond:
                     self._error = exc
-                    n = len(self._items) + (0 if self._closing else 1)  # a close counted what it gave up on
+                    # the record being written is lost too, unless a close that gave up on it counted it
+                    n = len(self._items) + (1 if self._writing else 0)
                     self._items.clear()
                     self._bytes = 0
                     self._writing = False
@@ -536,6 +537,7 @@ class StdoutSink:
             n = len(self._items) + (1 if self._writing and self._error is None else 0)
             self._items.clear()
             self._bytes = 0
+            self._writing = False  # (counted here: a write that fails later does not count it again)
         if n:
             log.error("sinks.stdout: %d records not taken by stdout's reader within the sink's close time of %g s "
                       "are lost", n, CLOSE_TIMEOUT_S)

@@ -736,3 +736,47 @@ def test_records_a_stuck_stdout_cannot_take_are_dropped_beyond_the_bound_counted
             os.close(r)
         sinks.close()
         out.close()
+
+
+def test_a_stdout_reader_gone_during_the_close_counts_the_record_being_written(monkeypatch):
+    """Every record stdout's reader did not get is counted in sink_dropped{sink=stdout}. The
+    record being written when the reader went away was counted only when no close was under
+    way: a reader gone while the close waited for it (a program piped to the daemon that ends
+    with it) lost that record uncounted."""
+    import threading
+
+    import edge.sinks as sinks_mod
+    from edge.sinks import StdoutSink, counter
+
+    r, out = _stdout_into_a_pipe(monkeypatch)
+    entered, gone = threading.Event(), threading.Event()
+
+    class _Os:
+        """``os`` whose ``write`` blocks as into a pipe nobody reads, until the reader goes."""
+
+        def __getattr__(self, name: str):
+            return getattr(os, name)
+
+        @staticmethod
+        def write(fd: int, data) -> int:
+            entered.set()
+            gone.wait(10)
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sinks_mod, "os", _Os())
+    metrics = EdgeMetrics()
+    stdout = StdoutSink(on_lost=counter(metrics, "stdout"))
+    try:
+        for i in range(3):
+            stdout.write(frame_record("cam", i), b"{}")
+        assert entered.wait(10)
+        closing = threading.Thread(target=stdout.close)
+        closing.start()
+        wait_until(lambda: stdout._closing, 10, "the close under way")
+        gone.set()  # the reader goes while the close waits for it
+        closing.join(10)
+        assert metrics.sink_dropped.labels("stdout")._value.get() == 3  # none of the three was written
+    finally:
+        gone.set()
+        os.close(r)
+        out.close()
