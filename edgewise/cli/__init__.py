@@ -22,7 +22,7 @@ import importlib
 import os
 import platform
 import sys
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from edgewise import __version__, hangup
 from edgewise.errors import EdgewiseError
@@ -151,16 +151,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _settle_stderr()
 
 
+#: stdout's error handler under a locale without UTF-8 (``_escape_what_stdout_cannot_encode``)
+_STDOUT_ERRORS = "edgewise.stdout"
+
+
+def _bytes_back_else_escaped(exc: UnicodeError) -> Tuple[Union[str, bytes], int]:
+    """The ``_STDOUT_ERRORS`` handler, one character at a time: a file name's byte that the file
+    system encoding read as a surrogate (U+DC80..U+DCFF, surrogateescape) is given back as that
+    byte, as Python's own stdout does under the C locale; any other character is escaped
+    (``\\u2014``)."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    c = exc.object[exc.start]
+    if "\udc80" <= c <= "\udcff":
+        return bytes([ord(c) - 0xDC00]), exc.start + 1
+    one = UnicodeEncodeError(exc.encoding, exc.object, exc.start, exc.start + 1, exc.reason)
+    return codecs.backslashreplace_errors(one)
+
+
 def _escape_what_stdout_cannot_encode() -> None:
     """Under a locale without UTF-8 (ISO-8859-1, or C with PYTHONUTF8=0) a character of an
     operator's text that the locale cannot encode (an em dash in a policy's description) made
     the print of it raise: a traceback, exit 1. It is escaped (``\\u2014``) as on stderr. A
+    file name's bytes that the locale read as surrogates are still printed as those bytes (the
+    C locale's surrogateescape: an escaped name would name a file that does not exist). A
     UTF-8 stdout is left as it is (it encodes every character; surrogateescape gives back the
     bytes of a file name that is not UTF-8)."""
     reconfigure = getattr(sys.stdout, "reconfigure", None)  # a test's capture may have none
     try:
         if reconfigure is not None and codecs.lookup(sys.stdout.encoding or "utf-8").name != "utf-8":
-            reconfigure(errors="backslashreplace")
+            try:
+                codecs.lookup_error(_STDOUT_ERRORS)
+            except LookupError:
+                codecs.register_error(_STDOUT_ERRORS, _bytes_back_else_escaped)
+            reconfigure(errors=_STDOUT_ERRORS)
     except (AttributeError, LookupError, ValueError, OSError):
         pass
 

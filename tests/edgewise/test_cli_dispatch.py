@@ -135,3 +135,22 @@ def test_output_a_locale_cannot_encode_is_escaped_not_a_crash(tmp_path):
                        timeout=60, env=env)
     assert p.returncode == 0, p.stderr.decode(errors="replace")[-600:]
     assert b"Gate \\u2014 Full" in p.stdout
+
+
+def test_a_file_name_the_c_locale_reads_as_bytes_is_printed_as_its_bytes(tmp_path, tiny_model):
+    """Under the C locale (ASCII, PYTHONUTF8=0) Python reads a file name's non-ASCII bytes as
+    surrogates and stdout gives them back (surrogateescape): `edge model-info café.onnx`
+    printed the name as it is on disk. The escaping of what the locale cannot encode (an em
+    dash) replaced that: the name came out as `caf\\udcc3\\udca9.onnx`, a file that does not exist."""
+    import os
+    import shutil
+    import subprocess
+
+    model = os.path.join(os.fsencode(str(tmp_path)), b"caf\xc3\xa9.onnx")
+    shutil.copyfile(tiny_model, model)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIOENCODING"))}
+    env.update(LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    p = subprocess.run([os.fsencode(sys.executable), b"-m", b"edgewise", b"edge", b"model-info", model],
+                       capture_output=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-600:]
+    assert model + b": YOLOv5 detector" in p.stdout, p.stdout[:300]
