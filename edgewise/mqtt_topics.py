@@ -29,22 +29,30 @@ DEVICE_PLACEHOLDER = "{device}"
 _FORBIDDEN = ("+", "#", "\x00")
 
 
+def _malformed(c: str) -> bool:
+    """Whether ``c`` is a control character (U+0001..U+001F, U+007F..U+009F) or a noncharacter
+    (U+FDD0..U+FDEF, U+xFFFE, U+xFFFF), which MQTT 5.0 section 1.5.4 lets a broker close the
+    connection of a client for and Mosquitto does ("malformed packet"), or a surrogate
+    (U+D800..U+DFFF, a byte that is not UTF-8 read from the environment), which is not UTF-8."""
+    return (c < "\x20" or "\x7f" <= c <= "\x9f" or "\ud800" <= c <= "\udfff" or "\ufdd0" <= c <= "\ufdef"
+            or ord(c) & 0xFFFE == 0xFFFE)
+
+
 def _control(value: str) -> bool:
-    """Whether ``value`` holds a control character (U+0001..U+001F, U+007F..U+009F): MQTT 5.0
-    section 1.5.4 lets a broker close the connection of a client that sends one in a topic, and
-    Mosquitto does ("malformed packet")."""
-    return any(c < "\x20" or "\x7f" <= c <= "\x9f" for c in value)
+    """Whether ``value`` holds a character a broker refuses in a topic (``_malformed``)."""
+    return any(_malformed(c) for c in value)
 
 
 def check_segment(value: str, what: str) -> str:
     """One topic level (device id, client id, group): non-empty, no ``/``, wildcard, NUL
-    or other control character (a line break), not starting with ``$`` (reserved for the
-    broker, MQTT 5.0 section 4.7.2)."""
+    or other character a broker refuses (``_malformed``: a line break, a noncharacter, a byte
+    that is not UTF-8), not starting with ``$`` (reserved for the broker, MQTT 5.0 section 4.7.2)."""
     if (not value or "/" in value or any(c in value for c in _FORBIDDEN) or _control(value)
             or value.startswith("$")):
         raise InvalidInputError(
             f"{what} {value!r} cannot be an MQTT topic level: it must be non-empty, without "
-            f"'/', '+', '#', NUL or another control character (a line break), and not start with '$'")
+            f"'/', '+', '#', NUL or another control character (a line break), a noncharacter or a byte that "
+            f"is not UTF-8, and not start with '$'")
     return value
 
 

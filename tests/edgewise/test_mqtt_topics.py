@@ -53,3 +53,20 @@ def test_patterns_must_bind_the_device():
         mt.check_pattern("replies/#")
     with pytest.raises(InvalidInputError, match="cannot be an MQTT topic level"):
         mt.check_pattern("replies/{device}/#/x")
+
+
+# what else Mosquitto refuses in a topic (MQTT 5.0 section 1.5.4, "malformed packet": the
+# connection dropped at each subscribe and publish, as for a control character): a
+# noncharacter (U+FFFE, U+FDD0..U+FDEF); and a surrogate (a Latin-1 byte in an environment
+# file, which Python reads as U+DC80..U+DCFF) is not UTF-8 at all: paho raises UnicodeEncodeError
+@pytest.mark.parametrize("value", ["a\ufffe", "a\uffff", "a\ufdd0", "a\ufdef", "a\U0001fffe", "caf\udce9", "a\ud800"])
+def test_characters_a_broker_refuses_as_malformed_are_refused_too(value):
+    with pytest.raises(InvalidInputError, match="cannot be an MQTT topic level"):
+        mt.check_segment(value, "device_id")
+    with pytest.raises(InvalidInputError):
+        mt.check_prefix(f"site/{value}")
+
+
+def test_other_characters_beyond_ascii_are_topic_levels():
+    for value in ("caf\u00e9", "a\u2028", "\u76e3\u8996", "a\U0001f600", "a\ufdcf", "a\ufdf0", "a\ufffd"):
+        assert mt.check_segment(value, "device_id") == value
