@@ -40,11 +40,14 @@ _APPSINK = re.compile(r"(?:^|!)\s*appsink\b([^!]*)$")
 _SECRET_PARAM = re.compile(
     r"(?i)((?:pass(?:word|wd)?|pwd?|user-pw|(?:access_|auth_?)?token|api_?key|secret)=)([^&\s\"']+)")
 _URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s\"']+)")
-#: a password with a blank (or tab) written unescaped: ``_URL`` stops at the blank, FFmpeg does
-#: not (it logs in with ``my secret`` from ``rtsp://admin:my secret@cam/``). The password runs
-#: from the user's ``:`` to the last ``@`` before the host (no ``/`` or line break in between).
+#: user info with a blank (or tab) written unescaped, in the password or in the user name:
+#: ``_URL`` stops at the blank, FFmpeg does not (it logs in with ``my secret`` from
+#: ``rtsp://admin:my secret@cam/``, and as ``my user`` with ``pw`` from ``rtsp://my user:pw@cam/``).
+#: The password runs from the user's ``:`` to the last ``@`` before the host (no ``/`` or line
+#: break in between).
 _SPACED_PASSWORD = re.compile(
-    r"([a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'/?#@:]*:)([^\"'/@\r\n]*[ \t][^\"'/\r\n]*?)(@[^\s\"'@/]*)(?=[/\s\"']|$)")
+    r"([a-zA-Z][a-zA-Z0-9+.-]*://(?=[^\"'/@\r\n]*[ \t])[^\"'/?#@:\r\n]*:)"
+    r"([^\"'/\r\n]*?)(@[^\s\"'@/]*)(?=[/\s\"']|$)")
 
 
 def _redact_userinfo(m: re.Match[str]) -> str:

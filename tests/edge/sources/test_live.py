@@ -140,6 +140,12 @@ def test_redact_uri():
      "cannot open http source http://admin:***@10.0.0.5:80/x.mjpg: nothing listens at 10.0.0.5:80"),
     ("rtsp://admin:a b@c@10.0.0.5/cam", "rtsp://admin:***@10.0.0.5/cam"),
     ("rtsp://admin:tab\there@10.0.0.5:554", "rtsp://admin:***@10.0.0.5:554"),
+    # a blank in the user name: FFmpeg logs in as 'my user' with the password 'pw' (the user
+    # info runs to the last '@' before the host), which was logged in clear
+    ("rtsp://my user:pw@10.0.0.5/cam", "rtsp://my user:***@10.0.0.5/cam"),
+    ("cannot open rtsp source rtsp://site admin:pw 2@10.0.0.5:554/cam; retrying",
+     "cannot open rtsp source rtsp://site admin:***@10.0.0.5:554/cam; retrying"),
+    ("rtsp://my user@10.0.0.5/cam", "rtsp://my user@10.0.0.5/cam"),  # no password: nothing hidden
     # blanks after a host:port are not a password
     ("stream a: rtsp rtsp://10.0.0.5:554/cam via ffmpeg, latest-frame capture",
      "stream a: rtsp rtsp://10.0.0.5:554/cam via ffmpeg, latest-frame capture"),
