@@ -33,6 +33,7 @@ import errno
 import json
 import logging
 import os
+import select
 import sqlite3
 import stat
 import sys
@@ -451,7 +452,8 @@ class StdoutSink:
     escalations, and the stop. Records wait for the reader in memory, at most
     :data:`STDOUT_BACKLOG_BYTES` (beyond it the oldest are dropped, counted by ``on_lost``, and
     the write says so: the sink is failing meanwhile). A write that fails (the reader gone:
-    EPIPE) fails the records after it. The close gives what waits :data:`CLOSE_TIMEOUT_S`."""
+    EPIPE) fails the records after it; one that finds a stdout a parent set non-blocking full
+    (EAGAIN) waits for the reader, as into a blocking one. The close gives what waits :data:`CLOSE_TIMEOUT_S`."""
 
     name = "stdout"
     durable = False
@@ -505,7 +507,10 @@ class StdoutSink:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(self._fd, view):]
+                    try:
+                        view = view[os.write(self._fd, view):]
+                    except BlockingIOError:  # a stdout a parent set non-blocking: wait, as a blocking write does
+                        select.select([], [self._fd], [], 1.0)
             except OSError as exc:
                 with self._cond:
                     self._error = exc

@@ -780,3 +780,30 @@ def test_a_stdout_reader_gone_during_the_close_counts_the_record_being_written(m
         gone.set()
         os.close(r)
         out.close()
+
+
+def test_a_stdout_in_non_blocking_mode_waits_for_its_reader_too(monkeypatch):
+    """A stdout shared with a parent that set it non-blocking (O_NONBLOCK is the open file's,
+    not the process's: Node.js and some supervisors do) makes a write into a full pipe fail
+    with EAGAIN instead of waiting. The writer thread took that for a reader gone: every record
+    after it failed for as long as the daemon ran, though the reader only fell behind."""
+    import fcntl
+
+    from edge.sinks import StdoutSink
+
+    r, out = _stdout_into_a_pipe(monkeypatch)
+    w = out.fileno()
+    fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) | os.O_NONBLOCK)
+    stdout = StdoutSink()
+    n = 2000  # about 700 KB of records: ten times what a pipe holds
+    try:
+        for i in range(n):
+            stdout.write(frame_record("cam", i), frame_record("cam", i).to_json())
+        time.sleep(0.3)  # the pipe fills and stays full a while
+        lines = _read_lines(r, n)  # the reader catches up: every record, in order
+        assert [json.loads(line)["frame_seq"] for line in lines] == list(range(n))
+        stdout.write(frame_record("cam", n), b"{}")  # and the sink still takes records
+    finally:
+        os.close(r)
+        stdout.close()
+        out.close()
