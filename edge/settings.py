@@ -271,7 +271,8 @@ class EdgeSettings:
                                       "take to finish, seconds from the signal; then frames still queued are "
                                       "dropped (counted as `shutdown` drops) and escalations still in flight "
                                       "are spooled. Keep it well under systemd's TimeoutStopSec (30 s): the "
-                                      "sinks' close comes after it (up to 3 s per durable sink, "
+                                      "sinks' close comes after it (up to 3 s per durable sink, and 3 s for "
+                                      "`sinks.stdout` with a reader that stopped reading, "
                                       "`edge.sinks.CLOSE_TIMEOUT_S`).",
                                       5.0, lo=0)
 
