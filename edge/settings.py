@@ -357,6 +357,13 @@ def validate(s: EdgeSettings) -> None:
         # edge.spool_salvage's marker (<spool>.salvaging) lists the moved files one a line
         raise Invalid("spool.path", "holds a line break: a damaged spool is salvaged through a list of its "
                                     "moved files, one a line, which cannot name such a file; remove it")
+    name = os.path.basename(s.spool.path)
+    if not name.isprintable() or name != name.strip():
+        # the salvage takes a marker line (stripped) as a moved file only when it is printable
+        # (edge.spool_salvage._is_moved_name): it could not find or go on with such a file
+        raise Invalid("spool.path", f"the file name {name!r} holds a tab, an invisible or special blank, or "
+                                    "begins or ends with a blank: a damaged spool is salvaged through a list of "
+                                    "its moved files, one a line, which cannot name such a file; remove it")
     if s.sinks.mqtt and not s.cloud.mqtt.host:
         raise Invalid("sinks.mqtt", "needs cloud.mqtt.host")
 

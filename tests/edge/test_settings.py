@@ -348,3 +348,29 @@ def test_a_path_the_locale_cannot_name_is_refused_at_start_not_a_crash(tmp_path,
     said = p.stdout.decode("ascii", "backslashreplace")
     assert p.returncode == 2, p.stderr.decode(errors="replace")[-600:]
     assert f"{key}: " in said and "UTF-8 locale" in said, said
+
+
+@pytest.mark.parametrize("name", ["sp\tool.db", "sp\u00a0ool.db", "sp\u2028ool.db", "sp\u200bool.db", " spool.db"])
+def test_a_spool_file_name_the_salvage_cannot_list_is_refused_like_a_line_break(tmp_path, name):
+    """A damaged spool's moved file is ``<spool file>.damaged-<time>``, and the salvage takes a
+    name as one of them only when it is printable and as its marker line keeps it (stripped of
+    blanks): a line break was refused at start for that reason (6329efc), but a tab, a
+    no-break space pasted from a page, a line separator or a leading blank passed, and the
+    salvage could no more find or go on with the file moved aside than with a line break."""
+    from edge.spool_salvage import MOVED_INFIX, _is_moved_name
+
+    moved = name + MOVED_INFIX + "20261207T074000Z"
+    assert not _is_moved_name(Path("/var/lib/edgewise") / name, moved.strip())  # what the marker gives back
+    with pytest.raises(ConfigError, match=r"SPOOL__PATH: the file name .* cannot name such a file"):
+        load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\n"),
+                      env={"EDGEWISE_EDGE__SPOOL__PATH": f"/var/lib/edgewise/{name}"})
+
+
+@pytest.mark.parametrize("name", ["my spool.db", "sp\u00f8ol.db", "\u76e3\u8996.db"])
+def test_a_spool_file_name_the_salvage_can_list_is_taken(tmp_path, name):
+    from edge.spool_salvage import MOVED_INFIX, _is_moved_name
+
+    assert _is_moved_name(Path("/var/lib/edgewise") / name, name + MOVED_INFIX + "20261207T074000Z")
+    s = load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\n"),
+                      env={"EDGEWISE_EDGE__SPOOL__PATH": f"/var/lib/edgewise/{name}"})
+    assert s.spool.path == f"/var/lib/edgewise/{name}"
