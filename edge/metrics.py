@@ -18,6 +18,7 @@ import logging
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -27,7 +28,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from edge.sources.base import SourceState
 from edgewise.addresses import format_address
 from edgewise.errors import ConfigError
-from edgewise.observability import process_registry
+from edgewise.observability import LogThrottle, process_registry
 from edgewise.policy.deciding import ESCALATING_REASONS
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,13 @@ HTTP_BACKLOG = 256
 #: probe): about 500 would use up the unit's ``TasksMax=512``, and then no camera could start
 #: its reader thread again.
 HTTP_MAX_CONNECTIONS = 256
+#: Seconds the server waits after ``accept`` failed for want of descriptors or memory (the
+#: process at its open-file limit): the connection stays queued, so the socket is readable
+#: again at once and the loop retried without a pause, a thread at 100% CPU beside the
+#: pipeline's. asyncio's servers wait 1 s too (``ACCEPT_RETRY_DELAY``).
+ACCEPT_RETRY_S = 1.0
+#: ``accept`` errors that pass when the process or the system frees resources.
+_SHORT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class EdgeMetrics:
@@ -172,6 +180,28 @@ class _Server(ThreadingHTTPServer):
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(HTTP_MAX_CONNECTIONS)
         self.refused = 0  # connections closed on arrival, all slots taken
+        self.accept_failures = 0  # accepts that failed for want of descriptors or memory
+        self._short_log = LogThrottle(60.0)
+
+    def get_request(self) -> Tuple[socket.socket, Any]:
+        """``accept``; short of descriptors or memory, said (at most once a minute) and retried
+        after ``ACCEPT_RETRY_S`` rather than at once."""
+        try:
+            return super().get_request()  # type: ignore[no-any-return]
+        except OSError as exc:
+            if exc.errno in _SHORT_OF_RESOURCES:
+                self._short_of_resources(exc)
+            raise  # socketserver drops this turn and polls again
+
+    def _short_of_resources(self, exc: OSError) -> None:
+        self.accept_failures += 1
+        held = self._short_log.allow()
+        if held is not None:
+            log.warning("metrics http: cannot accept a connection (%s): the process is at its open-file limit "
+                        "(LimitNOFILE, ulimit -n) or short of memory; /metrics and /healthz wait %g s between "
+                        "tries%s", exc.strerror or exc, ACCEPT_RETRY_S,
+                        f" ({held} more failed accepts since the last such line)" if held else "")
+        time.sleep(ACCEPT_RETRY_S)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
