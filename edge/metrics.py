@@ -182,6 +182,7 @@ class _Server(ThreadingHTTPServer):
         self.refused = 0  # connections closed on arrival, all slots taken
         self.accept_failures = 0  # accepts that failed for want of descriptors or memory
         self._short_log = LogThrottle(60.0)
+        self._no_thread_log = LogThrottle(60.0)
 
     def get_request(self) -> Tuple[socket.socket, Any]:
         """``accept``; short of descriptors or memory, said (at most once a minute) and retried
@@ -210,9 +211,24 @@ class _Server(ThreadingHTTPServer):
             return
         try:
             super().process_request(request, client_address)  # starts the thread
+        except RuntimeError as exc:  # "can't start new thread": TasksMax, pids.max, memory for its stack
+            self._slots.release()
+            self._no_thread(request, exc)
         except BaseException:
             self._slots.release()
             raise
+
+    def _no_thread(self, request: Any, exc: RuntimeError) -> None:
+        """A connection no thread could be started for: closed, counted in ``refused`` and said
+        (at most once a minute). It was logged as a failed request with its traceback, one per
+        scrape while the daemon was at its thread limit."""
+        self.refused += 1
+        self.shutdown_request(request)
+        held = self._no_thread_log.allow()
+        if held is not None:
+            log.warning("metrics http: connection closed, no thread could be started for it (%s): the process "
+                        "is at its thread limit (TasksMax, pids.max) or short of memory%s", exc,
+                        f" ({held} more since the last such line)" if held else "")
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:

@@ -277,3 +277,30 @@ def test_at_the_open_file_limit_the_server_waits_says_why_and_serves_once_descri
             assert "open-file limit" in said
         finally:
             child.kill()
+
+
+def test_a_connection_no_thread_can_be_started_for_is_closed_and_said_once_without_a_traceback(monkeypatch,
+                                                                                                 caplog):
+    """At the thread limit (TasksMax, a container's pids.max) ``Thread.start`` raises
+    RuntimeError: each scrape was logged as a failed request with its traceback (found by a
+    probe: pids.max at the daemon's thread count). Now the connection is closed, counted in
+    ``refused`` and said once a minute; once threads can start again, scrapes are served."""
+    real_start = threading.Thread.start
+
+    def at_the_limit(thread: threading.Thread) -> None:
+        if thread.name.startswith("Thread-"):  # socketserver's per-connection thread
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    caplog.set_level(logging.WARNING, "edge.metrics")
+    with served() as server:
+        monkeypatch.setattr(threading.Thread, "start", at_the_limit)
+        for _ in range(3):
+            with pytest.raises(OSError):  # closed without an answer
+                get(server, "/healthz")
+        monkeypatch.undo()
+        assert server.httpd.refused == 3
+        assert b'"status": "ok"' in get(server, "/healthz")
+    said = [r for r in caplog.records if r.name == "edge.metrics"]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and "thread limit" in said[0].getMessage(), said
+    assert said[0].exc_info is None
