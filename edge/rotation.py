@@ -10,7 +10,8 @@ existing one, whatever the clock says (after a backward step of the wall clock, 
 without RTC, it continues one microsecond after the newest name), so that pruning never
 deletes the file just rotated. With ``sinks.jsonl_compress`` a background thread gzips each rotated file
 (``<name>.gz``, written aside and renamed into place; records compress about 14x) and a
-rotated file left uncompressed by a crash is compressed at the next start. The disk
+rotated file left uncompressed by a crash is compressed at the next start, one whose gzip failed
+(a full disk, the open-file limit) once a later file is gzip'd. The disk
 budget per stream is in deploy/jetson/README.md ("Disk on small flash").
 
 :func:`history` reads the newest records across the current and the rotated files,
@@ -202,6 +203,7 @@ class Compressor:
         self.path = path
         self.keep = keep
         self.jobs: queue.Queue[Optional[str]] = queue.Queue()
+        self.left: List[str] = []  # rotated files whose gzip failed, oldest first (the thread's own)
         self.thread = threading.Thread(target=self._run, name="jsonl-gzip", daemon=True)
         self.thread.start()
         for f in rotated_files(path):  # left uncompressed by a crash
@@ -216,15 +218,36 @@ class Compressor:
             src = self.jobs.get()
             if src is None:
                 return
-            if not os.path.exists(src):  # pruned before its turn: older than the kept ones
-                continue
-            try:
-                compress(src)
-            except OSError as exc:  # disk full: the plain file stays, retried at the next start
-                log.warning("cannot gzip rotated file %s: %s", src, exc)
-                if os.path.lexists(src + ".gz.tmp"):
-                    os.unlink(src + ".gz.tmp")
+            if self._gzip(src):
+                self._retry_left()
             prune(self.path, self.keep)
+
+    def _gzip(self, src: str) -> bool:
+        """Gzip one rotated file; False when it failed (a full disk, the open-file limit): the
+        plain file stays and is in ``left``, tried again once another file is gzip'd."""
+        if not os.path.exists(src):  # pruned before its turn: older than the kept ones
+            return True
+        try:
+            compress(src)
+        except OSError as exc:
+            log.warning("cannot gzip rotated file %s: %s; it stays plain until another file is gzip'd", src, exc)
+            if os.path.lexists(src + ".gz.tmp"):
+                os.unlink(src + ".gz.tmp")
+            if src not in self.left:
+                self.left.append(src)
+            return False
+        return True
+
+    def _retry_left(self) -> None:
+        """A gzip worked, so what failed before may work now: the files left plain are gzip'd,
+        oldest first, until one fails again (it and the rest wait for the next success). They
+        stayed plain until the next start, about 14x their gzip'd size, however short the
+        failure was."""
+        left, self.left = self.left, []
+        for i, src in enumerate(left):
+            if not self._gzip(src):
+                self.left.extend(f for f in left[i + 1:] if f not in self.left)
+                return
 
     def close(self, timeout: float = 20.0) -> bool:
         """Let the queued files be gzip'd for up to ``timeout``; whether they were. The thread
