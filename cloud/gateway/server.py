@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import resource
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -74,6 +75,10 @@ LISTENING_LINE = "EDGEWISE_GATEWAY_LISTENING"
 #: gRPC's own details of the RESOURCE_EXHAUSTED it answers a call over ``limits.max_concurrent_rpcs``
 #: with (quoted in docs/troubleshooting.md)
 CONCURRENT_RPC_LIMIT_MESSAGE = "Concurrent RPC limit exceeded"
+#: Descriptors the gateway needs beside one per edge connection (``limits.max_connections``):
+#: its worker channels, the MQTT bridge, metrics scrapes, the tokens and TLS files, gRPC's own
+#: (20 at rest with one worker, measured).
+FD_RESERVE = 256
 
 
 class ReloadableStaticDiscovery:
@@ -541,6 +546,7 @@ class Gateway:
     async def start(self) -> int:
         """Bind, start serving; returns the bound gRPC port."""
         s = self.settings
+        open_file_room(s.limits.max_connections + FD_RESERVE)
         creds = self._credentials()  # bad TLS files fail here, before anything is bound
         m = s.limits.max_message_bytes
         self._server = grpc.aio.server(options=server_options(m, s.limits.max_streams_per_connection,
@@ -685,6 +691,33 @@ class Gateway:
 
 #: the settings a SIGHUP puts in force; any other change waits for a restart (and is logged)
 RELOADED_ON_SIGHUP = ("discovery.static", "auth.tokens", "auth.tokens_file", "auth.tokens_poll_s")
+
+
+def open_file_room(needed: int) -> int:
+    """Raise the soft open-file limit to ``needed`` descriptors where the hard limit allows (any
+    process may), and say so where it does not; returns the soft limit now. systemd's default,
+    containerd's since 2.0 and podman's are a soft 1024: at about 1,000 edges accept failed
+    with EMFILE long before ``limits.max_connections`` (4096) was reached, and with it
+    ``/healthz``, ``/metrics`` and every reconnect to a worker or the broker (found by a probe:
+    1,024 descriptors, a 1,025th edge and the health check refused)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:  # a sandbox that refuses it
+            log.debug("cannot raise the open-file limit to %d: %s", target, exc)
+    if soft < needed:
+        log.warning("the open-file limit is %d (hard %s), below the %d that limits.max_connections %d needs with "
+                    "%d for the rest: past about %d edges, new connections, /healthz, /metrics and reconnects to "
+                    "workers and the broker fail with 'Too many open files'; raise it (LimitNOFILE=, the "
+                    "container's nofile ulimit) or lower limits.max_connections", soft,
+                    "unlimited" if hard == resource.RLIM_INFINITY else hard, needed, needed - FD_RESERVE,
+                    FD_RESERVE, max(0, soft - FD_RESERVE))
+    return soft
 
 
 async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings] | None = None,

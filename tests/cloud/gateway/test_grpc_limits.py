@@ -353,3 +353,38 @@ def test_connections_beyond_max_connections_are_closed_and_the_open_ones_served(
             await gw.stop(0)
             await w.stop()
     run(main())
+
+
+def test_the_open_file_limit_is_raised_to_what_max_connections_needs_or_said(caplog):
+    """systemd's, containerd's (2.0) and podman's default soft open-file limit is 1024: at about
+    1,000 edges the gateway's accept failed with EMFILE, far below limits.max_connections
+    (4096), and /healthz, /metrics and worker and broker reconnects with it (found by a probe).
+    The gateway raises its soft limit to what it needs where the hard limit allows, and says
+    when that is not enough."""
+    import logging
+    import resource
+
+    from cloud.gateway.server import FD_RESERVE
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096 + FD_RESERVE + 1:
+        pytest.skip(f"the hard open-file limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        async def main(over: dict) -> None:
+            w = TestWorker("a", 0.001)
+            gw = await started([(w, 1)], **over)
+            await gw.stop()
+            await w.stop()
+
+        caplog.set_level(logging.WARNING, "edgewise.gateway")
+        run(main({}))  # limits.max_connections 4096 by default
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 4096 + FD_RESERVE
+        assert not [r for r in caplog.records if "open-file limit" in r.getMessage()]
+        if hard != resource.RLIM_INFINITY:  # more than the hard limit allows: raised to it, and said
+            run(main({"limits.max_connections": hard}))
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+            said = [r.getMessage() for r in caplog.records if "open-file limit" in r.getMessage()]
+            assert len(said) == 1 and f"limits.max_connections {hard} needs" in said[0], said
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
