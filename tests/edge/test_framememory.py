@@ -49,13 +49,11 @@ def test_mem_total_reads_meminfo(tmp_path):
     assert mem_total_bytes(str(p)) is None
 
 
-def test_the_daemon_warns_about_big_frames_it_actually_reads(tmp_path, tiny_model, caplog, monkeypatch):
-    """The path a user takes: a folder of 4K images on a device with (here, said to have) 512 MiB."""
+def _warnings_of_a_4k_folder(tmp_path, tiny_model, caplog) -> list:
+    """What ``edge.framememory`` warns when the real daemon reads a folder of two 4K images."""
     from edge.daemon import EdgeDaemon
     from tests.edge.test_pipeline import base_settings
 
-    monkeypatch.setattr(framememory, "mem_total_bytes", lambda path="/proc/meminfo": GIB // 2)
-    monkeypatch.setattr(framememory, "cgroup_memory_limit", lambda: None)
     folder = tmp_path / "shots"
     folder.mkdir()
     for i in range(2):
@@ -63,7 +61,14 @@ def test_the_daemon_warns_about_big_frames_it_actually_reads(tmp_path, tiny_mode
     s = base_settings(tmp_path, tiny_model, [{"id": "uhd", "kind": "folder", "uri": str(folder)}])
     with caplog.at_level(logging.WARNING, logger="edge.framememory"):
         assert asyncio.run(asyncio.wait_for(EdgeDaemon(s).run(), 60)) == 0
-    said = [r.getMessage() for r in caplog.records if r.name == "edge.framememory"]
+    return [r.getMessage() for r in caplog.records if r.name == "edge.framememory"]
+
+
+def test_the_daemon_warns_about_big_frames_it_actually_reads(tmp_path, tiny_model, caplog, monkeypatch):
+    """The path a user takes: a folder of 4K images on a device with (here, said to have) 512 MiB."""
+    monkeypatch.setattr(framememory, "mem_total_bytes", lambda path="/proc/meminfo": GIB // 2)
+    monkeypatch.setattr(framememory, "cgroup_memory_limit", lambda: None)
+    said = _warnings_of_a_4k_folder(tmp_path, tiny_model, caplog)
     # queue 8 (+1) and two batches of 4: 17 frames of 24.9 MB, 0.4 GiB of 0.5 GiB
     assert len(said) == 1 and said[0].startswith("frames may hold 0.4 GiB at once, 79% of the 0.5 GiB memory of this device")
 
@@ -103,21 +108,11 @@ def test_the_daemon_warns_against_its_cgroup_memory_limit_not_the_whole_device(t
     kills it there, whatever the device has. The warning compared the frames with half of
     MemTotal only (found by a probe: 4 synthetic 4K streams in a 600 MiB memory cgroup on a
     24 GB machine were OOM-killed without it). Here the cgroup allows 512 MiB."""
-    from edge.daemon import EdgeDaemon
-    from tests.edge.test_pipeline import base_settings
-
     proc, root = _cgroup_tree(tmp_path, "0::/system.slice/edgewise-edge.service",
                               {"system.slice/edgewise-edge.service/memory.max": str(GIB // 2)})
     monkeypatch.setattr(framememory, "PROC_CGROUP", proc)
     monkeypatch.setattr(framememory, "CGROUP_ROOT", root)
     monkeypatch.setattr(framememory, "mem_total_bytes", lambda path="/proc/meminfo": 32 * GIB)  # an Orin
-    folder = tmp_path / "shots"
-    folder.mkdir()
-    for i in range(2):
-        assert cv2.imwrite(str(folder / f"{i}.png"), np.zeros((2160, 3840, 3), np.uint8))
-    s = base_settings(tmp_path, tiny_model, [{"id": "uhd", "kind": "folder", "uri": str(folder)}])
-    with caplog.at_level(logging.WARNING, logger="edge.framememory"):
-        assert asyncio.run(asyncio.wait_for(EdgeDaemon(s).run(), 60)) == 0
-    said = [r.getMessage() for r in caplog.records if r.name == "edge.framememory"]
+    said = _warnings_of_a_4k_folder(tmp_path, tiny_model, caplog)
     assert len(said) == 1 and said[0].startswith(
         "frames may hold 0.4 GiB at once, 79% of the 0.5 GiB memory limit of this daemon's cgroup"), said
