@@ -4,8 +4,9 @@ Everything arriving from the network is validated by ``check_image`` before any
 decoder touches it: declared encoding vs magic bytes, byte and pixel limits (the
 image size is read from the PNG/JPEG header *before* decoding, by
 ``edgewise.imagefiles``, so a small file that would inflate to gigapixels is
-refused cheaply), RAW shape/dtype/length consistency; ``decode_image`` adds the
-structural walk and the decode. Errors are ``InvalidInputError`` (INVALID_ARGUMENT,
+refused cheaply), RAW shape/dtype/length consistency, and (on the worker) no image or tile
+field this build does not know: a newer edge's, which would map the boxes wrongly if ignored;
+``decode_image`` adds the structural walk and the decode. Errors are ``InvalidInputError`` (INVALID_ARGUMENT,
 ``edgewise.status``) naming the field and what was expected.
 """
 
@@ -17,6 +18,8 @@ from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import cv2
 import numpy as np
+from google.protobuf import unknown_fields
+from google.protobuf.message import Message
 
 from edgewise import imagefiles
 from edgewise.detections import Detections
@@ -89,7 +92,8 @@ def check_image(
     Byte limit, declared encoding vs magic bytes, declared size vs ``max_pixels`` (for
     every encoding), RAW shape [height, width, 3] / dtype uint8 / length, a JPEG's
     end-of-image marker, a crop offset inside its source frame (and with the frame's size),
-    and (for a parsed ``detect_pb2.Image``: the worker) the crop inside the frame or the tiles
+    and (for a parsed ``detect_pb2.Image``: the worker) no field of the image or its tiles that
+    this build does not know (``_check_known_fields``), the crop inside the frame or the tiles
     of a packed region payload. The gateway's
     admission and the worker (before it decodes) both call it with the same limits.
     Reads only the first and last bytes of ``data``: its cost does not grow with the image.
@@ -130,6 +134,7 @@ def check_image(
             f"image crop offset ({img.offset_x},{img.offset_y}) lies outside the "
             f"{img.source_width}x{img.source_height} source frame")
     if isinstance(img, detect_pb2.Image):  # the gateway's view reads no tiles: the worker checks them
+        _check_known_fields(img)
         if img.tiles:
             _check_tiles(img, header)
         elif img.source_width and (img.offset_x + header.width > img.source_width
@@ -139,6 +144,32 @@ def check_image(
                 f"in the {img.source_width}x{img.source_height} source frame (a crop is full-resolution pixels "
                 "of the frame; a scaled payload needs image.tiles)")
     return header
+
+
+def _unknown_numbers(msg: Message) -> List[int]:
+    """The field numbers of ``msg`` that its parser did not know (a newer sender's fields, or a
+    known one sent with another wire type), in order, once each."""
+    found = unknown_fields.UnknownFieldSet(msg)
+    return sorted({int(found[i].field_number) for i in range(len(found))})
+
+
+def _check_known_fields(img: detect_pb2.Image) -> None:
+    """An image, and each of its tiles, must carry only fields this build knows: each of their
+    fields says which source pixels the payload shows or how to read them, so one ignored maps
+    every box to the wrong place while the answer looks fine. An edge's downscaled or region
+    payload (``Image.tiles``) read by a worker older than the field was answered OK with boxes
+    at half their size or in the wrong corner. So the receiver refuses, naming the fields:
+    fields a receiver may ignore belong in ``DetectRequest``, never in ``Image`` or ``Tile``
+    (detect.proto)."""
+    where = [("image", _unknown_numbers(img))]
+    where += [(f"image.tiles[{i}]", _unknown_numbers(t)) for i, t in enumerate(img.tiles)]
+    for name, numbers in where:
+        if numbers:
+            raise InvalidInputError(
+                f"{name} carries field{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}, "
+                "unknown to this worker's wire contract (edgewise.v1; or a known field sent with another wire "
+                "type): the sender is newer than this worker, which would map the boxes to the wrong source "
+                "pixels if it ignored them; upgrade the cloud's workers before the edges")
 
 
 #: a tile's scale (source pixels per image pixel): up to 64 times down, or up (0 means 1)
