@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from edge.records import FrameRecord
+from edge.records import FrameRecord, known_fields
 from edge.sources.base import Frame
 from edgewise.detections import Detections
 from edgewise.hardness.signals import RECORD_DECIMALS, score_bands
@@ -124,12 +124,14 @@ class Spooled:
 
     @classmethod
     def from_meta(cls, meta: Dict[str, Any]) -> Spooled:
-        """Read back ``to_meta``'s dict from the spool; ValueError when it is not one."""
+        """Read back ``to_meta``'s dict from the spool, also one an older or a newer daemon
+        wrote (a merge setting this one does not know is ignored: ``known_fields``); ValueError
+        when it is not one."""
         try:
             record, merge = meta["record"], meta["merge"]
             deadline_ms, transport = int(meta["deadline_ms"]), str(meta["transport"])
             if not isinstance(record, dict) or not isinstance(merge, dict) or deadline_ms < 1:
                 raise ValueError("wrong types")
-            return cls(FrameRecord.from_dict(record), Merge(**merge), deadline_ms, transport)
+            return cls(FrameRecord.from_dict(record), Merge(**known_fields(Merge, merge)), deadline_ms, transport)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"spool metadata is not an escalation's ({exc!r})") from None

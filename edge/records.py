@@ -16,7 +16,8 @@ motion ones included, ``decided_s``, ``edge_boxes``/``edge_classes``/``edge_max_
 ``policy_digest``) so ``edgewise edge check-policy --replay`` can decide every frame again.
 The schema is documented in docs/records.md. A spooled escalation stores its
 record (``to_dict``) and the replay reads it back (``from_dict``), also from a
-spool written by an older daemon that lacks the newer fields.
+spool written by an older daemon that lacks the newer fields, or by a newer one
+(a downgrade) that has fields this one does not know (``known_fields``).
 Callers: ``edge.pipeline`` (builds), ``edge.escalating`` (completes),
 ``edge.payloads`` (spool metadata), ``edge.sinks`` (writes).
 """
@@ -31,6 +32,15 @@ from typing import Any, Dict, List, Mapping, Optional
 #: Fields written only when they are set (not None).
 OPTIONAL_FIELDS = ("error", "crop", "cloud_model", "regions", "payload", "payload_bytes", "source_file",
                    "source_index")
+
+
+def known_fields(cls: Any, data: Mapping[str, Any]) -> Dict[str, Any]:
+    """The entries of ``data`` that name a field of dataclass ``cls``: what the spool keeps of
+    a dataclass is read back so that a daemon reads a newer one's (a release that adds a field,
+    then a downgrade: every spooled escalation was dropped as unreadable) as well as an older
+    one's (its missing fields defaulted)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def idempotency_key(device_id: str, stream_id: str, seq: int) -> str:
@@ -112,9 +122,8 @@ class FrameRecord:
     def from_dict(cls, data: Mapping[str, Any]) -> FrameRecord:
         """Read back ``to_dict``'s object (unknown keys ignored, newer fields defaulted);
         ValueError when required fields are missing or of the wrong kind."""
-        names = {f.name for f in dataclasses.fields(cls)}
         try:
-            rec = cls(**{k: v for k, v in data.items() if k in names})
+            rec = cls(**known_fields(cls, data))
         except TypeError as exc:
             raise ValueError(f"not a frame record: {exc}") from None
         if not isinstance(rec.frame_seq, int) or not isinstance(rec.stream, str) or not isinstance(rec.device, str):

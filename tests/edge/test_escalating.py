@@ -622,6 +622,42 @@ def _spool_requests(spool, seqs, policy):
 
 
 
+
+def test_a_spool_a_newer_release_wrote_replays_after_a_downgrade(tmp_path, real_cloud):
+    """A device downgraded (a release rolled back) replays what the newer release spooled: its
+    metadata names a merge setting and a record field this release does not know, as today's
+    spool read by a release before merge.carryScope (83d405a) named carry_scope. Every such
+    entry was 'unreadable', dropped from the spool without its answer (Merge(**meta) refused the
+    unknown key); the unknown keys are now ignored, as a record's always were."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    d = dets([[10, 10, 30, 30]], [0.4])
+    for seq in range(2):
+        req, _ = build_request("dev", Frame("cam", seq, np.full((48, 64, 3), 30 + seq, np.uint8), 0, 0.0), d,
+                               Decision(True, "hard", 0.8, {}), policy)
+        meta = Spooled(frame_record("cam", seq), policy.spec.merge, 3000, "grpc").to_meta()
+        meta["merge"]["carry_horizon"] = 7  # a merge setting of a newer release
+        meta["record"]["gaze"] = [1, 2]  # a record field of a newer release
+        spool.put(f"dev/cam/{seq}", req.SerializeToString(), meta)
+    written = []
+    metrics = EdgeMetrics()
+
+    async def run():
+        t = GrpcTransport([real_cloud.address])
+        esc = Escalating("dev", {"grpc": t}, written.append, metrics, spool=spool)
+        settled = await esc.replay_once()
+        await esc.close()
+        await t.close()
+        return settled
+
+    assert asyncio.run(run()) == 2
+    assert [(r.frame_seq, r.late, r.outcome, r.error) for r in written] == [(0, True, "cloud", None),
+                                                                         (1, True, "cloud", None)]
+    assert metrics.spool_events.labels("rejected")._value.get() == 0
+    assert len(spool) == 0
+    spool.close()
+
+
 def test_a_replay_round_cancelled_at_the_end_of_a_stop_writes_the_answers_already_in(tmp_path):
     """replay_concurrency 2: frame 1's answer is in, frame 0's (ahead of it in the spool) is
     not when the stop's grace ends and the daemon cancels the replay. Frame 1's late record is
