@@ -1,5 +1,5 @@
-"""An edge of a newer release than its cloud: the edge's real gRPC transport, the real gateway
-and worker on port 0 (``real_cloud``), requests carrying fields this build's wire contract does
+"""An edge of a newer release than its cloud: the edge's real transports, the real gateway
+and worker on port 0 (``real_cloud``; for MQTT the gateway's bridge on a real Mosquitto), requests carrying fields this build's wire contract does
 not have (appended as the raw bytes a newer sender's generated classes would write).
 
 Fields a newer edge adds outside the image are ignored and the frame is served (proto3). A
@@ -19,9 +19,12 @@ import pytest
 
 from edge.transports import TransportError
 from edge.transports.grpc import GrpcTransport
+from edge.transports.mqtt import MqttConnection, MqttTransport
 from edgewise import status
 from edgewise.v1 import detect_pb2
 from edgewise.wire import encode_image
+from tests.conftest import in_process_cloud_class
+from tests.waiting import async_wait_until
 
 
 def key(number: int, wire_type: int) -> bytes:
@@ -114,3 +117,41 @@ def test_a_known_image_field_sent_with_another_wire_type_is_refused_too(real_clo
     answer = send(real_cloud, req)
     assert isinstance(answer, TransportError) and answer.status == status.INVALID_ARGUMENT
     assert "image carries field 5" in answer.message
+
+
+def test_over_mqtt_the_same_fields_are_served_and_refused_as_over_grpc(tiny_model, mosquitto):
+    """The MQTT bridge carries the same bytes to the same worker: a newer edge's request field is
+    ignored and its image field refused, as over gRPC."""
+    bridge = {"mqtt.enabled": True, "mqtt.host": mosquitto.host, "mqtt.port": mosquitto.port,
+              "mqtt.reconnect_min_s": 0.2, "mqtt.reconnect_max_s": 1.0}
+    with in_process_cloud_class()(tiny_model, gateway=bridge) as cloud:
+        async def run() -> Any:
+            conn = MqttConnection(mosquitto.host, mosquitto.port, client_id="edge-skew")
+            conn.start()
+            t = MqttTransport(conn, "cam")
+            await t.start()
+            await async_wait_until(lambda: conn.connected.is_set() and cloud.gateway.bridge.connected.is_set(),
+                                   10, "the edge and the bridge connected")
+
+            async def one(req: detect_pb2.DetectRequest) -> Any:
+                try:
+                    return await t.detect(req, 5.0)
+                except TransportError as exc:
+                    return exc
+
+            # the response subscription may still be settling: the first answer may time out
+            await async_wait_until(lambda: _answered(one(request(0))), 15, "a first answer over MQTT")
+            served = await one(newer(request(5), "request"))
+            refused = await one(newer(request(6), "image"))
+            await t.close()
+            conn.stop()
+            return served, refused
+
+        served, refused = asyncio.run(run())
+    assert isinstance(served, detect_pb2.DetectResponse) and served.status == detect_pb2.OK
+    assert isinstance(refused, TransportError) and refused.status == status.INVALID_ARGUMENT
+    assert "image carries field 20" in refused.message
+
+
+async def _answered(pending: Any) -> bool:
+    return isinstance(await pending, detect_pb2.DetectResponse)
