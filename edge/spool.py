@@ -26,9 +26,9 @@ Caps (what exceeds them is counted in ``stats()`` and logged, never silent):
   RTC-less Jetson starts at 1970 and NTP later steps by decades: each item keeps the
   monotonic time and the boot id (``/proc/sys/kernel/random/boot_id``) of its ``put``.
   An item of the current boot ages by the monotonic clock. An item of an earlier boot
-  (or of a spool written before these columns existed) is at least as old as this boot,
-  and older by its wall stamp only when both that stamp and the wall clock now are
-  plausible: after ``PLAUSIBLE_WALL_S``, and taken while the kernel said the clock was
+  is at least as old as this boot, and older by its wall stamp only when both that stamp and
+  the wall clock now are plausible (an item of a spool written before these columns existed,
+  which may be of this boot, since the package upgrades without a reboot, by that alone): after ``PLAUSIBLE_WALL_S``, and taken while the kernel said the clock was
   synchronized (``clock_synchronized``; an item put while it was not gets no wall stamp,
   ``created`` 0). A clock that looks plausible can still be days behind: systemd starts an
   RTC-less board at the time timesyncd saved at its last sync, or at its own build date,
@@ -147,7 +147,7 @@ SALVAGE_DONE = 1 << 62
 MAX_PLAUSIBLE_ID = 1 << 53
 
 #: Columns added after the first release, as (name, type); older spools get them by
-#: ALTER TABLE at open, NULL in their rows (aged as items of an earlier boot).
+#: ALTER TABLE at open, NULL in their rows (aged by their wall stamp alone: ``_EXPIRED``).
 _ADDED_COLUMNS = (("mono", "REAL"), ("boot", "TEXT"))
 #: The columns of the first release: a table ``items`` without them is not a spool.
 _BASE_COLUMNS = frozenset({"id", "key", "payload", "meta", "created", "size", "attempts"})
@@ -161,10 +161,13 @@ BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 #: An item of the current boot (it has a monotonic stamp of this boot); always 0 or 1.
 _SAME_BOOT = "(boot IS NOT NULL AND mono IS NOT NULL AND boot = :boot)"
 #: Items past the age cap: the current boot's by the monotonic clock, earlier boots' by
-#: this boot's uptime or, when both are plausible, by their wall stamp.
+#: this boot's uptime or, when both are plausible, by their wall stamp. An item of a release
+#: that kept no boot id (``boot`` NULL) may be of this boot: the package upgrades in place,
+#: without a reboot, so it ages by its wall stamp alone (this boot's uptime expired every item
+#: of a device up longer than the cap at the upgrade, items spooled a minute before).
 _EXPIRED = (
     f"(({_SAME_BOOT} AND mono < :mono_cut) OR (NOT {_SAME_BOOT} AND "
-    "(:uptime_over OR (:wall_ok AND created >= :floor AND created < :wall_cut))))"
+    "((:uptime_over AND boot IS NOT NULL) OR (:wall_ok AND created >= :floor AND created < :wall_cut))))"
 )
 
 _COUNTERS = (
@@ -925,16 +928,16 @@ class Spool:
         params = now.params(self.max_age_s)
         same = self._db.execute(f"SELECT MIN(mono) FROM items WHERE {_SAME_BOOT}", params).fetchone()[0]
         earlier, created = self._db.execute(
-            f"SELECT COUNT(*), MIN(CASE WHEN created >= :floor THEN created END) FROM items "
+            f"SELECT COUNT(boot), MIN(CASE WHEN created >= :floor THEN created END) FROM items "
             f"WHERE NOT {_SAME_BOOT}", params,
         ).fetchone()
         age = 0.0
         if same is not None:
             age = now.mono - float(same)
-        if earlier:
+        if earlier:  # (an item without a boot id may be of this boot: its wall stamp alone)
             age = max(age, now.mono - now.boot_start)
-            if created is not None and params["wall_ok"]:
-                age = max(age, now.wall - float(created))
+        if created is not None and params["wall_ok"]:
+            age = max(age, now.wall - float(created))
         return max(0.0, age)
 
     def recover_if_deleted(self) -> Optional[int]:

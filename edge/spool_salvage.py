@@ -275,7 +275,7 @@ class DamagedTable:
         self.damaged: List[Tuple[int, int]] = []
         self.invalid = 0
         have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")} | {"rowid"}
-        # a spool of the first release has no mono/boot: its items age as an earlier boot's
+        # a spool of the first release has no mono/boot: its items age by their wall stamp alone
         self.columns = ", ".join(c if c in have else f"NULL AS {c}" for c in columns.split(", "))
         try:
             row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()

@@ -180,7 +180,7 @@ CREATE TABLE IF NOT EXISTS counters (
 
 
 def test_a_spool_of_the_previous_version_opens_and_keeps_working(tmp_path):
-    """A database without the mono/boot columns gets them (NULL: an earlier boot's items)."""
+    """A database without the mono/boot columns gets them (NULL: items aged by their wall stamp alone)."""
     path = tmp_path / "old.db"
     db = sqlite3.connect(str(path))
     db.executescript(_OLD_SCHEMA)
@@ -209,9 +209,11 @@ def test_a_spool_of_the_previous_version_opens_and_keeps_working(tmp_path):
     cols = {r[1] for r in sqlite3.connect(str(path)).execute("PRAGMA table_info(items)")}
     assert {"mono", "boot"} <= cols
     sp = _spool(path, wall, mono, "boot-b")  # migrating twice is a no-op
-    mono.t += DAY + 1  # this boot is past the cap: the 1970 item is at least that old
-    assert sp.expire() == 2 and len(sp) == 0
-    assert sp.ack(items[1].id) is False
+    # this boot is past the cap: its item expires; the 1970 one may be of this boot too (the package
+    # upgrades without a reboot) and has no plausible stamp: kept, the byte cap bounds it
+    mono.t += DAY + 1
+    assert sp.expire() == 1 and [it.key for it in sp.peek(10)] == ["old/1970"]
+    assert sp.ack(items[1].id) is True
     sp.close()
 
 
@@ -238,3 +240,35 @@ def test_read_boot_id(tmp_path):
     f.write_text("abc-123\n")
     assert read_boot_id(str(f)) == "abc-123"
     assert read_boot_id(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("synchronized", [True, False])
+def test_an_upgrade_without_a_reboot_keeps_what_the_first_release_spooled(tmp_path, monkeypatch, synchronized):
+    """An in-place upgrade (the package's: the daemon stopped, the new one started, no reboot)
+    from a release whose spool kept no boot id: its items were aged as an earlier boot's, at
+    least this boot's uptime, so on a device up longer than ``spool.max_age_s`` (24 h by default)
+    the new daemon expired the whole backlog at its first look, items spooled a minute before,
+    saying they were older than the cap. Such items age by their wall stamp now (a plausible one,
+    the clock synchronized now); without one, never early: the byte cap bounds them. Real clocks
+    and the kernel's boot id, as the daemon runs (the kernel's sync state set both ways)."""
+    uptime = time.monotonic()
+    if uptime < 600:
+        pytest.skip("the machine has been up for less than 10 minutes")
+    monkeypatch.setattr(edge.spool, "clock_synchronized", lambda: synchronized)
+    path = tmp_path / "spool.db"
+    db = sqlite3.connect(str(path))
+    db.executescript(_OLD_SCHEMA)  # before d5be4cd (2026-12-03)
+    now = time.time()
+    db.executemany("INSERT INTO items(key, payload, meta, created, size) VALUES (?, x'00', '{}', ?, 1)",
+                   [("dev/cam/1", now - 60),               # spooled a minute before the upgrade
+                    ("dev/cam/2", now - uptime / 2 - 60),  # before the age cap, by its wall stamp
+                    ("dev/cam/3", T1970)])                 # no plausible stamp (an RTC-less board)
+    db.commit()
+    db.close()
+    sp = Spool(path, max_bytes=1 << 24, max_age_s=uptime / 2)  # the device is up twice the cap
+    kept = ["dev/cam/1", "dev/cam/3"] if synchronized else ["dev/cam/1", "dev/cam/2", "dev/cam/3"]
+    assert [it.key for it in sp.peek(10)] == kept
+    st = sp.stats()
+    assert st.dropped_age_cap == 3 - len(kept)
+    assert (60 <= st.oldest_age_s < uptime / 2) if synchronized else st.oldest_age_s == 0.0
+    sp.close()
