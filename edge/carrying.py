@@ -3,20 +3,21 @@
 Per stream it remembers the pixels of the frames whose escalation is on its way (the
 templates are cut from the frame the cloud saw), seeds the tracker when an answer comes
 back, and on every later frame the pipeline publishes the edge's boxes combined with the
-carried ones (:mod:`edgewise.carrying`, the same functions ``edgewise eval`` measures).
+carried ones (:mod:`edgewise.carrying`, the same functions ``edgewise eval`` measures;
+``merge.carryEdgeFloor`` drops the edge's doubtful boxes where an answer in force looked).
 A newer answer replaces an older one (under ``merge.carryScope: regions``, only inside the
 regions it saw: the older answers stay carried elsewhere, :func:`edgewise.carrying.stacked`);
 an answer that comes back after a newer one is in force, or from the spool's replay, is not
 carried (it is older than what the edge has).
 The frames between are stepped over in one go: the search window widens with the frames
 elapsed. Pure bookkeeping on the event loop; callers: ``edge.pipeline`` (``sent``,
-``apply``) and ``edge.escalating`` (``answered``).
+``in_force``, ``publish``) and ``edge.escalating`` (``answered``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from edgewise.carrying import (
     CARRIED,
     CarryConfig,
     CarryState,
+    Looked,
     combine,
     grey,
     layered,
@@ -37,9 +39,10 @@ from edgewise.detections import Detections
 MAX_WAITING = 8
 
 
-def publish(dets: Detections, carried: Detections) -> Detections:
-    """The boxes a frame that was not escalated publishes: the edge's with the carried ones."""
-    return combine(dets, carried) if len(carried) else dets
+def publish(dets: Detections, carried: Detections, looked: Looked, cfg: CarryConfig) -> Detections:
+    """The boxes a frame that was not escalated publishes: the edge's with the carried ones
+    (``looked``: where the answers in force looked, for ``cfg.edge_floor``)."""
+    return combine(dets, carried, edge_floor=cfg.edge_floor, looked=looked)
 
 
 class _Layer:
@@ -79,13 +82,15 @@ class Carrier:
             return
         self._layers[stream] = stacked(layers, _Layer(seq, seed(image, cloud, cfg), regions), regions, cfg)
 
-    def carried(self, stream: str, seq: int, image: np.ndarray, cfg: CarryConfig) -> Detections:
-        """The boxes ``stream`` carries onto frame ``seq``, found on ``image`` (empty: none).
-        Called once per frame, escalated or not, so the trackers follow every frame; what
-        the policy reads before deciding (the carry state) and what :meth:`apply` publishes."""
+    def in_force(self, stream: str, seq: int, image: np.ndarray, cfg: CarryConfig) -> Tuple[Detections, Looked]:
+        """The boxes ``stream`` carries onto frame ``seq``, found on ``image`` (empty: none), and
+        where the answers in force looked (each one's regions, None: the whole frame; empty: no
+        answer in force). Called once per frame, escalated or not, so the trackers follow every
+        frame; the boxes are what the policy reads before deciding (the carry state), both what
+        :func:`publish` takes for a frame not escalated (:meth:`apply`)."""
         layers = self._layers.get(stream)
         if not layers:
-            return Detections.empty(source=CARRIED)
+            return Detections.empty(source=CARRIED), ()
         stepped = []
         for layer in layers:
             if seq > layer.at:  # each frame once, and never back in time
@@ -98,11 +103,12 @@ class Carrier:
             self._layers[stream] = alive
         else:
             del self._layers[stream]
-        return layered([(layer.state.detections(), layer.regions) for layer in stepped if layer in alive])
+        boxes = layered([(layer.state.detections(), layer.regions) for layer in stepped if layer in alive])
+        return boxes, tuple(layer.regions for layer in alive)
 
     def apply(self, stream: str, seq: int, image: np.ndarray, dets: Detections, cfg: CarryConfig) -> Detections:
         """Frame ``seq``'s boxes to publish: the edge's with the carried ones, found on ``image``."""
-        return publish(dets, self.carried(stream, seq, image, cfg))
+        return publish(dets, *self.in_force(stream, seq, image, cfg), cfg)
 
     def carrying(self, stream: str) -> int:
         """Boxes carried on ``stream`` now (every answer's, before the regions rule)."""

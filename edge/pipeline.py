@@ -33,6 +33,7 @@ from edge.payloads import detections_json
 from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edge.sources.capturing import Capturer, FrameQueue
+from edgewise.carrying import Looked
 from edgewise.hardness.signals import RECORD_DECIMALS
 from edgewise.observability import LogThrottle
 
@@ -252,15 +253,16 @@ class Pipeline:
         h, w = frame.image.shape[:2]
         policy = self.decider.policy
         carried = None
-        if self.escalating is not None and policy is not None:
+        looked: Looked = ()
+        carry = policy.spec.merge.carry() if policy is not None else None
+        if self.escalating is not None and carry is not None:
             # The latest cloud answers' boxes, found again on this frame (edge.carrying): the
             # carry state the policy may read, and what a frame not escalated publishes.
-            carried = self.escalating.carrier.carried(frame.stream_id, frame.seq, frame.image,
-                                                      policy.spec.merge.carry())
+            carried, looked = self.escalating.carrier.in_force(frame.stream_id, frame.seq, frame.image, carry)
         verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h), frame=frame.image,
                                                carried=carried)
         d = verdict.decision
-        published = dets if carried is None or d.escalate else publish(dets, carried)
+        published = dets if carried is None or carry is None or d.escalate else publish(dets, carried, looked, carry)
         self.hardness_policy_ms.append(verdict.cost_ms)
         if len(self.hardness_policy_ms) > 100000:
             del self.hardness_policy_ms[:50000]

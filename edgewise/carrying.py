@@ -22,7 +22,10 @@ The tracker is deliberately small and cheap (microseconds per box):
   whole answer is dropped.
 * :func:`combine` adds the carried boxes to the edge's: a carried box that an edge box
   overlaps (IoU >= ``iou``, any class) is the same object: the edge's fresh box with the
-  cloud's class (the bigger model tells look-alikes apart); the rest are kept as they are.
+  cloud's class (the bigger model tells look-alikes apart); the rest are kept as they are,
+  but for the edge's boxes under ``CarryConfig.edge_floor`` (policy ``merge.carryEdgeFloor``)
+  where an answer in force looked: the cloud saw that place and found nothing there, as the
+  merge's ``edgeFloor`` rules on the escalated frame itself.
 
 Which answers are carried (``CarryConfig.scope``, policy ``merge.carryScope``): with
 ``answer`` a newer answer replaces the older one's boxes; with ``regions`` a newer answer
@@ -73,6 +76,9 @@ class CarryConfig:
         template_px: the longer side of a template, in pixels, at most.
         search: the search window's margin around the box, as a fraction of its longer side.
         min_search_px: the margin's floor in frame pixels.
+        edge_floor: between answers, an edge box no carried box overlaps, whose centre lies
+            where an answer in force looked, is kept only with a score >= this (0: all kept;
+            ``Merge.edge_floor`` when the policy's ``merge.carryEdgeFloor`` is on).
     """
 
     frames: int
@@ -81,6 +87,7 @@ class CarryConfig:
     template_px: int = 32
     search: float = 0.5
     min_search_px: float = 6.0
+    edge_floor: float = 0.0
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
@@ -195,10 +202,33 @@ def step(state: CarryState, image: np.ndarray, cfg: CarryConfig, frames: int = 1
     return CarryState(kept, state.names, age, state.size)
 
 
-def combine(edge: Detections, carried: Detections, iou: float = 0.5) -> Detections:
-    """The edge's boxes with the carried ones (module doc). Names are unified like a merge."""
+#: where the answers in force looked: each one's regions (None: the whole frame); empty: no
+#: answer is in force
+Looked = Sequence[Optional[np.ndarray]]
+
+
+def looked_at(boxes: np.ndarray, looked: Looked) -> np.ndarray:
+    """Mask of ``boxes`` ([N, 4]) whose centre lies where one of the answers in force looked
+    (the merge's test, :func:`edgewise.merging.outside_regions`)."""
+    seen = np.zeros(len(boxes), bool)
+    for regions in looked:
+        seen |= ~outside_regions(boxes, regions) if regions is not None else True
+    return seen
+
+
+def combine(edge: Detections, carried: Detections, iou: float = 0.5, edge_floor: float = 0.0,
+            looked: Looked = ()) -> Detections:
+    """The edge's boxes with the carried ones (module doc). Names are unified like a merge.
+    With ``edge_floor`` > 0 an edge box no carried box overlaps is dropped when its score is
+    under the floor and its centre lies where an answer in force looked (``looked``): the
+    cloud saw that place and did not find it, as the merge's ``edgeFloor`` rules on the
+    escalated frame."""
+    doubtful = np.zeros(len(edge), bool)
+    if edge_floor > 0 and looked and len(edge):
+        doubtful = looked_at(edge.boxes.astype(np.float64).reshape(-1, 4), looked) & ~edge.scored_within(
+            edge_floor, np.inf)
     if len(carried) == 0:
-        return edge
+        return edge.select(~doubtful) if doubtful.any() else edge
     names, e_ids, c_ids = unify_names(edge, carried)
     eb = edge.boxes.astype(np.float64).reshape(-1, 4)
     cb = carried.boxes.astype(np.float64).reshape(-1, 4)
@@ -221,7 +251,7 @@ def combine(edge: Detections, carried: Detections, iou: float = 0.5) -> Detectio
         ids.append(int(c_ids[k]))
         srcs.append(CARRIED)
     edge_src = edge.sources
-    for k in np.flatnonzero(~matched_e):
+    for k in np.flatnonzero(~matched_e & ~doubtful):
         boxes.append(eb[k])
         scores.append(float(edge.scores[k]))
         ids.append(int(e_ids[k]))

@@ -60,6 +60,9 @@ def warnings(policy: Policy) -> List[str]:
         why = ("nothing is carried" if s.merge.carry_frames == 0
                else f"every payload.mode {s.payload.mode} answer covers the whole frame")
         out.append(f"merge.carryScope regions has no effect: {why}")
+    if s.merge.carry_edge_floor and s.merge.carry_frames == 0:
+        out.append("merge.carryEdgeFloor has no effect: nothing is carried (merge.carryFrames 0), so no answer "
+                   "is in force between escalations")
     if s.on_cloud_unavailable == "spool" and s.deadline_ms < 50:
         out.append(f"deadlineMs {s.deadline_ms} is very short; most escalations will spool")
     return out
@@ -168,7 +171,9 @@ def explain(policy: Policy) -> str:
         lines.append(f"Carrying: the cloud's boxes are tracked and kept up to {s.merge.carry_frames} frames after "
                      f"its answer (dropped below a template match of {s.merge.carry_match:g}); "
                      + ("a newer answer replaces them only inside the regions it saw, older answers' boxes stay "
-                        "carried elsewhere." if s.merge.carry_scope == "regions" else "a newer answer replaces them."))
+                        "carried elsewhere." if s.merge.carry_scope == "regions" else "a newer answer replaces them.")
+                     + (f" While an answer is in force, the edge's boxes under {s.merge.edge_floor:g} that no carried box "
+                        "confirms are dropped where it looked." if s.merge.carry_edge_floor else ""))
     warns = warnings(policy)
     if warns:
         lines.append("Warnings:")

@@ -373,10 +373,17 @@ class Merge:
         "until their own carryFrames run out (a whole-frame answer replaces all).", "answer",
         choices=CARRY_SCOPES,
     )
+    carry_edge_floor: bool = opt(
+        "carryEdgeFloor", "bool",
+        "Between answers, drop the edge's boxes under edgeFloor that no carried box confirms, where an answer "
+        "in force looked (its regions, or the whole frame): the cloud saw that place and found nothing, as "
+        "edgeFloor rules on the escalated frame (docs/design/escalation.md#carrying-the-clouds-answer).", False,
+    )
 
     def carry(self) -> CarryConfig:
         """The carrying these settings ask for (:mod:`edgewise.carrying`)."""
-        return CarryConfig(frames=self.carry_frames, min_match=self.carry_match, scope=self.carry_scope)
+        return CarryConfig(frames=self.carry_frames, min_match=self.carry_match, scope=self.carry_scope,
+                           edge_floor=self.edge_floor if self.carry_edge_floor else 0.0)
 
     def apply(self, edge: Detections, cloud: Detections, regions: Optional[np.ndarray] = None) -> Detections:
         """A frame's final boxes from the edge's and the cloud's answer under these settings; the

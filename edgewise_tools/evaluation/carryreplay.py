@@ -73,6 +73,12 @@ class CarryReplay:
         carried = layered(layers)
         return carried if len(carried) else None
 
+    def looked(self) -> Tuple[Optional[np.ndarray], ...]:
+        """Where the answers in force at the current record looked (each one's regions, None:
+        the whole frame; empty: none in force), once :meth:`at` moved to it: what
+        ``merge.carryEdgeFloor`` reads (:func:`edgewise.carrying.combine`)."""
+        return tuple(a[3] for a in self.active)
+
     def escalate(self, i: int, mode: str) -> None:
         """Record ``i`` (the one :meth:`at` moved to) is escalated, sending ``mode``."""
         self.last, self.last_record = self.pos, i

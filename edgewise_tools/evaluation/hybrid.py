@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgewise.carrying import CarryConfig, combine
+from edgewise.carrying import CARRIED, CarryConfig, Looked, combine
 from edgewise.detections import Detections
 from edgewise.policy import Escalator, Policy
 from edgewise.policy.schema import Merge, Payload, WholeFrames
@@ -77,32 +77,52 @@ def _modes(records: Sequence[FrameRecord], mask: np.ndarray, mode: Mode) -> List
     return mode.per_frame(records, mask) if isinstance(mode, Sending) else [mode] * len(records)
 
 
+class Carried(NamedTuple):
+    """What a stream carries onto a frame: the boxes (maybe none) and where the answers in
+    force looked (:meth:`CarryReplay.looked`)."""
+
+    boxes: Detections
+    looked: Looked
+
+
+def carried_at(replay: CarryReplay, i: int) -> Optional[Carried]:
+    """Move ``replay`` to record ``i`` (:meth:`CarryReplay.at`) and say what its stream
+    carries there (None: no answer in force)."""
+    boxes = replay.at(i)
+    looked = replay.looked()
+    if not looked:
+        return None
+    return Carried(boxes if boxes is not None else Detections.empty(source=CARRIED), looked)
+
+
 def final_boxes(r: FrameRecord, up: bool, merge: Merge, low: bool, mode: str = "full",
-                carried: Optional[Detections] = None) -> Detections:
+                carried: Optional[Carried] = None) -> Detections:
     """What frame ``r`` publishes: the answer to its escalation (``up``) sent in ``mode``
-    merged with the edge's boxes, or the edge's boxes with the ``carried`` ones; ``low``: at
-    the low threshold, for mAP."""
+    merged with the edge's boxes, or the edge's boxes with the ``carried`` ones (the daemon's
+    ``edge.carrying.publish``); ``low``: at the low threshold, for mAP."""
     if not up:
         edge = r.edge_all if low else r.edge
-        return edge if carried is None else combine(edge, carried)
+        if carried is None:
+            return edge
+        return combine(edge, carried.boxes, edge_floor=merge.carry().edge_floor, looked=carried.looked)
     m = r.sent(mode)
     edge, cloud = (r.edge_all, m.cloud_all) if low else (r.edge, m.cloud)
     return merge.apply(edge, cloud, m.regions)
 
 
 def _carried(records: Sequence[FrameRecord], mask: np.ndarray, modes: Sequence[str], lag: Optional[int],
-             cfg: CarryConfig) -> List[Optional[Detections]]:
-    """Per frame, the boxes the edge carries from its stream's answers (None: none, and on
-    the escalated frames, which publish their own answer). The answer to frame t is there from
+             cfg: CarryConfig) -> List[Optional[Carried]]:
+    """Per frame, what the edge carries from its stream's answers (None: no answer in force,
+    and on the escalated frames, which publish their own answer). The answer to frame t is there from
     frame t + ``lag`` on (1: before the next frame); until then the ones before it are carried
     (:class:`~edgewise_tools.evaluation.carryreplay.CarryReplay`, the daemon's rule). ``lag``
     None: nothing is carried."""
-    out: List[Optional[Detections]] = [None] * len(records)
+    out: List[Optional[Carried]] = [None] * len(records)
     if lag is None:
         return out
     replay = CarryReplay(records, lag, cfg)
     for i in range(len(records)):
-        carried = replay.at(i)
+        carried = carried_at(replay, i)
         if mask[i]:
             replay.escalate(i, modes[i])
         else:

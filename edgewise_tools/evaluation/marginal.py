@@ -78,7 +78,8 @@ def marginal_gains(records: Sequence[FrameRecord], ref: np.ndarray, merge: Merge
     whole = WholeFrames()
     rows, y = [], []
     for i, r in enumerate(records):
-        carried = replay.at(i)
+        now = hybrid.carried_at(replay, i)
+        carried = now.boxes if now is not None and len(now.boxes) else None
         nb = len(r.edge)
         rows.append(features_of(views.features(records, i, replay, carried), nb,
                                 float(r.edge.scores.max()) if nb else 0.0))
@@ -86,14 +87,14 @@ def marginal_gains(records: Sequence[FrameRecord], ref: np.ndarray, merge: Merge
         trial.last = dict(whole.last)
         mode = mode_of(trial, r)
         g = gain(hybrid.final_boxes(r, True, merge, False, mode), hybrid.final_boxes(r, False, merge, False,
-                                                                                    carried=carried), r)
+                                                                                    carried=now), r)
         without, with_i = replay.copy(), replay.copy()
         with_i.escalate(i, mode)
         # the reference's later escalations go on in both: a newer answer still on its way (lag
         # > 1) or covering only its regions (carryScope regions) leaves this one carried
         for k in range(i + 1, min(int(ends[i]), i + 1 + cfg.frames)):
             rk = records[k]
-            a, b = with_i.at(k), without.at(k)
+            a, b = hybrid.carried_at(with_i, k), hybrid.carried_at(without, k)
             if with_i.key() == without.key() and with_i.waiting == without.waiting:
                 break  # this escalation changes nothing from here on
             if ref[k]:  # publishes its own answer either way

@@ -148,3 +148,23 @@ def test_an_object_a_region_cut_is_carried_once_not_beside_the_edges_box():
     old.answered("cam", 10, cut, cfg, regions)
     assert sorted(sources(old.apply("cam", 11, frame(102, 11), D([[102, 80, 116, 100, 0.8, 1]]), cfg))) == [
         CARRIED, "edge"]
+
+
+def test_with_the_edge_floor_a_doubtful_edge_box_goes_while_a_whole_frame_answer_is_in_force():
+    """The daemon's path (``Carrier.in_force`` then ``publish``): an answer that found nothing
+    keeps ruling out the edge's doubtful box where it looked until its carryFrames run out."""
+    cfg = CarryConfig(frames=3, min_match=0.5, edge_floor=0.5)
+    doubtful = D([[200, 150, 214, 170, 0.3, 0]])
+    c = Carrier()
+    assert c.apply("cam", 0, frame(100, 0), doubtful, cfg) is doubtful  # no answer in force yet
+    c.sent("cam", 1, frame(100, 1), cfg)
+    c.answered("cam", 1, NONE, cfg)  # the whole frame: the cloud found nothing
+    assert len(c.apply("cam", 2, frame(100, 2), doubtful, cfg)) == 0
+    boxes, looked = c.in_force("cam", 4, frame(100, 4), cfg)
+    assert len(boxes) == 0 and looked == (None,)
+    # past its 3 frames the answer no longer rules: the edge's box is published again
+    assert c.apply("cam", 5, frame(100, 5), doubtful, cfg) is doubtful
+    # the floor off (the default): the answer in force does not drop it
+    c.sent("cam", 6, frame(100, 6), CFG)
+    c.answered("cam", 6, NONE, CFG)
+    assert c.apply("cam", 7, frame(100, 7), doubtful, CFG) is doubtful

@@ -191,3 +191,28 @@ def test_boxes_are_not_carried_onto_a_frame_of_another_size():
     assert len(moved) == 0 and moved.age == 1
     assert state.size == moved.size == (480, 640)
     assert len(step(moved, scene([(100, 80, far)], seed_=2), cfg)) == 0  # and not back when the size returns
+
+
+def test_the_edge_floor_drops_doubtful_edge_boxes_only_where_an_answer_in_force_looked():
+    """``merge.carryEdgeFloor``: between answers an edge box under the floor that no carried box
+    confirms is dropped where the cloud looked (it saw that place and found nothing), as the
+    merge's ``edgeFloor`` rules on the escalated frame; elsewhere, above the floor, confirmed,
+    or with no answer in force, the edge's boxes stay."""
+    edge = D([[10, 10, 30, 30, 0.3, 0],     # doubtful, where the cloud looked: dropped
+              [100, 10, 120, 30, 0.6, 0],   # confident: kept
+              [200, 10, 220, 30, 0.3, 1],   # doubtful, but a carried box confirms it: fused
+              [400, 10, 420, 30, 0.3, 0]])  # doubtful, outside the regions the answer saw: kept
+    carried = D([[201, 10, 221, 30, 0.9, 0]], source=CARRIED)
+    regions = np.array([[0, 0, 300, 100]], np.float32)
+    out = combine(edge, carried, edge_floor=0.5, looked=(regions,))
+    assert sorted(zip(out.boxes[:, 0].tolist(), out.box_sources())) == [
+        (100.0, "edge"), (200.0, "fused"), (400.0, "edge")]
+    # a whole-frame answer looked everywhere; with nothing carried the floor still holds
+    out = combine(edge, D([], source=CARRIED), edge_floor=0.5, looked=(None,))
+    assert out.boxes[:, 0].tolist() == [100.0]
+    # no answer in force, or the floor off (0, the default): every edge box stays, as it was
+    assert combine(edge, D([], source=CARRIED), edge_floor=0.5, looked=()) is edge
+    assert combine(edge, carried, looked=(None,)).box_sources().count("edge") == 3
+    # a score exactly at the floor is kept (the merge's ">= edgeFloor", in float32)
+    at_floor = D([[10, 10, 30, 30, 0.5, 0]])
+    assert len(combine(at_floor, D([], source=CARRIED), edge_floor=0.5, looked=(None,))) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pytest
 
@@ -229,6 +231,11 @@ def test_carried_answers_fill_the_frames_between_escalations() -> None:
         hybrid.evaluate(recs, up, nc=2, merge=CARRY, carry_lag=0)
 
 
+def _boxes(carried: Optional[hybrid.Carried]) -> bool:
+    """Whether a frame gets carried boxes (not only an answer in force that carries none)."""
+    return carried is not None and len(carried.boxes) > 0
+
+
 def test_a_new_escalation_replaces_the_carried_answer_once_it_is_back() -> None:
     recs = _carrying_stream()
     recs[2].carried = {"full": []}  # frame 2's answer carries nothing
@@ -239,7 +246,7 @@ def test_a_new_escalation_replaces_the_carried_answer_once_it_is_back() -> None:
     assert hybrid.evaluate(recs, up, nc=2, merge=CARRY, carry_lag=2)["recall"] == pytest.approx(3 / 6)
     # frame 4 would take frame 0's answer 4 frames on, past the 3 it carried; frame 3 carried none
     up3 = np.array([True, False, False, True, False, False])
-    assert [d is not None for d in hybrid._carried(recs, up3, ["full"] * 6, 2, CARRY.carry())] == [False, False, True, False, False, False]
+    assert [_boxes(d) for d in hybrid._carried(recs, up3, ["full"] * 6, 2, CARRY.carry())] == [False, False, True, False, False, False]
 
 
 def test_carry_does_not_cross_streams() -> None:
@@ -313,13 +320,13 @@ def test_under_scope_regions_a_region_answer_does_not_drop_what_a_whole_frame_fo
     modes = ["full", "regions", "regions", "regions", "regions", "regions", "regions"]
     regions = CarryConfig(frames=5, min_match=0.5, scope="regions")
     answer = CarryConfig(frames=5, min_match=0.5, scope="answer")
-    carried = [d is not None for d in hybrid._carried(recs, up, modes, 1, answer)]
+    carried = [_boxes(d) for d in hybrid._carried(recs, up, modes, 1, answer)]
     assert carried == [False, True, False, False, False, False, False]
-    carried = [d is not None for d in hybrid._carried(recs, up, modes, 1, regions)]
+    carried = [_boxes(d) for d in hybrid._carried(recs, up, modes, 1, regions)]
     assert carried == [False, True, False, True, False, True, False]  # frame 6 is 6 frames on, past 5
     # the same box inside the regions the later answers looked at: hidden there
     recs = _far_box_stream(7, [0, 0, 40, 40])
-    carried = [d is not None for d in hybrid._carried(recs, up, modes, 1, regions)]
+    carried = [_boxes(d) for d in hybrid._carried(recs, up, modes, 1, regions)]
     assert carried == [False, True, False, False, False, False, False]
 
 
@@ -469,3 +476,27 @@ def test_a_policy_whose_scores_tie_is_averaged_over_tie_break_draws() -> None:
     assert len(scoring.tie_draws(np.array([0.3, 0.1, 0.2]), 5)) == 1
     masks = [hybrid.top_fraction(d, 0.25, seed=i) for i, d in enumerate(draws)]
     assert len({tuple(m) for m in masks}) > 1 and all(not m[3] for m in masks)  # different draws, never the lowest
+
+
+def test_the_edge_floor_between_answers_is_replayed_where_each_answer_looked() -> None:
+    """``merge.carryEdgeFloor``: the edge's doubtful false box at [60, 60, 80, 80] is dropped on
+    the frames a whole-frame answer (frame 0's, which found only the true box) rules, and kept
+    where a region answer in force did not look, or with the floor off; what ``edgewise eval``
+    replays is the daemon's ``publish``."""
+    from edgewise_tools.evaluation.frames import ModeResult
+
+    box, fp = [10, 10, 30, 30], [60, 60, 80, 80]
+    edge = D([box, fp], [0, 0], [0.9, 0.3], "edge")
+    recs = [rec(i, edge, D([box], [0], [0.9], "cloud"), [box], [0]) for i in range(4)]
+    for r in recs:
+        r.carried = {"full": [D([box], [0], [0.9], "carried")] * 3, "regions": [D([box], [0], [0.9], "carried")] * 3}
+        r.modes["regions"] = ModeResult(r.cloud, r.cloud, 10, np.array([[0, 0, 40, 40]], np.float32))
+    up = np.array([True, False, False, False])
+    floor = Merge(strategy="fuse", iou=0.5, carry_frames=3, carry_edge_floor=True)
+    off = Merge(strategy="fuse", iou=0.5, carry_frames=3)
+    # frame 0 merges (the fuse drops the doubtful box); frames 1-3: dropped too, or kept with the floor off
+    assert hybrid.evaluate(recs, up, nc=2, merge=floor, carry_lag=1)["precision"] == pytest.approx(1.0)
+    assert hybrid.evaluate(recs, up, nc=2, merge=off, carry_lag=1)["precision"] == pytest.approx(4 / 7)
+    # a region answer looked only at [0, 0, 40, 40]: the false box lies outside and stays, on
+    # the escalated frame as in the merge, and after it
+    assert hybrid.evaluate(recs, up, nc=2, merge=floor, mode="regions", carry_lag=1)["precision"] == pytest.approx(4 / 8)
