@@ -59,8 +59,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "fine-tune a trained detector (a trainer checkpoint such as RUN/best.pt) or an ONNX "
                         "model exported by edgewise (e.g. models/edge.onnx: Conv+BN unfused on training images)")
     p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run from OUT/resume.pt (written after every epoch) when it "
-                        "exists, with the same settings; otherwise start afresh")
+                   help="continue an interrupted run from OUT/resume.pt (written after every epoch of any run, "
+                        "with or without --resume) when it exists, with the same settings; otherwise start "
+                        "afresh (without --resume, an OUT that holds resume.pt is refused)")
 
 
 

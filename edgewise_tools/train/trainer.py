@@ -11,12 +11,16 @@ A wall-clock ``time_budget_s`` makes the schedule time-based: the LR follows
 ``max(epoch progress, time progress)`` and training stops at the budget, so a
 run on a shared CPU still anneals and ends with a usable model.
 
-Resumable (``resume``): after every epoch ``resume.pt`` keeps what the next epoch
-needs (weights, EMA, optimizer, random states, the training seconds spent, history,
-best score). A run with ``resume`` and the same settings continues from it after an
-interruption (a killed process loses at most the epoch in progress, and the time
-budget counts training time only); without the file it starts afresh. A run
-that finished deletes it.
+Resumable: after every epoch ``resume.pt`` keeps what the next epoch needs (weights,
+EMA, optimizer, random states, the training seconds spent, history, best score), whether
+or not the run was started with ``resume``: a run interrupted hours in can be continued
+however it was started. A run with ``resume`` and the same settings continues from it
+after an interruption (a killed process loses at most the epoch in progress, and the time
+budget counts training time only); without the file it starts afresh. A run without
+``resume`` into a folder that holds the file is refused (ConfigError: continue it with
+``resume``, or delete the file): starting afresh would write over the interrupted run's
+checkpoints, and a later ``resume`` would go back to that older run over the new one. A
+run that finished deletes the file.
 """
 
 from __future__ import annotations
@@ -124,7 +128,8 @@ class TrainConfig:
     #: backbone file of edgewise_tools.train.pretrain, a checkpoint to fine-tune, or an ONNX
     #: file exported by edgewise (edgewise_tools.train.onnxinit: fused weights unfused)
     init: Optional[str] = None
-    #: continue from ``out/resume.pt`` when it exists (same settings), else start afresh
+    #: continue from ``out/resume.pt`` (written after every epoch of any run) when it exists
+    #: (same settings), else start afresh
     resume: bool = False
 
     def validate(self) -> TrainConfig:
@@ -300,6 +305,10 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = check_output_folder(cfg.out, "--out")
+    resume_path = out / "resume.pt"
+    if not cfg.resume and resume_path.exists():
+        raise ConfigError(f"--out {out}: holds the resume.pt of an interrupted run; pass --resume to continue it "
+                          f"(same settings), or delete {resume_path} (or choose another --out) to start afresh")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(_settings(cfg), indent=1))
     torch.manual_seed(cfg.seed)
@@ -311,7 +320,6 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto"
                           else cfg.device)
     model = make_model(cfg, nc)
-    resume_path = out / "resume.pt"
     saved: Optional[Dict[str, Any]] = None
     if cfg.resume and resume_path.exists():
         try:
@@ -342,6 +350,8 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
             raise ConfigError(f"--init {cfg.init}: {len(broken)} tensor(s) hold values that are not finite (NaN or "
                               f"infinity), such as {broken[0]!r}: the file is damaged or comes from a run that "
                               "diverged; start from another file")
+    if saved is None and cfg.resume:
+        log.info("%s: no resume.pt (no run was interrupted there after a finished epoch): starting afresh", out)
     model = model.to(device).train()
     amp = _amp_dtype(cfg.amp, device)
     det = model.detect
@@ -476,7 +486,7 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
         (out / "history.json").write_text(json.dumps(history, indent=1))
         if stop:
             break
-        if cfg.resume and epoch + 1 < cfg.epochs:
+        if epoch + 1 < cfg.epochs:  # with or without resume: any interrupted run can be continued
             save_resume(resume_path, model, ema, optimizer, cfg, {
                 "epoch": epoch + 1, "last_opt_step": last_opt_step, "best": best, "history": history,
                 "images_seen": images_seen, "numpy_rng": rng.bit_generator.state,

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
+from edgewise.errors import ConfigError  # noqa: E402
 from edgewise_tools.train import TrainConfig, load_checkpoint, train  # noqa: E402
 from edgewise_tools.train.data import NO_AUGMENT, YoloDataset, batches  # noqa: E402
 from edgewise_tools.train.loss import ComputeLoss, LossGains, scaled_gains  # noqa: E402
@@ -300,3 +301,72 @@ def test_cli_refuses_a_bad_number_or_device_before_writing(tiny_data: Path, tmp_
     assert rc == 2
     assert err.startswith(f"edgewise train: error: {flag} ") and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_a_run_started_without_resume_can_be_resumed_after_ctrl_c(tiny_data: Path, tmp_path: Path) -> None:
+    """`edgewise train` without --resume, Ctrl-C'd (a real SIGINT) after its first epoch, then run
+    again with --resume: it continues after the last finished epoch instead of starting afresh over
+    the interrupted run's checkpoints (resume.pt was written only by runs started with --resume)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    flags = ["--data", str(tiny_data), "--out", str(out), "--imgsz", "128", "--epochs", "40", "--batch", "2",
+             "--nbs", "4", "--warmup-epochs", "0", "--threads", "1", "--seed", "5", "--no-export"]
+    proc = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "train", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "resume.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"Traceback" not in err
+    done = torch.load(str(out / "resume.pt"), weights_only=False)["epoch"]
+    assert 1 <= done < 40
+    epochs: List[int] = []
+    cfg = TrainConfig(data=str(tiny_data), out=str(out), imgsz=128, epochs=40, batch=2, nbs=4, warmup_epochs=0.0,
+                      log_every=0, seed=5, threads=1, export_onnx=False, resume=True)
+
+    class Enough(Exception):
+        pass
+
+    def first_epoch_only(rec: dict) -> None:
+        epochs.append(rec["epoch"])
+        raise Enough
+
+    with pytest.raises(Enough):
+        train(cfg, progress=first_epoch_only)
+    assert epochs == [done + 1]
+
+
+def test_a_fresh_run_into_an_interrupted_runs_folder_is_refused(tiny_data: Path, tmp_path: Path) -> None:
+    """A run without resume into the folder of an interrupted run is refused before it writes
+    anything: it would write over that run's checkpoints, and leave its resume.pt for a later
+    --resume to go back to over the new run."""
+    out = tmp_path / "run"
+
+    def cfg(**kw: object) -> TrainConfig:
+        return TrainConfig(data=str(tiny_data), out=str(out), imgsz=128, epochs=3, batch=2, nbs=4,
+                           warmup_epochs=0.0, log_every=0, seed=5, threads=1, export_onnx=False, **kw)
+
+    class Killed(Exception):
+        pass
+
+    def kill_in_two(rec: dict) -> None:
+        if rec["epoch"] == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(cfg(), progress=kill_in_two)  # resume.pt: epoch 1
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    with pytest.raises(ConfigError, match=r"holds the resume.pt of an interrupted run; pass --resume to continue"):
+        train(cfg())
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
