@@ -32,7 +32,7 @@ gen() {  # SPLIT_DIR SPLIT SEED STREAMS FRAMES STRIDE PRESET [extra args]
 }
 crops() {  # OUT FROM PER_FRAME
     [ -f "$RUN/data/$1/dataset.json" ] || "$PY" -m edgewise_tools.train.crops --data "$RUN/data/$2" \
-        --out "$RUN/data/$1" --size 320 --per-frame "$3" --seed 0 > "$RUN/gen-$1.log" 2>&1
+        --out "$RUN/data/$1" --overwrite --size 320 --per-frame "$3" --seed 0 > "$RUN/gen-$1.log" 2>&1
 }
 split() {  # NAME: generate it (and what it is cut from)
     case "$1" in

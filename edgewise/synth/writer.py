@@ -22,6 +22,9 @@ While it writes, ``out`` holds ``.synth-incomplete`` (:data:`INCOMPLETE`), remov
 it, and the readers of the layout (``edgewise train`` and its backbone pre-training, ``eval``,
 ``check-policy --data``) refuse such a folder (:func:`incomplete_problem`) instead of training
 or scoring on part of the frames, the last perhaps without its labels. ``--overwrite`` removes it with the rest.
+The training crops (``edgewise_tools.train.crops``) write the same layout by the same rules
+(:func:`prepare_output`, :class:`OwnFiles`) and leave a marker of their own
+(:data:`INCOMPLETE_MARKERS`).
 
 COCO ``category_id`` equals the YOLO class index (0..9, category names "0".."9").
 COCO images carry ``stream`` and ``frame`` (0-based) so streams can be replayed
@@ -36,7 +39,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Pattern, Sequence, Tuple
 
 import cv2
 
@@ -101,10 +104,27 @@ _OWN_FOLDERS = {
 _OWN_FILES = ("annotations.json", "dataset.json")
 #: the marker of a dataset being written (or a run that never finished writing it)
 INCOMPLETE = ".synth-incomplete"
+#: every such marker a dataset writer of this layout leaves (synth's, the training crops'), with
+#: the command that writes it: :func:`incomplete_problem` refuses a folder that holds one
+CROPS_INCOMPLETE = ".crops-incomplete"
+INCOMPLETE_MARKERS = {INCOMPLETE: ("edgewise synth", "synth"),
+                      CROPS_INCOMPLETE: ("python -m edgewise_tools.train.crops", "crops")}
 #: what the COCO file's ``info.description`` says (how ``--overwrite`` knows synth wrote it)
 _COCO_DESCRIPTION = "edgewise synthetic digits"
 #: keys every dataset.json synth writes has (how ``--overwrite`` knows synth wrote it)
 _SUMMARY_KEYS = frozenset(("names", "nc", "split", "seed", "width", "height", "streams", "frames", "images"))
+
+
+@dataclass(frozen=True)
+class OwnFiles:
+    """What one dataset writer puts into its output folder: what its ``--overwrite`` may remove
+    (:func:`prepare_output`)."""
+
+    tool: str  # how messages name it: "synth"
+    folders: Dict[str, Pattern[str]]  # sub-folder -> the names of the files it writes there
+    files: Tuple[str, ...]  # top-level files
+    written_by: Callable[[Path], bool]  # whether a top-level file's content shows the tool wrote it
+    marker: str  # its INCOMPLETE_MARKERS name
 
 
 def _tmp_name(name: str) -> str:
@@ -127,6 +147,9 @@ def _written_by_synth(p: Path) -> bool:
         info = data.get("info")
         return isinstance(info, dict) and info.get("description") == _COCO_DESCRIPTION
     return _SUMMARY_KEYS <= set(data)
+
+
+SYNTH_FILES = OwnFiles("synth", _OWN_FOLDERS, _OWN_FILES, _written_by_synth, INCOMPLETE)
 
 
 def _put(path: Path, data: bytes) -> None:
@@ -155,12 +178,12 @@ def _listing(names: Sequence[str], limit: int = 3) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _remove_dataset(out: Path) -> None:
-    """Remove the files a previous :func:`generate` wrote into ``out``; refuse (deleting
-    nothing) when synth's folders hold anything it did not write."""
+def _remove_dataset(out: Path, own: OwnFiles) -> None:
+    """Remove the files a previous run of ``own.tool`` wrote into ``out``; refuse (deleting
+    nothing) when its folders hold anything it did not write."""
     doomed: List[Path] = []
     foreign: List[str] = []
-    for folder, pattern in _OWN_FOLDERS.items():
+    for folder, pattern in own.folders.items():
         sub = out / folder
         if not (sub.exists() or sub.is_symlink()):
             continue
@@ -172,33 +195,35 @@ def _remove_dataset(out: Path) -> None:
                 doomed.append(p)
             else:
                 foreign.append(f"{folder}/{p.name}")
-    for name in _OWN_FILES:
+    for name in own.files:
         p = out / name
-        if (p.is_symlink() or p.is_file()) and _written_by_synth(p):
+        if (p.is_symlink() or p.is_file()) and own.written_by(p):
             doomed.append(p)
         elif p.exists() or p.is_symlink():
             foreign.append(name)
         tmp = out / _tmp_name(name)
         if tmp.is_symlink() or tmp.is_file():
             doomed.append(tmp)  # left by a run killed while it wrote ``name``
-    marker = out / INCOMPLETE
+    marker = out / own.marker
     if marker.is_symlink() or marker.is_file():
         doomed.append(marker)
     if foreign:
         raise InvalidInputError(
-            f"output folder {out}: --overwrite removes only the files synth writes, but {_listing(foreign)} "
+            f"output folder {out}: --overwrite removes only the files {own.tool} writes, but {_listing(foreign)} "
             f"{'is' if len(foreign) == 1 else 'are'} not one of them; move {'it' if len(foreign) == 1 else 'them'} "
             f"away or choose an empty folder")
     for p in doomed:
         p.unlink()
-    for folder in _OWN_FOLDERS:
+    for folder in own.folders:
         sub = out / folder
         if sub.is_dir() and not sub.is_symlink() and not any(sub.iterdir()):
             sub.rmdir()
 
 
-def _prepare_out(out: Path, overwrite: bool, folders: Sequence[str]) -> None:
-    """Make ``out`` ready for a new dataset: new or empty, or (``overwrite``) emptied of an old one."""
+def prepare_output(out: Path, overwrite: bool, folders: Sequence[str], own: Optional[OwnFiles] = None) -> None:
+    """Make ``out`` ready for a new dataset of ``own.tool`` (default synth's): new or empty, or
+    (``overwrite``) emptied of one it wrote before; creates ``folders`` in it."""
+    own = own or SYNTH_FILES
     try:
         if out.exists() and not out.is_dir():
             raise InvalidInputError(f"output folder {out} is a file, not a folder; choose a new or empty folder")
@@ -208,10 +233,10 @@ def _prepare_out(out: Path, overwrite: bool, folders: Sequence[str]) -> None:
                 raise InvalidInputError(
                     f"output folder {out} is not empty (it holds {_listing(entries)}), and a new dataset written "
                     f"into it would be mixed with what is there; choose an empty or new folder, remove this one, "
-                    f"or pass --overwrite to replace the dataset synth wrote there (only synth's own files are "
-                    f"removed)")
+                    f"or pass --overwrite to replace the dataset {own.tool} wrote there (only {own.tool}'s own "
+                    f"files are removed)")
             if entries:
-                _remove_dataset(out)
+                _remove_dataset(out, own)
         for folder in folders:
             (out / folder).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -222,12 +247,13 @@ def _prepare_out(out: Path, overwrite: bool, folders: Sequence[str]) -> None:
 
 
 def incomplete_problem(root: Path) -> Optional[str]:
-    """Why the dataset folder ``root`` cannot be read: an ``edgewise synth`` run that was writing
-    it did not finish (:data:`INCOMPLETE` is there); None otherwise. The one check every reader
-    of the layout makes."""
-    if (Path(root) / INCOMPLETE).exists():
-        return (f"{root}: an `edgewise synth` run that wrote this dataset did not finish ({INCOMPLETE} is "
-                "there): it holds only part of the frames; run the same synth again with --overwrite")
+    """Why the dataset folder ``root`` cannot be read: an ``edgewise synth`` run (or another
+    writer of :data:`INCOMPLETE_MARKERS`) that was writing it did not finish (its marker is
+    there); None otherwise. The one check every reader of the layout makes."""
+    for marker, (command, tool) in INCOMPLETE_MARKERS.items():
+        if (Path(root) / marker).exists():
+            return (f"{root}: an `{command}` run that wrote this dataset did not finish ({marker} is "
+                    f"there): it holds only part of the frames; run the same {tool} again with --overwrite")
     return None
 
 
@@ -253,7 +279,7 @@ def generate(job: SynthJob, progress: Optional[Any] = None) -> Dict[str, Any]:
     """
     job.validate()
     out = Path(job.out)
-    _prepare_out(out, job.overwrite, ("images", "labels", "videos") if job.video else ("images", "labels"))
+    prepare_output(out, job.overwrite, ("images", "labels", "videos") if job.video else ("images", "labels"))
     try:
         _put(out / INCOMPLETE, b"edgewise synth is writing this dataset, or was interrupted while it did\n")
         summary = _write(job, out, progress)

@@ -13,13 +13,19 @@ crop and kept when at least ``keep`` of their area is inside (Ultralytics keeps 
 clipped box above an area ratio too, ``box_candidates``). Every draw comes from a
 generator seeded by ``(seed, frame index)``: the same arguments write the same files.
 The output is a dataset in the ``edgewise synth`` layout (``images/``, ``labels/``,
-``dataset.json``) that ``edgewise train`` reads as is.
+``dataset.json``) that ``edgewise train`` reads as is. As ``edgewise synth``'s, ``--out`` must
+be new or empty, or (``--overwrite``) hold an earlier crops dataset, whose files are removed
+first: crops written over a larger run's would keep its extra crops beside the new ones, and
+``edgewise train`` would train on all of them. While it writes, the folder holds
+``.crops-incomplete``, which the readers of the layout refuse (an interrupted run leaves it,
+so ``dataset.json`` never stands for part of the crops).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -27,11 +33,27 @@ from typing import Any, Dict, List, Optional, Tuple
 import cv2
 import numpy as np
 
-from edgewise.errors import ConfigError
-from edgewise.synth.writer import incomplete_problem
+from edgewise.errors import ConfigError, EdgewiseError
+from edgewise.synth.writer import CROPS_INCOMPLETE, OwnFiles, incomplete_problem, prepare_output
 from edgewise_tools.train.data import IMG_EXT, dataset_names, read_yolo_labels
 
 Box = Tuple[int, int, int, int]
+
+#: dataset.json keys every crops summary has (how --overwrite knows this tool wrote one)
+_SUMMARY_KEYS = frozenset(("names", "nc", "source", "frames", "images", "size", "per_frame", "seed", "keep"))
+
+
+def _written_by_crops(p: Path) -> bool:
+    try:
+        data = json.loads(p.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and _SUMMARY_KEYS <= set(data)
+
+
+#: what :func:`make_crops` writes into ``out`` (what ``--overwrite`` removes)
+CROPS_FILES = OwnFiles("crops", {"images": re.compile(r".+_c\d+\.jpg"), "labels": re.compile(r".+_c\d+\.txt")},
+                       ("dataset.json",), _written_by_crops, CROPS_INCOMPLETE)
 
 
 def crop_windows(width: int, height: int, labels: np.ndarray, size: int, per_frame: int,
@@ -72,8 +94,9 @@ def crop_labels(labels: np.ndarray, width: int, height: int, window: Box, keep: 
 
 
 def make_crops(data: Path, out: Path, size: int = 320, per_frame: int = 2, seed: int = 0, keep: float = 0.6,
-               quality: int = 95, limit: Optional[int] = None) -> Dict[str, Any]:
-    """Write the crops of every frame of ``data`` to ``out``; returns the summary (also dataset.json)."""
+               quality: int = 95, limit: Optional[int] = None, overwrite: bool = False) -> Dict[str, Any]:
+    """Write the crops of every frame of ``data`` to ``out`` (new or empty, or with ``overwrite``
+    holding an earlier crops dataset); returns the summary (also dataset.json)."""
     if size < 32 or per_frame < 1 or not 0 < keep <= 1 or not 1 <= quality <= 100:
         raise ConfigError("--size >= 32, --per-frame >= 1, --keep in (0, 1] and --quality in 1..100")
     img_dir = Path(data) / "images"
@@ -85,8 +108,9 @@ def make_crops(data: Path, out: Path, size: int = 320, per_frame: int = 2, seed:
     files = sorted(p for p in img_dir.iterdir() if p.suffix.lower() in IMG_EXT)[:limit]
     if not files:
         raise ConfigError(f"{img_dir}: no images")
-    (out / "images").mkdir(parents=True, exist_ok=True)
-    (out / "labels").mkdir(parents=True, exist_ok=True)
+    prepare_output(Path(out), overwrite, ("images", "labels"), CROPS_FILES)
+    marker = Path(out) / CROPS_FILES.marker
+    marker.write_text("python -m edgewise_tools.train.crops is writing this dataset, or was interrupted while it did\n")
     n_crops = n_boxes = 0
     for i, f in enumerate(files):
         im = cv2.imread(str(f), cv2.IMREAD_COLOR)
@@ -110,7 +134,10 @@ def make_crops(data: Path, out: Path, size: int = 320, per_frame: int = 2, seed:
     names = dataset_names(Path(data))
     summary = {"names": names, "nc": len(names), "source": str(data), "frames": len(files), "images": n_crops,
                "objects": n_boxes, "size": size, "per_frame": per_frame, "seed": seed, "keep": keep}
-    (out / "dataset.json").write_text(json.dumps(summary, indent=1))
+    tmp = out / ".dataset.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(out / "dataset.json")
+    marker.unlink()
     return summary
 
 
@@ -123,12 +150,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", type=float, default=0.6, help="least share of a box inside the crop to keep it")
     p.add_argument("--limit", type=int, default=None, help="only the first N frames")
+    p.add_argument("--overwrite", action="store_true",
+                   help="--out may hold an earlier crops dataset: remove its files (images/, labels/, dataset.json) "
+                        "first; without it --out must be new or empty")
     a = p.parse_args(argv)
     try:
-        summary = make_crops(a.data, a.out, a.size, a.per_frame, a.seed, a.keep, limit=a.limit)
-    except ConfigError as exc:
+        summary = make_crops(a.data, a.out, a.size, a.per_frame, a.seed, a.keep, limit=a.limit,
+                             overwrite=a.overwrite)
+    except EdgewiseError as exc:
         print(f"crops: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"crops: interrupted; {a.out} holds an incomplete dataset (run again with --overwrite to replace it)",
+              file=sys.stderr)
+        return 130
     print(json.dumps(summary))
     return 0
 

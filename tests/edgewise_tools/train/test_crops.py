@@ -132,3 +132,60 @@ def test_edge_stages_are_ordered_by_input_size(tmp_path: Path) -> None:
     for name in ("edge-416", "edge-96", "edge-320", "edge-x", "cloud"):
         (tmp_path / name).mkdir()
     assert edge_stages(tmp_path) == ["edge-96", "edge-320", "edge-416"]  # by size, not by name
+
+
+def test_a_rerun_does_not_mix_its_crops_with_an_earlier_larger_runs(camera_data: Path, tmp_path: Path) -> None:
+    """Crops written into a folder that holds an earlier run's kept its extra crops beside the new
+    ones (dataset.json said 2 images, images/ held 12, and `edgewise train` trained on all 12):
+    a non-empty --out is refused, and --overwrite replaces the earlier crops."""
+    from edgewise.errors import InvalidInputError
+    from edgewise_tools.train.data import YoloDataset
+
+    out = tmp_path / "c"
+    assert make_crops(camera_data, out, size=96, per_frame=2)["images"] == 12
+    with pytest.raises(InvalidInputError, match=r"is not empty .* pass --overwrite"):
+        make_crops(camera_data, out, size=96, per_frame=1, limit=2)
+    assert len(list((out / "images").iterdir())) == 12  # refused: nothing removed
+    assert make_crops(camera_data, out, size=96, per_frame=1, limit=2, overwrite=True)["images"] == 2
+    assert len(list((out / "images").iterdir())) == len(list((out / "labels").iterdir())) == 2
+    assert len(YoloDataset(out, 96)) == 2
+    (out / "images" / "mine.jpg").write_bytes(b"")  # not a crop: --overwrite refuses to remove it
+    with pytest.raises(InvalidInputError, match="images/mine.jpg"):
+        make_crops(camera_data, out, size=96, per_frame=1, overwrite=True)
+
+
+def test_ctrl_c_leaves_a_marked_incomplete_dataset_that_readers_refuse(camera_data: Path, tmp_path: Path) -> None:
+    """A real SIGINT while the crops are written: one line and exit status 130, no traceback; the
+    folder keeps its marker, so `edgewise train` refuses it instead of training on part of the
+    crops, and a rerun with --overwrite completes it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from edgewise.synth.writer import CROPS_INCOMPLETE
+    from edgewise_tools.train.data import YoloDataset
+
+    out = tmp_path / "c"
+    args = ["--data", str(camera_data), "--out", str(out), "--size", "32", "--per-frame", "3000"]
+    proc = subprocess.Popen([sys.executable, "-m", "edgewise_tools.train.crops", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                (out / "images").is_dir() and any((out / "images").iterdir())):
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    text = err.decode()
+    assert proc.returncode == 130, text[-2000:]
+    assert "Traceback" not in text and f"crops: interrupted; {out} holds an incomplete dataset" in text
+    assert (out / CROPS_INCOMPLETE).exists() and not (out / "dataset.json").exists()
+    with pytest.raises(ConfigError, match=r"edgewise_tools.train.crops` run that wrote this dataset did not finish"):
+        YoloDataset(out, 32)
+    assert main([*args[:-1], "1", "--overwrite"]) == 0
+    assert not (out / CROPS_INCOMPLETE).exists() and len(YoloDataset(out, 32)) == 6
