@@ -15,7 +15,8 @@
 #   tune-test   the episodes test split of scripts/train_reference.sh (the previous headline)
 #   cam-train-crops / cam-val-crops: native-scale 320x320 crops for the cloud model
 # Usage: scripts/camera_data.sh RUN_DIR [SPLIT...]   (no SPLIT: all of them)
-#   env SCALE (divides every split's stream count: a smoke test uses SCALE=40), PY.
+#   env SCALE (divides every split's stream count: a smoke test uses SCALE=40; a split already in
+#   RUN_DIR with another stream count is refused, not taken for this one), PY.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:?usage: scripts/camera_data.sh RUN_DIR [SPLIT...]}
@@ -25,8 +26,21 @@ SCALE=${SCALE:-1}
 mkdir -p "$RUN/data"
 
 gen() {  # SPLIT_DIR SPLIT SEED STREAMS FRAMES STRIDE PRESET [extra args]
-    local streams=$(( ($4 + SCALE - 1) / SCALE ))
-    [ -f "$RUN/data/$1/dataset.json" ] || "$PY" -m edgewise.cli synth --out "$RUN/data/$1" --overwrite --split "$2" \
+    local streams=$(( ($4 + SCALE - 1) / SCALE )) have
+    if [ -f "$RUN/data/$1/dataset.json" ]; then
+        # kept only when it is the split this run asks for: a smoke test's (SCALE=40) in the same
+        # RUN_DIR would otherwise stand in for the full split, and what trains on it be skipped too
+        have=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("streams"))' \
+            "$RUN/data/$1/dataset.json")
+        if [ "$have" != "$streams" ]; then
+            echo "scripts/camera_data.sh: $RUN/data/$1 holds $have streams, but SCALE=$SCALE asks for $streams:" \
+                "it was made by a run with another SCALE; use another RUN_DIR, or remove $RUN (its splits" \
+                "and what was trained on them)" >&2
+            exit 2
+        fi
+        return 0
+    fi
+    "$PY" -m edgewise.cli synth --out "$RUN/data/$1" --overwrite --split "$2" \
         --seed "$3" --streams "$streams" --frames "$5" --stride "$6" --difficulty "$7" "${@:8}" \
         > "$RUN/gen-$1.log" 2>&1
 }
