@@ -144,6 +144,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not reloads:
             hangup.release()
         return _run(parser, args)
+    except KeyboardInterrupt:  # Ctrl-C while the command modules load (seconds on a Jetson): no traceback
+        return 130
     finally:
         # a no-op once a daemon took SIGHUP over; one that ended before (a settings error, exit
         # 2) drops a noted reload rather than dying of it

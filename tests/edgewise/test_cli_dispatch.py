@@ -154,3 +154,22 @@ def test_a_file_name_the_c_locale_reads_as_bytes_is_printed_as_its_bytes(tmp_pat
                        capture_output=True, timeout=60, env=env)
     assert p.returncode == 0, p.stderr.decode(errors="replace")[-600:]
     assert model + b": YOLOv5 detector" in p.stdout, p.stdout[:300]
+
+
+def test_ctrl_c_while_the_commands_load_ends_quietly_with_130():
+    """A Ctrl-C in the first second, while the command modules load (several seconds on a
+    Jetson), printed a 30-line traceback of the import it hit. A real SIGINT, sent by the
+    process to itself as the parser is being built, now ends it with 130 and no traceback."""
+    import subprocess
+
+    code = ("import os, signal, sys\n"
+            "import edgewise.cli as cli\n"
+            "build = cli.build_parser\n"
+            "def interrupted():\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return build()\n"
+            "cli.build_parser = interrupted\n"
+            "sys.exit(cli.main(['synth', '--help']))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 130, p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
