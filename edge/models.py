@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
         description="Build or reuse the TensorRT engine `edge run` loads with the same settings "
                     "(model.path, model.imgsz, model.max_batch, $EDGEWISE_ENGINE_CACHE).")
     add_settings_arguments(eng, SCHEMA)
-    eng.set_defaults(func=_engine)
+    eng.set_defaults(func=_engine, own_sigterm=True)  # a TensorRT build ends at SIGTERM at once (edgewise.cli)
 
     info = subparsers.add_parser("model-info", help="describe a YOLOv5 ONNX model (classes, size, precision)")
     info.add_argument("model", help="path of the .onnx file")

@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
                     "(tolerance, stabilization window, rate limits, min/max) and patch the worker "
                     "Deployment's scale subresource.")
     add_settings_arguments(p, SCHEMA)
-    p.set_defaults(func=handler)
+    p.set_defaults(func=handler, own_sigterm=True)  # stops on SIGTERM itself (edgewise.cli)
 
 
 def handler(args: argparse.Namespace) -> int:

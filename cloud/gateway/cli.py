@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
     up.add_argument("--gateway-config", help="extra gateway YAML (workers are filled in)")
     up.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                     help="extra argument passed to every worker (repeatable)")
-    up.set_defaults(func=_up)
+    up.set_defaults(func=_up, own_sigterm=True)  # stops its pool on SIGTERM itself (edgewise.cli)
 
 
 def _gateway(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_settings_arguments(p, SCHEMA)
-    p.set_defaults(func=handle)
+    p.set_defaults(func=handle, own_sigterm=True)  # drains on SIGTERM (edgewise.cli)
 
 
 def handle(args: argparse.Namespace) -> int:

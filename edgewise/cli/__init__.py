@@ -5,7 +5,13 @@ Each command group lives next to the code it drives and exposes
 ``set_defaults(func=handler)``; ``handler(args) -> int`` is the exit status. A
 daemon that reloads on SIGHUP also sets ``reloads_on_sighup=True`` and calls
 ``edgewise.hangup.take()`` once its own handler is in place: a SIGHUP that comes while
-it starts is then a reload, not its end (``edgewise/hangup.py``).
+it starts is then a reload, not its end (``edgewise/hangup.py``). For a command, SIGTERM
+(``timeout``, a job's cancel, ``kill``) is what Ctrl-C is (:class:`Terminated`, a
+KeyboardInterrupt): its clean-up runs (temporary files, the marker of an incomplete dataset,
+its one-line message) and it exits 143, as Ctrl-C's 130. A command that sets
+``own_sigterm=True`` (or ``reloads_on_sighup``) is left SIGTERM as it finds it: a service
+that drains and exits 0 on its own handler, or a TensorRT engine build, whose minutes in one
+C call a Python handler would wait out (systemd's stop timeout, then SIGKILL).
 The table below names those modules as strings: the runtime core never imports
 ``edge``, ``cloud`` or ``edgewise_tools`` (a layering test checks it); the
 dispatcher imports each module when the parser is built and skips one that is
@@ -21,7 +27,9 @@ import codecs
 import importlib
 import os
 import platform
+import signal
 import sys
+import threading
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from edgewise import __version__, hangup
@@ -144,8 +152,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not reloads:
             hangup.release()
         return _run(parser, args)
-    except KeyboardInterrupt:  # Ctrl-C while the command modules load (seconds on a Jetson): no traceback
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C while the command modules load (seconds on a Jetson), or a
+        return 143 if isinstance(exc, Terminated) else 130  # signal in _run's own clean-up: no traceback
     finally:
         # a no-op once a daemon took SIGHUP over; one that ended before (a settings error, exit
         # 2) drops a noted reload rather than dying of it
@@ -226,6 +234,18 @@ def _flag_or_env(flag_value: Optional[str], flag: str, var: str, default: str) -
     return default, flag
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in a command where Ctrl-C raises KeyboardInterrupt: the clean-up that
+    Ctrl-C runs (``except KeyboardInterrupt``, ``finally``, a temporary folder's removal) runs
+    for it too; it used to end the process where it stood, leaving a quantize run's copies of
+    the model in the temporary folder."""
+
+
+def _terminate(_signum: int, _frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    raise Terminated
+
+
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     # the flag, else the variable (EDGEWISE_LOG_LEVEL=debg in /etc/default/edgewise-edge was
     # refused as "log level 'debg'", naming neither), else the default
@@ -239,6 +259,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if func is None:
         parser.print_help()
         return 2
+    service = getattr(args, "own_sigterm", False) or getattr(args, "reloads_on_sighup", False)
+    previous = None
+    if not service and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         rc = int(func(args) or 0)
         sys.stdout.flush()  # here, not at exit: a reader gone ('| head') is caught below
@@ -247,12 +271,15 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # Errors we raise already say what to do; no traceback for the operator.
         _say_error(exc)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        return 143 if isinstance(exc, Terminated) else 130  # 128 + the signal, as a shell reports it
     except BrokenPipeError:  # `edgewise ... | head` closed our output: stop quietly, as cat does
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
         return 141  # 128 + SIGPIPE, as a shell reports a command its pipe closed
+    finally:
+        if not service and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-__all__: List[str] = ["build_parser", "main"]
+__all__: List[str] = ["Terminated", "build_parser", "main"]

@@ -124,7 +124,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--max-batch", type=positive_int, default=8, help="largest batch the engine accepts (8)")
     _add_imgsz(p)
-    p.set_defaults(func=cmd_engine)
+    p.set_defaults(func=cmd_engine, own_sigterm=True)  # a TensorRT build ends at SIGTERM at once (edgewise.cli)
 
 
 IMGSZ_HELP = (

@@ -173,3 +173,29 @@ def test_ctrl_c_while_the_commands_load_ends_quietly_with_130():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 130, p.stderr
     assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+@pytest.mark.parametrize("argv", [["edge", "run"], ["cloud", "gateway"], ["cloud", "worker"], ["cloud", "autoscaler"],
+                                  ["cloud", "up", "--model", "m.onnx"], ["edge", "engine"],
+                                  ["model", "engine", "m.onnx"]])
+def test_services_and_engine_builds_keep_sigterm_as_they_find_it(argv, monkeypatch):
+    """The services stop on their own SIGTERM handler (drain, exit 0, as systemd and Kubernetes
+    expect); a TensorRT build spends minutes in one C call, which a Python handler would wait
+    out. The dispatcher installs its Ctrl-C-like SIGTERM handler for the other commands only."""
+    import signal
+
+    args = cli.build_parser().parse_args(argv)
+    seen = []
+    monkeypatch.setattr(args, "func", lambda _a: seen.append(signal.getsignal(signal.SIGTERM)) or 0)
+    assert cli._run(cli.build_parser(), args) == 0
+    assert seen == [signal.SIG_DFL]
+
+
+def test_a_tool_gets_sigterm_as_ctrl_c_and_gives_it_back():
+    import signal
+
+    args = cli.build_parser().parse_args(["synth", "--out", "x"])
+    seen = []
+    args.func = lambda _a: seen.append(signal.getsignal(signal.SIGTERM)) or 0
+    assert cli._run(cli.build_parser(), args) == 0
+    assert seen == [cli._terminate] and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

@@ -196,3 +196,41 @@ def test_engine_builds_at_the_size_asked_for_and_warns_when_it_guesses(tmp_path,
     assert "warning" not in capsys.readouterr().err
     assert main(["model", "engine", str(model), "--cache-dir", str(tmp_path / "e")]) == 0
     assert "640x640" in capsys.readouterr().err
+
+
+def test_sigterm_stops_quantize_as_ctrl_c_does_leaving_no_temporary_copies(tmp_path):
+    """SIGTERM (a `timeout`, a job's cancel) ended `model quantize` where it stood: its temporary
+    folder with the model's float and preprocessed copies stayed in $TMPDIR at every kill. A real
+    SIGTERM while it calibrates now runs Ctrl-C's clean-up: exit 143, no traceback, nothing left
+    in $TMPDIR and no output file."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "q.onnx"
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "model", "quantize",
+                             str(root / "models" / "edge.onnx"), "--calib", str(DATA), "--samples", "40",
+                             "--holdout", "0", "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    said = []
+    try:
+        for line in proc.stderr:  # the calibration has started: the temporary folder is there
+            said.append(line)
+            if "calibrate:" in line:
+                assert list(tmp.glob("edgewise-quant-*"))
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    text = "".join(said) + err
+    assert proc.returncode == 143, text[-3000:]
+    assert "Traceback" not in text
+    assert list(tmp.glob("edgewise-quant-*")) == [] and not out.exists()
