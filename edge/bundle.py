@@ -14,7 +14,11 @@ on a Jetson Xavier NX with JetPack 5.1 (Python 3.8, TensorRT 8.5):
 * ``edgewise-edge-l4t/``: an L4T container build context (``Dockerfile`` on an
   ``l4t-tensorrt`` r8.5.2 base, run with ``--runtime nvidia``).
 
-The static files live in ``deploy/jetson/``; this module stages and packs them.
+The static files live in ``deploy/jetson/``; this module stages and packs them. Each is
+built under a ``.part`` name and renamed into place once whole, and the work folders are
+removed however the build ends: a build interrupted (Ctrl-C, a job's cancel) or failed leaves
+no truncated .deb or tarball under the final name, where it would pass for a bundle (or
+replace a whole one of the same version).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import yaml
 
@@ -345,11 +349,38 @@ def _control(opts: BundleOptions, root: Path) -> str:
     )
 
 
+def _part(path: Path) -> Path:
+    """Where ``path`` is built before it is whole (:func:`_into_place`)."""
+    return path.with_name(path.name + ".part")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _into_place(part: Path, path: Path) -> Path:
+    """Rename the whole ``part`` to ``path`` (a file atomically; a folder replaces the old one)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    os.replace(part, path)
+    return path
+
+
 def build_deb(opts: BundleOptions, tree: Path, out: Path) -> Path:
     """Pack ``tree`` into a .deb with dpkg-deb (root-owned files, xz)."""
     pkgroot = out.parent / (out.stem + ".root")
-    if pkgroot.exists():
-        shutil.rmtree(pkgroot)
+    try:
+        return _build_deb(opts, tree, out, pkgroot)
+    finally:
+        _remove(pkgroot)
+        _remove(_part(out))
+
+
+def _build_deb(opts: BundleOptions, tree: Path, out: Path, pkgroot: Path) -> Path:
+    _remove(pkgroot)
     shutil.copytree(tree, pkgroot, symlinks=True)
     debian = pkgroot / "DEBIAN"
     debian.mkdir()
@@ -372,11 +403,10 @@ def build_deb(opts: BundleOptions, tree: Path, out: Path) -> Path:
     if dpkg is None:
         raise InvalidInputError("dpkg-deb is needed to build the .deb (apt-get install dpkg)")
     subprocess.run(
-        [dpkg, "--root-owner-group", "-Zxz", "--build", str(pkgroot), str(out)],
+        [dpkg, "--root-owner-group", "-Zxz", "--build", str(pkgroot), str(_part(out))],
         check=True, capture_output=True,
     )
-    shutil.rmtree(pkgroot)
-    return out
+    return _into_place(_part(out), out)
 
 
 def _owned(rel: str) -> bool:
@@ -403,32 +433,44 @@ def build_overlay(tree: Path, out: Path) -> Path:
             info.mode = 0o755 if info.mode & 0o100 else 0o644
         return info
 
-    with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=mtime, filename="") as gz, \
-            tarfile.open(fileobj=gz, mode="w") as tar:
-        for path in sorted(tree.rglob("*")):
-            rel = path.relative_to(tree).as_posix()
-            if path.is_dir() and not path.is_symlink() and not _owned(rel):
-                continue
-            tar.add(str(path), arcname=rel, recursive=False, filter=owned_by_root)
-        for unit in UNITS:
-            link = tarfile.TarInfo(f"{wants}/{unit}")
-            link.type = tarfile.SYMTYPE
-            link.linkname = f"/lib/systemd/system/{unit}"
-            link.mode = 0o777
-            tar.addfile(owned_by_root(link))
-    return out
+    try:
+        with open(_part(out), "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=mtime, filename="") as gz, \
+                tarfile.open(fileobj=gz, mode="w") as tar:
+            _pack(tree, tar, owned_by_root, wants)
+        return _into_place(_part(out), out)
+    finally:
+        _remove(_part(out))
+
+
+def _pack(tree: Path, tar: tarfile.TarFile, owned_by_root: Callable[[tarfile.TarInfo], tarfile.TarInfo],
+          wants: str) -> None:
+    """The overlay's members (:func:`build_overlay`)."""
+    for path in sorted(tree.rglob("*")):
+        rel = path.relative_to(tree).as_posix()
+        if path.is_dir() and not path.is_symlink() and not _owned(rel):
+            continue
+        tar.add(str(path), arcname=rel, recursive=False, filter=owned_by_root)
+    for unit in UNITS:
+        link = tarfile.TarInfo(f"{wants}/{unit}")
+        link.type = tarfile.SYMTYPE
+        link.linkname = f"/lib/systemd/system/{unit}"
+        link.mode = 0o777
+        tar.addfile(owned_by_root(link))
 
 
 def build_container(tree: Path, out_dir: Path) -> Path:
     """An L4T container build context: Dockerfile + the staged tree under root/."""
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    shutil.copytree(tree, out_dir / "root", symlinks=True)
-    # the Dockerfile copies the wheelhouse before the venv build, and the model after it (a new
-    # model reuses the venv layer): a bundle without --wheels has an empty one
-    (out_dir / "root" / SHARE / "wheels").mkdir(parents=True, exist_ok=True)
-    _copy(JETSON / "Dockerfile.l4t", out_dir / "Dockerfile", 0o644)
-    return out_dir
+    part = _part(out_dir)
+    try:
+        _remove(part)
+        shutil.copytree(tree, part / "root", symlinks=True)
+        # the Dockerfile copies the wheelhouse before the venv build, and the model after it (a new
+        # model reuses the venv layer): a bundle without --wheels has an empty one
+        (part / "root" / SHARE / "wheels").mkdir(parents=True, exist_ok=True)
+        _copy(JETSON / "Dockerfile.l4t", part / "Dockerfile", 0o644)
+        return _into_place(part, out_dir)
+    finally:
+        _remove(part)
 
 
 def bundle(opts: BundleOptions) -> BundleResult:
@@ -437,14 +479,15 @@ def bundle(opts: BundleOptions) -> BundleResult:
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tree = out / f"{PKG}.tree"
-    if tree.exists():
-        shutil.rmtree(tree)
-    stage_tree(opts, tree)
-    files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file())
-    deb = build_deb(opts, tree, out / f"{PKG}_{opts.version}_arm64.deb")
-    overlay = build_overlay(tree, out / f"{PKG}_{opts.version}_rootfs-overlay.tar.gz")
-    container = build_container(tree, out / f"{PKG}-l4t")
-    shutil.rmtree(tree)
+    try:
+        _remove(tree)
+        stage_tree(opts, tree)
+        files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file())
+        deb = build_deb(opts, tree, out / f"{PKG}_{opts.version}_arm64.deb")
+        overlay = build_overlay(tree, out / f"{PKG}_{opts.version}_rootfs-overlay.tar.gz")
+        container = build_container(tree, out / f"{PKG}-l4t")
+    finally:
+        _remove(tree)
     return BundleResult(deb=deb, overlay=overlay, container=container, files=files)
 
 

@@ -614,3 +614,35 @@ def test_the_flash_guide_names_what_the_overlay_cannot_depend_on() -> None:
         assert dep in control
         name = dep.split()[0]
         assert f"`{name}`" in flash, name
+
+
+def test_an_interrupted_rebuild_leaves_the_last_whole_bundle_and_no_parts(tmp_path, tiny_model) -> None:
+    """Ctrl-C (a real SIGINT, to dpkg-deb too, as a terminal sends it) while `edge bundle` packs
+    the .deb left a truncated .deb under its final name (7 kB of 2 MB, replacing the whole one of
+    the same version) beside the .root and .tree work folders. Now the whole bundle of the run
+    before stays as it was, and no work folder or part is left."""
+    import signal
+    import time
+
+    out = tmp_path / "dist"
+    cmd = [sys.executable, "-m", "edgewise.cli", "edge", "bundle", "-o", str(out), "--model", str(tiny_model)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    deb = next(out.glob("*.deb"))
+    whole = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and not any(out.glob("*.root")):
+            time.sleep(0.005)
+        time.sleep(0.2)  # into the packing
+        os.killpg(proc.pid, signal.SIGINT)  # the process group, as Ctrl-C in a terminal
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"Traceback" not in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == whole
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["edgewise-edge-l4t"]
+    assert deb.stat().st_size > 100_000
