@@ -20,7 +20,10 @@ budget counts training time only); without the file it starts afresh. A run with
 ``resume`` into a folder that holds the file is refused (ConfigError: continue it with
 ``resume``, or delete the file): starting afresh would write over the interrupted run's
 checkpoints, and a later ``resume`` would go back to that older run over the new one. A
-run that finished deletes the file.
+run that finished deletes the file. A fresh run into the folder of a finished one replaces
+it and removes its ``summary.json`` and ``best.onnx`` as it starts: interrupted, it would
+otherwise leave them beside its own checkpoints, as if it had finished (the training
+scripts skip a stage whose ``summary.json`` exists).
 """
 
 from __future__ import annotations
@@ -298,6 +301,10 @@ def load_checkpoint(path: Path) -> YOLOv5:
     return model.eval()
 
 
+#: what only a finished run writes into ``out`` (:func:`train` removes an earlier run's at a fresh start)
+FINISHED_RUN_FILES = ("summary.json", "best.onnx")
+
+
 def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
     """Run one training; returns a summary (also written to ``out/summary.json``)."""
     cfg.validate()
@@ -352,6 +359,11 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
                               "diverged; start from another file")
     if saved is None and cfg.resume:
         log.info("%s: no resume.pt (no run was interrupted there after a finished epoch): starting afresh", out)
+    if saved is None:
+        # what says an earlier run in ``out`` finished: this run replaces it, and one interrupted must
+        # not leave the old results beside its own checkpoints (a script skips a stage with a summary)
+        for name in FINISHED_RUN_FILES:
+            (out / name).unlink(missing_ok=True)
     model = model.to(device).train()
     amp = _amp_dtype(cfg.amp, device)
     det = model.detect

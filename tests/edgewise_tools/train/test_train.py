@@ -370,3 +370,29 @@ def test_a_fresh_run_into_an_interrupted_runs_folder_is_refused(tiny_data: Path,
     with pytest.raises(ConfigError, match=r"holds the resume.pt of an interrupted run; pass --resume to continue"):
         train(cfg())
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def test_a_fresh_run_over_a_finished_one_does_not_leave_its_results_as_if_it_had_finished(
+        tiny_data: Path, tmp_path: Path) -> None:
+    """A finished run's summary.json and best.onnx stayed beside the checkpoints of a new run
+    into the same folder until that one finished: interrupted, the folder claimed a finished run
+    (scripts/train_*.sh skip a stage whose summary.json exists) whose best.onnx was not its best.pt."""
+    out = tmp_path / "run"
+
+    def cfg(**kw: object) -> TrainConfig:
+        return TrainConfig(**{"data": str(tiny_data), "out": str(out), "imgsz": 128, "epochs": 2, "batch": 2,
+                              "nbs": 4, "warmup_epochs": 0.0, "log_every": 0, "seed": 5, "threads": 1, **kw})
+
+    train(cfg(epochs=1))
+    assert (out / "summary.json").exists() and (out / "best.onnx").exists()
+
+    class Killed(Exception):
+        pass
+
+    def kill(rec: dict) -> None:
+        raise Killed
+
+    with pytest.raises(Killed):
+        train(cfg(seed=6, export_onnx=False), progress=kill)
+    assert not (out / "summary.json").exists() and not (out / "best.onnx").exists()
+    assert (out / "last.pt").exists()
