@@ -65,7 +65,8 @@ per start; not measured on an SD card (``--dir`` runs the bench there). A damage
 refused at open (``SpoolCorrupt``; the daemon opens its spool through
 ``edge.spool_salvage.open_spool``, which moves it aside and salvages what it can read into a
 new file). Damage that shows only later
-(SQLite's "database disk image is malformed" or "file is not a database" from any call)
+(SQLite's "database disk image is malformed" or "file is not a database" from any call, or
+an item ``peek`` reads back as garbage: a torn overflow page passes ``quick_check``; ``sound_item``)
 raises ``SpoolCorrupt`` too, and from then on every read or write raises it at once
 without touching the file (``nack`` and ``close`` stay best effort): nothing more is
 written into a damaged file, and the caller stops retrying. ``replace_damaged_file`` then
@@ -460,6 +461,23 @@ class SpoolItem:
     attempts: int = 0
 
 
+def sound_item(row: Sequence[object]) -> bool:
+    """Whether a row of ``items`` read as ``ITEM_COLUMNS`` (its first seven columns) holds what
+    the spool wrote: the types of every column and a JSON object for ``meta``. A page torn by a
+    power cut or a bad block can leave a row whose b-tree ``PRAGMA quick_check`` finds sound but
+    whose bytes are zeros (an item's overflow page, where its ``meta`` lies, half written): such a
+    row is damage, not an item. The one rule for ``Spool.peek`` and the salvage's copy."""
+    item_id, key, payload, meta, created, size, attempts = row[:7]
+    if not (isinstance(item_id, int) and isinstance(key, str) and key and isinstance(payload, bytes)
+            and isinstance(meta, str) and isinstance(created, (int, float)) and isinstance(size, int)
+            and isinstance(attempts, int)):
+        return False
+    try:
+        return isinstance(json.loads(meta), dict)
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class SpoolStats:
     """Depth and drop counters (``dropped_*`` count items; ``*_bytes`` their sizes)."""
@@ -608,14 +626,7 @@ class Spool:
         """The ``SpoolError`` for SQLite's ``exc`` in a call (``what`` failed): a damaged file
         (from now on every call raises it at once), a full disk, or another failure."""
         if is_corrupt(exc):
-            if self.damaged is None:
-                self.damaged = (f"spool {self.path} is damaged ({exc}); nothing more is spooled into it or "
-                                "replayed from it until it is moved aside (kept for inspection) and the escalations "
-                                "it can still read are salvaged into a new spool, which the daemon does by itself "
-                                "(and at its next start)")
-                self.damage_cause = str(exc)
-                self._mark_damaged(str(exc))
-            return SpoolCorrupt(self.damaged)
+            return self._damage(str(exc))
         if _is_full(exc):
             return SpoolFull(f"spool {self.path}: its filesystem is full ({exc})")
         text = str(exc).lower()
@@ -626,6 +637,18 @@ class Spool:
         else:
             hint = ""
         return SpoolError(f"spool {self.path}: {what} ({exc}){hint}")
+
+    def _damage(self, cause: str) -> SpoolCorrupt:
+        """The file is damaged (``cause``): from now on every call raises the ``SpoolCorrupt``
+        returned, and the next start salvages the file (``_mark_damaged``)."""
+        if self.damaged is None:
+            self.damaged = (f"spool {self.path} is damaged ({cause}); nothing more is spooled into it or "
+                            "replayed from it until it is moved aside (kept for inspection) and the escalations "
+                            "it can still read are salvaged into a new spool, which the daemon does by itself "
+                            "(and at its next start)")
+            self.damage_cause = cause
+            self._mark_damaged(cause)
+        return SpoolCorrupt(self.damaged)
 
     def _mark_damaged(self, why: str) -> None:
         """Leave ``<file>.damaged`` beside the file, so that the next start salvages it even
@@ -785,15 +808,15 @@ class Spool:
         with self._lock, self._guarded("read failed"):
             self._expire_quietly(self._now())
             rows = self._db.execute(
-                "SELECT id, key, payload, meta, created, attempts FROM items WHERE id > ? ORDER BY id LIMIT ?",
+                f"SELECT {ITEM_COLUMNS} FROM items WHERE id > ? ORDER BY id LIMIT ?",
                 (int(after_id), max(0, int(limit))),
             ).fetchall()
+            torn = next((r for r in rows if not sound_item(r)), None)
+            if torn is not None:  # (a replay that met it failed with a JSON error, at every round)
+                raise self._damage(f"item {torn[0]!r} reads as garbage, a page of it torn or damaged")
             if rows:
                 self._top_id = max(self._top_id, int(rows[-1][0]))
-        return [
-            SpoolItem(int(r[0]), str(r[1]), bytes(r[2]), json.loads(r[3]), float(r[4]), int(r[5]))
-            for r in rows
-        ]
+        return [SpoolItem(r[0], r[1], r[2], json.loads(r[3]), float(r[4]), r[6]) for r in rows]
 
     def ack(self, item_id: int) -> bool:
         """Delete a delivered item; False when it was already gone (expired, evicted, acked)."""

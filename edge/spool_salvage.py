@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import errno
 import glob
-import json
 import logging
 import os
 import sqlite3
@@ -80,6 +79,7 @@ from edge.spool import (
     _has_progress,
     disk_full,
     is_corrupt,
+    sound_item,
     write_advice,
 )
 
@@ -245,18 +245,6 @@ def move_aside(path: Path, now: Optional[float] = None, target: Optional[Path] =
     return target
 
 
-def _valid(row: Tuple[object, ...]) -> bool:
-    item_id, key, payload, meta, created, size, attempts = row[:7]
-    if not (isinstance(item_id, int) and isinstance(key, str) and key and isinstance(payload, bytes)
-            and isinstance(meta, str) and isinstance(created, (int, float)) and isinstance(size, int)
-            and isinstance(attempts, int)):
-        return False
-    try:
-        return isinstance(json.loads(meta), dict)
-    except ValueError:
-        return False
-
-
 class DamagedTable:
     """The rows of one table of a damaged SQLite file in id order, around the pages that cannot
     be read: the file at a path (opened read-only), or an open connection to it (not closed
@@ -265,7 +253,7 @@ class DamagedTable:
     rows are stored by, ``rowid`` for any) read another table (the MQTT outbox's)."""
 
     def __init__(self, source: Union[Path, sqlite3.Connection], table: str = "items", columns: str = ITEM_COLUMNS,
-                 valid: Callable[[Tuple[object, ...]], bool] = _valid, id_column: str = "id") -> None:
+                 valid: Callable[[Tuple[object, ...]], bool] = sound_item, id_column: str = "id") -> None:
         self._own = not isinstance(source, sqlite3.Connection)
         self.db = (source if isinstance(source, sqlite3.Connection)
                    else sqlite3.connect(f"file:{quote(str(source))}?mode=ro", uri=True))

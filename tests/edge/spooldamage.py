@@ -90,6 +90,21 @@ def garble_page_holding(path: Union[str, Path], marker: bytes, seed: int = 7) ->
     return number
 
 
+def tear_page_holding(path: Union[str, Path], marker: bytes, sector: int = 512) -> int:
+    """Zero the page whose bytes hold ``marker`` from the sector holding it to the page's end,
+    after folding the WAL into the file, as a power cut leaves a page whose later sectors never
+    reached the card (or a card that acknowledged a write it had only cached); returns the page's
+    number. On an item's last overflow page (``marker`` its ``meta``) the b-tree stays sound,
+    ``PRAGMA quick_check`` says ok, and the row reads back as zeros."""
+    page, number = _page_holding(path, marker)
+    at = Path(path).read_bytes().find(marker)
+    start = at - at % sector
+    with open(path, "r+b") as fh:
+        fh.seek(start)
+        fh.write(bytes(number * page - start))
+    return number
+
+
 def salvage_until_killed(path: Union[str, Path], mode: str) -> None:
     """(The child process of the crash tests.) Salvage the spool at ``path`` with the copy
     slowed, saying ``batch N`` on stdout after each batch it stored, and wait to be killed after

@@ -277,6 +277,28 @@ def _stats_of(sp: Spool):
     return st.depth, st.bytes
 
 
+def test_an_item_torn_by_a_power_cut_is_damage_the_salvage_drops_not_a_crash_of_every_peek(tmp_path):
+    """An item's last overflow page half written (a power cut, a card that lied about its
+    write): the b-tree is sound, ``quick_check`` passes and the spool opens as it is, but the row
+    reads back as zeros. ``peek`` returned it to ``json.loads``, whose error failed every replay
+    round, for as long as the item stayed at the head of the spool; it is damage now, which the
+    salvage moves aside, keeping every other item as it was."""
+    from edge.spool_salvage import salvage_in_use
+    from tests.edge.spooldamage import tear_page_holding
+
+    path = tmp_path / "spool.db"
+    before = _fill(path, 12, 10_000)  # each item larger than a page: its meta on an overflow page
+    tear_page_holding(path, b'{"i":7,"transport":"grpc"}')
+    with open_spool(path, max_bytes=CAP, max_age_s=3600) as sp:
+        assert sp.generation == 0 and len(sp) == 12  # quick_check saw nothing: opened as it is
+        with pytest.raises(SpoolCorrupt, match=r"is damaged \(item 8 reads as garbage, a page of it torn"):
+            sp.peek(12)
+        result = salvage_in_use(sp)
+        held = _held(sp)
+    assert set(before) - set(held) == {"dev/cam/7"} and result.salvaged == 11
+    assert all(before[k] == v for k, v in held.items())
+
+
 def test_a_spool_damaged_in_use_is_salvaged_in_place_and_goes_on(tmp_path):
     """The chaos probe's damaged key index, met by an ack of an open spool: salvage_in_use
     moves the file aside (the instance lock stays where it is, still held), gives the same
