@@ -27,6 +27,8 @@ id is kept here too (``client_id``): the outbox is what ties a device's restarts
 Every open runs SQLite's ``quick_check`` first: a damaged file is ``OutboxDamaged``, which
 ``edge.outbox_salvage.open_outbox`` (the daemon's way in) answers by copying what it still
 holds into a new outbox; another program's database is refused before anything is written.
+A record that reads back as zeros (``torn``: a half-written page ``quick_check`` does not see)
+is neither copied by the salvage nor published by the sink.
 
 Another process holding the file's write lock (an operator's ``sqlite3`` shell left in a
 transaction, a backup tool, a second daemon) never holds the event loop up: ``put`` (called
@@ -74,6 +76,15 @@ BUSY_TIMEOUT_S = 30.0
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+
+def torn(data: object) -> bool:
+    """Whether a record read back from the outbox is not one the MQTT sink put there: empty, not
+    bytes, or holding a NUL byte. A record is a JSON line, which writes a NUL as ``\\u0000``, never
+    raw; a page a power cut left half written (or a card that acknowledged a write it had only
+    cached) reads back as zeros, in a b-tree ``PRAGMA quick_check`` finds sound. The one rule for
+    the sink's publisher and the salvage's copy (``edge.outbox_salvage``)."""
+    return not isinstance(data, bytes) or not data or b"\0" in data
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -247,7 +258,7 @@ class Outbox:
         with self._lock:
             rows = self._db.execute("SELECT id, mid, received, data FROM records WHERE mid IS NOT NULL "
                                     "ORDER BY received DESC, id").fetchall()
-        return [(int(r[0]), int(r[1]), bool(r[2]), bytes(r[3])) for r in rows]
+        return [(int(r[0]), int(r[1]), bool(r[2]), _data(r[3])) for r in rows]
 
     def late_keys(self) -> List[str]:
         """The late keys remembered (the newest ``late_keys_max``)."""
@@ -343,7 +354,7 @@ class Outbox:
                 return []
             got = self._db.execute(f"SELECT id, data FROM records WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id",
                                    ids).fetchall()
-        return [(int(r[0]), bytes(r[1])) for r in got]
+        return [(int(r[0]), _data(r[1])) for r in got]
 
     def ack(self, ids: List[int], wait_s: float = BUSY_TIMEOUT_S) -> None:
         """Delete published records (ids already gone are ignored)."""
@@ -415,3 +426,8 @@ def _try_now(db: sqlite3.Connection, statement: str) -> bool:
         raise
     finally:
         db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+
+
+def _data(value: object) -> bytes:
+    """A record's ``data`` as read: b"" (``torn``) where a damaged row holds no bytes at all."""
+    return value if isinstance(value, bytes) else b""

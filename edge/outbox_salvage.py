@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Tuple, Union, cast
 
-from edge.outbox import LATE_KEYS_MAX, OUTBOX_COLUMNS, Outbox, OutboxDamaged, OutboxError
+from edge.outbox import LATE_KEYS_MAX, OUTBOX_COLUMNS, Outbox, OutboxDamaged, OutboxError, torn
 from edge.spool import disk_full, read_only
 from edge.spool_salvage import DamagedTable, aside_name, fsync_dir, has_table
 
@@ -56,7 +56,7 @@ class OutboxSalvage:
     late_keys: int = 0
     dropped: int = 0  # copied records over ``max_records`` (the oldest)
     lost_ranges: Tuple[Tuple[int, int], ...] = ()  # record ids that could not be read
-    invalid: int = 0  # rows read whose values are not a record's (no bytes)
+    invalid: int = 0  # rows read whose values are not a record's (no bytes, or zeros: ``torn``)
 
     def describe(self) -> str:
         text = f"{self.records} record(s) and {self.late_keys} late key(s) copied"
@@ -76,7 +76,7 @@ def is_outbox_file(path: Union[str, Path]) -> bool:
 
 
 def _records(row: Tuple[object, ...]) -> bool:
-    return isinstance(row[0], int) and isinstance(row[1], bytes)
+    return isinstance(row[0], int) and not torn(row[1])
 
 
 def _keys(row: Tuple[object, ...]) -> bool:

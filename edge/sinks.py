@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover
     from typing_extensions import Protocol  # type: ignore[assignment]
 
 from edge import rotation
-from edge.outbox import BUSY_TIMEOUT_S, LATE_KEYS_MAX, Outbox, OutboxBusy, OutboxDamaged
+from edge.outbox import BUSY_TIMEOUT_S, LATE_KEYS_MAX, Outbox, OutboxBusy, OutboxDamaged, torn
 from edge.records import FrameRecord, epoch_of_key, idempotency_key
 from edge.spool import is_corrupt, short_of_room
 from edgewise.errors import DeploymentError
@@ -714,6 +714,9 @@ class MqttSink:
             if rid in self._resumed:  # by a call that failed after it (``start``)
                 mids.add(mid)
                 continue
+            if torn(data):
+                self._drop_torn(rid, data)
+                continue
             if not self.conn.session_expiry_s or mid in mids or not 0 < mid <= _MAX_MID:
                 # no session to complete it in, or not an id this sink gave (a second record with one id: only
                 # from an outbox written before ``Outbox.hand`` kept ids unique): anew. Not waiting for a lock
@@ -911,10 +914,24 @@ class MqttSink:
         held = self._held_bytes()
         for rid, data in self.outbox.peek(last, room, self._resumed,
                                           lambda taken, size: within(held + taken, size, self.window_bytes)):
-            if not self._send(rid, data):
+            if torn(data):
+                self._drop_torn(rid, data)
+            elif not self._send(rid, data):
                 break
             last = rid
         return last
+
+    def _drop_torn(self, rid: int, data: bytes) -> None:
+        """Record ``rid`` reads back as zeros (``edge.outbox.torn``): a page of the outbox a power
+        cut or the storage left half written. Published, it reached every consumer as a record of
+        NUL bytes; it is deleted from the outbox unpublished instead, said in an ERROR, and counted
+        as lost (``edgewise_edge_sink_dropped_total``; the JSON Lines file, where configured, has it)."""
+        log.error("MQTT sink: record %d in the outbox %s reads back as %d bytes of garbage (zeros: a page a power "
+                  "cut or the storage left half written); dropped, not published. If this recurs, check the disk "
+                  "(dmesg)", rid, self.outbox.path, len(data))
+        if self.metrics is not None:
+            self.metrics.sink_dropped.labels(self.name).inc()
+        self._answered(rid, None)  # gone from the outbox as a delivered record goes
 
     def close(self) -> None:
         """Publish what the outbox holds for up to ``close_timeout_s`` while connected;

@@ -109,6 +109,29 @@ def test_the_late_keys_are_kept_so_a_replayed_result_is_not_published_twice(tmp_
     assert len(list(tmp_path.glob("mqtt-outbox.db.damaged-*"))) == 3  # the file, its -wal and -shm
 
 
+def test_records_a_torn_page_left_as_zeros_are_not_copied_by_the_salvage(tmp_path, caplog):
+    """A page of small records whose later sectors a power cut never wrote: SQLite finds the
+    b-tree damaged, and the salvage read a record that lay there as zeros and copied it as a
+    record, to be published to every consumer as NUL bytes. It is skipped and said now."""
+    from tests.edge.spooldamage import tear_page_holding
+
+    path = tmp_path / "mqtt-outbox.db"
+    ob = Outbox(path, 1000)
+    for i in range(10):
+        ob.put(json.dumps({"n": i, "pad": "x" * 300, "end": f"<end-{i}>"}).encode())
+    ob.close()
+    tear_page_holding(path, b"<end-5>")
+    ob = open_outbox(path, 1000)
+    try:
+        got = [d for _, d in ob.peek(0, 100)]
+    finally:
+        ob.close()
+    assert all(b"\0" not in d for d in got)
+    assert [json.loads(d)["n"] for d in got] == [6, 7, 8, 9]
+    (line,) = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert "4 record(s) and 0 late key(s) copied" in line and "1 unreadable record(s) skipped" in line, line
+
+
 def test_the_oldest_salvaged_records_over_the_bound_are_dropped_and_said(tmp_path, caplog):
     path = tmp_path / "mqtt-outbox.db"
     damaged_outbox(path, count=900)
