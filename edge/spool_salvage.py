@@ -82,6 +82,7 @@ from edge.spool import (
     sound_item,
     write_advice,
 )
+from edgewise.outputs import fsync_dir  # (the salvage's renames: spool and outbox)
 
 log = logging.getLogger(__name__)
 
@@ -465,21 +466,6 @@ def _moved_files(path: Path) -> List[Path]:
     """The damaged files moved aside beside the spool at ``path``, oldest first."""
     found = path.parent.glob(glob.escape(path.name + MOVED_INFIX) + "*")
     return sorted(p for p in found if _is_moved_name(path, p.name))
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make the renames and removals in ``folder`` durable (best effort: not every filesystem
-    can sync a folder)."""
-    try:
-        fd = os.open(str(folder), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class _MarkerUnreadable(OSError):

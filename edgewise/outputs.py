@@ -5,6 +5,10 @@ write their result last; an output path that cannot be written (a folder where a
 meant, a file where a folder is meant, a read-only or full filesystem) must fail at once,
 naming the flag, not after the work is done. ``edgewise edge bundle`` checks its ``-o`` here
 too, which is why the rule lives in the core and not in the tools (``edge`` may not import them).
+
+``fsync_dir`` makes a rename into a folder durable: a file renamed into place without it (and
+without an fsync of its own bytes first) can be found after a power cut under its new name but
+empty, as ext4 leaves a new file whose blocks were not written yet.
 """
 
 from __future__ import annotations
@@ -17,6 +21,21 @@ from typing import Sequence, Union
 from edgewise.errors import ConfigError
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+
+def fsync_dir(folder: PathLike) -> None:
+    """Make the renames and removals in ``folder`` durable (best effort: not every filesystem
+    can sync a folder)."""
+    try:
+        fd = os.open(str(folder), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _writable_folder(folder: Path, flag: str, shown: Path) -> None:

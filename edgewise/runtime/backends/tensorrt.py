@@ -30,6 +30,7 @@ is absent) works and is tested without them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -42,6 +43,7 @@ import numpy as np
 
 from edgewise.errors import ConfigError, DeploymentError, InvalidInputError, ModelError
 from edgewise.imagefiles import IMAGE_SUFFIXES, read_image_file
+from edgewise.outputs import fsync_dir
 from edgewise.runtime.backends.cudart import CudaRuntime, device_name
 from edgewise.runtime.letterbox import preprocess_batch
 from edgewise.runtime.metadata import ModelInfo
@@ -115,11 +117,22 @@ def default_cache_dir() -> Path:
 def publish(path: Path, data: bytes) -> None:
     """Write ``path`` atomically under a temporary name of this process alone: workers sharing
     a cache volume (a ReadWriteMany claim, a node's hostPath) may build the same engine at once,
-    and a reader must never see half a file."""
+    and a reader must never see half a file. The bytes are fsync'd before the rename and the
+    folder after it: renamed without, a Jetson whose power was cut within half a minute of
+    ``edge engine`` found the engine under its name but empty, and refused every start."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
 
 
 def calibration_cache_path(cache_dir: Path, info: ModelInfo) -> Path:
@@ -251,8 +264,11 @@ def make_calibrator(trt: Any, batches: Optional[CalibrationBatches], cache_file:
 
         def read_calibration_cache(self, *args: Any) -> Optional[bytes]:
             if cache_file.is_file():
-                log.info("using INT8 calibration cache %s", cache_file)
-                return cache_file.read_bytes()
+                data = cache_file.read_bytes()
+                if data:  # (empty: renamed into place before its bytes reached the disk, and the power cut)
+                    log.info("using INT8 calibration cache %s", cache_file)
+                    return data
+                log.warning("INT8 calibration cache %s is empty; calibrating again", cache_file)
             return None
 
         def write_calibration_cache(self, cache: Any, *args: Any) -> None:
@@ -338,6 +354,10 @@ def engine_file(
 
 
 # ---------------------------------------------------------------- running
+class EngineUnreadable(ModelError):
+    """TensorRT does not deserialize an engine's bytes (``from_onnx`` builds a cached one again)."""
+
+
 class TensorRTBackend:
     """``InferenceBackend`` on a deserialized TensorRT engine."""
 
@@ -351,7 +371,7 @@ class TensorRTBackend:
         self.runtime = trt.Runtime(self.logger)
         self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
         if self.engine is None:
-            raise ModelError(f"{info.path}: cached TensorRT engine does not deserialize; delete it to rebuild")
+            raise EngineUnreadable(f"{info.path}: its TensorRT engine does not deserialize")
         self.context = self.engine.create_execution_context()
         self.tensor_api = hasattr(self.context, "execute_async_v3")
         self.max_batch = max_batch if info.dynamic_batch else max(1, info.fixed_batch)
@@ -386,10 +406,14 @@ class TensorRTBackend:
         if path.is_file():
             log.info("loading cached TensorRT engine %s", path)
             data = path.read_bytes()
-        else:
-            log.info("building TensorRT %s engine for %s (minutes on a Jetson)", prec, info.path)
-            data = build_engine(info, prec, mb, calibration, calibration_cache_path(cdir, info))
-            publish(path, data)
+            try:
+                return cls(info, data, mb)
+            except EngineUnreadable:  # a cache: built again rather than a start refused until someone deletes it
+                log.warning("cached TensorRT engine %s does not deserialize (%d bytes: cut short by a power cut or a "
+                            "full disk?); building it again", path, len(data))
+        log.info("building TensorRT %s engine for %s (minutes on a Jetson)", prec, info.path)
+        data = build_engine(info, prec, mb, calibration, calibration_cache_path(cdir, info))
+        publish(path, data)
         return cls(info, data, mb)
 
     def _io_dtype(self, name: str) -> Any:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import stat
 from pathlib import Path
 
 import cv2
@@ -236,6 +238,47 @@ def test_engine_cache_and_run_on_both_apis(fake_trt, tmp_path: Path, version, te
     trtb.TensorRTBackend.from_onnx(info, cache_dir=tmp_path / "eng", precision="fp16", max_batch=2)
     assert sum(1 for c in mod.calls if c[0] == "build") == builds  # second open hits the cache
     be.close()
+
+
+@pytest.mark.parametrize("cut", [0, 3])
+def test_a_cached_engine_cut_short_by_a_power_cut_is_built_again_not_a_refused_start(fake_trt, tmp_path: Path,
+                                                                                      caplog, cut):
+    """A power cut soon after ``edge engine`` (ExecStartPre) left the cached engine under its name
+    but empty (ext4: renamed before its blocks were written) or cut short: every start was refused
+    ("delete it to rebuild", exit 2, which systemd does not restart) until someone logged in. It is
+    a cache: the engine is built again, said in a WARNING, and the entry replaced."""
+    install, model, _ = fake_trt
+    mod = install("8.5.2.2", True)
+    info = load_model_info(model)
+    trtb.TensorRTBackend.from_onnx(info, cache_dir=tmp_path / "eng", precision="fp16").close()
+    (engine,) = (tmp_path / "eng").glob("*.engine")
+    engine.write_bytes(engine.read_bytes()[:cut])
+    mod.calls.clear()
+    be = trtb.TensorRTBackend.from_onnx(info, cache_dir=tmp_path / "eng", precision="fp16")
+    be.close()
+    assert sum(1 for c in mod.calls if c[0] == "build") == 1 and engine.read_bytes() == b"ENGINE"
+    assert f"cached TensorRT engine {engine} does not deserialize ({cut} bytes: cut short by a power cut" in caplog.text
+    assert [p.name for p in engine.parent.iterdir()] == [engine.name]
+
+
+def test_publish_syncs_the_bytes_before_the_rename_and_the_folder_after(tmp_path: Path, monkeypatch):
+    """The engine's bytes reach the disk before its name does, and the name before publish
+    returns: a rename alone left an empty engine under its name after a power cut."""
+    done = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        done.append(("fsync", "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    def replace(a, b):
+        done.append(("replace", Path(b).name))
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    trtb.publish(tmp_path / "m.engine", b"E" * 1000)
+    assert done == [("fsync", 1000), ("replace", "m.engine"), ("fsync", "dir")]
 
 
 def test_a_model_in_onnx_runtimes_cpu_layout_is_refused_before_the_build(fake_trt, tmp_path: Path):
