@@ -9,7 +9,8 @@ rotated files. Newest means the greatest name: a new name is never below the new
 existing one, whatever the clock says (after a backward step of the wall clock, on a board
 without RTC, it continues one microsecond after the newest name), so that pruning never
 deletes the file just rotated. With ``sinks.jsonl_compress`` a background thread gzips each rotated file
-(``<name>.gz``, written aside and renamed into place; records compress about 14x) and a
+(``<name>.gz``, written aside, fsync'd and renamed into place before the plain file goes; records
+compress about 14x) and a
 rotated file left uncompressed by a crash is compressed at the next start, one whose gzip failed
 (a full disk, the open-file limit) once a later file is gzip'd. The disk
 budget per stream is in deploy/jetson/README.md ("Disk on small flash").
@@ -35,6 +36,8 @@ import struct
 import threading
 import time
 from typing import Iterator, List, Optional, Tuple
+
+from edgewise.outputs import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +141,10 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 def compress(src: str) -> str:
     """gzip ``src`` into ``src.gz`` (via a temporary file) and delete ``src``; ``OSError`` when
-    ``src`` is a link or not a regular file (a link at the temporary name is replaced)."""
+    ``src`` is a link or not a regular file (a link at the temporary name is replaced). The gzip
+    is fsync'd before its rename and the folder before ``src`` goes: without, a power cut within
+    half a minute of a rotation could leave the ``.gz`` empty under its name (ext4 had not written
+    its blocks yet) with ``src`` already deleted, a whole rotated file of records lost."""
     dst, tmp = src + ".gz", src + ".gz.tmp"
     with open(os.open(src, os.O_RDONLY | _NOFOLLOW), "rb") as fin:
         if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
@@ -149,7 +155,11 @@ def compress(src: str) -> str:
         with open(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6,
                                                   filename=os.path.basename(src)) as fout:
             shutil.copyfileobj(fin, fout, 1 << 20)
+            fout.close()  # (the gzip trailer written, before the fsync)
+            raw.flush()
+            os.fsync(raw.fileno())
     os.replace(tmp, dst)
+    fsync_dir(os.path.dirname(os.path.abspath(dst)))
     os.unlink(src)
     return dst
 

@@ -125,6 +125,35 @@ def test_a_rotated_file_left_uncompressed_by_a_crash_is_compressed_at_start(tmp_
     assert gzip.open(left + ".gz").read().startswith(b'{"late": true')
 
 
+def test_the_gzip_reaches_the_disk_before_its_name_and_its_name_before_the_plain_file_goes(tmp_path: Path,
+                                                                                          monkeypatch) -> None:
+    """compress renamed its .gz into place and deleted the rotated file with no fsync: after a power
+    cut within ext4's writeback delay the .gz could be empty under its name and the plain file gone,
+    every record of the rotated file lost. The order at the os-call boundary is what makes it
+    durable: the gzip's whole bytes synced, then the rename, the folder synced, then the delete."""
+    import stat
+
+    path = tmp_path / "det.jsonl"
+    path.write_bytes(b'{"frame_seq": 1}\n' * 1000)
+    left = R.rotate(str(path), now=0)
+    done = []
+    real_fsync, real_replace, real_unlink = os.fsync, os.replace, os.unlink
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        done.append(("fsync", "dir" if stat.S_ISDIR(st.st_mode) else st.st_size))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", lambda a, b: (done.append(("replace", os.path.basename(b))), real_replace(a, b)))
+    monkeypatch.setattr(os, "unlink", lambda p: (done.append(("unlink", os.path.basename(p))), real_unlink(p)))
+    dst = R.compress(left)
+    size = os.path.getsize(dst)
+    assert done == [("fsync", size), ("replace", os.path.basename(dst)), ("fsync", "dir"),
+                    ("unlink", os.path.basename(left))]
+    assert gzip.open(dst).read() == b'{"frame_seq": 1}\n' * 1000
+
+
 def test_names_never_collide_and_sort_newest_first(tmp_path: Path) -> None:
     path = str(tmp_path / "d.jsonl")
     names = []
