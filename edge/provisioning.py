@@ -38,6 +38,7 @@ from edgewise import yamlnodes
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.filereads import read_small
 from edgewise.ids import bearer_token_problem
+from edgewise.outputs import fsync_dir
 
 CONFIG = "etc/edgewise/edge.yaml"
 ENV_FILE = "etc/default/edgewise-edge"
@@ -282,7 +283,10 @@ def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) ->
 def _write_all(root: Path, plan: List[Tuple[Path, bytes, int, int]], remove: List[Path]) -> None:
     """Write every file of ``plan`` beside its target first, then move them all in place and
     delete ``remove``: a target that cannot be written (not root, a read-only or immutable
-    folder) stops the run before any file changes, with one line naming it."""
+    folder) stops the run before any file changes, with one line naming it. Each file is
+    fsync'd before its rename and the folders after: a device provisioned in place (``--root /``)
+    whose power was cut within ext4's writeback delay found its new edge.yaml, token or key
+    empty under its name, and the daemon refused to start."""
     staged: List[Tuple[str, Path]] = []
     current = plan[0][0] if plan else root
     try:
@@ -293,6 +297,8 @@ def _write_all(root: Path, plan: List[Tuple[Path, bytes, int, int]], remove: Lis
             staged.append((tmp, path))
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # (renamed unsynced, a power cut could leave the file empty under its name)
             os.chmod(tmp, mode)
             if os.geteuid() == 0:
                 os.chown(tmp, 0, gid)
@@ -302,6 +308,8 @@ def _write_all(root: Path, plan: List[Tuple[Path, bytes, int, int]], remove: Lis
         for path in remove:
             current = path
             path.unlink()
+        for folder in sorted({str(path.parent) for path, _, _, _ in plan} | {str(path.parent) for path in remove}):
+            fsync_dir(folder)
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise InvalidInputError(f"--root {root}: {current} cannot be written ({why}); run as root (sudo), and "

@@ -62,6 +62,39 @@ def test_writes_config_token_and_certificates_with_their_modes(rootfs: Path, tmp
     assert s.metrics.tegrastats == "off"
 
 
+def test_each_file_reaches_the_disk_before_its_name_and_the_folders_after(rootfs: Path, tmp_path: Path,
+                                                                            monkeypatch) -> None:
+    """The files were renamed into place unsynced: a device provisioned in place whose power was
+    cut within ext4's writeback delay could find edge.yaml, the token or the key empty under its
+    name. At the os-call boundary: every file's bytes synced before the first rename, each folder
+    written into synced after the last."""
+    (tmp_path / "token").write_text("tok-17.abc_DEF\n")
+    Pki(tmp_path).issue("dev", "cam-17")
+    done = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        done.append(("dir", os.readlink(f"/proc/self/fd/{fd}")) if stat.S_ISDIR(st.st_mode) else ("file", st.st_size))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", lambda a, b: (done.append(("replace", str(b))), real_replace(a, b)))
+    assert main(["edge", "provision", "--root", str(rootfs), "--device-id", "cam-17",
+                 "--endpoint", "gw.plant.lan:50051", "--token-file", str(tmp_path / "token"),
+                 "--ca", str(tmp_path / "ca.pem"), "--cert", str(tmp_path / "dev.pem"),
+                 "--key", str(tmp_path / "dev.key")]) == 0
+    kinds = [k for k, _ in done]
+    renamed = sorted(v for k, v in done if k == "replace")
+    assert renamed == sorted(str(rootfs / p) for p in ("etc/edgewise/edge.yaml", "etc/default/edgewise-edge",
+                                                       "etc/edgewise/tls/ca.pem", "etc/edgewise/tls/client.pem",
+                                                       "etc/edgewise/tls/client.key"))
+    assert kinds == ["file"] * 5 + ["replace"] * 5 + ["dir"] * 3, done
+    assert all(size > 0 for k, size in done if k == "file")
+    assert {v for k, v in done if k == "dir"} == {str(rootfs / "etc/edgewise"), str(rootfs / "etc/default"),
+                                                   str(rootfs / "etc/edgewise/tls")}
+
+
 def test_the_edgewise_group_of_a_running_device_and_a_second_run_keeps_other_env_lines(rootfs: Path,
                                                                                        tmp_path: Path) -> None:
     (rootfs / "etc/group").write_text("root:x:0:\nedgewise:x:998:\n")
