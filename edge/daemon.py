@@ -55,6 +55,7 @@ from edge.transports import MeteredTransport, Transport
 from edgewise import hangup, mqtt_topics
 from edgewise.errors import ConfigError, DeploymentError, EdgewiseError
 from edgewise.filereads import FileIdentity, file_identity
+from edgewise.outputs import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,10 @@ def boot_epoch(spool_path: str, floor: int = 0) -> int:
     ``floor``: the lowest epoch this run may take, one above the newest run whose keys the
     spool or the sinks remember, so a lost or reset count (the spool folder deleted,
     ``spool.path`` moved) does not reuse keys either: a sink drops a late record whose key
-    it has seen as a repeat. Written to a new file and renamed; on a full disk (no
+    it has seen as a repeat. Written to a new file, fsync'd and renamed, and the folder fsync'd:
+    a rename the journal had not committed yet (ext4: up to 5 s) was undone by a power cut soon
+    after a start, and the next start took the cut run's count again, its frames' keys those the
+    MQTT consumers had already seen from it. On a full disk (no
     block for the new file) the old file is overwritten in place instead, so a full spool
     disk does not stop the daemon. Raises ``SpoolError`` when neither works."""
     path = spool_path + ".epoch"
@@ -113,6 +117,7 @@ def boot_epoch(spool_path: str, floor: int = 0) -> int:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(os.path.dirname(os.path.abspath(path)))  # (the rename too: see the docstring)
     except OSError as exc:
         try:
             with open(path, "r+") as f:

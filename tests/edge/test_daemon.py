@@ -212,6 +212,29 @@ def test_a_lost_start_count_does_not_reuse_the_keys_the_sinks_and_spool_remember
     assert boot_epoch(str(tmp_path / "other.db"), floor=0) == 9  # the count goes on from there
 
 
+def test_the_start_count_is_renamed_into_place_durably(tmp_path, monkeypatch):
+    """The count file's rename was not synced: a power cut within ext4's journal commit (5 s)
+    of a start undid it, and the next start took the cut run's count again, its frames' keys
+    those the MQTT consumers had already taken from the cut run. At the os-call boundary: the
+    bytes synced, the rename, then the folder synced, before the count is used."""
+    import stat
+
+    from edge.daemon import boot_epoch
+
+    done = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        done.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", lambda a, b: (done.append("replace"), real_replace(a, b)))
+    spool = str(tmp_path / "spool.db")
+    assert [boot_epoch(spool), boot_epoch(spool)] == [0, 1]
+    assert done == ["fsync file", "replace", "fsync folder"] * 2
+
+
 def test_a_start_count_no_frame_seq_can_carry_is_damage_not_a_count(tmp_path, caplog):
     """4294967296 in the count file, or a record's frame_seq of 2**64 or more, made every later
     frame_seq overflow its uint64: every escalation failed, for good, since the records kept
