@@ -534,6 +534,7 @@ class EdgeDaemon:
                 replay_interval_s=s.spool.replay_interval_s, replay_batch=s.spool.replay_batch, names=names,
                 replay_deadline_s=s.spool.replay_deadline_s, replay_concurrency=s.spool.replay_concurrency,
                 reopen=self._open_spool if self.spool_problem else None, spool_problem=self.spool_problem,
+                durable=self.sinks.durable,
             )
         ready = asyncio.Event()
         queues: Dict[str, FrameQueue] = {}

@@ -17,7 +17,8 @@ runs on one dedicated spool thread, never on the event loop, in the order it
 was issued; a replayed batch is acknowledged with one ``ack_many`` after its
 records reached the sinks (at-least-once; the JSON Lines and MQTT sinks drop a
 repeated late record, so a crash between the write and the ack does not duplicate
-it). Whatever fails, a frame whose record was not written yet gets its edge
+it), and after the sinks' files were fsync'd (``durable``: a power cut right after the
+spool's fsync'd delete lost the unsynced late records, the answers' only other copy). Whatever fails, a frame whose record was not written yet gets its edge
 result (``_guarded``); a frame the spool cannot take (full disk) keeps its edge
 result with the reason, and replayed items whose ack cannot be written are not
 sent again (docs/records.md). A spool whose file turns out damaged (``SpoolCorrupt``)
@@ -141,10 +142,14 @@ class Escalating:
         reopen: Optional[Callable[[], Spool]] = None,
         spool_problem: str = "",
         salvage_pacing: Optional[SalvagePacing] = None,
+        durable: Optional[Callable[[], Callable[[], None]]] = None,
     ) -> None:
         self.device_id = device_id
         self.transports = transports
         self.write = write
+        #: (event loop) what makes the records written so far durable, called in the spool's
+        #: thread before it acknowledges replays (``edge.sinks.Sinks.durable``)
+        self.durable = durable
         self.metrics = metrics
         self.spool = spool
         # No spool yet (its filesystem was full at start): how to open it, and why it is not open
@@ -758,11 +763,14 @@ class Escalating:
         (said at most once per ``LOG_INTERVAL_S``); a damaged file is said once, not retried."""
         assert self.spool is not None
         try:
-            await self._spool_call(self.spool.ack_many, self._unacked)
+            synced = self.durable() if self.durable is not None else None
+            await self._spool_call(self._ack_synced, synced, self._unacked)
         except SpoolCorrupt as exc:
             self._spool_damaged(exc)
             return
-        except SpoolError as exc:
+        except (SpoolError, OSError) as exc:
+            if not isinstance(exc, SpoolError):  # the late records' files could not be synced
+                exc = SpoolError(f"the sinks' records could not be synced to disk first: {exc.strerror or exc}")
             self.metrics.spool_events.labels("ack_failed").inc()
             held = self._ack_log.allow()
             if held is not None:
@@ -772,6 +780,14 @@ class Escalating:
                             more)
             return
         self._unacked.clear()
+
+    def _ack_synced(self, synced: Optional[Callable[[], None]], ids: List[int]) -> int:
+        """(spool thread) Sync the sinks' files (``durable``), then delete ``ids`` from the spool:
+        a late record must be on disk before the only other copy of its answer goes."""
+        if synced is not None:
+            synced()
+        assert self.spool is not None
+        return self.spool.ack_many(ids)
 
     async def _send_replay(self, e: SpoolItem) -> Union[None, bool, _Answer, _Refused]:
         """Send one spooled escalation: its answer to write, its refusal (the edge result

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import sqlite3
 import threading
@@ -355,6 +356,21 @@ class Outbox:
             got = self._db.execute(f"SELECT id, data FROM records WHERE id IN ({','.join('?' * len(ids))}) ORDER BY id",
                                    ids).fetchall()
         return [(int(r[0]), _data(r[1])) for r in got]
+
+    def sync(self) -> None:
+        """fsync the file and its write-ahead log (any thread; ``OSError`` when the disk refuses):
+        the commits so far survive a power cut, which ``synchronous=NORMAL`` alone does not
+        promise. Called before the spool acknowledges replayed escalations whose late records
+        are here (``edge.sinks.Sinks.durable``)."""
+        for name in (str(self.path), f"{self.path}-wal"):
+            try:
+                fd = os.open(name, os.O_RDONLY)
+            except FileNotFoundError:  # (no log: everything is in the file)
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def ack(self, ids: List[int], wait_s: float = BUSY_TIMEOUT_S) -> None:
         """Delete published records (ids already gone are ignored)."""

@@ -1014,6 +1014,42 @@ class Sinks:
                     f"; {len(held)} live records held in memory until it takes them" if held else "")
         self._failing[sink.name] = (now, 0)
 
+    def durable(self) -> Callable[[], None]:
+        """(event loop) A call, for any thread, that fsyncs what the durable sinks hold so far:
+        the JSON Lines file (unless ``sinks.fsync`` syncs each line already) and the MQTT outbox.
+        The spool calls it before it acknowledges replayed escalations (``edge.escalating``): its
+        delete is fsync'd, the late records were not, so a power cut soon after a replay lost
+        the cloud's answers from both. The call raises ``OSError`` when the disk refuses (the
+        acknowledgement then waits), and does its work once however often it is called."""
+        fds: List[int] = []
+        outboxes: List[Outbox] = []
+        try:
+            for s in self.sinks:
+                if isinstance(s, JsonlSink) and not s.fsync:
+                    fds.append(os.dup(s.f.fileno()))  # (the sink may rotate meanwhile: this is the file written)
+                elif isinstance(s, MqttSink):
+                    outboxes.append(s.outbox)
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        left = [True]
+
+        def sync() -> None:
+            if not left[0]:
+                return
+            left[0] = False
+            try:
+                for fd in fds:
+                    os.fsync(fd)
+                for outbox in outboxes:
+                    outbox.sync()
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+        return sync
+
     def last_epoch(self) -> int:
         """The newest run whose keys a sink remembers (-1: none): the next run must count
         from above it, or the sink would drop that run's late answers as repeats."""

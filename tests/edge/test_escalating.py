@@ -687,6 +687,53 @@ def test_a_replay_round_cancelled_at_the_end_of_a_stop_writes_the_answers_alread
     assert t.most == 2
     spool.close()
 
+def test_late_records_reach_the_disk_before_the_spool_lets_their_answers_go(tmp_path, monkeypatch, caplog):
+    """The spool's delete of a replayed escalation is fsync'd, the late record written for it
+    into the JSON Lines file was not (``sinks.fsync`` is off by default): a power cut soon after
+    a replay lost the cloud's answer from both. The file is fsync'd before the spool's delete;
+    where the disk refuses the fsync, the answers stay spooled (acknowledged later, not sent
+    again)."""
+    import os
+
+    from edge.sinks import JsonlSink, Sinks
+
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(3), policy)
+    records = tmp_path / "records.jsonl"
+    sinks = Sinks([JsonlSink(str(records))])
+    done = []
+    real_fsync, real_ack = os.fsync, spool.ack_many
+    refuse = [True]
+
+    def fsync(fd):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if name == str(records):
+            if refuse[0]:
+                raise OSError(5, "Input/output error")
+            done.append(("fsync", len(records.read_bytes().splitlines())))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(spool, "ack_many", lambda ids: (done.append(("ack", len(ids))), real_ack(ids))[1])
+
+    async def run():
+        esc = Escalating("dev", {"grpc": _Counting(None)}, sinks.write, EdgeMetrics(), spool=spool,
+                         durable=sinks.durable)
+        assert await esc.replay_once() == 3
+        assert len(spool) == 3 and done == [] and len(records.read_bytes().splitlines()) == 3
+        refuse[0] = False
+        assert await esc.replay_once() == 0  # the acknowledgement left over goes through now
+        await esc.close()
+
+    asyncio.run(run())
+    assert done == [("fsync", 3), ("ack", 3)] and len(spool) == 0
+    assert "3 replayed escalations delivered but not yet acknowledged (the sinks' records could not be synced " \
+           "to disk first: Input/output error)" in caplog.text
+    sinks.close()
+    spool.close()
+
+
 def _spool_with_a_damaged_index(path, policy):
     """An open spool of three escalations whose key index is then damaged on disk (the chaos
     probe's fault), found by the spool's next call that reads it."""

@@ -171,3 +171,19 @@ def test_a_write_waits_for_a_lock_another_process_lets_go_of(tmp_path):
         t.join(5)
     assert sorted(map(repr, done)) == ["None", "True"] and box.in_flight() == [(1, 9, False, b"r0")] and len(box) == 2
     box.close()
+
+
+def test_sync_fsyncs_the_file_and_its_write_ahead_log(tmp_path, monkeypatch):
+    """``synchronous=NORMAL`` leaves the last commits in the log unsynced; ``sync`` (called before
+    the spool lets replayed answers go, ``edge.sinks.Sinks.durable``) fsyncs the file and the log."""
+    import os
+
+    path = tmp_path / "outbox.db"
+    ob = Outbox(path, 100)
+    assert ob.put(b'{"late": true}', late_key="dev/cam/1")
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    ob.sync()
+    assert synced == [str(path), f"{path}-wal"]
+    ob.close()
