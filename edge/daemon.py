@@ -8,8 +8,9 @@ inferred until then and dropped after, in-flight escalations finish until then a
 are spooled otherwise, the spool's replay sends no new entry and the one in flight may
 finish until then, its entry staying spooled otherwise; health goes 503; a model still
 loading is not waited for: ``edge.loading``), SIGHUP reloads the policy. The policy file is also
-polled (mtime / ctime / inode / size); an invalid new file is refused with a logged
-reason and the old policy stays. Start-up problems (spool, metrics port) end
+polled (mtime / ctime / inode / size; one modified less than ``POLICY_SETTLE_S`` ago, or
+changed while it was read, is read at a later poll: its writer may be midway); an invalid new
+file is refused with a logged reason and the old policy stays. Start-up problems (spool, metrics port) end
 the process with one ``EdgewiseError`` line (exit 2), after what was started is closed;
 so does one found once the daemon runs (the MQTT outbox cannot keep its client id, the MQTT
 start fails ``MQTT_START_TRIES`` times in a row).
@@ -74,6 +75,19 @@ MQTT_START_TRIES = 5
 LOOP_STALL_S = 30.0
 #: how often the event loop marks that it turns
 LOOP_BEAT_S = 1.0
+#: a policy file the poll finds modified less than this long ago is read at a later poll: a
+#: writer (an editor saving in place, ``scp``, ``cat >``) may be midway, and half a policy is
+#: often a valid, different one (half the cut points of examples/policy.yaml parse as a policy)
+POLICY_SETTLE_S = 0.5
+
+
+def being_written(seen: Optional[FileIdentity], now_ns: Optional[int] = None) -> bool:
+    """Whether the policy file whose identity is ``seen`` was modified less than
+    :data:`POLICY_SETTLE_S` ago (a modification time in the future, a clock stepped back, is not)."""
+    if seen is None:
+        return False
+    age_ns = (time.time_ns() if now_ns is None else now_ns) - seen[4]
+    return 0 <= age_ns < POLICY_SETTLE_S * 1e9
 
 
 def boot_epoch(spool_path: str, floor: int = 0) -> int:
@@ -363,14 +377,20 @@ class EdgeDaemon:
             return
         self.reload_event.set()
 
-    async def reload_policy(self) -> bool:
+    async def reload_policy(self, seen: Optional[FileIdentity] = None) -> bool:
         """Re-read the policy file now: read and validated in a worker thread (a hostile file
         must not stall frames), put in force on the loop thread, between two frames. True
-        when a new policy is in force; a refusal is logged once, by the holder."""
+        when a new policy is in force; a refusal is logged once, by the holder. ``seen``: the
+        file's identity before the read (the poll's); a file that changed while it was read may
+        be half written and is not put in force (the next poll reads it again)."""
         if self.holder is None or not self.settings.policy_file:
             return False
         plan = await asyncio.get_running_loop().run_in_executor(
             None, self.holder.prepare, self.settings.policy_file)
+        if seen is not None and file_identity(self.settings.policy_file) != seen:
+            log.info("policy file %s changed while it was read; it is read again at the next look",
+                     self.settings.policy_file)
+            return False
         res = self.holder.apply(plan)
         if not res.ok:
             self.metrics.reloads.labels("refused").inc()
@@ -411,6 +431,7 @@ class EdgeDaemon:
         path = self.settings.policy_file
         last = self._policy_seen  # as it was when the start read it
         while not self.stop_event.is_set():
+            seen: Optional[FileIdentity] = None
             try:
                 await asyncio.wait_for(self.reload_event.wait(), timeout=self.settings.policy_poll_s)
                 self.reload_event.clear()
@@ -422,12 +443,15 @@ class EdgeDaemon:
                     log.warning("policy file %s %s; the policy in force stays until it is back", path,
                                 "cannot be read (a symbolic link to nothing, or to itself)" if os.path.islink(path)
                                 else "is gone")
+                if cur != last and being_written(cur):
+                    continue  # (``last`` kept: the change is seen again at the next poll)
                 last, changed = cur, cur != last
                 if not changed or cur is None:
                     continue
                 log.info("policy file %s changed; reloading", path)
+                seen = cur
             try:
-                await self.reload_policy()
+                await self.reload_policy(seen)  # (changed while read: ``last`` differs at the next poll)
             except Exception:  # a bug must not end hot reload: the next change is tried again
                 self.metrics.reloads.labels("error").inc()
                 log.exception("policy reload of %s failed; the old policy stays in force", path)

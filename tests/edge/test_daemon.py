@@ -85,6 +85,48 @@ def test_reload_survives_a_5000_digit_number_and_deep_nesting_then_takes_a_valid
     assert names[0] == "first" and names[-1] == "third" and "second" in names
 
 
+def test_a_policy_written_in_place_is_put_in_force_whole_not_half_written(tmp_path, tiny_model):
+    """An editor saving in place, ``scp`` or ``cat >`` writes the policy file in pieces, and half a
+    policy is often a valid, different one: cut after ``deadlineMs: 2`` of ``deadlineMs: 2000``,
+    every escalation times out. A poll that landed between the pieces put that half in force. A
+    file modified less than POLICY_SETTLE_S ago is read at a later poll now: only the whole file
+    goes in force; a SIGHUP still reloads at once."""
+    from edge.daemon import POLICY_SETTLE_S
+    from edgewise.policy.loading import parse_policy
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("first", {"s": "never"}))
+    second = policy_yaml("second", {"s": "never"})
+    cut = second.index("deadlineMs: 2000") + len("deadlineMs: 2")
+    assert parse_policy(second[:cut].encode(), "half").spec != parse_policy(second.encode(), "whole").spec
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 20}],
+                policy_file=str(policy), policy_poll_s=0.05)
+    in_force = []
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.pipeline is not None and d.pipeline.frames_done > 0, 60, "frames")
+        d.holder.subscribe(in_force.append)
+        with open(policy, "w") as f:  # in place, in two pieces a few polls apart
+            f.write(second[:cut])
+            f.flush()
+            await asyncio.sleep(0.3)
+            f.write(second[cut:])
+        await async_wait_until(lambda: in_force, 10, "the whole file in force")
+        await asyncio.sleep(POLICY_SETTLE_S + 0.2)
+        d.settings.policy_poll_s = 3600  # from now on only SIGHUP reloads
+        policy.write_text(policy_yaml("third", {"s": "never"}))
+        os.kill(os.getpid(), signal.SIGHUP)
+        await async_wait_until(lambda: len(in_force) == 2, 10, "the SIGHUP reload, at once")
+        d.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
+    assert [p.spec for p in in_force] == [parse_policy(second.encode(), "whole").spec,
+                                          parse_policy(policy_yaml("third", {"s": "never"}).encode(), "t").spec]
+    assert d.metrics.reloads.labels("refused")._value.get() == 0
+
+
 def edge_run(tmp_path, **tree):
     base = dict(device_id="dev", streams=[{"id": "s", "kind": "synthetic", "max_frames": 2}],
                 model={"path": "unused.onnx"}, spool={"path": str(tmp_path / "spool.db")}, metrics={"port": -1})
