@@ -6,7 +6,7 @@ meant, a file where a folder is meant, a read-only or full filesystem) must fail
 naming the flag, not after the work is done. ``edgewise edge bundle`` checks its ``-o`` here
 too, which is why the rule lives in the core and not in the tools (``edge`` may not import them).
 
-``fsync_dir`` makes a rename into a folder durable: a file renamed into place without it (and
+``replace_durably`` and ``fsync_dir`` make a rename into a folder durable: a file renamed into place without it (and
 without an fsync of its own bytes first) can be found after a power cut under its new name but
 empty, as ext4 leaves a new file whose blocks were not written yet.
 """
@@ -36,6 +36,22 @@ def fsync_dir(folder: PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def replace_durably(written: PathLike, path: PathLike) -> None:
+    """Rename the finished file ``written`` to ``path`` so that a power cut leaves one of the two
+    whole: its bytes fsync'd first, the folder after (``fsync_dir``). ``os.replace`` alone makes
+    the name atomic for a kill, not for a power cut: a model, a dataset file or a training
+    checkpoint came back empty under its final name, and the next run took it as written (a
+    resumed training refused its ``resume.pt``, the hours before lost; a model newer than its
+    checkpoint is not exported again)."""
+    fd = os.open(os.fspath(written), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(written, path)
+    fsync_dir(os.path.dirname(os.path.abspath(os.fspath(path))))
 
 
 def _writable_folder(folder: Path, flag: str, shown: Path) -> None:

@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Pattern, Sequence, Tuple
 import cv2
 
 from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.outputs import replace_durably
 from edgewise.synth.render import CLASS_NAMES, MAX_SEED, ObjectLabel, StreamGenerator
 from edgewise.synth.settings import Difficulty
 
@@ -167,7 +168,7 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(_tmp_name(path.name))
     try:
         _put(tmp, text.encode())
-        tmp.replace(path)
+        replace_durably(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -28,6 +28,7 @@ import onnx
 import torch
 
 from edgewise.errors import ModelError
+from edgewise.outputs import replace_durably
 from edgewise_tools.models.yolov5 import YOLOv5
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -145,8 +146,8 @@ def export_onnx(
             data = part.with_name(part.name + ".data")
             final_data = out.with_name(out.name + ".data")
             _point_external_data(part, data.name, final_data.name)
-            os.replace(data, final_data)
-        os.replace(part, out)  # atomic: readers never see a half-written model
+            replace_durably(data, final_data)
+        replace_durably(part, out)  # atomic: readers never see a half-written model, nor an empty one after a power cut
     finally:
         for leftover in (part, part.with_name(part.name + ".data")):
             if leftover.exists():  # the export failed half way

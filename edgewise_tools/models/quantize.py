@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import EdgewiseError, InvalidInputError, ModelError
-from edgewise.outputs import check_output_file
+from edgewise.outputs import check_output_file, replace_durably
 from edgewise.runtime.cpu import cpu_lacks_vnni
 from edgewise.runtime.firstframe import first_frame_problem
 from edgewise.runtime.metadata import (
@@ -397,7 +397,7 @@ def quantize(
         part = out.with_name(out.name + ".part")
         try:
             shutil.copyfile(staged, part)
-            os.replace(part, out)
+            replace_durably(part, out)
         finally:
             if part.exists():
                 part.unlink()
@@ -649,7 +649,7 @@ def drop_unused_opsets(path: Path) -> List[str]:
     model.opset_import.extend(keep)
     part = path.with_name(path.name + ".part")
     onnx.save(model, str(part))
-    os.replace(part, path)
+    replace_durably(part, path)
     return unused
 
 
@@ -684,4 +684,4 @@ def set_metadata(path: Path, extra: Dict[str, str], like: Optional[Path] = None)
         prop.key, prop.value = k, v
     part = path.with_name(path.name + ".part")
     onnx.save(model, str(part))
-    os.replace(part, path)
+    replace_durably(part, path)

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from edgewise.errors import ConfigError
-from edgewise.outputs import check_output_folder
+from edgewise.outputs import check_output_folder, replace_durably
 from edgewise_tools.models.yolov5 import ARCHS, YOLOv5, build_model
 from edgewise_tools.options import check_option
 from edgewise_tools.train.data import NO_AUGMENT, Augment, YoloDataset, batches, prefetched
@@ -263,7 +263,7 @@ def save_checkpoint(path: Path, model: nn.Module, cfg: TrainConfig, names: List[
                 "arch": getattr(model, "arch", cfg.arch),
                 "depth_multiple": model.depth_multiple, "width_multiple": model.width_multiple,
                 "nc": model.nc}, tmp)
-    tmp.replace(path)
+    replace_durably(tmp, path)
 
 
 #: settings a resumed run may change: where it runs and how it logs, not what it learns
@@ -283,12 +283,13 @@ def _same_run(saved: Dict[str, Any], cfg: TrainConfig) -> List[str]:
 
 def save_resume(path: Path, model: nn.Module, ema: ModelEMA, optimizer: torch.optim.Optimizer,
                 cfg: TrainConfig, state: Dict[str, Any]) -> None:
-    """What the next epoch needs, written atomically (a kill leaves the previous file)."""
+    """What the next epoch needs, written atomically and durably (a kill or a power cut leaves
+    the previous file)."""
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "ema": ema.ema.state_dict(), "ema_updates": ema.updates,
                 "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
                 "config": _settings(cfg), **state}, tmp)
-    tmp.replace(path)
+    replace_durably(tmp, path)
 
 
 def load_checkpoint(path: Path) -> YOLOv5:

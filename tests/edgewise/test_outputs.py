@@ -55,3 +55,29 @@ def test_the_files_a_tool_writes_in_its_folder_are_checked_too(tmp_path):
     with pytest.raises(ConfigError, match=r"^--out .*: .*/eval.json is a folder, where this command writes its "
                                           r"eval.json; move it away or choose another folder$"):
         check_output_folder(tmp_path, "--out", ("eval.md", "eval.json"))
+
+
+def test_replace_durably_syncs_the_bytes_then_renames_then_syncs_the_folder(tmp_path, monkeypatch):
+    """os.replace alone is atomic for a kill, not for a power cut: the file can come back empty
+    under its final name. At the os-call boundary: the bytes fsync'd, the rename, the folder fsync'd."""
+    import os
+    import stat
+
+    from edgewise.outputs import replace_durably
+
+    done = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        done.append(("fsync", "folder" if stat.S_ISDIR(st.st_mode) else st.st_size))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", lambda a, b: (done.append(("replace", os.path.basename(b))), real_replace(a, b)))
+    part = tmp_path / "m.onnx.part"
+    part.write_bytes(b"x" * 123)
+    replace_durably(part, tmp_path / "m.onnx")
+    assert done == [("fsync", 123), ("replace", "m.onnx"), ("fsync", "folder")]
+    assert (tmp_path / "m.onnx").read_bytes() == b"x" * 123 and not part.exists()
+

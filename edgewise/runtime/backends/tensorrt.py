@@ -43,7 +43,7 @@ import numpy as np
 
 from edgewise.errors import ConfigError, DeploymentError, InvalidInputError, ModelError
 from edgewise.imagefiles import IMAGE_SUFFIXES, read_image_file
-from edgewise.outputs import fsync_dir
+from edgewise.outputs import replace_durably
 from edgewise.runtime.backends.cudart import CudaRuntime, device_name
 from edgewise.runtime.letterbox import preprocess_batch
 from edgewise.runtime.metadata import ModelInfo
@@ -123,16 +123,12 @@ def publish(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        tmp.write_bytes(data)
+        replace_durably(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    fsync_dir(path.parent)
 
 
 def calibration_cache_path(cache_dir: Path, info: ModelInfo) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 from pathlib import Path
 from typing import Any, Dict
 
@@ -81,10 +82,10 @@ def test_a_full_disk_is_one_error_naming_the_file_and_overwrite_recovers(
 
 def test_a_failed_json_write_leaves_neither_a_half_file_nor_its_temporary(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken_replace(self: Path, target: Any) -> Path:
+    def broken_replace(src: Any, target: Any) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(Path, "replace", broken_replace)
+    monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(InvalidInputError, match="cannot write.*Input/output error"):
         generate(_job(tmp_path))
     assert not (tmp_path / "annotations.json").exists()
