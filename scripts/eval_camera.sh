@@ -25,7 +25,9 @@
 #   (--reference-quality 85), the combined hardness declared (chosen on cam-dev; the learned
 #   policies fitted on cam-policy in whole frames beside it) -> $MODELS/eval-whole-frames/
 #   (docs/design/escalation.md#whole-frames-at-jpeg-quality-60)
-# Usage: scripts/eval_camera.sh [RUN_DIR [test|holdout|whole]]   (default runs/camera test);
+#   SPLIT holdout-whole: the same policy and reference on cam-holdout (90 streams), the combined
+#   hardness declared, no learned policies -> $MODELS/eval-holdout-whole-frames/
+# Usage: scripts/eval_camera.sh [RUN_DIR [test|holdout|whole|holdout-whole]]   (default runs/camera test);
 #        env POLICY (default examples/policy.yaml), MODELS, PY, THREADS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,8 +61,14 @@ case "$SPLIT" in
         eval_on cam-test eval-whole-frames eval-whole-frames.log --payloads full --reference-quality 85 \
             --train-data "$RUN/data/cam-policy" --ours combined
         ;;
+    holdout-whole)
+        PY="$PY" scripts/camera_data.sh "$RUN" cam-holdout
+        POLICY=examples/policies/whole-frames.yaml
+        eval_on cam-holdout eval-holdout-whole-frames eval-holdout-whole-frames.log --payloads full \
+            --reference-quality 85 --ours combined
+        ;;
     *)
-        echo "scripts/eval_camera.sh: SPLIT must be test, holdout or whole, got '$SPLIT'" >&2
+        echo "scripts/eval_camera.sh: SPLIT must be test, holdout, whole or holdout-whole, got '$SPLIT'" >&2
         exit 2
         ;;
 esac
