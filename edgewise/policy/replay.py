@@ -8,7 +8,7 @@ decided on), the facts of the edge boxes (``edge_classes``, ``edge_boxes``,
 ``edge_max_score``) and the daemon's decision clock (``decided_s``). Each
 stream's frames go through in the daemon's decision order
 (:mod:`edgewise.policy.recorded`), and a daemon restart (a new ``frame_seq``
-epoch) resets the stream's budget as it did in the daemon. So replaying records
+epoch) resets the stream's budget and whole-frame refresh as it did in the daemon. So replaying records
 with the policy that decided them reproduces every decision, budget and cooldown
 included (checked frame by frame whenever the records' ``policy_digest`` is the
 replayed policy's: :func:`edgewise.policy.digest.policy_digest`), except the frames a
@@ -372,14 +372,17 @@ class Replay:
         st.run_frames = 0
         st.run_carry = set()
 
-    def restart(self, sid: str, st: Stream, epoch: int) -> None:
-        """The daemon restarted (a new frame_seq epoch): budgets start afresh, as they did."""
+    def restart(self, key: Key, st: Stream, epoch: int) -> None:
+        """The daemon restarted (a new frame_seq epoch): budgets and the whole-frame refresh
+        start afresh, as they did (the restarted daemon's first escalation under
+        ``payload.wholeFrameEverySeconds`` goes whole, however little its decision clock moved)."""
         st.epoch = epoch
         st.runs += 1
         st.run_digests.clear()
-        for esc, fig in zip(st.escalators, st.figs):
+        for side, esc, fig in zip(self.sides, st.escalators, st.figs):
             if esc is not None:
-                esc.forget(sid)
+                esc.forget(key[1])
+            side.whole_frames.forget(key)
             fig.close_saturation(fig.sat_last)
 
     def name(self, key: Key) -> str:
@@ -442,7 +445,7 @@ def _take(r: Replay, doc: Record) -> None:
         st = r.streams[key] = Stream(t, seq >> 32, 2, [side.escalator(key[0]) for side in r.sides])
     else:
         if seq >> 32 != st.epoch:
-            r.restart(sid, st, seq >> 32)
+            r.restart(key, st, seq >> 32)
         if t >= st.last_s:
             if t - st.last_s > GAP_S:
                 st.jump(t)

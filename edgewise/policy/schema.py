@@ -333,6 +333,11 @@ class WholeFrames:
             return "full"
         return payload.mode
 
+    def forget(self, stream: Hashable) -> None:
+        """A new daemon run of ``stream`` (a restart): it has sent no whole frame yet, so its
+        first escalation under a refresh goes whole, as the restarted daemon's does."""
+        self.last.pop(stream, None)
+
     def sent_whole(self, stream: Hashable, now_s: float) -> None:
         """A partial payload fell back to the whole frame at ``now_s``: it counts as a refresh."""
         self.last[stream] = max(now_s, self.last.get(stream, now_s))

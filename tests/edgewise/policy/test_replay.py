@@ -392,6 +392,25 @@ def test_a_whole_frame_refresh_is_counted_as_whole_frames_when_due(tmp_path: Pat
     assert rep["sides"][1]["overall"]["uplink_bytes"] == 20 * 6_000
 
 
+def test_a_daemon_restart_sends_its_first_escalation_whole_and_the_replay_counts_it(tmp_path: Path) -> None:
+    """A restarted daemon starts with no whole frame sent (edge.escalating keeps them per run),
+    so under payload.wholeFrameEverySeconds its first escalation goes whole whatever the run
+    before sent; a restart on the same host keeps the monotonic decision clock running. Replayed
+    as one refresh history, the second run's first whole frame was counted as regions."""
+    budget = "  threshold: 0.5\n  budget: {maxFraction: 1.0, maxPerSecond: null}\n"
+    regions = policy(budget + "  payload: {mode: regions}\n", "regions")
+    run1 = daemon_records(regions, [1.0] * 5, payload=6_000)
+    run2 = daemon_records(regions, [1.0] * 5, payload=6_000, epoch=1, t0=T0 + 2)
+    for r in run2:
+        r["decided_s"] += 2.0  # the same host's monotonic clock, 2 s on: within the 10 s period
+    for r in run1 + run2:  # 30,000 pixels of regions, 6,000 bytes: 0.2 B/px
+        r.update(payload="regions", regions=[[0, 0, 100, 100], [200, 0, 300, 200]])
+    path = write(tmp_path / "r.jsonl", run1 + run2)
+    refresh = policy(budget + "  payload: {mode: regions, wholeFrameEverySeconds: 10.0}\n", "refresh")
+    rep = replay([path], refresh, regions)
+    assert rep["sides"][0]["overall"]["uplink_bytes"] == pytest.approx((2 * 640 * 480 + 8 * 30_000) * 0.2, rel=1e-6)
+
+
 def test_helpers() -> None:
     assert percentile([], 50) == 0.0 and percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 95) == 4
     assert jpeg_bytes_per_pixel(85) == 0.2 and 0.2 < jpeg_bytes_per_pixel(87) < 0.247
