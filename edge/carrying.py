@@ -8,10 +8,12 @@ carried ones (:mod:`edgewise.carrying`, the same functions ``edgewise eval`` mea
 A newer answer replaces an older one (under ``merge.carryScope: regions``, only inside the
 regions it saw: the older answers stay carried elsewhere, :func:`edgewise.carrying.stacked`);
 an answer that comes back after a newer one is in force, or from the spool's replay, is not
-carried (it is older than what the edge has).
+carried (it is older than what the edge has). A live stream's outage ends its carrying: at the first
+frame after it the stream's answers and waiting pixels are let go (``forget``), so boxes from
+before a camera went down are not carried onto its frames minutes later.
 The frames between are stepped over in one go: the search window widens with the frames
 elapsed. Pure bookkeeping on the event loop; callers: ``edge.pipeline`` (``sent``,
-``in_force``, ``publish``) and ``edge.escalating`` (``answered``).
+``in_force``, ``publish``, ``forget``) and ``edge.escalating`` (``answered``).
 """
 
 from __future__ import annotations
@@ -109,6 +111,14 @@ class Carrier:
     def apply(self, stream: str, seq: int, image: np.ndarray, dets: Detections, cfg: CarryConfig) -> Detections:
         """Frame ``seq``'s boxes to publish: the edge's with the carried ones, found on ``image``."""
         return publish(dets, *self.in_force(stream, seq, image, cfg), cfg)
+
+    def forget(self, stream: str) -> None:
+        """``stream`` came back after an outage: the answers it carries and the pixels of its
+        escalations on their way are of frames from before it, which the frames after it do
+        not follow (``carryFrames`` counts frames, and frame numbers run on across an outage);
+        an answer that comes back for one of them is not carried."""
+        self._layers.pop(stream, None)
+        self._waiting.pop(stream, None)
 
     def carrying(self, stream: str) -> int:
         """Boxes carried on ``stream`` now (every answer's, before the regions rule)."""

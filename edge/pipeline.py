@@ -1,7 +1,7 @@
 """The edge pipeline: capture → preprocess → infer → postprocess → hardness →
 policy → sinks / escalation, as an asyncio shell around one inference thread.
 A frame that is not escalated is published with the boxes carried from its stream's
-latest cloud answer (``edge.carrying``).
+latest cloud answer (``edge.carrying``), until its stream's next outage.
 
 Frames wait in one bounded queue per stream (named drop policy, see
 ``edge.sources.capturing.FrameQueue``). The batcher takes the frames that are
@@ -143,6 +143,8 @@ class Pipeline:
         for sid, rate in self.rates.items():  # read at each scrape: a stream that stops falls to 0
             metrics.fps.labels(sid).set_function(rate.rate)
         self.by_stream: Dict[str, Capturer] = {c.stream_id: c for c in capturers}
+        #: per stream, the capture shell's ``cut_seq`` as of its last frame emitted: a new one is an outage
+        self._cuts: Dict[str, int] = {}
         self.frames_done = 0
         self.hardness_policy_ms: List[float] = []  # per-frame cost, for the benchmark
         self.stop_capture = asyncio.Event()
@@ -250,6 +252,12 @@ class Pipeline:
             # Read before its stream went down: never emitted after the outage is known.
             self.metrics.drops.labels(frame.stream_id, "stale").inc()
             return
+        if cap is not None and self._cuts.setdefault(frame.stream_id, cap.cut_seq) != cap.cut_seq:
+            # The first frame after the stream's outage: the answers it carried are of frames
+            # before it (merge.carryFrames counts frames, and frame numbers run on), not carried on.
+            self._cuts[frame.stream_id] = cap.cut_seq
+            if self.escalating is not None:
+                self.escalating.carrier.forget(frame.stream_id)
         h, w = frame.image.shape[:2]
         policy = self.decider.policy
         carried = None

@@ -1,12 +1,26 @@
-"""The daemon's carrying bookkeeping: which answer a stream carries, over real pixels."""
+"""The daemon's carrying bookkeeping: which answer a stream carries, over real pixels, and the
+pipeline letting a stream's answers go after its outage."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import numpy as np
+import yaml
 
 from edge.carrying import MAX_WAITING, Carrier
+from edge.deciding import Decider
+from edge.escalating import Escalating
+from edge.metrics import EdgeMetrics
+from edge.pipeline import Pipeline
+from edge.sources import CaptureSource
+from edge.sources.base import Frame
+from edge.sources.capturing import Capturer, FrameQueue
 from edgewise.carrying import CARRIED, CarryConfig
 from edgewise.detections import Detections
+from edgewise.policy import parse_policy
+from tests.edge.helpers import policy_yaml
 
 NAMES = ("a", "b")
 
@@ -168,3 +182,47 @@ def test_with_the_edge_floor_a_doubtful_edge_box_goes_while_a_whole_frame_answer
     c.sent("cam", 6, frame(100, 6), CFG)
     c.answered("cam", 6, NONE, CFG)
     assert c.apply("cam", 7, frame(100, 7), doubtful, CFG) is doubtful
+
+
+def test_answers_from_before_a_live_streams_outage_are_not_carried_after_it():
+    """``merge.carryFrames`` counts frames, and a stream's frame numbers run on across an
+    outage: a camera that reboots and comes back minutes later would have the cloud's boxes of
+    the frame before the outage carried onto its first frames after it (found again on a
+    scene that did not change, ``source: carried``), as if only a frame had passed. The
+    pipeline lets the stream's answers go at its first frame after the capture shell's cut."""
+    doc = yaml.safe_load(policy_yaml("carry", stream_modes={"cam": "never"}))
+    doc["spec"]["merge"].update(carryFrames=30, carryMatch=0.5)
+    policy = parse_policy(yaml.safe_dump(doc))
+    cfg = policy.spec.merge.carry()
+    records = []
+
+    async def run():
+        ready = asyncio.Event()
+        queue = FrameQueue(2, "drop_oldest", ready)
+        cap = Capturer("cam", CaptureSource("rtsp", "rtsp://127.0.0.1:9/cam"), queue)
+        metrics = EdgeMetrics()
+        escalating = Escalating("dev", {}, records.append, metrics)
+        pipeline = Pipeline("dev", None, [cap], {"cam": queue}, ready, Decider(policy), escalating,
+                            records.append, metrics)
+        stages = {"preprocess": 0.0, "infer": 0.0, "postprocess": 0.0}
+
+        def emit(seq):
+            img = frame(100, seq)
+            pipeline._emit(Frame("cam", seq, img, time.time_ns(), time.monotonic()), NONE, stages, time.monotonic())
+
+        try:
+            escalating.carrier.sent("cam", 0, frame(100), cfg)  # frame 0 went to the cloud ...
+            escalating.carrier.answered("cam", 0, CLOUD, cfg)  # ... and its answer came back
+            emit(1)
+            escalating.carrier.sent("cam", 1, frame(100, 1), cfg)  # frame 1 went, its answer on its way
+            cap.seq = 2
+            cap._went_down("delivered no new frame for 5.0 s")  # the camera rebooted
+            emit(2)  # its first frame minutes later, of the same scene
+            escalating.carrier.answered("cam", 1, CLOUD, cfg)  # the answer to frame 1 comes back late
+            emit(3)
+        finally:
+            pipeline.executor.shutdown(wait=True)
+
+    asyncio.run(run())
+    carried = {r.frame_seq: [d["source"] for d in r.detections] for r in records}
+    assert carried == {1: [CARRIED], 2: [], 3: []}, carried
