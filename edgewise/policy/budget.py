@@ -35,6 +35,17 @@ from typing import Deque, List, Optional, Tuple
 #: The largest ``budget.windowFrames`` (the schema's bound): how many frames back escalations
 #: are remembered, whatever the window in force, for a reload to a larger one.
 MAX_WINDOW_FRAMES = 100000
+#: Seconds by which a span of the decision clock may fall short of a period and still count as
+#: it (:func:`elapsed`): on a ``frame / fps`` timeline (``edgewise eval``) ``(k + 3) / 10 - k / 10``
+#: is just under 0.3 for over half the k, which would hold a 0.3 s cooldown one frame longer.
+CLOCK_SLACK_S = 1e-9
+
+
+def elapsed(since: float, now: float, period: float) -> bool:
+    """Whether ``period`` seconds have passed from ``since`` to ``now`` on the decision clock
+    (up to float rounding, :data:`CLOCK_SLACK_S`): the one rule of the cooldown and the
+    whole-frame refresh (``Payload.whole_frame_due``)."""
+    return now - since >= period - CLOCK_SLACK_S
 
 
 def fraction_cap(max_fraction: float, window_frames: int) -> int:
@@ -165,7 +176,7 @@ class StreamBudget:
         return (
             cooldown_s > 0
             and self.last_escalation is not None
-            and now - self.last_escalation < cooldown_s
+            and not elapsed(self.last_escalation, now, cooldown_s)
         )
 
     def admit(self, now: float) -> None:

@@ -24,7 +24,7 @@ from edgewise.hardness.learned import GainModel
 from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
 from edgewise.hardness.signals import COMBINE_MODES, SIGNAL_NAMES, SignalConfig
 from edgewise.merging import STRATEGIES, carried_boxes, merge
-from edgewise.policy.budget import MAX_WINDOW_FRAMES
+from edgewise.policy.budget import MAX_WINDOW_FRAMES, elapsed
 from edgewise.policy.fields import FieldSpec, field_default, opt
 from edgewise.regions import (
     MAX_TILES,
@@ -299,7 +299,7 @@ class Payload:
         after ``now_s`` (a clock that went back belongs to a new run)."""
         if not self.refreshes:
             return False
-        return last_whole_s is None or not 0 <= now_s - last_whole_s < self.whole_frame_every_s
+        return last_whole_s is None or now_s < last_whole_s or elapsed(last_whole_s, now_s, self.whole_frame_every_s)
 
     def proposals(self, dets: Any, motion_blobs: Any, size: Tuple[int, int], band: Any) -> Optional[np.ndarray]:
         """The regions a ``regions`` payload of a frame of ``size`` (width, height) would send

@@ -91,6 +91,25 @@ def test_cooldown_per_stream():
     assert all(fast)
 
 
+@pytest.mark.parametrize("fps,cooldown,frames", [(10, 0.3, 3), (30, 0.3, 9), (5, 0.2, 1), (25, 0.2, 5),
+                                                  (10, 0.1, 1), (15, 0.2, 3), (12.5, 0.4, 5)])
+def test_a_cooldown_of_whole_frame_periods_lets_the_frame_that_many_periods_on_go(fps, cooldown, frames):
+    """On a stream timeline of ``frame / fps`` seconds (``edgewise eval``'s policy row,
+    ``check-policy --data``) a cooldown of whole frame periods ("0.3 s: 3 frames at 10 fps",
+    examples/policy.yaml) ends at the frame that many periods on, as the evaluation's baseline
+    rows count it (``ceil(cooldown * fps)``): float rounding of ``(k + 3) / 10 - k / 10`` (just
+    under 0.3 for over half the k) held that frame back too, so a 0.3 s cooldown at 10 fps spaced
+    escalations 4 frames apart 63% of the time."""
+    p = policy(LINEAR + OPEN_BUDGET + f"  cooldownSeconds: {cooldown}\n")
+    esc = Escalator(p)
+    went = [i for i in range(600) if esc.decide("a", i, dets(), sig(1.0), now=i / fps).escalate]
+    assert set(np.diff(went)) == {frames}
+    # the rule is one: the whole-frame refresh on the same timeline is due as many periods on
+    refresh = policy(LINEAR + f"  payload: {{mode: regions, wholeFrameEverySeconds: {cooldown}}}\n").spec.payload
+    assert all(refresh.whole_frame_due(k / fps, (k + frames) / fps) for k in range(600))
+    assert not any(refresh.whole_frame_due(k / fps, (k + frames - 1) / fps) for k in range(600))
+
+
 def test_token_bucket_burst_then_rate():
     p = policy(LINEAR + "  budget: {maxFraction: 1.0, windowFrames: 10, maxPerSecond: 1.0, burst: 3, priority: fifo}\n")
     esc = Escalator(p)
