@@ -10,7 +10,8 @@ detail, threshold and origin reach the frame record), next to the generation and
 what deciding cost. When the policy uses motion (a motion weight, a gain model fitted
 on it, or a region payload, ``Policy.uses_motion``) each stream also keeps a
 ``MotionDetector`` fed with the frame's pixels: its signals join the others and its
-unexplained blobs go with the verdict, for the region payload. When the policy's gain model
+unexplained blobs go with the verdict, for the region payload. A stream back from an outage
+(``resumed``) starts its tracker and motion model afresh. When the policy's gain model
 reads the carry state (``Policy.uses_carry``), the stream's carried boxes (``carried``, from
 ``edge.carrying``), the frames since its last escalation (under whichever policy) and the
 regions the policy in force proposes on that escalation's frame give the carry-state features
@@ -124,6 +125,15 @@ class Decider:
         self._cfg.clear()
         self.generation += 1
         return self.generation
+
+    def resumed(self, stream_id: str) -> None:
+        """``stream_id`` came back after an outage: its tracker and motion model start afresh
+        (warm-up included), as at a stream's start or a change of resolution. The frames before
+        the outage say nothing about its next one: compared with them, what changed while the
+        camera was down read as boxes vanished and unexplained motion, a hard frame at every
+        reconnect. Its budget and last escalation are kept (the policy's, not the scene's)."""
+        self.tracker.pop(stream_id, None)
+        self.motion.pop(stream_id, None)
 
     def _signal_config(self, stream_id: str, size: Tuple[int, int]) -> SignalConfig:
         held = self._cfg.get(stream_id)

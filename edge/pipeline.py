@@ -1,7 +1,8 @@
 """The edge pipeline: capture → preprocess → infer → postprocess → hardness →
 policy → sinks / escalation, as an asyncio shell around one inference thread.
 A frame that is not escalated is published with the boxes carried from its stream's
-latest cloud answer (``edge.carrying``), until its stream's next outage.
+latest cloud answer (``edge.carrying``), until its stream's next outage (its first frame
+after one also starts the stream's tracker and motion model afresh, ``Decider.resumed``).
 
 Frames wait in one bounded queue per stream (named drop policy, see
 ``edge.sources.capturing.FrameQueue``). The batcher takes the frames that are
@@ -253,9 +254,11 @@ class Pipeline:
             self.metrics.drops.labels(frame.stream_id, "stale").inc()
             return
         if cap is not None and self._cuts.setdefault(frame.stream_id, cap.cut_seq) != cap.cut_seq:
-            # The first frame after the stream's outage: the answers it carried are of frames
-            # before it (merge.carryFrames counts frames, and frame numbers run on), not carried on.
+            # The first frame after the stream's outage: not compared with the frames before it
+            # (tracker, motion model), and the answers it carried are of those frames
+            # (merge.carryFrames counts frames, and frame numbers run on), not carried on.
             self._cuts[frame.stream_id] = cap.cut_seq
+            self.decider.resumed(frame.stream_id)
             if self.escalating is not None:
                 self.escalating.carrier.forget(frame.stream_id)
         h, w = frame.image.shape[:2]
