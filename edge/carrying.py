@@ -29,6 +29,7 @@ from edgewise.carrying import (
     CarryState,
     Looked,
     combine,
+    fits,
     grey,
     layered,
     seed,
@@ -106,7 +107,8 @@ class Carrier:
         else:
             del self._layers[stream]
         boxes = layered([(layer.state.detections(), layer.regions) for layer in stepped if layer in alive])
-        return boxes, tuple(layer.regions for layer in alive)
+        # (an answer for frames of another size looked at none of this frame's pixels)
+        return boxes, tuple(layer.regions for layer in alive if fits(layer.state, image))
 
     def apply(self, stream: str, seq: int, image: np.ndarray, dets: Detections, cfg: CarryConfig) -> Detections:
         """Frame ``seq``'s boxes to publish: the edge's with the carried ones, found on ``image``."""

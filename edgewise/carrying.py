@@ -188,6 +188,13 @@ def _follow(t: _Track, image: np.ndarray, cfg: CarryConfig, frames: int) -> Opti
     return _Track((nx, ny, nx + bw, ny + bh), t.template, t.factor, t.class_id, t.score)
 
 
+def fits(state: CarryState, image: np.ndarray) -> bool:
+    """Whether the answer behind ``state`` was for frames of ``image``'s size (unknown: yes): one
+    for another size (a stream that changed resolution) carries nothing onto it, and where it
+    looked is in the old frame's pixels (:func:`step`, ``merge.carryEdgeFloor``)."""
+    return state.size in (None, image.shape[:2])
+
+
 def step(state: CarryState, image: np.ndarray, cfg: CarryConfig, frames: int = 1) -> CarryState:
     """The state ``frames`` frames later, on ``image``: each box found again or dropped; all
     of them dropped once the answer is older than ``cfg.frames``, or when ``image`` is of
@@ -196,7 +203,7 @@ def step(state: CarryState, image: np.ndarray, cfg: CarryConfig, frames: int = 1
     if frames < 1:
         raise ValueError(f"frames must be >= 1, got {frames}")
     age = state.age + frames
-    if age > cfg.frames or not state.tracks or state.size not in (None, image.shape[:2]):
+    if age > cfg.frames or not state.tracks or not fits(state, image):
         return CarryState((), state.names, age, state.size)
     kept = tuple(k for k in (_follow(t, image, cfg, frames) for t in state.tracks) if k is not None)
     return CarryState(kept, state.names, age, state.size)

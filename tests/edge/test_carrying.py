@@ -226,3 +226,20 @@ def test_answers_from_before_a_live_streams_outage_are_not_carried_after_it():
     asyncio.run(run())
     carried = {r.frame_seq: [d["source"] for d in r.detections] for r in records}
     assert carried == {1: [CARRIED], 2: [], 3: []}, carried
+
+
+def test_with_the_edge_floor_an_answer_for_another_resolution_drops_nothing():
+    """A stream whose resolution changed (a camera reconfigured, same stream id): the answers
+    in force were for frames of the old size, their boxes are dropped (``step``), and where
+    they looked is in the old frame's pixels, not a place the cloud saw on this frame. The
+    edge's doubtful boxes of the new frames are kept, not dropped for carryFrames frames."""
+    cfg = CarryConfig(frames=30, min_match=0.5, edge_floor=0.5)
+    doubtful = D([[200, 150, 214, 170, 0.3, 0]])
+    c = Carrier()
+    c.sent("cam", 1, frame(100, 1), cfg)
+    c.answered("cam", 1, NONE, cfg)  # the whole 320x240 frame: the cloud found nothing
+    assert len(c.apply("cam", 2, frame(100, 2), doubtful, cfg)) == 0
+    bigger = np.zeros((480, 640, 3), np.uint8)
+    boxes, looked = c.in_force("cam", 3, bigger, cfg)
+    assert len(boxes) == 0 and looked == ()
+    assert c.apply("cam", 4, bigger, doubtful, cfg) is doubtful
