@@ -67,6 +67,9 @@ BACKLOG_BYTES = 16 * 1024 * 1024
 DRAIN_SLICE_S = 0.05
 #: a failing sink is logged at most once per this many seconds (with the count since)
 LOG_EVERY_S = 10.0
+#: rotated JSON Lines files the next ``Sinks.durable`` call syncs, at most (the newest; a device
+#: without a spool never calls it, and the kernel writes an older file back within seconds)
+UNSYNCED_ROTATED = 8
 #: how long a durable sink's close takes at most: records held in memory go in until then (the
 #: rest are lost, logged and counted; 16 MiB of them took 8.9 s into the outbox, and a lock
 #: another process holds or a slow disk has no end), and the MQTT sink publishes what its
@@ -253,6 +256,10 @@ class JsonlSink:
         self.late_keys: Dict[str, None] = self._load_late_keys()
         self.size = self.f.tell()
         self.compressor = rotation.Compressor(path, keep) if max_bytes and compress else None
+        #: files rotated away and not synced since (``Sinks.durable``): lines written before a
+        #: rotation are there, not in the file open now (a lock: the spool thread drops the synced)
+        self._rotated: List[str] = []
+        self._rotated_lock = threading.Lock()
         #: live lines not written yet (module doc)
         self.held = HeldRecords(f"sinks.jsonl {path}", counter(metrics, self.name))
 
@@ -427,11 +434,25 @@ class JsonlSink:
             old.close()
         except OSError:
             pass
+        with self._rotated_lock:
+            self._rotated = [*self._rotated[1 - UNSYNCED_ROTATED:], rotated]
         self.size = 0
         if self.compressor is not None:
             self.compressor.submit(rotated)
         else:
             rotation.prune(self.path, self.keep)
+
+    def unsynced_rotated(self) -> List[str]:
+        """The files rotated away and not synced since, oldest first: ``Sinks.durable`` syncs
+        them with the open one (a late line written before a rotation is in one of them)."""
+        with self._rotated_lock:
+            return list(self._rotated)
+
+    def rotated_synced(self, names: List[str]) -> None:
+        """(any thread) ``names`` are synced: a later ``Sinks.durable`` leaves them (a sync the
+        disk refused leaves them for the next one)."""
+        with self._rotated_lock:
+            self._rotated = [n for n in self._rotated if n not in names]
 
     def close(self) -> None:
         """Write the lines held in memory, for up to ``close_timeout_s`` (``HeldRecords.flush_at_exit``);
@@ -444,6 +465,19 @@ class JsonlSink:
         if self.compressor is not None and not self.compressor.close(max(0.0, end - time.monotonic())):
             log.info("sinks.jsonl %s: rotated files not gzip'd within the sink's close time stay plain; the next "
                      "start gzips them", self.path)
+
+
+def _fsync_file(name: str) -> None:
+    """fsync the file at ``name``; one gone is nothing to sync (gzip'd: ``rotation.compress``
+    syncs the gzip before it deletes the plain file; or pruned)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class StdoutSink:
@@ -1022,11 +1056,15 @@ class Sinks:
         the cloud's answers from both. The call raises ``OSError`` when the disk refuses (the
         acknowledgement then waits), and does its work once however often it is called."""
         fds: List[int] = []
+        rotated: List[Tuple[JsonlSink, List[str]]] = []
         outboxes: List[Outbox] = []
         try:
             for s in self.sinks:
                 if isinstance(s, JsonlSink) and not s.fsync:
                     fds.append(os.dup(s.f.fileno()))  # (the sink may rotate meanwhile: this is the file written)
+                    # and the files it rotated away since the last call: a replay round takes seconds of
+                    # live records, and its first late lines may be in the file rotated meanwhile
+                    rotated.append((s, s.unsynced_rotated()))
                 elif isinstance(s, MqttSink):
                     outboxes.append(s.outbox)
         except OSError:
@@ -1042,6 +1080,10 @@ class Sinks:
             try:
                 for fd in fds:
                     os.fsync(fd)
+                for sink, names in rotated:
+                    for name in names:
+                        _fsync_file(name)
+                    sink.rotated_synced(names)
                 for outbox in outboxes:
                     outbox.sync()
             finally:

@@ -846,3 +846,44 @@ def test_a_record_a_torn_page_left_as_zeros_is_dropped_not_published(tmp_path, m
     assert errors == [f"MQTT sink: record 4 in the outbox {path} reads back as {len(records[3])} bytes of garbage "
                       "(zeros: a page a power cut or the storage left half written); dropped, not published. If this recurs, "
                       "check the disk (dmesg)"], errors
+
+
+def test_durable_syncs_the_file_a_late_record_went_to_when_the_sink_rotated_since(tmp_path, monkeypatch):
+    """The spool acknowledges a replay round's answers after ``Sinks.durable``'s call synced
+    their late records. A round takes seconds (each window waits for the cloud) while live
+    records go on: when the JSON Lines file rotated between a late record's write and the
+    acknowledgement, the call synced only the new file, and the late record sat unsynced in
+    the rotated one (plain, ``jsonl_compress`` off) while the spool's fsync'd delete let its
+    answer go: a power cut then lost it from both."""
+    path = tmp_path / "records.jsonl"
+    sink = JsonlSink(str(path), max_bytes=600, keep=4)
+    sinks = Sinks([sink])
+    sinks.write(late(1))  # the replayed answer's late record
+    n = 0
+    while not [p for p in os.listdir(tmp_path) if p.startswith("records.jsonl.")]:
+        n += 1
+        sinks.write(frame_record("cam", 100 + n))  # live records meanwhile: the file rotates
+    (rotated,) = [str(tmp_path / p) for p in os.listdir(tmp_path) if p.startswith("records.jsonl.")]
+    with open(rotated, "rb") as f:
+        assert b'"late":true' in f.read()
+    synced = []
+    real_fsync = os.fsync
+    refuse = [True]
+
+    def fsync(fd):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if name == rotated and refuse[0]:
+            raise OSError(5, "Input/output error")
+        synced.append(name)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError):  # the disk refused: the spool's acknowledgement waits
+        sinks.durable()()
+    refuse[0] = False
+    sinks.durable()()  # the next round's call syncs the rotated file still
+    assert rotated in synced and str(path) in synced
+    synced.clear()
+    sinks.durable()()  # synced once: a later call syncs what is written from then on
+    assert synced == [str(path)]
+    sinks.close()
