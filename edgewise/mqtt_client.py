@@ -63,6 +63,11 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   reconnected again until the process restarted. ``Client``'s network thread logs it, ends
   the connection as lost (``on_disconnect``: what waits on it learns so) and goes on, paho
   reconnecting with its own backoff, until ``loop_stop`` or a ``disconnect()``.
+* paho closes the socket pair ``loop_start`` makes (what wakes its thread for a publish) only
+  in its ``__del__``. A connection and its client hold each other (its callbacks), so the
+  garbage collector frees them together, and it may finalize the sockets before the client:
+  a ResourceWarning "unclosed socket" from whatever ran then (a test suite that turns warnings
+  into errors failed a module for it). ``loop_stop`` closes the pair once the thread is done.
 """
 
 from __future__ import annotations
@@ -191,7 +196,15 @@ class Client(mqtt.Client):
                     shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-        return super().loop_stop()
+        rc = super().loop_stop()
+        if thread is not None and not thread.is_alive():
+            # the thread's wake-up pair (module doc): forgotten first, so a publish after the stop
+            # skips it as it does before a start
+            pair, self._sockpairR, self._sockpairW = (self._sockpairR, self._sockpairW), None, None
+            for end in pair:
+                if end is not None:
+                    end.close()
+        return rc
 
     def _lost(self) -> None:
         """End the connection a failed network loop leaves in an unknown state (a packet may be

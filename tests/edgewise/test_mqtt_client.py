@@ -242,3 +242,20 @@ def test_a_stop_does_not_wait_for_a_hung_broker_to_acknowledge(mosquitto) -> Non
         os.kill(mosquitto.proc.pid, signal.SIGCONT)
     assert took < 5, took  # STOP_FLUSH_S and the loop's last turn
     assert conn.client._thread is None
+
+
+def test_a_stop_closes_the_wake_up_socket_pair_of_the_network_thread(mosquitto) -> None:
+    """paho closes the socket pair ``loop_start`` makes only in its ``__del__``; a connection and
+    its client are a reference cycle, which the garbage collector may finalize sockets first in:
+    "unclosed socket" failed a test module (tests/edge/test_sinks.py) at its end-of-module
+    collection. ``loop_stop`` closes the pair once the thread is done, and a publish after the
+    stop is still no error."""
+    conn = MqttConnection("127.0.0.1", mosquitto.port, client_id="closes-its-pair")
+    conn.start()
+    wait_until(conn.connected.is_set, 10, "the connection")
+    pair = (conn.client._sockpairR, conn.client._sockpairW)
+    assert all(end is not None and end.fileno() >= 0 for end in pair)
+    conn.stop()
+    assert [end.fileno() for end in pair] == [-1, -1]  # closed
+    assert conn.client._sockpairR is None and conn.client._sockpairW is None
+    conn.client.publish("edgewise/cam-1/escalate", b"after the stop", qos=1)  # queued, no OSError
