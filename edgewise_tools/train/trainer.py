@@ -21,9 +21,9 @@ budget counts training time only); without the file it starts afresh. A run with
 ``resume``, or delete the file): starting afresh would write over the interrupted run's
 checkpoints, and a later ``resume`` would go back to that older run over the new one. A
 run that finished deletes the file. A fresh run into the folder of a finished one replaces
-it and removes its ``summary.json`` and ``best.onnx`` as it starts: interrupted, it would
-otherwise leave them beside its own checkpoints, as if it had finished (the training
-scripts skip a stage whose ``summary.json`` exists).
+it and removes its ``summary.json`` and ``best.onnx`` as it starts (not the ``init`` it
+starts from): interrupted, it would otherwise leave them beside its own checkpoints, as if
+it had finished (the training scripts skip a stage whose ``summary.json`` exists).
 """
 
 from __future__ import annotations
@@ -362,9 +362,13 @@ def train(cfg: TrainConfig, progress: Optional[Callable[[Dict[str, Any]], None]]
         log.info("%s: no resume.pt (no run was interrupted there after a finished epoch): starting afresh", out)
     if saved is None:
         # what says an earlier run in ``out`` finished: this run replaces it, and one interrupted must
-        # not leave the old results beside its own checkpoints (a script skips a stage with a summary)
+        # not leave the old results beside its own checkpoints (a script skips a stage with a summary);
+        # but not the model this run starts from (fine-tuning into its own folder: --init out/best.onnx),
+        # which an interrupted run would otherwise have destroyed
+        init = Path(cfg.init).resolve() if cfg.init else None
         for name in FINISHED_RUN_FILES:
-            (out / name).unlink(missing_ok=True)
+            if (out / name).resolve() != init:
+                (out / name).unlink(missing_ok=True)
     model = model.to(device).train()
     amp = _amp_dtype(cfg.amp, device)
     det = model.detect

@@ -396,6 +396,13 @@ def test_a_fresh_run_over_a_finished_one_does_not_leave_its_results_as_if_it_had
         train(cfg(seed=6, export_onnx=False), progress=kill)
     assert not (out / "summary.json").exists() and not (out / "best.onnx").exists()
     assert (out / "last.pt").exists()
+    # fine-tuning into its own folder from its own export: that model is what the run starts from,
+    # and an interrupted run must not have deleted it (a review found it did)
+    train(cfg(epochs=1))
+    model = (out / "best.onnx").read_bytes()
+    with pytest.raises(Killed):
+        train(cfg(seed=6, export_onnx=False, init=str(out / "best.onnx")), progress=kill)
+    assert (out / "best.onnx").read_bytes() == model and not (out / "summary.json").exists()
 
 
 def test_a_checkpoint_reaches_the_disk_before_its_name(tmp_path: Path, monkeypatch) -> None:
