@@ -89,8 +89,9 @@ class Carrier:
         """The boxes ``stream`` carries onto frame ``seq``, found on ``image`` (empty: none), and
         where the answers in force looked (each one's regions, None: the whole frame; empty: no
         answer in force). Called once per frame, escalated or not, so the trackers follow every
-        frame; the boxes are what the policy reads before deciding (the carry state), both what
-        :func:`publish` takes for a frame not escalated (:meth:`apply`)."""
+        frame. The boxes are what the policy reads before deciding (the carry state); with where
+        the answers looked, they are what :func:`publish` takes for a frame not escalated
+        (:meth:`apply`)."""
         layers = self._layers.get(stream)
         if not layers:
             return Detections.empty(source=CARRIED), ()
