@@ -197,7 +197,7 @@ class Client(mqtt.Client):
                 except OSError:
                     pass
         rc = super().loop_stop()
-        if thread is not None and not thread.is_alive():
+        if thread is None or not thread.is_alive():  # (None: it ended on its own, after a disconnect)
             # the thread's wake-up pair (module doc): forgotten first, so a publish after the stop
             # skips it as it does before a start
             pair, self._sockpairR, self._sockpairW = (self._sockpairR, self._sockpairW), None, None

@@ -828,10 +828,11 @@ def test_a_record_a_torn_page_left_as_zeros_is_dropped_not_published(tmp_path, m
     tear_page_holding(path, b"<end-3>")
     rec_topic = TopicRecorder(mosquitto, TOPIC)
     metrics = EdgeMetrics()
+    opened = open_outbox(path, 1000)
+    assert len(opened) == 6  # opened as it is: nothing for the start's salvage to see
     conn = connect(mosquitto)
-    sink = MqttSink(conn, TOPIC, open_outbox(path, 1000), metrics)
+    sink = MqttSink(conn, TOPIC, opened, metrics)
     try:
-        assert len(sink.outbox) == 6  # opened as it is: nothing for the start's salvage to see
         wait_until(lambda: len(sink.outbox) == 0, 10, "the outbox published")
         wait_until(lambda: len(rec_topic.messages) >= 5, 10, "5 records on the topic")
         time.sleep(0.2)
