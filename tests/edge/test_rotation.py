@@ -131,21 +131,14 @@ def test_the_gzip_reaches_the_disk_before_its_name_and_its_name_before_the_plain
     cut within ext4's writeback delay the .gz could be empty under its name and the plain file gone,
     every record of the rotated file lost. The order at the os-call boundary is what makes it
     durable: the gzip's whole bytes synced, then the rename, the folder synced, then the delete."""
-    import stat
 
     path = tmp_path / "det.jsonl"
     path.write_bytes(b'{"frame_seq": 1}\n' * 1000)
     left = R.rotate(str(path), now=0)
-    done = []
-    real_fsync, real_replace, real_unlink = os.fsync, os.replace, os.unlink
+    from tests.syncs import record_syncs
 
-    def fsync(fd):
-        st = os.fstat(fd)
-        done.append(("fsync", "dir" if stat.S_ISDIR(st.st_mode) else st.st_size))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", lambda a, b: (done.append(("replace", os.path.basename(b))), real_replace(a, b)))
+    done = record_syncs(monkeypatch, folder="dir")
+    real_unlink = os.unlink
     monkeypatch.setattr(os, "unlink", lambda p: (done.append(("unlink", os.path.basename(p))), real_unlink(p)))
     dst = R.compress(left)
     size = os.path.getsize(dst)

@@ -60,21 +60,11 @@ def test_the_files_a_tool_writes_in_its_folder_are_checked_too(tmp_path):
 def test_replace_durably_syncs_the_bytes_then_renames_then_syncs_the_folder(tmp_path, monkeypatch):
     """os.replace alone is atomic for a kill, not for a power cut: the file can come back empty
     under its final name. At the os-call boundary: the bytes fsync'd, the rename, the folder fsync'd."""
-    import os
-    import stat
 
     from edgewise.outputs import replace_durably
+    from tests.syncs import record_syncs
 
-    done = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(fd):
-        st = os.fstat(fd)
-        done.append(("fsync", "folder" if stat.S_ISDIR(st.st_mode) else st.st_size))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", lambda a, b: (done.append(("replace", os.path.basename(b))), real_replace(a, b)))
+    done = record_syncs(monkeypatch)
     part = tmp_path / "m.onnx.part"
     part.write_bytes(b"x" * 123)
     replace_durably(part, tmp_path / "m.onnx")

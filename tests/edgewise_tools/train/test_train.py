@@ -409,22 +409,12 @@ def test_a_checkpoint_reaches_the_disk_before_its_name(tmp_path: Path, monkeypat
     """A power cut during a training left resume.pt (renamed into place unsynced) empty under its
     name: the resumed run refused it, and the hours before were lost. The checkpoint's bytes are
     fsync'd before the rename and the folder after."""
-    import os
-    import stat
 
     from edgewise_tools.models.yolov5 import build_model
     from edgewise_tools.train.trainer import TrainConfig, save_checkpoint
+    from tests.syncs import record_syncs
 
-    done = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(fd):
-        st = os.fstat(fd)
-        done.append(("fsync", "folder" if stat.S_ISDIR(st.st_mode) else st.st_size))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", lambda a, b: (done.append(("replace", os.path.basename(b))), real_replace(a, b)))
+    done = record_syncs(monkeypatch)
     save_checkpoint(tmp_path / "best.pt", build_model("yolov5n", nc=2), TrainConfig(data="d", out="o", arch="yolov5n"),
                     ["a", "b"], 0, {})
     assert done == [("fsync", (tmp_path / "best.pt").stat().st_size), ("replace", "best.pt"), ("fsync", "folder")]
