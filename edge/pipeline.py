@@ -146,6 +146,9 @@ class Pipeline:
         self.by_stream: Dict[str, Capturer] = {c.stream_id: c for c in capturers}
         #: per stream, the capture shell's ``cut_seq`` as of its last frame emitted: a new one is an outage
         self._cuts: Dict[str, int] = {}
+        #: per stream, the decision clock as of its last frame, and where a video file's timeline starts on it
+        self._decided: Dict[str, float] = {}
+        self._media_origin: Dict[str, float] = {}
         self.frames_done = 0
         self.hardness_policy_ms: List[float] = []  # per-frame cost, for the benchmark
         self.stop_capture = asyncio.Event()
@@ -247,6 +250,22 @@ class Pipeline:
         log.info("policy generation %d in force from the next frame", gen)
         return gen
 
+    def _decision_time(self, frame: Frame) -> float:
+        """The policy's clock for ``frame``: the daemon's, or, for a video file read as fast as
+        it can be (``Frame.media_s``), the recording's own timeline, placed where the stream's
+        first such frame was decided. A stream's cooldown, ``maxPerSecond`` and whole-frame
+        refresh are times in its recording then: read at 40 fps, a 10 fps recording's 2 per
+        second are 20% of its frames, not 5%, as ``edgewise eval`` counts them (frame / fps).
+        A stream's clock never goes back (a file replaced by one without a stated rate falls
+        back to the daemon's clock behind the timeline)."""
+        sid = frame.stream_id
+        now = self.decider.clock()
+        if frame.media_s is not None:
+            now = self._media_origin.setdefault(sid, now - frame.media_s) + frame.media_s
+        now = max(now, self._decided.get(sid, now))
+        self._decided[sid] = now
+        return now
+
     def _emit(self, frame: Frame, dets: Any, stage_ms: Dict[str, float], dequeued: float) -> None:
         cap = self.by_stream.get(frame.stream_id)
         if cap is not None and frame.seq < cap.cut_seq:
@@ -270,8 +289,8 @@ class Pipeline:
             # The latest cloud answers' boxes, found again on this frame (edge.carrying): the
             # carry state the policy may read, and what a frame not escalated publishes.
             carried, looked = self.escalating.carrier.in_force(frame.stream_id, frame.seq, frame.image, carry)
-        verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h), frame=frame.image,
-                                               carried=carried)
+        verdict: Verdict = self.decider.decide(frame.stream_id, frame.seq, dets, (w, h),
+                                               now=self._decision_time(frame), frame=frame.image, carried=carried)
         d = verdict.decision
         published = dets if carried is None or carry is None or d.escalate else publish(dets, carried, looked, carry)
         self.hardness_policy_ms.append(verdict.cost_ms)

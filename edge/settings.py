@@ -63,7 +63,10 @@ class StreamSettings:
         "or a difficulty YAML/JSON file).", "")
     loop: bool = setting("file/folder/synthetic: start again at the end instead of ending the stream.", False)
     fps: float = setting("Frame-rate cap in frames/s; 0 = as fast as the source and pipeline allow; "
-                         "otherwise at least one frame a day (1/86400).", 0.0, lo=0)
+                         "otherwise at least one frame a day (1/86400). A `file` stream without a cap "
+                         "runs its policy's cooldown, `maxPerSecond` and whole-frame refresh on the "
+                         "video's own timeline (frame index over its frame rate); with one it is "
+                         "replayed as a camera at that rate, on the daemon's clock.", 0.0, lo=0)
     queue_size: int = setting("Frames buffered between capture and inference; 0 = per-kind default "
                               "(live: 2, file/folder/synthetic: 8).", 0, lo=0)
     drop_policy: str = setting(

@@ -62,6 +62,9 @@ class Frame:
             None for live and generated sources.
         source_index: the frame's index in its video file (from 0, counted from the
             start of the current pass, undecodable frames included); None otherwise.
+        media_s: where the frame lies on its recording's timeline (``FrameSource.last_media_s``)
+            when the stream reads it as fast as it can (no ``fps``); the policy's decision
+            clock then runs on it (``edge.pipeline``). None otherwise.
     """
 
     stream_id: str
@@ -74,6 +77,7 @@ class Frame:
     clock: str = "read"
     source_file: Optional[str] = None
     source_index: Optional[int] = None
+    media_s: Optional[float] = None
 
     def age_s(self, now_mono: float) -> float:
         """Seconds since the frame was taken (its read age plus how old it was when read)."""
@@ -99,6 +103,10 @@ class FrameSource(Protocol):
 
     last_source_ms: Optional[float]
     """The source's own timestamp of the frame ``read`` last returned, ms on its clock; None when it has none."""
+    last_media_s: Optional[float]
+    """Where the frame ``read`` last returned lies on the recording's own timeline, seconds
+    from its first frame and never going back (a video file); None for sources without one
+    (live, folders, generated)."""
     last_file: Optional[str]
     """The file the frame ``read`` last returned came from; None for live and generated sources."""
     last_index: Optional[int]

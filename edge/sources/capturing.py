@@ -451,6 +451,8 @@ class Capturer:
                 clock=clock,
                 source_file=self.source.last_file,
                 source_index=self.source.last_index,
+                # paced by fps, a file is replayed as a camera at that rate: the daemon's clock
+                media_s=None if period else self.source.last_media_s,
             )
             self.seq += 1
             self.frames += 1

@@ -52,6 +52,14 @@ SLOW_WINDOW_S = 10.0
 SLOW_FRACTION = 0.25
 
 
+def frame_period(fps: float) -> Optional[float]:
+    """Seconds per frame of a source's nominal rate (a container's or a camera's), None when
+    the rate is unknown: 0, not a number, or above 1000 fps (a backend's time base, not a rate)."""
+    if not (0.0 < fps <= 1000.0):  # NaN fails it too
+        return None
+    return 1.0 / fps
+
+
 class SourceClock:
     """Maps one connection's source timestamps to the monotonic clock, and so to Unix nanoseconds."""
 

@@ -24,6 +24,7 @@ import re
 import stat
 from typing import Optional, Tuple
 
+from edge.sources.clock import frame_period
 from edgewise.addresses import parse_hostport
 from edgewise.errors import ConfigError
 
@@ -168,8 +169,9 @@ def stall_timeout(setting: float, nominal_fps: float) -> float:
     with 2 s it would be declared down before each of its frames."""
     if setting > 0:
         return setting
-    if nominal_fps and 0.0 < nominal_fps <= 1000.0:
-        return min(max(1.0, 5.0 / nominal_fps), SLOW_STALL_MAX_S)
+    period = frame_period(nominal_fps)
+    if period is not None:
+        return min(max(1.0, 5.0 * period), SLOW_STALL_MAX_S)
     return 2.0
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from edge.sources.answers import stream_answer, why_unopened
 from edge.sources.base import CorruptFrameError, SourceAwayError, SourceError
+from edge.sources.clock import frame_period
 from edge.sources.latest import LatestFrameReader
 from edge.sources.live import (
     REACH_TIMEOUT_S,
@@ -252,7 +253,12 @@ class VideoFileSource:
     opened again at a new pass, or yields none in it (a sync job re-copying the file), is
     away for a moment (``SourceAwayError``): the capture shell backs off and the next
     ``read`` opens it again, as for a looping folder. A new pass of a file that has not changed
-    since it was opened rewinds the open capture instead (``_rewind``)."""
+    since it was opened rewinds the open capture instead (``_rewind``).
+
+    ``last_media_s`` places each frame on the recording's own timeline: its index over the
+    container's frame rate, from 0 at the first frame, each pass of a loop (and each reopen)
+    starting one frame period after the last frame of the one before, so it never goes back.
+    None when the container states no usable rate (``edge.sources.clock.frame_period``)."""
 
     live = False
     skipped = 0
@@ -262,6 +268,9 @@ class VideoFileSource:
         self.path = path
         self.last_file: Optional[str] = path
         self.last_index: Optional[int] = None
+        self.last_media_s: Optional[float] = None
+        self.period_s: Optional[float] = None  # the open container's frame period
+        self.pass_start_s = 0.0  # where this pass begins on the recording's timeline
         self.shown = shown(path)
         self.loop = loop
         self.cap: Optional[Any] = None
@@ -293,8 +302,16 @@ class VideoFileSource:
             raise SourceError(f"cannot open video {self.shown} (not a video, or no decoder)")
         self.cap = cap
         self.expected = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+        self._next_pass()
+        self.period_s = frame_period(float(cap.get(cv2.CAP_PROP_FPS) or 0.0))
         self.read_count = self.position = self.pass_corrupt = 0
         self.rewound = False
+
+    def _next_pass(self) -> None:
+        """The timeline of a new pass (or reopen) begins one frame period after the last frame
+        delivered, so ``last_media_s`` runs on across a loop."""
+        if self.last_media_s is not None and self.period_s is not None:
+            self.pass_start_s = self.last_media_s + self.period_s
 
     def _away(self) -> bool:
         """Whether a failure to open or read a pass means the file is away for a moment (a
@@ -358,6 +375,7 @@ class VideoFileSource:
                 return False
         except cv2.error:
             return False
+        self._next_pass()
         self.read_count = self.position = self.pass_corrupt = 0
         self.rewound = True
         return True
@@ -377,6 +395,8 @@ class VideoFileSource:
                     self.read_count += 1
                     self.total_read += 1
                     self.last_index = self.position
+                    self.last_media_s = (None if self.period_s is None
+                                         else self.pass_start_s + self.position * self.period_s)
                     self.position += 1
                     self.corrupt += run
                     self.pass_corrupt += run
@@ -416,6 +436,7 @@ class ImageFolderSource:
     live = False
     skipped = 0
     last_source_ms: Optional[float] = None
+    last_media_s: Optional[float] = None  # a folder has no timeline
     last_index: Optional[int] = None
     truncated = 0
 
@@ -510,6 +531,7 @@ class CaptureSource:
 
     live = True
     truncated = 0
+    last_media_s: Optional[float] = None  # live: the policy runs on the daemon's clock
 
     def __init__(self, kind: str, uri: str, backend: str = "auto", transport: str = "tcp",
                  codec: str = "h264", stall_timeout_s: float = 0.0, open_timeout_s: float = 10.0,

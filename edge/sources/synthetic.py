@@ -90,6 +90,7 @@ class SyntheticSource:
     live = False
     skipped = 0
     last_source_ms: Optional[float] = None
+    last_media_s: Optional[float] = None  # paced like a camera: the daemon's clock
     last_file: Optional[str] = None
     last_index: Optional[int] = None
     truncated = 0

@@ -24,8 +24,8 @@ Order of checks for one frame of a stream:
 
 **Reload** (:meth:`Escalator.swap`): the policy reference changes under the same
 lock ``decide`` holds, so a frame sees either the old or the new policy, never
-a mix. Budget state survives the swap: tokens are refilled up to the swap time
-at the old rate and clipped to the new burst; the escalation window keeps its
+a mix. Budget state survives the swap: each stream's tokens are refilled up to its
+last frame at the old rate and clipped to the new burst; the escalation window keeps its
 history (a shrunken window drops what falls out of it, a larger one counts the escalations
 before the swap it covers); the time of the last
 escalation is kept so the *new* cooldown is measured from it; the recent
@@ -245,15 +245,18 @@ class Escalator:
         st.admit(now)
         return out(True, reason, detail, priority)
 
-    def swap(self, policy: Policy, now: Optional[float] = None) -> None:
-        """Put ``policy`` in force from the next frame on (budget state kept; see module doc)."""
-        t = self._clock() if now is None else now
+    def swap(self, policy: Policy) -> None:
+        """Put ``policy`` in force from the next frame on (budget state kept; see module doc).
+        Each stream's bucket is brought up to its own last frame, on its own decision clock:
+        streams need not share one (an uncapped video file's runs on its recording's timeline,
+        ``edge.pipeline``), so a swap time on another clock would refill one stream for time it
+        never had or starve it until its clock caught up."""
         with self._lock:
             # a new gain model at the same learnedModel path is a new hardness scale too
             keep = (policy.spec.signals == self._policy.spec.signals
                     and learned_digest(policy) == learned_digest(self._policy))
             for sid, st in self._streams.items():
-                st.relimit(_limits(policy, sid), t, keep_candidates=keep)
+                st.relimit(_limits(policy, sid), st.refilled_at, keep_candidates=keep)
             self._policy = policy
             self.swaps += 1
 

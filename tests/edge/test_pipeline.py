@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from edge.daemon import EdgeDaemon
 from edge.settings import load_settings
@@ -431,3 +432,29 @@ def test_a_model_failing_on_every_batch_logs_a_few_tracebacks_and_health_says_so
         "edgewise_edge_dropped_total", {"stream": "f", "reason": "inference_error:InvalidArgument"}) == 12
     health = d.health()[1]
     assert health["inference_failing"] is True and d.pipeline is not None and d.pipeline.frames_done == 0
+
+
+def test_an_uncapped_video_file_spends_its_budget_on_the_recording_timeline(tmp_path, tiny_model, real_cloud):
+    """A recording read as fast as the edge can (no ``fps``): its cooldown and ``maxPerSecond``
+    ran on processing time, so at 40 fps of processing a 10 fps recording's 2 per second let
+    5% of its frames through. They run on the recording's timeline now, as ``edgewise eval``
+    counts them: burst 1 plus 2 a second over 6 s of a looping 10 fps video is every fifth
+    frame, however fast it was read, and the recorded decision times are the recording's."""
+    from tests.edge.sources.test_sources import make_video
+
+    video = make_video(tmp_path / "clip.avi", 40)
+    doc = yaml.safe_load(policy_yaml("p", {"s": "always"}))
+    doc["spec"]["budget"] = {"maxFraction": 1.0, "maxPerSecond": 2, "burst": 1, "priority": "fifo"}
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(doc))
+    s = base_settings(tmp_path, tiny_model, [{"id": "s", "kind": "file", "uri": str(video), "loop": True,
+                                              "max_frames": 60}],
+                      policy_file=str(policy), cloud={"endpoints": [real_cloud.address]})
+    assert asyncio.run(asyncio.wait_for(EdgeDaemon(s).run(), 120)) == 0
+    recs = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["frame_seq"])
+    assert [r["frame_seq"] for r in recs] == list(range(60))
+    assert [r["frame_seq"] for r in recs if r["escalated"]] == list(range(0, 60, 5))
+    assert {r["suppressed_by"] for r in recs if not r["escalated"]} == {"budget_rate"}
+    assert all(r["outcome"] == "cloud" for r in recs if r["escalated"])
+    steps = [b["decided_s"] - a["decided_s"] for a, b in zip(recs, recs[1:])]
+    assert steps == pytest.approx([0.1] * 59, abs=1e-6)  # across the loop's wrap too

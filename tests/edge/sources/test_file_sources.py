@@ -426,3 +426,22 @@ def test_a_looping_video_that_does_not_seek_back_is_opened_again_at_each_pass(tm
     values = [int(f[5, 5, 0]) for f in frames]
     assert values == values[:3] * 2 + values[:1] and len(set(values[:3])) == 3
     src.close()
+
+
+def test_an_uncapped_video_places_its_frames_on_the_recording_timeline(tmp_path):
+    """Read as fast as it can be (no ``fps``), a 10 fps video's frames lie 0.1 s apart on its
+    own timeline, an undecodable frame's time included and on across the passes of a loop
+    (the frame after the last of a pass one period later, rewound or reopened); the
+    policy runs on it (``edge.pipeline``). Paced by ``fps``, a file is replayed as a camera
+    and carries none: the daemon's clock is its time."""
+    video = midcorrupt_video(tmp_path / "mid.avi", 12, 4)
+    _, q, _ = _capture(VideoFileSource(str(video), loop=True), max_frames=25)
+    times = [f.media_s for f in _queued(q)]
+    expected = [p * 1.2 + i / 10 for p in range(3) for i in range(12) if i != 4][:25]
+    assert times == pytest.approx(expected)
+    _, q, _ = _capture(VideoFileSource(str(video)), fps=200, max_frames=3)
+    assert [f.media_s for f in _queued(q)] == [None] * 3
+    src = VideoFileSource(str(video), loop=True)
+    src.seekable = False  # each pass opens the file again
+    _, q, _ = _capture(src, max_frames=14)
+    assert [f.media_s for f in _queued(q)][10:] == pytest.approx([1.1, 1.2, 1.3, 1.4])

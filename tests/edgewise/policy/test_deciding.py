@@ -239,7 +239,7 @@ def test_swap_mid_run_applies_from_the_next_frame_and_keeps_budget():
     out = []
     for i in range(10):
         if i == 5:
-            esc.swap(new, now=i)
+            esc.swap(new)
         out.append(esc.decide("s", i, dets(), sig(0.6), now=i))
     assert [d.policy_name for d in out] == ["old"] * 5 + ["new"] * 5
     assert [d.escalate for d in out] == [False] * 5 + [True, True, True, False, False]
@@ -248,7 +248,7 @@ def test_swap_mid_run_applies_from_the_next_frame_and_keeps_budget():
     smaller = policy(LINEAR + "  threshold: 0.5\n  budget: {maxFraction: 1.0, windowFrames: 10, maxPerSecond: 0.001, burst: 1, priority: fifo}\n", "small")
     esc2 = Escalator(old)
     esc2.decide("s", 0, dets(), sig(0.0), now=0)
-    esc2.swap(smaller, now=0)
+    esc2.swap(smaller)
     assert [esc2.decide("s", i, dets(), sig(0.6), now=0).escalate for i in range(1, 4)] == [True, False, False]
     assert esc2.swaps == 1
 
@@ -262,7 +262,7 @@ def test_swap_is_atomic_under_concurrent_decides():
     def swapper():
         flip = False
         while not stop.is_set():
-            esc.swap(b if flip else a, now=0)
+            esc.swap(b if flip else a)
             flip = not flip
 
     t = threading.Thread(target=swapper)
@@ -315,7 +315,7 @@ def test_a_new_gain_model_at_the_same_path_restarts_the_hardest_first_ranking(tm
         for i in range(5):
             esc.decide("s", i, dets("car"), {"uncertain_count": i / 5}, now=float(i))
         assert esc.budget_state("s")["candidates_in_window"] == 5
-        esc.swap(swapped, now=5.0)
+        esc.swap(swapped)
         assert esc.budget_state("s")["candidates_in_window"] == kept
 
 
@@ -330,7 +330,7 @@ def test_a_reload_to_a_larger_window_holds_its_cap_over_the_frames_before_it():
     out = []
     for i in range(400):
         if i == 140:
-            esc.swap(large, now=float(i))
+            esc.swap(large)
         out.append(esc.decide("s", i, dets(), sig(0.9), now=float(i)).escalate)
     assert sum(out[:140]) == 70
     assert max(sum(out[i:i + 200]) for i in range(201)) == 100
@@ -338,9 +338,9 @@ def test_a_reload_to_a_larger_window_holds_its_cap_over_the_frames_before_it():
     back = Escalator(large)
     for i in range(100):
         back.decide("s", i, dets(), sig(0.9), now=float(i))
-    back.swap(small, now=100.0)
+    back.swap(small)
     assert back.budget_state("s")["escalated_in_window"] == 20  # all 100 went: the last 20 frames
-    back.swap(large, now=100.0)
+    back.swap(large)
     assert back.budget_state("s")["escalated_in_window"] == 100
 
 
@@ -353,9 +353,9 @@ def test_a_rate_taken_away_and_set_again_starts_from_a_full_bucket():
     esc = Escalator(rated)
     spent = [esc.decide("s", i, dets(), sig(0.9), now=float(i)).escalate for i in range(3)]
     assert spent == [True, True, True] and esc.budget_state("s")["tokens"] < 1
-    esc.swap(free, now=3.0)
+    esc.swap(free)
     assert esc.decide("s", 3, dets(), sig(0.9), now=3.0).escalate
-    esc.swap(rated, now=3600.0)
+    esc.swap(rated)
     assert esc.budget_state("s")["tokens"] == 3.0
     assert [esc.decide("s", i, dets(), sig(0.9), now=3600.0 + i).escalate for i in range(4, 8)] == [True] * 3 + [False]
 
@@ -381,7 +381,22 @@ def test_the_history_kept_for_a_wider_window_is_a_few_kilobytes_per_stream():
         tracemalloc.stop()
     assert sum(out) >= 4_990
     assert grown < 40_000, grown
-    esc.swap(large, now=50_001.0)
+    esc.swap(large)
     assert esc.budget_state("s")["escalated_in_window"] == 300  # 10% of the last 3,000 frames
     more = [esc.decide("s", i, dets(), sig(0.9), now=float(i)).escalate for i in range(50_001, 50_301)]
     assert sum(more) == 30  # as many as left the 3,000 frames: the new cap holds over the frames before
+
+
+def test_a_reload_leaves_each_stream_on_its_own_decision_clock():
+    """Streams need not share a decision clock: an uncapped video file's runs on its recording's
+    timeline (``edge.pipeline``), ahead of or behind the daemon's. A reload brought every
+    stream's bucket up to the daemon's clock: a stream behind it was given tokens for time it
+    never had, then none until its own clock caught up."""
+    spec = "  threshold: 0.0\n  budget: {maxFraction: 1.0, windowFrames: 10, maxPerSecond: 1, burst: 1, priority: fifo}\n"
+    esc = Escalator(policy(LINEAR + spec, "a"), clock=lambda: 3000.0)
+    assert esc.decide("file", 0, dets(), sig(0.9), now=10.0).escalate
+    assert esc.decide("camera", 0, dets(), sig(0.9), now=5000.0).escalate
+    esc.swap(policy(LINEAR + spec, "b"))
+    for sid, t0 in (("file", 10.0), ("camera", 5000.0)):
+        assert [esc.decide(sid, i, dets(), sig(0.9), now=t0 + i / 2).escalate for i in range(1, 6)] == [
+            False, True, False, True, False], sid  # one token a second

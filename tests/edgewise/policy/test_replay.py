@@ -42,7 +42,7 @@ def daemon_records(pol: Any, hardness: Sequence[float], stream: str = "cam", fps
     for i, h in enumerate(hardness):
         if reload is not None and i == reload[0]:
             pol, generation = reload[1], generation + 1
-            esc.swap(pol, 100.0 + (i - 0.5) / fps)
+            esc.swap(pol)
         seq = (epoch << 32) + i
         sig = {"uncertain_count": round(h, 4), "mean_conf": 0.5}
         facts = FrameFacts(tuple(classes), len(classes), 0.9 if classes else 0.0)
