@@ -35,6 +35,23 @@ FORMATS = ("jpeg", "png", "raw")
 MIN_PING_INTERVAL_S = 5
 _WIRE_ENCODINGS: Dict[int, str] = {detect_pb2.Image.JPEG: "jpeg", detect_pb2.Image.PNG: "png"}
 
+#: The rank of a replay from an edge's spool in a worker's queue and in the gateway's prediction
+#: of it: below every live escalation (whose ``priority`` is 0 or more), whatever it was sent with.
+REPLAY_RANK = -1
+
+
+def queue_rank(priority: int, replay: bool) -> int:
+    """The order a request waits in (higher = sooner; docs/design/batching.md#priority): its
+    ``priority``, or :data:`REPLAY_RANK` for a replay (``DetectRequest.replay``). A replay's frame
+    was published with the edge's result long ago; a live escalation's answer is what its edge
+    publishes now. Replays keep the hardness percentile they were first sent with, and after an
+    outage every device of a fleet replays at once (one each, ``spool.replay_concurrency``): 30
+    devices replaying at percentile 80 had every live escalation at percentile 50 of another
+    device refused as saturated (0 of 49 answered; ``tests/cloud/test_replay_rank.py``), so the
+    live ones were spooled in turn. The one rule of the worker's batcher and the gateway's
+    balancer, so the gateway predicts the order the worker keeps."""
+    return REPLAY_RANK if replay else priority
+
 
 def encode_image(bgr: np.ndarray, fmt: str = "jpeg", quality: int = 90) -> detect_pb2.Image:
     """Encode a BGR uint8 HxWx3 image as ``jpeg`` (``quality`` 1..100), ``png`` or ``raw``."""

@@ -626,9 +626,9 @@ class Balancer:
         (docs/design/balancing.md#priority): that of the same or a higher priority (its queue
         is served highest first, in arrival order within one), and of the lower ones at most
         one request's (one may be running: a batch is not interrupted)."""
-        if not priority:  # nothing is lower: the whole of it (every pick of a pool without priorities)
-            return ep.work
         lower = sum(level.work for p, level in ep.levels.items() if p < priority)
+        if not lower:  # nothing lower in flight: the whole of it (every pick of a pool without priorities)
+            return ep.work
         return max(0.0, ep.work - lower) + min(lower, 1.0)
 
     def in_panic(self, now: float | None = None) -> bool:

@@ -4,7 +4,7 @@ The gateway forwards a ``DetectRequest`` without parsing it into a message and w
 serialising it again: the bytes the edge sent are the bytes the worker gets
 (docs/design/balancing.md#a-lean-hop). ``read_request`` walks the protobuf wire format
 (<https://protobuf.dev/programming-guides/encoding/>) once and keeps only what admission
-and routing read: the ids, the frame sequence, the deadline, the priority, the image's fields with a
+and routing read: the ids, the frame sequence, the deadline, the priority and the replay flag, the image's fields with a
 zero-copy ``memoryview`` of its bytes, and the number of edge detections. It follows a
 parser's rules: the last value of a scalar field wins, occurrences of the embedded
 ``image`` merge (``shape`` packed or not), a field with another wire type than its
@@ -32,7 +32,7 @@ from edgewise.errors import InvalidInputError
 from edgewise.regions import MAX_TILES
 from edgewise.status import RequestKeys, error_response
 from edgewise.v1 import detect_pb2
-from edgewise.wire import answer_mismatch
+from edgewise.wire import answer_mismatch, queue_rank
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
@@ -41,6 +41,7 @@ _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 _R = {f.name: f.number for f in detect_pb2.DetectRequest.DESCRIPTOR.fields}
 _I = {f.name: f.number for f in detect_pb2.Image.DESCRIPTOR.fields}
 _DEVICE_ID, _STREAM_ID, _FRAME_SEQ, _PRIORITY = _R["device_id"], _R["stream_id"], _R["frame_seq"], _R["priority"]
+_REPLAY = _R["replay"]
 _DEADLINE, _TRACE_ID, _IMAGE, _EDGE_DETECTIONS = (_R["deadline_unix_ns"], _R["trace_id"], _R["image"],
                                                    _R["edge_detections"])
 _ENCODING, _DATA, _SHAPE, _DTYPE = _I["encoding"], _I["data"], _I["shape"], _I["dtype"]
@@ -88,9 +89,16 @@ class RequestHead:
     frame_seq: int = 0
     trace_id: str = ""
     deadline_unix_ns: int = 0
-    priority: int = 0  # higher = sooner (the worker's queue order; the gateway's admission)
+    priority: int = 0  # as sent, higher = sooner
+    replay: bool = False  # replayed from the edge's spool
     image: ImageHead | None = None
     edge_detections: int = 0
+
+    @property
+    def rank(self) -> int:
+        """The order it waits in at the worker, and in the gateway's prediction of it (higher =
+        sooner; a replay below every live request): ``edgewise.wire.queue_rank``."""
+        return queue_rank(self.priority, self.replay)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +205,8 @@ def read_request(body: bytes, max_edge_detections: int | None = None) -> Request
                     head.deadline_unix_ns = _int64(value)
                 elif number == _PRIORITY:
                     head.priority = value & _U32
+                elif number == _REPLAY:
+                    head.replay = bool(value)
             else:
                 i = _skip(key, wire_type, at, i, n)
         if images:

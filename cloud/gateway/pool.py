@@ -191,7 +191,7 @@ class WorkerPool:
                     self.metrics.rejected.labels(reason="deadline_exceeded").inc()
                 break
             pick = self.balancer.pick(exclude=tried, deadline_s=hop, pixels=pixels, in_time=in_time,
-                                      priority=req.priority)
+                                      priority=req.rank)
             if not isinstance(pick, Ticket):
                 if reply is None:  # else no other worker to retry on: answer with the first failure
                     reply = self._no_pick_reply(req, pick, remaining)
@@ -200,7 +200,7 @@ class WorkerPool:
             reply = await self._attempt(pick, req, hop)
             waited += time.perf_counter() - t0
             tried.append(pick.address)
-            if not self._retry(reply, tried, deadline - time.perf_counter(), pixels, req.priority):
+            if not self._retry(reply, tried, deadline - time.perf_counter(), pixels, req.rank):
                 break
             in_time = refused_here(reply.status, reply.error)
         total = time.perf_counter() - t_start

@@ -65,7 +65,7 @@ from edgewise.errors import (
 )
 from edgewise.runtime.firstframe import batch_failure
 from edgewise.v1 import detect_pb2, service_pb2, service_pb2_grpc
-from edgewise.wire import check_image, detections_to_proto
+from edgewise.wire import check_image, detections_to_proto, queue_rank
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         job = _Job(prepared, loop.create_future(), self.clock())
         h, w = prepared.meta.src_shape[:2]
         try:
-            self.batcher.submit(job, self.clock(), priority=int(request.priority), deadline=deadline, pixels=h * w)
+            self.batcher.submit(job, self.clock(), priority=queue_rank(int(request.priority), request.replay),
+                                deadline=deadline, pixels=h * w)
         except DeadlineExceededError as exc:
             need = self.batcher.need_s(h * w)
             if deadline is None or deadline - need <= arrived:

@@ -10,6 +10,7 @@ from cloud.gateway.envelope import Reply, error_reply, read_request, reply_of
 from edgewise import status
 from edgewise.errors import InvalidInputError
 from edgewise.v1 import detect_pb2
+from edgewise.wire import queue_rank
 
 U32, U64 = (1 << 32) - 1, (1 << 64) - 1
 I64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -20,7 +21,8 @@ def requests(draw: st.DrawFn) -> detect_pb2.DetectRequest:
     req = detect_pb2.DetectRequest(
         device_id=draw(st.text(max_size=8)), stream_id=draw(st.text(max_size=8)),
         frame_seq=draw(st.integers(0, U64)), deadline_unix_ns=draw(I64), trace_id=draw(st.text(max_size=8)),
-        capture_time_unix_ns=draw(I64), priority=draw(st.integers(0, U32)), reason=draw(st.text(max_size=8)))
+        capture_time_unix_ns=draw(I64), priority=draw(st.integers(0, U32)), reason=draw(st.text(max_size=8)),
+        replay=draw(st.booleans()))
     if draw(st.booleans()):
         img = req.image
         img.encoding = draw(st.integers(-(1 << 31), (1 << 31) - 1))  # open enum: any int32 parses
@@ -41,6 +43,7 @@ def assert_same(body: bytes) -> None:
     assert got.body is body
     assert (got.device_id, got.stream_id, got.frame_seq, got.trace_id, got.deadline_unix_ns, got.priority) == (
         want.device_id, want.stream_id, want.frame_seq, want.trace_id, want.deadline_unix_ns, want.priority)
+    assert got.replay == want.replay and got.rank == queue_rank(want.priority, want.replay)
     assert got.edge_detections == len(want.edge_detections)
     assert (got.image is not None) == want.HasField("image")
     if got.image is not None:

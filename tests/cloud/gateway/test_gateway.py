@@ -221,6 +221,41 @@ def test_a_high_priority_request_is_admitted_past_the_lower_priority_work_a_work
     run(main())
 
 
+def test_replays_of_any_priority_are_not_counted_ahead_of_a_live_request():
+    """A replay from an edge's spool waits below every live request (``edgewise.wire.queue_rank``):
+    behind five priority-90 replays at 10/s, a live priority-0 request with 0.4 s to go is sent,
+    where behind five live priority-90 requests it is refused at once. Before, a replay kept the
+    priority it was first sent with, and after an outage the replays of a fleet had every live
+    escalation refused as saturated."""
+    async def main():
+        w = TestWorker("w", 1.0, concurrency=16, capacity=10.0)
+        gw = await started([(w, 1)])
+        try:
+            ep = gw.pool.balancer.endpoints[w.address]
+            await async_wait_until(lambda: ep.capacity == 10.0, 10, "the capacity reported")
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+
+                def ahead(seq: int, replay: bool) -> detect_pb2.DetectRequest:
+                    req = request(device=f"cam-{seq}", seq=seq)
+                    req.priority, req.replay = 90, replay
+                    return req
+                held = [asyncio.ensure_future(_detect(stub, ahead(i, replay=True))) for i in range(5)]
+                await async_wait_until(lambda: w.calls == 5, 10, "5 replays at the worker")
+                code, msg = await _detect(stub, request(seq=10), timeout=0.4)
+                assert w.calls == 6, (code, msg)  # sent: this test worker holds it 1 s, past its deadline
+                await asyncio.gather(*held)
+                held = [asyncio.ensure_future(_detect(stub, ahead(i, replay=False))) for i in range(5)]
+                await async_wait_until(lambda: w.calls == 11, 10, "5 live requests at the worker")
+                code, msg = await _detect(stub, request(seq=11), timeout=0.4)
+                assert code == "RESOURCE_EXHAUSTED" and "saturated" in msg and w.calls == 11
+                await asyncio.gather(*held)
+        finally:
+            await gw.stop(0)
+            await w.stop()
+    run(main())
+
+
 def test_deadline_propagates_to_worker_and_expires():
     async def main():
         w = TestWorker("w", 0.5)
