@@ -99,6 +99,11 @@ class BundleResult:
 def check_options(opts: BundleOptions) -> None:
     """Raise InvalidInputError (ConfigError for ``-o`` and a policy the daemon would refuse) naming
     the option that cannot work."""
+    if not JETSON.is_dir():  # first: from a pip-installed package every default path below is missing too
+        raise InvalidInputError(
+            f"{JETSON} is missing: this edgewise is an installed package, and `edgewise edge bundle` packs a "
+            "source checkout's files (deploy/jetson/, the default model and policy): run it from a checkout "
+            "of the edgewise repository (its .venv/bin/edgewise)")
     if opts.target not in TARGETS:
         raise InvalidInputError(f"--target {opts.target!r} is not supported; use one of {sorted(TARGETS)}")
     if opts.jetpack not in TARGETS[opts.target]:
@@ -119,8 +124,6 @@ def check_options(opts: BundleOptions) -> None:
         check_wheelhouse(Path(opts.wheels))
     if opts.power_mode is not None and not 0 <= opts.power_mode <= 8:
         raise InvalidInputError(f"--power-mode {opts.power_mode}: nvpmodel modes on Xavier NX are 0..8")
-    if not JETSON.is_dir():
-        raise InvalidInputError(f"{JETSON} is missing: run `edgewise edge bundle` from a source checkout")
     if not _NATIVE_VERSION.fullmatch(opts.version):
         raise InvalidInputError(
             f"--version {opts.version!r}: not a Debian version of a native package (a digit, then letters, "

@@ -139,6 +139,15 @@ class DemoConfig:
         for name in ("edge_model", "cloud_model", "policy"):
             p = Path(getattr(self, name))
             if not p.is_file():
+                flag = "--" + name.replace("_", "-")
+                if ROOT in p.parents and not (ROOT / "pyproject.toml").is_file():
+                    # a default of a pip-installed package: models/ and examples/ are the checkout's
+                    raise ConfigError(
+                        f"demo {flag}: its default {p.relative_to(ROOT)} is a file of a source checkout of "
+                        f"edgewise, and this edgewise is an installed package ({ROOT}), which holds no "
+                        "models/ or examples/: run the demo from a checkout (`make demo`), or pass "
+                        "--edge-model, --cloud-model and --policy (the checkout's models/camera/edge-int8.onnx, "
+                        "models/camera/cloud.onnx and examples/policy.yaml)")
                 hint = " (the reference models ship in models/; see models/MODEL_CARD.md)" if "model" in name else ""
                 raise ConfigError(f"demo {name.replace('_', '-')}: {p} not found{hint}")
         # read now, not by the processes after the frames are made and the cloud is warm (a policy that
