@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import List
 
@@ -83,6 +84,8 @@ def _handler(args: argparse.Namespace) -> int:
     paths = report.write(result, Path(args.out))
     print(report.markdown(result))
     print("wrote " + ", ".join(str(p) for p in paths))
+    if report.pyplot() is None:
+        print(f"no {report.FILES[2]}: {report.NO_MATPLOTLIB}", file=sys.stderr)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -16,6 +17,7 @@ from edgewise.runtime import Detector
 from edgewise_tools.demo import records as R
 from edgewise_tools.evaluation.frames import list_frames, read_labels
 from edgewise_tools.evaluation.metrics import Counts, match_counts, mean_ap, share_of
+from edgewise_tools.evaluation.report import NO_MATPLOTLIB, pyplot
 
 #: the report's files in ``--out``: the page and the machine-readable summary beside it
 INDEX, SUMMARY = "index.html", "summary.json"
@@ -63,19 +65,17 @@ def _share_text(x: Optional[float], digits: int) -> str:
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")  # labels never clipped
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+    pyplot().close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
 def _plots(final: Dict[Tuple[str, int], R.Record], events: List[Dict[str, Any]], threshold: float,
-           acc: Dict[str, Any], uplink: Dict[str, Any]) -> Dict[str, str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+           acc: Dict[str, Any], uplink: Dict[str, Any]) -> Optional[Dict[str, str]]:
+    """The report's figures as base64 PNGs; None when matplotlib is not installed (the page then
+    says so instead: a demo run that ended in ModuleNotFoundError had written no report)."""
+    plt = pyplot()
+    if plt is None:
+        return None
     recs = list(final.values())
     edge_lat = [r["latency_ms"]["total"] for r in recs if not r.get("escalated")]
     esc_lat = [(r["emit_unix_ns"] - r["capture_unix_ns"]) / 1e6 for r in recs
@@ -207,11 +207,14 @@ def build_report(cfg: Any, data: Path, recs: List[R.Record], events: List[Dict[s
         "report": str((out / INDEX).resolve()),
     }
     plots = _plots(final, events, policy.spec.threshold, acc, uplink) if vals else {}
+    if plots is None:
+        print(f"demo report: {NO_MATPLOTLIB}", file=sys.stderr)
     (out / INDEX).write_text(_html(summary, plots))
     return summary
 
 
-def _html(s: Dict[str, Any], plots: Dict[str, str]) -> str:
+def _html(s: Dict[str, Any], plots: Optional[Dict[str, str]]) -> str:
+    """The page; ``plots`` None: matplotlib was missing, which the page says where the figures go."""
     from edgewise_tools import provenance
 
     a, acct, lat, world = s["accuracy"], s["accounting"], s["latency_ms"], s["world"]
@@ -235,7 +238,8 @@ def _html(s: Dict[str, Any], plots: Dict[str, str]) -> str:
             ("cloud round trip p50/p99 (ms)", f"{lat['cloud_rtt_p50']} / {lat['cloud_rtt_p99']}"),
             ("events", "; ".join(f"{e['event']} at {e['t']} s" for e in s["events"]) or "none"),
         ])
-    imgs = "".join(f'<figure><img src="data:image/png;base64,{b}" alt="{k}"></figure>' for k, b in plots.items())
+    imgs = (f"<p>{html.escape(NO_MATPLOTLIB)}.</p>" if plots is None else
+            "".join(f'<figure><img src="data:image/png;base64,{b}" alt="{k}"></figure>' for k, b in plots.items()))
     headline = ("the 900 held-out frames of 30 streams of the camera test split, with every policy compared at "
                 "the same escalation rate and 95% intervals from resampled streams"
                 if world["preset"] == "camera" else

@@ -271,15 +271,29 @@ def verdict(result: Dict[str, Any]) -> List[str]:
     return out
 
 
-def plot(result: Dict[str, Any], path: Path) -> bool:
-    """Curves of % of cloud F1 (with 95% bands) and mAP vs escalation rate, and accuracy vs
-    bytes per payload mode; False when matplotlib is absent."""
+#: what a report without figures says: matplotlib is not a dependency of the package (the ``train``
+#: extra brings it), so ``eval`` and ``demo`` draw only where it is installed
+NO_MATPLOTLIB = "matplotlib is not installed, so no figures: `pip install matplotlib` (or the train extra) draws them"
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, or None when matplotlib is not installed
+    (:data:`NO_MATPLOTLIB`); the one test of it for every report that draws."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(result: Dict[str, Any], path: Path) -> bool:
+    """Curves of % of cloud F1 (with 95% bands) and mAP vs escalation rate, and accuracy vs
+    bytes per payload mode; False when matplotlib is absent."""
+    plt = pyplot()
+    if plt is None:
         return False
     # a cloud-only F1 of 0 is no scale: the F1 itself is drawn (x 100), and the axis says so
     cloud_f1 = result["baselines"]["cloud_only"]["f1"] or 1.0
