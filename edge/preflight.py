@@ -5,6 +5,7 @@
   EEPROM), else the host name. Devices flashed from one rootfs thus never share an id.
 * **State folders.** The folders of ``spool.path`` and ``sinks.jsonl`` exist (created when
   missing) and this user can write them.
+* **MQTT.** With ``cloud.mqtt.host`` set, paho-mqtt (the ``edge`` extra) is installed.
 * **Backend.** The inference backend ``model.backend`` names is installed.
 
 Each problem is one :class:`~edgewise.errors.EdgewiseError` line naming the setting or
@@ -25,6 +26,7 @@ from edge.spool import read_only
 from edge.tlsfiles import check_files
 from edgewise.errors import ConfigError, DeploymentError
 from edgewise.settings import Invalid
+from edgewise.systemdeps import require
 
 log = logging.getLogger(__name__)
 
@@ -316,8 +318,9 @@ def check_metrics_host(s: EdgeSettings) -> None:
 
 
 def preflight(s: EdgeSettings, create: bool = True) -> List[str]:
-    """Device id, TLS files, state folders (in that order); the lines to log about them
-    (a TLS file that is usable but likely wrong is logged as a warning here)."""
+    """Device id, TLS files, paho-mqtt when MQTT is configured, state folders (in that order);
+    the lines to log about them (a TLS file that is usable but likely wrong is logged as a
+    warning here)."""
     had_id = bool(s.device_id)
     dev = resolve_device_id(s)
     for warning in check_files(s.cloud.tls_ca, s.cloud.tls_cert, s.cloud.tls_key, dev):
@@ -325,5 +328,7 @@ def preflight(s: EdgeSettings, create: bool = True) -> List[str]:
     unused = transport_warning(s)
     if unused:
         log.warning("%s", unused)
+    if s.cloud.mqtt.host:  # the MQTT transport and sink: paho-mqtt, of the edge extra
+        require("paho.mqtt.client")
     check_state_dirs(s, create)
     return [f"device id {dev}" + ("" if had_id else " (default: serial number, else host name)")]

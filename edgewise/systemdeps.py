@@ -1,8 +1,15 @@
-"""Python modules the platform provides, not pip: on a Jetson they are JetPack's builds (the
-bundle's venv sees them through ``--system-site-packages``), so a device without them fails
-at the first import. Each has the one line that says what installs it, shown in place of the
-import's traceback by the command dispatcher (any ``edgewise`` command) and by the Jetson
-package's ``setup.sh``. Imports nothing (``setup.sh`` runs it before the venv is complete).
+"""Python modules that ``pip install edgewise`` does not bring, and the one line that says what
+installs each, shown in place of the import's traceback by the command dispatcher (any
+``edgewise`` command, as it loads a command or runs it) and by the Jetson package's ``setup.sh``:
+
+* modules the platform provides, not pip: on a Jetson they are JetPack's builds (the bundle's
+  venv sees them through ``--system-site-packages``), so a device without them fails at the
+  first import;
+* modules of an optional extra (pyproject.toml): paho-mqtt (``edge``, ``cloud``) and the
+  kubernetes client (``cloud``), imported only by what uses them; :func:`require` checks
+  one before a daemon starts.
+
+Imports nothing (``setup.sh`` runs it before the venv is complete).
 """
 
 from __future__ import annotations
@@ -17,6 +24,10 @@ INSTALL_HINTS: Dict[str, str] = {
            "sudo apt-get install libopencv-python (or Ubuntu's python3-opencv, which lacks NVIDIA's "
            "GStreamer elements for CSI cameras and hardware decoding); elsewhere: "
            "pip install opencv-python-headless",
+    "paho": "paho-mqtt is not installed, and MQTT needs it (the edge's cloud.mqtt, the gateway's MQTT bridge): "
+            "pip install 'edgewise[edge]' on a device, 'edgewise[cloud]' for the cloud tier",
+    "kubernetes": "the kubernetes client is not installed, and the cloud tier's Kubernetes discovery and "
+                  "autoscaler need it: pip install 'edgewise[cloud]'",
 }
 
 
@@ -27,3 +38,16 @@ def missing_module_error(exc: ImportError) -> Optional[DeploymentError]:
         return None
     hint = INSTALL_HINTS.get(exc.name.split(".")[0])
     return DeploymentError(f"{hint} ({exc})") if hint else None
+
+
+def require(module: str) -> None:
+    """Import ``module`` (one of :data:`INSTALL_HINTS`'s), or raise its one-line error."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        missing = missing_module_error(exc)
+        if missing is None:
+            raise
+        raise missing from None

@@ -271,6 +271,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # Errors we raise already say what to do; no traceback for the operator.
         _say_error(exc)
         return 2
+    except ModuleNotFoundError as exc:  # an extra's module a command imports as it runs (paho): what installs it
+        missing = missing_module_error(exc)
+        if missing is None:
+            raise
+        _say_error(missing)
+        return 2
     except KeyboardInterrupt as exc:
         return 143 if isinstance(exc, Terminated) else 130  # 128 + the signal, as a shell reports it
     except BrokenPipeError:  # `edgewise ... | head` closed our output: stop quietly, as cat does

@@ -117,6 +117,34 @@ def test_a_missing_opencv_is_one_line_naming_what_installs_it(tmp_path):
         assert "sudo apt-get install libopencv-python" in lines[0] and "python3-opencv" in lines[0]
 
 
+def test_a_missing_paho_is_one_line_naming_the_extra(tmp_path, tiny_model):
+    """paho-mqtt comes with the edge and cloud extras, not with ``pip install edgewise``. Without it,
+    an edge configured for MQTT passed ``edge check-config`` ("ok") and then ``edge run`` ended in a
+    ModuleNotFoundError traceback (exit 1, which the unit restarts), as did ``cloud gateway``, whose
+    MQTT bridge is always imported. Now each says in one line what to install, with exit status 2."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    config = tmp_path / "edge.yaml"
+    config.write_text(f"device_id: dev-1\nstreams: [{{id: cam, kind: synthetic, max_frames: 1}}]\n"
+                      f"model: {{path: {tiny_model}}}\ncloud: {{mqtt: {{host: 127.0.0.1, port: 1}}}}\n"
+                      f"spool: {{path: {tmp_path / 'spool.db'}}}\nsinks: {{jsonl: {tmp_path / 'd.jsonl'}}}\n"
+                      "metrics: {port: -1}\n")
+    code = "import sys; sys.modules['paho'] = None; from edgewise.cli import main; sys.exit(main(sys.argv[1:]))"
+    runs = [(["edge", "check-config", "--config", str(config)], "edgewise[edge]"),
+            (["edge", "run", "--config", str(config)], "edgewise[edge]")]
+    if sys.version_info >= (3, 10):  # the cloud tier's Python
+        runs.append((["cloud", "gateway", "--listen", "127.0.0.1:0", "--metrics-port", "-1"], "edgewise[cloud]"))
+    for argv, extra in runs:
+        p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                           env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+        lines = [ln for ln in p.stderr.splitlines() if " INFO " not in ln]  # the daemon's start is logged
+        assert p.returncode == 2 and len(lines) == 1, (argv, p.stderr)
+        assert lines[0].startswith("edgewise: error: paho-mqtt is not installed, and MQTT needs it"), p.stderr
+        assert f"'{extra}'" in lines[0], p.stderr
+
+
 def test_output_a_locale_cannot_encode_is_escaped_not_a_crash(tmp_path):
     """Under a locale without UTF-8 (ISO-8859-1, or C with PYTHONUTF8=0) `edge check-policy`
     on a policy whose description held an em dash died printing it: a UnicodeEncodeError
