@@ -33,8 +33,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     dist.mkdir()
-    subprocess.run([sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_wheel({str(dist)!r})"],
-                   cwd=src, check=True, capture_output=True)
+    built = subprocess.run([sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_wheel({str(dist)!r})"],
+                           cwd=src, capture_output=True, text=True)
+    assert built.returncode == 0, ("building the wheel needs pyproject's build backend in this venv (the dev extra "
+                                   "has it: setuptools>=77)\n" + built.stderr[-2000:])
     (wheel,) = dist.glob("edgewise-*.whl")
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)
