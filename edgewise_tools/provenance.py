@@ -24,10 +24,16 @@ NAMED = 8  # uncommitted files a provenance block names
 def git_state(root: Path = ROOT) -> Tuple[str, List[str]]:
     """``<sha>`` of HEAD (``+dirty`` with uncommitted changes to tracked files, "unknown" when git
     cannot say) and the tracked files so changed. A run takes it before it writes anything: a
-    report folder in the tree (``models/camera/eval``) would otherwise call its own run dirty."""
+    report folder in the tree (``models/camera/eval``) would otherwise call its own run dirty.
+    Only a work tree whose top is ``root`` counts: a pip-installed edgewise in a venv inside some
+    project's repository (``myproject/.venv/lib/.../site-packages``) is "unknown", not that
+    project's commit with its changed files."""
     try:
-        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
+        top, _, sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "--short=12", "HEAD"],
+                                     capture_output=True, text=True, timeout=10, check=True).stdout.partition("\n")
+        if Path(top).resolve() != Path(root).resolve():
+            return "unknown", []
+        sha = sha.strip()
         # -z writes paths as they are, not quoted: a name that is not UTF-8 is shown with U+FFFD, not a crash
         status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-z", "--untracked-files=no"],
                                 capture_output=True, text=True, errors="replace", timeout=10, check=True).stdout

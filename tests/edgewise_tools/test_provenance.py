@@ -58,3 +58,15 @@ def test_a_changed_file_whose_name_is_not_utf8_is_named_not_a_crash(tmp_path) ->
         f.write("y\n")
     commit, changed = git_state(root)
     assert commit.endswith("+dirty") and changed == ["caf\ufffd old.md"]
+
+
+def test_an_installed_package_inside_another_repository_has_no_commit(tmp_path) -> None:
+    """A pip-installed edgewise in a venv inside a project's repository (``myproject/.venv``):
+    ``eval`` and the demo reported that project's commit, ``+dirty``, with its changed files, as
+    the commit that produced the figures."""
+    root = _repo(tmp_path)
+    (root / "a.py").write_text("y\n")
+    site = root / ".venv" / "lib" / "python3.11" / "site-packages"  # where edgewise_tools' ROOT is then
+    site.mkdir(parents=True)
+    assert git_state(root)[0].endswith("+dirty")
+    assert git_state(site) == ("unknown", [])
