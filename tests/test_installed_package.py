@@ -88,3 +88,17 @@ def test_bundle_from_the_installed_package_says_it_needs_a_checkout(installed: P
     error = _error(_edgewise(installed, tmp_path, "edge", "bundle", "-o", str(tmp_path / "dist")))
     assert "deploy/jetson is missing" in error and "installed package" in error, error
     assert "checkout of the edgewise repository" in error, error
+
+
+def test_one_version_for_the_package_the_cli_and_the_chart(installed: Path) -> None:
+    """pyproject.toml keeps its own copy of the version (the image's dependency layer is built from
+    it alone, without ``edgewise/``), and nothing held the copies equal: a release that bumped one
+    would install a package whose ``edgewise --version``, Jetson bundle and image tag disagree
+    with ``pip show edgewise`` and the chart."""
+    import edgewise
+
+    (meta,) = installed.glob("edgewise-*.dist-info/METADATA")
+    version = next(ln.split(": ", 1)[1] for ln in meta.read_text().splitlines() if ln.startswith("Version: "))
+    chart = (ROOT / "charts" / "edgewise" / "Chart.yaml").read_text()
+    assert version == edgewise.__version__
+    assert f'appVersion: "{version}"' in chart  # the image tag the chart deploys (edgewise_tools.images)
