@@ -57,7 +57,10 @@ it subscribes at the first connection whose CONNACK allows QoS 1. A refused subs
 SUBACK failure reason code: an ACL enforced on subscribe, as Mosquitto's dynamic security
 does; Mosquitto's ``acl_file`` grants it and delivers nothing) is an ERROR naming the
 subscription, the reason and what to fix, and the bridge subscribes again every
-``mqtt.reconnect_max_s``.
+``mqtt.reconnect_max_s``. That ERROR is the one line naming the subscription's group (an
+operator allows it in the broker's ACL by that name); the others say where the group comes
+from (``$share/<mqtt.group>/...``, ``$share/<derived from mqtt.password>/...``), for a device
+that learns the name can join the gateways' group (``MqttSettings.share_group_shown``).
 
 With ``mqtt.tls``, the bridge's TLS files (``mqtt.ca_file``, ``mqtt.cert_file``,
 ``mqtt.key_file``) are followed without a restart (``cloud.gateway.mqtt_tls.BridgeTls``): before each connection
@@ -198,6 +201,8 @@ class MqttBridge:
         self.loop = loop or asyncio.get_running_loop()
         group = settings.share_group()
         self.subscription = mqtt_topics.shared_subscription(group, settings.topic_prefix)
+        #: the subscription as the logs show it: its group is a secret (share_group_shown)
+        self.shown_subscription = mqtt_topics.shared_subscription(settings.share_group_shown(), settings.topic_prefix)
         if group == UNPROTECTED_GROUP and (settings.username or settings.cert_file):
             # (a broker without credentials confines nobody: nothing to keep secret there)
             log.warning("MQTT bridge: its shared-subscription group is the public default %r (no mqtt.group and "
@@ -319,7 +324,7 @@ class MqttBridge:
                       "spool)%s; set max_qos 1, or remove it, in the broker's configuration and restart the "
                       "broker (Mosquitto does not reload max_qos on SIGHUP): the bridge subscribes at its next "
                       "connection", self.s.host, self.s.port, self.max_qos, self.max_qos, self.s.port,
-                      BRIDGE_QOS, BRIDGE_QOS, self.subscription,
+                      BRIDGE_QOS, BRIDGE_QOS, self.shown_subscription,
                       f"; answers it held, not published: {len(dropped)} (response_refused)" if dropped else "")
         for topic in dropped.values():
             self._not_answered(topic)
@@ -343,7 +348,7 @@ class MqttBridge:
         if self.up is not None:  # the gauge first: who waits on the event may read it next
             self.up.set(1)
         self.connected.set()  # requests published from now on reach this gateway
-        log.info("MQTT bridge connected to %s:%d, subscribed %s", self.s.host, self.s.port, self.subscription)
+        log.info("MQTT bridge connected to %s:%d, subscribed %s", self.s.host, self.s.port, self.shown_subscription)
 
     def _subscription_refused(self, reason_code: Any) -> None:
         """(paho's thread) A SUBACK with a failure reason code: no request reaches this gateway.

@@ -200,7 +200,8 @@ class MqttSettings:
                          "`edgewise-gateway`, with a WARNING at start): a "
                          "device that joins the group takes a share of every device's requests and, "
                          "denied them by the broker's ACL, drops them (Mosquitto's acl_file does not "
-                         "check subscriptions). A name set here must be as secret as a password.", "")
+                         "check subscriptions). A name set here must be as secret as a password.", "",
+                         secret=True)
     topic_prefix: str = setting("Topic prefix, as the edges' `cloud.mqtt.topic_prefix`.", "edgewise")
     client_id: str = setting("MQTT client id; empty = `gateway-<hostname>-<pid>`.", "")
     username: str = setting("Broker username (optional).", "")
@@ -252,6 +253,14 @@ class MqttSettings:
         digest = hashlib.sha256(b"edgewise mqtt share group\0" + self.username.encode() + b"\0" +
                                 self.password.encode())
         return f"{UNPROTECTED_GROUP}-{digest.hexdigest()[:32]}"
+
+    def share_group_shown(self) -> str:
+        """:meth:`share_group` as the logs name it: the public default as it is, a secret one
+        (set, or derived from the password) by where it comes from: a device that reads the name
+        in the logs could join the gateways' group (docs/install-cloud.md#mqtt-security)."""
+        if self.group:
+            return "<mqtt.group>"
+        return "<derived from mqtt.password>" if self.password else UNPROTECTED_GROUP
 
 
 @dataclass

@@ -714,3 +714,39 @@ def test_an_mqtt_requests_deadline_counts_its_wait_for_the_gateway(mosquitto):
             await gw.stop(1)
             await w.stop()
     run(main())
+
+
+def test_the_share_group_a_connected_bridge_logs_is_not_the_secret_name(mosquitto, caplog):
+    """The shared-subscription group is a secret (docs/install-cloud.md#mqtt-security: a device
+    that names it takes a share of every device's requests, and Mosquitto's acl_file does not
+    check subscriptions), derived from the broker password or set in mqtt.group. The bridge
+    logged the whole subscription, group included, at INFO at every connection: into the pod
+    logs, which `view` rights read. It now says where the group comes from instead."""
+    import logging
+
+    from cloud.gateway.settings import MqttSettings
+
+    caplog.set_level(logging.DEBUG)
+    derived = MqttSettings(username="gw", password="broker-pass").share_group()
+
+    async def main():
+        w = TestWorker("a", 0.005)
+        await w.start()
+        mq = {"mqtt.enabled": True, "mqtt.host": mosquitto.host, "mqtt.port": mosquitto.port}
+        gws = [Gateway(settings_for([(w, 1)], **mq, **{"mqtt.client_id": "gw-derived", "mqtt.username": "gw",
+                                                       "mqtt.password": "broker-pass"})),
+               Gateway(settings_for([(w, 1)], **mq, **{"mqtt.client_id": "gw-set", "mqtt.group": "only-gateways-7f3"}))]
+        for gw in gws:
+            await gw.start()
+        try:
+            await wait_until(lambda: all(gw.bridge.connected.is_set() for gw in gws), 15, "both bridges subscribed")
+        finally:
+            for gw in gws:
+                await gw.stop(1)
+            await w.stop()
+    run(main())
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if derived in m or "only-gateways-7f3" in m or "broker-pass" in m], said
+    connected = [m for m in said if "MQTT bridge connected to" in m]
+    assert any("$share/<derived from mqtt.password>/edgewise/+/escalate" in m for m in connected), connected
+    assert any("$share/<mqtt.group>/edgewise/+/escalate" in m for m in connected), connected
