@@ -264,6 +264,37 @@ def test_escalated_share_counts_a_replayed_escalation_once(tmp_path: Path) -> No
                                        "exp_samples": [{"labels": "{}", "value": 0.3}]}])
 
 
+def test_an_edge_whose_escalations_time_out_is_alerted_on_though_its_p99_cannot_be(tmp_path: Path) -> None:
+    """``edgewise_edge_cloud_rtt_seconds`` holds answered escalations only, and an answer later
+    than the policy's ``deadlineMs`` is none: with the default policy (500 ms) and SLO (0.5 s) its
+    p99 stays at or under the SLO however many escalations time out on the way (a slow or lossy
+    uplink the gateway never sees). Device a: 40% of its escalations time out and spool (their
+    replays are answered late), its answered round trips all within 0.5 s; device b: 1%."""
+    groups = _rules()
+    edge, other_job = 'job="edgewise-edge"', 'job="node"'
+    just_in_time = {"0.1": 0, "0.25": 20, "0.5": 60, "1": 60, "+Inf": 60}
+    series = [
+        *_hist("edgewise_edge_cloud_rtt_seconds", edge + ',instance="a",transport="grpc"', just_in_time),
+        _series("edgewise_edge_escalations_total", edge + ',instance="a",reason="hard",outcome="ok"', "0+60x20"),
+        _series("edgewise_edge_escalations_total", edge + ',instance="a",reason="hard",outcome="spooled"', "0+40x20"),
+        _series("edgewise_edge_escalations_total", edge + ',instance="a",reason="hard",outcome="late"', "0+40x20"),
+        _series("edgewise_edge_escalations_total", edge + ',instance="b",reason="hard",outcome="ok"', "0+99x20"),
+        _series("edgewise_edge_escalations_total", edge + ',instance="b",reason="hard",outcome="spooled"', "0+1x20"),
+        _series("edgewise_edge_escalations_total", edge + ',instance="c",reason="hard",outcome="ok"', "0x20"),  # idle
+        _series("edgewise_edge_escalations_total", other_job + ',instance="n",reason="hard",outcome="spooled"',
+                "0+40x20"),
+    ]
+    tests = [{"expr": f"({_alert_expr(groups, alert)}) * 0 + 1", "eval_time": "18m",
+              "exp_samples": [{"labels": labels, "value": 1} for labels in expected]}
+             for alert, expected in {"EdgewiseEdgeCloudP99OverSLO": [],
+                                     "EdgewiseEdgeEscalationsFailing": ['{instance="a",job="edgewise-edge"}']}.items()]
+    # (the docs' query names no job: it reads every job's devices, the other job's n too)
+    tests.append({"expr": f"({_doc_alert('Escalations failing')}) * 0 + 1", "eval_time": "18m",
+                  "exp_samples": [{"labels": '{instance="a",job="edgewise-edge"}', "value": 1},
+                                  {"labels": '{instance="n",job="node"}', "value": 1}]})
+    _promtool_test(tmp_path, series, tests, groups)
+
+
 def _doc_alert(name: str) -> str:
     """The expression of one row of docs/metrics.md's "What to alert on" table."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
