@@ -69,8 +69,9 @@ MAX_EPOCH = (1 << 32) - 1
 #: tries of the MQTT start (``_start_mqtt``, 1 s apart) that fail in a row before the daemon stops
 #: (exit 2): what fails there (the outbox's reads, the connection's start) does not heal by itself
 MQTT_START_TRIES = 5
-#: seconds without a turn of the event loop after which ``/healthz`` (served from its own thread)
-#: says the daemon is stalled (503): the unit's WatchdogSec, for a supervisor without systemd's
+#: seconds without progress after which ``/healthz`` (served from its own thread) says the daemon
+#: is stalled (503): no turn of the event loop, or no frame done while frames wait for the model
+#: (the watchdog's rule, ``progress_beat``); the unit's WatchdogSec, for a supervisor without systemd's
 #: watchdog (a container's health check, a Kubernetes liveness probe)
 LOOP_STALL_S = 30.0
 #: how often the event loop marks that it turns
@@ -186,6 +187,11 @@ class EdgeDaemon:
         self.notifier = Notifier()
         #: when the event loop last turned (``_beat``; ``health`` runs on the metrics server's thread)
         self.loop_beat = time.monotonic()
+        #: when frames last progressed, or no source streamed (``_note_progress``, at each beat):
+        #: behind ``loop_beat`` while the loop turns and the pipeline does not (an inference call
+        #: that never returns); what the watchdog pets by and ``health`` judges
+        self.progress_beat = self.loop_beat
+        self._frames_at_beat = -1
         #: the detector's load (``edge.loading``): a stop does not wait for it
         self.loading: Optional[Loading[Any]] = None
 
@@ -193,8 +199,10 @@ class EdgeDaemon:
     def health(self) -> Tuple[bool, Dict[str, Any]]:
         states = {c.stream_id: (c.state.value if c.state else "new") for c in self.capturers}
         ok = self.started and not self.stopping
-        # frozen: a write blocked on a pipe nobody reads (stdout, stderr), a stuck call on the loop
-        stalled = ok and time.monotonic() - self.loop_beat > LOOP_STALL_S
+        # frozen: a write blocked on a pipe nobody reads (stdout, stderr), a stuck call on the loop,
+        # or frames stopped while the loop turns (an inference call that never returns)
+        now = time.monotonic()
+        stalled = ok and now - self.progress_beat > LOOP_STALL_S
         ok = ok and not stalled
         # "off" until escalation is built (or without a cloud); a spool that cannot take
         # escalations leaves the daemon working (200), but not whole
@@ -209,8 +217,16 @@ class EdgeDaemon:
         whole = spool["state"] in ("ok", "off") and not down and not failing and not infer_failing
         status = (("ok" if whole else "degraded") if ok else "stalled" if stalled
                   else "stopping" if self.stopping else "starting")
+        why: Dict[str, Any] = {}
+        if stalled:
+            why["stalled"] = (
+                f"the event loop has not turned for {now - self.loop_beat:.0f} s (a blocked write, e.g. to a "
+                "stdout or stderr pipe nobody reads)" if now - self.loop_beat > LOOP_STALL_S else
+                f"no frame was processed for {now - self.progress_beat:.0f} s while frames wait: the "
+                "inference call has not returned (a GPU or driver hang); restart the daemon")
         return ok, {
             "status": status,
+            **why,
             "spool": spool,
             "streams_down": down,
             "sinks_failing": failing,
@@ -401,26 +417,34 @@ class EdgeDaemon:
         return False
 
     async def _beat(self) -> None:
-        """Mark every ``LOOP_BEAT_S`` that the event loop turns, for ``health``."""
+        """Mark every ``LOOP_BEAT_S`` that the event loop turns, and whether frames progress,
+        for ``health`` and the watchdog."""
         assert self.stop_event is not None
         while not self.stop_event.is_set():
             self.loop_beat = time.monotonic()
+            self._note_progress(self.loop_beat)
             try:
                 await asyncio.wait_for(self.stop_event.wait(), timeout=LOOP_BEAT_S)
             except asyncio.TimeoutError:
                 pass
 
+    def _note_progress(self, now: float) -> None:
+        """``progress_beat`` = ``now`` while frames progress or none waits for the model: a wedged
+        pipeline (not just a dead process or a stuck loop: an inference call that never returns)
+        leaves it behind, a stream slower than the watchdog (``streams[].fps`` down to one frame a
+        day) does not."""
+        done = self.pipeline.frames_done if self.pipeline else 0
+        if done != self._frames_at_beat or self.pipeline is None or not self.pipeline.waiting():
+            self.progress_beat = now
+        self._frames_at_beat = done
+
     async def _pet_watchdog(self, interval: float) -> None:
-        # Pet only while frames progress or no source is streaming, so a wedged
-        # pipeline (not just a dead process) gets restarted by systemd.
+        # Pet only while frames progress or none waits for the model (``progress_beat``), so a
+        # wedged pipeline (not just a dead process) gets restarted by systemd.
         assert self.stop_event is not None
-        last = -1
         while not self.stop_event.is_set():
-            done = self.pipeline.frames_done if self.pipeline else 0
-            streaming = any(c.state is SourceState.STREAMING for c in self.capturers)
-            if done != last or not streaming:
+            if time.monotonic() - self.progress_beat <= interval + LOOP_BEAT_S:
                 self.notifier.watchdog()
-            last = done
             try:
                 await asyncio.wait_for(self.stop_event.wait(), timeout=interval)
             except asyncio.TimeoutError:
@@ -669,7 +693,7 @@ class EdgeDaemon:
             log.info("edge daemon stopped after 0 frames: the stop came before the model was loaded")
             return 0
         assert self.pipeline is not None
-        self.loop_beat = time.monotonic()  # the start took its time (a TensorRT build: minutes)
+        self.loop_beat = self.progress_beat = time.monotonic()  # the start took its time (a TensorRT build: minutes)
         self.started = True
         self.notifier.ready(f"{len(s.streams)} stream(s)")
         log.info("edge daemon %s running: %d stream(s), model %s, policy %s, transports %s",

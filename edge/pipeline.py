@@ -159,6 +159,9 @@ class Pipeline:
         #: the last inference call failed (``/healthz`` is degraded until one succeeds): a model that
         #: fails on every batch processed nothing while the daemon said ``ok``
         self.inference_failing = False
+        #: a batch is at the model (its call has not returned); with ``waiting``, what tells a
+        #: wedged pipeline from a stream that sends nothing for a while (``EdgeDaemon._note_progress``)
+        self.inferring = False
         # a failure that repeats on every batch (or frame) is a traceback each time: a few a minute
         self._infer_log = LogThrottle(60.0, burst=3)
         self._emit_log = LogThrottle(60.0, burst=3)
@@ -208,6 +211,7 @@ class Pipeline:
                             done.cancel()
                         continue
                 dequeued = time.monotonic()
+                self.inferring = True
                 try:
                     dets, stage_ms = await loop.run_in_executor(self.executor, run_detector, self.detector, frames)
                 except Exception as exc:
@@ -219,11 +223,18 @@ class Pipeline:
                     for f in frames:
                         self.metrics.drops.labels(f.stream_id, f"inference_error:{type(exc).__name__}").inc()
                     continue
+                finally:
+                    self.inferring = False
                 self.inference_failing = False
                 self.metrics.batch_size.observe(len(frames))
                 await out.put((frames, dets, dict(stage_ms, dequeued=dequeued)))
         finally:
             await out.put(None)
+
+    def waiting(self) -> bool:
+        """A frame is at the model or queued for it: frames should be done, whatever the streams'
+        rates (a stream capped at one frame a minute leaves nothing waiting in between)."""
+        return self.inferring or any(len(q) for q in self.queues.values())
 
     # ------------------------------------------------------------------ deciding
     async def _emitter(self, inp: asyncio.Queue[Optional[Batch]]) -> None:

@@ -1319,3 +1319,163 @@ def test_healthz_says_stalled_while_the_event_loop_is_stuck(tmp_path, tiny_model
 
     asyncio.run(run())
     assert seen == [(503, "stalled"), (200, "ok")]
+
+
+def test_healthz_says_stalled_while_an_inference_call_never_returns(tmp_path, tiny_model, monkeypatch):
+    """The event loop turns but frames stopped: the one inference call the pipeline waits for
+    never returns (a GPU or driver hang on a Jetson). systemd's watchdog restarts the daemon
+    (no pet while a stream streams and no frame is done), but ``/healthz``, which a container's
+    health check or a liveness probe reads instead, said 200 "ok" for good: it judged the loop
+    alone. It now says "stalled" (503) once no frame was done for ``LOOP_STALL_S`` while a stream
+    streams, says why, and "ok" again once frames go on. (The call is held in the inference
+    thread around the real model: a driver hang cannot be made on this machine.)"""
+    import json
+    import socket
+    import threading
+    import urllib.error
+    import urllib.request
+
+    import edge.daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "LOOP_STALL_S", 1.0)
+    monkeypatch.setattr(daemon_module, "LOOP_BEAT_S", 0.05)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 10}],
+                metrics={"port": port, "host": "127.0.0.1"})
+    real = d._load_detector()
+    hang, hung = threading.Event(), threading.Event()
+    release = threading.Event()
+
+    class Held:  # the real detector, whose infer call waits while ``hang`` is set
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def infer(self, batch):
+            if hang.is_set():
+                hung.set()
+                release.wait(30)
+            return real.infer(batch)
+
+    d.detector = Held()
+
+    def healthz() -> tuple:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                body = json.loads(r.read())
+                return r.status, body["status"], body.get("stalled", "")
+        except urllib.error.HTTPError as e:
+            body = json.loads(e.read())
+            return e.code, body["status"], body.get("stalled", "")
+
+    seen = []
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        try:
+            await async_wait_until(lambda: d.started and d.pipeline.frames_done > 0, 60, "frames")
+            seen.append(await asyncio.to_thread(healthz))
+            hang.set()
+            await async_wait_until(hung.is_set, 10, "the inference call held")
+            await asyncio.sleep(1.6)  # the loop turns meanwhile; no frame is done
+            seen.append(await asyncio.to_thread(healthz))
+            hang.clear()
+            release.set()
+            done = d.pipeline.frames_done
+            await async_wait_until(lambda: d.pipeline.frames_done > done + 2, 10, "frames again")
+            seen.append(await asyncio.to_thread(healthz))
+        finally:
+            release.set()
+            d.request_stop()
+            assert await asyncio.wait_for(task, 30) == 0
+
+    asyncio.run(run())
+    assert [s[:2] for s in seen] == [(200, "ok"), (503, "stalled"), (200, "ok")], seen
+    assert "no frame was processed for" in seen[1][2] and "inference" in seen[1][2], seen[1]
+
+
+def test_the_watchdog_is_petted_between_the_frames_of_a_slow_stream_and_not_while_inference_hangs(
+        tmp_path, tiny_model, monkeypatch):
+    """systemd's watchdog was petted only when a frame had been done since the last pet while a
+    stream streamed: a stream capped below the pet rate (``streams[].fps`` may be one frame a
+    day; here one in 2 s against pets every 0.3 s) went unpetted between its frames, and under
+    the unit's WatchdogSec=30 a stream slower than a frame in 30 s was killed and restarted for
+    good. Now it is petted while frames progress or none waits for the model, and not while
+    the model holds a batch and frames are done no more (``progress_beat``, which ``/healthz``
+    reads too). Pets are read from a real datagram socket, as systemd's NOTIFY_SOCKET."""
+    import socket
+    import threading
+    import time
+
+    import edge.daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "LOOP_BEAT_S", 0.05)
+    sock_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(0.2)
+    monkeypatch.setenv("NOTIFY_SOCKET", sock_path)
+    monkeypatch.setenv("WATCHDOG_USEC", "600000")  # pets every 0.3 s
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 0.5}])
+    real = d._load_detector()
+    hang, hung, release = threading.Event(), threading.Event(), threading.Event()
+
+    class Held:  # the real detector, whose infer call waits while ``hang`` is set
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def infer(self, batch):
+            if hang.is_set():
+                hung.set()
+                release.wait(30)
+            return real.infer(batch)
+
+    d.detector = Held()
+    pets: list = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                msg = sock.recv(4096)
+            except socket.timeout:
+                continue
+            if b"WATCHDOG=1" in msg.split(b"\n"):
+                pets.append(time.monotonic())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+
+    def longest_gap(since: float, until: float) -> float:
+        marks = [since] + [t for t in pets if since < t < until] + [until]
+        return max(b - a for a, b in zip(marks, marks[1:]))
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        try:
+            await async_wait_until(lambda: d.started and d.pipeline.frames_done > 0, 60, "a first frame")
+            t0 = time.monotonic()
+            await asyncio.sleep(4.5)  # two more frames, 2 s apart
+            slow = longest_gap(t0, time.monotonic())
+            assert d.pipeline.frames_done >= 2
+            hang.set()
+            await async_wait_until(hung.is_set, 10, "the next frame's inference call held")
+            t1 = time.monotonic()
+            await asyncio.sleep(2.5)
+            held = longest_gap(t1, time.monotonic())
+            return slow, held
+        finally:
+            release.set()
+            d.request_stop()
+            assert await asyncio.wait_for(task, 30) == 0
+
+    try:
+        slow, held = asyncio.run(run())
+    finally:
+        stop.set()
+        reader.join()
+        sock.close()
+    assert slow < 1.0, f"no pet for {slow:.2f} s between a slow stream's frames (pets every 0.3 s)"
+    assert held > 2.0, f"petted while the model held a batch (longest gap {held:.2f} s)"
