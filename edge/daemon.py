@@ -192,6 +192,7 @@ class EdgeDaemon:
         #: that never returns); what the watchdog pets by and ``health`` judges
         self.progress_beat = self.loop_beat
         self._frames_at_beat = -1
+        self._wedged_said = False  # the stall of progress_beat was logged
         #: the detector's load (``edge.loading``): a stop does not wait for it
         self.loading: Optional[Loading[Any]] = None
 
@@ -222,8 +223,7 @@ class EdgeDaemon:
             why["stalled"] = (
                 f"the event loop has not turned for {now - self.loop_beat:.0f} s (a blocked write, e.g. to a "
                 "stdout or stderr pipe nobody reads)" if now - self.loop_beat > LOOP_STALL_S else
-                f"no frame was processed for {now - self.progress_beat:.0f} s while frames wait: the "
-                "inference call has not returned (a GPU or driver hang); restart the daemon")
+                self._wedged_text(now))
         return ok, {
             "status": status,
             **why,
@@ -435,8 +435,18 @@ class EdgeDaemon:
         day) does not."""
         done = self.pipeline.frames_done if self.pipeline else 0
         if done != self._frames_at_beat or self.pipeline is None or not self.pipeline.waiting():
+            if self._wedged_said:
+                log.info("frames are processed again after %.0f s", now - self.progress_beat)
+                self._wedged_said = False
             self.progress_beat = now
+        elif not self._wedged_said and now - self.progress_beat > LOOP_STALL_S and self.started:
+            self._wedged_said = True  # once per stall: /healthz says it meanwhile
+            log.error("%s; /healthz says stalled, and systemd's watchdog restarts the daemon", self._wedged_text(now))
         self._frames_at_beat = done
+
+    def _wedged_text(self, now: float) -> str:
+        return (f"no frame was processed for {now - self.progress_beat:.0f} s while frames wait for the model: "
+                "its inference call has not returned (a GPU or driver hang); restart the daemon")
 
     async def _pet_watchdog(self, interval: float) -> None:
         # Pet only while frames progress or none waits for the model (``progress_beat``), so a

@@ -1321,15 +1321,16 @@ def test_healthz_says_stalled_while_the_event_loop_is_stuck(tmp_path, tiny_model
     assert seen == [(503, "stalled"), (200, "ok")]
 
 
-def test_healthz_says_stalled_while_an_inference_call_never_returns(tmp_path, tiny_model, monkeypatch):
+def test_healthz_says_stalled_while_an_inference_call_never_returns(tmp_path, tiny_model, monkeypatch, caplog):
     """The event loop turns but frames stopped: the one inference call the pipeline waits for
     never returns (a GPU or driver hang on a Jetson). systemd's watchdog restarts the daemon
     (no pet while a stream streams and no frame is done), but ``/healthz``, which a container's
     health check or a liveness probe reads instead, said 200 "ok" for good: it judged the loop
-    alone. It now says "stalled" (503) once no frame was done for ``LOOP_STALL_S`` while a stream
-    streams, says why, and "ok" again once frames go on. (The call is held in the inference
-    thread around the real model: a driver hang cannot be made on this machine.)"""
+    alone. It now says "stalled" (503) once no frame was done for ``LOOP_STALL_S`` while frames
+    wait for the model, says why (and the log, once), and "ok" again once frames go on. (The call is held
+    in the inference thread around the real model: a driver hang cannot be made on this machine.)"""
     import json
+    import logging
     import socket
     import threading
     import urllib.error
@@ -1384,15 +1385,21 @@ def test_healthz_says_stalled_while_an_inference_call_never_returns(tmp_path, ti
             release.set()
             done = d.pipeline.frames_done
             await async_wait_until(lambda: d.pipeline.frames_done > done + 2, 10, "frames again")
+            await asyncio.sleep(0.2)  # a beat (0.05 s) notes it: the frames queued meanwhile go in a burst
             seen.append(await asyncio.to_thread(healthz))
         finally:
             release.set()
             d.request_stop()
             assert await asyncio.wait_for(task, 30) == 0
 
-    asyncio.run(run())
+    with caplog.at_level(logging.INFO, logger="edge.daemon"):
+        asyncio.run(run())
     assert [s[:2] for s in seen] == [(200, "ok"), (503, "stalled"), (200, "ok")], seen
-    assert "no frame was processed for" in seen[1][2] and "inference" in seen[1][2], seen[1]
+    assert "no frame was processed for" in seen[1][2] and "inference call has not returned" in seen[1][2], seen[1]
+    said = [r.getMessage() for r in caplog.records if r.name == "edge.daemon"]
+    stalls = [m for m in said if m.startswith("no frame was processed for")]
+    assert len(stalls) == 1 and "/healthz says stalled" in stalls[0], said  # once per stall, not at every beat
+    assert any(m.startswith("frames are processed again after") for m in said), said
 
 
 def test_the_watchdog_is_petted_between_the_frames_of_a_slow_stream_and_not_while_inference_hangs(
@@ -1463,7 +1470,7 @@ def test_the_watchdog_is_petted_between_the_frames_of_a_slow_stream_and_not_whil
             hang.set()
             await async_wait_until(hung.is_set, 10, "the next frame's inference call held")
             t1 = time.monotonic()
-            await asyncio.sleep(2.5)
+            await asyncio.sleep(3.5)  # pets may go on for a pet interval (0.3 s) after the last progress
             held = longest_gap(t1, time.monotonic())
             return slow, held
         finally:
@@ -1478,4 +1485,4 @@ def test_the_watchdog_is_petted_between_the_frames_of_a_slow_stream_and_not_whil
         reader.join()
         sock.close()
     assert slow < 1.0, f"no pet for {slow:.2f} s between a slow stream's frames (pets every 0.3 s)"
-    assert held > 2.0, f"petted while the model held a batch (longest gap {held:.2f} s)"
+    assert held > 2.5, f"petted while the model held a batch (longest gap {held:.2f} s)"
