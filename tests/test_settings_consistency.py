@@ -34,7 +34,7 @@ PROCESSES = {
                     {"bool": "sinks.stdout", "int": "model.max_det", "float": "spool.replay_interval_s", "str": "device_id"}),
     "gateway": Process("cloud.gateway.settings", ("cloud", "gateway"), "discovery: {static: ['a:1']}\n",
                        {"bool": "retry.enabled", "int": "limits.max_id_length", "float": "limits.rate_per_device",
-                        "str": "mqtt.group"}),
+                        "str": "mqtt.client_id"}),
     "worker": Process("cloud.worker.settings", ("cloud", "worker"), "model: m.onnx\n",
                       {"bool": None, "int": "max_det", "float": "grace_s", "str": "worker_id"}),
     "autoscaler": Process("cloud.autoscaler.settings", ("cloud", "autoscaler"), "gateway_urls: [http://g:1]\n",
