@@ -17,6 +17,7 @@ the same reference as the one it replaces).
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from dataclasses import dataclass, field
@@ -205,20 +206,25 @@ def _check_declared(data: Path, meta: Dict[str, Any], found: Set[Tuple[int, int]
             raise InvalidInputError(f"{where}: {key} {v!r}: must be an integer >= 1 (the dataset's {key}, as "
                                     "`edgewise synth` writes it)")
     streams, frames = meta["streams"], meta["frames"]
-    want = {(s, f) for s in range(streams) for f in range(frames)}
-    if found == want:
+    # Never the declared layout as a set: dataset.json is edited text, and 'frames: 100000000'
+    # made a set of hundreds of millions of pairs (a hang, then all memory). Only what images/
+    # holds is kept; the missing frames are counted, and the first few found in order.
+    extra = sorted(k for k in found if not (k[0] < streams and k[1] < frames))
+    n_missing = streams * frames - (len(found) - len(extra))
+    if not n_missing and not extra:
         return
-    missing, extra = sorted(want - found), sorted(found - want)
+    missing = list(itertools.islice(((s, f) for s in range(streams) for f in range(frames)
+                                     if (s, f) not in found), 3))
 
-    def names(keys: List[Tuple[int, int]]) -> str:
+    def names(keys: List[Tuple[int, int]], count: int) -> str:
         shown = ", ".join(f"s{s:03d}_f{f:06d}" for s, f in keys[:3])
-        return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        return shown + (f" and {count - 3} more" if count > 3 else "")
 
-    parts = ([f"{len(missing)} missing ({names(missing)})"] if missing else []) + (
-        [f"{len(extra)} not declared ({names(extra)})"] if extra else [])
+    parts = ([f"{n_missing} missing ({names(missing, n_missing)})"] if n_missing else []) + (
+        [f"{len(extra)} not declared ({names(extra, len(extra))})"] if extra else [])
     raise InvalidInputError(
         f"{data / 'images'}: holds {len(found)} frames but {where} declares {streams} stream(s) x {frames} "
-        f"frame(s) = {len(want)}: {'; '.join(parts)}; generate the dataset again with `edgewise synth` "
+        f"frame(s) = {streams * frames}: {'; '.join(parts)}; generate the dataset again with `edgewise synth` "
         "or make dataset.json say what images/ holds")
 
 

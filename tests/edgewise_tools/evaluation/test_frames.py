@@ -5,6 +5,7 @@ a malformed dataset (labels, dataset.json, images/, no labels/) is refused with.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -146,6 +147,18 @@ def test_images_must_be_what_dataset_json_declares(tmp_path: Path) -> None:
         list_frames(bad)
     # a folder in the format without dataset.json, or one that declares no layout: whatever images/ holds
     assert len(list_frames(_dataset(tmp_path / "plain", meta="{}"))) == 3
+
+
+def test_a_dataset_json_declaring_a_billion_frames_is_refused_at_once(tmp_path: Path) -> None:
+    """The declared layout was built as a set of every (stream, frame): 'frames: 100000000'
+    (a typo, an edited file) hung the evaluation while the set ate all memory."""
+    data = _dataset(tmp_path / "d", frames=2, meta=json.dumps({"streams": 3, "frames": 10**9}))
+    t0 = time.monotonic()
+    with pytest.raises(InvalidInputError, match=r"holds 2 frames but .*dataset.json declares 3 stream\(s\) x "
+                                                r"1000000000 frame\(s\) = 3000000000: 2999999998 missing "
+                                                r"\(s000_f000002, s000_f000003, s000_f000004 and 2999999995 more\)"):
+        list_frames(data)
+    assert time.monotonic() - t0 < 5
 
 
 def test_a_dataset_json_that_is_not_json_is_one_clear_error(tmp_path: Path) -> None:
