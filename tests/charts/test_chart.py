@@ -841,6 +841,45 @@ def test_a_section_removed_with_null_renders_or_is_refused_by_name() -> None:
         assert out.returncode == 0 or any(r in out.stderr for r in refused), (section, out.stderr)
 
 
+def _defaulted_values(schema: dict, values: dict, path: str = "") -> list:
+    """The single values of values.yaml (and the PVC's access modes), outside gateway.config
+    (written by hand: null stays null there)."""
+    out = []
+    for key, sub in schema.get("properties", {}).items():
+        full, default = f"{path}{key}", values.get(key)
+        if full == "gateway.config" or key not in values:
+            continue
+        if sub.get("type") == "object" and "properties" in sub:
+            out += _defaulted_values(sub, default or {}, f"{full}.")
+        elif default is not None and not isinstance(default, (dict, list)) \
+                or full == "worker.engineCache.pvc.accessModes":
+            out.append(full)
+    return out
+
+
+def test_a_value_removed_with_null_is_refused_by_name() -> None:
+    """Helm deletes a value set to null, so the templates read nothing where values.yaml has a
+    default: worker.replicas=null rendered a pool of 0 workers (autoscaling.mode none, and a
+    paused HPA target), worker.terminationGracePeriodSeconds=null 'terminationGracePeriodSeconds:
+    0' with '--grace=-5', gateway.grpcPort=null 'listen: 0.0.0.0:0', autoscaling.targetLoad=null
+    switched the autoscaler to targetUtilization, podSecurityContext.runAsNonRoot=null went past
+    "runAsNonRoot must stay true", and model.path=null (or policy.content, worker.gpu.resourceName,
+    autoscaling.keda.query; tls.mqtt.enabled with the broker on) failed in a template with "wrong
+    type for value; expected string; got interface {}". Each value is required by the schema (a
+    list or map is not: its null is "none"), so Helm names it; "", 0 or false is how to write
+    an empty one."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    leaves = _defaulted_values(schema, yaml.safe_load((CHART / "values.yaml").read_text()))
+    assert {"worker.replicas", "model.path", "podSecurityContext.runAsNonRoot", "tls.mqtt.enabled"} <= set(leaves)
+    out = subprocess.run([helm(), "template", "rel", str(CHART), *helm_args(*(f"{v}=null" for v in leaves))],
+                         capture_output=True, text=True)
+    assert out.returncode != 0
+    named = {f"{where[1:].replace('/', '.')}.{key}"  # Helm: "at '/gateway/pdb': missing properties 'a', 'b'"
+             for where, keys in re.findall(r"at '(/[^']*)': missing propert(?:y|ies) ((?:'[^']+'(?:, )?)+)", out.stderr)
+             for key in re.findall(r"'([^']+)'", keys)}
+    assert not set(leaves) - named, out.stderr
+
+
 @pytest.mark.parametrize("sets", [
     ("gateway.resources.requests.memory=1024Mi", "gateway.resources.limits.memory=1Gi"),
     ("gateway.resources.requests.cpu=1000m", "gateway.resources.limits.cpu=1"),

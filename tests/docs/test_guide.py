@@ -28,6 +28,7 @@ SOURCE_DIRS = ("edgewise", "edge", "cloud")
 # Messages printed by tools around edgewise, quoted in troubleshooting.md.
 EXTERNAL_MESSAGES = {
     "additional properties",   # helm: values.schema.json, unknown key
+    "missing property",        # helm: values.schema.json, a required value set to null
     "chart requires kubeVersion",  # helm: Chart.yaml kubeVersion
     "unrecognized arguments",  # argparse
 }
