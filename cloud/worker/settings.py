@@ -28,13 +28,13 @@ class BatchingSettings:
     max_batch_size: int = setting("Most images in one model call (the warm-up runs one batch this large: "
                                   "its input tensor must fit in memory; the chart allows as much).", 8, lo=1, hi=MAX_FIXED_BATCH)
     max_queue_delay_ms: float = setting("Longest a request waits for a fuller batch, milliseconds (0 = never "
-                                        "wait).", 5.0, lo=0)
+                                        "wait).", 5.0, lo=0, hi=10_000)
     preferred_batch_sizes: tuple[int, ...] = setting("Batch sizes sent as soon as they can be formed (e.g. "
                                                      "TensorRT profiles); each at most `max_batch_size`.",
                                                      (), lo=1)
     max_queue_size: int = setting("Most requests waiting; the next one gets RESOURCE_EXHAUSTED at once. At least "
                                   "`max_batch_size`: a batch is formed from the requests waiting.", 64,
-                                  lo=1)
+                                  lo=1, hi=1_000_000)
     mode: str = setting(
         "Whether to batch: `auto` measures at warm-up (at least 3 rounds) whether a batch serves at least "
         "`min_gain` times the images/s of batch 1 and otherwise serves batch 1 without queue delay (CPU "
@@ -69,7 +69,7 @@ class WorkerSettings:
                                 lo=-1, hi=65535)
     metrics_host: str = setting("Address the metrics server binds (`::`: every IPv6 and IPv4 address).", "0.0.0.0")
     worker_id: str = setting("Name reported in responses and load; default `<hostname>-<pid>`.", "")
-    threads: int = setting("ONNX Runtime intra-op threads; 0 lets ONNX Runtime decide.", 0, lo=0)
+    threads: int = setting("ONNX Runtime intra-op threads; 0 lets ONNX Runtime decide.", 0, lo=0, hi=1024)
     input_size: str = setting(
         "Input size of the model: `model` letterboxes every image to the model's size; `native` runs each "
         "image at its own scale (rounded up to the stride, never enlarged), which a model trained on "

@@ -1280,6 +1280,28 @@ def test_ingress_refuses_client_certificates() -> None:
     render(*MODES["tls-on"], "gateway.service.type=LoadBalancer")  # mTLS end to end stays possible
 
 
+@pytest.mark.parametrize("value, setting", [
+    ("threads", "threads"),
+    ("batching.maxBatchSize", "batching.max_batch_size"),
+    ("batching.maxQueueDelayMs", "batching.max_queue_delay_ms"),
+    ("batching.queueSize", "batching.max_queue_size"),
+])
+def test_the_chart_and_the_worker_allow_the_same_worker_values(value: str, setting: str) -> None:
+    """worker.yaml passes these values to the worker's flags: a range the chart checks and the
+    worker does not (threads, maxQueueDelayMs, queueSize were open-ended in the worker, so
+    `edgewise cloud worker --threads 99999999999999` died in ONNX Runtime with a traceback) is
+    a rule kept in two places. The chart's schema and the worker's settings give the same."""
+    from cloud.worker.settings import WorkerSettings
+    from edgewise.settings.fields import walk
+
+    node = json.loads((CHART / "values.schema.json").read_text())["properties"]["worker"]
+    for part in value.split("."):
+        node = node["properties"][part]
+    spec = dict(walk(WorkerSettings))[setting].spec
+    assert (node.get("minimum", node.get("exclusiveMinimum")), node.get("maximum")) == (spec.lo, spec.hi)
+    assert ("exclusiveMinimum" in node, "exclusiveMaximum" in node) == (spec.lo_open, spec.hi_open)
+
+
 def test_large_integers_render_as_integers(tmp_path: Path) -> None:
     """Helm reads numbers of a values file as floats: 1000000 printed as is is 1e+06."""
     values = tmp_path / "values.yaml"

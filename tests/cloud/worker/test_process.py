@@ -140,3 +140,17 @@ def test_bad_flags_exit_with_a_clear_message(tiny_model, tmp_path):
     )
     assert p.returncode == 2
     assert f"{bad}:2: batching.max_batch_sise: unknown key (did you mean 'max_batch_size'?)" in p.stderr
+
+
+def test_a_thread_count_onnx_runtime_cannot_take_is_refused_at_start(tiny_model):
+    """--threads 99999999999999 reached ONNX Runtime's SessionOptions, which takes an int32: the
+    worker died with a TypeError traceback ("incompatible function arguments"). The worker's
+    settings allow what the chart allows (worker.threads, at most 1024)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "edgewise.cli", "cloud", "worker", "--model", str(tiny_model),
+         "--port", "0", "--metrics-port", "-1", "--threads", "99999999999999"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    assert "--threads: '99999999999999' is out of range; allowed: an integer in [0, 1024]" in p.stderr
