@@ -10,7 +10,6 @@ not a digit (a flipped 2 is no class at all, a flipped 6 is not a 9).
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from dataclasses import dataclass
@@ -20,9 +19,11 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Typ
 import cv2
 import numpy as np
 
-from edgewise.errors import ConfigError
+from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.runtime.letterbox import letterbox
 from edgewise.synth.writer import incomplete_problem
+from edgewise_tools.evaluation.frames import label_rows
+from edgewise_tools.provenance import dataset_meta
 
 IMG_EXT = (".jpg", ".jpeg", ".png", ".bmp")
 
@@ -41,31 +42,29 @@ class Augment:
 NO_AUGMENT = Augment(0.0, 0.0, 0.0, 0.0, 0.0)
 
 
-def read_yolo_labels(path: Path) -> np.ndarray:
-    """[n, 5] float32 (cls, cx, cy, w, h) normalised; raises ConfigError on a malformed file."""
-    if not path.exists():
-        return np.zeros((0, 5), np.float32)
-    rows = []
-    for ln, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        parts = line.split()
-        try:
-            vals = [float(v) for v in parts]
-        except ValueError:
-            raise ConfigError(f"{path}:{ln}: expected 5 numbers 'cls cx cy w h'") from None
-        if len(vals) != 5 or vals[0] < 0 or not all(0.0 <= v <= 1.0 for v in vals[1:]):
-            raise ConfigError(f"{path}:{ln}: expected 'cls cx cy w h' with coordinates in [0, 1]")
-        rows.append(vals)
-    return np.array(rows, np.float32).reshape(-1, 5)
+def read_yolo_labels(path: Path, nc: Optional[int] = None) -> np.ndarray:
+    """[n, 5] float32 (cls, cx, cy, w, h) normalised (no file: no rows); a malformed file is an
+    InvalidInputError naming it and the line. The rules of a label line (an integer class id,
+    below ``nc`` when given; four numbers in [0, 1]) are the evaluation's
+    (:func:`edgewise_tools.evaluation.frames.label_rows`): a class id of nan or 1.5 was taken
+    here, and nan ended training in an IndexError."""
+    return label_rows(path, nc).astype(np.float32)
 
 
 def dataset_names(root: Path) -> List[str]:
-    """Class names from ``dataset.json`` (written by edgewise synth) or "0".."9"."""
-    meta = Path(root) / "dataset.json"
-    if meta.exists():
-        return [str(n) for n in json.loads(meta.read_text())["names"]]
-    return [str(i) for i in range(10)]
+    """Class names from ``dataset.json`` (written by edgewise synth): its ``names``, else ``nc``
+    numbered names, else (also without the file) "0".."9". It is read as the evaluation reads it
+    (:func:`edgewise_tools.provenance.dataset_meta`: a file that is not a JSON object is an
+    InvalidInputError naming it, where it was a JSONDecodeError traceback, and one without
+    ``names`` a KeyError)."""
+    meta = dataset_meta(root)
+    names, nc = meta.get("names"), meta.get("nc")
+    if names is None:
+        return [str(i) for i in range(nc if nc.__class__ is int and nc >= 1 else 10)]
+    if not isinstance(names, list) or not names:
+        raise InvalidInputError(f"{Path(root) / 'dataset.json'}: names {str(names)[:60]!r}: must be a non-empty "
+                                "list of class names (as `edgewise synth` writes it)")
+    return [str(n) for n in names]
 
 
 class YoloDataset:
@@ -96,9 +95,7 @@ class YoloDataset:
             h0, w0 = im.shape[:2]
             lb_im, meta = letterbox(im, self.imgsz, auto=False, scaleup=True)
             self.images[i] = lb_im
-            lab = read_yolo_labels(root / "labels" / (f.stem + ".txt"))
-            if len(lab) and lab[:, 0].max() >= len(self.names):
-                raise ConfigError(f"{f.stem}.txt: class id {int(lab[:, 0].max())} >= nc={len(self.names)}")
+            lab = read_yolo_labels(root / "labels" / (f.stem + ".txt"), len(self.names))
             xyxy = np.zeros((len(lab), 5), np.float32)
             xyxy[:, 0] = lab[:, 0]
             rx, ry = meta.ratio

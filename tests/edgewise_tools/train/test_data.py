@@ -1,9 +1,14 @@
 """Training batches: uint8 batches hold the float batches' values, and the background
 prefetch keeps the order and the random sequence, raises what the producer raised, and
-stops its thread when the loop is left early."""
+stops its thread when the loop is left early; a malformed dataset.json or label line is one
+error naming the file (and line), as the evaluation reads them."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,7 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgewise_tools.train.data import Augment, YoloDataset, batches, prefetched
+from edgewise.errors import InvalidInputError
+from edgewise_tools.train.data import Augment, YoloDataset, batches, dataset_names, prefetched
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_uint8_batches_are_the_float_batches_before_scaling(tiny_data: Path) -> None:
@@ -68,3 +76,43 @@ def test_leaving_the_loop_early_stops_the_producer() -> None:
     time.sleep(0.3)
     assert not [t for t in threading.enumerate() if t.name == "train-batches" and t.ident not in before]
     assert len(made) <= 3 + 1 + 2 + 1  # the items handed out, the queue's depth and the one being made
+
+
+@pytest.mark.parametrize("meta, label, expected", [
+    # a dataset.json that is not JSON: a JSONDecodeError traceback
+    ("{not json", None, "dataset.json: not valid JSON (Expecting property name"),
+    # a class id of nan: an IndexError traceback in the first batch's loss
+    (None, "nan 0.5 0.5 0.2 0.2", "labels/{stem}.txt:1: class nan is not a class id (an integer >= 0)"),
+    # a class id of 1.5 was trained as class 1
+    (None, "1.5 0.5 0.5 0.2 0.2", "labels/{stem}.txt:1: class 1.5 is not a class id (an integer >= 0)"),
+    (None, "42 0.5 0.5 0.2 0.2", "labels/{stem}.txt:1: class 42 is not one of the 10 classes (0..9)"),
+])
+def test_a_malformed_dataset_is_one_error_line_of_edgewise_train(tiny_data: Path, tmp_path: Path, meta: object,
+                                                                  label: object, expected: str) -> None:
+    data = tmp_path / "ds"
+    shutil.copytree(tiny_data, data)
+    first = sorted((data / "labels").iterdir())[0]
+    if meta is not None:
+        (data / "dataset.json").write_text(str(meta))
+    if label is not None:
+        first.write_text(f"{label}\n")
+    p = subprocess.run([sys.executable, "-m", "edgewise.cli", "train", "--data", str(data), "--out",
+                        str(tmp_path / "run"), "--epochs", "1", "--imgsz", "64", "--no-export"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    assert expected.format(stem=first.stem) in p.stderr
+
+
+def test_class_names_come_from_dataset_json_as_the_evaluation_reads_it(tmp_path: Path) -> None:
+    """A dataset.json without names was a KeyError traceback; names that are no list went
+    through as whatever iterating them gave (the letters of a string)."""
+    (tmp_path / "dataset.json").write_text(json.dumps({"nc": 3}))
+    assert dataset_names(tmp_path) == ["0", "1", "2"]
+    (tmp_path / "dataset.json").write_text(json.dumps({"streams": 2}))
+    assert dataset_names(tmp_path) == [str(i) for i in range(10)]
+    (tmp_path / "dataset.json").write_text(json.dumps({"names": "abc"}))
+    with pytest.raises(InvalidInputError, match=r"dataset.json: names 'abc': must be a non-empty list of class"):
+        dataset_names(tmp_path)
+    (tmp_path / "dataset.json").write_text(json.dumps({"names": ["car", "bus"]}))
+    assert dataset_names(tmp_path) == ["car", "bus"]
