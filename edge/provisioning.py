@@ -193,7 +193,7 @@ def _check(tree: Dict[str, Any], template: Path, overrides: List[str], token: Op
     held something else)."""
     with tempfile.TemporaryDirectory() as tmp:
         probe = Path(tmp) / "edge.yaml"
-        probe.write_text(yaml.safe_dump(tree, sort_keys=False))
+        probe.write_text(yaml.dump(tree, Dumper=yamlnodes.Dumper, sort_keys=False))
         env = {TOKEN_VAR: token} if token else {}
         try:
             return SCHEMA.load(str(probe), overrides, env=env)
@@ -237,7 +237,7 @@ def settings_tree(args: argparse.Namespace, root: Path, token: Optional[str]) ->
     try:
         # the daemon's reader of settings files: UTF-8 checked, size capped (a binary template was a traceback)
         text = yamlnodes.decode(yamlnodes.read_bytes(template, "edge settings"), str(template), "edge settings")
-        tree = yaml.safe_load(text) or {}
+        tree = yamlnodes.load_as_written(text) or {}  # numbers as written: read as the daemon reads them
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{template}: cannot be read as YAML: {exc}") from None
     if not isinstance(tree, dict):
@@ -376,7 +376,8 @@ def provision(args: argparse.Namespace) -> Tuple[List[Tuple[Path, int, int]], bo
             plan.append((root / TLS_DIR / name, data, mode, gid if mode == 0o640 else 0))
     head = (f"# Written by `edgewise edge provision` from {template}.\n"
             "# Field reference: docs/settings/edge.md (`edgewise-edge edge run --describe-settings`).\n")
-    plan.append((root / CONFIG, (head + yaml.safe_dump(tree, sort_keys=False)).encode(), 0o640, gid))
+    plan.append((root / CONFIG, (head + yaml.dump(tree, Dumper=yamlnodes.Dumper, sort_keys=False)).encode(), 0o640,
+                 gid))
     if token or (args.new_device and _token_line(root)):
         plan.append((root / ENV_FILE, _env_file(root / ENV_FILE, token), 0o600, 0))
         if token and env_value(token) != token:

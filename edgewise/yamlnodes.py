@@ -18,7 +18,10 @@ Numbers are read as YAML 1.2's core schema reads them (:class:`Loader`), not by 
 YAML 1.1 rules: ``010`` is ten (YAML 1.1: eight, octal), ``1:30`` is text (YAML 1.1: ninety,
 base 60), ``1_000`` is text; ``0o17`` and ``0x1f`` are octal and hex. So a number in a file
 reads as the same text does in an environment variable or ``--set`` (``metrics.port: 010``
-was port 8 in the file and 10 in the environment, found by a probe).
+was port 8 in the file and 10 in the environment, found by a probe). A program that rewrites
+a settings file reads it with :func:`load_as_written` and writes it with :class:`Dumper`, so the
+daemon reads what the file said (``edge provision`` turned stream ids ``01`` and ``010`` into
+``1`` and ``8``).
 """
 
 from __future__ import annotations
@@ -69,6 +72,46 @@ Loader.add_implicit_resolver(
     _FLOAT_TAG, re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
                            r"|\.(?:nan|NaN|NAN))$"), list("-+.0123456789"))
 Loader.add_constructor(_INT_TAG, _int_1_2)
+
+
+class Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper with :class:`Loader`'s number rules: a scalar is written plain only
+    where :class:`Loader` reads it back as the same type (text ``01`` or ``1_000`` is quoted,
+    ``1e3`` written plain). For files the daemon reads that a program writes (``edge provision``)."""
+
+
+Dumper.yaml_implicit_resolvers = {first: list(resolvers) for first, resolvers in Loader.yaml_implicit_resolvers.items()}
+
+
+class Written(str):
+    """A number as its file wrote it (``01``, ``1.50``), with its YAML tag: what
+    :func:`load_as_written` reads a number as, and :class:`Dumper` writes back unchanged."""
+
+    tag = _INT_TAG
+
+
+class _WrittenLoader(Loader):
+    """:class:`Loader` that keeps each number's text (:class:`Written`)."""
+
+
+def _written(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Written:
+    out = Written(loader.construct_scalar(node))
+    out.tag = node.tag
+    return out
+
+
+_WrittenLoader.add_constructor(_INT_TAG, _written)
+_WrittenLoader.add_constructor(_FLOAT_TAG, _written)
+Dumper.add_representer(Written, lambda dumper, data: dumper.represent_scalar(data.tag, str(data)))
+
+
+def load_as_written(text: str) -> object:
+    """``text`` (one YAML document) as Python values, every number kept as written
+    (:class:`Written`): a program that rewrites a settings file with :class:`Dumper` gives the
+    daemon the text it would have read. The daemon reads ``id: 01`` and ``id: 1_000`` as the
+    texts ``01`` and ``1_000`` where a string goes (settings/tree.py keeps a number's text); read
+    as YAML 1.1 numbers and written back, they were ``1`` and ``1000``."""
+    return yaml.load(text, Loader=_WrittenLoader)  # (a SafeLoader)
 
 
 @contextlib.contextmanager

@@ -234,6 +234,23 @@ def test_set_values_are_written_as_the_loader_reads_them(rootfs: Path) -> None:
     assert tree["cloud"]["endpoints"] == ["gw1:1", "gw2:2"]
 
 
+def test_the_written_settings_read_as_the_template_read(rootfs: Path) -> None:
+    """The template was read by YAML 1.1 rules and written back: stream ids '01' and '010'
+    (which the daemon reads from the template as those texts) were written as 1 and 8, and the
+    device's streams, records and policy overrides took other names. Numbers keep their text."""
+    config = rootfs / "etc/edgewise/edge.yaml"
+    template = config.read_text().replace("streams:\n", "streams:\n  - {id: 01, kind: file, uri: /data/a.mp4}\n"
+                                          "  - {id: 010, kind: file, uri: /data/b.mp4}\n", 1)
+    config.write_text(template)
+    before = load_settings(str(config), ["cloud.endpoints=gw:1"], env={})  # (the template's is a placeholder)
+    assert [s.id for s in before.streams][:2] == ["01", "010"]
+    assert main(["edge", "provision", "--root", str(rootfs), "--endpoint", "gw:1", "--keep-identity",
+                 "--set", "streams.0.uri=/data/1_000.mp4"]) == 0
+    after = load_settings(str(config), env={})
+    assert [s.id for s in after.streams] == [s.id for s in before.streams]
+    assert after.streams[0].uri == "/data/1_000.mp4"
+
+
 @pytest.mark.parametrize("how", ["mkstemp", "in-the-way"])
 def test_an_unwritable_target_is_one_line_and_changes_nothing(rootfs: Path, tmp_path: Path, capsys, monkeypatch,
                                                               how: str) -> None:
