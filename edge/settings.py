@@ -16,7 +16,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from edge.sources.live import BACKENDS as LIVE_BACKENDS
 from edge.sources.live import (
@@ -280,9 +280,13 @@ class EdgeSettings:
                                       5.0, lo=0)
 
 
+#: the MQTT sink's outbox file when ``sinks.mqtt_outbox`` is empty: next to the spool
+MQTT_OUTBOX_NAME = "mqtt-outbox.db"
+
+
 def mqtt_outbox_path(s: EdgeSettings) -> str:
     """The MQTT sink's outbox file: ``sinks.mqtt_outbox``, else ``mqtt-outbox.db`` next to the spool."""
-    return s.sinks.mqtt_outbox or os.path.join(os.path.dirname(os.path.abspath(s.spool.path)), "mqtt-outbox.db")
+    return s.sinks.mqtt_outbox or os.path.join(os.path.dirname(os.path.abspath(s.spool.path)), MQTT_OUTBOX_NAME)
 
 
 #: the setting that configures each transport
@@ -356,6 +360,7 @@ def validate(s: EdgeSettings) -> None:
         raise Invalid("model.imgsz", bad)
     _validate_cloud(s.cloud)
     _check_file_names(s)
+    _check_files_apart(s)
     if "\n" in s.spool.path or "\r" in s.spool.path:
         # edge.spool_salvage's marker (<spool>.salvaging) lists the moved files one a line
         raise Invalid("spool.path", "holds a line break: a damaged spool is salvaged through a list of its "
@@ -387,6 +392,30 @@ def _check_file_names(s: EdgeSettings) -> None:
             raise Invalid(key, f"{path!r}: {path[exc.start:exc.end]!r} cannot be part of a file name in this "
                                f"system's encoding ({sys.getfilesystemencoding()}, from the locale); start "
                                "edgewise under a UTF-8 locale (LANG=C.UTF-8) or with PYTHONUTF8=1") from None
+
+
+def _check_files_apart(s: EdgeSettings) -> None:
+    """The files the daemon writes (the spool, the JSON Lines sink, the MQTT sink's outbox) are
+    three files, none of them the model or the policy: 'sinks.jsonl' naming the spool's file was
+    taken, and the records were appended into the SQLite database, which overwrote them with its
+    pages (records lost, the spool at risk). Compared as paths (the same after ``..`` and a
+    relative path are resolved): the settings may be checked where their files do not exist."""
+    written = [("spool.path", s.spool.path), ("sinks.jsonl", s.sinks.jsonl)]
+    if s.sinks.mqtt:
+        written.append(("sinks.mqtt_outbox", mqtt_outbox_path(s)))
+    read = [("model.path", s.model.path), ("policy_file", s.policy_file)]
+    seen: Dict[str, str] = {}
+    for key, path in written + read:
+        if not path:
+            continue
+        where = os.path.normpath(os.path.abspath(path))
+        if where in seen:  # (the written come first: the one seen is a file the daemon writes)
+            default = (f" (sinks.mqtt_outbox is empty: {MQTT_OUTBOX_NAME} next to spool.path)"
+                       if key == "sinks.mqtt_outbox" and not s.sinks.mqtt_outbox else "")
+            raise Invalid(key, f"{path!r}{default} is also {seen[where]}, a file the daemon writes; give each its "
+                               "own file")
+        if (key, path) in written:
+            seen[where] = key
 
 
 def _validate_streams(streams: List[StreamSettings]) -> None:

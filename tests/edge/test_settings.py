@@ -177,6 +177,15 @@ def test_layering_file_env_flags(tmp_path):
                                                                   "or 384,640 (height, width), or 0 for the model's own"),
     ("streams: [{id: s, kind: synthetic}]\nmodel: {imgsz: 384x}\n", "model.imgsz: '384x' is not a size"),
     ("streams: [{id: s, kind: synthetic}]\nmodel: {imgsz: '9000'}\n", "model.imgsz: '9000': each side at most 8192"),
+    # the JSON Lines sink on the spool's file: the records went into the SQLite database, which
+    # overwrote them with its pages
+    ("streams: [{id: s, kind: synthetic}]\nspool: {path: /data/edge.db}\nsinks: {jsonl: /data/../data/edge.db}\n",
+     ":3: sinks.jsonl: '/data/../data/edge.db' is also spool.path, a file the daemon writes; give each its own file"),
+    ("streams: [{id: s, kind: synthetic}]\nspool: {path: /d/mqtt-outbox.db}\nsinks: {mqtt: true}\n"
+     "cloud: {mqtt: {host: b.lan}}\n", "sinks.mqtt_outbox: '/d/mqtt-outbox.db' (sinks.mqtt_outbox is empty: "
+     "mqtt-outbox.db next to spool.path) is also spool.path"),
+    ("streams: [{id: s, kind: synthetic}]\nsinks: {jsonl: /d/p.yaml}\npolicy_file: /d/p.yaml\n",
+     ":3: policy_file: '/d/p.yaml' is also sinks.jsonl, a file the daemon writes"),
     # a watcher polling every microsecond took a whole core
     ("streams: [{id: s, kind: synthetic}]\npolicy_poll_s: 1e-06\n", "policy_poll_s: 1e-06 is out of range; allowed: a number >= 0.05"),
 ])
