@@ -74,7 +74,7 @@ def dataset_meta(data: PathLike) -> Dict[str, Any]:
         return {}
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested past the decoder's depth
         raise InvalidInputError(f"{path}: not valid JSON ({exc}); fix it or generate the dataset again with "
                                 "`edgewise synth`") from None
     except OSError as exc:

@@ -140,7 +140,7 @@ def _written_by_synth(p: Path) -> bool:
         return True
     try:
         data = json.loads(p.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (nested past the decoder's depth: not the tool's)
         return False
     if not isinstance(data, dict):
         return False

@@ -46,7 +46,7 @@ _SUMMARY_KEYS = frozenset(("names", "nc", "source", "frames", "images", "size", 
 def _written_by_crops(p: Path) -> bool:
     try:
         data = json.loads(p.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (nested past the decoder's depth: not the tool's)
         return False
     return isinstance(data, dict) and _SUMMARY_KEYS <= set(data)
 

@@ -89,6 +89,17 @@ def test_overwrite_refuses_files_synth_did_not_write_in_its_folders(tmp_path: Pa
     assert _files(out) == before  # nothing deleted
 
 
+def test_overwrite_refuses_a_dataset_json_nested_past_the_json_decoders_depth(tmp_path: Path) -> None:
+    """Whether dataset.json is synth's was asked of json.loads, whose RecursionError on a
+    deeply nested file was a traceback of `edgewise synth --overwrite`: it is not synth's."""
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "dataset.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InvalidInputError, match="--overwrite removes only the files synth writes, but "
+                                                "dataset.json is not one of them"):
+        generate(_job(out, overwrite=True))
+
+
 def test_an_invalid_job_removes_nothing_even_with_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "r"
     generate(_job(out))

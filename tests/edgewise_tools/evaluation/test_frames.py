@@ -167,6 +167,10 @@ def test_a_dataset_json_that_is_not_json_is_one_clear_error(tmp_path: Path) -> N
         list_frames(data)
     with pytest.raises(InvalidInputError, match="not valid JSON"):
         dataset_names(data)
+    # nested past the decoder's depth: a RecursionError traceback of eval, check-policy --data and train
+    (data / "dataset.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InvalidInputError, match=r"dataset.json: not valid JSON \(maximum recursion depth exceeded"):
+        list_frames(data)
 
 
 def test_collect_needs_labels_and_a_limit_of_at_least_one_frame(tmp_path: Path) -> None:
