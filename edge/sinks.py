@@ -54,6 +54,7 @@ from edge.spool import is_corrupt, short_of_room
 from edgewise.errors import DeploymentError
 from edgewise.filereads import kind_of
 from edgewise.observability import LogThrottle
+from edgewise.policy.recorded import UNDECODABLE
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +273,8 @@ class JsonlSink:
         for age, line in rotation.history(self.path, TAIL_BYTES):
             try:
                 rec = json.loads(line)
-            except ValueError:
-                continue  # a line torn by a crash
+            except UNDECODABLE:  # a line torn by a crash, or nested past the decoder's depth
+                continue
             if not isinstance(rec, dict):
                 continue
             if isinstance(rec.get("device"), str):

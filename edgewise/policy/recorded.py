@@ -417,6 +417,10 @@ class _Source:
 
 
 _DECODE = json.JSONDecoder().raw_decode
+#: What decoding a line that is no record raises: ValueError (not JSON), RecursionError (JSON
+#: nested deeper than the decoder goes: a line of 100000 '[', a traceback of every replay, and of
+#: every start of a daemon whose sink file held it).
+UNDECODABLE = (ValueError, RecursionError)
 
 
 def parse(line: str) -> Optional[Any]:
@@ -438,13 +442,13 @@ def parse(line: str) -> Optional[Any]:
                 and line.find('"crop":', p, q) < 0):
             try:
                 doc = _DECODE(line[:i] + line[j + 2:k] + line[m:p] + line[q:])[0]
-            except ValueError:
+            except UNDECODABLE:
                 doc = None
             if doc.__class__ is dict and "edge_classes" in doc:
                 return doc
     try:
         return json.loads(line)
-    except ValueError:
+    except UNDECODABLE:
         return None
 
 

@@ -351,6 +351,18 @@ def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
     assert [r["frame_seq"] for r in read_jsonl(path)] == [1, 2]
 
 
+def test_a_line_nested_past_the_json_decoders_depth_does_not_stop_the_start(tmp_path):
+    """The sink reads the tail of its file at start (late keys, the last run): a line of 100000
+    '[' made json.loads raise RecursionError, and the daemon died at every start with a
+    traceback (exit 1, restarted by systemd for ever). It is a line that is not a record."""
+    path = tmp_path / "out.jsonl"
+    path.write_text('{"late": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    sinks = Sinks([JsonlSink(str(path))])
+    write(sinks, frame_record("cam", 2))
+    sinks.close()
+    assert json.loads(path.read_text().splitlines()[-1])["frame_seq"] == 2
+
+
 def test_live_records_the_mqtt_outbox_cannot_take_are_held_and_published_in_order(small_fs, mosquitto):
     """The outbox sits by default beside the spool, on the disk an outage fills: every live
     record it refused was lost (counted as a sink error, nothing held), while the JSON Lines

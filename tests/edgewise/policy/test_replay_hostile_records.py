@@ -368,6 +368,21 @@ def test_a_last_line_of_one_nul_byte_is_not_json_not_too_long(tmp_path: Path) ->
     assert (reading.too_long, reading.not_json) == (0, 1)
 
 
+def test_a_line_nested_past_the_json_decoders_depth_is_not_json(tmp_path: Path) -> None:
+    """A line of 100000 '[' (well under MAX_LINE) made json.loads raise RecursionError, which
+    nothing caught: check-policy --replay ended in a traceback. It is a line that is not JSON,
+    counted, also as a file's first line (read ahead for its capture time), also in a line the
+    fast path cuts."""
+    deep = "[" * 100_000 + "]" * 100_000
+    cut = '{"detections":[' + deep + '],"escalated":true,"detail":"","policy":"","latency_ms":{},"decided_s":1}'
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(f"{deep}\n{cut}\n".encode() + lines_of(daemon_records(LAX, WAVE[:5])))
+    reading = Reading()
+    assert len(list(frames([str(path)], reading))) == 5
+    assert reading.not_json == 2
+    report_of(check_policy(tmp_path, [str(path)]))  # exit 0, no traceback
+
+
 def test_a_line_longer_than_any_record_is_skipped_in_pieces_and_said(tmp_path: Path) -> None:
     """A run of NUL bytes a crash left (or a file that is not the sink's) made one line of all of
     it: the replay held it whole (a 64 MB line took 260 MB; /dev/zero all memory, then a
