@@ -474,7 +474,7 @@ def sound_item(row: Sequence[object]) -> bool:
         return False
     try:
         return isinstance(json.loads(meta), dict)
-    except ValueError:
+    except (ValueError, RecursionError):  # garbage nested past the decoder's depth is garbage too
         return False
 
 

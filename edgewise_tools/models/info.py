@@ -197,7 +197,7 @@ def format_description(d: Dict[str, Any]) -> str:
                 f"quantized  {q.get('method')} calibration on {q.get('frames')} frames "
                 f"(target {q.get('target', 'cpu')})"
             )
-        except (ValueError, AttributeError):  # hand-edited metadata: show it raw
+        except (ValueError, AttributeError, RecursionError):  # hand-edited (or nested past the decoder): raw
             lines.append(f"quantized  {quant}")
     err = d.get("graph_error")
     lines.append(f"graph      {'BROKEN: ' + err if err else 'valid (ONNX checker; ONNX Runtime loads and runs it)'}")

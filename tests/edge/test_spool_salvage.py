@@ -1066,3 +1066,12 @@ def test_a_damaged_spool_in_use_that_cannot_be_moved_aside_says_whether_its_disk
     assert isinstance(info.value, SpoolFull) is full, info.value
     assert ("its filesystem is full" in str(info.value)) is full
     assert path.exists() and sp.damaged is not None
+
+
+def test_an_item_whose_meta_nests_past_the_json_decoders_depth_is_not_sound():
+    """Garbage in a damaged file can be JSON nested past the decoder's depth: its RecursionError
+    escaped the soundness check and failed every replay round, where garbage is damage."""
+    from edge.spool import sound_item
+
+    assert sound_item((1, "dev/cam/1", b"x", "{}", 0.0, 1, 0))
+    assert not sound_item((1, "dev/cam/1", b"x", "[" * 100_000 + "]" * 100_000, 0.0, 1, 0))

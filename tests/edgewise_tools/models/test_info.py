@@ -62,3 +62,15 @@ def test_a_batch_dynamic_in_name_only_is_a_warning_not_a_broken_graph(tmp_path: 
     assert "graph      valid" in out and "warning    one frame runs but a batch of 2 fails" in out
     assert describe(fake_yolo(tmp_path / "ok.onnx", imgsz=32, nc=2, batch=None,  # type: ignore[arg-type]
                               metadata=names_meta(["a", "b"])))["batch_error"] is None
+
+
+def test_quantization_metadata_nested_past_the_json_decoders_depth_is_shown_raw(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model whose ``edgewise_quant`` metadata is JSON nested past the decoder's depth (hostile
+    or hand-made): ``model info`` ended in a RecursionError traceback; hand-edited metadata is
+    shown as it is, and so is this."""
+    deep = "[" * 100_000 + "]" * 100_000
+    p = fake_yolo(tmp_path / "deep.onnx", imgsz=32, nc=2, metadata={**names_meta(["a", "b"]), "edgewise_quant": deep})
+    assert main(["model", "info", str(p)]) == 0
+    quantized = [line for line in capsys.readouterr().out.splitlines() if line.startswith("quantized")]
+    assert quantized == [f"quantized  {deep}"]
