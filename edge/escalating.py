@@ -744,7 +744,15 @@ class Escalating:
             for start in range(0, len(entries), step):
                 if start and self._stop is not None and self._stop.is_set():
                     break  # a stop: no new replay (the rest stays spooled), the one sent may finish
-                window = entries[start:start + step]
+                # what the byte cap evicted (or age expired) since the peek is lost: not sent; what is
+                # sent, or answered and not yet acknowledged, is not lost: the cap evicts it last
+                try:
+                    kept = await self._spool_call(spool.present, [e.id for e in entries[start:start + step]])
+                except SpoolError as exc:
+                    self._spool_failed(exc)
+                    break
+                window = [e for e in entries[start:start + step] if e.id in kept]
+                spool.sending = frozenset(self._unacked + settled + [e.id for e in window])
                 sent = [asyncio.ensure_future(self._send_replay(e)) for e in window]
                 try:
                     answers = await asyncio.gather(*sent)
@@ -771,6 +779,7 @@ class Escalating:
             if settled:
                 self._unacked.extend(settled)
                 await self._ack()
+            spool.sending = frozenset(self._unacked)
             st = await self._stats(spool)
             if st is not None:
                 self._show_spool(st)

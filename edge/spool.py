@@ -20,7 +20,8 @@ Caps (what exceeds them is counted in ``stats()`` and logged, never silent):
 * **bytes** (``max_bytes``, payload + meta sizes): on a full spool the
   *oldest* items are evicted to make room (Greengrass ``OverwriteOldestData``):
   during a long outage the newest frames are the ones still worth a cloud
-  answer. An item larger than the whole cap is refused (``put`` -> False).
+  answer. Those the replay is sending or has had answered (``sending``) go last:
+  they are not lost. An item larger than the whole cap is refused (``put`` -> False).
 * **age** (``max_age_s``): items older than this are expired on ``put``,
   ``peek`` and ``expire(now)``. Age is not read from the wall clock alone, which an
   RTC-less Jetson starts at 1970 and NTP later steps by decades: each item keeps the
@@ -95,7 +96,19 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 from edgewise.errors import EdgewiseError
 from edgewise.observability import LogThrottle
@@ -552,6 +565,10 @@ class Spool:
         #: replays delivered before the copy reached them, which ``adopt`` then leaves out
         self._acked_absent: Set[int] = set()
         self._copy_pending = False
+        #: ids a replay has sent, or whose late records are written but not yet acknowledged
+        #: (set by the replay loop's thread, swapped whole): the byte cap evicts others first,
+        #: since these are not lost (``_evict_for``)
+        self.sending: FrozenSet[int] = frozenset()
         #: the highest item id a caller was given (``peek``) or the file had handed out: a new
         #: file after damage numbers its items above it (``replace_damaged_file``)
         self._top_id = 0
@@ -780,21 +797,32 @@ class Spool:
             return True
 
     def _evict_for(self, size: int) -> Tuple[int, int]:
-        """Delete oldest items until ``size`` more bytes fit (inside a transaction)."""
+        """Delete oldest items until ``size`` more bytes fit (inside a transaction). Items being
+        replayed (``sending``) go last: one evicted while its answer was on the way came back
+        as a late record all the same, counted as evicted (a loss) and as replayed."""
         over = self._bytes + size - self.max_bytes
         if over <= 0:
             return 0, 0
         ids: List[int] = []
         freed = 0
+        sending, spared = self.sending, []
         cur = self._db.execute("SELECT id, size FROM items ORDER BY id")
         try:
             for item_id, item_size in cur:
                 if freed >= over:
                     break
+                if int(item_id) in sending:
+                    spared.append((int(item_id), int(item_size)))
+                    continue
                 ids.append(int(item_id))
                 freed += int(item_size)
         finally:
             cur.close()
+        for item_id, item_size in spared:  # nothing else left to make room with
+            if freed >= over:
+                break
+            ids.append(item_id)
+            freed += item_size
         self._db.executemany("DELETE FROM items WHERE id = ?", [(i,) for i in ids])
         self._bump_in_tx("dropped_bytes_cap", len(ids))
         self._bump_in_tx("dropped_bytes_cap_bytes", freed)
@@ -817,6 +845,14 @@ class Spool:
             if rows:
                 self._top_id = max(self._top_id, int(rows[-1][0]))
         return [SpoolItem(r[0], r[1], r[2], json.loads(r[3]), float(r[4]), r[6]) for r in rows]
+
+    def present(self, item_ids: Sequence[int]) -> Set[int]:
+        """Which of ``item_ids`` are still in the spool (not evicted, expired or acknowledged
+        since they were peeked)."""
+        with self._lock, self._guarded("read failed"):
+            marks = ",".join("?" * len(item_ids))
+            rows = self._db.execute(f"SELECT id FROM items WHERE id IN ({marks})", [int(i) for i in item_ids])
+            return {int(r[0]) for r in rows}
 
     def ack(self, item_id: int) -> bool:
         """Delete a delivered item; False when it was already gone (expired, evicted, acked)."""

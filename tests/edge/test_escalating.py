@@ -337,6 +337,40 @@ def test_a_cloud_that_fails_every_entry_still_stops_each_round_early(tmp_path):
     assert len(spool) == 20
     spool.close()
 
+
+def test_an_entry_its_replay_is_answering_is_not_evicted_as_lost(tmp_path, real_cloud):
+    """A full spool evicts its oldest entries for new escalations; the oldest is also the one a
+    replay has just sent. Evicted while its answer was on the way, it came back as a late record
+    all the same, counted as evicted (lost) and as replayed: the counters said 53 lost where the
+    records showed 51 (found by a probe). The byte cap now evicts the entries not being sent first."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    sizer = Spool(tmp_path / "sizer.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(sizer, range(3), policy)
+    one = sizer.stats().bytes // 3
+    sizer.close()
+    spool = Spool(tmp_path / "spool.db", max_bytes=int(one * 3.5), max_age_s=3600)
+    _spool_requests(spool, range(3), policy)
+    written = []
+    release = real_cloud.block_worker(0)
+
+    async def run():
+        transport = GrpcTransport([real_cloud.address])
+        esc = Escalating("dev", {"grpc": transport}, written.append, EdgeMetrics(), spool=spool)
+        replay = asyncio.ensure_future(esc.replay_once())
+        await asyncio.sleep(0.5)  # frame 0 is at the blocked worker
+        await asyncio.to_thread(_spool_requests, spool, [10, 11], policy)  # the cap evicts two
+        release.set()
+        settled = await replay
+        await esc.close()
+        await transport.close()
+        return settled
+
+    assert asyncio.run(run()) == 1
+    assert [(r.frame_seq, r.outcome, r.late) for r in written] == [(0, "cloud", True)]
+    assert [item.key for item in spool.peek()] == ["dev/cam/10", "dev/cam/11"]
+    assert spool.stats().dropped_bytes_cap == 2  # frames 1 and 2: lost, and only they
+    spool.close()
+
 async def _escalating_on_a_loop() -> Escalating:
     return Escalating("dev", {}, lambda rec: None, EdgeMetrics())
 
