@@ -71,7 +71,7 @@ MAX_EPOCH = (1 << 32) - 1
 MQTT_START_TRIES = 5
 #: seconds without progress after which ``/healthz`` (served from its own thread) says the daemon
 #: is stalled (503): no turn of the event loop, or no frame done while frames wait for the model
-#: (the watchdog's rule, ``progress_beat``); the unit's WatchdogSec, for a supervisor without systemd's
+#: or its batches fail (the watchdog's rule, ``progress_beat``); the unit's WatchdogSec, for a supervisor without systemd's
 #: watchdog (a container's health check, a Kubernetes liveness probe)
 LOOP_STALL_S = 30.0
 #: how often the event loop marks that it turns
@@ -429,12 +429,15 @@ class EdgeDaemon:
                 pass
 
     def _note_progress(self, now: float) -> None:
-        """``progress_beat`` = ``now`` while frames progress or none waits for the model: a wedged
-        pipeline (not just a dead process or a stuck loop: an inference call that never returns)
-        leaves it behind, a stream slower than the watchdog (``streams[].fps`` down to one frame a
-        day) does not."""
-        done = self.pipeline.frames_done if self.pipeline else 0
-        if done != self._frames_at_beat or self.pipeline is None or not self.pipeline.waiting():
+        """``progress_beat`` = ``now`` while frames progress, or none waits for the model and its
+        last batch did not fail: a wedged pipeline (not just a dead process or a stuck loop: an
+        inference call that never returns, or a model that fails every batch, as after a CUDA
+        error that sticks to the process) leaves it behind, a stream slower than the watchdog
+        (``streams[].fps`` down to one frame a day) does not. (A failing call returns at once and
+        its frames are dropped: most beats find none waiting, so waiting alone let it pass.)"""
+        p = self.pipeline
+        done = p.frames_done if p else 0
+        if done != self._frames_at_beat or p is None or not (p.waiting() or p.inference_failing):
             if self._wedged_said:
                 log.info("frames are processed again after %.0f s", now - self.progress_beat)
                 self._wedged_said = False
@@ -445,12 +448,15 @@ class EdgeDaemon:
         self._frames_at_beat = done
 
     def _wedged_text(self, now: float) -> str:
+        if self.pipeline is not None and self.pipeline.inference_failing:
+            return (f"no frame was processed for {now - self.progress_beat:.0f} s: the model failed on every batch "
+                    "(the log has its tracebacks; a CUDA error sticks to the process); restart the daemon")
         return (f"no frame was processed for {now - self.progress_beat:.0f} s while frames wait for the model: "
                 "its inference call has not returned (a GPU or driver hang); restart the daemon")
 
     async def _pet_watchdog(self, interval: float) -> None:
-        # Pet only while frames progress or none waits for the model (``progress_beat``), so a
-        # wedged pipeline (not just a dead process) gets restarted by systemd.
+        # Pet only while frames progress, or none waits for the model and its last batch did not
+        # fail (``progress_beat``), so a wedged pipeline (not just a dead process) gets restarted by systemd.
         assert self.stop_event is not None
         while not self.stop_event.is_set():
             if time.monotonic() - self.progress_beat <= interval + LOOP_BEAT_S:

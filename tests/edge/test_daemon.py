@@ -1486,3 +1486,98 @@ def test_the_watchdog_is_petted_between_the_frames_of_a_slow_stream_and_not_whil
         sock.close()
     assert slow < 1.0, f"no pet for {slow:.2f} s between a slow stream's frames (pets every 0.3 s)"
     assert held > 2.5, f"petted while the model held a batch (longest gap {held:.2f} s)"
+
+
+def test_a_model_that_fails_every_batch_is_stalled_and_not_petted_whatever_the_beat_finds(
+        tmp_path, tiny_model, monkeypatch):
+    """A model whose every call raises (a CUDA error that sticks to the process until it
+    restarts) does no frame. systemd's watchdog used to restart such a daemon (no frame done
+    while a stream streamed); since pets follow ``progress_beat`` it was petted whenever a beat
+    found no frame waiting, which a fast failure makes the rule (the batcher takes each frame
+    at once and drops it), so the device stayed broken, 200 "degraded" for good. A failing
+    model is no progress now: ``/healthz`` says stalled after ``LOOP_STALL_S``, naming the
+    failures (not a call that never returns), and the pets stop. Pets are read from a real
+    datagram socket, as systemd's NOTIFY_SOCKET; the model is the real one, failing on demand."""
+    import json
+    import socket
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    import edge.daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "LOOP_STALL_S", 1.0)
+    monkeypatch.setattr(daemon_module, "LOOP_BEAT_S", 0.05)
+    sock_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(0.2)
+    monkeypatch.setenv("NOTIFY_SOCKET", sock_path)
+    monkeypatch.setenv("WATCHDOG_USEC", "600000")  # pets every 0.3 s
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+                metrics={"port": port, "host": "127.0.0.1"})
+    real = d._load_detector()
+    fail = threading.Event()
+
+    class Failing:  # the real detector, whose infer call raises at once while ``fail`` is set
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def infer(self, batch):
+            if fail.is_set():
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return real.infer(batch)
+
+    d.detector = Failing()
+    pets: list = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                msg = sock.recv(4096)
+            except socket.timeout:
+                continue
+            if b"WATCHDOG=1" in msg.split(b"\n"):
+                pets.append(time.monotonic())
+
+    def healthz() -> tuple:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                body = json.loads(r.read())
+                return r.status, body["status"], body.get("stalled", "")
+        except urllib.error.HTTPError as e:
+            body = json.loads(e.read())
+            return e.code, body["status"], body.get("stalled", "")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        try:
+            await async_wait_until(lambda: d.started and d.pipeline.frames_done > 0, 60, "a first frame")
+            fail.set()
+            await async_wait_until(lambda: d.pipeline.inference_failing, 10, "a failed batch")
+            t1 = time.monotonic()
+            await asyncio.sleep(3.0)
+            marks = [t1] + [t for t in pets if t > t1] + [time.monotonic()]
+            return max(b - a for a, b in zip(marks, marks[1:])), await asyncio.to_thread(healthz)
+        finally:
+            d.request_stop()
+            assert await asyncio.wait_for(task, 30) == 0
+
+    try:
+        held, seen = asyncio.run(run())
+    finally:
+        stop.set()
+        reader.join()
+        sock.close()
+    assert held > 2.0, f"petted while every batch failed (longest gap {held:.2f} s)"
+    assert seen[:2] == (503, "stalled"), seen
+    assert "failed" in seen[2] and "has not returned" not in seen[2], seen
