@@ -54,8 +54,10 @@ SLOW_FRACTION = 0.25
 
 def frame_period(fps: float) -> Optional[float]:
     """Seconds per frame of a source's nominal rate (a container's or a camera's), None when
-    the rate is unknown: 0, not a number, or above 1000 fps (a backend's time base, not a rate)."""
-    if not (0.0 < fps <= 1000.0):  # NaN fails it too
+    the rate is unknown: 0, not a number, or 1000 fps and above (a backend's time base, not a
+    rate: FFmpeg states a WebM recording without a frame rate, as a browser writes one, at its
+    1 ms time base, 1000 fps)."""
+    if not (0.0 < fps < 1000.0):  # NaN fails it too
         return None
     return 1.0 / fps
 

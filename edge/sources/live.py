@@ -165,7 +165,7 @@ def stall_timeout(setting: float, nominal_fps: float) -> float:
     """Seconds without a new frame after which a live stream is down: ``setting``, or
     when 0 five frame periods of the source's nominal rate, at least 1 s and at most
     ``SLOW_STALL_MAX_S`` (2 s when the rate is unknown, invented (pass 0: FFmpeg's 25 fps
-    for MJPEG over HTTP), or above 1000 fps: a backend's time base, not a rate). A slow camera (one frame every 5 s) gets its five periods:
+    for MJPEG over HTTP), or 1000 fps and above: a backend's time base, not a rate). A slow camera (one frame every 5 s) gets its five periods:
     with 2 s it would be declared down before each of its frames."""
     if setting > 0:
         return setting

@@ -445,3 +445,63 @@ def test_an_uncapped_video_places_its_frames_on_the_recording_timeline(tmp_path)
     src.seekable = False  # each pass opens the file again
     _, q, _ = _capture(src, max_frames=14)
     assert [f.media_s for f in _queued(q)][10:] == pytest.approx([1.1, 1.2, 1.3, 1.4])
+
+
+def _recorder_webm(path: Path, frames: int = 12) -> Path:
+    """A WebM as a browser's MediaRecorder writes one: no frame duration in its track, no
+    duration in its header, frames at uneven times (OpenCV writes all three; they are turned
+    into Void elements and the blocks' times moved by up to 35 ms). FFmpeg then states the
+    container's time base, 1000 fps, as its rate, and no frame count."""
+    import random
+
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"VP80"), 10, (64, 48))
+    assert w.isOpened()
+    for i in range(frames):
+        w.write(np.full((48, 64, 3), (i * 20) % 255, np.uint8))
+    w.release()
+    b = bytearray(path.read_bytes())
+    rng = random.Random(1)
+
+    def vint(i: int, marker: bool) -> tuple:
+        n = 1
+        while not b[i] & (0x80 >> (n - 1)):
+            n += 1
+        v = b[i] if marker else b[i] & (0xFF >> n)
+        for k in range(1, n):
+            v = (v << 8) | b[i + k]
+        return v, n
+
+    def walk(i: int, end: int) -> None:
+        while i < end:
+            eid, n1 = vint(i, True)
+            size, n2 = vint(i + n1, False)
+            data = i + n1 + n2
+            if eid in (0x18538067, 0x1549A966, 0x1654AE6B, 0xAE, 0x1F43B675):  # Segment, Info, Tracks, TrackEntry, Cluster
+                walk(data, min(end, data + size))
+            elif eid in (0x23E383, 0x4489):  # DefaultDuration, Duration: a Void of the same length
+                b[i:data + size] = bytes([0xEC, 0x80 | (data + size - i - 2)]) + bytes(data + size - i - 2)
+            elif eid == 0xA3:  # SimpleBlock: track, then its time in the cluster (ms)
+                at = data + vint(data, False)[1]
+                t = int.from_bytes(b[at:at + 2], "big", signed=True)
+                b[at:at + 2] = (max(0, t + rng.randint(-35, 35)) if t else 0).to_bytes(2, "big", signed=True)
+            i = data + size
+
+    walk(0, len(b))
+    path.write_bytes(bytes(b))
+    return path
+
+
+def test_a_video_that_states_its_time_base_as_its_rate_is_on_the_daemons_clock(tmp_path):
+    """A browser's WebM recording states no rate: FFmpeg gives its time base, 1000 fps, which
+    ``frame_period`` took for a rate (it refused only rates above 1000). Read without ``fps``,
+    the video's timeline then ran 1 ms a frame, 33 times slower than the recording: a policy's
+    2 s cooldown held for 2,000 frames (over a minute of it) and maxPerSecond 2 let 2 frames of
+    a thousand through. 1000 fps is the time base too: the rate is unknown, and the stream's
+    policy runs on the daemon's clock, as for any video without a stated rate."""
+    video = _recorder_webm(tmp_path / "recorded.webm")
+    probe = cv2.VideoCapture(str(video))
+    assert probe.get(cv2.CAP_PROP_FPS) == 1000.0  # what FFmpeg says of such a file
+    probe.release()
+    _, q, _ = _capture(VideoFileSource(str(video)), max_frames=12)
+    frames = _queued(q)
+    assert len(frames) == 12 and [f.media_s for f in frames] == [None] * 12
