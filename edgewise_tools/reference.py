@@ -556,7 +556,7 @@ dashboard and alerts are in `docs/metrics.md`.
 kubectl create namespace edgewise
 helm install edgewise charts/edgewise -n edgewise                # or: -f my-values.yaml
 helm test edgewise -n edgewise --logs                            # one real frame through a worker
-helm upgrade edgewise charts/edgewise -n edgewise --reuse-values --set worker.replicas=4
+helm upgrade edgewise charts/edgewise -n edgewise --reset-then-reuse-values --set worker.replicas=4
 helm history edgewise -n edgewise
 helm rollback edgewise 1 -n edgewise                             # back to revision 1
 helm uninstall edgewise -n edgewise
@@ -565,7 +565,9 @@ helm uninstall edgewise -n edgewise
 `helm uninstall` leaves the Secrets you created (TLS, tokens) and deletes the engine cache claim
 the chart created (`worker.engineCache.pvc`, when no `claimName` was given). Check a values file
 without a cluster: `helm lint --strict charts/edgewise -f my-values.yaml`; rules between values
-fail with one sentence naming what to change.
+fail with one sentence naming what to change. Upgrade with `--reset-then-reuse-values` (Helm >= 3.14):
+your earlier values over this chart's defaults. `--reuse-values` keeps the earlier chart's defaults
+as well, so a value a newer chart adds is missing and the schema refuses it (`missing property`).
 
 ## Modes
 

@@ -35,7 +35,7 @@ RECORDER = "import json, os, sys\nwith open(os.environ['WALKTHROUGH_LOG'], 'a') 
 #: helm flags the replay models: with a value (-> its name here), and switches
 HELM_FLAGS_WITH_VALUE = {"-n": "namespace", "--namespace": "namespace", "-f": "values", "--values": "values",
                          "--set": "set"}
-HELM_SWITCHES = {"--reuse-values", "--logs"}
+HELM_SWITCHES = {"--reuse-values", "--reset-then-reuse-values", "--logs"}
 
 
 def walkthrough_blocks() -> List[str]:
@@ -56,7 +56,7 @@ def _helm_parse(argv: List[str]) -> Tuple[List[str], Dict[str, List[str]], bool]
             flags.setdefault(HELM_FLAGS_WITH_VALUE[a], []).append(next(words))
         elif a.startswith("-"):
             assert a in HELM_SWITCHES, f"helm flag {a} is not modelled by this test"
-            reuse = reuse or a == "--reuse-values"
+            reuse = reuse or a in ("--reuse-values", "--reset-then-reuse-values")  # the same chart: the same values
         else:
             pos.append(a)
     return pos, flags, reuse
@@ -155,7 +155,7 @@ class Replay:
 def test_walkthrough_has_every_step() -> None:
     script = "\n".join(walkthrough_blocks())
     for step in ("openssl req -x509", "kubectl create namespace", "create secret tls", "helm install",
-                 "helm test", "edgewise cloud probe", "helm upgrade", "--reuse-values", "helm rollback"):
+                 "helm test", "edgewise cloud probe", "helm upgrade", "--reset-then-reuse-values", "helm rollback"):
         assert step in script, step
 
 
@@ -243,7 +243,7 @@ def test_every_command_of_the_guide_renders_or_parses(tool: str, tmp_path: Path)
         words = [w for w in argv if not w.startswith("-")]
         flags = [w.split("=")[0] for w in argv if w.startswith("-")]
         if tool == "helm" and words[0] in ("install", "upgrade"):
-            args = [a for a in argv[1:] if a not in ("--install", "--reuse-values")]
+            args = [a for a in argv[1:] if a not in ("--install", "--reuse-values", "--reset-then-reuse-values")]
             for i, a in enumerate(args):
                 if a in ("-f", "--values") and not (tmp_path / args[i + 1]).exists():
                     (tmp_path / args[i + 1]).write_text("{}\n")  # the reader's own values file
