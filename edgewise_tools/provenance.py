@@ -82,6 +82,12 @@ def dataset_meta(data: PathLike) -> Dict[str, Any]:
     if not isinstance(meta, dict):
         raise InvalidInputError(f"{path}: must be a JSON object (names, nc, streams, frames, ... as `edgewise synth` "
                                 f"writes it), not a {type(meta).__name__}")
+    nc, names = meta.get("nc"), meta.get("names")
+    if nc.__class__ is int and isinstance(names, list) and nc != len(names):
+        # the evaluation counted classes by nc and the trainer by names: a label of class 2 under
+        # {"nc": 3, "names": ["a", "b"]} was scored by one and refused by the other
+        raise InvalidInputError(f"{path}: nc {nc} but {len(names)} names; make them agree (`edgewise synth` writes "
+                                "nc = the number of names)")
     return meta
 
 

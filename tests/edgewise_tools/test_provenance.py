@@ -70,3 +70,22 @@ def test_an_installed_package_inside_another_repository_has_no_commit(tmp_path) 
     site.mkdir(parents=True)
     assert git_state(root)[0].endswith("+dirty")
     assert git_state(site) == ("unknown", [])
+
+
+def test_a_dataset_json_whose_nc_and_names_disagree_is_refused_by_every_reader(tmp_path):
+    """The evaluation counted a dataset's classes by ``nc`` and the trainer by ``names``: a label of
+    class 2 under {"nc": 3, "names": ["a", "b"]} was scored by one and refused by the other."""
+    import json
+
+    import pytest
+
+    from edgewise.errors import InvalidInputError
+    from edgewise_tools.evaluation.frames import declared_classes
+    from edgewise_tools.train.data import dataset_names
+
+    (tmp_path / "dataset.json").write_text(json.dumps({"nc": 3, "names": ["a", "b"]}))
+    for read in (declared_classes, dataset_names):
+        with pytest.raises(InvalidInputError, match=r"dataset.json: nc 3 but 2 names; make them agree"):
+            read(tmp_path)
+    (tmp_path / "dataset.json").write_text(json.dumps({"nc": 2, "names": ["a", "b"]}))
+    assert declared_classes(tmp_path) == 2 and dataset_names(tmp_path) == ["a", "b"]
