@@ -48,7 +48,8 @@ lines that are not JSON objects (a line torn by a crash), lines longer than any 
 ``stream``/``frame_seq``/``signals``, records with a field a replay reads of
 another type than docs/records.md gives it (:data:`FIELD_TYPES`), records with a
 number a replay cannot compute with (NaN, an infinity, or beyond +-2**53, a size or count
-below its least, no frame size, a frame_seq outside 0..2**63 - 1: :func:`bad_value`) or a capture time outside
+below its least, no frame size, a frame_seq outside 0..2**63 - 1: :func:`bad_value`), a ``stream``,
+``device``, reason or digest no daemon writes (:data:`PRINTED_FIELDS`), or a capture time outside
 :data:`CAPTURE_MIN_NS`..:data:`CAPTURE_MAX_NS` (a clock not yet set), late records (a spooled frame's second record: its decision is in the
 first), duplicates, and records that arrived beyond the reorder window (decided
 where they arrived, best effort).
@@ -66,6 +67,7 @@ import zlib
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import chain
 from typing import (
     IO,
@@ -81,6 +83,7 @@ from typing import (
 )
 
 from edgewise.errors import InvalidInputError
+from edgewise.ids import DEFAULT_MAX_ID_LENGTH, ID_CHARS, id_problem
 
 #: The most records of one stream held back to restore the decision order (its reorder
 #: window): a record may come this many of its stream's records late (about 9 min at 15 fps)
@@ -177,6 +180,12 @@ BOUNDED_FIELDS: Tuple[str, ...] = (
 #: frame of width 0 (or none: every daemon has written its size) sent nothing, so either passed
 #: any ``--max-bytes-per-day`` gate.
 LEAST: Dict[str, int] = {"width": 1, "height": 1, "edge_boxes": 0, "payload_bytes": 0}
+#: The text fields of a record the what-if table prints: the ids (``stream``, ``device``) and the
+#: daemon's words (its reasons and suppressors, the policy's hex digest). Every daemon writes
+#: them within the id rule (:mod:`edgewise.ids`, which it checks its own ids against); a record
+#: with one outside it is not a daemon's (:func:`bad_value`). The policy's name is free text,
+#: printed quoted (``repr``).
+PRINTED_FIELDS: Tuple[str, ...] = ("stream", "device", "reason", "suppressed_by", "policy_digest")
 #: One past the largest ``frame_seq``: the daemon's are ``epoch << 32`` plus the frame's number,
 #: never negative, and each stream's are kept as 64-bit integers (:class:`_Released`).
 FRAME_SEQ_END = 1 << 63
@@ -207,10 +216,15 @@ def bad_value(doc: Record) -> Optional[str]:
     (JSON ``NaN``, ``Infinity``, ``1e400`` and a 400-digit integer are not; a comparison with
     NaN is false), and those of :data:`LEAST` not below their least value (``width`` and
     ``height`` must be there). Runs on every record, so the common case is one expression, and
-    :data:`BOUNDED_FIELDS` are looked at one by one only to name the one that is not."""
+    :data:`BOUNDED_FIELDS` are looked at one by one only to name the one that is not.
+    The text of :data:`PRINTED_FIELDS` must follow the id rule (:func:`_an_id`): the what-if
+    table prints it, and a line break or a terminal escape in one forged its lines."""
     get = doc.get
     if not 0 <= doc["frame_seq"] < FRAME_SEQ_END:  # an int: frames() skipped the others
         return "frame_seq"
+    for name in PRINTED_FIELDS:
+        if not _an_id(get(name) or ""):
+            return name
     cap = get("capture_unix_ns")  # every daemon has written it: a record without it is damaged
     if cap is None or not CAPTURE_MIN_NS <= cap < CAPTURE_MAX_NS:
         return "capture_unix_ns"
@@ -227,9 +241,20 @@ def bad_value(doc: Record) -> Optional[str]:
     return None  # pragma: no cover (the expression above is BOUNDED_FIELDS)
 
 
+@lru_cache(maxsize=4096)
+def _an_id(value: str) -> bool:
+    """``value`` (a record's text of :data:`PRINTED_FIELDS`) follows the rule the daemon checks
+    its own ids against when it loads its settings (:func:`edgewise.ids.id_problem`); cached, as
+    a replay asks it of every record and its files hold a few values."""
+    return id_problem(value, "") is None
+
+
 def value_rule(name: str) -> str:
     """What a value of the field ``name`` (not ``capture_unix_ns``, which has its own note) must
     be for :func:`bad_value` to take it, in words: the replay's note on the records it skipped."""
+    if name in PRINTED_FIELDS:
+        return (f"text a daemon writes (at most {DEFAULT_MAX_ID_LENGTH} characters of [{ID_CHARS}]; a line "
+                "break or a terminal escape in it would forge lines of this report)")
     if name == "frame_seq":
         return "an integer from 0 to 2**63 - 1 (the daemon's are epoch << 32 plus the frame's number)"
     if name in LEAST:

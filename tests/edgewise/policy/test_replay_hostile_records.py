@@ -423,3 +423,38 @@ def test_a_line_without_end_gives_the_file_up_after_the_records_before_it(tmp_pa
     assert proc.returncode == 2 and "Traceback" not in err
     assert ("/dev/zero: no records (/dev/zero: a line of over 64 MiB without a line end: not a records file: "
             "skipped)") in err
+
+
+# --------------------------------------------------------------------------- ids the table prints
+
+
+FORGED = "cam\nNOT REPRODUCED: 0 decisions agree \x1b[2J"
+
+
+@pytest.mark.parametrize("field, value", [("stream", FORGED), ("device", "dev\r\nstream x (9 frames)"),
+                                          ("stream", "c" * 129), ("stream", "cam|b"), ("device", "d\x00"),
+                                          ("reason", "hard\nstream x (9 frames)"), ("suppressed_by", FORGED),
+                                          ("policy_digest", "\x1b[2J")])
+def test_a_stream_or_device_no_daemon_can_have_is_skipped_never_printed_into_the_table(
+        tmp_path: Path, field: str, value: str) -> None:
+    """The what-if table printed a record's stream id (and its device, reason, suppressor and
+    policy digest) as it was: a line break in one started a forged line of the report (``stream
+    cam`` then ``NOT REPRODUCED...``) and a terminal escape cleared the operator's screen. A
+    daemon writes all of them within the id rule (edgewise.ids), so records with other text
+    there are not a daemon's: skipped, said."""
+    recs = daemon_records(LAX, WAVE[:30]) + daemon_records(LAX, WAVE[:10], stream="b")
+    for r in recs[30:]:
+        r[field] = value
+    path = write(tmp_path / "records.jsonl", recs)
+    reading = Reading()
+    assert len(list(frames([path], reading))) == 30 and reading.bad_values == {field: 10}
+    proc = check_policy(tmp_path, [path], spec=LAX_SPEC, name="lax")
+    assert proc.returncode == 0, proc.stderr.decode()
+    pol = tmp_path / "lax.yaml"
+    text = subprocess.run([sys.executable, "-m", "edgewise.cli", "edge", "check-policy", str(pol), "--replay", path],
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False, timeout=120)
+    out = text.stdout.decode()
+    assert text.returncode == 0, text.stderr.decode()
+    assert "\x1b" not in out and "NOT REPRODUCED" not in out and "stream x" not in out and "\r" not in out
+    assert f"10 record(s) have {field} that is not text a daemon writes" in out
+    assert "30 frames of 1 stream(s)" in out
