@@ -138,11 +138,17 @@ class ModelInfo:
         return self.output_shape[1] if len(self.output_shape) > 1 else None
 
 
-def parse_names(value: Any, where: str) -> Tuple[str, ...]:
+#: What to do about repeated class names in a model's metadata (:func:`parse_names`'s ``fix``).
+FIX_MODEL_NAMES = "rename one in the names metadata or in a sidecar <model>.yaml"
+
+
+def parse_names(value: Any, where: str, fix: str = FIX_MODEL_NAMES) -> Tuple[str, ...]:
     """Class names from a dict ``{id: name}``, a list, or their string literal.
 
     Dict keys must be exactly ``0..nc-1``. Uses ``ast.literal_eval`` (no code
-    execution) for strings.
+    execution) for strings. The one rule of a class name (:func:`_class_name`), also for the
+    names a model is exported with and a dataset is trained on; ``fix`` is what to do about
+    repeated names, for the message.
     """
     if isinstance(value, str):
         text = value
@@ -174,8 +180,7 @@ def parse_names(value: Any, where: str) -> Tuple[str, ...]:
     repeated = sorted(n for n, count in Counter(names).items() if count > 1)
     if repeated:
         raise ModelError(f"{where}: class names repeat ({', '.join(map(repr, repeated[:5]))}): the edge and the "
-                         "cloud model's classes are matched by name, so each must be unique; rename one in the "
-                         "names metadata or in a sidecar <model>.yaml")
+                         f"cloud model's classes are matched by name, so each must be unique; {fix}")
     return names
 
 

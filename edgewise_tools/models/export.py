@@ -29,6 +29,7 @@ import torch
 
 from edgewise.errors import ModelError
 from edgewise.outputs import replace_durably
+from edgewise.runtime.metadata import parse_names
 from edgewise_tools.models.yolov5 import YOLOv5
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -36,13 +37,16 @@ STYLES = ("edgewise", "yolov5-v7.0")
 
 
 def names_dict(names: Optional[Sequence[str]], nc: int) -> Dict[int, str]:
-    """Class names as Ultralytics stores them ({0: 'person', ...}); default '0'..'nc-1'."""
+    """Class names as Ultralytics stores them ({0: 'person', ...}); default '0'..'nc-1'. Names
+    every loader would refuse (repeated, blank, over 256 characters, a line break: the one rule,
+    :func:`edgewise.runtime.metadata.parse_names`) are a ModelError here, before the model is
+    written, not at its first load."""
     if names is None:
         return {i: str(i) for i in range(nc)}
-    names = [str(n) for n in names]
-    if len(names) != nc:
-        raise ValueError(f"names: {len(names)} names given for {nc} classes")
-    return dict(enumerate(names))
+    checked = parse_names(list(names), "names", fix="give each class a name of its own")
+    if len(checked) != nc:
+        raise ValueError(f"names: {len(checked)} names given for {nc} classes")
+    return dict(enumerate(checked))
 
 
 def _imgsz(imgsz: Union[int, Sequence[int]]) -> Tuple[int, int]:

@@ -21,6 +21,7 @@ import numpy as np
 
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.runtime.letterbox import letterbox
+from edgewise.runtime.metadata import parse_names
 from edgewise.synth.writer import incomplete_problem
 from edgewise_tools.evaluation.frames import label_rows
 from edgewise_tools.provenance import dataset_meta
@@ -56,7 +57,9 @@ def dataset_names(root: Path) -> List[str]:
     numbered names, else (also without the file) "0".."9". It is read as the evaluation reads it
     (:func:`edgewise_tools.provenance.dataset_meta`: a file that is not a JSON object is an
     InvalidInputError naming it, where it was a JSONDecodeError traceback, and one without
-    ``names`` a KeyError)."""
+    ``names`` a KeyError). The names must be ones a model may have (unique, 1..256 printable
+    characters: :func:`edgewise.runtime.metadata.parse_names`), or training ended in a
+    ``best.onnx`` that no tool loads."""
     meta = dataset_meta(root)
     names, nc = meta.get("names"), meta.get("nc")
     if names is None:
@@ -64,7 +67,9 @@ def dataset_names(root: Path) -> List[str]:
     if not isinstance(names, list) or not names:
         raise InvalidInputError(f"{Path(root) / 'dataset.json'}: names {str(names)[:60]!r}: must be a non-empty "
                                 "list of class names (as `edgewise synth` writes it)")
-    return [str(n) for n in names]
+    # the rule every loader applies to the exported model's names: checked before training, not
+    # by the first tool to load best.onnx after the whole run
+    return list(parse_names(names, f"{Path(root) / 'dataset.json'}: names", fix="rename one in dataset.json"))
 
 
 class YoloDataset:

@@ -234,3 +234,21 @@ def test_sigterm_stops_quantize_as_ctrl_c_does_leaving_no_temporary_copies(tmp_p
     assert proc.returncode == 143, text[-3000:]
     assert "Traceback" not in text
     assert list(tmp.glob("edgewise-quant-*")) == [] and not out.exists()
+
+
+@pytest.mark.parametrize("names, expected", [
+    ("car,car", "names: class names repeat ('car'): the edge and the cloud model's classes are matched by name, "
+                "so each must be unique; give each class a name of its own"),
+    ("car,", "names: class name 1 '' must be 1..256 characters, not blank"),
+])
+def test_build_refuses_names_no_tool_loads_a_model_with(tmp_path, capsys, names, expected):
+    """`model build --names car,car` wrote a model that every loader (edge, worker, eval,
+    `model info`) then refused for its repeated class names; the names follow the loaders'
+    rule before anything is written."""
+    pytest.importorskip("torch")
+    model = tmp_path / "m.onnx"
+    rc = main(["model", "build", "--arch", "yolov5n", "--imgsz", "64", "--classes", "2", "--names", names,
+               "-o", str(model)])
+    err = capsys.readouterr().err
+    assert rc == 2 and expected in err, err
+    assert "Traceback" not in err and not model.exists()

@@ -86,6 +86,14 @@ def test_leaving_the_loop_early_stops_the_producer() -> None:
     # a class id of 1.5 was trained as class 1
     (None, "1.5 0.5 0.5 0.2 0.2", "labels/{stem}.txt:1: class 1.5 is not a class id (an integer >= 0)"),
     (None, "42 0.5 0.5 0.2 0.2", "labels/{stem}.txt:1: class 42 is not one of the 10 classes (0..9)"),
+    # class names no tool loads a model with: the whole run trained, then best.onnx was refused
+    # by every loader (edge, worker, eval, model info)
+    (json.dumps({"names": ["car", "car"] + [str(i) for i in range(2, 10)]}),
+     None, "dataset.json: names: class names repeat ('car'): the edge and the cloud model's classes are matched "
+           "by name, so each must be unique; rename one in dataset.json"),
+    (json.dumps({"names": ["car\nbus"] + [str(i) for i in range(1, 10)]}),
+     None, "dataset.json: names: class name 0 'car\\nbus' must be 1..256 characters, not blank, without control"),
+    (json.dumps({"names": ["x" * 300] + [str(i) for i in range(1, 10)]}), None, "class name 0 'xxxx"),
 ])
 def test_a_malformed_dataset_is_one_error_line_of_edgewise_train(tiny_data: Path, tmp_path: Path, meta: object,
                                                                   label: object, expected: str) -> None:
