@@ -123,8 +123,10 @@ _MINIMAL = (
 )
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def markdown_cell(text: str) -> str:
+    """``text`` as one cell of a Markdown table: its ``|`` escaped (GitHub's tables take ``\\|``
+    inside a code span too) and line breaks made spaces, so it cannot end its cell or its row."""
+    return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
 def _rst_to_md(text: str) -> str:
@@ -133,7 +135,7 @@ def _rst_to_md(text: str) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out.extend("| " + " | ".join(_cell(c) for c in row) + " |" for row in rows)
+    out.extend("| " + " | ".join(markdown_cell(c) for c in row) + " |" for row in rows)
     return out
 
 

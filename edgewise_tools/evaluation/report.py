@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional
 from edgewise_tools import provenance
 from edgewise_tools.evaluation import bootstrap, scoring
 from edgewise_tools.evaluation.metrics import share_of
+from edgewise_tools.reference import markdown_cell
 
 POLICY_LABELS = {
     "random": "random sampling",
@@ -151,7 +152,7 @@ def markdown(result: Dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     rows = [("edge only", base["edge_only"]), ("cloud only", base["cloud_only"]),
-            (f"policy file `{result['policy']}`", result["policy_run"])]
+            (f"policy file `{markdown_cell(result['policy'])}`", result["policy_run"])]
     for name, r in rows:
         ci = f" {_ci(r)}" if "f1_ci" in r else ""
         lines.append(f"| {name} | {_pct(r['escalated'])} | {r['f1']:.3f}{ci} | {_share(r['f1'], cloud_f1)} | "

@@ -131,3 +131,16 @@ def test_a_reference_at_the_payloads_own_quality_leaves_the_report_as_it_was() -
     own = markdown(dict(after, payload_quality=60, uplink_all_frames_bytes_at_payload_quality=500))
     assert "against every frame whole at full resolution at JPEG quality 85: 90.0%" in own
     assert "at the payload's own JPEG quality 60, which a cloud-only deployment could send too: 80.0%)" in own
+
+
+def test_a_policy_file_name_with_a_pipe_or_a_line_break_stays_in_its_cell() -> None:
+    """eval.md's first table names the policy file in a cell: a `|` in the path split the row
+    into one cell more than its header (every number after it one column off) and a line
+    break ended the row half way."""
+    for path, shown in (("policies/day|night.yaml", "policies/day\\|night.yaml"),
+                        ("policies/day\nnight.yaml", "policies/day night.yaml")):
+        md = markdown({**_result(), "policy": path})
+        (row,) = [line for line in md.splitlines() if line.startswith("| policy file")]
+        assert row.startswith(f"| policy file `{shown}` | 0.0% | 0.600 ")
+        header = next(line for line in md.splitlines() if line.startswith("| run |"))
+        assert row.replace("\\|", "").count("|") == header.count("|")
