@@ -192,14 +192,20 @@ _NOT_IN_NAMES = frozenset({"Cc", "Zl", "Zp", "Cs"})
 
 
 def _class_name(value: Any, i: int, where: str) -> str:
-    """Class ``i``'s name: text (a number is taken as its digits) of printable characters.
+    """Class ``i``'s name: text (a number is taken as its digits) of printable characters, in
+    Unicode normal form C (names are matched by name: a name taken from a macOS file name is
+    decomposed, NFD, and differed from the same name typed elsewhere, NFC, though both look alike).
     Anything else was turned into text before, so a list, a null or a YAML alias bomb became a
     name (the bomb: hundreds of MB of one)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         shown = f" {value!r}" if value is None or isinstance(value, (bool, float)) else ""  # never a container's repr
         hint = f" ({UNQUOTED_BOOLEAN})" if isinstance(value, bool) else ""
         raise ModelError(f"{where}: class name {i} is a {type(value).__name__}{shown}, not text{hint}")
+    # one form of each name: an edge and a cloud model (and the policy that names a class) must
+    # agree on a name that looks the same, whichever Unicode form each was written in
     name = str(value)
+    if len(name) <= 4 * MAX_NAME_CHARS:  # (a longer one is refused below, whatever its form)
+        name = unicodedata.normalize("NFC", name)
     if not name.strip() or len(name) > MAX_NAME_CHARS or any(unicodedata.category(c) in _NOT_IN_NAMES for c in name):
         raise ModelError(f"{where}: class name {i} {name[:40]!r} must be 1..{MAX_NAME_CHARS} characters, not blank, "
                          "without control characters or line breaks")

@@ -283,3 +283,22 @@ def test_imgsz_forms_that_are_refused_not_misread(value):
     with pytest.raises(ModelError, match=re.escape("m.onnx: imgsz must be an int or [h, w]") + r".*" +
                        re.escape(repr(value))):
         parse_imgsz(value, "m.onnx")
+
+
+def test_a_class_name_is_the_same_name_whichever_unicode_form_it_was_written_in(tmp_path: Path):
+    """An edge model whose names came from macOS file names (decomposed, NFD: 'a' + U+0308) and a
+    cloud model whose names were typed (composed, NFC: U+00E4) name 'Fußgänger' alike to the eye,
+    but every cloud answer was refused ("class_name 'Fußgänger' is not the edge model's name of
+    class_id 0, 'Fußgänger'"). Both load as NFC, so they are one name."""
+    import unicodedata
+
+    from edgewise.v1 import detect_pb2
+    from edgewise.wire import answer_detections
+
+    nfd, nfc = unicodedata.normalize("NFD", "Fußgänger"), unicodedata.normalize("NFC", "Fußgänger")
+    assert nfd != nfc
+    edge = load_model_info(fake_yolo(tmp_path / "edge.onnx", nc=2, metadata=names_meta([nfd, "Auto"])))
+    cloud = load_model_info(fake_yolo(tmp_path / "cloud.onnx", nc=2, metadata=names_meta([nfc, "Auto"])))
+    assert edge.names == cloud.names == (nfc, "Auto")
+    answer = [detect_pb2.Detection(x1=1, y1=1, x2=9, y2=9, score=0.9, class_id=0, class_name=cloud.names[0])]
+    assert answer_detections(answer, edge.names, (32, 32)).names[0] == nfc
