@@ -335,8 +335,8 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
                 title="Payload modes: accuracy vs bytes")
         ax3.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     title = plot_title(result)
-    if title:  # what produced it, above the panels
-        fig.suptitle(title, fontsize=8, color="grey", y=1.04)
+    if title:  # what produced it, above the panels; its paths' '$' as they are, not math
+        fig.suptitle(title.replace("$", r"\$"), fontsize=8, color="grey", y=1.04)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True

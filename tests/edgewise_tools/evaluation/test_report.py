@@ -144,3 +144,27 @@ def test_a_policy_file_name_with_a_pipe_or_a_line_break_stays_in_its_cell() -> N
         assert row.startswith(f"| policy file `{shown}` | 0.0% | 0.600 ")
         header = next(line for line in md.splitlines() if line.startswith("| run |"))
         assert row.replace("\\|", "").count("|") == header.count("|")
+
+
+def test_paths_with_dollar_signs_are_written_in_the_plots_title_as_they_are(tmp_path) -> None:
+    """The plot's title names the models, the policy and the data by path, and matplotlib reads
+    text between two '$' as math: a model folder named 'run$x^$' made `edgewise eval` end in a
+    ValueError traceback at the figure (after its whole run), and 'exp$_1$' drew a subscript
+    where the path has an underscore."""
+    import pytest
+
+    from edgewise_tools.evaluation.report import plot_title, pyplot, write
+    from edgewise_tools.provenance import provenance
+
+    if pyplot() is None:
+        pytest.skip("matplotlib is not installed")
+    models = tmp_path / "run$x^$"
+    models.mkdir()
+    edge, cloud, policy = (models / n for n in ("edge.onnx", "cloud.onnx", "p$_1$.yaml"))
+    for f in (edge, cloud, policy):
+        f.write_bytes(b"x")
+    result = dict(_result(), provenance=provenance({"edge": edge, "cloud": cloud}, policy),
+                  threshold_sweep=[{"escalated": 0.1, "f1": 0.7}, {"escalated": 0.3, "f1": 0.78}])
+    assert f"edge {edge} (" in plot_title(result)
+    written = write(result, tmp_path / "report")
+    assert tmp_path / "report" / "eval.png" in written and (tmp_path / "report" / "eval.png").stat().st_size > 0
