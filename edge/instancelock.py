@@ -13,6 +13,11 @@ unless ``sinks.mqtt_outbox`` says otherwise, so a second daemon in the same fold
 another spool name shared it. Both ran: they took the MQTT session (its client id is kept in
 the outbox) from each other at every reconnect, and each deleted the other's records, until
 the outbox's count went below zero and its records were no longer written.
+
+A lock is beside the file it guards as the kernel finds it (:func:`lock_path`: symlinks
+resolved): a second daemon whose ``spool.path`` was a symlink to the first one's spool (a
+spool moved to a bigger disk and linked back) took ``<link>.lock``, a file of its own, and
+ran on the same SQLite database.
 """
 
 from __future__ import annotations
@@ -41,17 +46,24 @@ _IN_USE = {
 }
 
 
+def lock_path(guarded: str) -> str:
+    """The lock file of ``guarded`` (the spool or the outbox): ``<file>.lock`` beside the file
+    the path names once its symlinks are resolved, so every path to one file (a symlink to it,
+    a symlinked folder, ``..``) has one lock."""
+    return os.path.realpath(guarded) + SUFFIX
+
+
 class InstanceLock:
     """``acquire`` takes the lock of ``spool_path``, then the one of ``outbox_path`` (the MQTT
     sink's outbox, when the daemon opens one), or raises ``ConfigError`` naming the daemon that
     holds it (and keeps none); ``release`` (or the process's end) gives them back."""
 
     def __init__(self, spool_path: str, outbox_path: Optional[str] = None) -> None:
-        self.path = spool_path + SUFFIX
+        self.path = lock_path(spool_path)
         #: (lock file, the setting that names the file it guards)
         self.locks: List[Tuple[str, str]] = [(self.path, "spool.path")]
         if outbox_path:
-            self.locks.append((outbox_path + SUFFIX, "sinks.mqtt_outbox"))
+            self.locks.append((lock_path(outbox_path), "sinks.mqtt_outbox"))
         self._fds: List[int] = []
 
     def acquire(self) -> None:

@@ -176,17 +176,17 @@ def tighten_state_files(s: EdgeSettings) -> List[str]:
     the outbox with their ``-wal``/``-shm``, the start count, the lock, the records and their
     rotated files), as a file the daemon makes now gets. Daemons before 2026-12-05 did not: an
     upgraded device went on spooling camera frames into a 0644 spool. The lines to log."""
-    from edge.instancelock import SUFFIX as LOCK_SUFFIX
+    from edge.instancelock import lock_path
     from edge.rotation import rotated_files
 
-    paths = [s.spool.path + ".epoch", s.spool.path + LOCK_SUFFIX]
+    paths = [s.spool.path + ".epoch", lock_path(s.spool.path)]
     for setting, path in state_files(s):
         if setting == "sinks.jsonl":
             paths += [path] + rotated_files(path)
         else:
             paths += [path, path + "-wal", path + "-shm"]
             if setting == "sinks.mqtt_outbox":
-                paths.append(path + LOCK_SUFFIX)
+                paths.append(lock_path(path))
     done, failed = [], []
     for path in paths:
         try:

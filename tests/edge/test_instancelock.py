@@ -123,3 +123,55 @@ def test_a_second_daemon_in_the_same_state_folder_under_another_spool_name_is_re
         assert first.check() and first.stop() == 0
     finally:
         first.close()
+
+
+def test_every_path_to_one_spool_or_outbox_takes_one_lock(tmp_path):
+    """A spool moved to a bigger disk and linked back: a second daemon whose spool.path was the
+    symlink took ``<link>.lock``, a lock of its own, and ran on the first one's SQLite file.
+    A symlink to the file (also before the file exists), a symlinked folder and ``..`` are all refused."""
+    state = tmp_path / "state"
+    state.mkdir()
+    spool, outbox = state / "spool.db", state / "outbox.db"
+    (tmp_path / "spool-link.db").symlink_to(spool)  # dangling until the first daemon makes the spool
+    (tmp_path / "outbox-link.db").symlink_to(outbox)
+    (tmp_path / "state-link").symlink_to(state, target_is_directory=True)
+    first = InstanceLock(str(spool), str(outbox))
+    first.acquire()
+    for alias in (tmp_path / "spool-link.db", tmp_path / "state-link" / "spool.db",
+                  tmp_path / "state-link" / ".." / "state" / "spool.db"):
+        with pytest.raises(ConfigError, match=rf"{spool}.lock: another edgewise daemon \(pid {os.getpid()}\) "
+                                              r"uses this spool.path"):
+            InstanceLock(str(alias)).acquire()
+    with pytest.raises(ConfigError, match=rf"{outbox}.lock: another edgewise daemon .* uses this sinks.mqtt_outbox"):
+        InstanceLock(str(tmp_path / "other.db"), str(tmp_path / "outbox-link.db")).acquire()
+    assert not (tmp_path / "spool-link.db.lock").exists()  # the refused ones made no lock of their own
+    first.release()
+    InstanceLock(str(tmp_path / "spool-link.db"), str(tmp_path / "outbox-link.db")).acquire()
+
+
+def test_a_second_daemon_whose_spool_path_is_a_symlink_to_the_first_ones_spool_is_refused(tmp_path, tiny_model):
+    """The spool moved to a bigger disk and linked back, and a copied config naming the link:
+    the second daemon took ``<link>.lock`` and ran on the same SQLite file."""
+    state = tmp_path / "state"
+    (tmp_path / "link.db").symlink_to(state / "spool.db")
+
+    def config(name: str, spool: str):
+        return settings_yaml(
+            tmp_path / f"{name}.yaml", device_id="dev",
+            streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+            model={"path": str(tiny_model)}, spool={"path": spool},
+            sinks={"jsonl": str(tmp_path / f"{name}.jsonl")}, metrics={"port": -1})
+
+    first = EdgeProcess(config("first", str(state / "spool.db")), tmp_path / "first.log")
+    try:
+        wait_until(lambda: first.check() and "running" in (tmp_path / "first.log").read_text(), 60, "first daemon")
+        second = subprocess.run([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config",
+                                 str(config("second", str(tmp_path / "link.db")))], capture_output=True, text=True,
+                                timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert second.returncode == 2, second.stderr
+        assert (f"{state / 'spool.db'}.lock: another edgewise daemon (pid {first.proc.pid}) uses this spool.path"
+                in second.stderr)
+        assert not (tmp_path / "second.jsonl").exists()
+        assert first.check() and first.stop() == 0
+    finally:
+        first.close()
