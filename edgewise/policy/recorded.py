@@ -34,7 +34,11 @@ Every read of a file goes through one guarded path (:class:`_Source`): a file th
 missing, a folder or not readable is an InvalidInputError; a read that fails part way
 (a gzip file cut short, even inside its first record, or gzip's magic bytes followed
 by junk) ends that file with a note in :attr:`Reading.cut_short` and the lines before
-it are used, never a traceback. A file that is not a regular file (``/dev/stdin``, a
+it are used, never a traceback. On a running daemon's files (``records.jsonl*``): a regular
+file is read ahead, then opened again for its records, and it is the file read ahead that is
+read (told by its inode), under its new name when the daemon rotated it meanwhile, never the
+daemon's new file at the old name; a file the shell listed and the daemon gzip'd before the
+replay opened it (a plain rotated file, its ``.gz.tmp``) is read as its ``.gz``. Each is noted. A file that is not a regular file (``/dev/stdin``, a
 pipe, a shell's ``<(...)``) can be read only once: it is opened once, the lines read
 ahead to find its first capture time are kept, and the rest is read on from there.
 
@@ -282,7 +286,8 @@ class Reading:
     wrong_types: Dict[str, int] = field(default_factory=dict)  # field -> records skipped for its type
     bad_values: Dict[str, int] = field(default_factory=dict)   # field -> records skipped for its value
     empty_files: List[str] = field(default_factory=list)
-    cut_short: List[str] = field(default_factory=list)  # a note per file whose reading failed part way
+    #: a note per file whose reading failed part way, or that moved while read (rotated, gzip'd)
+    cut_short: List[str] = field(default_factory=list)
 
 
 def _lines(text: IO[str]) -> Iterator[str]:
@@ -379,10 +384,22 @@ class _Source:
         self.error: Optional[BaseException] = None  # a stream's read error met ahead
         self.regular = True
         self._open: List[IO[Any]] = []
+        #: (device, inode) of the file read ahead: the file its records are read from
+        self.identity: Optional[Tuple[int, int]] = None
+        #: where the file read ahead was found when its records were read: renamed since (rotated)
+        self.moved_to = ""
 
-    def _text(self) -> IO[str]:
-        binary, under, regular = _open_binary(self.path)
+    def _text(self, path: str = "") -> IO[str]:
+        binary, under, regular = _open_binary(path or self.path)
         self.regular = regular
+        if regular:
+            st = os.fstat(under.fileno())
+            if self.identity is None:
+                self.identity = (st.st_dev, st.st_ino)
+            elif (st.st_dev, st.st_ino) != self.identity:
+                for f in (binary, under):
+                    f.close()
+                raise _Replaced()
         # utf-8-sig: a byte order mark an editor put at the start is not part of the first record
         text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace")
         self._open = [text, under]
@@ -415,9 +432,25 @@ class _Source:
                 self.close()
 
     def open_lines(self) -> Iterable[str]:
-        """The file's lines from its first (a read error may end them: :data:`READ_ERRORS`)."""
+        """The file's lines from its first (a read error may end them: :data:`READ_ERRORS`): of
+        the file read ahead, also when the daemon rotated it away since (a records file that a
+        long replay read ahead, then opened again by its name, was the daemon's new file: the
+        records of the one rotated away were left out without a word). InvalidInputError when
+        it is gone (gzip'd since its rotation, pruned)."""
         if self.regular:
-            return _lines(self._text())
+            try:
+                return _lines(self._text())
+            except (_Replaced, InvalidInputError) as exc:
+                moved = _renamed(self.path, self.identity)
+                if moved and os.path.basename(moved) == os.path.basename(self.path):
+                    moved = ""  # still there under its name: unreadable now, said as such
+                    if isinstance(exc, InvalidInputError):
+                        raise
+                if not moved:
+                    raise InvalidInputError(f"{self.path}: is no longer the file read when the replay began, "
+                                            "and that file is not in its folder under another name") from None
+                self.moved_to = moved
+                return _lines(self._text(moved))
         if self.error is not None or not self._open:
             return self.ahead
         rest = _lines(self._open[0])
@@ -553,12 +586,58 @@ def _release(rel: _Released, seq: int, doc: Record, reading: Reading) -> Optiona
     return doc
 
 
-def _sources(paths: Sequence[str]) -> List[_Source]:
-    """The files, each opened and read ahead, in the order of their first capture time."""
-    sources: List[_Source] = []
+class _Replaced(Exception):
+    """A records file's name names another file than the one read ahead (rotated since)."""
+
+
+def _renamed(path: str, identity: Optional[Tuple[int, int]]) -> str:
+    """The name the file ``identity`` (read ahead as ``path``) has now in ``path``'s folder,
+    where a rotation renames it (the daemon's ``<file>.<UTC time>``, logrotate's); "" if none."""
+    if identity is None:
+        return ""
+    folder = os.path.dirname(path) or "."
     try:
-        # "-" is standard input, as for cat and gzip (the docs' /dev/stdin is the same pipe)
-        for path in sorted({"/dev/stdin" if str(p) == "-" else str(p) for p in paths}):
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                try:
+                    if entry.inode() == identity[1] and entry.stat(follow_symlinks=False).st_dev == identity[0]:
+                        return os.path.join(folder, entry.name)
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return ""
+
+
+def _gzipped(path: str) -> str:
+    """The gzip'd file a rotated records file becomes: ``<file>.gz``, written as ``<file>.gz.tmp``
+    (``edge.rotation``; logrotate's ``compress`` makes ``<file>.gz`` too)."""
+    return path[:-len(".tmp")] if path.endswith(".gz.tmp") else path + ".gz"
+
+
+def _sources(paths: Sequence[str], reading: Optional[Reading] = None) -> List[_Source]:
+    """The files, each opened and read ahead, in the order of their first capture time. A file
+    given (by a glob) that is gone when it is opened, gzip'd by the daemon meanwhile (a plain
+    rotated file, or its ``.gz.tmp``), is read as its ``.gz`` when that was not given, and
+    noted in ``reading``: the replay stopped with "records file not found" for a file that
+    was there a second before."""
+    sources: List[_Source] = []
+    # "-" is standard input, as for cat and gzip (the docs' /dev/stdin is the same pipe)
+    given = sorted({"/dev/stdin" if str(p) == "-" else str(p) for p in paths})
+    taken = set(given)
+    try:
+        for path in given:
+            if not os.path.lexists(path) and os.path.isfile(_gzipped(path)):
+                gz = _gzipped(path)
+                note = f"{path}: gzip'd to {gz} since the files were listed"
+                if gz in taken:
+                    if reading is not None:
+                        reading.cut_short.append(f"{note}, which is read too: skipped")
+                    continue
+                if reading is not None:
+                    reading.cut_short.append(f"{note}: {gz} read in its place")
+                taken.add(gz)
+                path = gz
             src = _Source(path)
             src.read_ahead()
             sources.append(src)
@@ -588,7 +667,7 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES,
     holding = 0     # records held, all streams
     reading.reorder_budget = budget
     reading.reorder_frames = min(window, budget)
-    sources = _sources(paths)
+    sources = _sources(paths, reading)
     try:
         for src in sources:
             reading.files.append(src.path)
@@ -598,6 +677,9 @@ def frames(paths: Sequence[str], reading: Reading, window: int = REORDER_FRAMES,
                 reading.cut_short.append(f"{exc}; it was there when the replay began (a file being rotated or "
                                          "gzip'd?): skipped")
                 continue
+            if src.moved_to:
+                reading.cut_short.append(f"{src.path}: rotated to {src.moved_to} while the replay ran: its records "
+                                         "were read there")
             n = 0
             try:
                 for line in lines:
