@@ -398,8 +398,9 @@ def _check_files_apart(s: EdgeSettings) -> None:
     """The files the daemon writes (the spool, the JSON Lines sink, the MQTT sink's outbox) are
     three files, none of them the model or the policy: 'sinks.jsonl' naming the spool's file was
     taken, and the records were appended into the SQLite database, which overwrote them with its
-    pages (records lost, the spool at risk). Compared as paths (the same after ``..`` and a
-    relative path are resolved): the settings may be checked where their files do not exist."""
+    pages (records lost, the spool at risk). Compared as paths with symlinks resolved as far as
+    they exist (``..``, a relative path, a link to another of them): the settings may be checked
+    where their files do not exist yet."""
     written = [("spool.path", s.spool.path), ("sinks.jsonl", s.sinks.jsonl)]
     if s.sinks.mqtt:
         written.append(("sinks.mqtt_outbox", mqtt_outbox_path(s)))
@@ -408,7 +409,7 @@ def _check_files_apart(s: EdgeSettings) -> None:
     for key, path in written + read:
         if not path:
             continue
-        where = os.path.normpath(os.path.abspath(path))
+        where = os.path.realpath(path)  # a symlink to another of them is that file
         if where in seen:  # (the written come first: the one seen is a file the daemon writes)
             default = (f" (sinks.mqtt_outbox is empty: {MQTT_OUTBOX_NAME} next to spool.path)"
                        if key == "sinks.mqtt_outbox" and not s.sinks.mqtt_outbox else "")

@@ -383,3 +383,16 @@ def test_a_spool_file_name_the_salvage_can_list_is_taken(tmp_path, name):
     s = load_settings(write(tmp_path, "streams: [{id: s, kind: synthetic}]\n"),
                       env={"EDGEWISE_EDGE__SPOOL__PATH": f"/var/lib/edgewise/{name}"})
     assert s.spool.path == f"/var/lib/edgewise/{name}"
+
+
+def test_a_state_file_that_is_a_symlink_to_another_is_refused(tmp_path):
+    """``sinks.jsonl`` named through a symlink to the spool's file passed the files-apart check
+    (it compared paths, not what they lead to), and the records were appended into the SQLite
+    spool (probe C)."""
+    (tmp_path / "spool.db").write_bytes(b"")
+    (tmp_path / "records.jsonl").symlink_to(tmp_path / "spool.db")
+    path = tmp_path / "edge.yaml"
+    path.write_text(f"streams: [{{id: s, kind: synthetic}}]\nspool: {{path: {tmp_path / 'spool.db'}}}\n"
+                    f"sinks: {{jsonl: {tmp_path / 'records.jsonl'}}}\n")
+    with pytest.raises(ConfigError, match=r"sinks\.jsonl: .* is also spool\.path, a file the daemon writes"):
+        load_settings(str(path), env={})
