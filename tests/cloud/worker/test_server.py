@@ -324,8 +324,8 @@ def test_load_reports_sane_numbers_and_metrics_are_exported(tiny_model):
 
 def test_queue_depth_gauge_drops_as_soon_as_queued_callers_cancel(tiny_model):
     """Callers that give up leave the batcher at once; the gauge must follow then, not at the
-    scheduler's next timer (here the 20 s queue delay)."""
-    settings = make_settings(tiny_model, max_batch_size=8, max_queue_delay_ms=20_000.0)
+    scheduler's next timer (here the 10 s queue delay, the most the settings allow)."""
+    settings = make_settings(tiny_model, max_batch_size=8, max_queue_delay_ms=10_000.0)
 
     def gauge(port: int) -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
