@@ -1376,17 +1376,17 @@ def test_healthz_says_stalled_while_an_inference_call_never_returns(tmp_path, ti
         task = asyncio.ensure_future(d.run())
         try:
             await async_wait_until(lambda: d.started and d.pipeline.frames_done > 0, 60, "frames")
-            seen.append(await asyncio.to_thread(healthz))
+            seen.append(await asyncio.get_running_loop().run_in_executor(None, healthz))
             hang.set()
             await async_wait_until(hung.is_set, 10, "the inference call held")
             await asyncio.sleep(1.6)  # the loop turns meanwhile; no frame is done
-            seen.append(await asyncio.to_thread(healthz))
+            seen.append(await asyncio.get_running_loop().run_in_executor(None, healthz))
             hang.clear()
             release.set()
             done = d.pipeline.frames_done
             await async_wait_until(lambda: d.pipeline.frames_done > done + 2, 10, "frames again")
             await asyncio.sleep(0.2)  # a beat (0.05 s) notes it: the frames queued meanwhile go in a burst
-            seen.append(await asyncio.to_thread(healthz))
+            seen.append(await asyncio.get_running_loop().run_in_executor(None, healthz))
         finally:
             release.set()
             d.request_stop()
@@ -1567,7 +1567,7 @@ def test_a_model_that_fails_every_batch_is_stalled_and_not_petted_whatever_the_b
             t1 = time.monotonic()
             await asyncio.sleep(3.0)
             marks = [t1] + [t for t in pets if t > t1] + [time.monotonic()]
-            return max(b - a for a, b in zip(marks, marks[1:])), await asyncio.to_thread(healthz)
+            return max(b - a for a, b in zip(marks, marks[1:])), await asyncio.get_running_loop().run_in_executor(None, healthz)
         finally:
             d.request_stop()
             assert await asyncio.wait_for(task, 30) == 0

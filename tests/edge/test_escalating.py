@@ -358,7 +358,7 @@ def test_an_entry_its_replay_is_answering_is_not_evicted_as_lost(tmp_path, real_
         esc = Escalating("dev", {"grpc": transport}, written.append, EdgeMetrics(), spool=spool)
         replay = asyncio.ensure_future(esc.replay_once())
         await asyncio.sleep(0.5)  # frame 0 is at the blocked worker
-        await asyncio.to_thread(_spool_requests, spool, [10, 11], policy)  # the cap evicts two
+        await asyncio.get_running_loop().run_in_executor(None, _spool_requests, spool, [10, 11], policy)  # evicts two
         release.set()
         settled = await replay
         await esc.close()
