@@ -66,7 +66,11 @@ class HoldingProxy(Listener):
         if time.monotonic() < self.refuse_until:
             client.close()
             return
-        upstream = socket.create_connection(("127.0.0.1", self.broker_port))
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.broker_port))
+        except OSError:  # the broker is gone (the test is ending) or not back yet: the sink retries
+            client.close()
+            return
         self.socks += [client, upstream]
         threading.Thread(target=self._packets, args=(client, upstream), daemon=True).start()
         threading.Thread(target=self._packets, args=(upstream, client), daemon=True).start()

@@ -206,7 +206,7 @@ def test_models_and_labels_of_other_classes_are_refused(tiny_model, renamed_mode
             "'8', '9'], cloud 10 ['cat', 'dog', 'car', 'bus', 'cow', 'pig', 'owl', 'ant', 'bee', 'elk']") in err
     data = _broken(dataset, tmp_path)
     meta = json.loads((data / "dataset.json").read_text())
-    (data / "dataset.json").write_text(json.dumps(dict(meta, names=["cat", "dog"])))
+    (data / "dataset.json").write_text(json.dumps(dict(meta, names=["cat", "dog"], nc=2)))
     assert main(_eval(tiny_model, data, tmp_path / "out")) == 2
     assert (f"{data / 'dataset.json'} names 2 classes ['cat', 'dog'] but the models have 10 ['0', '1'"
             in capsys.readouterr().err)
