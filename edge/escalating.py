@@ -95,14 +95,6 @@ LOG_INTERVAL_S = 30.0
 LOG_BURST = 3
 #: answers to replays held while no durable sink takes their records (``Escalating._held``)
 MAX_HELD_ANSWERS = 256
-#: A replay round steps over a spooled escalation at its head that has failed this many times
-#: (``Escalating.replay_once``): one the cloud cannot answer in time (a whole 8K frame on a CPU
-#: pool) or the broker cannot carry held every other stream's backlog until it expired (24 h).
-#: During an outage every entry fails, and the head's run of stuck ones grows by one every
-#: ``STUCK_ATTEMPTS - 1`` rounds, up to the round's ``spool.replay_batch`` entries: what a round
-#: sends to a cloud that is down (a run of stuck entries that long, such as those of a transport
-#: that stays down beside one that works, still holds the rest).
-STUCK_ATTEMPTS = 3
 
 
 class _Answer(NamedTuple):
@@ -184,7 +176,7 @@ class Escalating:
         self._unacked: List[int] = []
         self.whole_frames = WholeFrames()  # the policy's payload.wholeFrameEverySeconds, per stream
         self._unusable_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
-        self._stuck_log = LogThrottle(LOG_INTERVAL_S, burst=1)  # stuck entries stepped over
+        self._refused_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._replay_failed_log = LogThrottle(LOG_INTERVAL_S, burst=1)
         self._unwritten_log = LogThrottle(LOG_INTERVAL_S, burst=1)
         # Answers to replays whose records no durable sink took (a full disk), by idempotency key:
@@ -710,11 +702,7 @@ class Escalating:
 
         Answers are written in spool order whatever order they arrive in. When an entry cannot
         be delivered, the entries sent beside it that were answered are written (their answer
-        is not thrown away) and the round stops: the rest waits, in order. Except at the head:
-        an entry the cloud has failed ``STUCK_ATTEMPTS`` times and that heads the round (every entry
-        before it in the round failed and was stepped over too) is
-        stepped over, said, and tried again at each round, so the entries behind it are
-        replayed meanwhile; a cloud that is down fails the next one, and the round stops there. Once the replay
+        is not thrown away) and the round stops: the rest waits, in order. Once the replay
         loop's stop is set no new entries are sent; a round cancelled at the end of the stop's
         grace writes the answers already in, like a blocked round.
 
@@ -738,7 +726,6 @@ class Escalating:
             head = entries[0].id if entries else None
             self._held = {k: v for k, v in self._held.items() if head is not None and v[0] >= head}
         settled: List[int] = []
-        heading = True  # every entry of the round so far failed and was stepped over
         step = max(1, self.replay_concurrency)
         try:
             for start in range(0, len(entries), step):
@@ -764,14 +751,9 @@ class Escalating:
                 for e, answer in zip(window, answers):
                     done = self._settle_replay(e, answer)
                     if done is None:  # the cloud is still unreachable, or a sink cannot take the record
-                        attempts = await self._spool_call(spool.nack, e.id)
-                        if answer is None and heading and attempts >= STUCK_ATTEMPTS:  # the cloud's, not a sink's
-                            self._stepped_over(e, attempts)
-                            continue
-                        heading = False
+                        await self._spool_call(spool.nack, e.id)
                         blocked = True  # the rest waits, in order
                     else:
-                        heading = False
                         settled.append(e.id)
                 if blocked:
                     break
@@ -906,14 +888,6 @@ class Escalating:
             log.error("replayed %s: %s; its edge result is final, dropped from the spool%s", e.key, answer.error,
                       f" ({held} more refused replays not logged)" if held else "")
         return True
-
-    def _stepped_over(self, e: SpoolItem, attempts: int) -> None:
-        """Say (throttled) that the stuck entry ``e`` heading the spool is stepped over."""
-        held = self._stuck_log.allow()
-        if held is not None:
-            log.warning("spooled %s failed %d replays; stepped over, so the escalations behind it are replayed "
-                        "meanwhile (it is tried again at each round until spool.max_age_s)%s", e.key, attempts,
-                        f" ({held} more such lines held back)" if held else "")
 
     def _replay_failed(self, e: SpoolItem, doing: str, exc: Exception) -> None:
         """Say (throttled, with the traceback) that replaying ``e`` failed unexpectedly; the

@@ -263,81 +263,6 @@ def test_a_replay_gets_longer_than_the_live_deadline(tmp_path, real_cloud):
     spool.close()
 
 
-
-def test_entries_the_cloud_keeps_failing_do_not_hold_the_spool(tmp_path, real_cloud, caplog):
-    """Escalations spooled over MQTT head the spool, its broker still down after the operator
-    switched the policy to gRPC, whose cloud answers: each round stopped at the first, so the
-    gRPC ones behind waited until the MQTT ones expired (spool.max_age_s, 24 h by default). The
-    same held for one whole 8K frame that a CPU pool cannot answer within the replay deadline
-    (0 settled in 8 rounds, found by a probe). An entry at the head that the cloud failed
-    STUCK_ATTEMPTS times is now stepped over, said, kept and tried again at each round; a cloud
-    that fails every entry still stops the round at the next one."""
-    from edge.escalating import STUCK_ATTEMPTS
-    from edge.transports.mqtt import MqttConnection, MqttTransport
-
-    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
-    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
-    _spool_requests(spool, range(2), policy, transport="mqtt")
-    _spool_requests(spool, range(2, 5), policy)
-    written = []
-
-    async def run():
-        conn = MqttConnection("127.0.0.1", free_port(), client_id="edge-stuck")  # nothing listens
-        conn.start()
-        mqtt = MqttTransport(conn, "dev")
-        await mqtt.start()
-        grpc_t = GrpcTransport([real_cloud.address])
-        esc = Escalating("dev", {"grpc": grpc_t, "mqtt": mqtt}, written.append, EdgeMetrics(), spool=spool)
-        settled = [await esc.replay_once() for _ in range(2 * STUCK_ATTEMPTS)]
-        await esc.close()
-        await grpc_t.close()
-        await mqtt.close()
-        return settled
-
-    with caplog.at_level(logging.WARNING, logger="edge.escalating"):
-        settled = asyncio.run(run())
-    assert settled == [0] * (2 * STUCK_ATTEMPTS - 2) + [3, 0]  # one stuck, then the other
-    assert sorted((r.frame_seq, r.outcome, r.late) for r in written) == [(i, "cloud", True) for i in range(2, 5)]
-    assert [item.key for item in spool.peek()] == ["dev/cam/0", "dev/cam/1"]  # kept, in order
-    said = [r.getMessage() for r in caplog.records if "stepped over" in r.getMessage()]
-    assert len(said) == 1 and "spooled dev/cam/0 failed 3 replays" in said[0], said  # throttled
-    spool.close()
-
-
-def test_a_cloud_that_fails_every_entry_still_stops_each_round_early(tmp_path):
-    """The other side of stepping over: during an outage every entry fails, and the run of stuck
-    entries at the head grows by one every STUCK_ATTEMPTS - 1 rounds; a round sends at most
-    spool.replay_batch of them (8), not the whole spool."""
-    from edge.escalating import STUCK_ATTEMPTS
-
-    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
-    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
-    _spool_requests(spool, range(20), policy)
-    down, asked = _Counting(None, fail=range(20)), []
-    fail = down.detect
-
-    async def counted(req, timeout_s):
-        asked.append(req.frame_seq)
-        return await fail(req, timeout_s)
-
-    down.detect = counted
-
-    async def run():
-        esc = Escalating("dev", {"grpc": down}, lambda rec: True, EdgeMetrics(), spool=spool)
-        sent = []
-        for _ in range(STUCK_ATTEMPTS * 10):
-            before = len(asked)
-            assert await esc.replay_once() == 0
-            sent.append(len(asked) - before)
-        await esc.close()
-        return sent
-
-    sent = asyncio.run(run())
-    assert max(sent) == sent[-1] == 8 and sent[:STUCK_ATTEMPTS - 1] == [1] * (STUCK_ATTEMPTS - 1), sent
-    assert len(spool) == 20
-    spool.close()
-
-
 def test_an_entry_its_replay_is_answering_is_not_evicted_as_lost(tmp_path, real_cloud):
     """A full spool evicts its oldest entries for new escalations; the oldest is also the one a
     replay has just sent. Evicted while its answer was on the way, it came back as a late record
@@ -720,13 +645,15 @@ class _Counting:
             await self.inner.close()
 
 
-def _spool_requests(spool, seqs, policy, transport="grpc"):
+def _spool_requests(spool, seqs, policy):
     d = dets([[10, 10, 30, 30]], [0.4])
     for seq in seqs:
         req, _ = build_request("dev", Frame("cam", seq, np.full((48, 64, 3), 30 + seq, np.uint8), 0, 0.0), d,
                                Decision(True, "hard", 0.8, {}), policy)
         spool.put(f"dev/cam/{seq}", req.SerializeToString(),
-                  Spooled(frame_record("cam", seq), policy.spec.merge, 3000, transport).to_meta())
+                  Spooled(frame_record("cam", seq), policy.spec.merge, 3000, "grpc").to_meta())
+
+
 
 
 def test_a_spool_a_newer_release_wrote_replays_after_a_downgrade(tmp_path, real_cloud):
