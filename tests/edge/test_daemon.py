@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -1402,6 +1403,17 @@ def test_healthz_says_stalled_while_an_inference_call_never_returns(tmp_path, ti
     assert any(m.startswith("frames are processed again after") for m in said), said
 
 
+def _read_pets(sock: socket.socket, stop: threading.Event, pets: list) -> None:
+    """Append the time of each ``WATCHDOG=1`` the daemon sends to ``sock`` until ``stop``."""
+    while not stop.is_set():
+        try:
+            msg = sock.recv(4096)
+        except socket.timeout:
+            continue
+        if b"WATCHDOG=1" in msg.split(b"\n"):
+            pets.append(time.monotonic())
+
+
 def test_the_watchdog_is_petted_between_the_frames_of_a_slow_stream_and_not_while_inference_hangs(
         tmp_path, tiny_model, monkeypatch):
     """systemd's watchdog was petted only when a frame had been done since the last pet while a
@@ -1443,16 +1455,7 @@ def test_the_watchdog_is_petted_between_the_frames_of_a_slow_stream_and_not_whil
     pets: list = []
     stop = threading.Event()
 
-    def read() -> None:
-        while not stop.is_set():
-            try:
-                msg = sock.recv(4096)
-            except socket.timeout:
-                continue
-            if b"WATCHDOG=1" in msg.split(b"\n"):
-                pets.append(time.monotonic())
-
-    reader = threading.Thread(target=read)
+    reader = threading.Thread(target=_read_pets, args=(sock, stop, pets))
     reader.start()
 
     def longest_gap(since: float, until: float) -> float:
@@ -1537,15 +1540,6 @@ def test_a_model_that_fails_every_batch_is_stalled_and_not_petted_whatever_the_b
     pets: list = []
     stop = threading.Event()
 
-    def read() -> None:
-        while not stop.is_set():
-            try:
-                msg = sock.recv(4096)
-            except socket.timeout:
-                continue
-            if b"WATCHDOG=1" in msg.split(b"\n"):
-                pets.append(time.monotonic())
-
     def healthz() -> tuple:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
@@ -1555,7 +1549,7 @@ def test_a_model_that_fails_every_batch_is_stalled_and_not_petted_whatever_the_b
             body = json.loads(e.read())
             return e.code, body["status"], body.get("stalled", "")
 
-    reader = threading.Thread(target=read)
+    reader = threading.Thread(target=_read_pets, args=(sock, stop, pets))
     reader.start()
 
     async def run():
