@@ -99,6 +99,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import (
+    AbstractSet,
     Any,
     Callable,
     Dict,
@@ -125,6 +126,8 @@ RESERVE_BYTES = 512 * 1024
 #: Items acknowledged per transaction: a delete writes about two pages per item to the
 #: WAL, so a chunk stays well inside the reserve.
 ACK_CHUNK = 16
+#: host parameters in one statement: SQLite before 3.32 (JetPack 5's 3.31) refuses more than 999
+MAX_SQL_VARIABLES = 500
 #: At most one log line about evictions at the byte cap per this many seconds.
 EVICT_LOG_INTERVAL_S = 15.0
 
@@ -842,15 +845,24 @@ class Spool:
 
     # --- reading ---------------------------------------------------------------
 
-    def peek(self, limit: int = 16, after_id: int = 0) -> List[SpoolItem]:
-        """Up to ``limit`` oldest items with an id above ``after_id``, in insertion order
-        (not removed)."""
+    def peek(self, limit: int = 16, after_id: int = 0, skip: AbstractSet[int] = frozenset()) -> List[SpoolItem]:
+        """Up to ``limit`` oldest items with an id above ``after_id`` and not in ``skip``, in
+        insertion order (not removed). Skipped items cost a read of their id only."""
         with self._lock, self._guarded("read failed"):
             self._expire_quietly(self._now())
-            rows = self._db.execute(
-                f"SELECT {ITEM_COLUMNS} FROM items WHERE id > ? ORDER BY id LIMIT ?",
-                (int(after_id), max(0, int(limit))),
-            ).fetchall()
+            limit, after_id = max(0, int(limit)), int(after_id)
+            if skip:
+                ids = [r[0] for r in self._db.execute("SELECT id FROM items WHERE id > ? ORDER BY id LIMIT ?",
+                                                      (after_id, limit + len(skip)))]
+                wanted = [i for i in ids if i not in skip][:limit]
+                rows = []
+                for start in range(0, len(wanted), MAX_SQL_VARIABLES):  # SQLite before 3.32 takes 999
+                    part = wanted[start:start + MAX_SQL_VARIABLES]
+                    rows += self._db.execute(f"SELECT {ITEM_COLUMNS} FROM items WHERE id IN "
+                                             f"({','.join('?' * len(part))}) ORDER BY id", part).fetchall()
+            else:
+                rows = self._db.execute(f"SELECT {ITEM_COLUMNS} FROM items WHERE id > ? ORDER BY id LIMIT ?",
+                                        (after_id, limit)).fetchall()
             torn = next((r for r in rows if not sound_item(r)), None)
             if torn is not None:  # (a replay that met it failed with a JSON error, at every round)
                 raise self._damage(f"item {torn[0]!r} reads as garbage, a page of it torn or damaged")
@@ -861,10 +873,14 @@ class Spool:
     def present(self, item_ids: Sequence[int]) -> Set[int]:
         """Which of ``item_ids`` are still in the spool (not evicted, expired or acknowledged
         since they were peeked)."""
+        ids = [int(i) for i in item_ids]
+        found: Set[int] = set()
         with self._lock, self._guarded("read failed"):
-            marks = ",".join("?" * len(item_ids))
-            rows = self._db.execute(f"SELECT id FROM items WHERE id IN ({marks})", [int(i) for i in item_ids])
-            return {int(r[0]) for r in rows}
+            for start in range(0, len(ids), MAX_SQL_VARIABLES):
+                part = ids[start:start + MAX_SQL_VARIABLES]
+                found.update(int(r[0]) for r in self._db.execute(
+                    f"SELECT id FROM items WHERE id IN ({','.join('?' * len(part))})", part))
+        return found
 
     def ack(self, item_id: int) -> bool:
         """Delete a delivered item; False when it was already gone (expired, evicted, acked)."""
