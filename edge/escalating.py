@@ -74,6 +74,7 @@ from edge.spool import (
     SpoolStats,
 )
 from edge.spool_salvage import SalvagePacing, continue_salvages, salvage_in_use
+from edge.stuckentries import StuckEntries
 from edge.transports import MAX_MODEL_NAME_CHARS, Transport, TransportError, printable
 from edgewise import status
 from edgewise.detections import Detections
@@ -178,6 +179,8 @@ class Escalating:
         self._unusable_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._refused_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._replay_failed_log = LogThrottle(LOG_INTERVAL_S, burst=1)
+        self._stuck = StuckEntries(replay_interval_s)  # which spooled entries a round steps over
+        self._stuck_log = LogThrottle(LOG_INTERVAL_S, burst=1)
         self._unwritten_log = LogThrottle(LOG_INTERVAL_S, burst=1)
         # Answers to replays whose records no durable sink took (a full disk), by idempotency key:
         # the entry stays spooled, and its next round writes this answer instead of asking the
@@ -452,10 +455,12 @@ class Escalating:
         finally:
             self.on_the_wire.discard(me)
         if failure is not None:
+            (self._stuck.unanswered if failure.spoolable else self._stuck.answered)()
             await self._fail(req, policy, record, failure)
             return
         rtt = time.monotonic() - t0
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
+        self._stuck.answered()
         self.replay_now.set()
         try:
             self._write_merged(record, dets, resp, policy.spec.merge, rtt, late=False)
@@ -702,7 +707,10 @@ class Escalating:
 
         Answers are written in spool order whatever order they arrive in. When an entry cannot
         be delivered, the entries sent beside it that were answered are written (their answer
-        is not thrown away) and the round stops: the rest waits, in order. Once the replay
+        is not thrown away) and the round stops: the rest waits, in order. Except for an entry
+        the cloud keeps failing while it answers others (``edge.stuckentries``): it is stepped
+        over, and tried again less and less often; when the cloud is not known to answer, a
+        round stopped by such an entry probes one entry behind it (``_probe``). Once the replay
         loop's stop is set no new entries are sent; a round cancelled at the end of the stop's
         grace writes the answers already in, like a blocked round.
 
@@ -716,16 +724,24 @@ class Escalating:
             return 0
         if self._unacked:
             await self._ack()
-        after = self._unacked[-1] if self._unacked else 0
-        try:
-            entries = await self._spool_call(spool.peek, self.replay_batch, after)  # expires what is too old
+        stuck = self._stuck
+        try:  # expires what is too old; reads past the stuck entries the round skips and the unacknowledged
+            peeked = await self._spool_call(spool.peek, self.replay_batch + stuck.resting_count(), 0,
+                                            frozenset(self._unacked))
         except SpoolError as exc:
             self._spool_failed(exc)
             return 0
-        if self._held and not after:  # the spool is first in, first out: what is before its head has left it
-            head = entries[0].id if entries else None
+        if self._held:  # the spool is first in, first out: an unsettled entry before its head has left it
+            head = peeked[0].id if peeked else None
             self._held = {k: v for k, v in self._held.items() if head is not None and v[0] >= head}
+        stuck.keep(e.id for e in peeked)
+        entries = [e for e in peeked if not stuck.resting(e.id)][:self.replay_batch]
+        resting = next((e for e in peeked if stuck.resting(e.id)), None)
+        if resting is not None:
+            self._stepped_over(resting)
         settled: List[int] = []
+        blocker: Optional[SpoolItem] = None  # the entry that stops the round
+        probing = False  # ... is stuck, and the cloud not known to answer: one entry behind it is probed
         step = max(1, self.replay_concurrency)
         try:
             for start in range(0, len(entries), step):
@@ -747,15 +763,21 @@ class Escalating:
                     settled.extend(e.id for e, t in zip(window, sent) if t.done() and not t.cancelled()
                                    and t.exception() is None and self._settle_replay(e, t.result()) is not None)
                     raise
-                blocked = False
                 for e, answer in zip(window, answers):
                     done = self._settle_replay(e, answer)
                     if done is None:  # the cloud is still unreachable, or a sink cannot take the record
                         await self._spool_call(spool.nack, e.id)
-                        blocked = True  # the rest waits, in order
+                        if answer is None and stuck.failed(e.id) and stuck.steps_over(e.id):
+                            self._stepped_over(e)  # the cloud answers others: the rest goes on
+                            continue
+                        if blocker is None:  # the rest waits, in order
+                            blocker, probing = e, answer is None and stuck.needs_probe(e.id)
                     else:
+                        stuck.settled(e.id)
                         settled.append(e.id)
-                if blocked:
+                if blocker is not None:
+                    if probing and not (self._stop is not None and self._stop.is_set()):
+                        await self._probe(entries[start + step:], settled)
                     break
         finally:  # also when cancelled at shutdown: what reached the sinks is acknowledged
             if settled:
@@ -766,6 +788,39 @@ class Escalating:
             if st is not None:
                 self._show_spool(st)
         return len(settled)
+
+    async def _probe(self, behind: List[SpoolItem], settled: List[int]) -> None:
+        """The round stopped at a stuck entry while the cloud is not known to answer: send the
+        entry ``behind`` it that the cloud failed least often (``StuckEntries.probe``). Its answer
+        says the cloud answers (the next round steps over the stuck one); its failure is counted
+        in memory only (no attempt written: this is what an outage costs each round)."""
+        assert self.spool is not None
+        stuck = self._stuck
+        target = stuck.probe([e.id for e in behind])
+        if target is None:
+            return
+        e = next(e for e in behind if e.id == target)
+        kept = await self._spool_call(self.spool.present, [e.id])
+        if e.id not in kept:
+            return
+        self.spool.sending = frozenset(self._unacked + settled + [e.id])
+        answer = await self._send_replay(e)
+        done = self._settle_replay(e, answer)
+        if done is None:
+            if answer is None:
+                stuck.probe_failed(e.id)
+            return
+        stuck.settled(e.id)
+        settled.append(e.id)
+
+    def _stepped_over(self, e: SpoolItem) -> None:
+        """Say (at most once per ``LOG_INTERVAL_S``) that the stuck entry ``e`` is stepped over."""
+        held = self._stuck_log.allow()
+        if held is not None:
+            log.warning("spooled %s failed %d replays in a row while the cloud answers others; stepped over, so "
+                        "the escalations behind it are replayed meanwhile (it is tried again, less and less often, "
+                        "until spool.max_age_s)%s", e.key, self._stuck.failures(e.id),
+                        f" ({held} more such lines held back)" if held else "")
 
     async def _ack(self) -> None:
         """Acknowledge the settled replays; on a write failure keep them for the next round
@@ -835,13 +890,15 @@ class Escalating:
             if exc.spoolable:
                 self.metrics.spool_events.labels("nack").inc()
                 log.debug("replay of %s failed (%s); retrying later", e.key, exc)
-                return None
+                return None  # the caller counts it (StuckEntries.failed): an entry stuck is no evidence
+            self._stuck.answered()
             return _Refused(spooled, f"cloud refused the replay: {exc}")  # a resend would fail the same way
         except Exception as exc:  # not the transport's kind of failure: it must not block the spool's head
             self._replay_failed(e, "sending", exc)
             return _Refused(spooled, f"INTERNAL: the replay failed: {printable(repr(exc))}")
         rtt = time.monotonic() - t0
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
+        self._stuck.answered()
         return _Answer(spooled, edge, resp, rtt)
 
     def _settle_replay(self, e: SpoolItem, answer: Union[None, bool, _Answer, _Refused]) -> Optional[bool]:

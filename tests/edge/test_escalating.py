@@ -20,6 +20,7 @@ from edge.payloads import Spooled, build_request, detections_json, note_payload,
 from edge.records import idempotency_key
 from edge.sources.base import Frame
 from edge.spool import RESERVE_BYTES, Spool
+from edge.stuckentries import ATTEMPTS
 from edge.transports import TransportError
 from edge.transports.grpc import GrpcTransport
 from edgewise.detections import Detections
@@ -295,6 +296,163 @@ def test_an_entry_its_replay_is_answering_is_not_evicted_as_lost(tmp_path, real_
     assert [item.key for item in spool.peek()] == ["dev/cam/10", "dev/cam/11"]
     assert spool.stats().dropped_bytes_cap == 2  # frames 1 and 2: lost, and only they
     spool.close()
+
+def test_entries_the_cloud_keeps_failing_do_not_hold_the_spool(tmp_path, real_cloud, caplog):
+    """Escalations spooled over MQTT head the spool, its broker still down after the operator
+    switched the policy to gRPC, whose cloud answers; no live traffic. Each round stopped at the
+    first, so the gRPC ones behind waited until the MQTT ones expired (spool.max_age_s, 24 h by
+    default); the same held for a whole 8K frame a CPU pool cannot answer in time (0 settled in
+    8 rounds, found by a probe). Now an entry failed ATTEMPTS times in a row stops a round while
+    the cloud is not known to answer, and that round probes one entry behind it: the cloud's
+    answer lets the next rounds step over the stuck ones."""
+    from edge.transports.mqtt import MqttConnection, MqttTransport
+
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(2), policy, transport="mqtt")
+    _spool_requests(spool, range(2, 5), policy)
+    written = []
+
+    async def run():
+        conn = MqttConnection("127.0.0.1", free_port(), client_id="edge-stuck")  # nothing listens
+        conn.start()
+        mqtt = MqttTransport(conn, "dev")
+        await mqtt.start()
+        grpc_t = GrpcTransport([real_cloud.address])
+        esc = Escalating("dev", {"grpc": grpc_t, "mqtt": mqtt}, written.append, EdgeMetrics(), spool=spool)
+        settled = [await esc.replay_once() for _ in range(10)]
+        await esc.close()
+        await grpc_t.close()
+        await mqtt.close()
+        return settled
+
+    with caplog.at_level(logging.WARNING, logger="edge.escalating"):
+        settled = asyncio.run(run())
+    assert sum(settled) == 3 and settled[:ATTEMPTS - 1] == [0] * (ATTEMPTS - 1), settled
+    assert sorted((r.frame_seq, r.outcome, r.late) for r in written) == [(i, "cloud", True) for i in range(2, 5)]
+    assert [item.key for item in spool.peek()] == ["dev/cam/0", "dev/cam/1"]  # kept, in order
+    said = [r.getMessage() for r in caplog.records if "stepped over" in r.getMessage()]
+    assert len(said) == 1 and "spooled dev/cam/0 failed" in said[0], said  # once per LOG_INTERVAL_S
+    spool.close()
+
+
+def test_live_answers_let_rounds_step_over_a_stuck_entry_without_sending_it_each_time(tmp_path, real_cloud):
+    """A camera keeps escalating live over gRPC, answered by the real cloud, while an entry
+    spooled over MQTT (its broker down) heads the spool: once stuck it is stepped over, and
+    between its tries it rests (not sent at each of the rounds every live answer kicks)."""
+    from edge.transports.mqtt import MqttConnection, MqttTransport
+
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(1), policy, transport="mqtt")
+    written = []
+    d = dets([[10, 10, 30, 30]], [0.4])
+
+    async def run():
+        conn = MqttConnection("127.0.0.1", free_port(), client_id="edge-stuck-live")  # nothing listens
+        conn.start()
+        mqtt = _Counting(MqttTransport(conn, "dev"))
+        await mqtt.inner.start()
+        asked = []
+        mqtt_detect = mqtt.detect
+
+        async def counted(req, timeout_s):
+            asked.append(req.frame_seq)
+            return await mqtt_detect(req, timeout_s)
+
+        mqtt.detect = counted
+        grpc_t = GrpcTransport([real_cloud.address])
+        esc = Escalating("dev", {"grpc": grpc_t, "mqtt": mqtt}, written.append, EdgeMetrics(), spool=spool,
+                         replay_interval_s=60.0)
+        settled = 0
+        for seq in range(1, 13):
+            esc.submit(Frame("cam", seq, np.full((48, 64, 3), 40 + seq, np.uint8), 0, 0.0), d,
+                       Decision(True, "hard", 0.8, {}), policy, frame_record("cam", seq))
+            await async_wait_until(lambda: len(written) >= seq, 30, "the live record")
+            if seq == 6:  # a gRPC escalation spooled behind the stuck one (the cloud answered it late)
+                _spool_requests(spool, [100], policy)
+            settled += await esc.replay_once()
+        await esc.drain(0.1)
+        await esc.close()
+        await grpc_t.close()
+        await mqtt.close()
+        return settled, asked
+
+    settled, asked = asyncio.run(run())
+    assert settled == 1 and any(r.frame_seq == 100 and r.late and r.outcome == "cloud" for r in written)
+    assert asked == [0] * ATTEMPTS, asked  # stuck after ATTEMPTS, then resting 60 s: not sent again
+    assert [item.key for item in spool.peek()] == ["dev/cam/0"]
+    spool.close()
+
+
+def test_entries_left_before_one_settled_out_of_order_are_sent_while_acks_fail(tmp_path, monkeypatch):
+    """Pure (a scripted transport): the head fails until it is stuck, the probe behind it is
+    answered, and its acknowledgement fails (a full disk). The next rounds must still send the
+    head and the rest; they read past the unacknowledged entry rather than from it on (which
+    hid the head until the disk had room again)."""
+    from edge.spool import SpoolError
+
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(5), policy)
+    written = []
+
+    def full(ids):
+        raise SpoolError("its filesystem is full")
+
+    monkeypatch.setattr(spool, "ack_many", full)
+
+    async def run():
+        t = _Counting(None, fail={0})
+        esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), spool=spool)
+        for _ in range(ATTEMPTS):
+            await esc.replay_once()
+        t.fail.clear()  # the head can be answered now
+        for _ in range(3):
+            await esc.replay_once()
+        await esc.close()
+
+    asyncio.run(run())
+    assert sorted(r.frame_seq for r in written if r.late) == [0, 1, 2, 3, 4]  # each once
+    assert len(spool) == 5  # none acknowledged: they wait for room, not sent again
+    spool.close()
+
+
+def test_an_outage_costs_a_round_one_written_attempt_and_at_most_one_probe(tmp_path):
+    """The other side: during an outage every entry fails and nothing is stepped over. A round
+    sends its head (and, once the head is stuck, one probe) and writes one attempt, the head's:
+    an earlier rule that stepped over a head failed 3 times sent and wrote up to
+    spool.replay_batch entries a round, and grew the WAL into a full disk's reserve."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(20), policy)
+    down, asked = _Counting(None, fail=range(20)), []
+    fail = down.detect
+
+    async def counted(req, timeout_s):
+        asked.append(req.frame_seq)
+        return await fail(req, timeout_s)
+
+    down.detect = counted
+    rounds = 30
+
+    async def run():
+        esc = Escalating("dev", {"grpc": down}, lambda rec: True, EdgeMetrics(), spool=spool)
+        sent = []
+        for _ in range(rounds):
+            before = len(asked)
+            assert await esc.replay_once() == 0
+            sent.append(len(asked) - before)
+        await esc.close()
+        return sent
+
+    sent = asyncio.run(run())
+    assert sent == [1] * (ATTEMPTS - 1) + [2] * (rounds - ATTEMPTS + 1), sent
+    assert asked[::2][:ATTEMPTS] == [0] * ATTEMPTS  # the head, in every round
+    attempts = {item.key: item.attempts for item in spool.peek(100)}
+    assert attempts == {"dev/cam/0": rounds, **{f"dev/cam/{i}": 0 for i in range(1, 20)}}
+    spool.close()
+
 
 async def _escalating_on_a_loop() -> Escalating:
     return Escalating("dev", {}, lambda rec: None, EdgeMetrics())
@@ -645,13 +803,13 @@ class _Counting:
             await self.inner.close()
 
 
-def _spool_requests(spool, seqs, policy):
+def _spool_requests(spool, seqs, policy, transport="grpc"):
     d = dets([[10, 10, 30, 30]], [0.4])
     for seq in seqs:
         req, _ = build_request("dev", Frame("cam", seq, np.full((48, 64, 3), 30 + seq, np.uint8), 0, 0.0), d,
                                Decision(True, "hard", 0.8, {}), policy)
         spool.put(f"dev/cam/{seq}", req.SerializeToString(),
-                  Spooled(frame_record("cam", seq), policy.spec.merge, 3000, "grpc").to_meta())
+                  Spooled(frame_record("cam", seq), policy.spec.merge, 3000, transport).to_meta())
 
 
 
