@@ -600,10 +600,11 @@ class Gateway:
         grace = self.settings.shutdown_grace_s if grace is None else grace
         self.serving = False
         await self.health.enter_graceful_shutdown()
-        if self.bridge is not None:
-            await self.bridge.stop(grace)
-        if self._server is not None:
-            await self._server.stop(grace)
+        # together, one grace for both: one after the other took two (past the pod's
+        # terminationGracePeriodSeconds for a grace over 15 s), and the gRPC server took new
+        # calls while the bridge drained
+        draining = [s.stop(grace) for s in (self.bridge, self._server) if s is not None]
+        await asyncio.gather(*draining)
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
