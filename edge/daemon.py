@@ -788,6 +788,7 @@ class EdgeDaemon:
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.instance_lock.release()  # last: the state folder is this daemon's until here
+        hangup.ignore_from_now(asyncio.get_running_loop())  # nothing left to reload (edgewise.hangup)
 
 
 def run_daemon(settings: EdgeSettings) -> int:

@@ -9,7 +9,10 @@ The command dispatcher calls :func:`hold` first thing: a SIGHUP is then noted, n
 Once the command is known, a command that does not reload on SIGHUP gets its previous
 disposition back (:func:`release`), and a SIGHUP noted meanwhile acts as it would have (the
 default ends the process, as a closed terminal should). A daemon keeps the note until its
-loop's own handler is in place, then asks :func:`take` and reloads once if one came.
+loop's own handler is in place, then asks :func:`take` and reloads once if one came. When it is
+done (its stop over, the process about to exit) it calls :func:`ignore_from_now`: its loop's
+close would give SIGHUP back its default, and one in the exit's last moments ended a clean stop
+killed by SIGHUP.
 """
 
 from __future__ import annotations
@@ -69,4 +72,16 @@ def release(deliver: bool = True) -> None:
         os.kill(os.getpid(), signal.SIGHUP)
 
 
-__all__ = ["hold", "release", "take"]
+def ignore_from_now(loop: Any) -> None:
+    """A daemon whose stop is over: SIGHUP is ignored until the process ends. ``loop``'s handler
+    goes (its close would put SIGHUP's default back), so a SIGHUP in the exit's last moments
+    (the loop's executor and the interpreter's shutdown: threads joined, the model runtime and
+    gRPC torn down) no longer ends a clean stop killed by SIGHUP, which systemd and Kubernetes
+    report as a failure (a reload script, ``kill -HUP``, came as the daemon stopped). There is
+    nothing left to reload. A no-op where ``loop`` has no SIGHUP handler (not the main thread)."""
+    sig = getattr(signal, "SIGHUP", None)
+    if sig is not None and loop.remove_signal_handler(sig):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+__all__ = ["hold", "ignore_from_now", "release", "take"]

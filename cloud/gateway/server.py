@@ -766,3 +766,4 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
     await stop.wait()
     log.info("shutting down: draining for up to %.1f s", settings.shutdown_grace_s)
     await gw.stop()
+    hangup.ignore_from_now(loop)  # nothing left to reload (edgewise.hangup)

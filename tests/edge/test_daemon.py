@@ -1575,3 +1575,23 @@ def test_a_model_that_fails_every_batch_is_stalled_and_not_petted_whatever_the_b
     assert held > 2.0, f"petted while every batch failed (longest gap {held:.2f} s)"
     assert seen[:2] == (503, "stalled"), seen
     assert "failed" in seen[2] and "has not returned" not in seen[2], seen
+
+
+def test_sighups_while_the_daemon_stops_never_end_it_killed_by_the_signal(tmp_path, tiny_model):
+    """SIGTERM, then a SIGHUP every 2 ms (a script reloading the policy as the unit stops) until
+    the process is gone: it exits 0. The loop's close gave SIGHUP back its default, and one in
+    the exit's last moments ended the finished stop killed by SIGHUP, a failure to systemd."""
+    proc, log = _start_daemon(tmp_path, tiny_model)
+    try:
+        _wait_for(proc, log, " running: ")
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(0.002)
+        assert proc.wait(5) == 0, log.read_text()
+        assert "edge daemon stopped after" in log.read_text()
+        assert "Traceback" not in log.read_text()  # (nor one from a SIGHUP as the loop closed)
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -26,6 +26,8 @@ from edgewise.v1 import service_pb2_grpc
 from tests.cloud.gateway.test_hop_faults import HungWorker
 from tests.cloud.gateway.test_mqtt_bridge import Edge
 from tests.cloud.gateway.workers import request
+from tests.conftest import free_port
+from tests.processes import DEFAULT_HUP
 from tests.waiting import wait_until
 
 GRACE_S = 4.0
@@ -87,3 +89,41 @@ def test_a_sigterm_drains_both_transports_within_one_shutdown_grace(mosquitto, t
         asyncio.run_coroutine_threadsafe(worker.stop(0), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def test_sighups_while_the_gateway_stops_never_end_it_killed_by_the_signal(tmp_path: Path) -> None:
+    """SIGTERM, then a SIGHUP every 2 ms (a config reloader as the pod stops) until the process
+    is gone: it exits 0, not killed by SIGHUP (Kubernetes: exit 129, an error) once the loop's
+    close gave SIGHUP back its default."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"listen": "127.0.0.1:0", "metrics_host": "127.0.0.1", "metrics_port": 0,
+                                      "discovery": {"kind": "static", "static": [f"127.0.0.1:{free_port()}=1"]}}))
+    log = tmp_path / "gateway.log"
+    with open(log, "wb") as err:  # (started as a service manager starts it: SIGHUP at its default)
+        proc = subprocess.Popen([*DEFAULT_HUP, *cli_command("cloud", "gateway", "--config", str(config))],
+                                stdout=subprocess.PIPE, stderr=err, cwd=ROOT,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT)), text=True)
+    try:
+        assert proc.stdout is not None
+        assert "EDGEWISE_GATEWAY_LISTENING" in proc.stdout.readline(), log.read_text()
+        wait_until(lambda: _catches(proc.pid, signal.SIGTERM), 10, "the gateway's SIGTERM handler")
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(0.002)
+        assert proc.wait(5) == 0, log.read_text()
+        assert "Traceback" not in log.read_text()  # (nor one from a SIGHUP as the loop closed)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for ``sig`` (its SigCgt mask in Linux /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (sig - 1)))
