@@ -11,7 +11,10 @@ KeyboardInterrupt): its clean-up runs (temporary files, the marker of an incompl
 its one-line message) and it exits 143, as Ctrl-C's 130. A command that sets
 ``own_sigterm=True`` (or ``reloads_on_sighup``) is left SIGTERM as it finds it: a service
 that drains and exits 0 on its own handler, or a TensorRT engine build, whose minutes in one
-C call a Python handler would wait out (systemd's stop timeout, then SIGKILL).
+C call a Python handler would wait out (systemd's stop timeout, then SIGKILL). Except as
+PID 1 (a container without an init), where SIGTERM's default is to be ignored: there every
+command has :class:`Terminated` from the first moment, until a service's loop puts its own
+handler in place (``_catch_sigterm_as_init``).
 The table below names those modules as strings: the runtime core never imports
 ``edge``, ``cloud`` or ``edgewise_tools`` (a layering test checks it); the
 dispatcher imports each module when the parser is built and skips one that is
@@ -138,6 +141,7 @@ def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the process exit status."""
+    _catch_sigterm_as_init()  # first: until then a container's stop is lost (no init: we are PID 1)
     hangup.hold()  # before the command modules load: a daemon's reload must not kill its start
     _escape_what_stdout_cannot_encode()
     reloads = False
@@ -244,6 +248,18 @@ class Terminated(KeyboardInterrupt):
 def _terminate(_signum: int, _frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
     raise Terminated
+
+
+def _catch_sigterm_as_init() -> None:
+    """As PID 1 (a container without an init: the image's ENTRYPOINT is ``edgewise``, and the
+    Jetson image execs it), SIGTERM is :class:`Terminated` from the first moment, for every
+    command. The kernel ignores a signal whose disposition is the default in its PID
+    namespace's init, so a ``docker stop`` or a pod's termination while a service started
+    (imports, a worker's model load: before its loop's own handler) was lost: the worker went
+    on to serve until SIGKILL at terminationGracePeriodSeconds, its calls cut undrained.
+    Elsewhere SIGTERM's default ends a starting service at once, and is left to it."""
+    if os.getpid() == 1 and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
