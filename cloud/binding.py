@@ -5,14 +5,20 @@ use or not on this host, older versions return port 0, and asyncio and ``http.se
 raise ``OSError`` or ``socket.gaierror``: each becomes a :class:`ConfigError` that says
 which setting holds the address and what to do, so ``edgewise cloud gateway`` and
 ``edgewise cloud worker`` exit with one line instead of a traceback.
+
+Also what both daemons' gRPC servers share: their options (``server_options``), requests
+parsed by the handlers themselves (``parsed``), and the standard health service
+(``HealthServicer``, served by ``add_health``).
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from grpc_health.v1.health import aio as health_aio
 
 from edgewise.errors import ConfigError
 from edgewise.wire import MIN_PING_INTERVAL_S
@@ -127,8 +133,37 @@ def parsed(message: Any, what: str) -> Callable[[bytes, grpc.aio.ServicerContext
     return parse
 
 
+class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
+    """grpc_health's asyncio health servicer, whose ``Watch`` calls leave one another notified.
+
+    Upstream, the ``Watch`` calls of one service wait on one shared condition, which each of them
+    deletes when it ends (grpc/grpc#43403): once any watcher left (a client cancelled, a
+    connection dropped), the others waited on a condition nobody notified again, and the
+    NOT_SERVING of a SIGTERM's drain, which tells balancers to stop sending, reached none of
+    them (found by a probe: their streams just ended with the grace period, and meanwhile they
+    sent calls the draining server refused). Here the watchers of each service are counted and
+    the condition goes with the last of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._watching: collections.Counter[str] = collections.Counter()
+
+    async def Watch(self, request: Any, context: Any) -> None:
+        service = request.service
+        condition = self._server_watchers[service]  # the one upstream's Watch waits on (created if new)
+        self._watching[service] += 1
+        try:
+            await super().Watch(request, context)
+        finally:  # right after upstream's, which deleted the condition: no other task ran in between
+            self._watching[service] -= 1
+            if self._watching[service]:
+                self._server_watchers[service] = condition  # the others still wait on it
+            else:
+                del self._watching[service]
+
+
 def add_health(servicer: Any, server: grpc.aio.Server) -> None:
-    """The gRPC health service (``grpc_health``'s servicer) on ``server``, its requests
+    """The gRPC health service (a :class:`HealthServicer`) on ``server``, its requests
     ``parsed`` here."""
     from grpc_health.v1 import health_pb2
 

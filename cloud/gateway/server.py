@@ -40,10 +40,9 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2
-from grpc_health.v1._async import HealthServicer
 from prometheus_client import Gauge
 
-from cloud.binding import add_health, grpc_port, server_options, socket_port_async
+from cloud.binding import HealthServicer, add_health, grpc_port, server_options, socket_port_async
 from cloud.discovery.base import Discovery, Endpoint, EndpointState
 from cloud.gateway.admission import (
     Caller,

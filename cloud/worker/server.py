@@ -37,9 +37,15 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
-from grpc_health.v1.health import aio as health_aio
 
-from cloud.binding import add_health, grpc_port, parsed, server_options, socket_port_async
+from cloud.binding import (
+    HealthServicer,
+    add_health,
+    grpc_port,
+    parsed,
+    server_options,
+    socket_port_async,
+)
 from cloud.worker.batching import (
     BUSY_MARK,
     EXPIRED_MARK,
@@ -104,7 +110,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
     runner: ModelRunner
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     clock: Clock = time.monotonic
-    health: health_aio.HealthServicer = field(default_factory=health_aio.HealthServicer)
+    health: HealthServicer = field(default_factory=HealthServicer)
 
     def __post_init__(self) -> None:
         policy = self.settings.batching.policy()

@@ -151,3 +151,58 @@ def test_a_health_request_that_does_not_parse_is_invalid_argument_not_a_logged_t
     with caplog.at_level(logging.INFO):
         asyncio.run(main())
     assert not errors(caplog.records), caplog.text
+
+
+
+async def _told_while_one_watcher_leaves(address: str, stop) -> list[int]:  # type: ignore[no-untyped-def]
+    """Two clients Watch the server's health; one leaves (cancels its Watch), then ``stop()``
+    drains the server. What the other one was told, in order, until its stream ended."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection each
+    async with grpc.aio.insecure_channel(address, options=own) as a, \
+            grpc.aio.insecure_channel(address, options=own) as b:
+        staying = health_pb2_grpc.HealthStub(a).Watch(health_pb2.HealthCheckRequest())
+        leaving = health_pb2_grpc.HealthStub(b).Watch(health_pb2.HealthCheckRequest())
+        told = [(await staying.read()).status]
+        assert (await leaving.read()).status == health_pb2.HealthCheckResponse.SERVING
+        leaving.cancel()
+        await asyncio.sleep(0.3)  # the server has seen it leave
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.ensure_future(stop())
+        t0 = loop.time()
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            while (answer := await staying.read()) is not grpc.aio.EOF:
+                told.append(answer.status)
+                if answer.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                    assert loop.time() - t0 < 1.0, "NOT_SERVING came only at the end of the drain"
+                    staying.cancel()
+        await stopping
+        return told
+
+
+def test_a_watcher_that_leaves_leaves_the_others_told_of_a_drain(tiny_model):
+    """grpc_health's asyncio servicer shares one condition among the Watch calls of a service
+    and deletes it when any of them ends (grpc/grpc#43403): the watchers still there waited on
+    a condition nobody notified again, so a SIGTERM's NOT_SERVING, which tells balancers to stop
+    sending, reached none of them: their streams just ended when the drain's grace period was
+    over, and meanwhile they sent calls the draining server refused. Found by a probe: two
+    watchers, one leaves, the gateway drains. The gateway and the workers share the servicer
+    (``cloud.binding.HealthServicer``)."""
+    from grpc_health.v1 import health_pb2
+
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+    async def gateway() -> list[int]:
+        gw = Gateway(settings_for([], **{"discovery.static": ["127.0.0.1:9"]}))
+        await gw.start()
+        return await _told_while_one_watcher_leaves(f"127.0.0.1:{gw.port}", lambda: gw.stop(2))
+
+    async def worker() -> list[int]:
+        server, port = create_server(make_settings(tiny_model))
+        await server.start()
+        return await _told_while_one_watcher_leaves(f"127.0.0.1:{port}", lambda: server.stop(2))
+
+    assert asyncio.run(gateway()) == [serving, not_serving]
+    assert asyncio.run(worker()) == [serving, not_serving]
