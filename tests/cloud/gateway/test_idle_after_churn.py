@@ -6,7 +6,8 @@ A slot taken at a request's start and not given back on one rare exit path shrin
 gateway's capacity a little each time, until it refuses everything (``all workers are
 saturated``, a device's ``limits.max_calls_per_device`` spent) weeks later. So after the churn:
 the balancer's in-flight count, work and per-priority levels of every worker are 0, no device
-holds a call slot or a DetectStream, ``edgewise_gateway_stream_pending`` and
+holds a call slot or a DetectStream, the health service counts no watcher
+(``cloud.binding.HealthServicer``), ``edgewise_gateway_stream_pending`` and
 ``edgewise_gateway_worker_in_flight`` read 0 on ``/metrics``, the MQTT bridge holds no request
 and waits for no PUBACK, and a full ``limits.max_calls_per_device`` of new calls is served.
 """
@@ -17,6 +18,7 @@ import asyncio
 import random
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgewise.v1 import service_pb2_grpc
 from tests.cloud.gateway.test_gateway import http_get, run, started
@@ -38,10 +40,11 @@ def _held(gw) -> dict:
     return {"balancer": {a: (ep.in_flight, ep.work, dict(ep.levels)) for a, ep in b.endpoints.items()
                          if ep.in_flight or ep.work or ep.levels},
             "call slots": dict(gw.interceptor.slots.open), "streams": dict(gw.streams_of),
-            "stream_pending": gw.metrics.stream_pending._value.get()}
+            "stream_pending": gw.metrics.stream_pending._value.get(),
+            "health watchers": (dict(gw.health._watching), len(gw.health._server_watchers))}
 
 
-IDLE = {"balancer": {}, "call slots": {}, "streams": {}, "stream_pending": 0.0}
+IDLE = {"balancer": {}, "call slots": {}, "streams": {}, "stream_pending": 0.0, "health watchers": ({}, 0)}
 
 
 async def _settles(now, idle: dict, what: str, timeout: float = 10.0) -> None:
@@ -98,8 +101,19 @@ def test_grpc_calls_ended_every_way_leave_nothing_held():
                     except (grpc.aio.AioRpcError, asyncio.CancelledError, asyncio.InvalidStateError):
                         pass
 
+                async def watch(i: int) -> None:  # a health Watch the client leaves
+                    call = health_pb2_grpc.HealthStub(ch).Watch(
+                        health_pb2.HealthCheckRequest(service=rng.choice(["", "edgewise.v1.Escalation"])),
+                        metadata=_md(rng.choice(list(TOKENS))), timeout=rng.choice([0.2, 3.0]))
+                    try:
+                        await call.read()
+                        await asyncio.sleep(rng.random() * 0.3)
+                        call.cancel()
+                    except (grpc.aio.AioRpcError, asyncio.CancelledError):
+                        pass
+
                 for _ in range(3):  # more calls at once than a device may hold: some refused over the cap
-                    calls = [detect(i) for i in range(60)] + [stream(i) for i in range(15)]
+                    calls = [detect(i) for i in range(60)] + [stream(i) for i in range(15)] + [watch(i) for i in range(8)]
                     rng.shuffle(calls)
                     await asyncio.gather(*calls)
                 await _settles(lambda: _held(gw), IDLE, "the gateway's bookkeeping back at idle")
