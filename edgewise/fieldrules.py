@@ -4,7 +4,8 @@ One place for the rules both loaders (:mod:`edgewise.policy.loading`,
 :mod:`edgewise.settings`) apply to a single value and the words their errors use:
 a range with open or closed ends (``an integer in [1, 65535]``, ``a number > 0``),
 choices (``grpc | mqtt``), how a bad value is quoted, and the did-you-mean
-suggestion (difflib). Dependency-free so both can use it without importing each
+suggestion (difflib); and the form a class name is matched in (Unicode NFC), for the
+model loader and the policy's ``spec.classes`` keys. Dependency-free so both can use it without importing each
 other.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import unicodedata
 from typing import Any, Collection, Optional, Sequence
 
 #: What each scalar kind is called in "allowed:" texts.
@@ -78,6 +80,21 @@ def suggest(key: str, options: Sequence[str]) -> str:
     """`` (did you mean 'x'?)`` for the :func:`closest` option, else ``""``."""
     hit = closest(key, options)
     return f" (did you mean {hit!r}?)" if hit else ""
+
+
+#: the longest class name accepted (COCO's longest is 14 characters)
+MAX_NAME_CHARS = 256
+
+
+def class_name_form(name: str) -> str:
+    """The one form a class name is matched in: Unicode normal form C. A name taken from a
+    macOS file name is decomposed (NFD) and differed from the same name typed elsewhere (NFC),
+    though both look alike; the model loader (:mod:`edgewise.runtime.metadata`) and the policy
+    loader (``spec.classes`` keys) both take names through here, so an edge model, a cloud model
+    and a policy agree on a name whichever form each was written in. A name over 4 times
+    :data:`MAX_NAME_CHARS` is returned as it is (it is refused for its length anyway, and
+    normalising megabytes is slow)."""
+    return unicodedata.normalize("NFC", name) if len(name) <= 4 * MAX_NAME_CHARS else name
 
 
 #: ``kind`` of an escalation policy file (:mod:`edgewise.policy.schema`).

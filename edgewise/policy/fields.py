@@ -35,6 +35,8 @@ class FieldSpec:
     null_means: str = ""
     cls: Any = None
     keys: Tuple[str, ...] = ()
+    #: for a ``map``: the form its keys are matched in (class names: :func:`~edgewise.fieldrules.class_name_form`)
+    key_form: Optional[Callable[[str], str]] = None
 
     def allowed(self) -> str:
         """Human-readable allowed values: choices, range, or type."""

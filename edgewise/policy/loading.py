@@ -78,9 +78,17 @@ def _value(spec: FieldSpec, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
     if spec.kind == "map":
         items = _mapping_items(node, path, ctx)
         out: Dict[str, Any] = {}
+        lines: Dict[str, int] = {}
         for name, (knode, vnode) in items.items():
             if not name.strip():
                 raise ctx.fail(knode, path, "empty name", "a non-empty name")
+            if spec.key_form is not None:
+                name = spec.key_form(name)  # class names in NFC, as the model loader takes them
+                if name in lines:
+                    raise ctx.fail(knode, _join(path, name),
+                                   f"the same name as on line {lines[name]}, written in another Unicode form "
+                                   "(one decomposed, NFD, as macOS file names give)", "each name once per mapping")
+                lines[name] = knode.start_mark.line + 1
             out[name] = _build(spec.cls, vnode, f"{path}.{name}", ctx)
         return out
     if spec.kind == "weights":

@@ -18,7 +18,7 @@ import numpy as np
 from edgewise.carrying import SCOPES as CARRY_SCOPES
 from edgewise.carrying import CarryConfig
 from edgewise.detections import Detections
-from edgewise.fieldrules import POLICY_KIND
+from edgewise.fieldrules import POLICY_KIND, class_name_form
 from edgewise.hardness.carrystate import CARRY_MOTION
 from edgewise.hardness.learned import GainModel
 from edgewise.hardness.motion import MOTION_SIGNALS, MotionConfig
@@ -415,7 +415,8 @@ class Spec:
     )
     signals: Signals = opt("signals", "section", "Signals, weights and their parameters.", Signals(), cls=Signals)
     classes: Mapping[str, ClassOverride] = opt(
-        "classes", "map", "Per-class overrides keyed by class name.", factory=dict, cls=ClassOverride,
+        "classes", "map", "Per-class overrides keyed by class name (taken in Unicode NFC, as the model's names are).",
+        factory=dict, cls=ClassOverride, key_form=class_name_form,
     )
     streams: Mapping[str, StreamOverride] = opt(
         "streams", "map", "Per-stream overrides keyed by stream id.", factory=dict, cls=StreamOverride,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import ModelError
+from edgewise.fieldrules import MAX_NAME_CHARS, class_name_form
 from edgewise.runtime.onnxproto import EXTERNAL, FLOAT, FLOAT16, INTEGER_TYPES, parse_model
 from edgewise.yamlnodes import UNQUOTED_BOOLEAN
 
@@ -184,8 +185,6 @@ def parse_names(value: Any, where: str, fix: str = FIX_MODEL_NAMES) -> Tuple[str
     return names
 
 
-#: the longest class name accepted (COCO's longest is 14 characters)
-MAX_NAME_CHARS = 256
 #: Unicode categories no class name may hold: control characters, line and paragraph separators,
 #: lone surrogates (a non-breaking space or a zero-width joiner is fine: real names use them)
 _NOT_IN_NAMES = frozenset({"Cc", "Zl", "Zp", "Cs"})
@@ -203,9 +202,7 @@ def _class_name(value: Any, i: int, where: str) -> str:
         raise ModelError(f"{where}: class name {i} is a {type(value).__name__}{shown}, not text{hint}")
     # one form of each name: an edge and a cloud model (and the policy that names a class) must
     # agree on a name that looks the same, whichever Unicode form each was written in
-    name = str(value)
-    if len(name) <= 4 * MAX_NAME_CHARS:  # (a longer one is refused below, whatever its form)
-        name = unicodedata.normalize("NFC", name)
+    name = class_name_form(str(value))
     if not name.strip() or len(name) > MAX_NAME_CHARS or any(unicodedata.category(c) in _NOT_IN_NAMES for c in name):
         raise ModelError(f"{where}: class name {i} {name[:40]!r} must be 1..{MAX_NAME_CHARS} characters, not blank, "
                          "without control characters or line breaks")

@@ -290,3 +290,27 @@ def test_a_settings_file_given_as_the_policy_is_named_as_not_one():
         parse_policy("device_id: cam-1\nmodel: {path: m.onnx}\n", "edge.yaml")
     with pytest.raises(ConfigError, match=r"^p.yaml:3: specs: unknown key \(did you mean 'spec'\?\); allowed: "):
         parse_policy("apiVersion: edgewise/v1\nkind: EscalationPolicy\nspecs: {}\n", "p.yaml")  # a policy's typo
+
+
+def test_a_class_key_written_decomposed_is_the_models_class(tmp_path):
+    """A policy written on macOS (its class key decomposed, NFD: 'a' + U+0308) named 'Fußgänger'
+    as the model does (NFC), alike to the eye; the daemon warned "spec.classes Fußgänger are not
+    classes of <model>" and the class's threshold never applied (found by a probe). Policy keys
+    are taken in the form the model loader takes names in."""
+    import unicodedata
+
+    from edgewise.runtime.metadata import load_model_info
+    from tests.edgewise.runtime.graphs import fake_yolo, names_meta
+
+    nfd, nfc = unicodedata.normalize("NFD", "Fußgänger"), unicodedata.normalize("NFC", "Fußgänger")
+    assert nfd != nfc
+    model = tmp_path / "m.onnx"
+    info = load_model_info(fake_yolo(model, nc=2, metadata=names_meta([nfc, "Auto"])))
+    p = parse_policy(HEAD + f"  threshold: 0.5\n  classes: {{{nfd}: {{threshold: 0.2}}}}\n", "p.yaml")
+    assert p.fit_warnings(info.names, str(model), ["s"]) == []
+    assert p.threshold_for("s", (nfc,)) == (0.2, f"class {nfc}")
+    # the two forms of one name in one file: one class twice, refused as a duplicate key is
+    with pytest.raises(ConfigError, match=rf"^p.yaml:7: spec.classes.{nfc}: the same name as on line 6, written in "
+                                          r"another Unicode form \(one decomposed, NFD, as macOS file names give\); "
+                                          r"allowed: each name once per mapping$"):
+        parse_policy(HEAD + f"  classes:\n    {nfc}: {{threshold: 0.2}}\n    {nfd}: {{threshold: 0.3}}\n", "p.yaml")
