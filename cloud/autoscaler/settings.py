@@ -27,6 +27,13 @@ from edgewise.errors import ConfigError
 from edgewise.settings import Flag, Invalid, Schema, setting
 
 HTTP = ("http://", "https://")
+#: the most workers, the largest target ratios and queue-wait target the settings take: the
+#: Helm chart's bounds (charts/edgewise/values.schema.json, autoscaling.*; tests/charts hold
+#: them equal). Unbounded, `--max 99999999999999` was taken and every patch of the scale was
+#: refused by the API server (replicas is an int32), and `--target-load 1e300` scaled nothing
+MAX_REPLICAS = 10000
+MAX_TARGET_RATIO = 10.0
+MAX_QUEUE_WAIT_SLO_MS = 600000.0
 
 
 @dataclass
@@ -66,14 +73,17 @@ class AutoscalerSettings:
     target_load: float | None = setting(
         "Target requests/s offered to the gateways / sum of the ready workers' peak capacity (images/s at "
         f"their best batch size). {DEFAULT_TARGET_LOAD} when no target is set (bench/fleet.py's tuned value).",
-        None, lo=0, lo_open=True)
+        None, lo=0, lo_open=True, hi=MAX_TARGET_RATIO)
     target_utilization: float | None = setting("Target sum of in-flight / sum of capacity of the pool "
-                                               "(seconds of queued work per worker).", None, lo=0, lo_open=True)
+                                               "(seconds of queued work per worker).", None, lo=0, lo_open=True,
+                                               hi=MAX_TARGET_RATIO)
     queue_wait_slo_ms: float | None = setting("Target p90 queue wait in ms. With both targets the larger "
-                                              "recommendation wins.", None, lo=0, lo_open=True)
+                                              "recommendation wins.", None, lo=0, lo_open=True,
+                                              hi=MAX_QUEUE_WAIT_SLO_MS)
     #: >= 1 because GPU cold starts take minutes (docs/design/autoscaling.md#cold-starts)
-    min_replicas: int = setting("Never fewer workers (>= 1: GPU cold starts take minutes).", 1, lo=1)
-    max_replicas: int = setting("Never more workers (at least `min_replicas`).", 10, lo=1)
+    min_replicas: int = setting("Never fewer workers (>= 1: GPU cold starts take minutes).", 1, lo=1,
+                                hi=MAX_REPLICAS)
+    max_replicas: int = setting("Never more workers (at least `min_replicas`).", 10, lo=1, hi=MAX_REPLICAS)
     interval_s: float = setting("Seconds between decisions (HPA's sync period; 0.1 s to 1 h).", 15.0, lo=0.1, hi=3600)
     tolerance: float = setting("No change while |metric/target - 1| <= tolerance (HPA default 0.1).", 0.1,
                                lo=0, hi=1, hi_open=True)

@@ -1302,6 +1302,35 @@ def test_the_chart_and_the_worker_allow_the_same_worker_values(value: str, setti
     assert ("exclusiveMinimum" in node, "exclusiveMaximum" in node) == (spec.lo_open, spec.hi_open)
 
 
+@pytest.mark.parametrize("value, setting, chart_zero", [
+    ("minReplicas", "min_replicas", True),            # 0: keda mode only (validate.yaml), no autoscaler runs
+    ("maxReplicas", "max_replicas", False),
+    ("targetLoad", "target_load", True),              # 0: off, the flag is left out (autoscaling.yaml)
+    ("targetUtilization", "target_utilization", False),
+    ("queueWaitSloMs", "queue_wait_slo_ms", True),    # 0: off, the flag is left out
+])
+def test_the_chart_and_the_autoscaler_allow_the_same_autoscaling_values(value: str, setting: str,
+                                                                        chart_zero: bool) -> None:
+    """autoscaling.yaml passes these values to the builtin autoscaler's flags. The chart capped
+    them (10000 workers, ratios of 10, a 600 s queue-wait target) and the autoscaler did not, so
+    `edgewise cloud autoscaler --max 99999999999999` (or `--target-load 1e300`) ran, patching a
+    scale the API server refuses (found by a probe). The chart's schema and the autoscaler's
+    settings give the same bounds; where the chart's lowest is 0, 0 means off (the flag is left
+    out) or keda mode (no autoscaler), and the autoscaler takes what is above it."""
+    from cloud.autoscaler.settings import AutoscalerSettings
+    from edgewise.settings.fields import walk
+
+    node = json.loads((CHART / "values.schema.json").read_text())["properties"]["autoscaling"]["properties"][value]
+    spec = dict(walk(AutoscalerSettings))[setting].spec
+    assert (node.get("maximum"), "exclusiveMaximum" in node) == (spec.hi, spec.hi_open)
+    if chart_zero:
+        assert node["minimum"] == 0 and "exclusiveMinimum" not in node
+        assert spec.lo in (0, 1) and (spec.lo_open or spec.lo == 1)
+    else:
+        assert node.get("minimum", node.get("exclusiveMinimum")) == spec.lo
+        assert ("exclusiveMinimum" in node) == spec.lo_open
+
+
 def test_large_integers_render_as_integers(tmp_path: Path) -> None:
     """Helm reads numbers of a values file as floats: 1000000 printed as is is 1e+06."""
     values = tmp_path / "values.yaml"
