@@ -29,7 +29,7 @@ from edgewise.filereads import kind_of
 from edgewise.ids import DEFAULT_MAX_ID_LENGTH, bearer_token_problem, credential_problem, id_problem
 from edgewise.imagefiles import DEFAULT_MAX_PIXELS
 from edgewise.settings import Flag, Invalid, Schema, setting
-from edgewise.settings.building import load_file
+from edgewise.settings.building import load_list_file
 
 DISCOVERY_KINDS = ("static", "dns", "kubernetes")
 CLIENT_IDENTITIES = ("cn", "san_dns", "san_uri", "none")
@@ -295,11 +295,10 @@ class GatewaySettings:
         out = {t.device: t.token for t in self.auth.tokens}
         if self.auth.tokens_file:
             _regular_file(self.auth.tokens_file, "the device tokens file (YAML)")
-            tokens: list[DeviceToken] = load_file(list[DeviceToken], self.auth.tokens_file, "tokens")
-            for i, tok in enumerate(tokens):
+            for i, (tok, line) in enumerate(load_list_file(DeviceToken, self.auth.tokens_file, "tokens")):
                 bad = token_problem(tok, out, self.limits.max_id_length)
-                if bad:
-                    raise ConfigError(f"{self.auth.tokens_file}: [{i}]: {bad} (in auth.tokens and this file)")
+                if bad:  # file:line, as the loader's own errors (an unknown key) name the entry
+                    raise ConfigError(f"{line}: [{i}]: {bad} (in auth.tokens and this file)")
                 out[tok.device] = tok.token
             if not out:  # an emptied or half-written file must not switch authentication off
                 raise ConfigError(f"{self.auth.tokens_file}: lists no device (and auth.tokens none): the gateway "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, List, Tuple, Union
 
 from edgewise.fieldrules import other_file_hint, suggest
 from edgewise.settings.fields import Invalid, Spec, fields_of, value_problem
@@ -118,3 +118,13 @@ def load_file(tp: Any, path: Union[str, os.PathLike[str]], what: str) -> Any:
     """A YAML file holding one value of type ``tp`` (e.g. a list of sections), built with the
     same rules as settings and errors naming ``file:line``."""
     return build_value(tp, read_yaml(path, what, mapping=False), (), Spec(doc=""), None)
+
+
+def load_list_file(item_tp: Any, path: Union[str, os.PathLike[str]], what: str) -> List[Tuple[Any, str]]:
+    """A YAML file holding a list of ``item_tp``, built as :func:`load_file` builds it, each item
+    with the ``file:line`` it starts on: for the rules a caller checks across the items (a
+    device listed twice) to name the line as the loader's own errors do."""
+    tree = read_yaml(path, what, mapping=False)
+    items = build_value(List[item_tp], tree, (), Spec(doc=""), None)  # type: ignore[valid-type]
+    vals = tree.data if isinstance(tree.data, list) else [tree] * len(items)  # (a scalar: comma-split text)
+    return [(item, v.src.label) for item, v in zip(items, vals)]

@@ -116,13 +116,22 @@ def test_tokens_file(tmp_path):
     with pytest.raises(ConfigError, match=r"tokens.yaml:1: \[0\].token: \*\*\* is not a string; YAML reads "
                                           r"yes/no/on/off/true/false unquoted as a boolean: quote the value"):
         s.device_tokens()
-    t.write_text("- {device: cam-1}\n")
-    with pytest.raises(ConfigError, match=r"tokens.yaml: \[0\]: both device and token must be non-empty"):
+    # an entry the per-entry rules refuse is named with its line too, as an unknown key is: they
+    # said "tokens.yaml: [41]: both device and token must be non-empty" and left counting items
+    # (a block entry's line is its first key's)
+    t.write_text("- {device: cam-1, token: abc}\n# cam-2: token to come\n-\n  device: cam-2\n")
+    with pytest.raises(ConfigError, match=r"tokens.yaml:4: \[1\]: both device and token must be non-empty"):
         s.device_tokens()
-    t.write_text("- {device: cam-1, token: abc}\n")
+    t.write_text("- {device: cam-1, token: abc}\n- {device: cam-2, token: ''}\n")
+    with pytest.raises(ConfigError, match=r"tokens.yaml:2: \[1\]: both device and token must be non-empty"):
+        s.device_tokens()
+    t.write_text("- {device: cam-1, token: abc}\n- {device: cam 2, token: def}\n")
+    with pytest.raises(ConfigError, match=r"tokens.yaml:2: \[1\]: device 'cam 2' has characters outside"):
+        s.device_tokens()
+    t.write_text("- {device: cam-2, token: def}\n- {device: cam-1, token: abc}\n")
     s = load_settings(None, {"discovery.static": ["a:1"], "auth.tokens_file": str(t),
                              "auth.tokens": [{"device": "cam-1", "token": "xyz"}]}, env={})
-    with pytest.raises(ConfigError, match=r"tokens.yaml: \[0\]: device 'cam-1' is listed twice.*in auth.tokens and"):
+    with pytest.raises(ConfigError, match=r"tokens.yaml:2: \[1\]: device 'cam-1' is listed twice.*in auth.tokens and"):
         s.device_tokens()
 
 
