@@ -14,6 +14,7 @@ import re
 from typing import Tuple
 
 from edgewise.errors import ConfigError
+from edgewise.fieldrules import ASCII_DIGITS_HINT, ascii_digits
 
 _LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
 
@@ -63,8 +64,9 @@ def parse_hostport(text: str, *, where: str = "endpoint", any_port: bool = False
     problem = host_problem(host)
     if problem:
         raise ConfigError(f"{where}: {text!r}: the host {host!r} {problem}")
-    if not port_s.isdigit():
-        raise ConfigError(f"{where}: {text!r}: port {port_s!r} is not an integer")
+    if not ascii_digits(port_s):
+        hint = f" ({ASCII_DIGITS_HINT})" if port_s.isdigit() else ""
+        raise ConfigError(f"{where}: {text!r}: port {port_s!r} is not an integer{hint}")
     port = int(port_s)
     low = 0 if any_port else 1
     if not low <= port <= 65535:

@@ -4,7 +4,8 @@ One place for the rules both loaders (:mod:`edgewise.policy.loading`,
 :mod:`edgewise.settings`) apply to a single value and the words their errors use:
 a range with open or closed ends (``an integer in [1, 65535]``, ``a number > 0``),
 choices (``grpc | mqtt``), how a bad value is quoted, and the did-you-mean
-suggestion (difflib); and the form a class name is matched in (Unicode NFC), for the
+suggestion (difflib); the digits a number given as text is read in (ASCII, not
+any script's); and the form a class name is matched in (Unicode NFC), for the
 model loader and the policy's ``spec.classes`` keys. Dependency-free so both can use it without importing each
 other.
 """
@@ -80,6 +81,18 @@ def suggest(key: str, options: Sequence[str]) -> str:
     """`` (did you mean 'x'?)`` for the :func:`closest` option, else ``""``."""
     hit = closest(key, options)
     return f" (did you mean {hit!r}?)" if hit else ""
+
+
+#: how an error says which digits a number is read in
+ASCII_DIGITS_HINT = "write it in the ASCII digits 0-9"
+
+
+def ascii_digits(text: str) -> bool:
+    """Whether ``text`` is a non-empty run of the ASCII digits 0-9, the only digits a setting,
+    a port or an index is read in. Python's ``str.isdigit`` and ``int()`` take any script's
+    digits (``'١٢'``, full-width ``'１２'``; ``isdigit`` even ``'²'``, which ``int()`` then
+    refuses), so an Arabic-Indic port was taken as a number and a superscript one crashed."""
+    return text.isascii() and text.isdigit()
 
 
 #: the longest class name accepted (COCO's longest is 14 characters)

@@ -39,7 +39,7 @@ from typing import (
 )
 
 from edgewise.errors import ConfigError
-from edgewise.fieldrules import closest
+from edgewise.fieldrules import ascii_digits, closest
 from edgewise.settings.building import build_section
 from edgewise.settings.fields import Invalid, fields_of, walk
 from edgewise.settings.tree import (
@@ -154,7 +154,7 @@ class Schema(Generic[T]):
                 dflt = getattr(dflt, part) if dflt is not None else infos[part].default()
             elif sequence(tp) is not None:
                 n = len(node.data)
-                if not part.isdigit() or int(part) >= n:
+                if not ascii_digits(part) or int(part) >= n:
                     raise fail(ov.src, done, f"has no item {part}; add items in the file",
                                f"an index from 0 to {n - 1}" if n else "none: the list is empty")
                 key, tp = int(part), sequence(tp)[0]  # type: ignore[index]
@@ -185,7 +185,7 @@ def _blame(exc: Invalid, tree: Val, default: Source) -> ConfigError:
     parts = [p for p in re.split(r"[.\[\]]+", exc.path) if p]
     found = lookup(tree, parts)
     src = found.key_src if found is not None and found is not tree else default
-    return fail(src, [int(p) if p.isdigit() else p for p in parts], exc.problem, exc.allowed)
+    return fail(src, [int(p) if ascii_digits(p) else p for p in parts], exc.problem, exc.allowed)
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,7 +18,7 @@ import yaml
 
 from edgewise import yamlnodes
 from edgewise.errors import ConfigError
-from edgewise.fieldrules import closest, show
+from edgewise.fieldrules import ascii_digits, closest, show
 
 #: One step of a key path: a key, or an index into a list.
 Part = Union[str, int]
@@ -208,7 +208,7 @@ def lookup(root: Val, parts: Sequence[str]) -> Optional[Val]:
         data = node.data if node is not None else None
         if isinstance(data, dict) and p in data:
             nxt: Optional[Val] = data[p]
-        elif isinstance(data, list) and p.isdigit() and int(p) < len(data):
+        elif isinstance(data, list) and ascii_digits(p) and int(p) < len(data):
             nxt = data[int(p)]
         else:
             return node

@@ -9,8 +9,9 @@ the autoscaler (:data:`VALUE_RULES` is the table the reference pages print):
 * ``bool``: ``true``/``false``; the strings true/false, yes/no, on/off, 1/0 (any case);
   the integers 1 and 0.
 * ``int``: an integer, a float without a fractional part (``3.0``), or a string
-  holding either (``'3'``, ``'3.0'``). Never a boolean.
-* ``float``: a finite int or float, or a string holding one (``'0.5'``, ``'1e-3'``).
+  holding either (``'3'``, ``'3.0'``) in ASCII digits. Never a boolean.
+* ``float``: a finite int or float, or a string holding one (``'0.5'``, ``'1e-3'``) in
+  ASCII digits (``int()`` and ``float()`` take any script's: ``'١٢'`` is refused, not 12).
 * ``str``: a string, or a number written as it reads (``5`` becomes ``"5"``); not a
   boolean, null, list or mapping (quote ``'yes'`` to mean the word).
 * ``Optional[X]``: ``null``, or the text ``null`` or an empty string, is None; anything
@@ -34,13 +35,16 @@ import types
 import typing
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+from edgewise.fieldrules import ASCII_DIGITS_HINT
+
 #: (type, what is accepted): the rules above as the reference pages print them.
 VALUE_RULES: Tuple[Tuple[str, str], ...] = (
     ("bool", "`true`/`false`; the strings true/false, yes/no, on/off, 1/0 (any case); the integers 1 and 0"),
-    ("int", "an integer, a float without a fractional part (`3.0`), or a string holding either (`'3'`); in a file "
+    ("int", "an integer, a float without a fractional part (`3.0`), or a string holding either (`'3'`), in ASCII "
+            "digits (`'١٢'` is no number); in a file "
             "numbers read as YAML 1.2 reads them (`010` is ten, not octal eight; `0o17` and `0x1f` are octal and hex; "
             "`1:30` is text)"),
-    ("float", "a finite number, or a string holding one (`'0.5'`, `'1e-3'`)"),
+    ("float", "a finite number, or a string holding one (`'0.5'`, `'1e-3'`), in ASCII digits"),
     ("str", "a string, or a number as written in YAML (`012` is `\"012\"`, `1.10` is `\"1.10\"`); quote `'yes'` to "
             "mean the word"),
     ("... or null", "`null`, or the text `null` or an empty string, means none"),
@@ -149,7 +153,7 @@ def _bool(value: Any) -> bool:
 
 
 def _int(value: Any) -> int:
-    num = _number(value)
+    num = _number(value, "an integer")
     if isinstance(num, int):  # any size: a range check says what is too large, float() would overflow
         return num
     if num is None or not num.is_integer():
@@ -158,7 +162,7 @@ def _int(value: Any) -> int:
 
 
 def _float(value: Any) -> float:
-    num = _number(value)
+    num = _number(value, "a number")
     if num is None:
         raise Problem("a number")
     try:
@@ -178,9 +182,11 @@ def _str(value: Any) -> str:
 _SCALARS: Dict[Any, Callable[[Any], Any]] = {bool: _bool, int: _int, float: _float, str: _str}
 
 
-def _number(value: Any) -> Optional[Union[int, float]]:
+def _number(value: Any, what: str) -> Optional[Union[int, float]]:
     if isinstance(value, str):
         text = value.strip()
+        if not text.isascii():  # int() and float() take any script's digits: '١٢' was 12, '１５' 15
+            raise Problem(f"{what} ({ASCII_DIGITS_HINT})")
         try:
             return int(text, 0) if text.lstrip("+-")[:2].lower() in ("0x", "0o") else int(text)
         except ValueError:

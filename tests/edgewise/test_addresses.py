@@ -25,6 +25,11 @@ def test_addresses_that_work(text, parsed):
     ("gw:0", r"port 0 is outside 1..65535"), ("gw:x", r"port 'x' is not an integer"), ("gw", r"is not 'host:port'"),
     ("-gw:1", r"not a host name"), ("a..b:1", r"not a host name"), ("x" * 64 + ".lan:1", r"not a host name"),
     (":1", r"is not 'host:port'"), ("gw:+1", r"port '\+1' is not an integer"),
+    # any script's digits: '١٢٣٤' was port 1234, a full-width one too, and '²' (a digit to str.isdigit,
+    # none to int()) was a ValueError traceback (found by a probe)
+    ("gw:١٢٣٤", r"port '١٢٣٤' is not an integer \(write it in the ASCII digits 0-9\)$"),
+    ("gw:５００５１", r"port '５００５１' is not an integer \(write it in the ASCII digits 0-9\)$"),
+    ("gw:²", r"port '²' is not an integer \(write it in the ASCII digits 0-9\)$"),
     ("http://gw.lan:8080/", r"is a URL: give host:port, without a scheme \(e.g. 'gw.lan:8080'\)"),
 ])
 def test_addresses_that_cannot_work_are_named(text, says):

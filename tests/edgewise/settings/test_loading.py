@@ -52,6 +52,24 @@ def test_text_and_yaml_values_follow_one_table(schema, yaml_file):
     assert r.extra == {"port": 50061, "name": "w"}  # free-form mappings read text as YAML scalars
 
 
+def test_numbers_are_read_in_ascii_digits_only(schema, yaml_file):
+    """Python's int() and float() take any script's digits, so `port: '١٢٣٤'` (Arabic-Indic, which
+    YAML leaves a string), `EDGEWISE_..._PORT=８０８０` (full-width) and `--set ratio=٠.٥` were
+    taken as 1234, 8080 and 0.5, and `--set items.١.name=z` set item 1 (found by a probe).
+    Each is refused, naming its source and key."""
+    hint = r" \(write it in the ASCII digits 0-9\); allowed: "
+    with pytest.raises(ConfigError, match=r"/s.yaml:2: net.port: '١٢٣٤' is not an integer" + hint):
+        schema.load(yaml_file("net:\n  port: '١٢٣٤'\n"), env={})
+    with pytest.raises(ConfigError, match=r"^EDGEWISE_TEST__NET__PORT: '８０８０' is not an integer" + hint):
+        schema.load(None, env={"EDGEWISE_TEST__NET__PORT": "８０８０"})
+    with pytest.raises(ConfigError, match=r"^--set ratio: '٠.٥' is not a number" + hint):
+        schema.load(None, ["ratio=٠.٥"], {})
+    with pytest.raises(ConfigError, match=r"^--set items.١.name: items: has no item ١"):
+        schema.load(None, ["items.١.name=z"], {})
+    r = schema.load(yaml_file("net:\n  port: '1234'\nratio: ' 0.5 '\n"), ["items.1.name=z"], {})
+    assert (r.net.port, r.ratio, r.items[1].name) == (1234, 0.5, "z")  # ASCII text still reads
+
+
 @pytest.mark.parametrize("text, message", [
     ("net:\n  prot: 1\n", "s.yaml:2: net.prot: unknown key (did you mean 'port'?); allowed: host | port | tls | token | mode"),
     ("net:\n  port: 0\n", "s.yaml:2: net.port: 0 is out of range; allowed: an integer in [1, 65535]"),
