@@ -3,17 +3,19 @@
 One place for the rules both loaders (:mod:`edgewise.policy.loading`,
 :mod:`edgewise.settings`) apply to a single value and the words their errors use:
 a range with open or closed ends (``an integer in [1, 65535]``, ``a number > 0``),
+and no subnormal number in it (``1e-320``: no rate or period, infinite inverted),
 choices (``grpc | mqtt``), how a bad value is quoted, and the did-you-mean
 suggestion (difflib); the digits a number given as text is read in (ASCII, not
 any script's); and the form a class name is matched in (Unicode NFC), for the
-model loader and the policy's ``spec.classes`` keys. Dependency-free so both can use it without importing each
-other.
+model loader and the policy's ``spec.classes`` keys. Dependency-free so both can use
+it without importing each other.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import sys
 import unicodedata
 from typing import Any, Collection, Optional, Sequence
 
@@ -44,15 +46,36 @@ def allowed_text(kind: str, choices: Sequence[str] = (), lo: Optional[float] = N
     return KIND_WORDS.get(kind, kind)
 
 
+#: the smallest magnitude a non-zero number may have (2.2e-308, the smallest normal float):
+#: below it a float is subnormal (``1e-320``, ``5e-324``), holds a few bits of precision, and
+#: as a rate or a period means nothing (``maxPerSecond: 1e-320``), its inverse infinite
+MIN_NONZERO = sys.float_info.min
+#: what a value below :data:`MIN_NONZERO` is told
+TOO_SMALL = (f"is too close to 0 (below {MIN_NONZERO:.1e}: a subnormal number, meaningless as a rate or a "
+             "period, infinite inverted); write 0 where 0 is allowed, or a larger number")
+
+
 def in_range(v: float, lo: Optional[float] = None, hi: Optional[float] = None,
              lo_open: bool = False, hi_open: bool = False) -> bool:
-    """Whether number ``v`` is finite and within [lo, hi] (open ends respected). An int of any
-    size is compared exactly (no float conversion, which overflows past 1.8e308)."""
+    """Whether number ``v`` is finite, zero or at least :data:`MIN_NONZERO` in magnitude, and
+    within [lo, hi] (open ends respected). An int of any size is compared exactly (no float
+    conversion, which overflows past 1.8e308)."""
+    return range_problem(v, lo, hi, lo_open, hi_open) is None
+
+
+def range_problem(v: float, lo: Optional[float] = None, hi: Optional[float] = None,
+                  lo_open: bool = False, hi_open: bool = False) -> Optional[str]:
+    """What an error says after the value when :func:`in_range` refuses ``v`` (``is out of
+    range``, or :data:`TOO_SMALL`), else None: the one range rule of the policy and the settings."""
+    if isinstance(v, float) and v != 0.0 and abs(v) < MIN_NONZERO:
+        return TOO_SMALL
     if isinstance(v, float) and not math.isfinite(v):
-        return False
+        return "is out of range"
     if lo is not None and (v <= lo if lo_open else v < lo):
-        return False
-    return not (hi is not None and (v >= hi if hi_open else v > hi))
+        return "is out of range"
+    if hi is not None and (v >= hi if hi_open else v > hi):
+        return "is out of range"
+    return None
 
 
 def show(value: Any) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from edgewise.fieldrules import allowed_text, in_range
+from edgewise.fieldrules import allowed_text, in_range, range_problem
 
 #: Field kinds the loader understands.
 KINDS = ("float", "int", "str", "bool", "section", "map", "weights")
@@ -56,6 +56,10 @@ class FieldSpec:
     def in_range(self, v: float) -> bool:
         """Whether number ``v`` is finite and within [lo, hi] (open ends respected)."""
         return in_range(v, self.lo, self.hi, self.lo_open, self.hi_open)
+
+    def range_problem(self, v: float) -> Optional[str]:
+        """What an error says after ``v`` when :meth:`in_range` refuses it, else None."""
+        return range_problem(v, self.lo, self.hi, self.lo_open, self.hi_open)
 
 
 def opt(

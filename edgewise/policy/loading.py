@@ -116,8 +116,11 @@ def _value(spec: FieldSpec, node: yaml.Node, path: str, ctx: _Ctx) -> Any:
         if isinstance(v, bool) or not ok_type:
             what = "an integer" if spec.kind == "int" else "a number"
             raise ctx.fail(node, path, f"{show(v)} is not {what}", spec.allowed())
-        if not spec.in_range(v) or (spec.kind == "float" and abs(v) > sys.float_info.max):
+        if spec.kind == "float" and abs(v) > sys.float_info.max:
             raise ctx.fail(node, path, f"{show(v)} is out of range", spec.allowed())
+        bad = spec.range_problem(v)
+        if bad:
+            raise ctx.fail(node, path, f"{show(v)} {bad}", spec.allowed())
         return int(v) if spec.kind == "int" else float(v)
     if spec.kind == "bool":
         if not isinstance(v, bool):

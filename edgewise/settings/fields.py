@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from edgewise.errors import ConfigError
-from edgewise.fieldrules import allowed_text, in_range, show, suggest
+from edgewise.fieldrules import allowed_text, range_problem, show, suggest
 from edgewise.settings.values import choices, is_section, optional, sequence
 
 _KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
@@ -152,9 +152,10 @@ def value_problem(spec: Spec, tp: Any, value: Any, shown: str = "") -> Optional[
     shown = shown or spec.shown(value)
     if allowed and value not in allowed:
         return f"{shown} is not allowed{suggest(str(value), [str(c) for c in allowed])}", spec.allowed(inner, nullable)
-    if spec.kind(inner) in ("int", "float") and not in_range(value, spec.lo, spec.hi, spec.lo_open,
-                                                              spec.hi_open):
-        return f"{shown} is out of range", spec.allowed(inner, nullable)
+    out_of_range = range_problem(value, spec.lo, spec.hi, spec.lo_open, spec.hi_open) \
+        if spec.kind(inner) in ("int", "float") else None
+    if out_of_range:
+        return f"{shown} {out_of_range}", spec.allowed(inner, nullable)
     return None
 
 

@@ -179,7 +179,7 @@ def _run_budget(frames, rate, burst, fraction, window, cooldown, priority):
     frames=st.lists(st.tuples(st.floats(0, 1), st.floats(0.0, 0.5)), max_size=300),
     rate=st.floats(0.2, 5.0),
     burst=st.integers(1, 5),
-    fraction=st.floats(0.0, 0.6),
+    fraction=st.floats(0.0, 0.6, allow_subnormal=False),  # (a subnormal is refused)
     window=st.integers(1, 60),
     cooldown=st.sampled_from([0.0, 0.3]),
     priority=st.sampled_from(["hardest", "fifo"]),

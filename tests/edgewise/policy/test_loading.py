@@ -314,3 +314,22 @@ def test_a_class_key_written_decomposed_is_the_models_class(tmp_path):
                                           r"another Unicode form \(one decomposed, NFD, as macOS file names give\); "
                                           r"allowed: each name once per mapping$"):
         parse_policy(HEAD + f"  classes:\n    {nfc}: {{threshold: 0.2}}\n    {nfd}: {{threshold: 0.3}}\n", "p.yaml")
+
+
+@pytest.mark.parametrize("key", ["budget: {maxPerSecond", "streams: {s: {maxPerSecond", "cooldownSeconds",
+                                 "payload: {wholeFrameEverySeconds"])
+@pytest.mark.parametrize("value", ["1e-320", "5e-324", "-1e-310"])
+def test_a_subnormal_number_is_refused_not_taken_as_a_rate(key, value):
+    """`maxPerSecond: 1e-320` loaded: a rate of no escalation at all that `explain` printed as
+    "9.99989e-321/s", and 5e-324 is infinite inverted (found by a probe). A non-zero number below
+    the smallest normal float (2.2e-308) is refused by the one range rule, for every number."""
+    text = HEAD + f"  {key}: {value}" + "}" * key.count("{") + "\n"
+    with pytest.raises(ConfigError, match=r"^p.yaml:5: spec\..*: -?\de-3\d\d is too close to 0 \(below 2.2e-308: a "
+                                          r"subnormal number, meaningless as a rate or a period, infinite inverted\); "
+                                          r"write 0 where 0 is allowed, or a larger number; allowed: "):
+        parse_policy(text, "p.yaml")
+
+
+def test_zero_and_small_normal_numbers_still_load():
+    p = parse_policy(HEAD + "  cooldownSeconds: 0\n  budget: {maxPerSecond: 1e-6}\n", "p.yaml")
+    assert (p.spec.cooldown_seconds, p.spec.budget.max_per_second) == (0.0, 1e-6)

@@ -70,6 +70,15 @@ def test_numbers_are_read_in_ascii_digits_only(schema, yaml_file):
     assert (r.net.port, r.ratio, r.items[1].name) == (1234, 0.5, "z")  # ASCII text still reads
 
 
+def test_a_subnormal_number_is_refused_as_the_policy_refuses_it(schema, yaml_file):
+    """The settings share the policy's range rule (edgewise.fieldrules): `ratio: 1e-320` was taken."""
+    with pytest.raises(ConfigError, match=r"/s.yaml:1: ratio: 1e-320 is too close to 0 \(below 2.2e-308"):
+        schema.load(yaml_file("ratio: 1e-320\n"), env={})
+    with pytest.raises(ConfigError, match=r"^--set ratio: '5e-324' is too close to 0 "):
+        schema.load(None, ["ratio=5e-324"], {})
+    assert schema.load(None, ["ratio=0"], {}).ratio == 0.0
+
+
 @pytest.mark.parametrize("text, message", [
     ("net:\n  prot: 1\n", "s.yaml:2: net.prot: unknown key (did you mean 'port'?); allowed: host | port | tls | token | mode"),
     ("net:\n  port: 0\n", "s.yaml:2: net.port: 0 is out of range; allowed: an integer in [1, 65535]"),
