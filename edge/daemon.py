@@ -177,9 +177,11 @@ class EdgeDaemon:
         #: a start-up problem found once the daemon ran (``_start_mqtt``): ``run`` raises it after the stop
         self.failure: Optional[EdgewiseError] = None
         self.transports: Dict[str, Transport] = {}
-        # (and the MQTT outbox's: beside the spool by default, but named by a setting of its own)
+        # (and the MQTT outbox's: beside the spool by default, but named by a setting of its own;
+        # and the records file's, which two daemons appended to and rotated under each other)
         self.instance_lock = InstanceLock(settings.spool.path,
-                                          mqtt_outbox_path(settings) if settings.sinks.mqtt else None)
+                                          mqtt_outbox_path(settings) if settings.sinks.mqtt else None,
+                                          settings.sinks.jsonl or None)
         self.sinks: Optional[Sinks] = None
         self.stop_event: Optional[asyncio.Event] = None
         self.reload_event: Optional[asyncio.Event] = None

@@ -1,5 +1,5 @@
-"""One daemon per state folder: a lock beside the spool, and one beside the MQTT outbox, held
-for the daemon's life.
+"""One daemon per state folder: a lock beside the spool, one beside the MQTT outbox and one
+beside the JSON Lines records file, held for the daemon's life.
 
 The spool, its start count (``<spool>.epoch``) and the MQTT outbox belong to one daemon. A
 second one on the same ``spool.path`` (started by hand while the service runs, or a copied
@@ -13,6 +13,13 @@ unless ``sinks.mqtt_outbox`` says otherwise, so a second daemon in the same fold
 another spool name shared it. Both ran: they took the MQTT session (its client id is kept in
 the outbox) from each other at every reconnect, and each deleted the other's records, until
 the outbox's count went below zero and its records were no longer written.
+
+The JSON Lines records file (``sinks.jsonl``) has one too: two daemons with their own spools but
+one records file both ran, each appending to it and each rotating it (renaming the file the other
+was writing, pruning the other's rotated files). Its lock is a hidden sibling,
+``.<records>.lock`` (``.records.jsonl.lock``): ``<records>.lock`` would be picked up by the glob
+the docs give for the records and their rotated files (``check-policy --replay
+records.jsonl*``), and read as a records file.
 
 A lock is beside the file it guards as the kernel finds it (:func:`lock_path`: symlinks
 resolved): a second daemon whose ``spool.path`` was a symlink to the first one's spool (a
@@ -43,27 +50,38 @@ _IN_USE = {
                   "its own spool.path",
     "sinks.mqtt_outbox": "uses this sinks.mqtt_outbox; stop it first (`systemctl stop edgewise-edge`), or give "
                          "this daemon its own sinks.mqtt_outbox",
+    "sinks.jsonl": "writes to this sinks.jsonl; stop it first (`systemctl stop edgewise-edge`), or give this "
+                   "daemon its own sinks.jsonl",
 }
 
 
-def lock_path(guarded: str) -> str:
-    """The lock file of ``guarded`` (the spool or the outbox): ``<file>.lock`` beside the file
-    the path names once its symlinks are resolved, so every path to one file (a symlink to it,
-    a symlinked folder, ``..``) has one lock."""
-    return os.path.realpath(guarded) + SUFFIX
+def lock_path(guarded: str, hidden: bool = False) -> str:
+    """The lock file of ``guarded`` (the spool, the outbox, the records file): ``<file>.lock``
+    beside the file the path names once its symlinks are resolved, so every path to one file (a
+    symlink to it, a symlinked folder, ``..``) has one lock; ``hidden`` (the records file):
+    ``.<file>.lock``, which no ``<file>*`` glob picks up."""
+    real = os.path.realpath(guarded)
+    if hidden:
+        folder, name = os.path.split(real)
+        return os.path.join(folder, "." + name + SUFFIX)
+    return real + SUFFIX
 
 
 class InstanceLock:
     """``acquire`` takes the lock of ``spool_path``, then the one of ``outbox_path`` (the MQTT
-    sink's outbox, when the daemon opens one), or raises ``ConfigError`` naming the daemon that
-    holds it (and keeps none); ``release`` (or the process's end) gives them back."""
+    sink's outbox, when the daemon opens one) and the one of ``records_path`` (the JSON Lines
+    sink's file, when set), or raises ``ConfigError`` naming the daemon that holds it (and keeps
+    none); ``release`` (or the process's end) gives them back."""
 
-    def __init__(self, spool_path: str, outbox_path: Optional[str] = None) -> None:
+    def __init__(self, spool_path: str, outbox_path: Optional[str] = None,
+                 records_path: Optional[str] = None) -> None:
         self.path = lock_path(spool_path)
         #: (lock file, the setting that names the file it guards)
         self.locks: List[Tuple[str, str]] = [(self.path, "spool.path")]
         if outbox_path:
             self.locks.append((lock_path(outbox_path), "sinks.mqtt_outbox"))
+        if records_path:
+            self.locks.append((lock_path(records_path, hidden=True), "sinks.jsonl"))
         self._fds: List[int] = []
 
     def acquire(self) -> None:

@@ -182,7 +182,7 @@ def tighten_state_files(s: EdgeSettings) -> List[str]:
     paths = [s.spool.path + ".epoch", lock_path(s.spool.path)]
     for setting, path in state_files(s):
         if setting == "sinks.jsonl":
-            paths += [path] + rotated_files(path)
+            paths += [path, lock_path(path, hidden=True)] + rotated_files(path)
         else:
             paths += [path, path + "-wal", path + "-shm"]
             if setting == "sinks.mqtt_outbox":

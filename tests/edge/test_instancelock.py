@@ -3,6 +3,7 @@ first one's pid; the lock goes with its process, kill -9 included."""
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -175,3 +176,51 @@ def test_a_second_daemon_whose_spool_path_is_a_symlink_to_the_first_ones_spool_i
         assert first.check() and first.stop() == 0
     finally:
         first.close()
+
+
+def test_the_records_file_has_a_hidden_lock_no_records_glob_picks_up(tmp_path):
+    """`check-policy --replay records.jsonl*` (docs/policies.md) must not read the lock as records:
+    it is `.records.jsonl.lock`, beside the file the path names."""
+    records = tmp_path / "records.jsonl"
+    (tmp_path / "link.jsonl").symlink_to(records)
+    first = InstanceLock(str(tmp_path / "a.db"), records_path=str(records))
+    first.acquire()
+    assert (tmp_path / ".records.jsonl.lock").exists()
+    assert glob.glob(str(tmp_path / "records.jsonl*")) == []  # (the daemon makes records.jsonl itself)
+    with pytest.raises(ConfigError, match=rf"{tmp_path}/.records.jsonl.lock: another edgewise daemon "
+                                          rf"\(pid {os.getpid()}\) writes to this sinks.jsonl; stop it first .*its "
+                                          r"own sinks.jsonl$"):
+        InstanceLock(str(tmp_path / "b.db"), records_path=str(tmp_path / "link.jsonl")).acquire()
+    InstanceLock(str(tmp_path / "b.db")).acquire()  # the refused one let go of its spool's lock
+    first.release()
+
+
+def test_a_second_daemon_with_its_own_spool_but_the_same_records_file_is_refused(tmp_path, tiny_model):
+    """Two daemons with their own spool.path but one sinks.jsonl both ran: each appended to the
+    file and each rotated it (renaming the file the other wrote, pruning the other's rotated
+    ones), found by a probe. The second now stops at start naming the first; the records glob
+    (`check-policy --replay records.jsonl*`) still finds only records."""
+    records = tmp_path / "records.jsonl"
+
+    def config(name: str):
+        return settings_yaml(
+            tmp_path / f"{name}.yaml", device_id="dev",
+            streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+            model={"path": str(tiny_model)}, spool={"path": str(tmp_path / name / "spool.db")},
+            sinks={"jsonl": str(records)}, metrics={"port": -1})
+
+    first = EdgeProcess(config("first"), tmp_path / "first.log")
+    try:
+        wait_until(lambda: first.check() and "running" in (tmp_path / "first.log").read_text(), 60, "first daemon")
+        second = subprocess.run([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config",
+                                 str(config("second"))], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert second.returncode == 2, second.stderr
+        assert (f"{tmp_path}/.records.jsonl.lock: another edgewise daemon (pid {first.proc.pid}) writes to this "
+                "sinks.jsonl" in second.stderr)
+        assert not (tmp_path / "second" / "spool.db").exists()  # refused before it touched its state
+        wait_until(lambda: records.exists() and records.stat().st_size > 0, 60, "records")
+        assert first.check() and first.stop() == 0
+    finally:
+        first.close()
+    assert glob.glob(str(tmp_path / "records.jsonl*")) == [str(records)]  # what check-policy --replay gets
