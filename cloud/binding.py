@@ -149,15 +149,19 @@ class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
         self._watching: collections.Counter[str] = collections.Counter()
 
     async def Watch(self, request: Any, context: Any) -> None:
+        watchers = getattr(self, "_server_watchers", None)
+        if not isinstance(watchers, dict):  # a grpc_health that keeps its watchers otherwise: its own Watch
+            await super().Watch(request, context)
+            return
         service = request.service
-        condition = self._server_watchers[service]  # the one upstream's Watch waits on (created if new)
+        condition = watchers[service]  # the one upstream's Watch waits on (created if new)
         self._watching[service] += 1
         try:
             await super().Watch(request, context)
         finally:  # right after upstream's, which deleted the condition: no other task ran in between
             self._watching[service] -= 1
             if self._watching[service]:
-                self._server_watchers[service] = condition  # the others still wait on it
+                watchers[service] = condition  # the others still wait on it
             else:
                 del self._watching[service]
 
