@@ -37,6 +37,12 @@ injected clock, so tests drive it instantly:
   higher, and at most one lower request) over its measured rate, exceeds the time left is
   full; a queued request the worker itself expired is not held against it (only a hop that
   runs out is);
+* fair share across devices (docs/design/balancing.md#fair-share-across-devices): the live
+  requests each device holds in flight are counted; while the pool is contended (a device under
+  its share was refused as saturated, or one over it refused, within ``FAIR_WINDOW_S``) a device
+  over the pool's room over the active devices is refused (``NoPick.OVER_SHARE``), so the others
+  find room; with one device active it never applies. A replay is sent only while a worker holds
+  less than half its cap (docs/design/balancing.md#replays-take-spare-room);
 * RESOURCE_EXHAUSTED counts as load (docs/design/balancing.md#overload-is-load-not-failure): the endpoint is
   capped at its current in-flight for ``overload_hold_s``; it is neither a
   success nor an ejection failure;
@@ -58,6 +64,7 @@ import logging
 import math
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -189,10 +196,37 @@ _OUTCOMES: dict[int, Outcome] = {
 
 
 class NoPick(enum.Enum):
-    """Why a pick found no endpoint, as the wire status the shell answers with."""
+    """Why a pick found no endpoint; ``status`` is the wire status the shell answers with."""
 
-    NO_ENDPOINTS = status.UNAVAILABLE          # nothing ready (none known, all draining)
-    SATURATED = status.RESOURCE_EXHAUSTED      # every pickable endpoint is at its limit
+    NO_ENDPOINTS = "no_endpoints"  # nothing ready (none known, all draining): UNAVAILABLE
+    SATURATED = "saturated"        # every pickable endpoint is at its limit: RESOURCE_EXHAUSTED
+    #: the request's device holds more than its fair share of the pool while another device wants
+    #: room (docs/design/balancing.md#fair-share-across-devices): RESOURCE_EXHAUSTED
+    OVER_SHARE = "over_share"
+
+    @property
+    def status(self) -> int:
+        return status.UNAVAILABLE if self is NoPick.NO_ENDPOINTS else status.RESOURCE_EXHAUSTED
+
+
+#: docs/design/balancing.md#fair-share-across-devices: a device is active while it has a live
+#: request in flight or asked within this many seconds (the gateway's default deadline: a device
+#: waiting out a refusal, or one whose requests come a few seconds apart, still counts), and the
+#: pool is contended for this long after a device under its share was refused as saturated, or
+#: one over its share was refused.
+FAIR_WINDOW_S = 5.0
+
+
+@dataclass(frozen=True)
+class Share:
+    """A device's standing in the pool for one request (:meth:`Balancer.share`): the live
+    requests it holds in flight, its fair share of the pool's room for the request (``room``
+    over the ``active`` devices; at least 1)."""
+
+    held: int
+    share: float
+    active: int
+    room: float
 
 
 @dataclass
@@ -328,6 +362,10 @@ class Ticket:
     picked_at: float = 0.0
     idle: bool = False
     priority: int = 0  # the request's (higher = sooner)
+    #: the device whose live request it is, counted in its fair share until released
+    #: (docs/design/balancing.md#fair-share-across-devices); None: not counted (a replay, or a
+    #: pick that names no device)
+    device: str | None = None
     _released: bool = field(default=False, repr=False)
 
     def release(self, outcome: Outcome) -> bool:
@@ -364,6 +402,10 @@ class Balancer:
         self._per_weight: float | None = None  # mean reported capacity per configured weight unit
         self._mean_pixels: float | None = None  # EWMA of the pixels per request (cost auto)
         self._first_set_at: float | None = None  # when the first endpoint set came (STARTUP_S)
+        # docs/design/balancing.md#fair-share-across-devices
+        self._held: dict[str, int] = {}  # device -> its live requests in flight (absent: none)
+        self._seen: OrderedDict[str, float] = OrderedDict()  # active device -> when it last asked or ended one
+        self._contended_until = -math.inf
 
     # ---- membership ------------------------------------------------------------------
     def set_endpoints(self, endpoints: Iterable[tuple[str, float, str, bool]]) -> list[str]:
@@ -609,9 +651,15 @@ class Balancer:
         caps = [c for c in (self.config.max_in_flight or None, ep.limit or None, ep.overload_cap) if c]
         return min(caps) if caps else None
 
-    def _full(self, ep: EndpointStats, now: float, deadline_s: float | None, priority: int = 0) -> bool:
+    def _full(self, ep: EndpointStats, now: float, deadline_s: float | None, priority: int = 0,
+              replay: bool = False) -> bool:
         cap = self._cap(ep)
         if cap is not None and ep.in_flight >= cap:
+            return True
+        # A replay takes only room live requests leave: it is sent while the worker holds less
+        # than half its limit, so replays never hold more than half of it
+        # (docs/design/balancing.md#replays-take-spare-room).
+        if replay and cap is not None and ep.in_flight >= cap // 2:
             return True
         # Admission: predicted queue wait (work ahead of this priority / measured rate) past the deadline.
         rate = self._pixel_weight(ep) or ep.capacity
@@ -644,11 +692,12 @@ class Balancer:
 
     # ---- pick ------------------------------------------------------------------------------
     def candidates(self, now: float, exclude: Sequence[str] = (), deadline_s: float | None = None,
-                   pixels: int = 0, in_time: bool = False,
-                   priority: int = 0) -> tuple[list[EndpointStats], NoPick | None]:
+                   pixels: int = 0, in_time: bool = False, priority: int = 0,
+                   replay: bool = False) -> tuple[list[EndpointStats], NoPick | None]:
         """Pickable endpoints now, or why there are none, for a request of ``pixels`` and
-        ``priority``. ``in_time`` (with ``deadline_s``): only those that may answer it within
-        ``deadline_s`` (:meth:`_may_answer`)."""
+        ``priority`` (a ``replay``: only where it leaves live requests their room). ``in_time``
+        (with ``deadline_s``): only those that may answer it within ``deadline_s``
+        (:meth:`_may_answer`)."""
         live = [ep for ep in self.endpoints.values()
                 if not ep.draining and not ep.paused and ep.address not in exclude]
         if not live:
@@ -657,7 +706,7 @@ class Balancer:
         healthy = live if panic else [ep for ep in live if not ep.ejected(now)]
         if not healthy:
             return [], NoPick.NO_ENDPOINTS
-        cands = [ep for ep in healthy if not self._full(ep, now, deadline_s, priority)]
+        cands = [ep for ep in healthy if not self._full(ep, now, deadline_s, priority, replay)]
         if in_time and deadline_s is not None:
             cands = [ep for ep in cands if self._may_answer(ep, deadline_s, pixels, priority)]
         if not cands:
@@ -685,7 +734,8 @@ class Balancer:
         return self.candidates(now, exclude, within_s, pixels, in_time, priority)[1] is None
 
     def pick(self, exclude: Sequence[str] = (), deadline_s: float | None = None, pixels: int = 0,
-             in_time: bool = False, priority: int = 0) -> Ticket | NoPick:
+             in_time: bool = False, priority: int = 0, device: str | None = None,
+             replay: bool = False) -> Ticket | NoPick:
         """Choose an endpoint and count the request in flight at once (docs/design/balancing.md#per-endpoint-state).
 
         ``exclude``: addresses already tried (retry on another host, docs/design/balancing.md#retries-and-the-retry-budget).
@@ -697,11 +747,27 @@ class Balancer:
         (:meth:`may_answer_within`; the retry after a worker refused the deadline as too short).
         ``priority``: the request's (higher = sooner); the predicted wait counts only the work
         the worker serves before it (docs/design/balancing.md#priority).
+        ``device``: whose live request it is, for its fair share of a contended pool (None: not
+        counted; docs/design/balancing.md#fair-share-across-devices). ``replay``: a replay from
+        an edge's spool, sent only where it leaves live requests their room
+        (docs/design/balancing.md#replays-take-spare-room), never counted in a share.
         """
         now = self.clock()
         self._refresh(now)
-        cands, why = self.candidates(now, exclude, deadline_s, pixels, in_time, priority)
+        fair = device is not None and not replay
+        if fair:
+            assert device is not None
+            self._touch(device, now)
+            if self._over_share(device, now, deadline_s):
+                self._contended_until = now + FAIR_WINDOW_S
+                return NoPick.OVER_SHARE
+        cands, why = self.candidates(now, exclude, deadline_s, pixels, in_time, priority, replay)
         if why is not None:
+            if fair and why is NoPick.SATURATED and not exclude and len(self._seen) >= 2:
+                assert device is not None
+                standing = self.share(device, deadline_s, now)
+                if standing is not None and standing.held + 1 <= standing.share:
+                    self._contended_until = now + FAIR_WINDOW_S  # a device under its share got no room
             return why
         costs = {ep.address: self.cost(ep, pixels) for ep in cands}
         chosen = self._choose(cands, now, costs)
@@ -717,8 +783,69 @@ class Balancer:
             alpha = 1.0 / self.config.cost_window
             self._mean_pixels = (float(pixels) if self._mean_pixels is None
                                  else self._mean_pixels + alpha * (pixels - self._mean_pixels))
+        if fair:
+            assert device is not None
+            self._held[device] = self._held.get(device, 0) + 1
         return Ticket(chosen.address, self, cost, deadline_s, self._expected_s(chosen, priority=priority), now, idle,
-                      priority)
+                      priority, device if fair else None)
+
+    # ---- fair share across devices (docs/design/balancing.md#fair-share-across-devices) ----
+    def _touch(self, device: str, now: float) -> None:
+        """``device`` asked, or ended a request, now: it is active for :data:`FAIR_WINDOW_S`. The
+        devices that were last active longer ago are forgotten, but for those with a live request
+        in flight (active still). Amortised O(1): the least recent come first."""
+        self._seen[device] = now
+        self._seen.move_to_end(device)
+        self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        horizon = now - FAIR_WINDOW_S
+        while self._seen:
+            first, when = next(iter(self._seen.items()))
+            if when >= horizon:
+                break
+            if self._held.get(first):
+                self._seen[first] = now
+                self._seen.move_to_end(first)
+            else:
+                del self._seen[first]
+
+    def _room(self, now: float, deadline_s: float | None) -> float:
+        """The live requests the pool may hold for a request with ``deadline_s`` to go: over the
+        endpoints a pick may find, each one's cap (``max_in_flight``, its reported limit, an
+        overload hold) and its measured rate times the time left, the smaller; inf when an
+        endpoint has neither (nothing to share out)."""
+        live = [ep for ep in self.endpoints.values() if not ep.draining and not ep.paused]
+        if not self.in_panic(now):
+            live = [ep for ep in live if not ep.ejected(now)]
+        room = 0.0
+        for ep in live:
+            cap = self._cap(ep)
+            rate = self._pixel_weight(ep) or ep.capacity
+            by_time = rate * deadline_s if rate and deadline_s is not None else math.inf
+            room += min(math.inf if cap is None else float(cap), by_time)
+        return room
+
+    def share(self, device: str, deadline_s: float | None = None, now: float | None = None) -> Share | None:
+        """``device``'s standing for a request with ``deadline_s`` to go (:class:`Share`): None
+        when the pool's room is not known (no endpoint with a cap or a measured rate)."""
+        now = self.clock() if now is None else now
+        self._prune(now)
+        room = self._room(now, deadline_s)
+        if not math.isfinite(room):
+            return None
+        active = max(1, len(self._seen))
+        return Share(self._held.get(device, 0), max(1.0, room / active), active, room)
+
+    def _over_share(self, device: str, now: float, deadline_s: float | None) -> bool:
+        """Whether a live request of ``device`` is refused for its share: the pool is contended (a
+        device under its share was refused as saturated, or one over it was refused, within
+        :data:`FAIR_WINDOW_S`), another device is active, and one more request would put
+        ``device`` over its fair share of the pool's room. With one device it never is."""
+        if len(self._seen) < 2 or now >= self._contended_until:
+            return False
+        standing = self.share(device, deadline_s, now)
+        return standing is not None and standing.held + 1 > standing.share
 
     def _expected_s(self, ep: EndpointStats, adding: float = 0.0, priority: int = 0) -> float | None:
         """How long ``ep`` should take to answer a request of ``priority`` just picked (or, with
@@ -787,6 +914,13 @@ class Balancer:
 
     # ---- outcomes --------------------------------------------------------------------------
     def _release(self, address: str, outcome: Outcome, cost: float = 1.0, ticket: Ticket | None = None) -> bool:
+        if ticket is not None and ticket.device is not None:  # first: its endpoint may be gone
+            held = self._held.get(ticket.device, 0) - 1
+            if held > 0:
+                self._held[ticket.device] = held
+            else:
+                self._held.pop(ticket.device, None)
+            self._touch(ticket.device, self.clock())
         ep = self.endpoints.get(address)
         if ep is None:
             return False

@@ -30,7 +30,7 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.00
 #: that first appears at 1 has no increase() or rate() in Prometheus, so the first refusal of a
 #: gateway's life never showed in the rejection ratio, the error ratio or an MQTT refusal alert.
 REJECT_REASONS = ("invalid_argument", "resource_exhausted", "deadline_exceeded", "unauthenticated", "saturated",
-                  "no_endpoints", "too_many_streams", "too_many_calls")
+                  "over_share", "no_endpoints", "too_many_streams", "too_many_calls")
 RETRY_RESULTS = ("sent", "denied")
 MQTT_RESULTS = ("answered", "error_answered", "malformed", "overloaded", "no_response_topic",
                 "foreign_response_topic", "bad_topic", "correlation_too_large", "too_many_properties", "retained",

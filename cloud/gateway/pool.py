@@ -52,7 +52,7 @@ from cloud.gateway.balancing import (
 )
 from cloud.gateway.envelope import Reply, RequestHead, error_reply, reply_of
 from cloud.gateway.metrics import GatewayMetrics
-from cloud.gateway.settings import GatewaySettings
+from cloud.gateway.settings import GatewaySettings, quote_id
 from edgewise import status
 from edgewise.v1 import detect_pb2, service_pb2, service_pb2_grpc
 
@@ -191,10 +191,10 @@ class WorkerPool:
                     self.metrics.rejected.labels(reason="deadline_exceeded").inc()
                 break
             pick = self.balancer.pick(exclude=tried, deadline_s=hop, pixels=pixels, in_time=in_time,
-                                      priority=req.rank)
+                                      priority=req.rank, device=req.device_id, replay=req.replay)
             if not isinstance(pick, Ticket):
                 if reply is None:  # else no other worker to retry on: answer with the first failure
-                    reply = self._no_pick_reply(req, pick, remaining)
+                    reply = self._no_pick_reply(req, pick, remaining, hop)
                 break
             t0 = time.perf_counter()
             reply = await self._attempt(pick, req, hop)
@@ -270,16 +270,28 @@ class WorkerPool:
         if ticket.release(outcome):
             self._close_channel(ticket.address)
 
-    def _no_pick_reply(self, req: RequestHead, why: NoPick, remaining: float) -> Reply:
+    def _no_pick_reply(self, req: RequestHead, why: NoPick, remaining: float, hop: float) -> Reply:
         self.metrics.rejected.labels(reason=why.name.lower()).inc()
         b = self.balancer
         n = len(b.endpoints)
-        if why is NoPick.SATURATED:
+        if why is NoPick.OVER_SHARE:
+            standing = b.share(req.device_id, hop)
+            held = (f" (it holds {standing.held} requests in flight; its share is {standing.share:.1f}, the "
+                    f"workers' room for {standing.room:.0f} in its deadline over {standing.active} active devices)"
+                    if standing is not None else "")
             return error_reply(
-                req, why.value,
+                req, why.status,
+                f"device {quote_id(req.device_id)} is over its fair share of the workers{held} while other "
+                f"devices wait for room: keep fewer requests in flight (the edge's cloud.max_in_flight), retry "
+                f"later, spool, or use the edge result")
+        if why is NoPick.SATURATED:
+            replay = (" (a replay is sent only while a worker holds less than half its limit: the rest is kept "
+                      "for live requests)") if req.replay else ""
+            return error_reply(
+                req, why.status,
                 f"all {n} workers are saturated ({b.total_in_flight()} requests in flight, "
-                f"{remaining * 1000:.0f} ms left): retry later, spool, or use the edge result")
-        return error_reply(req, why.value,
+                f"{remaining * 1000:.0f} ms left){replay}: retry later, spool, or use the edge result")
+        return error_reply(req, why.status,
                            f"no worker can take requests now ({n} known, none ready): check the worker pool")
 
     # ---- views ----------------------------------------------------------------------------

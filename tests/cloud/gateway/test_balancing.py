@@ -1,4 +1,4 @@
-"""Property tests of the balancer core: the nine properties of docs/design/balancing.md#properties-the-tests-check."""
+"""Property tests of the balancer core: the ten properties of docs/design/balancing.md#properties-the-tests-check."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud.gateway.balancing import (
+    FAIR_WINDOW_S,
     Balancer,
     BalancerConfig,
     NoPick,
     Outcome,
     RetryBudget,
+    Share,
     Ticket,
     outcome_of,
     should_retry,
@@ -701,3 +703,102 @@ def test_a_retry_does_not_count_its_pixels_in_the_mean_again():
     retry = b.pick(pixels=5000, exclude=[first.address])  # the same request on another worker
     assert isinstance(retry, Ticket) and retry.address != first.address
     assert b._mean_pixels == mean and retry.cost == pytest.approx(5000 / mean)
+
+
+# Fair share across devices (docs/design/balancing.md#fair-share-across-devices)
+def _limited(limit: int = 20) -> tuple[Balancer, FakeClock]:
+    b, clock = make([1])
+    b.report_load("w0", None, limit=limit)  # room: the worker's limit (no rate measured yet)
+    return b, clock
+
+
+def test_one_device_is_never_refused_for_its_share():
+    """With one device (the common case), picks are those of a pool that names no device: it
+    fills the worker's limit and is then refused as saturated, as before."""
+    b, _ = _limited()
+    anonymous, _ = _limited()
+    for _ in range(25):
+        assert type(b.pick(device="cam")) is type(anonymous.pick())
+    assert b.pick(device="cam") is NoPick.SATURATED
+
+
+def test_a_device_over_its_share_is_refused_while_another_wants_room():
+    b, clock = _limited(20)
+    heavy = [must(b.pick(device="heavy")) for _ in range(20)]  # alone: the whole limit
+    assert b.pick(device="light") is NoPick.SATURATED  # a device under its share got no room: contended
+    assert b.pick(device="heavy") is NoPick.OVER_SHARE
+    share = b.share("heavy")
+    assert share is not None and (share.held, share.share, share.active, share.room) == (20, 10.0, 2, 20.0)
+    for t in heavy[:11]:  # heavy's requests end; it is refused new ones until it holds less than its share
+        t.release(Outcome.OK)
+    assert must(b.pick(device="heavy"))  # 9 -> 10: its share
+    assert b.pick(device="heavy") is NoPick.OVER_SHARE
+    light = [must(b.pick(device="light")) for _ in range(10)]  # the room left is the light device's
+    assert b.pick(device="light") is NoPick.OVER_SHARE  # and it keeps to its share too
+    for t in light:
+        t.release(Outcome.OK)
+    clock.t += 1.0
+    assert b.pick(device="heavy") is NoPick.OVER_SHARE  # light is still active: heavy keeps to its share
+
+
+def test_contention_ends_when_the_other_device_is_gone():
+    b, clock = _limited(20)
+    heavy = [must(b.pick(device="heavy")) for _ in range(20)]
+    assert b.pick(device="light") is NoPick.SATURATED
+    for t in heavy[:15]:
+        t.release(Outcome.OK)
+    assert b.pick(device="heavy") is not NoPick.OVER_SHARE  # 5 held: under its share of 10
+    for _ in range(5):
+        b.pick(device="heavy")
+    assert b.pick(device="heavy") is NoPick.OVER_SHARE
+    clock.t += FAIR_WINDOW_S + 0.1  # light asked nothing since: neither active nor contending
+    assert b.share("heavy") == Share(10, 20.0, 1, 20.0)
+    got = [b.pick(device="heavy") for _ in range(11)]
+    assert all(isinstance(t, Ticket) for t in got[:10]) and got[10] is NoPick.SATURATED
+
+
+def test_devices_under_no_contention_use_the_room_they_like():
+    """A share is kept only while the pool is contended: with room for everyone, a device may
+    hold more than its share (nothing is refused for it)."""
+    b, _ = _limited(20)
+    assert must(b.pick(device="light"))
+    assert all(isinstance(b.pick(device="heavy"), Ticket) for _ in range(15))
+
+
+def test_a_share_is_at_least_one_request():
+    """With more active devices than room, a device with nothing in flight is never over its share."""
+    b, _ = _limited(4)
+    held = [must(b.pick(device=f"cam-{i}")) for i in range(4)]
+    assert b.pick(device="cam-9") is NoPick.SATURATED  # contended
+    assert b.pick(device="cam-0") is NoPick.OVER_SHARE  # one held, share max(1, 4/5)
+    held[0].release(Outcome.OK)
+    assert must(b.pick(device="cam-9"))
+
+
+def test_the_share_follows_the_measured_rate_and_the_deadline():
+    b, _ = make([1])
+    b.report_load("w0", 10.0, limit=100)  # 10 images/s: 1 s of deadline is room for 10
+    assert b.share("cam", deadline_s=1.0) == Share(0, 10.0, 1, 10.0)
+    assert b.share("cam", deadline_s=30.0).room == 100.0  # the limit caps it
+    unknown, _ = make([1])
+    assert unknown.share("cam", deadline_s=1.0) is None  # nothing known: nothing to share out
+
+
+def test_a_released_request_counts_off_its_device_even_if_its_worker_is_gone():
+    b, _ = _limited(20)
+    t = must(b.pick(device="cam"))
+    b.set_endpoints([])
+    t.release(Outcome.OK)
+    assert b._held == {}
+
+
+def test_replays_take_only_the_room_live_requests_leave():
+    """A replay is sent only while the worker holds less than half its limit, and is no device's
+    share: 30 replays of 30 devices leave the live requests the rest of the limit."""
+    b, _ = _limited(20)
+    replays = [b.pick(device=f"cam-{i}", replay=True, priority=-1) for i in range(30)]
+    assert sum(isinstance(t, Ticket) for t in replays) == 10 and replays[10] is NoPick.SATURATED
+    assert b._held == {}
+    live = [b.pick(device="live") for _ in range(11)]
+    assert all(isinstance(t, Ticket) for t in live[:10]) and live[10] is NoPick.SATURATED
+    assert b.pick(device="cam-0", replay=True, priority=-1) is NoPick.SATURATED
