@@ -722,6 +722,32 @@ def test_one_device_is_never_refused_for_its_share():
     assert b.pick(device="cam") is NoPick.SATURATED
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(("pick", "release", "tick", "load")), st.integers(0, 30)),
+                max_size=120))
+def test_one_device_picks_exactly_as_a_pool_naming_none(ops):
+    """Whatever the picks, releases, clock and loads, a balancer told each request's device (one
+    device) picks and refuses exactly as one told none: the fair share changes nothing for it."""
+    pools = [make([4, 2, 1], seed=3) for _ in range(2)]
+    held: list[list[Ticket]] = [[], []]
+    for op, n in ops:
+        got = []
+        for k, (b, clock) in enumerate(pools):
+            if op == "pick":
+                t = b.pick(deadline_s=0.05 * n or None, device="cam" if k else None, replay=n % 7 == 0,
+                           priority=-1 if n % 7 == 0 else n)
+                got.append(t.address if isinstance(t, Ticket) else t)
+                if isinstance(t, Ticket):
+                    held[k].append(t)
+            elif op == "release" and held[k]:
+                held[k].pop(n % len(held[k])).release(list(Outcome)[n % len(Outcome)])
+            elif op == "tick":
+                clock.t += n / 10
+            elif op == "load":
+                b.report_load(f"w{n % 3}", float(n) or None, limit=n // 2)
+        assert len(set(map(str, got))) <= 1, (op, got)
+
+
 def test_a_device_over_its_share_is_refused_while_another_wants_room():
     b, clock = _limited(20)
     heavy = [must(b.pick(device="heavy")) for _ in range(20)]  # alone: the whole limit
