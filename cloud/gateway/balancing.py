@@ -39,7 +39,8 @@ injected clock, so tests drive it instantly:
   runs out is);
 * fair share across devices (docs/design/balancing.md#fair-share-across-devices): the live
   requests each device holds in flight are counted; while the pool is contended (a device under
-  its share was refused as saturated, or one over it refused, within ``FAIR_WINDOW_S``) a device
+  its share was refused as saturated or had one expire in a worker's queue, or one over it was
+  refused, within ``FAIR_WINDOW_S``) a device
   over the pool's room over the active devices is refused (``NoPick.OVER_SHARE``), so the others
   find room; with one device active it never applies. A replay is sent only while a worker holds
   less than half its cap (docs/design/balancing.md#replays-take-spare-room);
@@ -212,8 +213,8 @@ class NoPick(enum.Enum):
 #: docs/design/balancing.md#fair-share-across-devices: a device is active while it has a live
 #: request in flight or asked within this many seconds (the gateway's default deadline: a device
 #: waiting out a refusal, or one whose requests come a few seconds apart, still counts), and the
-#: pool is contended for this long after a device under its share was refused as saturated, or
-#: one over its share was refused.
+#: pool is contended for this long after a device under its share was refused as saturated or had
+#: a request expire in a worker's queue, or one over its share was refused.
 FAIR_WINDOW_S = 5.0
 
 
@@ -839,8 +840,8 @@ class Balancer:
 
     def _over_share(self, device: str, now: float, deadline_s: float | None) -> bool:
         """Whether a live request of ``device`` is refused for its share: the pool is contended (a
-        device under its share was refused as saturated, or one over it was refused, within
-        :data:`FAIR_WINDOW_S`), another device is active, and one more request would put
+        device under its share was refused as saturated or had a request expire in a worker's
+        queue, or one over its share was refused, within :data:`FAIR_WINDOW_S`), another device is active, and one more request would put
         ``device`` over its fair share of the pool's room. With one device it never is."""
         if len(self._seen) < 2 or now >= self._contended_until:
             return False
@@ -921,6 +922,11 @@ class Balancer:
             else:
                 self._held.pop(ticket.device, None)
             self._touch(ticket.device, self.clock())
+            if outcome is Outcome.EXPIRED and len(self._seen) >= 2:
+                # admitted, but the worker's queue ran it out of time: as good as refused
+                standing = self.share(ticket.device, ticket.deadline_s)
+                if standing is not None and standing.held + 1 <= standing.share:
+                    self._contended_until = self.clock() + FAIR_WINDOW_S
         ep = self.endpoints.get(address)
         if ep is None:
             return False

@@ -783,6 +783,19 @@ def test_contention_ends_when_the_other_device_is_gone():
     assert all(isinstance(t, Ticket) for t in got[:10]) and got[10] is NoPick.SATURATED
 
 
+def test_a_request_of_a_device_under_its_share_expiring_in_the_queue_is_contention():
+    """The gateway's prediction admitted it, but the worker's queue ran it out of time: the
+    device under its share got nothing, as if it had been refused."""
+    b, _ = _limited(20)
+    heavy = [must(b.pick(device="heavy")) for _ in range(15)]
+    must(b.pick(device="heavy")).release(Outcome.OK)
+    assert must(b.pick(device="heavy"))  # not contended: over its share of 10 and admitted
+    must(b.pick(device="light", deadline_s=1.0)).release(Outcome.EXPIRED)
+    assert b.pick(device="heavy") is NoPick.OVER_SHARE
+    assert must(b.pick(device="light"))
+    assert len(heavy) == 15
+
+
 def test_devices_under_no_contention_use_the_room_they_like():
     """A share is kept only while the pool is contended: with room for everyone, a device may
     hold more than its share (nothing is refused for it)."""
