@@ -343,6 +343,26 @@ class Batcher(Generic[T]):
         level.append(Pending(item, now, priority, deadline, next(self._seq), pixels))
         self._size += 1
 
+    def lowest_rank(self) -> int | None:
+        """The lowest priority queued (None: nothing queued)."""
+        return next((prio for prio in self._order if self._levels[prio]), None)
+
+    def displace(self, priority: int) -> T | None:
+        """Room in a full queue for a request of ``priority``: remove and return the newest
+        request queued of the lowest priority below it (a replay, for a live request:
+        ``edgewise.wire.queue_rank``), or None when nothing queued ranks below it. A full queue
+        refused whatever came next, so more devices replaying at once than its places refused
+        the live requests it would have served before them (docs/design/batching.md#priority);
+        the shell answers the one displaced as refused for load, as if it had found the queue
+        full (its client sends it later)."""
+        lowest = self.lowest_rank()
+        if lowest is None or lowest >= priority:
+            return None
+        pending = self._levels[lowest].pop()
+        self._size -= 1
+        self._prune()
+        return pending.item
+
     def cancel(self, item: T) -> bool:
         """Remove a queued ``item`` (its caller gave up); False if not queued."""
         for level in self._levels.values():

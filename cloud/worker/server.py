@@ -283,16 +283,20 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         if not request.HasField("image"):
             raise InvalidInputError("request.image is missing")
         deadline = self._deadline(request, context)
+        rank = queue_rank(int(request.priority), request.replay)
         if self.batcher.depth >= self.batcher.policy.max_queue_size:  # shed before decoding
-            raise OverloadedError(self._full_message())
+            lowest = self.batcher.lowest_rank()
+            if lowest is None or lowest >= rank:  # else one ranked below gives way (_make_room)
+                raise OverloadedError(self._full_message())
         arrived = self.clock()
         prepared, decode_s = await self._decode(request.image, deadline)
         loop = asyncio.get_running_loop()
         job = _Job(prepared, loop.create_future(), self.clock())
         h, w = prepared.meta.src_shape[:2]
+        if self.batcher.depth >= self.batcher.policy.max_queue_size:
+            self._make_room(rank)
         try:
-            self.batcher.submit(job, self.clock(), priority=queue_rank(int(request.priority), request.replay),
-                                deadline=deadline, pixels=h * w)
+            self.batcher.submit(job, self.clock(), priority=rank, deadline=deadline, pixels=h * w)
         except DeadlineExceededError as exc:
             need = self.batcher.need_s(h * w)
             if deadline is None or deadline - need <= arrived:
@@ -518,6 +522,18 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
     def _full_message(self) -> str:
         pol = self.batcher.policy
         return f"worker queue full ({self.batcher.depth}/{pol.max_queue_size} requests waiting); {BUSY_MARK}"
+
+    def _make_room(self, rank: int) -> None:
+        """In a full queue, the newest request queued below ``rank`` (a replay, for a live
+        request) gives way to one of ``rank`` (``Batcher.displace``); it is answered as refused
+        for load, as if it had found the queue full."""
+        displaced = self.batcher.displace(rank)
+        if displaced is not None:
+            full = self.batcher.policy.max_queue_size
+            self._fail(displaced, OverloadedError(
+                f"worker queue full ({full}/{full} requests waiting) and a request served before this one took its "
+                f"place (a replay gives way to live requests); {BUSY_MARK}"))
+            self.metrics.queue_depth.set(self.batcher.depth)
 
     def _fail(self, job: _Job, failure: EdgewiseError) -> None:
         if not job.future.done():

@@ -32,8 +32,10 @@ class BatchingSettings:
     preferred_batch_sizes: tuple[int, ...] = setting("Batch sizes sent as soon as they can be formed (e.g. "
                                                      "TensorRT profiles); each at most `max_batch_size`.",
                                                      (), lo=1)
-    max_queue_size: int = setting("Most requests waiting; the next one gets RESOURCE_EXHAUSTED at once. At least "
-                                  "`max_batch_size`: a batch is formed from the requests waiting.", 64,
+    max_queue_size: int = setting("Most requests waiting; the next one gets RESOURCE_EXHAUSTED at once, unless one "
+                                  "ranked below it waits (a replay, for a live request): the newest of those gives "
+                                  "way and gets it instead. At least `max_batch_size`: a batch is formed from the "
+                                  "requests waiting.", 64,
                                   lo=1, hi=1_000_000)
     mode: str = setting(
         "Whether to batch: `auto` measures at warm-up (at least 3 rounds) whether a batch serves at least "

@@ -506,3 +506,19 @@ def test_the_pixel_rate_sets_the_expectation_only_where_time_follows_pixels():
         b.observe(1, 0.1, 640 * 640)
         b.observe(1, 20.0, 3840 * 2160)  # a stall on a 4K frame
         assert b.min_batch_s < most, (pixel_cost, b.min_batch_s)
+
+
+def test_a_full_queue_displaces_its_newest_request_ranked_below_the_newcomer():
+    """``displace`` (docs/design/batching.md#priority): the newest of the lowest priority below
+    the newcomer's goes, none when nothing queued ranks below."""
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=1, max_queue_size=4, max_queue_delay_s=0.0))
+    assert b.lowest_rank() is None and b.displace(50) is None
+    for item, prio in (("r1", -1), ("r2", -1), ("live", 0), ("r3", -1)):
+        b.submit(item, 0.0, priority=prio)
+    assert b.lowest_rank() == -1
+    assert b.displace(-1) is None  # a replay does not displace a replay
+    assert [b.displace(0), b.displace(0), b.displace(0)] == ["r3", "r2", "r1"]
+    assert b.depth == 1 and b.lowest_rank() == 0 and b.displace(0) is None
+    with pytest.raises(OverloadedError):
+        for i in range(4):
+            b.submit(f"l{i}", 0.0, priority=0)

@@ -746,3 +746,38 @@ def test_a_worker_bound_to_an_ipv6_host_answers_there(tiny_model):
             await server.stop(2)
 
     asyncio.run(go())
+
+
+def test_a_full_queue_of_replays_gives_way_to_a_live_request(tiny_model):
+    """A queue full of replays (more devices replaying at once than its places, through several
+    gateways each keeping its own count) refused every live request, though a live request is
+    served before any replay (``edgewise.wire.queue_rank``). Now the newest replay queued gives
+    way, answered as refused for load (its edge replays it later); a live request never displaces
+    another live one, nor a replay a replay."""
+    settings = make_settings(tiny_model, max_batch_size=1, max_queue_size=2, max_queue_delay_ms=0)
+
+    async def main():
+        async with running(settings) as (srv, stub, _ch):
+            release = block_inference(srv)
+            im = photo()
+            replays = [asyncio.create_task(call(stub, jpeg_request(im, seq=i, replay=True, priority=90), timeout=60))
+                       for i in range(3)]  # one taken by the blocked model, two queued
+            await async_wait_until(lambda: srv.service.batcher.depth == 2, 30, "two replays queued")
+            refused_replay = await call(stub, jpeg_request(im, seq=9, replay=True), timeout=60)
+            live = asyncio.create_task(call(stub, jpeg_request(im, seq=10), timeout=60))
+            await async_wait_until(lambda: sum(t.done() for t in replays) == 1, 30, "the newest replay displaced")
+            displaced = [t.result() for t in replays if t.done()]
+            live2 = asyncio.create_task(call(stub, jpeg_request(im, seq=11), timeout=60))
+            await async_wait_until(lambda: sum(t.done() for t in replays) == 2, 30, "the other replay displaced")
+            refused_live = await call(stub, jpeg_request(im, seq=12), timeout=60)  # two live queued: full
+            release.set()
+            return refused_replay, displaced, await live, await live2, refused_live, await asyncio.gather(*replays)
+
+    refused_replay, displaced, live, live2, refused_live, replays = asyncio.run(main())
+    assert refused_replay[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue full" in refused_replay[1]
+    assert displaced[0][0] == grpc.StatusCode.RESOURCE_EXHAUSTED, displaced
+    assert "a replay gives way to live requests" in displaced[0][1] and BUSY_MARK in displaced[0][1]
+    assert live[0] == grpc.StatusCode.OK and live2[0] == grpc.StatusCode.OK, (live, live2)
+    assert refused_live[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue full" in refused_live[1]
+    # the one the blocked model took runs (the three calls arrive in any order)
+    assert sorted(c.name for c, _ in replays) == ["OK", "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"], replays
