@@ -33,7 +33,7 @@ def test_a_device_flooding_the_pool_leaves_another_device_its_share():
     rate limit) against one worker of the shipped model, more than the worker answers in 1 s;
     ``light``, an edge with 2 escalations in flight at a time, the same deadline. Before,
     ``heavy`` kept the worker's queue as long as the deadline allowed and nearly every request of
-    ``light`` was refused as saturated or expired in the queue (16 of 260 answered on the
+    ``light`` was refused as saturated or expired in the queue (9 of 134 answered on the
     project's 2-core machine; a probe with 5 s deadlines saw 0 of 28). Now, while another device
     wants room, a device over its fair share of the pool is the one refused: ``light`` gets most
     of its requests answered, and ``heavy`` is told it is over its share."""
