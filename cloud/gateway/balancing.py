@@ -40,9 +40,9 @@ injected clock, so tests drive it instantly:
 * fair share across devices (docs/design/balancing.md#fair-share-across-devices): the live
   requests each device holds in flight are counted; while the pool is contended (a device under
   its share was refused as saturated or had one expire in a worker's queue, or one over it was
-  refused, within ``FAIR_WINDOW_S``) a device
-  over the pool's room over the active devices is refused (``NoPick.OVER_SHARE``), so the others
-  find room; with one device active it never applies. A replay is sent only while a worker holds
+  refused, within ``FAIR_WINDOW_S``) a device over the pool's room over the active devices is
+  refused (``NoPick.OVER_SHARE``), so the others find room; with one device active it never
+  applies. A replay is sent only while a worker holds
   less than half its cap (docs/design/balancing.md#replays-take-spare-room);
 * RESOURCE_EXHAUSTED counts as load (docs/design/balancing.md#overload-is-load-not-failure): the endpoint is
   capped at its current in-flight for ``overload_hold_s``; it is neither a
@@ -829,11 +829,12 @@ class Balancer:
 
     def share(self, device: str, deadline_s: float | None = None, now: float | None = None) -> Share | None:
         """``device``'s standing for a request with ``deadline_s`` to go (:class:`Share`): None
-        when the pool's room is not known (no endpoint with a cap or a measured rate)."""
+        when the pool's room is not known (an endpoint with neither a cap nor a measured rate)
+        or there is none (no endpoint a pick may find: that is answered as such, not as a share)."""
         now = self.clock() if now is None else now
         self._prune(now)
         room = self._room(now, deadline_s)
-        if not math.isfinite(room):
+        if not math.isfinite(room) or room <= 0:
             return None
         active = max(1, len(self._seen))
         return Share(self._held.get(device, 0), max(1.0, room / active), active, room)
@@ -841,8 +842,9 @@ class Balancer:
     def _over_share(self, device: str, now: float, deadline_s: float | None) -> bool:
         """Whether a live request of ``device`` is refused for its share: the pool is contended (a
         device under its share was refused as saturated or had a request expire in a worker's
-        queue, or one over its share was refused, within :data:`FAIR_WINDOW_S`), another device is active, and one more request would put
-        ``device`` over its fair share of the pool's room. With one device it never is."""
+        queue, or one over its share was refused, within :data:`FAIR_WINDOW_S`), another device
+        is active, and one more request would put ``device`` over its fair share of the pool's
+        room. With one device it never is."""
         if len(self._seen) < 2 or now >= self._contended_until:
             return False
         standing = self.share(device, deadline_s, now)

@@ -823,6 +823,15 @@ def test_the_share_follows_the_measured_rate_and_the_deadline():
     assert unknown.share("cam", deadline_s=1.0) is None  # nothing known: nothing to share out
 
 
+def test_a_pool_with_no_worker_left_answers_so_not_with_a_share():
+    b, _ = _limited(4)
+    held = [must(b.pick(device=f"cam-{i}")) for i in range(4)]
+    assert b.pick(device="cam-9") is NoPick.SATURATED  # contended
+    b.report_load("w0", None, serving=False)
+    assert b.pick(device="cam-0") is NoPick.NO_ENDPOINTS and b.share("cam-0") is None
+    assert len(held) == 4
+
+
 def test_a_released_request_counts_off_its_device_even_if_its_worker_is_gone():
     b, _ = _limited(20)
     t = must(b.pick(device="cam"))
