@@ -767,7 +767,7 @@ class Escalating:
                     done = self._settle_replay(e, answer)
                     if done is None:  # the cloud is still unreachable, or a sink cannot take the record
                         await self._spool_call(spool.nack, e.id)
-                        if answer is None and stuck.failed(e.id) and stuck.steps_over(e.id):
+                        if answer is None and stuck.steps_over(e.id):  # (counted by _send_replay)
                             self._stepped_over(e)  # the cloud answers others: the rest goes on
                             continue
                         if blocker is None:  # the rest waits, in order
@@ -807,8 +807,8 @@ class Escalating:
         answer = await self._send_replay(e)
         done = self._settle_replay(e, answer)
         if done is None:
-            if answer is None:
-                stuck.probe_failed(e.id)
+            if answer is None:  # (counted by _send_replay): the cloud answers nothing, as far as we know
+                stuck.unanswered()
             return
         stuck.settled(e.id)
         settled.append(e.id)
@@ -882,6 +882,7 @@ class Escalating:
                 log.warning("spooled escalations wait: %s was sent over %s, and this device configures no cloud "
                             "transport now (cloud.endpoints, cloud.mqtt.host); they are replayed once one is",
                             e.key, spooled.transport)
+            self._stuck.failed(e.id)
             return None
         t0 = time.monotonic()
         try:
@@ -890,7 +891,11 @@ class Escalating:
             if exc.spoolable:
                 self.metrics.spool_events.labels("nack").inc()
                 log.debug("replay of %s failed (%s); retrying later", e.key, exc)
-                return None  # the caller counts it (StuckEntries.failed): an entry stuck is no evidence
+                if exc.status == status.RESOURCE_EXHAUSTED:  # a busy cloud: nothing about this entry
+                    self._stuck.unanswered()
+                else:  # timed out or not carried: maybe this entry's own doing
+                    self._stuck.failed(e.id)
+                return None
             self._stuck.answered()
             return _Refused(spooled, f"cloud refused the replay: {exc}")  # a resend would fail the same way
         except Exception as exc:  # not the transport's kind of failure: it must not block the spool's head

@@ -9,7 +9,9 @@ every later entry, of every stream, until it expires (``spool.max_age_s``, 24 h 
 The rule, in one place:
 
 - An entry the cloud failed ``ATTEMPTS`` times in a row is *stuck* (counted here, in memory:
-  a restart starts the count again).
+  a restart starts the count again). A failure counts when the replay timed out or its
+  transport could not carry it; a refusal as busy (RESOURCE_EXHAUSTED: the cloud keeps its
+  room for live requests) is the cloud's load, not the entry's, and does not.
 - A stuck entry is stepped over only while **the cloud is known to answer**: the last outcome
   of a request (a live escalation, or the replay of an entry that is not stuck) was an answer,
   less than ``EVIDENCE_S`` ago; and only once it failed at least one try while the cloud was
@@ -81,11 +83,6 @@ class StuckEntries:
         if was.all < ATTEMPTS:
             self.unanswered()
         return was.all + 1 >= ATTEMPTS
-
-    def probe_failed(self, entry: int) -> None:
-        """A probe was not answered: counted for ``probe``'s choice, and the cloud does not answer."""
-        self.failed(entry)
-        self.unanswered()
 
     def settled(self, entry: int) -> None:
         """``entry`` left the round settled (answered, refused for good, unreadable)."""

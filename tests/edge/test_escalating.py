@@ -418,6 +418,31 @@ def test_entries_left_before_one_settled_out_of_order_are_sent_while_acks_fail(t
     spool.close()
 
 
+def test_a_cloud_that_refuses_replays_as_busy_makes_no_entry_stuck(tmp_path):
+    """Pure (a scripted transport): a cloud busy with live requests refuses replays
+    (RESOURCE_EXHAUSTED: it keeps its room for live ones). That is the cloud's load, not the
+    entries': none is stepped over, and once there is room they are answered in spool order."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(5), policy)
+    written = []
+
+    async def run():
+        t = _Counting(None, fail=range(5), status=detect_pb2.RESOURCE_EXHAUSTED)
+        esc = Escalating("dev", {"grpc": t}, written.append, EdgeMetrics(), spool=spool)
+        for _ in range(3 * ATTEMPTS):
+            esc._stuck.answered()  # live escalations are answered meanwhile
+            assert await esc.replay_once() == 0
+        t.fail.clear()
+        esc._stuck.answered()
+        assert await esc.replay_once() == 5
+        await esc.close()
+
+    asyncio.run(run())
+    assert [r.frame_seq for r in written] == [0, 1, 2, 3, 4]
+    spool.close()
+
+
 def test_an_outage_costs_a_round_one_written_attempt_and_at_most_one_probe(tmp_path):
     """The other side: during an outage every entry fails and nothing is stepped over. A round
     sends its head (and, once the head is stuck, one probe) and writes one attempt, the head's:
@@ -779,11 +804,12 @@ def test_full_spool_disk_keeps_every_record_and_replay_recovers_by_itself(tmp_pa
 class _Counting:
     """Wraps a real transport and counts the requests in flight through it at once."""
 
-    def __init__(self, inner, answer_delay=None, fail=()):
+    def __init__(self, inner, answer_delay=None, fail=(), status=detect_pb2.UNAVAILABLE):
         self.inner, self.name = inner, getattr(inner, "name", "grpc")
         self.now = self.most = 0
         self.answer_delay = answer_delay or {}
         self.fail = set(fail)
+        self.status = status
 
     async def detect(self, req, timeout_s):
         self.now += 1
@@ -792,7 +818,8 @@ class _Counting:
             if self.inner is None:  # pure: answer (or fail) after the frame's delay
                 await asyncio.sleep(self.answer_delay.get(req.frame_seq, 0.0))
                 if req.frame_seq in self.fail:
-                    raise TransportError(detect_pb2.UNAVAILABLE, "worker gone")
+                    raise TransportError(self.status, "worker gone" if self.status == detect_pb2.UNAVAILABLE
+                                         else "saturated: replays wait for spare room")
                 return detect_pb2.DetectResponse(model_name="big")
             return await self.inner.detect(req, timeout_s)
         finally:

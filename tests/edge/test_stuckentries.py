@@ -95,7 +95,6 @@ def test_the_probe_is_the_entry_failed_least_often_oldest_first():
     s = StuckEntries(2.0, Clock())
     assert s.probe([]) is None
     s.failed(4)
-    s.probe_failed(5)
+    s.failed(5)
     assert s.probe([4, 5, 6]) == 6
     assert s.probe([4, 5]) == 4
-    assert not s.answering()
