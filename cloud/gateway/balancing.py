@@ -659,8 +659,10 @@ class Balancer:
             return True
         # A replay takes only room live requests leave: it is sent while the worker holds less
         # than half its limit, so replays never hold more than half of it
-        # (docs/design/balancing.md#replays-take-spare-room).
-        if replay and cap is not None and ep.in_flight >= cap // 2:
+        # (docs/design/balancing.md#replays-take-spare-room); an idle one always takes one (a
+        # cap of 1, as balancer.max_in_flight: 1 or an overload hold make it, would never drain
+        # a spool otherwise).
+        if replay and cap is not None and ep.in_flight >= max(1, cap // 2):
             return True
         # Admission: predicted queue wait (work ahead of this priority / measured rate) past the deadline.
         rate = self._pixel_weight(ep) or ep.capacity

@@ -840,6 +840,17 @@ def test_a_released_request_counts_off_its_device_even_if_its_worker_is_gone():
     assert b._held == {}
 
 
+def test_a_worker_that_takes_one_request_at_a_time_still_takes_replays_when_idle():
+    """balancer.max_in_flight: 1 (or a worker's limit held at 1 after an overload): half the cap
+    is 0, which refused every replay and left every edge's spool to expire."""
+    b, _ = _limited(1)
+    first = b.pick(device="cam-0", replay=True, priority=-1)
+    assert isinstance(first, Ticket)
+    assert b.pick(device="cam-1", replay=True, priority=-1) is NoPick.SATURATED  # not beside another
+    first.release(Outcome.OK)
+    assert isinstance(b.pick(device="cam-1", replay=True, priority=-1), Ticket)
+
+
 def test_replays_take_only_the_room_live_requests_leave():
     """A replay is sent only while the worker holds less than half its limit, and is no device's
     share: 30 replays of 30 devices leave the live requests the rest of the limit."""
