@@ -19,7 +19,11 @@ The rule, in one place:
   sent first as usual). Its failure then does not stop the round, and between its tries it is
   not sent at all: it rests from the replay interval, doubling with each failure past
   ``ATTEMPTS`` that came while the cloud answered, up to ``MAX_REST_S``. The round's other
-  entries are sent as usual.
+  entries are sent as usual. The failure of an entry not known to be stuck for a reason of its
+  own (failed fewer than ``ATTEMPTS`` times, or never while the cloud answered) says the cloud
+  does not answer: after an outage whose probes failed the entries behind the head, a cloud
+  gone again right after one answer would otherwise have every such entry stepped over, sent
+  and its attempt written, at every round for ``EVIDENCE_S``.
 - When the cloud is not known to answer (no live traffic, only the stuck entry tried), a round
   that stopped at a stuck entry sends one *probe*: the entry behind it that the cloud failed
   least often. An answer to it is the evidence; a failure is counted here and written nowhere.
@@ -75,12 +79,14 @@ class StuckEntries:
     # -- what happened to one entry
     def failed(self, entry: int) -> bool:
         """The cloud failed ``entry`` once more; True when that leaves it stuck. The failure of an
-        entry that was not stuck says the cloud does not answer."""
+        entry not known to be stuck for a reason of its own (failed fewer than ``ATTEMPTS`` times,
+        or never while the cloud answered: the probes of an outage fail every entry they try)
+        says the cloud does not answer."""
         was = self._failures.get(entry, _Failures(0, 0, 0.0))
         answered = was.answered + (1 if self.answering() else 0)
         rest = min(self.rest_s * 2.0 ** max(0, answered - ATTEMPTS), MAX_REST_S)
         self._failures[entry] = _Failures(was.all + 1, answered, self._clock() + rest)
-        if was.all < ATTEMPTS:
+        if was.all < ATTEMPTS or was.answered == 0:
             self.unanswered()
         return was.all + 1 >= ATTEMPTS
 

@@ -479,6 +479,49 @@ def test_an_outage_costs_a_round_one_written_attempt_and_at_most_one_probe(tmp_p
     spool.close()
 
 
+def test_an_outage_after_a_short_return_of_the_cloud_costs_no_more_than_an_outage(tmp_path):
+    """Pure (a scripted transport), no live traffic: a long outage, in which the probes behind
+    the head failed each entry they tried ATTEMPTS times or more; then the cloud answers the
+    head and is gone again at once (a flapping uplink). Those entries failed during an outage
+    only: their failure must say the cloud does not answer, as the head's did, so a round
+    still sends at most one entry past what it sent before plus one probe. Each was stepped
+    over instead, for the 60 s one answer counts as evidence: every round (each entry resting
+    one replay interval) sent and wrote an attempt for every entry of replay_batch, what the
+    reverted rule cost."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(8), policy)  # one replay_batch
+    down, asked = _Counting(None, fail=range(8)), []
+    fail = down.detect
+
+    async def counted(req, timeout_s):
+        asked.append(req.frame_seq)
+        return await fail(req, timeout_s)
+
+    down.detect = counted
+
+    async def run():
+        esc = Escalating("dev", {"grpc": down}, lambda rec: True, EdgeMetrics(), spool=spool, replay_interval_s=0.05)
+        for _ in range(40):  # the outage: the 7 entries behind the head probed 5 times or more each
+            await esc.replay_once()
+        down.fail.discard(0)  # the cloud answers the head, and is gone again at once
+        sent, settled = [], 0
+        for _ in range(8):
+            before = len(asked)
+            settled += await esc.replay_once()
+            sent.append(len(asked) - before)
+            down.fail.add(0)
+            await asyncio.sleep(0.06)  # a replay interval: what rested is due again
+        await esc.close()
+        return sent, settled
+
+    sent, settled = asyncio.run(run())
+    assert settled == 1  # the head
+    # the head, the entry behind it and a probe; then the new head and a probe, as in any outage
+    assert sent[0] <= 3 and max(sent[1:]) <= 2, sent
+    spool.close()
+
+
 async def _escalating_on_a_loop() -> Escalating:
     return Escalating("dev", {}, lambda rec: None, EdgeMetrics())
 

@@ -28,7 +28,9 @@ def test_a_stuck_entry_is_stepped_over_only_while_the_cloud_is_known_to_answer()
     assert not s.steps_over(1) and s.needs_probe(1)  # its own failures are no evidence
     s.answered()  # (a probe was answered)
     assert not s.steps_over(1) and not s.needs_probe(1)  # failed during an outage only: sent first
-    s.failed(1)  # failed while the cloud answers: stuck for a reason of its own
+    s.failed(1)  # failed while the cloud answers: stuck for a reason of its own, or the cloud gone again
+    assert not s.answering() and not s.steps_over(1) and s.needs_probe(1)
+    s.answered()  # (the probe behind it was answered: the entry's own)
     assert s.steps_over(1) and not s.needs_probe(1)
     clock.t += EVIDENCE_S + 0.1  # an answer long ago says nothing about now
     assert not s.steps_over(1) and s.needs_probe(1)
@@ -52,10 +54,23 @@ def test_the_failure_of_an_entry_not_stuck_says_the_cloud_does_not_answer_and_a_
     for _ in range(ATTEMPTS):
         s.failed(1)
     s.answered()
-    s.failed(1)  # stuck already: it fails whatever the cloud does
+    s.failed(1)  # its first failure while the cloud answered: no evidence either way yet
+    s.answered()
+    s.failed(1)  # stuck for a reason of its own: it fails whatever the cloud does
     assert s.answering()
     s.failed(2)
     assert not s.answering()
+
+
+def test_an_entry_failed_only_during_an_outage_says_the_cloud_does_not_answer():
+    """The probes of an outage fail each entry behind the head ATTEMPTS times; the cloud answers
+    once and is gone again: such an entry's failure is no different from the head's."""
+    s = StuckEntries(2.0, Clock())
+    for _ in range(ATTEMPTS * 2):
+        s.failed(2)  # (probe_failed: the same count)
+    s.answered()
+    s.failed(2)
+    assert not s.answering() and not s.steps_over(2)
 
 
 def test_a_stuck_entry_rests_between_tries_longer_each_time_up_to_the_bound():
