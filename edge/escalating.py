@@ -725,8 +725,9 @@ class Escalating:
         if self._unacked:
             await self._ack()
         stuck = self._stuck
-        try:  # expires what is too old; reads past the stuck entries the round skips and the unacknowledged
-            peeked = await self._spool_call(spool.peek, self.replay_batch + stuck.resting_count(), 0,
+        try:  # expires what is too old; reads past the stuck entries the round skips and the unacknowledged,
+            # and one entry past the batch: a probe's candidate when the whole batch is one window
+            peeked = await self._spool_call(spool.peek, self.replay_batch + stuck.resting_count() + 1, 0,
                                             frozenset(self._unacked))
         except SpoolError as exc:
             self._spool_failed(exc)
@@ -735,7 +736,8 @@ class Escalating:
             head = peeked[0].id if peeked else None
             self._held = {k: v for k, v in self._held.items() if head is not None and v[0] >= head}
         stuck.keep(e.id for e in peeked)
-        entries = [e for e in peeked if not stuck.resting(e.id)][:self.replay_batch]
+        ready = [e for e in peeked if not stuck.resting(e.id)]
+        entries = ready[:self.replay_batch]
         resting = next((e for e in peeked if stuck.resting(e.id)), None)
         if resting is not None:
             self._stepped_over(resting)
@@ -777,7 +779,7 @@ class Escalating:
                         settled.append(e.id)
                 if blocker is not None:
                     if probing and not (self._stop is not None and self._stop.is_set()):
-                        await self._probe(entries[start + step:], settled)
+                        await self._probe(ready[start + step:], settled)
                     break
         finally:  # also when cancelled at shutdown: what reached the sinks is acknowledged
             if settled:

@@ -522,6 +522,85 @@ def test_an_outage_after_a_short_return_of_the_cloud_costs_no_more_than_an_outag
     spool.close()
 
 
+def test_a_cloud_saturated_for_replays_while_it_answers_live_ones_makes_no_entry_stuck(tmp_path):
+    """Pure (a scripted transport): the cloud serves replays after every live request, so a
+    cloud at capacity answers a camera's live escalations and refuses every replay as saturated
+    (RESOURCE_EXHAUSTED: after an outage, a fleet replaying at once). That says nothing about
+    an entry: the round stops at the head as before, one replay a round. Each refused entry was
+    counted stuck instead, stepped over once a live answer came, and left resting (up to 5
+    minutes) when the cloud had room again, the spool's order scrambled and more replays sent
+    into a saturated cloud at each round."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(1, 13), policy)
+    written, replays = [], []
+    saturated = [True]
+    d = dets([[10, 10, 30, 30]], [0.4])
+
+    class Cloud:
+        name = "grpc"
+
+        async def detect(self, req, timeout_s):
+            if req.replay:
+                replays.append(req.frame_seq)
+                if saturated[0]:
+                    raise TransportError(detect_pb2.RESOURCE_EXHAUSTED, "all 2 workers are saturated")
+            return detect_pb2.DetectResponse(model_name="big")
+
+        async def close(self):
+            pass
+
+    async def run():
+        esc = Escalating("dev", {"grpc": Cloud()}, written.append, EdgeMetrics(), spool=spool,
+                         replay_interval_s=60.0)
+        sent, delivered = [], 0
+        for seq in range(100, 116):  # a live escalation answered before each round
+            esc.submit(Frame("cam", seq, np.full((48, 64, 3), 40, np.uint8), 0, 0.0), d,
+                       Decision(True, "hard", 0.8, {}), policy, frame_record("cam", seq))
+            await async_wait_until(lambda: any(r.frame_seq == seq for r in written), 30, "the live record")
+            before = len(replays)
+            if seq == 112:
+                saturated[0] = False  # the cloud has room again
+            if saturated[0]:
+                await esc.replay_once()
+                sent.append(len(replays) - before)
+            else:
+                delivered += await esc.replay_once()
+        await esc.drain(0.1)
+        await esc.close()
+        return sent, delivered
+
+    sent, delivered = asyncio.run(run())
+    assert sent == [1] * 12, sent  # the head, one replay a round
+    assert delivered == 12 and len(spool) == 0  # nothing left resting once the cloud has room (4 rounds)
+    assert [r.frame_seq for r in written if r.late] == list(range(1, 13))  # in spool order
+    spool.close()
+
+
+def test_a_stuck_head_is_probed_past_with_a_replay_batch_of_one(tmp_path):
+    """Pure (a scripted transport), no live traffic: spool.replay_batch 1 (allowed: 1 to 10000).
+    The probe was taken among the round's batch behind the stuck entry, which held nothing: the
+    head the cloud cannot answer held every entry behind it until it expired (24 h), as before
+    the stuck-entry rule. A round reads one entry past its batch for the probe."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
+    _spool_requests(spool, range(4), policy)
+    written = []
+
+    async def run():
+        cloud = _Counting(None, fail={0})  # frame 0 is never answered in time, the others are
+        esc = Escalating("dev", {"grpc": cloud}, written.append, EdgeMetrics(), spool=spool, replay_batch=1)
+        settled = [await esc.replay_once() for _ in range(12)]
+        await esc.close()
+        return settled
+
+    settled = asyncio.run(run())
+    assert sum(settled) == 3, settled
+    assert [r.frame_seq for r in written if r.late] == [1, 2, 3]
+    assert [item.key for item in spool.peek()] == ["dev/cam/0"]
+    spool.close()
+
+
 async def _escalating_on_a_loop() -> Escalating:
     return Escalating("dev", {}, lambda rec: None, EdgeMetrics())
 
