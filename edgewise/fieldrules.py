@@ -6,7 +6,7 @@ a range with open or closed ends (``an integer in [1, 65535]``, ``a number > 0``
 and no subnormal number in it (``1e-320``: no rate or period, infinite inverted),
 choices (``grpc | mqtt``), how a bad value is quoted, and the did-you-mean
 suggestion (difflib); the digits a number given as text is read in (ASCII, not
-any script's); and the form a class name is matched in (Unicode NFC), for the
+any script's, and no ``_`` separators); and the form a class name is matched in (Unicode NFC), for the
 model loader and the policy's ``spec.classes`` keys. Dependency-free so both can use
 it without importing each other.
 """
@@ -108,6 +108,8 @@ def suggest(key: str, options: Sequence[str]) -> str:
 
 #: how an error says which digits a number is read in
 ASCII_DIGITS_HINT = "write it in the ASCII digits 0-9"
+#: how an error says a number given as text has no digit separators
+NO_UNDERSCORE_HINT = "write it without '_' separators"
 
 
 def ascii_digits(text: str) -> bool:
@@ -116,6 +118,19 @@ def ascii_digits(text: str) -> bool:
     digits (``'١٢'``, full-width ``'１２'``; ``isdigit`` even ``'²'``, which ``int()`` then
     refuses), so an Arabic-Indic port was taken as a number and a superscript one crashed."""
     return text.isascii() and text.isdigit()
+
+
+def number_text_hint(text: str) -> Optional[str]:
+    """Why ``text`` (a number given as text: an environment variable, ``--set``, a quoted or
+    unquoted-but-text YAML value) cannot be read as a number before ``int()``/``float()`` see it,
+    or None. Both take any script's digits (:func:`ascii_digits`) and ``_`` between digits
+    (``'1_000'`` is 1000), which YAML 1.2 does not (``1_000`` in a file is text), so a number
+    read from text read more than the same number written in a file."""
+    if not text.isascii():
+        return ASCII_DIGITS_HINT
+    if "_" in text:
+        return NO_UNDERSCORE_HINT
+    return None
 
 
 #: the longest class name accepted (COCO's longest is 14 characters)

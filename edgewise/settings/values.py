@@ -9,9 +9,11 @@ the autoscaler (:data:`VALUE_RULES` is the table the reference pages print):
 * ``bool``: ``true``/``false``; the strings true/false, yes/no, on/off, 1/0 (any case);
   the integers 1 and 0.
 * ``int``: an integer, a float without a fractional part (``3.0``), or a string
-  holding either (``'3'``, ``'3.0'``) in ASCII digits. Never a boolean.
+  holding either (``'3'``, ``'3.0'``) in ASCII digits without ``_``. Never a boolean.
 * ``float``: a finite int or float, or a string holding one (``'0.5'``, ``'1e-3'``) in
-  ASCII digits (``int()`` and ``float()`` take any script's: ``'١٢'`` is refused, not 12).
+  ASCII digits without ``_`` (``int()`` and ``float()`` take any script's digits and ``_``
+  separators: ``'١٢'`` and ``'1_000'`` are refused, not 12 and 1000, as YAML 1.2 reads
+  ``1_000`` in a file as text).
 * ``str``: a string, or a number written as it reads (``5`` becomes ``"5"``); not a
   boolean, null, list or mapping (quote ``'yes'`` to mean the word).
 * ``Optional[X]``: ``null``, or the text ``null`` or an empty string, is None; anything
@@ -35,16 +37,16 @@ import types
 import typing
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from edgewise.fieldrules import ASCII_DIGITS_HINT
+from edgewise.fieldrules import number_text_hint
 
 #: (type, what is accepted): the rules above as the reference pages print them.
 VALUE_RULES: Tuple[Tuple[str, str], ...] = (
     ("bool", "`true`/`false`; the strings true/false, yes/no, on/off, 1/0 (any case); the integers 1 and 0"),
     ("int", "an integer, a float without a fractional part (`3.0`), or a string holding either (`'3'`), in ASCII "
-            "digits (`'١٢'` is no number); in a file "
+            "digits without `_` (`'١٢'` and `'1_000'` are no numbers); in a file "
             "numbers read as YAML 1.2 reads them (`010` is ten, not octal eight; `0o17` and `0x1f` are octal and hex; "
             "`1:30` is text)"),
-    ("float", "a finite number, or a string holding one (`'0.5'`, `'1e-3'`), in ASCII digits"),
+    ("float", "a finite number, or a string holding one (`'0.5'`, `'1e-3'`), in ASCII digits without `_`"),
     ("str", "a string, or a number as written in YAML (`012` is `\"012\"`, `1.10` is `\"1.10\"`); quote `'yes'` to "
             "mean the word"),
     ("... or null", "`null`, or the text `null` or an empty string, means none"),
@@ -185,8 +187,9 @@ _SCALARS: Dict[Any, Callable[[Any], Any]] = {bool: _bool, int: _int, float: _flo
 def _number(value: Any, what: str) -> Optional[Union[int, float]]:
     if isinstance(value, str):
         text = value.strip()
-        if not text.isascii():  # int() and float() take any script's digits: '١٢' was 12, '１５' 15
-            raise Problem(f"{what} ({ASCII_DIGITS_HINT})")
+        hint = number_text_hint(text)  # int() and float() take '١٢' as 12 and '1_000' as 1000
+        if hint:
+            raise Problem(f"{what} ({hint})")
         try:
             return int(text, 0) if text.lstrip("+-")[:2].lower() in ("0x", "0o") else int(text)
         except ValueError:

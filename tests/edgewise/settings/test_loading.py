@@ -79,6 +79,26 @@ def test_a_subnormal_number_is_refused_as_the_policy_refuses_it(schema, yaml_fil
     assert schema.load(None, ["ratio=0"], {}).ratio == 0.0
 
 
+def test_numbers_given_as_text_take_no_underscores(schema, yaml_file):
+    """Python's int() and float() take '_' between digits, so `EDGEWISE_..._PORT=1_000`,
+    `--set ratio=0.2_5` and `port: '1_000'` ran as 1000 and 0.25, and `port: 1_000` unquoted, which
+    YAML 1.2 (the settings reader) leaves text, did too (found by a probe). File, environment and
+    --set now agree: each is refused, naming its source and key."""
+    hint = r" \(write it without '_' separators\); allowed: "
+    with pytest.raises(ConfigError, match=r"/s.yaml:2: net.port: '1_000' is not an integer" + hint):
+        schema.load(yaml_file("net:\n  port: 1_000\n"), env={})
+    with pytest.raises(ConfigError, match=r"/s.yaml:2: net.port: '1_000' is not an integer" + hint):
+        schema.load(yaml_file("net:\n  port: '1_000'\n"), env={})
+    with pytest.raises(ConfigError, match=r"^EDGEWISE_TEST__NET__PORT: '1_000' is not an integer" + hint):
+        schema.load(None, env={"EDGEWISE_TEST__NET__PORT": "1_000"})
+    with pytest.raises(ConfigError, match=r"^--set net.port: '0x_1f' is not an integer" + hint):
+        schema.load(None, ["net.port=0x_1f"], {})
+    with pytest.raises(ConfigError, match=r"^--set ratio: '0.2_5' is not a number" + hint):
+        schema.load(None, ["ratio=0.2_5"], {})
+    r = schema.load(None, ["net.port=1000", "ratio=0.25", "net.host=a_b"], {})
+    assert (r.net.port, r.ratio, r.net.host) == (1000, 0.25, "a_b")  # text fields keep their '_'
+
+
 @pytest.mark.parametrize("text, message", [
     ("net:\n  prot: 1\n", "s.yaml:2: net.prot: unknown key (did you mean 'port'?); allowed: host | port | tls | token | mode"),
     ("net:\n  port: 0\n", "s.yaml:2: net.port: 0 is out of range; allowed: an integer in [1, 65535]"),
