@@ -13,6 +13,7 @@ import argparse
 import sys
 from typing import Any, List, Mapping, Optional, Sequence, TypeVar
 
+from edgewise.fieldrules import ascii_digits, number_text_hint
 from edgewise.settings.describing import describe
 from edgewise.settings.fields import walk
 from edgewise.settings.loading import Flag, Schema
@@ -33,8 +34,17 @@ class _Describe(argparse.Action):
 
 
 def positive_int(text: str) -> int:
-    """An argparse ``type`` for a whole number >= 1 (a ValueError becomes argparse's usage error)."""
-    n = int(text)
+    """An argparse ``type`` for a whole number >= 1 in the ASCII digits 0-9, the digits every setting
+    is read in (:func:`edgewise.fieldrules.ascii_digits`); ``int()`` alone took ``'١٢'``, ``'１２'``
+    and ``'1_000'``. A ValueError becomes argparse's usage error; one for a number in other digits
+    or with ``_`` says how to write it."""
+    digits = text.strip()
+    if not ascii_digits(digits):
+        hint = number_text_hint(digits)
+        if hint:
+            raise argparse.ArgumentTypeError(f"invalid {positive_int.__name__} value: {text!r} ({hint})")
+        raise ValueError(text)
+    n = int(digits)
     if n < 1:
         raise ValueError(text)
     return n

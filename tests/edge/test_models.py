@@ -67,6 +67,17 @@ def test_model_info_refuses_a_batch_below_one(tiny_model: Path, capsys) -> None:
         assert f"argument --max-batch: invalid whole number >= 1 value: '{bad}'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bad, hint", [("١٢", "write it in the ASCII digits 0-9"), ("２", "write it in the ASCII digits 0-9"),
+                                       ("1_0", "write it without '_' separators")])
+def test_model_info_reads_the_batch_in_ascii_digits_only(tiny_model: Path, capsys, bad: str, hint: str) -> None:
+    """``--max-batch ١٢`` (Arabic-Indic), ``２`` (full-width) and ``1_0`` were read as 12, 2 and 10 by
+    int(), though every setting refuses them (found by a probe); the flag follows the one rule."""
+    with pytest.raises(SystemExit) as exc:
+        main(["edge", "model-info", str(tiny_model), "--max-batch", bad])
+    assert exc.value.code == 2
+    assert f"argument --max-batch: invalid whole number >= 1 value: '{bad}' ({hint})" in capsys.readouterr().err
+
+
 
 def test_model_info_refuses_a_batch_the_daemon_refuses(tiny_model: Path, capsys) -> None:
     """``--max-batch 99999999`` was accepted, and named an engine no daemon can load."""
