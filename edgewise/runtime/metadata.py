@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from edgewise.errors import ModelError
-from edgewise.fieldrules import MAX_NAME_CHARS, class_name_form
+from edgewise.fieldrules import ASCII_DIGITS_HINT, MAX_NAME_CHARS, ascii_digits, class_name_form
 from edgewise.runtime.onnxproto import EXTERNAL, FLOAT, FLOAT16, INTEGER_TYPES, parse_model
 from edgewise.yamlnodes import UNQUOTED_BOOLEAN
 
@@ -165,7 +165,9 @@ def parse_names(value: Any, where: str, fix: str = FIX_MODEL_NAMES) -> Tuple[str
         try:
             items = sorted(((_strict_int(k), v) for k, v in value.items()), key=lambda kv: kv[0])
         except (TypeError, ValueError):
-            raise ModelError(f"{where}: class names dict keys must be integers 0..nc-1") from None
+            keys = list(value)[:20]
+            raise ModelError(f"{where}: class names dict keys must be integers 0..nc-1, got {keys}"
+                             f"{_digits_hint(keys)}") from None
         if [k for k, _ in items] != list(range(len(items))):
             raise ModelError(
                 f"{where}: class ids must be 0..{len(items) - 1} without gaps, got {[k for k, _ in items][:20]}"
@@ -220,7 +222,9 @@ def _parse_conf(value: str, where: str) -> float:
 
 
 def _strict_int(value: Any) -> int:
-    """``value`` as an int: ints and integral floats (``32.0``); bools, ``32.9``, text refused."""
+    """``value`` as an int: ints, integral floats (``32.0``) and quoted numbers in the ASCII digits
+    0-9 (:func:`~edgewise.fieldrules.ascii_digits`, the one rule: ``str.isdigit`` took ``'٣٢'``
+    as 32); bools, ``32.9``, other text refused."""
     if isinstance(value, bool):
         raise TypeError(value)
     if isinstance(value, numbers.Integral):  # numpy's too
@@ -230,9 +234,14 @@ def _strict_int(value: Any) -> int:
         if not number.is_integer():
             raise ValueError(value)
         return int(number)
-    if isinstance(value, str) and value.strip().isdigit():  # a quoted number
+    if isinstance(value, str) and ascii_digits(value.strip()):  # a quoted number
         return int(value)
     raise TypeError(value)
+
+
+def _digits_hint(raw: Any) -> str:
+    """`` (write it in the ASCII digits 0-9)`` where ``raw`` shows another script's digits, for a message."""
+    return f" ({ASCII_DIGITS_HINT})" if any(c.isdigit() and not c.isascii() for c in str(raw)) else ""
 
 
 def _parse_int(value: Any, key: str, where: str) -> int:
@@ -244,7 +253,8 @@ def _parse_int(value: Any, key: str, where: str) -> int:
             value = max(_strict_int(v) for v in value)
         out = _strict_int(value)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        raise ModelError(f"{where}: {key} must be an integer like 32, got {raw!r}; fix the {key} metadata") from None
+        raise ModelError(f"{where}: {key} must be an integer like 32, got {raw!r}{_digits_hint(raw)}; "
+                         f"fix the {key} metadata") from None
     if out <= 0:
         raise ModelError(f"{where}: {key} must be positive, got {out}")
     return out
@@ -262,7 +272,7 @@ def _parse_imgsz(value: Any, where: str) -> Tuple[int, int]:
         # each side an integer: 64.5 was cut to 64, and the text '64' read as the sides 6 and 4
         vals = [_strict_int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        raise ModelError(f"{where}: imgsz must be an int or [h, w], got {raw!r}") from None
+        raise ModelError(f"{where}: imgsz must be an int or [h, w], got {raw!r}{_digits_hint(raw)}") from None
     if len(vals) == 1:
         vals = vals * 2
     if len(vals) != 2 or min(vals) <= 0:

@@ -302,3 +302,21 @@ def test_a_class_name_is_the_same_name_whichever_unicode_form_it_was_written_in(
     assert edge.names == cloud.names == (nfc, "Auto")
     answer = [detect_pb2.Detection(x1=1, y1=1, x2=9, y2=9, score=0.9, class_id=0, class_name=cloud.names[0])]
     assert answer_detections(answer, edge.names, (32, 32)).names[0] == nfc
+
+
+@pytest.mark.parametrize("meta, says", [
+    ({"names": "{'٠': 'a', '١': 'b'}"}, r"class names dict keys must be integers 0..nc-1, got \['٠', '١'\]"),
+    ({"names": "{0: 'a', '１': 'b'}"}, r"class names dict keys must be integers 0..nc-1, got \[0, '１'\]"),
+    ({"names": "{0: 'a', 1: 'b'}", "stride": "['٣٢']"}, r"stride must be an integer like 32, got \"\['٣٢'\]\""),
+    ({"names": "{0: 'a', 1: 'b'}", "imgsz": "٣٢x٣٢"}, r"imgsz must be an int or \[h, w\], got '٣٢x٣٢'"),
+])
+def test_metadata_numbers_are_read_in_ascii_digits_only(tmp_path: Path, meta, says):
+    """str.isdigit took any script's digits, so a names key '١' (Arabic-Indic), a full-width '１', a stride
+    ['٣٢'] or an imgsz '٣٢x٣٢' in a model's metadata read as 1, 1, 32 and 32x32, though every setting
+    refuses such digits (found by a probe). The metadata reader follows the one rule."""
+    p = fake_yolo(tmp_path / "m.onnx", nc=2, imgsz=32, metadata=meta)
+    with pytest.raises(ModelError, match=says + r".*\(write it in the ASCII digits 0-9\)"):
+        load_model_info(p)
+    ok = {k: v.translate(str.maketrans("٠١٦٤٣٢１", "0164321")) for k, v in meta.items()}
+    info = load_model_info(fake_yolo(tmp_path / "ok.onnx", nc=2, imgsz=32, metadata=ok))
+    assert info.names == ("a", "b")  # the same metadata in ASCII digits reads
