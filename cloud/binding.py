@@ -8,13 +8,17 @@ which setting holds the address and what to do, so ``edgewise cloud gateway`` an
 
 Also what both daemons' gRPC servers share: their options (``server_options``), requests
 parsed by the handlers themselves (``parsed``), and the standard health service
-(``HealthServicer``, served by ``add_health``).
+(``HealthServicer``, served by ``add_health``), and the guard around an answer to a client that
+may have left (``unless_client_gone``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
-from collections.abc import Awaitable, Callable
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -184,3 +188,19 @@ def add_health(servicer: Any, server: grpc.aio.Server) -> None:
                 "Watch": grpc.unary_stream_rpc_method_handler(watch, response_serializer=out)}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("grpc.health.v1.Health", handlers),))
     server.add_registered_method_handlers("grpc.health.v1.Health", handlers)
+
+
+@contextlib.contextmanager
+def unless_client_gone(what: str, log: logging.Logger) -> Iterator[None]:
+    """Around a send to a gRPC client (an answer, an error status): a client that already left (it
+    cancelled, or its deadline passed, while the daemon was answering) cannot be told anything.
+    gRPC's failed send (``ExecuteBatchError``) would otherwise reach grpc, which logs an ERROR with
+    a traceback (``ExecuteBatchError raised in core by servicer method [...]``) when it has not yet
+    seen the client leave, although nothing is wrong and nobody can act on it; here it is a DEBUG
+    line on ``log`` (the daemon's) and the call ends as cancelled. The gateway's answers and the
+    worker's error answers both go through it."""
+    try:
+        yield
+    except grpc.aio.InternalError as exc:
+        log.debug("the client left before %s could be sent (%s)", what, exc)
+        raise asyncio.CancelledError from exc

@@ -35,14 +35,21 @@ import logging
 import resource
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2
 from prometheus_client import Gauge
 
-from cloud.binding import HealthServicer, add_health, grpc_port, server_options, socket_port_async
+from cloud.binding import (
+    HealthServicer,
+    add_health,
+    grpc_port,
+    server_options,
+    socket_port_async,
+    unless_client_gone,
+)
 from cloud.discovery.base import Discovery, Endpoint, EndpointState
 from cloud.gateway.admission import (
     Caller,
@@ -172,24 +179,10 @@ class _StreamWindow:
             self.held = 0
 
 
-@contextlib.contextmanager
-def _unless_client_gone(what: str) -> Iterator[None]:
-    """Around a send to a gRPC client: a client that already left (it cancelled, or its deadline
-    passed, while the gateway was answering) cannot be told anything. gRPC's failed send
-    (``ExecuteBatchError``) would otherwise reach grpc, which logs an ERROR with a traceback for
-    every such call although nothing is wrong and nobody can act on it; here it is a DEBUG
-    line and the call ends as cancelled."""
-    try:
-        yield
-    except grpc.aio.InternalError as exc:
-        log.debug("the client left before %s could be sent (%s)", what, exc)
-        raise asyncio.CancelledError from exc
-
-
 async def _abort(context: grpc.aio.ServicerContext, wire_status: int, message: str) -> None:
     """End a call with an error status (raises ``grpc.aio.AbortError``, or ``CancelledError``
     when the client already left)."""
-    with _unless_client_gone(f"its {status.name(wire_status)} answer"):
+    with unless_client_gone(f"its {status.name(wire_status)} answer", log):
         await context.abort(status.grpc_code(wire_status), message)
 
 
@@ -514,7 +507,7 @@ class Gateway:
         rtask = asyncio.ensure_future(reader())
         wtask = asyncio.ensure_future(watchdog())
         try:
-            with _unless_client_gone("a stream answer"):
+            with unless_client_gone("a stream answer", log):
                 while (item := await out.get()) is not None:
                     await context.write(item)
                     window.give_back()  # written: room for one more frame

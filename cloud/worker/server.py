@@ -45,6 +45,7 @@ from cloud.binding import (
     parsed,
     server_options,
     socket_port_async,
+    unless_client_gone,
 )
 from cloud.worker.batching import (
     BUSY_MARK,
@@ -239,7 +240,9 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             request = detect_pb2.DetectRequest.FromString(body)
         except DecodeError as exc:
             self.metrics.requests.labels(grpc.StatusCode.INVALID_ARGUMENT.name).inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a serialized DetectRequest: {exc}")
+            with unless_client_gone("its INVALID_ARGUMENT answer", log):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"request is not a serialized DetectRequest: {exc}")
             raise AssertionError("unreachable: abort raises") from exc
         return await self.Infer(request, context)
 
@@ -270,7 +273,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             self._leave()
             self.metrics.requests.labels(code.name).inc()
             self.metrics.latency.observe(self.clock() - t0)
-        await context.abort(code, message)
+        with unless_client_gone(f"its {code.name} answer", log):
+            await context.abort(code, message)
         raise AssertionError("unreachable: abort raises")
 
     async def _infer(

@@ -19,6 +19,7 @@ import cv2
 import grpc
 import numpy as np
 import pytest
+from grpc._cython.cygrpc import ExecuteBatchError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cloud.worker.batching import BUSY_MARK, EXPIRED_MARK, TOO_SHORT_MARK
@@ -781,3 +782,63 @@ def test_a_full_queue_of_replays_gives_way_to_a_live_request(tiny_model):
     assert refused_live[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue full" in refused_live[1]
     # the one the blocked model took runs (the three calls arrive in any order)
     assert sorted(c.name for c, _ in replays) == ["OK", "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"], replays
+
+
+def test_an_error_answer_to_a_client_that_left_is_a_debug_line(tiny_model, caplog):
+    """The race the worker cannot see coming: the client leaves (cancels, or its deadline passes)
+    between the worker's error answer being decided and sent. gRPC's failed send
+    (``ExecuteBatchError``) reached grpc, which logged ``ExecuteBatchError raised in core by servicer
+    method [/edgewise.v1.Worker/Infer]`` at ERROR with a traceback, about once in 360 churned calls
+    (found by a probe). The worker now takes it as the gateway does (``cloud.binding.unless_client_gone``):
+    a DEBUG line, the call ends as cancelled. The send's failure is the one thing faked: it cannot be
+    timed from outside gRPC Core (the churn test below never met it on this machine)."""
+    class GoneContext:  # what gRPC Core reports when the client left as the status went out
+        def time_remaining(self) -> None:
+            return None
+
+        async def abort(self, code: grpc.StatusCode, details: str) -> None:
+            raise ExecuteBatchError('Failed "execute_batch": (SendStatusFromServerOperation,)')
+
+    async def main():
+        async with running(make_settings(tiny_model)) as (server, _stub, _ch):
+            with pytest.raises(asyncio.CancelledError):
+                await server.service.Infer(detect_pb2.DetectRequest(device_id="cam"), GoneContext())
+            with pytest.raises(asyncio.CancelledError):
+                await server.service.infer_bytes(b"\xff not a request", GoneContext())
+
+    with caplog.at_level("DEBUG", logger="cloud.worker.server"):
+        asyncio.run(main())
+    assert [r.getMessage()[:56] for r in caplog.records if r.name == "cloud.worker.server" and
+            "client left" in r.getMessage()] == ["the client left before its INVALID_ARGUMENT answer could"] * 2
+    assert not errors(caplog.records)
+
+
+def test_clients_that_cancel_as_the_worker_answers_with_errors_log_no_error(tiny_model, caplog):
+    """Real worker, real clients over a socket: 2,000 calls the worker refuses (a bad image), each
+    cancelled about when its answer goes out. No ERROR line (grpc's ``ExecuteBatchError raised in
+    core`` traceback, or one of the worker's), and the worker answers the next call."""
+    bad = detect_pb2.DetectRequest(device_id="cam", stream_id="s",
+                                   image=detect_pb2.Image(encoding=detect_pb2.Image.JPEG, data=b"not a jpeg"))
+
+    async def main():
+        async with running(make_settings(tiny_model)) as (server, stub, _ch):
+            t0 = time.monotonic()
+            assert (await call(stub, bad))[0] == grpc.StatusCode.INVALID_ARGUMENT
+            answer_s = time.monotonic() - t0  # the client leaves from 0 to twice this after it called
+            rng = np.random.default_rng(3)
+
+            async def one() -> None:
+                c = stub.Infer(bad, timeout=10)
+                await asyncio.sleep(float(rng.uniform(0, 2 * answer_s)))
+                c.cancel()
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await c
+
+            for _ in range(100):
+                await asyncio.gather(*(one() for _ in range(20)))
+            await async_wait_until(lambda: server.service._in_flight == 0, 10, "every call ended")
+            assert (await call(stub, bad))[0] == grpc.StatusCode.INVALID_ARGUMENT
+
+    with caplog.at_level("DEBUG"):
+        asyncio.run(main())
+    assert not errors(caplog.records)
