@@ -26,7 +26,9 @@ ACL does not let the gateway write ``<prefix>/+/response/#``) is also counted as
 ``response_refused`` and logged (throttled) with the topic and the reason. A
 disconnect with "Session taken over" (another client connected with the same
 client id, e.g. two gateways sharing ``mqtt.client_id``) is a throttled warning
-naming the id; a broker that cannot be reached is one naming the cause, any other
+naming the id; so is a run of connections the broker closed silently soon after
+accepting them, which says both of its causes, a restarting broker or a client-id clash
+(``edgewise.mqtt_sessions``); a broker that cannot be reached is one naming the cause, any other
 disconnect a throttled warning with the reason.
 
 No answer may take the bridge's connection down: a broker drops a client that publishes a
@@ -113,13 +115,13 @@ from edgewise.mqtt_packets import (
     broker_receive_maximum,
     publish_packet_size,
 )
+from edgewise.mqtt_sessions import SILENT_CLOSES, TAKEN_OVER, SessionWatch
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger("edgewise.gateway.mqtt")
 
 #: MQTT v5 reason codes the bridge acts on by number.
 NOT_AUTHORIZED = 0x87
-SESSION_TAKEN_OVER = 0x8E
 TOPIC_FILTER_INVALID = 0x8F
 QUOTA_EXCEEDED = 0x97
 QOS_NOT_SUPPORTED = 0x9B
@@ -159,12 +161,6 @@ _SUBACK_HINTS: dict[int, str] = {
                                         "broker that has them (Mosquitto 1.6 or later)",
     WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED: "the bridge needs wildcard subscriptions: use a broker that has them",
 }
-#: A connection the broker closes, without a DISCONNECT, this soon after accepting it, this
-#: many times in a row, was most likely taken over by a client with the same id: Mosquitto
-#: 2.0 closes the older connection of a client id silently, where MQTT 5.0 says "Session
-#: taken over".
-SHORT_SESSION_S = 10.0
-SHORT_SESSIONS_IN_A_ROW = 3
 
 
 def _paho_seconds(seconds: float) -> int:
@@ -223,8 +219,7 @@ class MqttBridge:
         self._qos_reported = False  # the ERROR about the broker's Maximum QoS was logged: once until it changes
         self._resubscribe: threading.Timer | None = None  # after a refused subscription
         self._stopping = False
-        self._connected_at: float | None = None  # time.monotonic() of the last accepted connection
-        self._short_sessions = 0  # connections in a row the broker closed soon, without a reason
+        self._sessions = SessionWatch()  # how the broker accepts and ends the connections
         self.client_id = settings.client_id or f"gateway-{socket.gethostname()}-{os.getpid()}-{id(self) % 10000}"
         self.client = Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
         if settings.username:
@@ -286,7 +281,7 @@ class MqttBridge:
         if reason_code.is_failure:
             log.error("MQTT broker %s:%d refused the connection: %s", self.s.host, self.s.port, reason_code)
             return
-        self._connected_at = time.monotonic()
+        self._sessions.connected(time.monotonic())
         self.max_packet_size = broker_max_packet_size(properties)
         if self.max_packet_size < PROTOCOL_MAX_PACKET:
             log.info("MQTT broker %s:%d takes packets of at most %d bytes (its Maximum Packet Size); larger "
@@ -392,6 +387,7 @@ class MqttBridge:
         backoff; say so, a few times an interval, since no MQTT escalation reaches this gateway
         meanwhile (the edges time out and spool)."""
         self._count("connect_failed")
+        self._sessions.unreachable()
         cause = sys.exc_info()[1]  # paho calls this while it handles the connection's OSError
         held = self._connect_log.allow()
         if held is not None:
@@ -407,14 +403,9 @@ class MqttBridge:
         if self.up is not None:
             self.up.set(0)
         self.connected.clear()
-        lasted = time.monotonic() - self._connected_at if self._connected_at is not None else None
-        self._connected_at = None
-        if lasted is not None and lasted < SHORT_SESSION_S and not flags.is_disconnect_packet_from_server:
-            self._short_sessions += 1
-        elif lasted is not None:
-            self._short_sessions = 0
-        if reason_code == SESSION_TAKEN_OVER:
-            self._taken_over("disconnected it: Session taken over")
+        verdict = self._sessions.closed(time.monotonic(), reason_code, flags.is_disconnect_packet_from_server)
+        if verdict == TAKEN_OVER:
+            self._taken_over("disconnected it: Session taken over", sure=True)
         elif reason_code == QOS_NOT_SUPPORTED:
             # an answer published just before a CONNACK announced Maximum QoS 0 (then it is dropped
             # at the next CONNACK, and the ERROR was logged there), or a broker that did not announce it
@@ -424,10 +415,8 @@ class MqttBridge:
                           "answers (QoS %d), without announcing it; set max_qos 1, or remove it, in the broker's "
                           "configuration and restart the broker%s", self.s.host, self.s.port, reason_code,
                           BRIDGE_QOS, f" ({held} more not logged)" if held else "")
-        elif reason_code != 0 and self._short_sessions >= SHORT_SESSIONS_IN_A_ROW:
-            self._taken_over(f"closed its connection {self._short_sessions} times in a row within seconds of "
-                             "accepting it, without a reason (Mosquitto's answer to a second client with the "
-                             "same id; other brokers say Session taken over)")
+        elif verdict == SILENT_CLOSES:
+            self._taken_over(self._sessions.silent_closes(), sure=False)
         elif reason_code != 0:
             held = self._disconnect_log.allow()
             if held is not None:
@@ -435,15 +424,22 @@ class MqttBridge:
                             "log says why)%s", self.s.host, self.s.port, reason_code,
                             f" ({held} more disconnects not logged)" if held else "")
 
-    def _taken_over(self, what: str) -> None:
-        """Another client connects with the bridge's client id: say so, a couple of times a minute."""
+    def _taken_over(self, what: str, sure: bool) -> None:
+        """Another client connects with the bridge's client id (``sure``: the broker said so), or the
+        broker closed connections in a way that may mean it: say so, a couple of times a minute."""
         held = self._takeover_log.allow()
         if held is not None:
-            log.warning("MQTT broker %s:%d %s, client id %r: most likely another client connected with the "
-                        "same client id, another gateway with the same mqtt.client_id; they take the session "
-                        "from each other on every reconnect: give each gateway its own mqtt.client_id, or "
-                        "leave it empty (unique per process)%s", self.s.host, self.s.port, what, self.client_id,
-                        f" ({held} more takeovers not logged)" if held else "")
+            if sure:
+                log.warning("MQTT broker %s:%d %s, client id %r: another client connected with the same client "
+                            "id, most likely another gateway with the same mqtt.client_id; they take the session "
+                            "from each other on every reconnect: give each gateway its own mqtt.client_id, or "
+                            "leave it empty (unique per process)%s", self.s.host, self.s.port, what, self.client_id,
+                            f" ({held} more takeovers not logged)" if held else "")
+            else:
+                log.warning("MQTT broker %s:%d %s; client id %r: if the broker was not restarting, look for "
+                            "another gateway with the same mqtt.client_id and give each its own (or leave it "
+                            "empty: unique per process)%s", self.s.host, self.s.port, what, self.client_id,
+                            f" ({held} more not logged)" if held else "")
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason_code: Any,
                     properties: Any) -> None:

@@ -58,8 +58,10 @@ or would reach the broker only after its deadline (RESOURCE_EXHAUSTED, DEADLINE_
 policy's ``onCloudUnavailable``, as for a gRPC call past its deadline).
 
 The connection reports itself: a throttled WARNING with the cause while the broker
-cannot be reached, a clear one when another client takes the session over (the
-same client id used twice), and the metrics ``edgewise_edge_mqtt_connected`` and
+cannot be reached, a clear one when the broker says another client took the session
+over (the same client id used twice), one naming both causes when the broker keeps closing
+the connection silently (a restarting broker, or such a clash: ``edgewise.mqtt_sessions``),
+and the metrics ``edgewise_edge_mqtt_connected`` and
 ``edgewise_edge_mqtt_refused_total`` (``measure``). The edge's client id is the
 device id plus a random suffix (``unique_client_id``): new at every process start, or,
 with the MQTT sink, made once per device and kept in the sink's outbox, so that the broker's session
@@ -108,6 +110,7 @@ from edgewise.mqtt_packets import (
     broker_receive_maximum,
     publish_packet_size,
 )
+from edgewise.mqtt_sessions import SILENT_CLOSES, TAKEN_OVER, SessionWatch
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger(__name__)
@@ -115,7 +118,6 @@ log = logging.getLogger(__name__)
 #: MQTT v5 reason codes this module acts on by number.
 PACKET_TOO_LARGE = 0x95
 QOS_NOT_SUPPORTED = 0x9B
-SESSION_TAKEN_OVER = 0x8E
 CLIENT_ID_NOT_VALID = 0x85
 #: Room for an answer's topic and properties (its topic, correlation data and content type:
 #: at most 64 KiB each in MQTT) on top of its payload, in the largest packet the edge takes.
@@ -139,12 +141,6 @@ SESSION_EXPIRY_S = 3600
 #: PUBCOMP "Packet identifier not found": the broker no longer knows a QoS 2 exchange this
 #: client resumed (it completed it before a restart, or lost the session)
 PACKET_ID_NOT_FOUND = 0x92
-#: A connection the broker closes, without a DISCONNECT, this soon after accepting it, this
-#: many times in a row, was most likely taken over by a client with the same id: Mosquitto
-#: 2.0 closes the older connection of a client id silently, where MQTT 5.0 says "Session
-#: taken over" (0x8E).
-SHORT_SESSION_S = 10.0
-SHORT_SESSIONS_IN_A_ROW = 3
 
 #: What a PUBACK failure reason code means, as the gRPC code (and details) of the same
 #: meaning: ``edgewise.status.from_grpc`` turns it into the wire status, so an MQTT refusal
@@ -336,8 +332,7 @@ class MqttConnection:
         self._early: Dict[int, Any] = {}  # mid -> reason code of a PUBACK that came before publish() returned
         #: QoS 2 mid -> told True at its PUBREC, False when the exchange starts over (a lost session)
         self._exchanges: Dict[int, Callable[[bool], None]] = {}
-        self._connected_at: Optional[float] = None  # time.monotonic() of the last CONNACK
-        self._short_sessions = 0  # connections in a row the broker closed soon, without a reason
+        self._sessions = SessionWatch()  # how the broker accepts and ends the connections
         self._connect_log = LogThrottle(60.0, burst=3)
         self._disconnect_log = LogThrottle(60.0, burst=3)
         self._takeover_log = LogThrottle(60.0, burst=2)
@@ -668,7 +663,7 @@ class MqttConnection:
             log.warning("MQTT broker %s:%d takes QoS 1 at most: the MQTT sink publishes at QoS 1, so a record in "
                         "flight when the daemon is killed may reach the topic twice; let the broker take QoS 2 "
                         "(Mosquitto: remove max_qos)", self.host, self.port)
-        self._connected_at = time.monotonic()
+        self._sessions.connected(time.monotonic())
         log.info("MQTT connected to %s:%d as %s%s", self.host, self.port, self.client_id,
                  f" (maximum packet size {self.max_packet_size} bytes)"
                  if self.max_packet_size < PROTOCOL_MAX_PACKET else "")
@@ -715,6 +710,7 @@ class MqttConnection:
         cause = sys.exc_info()[1]
         self.last_error = f"{type(cause).__name__}: {cause}" if cause is not None else "no answer"
         self._set_connected(False)
+        self._sessions.unreachable()
         held = self._connect_log.allow()
         if held is not None:
             log.warning("MQTT broker %s:%d cannot be reached (%s); retrying every %d-%d s. Meanwhile MQTT "
@@ -726,38 +722,42 @@ class MqttConnection:
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         was_connected = self.connected.is_set()
         self._set_connected(False)
-        lasted = time.monotonic() - self._connected_at if self._connected_at is not None else None
-        self._connected_at = None
         if self.stopping:
             return
         silent = not getattr(flags, "is_disconnect_packet_from_server", False)
-        if was_connected and silent and lasted is not None and lasted < SHORT_SESSION_S:
-            self._short_sessions += 1
-        elif was_connected:
-            self._short_sessions = 0
-        if reason_code == SESSION_TAKEN_OVER:
-            self._taken_over("disconnected it: Session taken over")
-        elif self._short_sessions >= SHORT_SESSIONS_IN_A_ROW:
-            self._taken_over(f"closed its connection {self._short_sessions} times in a row within seconds of "
-                             "accepting it, without a reason (Mosquitto's answer to a second client with the "
-                             "same id; other brokers say Session taken over)")
+        verdict = self._sessions.closed(time.monotonic(), reason_code, not silent) if was_connected else None
+        if verdict == TAKEN_OVER:
+            self._taken_over("disconnected it: Session taken over", sure=True)
+        elif verdict == SILENT_CLOSES:
+            self._taken_over(self._sessions.silent_closes(), sure=False)
         elif was_connected:
             held = self._disconnect_log.allow()
             if held is not None:
                 log.warning("MQTT disconnected from %s:%d (%s); reconnecting with backoff%s", self.host, self.port,
                             reason_code, f" ({held} more disconnects not logged)" if held else "")
 
-    def _taken_over(self, what: str) -> None:
-        """Another client connects with our client id: the two take the session from each
-        other on every reconnect. Say so, a couple of times a minute."""
-        self.last_error = f"another client uses the client id {self.client_id!r}"
+    def _taken_over(self, what: str, sure: bool) -> None:
+        """Another client connects with our client id (``sure``: the broker said so): the two take
+        the session from each other on every reconnect; or the broker closed connections in a way
+        that may mean it (:mod:`edgewise.mqtt_sessions`). Say so, a couple of times a minute."""
         held = self._takeover_log.allow()
+        if sure:
+            self.last_error = f"another client uses the client id {self.client_id!r}"
+            if held is not None:
+                log.warning("MQTT broker %s:%d %s, client id %r: another client connected with the same client "
+                            "id (two processes using one id: two edges with a fixed id, or another program), and "
+                            "they take the session from each other on every reconnect: give each its own client "
+                            "id%s", self.host, self.port, what, self.client_id,
+                            f" ({held} more takeovers not logged)" if held else "")
+            return
+        self.last_error = (f"the broker closed the connection {self._sessions.short_sessions} times in a row soon "
+                           f"after accepting it: a restarting broker, or another client with the client id "
+                           f"{self.client_id!r}")
         if held is not None:
-            log.warning("MQTT broker %s:%d %s, client id %r: most likely another client connected with the "
-                        "same client id (two processes using one id: two edges with a fixed id, or another "
-                        "program), and they take the session from each other on every reconnect: give each "
-                        "its own client id%s", self.host, self.port, what, self.client_id,
-                        f" ({held} more takeovers not logged)" if held else "")
+            log.warning("MQTT broker %s:%d %s; client id %r: if the broker was not restarting, look for another "
+                        "process using this client id (two edges with a fixed id, or another program) and give "
+                        "each its own client id%s", self.host, self.port, what, self.client_id,
+                        f" ({held} more not logged)" if held else "")
 
     def _on_pubrec(self, mid: int) -> None:
         """(paho's thread) The broker received QoS 2 message ``mid``; its PUBREL goes out next.

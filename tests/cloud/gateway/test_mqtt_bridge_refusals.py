@@ -126,6 +126,49 @@ def test_two_gateways_with_one_client_id_are_reported(caplog):
     assert len(takeovers) <= 4, takeovers
 
 
+def test_a_broker_restarted_three_times_is_not_called_a_client_id_clash(caplog):
+    """Mosquitto 2.0 closes every connection without a DISCONNECT when it stops, as it closes the older
+    connection of a client id another client takes: a broker restarted three times within 10 s made the
+    bridge warn "most likely another client connected with the same client id, another gateway with
+    the same mqtt.client_id" (found by a probe). Restarts the bridge saw (a connection attempt failed:
+    the broker was away) are no such run; quick ones (back before the reconnect) say both causes."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+
+    async def restart(broker, gw, down_s: float) -> None:
+        broker.stop()
+        await wait_until(lambda: not gw.bridge.connected.is_set(), 5, "the bridge noticing the broker went away")
+        await asyncio.sleep(down_s)
+        broker.start()
+        await wait_until(gw.bridge.connected.is_set, 15, "the bridge's reconnect")
+
+    async def main(broker):
+        w = TestWorker("a", 0.005)
+        await w.start()
+        gw = Gateway(settings_for([(w, 1)], **{"mqtt.enabled": True, "mqtt.host": broker.host,
+                                               "mqtt.port": broker.port, "mqtt.reconnect_min_s": 1,
+                                               "mqtt.reconnect_max_s": 1}))
+        await gw.start()
+        try:
+            await wait_until(gw.bridge.connected.is_set, 10, "the bridge's connection")
+            for _ in range(3):  # down past the reconnect (1 s): a failed attempt in between
+                await restart(broker, gw, 1.5)
+            assert warnings_with(caplog, "cannot connect to the broker")
+            assert not warnings_with(caplog, "times in a row"), warnings_with(caplog, "times in a row")
+            for _ in range(3):  # back before the reconnect: all the bridge sees is a silent close
+                await restart(broker, gw, 0.0)
+        finally:
+            await gw.stop(1)
+            await w.stop()
+
+    with configured_mosquitto() as broker:
+        run(main(broker))
+    runs = warnings_with(caplog, "times in a row within seconds of accepting it")
+    assert len(runs) == 1 and "closed its connection 3 times" in runs[0], runs
+    assert "the broker was restarted" in runs[0] and "if the broker was not restarting" in runs[0]
+    assert not warnings_with(caplog, "another client connected with the same client id")
+    assert not warnings_with(caplog, "most likely another")
+
+
 def test_a_refused_subscription_is_an_error_naming_it_and_is_retried(caplog):
     """The broker's ACL does not let the gateway's user subscribe to the requests: the SUBACK
     says Not authorized. The bridge logs one ERROR naming the subscription, the reason, the

@@ -35,7 +35,7 @@ from edge.metrics import EdgeMetrics
 from edge.records import FrameRecord
 from edge.sources.base import Frame
 from edge.spool import Spool
-from edge.transports import TransportError
+from edge.transports import RECONNECT_DELAY_S, TransportError
 from edge.transports.mqtt import (
     MqttConnection,
     MqttTransport,
@@ -427,6 +427,40 @@ def test_a_session_taken_over_by_the_same_client_id_is_a_clear_warning(caplog):
     assert "client id 'cam-1-twin'" in takeovers[0] and "give each its own client id" in takeovers[0]
     assert len(takeovers) <= 4, takeovers  # two connections, at most two each a minute
     assert len(warnings_with(caplog, "disconnected from")) <= 6  # three each a minute
+
+
+def _restart(broker: Broker, conn: MqttConnection, down_s: float) -> None:
+    """Stop the broker, keep it down ``down_s``, start it again; wait for ``conn`` to reconnect."""
+    broker.stop()
+    wait_until(lambda: not conn.connected.is_set(), 5, "the edge noticing the broker went away")
+    time.sleep(down_s)
+    broker.start()
+    wait_until(conn.connected.is_set, 15, "the edge's reconnect")
+
+
+def test_a_broker_restarted_three_times_is_not_called_a_client_id_clash(caplog):
+    """Mosquitto 2.0 closes every connection without a DISCONNECT when it stops, as it closes the older
+    connection of a client id another client takes: a broker restarted three times within 10 s made the
+    edge warn "most likely another client connected with the same client id" (found by a probe). A
+    quick restart (back before the first reconnect) says both causes, not a clash; a restart the edge
+    saw (a connection attempt failed: the broker was away) is no such run at all."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with configured_mosquitto() as broker:
+        conn = connected(broker, "cam-1-restarts")
+        try:
+            for _ in range(3):  # down past the reconnect: a failed attempt in between
+                _restart(broker, conn, RECONNECT_DELAY_S[0] + 0.5)
+            assert warnings_with(caplog, "cannot be reached")
+            assert not warnings_with(caplog, "times in a row"), warnings_with(caplog, "times in a row")
+            for _ in range(3):  # back before the reconnect (1 s): all the edge sees is a silent close
+                _restart(broker, conn, 0.0)
+            runs = warnings_with(caplog, "times in a row within seconds of accepting it")
+            assert len(runs) == 1 and "closed its connection 3 times" in runs[0], runs
+            assert "the broker was restarted" in runs[0] and "if the broker was not restarting" in runs[0]
+        finally:
+            conn.stop()
+    assert not warnings_with(caplog, "another client connected with the same client id")
+    assert not warnings_with(caplog, "most likely another client")
 
 
 def test_the_daemons_client_id_is_unique_per_start_and_its_connection_is_measured(tmp_path, mosquitto):
