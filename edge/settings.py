@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+from edge.sinks import CLOSE_TIMEOUT_S
 from edge.sources.live import BACKENDS as LIVE_BACKENDS
 from edge.sources.live import (
     CODECS,
@@ -34,6 +35,7 @@ from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.ids import bearer_token_problem, credential_problem, id_problem
+from edgewise.mqtt_client import STOP_FLUSH_S
 from edgewise.runtime.detector import BACKENDS
 from edgewise.runtime.metadata import IMGSZ_SETTING_DOC, MAX_FIXED_BATCH, imgsz_problem
 from edgewise.settings import Flag, Invalid, Schema, setting
@@ -47,6 +49,22 @@ DROP_POLICIES = ("drop_oldest", "wait")
 #: no longer a finite wait (``fps: 1e-320`` gave one frame, then nothing, while healthy).
 MIN_FPS = 1.0 / 86400
 TRANSPORTS = ("grpc", "mqtt")
+#: How long the daemon may take to stop before it is SIGKILLed, seconds: the edge unit's
+#: ``TimeoutStopSec`` (deploy/jetson/edgewise-edge.service) and the L4T container's ``docker run
+#: --stop-timeout`` (deploy/jetson/README.md); tests/edge/test_bundle.py holds both to this.
+STOP_TIMEOUT_S = 30
+#: What a stop takes after ``shutdown_grace_s``, at most: the sinks' close (``CLOSE_TIMEOUT_S``
+#: each for the two durable sinks and ``sinks.stdout``), the MQTT connection's last flush
+#: (``STOP_FLUSH_S``) and about 1 s of fixed steps (the spool's close, the model, the HTTP server).
+STOP_AFTER_GRACE_S = 3 * CLOSE_TIMEOUT_S + STOP_FLUSH_S + 1.0
+#: What is left of ``STOP_TIMEOUT_S`` at the end of the slowest stop with the longest grace.
+STOP_MARGIN_S = 3.0
+#: The longest ``shutdown_grace_s`` (15 s). A grace of 30 s or more had systemd SIGKILL the
+#: daemon mid-drain, and the records of the escalations still in flight were lost.
+MAX_SHUTDOWN_GRACE_S = STOP_TIMEOUT_S - STOP_AFTER_GRACE_S - STOP_MARGIN_S
+_GRACE_WHY = (f"the stop must end within systemd's TimeoutStopSec ({STOP_TIMEOUT_S} s), which SIGKILLs the "
+              f"daemon, and the escalations still in flight lose their records; after the grace the sinks' "
+              f"close and the last MQTT flush take up to {STOP_AFTER_GRACE_S:g} s more")
 
 
 @dataclass
@@ -273,11 +291,10 @@ class EdgeSettings:
     shutdown_grace_s: float = setting("On SIGTERM, how long queued frames and in-flight escalations may "
                                       "take to finish, seconds from the signal; then frames still queued are "
                                       "dropped (counted as `shutdown` drops) and escalations still in flight "
-                                      "are spooled. Keep it well under systemd's TimeoutStopSec (30 s): the "
-                                      "sinks' close comes after it (up to 3 s per durable sink, and 3 s for "
-                                      "`sinks.stdout` with a reader that stopped reading, "
-                                      "`edge.sinks.CLOSE_TIMEOUT_S`).",
-                                      5.0, lo=0)
+                                      "are spooled. At most "
+                                      f"{MAX_SHUTDOWN_GRACE_S:g} s: {_GRACE_WHY}. A run over files waits for "
+                                      "its last escalations with `spool.replay_at_end_s`.",
+                                      5.0, lo=0, hi=MAX_SHUTDOWN_GRACE_S, why=_GRACE_WHY)
 
 
 #: the MQTT sink's outbox file when ``sinks.mqtt_outbox`` is empty: next to the spool

@@ -77,7 +77,7 @@ UNSYNCED_ROTATED = 8
 #: outbox holds in what is left. The daemon closes its sinks one after the other once
 #: ``shutdown_grace_s`` (5 s) and the escalations' wait for the spool are over: two durable sinks add
 #: 6 s at most, and the stdout sink (``StdoutSink``: records waiting for a reader) 3 s more, which
-#: keeps a stop with the default grace inside systemd's TimeoutStopSec=30
+#: keeps a stop inside systemd's TimeoutStopSec=30 (``edge.settings.MAX_SHUTDOWN_GRACE_S`` counts them)
 CLOSE_TIMEOUT_S = 3.0
 #: records waiting for stdout's reader (``StdoutSink``), at most: beyond it the oldest are dropped
 STDOUT_BACKLOG_BYTES = 16 * 1024 * 1024

@@ -38,6 +38,8 @@ class Spec:
     lo_open: bool = False
     hi_open: bool = False
     secret: bool = False
+    #: what an out-of-range error adds, in parentheses: why the range ends where it does
+    why: str = ""
 
     def kind(self, tp: Any) -> str:
         """``bool``, ``int``, ``float`` or ``str`` for scalar type ``tp`` (a Literal's choices count)."""
@@ -155,7 +157,8 @@ def value_problem(spec: Spec, tp: Any, value: Any, shown: str = "") -> Optional[
     out_of_range = range_problem(value, spec.lo, spec.hi, spec.lo_open, spec.hi_open) \
         if spec.kind(inner) in ("int", "float") else None
     if out_of_range:
-        return f"{shown} {out_of_range}", spec.allowed(inner, nullable)
+        why = f" ({spec.why})" if spec.why else ""
+        return f"{shown} {out_of_range}{why}", spec.allowed(inner, nullable)
     return None
 
 

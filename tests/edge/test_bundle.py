@@ -103,6 +103,20 @@ def test_main_unit_settings() -> None:
     assert "RestartPreventExitStatus=2" in text and "EnvironmentFile=-/etc/default/edgewise-edge" in text
 
 
+def test_the_stop_timeouts_are_the_one_the_grace_is_bounded_by() -> None:
+    """``shutdown_grace_s`` is bounded so a stop ends within ``edge.settings.STOP_TIMEOUT_S``: the unit's
+    TimeoutStopSec and the L4T container's ``docker run --stop-timeout`` (both documented commands) must
+    be that number, or a stop with the longest grace is SIGKILLed mid-drain. The documented ``docker
+    run`` had none: Docker's default 10 s cut short a stop with the default grace and slow sinks."""
+    from edge.settings import STOP_TIMEOUT_S
+
+    unit = (ROOT / "deploy/jetson/edgewise-edge.service").read_text()
+    assert re.findall(r"^TimeoutStopSec=(\S+)$", unit, re.M) == [str(STOP_TIMEOUT_S)]
+    for doc in ("deploy/jetson/README.md", "docs/install-edge.md"):
+        runs = re.findall(r"docker run -d [^\n]*", (ROOT / doc).read_text())
+        assert runs and all(f"--stop-timeout {STOP_TIMEOUT_S} " in r for r in runs), (doc, runs)
+
+
 def test_every_group_the_unit_names_is_made_by_sysusers() -> None:
     """systemd refuses to start a unit whose User=, Group= or SupplementaryGroups= names a
     group that does not exist (216/GROUP)."""

@@ -38,7 +38,8 @@ def _daemon(tmp_path: Path, tiny_model: Path, native_model: Path, doc: Dict[str,
     with in_process_cloud_class()(native_model) as cloud:
         s = base_settings(out, tiny_model, [{"id": "cam", "kind": "folder", "uri": str(data / "images"), "fps": 20}],
                           policy_file=str(policy), cloud={"endpoints": [cloud.address], "max_in_flight": 64},
-                          shutdown_grace_s=120)
+                          # the last escalations' answers are waited for as a run over files waits for them
+                          spool={"path": str(out / "spool.db"), "replay_interval_s": 0.2, "replay_at_end_s": 120})
         assert asyncio.run(EdgeDaemon(s).run()) == 0
     return out
 

@@ -38,7 +38,8 @@ def test_regions_of_unexplained_motion_are_sent_packed_and_merged_back(tmp_path:
         s = base_settings(tmp_path, tiny_model, [{"id": "cam", "kind": "folder", "uri": str(data / "images"),
                                                   "fps": 20}],
                           policy_file=str(tmp_path / "policy.yaml"), cloud={"endpoints": [cloud.address], "max_in_flight": 64},
-                          shutdown_grace_s=120)
+                          # the last escalations' answers are waited for as a run over files waits for them
+                          spool={"path": str(tmp_path / "spool.db"), "replay_interval_s": 0.2, "replay_at_end_s": 120})
         assert asyncio.run(EdgeDaemon(s).run()) == 0
     final = {}
     for r in read_jsonl(tmp_path / "out.jsonl"):  # the last record of a frame is its result

@@ -399,3 +399,28 @@ def test_a_state_file_that_is_a_symlink_to_another_is_refused(tmp_path):
                     f"sinks: {{jsonl: {tmp_path / 'records.jsonl'}}}\n")
     with pytest.raises(ConfigError, match=r"sinks\.jsonl: .* is also spool\.path, a file the daemon writes"):
         load_settings(str(path), env={})
+
+
+def test_a_grace_the_stop_timeout_would_cut_short_is_refused_saying_why(tmp_path):
+    """``shutdown_grace_s`` had no upper bound: 30 s or more (or 20 s with sinks slow to close) and
+    systemd's TimeoutStopSec=30 SIGKILLed the daemon mid-drain, losing the records of the escalations
+    still in flight (found by a probe). The bound leaves the sinks' close and the MQTT flush their
+    time, with a margin, and the error says why."""
+    from edge.settings import (
+        MAX_SHUTDOWN_GRACE_S,
+        STOP_AFTER_GRACE_S,
+        STOP_MARGIN_S,
+        STOP_TIMEOUT_S,
+    )
+
+    assert MAX_SHUTDOWN_GRACE_S + STOP_AFTER_GRACE_S + STOP_MARGIN_S == STOP_TIMEOUT_S and MAX_SHUTDOWN_GRACE_S >= 10
+    path = write(tmp_path, "device_id: a\nstreams: [{id: s, kind: synthetic}]\nshutdown_grace_s: 30\n")
+    with pytest.raises(ConfigError, match=r"edge.yaml:3: shutdown_grace_s: 30 is out of range \(the stop must end "
+                                          r"within systemd's TimeoutStopSec \(30 s\), which SIGKILLs the daemon, .*"
+                                          r"take up to 12 s more\); allowed: a number in \[0, 15\]$"):
+        load_settings(path, env={})
+    with pytest.raises(ConfigError, match=r"^EDGEWISE_EDGE__SHUTDOWN_GRACE_S: '15.5' is out of range \(the stop"):
+        load_settings(write(tmp_path, "device_id: a\nstreams: [{id: s, kind: synthetic}]\n"),
+                      env={"EDGEWISE_EDGE__SHUTDOWN_GRACE_S": "15.5"})
+    assert load_settings(write(tmp_path, "device_id: a\nstreams: [{id: s, kind: synthetic}]\n"),
+                         overrides=[f"shutdown_grace_s={MAX_SHUTDOWN_GRACE_S:g}"], env={}).shutdown_grace_s == 15
