@@ -8,8 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Optional, Set
+from typing import Any, Optional, Set
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,6 +21,17 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Bad file descriptor"). This resets it in the new program, then execs the command.
 DEFAULT_HUP = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
                "os.execvp(sys.argv[1], sys.argv[1:])"]
+
+
+def stop_under_sighups(proc: subprocess.Popen[Any], limit_s: float = 30.0) -> int:
+    """SIGTERM ``proc``, then SIGHUP it every 2 ms until it exits (at most ``limit_s``): a
+    reload asked for while a daemon stops, up to its last moments. Returns its exit status."""
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + limit_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.002)
+    return proc.wait(5)
 
 
 class EdgeProcess:

@@ -22,7 +22,7 @@ from edge.daemon import EdgeDaemon
 from edge.settings import load_settings
 from tests.conftest import free_port
 from tests.edge.helpers import policy_yaml, read_jsonl, settings_yaml
-from tests.processes import DEFAULT_HUP, EdgeProcess
+from tests.processes import DEFAULT_HUP, EdgeProcess, stop_under_sighups
 from tests.waiting import async_wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -1584,12 +1584,7 @@ def test_sighups_while_the_daemon_stops_never_end_it_killed_by_the_signal(tmp_pa
     proc, log = _start_daemon(tmp_path, tiny_model)
     try:
         _wait_for(proc, log, " running: ")
-        proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < deadline:
-            proc.send_signal(signal.SIGHUP)
-            time.sleep(0.002)
-        assert proc.wait(5) == 0, log.read_text()
+        assert stop_under_sighups(proc) == 0, log.read_text()
         assert "edge daemon stopped after" in log.read_text()
         assert "Traceback" not in log.read_text()  # (nor one from a SIGHUP as the loop closed)
     finally:

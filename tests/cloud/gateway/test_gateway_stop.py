@@ -27,7 +27,7 @@ from tests.cloud.gateway.test_hop_faults import HungWorker
 from tests.cloud.gateway.test_mqtt_bridge import Edge
 from tests.cloud.gateway.workers import request
 from tests.conftest import free_port
-from tests.processes import DEFAULT_HUP
+from tests.processes import DEFAULT_HUP, stop_under_sighups
 from tests.waiting import wait_until
 
 GRACE_S = 4.0
@@ -108,12 +108,7 @@ def test_sighups_while_the_gateway_stops_never_end_it_killed_by_the_signal(tmp_p
         assert proc.stdout is not None
         assert "EDGEWISE_GATEWAY_LISTENING" in proc.stdout.readline(), log.read_text()
         wait_until(lambda: _catches(proc.pid, signal.SIGTERM), 10, "the gateway's SIGTERM handler")
-        proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < deadline:
-            proc.send_signal(signal.SIGHUP)
-            time.sleep(0.002)
-        assert proc.wait(5) == 0, log.read_text()
+        assert stop_under_sighups(proc) == 0, log.read_text()
         assert "Traceback" not in log.read_text()  # (nor one from a SIGHUP as the loop closed)
     finally:
         if proc.poll() is None:
