@@ -35,7 +35,7 @@ from edgewise import mqtt_topics
 from edgewise.addresses import host_problem, parse_hostport
 from edgewise.errors import ConfigError, InvalidInputError
 from edgewise.ids import bearer_token_problem, credential_problem, id_problem
-from edgewise.mqtt_client import STOP_FLUSH_S
+from edgewise.mqtt_sessions import STOP_FLUSH_S
 from edgewise.runtime.detector import BACKENDS
 from edgewise.runtime.metadata import IMGSZ_SETTING_DOC, MAX_FIXED_BATCH, imgsz_problem
 from edgewise.settings import Flag, Invalid, Schema, setting

@@ -85,6 +85,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edgewise import mqtt_properties
+from edgewise.mqtt_sessions import STOP_FLUSH_S
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger("edgewise.mqtt")
@@ -97,9 +98,6 @@ MAX_MID = 65535
 #: Over a link of round trip r the MQTT sink carries about (its share of this) / (2 r) records
 #: a second at QoS 2 (``bench/mqtt_sink.py``): 20 held a device to 75 records/s at 100 ms, 25 at 300
 MAX_INFLIGHT = 100
-#: seconds ``Client.loop_stop`` waits for the broker to acknowledge what is in flight before it
-#: shuts the connection down (a broker that answers takes milliseconds)
-STOP_FLUSH_S = 2.0
 _OWES_PUBREL = (mqtt.mqtt_ms_wait_for_pubcomp, mqtt.mqtt_ms_resend_pubrel)
 _SENT = (mqtt.mqtt_ms_wait_for_puback, mqtt.mqtt_ms_wait_for_pubrec)
 #: states of a message paho holds back: beyond the in-flight bound, or published while disconnected

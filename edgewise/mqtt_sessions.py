@@ -22,6 +22,10 @@ from typing import Any, Optional
 
 #: DISCONNECT reason code "Session taken over" (MQTT 5.0, 3.14.2.1)
 SESSION_TAKEN_OVER = 0x8E
+#: seconds ``edgewise.mqtt_client.Client.loop_stop`` waits for the broker to acknowledge what is
+#: in flight before it shuts the connection down (a broker that answers takes milliseconds). Here,
+#: without paho, for ``edge.settings``' bound of the stop (an edge without the MQTT extra has no paho)
+STOP_FLUSH_S = 2.0
 #: A connection the broker closes, without a DISCONNECT, this soon after accepting it ...
 SHORT_SESSION_S = 10.0
 #: ... this many times in a row, without a failed connection attempt in between, is reported
@@ -74,5 +78,5 @@ class SessionWatch:
 
     def silent_closes(self) -> str:
         """The run of silent closes, for the warning: what happened and what it may mean."""
-        return (f"closed its connection {self.short_sessions} times in a row within seconds of accepting it, "
-                f"without a reason: {SILENT_CLOSES_CAUSES}")
+        return (f"closed its connection {self.short_sessions} "
+                f"times in a row within seconds of accepting it, without a reason: {SILENT_CLOSES_CAUSES}")

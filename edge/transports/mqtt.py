@@ -744,10 +744,11 @@ class MqttConnection:
         if sure:
             self.last_error = f"another client uses the client id {self.client_id!r}"
             if held is not None:
-                log.warning("MQTT broker %s:%d %s, client id %r: another client connected with the same client "
-                            "id (two processes using one id: two edges with a fixed id, or another program), and "
-                            "they take the session from each other on every reconnect: give each its own client "
-                            "id%s", self.host, self.port, what, self.client_id,
+                log.warning("MQTT broker %s:%d %s, client id %r: "
+                            "another client connected with the same client id "
+                            "(two processes using one id: two edges with a fixed id, or another program), and they "
+                            "take the session from each other on every reconnect: give each its own client id%s",
+                            self.host, self.port, what, self.client_id,
                             f" ({held} more takeovers not logged)" if held else "")
             return
         self.last_error = (f"the broker closed the connection {self._sessions.short_sessions} times in a row soon "
