@@ -353,14 +353,6 @@ def test_live_answers_let_rounds_step_over_a_stuck_entry_without_sending_it_each
         conn.start()
         mqtt = _Counting(MqttTransport(conn, "dev"))
         await mqtt.inner.start()
-        asked = []
-        mqtt_detect = mqtt.detect
-
-        async def counted(req, timeout_s):
-            asked.append(req.frame_seq)
-            return await mqtt_detect(req, timeout_s)
-
-        mqtt.detect = counted
         grpc_t = GrpcTransport([real_cloud.address])
         esc = Escalating("dev", {"grpc": grpc_t, "mqtt": mqtt}, written.append, EdgeMetrics(), spool=spool,
                          replay_interval_s=60.0)
@@ -376,7 +368,7 @@ def test_live_answers_let_rounds_step_over_a_stuck_entry_without_sending_it_each
         await esc.close()
         await grpc_t.close()
         await mqtt.close()
-        return settled, asked
+        return settled, mqtt.asked
 
     settled, asked = asyncio.run(run())
     assert settled == 1 and any(r.frame_seq == 100 and r.late and r.outcome == "cloud" for r in written)
@@ -451,14 +443,8 @@ def test_an_outage_costs_a_round_one_written_attempt_and_at_most_one_probe(tmp_p
     policy = parse_policy(policy_yaml("p", deadline_ms=3000))
     spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
     _spool_requests(spool, range(20), policy)
-    down, asked = _Counting(None, fail=range(20)), []
-    fail = down.detect
-
-    async def counted(req, timeout_s):
-        asked.append(req.frame_seq)
-        return await fail(req, timeout_s)
-
-    down.detect = counted
+    down = _Counting(None, fail=range(20))
+    asked = down.asked
     rounds = 30
 
     async def run():
@@ -491,14 +477,8 @@ def test_an_outage_after_a_short_return_of_the_cloud_costs_no_more_than_an_outag
     policy = parse_policy(policy_yaml("p", deadline_ms=3000))
     spool = Spool(tmp_path / "spool.db", max_bytes=1 << 24, max_age_s=3600)
     _spool_requests(spool, range(8), policy)  # one replay_batch
-    down, asked = _Counting(None, fail=range(8)), []
-    fail = down.detect
-
-    async def counted(req, timeout_s):
-        asked.append(req.frame_seq)
-        return await fail(req, timeout_s)
-
-    down.detect = counted
+    down = _Counting(None, fail=range(8))
+    asked = down.asked
 
     async def run():
         esc = Escalating("dev", {"grpc": down}, lambda rec: True, EdgeMetrics(), spool=spool, replay_interval_s=0.05)
@@ -932,8 +912,10 @@ class _Counting:
         self.answer_delay = answer_delay or {}
         self.fail = set(fail)
         self.status = status
+        self.asked = []  # the frame_seq of every request, in the order they came
 
     async def detect(self, req, timeout_s):
+        self.asked.append(req.frame_seq)
         self.now += 1
         self.most = max(self.most, self.now)
         try:
@@ -1214,14 +1196,7 @@ def test_a_replayed_answer_no_durable_sink_took_stays_spooled_until_one_does(tmp
         return True
 
     cloud = _Counting(None)
-    asked = []
-    answer = cloud.detect
-
-    async def counted(req, timeout_s):
-        asked.append(req.frame_seq)
-        return await answer(req, timeout_s)
-
-    cloud.detect = counted
+    asked = cloud.asked
 
     async def run():
         esc = Escalating("dev", {"grpc": cloud}, write, metrics, spool=spool)
