@@ -736,11 +736,13 @@ class Escalating:
             head = peeked[0].id if peeked else None
             self._held = {k: v for k, v in self._held.items() if head is not None and v[0] >= head}
         stuck.keep(e.id for e in peeked)
-        ready = [e for e in peeked if not stuck.resting(e.id)]
+        ready: List[SpoolItem] = []
+        skipped: List[SpoolItem] = []
+        for e in peeked:
+            (skipped if stuck.resting(e.id) else ready).append(e)
         entries = ready[:self.replay_batch]
-        resting = next((e for e in peeked if stuck.resting(e.id)), None)
-        if resting is not None:
-            self._stepped_over(resting)
+        if skipped:
+            self._stepped_over(skipped[0])
         settled: List[int] = []
         blocker: Optional[SpoolItem] = None  # the entry that stops the round
         probing = False  # ... is stuck, and the cloud not known to answer: one entry behind it is probed
