@@ -194,7 +194,8 @@ URL_SCHEMES = {"rtsp": ("rtsp", "rtsps"), "http": ("http", "https")}
 
 def url_problem(kind: str, uri: str) -> Optional[str]:
     """What keeps ``uri`` from being a URL a ``kind`` stream (``rtsp``, ``http``) can open: no
-    scheme (``192.168.1.20:554/stream1``), a local path, another scheme; None when nothing
+    scheme (``192.168.1.20:554/stream1``), a local path, another scheme, a port that is no port
+    (``:554x``, ``:99999``, non-ASCII digits) or no host; None when nothing
     does, or for other kinds. FFmpeg refuses such a URL at every open without a
     reason, so the stream backed off forever."""
     schemes = URL_SCHEMES.get(kind)
@@ -205,6 +206,10 @@ def url_problem(kind: str, uri: str) -> Optional[str]:
     example = f"{schemes[0]}://host[:port]/path"
     if m is None or m.group(1).lower() not in schemes:
         return f"{redact_uri(uri)[:80]!r} is not an {kind.upper()} URL: give {example} ({forms})"
+    try:
+        _authority(uri, where="host:port")
+    except ConfigError as exc:  # a port typo (554x, 99999, non-ASCII digits) or no host
+        return f"{redact_uri(uri)[:80]!r}: {exc}"
     return None
 #: Longest wait of the reachability check that explains a failed open.
 REACH_TIMEOUT_S = 2.0
@@ -214,6 +219,15 @@ def host_port(uri: str) -> Optional[Tuple[str, int]]:
     """The host and port a network camera URL names (its default port when it names none;
     user info ends at the last ``@`` before the path, as FFmpeg reads it); None when the URL
     names no usable host and port (``edgewise.addresses.parse_hostport`` judges them)."""
+    try:
+        return _authority(uri)
+    except ConfigError:
+        return None
+
+
+def _authority(uri: str, where: str = "camera URL") -> Optional[Tuple[str, int]]:
+    """:func:`host_port`, but ConfigError (from ``parse_hostport``, naming what is wrong) when
+    the URL's authority is no usable host and port; None for a URL without a scheme."""
     m = re.match(r"([a-zA-Z][a-zA-Z0-9+.-]*)://([^/?#]*)", uri)
     if m is None:
         return None
@@ -222,10 +236,7 @@ def host_port(uri: str) -> Optional[Tuple[str, int]]:
     has_port = "]:" in authority if authority.startswith("[") else ":" in authority
     if not has_port and scheme in DEFAULT_PORTS:
         authority = f"{authority}:{DEFAULT_PORTS[scheme]}"
-    try:
-        return parse_hostport(authority, where="camera URL")
-    except ConfigError:
-        return None
+    return parse_hostport(authority, where=where)
 
 
 #: An open that took at least this share of its time limit ran into the limit: nothing answered.

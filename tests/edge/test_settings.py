@@ -283,10 +283,17 @@ def test_a_cloud_transport_the_settings_do_not_configure_is_not_used_and_said(tm
     ("rtsp", "/videos/gate.mp4", r"streams.0.uri: stream 'gate': '/videos/gate.mp4' is not an RTSP URL"),
     ("rtsp", "http://u:secret@cam/x", r"'http://u:\*\*\*@cam/x' is not an RTSP URL"),
     ("http", "cam.local/mjpg", r"is not an HTTP URL: give http://host\[:port\]/path \(http:// or https://\)"),
+    # a port FFmpeg cannot use (a typo, out of range, another script's digits) or no host
+    ("rtsp", "rtsp://u:secret@cam:554x/s", r"'rtsp://u:\*\*\*@cam:554x/s': host:port: 'cam:554x': port '554x' is "
+                                          r"not an integer"),
+    ("rtsp", "rtsp://cam:99999/s", r"port 99999 is outside 1..65535"),
+    ("rtsp", "rtsp://cam:\u0661\u0662/s", r"write it in the ASCII digits 0-9"),
+    ("http", "http://:8080/mjpg", r"host:port: ':8080' is not 'host:port'"),
 ])
 def test_a_network_stream_without_its_url_scheme_is_refused(tmp_path, kind, uri, says):
     """`kind: rtsp` with `uri: 192.168.1.20:554/stream1` passed check-config, and the daemon
-    backed off forever without a reason (FFmpeg refuses it at every open)."""
+    backed off forever without a reason (FFmpeg refuses it at every open). So did a port typo
+    (`:554x`), and Python 3.8's urllib even read Arabic-Indic digits as a port."""
     with pytest.raises(ConfigError, match=says):
         load_settings(write(tmp_path, "device_id: a\nstreams: [{id: gate, kind: synthetic}]\n"),
                       overrides=[f"streams.0.kind={kind}", f"streams.0.uri={uri}"], env={})
