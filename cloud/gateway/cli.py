@@ -50,6 +50,7 @@ def _up(args: argparse.Namespace) -> int:
     import threading
 
     from cloud.local import LocalCloud
+    from edgewise.cli import Terminated
     from edgewise.errors import ConfigError
 
     if args.workers < 1:
@@ -63,9 +64,9 @@ def _up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     started = threading.Event()
 
-    def on_signal(*_: object) -> None:
+    def on_signal(sig: int, _frame: object) -> None:
         if not started.is_set():  # during the start (minutes of warm-up): stop what was started, now
-            raise KeyboardInterrupt
+            raise Terminated if sig == signal.SIGTERM else KeyboardInterrupt  # exit 143 or 130 (edgewise.cli)
         stop.set()
 
     # SIGHUP too: a closed terminal left the gateway and workers running (their own sessions)
