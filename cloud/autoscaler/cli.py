@@ -41,7 +41,12 @@ def handler(args: argparse.Namespace) -> int:
 async def serve(settings: Any) -> int:
     """Run the loop until SIGTERM/SIGINT. ``settings`` is an AutoscalerSettings."""
     from cloud.autoscaler.kube import DeploymentScale
-    from cloud.autoscaler.loop import AutoscalerLoop, AutoscalerMetrics, GatewayPoller
+    from cloud.autoscaler.loop import (
+        AutoscalerLoop,
+        AutoscalerMetrics,
+        GatewayPoller,
+        stall_after_s,
+    )
     from cloud.autoscaler.scaling import Scaler
     from cloud.binding import socket_port_async
     from cloud.discovery.kubeclient import KubeAccess, build_api_client
@@ -53,20 +58,22 @@ async def serve(settings: Any) -> int:
                                       ca_file=k.ca_file,
                                       verify_tls=k.verify_tls, kubeconfig=k.kubeconfig, context=k.context))
     metrics = AutoscalerMetrics()
-    server = None
-    listen = settings.metrics_listen_port()
-    if listen is not None:
-        server = SidePort(metrics.registry)
-        port = await socket_port_async(lambda: server.start(settings.metrics_host, listen),
-                                       format_address(settings.metrics_host, listen),
-                                       "metrics_host/metrics_port")
-        log.info("autoscaler: metrics on %s", format_address(settings.metrics_host, port))
     target = DeploymentScale(api, k.namespace, k.deployment, dry_run=settings.dry_run,
                              request_timeout_s=k.request_timeout_s)
     poller = GatewayPoller(settings.gateway_urls, timeout_s=settings.gateway_timeout_s,
                            resolve=settings.resolve_gateways, metrics=metrics)
     loop = AutoscalerLoop(Scaler(settings.scaler_config()), target, poller, metrics=metrics,
-                          interval_s=settings.interval_s)
+                          interval_s=settings.interval_s,
+                          stall_after_s=stall_after_s(settings.interval_s, settings.gateway_timeout_s,
+                                                      k.request_timeout_s))
+    server = None
+    listen = settings.metrics_listen_port()
+    if listen is not None:
+        server = SidePort(metrics.registry, healthy=loop.alive)  # /healthz: the chart's liveness probe
+        port = await socket_port_async(lambda: server.start(settings.metrics_host, listen),
+                                       format_address(settings.metrics_host, listen),
+                                       "metrics_host/metrics_port")
+        log.info("autoscaler: metrics and /healthz on %s", format_address(settings.metrics_host, port))
     ev = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         ev.add_signal_handler(sig, loop.stop)

@@ -22,7 +22,9 @@ Each tick (every ``interval_s``, like HPA's 15 s sync period):
 Nothing here crashes the daemon: a failed poll, read or patch is logged,
 counted and retried on the next tick; one the API server shed with a
 ``Retry-After`` (``ThrottledError``) at the next tick that comes after it
-(:func:`next_tick_in`).
+(:func:`next_tick_in`). Every part of a tick is bounded, so a loop that has not finished one for
+:func:`stall_after_s` is wedged: ``/healthz`` then answers 503 (:meth:`AutoscalerLoop.alive`), and
+the chart's liveness probe restarts a process that would otherwise never scale again.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from cloud.autoscaler.kube import ScaleConflictError, ScaleTarget, ThrottledError
+from cloud.autoscaler.kube import RETRY_AFTER_MAX_S, ScaleConflictError, ScaleTarget, ThrottledError
 from cloud.autoscaler.scaling import Decision, PoolSample, Scaler
 from cloud.discovery.dns import OneLookup, Resolver, getaddrinfo_resolver
 from edgewise.errors import EdgewiseError, InvalidInputError
@@ -380,12 +382,20 @@ def next_tick_in(interval_s: float, elapsed_s: float, retry_after_s: float = 0.0
     return max(0.0, interval_s - elapsed_s, retry_after_s)
 
 
+def stall_after_s(interval_s: float, gateway_timeout_s: float, request_timeout_s: float) -> float:
+    """How long a loop may go without finishing a tick before it is wedged: twice the longest a
+    tick and the wait after it can take (the poll, bounded by ``gateway_timeout_s`` + 1; the
+    read and the patch of the scale, each ``request_timeout_s``; then the interval or the
+    longest ``Retry-After`` honoured, ``RETRY_AFTER_MAX_S``)."""
+    return 2.0 * (gateway_timeout_s + 1.0 + 2.0 * request_timeout_s + max(interval_s, RETRY_AFTER_MAX_S))
+
+
 class AutoscalerLoop:
     """One decision per tick; ``tick`` is the unit tests drive."""
 
     def __init__(self, scaler: Scaler, target: ScaleTarget, poller: GatewayPoller, *,
                  metrics: AutoscalerMetrics | None = None, interval_s: float = 15.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 stall_after_s: float = math.inf, clock: Callable[[], float] = time.monotonic) -> None:
         self.scaler = scaler
         self.target = target
         self.poller = poller
@@ -396,7 +406,16 @@ class AutoscalerLoop:
         self.decisions: list[Decision] = []  # last few, for tests and debugging
         #: what the API server asked the last tick to wait before the next call (its Retry-After)
         self.retry_after_s = 0.0
+        #: see :meth:`alive`: the loop is wedged once no tick ended for this long
+        self.stall_after_s = stall_after_s
+        self._beat = clock()  # when the loop started, or its last tick ended
         self._stop = asyncio.Event()
+
+    def alive(self) -> bool:
+        """Whether the loop still turns (``/healthz``): a tick ended, or the loop started, less
+        than ``stall_after_s`` ago. Every call a tick makes is bounded, so past that a tick is
+        stuck where no timeout reaches (a blocked thread, a bug) and only a restart scales again."""
+        return self.clock() - self._beat <= self.stall_after_s
 
     def _api_failed(self, op: str, exc: EdgewiseError) -> None:
         """Count and log a failed read or patch of the scale. A conflict (someone else scaled)
@@ -457,6 +476,7 @@ class AutoscalerLoop:
                 await self.tick()
             except Exception:  # a bug in one tick must not stop scaling for good
                 log.exception("autoscaler: tick failed")
+            self._beat = self.clock()
             delay = next_tick_in(self.interval_s, self.clock() - started, self.retry_after_s)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)

@@ -98,8 +98,10 @@ class AutoscalerSettings:
                                        factory=default_scale_down)
     dry_run: bool = setting("Print decisions instead of patching the Deployment.", False)
     metrics_host: str = setting("Address of the Prometheus metrics listener (`::`: every IPv6 and IPv4 address).", "0.0.0.0")
-    metrics_port: int | None = setting("Port of the Prometheus metrics listener (0: any free port; -1, as for "
-                                       "the other processes, or null: no listener).", 9102, lo=-1, hi=65535)
+    metrics_port: int | None = setting("Port of the Prometheus metrics listener and of `/healthz` (503 once the "
+                                       "loop has not finished a tick for twice its longest; the chart's liveness "
+                                       "probe) (0: any free port; -1, as for the other processes, or null: no "
+                                       "listener).", 9102, lo=-1, hi=65535)
     kubernetes: KubeSettings = setting("The scale target and API access.", factory=KubeSettings)
 
     def metrics_listen_port(self) -> int | None:

@@ -162,6 +162,8 @@ def test_live_process_patches_and_exports_metrics(servers, tmp_path):
         wait_until(lambda: sum(1 for r in api.requests if r[0] == "GET") >= reads + 3, 20,
                    "three more decisions at the target")
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)  # the chart's liveness
+        assert (health.status, health.read()) == (200, b"ok\n")
     finally:
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=15)

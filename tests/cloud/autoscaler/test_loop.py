@@ -10,6 +10,7 @@ import logging
 import math
 import re
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -747,3 +748,43 @@ def test_error_counters_start_at_zero_with_every_reason_the_loop_counts() -> Non
     source = inspect.getsource(loop_module)
     assert set(re.findall(r'_error\("([a-z_]+)"', source)) == set(POLL_ERRORS)
     assert set(re.findall(r'_api_failed\("([a-z_]+)"', source)) == set(SCALE_OPS)
+
+
+def test_a_tick_stuck_where_no_timeout_reaches_fails_healthz_until_one_ends(api, gateways):
+    """The autoscaler had no liveness: a tick stuck where none of its timeouts reach (here the
+    scale read blocked in its executor thread, as a lookup glibc never answers holds one) left a
+    process that never scaled again, which no probe noticed. ``alive`` (its ``/healthz``) now
+    turns false once no tick ended for ``stall_after_s``, and true again when one does."""
+    loop, clock = make_loop(api, [g.url for g in gateways])
+    loop.interval_s, loop.stall_after_s = 0.01, 100.0
+    release = threading.Event()
+    read = loop.target.read
+    loop.target.read = lambda: (release.wait(30), read())[1]  # type: ignore[method-assign]
+
+    async def main() -> None:
+        task = asyncio.create_task(loop.run())
+        await asyncio.sleep(0.3)
+        assert loop.alive()  # the clock has not moved: within the bound
+        clock[0] = 100.5
+        assert not loop.alive()  # the first tick still waits for its read
+        release.set()
+        for _ in range(500):
+            if loop.alive():
+                break
+            await asyncio.sleep(0.01)
+        assert loop.alive()  # the tick ended: the loop turns again
+        loop.stop()
+        await task
+
+    asyncio.run(main())
+
+
+def test_the_stall_bound_covers_a_tick_at_its_limits_and_the_wait_after_it():
+    """Twice the longest a tick (poll + read + patch) and the wait before the next can take, so a
+    slow but bounded tick is never called wedged; the chart's probe then adds 3 x 20 s."""
+    from cloud.autoscaler.kube import RETRY_AFTER_MAX_S
+    from cloud.autoscaler.loop import stall_after_s
+
+    for interval, gw, req in ((15.0, 2.0, 10.0), (3600.0, 600.0, 60.0), (0.1, 0.1, 0.1)):
+        longest = gw + 1.0 + 2 * req + max(interval, RETRY_AFTER_MAX_S)
+        assert stall_after_s(interval, gw, req) == 2 * longest
