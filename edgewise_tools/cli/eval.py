@@ -11,6 +11,7 @@ from edgewise.errors import ConfigError
 from edgewise.outputs import check_output_folder
 from edgewise.regions import COMPARED_MODES, MODES
 from edgewise.runtime.detector import INPUT_SIZES
+from edgewise.runtime.metadata import imgsz_problem, setting_imgsz
 from edgewise_tools.evaluation.bootstrap import MAX_SAMPLES, MIN_SAMPLES
 from edgewise_tools.options import RULES, check_option
 
@@ -32,7 +33,9 @@ def _check_options(args: argparse.Namespace) -> None:
     check_option("--target-uplink", args.target_uplink, "in [0, 1]", "a share of the uplink bytes")
     check_option("--target-margin", args.target_margin, ">= 0", "a share of cloud-only F1")
     for flag, value in (("--edge-imgsz", args.edge_imgsz), ("--cloud-imgsz", args.cloud_imgsz)):
-        check_option(flag, value, ">= 0", "pixels; 0 takes the model's own size")
+        problem = imgsz_problem(value)  # the rule of the edge's model.imgsz and the worker's --imgsz
+        if problem:
+            raise ConfigError(f"{flag} {problem}")
 
 
 def _rates(text: str) -> List[float]:
@@ -73,8 +76,8 @@ def _handler(args: argparse.Namespace) -> int:
     cfg = EvalConfig(
         edge=Path(args.edge), cloud=Path(args.cloud), policy=Path(args.policy), data=Path(args.data),
         train_data=Path(args.train_data) if args.train_data else None, rates=args.rates,
-        fps=args.fps, limit=args.limit, threads=args.threads, edge_imgsz=args.edge_imgsz or None,
-        cloud_imgsz=args.cloud_imgsz or None, model_out=Path(args.out) / GAIN_MODEL,
+        fps=args.fps, limit=args.limit, threads=args.threads, edge_imgsz=setting_imgsz(args.edge_imgsz),
+        cloud_imgsz=setting_imgsz(args.cloud_imgsz), model_out=Path(args.out) / GAIN_MODEL,
         payloads=args.payloads, payload=args.payload, cloud_input=args.cloud_input, samples=args.samples,
         target_rate=args.target_rate, target_fraction=args.target_fraction, target_gap=args.target_gap,
         target_uplink=args.target_uplink, target_margin=args.target_margin, target_edge_ratio=args.target_edge_ratio,
@@ -133,8 +136,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "quality of the setting a lower-quality policy replaces to compare the two")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N frames")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model")
-    p.add_argument("--edge-imgsz", type=int, default=0, metavar="N",
+    p.add_argument("--edge-imgsz", default="0", metavar="N|H,W",
                    help="input size of an edge model that does not state it (a dynamic export without imgsz "
-                        "metadata); 0: the model's own")
-    p.add_argument("--cloud-imgsz", type=int, default=0, metavar="N", help="the same for the cloud model")
+                        "metadata): 640 (square) or 384,640 (height, width); 0: the model's own")
+    p.add_argument("--cloud-imgsz", default="0", metavar="N|H,W", help="the same for the cloud model")
     p.set_defaults(func=_handler)

@@ -6,7 +6,7 @@ import logging
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -68,7 +68,7 @@ class EvalConfig:
         limit: evaluate at most this many frames (quick runs).
         threads: ONNX Runtime intra-op threads per model.
         edge_imgsz, cloud_imgsz: the input size of a model that does not state it (a dynamic
-            export without ``imgsz`` metadata); None: the model's own.
+            export without ``imgsz`` metadata) as (height, width); None: the model's own.
         model_out: where to write the learned policy's gain model (``signals.learnedModel``
             of a policy file); not written when None or without ``train_data``.
         ours: the policy declared ours before the test set is looked at (``combined`` or
@@ -102,8 +102,8 @@ class EvalConfig:
     samples: int = bootstrap.SAMPLES
     limit: Optional[int] = None
     threads: Optional[int] = None
-    edge_imgsz: Optional[int] = None
-    cloud_imgsz: Optional[int] = None
+    edge_imgsz: Optional[Tuple[int, int]] = None
+    cloud_imgsz: Optional[Tuple[int, int]] = None
     model_out: Optional[Path] = None
     carry_lag: Optional[int] = 1
     ours: Optional[str] = None

@@ -53,7 +53,9 @@ def _eval(model: Path, data: Path, out: Path, *extra: str) -> List[str]:
     ("--target-rate", "0", "--target-rate 0: must be in (0, 1]"),
     ("--target-uplink", "1.5", "--target-uplink 1.5: must be in [0, 1]"),
     ("--limit", "0", "--limit 0: must be >= 1"),
-    ("--edge-imgsz", "-32", "--edge-imgsz -32: must be >= 0 (pixels; 0 takes the model's own size)"),
+    ("--edge-imgsz", "-32", "--edge-imgsz '-32' is not a size; write 640 (square) or 384,640 (height, width), "
+                            "or 0 for the model's own"),
+    ("--cloud-imgsz", "640,", "--cloud-imgsz '640,' is not a size"),
     ("--limit", "-1", "--limit -1: must be >= 1"),
     ("--target-margin", "nan", "--target-margin nan: must be >= 0 (a share of cloud-only F1)"),
     ("--target-margin", "-0.1", "--target-margin -0.1: must be >= 0"),
@@ -222,12 +224,13 @@ def test_models_and_labels_of_other_classes_are_refused(tiny_model, renamed_mode
 
 def test_the_models_input_sizes_reach_the_detectors(tiny_model, dataset, tmp_path, capsys) -> None:
     """--edge-imgsz / --cloud-imgsz are what a dynamic export without imgsz metadata needs (the
-    warning names them); on this fixed 160 model another size is refused, naming it."""
-    for flag in ("--edge-imgsz", "--cloud-imgsz"):
-        assert main(_eval(tiny_model, dataset, tmp_path / "out", flag, "96")) == 2
+    warning names them); on this fixed 160 model another size is refused, naming it. They take
+    height,width as model.imgsz and the worker's --imgsz do (they took a square size only)."""
+    for flag, size, shown in (("--edge-imgsz", "96", "96x96"), ("--cloud-imgsz", "96,160", "96x160")):
+        assert main(_eval(tiny_model, dataset, tmp_path / "out", flag, size)) == 2
         err = capsys.readouterr().err.splitlines()[-1]
-        assert "imgsz 96x96 was asked for but the model's input is fixed at 160x160" in err, err
-    assert main(_eval(tiny_model, dataset, tmp_path / "out", "--edge-imgsz", "160", "--cloud-imgsz", "160",
+        assert f"imgsz {shown} was asked for but the model's input is fixed at 160x160" in err, err
+    assert main(_eval(tiny_model, dataset, tmp_path / "out", "--edge-imgsz", "160", "--cloud-imgsz", "160,160",
                       "--rates", "0.5", "--target-rate", "0.5")) == 0
 
 
