@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from edgewise.errors import ConfigError, InvalidInputError
+from edgewise.outputs import check_output_folder
 from edgewise.policy.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,8 @@ def accuracy(args: argparse.Namespace, policy: Policy, other: Optional[Policy]) 
             raise ConfigError(f"{flag} {value}: file not found")
     check_option("--fps", args.fps, "> 0", "the streams' frame rate")
     check_option("--limit", args.limit, ">= 1", "the number of frames to use; leave it out for all")
+    if args.cache:  # named: refused now, not a warning after the models ran (the default is only tried)
+        check_output_folder(args.cache, "--cache")
     records, nc = _collect(args, policy)
     collected = {collection(policy): records}
     n = len(records)

@@ -282,3 +282,19 @@ def test_class_overrides_the_edge_model_lacks_are_warned_about(labelled, tiny_mo
         caplog.clear()
         assert main(args) == 0
         assert "spec.classes person" in caplog.text and str(tiny_model) in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_a_cache_named_that_cannot_be_a_folder_is_refused_before_a_model_runs(labelled, tiny_model, tmp_path, capsys,
+                                                                             under) -> None:
+    """`--cache FILE` ran both models over the set (minutes) and then only warned that nothing
+    could be cached; a named cache is now checked first, as every output folder is."""
+    plain = tmp_path / "cache.txt"
+    plain.write_text("not a folder")
+    cache, said = ((plain / "sub", f"--cache {plain / 'sub'}: {plain} is a file, not a folder") if under else
+                   (plain, f"--cache {plain}: is a file; give a folder"))
+    assert main(["edge", "check-policy", str(ROOT / "examples" / "policy.yaml"), "--data", str(labelled),
+                 "--edge", str(tiny_model), "--cloud", str(tiny_model), "--cache", str(cache)]) == 2
+    err = capsys.readouterr().err
+    assert said in err, err
+    assert "cannot cache" not in err  # refused before the models ran, not warned after
