@@ -34,6 +34,10 @@ from edgewise.yamlnodes import UNQUOTED_BOOLEAN
 
 PathLike = Union[str, Path]
 ImgszLike = Union[int, Sequence[int]]
+#: ONNX operators of a graph with non-maximum suppression built in (an end-to-end export): ONNX's
+#: own and TensorRT's NMS plugins as exporters name them
+NMS_OPS = frozenset({"NonMaxSuppression", "EfficientNMS_TRT", "EfficientNMS_ONNX_TRT", "BatchedNMS_TRT",
+                     "BatchedNMSDynamic_TRT"})
 #: ONNX element types the detection output may have: not stated (0), float32 (1), float16 (10),
 #: double (11); the backends hand the decoder float32
 _OUTPUT_TYPES = (0, FLOAT, FLOAT16, 11)
@@ -453,6 +457,12 @@ def _info_from_graph(
                          "a float input taking RGB in 0..1 (YOLOv5's export.py does: edgewise scales the pixels)")
     if not graph.output:
         raise ModelError(f"{p}: expected {expected}; the graph has no outputs")
+    nms = sorted({node.op_type for node in graph.node if node.op_type in NMS_OPS})
+    if nms:  # its outputs are kept boxes (num_dets, boxes, scores, classes), not the head: "rank 2" said nothing
+        raise ModelError(f"{p}: the graph runs its own non-maximum suppression ({', '.join(nms)}), as an "
+                         "end-to-end export does (YOLOv7's export.py --end2end, a TensorRT EfficientNMS plugin); "
+                         "edgewise needs the raw head (an output [B,N,5+nc]) and runs NMS itself: export without NMS "
+                         "(YOLOv5: python export.py --weights W.pt --include onnx)")
     out = graph.output[0]
     if out.type.tensor_type.elem_type not in _OUTPUT_TYPES:
         raise ModelError(f"{p}: first output {out.name!r} has ONNX type {out.type.tensor_type.elem_type}, not "

@@ -486,3 +486,19 @@ def test_auto_input_size_of_a_model_with_one_fixed_side_that_asks_for_native_is_
     with Detector.from_file(p, threads=1, input_size="auto") as det:
         assert det.input_size == "model"
         assert det.detect([gray(h, w)])[0].class_ids.tolist() == [0]
+
+
+@pytest.mark.parametrize("op, domain", [("NonMaxSuppression", ""), ("EfficientNMS_TRT", "")])
+def test_an_end_to_end_export_with_nms_built_in_is_named_as_such(tmp_path, op, domain):
+    """An end-to-end export (YOLOv7 --end2end: ONNX's NonMaxSuppression, or TensorRT's EfficientNMS
+    plugin, with outputs num_dets, boxes, scores, classes) was refused as "first output has rank
+    2", which told the user nothing of what to export instead (found by a probe)."""
+    p = const_model(tmp_path / "end2end.onnx", head(P5_ROWS, 8), meta={"names": N3})
+    m = onnx.load(str(p))
+    m.graph.node.append(onnx.helper.make_node(op, ["boxes", "scores"], ["selected"], domain=domain))
+    onnx.save(m, str(p))
+    with pytest.raises(ModelError) as e:
+        load_model_info(p)
+    said = one_line(e)
+    assert f"end2end.onnx: the graph runs its own non-maximum suppression ({op})" in said, said
+    assert "export without NMS" in said and "rank" not in said
