@@ -6,7 +6,9 @@ each prints its listening line, and stops them all (SIGTERM, then SIGKILL after
 a grace period). Tests and the demo use it to kill, restart and add workers
 with real signals; ``edgewise cloud up`` is its command-line face. Adding a
 worker rewrites the gateway's config and sends SIGHUP (the gateway re-reads its
-static worker list; new workers enter slow start).
+static worker list; new workers enter slow start). Each process ends by itself once the
+process that started it is gone, however that one ended (``edgewise.lifeline``): a ``cloud up``
+or a demo killed with SIGKILL left its pool running under init, holding its ports.
 
 Paths are the caller's: the model and gateway config are resolved against the
 working directory ``LocalCloud`` is created in, and the processes run in that
@@ -36,6 +38,7 @@ from typing import Any
 import yaml
 
 from edgewise.errors import ConfigError, UnavailableError
+from edgewise.lifeline import Lifeline
 from edgewise.settings.tree import plain, read_yaml
 
 log = logging.getLogger("edgewise.local")
@@ -60,13 +63,16 @@ def cli_command(*args: str) -> list[str]:
 
 class _Proc:
     def __init__(self, name: str, argv: list[str], log_path: Path, env: Mapping[str, str],
-                 cwd: Path) -> None:
+                 cwd: Path, lifeline: Lifeline) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
         self._offset = log_path.stat().st_size if log_path.exists() else 0  # a restart appends
         self._log = open(log_path, "ab")
-        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=dict(env),
+        # its own session (the terminal's Ctrl-C reaches us, and we stop the pool in order), and
+        # the lifeline: it stops by itself if we are killed before we can stop it
+        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                      env=lifeline.child_env(dict(env)), pass_fds=(lifeline.read_fd,),
                                       cwd=str(cwd), start_new_session=True)
 
     def wait_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
@@ -215,6 +221,12 @@ class LocalCloud:
         self.metrics_port = 0
         self._gateway_ports: tuple[str, int] | None = None  # listen and metrics_port in the gateway's config
         self.exit_codes: dict[str, int | None] = {}  # process name -> exit status after stop()
+        self._lifeline: Lifeline | None = None  # the processes end by themselves once we are gone
+
+    def _proc(self, name: str, argv: list[str], log_name: str) -> _Proc:
+        if self._lifeline is None:
+            self._lifeline = Lifeline()
+        return _Proc(name, argv, self.dir / log_name, self.env, self.cwd, self._lifeline)
 
     # ---- addresses -----------------------------------------------------------------------
     @property
@@ -262,7 +274,7 @@ class LocalCloud:
             self.worker_ports.append(_free_port())
             self.worker_specs.append(list(extra))
         argv = self._worker_argv(self.worker_ports[i], self.worker_specs[i])
-        self.workers[i] = _Proc(f"worker {i}", argv, self.dir / f"worker-{i}.log", self.env, self.cwd)
+        self.workers[i] = self._proc(f"worker {i}", argv, f"worker-{i}.log")
 
     def _wait_worker(self, i: int) -> None:
         proc = self.workers[i]
@@ -304,8 +316,7 @@ class LocalCloud:
 
     def _start_gateway(self) -> None:
         path = self.dir / "gateway.yaml"
-        self.gateway = _Proc("gateway", cli_command("cloud", "gateway", "--config", str(path)),
-                             self.dir / "gateway.log", self.env, self.cwd)
+        self.gateway = self._proc("gateway", cli_command("cloud", "gateway", "--config", str(path)), "gateway.log")
         m = self.gateway.wait_line(_GATEWAY_RE, self.start_timeout)
         self.gateway_port, self.metrics_port = int(m.group(1)), int(m.group(2))
 
@@ -318,6 +329,9 @@ class LocalCloud:
         for (i, _), code in zip(running, stop_all([proc for _, proc in running], self.stop_grace)):
             self.exit_codes[f"worker {i}"] = code
             self.workers[i] = None
+        if self._lifeline is not None:
+            self._lifeline.close()
+            self._lifeline = None
         if self._own_dir and not self._keep_logs and os.environ.get("EDGEWISE_KEEP_LOGS") != "1":
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -35,7 +35,7 @@ import sys
 import threading
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from edgewise import __version__, hangup
+from edgewise import __version__, hangup, lifeline
 from edgewise.errors import EdgewiseError
 from edgewise.observability import LOG_FORMATS, setup_logging
 from edgewise.systemdeps import missing_module_error
@@ -142,6 +142,7 @@ def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the process exit status."""
     _catch_sigterm_as_init()  # first: until then a container's stop is lost (no init: we are PID 1)
+    lifeline.watch()  # started by a local cloud or the demo: end with it, however it ends
     hangup.hold()  # before the command modules load: a daemon's reload must not kill its start
     _escape_what_stdout_cannot_encode()
     reloads = False

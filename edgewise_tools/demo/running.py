@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 import yaml
 
 from edgewise.errors import ConfigError, ModelError
+from edgewise.lifeline import Lifeline
 from edgewise_tools.cpu import CpuMeter
 from edgewise_tools.demo import records as R
 
@@ -376,6 +377,7 @@ def _run(cfg: DemoConfig, work: Path, data: Path, generated: Future[Dict[str, An
     cloud = LocalCloud(cfg.cloud_model, workers=cfg.workers, gateway_settings=gateway_settings,
                        log_dir=work / "cloud")
     daemon: Optional[subprocess.Popen[bytes]] = None
+    life = Lifeline()  # the edge daemon ends by itself if the demo is killed (the cloud's have their own)
     try:
         say("generating the cameras' frames and starting the local cloud (gateway + workers, warm-up) ...")
         cloud.start()
@@ -389,7 +391,8 @@ def _run(cfg: DemoConfig, work: Path, data: Path, generated: Future[Dict[str, An
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         with open(work / "edge.log", "wb") as edge_log:  # the child has its own copy of the file
             daemon = subprocess.Popen([sys.executable, "-m", "edgewise.cli", "edge", "run", "--config",
-                                       str(edge_yaml)], stdout=edge_log, stderr=subprocess.STDOUT, env=env)
+                                       str(edge_yaml)], stdout=edge_log, stderr=subprocess.STDOUT,
+                                      env=life.child_env(env), pass_fds=(life.read_fd,))
         say("edge daemon started; live progress:")
         total = cfg.streams * cfg.frames
         progress = _Progress(sink, metrics_port, total, stream, cfg.live)
@@ -436,6 +439,7 @@ def _run(cfg: DemoConfig, work: Path, data: Path, generated: Future[Dict[str, An
     finally:
         if daemon is not None and daemon.poll() is None:
             daemon.kill()
+        life.close()
         cloud.stop()
         if broker is not None:
             broker.terminate()

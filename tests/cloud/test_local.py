@@ -351,3 +351,26 @@ def test_cloud_up_stops_its_processes_on_a_closed_terminal_and_while_starting(ti
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_cloud_up_killed_with_sigkill_leaves_no_process_behind(tiny_model):
+    """`cloud up` killed with SIGKILL (the OOM killer, `kill -9`, a job's timeout) ran no clean-up,
+    and its gateway and workers, in their own sessions, went on under init holding their ports.
+    They now end by themselves when it is gone (edgewise.lifeline)."""
+    proc = subprocess.Popen(cli_command("cloud", "up", "--workers", "1", "--model", str(tiny_model), "--port", "0"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        while not proc.stdout.readline().startswith("gateway: "):
+            assert proc.poll() is None
+        kids = _children(proc.pid)
+        assert len(kids) == 2  # the worker and the gateway
+        proc.kill()
+        proc.wait(10)
+        wait_until(lambda: all(_gone(k) for k in kids), 30, "its gateway and worker ended with it")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -138,12 +138,14 @@ def test_stop_all_stops_every_process_together_and_past_one_that_will_not_end(tm
     import time
 
     from cloud.local import _WORKER_RE, _Proc, stop_all
+    from edgewise.lifeline import Lifeline
 
+    life = Lifeline()
     procs = [_Proc(f"worker {i}", [sys.executable, "-c", _IGNORES_SIGTERM], tmp_path / f"w{i}.log",
-                   os.environ, tmp_path) for i in range(4)]
+                   os.environ, tmp_path, life) for i in range(4)]
     for p in procs:
         p.wait_line(_WORKER_RE, 30)  # its SIGTERM handler is in place
-    stuck = _Proc("worker stuck", [sys.executable, "-c", "pass"], tmp_path / "stuck.log", os.environ, tmp_path)
+    stuck = _Proc("worker stuck", [sys.executable, "-c", "pass"], tmp_path / "stuck.log", os.environ, tmp_path, life)
     stuck.popen.wait(10)
     stuck.popen = _NeverEnds()  # type: ignore[assignment]
     t0 = time.monotonic()
@@ -152,3 +154,4 @@ def test_stop_all_stops_every_process_together_and_past_one_that_will_not_end(tm
     assert codes == [-9, None, -9, -9, -9]
     assert all(p.popen.poll() == -9 for p in procs)
     assert took < 4 * 2.0, f"took {took:.1f} s: the processes were not given one grace together"
+    life.close()
