@@ -70,18 +70,22 @@ def _up(args: argparse.Namespace) -> int:
         stop.set()
 
     # SIGHUP too: a closed terminal left the gateway and workers running (their own sessions)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    with LocalCloud(args.model, workers=args.workers, port=args.port, metrics_port=args.metrics_port,
-                    worker_threads=args.worker_threads, weights=weights,
-                    gateway_config=args.gateway_config, worker_args=args.worker_arg, flags=True) as cloud:
-        started.set()
-        print(f"gateway: {cloud.address}  (metrics http://127.0.0.1:{cloud.metrics_port}/metrics, "
-              f"pool http://127.0.0.1:{cloud.metrics_port}/pool)", flush=True)
-        for i, w in enumerate(cloud.worker_addresses):
-            print(f"worker {i}: {w}", flush=True)
-        while not stop.wait(0.5):
-            if cloud.gateway_exited():
-                print("gateway exited; stopping", flush=True)
-                return 1
-    return 0
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with LocalCloud(args.model, workers=args.workers, port=args.port, metrics_port=args.metrics_port,
+                        worker_threads=args.worker_threads, weights=weights,
+                        gateway_config=args.gateway_config, worker_args=args.worker_arg, flags=True) as cloud:
+            started.set()
+            print(f"gateway: {cloud.address}  (metrics http://127.0.0.1:{cloud.metrics_port}/metrics, "
+                  f"pool http://127.0.0.1:{cloud.metrics_port}/pool)", flush=True)
+            for i, w in enumerate(cloud.worker_addresses):
+                print(f"worker {i}: {w}", flush=True)
+            while not stop.wait(0.5):
+                if cloud.gateway_exited():
+                    print("gateway exited; stopping", flush=True)
+                    return 1
+        return 0
+    finally:  # the caller's handlers back (an in-process caller; the dispatcher's own SIGHUP hold)
+        for sig, handler in previous.items():
+            if handler is not None:  # None: not set from Python, nothing to put back
+                signal.signal(sig, handler)
