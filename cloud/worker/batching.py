@@ -12,7 +12,11 @@ Invariants / rules (read these before changing anything below):
 
 1. A batch never holds more than ``max_batch_size`` requests.
 2. Requests leave the queue highest priority first (``priority`` is an int,
-   higher = sooner, as in ``DetectRequest.priority``), FIFO within one level.
+   higher = sooner, as in ``DetectRequest.priority``); within one level the devices that sent
+   them (``device``, ``DetectRequest.device_id``) take turns (start-time fair queueing,
+   :class:`_Rank`), each device's own requests in arrival order: with one device (or none
+   named) that is arrival order. A device keeping a backlog queued made another device's request
+   of a 0.5 s deadline wait behind all of it (docs/design/batching.md#devices-take-turns).
 3. When a batch is asked for (the model instance is free):
    a. if the oldest request has waited ``max_queue_delay_s``, everything (up to
       the max) goes out, even if larger than a preferred size (Triton PR #2125);
@@ -78,7 +82,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
@@ -222,6 +226,87 @@ class Pending(Generic[T]):
     deadline: float | None
     seq: int
     pixels: int = 0
+    device: str = ""
+    #: its start tag among the devices of its priority (:class:`_Rank`)
+    start: int = 0
+
+
+class _Rank(Generic[T]):
+    """The requests of one priority, in the order they leave: start-time fair queueing among the
+    devices that sent them (rule 2; Goyal, Vin and Cheng, SIGCOMM 1996, every request costing
+    one). A request's start tag is the later of the rank's virtual time (the tag of the request
+    taken last) and the tag after its device's newest request still queued; the queue is ordered
+    by tag, then arrival. A device's requests keep their arrival order, one device's queue is
+    plain FIFO, and a device with nothing queued starts at the virtual time: its request waits
+    behind at most one request of each other device of its rank, not behind another's whole
+    backlog (docs/design/batching.md#priority). A device's tag is forgotten when its last request
+    leaves (served, expired, cancelled, displaced): what was not served is not charged, and the
+    state is bounded by the queue."""
+
+    __slots__ = ("queue", "vtime", "finish", "queued")
+
+    def __init__(self) -> None:
+        self.queue: deque[Pending[T]] = deque()
+        self.vtime = 0
+        self.finish: dict[str, int] = {}  # per device queued: its newest request's tag + 1
+        self.queued: dict[str, int] = {}  # per device: its requests queued
+
+    def tag(self, device: str) -> int:
+        """The start tag a request of ``device`` arriving now gets."""
+        return max(self.vtime, self.finish.get(device, 0))
+
+    def add(self, p: Pending[T]) -> None:
+        p.start = self.tag(p.device)
+        self.finish[p.device] = p.start + 1
+        self.queued[p.device] = self.queued.get(p.device, 0) + 1
+        i = len(self.queue)
+        while i and self.queue[i - 1].start > p.start:  # ties stay in arrival order
+            i -= 1
+        self.queue.insert(i, p)
+
+    def ahead(self, device: str) -> list[Pending[T]]:
+        """The requests queued that leave before one of ``device`` arriving now, in order."""
+        tag = self.tag(device)
+        return list(itertools.takewhile(lambda p: p.start <= tag, self.queue))
+
+    def take(self) -> Pending[T]:
+        """Remove and return the next to leave."""
+        p = self.queue.popleft()
+        self.vtime = max(self.vtime, p.start)
+        self._gone(p)
+        return p
+
+    def take_last(self) -> Pending[T]:
+        """Remove and return the last to leave."""
+        p = self.queue.pop()
+        self._gone(p)
+        return p
+
+    def remove(self, p: Pending[T]) -> None:
+        self.queue.remove(p)
+        self._gone(p)
+
+    def remove_if(self, cond: Callable[[Pending[T]], bool]) -> list[Pending[T]]:
+        """Remove and return those for which ``cond`` holds, in order."""
+        out = [p for p in self.queue if cond(p)]
+        if out:
+            self.queue = deque(p for p in self.queue if not cond(p))
+            for p in out:
+                self._gone(p)
+        return out
+
+    def _gone(self, p: Pending[T]) -> None:
+        n = self.queued[p.device] - 1
+        if n:
+            self.queued[p.device] = n
+        else:
+            del self.queued[p.device], self.finish[p.device]
+
+    def __iter__(self) -> Iterator[Pending[T]]:
+        return iter(self.queue)
+
+    def __len__(self) -> int:
+        return len(self.queue)
 
 
 @dataclass(frozen=True)
@@ -265,7 +350,7 @@ class Batcher(Generic[T]):
     #: the model's time grows with each image's pixels (``input_size: native``): served
     #: throughput is then measured in pixels/s and divided by the pixels of a served request
     pixel_cost: bool = False
-    _levels: dict[int, deque[Pending[T]]] = field(default_factory=dict, init=False, repr=False)
+    _levels: dict[int, _Rank[T]] = field(default_factory=dict, init=False, repr=False)
     _order: list[int] = field(default_factory=list, init=False, repr=False)  # priorities, ascending
     _expired: list[T] = field(default_factory=list, init=False, repr=False)
     _size: int = field(default=0, init=False)
@@ -307,10 +392,11 @@ class Batcher(Generic[T]):
 
     # -- intake ---------------------------------------------------------------
     def submit(
-        self, item: T, now: float, *, priority: int = 0, deadline: float | None = None, pixels: int = 0
+        self, item: T, now: float, *, priority: int = 0, deadline: float | None = None, pixels: int = 0,
+        device: str = "",
     ) -> None:
-        """Queue ``item`` (an image of ``pixels``, 0: not counted); raises instead of queueing
-        what cannot be served.
+        """Queue ``item`` (an image of ``pixels``, 0: not counted, sent by ``device``: its place
+        among the devices of its priority, rule 2); raises instead of queueing what cannot be served.
 
         Raises:
             OverloadedError: the queue holds ``max_queue_size`` requests, or the requests
@@ -330,9 +416,9 @@ class Batcher(Generic[T]):
                 f"{1e3 * need:.1f} ms; {TOO_SHORT_MARK}"
             )
         if deadline is not None:
-            wait = self.wait_s(now, priority, pixels)
+            wait = self.wait_s(now, priority, pixels, device)
             if deadline - wait <= now:
-                ahead = self.ahead(priority)
+                ahead = self.ahead(priority, device)
                 running = " and the rest of the batch running" if self._running is not None else ""
                 raise OverloadedError(
                     f"{ahead} requests queued ahead of it{running} would have it answered in about "
@@ -340,9 +426,9 @@ class Batcher(Generic[T]):
                 )
         level = self._levels.get(priority)
         if level is None:
-            level = self._levels[priority] = deque()
+            level = self._levels[priority] = _Rank()
             bisect.insort(self._order, priority)
-        level.append(Pending(item, now, priority, deadline, next(self._seq), pixels))
+        level.add(Pending(item, now, priority, deadline, next(self._seq), pixels, device))
         self._size += 1
 
     def lowest_rank(self) -> int | None:
@@ -350,8 +436,9 @@ class Batcher(Generic[T]):
         return next((prio for prio in self._order if self._levels[prio]), None)
 
     def displace(self, priority: int) -> T | None:
-        """Room in a full queue for a request of ``priority``: remove and return the newest
-        request queued of the lowest priority below it (a replay, for a live request:
+        """Room in a full queue for a request of ``priority``: remove and return the last to leave
+        of the lowest priority below it (the newest; among devices, of the one with most queued:
+        rule 2) (a replay, for a live request:
         ``edgewise.wire.queue_rank``), or None when nothing queued ranks below it. A full queue
         refused whatever came next, so more devices replaying at once than its places refused
         the live requests it would have served before them (docs/design/batching.md#priority);
@@ -360,7 +447,7 @@ class Batcher(Generic[T]):
         lowest = self.lowest_rank()
         if lowest is None or lowest >= priority:
             return None
-        pending = self._levels[lowest].pop()
+        pending = self._levels[lowest].take_last()
         self._size -= 1
         self._prune()
         return pending.item
@@ -396,7 +483,7 @@ class Batcher(Generic[T]):
         for prio in reversed(self._order):
             level = self._levels[prio]
             while level and len(taken) < size:
-                taken.append(level.popleft())
+                taken.append(level.take())
             if len(taken) == size:
                 break
         self._size -= len(taken)
@@ -420,12 +507,23 @@ class Batcher(Generic[T]):
         not removed while it runs, so that their hops run out and count against this worker."""
         return self._running is not None and 0 < OUTLIER_FACTOR * self._running[1] < now - self._running[0]
 
-    def ahead(self, priority: int) -> int:
-        """Requests queued that leave before one of ``priority`` submitted now (rule 2)."""
-        return sum(len(self._levels[p]) for p in self._order if p >= priority)
+    def ahead(self, priority: int, device: str = "") -> int:
+        """Requests queued that leave before one of ``priority`` and ``device`` submitted now (rule 2)."""
+        return len(self._queued_ahead(priority, device))
 
-    def wait_s(self, now: float, priority: int = 0, pixels: int = 0) -> float:
-        """Predicted seconds from ``now`` until a request of ``priority`` and ``pixels`` submitted
+    def _queued_ahead(self, priority: int, device: str) -> list[Pending[T]]:
+        """The requests queued that leave before one of ``priority`` and ``device`` submitted now,
+        in the order they leave (rule 2)."""
+        out: list[Pending[T]] = []
+        for prio in reversed(self._order):
+            if prio > priority:
+                out.extend(self._levels[prio])
+            elif prio == priority:
+                out.extend(self._levels[prio].ahead(device))
+        return out
+
+    def wait_s(self, now: float, priority: int = 0, pixels: int = 0, device: str = "") -> float:
+        """Predicted seconds from ``now`` until a request of ``priority``, ``pixels`` and ``device`` submitted
         now is answered (rule 5): the rest of the batch running, the batches of the requests
         queued ahead of it (rule 2), then its own; at least ``need_s(pixels)``. They go in batches
         of ``max_batch_size`` in the order of rule 2, each at its least time (``_least_s``: one
@@ -434,7 +532,7 @@ class Batcher(Generic[T]):
         what it accepts may still expire in the queue, what it refuses could not make it here."""
         left = 0.0 if self._running is None else max(0.0, self._running[0] + self._running[2] - now)
         size = self.policy.max_batch_size
-        queue = [p.pixels for prio in reversed(self._order) if prio >= priority for p in self._levels[prio]]
+        queue = [p.pixels for p in self._queued_ahead(priority, device)]
         queue.append(pixels)
         return left + max(self.need_s(pixels),
                           sum(self._least_s(queue[i:i + size]) for i in range(0, len(queue), size)))
@@ -561,17 +659,9 @@ class Batcher(Generic[T]):
             return p.deadline is not None and p.deadline - self.need_s(p.pixels) <= now
 
         for level in self._levels.values():
-            if not any(late(p) for p in level):
-                continue
-            keep: list[Pending[T]] = []
-            for p in level:
-                if late(p):
-                    self._expired.append(p.item)
-                    self._size -= 1
-                else:
-                    keep.append(p)
-            level.clear()
-            level.extend(keep)
+            for p in level.remove_if(late):
+                self._expired.append(p.item)
+                self._size -= 1
         self._prune()
 
     def _prune(self) -> None:
@@ -582,7 +672,7 @@ class Batcher(Generic[T]):
                 self._order.remove(prio)
 
     def _oldest(self) -> float:
-        return min(level[0].enqueued for level in self._levels.values() if level)
+        return min(p.enqueued for level in self._levels.values() for p in level)
 
     # -- measurements ---------------------------------------------------------
     def observe(self, batch_size: int, seconds: float, pixels: int = 0, *, warmup: bool = False) -> None:

@@ -300,7 +300,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         if self.batcher.depth >= self.batcher.policy.max_queue_size:
             self._make_room(rank)
         try:
-            self.batcher.submit(job, self.clock(), priority=rank, deadline=deadline, pixels=h * w)
+            self.batcher.submit(job, self.clock(), priority=rank, deadline=deadline, pixels=h * w,
+                                device=request.device_id)
         except DeadlineExceededError as exc:
             need = self.batcher.need_s(h * w)
             if deadline is None or deadline - need <= arrived:
@@ -408,6 +409,7 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
             model_version=self.runner.version,
             serving=self._serving,
             pixel_rate=self.batcher.pixel_rate if self.runner.pixel_cost else 0.0,
+            devices_in_turn=True,  # the batcher's rule 2 (cloud.worker.batching._Rank)
         )
 
     # -- scheduling ----------------------------------------------------------------

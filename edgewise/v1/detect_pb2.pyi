@@ -183,7 +183,7 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("worker_id", "in_flight", "queue_depth", "capacity", "max_batch_size", "max_queue_size", "model_name", "model_version", "serving", "peak_capacity", "pixel_rate")
+    __slots__ = ("worker_id", "in_flight", "queue_depth", "capacity", "max_batch_size", "max_queue_size", "model_name", "model_version", "serving", "peak_capacity", "pixel_rate", "devices_in_turn")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,7 @@ class WorkerLoad(_message.Message):
     SERVING_FIELD_NUMBER: _ClassVar[int]
     PEAK_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     PIXEL_RATE_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_IN_TURN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     in_flight: int
     queue_depth: int
@@ -206,4 +207,5 @@ class WorkerLoad(_message.Message):
     serving: bool
     peak_capacity: float
     pixel_rate: float
-    def __init__(self, worker_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., queue_depth: _Optional[int] = ..., capacity: _Optional[float] = ..., max_batch_size: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., serving: bool = ..., peak_capacity: _Optional[float] = ..., pixel_rate: _Optional[float] = ...) -> None: ...
+    devices_in_turn: bool
+    def __init__(self, worker_id: _Optional[str] = ..., in_flight: _Optional[int] = ..., queue_depth: _Optional[int] = ..., capacity: _Optional[float] = ..., max_batch_size: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., serving: bool = ..., peak_capacity: _Optional[float] = ..., pixel_rate: _Optional[float] = ..., devices_in_turn: bool = ...) -> None: ...

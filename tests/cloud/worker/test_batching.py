@@ -24,6 +24,7 @@ class Req:
     arrival: float
     priority: int = 0
     deadline: float | None = None
+    device: str = ""
 
 
 @dataclass
@@ -68,7 +69,7 @@ def simulate(policy: BatchPolicy, reqs: list[Req], batch_time, *, warm_batch_s: 
             i += 1
             happened = True
             try:
-                b.submit(r, now, priority=r.priority, deadline=r.deadline)
+                b.submit(r, now, priority=r.priority, deadline=r.deadline, device=r.device)
                 queued.append(r)
             except OverloadedError:
                 out.rejected.append(r)
@@ -522,3 +523,80 @@ def test_a_full_queue_displaces_its_newest_request_ranked_below_the_newcomer():
     with pytest.raises(OverloadedError):
         for i in range(4):
             b.submit(f"l{i}", 0.0, priority=0)
+
+
+# -- devices within one priority (rule 2, docs/design/batching.md#priority) ----------------------
+
+@settings(max_examples=60, deadline=None)
+@given(policy=policies, data=st.data(), device=st.text(max_size=8))
+def test_one_device_keeps_priority_then_arrival_order(policy, data, device):
+    """With one device the order is exactly that of a batcher that names none: priority, then
+    arrival; batches, expiries and refusals are the same."""
+    n = data.draw(st.integers(1, 60))
+    gaps = data.draw(st.lists(st.floats(0, 0.003), min_size=n, max_size=n))
+    prios = data.draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+    budgets = data.draw(st.lists(st.one_of(st.none(), st.floats(0, 0.08)), min_size=n, max_size=n))
+
+    def run(name: str) -> tuple[list[list[int]], list[int], list[int]]:
+        reqs = _arrivals(gaps, prios)
+        for r, bud in zip(reqs, budgets, strict=True):
+            r.deadline = None if bud is None else r.arrival + bud
+            r.device = name
+        out = simulate(policy, reqs, lambda k: 0.004 + 0.001 * k, warm_batch_s=0.005)
+        return ([[r.rid for r in b.items] for _, b in out.batches], [r.rid for _, r in out.expired],
+                [r.rid for r in out.rejected])
+
+    assert run(device) == run("")
+
+
+def _drain(b: Batcher[str], now: float = 0.0) -> list[str]:
+    out: list[str] = []
+    while (batch := b.next_batch(now, flush=True)) is not None:
+        out.extend(batch.items)
+    return out
+
+
+def test_a_device_with_nothing_queued_waits_behind_one_request_of_each_other_device():
+    """A heavy device's backlog of one priority does not make a light device's request wait
+    behind all of it: the light one leaves after at most one request of each other device
+    (start-time fair queueing), and ``ahead`` / ``wait_s`` predict that place."""
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=64))
+    b.observe(1, 0.1)
+    for i in range(6):
+        b.submit(f"h{i}", 0.0, priority=0, device="heavy")
+    b.submit("other0", 0.0, priority=0, device="other")
+    assert b.ahead(0, "light") == 2 and b.ahead(0, "heavy") == 7
+    assert b.wait_s(0.0, 0, device="light") == pytest.approx(0.3)
+    # 0.5 s to go: refused behind the heavy backlog before, now third in line
+    b.submit("light0", 0.0, priority=0, deadline=0.5, device="light")
+    b.submit("light1", 0.0, priority=0, deadline=0.6, device="light")  # one round later: 5th
+    b.submit("hi", 0.0, priority=9, device="heavy")  # a higher priority still goes first
+    assert _drain(b) == ["hi", "h0", "other0", "light0", "h1", "light1", "h2", "h3", "h4", "h5"]
+
+
+def test_each_device_keeps_its_own_arrival_order_and_served_requests_are_charged():
+    """Requests of one device leave in arrival order; a device that was just served waits its
+    turn behind the others (its tag moves on), and one whose last request left starts afresh,
+    so the state is bounded by the queue."""
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=2, max_queue_delay_s=0.0, max_queue_size=64))
+    for i in range(4):
+        b.submit(f"a{i}", 0.0, device="a")
+    b.submit("b0", 0.0, device="b")
+    b.submit("b1", 0.0, device="b")
+    batch = b.next_batch(0.0)
+    assert batch is not None and batch.items == ("a0", "b0")  # a batch forms from the head
+    b.submit("c0", 0.0, device="c")  # in the round being served: before a1 and b1
+    b.submit("b2", 0.0, device="b")  # b's third, in the round after b1
+    assert _drain(b) == ["c0", "a1", "b1", "a2", "b2", "a3"]
+    assert all(not level.finish and not level.queued for level in b._levels.values())
+
+
+def test_displace_takes_the_last_to_leave_of_the_device_with_most_queued():
+    """A full queue makes room by the last request to leave of the lowest rank below the
+    newcomer: with devices, the newest of the one holding most, not a lone device's only one."""
+    b: Batcher[str] = Batcher(BatchPolicy(max_batch_size=1, max_queue_size=5, max_queue_delay_s=0.0))
+    for i in range(3):
+        b.submit(f"flood{i}", 0.0, priority=-1, device="flood")
+    b.submit("lone", 0.0, priority=-1, device="lone")  # arrived last, leaves second
+    assert [b.displace(0), b.displace(0)] == ["flood2", "flood1"]
+    assert _drain(b) == ["flood0", "lone"]
