@@ -34,7 +34,8 @@ injected clock, so tests drive it instantly:
   interval, slow start restarts on return; panic rule (docs/design/balancing.md#panic-threshold) below 50% healthy;
 * admission (docs/design/balancing.md#admission-control, #priority): a worker whose predicted
   queue wait for the request, the work in flight it serves first (the request's priority or
-  higher, and at most one lower request) over its measured rate, exceeds the time left is
+  higher, of its own priority only its device's place on a worker that serves devices in turn,
+  and at most one lower request) over its measured rate, exceeds the time left is
   full; a queued request the worker itself expired is not held against it (only a hop that
   runs out is);
 * fair share across devices (docs/design/balancing.md#fair-share-across-devices): the live
@@ -301,10 +302,39 @@ def _rate_or_none(v: float | None) -> float | None:
 
 @dataclass
 class _Level:
-    """The requests of one priority in flight on one endpoint."""
+    """The requests of one priority in flight on one endpoint, and of each device among them
+    (the worker serves the devices of one priority in turn: :meth:`Balancer._ahead`)."""
 
     requests: int = 0
     work: float = 0.0
+    #: per device: its requests and their work ("" for a pick that names no device)
+    devices: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, device: str, cost: float) -> None:
+        self.requests += 1
+        self.work += cost
+        mine = self.devices.setdefault(device, [0.0, 0.0])
+        mine[0] += 1
+        mine[1] += cost
+
+    def remove(self, device: str, cost: float) -> None:
+        self.requests -= 1
+        self.work = max(0.0, self.work - cost)
+        mine = self.devices.get(device)
+        if mine is not None:
+            mine[0] -= 1
+            mine[1] = max(0.0, mine[1] - cost)
+            if mine[0] <= 0:
+                del self.devices[device]
+
+    def served_before(self, device: str) -> float:
+        """The work of this level the worker serves before one more request of ``device``: in
+        turn among the devices (``cloud.worker.batching._Rank``), each other device's first as
+        many as ``device`` will then hold, and all of ``device``'s own."""
+        mine = self.devices.get(device, [0.0, 0.0])
+        turns = mine[0] + 1
+        return mine[1] + sum(work * min(1.0, turns / n) for d, (n, work) in self.devices.items()
+                             if d != device and n > 0)
 
 
 @dataclass
@@ -321,6 +351,7 @@ class EndpointStats:
     peak_capacity: float | None = None  # reported images/s at the worker's best batch size (autoscaling only)
     queue_depth: int = 0               # reported
     limit: int = 0                     # reported admission limit (max batch + max queue); 0 = unknown
+    devices_in_turn: bool = False      # reported: serves the devices of one priority in turn (_ahead)
     slow_start_t0: float = 0.0
     draining: bool = False
     paused: bool = False               # the worker itself reports not serving (warm-up, SIGTERM)
@@ -367,6 +398,8 @@ class Ticket:
     #: (docs/design/balancing.md#fair-share-across-devices); None: not counted (a replay, or a
     #: pick that names no device)
     device: str | None = None
+    #: the device it was picked for, replays too, in its endpoint's per-priority count ("": none)
+    sender: str = ""
     _released: bool = field(default=False, repr=False)
 
     def release(self, outcome: Outcome) -> bool:
@@ -454,12 +487,15 @@ class Balancer:
 
     def report_load(self, address: str, capacity: float | None, queue_depth: int = 0,
                     limit: int = 0, serving: bool = True, peak_capacity: float | None = None,
-                    pixel_rate: float | None = None) -> None:
+                    pixel_rate: float | None = None, devices_in_turn: bool = False) -> None:
         """Record a worker's Load report (capacities in images/s; <=0 means unknown).
 
         A worker reporting ``serving=False`` gets no picks until it serves again
         (slow start restarts then). ``pixel_rate``: pixels/s, reported only by a worker whose
         time per image grows with the image's pixels (docs/design/balancing.md#work-not-requests).
+        ``devices_in_turn``: the worker serves the devices of one priority in turn, so a
+        request's predicted wait counts its device's place (:meth:`_ahead`); older workers
+        serve them in arrival order and do not say it.
         """
         ep = self.endpoints.get(address)
         if ep is None:
@@ -482,6 +518,7 @@ class Balancer:
             ep.starting = False
         ep.paused = not serving
         ep.pixel_rate = _rate_or_none(pixel_rate)
+        ep.devices_in_turn = devices_in_turn
         ep.capacity = _rate_or_none(capacity)
         ep.peak_capacity = _rate_or_none(peak_capacity)
         ep.queue_depth = max(0, int(queue_depth))
@@ -653,7 +690,7 @@ class Balancer:
         return min(caps) if caps else None
 
     def _full(self, ep: EndpointStats, now: float, deadline_s: float | None, priority: int = 0,
-              replay: bool = False) -> bool:
+              replay: bool = False, device: str | None = None) -> bool:
         cap = self._cap(ep)
         if cap is not None and ep.in_flight >= cap:
             return True
@@ -667,20 +704,24 @@ class Balancer:
         # Admission: predicted queue wait (work ahead of this priority / measured rate) past the deadline.
         rate = self._pixel_weight(ep) or ep.capacity
         if deadline_s is not None and rate:
-            if self._ahead(ep, priority) / rate > deadline_s:
+            if self._ahead(ep, priority, device) / rate > deadline_s:
                 return True
         return False
 
     @staticmethod
-    def _ahead(ep: EndpointStats, priority: int) -> float:
+    def _ahead(ep: EndpointStats, priority: int, device: str | None = None) -> float:
         """The work in flight on ``ep`` that the worker serves before a request of ``priority``
-        (docs/design/balancing.md#priority): that of the same or a higher priority (its queue
-        is served highest first, in arrival order within one), and of the lower ones at most
-        one request's (one may be running: a batch is not interrupted)."""
+        from ``device`` (docs/design/balancing.md#priority): that of a higher priority (its queue
+        is served highest first), of the same priority what the worker serves before it (the
+        devices in turn, ``_Level.served_before``, on a worker that reports doing so; all of it
+        when ``device`` is None or the worker serves in arrival order), and of the
+        lower ones at most one request's (one may be running: a batch is not interrupted)."""
         lower = sum(level.work for p, level in ep.levels.items() if p < priority)
-        if not lower:  # nothing lower in flight: the whole of it (every pick of a pool without priorities)
-            return ep.work
-        return max(0.0, ep.work - lower) + min(lower, 1.0)
+        ahead = ep.work if not lower else max(0.0, ep.work - lower) + min(lower, 1.0)
+        same = ep.levels.get(priority)
+        if device is not None and same is not None and ep.devices_in_turn:
+            ahead -= max(0.0, same.work - same.served_before(device))
+        return max(0.0, ahead)
 
     def in_panic(self, now: float | None = None) -> bool:
         """Envoy panic (docs/design/balancing.md#panic-threshold): fewer than panic_threshold% of the live endpoints are healthy."""
@@ -696,9 +737,9 @@ class Balancer:
     # ---- pick ------------------------------------------------------------------------------
     def candidates(self, now: float, exclude: Sequence[str] = (), deadline_s: float | None = None,
                    pixels: int = 0, in_time: bool = False, priority: int = 0,
-                   replay: bool = False) -> tuple[list[EndpointStats], NoPick | None]:
-        """Pickable endpoints now, or why there are none, for a request of ``pixels`` and
-        ``priority`` (a ``replay``: only where it leaves live requests their room). ``in_time``
+                   replay: bool = False, device: str | None = None) -> tuple[list[EndpointStats], NoPick | None]:
+        """Pickable endpoints now, or why there are none, for a request of ``pixels``, ``priority``
+        and ``device`` (a ``replay``: only where it leaves live requests their room). ``in_time``
         (with ``deadline_s``): only those that may answer it within ``deadline_s``
         (:meth:`_may_answer`)."""
         live = [ep for ep in self.endpoints.values()
@@ -709,22 +750,23 @@ class Balancer:
         healthy = live if panic else [ep for ep in live if not ep.ejected(now)]
         if not healthy:
             return [], NoPick.NO_ENDPOINTS
-        cands = [ep for ep in healthy if not self._full(ep, now, deadline_s, priority, replay)]
+        cands = [ep for ep in healthy if not self._full(ep, now, deadline_s, priority, replay, device)]
         if in_time and deadline_s is not None:
-            cands = [ep for ep in cands if self._may_answer(ep, deadline_s, pixels, priority)]
+            cands = [ep for ep in cands if self._may_answer(ep, deadline_s, pixels, priority, device)]
         if not cands:
             return [], NoPick.SATURATED
         return cands, None
 
-    def _may_answer(self, ep: EndpointStats, within_s: float, pixels: int, priority: int = 0) -> bool:
-        """Whether ``ep`` may answer a request of ``pixels`` and ``priority`` within ``within_s``:
-        the time it is expected to take with the request added (:meth:`_expected_s`) is
-        shorter, or not known yet (nothing measured: it may)."""
-        expected = self._expected_s(ep, self.cost(ep, pixels), priority)
+    def _may_answer(self, ep: EndpointStats, within_s: float, pixels: int, priority: int = 0,
+                    device: str | None = None) -> bool:
+        """Whether ``ep`` may answer a request of ``pixels``, ``priority`` and ``device`` within
+        ``within_s``: the time it is expected to take with the request added (:meth:`_expected_s`)
+        is shorter, or not known yet (nothing measured: it may)."""
+        expected = self._expected_s(ep, self.cost(ep, pixels), priority, device)
         return expected is None or expected < within_s
 
     def may_answer_within(self, within_s: float, exclude: Sequence[str] = (), pixels: int = 0,
-                          in_time: bool = True, priority: int = 0) -> bool:
+                          in_time: bool = True, priority: int = 0, device: str | None = None) -> bool:
         """Whether a pick now, away from ``exclude``, would find an endpoint that may answer a
         request of ``pixels`` within ``within_s`` (:meth:`_may_answer`): what a retry after a
         worker's refusal of a too-short deadline needs (:func:`should_retry`,
@@ -734,7 +776,7 @@ class Balancer:
         (what a retry after UNAVAILABLE needs: with no other worker there is no retry to send)."""
         now = self.clock()
         self._refresh(now)
-        return self.candidates(now, exclude, within_s, pixels, in_time, priority)[1] is None
+        return self.candidates(now, exclude, within_s, pixels, in_time, priority, device=device)[1] is None
 
     def pick(self, exclude: Sequence[str] = (), deadline_s: float | None = None, pixels: int = 0,
              in_time: bool = False, priority: int = 0, device: str | None = None,
@@ -764,7 +806,7 @@ class Balancer:
             if self._over_share(device, now, deadline_s):
                 self._contended_until = now + FAIR_WINDOW_S
                 return NoPick.OVER_SHARE
-        cands, why = self.candidates(now, exclude, deadline_s, pixels, in_time, priority, replay)
+        cands, why = self.candidates(now, exclude, deadline_s, pixels, in_time, priority, replay, device)
         if why is not None:
             if fair and why is NoPick.SATURATED and not exclude and len(self._seen) >= 2:
                 assert device is not None
@@ -776,12 +818,11 @@ class Balancer:
         chosen = self._choose(cands, now, costs)
         cost = costs[chosen.address]
         idle = chosen.in_flight == 0
+        expected = self._expected_s(chosen, cost, priority, device)  # its place among what is in flight
         chosen.in_flight += 1
         chosen.work += cost
         chosen.picks += 1
-        level = chosen.levels.setdefault(priority, _Level())
-        level.requests += 1
-        level.work += cost
+        chosen.levels.setdefault(priority, _Level()).add(device or "", cost)
         if pixels > 0 and not exclude:  # once per request, not again for its retry
             alpha = 1.0 / self.config.cost_window
             self._mean_pixels = (float(pixels) if self._mean_pixels is None
@@ -789,8 +830,8 @@ class Balancer:
         if fair:
             assert device is not None
             self._held[device] = self._held.get(device, 0) + 1
-        return Ticket(chosen.address, self, cost, deadline_s, self._expected_s(chosen, priority=priority), now, idle,
-                      priority, device if fair else None)
+        return Ticket(chosen.address, self, cost, deadline_s, expected, now, idle, priority,
+                      device if fair else None, device or "")
 
     # ---- fair share across devices (docs/design/balancing.md#fair-share-across-devices) ----
     def _touch(self, device: str, now: float) -> None:
@@ -852,14 +893,15 @@ class Balancer:
         standing = self.share(device, deadline_s, now)
         return standing is not None and standing.held + 1 > standing.share
 
-    def _expected_s(self, ep: EndpointStats, adding: float = 0.0, priority: int = 0) -> float | None:
-        """How long ``ep`` should take to answer a request of ``priority`` just picked (or, with
-        ``adding``, one of that cost if it were picked now): the work in flight it serves first
+    def _expected_s(self, ep: EndpointStats, adding: float = 0.0, priority: int = 0,
+                    device: str | None = None) -> float | None:
+        """How long ``ep`` should take to answer a request of ``priority`` (and ``device``) just picked
+        (or, with ``adding``, one of that cost if it were picked now): the work in flight it serves first
         (:meth:`_ahead`) over its measured rate, and never less than its measured batch-of-one
         round trip (a rate says nothing of the hop, the decode or a batching worker's
         batch-of-one time); None when neither is known."""
         rate = self._pixel_weight(ep) or ep.capacity
-        cands = [v for v in ((self._ahead(ep, priority) + adding) / rate if rate else None, ep.idle_answer_s)
+        cands = [v for v in ((self._ahead(ep, priority, device) + adding) / rate if rate else None, ep.idle_answer_s)
                  if v is not None]
         return max(cands) if cands else None
 
@@ -940,8 +982,7 @@ class Balancer:
             ep.idle_answer_s = took if ep.idle_answer_s is None else ep.idle_answer_s + 0.2 * (took - ep.idle_answer_s)
         level = ep.levels.get(ticket.priority) if ticket is not None else None
         if level is not None and ticket is not None:
-            level.requests -= 1
-            level.work = max(0.0, level.work - cost)
+            level.remove(ticket.sender, cost)
             if level.requests <= 0:
                 del ep.levels[ticket.priority]
         in_flight_before = ep.in_flight

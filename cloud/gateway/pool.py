@@ -165,7 +165,7 @@ class WorkerPool:
             return
         limit = load.max_batch_size + load.max_queue_size if load.max_queue_size else 0
         self.balancer.report_load(address, load.capacity, load.queue_depth, limit, load.serving,
-                                  load.peak_capacity, load.pixel_rate)
+                                  load.peak_capacity, load.pixel_rate, load.devices_in_turn)
 
     # ---- forwarding -----------------------------------------------------------------------
     async def forward(self, req: RequestHead, timeout_s: float, transport: str = "grpc", pixels: int = 0) -> Reply:
@@ -200,7 +200,7 @@ class WorkerPool:
             reply = await self._attempt(pick, req, hop)
             waited += time.perf_counter() - t0
             tried.append(pick.address)
-            if not self._retry(reply, tried, deadline - time.perf_counter(), pixels, req.rank):
+            if not self._retry(reply, tried, deadline - time.perf_counter(), pixels, req.rank, req.device_id):
                 break
             in_time = refused_here(reply.status, reply.error)
         total = time.perf_counter() - t_start
@@ -235,7 +235,8 @@ class WorkerPool:
             self._queue_ms.append((time.monotonic(), reply.queue_ms))
         return reply
 
-    def _retry(self, reply: Reply, tried: list[str], left: float, pixels: int, priority: int = 0) -> bool:
+    def _retry(self, reply: Reply, tried: list[str], left: float, pixels: int, priority: int = 0,
+               device: str | None = None) -> bool:
         """Whether to send the request again to another worker than ``tried``, with ``left``
         seconds to go (``balancing.should_retry``; counted in the metrics: ``denied`` is a
         retry wanted but refused by the time left or the budget)."""
@@ -247,7 +248,7 @@ class WorkerPool:
         def may_pick(within_s: float, in_time: bool) -> bool:
             if (within_s, in_time) not in asked:
                 asked[within_s, in_time] = self.balancer.may_answer_within(within_s, tried, pixels, in_time,
-                                                                           priority)
+                                                                           priority, device)
             return asked[within_s, in_time]
 
         def elsewhere(within_s: float) -> bool:  # a worker that may answer in time

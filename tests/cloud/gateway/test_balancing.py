@@ -207,6 +207,44 @@ def test_admission_counts_only_the_work_a_worker_serves_before_the_requests_prio
     assert b.pick(deadline_s=0.8, priority=0) is NoPick.SATURATED  # all 9 ahead of a priority-0 one
 
 
+def test_admission_counts_a_devices_place_on_a_worker_that_serves_devices_in_turn():
+    """docs/design/balancing.md#fair-share-across-devices: a worker that reports serving the
+    devices of one priority in turn (``WorkerLoad.devices_in_turn``) serves a light device's
+    request after one of each other device, not after a heavy device's whole share, and the
+    prediction follows; an older worker serves in arrival order and is predicted so."""
+    b, _ = make([1])
+    b.report_load("w0", capacity=10.0)  # 0.1 s per request ahead, arrival order
+    for _ in range(6):
+        must(b.pick(device="heavy"))
+    assert b.pick(deadline_s=0.5, device="light") is NoPick.SATURATED  # 0.7 s with its own
+    b.report_load("w0", capacity=10.0, devices_in_turn=True)
+    first = must(b.pick(deadline_s=0.5, device="light"))  # behind heavy's first: 0.2 s
+    assert first.expected_s == pytest.approx(0.2)
+    second = must(b.pick(deadline_s=0.5, device="light"))  # behind heavy's two and its first: 0.4 s
+    assert second.expected_s == pytest.approx(0.4)
+    assert b.pick(deadline_s=0.5, priority=0) is NoPick.SATURATED  # a pick naming no device: all 8
+    first.release(Outcome.OK)
+    second.release(Outcome.OK)
+    assert b.endpoints["w0"].levels[0].devices == {"heavy": [6.0, 6.0]}
+
+
+@settings(max_examples=50, deadline=None)
+@given(picks=st.lists(st.tuples(st.sampled_from([0, 0, 50, 90]), st.booleans()), max_size=30),
+       device=st.text(max_size=6))
+def test_with_one_device_a_worker_serving_devices_in_turn_is_predicted_as_before(picks, device):
+    """One device (or requests naming none): the same predicted wait at every priority."""
+    b, _ = make([1])
+    b.report_load("w0", capacity=10.0, devices_in_turn=True)
+    tickets = []
+    for prio, release in picks:
+        tickets.append(must(b.pick(priority=prio, device=device)))
+        if release:
+            tickets.pop(0).release(Outcome.OK)
+    ep = b.endpoints["w0"]
+    for prio in (0, 50, 90, 95):
+        assert Balancer._ahead(ep, prio, device) == pytest.approx(Balancer._ahead(ep, prio))
+
+
 def test_a_request_the_worker_expired_in_its_queue_is_never_held_against_it():
     """The worker answered, alive: its queue was overtaken (a burst, a higher priority sent after
     it) or its estimate erred short. Counted as failures, 5 such expiries in a burst on busy
