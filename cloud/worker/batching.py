@@ -43,7 +43,7 @@ Invariants / rules (read these before changing anything below):
 4. The queue is bounded: ``submit`` on a full queue raises ``OverloadedError``
    (RESOURCE_EXHAUSTED) immediately; it never waits (Triton ``max_queue_size``). The
    shell first makes room for a request ranked above one queued (``displace``: the
-   newest of the lowest rank, a replay for a live request, is refused instead).
+   last to leave of the lowest rank, a replay for a live request, is refused instead).
 5. A request whose deadline cannot be met - it has passed, or is closer than
    (or as close as) the measured time of the smallest batch it could run in, a
    batch of one - is rejected at ``submit`` or removed before any batch is formed;

@@ -530,8 +530,8 @@ class WorkerService(service_pb2_grpc.WorkerServicer):
         return f"worker queue full ({self.batcher.depth}/{pol.max_queue_size} requests waiting); {BUSY_MARK}"
 
     def _make_room(self, rank: int) -> None:
-        """In a full queue, the newest request queued below ``rank`` (a replay, for a live
-        request) gives way to one of ``rank`` (``Batcher.displace``); it is answered as refused
+        """In a full queue, the last request to leave of those queued below ``rank`` (a replay, for
+        a live request) gives way to one of ``rank`` (``Batcher.displace``); it is answered as refused
         for load, as if it had found the queue full."""
         displaced = self.batcher.displace(rank)
         if displaced is not None:
