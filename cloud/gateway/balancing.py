@@ -41,8 +41,9 @@ injected clock, so tests drive it instantly:
 * fair share across devices (docs/design/balancing.md#fair-share-across-devices): the live
   requests each device holds in flight are counted; while the pool is contended (a device under
   its share was refused as saturated or had one expire in a worker's queue, or one over it was
-  refused, within ``FAIR_WINDOW_S``) a device over the pool's room over the active devices is
-  refused (``NoPick.OVER_SHARE``), so the others find room; with one device active it never
+  refused, within ``FAIR_WINDOW_S``) a device over its share (the pool's room over the active
+  devices, or the room left free if that is more) is refused (``NoPick.OVER_SHARE``), so the
+  others find room; with one device active it never
   applies. A replay is sent only while a worker holds
   less than half its cap (docs/design/balancing.md#replays-take-spare-room);
 * RESOURCE_EXHAUSTED counts as load (docs/design/balancing.md#overload-is-load-not-failure): the endpoint is
@@ -223,7 +224,7 @@ FAIR_WINDOW_S = 5.0
 class Share:
     """A device's standing in the pool for one request (:meth:`Balancer.share`): the live
     requests it holds in flight, its fair share of the pool's room for the request (``room``
-    over the ``active`` devices; at least 1)."""
+    over the ``active`` devices, or the room no request holds now if that is more; at least 1)."""
 
     held: int
     share: float
@@ -854,21 +855,24 @@ class Balancer:
             else:
                 del self._seen[first]
 
-    def _room(self, now: float, deadline_s: float | None) -> float:
+    def _room(self, now: float, deadline_s: float | None) -> tuple[float, int]:
         """The live requests the pool may hold for a request with ``deadline_s`` to go: over the
         endpoints a pick may find, each one's cap (``max_in_flight``, its reported limit, an
         overload hold) and its measured rate times the time left, the smaller; inf when an
-        endpoint has neither (nothing to share out)."""
+        endpoint has neither (nothing to share out). With it, the requests those endpoints hold
+        in flight now (whoever's: a replay takes room too)."""
         live = [ep for ep in self.endpoints.values() if not ep.draining and not ep.paused]
         if not self.in_panic(now):
             live = [ep for ep in live if not ep.ejected(now)]
         room = 0.0
+        used = 0
         for ep in live:
             cap = self._cap(ep)
             rate = self._pixel_weight(ep) or ep.capacity
             by_time = rate * deadline_s if rate and deadline_s is not None else math.inf
             room += min(math.inf if cap is None else float(cap), by_time)
-        return room
+            used += ep.in_flight
+        return room, used
 
     def share(self, device: str, deadline_s: float | None = None, now: float | None = None) -> Share | None:
         """``device``'s standing for a request with ``deadline_s`` to go (:class:`Share`): None
@@ -876,11 +880,17 @@ class Balancer:
         or there is none (no endpoint a pick may find: that is answered as such, not as a share)."""
         now = self.clock() if now is None else now
         self._prune(now)
-        room = self._room(now, deadline_s)
+        room, used = self._room(now, deadline_s)
         if not math.isfinite(room) or room <= 0:
             return None
         active = max(1, len(self._seen))
-        return Share(self._held.get(device, 0), max(1.0, room / active), active, room)
+        # the equal split, or the room still free, whichever is more (Choudhury and Hahne's
+        # dynamic threshold: a device may hold as much as is left free, so it takes at most half
+        # of what the others leave and the other half stays for them): an active device is one
+        # that asked in the last FAIR_WINDOW_S, most of which hold nothing most of that time, so
+        # with hundreds of light devices the equal split alone was 1 request and a heavy device was
+        # held to it while the pool stood mostly empty (docs/design/balancing.md#fair-share-across-devices)
+        return Share(self._held.get(device, 0), max(1.0, room / active, room - used), active, room)
 
     def _over_share(self, device: str, now: float, deadline_s: float | None) -> bool:
         """Whether a live request of ``device`` is refused for its share: the pool is contended (a

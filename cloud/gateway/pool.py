@@ -277,8 +277,8 @@ class WorkerPool:
         n = len(b.endpoints)
         if why is NoPick.OVER_SHARE:
             standing = b.share(req.device_id, hop)
-            held = (f" (it holds {standing.held} requests in flight; its share is {standing.share:.1f}, the "
-                    f"workers' room for {standing.room:.0f} in its deadline over {standing.active} active devices)"
+            held = (f" (it holds {standing.held} requests in flight; its share is {standing.share:.1f} of the "
+                    f"workers' room for {standing.room:.0f} in its deadline, with {standing.active} active devices)"
                     if standing is not None else "")
             return error_reply(
                 req, why.status,

@@ -852,6 +852,33 @@ def test_a_share_is_at_least_one_request():
     assert must(b.pick(device="cam-9"))
 
 
+def test_a_heavy_device_among_hundreds_of_light_ones_keeps_half_the_free_room():
+    """Hundreds of devices asking now and then are all active (each asked in the last
+    FAIR_WINDOW_S), so room over active devices is 1 request each; a heavy device was held to
+    that 1 while the pool stood mostly empty (a simulated 30 s with 500 light devices: 186
+    answers instead of 5,880, 27 of the 64 slots used). It may hold as much as is left free:
+    at most half of what the others leave, the other half stays for them."""
+    b, _ = _limited(64)
+    light = []
+    for i in range(500):  # 500 active devices, 25 of them with a request in flight
+        t = must(b.pick(device=f"cam-{i}"))
+        if i < 25:
+            light.append(t)
+        else:
+            t.release(Outcome.OK)
+    heavy = [must(b.pick(device="heavy")) for _ in range(39)]  # no contention: the rest of the room
+    assert b.pick(device="cam-999") is NoPick.SATURATED  # a device under its share got none: contended
+    for t in heavy:
+        t.release(Outcome.OK)
+    got = []
+    while isinstance(t := b.pick(device="heavy"), Ticket):
+        got.append(t)
+    assert t is NoPick.OVER_SHARE
+    assert len(got) == 20  # each admitted while it held less than was free: not 1 (64 / 502 active)
+    assert 64 - len(light) - len(got) == 19  # the other half of the 39 is free for the light devices
+    assert all(isinstance(b.pick(device=f"cam-{i}"), Ticket) for i in range(100, 110))
+
+
 def test_the_share_follows_the_measured_rate_and_the_deadline():
     b, _ = make([1])
     b.report_load("w0", 10.0, limit=100)  # 10 images/s: 1 s of deadline is room for 10
