@@ -8,7 +8,8 @@ wrong while reading hostile or broken text is handled here, once, as a
 - alias expansion ("billion laughs": nine levels of ``&a [*b, *b, ...]`` expand to 10^9
   values from a few hundred bytes) and very large files: the composed tree may hold at most
   :data:`MAX_NODES` values counting every alias expansion (a settings or policy file holds a
-  few hundred), and a file at most :data:`MAX_BYTES`;
+  few hundred), and a file at most :data:`MAX_BYTES` (a file that grows with a fleet, the
+  gateway's device tokens, has larger :class:`SizeLimits` of its own);
 - nesting deeper than Python's recursion limit, numbers of thousands of digits, memory.
 
 YAML merge keys (``<<: *defaults``) are resolved as YAML defines them: the mapping's own
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -40,6 +42,21 @@ from edgewise.filereads import read_capped
 MAX_BYTES = 1 << 20
 #: Values a composed file may hold, every alias expansion counted.
 MAX_NODES = 100_000
+
+
+@dataclass(frozen=True)
+class SizeLimits:
+    """How large a file of one kind may be: ``max_bytes`` and ``max_values`` (every alias
+    expansion counted); ``usual`` says in the refusal how large such a file is. The default, for
+    settings and policy files; a file that grows with a fleet (the gateway's device tokens) has
+    its own."""
+
+    max_bytes: int = MAX_BYTES
+    max_values: int = MAX_NODES
+    usual: str = "a settings or policy file holds a few hundred values"
+
+
+SETTINGS_SIZE = SizeLimits()
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _VALUE_TAG = "tag:yaml.org,2002:value"
@@ -142,9 +159,10 @@ def guarded(name: str, what: str) -> Iterator[None]:
         raise ConfigError(f"{name}: cannot read the {what}: {type(exc).__name__}: {exc}") from None
 
 
-def read_bytes(path: Union[str, Path], what: str, regular_only: bool = True, expected: str = "") -> bytes:
+def read_bytes(path: Union[str, Path], what: str, regular_only: bool = True, expected: str = "",
+               size: SizeLimits = SETTINGS_SIZE) -> bytes:
     """The bytes of the ``what`` file (``policy``, ``edge settings``) at ``path``, at most
-    :data:`MAX_BYTES`; a ConfigError saying why it cannot be read.
+    ``size.max_bytes``; a ConfigError saying why it cannot be read.
 
     ``regular_only``: refuse anything but a regular file (after symlinks) without waiting on it:
     a named pipe would block the reader until a writer comes (a daemon's start, its reload, a
@@ -154,7 +172,7 @@ def read_bytes(path: Union[str, Path], what: str, regular_only: bool = True, exp
     p = Path(path)
     expected = expected or f"{'an' if what[:1] in 'aeiou' else 'a'} {what} YAML file"
     try:
-        data, size = read_capped(p, MAX_BYTES, expected, regular_only)
+        data, found = read_capped(p, size.max_bytes, expected, regular_only)
     except FileNotFoundError:
         raise ConfigError(f"{p}: {what} file not found; check the path") from None
     except IsADirectoryError:
@@ -163,7 +181,7 @@ def read_bytes(path: Union[str, Path], what: str, regular_only: bool = True, exp
         raise ConfigError(f"{p}: permission denied reading the {what} file") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the {what} file: {exc.strerror or exc}") from None
-    check_size(size, str(p), what)
+    check_size(found, str(p), what, size)
     return data
 
 
@@ -175,20 +193,20 @@ def decode(data: bytes, name: str, what: str) -> str:
         raise ConfigError(f"{name}: not UTF-8 text ({exc}); save the {what} file as UTF-8") from None
 
 
-def check_size(size: int, name: str, what: str) -> None:
-    """Refuse a file of ``size`` bytes over :data:`MAX_BYTES`."""
-    if size > MAX_BYTES:
-        raise ConfigError(f"{name}: {what} file is {size} bytes, over the {MAX_BYTES}-byte limit; "
-                          "is this the right file?")
+def check_size(size: int, name: str, what: str, limits: SizeLimits = SETTINGS_SIZE) -> None:
+    """Refuse a file of ``size`` bytes over ``limits.max_bytes``."""
+    if size > limits.max_bytes:
+        raise ConfigError(f"{name}: {what} file is {size} bytes, over the {limits.max_bytes}-byte limit "
+                          f"({limits.usual}); is this the right file?")
 
 
-def compose(text: str, name: str) -> Tuple[Optional[yaml.Node], yaml.SafeLoader]:
+def compose(text: str, name: str, size: SizeLimits = SETTINGS_SIZE) -> Tuple[Optional[yaml.Node], yaml.SafeLoader]:
     """The single document of ``text`` as a node tree (None when empty) and its loader,
     whose ``construct_object`` reads scalars; the caller disposes of the loader.
 
     Raises:
         ConfigError: invalid YAML (with its line), a NUL or other character YAML does not
-            allow, several documents, or a tree over :data:`MAX_NODES` values.
+            allow, several documents, or a tree over ``size.max_values`` values.
     """
     loader: Optional[yaml.SafeLoader] = None
     try:
@@ -211,7 +229,7 @@ def compose(text: str, name: str) -> Tuple[Optional[yaml.Node], yaml.SafeLoader]
         where = f" at character {exc.position}" if isinstance(exc, yaml.reader.ReaderError) else ""
         raise ConfigError(f"{name}: not valid YAML{where}: {problem}") from None
     if root is not None:
-        _check_expanded_size(root, name)
+        _check_expanded_size(root, name, size)
     return root, loader
 
 
@@ -234,17 +252,17 @@ def _bracket_hint(text: str, line: int, column: int) -> str:
     return ""
 
 
-def _check_expanded_size(root: yaml.Node, name: str) -> None:
+def _check_expanded_size(root: yaml.Node, name: str, size: SizeLimits) -> None:
     """Count the values of the tree as a reader expands it (aliases are shared node objects
-    reached several times), stopping at :data:`MAX_NODES`: the cost is bounded by the limit."""
+    reached several times), stopping at ``size.max_values``: the cost is bounded by the limit."""
     seen = 0
     stack: List[yaml.Node] = [root]
     while stack:
         node = stack.pop()
         seen += 1
-        if seen > MAX_NODES:
-            raise ConfigError(f"{name}: expands to more than {MAX_NODES} values (YAML aliases "
-                              "repeating aliases?); a settings or policy file holds a few hundred")
+        if seen > size.max_values:
+            raise ConfigError(f"{name}: expands to more than {size.max_values} values (YAML aliases "
+                              f"repeating aliases?); {size.usual}")
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 stack.append(k)

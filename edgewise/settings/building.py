@@ -29,7 +29,7 @@ from edgewise.settings.values import (
     sequence,
     split_text,
 )
-from edgewise.yamlnodes import UNQUOTED_BOOLEAN
+from edgewise.yamlnodes import SETTINGS_SIZE, UNQUOTED_BOOLEAN, SizeLimits
 
 
 def build_value(tp: Any, val: Val, path: Tuple[Part, ...], spec: Spec, dflt: Any) -> Any:
@@ -120,11 +120,13 @@ def load_file(tp: Any, path: Union[str, os.PathLike[str]], what: str) -> Any:
     return build_value(tp, read_yaml(path, what, mapping=False), (), Spec(doc=""), None)
 
 
-def load_list_file(item_tp: Any, path: Union[str, os.PathLike[str]], what: str) -> List[Tuple[Any, str]]:
+def load_list_file(item_tp: Any, path: Union[str, os.PathLike[str]], what: str,
+                   size: SizeLimits = SETTINGS_SIZE) -> List[Tuple[Any, str]]:
     """A YAML file holding a list of ``item_tp``, built as :func:`load_file` builds it, each item
     with the ``file:line`` it starts on: for the rules a caller checks across the items (a
-    device listed twice) to name the line as the loader's own errors do."""
-    tree = read_yaml(path, what, mapping=False)
+    device listed twice) to name the line as the loader's own errors do. ``size``: how large
+    the file may be (a list that grows with a fleet has larger limits than a settings file)."""
+    tree = read_yaml(path, what, mapping=False, size=size)
     items = build_value(List[item_tp], tree, (), Spec(doc=""), None)  # type: ignore[valid-type]
     vals = tree.data if isinstance(tree.data, list) else [tree] * len(items)  # (a scalar: comma-split text)
     return [(item, v.src.label) for item, v in zip(items, vals)]

@@ -86,22 +86,25 @@ def describe(data: Any) -> str:
 
 # --------------------------------------------------------------------------- YAML
 
-def read_yaml(path: Union[str, os.PathLike[str]], what: str, mapping: bool = True) -> Val:
+def read_yaml(path: Union[str, os.PathLike[str]], what: str, mapping: bool = True,
+              size: yamlnodes.SizeLimits = yamlnodes.SETTINGS_SIZE) -> Val:
     """The YAML file at ``path`` as a :class:`Val` tree (``{}`` for an empty file; with
-    ``mapping=False`` the top level may be any value, ``[]`` when empty).
+    ``mapping=False`` the top level may be any value, ``[]`` when empty), at most as large
+    as ``size`` allows.
 
     Raises:
         ConfigError: unreadable or oversized file, invalid YAML (with its line), a top level
             that is not a mapping, a duplicate or non-string key (see :mod:`edgewise.yamlnodes`).
     """
-    text = yamlnodes.decode(yamlnodes.read_bytes(os.fspath(path), what), str(path), what)
-    return parse_yaml(text, str(path), what, mapping)
+    text = yamlnodes.decode(yamlnodes.read_bytes(os.fspath(path), what, size=size), str(path), what)
+    return parse_yaml(text, str(path), what, mapping, size)
 
 
-def parse_yaml(text: str, name: str, what: str, mapping: bool = True) -> Val:
+def parse_yaml(text: str, name: str, what: str, mapping: bool = True,
+               size: yamlnodes.SizeLimits = yamlnodes.SETTINGS_SIZE) -> Val:
     """YAML ``text`` as a :class:`Val` tree; ``name`` labels its lines (see :func:`read_yaml`)."""
     with yamlnodes.guarded(name, what):
-        root, loader = yamlnodes.compose(text, name)
+        root, loader = yamlnodes.compose(text, name, size)
         try:
             if root is None:
                 return Val({} if mapping else [], Source(name))
