@@ -20,7 +20,9 @@ DetectStreams per device (RESOURCE_EXHAUSTED), and a DetectStream that sends no 
 
 The device tokens are re-read on SIGHUP and, without a signal, when ``auth.tokens_file``
 changes (looked at every ``auth.tokens_poll_s``: a Kubernetes Secret updated by kubelet;
-``edgewise.filewatch``, the TLS files' rule); both go through ``Gateway.reload_tokens``. The TLS files
+``edgewise.filewatch``, the TLS files' rule); both read in a thread, one at a time
+(``Gateway.tokens_lock``: a fleet's file takes seconds, requests are served meanwhile), and go
+through ``Gateway.reload_tokens``. The TLS files
 (``tls.cert_file``, ``tls.key_file``, ``tls.client_ca_file``) are looked at on new connections
 (at most once a second) and a renewed certificate or client CA is served to new connections
 without a signal or a restart (``cloud.gateway.tlsreload``).
@@ -299,6 +301,9 @@ class Gateway:
         self._tokens_watch: ReloadDecision[dict[str, str]] = ReloadDecision(
             identities_of((settings.auth.tokens_file,)), time.monotonic(), interval_s=0.0)
         self._tokens_poll_changed = asyncio.Event()  # SIGHUP brought another auth.tokens_poll_s
+        #: held by each reload of the tokens (a SIGHUP's, the file watch's), one at a time: each reads
+        #: in a thread (a fleet's file takes seconds), and the one that read last is put in force last
+        self.tokens_lock = asyncio.Lock()
         self.auth = TokenAuth(settings.device_tokens())
         lim = settings.limits
         self.limiter = RateLimiter(lim.rate_per_device, lim.burst_per_device)
@@ -635,7 +640,7 @@ class Gateway:
                  len(tokens), len(added), len(removed), len(changed))
         return True
 
-    def check_tokens_file(self) -> None:
+    async def check_tokens_file(self) -> None:
         """One look at ``auth.tokens_file`` (every ``auth.tokens_poll_s``), decided as the TLS
         files are (``edgewise.filewatch.ReloadDecision``): when it changed, the tokens are read
         again as on SIGHUP (``GatewaySettings.device_tokens``, the same checks) and put in force
@@ -643,23 +648,26 @@ class Gateway:
         no device, gone) leaves the tokens in force and is logged once per change, not at every
         look (it is read again, unchanged, once a minute: a read error that passes does not hold
         a new device's token back); one that changed while it was read is not used, and read
-        again at the next look."""
-        source = self._tokens_from
-        path = source.auth.tokens_file
-        if not path:
-            return
-        out = self._tokens_watch.look(time.monotonic(), lambda: identities_of((path,)), source.device_tokens)
-        if out.problem is not None:
-            if file_identity(path) is None:
-                log.warning("device tokens file %s cannot be read (gone, or a link to nothing); the tokens in force "
-                            "stay until it is back", path)
-            else:
-                log.error("device tokens file %s changed: reload ignored, the tokens in force stay (%s): %s", path,
-                          self._tokens_watch.when_again, out.problem)
-            return
-        if out.files is not None:
-            log.info("device tokens file %s changed; reloading the device tokens", path)
-            self.reload_tokens(out.files)
+        again at the next look. The file is read and checked in a thread: 20,000 devices take
+        seconds, and on the event loop every request waited for them (7.3 s)."""
+        async with self.tokens_lock:
+            source = self._tokens_from
+            path = source.auth.tokens_file
+            if not path:
+                return
+            out = await asyncio.to_thread(self._tokens_watch.look, time.monotonic(), lambda: identities_of((path,)),
+                                          source.device_tokens)
+            if out.problem is not None:
+                if file_identity(path) is None:
+                    log.warning("device tokens file %s cannot be read (gone, or a link to nothing); the tokens in "
+                                "force stay until it is back", path)
+                else:
+                    log.error("device tokens file %s changed: reload ignored, the tokens in force stay (%s): %s",
+                              path, self._tokens_watch.when_again, out.problem)
+                return
+            if out.files is not None:
+                log.info("device tokens file %s changed; reloading the device tokens", path)
+                self.reload_tokens(out.files)
 
     async def watch_tokens_file(self) -> None:
         """:meth:`check_tokens_file` every ``auth.tokens_poll_s`` of the settings in force (a
@@ -677,7 +685,7 @@ class Gateway:
                          if self._tokens_from.auth.tokens_poll_s > 0 else "on SIGHUP only (auth.tokens_poll_s: 0)")
                 continue
             try:
-                self.check_tokens_file()
+                await self.check_tokens_file()
             except Exception:
                 log.exception("looking at the device tokens file failed; trying again in %g s", interval)
 
@@ -727,19 +735,38 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    waiting: list[asyncio.Task[None]] = []  # the SIGHUP reload that has not begun to read yet
+    stopping = False
+
     def on_hup() -> None:
-        if reload is None:
-            return
-        try:
-            fresh = reload()
-            seen = file_identity(fresh.auth.tokens_file)  # before the read, as the file watch does
-            tokens = fresh.device_tokens()
-        except ConfigError as exc:
-            log.error("reload ignored, the workers and tokens in force stay: %s", exc)
-            return
-        except Exception:  # a reader's bug must not end the handler without a word (nor the gateway)
-            log.exception("reload ignored, the workers and tokens in force stay: reading the settings failed")
-            return
+        # the reading is done in a thread (a fleet's tokens file takes seconds: on the event loop,
+        # every request waited for it); SIGHUPs that come before it begins are one reload
+        if reload is not None and not waiting and not stopping:
+            waiting.append(loop.create_task(hup()))
+
+    def read() -> tuple[GatewaySettings, FileIdentity | None, dict[str, str]]:
+        assert reload is not None
+        fresh = reload()
+        seen = file_identity(fresh.auth.tokens_file)  # before the read, as the file watch does
+        return fresh, seen, fresh.device_tokens()
+
+    async def hup() -> None:
+        async with gw.tokens_lock:  # after a reload (or file watch) still reading: it reads after it
+            waiting.clear()
+            try:
+                fresh, seen, tokens = await asyncio.to_thread(read)
+            except ConfigError as exc:
+                log.error("reload ignored, the workers and tokens in force stay: %s", exc)
+                return
+            except Exception:  # a reader's bug must not end the reload without a word (nor the gateway)
+                log.exception("reload ignored, the workers and tokens in force stay: reading the settings failed")
+                return
+            try:
+                apply(fresh, seen, tokens)
+            except Exception:  # (in a task: its exception would be logged only when it is collected)
+                log.exception("SIGHUP: applying the reloaded settings failed")
+
+    def apply(fresh: GatewaySettings, seen: FileIdentity | None, tokens: dict[str, str]) -> None:
         later = [k for k in changed_keys(settings, fresh) if k not in RELOADED_ON_SIGHUP]
         if later:
             log.warning("SIGHUP: %s changed, which a reload does not apply (it applies %s); the values the gateway "
@@ -756,6 +783,9 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
         log.info("SIGHUP during the start: reloading the workers and tokens")
         on_hup()
     await stop.wait()
+    stopping = True
+    for task in waiting:  # (one reading goes on to its end: put in force, nothing is lost by it)
+        task.cancel()
     log.info("shutting down: draining for up to %.1f s", settings.shutdown_grace_s)
     await gw.stop()
     hangup.ignore_from_now(loop)  # nothing left to reload (edgewise.hangup)

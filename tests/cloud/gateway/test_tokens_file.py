@@ -259,7 +259,66 @@ def test_a_tokens_file_rewritten_while_it_is_read_is_read_again_at_the_next_look
     monkeypatch.setattr(filereads, "open", racing_open, raising=False)
     vol.update({"tokens.yaml": "- {device: cam-2, token: two-token}\n"})
     during_read.append("- {device: cam-3, token: three-token}\n")
-    gw.check_tokens_file()
+    asyncio.run(gw.check_tokens_file())
     assert gw.auth.tokens == {"cam-1": "one-token"} and not during_read  # read while replaced: not taken
-    gw.check_tokens_file()
+    asyncio.run(gw.check_tokens_file())
     assert gw.auth.tokens == {"cam-3": "three-token"}
+
+
+def test_requests_are_served_while_a_fleet_s_tokens_are_read_again(tmp_path):
+    """A fleet's tokens file takes seconds to read (12,000 devices: about 2.5 s here). It was read
+    on the gateway's event loop, at SIGHUP and when the file changed, and every request waited for
+    it (20,000 devices: a request of 7 ms took 7.3 s; with the default 5 s deadline every call in
+    flight expired). It is read in a thread: requests are answered meanwhile."""
+    import signal
+    import time
+
+    tokens = tmp_path / "tokens.yaml"
+
+    def write(salt: str) -> None:  # cam-00001's token stays; every other one changes
+        text = "".join(f"- device: cam-{i:05d}\n  token: {salt if i != 1 else 'a'}{i:063x}\n" for i in range(12_000))
+        (tmp_path / "new.yaml").write_text(text)
+        os.replace(tmp_path / "new.yaml", tokens)
+
+    write("a")
+
+    async def main():
+        w = TestWorker("w")
+        await w.start()
+        over = {"listen": "127.0.0.1:0", "metrics_port": -1, "discovery.static": [w.address],
+                "auth.tokens_file": str(tokens), "auth.tokens_poll_s": 0}
+        now = dict(over)
+        try:
+            task, gw = await serving(load_settings(None, over, env={}), lambda: load_settings(None, now, env={}))
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = service_pb2_grpc.EscalationStub(ch)
+                token = (("authorization", f"Bearer a{1:063x}"),)
+
+                async def while_reloading(trigger, salt: str) -> tuple[float, float]:
+                    """(the reload's time, the longest request meanwhile)"""
+                    longest = 0.0
+                    write(salt)
+                    began = time.perf_counter()
+                    trigger()
+                    while gw.auth.tokens["cam-00002"] != f"{salt}{2:063x}":
+                        sent = time.perf_counter()
+                        await stub.Detect(request(device="cam-00001"), timeout=30, metadata=token)
+                        longest = max(longest, time.perf_counter() - sent)
+                        assert time.perf_counter() - began < 30, "the reload never came"
+                    return time.perf_counter() - began, longest
+
+                await stub.Detect(request(device="cam-00001"), timeout=30, metadata=token)
+                took, longest = await while_reloading(lambda: os.kill(os.getpid(), signal.SIGHUP), "b")
+                assert longest < took / 3, (took, longest)
+
+                now["auth.tokens_poll_s"] = 0.1  # the file watched by itself
+                os.kill(os.getpid(), signal.SIGHUP)
+                await async_wait_until(lambda: gw._tokens_from.auth.tokens_poll_s == 0.1, 20, "the new interval")
+                took, longest = await while_reloading(lambda: None, "c")
+                assert longest < took / 3, (took, longest)
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(task, 30)
+        finally:
+            await w.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
