@@ -89,6 +89,12 @@ def _handler(args: argparse.Namespace) -> int:
     print("wrote " + ", ".join(str(p) for p in paths))
     if report.pyplot() is None:
         print(f"no {report.FILES[2]}: {report.NO_MATPLOTLIB}", file=sys.stderr)
+    earlier = [] if args.train_data else [p for p in (Path(args.out) / GAIN_MODEL, Path(args.out) / CARRY_MODEL)
+                                          if p.exists()]
+    if earlier:  # beside this run's report, as if this run had fitted them: left (a policy may name them)
+        print(f"note: {' and '.join(str(p) for p in earlier)} {'are' if len(earlier) > 1 else 'is'} from an earlier "
+              "run into this folder: this one fitted no gain model (no --train-data), and its report says "
+              "nothing of it", file=sys.stderr)
     return 0
 
 

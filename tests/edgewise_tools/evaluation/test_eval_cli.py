@@ -25,7 +25,7 @@ def tiny_sets(tmp_path_factory):
     return root
 
 
-def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, tmp_path) -> None:
+def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, tmp_path, capsys) -> None:
     out = tmp_path / "report"
     policy = tmp_path / "policy.yaml"  # the camera example policy, downscaling the 160 px test frames to 96
     text = (ROOT / "examples" / "policy.yaml").read_text()
@@ -102,6 +102,13 @@ def test_eval_writes_json_markdown_and_plot(tiny_sets, tiny_model, small_model, 
                  "--threads", "1"]) == 0
     replay = json.loads((again / "eval.json").read_text())
     assert not replay["learned"]["trained"] and not (again / "gain-model.json").exists()
+    assert "from an earlier run" not in capsys.readouterr().err
+    # a run without --train-data into the first run's folder leaves its gain models, and says so
+    assert main(["eval", "--edge", str(tiny_model), "--cloud", str(small_model), "--policy", str(out / "learned.yaml"),
+                 "--data", str(tiny_sets / "test"), "--out", str(out), "--rates", "0.5", "--target-rate", "0.5",
+                 "--threads", "1"]) == 0
+    assert (f"note: {out / 'gain-model.json'} and {out / 'gain-model-carry.json'} are from an earlier run into this "
+            "folder: this one fitted no gain model (no --train-data)") in capsys.readouterr().err
     assert 0.0 < replay["policy_run"]["escalated"] < 1.0  # threshold 0.5: the upper half of the ranking
     assert replay["ours"] == "combined" and replay["carry"]["cooldown_frames"] == 0
     # --ours declares the policy judged; --carry-lag 0 carries nothing; the policy's whole-frame
