@@ -1,4 +1,4 @@
-"""``edgewise edge run``, ``edgewise edge check-config`` and ``edgewise edge check-policy``.
+"""``edgewise edge run``, ``check-config``, ``health`` and ``check-policy``.
 
 Thin layer over ``edge.settings`` (through :mod:`edgewise.settings`: ``--config``,
 ``--set``, ``--describe-settings`` and the named flags) + ``edge.daemon.run_daemon``
@@ -33,7 +33,7 @@ EXIT_OK, EXIT_GATE = 0, 1
 
 
 def register(subparsers: Any) -> None:
-    """Add ``run`` and ``check-policy`` to the ``edge`` group."""
+    """Add ``run``, ``check-config``, ``health`` and ``check-policy`` to the ``edge`` group."""
     run = subparsers.add_parser(
         "run", help="run the edge daemon",
         description="Run the edge daemon. Settings, later wins: --config YAML < EDGEWISE_EDGE__<KEY>__<SUBKEY> "
@@ -49,6 +49,16 @@ def register(subparsers: Any) -> None:
                     "backend, the policy file.")
     add_settings_arguments(cfg, SCHEMA)
     cfg.set_defaults(func=_check_config)
+
+    health = subparsers.add_parser(
+        "health", help="ask the running daemon's /healthz (exit 0 healthy, 1 not: a container's HEALTHCHECK)",
+        description="Ask the edge daemon that runs with these settings for its /healthz (the port of metrics.port, "
+                    "on the loopback when it binds every address), print its answer, and exit 0 when it is "
+                    "healthy (running, ok or degraded), 1 when not (starting, stopping, stalled, not answering).")
+    add_settings_arguments(health, SCHEMA)
+    health.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="how long to wait for the answer (default %(default)s)")
+    health.set_defaults(func=_health)
 
     chk = subparsers.add_parser(
         "check-policy", help="validate an escalation policy file, explain it, replay it on recorded frames",
@@ -81,6 +91,15 @@ def _run(args: argparse.Namespace) -> int:
     from edge.preflight import STATE_UMASK
     os.umask(os.umask(0) | STATE_UMASK)
     return run_daemon(settings_from_args(args, SCHEMA))
+
+
+def _health(args: argparse.Namespace) -> int:
+    from edge.healthcheck import check
+    from edgewise.errors import ConfigError
+
+    if not args.timeout > 0:
+        raise ConfigError(f"--timeout {args.timeout:g}: must be > 0 (seconds)")
+    return check(settings_from_args(args, SCHEMA), args.timeout, sys.stdout, sys.stderr)
 
 
 def _check_config(args: argparse.Namespace) -> int:
