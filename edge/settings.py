@@ -179,7 +179,8 @@ class CloudSettings:
     """How to reach the cloud tier."""
 
     endpoints: List[str] = setting("gRPC gateway addresses `host:port`, tried in order (fail-over on "
-                                   "UNAVAILABLE).", factory=list)
+                                   "UNAVAILABLE; an earlier one is used again once it is connected, "
+                                   "from 10 s after the fail-over).", factory=list)
     transport: str = setting(
         "Transport of the escalations of a policy that leaves `spec.transport` unset, and of spooled "
         "escalations whose own transport these settings no longer configure (a device moved from gRPC to "

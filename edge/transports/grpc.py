@@ -15,7 +15,8 @@ the daemon restarted, and once it expired every escalation was refused and spool
 
 Retries follow gRPC's ``examples/python/retry/retry_client.py`` (service config,
 not a hand-written loop; docs/design/conventions.md#grpc-idioms). Several endpoints are tried in
-order when one is UNAVAILABLE. Unlike Sedna's client (docs/design/escalation.md#sedna-baselines:
+order when one is UNAVAILABLE, each call from the one that last answered; ``FAILBACK_S`` after a
+fail-over an earlier endpoint whose connection is up again is used again (``GrpcTransport._first``). Unlike Sedna's client (docs/design/escalation.md#sedna-baselines:
 JSON pixels, no timeout), every call has a deadline. Callers:
 ``edge.escalating``.
 """
@@ -57,6 +58,11 @@ RETIRE_SLACK_S = 1.0
 #: ``FAILOVER_LOG_INTERVAL_S``: with every endpoint down each escalation fails over again
 FAILOVER_LOG_BURST = 3
 FAILOVER_LOG_INTERVAL_S = 60.0
+#: After a fail-over, the earlier endpoints are looked at again from this many seconds on: a call
+#: then begins at the first of them whose connection is up (READY), as gRPC's priority policy
+#: goes back to a higher priority once it is READY. Not at once: a gateway that is connected
+#: but refuses (UNAVAILABLE: no worker up) costs one call's fail-over per interval, not each call's.
+FAILBACK_S = 10.0
 
 def detect_method() -> str:
     """The method every escalation calls, from the generated service descriptor. Its answer
@@ -195,7 +201,10 @@ class GrpcTransport:
             ("grpc.initial_reconnect_backoff_ms", int(RECONNECT_DELAY_S[0] * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(RECONNECT_DELAY_S[1] * 1000)),
         ]
+        #: the endpoint a call begins with: the last one that answered, or an earlier one whose
+        #: connection is up again ``FAILBACK_S`` after the fail-over (``_first``)
         self.preferred = 0
+        self._failed_over_at = 0.0  # (clock) when ``preferred`` last moved to a later endpoint
         self._clock = clock
         #: failovers are said a few per interval, with the count held back (a cloud that is
         #: away fails every escalation over, a line each for the whole outage)
@@ -285,12 +294,28 @@ class GrpcTransport:
             if not used.calls and used.done is not None:
                 used.done.set()
 
+    def _first(self, used: _Channels) -> int:
+        """The endpoint this call begins with: ``preferred``, or, ``FAILBACK_S`` after a fail-over,
+        the first earlier endpoint whose connection is up again (the others are asked to connect,
+        in the background: gRPC does not reconnect an idle channel by itself)."""
+        start = self.preferred
+        if start and self._clock() - self._failed_over_at >= FAILBACK_S:
+            for j in range(start):
+                state = used.channels[j].get_state(try_to_connect=True)
+                if state == grpc.ChannelConnectivity.READY:
+                    return j
+        return start
+
     async def _detect(self, used: _Channels, request: Any, timeout_s: float) -> Any:
         n = len(used.stubs)
         last: Optional[TransportError] = None
         reached = False  # whether an endpoint tried had a connection: the request may have left
+        # read once: concurrent calls move ``preferred`` when they fail over, and a call that read
+        # it again for its next try went back to the endpoint it had just failed on (15 of 200
+        # escalations failed so when the first of two gateways got SIGTERM)
+        start = self._first(used)
         for k in range(n):
-            i = (self.preferred + k) % n
+            i = (start + k) % n
             # READY at any time during the call; the steady state (READY already) needs no watch
             up = None if connected(used.channels[i]) else asyncio.ensure_future(came_up(used.channels[i]))
             try:
@@ -312,6 +337,8 @@ class GrpcTransport:
             finally:
                 if up is not None:
                     up.cancel()
+            if i != start:  # failed over (a way back tried and refused included): looked at again later
+                self._failed_over_at = self._clock()
             self.preferred = i
             return check_response(_decode(raw))
         assert last is not None
