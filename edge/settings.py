@@ -179,7 +179,8 @@ class CloudSettings:
     """How to reach the cloud tier."""
 
     endpoints: List[str] = setting("gRPC gateway addresses `host:port`, tried in order (fail-over on "
-                                   "UNAVAILABLE; an earlier one is used again once it is connected, "
+                                   "UNAVAILABLE, or after 3 calls in a row that one let run out their deadline "
+                                   "unanswered; an earlier one is used again once it is connected, "
                                    "from 10 s after the fail-over).", factory=list)
     transport: str = setting(
         "Transport of the escalations of a policy that leaves `spec.transport` unset, and of spooled "

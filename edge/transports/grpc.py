@@ -16,7 +16,9 @@ the daemon restarted, and once it expired every escalation was refused and spool
 Retries follow gRPC's ``examples/python/retry/retry_client.py`` (service config,
 not a hand-written loop; docs/design/conventions.md#grpc-idioms). Several endpoints are tried in
 order when one is UNAVAILABLE, each call from the one that last answered; ``FAILBACK_S`` after a
-fail-over an earlier endpoint whose connection is up again is used again (``GrpcTransport._first``). Unlike Sedna's client (docs/design/escalation.md#sedna-baselines:
+fail-over an earlier endpoint whose connection is up again is used again (``GrpcTransport._first``).
+An endpoint that lets ``UNANSWERED_FAILOVER`` calls in a row run out their deadline without an
+answer (a hung gateway, whose connection stays up) is failed over from too. Unlike Sedna's client (docs/design/escalation.md#sedna-baselines:
 JSON pixels, no timeout), every call has a deadline. Callers:
 ``edge.escalating``.
 """
@@ -63,6 +65,11 @@ FAILOVER_LOG_INTERVAL_S = 60.0
 #: goes back to a higher priority once it is READY. Not at once: a gateway that is connected
 #: but refuses (UNAVAILABLE: no worker up) costs one call's fail-over per interval, not each call's.
 FAILBACK_S = 10.0
+#: Calls in a row that an endpoint let run out their deadline without an answer (a gateway whose
+#: process or node hangs: its connection stays up, so it is never UNAVAILABLE) after which calls
+#: begin at the next endpoint. A gateway answers its own failures, a deadline it cannot meet
+#: included, with a ``DetectResponse``; no answer at all is the gateway's silence.
+UNANSWERED_FAILOVER = 3
 
 def detect_method() -> str:
     """The method every escalation calls, from the generated service descriptor. Its answer
@@ -205,6 +212,8 @@ class GrpcTransport:
         #: connection is up again ``FAILBACK_S`` after the fail-over (``_first``)
         self.preferred = 0
         self._failed_over_at = 0.0  # (clock) when ``preferred`` last moved to a later endpoint
+        #: per endpoint, the calls in a row that ran out their deadline there without an answer
+        self._unanswered = [0] * len(self.endpoints)
         self._clock = clock
         #: failovers are said a few per interval, with the count held back (a cloud that is
         #: away fails every escalation over, a line each for the whole outage)
@@ -327,6 +336,8 @@ class GrpcTransport:
                 st = status.from_grpc(exc.code(), exc.details())
                 details = printable(exc.details()) if exc.details() else status.name(st)
                 last = TransportError(st, f"{self.endpoints[i]}: {details}", sent=reached)
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    self._unheard(i, n)
                 if status.is_retryable(st) and k + 1 < n:
                     held = self._failover_log.allow()
                     if held is not None:
@@ -340,9 +351,30 @@ class GrpcTransport:
             if i != start:  # failed over (a way back tried and refused included): looked at again later
                 self._failed_over_at = self._clock()
             self.preferred = i
+            self._unanswered[i] = 0
             return check_response(_decode(raw))
         assert last is not None
         raise last
+
+    def _unheard(self, i: int, n: int) -> None:
+        """A call ran out its deadline on endpoint ``i`` without an answer. Measured with two real
+        gateways, the first stopped (SIGSTOP: a hung process, as a frozen node or a stuck event
+        loop), every escalation went to it and failed DEADLINE_EXCEEDED, 39 of 39 over 42 s: its
+        connection stayed up, so it was never UNAVAILABLE and the second was never tried. After
+        ``UNANSWERED_FAILOVER`` such calls in a row, the calls begin at the next endpoint (and
+        the way back is looked at ``FAILBACK_S`` later: one call each time while it still hangs)."""
+        self._unanswered[i] += 1
+        if n < 2 or self._unanswered[i] < UNANSWERED_FAILOVER:
+            return
+        self._failed_over_at = self._clock()
+        if self.preferred != i:
+            return
+        self.preferred = (i + 1) % n
+        held = self._failover_log.allow()
+        if held is not None:
+            log.warning("endpoint %s answered none of the last %d escalations within their deadline; the next "
+                        "ones go to %s first%s", self.endpoints[i], self._unanswered[i], self.endpoints[self.preferred],
+                        f" ({held} more failovers since the last such line)" if held else "")
 
     async def close(self) -> None:
         """Close the channels, those being retired too (the calls still on them cancelled)."""

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from edge.transports import TransportError
-from edge.transports.grpc import FAILBACK_S, GrpcTransport
+from edge.transports.grpc import FAILBACK_S, UNANSWERED_FAILOVER, GrpcTransport
 from edgewise.v1 import detect_pb2
 from tests.waiting import async_wait_until
 
@@ -26,8 +26,9 @@ class Gateway:
     """A real gRPC server of the Escalation service that answers OK, or, ``refusing``, answers
     UNAVAILABLE after ``frame_seq * delay_s`` (a gateway going away while calls reach it)."""
 
-    def __init__(self, refusing: bool = False, delay_s: float = 0.0) -> None:
+    def __init__(self, refusing: bool = False, delay_s: float = 0.0, hung: bool = False) -> None:
         self.refusing = refusing
+        self.hung = hung  # takes every call and never answers (its process stuck, its connection up)
         self.delay_s = delay_s
         self.answered: List[int] = []
         self.calls = 0  # tries that reached it, refused ones included
@@ -37,6 +38,8 @@ class Gateway:
     async def detect(self, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
         req = detect_pb2.DetectRequest.FromString(body)
         self.calls += 1
+        if self.hung:
+            await asyncio.Event().wait()
         if self.refusing:
             await asyncio.sleep(req.frame_seq * self.delay_s)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "gateway is shutting down")
@@ -153,6 +156,41 @@ def test_a_first_gateway_that_is_connected_but_refuses_costs_one_fail_over_per_i
             assert first.calls == tried  # not each call
             now[0] += FAILBACK_S
             assert await tries_first(9)
+        finally:
+            await t.close()
+            await first.stop()
+            await second.stop()
+    asyncio.run(run())
+
+
+def test_a_hung_first_gateway_is_failed_over_from_after_a_few_unanswered_calls():
+    """A gateway whose process hangs (SIGSTOP; a frozen node, a stuck event loop) keeps its
+    connection up, so its calls are never UNAVAILABLE: they run out their deadline. Measured with
+    two real gateway processes, the first stopped: 39 of 39 escalations over 42 s failed
+    DEADLINE_EXCEEDED on it, and the second got none. Now UNANSWERED_FAILOVER calls in a row
+    without an answer move the calls to the next endpoint."""
+    now = [0.0]
+
+    async def run():
+        first, second = Gateway(hung=True), Gateway()
+        endpoints = [await first.start(), await second.start()]
+        t = GrpcTransport(endpoints, clock=lambda: now[0])
+        try:
+            for seq in range(UNANSWERED_FAILOVER):
+                with pytest.raises(TransportError) as ei:
+                    await t.detect(request(seq), 0.3)
+                assert ei.value.status == detect_pb2.DEADLINE_EXCEEDED and endpoints[0] in ei.value.message
+            for seq in range(10, 15):
+                assert (await t.detect(request(seq), 0.3)).frame_seq == seq
+            assert second.answered == list(range(10, 15))
+            tried = first.calls
+            now[0] += FAILBACK_S  # its connection is still up: tried once, then left again
+            with pytest.raises(TransportError):
+                await t.detect(request(20), 0.3)
+            assert first.calls == tried + 1
+            for seq in range(21, 25):
+                assert (await t.detect(request(seq), 0.3)).frame_seq == seq
+            assert first.calls == tried + 1
         finally:
             await t.close()
             await first.stop()
