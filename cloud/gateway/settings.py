@@ -217,7 +217,10 @@ class MqttSettings:
     cert_file: str = setting("PEM client certificate for mutual TLS (needs `tls: true`); followed like `ca_file`.",
                              "")
     key_file: str = setting("PEM client key for mutual TLS (needs `tls: true`).", "")
-    keepalive_s: int = setting("MQTT keepalive, seconds (MQTT carries it in two bytes).", 30, lo=1, hi=65535)
+    keepalive_s: int = setting("MQTT keepalive, seconds (MQTT carries it in two bytes). The broker drops a bridge "
+                               "that sent nothing for 1.5 times this and until then hands it its share of the "
+                               "group's requests: a hung replica's share goes unanswered that long.", 10,
+                               lo=1, hi=65535)
     max_in_flight: int = setting("Concurrent requests from MQTT in the balancer.", 64, lo=1)
     max_in_flight_per_device: int = setting(
         "Concurrent requests from MQTT of one device (the topic's), at most: one more is answered "
