@@ -19,7 +19,10 @@ order when one is UNAVAILABLE, each call from the one that last answered; ``FAIL
 fail-over an earlier endpoint whose connection is up again is used again (``GrpcTransport._first``).
 An endpoint that lets ``UNANSWERED_FAILOVER`` calls in a row run out their deadline without an
 answer (a hung gateway, whose connection stays up) is failed over from too. Unlike Sedna's client (docs/design/escalation.md#sedna-baselines:
-JSON pixels, no timeout), every call has a deadline. Callers:
+JSON pixels, no timeout), every call has a deadline. A call that the uplink cannot carry by
+its deadline, at the rate the cloud's answers show, is refused at once, unsent
+(``edge.transports.uplink``: over a slow link the calls otherwise shared it and all missed
+their deadlines, one behind another). Callers:
 ``edge.escalating``.
 """
 
@@ -44,6 +47,7 @@ from edge.transports import (
     not_a_response,
     printable,
 )
+from edge.transports.uplink import UplinkWindow
 from edgewise import status
 from edgewise.errors import ConfigError
 from edgewise.filewatch import RECHECK_S, FollowedFiles
@@ -70,6 +74,11 @@ FAILBACK_S = 10.0
 #: begin at the next endpoint. A gateway answers its own failures, a deadline it cannot meet
 #: included, with a ``DetectResponse``; no answer at all is the gateway's silence.
 UNANSWERED_FAILOVER = 3
+#: the gRPC window counts no bytes against a cap: ``cloud.max_in_flight`` bounds the calls
+UNBOUNDED_BYTES = 1 << 62
+#: a ``timing.gateway_ms`` longer than this is not believed (the window then takes the answer's
+#: arrival): no call's deadline is this long
+WINDOW_MAX_GATEWAY_S = 600.0
 
 def detect_method() -> str:
     """The method every escalation calls, from the generated service descriptor. Its answer
@@ -219,6 +228,10 @@ class GrpcTransport:
         #: away fails every escalation over, a line each for the whole outage)
         self._failover_log = LogThrottle(FAILOVER_LOG_INTERVAL_S, burst=FAILOVER_LOG_BURST)
         self._in_force = _Channels([], [])
+        #: the calls not answered yet, over all endpoints (one uplink): what is refused at once
+        #: because it cannot be uploaded by its deadline (module docstring)
+        self.window = UplinkWindow(UNBOUNDED_BYTES, acknowledger="the gRPC cloud",
+                                   refuse_stalled=False)
         #: the TLS files, followed (None: plaintext); built by ``start``
         self.tls_files: Optional[FollowedFiles[ChannelTls]] = None
         #: old channels, closed by their task once the calls still on them end
@@ -292,13 +305,20 @@ class GrpcTransport:
         if not self.stubs:
             await self.start()
         self._follow_tls()
+        size = request.ByteSize()
+        held = self.window.refusal(size, timeout_s)
+        if held is not None:  # it would miss its deadline, and hold back the calls behind it
+            raise TransportError(held.status, held.message, sent=False)
+        key = object()
+        self.window.sent(key, size)
         used = self._in_force  # this call's retries stay on it, and it stays open until they end
         used.calls += 1
         # each endpoint tried gets the whole timeout: the latest this call can end
         used.until = max(used.until, asyncio.get_running_loop().time() + len(used.stubs) * max(timeout_s, 0.001))
         try:
-            return await self._detect(used, request, timeout_s)
+            return await self._detect(used, request, timeout_s, key)
         finally:
+            self.window.keep_only(lambda k: k is not key)  # not answered: what it carried is not known
             used.calls -= 1
             if not used.calls and used.done is not None:
                 used.done.set()
@@ -315,7 +335,17 @@ class GrpcTransport:
                     return j
         return start
 
-    async def _detect(self, used: _Channels, request: Any, timeout_s: float) -> Any:
+    def _answered(self, key: object, resp: Any) -> None:
+        """The cloud answered the call ``key``: its request had reached the gateway when the
+        gateway's own time (``timing.gateway_ms``) began, the moment the window takes as its
+        acknowledgement (the cloud's time is not the uplink's)."""
+        now = self.window.clock()
+        inside = resp.timing.gateway_ms / 1000.0
+        if not 0.0 <= inside <= WINDOW_MAX_GATEWAY_S:  # not a time (NaN, negative, absurd): the answer's arrival
+            inside = 0.0
+        self.window.acknowledged(key, now - inside)
+
+    async def _detect(self, used: _Channels, request: Any, timeout_s: float, key: object) -> Any:
         n = len(used.stubs)
         last: Optional[TransportError] = None
         reached = False  # whether an endpoint tried had a connection: the request may have left
@@ -352,7 +382,9 @@ class GrpcTransport:
                 self._failed_over_at = self._clock()
             self.preferred = i
             self._unanswered[i] = 0
-            return check_response(_decode(raw))
+            resp = _decode(raw)
+            self._answered(key, resp)
+            return check_response(resp)
         assert last is not None
         raise last
 

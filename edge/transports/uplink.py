@@ -1,7 +1,8 @@
-"""The MQTT transport's window on the uplink: the escalation requests the broker has not
-acknowledged yet, in bytes, and whether one more can reach it before its deadline.
+"""The escalation transports' window on the uplink: the escalation requests the broker (MQTT)
+or the cloud (gRPC) has not acknowledged yet, in bytes, and whether one more can reach it before
+its deadline.
 
-A gRPC call is cancelled at its deadline and its request freed with it. An MQTT request, once
+An MQTT request, once
 handed to paho, is paho's until the broker's PUBACK: over an uplink slower than the escalations
 paho kept up to 100 of them in flight (about 49 MB of 1080p frames), and each new one waited
 behind them all, so nearly every one reached the cloud after its deadline (7 of 120 answered in
@@ -39,7 +40,18 @@ which the escalation takes as it takes a gRPC call's: the policy's ``onCloudUnav
 An idle uplink (nothing unacknowledged) takes any one request, whatever its size or the rate:
 that is also how a rate measured before a stall is measured again. Pure: the clock is injected,
 the caller says when a request was sent and acknowledged, and calls it from one thread.
-Callers: ``edge.transports.mqtt``.
+gRPC (``edge.transports.grpc``): a call is cancelled at its deadline and its request freed
+with it, but HTTP/2 carries the calls side by side on one connection, so over an uplink slower
+than the escalations every call shared the link with those before it and missed its deadline
+too (a convoy: 4 of 20 40 kB escalations answered over a 256 kbit/s link, all in the first 4 s,
+where about 16 fit; ``tests/edge/transports/test_grpc_uplink.py``). Its window acknowledges a
+request when the cloud answers it, at the answer's arrival less the gateway's own time
+(``timing.gateway_ms``: the cloud's time is not the link's), forgets a call that ended without
+an answer, and has neither the **bytes** rule (``cloud.max_in_flight`` bounds its calls) nor the
+**stall** rule (a call waiting in a busy cloud is not a stalled link, and no call outlives its
+deadline).
+
+Callers: ``edge.transports.mqtt``, ``edge.transports.grpc``.
 """
 
 from __future__ import annotations
@@ -73,9 +85,14 @@ class Refused(NamedTuple):
 class UplinkWindow:
     """The escalation requests sent and not acknowledged (module docstring)."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, clock: Callable[[], float] = time.monotonic,
+                 acknowledger: str = "the MQTT broker", refuse_stalled: bool = True) -> None:
         self.max_bytes = int(max_bytes)
         self.clock = clock
+        #: who acknowledges, as the refusals name it
+        self.acknowledger = acknowledger
+        #: whether the **stall** rule applies (not to gRPC: module docstring)
+        self.refuse_stalled = refuse_stalled
         #: key -> (sent at, bytes, sent to an idle uplink), oldest first
         self._held: Dict[Hashable, Tuple[float, int, bool]] = {}
         self.held_bytes = 0
@@ -116,9 +133,9 @@ class UplinkWindow:
                 f"MQTT broker yet; this one's {size} would pass cloud.mqtt.max_in_flight_bytes ({self.max_bytes}): "
                 "the uplink is slower than the escalations, or the broker stopped answering"))
         waited = self.clock() - next(iter(self._held.values()))[0]
-        if waited > timeout_s:
+        if self.refuse_stalled and waited > timeout_s:
             return Refused(status.DEADLINE_EXCEEDED, (
-                f"the MQTT broker has not acknowledged a request sent {waited:.1f} s ago, past this escalation's "
+                f"{self.acknowledger} has not acknowledged a request sent {waited:.1f} s ago, past this escalation's "
                 f"{timeout_s:.2f} s deadline, which would wait behind it: the uplink or the broker is stalled"))
         rate = self.rate()
         if rate is not None and self.queueing():
@@ -126,7 +143,7 @@ class UplinkWindow:
             if due > UPLOAD_SHARE * timeout_s:
                 return Refused(status.DEADLINE_EXCEEDED, (
                     f"the uplink would carry this {size}-byte request too late for its {timeout_s:.2f} s deadline: "
-                    f"{self.held_bytes} bytes are ahead of it and the MQTT broker acknowledges "
+                    f"{self.held_bytes} bytes are ahead of it and {self.acknowledger} acknowledges "
                     f"{rate / 1000.0:.0f} kB/s ({due:.1f} s)"))
         return None
 
