@@ -74,6 +74,9 @@ FAILBACK_S = 10.0
 #: begin at the next endpoint. A gateway answers its own failures, a deadline it cannot meet
 #: included, with a ``DetectResponse``; no answer at all is the gateway's silence.
 UNANSWERED_FAILOVER = 3
+#: seconds a keepalive ping waits for its acknowledgement before the connection is given up
+#: (a half-open link is noticed within ``cloud.keepalive_s`` and this)
+KEEPALIVE_TIMEOUT_S = 10.0
 #: the gRPC window counts no bytes against a cap: ``cloud.max_in_flight`` bounds the calls
 UNBOUNDED_BYTES = 1 << 62
 #: a ``timing.gateway_ms`` longer than this is not believed (the window then takes the answer's
@@ -203,7 +206,13 @@ class GrpcTransport:
         self.metadata: Tuple[Tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self.options = [
             ("grpc.keepalive_time_ms", int(keepalive_s * 1000)),
-            ("grpc.keepalive_timeout_ms", 10000),
+            ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_S * 1000)),
+            # how long a ping waits for its acknowledgement: gRPC's own default is 60 s, and over a
+            # link that stopped forwarding without closing (a NAT mapping lost, a radio link that
+            # hangs) the keepalive_timeout alone did not close the connection: every escalation
+            # waited its deadline on the dead one for a minute after a keepalive ping went out,
+            # also when the link was back
+            ("grpc.http2.ping_timeout_ms", int(KEEPALIVE_TIMEOUT_S * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.enable_retries", 1),

@@ -22,12 +22,58 @@ from typing import Any, Dict, List, Tuple
 
 import cv2
 import numpy as np
+import pytest
 
 from edge.transports import TransportError
 from edge.transports.grpc import GrpcTransport
 from edgewise.v1 import detect_pb2
-from tests.conftest import in_process_cloud_class
+from tests.conftest import free_port, in_process_cloud_class
 from tests.edge.transports.test_mqtt_uplink import ThrottleProxy
+
+
+class BlackHole:
+    """127.0.0.1:``port`` -> ``upstream_port`` on the caller's event loop; ``stop()`` makes the
+    connections open now stop forwarding either way without closing (a NAT mapping lost, a radio
+    link that hangs: the edge's socket stays up, nothing it writes arrives and nothing comes
+    back), for good; connections opened later are forwarded."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = free_port()
+        self.dead: List[Dict[str, bool]] = []
+        self.conns: List[Dict[str, bool]] = []
+        self.writers: List[asyncio.StreamWriter] = []
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
+
+    def stop(self) -> None:
+        for conn in self.conns:
+            conn["dead"] = True
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Dict[str, bool]) -> None:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            if not conn["dead"]:
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        conn = {"dead": False}
+        self.conns.append(conn)
+        self.writers += [writer, up_writer]
+        await asyncio.gather(self._pipe(reader, up_writer, conn), self._pipe(up_reader, writer, conn),
+                             return_exceptions=True)
+
+    async def close(self) -> None:
+        self.server.close()
+        for w in self.writers:
+            w.close()
+        await self.server.wait_closed()
 
 
 def sized_request(seq: int, size: int) -> detect_pb2.DetectRequest:
@@ -98,6 +144,42 @@ def test_a_fast_grpc_link_with_a_long_round_trip_refuses_nothing(tiny_model):
     with in_process_cloud_class()(tiny_model) as cloud:
         got = asyncio.run(escalate_over(cloud.port, 10_000_000, 40000, 20.0, 4, 0.5, 0.3))
     assert got["ok"] == len(got["results"]), got["messages"][:3]
+
+
+def test_a_grpc_link_that_stops_forwarding_without_closing_is_given_up_and_reconnected(tiny_model):
+    """The connection to the gateway stops forwarding both ways without closing (new ones work):
+    with ``keepalive_s`` 5 a keepalive ping goes out within 5 s and is not acknowledged, and the
+    channel connects again within that and ``KEEPALIVE_TIMEOUT_S``, so an escalation is answered
+    again within 25 s. Before, gRPC's ping waited its own 60 s: every escalation for over a
+    minute failed at its deadline on the dead connection."""
+    async def run(port: int) -> float:
+        hole = BlackHole(port)
+        await hole.start()
+        t = GrpcTransport([f"127.0.0.1:{hole.port}"], keepalive_s=5)
+        try:
+            await t.start()
+            await t.detect(sized_request(0, 1000), 5.0)
+            hole.stop()
+            cut = time.monotonic()
+            with pytest.raises(TransportError) as ei:  # in flight on the dead connection: its deadline
+                await t.detect(sized_request(1, 1000), 1.0)
+            assert ei.value.status == detect_pb2.DEADLINE_EXCEEDED
+            seq = 1
+            while time.monotonic() - cut < 40:
+                seq += 1
+                try:
+                    await t.detect(sized_request(seq, 1000), 1.0)
+                    return time.monotonic() - cut
+                except TransportError:
+                    await asyncio.sleep(0.5)
+            return float("inf")
+        finally:
+            await t.close()
+            await hole.close()
+
+    with in_process_cloud_class()(tiny_model) as cloud:
+        back_after = asyncio.run(run(cloud.port))
+    assert back_after < 25, f"answered again {back_after:.1f} s after the link stopped forwarding"
 
 
 if __name__ == "__main__":
