@@ -43,6 +43,7 @@ class BlackHole:
         self.dead: List[Dict[str, bool]] = []
         self.conns: List[Dict[str, bool]] = []
         self.writers: List[asyncio.StreamWriter] = []
+        self.pipes: List[Any] = []
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
@@ -66,13 +67,21 @@ class BlackHole:
         conn = {"dead": False}
         self.conns.append(conn)
         self.writers += [writer, up_writer]
-        await asyncio.gather(self._pipe(reader, up_writer, conn), self._pipe(up_reader, writer, conn),
-                             return_exceptions=True)
+        pipes = asyncio.gather(self._pipe(reader, up_writer, conn), self._pipe(up_reader, writer, conn),
+                               return_exceptions=True)
+        self.pipes.append(pipes)
+        try:
+            await pipes
+        except asyncio.CancelledError:
+            pass  # close(): ends as a finished task (3.11's streams log a cancelled one as an error)
 
     async def close(self) -> None:
         self.server.close()
+        for pipes in self.pipes:
+            pipes.cancel()
         for w in self.writers:
             w.close()
+        await asyncio.sleep(0.05)  # the client tasks end, the closed transports' callbacks run
         await self.server.wait_closed()
 
 
