@@ -240,7 +240,7 @@ class GrpcTransport:
         #: the calls not answered yet, over all endpoints (one uplink): what is refused at once
         #: because it cannot be uploaded by its deadline (module docstring)
         self.window = UplinkWindow(UNBOUNDED_BYTES, acknowledger="the gRPC cloud",
-                                   refuse_stalled=False)
+                                   refuse_stalled=False, idle_bound=True)
         #: the TLS files, followed (None: plaintext); built by ``start``
         self.tls_files: Optional[FollowedFiles[ChannelTls]] = None
         #: old channels, closed by their task once the calls still on them end

@@ -49,7 +49,12 @@ request when the cloud answers it, at the answer's arrival less the gateway's ow
 (``timing.gateway_ms``: the cloud's time is not the link's), forgets a call that ended without
 an answer, and has neither the **bytes** rule (``cloud.max_in_flight`` bounds its calls) nor the
 **stall** rule (a call waiting in a busy cloud is not a stalled link, and no call outlives its
-deadline).
+deadline). Nor does it wait for a rate measured behind another request (``idle_bound``): calls
+that overlap share the link and miss their deadlines together, so none is answered to measure
+one, and 140 kB whole frames over a 512 kbit/s link with a 3 s deadline stayed a convoy (1 of 20
+answered, the link carries about 9); until one is measured, the rate of the requests sent to an
+idle uplink stands for it (their round trip counted as transmission: the link's rate is at least
+that).
 
 Callers: ``edge.transports.mqtt``, ``edge.transports.grpc``.
 """
@@ -86,13 +91,17 @@ class UplinkWindow:
     """The escalation requests sent and not acknowledged (module docstring)."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, clock: Callable[[], float] = time.monotonic,
-                 acknowledger: str = "the MQTT broker", refuse_stalled: bool = True) -> None:
+                 acknowledger: str = "the MQTT broker", refuse_stalled: bool = True,
+                 idle_bound: bool = False) -> None:
         self.max_bytes = int(max_bytes)
         self.clock = clock
         #: who acknowledges, as the refusals name it
         self.acknowledger = acknowledger
         #: whether the **stall** rule applies (not to gRPC: module docstring)
         self.refuse_stalled = refuse_stalled
+        #: whether, without a rate measured, the bytes a second of the requests sent to an idle
+        #: uplink stand for it (gRPC: module docstring)
+        self.idle_bound = idle_bound
         #: key -> (sent at, bytes, sent to an idle uplink), oldest first
         self._held: Dict[Hashable, Tuple[float, int, bool]] = {}
         self.held_bytes = 0
@@ -101,17 +110,26 @@ class UplinkWindow:
         self._samples: Deque[Tuple[float, int, float]] = collections.deque(maxlen=SAMPLES)
         #: seconds from sent to acknowledged of the last requests sent to an idle uplink
         self._floor: Deque[float] = collections.deque(maxlen=FLOOR_SAMPLES)
+        #: (acknowledged at, bytes a second) of the last requests sent to an idle uplink: each a
+        #: rate the link had at least (the round trip counted as transmission time)
+        self._idle_rates: Deque[Tuple[float, float]] = collections.deque(maxlen=FLOOR_SAMPLES)
 
     def __len__(self) -> int:
         return len(self._held)
 
     def rate(self) -> Optional[float]:
-        """Bytes a second the broker acknowledged while the uplink was busy, lately; None without
-        such acknowledgements in the last ``RATE_MEMORY_S``."""
+        """Bytes a second the broker acknowledged while the uplink was busy, lately; without such
+        acknowledgements in the last ``RATE_MEMORY_S``, with ``idle_bound`` the most bytes a second
+        a request sent to an idle uplink was acknowledged at in that time, else None."""
         since = self.clock() - RATE_MEMORY_S
         recent = [(b, s) for at, b, s in self._samples if at >= since]
         seconds = sum(s for _, s in recent)
-        return sum(b for b, _ in recent) / seconds if seconds > 0 else None
+        if seconds > 0:
+            return sum(b for b, _ in recent) / seconds
+        if self.idle_bound:
+            bounds = [r for at, r in self._idle_rates if at >= since]
+            return max(bounds) if bounds else None
+        return None
 
     def queueing(self) -> bool:
         """Whether requests wait on the uplink now (the module docstring); True before a request
@@ -164,6 +182,8 @@ class UplinkWindow:
             took = max(0.0, at - entry[0])
             if entry[2]:
                 self._floor.append(took)
+                if took > 0:
+                    self._idle_rates.append((at, entry[1] / took))
             if self._last_ack is not None and entry[0] < self._last_ack:  # queued behind the last one
                 self._samples.append((at, entry[1], max(0.0, at - self._last_ack)))
         if self._last_ack is None or at > self._last_ack:
