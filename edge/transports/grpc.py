@@ -326,6 +326,10 @@ class GrpcTransport:
         used.until = max(used.until, asyncio.get_running_loop().time() + len(used.stubs) * max(timeout_s, 0.001))
         try:
             return await self._detect(used, request, timeout_s, key)
+        except TransportError as exc:
+            if exc.status == status.DEADLINE_EXCEEDED and exc.sent:
+                self.window.missed(key)  # behind others on the link, or a slow cloud: queueing for a while
+            raise
         finally:
             self.window.keep_only(lambda k: k is not key)  # not answered: what it carried is not known
             used.calls -= 1

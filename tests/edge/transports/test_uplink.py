@@ -1,4 +1,4 @@
-"""The MQTT transport's uplink window (``edge.transports.uplink``), on a hand-driven clock."""
+"""The escalation transports' uplink window (``edge.transports.uplink``), on a hand-driven clock."""
 
 from __future__ import annotations
 
@@ -175,3 +175,55 @@ def test_one_late_acknowledgement_does_not_make_a_link_the_escalations_do_not_fi
         w.sent(("burst", k), 20_000)
     clock.t += 0.1
     assert not w.queueing() and w.refusal(20_000, 0.5) is None
+
+
+def grpc_window() -> Tuple[UplinkWindow, Clock]:
+    """The gRPC transport's window: no byte cap, no stall rule, the idle calls' rate as a bound."""
+    clock = Clock()
+    return UplinkWindow(1 << 62, clock=clock, acknowledger="the gRPC cloud", refuse_stalled=False,
+                        idle_bound=True), clock
+
+
+def test_a_call_that_missed_its_deadline_makes_the_uplink_queueing_for_as_long_again():
+    """140 kB whole frames at 64 kB/s: one sent to an idle uplink answered in 2.25 s (a floor of
+    2.25 s, a bound of 62 kB/s); the next, sent 1 s into the following one, waited less than 1.5
+    times the floor and went, and the two missed their 3 s deadlines together. Before, the call
+    after them was let through as well (no queue seen, no rate measured behind another), and the
+    convoy went on; now a miss counts as queueing for as long as the call took, the bound refuses
+    the call, and once that time is over the uplink is itself again."""
+    w, clock = grpc_window()
+    w.sent("idle", 140_000)
+    clock.t += 2.25
+    w.acknowledged("idle")
+    w.sent("a", 140_000)
+    clock.t += 1.0
+    assert w.refusal(140_000, 3.0) is None  # not seen as queueing: it overlaps
+    w.sent("b", 140_000)
+    clock.t += 2.0
+    w.missed("a")  # at its 3 s deadline
+    assert w.held_bytes == 140_000
+    refused = w.refusal(140_000, 3.0)
+    assert refused is not None and refused.status == status.DEADLINE_EXCEEDED, refused
+    assert "140000 bytes are ahead of it and the gRPC cloud acknowledges 62 kB/s" in refused.message
+    clock.t += 1.0
+    w.missed("b")
+    assert w.refusal(140_000, 3.0) is None  # nothing held: an idle uplink takes one
+    w.sent("c", 140_000)
+    clock.t += 3.05  # past the miss's span (3 s), c not yet waiting 1.5 floors
+    assert w.refusal(140_000, 3.0) is None
+
+
+def test_the_idle_bound_outlives_the_rate_memory_until_another_is_measured():
+    """A convoy answers nothing: the last idle call's rate stands after ``RATE_MEMORY_S``, or the
+    window would let the convoy go on with no rate to refuse by."""
+    w, clock = grpc_window()
+    w.sent("idle", 140_000)
+    clock.t += 2.0
+    w.acknowledged("idle")
+    clock.t += 60
+    assert w.rate() == pytest.approx(70_000)
+    mqtt, mclock = window()
+    mqtt.sent("idle", 140_000)
+    mclock.t += 2.0
+    mqtt.acknowledged("idle")
+    assert mqtt.rate() is None  # the MQTT window waits for a rate measured behind another
