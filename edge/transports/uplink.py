@@ -77,6 +77,9 @@ QUEUE_FACTOR = 1.5
 UPLOAD_SHARE = 0.75
 #: requests sent to an idle uplink whose times give the time without a queue
 FLOOR_SAMPLES = 4
+#: a request that missed its deadline makes the uplink queueing (``UplinkWindow.missed``) when
+#: its own transmission at the rate known takes at least this share of the time it waited
+MISSED_SHARE = 0.5
 #: ``cloud.mqtt.max_in_flight_bytes``' default: 16 1080p frames, 200 crops of 40 kB
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 
@@ -199,8 +202,9 @@ class UplinkWindow:
             self._last_ack = at
 
     def missed(self, key: Hashable) -> None:
-        """``key`` was not acknowledged by its deadline (gRPC: DEADLINE_EXCEEDED): forgotten, and
-        for as long again the uplink counts as queueing. A request whose own transmission takes
+        """``key`` was not acknowledged by its deadline (gRPC: DEADLINE_EXCEEDED): forgotten, and,
+        when its own transmission takes ``MISSED_SHARE`` of that time or more at the rate known
+        (or none is), for as long again the uplink counts as queueing. A request whose own transmission takes
         most of the shortest time one took sent to an idle uplink can wait behind another for
         less than ``QUEUE_FACTOR`` times that, and still miss its deadline: over HTTP/2, which
         carries the calls side by side, each such call slowed the next, and the convoy went on
@@ -209,7 +213,11 @@ class UplinkWindow:
         if entry is not None:
             self.held_bytes -= entry[1]
             now = self.clock()
-            self._missed_until = max(self._missed_until, now + (now - entry[0]))
+            took, rate = now - entry[0], self.rate()
+            # only a request whose own transmission takes much of its deadline: a small one that
+            # missed it waited on a slow cloud (a replay served after the live calls), not the link
+            if rate is None or entry[1] / rate >= MISSED_SHARE * took:
+                self._missed_until = max(self._missed_until, now + took)
 
     def keep_only(self, held: Callable[[Hashable], bool]) -> None:
         """Forget the requests ``held`` says are gone without an acknowledgement (withdrawn at

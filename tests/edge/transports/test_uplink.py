@@ -227,3 +227,20 @@ def test_the_idle_bound_outlives_the_rate_memory_until_another_is_measured():
     mclock.t += 2.0
     mqtt.acknowledged("idle")
     assert mqtt.rate() is None  # the MQTT window waits for a rate measured behind another
+
+
+def test_a_small_call_that_missed_its_deadline_on_a_slow_cloud_leaves_the_uplink_as_it_was():
+    """A fast link with a 300 ms round trip (40 kB answered in 0.3 s sent alone: 133 kB/s at
+    least) and a replay of 40 kB that missed its 10 s deadline in a busy cloud (replays are
+    served after the live calls): its transmission is 0.3 s of 10, not the link's doing, and a
+    live call sent beside another is not refused for the next 10 s."""
+    w, clock = grpc_window()
+    w.sent("idle", 40_000)
+    clock.t += 0.3
+    w.acknowledged("idle")
+    w.sent("replay", 40_000)
+    clock.t += 10.0
+    w.missed("replay")
+    w.sent("live", 40_000)
+    clock.t += 0.05
+    assert w.refusal(40_000, 0.5) is None
