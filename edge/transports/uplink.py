@@ -54,8 +54,10 @@ that overlap share the link and miss their deadlines together, so none is answer
 one, and 140 kB whole frames over a 512 kbit/s link with a 3 s deadline stayed a convoy (1 of 20
 answered, the link carries about 9); until one is measured, the rate of the requests sent to an
 idle uplink stands for it (their round trip counted as transmission: the link's rate is at least
-that), and a call that missed its deadline makes the uplink count as queueing for as long again
-(``missed``).
+that) for as long again as a call that missed its deadline took, which also makes the uplink
+count as queueing (``missed``). Only then: the time a call waits includes the cloud's, and on a
+fast link with a long round trip the idle calls' rate is mostly that round trip, which would
+refuse calls the link carries in time.
 
 Callers: ``edge.transports.mqtt``, ``edge.transports.grpc``.
 """
@@ -103,8 +105,8 @@ class UplinkWindow:
         self.acknowledger = acknowledger
         #: whether the **stall** rule applies (not to gRPC: module docstring)
         self.refuse_stalled = refuse_stalled
-        #: whether, without a rate measured, the bytes a second of the requests sent to an idle
-        #: uplink stand for it (gRPC: module docstring)
+        #: whether, after a miss (``missed``) and without a rate measured, the bytes a second of the
+        #: requests sent to an idle uplink stand for it (gRPC: module docstring)
         self.idle_bound = idle_bound
         #: key -> (sent at, bytes, sent to an idle uplink), oldest first
         self._held: Dict[Hashable, Tuple[float, int, bool]] = {}
@@ -125,20 +127,30 @@ class UplinkWindow:
 
     def rate(self) -> Optional[float]:
         """Bytes a second the broker acknowledged while the uplink was busy, lately; without such
-        acknowledgements in the last ``RATE_MEMORY_S``, with ``idle_bound`` the most bytes a second
-        a request sent to an idle uplink was acknowledged at in that time (the last such, when
-        none was), else None."""
+        acknowledgements in the last ``RATE_MEMORY_S``, with ``idle_bound`` and while a missed
+        request makes the uplink queueing (``missed``), the idle requests' rate
+        (``_idle_rate``), else None."""
+        measured = self._measured()
+        if measured is not None:
+            return measured
+        if self.idle_bound and self.clock() < self._missed_until:
+            return self._idle_rate()
+        return None
+
+    def _measured(self) -> Optional[float]:
         since = self.clock() - RATE_MEMORY_S
         recent = [(b, s) for at, b, s in self._samples if at >= since]
         seconds = sum(s for _, s in recent)
-        if seconds > 0:
-            return sum(b for b, _ in recent) / seconds
-        if self.idle_bound:
-            bounds = [r for at, r in self._idle_rates if at >= since]
-            if not bounds and self._idle_rates:  # a convoy answers none: the last stands until one is
-                bounds = [self._idle_rates[-1][1]]
-            return max(bounds) if bounds else None
-        return None
+        return sum(b for b, _ in recent) / seconds if seconds > 0 else None
+
+    def _idle_rate(self) -> Optional[float]:
+        """The most bytes a second a request sent to an idle uplink was acknowledged at in the last
+        ``RATE_MEMORY_S`` (the last such, when none was: a convoy answers none), or None."""
+        since = self.clock() - RATE_MEMORY_S
+        bounds = [r for at, r in self._idle_rates if at >= since]
+        if not bounds and self._idle_rates:
+            bounds = [self._idle_rates[-1][1]]
+        return max(bounds) if bounds else None
 
     def queueing(self) -> bool:
         """Whether requests wait on the uplink now (the module docstring); True before a request
@@ -213,7 +225,7 @@ class UplinkWindow:
         if entry is not None:
             self.held_bytes -= entry[1]
             now = self.clock()
-            took, rate = now - entry[0], self.rate()
+            took, rate = now - entry[0], self._measured() or (self._idle_rate() if self.idle_bound else None)
             # only a request whose own transmission takes much of its deadline: a small one that
             # missed it waited on a slow cloud (a replay served after the live calls), not the link
             if rate is None or entry[1] / rate >= MISSED_SHARE * took:

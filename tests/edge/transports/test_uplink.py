@@ -214,13 +214,17 @@ def test_a_call_that_missed_its_deadline_makes_the_uplink_queueing_for_as_long_a
 
 
 def test_the_idle_bound_outlives_the_rate_memory_until_another_is_measured():
-    """A convoy answers nothing: the last idle call's rate stands after ``RATE_MEMORY_S``, or the
-    window would let the convoy go on with no rate to refuse by."""
+    """A convoy answers nothing: after a miss, the last idle call's rate stands after
+    ``RATE_MEMORY_S``, or the window would let the convoy go on with no rate to refuse by."""
     w, clock = grpc_window()
     w.sent("idle", 140_000)
     clock.t += 2.0
     w.acknowledged("idle")
     clock.t += 60
+    assert w.rate() is None  # no call missed its deadline: the idle rate stands for nothing
+    w.sent("a", 140_000)
+    clock.t += 3.0
+    w.missed("a")
     assert w.rate() == pytest.approx(70_000)
     mqtt, mclock = window()
     mqtt.sent("idle", 140_000)
