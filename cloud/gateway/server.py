@@ -8,8 +8,10 @@ the one request path both transports use, each with the ``Caller`` it extracted 
 client-certificate names, MQTT topic device). The gRPC methods take and return
 serialized messages (``request_deserializer=None``): the request is read in place
 (``cloud.gateway.envelope``) and its bytes go to the worker as they came, the worker's
-answer back likewise (docs/design/balancing.md#a-lean-hop). SIGTERM: health goes
-NOT_SERVING, new calls are refused, in-flight calls finish within ``shutdown_grace_s``.
+answer back likewise (docs/design/balancing.md#a-lean-hop). SIGTERM (``Gateway.shut_down``):
+health goes NOT_SERVING, calls and connections are still taken for ``shutdown_delay_s`` (a
+second SIGTERM or SIGINT cuts it short), then new calls are refused and in-flight calls on
+both transports finish within ``shutdown_grace_s``.
 
 What clients can hold open is bounded: ``limits.max_concurrent_rpcs`` calls in all (gRPC
 refuses one more with RESOURCE_EXHAUSTED before reading it), with authentication on
@@ -593,10 +595,36 @@ class Gateway:
         if exc is not None:  # e.g. the pool keeps its last known workers; say loudly that updates stopped
             log.error("%s stopped: %r; %s", what, exc, then)
 
-    async def stop(self, grace: float | None = None) -> None:
-        grace = self.settings.shutdown_grace_s if grace is None else grace
+    async def withdraw(self) -> None:
+        """Say NOT_SERVING (the side port's ``/healthz`` 503, the gRPC health service, Watch
+        streams told) while both transports go on serving: readiness probes and balancers take
+        the gateway out of rotation. Nothing can say SERVING again after it."""
         self.serving = False
         await self.health.enter_graceful_shutdown()
+
+    async def shut_down(self, hurry: asyncio.Event | None = None) -> None:
+        """A SIGTERM's stop: :meth:`withdraw`, go on serving for ``shutdown_delay_s`` (or until
+        ``hurry`` is set: a second signal) while Kubernetes takes the pod out of its Service
+        (the EndpointSlice reaches every node's kube-proxy seconds after the signal: an edge
+        that connected meanwhile was refused and spooled), then :meth:`stop`."""
+        await self.withdraw()
+        delay = self.settings.shutdown_delay_s
+        if delay > 0 and not (hurry is not None and hurry.is_set()):
+            log.info("stopping: NOT_SERVING, still serving for %g s (shutdown_delay_s) while load balancers take "
+                     "this gateway out, then draining for up to %g s; a second SIGTERM or SIGINT drains at once",
+                     delay, self.settings.shutdown_grace_s)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for((hurry or asyncio.Event()).wait(), delay)
+            if hurry is not None and hurry.is_set():
+                log.info("second stop signal: the rest of shutdown_delay_s skipped")
+        log.info("shutting down: draining for up to %.1f s", self.settings.shutdown_grace_s)
+        await self.stop()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain at once: new calls refused, in-flight ones (both transports) given ``grace``
+        (``shutdown_grace_s``), then everything closed."""
+        grace = self.settings.shutdown_grace_s if grace is None else grace
+        await self.withdraw()
         # together, one grace for both: one after the other took two (past the pod's
         # terminationGracePeriodSeconds for a grace over 15 s), and the gRPC server took new
         # calls while the bridge drained
@@ -723,7 +751,8 @@ def open_file_room(needed: int) -> int:
 
 async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings] | None = None,
                 announce: bool = True) -> None:
-    """Run a gateway until SIGTERM/SIGINT; SIGHUP re-reads the static worker list and the
+    """Run a gateway until SIGTERM/SIGINT, then stop it (``Gateway.shut_down``: a second signal skips the rest of
+    its ``shutdown_delay_s``); SIGHUP re-reads the static worker list and the
     device tokens (``auth.tokens``, ``auth.tokens_file``; the file is also re-read by itself
     when it changes, ``Gateway.check_tokens_file``)."""
     gw = Gateway(settings)
@@ -731,9 +760,13 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
     if announce:
         print(f"{LISTENING_LINE} port={port} metrics_port={gw.metrics_port}", flush=True)
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()  # the first SIGTERM/SIGINT, a second one
+
+    def on_stop() -> None:
+        (hurry if stop.is_set() else stop).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop)
 
     waiting: list[asyncio.Task[None]] = []  # the SIGHUP reload that has not begun to read yet
     stopping = False
@@ -786,6 +819,5 @@ async def serve(settings: GatewaySettings, reload: Callable[[], GatewaySettings]
     stopping = True
     for task in waiting:  # (one reading goes on to its end: put in force, nothing is lost by it)
         task.cancel()
-    log.info("shutting down: draining for up to %.1f s", settings.shutdown_grace_s)
-    await gw.stop()
+    await gw.shut_down(hurry)
     hangup.ignore_from_now(loop)  # nothing left to reload (edgewise.hangup)

@@ -278,8 +278,15 @@ class GatewaySettings:
                                 "0 = any free port, -1 = off.", 9100, lo=-1, hi=65535)
     load_poll_interval_s: float = setting("How often each worker's Load (capacity, queue, serving) is polled, "
                                           "seconds.", 1.0, lo=0, lo_open=True)
-    shutdown_grace_s: float = setting("On SIGTERM, how long in-flight requests may finish, seconds (the chart gives "
-                                      "the pod this and 15 s to stop).", 10.0, lo=0, hi=3600)
+    shutdown_delay_s: float = setting(
+        "On SIGTERM, how long the gateway says NOT_SERVING (`/healthz` 503, gRPC health) while it still takes "
+        "new connections and calls, seconds, before it drains for `shutdown_grace_s`: Kubernetes takes a "
+        "stopping pod out of its Service a few seconds after the signal, and edges that connect meanwhile would "
+        "be refused. The chart sets 5; 0 (the default: `cloud up`, systemd) drains at once. A second SIGTERM "
+        "or SIGINT ends the wait.", 0.0, lo=0, hi=300)
+    shutdown_grace_s: float = setting("On SIGTERM, how long in-flight requests may finish, seconds, after "
+                                      "`shutdown_delay_s` (the chart gives the pod both and 15 s to stop).",
+                                      10.0, lo=0, hi=3600)
     tls: TlsSettings = setting("Server TLS.", factory=TlsSettings)
     auth: AuthSettings = setting("Per-device bearer tokens.", factory=AuthSettings)
     limits: LimitSettings = setting("Input limits, deadlines, rate limits.", factory=LimitSettings)
