@@ -1360,14 +1360,25 @@ def test_large_integers_render_as_integers(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sets, seconds", [
-    ((), 30),                                                     # the gateway's 10 s + 15, at least 30
-    (("gateway.config.shutdown_grace_s=60",), 75),
-    (("gateway.config.shutdown_grace_s=20.5",), 36),
+    ((), 30),                                                     # the chart's 5 s + the gateway's 10 s + 15
+    (("gateway.config.shutdown_grace_s=60",), 80),
+    (("gateway.config.shutdown_grace_s=20.5",), 41),              # 25.5 s rounded up, + 15
+    (("gateway.config.shutdown_delay_s=0.5", "gateway.config.shutdown_grace_s=20.4"), 36),  # the sum rounded up
+    (("gateway.config.shutdown_delay_s=30",), 55),
+    (("gateway.config.shutdown_delay_s=0",), 30),                 # at least 30
+    (("gateway.config.shutdown_delay_s=null", "gateway.config.shutdown_grace_s=20"), 35),  # the gateway's 0
 ])
-def test_gateway_pod_grace_covers_its_shutdown_grace(sets: tuple, seconds: int) -> None:
+def test_gateway_pod_grace_covers_its_shutdown_delay_and_grace(sets: tuple, seconds: int) -> None:
+    """terminationGracePeriodSeconds is the gateway's ``shutdown_delay_s`` (it still serves while
+    the Service drops the pod) and ``shutdown_grace_s`` (its drain), rounded up, + 15 s, at
+    least 30: below the sum, the kubelet killed the gateway mid-drain."""
     from cloud.gateway.settings import GatewaySettings
 
-    assert GatewaySettings().shutdown_grace_s + 15 <= 30  # the default render's 30 s covers the default
+    chart = yaml.safe_load((CHART / "values.yaml").read_text())["gateway"]["config"]
+    assert chart["shutdown_delay_s"] == 5  # the chart waits for the Service (the gateway's own default: 0)
+    assert GatewaySettings().shutdown_delay_s == 0
+    # the default render's 30 s covers the chart's delay and the gateway's default grace
+    assert chart["shutdown_delay_s"] + GatewaySettings().shutdown_grace_s + 15 <= 30
     spec = named(render(*sets), "Deployment", "gateway")["spec"]["template"]["spec"]
     assert spec["terminationGracePeriodSeconds"] == seconds
 

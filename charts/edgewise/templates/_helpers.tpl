@@ -203,12 +203,15 @@ namespace="{{ .Release.Namespace }}",app_kubernetes_io_instance="{{ .Release.Nam
 {{- end -}}
 
 {{/* Seconds the gateway pod gets to stop (terminationGracePeriodSeconds): its
-     gateway.config.shutdown_grace_s (the gateway's default 10 s when unset), rounded up, plus
-     15 s for the process to exit after draining; never below Kubernetes' default 30 s. */}}
+     gateway.config.shutdown_delay_s (still serving while the Service drops the pod; the
+     gateway's default 0 when unset) and shutdown_grace_s (draining; the gateway's default 10 s
+     when unset), rounded up, plus 15 s for the process to exit after draining; never below
+     Kubernetes' default 30 s. */}}
 {{- define "edgewise.gatewayTerminationGrace" -}}
 {{- $config := .Values.gateway.config | default dict -}}
+{{- $delay := (hasKey $config "shutdown_delay_s") | ternary $config.shutdown_delay_s 0.0 | toString | trim | float64 -}}
 {{- $grace := (hasKey $config "shutdown_grace_s") | ternary $config.shutdown_grace_s 10.0 | toString | trim | float64 -}}
-{{- max 30 (add (ceil $grace | int64) 15) | int64 -}}
+{{- max 30 (add (ceil (addf $delay $grace)) 15) | int64 -}}
 {{- end -}}
 
 {{/* A number value that may be written as text (helm --set passes 1.5 as text): the number
