@@ -21,8 +21,9 @@ import yaml
 
 from tests.charts.helm import helm_test_pod, named, tool
 
-#: gateway.yaml keys the chart sets for a cluster; LocalCloud sets its own (static discovery, ports).
-_CLUSTER_KEYS = ("listen", "metrics_host", "metrics_port", "discovery", "mqtt")
+#: gateway.yaml keys the chart sets for a cluster; LocalCloud sets its own (static discovery, ports),
+#: and has no Service to wait for at a stop (``shutdown_delay_s``: its gateway stops at once).
+_CLUSTER_KEYS = ("listen", "metrics_host", "metrics_port", "discovery", "mqtt", "shutdown_delay_s")
 
 
 class SimCluster:
