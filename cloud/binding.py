@@ -46,7 +46,8 @@ GRPC_INT_MAX = 2**31 - 1
 
 
 def server_options(max_message_bytes: int, max_streams_per_connection: int | None = None,
-                   max_connections: int | None = None) -> list[tuple[str, Any]]:
+                   max_connections: int | None = None,
+                   max_connection_age_s: float | None = None) -> list[tuple[str, Any]]:
     """gRPC options of the gateway's and the workers' servers: message limits, the keepalive
     policy above, one process per port, and, for a server facing many clients (the gateway's
     ``limits.max_streams_per_connection``), the calls one connection may hold open: HTTP/2's
@@ -63,10 +64,16 @@ def server_options(max_message_bytes: int, max_streams_per_connection: int | Non
 
     No ``grpc.max_connection_idle_ms``: an edge keeps one connection open between escalations
     (its keepalive pings, accepted above, keep it alive), and closing it would make the next
-    escalation pay a new TCP and TLS handshake against its deadline. No
-    ``grpc.max_connection_age_ms`` either: the calls a connection holds are bounded here and by
-    the gateway's ``limits.max_concurrent_rpcs``, and a forced reconnect would cost the edges the
-    same handshake."""
+    escalation pay a new TCP and TLS handshake against its deadline. ``max_connection_age_s``
+    (the gateway's ``limits.max_connection_age_s``; None or 0: never): a connection that old
+    is sent GOAWAY, so its client's next call opens a new one, which a Service may send to
+    another gateway replica. A Service spreads connections, not calls, and an edge keeps its
+    connection for good: after a rolling restart every edge sat on the replica restarted last
+    (each moved to the other while its own restarted). Its calls in flight, a long
+    DetectStream included, go on to their end (no ``max_connection_age_grace_ms``: gRPC's is
+    unbounded); the price is one handshake per edge per age, gRPC adding up to 10% jitter so
+    that edges do not reconnect together. The workers leave it unset: a gateway spreads its
+    own calls over them."""
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -83,6 +90,8 @@ def server_options(max_message_bytes: int, max_streams_per_connection: int | Non
         options.append(("grpc.max_concurrent_streams", max_streams_per_connection))
     if max_connections is not None:
         options.append(("grpc.max_allowed_incoming_connections", max_connections))
+    if max_connection_age_s:
+        options.append(("grpc.max_connection_age_ms", int(max_connection_age_s * 1000)))
     return options
 
 _WHAT_TO_DO = ("is the port in use by another process, or the host not an address of this machine? "

@@ -549,7 +549,8 @@ class Gateway:
         creds = self._credentials()  # bad TLS files fail here, before anything is bound
         m = s.limits.max_message_bytes
         self._server = grpc.aio.server(options=server_options(m, s.limits.max_streams_per_connection,
-                                                              s.limits.max_connections),
+                                                              s.limits.max_connections,
+                                                              s.limits.max_connection_age_s),
                                        maximum_concurrent_rpcs=s.limits.max_concurrent_rpcs,
                                        interceptors=(self.interceptor,))
         # no (de)serializers: the methods see the bytes on the wire (cloud.gateway.envelope)

@@ -128,6 +128,12 @@ class LimitSettings:
         "needed to connect) until the pod ran out of memory. The connections open when the bound is reached "
         "keep being served; raise it with the pods' memory limit, or scale the gateways out.",
         4096, lo=1, hi=GRPC_INT_MAX)
+    max_connection_age_s: float = setting(
+        "Seconds after which a client connection is sent GOAWAY, so that its client's next call opens a new "
+        "one (0: never). A Service spreads connections, not calls, and an edge keeps its connection: after a "
+        "rolling restart, or with a replica added, the edges stayed on the replicas they had. Calls in flight, "
+        "DetectStreams included, go on to their end; the price is one TCP (and TLS) handshake per edge per "
+        "age (gRPC adds up to 10% jitter).", 1800.0, lo=0, hi=GRPC_INT_MAX / 1000)
     max_streams_per_connection: int = setting(
         "Most calls open at once on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): a "
         "client's further calls wait on its side until one ends, but of calls a client starts together past "

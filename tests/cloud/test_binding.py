@@ -92,15 +92,51 @@ def test_worker_ports_in_use_name_their_setting(tiny_model):
 def test_server_options_cap_streams_per_connection_only_when_asked():
     """The gateway's server caps the calls one connection holds (HTTP/2 max concurrent streams);
     the workers', which take all of a gateway's requests on one connection, does not; neither
-    closes idle or old connections (an edge keeps its connection between escalations)."""
+    closes idle connections (an edge keeps its connection between escalations), and only the
+    gateway's ends old ones (``limits.max_connection_age_s``), with no grace that would cut a call."""
     from cloud.binding import server_options
 
     capped = dict(server_options(1024, 100))
     assert capped["grpc.max_concurrent_streams"] == 100
     assert "grpc.max_concurrent_streams" not in dict(server_options(1024))
-    for opts in (capped, dict(server_options(1024))):
+    for opts in (capped, dict(server_options(1024)), dict(server_options(1024, 100, 10, 0))):
         assert "grpc.max_connection_idle_ms" not in opts and "grpc.max_connection_age_ms" not in opts
         assert opts["grpc.keepalive_permit_without_calls"] == 1
+    aged = dict(server_options(1024, 100, 10, 1800.0))
+    assert aged["grpc.max_connection_age_ms"] == 1_800_000 and "grpc.max_connection_age_grace_ms" not in aged
+
+
+@pytest.mark.parametrize("age_s", [1.0, 0.0])
+def test_a_gateway_sends_an_old_connection_goaway_so_its_client_reconnects(age_s):
+    """A Service spreads connections, not calls, and an edge kept its connection for good: after a
+    rolling restart of two gateway replicas every edge sat on the one restarted last (found by a
+    probe). With ``limits.max_connection_age_s`` the gateway sends an old connection GOAWAY (the
+    client's channel leaves READY, and its next call connects anew, through the Service); a call
+    still open on it is not cut (a real gateway, a real channel; 0: never)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async def main() -> grpc.ChannelConnectivity:
+        gw = Gateway(settings_for([], **{"discovery.static": ["127.0.0.1:9"], "limits.max_connection_age_s": age_s}))
+        await gw.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+                stub = health_pb2_grpc.HealthStub(ch)
+                watch = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=30)
+                assert (await watch.read()).status  # a long call open on the connection
+                deadline = asyncio.get_running_loop().time() + 4.0
+                while ch.get_state() == grpc.ChannelConnectivity.READY and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.05)
+                state = ch.get_state()
+                assert watch.done() is False or await watch.code() == grpc.StatusCode.OK  # not cut
+                await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)  # a new connection serves
+                watch.cancel()
+                return state
+        finally:
+            await gw.stop(0)
+
+    state = asyncio.run(main())
+    assert (state != grpc.ChannelConnectivity.READY) == (age_s > 0), state
 
 
 @pytest.mark.parametrize("key", ["limits.max_message_bytes", "limits.max_concurrent_rpcs",
