@@ -72,7 +72,7 @@ FAILBACK_S = 10.0
 #: Calls in a row that an endpoint let run out their deadline without an answer (a gateway whose
 #: process or node hangs: its connection stays up, so it is never UNAVAILABLE) after which calls
 #: begin at the next endpoint. A gateway answers its own failures, a deadline it cannot meet
-#: included, with a ``DetectResponse``; no answer at all is the gateway's silence.
+#: included, with a status and its own message (``unanswered``); no answer at all is its silence.
 UNANSWERED_FAILOVER = 3
 #: seconds a keepalive ping waits for its acknowledgement before the connection is given up
 #: (a half-open link is noticed within ``cloud.keepalive_s`` and this)
@@ -167,6 +167,21 @@ async def came_up(channel: Any) -> bool:
         if state == grpc.ChannelConnectivity.SHUTDOWN:  # the transport's close, under the call
             return False
         await asyncio.sleep(READY_POLL_S)
+
+
+#: the details gRPC's own client gives a call whose deadline ran out before any answer came
+CLIENT_DEADLINE_DETAILS = "Deadline Exceeded"
+
+
+def unanswered(exc: Any) -> bool:
+    """Whether a failed call ran out its deadline without an answer (``UNANSWERED_FAILOVER``), not
+    a gateway's DEADLINE_EXCEEDED answer. A gateway ends a unary Detect it cannot answer in time
+    with that status and its own message (``cloud.gateway.server``: a hop that expired on a busy
+    worker, a request whose deadline had passed on arrival, a worker refusing a too-short
+    deadline): counted as silence, a gateway that was slow but answering, or an edge whose clock
+    was behind the gateway's, was failed over from every 3 calls, from one gateway to the next,
+    with a warning that it answered none of them."""
+    return bool(exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and exc.details() in (None, "", CLIENT_DEADLINE_DETAILS))
 
 
 def _decode(raw: Any) -> Any:
@@ -379,8 +394,10 @@ class GrpcTransport:
                 st = status.from_grpc(exc.code(), exc.details())
                 details = printable(exc.details()) if exc.details() else status.name(st)
                 last = TransportError(st, f"{self.endpoints[i]}: {details}", sent=reached)
-                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                if unanswered(exc):
                     self._unheard(i, n)
+                else:  # an answer, if a refusal: the endpoint is not silent
+                    self._unanswered[i] = 0
                 if status.is_retryable(st) and k + 1 < n:
                     held = self._failover_log.allow()
                     if held is not None:

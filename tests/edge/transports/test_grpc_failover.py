@@ -26,8 +26,10 @@ class Gateway:
     """A real gRPC server of the Escalation service that answers OK, or, ``refusing``, answers
     UNAVAILABLE after ``frame_seq * delay_s`` (a gateway going away while calls reach it)."""
 
-    def __init__(self, refusing: bool = False, delay_s: float = 0.0, hung: bool = False) -> None:
+    def __init__(self, refusing: bool = False, delay_s: float = 0.0, hung: bool = False,
+                 late: bool = False) -> None:
         self.refusing = refusing
+        self.late = late  # answers DEADLINE_EXCEEDED at once, as the gateway a request too late for it
         self.hung = hung  # takes every call and never answers (its process stuck, its connection up)
         self.delay_s = delay_s
         self.answered: List[int] = []
@@ -40,6 +42,9 @@ class Gateway:
         self.calls += 1
         if self.hung:
             await asyncio.Event().wait()
+        if self.late:  # cloud.gateway.server's answer to a request whose deadline had passed
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                "the request's deadline had already passed at the gateway: ...")
         if self.refusing:
             await asyncio.sleep(req.frame_seq * self.delay_s)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "gateway is shutting down")
@@ -211,4 +216,27 @@ def test_a_call_still_raises_the_last_endpoints_error_when_every_gateway_refuses
             await t.close()
             await a.stop()
             await b.stop()
+    asyncio.run(run())
+
+
+def test_a_gateway_that_answers_deadline_exceeded_is_not_failed_over_from():
+    """A gateway ends a call it cannot answer in time with DEADLINE_EXCEEDED and its own message
+    (``cloud.gateway.server``: a request whose deadline had passed on arrival, an edge clock
+    behind the gateway's; a hop that expired on a busy worker). Counted as silence, those answers
+    moved the calls to the next gateway every UNANSWERED_FAILOVER calls, with a warning that the
+    first answered none of them; only calls that run out their deadline without an answer count."""
+    async def run():
+        first, second = Gateway(late=True), Gateway()
+        endpoints = [await first.start(), await second.start()]
+        t = GrpcTransport(endpoints)
+        try:
+            for seq in range(3 * UNANSWERED_FAILOVER):
+                with pytest.raises(TransportError) as ei:
+                    await t.detect(request(seq), 2.0)
+                assert ei.value.status == detect_pb2.DEADLINE_EXCEEDED and "already passed" in ei.value.message
+            assert t.preferred == 0 and first.calls == 3 * UNANSWERED_FAILOVER and second.calls == 0
+        finally:
+            await t.close()
+            await first.stop()
+            await second.stop()
     asyncio.run(run())
