@@ -354,12 +354,17 @@ class GrpcTransport:
     def _first(self, used: _Channels) -> int:
         """The endpoint this call begins with: ``preferred``, or, ``FAILBACK_S`` after a fail-over,
         the first earlier endpoint whose connection is up again (the others are asked to connect,
-        in the background: gRPC does not reconnect an idle channel by itself)."""
+        in the background: gRPC does not reconnect an idle channel by itself). That one call tries
+        the way back: the interval starts again, so the calls made until it answers stay on
+        ``preferred`` (all of them went back, and with the earlier gateway still hung each of them
+        ran out its deadline there: about 100 lost per interval at 100 escalations a second)."""
         start = self.preferred
-        if start and self._clock() - self._failed_over_at >= FAILBACK_S:
+        now = self._clock()
+        if start and now - self._failed_over_at >= FAILBACK_S:
             for j in range(start):
                 state = used.channels[j].get_state(try_to_connect=True)
                 if state == grpc.ChannelConnectivity.READY:
+                    self._failed_over_at = now
                     return j
         return start
 

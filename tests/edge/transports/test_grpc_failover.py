@@ -240,3 +240,33 @@ def test_a_gateway_that_answers_deadline_exceeded_is_not_failed_over_from():
             await first.stop()
             await second.stop()
     asyncio.run(run())
+
+
+def test_the_way_back_to_a_hung_gateway_is_tried_by_one_call_not_by_every_call_in_flight():
+    """``FAILBACK_S`` after a fail-over, every call that began before the first of them had its
+    answer went back to the earlier endpoint: with that gateway still hung, all of them ran out
+    their deadline there (an edge escalating 100 a second with a 1 s deadline lost about 100
+    each interval, not the one call the docs say). One call tries the way back; the others stay
+    where the calls go until it answers."""
+    now = [0.0]
+
+    async def run():
+        first, second = Gateway(hung=True), Gateway()
+        endpoints = [await first.start(), await second.start()]
+        t = GrpcTransport(endpoints, clock=lambda: now[0])
+        try:
+            for seq in range(UNANSWERED_FAILOVER):
+                with pytest.raises(TransportError):
+                    await t.detect(request(seq), 0.3)
+            assert t.preferred == 1
+            tried = first.calls
+            now[0] += FAILBACK_S
+            results = await asyncio.gather(*(t.detect(request(seq), 0.3) for seq in range(10, 20)),
+                                           return_exceptions=True)
+            assert first.calls == tried + 1
+            assert sum(isinstance(r, TransportError) for r in results) == 1
+        finally:
+            await t.close()
+            await first.stop()
+            await second.stop()
+    asyncio.run(run())
