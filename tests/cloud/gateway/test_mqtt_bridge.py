@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections import Counter
 
@@ -570,13 +571,14 @@ def _deliver(bridge, reply_topic: str, seq: int, corr: bytes) -> None:
     bridge._on_message(bridge.client, None, msg)
 
 
-def test_a_request_delivered_after_the_unsuback_is_answered_unavailable_not_lost(mosquitto):
-    """stop() unsubscribes, then waits for the requests in flight. A request that reaches paho
-    after stop() has taken its look at them (after the broker's UNSUBACK: a broker's stray
-    delivery, one paho hands over late) was once served with nothing waiting for it, and the
-    bridge disconnected when the others were done, so its answer never went out and the edge
-    learnt nothing until its own deadline. It is answered UNAVAILABLE at once (the edge spools
-    it), and stop() leaves nothing running."""
+def test_a_request_delivered_after_the_drain_is_answered_unavailable_not_lost(mosquitto):
+    """stop() unsubscribes, then serves what comes and waits for the requests in flight. A request
+    that reaches paho after stop() has taken its last look at them (the broker quiet for
+    DRAIN_QUIET_S after its UNSUBACK, or the grace over; a broker's stray delivery, one paho hands
+    over late) was once served with nothing waiting for it, and the bridge disconnected when the
+    others were done, so its answer never went out and the edge learnt nothing until its own
+    deadline. It is answered UNAVAILABLE at once (the edge spools it), and stop() leaves nothing
+    running."""
     async def main():
         w = TestWorker("slow", 1.0, concurrency=4)
         await w.start()
@@ -587,11 +589,14 @@ def test_a_request_delivered_after_the_unsuback_is_answered_unavailable_not_lost
             await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
             await asyncio.to_thread(edge.send, request(seq=1).SerializeToString(), b"early")
             await wait_until(lambda: w.calls == 1, 10, "the first request at the worker")
-            stopping = asyncio.ensure_future(bridge.stop(5))
-            await wait_until(lambda: bridge._closed, 5, "the broker's UNSUBACK")
-            assert not stopping.done()  # waits for the early one
-            await asyncio.to_thread(_deliver, bridge, edge.reply_topic, 3, b"while-waiting")
-            await stopping
+            real_flushed = bridge._flushed
+
+            async def deliver_then_flush() -> None:  # after the last look, before the disconnect
+                assert bridge._closed
+                await asyncio.to_thread(_deliver, bridge, edge.reply_topic, 3, b"while-waiting")
+                await real_flushed()
+            bridge._flushed = deliver_then_flush
+            await bridge.stop(5)
             assert not bridge._pending  # nothing left running after stop()
             await wait_until(lambda: all(c in edge.responses for c in (b"early", b"while-waiting")), 10,
                              "every request answered")
@@ -815,3 +820,48 @@ def test_the_share_group_a_connected_bridge_logs_is_not_the_secret_name(mosquitt
     connected = [m for m in said if "MQTT bridge connected to" in m]
     assert any("$share/<derived from mqtt.password>/edgewise/+/escalate" in m for m in connected), connected
     assert any("$share/<mqtt.group>/edgewise/+/escalate" in m for m in connected), connected
+
+
+def test_requests_the_broker_routed_before_the_unsubscribe_but_delivers_after_its_unsuback_are_served():
+    """A broker routes a request when it takes its PUBLISH; one routed to this bridge but still
+    queued for it (past the broker's in-flight window: Mosquitto's max_inflight_messages, 20 by
+    default) is delivered after the UNSUBACK, as MQTT 5 section 3.10.4 allows ("MAY continue to
+    deliver any existing messages buffered for delivery"). The bridge answered those UNAVAILABLE
+    ("gateway is shutting down") though it was still connected and serving: the edges spooled
+    escalations no other replica would get. A real Mosquitto with an in-flight window of 1 and 20
+    requests routed just before the UNSUBSCRIBE: all are served and stop() waits for them."""
+    from tests.conftest import configured_mosquitto
+
+    async def main(broker):
+        w = TestWorker("w", 0.05, concurrency=8)
+        await w.start()
+        gw = await bridged_gateway(broker, w)
+        bridge = gw.bridge
+        edge = await asyncio.to_thread(Edge, broker.host, broker.port)
+        try:
+            await wait_until(bridge.connected.is_set, 15, "the bridge subscribed")
+            real_unsubscribe = bridge.client.unsubscribe
+            corrs = [f"queued-{i}".encode() for i in range(20)]
+
+            def requests_then_unsubscribe(topic, *args, **kwargs):
+                bridge.client.unsubscribe = real_unsubscribe
+                # paho's thread busy (as under load): it holds the first delivery unacknowledged, so
+                # the broker routes the others to this bridge and queues them behind its window
+                with bridge._lock:
+                    for i, corr in enumerate(corrs):
+                        edge.send(request(seq=10 + i).SerializeToString(), corr)
+                    time.sleep(0.3)
+                    return real_unsubscribe(topic, *args, **kwargs)
+
+            bridge.client.unsubscribe = requests_then_unsubscribe
+            await bridge.stop(10)
+            await wait_until(lambda: all(c in edge.responses for c in corrs), 10, "every request answered")
+            statuses = [detect_pb2.Status.Name(edge.responses[c][0].status) for c in corrs]
+            assert statuses == ["OK"] * len(corrs), statuses
+        finally:
+            edge.close()
+            await gw.stop(1)
+            await w.stop()
+
+    with configured_mosquitto("max_inflight_messages 1") as broker:
+        run(main(broker))
