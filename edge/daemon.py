@@ -210,6 +210,8 @@ class EdgeDaemon:
         # "off" until escalation is built (or without a cloud); a spool that cannot take
         # escalations leaves the daemon working (200), but not whole
         spool = self.escalating.spool_health() if self.escalating else {"state": "off"}
+        # a cloud that failed the last calls: escalations spool or keep their edge result
+        cloud = self.escalating.reach.health() if self.escalating else {"state": "off"}
         # a stream that failed and has not delivered a frame since (a dead or frozen camera):
         # restarting the daemon would not bring it back, so it is degraded, not unhealthy
         down = sorted(c.stream_id for c in self.capturers if c.down)
@@ -217,7 +219,8 @@ class EdgeDaemon:
         failing = sorted(self.sinks.failing) if self.sinks else []
         # the last batch of frames failed in the model (frames dropped, counted inference_error:<type>)
         infer_failing = self.pipeline is not None and self.pipeline.inference_failing
-        whole = spool["state"] in ("ok", "off") and not down and not failing and not infer_failing
+        whole = (spool["state"] in ("ok", "off") and cloud["state"] != "failing" and not down and not failing
+                 and not infer_failing)
         status = (("ok" if whole else "degraded") if ok else "stalled" if stalled
                   else "stopping" if self.stopping else "starting")
         why: Dict[str, Any] = {}
@@ -230,6 +233,7 @@ class EdgeDaemon:
             "status": status,
             **why,
             "spool": spool,
+            "cloud": cloud,
             "streams_down": down,
             "sinks_failing": failing,
             "inference_failing": infer_failing,

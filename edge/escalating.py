@@ -59,6 +59,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from edge.carrying import Carrier
+from edge.cloudreach import CloudReach
 from edge.metrics import EdgeMetrics
 from edge.payloads import Spooled, build_request, detections_json, note_payload, seen_regions
 from edge.records import FrameRecord
@@ -180,6 +181,7 @@ class Escalating:
         self._refused_log = LogThrottle(LOG_INTERVAL_S, burst=LOG_BURST)
         self._replay_failed_log = LogThrottle(LOG_INTERVAL_S, burst=1)
         self._stuck = StuckEntries(replay_interval_s)  # which spooled entries a round steps over
+        self.reach = CloudReach()  # whether the cloud answers, as /healthz shows it
         self._stuck_log = LogThrottle(LOG_INTERVAL_S, burst=1)
         self._unwritten_log = LogThrottle(LOG_INTERVAL_S, burst=1)
         # Answers to replays whose records no durable sink took (a full disk), by idempotency key:
@@ -327,6 +329,16 @@ class Escalating:
     def in_flight(self) -> int:
         return len(self.tasks)
 
+    def _reached(self, exc: TransportError) -> None:
+        """A call to the cloud ended in ``exc``: the cloud's outcome for ``/healthz`` (a refusal for
+        good is an answer; a daemon's own stop is neither)."""
+        if self.shutting_down:
+            return
+        if exc.spoolable:
+            self.reach.failed(printable(str(exc)))
+        else:
+            self.reach.answered()
+
     def spool_health(self) -> Dict[str, str]:
         """The spool as ``/healthz`` reports it: ``ok``; ``damaged`` (the file is malformed:
         nothing is spooled or replayed until it is salvaged, which the spool thread does by
@@ -456,11 +468,13 @@ class Escalating:
             self.on_the_wire.discard(me)
         if failure is not None:
             (self._stuck.unanswered if failure.spoolable else self._stuck.answered)()
+            self._reached(failure)
             await self._fail(req, policy, record, failure)
             return
         rtt = time.monotonic() - t0
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
         self._stuck.answered()
+        self.reach.answered()
         self.replay_now.set()
         try:
             self._write_merged(record, dets, resp, policy.spec.merge, rtt, late=False)
@@ -892,6 +906,7 @@ class Escalating:
         try:
             resp = await transport.detect(req, max(spooled.deadline_ms / 1000.0, self.replay_deadline_s))
         except TransportError as exc:
+            self._reached(exc)
             if exc.spoolable:
                 self.metrics.spool_events.labels("nack").inc()
                 log.debug("replay of %s failed (%s); retrying later", e.key, exc)
@@ -908,6 +923,7 @@ class Escalating:
         rtt = time.monotonic() - t0
         self.metrics.cloud_rtt.labels(transport.name).observe(rtt)
         self._stuck.answered()
+        self.reach.answered()
         return _Answer(spooled, edge, resp, rtt)
 
     def _settle_replay(self, e: SpoolItem, answer: Union[None, bool, _Answer, _Refused]) -> Optional[bool]:

@@ -575,6 +575,37 @@ def test_state_files_are_not_for_other_users_whatever_the_umask(tmp_path, tiny_m
     assert not loose, loose
 
 
+def test_healthz_says_a_cloud_that_fails_every_escalation_and_its_return(tmp_path, tiny_model, real_cloud):
+    """A cloud outage left /healthz "ok" (escalations spooled, as designed): `edge health` and a
+    fleet's dashboards saw nothing. Now, once the calls to the cloud fail in a row, it is degraded
+    (200: a restart would not bring the cloud back) with the cloud's state, how long, and the last
+    failure's words; the cloud's first answer ends it."""
+    from edge.cloudreach import FAILING_AFTER
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml("all", {"s": "always"}, deadline_ms=2000))
+    real_cloud.stop_worker(0)  # the real gateway, no worker up: UNAVAILABLE
+    d = _daemon(tmp_path, tiny_model, [{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
+                policy_file=str(policy), cloud={"endpoints": [real_cloud.address]},
+                sinks={"jsonl": str(tmp_path / "out.jsonl")})
+
+    async def run():
+        task = asyncio.ensure_future(d.run())
+        await async_wait_until(lambda: d.started and d.health()[1]["cloud"]["state"] == "failing", 60,
+                               "the cloud failing")
+        ok, doc = d.health()
+        assert ok and doc["status"] == "degraded", doc
+        assert doc["cloud"]["failed_in_a_row"] >= FAILING_AFTER and doc["cloud"]["last_answer_s_ago"] is None
+        assert doc["cloud"]["last_error"].startswith("UNAVAILABLE: "), doc
+        real_cloud.start_worker(0)
+        await async_wait_until(lambda: d.health()[1]["cloud"]["state"] == "answering", 60, "the cloud answering")
+        assert d.health()[1]["status"] == "ok", d.health()
+        d.request_stop()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(run())
+
+
 def test_healthz_is_degraded_while_a_sink_cannot_take_records(tmp_path, tiny_model, small_fs):
     """A durable sink that fails (its disk full: the records wait in memory, and are lost beyond
     16 MiB or at exit) left /healthz "ok". Now it is degraded and names the sink until the sink
