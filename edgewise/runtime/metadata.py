@@ -463,6 +463,12 @@ def _info_from_graph(
                          "end-to-end export does (YOLOv7's export.py --end2end, a TensorRT EfficientNMS plugin); "
                          "edgewise needs the raw head (an output [B,N,5+nc]) and runs NMS itself: export without NMS "
                          "(YOLOv5: python export.py --weights W.pt --include onnx)")
+    protos = [o for o in graph.output[1:] if len(_dims(o)) == 4]
+    if protos:  # mask coefficients ride in the head's columns: their 32 columns were read as 32 classes
+        raise ModelError(f"{p}: output {protos[0].name!r} {_shape_str(_dims(protos[0]))} holds mask prototypes: this "
+                         "is a segmentation export (YOLOv5-seg, YOLOv8-seg), whose head carries mask coefficients "
+                         "edgewise would read as classes; edgewise runs detection models: export the detection "
+                         "weights (YOLOv5: python export.py --weights yolov5s.pt --include onnx)")
     out = graph.output[0]
     if out.type.tensor_type.elem_type not in _OUTPUT_TYPES:
         raise ModelError(f"{p}: first output {out.name!r} has ONNX type {out.type.tensor_type.elem_type}, not "
@@ -541,7 +547,8 @@ def _info_from_graph(
         if override is not None and override != imgsz:
             raise ModelError(
                 f"{p}: imgsz {override[0]}x{override[1]} was asked for but the model's input is "
-                f"fixed at {imgsz[0]}x{imgsz[1]}; drop the imgsz setting or export with --dynamic"
+                f"fixed at {imgsz[0]}x{imgsz[1]}; leave imgsz out (the setting model.imgsz, or the command's --imgsz) "
+                "or export with --dynamic"
             )
     elif override is not None:
         imgsz, imgsz_source = override, "override"

@@ -502,3 +502,21 @@ def test_an_end_to_end_export_with_nms_built_in_is_named_as_such(tmp_path, op, d
     said = one_line(e)
     assert f"end2end.onnx: the graph runs its own non-maximum suppression ({op})" in said, said
     assert "export without NMS" in said and "rank" not in said
+
+
+@pytest.mark.parametrize("meta", [{}, {"names": N3}])
+def test_a_segmentation_export_is_named_as_such(tmp_path, meta):
+    """A YOLOv5-seg export (output0 [1,N,5+nc+32] with 32 mask coefficients, output1 [1,32,H/4,W/4]
+    the mask prototypes) without names loaded as a detector of nc+32 classes (112 for COCO: the mask
+    coefficients read as class scores; found by a probe), and with names was refused as a head
+    whose columns do not match. Now it is named a segmentation export, with what to export instead."""
+    p = const_model(tmp_path / "seg.onnx", head(P5_ROWS, 8 + 32), meta=meta)
+    m = onnx.load(str(p))
+    m.graph.node.append(onnx.helper.make_node("Identity", ["C"], ["output1"]))
+    m.graph.output.append(onnx.helper.make_tensor_value_info("output1", TensorProto.FLOAT, [1, 32, S // 4, S // 4]))
+    onnx.save(m, str(p))
+    with pytest.raises(ModelError) as e:
+        load_model_info(p)
+    said = one_line(e)
+    assert "seg.onnx: output 'output1' [1,32,16,16] holds mask prototypes: this is a segmentation export" in said, said
+    assert "export the detection weights" in said
