@@ -167,8 +167,12 @@ class DemoConfig:
         few = frames_problem(self.frames)
         if few:
             raise ConfigError(few)
-        if self.streams < 1 or self.fps <= 0 or self.workers < 1 or self.score_frames < 0:
-            raise ConfigError("demo needs >= 1 stream, fps > 0, >= 1 worker and >= 0 scored frames")
+        for name, value, ok, need in (("--streams", self.streams, self.streams >= 1, ">= 1"),
+                                      ("--fps", self.fps, self.fps > 0, "> 0"),
+                                      ("--workers", self.workers, self.workers >= 1, ">= 1"),
+                                      ("score_frames", self.score_frames, self.score_frames >= 0, ">= 0")):
+            if not ok:  # the one that is wrong, as the command line names it
+                raise ConfigError(f"demo {name} {value}: must be {need}")
 
 
 #: fewest frames per stream a demo runs (fewer leave nothing to escalate, answer and report)

@@ -103,6 +103,19 @@ def test_too_few_frames_are_one_rule_with_one_message(tiny_model, small_model) -
         DemoConfig(edge_model=tiny_model, cloud_model=small_model, frames=9).validate()
 
 
+@pytest.mark.parametrize("field, value, said", [("streams", 0, "demo --streams 0: must be >= 1"),
+                                                ("workers", 0, "demo --workers 0: must be >= 1"),
+                                                ("fps", -1.0, "demo --fps -1.0: must be > 0")])
+def test_a_count_out_of_range_is_named_alone(tiny_model, small_model, field, value, said) -> None:
+    """``--streams 0`` was refused as "demo needs >= 1 stream, fps > 0, >= 1 worker and >= 0
+    scored frames": four rules for the one flag that was wrong."""
+    from edgewise.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        DemoConfig(edge_model=tiny_model, cloud_model=small_model, **{field: value}).validate()
+    assert str(e.value) == said
+
+
 def test_a_policy_or_model_that_cannot_be_read_is_refused_before_anything_starts(
         tmp_path, tiny_model, capsys, monkeypatch) -> None:
     """A policy that is not UTF-8 was a traceback (the demo's own copy of it); a damaged edge model
