@@ -63,6 +63,9 @@ Things paho does not do, each of which would otherwise keep a connection down fo
   reconnected again until the process restarted. ``Client``'s network thread logs it, ends
   the connection as lost (``on_disconnect``: what waits on it learns so) and goes on, paho
   reconnecting with its own backoff, until ``loop_stop`` or a ``disconnect()``.
+* paho's network loop waits with ``select()``, which refuses a descriptor of 1024 or more: a
+  socket opened past 1023 (many connections open in the process) lost every connection at
+  once, quietly. ``edgewise.mqtt_poll`` has it wait with ``poll()``.
 * paho closes the socket pair ``loop_start`` makes (what wakes its thread for a publish) only
   in its ``__del__``. A connection and its client hold each other (its callbacks), so the
   garbage collector frees them together, and it may finalize the sockets before the client:
@@ -84,12 +87,13 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edgewise import mqtt_properties
+from edgewise import mqtt_poll, mqtt_properties
 from edgewise.mqtt_sessions import STOP_FLUSH_S
 from edgewise.observability import LogThrottle
 
 log = logging.getLogger("edgewise.mqtt")
 mqtt_properties.install()  # paho's property reader takes time in the square of their number
+mqtt_poll.install()  # paho's loop waits with select(), which refuses a descriptor past 1023
 
 #: packet identifiers MQTT has (1..65535)
 MAX_MID = 65535

@@ -259,3 +259,51 @@ def test_a_stop_closes_the_wake_up_socket_pair_of_the_network_thread(mosquitto) 
     assert [end.fileno() for end in pair] == [-1, -1]  # closed
     assert conn.client._sockpairR is None and conn.client._sockpairW is None
     conn.client.publish("edgewise/cam-1/escalate", b"after the stop", qos=1)  # queued, no OSError
+
+
+def test_a_connection_whose_socket_is_descriptor_1024_or_more_works(mosquitto) -> None:
+    """paho's network loop waits with select(), which refuses a descriptor of 1024 or more
+    (FD_SETSIZE): a gateway that raised its open-file limit for a fleet's connections, or an
+    edge with many streams, whose MQTT socket was opened past 1023 (a reconnect while many are
+    open) had every attempt end as a lost connection at once, quietly, forever (found by a
+    probe). The loop now waits with poll(); a real Mosquitto, a socket past 1023."""
+    import os
+    import resource
+
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from edgewise.mqtt_client import Client
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1100
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            import pytest
+
+            pytest.skip(f"the open-file limit ({hard}) leaves no descriptor past 1023 to use")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    fillers = []
+    got: List[bytes] = []
+    client = Client(CallbackAPIVersion.VERSION2, client_id="past-1023", protocol=mqtt.MQTTv5)
+    client.reconnect_delay_set(0.1, 0.5)
+    try:
+        while not fillers or fillers[-1] < 1030:  # what the fleet's connections hold
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        subscribed: List[int] = []
+        client.on_connect = lambda c, *_a: c.subscribe("t/#", qos=1)
+        client.on_subscribe = lambda *_a: subscribed.append(1)
+        client.on_message = lambda _c, _u, msg: got.append(bytes(msg.payload))
+        client.connect("127.0.0.1", mosquitto.port)
+        assert client.socket().fileno() >= 1024
+        client.loop_start()
+        wait_until(lambda: subscribed, 10, "the subscription over a socket past descriptor 1023")
+        client.publish("t/a", b"hello", qos=0).wait_for_publish(5)  # (QoS 1 waits for on_connack: the connections call it)
+        wait_until(lambda: got, 10, "the message back")
+        assert got == [b"hello"]
+    finally:
+        client.disconnect()
+        client.loop_stop()
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
