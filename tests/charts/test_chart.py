@@ -1157,6 +1157,21 @@ def test_gateway_mqtt_settings_survive_the_bridge(tmp_path: Path) -> None:
     assert settings.mqtt.keepalive_s == 45 and settings.mqtt.response_pattern() == "replies/{device}/#"
 
 
+def test_gateway_auth_settings_survive_the_tokens_secret(tmp_path: Path) -> None:
+    """gateway.config.auth keys are merged with the tokens file gateway.tokensSecret mounts (which wins):
+    auth.tokens_poll_s was dropped without a word when a tokens Secret was named, and the gateway polled
+    every 5 s (its default) instead of the value given."""
+    from cloud.gateway.settings import load_settings
+
+    docs = render("gateway.tokensSecret=tokens", "helmTest.tokenSecret=test-token",
+                  "gateway.config.auth.tokens_poll_s=30", "gateway.config.auth.tokens_file=/elsewhere.yaml")
+    auth = _gateway_config(docs)["auth"]
+    assert auth == {"tokens_file": "/etc/edgewise/auth/tokens.yaml", "tokens_poll_s": 30}
+    path = tmp_path / "gateway.yaml"
+    path.write_text(named(docs, "ConfigMap", "gateway")["data"]["gateway.yaml"])
+    assert load_settings(path, env={}).auth.tokens_poll_s == 30.0
+
+
 @pytest.mark.parametrize("bad", ["gateway-inline-tokens", "gateway-inline-mqtt-password"])
 def test_inline_secrets_stay_out_of_the_configmap(bad: str) -> None:
     out = subprocess.run([helm(), "template", "rel", str(CHART), "-f", str(BAD / f"{bad}.yaml")],
