@@ -460,7 +460,7 @@ def _validate_streams(streams: List[StreamSettings]) -> None:
             raise Invalid(f"{p}.fps", f"{st.fps:g} frames/s is less than one frame a day ({MIN_FPS:.3g}); "
                                       "give 0 for no cap")
         if st.reconnect_min_s > st.reconnect_max_s:
-            raise Invalid(f"{p}.reconnect_min_s", "must be <= reconnect_max_s")
+            raise Invalid(f"{p}.reconnect_min_s", "must be <= reconnect_max_s", also=(f"{p}.reconnect_max_s",))
         if st.kind in LIVE_KINDS:
             _check_live(p, st)
 
@@ -515,7 +515,7 @@ def _validate_cloud(c: CloudSettings) -> None:
     if c.mqtt.host and is_placeholder(c.mqtt.host):
         raise Invalid("cloud.mqtt.host", _placeholder(repr(c.mqtt.host)).replace("gateway", "broker"))
     if bool(c.tls_cert) != bool(c.tls_key):
-        raise Invalid("cloud.tls_cert", "tls_cert and tls_key must be given together")
+        raise Invalid("cloud.tls_cert", "tls_cert and tls_key must be given together", also=("cloud.tls_key",))
     token_bad = bearer_token_problem(c.token) if c.token else None
     if token_bad:
         raise Invalid("cloud.token", token_bad)

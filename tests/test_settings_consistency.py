@@ -169,6 +169,30 @@ def test_the_metrics_port_flag_reads_alike_in_every_command(tmp_path: Path, name
     _check("int", _outcome(lambda: settings_from_args(args, schema, env={})), key, "--metrics-port: ", expected)
 
 
+#: A rule between two keys of each process, broken by the second key alone, given by a flag or variable
+#: over the process's base file (which sets neither): (extra argv, env, the message's start).
+PAIR_RULES = {
+    "edge": ((), {"EDGEWISE_EDGE__CLOUD__TLS_KEY": "/k.pem"},
+             "EDGEWISE_EDGE__CLOUD__TLS_KEY: cloud.tls_cert: tls_cert and tls_key must be given together"),
+    "gateway": (("--listen", "0.0.0.0:9100"), {}, "--listen: metrics_port: 9100 is also the port of listen"),
+    "worker": (("--port", "9101"), {}, "--port: metrics_port: 9101 is also the gRPC port"),
+    "autoscaler": (("--min", "16"), {}, "--min: max_replicas: need min_replicas <= max_replicas"),
+}
+
+
+@pytest.mark.parametrize("name", PROCESSES)
+def test_a_rule_between_keys_names_the_flag_or_variable_that_broke_it(tmp_path: Path, name: str) -> None:
+    """``edgewise cloud autoscaler --config a.yaml --min 16`` said ``a.yaml: max_replicas: need
+    min_replicas <= max_replicas``: the file, which sets neither, not the flag just typed."""
+    proc = PROCESSES[name]
+    extra, env, start = PAIR_RULES[name]
+    base = tmp_path / "base.yaml"
+    base.write_text(proc.base)
+    args = build_parser().parse_args([*proc.argv, "--config", str(base), *extra])
+    status, msg = _outcome(lambda: settings_from_args(args, _module(name).SCHEMA, env=env))
+    assert status == "error" and msg.startswith(start), msg
+
+
 def test_every_process_has_the_same_command_line_conventions() -> None:
     parser = build_parser()
     for proc in PROCESSES.values():

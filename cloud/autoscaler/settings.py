@@ -154,7 +154,7 @@ def validate(s: AutoscalerSettings) -> None:
             raise Invalid(f"gateway_urls[{i}]", f"{url!r} {problem} (example: http://gateway:9100)")
     if s.max_replicas < s.min_replicas:
         raise Invalid("max_replicas", f"need min_replicas <= max_replicas, got min={s.min_replicas} "
-                                      f"max={s.max_replicas}")
+                                      f"max={s.max_replicas}", also=("min_replicas",))
     k = s.kubernetes
     for name in ("namespace", "deployment"):
         if not _k8s_name(getattr(k, name)):

@@ -393,14 +393,16 @@ def validate(s: GatewaySettings) -> None:
         raise Invalid("listen", str(e).removeprefix("listen: ")) from None
     if port and port == s.metrics_port:
         raise Invalid("metrics_port", f"{s.metrics_port} is also the port of listen ({s.listen}); give each its "
-                                      "own port")
+                                      "own port", also=("listen",))
     s.balancer.validate()
     if s.limits.max_image_bytes > s.limits.max_message_bytes:
-        raise Invalid("limits.max_image_bytes", "must be at most limits.max_message_bytes")
+        raise Invalid("limits.max_image_bytes", "must be at most limits.max_message_bytes",
+                      also=("limits.max_message_bytes",))
     if s.mqtt.reconnect_min_s > s.mqtt.reconnect_max_s:
-        raise Invalid("mqtt.reconnect_min_s", "must be at most mqtt.reconnect_max_s")
+        raise Invalid("mqtt.reconnect_min_s", "must be at most mqtt.reconnect_max_s", also=("mqtt.reconnect_max_s",))
     if s.limits.default_deadline_s > s.limits.max_deadline_s:
-        raise Invalid("limits.default_deadline_s", "must be at most limits.max_deadline_s")
+        raise Invalid("limits.default_deadline_s", "must be at most limits.max_deadline_s",
+                      also=("limits.max_deadline_s",))
     if s.discovery.kind == "static" and not s.discovery.static:
         raise Invalid("discovery.static", "list at least one worker 'host:port[=weight]' (or use --worker)")
     if s.discovery.kind == "static":

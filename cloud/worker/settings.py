@@ -139,9 +139,11 @@ def validate(s: WorkerSettings) -> None:
         raise Invalid("batching.max_queue_size", f"{b.max_queue_size} is less than batching.max_batch_size "
                                                  f"{b.max_batch_size}: a batch is formed from the requests waiting, "
                                                  f"so none could exceed {b.max_queue_size}; give a queue of at least "
-                                                 f"{b.max_batch_size}, or a smaller max_batch_size")
+                                                 f"{b.max_batch_size}, or a smaller max_batch_size",
+                      also=("batching.max_batch_size",))
     if s.port and s.port == s.metrics_port:
-        raise Invalid("metrics_port", f"{s.metrics_port} is also the gRPC port; give each its own port")
+        raise Invalid("metrics_port", f"{s.metrics_port} is also the gRPC port; give each its own port",
+                      also=("port",))
     if 0 < s.native_max_side < NATIVE_MIN_SIDE:  # every image shrunk to a few pixels: answers, all empty
         raise Invalid("native_max_side", f"{s.native_max_side} leaves nothing to detect; give 0 (never scale "
                                          f"down) or at least {NATIVE_MIN_SIDE} (the largest stride of YOLOv5 P6 "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import MISSING, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from edgewise.errors import ConfigError
 from edgewise.fieldrules import allowed_text, range_problem, show, suggest
@@ -166,14 +166,19 @@ class Invalid(ConfigError):
     """A settings value that breaks a rule, with the key path it is at (``limits.max_deadline_s``).
 
     Cross-field validation raises it; the loader replaces the path prefix with where
-    the value came from (``file:line``, the environment variable, the flag).
+    the value came from (``file:line``, the environment variable, the flag). A rule
+    between keys names the others it reads in ``also`` (``limits.max_message_bytes`` for
+    ``limits.max_image_bytes``): the loader then names the latest source that set any of
+    them, the one the operator just changed (``--min 16`` against the default
+    ``max_replicas``), not a file that sets neither.
     """
 
-    def __init__(self, path: str, problem: str, allowed: str = "") -> None:
+    def __init__(self, path: str, problem: str, allowed: str = "", also: Sequence[str] = ()) -> None:
         super().__init__(f"{path}: {problem}" + (f"; allowed: {allowed}" if allowed else ""))
         self.path = path
         self.problem = problem
         self.allowed = allowed
+        self.also = tuple(also)
 
 
 def check(obj: Any, path: str = "") -> None:

@@ -15,7 +15,9 @@ A process declares its settings once, as a :class:`Schema`: the root dataclass
    [1, 65535]``, ``EDGEWISE_GATEWAY__BALANCR__MODE: balancr: unknown key (did you mean
    EDGEWISE_GATEWAY__BALANCER__MODE?)``, ``--port: 'x' is not an integer``;
 4. runs ``validate``, whose :class:`~edgewise.settings.fields.Invalid` path is
-   mapped back to where that value was set.
+   mapped back to where that value was set; a rule between keys, to the latest layer
+   that set any key it reads (``--min: max_replicas: need min_replicas <=
+   max_replicas``, not the file, which set neither).
 """
 
 from __future__ import annotations
@@ -133,7 +135,8 @@ class Schema(Generic[T]):
             try:
                 self.validate(settings)
             except Invalid as exc:
-                raise _blame(exc, tree, Source(label)) from None
+                rank = {ov.src: i for i, ov in enumerate(layers, 1)}  # later layers win; the file is 0
+                raise _blame(exc, tree, Source(label), rank) from None
         return settings
 
     def _apply(self, tree: Val, ov: Override, default: Any) -> None:
@@ -180,12 +183,24 @@ class Schema(Generic[T]):
         return fail(ov.src, done + [part], f"unknown key{hint}", " | ".join(options))
 
 
-def _blame(exc: Invalid, tree: Val, default: Source) -> ConfigError:
-    """``exc`` (a key path and a problem) prefixed with where that key was last set."""
-    parts = [p for p in re.split(r"[.\[\]]+", exc.path) if p]
-    found = lookup(tree, parts)
-    src = found.key_src if found is not None and found is not tree else default
+def _blame(exc: Invalid, tree: Val, default: Source, rank: Mapping[Source, int]) -> ConfigError:
+    """``exc`` (a key path and a problem) prefixed with where that key was last set: of the
+    keys its rule reads (``exc.path`` and ``exc.also``), the one set by the latest layer (the
+    rule's own key on a tie); none of them set, the deepest section around ``exc.path``."""
+    parts = _parts(exc.path)
+    found_all = (lookup(tree, _parts(key), exact=True) for key in (exc.path, *exc.also))
+    set_here = [v for v in found_all if v is not None and v is not tree]
+    if set_here:
+        src = max(set_here, key=lambda v: rank.get(v.key_src, 0)).key_src
+    else:
+        found = lookup(tree, parts)
+        src = found.key_src if found is not None and found is not tree else default
     return fail(src, [int(p) if ascii_digits(p) else p for p in parts], exc.problem, exc.allowed)
+
+
+def _parts(path: str) -> List[str]:
+    """``streams[0].fps`` -> ``["streams", "0", "fps"]``."""
+    return [p for p in re.split(r"[.\[\]]+", path) if p]
 
 
 @functools.lru_cache(maxsize=None)

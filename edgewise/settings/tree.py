@@ -204,8 +204,9 @@ def plain(val: Val) -> Any:
     return val.data
 
 
-def lookup(root: Val, parts: Sequence[str]) -> Optional[Val]:
-    """The deepest :class:`Val` along ``parts`` (list indices as digits)."""
+def lookup(root: Val, parts: Sequence[str], exact: bool = False) -> Optional[Val]:
+    """The deepest :class:`Val` along ``parts`` (list indices as digits); ``exact``: the one
+    at ``parts`` itself, or None where it was not set."""
     node: Optional[Val] = root
     for p in parts:
         data = node.data if node is not None else None
@@ -214,6 +215,6 @@ def lookup(root: Val, parts: Sequence[str]) -> Optional[Val]:
         elif isinstance(data, list) and ascii_digits(p) and int(p) < len(data):
             nxt = data[int(p)]
         else:
-            return node
+            return None if exact else node
         node = nxt
     return node

@@ -50,7 +50,7 @@ class Root:
 
 def validate(r: Root) -> None:
     if r.net.tls and r.net.port == 80:
-        raise Invalid("net.port", "must not be 80 with tls")
+        raise Invalid("net.port", "must not be 80 with tls", also=("net.tls",))
     if len({i.name for i in r.items}) != len(r.items):
         raise Invalid(f"items[{len(r.items) - 1}].name", "duplicate item name")
 

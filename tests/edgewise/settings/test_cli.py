@@ -25,6 +25,28 @@ def test_flags_beat_set_beat_environment_beat_file(schema, yaml_file):
     assert settings_from_args(args, schema, env={"EDGEWISE_TEST__NET__PORT": "4"}).net.port == 2
 
 
+@pytest.mark.parametrize("text, env, flags, source", [
+    # the rule's other key set over a file that sets neither: the file was named, the flag
+    # or variable the operator had just given was not (`--min 16` against the default max_replicas)
+    ("net:\n  host: h\n", {"EDGEWISE_TEST__NET__TLS": "1"}, [], "EDGEWISE_TEST__NET__TLS"),
+    ("net:\n  host: h\n", {}, ["--tls"], "--tls"),
+    # the rule's own key in the file, the other one later: the later one is what changed
+    ("net:\n  port: 80\n", {"EDGEWISE_TEST__NET__TLS": "1"}, [], "EDGEWISE_TEST__NET__TLS"),
+    ("net:\n  tls: true\n", {"EDGEWISE_TEST__NET__PORT": "80"}, [], "EDGEWISE_TEST__NET__PORT: "),
+    ("net:\n  tls: true\n", {"EDGEWISE_TEST__NET__PORT": "80"}, ["--tls"], "--tls"),
+    ("net:\n  port: 80\n  tls: true\n", {}, [], "s.yaml:2"),  # both in the file: the rule's own key
+])
+def test_a_rule_between_keys_names_the_latest_source_of_either(schema, yaml_file, text, env, flags, source):
+    cfg = yaml_file(text)
+    args = _parser(schema).parse_args(["--config", str(cfg), *flags])
+    with pytest.raises(ConfigError) as ei:
+        settings_from_args(args, schema, env=env)
+    where = f"{cfg.parent}/{source}" if source.startswith("s.yaml") else source
+    # (the key path is left out where the source set exactly it)
+    rest = "must not be 80 with tls" if source.endswith(": ") else ": net.port: must not be 80 with tls"
+    assert str(ei.value) == where + rest
+
+
 def test_switches_and_implied_keys(schema):
     r = settings_from_args(_parser(schema).parse_args(["--https"]), schema, env={})
     assert r.net.tls and r.net.port == 443

@@ -114,7 +114,7 @@ def test_numbers_given_as_text_take_no_underscores(schema, yaml_file):
     ("name: [a]\n", "s.yaml:1: name: expected a single value, got a list; allowed: a string"),
     ("items:\n  - weight: 2\n", "s.yaml:2: items[0].name: required key is missing"),
     ("items:\n  - name: a\n  - name: a\n", "s.yaml:3: items[1].name: duplicate item name"),
-    ("net:\n  tls: true\n", "s.yaml:1: net.port: must not be 80 with tls"),
+    ("net:\n  tls: true\n", "s.yaml:2: net.port: must not be 80 with tls"),  # the line of what the rule read
     ("net: {port: 1}\nnet: {port: 2}\n", "s.yaml:2: net: duplicate key (first defined on line 1)"),
     ("1: a\n", "s.yaml:1: keys must be strings, got 1"),
     ("- a\n", "s.yaml:1: the top level must be a mapping of test settings"),
