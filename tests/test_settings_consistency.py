@@ -155,6 +155,29 @@ def test_a_misspelled_key_is_refused_alike_everywhere(tmp_path: Path, name: str)
 
 
 @pytest.mark.parametrize("name", PROCESSES)
+def test_a_misspelled_process_word_is_refused_and_the_other_processes_variables_ignored(
+        tmp_path: Path, name: str) -> None:
+    """``EDGEWISE_GATWAY__METRICS_PORT=19302`` was ignored without a word: the gateway served its
+    metrics on the file's port. Variables of the other processes (a shared environment) stay ignored."""
+    mod = _module(name)
+    key = PROCESSES[name].fields["int"]
+    assert key is not None
+    base = tmp_path / "base.yaml"
+    base.write_text(PROCESSES[name].base)
+    env = mod.SCHEMA.env_name(key)
+    word = mod.SCHEMA.process.upper()
+    for typo in (word[:-1], word[:1] + word[2:], word + "S"):  # a letter left out, one more
+        wrong = env.replace(f"EDGEWISE_{word}__", f"EDGEWISE_{typo}__", 1)
+        status, msg = _outcome(lambda: mod.load_settings(base, (), {wrong: "3"}))
+        assert status == "error" and msg.startswith(f"{wrong}: not a settings variable; "), msg
+        assert msg.endswith(f"(did you mean {env}?)"), msg
+    others = {_module(o).SCHEMA.env_name(PROCESSES[o].fields["int"] or "metrics_port"): "3"
+              for o in PROCESSES if o != name}
+    status, _settings = _outcome(lambda: mod.load_settings(base, (), others))
+    assert status == "ok", _settings
+
+
+@pytest.mark.parametrize("name", PROCESSES)
 @pytest.mark.parametrize("text, expected", [("9200", 9200), ("9200.0", 9200),
                                             ("abc", "!'abc' is not an integer"),
                                             ("70000", "!'70000' is out of range")])

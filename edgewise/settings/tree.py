@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -161,15 +162,23 @@ def env_overrides(word: str, env: Dict[str, str], known: Sequence[str]) -> List[
     """Overrides from ``EDGEWISE_<WORD>__KEY__SUBKEY`` variables, in name order.
 
     Any other variable starting with ``EDGEWISE_<WORD>_`` (a single ``_``, as older
-    releases spelled them) is an error naming it, with the closest of ``known``.
+    releases spelled them) is an error naming it, with the closest of ``known``; so is
+    one whose process word misspells ``<WORD>`` (``EDGEWISE_GATWAY__LISTEN``), which
+    was ignored without a word. The variables of the other processes (a shared
+    environment file) are left alone: no two process words are that close.
     """
     prefix = f"EDGEWISE_{word}__"
     out = []
     for name in sorted(env):
-        if not name.startswith(prefix[:-1]):
-            continue
+        if name.startswith(prefix[:-1]):
+            rest = name[len(prefix) - 1:].lstrip("_")
+        else:
+            other = re.fullmatch(r"EDGEWISE_([A-Z0-9]+)__(.+)", name)
+            if other is None or closest(other.group(1), [word]) is None:
+                continue  # not this process's (another's, or no settings variable)
+            rest = other.group(2)
         if not name.startswith(prefix) or len(name) == len(prefix):
-            hit = closest(prefix + name[len(prefix) - 1:].lstrip("_"), known)
+            hit = closest(prefix + rest, known)
             raise ConfigError(f"{name}: not a settings variable; {word.lower()} settings are named "
                               f"{prefix}<KEY>__<SUBKEY>" + (f" (did you mean {hit}?)" if hit else ""))
         parts = tuple(p.lower() for p in name[len(prefix):].split("__"))
