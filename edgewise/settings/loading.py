@@ -14,6 +14,11 @@ A process declares its settings once, as a :class:`Schema`: the root dataclass
    ``edge.yaml:14: cloud.mqtt.port: 70000 is out of range; allowed: an integer in
    [1, 65535]``, ``EDGEWISE_GATEWAY__BALANCR__MODE: balancr: unknown key (did you mean
    EDGEWISE_GATEWAY__BALANCER__MODE?)``, ``--port: 'x' is not an integer``;
+   A value the environment gave that the command line replaces is logged (a WARNING
+   naming both): in a Helm pod or a systemd unit the operator edits the environment
+   (``worker.envFrom``, ``/etc/default/edgewise-edge``), not the command line, and the
+   chart's ``--max-batch=8`` overrode an ``EDGEWISE_WORKER__BATCHING__MAX_BATCH_SIZE=16``
+   without a word;
 4. runs ``validate``, whose :class:`~edgewise.settings.fields.Invalid` path is
    mapped back to where that value was set; a rule between keys, to the latest layer
    that set any key it reads (``--min: max_replicas: need min_replicas <=
@@ -23,6 +28,7 @@ A process declares its settings once, as a :class:`Schema`: the root dataclass
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -59,6 +65,8 @@ from edgewise.settings.tree import (
     value_overrides,
 )
 from edgewise.settings.values import is_mapping, is_section, optional, sequence
+
+log = logging.getLogger("edgewise.settings")
 
 T = TypeVar("T")
 Overrides = Union[Mapping[str, Any], Sequence[Union[str, Override]]]
@@ -168,6 +176,10 @@ class Schema(Generic[T]):
                 raise fail(ov.src, done, f"is a single value; it has no key {part!r}")
             done.append(key)
             if i == len(ov.path) - 1:
+                before = node.data.get(key) if isinstance(node.data, dict) else node.data[key]
+                if before is not None and _from_env(before.src) and not _from_env(ov.src):
+                    log.warning("%s is not in force: %s replaces it (later layers win: the environment < "
+                                "--set < the named flags)", before.src.label, ov.src.label)
                 node.data[key] = Val(ov.value, ov.src, True) if ov.text else to_val(ov.value, ov.src)
                 return
             node = _container(node, key, tp, dflt, ov.src, done, secret)
@@ -196,6 +208,11 @@ def _blame(exc: Invalid, tree: Val, default: Source, rank: Mapping[Source, int])
         found = lookup(tree, parts)
         src = found.key_src if found is not None and found is not tree else default
     return fail(src, [int(p) if ascii_digits(p) else p for p in parts], exc.problem, exc.allowed)
+
+
+def _from_env(src: Source) -> bool:
+    """Whether ``src`` is an environment variable (``EDGEWISE_<PROCESS>__...``)."""
+    return src.label.startswith("EDGEWISE_")
 
 
 def _parts(path: str) -> List[str]:

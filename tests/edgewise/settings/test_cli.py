@@ -47,6 +47,24 @@ def test_a_rule_between_keys_names_the_latest_source_of_either(schema, yaml_file
     assert str(ei.value) == where + rest
 
 
+def test_an_environment_value_the_command_line_replaces_is_logged(schema, yaml_file, caplog):
+    """The chart runs workers with flags (``--max-batch=8``): an ``EDGEWISE_WORKER__BATCHING__MAX_BATCH_SIZE``
+    from ``worker.envFrom`` was not in force, and nothing said so."""
+    cfg = yaml_file("net: {port: 1}\n")
+    env = {"EDGEWISE_TEST__NET__PORT": "4", "EDGEWISE_TEST__NAME": "env"}
+    with caplog.at_level("WARNING", logger="edgewise.settings"):
+        r = settings_from_args(_parser(schema).parse_args(["-c", str(cfg), "--port", "3"]), schema, env=env)
+    assert r.net.port == 3 and r.name == "env"
+    assert [rec.getMessage() for rec in caplog.records] == [
+        "EDGEWISE_TEST__NET__PORT is not in force: --port replaces it (later layers win: the environment < --set "
+        "< the named flags)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="edgewise.settings"):  # the environment over the file: its purpose
+        settings_from_args(_parser(schema).parse_args(["-c", str(cfg), "--set", "name=s"]), schema,
+                           env={"EDGEWISE_TEST__NET__PORT": "4"})
+    assert not caplog.records
+
+
 def test_switches_and_implied_keys(schema):
     r = settings_from_args(_parser(schema).parse_args(["--https"]), schema, env={})
     assert r.net.tls and r.net.port == 443
