@@ -636,7 +636,8 @@ def create_server(settings: WorkerSettings, runner: ModelRunner | None = None) -
 
 
 async def serve(settings: WorkerSettings, announce: Callable[[str], None] | None = None) -> int:
-    """Run a worker until SIGTERM/SIGINT, then drain within ``settings.grace_s``; exit status.
+    """Run a worker until SIGTERM/SIGINT (or SIGHUP: it reloads nothing, so it drains as on
+    SIGTERM, with a WARNING), then drain within ``settings.grace_s``; exit status.
 
     ``announce`` receives machine-readable lines (default: print to stdout):
     ``EDGEWISE_WORKER_LISTENING port=N metrics_port=M worker_id=ID`` once bound,
@@ -648,6 +649,15 @@ async def serve(settings: WorkerSettings, announce: Callable[[str], None] | None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
+    def hangup() -> None:  # a reload asked of a process that reloads nothing (or a closed terminal)
+        if not stop.is_set():
+            log.warning("worker %s: SIGHUP: a worker reloads nothing (its settings are read at start); it drains "
+                        "and exits as on SIGTERM: start it again to apply new settings", settings.worker_id)
+        stop.set()
+
+    # SIGHUP's default ended the worker at once, dropping the requests in its queue and model
+    loop.add_signal_handler(signal.SIGHUP, hangup)
     await server.bind()
     say(f"{LISTENING_TAG} port={port} metrics_port={-1 if server.metrics_port is None else server.metrics_port} "
         f"worker_id={settings.worker_id}")

@@ -87,7 +87,7 @@ class WorkerSettings:
         "Most pixels (declared width x height, summed) being decoded at once; a decode that would exceed it "
         "waits in arrival order until its deadline, then RESOURCE_EXHAUSTED. One image larger than the budget "
         "decodes alone. Default: one 7680x4320 frame.", DEFAULT_MAX_PIXELS, lo=1)
-    grace_s: float = setting("On SIGTERM: seconds to finish in-flight requests before exiting.", 10.0, lo=0)
+    grace_s: float = setting("On SIGTERM (or SIGHUP: a worker reloads nothing): seconds to finish in-flight requests before exiting.", 10.0, lo=0)
     max_message_bytes: int = setting("Largest gRPC request accepted, bytes.", 8 * 1024 * 1024, lo=1024,
                                      hi=GRPC_INT_MAX)
     max_image_pixels: int = setting(

@@ -67,7 +67,11 @@ def start_worker(model: Path, *extra: str) -> tuple[subprocess.Popen[str], dict[
     return proc, info
 
 
-def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model, sig):
+    """SIGHUP too (an operator's ``kill -HUP`` meant as a reload, a closed terminal): its default
+    ended the worker at once, its queued requests dropped (found by a probe); a worker reloads
+    nothing, so it drains as on SIGTERM, and says so."""
     im = cv2.imread(str(PHOTO))
     if im is None:
         pytest.skip("opencv-doc photos missing")
@@ -100,7 +104,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
         wait_until(lambda: stub.Load(detect_pb2.LoadRequest(), timeout=5).queue_depth >= 8, 10,
                    "the 8 requests in the queue")
         t_term = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         wait_until(lambda: health_pb2.HealthCheckResponse.NOT_SERVING in statuses, 10, "NOT_SERVING after SIGTERM")
         try:
             late = stub.Infer(detect_pb2.DetectRequest(image=img), timeout=5)
@@ -121,6 +125,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_within_grace(tiny_model):
         if proc.stderr is not None:
             proc.stderr.close()
     assert rc == 0, err
+    assert ("SIGHUP: a worker reloads nothing" in err) == (sig == signal.SIGHUP), err
     assert sorted(r.frame_seq for r in results) == list(range(8))
     assert all(r.status == detect_pb2.OK and r.worker_id == "proc-w" and len(r.detections) > 0
                for r in results)
