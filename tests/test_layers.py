@@ -47,10 +47,13 @@ DEVICE_THIRD_PARTY = {
     "edgewise.mqtt_client": _CORE_THIRD_PARTY | {"paho"},
     # its reader of MQTT properties, installed by it; the bridge reads its verdict
     "edgewise.mqtt_properties": _CORE_THIRD_PARTY | {"paho"},
+    # its select() over poll(2) for paho's network loop, installed by it
+    "edgewise.mqtt_poll": _CORE_THIRD_PARTY | {"paho"},
 }
 #: the only modules that may import edgewise.mqtt_client, and edgewise.mqtt_properties
 MQTT_CLIENT_USERS = {"edge.transports.mqtt", "cloud.gateway.mqtt_bridge"}
 MQTT_PROPERTIES_USERS = {"edgewise.mqtt_client", "cloud.gateway.mqtt_bridge"}
+MQTT_POLL_USERS = {"edgewise.mqtt_client"}
 
 Import = Tuple[str, int, str]  # (file, line, imported module name)
 
@@ -156,6 +159,8 @@ def test_only_the_mqtt_ends_import_the_shared_paho_client() -> None:
     assert users == MQTT_CLIENT_USERS
     users = {mod for mod, deps in edges.items() for _, target in deps if target == "edgewise.mqtt_properties"}
     assert users == MQTT_PROPERTIES_USERS
+    users = {mod for mod, deps in edges.items() for _, target in deps if target == "edgewise.mqtt_poll"}
+    assert users == MQTT_POLL_USERS
 
 
 def _cycles(edges: Dict[str, List[Tuple[int, str]]]) -> List[List[str]]:
