@@ -90,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
     from edge.daemon import run_daemon
     from edge.preflight import STATE_UMASK
     os.umask(os.umask(0) | STATE_UMASK)
-    return run_daemon(settings_from_args(args, SCHEMA))
+    return run_daemon(settings_from_args(args, SCHEMA), reread=lambda: settings_from_args(args, SCHEMA))
 
 
 def _health(args: argparse.Namespace) -> int:

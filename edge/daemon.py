@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from edge.outbox_salvage import open_outbox
 from edge.pipeline import Pipeline
 from edge.preflight import identity_warning, opens_spool, preflight, tighten_state_files
 from edge.records import FrameRecord
+from edge.rereading import say_unapplied
 from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings, default_transport, mqtt_outbox_path, policy_fit
 from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink, counter
@@ -151,8 +152,12 @@ def boot_epoch(spool_path: str, floor: int = 0) -> int:
 class EdgeDaemon:
     """One daemon; ``await run()`` until the sources end or ``request_stop()``."""
 
-    def __init__(self, settings: EdgeSettings, detector: Any = None) -> None:
+    def __init__(self, settings: EdgeSettings, detector: Any = None,
+                 reread: Optional[Callable[[], EdgeSettings]] = None) -> None:
         self.settings = settings
+        #: loads the settings again as the start did (``edge.rereading``: what a SIGHUP leaves unapplied)
+        self.reread = reread
+        self._rereads: Set[asyncio.Future[None]] = set()
         self.detector = detector
         self.metrics = EdgeMetrics()
         self.stopping = False
@@ -393,6 +398,10 @@ class EdgeDaemon:
         an operator who changed a camera's URL and reloaded was left waiting for it."""
         if self.reload_event is None:
             return
+        if self.reread is not None:  # what changed in the settings waits for a restart: said
+            check = asyncio.get_running_loop().run_in_executor(None, say_unapplied, self.settings, self.reread)
+            self._rereads.add(check)
+            check.add_done_callback(self._rereads.discard)
         if not self.settings.policy_file:
             log.warning("SIGHUP: nothing to reload (no policy_file); edge.yaml is read at start only: "
                         "restart the daemon to apply a change to it")
@@ -797,10 +806,11 @@ class EdgeDaemon:
         hangup.ignore_from_now(asyncio.get_running_loop())  # nothing left to reload (edgewise.hangup)
 
 
-def run_daemon(settings: EdgeSettings) -> int:
-    """Blocking entry point (``edgewise edge run``)."""
+def run_daemon(settings: EdgeSettings, reread: Optional[Callable[[], EdgeSettings]] = None) -> int:
+    """Blocking entry point (``edgewise edge run``); ``reread`` loads the settings again as
+    ``settings`` were (``edge.rereading``)."""
     start = time.monotonic()
-    daemon = EdgeDaemon(settings)
+    daemon = EdgeDaemon(settings, reread=reread)
     code = asyncio.run(daemon.run())
     log.debug("daemon ran %.1f s", time.monotonic() - start)
     if daemon.loading is not None and daemon.loading.running():

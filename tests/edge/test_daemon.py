@@ -503,6 +503,43 @@ def test_a_sighup_while_the_daemon_starts_is_a_reload_once_it_runs(tmp_path, tin
         proc.wait(10)
 
 
+def test_a_sighup_names_the_settings_it_does_not_apply_and_settings_that_no_longer_load(tmp_path, tiny_model):
+    """A SIGHUP reloads the policy only; an operator who changed a stream in edge.yaml and sent
+    SIGHUP read "reloading policy" and waited for a change that needs a restart (the gateway
+    names such keys; found by a probe). The real daemon reads its settings again and names what
+    changed (names only), says settings that no longer load (a restart would fail), and says
+    nothing when they are as they were."""
+    proc, log = _start_daemon(tmp_path, tiny_model)
+    config = tmp_path / "edge.yaml"
+    started = config.read_text()
+    try:
+        _wait_for(proc, log, " running: ")
+        config.write_text(started.replace("fps: 5", "fps: 7"))
+        proc.send_signal(signal.SIGHUP)
+        _wait_for(proc, log, "SIGHUP: streams changed in the settings (edge.yaml, the environment, the command "
+                             "line), which a reload does not apply (it reloads the policy file only): restart the "
+                             "daemon to apply it")
+        config.write_text(started + "no_such_key: 1\n")
+        proc.send_signal(signal.SIGHUP)
+        _wait_for(proc, log, "SIGHUP: the daemon's settings no longer load: ")
+        assert "no_such_key" in log.read_text().rsplit("no longer load: ", 1)[1].splitlines()[0]
+        config.write_text(started)
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        while log.read_text().count("SIGHUP: reloading policy") < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.02)
+        time.sleep(1.0)  # (the settings are read in a thread: time to say what it would)
+        text = log.read_text()
+        assert text.count("changed in the settings") == 1 and text.count("no longer load") == 1, text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def _reloaded_then_stopped(proc: subprocess.Popen[bytes], log: Path) -> None:
     """The daemon reloads its policy (a SIGHUP came), then ends with 0 on SIGTERM."""
     _wait_for(proc, log, "SIGHUP: reloading policy")
