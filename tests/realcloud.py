@@ -34,11 +34,14 @@ CLOUD_CONF = 0.001
 class InProcessCloud:
     """A real gateway in front of ``workers`` real workers; ``with InProcessCloud(model) as cloud``."""
 
-    def __init__(self, model: Path, workers: int = 1, gateway: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(self, model: Path, workers: int = 1, gateway: Optional[Dict[str, Any]] = None,
+                 batching: Optional[BatchingSettings] = None) -> None:
         assert workers >= 1, "the gateway needs a worker list; stop_worker() makes a cloud with none up"
         self.model = str(model)
         self.n_workers = workers
         self.gateway_over = dict(gateway or {})
+        #: the workers' batching (a short queue delay by default)
+        self.batching = batching or BatchingSettings(max_batch_size=4, max_queue_delay_ms=2.0)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="in-process-cloud", daemon=True)
         self.workers: List[Optional[WorkerServer]] = []
@@ -86,7 +89,7 @@ class InProcessCloud:
         settings = WorkerSettings(
             model=self.model, host="127.0.0.1", port=self.worker_ports[i], metrics_port=-1,
             worker_id=f"worker-{i}", threads=1, conf_threshold=CLOUD_CONF, grace_s=2.0,
-            warmup_rounds=1, batching=BatchingSettings(max_batch_size=4, max_queue_delay_ms=2.0),
+            warmup_rounds=1, batching=self.batching,
         )
 
         async def up() -> WorkerServer:

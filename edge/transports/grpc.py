@@ -376,7 +376,7 @@ class GrpcTransport:
         inside = resp.timing.gateway_ms / 1000.0
         if not 0.0 <= inside <= WINDOW_MAX_GATEWAY_S:  # not a time (NaN, negative, absurd): the answer's arrival
             inside = 0.0
-        self.window.acknowledged(key, now - inside)
+        self.window.acknowledged(key, now - inside, answered_at=now)
 
     async def _detect(self, used: _Channels, request: Any, timeout_s: float, key: object) -> Any:
         n = len(used.stubs)

@@ -169,6 +169,23 @@ def test_a_fast_grpc_link_with_a_long_round_trip_refuses_nothing(tiny_model):
     assert got["ok"] == len(got["results"]), got["messages"][:3]
 
 
+def test_a_fast_grpc_link_to_a_slow_cloud_refuses_nothing(tiny_model):
+    """10 MB/s, 300 ms round trip, 40 kB escalations 10 a second with a 0.9 s deadline, and a
+    worker that batches with a 300 ms max delay: a call takes up to 0.6 s, in time. Before, a
+    call not answered yet counted the cloud's time as waiting on the link, so the calls looked
+    queued behind the round trip and were judged by their own rate: 31 of 100 refused
+    (``/tmp/probeZ-work/probe2.py``-style run with real processes), all 100 answered without
+    the window. The cloud's time the answers show (``timing.gateway_ms``) is not the link's."""
+    cloud_class = in_process_cloud_class()  # skips where the cloud tier does not run
+    from cloud.worker.settings import BatchingSettings
+
+    slow = BatchingSettings(max_batch_size=32, max_queue_delay_ms=300.0, max_queue_size=64, mode="on")
+    with cloud_class(tiny_model, batching=slow) as cloud:
+        got = asyncio.run(escalate_over(cloud.port, 10_000_000, 40000, 10.0, 5, 0.9, 0.3))
+    assert not [m for m in got["messages"] if "too late for its" in m], got["messages"][:3]
+    assert got["ok"] >= len(got["results"]) // 2, got["messages"][:3]  # answered, not failed otherwise
+
+
 def test_a_grpc_link_that_stops_forwarding_without_closing_is_given_up_and_reconnected(tiny_model):
     """The connection to the gateway stops forwarding both ways without closing (new ones work):
     with ``keepalive_s`` 5 a keepalive ping goes out within 5 s and is not acknowledged, and the

@@ -248,3 +248,55 @@ def test_a_small_call_that_missed_its_deadline_on_a_slow_cloud_leaves_the_uplink
     w.sent("live", 40_000)
     clock.t += 0.05
     assert w.refusal(40_000, 0.5) is None
+
+
+def test_calls_waiting_in_a_slow_cloud_on_a_fast_link_are_not_queueing():
+    """A fast link with a 300 ms round trip and a cloud that takes 350 ms (a worker batching with
+    a max delay), 40 kB calls 10 a second with a 0.9 s deadline, each answered 0.65 s after it was
+    sent, in time. A call not answered yet has waited the cloud's time too; taken as the link's,
+    the oldest one (0.6 s) looked queued behind the round trip (1.5 x 0.3 s), the rate was the
+    calls' own (400 kB/s: their acknowledgements come as they went) and the 240 kB in flight and
+    this one's 40 kB would take 0.7 s of it, past 0.75 of the deadline: refused. Through a real
+    10 MB/s link (``test_grpc_uplink.py``) 31 of 100 were refused where all 100 were answered in
+    time without the window. The cloud's time the answers show is not counted as waiting on the
+    link."""
+    w, clock = grpc_window()
+    w.sent("idle", 1000)
+    clock.t += 0.31
+    w.acknowledged("idle", clock.t - 0.01, answered_at=clock.t)  # the round trip; the cloud 10 ms
+    start, refused = clock.t, []
+    events = sorted([(start + k * 0.1, "send", k) for k in range(40)] +
+                    [(start + k * 0.1 + 0.65, "answer", k) for k in range(40)])
+    for t, what, k in events:
+        clock.t = t
+        if what == "send":
+            if w.refusal(40_000, 0.9) is not None:
+                refused.append(k)
+            else:
+                w.sent(k, 40_000)
+        elif k not in refused:
+            w.acknowledged(k, t - 0.35, answered_at=t)  # the gateway's own 350 ms
+    assert refused == []
+    assert w.rate() is not None and w.rate() < 500_000  # the calls' own rate, as before: not used
+
+
+def test_a_link_queue_longer_than_the_cloud_s_time_is_still_queueing():
+    """The cloud's time is taken off a waiting call's, no more: over a slow link (40 kB in 1.25 s
+    sent alone, a cloud of 50 ms) a call waiting 2.5 s behind another is queueing, and one more
+    that cannot be carried by its 2 s deadline is refused."""
+    w, clock = grpc_window()
+    w.sent("idle", 40_000)
+    clock.t += 1.3
+    w.acknowledged("idle", clock.t - 0.05, answered_at=clock.t)
+    w.sent("a", 40_000)
+    w.sent("b", 40_000)
+    clock.t += 1.3
+    w.acknowledged("a", clock.t - 0.05, answered_at=clock.t)
+    clock.t += 1.25
+    w.acknowledged("b", clock.t - 0.05, answered_at=clock.t)  # queued behind a: 32 kB/s measured
+    w.sent("c", 40_000)
+    w.sent("d", 40_000)
+    clock.t += 2.5
+    assert w.queueing()
+    refused = w.refusal(40_000, 2.0)
+    assert refused is not None and refused.status == status.DEADLINE_EXCEEDED, refused
