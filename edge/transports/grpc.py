@@ -346,7 +346,7 @@ class GrpcTransport:
                 self.window.missed(key)  # behind others on the link, or a slow cloud: queueing for a while
             raise
         finally:
-            self.window.keep_only(lambda k: k is not key)  # not answered: what it carried is not known
+            self.window.forget(key)  # not answered: what it carried is not known
             used.calls -= 1
             if not used.calls and used.done is not None:
                 used.done.set()

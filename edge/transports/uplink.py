@@ -218,9 +218,8 @@ class UplinkWindow:
         acknowledger's own time (a gRPC answer: ``at`` is its arrival less the gateway's time);
         ``at`` by default."""
         at = self.clock() if at is None else at
-        entry = self._held.pop(key, None)
+        entry = self.forget(key)
         if entry is not None:
-            self.held_bytes -= entry[1]
             self._insides.append((at, max(0.0, (at if answered_at is None else answered_at) - at)))
             took = max(0.0, at - entry[0])
             if entry[2]:
@@ -240,9 +239,8 @@ class UplinkWindow:
         less than ``QUEUE_FACTOR`` times that, and still miss its deadline: over HTTP/2, which
         carries the calls side by side, each such call slowed the next, and the convoy went on
         (7 of 7 whole frames at 512 kbit/s after 4 answered)."""
-        entry = self._held.pop(key, None)
+        entry = self.forget(key)
         if entry is not None:
-            self.held_bytes -= entry[1]
             now = self.clock()
             took, rate = now - entry[0], self._measured() or (self._idle_rate() if self.idle_bound else None)
             # only a request whose own transmission takes much of its deadline: a small one that
@@ -250,8 +248,16 @@ class UplinkWindow:
             if rate is None or entry[1] / rate >= MISSED_SHARE * took:
                 self._missed_until = max(self._missed_until, now + took)
 
+    def forget(self, key: Hashable) -> Optional[Tuple[float, int, bool]]:
+        """Forget ``key`` (gone without an acknowledgement: a gRPC call that ended without an
+        answer, what it carried not known); its entry, if it was held."""
+        entry = self._held.pop(key, None)
+        if entry is not None:
+            self.held_bytes -= entry[1]
+        return entry
+
     def keep_only(self, held: Callable[[Hashable], bool]) -> None:
         """Forget the requests ``held`` says are gone without an acknowledgement (withdrawn at
         their deadline, dropped at a reconnect past their expiry)."""
         for key in [k for k in self._held if not held(k)]:
-            self.held_bytes -= self._held.pop(key)[1]
+            self.forget(key)
