@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import os
 import signal
@@ -157,6 +158,9 @@ class EdgeDaemon:
         self.settings = settings
         #: loads the settings again as the start did (``edge.rereading``: what a SIGHUP leaves unapplied)
         self.reread = reread
+        #: the settings as loaded, before the start fills what it resolves (``device_id``): what a
+        #: re-read is compared with, or every SIGHUP named a device_id the start resolved as changed
+        self._loaded = copy.deepcopy(settings) if reread is not None else None
         self._rereads: Set[asyncio.Future[None]] = set()
         self.detector = detector
         self.metrics = EdgeMetrics()
@@ -398,8 +402,8 @@ class EdgeDaemon:
         an operator who changed a camera's URL and reloaded was left waiting for it."""
         if self.reload_event is None:
             return
-        if self.reread is not None:  # what changed in the settings waits for a restart: said
-            check = asyncio.get_running_loop().run_in_executor(None, say_unapplied, self.settings, self.reread)
+        if self.reread is not None and self._loaded is not None:  # what changed waits for a restart: said
+            check = asyncio.get_running_loop().run_in_executor(None, say_unapplied, self._loaded, self.reread)
             self._rereads.add(check)
             check.add_done_callback(self._rereads.discard)
         if not self.settings.policy_file:

@@ -443,12 +443,13 @@ def test_healthz_names_a_file_stream_that_could_not_be_opened(tmp_path, tiny_mod
     asyncio.run(run())
 
 
-def _start_daemon(tmp_path, tiny_model) -> tuple[subprocess.Popen[bytes], Path]:
+def _start_daemon(tmp_path, tiny_model, **identity: str) -> tuple[subprocess.Popen[bytes], Path]:
     """A real `edgewise edge run` started as systemd starts it (SIGHUP at its default), its
-    policy reloaded only on SIGHUP."""
+    policy reloaded only on SIGHUP; ``identity``: ``device_id="dev"`` unless given (``{}``: unset,
+    the shipped default)."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_yaml("first", {"s": "never"}))
-    config = settings_yaml(tmp_path / "edge.yaml", device_id="dev",
+    config = settings_yaml(tmp_path / "edge.yaml", **({"device_id": "dev"} if identity.get("device_id", "dev") else {}),
                            streams=[{"id": "s", "kind": "synthetic", "uri": "160x120", "fps": 5}],
                            model={"path": str(tiny_model)}, spool={"path": str(tmp_path / "spool.db")},
                            metrics={"port": -1}, policy_file=str(policy), policy_poll_s=3600)
@@ -532,6 +533,31 @@ def test_a_sighup_names_the_settings_it_does_not_apply_and_settings_that_no_long
         time.sleep(1.0)  # (the settings are read in a thread: time to say what it would)
         text = log.read_text()
         assert text.count("changed in the settings") == 1 and text.count("no longer load") == 1, text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_a_sighup_names_no_change_of_a_device_id_resolved_at_start(tmp_path, tiny_model):
+    """The shipped edge.yaml sets no device_id: the daemon resolves it at start (serial number,
+    else host name). A SIGHUP with the settings untouched said "device_id changed in the
+    settings ... restart the daemon to apply it" on every device so set up (found by review R):
+    the settings read again were compared with those the start had resolved."""
+    proc, log = _start_daemon(tmp_path, tiny_model, device_id="")
+    try:
+        _wait_for(proc, log, " running: ")
+        assert "(default: serial number, else host name)" in log.read_text()
+        proc.send_signal(signal.SIGHUP)
+        _wait_for(proc, log, "SIGHUP: reloading policy")
+        (tmp_path / "edge.yaml").write_text((tmp_path / "edge.yaml").read_text().replace("fps: 5", "fps: 7"))
+        proc.send_signal(signal.SIGHUP)  # a real change is still named, alone
+        _wait_for(proc, log, "SIGHUP: streams changed in the settings")
+        text = log.read_text()
+        assert "changed in the settings" not in text.split("SIGHUP: streams changed", 1)[0], text
+        assert "device_id" not in text.split("SIGHUP: streams changed", 1)[1].splitlines()[0], text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()
     finally:
