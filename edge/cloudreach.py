@@ -15,16 +15,30 @@ escalation made to the cloud (live or a spool replay) and says:
 
 ``/healthz`` is then ``degraded`` (200: a restart would not bring the cloud back). Calls refused
 before they reach the transport (``cloud.max_in_flight`` full) are not outcomes of the cloud and
-are not counted. The clock is injected; the caller calls it from the event loop.
+are not counted. The clock is injected. The event loop records the outcomes; ``health`` is
+called from the metrics server's threads (``edge.metrics``), so the state is one tuple, replaced
+whole and read once: read field by field, an answer recorded between two reads made ``health``
+raise (CPython 3.8 switches threads between any two attribute stores).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 #: failed calls in a row that make the cloud ``failing``
 FAILING_AFTER = 3
+
+
+class _State(NamedTuple):
+    answered_at: Optional[float]  # the last answer
+    failures: int  # failed calls since the last answer
+    failing_since: Optional[float]  # the first of them
+    last_error: str
+
+
+def _failing(s: _State) -> bool:
+    return s.failures >= FAILING_AFTER
 
 
 class CloudReach:
@@ -32,35 +46,31 @@ class CloudReach:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._answered_at: Optional[float] = None
-        self._failures = 0  # failed calls since the last answer
-        self._failing_since: Optional[float] = None  # the first of them
-        self._last_error = ""
+        self._state = _State(None, 0, None, "")  # replaced whole (the module docstring)
 
     def answered(self) -> None:
         """The cloud answered a call (an answer, or a refusal for good)."""
-        self._answered_at = self._clock()
-        self._failures, self._failing_since, self._last_error = 0, None, ""
+        self._state = _State(self._clock(), 0, None, "")
 
     def failed(self, error: str) -> None:
         """A call failed as ``onCloudUnavailable`` is about; ``error``: the transport's words."""
-        if self._failing_since is None:
-            self._failing_since = self._clock()
-        self._failures += 1
-        self._last_error = error
+        was = self._state
+        since = self._clock() if was.failing_since is None else was.failing_since
+        self._state = _State(was.answered_at, was.failures + 1, since, error)
 
     def failing(self) -> bool:
-        return self._failures >= FAILING_AFTER
+        return _failing(self._state)
 
     def health(self) -> Dict[str, Any]:
-        """The cloud's part of ``/healthz``."""
+        """The cloud's part of ``/healthz`` (from any thread)."""
+        s = self._state
         now = self._clock()
-        ago = None if self._answered_at is None else round(now - self._answered_at, 1)
-        if self.failing():
-            assert self._failing_since is not None
-            return {"state": "failing", "failed_in_a_row": self._failures,
-                    "failing_for_s": round(now - self._failing_since, 1), "last_error": self._last_error,
+        ago = None if s.answered_at is None else round(now - s.answered_at, 1)
+        if _failing(s):
+            assert s.failing_since is not None
+            return {"state": "failing", "failed_in_a_row": s.failures,
+                    "failing_for_s": round(now - s.failing_since, 1), "last_error": s.last_error,
                     "last_answer_s_ago": ago}
-        if self._answered_at is None and not self._failures:
+        if s.answered_at is None and not s.failures:
             return {"state": "unknown"}
         return {"state": "answering", "last_answer_s_ago": ago}
