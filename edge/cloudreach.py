@@ -6,12 +6,13 @@ operator saw it only in the metrics or the log. ``CloudReach`` keeps the outcome
 escalation made to the cloud (live or a spool replay) and says:
 
 - ``unknown``: no call has ended yet (nothing escalated since the start);
-- ``answering``: the last call was answered (an answer, or a refusal for good: the cloud
-  answered), or fewer than ``FAILING_AFTER`` calls in a row failed since (one missed deadline
-  in a busy minute is not an outage);
+- ``answering``: the last call was answered (an answer, or a refusal for good of that
+  request: the cloud answered), or fewer than ``FAILING_AFTER`` calls in a row failed since
+  (one missed deadline in a busy minute is not an outage);
 - ``failing``: ``FAILING_AFTER`` or more calls in a row failed as the policy's
   ``onCloudUnavailable`` is about (unreachable, timed out, busy, refused by the uplink window),
-  with how many, since when, and the last failure's words.
+  or were refused for this device's token (UNAUTHENTICATED: tokens rotated without it, which
+  no resend mends), with how many, since when, and the last failure's words.
 
 ``/healthz`` is then ``degraded`` (200: a restart would not bring the cloud back). Calls refused
 before they reach the transport (``cloud.max_in_flight`` full) are not outcomes of the cloud and

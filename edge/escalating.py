@@ -331,10 +331,11 @@ class Escalating:
 
     def _reached(self, exc: TransportError) -> None:
         """A call to the cloud ended in ``exc``: the cloud's outcome for ``/healthz`` (a refusal for
-        good is an answer; a daemon's own stop is neither)."""
+        good is an answer, except of this device's token: every call fails the same way, the cloud
+        lost to the device as in an outage; a daemon's own stop is neither)."""
         if self.shutting_down:
             return
-        if exc.spoolable:
+        if exc.spoolable or exc.status == status.UNAUTHENTICATED:
             self.reach.failed(printable(str(exc)))
         else:
             self.reach.answered()

@@ -1849,3 +1849,30 @@ def test_escalations_the_cloud_refuses_for_good_are_said_with_what_to_do(tmp_pat
     assert len(said) == LOG_BURST, said
     assert "larger than max" in said[0] and f"its payload was {written[0].payload_bytes} bytes" in said[0]
     assert "spec.payload.jpegQuality" in said[0] and "limits.max_message_bytes" in said[0]
+
+
+def test_a_cloud_that_refuses_this_devices_token_is_failing_in_healthz():
+    """The gateway's tokens were rotated without this device's: every escalation is refused
+    UNAUTHENTICATED and keeps its edge result. /healthz's cloud part said ``answering`` (a
+    refusal for good counted as an answer), status ok: the cloud was lost to the device as
+    surely as in an outage, and nothing said so (found by review R). A bad request
+    (INVALID_ARGUMENT) is still the cloud answering; an answer ends the failing state."""
+    policy = parse_policy(policy_yaml("p", deadline_ms=3000))
+    written: list = []
+
+    async def run():
+        cloud = _Refusing(range(3))
+        esc = Escalating("dev", {"grpc": cloud}, written.append, EdgeMetrics())
+        for seq in range(3):
+            await _escalate_and_wait(esc, policy, written, seq)
+        failing = esc.reach.health()
+        await _escalate_and_wait(esc, policy, written, 3)  # answered
+        back = esc.reach.health()
+        esc._reached(TransportError(detect_pb2.INVALID_ARGUMENT, "image too large"))
+        after_bad_request = esc.reach.health()
+        await esc.close()
+        return failing, back, after_bad_request
+
+    failing, back, after_bad_request = asyncio.run(run())
+    assert failing["state"] == "failing" and "bad token" in failing["last_error"], failing
+    assert back["state"] == "answering" and after_bad_request["state"] == "answering", (back, after_bad_request)
