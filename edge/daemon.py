@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import os
 import signal
 import sys
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -45,7 +44,7 @@ from edge.outbox_salvage import open_outbox
 from edge.pipeline import Pipeline
 from edge.preflight import identity_warning, opens_spool, preflight, tighten_state_files
 from edge.records import FrameRecord
-from edge.rereading import say_unapplied
+from edge.rereading import Rereader
 from edge.sdnotify import Notifier
 from edge.settings import EdgeSettings, default_transport, mqtt_outbox_path, policy_fit
 from edge.sinks import JsonlSink, MqttSink, Sink, Sinks, StdoutSink, counter
@@ -156,12 +155,9 @@ class EdgeDaemon:
     def __init__(self, settings: EdgeSettings, detector: Any = None,
                  reread: Optional[Callable[[], EdgeSettings]] = None) -> None:
         self.settings = settings
-        #: loads the settings again as the start did (``edge.rereading``: what a SIGHUP leaves unapplied)
-        self.reread = reread
-        #: the settings as loaded, before the start fills what it resolves (``device_id``): what a
-        #: re-read is compared with, or every SIGHUP named a device_id the start resolved as changed
-        self._loaded = copy.deepcopy(settings) if reread is not None else None
-        self._rereads: Set[asyncio.Future[None]] = set()
+        #: reads the settings again on SIGHUP (``edge.rereading``: what a reload leaves unapplied),
+        #: compared with a copy taken now, before the start fills in what it resolves (``device_id``)
+        self.rereader = Rereader(settings, reread) if reread is not None else None
         self.detector = detector
         self.metrics = EdgeMetrics()
         self.stopping = False
@@ -402,10 +398,8 @@ class EdgeDaemon:
         an operator who changed a camera's URL and reloaded was left waiting for it."""
         if self.reload_event is None:
             return
-        if self.reread is not None and self._loaded is not None:  # what changed waits for a restart: said
-            check = asyncio.get_running_loop().run_in_executor(None, say_unapplied, self._loaded, self.reread)
-            self._rereads.add(check)
-            check.add_done_callback(self._rereads.discard)
+        if self.rereader is not None and not self.stopping:  # what changed waits for a restart: said
+            self.rereader.request()
         if not self.settings.policy_file:
             log.warning("SIGHUP: nothing to reload (no policy_file); edge.yaml is read at start only: "
                         "restart the daemon to apply a change to it")

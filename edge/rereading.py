@@ -9,11 +9,20 @@ now reads its settings again as its start did, off the event loop, and names the
 changed: they wait for a restart (names only: a value may be a secret). Settings that no
 longer load are said too, while the daemon still runs on those it started with: the next
 restart would fail with that error.
+
+The settings are compared with a copy of those loaded (the start fills some in: an empty
+``device_id`` becomes the serial number). One thread reads at a time, outside the event loop
+and its executor: SIGHUPs that come while it reads make it read once more after (a script that
+sends a SIGHUP every few milliseconds starts no thread per signal), and nothing it does touches
+the loop (on Python 3.8 an executor's future finishing after the loop closed logged "Event
+loop is closed" tracebacks at the daemon's exit).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+import threading
 from typing import Callable, Optional
 
 from edge.settings import EdgeSettings
@@ -48,3 +57,33 @@ def say_unapplied(started: EdgeSettings, reread: Callable[[], EdgeSettings]) -> 
         return
     if said:
         log.warning("%s", said)
+
+
+class Rereader:
+    """Reads the settings again on request, one thread at a time (the module docstring)."""
+
+    def __init__(self, loaded: EdgeSettings, reread: Callable[[], EdgeSettings]) -> None:
+        self.loaded = copy.deepcopy(loaded)  # before the start fills anything in
+        self.reread = reread
+        self._lock = threading.Lock()
+        self._pending = False
+        self._thread: Optional[threading.Thread] = None
+
+    def request(self) -> None:
+        """Compare the settings as they load now (in the thread; at once if none runs)."""
+        with self._lock:
+            self._pending = True
+            if self._thread is not None:
+                return  # the running one reads once more
+            self._thread = threading.Thread(target=self._run, name="settings-reread", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._thread = None
+                    return
+                self._pending = False
+            say_unapplied(self.loaded, self.reread)
+
