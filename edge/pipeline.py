@@ -150,7 +150,6 @@ class Pipeline:
         self._decided: Dict[str, float] = {}
         self._media_origin: Dict[str, float] = {}
         self.frames_done = 0
-        self.hardness_policy_ms: List[float] = []  # per-frame cost, for the benchmark
         self.stop_capture = asyncio.Event()
         self.sources_done = asyncio.Event()
         #: after ``stop``: the monotonic time from which frames still queued are dropped, not inferred
@@ -304,9 +303,6 @@ class Pipeline:
                                                now=self._decision_time(frame), frame=frame.image, carried=carried)
         d = verdict.decision
         published = dets if carried is None or carry is None or d.escalate else publish(dets, carried, looked, carry)
-        self.hardness_policy_ms.append(verdict.cost_ms)
-        if len(self.hardness_policy_ms) > 100000:
-            del self.hardness_policy_ms[:50000]
         lat = {
             "read": round(frame.read_ms, 3),
             "queue": round((dequeued - frame.capture_mono) * 1000.0, 3),
