@@ -97,6 +97,11 @@ def ignore_from_now(loop: Any) -> None:
         return
     signal.signal(sig, signal.SIG_IGN)  # never SIG_DFL on the way
     del handlers[sig]  # the loop's close leaves it alone (a SIGHUP meanwhile: the loop finds no handler)
+    if not handlers:  # as remove_signal_handler does for the last one: the loop's close closes the
+        try:  # wake-up socket, and a signal after it wrote to that descriptor, or to its next owner
+            signal.set_wakeup_fd(-1)
+        except (ValueError, OSError):
+            pass
 
 
 __all__ = ["hold", "ignore_from_now", "release", "take"]

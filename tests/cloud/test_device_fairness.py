@@ -77,9 +77,13 @@ def test_a_device_flooding_the_pool_leaves_another_device_its_share():
     sent = sum(light.values())
     assert sent >= 8 and light["OK"] >= 0.6 * sent, got
     assert got["heavy"]["OK"] >= 20, got  # the heavy device still gets the rest of the pool
-    message = next(iter(got["heavy_messages"]), "")
-    assert "device 'heavy' is over its fair share of the workers" in message, got
-    assert "keep fewer requests in flight" in message, message
+    assert got["heavy"]["RESOURCE_EXHAUSTED"] + got["heavy"]["DEADLINE_EXCEEDED"] > 0, got  # ... and no more
+    # the share rule's refusal says what it is; on a loaded machine (the CI's Jetson lane beside
+    # it) the worker's own admission can refuse the heavy device first (one CI run: light 453 of
+    # 453 answered, heavy 50 refusals, none by the share), so its words are checked where it spoke
+    for message in got["heavy_messages"]:
+        assert "device 'heavy' is over its fair share of the workers" in message, message
+        assert "keep fewer requests in flight" in message, message
 
 
 def test_a_light_device_with_short_deadlines_is_served_beside_a_heavy_devices_share():

@@ -135,8 +135,12 @@ def test_ignore_from_now_never_gives_sighup_its_default_on_the_way(monkeypatch):
         loop.close()
         assert signal.SIG_DFL not in set_to, set_to
         assert real(signal.SIGHUP, before) == signal.SIG_IGN
+        # the last handler gone, the loop's wake-up socket (closed with it) is no signal's to write
+        # to: "Exception ignored when trying to write to the signal wakeup fd" in a later test
+        assert signal.set_wakeup_fd(-1) == -1
     finally:
         if not loop.is_closed():
             loop.close()
         real(signal.SIGHUP, before)
+        signal.set_wakeup_fd(-1)  # never a closed loop's socket left for a later test's signals
 
