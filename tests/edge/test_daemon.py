@@ -533,8 +533,7 @@ def test_a_sighup_names_the_settings_it_does_not_apply_and_settings_that_no_long
         time.sleep(1.0)  # (the settings are read in a thread: time to say what it would)
         text = log.read_text()
         assert text.count("changed in the settings") == 1 and text.count("no longer load") == 1, text
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, log.read_text()
+        _stopped(proc, log)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -558,8 +557,7 @@ def test_a_sighup_names_no_change_of_a_device_id_resolved_at_start(tmp_path, tin
         text = log.read_text()
         assert "changed in the settings" not in text.split("SIGHUP: streams changed", 1)[0], text
         assert "device_id" not in text.split("SIGHUP: streams changed", 1)[1].splitlines()[0], text
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, log.read_text()
+        _stopped(proc, log)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -569,6 +567,11 @@ def test_a_sighup_names_no_change_of_a_device_id_resolved_at_start(tmp_path, tin
 def _reloaded_then_stopped(proc: subprocess.Popen[bytes], log: Path) -> None:
     """The daemon reloads its policy (a SIGHUP came), then ends with 0 on SIGTERM."""
     _wait_for(proc, log, "SIGHUP: reloading policy")
+    _stopped(proc, log)
+
+
+def _stopped(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM: the daemon ends with 0."""
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0, log.read_text()
 
